@@ -1,0 +1,2037 @@
+/*
+ * webhook — an image-push webhook receiver for Kubernetes.
+ *
+ * A drop-in replacement for adnanh/webhook 2.8 (same command line, same hook files, same URLs,
+ * same answers) in one file with no runtime dependencies beyond Node's built-ins. It serves
+ * `POST /hooks/<id>`, checks the hook's trigger rule and runs the hook's command.
+ *
+ * Sections, in order (data flows downward):
+ *   1. cli & options ............ parseCommandLine, parseGoDuration, USAGE
+ *   2. hook definitions ......... parseHooksFile, validateHook, renderTemplate, parseStrictJson
+ *   3. hooks directory & reload . loadSnapshot, HookStore
+ *   4. request parsing .......... parseRequestBody, resolveParameter, goJsonMarshal
+ *   5. trigger rules ............ evaluateRule
+ *   6. command execution ........ resolveCommand, runCommand, CommandSlots
+ *   7. http server .............. createHandler, ANSWERS
+ *   8. logging, metrics, limits . Logger, Metrics, LIMITS
+ *   9. main ..................... main
+ *
+ * Invariants:
+ *   - Configuration is an immutable snapshot swapped atomically on reload; a request sees exactly
+ *     one snapshot from start to end, and a snapshot that fails validation never replaces a good one.
+ *   - No global is mutated after start-up; state lives in the objects main() wires together.
+ *   - Secrets (token values compared by `value` rules, HMAC and Scalr secrets, values a template
+ *     inserted) never appear in a log line, an error message or a response.
+ *   - Every wait has a deadline: request headers and bodies, commands, shutdown.
+ */
+
+import { spawn, type ChildProcess } from 'node:child_process';
+import { createHmac, createHash, randomBytes, randomUUID, timingSafeEqual } from 'node:crypto';
+import * as fs from 'node:fs';
+import * as fsp from 'node:fs/promises';
+import * as http from 'node:http';
+import * as https from 'node:https';
+import * as net from 'node:net';
+import * as path from 'node:path';
+import * as tls from 'node:tls';
+import { isSea } from 'node:sea';
+import { fileURLToPath } from 'node:url';
+import { setFlagsFromString } from 'node:v8';
+
+export const VERSION = '0.1.0';
+
+// ================================================================================================
+// 1. cli & options — the adnanh/webhook command line in Go `flag` syntax, plus our safety limits.
+//    Exports: parseCommandLine, parseGoDuration, Options, USAGE.
+// ================================================================================================
+
+export interface Options {
+  hooks: string[];
+  template: boolean;
+  hotreload: boolean;
+  ip: string;
+  port: number;
+  urlprefix: string;
+  headers: [string, string][];
+  httpMethods: string[];
+  verbose: boolean;
+  debug: boolean;
+  nopanic: boolean;
+  secure: boolean;
+  cert: string;
+  key: string;
+  tlsMinVersion: string;
+  cipherSuites: string;
+  listCipherSuites: boolean;
+  xRequestId: boolean;
+  xRequestIdLimit: number;
+  pidfile: string;
+  logfile: string;
+  maxMultipartMem: number;
+  setuid: number;
+  setgid: number;
+  socket: string;
+  version: boolean;
+  maxBodyBytes: number;
+  readHeaderTimeoutMs: number;
+  readTimeoutMs: number;
+  commandTimeoutMs: number;
+  maxConcurrentCommands: number;
+  shutdownGraceMs: number;
+}
+
+type FlagKind = 'bool' | 'string' | 'list' | 'int' | 'duration' | 'bytes';
+interface FlagSpec { kind: FlagKind; key: keyof Options; help: string; def: string }
+
+// Defaults for the limits adnanh lacks. Each is a flag; the comment says why this value.
+export const LIMITS = {
+  // Registry payloads are a few KiB; Docker Hub's carries a README (tens of KiB). 10 MiB leaves
+  // room for multipart uploads while stopping a memory-exhaustion body.
+  maxBodyBytes: 10 * 1024 * 1024,
+  // Slowloris protection: a client gets this long to send its headers, and then the whole request.
+  readHeaderTimeoutMs: 10_000,
+  readTimeoutMs: 60_000,
+  // An upgrade with rollout tracking takes minutes at most; a command still running after
+  // 10 minutes is stuck, and it holds one of the command slots.
+  commandTimeoutMs: 10 * 60_000,
+  // Each command is a process (or an in-process upgrade); 16 at once covers bursts from a
+  // registry pushing many tags while capping fork storms.
+  maxConcurrentCommands: 16,
+  // Kubernetes gives a pod 30 s between SIGTERM and SIGKILL by default; stay under that.
+  shutdownGraceMs: 25_000,
+  // A command's combined output is kept in memory for the response and the log; beyond this the
+  // rest is dropped with a marker, so a chatty command cannot exhaust memory.
+  maxCommandOutputBytes: 1024 * 1024,
+  // After the grace period a command gets SIGTERM, then this long before SIGKILL.
+  killAfterTermMs: 3_000,
+  // Reload debounce: editors and ConfigMap updates produce bursts of events; wait for quiet.
+  reloadDebounceMs: 150,
+  // Values shorter than this are too likely to be ordinary words to scrub from log lines
+  // (the access log redacts compared parameters whatever their length).
+  minScrubbedSecretLength: 6,
+  // V8 falls back to its linear-time regexp engine after this many backtracks, so a hook's
+  // regex cannot be made to take exponential time by a request (RE2 semantics are linear too).
+  regexBacktracksBeforeFallback: 10_000,
+};
+
+const FLAGS: Record<string, FlagSpec> = {
+  'hooks': { kind: 'list', key: 'hooks', def: 'hooks.json', help: 'path to a hooks file or a directory of *.json hook files (repeatable)' },
+  'template': { kind: 'bool', key: 'template', def: 'false', help: 'parse hooks files as Go text/templates' },
+  'hotreload': { kind: 'bool', key: 'hotreload', def: 'false', help: 'reload hooks when their files or directories change' },
+  'ip': { kind: 'string', key: 'ip', def: '0.0.0.0', help: 'IP address the webhook should serve hooks on' },
+  'port': { kind: 'int', key: 'port', def: '9000', help: 'port the webhook should serve hooks on' },
+  'urlprefix': { kind: 'string', key: 'urlprefix', def: 'hooks', help: 'url prefix to use for served hooks (protocol://yourserver:port/PREFIX/:hook-id)' },
+  'header': { kind: 'list', key: 'headers', def: '', help: 'response header to return, specified in format name=value, use multiple times to set multiple headers' },
+  'http-methods': { kind: 'string', key: 'httpMethods', def: '', help: 'set default allowed HTTP methods (ie. "POST"); separate methods with comma' },
+  'verbose': { kind: 'bool', key: 'verbose', def: 'false', help: 'show verbose output (errors are always logged)' },
+  'debug': { kind: 'bool', key: 'debug', def: 'false', help: 'show debug output' },
+  'nopanic': { kind: 'bool', key: 'nopanic', def: 'false', help: 'do not exit if no hooks can be loaded' },
+  'secure': { kind: 'bool', key: 'secure', def: 'false', help: 'use HTTPS instead of HTTP' },
+  'cert': { kind: 'string', key: 'cert', def: 'cert.pem', help: 'path to the HTTPS certificate pem file' },
+  'key': { kind: 'string', key: 'key', def: 'key.pem', help: 'path to the HTTPS certificate private key pem file' },
+  'tls-min-version': { kind: 'string', key: 'tlsMinVersion', def: '1.2', help: 'minimum TLS version (1.0, 1.1, 1.2, 1.3)' },
+  'cipher-suites': { kind: 'string', key: 'cipherSuites', def: '', help: 'comma-separated list of supported TLS cipher suites' },
+  'list-cipher-suites': { kind: 'bool', key: 'listCipherSuites', def: 'false', help: 'list available TLS cipher suites' },
+  'x-request-id': { kind: 'bool', key: 'xRequestId', def: 'false', help: 'use X-Request-Id header, if present, as request ID' },
+  'x-request-id-limit': { kind: 'int', key: 'xRequestIdLimit', def: '0', help: 'truncate X-Request-Id header to limit; default no limit' },
+  'pidfile': { kind: 'string', key: 'pidfile', def: '', help: 'create PID file at the given path' },
+  'logfile': { kind: 'string', key: 'logfile', def: '', help: 'send log output to a file; implicitly enables verbose logging' },
+  'max-multipart-mem': { kind: 'int', key: 'maxMultipartMem', def: '1048576', help: 'maximum memory in bytes for parsing multipart form data before disk caching' },
+  'setuid': { kind: 'int', key: 'setuid', def: '0', help: 'set user ID after opening listening port; must be used with setgid' },
+  'setgid': { kind: 'int', key: 'setgid', def: '0', help: 'set group ID after opening listening port; must be used with setuid' },
+  'socket': { kind: 'string', key: 'socket', def: '', help: 'path to a Unix socket on which to serve hooks (instead of ip:port)' },
+  'version': { kind: 'bool', key: 'version', def: 'false', help: 'display webhook version and quit' },
+  'max-body-size': { kind: 'bytes', key: 'maxBodyBytes', def: String(LIMITS.maxBodyBytes), help: 'largest request body accepted, in bytes (larger → 413)' },
+  'read-header-timeout': { kind: 'duration', key: 'readHeaderTimeoutMs', def: '10s', help: 'time a client has to send the request headers' },
+  'read-timeout': { kind: 'duration', key: 'readTimeoutMs', def: '1m0s', help: 'time a client has to send the whole request' },
+  'command-timeout': { kind: 'duration', key: 'commandTimeoutMs', def: '10m0s', help: 'default time a command may run before its process group is killed (hook field "command-timeout" overrides)' },
+  'max-concurrent-commands': { kind: 'int', key: 'maxConcurrentCommands', def: String(LIMITS.maxConcurrentCommands), help: 'commands allowed to run at once; further triggered requests get 503 with Retry-After' },
+  'shutdown-grace': { kind: 'duration', key: 'shutdownGraceMs', def: '25s', help: 'on SIGTERM, time running commands get to finish before they are killed' },
+};
+
+export class UsageError extends Error {}
+
+/** Parses a Go duration ("1h2m3.5s", "300ms"); returns milliseconds, or throws. */
+export function parseGoDuration(text: string): number {
+  const units: Record<string, number> = { ns: 1e-6, us: 1e-3, 'µs': 1e-3, ms: 1, s: 1000, m: 60_000, h: 3_600_000 };
+  if (text === '0') return 0;
+  const re = /(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)/y;
+  let total = 0;
+  let at = 0;
+  while (at < text.length) {
+    re.lastIndex = at;
+    const m = re.exec(text);
+    if (!m) throw new UsageError(`invalid duration "${text}" (use e.g. 30s, 5m, 1h30m)`);
+    total += Number(m[1]) * units[m[2]];
+    at = re.lastIndex;
+  }
+  if (text.length === 0) throw new UsageError('invalid duration "" (use e.g. 30s, 5m, 1h30m)');
+  return total;
+}
+
+export function formatGoDuration(ms: number): string {
+  if (ms === 0) return '0s';
+  const h = Math.floor(ms / 3_600_000);
+  const m = Math.floor((ms % 3_600_000) / 60_000);
+  const s = (ms % 60_000) / 1000;
+  return (h ? `${h}h` : '') + (h || m ? `${m}m` : '') + `${s}s`;
+}
+
+function defaultOptions(): Options {
+  const o = {} as Record<string, unknown>;
+  for (const spec of Object.values(FLAGS)) o[spec.key] = spec.kind === 'list' ? [] : convertFlag(spec, spec.def, '');
+  return o as unknown as Options;
+}
+
+function convertFlag(spec: FlagSpec, value: string, name: string): unknown {
+  const bad = (what: string) => new UsageError(`invalid value "${value}" for flag -${name}: ${what}`);
+  switch (spec.kind) {
+    case 'bool': {
+      const v = ({ '1': true, t: true, T: true, TRUE: true, true: true, True: true, '0': false, f: false, F: false, FALSE: false, false: false, False: false } as Record<string, boolean>)[value];
+      if (v === undefined) throw bad('parse error');
+      return v;
+    }
+    case 'int': case 'bytes': {
+      if (!/^[+-]?\d+$/.test(value)) throw bad('parse error');
+      return Number(value);
+    }
+    case 'duration':
+      try { return parseGoDuration(value); } catch { throw bad('parse error'); }
+    case 'string':
+      return spec.key === 'httpMethods' ? splitMethods(value) : value;
+    case 'list':
+      return value;
+  }
+}
+
+export function splitMethods(value: string): string[] {
+  return value.split(',').map((m) => m.trim().toUpperCase()).filter((m) => m !== '');
+}
+
+/**
+ * Parses arguments the way Go's `flag` package does: `-f`, `--f`, `-f=v`, `-f v` (not for bools),
+ * stopping at the first non-flag or `--`. `WEBHOOK_CMD` (the old image's way to add `-template`)
+ * is split on whitespace and appended.
+ */
+export function parseCommandLine(argv: string[], env: Record<string, string | undefined> = {}): Options {
+  const args = [...argv, ...(env.WEBHOOK_CMD ?? '').split(/\s+/).filter((a) => a !== '')];
+  const opts = defaultOptions() as unknown as Record<string, unknown>;
+  const lists: Record<string, string[]> = {};
+  for (let i = 0; i < args.length; i++) {
+    const arg = args[i];
+    if (arg === '--') break;
+    if (arg.length < 2 || arg[0] !== '-') throw new UsageError(`unexpected argument "${arg}" (flags start with -)`);
+    const body = arg.startsWith('--') ? arg.slice(2) : arg.slice(1);
+    if (body === '' || body[0] === '-' || body[0] === '=') throw new UsageError(`bad flag syntax: ${arg}`);
+    const eq = body.indexOf('=');
+    const name = eq < 0 ? body : body.slice(0, eq);
+    if (name === 'h' || name === 'help') throw new UsageError('');
+    const spec = FLAGS[name];
+    if (!spec) throw new UsageError(`flag provided but not defined: -${name}`);
+    let value: string;
+    if (eq >= 0) value = body.slice(eq + 1);
+    else if (spec.kind === 'bool') value = 'true';
+    else if (i + 1 < args.length) value = args[++i];
+    else throw new UsageError(`flag needs an argument: -${name}`);
+    const converted = convertFlag(spec, value, name);
+    if (spec.kind === 'list') (lists[spec.key] ??= []).push(value);
+    else opts[spec.key] = converted;
+  }
+  const o = opts as unknown as Options;
+  o.hooks = lists.hooks ?? ['hooks.json'];
+  o.headers = (lists.headers ?? []).map((h) => {
+    const eq = h.indexOf('=');
+    if (eq <= 0) throw new UsageError(`invalid value "${h}" for flag -header: use name=value`);
+    return [h.slice(0, eq), h.slice(eq + 1)];
+  });
+  if (o.logfile !== '') o.verbose = true;
+  if (o.port < 0 || o.port > 65535) throw new UsageError(`invalid value "${o.port}" for flag -port: not a port number`);
+  if (o.maxConcurrentCommands < 1) throw new UsageError('invalid value for flag -max-concurrent-commands: must be at least 1');
+  if ((o.setuid !== 0) !== (o.setgid !== 0)) throw new UsageError('-setuid and -setgid must be used together');
+  return o;
+}
+
+export function usage(): string {
+  const lines = ['Usage of webhook:'];
+  for (const [name, spec] of Object.entries(FLAGS)) {
+    const arg = spec.kind === 'bool' ? '' : spec.kind === 'duration' ? ' duration' : spec.kind === 'string' || spec.kind === 'list' ? ' string' : ' int';
+    lines.push(`  -${name}${arg}`);
+    const def = spec.kind === 'bool' || spec.def === '' ? '' : ` (default ${spec.kind === 'string' || spec.kind === 'list' ? `"${spec.def}"` : spec.def})`;
+    lines.push(`    \t${spec.help}${def}`);
+  }
+  lines.push('', 'Environment: WEBHOOK_CMD adds arguments (e.g. WEBHOOK_CMD=-template).');
+  return lines.join('\n') + '\n';
+}
+
+// ================================================================================================
+// 2. hook definitions — load, validate, template. A hooks file is parsed strictly (duplicate keys,
+//    unknown keys and wrong types are errors with file, line, hook id and field path) and compiled
+//    once: regexes, CIDRs, methods and secrets are prepared here so the request path only evaluates.
+//    Exports: parseStrictJson, renderTemplate, compileHooksFile, Hook, Rule, Param, ConfigError.
+// ================================================================================================
+
+/** An error in a hooks file; its message names the place (file:line: hook "id": field.path: what). */
+export class ConfigError extends Error {}
+
+/** Line numbers of every key (objects) and index (arrays) of a parsed document. */
+type LineMap = WeakMap<object, Map<string, number>>;
+
+/**
+ * Strict JSON: rejects duplicate keys (JSON.parse keeps the last, so a second "trigger-rule"
+ * would silently replace the first) and records where each value starts. Messages name line and
+ * column and never quote string contents (a template may have put a secret there).
+ */
+export function parseStrictJson(text: string): { value: unknown; lines: LineMap } {
+  const lines: LineMap = new WeakMap();
+  let at = 0;
+  let line = 1;
+  let lineStart = 0;
+  const fail = (what: string): never => {
+    throw new ConfigError(`line ${line}, column ${at - lineStart + 1}: ${what}`);
+  };
+  const skipSpace = () => {
+    for (;;) {
+      const c = text.charCodeAt(at);
+      if (c === 10) { line++; at++; lineStart = at; } else if (c === 32 || c === 9 || c === 13) at++;
+      else return;
+    }
+  };
+  const describe = () => (at >= text.length ? 'unexpected end of input' : `unexpected character ${JSON.stringify(text[at])}`);
+  const parseString = (): string => {
+    const start = at;
+    at++;
+    for (;;) {
+      const c = text.charCodeAt(at);
+      if (Number.isNaN(c)) fail('unterminated string');
+      if (c === 34) break;
+      if (c === 92) at += 2;
+      else if (c < 32) fail('control character in string (escape it)');
+      else at++;
+    }
+    at++;
+    try { return JSON.parse(text.slice(start, at)) as string; } catch { return fail('invalid escape in string'); }
+  };
+  const parseValue = (): unknown => {
+    skipSpace();
+    const c = text[at];
+    if (c === '{') {
+      at++;
+      const obj: Record<string, unknown> = {};
+      const keyLines = new Map<string, number>();
+      lines.set(obj, keyLines);
+      skipSpace();
+      if (text[at] === '}') { at++; return obj; }
+      for (;;) {
+        skipSpace();
+        if (text[at] !== '"') fail(`${describe()}, expected a key in double quotes`);
+        const keyLine = line;
+        const key = parseString();
+        if (keyLines.has(key)) fail(`duplicate key ${JSON.stringify(key)}`);
+        keyLines.set(key, keyLine);
+        skipSpace();
+        if (text[at] !== ':') fail(`${describe()}, expected ':'`);
+        at++;
+        Object.defineProperty(obj, key, { value: parseValue(), enumerable: true, writable: true, configurable: true });
+        skipSpace();
+        if (text[at] === ',') { at++; continue; }
+        if (text[at] === '}') { at++; return obj; }
+        fail(`${describe()}, expected ',' or '}'`);
+      }
+    }
+    if (c === '[') {
+      at++;
+      const arr: unknown[] = [];
+      const indexLines = new Map<string, number>();
+      lines.set(arr, indexLines);
+      skipSpace();
+      if (text[at] === ']') { at++; return arr; }
+      for (;;) {
+        skipSpace();
+        indexLines.set(String(arr.length), line);
+        arr.push(parseValue());
+        skipSpace();
+        if (text[at] === ',') { at++; continue; }
+        if (text[at] === ']') { at++; return arr; }
+        fail(`${describe()}, expected ',' or ']'`);
+      }
+    }
+    if (c === '"') return parseString();
+    const m = /^(?:true|false|null|-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?)/.exec(text.slice(at, at + 400));
+    if (!m) return fail(describe());
+    at += m[0].length;
+    return JSON.parse(m[0]);
+  };
+  const value = parseValue();
+  skipSpace();
+  if (at < text.length) fail(`${describe()} after the end of the document`);
+  return { value, lines };
+}
+
+// ---- the Go text/template subset ---------------------------------------------------------------
+
+export interface TemplateEnv { getenv(name: string): string | undefined; readFile(path: string): string | undefined }
+
+const TEMPLATE_FUNCTIONS = ['getenv', 'cat', 'credential', 'js', 'html', 'urlquery'];
+
+/**
+ * Renders the subset of Go's text/template that hook files use: actions with pipelines of
+ * getenv/cat/credential/js/html/urlquery, quoted and raw strings, parentheses, comments and
+ * `{{-`/`-}}` trim markers. Returns the text and the values the functions inserted (they are
+ * treated as secrets). Anything else is an error naming the line.
+ */
+export function renderTemplate(text: string, env: TemplateEnv): { output: string; inserted: string[] } {
+  const inserted: string[] = [];
+  let out = '';
+  let at = 0;
+  const lineAt = (i: number) => text.slice(0, i).split('\n').length;
+  while (at < text.length) {
+    const open = text.indexOf('{{', at);
+    if (open < 0) { out += text.slice(at); break; }
+    let literal = text.slice(at, open);
+    let bodyStart = open + 2;
+    if (/^-[ \t\r\n]/.test(text.slice(bodyStart, bodyStart + 2))) { literal = literal.replace(/[ \t\r\n]+$/, ''); bodyStart += 1; }
+    out += literal;
+    const close = text.indexOf('}}', bodyStart);
+    if (close < 0) throw new ConfigError(`line ${lineAt(open)}: template: unclosed action (missing "}}")`);
+    let bodyEnd = close;
+    let trimAfter = false;
+    if (/[ \t\r\n]-$/.test(text.slice(close - 2, close))) { bodyEnd = close - 1; trimAfter = true; }
+    const body = text.slice(bodyStart, bodyEnd).trim();
+    at = close + 2;
+    if (trimAfter) while (at < text.length && ' \t\r\n'.includes(text[at])) at++;
+    if (body.startsWith('/*')) {
+      if (!body.endsWith('*/')) throw new ConfigError(`line ${lineAt(open)}: template: unclosed comment`);
+      continue;
+    }
+    try {
+      out += evaluateTemplateAction(body, env, inserted);
+    } catch (e) {
+      throw new ConfigError(`line ${lineAt(open)}: template: ${(e as Error).message}`);
+    }
+  }
+  return { output: out, inserted };
+}
+
+function evaluateTemplateAction(body: string, env: TemplateEnv, inserted: string[]): string {
+  const tokens: string[] = [];
+  const re = /\s*(?:("(?:[^"\\\n]|\\.)*")|(`[^`]*`)|([|()])|([A-Za-z_][A-Za-z0-9_]*)|(\S))/gy;
+  let m: RegExpExecArray | null;
+  while (re.lastIndex < body.length && (m = re.exec(body))) {
+    if (m[5] !== undefined) throw new Error(`unexpected ${JSON.stringify(m[5])} in action (only ${TEMPLATE_FUNCTIONS.join(', ')}, strings, "|" and parentheses are supported)`);
+    tokens.push(m[0].trim());
+  }
+  let pos = 0;
+  const pipeline = (): string => {
+    let value = command(undefined);
+    while (tokens[pos] === '|') { pos++; value = command(value); }
+    return value;
+  };
+  const operand = (): string => {
+    const t = tokens[pos++];
+    if (t === undefined) throw new Error('missing argument');
+    if (t === '(') { const v = pipeline(); if (tokens[pos++] !== ')') throw new Error('missing ")"'); return v; }
+    if (t.startsWith('"')) return JSON.parse(t) as string;
+    if (t.startsWith('`')) return t.slice(1, -1);
+    throw new Error(`expected a string, got ${JSON.stringify(t)}`);
+  };
+  const command = (piped: string | undefined): string => {
+    const t = tokens[pos];
+    if (t === undefined) throw new Error('empty command');
+    if (!/^[A-Za-z_]/.test(t)) {
+      if (piped !== undefined) throw new Error(`cannot pipe into ${JSON.stringify(t)}`);
+      return operand();
+    }
+    pos++;
+    if (!TEMPLATE_FUNCTIONS.includes(t)) throw new Error(`function "${t}" not defined (supported: ${TEMPLATE_FUNCTIONS.join(', ')})`);
+    const args: string[] = [];
+    while (pos < tokens.length && tokens[pos] !== '|' && tokens[pos] !== ')') args.push(operand());
+    if (piped !== undefined) args.push(piped);
+    if (args.length !== 1) throw new Error(`wrong number of args for ${t}: want 1 got ${args.length}`);
+    const value = applyTemplateFunction(t, args[0], env);
+    if (['getenv', 'cat', 'credential'].includes(t) && value !== '') inserted.push(value);
+    return value;
+  };
+  const value = pipeline();
+  if (pos < tokens.length) throw new Error(`unexpected ${JSON.stringify(tokens[pos])} in action`);
+  return value;
+}
+
+function applyTemplateFunction(name: string, arg: string, env: TemplateEnv): string {
+  const cat = (p: string) => { const c = env.readFile(p); return c === undefined ? '' : c.replace(/\n$/, ''); };
+  switch (name) {
+    case 'getenv': return env.getenv(arg) ?? '';
+    case 'cat': return cat(arg);
+    case 'credential': {
+      const dir = env.getenv('CREDENTIALS_DIRECTORY') ?? '';
+      return dir === '' ? env.getenv(arg) ?? '' : cat(path.join(dir, arg));
+    }
+    case 'js': return goJsEscape(arg);
+    case 'html': return arg.replace(/[\0"'&<>]/g, (c) => ({ '\0': '\uFFFD', '"': '&#34;', "'": '&#39;', '&': '&amp;', '<': '&lt;', '>': '&gt;' })[c]!);
+    default: return goQueryEscape(arg);
+  }
+}
+
+/** Go's text/template `js` escaping (template.JSEscapeString). */
+export function goJsEscape(s: string): string {
+  let out = '';
+  for (const ch of s) {
+    const c = ch.codePointAt(0)!;
+    const special: Record<string, string> = { '\\': '\\\\', "'": "\\'", '"': '\\"', '<': '\\u003C', '>': '\\u003E', '&': '\\u0026', '=': '\\u003D' };
+    if (special[ch]) out += special[ch];
+    else if (c < 0x20) out += '\\u00' + c.toString(16).toUpperCase().padStart(2, '0');
+    else if (c >= 0x80 && !/[\p{L}\p{M}\p{N}\p{P}\p{S}\u0020]/u.test(ch)) out += '\\u' + c.toString(16).toUpperCase().padStart(4, '0');
+    else out += ch;
+  }
+  return out;
+}
+
+/** Go's url.QueryEscape. */
+export function goQueryEscape(s: string): string {
+  return encodeURIComponent(s).replace(/[!'()*]/g, (c) => '%' + c.charCodeAt(0).toString(16).toUpperCase()).replace(/%20/g, '+');
+}
+
+// ---- the compiled hook -------------------------------------------------------------------------
+
+export type Source = 'url' | 'header' | 'payload' | 'request' | 'string' | 'raw-request-body' | 'entire-payload' | 'entire-headers' | 'entire-query';
+export interface Param { source: Source; name: string; envname: string; base64decode: boolean }
+
+export type Match =
+  | { type: 'value'; param: Param; digest: Buffer }
+  | { type: 'regex'; param: Param; regex: RegExp }
+  | { type: 'hmac'; algorithm: 'sha1' | 'sha256' | 'sha512'; deprecated: boolean; param: Param; secret: string }
+  | { type: 'ip-whitelist'; ranges: Cidr[] }
+  | { type: 'scalr-signature'; secret: string };
+export type Rule = { and: Rule[] } | { or: Rule[] } | { not: Rule } | { match: Match };
+
+export interface Hook {
+  id: string;
+  file: string;
+  command: string;
+  workingDirectory: string;
+  responseMessage: string;
+  responseHeaders: [string, string][];
+  successCode: number;
+  mismatchCode: number;
+  contentType: string;
+  methods: string[];
+  captureOutput: boolean;
+  captureOutputOnError: boolean;
+  args: Param[];
+  env: Param[];
+  files: Param[];
+  jsonParams: Param[];
+  rule: Rule | undefined;
+  softSignatureFailures: boolean;
+  commandTimeoutMs: number | undefined;
+}
+
+export interface Cidr { family: 4 | 6; bytes: Buffer; prefix: number }
+
+/** What one hooks file contributes to a snapshot. */
+export interface CompiledFile {
+  hooks: Hook[];
+  secrets: string[];
+  redactedParams: string[];
+  warnings: string[];
+}
+
+/** A random key for comparing secrets through their HMACs: constant time whatever the lengths. */
+const COMPARE_KEY = randomBytes(32);
+export function secretDigest(value: string): Buffer {
+  return createHmac('sha256', COMPARE_KEY).update(value).digest();
+}
+
+const HOOK_FIELDS = [
+  'id', 'execute-command', 'command-working-directory', 'response-message', 'response-headers',
+  'success-http-response-code', 'incoming-payload-content-type', 'http-methods',
+  'include-command-output-in-response', 'include-command-output-in-response-on-error',
+  'pass-arguments-to-command', 'pass-environment-to-command', 'pass-file-to-command',
+  'parse-parameters-as-json', 'trigger-rule', 'trigger-rule-mismatch-http-response-code',
+  'trigger-signature-soft-failures', 'command-timeout',
+];
+const PARAM_FIELDS = ['source', 'name', 'envname', 'base64decode'];
+const MATCH_FIELDS = ['type', 'parameter', 'value', 'regex', 'secret', 'ip-range'];
+const MATCH_TYPES = ['value', 'regex', 'payload-hmac-sha1', 'payload-hmac-sha256', 'payload-hmac-sha512',
+  'payload-hash-sha1', 'payload-hash-sha256', 'payload-hash-sha512', 'ip-whitelist', 'scalr-signature'];
+const SOURCES = ['url', 'query', 'header', 'payload', 'request', 'string', 'raw-request-body', 'entire-payload', 'entire-headers', 'entire-query'];
+const PLACEHOLDER = /<[A-Za-z][A-Za-z0-9_.-]*>/;
+
+/** Suggests a known name for a misspelt one (case difference or edit distance ≤ 2). */
+function suggest(name: string, known: string[]): string {
+  const distance = (a: string, b: string) => {
+    const d = Array.from({ length: b.length + 1 }, (_, i) => i);
+    for (let i = 1; i <= a.length; i++) {
+      let prev = d[0];
+      d[0] = i;
+      for (let j = 1; j <= b.length; j++) {
+        const cur = d[j];
+        d[j] = Math.min(d[j] + 1, d[j - 1] + 1, prev + (a[i - 1] === b[j - 1] ? 0 : 1));
+        prev = cur;
+      }
+    }
+    return d[b.length];
+  };
+  const best = known.find((k) => k.toLowerCase() === name.toLowerCase()) ?? known.find((k) => distance(name, k) <= 2);
+  return best ? ` (did you mean "${best}"?)` : '';
+}
+
+/** Compiles one hooks file's text (already templated) into hooks, or throws a located ConfigError. */
+export function compileHooksFile(file: string, text: string, defaults: { commandTimeoutMs: number }): CompiledFile {
+  let doc: { value: unknown; lines: LineMap };
+  try { doc = parseStrictJson(text); } catch (e) { throw new ConfigError(`${file}: ${(e as Error).message}`); }
+  const { value, lines } = doc;
+  if (!Array.isArray(value)) throw new ConfigError(`${file}: line 1: the top level must be a JSON array of hooks`);
+  const result: CompiledFile = { hooks: [], secrets: [], redactedParams: [], warnings: [] };
+  const seen = new Set<string>();
+  value.forEach((raw, index) => {
+    const hook = compileHook(raw, { file, lines, index, container: value, result, defaults });
+    if (seen.has(hook.id)) throw new ConfigError(`${file}:${lines.get(value)?.get(String(index)) ?? 1}: hook "${hook.id}": id: duplicate id (already defined in this file)`);
+    seen.add(hook.id);
+    result.hooks.push(hook);
+  });
+  return result;
+}
+
+interface CompileContext {
+  file: string;
+  lines: LineMap;
+  index: number;
+  container: unknown[];
+  result: CompiledFile;
+  defaults: { commandTimeoutMs: number };
+}
+
+function compileHook(raw: unknown, cx: CompileContext): Hook {
+  const hookLine = cx.lines.get(cx.container)?.get(String(cx.index)) ?? 1;
+  let hookName = `hook #${cx.index + 1}`;
+  const fail = (parent: object | undefined, key: string, fieldPath: string, what: string): never => {
+    const line = (parent && cx.lines.get(parent)?.get(key)) ?? hookLine;
+    throw new ConfigError(`${cx.file}:${line}: ${hookName}: ${fieldPath}: ${what}`);
+  };
+  const typeName = (v: unknown) => (v === null ? 'null' : Array.isArray(v) ? 'an array' : typeof v === 'object' ? 'an object' : `a ${typeof v}`);
+  const object = (v: unknown, parent: object | undefined, key: string, p: string, allowed: string[]): Record<string, unknown> => {
+    if (v === null || typeof v !== 'object' || Array.isArray(v)) return fail(parent, key, p, `expected an object, got ${typeName(v)}`);
+    const o = v as Record<string, unknown>;
+    for (const k of Object.keys(o)) if (!allowed.includes(k)) fail(o, k, p ? `${p}.${k}` : k, `unknown field${suggest(k, allowed)}`);
+    return o;
+  };
+  const field = <T>(o: Record<string, unknown>, key: string, p: string, kind: 'string' | 'boolean' | 'number' | 'array', def: T): T => {
+    const v = o[key];
+    if (v === undefined) return def;
+    const ok = kind === 'array' ? Array.isArray(v) : kind === 'number' ? Number.isInteger(v) : typeof v === kind;
+    if (!ok) fail(o, key, p, `expected ${kind === 'array' ? 'an array' : kind === 'number' ? 'an integer' : `a ${kind}`}, got ${typeName(v)}`);
+    return v as T;
+  };
+  const warnPlaceholder = (o: object, key: string, p: string, s: string) => {
+    const m = PLACEHOLDER.exec(s);
+    if (m) cx.result.warnings.push(`${cx.file}:${cx.lines.get(o)?.get(key) ?? hookLine}: ${hookName}: ${p}: still holds the placeholder "${m[0]}"; replace it before use`);
+  };
+
+  const h = object(raw, cx.container, String(cx.index), '', HOOK_FIELDS);
+  const id = field(h, 'id', 'id', 'string', '');
+  if (id === '') fail(h, 'id', 'id', 'required, and must not be empty');
+  hookName = `hook "${id}"`;
+  warnPlaceholder(h, 'id', 'id', id);
+  const command = field(h, 'execute-command', 'execute-command', 'string', '');
+  if (command === '') fail(h, 'execute-command', 'execute-command', 'required, and must not be empty');
+  warnPlaceholder(h, 'execute-command', 'execute-command', command);
+
+  const params = (key: string, needEnv: boolean): Param[] => {
+    const list = field<unknown[]>(h, key, key, 'array', []);
+    return list.map((item, i) => compileParam(item, list, String(i), `${key}[${i}]`, needEnv));
+  };
+  const compileParam = (v: unknown, parent: object, key: string, p: string, fileParam: boolean): Param => {
+    const o = object(v, parent, key, p, PARAM_FIELDS);
+    let source = field(o, 'source', `${p}.source`, 'string', '');
+    if (!SOURCES.includes(source)) fail(o, 'source', `${p}.source`, source === '' ? `required (one of ${SOURCES.join(', ')})` : `unknown source "${source}"${suggest(source, SOURCES)} (one of ${SOURCES.join(', ')})`);
+    if (source === 'query') source = 'url';
+    const name = field(o, 'name', `${p}.name`, 'string', '');
+    if (name === '' && ['url', 'header', 'payload', 'request'].includes(source)) fail(o, 'name', `${p}.name`, `required for source "${source}"`);
+    if (source === 'request' && !['method', 'remote-addr'].includes(name.toLowerCase())) fail(o, 'name', `${p}.name`, `unsupported request key "${name}" (use "method" or "remote-addr")`);
+    if (source !== 'string') warnPlaceholder(o, 'name', `${p}.name`, name);
+    let envname = field(o, 'envname', `${p}.envname`, 'string', '');
+    if (fileParam && envname === '') envname = 'HOOK_' + name.toUpperCase();
+    return { source: source as Source, name, envname, base64decode: field(o, 'base64decode', `${p}.base64decode`, 'boolean', false) };
+  };
+
+  const compileRule = (v: unknown, parent: object, key: string, p: string): Rule => {
+    const o = object(v, parent, key, p, ['and', 'or', 'not', 'match']);
+    const keys = Object.keys(o);
+    if (keys.length !== 1) fail(parent, key, p, keys.length === 0 ? 'a rule needs one of "and", "or", "not", "match"' : `a rule takes exactly one of "and", "or", "not", "match", got ${keys.map((k) => `"${k}"`).join(' and ')}`);
+    const kind = keys[0];
+    const sub = p ? `${p}.${kind}` : kind;
+    if (kind === 'and' || kind === 'or') {
+      const list = field<unknown[]>(o, kind, sub, 'array', []);
+      if (list.length === 0) fail(o, kind, sub, `an empty "${kind}" list (it would ${kind === 'and' ? 'always' : 'never'} match)`);
+      const rules = list.map((r, i) => compileRule(r, list, String(i), `${sub}[${i}]`));
+      return kind === 'and' ? { and: rules } : { or: rules };
+    }
+    if (kind === 'not') return { not: compileRule(o.not, o, 'not', sub) };
+    return { match: compileMatch(o.match, o, 'match', sub) };
+  };
+  const compileMatch = (v: unknown, parent: object, key: string, p: string): Match => {
+    const o = object(v, parent, key, p, MATCH_FIELDS);
+    const type = field<string>(o, 'type', `${p}.type`, 'string', '');
+    if (!MATCH_TYPES.includes(type)) fail(o, 'type', `${p}.type`, type === '' ? `required (one of ${MATCH_TYPES.join(', ')})` : `unknown type "${type}"${suggest(type, MATCH_TYPES)}`);
+    const str = (k: string) => {
+      const s = field(o, k, `${p}.${k}`, 'string', undefined as string | undefined);
+      if (s === undefined) fail(o, 'type', `${p}.${k}`, `required for type "${type}"`);
+      if (k !== 'secret') warnPlaceholder(o, k, `${p}.${k}`, s!);
+      return s!;
+    };
+    const param = () => {
+      if (o.parameter === undefined) return fail(o, 'type', `${p}.parameter`, `required for type "${type}"`);
+      return compileParam(o.parameter, o, 'parameter', `${p}.parameter`, false);
+    };
+    if (type === 'value') {
+      const value = str('value');
+      const parameter = param();
+      if (PLACEHOLDER.test(value)) warnPlaceholder(o, 'value', `${p}.value`, value);
+      cx.result.secrets.push(value);
+      if (parameter.source === 'url' || parameter.source === 'header') cx.result.redactedParams.push(`${parameter.source}:${parameter.source === 'header' ? parameter.name.toLowerCase() : parameter.name}`);
+      return { type, param: parameter, digest: secretDigest(value) };
+    }
+    if (type === 'regex') {
+      const source = str('regex');
+      let regex: RegExp;
+      try { regex = compileGoRegex(source); } catch (e) { return fail(o, 'regex', `${p}.regex`, `invalid regular expression: ${(e as Error).message}`); }
+      return { type, param: param(), regex };
+    }
+    if (type === 'ip-whitelist') {
+      const text = str('ip-range');
+      const ranges = text.split(/\s+/).filter((r) => r !== '').map((r) => {
+        const cidr = parseCidr(r);
+        if (!cidr) fail(o, 'ip-range', `${p}.ip-range`, `invalid IP range "${r}" (use CIDR notation such as 10.0.0.0/8, or a single address)`);
+        return cidr!;
+      });
+      if (ranges.length === 0) fail(o, 'ip-range', `${p}.ip-range`, 'empty');
+      return { type, ranges };
+    }
+    const secret = str('secret');
+    if (secret === '') fail(o, 'secret', `${p}.secret`, 'must not be empty');
+    if (PLACEHOLDER.test(secret)) cx.result.warnings.push(`${cx.file}:${cx.lines.get(o)?.get('secret') ?? hookLine}: ${hookName}: ${p}.secret: still holds a placeholder; replace it before use`);
+    cx.result.secrets.push(secret);
+    if (type === 'scalr-signature') return { type, secret };
+    const algorithm = type.slice(type.lastIndexOf('-') + 1) as 'sha1' | 'sha256' | 'sha512';
+    return { type: 'hmac', algorithm, deprecated: type.startsWith('payload-hash-'), param: param(), secret };
+  };
+
+  const code = (key: string, def: number) => {
+    const c = field(h, key, key, 'number', def);
+    if (c < 100 || c > 599) fail(h, key, key, `${c} is not an HTTP status code`);
+    return c;
+  };
+  const headers = field<unknown[]>(h, 'response-headers', 'response-headers', 'array', []).map((item, i, list) => {
+    const p = `response-headers[${i}]`;
+    const o = object(item, list, String(i), p, ['name', 'value']);
+    const name = field(o, 'name', `${p}.name`, 'string', '');
+    if (!/^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/.test(name)) fail(o, 'name', `${p}.name`, 'not a valid header name');
+    const value = field(o, 'value', `${p}.value`, 'string', '');
+    if (/[\r\n\0]/.test(value)) fail(o, 'value', `${p}.value`, 'a header value cannot contain line breaks');
+    return [name, value] as [string, string];
+  });
+  const methods = field<unknown[]>(h, 'http-methods', 'http-methods', 'array', []).map((m, i, list) => {
+    if (typeof m !== 'string') fail(list, String(i), `http-methods[${i}]`, `expected a string, got ${typeName(m)}`);
+    return (m as string).trim().toUpperCase();
+  }).filter((m) => m !== '');
+  let commandTimeoutMs: number | undefined;
+  const timeoutText = field(h, 'command-timeout', 'command-timeout', 'string', '');
+  if (timeoutText !== '') {
+    try { commandTimeoutMs = parseGoDuration(timeoutText); } catch { fail(h, 'command-timeout', 'command-timeout', `invalid duration "${timeoutText}" (use e.g. 30s, 5m)`); }
+  }
+  const workingDirectory = field(h, 'command-working-directory', 'command-working-directory', 'string', '');
+  warnPlaceholder(h, 'command-working-directory', 'command-working-directory', workingDirectory);
+  const hook: Hook = {
+    id,
+    file: cx.file,
+    command,
+    workingDirectory,
+    responseMessage: field(h, 'response-message', 'response-message', 'string', ''),
+    responseHeaders: headers,
+    successCode: code('success-http-response-code', 200),
+    mismatchCode: code('trigger-rule-mismatch-http-response-code', 200),
+    contentType: field(h, 'incoming-payload-content-type', 'incoming-payload-content-type', 'string', ''),
+    methods,
+    captureOutput: field(h, 'include-command-output-in-response', 'include-command-output-in-response', 'boolean', false),
+    captureOutputOnError: field(h, 'include-command-output-in-response-on-error', 'include-command-output-in-response-on-error', 'boolean', false),
+    args: params('pass-arguments-to-command', false),
+    env: params('pass-environment-to-command', false),
+    files: params('pass-file-to-command', true),
+    jsonParams: params('parse-parameters-as-json', false),
+    rule: h['trigger-rule'] === undefined ? undefined : compileRule(h['trigger-rule'], h, 'trigger-rule', 'trigger-rule'),
+    softSignatureFailures: field(h, 'trigger-signature-soft-failures', 'trigger-signature-soft-failures', 'boolean', false),
+    commandTimeoutMs: commandTimeoutMs ?? cx.defaults.commandTimeoutMs,
+  };
+  for (const [i, pr] of hook.env.entries()) {
+    if (pr.source === 'string' && PLACEHOLDER.test(pr.name)) warnPlaceholder(pr, 'name', `pass-environment-to-command[${i}].name`, pr.name);
+  }
+  return hook;
+}
+
+/**
+ * Compiles a Go (RE2) regular expression as a JavaScript one. Go's syntax differs in a few
+ * places operators use: leading `(?i)` flags, `(?P<name>…)`, `\z`, `\A`, `\pL`, POSIX classes.
+ * Lookarounds and backreferences are not RE2 and are refused, which also keeps every accepted
+ * pattern eligible for V8's linear-time engine.
+ */
+export function compileGoRegex(source: string): RegExp {
+  let flags = '';
+  let body = source;
+  const lead = /^\(\?([imsU]+)\)/.exec(body);
+  if (lead) {
+    if (lead[1].includes('U')) throw new Error('the (?U) flag is not supported');
+    flags = [...new Set(lead[1])].join('');
+    body = body.slice(lead[0].length);
+  }
+  if (/\(\?<?[=!]/.test(body)) throw new Error('lookaround assertions are not RE2 syntax');
+  if (/(^|[^\\])(\\\\)*\\[1-9]/.test(body)) throw new Error('backreferences are not RE2 syntax');
+  const posix: Record<string, string> = { alpha: 'A-Za-z', digit: '0-9', alnum: '0-9A-Za-z', upper: 'A-Z', lower: 'a-z', space: '\\s', xdigit: '0-9A-Fa-f', punct: '!-\\/:-@\\[-`{-~', word: '\\w' };
+  body = body
+    .replace(/\(\?P</g, '(?<')
+    .replace(/\\z/g, '(?![\\s\\S])')
+    .replace(/\\A/g, '(?<![\\s\\S])')
+    .replace(/\\([pP])([A-Z])/g, '\\$1{$2}')
+    .replace(/\[:(\^?)([a-z]+):\]/g, (all, neg: string, name: string) => (posix[name] && !neg ? posix[name] : all));
+  try { return new RegExp(body, flags + 'u'); } catch { return new RegExp(body, flags); }
+}
+
+/** Parses "10.0.0.0/8", "fd00::/8" or a single address (a /32 or /128). */
+export function parseCidr(text: string): Cidr | undefined {
+  const [addr, prefixText, extra] = text.split('/');
+  if (extra !== undefined) return undefined;
+  const bytes = ipBytes(addr);
+  if (!bytes) return undefined;
+  const family = bytes.length === 4 ? 4 : 6;
+  const max = family === 4 ? 32 : 128;
+  if (prefixText !== undefined && !/^\d{1,3}$/.test(prefixText)) return undefined;
+  const prefix = prefixText === undefined ? max : Number(prefixText);
+  if (prefix > max) return undefined;
+  return { family, bytes, prefix };
+}
+
+function ipBytes(addr: string): Buffer | undefined {
+  const kind = net.isIP(addr);
+  if (kind === 4) return Buffer.from(addr.split('.').map(Number));
+  if (kind !== 6) return undefined;
+  const sock = new net.SocketAddress({ address: addr, family: 'ipv6' });
+  const halves = sock.address.split('::');
+  const parse = (s: string) => (s === '' ? [] : s.split(':'));
+  const head = parse(halves[0]);
+  const tail = halves.length > 1 ? parse(halves[1]) : [];
+  const groups: number[] = [];
+  for (const g of head) { if (g.includes('.')) groups.push(...v4Groups(g)); else groups.push(parseInt(g, 16)); }
+  const tailGroups: number[] = [];
+  for (const g of tail) { if (g.includes('.')) tailGroups.push(...v4Groups(g)); else tailGroups.push(parseInt(g, 16)); }
+  while (groups.length + tailGroups.length < 8) groups.push(0);
+  const out = Buffer.alloc(16);
+  [...groups, ...tailGroups].forEach((g, i) => out.writeUInt16BE(g, i * 2));
+  return out;
+}
+
+function v4Groups(v4: string): number[] {
+  const b = v4.split('.').map(Number);
+  return [(b[0] << 8) | b[1], (b[2] << 8) | b[3]];
+}
+
+export function cidrContains(cidr: Cidr, addr: string): boolean {
+  let bytes = ipBytes(addr);
+  if (!bytes) return false;
+  // An IPv4 client on a dual-stack socket shows up as ::ffff:a.b.c.d.
+  if (bytes.length === 16 && cidr.family === 4 && bytes.subarray(0, 12).equals(Buffer.from([0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff]))) bytes = bytes.subarray(12);
+  if (bytes.length !== cidr.bytes.length) return false;
+  let bits = cidr.prefix;
+  for (let i = 0; bits > 0; i++, bits -= 8) {
+    const mask = bits >= 8 ? 0xff : (0xff << (8 - bits)) & 0xff;
+    if ((bytes[i] & mask) !== (cidr.bytes[i] & mask)) return false;
+  }
+  return true;
+}
+
+// ================================================================================================
+// 3. hooks directory & reload — every -hooks path (a file, or a directory of *.json files merged
+//    in name order) becomes one immutable Snapshot. Reloads watch directories, not file inodes, so
+//    in-place edits, `mv` over a file, delete + re-create and a Kubernetes ConfigMap `..data`
+//    symlink swap are all seen; a snapshot that fails validation is rejected whole.
+//    Exports: loadSnapshot, Snapshot, HookStore.
+// ================================================================================================
+
+export interface Snapshot {
+  hooks: Map<string, Hook>;
+  files: string[];
+  /** Strings scrubbed from every log line (secrets of at least minScrubbedSecretLength). */
+  secrets: string[];
+  /** `url:<name>` and `header:<lower-case name>` parameters compared by value rules. */
+  redactedParams: Set<string>;
+  warnings: string[];
+  /** Hash of the files' contents: a reload that finds the same bytes changes nothing. */
+  digest: string;
+}
+
+export interface LoadSettings {
+  paths: string[];
+  template: boolean;
+  env: Record<string, string | undefined>;
+  commandTimeoutMs: number;
+}
+
+/** Lists the hook files a -hooks path names: the file itself, or a directory's *.json in name order. */
+export function listHookFiles(p: string): string[] {
+  let stat: fs.Stats;
+  try { stat = fs.statSync(p); } catch (e) { throw new ConfigError(`${p}: cannot read: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`); }
+  if (!stat.isDirectory()) return [p];
+  // Names starting with "." are a ConfigMap's internals (..data, ..2026_11_22…) or editor files.
+  return fs.readdirSync(p).filter((n) => n.endsWith('.json') && !n.startsWith('.')).sort().map((n) => path.join(p, n));
+}
+
+/** Reads, templates, parses and validates every hook file into one snapshot, or throws ConfigError. */
+export function loadSnapshot(settings: LoadSettings): Snapshot {
+  const files = settings.paths.flatMap(listHookFiles);
+  const hooks = new Map<string, Hook>();
+  const secrets = new Set<string>();
+  const redacted = new Set<string>();
+  const warnings: string[] = [];
+  const digest = createHash('sha256');
+  const templateEnv: TemplateEnv = {
+    getenv: (n) => settings.env[n],
+    readFile: (f) => { try { return fs.readFileSync(f, 'utf8'); } catch { return undefined; } },
+  };
+  for (const file of files) {
+    let text: string;
+    try { text = fs.readFileSync(file, 'utf8'); } catch (e) { throw new ConfigError(`${file}: cannot read: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`); }
+    digest.update(file).update('\0').update(text).update('\0');
+    if (settings.template) {
+      try {
+        const rendered = renderTemplate(text, templateEnv);
+        text = rendered.output;
+        rendered.inserted.forEach((s) => secrets.add(s));
+      } catch (e) { throw new ConfigError(`${file}: ${(e as Error).message}`); }
+    }
+    const compiled = compileHooksFile(file, text, settings);
+    for (const hook of compiled.hooks) {
+      const other = hooks.get(hook.id);
+      if (other) throw new ConfigError(`${file}: hook "${hook.id}": id: duplicate id (also defined in ${other.file})`);
+      hooks.set(hook.id, hook);
+    }
+    compiled.secrets.forEach((s) => secrets.add(s));
+    compiled.redactedParams.forEach((r) => redacted.add(r));
+    warnings.push(...compiled.warnings);
+  }
+  if (settings.template) digest.update(JSON.stringify([...secrets].sort()));
+  return {
+    hooks,
+    files,
+    secrets: [...secrets].filter((s) => s.length >= LIMITS.minScrubbedSecretLength).sort((a, b) => b.length - a.length),
+    redactedParams: redacted,
+    warnings,
+    digest: digest.digest('hex'),
+  };
+}
+
+/**
+ * Holds the current snapshot and replaces it on reload. Readers take `store.current` once per
+ * request; a reload builds a whole new snapshot first, so nobody ever sees a half-loaded set.
+ */
+export class HookStore {
+  current: Snapshot;
+  private readonly settings: LoadSettings;
+  private readonly log: Logger;
+  private readonly metrics: Metrics;
+  private watchers: fs.FSWatcher[] = [];
+  private timer: NodeJS.Timeout | undefined;
+
+  constructor(settings: LoadSettings, initial: Snapshot, log: Logger, metrics: Metrics) {
+    this.settings = settings;
+    this.current = initial;
+    this.log = log;
+    this.metrics = metrics;
+    metrics.reloaded(true, initial.hooks.size);
+  }
+
+  /** Rebuilds the snapshot; on failure keeps the old one and logs why. Returns whether it changed. */
+  reload(reason: string): boolean {
+    let next: Snapshot;
+    try {
+      next = loadSnapshot(this.settings);
+    } catch (e) {
+      this.metrics.reloaded(false, this.current.hooks.size);
+      this.log.error(`reload (${reason}) rejected, still serving the previous ${this.current.hooks.size} hook(s): ${(e as Error).message}`);
+      return false;
+    }
+    if (next.digest === this.current.digest) return false;
+    for (const w of next.warnings) this.log.warn(w);
+    const before = new Set(this.current.hooks.keys());
+    this.current = next;
+    this.log.setSecrets(next.secrets);
+    this.metrics.reloaded(true, next.hooks.size);
+    const added = [...next.hooks.keys()].filter((id) => !before.has(id));
+    const removed = [...before].filter((id) => !next.hooks.has(id));
+    this.log.info(`reloaded ${next.hooks.size} hook(s) from ${next.files.length} file(s) (${reason})` +
+      (added.length ? `; added: ${added.join(', ')}` : '') + (removed.length ? `; removed: ${removed.join(', ')}` : ''));
+    return true;
+  }
+
+  /**
+   * Watches the directories that hold the hook files (for a file path, its parent), so a file
+   * replaced by rename or a swapped `..data` symlink is seen. Events are debounced.
+   */
+  watch(): void {
+    const dirs = new Set<string>();
+    for (const p of this.settings.paths) {
+      let isDir = false;
+      try { isDir = fs.statSync(p).isDirectory(); } catch { /* watched through its parent */ }
+      dirs.add(isDir ? p : path.dirname(p));
+    }
+    for (const dir of dirs) {
+      try {
+        const w = fs.watch(dir, { persistent: false }, () => this.schedule());
+        w.on('error', (e) => this.log.error(`watching ${dir}: ${e.message}`));
+        this.watchers.push(w);
+        this.log.info(`watching ${dir} for changes`);
+      } catch (e) {
+        this.log.error(`cannot watch ${dir}: ${(e as Error).message}`);
+      }
+    }
+  }
+
+  private schedule(): void {
+    clearTimeout(this.timer);
+    this.timer = setTimeout(() => this.reload('files changed'), LIMITS.reloadDebounceMs);
+  }
+
+  close(): void {
+    clearTimeout(this.timer);
+    for (const w of this.watchers) w.close();
+  }
+}
+
+// ================================================================================================
+// 4. request parsing & parameters — turns an HTTP request into the structures hook parameters
+//    address: headers (Go-canonical names), query, payload (from JSON, form, XML or multipart
+//    bodies) and the raw body, with adnanh's dotted-path lookup and Go's JSON serialisation.
+//    Exports: HookRequest, parsePayload, resolveParameter, goJsonMarshal, JsonNumber.
+// ================================================================================================
+
+/** A JSON number kept as its literal text ("1.50" stays "1.50"), as Go's json.Number does. */
+export class JsonNumber {
+  readonly text: string;
+  constructor(text: string) { this.text = text; }
+}
+
+export interface HookRequest {
+  id: string;
+  method: string;
+  /** Go's RemoteAddr form: "10.0.0.1:5678" or "[fd00::1]:5678". */
+  remoteAddr: string;
+  remoteIp: string;
+  headers: Record<string, unknown>;
+  query: Record<string, unknown>;
+  payload: Record<string, unknown> | undefined;
+  body: Buffer;
+}
+
+export class ParameterNotFound extends Error {
+  constructor(key: string) { super(`parameter node not found: ${key}`); }
+}
+
+/** Thrown for a multipart body that cannot be parsed (adnanh answers 500 for it). */
+export class MultipartError extends Error {}
+
+/** Go's textproto.CanonicalMIMEHeaderKey: "x-hub-signature" → "X-Hub-Signature". */
+export function canonicalHeaderKey(name: string): string {
+  if (!/^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/.test(name)) return name;
+  return name.toLowerCase().replace(/(^|-)([a-z])/g, (_, dash: string, c: string) => dash + c.toUpperCase());
+}
+
+/** First value of each header, Go-canonical names, without Host (Go keeps it out of r.Header). */
+export function headersFromRaw(rawHeaders: string[]): Record<string, unknown> {
+  const out: Record<string, unknown> = {};
+  for (let i = 0; i < rawHeaders.length; i += 2) {
+    const key = canonicalHeaderKey(rawHeaders[i]);
+    if (key !== 'Host' && !(key in out)) out[key] = rawHeaders[i + 1];
+  }
+  return out;
+}
+
+/** First value of each key, as Go's url.Values would give it. */
+export function firstValues(params: URLSearchParams): Record<string, unknown> {
+  const out: Record<string, unknown> = {};
+  for (const [k, v] of params) if (!(k in out)) out[k] = v;
+  return out;
+}
+
+export function parseJsonKeepingNumbers(text: string): unknown {
+  return JSON.parse(text, (_key, value, context?: { source?: string }) =>
+    (typeof value === 'number' && context?.source !== undefined ? new JsonNumber(context.source) : value));
+}
+
+/**
+ * Parses a body by content type as adnanh does: "json" (an array becomes {"root": […]}),
+ * "x-www-form-urlencoded", "xml", "multipart/form-data;". Returns the payload (undefined when the
+ * body does not parse; that never fails the request) and a note for the log.
+ */
+export function parsePayload(contentType: string, body: Buffer, jsonFileParts: string[]): { payload: Record<string, unknown> | undefined; note?: string } {
+  if (contentType.startsWith('multipart/form-data;')) return { payload: parseMultipart(contentType, body, jsonFileParts) };
+  try {
+    if (contentType.includes('json')) {
+      const text = body.toString('utf8');
+      const value = parseJsonKeepingNumbers(text);
+      if (Array.isArray(value)) return { payload: { root: value } };
+      if (value === null) return { payload: undefined };
+      if (typeof value !== 'object') return { payload: undefined, note: 'error parsing JSON payload: not an object or array' };
+      return { payload: value as Record<string, unknown> };
+    }
+    if (contentType.includes('x-www-form-urlencoded')) return { payload: firstValues(new URLSearchParams(body.toString('utf8'))) };
+    if (contentType.includes('xml')) return { payload: parseXml(body.toString('utf8')) };
+  } catch (e) {
+    return { payload: undefined, note: `error parsing ${contentType.includes('json') ? 'JSON' : 'XML'} payload: ${(e as Error).message}` };
+  }
+  return { payload: undefined, note: `error parsing body payload due to unsupported content type header: ${contentType}` };
+}
+
+/**
+ * XML to a map the way adnanh's mxj library does it: the root element is the single top key,
+ * attributes become "-name", text beside attributes or children becomes "#text", repeated
+ * elements become arrays, all values are strings.
+ */
+export function parseXml(text: string): Record<string, unknown> {
+  let at = 0;
+  const entities: Record<string, string> = { lt: '<', gt: '>', amp: '&', quot: '"', apos: "'" };
+  const decode = (s: string) => s.replace(/&(#x[0-9A-Fa-f]+|#\d+|[a-z]+);/g, (all, e: string) =>
+    e[0] === '#' ? String.fromCodePoint(e[1] === 'x' ? parseInt(e.slice(2), 16) : Number(e.slice(1))) : entities[e] ?? all);
+  const fail = (what: string): never => { throw new Error(`${what} at offset ${at}`); };
+  const skipMisc = () => {
+    for (;;) {
+      while (/\s/.test(text[at] ?? '')) at++;
+      if (text.startsWith('<?', at)) { const e = text.indexOf('?>', at); if (e < 0) fail('unterminated processing instruction'); at = e + 2; }
+      else if (text.startsWith('<!--', at)) { const e = text.indexOf('-->', at); if (e < 0) fail('unterminated comment'); at = e + 3; }
+      else if (text.startsWith('<!DOCTYPE', at)) { const e = text.indexOf('>', at); if (e < 0) fail('unterminated DOCTYPE'); at = e + 1; }
+      else return;
+    }
+  };
+  const localName = (n: string) => n.slice(n.indexOf(':') + 1);
+  const element = (): [string, unknown] => {
+    const m = /^<([A-Za-z_][\w.:-]*)/.exec(text.slice(at, at + 256));
+    if (!m) fail('expected an element');
+    at += m![0].length;
+    const name = localName(m![1]);
+    const node: Record<string, unknown> = {};
+    for (;;) {
+      while (/\s/.test(text[at] ?? '')) at++;
+      if (text.startsWith('/>', at)) { at += 2; return [name, Object.keys(node).length ? node : '']; }
+      if (text[at] === '>') { at++; break; }
+      const a = /^([A-Za-z_][\w.:-]*)\s*=\s*("([^"]*)"|'([^']*)')/.exec(text.slice(at, at + 65536));
+      if (!a) fail('malformed attribute');
+      at += a![0].length;
+      if (!a![1].startsWith('xmlns')) node['-' + localName(a![1])] = decode(a![3] ?? a![4]);
+    }
+    let textContent = '';
+    for (;;) {
+      if (at >= text.length) fail(`unterminated element <${name}>`);
+      if (text.startsWith('</', at)) {
+        const e = text.indexOf('>', at);
+        if (e < 0 || localName(text.slice(at + 2, e).trim()) !== name) fail(`mismatched closing tag for <${name}>`);
+        at = e + 1;
+        break;
+      }
+      if (text.startsWith('<![CDATA[', at)) {
+        const e = text.indexOf(']]>', at);
+        if (e < 0) fail('unterminated CDATA');
+        textContent += text.slice(at + 9, e);
+        at = e + 3;
+      } else if (text.startsWith('<!--', at) || text.startsWith('<?', at)) {
+        skipMisc();
+      } else if (text[at] === '<') {
+        const [childName, child] = element();
+        const existing = node[childName];
+        if (existing === undefined) node[childName] = child;
+        else if (Array.isArray(existing)) existing.push(child);
+        else node[childName] = [existing, child];
+      } else {
+        const e = text.indexOf('<', at);
+        textContent += decode(text.slice(at, e < 0 ? text.length : e));
+        at = e < 0 ? text.length : e;
+      }
+    }
+    const trimmed = textContent.trim();
+    if (Object.keys(node).length === 0) return [name, trimmed];
+    if (trimmed !== '') node['#text'] = trimmed;
+    return [name, node];
+  };
+  skipMisc();
+  const [rootName, root] = element();
+  skipMisc();
+  if (at < text.length) fail('content after the root element');
+  return { [rootName]: root };
+}
+
+/**
+ * multipart/form-data: value parts become payload keys (first value wins); file parts are parsed
+ * as JSON when their Content-Type is application/json or the hook lists them in
+ * parse-parameters-as-json; other file parts are ignored, as adnanh does.
+ */
+export function parseMultipart(contentType: string, body: Buffer, jsonFileParts: string[]): Record<string, unknown> | undefined {
+  const m = /;\s*boundary=(?:"([^"]+)"|([^\s;]+))/i.exec(contentType);
+  if (!m) throw new MultipartError('no multipart boundary param in Content-Type');
+  const delimiter = Buffer.from(`--${m[1] ?? m[2]}`);
+  let payload: Record<string, unknown> | undefined;
+  let at = body.indexOf(delimiter);
+  if (at < 0) throw new MultipartError('multipart: NextPart: EOF');
+  for (;;) {
+    at += delimiter.length;
+    if (body.subarray(at, at + 2).toString() === '--') return payload;
+    if (body.subarray(at, at + 2).toString() === '\r\n') at += 2;
+    else throw new MultipartError('multipart: boundary not followed by CRLF');
+    const headerEnd = body.indexOf('\r\n\r\n', at);
+    if (headerEnd < 0) throw new MultipartError('multipart: unterminated part headers');
+    const headers = body.subarray(at, headerEnd).toString('utf8').split('\r\n');
+    const next = body.indexOf(Buffer.concat([Buffer.from('\r\n'), delimiter]), headerEnd + 4);
+    if (next < 0) throw new MultipartError('multipart: NextPart: EOF');
+    const content = body.subarray(headerEnd + 4, next);
+    at = next + 2;
+    const header = (n: string) => headers.find((h) => h.toLowerCase().startsWith(n + ':'))?.slice(n.length + 1).trim() ?? '';
+    const disposition = header('content-disposition');
+    const name = /(?:^|;)\s*name="([^"]*)"/i.exec(disposition)?.[1];
+    if (name === undefined) continue;
+    const isFile = /;\s*filename="[^"]/i.test(disposition);
+    payload ??= {};
+    if (!isFile) {
+      if (!(name in payload)) payload[name] = content.toString('utf8');
+    } else if (!(name in payload) && (jsonFileParts.includes(name) || header('content-type') === 'application/json')) {
+      try {
+        const v = parseJsonKeepingNumbers(content.toString('utf8'));
+        if (v !== null && typeof v === 'object' && !Array.isArray(v)) payload[name] = v;
+      } catch { /* adnanh logs and leaves the part out; so do we */ }
+    }
+  }
+}
+
+/** adnanh's dotted lookup: try the whole key first, else split at the first dot and descend. */
+export function lookupParameter(key: string, params: unknown): unknown {
+  if (params === undefined) throw new ParameterNotFound(key);
+  if (Array.isArray(params)) {
+    const dot = key.indexOf('.');
+    const head = dot < 0 ? key : key.slice(0, dot);
+    const index = /^\d+$/.test(head) ? Number(head) : NaN;
+    if (!(index < params.length)) throw new ParameterNotFound(key);
+    return dot < 0 ? params[index] : lookupParameter(key.slice(dot + 1), params[index]);
+  }
+  if (params !== null && typeof params === 'object' && !(params instanceof JsonNumber)) {
+    const map = params as Record<string, unknown>;
+    if (Object.hasOwn(map, key)) return map[key];
+    const dot = key.indexOf('.');
+    if (dot >= 0 && Object.hasOwn(map, key.slice(0, dot))) return lookupParameter(key.slice(dot + 1), map[key.slice(0, dot)]);
+  }
+  throw new ParameterNotFound(key);
+}
+
+/** Sets the value at a dotted key, if that key exists (adnanh's ReplaceParameter). */
+export function replaceParameter(key: string, params: unknown, value: unknown): boolean {
+  if (params === null || typeof params !== 'object' || params instanceof JsonNumber) return false;
+  const dot = key.indexOf('.');
+  if (Array.isArray(params)) {
+    if (dot < 0 || !/^\d+$/.test(key.slice(0, dot)) || Number(key.slice(0, dot)) >= params.length) return false;
+    return replaceParameter(key.slice(dot + 1), params[Number(key.slice(0, dot))], value);
+  }
+  const map = params as Record<string, unknown>;
+  if (dot >= 0) return Object.hasOwn(map, key.slice(0, dot)) && replaceParameter(key.slice(dot + 1), map[key.slice(0, dot)], value);
+  if (!Object.hasOwn(map, key)) return false;
+  map[key] = value;
+  return true;
+}
+
+/** Go's encoding/json Marshal: sorted keys, HTML-safe escapes, json.Number literals. */
+export function goJsonMarshal(value: unknown): string {
+  if (value === null || value === undefined) return 'null';
+  if (value instanceof JsonNumber) return value.text;
+  if (typeof value === 'string') {
+    return '"' + value.toWellFormed().replace(/["\\\u0000-\u001f<>&\u2028\u2029]/g, (c) => {
+      const short: Record<string, string> = { '"': '\\"', '\\': '\\\\', '\n': '\\n', '\r': '\\r', '\t': '\\t', '\b': '\\b', '\f': '\\f' };
+      return short[c] ?? '\\u' + c.charCodeAt(0).toString(16).padStart(4, '0');
+    }) + '"';
+  }
+  if (typeof value === 'number' || typeof value === 'boolean') return String(value);
+  if (Array.isArray(value)) return '[' + value.map(goJsonMarshal).join(',') + ']';
+  const map = value as Record<string, unknown>;
+  return '{' + Object.keys(map).sort().map((k) => goJsonMarshal(k) + ':' + goJsonMarshal(map[k])).join(',') + '}';
+}
+
+/** A looked-up value as the string adnanh would pass on (objects as JSON, null as "<nil>"). */
+function parameterString(value: unknown): string {
+  if (value === null || value === undefined) return '<nil>';
+  if (typeof value === 'object' && !(value instanceof JsonNumber)) return goJsonMarshal(value);
+  return value instanceof JsonNumber ? value.text : String(value);
+}
+
+/** The value of one hook parameter for this request; throws ParameterNotFound when absent. */
+export function resolveParameter(p: Param, req: HookRequest): string {
+  switch (p.source) {
+    case 'string': return p.name;
+    case 'raw-request-body': return req.body.toString('utf8');
+    case 'request': return p.name.toLowerCase() === 'method' ? req.method : req.remoteAddr;
+    case 'entire-payload': return goJsonMarshal(req.payload);
+    case 'entire-headers': return goJsonMarshal(req.headers);
+    case 'entire-query': return goJsonMarshal(req.query);
+    case 'header': return parameterString(lookupParameter(canonicalHeaderKey(p.name), req.headers));
+    case 'url': return parameterString(lookupParameter(p.name, req.query));
+    case 'payload': return parameterString(lookupParameter(p.name, req.payload));
+  }
+}
+
+/** parse-parameters-as-json: replaces each listed string parameter by the object it encodes. */
+export function applyJsonParameters(hook: Hook, req: HookRequest): string[] {
+  const errors: string[] = [];
+  for (const p of hook.jsonParams) {
+    let parsed: unknown;
+    try {
+      parsed = parseJsonKeepingNumbers(resolveParameter(p, req));
+      if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed)) throw new Error('not a JSON object');
+    } catch (e) {
+      errors.push(`error parsing JSON parameter ${p.source}:${p.name}: ${(e as Error).message}`);
+      continue;
+    }
+    const target = p.source === 'header' ? req.headers : p.source === 'url' ? req.query : p.source === 'payload' ? req.payload : undefined;
+    replaceParameter(p.source === 'header' ? canonicalHeaderKey(p.name) : p.name, target, parsed);
+  }
+  return errors;
+}
+
+// ================================================================================================
+// 5. trigger rules — evaluates a compiled rule against a request with adnanh's semantics: a
+//    missing parameter makes a match false (inside `or` it is passed over, inside `and` the rule
+//    fails); a bad signature is an evaluation error unless the hook allows soft failures.
+//    Comparisons of secrets are constant-time, length included.
+//    Exports: evaluateRule, RuleResult, SignatureError.
+// ================================================================================================
+
+export class SignatureError extends Error {}
+export interface RuleResult { ok: boolean; error?: Error }
+
+export function evaluateRule(rule: Rule, req: HookRequest, soft: boolean, now: Date = new Date()): RuleResult {
+  if ('and' in rule) {
+    for (const r of rule.and) {
+      const res = evaluateRule(r, req, soft, now);
+      if (res.error) return { ok: false, error: res.error };
+      if (!res.ok) return { ok: false };
+    }
+    return { ok: true };
+  }
+  if ('or' in rule) {
+    for (const r of rule.or) {
+      const res = evaluateRule(r, req, soft, now);
+      if (res.error && !(res.error instanceof ParameterNotFound) && !soft) return { ok: false, error: res.error };
+      if (res.ok) return { ok: true };
+    }
+    return { ok: false };
+  }
+  if ('not' in rule) {
+    const res = evaluateRule(rule.not, req, soft, now);
+    return { ok: !res.ok, error: res.error };
+  }
+  return evaluateMatch(rule.match, req, now);
+}
+
+function evaluateMatch(m: Match, req: HookRequest, now: Date): RuleResult {
+  if (m.type === 'ip-whitelist') return { ok: m.ranges.some((r) => cidrContains(r, req.remoteIp)) };
+  if (m.type === 'scalr-signature') return checkScalrSignature(req, m.secret, now);
+  let value: string;
+  try { value = resolveParameter(m.param, req); } catch (e) { return { ok: false, error: e as Error }; }
+  switch (m.type) {
+    case 'value': return { ok: timingSafeEqual(secretDigest(value), m.digest) };
+    case 'regex': return { ok: m.regex.test(value) };
+    case 'hmac': return checkPayloadSignature(req.body, m.algorithm, m.secret, value);
+  }
+}
+
+/** Signatures in a header: "sha256=abc" or several, comma-separated; any one may match. */
+export function extractSignatures(header: string, prefix: string): string[] {
+  if (!header.includes(',')) return [header.startsWith(prefix) ? header.slice(prefix.length) : header];
+  return header.split(',').filter((p) => p.startsWith(prefix)).map((p) => p.slice(prefix.length));
+}
+
+export function checkPayloadSignature(body: Buffer, algorithm: string, secret: string, header: string): RuleResult {
+  const expected = createHmac(algorithm, secret).update(body).digest('hex');
+  const signatures = extractSignatures(header, `${algorithm}=`);
+  if (signatures.some((s) => timingSafeEqual(secretDigest(s), secretDigest(expected)))) return { ok: true };
+  return { ok: false, error: new SignatureError(`invalid payload signature ${signatures.join(',')}`) };
+}
+
+/** Scalr: HMAC-SHA1 of body + Date header, and the Date within 5 minutes of now. */
+export function checkScalrSignature(req: HookRequest, secret: string, now: Date): RuleResult {
+  const signature = req.headers['X-Signature'];
+  const date = req.headers.Date;
+  if (typeof signature !== 'string' || typeof date !== 'string') return { ok: false };
+  const expected = createHmac('sha1', secret).update(req.body).update(date).digest('hex');
+  if (!timingSafeEqual(secretDigest(signature), secretDigest(expected))) return { ok: false, error: new SignatureError(`invalid payload signature ${signature}`) };
+  // The format Scalr sends: "Fri 08 Sep 2017 11:24:32 UTC" (Go layout "Mon 02 Jan 2006 15:04:05 MST").
+  const m = /^[A-Z][a-z]{2} (\d{2}) ([A-Z][a-z]{2}) (\d{4}) (\d{2}):(\d{2}):(\d{2}) [A-Z]{3,4}$/.exec(date);
+  const month = m ? ['Jan', 'Feb', 'Mar', 'Apr', 'May', 'Jun', 'Jul', 'Aug', 'Sep', 'Oct', 'Nov', 'Dec'].indexOf(m[2]) : -1;
+  if (!m || month < 0) return { ok: false, error: new Error(`parsing time "${date}" as "Mon 02 Jan 2006 15:04:05 MST": cannot parse`) };
+  const sent = Date.UTC(Number(m[3]), month, Number(m[1]), Number(m[4]), Number(m[5]), Number(m[6]));
+  if (Math.abs(now.getTime() - sent) > 300_000) return { ok: false, error: new SignatureError('invalid payload signature outdated') };
+  return { ok: true };
+}
+
+// ================================================================================================
+// 6. command execution — resolves execute-command as adnanh does (absolute; else relative to
+//    command-working-directory, never searched on PATH then; else on PATH), passes arguments,
+//    environment and temp files, and runs the command in its own process group under a deadline
+//    and a cap on concurrent commands. Output is stdout and stderr combined in arrival order.
+//    Exports: resolveCommand, CommandRunner, CommandResult.
+// ================================================================================================
+
+export interface CommandResult {
+  output: string;
+  ok: boolean;
+  exitCode: number | null;
+  timedOut: boolean;
+  /** Why the command could not start, or how it ended when not by exit 0. */
+  error?: string;
+}
+
+/** Go's exec.LookPath on adnanh's candidate; returns the path or the error text Go would print. */
+export function resolveCommand(command: string, workingDirectory: string, envPath: string): { path?: string; error?: string } {
+  const candidate = path.isAbsolute(command) || workingDirectory === '' ? command : path.join(workingDirectory, command);
+  const check = (p: string): string | undefined => {
+    try {
+      const st = fs.statSync(p);
+      if (st.isDirectory()) return 'is a directory';
+      if ((st.mode & 0o111) === 0) return 'permission denied';
+      return undefined;
+    } catch (e) {
+      return `stat ${p}: ${(e as NodeJS.ErrnoException).code === 'ENOENT' ? 'no such file or directory' : (e as Error).message}`;
+    }
+  };
+  if (candidate.includes('/')) {
+    const problem = check(candidate);
+    return problem ? { error: `exec: ${JSON.stringify(candidate)}: ${problem}` } : { path: candidate };
+  }
+  for (const dir of envPath.split(':')) {
+    const p = path.join(dir === '' ? '.' : dir, candidate);
+    if (check(p) === undefined) return { path: p };
+  }
+  return { error: `exec: ${JSON.stringify(candidate)}: executable file not found in $PATH` };
+}
+
+export class CommandRunner {
+  private running = 0;
+  private readonly children = new Set<ChildProcess>();
+  private readonly idleWaiters: (() => void)[] = [];
+  private readonly max: number;
+  private readonly log: Logger;
+  private readonly metrics: Metrics;
+
+  constructor(max: number, log: Logger, metrics: Metrics) {
+    this.max = max;
+    this.log = log;
+    this.metrics = metrics;
+  }
+
+  /** Takes a command slot; false when all are busy (the caller answers 503). */
+  tryAcquire(): boolean {
+    if (this.running >= this.max) return false;
+    this.running++;
+    this.metrics.setGauge('webhook_commands_running', {}, this.running);
+    return true;
+  }
+
+  private release(): void {
+    this.running--;
+    this.metrics.setGauge('webhook_commands_running', {}, this.running);
+    if (this.running === 0) this.idleWaiters.splice(0).forEach((w) => w());
+  }
+
+  /** Runs the hook's command for this request; the caller holds a slot, released here. */
+  async run(hook: Hook, req: HookRequest): Promise<CommandResult> {
+    const started = process.hrtime.bigint();
+    const tempFiles: string[] = [];
+    const tag = `[${req.id}]`;
+    try {
+      const resolved = resolveCommand(hook.command, hook.workingDirectory, process.env.PATH ?? '');
+      if (!resolved.path) {
+        this.log.error(`${tag} error in ${resolved.error}`);
+        if (hook.command.includes(' ')) this.log.error(`${tag} use 'pass-arguments-to-command' to specify args for '${hook.command.split(/\s+/)[0]}'`);
+        return { output: '', ok: false, exitCode: null, timedOut: false, error: resolved.error };
+      }
+      const args = hook.args.map((p) => {
+        try { return resolveParameter(p, req); } catch (e) {
+          this.log.info(`${tag} error extracting command arguments: couldn't retrieve argument for ${JSON.stringify(p)}: ${(e as Error).message}`);
+          return '';
+        }
+      });
+      const env: Record<string, string | undefined> = { ...process.env };
+      const envNames: string[] = [];
+      for (const p of hook.env) {
+        try {
+          const name = p.envname || `HOOK_${p.name}`;
+          env[name] = resolveParameter(p, req);
+          envNames.push(name);
+        } catch (e) {
+          this.log.info(`${tag} error extracting command arguments for environment: ${(e as Error).message}`);
+        }
+      }
+      for (const p of hook.files) {
+        let data: Buffer;
+        try {
+          const value = resolveParameter(p, req);
+          data = p.base64decode ? decodeBase64Strict(value) : Buffer.from(value);
+        } catch (e) {
+          this.log.info(`${tag} error extracting command arguments for file: ${(e as Error).message}`);
+          continue;
+        }
+        const dir = hook.workingDirectory || (await import('node:os')).tmpdir();
+        const file = path.join(dir, `${p.envname}${randomBytes(6).readUIntBE(0, 6)}`);
+        await fsp.writeFile(file, data, { mode: 0o600, flag: 'wx' });
+        tempFiles.push(file);
+        env[p.envname] = file;
+        envNames.push(p.envname);
+        this.log.debug(`${tag} writing env ${p.envname} file ${file}`);
+      }
+      this.log.info(`${tag} executing ${hook.command} (${resolved.path}) with ${args.length} argument(s) and environment ${envNames.join(', ') || '(none added)'} using ${hook.workingDirectory || '(current directory)'} as cwd`);
+      const result = await this.spawnCommand(resolved.path, hook.command, args, env, hook.workingDirectory, hook.commandTimeoutMs ?? LIMITS.commandTimeoutMs, tag);
+      this.log.info(`${tag} command output: ${result.output}`);
+      if (!result.ok) this.log.error(`${tag} hook ${hook.id}: command ${hook.command} failed: ${result.error}`);
+      return result;
+    } finally {
+      for (const f of tempFiles) {
+        this.log.debug(`${tag} removing file ${f}`);
+        await fsp.rm(f, { force: true }).catch((e: Error) => this.log.error(`${tag} error removing file ${f}: ${e.message}`));
+      }
+      const seconds = Number(process.hrtime.bigint() - started) / 1e9;
+      this.metrics.observe('webhook_command_duration_seconds', { hook: hook.id }, seconds);
+      this.log.info(`${tag} finished handling ${hook.id}`);
+      this.release();
+    }
+  }
+
+  private spawnCommand(file: string, argv0: string, args: string[], env: Record<string, string | undefined>, cwd: string, timeoutMs: number, tag: string): Promise<CommandResult> {
+    return new Promise((resolve) => {
+      let child: ChildProcess;
+      try {
+        // detached: the command leads its own process group, so a timeout or shutdown can kill
+        // everything it started, not just the first process.
+        child = spawn(file, args, { argv0, cwd: cwd || undefined, env, detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
+      } catch (e) {
+        resolve({ output: '', ok: false, exitCode: null, timedOut: false, error: (e as Error).message });
+        return;
+      }
+      this.children.add(child);
+      const chunks: Buffer[] = [];
+      let size = 0;
+      let truncated = false;
+      const collect = (chunk: Buffer) => {
+        if (size >= LIMITS.maxCommandOutputBytes) { truncated = true; return; }
+        chunks.push(chunk.subarray(0, LIMITS.maxCommandOutputBytes - size));
+        size += chunk.length;
+      };
+      child.stdout!.on('data', collect);
+      child.stderr!.on('data', collect);
+      let timedOut = false;
+      let spawnError: string | undefined;
+      const timer = timeoutMs > 0 ? setTimeout(() => {
+        timedOut = true;
+        this.log.error(`${tag} command ${argv0} timed out after ${formatGoDuration(timeoutMs)}; killing its process group`);
+        this.killGroup(child);
+      }, timeoutMs) : undefined;
+      child.on('error', (e) => { spawnError = e.message; });
+      child.on('close', (code, signal) => {
+        clearTimeout(timer);
+        this.children.delete(child);
+        let output = Buffer.concat(chunks).toString('utf8');
+        if (truncated) output += `\n[output truncated at ${LIMITS.maxCommandOutputBytes} bytes]`;
+        const error = spawnError ?? (timedOut ? `timed out after ${formatGoDuration(timeoutMs)}` : signal ? `signal: ${signal}` : code !== 0 ? `exit status ${code}` : undefined);
+        resolve({ output, ok: error === undefined, exitCode: code, timedOut, error });
+      });
+    });
+  }
+
+  /** SIGTERM to the whole process group, then SIGKILL if it is still there. */
+  private killGroup(child: ChildProcess): void {
+    const signal = (s: NodeJS.Signals) => { try { process.kill(-child.pid!, s); } catch { /* already gone */ } };
+    signal('SIGTERM');
+    setTimeout(() => signal('SIGKILL'), LIMITS.killAfterTermMs).unref();
+  }
+
+  /** Waits for running commands up to graceMs, then kills what is left. */
+  async drain(graceMs: number): Promise<void> {
+    if (this.running === 0) return;
+    this.log.notice(`waiting up to ${formatGoDuration(graceMs)} for ${this.running} running command(s)`);
+    const idle = new Promise<void>((r) => this.idleWaiters.push(r));
+    const timedOut = await Promise.race([idle.then(() => false), new Promise<boolean>((r) => setTimeout(() => r(true), graceMs).unref())]);
+    if (!timedOut) return;
+    this.log.error(`grace period over; killing ${this.children.size} command(s)`);
+    for (const child of this.children) this.killGroup(child);
+    await Promise.race([idle, new Promise((r) => setTimeout(r, LIMITS.killAfterTermMs + 1000).unref())]);
+  }
+}
+
+/** Strict base64 (standard or URL alphabet, padding optional); Buffer.from would skip bad characters. */
+export function decodeBase64Strict(text: string): Buffer {
+  const t = text.trim();
+  if (!/^[A-Za-z0-9+/\-_]*={0,2}$/.test(t) || t.replace(/=+$/, '').length % 4 === 1) throw new Error('illegal base64 data');
+  return Buffer.from(t, 'base64');
+}
+
+// ================================================================================================
+// 7. http server — routes `/`, `/healthz`, `/metrics` and `/<urlprefix>/<id>`, and answers with
+//    adnanh's exact strings. Every response carries X-Request-Id; bodies are plain text and never
+//    sniffed. Exports: createHandler, ANSWERS, HandlerContext.
+// ================================================================================================
+
+export const ANSWERS = {
+  ok: 'OK',
+  notFound: 'Hook not found.',
+  rulesNotSatisfied: 'Hook rules were not satisfied.',
+  ruleError: 'Error occurred while evaluating hook rules.',
+  commandError: "Error occurred while executing the hook's command. Please check your logs for more details.",
+  multipartError: 'Error occurred while parsing multipart form.',
+  bodyTooLarge: 'Request body too large.',
+  busy: 'Too many commands running; retry later.',
+  shuttingDown: 'Shutting down.',
+  pageNotFound: '404 page not found\n',
+};
+
+export interface HandlerContext {
+  options: Options;
+  store: { current: Snapshot };
+  runner: CommandRunner;
+  log: Logger;
+  metrics: Metrics;
+  isShuttingDown(): boolean;
+}
+
+/** The request id: a fresh UUID, or the client's X-Request-Id (made log-safe) with -x-request-id. */
+function requestId(req: http.IncomingMessage, o: Options): string {
+  const incoming = req.headers['x-request-id'];
+  if (o.xRequestId && typeof incoming === 'string' && incoming !== '') {
+    const safe = incoming.replace(/[^A-Za-z0-9._:/+=-]/g, '_');
+    return o.xRequestIdLimit > 0 ? safe.slice(0, o.xRequestIdLimit) : safe;
+  }
+  return randomUUID();
+}
+
+/** The request line for the access log, with compared parameters (the token) redacted. */
+export function redactUrl(rawUrl: string, redacted: Set<string>): string {
+  const q = rawUrl.indexOf('?');
+  if (q < 0) return rawUrl;
+  const parts = rawUrl.slice(q + 1).split('&').map((pair) => {
+    const eq = pair.indexOf('=');
+    if (eq < 0) return pair;
+    let name: string;
+    try { name = decodeURIComponent(pair.slice(0, eq).replace(/\+/g, ' ')); } catch { name = pair.slice(0, eq); }
+    return redacted.has(`url:${name}`) || name === 'token' ? `${pair.slice(0, eq)}=REDACTED` : pair;
+  });
+  return `${rawUrl.slice(0, q)}?${parts.join('&')}`;
+}
+
+/** Reads the body up to `limit` bytes; undefined when it is larger. */
+function readBody(req: http.IncomingMessage, limit: number): Promise<Buffer | undefined> {
+  return new Promise((resolve, reject) => {
+    const declared = Number(req.headers['content-length'] ?? 0);
+    if (declared > limit) { resolve(undefined); return; }
+    const chunks: Buffer[] = [];
+    let size = 0;
+    req.on('data', (c: Buffer) => {
+      size += c.length;
+      if (size > limit) { req.removeAllListeners('data'); req.pause(); resolve(undefined); return; }
+      chunks.push(c);
+    });
+    req.on('end', () => resolve(Buffer.concat(chunks)));
+    req.on('error', reject);
+  });
+}
+
+function remoteAddress(req: http.IncomingMessage): { ip: string; addr: string } {
+  let ip = req.socket.remoteAddress ?? '';
+  if (ip.startsWith('::ffff:') && net.isIPv4(ip.slice(7))) ip = ip.slice(7);
+  const port = req.socket.remotePort ?? 0;
+  if (ip === '') return { ip: '@', addr: '@' };
+  return { ip, addr: net.isIPv6(ip) ? `[${ip}]:${port}` : `${ip}:${port}` };
+}
+
+export function createHandler(cx: HandlerContext): (req: http.IncomingMessage, res: http.ServerResponse) => void {
+  return (req, res) => {
+    handleRequest(cx, req, res).catch((e: Error) => {
+      cx.log.error(`internal error: ${e.stack ?? e.message}`);
+      if (!res.headersSent) send(res, 500, 'Internal error.');
+      else res.destroy();
+    });
+  };
+}
+
+function send(res: http.ServerResponse, status: number, body: string): void {
+  if (!res.hasHeader('Content-Type')) res.setHeader('Content-Type', 'text/plain; charset=utf-8');
+  res.setHeader('X-Content-Type-Options', 'nosniff');
+  res.setHeader('Content-Length', Buffer.byteLength(body));
+  res.writeHead(status);
+  res.end(body);
+}
+
+async function handleRequest(cx: HandlerContext, req: http.IncomingMessage, res: http.ServerResponse): Promise<void> {
+  const o = cx.options;
+  const snapshot = cx.store.current;
+  const id = requestId(req, o);
+  const started = process.hrtime.bigint();
+  const remote = remoteAddress(req);
+  const method = req.method ?? 'GET';
+  res.setHeader('X-Request-Id', id);
+  let hookLabel = '';
+  res.on('finish', () => {
+    const ms = Number(process.hrtime.bigint() - started) / 1e6;
+    cx.metrics.inc('webhook_requests_total', { hook: hookLabel, code: String(res.statusCode) });
+    cx.log.info(`[${id}] ${remote.addr} "${method} ${redactUrl(req.url ?? '', snapshot.redactedParams)}" ${res.statusCode} ${res.getHeader('Content-Length') ?? 0}B ${ms.toFixed(1)}ms`);
+  });
+  if (cx.isShuttingDown()) {
+    res.setHeader('Connection', 'close');
+    return send(res, 503, ANSWERS.shuttingDown);
+  }
+  const url = new URL(req.url ?? '/', 'http://localhost');
+  let pathname: string;
+  try { pathname = decodeURIComponent(url.pathname); } catch { pathname = url.pathname; }
+  if (pathname === '/healthz') return send(res, 200, ANSWERS.ok);
+  if (pathname === '/metrics') {
+    res.setHeader('Content-Type', 'text/plain; version=0.0.4; charset=utf-8');
+    return send(res, 200, cx.metrics.render());
+  }
+  for (const [name, value] of o.headers) res.setHeader(name, value);
+  if (pathname === '/') return send(res, 200, ANSWERS.ok);
+  const prefix = o.urlprefix === '' ? '/' : `/${o.urlprefix}/`;
+  if (!pathname.startsWith(prefix)) return send(res, 404, ANSWERS.pageNotFound);
+  const hookId = pathname.slice(prefix.length);
+  cx.log.info(`[${id}] incoming HTTP ${method} request from ${remote.addr}`);
+  const hook = snapshot.hooks.get(hookId);
+  if (!hook) {
+    cx.log.info(`[${id}] error: hook not found: ${hookId}`);
+    return send(res, 404, ANSWERS.notFound);
+  }
+  hookLabel = hook.id;
+
+  // adnanh lets any method trigger a hook with no methods configured; HEAD and OPTIONS (link
+  // checkers, CORS preflights) must then not run a command, so they need listing explicitly.
+  const allowed = hook.methods.length ? hook.methods : o.httpMethods;
+  if (allowed.length ? !allowed.includes(method) : method === 'HEAD' || method === 'OPTIONS') {
+    cx.log.info(`[${id}] HTTP ${method} method not allowed for hook ${JSON.stringify(hook.id)}`);
+    res.setHeader('Allow', (allowed.length ? allowed : ['GET', 'POST', 'PUT', 'PATCH', 'DELETE']).join(', '));
+    return send(res, 405, '');
+  }
+  cx.log.info(`[${id}] ${hook.id} got matched`);
+
+  const body = await readBody(req, o.maxBodyBytes);
+  if (body === undefined) {
+    cx.log.error(`[${id}] ${hook.id}: request body larger than ${o.maxBodyBytes} bytes refused`);
+    res.setHeader('Connection', 'close');
+    send(res, 413, ANSWERS.bodyTooLarge);
+    res.on('finish', () => req.socket.destroySoon());
+    return;
+  }
+  const contentType = hook.contentType || (req.headers['content-type'] ?? '');
+  const hookReq: HookRequest = {
+    id,
+    method,
+    remoteAddr: remote.addr,
+    remoteIp: remote.ip,
+    headers: headersFromRaw(req.rawHeaders),
+    query: firstValues(url.searchParams),
+    payload: undefined,
+    body: contentType.startsWith('multipart/form-data;') ? Buffer.alloc(0) : body,
+  };
+  try {
+    const jsonParts = hook.jsonParams.filter((p) => p.source === 'payload').map((p) => p.name);
+    const parsed = parsePayload(contentType, body, jsonParts);
+    hookReq.payload = parsed.payload;
+    if (parsed.note) cx.log.info(`[${id}] ${parsed.note}`);
+  } catch (e) {
+    cx.log.error(`[${id}] error parsing multipart form: ${(e as Error).message}`);
+    return send(res, 500, ANSWERS.multipartError);
+  }
+  for (const err of applyJsonParameters(hook, hookReq)) cx.log.info(`[${id}] ${err}`);
+
+  let triggered = true;
+  if (hook.rule) {
+    const result = evaluateRule(hook.rule, hookReq, hook.softSignatureFailures);
+    triggered = result.ok;
+    if (result.error && !(result.error instanceof ParameterNotFound)) {
+      cx.log.error(`[${id}] error evaluating hook: ${result.error.message}`);
+      return send(res, 500, ANSWERS.ruleError);
+    }
+    if (result.error) cx.log.info(`[${id}] ${result.error.message}`);
+  }
+  if (!triggered) {
+    cx.log.info(`[${id}] ${hook.id} got matched, but didn't get triggered because the trigger rules were not satisfied`);
+    return send(res, hook.mismatchCode, ANSWERS.rulesNotSatisfied);
+  }
+
+  if (!cx.runner.tryAcquire()) {
+    cx.metrics.inc('webhook_commands_rejected_total', { hook: hook.id });
+    cx.log.error(`[${id}] ${hook.id}: ${o.maxConcurrentCommands} commands already running; answering 503`);
+    res.setHeader('Retry-After', '5');
+    return send(res, 503, ANSWERS.busy);
+  }
+  cx.log.info(`[${id}] ${hook.id} hook triggered successfully`);
+  for (const [name, value] of hook.responseHeaders) res.setHeader(name, value);
+  if (!hook.captureOutput) {
+    cx.runner.run(hook, hookReq).then((r) => countCommand(cx, hook, r), (e: Error) => cx.log.error(`[${id}] ${e.message}`));
+    return send(res, hook.successCode, hook.responseMessage);
+  }
+  const result = await cx.runner.run(hook, hookReq);
+  countCommand(cx, hook, result);
+  if (result.ok) return send(res, hook.successCode, result.output);
+  return send(res, 500, hook.captureOutputOnError ? result.output : ANSWERS.commandError);
+}
+
+function countCommand(cx: HandlerContext, hook: Hook, r: CommandResult): void {
+  cx.metrics.inc('webhook_commands_total', { hook: hook.id, result: r.ok ? 'success' : r.timedOut ? 'timeout' : 'failure' });
+  if (r.timedOut) cx.metrics.inc('webhook_command_timeouts_total', { hook: hook.id });
+}
+
+// ================================================================================================
+// 8. logging, metrics, limits — log lines in adnanh's shape ("[webhook] 2006/01/02 15:04:05 …"),
+//    errors always, the rest with -verbose/-debug, every line scrubbed of known secrets; counters,
+//    gauges and histograms rendered in the Prometheus text format.
+//    Exports: Logger, Metrics.
+// ================================================================================================
+
+export class Logger {
+  private secrets: string[] = [];
+  private readonly verbose: boolean;
+  private readonly debugOn: boolean;
+  private readonly write: (line: string) => void;
+
+  constructor(verbose: boolean, debug: boolean, write: (line: string) => void) {
+    this.verbose = verbose || debug;
+    this.debugOn = debug;
+    this.write = write;
+  }
+
+  setSecrets(secrets: string[]): void { this.secrets = secrets; }
+
+  private emit(message: string): void {
+    let line = message;
+    for (const s of this.secrets) if (line.includes(s)) line = line.split(s).join('REDACTED');
+    const d = new Date();
+    const p = (n: number) => String(n).padStart(2, '0');
+    this.write(`[webhook] ${d.getFullYear()}/${p(d.getMonth() + 1)}/${p(d.getDate())} ${p(d.getHours())}:${p(d.getMinutes())}:${p(d.getSeconds())} ${line}\n`);
+  }
+
+  error(m: string): void { this.emit(`error: ${m}`); }
+  warn(m: string): void { this.emit(`warning: ${m}`); }
+  /** Start-up, reload and shutdown: always shown, like errors. */
+  notice(m: string): void { this.emit(m); }
+  info(m: string): void { if (this.verbose) this.emit(m); }
+  debug(m: string): void { if (this.debugOn) this.emit(m); }
+}
+
+const HISTOGRAM_BUCKETS = [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600];
+const METRIC_HELP: Record<string, [string, string]> = {
+  webhook_requests_total: ['counter', 'HTTP requests by hook id ("" for other paths) and status code.'],
+  webhook_commands_total: ['counter', 'Hook commands run, by hook and result (success, failure, timeout).'],
+  webhook_command_timeouts_total: ['counter', 'Hook commands killed for running past their timeout.'],
+  webhook_commands_rejected_total: ['counter', 'Triggered requests refused with 503 because all command slots were busy.'],
+  webhook_commands_running: ['gauge', 'Hook commands running now.'],
+  webhook_command_duration_seconds: ['histogram', 'Wall time of hook commands.'],
+  webhook_reloads_total: ['counter', 'Hook reloads by result (success, failure).'],
+  webhook_config_last_reload_successful: ['gauge', '1 if the last reload succeeded, 0 if it was rejected.'],
+  webhook_hooks_loaded: ['gauge', 'Hooks in the snapshot being served.'],
+};
+
+export class Metrics {
+  private readonly values = new Map<string, Map<string, number>>();
+  private readonly histograms = new Map<string, Map<string, { buckets: number[]; sum: number; count: number }>>();
+
+  private static key(labels: Record<string, string>): string {
+    return Object.entries(labels).map(([k, v]) => `${k}="${v.replace(/[\\"\n]/g, (c) => (c === '\n' ? '\\n' : '\\' + c))}"`).join(',');
+  }
+
+  inc(name: string, labels: Record<string, string>, by = 1): void {
+    const series = this.values.get(name) ?? new Map<string, number>();
+    this.values.set(name, series);
+    const k = Metrics.key(labels);
+    series.set(k, (series.get(k) ?? 0) + by);
+  }
+
+  setGauge(name: string, labels: Record<string, string>, value: number): void {
+    const series = this.values.get(name) ?? new Map<string, number>();
+    this.values.set(name, series);
+    series.set(Metrics.key(labels), value);
+  }
+
+  observe(name: string, labels: Record<string, string>, value: number): void {
+    const series = this.histograms.get(name) ?? new Map();
+    this.histograms.set(name, series);
+    const k = Metrics.key(labels);
+    const h = series.get(k) ?? { buckets: HISTOGRAM_BUCKETS.map(() => 0), sum: 0, count: 0 };
+    series.set(k, h);
+    HISTOGRAM_BUCKETS.forEach((b, i) => { if (value <= b) h.buckets[i]++; });
+    h.sum += value;
+    h.count++;
+  }
+
+  reloaded(ok: boolean, hooks: number): void {
+    this.inc('webhook_reloads_total', { result: ok ? 'success' : 'failure' });
+    this.setGauge('webhook_config_last_reload_successful', {}, ok ? 1 : 0);
+    this.setGauge('webhook_hooks_loaded', {}, hooks);
+  }
+
+  render(): string {
+    const lines: string[] = [];
+    const head = (name: string) => {
+      const [type, help] = METRIC_HELP[name] ?? ['untyped', name];
+      lines.push(`# HELP ${name} ${help}`, `# TYPE ${name} ${type}`);
+    };
+    for (const [name, series] of this.values) {
+      head(name);
+      for (const [k, v] of series) lines.push(`${name}${k ? `{${k}}` : ''} ${v}`);
+    }
+    for (const [name, series] of this.histograms) {
+      head(name);
+      for (const [k, h] of series) {
+        const sep = k ? `${k},` : '';
+        HISTOGRAM_BUCKETS.forEach((b, i) => lines.push(`${name}_bucket{${sep}le="${b}"} ${h.buckets[i]}`));
+        lines.push(`${name}_bucket{${sep}le="+Inf"} ${h.count}`, `${name}_sum${k ? `{${k}}` : ''} ${h.sum}`, `${name}_count${k ? `{${k}}` : ''} ${h.count}`);
+      }
+    }
+    return lines.join('\n') + '\n';
+  }
+}
+
+// ================================================================================================
+// 9. main — wires the sections together; the only place with process-wide side effects
+//    (signals, pid file, listening socket, exit codes).
+// ================================================================================================
+
+const GO_CIPHER_SUITES: Record<string, string> = {
+  TLS_AES_128_GCM_SHA256: 'TLS_AES_128_GCM_SHA256',
+  TLS_AES_256_GCM_SHA384: 'TLS_AES_256_GCM_SHA384',
+  TLS_CHACHA20_POLY1305_SHA256: 'TLS_CHACHA20_POLY1305_SHA256',
+  TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256: 'ECDHE-ECDSA-AES128-GCM-SHA256',
+  TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256: 'ECDHE-RSA-AES128-GCM-SHA256',
+  TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384: 'ECDHE-ECDSA-AES256-GCM-SHA384',
+  TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384: 'ECDHE-RSA-AES256-GCM-SHA384',
+  TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256: 'ECDHE-ECDSA-CHACHA20-POLY1305',
+  TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256: 'ECDHE-RSA-CHACHA20-POLY1305',
+  TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA: 'ECDHE-ECDSA-AES128-SHA',
+  TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA: 'ECDHE-RSA-AES128-SHA',
+  TLS_ECDHE_ECDSA_WITH_AES_256_CBC_SHA: 'ECDHE-ECDSA-AES256-SHA',
+  TLS_ECDHE_RSA_WITH_AES_256_CBC_SHA: 'ECDHE-RSA-AES256-SHA',
+  TLS_RSA_WITH_AES_128_GCM_SHA256: 'AES128-GCM-SHA256',
+  TLS_RSA_WITH_AES_256_GCM_SHA384: 'AES256-GCM-SHA384',
+  TLS_RSA_WITH_AES_128_CBC_SHA: 'AES128-SHA',
+  TLS_RSA_WITH_AES_256_CBC_SHA: 'AES256-SHA',
+};
+
+function tlsOptions(o: Options): https.ServerOptions {
+  const versions: Record<string, tls.SecureVersion> = { '1.0': 'TLSv1', '1.1': 'TLSv1.1', '1.2': 'TLSv1.2', '1.3': 'TLSv1.3' };
+  const minVersion = versions[o.tlsMinVersion];
+  if (!minVersion) throw new UsageError(`invalid value "${o.tlsMinVersion}" for flag -tls-min-version (use 1.0, 1.1, 1.2 or 1.3)`);
+  const ciphers = o.cipherSuites === '' ? undefined : o.cipherSuites.split(',').map((c) => {
+    const name = GO_CIPHER_SUITES[c.trim()];
+    if (!name) throw new UsageError(`unknown cipher suite "${c.trim()}" (see -list-cipher-suites)`);
+    return name;
+  }).join(':');
+  return { cert: fs.readFileSync(o.cert), key: fs.readFileSync(o.key), minVersion, ciphers };
+}
+
+export async function main(argv: string[], env: Record<string, string | undefined>): Promise<number> {
+  let o: Options;
+  try {
+    o = parseCommandLine(argv, env);
+  } catch (e) {
+    if (!(e instanceof UsageError)) throw e;
+    if (e.message) process.stderr.write(`${e.message}\n`);
+    process.stderr.write(usage());
+    return e.message ? 2 : 0;
+  }
+  if (o.version) { process.stdout.write(`webhook version ${VERSION}\n`); return 0; }
+  if (o.listCipherSuites) { process.stdout.write(Object.keys(GO_CIPHER_SUITES).join('\n') + '\n'); return 0; }
+
+  setFlagsFromString('--enable-experimental-regexp-engine-on-excessive-backtracks');
+  setFlagsFromString(`--regexp-backtracks-before-fallback=${LIMITS.regexBacktracksBeforeFallback}`);
+  const logStream = o.logfile ? fs.createWriteStream(o.logfile, { flags: 'a', mode: 0o640 }) : undefined;
+  const log = new Logger(o.verbose, o.debug, (line) => (logStream ? logStream.write(line) : process.stderr.write(line)));
+  const metrics = new Metrics();
+  log.notice(`version ${VERSION} starting`);
+
+  const settings: LoadSettings = { paths: o.hooks, template: o.template, env, commandTimeoutMs: o.commandTimeoutMs };
+  let snapshot: Snapshot;
+  try {
+    snapshot = loadSnapshot(settings);
+  } catch (e) {
+    log.error(`couldn't load hooks: ${(e as Error).message}`);
+    return 1;
+  }
+  log.setSecrets(snapshot.secrets);
+  for (const w of snapshot.warnings) log.warn(w);
+  for (const hook of snapshot.hooks.values()) {
+    const resolved = resolveCommand(hook.command, hook.workingDirectory, env.PATH ?? '');
+    if (resolved.error) log.warn(`${hook.file}: hook "${hook.id}": execute-command: ${resolved.error} (checked again on each request)`);
+  }
+  if (snapshot.hooks.size === 0 && !o.nopanic) {
+    log.error(`couldn't load any hooks from ${o.hooks.join(', ')} (use -nopanic to start anyway)`);
+    return 1;
+  }
+  log.notice(`loaded ${snapshot.hooks.size} hook(s) from ${snapshot.files.length} file(s): ${[...snapshot.hooks.keys()].join(', ')}`);
+
+  const store = new HookStore(settings, snapshot, log, metrics);
+  const runner = new CommandRunner(o.maxConcurrentCommands, log, metrics);
+  let shuttingDown = false;
+  const handler = createHandler({ options: o, store, runner, log, metrics, isShuttingDown: () => shuttingDown });
+  const serverOptions: http.ServerOptions = { requestTimeout: o.readTimeoutMs, headersTimeout: o.readHeaderTimeoutMs, keepAliveTimeout: 5_000 };
+  let server: http.Server;
+  try {
+    server = o.secure ? https.createServer({ ...serverOptions, ...tlsOptions(o) }, handler) : http.createServer(serverOptions, handler);
+  } catch (e) {
+    log.error(`cannot start HTTPS: ${(e as Error).message}`);
+    return 1;
+  }
+  const listening = await new Promise<Error | undefined>((resolve) => {
+    server.once('error', resolve);
+    if (o.socket) server.listen(o.socket, () => resolve(undefined));
+    else server.listen(o.port, o.ip, () => resolve(undefined));
+  });
+  if (listening) { log.error(`cannot listen: ${listening.message}`); return 1; }
+  if (o.setgid) { process.setgid!(o.setgid); process.setuid!(o.setuid); }
+  if (o.pidfile) fs.writeFileSync(o.pidfile, `${process.pid}\n`);
+  const address = server.address();
+  const where = typeof address === 'string' ? `unix:${address}` : `${o.secure ? 'https' : 'http'}://${o.ip}:${address?.port}/${o.urlprefix}/{id}`;
+  log.notice(`serving hooks on ${where}`);
+
+  if (o.hotreload) store.watch();
+  const reloadOnSignal = (sig: string) => { log.notice(`caught ${sig}, reloading hooks`); store.reload(sig); };
+  process.on('SIGHUP', () => reloadOnSignal('SIGHUP'));
+  process.on('SIGUSR1', () => reloadOnSignal('SIGUSR1'));
+
+  return new Promise<number>((resolve) => {
+    const shutdown = async (sig: string) => {
+      if (shuttingDown) return;
+      shuttingDown = true;
+      log.notice(`caught ${sig}, shutting down: no new requests; running commands get ${formatGoDuration(o.shutdownGraceMs)}`);
+      store.close();
+      server.close();
+      server.closeIdleConnections();
+      await runner.drain(o.shutdownGraceMs);
+      server.closeAllConnections();
+      if (o.pidfile) fs.rmSync(o.pidfile, { force: true });
+      log.notice('stopped');
+      if (logStream) logStream.end(() => resolve(0));
+      else resolve(0);
+    };
+    process.on('SIGTERM', () => void shutdown('SIGTERM'));
+    process.on('SIGINT', () => void shutdown('SIGINT'));
+  });
+}
+
+function isEntryPoint(): boolean {
+  // Inside the single executable the embedded module is always the entry point.
+  if (isSea()) return true;
+  try {
+    return process.argv[1] !== undefined && fs.realpathSync(process.argv[1]) === fs.realpathSync(fileURLToPath(import.meta.url));
+  } catch {
+    return false;
+  }
+}
+
+if (isEntryPoint()) {
+  main(process.argv.slice(2), process.env).then((code) => process.exit(code), (e: Error) => {
+    process.stderr.write(`webhook: fatal: ${e.stack ?? e.message}\n`);
+    process.exit(1);
+  });
+}
