@@ -414,7 +414,9 @@ export function renderTemplate(text: string, env: TemplateEnv): { output: string
 
 function evaluateTemplateAction(body: string, env: TemplateEnv, inserted: string[]): string {
   const tokens: string[] = [];
-  const re = /\s*(?:("(?:[^"\\\n]|\\.)*")|(`[^`]*`)|([|()])|([A-Za-z_][A-Za-z0-9_]*)|(\S))/gy;
+  // A string may also be written with JSON-escaped quotes (\"X\"): hook files are often kept valid
+  // JSON before templating, so the action sits inside a JSON string.
+  const re = /\s*(?:("(?:[^"\\\n]|\\.)*"|\\"(?:[^"\\\n]|\\[^"])*\\")|(`[^`]*`)|([|()])|([A-Za-z_][A-Za-z0-9_]*)|(\S))/gy;
   let m: RegExpExecArray | null;
   while (re.lastIndex < body.length && (m = re.exec(body))) {
     if (m[5] !== undefined) throw new Error(`unexpected ${JSON.stringify(m[5])} in action (only ${TEMPLATE_FUNCTIONS.join(', ')}, strings, "|" and parentheses are supported)`);
@@ -430,6 +432,7 @@ function evaluateTemplateAction(body: string, env: TemplateEnv, inserted: string
     const t = tokens[pos++];
     if (t === undefined) throw new Error('missing argument');
     if (t === '(') { const v = pipeline(); if (tokens[pos++] !== ')') throw new Error('missing ")"'); return v; }
+    if (t.startsWith('\\"')) return JSON.parse(t.slice(1, -2) + '"') as string;
     if (t.startsWith('"')) return JSON.parse(t) as string;
     if (t.startsWith('`')) return t.slice(1, -1);
     throw new Error(`expected a string, got ${JSON.stringify(t)}`);
@@ -627,6 +630,9 @@ function compileHook(raw: unknown, cx: CompileContext): Hook {
     if (m) cx.result.warnings.push(`${cx.file}:${cx.lines.get(o)?.get(key) ?? hookLine}: ${hookName}: ${p}: still holds the placeholder "${m[0]}"; replace it before use`);
   };
 
+  // Name the hook in every error, including those about fields that come before "id".
+  const rawId = (raw as { id?: unknown } | null)?.id;
+  if (typeof rawId === 'string' && rawId !== '') hookName = `hook "${rawId}"`;
   const h = object(raw, cx.container, String(cx.index), '', HOOK_FIELDS);
   const id = field(h, 'id', 'id', 'string', '');
   if (id === '') fail(h, 'id', 'id', 'required, and must not be empty');
@@ -686,8 +692,10 @@ function compileHook(raw: unknown, cx: CompileContext): Hook {
     if (type === 'value') {
       const value = str('value');
       const parameter = param();
-      if (PLACEHOLDER.test(value)) warnPlaceholder(o, 'value', `${p}.value`, value);
-      cx.result.secrets.push(value);
+      // An empty value usually means a template read an unset variable; it would let `?token=`
+      // through, so it is refused rather than compared.
+      if (value === '') fail(o, 'value', `${p}.value`, 'empty (is the environment variable the template reads unset?)');
+      if (!PLACEHOLDER.test(value)) cx.result.secrets.push(value);
       if (parameter.source === 'url' || parameter.source === 'header') cx.result.redactedParams.push(`${parameter.source}:${parameter.source === 'header' ? parameter.name.toLowerCase() : parameter.name}`);
       return { type, param: parameter, digest: secretDigest(value) };
     }
@@ -718,7 +726,7 @@ function compileHook(raw: unknown, cx: CompileContext): Hook {
 
   const code = (key: string, def: number) => {
     const c = field(h, key, key, 'number', def);
-    if (c < 100 || c > 599) fail(h, key, key, `${c} is not an HTTP status code`);
+    if (!http.STATUS_CODES[c]) fail(h, key, key, `${c} is not a known HTTP status code`);
     return c;
   };
   const headers = field<unknown[]>(h, 'response-headers', 'response-headers', 'array', []).map((item, i, list) => {
@@ -1536,7 +1544,8 @@ export class CommandRunner {
       child.on('close', (code, signal) => {
         clearTimeout(timer);
         this.children.delete(child);
-        let output = Buffer.concat(chunks).toString('utf8');
+        // A command that prints its environment would show values a template read (the token).
+        let output = this.log.scrub(Buffer.concat(chunks).toString('utf8'));
         if (truncated) output += `\n[output truncated at ${LIMITS.maxCommandOutputBytes} bytes]`;
         const error = spawnError ?? (timedOut ? `timed out after ${formatGoDuration(timeoutMs)}` : signal ? `signal: ${signal}` : code !== 0 ? `exit status ${code}` : undefined);
         resolve({ output, ok: error === undefined, exitCode: code, timedOut, error });
@@ -1804,9 +1813,15 @@ export class Logger {
 
   setSecrets(secrets: string[]): void { this.secrets = secrets; }
 
+  /** Replaces every known secret in `text` by REDACTED (log lines, command output). */
+  scrub(text: string): string {
+    let out = text;
+    for (const s of this.secrets) if (out.includes(s)) out = out.split(s).join('REDACTED');
+    return out;
+  }
+
   private emit(message: string): void {
-    let line = message;
-    for (const s of this.secrets) if (line.includes(s)) line = line.split(s).join('REDACTED');
+    const line = this.scrub(message);
     const d = new Date();
     const p = (n: number) => String(n).padStart(2, '0');
     this.write(`[webhook] ${d.getFullYear()}/${p(d.getMonth() + 1)}/${p(d.getDate())} ${p(d.getHours())}:${p(d.getMinutes())}:${p(d.getSeconds())} ${line}\n`);
@@ -1974,7 +1989,13 @@ export async function main(argv: string[], env: Record<string, string | undefine
   const runner = new CommandRunner(o.maxConcurrentCommands, log, metrics);
   let shuttingDown = false;
   const handler = createHandler({ options: o, store, runner, log, metrics, isShuttingDown: () => shuttingDown });
-  const serverOptions: http.ServerOptions = { requestTimeout: o.readTimeoutMs, headersTimeout: o.readHeaderTimeoutMs, keepAliveTimeout: 5_000 };
+  const serverOptions: http.ServerOptions = {
+    requestTimeout: o.readTimeoutMs,
+    headersTimeout: o.readHeaderTimeoutMs,
+    keepAliveTimeout: 5_000,
+    // Node enforces the two timeouts above only when it checks (every 30 s by default).
+    connectionsCheckingInterval: Math.max(50, Math.min(1_000, o.readHeaderTimeoutMs / 2)),
+  };
   let server: http.Server;
   try {
     server = o.secure ? https.createServer({ ...serverOptions, ...tlsOptions(o) }, handler) : http.createServer(serverOptions, handler);

@@ -1,0 +1,496 @@
+/*
+ * The runner's own behaviour, through the built executable over real HTTP: command line, strict
+ * hook loading, templates, directory merge, hot reload, limits, graceful shutdown, the seed hook,
+ * and that no secret reaches any output. (Compatibility with adnanh/webhook: compat.test.ts.)
+ */
+import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
+import * as fs from 'node:fs';
+import * as net from 'node:net';
+import * as path from 'node:path';
+import { after, describe, test } from 'node:test';
+import { promisify } from 'node:util';
+import {
+  defaultBinary, hasRecord, makeTempDir, readArgv, readEnv, recorderCommand, resetRecord, spawnWebhook,
+  startWebhook, waitFor, waitForOutput, waitForRecord, type Webhook,
+} from './harness.ts';
+
+const run = promisify(execFile);
+const BIN = defaultBinary();
+
+/** Runs the binary to completion; returns exit code and all output. */
+async function runBinary(args: string[], env: Record<string, string> = {}): Promise<{ code: number; out: string }> {
+  try {
+    const r = await run(BIN, args, { env: { ...process.env, ...env }, timeout: 10_000 });
+    return { code: 0, out: r.stdout + r.stderr };
+  } catch (e) {
+    const err = e as { code: number; stdout: string; stderr: string };
+    return { code: err.code, out: err.stdout + err.stderr };
+  }
+}
+
+/** Starts the binary on hooks that must fail to load; returns exit code and output. */
+async function loadFailure(files: Record<string, string>, extraArgs: string[] = [], env: Record<string, string> = {}) {
+  const dir = makeTempDir('webhook-bad-');
+  for (const [name, text] of Object.entries(files)) fs.writeFileSync(path.join(dir, name), text);
+  const s = await spawnWebhook({ hooks: dir, args: extraArgs, env });
+  const exit = await s.exited;
+  return { code: exit.code, out: s.output(), dir };
+}
+
+const stopAll: Webhook[] = [];
+after(async () => { await Promise.all(stopAll.map((w) => w.stop())); });
+async function started(opts: Parameters<typeof startWebhook>[0]): Promise<Webhook> {
+  const w = await startWebhook(opts);
+  stopAll.push(w);
+  return w;
+}
+
+describe('command line', () => {
+  test('-version prints the version and runs with no Node on PATH', async () => {
+    const r = await run(BIN, ['-version'], { env: { PATH: '/nonexistent' } });
+    assert.match(r.stdout, /^webhook version \d+\.\d+\.\d+\n$/);
+  });
+
+  test('an unknown flag prints usage on stderr and exits 2', async () => {
+    const r = await runBinary(['-nosuchflag']);
+    assert.equal(r.code, 2);
+    assert.match(r.out, /flag provided but not defined: -nosuchflag/);
+    assert.match(r.out, /Usage of webhook:[\s\S]*-hotreload/);
+  });
+
+  test('a flag value that does not parse is named', async () => {
+    const r = await runBinary(['-command-timeout', 'soon']);
+    assert.equal(r.code, 2);
+    assert.match(r.out, /invalid value "soon" for flag -command-timeout/);
+  });
+
+  test('WEBHOOK_CMD adds -template (the old image passed it that way)', async () => {
+    const dir = makeTempDir();
+    fs.writeFileSync(path.join(dir, 'h.json'), '[{"id":"{{ getenv \\"HOOK_ID\\" }}","execute-command":"/bin/true"}]');
+    const wh = await started({ hooks: dir, env: { WEBHOOK_CMD: '-template', HOOK_ID: 'from-env' } });
+    assert.equal((await wh.request('/hooks/from-env', { method: 'POST' })).status, 200);
+  });
+
+  test('--flag=value and -flag value both work, -hooks repeats', async () => {
+    const a = makeTempDir();
+    const b = makeTempDir();
+    fs.writeFileSync(path.join(a, 'a.json'), '[{"id":"a","execute-command":"/bin/true"}]');
+    fs.writeFileSync(path.join(b, 'b.json'), '[{"id":"b","execute-command":"/bin/true"}]');
+    const wh = await started({ hooks: path.join(a, 'a.json'), args: [`--hooks=${path.join(b, 'b.json')}`] });
+    assert.equal((await wh.request('/hooks/a', { method: 'POST' })).status, 200);
+    assert.equal((await wh.request('/hooks/b', { method: 'POST' })).status, 200);
+  });
+});
+
+describe('hook files are loaded strictly, errors name file, line, hook and field', () => {
+  const cases: [string, string, RegExp][] = [
+    ['unknown key with a suggestion', '[{"id":"x",\n "execute-command":"/bin/true",\n "trigger-rules":{}}]', /h\.json:3: hook "x": trigger-rules: unknown field \(did you mean "trigger-rule"\?\)/],
+    ['wrong type', '[{"id":"x","execute-command":"/bin/true",\n"include-command-output-in-response":"yes"}]', /h\.json:2: hook "x": include-command-output-in-response: expected a boolean, got a string/],
+    ['misspelt match type', '[{"id":"x","execute-command":"/bin/true","trigger-rule":{"and":[\n{"match":{"type":"value","value":"a","parameter":{"source":"url","name":"a"}}},\n{"match":{"type":"valeu","value":"a","parameter":{"source":"url","name":"a"}}}]}}]', /h\.json:3: hook "x": trigger-rule\.and\[1\]\.match\.type: unknown type "valeu" \(did you mean "value"\?\)/],
+    ['invalid regex', '[{"id":"x","execute-command":"/bin/true","trigger-rule":{"match":{"type":"regex","regex":"(unclosed","parameter":{"source":"url","name":"a"}}}}]', /hook "x": trigger-rule\.match\.regex: invalid regular expression/],
+    ['invalid CIDR', '[{"id":"x","execute-command":"/bin/true","trigger-rule":{"match":{"type":"ip-whitelist","ip-range":"10.0.0.0/33"}}}]', /hook "x": trigger-rule\.match\.ip-range: invalid IP range "10\.0\.0\.0\/33"/],
+    ['a rule with two kinds', '[{"id":"x","execute-command":"/bin/true","trigger-rule":{"and":[],"or":[]}}]', /hook "x": trigger-rule: a rule takes exactly one of "and", "or", "not", "match", got "and" and "or"/],
+    ['a rule with none', '[{"id":"x","execute-command":"/bin/true","trigger-rule":{}}]', /hook "x": trigger-rule: a rule needs one of "and", "or", "not", "match"/],
+    ['a duplicate key', '[{"id":"x","execute-command":"/bin/true",\n"id":"y"}]', /h\.json: line 2, column \d+: duplicate key "id"/],
+    ['invalid JSON', '[{"id":"x",}]', /h\.json: line 1, column 12: unexpected character "}", expected a key/],
+    ['an unknown parameter source', '[{"id":"x","execute-command":"/bin/true","pass-arguments-to-command":[{"source":"body","name":"a"}]}]', /hook "x": pass-arguments-to-command\[0\]\.source: unknown source "body"/],
+    ['a missing execute-command', '[{"id":"x"}]', /hook "x": execute-command: required/],
+    ['an empty value (unset template variable)', '[{"id":"x","execute-command":"/bin/true","trigger-rule":{"match":{"type":"value","value":"","parameter":{"source":"url","name":"token"}}}}]', /hook "x": trigger-rule\.match\.value: empty/],
+    ['a status code that is not one', '[{"id":"x","execute-command":"/bin/true","success-http-response-code":999}]', /hook "x": success-http-response-code: 999 is not a known HTTP status code/],
+  ];
+  for (const [name, text, expected] of cases) {
+    test(name, async () => {
+      const r = await loadFailure({ 'h.json': text });
+      assert.equal(r.code, 1, r.out);
+      assert.match(r.out, expected);
+    });
+  }
+
+  test('a duplicate id across files names both files', async () => {
+    const r = await loadFailure({
+      'a.json': '[{"id":"same","execute-command":"/bin/true"}]',
+      'b.json': '[{"id":"same","execute-command":"/bin/true"}]',
+    });
+    assert.equal(r.code, 1);
+    assert.match(r.out, /b\.json: hook "same": id: duplicate id \(also defined in .*a\.json\)/);
+  });
+
+  test('an unreplaced placeholder is reported loudly at load, without -verbose', async () => {
+    const dir = makeTempDir();
+    fs.writeFileSync(path.join(dir, 'h.json'), '[{"id":"x","execute-command":"/bin/true",\n"trigger-rule":{"match":{"type":"value","value":"<token>","parameter":{"source":"url","name":"token"}}}}]');
+    const wh = await started({ hooks: dir, verbose: false });
+    const out = await waitForOutput(wh, 'placeholder');
+    assert.match(out, /warning: .*h\.json:2: hook "x": trigger-rule\.match\.value: still holds the placeholder "<token>"/);
+  });
+
+  test('zero hooks is an error unless -nopanic', async () => {
+    const r = await loadFailure({ 'h.json': '[]' });
+    assert.equal(r.code, 1);
+    assert.match(r.out, /couldn't load any hooks/);
+    const wh = await started({ hooks: r.dir, args: ['-nopanic'] });
+    assert.equal((await wh.request('/')).body, 'OK');
+  });
+});
+
+describe('templates', () => {
+  test('getenv, cat, credential, js, html, urlquery, comments and trim markers', async () => {
+    const dir = makeTempDir();
+    const creds = makeTempDir();
+    fs.writeFileSync(path.join(creds, 'cred'), 'from-credentials-dir\n');
+    fs.writeFileSync(path.join(dir, 'file.txt'), 'from-a-file\n');
+    const rec = makeTempDir();
+    const cmd = recorderCommand(rec);
+    const hooks = `[{{/* a comment */}}
+      {"id":"t","execute-command":"${cmd}",
+       "pass-arguments-to-command":[
+         {"source":"string","name":"{{ getenv "A" }}"},
+         {"source":"string","name":"{{ cat "${path.join(dir, 'file.txt')}" }}"},
+         {"source":"string","name":"{{ credential "cred" }}"},
+         {"source":"string","name":"{{ getenv "Q" | urlquery }}"},
+         {"source":"string","name":"{{ getenv "H" | html }}"},
+         {"source":"string","name":"{{ js (getenv "J") }}"},
+         {"source":"string","name":"x   {{- "y" -}}   z"},
+         {"source":"string","name":"{{ getenv "UNSET_VARIABLE" }}"},
+         {"source":"string","name":"{{ cat "/nonexistent" }}"}]}]`;
+    fs.writeFileSync(path.join(dir, 'h.json'), hooks);
+    const wh = await started({ hooks: path.join(dir, 'h.json'), args: ['-template'], env: { A: 'plain', CREDENTIALS_DIRECTORY: creds, Q: 'a b&c', H: '<b>', J: '<say "hi">' } });
+    assert.equal((await wh.request('/hooks/t', { method: 'POST' })).status, 200);
+    await waitForRecord(rec);
+    assert.deepEqual(readArgv(rec), ['plain', 'from-a-file', 'from-credentials-dir', 'a+b%26c', '&lt;b&gt;', '<say "hi">', 'xyz', '', '']);
+  });
+
+  test('credential falls back to the environment without CREDENTIALS_DIRECTORY', async () => {
+    const dir = makeTempDir();
+    fs.writeFileSync(path.join(dir, 'h.json'), '[{"id":"{{ credential "CRED_ID" }}","execute-command":"/bin/true"}]');
+    const wh = await started({ hooks: dir, args: ['-template'], env: { CRED_ID: 'c1' } });
+    assert.equal((await wh.request('/hooks/c1', { method: 'POST' })).status, 200);
+  });
+
+  test('an unsupported function is a clear load error with the line', async () => {
+    const r = await loadFailure({ 'h.json': '[\n{"id":"{{ printf "%s" "x" }}","execute-command":"/bin/true"}]' }, ['-template']);
+    assert.equal(r.code, 1);
+    assert.match(r.out, /h\.json: line 2: template: function "printf" not defined/);
+  });
+});
+
+describe('directory of hook files', () => {
+  test('every *.json is merged in name order; other files and dot-entries are ignored', async () => {
+    const dir = makeTempDir();
+    fs.writeFileSync(path.join(dir, 'b.json'), '[{"id":"b","execute-command":"/bin/echo","include-command-output-in-response":true,"pass-arguments-to-command":[{"source":"string","name":"b"}]}]');
+    fs.writeFileSync(path.join(dir, 'a.json'), '[{"id":"a","execute-command":"/bin/true"}]');
+    fs.writeFileSync(path.join(dir, 'notes.txt'), 'not json at all');
+    fs.writeFileSync(path.join(dir, '.hidden.json'), 'broken');
+    const wh = await started({ hooks: dir });
+    assert.equal((await wh.request('/hooks/a', { method: 'POST' })).status, 200);
+    assert.equal((await wh.request('/hooks/b', { method: 'POST' })).body, 'b\n');
+    assert.match(wh.output(), /loaded 2 hook\(s\) from 2 file\(s\): a, b/);
+  });
+});
+
+describe('hot reload', () => {
+  const hook = (id: string) => JSON.stringify([{ id, 'execute-command': '/bin/true' }]);
+  const serves = async (wh: Webhook, id: string) => (await wh.request(`/hooks/${id}`, { method: 'POST' })).status === 200;
+  const until = (wh: Webhook, id: string, want: boolean) =>
+    waitFor(async () => ((await serves(wh, id)) === want ? true : undefined), { timeoutMs: 5_000, what: `hook ${id} ${want ? 'served' : 'gone'}` });
+
+  test('an in-place edit is picked up', async () => {
+    const dir = makeTempDir();
+    fs.writeFileSync(path.join(dir, 'h.json'), hook('one'));
+    const wh = await started({ hooks: path.join(dir, 'h.json'), args: ['-hotreload'] });
+    fs.writeFileSync(path.join(dir, 'h.json'), hook('two'));
+    await until(wh, 'two', true);
+    assert.equal(await serves(wh, 'one'), false);
+  });
+
+  test('mv over the file (atomic replace) is picked up, repeatedly', async () => {
+    const dir = makeTempDir();
+    const file = path.join(dir, 'h.json');
+    fs.writeFileSync(file, hook('one'));
+    const wh = await started({ hooks: file, args: ['-hotreload'] });
+    for (const id of ['two', 'three']) {
+      fs.writeFileSync(path.join(dir, 'tmp'), hook(id));
+      fs.renameSync(path.join(dir, 'tmp'), file);
+      await until(wh, id, true);
+    }
+  });
+
+  test('delete and re-create is picked up; the deleted file keeps the old set until then', async () => {
+    const dir = makeTempDir();
+    const file = path.join(dir, 'h.json');
+    fs.writeFileSync(file, hook('one'));
+    const wh = await started({ hooks: file, args: ['-hotreload'] });
+    fs.rmSync(file);
+    await waitForOutput(wh, /reload \(files changed\) rejected/);
+    assert.equal(await serves(wh, 'one'), true);
+    fs.writeFileSync(file, hook('two'));
+    await until(wh, 'two', true);
+  });
+
+  test('a Kubernetes ConfigMap update (the ..data symlink swap) is picked up', async () => {
+    const mount = makeTempDir();
+    const publish = (version: string, files: Record<string, string>) => {
+      const data = path.join(mount, `..${version}`);
+      fs.mkdirSync(data);
+      for (const [n, t] of Object.entries(files)) fs.writeFileSync(path.join(data, n), t);
+      fs.symlinkSync(`..${version}`, path.join(mount, '..data_tmp'));
+      fs.renameSync(path.join(mount, '..data_tmp'), path.join(mount, '..data'));
+      for (const n of Object.keys(files)) if (!fs.existsSync(path.join(mount, n))) fs.symlinkSync(path.join('..data', n), path.join(mount, n));
+    };
+    publish('2026_01_01_v1', { 'web.json': hook('one') });
+    const wh = await started({ hooks: mount, args: ['-hotreload'] });
+    assert.equal(await serves(wh, 'one'), true);
+    publish('2026_01_02_v2', { 'web.json': hook('two') });
+    await until(wh, 'two', true);
+    assert.equal(await serves(wh, 'one'), false);
+  });
+
+  test('a broken file is rejected whole: the old set keeps serving and the error names the place', async () => {
+    const dir = makeTempDir();
+    fs.writeFileSync(path.join(dir, 'a.json'), hook('a'));
+    fs.writeFileSync(path.join(dir, 'b.json'), hook('b'));
+    const wh = await started({ hooks: dir, args: ['-hotreload'], verbose: false });
+    fs.writeFileSync(path.join(dir, 'a.json'), hook('a2'));
+    fs.writeFileSync(path.join(dir, 'b.json'), '[{"id":"b",\n"execute-commandd":"/bin/true"}]');
+    await waitForOutput(wh, /reload \(files changed\) rejected, still serving the previous 2 hook\(s\): .*b\.json:2: hook "b": execute-commandd: unknown field/);
+    assert.equal(await serves(wh, 'a'), true, 'old hook a still served');
+    assert.equal(await serves(wh, 'a2'), false, 'no half-loaded set');
+    const metrics = (await wh.request('/metrics')).body;
+    assert.match(metrics, /webhook_reloads_total\{result="failure"\} [1-9]/);
+    assert.match(metrics, /webhook_config_last_reload_successful 0/);
+    fs.writeFileSync(path.join(dir, 'b.json'), hook('b'));
+    await until(wh, 'a2', true);
+  });
+
+  test('SIGHUP reloads without -hotreload', async () => {
+    const dir = makeTempDir();
+    fs.writeFileSync(path.join(dir, 'h.json'), hook('one'));
+    const wh = await started({ hooks: dir });
+    fs.writeFileSync(path.join(dir, 'h.json'), hook('two'));
+    await new Promise((r) => setTimeout(r, 300));
+    assert.equal(await serves(wh, 'two'), false, 'no reload without -hotreload or a signal');
+    wh.proc.kill('SIGHUP');
+    await until(wh, 'two', true);
+  });
+});
+
+describe('limits', () => {
+  test('a body over -max-body-size gets 413 and the command does not run', async () => {
+    const rec = makeTempDir();
+    const wh = await started({ hooks: [{ id: 'x', 'execute-command': recorderCommand(rec) }], args: ['-max-body-size', '1000'] });
+    const res = await wh.request('/hooks/x', { method: 'POST', body: 'x'.repeat(1001) });
+    assert.equal(res.status, 413);
+    assert.equal((await wh.request('/hooks/x', { method: 'POST', body: 'x'.repeat(1000) })).status, 200);
+    await waitForRecord(rec);
+  });
+
+  test('a command past its timeout is killed with its whole process group', async () => {
+    const dir = makeTempDir();
+    const script = path.join(dir, 'slow.sh');
+    // The grandchild (sleep in a subshell) records its pid; it must die with the group.
+    fs.writeFileSync(script, `#!/bin/sh\necho started\n(sleep 30; echo survived > ${dir}/survived) &\necho $! > ${dir}/child.pid\nsleep 30\n`, { mode: 0o755 });
+    const wh = await started({ hooks: [{ id: 'slow', 'execute-command': script, 'include-command-output-in-response': true, 'include-command-output-in-response-on-error': true, 'command-timeout': '500ms' }] });
+    const res = await wh.request('/hooks/slow', { method: 'POST' });
+    assert.equal(res.status, 500);
+    assert.match(res.body, /started/);
+    const childPid = Number(fs.readFileSync(path.join(dir, 'child.pid'), 'utf8'));
+    await waitFor(() => { try { process.kill(childPid, 0); return undefined; } catch { return true; } }, { timeoutMs: 5_000, what: 'grandchild killed' });
+    assert.match(wh.output(), /timed out after 0\.5s; killing its process group/);
+    assert.match((await wh.request('/metrics')).body, /webhook_command_timeouts_total\{hook="slow"\} 1/);
+  });
+
+  test('when all command slots are busy, a triggered request gets 503 with Retry-After', async () => {
+    const dir = makeTempDir();
+    const script = path.join(dir, 'wait.sh');
+    fs.writeFileSync(script, `#!/bin/sh\nwhile [ ! -f ${dir}/go ]; do sleep 0.05; done\necho done\n`, { mode: 0o755 });
+    const wh = await started({ hooks: [{ id: 'w', 'execute-command': script, 'include-command-output-in-response': true }], args: ['-max-concurrent-commands', '2'] });
+    const first = [wh.request('/hooks/w', { method: 'POST' }), wh.request('/hooks/w', { method: 'POST' })];
+    await waitFor(async () => ((await wh.request('/metrics')).body.includes('webhook_commands_running 2') ? true : undefined), { what: 'two commands running' });
+    const third = await wh.request('/hooks/w', { method: 'POST' });
+    assert.equal(third.status, 503);
+    assert.equal(third.headers['retry-after'], '5');
+    fs.writeFileSync(path.join(dir, 'go'), '');
+    for (const r of await Promise.all(first)) assert.deepEqual([r.status, r.body], [200, 'done\n']);
+    assert.match((await wh.request('/metrics')).body, /webhook_commands_rejected_total\{hook="w"\} 1/);
+  });
+
+  test('a client that sends headers too slowly is disconnected after -read-header-timeout', async () => {
+    const wh = await started({ hooks: [{ id: 'x', 'execute-command': '/bin/true' }], args: ['-read-header-timeout', '500ms'] });
+    const startedAt = Date.now();
+    const closed = await new Promise<string>((resolve) => {
+      const sock = net.connect(wh.port, '127.0.0.1', () => sock.write('POST /hooks/x HTTP/1.1\r\nHost: x\r\n'));
+      let data = '';
+      sock.on('data', (d) => (data += d));
+      sock.on('close', () => resolve(data));
+      sock.setTimeout(10_000, () => sock.destroy());
+    });
+    assert.ok(Date.now() - startedAt < 8_000, 'closed by the server, not by the test timeout');
+    assert.match(closed, /^HTTP\/1\.1 408|^$/);
+  });
+
+  test('every response has X-Request-Id; /healthz and /metrics answer', async () => {
+    const wh = await started({ hooks: [{ id: 'x', 'execute-command': '/bin/true' }] });
+    for (const p of ['/', '/hooks/x', '/hooks/nope', '/healthz', '/elsewhere']) {
+      const r = await wh.request(p, { method: 'POST' });
+      assert.match(String(r.headers['x-request-id']), /^[0-9a-f-]{36}$/, p);
+    }
+    assert.equal((await wh.request('/healthz')).status, 200);
+    const m = await wh.request('/metrics');
+    assert.match(String(m.headers['content-type']), /^text\/plain; version=0\.0\.4/);
+    assert.match(m.body, /webhook_requests_total\{hook="x",code="200"\} 1/);
+    assert.match(m.body, /webhook_requests_total\{hook="",code="404"\} 2/);
+    assert.match(m.body, /webhook_command_duration_seconds_count\{hook="x"\} 1/);
+    assert.match(m.body, /webhook_hooks_loaded 1/);
+  });
+
+  test('-x-request-id uses the client id, made log-safe and truncated', async () => {
+    const wh = await started({ hooks: [{ id: 'x', 'execute-command': '/bin/true' }], args: ['-x-request-id', '-x-request-id-limit', '8'] });
+    const r = await wh.request('/hooks/x', { method: 'POST', headers: { 'X-Request-Id': 'ab c;d"efghijkl' } });
+    assert.equal(r.headers['x-request-id'], 'ab_c_d_e');
+  });
+
+  test('errors are logged without -verbose; a missing command names the hint', async () => {
+    const wh = await started({ hooks: [{ id: 'x', 'execute-command': '/bin/echo hello', 'include-command-output-in-response': true }], verbose: false });
+    assert.equal((await wh.request('/hooks/x', { method: 'POST' })).status, 500);
+    const out = await waitForOutput(wh, 'pass-arguments-to-command');
+    assert.match(out, /error: \[[0-9a-f-]+\] error in exec: "\/bin\/echo hello": stat \/bin\/echo hello: no such file or directory/);
+    assert.match(out, /use 'pass-arguments-to-command' to specify args for '\/bin\/echo'/);
+  });
+});
+
+describe('graceful shutdown', () => {
+  test('SIGTERM stops accepting, lets a running command finish, exits 0', async () => {
+    const dir = makeTempDir();
+    const script = path.join(dir, 'work.sh');
+    fs.writeFileSync(script, `#!/bin/sh\ntouch ${dir}/started\nsleep 1\necho finished\n`, { mode: 0o755 });
+    const wh = await startWebhook({ hooks: [{ id: 'w', 'execute-command': script, 'include-command-output-in-response': true }] });
+    const pending = wh.request('/hooks/w', { method: 'POST' });
+    await waitFor(() => (fs.existsSync(path.join(dir, 'started')) ? true : undefined), { what: 'command started' });
+    wh.proc.kill('SIGTERM');
+    await waitForOutput(wh, 'shutting down');
+    await assert.rejects(wh.request('/'), /ECONNREFUSED/);
+    const res = await pending;
+    assert.deepEqual([res.status, res.body], [200, 'finished\n']);
+    assert.deepEqual(await wh.exited, { code: 0, signal: null });
+  });
+
+  test('a command still running after -shutdown-grace is killed, and the exit is still 0', async () => {
+    const dir = makeTempDir();
+    const script = path.join(dir, 'stuck.sh');
+    fs.writeFileSync(script, `#!/bin/sh\ntouch ${dir}/started\nexec sleep 60\n`, { mode: 0o755 });
+    const wh = await startWebhook({ hooks: [{ id: 's', 'execute-command': script }], args: ['-shutdown-grace', '300ms'] });
+    assert.equal((await wh.request('/hooks/s', { method: 'POST' })).status, 200);
+    await waitFor(() => (fs.existsSync(path.join(dir, 'started')) ? true : undefined), { what: 'command started' });
+    const t0 = Date.now();
+    wh.proc.kill('SIGTERM');
+    assert.deepEqual(await wh.exited, { code: 0, signal: null });
+    assert.ok(Date.now() - t0 < 10_000);
+    assert.match(wh.output(), /grace period over; killing 1 command\(s\)/);
+  });
+});
+
+describe('the seed hook, from a directory through WEBHOOK_CMD=-template', () => {
+  const TOKEN = 'seed-Token-4c8f2b19e7';
+  const rec = makeTempDir();
+  const seedDir = makeTempDir();
+  const seed = fs.readFileSync(path.join(import.meta.dirname, '..', 'examples', 'hooks', 'web.json'), 'utf8')
+    .replace('"/webhooks.sh"', JSON.stringify(recorderCommand(rec)))
+    .replace('"/home"', JSON.stringify(rec));
+  fs.writeFileSync(path.join(seedDir, 'web.json'), seed);
+  const payload = fs.readFileSync(path.join(import.meta.dirname, 'fixtures', 'acr-push.json'), 'utf8');
+  let wh: Webhook;
+  const right = { token: TOKEN, ns: 'prod', workload: 'deployment/web', container: 'app', repo_type: 'regionalregistry', net_type: 'vpc' };
+  const post = (q: Record<string, string>) => wh.request(`/hooks/web?${new URLSearchParams(q)}`, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: payload });
+
+  test('starts', async () => { wh = await started({ hooks: seedDir, env: { WEBHOOK_CMD: '-template', HOOK_TOKEN: TOKEN } }); });
+
+  for (const key of ['token', 'ns', 'workload', 'container'] as const) {
+    for (const variant of ['wrong', 'missing'] as const) {
+      test(`${variant} ${key} → 500 "Hook rules were not satisfied." and the command does not run`, async () => {
+        resetRecord(rec);
+        const q: Record<string, string> = { ...right };
+        if (variant === 'wrong') q[key] = key === 'token' ? TOKEN.slice(0, -1) : 'other';
+        else delete q[key];
+        const res = await post(q);
+        assert.deepEqual([res.status, res.body], [500, 'Hook rules were not satisfied.']);
+        assert.equal(res.headers['access-control-allow-origin'], undefined);
+        await new Promise((r) => setTimeout(r, 100));
+        assert.equal(hasRecord(rec), false);
+      });
+    }
+  }
+
+  test('all four right → the command runs with the environment and the payload, CORS header set', async () => {
+    resetRecord(rec);
+    const res = await post(right);
+    assert.equal(res.status, 200);
+    assert.equal(res.body, 'recorder stdout\nrecorder stderr\n');
+    assert.equal(res.headers['access-control-allow-origin'], '*');
+    const env = readEnv(rec);
+    assert.deepEqual(
+      [env.APP_NS, env.APP_WORKLOAD, env.APP_CONTAINER, env.REPO_TYPE, env.NET_TYPE, env.MAIL_TO],
+      ['prod', 'deployment/web', 'app', 'regionalregistry', 'vpc', 'ops@example.com'],
+    );
+    const argv = readArgv(rec);
+    assert.equal(argv.length, 1);
+    assert.deepEqual(JSON.parse(argv[0]), JSON.parse(payload));
+  });
+
+  test('no secret appears in any output of the run', async () => {
+    await wh.stop();
+    const out = wh.output();
+    assert.ok(out.includes('token=REDACTED'), 'access log shows the redaction');
+    assert.equal(out.includes(TOKEN), false, 'token value leaked into the output');
+  });
+});
+
+describe('secrets never reach the output', () => {
+  test('token, HMAC secret, Scalr secret and template values stay out of logs and answers', async () => {
+    const secrets = { token: 'tok-7f3a9c2e5d', hmac: 'hmac-secret-91b2c3', scalr: 'scalr-secret-44d1e0', fromEnv: 'env-inserted-58ab' };
+    const dir = makeTempDir();
+    const script = path.join(dir, 'leaky.sh');
+    // A careless script that prints its whole environment (which holds the template's variable).
+    fs.writeFileSync(script, '#!/bin/sh\nenv\necho "args: $*"\nexit 3\n', { mode: 0o755 });
+    fs.writeFileSync(path.join(dir, 'h.json'), JSON.stringify([{
+      id: 'leak', 'execute-command': script, 'include-command-output-in-response': true, 'include-command-output-in-response-on-error': true,
+      'pass-arguments-to-command': [{ source: 'entire-query' }, { source: 'header', name: 'X-Hub-Signature' }],
+      'trigger-rule': { or: [
+        { and: [
+          { match: { type: 'value', value: '{{ getenv "LEAK_TOKEN" }}', parameter: { source: 'url', name: 'token' } } },
+          { match: { type: 'payload-hmac-sha256', secret: secrets.hmac, parameter: { source: 'header', name: 'X-Hub-Signature' } } },
+        ] },
+        { match: { type: 'scalr-signature', secret: secrets.scalr } },
+      ] },
+    }]));
+    const wh = await startWebhook({ hooks: dir, args: ['-template', '-debug'], env: { LEAK_TOKEN: secrets.token, OTHER: secrets.fromEnv } });
+    const { createHmac } = await import('node:crypto');
+    const body = '{"a":1}';
+    const sig = 'sha256=' + createHmac('sha256', secrets.hmac).update(body).digest('hex');
+    const answers: string[] = [];
+    for (const [token, signature] of [[secrets.token, sig], [secrets.token, 'sha256=00'], ['wrong', sig]]) {
+      const r = await wh.request(`/hooks/leak?token=${token}&x=1`, { method: 'POST', headers: { 'Content-Type': 'application/json', 'X-Hub-Signature': signature }, body });
+      answers.push(`${r.status} ${JSON.stringify(r.headers)} ${r.body}`);
+    }
+    await wh.stop();
+    const everything = wh.output() + answers.join('\n');
+    assert.match(answers[0], /^500 /, 'the triggered command ran and failed');
+    for (const [name, value] of Object.entries(secrets)) {
+      if (name === 'fromEnv') continue;
+      assert.equal(everything.includes(value), false, `${name} leaked`);
+    }
+    assert.match(wh.output(), /token=REDACTED/);
+  });
+});
+
+describe('methods', () => {
+  test('HEAD and OPTIONS do not trigger a hook unless listed', async () => {
+    const rec = makeTempDir();
+    const cmd = recorderCommand(rec);
+    const wh = await started({ hooks: [{ id: 'any', 'execute-command': cmd }, { id: 'opt', 'execute-command': cmd, 'http-methods': [' options '] }] });
+    for (const m of ['HEAD', 'OPTIONS']) assert.equal((await wh.request('/hooks/any', { method: m })).status, 405, m);
+    await new Promise((r) => setTimeout(r, 100));
+    assert.equal(hasRecord(rec), false);
+    assert.equal((await wh.request('/hooks/opt', { method: 'OPTIONS' })).status, 200);
+    await waitForRecord(rec);
+  });
+});
