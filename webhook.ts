@@ -726,8 +726,10 @@ function compileHook(raw: unknown, cx: CompileContext): Hook {
 
   const code = (key: string, def: number) => {
     const c = field(h, key, key, 'number', def);
-    if (!http.STATUS_CODES[c]) fail(h, key, key, `${c} is not a known HTTP status code`);
-    return c;
+    if (http.STATUS_CODES[c]) return c;
+    // adnanh answers 200 for a code it does not know; keep that, but say so at load.
+    cx.result.warnings.push(`${cx.file}:${cx.lines.get(h)?.get(key) ?? hookLine}: ${hookName}: ${key}: ${c} is not a known HTTP status code; 200 is used`);
+    return 200;
   };
   const headers = field<unknown[]>(h, 'response-headers', 'response-headers', 'array', []).map((item, i, list) => {
     const p = `response-headers[${i}]`;
@@ -1326,7 +1328,8 @@ export function evaluateRule(rule: Rule, req: HookRequest, soft: boolean, now: D
   if ('or' in rule) {
     for (const r of rule.or) {
       const res = evaluateRule(r, req, soft, now);
-      if (res.error && !(res.error instanceof ParameterNotFound) && !soft) return { ok: false, error: res.error };
+      const forgiven = res.error instanceof ParameterNotFound || (soft && res.error instanceof SignatureError);
+      if (res.error && !forgiven) return { ok: false, error: res.error };
       if (res.ok) return { ok: true };
     }
     return { ok: false };
@@ -1701,8 +1704,10 @@ async function handleRequest(cx: HandlerContext, req: http.IncomingMessage, res:
     res.setHeader('Content-Type', 'text/plain; version=0.0.4; charset=utf-8');
     return send(res, 200, cx.metrics.render());
   }
-  for (const [name, value] of o.headers) res.setHeader(name, value);
-  if (pathname === '/') return send(res, 200, ANSWERS.ok);
+  if (pathname === '/') {
+    for (const [name, value] of o.headers) res.setHeader(name, value);
+    return send(res, 200, ANSWERS.ok);
+  }
   const prefix = o.urlprefix === '' ? '/' : `/${o.urlprefix}/`;
   if (!pathname.startsWith(prefix)) return send(res, 404, ANSWERS.pageNotFound);
   const hookId = pathname.slice(prefix.length);
@@ -1723,6 +1728,7 @@ async function handleRequest(cx: HandlerContext, req: http.IncomingMessage, res:
     return send(res, 405, '');
   }
   cx.log.info(`[${id}] ${hook.id} got matched`);
+  for (const [name, value] of o.headers) res.setHeader(name, value);
 
   const body = await readBody(req, o.maxBodyBytes);
   if (body === undefined) {

@@ -15,10 +15,13 @@ fs.writeFileSync(path.join(dist, 'webhook.mjs'), stripTypeScriptTypes(source, { 
 const config = {
   main: path.join(dist, 'webhook.mjs'),
   mainFormat: 'module',
-  output: path.join(dist, 'webhook'),
+  // Written beside the target and renamed over it: a running dist/webhook cannot be overwritten.
+  output: path.join(dist, 'webhook.new'),
   disableExperimentalSEAWarning: true,
   useCodeCache: false,
 };
 fs.writeFileSync(path.join(dist, 'sea.json'), JSON.stringify(config, null, 2));
 execFileSync(process.execPath, ['--build-sea', path.join(dist, 'sea.json')], { stdio: 'inherit' });
-console.log(`built ${path.relative(root, config.output)} (${(fs.statSync(config.output).size / 1e6).toFixed(0)} MB) with Node ${process.version}`);
+const target = path.join(dist, 'webhook');
+fs.renameSync(config.output, target);
+console.log(`built ${path.relative(root, target)} (${(fs.statSync(target).size / 1e6).toFixed(0)} MB) with Node ${process.version}`);

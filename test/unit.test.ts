@@ -1,0 +1,218 @@
+/* Unit tests of webhook.ts's pure functions (no process, no network). */
+import assert from 'node:assert/strict';
+import { createHmac } from 'node:crypto';
+import { describe, test } from 'node:test';
+import {
+  checkPayloadSignature, checkScalrSignature, cidrContains, compileGoRegex, compileHooksFile, decodeBase64Strict,
+  evaluateRule, extractSignatures, formatGoDuration, goJsonMarshal, goJsEscape, goQueryEscape, JsonNumber, lookupParameter,
+  MultipartError, ParameterNotFound, parseCidr, parseCommandLine, parseGoDuration, parseJsonKeepingNumbers, parseMultipart,
+  parsePayload, parseStrictJson, parseXml, redactUrl, renderTemplate, replaceParameter, UsageError, type HookRequest,
+} from '../webhook.ts';
+
+describe('command line', () => {
+  test('Go flag syntax', () => {
+    const o = parseCommandLine(['--hooks=a.json', '-hooks', 'b.json', '-verbose', '-port=9001', '-nopanic=false', '-header', 'X-A=1=2']);
+    assert.deepEqual(o.hooks, ['a.json', 'b.json']);
+    assert.equal(o.port, 9001);
+    assert.equal(o.verbose, true);
+    assert.equal(o.nopanic, false);
+    assert.deepEqual(o.headers, [['X-A', '1=2']]);
+  });
+  test('defaults', () => {
+    const o = parseCommandLine([]);
+    assert.deepEqual([o.hooks, o.ip, o.port, o.urlprefix, o.maxConcurrentCommands], [['hooks.json'], '0.0.0.0', 9000, 'hooks', 16]);
+  });
+  test('WEBHOOK_CMD is split and appended', () => {
+    const o = parseCommandLine(['-hooks', 'x'], { WEBHOOK_CMD: ' -template  -urlprefix=api ' });
+    assert.equal(o.template, true);
+    assert.equal(o.urlprefix, 'api');
+  });
+  test('errors', () => {
+    assert.throws(() => parseCommandLine(['-port']), /flag needs an argument: -port/);
+    assert.throws(() => parseCommandLine(['-port', 'x']), /invalid value "x" for flag -port/);
+    assert.throws(() => parseCommandLine(['-nope']), /flag provided but not defined: -nope/);
+    assert.throws(() => parseCommandLine(['-verbose=maybe']), UsageError);
+    assert.throws(() => parseCommandLine(['-header', 'novalue']), /use name=value/);
+    assert.throws(() => parseCommandLine(['stray']), /unexpected argument "stray"/);
+  });
+  test('durations', () => {
+    assert.equal(parseGoDuration('1h2m3.5s'), 3_723_500);
+    assert.equal(parseGoDuration('300ms'), 300);
+    assert.equal(parseGoDuration('0'), 0);
+    assert.throws(() => parseGoDuration('5'), /invalid duration/);
+    assert.throws(() => parseGoDuration('5 m'), /invalid duration/);
+    assert.equal(formatGoDuration(90_500), '1m30.5s');
+    assert.equal(formatGoDuration(10 * 60_000), '10m0s');
+  });
+});
+
+describe('strict JSON', () => {
+  test('records the line of every key and index', () => {
+    const { value, lines } = parseStrictJson('[\n {"a": 1,\n  "b": [true,\n null]}]');
+    const obj = (value as object[])[0] as { b: unknown[] };
+    assert.equal(lines.get(obj)?.get('a'), 2);
+    assert.equal(lines.get(obj)?.get('b'), 3);
+    assert.equal(lines.get(obj.b)?.get('1'), 4);
+  });
+  test('rejects duplicate keys, trailing commas and trailing data, without quoting strings', () => {
+    assert.throws(() => parseStrictJson('{"a":1,\n"a":2}'), /line 2, column \d+: duplicate key "a"/);
+    assert.throws(() => parseStrictJson('[1,]'), /unexpected character "]"/);
+    assert.throws(() => parseStrictJson('[] x'), /after the end of the document/);
+    assert.throws(() => parseStrictJson('["secret-value\n"]'), (e: Error) => !e.message.includes('secret-value'));
+  });
+});
+
+describe('templates', () => {
+  const env = { getenv: (n: string) => ({ A: 'x"y', E: '' } as Record<string, string>)[n], readFile: (p: string) => (p === '/f' ? 'file\n\n' : undefined) };
+  test('functions, pipes, trim markers, comments', () => {
+    assert.equal(renderTemplate('{{ getenv "A" | js }}', env).output, 'x\\"y');
+    assert.equal(renderTemplate('{{ getenv \\"A\\" | html }}', env).output, 'x&#34;y');
+    assert.equal(renderTemplate('{{cat "/f"}}|', env).output, 'file\n|');
+    assert.equal(renderTemplate('a  {{- /* c */ -}}  b', env).output, 'ab');
+    assert.equal(renderTemplate('{{ urlquery (getenv "A") }}', env).output, 'x%22y');
+    assert.equal(renderTemplate('{{ `raw` }}{{ "q" }}', env).output, 'rawq');
+  });
+  test('collects the values source functions inserted, as secrets', () => {
+    assert.deepEqual(renderTemplate('{{ getenv "A" | js }} {{ getenv "E" }}', env).inserted, ['x"y']);
+  });
+  test('errors name the line', () => {
+    assert.throws(() => renderTemplate('\n\n{{ index "a" }}', env), /line 3: template: function "index" not defined/);
+    assert.throws(() => renderTemplate('{{ getenv }}', env), /wrong number of args for getenv: want 1 got 0/);
+    assert.throws(() => renderTemplate('{{ getenv "A"', env), /unclosed action/);
+    assert.throws(() => renderTemplate('{{ .Foo }}', env), /unexpected "\."/);
+  });
+  test('Go escapers', () => {
+    assert.equal(goJsEscape(`a'b<c>&=\\\n`), "a\\'b\\u003Cc\\u003E\\u0026\\u003D\\\\\\u000A");
+    assert.equal(goQueryEscape("a b/c?d=e&f~g*'"), 'a+b%2Fc%3Fd%3De%26f~g%2A%27');
+  });
+});
+
+describe('hook compilation', () => {
+  const compile = (hooks: unknown) => compileHooksFile('h.json', JSON.stringify(hooks), { commandTimeoutMs: 1000 });
+  test('defaults and secrets', () => {
+    const f = compile([{ id: 'a', 'execute-command': '/bin/true', 'http-methods': [' post '], 'trigger-rule': { match: { type: 'value', value: 'tok-123456', parameter: { source: 'query', name: 'token' } } } }]);
+    const h = f.hooks[0];
+    assert.deepEqual([h.successCode, h.mismatchCode, h.methods, h.commandTimeoutMs], [200, 200, ['POST'], 1000]);
+    assert.deepEqual(f.secrets, ['tok-123456']);
+    assert.deepEqual(f.redactedParams, ['url:token']);
+  });
+  test('pass-file-to-command without envname is HOOK_ + upper-cased name', () => {
+    const h = compile([{ id: 'a', 'execute-command': '/bin/true', 'pass-file-to-command': [{ source: 'payload', name: 'cfg.file' }] }]).hooks[0];
+    assert.equal(h.files[0].envname, 'HOOK_CFG.FILE');
+  });
+  test('placeholders are warnings, with their place', () => {
+    const f = compile([{ id: 'a', 'execute-command': '/bin/true', 'pass-environment-to-command': [{ source: 'string', name: '<namespaces>', envname: 'NS' }] }]);
+    assert.match(f.warnings[0], /h\.json:1: hook "a": pass-environment-to-command\[0\]\.name: still holds the placeholder "<namespaces>"/);
+  });
+});
+
+describe('parameters', () => {
+  const payload = parseJsonKeepingNumbers('{"a.b":"whole","a":{"b":"split","n":[{"x":1.50}]},"big":12345678901234567890}') as Record<string, unknown>;
+  test('dotted lookup tries the whole key first, then descends; arrays by index', () => {
+    assert.equal(lookupParameter('a.b', payload), 'whole');
+    assert.equal((lookupParameter('a.n.0.x', payload) as JsonNumber).text, '1.50');
+    assert.throws(() => lookupParameter('a.n.1.x', payload), ParameterNotFound);
+    assert.throws(() => lookupParameter('a.zz', payload), /parameter node not found: zz/);
+    assert.throws(() => lookupParameter('x', undefined), ParameterNotFound);
+  });
+  test('Go JSON serialisation: sorted keys, literal numbers, HTML-safe escapes', () => {
+    assert.equal(goJsonMarshal(payload), '{"a":{"b":"split","n":[{"x":1.50}]},"a.b":"whole","big":12345678901234567890}');
+    assert.equal(goJsonMarshal({ s: '<a&b>\u2028\u0001"\\\n' }), '{"s":"\\u003ca\\u0026b\\u003e\\u2028\\u0001\\"\\\\\\n"}');
+  });
+  test('replaceParameter sets only existing keys', () => {
+    const p = { a: { b: '{}' } } as Record<string, unknown>;
+    assert.equal(replaceParameter('a.b', p, { c: 1 }), true);
+    assert.equal(replaceParameter('a.x', p, 1), false);
+    assert.deepEqual(p, { a: { b: { c: 1 } } });
+  });
+});
+
+describe('bodies', () => {
+  test('JSON object, JSON array as root, form, unsupported type', () => {
+    assert.deepEqual(parsePayload('application/json', Buffer.from('[1]'), []).payload?.root, [new JsonNumber('1')]);
+    assert.deepEqual(parsePayload('application/x-www-form-urlencoded', Buffer.from('a=1&a=2&b=x+y'), []).payload, { a: '1', b: 'x y' });
+    assert.equal(parsePayload('application/json', Buffer.from('{bad'), []).payload, undefined);
+    assert.match(parsePayload('text/plain', Buffer.from('x'), []).note!, /unsupported content type header: text\/plain/);
+  });
+  test('XML the mxj way', () => {
+    assert.deepEqual(parseXml('<?xml version="1.0"?><!-- c --><a x="1"><b>t&amp;u</b><b><![CDATA[<v>]]></b><c/></a>'), { a: { '-x': '1', b: ['t&u', '<v>'], c: '' } });
+    assert.throws(() => parseXml('<a><b></a>'), /mismatched closing tag/);
+  });
+  test('multipart: values, JSON file parts, other files ignored, errors', () => {
+    const body = Buffer.from([
+      '--XX', 'Content-Disposition: form-data; name="v"', '', 'value', '--XX',
+      'Content-Disposition: form-data; name="j"; filename="j.json"', 'Content-Type: application/json', '', '{"k":2}', '--XX',
+      'Content-Disposition: form-data; name="f"; filename="f.bin"', 'Content-Type: application/octet-stream', '', 'bin', '--XX--', '',
+    ].join('\r\n'));
+    assert.deepEqual(parseMultipart('multipart/form-data; boundary=XX', body, []), { v: 'value', j: { k: new JsonNumber('2') } });
+    assert.throws(() => parseMultipart('multipart/form-data;', body, []), MultipartError);
+    assert.throws(() => parseMultipart('multipart/form-data; boundary=YY', body, []), MultipartError);
+  });
+});
+
+describe('rules', () => {
+  const request = (over: Partial<HookRequest> = {}): HookRequest => ({
+    id: 'r', method: 'POST', remoteAddr: '10.1.2.3:5555', remoteIp: '10.1.2.3', headers: {}, query: { t: 'yes' }, payload: undefined, body: Buffer.from('{"a":1}'), ...over,
+  });
+  const rules = (rule: unknown) => compileHooksFile('h.json', JSON.stringify([{ id: 'x', 'execute-command': '/bin/true', 'trigger-rule': rule }]), { commandTimeoutMs: 0 }).hooks[0].rule!;
+  const value = (name: string, v: string) => ({ match: { type: 'value', value: v, parameter: { source: 'url', name } } });
+  test('and / or / not with missing parameters', () => {
+    assert.deepEqual(evaluateRule(rules({ and: [value('t', 'yes'), value('t', 'yes')] }), request(), false), { ok: true });
+    assert.equal(evaluateRule(rules({ and: [value('t', 'yes'), value('missing', 'x')] }), request(), false).ok, false);
+    assert.equal(evaluateRule(rules({ or: [value('missing', 'x'), value('t', 'yes')] }), request(), false).ok, true);
+    // adnanh: `not` of a missing parameter is true (the error is only logged).
+    const r = evaluateRule(rules({ not: value('missing', 'x') }), request(), false);
+    assert.equal(r.ok, true);
+    assert.ok(r.error instanceof ParameterNotFound);
+  });
+  test('signature errors fail hard unless soft inside or', () => {
+    const sig = { match: { type: 'payload-hmac-sha256', secret: 's', parameter: { source: 'url', name: 't' } } };
+    const rule = rules({ or: [sig, value('t', 'yes')] });
+    assert.match(evaluateRule(rule, request(), false).error!.message, /invalid payload signature yes/);
+    assert.deepEqual(evaluateRule(rule, request(), true), { ok: true });
+  });
+  test('HMAC signatures: prefix optional, several comma-separated', () => {
+    const body = Buffer.from('{"a":1}');
+    const good = createHmac('sha256', 'k').update(body).digest('hex');
+    assert.equal(checkPayloadSignature(body, 'sha256', 'k', good).ok, true);
+    assert.equal(checkPayloadSignature(body, 'sha256', 'k', `sha256=${good}`).ok, true);
+    assert.equal(checkPayloadSignature(body, 'sha256', 'k', `sha256=00,sha256=${good}`).ok, true);
+    assert.equal(checkPayloadSignature(body, 'sha256', 'k', 'sha256=00').ok, false);
+    assert.deepEqual(extractSignatures('sha1=a,sha256=b,sha1=c', 'sha1='), ['a', 'c']);
+  });
+  test('Scalr signature with a fresh date, and an outdated one', () => {
+    const date = 'Sun 22 Nov 2026 04:00:00 UTC';
+    const body = Buffer.from('x');
+    const sig = createHmac('sha1', 'k').update(body).update(date).digest('hex');
+    const req = request({ body, headers: { 'X-Signature': sig, Date: date } });
+    assert.equal(checkScalrSignature(req, 'k', new Date('2026-11-22T04:02:00Z')).ok, true);
+    assert.match(checkScalrSignature(req, 'k', new Date('2026-11-22T04:06:00Z')).error!.message, /outdated/);
+    assert.equal(checkScalrSignature(request(), 'k', new Date()).ok, false);
+  });
+  test('regex: RE2 syntax is translated, non-RE2 refused', () => {
+    assert.equal(compileGoRegex('(?i)^ABC\\z').test('abc'), true);
+    assert.equal(compileGoRegex('^(?P<v>\\d+)$').exec('42')?.groups?.v, '42');
+    assert.equal(compileGoRegex('[[:digit:]]+').test('x1'), true);
+    assert.throws(() => compileGoRegex('a(?=b)'), /lookaround/);
+    assert.throws(() => compileGoRegex('(a)\\1'), /backreferences/);
+  });
+  test('CIDRs: IPv4, IPv6, single addresses, v4-mapped clients', () => {
+    assert.equal(cidrContains(parseCidr('10.0.0.0/8')!, '10.9.8.7'), true);
+    assert.equal(cidrContains(parseCidr('10.0.0.0/8')!, '11.0.0.1'), false);
+    assert.equal(cidrContains(parseCidr('127.0.0.1')!, '::ffff:127.0.0.1'), true);
+    assert.equal(cidrContains(parseCidr('fd00::/8')!, 'fd12::1'), true);
+    assert.equal(cidrContains(parseCidr('::1')!, '::1'), true);
+    assert.equal(parseCidr('10.0.0.0/33'), undefined);
+    assert.equal(parseCidr('nonsense'), undefined);
+  });
+});
+
+test('redactUrl hides compared parameters and token, keeps the rest', () => {
+  assert.equal(redactUrl('/hooks/web?token=s3cret&ns=prod&k%65y=v&flag', new Set(['url:key'])), '/hooks/web?token=REDACTED&ns=prod&k%65y=REDACTED&flag');
+  assert.equal(redactUrl('/hooks/web', new Set()), '/hooks/web');
+});
+
+test('strict base64', () => {
+  assert.equal(decodeBase64Strict('aGk=').toString(), 'hi');
+  assert.throws(() => decodeBase64Strict('a*b'), /illegal base64/);
+});
