@@ -1997,16 +1997,17 @@ export async function main(argv: string[], env: Record<string, string | undefine
   const handler = createHandler({ options: o, store, runner, log, metrics, isShuttingDown: () => shuttingDown });
   const serverOptions: http.ServerOptions = {
     requestTimeout: o.readTimeoutMs,
-    headersTimeout: o.readHeaderTimeoutMs,
+    // Node refuses a header timeout longer than the whole-request timeout.
+    headersTimeout: Math.min(o.readHeaderTimeoutMs, o.readTimeoutMs),
     keepAliveTimeout: 5_000,
     // Node enforces the two timeouts above only when it checks (every 30 s by default).
-    connectionsCheckingInterval: Math.max(50, Math.min(1_000, o.readHeaderTimeoutMs / 2)),
+    connectionsCheckingInterval: Math.max(50, Math.min(1_000, o.readHeaderTimeoutMs / 2, o.readTimeoutMs / 2)),
   };
   let server: http.Server;
   try {
     server = o.secure ? https.createServer({ ...serverOptions, ...tlsOptions(o) }, handler) : http.createServer(serverOptions, handler);
   } catch (e) {
-    log.error(`cannot start HTTPS: ${(e as Error).message}`);
+    log.error(`cannot start ${o.secure ? 'HTTPS' : 'the HTTP server'}: ${(e as Error).message}`);
     return 1;
   }
   const listening = await new Promise<Error | undefined>((resolve) => {

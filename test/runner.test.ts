@@ -501,3 +501,66 @@ describe('methods', () => {
     await waitForRecord(rec);
   });
 });
+
+describe('other flags', () => {
+  test('-secure serves HTTPS with -cert/-key and -tls-min-version; a missing certificate exits 1', async () => {
+    const dir = makeTempDir();
+    await run('openssl', ['req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-days', '1', '-subj', '/CN=localhost',
+      '-addext', 'subjectAltName=IP:127.0.0.1', '-keyout', path.join(dir, 'key.pem'), '-out', path.join(dir, 'cert.pem')]);
+    const bad = await spawnWebhook({ hooks: [{ id: 'x', 'execute-command': '/bin/true' }], args: ['-secure', '-cert', path.join(dir, 'none.pem'), '-key', path.join(dir, 'key.pem')] });
+    assert.equal((await bad.exited).code, 1);
+    assert.match(bad.output(), /cannot start HTTPS: .*none\.pem/);
+    const s = await spawnWebhook({ hooks: [{ id: 'x', 'execute-command': '/bin/true' }], args: ['-secure', '-cert', path.join(dir, 'cert.pem'), '-key', path.join(dir, 'key.pem'), '-tls-min-version', '1.3'] });
+    try {
+      await waitForOutput(s, 'serving hooks on https://');
+      const https = await import('node:https');
+      const ca = fs.readFileSync(path.join(dir, 'cert.pem'));
+      const get = (opts: object) => new Promise<string>((resolve, reject) => {
+        https.get({ host: '127.0.0.1', port: s.port, path: '/', ca, ...opts }, (res) => {
+          let b = '';
+          res.on('data', (d) => (b += d)).on('end', () => resolve(`${res.statusCode} ${b}`));
+        }).on('error', reject);
+      });
+      assert.equal(await get({}), '200 OK');
+      await assert.rejects(get({ maxVersion: 'TLSv1.2' }), /version|alert|handshake/i);
+    } finally {
+      s.proc.kill('SIGTERM');
+      await s.exited;
+    }
+  });
+
+  test('a client that sends its body too slowly is cut off after -read-timeout', async () => {
+    const rec = makeTempDir();
+    const wh = await started({ hooks: [{ id: 'x', 'execute-command': recorderCommand(rec) }], args: ['-read-timeout', '700ms'] });
+    const t0 = Date.now();
+    const reply = await new Promise<string>((resolve) => {
+      const sock = net.connect(wh.port, '127.0.0.1', () => sock.write('POST /hooks/x HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nabc'));
+      let data = '';
+      sock.on('data', (d) => (data += d));
+      sock.on('close', () => resolve(data));
+      sock.setTimeout(10_000, () => sock.destroy());
+    });
+    assert.ok(Date.now() - t0 < 8_000, 'closed by the server');
+    assert.match(reply, /^HTTP\/1\.1 408|^$/);
+    assert.equal(hasRecord(rec), false);
+  });
+
+  test('-pidfile is written and removed; -logfile receives the log; -socket serves on a Unix socket', async () => {
+    const dir = makeTempDir();
+    const s = await spawnWebhook({ hooks: [{ id: 'x', 'execute-command': '/bin/true' }], args: ['-pidfile', path.join(dir, 'pid'), '-logfile', path.join(dir, 'log'), '-socket', path.join(dir, 'sock')] });
+    await waitFor(() => (fs.existsSync(path.join(dir, 'pid')) ? true : undefined), { what: 'pid file' });
+    assert.equal(fs.readFileSync(path.join(dir, 'pid'), 'utf8'), `${s.proc.pid}\n`);
+    const http = await import('node:http');
+    const body = await new Promise<string>((resolve, reject) => {
+      http.request({ socketPath: path.join(dir, 'sock'), path: '/hooks/x', method: 'POST' }, (res) => {
+        let b = '';
+        res.on('data', (d) => (b += d)).on('end', () => resolve(`${res.statusCode}`));
+      }).on('error', reject).end();
+    });
+    assert.equal(body, '200');
+    s.proc.kill('SIGTERM');
+    assert.equal((await s.exited).code, 0);
+    assert.equal(fs.existsSync(path.join(dir, 'pid')), false);
+    assert.match(fs.readFileSync(path.join(dir, 'log'), 'utf8'), /x hook triggered successfully/);
+  });
+});
