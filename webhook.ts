@@ -13,8 +13,9 @@
  *   5. trigger rules ............ evaluateRule
  *   6. command execution ........ resolveCommand, runCommand, CommandSlots
  *   7. http server .............. createHandler, ANSWERS
- *   8. logging, metrics, limits . Logger, Metrics, LIMITS
- *   9. main ..................... main
+ *   8. smtp client & mail ....... parseMailConfig, composeMessage, sendMail, Mailer
+ *   9. logging, metrics, limits . Logger, Metrics, LIMITS
+ *  10. main ..................... main
  *
  * Invariants:
  *   - Configuration is an immutable snapshot swapped atomically on reload; a request sees exactly
@@ -26,15 +27,18 @@
  */
 
 import { spawn, type ChildProcess } from 'node:child_process';
-import { createHmac, createHash, randomBytes, randomUUID, timingSafeEqual } from 'node:crypto';
+import { createHmac, createHash, randomBytes, randomUUID, timingSafeEqual, X509Certificate } from 'node:crypto';
 import * as fs from 'node:fs';
 import * as fsp from 'node:fs/promises';
 import * as http from 'node:http';
 import * as https from 'node:https';
 import * as net from 'node:net';
+import { hostname, tmpdir } from 'node:os';
 import * as path from 'node:path';
 import * as tls from 'node:tls';
 import { isSea } from 'node:sea';
+import { StringDecoder } from 'node:string_decoder';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { fileURLToPath } from 'node:url';
 import { setFlagsFromString } from 'node:v8';
 
@@ -102,6 +106,8 @@ export const LIMITS = {
   // A command's combined output is kept in memory for the response and the log; beyond this the
   // rest is dropped with a marker, so a chatty command cannot exhaust memory.
   maxCommandOutputBytes: 1024 * 1024,
+  // At shutdown, pending mails get at least this long even when commands used the whole grace.
+  minMailFlushMs: 3_000,
   // After the grace period a command gets SIGTERM, then this long before SIGKILL.
   killAfterTermMs: 3_000,
   // Reload debounce: editors and ConfigMap updates produce bursts of events; wait for quiet.
@@ -1392,6 +1398,8 @@ export function checkScalrSignature(req: HookRequest, secret: string, now: Date)
 
 export interface CommandResult {
   output: string;
+  /** The environment the command ran with (or would have). */
+  env: Readonly<Record<string, string | undefined>>;
   ok: boolean;
   exitCode: number | null;
   timedOut: boolean;
@@ -1457,11 +1465,12 @@ export class CommandRunner {
     const tempFiles: string[] = [];
     const tag = `[${req.id}]`;
     try {
+      const env: Record<string, string | undefined> = { ...process.env };
       const resolved = resolveCommand(hook.command, hook.workingDirectory, process.env.PATH ?? '');
       if (!resolved.path) {
         this.log.error(`${tag} error in ${resolved.error}`);
         if (hook.command.includes(' ')) this.log.error(`${tag} use 'pass-arguments-to-command' to specify args for '${hook.command.split(/\s+/)[0]}'`);
-        return { output: '', ok: false, exitCode: null, timedOut: false, error: resolved.error };
+        return { output: '', env, ok: false, exitCode: null, timedOut: false, error: resolved.error };
       }
       const args = hook.args.map((p) => {
         try { return resolveParameter(p, req); } catch (e) {
@@ -1469,7 +1478,6 @@ export class CommandRunner {
           return '';
         }
       });
-      const env: Record<string, string | undefined> = { ...process.env };
       const envNames: string[] = [];
       for (const p of hook.env) {
         try {
@@ -1489,7 +1497,7 @@ export class CommandRunner {
           this.log.info(`${tag} error extracting command arguments for file: ${(e as Error).message}`);
           continue;
         }
-        const dir = hook.workingDirectory || (await import('node:os')).tmpdir();
+        const dir = hook.workingDirectory || tmpdir();
         const file = path.join(dir, `${p.envname}${randomBytes(6).readUIntBE(0, 6)}`);
         await fsp.writeFile(file, data, { mode: 0o600, flag: 'wx' });
         tempFiles.push(file);
@@ -1515,6 +1523,7 @@ export class CommandRunner {
   }
 
   private spawnCommand(file: string, argv0: string, args: string[], env: Record<string, string | undefined>, cwd: string, timeoutMs: number, tag: string): Promise<CommandResult> {
+    const failedToStart = (error: string): CommandResult => ({ output: '', env, ok: false, exitCode: null, timedOut: false, error });
     return new Promise((resolve) => {
       let child: ChildProcess;
       try {
@@ -1522,7 +1531,7 @@ export class CommandRunner {
         // everything it started, not just the first process.
         child = spawn(file, args, { argv0, cwd: cwd || undefined, env, detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
       } catch (e) {
-        resolve({ output: '', ok: false, exitCode: null, timedOut: false, error: (e as Error).message });
+        resolve(failedToStart((e as Error).message));
         return;
       }
       this.children.add(child);
@@ -1551,7 +1560,7 @@ export class CommandRunner {
         let output = this.log.scrub(Buffer.concat(chunks).toString('utf8'));
         if (truncated) output += `\n[output truncated at ${LIMITS.maxCommandOutputBytes} bytes]`;
         const error = spawnError ?? (timedOut ? `timed out after ${formatGoDuration(timeoutMs)}` : signal ? `signal: ${signal}` : code !== 0 ? `exit status ${code}` : undefined);
-        resolve({ output, ok: error === undefined, exitCode: code, timedOut, error });
+        resolve({ output, env, ok: error === undefined, exitCode: code, timedOut, error });
       });
     });
   }
@@ -1576,11 +1585,14 @@ export class CommandRunner {
   }
 }
 
-/** Strict base64 (standard or URL alphabet, padding optional); Buffer.from would skip bad characters. */
+/**
+ * Strict standard base64 with correct padding; whitespace (line wrapping) is ignored. Buffer.from
+ * would silently skip characters outside the alphabet, so "pa$$word" would decode to something.
+ */
 export function decodeBase64Strict(text: string): Buffer {
-  const t = text.trim();
-  if (!/^[A-Za-z0-9+/\-_]*={0,2}$/.test(t) || t.replace(/=+$/, '').length % 4 === 1) throw new Error('illegal base64 data');
-  return Buffer.from(t, 'base64');
+  const compact = text.replace(/\s+/g, '');
+  if (!/^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$/.test(compact)) throw new Error('illegal base64 data');
+  return Buffer.from(compact, 'base64');
 }
 
 // ================================================================================================
@@ -1606,6 +1618,7 @@ export interface HandlerContext {
   options: Options;
   store: { current: Snapshot };
   runner: CommandRunner;
+  mailer: Mailer;
   log: Logger;
   metrics: Metrics;
   isShuttingDown(): boolean;
@@ -1784,22 +1797,820 @@ async function handleRequest(cx: HandlerContext, req: http.IncomingMessage, res:
   cx.log.info(`[${id}] ${hook.id} hook triggered successfully`);
   for (const [name, value] of hook.responseHeaders) res.setHeader(name, value);
   if (!hook.captureOutput) {
-    cx.runner.run(hook, hookReq).then((r) => countCommand(cx, hook, r), (e: Error) => cx.log.error(`[${id}] ${e.message}`));
+    cx.runner.run(hook, hookReq).then((r) => commandFinished(cx, hook, hookReq, r), (e: Error) => cx.log.error(`[${id}] ${e.message}`));
     return send(res, hook.successCode, hook.responseMessage);
   }
   const result = await cx.runner.run(hook, hookReq);
-  countCommand(cx, hook, result);
+  commandFinished(cx, hook, hookReq, result);
   if (result.ok) return send(res, hook.successCode, result.output);
   return send(res, 500, hook.captureOutputOnError ? result.output : ANSWERS.commandError);
 }
 
-function countCommand(cx: HandlerContext, hook: Hook, r: CommandResult): void {
+/** Counts a finished command and mails its result when the hook asks for mail (MAIL_TO). */
+function commandFinished(cx: HandlerContext, hook: Hook, req: HookRequest, r: CommandResult): void {
   cx.metrics.inc('webhook_commands_total', { hook: hook.id, result: r.ok ? 'success' : r.timedOut ? 'timeout' : 'failure' });
   if (r.timedOut) cx.metrics.inc('webhook_command_timeouts_total', { hook: hook.id });
+  cx.mailer.notify({
+    hookId: hook.id,
+    requestId: req.id,
+    env: r.env,
+    outcome: r.ok ? 'succeeded' : 'failed',
+    detail: r.ok ? 'exit status 0' : r.error ?? 'failed',
+    output: r.output,
+  });
 }
 
 // ================================================================================================
-// 8. logging, metrics, limits — log lines in adnanh's shape ("[webhook] 2006/01/02 15:04:05 …"),
+// 8. smtp client & mail — mails a hook's result through the server the MAIL_* variables describe,
+//    with a small hand-written SMTP client: implicit TLS or STARTTLS, AUTH PLAIN/LOGIN/CRAM-MD5,
+//    every step under a deadline, RFC 5322/MIME/RFC 2047 messages. The password lives in a Secret
+//    and every reply or error text leaving this section is scrubbed of it.
+//    Exports: parseMailConfig, parseRecipients, composeMessage, formatRfc5322Date, dotStuff,
+//    sendMail, sendWithRetry, Mailer, Secret.
+// ================================================================================================
+
+
+/** A value that must never be printed: it shows as "[redacted]" in logs, JSON and inspection. */
+export class Secret {
+  #value: string;
+  constructor(value: string) {
+    this.#value = value;
+  }
+  reveal(): string {
+    return this.#value;
+  }
+  toString(): string {
+    return '[redacted]';
+  }
+  toJSON(): string {
+    return '[redacted]';
+  }
+  [Symbol.for('nodejs.util.inspect.custom')](): string {
+    return '[redacted]';
+  }
+}
+
+export interface MailConfig {
+  readonly host: string;
+  readonly port: number;
+  /** Port 465: TLS from the first byte. Any other port: STARTTLS, required whenever offered. */
+  readonly security: 'implicit-tls' | 'starttls';
+  /** Envelope sender and From header. */
+  readonly from: string;
+  /** AUTH user name: MAIL_SMTP_USER, or the sender address. */
+  readonly user: string;
+  /** No password: no AUTH. */
+  readonly password: Secret | undefined;
+  /** Extra trusted CA certificates (PEM), added to Node's default ones. */
+  readonly ca: string | undefined;
+  readonly verifyCertificate: boolean;
+  /** Send credentials over a connection that has no TLS, when the server offers no STARTTLS. */
+  readonly allowPlaintextAuth: boolean;
+}
+
+/** The old image spoke implicit TLS only (curl, smtps://), so an unset port keeps to its 465. */
+const DEFAULT_SMTP_PORT = 465;
+const IMPLICIT_TLS_PORT = 465;
+
+/**
+ * Reads the MAIL_* variables. MAIL_SMTP_SERVER unset or empty means mail is off (no config, no
+ * errors). Any error means no config, so a half-understood setup never sends; error strings name the
+ * variable, never its value.
+ */
+export function parseMailConfig(env: Readonly<Record<string, string | undefined>>): { config?: MailConfig; errors: string[] } {
+  const errors: string[] = [];
+  if (!env.MAIL_SMTP_SERVER?.trim()) return { errors };
+
+  const base64Variable = (name: string): string | undefined => {
+    const raw = env[name];
+    if (raw === undefined || raw.trim() === '') return undefined;
+    try {
+      // Trailing line breaks are dropped, as the old image's `$(echo … | base64 -d)` did:
+      // `echo secret | base64` is the usual way these values are made.
+      return new TextDecoder('utf-8', { fatal: true }).decode(decodeBase64Strict(raw)).replace(/[\r\n]+$/, '');
+    } catch {
+      errors.push(`${name}: not valid base64 (or not UTF-8 once decoded)`);
+      return undefined;
+    }
+  };
+  const booleanVariable = (name: string, fallback: boolean): boolean => {
+    const raw = env[name]?.trim().toLowerCase();
+    if (raw === undefined || raw === '') return fallback;
+    if (raw === 'true' || raw === 'false') return raw === 'true';
+    errors.push(`${name}: must be "true" or "false"`);
+    return fallback;
+  };
+
+  const host = base64Variable('MAIL_SMTP_SERVER')?.trim().replace(/^\[(.*)\]$/, '$1');
+  if (host !== undefined && !isHostName(host) && net.isIP(host) === 0) {
+    errors.push('MAIL_SMTP_SERVER: not a host name or IP address once decoded');
+  }
+
+  const from = base64Variable('MAIL_FROM')?.trim();
+  if (env.MAIL_FROM === undefined || env.MAIL_FROM.trim() === '') errors.push('MAIL_FROM: required when MAIL_SMTP_SERVER is set');
+  else if (from !== undefined && !isAddress(from)) errors.push('MAIL_FROM: not an e-mail address once decoded');
+
+  const user = base64Variable('MAIL_SMTP_USER')?.trim();
+  if (user !== undefined && /[\x00-\x1f\x7f]/.test(user)) errors.push('MAIL_SMTP_USER: contains control characters once decoded');
+
+  const password = base64Variable('MAIL_PASSWORD');
+
+  const ca = base64Variable('MAIL_CACERT');
+  if (ca !== undefined && !isPemCertificates(ca)) errors.push('MAIL_CACERT: not PEM certificates once decoded');
+
+  let port = DEFAULT_SMTP_PORT;
+  const rawPort = env.MAIL_SMTP_PORT?.trim();
+  if (rawPort) {
+    port = /^\d{1,5}$/.test(rawPort) ? Number(rawPort) : 0;
+    if (port < 1 || port > 65535) errors.push('MAIL_SMTP_PORT: not a port number (1-65535)');
+  }
+
+  // Port 465 means implicit TLS; MAIL_TLS_MODE says so for servers that use other ports.
+  const mode = env.MAIL_TLS_MODE?.trim().toLowerCase() || (port === IMPLICIT_TLS_PORT ? 'implicit' : 'starttls');
+  if (mode !== 'implicit' && mode !== 'starttls') errors.push('MAIL_TLS_MODE: must be "implicit" or "starttls"');
+
+  const verifyCertificate = booleanVariable('MAIL_TLS_CHECK', true);
+  const allowPlaintextAuth = booleanVariable('MAIL_ALLOW_PLAINTEXT_AUTH', false);
+
+  if (errors.length > 0 || host === undefined || from === undefined) return { errors };
+  return {
+    errors,
+    config: Object.freeze({
+      host,
+      port,
+      security: mode === 'implicit' ? 'implicit-tls' : 'starttls',
+      from,
+      user: user ?? from,
+      password: password ? new Secret(password) : undefined,
+      ca,
+      verifyCertificate,
+      allowPlaintextAuth,
+    }),
+  };
+}
+
+const PEM_CERTIFICATE = /-----BEGIN CERTIFICATE-----[\s\S]+?-----END CERTIFICATE-----/g;
+
+function isPemCertificates(text: string): boolean {
+  const blocks = text.match(PEM_CERTIFICATE) ?? [];
+  if (blocks.length === 0) return false;
+  try {
+    for (const block of blocks) new X509Certificate(block);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+const HOST_LABEL = '[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?';
+const HOST_NAME = new RegExp(`^${HOST_LABEL}(?:\\.${HOST_LABEL})*\\.?$`);
+const ATOM = "[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+";
+// The dot-atom form of RFC 5322's addr-spec; quoted local parts and address literals are not
+// accepted, and neither is non-ASCII (that would need SMTPUTF8).
+const ADDRESS = new RegExp(`^${ATOM}(?:\\.${ATOM})*@${HOST_LABEL}(?:\\.${HOST_LABEL})*$`);
+
+function isHostName(text: string): boolean {
+  return text.length <= 253 && HOST_NAME.test(text);
+}
+
+function isAddress(text: string): boolean {
+  const at = text.lastIndexOf('@');
+  return text.length <= 254 && at <= 64 && ADDRESS.test(text);
+}
+
+/**
+ * MAIL_TO as the hook gives it: comma-separated addresses. Empty entries ("a@x,") are ignored and
+ * repeated addresses kept once; anything that is not a plain address (a display name, a line break
+ * smuggling a header or an SMTP command) throws, naming the entry.
+ */
+export function parseRecipients(mailTo: string): string[] {
+  const recipients: string[] = [];
+  for (const entry of mailTo.split(',')) {
+    const address = entry.trim();
+    if (address === '') continue;
+    if (!isAddress(address)) throw new Error(`MAIL_TO: ${JSON.stringify(address)} is not an e-mail address`);
+    if (!recipients.some((known) => known.toLowerCase() === address.toLowerCase())) recipients.push(address);
+  }
+  if (recipients.length === 0) throw new Error('MAIL_TO: no recipient');
+  return recipients;
+}
+
+// ---- message composition ----
+
+export interface MailMessage {
+  from: string;
+  to: readonly string[];
+  subject: string;
+  /** Plain text; any line-break convention. */
+  body: string;
+  date: Date;
+  /** With or without the angle brackets. */
+  messageId: string;
+}
+
+// RFC 5322 asks for lines of at most 78 characters (998 is the hard limit); RFC 2047 limits a line
+// holding encoded-words to 76 and one encoded-word to 75.
+const HEADER_LINE_SOFT_LIMIT = 78;
+const LINE_HARD_LIMIT = 998;
+const ENCODED_WORD_LINE_LIMIT = 76;
+const BASE64_LINE_LENGTH = 76;
+
+const DAYS = ['Sun', 'Mon', 'Tue', 'Wed', 'Thu', 'Fri', 'Sat'];
+const MONTHS = ['Jan', 'Feb', 'Mar', 'Apr', 'May', 'Jun', 'Jul', 'Aug', 'Sep', 'Oct', 'Nov', 'Dec'];
+
+/** RFC 5322 date-time in UTC, e.g. "Sun, 22 Nov 2026 04:12:00 +0000". */
+export function formatRfc5322Date(date: Date): string {
+  const two = (n: number) => String(n).padStart(2, '0');
+  return (
+    `${DAYS[date.getUTCDay()]}, ${two(date.getUTCDate())} ${MONTHS[date.getUTCMonth()]} ${date.getUTCFullYear()} ` +
+    `${two(date.getUTCHours())}:${two(date.getUTCMinutes())}:${two(date.getUTCSeconds())} +0000`
+  );
+}
+
+/** A fresh Message-ID in the sender's domain (random, so not pure; kept beside its only use). */
+export function newMessageId(from: string): string {
+  return `<${randomUUID()}@${from.slice(from.lastIndexOf('@') + 1)}>`;
+}
+
+/**
+ * The whole message, CRLF line endings. The body goes base64-encoded: it survives any content
+ * (NUL bytes, lines of any length, lines starting with "." or "From ") and every line stays 76
+ * characters. Addresses are written as given (their case is kept).
+ */
+export function composeMessage(message: MailMessage): string {
+  for (const address of [message.from, ...message.to]) {
+    if (!isAddress(address)) throw new Error(`composeMessage: ${JSON.stringify(address)} is not an e-mail address`);
+  }
+  const messageId = message.messageId.replace(/^<(.*)>$/, '$1');
+  if (!/^[\x21-\x3b\x3d\x3f\x41-\x7e]+@[\x21-\x3b\x3d\x3f\x41-\x7e]+$/.test(messageId)) {
+    throw new Error(`composeMessage: ${JSON.stringify(message.messageId)} is not a Message-ID`);
+  }
+  const headers = [
+    `Date: ${formatRfc5322Date(message.date)}`,
+    `From: ${message.from}`,
+    foldHeader('To', message.to.join(', ')),
+    encodeHeader('Subject', message.subject),
+    `Message-ID: <${messageId}>`,
+    'MIME-Version: 1.0',
+    'Content-Type: text/plain; charset=utf-8',
+    'Content-Transfer-Encoding: base64',
+  ];
+  const body = Buffer.from(message.body.replace(/\r\n|\r|\n/g, '\r\n'), 'utf8').toString('base64');
+  const bodyLines = body.match(new RegExp(`.{1,${BASE64_LINE_LENGTH}}`, 'g')) ?? [];
+  return [...headers, '', ...bodyLines].join('\r\n') + '\r\n';
+}
+
+/**
+ * An unstructured header (Subject): as it is when it is printable ASCII that folds into legal lines,
+ * otherwise wholly as RFC 2047 encoded-words. Whitespace runs (line breaks included) become one space
+ * first: a header value has no line breaks of its own.
+ */
+function encodeHeader(name: string, value: string): string {
+  const text = value.replace(/\s+/g, ' ').trim();
+  if (/^[\x20-\x7e]*$/.test(text) && !text.includes('=?')) {
+    const folded = foldHeader(name, text);
+    if (folded.split('\r\n').every((line) => line.length <= LINE_HARD_LIMIT)) return folded;
+  }
+  return encodedWords(name, text);
+}
+
+/** Folds before spaces so that lines keep under 78 characters where the words allow it. */
+function foldHeader(name: string, value: string): string {
+  const lines: string[] = [];
+  let line = `${name}:`;
+  for (const word of value.split(' ')) {
+    if (line.length + 1 + word.length > HEADER_LINE_SOFT_LIMIT && line.length > name.length + 1) {
+      lines.push(line);
+      line = '';
+    }
+    line += ` ${word}`;
+  }
+  lines.push(line);
+  return lines.join('\r\n');
+}
+
+/**
+ * "=?UTF-8?B?…?=" words, each on its own line: the first after the header name, the rest on folded
+ * lines. Words are cut between characters (code points), never inside one's UTF-8 bytes, and every
+ * line stays within RFC 2047's 76 characters. The folding white space between encoded-words is not
+ * part of the decoded text, so the value reads back exactly.
+ */
+function encodedWords(name: string, text: string): string {
+  const wordOverhead = '=?UTF-8?B??='.length;
+  // Bytes of UTF-8 that fit in one word when the line already holds `used` characters.
+  const capacity = (used: number) => Math.floor((ENCODED_WORD_LINE_LIMIT - used - wordOverhead) / 4) * 3;
+  const lines: string[] = [];
+  let prefix = `${name}: `;
+  let chunk = '';
+  const flush = () => {
+    lines.push(`${prefix}=?UTF-8?B?${Buffer.from(chunk, 'utf8').toString('base64')}?=`);
+    prefix = ' ';
+    chunk = '';
+  };
+  for (const character of text) {
+    if (chunk !== '' && Buffer.byteLength(chunk + character, 'utf8') > capacity(prefix.length)) flush();
+    chunk += character;
+  }
+  if (chunk !== '' || lines.length === 0) flush();
+  return lines.join('\r\n');
+}
+
+/**
+ * The DATA payload before the terminating ".": every line break made CRLF (a bare LF or CR is never
+ * sent, so no "SMTP smuggling" reading of it), a final CRLF, and a "." doubled at the start of every
+ * line that has one (RFC 5321 4.5.2), so no line of the message can end the DATA early.
+ */
+export function dotStuff(message: string): string {
+  const crlf = message.replace(/\r\n|\r|\n/g, '\r\n');
+  const terminated = crlf.endsWith('\r\n') ? crlf : `${crlf}\r\n`;
+  return terminated.replace(/^\./gm, '..');
+}
+
+// ---- the SMTP client ----
+
+export interface SmtpTimeouts {
+  /** TCP connect, plus the TLS handshake for implicit TLS. */
+  connectMs: number;
+  /** Each reply, and the STARTTLS handshake. */
+  replyMs: number;
+  /** The whole transaction, from connect to the reply after the message. */
+  totalMs: number;
+}
+
+// A hook's mail is a few kilobytes: a healthy server answers each step in well under a second. The
+// budgets leave room for a slow relay and greylisting delays, and bound how long a hung server keeps
+// a mail (and a graceful shutdown that flushes mails) waiting.
+export const SMTP_TIMEOUTS: Readonly<SmtpTimeouts> = Object.freeze({ connectMs: 10_000, replyMs: 30_000, totalMs: 120_000 });
+// The message is already accepted when QUIT goes out; a slow goodbye must not make it look failed.
+const QUIT_TIMEOUT_MS = 2_000;
+// An SMTP reply line is at most 512 octets (RFC 5321 4.5.3.1.5); an EHLO reply has a few dozen. A
+// server sending more than this without completing a reply is not speaking SMTP.
+const MAX_REPLY_CHARS = 64 * 1024;
+
+export interface SendOptions {
+  to: readonly string[];
+  timeouts?: Partial<SmtpTimeouts>;
+  /** EHLO name; by default the host name when it is a valid one, else the local address literal. */
+  heloName?: string;
+}
+
+export type SendResult =
+  | { ok: true; reply: string }
+  | { ok: false; transient: boolean; reply: string; stage: string };
+
+/** Why a transaction stopped, with the server's reply or the local reason. */
+class SmtpFailure extends Error {
+  transient: boolean;
+  stage: string;
+  constructor(stage: string, transient: boolean, reply: string) {
+    super(reply);
+    this.stage = stage;
+    this.transient = transient;
+  }
+}
+
+interface SmtpReply {
+  code: number;
+  lines: string[];
+}
+
+function formatReply(reply: SmtpReply): string {
+  return `${reply.code} ${reply.lines.join(' ')}`.trim();
+}
+
+/**
+ * The reply, when its code is one of `codes`. Otherwise the transaction stops there: a 4xx means the
+ * server asks to try later; a 5xx, or any code out of place, means trying again will not help.
+ */
+function expectReply(stage: string, reply: SmtpReply, ...codes: number[]): SmtpReply {
+  if (!codes.includes(reply.code)) throw new SmtpFailure(stage, reply.code >= 400 && reply.code < 500, formatReply(reply));
+  return reply;
+}
+
+/**
+ * One complete reply at the start of `received` (lines "250-…" continue, "250 …" ends), or undefined
+ * while it is incomplete. Throws on text that is not an SMTP reply.
+ */
+function takeReply(received: string): { reply: SmtpReply; rest: string } | undefined {
+  const lines: string[] = [];
+  let start = 0;
+  for (let end = received.indexOf('\n'); end !== -1; end = received.indexOf('\n', start)) {
+    const line = received.slice(start, end).replace(/\r$/, '');
+    start = end + 1;
+    const match = /^([2-5]\d\d)(?:([ -])(.*))?$/.exec(line);
+    if (!match) throw new Error(`not an SMTP reply: ${JSON.stringify(line.slice(0, 80))}`);
+    lines.push(match[3] ?? '');
+    if (match[2] !== '-') return { reply: { code: Number(match[1]), lines }, rest: received.slice(start) };
+  }
+  if (received.length > MAX_REPLY_CHARS) throw new Error(`reply longer than ${MAX_REPLY_CHARS} characters`);
+  return undefined;
+}
+
+/**
+ * The conversation over one socket (swapped for its TLS wrapper after STARTTLS): write a line, read
+ * the next reply within the step's deadline. One command is outstanding at a time (no pipelining).
+ */
+class SmtpSession {
+  socket: net.Socket;
+  #received = '';
+  #decoder = new StringDecoder('utf8');
+  #failure: Error | undefined;
+  #changed: (() => void) | undefined;
+  #deadlineAt: number;
+  #timeouts: SmtpTimeouts;
+  #onData = (chunk: Buffer) => {
+    this.#received += this.#decoder.write(chunk);
+    this.#changed?.();
+  };
+  #onError = (error: Error) => {
+    this.#failure ??= error;
+    this.#changed?.();
+  };
+  #onClose = () => this.#onError(new Error('connection closed by the server'));
+
+  constructor(socket: net.Socket, deadlineAt: number, timeouts: SmtpTimeouts) {
+    this.socket = socket;
+    this.#deadlineAt = deadlineAt;
+    this.#timeouts = timeouts;
+    this.#listen(socket);
+  }
+
+  #listen(socket: net.Socket): void {
+    socket.on('data', this.#onData).on('error', this.#onError).on('close', this.#onClose);
+  }
+
+  /** The time a step may take: its own limit, cut short by what is left of the transaction. */
+  stepMs(limitMs: number): number {
+    return Math.max(0, Math.min(limitMs, this.#deadlineAt - Date.now()));
+  }
+
+  async read(stage: string, limitMs = this.#timeouts.replyMs): Promise<SmtpReply> {
+    const waitMs = this.stepMs(limitMs);
+    try {
+      return await withDeadline(
+        new Promise<SmtpReply>((resolve, reject) => {
+          const attempt = () => {
+            try {
+              const taken = takeReply(this.#received);
+              if (taken) {
+                this.#received = taken.rest;
+                resolve(taken.reply);
+              } else if (this.#failure) {
+                reject(this.#failure);
+              } else {
+                return;
+              }
+            } catch (error) {
+              // Not SMTP (an HTTP or TLS server on that port, say): a setup problem, not a passing one.
+              reject(new SmtpFailure(stage, false, (error as Error).message));
+            }
+            this.#changed = undefined;
+          };
+          this.#changed = attempt;
+          attempt();
+        }),
+        waitMs,
+        () => new SmtpFailure(stage, true, `no reply within ${waitMs} ms`),
+      );
+    } finally {
+      this.#changed = undefined;
+    }
+  }
+
+  async command(stage: string, line: string, limitMs?: number): Promise<SmtpReply> {
+    this.socket.write(`${line}\r\n`);
+    return this.read(stage, limitMs);
+  }
+
+  /** Sends `line`; the reply if its code is one of `codes`, else the failure that reply means. */
+  async step(stage: string, line: string, ...codes: number[]): Promise<SmtpReply> {
+    return expectReply(stage, await this.command(stage, line), ...codes);
+  }
+
+  /** Replaces the plain socket by a TLS one over it, after the server's "220" to STARTTLS. */
+  async startTls(config: MailConfig): Promise<void> {
+    // Anything the server sent after its 220 would be read as if it came over TLS: an injection
+    // (CVE-2011-0411 and kin), so it is refused rather than carried over.
+    if (this.#received !== '') throw new SmtpFailure('starttls', false, 'server sent data after its STARTTLS reply');
+    const plain = this.socket;
+    plain.removeListener('data', this.#onData).removeListener('error', this.#onError).removeListener('close', this.#onClose);
+    // Errors now surface on the TLS socket; this keeps a late one on the plain socket from being
+    // an unhandled 'error' event.
+    plain.on('error', () => {});
+    const secure = tls.connect({ ...smtpTlsOptions(config), socket: plain });
+    this.socket = secure;
+    this.#listen(secure);
+    this.#decoder = new StringDecoder('utf8');
+    await handshake(secure, 'starttls', this.stepMs(this.#timeouts.replyMs));
+  }
+
+  close(): void {
+    this.socket.destroy();
+  }
+}
+
+function smtpTlsOptions(config: MailConfig): tls.ConnectionOptions {
+  return {
+    host: config.host,
+    // SNI carries names only; for an IP address Node checks the certificate's IP SANs against host.
+    servername: net.isIP(config.host) === 0 ? config.host.replace(/\.$/, '') : undefined,
+    // `ca` replaces Node's trusted set, so the default one (bundled roots, NODE_EXTRA_CA_CERTS,
+    // --use-system-ca) is passed along with MAIL_CACERT.
+    ca: config.ca === undefined ? undefined : [...tls.getCACertificates('default'), config.ca],
+    rejectUnauthorized: config.verifyCertificate,
+  };
+}
+
+/** Resolves once `socket` has finished its TLS handshake; a rejected certificate is not transient. */
+function handshake(socket: tls.TLSSocket, stage: string, waitMs: number): Promise<void> {
+  return withDeadline(
+    new Promise<void>((resolve, reject) => {
+      socket.once('secureConnect', resolve);
+      socket.once('error', (error) => {
+        // Node records why verification failed before it destroys the socket; that is a setup
+        // problem (wrong CA, wrong name), not a network one.
+        if (socket.authorizationError) {
+          reject(new SmtpFailure(stage, false, `server certificate not trusted: ${error.message} (${socket.authorizationError})`));
+        } else {
+          reject(error);
+        }
+      });
+    }),
+    waitMs,
+    () => new SmtpFailure(stage, true, `TLS handshake not finished within ${waitMs} ms`),
+  );
+}
+
+function withDeadline<T>(work: Promise<T>, waitMs: number, timeoutError: () => Error): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const expired = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(timeoutError()), waitMs);
+  });
+  return Promise.race([work, expired]).finally(() => clearTimeout(timer));
+}
+
+async function connectSmtp(config: MailConfig, waitMs: number): Promise<net.Socket> {
+  if (config.security === 'implicit-tls') {
+    const socket = tls.connect({ ...smtpTlsOptions(config), port: config.port });
+    try {
+      await handshake(socket, 'connect', waitMs);
+      return socket;
+    } catch (error) {
+      socket.destroy();
+      throw error;
+    }
+  }
+  const socket = net.connect({ host: config.host, port: config.port });
+  try {
+    await withDeadline(
+      new Promise<void>((resolve, reject) => socket.once('connect', resolve).once('error', reject)),
+      waitMs,
+      () => new SmtpFailure('connect', true, `no connection within ${waitMs} ms`),
+    );
+    return socket;
+  } catch (error) {
+    socket.destroy();
+    throw error;
+  }
+}
+
+/** EHLO keywords (upper case) → their parameters; "AUTH=LOGIN" (pre-standard servers) counts as AUTH. */
+function parseCapabilities(reply: SmtpReply): Map<string, string[]> {
+  const capabilities = new Map<string, string[]>();
+  for (const line of reply.lines.slice(1)) {
+    const [keyword = '', ...params] = line.trim().toUpperCase().split(/\s+/);
+    const [name, inline] = keyword.startsWith('AUTH=') ? ['AUTH', [keyword.slice(5)]] : [keyword, []];
+    capabilities.set(name, [...(capabilities.get(name) ?? []), ...inline, ...params]);
+  }
+  return capabilities;
+}
+
+function defaultHeloName(socket: net.Socket): string {
+  const name = hostname();
+  if (isHostName(name) && name.includes('.')) return name;
+  const address = socket.localAddress ?? '127.0.0.1';
+  return net.isIPv6(address) ? `[IPv6:${address}]` : `[${address}]`;
+}
+
+const toBase64 = (text: string) => Buffer.from(text, 'utf8').toString('base64');
+
+/**
+ * AUTH with the first mechanism both sides know. Over TLS PLAIN is preferred (one round trip);
+ * without TLS (only when the operator allowed it) CRAM-MD5 first, as it does not reveal the password.
+ */
+async function authenticate(session: SmtpSession, config: MailConfig, password: string, offered: string[], secure: boolean): Promise<void> {
+  const preference = secure ? ['PLAIN', 'LOGIN', 'CRAM-MD5'] : ['CRAM-MD5', 'PLAIN', 'LOGIN'];
+  const mechanism = preference.find((name) => offered.includes(name));
+  if (mechanism === undefined) {
+    const list = offered.length > 0 ? offered.join(' ') : 'none';
+    throw new SmtpFailure('auth', false, `no supported AUTH mechanism offered (server offers: ${list})`);
+  }
+  if (mechanism === 'PLAIN') {
+    await session.step('auth', `AUTH PLAIN ${toBase64(`\0${config.user}\0${password}`)}`, 235);
+  } else if (mechanism === 'LOGIN') {
+    await session.step('auth', 'AUTH LOGIN', 334);
+    await session.step('auth', toBase64(config.user), 334);
+    await session.step('auth', toBase64(password), 235);
+  } else {
+    const challenge = Buffer.from((await session.step('auth', 'AUTH CRAM-MD5', 334)).lines[0] ?? '', 'base64');
+    const digest = createHmac('md5', password).update(challenge).digest('hex');
+    await session.step('auth', toBase64(`${config.user} ${digest}`), 235);
+  }
+}
+
+/** Removes the password and the AUTH payloads that carry it from text about to leave this section. */
+function redact(text: string, config: MailConfig): string {
+  const password = config.password?.reveal();
+  if (!password) return text;
+  const secrets = [toBase64(`\0${config.user}\0${password}`), toBase64(password), password];
+  return secrets.reduce((scrubbed, secret) => scrubbed.split(secret).join('[redacted]'), text);
+}
+
+/**
+ * One SMTP transaction delivering `message` (as composeMessage made it) to `to`. Never throws: the
+ * result says whether the server accepted the mail, and otherwise at which stage it stopped, with
+ * the server's reply (or the local reason) and whether trying again later could help. Any recipient
+ * refused stops the transaction before DATA, so a retry never mails anyone twice.
+ */
+export async function sendMail(config: MailConfig, message: string, options: SendOptions): Promise<SendResult> {
+  const timeouts = { ...SMTP_TIMEOUTS, ...options.timeouts };
+  const deadlineAt = Date.now() + timeouts.totalMs;
+  let stage = 'envelope';
+  let session: SmtpSession | undefined;
+  try {
+    const bad = [config.from, ...options.to].find((address) => !isAddress(address));
+    if (bad !== undefined) throw new SmtpFailure(stage, false, `not an e-mail address: ${JSON.stringify(bad)}`);
+    if (options.to.length === 0) throw new SmtpFailure(stage, false, 'no recipient');
+
+    stage = 'connect';
+    session = new SmtpSession(await connectSmtp(config, Math.min(timeouts.connectMs, timeouts.totalMs)), deadlineAt, timeouts);
+    stage = 'greeting';
+    expectReply(stage, await session.read(stage), 220);
+    const heloName = options.heloName ?? defaultHeloName(session.socket);
+    stage = 'ehlo';
+    let capabilities = parseCapabilities(await session.step(stage, `EHLO ${heloName}`, 250));
+
+    let secure = config.security === 'implicit-tls';
+    if (!secure && capabilities.has('STARTTLS')) {
+      stage = 'starttls';
+      await session.step(stage, 'STARTTLS', 220);
+      await session.startTls(config);
+      secure = true;
+      stage = 'ehlo';
+      capabilities = parseCapabilities(await session.step(stage, `EHLO ${heloName}`, 250));
+    }
+
+    const password = config.password?.reveal();
+    if (password) {
+      stage = 'auth';
+      if (!secure && !config.allowPlaintextAuth) {
+        throw new SmtpFailure(
+          stage,
+          false,
+          'server offers no STARTTLS; refusing to send the password in clear text (MAIL_ALLOW_PLAINTEXT_AUTH=true allows it)',
+        );
+      }
+      await authenticate(session, config, password, capabilities.get('AUTH') ?? [], secure);
+    }
+
+    stage = 'mail';
+    await session.step(stage, `MAIL FROM:<${config.from}>`, 250);
+    stage = 'rcpt';
+    for (const recipient of options.to) await session.step(stage, `RCPT TO:<${recipient}>`, 250, 251);
+    stage = 'data';
+    await session.step(stage, 'DATA', 354);
+    stage = 'message';
+    const accepted = await session.step(stage, `${dotStuff(message)}.`, 250);
+
+    await session.command('quit', 'QUIT', QUIT_TIMEOUT_MS).catch(() => undefined);
+    return { ok: true, reply: redact(formatReply(accepted), config) };
+  } catch (error) {
+    const failure =
+      error instanceof SmtpFailure
+        ? error
+        : new SmtpFailure(stage, true, error instanceof Error ? error.message : String(error));
+    return { ok: false, transient: failure.transient, reply: redact(failure.message, config), stage: failure.stage };
+  } finally {
+    session?.close();
+  }
+}
+
+/**
+ * sendMail, tried again after transient failures (4xx, connection trouble, deadlines), at most
+ * `attempts` times in all, waiting `backoffMs`, then twice that, and so on, between tries.
+ */
+export async function sendWithRetry(
+  config: MailConfig,
+  message: string,
+  options: SendOptions,
+  attempts: number,
+  backoffMs: number,
+): Promise<SendResult & { attempts: number }> {
+  for (let attempt = 1; ; attempt++) {
+    const result = await sendMail(config, message, options);
+    if (result.ok || !result.transient || attempt >= attempts) return { ...result, attempts: attempt };
+    await sleep(backoffMs * 2 ** (attempt - 1));
+  }
+}
+
+// ---- mailing a hook's result ----
+
+// Three tries over about six seconds ride out a restarting relay or greylisting's first refusal
+// without keeping a mail (or a shutdown that flushes it) waiting for long.
+const MAIL_ATTEMPTS = 3;
+const MAIL_RETRY_BACKOFF_MS = 2_000;
+
+export type Outcome = 'succeeded' | 'failed' | 'no change';
+
+/** What a finished command tells the mail: which hook and request, its environment and result. */
+export interface MailJob {
+  hookId: string;
+  requestId: string;
+  env: Readonly<Record<string, string | undefined>>;
+  outcome: Outcome;
+  detail: string;
+  output: string;
+}
+
+/**
+ * Subject and body of a result mail. The subject keeps the old image's wording (operators filter
+ * on it) and adds the outcome: "Webhooks通知: prod-deployment/web-app 更新结果: succeeded".
+ */
+export function resultMail(job: MailJob): { subject: string; body: string } {
+  const { APP_NS: ns, APP_WORKLOAD: workload, APP_CONTAINER: container } = job.env;
+  const target = ns && workload && container ? `${ns}-${workload}-${container}` : job.hookId;
+  const lines = [
+    `hook: ${job.hookId}`,
+    `request: ${job.requestId}`,
+    ...(ns ? [`namespace: ${ns}`] : []),
+    ...(workload ? [`workload: ${workload}`] : []),
+    ...(container ? [`container: ${container}`] : []),
+    `outcome: ${job.outcome} (${job.detail})`,
+    '',
+    job.output,
+  ];
+  return { subject: `Webhooks通知: ${target} 更新结果: ${job.outcome}`, body: lines.join('\n') };
+}
+
+/**
+ * Sends result mails in the background: the HTTP answer never waits for SMTP. Transient failures
+ * are retried; a final failure is logged with the server's reply and counted; `flush` waits for
+ * what is still pending (graceful shutdown).
+ */
+export class Mailer {
+  private readonly pending = new Set<Promise<void>>();
+  private readonly config: MailConfig | undefined;
+  private readonly log: Logger;
+  private readonly metrics: Metrics;
+  private readonly timeouts: Partial<SmtpTimeouts>;
+
+  constructor(config: MailConfig | undefined, log: Logger, metrics: Metrics, timeouts: Partial<SmtpTimeouts> = {}) {
+    this.config = config;
+    this.log = log;
+    this.metrics = metrics;
+    this.timeouts = timeouts;
+  }
+
+  notify(job: MailJob): void {
+    const config = this.config;
+    const mailTo = job.env.MAIL_TO;
+    if (!config || !mailTo) return;
+    const tag = `[${job.requestId}]`;
+    const failed = (why: string) => {
+      this.metrics.inc('webhook_mails_total', { result: 'failed' });
+      this.log.error(`${tag} mail for hook ${job.hookId} not sent: ${why}`);
+    };
+    let to: string[];
+    let message: string;
+    try {
+      to = parseRecipients(mailTo);
+      const { subject, body } = resultMail(job);
+      message = composeMessage({ from: config.from, to, subject, body, date: new Date(), messageId: newMessageId(config.from) });
+    } catch (e) {
+      failed((e as Error).message);
+      return;
+    }
+    const sending = sendWithRetry(config, message, { to, timeouts: this.timeouts }, MAIL_ATTEMPTS, MAIL_RETRY_BACKOFF_MS).then((r) => {
+      if (r.ok) {
+        this.metrics.inc('webhook_mails_total', { result: 'sent' });
+        this.log.info(`${tag} mail sent to ${to.join(', ')}: ${r.reply}`);
+      } else {
+        failed(`${r.stage} failed after ${r.attempts} attempt(s): ${r.reply}`);
+      }
+    }).finally(() => this.pending.delete(sending));
+    this.pending.add(sending);
+  }
+
+  /** Waits up to `ms` for mails still being sent. */
+  async flush(ms: number): Promise<void> {
+    if (this.pending.size === 0) return;
+    this.log.notice(`sending ${this.pending.size} pending mail(s)`);
+    await Promise.race([Promise.allSettled([...this.pending]), sleep(ms, undefined, { ref: false })]);
+  }
+}
+
+// ================================================================================================
+// 9. logging, metrics, limits — log lines in adnanh's shape ("[webhook] 2006/01/02 15:04:05 …"),
 //    errors always, the rest with -verbose/-debug, every line scrubbed of known secrets; counters,
 //    gauges and histograms rendered in the Prometheus text format.
 //    Exports: Logger, Metrics.
@@ -1852,6 +2663,7 @@ const METRIC_HELP: Record<string, [string, string]> = {
   webhook_reloads_total: ['counter', 'Hook reloads by result (success, failure).'],
   webhook_config_last_reload_successful: ['gauge', '1 if the last reload succeeded, 0 if it was rejected.'],
   webhook_hooks_loaded: ['gauge', 'Hooks in the snapshot being served.'],
+  webhook_mails_total: ['counter', 'Result mails by result (sent, failed after retries).'],
 };
 
 export class Metrics {
@@ -1915,7 +2727,7 @@ export class Metrics {
 }
 
 // ================================================================================================
-// 9. main — wires the sections together; the only place with process-wide side effects
+// 10. main — wires the sections together; the only place with process-wide side effects
 //    (signals, pid file, listening socket, exit codes).
 // ================================================================================================
 
@@ -1991,10 +2803,15 @@ export async function main(argv: string[], env: Record<string, string | undefine
   }
   log.notice(`loaded ${snapshot.hooks.size} hook(s) from ${snapshot.files.length} file(s): ${[...snapshot.hooks.keys()].join(', ')}`);
 
+  const mail = parseMailConfig(env);
+  for (const error of mail.errors) log.error(`mail is off: ${error}`);
+  if (mail.config) log.notice(`mail results through ${mail.config.host}:${mail.config.port} (${mail.config.security}${mail.config.verifyCertificate ? '' : ', certificate not verified'})`);
+  const mailer = new Mailer(mail.config, log, metrics);
+
   const store = new HookStore(settings, snapshot, log, metrics);
   const runner = new CommandRunner(o.maxConcurrentCommands, log, metrics);
   let shuttingDown = false;
-  const handler = createHandler({ options: o, store, runner, log, metrics, isShuttingDown: () => shuttingDown });
+  const handler = createHandler({ options: o, store, runner, mailer, log, metrics, isShuttingDown: () => shuttingDown });
   const serverOptions: http.ServerOptions = {
     requestTimeout: o.readTimeoutMs,
     // Node refuses a header timeout longer than the whole-request timeout.
@@ -2035,8 +2852,11 @@ export async function main(argv: string[], env: Record<string, string | undefine
       store.close();
       server.close();
       server.closeIdleConnections();
+      const graceEnds = Date.now() + o.shutdownGraceMs;
       await runner.drain(o.shutdownGraceMs);
       server.closeAllConnections();
+      // Mails of commands that just finished still go out, within what is left of the grace period.
+      await mailer.flush(Math.max(LIMITS.minMailFlushMs, graceEnds - Date.now()));
       if (o.pidfile) fs.rmSync(o.pidfile, { force: true });
       log.notice('stopped');
       if (logStream) logStream.end(() => resolve(0));
