@@ -27,7 +27,7 @@
  */
 
 import { spawn, type ChildProcess } from 'node:child_process';
-import { createHmac, createHash, randomBytes, randomUUID, timingSafeEqual, X509Certificate } from 'node:crypto';
+import { createHash, createHmac, hash, randomBytes, randomUUID, timingSafeEqual, X509Certificate } from 'node:crypto';
 import * as fs from 'node:fs';
 import * as fsp from 'node:fs/promises';
 import * as http from 'node:http';
@@ -532,6 +532,9 @@ export interface Hook {
   rule: Rule | undefined;
   softSignatureFailures: boolean;
   commandTimeoutMs: number | undefined;
+  /** Whether any parameter reads the payload / the headers: otherwise the request skips building them. */
+  readsPayload: boolean;
+  readsHeaders: boolean;
 }
 
 export interface Cidr { family: 4 | 6; bytes: Buffer; prefix: number }
@@ -544,10 +547,14 @@ export interface CompiledFile {
   warnings: string[];
 }
 
-/** A random key for comparing secrets through their HMACs: constant time whatever the lengths. */
-const COMPARE_KEY = randomBytes(32);
+/**
+ * Secrets are compared through keyed digests (a random per-process key, then SHA-256), so the
+ * comparison takes the same time whatever the lengths and contents. A one-shot hash is half the
+ * cost of an HMAC object, and this runs on every request.
+ */
+const COMPARE_KEY = randomBytes(32).toString('hex');
 export function secretDigest(value: string): Buffer {
-  return createHmac('sha256', COMPARE_KEY).update(value).digest();
+  return hash('sha256', COMPARE_KEY + value, 'buffer');
 }
 
 const HOOK_FIELDS = [
@@ -777,11 +784,32 @@ function compileHook(raw: unknown, cx: CompileContext): Hook {
     rule: h['trigger-rule'] === undefined ? undefined : compileRule(h['trigger-rule'], h, 'trigger-rule', 'trigger-rule'),
     softSignatureFailures: field(h, 'trigger-signature-soft-failures', 'trigger-signature-soft-failures', 'boolean', false),
     commandTimeoutMs: commandTimeoutMs ?? cx.defaults.commandTimeoutMs,
+    readsPayload: false,
+    readsHeaders: false,
   };
+  const everyParam = [...hook.args, ...hook.env, ...hook.files, ...hook.jsonParams, ...ruleParams(hook.rule)];
+  hook.readsPayload = everyParam.some((p) => p.source === 'payload' || p.source === 'entire-payload');
+  hook.readsHeaders = everyParam.some((p) => p.source === 'header' || p.source === 'entire-headers') || ruleHas(hook.rule, 'scalr-signature');
   for (const [i, pr] of hook.env.entries()) {
     if (pr.source === 'string' && PLACEHOLDER.test(pr.name)) warnPlaceholder(pr, 'name', `pass-environment-to-command[${i}].name`, pr.name);
   }
   return hook;
+}
+
+function ruleMatches(rule: Rule | undefined): Match[] {
+  if (!rule) return [];
+  if ('and' in rule) return rule.and.flatMap(ruleMatches);
+  if ('or' in rule) return rule.or.flatMap(ruleMatches);
+  if ('not' in rule) return ruleMatches(rule.not);
+  return [rule.match];
+}
+
+function ruleParams(rule: Rule | undefined): Param[] {
+  return ruleMatches(rule).flatMap((m) => ('param' in m ? [m.param] : []));
+}
+
+function ruleHas(rule: Rule | undefined, type: Match['type']): boolean {
+  return ruleMatches(rule).some((m) => m.type === type);
 }
 
 /**
@@ -1075,9 +1103,23 @@ export function firstValues(params: URLSearchParams): Record<string, unknown> {
   return out;
 }
 
+/**
+ * JSON.parse, with every number kept as its literal text (JsonNumber). The reviver that does it
+ * costs several times the plain parse, so it runs only when the document holds a number at all
+ * (ACR payloads hold none).
+ */
 export function parseJsonKeepingNumbers(text: string): unknown {
+  const plain: unknown = JSON.parse(text);
+  if (!containsNumber(plain)) return plain;
   return JSON.parse(text, (_key, value, context?: { source?: string }) =>
     (typeof value === 'number' && context?.source !== undefined ? new JsonNumber(context.source) : value));
+}
+
+function containsNumber(value: unknown): boolean {
+  if (typeof value === 'number') return true;
+  if (value === null || typeof value !== 'object') return false;
+  for (const v of Array.isArray(value) ? value : Object.values(value)) if (containsNumber(v)) return true;
+  return false;
 }
 
 /**
@@ -1087,6 +1129,7 @@ export function parseJsonKeepingNumbers(text: string): unknown {
  */
 export function parsePayload(contentType: string, body: Buffer, jsonFileParts: string[]): { payload: Record<string, unknown> | undefined; note?: string } {
   if (contentType.startsWith('multipart/form-data;')) return { payload: parseMultipart(contentType, body, jsonFileParts) };
+  if (!isParsedContentType(contentType)) return { payload: undefined, note: `error parsing body payload due to unsupported content type header: ${contentType}` };
   try {
     if (contentType.includes('json')) {
       const text = body.toString('utf8');
@@ -1097,11 +1140,15 @@ export function parsePayload(contentType: string, body: Buffer, jsonFileParts: s
       return { payload: value as Record<string, unknown> };
     }
     if (contentType.includes('x-www-form-urlencoded')) return { payload: firstValues(new URLSearchParams(body.toString('utf8'))) };
-    if (contentType.includes('xml')) return { payload: parseXml(body.toString('utf8')) };
+    return { payload: parseXml(body.toString('utf8')) };
   } catch (e) {
     return { payload: undefined, note: `error parsing ${contentType.includes('json') ? 'JSON' : 'XML'} payload: ${(e as Error).message}` };
   }
-  return { payload: undefined, note: `error parsing body payload due to unsupported content type header: ${contentType}` };
+}
+
+/** Content types with a payload parser (multipart aside). */
+export function isParsedContentType(contentType: string): boolean {
+  return contentType.includes('json') || contentType.includes('x-www-form-urlencoded') || contentType.includes('xml');
 }
 
 /**
@@ -1701,8 +1748,9 @@ async function handleRequest(cx: HandlerContext, req: http.IncomingMessage, res:
   res.setHeader('X-Request-Id', id);
   let hookLabel = '';
   res.on('finish', () => {
-    const ms = Number(process.hrtime.bigint() - started) / 1e6;
     cx.metrics.inc('webhook_requests_total', { hook: hookLabel, code: String(res.statusCode) });
+    if (!cx.log.verbose) return;
+    const ms = Number(process.hrtime.bigint() - started) / 1e6;
     cx.log.info(`[${id}] ${remote.addr} "${method} ${redactUrl(req.url ?? '', snapshot.redactedParams)}" ${res.statusCode} ${res.getHeader('Content-Length') ?? 0}B ${ms.toFixed(1)}ms`);
   });
   if (cx.isShuttingDown()) {
@@ -1757,14 +1805,17 @@ async function handleRequest(cx: HandlerContext, req: http.IncomingMessage, res:
     method,
     remoteAddr: remote.addr,
     remoteIp: remote.ip,
-    headers: headersFromRaw(req.rawHeaders),
+    headers: hook.readsHeaders ? headersFromRaw(req.rawHeaders) : {},
     query: firstValues(url.searchParams),
     payload: undefined,
     body: contentType.startsWith('multipart/form-data;') ? Buffer.alloc(0) : body,
   };
   try {
     const jsonParts = hook.jsonParams.filter((p) => p.source === 'payload').map((p) => p.name);
-    const parsed = parsePayload(contentType, body, jsonParts);
+    // A hook that never reads the payload does not pay for parsing it; a multipart body is still
+    // parsed, since a malformed one is answered with 500 whatever the hook reads.
+    const parse = hook.readsPayload || contentType.startsWith('multipart/form-data;') || !isParsedContentType(contentType);
+    const parsed = parse ? parsePayload(contentType, body, jsonParts) : { payload: undefined };
     hookReq.payload = parsed.payload;
     if (parsed.note) cx.log.info(`[${id}] ${parsed.note}`);
   } catch (e) {
@@ -2618,14 +2669,27 @@ export class Mailer {
 
 export class Logger {
   private secrets: string[] = [];
-  private readonly verbose: boolean;
+  /** Callers test this before building an expensive verbose-only line (the access log). */
+  readonly verbose: boolean;
   private readonly debugOn: boolean;
-  private readonly write: (line: string) => void;
+  private readonly write: (text: string) => void;
+  private pending: string[] = [];
 
-  constructor(verbose: boolean, debug: boolean, write: (line: string) => void) {
+  constructor(verbose: boolean, debug: boolean, write: (text: string) => void) {
     this.verbose = verbose || debug;
     this.debugOn = debug;
     this.write = write;
+  }
+
+  /**
+   * Writes what is pending. Lines are batched per event-loop turn: a request logs several, and one
+   * write(2) for all of them is much cheaper. main() calls this on exit as well.
+   */
+  flush(): void {
+    if (this.pending.length === 0) return;
+    const text = this.pending.join('');
+    this.pending = [];
+    this.write(text);
   }
 
   setSecrets(secrets: string[]): void { this.secrets = secrets; }
@@ -2641,7 +2705,8 @@ export class Logger {
     const line = this.scrub(message);
     const d = new Date();
     const p = (n: number) => String(n).padStart(2, '0');
-    this.write(`[webhook] ${d.getFullYear()}/${p(d.getMonth() + 1)}/${p(d.getDate())} ${p(d.getHours())}:${p(d.getMinutes())}:${p(d.getSeconds())} ${line}\n`);
+    if (this.pending.length === 0) setImmediate(() => this.flush());
+    this.pending.push(`[webhook] ${d.getFullYear()}/${p(d.getMonth() + 1)}/${p(d.getDate())} ${p(d.getHours())}:${p(d.getMinutes())}:${p(d.getSeconds())} ${line}\n`);
   }
 
   error(m: string): void { this.emit(`error: ${m}`); }
@@ -2779,7 +2844,8 @@ export async function main(argv: string[], env: Record<string, string | undefine
   setFlagsFromString('--enable-experimental-regexp-engine-on-excessive-backtracks');
   setFlagsFromString(`--regexp-backtracks-before-fallback=${LIMITS.regexBacktracksBeforeFallback}`);
   const logStream = o.logfile ? fs.createWriteStream(o.logfile, { flags: 'a', mode: 0o640 }) : undefined;
-  const log = new Logger(o.verbose, o.debug, (line) => (logStream ? logStream.write(line) : process.stderr.write(line)));
+  const log = new Logger(o.verbose, o.debug, (text) => (logStream ? logStream.write(text) : process.stderr.write(text)));
+  process.on('exit', () => log.flush());
   const metrics = new Metrics();
   log.notice(`version ${VERSION} starting`);
 
@@ -2859,6 +2925,7 @@ export async function main(argv: string[], env: Record<string, string | undefine
       await mailer.flush(Math.max(LIMITS.minMailFlushMs, graceEnds - Date.now()));
       if (o.pidfile) fs.rmSync(o.pidfile, { force: true });
       log.notice('stopped');
+      log.flush();
       if (logStream) logStream.end(() => resolve(0));
       else resolve(0);
     };
