@@ -1,0 +1,387 @@
+/**
+ * A real local Kubernetes control plane for integration tests, with no Docker and no internet.
+ *
+ *   node test/cluster/cluster.ts up     # build what is missing, start the cluster, write the kubeconfig
+ *   node test/cluster/cluster.ts down   # delete the cluster
+ *
+ * kube-apiserver, kube-controller-manager, kube-scheduler and kubectl are built from the Go module
+ * proxy through the tools module in ./k8s, etcd through ./etcd, kwok and kwokctl with `go install`.
+ * Binaries are cached outside the clone, keyed by version, in
+ * `${XDG_CACHE_HOME:-~/.cache}/webhook-test/bin/<name>-<version>`; kwokctl's working directory is
+ * `…/webhook-test/kwok`. kwokctl runs every component as a local process (`--runtime binary`) and
+ * fakes the nodes and the pods' lifecycle, so Deployments, DaemonSets and StatefulSets really roll
+ * out. Tests import `ensureCluster()` and use the JSON kubeconfig it writes to
+ * `.cache/cluster/kubeconfig.json`.
+ */
+import { spawn } from 'node:child_process';
+import { existsSync } from 'node:fs';
+import { mkdir, mkdtemp, readFile, rename, rm, writeFile } from 'node:fs/promises';
+import { homedir } from 'node:os';
+import { dirname, join, resolve } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { fileURLToPath } from 'node:url';
+
+const here = dirname(fileURLToPath(import.meta.url));
+const repoRoot = resolve(here, '..', '..');
+
+const CLUSTER_NAME = 'webhook-test';
+/** kwokctl names the context (and cluster, and user) of its kubeconfig `kwok-<name>`. */
+const CONTEXT = `kwok-${CLUSTER_NAME}`;
+const NODE_COUNT = 2;
+const KWOK_VERSION = 'v0.8.0';
+/** Pods whose labels carry this (from the pod template) stay Running but never Ready. */
+export const UNREADY_LABEL = 'webhook-test/unready';
+
+const cacheRoot = join(process.env.XDG_CACHE_HOME || join(homedir(), '.cache'), 'webhook-test');
+const binDir = join(cacheRoot, 'bin');
+const kwokWorkdir = join(cacheRoot, 'kwok');
+const kwokKubeconfig = join(kwokWorkdir, 'clusters', CLUSTER_NAME, 'kubeconfig.yaml');
+/** The stage file kwok-controller reads: a copy, so the running cluster never depends on a clone. */
+const stageCopy = join(kwokWorkdir, `${CLUSTER_NAME}-unready-stage.yaml`);
+const stageSource = join(here, 'unready-stage.yaml');
+/**
+ * kwokctl binds every component (etcd too, unauthenticated) to 0.0.0.0 by default, and v0.8.0 has
+ * no flag or env var for it: only a KwokctlConfiguration document can set it.
+ */
+const kwokctlConfig = join(kwokWorkdir, `${CLUSTER_NAME}-kwokctl.yaml`);
+const KWOKCTL_CONFIG = `apiVersion: config.kwok.x-k8s.io/v1alpha1
+kind: KwokctlConfiguration
+options:
+  bindAddress: 127.0.0.1
+`;
+/** The versions the running cluster was made from. */
+const versionsRecord = join(kwokWorkdir, `${CLUSTER_NAME}-versions.json`);
+const lockDir = join(cacheRoot, 'cluster.lock');
+
+export const kubeconfigPath = join(repoRoot, '.cache', 'cluster', 'kubeconfig.json');
+
+interface RunOptions {
+  cwd?: string;
+  env?: Record<string, string>;
+  /** Stream the command's output to our stderr instead of capturing it (long builds). */
+  stream?: boolean;
+  /** Resolve with the exit code instead of rejecting when the command fails. */
+  allowFailure?: boolean;
+}
+
+interface RunResult {
+  code: number;
+  stdout: string;
+  stderr: string;
+}
+
+function run(command: string, args: string[], options: RunOptions = {}): Promise<RunResult> {
+  return new Promise((resolveRun, reject) => {
+    const child = spawn(command, args, {
+      cwd: options.cwd,
+      env: { ...process.env, ...options.env },
+      stdio: options.stream ? ['ignore', 2, 2] : ['ignore', 'pipe', 'pipe'],
+    });
+    let stdout = '';
+    let stderr = '';
+    child.stdout?.setEncoding('utf8').on('data', (chunk: string) => (stdout += chunk));
+    child.stderr?.setEncoding('utf8').on('data', (chunk: string) => (stderr += chunk));
+    child.on('error', reject);
+    child.on('close', (code, signal) => {
+      const result = { code: code ?? 128, stdout, stderr };
+      if (result.code === 0 || options.allowFailure) return resolveRun(result);
+      const detail = stderr.trim() || stdout.trim();
+      reject(new Error(`${command} ${args.join(' ')} failed (${signal ?? `exit ${code}`})${detail ? `:\n${detail}` : ''}`));
+    });
+  });
+}
+
+function log(message: string): void {
+  process.stderr.write(`[cluster] ${message}\n`);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Binaries
+
+interface Versions {
+  kubernetes: string;
+  etcd: string;
+  kwok: string;
+}
+
+/** The version a tools module requires, so its go.mod stays the one place to bump. */
+async function requiredVersion(goMod: string, module: string): Promise<string> {
+  const text = await readFile(goMod, 'utf8');
+  const escaped = module.replace(/[.*+?^${}()|[\]\\/]/g, '\\$&');
+  const match = new RegExp(`^\\s*(?:require\\s+)?${escaped}\\s+(v\\S+)\\s*(?://.*)?$`, 'm').exec(text);
+  if (!match) throw new Error(`${goMod} does not require ${module}`);
+  return match[1];
+}
+
+async function versions(): Promise<Versions> {
+  return {
+    kubernetes: await requiredVersion(join(here, 'k8s', 'go.mod'), 'k8s.io/kubernetes'),
+    etcd: await requiredVersion(join(here, 'etcd', 'go.mod'), 'go.etcd.io/etcd/server/v3'),
+    kwok: KWOK_VERSION,
+  };
+}
+
+const K8S_COMMANDS = ['kube-apiserver', 'kube-controller-manager', 'kube-scheduler', 'kubectl'];
+
+function binPath(name: string, version: string): string {
+  return join(binDir, `${name}-${version}`);
+}
+
+/** Local toolchain only (no toolchain download), static binaries, no local paths baked in. */
+const GO_ENV = { GOTOOLCHAIN: 'local', CGO_ENABLED: '0' };
+
+/**
+ * Builds into a scratch directory, then renames each binary into place, so an interrupted build
+ * never leaves a truncated binary that later looks cached.
+ */
+async function buildInto(names: string[], version: string, build: (outDir: string) => Promise<unknown>): Promise<void> {
+  if (names.every((name) => existsSync(binPath(name, version)))) return;
+  await mkdir(binDir, { recursive: true });
+  const outDir = await mkdtemp(join(binDir, '.build-'));
+  try {
+    const started = Date.now();
+    log(`building ${names.join(', ')} ${version} (the first time takes a while)`);
+    await build(outDir);
+    for (const name of names) await rename(join(outDir, name), binPath(name, version));
+    log(`built ${names.join(', ')} in ${Math.round((Date.now() - started) / 1000)} s`);
+  } finally {
+    await rm(outDir, { recursive: true, force: true });
+  }
+}
+
+async function ensureBinaries(v: Versions): Promise<void> {
+  const [, major, minor] = /^v(\d+)\.(\d+)\./.exec(v.kubernetes) ?? [];
+  // Stamped like a release: kwokctl and kubectl read `--version` for flag and skew decisions.
+  const k8sLdflags = [
+    `-X k8s.io/component-base/version.gitVersion=${v.kubernetes}`,
+    `-X k8s.io/component-base/version.gitMajor=${major}`,
+    `-X k8s.io/component-base/version.gitMinor=${minor}`,
+    '-X k8s.io/component-base/version.gitTreeState=clean',
+  ].join(' ');
+  // One `go build` for all four commands: they share most packages, so they compile once.
+  await buildInto(K8S_COMMANDS, v.kubernetes, (outDir) =>
+    run('go', ['build', '-trimpath', '-ldflags', k8sLdflags, '-o', `${outDir}/`, ...K8S_COMMANDS.map((c) => `k8s.io/kubernetes/cmd/${c}`)], {
+      cwd: join(here, 'k8s'),
+      env: GO_ENV,
+      stream: true,
+    }),
+  );
+  // etcd's version is a constant in its source; nothing to stamp.
+  await buildInto(['etcd'], v.etcd, (outDir) =>
+    run('go', ['build', '-trimpath', '-o', join(outDir, 'etcd'), 'go.etcd.io/etcd/server/v3'], {
+      cwd: join(here, 'etcd'),
+      env: GO_ENV,
+      stream: true,
+    }),
+  );
+  // kwok's go.mod has no replace directives, so `go install pkg@version` works as it is.
+  await buildInto(['kwok', 'kwokctl'], v.kwok, (outDir) =>
+    run('go', ['install', '-trimpath', `sigs.k8s.io/kwok/cmd/kwok@${v.kwok}`, `sigs.k8s.io/kwok/cmd/kwokctl@${v.kwok}`], {
+      cwd: outDir,
+      env: { ...GO_ENV, GOBIN: outDir },
+      stream: true,
+    }),
+  );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cluster
+
+/** Keeps kwokctl's state (and its default config lookup) in our cache, away from ~/.kwok. */
+function kwokEnv(v: Versions): Record<string, string> {
+  return {
+    KWOK_WORKDIR: kwokWorkdir,
+    // Only an env var in v0.8.0 (no flag); it picks version-dependent component flags.
+    KWOK_KUBE_VERSION: v.kubernetes,
+    // `kwokctl kubectl` and friends would otherwise download kubectl.
+    KWOK_KUBECTL_BINARY: binPath('kubectl', v.kubernetes),
+  };
+}
+
+function kwokctl(v: Versions, args: string[], options: RunOptions = {}): Promise<RunResult> {
+  return run(binPath('kwokctl', v.kwok), [...args, '--name', CLUSTER_NAME], { ...options, env: kwokEnv(v) });
+}
+
+function kubectl(v: Versions, args: string[], options: RunOptions = {}): Promise<RunResult> {
+  return run(binPath('kubectl', v.kubernetes), ['--kubeconfig', kwokKubeconfig, '--context', CONTEXT, '--request-timeout=5s', ...args], options);
+}
+
+/** Why the cluster is not usable yet, or undefined when it is. */
+async function clusterProblem(v: Versions): Promise<string | undefined> {
+  if (!existsSync(kwokKubeconfig)) return 'cluster does not exist';
+  const ready = await kubectl(v, ['get', '--raw', '/readyz'], { allowFailure: true });
+  if (ready.code !== 0) return 'API server not ready';
+  const sa = await kubectl(v, ['get', 'serviceaccount', 'default', '--namespace', 'default', '--output', 'name'], { allowFailure: true });
+  if (sa.code !== 0) return 'default service account missing';
+  const nodes = await kubectl(v, ['get', 'nodes', '--output', 'json'], { allowFailure: true });
+  if (nodes.code !== 0) return 'cannot list nodes';
+  const items: Array<{ status?: { conditions?: Array<{ type: string; status: string }> } }> = JSON.parse(nodes.stdout).items;
+  const readyNodes = items.filter((n) => n.status?.conditions?.some((c) => c.type === 'Ready' && c.status === 'True')).length;
+  if (readyNodes < NODE_COUNT) return `${readyNodes} of ${NODE_COUNT} nodes ready`;
+  return undefined;
+}
+
+/**
+ * What the cluster is made from: the files kwokctl and kwok-controller read, and a record of the
+ * versions, each with the content this script wants.
+ */
+async function kwokInputs(v: Versions): Promise<Array<{ path: string; content: string }>> {
+  return [
+    { path: kwokctlConfig, content: KWOKCTL_CONFIG },
+    { path: stageCopy, content: await readFile(stageSource, 'utf8') },
+    { path: versionsRecord, content: `${JSON.stringify(v)}\n` },
+  ];
+}
+
+/** A cluster made from other versions, config or stages is recreated rather than restarted. */
+async function isStale(v: Versions): Promise<boolean> {
+  if (!existsSync(kwokKubeconfig)) return false;
+  for (const input of await kwokInputs(v)) {
+    const current = await readFile(input.path, 'utf8').catch(() => '');
+    if (current !== input.content) return true;
+  }
+  return false;
+}
+
+async function createCluster(v: Versions): Promise<void> {
+  await mkdir(kwokWorkdir, { recursive: true });
+  for (const input of await kwokInputs(v)) await writeFile(input.path, input.content);
+  // Every binary is named, so kwokctl downloads nothing. An existing but stopped cluster is
+  // started again by the same command. --kubeconfig= keeps kwokctl away from ~/.kube/config.
+  await kwokctl(v, [
+    'create', 'cluster',
+    '--config', kwokctlConfig,
+    '--runtime', 'binary',
+    '--etcd-binary', binPath('etcd', v.etcd),
+    '--kube-apiserver-binary', binPath('kube-apiserver', v.kubernetes),
+    '--kube-controller-manager-binary', binPath('kube-controller-manager', v.kubernetes),
+    '--kube-scheduler-binary', binPath('kube-scheduler', v.kubernetes),
+    '--kwok-controller-binary', binPath('kwok', v.kwok),
+    // Tests use service-account tokens bound by RBAC; these are kwokctl's defaults, made explicit.
+    '--secure-port=true',
+    '--kube-authorization=true',
+    '--kube-admission=true',
+    // A second --config for kwok-controller: it merges these stages with kwokctl's defaults.
+    '--extra-args', `kwok-controller=config=${stageCopy}`,
+    '--kubeconfig=',
+    '--wait', '2m',
+  ], { stream: true });
+  await kwokctl(v, ['scale', 'node', '--replicas', String(NODE_COUNT)], { stream: true });
+}
+
+async function waitUsable(v: Versions, timeoutMs: number): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  let problem = await clusterProblem(v);
+  while (problem) {
+    if (Date.now() > deadline) throw new Error(`cluster not usable after ${timeoutMs / 1000} s: ${problem}`);
+    await sleep(500);
+    problem = await clusterProblem(v);
+  }
+}
+
+/** Self-contained (certificates inlined) JSON kubeconfig for the cluster's context only. */
+async function writeKubeconfig(v: Versions): Promise<void> {
+  const { stdout } = await kubectl(v, ['config', 'view', '--raw', '--minify', '--flatten', '--output', 'json']);
+  await mkdir(dirname(kubeconfigPath), { recursive: true });
+  const tmp = `${kubeconfigPath}.${process.pid}.tmp`;
+  await writeFile(tmp, stdout, { mode: 0o600 });
+  await rename(tmp, kubeconfigPath);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cross-process lock: `node --test` runs test files in parallel processes, each may call ensureCluster.
+
+function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (error) {
+    return (error as NodeJS.ErrnoException).code === 'EPERM';
+  }
+}
+
+async function withLock<T>(body: () => Promise<T>): Promise<T> {
+  await mkdir(cacheRoot, { recursive: true });
+  for (;;) {
+    try {
+      await mkdir(lockDir);
+      break;
+    } catch (error) {
+      if ((error as NodeJS.ErrnoException).code !== 'EEXIST') throw error;
+      const owner = Number(await readFile(join(lockDir, 'pid'), 'utf8').catch(() => ''));
+      // A lock without a pid may be one being taken right now; only a dead owner's is stale.
+      if (owner && !alive(owner)) await rm(lockDir, { recursive: true, force: true });
+      else await sleep(250);
+    }
+  }
+  try {
+    await writeFile(join(lockDir, 'pid'), String(process.pid));
+    return await body();
+  } finally {
+    await rm(lockDir, { recursive: true, force: true });
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Entry points
+
+export interface Cluster {
+  /** JSON kubeconfig with inlined credentials for the cluster-admin user. */
+  kubeconfigPath: string;
+  /** kubectl of the cluster's own version. */
+  kubectl: string;
+}
+
+let ensured: Promise<Cluster> | undefined;
+
+/** Starts the cluster if it is not running and answering (idempotent; quick when it is). */
+export function ensureCluster(): Promise<Cluster> {
+  ensured ??= withLock(async () => {
+    const v = await versions();
+    await ensureBinaries(v);
+    if (await isStale(v)) {
+      log('cluster was made from other versions, config or stages: recreating it');
+      await kwokctl(v, ['delete', 'cluster'], { stream: true });
+    }
+    const problem = await clusterProblem(v);
+    if (problem) {
+      log(`starting cluster ${CLUSTER_NAME} (${problem})`);
+      await createCluster(v);
+      await waitUsable(v, 120_000);
+    }
+    await writeKubeconfig(v);
+    return { kubeconfigPath, kubectl: binPath('kubectl', v.kubernetes) };
+  });
+  ensured.catch(() => (ensured = undefined));
+  return ensured;
+}
+
+export async function deleteCluster(): Promise<void> {
+  ensured = undefined;
+  await withLock(async () => {
+    const v = await versions();
+    if (existsSync(binPath('kwokctl', v.kwok))) await kwokctl(v, ['delete', 'cluster'], { stream: true });
+    await rm(kubeconfigPath, { force: true });
+  });
+}
+
+if (import.meta.main) {
+  const command = process.argv[2];
+  const started = Date.now();
+  try {
+    if (command === 'up') {
+      const cluster = await ensureCluster();
+      log(`ready in ${((Date.now() - started) / 1000).toFixed(1)} s; kubeconfig: ${cluster.kubeconfigPath}`);
+      log(`try: ${cluster.kubectl} --kubeconfig ${cluster.kubeconfigPath} get nodes`);
+    } else if (command === 'down') {
+      await deleteCluster();
+      log(`cluster ${CLUSTER_NAME} deleted`);
+    } else {
+      process.stderr.write('usage: node test/cluster/cluster.ts up|down\n');
+      process.exitCode = 2;
+    }
+  } catch (error) {
+    process.stderr.write(`[cluster] ${(error as Error).message}\n`);
+    process.exitCode = 1;
+  }
+}

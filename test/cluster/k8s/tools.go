@@ -1,0 +1,13 @@
+//go:build tools
+
+// Package tools records the control-plane commands this module builds, so
+// `go mod tidy` keeps their dependencies. It is never compiled (tag "tools");
+// cluster.ts builds the commands themselves in one `go build` invocation.
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kubectl"
+)
