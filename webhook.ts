@@ -82,6 +82,8 @@ export interface Options {
   commandTimeoutMs: number;
   maxConcurrentCommands: number;
   shutdownGraceMs: number;
+  kubeconfig: string;
+  rolloutFollowMs: number;
 }
 
 type FlagKind = 'bool' | 'string' | 'list' | 'int' | 'duration' | 'bytes';
@@ -153,6 +155,8 @@ const FLAGS: Record<string, FlagSpec> = {
   'command-timeout': { kind: 'duration', key: 'commandTimeoutMs', def: '10m0s', help: 'default time a command may run before its process group is killed (hook field "command-timeout" overrides)' },
   'max-concurrent-commands': { kind: 'int', key: 'maxConcurrentCommands', def: String(LIMITS.maxConcurrentCommands), help: 'commands allowed to run at once; further triggered requests get 503 with Retry-After' },
   'shutdown-grace': { kind: 'duration', key: 'shutdownGraceMs', def: '25s', help: 'on SIGTERM, time running commands get to finish before they are killed' },
+  'kubeconfig': { kind: 'string', key: 'kubeconfig', def: '', help: 'JSON kubeconfig for the upgrade (default: $KUBECONFIG, else the in-cluster service account)' },
+  'rollout-follow': { kind: 'duration', key: 'rolloutFollowMs', def: '10m0s', help: 'after answering, how long an upgrade\'s rollout is followed for the log, an Event and the mail (0: not followed)' },
 };
 
 export class UsageError extends Error {}
@@ -708,7 +712,9 @@ function compileHook(raw: unknown, cx: CompileContext): Hook {
       // An empty value usually means a template read an unset variable; it would let `?token=`
       // through, so it is refused rather than compared.
       if (value === '') fail(o, 'value', `${p}.value`, 'empty (is the environment variable the template reads unset?)');
-      if (!PLACEHOLDER.test(value)) cx.result.secrets.push(value);
+      // The compared parameter is redacted in the access log. The value itself is not scrubbed
+      // from every line: value rules also pin routing values (namespace, workload) that reports
+      // must show; a token comes from a template, whose values are scrubbed (loadSnapshot).
       if (parameter.source === 'url' || parameter.source === 'header') cx.result.redactedParams.push(`${parameter.source}:${parameter.source === 'header' ? parameter.name.toLowerCase() : parameter.name}`);
       return { type, param: parameter, digest: secretDigest(value) };
     }
@@ -1452,6 +1458,8 @@ export interface CommandResult {
   timedOut: boolean;
   /** Why the command could not start, or how it ended when not by exit 0. */
   error?: string;
+  /** Set when the command was the upgrade entry point, run in-process. */
+  report?: UpgradeReport;
 }
 
 /** Go's exec.LookPath on adnanh's candidate; returns the path or the error text Go would print. */
@@ -1478,6 +1486,88 @@ export function resolveCommand(command: string, workingDirectory: string, envPat
   return { error: `exec: ${JSON.stringify(candidate)}: executable file not found in $PATH` };
 }
 
+/** Marks the bundled webhooks.sh: a hook whose command is that file runs the upgrade in-process. */
+export const UPGRADE_ENTRY_MARKER = 'webhook-upgrade-entry-point';
+
+/**
+ * Whether a resolved command is this program's upgrade entry point: the executable itself under
+ * another name (/webhooks.sh as a symlink to it, in the image) or the bundled shim script.
+ */
+export function isUpgradeEntryPoint(file: string): boolean {
+  try {
+    if (isSea() && fs.realpathSync(file) === fs.realpathSync(process.execPath)) return true;
+    const fd = fs.openSync(file, 'r');
+    try {
+      const head = Buffer.alloc(256);
+      return head.subarray(0, fs.readSync(fd, head, 0, head.length, 0)).toString('latin1').includes(UPGRADE_ENTRY_MARKER);
+    } finally {
+      fs.closeSync(fd);
+    }
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * The upgrade as the runner uses it: one Kubernetes client and one per-workload queue for all
+ * pushes (ordering and duplicate coalescing need to see every push), and rollouts followed after
+ * the answer has gone, so the final outcome reaches the log, an Event and the mail.
+ */
+export class UpgradeService {
+  private client: KubeClient | undefined;
+  private readonly queue = new WorkloadQueue();
+  private readonly stopping = new AbortController();
+  private readonly following = new Set<Promise<unknown>>();
+  private readonly kubeconfig: string | undefined;
+  private readonly followMs: number;
+  private readonly log: Logger;
+
+  constructor(kubeconfig: string | undefined, env: Record<string, string | undefined>, followMs: number, log: Logger) {
+    this.kubeconfig = kubeconfig;
+    this.followMs = followMs;
+    this.log = log;
+    try {
+      this.client = new KubeClient(credentialsFromEnvironment(env, kubeconfig));
+    } catch (e) {
+      // Not fatal: hooks that do not upgrade still work, and each upgrade reports the reason.
+      log.warn(`no Kubernetes credentials yet (${(e as Error).message}); upgrades will say so`);
+    }
+  }
+
+  run(args: string[], env: Record<string, string | undefined>, requestId: string, hookId: string): ReturnType<typeof runUpgrade> {
+    return runUpgrade(args, env, { client: this.client, kubeconfig: this.kubeconfig, requestId, hookId, queue: this.queue });
+  }
+
+  /**
+   * Follows a rollout the upgrade left progressing, then logs and records its end. Resolves with
+   * the report brought up to date (or unchanged when there is nothing to follow).
+   */
+  async follow(report: UpgradeReport, requestId: string): Promise<UpgradeReport> {
+    const target = report.target;
+    if (!this.client || !target || !report.changed || report.rollout?.state !== 'progressing' || this.followMs === 0) return report;
+    const following = followRollout(this.client, target, { timeoutMs: this.followMs, container: report.container ?? '', signal: this.stopping.signal });
+    this.following.add(following);
+    const outcome = await following.finally(() => this.following.delete(following));
+    const updated: UpgradeReport = { ...report, rollout: outcome };
+    if (outcome.state === 'failed' || outcome.state === 'timed out') {
+      updated.result = 'failed';
+      updated.error = `the rollout ${outcome.state === 'failed' ? 'failed' : 'did not complete'} (see rollout)`;
+    }
+    const line = `[${requestId}] ${report.workload} in ${report.namespace}: rollout ${formatRollout(outcome)}`;
+    if (updated.result === 'ok') this.log.info(line);
+    else this.log.error(line);
+    const event = rolloutEvent(outcome, report.container ?? '');
+    if (event) await recordWorkloadEvent(this.client, target, event).catch((e: Error) => this.log.error(`[${requestId}] event not recorded: ${e.message}`));
+    return updated;
+  }
+
+  /** At shutdown: rollouts still followed end now (their mails then go out). */
+  async stop(ms: number): Promise<void> {
+    this.stopping.abort();
+    await Promise.race([Promise.allSettled([...this.following]), sleep(ms, undefined, { ref: false })]);
+  }
+}
+
 export class CommandRunner {
   private running = 0;
   private readonly children = new Set<ChildProcess>();
@@ -1485,11 +1575,13 @@ export class CommandRunner {
   private readonly max: number;
   private readonly log: Logger;
   private readonly metrics: Metrics;
+  private readonly upgrade: UpgradeService | undefined;
 
-  constructor(max: number, log: Logger, metrics: Metrics) {
+  constructor(max: number, log: Logger, metrics: Metrics, upgrade?: UpgradeService) {
     this.max = max;
     this.log = log;
     this.metrics = metrics;
+    this.upgrade = upgrade;
   }
 
   /** Takes a command slot; false when all are busy (the caller answers 503). */
@@ -1552,8 +1644,12 @@ export class CommandRunner {
         envNames.push(p.envname);
         this.log.debug(`${tag} writing env ${p.envname} file ${file}`);
       }
-      this.log.info(`${tag} executing ${hook.command} (${resolved.path}) with ${args.length} argument(s) and environment ${envNames.join(', ') || '(none added)'} using ${hook.workingDirectory || '(current directory)'} as cwd`);
-      const result = await this.spawnCommand(resolved.path, hook.command, args, env, hook.workingDirectory, hook.commandTimeoutMs ?? LIMITS.commandTimeoutMs, tag);
+      const inProcess = this.upgrade !== undefined && isUpgradeEntryPoint(resolved.path);
+      this.log.info(`${tag} executing ${hook.command} (${inProcess ? 'the upgrade, in-process' : resolved.path}) with ${args.length} argument(s) and environment ${envNames.join(', ') || '(none added)'} using ${hook.workingDirectory || '(current directory)'} as cwd`);
+      const timeoutMs = hook.commandTimeoutMs ?? LIMITS.commandTimeoutMs;
+      const result = inProcess
+        ? await this.runUpgradeInProcess(args, env, timeoutMs, req.id, hook.id)
+        : await this.spawnCommand(resolved.path, hook.command, args, env, hook.workingDirectory, timeoutMs, tag);
       this.log.info(`${tag} command output: ${result.output}`);
       if (!result.ok) this.log.error(`${tag} hook ${hook.id}: command ${hook.command} failed: ${result.error}`);
       return result;
@@ -1567,6 +1663,17 @@ export class CommandRunner {
       this.log.info(`${tag} finished handling ${hook.id}`);
       this.release();
     }
+  }
+
+  /** The upgrade with the same inputs and outputs as /webhooks.sh, without starting a process. */
+  private async runUpgradeInProcess(args: string[], env: Record<string, string | undefined>, timeoutMs: number, requestId: string, hookId: string): Promise<CommandResult> {
+    const upgrade = this.upgrade!.run(args, env, requestId, hookId);
+    // The upgrade bounds its own Kubernetes calls; this only stops the answer from waiting longer
+    // than the hook allows (the upgrade then finishes in the background, in order).
+    const timedOut = timeoutMs > 0 ? sleep(timeoutMs, undefined, { ref: false }).then(() => undefined) : new Promise<undefined>(() => {});
+    const r = await Promise.race([upgrade, timedOut]);
+    if (!r) return { output: '', env, ok: false, exitCode: null, timedOut: true, error: `timed out after ${formatGoDuration(timeoutMs)}` };
+    return { output: this.log.scrub(r.output), env, ok: r.exitCode === 0, exitCode: r.exitCode, timedOut: false, error: r.exitCode === 0 ? undefined : `exit status ${r.exitCode}`, report: r.report };
   }
 
   private spawnCommand(file: string, argv0: string, args: string[], env: Record<string, string | undefined>, cwd: string, timeoutMs: number, tag: string): Promise<CommandResult> {
@@ -1665,6 +1772,7 @@ export interface HandlerContext {
   options: Options;
   store: { current: Snapshot };
   runner: CommandRunner;
+  upgrade?: UpgradeService;
   mailer: Mailer;
   log: Logger;
   metrics: Metrics;
@@ -1861,18 +1969,1413 @@ async function handleRequest(cx: HandlerContext, req: http.IncomingMessage, res:
 function commandFinished(cx: HandlerContext, hook: Hook, req: HookRequest, r: CommandResult): void {
   cx.metrics.inc('webhook_commands_total', { hook: hook.id, result: r.ok ? 'success' : r.timedOut ? 'timeout' : 'failure' });
   if (r.timedOut) cx.metrics.inc('webhook_command_timeouts_total', { hook: hook.id });
-  cx.mailer.notify({
+  const mail = (report: UpgradeReport | undefined) => cx.mailer.notify({
     hookId: hook.id,
     requestId: req.id,
     env: r.env,
-    outcome: r.ok ? 'succeeded' : 'failed',
-    detail: r.ok ? 'exit status 0' : r.error ?? 'failed',
-    output: r.output,
+    outcome: report ? (report.result !== 'ok' ? 'failed' : report.changed ? 'succeeded' : 'no change') : r.ok ? 'succeeded' : 'failed',
+    detail: report ? report.action : r.ok ? 'exit status 0' : r.error ?? 'failed',
+    output: report ? formatReport(report) : r.output,
   });
+  // An upgrade's rollout is followed after the answer; its mail waits for the outcome.
+  if (r.report && cx.upgrade) cx.upgrade.follow(r.report, req.id).then(mail, (e: Error) => cx.log.error(`[${req.id}] ${e.message}`));
+  else mail(r.report);
 }
 
 // ================================================================================================
-// 8. smtp client & mail — mails a hook's result through the server the MAIL_* variables describe,
+// 8. registry payloads → image reference — turns a registry's push notification (Aliyun ACR,
+//    Docker Hub, a build job) into the image reference the cluster will pull, and validates it
+//    against the OCI distribution reference grammar before anything is sent to Kubernetes.
+//    Pure functions: no I/O, no clock.
+//
+//    The hook's environment chooses the composition:
+//      REPO_TYPE      regionalregistry | publicregistry | custom (case-insensitive)
+//      NET_TYPE       regionalregistry only: unset or "public" → registry.<region>.aliyuncs.com,
+//                     "vpc" → registry-vpc.…, "internal" → registry-internal.…
+//      REGISTRY_HOST  host[:port] that replaces the computed registry host for regionalregistry
+//                     (ACR Enterprise Edition `<instance>-registry[-vpc].<region>.cr.aliyuncs.com`,
+//                     Personal Edition `crpi-<id>[-vpc].<region>.personal.cr.aliyuncs.com`; NET_TYPE
+//                     is then not used) and replaces repository.repo_url for custom. Ignored for
+//                     publicregistry, which always names a Docker Hub repository.
+//      PIN_DIGEST     true → `repo:tag@sha256:…` when the payload carries push_data.digest (ACR
+//                     does, Docker Hub does not); the cluster then runs exactly the pushed image.
+//    A payload without push_data.tag, repository.name or repository.namespace (Docker Hub's test
+//    ping when a webhook is created) is acknowledged as a no-op, as the old script did. Any other
+//    missing or malformed field is an error naming the field; nothing is lower-cased or repaired.
+//    Exports: parsePushPayload, composeImageRef, validateImageRef, normalizeImageRef, UpgradeInputs.
+// ================================================================================================
+
+export interface UpgradeInputs {
+  REPO_TYPE?: string;
+  NET_TYPE?: string;
+  REGISTRY_HOST?: string;
+  PIN_DIGEST?: string;
+}
+
+export type ComposedRef =
+  /** pushId identifies this push (digest and pushed_at) so a repeated notification is recognised. */
+  | { kind: 'ref'; ref: string; notes: string[]; pushId: string }
+  | { kind: 'noop'; reason: string }
+  | { kind: 'error'; message: string };
+
+/** A parsed reference; domain is undefined when the reference names none (Docker Hub). */
+export interface ImageRef {
+  domain: string | undefined;
+  path: string;
+  tag: string | undefined;
+  digest: string | undefined;
+}
+
+export const REPO_TYPES = ['regionalregistry', 'publicregistry', 'custom'];
+
+// The grammar of github.com/distribution/reference (regexp.go), anchored piece by piece so an
+// error can say which piece is wrong.
+const REFERENCE_GRAMMAR = {
+  // host (DNS name, or bracketed IPv6) with an optional port. Hostnames may be upper-case.
+  domain: /^(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*|\[[a-fA-F0-9:.]+\])(?::[0-9]+)?$/,
+  // One path component: lower-case alphanumerics joined by ".", "_", "__" or a run of "-".
+  pathComponent: /^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*$/,
+  tag: /^\w[\w.-]{0,127}$/,
+  digest: /^sha256:[a-f0-9]{64}$/,
+  region: /^[a-z0-9]+(?:-[a-z0-9]+)*$/,
+};
+// distribution's NameTotalLengthMax: the name (domain and path, without tag or digest).
+const MAX_IMAGE_NAME_LENGTH = 255;
+const MAX_TAG_LENGTH = 128;
+// Payload values are untrusted and can be long (a README); messages show at most this much.
+const MAX_SHOWN_VALUE_LENGTH = 80;
+
+/** A value quoted for a message: JSON-escaped (no control characters reach a log), truncated. */
+export function showValue(value: string): string {
+  if (value.length <= MAX_SHOWN_VALUE_LENGTH) return JSON.stringify(value);
+  return `${previewValue(value)} (${value.length} characters)`;
+}
+
+/** showValue without the length, for messages that state the length themselves. */
+function previewValue(value: string): string {
+  return value.length <= MAX_SHOWN_VALUE_LENGTH ? JSON.stringify(value) : `${JSON.stringify(value.slice(0, MAX_SHOWN_VALUE_LENGTH))}…`;
+}
+
+function isObject(v: unknown): v is Record<string, unknown> {
+  return typeof v === 'object' && v !== null && !Array.isArray(v);
+}
+
+function typeName(v: unknown): string {
+  return v === null ? 'null' : Array.isArray(v) ? 'an array' : typeof v === 'object' ? 'an object' : `a ${typeof v}`;
+}
+
+/** Parses argument 1 of /webhooks.sh: the request body as the hook's entire-payload passes it. */
+export function parsePushPayload(text: string | undefined): { kind: 'payload'; payload: Record<string, unknown> } | { kind: 'error'; message: string } {
+  if (text === undefined || text.trim() === '') {
+    return { kind: 'error', message: 'payload is empty: argument 1 must be the request body (the hook passes it with pass-arguments-to-command [{"source": "entire-payload"}])' };
+  }
+  let value: unknown;
+  try {
+    value = JSON.parse(text);
+  } catch (e) {
+    return { kind: 'error', message: `payload is not JSON: ${(e as Error).message}` };
+  }
+  if (!isObject(value)) return { kind: 'error', message: `payload is not a JSON object (got ${typeName(value)})` };
+  return { kind: 'payload', payload: value };
+}
+
+/** Go's strconv.ParseBool, as adnanh's flags and our hook environment use it. */
+function parseBoolSetting(name: string, value: string | undefined): boolean {
+  if (value === undefined || value.trim() === '') return false;
+  const v = ({ '1': true, t: true, T: true, TRUE: true, true: true, True: true, '0': false, f: false, F: false, FALSE: false, false: false, False: false } as Record<string, boolean>)[value.trim()];
+  if (v === undefined) throw new Error(`${name} ${showValue(value)} is not a boolean (use true or false)`);
+  return v;
+}
+
+function tagProblem(tag: string): string | undefined {
+  if (tag.length > MAX_TAG_LENGTH) return `is ${tag.length} characters long (a tag has at most ${MAX_TAG_LENGTH})`;
+  if (!REFERENCE_GRAMMAR.tag.test(tag)) return 'is not a valid tag (letters, digits, "_", "." and "-", not starting with "." or "-")';
+  return undefined;
+}
+
+function repositoryPathProblem(repoPath: string): string | undefined {
+  if (repoPath === '') return 'is empty';
+  for (const component of repoPath.split('/')) {
+    if (component === '') return 'is not a valid repository name (empty path component)';
+    if (REFERENCE_GRAMMAR.pathComponent.test(component)) continue;
+    if (REFERENCE_GRAMMAR.pathComponent.test(component.toLowerCase())) {
+      // Lower-casing it would name another repository, which the registry does not have.
+      return `is not a valid repository name: OCI repository names are lower-case, and ${showValue(component)} is not (rename the repository in the registry)`;
+    }
+    return `is not a valid repository name: ${showValue(component)} must be lower-case letters and digits separated by ".", "_", "__" or "-"`;
+  }
+  return undefined;
+}
+
+function domainProblem(domain: string): string | undefined {
+  return REFERENCE_GRAMMAR.domain.test(domain) ? undefined : 'is not a valid registry host (host[:port])';
+}
+
+/** "https://Reg.example.com:5000/" → "Reg.example.com:5000": build jobs send either form. */
+function stripSchemeAndSlashes(address: string): string {
+  return address.trim().replace(/^[a-zA-Z][a-zA-Z0-9+.-]*:\/\//, '').replace(/\/+$/, '');
+}
+
+class PayloadFields {
+  private readonly payload: Record<string, unknown>;
+  constructor(payload: Record<string, unknown>) { this.payload = payload; }
+
+  /** The string at a dotted path; undefined when absent, null or ""; throws for other types. */
+  optional(field: string): string | undefined {
+    let at: unknown = this.payload;
+    const parts = field.split('.');
+    for (const [i, part] of parts.entries()) {
+      if (at === undefined || at === null) return undefined;
+      if (!isObject(at)) throw new Error(`${parts.slice(0, i).join('.')} must be an object, got ${typeName(at)}`);
+      at = at[part];
+    }
+    if (at === undefined || at === null || at === '') return undefined;
+    if (typeof at !== 'string') throw new Error(`${field} must be a string, got ${typeName(at)}`);
+    return at;
+  }
+
+  required(field: string, what: string): string {
+    const v = this.optional(field);
+    if (v === undefined) throw new Error(`${field} is missing (${what})`);
+    return v;
+  }
+
+  /** pushed_at is a string in ACR payloads and a number in Docker Hub's. */
+  pushedAt(): string {
+    const pushData = this.payload.push_data;
+    const v = isObject(pushData) ? pushData.pushed_at : undefined;
+    return typeof v === 'string' || typeof v === 'number' ? String(v) : '';
+  }
+}
+
+function checkedPath(field: string, value: string): string {
+  const problem = repositoryPathProblem(value);
+  if (problem) throw new Error(`${field} ${showValue(value)} ${problem}`);
+  return value;
+}
+
+/** The image reference a push announces, a no-op for a test ping, or an error naming the field. */
+export function composeImageRef(payload: unknown, env: UpgradeInputs): ComposedRef {
+  try {
+    if (!isObject(payload)) return { kind: 'error', message: `payload is not a JSON object (got ${typeName(payload)})` };
+    const repoType = (env.REPO_TYPE ?? '').trim().toLowerCase();
+    if (repoType === '') return { kind: 'error', message: `REPO_TYPE is not set (the hook passes it from the URL parameter repo_type: ${REPO_TYPES.join(', ')})` };
+    if (!REPO_TYPES.includes(repoType)) return { kind: 'error', message: `REPO_TYPE ${showValue(env.REPO_TYPE ?? '')} is not supported (use ${REPO_TYPES.join(', ')})` };
+    const fields = new PayloadFields(payload);
+
+    const tag = fields.optional('push_data.tag');
+    const absent = ['push_data.tag', 'repository.name', 'repository.namespace'].filter((f) => fields.optional(f) === undefined);
+    if (absent.length > 0) return { kind: 'noop', reason: `test ping: the payload has no ${absent.join(', ')}, so there is no pushed image` };
+    const tagIssue = tagProblem(tag!);
+    if (tagIssue) return { kind: 'error', message: `push_data.tag ${previewValue(tag!)} ${tagIssue}` };
+
+    const registryHost = env.REGISTRY_HOST?.trim() ? stripSchemeAndSlashes(env.REGISTRY_HOST) : undefined;
+    if (registryHost !== undefined && domainProblem(registryHost) && repoType !== 'publicregistry') {
+      return { kind: 'error', message: `REGISTRY_HOST ${showValue(env.REGISTRY_HOST!)} is not a valid registry host (host[:port], e.g. myinstance-registry.cn-hangzhou.cr.aliyuncs.com)` };
+    }
+
+    let name: string;
+    if (repoType === 'regionalregistry') {
+      const repoPath = checkedPath('repository.repo_full_name', fields.required('repository.repo_full_name', 'ACR names the repository as namespace/name there'));
+      name = `${registryHost ?? acrHost(fields, env.NET_TYPE)}/${repoPath}`;
+    } else if (repoType === 'publicregistry') {
+      name = checkedPath('repository.repo_name', fields.required('repository.repo_name', 'Docker Hub names the repository as namespace/name there'));
+    } else {
+      const address = registryHost ?? customRegistryAddress(fields.required('repository.repo_url', 'the registry address, or set REGISTRY_HOST'));
+      const namespace = checkedPath('repository.namespace', fields.required('repository.namespace', 'the repository namespace'));
+      const repoName = checkedPath('repository.name', fields.required('repository.name', 'the repository name'));
+      name = `${address}/${namespace}/${repoName}`;
+    }
+    if (name.length > MAX_IMAGE_NAME_LENGTH) {
+      return { kind: 'error', message: `image name ${previewValue(name)} is ${name.length} characters long (at most ${MAX_IMAGE_NAME_LENGTH})` };
+    }
+
+    const notes: string[] = [];
+    let ref = `${name}:${tag}`;
+    const digest = fields.optional('push_data.digest');
+    if (parseBoolSetting('PIN_DIGEST', env.PIN_DIGEST)) {
+      if (digest === undefined) notes.push('PIN_DIGEST is true but the payload carries no push_data.digest: the tag is used unpinned');
+      else if (!REFERENCE_GRAMMAR.digest.test(digest)) return { kind: 'error', message: `push_data.digest ${showValue(digest)} is not a valid digest (sha256: and 64 lower-case hex digits)` };
+      else ref += `@${digest}`;
+    }
+    // Belt and braces: every piece was checked above, so this only fails if composition is wrong.
+    const check = validateImageRef(ref);
+    if (!check.ok) return { kind: 'error', message: check.message };
+    return { kind: 'ref', ref, notes, pushId: `${digest ?? ''}|${fields.pushedAt()}` };
+  } catch (e) {
+    return { kind: 'error', message: (e as Error).message };
+  }
+}
+
+function acrHost(fields: PayloadFields, netType: string | undefined): string {
+  const region = fields.required('repository.region', 'ACR names the region, e.g. cn-hangzhou, or set REGISTRY_HOST');
+  if (!REFERENCE_GRAMMAR.region.test(region)) throw new Error(`repository.region ${showValue(region)} is not a valid region (e.g. cn-hangzhou)`);
+  const prefixes: Record<string, string> = { '': 'registry', public: 'registry', vpc: 'registry-vpc', internal: 'registry-internal' };
+  const prefix = prefixes[(netType ?? '').trim().toLowerCase()];
+  if (prefix === undefined) throw new Error(`NET_TYPE ${showValue(netType ?? '')} is not supported (use vpc or internal, or leave it unset for the public endpoint)`);
+  return `${prefix}.${region}.aliyuncs.com`;
+}
+
+function customRegistryAddress(repoUrl: string): string {
+  const address = stripSchemeAndSlashes(repoUrl);
+  const [host, ...rest] = address.split('/');
+  if (domainProblem(host)) throw new Error(`repository.repo_url ${showValue(repoUrl)} does not start with a valid registry host (host[:port])`);
+  if (rest.length > 0 && repositoryPathProblem(rest.join('/'))) {
+    throw new Error(`repository.repo_url ${showValue(repoUrl)} has an invalid path after the host: ${repositoryPathProblem(rest.join('/'))}`);
+  }
+  return address;
+}
+
+/** Parses a reference by the distribution grammar; the message names the offending piece. */
+export function validateImageRef(ref: string): { ok: true; ref: ImageRef } | { ok: false; message: string } {
+  const fail = (message: string) => ({ ok: false as const, message: `image reference ${showValue(ref)}: ${message}` });
+  if (ref === '') return fail('is empty');
+  let rest = ref;
+  let digest: string | undefined;
+  const at = rest.indexOf('@');
+  if (at >= 0) {
+    digest = rest.slice(at + 1);
+    rest = rest.slice(0, at);
+    if (!REFERENCE_GRAMMAR.digest.test(digest)) return fail(`digest ${showValue(digest)} is not valid (sha256: and 64 lower-case hex digits)`);
+  }
+  let tag: string | undefined;
+  const colon = rest.lastIndexOf(':');
+  if (colon > rest.lastIndexOf('/')) {
+    tag = rest.slice(colon + 1);
+    rest = rest.slice(0, colon);
+    const problem = tagProblem(tag);
+    if (problem) return fail(`tag ${previewValue(tag)} ${problem}`);
+  }
+  if (rest.length > MAX_IMAGE_NAME_LENGTH) return fail(`the name is ${rest.length} characters long (at most ${MAX_IMAGE_NAME_LENGTH})`);
+  let domain: string | undefined;
+  const slash = rest.indexOf('/');
+  const first = slash >= 0 ? rest.slice(0, slash) : '';
+  // As docker does: the first component is a registry host when it looks like one.
+  if (slash >= 0 && (first.includes('.') || first.includes(':') || first === 'localhost' || first.startsWith('['))) {
+    domain = first;
+    rest = rest.slice(slash + 1);
+    const problem = domainProblem(domain);
+    if (problem) return fail(`registry host ${showValue(domain)} ${problem}`);
+  }
+  const problem = repositoryPathProblem(rest);
+  if (problem) return fail(`repository ${showValue(rest)} ${problem}`);
+  return { ok: true, ref: { domain, path: rest, tag, digest } };
+}
+
+/**
+ * The canonical form used to compare images: Docker Hub's implicit domain and `library/` made
+ * explicit, `index.docker.io` spelt `docker.io`, a missing tag read as `latest` (unless a digest
+ * pins it), the host lower-cased. An invalid reference is returned unchanged.
+ */
+export function normalizeImageRef(ref: string): string {
+  const parsed = validateImageRef(ref.trim());
+  if (!parsed.ok) return ref;
+  const r = parsed.ref;
+  let domain = (r.domain ?? 'docker.io').toLowerCase();
+  if (domain === 'index.docker.io') domain = 'docker.io';
+  const repoPath = domain === 'docker.io' && !r.path.includes('/') ? `library/${r.path}` : r.path;
+  const tag = r.tag ?? (r.digest ? undefined : 'latest');
+  return `${domain}/${repoPath}${tag ? `:${tag}` : ''}${r.digest ? `@${r.digest}` : ''}`;
+}
+
+// ================================================================================================
+// 9. kubernetes client — a small client for the Kubernetes REST API over node:https. Credentials
+//    come from a JSON kubeconfig (-kubeconfig, else KUBECONFIG: current-context; token or
+//    tokenFile, or a client certificate; the CA; inline *-data or file paths relative to the
+//    kubeconfig) or, inside a pod, from the service account (token re-read on every request, so
+//    rotated tokens keep working). Every request has a deadline; transient failures (connection
+//    refused or reset, 5xx, 429 with Retry-After, 409 on patch) are retried with exponential
+//    backoff inside a bounded total time. Failures become KubeErrors whose message names the
+//    verb and the resource, and for 403 the permission missing. The token is only ever put in
+//    the Authorization header: no message, log line or output contains it.
+//    Exports: KubeClient, KubeError, credentialsFromEnvironment, loadKubeconfig,
+//    inClusterCredentials, retryDelay, describeResource, KUBE_LIMITS.
+// ================================================================================================
+
+export const KUBE_LIMITS = {
+  // A GET or PATCH answers in milliseconds; a loaded control plane takes seconds. Past 10 s the
+  // connection is taken as hung and the request is tried again.
+  requestTimeoutMs: 10_000,
+  // An API server restart or leader failover, or a burst of throttling, clears within seconds.
+  // Retrying for up to 20 s rides that out while the push's HTTP answer still comes back within
+  // about half a minute (the worst case is this budget plus one request deadline).
+  retryBudgetMs: 20_000,
+  // Backoff between attempts: 200 ms doubling to 5 s, so a refused connection is retried quickly
+  // at first without hammering an API server that is coming back up.
+  backoffInitialMs: 200,
+  backoffMaxMs: 5_000,
+  // Answers we read are one object or a bounded list; anything larger is not an answer we asked for.
+  maxResponseBytes: 32 * 1024 * 1024,
+};
+
+export const SERVICE_ACCOUNT_DIR = '/var/run/secrets/kubernetes.io/serviceaccount';
+
+export interface KubeCredentials {
+  /** https://host:port, possibly with a path prefix (Rancher's cluster proxy URLs have one). */
+  server: string;
+  ca?: Buffer;
+  cert?: Buffer;
+  key?: Buffer;
+  tlsServerName?: string;
+  insecureSkipTlsVerify?: boolean;
+  token?: string;
+  /** Read again before every request: service-account tokens are rotated. */
+  tokenFile?: string;
+  /** Where the credentials came from, for messages (never the token itself). */
+  source: string;
+  /** The namespace of the context or of the pod, when known. */
+  namespace?: string;
+}
+
+export class KubeConfigError extends Error {}
+
+/** A failed API call. status is 0 when no HTTP answer came (connection or deadline failure). */
+export class KubeError extends Error {
+  readonly status: number;
+  readonly reason: string;
+  /** Field causes of a 422; empty when the server gave none (a failed JSON-patch test). */
+  readonly causes: string[];
+  constructor(message: string, status: number, reason: string, causes: string[] = []) {
+    super(message);
+    this.status = status;
+    this.reason = reason;
+    this.causes = causes;
+  }
+}
+
+/** A namespaced resource, or a collection of them when name is undefined. */
+export interface ResourceRef {
+  /** API group, '' for the core API. */
+  group: string;
+  version: string;
+  /** Plural, lower-case: deployments, pods, events. */
+  resource: string;
+  namespace: string;
+  name?: string;
+}
+
+export type KubeVerb = 'get' | 'list' | 'patch' | 'create';
+
+/** `deployments.apps "web" in namespace "prod"`: how kubectl and RBAC name a resource. */
+export function describeResource(r: ResourceRef): string {
+  const kind = r.group ? `${r.resource}.${r.group}` : r.resource;
+  return `${kind}${r.name === undefined ? '' : ` ${JSON.stringify(r.name)}`} in namespace ${JSON.stringify(r.namespace)}`;
+}
+
+function resourcePath(r: ResourceRef): string {
+  const base = r.group === '' ? `/api/${r.version}` : `/apis/${r.group}/${r.version}`;
+  return `${base}/namespaces/${encodeURIComponent(r.namespace)}/${r.resource}${r.name === undefined ? '' : `/${encodeURIComponent(r.name)}`}`;
+}
+
+/** Credentials of the pod's service account (the in-cluster configuration). */
+export function inClusterCredentials(env: Record<string, string | undefined>, dir: string = SERVICE_ACCOUNT_DIR): KubeCredentials {
+  const host = env.KUBERNETES_SERVICE_HOST;
+  const port = env.KUBERNETES_SERVICE_PORT;
+  if (!host || !port) {
+    throw new KubeConfigError('no Kubernetes credentials: not running in a pod (KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT are not set); outside a cluster use -kubeconfig or KUBECONFIG');
+  }
+  const tokenFile = path.join(dir, 'token');
+  const caFile = path.join(dir, 'ca.crt');
+  try {
+    fs.accessSync(tokenFile, fs.constants.R_OK);
+  } catch (e) {
+    throw new KubeConfigError(`in-cluster credentials: cannot read ${tokenFile} (${(e as NodeJS.ErrnoException).code}): is automountServiceAccountToken disabled for this pod?`);
+  }
+  let ca: Buffer;
+  try {
+    ca = fs.readFileSync(caFile);
+  } catch (e) {
+    throw new KubeConfigError(`in-cluster credentials: cannot read ${caFile} (${(e as NodeJS.ErrnoException).code})`);
+  }
+  let namespace: string | undefined;
+  try { namespace = fs.readFileSync(path.join(dir, 'namespace'), 'utf8').trim() || undefined; } catch { namespace = undefined; }
+  return { server: `https://${host.includes(':') ? `[${host}]` : host}:${port}`, ca, tokenFile, source: `the service account token ${tokenFile}`, namespace };
+}
+
+/** Credentials of a JSON kubeconfig's current context. */
+export function loadKubeconfig(file: string): KubeCredentials {
+  const where = `kubeconfig ${file}`;
+  let text: string;
+  try {
+    text = fs.readFileSync(file, 'utf8');
+  } catch (e) {
+    throw new KubeConfigError(`${where}: cannot read it (${(e as NodeJS.ErrnoException).code ?? (e as Error).message})`);
+  }
+  let config: unknown;
+  try {
+    config = JSON.parse(text);
+  } catch {
+    // The parser's message may quote file content, which can be a credential: do not pass it on.
+    throw new KubeConfigError(`${where}: not JSON; this program reads JSON kubeconfigs (convert one with: kubectl config view --raw --minify --flatten -o json)`);
+  }
+  if (!isObject(config)) throw new KubeConfigError(`${where}: not a kubeconfig (the top level must be an object)`);
+  const contextName = config['current-context'];
+  if (typeof contextName !== 'string' || contextName === '') throw new KubeConfigError(`${where}: current-context is not set`);
+  const named = (list: string, name: unknown, inner: string): Record<string, unknown> => {
+    const items = Array.isArray(config[list]) ? (config[list] as unknown[]) : [];
+    const item = items.find((i) => isObject(i) && i.name === name);
+    if (!isObject(item) || !isObject(item[inner])) throw new KubeConfigError(`${where}: ${list}: no entry named ${JSON.stringify(name)} (from current-context ${JSON.stringify(contextName)})`);
+    return item[inner] as Record<string, unknown>;
+  };
+  const context = named('contexts', contextName, 'context');
+  const cluster = named('clusters', context.cluster, 'cluster');
+  const user = named('users', context.user, 'user');
+  const clusterWhere = `${where}: clusters[${JSON.stringify(context.cluster)}].cluster`;
+  const userWhere = `${where}: users[${JSON.stringify(context.user)}].user`;
+  const dir = path.dirname(path.resolve(file));
+  const material = (section: Record<string, unknown>, at: string, field: string): Buffer | undefined => {
+    const inline = section[`${field}-data`];
+    if (typeof inline === 'string' && inline !== '') return Buffer.from(inline, 'base64');
+    const ref = section[field];
+    if (typeof ref !== 'string' || ref === '') return undefined;
+    const full = path.resolve(dir, ref);
+    try {
+      return fs.readFileSync(full);
+    } catch (e) {
+      throw new KubeConfigError(`${at}.${field}: cannot read ${full} (${(e as NodeJS.ErrnoException).code})`);
+    }
+  };
+  const server = cluster.server;
+  if (typeof server !== 'string' || server === '') throw new KubeConfigError(`${clusterWhere}.server is missing`);
+  if (!server.startsWith('https://')) throw new KubeConfigError(`${clusterWhere}.server ${JSON.stringify(server)}: only https:// API servers are supported`);
+  for (const unsupported of ['exec', 'auth-provider', 'username', 'password']) {
+    if (user[unsupported] !== undefined) throw new KubeConfigError(`${userWhere}.${unsupported} is not supported (this program runs no credential plugins): use a token, a tokenFile or a client certificate`);
+  }
+  const token = typeof user.token === 'string' && user.token !== '' ? user.token : undefined;
+  const tokenFile = token === undefined && typeof user.tokenFile === 'string' && user.tokenFile !== '' ? path.resolve(dir, user.tokenFile) : undefined;
+  const cert = material(user, userWhere, 'client-certificate');
+  const key = material(user, userWhere, 'client-key');
+  if ((cert === undefined) !== (key === undefined)) throw new KubeConfigError(`${userWhere}: client-certificate and client-key must be given together`);
+  if (token === undefined && tokenFile === undefined && cert === undefined) throw new KubeConfigError(`${userWhere}: no credentials (token, tokenFile or client-certificate-data)`);
+  return {
+    server: server.replace(/\/+$/, ''),
+    ca: material(cluster, clusterWhere, 'certificate-authority'),
+    cert,
+    key,
+    tlsServerName: typeof cluster['tls-server-name'] === 'string' ? cluster['tls-server-name'] : undefined,
+    insecureSkipTlsVerify: cluster['insecure-skip-tls-verify'] === true,
+    token,
+    tokenFile,
+    source: `${where} (user ${JSON.stringify(context.user)})`,
+    namespace: typeof context.namespace === 'string' && context.namespace !== '' ? context.namespace : undefined,
+  };
+}
+
+/** -kubeconfig, else KUBECONFIG, else the pod's service account. */
+export function credentialsFromEnvironment(env: Record<string, string | undefined>, kubeconfigFlag?: string): KubeCredentials {
+  if (kubeconfigFlag) return loadKubeconfig(kubeconfigFlag);
+  const fromEnv = env.KUBECONFIG?.trim();
+  if (fromEnv) {
+    if (fromEnv.includes(path.delimiter)) throw new KubeConfigError(`KUBECONFIG ${JSON.stringify(fromEnv)} lists several files; this program reads one JSON kubeconfig`);
+    return loadKubeconfig(fromEnv);
+  }
+  return inClusterCredentials(env);
+}
+
+/** What went wrong with one attempt, as far as the retry policy cares. */
+export interface AttemptFailure {
+  verb: KubeVerb;
+  /** HTTP status, or undefined when no answer came. */
+  status?: number;
+  /** Node's error code (ECONNREFUSED, ECONNRESET, ETIMEDOUT…) when no answer came. */
+  code?: string;
+  retryAfterSeconds?: number;
+}
+
+const TRANSIENT_NETWORK_CODES = ['ECONNREFUSED', 'ECONNRESET', 'ETIMEDOUT', 'EPIPE', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH', 'UND_ERR_SOCKET'];
+
+/** How long to wait before attempt `attempt + 1`, or undefined to give up. Pure. */
+export function retryDelay(failure: AttemptFailure, attempt: number, remainingMs: number): number | undefined {
+  const s = failure.status;
+  const transient = s === undefined
+    ? TRANSIENT_NETWORK_CODES.includes(failure.code ?? '')
+    : s >= 500 || s === 429 || (s === 409 && failure.verb === 'patch');
+  if (!transient) return undefined;
+  const delay = failure.retryAfterSeconds !== undefined && failure.retryAfterSeconds >= 0
+    ? failure.retryAfterSeconds * 1000
+    : Math.min(KUBE_LIMITS.backoffMaxMs, KUBE_LIMITS.backoffInitialMs * 2 ** attempt);
+  return delay <= remainingMs ? delay : undefined;
+}
+
+interface RawAnswer { status: number; headers: Record<string, string | string[] | undefined>; text: string }
+
+export interface KubeClientOptions {
+  requestTimeoutMs?: number;
+  retryBudgetMs?: number;
+}
+
+export class KubeClient {
+  readonly server: string;
+  readonly source: string;
+  readonly namespace: string | undefined;
+  private readonly credentials: KubeCredentials;
+  private readonly agent: https.Agent;
+  private readonly requestTimeoutMs: number;
+  private readonly retryBudgetMs: number;
+
+  constructor(credentials: KubeCredentials, options: KubeClientOptions = {}) {
+    this.credentials = credentials;
+    this.server = credentials.server;
+    this.source = credentials.source;
+    this.namespace = credentials.namespace;
+    this.requestTimeoutMs = options.requestTimeoutMs ?? KUBE_LIMITS.requestTimeoutMs;
+    this.retryBudgetMs = options.retryBudgetMs ?? KUBE_LIMITS.retryBudgetMs;
+    // One keep-alive agent per client: the TLS handshake is paid once, not on every call.
+    this.agent = new https.Agent({
+      keepAlive: true,
+      ca: credentials.ca,
+      cert: credentials.cert,
+      key: credentials.key,
+      servername: credentials.tlsServerName,
+      rejectUnauthorized: !credentials.insecureSkipTlsVerify,
+    });
+  }
+
+  get<T>(r: ResourceRef): Promise<T> {
+    return this.call<T>('get', 'GET', r);
+  }
+
+  list<T>(r: ResourceRef, query: Record<string, string> = {}): Promise<T> {
+    return this.call<T>('list', 'GET', { ...r, name: undefined }, { query });
+  }
+
+  /** A JSON patch (RFC 6902), recorded under fieldManager. */
+  patch<T>(r: ResourceRef, operations: JsonPatchOperation[], fieldManager: string): Promise<T> {
+    return this.call<T>('patch', 'PATCH', r, { query: { fieldManager }, body: JSON.stringify(operations), contentType: 'application/json-patch+json' });
+  }
+
+  create<T>(r: ResourceRef, object: unknown): Promise<T> {
+    return this.call<T>('create', 'POST', { ...r, name: undefined }, { body: JSON.stringify(object), contentType: 'application/json' });
+  }
+
+  /** Closes idle keep-alive connections. */
+  close(): void {
+    this.agent.destroy();
+  }
+
+  private async call<T>(verb: KubeVerb, method: string, r: ResourceRef, o: { query?: Record<string, string>; body?: string; contentType?: string } = {}): Promise<T> {
+    const query = new URLSearchParams(o.query ?? {}).toString();
+    const url = `${this.server}${resourcePath(r)}${query ? `?${query}` : ''}`;
+    const started = Date.now();
+    for (let attempt = 0; ; attempt++) {
+      const authorization = await this.authorization(verb, r);
+      let failed: { failure: AttemptFailure; error: KubeError };
+      try {
+        const answer = await this.once(method, url, authorization, o.body, o.contentType);
+        if (answer.status >= 200 && answer.status < 300) return this.parseAnswer<T>(verb, r, answer);
+        const retryAfter = String(answer.headers['retry-after'] ?? '').trim();
+        failed = {
+          failure: { verb, status: answer.status, retryAfterSeconds: /^\d+$/.test(retryAfter) ? Number(retryAfter) : undefined },
+          error: this.answerError(verb, r, answer),
+        };
+      } catch (e) {
+        if (e instanceof KubeError) throw e;
+        const code = (e as NodeJS.ErrnoException).code ?? '';
+        failed = {
+          failure: { verb, code },
+          error: new KubeError(`cannot ${verb} ${describeResource(r)}: the API server ${this.server} did not answer (${code || (e as Error).message})`, 0, code),
+        };
+      }
+      const elapsed = Date.now() - started;
+      const delay = retryDelay(failed.failure, attempt, this.retryBudgetMs - elapsed);
+      if (delay === undefined) {
+        const e = failed.error;
+        if (attempt === 0) throw e;
+        throw new KubeError(`${e.message} (after ${attempt + 1} attempts in ${formatGoDuration(Math.round(elapsed / 100) * 100)})`, e.status, e.reason, e.causes);
+      }
+      await new Promise((resolve) => setTimeout(resolve, delay));
+    }
+  }
+
+  /** The Authorization header value, or undefined for client-certificate credentials. */
+  private async authorization(verb: KubeVerb, r: ResourceRef): Promise<string | undefined> {
+    if (this.credentials.token !== undefined) return `Bearer ${this.credentials.token}`;
+    if (this.credentials.tokenFile === undefined) return undefined;
+    try {
+      // Re-read every time: the kubelet rotates projected service-account tokens (hourly by default).
+      return `Bearer ${(await fsp.readFile(this.credentials.tokenFile, 'utf8')).trim()}`;
+    } catch (e) {
+      throw new KubeError(`cannot ${verb} ${describeResource(r)}: cannot read the token file ${this.credentials.tokenFile} (${(e as NodeJS.ErrnoException).code ?? (e as Error).message})`, 0, 'TokenUnreadable');
+    }
+  }
+
+  private parseAnswer<T>(verb: KubeVerb, r: ResourceRef, answer: RawAnswer): T {
+    try {
+      return JSON.parse(answer.text) as T;
+    } catch {
+      throw new KubeError(`cannot ${verb} ${describeResource(r)}: the answer from ${this.server} is not JSON (HTTP ${answer.status}; is this a Kubernetes API server?)`, answer.status, 'NotJSON');
+    }
+  }
+
+  private async once(method: string, url: string, authorization: string | undefined, body: string | undefined, contentType: string | undefined): Promise<RawAnswer> {
+    const headers: Record<string, string> = { Accept: 'application/json', 'User-Agent': `webhook/${VERSION}` };
+    if (authorization !== undefined) headers.Authorization = authorization;
+    if (body !== undefined) {
+      headers['Content-Type'] = contentType ?? 'application/json';
+      headers['Content-Length'] = String(Buffer.byteLength(body));
+    }
+    return new Promise((resolve, reject) => {
+      const req = https.request(url, { method, headers, agent: this.agent }, (res) => {
+        const chunks: Buffer[] = [];
+        let size = 0;
+        res.on('data', (chunk: Buffer) => {
+          size += chunk.length;
+          if (size > KUBE_LIMITS.maxResponseBytes) req.destroy(Object.assign(new Error(`answer larger than ${KUBE_LIMITS.maxResponseBytes} bytes`), { code: 'E2BIG' }));
+          else chunks.push(chunk);
+        });
+        res.on('error', reject);
+        res.on('end', () => resolve({ status: res.statusCode ?? 0, headers: res.headers, text: Buffer.concat(chunks).toString('utf8') }));
+      });
+      const timer = setTimeout(() => {
+        req.destroy(Object.assign(new Error(`no answer within ${formatGoDuration(this.requestTimeoutMs)}`), { code: 'ETIMEDOUT' }));
+      }, this.requestTimeoutMs);
+      req.on('error', reject);
+      req.on('close', () => clearTimeout(timer));
+      req.end(body);
+    });
+  }
+
+  /** The message for an HTTP error answer: verb, resource, and what to do about it. */
+  private answerError(verb: KubeVerb, r: ResourceRef, answer: RawAnswer): KubeError {
+    let status: Record<string, unknown> = {};
+    try {
+      const parsed: unknown = JSON.parse(answer.text);
+      if (isObject(parsed)) status = parsed;
+    } catch { /* not a Status object: a proxy's page; the status code says enough */ }
+    const serverMessage = typeof status.message === 'string' ? status.message : answer.text.slice(0, 200).trim();
+    const reason = typeof status.reason === 'string' ? status.reason : '';
+    const details = isObject(status.details) ? status.details : {};
+    const causes = Array.isArray(details.causes)
+      ? details.causes.filter(isObject).map((c) => `${typeof c.field === 'string' ? `${c.field}: ` : ''}${typeof c.message === 'string' ? c.message : ''}`)
+      : [];
+    const what = describeResource(r);
+    switch (answer.status) {
+      case 401:
+        return new KubeError(`unauthorized: the API server rejected the credentials from ${this.source} (to ${verb} ${what}): the token has expired or been revoked, or the client certificate is not trusted`, 401, reason);
+      case 403: {
+        const user = /User "([^"]*)"/.exec(serverMessage)?.[1];
+        const sa = user ? /^system:serviceaccount:([^:]+):(.+)$/.exec(user) : null;
+        const who = sa ? `the service account "${sa[2]}" of namespace "${sa[1]}"` : user ? `user "${user}"` : 'these credentials';
+        return new KubeError(`forbidden: ${who} cannot "${verb}" ${what} — grant it with deploy/rbac.yaml`, 403, reason);
+      }
+      case 404:
+        return new KubeError(r.name === undefined ? `the API server has no ${r.group ? `${r.resource}.${r.group}` : r.resource} (${r.group || 'core'}/${r.version}) API` : `${what} not found`, 404, reason);
+      case 409:
+        return new KubeError(`conflict: cannot ${verb} ${what}: ${serverMessage}`, 409, reason);
+      case 422:
+        return new KubeError(`invalid: cannot ${verb} ${what}: ${causes.length ? causes.join('; ') : serverMessage}`, 422, reason, causes);
+      default:
+        return new KubeError(`cannot ${verb} ${what}: HTTP ${answer.status}${reason ? ` ${reason}` : ''}${serverMessage ? `: ${serverMessage}` : ''}`, answer.status, reason, causes);
+    }
+  }
+}
+
+export type JsonPatchOperation =
+  | { op: 'test' | 'add' | 'replace'; path: string; value: unknown }
+  | { op: 'remove'; path: string };
+
+// ================================================================================================
+// 10. upgrade & rollout — the job /webhooks.sh exists for: point the named container of the named
+//    workload at the pushed image, record why, and follow the rollout by kubectl's rules.
+//
+//    Inputs (the hook's environment, argument 1 = the payload): APP_NS, APP_WORKLOAD
+//    (<kind>/<name>: deployment, daemonset, statefulset, cronjob; any case, plurals, short names
+//    deploy/ds/sts/cj, or kind.group), APP_CONTAINER (exact name; containers, then
+//    initContainers), ROLLOUT_TIMEOUT (Go duration; 0, the default, answers at once with
+//    "progressing"), plus those of section 8.
+//
+//    The change is one JSON patch (fieldManager=webhook) that first tests the container's name
+//    and current image, so a concurrent edit fails the patch instead of being overwritten; on such
+//    a failure the workload is read again and the patch re-planned. A different image replaces
+//    only that container's image; the same image (after normalisation) restarts the rollout the
+//    way `kubectl rollout restart` does, plus imagePullPolicy: Always so the tag is pulled again;
+//    a reference pinned to the same digest changes nothing. The patch also sets
+//    kubernetes.io/change-cause, and an Event on the workload says old → new and who asked.
+//
+//    Output (the HTTP response body; one "label: value" per line, values aligned, always in this
+//    order, lines whose value is unknown left out):
+//      workload:     deployment/web in namespace prod
+//      container:    app
+//      image before: registry.cn-hangzhou.aliyuncs.com/ns/app:v1
+//      image after:  registry.cn-hangzhou.aliyuncs.com/ns/app:v2
+//      action:       image updated | rollout restarted (same image re-pulled) | none (<why>)
+//      result:       ok | failed: <message>
+//      rollout:      progressing (…) | complete (…) | failed: <why> | timed out after <d>: <state> | not tracked (…)
+//      pod <name>:   <phase>, ready|not ready, image <image>, restarts <n>[, <reason>]
+//      note:         <anything else worth knowing>
+//    Exit status 0 when result is ok (a change made, or an acknowledged no-op), 1 otherwise; a
+//    rollout that was waited for and failed or timed out makes the result failed.
+//    Exports: runUpgrade, followRollout, rolloutStatus, rolloutEvent, recordWorkloadEvent,
+//    parseWorkload, locateContainer, planPatch, summarizePod, formatReport, formatRollout,
+//    WorkloadQueue, UpgradeReport, RolloutOutcome, WorkloadTarget, UPGRADE_LIMITS.
+// ================================================================================================
+
+export const UPGRADE_LIMITS = {
+  // One GET per second while following a rollout: cheap for the API server, and as quick to
+  // notice the end as a person watching `kubectl rollout status`.
+  rolloutPollMs: 1_000,
+  // A DaemonSet on hundreds of nodes would bury the answer (and the mail) in pod lines.
+  maxPodLines: 20,
+  // The pods listed for the summary; a workload with more is summarised from the first ones.
+  podListLimit: 500,
+  // A failed precondition means someone else edited the workload between our read and our
+  // patch; re-reading and re-planning a few times settles it, more means something is fighting us.
+  maxPatchAttempts: 5,
+  // Registries retry a delivery they think failed within seconds to a minute. A real new push of
+  // the same tag carries a new digest or pushed_at, so it is not mistaken for a repeat.
+  duplicateWindowMs: 60_000,
+  // events.k8s.io caps an event's note at 1 KiB; stay within it through the core API too.
+  maxEventMessageLength: 1024,
+  // The field manager and event source: `kubectl get -o yaml --show-managed-fields` shows it.
+  fieldManager: 'webhook',
+};
+
+export type WorkloadKind = 'deployment' | 'daemonset' | 'statefulset' | 'cronjob';
+
+interface KindSpec {
+  kind: string;
+  group: string;
+  version: string;
+  resource: string;
+  names: string[];
+  /** JSON-pointer segments of the pod template. */
+  template: string[];
+}
+
+const WORKLOAD_KINDS: Record<WorkloadKind, KindSpec> = {
+  deployment: { kind: 'Deployment', group: 'apps', version: 'v1', resource: 'deployments', names: ['deployment', 'deployments', 'deploy'], template: ['spec', 'template'] },
+  daemonset: { kind: 'DaemonSet', group: 'apps', version: 'v1', resource: 'daemonsets', names: ['daemonset', 'daemonsets', 'ds'], template: ['spec', 'template'] },
+  statefulset: { kind: 'StatefulSet', group: 'apps', version: 'v1', resource: 'statefulsets', names: ['statefulset', 'statefulsets', 'sts'], template: ['spec', 'template'] },
+  cronjob: { kind: 'CronJob', group: 'batch', version: 'v1', resource: 'cronjobs', names: ['cronjob', 'cronjobs', 'cj'], template: ['spec', 'jobTemplate', 'spec', 'template'] },
+};
+
+export class UpgradeError extends Error {}
+
+const DNS_LABEL = /^[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?$/;
+const DNS_SUBDOMAIN = /^[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*$/;
+
+/** `deploy/web`, `Deployments.apps/web`, `cj/nightly` → kind and name. */
+export function parseWorkload(text: string | undefined): { kind: WorkloadKind; name: string } {
+  const example = 'e.g. deployment/web; kinds: deployment, daemonset, statefulset, cronjob';
+  if (text === undefined || text.trim() === '') throw new UpgradeError(`APP_WORKLOAD is not set (the hook passes it from the URL parameter workload: <kind>/<name>, ${example})`);
+  const slash = text.indexOf('/');
+  if (slash < 0) throw new UpgradeError(`APP_WORKLOAD ${showValue(text)} must be <kind>/<name> (${example})`);
+  const kindText = text.slice(0, slash).trim().toLowerCase();
+  const name = text.slice(slash + 1).trim();
+  for (const [kind, spec] of Object.entries(WORKLOAD_KINDS) as [WorkloadKind, KindSpec][]) {
+    if (!spec.names.some((n) => kindText === n || kindText === `${n}.${spec.group}`)) continue;
+    if (!(name.length <= 253 && DNS_SUBDOMAIN.test(name))) throw new UpgradeError(`APP_WORKLOAD ${showValue(text)}: ${showValue(name)} is not a valid ${kind} name (lower-case letters, digits, "-" and ".")`);
+    return { kind, name };
+  }
+  throw new UpgradeError(`APP_WORKLOAD ${showValue(text)}: unknown kind ${showValue(kindText)} (use deployment, daemonset, statefulset or cronjob, or deploy, ds, sts, cj)`);
+}
+
+/** The workload an upgrade acts on; uid and generation are known once it has been read. */
+export interface WorkloadTarget {
+  kind: WorkloadKind;
+  name: string;
+  namespace: string;
+  uid?: string;
+  /** metadata.generation after our patch: the rollout to follow. */
+  generation?: number;
+}
+
+export function workloadResource(t: { kind: WorkloadKind; name?: string; namespace: string }): ResourceRef {
+  const spec = WORKLOAD_KINDS[t.kind];
+  return { group: spec.group, version: spec.version, resource: spec.resource, namespace: t.namespace, name: t.name };
+}
+
+type K8sObject = Record<string, unknown>;
+
+function at(obj: unknown, segments: string[]): unknown {
+  let v = obj;
+  for (const s of segments) v = isObject(v) ? v[s] : undefined;
+  return v;
+}
+
+function pointer(segments: (string | number)[]): string {
+  return segments.map((s) => `/${String(s).replace(/~/g, '~0').replace(/\//g, '~1')}`).join('');
+}
+
+interface LocatedContainer { list: 'containers' | 'initContainers'; index: number; image: string; pullPolicy: string | undefined }
+
+function containerNames(podSpec: unknown, list: string): string[] {
+  const items = at(podSpec, [list]);
+  return Array.isArray(items) ? items.map((c) => String(at(c, ['name']))) : [];
+}
+
+/** The container by exact name: regular containers first, then init containers. */
+export function locateContainer(podSpec: unknown, name: string): LocatedContainer | undefined {
+  for (const list of ['containers', 'initContainers'] as const) {
+    const items = at(podSpec, [list]);
+    if (!Array.isArray(items)) continue;
+    const index = items.findIndex((c) => isObject(c) && c.name === name);
+    if (index >= 0) {
+      const c = items[index] as Record<string, unknown>;
+      return { list, index, image: typeof c.image === 'string' ? c.image : '', pullPolicy: typeof c.imagePullPolicy === 'string' ? c.imagePullPolicy : undefined };
+    }
+  }
+  return undefined;
+}
+
+/** Ops that set one annotation, creating the metadata or annotations map only if it is absent. */
+function annotationOps(obj: K8sObject, metadataSegments: string[], key: string, value: string): JsonPatchOperation[] {
+  const metadata = at(obj, metadataSegments);
+  // A `test` against null passes only while the member is absent, so a map someone else creates
+  // in the meantime is never replaced by ours.
+  if (!isObject(metadata)) return [{ op: 'test', path: pointer(metadataSegments), value: null }, { op: 'add', path: pointer(metadataSegments), value: { annotations: { [key]: value } } }];
+  if (!isObject(metadata.annotations)) return [{ op: 'test', path: pointer([...metadataSegments, 'annotations']), value: null }, { op: 'add', path: pointer([...metadataSegments, 'annotations']), value: { [key]: value } }];
+  return [{ op: 'add', path: pointer([...metadataSegments, 'annotations', key]), value }];
+}
+
+export interface PlannedChange {
+  /** The new image, or undefined to keep it (a restart). */
+  image?: string;
+  /** Set imagePullPolicy: Always on the container. */
+  pullAlways?: boolean;
+  /** RFC 3339 time for kubectl.kubernetes.io/restartedAt on the pod template. */
+  restartedAt?: string;
+  changeCause: string;
+}
+
+/** The JSON patch for a change to one container, guarded by tests of its name and image. Pure. */
+export function planPatch(obj: K8sObject, kind: WorkloadKind, containerName: string, located: LocatedContainer, change: PlannedChange): JsonPatchOperation[] {
+  const template = WORKLOAD_KINDS[kind].template;
+  const c = [...template, 'spec', located.list, String(located.index)];
+  const ops: JsonPatchOperation[] = [
+    { op: 'test', path: pointer([...c, 'name']), value: containerName },
+    { op: 'test', path: pointer([...c, 'image']), value: located.image },
+  ];
+  if (change.image !== undefined) ops.push({ op: 'replace', path: pointer([...c, 'image']), value: change.image });
+  if (change.pullAlways && located.pullPolicy !== 'Always') ops.push({ op: 'add', path: pointer([...c, 'imagePullPolicy']), value: 'Always' });
+  if (change.restartedAt !== undefined) ops.push(...annotationOps(obj, [...template, 'metadata'], 'kubectl.kubernetes.io/restartedAt', change.restartedAt));
+  ops.push(...annotationOps(obj, ['metadata'], 'kubernetes.io/change-cause', change.changeCause));
+  return ops;
+}
+
+// ---- rollout status (kubectl's rules) ----------------------------------------------------------
+
+export interface RolloutStatus {
+  state: 'done' | 'waiting' | 'failed' | 'untracked';
+  message: string;
+}
+
+function num(obj: unknown, segments: string[], fallback = 0): number {
+  const v = at(obj, segments);
+  return typeof v === 'number' ? v : fallback;
+}
+
+/** kubectl rollout status's verdict for one observation of the workload. Pure. */
+export function rolloutStatus(kind: WorkloadKind, obj: unknown): RolloutStatus {
+  const generation = num(obj, ['metadata', 'generation']);
+  const observed = num(obj, ['status', 'observedGeneration']);
+  const waiting = (message: string): RolloutStatus => ({ state: 'waiting', message });
+  switch (kind) {
+    case 'deployment': {
+      if (generation > observed) return waiting('waiting for the deployment controller to observe the change');
+      const conditions = at(obj, ['status', 'conditions']);
+      const progressing = Array.isArray(conditions) ? conditions.find((c) => at(c, ['type']) === 'Progressing') : undefined;
+      if (at(progressing, ['reason']) === 'ProgressDeadlineExceeded') {
+        return { state: 'failed', message: `ProgressDeadlineExceeded: ${String(at(progressing, ['message']) ?? 'the deployment exceeded its progress deadline')}` };
+      }
+      const replicas = num(obj, ['spec', 'replicas'], 1);
+      const updated = num(obj, ['status', 'updatedReplicas']);
+      const total = num(obj, ['status', 'replicas']);
+      const available = num(obj, ['status', 'availableReplicas']);
+      if (updated < replicas) return waiting(`${updated} of ${replicas} pods updated`);
+      if (total > updated) return waiting(`${total - updated} old pod${total - updated === 1 ? '' : 's'} pending termination`);
+      if (available < updated) return waiting(`${available} of ${updated} updated pods available`);
+      return { state: 'done', message: `${updated}/${replicas} pods updated and available` };
+    }
+    case 'daemonset': {
+      if (at(obj, ['spec', 'updateStrategy', 'type']) === 'OnDelete') return { state: 'untracked', message: 'OnDelete update strategy: pods change when they are deleted' };
+      if (generation > observed) return waiting('waiting for the daemonset controller to observe the change');
+      const desired = num(obj, ['status', 'desiredNumberScheduled']);
+      const updated = num(obj, ['status', 'updatedNumberScheduled']);
+      const available = num(obj, ['status', 'numberAvailable']);
+      if (updated < desired) return waiting(`${updated} of ${desired} pods updated`);
+      if (available < desired) return waiting(`${available} of ${desired} updated pods available`);
+      return { state: 'done', message: `${updated}/${desired} pods updated and available` };
+    }
+    case 'statefulset': {
+      if (at(obj, ['spec', 'updateStrategy', 'type']) === 'OnDelete') return { state: 'untracked', message: 'OnDelete update strategy: pods change when they are deleted' };
+      if (observed === 0 || generation > observed) return waiting('waiting for the statefulset controller to observe the change');
+      const replicas = num(obj, ['spec', 'replicas'], 1);
+      const ready = num(obj, ['status', 'readyReplicas']);
+      if (ready < replicas) return waiting(`${ready} of ${replicas} pods ready`);
+      const partition = at(obj, ['spec', 'updateStrategy', 'rollingUpdate', 'partition']);
+      const updated = num(obj, ['status', 'updatedReplicas']);
+      if (typeof partition === 'number' && partition > 0) {
+        if (updated < replicas - partition) return waiting(`${updated} of ${replicas - partition} pods updated (partition ${partition})`);
+        return { state: 'done', message: `${updated}/${replicas - partition} pods updated (partition ${partition})` };
+      }
+      if (at(obj, ['status', 'updateRevision']) !== at(obj, ['status', 'currentRevision'])) return waiting(`${updated} of ${replicas} pods updated`);
+      return { state: 'done', message: `${replicas}/${replicas} pods updated and ready` };
+    }
+    case 'cronjob':
+      return { state: 'untracked', message: 'cronjob: the next run uses the new image' };
+  }
+}
+
+// ---- pods -------------------------------------------------------------------------------------
+
+export interface PodSummary {
+  name: string;
+  /** The pod's phase, or Terminating while it is being deleted. */
+  phase: string;
+  ready: boolean;
+  /** The named container's image and restarts (the first container's when it has no such one). */
+  image: string;
+  restarts: number;
+  /** A waiting or terminated reason of a container that is not ready (CrashLoopBackOff…). */
+  reason?: string;
+}
+
+/** Reasons that mean a pod will not become ready without a change: the rollout has failed. */
+const STUCK_REASONS = ['CrashLoopBackOff', 'ImagePullBackOff', 'ErrImagePull', 'InvalidImageName', 'ErrImageNeverPull', 'CreateContainerConfigError', 'CreateContainerError', 'RunContainerError'];
+
+/** A pod reduced to what an operator needs; never env values, commands or messages. Pure. */
+export function summarizePod(pod: unknown, containerName: string): PodSummary {
+  const statuses = [...asArray(at(pod, ['status', 'initContainerStatuses'])), ...asArray(at(pod, ['status', 'containerStatuses']))];
+  const own = statuses.find((s) => at(s, ['name']) === containerName) ?? asArray(at(pod, ['status', 'containerStatuses']))[0];
+  const specContainer = locateContainer(at(pod, ['spec']), containerName);
+  const conditions = asArray(at(pod, ['status', 'conditions']));
+  let reason: string | undefined;
+  for (const s of statuses) {
+    if (at(s, ['ready']) === true) continue;
+    const r = at(s, ['state', 'waiting', 'reason']) ?? at(s, ['state', 'terminated', 'reason']);
+    if (typeof r === 'string' && r !== '') { reason = r; if (STUCK_REASONS.includes(r)) break; }
+  }
+  // A pod that was never scheduled has no container statuses; its condition says why.
+  const scheduled = conditions.find((c) => at(c, ['type']) === 'PodScheduled');
+  if (reason === undefined && at(scheduled, ['status']) === 'False' && typeof at(scheduled, ['reason']) === 'string') reason = String(at(scheduled, ['reason']));
+  return {
+    name: String(at(pod, ['metadata', 'name']) ?? ''),
+    phase: at(pod, ['metadata', 'deletionTimestamp']) ? 'Terminating' : String(at(pod, ['status', 'phase']) ?? 'Unknown'),
+    ready: conditions.some((c) => at(c, ['type']) === 'Ready' && at(c, ['status']) === 'True'),
+    image: String(at(own, ['image']) ?? specContainer?.image ?? ''),
+    restarts: num(own, ['restartCount']),
+    reason,
+  };
+}
+
+function asArray(v: unknown): unknown[] {
+  return Array.isArray(v) ? v : [];
+}
+
+/** matchLabels and matchExpressions as a labelSelector query value. */
+export function labelSelector(selector: unknown): string {
+  const parts: string[] = [];
+  const labels = at(selector, ['matchLabels']);
+  if (isObject(labels)) for (const [k, v] of Object.entries(labels)) parts.push(`${k}=${String(v)}`);
+  for (const e of asArray(at(selector, ['matchExpressions']))) {
+    const key = String(at(e, ['key']));
+    const values = asArray(at(e, ['values'])).map(String).join(',');
+    switch (at(e, ['operator'])) {
+      case 'In': parts.push(`${key} in (${values})`); break;
+      case 'NotIn': parts.push(`${key} notin (${values})`); break;
+      case 'Exists': parts.push(key); break;
+      case 'DoesNotExist': parts.push(`!${key}`); break;
+    }
+  }
+  return parts.join(',');
+}
+
+function ownedBy(obj: unknown, uids: Set<string>): boolean {
+  return asArray(at(obj, ['metadata', 'ownerReferences'])).some((o) => uids.has(String(at(o, ['uid']))));
+}
+
+/** The workload's own pods (through its ReplicaSets for a Deployment), sorted by name. */
+async function workloadPods(client: KubeClient, target: WorkloadTarget, workload: K8sObject, containerName: string): Promise<PodSummary[]> {
+  const selector = labelSelector(at(workload, ['spec', 'selector']));
+  const owners = new Set<string>([String(target.uid ?? at(workload, ['metadata', 'uid']))]);
+  const query = { labelSelector: selector, limit: String(UPGRADE_LIMITS.podListLimit) };
+  if (target.kind === 'deployment') {
+    const sets = await client.list<{ items: unknown[] }>({ group: 'apps', version: 'v1', resource: 'replicasets', namespace: target.namespace }, query);
+    for (const rs of sets.items) if (ownedBy(rs, owners)) owners.add(String(at(rs, ['metadata', 'uid'])));
+  }
+  const pods = await client.list<{ items: unknown[] }>({ group: '', version: 'v1', resource: 'pods', namespace: target.namespace }, query);
+  return pods.items.filter((p) => ownedBy(p, owners)).map((p) => summarizePod(p, containerName)).sort((a, b) => a.name.localeCompare(b.name));
+}
+
+export interface RolloutOutcome {
+  state: 'progressing' | 'complete' | 'failed' | 'timed out' | 'not tracked';
+  detail: string;
+  pods: PodSummary[];
+}
+
+export interface FollowOptions {
+  /** How long to follow; 0 looks once. */
+  timeoutMs: number;
+  /** The container whose image and restarts the pod summary shows. */
+  container: string;
+  pollMs?: number;
+  signal?: AbortSignal;
+}
+
+/**
+ * Follows a workload's rollout by kubectl's rules until it completes, fails (a Deployment's
+ * ProgressDeadlineExceeded) or the time is up; at the deadline, pods stuck in a reason such as
+ * CrashLoopBackOff or ImagePullBackOff make it "failed", otherwise "timed out". Can run after the
+ * HTTP answer has gone; never throws (an API failure becomes the outcome's detail).
+ */
+export async function followRollout(client: KubeClient, target: WorkloadTarget, options: FollowOptions): Promise<RolloutOutcome> {
+  const deadline = Date.now() + options.timeoutMs;
+  const pollMs = options.pollMs ?? UPGRADE_LIMITS.rolloutPollMs;
+  let workload: K8sObject | undefined;
+  try {
+    for (;;) {
+      workload = await client.get<K8sObject>(workloadResource(target));
+      const status = rolloutStatus(target.kind, workload);
+      if (status.state === 'untracked') return { state: 'not tracked', detail: status.message, pods: [] };
+      if (status.state === 'done') return { state: 'complete', detail: status.message, pods: await podsOrNone(client, target, workload, options.container) };
+      if (status.state === 'failed') return { state: 'failed', detail: status.message, pods: await podsOrNone(client, target, workload, options.container) };
+      if (Date.now() >= deadline || options.signal?.aborted) {
+        const pods = await podsOrNone(client, target, workload, options.container);
+        const stuck = pods.filter((p) => !p.ready && p.reason !== undefined && STUCK_REASONS.includes(p.reason));
+        if (stuck.length > 0) return { state: 'failed', detail: `pods not ready: ${stuck.map((p) => `${p.name} ${p.reason}`).join(', ')}`, pods };
+        return { state: 'timed out', detail: `after ${formatGoDuration(options.timeoutMs)}: ${status.message}`, pods };
+      }
+      await new Promise((resolve) => setTimeout(resolve, Math.min(pollMs, deadline - Date.now())));
+    }
+  } catch (e) {
+    return { state: 'timed out', detail: `could not follow the rollout: ${(e as Error).message}`, pods: [] };
+  }
+}
+
+async function podsOrNone(client: KubeClient, target: WorkloadTarget, workload: K8sObject, container: string): Promise<PodSummary[]> {
+  try {
+    return await workloadPods(client, target, workload, container);
+  } catch {
+    // The summary is a courtesy: without list permission on pods the outcome still stands.
+    return [];
+  }
+}
+
+// ---- events -----------------------------------------------------------------------------------
+
+export interface WorkloadEvent {
+  type: 'Normal' | 'Warning';
+  /** UpperCamelCase: ImageUpdated, RolloutRestarted, RolloutComplete, RolloutFailed, UpgradeFailed. */
+  reason: string;
+  message: string;
+}
+
+/** Records a core/v1 Event on the workload (what `kubectl describe` and `kubectl events` show). */
+export async function recordWorkloadEvent(client: KubeClient, target: WorkloadTarget, event: WorkloadEvent, now: Date = new Date()): Promise<void> {
+  const spec = WORKLOAD_KINDS[target.kind];
+  const time = now.toISOString().replace(/\.\d{3}Z$/, 'Z');
+  const message = event.message.length > UPGRADE_LIMITS.maxEventMessageLength ? `${event.message.slice(0, UPGRADE_LIMITS.maxEventMessageLength - 1)}…` : event.message;
+  await client.create({ group: '', version: 'v1', resource: 'events', namespace: target.namespace }, {
+    apiVersion: 'v1',
+    kind: 'Event',
+    // client-go's recorder names events <object>.<unique suffix> too.
+    metadata: { name: `${target.name}.${randomBytes(8).toString('hex')}`, namespace: target.namespace },
+    involvedObject: { apiVersion: `${spec.group}/${spec.version}`, kind: spec.kind, name: target.name, namespace: target.namespace, uid: target.uid },
+    reason: event.reason,
+    message,
+    type: event.type,
+    source: { component: UPGRADE_LIMITS.fieldManager },
+    firstTimestamp: time,
+    lastTimestamp: time,
+    count: 1,
+  });
+}
+
+// ---- ordering and duplicates ------------------------------------------------------------------
+
+/**
+ * Runs tasks for the same key one after another, in the order they were queued (a per-key
+ * promise chain), and remembers recently applied pushes so a repeated notification is recognised.
+ */
+export class WorkloadQueue {
+  private readonly tails = new Map<string, Promise<unknown>>();
+  private readonly applied = new Map<string, number>();
+  private readonly windowMs: number;
+  private readonly clock: () => number;
+
+  constructor(windowMs: number = UPGRADE_LIMITS.duplicateWindowMs, clock: () => number = Date.now) {
+    this.windowMs = windowMs;
+    this.clock = clock;
+  }
+
+  /** Queues task behind every task queued earlier for key; call it in arrival order. */
+  run<T>(key: string, task: () => Promise<T>): Promise<T> {
+    const previous = this.tails.get(key) ?? Promise.resolve();
+    const result = previous.then(task);
+    const tail = result.then(() => undefined, () => undefined);
+    this.tails.set(key, tail);
+    void tail.then(() => { if (this.tails.get(key) === tail) this.tails.delete(key); });
+    return result;
+  }
+
+  /** Milliseconds since this push was applied, when within the window. */
+  appliedAgo(pushKey: string): number | undefined {
+    const now = this.clock();
+    for (const [k, t] of this.applied) if (now - t > this.windowMs) this.applied.delete(k);
+    const t = this.applied.get(pushKey);
+    return t === undefined ? undefined : now - t;
+  }
+
+  remember(pushKey: string): void {
+    this.applied.set(pushKey, this.clock());
+  }
+}
+
+// ---- the upgrade ------------------------------------------------------------------------------
+
+export interface UpgradeReport {
+  namespace?: string;
+  /** `deployment/web`, as given (canonical kind). */
+  workload?: string;
+  container?: string;
+  imageBefore?: string;
+  imageAfter?: string;
+  /** image updated | rollout restarted (same image re-pulled) | none (<why>) */
+  action: string;
+  /** Whether the workload was changed. */
+  changed: boolean;
+  result: 'ok' | 'failed';
+  error?: string;
+  rollout?: RolloutOutcome;
+  notes: string[];
+  /** The workload, for followRollout after the answer; set once the workload has been read. */
+  target?: WorkloadTarget;
+}
+
+export interface UpgradeDeps {
+  client?: KubeClient;
+  /** The -kubeconfig flag, used when no client is given. */
+  kubeconfig?: string;
+  now?: () => Date;
+  requestId?: string;
+  hookId?: string;
+  /** Shared by all upgrades of one process: per-workload ordering and duplicate detection. */
+  queue?: WorkloadQueue;
+}
+
+interface UpgradeSettings { namespace: string; workload: { kind: WorkloadKind; name: string }; container: string; rolloutTimeoutMs: number }
+
+function readSettings(env: Record<string, string | undefined>, report: UpgradeReport): UpgradeSettings {
+  const namespace = env.APP_NS?.trim() ?? '';
+  if (namespace === '') throw new UpgradeError('APP_NS is not set (the hook passes it from the URL parameter ns)');
+  if (!DNS_LABEL.test(namespace)) throw new UpgradeError(`APP_NS ${showValue(namespace)} is not a valid namespace name (lower-case letters, digits and "-", at most 63)`);
+  report.namespace = namespace;
+  const workload = parseWorkload(env.APP_WORKLOAD);
+  report.workload = `${workload.kind}/${workload.name}`;
+  const container = env.APP_CONTAINER?.trim() ?? '';
+  if (container === '') throw new UpgradeError('APP_CONTAINER is not set (the hook passes it from the URL parameter container)');
+  if (!DNS_LABEL.test(container)) throw new UpgradeError(`APP_CONTAINER ${showValue(container)} is not a valid container name (lower-case letters, digits and "-", at most 63)`);
+  report.container = container;
+  let rolloutTimeoutMs = 0;
+  if (env.ROLLOUT_TIMEOUT?.trim()) {
+    try { rolloutTimeoutMs = parseGoDuration(env.ROLLOUT_TIMEOUT.trim()); } catch {
+      throw new UpgradeError(`ROLLOUT_TIMEOUT ${showValue(env.ROLLOUT_TIMEOUT)} is not a duration (e.g. 0, 60s, 5m)`);
+    }
+  }
+  return { namespace, workload, container, rolloutTimeoutMs };
+}
+
+function whoAsked(deps: UpgradeDeps): string {
+  const parts = [deps.hookId ? `hook ${JSON.stringify(deps.hookId)}` : '', deps.requestId ? `request ${deps.requestId}` : ''].filter(Boolean);
+  return parts.length ? parts.join(', ') : 'an image push';
+}
+
+/**
+ * The upgrade mode: what /webhooks.sh does with argument 1 (the payload) and the hook's
+ * environment. Never throws: every failure is in the report, the output and the exit status.
+ */
+export async function runUpgrade(args: string[], env: Record<string, string | undefined>, deps: UpgradeDeps = {}): Promise<{ output: string; exitCode: number; report: UpgradeReport }> {
+  const report: UpgradeReport = { action: 'none (nothing was changed)', changed: false, result: 'ok', notes: [] };
+  let ownClient: KubeClient | undefined;
+  try {
+    // Everything up to queue.run is synchronous, so tasks are queued in the order calls arrive.
+    const settings = readSettings(env, report);
+    const parsed = parsePushPayload(args[0]);
+    if (parsed.kind === 'error') throw new UpgradeError(parsed.message);
+    const composed = composeImageRef(parsed.payload, env);
+    if (composed.kind === 'error') throw new UpgradeError(composed.message);
+    if (composed.kind === 'noop') {
+      report.action = `none (${composed.reason})`;
+      return finish(report);
+    }
+    report.imageAfter = composed.ref;
+    report.notes.push(...composed.notes);
+    const client = deps.client ?? (ownClient = new KubeClient(credentialsFromEnvironment(env, deps.kubeconfig)));
+    const workloadKey = `${settings.namespace}/${settings.workload.kind}/${settings.workload.name}`;
+    const pushKey = `${workloadKey}/${settings.container}|${normalizeImageRef(composed.ref)}|${composed.pushId}`;
+    const apply = async () => {
+      const ago = deps.queue?.appliedAgo(pushKey);
+      if (ago !== undefined) {
+        report.action = `none (the same push was applied ${formatGoDuration(Math.round(ago / 1000) * 1000)} ago: a repeated notification)`;
+        return;
+      }
+      await applyUpgrade(client, settings, composed.ref, report, deps);
+      if (report.result === 'ok' && report.changed) deps.queue?.remember(pushKey);
+    };
+    await (deps.queue ? deps.queue.run(workloadKey, apply) : apply());
+  } catch (e) {
+    report.result = 'failed';
+    report.error = (e as Error).message;
+  } finally {
+    ownClient?.close();
+  }
+  return finish(report);
+}
+
+function finish(report: UpgradeReport): { output: string; exitCode: number; report: UpgradeReport } {
+  return { output: formatReport(report), exitCode: report.result === 'ok' ? 0 : 1, report };
+}
+
+async function applyUpgrade(client: KubeClient, s: UpgradeSettings, ref: string, report: UpgradeReport, deps: UpgradeDeps): Promise<void> {
+  const now = deps.now ?? (() => new Date());
+  const target: WorkloadTarget = { ...s.workload, namespace: s.namespace };
+  const spec = WORKLOAD_KINDS[target.kind];
+  let updated: K8sObject | undefined;
+  for (let attempt = 1; ; attempt++) {
+    const workload = await readWorkload(client, target);
+    target.uid = String(at(workload, ['metadata', 'uid']));
+    report.target = target;
+    const podSpec = at(workload, [...spec.template, 'spec']);
+    const located = locateContainer(podSpec, s.container);
+    if (!located) {
+      const message = missingContainerMessage(podSpec, s.container, report.workload!);
+      await recordEventQuietly(client, target, { type: 'Warning', reason: 'UpgradeFailed', message: `${message}; asked by ${whoAsked(deps)}` }, now(), report);
+      throw new UpgradeError(message);
+    }
+    report.imageBefore = located.image;
+    const sameImage = normalizeImageRef(located.image) === normalizeImageRef(ref);
+    if (sameImage && ref.includes('@')) {
+      report.action = 'none (already running this digest)';
+      return;
+    }
+    const cause = sameImage
+      ? `webhook: restart ${s.container} to re-pull ${ref} (${whoAsked(deps)})`
+      : `webhook: set ${s.container} image to ${ref} (${whoAsked(deps)})`;
+    const change: PlannedChange = sameImage
+      // A CronJob has no rollout to restart: Always makes its next run pull the tag again.
+      ? { pullAlways: true, restartedAt: target.kind === 'cronjob' ? undefined : now().toISOString().replace(/\.\d{3}Z$/, 'Z'), changeCause: cause }
+      : { image: ref, changeCause: cause };
+    try {
+      updated = await client.patch<K8sObject>(workloadResource(target), planPatch(workload, target.kind, s.container, located, change), UPGRADE_LIMITS.fieldManager);
+    } catch (e) {
+      // A 422 without field causes is a failed `test`: the workload changed since we read it.
+      const preconditionFailed = e instanceof KubeError && e.status === 422 && e.causes.length === 0;
+      if (preconditionFailed && attempt < UPGRADE_LIMITS.maxPatchAttempts) continue;
+      if (preconditionFailed) throw new UpgradeError(`${describeResource(workloadResource(target))} kept changing while it was patched (${attempt} attempts); try again`);
+      throw e;
+    }
+    report.changed = true;
+    report.action = sameImage
+      ? target.kind === 'cronjob' ? 'next run re-pulls the image (same image; imagePullPolicy: Always)' : 'rollout restarted (same image re-pulled)'
+      : 'image updated';
+    const eventMessage = sameImage
+      ? `container ${s.container}: ${ref} pulled again (same image, rollout restarted); asked by ${whoAsked(deps)}`
+      : `container ${s.container}: image ${located.image} → ${ref}; asked by ${whoAsked(deps)}`;
+    await recordEventQuietly(client, target, { type: 'Normal', reason: sameImage ? 'RolloutRestarted' : 'ImageUpdated', message: eventMessage }, now(), report);
+    break;
+  }
+  target.generation = num(updated, ['metadata', 'generation']);
+  if (target.kind === 'cronjob') {
+    report.rollout = { state: 'not tracked', detail: 'cronjob: the next run uses the new image', pods: [] };
+  } else if (s.rolloutTimeoutMs === 0) {
+    report.rollout = { state: 'progressing', detail: 'not waited for: ROLLOUT_TIMEOUT is 0', pods: [] };
+  } else {
+    report.rollout = await followRollout(client, target, { timeoutMs: s.rolloutTimeoutMs, container: s.container });
+    if (report.rollout.state === 'failed' || report.rollout.state === 'timed out') {
+      report.result = 'failed';
+      report.error = report.rollout.state === 'failed' ? 'the rollout failed (see rollout)' : `the rollout did not complete within ${formatGoDuration(s.rolloutTimeoutMs)} (see rollout)`;
+    }
+    const event = rolloutEvent(report.rollout, s.container);
+    if (event) await recordEventQuietly(client, target, event, now(), report);
+  }
+}
+
+/** The Event that records a followed rollout's end, if it ended. Pure. */
+export function rolloutEvent(outcome: RolloutOutcome, container: string): WorkloadEvent | undefined {
+  const stuck = outcome.pods.filter((p) => !p.ready).slice(0, 5).map((p) => `${p.name} ${p.reason ?? 'not ready'}`);
+  const pods = stuck.length ? ` (${stuck.join(', ')})` : '';
+  switch (outcome.state) {
+    case 'complete': return { type: 'Normal', reason: 'RolloutComplete', message: `container ${container}: rollout complete: ${outcome.detail}` };
+    case 'failed': return { type: 'Warning', reason: 'RolloutFailed', message: `container ${container}: rollout failed: ${outcome.detail}${pods}` };
+    case 'timed out': return { type: 'Warning', reason: 'RolloutTimedOut', message: `container ${container}: rollout timed out ${outcome.detail}${pods}` };
+    default: return undefined;
+  }
+}
+
+async function readWorkload(client: KubeClient, target: WorkloadTarget): Promise<K8sObject> {
+  try {
+    return await client.get<K8sObject>(workloadResource(target));
+  } catch (e) {
+    if (!(e instanceof KubeError && e.status === 404)) throw e;
+    const spec = WORKLOAD_KINDS[target.kind];
+    let existing: string;
+    try {
+      const list = await client.list<{ items: unknown[] }>(workloadResource({ kind: target.kind, namespace: target.namespace }), { limit: '50' });
+      const names = list.items.map((i) => String(at(i, ['metadata', 'name'])));
+      existing = names.length ? `${spec.resource} there: ${names.join(', ')}` : `namespace "${target.namespace}" has no ${spec.resource} (is the namespace right?)`;
+    } catch {
+      existing = `cannot list the ${spec.resource} there`;
+    }
+    throw new UpgradeError(`${target.kind} "${target.name}" not found in namespace "${target.namespace}"; ${existing}`);
+  }
+}
+
+function missingContainerMessage(podSpec: unknown, name: string, workload: string): string {
+  const containers = containerNames(podSpec, 'containers');
+  const inits = containerNames(podSpec, 'initContainers');
+  const lists = [`containers: ${containers.join(', ') || '(none)'}`, ...(inits.length ? [`init containers: ${inits.join(', ')}`] : [])];
+  return `container "${name}" not found in ${workload} (${lists.join('; ')})`;
+}
+
+async function recordEventQuietly(client: KubeClient, target: WorkloadTarget, event: WorkloadEvent, now: Date, report: UpgradeReport): Promise<void> {
+  try {
+    await recordWorkloadEvent(client, target, event, now);
+  } catch (e) {
+    // The change stands without its Event; say so rather than fail the upgrade.
+    report.notes.push(`event not recorded: ${(e as Error).message}`);
+  }
+}
+
+// ---- output -----------------------------------------------------------------------------------
+
+const LABEL_WIDTH = 'image before:'.length;
+
+function line(label: string, value: string): string {
+  return `${`${label}:`.padEnd(LABEL_WIDTH)} ${value}`;
+}
+
+export function formatRollout(r: RolloutOutcome): string {
+  switch (r.state) {
+    case 'complete': case 'progressing': case 'not tracked': return `${r.state} (${r.detail})`;
+    case 'failed': case 'timed out': return `${r.state}: ${r.detail}`;
+  }
+}
+
+export function formatPod(p: PodSummary): string {
+  return `pod ${p.name}: ${p.phase}, ${p.ready ? 'ready' : 'not ready'}, image ${p.image}, restarts ${p.restarts}${p.reason ? `, ${p.reason}` : ''}`;
+}
+
+/** The report as the documented lines (see the section banner). Pure. */
+export function formatReport(r: UpgradeReport): string {
+  const lines: string[] = [];
+  if (r.workload) lines.push(line('workload', `${r.workload}${r.namespace ? ` in namespace ${r.namespace}` : ''}`));
+  if (r.container) lines.push(line('container', r.container));
+  if (r.imageBefore !== undefined) lines.push(line('image before', r.imageBefore));
+  if (r.imageAfter !== undefined) lines.push(line('image after', r.imageAfter));
+  lines.push(line('action', r.action));
+  lines.push(line('result', r.result === 'ok' ? 'ok' : `failed: ${r.error ?? 'unknown error'}`));
+  if (r.rollout) {
+    lines.push(line('rollout', formatRollout(r.rollout)));
+    for (const p of r.rollout.pods.slice(0, UPGRADE_LIMITS.maxPodLines)) lines.push(formatPod(p));
+    if (r.rollout.pods.length > UPGRADE_LIMITS.maxPodLines) lines.push(line('pods', `${r.rollout.pods.length - UPGRADE_LIMITS.maxPodLines} more not shown`));
+  }
+  for (const n of r.notes) lines.push(line('note', n));
+  return `${lines.join('\n')}\n`;
+}
+
+// ================================================================================================
+// 11. smtp client & mail — mails a hook's result through the server the MAIL_* variables describe,
 //    with a small hand-written SMTP client: implicit TLS or STARTTLS, AUTH PLAIN/LOGIN/CRAM-MD5,
 //    every step under a deadline, RFC 5322/MIME/RFC 2047 messages. The password lives in a Secret
 //    and every reply or error text leaving this section is scrubbed of it.
@@ -2661,7 +4164,7 @@ export class Mailer {
 }
 
 // ================================================================================================
-// 9. logging, metrics, limits — log lines in adnanh's shape ("[webhook] 2006/01/02 15:04:05 …"),
+// 12. logging, metrics, limits — log lines in adnanh's shape ("[webhook] 2006/01/02 15:04:05 …"),
 //    errors always, the rest with -verbose/-debug, every line scrubbed of known secrets; counters,
 //    gauges and histograms rendered in the Prometheus text format.
 //    Exports: Logger, Metrics.
@@ -2792,7 +4295,7 @@ export class Metrics {
 }
 
 // ================================================================================================
-// 10. main — wires the sections together; the only place with process-wide side effects
+// 13. main — wires the sections together; the only place with process-wide side effects
 //    (signals, pid file, listening socket, exit codes).
 // ================================================================================================
 
@@ -2829,6 +4332,13 @@ function tlsOptions(o: Options): https.ServerOptions {
 }
 
 export async function main(argv: string[], env: Record<string, string | undefined>): Promise<number> {
+  // Upgrade mode: started as /webhooks.sh (a symlink to this executable) or as `webhook upgrade`.
+  if (path.basename(process.argv0) === 'webhooks.sh' || argv[0] === 'upgrade') {
+    const args = argv[0] === 'upgrade' ? argv.slice(1) : argv;
+    const r = await runUpgrade(args, env, { kubeconfig: env.KUBECONFIG });
+    process.stdout.write(r.output);
+    return r.exitCode;
+  }
   let o: Options;
   try {
     o = parseCommandLine(argv, env);
@@ -2875,9 +4385,10 @@ export async function main(argv: string[], env: Record<string, string | undefine
   const mailer = new Mailer(mail.config, log, metrics);
 
   const store = new HookStore(settings, snapshot, log, metrics);
-  const runner = new CommandRunner(o.maxConcurrentCommands, log, metrics);
+  const upgrade = new UpgradeService(o.kubeconfig || env.KUBECONFIG, env, o.rolloutFollowMs, log);
+  const runner = new CommandRunner(o.maxConcurrentCommands, log, metrics, upgrade);
   let shuttingDown = false;
-  const handler = createHandler({ options: o, store, runner, mailer, log, metrics, isShuttingDown: () => shuttingDown });
+  const handler = createHandler({ options: o, store, runner, upgrade, mailer, log, metrics, isShuttingDown: () => shuttingDown });
   const serverOptions: http.ServerOptions = {
     requestTimeout: o.readTimeoutMs,
     // Node refuses a header timeout longer than the whole-request timeout.
@@ -2921,7 +4432,9 @@ export async function main(argv: string[], env: Record<string, string | undefine
       const graceEnds = Date.now() + o.shutdownGraceMs;
       await runner.drain(o.shutdownGraceMs);
       server.closeAllConnections();
-      // Mails of commands that just finished still go out, within what is left of the grace period.
+      // Rollouts still followed end now; their mails, and those of commands that just finished,
+      // still go out within what is left of the grace period.
+      await upgrade.stop(LIMITS.minMailFlushMs);
       await mailer.flush(Math.max(LIMITS.minMailFlushMs, graceEnds - Date.now()));
       if (o.pidfile) fs.rmSync(o.pidfile, { force: true });
       log.notice('stopped');

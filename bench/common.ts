@@ -23,7 +23,7 @@ export const VERBOSE_PASS = process.env.BENCH_VERBOSE === '1';
 // Scenarios and the shared hooks file
 // ---------------------------------------------------------------------------------------------
 
-export const PAYLOAD = fs.readFileSync(path.join(ROOT, 'test', 'fixtures', 'acr-push.json'), 'utf8').trim();
+export const PAYLOAD = fs.readFileSync(path.join(ROOT, 'test', 'fixtures', 'upgrade', 'acr-push.json'), 'utf8').trim();
 const REPO_FULL_NAME: string = JSON.parse(PAYLOAD).repository.repo_full_name;
 
 export const HOOKS = [

@@ -409,7 +409,7 @@ describe('the seed hook, from a directory through WEBHOOK_CMD=-template', () => 
     .replace('"/webhooks.sh"', JSON.stringify(recorderCommand(rec)))
     .replace('"/home"', JSON.stringify(rec));
   fs.writeFileSync(path.join(seedDir, 'web.json'), seed);
-  const payload = fs.readFileSync(path.join(import.meta.dirname, 'fixtures', 'acr-push.json'), 'utf8');
+  const payload = fs.readFileSync(path.join(import.meta.dirname, 'fixtures', 'upgrade', 'acr-push.json'), 'utf8');
   let wh: Webhook;
   const right = { token: TOKEN, ns: 'prod', workload: 'deployment/web', container: 'app', repo_type: 'regionalregistry', net_type: 'vpc' };
   const post = (q: Record<string, string>) => wh.request(`/hooks/web?${new URLSearchParams(q)}`, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: payload });

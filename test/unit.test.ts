@@ -90,11 +90,14 @@ describe('templates', () => {
 describe('hook compilation', () => {
   const compile = (hooks: unknown) => compileHooksFile('h.json', JSON.stringify(hooks), { commandTimeoutMs: 1000 });
   test('defaults and secrets', () => {
-    const f = compile([{ id: 'a', 'execute-command': '/bin/true', 'http-methods': [' post '], 'trigger-rule': { match: { type: 'value', value: 'tok-123456', parameter: { source: 'query', name: 'token' } } } }]);
+    const f = compile([{ id: 'a', 'execute-command': '/bin/true', 'http-methods': [' post '], 'trigger-rule': { and: [
+      { match: { type: 'value', value: 'prod-namespace', parameter: { source: 'query', name: 'ns' } } },
+      { match: { type: 'payload-hmac-sha256', secret: 'hmac-secret-1', parameter: { source: 'header', name: 'X-Sig' } } },
+    ] } }]);
     const h = f.hooks[0];
     assert.deepEqual([h.successCode, h.mismatchCode, h.methods, h.commandTimeoutMs], [200, 200, ['POST'], 1000]);
-    assert.deepEqual(f.secrets, ['tok-123456']);
-    assert.deepEqual(f.redactedParams, ['url:token']);
+    assert.deepEqual(f.secrets, ['hmac-secret-1'], 'signature secrets are scrubbed; compared routing values are not');
+    assert.deepEqual(f.redactedParams, ['url:ns'], 'but compared query parameters are redacted in the access log');
   });
   test('pass-file-to-command without envname is HOOK_ + upper-cased name', () => {
     const h = compile([{ id: 'a', 'execute-command': '/bin/true', 'pass-file-to-command': [{ source: 'payload', name: 'cfg.file' }] }]).hooks[0];

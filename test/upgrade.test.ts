@@ -1,0 +1,774 @@
+/*
+ * Tests of the upgrade sections: pure composition, validation and normalisation against real
+ * registry payloads (fixtures/), and runUpgrade against a real Kubernetes control plane (kwok
+ * fake nodes; test/cluster/cluster.ts). Each run uses a fresh namespace and deletes it after.
+ * Outside CI, the cluster tests skip when the cluster cannot start; with CI=true they fail.
+ */
+import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import * as fs from 'node:fs';
+import * as net from 'node:net';
+import * as os from 'node:os';
+import * as path from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import { fileURLToPath } from 'node:url';
+import {
+  composeImageRef, credentialsFromEnvironment, formatReport, inClusterCredentials, KubeClient, KubeConfigError, KubeError,
+  labelSelector, loadKubeconfig, normalizeImageRef, parsePushPayload, parseWorkload, planPatch, locateContainer, retryDelay,
+  rolloutStatus, runUpgrade, summarizePod, validateImageRef, WorkloadQueue, type UpgradeReport,
+} from '../webhook.ts';
+import { ensureCluster } from './cluster/cluster.ts';
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+const fixturesDir = path.join(here, 'fixtures', 'upgrade');
+const repoRoot = path.join(here, '..');
+const fixture = (name: string) => fs.readFileSync(path.join(fixturesDir, name), 'utf8');
+
+// ------------------------------------------------------------------------------------------------
+// Pure parts
+
+describe('registry payloads → image reference', () => {
+  const cases: Array<{ fixture: string; env: Record<string, string>; ref?: string; noop?: string; error?: string; note?: string }> =
+    JSON.parse(fixture('expected.json'));
+  for (const c of cases) {
+    test(`${c.fixture} with ${JSON.stringify(c.env)}`, () => {
+      const parsed = parsePushPayload(fixture(c.fixture));
+      assert.equal(parsed.kind, 'payload');
+      const got = composeImageRef(parsed.kind === 'payload' ? parsed.payload : undefined, c.env);
+      if (c.ref !== undefined) {
+        assert.equal(got.kind, 'ref', JSON.stringify(got));
+        if (got.kind === 'ref') {
+          assert.equal(got.ref, c.ref);
+          assert.deepEqual(got.notes, c.note ? [c.note] : []);
+        }
+      } else if (c.noop !== undefined) {
+        assert.deepEqual(got, { kind: 'noop', reason: c.noop });
+      } else {
+        assert.deepEqual(got, { kind: 'error', message: c.error });
+      }
+    });
+  }
+
+  const acr = (over: { tag?: unknown; name?: string; full?: string; digest?: unknown; region?: unknown }) => ({
+    push_data: { digest: over.digest ?? `sha256:${'a'.repeat(64)}`, pushed_at: '2024-05-20 10:41:07', tag: over.tag ?? 'v1' },
+    repository: { name: over.name ?? 'app', namespace: 'ns', region: over.region ?? 'cn-hangzhou', repo_full_name: over.full ?? 'ns/app' },
+  });
+  const compose = (payload: unknown, env: Record<string, string> = { REPO_TYPE: 'regionalregistry' }) => composeImageRef(payload, env);
+  const errorOf = (payload: unknown, env?: Record<string, string>) => {
+    const r = compose(payload, env);
+    assert.equal(r.kind, 'error', JSON.stringify(r));
+    return r.kind === 'error' ? r.message : '';
+  };
+
+  test('invalid tags name push_data.tag', () => {
+    assert.match(errorOf(acr({ tag: 'v 1' })), /^push_data\.tag "v 1" is not a valid tag/);
+    assert.match(errorOf(acr({ tag: '$(id)' })), /^push_data\.tag "\$\(id\)" is not a valid tag/);
+    assert.match(errorOf(acr({ tag: '-rc1' })), /^push_data\.tag "-rc1" is not a valid tag/);
+    const long = errorOf(acr({ tag: 'a'.repeat(200) }));
+    assert.match(long, /^push_data\.tag "a{80}"… is 200 characters long \(a tag has at most 128\)$/);
+    assert.equal(compose(acr({ tag: 'a'.repeat(128) })).kind, 'ref');
+    assert.match(errorOf(acr({ tag: 7 })), /^push_data\.tag must be a string, got a number$/);
+  });
+  test('an upper-case repository is refused, not lower-cased', () => {
+    const message = errorOf(acr({ full: 'ns/repoTest' }));
+    assert.match(message, /repository\.repo_full_name "ns\/repoTest" is not a valid repository name: OCI repository names are lower-case/);
+    assert.match(errorOf(acr({ full: 'ns/$(id)' })), /repository\.repo_full_name "ns\/\$\(id\)" is not a valid repository name/);
+  });
+  test('missing and malformed fields are named', () => {
+    const p = acr({});
+    delete (p.repository as Record<string, unknown>).repo_full_name;
+    assert.match(errorOf(p), /^repository\.repo_full_name is missing/);
+    assert.match(errorOf(acr({ region: 'cn hangzhou' })), /^repository\.region "cn hangzhou" is not a valid region/);
+    assert.match(errorOf({ push_data: 'x', repository: {} }), /^push_data must be an object, got a string$/);
+    assert.match(errorOf({ push_data: { tag: 'v1' }, repository: { name: 'a', namespace: 'b' } }, { REPO_TYPE: 'publicregistry' }), /^repository\.repo_name is missing/);
+    assert.match(errorOf({ push_data: { tag: 'v1' }, repository: { name: 'a', namespace: 'b' } }, { REPO_TYPE: 'custom' }), /^repository\.repo_url is missing/);
+    assert.match(errorOf({ push_data: { tag: 'v1' }, repository: { name: 'a', namespace: 'b', repo_url: 'https://bad host/' } }, { REPO_TYPE: 'custom' }), /^repository\.repo_url "https:\/\/bad host\/" does not start with a valid registry host/);
+    assert.match(errorOf(acr({}), { REPO_TYPE: 'regionalregistry', REGISTRY_HOST: 'not a host' }), /^REGISTRY_HOST "not a host" is not a valid registry host/);
+    assert.match(errorOf([1]), /^payload is not a JSON object \(got an array\)$/);
+  });
+  test('test pings are no-ops, whatever the registry', () => {
+    assert.deepEqual(compose({}, { REPO_TYPE: 'custom' }), { kind: 'noop', reason: 'test ping: the payload has no push_data.tag, repository.name, repository.namespace, so there is no pushed image' });
+    assert.equal(compose(acr({ tag: '' })).kind, 'noop');
+    assert.equal(compose(acr({ name: '' })).kind, 'noop');
+  });
+  test('digest pinning', () => {
+    assert.match(errorOf(acr({ digest: 'sha256:123' }), { REPO_TYPE: 'regionalregistry', PIN_DIGEST: 'true' }), /^push_data\.digest "sha256:123" is not a valid digest/);
+    assert.match(errorOf(acr({}), { REPO_TYPE: 'regionalregistry', PIN_DIGEST: 'maybe' }), /^PIN_DIGEST "maybe" is not a boolean/);
+    const pinned = compose(acr({}), { REPO_TYPE: 'regionalregistry', PIN_DIGEST: '1' });
+    assert.equal(pinned.kind === 'ref' && pinned.ref, `registry.cn-hangzhou.aliyuncs.com/ns/app:v1@sha256:${'a'.repeat(64)}`);
+    // An unpinned composition ignores a malformed digest it does not use.
+    assert.equal(compose(acr({ digest: 'junk' })).kind, 'ref');
+  });
+  test('custom repo_url: scheme, trailing slashes and a path prefix', () => {
+    for (const url of ['reg.example.com', 'reg.example.com/', 'http://reg.example.com', 'HTTPS://reg.example.com//']) {
+      const r = compose({ push_data: { tag: 'v1' }, repository: { repo_url: url, namespace: 'ns', name: 'app' } }, { REPO_TYPE: 'custom' });
+      assert.equal(r.kind === 'ref' && r.ref, 'reg.example.com/ns/app:v1', url);
+    }
+    const prefixed = compose({ push_data: { tag: 'v1' }, repository: { repo_url: 'https://reg.example.com/harbor-project/', namespace: 'ns', name: 'app' } }, { REPO_TYPE: 'custom' });
+    assert.equal(prefixed.kind === 'ref' && prefixed.ref, 'reg.example.com/harbor-project/ns/app:v1');
+  });
+  test('the name length limit', () => {
+    const r = errorOf({ push_data: { tag: 'v1' }, repository: { repo_url: 'reg.example.com', namespace: 'n'.repeat(200), name: 'a'.repeat(60) } }, { REPO_TYPE: 'custom' });
+    assert.match(r, /^image name "reg\.example\.com\/n+"… is 277 characters long \(at most 255\)$/);
+  });
+  test('parsePushPayload', () => {
+    assert.match((parsePushPayload('') as { message: string }).message, /^payload is empty: argument 1 must be the request body/);
+    assert.match((parsePushPayload(undefined) as { message: string }).message, /^payload is empty/);
+    assert.match((parsePushPayload('{"push_data":') as { message: string }).message, /^payload is not JSON: /);
+    assert.match((parsePushPayload('tag=v1') as { message: string }).message, /^payload is not JSON: /);
+    assert.deepEqual(parsePushPayload('"x"'), { kind: 'error', message: 'payload is not a JSON object (got a string)' });
+  });
+});
+
+describe('validateImageRef', () => {
+  const valid = ['nginx', 'nginx:1', 'library/nginx:1.25-alpine', 'docker.io/library/nginx:latest', 'localhost:5000/a/b:c',
+    'localhost/app', '[::1]:5000/app:v1', 'Registry.Example.COM/ns/app:V1_x', 'a.b/c--d/e__f/g.h:tag', `app@sha256:${'b'.repeat(64)}`,
+    `reg.io/app:v1@sha256:${'c'.repeat(64)}`, '192.168.0.1:5000/ns/app:v1'];
+  for (const ref of valid) test(`accepts ${ref}`, () => assert.equal(validateImageRef(ref).ok, true, JSON.stringify(validateImageRef(ref))));
+  const invalid: Array<[string, RegExp]> = [
+    ['reg.io/ns/app:v 1', /tag "v 1" is not a valid tag/],
+    ['reg.io/ns/app:$(id)', /tag "\$\(id\)" is not a valid tag/],
+    ['reg.io/ns/repoTest:v1', /repository "ns\/repoTest" is not a valid repository name: OCI repository names are lower-case/],
+    ['Namespace/app:v1', /repository "Namespace\/app" is not a valid repository name: OCI repository names are lower-case/],
+    [`app:${'x'.repeat(200)}`, /is 200 characters long \(a tag has at most 128\)/],
+    ['app@sha256:abc', /digest "sha256:abc" is not valid/],
+    [`app@md5:${'a'.repeat(32)}`, /digest "md5:a+" is not valid/],
+    ['reg.io//app', /empty path component/],
+    ['-bad.io:x/app', /registry host "-bad\.io:x" is not a valid registry host/],
+    ['', /is empty/],
+    [`reg.io/${'a'.repeat(250)}`, /the name is 257 characters long \(at most 255\)/],
+    ['app_/x', /"app_" must be lower-case letters and digits/],
+  ];
+  for (const [ref, message] of invalid) test(`refuses ${JSON.stringify(ref.slice(0, 40))}`, () => {
+    const r = validateImageRef(ref);
+    assert.equal(r.ok, false);
+    assert.match(r.ok ? '' : r.message, message);
+  });
+});
+
+describe('normalizeImageRef', () => {
+  const same: Array<[string, string]> = [
+    ['nginx:1', 'docker.io/library/nginx:1'],
+    ['nginx', 'nginx:latest'],
+    ['nginx', 'docker.io/library/nginx:latest'],
+    ['index.docker.io/library/nginx:1', 'nginx:1'],
+    ['shopteam/web-api:v2', 'docker.io/shopteam/web-api:v2'],
+    ['REGISTRY.cn-hangzhou.aliyuncs.com/shop/app:v1', 'registry.cn-hangzhou.aliyuncs.com/shop/app:v1'],
+  ];
+  for (const [a, b] of same) test(`${a} ≡ ${b}`, () => assert.equal(normalizeImageRef(a), normalizeImageRef(b)));
+  const different: Array<[string, string]> = [
+    ['nginx:1', 'nginx:1.0'],
+    ['registry.cn-hangzhou.aliyuncs.com/shop/app:v1', 'registry-vpc.cn-hangzhou.aliyuncs.com/shop/app:v1'],
+    ['app:v1', `app:v1@sha256:${'a'.repeat(64)}`],
+    ['localhost/app:v1', 'app:v1'],
+  ];
+  for (const [a, b] of different) test(`${a} ≢ ${b}`, () => assert.notEqual(normalizeImageRef(a), normalizeImageRef(b)));
+  test('canonical form', () => {
+    assert.equal(normalizeImageRef('nginx'), 'docker.io/library/nginx:latest');
+    assert.equal(normalizeImageRef(`nginx@sha256:${'a'.repeat(64)}`), `docker.io/library/nginx@sha256:${'a'.repeat(64)}`);
+    assert.equal(normalizeImageRef('Not A Ref'), 'Not A Ref');
+  });
+});
+
+describe('workloads', () => {
+  test('kinds, plurals, short names, groups, any case', () => {
+    for (const [text, kind] of [['deployment/web', 'deployment'], ['Deployments/web', 'deployment'], ['DEPLOY/web', 'deployment'],
+      ['deployments.apps/web', 'deployment'], ['ds/agent', 'daemonset'], ['DaemonSet/agent', 'daemonset'], ['sts/db', 'statefulset'],
+      ['statefulsets/db', 'statefulset'], ['cj/nightly', 'cronjob'], ['CronJobs.batch/nightly', 'cronjob']] as const) {
+      assert.deepEqual(parseWorkload(text), { kind, name: text.split('/')[1] }, text);
+    }
+  });
+  test('errors', () => {
+    assert.throws(() => parseWorkload('pod/web'), /APP_WORKLOAD "pod\/web": unknown kind "pod" \(use deployment, daemonset, statefulset or cronjob/);
+    assert.throws(() => parseWorkload('web'), /APP_WORKLOAD "web" must be <kind>\/<name>/);
+    assert.throws(() => parseWorkload('deployment/Web'), /"Web" is not a valid deployment name/);
+    assert.throws(() => parseWorkload('deployments.batch/web'), /unknown kind "deployments\.batch"/);
+    assert.throws(() => parseWorkload(undefined), /APP_WORKLOAD is not set/);
+  });
+  test('planPatch tests name and image, touches one container, creates absent maps safely', () => {
+    const obj = { metadata: { name: 'w' }, spec: { template: { metadata: { labels: { a: 'b' } }, spec: { containers: [{ name: 'app-sidecar', image: 's:1' }, { name: 'app', image: 'a:1' }] } } } };
+    const located = locateContainer(obj.spec.template.spec, 'app')!;
+    assert.deepEqual(located, { list: 'containers', index: 1, image: 'a:1', pullPolicy: undefined });
+    assert.deepEqual(planPatch(obj, 'deployment', 'app', located, { image: 'a:2', changeCause: 'why' }), [
+      { op: 'test', path: '/spec/template/spec/containers/1/name', value: 'app' },
+      { op: 'test', path: '/spec/template/spec/containers/1/image', value: 'a:1' },
+      { op: 'replace', path: '/spec/template/spec/containers/1/image', value: 'a:2' },
+      { op: 'test', path: '/metadata/annotations', value: null },
+      { op: 'add', path: '/metadata/annotations', value: { 'kubernetes.io/change-cause': 'why' } },
+    ]);
+    const withAnnotations = { ...obj, metadata: { name: 'w', annotations: { x: 'y' } } };
+    assert.deepEqual(planPatch(withAnnotations, 'deployment', 'app', located, { pullAlways: true, restartedAt: 'T', changeCause: 'why' }).slice(2), [
+      { op: 'add', path: '/spec/template/spec/containers/1/imagePullPolicy', value: 'Always' },
+      { op: 'test', path: '/spec/template/metadata/annotations', value: null },
+      { op: 'add', path: '/spec/template/metadata/annotations', value: { 'kubectl.kubernetes.io/restartedAt': 'T' } },
+      { op: 'add', path: '/metadata/annotations/kubernetes.io~1change-cause', value: 'why' },
+    ]);
+    const cron = { spec: { jobTemplate: { spec: { template: { spec: { initContainers: [{ name: 'app', image: 'a:1', imagePullPolicy: 'Always' }], containers: [] } } } } } };
+    const l = locateContainer(cron.spec.jobTemplate.spec.template.spec, 'app')!;
+    assert.deepEqual(planPatch(cron, 'cronjob', 'app', l, { pullAlways: true, changeCause: 'c' }).map((o) => o.path), [
+      '/spec/jobTemplate/spec/template/spec/initContainers/0/name', '/spec/jobTemplate/spec/template/spec/initContainers/0/image',
+      '/metadata', '/metadata',
+    ]);
+  });
+  test('labelSelector', () => {
+    assert.equal(labelSelector({ matchLabels: { app: 'web', tier: 'fe' }, matchExpressions: [
+      { key: 'env', operator: 'In', values: ['a', 'b'] }, { key: 'x', operator: 'NotIn', values: ['c'] },
+      { key: 'y', operator: 'Exists' }, { key: 'z', operator: 'DoesNotExist' }] }), 'app=web,tier=fe,env in (a,b),x notin (c),y,!z');
+  });
+});
+
+describe('rollout status by kubectl rules', () => {
+  const dep = (status: Record<string, unknown>, generation = 2, replicas = 2) => ({ metadata: { generation }, spec: { replicas }, status: { observedGeneration: 2, ...status } });
+  test('deployment', () => {
+    assert.deepEqual(rolloutStatus('deployment', dep({}, 3)), { state: 'waiting', message: 'waiting for the deployment controller to observe the change' });
+    assert.deepEqual(rolloutStatus('deployment', dep({ updatedReplicas: 1, replicas: 3, availableReplicas: 1 })), { state: 'waiting', message: '1 of 2 pods updated' });
+    assert.deepEqual(rolloutStatus('deployment', dep({ updatedReplicas: 2, replicas: 3, availableReplicas: 2 })), { state: 'waiting', message: '1 old pod pending termination' });
+    assert.deepEqual(rolloutStatus('deployment', dep({ updatedReplicas: 2, replicas: 2, availableReplicas: 1 })), { state: 'waiting', message: '1 of 2 updated pods available' });
+    assert.deepEqual(rolloutStatus('deployment', dep({ updatedReplicas: 2, replicas: 2, availableReplicas: 2 })), { state: 'done', message: '2/2 pods updated and available' });
+    const stuck = dep({ conditions: [{ type: 'Progressing', status: 'False', reason: 'ProgressDeadlineExceeded', message: 'ReplicaSet "w-1" has timed out progressing.' }] });
+    assert.deepEqual(rolloutStatus('deployment', stuck), { state: 'failed', message: 'ProgressDeadlineExceeded: ReplicaSet "w-1" has timed out progressing.' });
+  });
+  test('daemonset', () => {
+    const ds = (s: Record<string, unknown>, strategy = 'RollingUpdate') => ({ metadata: { generation: 1 }, spec: { updateStrategy: { type: strategy } }, status: { observedGeneration: 1, ...s } });
+    assert.equal(rolloutStatus('daemonset', ds({ desiredNumberScheduled: 2, updatedNumberScheduled: 1, numberAvailable: 2 })).message, '1 of 2 pods updated');
+    assert.equal(rolloutStatus('daemonset', ds({ desiredNumberScheduled: 2, updatedNumberScheduled: 2, numberAvailable: 1 })).message, '1 of 2 updated pods available');
+    assert.equal(rolloutStatus('daemonset', ds({ desiredNumberScheduled: 2, updatedNumberScheduled: 2, numberAvailable: 2 })).state, 'done');
+    assert.equal(rolloutStatus('daemonset', ds({}, 'OnDelete')).state, 'untracked');
+  });
+  test('statefulset', () => {
+    const sts = (s: Record<string, unknown>, partition?: number) => ({ metadata: { generation: 1 }, spec: { replicas: 3, updateStrategy: { type: 'RollingUpdate', rollingUpdate: partition === undefined ? undefined : { partition } } }, status: { observedGeneration: 1, ...s } });
+    assert.equal(rolloutStatus('statefulset', { ...sts({}), status: { observedGeneration: 0 } }).state, 'waiting');
+    assert.equal(rolloutStatus('statefulset', sts({ readyReplicas: 2 })).message, '2 of 3 pods ready');
+    assert.equal(rolloutStatus('statefulset', sts({ readyReplicas: 3, updatedReplicas: 1, currentRevision: 'a', updateRevision: 'b' })).state, 'waiting');
+    assert.equal(rolloutStatus('statefulset', sts({ readyReplicas: 3, updatedReplicas: 3, currentRevision: 'b', updateRevision: 'b' })).state, 'done');
+    assert.deepEqual(rolloutStatus('statefulset', sts({ readyReplicas: 3, updatedReplicas: 1 }, 2)), { state: 'done', message: '1/1 pods updated (partition 2)' });
+    assert.equal(rolloutStatus('statefulset', sts({ readyReplicas: 3, updatedReplicas: 0 }, 2)).state, 'waiting');
+  });
+  test('cronjob is not tracked', () => assert.equal(rolloutStatus('cronjob', {}).state, 'untracked'));
+  test('pod summary shows no env, command or message', () => {
+    const pod = {
+      metadata: { name: 'web-1' },
+      spec: { containers: [{ name: 'app', image: 'a:2', env: [{ name: 'PASSWORD', value: 'hunter2-secret' }], command: ['--token=abc'] }] },
+      status: { phase: 'Running', conditions: [{ type: 'Ready', status: 'False' }], containerStatuses: [
+        { name: 'app', image: 'a:2', ready: false, restartCount: 3, state: { waiting: { reason: 'CrashLoopBackOff', message: 'back-off; PASSWORD=hunter2-secret' } } }] },
+    };
+    const s = summarizePod(pod, 'app');
+    assert.deepEqual(s, { name: 'web-1', phase: 'Running', ready: false, image: 'a:2', restarts: 3, reason: 'CrashLoopBackOff' });
+    assert.doesNotMatch(JSON.stringify(s), /hunter2|token/);
+    const pending = { metadata: { name: 'web-2', deletionTimestamp: undefined }, spec: { containers: [{ name: 'app', image: 'a:2' }] },
+      status: { phase: 'Pending', conditions: [{ type: 'PodScheduled', status: 'False', reason: 'Unschedulable' }] } };
+    assert.deepEqual(summarizePod(pending, 'app'), { name: 'web-2', phase: 'Pending', ready: false, image: 'a:2', restarts: 0, reason: 'Unschedulable' });
+    assert.equal(summarizePod({ ...pod, metadata: { name: 'web-1', deletionTimestamp: '2030-01-01T00:00:00Z' } }, 'app').phase, 'Terminating');
+  });
+});
+
+describe('retry policy', () => {
+  test('transient failures back off exponentially within the budget', () => {
+    assert.equal(retryDelay({ verb: 'get', code: 'ECONNREFUSED' }, 0, 20_000), 200);
+    assert.equal(retryDelay({ verb: 'get', code: 'ECONNRESET' }, 3, 20_000), 1_600);
+    assert.equal(retryDelay({ verb: 'get', status: 503 }, 10, 20_000), 5_000);
+    assert.equal(retryDelay({ verb: 'get', status: 503 }, 10, 4_000), undefined);
+    assert.equal(retryDelay({ verb: 'patch', status: 409 }, 0, 20_000), 200);
+    assert.equal(retryDelay({ verb: 'get', status: 429, retryAfterSeconds: 3 }, 0, 20_000), 3_000);
+    assert.equal(retryDelay({ verb: 'get', status: 429, retryAfterSeconds: 30 }, 0, 20_000), undefined);
+  });
+  test('permanent failures are not retried', () => {
+    for (const status of [400, 401, 403, 404, 422]) assert.equal(retryDelay({ verb: 'patch', status }, 0, 20_000), undefined, String(status));
+    assert.equal(retryDelay({ verb: 'create', status: 409 }, 0, 20_000), undefined);
+    assert.equal(retryDelay({ verb: 'get', code: 'CERT_HAS_EXPIRED' }, 0, 20_000), undefined);
+  });
+});
+
+describe('kubeconfig and in-cluster credentials', () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'kubeconfig-'));
+  after(() => fs.rmSync(dir, { recursive: true, force: true }));
+  const secret = 'sEcReT-token-' + randomBytes(8).toString('hex');
+  const write = (name: string, config: unknown) => {
+    const file = path.join(dir, name);
+    fs.writeFileSync(file, typeof config === 'string' ? config : JSON.stringify(config));
+    return file;
+  };
+  const base = (user: Record<string, unknown>) => ({
+    'current-context': 'c',
+    contexts: [{ name: 'c', context: { cluster: 'k', user: 'u', namespace: 'prod' } }],
+    clusters: [{ name: 'k', cluster: { server: 'https://10.0.0.1:6443/k8s/clusters/c-abc/', 'certificate-authority': 'ca.pem' } }],
+    users: [{ name: 'u', user }],
+  });
+  fs.writeFileSync(path.join(dir, 'ca.pem'), 'CA');
+  test('token, CA file relative to the kubeconfig, path prefix kept', () => {
+    const c = loadKubeconfig(write('token.json', base({ token: secret })));
+    assert.equal(c.server, 'https://10.0.0.1:6443/k8s/clusters/c-abc');
+    assert.equal(c.ca?.toString(), 'CA');
+    assert.equal(c.namespace, 'prod');
+    assert.equal(c.token, secret);
+    assert.doesNotMatch(c.source, new RegExp(secret));
+  });
+  test('tokenFile and client certificate files', () => {
+    fs.writeFileSync(path.join(dir, 'tok'), secret);
+    assert.equal(loadKubeconfig(write('tf.json', base({ tokenFile: 'tok' }))).tokenFile, path.join(dir, 'tok'));
+    fs.writeFileSync(path.join(dir, 'c.pem'), 'C');
+    fs.writeFileSync(path.join(dir, 'k.pem'), 'K');
+    const c = loadKubeconfig(write('cert.json', base({ 'client-certificate': 'c.pem', 'client-key': 'k.pem' })));
+    assert.equal(c.cert?.toString(), 'C');
+    assert.equal(c.key?.toString(), 'K');
+  });
+  test('errors name the place and never the content', () => {
+    const yaml = write('yaml', `apiVersion: v1\nusers:\n- name: u\n  user:\n    token: ${secret}\n`);
+    assert.throws(() => loadKubeconfig(yaml), (e: Error) => e instanceof KubeConfigError && /not JSON; this program reads JSON kubeconfigs/.test(e.message) && !e.message.includes(secret));
+    assert.throws(() => loadKubeconfig(write('exec.json', base({ exec: { command: 'aws' } }))), /users\["u"\]\.user\.exec is not supported/);
+    assert.throws(() => loadKubeconfig(write('nouser.json', base({}))), /users\["u"\]\.user: no credentials/);
+    assert.throws(() => loadKubeconfig(write('noctx.json', { ...base({ token: secret }), 'current-context': 'x' })), /contexts: no entry named "x"/);
+    assert.throws(() => loadKubeconfig(path.join(dir, 'missing.json')), /cannot read it \(ENOENT\)/);
+    assert.throws(() => loadKubeconfig(write('half.json', base({ 'client-certificate-data': 'QQ==' }))), /client-certificate and client-key must be given together/);
+  });
+  test('precedence: flag, KUBECONFIG, service account', () => {
+    const a = write('a.json', base({ token: 'a' }));
+    const b = write('b.json', base({ token: 'b' }));
+    assert.equal(credentialsFromEnvironment({ KUBECONFIG: b }, a).token, 'a');
+    assert.equal(credentialsFromEnvironment({ KUBECONFIG: b }).token, 'b');
+    assert.throws(() => credentialsFromEnvironment({}), /not running in a pod \(KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT are not set\)/);
+    assert.throws(() => credentialsFromEnvironment({ KUBECONFIG: `${a}:${b}` }), /lists several files/);
+  });
+  test('in-cluster', () => {
+    const sa = path.join(dir, 'sa');
+    fs.mkdirSync(sa);
+    assert.throws(() => inClusterCredentials({ KUBERNETES_SERVICE_HOST: '10.0.0.1', KUBERNETES_SERVICE_PORT: '443' }, sa), /cannot read .*token \(ENOENT\): is automountServiceAccountToken disabled/);
+    fs.writeFileSync(path.join(sa, 'token'), secret);
+    fs.writeFileSync(path.join(sa, 'ca.crt'), 'CA');
+    fs.writeFileSync(path.join(sa, 'namespace'), 'cattle-system\n');
+    const c = inClusterCredentials({ KUBERNETES_SERVICE_HOST: 'fd00::1', KUBERNETES_SERVICE_PORT: '443' }, sa);
+    assert.equal(c.server, 'https://[fd00::1]:443');
+    assert.equal(c.namespace, 'cattle-system');
+    assert.equal(c.token, undefined, 'the token is read per request, not kept');
+  });
+});
+
+describe('output and ordering', () => {
+  test('the report format is stable', () => {
+    const report: UpgradeReport = {
+      namespace: 'prod', workload: 'deployment/web', container: 'app', imageBefore: 'r.io/ns/app:v1', imageAfter: 'r.io/ns/app:v2',
+      action: 'image updated', changed: true, result: 'failed', error: 'the rollout failed (see rollout)', notes: ['event not recorded: x'],
+      rollout: { state: 'failed', detail: 'pods not ready: web-1 CrashLoopBackOff', pods: [
+        { name: 'web-1', phase: 'Running', ready: false, image: 'r.io/ns/app:v2', restarts: 1, reason: 'CrashLoopBackOff' },
+        { name: 'web-0', phase: 'Running', ready: true, image: 'r.io/ns/app:v1', restarts: 0 }] },
+    };
+    assert.equal(formatReport(report), [
+      'workload:     deployment/web in namespace prod',
+      'container:    app',
+      'image before: r.io/ns/app:v1',
+      'image after:  r.io/ns/app:v2',
+      'action:       image updated',
+      'result:       failed: the rollout failed (see rollout)',
+      'rollout:      failed: pods not ready: web-1 CrashLoopBackOff',
+      'pod web-1: Running, not ready, image r.io/ns/app:v2, restarts 1, CrashLoopBackOff',
+      'pod web-0: Running, ready, image r.io/ns/app:v1, restarts 0',
+      'note:         event not recorded: x',
+      '',
+    ].join('\n'));
+  });
+  test('WorkloadQueue runs one key in arrival order, other keys in parallel', async () => {
+    const q = new WorkloadQueue();
+    const log: string[] = [];
+    const task = (name: string, ms: number, fail = false) => async () => {
+      log.push(`start ${name}`);
+      await new Promise((r) => setTimeout(r, ms));
+      log.push(`end ${name}`);
+      if (fail) throw new Error(name);
+      return name;
+    };
+    const results = await Promise.allSettled([q.run('a', task('a1', 30, true)), q.run('a', task('a2', 1)), q.run('b', task('b1', 5)), q.run('a', task('a3', 1))]);
+    assert.deepEqual(results.map((r) => r.status), ['rejected', 'fulfilled', 'fulfilled', 'fulfilled']);
+    assert.deepEqual(log.filter((l) => /a\d/.test(l)), ['start a1', 'end a1', 'start a2', 'end a2', 'start a3', 'end a3']);
+    assert.ok(log.indexOf('end b1') < log.indexOf('end a1'), 'b does not wait for a');
+  });
+  test('WorkloadQueue remembers pushes for the window only', () => {
+    let now = 1_000;
+    const q = new WorkloadQueue(60_000, () => now);
+    q.remember('k');
+    now += 59_000;
+    assert.equal(q.appliedAgo('k'), 59_000);
+    now += 2_000;
+    assert.equal(q.appliedAgo('k'), undefined);
+  });
+  test('invalid input fails before any API call', async () => {
+    // A client that cannot connect: any request would fail with a connection error instead.
+    const client = new KubeClient({ server: 'https://127.0.0.1:1', source: 'test' }, { retryBudgetMs: 0 });
+    const env = { APP_NS: 'prod', APP_WORKLOAD: 'deployment/web', APP_CONTAINER: 'app', REPO_TYPE: 'regionalregistry' };
+    const r = await runUpgrade([fixture('acr-push.json')], env, { client });
+    assert.equal(r.exitCode, 1);
+    assert.match(r.output, /^result: +failed: repository\.repo_full_name "namespace\/repoTest" is not a valid repository name/m);
+    const ping = await runUpgrade([fixture('dockerhub-test-ping.json')], { ...env, REPO_TYPE: 'publicregistry' }, { client });
+    assert.equal(ping.exitCode, 0);
+    assert.match(ping.output, /^action: +none \(test ping: /m);
+    assert.match(ping.output, /^result: +ok$/m);
+    const bad = await runUpgrade(['{}'], { ...env, APP_WORKLOAD: 'pod/web' }, { client });
+    assert.match(bad.output, /^action: +none \(nothing was changed\)\nresult: +failed: APP_WORKLOAD "pod\/web": unknown kind "pod"/m);
+    assert.equal((await runUpgrade(['{}'], { ...env, APP_NS: '' }, { client })).report.error, 'APP_NS is not set (the hook passes it from the URL parameter ns)');
+    assert.match((await runUpgrade(['{}'], { ...env, ROLLOUT_TIMEOUT: '5 minutes' }, { client })).report.error!, /^ROLLOUT_TIMEOUT "5 minutes" is not a duration/);
+    client.close();
+  });
+});
+
+// ------------------------------------------------------------------------------------------------
+// On a real cluster
+
+const cluster = await ensureCluster().catch((e: Error) => {
+  if (process.env.CI) throw e;
+  process.stderr.write(`# cluster unavailable, skipping cluster tests: ${e.message}\n`);
+  return undefined;
+});
+
+describe('upgrade on a real cluster', { skip: cluster ? false : 'no cluster' }, () => {
+  const ns = `upgrade-${randomBytes(4).toString('hex')}`;
+  let client: KubeClient;
+  const kubectl = (args: string[], input?: string): Promise<string> => new Promise((resolve, reject) => {
+    const child = execFile(cluster!.kubectl, ['--kubeconfig', cluster!.kubeconfigPath, ...args], { maxBuffer: 64 << 20 }, (error, stdout, stderr) => {
+      if (error) reject(new Error(`kubectl ${args.join(' ')}: ${stderr || error.message}`));
+      else resolve(stdout);
+    });
+    if (input !== undefined) child.stdin!.end(input);
+  });
+  const getJson = async (what: string): Promise<any> => JSON.parse(await kubectl(['-n', ns, 'get', what, '-o', 'json', '--show-managed-fields']));
+  const apply = (obj: unknown) => kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(obj));
+  const podTemplate = (labels: Record<string, string>, containers: unknown[]) => ({ metadata: { labels }, spec: { containers, terminationGracePeriodSeconds: 0 } });
+  const deployment = (name: string, containers: unknown[], extra: Record<string, unknown> = {}, labels: Record<string, string> = {}) => ({
+    apiVersion: 'apps/v1', kind: 'Deployment', metadata: { name },
+    spec: { replicas: 2, selector: { matchLabels: { app: name } }, template: podTemplate({ app: name, ...labels }, containers), ...extra },
+  });
+  const acrPayload = (tag: string, repo = 'shop/web-api', extra: Record<string, unknown> = {}) => JSON.stringify({
+    push_data: { digest: `sha256:${randomBytes(32).toString('hex')}`, pushed_at: new Date().toISOString(), tag, ...extra },
+    repository: { name: repo.split('/')[1], namespace: repo.split('/')[0], region: 'cn-hangzhou', repo_full_name: repo, repo_type: 'PRIVATE' },
+  });
+  const env = (workload: string, container = 'app', more: Record<string, string> = {}) => ({ APP_NS: ns, APP_WORKLOAD: workload, APP_CONTAINER: container, REPO_TYPE: 'regionalregistry', ...more });
+  const image = (tag: string) => `registry.cn-hangzhou.aliyuncs.com/shop/web-api:${tag}`;
+  const containerImage = (obj: any, name: string, template = obj.spec.template) => template.spec.containers.find((c: any) => c.name === name)?.image;
+  const events = async (name: string) => (await getJson('events')).items.filter((e: any) => e.involvedObject.name === name);
+
+  before(async () => {
+    await kubectl(['create', 'namespace', ns]);
+    client = new KubeClient(loadKubeconfig(cluster!.kubeconfigPath));
+    await apply({ apiVersion: 'v1', kind: 'List', items: [
+      deployment('web', [{ name: 'app-sidecar', image: 'busybox:1.36' }, { name: 'app', image: image('v1') }]),
+      { apiVersion: 'apps/v1', kind: 'DaemonSet', metadata: { name: 'agent' },
+        spec: { selector: { matchLabels: { app: 'agent' } }, template: podTemplate({ app: 'agent' }, [{ name: 'app', image: 'shopteam/web-api:v1' }]) } },
+      { apiVersion: 'apps/v1', kind: 'StatefulSet', metadata: { name: 'db' },
+        spec: { replicas: 2, serviceName: 'db', selector: { matchLabels: { app: 'db' } }, template: podTemplate({ app: 'db' }, [{ name: 'app', image: 'harbor.example.com:8443/shop/web-api:1.4.1' }]) } },
+      { apiVersion: 'batch/v1', kind: 'CronJob', metadata: { name: 'nightly' },
+        spec: { schedule: '0 3 * * *', jobTemplate: { spec: { template: { spec: { restartPolicy: 'OnFailure', initContainers: [{ name: 'migrate', image: image('v1') }], containers: [{ name: 'app', image: image('v1') }] } } } } } },
+      deployment('broken', [{ name: 'app', image: image('v1') }], { progressDeadlineSeconds: 3, replicas: 1 }, { 'webhook-test/unready': 'true' }),
+      { apiVersion: 'apps/v1', kind: 'DaemonSet', metadata: { name: 'crashing' },
+        spec: { selector: { matchLabels: { app: 'crashing' } }, template: podTemplate({ app: 'crashing', 'webhook-test/unready': 'true' }, [{ name: 'app', image: image('v1') }]) } },
+      deployment('busy', [{ name: 'app', image: image('v0') }], { replicas: 1 }),
+      // No pods, so nothing but a spec change moves its resourceVersion once it has settled.
+      deployment('still', [{ name: 'app-sidecar', image: 'busybox:1.36' }, { name: 'app', image: image('v1') }], { replicas: 0 }),
+    ] });
+    for (const w of ['deployment/web', 'daemonset/agent', 'statefulset/db', 'deployment/busy', 'deployment/still']) await kubectl(['-n', ns, 'rollout', 'status', w, '--timeout=90s']);
+  });
+  after(async () => {
+    client?.close();
+    if (!process.env.KEEP_NAMESPACE) await kubectl(['delete', 'namespace', ns, '--wait=false']).catch(() => undefined);
+  });
+
+  test('deployment: only the named container changes; change-cause, event, field manager; rollout completes', async () => {
+    const r = await runUpgrade([acrPayload('v2')], env('deployment/web', 'app', { ROLLOUT_TIMEOUT: '60s' }), { client, hookId: 'redeploy', requestId: 'req-42' });
+    assert.equal(r.exitCode, 0, r.output);
+    const lines = r.output.split('\n');
+    assert.deepEqual(lines.slice(0, 7), [
+      `workload:     deployment/web in namespace ${ns}`,
+      'container:    app',
+      `image before: ${image('v1')}`,
+      `image after:  ${image('v2')}`,
+      'action:       image updated',
+      'result:       ok',
+      'rollout:      complete (2/2 pods updated and available)',
+    ]);
+    assert.equal(lines.filter((l) => /^pod web-\S+: Running, ready, image registry\.cn-hangzhou\.aliyuncs\.com\/shop\/web-api:v2, restarts 0$/.test(l)).length, 2, r.output);
+    const d = await getJson('deployment/web');
+    assert.equal(containerImage(d, 'app'), image('v2'));
+    assert.equal(containerImage(d, 'app-sidecar'), 'busybox:1.36');
+    assert.equal(d.metadata.annotations['kubernetes.io/change-cause'], `webhook: set app image to ${image('v2')} (hook "redeploy", request req-42)`);
+    assert.ok(d.metadata.managedFields.some((f: any) => f.manager === 'webhook' && f.operation === 'Update'));
+    const ev = (await events('web')).find((e: any) => e.reason === 'ImageUpdated');
+    assert.equal(ev?.message, `container app: image ${image('v1')} → ${image('v2')}; asked by hook "redeploy", request req-42`);
+    assert.equal(ev?.involvedObject.uid, d.metadata.uid);
+    assert.ok((await events('web')).some((e: any) => e.reason === 'RolloutComplete'));
+    assert.equal(r.report.target?.uid, d.metadata.uid);
+  });
+
+  test('same image: rollout restarted, Always, restartedAt; not waited for by default', async () => {
+    const before = await getJson('deployment/web');
+    const now = new Date('2030-01-02T03:04:05.678Z');
+    const r = await runUpgrade([acrPayload('v2')], env('deployment/web'), { client, now: () => now });
+    assert.equal(r.exitCode, 0, r.output);
+    assert.match(r.output, /^action: +rollout restarted \(same image re-pulled\)$/m);
+    assert.match(r.output, /^rollout: +progressing \(not waited for: ROLLOUT_TIMEOUT is 0\)$/m);
+    const d = await getJson('deployment/web');
+    assert.equal(d.spec.template.metadata.annotations['kubectl.kubernetes.io/restartedAt'], '2030-01-02T03:04:05Z');
+    const app = d.spec.template.spec.containers.find((c: any) => c.name === 'app');
+    const sidecar = d.spec.template.spec.containers.find((c: any) => c.name === 'app-sidecar');
+    assert.equal(app.imagePullPolicy, 'Always');
+    assert.equal(sidecar.imagePullPolicy, before.spec.template.spec.containers.find((c: any) => c.name === 'app-sidecar').imagePullPolicy);
+    assert.equal(d.metadata.generation, before.metadata.generation + 1);
+    assert.ok((await events('web')).some((e: any) => e.reason === 'RolloutRestarted'));
+    await kubectl(['-n', ns, 'rollout', 'status', 'deployment/web', '--timeout=60s']);
+  });
+
+  test('image comparison is normalised: docker.io/library/nginx:1 equals nginx:1', async () => {
+    await apply(deployment('plain', [{ name: 'app', image: 'nginx:1' }], { replicas: 1 }));
+    const payload = JSON.stringify({ push_data: { tag: '1' }, repository: { repo_url: 'https://docker.io/', namespace: 'library', name: 'nginx' } });
+    const r = await runUpgrade([payload], env('deploy/plain', 'app', { REPO_TYPE: 'custom' }), { client });
+    assert.match(r.output, /^action: +rollout restarted \(same image re-pulled\)$/m, r.output);
+    assert.equal(containerImage(await getJson('deployment/plain'), 'app'), 'nginx:1');
+  });
+
+  test('daemonset from a Docker Hub push', async () => {
+    const r = await runUpgrade([fixture('dockerhub-push.json')], env('DS/agent', 'app', { REPO_TYPE: 'publicregistry', ROLLOUT_TIMEOUT: '60s' }), { client });
+    assert.equal(r.exitCode, 0, r.output);
+    assert.match(r.output, /^image after: +shopteam\/web-api:v2\.3\.1$/m);
+    assert.match(r.output, /^rollout: +complete \(2\/2 pods updated and available\)$/m);
+    assert.equal(containerImage(await getJson('daemonset/agent'), 'app'), 'shopteam/web-api:v2.3.1');
+    assert.doesNotMatch(r.output, /Lorem|rm -rf/);
+  });
+
+  test('statefulset from a build job (custom)', async () => {
+    const r = await runUpgrade([fixture('custom-push.json')], env('statefulsets/db', 'app', { REPO_TYPE: 'custom', ROLLOUT_TIMEOUT: '90s' }), { client });
+    assert.equal(r.exitCode, 0, r.output);
+    assert.match(r.output, /^rollout: +complete \(2\/2 pods updated and ready\)$/m);
+    assert.equal(containerImage(await getJson('statefulset/db'), 'app'), 'harbor.example.com:8443/shop/web-api:1.4.2');
+  });
+
+  test('cronjob: the job template changes; nothing to follow', async () => {
+    const r = await runUpgrade([acrPayload('v2')], env('cj/nightly', 'app', { NET_TYPE: 'vpc', ROLLOUT_TIMEOUT: '30s' }), { client });
+    assert.equal(r.exitCode, 0, r.output);
+    assert.match(r.output, /^rollout: +not tracked \(cronjob: the next run uses the new image\)$/m);
+    const cj = await getJson('cronjob/nightly');
+    const tpl = cj.spec.jobTemplate.spec.template;
+    assert.equal(containerImage(cj, 'app', tpl), 'registry-vpc.cn-hangzhou.aliyuncs.com/shop/web-api:v2');
+    assert.equal(tpl.spec.initContainers[0].image, image('v1'));
+    // An init container is found when no regular container has the name.
+    const init = await runUpgrade([acrPayload('v3')], env('cj/nightly', 'migrate'), { client });
+    assert.equal(init.exitCode, 0, init.output);
+    assert.equal((await getJson('cronjob/nightly')).spec.jobTemplate.spec.template.spec.initContainers[0].image, image('v3'));
+    const same = await runUpgrade([acrPayload('v3')], env('cj/nightly', 'migrate'), { client });
+    assert.match(same.output, /^action: +next run re-pulls the image \(same image; imagePullPolicy: Always\)$/m);
+    assert.equal((await getJson('cronjob/nightly')).spec.jobTemplate.spec.template.spec.initContainers[0].imagePullPolicy, 'Always');
+  });
+
+  test('digest pinning, and the same digest again changes nothing', async () => {
+    const payload = acrPayload('v5');
+    const digest = JSON.parse(payload).push_data.digest;
+    const r = await runUpgrade([payload], env('deployment/busy', 'app', { PIN_DIGEST: 'true' }), { client });
+    assert.equal(r.exitCode, 0, r.output);
+    assert.equal(containerImage(await getJson('deployment/busy'), 'app'), `${image('v5')}@${digest}`);
+    // The generation counts spec changes (the resourceVersion also moves with rollout status).
+    const generation = (await getJson('deployment/busy')).metadata.generation;
+    const again = await runUpgrade([payload], env('deployment/busy', 'app', { PIN_DIGEST: 'true' }), { client });
+    assert.equal(again.exitCode, 0);
+    assert.match(again.output, /^action: +none \(already running this digest\)$/m);
+    assert.equal((await getJson('deployment/busy')).metadata.generation, generation);
+  });
+
+  test('refusals leave the cluster unchanged', async () => {
+    const rv = async () => (await getJson('deployment/still')).metadata.resourceVersion;
+    const beforeRv = await rv();
+    const cases: Array<[string[], Record<string, string>, RegExp]> = [
+      [[acrPayload('v 1')], env('deployment/still'), /push_data\.tag "v 1" is not a valid tag/],
+      [[acrPayload('$(id)')], env('deployment/still'), /push_data\.tag "\$\(id\)" is not a valid tag/],
+      [[fixture('acr-push.json')], env('deployment/still'), /OCI repository names are lower-case, and "repoTest" is not/],
+      [[acrPayload('x'.repeat(200))], env('deployment/still'), /is 200 characters long \(a tag has at most 128\)/],
+      [[acrPayload('v9')], env('deployment/still', 'app', { REPO_TYPE: 'quay' }), /REPO_TYPE "quay" is not supported/],
+      [['{"push_data": {"tag": "v9"'], env('deployment/still'), /payload is not JSON/],
+      [[acrPayload('v9')], env('deployment/nope'), new RegExp(`deployment "nope" not found in namespace "${ns}"; deployments there: (?=.*\\bweb\\b)(?=.*\\bbusy\\b)`)],
+      [[acrPayload('v9')], env('deployment/still', 'ap'), /container "ap" not found in deployment\/still \(containers: app-sidecar, app\)/],
+      [[acrPayload('v9')], env('statefulset/still'), new RegExp(`statefulset "still" not found in namespace "${ns}"; statefulsets there: db`)],
+    ];
+    for (const [args, e, message] of cases) {
+      const r = await runUpgrade(args, e, { client });
+      assert.equal(r.exitCode, 1, r.output);
+      assert.match(r.output, /^action: +none \(nothing was changed\)$/m, r.output);
+      assert.match(r.output, message);
+    }
+    assert.equal(await rv(), beforeRv);
+    const missing = await runUpgrade([acrPayload('v9')], { ...env('deployment/still'), APP_NS: `${ns}-absent` }, { client });
+    assert.match(missing.output, /namespace "[^"]+-absent" has no deployments \(is the namespace right\?\)/);
+    assert.ok((await events('still')).some((e: any) => e.reason === 'UpgradeFailed' && e.type === 'Warning' && /container "ap" not found/.test(e.message)));
+  });
+
+  test('a rollout that fails: ProgressDeadlineExceeded, pods with their reasons', async () => {
+    const r = await runUpgrade([acrPayload('v2')], env('deployment/broken', 'app', { ROLLOUT_TIMEOUT: '60s' }), { client });
+    assert.equal(r.exitCode, 1, r.output);
+    assert.match(r.output, /^action: +image updated$/m);
+    assert.match(r.output, /^result: +failed: the rollout failed \(see rollout\)$/m);
+    assert.match(r.output, /^rollout: +failed: ProgressDeadlineExceeded: /m);
+    assert.match(r.output, /^pod broken-\S+: Running, not ready, image registry\.cn-hangzhou\.aliyuncs\.com\/shop\/web-api:v2, restarts 1, CrashLoopBackOff$/m);
+    assert.ok((await events('broken')).some((e: any) => e.reason === 'RolloutFailed' && e.type === 'Warning'));
+  });
+
+  test('a rollout whose pods never become ready: failed at the deadline with the waiting reason', async () => {
+    const r = await runUpgrade([acrPayload('v2')], env('daemonset/crashing', 'app', { ROLLOUT_TIMEOUT: '4s' }), { client });
+    assert.equal(r.exitCode, 1, r.output);
+    assert.match(r.output, /^rollout: +failed: pods not ready: crashing-\S+ CrashLoopBackOff/m);
+  });
+
+  test('a rollout still going at the deadline: timed out', async () => {
+    const r = await runUpgrade([acrPayload('v6')], env('deployment/busy', 'app', { ROLLOUT_TIMEOUT: '1ms' }), { client });
+    assert.equal(r.exitCode, 1, r.output);
+    assert.match(r.output, /^result: +failed: the rollout did not complete within 0\.001s \(see rollout\)$/m);
+    assert.match(r.output, /^rollout: +timed out: after 0\.001s: (waiting for the deployment controller to observe the change|\d+ of 1 pods updated|.*available)$/m);
+    await kubectl(['-n', ns, 'rollout', 'status', 'deployment/busy', '--timeout=60s']);
+  });
+
+  test('20 concurrent pushes end on the last received; a repeated notification is not applied twice', async () => {
+    const queue = new WorkloadQueue();
+    const tags = Array.from({ length: 20 }, (_, i) => `c${i}`);
+    const results = await Promise.all(tags.map((t) => runUpgrade([acrPayload(t)], env('deployment/busy'), { client, queue })));
+    assert.ok(results.every((r) => r.exitCode === 0), results.map((r) => r.output).join('\n'));
+    assert.deepEqual(results.map((r) => r.report.imageBefore), [image('v6'), ...tags.slice(0, -1).map(image)], 'applied in arrival order');
+    assert.equal(containerImage(await getJson('deployment/busy'), 'app'), image('c19'));
+    const payload = acrPayload('c19');
+    const first = await runUpgrade([payload], env('deployment/busy'), { client, queue });
+    assert.match(first.output, /^action: +rollout restarted/m);
+    const generation = (await getJson('deployment/busy')).metadata.generation;
+    const repeat = await runUpgrade([payload], env('deployment/busy'), { client, queue });
+    assert.equal(repeat.exitCode, 0);
+    assert.match(repeat.output, /^action: +none \(the same push was applied \d+s ago: a repeated notification\)$/m);
+    assert.equal((await getJson('deployment/busy')).metadata.generation, generation);
+  });
+
+  describe('as the ServiceAccount of deploy/rbac.yaml', () => {
+    const suffix = ns;
+    let token = '';
+    let kubeconfig = '';
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'rbac-'));
+    const admin = JSON.parse(fs.readFileSync(cluster?.kubeconfigPath ?? '/dev/null', 'utf8') || '{}');
+
+    before(async () => {
+      // The shipped manifest, moved into the test namespace, its cluster-scoped names made unique.
+      // kubectl parses the YAML (we have no YAML parser): one pretty-printed JSON object per document.
+      const parsed = await kubectl(['create', '--dry-run=client', '-o', 'json', '-f', path.join(repoRoot, 'deploy/rbac.yaml')]);
+      const list = { apiVersion: 'v1', kind: 'List', items: JSON.parse(`[${parsed.trim().replace(/\n}\n{/g, '\n},\n{')}]`) };
+      assert.deepEqual(list.items.map((i: any) => i.kind), ['ServiceAccount', 'ClusterRole', 'ClusterRoleBinding']);
+      for (const item of list.items) {
+        if (item.kind === 'ServiceAccount') item.metadata.namespace = ns;
+        if (item.kind === 'ClusterRole' || item.kind === 'ClusterRoleBinding') item.metadata.name = `webhook-${suffix}`;
+        if (item.kind === 'ClusterRoleBinding') {
+          item.roleRef.name = `webhook-${suffix}`;
+          for (const s of item.subjects) s.namespace = ns;
+        }
+      }
+      await kubectl(['apply', '-f', '-'], JSON.stringify(list));
+      token = (await kubectl(['create', 'token', 'webhook', '-n', ns, '--duration=10m'])).trim();
+      const cl = admin.clusters[0];
+      kubeconfig = path.join(dir, 'sa.json');
+      fs.writeFileSync(kubeconfig, JSON.stringify({
+        'current-context': 'sa', contexts: [{ name: 'sa', context: { cluster: cl.name, user: 'webhook' } }],
+        clusters: [cl], users: [{ name: 'webhook', user: { token } }],
+      }));
+    });
+    after(async () => {
+      await kubectl(['delete', 'clusterrolebinding,clusterrole', `webhook-${suffix}`, '--ignore-not-found']).catch(() => undefined);
+      fs.rmSync(dir, { recursive: true, force: true });
+    });
+
+    test('the shipped ClusterRole is enough for an upgrade with rollout tracking and events', async () => {
+      const r = await runUpgrade([acrPayload('sa1')], env('deployment/web', 'app', { KUBECONFIG: kubeconfig, ROLLOUT_TIMEOUT: '60s' }), {});
+      assert.equal(r.exitCode, 0, r.output);
+      assert.match(r.output, /^rollout: +complete/m);
+      assert.match(r.output, /^pod web-/m);
+      assert.doesNotMatch(r.output, /^note:/m, 'events recorded, pods listed');
+      const missing = await runUpgrade([acrPayload('sa1')], env('deployment/nope', 'app', { KUBECONFIG: kubeconfig }), {});
+      assert.match(missing.output, /deployments there: /);
+      assert.ok(!r.output.includes(token) && !missing.output.includes(token));
+    });
+
+    test('a rotated token file is read again on every request', async () => {
+      const sa = path.join(dir, 'serviceaccount');
+      fs.mkdirSync(sa, { recursive: true });
+      fs.writeFileSync(path.join(sa, 'ca.crt'), Buffer.from(admin.clusters[0].cluster['certificate-authority-data'], 'base64'));
+      fs.writeFileSync(path.join(sa, 'token'), token);
+      const server = new URL(admin.clusters[0].cluster.server);
+      const c = new KubeClient(inClusterCredentials({ KUBERNETES_SERVICE_HOST: server.hostname, KUBERNETES_SERVICE_PORT: server.port }, sa));
+      const ref = { group: 'apps', version: 'v1', resource: 'deployments', namespace: ns, name: 'web' };
+      assert.equal((await c.get<any>(ref)).metadata.name, 'web');
+      fs.writeFileSync(path.join(sa, 'token'), (await kubectl(['create', 'token', 'webhook', '-n', ns, '--duration=10m'])).trim());
+      assert.equal((await c.get<any>(ref)).metadata.name, 'web');
+      fs.writeFileSync(path.join(sa, 'token'), `${token}x`);
+      await assert.rejects(c.get(ref), (e: Error) => e instanceof KubeError && e.status === 401 &&
+        /^unauthorized: the API server rejected the credentials from the service account token .*\/token \(to get deployments\.apps "web" in namespace/.test(e.message) && !e.message.includes(token));
+      c.close();
+    });
+
+    test('without its binding: a clear 403 naming verb, resource and namespace; no token in output', async () => {
+      await kubectl(['delete', 'clusterrolebinding', `webhook-${suffix}`]);
+      let r: Awaited<ReturnType<typeof runUpgrade>> | undefined;
+      // The authorizer's cache follows the deletion within moments.
+      for (let i = 0; i < 50; i++) {
+        r = await runUpgrade([acrPayload('sa2')], env('deployment/web', 'app', { KUBECONFIG: kubeconfig }), {});
+        if (r.exitCode !== 0) break;
+        await new Promise((resolve) => setTimeout(resolve, 200));
+      }
+      assert.equal(r!.exitCode, 1, r!.output);
+      assert.match(r!.output, new RegExp(`^result: +failed: forbidden: the service account "webhook" of namespace "${ns}" cannot "get" deployments\\.apps "web" in namespace "${ns}" — grant it with deploy/rbac\\.yaml$`, 'm'));
+      assert.ok(!r!.output.includes(token));
+      assert.ok(!JSON.stringify(r!.report).includes(token));
+    });
+  });
+
+  describe('transient failures', () => {
+    const server = cluster ? new URL(JSON.parse(fs.readFileSync(cluster.kubeconfigPath, 'utf8')).clusters[0].cluster.server) : undefined;
+    const ref = () => ({ group: 'apps', version: 'v1', resource: 'deployments', namespace: ns, name: 'web' });
+    const credentialsVia = (port: number) => ({ ...loadKubeconfig(cluster!.kubeconfigPath), server: `https://127.0.0.1:${port}` });
+    const freePort = () => new Promise<number>((resolve) => {
+      const s = net.createServer().listen(0, '127.0.0.1', () => { const p = (s.address() as net.AddressInfo).port; s.close(() => resolve(p)); });
+    });
+    /** A TCP relay to the real API server; the first `resets` connections are reset instead. */
+    const relay = (port: number, resets = 0) => {
+      let seen = 0;
+      const s = net.createServer((socket) => {
+        if (seen++ < resets) { socket.resetAndDestroy(); return; }
+        const upstream = net.connect(Number(server!.port), server!.hostname);
+        socket.pipe(upstream).pipe(socket);
+        socket.on('error', () => upstream.destroy());
+        upstream.on('error', () => socket.destroy());
+      });
+      return new Promise<net.Server>((resolve) => s.listen(port, '127.0.0.1', () => resolve(s)));
+    };
+
+    test('connection refused until the API server comes back: retried', async () => {
+      const port = await freePort();
+      const c = new KubeClient(credentialsVia(port));
+      let s: net.Server | undefined;
+      setTimeout(async () => { s = await relay(port); }, 700);
+      assert.equal((await c.get<any>(ref())).metadata.name, 'web');
+      c.close();
+      s?.close();
+    });
+    test('connection reset: retried', async () => {
+      const port = await freePort();
+      const s = await relay(port, 2);
+      const c = new KubeClient(credentialsVia(port));
+      assert.equal((await c.get<any>(ref())).metadata.name, 'web');
+      c.close();
+      s.close();
+    });
+    test('an API server that stays away: a bounded wait, then a clear error', async () => {
+      const port = await freePort();
+      const c = new KubeClient(credentialsVia(port), { retryBudgetMs: 1_000 });
+      const started = Date.now();
+      await assert.rejects(c.get(ref()), (e: Error) =>
+        new RegExp(`^cannot get deployments\\.apps "web" in namespace "${ns}": the API server https://127\\.0\\.0\\.1:${port} did not answer \\(ECONNREFUSED\\) \\(after \\d attempts in [\\d.]+s\\)$`).test(e.message));
+      assert.ok(Date.now() - started < 2_500);
+      c.close();
+    });
+    test('a request that gets no answer hits its deadline', async () => {
+      const port = await freePort();
+      const silent = net.createServer(() => { /* accept and say nothing */ });
+      await new Promise<void>((resolve) => silent.listen(port, '127.0.0.1', resolve));
+      const c = new KubeClient(credentialsVia(port), { requestTimeoutMs: 300, retryBudgetMs: 0 });
+      await assert.rejects(c.get(ref()), /did not answer \(ETIMEDOUT\)$/);
+      c.close();
+      silent.close();
+    });
+  });
+});
