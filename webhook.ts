@@ -108,6 +108,9 @@ export const LIMITS = {
   // A command's combined output is kept in memory for the response and the log; beyond this the
   // rest is dropped with a marker, so a chatty command cannot exhaust memory.
   maxCommandOutputBytes: 1024 * 1024,
+  // In-process upgrades waiting for their workload's earlier pushes: each is a small closure, so
+  // a generous bound covers any registry's burst while a flood still gets 503.
+  maxPendingUpgrades: 256,
   // At shutdown, pending mails get at least this long even when commands used the whole grace.
   minMailFlushMs: 3_000,
   // After the grace period a command gets SIGTERM, then this long before SIGKILL.
@@ -1568,8 +1571,12 @@ export class UpgradeService {
   }
 }
 
+/** A taken command slot: which pool it came from. */
+export interface Slot { inProcess: boolean }
+
 export class CommandRunner {
-  private running = 0;
+  private processes = 0;
+  private upgrades = 0;
   private readonly children = new Set<ChildProcess>();
   private readonly idleWaiters: (() => void)[] = [];
   private readonly max: number;
@@ -1584,22 +1591,30 @@ export class CommandRunner {
     this.upgrade = upgrade;
   }
 
-  /** Takes a command slot; false when all are busy (the caller answers 503). */
-  tryAcquire(): boolean {
-    if (this.running >= this.max) return false;
-    this.running++;
-    this.metrics.setGauge('webhook_commands_running', {}, this.running);
-    return true;
+  /**
+   * Takes a slot for the hook's command; undefined when all are busy (the caller answers 503).
+   * Processes and in-process upgrades are bounded separately: the cap on processes bounds forks,
+   * while an upgrade waiting behind its workload's earlier pushes costs only memory.
+   */
+  tryAcquire(hook: Hook): Slot | undefined {
+    const resolved = resolveCommand(hook.command, hook.workingDirectory, process.env.PATH ?? '');
+    const inProcess = this.upgrade !== undefined && resolved.path !== undefined && isUpgradeEntryPoint(resolved.path);
+    if (inProcess ? this.upgrades >= LIMITS.maxPendingUpgrades : this.processes >= this.max) return undefined;
+    if (inProcess) this.upgrades++;
+    else this.processes++;
+    this.metrics.setGauge('webhook_commands_running', {}, this.processes + this.upgrades);
+    return { inProcess };
   }
 
-  private release(): void {
-    this.running--;
-    this.metrics.setGauge('webhook_commands_running', {}, this.running);
-    if (this.running === 0) this.idleWaiters.splice(0).forEach((w) => w());
+  private release(slot: Slot): void {
+    if (slot.inProcess) this.upgrades--;
+    else this.processes--;
+    this.metrics.setGauge('webhook_commands_running', {}, this.processes + this.upgrades);
+    if (this.processes + this.upgrades === 0) this.idleWaiters.splice(0).forEach((w) => w());
   }
 
-  /** Runs the hook's command for this request; the caller holds a slot, released here. */
-  async run(hook: Hook, req: HookRequest): Promise<CommandResult> {
+  /** Runs the hook's command for this request in the slot the caller took; released here. */
+  async run(hook: Hook, req: HookRequest, slot: Slot): Promise<CommandResult> {
     const started = process.hrtime.bigint();
     const tempFiles: string[] = [];
     const tag = `[${req.id}]`;
@@ -1644,7 +1659,7 @@ export class CommandRunner {
         envNames.push(p.envname);
         this.log.debug(`${tag} writing env ${p.envname} file ${file}`);
       }
-      const inProcess = this.upgrade !== undefined && isUpgradeEntryPoint(resolved.path);
+      const inProcess = slot.inProcess;
       this.log.info(`${tag} executing ${hook.command} (${inProcess ? 'the upgrade, in-process' : resolved.path}) with ${args.length} argument(s) and environment ${envNames.join(', ') || '(none added)'} using ${hook.workingDirectory || '(current directory)'} as cwd`);
       const timeoutMs = hook.commandTimeoutMs ?? LIMITS.commandTimeoutMs;
       const result = inProcess
@@ -1661,7 +1676,7 @@ export class CommandRunner {
       const seconds = Number(process.hrtime.bigint() - started) / 1e9;
       this.metrics.observe('webhook_command_duration_seconds', { hook: hook.id }, seconds);
       this.log.info(`${tag} finished handling ${hook.id}`);
-      this.release();
+      this.release(slot);
     }
   }
 
@@ -1728,8 +1743,8 @@ export class CommandRunner {
 
   /** Waits for running commands up to graceMs, then kills what is left. */
   async drain(graceMs: number): Promise<void> {
-    if (this.running === 0) return;
-    this.log.notice(`waiting up to ${formatGoDuration(graceMs)} for ${this.running} running command(s)`);
+    if (this.processes + this.upgrades === 0) return;
+    this.log.notice(`waiting up to ${formatGoDuration(graceMs)} for ${this.processes + this.upgrades} running command(s)`);
     const idle = new Promise<void>((r) => this.idleWaiters.push(r));
     const timedOut = await Promise.race([idle.then(() => false), new Promise<boolean>((r) => setTimeout(() => r(true), graceMs).unref())]);
     if (!timedOut) return;
@@ -1947,19 +1962,20 @@ async function handleRequest(cx: HandlerContext, req: http.IncomingMessage, res:
     return send(res, hook.mismatchCode, ANSWERS.rulesNotSatisfied);
   }
 
-  if (!cx.runner.tryAcquire()) {
+  const slot = cx.runner.tryAcquire(hook);
+  if (!slot) {
     cx.metrics.inc('webhook_commands_rejected_total', { hook: hook.id });
-    cx.log.error(`[${id}] ${hook.id}: ${o.maxConcurrentCommands} commands already running; answering 503`);
+    cx.log.error(`[${id}] ${hook.id}: all command slots are busy; answering 503`);
     res.setHeader('Retry-After', '5');
     return send(res, 503, ANSWERS.busy);
   }
   cx.log.info(`[${id}] ${hook.id} hook triggered successfully`);
   for (const [name, value] of hook.responseHeaders) res.setHeader(name, value);
   if (!hook.captureOutput) {
-    cx.runner.run(hook, hookReq).then((r) => commandFinished(cx, hook, hookReq, r), (e: Error) => cx.log.error(`[${id}] ${e.message}`));
+    cx.runner.run(hook, hookReq, slot).then((r) => commandFinished(cx, hook, hookReq, r), (e: Error) => cx.log.error(`[${id}] ${e.message}`));
     return send(res, hook.successCode, hook.responseMessage);
   }
-  const result = await cx.runner.run(hook, hookReq);
+  const result = await cx.runner.run(hook, hookReq, slot);
   commandFinished(cx, hook, hookReq, result);
   if (result.ok) return send(res, hook.successCode, result.output);
   return send(res, 500, hook.captureOutputOnError ? result.output : ANSWERS.commandError);
@@ -2075,6 +2091,8 @@ export function parsePushPayload(text: string | undefined): { kind: 'payload'; p
   } catch (e) {
     return { kind: 'error', message: `payload is not JSON: ${(e as Error).message}` };
   }
+  // Through the runner, an entire-payload of null means the request body did not parse.
+  if (value === null) return { kind: 'error', message: 'payload is not JSON: the request body was empty or did not parse as JSON (send it with Content-Type: application/json)' };
   if (!isObject(value)) return { kind: 'error', message: `payload is not a JSON object (got ${typeName(value)})` };
   return { kind: 'payload', payload: value };
 }

@@ -5,7 +5,6 @@
  * Outside CI, the cluster tests skip when the cluster cannot start; with CI=true they fail.
  */
 import assert from 'node:assert/strict';
-import { execFile } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import * as fs from 'node:fs';
 import * as net from 'node:net';
@@ -18,7 +17,7 @@ import {
   labelSelector, loadKubeconfig, normalizeImageRef, parsePushPayload, parseWorkload, planPatch, locateContainer, retryDelay,
   rolloutStatus, runUpgrade, summarizePod, validateImageRef, WorkloadQueue, type UpgradeReport,
 } from '../webhook.ts';
-import { ensureCluster } from './cluster/cluster.ts';
+import { acrImage, acrPayload, clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor, podTemplate, shippedServiceAccount } from './cluster/kube.ts';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const fixturesDir = path.join(here, 'fixtures', 'upgrade');
@@ -413,36 +412,16 @@ describe('output and ordering', () => {
 // ------------------------------------------------------------------------------------------------
 // On a real cluster
 
-const cluster = await ensureCluster().catch((e: Error) => {
-  if (process.env.CI) throw e;
-  process.stderr.write(`# cluster unavailable, skipping cluster tests: ${e.message}\n`);
-  return undefined;
-});
+const cluster = await clusterOrSkip();
 
 describe('upgrade on a real cluster', { skip: cluster ? false : 'no cluster' }, () => {
-  const ns = `upgrade-${randomBytes(4).toString('hex')}`;
+  const ns = freshNamespaceName('upgrade');
   let client: KubeClient;
-  const kubectl = (args: string[], input?: string): Promise<string> => new Promise((resolve, reject) => {
-    const child = execFile(cluster!.kubectl, ['--kubeconfig', cluster!.kubeconfigPath, ...args], { maxBuffer: 64 << 20 }, (error, stdout, stderr) => {
-      if (error) reject(new Error(`kubectl ${args.join(' ')}: ${stderr || error.message}`));
-      else resolve(stdout);
-    });
-    if (input !== undefined) child.stdin!.end(input);
-  });
+  const kubectl = kubectlFor(cluster!);
   const getJson = async (what: string): Promise<any> => JSON.parse(await kubectl(['-n', ns, 'get', what, '-o', 'json', '--show-managed-fields']));
   const apply = (obj: unknown) => kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(obj));
-  const podTemplate = (labels: Record<string, string>, containers: unknown[]) => ({ metadata: { labels }, spec: { containers, terminationGracePeriodSeconds: 0 } });
-  const deployment = (name: string, containers: unknown[], extra: Record<string, unknown> = {}, labels: Record<string, string> = {}) => ({
-    apiVersion: 'apps/v1', kind: 'Deployment', metadata: { name },
-    spec: { replicas: 2, selector: { matchLabels: { app: name } }, template: podTemplate({ app: name, ...labels }, containers), ...extra },
-  });
-  const acrPayload = (tag: string, repo = 'shop/web-api', extra: Record<string, unknown> = {}) => JSON.stringify({
-    push_data: { digest: `sha256:${randomBytes(32).toString('hex')}`, pushed_at: new Date().toISOString(), tag, ...extra },
-    repository: { name: repo.split('/')[1], namespace: repo.split('/')[0], region: 'cn-hangzhou', repo_full_name: repo, repo_type: 'PRIVATE' },
-  });
   const env = (workload: string, container = 'app', more: Record<string, string> = {}) => ({ APP_NS: ns, APP_WORKLOAD: workload, APP_CONTAINER: container, REPO_TYPE: 'regionalregistry', ...more });
-  const image = (tag: string) => `registry.cn-hangzhou.aliyuncs.com/shop/web-api:${tag}`;
-  const containerImage = (obj: any, name: string, template = obj.spec.template) => template.spec.containers.find((c: any) => c.name === name)?.image;
+  const image = (tag: string) => acrImage(tag);
   const events = async (name: string) => (await getJson('events')).items.filter((e: any) => e.involvedObject.name === name);
 
   before(async () => {
@@ -637,37 +616,19 @@ describe('upgrade on a real cluster', { skip: cluster ? false : 'no cluster' }, 
   });
 
   describe('as the ServiceAccount of deploy/rbac.yaml', () => {
-    const suffix = ns;
     let token = '';
     let kubeconfig = '';
+    let admin: any;
+    let sa: Awaited<ReturnType<typeof shippedServiceAccount>>;
     const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'rbac-'));
-    const admin = JSON.parse(fs.readFileSync(cluster?.kubeconfigPath ?? '/dev/null', 'utf8') || '{}');
 
     before(async () => {
-      // The shipped manifest, moved into the test namespace, its cluster-scoped names made unique.
-      // kubectl parses the YAML (we have no YAML parser): one pretty-printed JSON object per document.
-      const parsed = await kubectl(['create', '--dry-run=client', '-o', 'json', '-f', path.join(repoRoot, 'deploy/rbac.yaml')]);
-      const list = { apiVersion: 'v1', kind: 'List', items: JSON.parse(`[${parsed.trim().replace(/\n}\n{/g, '\n},\n{')}]`) };
-      assert.deepEqual(list.items.map((i: any) => i.kind), ['ServiceAccount', 'ClusterRole', 'ClusterRoleBinding']);
-      for (const item of list.items) {
-        if (item.kind === 'ServiceAccount') item.metadata.namespace = ns;
-        if (item.kind === 'ClusterRole' || item.kind === 'ClusterRoleBinding') item.metadata.name = `webhook-${suffix}`;
-        if (item.kind === 'ClusterRoleBinding') {
-          item.roleRef.name = `webhook-${suffix}`;
-          for (const s of item.subjects) s.namespace = ns;
-        }
-      }
-      await kubectl(['apply', '-f', '-'], JSON.stringify(list));
-      token = (await kubectl(['create', 'token', 'webhook', '-n', ns, '--duration=10m'])).trim();
-      const cl = admin.clusters[0];
-      kubeconfig = path.join(dir, 'sa.json');
-      fs.writeFileSync(kubeconfig, JSON.stringify({
-        'current-context': 'sa', contexts: [{ name: 'sa', context: { cluster: cl.name, user: 'webhook' } }],
-        clusters: [cl], users: [{ name: 'webhook', user: { token } }],
-      }));
+      sa = await shippedServiceAccount(kubectl, cluster!, ns, path.join(repoRoot, 'deploy/rbac.yaml'), dir);
+      assert.deepEqual(sa.kinds, ['ServiceAccount', 'ClusterRole', 'ClusterRoleBinding']);
+      ({ token, kubeconfig, admin } = sa);
     });
     after(async () => {
-      await kubectl(['delete', 'clusterrolebinding,clusterrole', `webhook-${suffix}`, '--ignore-not-found']).catch(() => undefined);
+      await sa?.remove();
       fs.rmSync(dir, { recursive: true, force: true });
     });
 
@@ -700,7 +661,7 @@ describe('upgrade on a real cluster', { skip: cluster ? false : 'no cluster' }, 
     });
 
     test('without its binding: a clear 403 naming verb, resource and namespace; no token in output', async () => {
-      await kubectl(['delete', 'clusterrolebinding', `webhook-${suffix}`]);
+      await sa.unbind();
       let r: Awaited<ReturnType<typeof runUpgrade>> | undefined;
       // The authorizer's cache follows the deletion within moments.
       for (let i = 0; i < 50; i++) {

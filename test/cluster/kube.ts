@@ -1,0 +1,105 @@
+/*
+ * What tests need on the real test cluster: kubectl against it, a fresh namespace, workload
+ * manifests and registry payloads. The cluster itself comes from ./cluster.ts.
+ */
+import { execFile } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { ensureCluster } from './cluster.ts';
+
+export interface Cluster { kubeconfigPath: string; kubectl: string }
+
+/**
+ * The running test cluster, started if needed. In CI a cluster that cannot start fails the run;
+ * locally the tests that need it are skipped with a loud message.
+ */
+export async function clusterOrSkip(): Promise<Cluster | undefined> {
+  try {
+    return await ensureCluster();
+  } catch (e) {
+    if (process.env.CI) throw e;
+    process.stderr.write(`\n#### cluster unavailable, SKIPPING cluster tests: ${(e as Error).message}\n\n`);
+    return undefined;
+  }
+}
+
+export type Kubectl = (args: string[], input?: string) => Promise<string>;
+
+export function kubectlFor(cluster: Cluster): Kubectl {
+  return (args, input) => new Promise((resolve, reject) => {
+    const child = execFile(cluster.kubectl, ['--kubeconfig', cluster.kubeconfigPath, ...args], { maxBuffer: 64 << 20 }, (error, stdout, stderr) => {
+      if (error) reject(new Error(`kubectl ${args.join(' ')}: ${stderr || error.message}`));
+      else resolve(stdout);
+    });
+    if (input !== undefined) child.stdin!.end(input);
+  });
+}
+
+export function freshNamespaceName(prefix: string): string {
+  return `${prefix}-${randomBytes(4).toString('hex')}`;
+}
+
+export function podTemplate(labels: Record<string, string>, containers: unknown[]) {
+  return { metadata: { labels }, spec: { containers, terminationGracePeriodSeconds: 0 } };
+}
+
+export function deployment(name: string, containers: unknown[], extra: Record<string, unknown> = {}, labels: Record<string, string> = {}) {
+  return {
+    apiVersion: 'apps/v1', kind: 'Deployment', metadata: { name },
+    spec: { replicas: 2, selector: { matchLabels: { app: name } }, template: podTemplate({ app: name, ...labels }, containers), ...extra },
+  };
+}
+
+/** An ACR push notification (the shape of REFERENCE.md's example) with a fresh digest. */
+export function acrPayload(tag: string, repo = 'shop/web-api', extra: Record<string, unknown> = {}): string {
+  return JSON.stringify({
+    push_data: { digest: `sha256:${randomBytes(32).toString('hex')}`, pushed_at: new Date().toISOString(), tag, ...extra },
+    repository: { name: repo.split('/')[1], namespace: repo.split('/')[0], region: 'cn-hangzhou', repo_full_name: repo, repo_type: 'PRIVATE' },
+  });
+}
+
+/** The image an ACR push of `tag` names, for each network type. */
+export function acrImage(tag: string, netType: '' | 'vpc' | 'internal' = ''): string {
+  return `registry${netType ? `-${netType}` : ''}.cn-hangzhou.aliyuncs.com/shop/web-api:${tag}`;
+}
+
+export function containerImage(obj: any, name: string, template = obj.spec.template): string | undefined {
+  return template.spec.containers.find((c: any) => c.name === name)?.image;
+}
+
+/**
+ * Applies deploy/rbac.yaml with its ServiceAccount in `namespace` and its cluster-scoped objects
+ * renamed `webhook-<namespace>` (so runs do not clash), and writes a JSON kubeconfig that
+ * authenticates with a token of that ServiceAccount. `unbind` deletes the binding; `remove` all.
+ */
+export async function shippedServiceAccount(kubectl: Kubectl, cluster: Cluster, namespace: string, rbacFile: string, dir: string) {
+  // kubectl parses the YAML (we have no YAML parser): one pretty-printed JSON object per document.
+  const parsed = await kubectl(['create', '--dry-run=client', '-o', 'json', '-f', rbacFile]);
+  const items: any[] = JSON.parse(`[${parsed.trim().replace(/\n}\n{/g, '\n},\n{')}]`);
+  const name = `webhook-${namespace}`;
+  for (const item of items) {
+    if (item.kind === 'ServiceAccount') item.metadata.namespace = namespace;
+    if (item.kind === 'ClusterRole' || item.kind === 'ClusterRoleBinding') item.metadata.name = name;
+    if (item.kind === 'ClusterRoleBinding') {
+      item.roleRef.name = name;
+      for (const s of item.subjects) s.namespace = namespace;
+    }
+  }
+  await kubectl(['apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items }));
+  const token = (await kubectl(['create', 'token', 'webhook', '-n', namespace, '--duration=10m'])).trim();
+  const admin = JSON.parse(fs.readFileSync(cluster.kubeconfigPath, 'utf8'));
+  const kubeconfig = path.join(dir, 'sa-kubeconfig.json');
+  fs.writeFileSync(kubeconfig, JSON.stringify({
+    'current-context': 'sa', contexts: [{ name: 'sa', context: { cluster: admin.clusters[0].name, user: 'webhook' } }],
+    clusters: [admin.clusters[0]], users: [{ name: 'webhook', user: { token } }],
+  }));
+  return {
+    kinds: items.map((i) => String(i.kind)),
+    token,
+    kubeconfig,
+    admin,
+    unbind: () => kubectl(['delete', 'clusterrolebinding', name, '--ignore-not-found']),
+    remove: () => kubectl(['delete', 'clusterrolebinding,clusterrole', name, '--ignore-not-found']).catch(() => ''),
+  };
+}

@@ -1,0 +1,222 @@
+/*
+ * End to end: registry pushes over HTTP to the built executable, serving the seed hook (loaded from
+ * a directory through WEBHOOK_CMD=-template), whose /webhooks.sh is the bundled entry point run
+ * in-process; each test checks the workloads on the real test cluster afterwards.
+ */
+import assert from 'node:assert/strict';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import { makeTempDir, startWebhook, waitForOutput, type Webhook } from './harness.ts';
+import {
+  acrImage, acrPayload, clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor, podTemplate, shippedServiceAccount,
+} from './cluster/kube.ts';
+
+const REPO = path.join(import.meta.dirname, '..');
+const TOKEN = 'e2e-token-9a41c7d2';
+const cluster = await clusterOrSkip();
+
+/**
+ * The seed hook as shipped, pointed at this repository's webhooks.sh and this run's namespace, and
+ * a few variants of it: "any" (token only, for other workloads), "pinned" (PIN_DIGEST=true) and
+ * "tracked" (ROLLOUT_TIMEOUT=60s: the answer waits for the rollout).
+ */
+function hookDirectory(ns: string): string {
+  const dir = makeTempDir('e2e-hooks-');
+  const seedText = fs.readFileSync(path.join(REPO, 'examples', 'hooks', 'web.json'), 'utf8')
+    .replace('"/webhooks.sh"', JSON.stringify(path.join(REPO, 'webhooks.sh')))
+    .replace('"/home"', JSON.stringify(dir))
+    .replace('"value": "prod"', `"value": ${JSON.stringify(ns)}`);
+  fs.writeFileSync(path.join(dir, 'web.json'), seedText);
+  const seed = JSON.parse(seedText.replace('{{ getenv \\"HOOK_TOKEN\\" }}', TOKEN))[0];
+  const tokenOnly = { match: { type: 'value', value: '{{ getenv "HOOK_TOKEN" }}', parameter: { source: 'url', name: 'token' } } };
+  const variant = (id: string, env: Record<string, string>) => ({
+    ...seed, id, 'trigger-rule': tokenOnly,
+    'pass-environment-to-command': [...seed['pass-environment-to-command'], ...Object.entries(env).map(([envname, name]) => ({ envname, source: 'string', name }))],
+  });
+  fs.writeFileSync(path.join(dir, 'variants.json'), JSON.stringify([
+    variant('any', {}), variant('pinned', { PIN_DIGEST: 'true' }), variant('tracked', { ROLLOUT_TIMEOUT: '60s' }),
+  ], null, 1));
+  return dir;
+}
+
+describe('pushes through the running executable, on a real cluster', { skip: cluster ? false : 'no cluster' }, () => {
+  const ns = freshNamespaceName('e2e');
+  const kubectl = kubectlFor(cluster!);
+  const getJson = async (what: string) => JSON.parse(await kubectl(['-n', ns, 'get', what, '-o', 'json']));
+  let wh: Webhook;
+  const push = (hook: string, query: Record<string, string>, body: string) =>
+    wh.request(`/hooks/${hook}?${new URLSearchParams({ token: TOKEN, ns, ...query })}`, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body });
+  const seedQuery = (more: Record<string, string> = {}) => ({ workload: 'deployment/web', container: 'app', repo_type: 'regionalregistry', ...more });
+
+  before(async () => {
+    await kubectl(['create', 'namespace', ns]);
+    await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: [
+      deployment('web', [{ name: 'app-sidecar', image: 'busybox:1.36' }, { name: 'app', image: acrImage('v1') }]),
+      { apiVersion: 'apps/v1', kind: 'DaemonSet', metadata: { name: 'agent' },
+        spec: { selector: { matchLabels: { app: 'agent' } }, template: podTemplate({ app: 'agent' }, [{ name: 'app', image: 'shopteam/web-api:v1' }]) } },
+      { apiVersion: 'apps/v1', kind: 'StatefulSet', metadata: { name: 'db' },
+        spec: { replicas: 1, serviceName: 'db', selector: { matchLabels: { app: 'db' } }, template: podTemplate({ app: 'db' }, [{ name: 'app', image: 'harbor.example.com:8443/shop/web-api:1.4.1' }]) } },
+      { apiVersion: 'batch/v1', kind: 'CronJob', metadata: { name: 'nightly' },
+        spec: { schedule: '0 3 * * *', jobTemplate: { spec: { template: { spec: { restartPolicy: 'OnFailure', containers: [{ name: 'app', image: acrImage('v1') }] } } } } } },
+      deployment('broken', [{ name: 'app', image: acrImage('v1') }], { progressDeadlineSeconds: 3, replicas: 1 }, { 'webhook-test/unready': 'true' }),
+      deployment('busy', [{ name: 'app', image: acrImage('v0') }], { replicas: 1 }),
+    ] }));
+    for (const w of ['deployment/web', 'daemonset/agent', 'statefulset/db', 'deployment/busy']) await kubectl(['-n', ns, 'rollout', 'status', w, '--timeout=90s']);
+    wh = await startWebhook({ hooks: hookDirectory(ns), env: { WEBHOOK_CMD: '-template', HOOK_TOKEN: TOKEN, KUBECONFIG: cluster!.kubeconfigPath } });
+  });
+  after(async () => {
+    await wh?.stop();
+    if (!process.env.KEEP_NAMESPACE) await kubectl(['delete', 'namespace', ns, '--wait=false']).catch(() => undefined);
+  });
+
+  test('ACR push with each net_type through the seed hook: only the named container changes', async () => {
+    for (const [netType, tag] of [['', 'v2'], ['vpc', 'v3'], ['internal', 'v4']] as const) {
+      const res = await push('web', seedQuery(netType ? { net_type: netType } : {}), acrPayload(tag));
+      assert.equal(res.status, 200, res.body);
+      assert.equal(res.headers['access-control-allow-origin'], '*');
+      assert.match(res.body, new RegExp(`^image after: +${acrImage(tag, netType).replace(/\./g, '\\.')}$`, 'm'));
+      assert.match(res.body, /^action: +image updated$/m);
+      const d = await getJson('deployment/web');
+      assert.equal(containerImage(d, 'app'), acrImage(tag, netType));
+      assert.equal(containerImage(d, 'app-sidecar'), 'busybox:1.36');
+    }
+  });
+
+  test('the rollout is followed after the answer: logged and recorded as an Event', async () => {
+    await waitForOutput(wh, new RegExp(`deployment/web in ${ns}: rollout complete`), 60_000);
+    const events = (await getJson('events')).items.filter((e: { reason: string; involvedObject: { name: string } }) => e.involvedObject.name === 'web');
+    assert.ok(events.some((e: { reason: string }) => e.reason === 'RolloutComplete'));
+  });
+
+  test('the same tag again restarts the rollout so the tag is re-pulled', async () => {
+    const generation = (await getJson('deployment/web')).metadata.generation;
+    const res = await push('web', seedQuery({ net_type: 'internal' }), acrPayload('v4'));
+    assert.equal(res.status, 200, res.body);
+    assert.match(res.body, /^action: +rollout restarted \(same image re-pulled\)$/m);
+    const d = await getJson('deployment/web');
+    assert.equal(d.metadata.generation, generation + 1);
+    assert.ok(d.spec.template.metadata.annotations['kubectl.kubernetes.io/restartedAt']);
+    assert.equal(d.spec.template.spec.containers.find((c: { name: string }) => c.name === 'app').imagePullPolicy, 'Always');
+  });
+
+  test('Docker Hub push to a daemonset; Docker Hub test ping is acknowledged and changes nothing', async () => {
+    const hub = fs.readFileSync(path.join(REPO, 'test', 'fixtures', 'upgrade', 'dockerhub-push.json'), 'utf8');
+    const res = await push('any', { workload: 'daemonset/agent', container: 'app', repo_type: 'publicregistry' }, hub);
+    assert.equal(res.status, 200, res.body);
+    assert.equal(containerImage(await getJson('daemonset/agent'), 'app'), 'shopteam/web-api:v2.3.1');
+    const generation = (await getJson('daemonset/agent')).metadata.generation;
+    const ping = fs.readFileSync(path.join(REPO, 'test', 'fixtures', 'upgrade', 'dockerhub-test-ping.json'), 'utf8');
+    const pinged = await push('any', { workload: 'daemonset/agent', container: 'app', repo_type: 'publicregistry' }, ping);
+    assert.equal(pinged.status, 200, pinged.body);
+    assert.match(pinged.body, /^action: +none \(test ping/m);
+    assert.equal((await getJson('daemonset/agent')).metadata.generation, generation);
+  });
+
+  test('a build job (custom) upgrades a statefulset; a cronjob gets the new image for its next run', async () => {
+    const custom = fs.readFileSync(path.join(REPO, 'test', 'fixtures', 'upgrade', 'custom-push.json'), 'utf8');
+    assert.equal((await push('any', { workload: 'statefulset/db', container: 'app', repo_type: 'custom' }, custom)).status, 200);
+    assert.equal(containerImage(await getJson('statefulset/db'), 'app'), 'harbor.example.com:8443/shop/web-api:1.4.2');
+    assert.equal((await push('any', { workload: 'cronjob/nightly', container: 'app', repo_type: 'regionalregistry' }, acrPayload('v7'))).status, 200);
+    const cj = await getJson('cronjob/nightly');
+    assert.equal(containerImage(cj, 'app', cj.spec.jobTemplate.spec.template), acrImage('v7'));
+  });
+
+  test('digest pinning', async () => {
+    const payload = acrPayload('v8');
+    const res = await push('pinned', seedQuery(), payload);
+    assert.equal(res.status, 200, res.body);
+    assert.equal(containerImage(await getJson('deployment/web'), 'app'), `${acrImage('v8')}@${JSON.parse(payload).push_data.digest}`);
+  });
+
+  test('bad input: a clear error, 500, and the cluster unchanged', async () => {
+    const before = await getJson('deployment/web');
+    const cases: [Record<string, string>, string, RegExp][] = [
+      [seedQuery(), acrPayload('v 1'), /push_data\.tag "v 1" is not a valid tag/],
+      [seedQuery(), acrPayload('$(id)'), /push_data\.tag "\$\(id\)" is not a valid tag/],
+      [seedQuery(), fs.readFileSync(path.join(REPO, 'test', 'fixtures', 'upgrade', 'acr-push.json'), 'utf8'), /OCI repository names are lower-case, and "repoTest" is not/],
+      [seedQuery(), acrPayload('x'.repeat(200)), /is 200 characters long/],
+      [seedQuery({ repo_type: 'quay' }), acrPayload('v9'), /REPO_TYPE "quay" is not supported/],
+      [seedQuery(), '{"push_data": {"tag": "v9"', /payload is not JSON/],
+    ];
+    for (const [query, body, message] of cases) {
+      const res = await push('web', query, body);
+      assert.equal(res.status, 500, res.body);
+      assert.match(res.body, /^action: +none \(nothing was changed\)$/m);
+      assert.match(res.body, message);
+    }
+    const missingWorkload = await push('any', seedQuery({ workload: 'deployment/nope' }), acrPayload('v9'));
+    assert.equal(missingWorkload.status, 500);
+    assert.match(missingWorkload.body, /deployment "nope" not found in namespace "[^"]+"; deployments there: /);
+    const missingContainer = await push('any', seedQuery({ container: 'ap' }), acrPayload('v9'));
+    assert.equal(missingContainer.status, 500);
+    assert.match(missingContainer.body, /container "ap" not found in deployment\/web \(containers: app-sidecar, app\)/);
+    assert.equal((await getJson('deployment/web')).metadata.generation, before.metadata.generation);
+  });
+
+  test('a rollout that completes and one that fails, when the hook waits for it', async () => {
+    const ok = await push('tracked', { workload: 'deployment/busy', container: 'app', repo_type: 'regionalregistry' }, acrPayload('t1'));
+    assert.equal(ok.status, 200, ok.body);
+    assert.match(ok.body, /^rollout: +complete \(1\/1 pods updated and available\)$/m);
+    const failed = await push('tracked', { workload: 'deployment/broken', container: 'app', repo_type: 'regionalregistry' }, acrPayload('t1'));
+    assert.equal(failed.status, 500, failed.body);
+    assert.match(failed.body, /^result: +failed: the rollout failed \(see rollout\)$/m);
+    assert.match(failed.body, /^rollout: +failed: ProgressDeadlineExceeded/m);
+    assert.match(failed.body, /^pod broken-\S+: Running, not ready, .*CrashLoopBackOff$/m);
+  });
+
+  test('20 concurrent pushes to one workload apply one after another and end on the last one received', async () => {
+    await kubectl(['-n', ns, 'rollout', 'status', 'deployment/busy', '--timeout=60s']);
+    const start = containerImage(await getJson('deployment/busy'), 'app');
+    const tags = Array.from({ length: 20 }, (_, i) => `c${i}`);
+    const answers = await Promise.all(tags.map((t) => push('any', { workload: 'deployment/busy', container: 'app', repo_type: 'regionalregistry' }, acrPayload(t))));
+    const steps = answers.map((a) => {
+      assert.equal(a.status, 200, a.body);
+      return { before: /^image before: +(\S+)$/m.exec(a.body)![1], after: /^image after: +(\S+)$/m.exec(a.body)![1] };
+    });
+    // Never interleaved: the pushes form one chain, each starting from the image the one before left.
+    let current = start;
+    for (let i = 0; i < steps.length; i++) {
+      const next = steps.find((s) => s.before === current);
+      assert.ok(next, `no push continued from ${current}: ${JSON.stringify(steps)}`);
+      current = next.after;
+    }
+    assert.equal(containerImage(await getJson('deployment/busy'), 'app'), current, 'the workload ends on the last push applied');
+  });
+
+  describe('as the ServiceAccount of deploy/rbac.yaml', () => {
+    const dir = makeTempDir('e2e-rbac-');
+    let sa: Awaited<ReturnType<typeof shippedServiceAccount>>;
+    let asSa: Webhook;
+    before(async () => {
+      sa = await shippedServiceAccount(kubectl, cluster!, ns, path.join(REPO, 'deploy', 'rbac.yaml'), dir);
+      asSa = await startWebhook({ hooks: hookDirectory(ns), env: { WEBHOOK_CMD: '-template', HOOK_TOKEN: TOKEN, KUBECONFIG: sa.kubeconfig } });
+    });
+    after(async () => {
+      await asSa?.stop();
+      await sa?.remove();
+    });
+    const pushAsSa = (tag: string) => asSa.request(`/hooks/web?${new URLSearchParams({ token: TOKEN, ns, ...seedQuery() })}`, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: acrPayload(tag) });
+
+    test('succeeds with the shipped role', async () => {
+      const res = await pushAsSa('sa1');
+      assert.equal(res.status, 200, res.body);
+      assert.equal(containerImage(await getJson('deployment/web'), 'app'), acrImage('sa1'));
+    });
+
+    test('without its binding: a clear 403 message, and no token anywhere', async () => {
+      await sa.unbind();
+      let res = await pushAsSa('sa2');
+      // The authorizer's cache follows the deletion within moments.
+      for (let i = 0; i < 50 && res.status === 200; i++) {
+        await new Promise((r) => setTimeout(r, 200));
+        res = await pushAsSa(`sa2-${i}`);
+      }
+      assert.equal(res.status, 500, res.body);
+      assert.match(res.body, /^result: +failed: forbidden: the service account "webhook" of namespace "[^"]+" cannot "get" deployments\.apps "web" in namespace "[^"]+" — grant it with deploy\/rbac\.yaml$/m);
+      await asSa.stop();
+      assert.equal((res.body + asSa.output()).includes(sa.token), false);
+      assert.equal(asSa.output().includes(TOKEN), false);
+    });
+  });
+});
