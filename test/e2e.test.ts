@@ -8,6 +8,7 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { makeTempDir, startWebhook, waitForOutput, type Webhook } from './harness.ts';
+import { startMta, type Mta } from './mta.ts';
 import {
   acrImage, acrPayload, clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor, podTemplate, shippedServiceAccount,
 } from './cluster/kube.ts';
@@ -182,6 +183,52 @@ describe('pushes through the running executable, on a real cluster', { skip: clu
       current = next.after;
     }
     assert.equal(containerImage(await getJson('deployment/busy'), 'app'), current, 'the workload ends on the last push applied');
+  });
+
+  describe('result mails', () => {
+    let mta: Mta;
+    let mailing: Webhook;
+    const b64 = (t: string) => Buffer.from(t).toString('base64');
+    /** Subject (RFC 2047 B-words decoded) and base64 body of a delivered message. */
+    const read = (raw: string) => {
+      const [head, body] = raw.replace(/\r\n/g, '\n').split('\n\n');
+      const subject = /^Subject: (.*(?:\n[ \t].*)*)/m.exec(head)![1].replace(/\n[ \t]/g, '')
+        .replace(/=\?UTF-8\?B\?([^?]*)\?=/g, (_, b: string) => Buffer.from(b, 'base64').toString('utf8'));
+      return { subject, body: Buffer.from(body.replace(/\s+/g, ''), 'base64').toString('utf8') };
+    };
+    before(async () => {
+      mta = await startMta();
+      mailing = await startWebhook({ hooks: hookDirectory(ns), env: {
+        WEBHOOK_CMD: '-template', HOOK_TOKEN: TOKEN, KUBECONFIG: cluster!.kubeconfigPath,
+        MAIL_SMTP_SERVER: b64('localhost'), MAIL_SMTP_PORT: String(mta.starttlsPort), MAIL_FROM: b64(mta.user), MAIL_PASSWORD: b64(mta.password), MAIL_CACERT: b64(mta.caPem),
+      } });
+    });
+    after(async () => {
+      await mailing?.stop();
+      await mta?.stop();
+    });
+    const mailPush = (body: string, query: Record<string, string> = {}) =>
+      mailing.request(`/hooks/web?${new URLSearchParams({ token: TOKEN, ns, ...seedQuery(query) })}`, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body });
+
+    test('after an upgrade the mail waits for the rollout and reports its outcome', async () => {
+      await mta.clear();
+      assert.equal((await mailPush(acrPayload('m1'))).status, 200);
+      const [raw] = await mta.waitForMessages(1, 60_000);
+      const mail = read(raw);
+      assert.equal(mail.subject, `Webhooks通知: ${ns}-deployment/web-app 更新结果: succeeded`);
+      assert.match(mail.body, /outcome: succeeded \(image updated\)/);
+      assert.match(mail.body, new RegExp(`image after: +${acrImage('m1').replace(/\./g, '\\.')}`));
+      assert.match(mail.body, /rollout: +complete \(2\/2 pods updated and available\)/);
+      assert.match(mail.body, /pod web-\S+: Running, ready/);
+    });
+
+    test('a Docker Hub test ping is mailed as no change', async () => {
+      await mta.clear();
+      const ping = fs.readFileSync(path.join(REPO, 'test', 'fixtures', 'upgrade', 'dockerhub-test-ping.json'), 'utf8');
+      assert.equal((await mailPush(ping, { repo_type: 'publicregistry' })).status, 200);
+      const [raw] = await mta.waitForMessages(1, 30_000);
+      assert.equal(read(raw).subject, `Webhooks通知: ${ns}-deployment/web-app 更新结果: no change`);
+    });
   });
 
   describe('as the ServiceAccount of deploy/rbac.yaml', () => {
