@@ -3,27 +3,35 @@
  *
  * A drop-in replacement for adnanh/webhook 2.8 (same command line, same hook files, same URLs,
  * same answers) in one file with no runtime dependencies beyond Node's built-ins. It serves
- * `POST /hooks/<id>`, checks the hook's trigger rule and runs the hook's command.
+ * `POST /hooks/<id>`, checks the hook's trigger rule and runs the hook's command. The command
+ * every deployment uses, /webhooks.sh, is built in: it upgrades the named container of the named
+ * workload to the image the registry just pushed, over the Kubernetes API, and the result is
+ * mailed when the hook passes MAIL_TO.
  *
  * Sections, in order (data flows downward):
- *   1. cli & options ............ parseCommandLine, parseGoDuration, USAGE
- *   2. hook definitions ......... parseHooksFile, validateHook, renderTemplate, parseStrictJson
- *   3. hooks directory & reload . loadSnapshot, HookStore
- *   4. request parsing .......... parseRequestBody, resolveParameter, goJsonMarshal
- *   5. trigger rules ............ evaluateRule
- *   6. command execution ........ resolveCommand, runCommand, CommandSlots
- *   7. http server .............. createHandler, ANSWERS
- *   8. smtp client & mail ....... parseMailConfig, composeMessage, sendMail, Mailer
- *   9. logging, metrics, limits . Logger, Metrics, LIMITS
- *  10. main ..................... main
+ *   1. cli & options ............. parseCommandLine, parseGoDuration, usage, LIMITS
+ *   2. hook definitions .......... parseStrictJson, renderTemplate, compileHooksFile, compileGoRegex
+ *   3. hooks directory & reload .. loadSnapshot, HookStore
+ *   4. request parsing ........... parsePayload, lookupParameter, resolveParameter, goJsonMarshal
+ *   5. trigger rules ............. evaluateRule
+ *   6. command execution ......... resolveCommand, CommandRunner, UpgradeService
+ *   7. http server ............... createHandler, ANSWERS
+ *   8. registry payloads → image . parsePushPayload, composeImageRef, validateImageRef
+ *   9. kubernetes client ......... KubeClient, credentialsFromEnvironment
+ *  10. upgrade & rollout ......... runUpgrade, followRollout, WorkloadQueue, formatReport
+ *  11. smtp client & mail ........ parseMailConfig, composeMessage, sendMail, Mailer
+ *  12. logging, metrics, limits .. Logger, Metrics
+ *  13. main ...................... main
  *
  * Invariants:
  *   - Configuration is an immutable snapshot swapped atomically on reload; a request sees exactly
  *     one snapshot from start to end, and a snapshot that fails validation never replaces a good one.
  *   - No global is mutated after start-up; state lives in the objects main() wires together.
- *   - Secrets (token values compared by `value` rules, HMAC and Scalr secrets, values a template
- *     inserted) never appear in a log line, an error message or a response.
- *   - Every wait has a deadline: request headers and bodies, commands, shutdown.
+ *   - Secrets (values a template inserted such as the token, HMAC and Scalr secrets, the SMTP
+ *     password, the service-account token) never appear in a log line, an error message or a
+ *     response; query parameters compared by `value` rules are redacted in the access log.
+ *   - Every wait has a deadline: request headers and bodies, commands, Kubernetes and SMTP calls,
+ *     shutdown.
  */
 
 import { spawn, type ChildProcess } from 'node:child_process';
@@ -46,7 +54,7 @@ export const VERSION = '0.1.0';
 
 // ================================================================================================
 // 1. cli & options — the adnanh/webhook command line in Go `flag` syntax, plus our safety limits.
-//    Exports: parseCommandLine, parseGoDuration, Options, USAGE.
+//    Exports: parseCommandLine, parseGoDuration, formatGoDuration, usage, Options, LIMITS.
 // ================================================================================================
 
 export interface Options {
