@@ -1457,7 +1457,9 @@ export function checkScalrSignature(req: HookRequest, secret: string, now: Date)
 //    command-working-directory, never searched on PATH then; else on PATH), passes arguments,
 //    environment and temp files, and runs the command in its own process group under a deadline
 //    and a cap on concurrent commands. Output is stdout and stderr combined in arrival order.
-//    Exports: resolveCommand, CommandRunner, CommandResult.
+//    The bundled upgrade entry point (/webhooks.sh) is not started as a process: it runs
+//    in-process through UpgradeService, with the same inputs, output and exit status.
+//    Exports: resolveCommand, isUpgradeEntryPoint, UpgradeService, CommandRunner, CommandResult.
 // ================================================================================================
 
 export interface CommandResult {
