@@ -1530,25 +1530,30 @@ export class UpgradeService {
   private client: KubeClient | undefined;
   private readonly queue = new WorkloadQueue();
   private readonly stopping = new AbortController();
-  private readonly following = new Set<Promise<unknown>>();
+  /** One follow per workload: a newer push's follow supersedes the one before. */
+  private readonly following = new Map<string, { controller: AbortController; done: Promise<unknown> }>();
   private readonly kubeconfig: string | undefined;
+  private readonly env: Record<string, string | undefined>;
   private readonly followMs: number;
   private readonly log: Logger;
 
   constructor(kubeconfig: string | undefined, env: Record<string, string | undefined>, followMs: number, log: Logger) {
     this.kubeconfig = kubeconfig;
+    this.env = env;
     this.followMs = followMs;
     this.log = log;
-    try {
-      this.client = new KubeClient(credentialsFromEnvironment(env, kubeconfig));
-    } catch (e) {
-      // Not fatal: hooks that do not upgrade still work, and each upgrade reports the reason.
-      log.warn(`no Kubernetes credentials yet (${(e as Error).message}); upgrades will say so`);
+  }
+
+  /** The shared client, made on first use; undefined when there are no credentials (runUpgrade says why). */
+  private sharedClient(): KubeClient | undefined {
+    if (!this.client) {
+      try { this.client = new KubeClient(credentialsFromEnvironment(this.env, this.kubeconfig)); } catch { /* reported per upgrade */ }
     }
+    return this.client;
   }
 
   run(args: string[], env: Record<string, string | undefined>, requestId: string, hookId: string): ReturnType<typeof runUpgrade> {
-    return runUpgrade(args, env, { client: this.client, kubeconfig: this.kubeconfig, requestId, hookId, queue: this.queue });
+    return runUpgrade(args, env, { client: this.sharedClient(), kubeconfig: this.kubeconfig, requestId, hookId, queue: this.queue });
   }
 
   /**
@@ -1557,10 +1562,21 @@ export class UpgradeService {
    */
   async follow(report: UpgradeReport, requestId: string): Promise<UpgradeReport> {
     const target = report.target;
-    if (!this.client || !target || !report.changed || report.rollout?.state !== 'progressing' || this.followMs === 0) return report;
-    const following = followRollout(this.client, target, { timeoutMs: this.followMs, container: report.container ?? '', signal: this.stopping.signal });
-    this.following.add(following);
-    const outcome = await following.finally(() => this.following.delete(following));
+    const client = this.client;
+    if (!client || !target || !report.changed || report.rollout?.state !== 'progressing' || this.followMs === 0) return report;
+    const key = `${target.namespace}/${target.kind}/${target.name}`;
+    this.following.get(key)?.controller.abort();
+    const controller = new AbortController();
+    const signal = AbortSignal.any([controller.signal, this.stopping.signal]);
+    const done = followRollout(client, target, { timeoutMs: this.followMs, container: report.container ?? '', signal });
+    this.following.set(key, { controller, done });
+    let outcome = await done;
+    if (this.following.get(key)?.done === done) this.following.delete(key);
+    if (controller.signal.aborted) {
+      // A later push to this workload is being followed now; its mail tells how the rollout ended.
+      outcome = { state: 'progressing', detail: 'superseded by a later push to this workload, whose report follows the rollout', pods: [] };
+      return { ...report, rollout: outcome };
+    }
     const updated: UpgradeReport = { ...report, rollout: outcome };
     if (outcome.state === 'failed' || outcome.state === 'timed out') {
       updated.result = 'failed';
@@ -1570,14 +1586,14 @@ export class UpgradeService {
     if (updated.result === 'ok') this.log.info(line);
     else this.log.error(line);
     const event = rolloutEvent(outcome, report.container ?? '');
-    if (event) await recordWorkloadEvent(this.client, target, event).catch((e: Error) => this.log.error(`[${requestId}] event not recorded: ${e.message}`));
+    if (event) await recordWorkloadEvent(client, target, event).catch((e: Error) => this.log.error(`[${requestId}] event not recorded: ${e.message}`));
     return updated;
   }
 
   /** At shutdown: rollouts still followed end now (their mails then go out). */
   async stop(ms: number): Promise<void> {
     this.stopping.abort();
-    await Promise.race([Promise.allSettled([...this.following]), sleep(ms, undefined, { ref: false })]);
+    await Promise.race([Promise.allSettled([...this.following.values()].map((f) => f.done)), sleep(ms, undefined, { ref: false })]);
   }
 }
 

@@ -222,6 +222,17 @@ describe('pushes through the running executable, on a real cluster', { skip: clu
       assert.match(mail.body, /pod web-\S+: Running, ready/);
     });
 
+    test('a newer push to the same workload takes over following the rollout', async () => {
+      await mta.clear();
+      assert.equal((await mailPush(acrPayload('m2'))).status, 200);
+      assert.equal((await mailPush(acrPayload('m3'))).status, 200);
+      const mails = (await mta.waitForMessages(2, 60_000)).map(read);
+      const first = mails.find((m) => m.body.includes(`image after:  ${acrImage('m2')}`));
+      const second = mails.find((m) => m.body.includes(`image after:  ${acrImage('m3')}`));
+      assert.match(first!.body, /rollout: +progressing \(superseded by a later push to this workload/);
+      assert.match(second!.body, /rollout: +complete/);
+    });
+
     test('a Docker Hub test ping is mailed as no change', async () => {
       await mta.clear();
       const ping = fs.readFileSync(path.join(REPO, 'test', 'fixtures', 'upgrade', 'dockerhub-test-ping.json'), 'utf8');
