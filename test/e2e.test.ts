@@ -4,6 +4,7 @@
  * in-process; each test checks the workloads on the real test cluster afterwards.
  */
 import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
@@ -183,6 +184,25 @@ describe('pushes through the running executable, on a real cluster', { skip: clu
       current = next.after;
     }
     assert.equal(containerImage(await getJson('deployment/busy'), 'app'), current, 'the workload ends on the last push applied');
+  });
+
+  test('started as a process (the shim, or a webhooks.sh symlink to the executable) it behaves the same', async () => {
+    const link = path.join(makeTempDir('e2e-link-'), 'webhooks.sh');
+    fs.symlinkSync(path.join(REPO, 'dist', 'webhook'), link);
+    const env = { ...process.env, KUBECONFIG: cluster!.kubeconfigPath, APP_NS: ns, APP_WORKLOAD: 'deployment/busy', APP_CONTAINER: 'app', REPO_TYPE: 'regionalregistry', WEBHOOK_BIN: path.join(REPO, 'dist', 'webhook') };
+    const run = (file: string, payload: string) => new Promise<{ code: number; out: string }>((resolve) => {
+      execFile(file, [payload], { env }, (error, stdout, stderr) => resolve({ code: error ? Number(error.code) : 0, out: stdout + stderr }));
+    });
+    for (const [file, tag] of [[path.join(REPO, 'webhooks.sh'), 'proc1'], [link, 'proc2']]) {
+      const ok = await run(file, acrPayload(tag));
+      assert.equal(ok.code, 0, ok.out);
+      assert.match(ok.out, /^action: +image updated$/m);
+      assert.equal(containerImage(await getJson('deployment/busy'), 'app'), acrImage(tag));
+      const bad = await run(file, acrPayload('$(id)'));
+      assert.equal(bad.code, 1, bad.out);
+      const inProcess = await push('any', { workload: 'deployment/busy', container: 'app', repo_type: 'regionalregistry' }, acrPayload('$(id)'));
+      assert.equal(bad.out, inProcess.body, 'same output as the in-process upgrade');
+    }
   });
 
   describe('result mails', () => {
