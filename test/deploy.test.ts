@@ -1,0 +1,214 @@
+/*
+ * deploy/ (the kustomization) on the real test cluster (test/cluster: kube-apiserver, controllers
+ * and scheduler, kwok's fake nodes):
+ *
+ *   - rendered, it is what the issue asks for and agrees with the image (user, port, hooks dir);
+ *   - its seed hook template loads in the real executable, each placeholder reported;
+ *   - `kubectl apply --dry-run=server -k deploy/` succeeds as shipped (namespace cattle-system);
+ *   - applied for real into a fresh namespace through an overlay (namespace + nameSuffix, so the
+ *     cluster-scoped ClusterRole and ClusterRoleBinding of parallel runs do not clash), under the
+ *     "restricted" Pod Security Standard, the Deployment rolls out on the fake nodes (kwok fakes
+ *     the pods: the image need not be pullable) and the binding follows the ServiceAccount;
+ *   - everything it created is deleted afterwards.
+ *
+ * What the RBAC grants is proven in test/upgrade.test.ts (an upgrade as this ServiceAccount).
+ * Outside CI the cluster tests are skipped when the cluster cannot start; with CI=true they fail.
+ */
+import { execFile, execFileSync } from 'node:child_process';
+import assert from 'node:assert/strict';
+import { randomBytes } from 'node:crypto';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import { ensureCluster } from './cluster/cluster.ts';
+import { makeTempDir, REPO_ROOT, startWebhook } from './harness.ts';
+
+const DEPLOY = path.join(REPO_ROOT, 'deploy');
+
+const cluster = await ensureCluster().catch((e: Error) => {
+  if (process.env.CI) throw e;
+  process.stderr.write(`\n#### cluster unavailable, SKIPPING deploy tests: ${e.message}\n\n`);
+  return undefined;
+});
+
+function kubectl(args: string[], input?: string): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const child = execFile(cluster!.kubectl, ['--kubeconfig', cluster!.kubeconfigPath, ...args], { maxBuffer: 64 << 20 }, (error, stdout, stderr) => {
+      if (error) reject(new Error(`kubectl ${args.join(' ')}: ${stderr || error.message}`));
+      else resolve(stdout + stderr);
+    });
+    if (input !== undefined) child.stdin!.end(input);
+  });
+}
+
+/** The objects a kustomization renders to (kubectl prints one JSON document per object). */
+async function render(dir: string): Promise<any[]> {
+  const out = await kubectl(['create', '--dry-run=client', '--output', 'json', '--kustomize', dir]);
+  return JSON.parse(`[${out.trim().replace(/\n}\n{/g, '\n},\n{')}]`);
+}
+
+/** The final stage's instruction (USER, EXPOSE, CMD …) in the Dockerfile, its argument text. */
+function dockerfile(instruction: string): string {
+  const text = fs.readFileSync(path.join(REPO_ROOT, 'Dockerfile'), 'utf8');
+  const final = text.slice(text.lastIndexOf('\nFROM '));
+  const m = new RegExp(`^${instruction}\\s+(.+)$`, 'm').exec(final);
+  assert.ok(m, `Dockerfile: no ${instruction} in the final stage`);
+  return m[1].trim();
+}
+
+describe('deploy/', { skip: cluster ? false : 'no cluster' }, () => {
+  let objects: any[] = [];
+  const find = (kind: string) => {
+    const found = objects.filter((o) => o.kind === kind);
+    assert.equal(found.length, 1, `one ${kind}`);
+    return found[0];
+  };
+
+  before(async () => {
+    objects = await render(DEPLOY);
+  });
+
+  test('renders the ServiceAccount, its RBAC, the hooks, the secret, the Deployment and the Service, in cattle-system', () => {
+    assert.deepEqual(objects.map((o) => `${o.kind}/${o.metadata.name}`).sort(), [
+      'ClusterRole/webhook', 'ClusterRoleBinding/webhook', 'ConfigMap/webhook-hooks', 'Deployment/webhook',
+      'Secret/webhook-env', 'Service/webhook', 'ServiceAccount/webhook',
+    ]);
+    for (const o of objects) {
+      if (o.kind.startsWith('Cluster')) assert.equal(o.metadata.namespace, undefined);
+      else assert.equal(o.metadata.namespace, 'cattle-system', `${o.kind} namespace`);
+    }
+    assert.deepEqual(find('ClusterRoleBinding').subjects, [{ kind: 'ServiceAccount', name: 'webhook', namespace: 'cattle-system' }]);
+  });
+
+  test('the Deployment: hardened, probed on /healthz, sized, and consistent with the image', () => {
+    const d = find('Deployment');
+    const pod = d.spec.template.spec;
+    assert.equal(pod.serviceAccount, 'webhook');
+    assert.equal(pod.serviceAccountName, 'webhook');
+    assert.equal(pod.securityContext.runAsNonRoot, true);
+    assert.equal(pod.securityContext.seccompProfile.type, 'RuntimeDefault');
+    // The image's USER, so runAsNonRoot can be checked by the kubelet and files stay readable.
+    assert.equal(`${pod.securityContext.runAsUser}:${pod.securityContext.runAsGroup}`, dockerfile('USER'));
+    assert.equal(pod.containers.length, 1);
+    const c = pod.containers[0];
+    assert.equal(c.image, 'webhook:latest');
+    assert.deepEqual(c.securityContext, { allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, runAsNonRoot: true, capabilities: { drop: ['ALL'] } });
+    // Port, probes and the hooks directory are the image's (EXPOSE, CMD's -hooks).
+    const port = Number(dockerfile('EXPOSE'));
+    assert.deepEqual(c.ports, [{ name: 'http', containerPort: port, protocol: 'TCP' }]);
+    for (const probe of [c.readinessProbe, c.livenessProbe]) assert.deepEqual(probe.httpGet, { path: '/healthz', port });
+    const cmd: string[] = JSON.parse(dockerfile('CMD'));
+    const hooksDir = cmd[cmd.indexOf('-hooks') + 1];
+    const mounts = Object.fromEntries(c.volumeMounts.map((m: any) => [m.mountPath, m]));
+    const volumes = Object.fromEntries(pod.volumes.map((v: any) => [v.name, v]));
+    assert.equal(volumes[mounts[hooksDir].name].configMap.name, find('ConfigMap').metadata.name);
+    assert.equal(mounts[hooksDir].readOnly, true);
+    assert.deepEqual(volumes[mounts['/tmp'].name].emptyDir, {});
+    assert.deepEqual(c.env, [{ name: 'WEBHOOK_CMD', value: '-template' }]);
+    assert.deepEqual(c.envFrom, [{ secretRef: { name: find('Secret').metadata.name } }]);
+    assert.deepEqual(c.resources, { requests: { cpu: '50m', memory: '128Mi' }, limits: { cpu: '1', memory: '256Mi' } });
+    assert.equal(c.args, undefined, 'the image\'s default arguments are used');
+    const svc = find('Service');
+    assert.deepEqual(svc.spec.ports, [{ name: 'http', port, targetPort: 'http', protocol: 'TCP' }]);
+    assert.deepEqual(svc.spec.selector, d.spec.selector.matchLabels);
+  });
+
+  test('the Secret holds HOOK_TOKEN and the MAIL_* variables the executable reads', () => {
+    assert.deepEqual(Object.keys(find('Secret').stringData).sort(), ['HOOK_TOKEN', 'MAIL_FROM', 'MAIL_PASSWORD', 'MAIL_SMTP_PORT', 'MAIL_SMTP_SERVER', 'MAIL_TLS_CHECK']);
+  });
+
+  test('the seed hook template loads in the executable; every placeholder is reported, and none once filled in', async () => {
+    if (!fs.existsSync(path.join(REPO_ROOT, 'dist', 'webhook'))) {
+      execFileSync(process.execPath, ['--disable-warning=ExperimentalWarning', path.join(REPO_ROOT, 'scripts', 'build.ts')], { stdio: 'inherit' });
+    }
+    const configMap = find('ConfigMap');
+    const env = { ...find('Secret').stringData, WEBHOOK_CMD: '-template' };
+    assert.deepEqual(Object.keys(configMap.data), ['web.json']);
+    const serve = async (text: string, vars: Record<string, string>) => {
+      const dir = makeTempDir('deploy-hooks-');
+      fs.writeFileSync(path.join(dir, 'web.json'), text);
+      const wh = await startWebhook({ hooks: dir, env: vars });
+      const output = wh.output();
+      await wh.stop();
+      return output;
+    };
+    const shipped = await serve(configMap.data['web.json'], env);
+    assert.match(shipped, /loaded 1 hook\(s\) from 1 file\(s\): web/);
+    for (const [field, placeholder] of [['trigger-rule.and[1].match.value', '<namespace>'], ['trigger-rule.and[2].match.value', '<workload>'], ['trigger-rule.and[3].match.value', '<container>'], ['pass-environment-to-command[5].name', '<mail-to>']]) {
+      assert.ok(shipped.includes(`hook "web": ${field}: still holds the placeholder "${placeholder}"`), `${placeholder} reported`);
+    }
+    // The token placeholder is reported too (shown as REDACTED: it came from the environment).
+    assert.match(shipped, /hook "web": trigger-rule\.and\[0\]\.match\.value: still holds the placeholder/);
+    for (const v of ['MAIL_SMTP_SERVER', 'MAIL_FROM', 'MAIL_PASSWORD']) assert.match(shipped, new RegExp(`mail is off: ${v}: not valid base64`));
+    const filled = configMap.data['web.json']
+      .replace('<namespace>', 'prod').replace('<workload>', 'deployment/web').replace('<container>', 'app').replace('<mail-to>', 'ops@example.com');
+    const b64 = (s: string) => Buffer.from(s).toString('base64');
+    const ready = await serve(filled, { ...env, HOOK_TOKEN: randomBytes(24).toString('hex'), MAIL_SMTP_SERVER: b64('smtp.example.com'), MAIL_FROM: b64('webhook@example.com'), MAIL_PASSWORD: b64('pw') });
+    assert.doesNotMatch(ready, /placeholder|error:/, ready);
+    assert.match(ready, /mail results through smtp\.example\.com:465/);
+  });
+
+  test('kubectl apply --dry-run=server -k deploy/ succeeds', async () => {
+    // The namespace of Rancher's System project; a plain cluster may not have it. Left in place:
+    // it stands in for Rancher's, and parallel runs may be using it.
+    await kubectl(['create', 'namespace', 'cattle-system']).catch((e: Error) => {
+      if (!/AlreadyExists/.test(e.message)) throw e;
+    });
+    const out = await kubectl(['apply', '--dry-run=server', '--kustomize', DEPLOY]);
+    for (const o of objects) assert.match(out, new RegExp(`^${o.kind.toLowerCase()}(\\.[a-z0-9.]+)?/${o.metadata.name} (created|configured|unchanged) \\(server dry run\\)$`, 'm'));
+    assert.doesNotMatch(out, /Warning/, out);
+  });
+
+  describe('applied to a fresh namespace', () => {
+    const suffix = randomBytes(4).toString('hex');
+    const ns = `deploy-${suffix}`;
+    const overlay = makeTempDir('deploy-overlay-');
+
+    before(async () => {
+      // kustomize requires relative paths to a base.
+      fs.writeFileSync(path.join(overlay, 'kustomization.yaml'), [
+        'apiVersion: kustomize.config.k8s.io/v1beta1',
+        'kind: Kustomization',
+        `namespace: ${ns}`,
+        `nameSuffix: -${suffix}`,
+        'resources:',
+        `  - ${path.relative(overlay, DEPLOY)}`,
+        '',
+      ].join('\n'));
+      // Pods that break the "restricted" Pod Security Standard are refused in this namespace.
+      await kubectl(['create', 'namespace', ns]);
+      await kubectl(['label', 'namespace', ns, 'pod-security.kubernetes.io/enforce=restricted', 'pod-security.kubernetes.io/warn=restricted']);
+    });
+    after(async () => {
+      if (process.env.KEEP_NAMESPACE) return;
+      await kubectl(['delete', '--kustomize', overlay, '--ignore-not-found', '--wait=false']).catch(() => '');
+      await kubectl(['delete', 'namespace', ns, '--ignore-not-found', '--wait=false']).catch(() => '');
+    });
+
+    test('applies without a warning and rolls out on the fake nodes', async () => {
+      const out = await kubectl(['apply', '--kustomize', overlay]);
+      assert.doesNotMatch(out, /Warning/, out);
+      await kubectl(['--namespace', ns, 'rollout', 'status', `deployment/webhook-${suffix}`, '--timeout=120s']);
+      const pods = JSON.parse(await kubectl(['--namespace', ns, 'get', 'pods', '--selector', 'app.kubernetes.io/name=webhook', '--output', 'json'])).items;
+      assert.equal(pods.length, 1);
+      const pod = pods[0];
+      assert.equal(pod.status.phase, 'Running');
+      assert.ok(pod.spec.nodeName.startsWith('node-'), pod.spec.nodeName);
+      assert.equal(pod.spec.serviceAccountName, `webhook-${suffix}`);
+      assert.equal(pod.spec.serviceAccount, `webhook-${suffix}`);
+    });
+
+    test('the ClusterRoleBinding follows the ServiceAccount to the new namespace', async () => {
+      const binding = JSON.parse(await kubectl(['get', 'clusterrolebinding', `webhook-${suffix}`, '--output', 'json']));
+      assert.deepEqual(binding.subjects, [{ kind: 'ServiceAccount', name: `webhook-${suffix}`, namespace: ns }]);
+      assert.equal(binding.roleRef.name, `webhook-${suffix}`);
+      // `auth can-i` prints yes or no, and exits 1 for no.
+      const can = (verb: string, resource: string) => new Promise<string>((resolve) => {
+        execFile(cluster!.kubectl, ['--kubeconfig', cluster!.kubeconfigPath, 'auth', 'can-i', verb, resource, '--namespace', 'default', '--as', `system:serviceaccount:${ns}:webhook-${suffix}`],
+          (_error, stdout, stderr) => resolve(stdout.trim() || stderr.trim()));
+      });
+      assert.equal(await can('patch', 'deployments.apps'), 'yes');
+      assert.equal(await can('get', 'secrets'), 'no');
+    });
+  });
+});
