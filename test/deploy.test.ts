@@ -170,7 +170,8 @@ describe('deploy/', { skip: cluster ? false : 'no cluster' }, () => {
         'apiVersion: kustomize.config.k8s.io/v1beta1',
         'kind: Kustomization',
         `namespace: ${ns}`,
-        `nameSuffix: -${suffix}`,
+        // Quoted: an all-digit suffix would otherwise be read as a YAML number.
+        `nameSuffix: ${JSON.stringify(`-${suffix}`)}`,
         'resources:',
         `  - ${path.relative(overlay, DEPLOY)}`,
         '',

@@ -581,7 +581,8 @@ describe('result mails from the running service', () => {
     const wh = await serve(env(mta.starttlsPort));
     const res = await push(wh);
     assert.equal(res.status, 200);
-    const [raw] = await mta.waitForMessages(1, 15_000);
+    // One delivered file per recipient; waiting for both keeps a late copy out of the next test.
+    const [raw] = await mta.waitForMessages(2, 15_000);
     const message = readDelivered(raw);
     assert.equal(decodeHeader(header(message, 'Subject')), 'Webhooks通知: prod-deployment/web-app 更新结果: succeeded');
     assert.equal(header(message, 'To'), 'ops@example.com, Dev@Example.com');
@@ -599,7 +600,7 @@ describe('result mails from the running service', () => {
     await mta.clear();
     const wh = await serve(env(mta.tlsPort, { MAIL_TLS_MODE: 'implicit' }), [], 4);
     assert.equal((await push(wh)).status, 500);
-    const [raw] = await mta.waitForMessages(1, 15_000);
+    const [raw] = await mta.waitForMessages(2, 15_000);
     assert.equal(decodeHeader(header(readDelivered(raw), 'Subject')), 'Webhooks通知: prod-deployment/web-app 更新结果: failed');
     assert.match(readDelivered(raw).body, /outcome: failed \(exit status 4\)/);
   });
@@ -622,7 +623,7 @@ describe('result mails from the running service', () => {
     await waitForOutput(strict, /mail for hook web not sent: starttls failed .*certificate not trusted/, 15_000);
     const lax = await serve(env(mta.starttlsPort, { MAIL_CACERT: '', MAIL_TLS_CHECK: 'false' }));
     assert.equal((await push(lax)).status, 200);
-    await mta.waitForMessages(1, 15_000);
+    await mta.waitForMessages(2, 15_000);
   });
 
   test('a closed port and a server that never answers do not delay the answer', async () => {
