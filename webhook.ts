@@ -1597,8 +1597,8 @@ export class UpgradeService {
   }
 }
 
-/** A taken command slot: which pool it came from. */
-export interface Slot { inProcess: boolean }
+/** A taken command slot: the command as resolved for this request, and which pool it came from. */
+export interface Slot { resolved: { path?: string; error?: string }; inProcess: boolean }
 
 export class CommandRunner {
   private processes = 0;
@@ -1629,7 +1629,7 @@ export class CommandRunner {
     if (inProcess) this.upgrades++;
     else this.processes++;
     this.metrics.setGauge('webhook_commands_running', {}, this.processes + this.upgrades);
-    return { inProcess };
+    return { resolved, inProcess };
   }
 
   private release(slot: Slot): void {
@@ -1646,7 +1646,7 @@ export class CommandRunner {
     const tag = `[${req.id}]`;
     try {
       const env: Record<string, string | undefined> = { ...process.env };
-      const resolved = resolveCommand(hook.command, hook.workingDirectory, process.env.PATH ?? '');
+      const resolved = slot.resolved;
       if (!resolved.path) {
         this.log.error(`${tag} error in ${resolved.error}`);
         if (hook.command.includes(' ')) this.log.error(`${tag} use 'pass-arguments-to-command' to specify args for '${hook.command.split(/\s+/)[0]}'`);

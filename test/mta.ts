@@ -440,16 +440,10 @@ async function stopChild(child: ChildProcess): Promise<void> {
   clearTimeout(timer);
 }
 
-interface RunningMta {
+interface RunningMta extends Pick<Mta, 'starttlsPort' | 'tlsPort' | 'user' | 'password' | 'caPem' | 'otherCaPem'> {
   dir: string;
   child: ChildProcess;
   cleanUpOnExit: () => void;
-  starttlsPort: number;
-  tlsPort: number;
-  user: string;
-  password: string;
-  caPem: string;
-  otherCaPem: string;
 }
 
 function makeMta(run: RunningMta): Mta {
