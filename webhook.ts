@@ -161,11 +161,11 @@ const FLAGS: Record<string, FlagSpec> = {
   'socket': { kind: 'string', key: 'socket', def: '', help: 'path to a Unix socket on which to serve hooks (instead of ip:port)' },
   'version': { kind: 'bool', key: 'version', def: 'false', help: 'display webhook version and quit' },
   'max-body-size': { kind: 'bytes', key: 'maxBodyBytes', def: String(LIMITS.maxBodyBytes), help: 'largest request body accepted, in bytes (larger → 413)' },
-  'read-header-timeout': { kind: 'duration', key: 'readHeaderTimeoutMs', def: '10s', help: 'time a client has to send the request headers' },
-  'read-timeout': { kind: 'duration', key: 'readTimeoutMs', def: '1m0s', help: 'time a client has to send the whole request' },
-  'command-timeout': { kind: 'duration', key: 'commandTimeoutMs', def: '10m0s', help: 'default time a command may run before its process group is killed (hook field "command-timeout" overrides)' },
+  'read-header-timeout': { kind: 'duration', key: 'readHeaderTimeoutMs', def: formatGoDuration(LIMITS.readHeaderTimeoutMs), help: 'time a client has to send the request headers' },
+  'read-timeout': { kind: 'duration', key: 'readTimeoutMs', def: formatGoDuration(LIMITS.readTimeoutMs), help: 'time a client has to send the whole request' },
+  'command-timeout': { kind: 'duration', key: 'commandTimeoutMs', def: formatGoDuration(LIMITS.commandTimeoutMs), help: 'default time a command may run before its process group is killed (hook field "command-timeout" overrides)' },
   'max-concurrent-commands': { kind: 'int', key: 'maxConcurrentCommands', def: String(LIMITS.maxConcurrentCommands), help: 'commands allowed to run at once; further triggered requests get 503 with Retry-After' },
-  'shutdown-grace': { kind: 'duration', key: 'shutdownGraceMs', def: '25s', help: 'on SIGTERM, time running commands get to finish before they are killed' },
+  'shutdown-grace': { kind: 'duration', key: 'shutdownGraceMs', def: formatGoDuration(LIMITS.shutdownGraceMs), help: 'on SIGTERM, time running commands get to finish before they are killed' },
   'kubeconfig': { kind: 'string', key: 'kubeconfig', def: '', help: 'JSON kubeconfig for the upgrade (default: $KUBECONFIG, else the in-cluster service account)' },
   'rollout-follow': { kind: 'duration', key: 'rolloutFollowMs', def: '10m0s', help: 'after answering, how long an upgrade\'s rollout is followed for the log, an Event and the mail (0: not followed)' },
 };
@@ -546,7 +546,8 @@ export interface Hook {
   jsonParams: Param[];
   rule: Rule | undefined;
   softSignatureFailures: boolean;
-  commandTimeoutMs: number | undefined;
+  /** The hook's command-timeout, else -command-timeout. */
+  commandTimeoutMs: number;
   /** Whether any parameter reads the payload / the headers: otherwise the request skips building them. */
   readsPayload: boolean;
   readsHeaders: boolean;
@@ -1687,7 +1688,7 @@ export class CommandRunner {
       }
       const inProcess = slot.inProcess;
       this.log.info(`${tag} executing ${hook.command} (${inProcess ? 'the upgrade, in-process' : resolved.path}) with ${args.length} argument(s) and environment ${envNames.join(', ') || '(none added)'} using ${hook.workingDirectory || '(current directory)'} as cwd`);
-      const timeoutMs = hook.commandTimeoutMs ?? LIMITS.commandTimeoutMs;
+      const timeoutMs = hook.commandTimeoutMs;
       const result = inProcess
         ? await this.runUpgradeInProcess(args, env, timeoutMs, req.id, hook.id)
         : await this.spawnCommand(resolved.path, hook.command, args, env, hook.workingDirectory, timeoutMs, tag);
