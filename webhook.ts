@@ -204,11 +204,18 @@ function defaultOptions(): Options {
   return o as unknown as Options;
 }
 
+const GO_BOOLS = new Map(Object.entries({ '1': true, t: true, T: true, TRUE: true, true: true, True: true, '0': false, f: false, F: false, FALSE: false, false: false, False: false }));
+
+/** Go's strconv.ParseBool: the spellings Go's flags (and our hook settings) accept; else undefined. */
+export function parseGoBool(value: string): boolean | undefined {
+  return GO_BOOLS.get(value);
+}
+
 function convertFlag(spec: FlagSpec, value: string, name: string): unknown {
   const bad = (what: string) => new UsageError(`invalid value "${value}" for flag -${name}: ${what}`);
   switch (spec.kind) {
     case 'bool': {
-      const v = ({ '1': true, t: true, T: true, TRUE: true, true: true, True: true, '0': false, f: false, F: false, FALSE: false, false: false, False: false } as Record<string, boolean>)[value];
+      const v = parseGoBool(value);
       if (v === undefined) throw bad('parse error');
       return v;
     }
@@ -880,10 +887,10 @@ function ipBytes(addr: string): Buffer | undefined {
   const parse = (s: string) => (s === '' ? [] : s.split(':'));
   const head = parse(halves[0]);
   const tail = halves.length > 1 ? parse(halves[1]) : [];
-  const groups: number[] = [];
-  for (const g of head) { if (g.includes('.')) groups.push(...v4Groups(g)); else groups.push(parseInt(g, 16)); }
-  const tailGroups: number[] = [];
-  for (const g of tail) { if (g.includes('.')) tailGroups.push(...v4Groups(g)); else tailGroups.push(parseInt(g, 16)); }
+  // Each side of "::" as 16-bit groups; an embedded IPv4 address (::ffff:1.2.3.4) is two of them.
+  const toGroups = (parts: string[]) => parts.flatMap((g) => (g.includes('.') ? v4Groups(g) : [parseInt(g, 16)]));
+  const groups = toGroups(head);
+  const tailGroups = toGroups(tail);
   while (groups.length + tailGroups.length < 8) groups.push(0);
   const out = Buffer.alloc(16);
   [...groups, ...tailGroups].forEach((g, i) => out.writeUInt16BE(g, i * 2));
@@ -1433,7 +1440,8 @@ export function extractSignatures(header: string, prefix: string): string[] {
 export function checkPayloadSignature(body: Buffer, algorithm: string, secret: string, header: string): RuleResult {
   const expected = createHmac(algorithm, secret).update(body).digest('hex');
   const signatures = extractSignatures(header, `${algorithm}=`);
-  if (signatures.some((s) => timingSafeEqual(secretDigest(s), secretDigest(expected)))) return { ok: true };
+  const expectedDigest = secretDigest(expected);
+  if (signatures.some((s) => timingSafeEqual(secretDigest(s), expectedDigest))) return { ok: true };
   return { ok: false, error: new SignatureError(`invalid payload signature ${signatures.join(',')}`) };
 }
 
@@ -1446,7 +1454,7 @@ export function checkScalrSignature(req: HookRequest, secret: string, now: Date)
   if (!timingSafeEqual(secretDigest(signature), secretDigest(expected))) return { ok: false, error: new SignatureError(`invalid payload signature ${signature}`) };
   // The format Scalr sends: "Fri 08 Sep 2017 11:24:32 UTC" (Go layout "Mon 02 Jan 2006 15:04:05 MST").
   const m = /^[A-Z][a-z]{2} (\d{2}) ([A-Z][a-z]{2}) (\d{4}) (\d{2}):(\d{2}):(\d{2}) [A-Z]{3,4}$/.exec(date);
-  const month = m ? ['Jan', 'Feb', 'Mar', 'Apr', 'May', 'Jun', 'Jul', 'Aug', 'Sep', 'Oct', 'Nov', 'Dec'].indexOf(m[2]) : -1;
+  const month = m ? MONTHS.indexOf(m[2]) : -1;
   if (!m || month < 0) return { ok: false, error: new Error(`parsing time "${date}" as "Mon 02 Jan 2006 15:04:05 MST": cannot parse`) };
   const sent = Date.UTC(Number(m[3]), month, Number(m[1]), Number(m[4]), Number(m[5]), Number(m[6]));
   if (Math.abs(now.getTime() - sent) > 300_000) return { ok: false, error: new SignatureError('invalid payload signature outdated') };
@@ -2124,10 +2132,10 @@ export function parsePushPayload(text: string | undefined): { kind: 'payload'; p
   return { kind: 'payload', payload: value };
 }
 
-/** Go's strconv.ParseBool, as adnanh's flags and our hook environment use it. */
+/** A boolean hook setting (PIN_DIGEST): unset is false, else Go's ParseBool spellings. */
 function parseBoolSetting(name: string, value: string | undefined): boolean {
   if (value === undefined || value.trim() === '') return false;
-  const v = ({ '1': true, t: true, T: true, TRUE: true, true: true, True: true, '0': false, f: false, F: false, FALSE: false, false: false, False: false } as Record<string, boolean>)[value.trim()];
+  const v = parseGoBool(value.trim());
   if (v === undefined) throw new Error(`${name} ${showValue(value)} is not a boolean (use true or false)`);
   return v;
 }
