@@ -189,7 +189,11 @@ describe('deploy/', { skip: cluster ? false : 'no cluster' }, () => {
     test('applies without a warning and rolls out on the fake nodes', async () => {
       const out = await kubectl(['apply', '--kustomize', overlay]);
       assert.doesNotMatch(out, /Warning/, out);
-      await kubectl(['--namespace', ns, 'rollout', 'status', `deployment/webhook-${suffix}`, '--timeout=120s']);
+      await kubectl(['--namespace', ns, 'rollout', 'status', `deployment/webhook-${suffix}`, '--timeout=120s']).catch(async (e: Error) => {
+        // What the pods and the controllers say makes a timeout explainable from the test output.
+        const state = await kubectl(['--namespace', ns, 'get', 'deployments,replicasets,pods,events', '--output', 'wide']).catch((f: Error) => f.message);
+        throw new Error(`${e.message}\n${state}`);
+      });
       const pods = JSON.parse(await kubectl(['--namespace', ns, 'get', 'pods', '--selector', 'app.kubernetes.io/name=webhook', '--output', 'json'])).items;
       assert.equal(pods.length, 1);
       const pod = pods[0];

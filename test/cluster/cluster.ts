@@ -35,7 +35,10 @@ export const UNREADY_LABEL = 'webhook-test/unready';
 const cacheRoot = join(process.env.XDG_CACHE_HOME || join(homedir(), '.cache'), 'webhook-test');
 const binDir = join(cacheRoot, 'bin');
 const kwokWorkdir = join(cacheRoot, 'kwok');
-const kwokKubeconfig = join(kwokWorkdir, 'clusters', CLUSTER_NAME, 'kubeconfig.yaml');
+const kwokClusterDir = join(kwokWorkdir, 'clusters', CLUSTER_NAME);
+const kwokKubeconfig = join(kwokClusterDir, 'kubeconfig.yaml');
+/** The processes of kwokctl's binary runtime, as named in its pids directory. */
+const COMPONENTS = ['etcd', 'kube-apiserver', 'kube-controller-manager', 'kube-scheduler', 'kwok-controller'];
 /** The stage file kwok-controller reads: a copy, so the running cluster never depends on a clone. */
 const stageCopy = join(kwokWorkdir, `${CLUSTER_NAME}-unready-stage.yaml`);
 const stageSource = join(here, 'unready-stage.yaml');
@@ -209,6 +212,12 @@ function kubectl(v: Versions, args: string[], options: RunOptions = {}): Promise
 /** Why the cluster is not usable yet, or undefined when it is. */
 async function clusterProblem(v: Versions): Promise<string | undefined> {
   if (!existsSync(kwokKubeconfig)) return 'cluster does not exist';
+  // kwokctl records each component's pid; one that died (kwok-controller most of all: without it
+  // no pod ever leaves Pending) makes the cluster unusable even when the API server answers.
+  for (const component of COMPONENTS) {
+    const pid = Number(await readFile(join(kwokClusterDir, 'pids', `${component}.pid`), 'utf8').catch(() => ''));
+    if (!pid || !alive(pid)) return `${component} is not running`;
+  }
   const ready = await kubectl(v, ['get', '--raw', '/readyz'], { allowFailure: true });
   if (ready.code !== 0) return 'API server not ready';
   const sa = await kubectl(v, ['get', 'serviceaccount', 'default', '--namespace', 'default', '--output', 'name'], { allowFailure: true });
@@ -246,8 +255,8 @@ async function isStale(v: Versions): Promise<boolean> {
 async function createCluster(v: Versions): Promise<void> {
   await mkdir(kwokWorkdir, { recursive: true });
   for (const input of await kwokInputs(v)) await writeFile(input.path, input.content);
-  // Every binary is named, so kwokctl downloads nothing. An existing but stopped cluster is
-  // started again by the same command. --kubeconfig= keeps kwokctl away from ~/.kube/config.
+  // Every binary is named, so kwokctl downloads nothing. --kubeconfig= keeps kwokctl away from
+  // ~/.kube/config.
   await kwokctl(v, [
     'create', 'cluster',
     '--config', kwokctlConfig,
@@ -345,6 +354,13 @@ export function ensureCluster(): Promise<Cluster> {
     }
     const problem = await clusterProblem(v);
     if (problem) {
+      // A stopped cluster is made afresh, not restarted: the node leases of the kwok-controller
+      // that ran before stay valid for 200 s (kwokctl's 40 s times its heartbeat factor 5), and
+      // until they expire the new kwok-controller leaves every new pod Pending.
+      if (existsSync(kwokKubeconfig)) {
+        log(`cluster ${CLUSTER_NAME} is not usable (${problem}): deleting it to start afresh`);
+        await kwokctl(v, ['delete', 'cluster'], { stream: true });
+      }
       log(`starting cluster ${CLUSTER_NAME} (${problem})`);
       await createCluster(v);
       await waitUsable(v, 120_000);
