@@ -2717,6 +2717,8 @@ export class KubeClient {
         return new KubeError(`conflict: cannot ${verb} ${what}: ${serverMessage}`, 409, reason);
       case 422:
         return new KubeError(`invalid: cannot ${verb} ${what}: ${causes.length ? causes.join('; ') : serverMessage}`, 422, reason, causes);
+      case 429:
+        return new KubeError(`throttled: the API server answered 429 Too Many Requests to ${verb} ${what}${serverMessage ? ` (${serverMessage})` : ''}`, 429, reason);
       default:
         return new KubeError(`cannot ${verb} ${what}: HTTP ${answer.status}${reason ? ` ${reason}` : ''}${serverMessage ? `: ${serverMessage}` : ''}`, answer.status, reason, causes);
     }

@@ -17,7 +17,7 @@ import {
   labelSelector, loadKubeconfig, normalizeImageRef, parsePushPayload, parseWorkload, planPatch, locateContainer, retryDelay,
   rolloutStatus, runUpgrade, summarizePod, validateImageRef, WorkloadQueue, type UpgradeReport,
 } from '../webhook.ts';
-import { acrImage, acrPayload, clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor, podTemplate, shippedServiceAccount } from './cluster/kube.ts';
+import { acrImage, acrPayload, apfThrottle, clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor, podTemplate, shippedServiceAccount } from './cluster/kube.ts';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const fixturesDir = path.join(here, 'fixtures', 'upgrade');
@@ -658,6 +658,29 @@ describe('upgrade on a real cluster', { skip: cluster ? false : 'no cluster' }, 
       await assert.rejects(c.get(ref), (e: Error) => e instanceof KubeError && e.status === 401 &&
         /^unauthorized: the API server rejected the credentials from the service account token .*\/token \(to get deployments\.apps "web" in namespace/.test(e.message) && !e.message.includes(token));
       c.close();
+    });
+
+    test('throttled by the API server (429 with Retry-After): waited out within the budget, then applied; past it, a clear error', async () => {
+      const throttle = await apfThrottle(kubectl, ns, 'webhook', loadKubeconfig(kubeconfig));
+      try {
+        let release = await throttle.hold();
+        const before = await throttle.rejected();
+        setTimeout(release, 1_500);
+        const r = await runUpgrade([acrPayload('throttled')], env('deployment/web', 'app', { KUBECONFIG: kubeconfig }), {});
+        assert.equal(r.exitCode, 0, r.output);
+        assert.match(r.output, /^result: +ok$/m);
+        assert.ok(await throttle.rejected() > before, 'the upgrade\'s own requests were answered 429 and retried');
+        assert.equal(containerImage(await getJson('deployment/web'), 'app'), image('throttled'));
+
+        release = await throttle.hold();
+        const c = new KubeClient(loadKubeconfig(kubeconfig), { retryBudgetMs: 2_500 });
+        await assert.rejects(c.get({ group: 'apps', version: 'v1', resource: 'deployments', namespace: ns, name: 'web' }), (e: Error) =>
+          new RegExp(`^throttled: the API server answered 429 Too Many Requests to get deployments\\.apps "web" in namespace "${ns}" \\(Too many requests, please try again later\\.\\) \\(after \\d attempts in [\\d.]+s\\)$`).test(e.message) && !e.message.includes(token));
+        c.close();
+        release();
+      } finally {
+        await throttle.remove();
+      }
     });
 
     test('without its binding: a clear 403 naming verb, resource and namespace; no token in output', async () => {

@@ -5,6 +5,7 @@
 import { execFile } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import * as fs from 'node:fs';
+import * as https from 'node:https';
 import * as path from 'node:path';
 import { ensureCluster } from './cluster.ts';
 
@@ -101,5 +102,69 @@ export async function shippedServiceAccount(kubectl: Kubectl, cluster: Cluster, 
     admin,
     unbind: () => kubectl(['delete', 'clusterrolebinding', name, '--ignore-not-found']),
     remove: () => kubectl(['delete', 'clusterrolebinding,clusterrole', name, '--ignore-not-found']).catch(() => ''),
+  };
+}
+
+/** Where and as whom raw requests go: a server URL, its CA, a bearer token. */
+export interface Caller { server: string; ca?: Buffer; token?: string }
+
+/** One raw request; resolves with the status and headers once the answer has been read. */
+function rawRequest(caller: Caller, method: string, urlPath: string): Promise<{ status: number; headers: Record<string, unknown> }> {
+  return new Promise((resolve, reject) => {
+    https.request(`${caller.server}${urlPath}`, { method, ca: caller.ca, headers: { Authorization: `Bearer ${caller.token}` } }, (res) => {
+      res.resume();
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, headers: res.headers }));
+    }).on('error', reject).end();
+  });
+}
+
+/**
+ * The real API server throttling one ServiceAccount: API Priority and Fairness sends its requests
+ * to a priority level with no seats of its own and none to borrow, whose excess is rejected (429
+ * with Retry-After) rather than queued. Such a level still runs one request when none of its own
+ * is running, so `hold()` takes that one seat with a request whose body never ends (the API server
+ * admits a request before it reads the body); until the returned release is called, every other
+ * request of the ServiceAccount is answered 429. The caller must be allowed to create events in
+ * `namespace`: an unauthorized request would end at once and free the seat.
+ */
+export async function apfThrottle(kubectl: Kubectl, namespace: string, serviceAccount: string, caller: Caller) {
+  const name = `webhook-test-throttle-${namespace}`;
+  await kubectl(['apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: [
+    { apiVersion: 'flowcontrol.apiserver.k8s.io/v1', kind: 'PriorityLevelConfiguration', metadata: { name },
+      spec: { type: 'Limited', limited: { nominalConcurrencyShares: 0, lendablePercent: 0, borrowingLimitPercent: 0, limitResponse: { type: 'Reject' } } } },
+    { apiVersion: 'flowcontrol.apiserver.k8s.io/v1', kind: 'FlowSchema', metadata: { name },
+      spec: { matchingPrecedence: 200, priorityLevelConfiguration: { name }, distinguisherMethod: { type: 'ByUser' },
+        rules: [{ subjects: [{ kind: 'ServiceAccount', serviceAccount: { name: serviceAccount, namespace } }],
+          resourceRules: [{ verbs: ['*'], apiGroups: ['*'], resources: ['*'], namespaces: ['*'], clusterScope: true }] }] } },
+  ] }));
+  const uid = JSON.parse(await kubectl(['get', 'flowschema', name, '--output', 'json'])).metadata.uid;
+  const probe = () => rawRequest(caller, 'GET', `/api/v1/namespaces/${namespace}/serviceaccounts/${serviceAccount}`);
+  // The API server applies a new FlowSchema within moments; its answers name the one that matched.
+  for (let i = 0; (await probe()).headers['x-kubernetes-pf-flowschema-uid'] !== uid; i++) {
+    if (i === 100) throw new Error(`FlowSchema ${name} not in effect after 10 s`);
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  }
+  return {
+    async hold(): Promise<() => void> {
+      const held = https.request(`${caller.server}/api/v1/namespaces/${namespace}/events`, {
+        method: 'POST', ca: caller.ca, headers: { Authorization: `Bearer ${caller.token}`, 'Content-Type': 'application/json', 'Content-Length': '4096' },
+      });
+      held.on('error', () => undefined);
+      held.write('{');
+      for (let i = 0; (await probe()).status !== 429; i++) {
+        if (i === 100) throw new Error(`priority level ${name}: the held request did not take the seat`);
+        await new Promise((resolve) => setTimeout(resolve, 100));
+      }
+      return () => held.destroy();
+    },
+    /** How many requests the priority level has rejected so far. */
+    async rejected(): Promise<number> {
+      const dump = await kubectl(['get', '--raw', '/debug/api_priority_and_fairness/dump_priority_levels']);
+      const header = dump.split('\n')[0].split(',').map((c) => c.trim());
+      const row = dump.split('\n').map((l) => l.split(',').map((c) => c.trim())).find((cells) => cells[0] === name);
+      if (!row) throw new Error(`priority level ${name} not in the API server's dump`);
+      return Number(row[header.indexOf('RejectedRequests')]);
+    },
+    remove: () => kubectl(['delete', 'flowschema,prioritylevelconfiguration', name, '--ignore-not-found']).catch(() => ''),
   };
 }
