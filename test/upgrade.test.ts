@@ -662,8 +662,9 @@ describe('upgrade on a real cluster', { skip: cluster ? false : 'no cluster' }, 
 
     test('throttled by the API server (429 with Retry-After): waited out within the budget, then applied; past it, a clear error', async () => {
       const throttle = await apfThrottle(kubectl, ns, 'webhook', loadKubeconfig(kubeconfig));
+      let release: (() => void) | undefined;
       try {
-        let release = await throttle.hold();
+        release = await throttle.hold();
         const before = await throttle.rejected();
         setTimeout(release, 1_500);
         const r = await runUpgrade([acrPayload('throttled')], env('deployment/web', 'app', { KUBECONFIG: kubeconfig }), {});
@@ -677,8 +678,8 @@ describe('upgrade on a real cluster', { skip: cluster ? false : 'no cluster' }, 
         await assert.rejects(c.get({ group: 'apps', version: 'v1', resource: 'deployments', namespace: ns, name: 'web' }), (e: Error) =>
           new RegExp(`^throttled: the API server answered 429 Too Many Requests to get deployments\\.apps "web" in namespace "${ns}" \\(Too many requests, please try again later\\.\\) \\(after \\d attempts in [\\d.]+s\\)$`).test(e.message) && !e.message.includes(token));
         c.close();
-        release();
       } finally {
+        release?.();
         await throttle.remove();
       }
     });

@@ -149,6 +149,7 @@ export async function apfThrottle(kubectl: Kubectl, namespace: string, serviceAc
       const held = https.request(`${caller.server}/api/v1/namespaces/${namespace}/events`, {
         method: 'POST', ca: caller.ca, headers: { Authorization: `Bearer ${caller.token}`, 'Content-Type': 'application/json', 'Content-Length': '4096' },
       });
+      // Released by destroying it: the error that follows is the point.
       held.on('error', () => undefined);
       held.write('{');
       for (let i = 0; (await probe()).status !== 429; i++) {
