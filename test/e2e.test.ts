@@ -11,7 +11,7 @@ import { after, before, describe, test } from 'node:test';
 import { makeTempDir, startWebhook, waitForOutput, type Webhook } from './harness.ts';
 import { startMta, type Mta } from './mta.ts';
 import {
-  acrImage, acrPayload, clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor, podTemplate, shippedServiceAccount,
+  acrImage, acrPayload, clusterOrSkip, containerImage, cronJob, daemonSet, deployment, freshNamespaceName, kubectlFor, shippedServiceAccount, statefulSet,
 } from './cluster/kube.ts';
 
 const REPO = path.join(import.meta.dirname, '..');
@@ -55,12 +55,9 @@ describe('pushes through the running executable, on a real cluster', { skip: clu
     await kubectl(['create', 'namespace', ns]);
     await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: [
       deployment('web', [{ name: 'app-sidecar', image: 'busybox:1.36' }, { name: 'app', image: acrImage('v1') }]),
-      { apiVersion: 'apps/v1', kind: 'DaemonSet', metadata: { name: 'agent' },
-        spec: { selector: { matchLabels: { app: 'agent' } }, template: podTemplate({ app: 'agent' }, [{ name: 'app', image: 'shopteam/web-api:v1' }]) } },
-      { apiVersion: 'apps/v1', kind: 'StatefulSet', metadata: { name: 'db' },
-        spec: { replicas: 1, serviceName: 'db', selector: { matchLabels: { app: 'db' } }, template: podTemplate({ app: 'db' }, [{ name: 'app', image: 'harbor.example.com:8443/shop/web-api:1.4.1' }]) } },
-      { apiVersion: 'batch/v1', kind: 'CronJob', metadata: { name: 'nightly' },
-        spec: { schedule: '0 3 * * *', jobTemplate: { spec: { template: { spec: { restartPolicy: 'OnFailure', containers: [{ name: 'app', image: acrImage('v1') }] } } } } } },
+      daemonSet('agent', [{ name: 'app', image: 'shopteam/web-api:v1' }]),
+      statefulSet('db', 1, [{ name: 'app', image: 'harbor.example.com:8443/shop/web-api:1.4.1' }]),
+      cronJob('nightly', [{ name: 'app', image: acrImage('v1') }]),
       deployment('broken', [{ name: 'app', image: acrImage('v1') }], { progressDeadlineSeconds: 3, replicas: 1 }, { 'webhook-test/unready': 'true' }),
       deployment('busy', [{ name: 'app', image: acrImage('v0') }], { replicas: 1 }),
     ] }));

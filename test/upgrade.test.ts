@@ -17,7 +17,7 @@ import {
   labelSelector, loadKubeconfig, normalizeImageRef, parsePushPayload, parseWorkload, planPatch, locateContainer, retryDelay,
   rolloutStatus, runUpgrade, summarizePod, validateImageRef, WorkloadQueue, type UpgradeReport,
 } from '../webhook.ts';
-import { acrImage, acrPayload, apfThrottle, clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor, podTemplate, shippedServiceAccount } from './cluster/kube.ts';
+import { acrImage, acrPayload, apfThrottle, clusterOrSkip, containerImage, cronJob, daemonSet, deployment, freshNamespaceName, kubectlFor, shippedServiceAccount, statefulSet } from './cluster/kube.ts';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const fixturesDir = path.join(here, 'fixtures', 'upgrade');
@@ -429,15 +429,11 @@ describe('upgrade on a real cluster', { skip: cluster ? false : 'no cluster' }, 
     client = new KubeClient(loadKubeconfig(cluster!.kubeconfigPath));
     await apply({ apiVersion: 'v1', kind: 'List', items: [
       deployment('web', [{ name: 'app-sidecar', image: 'busybox:1.36' }, { name: 'app', image: image('v1') }]),
-      { apiVersion: 'apps/v1', kind: 'DaemonSet', metadata: { name: 'agent' },
-        spec: { selector: { matchLabels: { app: 'agent' } }, template: podTemplate({ app: 'agent' }, [{ name: 'app', image: 'shopteam/web-api:v1' }]) } },
-      { apiVersion: 'apps/v1', kind: 'StatefulSet', metadata: { name: 'db' },
-        spec: { replicas: 2, serviceName: 'db', selector: { matchLabels: { app: 'db' } }, template: podTemplate({ app: 'db' }, [{ name: 'app', image: 'harbor.example.com:8443/shop/web-api:1.4.1' }]) } },
-      { apiVersion: 'batch/v1', kind: 'CronJob', metadata: { name: 'nightly' },
-        spec: { schedule: '0 3 * * *', jobTemplate: { spec: { template: { spec: { restartPolicy: 'OnFailure', initContainers: [{ name: 'migrate', image: image('v1') }], containers: [{ name: 'app', image: image('v1') }] } } } } } },
+      daemonSet('agent', [{ name: 'app', image: 'shopteam/web-api:v1' }]),
+      statefulSet('db', 2, [{ name: 'app', image: 'harbor.example.com:8443/shop/web-api:1.4.1' }]),
+      cronJob('nightly', [{ name: 'app', image: image('v1') }], [{ name: 'migrate', image: image('v1') }]),
       deployment('broken', [{ name: 'app', image: image('v1') }], { progressDeadlineSeconds: 3, replicas: 1 }, { 'webhook-test/unready': 'true' }),
-      { apiVersion: 'apps/v1', kind: 'DaemonSet', metadata: { name: 'crashing' },
-        spec: { selector: { matchLabels: { app: 'crashing' } }, template: podTemplate({ app: 'crashing', 'webhook-test/unready': 'true' }, [{ name: 'app', image: image('v1') }]) } },
+      daemonSet('crashing', [{ name: 'app', image: image('v1') }], { 'webhook-test/unready': 'true' }),
       deployment('busy', [{ name: 'app', image: image('v0') }], { replicas: 1 }),
       // No pods, so nothing but a spec change moves its resourceVersion once it has settled.
       deployment('still', [{ name: 'app-sidecar', image: 'busybox:1.36' }, { name: 'app', image: image('v1') }], { replicas: 0 }),

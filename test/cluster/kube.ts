@@ -52,6 +52,28 @@ export function deployment(name: string, containers: unknown[], extra: Record<st
   };
 }
 
+export function daemonSet(name: string, containers: unknown[], labels: Record<string, string> = {}) {
+  return {
+    apiVersion: 'apps/v1', kind: 'DaemonSet', metadata: { name },
+    spec: { selector: { matchLabels: { app: name } }, template: podTemplate({ app: name, ...labels }, containers) },
+  };
+}
+
+export function statefulSet(name: string, replicas: number, containers: unknown[]) {
+  return {
+    apiVersion: 'apps/v1', kind: 'StatefulSet', metadata: { name },
+    spec: { replicas, serviceName: name, selector: { matchLabels: { app: name } }, template: podTemplate({ app: name }, containers) },
+  };
+}
+
+/** A nightly CronJob whose job pods run `containers` (and `initContainers`, when given). */
+export function cronJob(name: string, containers: unknown[], initContainers?: unknown[]) {
+  return {
+    apiVersion: 'batch/v1', kind: 'CronJob', metadata: { name },
+    spec: { schedule: '0 3 * * *', jobTemplate: { spec: { template: { spec: { restartPolicy: 'OnFailure', ...(initContainers ? { initContainers } : {}), containers } } } } },
+  };
+}
+
 /** An ACR push notification (the shape of REFERENCE.md's example) with a fresh digest. */
 export function acrPayload(tag: string, repo = 'shop/web-api', extra: Record<string, unknown> = {}): string {
   return JSON.stringify({
@@ -161,8 +183,8 @@ export async function apfThrottle(kubectl: Kubectl, namespace: string, serviceAc
     /** How many requests the priority level has rejected so far. */
     async rejected(): Promise<number> {
       const dump = await kubectl(['get', '--raw', '/debug/api_priority_and_fairness/dump_priority_levels']);
-      const header = dump.split('\n')[0].split(',').map((c) => c.trim());
-      const row = dump.split('\n').map((l) => l.split(',').map((c) => c.trim())).find((cells) => cells[0] === name);
+      const [header, ...rows] = dump.split('\n').map((l) => l.split(',').map((c) => c.trim()));
+      const row = rows.find((cells) => cells[0] === name);
       if (!row) throw new Error(`priority level ${name} not in the API server's dump`);
       return Number(row[header.indexOf('RejectedRequests')]);
     },
