@@ -292,6 +292,139 @@ export function usage(): string {
 }
 
 // ================================================================================================
+// 12. logging, metrics, limits — log lines in adnanh's shape ("[webhook] 2006/01/02 15:04:05 …"),
+//    errors always, the rest with -verbose/-debug, every line scrubbed of known secrets; counters,
+//    gauges and histograms rendered in the Prometheus text format.
+//    Exports: Logger, Metrics.
+// ================================================================================================
+
+export class Logger {
+  private secrets: string[] = [];
+  /** Callers test this before building an expensive verbose-only line (the access log). */
+  readonly verbose: boolean;
+  private readonly debugOn: boolean;
+  private readonly write: (text: string) => void;
+  private pending: string[] = [];
+
+  constructor(verbose: boolean, debug: boolean, write: (text: string) => void) {
+    this.verbose = verbose || debug;
+    this.debugOn = debug;
+    this.write = write;
+  }
+
+  /**
+   * Writes what is pending. Lines are batched per event-loop turn: a request logs several, and one
+   * write(2) for all of them is much cheaper. main() calls this on exit as well.
+   */
+  flush(): void {
+    if (this.pending.length === 0) return;
+    const text = this.pending.join('');
+    this.pending = [];
+    this.write(text);
+  }
+
+  setSecrets(secrets: string[]): void { this.secrets = secrets; }
+
+  /** Replaces every known secret in `text` by REDACTED (log lines, command output). */
+  scrub(text: string): string {
+    let out = text;
+    for (const s of this.secrets) if (out.includes(s)) out = out.split(s).join('REDACTED');
+    return out;
+  }
+
+  private emit(message: string): void {
+    const line = this.scrub(message);
+    const d = new Date();
+    const p = (n: number) => String(n).padStart(2, '0');
+    if (this.pending.length === 0) setImmediate(() => this.flush());
+    this.pending.push(`[webhook] ${d.getFullYear()}/${p(d.getMonth() + 1)}/${p(d.getDate())} ${p(d.getHours())}:${p(d.getMinutes())}:${p(d.getSeconds())} ${line}\n`);
+  }
+
+  error(m: string): void { this.emit(`error: ${m}`); }
+  warn(m: string): void { this.emit(`warning: ${m}`); }
+  /** Start-up, reload and shutdown: always shown, like errors. */
+  notice(m: string): void { this.emit(m); }
+  info(m: string): void { if (this.verbose) this.emit(m); }
+  debug(m: string): void { if (this.debugOn) this.emit(m); }
+}
+
+const HISTOGRAM_BUCKETS = [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600];
+const METRIC_HELP: Record<string, [string, string]> = {
+  webhook_requests_total: ['counter', 'HTTP requests by hook id ("" for other paths) and status code.'],
+  webhook_commands_total: ['counter', 'Hook commands run, by hook and result (success, failure, timeout).'],
+  webhook_command_timeouts_total: ['counter', 'Hook commands killed for running past their timeout.'],
+  webhook_commands_rejected_total: ['counter', 'Triggered requests refused with 503 because all command slots were busy.'],
+  webhook_commands_running: ['gauge', 'Hook commands running now.'],
+  webhook_command_duration_seconds: ['histogram', 'Wall time of hook commands.'],
+  webhook_reloads_total: ['counter', 'Hook reloads by result (success, failure).'],
+  webhook_config_last_reload_successful: ['gauge', '1 if the last reload succeeded, 0 if it was rejected.'],
+  webhook_hooks_loaded: ['gauge', 'Hooks in the snapshot being served.'],
+  webhook_mails_total: ['counter', 'Result mails by result (sent, failed after retries).'],
+};
+
+export class Metrics {
+  private readonly values = new Map<string, Map<string, number>>();
+  private readonly histograms = new Map<string, Map<string, { buckets: number[]; sum: number; count: number }>>();
+
+  private static key(labels: Record<string, string>): string {
+    return Object.entries(labels).map(([k, v]) => `${k}="${v.replace(/[\\"\n]/g, (c) => (c === '\n' ? '\\n' : '\\' + c))}"`).join(',');
+  }
+
+  inc(name: string, labels: Record<string, string>, by = 1): void {
+    const series = this.values.get(name) ?? new Map<string, number>();
+    this.values.set(name, series);
+    const k = Metrics.key(labels);
+    series.set(k, (series.get(k) ?? 0) + by);
+  }
+
+  setGauge(name: string, labels: Record<string, string>, value: number): void {
+    const series = this.values.get(name) ?? new Map<string, number>();
+    this.values.set(name, series);
+    series.set(Metrics.key(labels), value);
+  }
+
+  observe(name: string, labels: Record<string, string>, value: number): void {
+    const series = this.histograms.get(name) ?? new Map();
+    this.histograms.set(name, series);
+    const k = Metrics.key(labels);
+    const h = series.get(k) ?? { buckets: HISTOGRAM_BUCKETS.map(() => 0), sum: 0, count: 0 };
+    series.set(k, h);
+    HISTOGRAM_BUCKETS.forEach((b, i) => { if (value <= b) h.buckets[i]++; });
+    h.sum += value;
+    h.count++;
+  }
+
+  reloaded(ok: boolean, hooks: number): void {
+    this.inc('webhook_reloads_total', { result: ok ? 'success' : 'failure' });
+    this.setGauge('webhook_config_last_reload_successful', {}, ok ? 1 : 0);
+    this.setGauge('webhook_hooks_loaded', {}, hooks);
+  }
+
+  render(): string {
+    const lines: string[] = [];
+    const head = (name: string) => {
+      const [type, help] = METRIC_HELP[name] ?? ['untyped', name];
+      lines.push(`# HELP ${name} ${help}`, `# TYPE ${name} ${type}`);
+    };
+    for (const [name, series] of this.values) {
+      head(name);
+      for (const [k, v] of series) lines.push(`${name}${k ? `{${k}}` : ''} ${v}`);
+    }
+    for (const [name, series] of this.histograms) {
+      head(name);
+      for (const [k, h] of series) {
+        const sep = k ? `${k},` : '';
+        HISTOGRAM_BUCKETS.forEach((b, i) => lines.push(`${name}_bucket{${sep}le="${b}"} ${h.buckets[i]}`));
+        lines.push(`${name}_bucket{${sep}le="+Inf"} ${h.count}`, `${name}_sum${k ? `{${k}}` : ''} ${h.sum}`, `${name}_count${k ? `{${k}}` : ''} ${h.count}`);
+      }
+    }
+    return lines.join('\n') + '\n';
+  }
+}
+/** English month abbreviations, as Go's time layouts and RFC 5322 dates spell them. */
+export const MONTHS = ['Jan', 'Feb', 'Mar', 'Apr', 'May', 'Jun', 'Jul', 'Aug', 'Sep', 'Oct', 'Nov', 'Dec'];
+
+// ================================================================================================
 // 2. hook definitions — load, validate, template. A hooks file is parsed strictly (duplicate keys,
 //    unknown keys and wrong types are errors with file, line, hook id and field path) and compiled
 //    once: regexes, CIDRs, methods and secrets are prepared here so the request path only evaluates.
@@ -519,6 +652,473 @@ export function goJsEscape(s: string): string {
 /** Go's url.QueryEscape. */
 export function goQueryEscape(s: string): string {
   return encodeURIComponent(s).replace(/[!'()*]/g, (c) => '%' + c.charCodeAt(0).toString(16).toUpperCase()).replace(/%20/g, '+');
+}
+
+// ================================================================================================
+// 4. request parsing & parameters — turns an HTTP request into the structures hook parameters
+//    address: headers (Go-canonical names), query, payload (from JSON, form, XML or multipart
+//    bodies) and the raw body, with adnanh's dotted-path lookup and Go's JSON serialisation.
+//    Exports: HookRequest, parsePayload, resolveParameter, goJsonMarshal, JsonNumber.
+// ================================================================================================
+
+/** A JSON number kept as its literal text ("1.50" stays "1.50"), as Go's json.Number does. */
+export class JsonNumber {
+  readonly text: string;
+  constructor(text: string) { this.text = text; }
+}
+
+export interface HookRequest {
+  id: string;
+  method: string;
+  /** Go's RemoteAddr form: "10.0.0.1:5678" or "[fd00::1]:5678". */
+  remoteAddr: string;
+  remoteIp: string;
+  headers: Record<string, unknown>;
+  query: Record<string, unknown>;
+  payload: Record<string, unknown> | undefined;
+  body: Buffer;
+}
+
+export class ParameterNotFound extends Error {
+  constructor(key: string) { super(`parameter node not found: ${key}`); }
+}
+
+/** Thrown for a multipart body that cannot be parsed (adnanh answers 500 for it). */
+export class MultipartError extends Error {}
+
+/** Go's textproto.CanonicalMIMEHeaderKey: "x-hub-signature" → "X-Hub-Signature". */
+export function canonicalHeaderKey(name: string): string {
+  if (!/^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/.test(name)) return name;
+  return name.toLowerCase().replace(/(^|-)([a-z])/g, (_, dash: string, c: string) => dash + c.toUpperCase());
+}
+
+/** First value of each header, Go-canonical names, without Host (Go keeps it out of r.Header). */
+export function headersFromRaw(rawHeaders: string[]): Record<string, unknown> {
+  const out: Record<string, unknown> = {};
+  for (let i = 0; i < rawHeaders.length; i += 2) {
+    const key = canonicalHeaderKey(rawHeaders[i]);
+    if (key !== 'Host' && !(key in out)) out[key] = rawHeaders[i + 1];
+  }
+  return out;
+}
+
+/** First value of each key, as Go's url.Values would give it. */
+export function firstValues(params: URLSearchParams): Record<string, unknown> {
+  const out: Record<string, unknown> = {};
+  for (const [k, v] of params) if (!(k in out)) out[k] = v;
+  return out;
+}
+
+/**
+ * JSON.parse, with every number kept as its literal text (JsonNumber). The reviver that does it
+ * costs several times the plain parse, so it runs only when the document holds a number at all
+ * (ACR payloads hold none).
+ */
+export function parseJsonKeepingNumbers(text: string): unknown {
+  const plain: unknown = JSON.parse(text);
+  if (!containsNumber(plain)) return plain;
+  return JSON.parse(text, (_key, value, context?: { source?: string }) =>
+    (typeof value === 'number' && context?.source !== undefined ? new JsonNumber(context.source) : value));
+}
+
+function containsNumber(value: unknown): boolean {
+  if (typeof value === 'number') return true;
+  if (value === null || typeof value !== 'object') return false;
+  for (const v of Array.isArray(value) ? value : Object.values(value)) if (containsNumber(v)) return true;
+  return false;
+}
+
+/**
+ * Parses a body by content type as adnanh does: "json" (an array becomes {"root": […]}),
+ * "x-www-form-urlencoded", "xml", "multipart/form-data;". Returns the payload (undefined when the
+ * body does not parse; that never fails the request) and a note for the log.
+ */
+export function parsePayload(contentType: string, body: Buffer, jsonFileParts: string[]): { payload: Record<string, unknown> | undefined; note?: string } {
+  if (contentType.startsWith('multipart/form-data;')) return { payload: parseMultipart(contentType, body, jsonFileParts) };
+  if (!isParsedContentType(contentType)) return { payload: undefined, note: `error parsing body payload due to unsupported content type header: ${contentType}` };
+  try {
+    if (contentType.includes('json')) {
+      const text = body.toString('utf8');
+      const value = parseJsonKeepingNumbers(text);
+      if (Array.isArray(value)) return { payload: { root: value } };
+      if (value === null) return { payload: undefined };
+      if (typeof value !== 'object') return { payload: undefined, note: 'error parsing JSON payload: not an object or array' };
+      return { payload: value as Record<string, unknown> };
+    }
+    if (contentType.includes('x-www-form-urlencoded')) return { payload: firstValues(new URLSearchParams(body.toString('utf8'))) };
+    return { payload: parseXml(body.toString('utf8')) };
+  } catch (e) {
+    return { payload: undefined, note: `error parsing ${contentType.includes('json') ? 'JSON' : 'XML'} payload: ${(e as Error).message}` };
+  }
+}
+
+/** Content types with a payload parser (multipart aside). */
+export function isParsedContentType(contentType: string): boolean {
+  return contentType.includes('json') || contentType.includes('x-www-form-urlencoded') || contentType.includes('xml');
+}
+
+/**
+ * XML to a map the way adnanh's mxj library does it: the root element is the single top key,
+ * attributes become "-name", text beside attributes or children becomes "#text", repeated
+ * elements become arrays, all values are strings.
+ */
+export function parseXml(text: string): Record<string, unknown> {
+  let at = 0;
+  const entities: Record<string, string> = { lt: '<', gt: '>', amp: '&', quot: '"', apos: "'" };
+  const decode = (s: string) => s.replace(/&(#x[0-9A-Fa-f]+|#\d+|[a-z]+);/g, (all, e: string) =>
+    e[0] === '#' ? String.fromCodePoint(e[1] === 'x' ? parseInt(e.slice(2), 16) : Number(e.slice(1))) : entities[e] ?? all);
+  const fail = (what: string): never => { throw new Error(`${what} at offset ${at}`); };
+  const skipMisc = () => {
+    for (;;) {
+      while (/\s/.test(text[at] ?? '')) at++;
+      if (text.startsWith('<?', at)) { const e = text.indexOf('?>', at); if (e < 0) fail('unterminated processing instruction'); at = e + 2; }
+      else if (text.startsWith('<!--', at)) { const e = text.indexOf('-->', at); if (e < 0) fail('unterminated comment'); at = e + 3; }
+      else if (text.startsWith('<!DOCTYPE', at)) { const e = text.indexOf('>', at); if (e < 0) fail('unterminated DOCTYPE'); at = e + 1; }
+      else return;
+    }
+  };
+  const localName = (n: string) => n.slice(n.indexOf(':') + 1);
+  const element = (): [string, unknown] => {
+    const m = /^<([A-Za-z_][\w.:-]*)/.exec(text.slice(at, at + 256));
+    if (!m) fail('expected an element');
+    at += m![0].length;
+    const name = localName(m![1]);
+    const node: Record<string, unknown> = {};
+    for (;;) {
+      while (/\s/.test(text[at] ?? '')) at++;
+      if (text.startsWith('/>', at)) { at += 2; return [name, Object.keys(node).length ? node : '']; }
+      if (text[at] === '>') { at++; break; }
+      const a = /^([A-Za-z_][\w.:-]*)\s*=\s*("([^"]*)"|'([^']*)')/.exec(text.slice(at, at + 65536));
+      if (!a) fail('malformed attribute');
+      at += a![0].length;
+      if (!a![1].startsWith('xmlns')) node['-' + localName(a![1])] = decode(a![3] ?? a![4]);
+    }
+    let textContent = '';
+    for (;;) {
+      if (at >= text.length) fail(`unterminated element <${name}>`);
+      if (text.startsWith('</', at)) {
+        const e = text.indexOf('>', at);
+        if (e < 0 || localName(text.slice(at + 2, e).trim()) !== name) fail(`mismatched closing tag for <${name}>`);
+        at = e + 1;
+        break;
+      }
+      if (text.startsWith('<![CDATA[', at)) {
+        const e = text.indexOf(']]>', at);
+        if (e < 0) fail('unterminated CDATA');
+        textContent += text.slice(at + 9, e);
+        at = e + 3;
+      } else if (text.startsWith('<!--', at) || text.startsWith('<?', at)) {
+        skipMisc();
+      } else if (text[at] === '<') {
+        const [childName, child] = element();
+        const existing = node[childName];
+        if (existing === undefined) node[childName] = child;
+        else if (Array.isArray(existing)) existing.push(child);
+        else node[childName] = [existing, child];
+      } else {
+        const e = text.indexOf('<', at);
+        textContent += decode(text.slice(at, e < 0 ? text.length : e));
+        at = e < 0 ? text.length : e;
+      }
+    }
+    const trimmed = textContent.trim();
+    if (Object.keys(node).length === 0) return [name, trimmed];
+    if (trimmed !== '') node['#text'] = trimmed;
+    return [name, node];
+  };
+  skipMisc();
+  const [rootName, root] = element();
+  skipMisc();
+  if (at < text.length) fail('content after the root element');
+  return { [rootName]: root };
+}
+
+/**
+ * multipart/form-data: value parts become payload keys (first value wins); file parts are parsed
+ * as JSON when their Content-Type is application/json or the hook lists them in
+ * parse-parameters-as-json; other file parts are ignored, as adnanh does.
+ */
+export function parseMultipart(contentType: string, body: Buffer, jsonFileParts: string[]): Record<string, unknown> | undefined {
+  const m = /;\s*boundary=(?:"([^"]+)"|([^\s;]+))/i.exec(contentType);
+  if (!m) throw new MultipartError('no multipart boundary param in Content-Type');
+  const delimiter = Buffer.from(`--${m[1] ?? m[2]}`);
+  let payload: Record<string, unknown> | undefined;
+  let at = body.indexOf(delimiter);
+  if (at < 0) throw new MultipartError('multipart: NextPart: EOF');
+  for (;;) {
+    at += delimiter.length;
+    if (body.subarray(at, at + 2).toString() === '--') return payload;
+    if (body.subarray(at, at + 2).toString() === '\r\n') at += 2;
+    else throw new MultipartError('multipart: boundary not followed by CRLF');
+    const headerEnd = body.indexOf('\r\n\r\n', at);
+    if (headerEnd < 0) throw new MultipartError('multipart: unterminated part headers');
+    const headers = body.subarray(at, headerEnd).toString('utf8').split('\r\n');
+    const next = body.indexOf(Buffer.concat([Buffer.from('\r\n'), delimiter]), headerEnd + 4);
+    if (next < 0) throw new MultipartError('multipart: NextPart: EOF');
+    const content = body.subarray(headerEnd + 4, next);
+    at = next + 2;
+    const header = (n: string) => headers.find((h) => h.toLowerCase().startsWith(n + ':'))?.slice(n.length + 1).trim() ?? '';
+    const disposition = header('content-disposition');
+    const name = /(?:^|;)\s*name="([^"]*)"/i.exec(disposition)?.[1];
+    if (name === undefined) continue;
+    const isFile = /;\s*filename="[^"]/i.test(disposition);
+    payload ??= {};
+    if (!isFile) {
+      if (!(name in payload)) payload[name] = content.toString('utf8');
+    } else if (!(name in payload) && (jsonFileParts.includes(name) || header('content-type') === 'application/json')) {
+      try {
+        const v = parseJsonKeepingNumbers(content.toString('utf8'));
+        if (v !== null && typeof v === 'object' && !Array.isArray(v)) payload[name] = v;
+      } catch { /* adnanh logs and leaves the part out; so do we */ }
+    }
+  }
+}
+
+/** adnanh's dotted lookup: try the whole key first, else split at the first dot and descend. */
+export function lookupParameter(key: string, params: unknown): unknown {
+  if (params === undefined) throw new ParameterNotFound(key);
+  if (Array.isArray(params)) {
+    const dot = key.indexOf('.');
+    const head = dot < 0 ? key : key.slice(0, dot);
+    const index = /^\d+$/.test(head) ? Number(head) : NaN;
+    if (!(index < params.length)) throw new ParameterNotFound(key);
+    return dot < 0 ? params[index] : lookupParameter(key.slice(dot + 1), params[index]);
+  }
+  if (params !== null && typeof params === 'object' && !(params instanceof JsonNumber)) {
+    const map = params as Record<string, unknown>;
+    if (Object.hasOwn(map, key)) return map[key];
+    const dot = key.indexOf('.');
+    if (dot >= 0 && Object.hasOwn(map, key.slice(0, dot))) return lookupParameter(key.slice(dot + 1), map[key.slice(0, dot)]);
+  }
+  throw new ParameterNotFound(key);
+}
+
+/** Sets the value at a dotted key, if that key exists (adnanh's ReplaceParameter). */
+export function replaceParameter(key: string, params: unknown, value: unknown): boolean {
+  if (params === null || typeof params !== 'object' || params instanceof JsonNumber) return false;
+  const dot = key.indexOf('.');
+  if (Array.isArray(params)) {
+    if (dot < 0 || !/^\d+$/.test(key.slice(0, dot)) || Number(key.slice(0, dot)) >= params.length) return false;
+    return replaceParameter(key.slice(dot + 1), params[Number(key.slice(0, dot))], value);
+  }
+  const map = params as Record<string, unknown>;
+  if (dot >= 0) return Object.hasOwn(map, key.slice(0, dot)) && replaceParameter(key.slice(dot + 1), map[key.slice(0, dot)], value);
+  if (!Object.hasOwn(map, key)) return false;
+  map[key] = value;
+  return true;
+}
+
+/** Go's encoding/json Marshal: sorted keys, HTML-safe escapes, json.Number literals. */
+export function goJsonMarshal(value: unknown): string {
+  if (value === null || value === undefined) return 'null';
+  if (value instanceof JsonNumber) return value.text;
+  if (typeof value === 'string') {
+    return '"' + value.toWellFormed().replace(/["\\\u0000-\u001f<>&\u2028\u2029]/g, (c) => {
+      const short: Record<string, string> = { '"': '\\"', '\\': '\\\\', '\n': '\\n', '\r': '\\r', '\t': '\\t', '\b': '\\b', '\f': '\\f' };
+      return short[c] ?? '\\u' + c.charCodeAt(0).toString(16).padStart(4, '0');
+    }) + '"';
+  }
+  if (typeof value === 'number' || typeof value === 'boolean') return String(value);
+  if (Array.isArray(value)) return '[' + value.map(goJsonMarshal).join(',') + ']';
+  const map = value as Record<string, unknown>;
+  return '{' + Object.keys(map).sort().map((k) => goJsonMarshal(k) + ':' + goJsonMarshal(map[k])).join(',') + '}';
+}
+
+/** A looked-up value as the string adnanh would pass on (objects as JSON, null as "<nil>"). */
+function parameterString(value: unknown): string {
+  if (value === null || value === undefined) return '<nil>';
+  if (typeof value === 'object' && !(value instanceof JsonNumber)) return goJsonMarshal(value);
+  return value instanceof JsonNumber ? value.text : String(value);
+}
+
+/** The value of one hook parameter for this request; throws ParameterNotFound when absent. */
+export function resolveParameter(p: Param, req: HookRequest): string {
+  switch (p.source) {
+    case 'string': return p.name;
+    case 'raw-request-body': return req.body.toString('utf8');
+    case 'request': return p.name.toLowerCase() === 'method' ? req.method : req.remoteAddr;
+    case 'entire-payload': return goJsonMarshal(req.payload);
+    case 'entire-headers': return goJsonMarshal(req.headers);
+    case 'entire-query': return goJsonMarshal(req.query);
+    case 'header': return parameterString(lookupParameter(canonicalHeaderKey(p.name), req.headers));
+    case 'url': return parameterString(lookupParameter(p.name, req.query));
+    case 'payload': return parameterString(lookupParameter(p.name, req.payload));
+  }
+}
+
+/** parse-parameters-as-json: replaces each listed string parameter by the object it encodes. */
+export function applyJsonParameters(jsonParams: Param[], req: HookRequest): string[] {
+  const errors: string[] = [];
+  for (const p of jsonParams) {
+    let parsed: unknown;
+    try {
+      parsed = parseJsonKeepingNumbers(resolveParameter(p, req));
+      if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed)) throw new Error('not a JSON object');
+    } catch (e) {
+      errors.push(`error parsing JSON parameter ${p.source}:${p.name}: ${(e as Error).message}`);
+      continue;
+    }
+    const target = p.source === 'header' ? req.headers : p.source === 'url' ? req.query : p.source === 'payload' ? req.payload : undefined;
+    replaceParameter(p.source === 'header' ? canonicalHeaderKey(p.name) : p.name, target, parsed);
+  }
+  return errors;
+}
+
+// ================================================================================================
+// 5. trigger rules — evaluates a compiled rule against a request with adnanh's semantics: a
+//    missing parameter makes a match false (inside `or` it is passed over, inside `and` the rule
+//    fails); a bad signature is an evaluation error unless the hook allows soft failures.
+//    Comparisons of secrets are constant-time, length included.
+//    Exports: evaluateRule, RuleResult, SignatureError.
+// ================================================================================================
+
+export class SignatureError extends Error {}
+export interface RuleResult { ok: boolean; error?: Error }
+
+export function evaluateRule(rule: Rule, req: HookRequest, soft: boolean, now: Date = new Date()): RuleResult {
+  if ('and' in rule) {
+    for (const r of rule.and) {
+      const res = evaluateRule(r, req, soft, now);
+      if (res.error) return { ok: false, error: res.error };
+      if (!res.ok) return { ok: false };
+    }
+    return { ok: true };
+  }
+  if ('or' in rule) {
+    for (const r of rule.or) {
+      const res = evaluateRule(r, req, soft, now);
+      const forgiven = res.error instanceof ParameterNotFound || (soft && res.error instanceof SignatureError);
+      if (res.error && !forgiven) return { ok: false, error: res.error };
+      if (res.ok) return { ok: true };
+    }
+    return { ok: false };
+  }
+  if ('not' in rule) {
+    const res = evaluateRule(rule.not, req, soft, now);
+    return { ok: !res.ok, error: res.error };
+  }
+  return evaluateMatch(rule.match, req, now);
+}
+
+function evaluateMatch(m: Match, req: HookRequest, now: Date): RuleResult {
+  if (m.type === 'ip-whitelist') return { ok: m.ranges.some((r) => cidrContains(r, req.remoteIp)) };
+  if (m.type === 'scalr-signature') return checkScalrSignature(req, m.secret, now);
+  let value: string;
+  try { value = resolveParameter(m.param, req); } catch (e) { return { ok: false, error: e as Error }; }
+  switch (m.type) {
+    case 'value': return { ok: timingSafeEqual(secretDigest(value), m.digest) };
+    case 'regex': return { ok: m.regex.test(value) };
+    case 'hmac': return checkPayloadSignature(req.body, m.algorithm, m.secret, value);
+  }
+}
+
+/** Signatures in a header: "sha256=abc" or several, comma-separated; any one may match. */
+export function extractSignatures(header: string, prefix: string): string[] {
+  if (!header.includes(',')) return [header.startsWith(prefix) ? header.slice(prefix.length) : header];
+  return header.split(',').filter((p) => p.startsWith(prefix)).map((p) => p.slice(prefix.length));
+}
+
+export function checkPayloadSignature(body: Buffer, algorithm: string, secret: string, header: string): RuleResult {
+  const expected = createHmac(algorithm, secret).update(body).digest('hex');
+  const signatures = extractSignatures(header, `${algorithm}=`);
+  const expectedDigest = secretDigest(expected);
+  if (signatures.some((s) => timingSafeEqual(secretDigest(s), expectedDigest))) return { ok: true };
+  return { ok: false, error: new SignatureError(`invalid payload signature ${signatures.join(',')}`) };
+}
+
+/** Scalr: HMAC-SHA1 of body + Date header, and the Date within 5 minutes of now. */
+export function checkScalrSignature(req: HookRequest, secret: string, now: Date): RuleResult {
+  const signature = req.headers['X-Signature'];
+  const date = req.headers.Date;
+  if (typeof signature !== 'string' || typeof date !== 'string') return { ok: false };
+  const expected = createHmac('sha1', secret).update(req.body).update(date).digest('hex');
+  if (!timingSafeEqual(secretDigest(signature), secretDigest(expected))) return { ok: false, error: new SignatureError(`invalid payload signature ${signature}`) };
+  // The format Scalr sends: "Fri 08 Sep 2017 11:24:32 UTC" (Go layout "Mon 02 Jan 2006 15:04:05 MST").
+  const m = /^[A-Z][a-z]{2} (\d{2}) ([A-Z][a-z]{2}) (\d{4}) (\d{2}):(\d{2}):(\d{2}) [A-Z]{3,4}$/.exec(date);
+  const month = m ? MONTHS.indexOf(m[2]) : -1;
+  if (!m || month < 0) return { ok: false, error: new Error(`parsing time "${date}" as "Mon 02 Jan 2006 15:04:05 MST": cannot parse`) };
+  const sent = Date.UTC(Number(m[3]), month, Number(m[1]), Number(m[4]), Number(m[5]), Number(m[6]));
+  if (Math.abs(now.getTime() - sent) > 300_000) return { ok: false, error: new SignatureError('invalid payload signature outdated') };
+  return { ok: true };
+}
+
+/**
+ * Compiles a Go (RE2) regular expression as a JavaScript one. Go's syntax differs in a few
+ * places operators use: leading `(?i)` flags, `(?P<name>…)`, `\z`, `\A`, `\pL`, POSIX classes.
+ * Lookarounds and backreferences are not RE2 and are refused, which also keeps every accepted
+ * pattern eligible for V8's linear-time engine.
+ */
+export function compileGoRegex(source: string): RegExp {
+  let flags = '';
+  let body = source;
+  const lead = /^\(\?([imsU]+)\)/.exec(body);
+  if (lead) {
+    if (lead[1].includes('U')) throw new Error('the (?U) flag is not supported');
+    flags = [...new Set(lead[1])].join('');
+    body = body.slice(lead[0].length);
+  }
+  if (/\(\?<?[=!]/.test(body)) throw new Error('lookaround assertions are not RE2 syntax');
+  if (/(^|[^\\])(\\\\)*\\[1-9]/.test(body)) throw new Error('backreferences are not RE2 syntax');
+  const posix: Record<string, string> = { alpha: 'A-Za-z', digit: '0-9', alnum: '0-9A-Za-z', upper: 'A-Z', lower: 'a-z', space: '\\s', xdigit: '0-9A-Fa-f', punct: '!-\\/:-@\\[-`{-~', word: '\\w' };
+  body = body
+    .replace(/\(\?P</g, '(?<')
+    .replace(/\\z/g, '(?![\\s\\S])')
+    .replace(/\\A/g, '(?<![\\s\\S])')
+    .replace(/\\([pP])([A-Z])/g, '\\$1{$2}')
+    .replace(/\[:(\^?)([a-z]+):\]/g, (all, neg: string, name: string) => (posix[name] && !neg ? posix[name] : all));
+  try { return new RegExp(body, flags + 'u'); } catch { return new RegExp(body, flags); }
+}
+
+/** Parses "10.0.0.0/8", "fd00::/8" or a single address (a /32 or /128). */
+export function parseCidr(text: string): Cidr | undefined {
+  const [addr, prefixText, extra] = text.split('/');
+  if (extra !== undefined) return undefined;
+  const bytes = ipBytes(addr);
+  if (!bytes) return undefined;
+  const family = bytes.length === 4 ? 4 : 6;
+  const max = family === 4 ? 32 : 128;
+  if (prefixText !== undefined && !/^\d{1,3}$/.test(prefixText)) return undefined;
+  const prefix = prefixText === undefined ? max : Number(prefixText);
+  if (prefix > max) return undefined;
+  return { family, bytes, prefix };
+}
+
+function ipBytes(addr: string): Buffer | undefined {
+  const kind = net.isIP(addr);
+  if (kind === 4) return Buffer.from(addr.split('.').map(Number));
+  if (kind !== 6) return undefined;
+  const sock = new net.SocketAddress({ address: addr, family: 'ipv6' });
+  const halves = sock.address.split('::');
+  const parse = (s: string) => (s === '' ? [] : s.split(':'));
+  const head = parse(halves[0]);
+  const tail = halves.length > 1 ? parse(halves[1]) : [];
+  // Each side of "::" as 16-bit groups; an embedded IPv4 address (::ffff:1.2.3.4) is two of them.
+  const toGroups = (parts: string[]) => parts.flatMap((g) => (g.includes('.') ? v4Groups(g) : [parseInt(g, 16)]));
+  const groups = toGroups(head);
+  const tailGroups = toGroups(tail);
+  while (groups.length + tailGroups.length < 8) groups.push(0);
+  const out = Buffer.alloc(16);
+  [...groups, ...tailGroups].forEach((g, i) => out.writeUInt16BE(g, i * 2));
+  return out;
+}
+
+function v4Groups(v4: string): number[] {
+  const b = v4.split('.').map(Number);
+  return [(b[0] << 8) | b[1], (b[2] << 8) | b[3]];
+}
+
+export function cidrContains(cidr: Cidr, addr: string): boolean {
+  let bytes = ipBytes(addr);
+  if (!bytes) return false;
+  // An IPv4 client on a dual-stack socket shows up as ::ffff:a.b.c.d.
+  if (bytes.length === 16 && cidr.family === 4 && bytes.subarray(0, 12).equals(Buffer.from([0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff]))) bytes = bytes.subarray(12);
+  if (bytes.length !== cidr.bytes.length) return false;
+  let bits = cidr.prefix;
+  for (let i = 0; bits > 0; i++, bits -= 8) {
+    const mask = bits >= 8 ? 0xff : (0xff << (8 - bits)) & 0xff;
+    if ((bytes[i] & mask) !== (cidr.bytes[i] & mask)) return false;
+  }
+  return true;
 }
 
 // ---- the compiled hook -------------------------------------------------------------------------
@@ -837,85 +1437,6 @@ function ruleHas(rule: Rule | undefined, type: Match['type']): boolean {
   return ruleMatches(rule).some((m) => m.type === type);
 }
 
-/**
- * Compiles a Go (RE2) regular expression as a JavaScript one. Go's syntax differs in a few
- * places operators use: leading `(?i)` flags, `(?P<name>…)`, `\z`, `\A`, `\pL`, POSIX classes.
- * Lookarounds and backreferences are not RE2 and are refused, which also keeps every accepted
- * pattern eligible for V8's linear-time engine.
- */
-export function compileGoRegex(source: string): RegExp {
-  let flags = '';
-  let body = source;
-  const lead = /^\(\?([imsU]+)\)/.exec(body);
-  if (lead) {
-    if (lead[1].includes('U')) throw new Error('the (?U) flag is not supported');
-    flags = [...new Set(lead[1])].join('');
-    body = body.slice(lead[0].length);
-  }
-  if (/\(\?<?[=!]/.test(body)) throw new Error('lookaround assertions are not RE2 syntax');
-  if (/(^|[^\\])(\\\\)*\\[1-9]/.test(body)) throw new Error('backreferences are not RE2 syntax');
-  const posix: Record<string, string> = { alpha: 'A-Za-z', digit: '0-9', alnum: '0-9A-Za-z', upper: 'A-Z', lower: 'a-z', space: '\\s', xdigit: '0-9A-Fa-f', punct: '!-\\/:-@\\[-`{-~', word: '\\w' };
-  body = body
-    .replace(/\(\?P</g, '(?<')
-    .replace(/\\z/g, '(?![\\s\\S])')
-    .replace(/\\A/g, '(?<![\\s\\S])')
-    .replace(/\\([pP])([A-Z])/g, '\\$1{$2}')
-    .replace(/\[:(\^?)([a-z]+):\]/g, (all, neg: string, name: string) => (posix[name] && !neg ? posix[name] : all));
-  try { return new RegExp(body, flags + 'u'); } catch { return new RegExp(body, flags); }
-}
-
-/** Parses "10.0.0.0/8", "fd00::/8" or a single address (a /32 or /128). */
-export function parseCidr(text: string): Cidr | undefined {
-  const [addr, prefixText, extra] = text.split('/');
-  if (extra !== undefined) return undefined;
-  const bytes = ipBytes(addr);
-  if (!bytes) return undefined;
-  const family = bytes.length === 4 ? 4 : 6;
-  const max = family === 4 ? 32 : 128;
-  if (prefixText !== undefined && !/^\d{1,3}$/.test(prefixText)) return undefined;
-  const prefix = prefixText === undefined ? max : Number(prefixText);
-  if (prefix > max) return undefined;
-  return { family, bytes, prefix };
-}
-
-function ipBytes(addr: string): Buffer | undefined {
-  const kind = net.isIP(addr);
-  if (kind === 4) return Buffer.from(addr.split('.').map(Number));
-  if (kind !== 6) return undefined;
-  const sock = new net.SocketAddress({ address: addr, family: 'ipv6' });
-  const halves = sock.address.split('::');
-  const parse = (s: string) => (s === '' ? [] : s.split(':'));
-  const head = parse(halves[0]);
-  const tail = halves.length > 1 ? parse(halves[1]) : [];
-  // Each side of "::" as 16-bit groups; an embedded IPv4 address (::ffff:1.2.3.4) is two of them.
-  const toGroups = (parts: string[]) => parts.flatMap((g) => (g.includes('.') ? v4Groups(g) : [parseInt(g, 16)]));
-  const groups = toGroups(head);
-  const tailGroups = toGroups(tail);
-  while (groups.length + tailGroups.length < 8) groups.push(0);
-  const out = Buffer.alloc(16);
-  [...groups, ...tailGroups].forEach((g, i) => out.writeUInt16BE(g, i * 2));
-  return out;
-}
-
-function v4Groups(v4: string): number[] {
-  const b = v4.split('.').map(Number);
-  return [(b[0] << 8) | b[1], (b[2] << 8) | b[3]];
-}
-
-export function cidrContains(cidr: Cidr, addr: string): boolean {
-  let bytes = ipBytes(addr);
-  if (!bytes) return false;
-  // An IPv4 client on a dual-stack socket shows up as ::ffff:a.b.c.d.
-  if (bytes.length === 16 && cidr.family === 4 && bytes.subarray(0, 12).equals(Buffer.from([0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff]))) bytes = bytes.subarray(12);
-  if (bytes.length !== cidr.bytes.length) return false;
-  let bits = cidr.prefix;
-  for (let i = 0; bits > 0; i++, bits -= 8) {
-    const mask = bits >= 8 ? 0xff : (0xff << (8 - bits)) & 0xff;
-    if ((bytes[i] & mask) !== (cidr.bytes[i] & mask)) return false;
-  }
-  return true;
-}
-
 // ================================================================================================
 // 3. hooks directory & reload — every -hooks path (a file, or a directory of *.json files merged
 //    in name order) becomes one immutable Snapshot. Reloads watch directories, not file inodes, so
@@ -1074,414 +1595,42 @@ export class HookStore {
 }
 
 // ================================================================================================
-// 4. request parsing & parameters — turns an HTTP request into the structures hook parameters
-//    address: headers (Go-canonical names), query, payload (from JSON, form, XML or multipart
-//    bodies) and the raw body, with adnanh's dotted-path lookup and Go's JSON serialisation.
-//    Exports: HookRequest, parsePayload, resolveParameter, goJsonMarshal, JsonNumber.
-// ================================================================================================
-
-/** A JSON number kept as its literal text ("1.50" stays "1.50"), as Go's json.Number does. */
-export class JsonNumber {
-  readonly text: string;
-  constructor(text: string) { this.text = text; }
-}
-
-export interface HookRequest {
-  id: string;
-  method: string;
-  /** Go's RemoteAddr form: "10.0.0.1:5678" or "[fd00::1]:5678". */
-  remoteAddr: string;
-  remoteIp: string;
-  headers: Record<string, unknown>;
-  query: Record<string, unknown>;
-  payload: Record<string, unknown> | undefined;
-  body: Buffer;
-}
-
-export class ParameterNotFound extends Error {
-  constructor(key: string) { super(`parameter node not found: ${key}`); }
-}
-
-/** Thrown for a multipart body that cannot be parsed (adnanh answers 500 for it). */
-export class MultipartError extends Error {}
-
-/** Go's textproto.CanonicalMIMEHeaderKey: "x-hub-signature" → "X-Hub-Signature". */
-export function canonicalHeaderKey(name: string): string {
-  if (!/^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/.test(name)) return name;
-  return name.toLowerCase().replace(/(^|-)([a-z])/g, (_, dash: string, c: string) => dash + c.toUpperCase());
-}
-
-/** First value of each header, Go-canonical names, without Host (Go keeps it out of r.Header). */
-export function headersFromRaw(rawHeaders: string[]): Record<string, unknown> {
-  const out: Record<string, unknown> = {};
-  for (let i = 0; i < rawHeaders.length; i += 2) {
-    const key = canonicalHeaderKey(rawHeaders[i]);
-    if (key !== 'Host' && !(key in out)) out[key] = rawHeaders[i + 1];
-  }
-  return out;
-}
-
-/** First value of each key, as Go's url.Values would give it. */
-export function firstValues(params: URLSearchParams): Record<string, unknown> {
-  const out: Record<string, unknown> = {};
-  for (const [k, v] of params) if (!(k in out)) out[k] = v;
-  return out;
-}
-
-/**
- * JSON.parse, with every number kept as its literal text (JsonNumber). The reviver that does it
- * costs several times the plain parse, so it runs only when the document holds a number at all
- * (ACR payloads hold none).
- */
-export function parseJsonKeepingNumbers(text: string): unknown {
-  const plain: unknown = JSON.parse(text);
-  if (!containsNumber(plain)) return plain;
-  return JSON.parse(text, (_key, value, context?: { source?: string }) =>
-    (typeof value === 'number' && context?.source !== undefined ? new JsonNumber(context.source) : value));
-}
-
-function containsNumber(value: unknown): boolean {
-  if (typeof value === 'number') return true;
-  if (value === null || typeof value !== 'object') return false;
-  for (const v of Array.isArray(value) ? value : Object.values(value)) if (containsNumber(v)) return true;
-  return false;
-}
-
-/**
- * Parses a body by content type as adnanh does: "json" (an array becomes {"root": […]}),
- * "x-www-form-urlencoded", "xml", "multipart/form-data;". Returns the payload (undefined when the
- * body does not parse; that never fails the request) and a note for the log.
- */
-export function parsePayload(contentType: string, body: Buffer, jsonFileParts: string[]): { payload: Record<string, unknown> | undefined; note?: string } {
-  if (contentType.startsWith('multipart/form-data;')) return { payload: parseMultipart(contentType, body, jsonFileParts) };
-  if (!isParsedContentType(contentType)) return { payload: undefined, note: `error parsing body payload due to unsupported content type header: ${contentType}` };
-  try {
-    if (contentType.includes('json')) {
-      const text = body.toString('utf8');
-      const value = parseJsonKeepingNumbers(text);
-      if (Array.isArray(value)) return { payload: { root: value } };
-      if (value === null) return { payload: undefined };
-      if (typeof value !== 'object') return { payload: undefined, note: 'error parsing JSON payload: not an object or array' };
-      return { payload: value as Record<string, unknown> };
-    }
-    if (contentType.includes('x-www-form-urlencoded')) return { payload: firstValues(new URLSearchParams(body.toString('utf8'))) };
-    return { payload: parseXml(body.toString('utf8')) };
-  } catch (e) {
-    return { payload: undefined, note: `error parsing ${contentType.includes('json') ? 'JSON' : 'XML'} payload: ${(e as Error).message}` };
-  }
-}
-
-/** Content types with a payload parser (multipart aside). */
-export function isParsedContentType(contentType: string): boolean {
-  return contentType.includes('json') || contentType.includes('x-www-form-urlencoded') || contentType.includes('xml');
-}
-
-/**
- * XML to a map the way adnanh's mxj library does it: the root element is the single top key,
- * attributes become "-name", text beside attributes or children becomes "#text", repeated
- * elements become arrays, all values are strings.
- */
-export function parseXml(text: string): Record<string, unknown> {
-  let at = 0;
-  const entities: Record<string, string> = { lt: '<', gt: '>', amp: '&', quot: '"', apos: "'" };
-  const decode = (s: string) => s.replace(/&(#x[0-9A-Fa-f]+|#\d+|[a-z]+);/g, (all, e: string) =>
-    e[0] === '#' ? String.fromCodePoint(e[1] === 'x' ? parseInt(e.slice(2), 16) : Number(e.slice(1))) : entities[e] ?? all);
-  const fail = (what: string): never => { throw new Error(`${what} at offset ${at}`); };
-  const skipMisc = () => {
-    for (;;) {
-      while (/\s/.test(text[at] ?? '')) at++;
-      if (text.startsWith('<?', at)) { const e = text.indexOf('?>', at); if (e < 0) fail('unterminated processing instruction'); at = e + 2; }
-      else if (text.startsWith('<!--', at)) { const e = text.indexOf('-->', at); if (e < 0) fail('unterminated comment'); at = e + 3; }
-      else if (text.startsWith('<!DOCTYPE', at)) { const e = text.indexOf('>', at); if (e < 0) fail('unterminated DOCTYPE'); at = e + 1; }
-      else return;
-    }
-  };
-  const localName = (n: string) => n.slice(n.indexOf(':') + 1);
-  const element = (): [string, unknown] => {
-    const m = /^<([A-Za-z_][\w.:-]*)/.exec(text.slice(at, at + 256));
-    if (!m) fail('expected an element');
-    at += m![0].length;
-    const name = localName(m![1]);
-    const node: Record<string, unknown> = {};
-    for (;;) {
-      while (/\s/.test(text[at] ?? '')) at++;
-      if (text.startsWith('/>', at)) { at += 2; return [name, Object.keys(node).length ? node : '']; }
-      if (text[at] === '>') { at++; break; }
-      const a = /^([A-Za-z_][\w.:-]*)\s*=\s*("([^"]*)"|'([^']*)')/.exec(text.slice(at, at + 65536));
-      if (!a) fail('malformed attribute');
-      at += a![0].length;
-      if (!a![1].startsWith('xmlns')) node['-' + localName(a![1])] = decode(a![3] ?? a![4]);
-    }
-    let textContent = '';
-    for (;;) {
-      if (at >= text.length) fail(`unterminated element <${name}>`);
-      if (text.startsWith('</', at)) {
-        const e = text.indexOf('>', at);
-        if (e < 0 || localName(text.slice(at + 2, e).trim()) !== name) fail(`mismatched closing tag for <${name}>`);
-        at = e + 1;
-        break;
-      }
-      if (text.startsWith('<![CDATA[', at)) {
-        const e = text.indexOf(']]>', at);
-        if (e < 0) fail('unterminated CDATA');
-        textContent += text.slice(at + 9, e);
-        at = e + 3;
-      } else if (text.startsWith('<!--', at) || text.startsWith('<?', at)) {
-        skipMisc();
-      } else if (text[at] === '<') {
-        const [childName, child] = element();
-        const existing = node[childName];
-        if (existing === undefined) node[childName] = child;
-        else if (Array.isArray(existing)) existing.push(child);
-        else node[childName] = [existing, child];
-      } else {
-        const e = text.indexOf('<', at);
-        textContent += decode(text.slice(at, e < 0 ? text.length : e));
-        at = e < 0 ? text.length : e;
-      }
-    }
-    const trimmed = textContent.trim();
-    if (Object.keys(node).length === 0) return [name, trimmed];
-    if (trimmed !== '') node['#text'] = trimmed;
-    return [name, node];
-  };
-  skipMisc();
-  const [rootName, root] = element();
-  skipMisc();
-  if (at < text.length) fail('content after the root element');
-  return { [rootName]: root };
-}
-
-/**
- * multipart/form-data: value parts become payload keys (first value wins); file parts are parsed
- * as JSON when their Content-Type is application/json or the hook lists them in
- * parse-parameters-as-json; other file parts are ignored, as adnanh does.
- */
-export function parseMultipart(contentType: string, body: Buffer, jsonFileParts: string[]): Record<string, unknown> | undefined {
-  const m = /;\s*boundary=(?:"([^"]+)"|([^\s;]+))/i.exec(contentType);
-  if (!m) throw new MultipartError('no multipart boundary param in Content-Type');
-  const delimiter = Buffer.from(`--${m[1] ?? m[2]}`);
-  let payload: Record<string, unknown> | undefined;
-  let at = body.indexOf(delimiter);
-  if (at < 0) throw new MultipartError('multipart: NextPart: EOF');
-  for (;;) {
-    at += delimiter.length;
-    if (body.subarray(at, at + 2).toString() === '--') return payload;
-    if (body.subarray(at, at + 2).toString() === '\r\n') at += 2;
-    else throw new MultipartError('multipart: boundary not followed by CRLF');
-    const headerEnd = body.indexOf('\r\n\r\n', at);
-    if (headerEnd < 0) throw new MultipartError('multipart: unterminated part headers');
-    const headers = body.subarray(at, headerEnd).toString('utf8').split('\r\n');
-    const next = body.indexOf(Buffer.concat([Buffer.from('\r\n'), delimiter]), headerEnd + 4);
-    if (next < 0) throw new MultipartError('multipart: NextPart: EOF');
-    const content = body.subarray(headerEnd + 4, next);
-    at = next + 2;
-    const header = (n: string) => headers.find((h) => h.toLowerCase().startsWith(n + ':'))?.slice(n.length + 1).trim() ?? '';
-    const disposition = header('content-disposition');
-    const name = /(?:^|;)\s*name="([^"]*)"/i.exec(disposition)?.[1];
-    if (name === undefined) continue;
-    const isFile = /;\s*filename="[^"]/i.test(disposition);
-    payload ??= {};
-    if (!isFile) {
-      if (!(name in payload)) payload[name] = content.toString('utf8');
-    } else if (!(name in payload) && (jsonFileParts.includes(name) || header('content-type') === 'application/json')) {
-      try {
-        const v = parseJsonKeepingNumbers(content.toString('utf8'));
-        if (v !== null && typeof v === 'object' && !Array.isArray(v)) payload[name] = v;
-      } catch { /* adnanh logs and leaves the part out; so do we */ }
-    }
-  }
-}
-
-/** adnanh's dotted lookup: try the whole key first, else split at the first dot and descend. */
-export function lookupParameter(key: string, params: unknown): unknown {
-  if (params === undefined) throw new ParameterNotFound(key);
-  if (Array.isArray(params)) {
-    const dot = key.indexOf('.');
-    const head = dot < 0 ? key : key.slice(0, dot);
-    const index = /^\d+$/.test(head) ? Number(head) : NaN;
-    if (!(index < params.length)) throw new ParameterNotFound(key);
-    return dot < 0 ? params[index] : lookupParameter(key.slice(dot + 1), params[index]);
-  }
-  if (params !== null && typeof params === 'object' && !(params instanceof JsonNumber)) {
-    const map = params as Record<string, unknown>;
-    if (Object.hasOwn(map, key)) return map[key];
-    const dot = key.indexOf('.');
-    if (dot >= 0 && Object.hasOwn(map, key.slice(0, dot))) return lookupParameter(key.slice(dot + 1), map[key.slice(0, dot)]);
-  }
-  throw new ParameterNotFound(key);
-}
-
-/** Sets the value at a dotted key, if that key exists (adnanh's ReplaceParameter). */
-export function replaceParameter(key: string, params: unknown, value: unknown): boolean {
-  if (params === null || typeof params !== 'object' || params instanceof JsonNumber) return false;
-  const dot = key.indexOf('.');
-  if (Array.isArray(params)) {
-    if (dot < 0 || !/^\d+$/.test(key.slice(0, dot)) || Number(key.slice(0, dot)) >= params.length) return false;
-    return replaceParameter(key.slice(dot + 1), params[Number(key.slice(0, dot))], value);
-  }
-  const map = params as Record<string, unknown>;
-  if (dot >= 0) return Object.hasOwn(map, key.slice(0, dot)) && replaceParameter(key.slice(dot + 1), map[key.slice(0, dot)], value);
-  if (!Object.hasOwn(map, key)) return false;
-  map[key] = value;
-  return true;
-}
-
-/** Go's encoding/json Marshal: sorted keys, HTML-safe escapes, json.Number literals. */
-export function goJsonMarshal(value: unknown): string {
-  if (value === null || value === undefined) return 'null';
-  if (value instanceof JsonNumber) return value.text;
-  if (typeof value === 'string') {
-    return '"' + value.toWellFormed().replace(/["\\\u0000-\u001f<>&\u2028\u2029]/g, (c) => {
-      const short: Record<string, string> = { '"': '\\"', '\\': '\\\\', '\n': '\\n', '\r': '\\r', '\t': '\\t', '\b': '\\b', '\f': '\\f' };
-      return short[c] ?? '\\u' + c.charCodeAt(0).toString(16).padStart(4, '0');
-    }) + '"';
-  }
-  if (typeof value === 'number' || typeof value === 'boolean') return String(value);
-  if (Array.isArray(value)) return '[' + value.map(goJsonMarshal).join(',') + ']';
-  const map = value as Record<string, unknown>;
-  return '{' + Object.keys(map).sort().map((k) => goJsonMarshal(k) + ':' + goJsonMarshal(map[k])).join(',') + '}';
-}
-
-/** A looked-up value as the string adnanh would pass on (objects as JSON, null as "<nil>"). */
-function parameterString(value: unknown): string {
-  if (value === null || value === undefined) return '<nil>';
-  if (typeof value === 'object' && !(value instanceof JsonNumber)) return goJsonMarshal(value);
-  return value instanceof JsonNumber ? value.text : String(value);
-}
-
-/** The value of one hook parameter for this request; throws ParameterNotFound when absent. */
-export function resolveParameter(p: Param, req: HookRequest): string {
-  switch (p.source) {
-    case 'string': return p.name;
-    case 'raw-request-body': return req.body.toString('utf8');
-    case 'request': return p.name.toLowerCase() === 'method' ? req.method : req.remoteAddr;
-    case 'entire-payload': return goJsonMarshal(req.payload);
-    case 'entire-headers': return goJsonMarshal(req.headers);
-    case 'entire-query': return goJsonMarshal(req.query);
-    case 'header': return parameterString(lookupParameter(canonicalHeaderKey(p.name), req.headers));
-    case 'url': return parameterString(lookupParameter(p.name, req.query));
-    case 'payload': return parameterString(lookupParameter(p.name, req.payload));
-  }
-}
-
-/** parse-parameters-as-json: replaces each listed string parameter by the object it encodes. */
-export function applyJsonParameters(hook: Hook, req: HookRequest): string[] {
-  const errors: string[] = [];
-  for (const p of hook.jsonParams) {
-    let parsed: unknown;
-    try {
-      parsed = parseJsonKeepingNumbers(resolveParameter(p, req));
-      if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed)) throw new Error('not a JSON object');
-    } catch (e) {
-      errors.push(`error parsing JSON parameter ${p.source}:${p.name}: ${(e as Error).message}`);
-      continue;
-    }
-    const target = p.source === 'header' ? req.headers : p.source === 'url' ? req.query : p.source === 'payload' ? req.payload : undefined;
-    replaceParameter(p.source === 'header' ? canonicalHeaderKey(p.name) : p.name, target, parsed);
-  }
-  return errors;
-}
-
-// ================================================================================================
-// 5. trigger rules — evaluates a compiled rule against a request with adnanh's semantics: a
-//    missing parameter makes a match false (inside `or` it is passed over, inside `and` the rule
-//    fails); a bad signature is an evaluation error unless the hook allows soft failures.
-//    Comparisons of secrets are constant-time, length included.
-//    Exports: evaluateRule, RuleResult, SignatureError.
-// ================================================================================================
-
-export class SignatureError extends Error {}
-export interface RuleResult { ok: boolean; error?: Error }
-
-export function evaluateRule(rule: Rule, req: HookRequest, soft: boolean, now: Date = new Date()): RuleResult {
-  if ('and' in rule) {
-    for (const r of rule.and) {
-      const res = evaluateRule(r, req, soft, now);
-      if (res.error) return { ok: false, error: res.error };
-      if (!res.ok) return { ok: false };
-    }
-    return { ok: true };
-  }
-  if ('or' in rule) {
-    for (const r of rule.or) {
-      const res = evaluateRule(r, req, soft, now);
-      const forgiven = res.error instanceof ParameterNotFound || (soft && res.error instanceof SignatureError);
-      if (res.error && !forgiven) return { ok: false, error: res.error };
-      if (res.ok) return { ok: true };
-    }
-    return { ok: false };
-  }
-  if ('not' in rule) {
-    const res = evaluateRule(rule.not, req, soft, now);
-    return { ok: !res.ok, error: res.error };
-  }
-  return evaluateMatch(rule.match, req, now);
-}
-
-function evaluateMatch(m: Match, req: HookRequest, now: Date): RuleResult {
-  if (m.type === 'ip-whitelist') return { ok: m.ranges.some((r) => cidrContains(r, req.remoteIp)) };
-  if (m.type === 'scalr-signature') return checkScalrSignature(req, m.secret, now);
-  let value: string;
-  try { value = resolveParameter(m.param, req); } catch (e) { return { ok: false, error: e as Error }; }
-  switch (m.type) {
-    case 'value': return { ok: timingSafeEqual(secretDigest(value), m.digest) };
-    case 'regex': return { ok: m.regex.test(value) };
-    case 'hmac': return checkPayloadSignature(req.body, m.algorithm, m.secret, value);
-  }
-}
-
-/** Signatures in a header: "sha256=abc" or several, comma-separated; any one may match. */
-export function extractSignatures(header: string, prefix: string): string[] {
-  if (!header.includes(',')) return [header.startsWith(prefix) ? header.slice(prefix.length) : header];
-  return header.split(',').filter((p) => p.startsWith(prefix)).map((p) => p.slice(prefix.length));
-}
-
-export function checkPayloadSignature(body: Buffer, algorithm: string, secret: string, header: string): RuleResult {
-  const expected = createHmac(algorithm, secret).update(body).digest('hex');
-  const signatures = extractSignatures(header, `${algorithm}=`);
-  const expectedDigest = secretDigest(expected);
-  if (signatures.some((s) => timingSafeEqual(secretDigest(s), expectedDigest))) return { ok: true };
-  return { ok: false, error: new SignatureError(`invalid payload signature ${signatures.join(',')}`) };
-}
-
-/** Scalr: HMAC-SHA1 of body + Date header, and the Date within 5 minutes of now. */
-export function checkScalrSignature(req: HookRequest, secret: string, now: Date): RuleResult {
-  const signature = req.headers['X-Signature'];
-  const date = req.headers.Date;
-  if (typeof signature !== 'string' || typeof date !== 'string') return { ok: false };
-  const expected = createHmac('sha1', secret).update(req.body).update(date).digest('hex');
-  if (!timingSafeEqual(secretDigest(signature), secretDigest(expected))) return { ok: false, error: new SignatureError(`invalid payload signature ${signature}`) };
-  // The format Scalr sends: "Fri 08 Sep 2017 11:24:32 UTC" (Go layout "Mon 02 Jan 2006 15:04:05 MST").
-  const m = /^[A-Z][a-z]{2} (\d{2}) ([A-Z][a-z]{2}) (\d{4}) (\d{2}):(\d{2}):(\d{2}) [A-Z]{3,4}$/.exec(date);
-  const month = m ? MONTHS.indexOf(m[2]) : -1;
-  if (!m || month < 0) return { ok: false, error: new Error(`parsing time "${date}" as "Mon 02 Jan 2006 15:04:05 MST": cannot parse`) };
-  const sent = Date.UTC(Number(m[3]), month, Number(m[1]), Number(m[4]), Number(m[5]), Number(m[6]));
-  if (Math.abs(now.getTime() - sent) > 300_000) return { ok: false, error: new SignatureError('invalid payload signature outdated') };
-  return { ok: true };
-}
-
-// ================================================================================================
 // 6. command execution — resolves execute-command as adnanh does (absolute; else relative to
 //    command-working-directory, never searched on PATH then; else on PATH), passes arguments,
 //    environment and temp files, and runs the command in its own process group under a deadline
 //    and a cap on concurrent commands. Output is stdout and stderr combined in arrival order.
-//    The bundled upgrade entry point (/webhooks.sh) is not started as a process: it runs
-//    in-process through UpgradeService, with the same inputs, output and exit status.
-//    Exports: resolveCommand, isUpgradeEntryPoint, UpgradeService, CommandRunner, CommandResult.
+//    A command that is an InProcessCommand's entry point (the bundled /webhooks.sh: the upgrade
+//    of section 10) is not started as a process: it runs in this process with the same inputs,
+//    output and exit status.
+//    Exports: CommandRunner, CommandResult, InProcessCommand, resolveCommand, decodeBase64Strict.
 // ================================================================================================
+
+type Environment = Record<string, string | undefined>;
 
 export interface CommandResult {
   output: string;
   /** The environment the command ran with (or would have). */
-  env: Readonly<Record<string, string | undefined>>;
+  env: Readonly<Environment>;
   ok: boolean;
   exitCode: number | null;
   timedOut: boolean;
   /** Why the command could not start, or how it ended when not by exit 0. */
   error?: string;
-  /** Set when the command was the upgrade entry point, run in-process. */
-  report?: UpgradeReport;
+  /** What an in-process command reported besides its output; only its CommandListener reads it. */
+  report?: unknown;
+}
+
+/**
+ * A command that runs inside this process instead of as a child: the same arguments and
+ * environment in, the same output and exit status out, plus a report of its own.
+ */
+export interface InProcessCommand {
+  /** What the log calls it. */
+  readonly name: string;
+  /** Whether a resolved execute-command is this command's entry point. */
+  handles(file: string): boolean;
+  run(args: string[], env: Environment, requestId: string, hookId: string):
+    Promise<{ output: string; exitCode: number; report: unknown }>;
 }
 
 /** Go's exec.LookPath on adnanh's candidate; returns the path or the error text Go would print. */
@@ -1508,203 +1657,66 @@ export function resolveCommand(command: string, workingDirectory: string, envPat
   return { error: `exec: ${JSON.stringify(candidate)}: executable file not found in $PATH` };
 }
 
-/** Marks the bundled webhooks.sh: a hook whose command is that file runs the upgrade in-process. */
-export const UPGRADE_ENTRY_MARKER = 'webhook-upgrade-entry-point';
-
-/**
- * Whether a resolved command is this program's upgrade entry point: the executable itself under
- * another name (/webhooks.sh as a symlink to it, in the image) or the bundled shim script.
- */
-export function isUpgradeEntryPoint(file: string): boolean {
-  try {
-    if (isSea() && fs.realpathSync(file) === fs.realpathSync(process.execPath)) return true;
-    const fd = fs.openSync(file, 'r');
-    try {
-      const head = Buffer.alloc(256);
-      return head.subarray(0, fs.readSync(fd, head, 0, head.length, 0)).toString('latin1').includes(UPGRADE_ENTRY_MARKER);
-    } finally {
-      fs.closeSync(fd);
-    }
-  } catch {
-    return false;
-  }
-}
-
-/**
- * The upgrade as the runner uses it: one Kubernetes client and one per-workload queue for all
- * pushes (ordering and duplicate coalescing need to see every push), and rollouts followed after
- * the answer has gone, so the final outcome reaches the log, an Event and the mail.
- */
-export class UpgradeService {
-  private client: KubeClient | undefined;
-  private readonly queue = new WorkloadQueue();
-  private readonly stopping = new AbortController();
-  /** One follow per workload: a newer push's follow supersedes the one before. */
-  private readonly following = new Map<string, { controller: AbortController; done: Promise<unknown> }>();
-  private readonly kubeconfig: string | undefined;
-  private readonly env: Record<string, string | undefined>;
-  private readonly followMs: number;
-  private readonly log: Logger;
-
-  constructor(kubeconfig: string | undefined, env: Record<string, string | undefined>, followMs: number, log: Logger) {
-    this.kubeconfig = kubeconfig;
-    this.env = env;
-    this.followMs = followMs;
-    this.log = log;
-  }
-
-  /** The shared client, made on first use; undefined when there are no credentials (runUpgrade says why). */
-  private sharedClient(): KubeClient | undefined {
-    if (!this.client) {
-      try { this.client = new KubeClient(credentialsFromEnvironment(this.env, this.kubeconfig)); } catch { /* reported per upgrade */ }
-    }
-    return this.client;
-  }
-
-  run(args: string[], env: Record<string, string | undefined>, requestId: string, hookId: string): ReturnType<typeof runUpgrade> {
-    return runUpgrade(args, env, { client: this.sharedClient(), kubeconfig: this.kubeconfig, requestId, hookId, queue: this.queue });
-  }
-
-  /**
-   * Follows a rollout the upgrade left progressing, then logs and records its end. Resolves with
-   * the report brought up to date (or unchanged when there is nothing to follow).
-   */
-  async follow(report: UpgradeReport, requestId: string): Promise<UpgradeReport> {
-    const target = report.target;
-    const client = this.client;
-    if (!client || !target || !report.changed || report.rollout?.state !== 'progressing' || this.followMs === 0) return report;
-    const key = `${target.namespace}/${target.kind}/${target.name}`;
-    this.following.get(key)?.controller.abort();
-    const controller = new AbortController();
-    const signal = AbortSignal.any([controller.signal, this.stopping.signal]);
-    const done = followRollout(client, target, { timeoutMs: this.followMs, container: report.container ?? '', signal });
-    this.following.set(key, { controller, done });
-    let outcome = await done;
-    if (this.following.get(key)?.done === done) this.following.delete(key);
-    if (controller.signal.aborted) {
-      // A later push to this workload is being followed now; its mail tells how the rollout ended.
-      outcome = { state: 'progressing', detail: 'superseded by a later push to this workload, whose report follows the rollout', pods: [] };
-      return { ...report, rollout: outcome };
-    }
-    const updated: UpgradeReport = { ...report, rollout: outcome };
-    if (outcome.state === 'failed' || outcome.state === 'timed out') {
-      updated.result = 'failed';
-      updated.error = `the rollout ${outcome.state === 'failed' ? 'failed' : 'did not complete'} (see rollout)`;
-    }
-    const line = `[${requestId}] ${report.workload} in ${report.namespace}: rollout ${formatRollout(outcome)}`;
-    if (updated.result === 'ok') this.log.info(line);
-    else this.log.error(line);
-    const event = rolloutEvent(outcome, report.container ?? '');
-    if (event) await recordWorkloadEvent(client, target, event).catch((e: Error) => this.log.error(`[${requestId}] event not recorded: ${e.message}`));
-    return updated;
-  }
-
-  /** At shutdown: rollouts still followed end now (their mails then go out). */
-  async stop(ms: number): Promise<void> {
-    this.stopping.abort();
-    await Promise.race([Promise.allSettled([...this.following.values()].map((f) => f.done)), sleep(ms, undefined, { ref: false })]);
-  }
-}
-
 /** A taken command slot: the command as resolved for this request, and which pool it came from. */
 export interface Slot { resolved: { path?: string; error?: string }; inProcess: boolean }
 
+/** What a command is started with, resolved from the hook's parameters for one request. */
+interface CommandInputs { args: string[]; env: Environment; envNames: string[]; tempFiles: string[] }
+
 export class CommandRunner {
   private processes = 0;
-  private upgrades = 0;
+  private inProcessRunning = 0;
   private readonly children = new Set<ChildProcess>();
   private readonly idleWaiters: (() => void)[] = [];
   private readonly max: number;
+  private readonly env: Environment;
   private readonly log: Logger;
   private readonly metrics: Metrics;
-  private readonly upgrade: UpgradeService | undefined;
+  private readonly inProcess: InProcessCommand | undefined;
 
-  constructor(max: number, log: Logger, metrics: Metrics, upgrade?: UpgradeService) {
+  /** `env` is the service's environment: what commands inherit, and the PATH they are found on. */
+  constructor(max: number, env: Environment, log: Logger, metrics: Metrics, inProcess?: InProcessCommand) {
     this.max = max;
+    this.env = env;
     this.log = log;
     this.metrics = metrics;
-    this.upgrade = upgrade;
+    this.inProcess = inProcess;
   }
 
   /**
    * Takes a slot for the hook's command; undefined when all are busy (the caller answers 503).
-   * Processes and in-process upgrades are bounded separately: the cap on processes bounds forks,
+   * Processes and in-process commands are bounded separately: the cap on processes bounds forks,
    * while an upgrade waiting behind its workload's earlier pushes costs only memory.
    */
   tryAcquire(hook: Hook): Slot | undefined {
-    const resolved = resolveCommand(hook.command, hook.workingDirectory, process.env.PATH ?? '');
-    const inProcess = this.upgrade !== undefined && resolved.path !== undefined && isUpgradeEntryPoint(resolved.path);
-    if (inProcess ? this.upgrades >= LIMITS.maxPendingUpgrades : this.processes >= this.max) return undefined;
-    if (inProcess) this.upgrades++;
+    const resolved = resolveCommand(hook.command, hook.workingDirectory, this.env.PATH ?? '');
+    const inProcess = resolved.path !== undefined && this.inProcess?.handles(resolved.path) === true;
+    if (inProcess ? this.inProcessRunning >= LIMITS.maxPendingUpgrades : this.processes >= this.max) return undefined;
+    if (inProcess) this.inProcessRunning++;
     else this.processes++;
-    this.metrics.setGauge('webhook_commands_running', {}, this.processes + this.upgrades);
+    this.metrics.setGauge('webhook_commands_running', {}, this.processes + this.inProcessRunning);
     return { resolved, inProcess };
   }
 
   private release(slot: Slot): void {
-    if (slot.inProcess) this.upgrades--;
+    if (slot.inProcess) this.inProcessRunning--;
     else this.processes--;
-    this.metrics.setGauge('webhook_commands_running', {}, this.processes + this.upgrades);
-    if (this.processes + this.upgrades === 0) this.idleWaiters.splice(0).forEach((w) => w());
+    this.metrics.setGauge('webhook_commands_running', {}, this.processes + this.inProcessRunning);
+    if (this.processes + this.inProcessRunning === 0) this.idleWaiters.splice(0).forEach((w) => w());
   }
 
   /** Runs the hook's command for this request in the slot the caller took; released here. */
   async run(hook: Hook, req: HookRequest, slot: Slot): Promise<CommandResult> {
     const started = process.hrtime.bigint();
-    const tempFiles: string[] = [];
     const tag = `[${req.id}]`;
+    const inputs: CommandInputs = { args: [], env: { ...this.env }, envNames: [], tempFiles: [] };
     try {
-      const env: Record<string, string | undefined> = { ...process.env };
-      const resolved = slot.resolved;
-      if (!resolved.path) {
-        this.log.error(`${tag} error in ${resolved.error}`);
-        if (hook.command.includes(' ')) this.log.error(`${tag} use 'pass-arguments-to-command' to specify args for '${hook.command.split(/\s+/)[0]}'`);
-        return { output: '', env, ok: false, exitCode: null, timedOut: false, error: resolved.error };
-      }
-      const args = hook.args.map((p) => {
-        try { return resolveParameter(p, req); } catch (e) {
-          this.log.info(`${tag} error extracting command arguments: couldn't retrieve argument for ${JSON.stringify(p)}: ${(e as Error).message}`);
-          return '';
-        }
-      });
-      const envNames: string[] = [];
-      for (const p of hook.env) {
-        try {
-          const name = p.envname || `HOOK_${p.name}`;
-          env[name] = resolveParameter(p, req);
-          envNames.push(name);
-        } catch (e) {
-          this.log.info(`${tag} error extracting command arguments for environment: ${(e as Error).message}`);
-        }
-      }
-      for (const p of hook.files) {
-        let data: Buffer;
-        try {
-          const value = resolveParameter(p, req);
-          data = p.base64decode ? decodeBase64Strict(value) : Buffer.from(value);
-        } catch (e) {
-          this.log.info(`${tag} error extracting command arguments for file: ${(e as Error).message}`);
-          continue;
-        }
-        const dir = hook.workingDirectory || tmpdir();
-        const file = path.join(dir, `${p.envname}${randomBytes(6).readUIntBE(0, 6)}`);
-        await fsp.writeFile(file, data, { mode: 0o600, flag: 'wx' });
-        tempFiles.push(file);
-        env[p.envname] = file;
-        envNames.push(p.envname);
-        this.log.debug(`${tag} writing env ${p.envname} file ${file}`);
-      }
-      const inProcess = slot.inProcess;
-      this.log.info(`${tag} executing ${hook.command} (${inProcess ? 'the upgrade, in-process' : resolved.path}) with ${args.length} argument(s) and environment ${envNames.join(', ') || '(none added)'} using ${hook.workingDirectory || '(current directory)'} as cwd`);
-      const timeoutMs = hook.commandTimeoutMs;
-      const result = inProcess
-        ? await this.runUpgradeInProcess(args, env, timeoutMs, req.id, hook.id)
-        : await this.spawnCommand(resolved.path, hook.command, args, env, hook.workingDirectory, timeoutMs, tag);
-      this.log.info(`${tag} command output: ${result.output}`);
-      if (!result.ok) this.log.error(`${tag} hook ${hook.id}: command ${hook.command} failed: ${result.error}`);
+      const result = await this.start(hook, req, slot, inputs);
+      this.metrics.inc('webhook_commands_total', { hook: hook.id, result: result.ok ? 'success' : result.timedOut ? 'timeout' : 'failure' });
+      if (result.timedOut) this.metrics.inc('webhook_command_timeouts_total', { hook: hook.id });
       return result;
     } finally {
-      for (const f of tempFiles) {
+      for (const f of inputs.tempFiles) {
         this.log.debug(`${tag} removing file ${f}`);
         await fsp.rm(f, { force: true }).catch((e: Error) => this.log.error(`${tag} error removing file ${f}: ${e.message}`));
       }
@@ -1715,40 +1727,89 @@ export class CommandRunner {
     }
   }
 
-  /** The upgrade with the same inputs and outputs as /webhooks.sh, without starting a process. */
-  private async runUpgradeInProcess(args: string[], env: Record<string, string | undefined>, timeoutMs: number, requestId: string, hookId: string): Promise<CommandResult> {
-    const upgrade = this.upgrade!.run(args, env, requestId, hookId);
-    // The upgrade bounds its own Kubernetes calls; this only stops the answer from waiting longer
-    // than the hook allows (the upgrade then finishes in the background, in order).
-    const timedOut = timeoutMs > 0 ? sleep(timeoutMs, undefined, { ref: false }).then(() => undefined) : new Promise<undefined>(() => {});
-    const r = await Promise.race([upgrade, timedOut]);
-    if (!r) return { output: '', env, ok: false, exitCode: null, timedOut: true, error: `timed out after ${formatGoDuration(timeoutMs)}` };
-    return { output: this.log.scrub(r.output), env, ok: r.exitCode === 0, exitCode: r.exitCode, timedOut: false, error: r.exitCode === 0 ? undefined : `exit status ${r.exitCode}`, report: r.report };
+  private async start(hook: Hook, req: HookRequest, slot: Slot, inputs: CommandInputs): Promise<CommandResult> {
+    const tag = `[${req.id}]`;
+    const resolved = slot.resolved;
+    if (!resolved.path) {
+      this.log.error(`${tag} error in ${resolved.error}`);
+      if (hook.command.includes(' ')) this.log.error(`${tag} use 'pass-arguments-to-command' to specify args for '${hook.command.split(/\s+/)[0]}'`);
+      return { output: '', env: inputs.env, ok: false, exitCode: null, timedOut: false, error: resolved.error };
+    }
+    await this.resolveInputs(hook, req, inputs);
+    const how = slot.inProcess ? `${this.inProcess!.name}, in-process` : resolved.path;
+    const env = inputs.envNames.join(', ') || '(none added)';
+    this.log.info(`${tag} executing ${hook.command} (${how}) with ${inputs.args.length} argument(s) and environment ${env} using ${hook.workingDirectory || '(current directory)'} as cwd`);
+    const timeoutMs = hook.commandTimeoutMs;
+    const result = slot.inProcess
+      ? await this.runInProcess(inputs, timeoutMs, req.id, hook.id)
+      : await this.spawnCommand(resolved.path, hook.command, inputs, hook.workingDirectory, timeoutMs, tag);
+    this.log.info(`${tag} command output: ${result.output}`);
+    if (!result.ok) this.log.error(`${tag} hook ${hook.id}: command ${hook.command} failed: ${result.error}`);
+    return result;
   }
 
-  private spawnCommand(file: string, argv0: string, args: string[], env: Record<string, string | undefined>, cwd: string, timeoutMs: number, tag: string): Promise<CommandResult> {
-    const failedToStart = (error: string): CommandResult => ({ output: '', env, ok: false, exitCode: null, timedOut: false, error });
+  /** Arguments, environment variables and temp files from the hook's parameters, as adnanh does. */
+  private async resolveInputs(hook: Hook, req: HookRequest, inputs: CommandInputs): Promise<void> {
+    const tag = `[${req.id}]`;
+    inputs.args = hook.args.map((p) => {
+      try { return resolveParameter(p, req); } catch (e) {
+        this.log.info(`${tag} error extracting command arguments: couldn't retrieve argument for ${JSON.stringify(p)}: ${(e as Error).message}`);
+        return '';
+      }
+    });
+    for (const p of hook.env) {
+      try {
+        const name = p.envname || `HOOK_${p.name}`;
+        inputs.env[name] = resolveParameter(p, req);
+        inputs.envNames.push(name);
+      } catch (e) {
+        this.log.info(`${tag} error extracting command arguments for environment: ${(e as Error).message}`);
+      }
+    }
+    for (const p of hook.files) {
+      let data: Buffer;
+      try {
+        const value = resolveParameter(p, req);
+        data = p.base64decode ? decodeBase64Strict(value) : Buffer.from(value);
+      } catch (e) {
+        this.log.info(`${tag} error extracting command arguments for file: ${(e as Error).message}`);
+        continue;
+      }
+      const file = path.join(hook.workingDirectory || tmpdir(), `${p.envname}${randomBytes(6).readUIntBE(0, 6)}`);
+      await fsp.writeFile(file, data, { mode: 0o600, flag: 'wx' });
+      inputs.tempFiles.push(file);
+      inputs.env[p.envname] = file;
+      inputs.envNames.push(p.envname);
+      this.log.debug(`${tag} writing env ${p.envname} file ${file}`);
+    }
+  }
+
+  /** An in-process command under the hook's timeout; it bounds its own calls and finishes in order. */
+  private async runInProcess(inputs: CommandInputs, timeoutMs: number, requestId: string, hookId: string): Promise<CommandResult> {
+    const env = inputs.env;
+    const running = this.inProcess!.run(inputs.args, env, requestId, hookId);
+    // This only stops the answer from waiting longer than the hook allows.
+    const timedOut = timeoutMs > 0 ? sleep(timeoutMs, undefined, { ref: false }).then(() => undefined) : new Promise<undefined>(() => {});
+    const r = await Promise.race([running, timedOut]);
+    if (!r) return { output: '', env, ok: false, exitCode: null, timedOut: true, error: `timed out after ${formatGoDuration(timeoutMs)}` };
+    const error = r.exitCode === 0 ? undefined : `exit status ${r.exitCode}`;
+    return { output: this.log.scrub(r.output), env, ok: r.exitCode === 0, exitCode: r.exitCode, timedOut: false, error, report: r.report };
+  }
+
+  private spawnCommand(file: string, argv0: string, inputs: CommandInputs, cwd: string, timeoutMs: number, tag: string): Promise<CommandResult> {
+    const env = inputs.env;
     return new Promise((resolve) => {
       let child: ChildProcess;
       try {
         // detached: the command leads its own process group, so a timeout or shutdown can kill
         // everything it started, not just the first process.
-        child = spawn(file, args, { argv0, cwd: cwd || undefined, env, detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
+        child = spawn(file, inputs.args, { argv0, cwd: cwd || undefined, env, detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
       } catch (e) {
-        resolve(failedToStart((e as Error).message));
+        resolve({ output: '', env, ok: false, exitCode: null, timedOut: false, error: (e as Error).message });
         return;
       }
       this.children.add(child);
-      const chunks: Buffer[] = [];
-      let size = 0;
-      let truncated = false;
-      const collect = (chunk: Buffer) => {
-        if (size >= LIMITS.maxCommandOutputBytes) { truncated = true; return; }
-        chunks.push(chunk.subarray(0, LIMITS.maxCommandOutputBytes - size));
-        size += chunk.length;
-      };
-      child.stdout!.on('data', collect);
-      child.stderr!.on('data', collect);
+      const output = collectOutput(child);
       let timedOut = false;
       let spawnError: string | undefined;
       const timer = timeoutMs > 0 ? setTimeout(() => {
@@ -1761,10 +1822,9 @@ export class CommandRunner {
         clearTimeout(timer);
         this.children.delete(child);
         // A command that prints its environment would show values a template read (the token).
-        let output = this.log.scrub(Buffer.concat(chunks).toString('utf8'));
-        if (truncated) output += `\n[output truncated at ${LIMITS.maxCommandOutputBytes} bytes]`;
+        const text = this.log.scrub(output());
         const error = spawnError ?? (timedOut ? `timed out after ${formatGoDuration(timeoutMs)}` : signal ? `signal: ${signal}` : code !== 0 ? `exit status ${code}` : undefined);
-        resolve({ output, env, ok: error === undefined, exitCode: code, timedOut, error });
+        resolve({ output: text, env, ok: error === undefined, exitCode: code, timedOut, error });
       });
     });
   }
@@ -1778,8 +1838,9 @@ export class CommandRunner {
 
   /** Waits for running commands up to graceMs, then kills what is left. */
   async drain(graceMs: number): Promise<void> {
-    if (this.processes + this.upgrades === 0) return;
-    this.log.notice(`waiting up to ${formatGoDuration(graceMs)} for ${this.processes + this.upgrades} running command(s)`);
+    const running = this.processes + this.inProcessRunning;
+    if (running === 0) return;
+    this.log.notice(`waiting up to ${formatGoDuration(graceMs)} for ${running} running command(s)`);
     const idle = new Promise<void>((r) => this.idleWaiters.push(r));
     const timedOut = await Promise.race([idle.then(() => false), new Promise<boolean>((r) => setTimeout(() => r(true), graceMs).unref())]);
     if (!timedOut) return;
@@ -1787,6 +1848,24 @@ export class CommandRunner {
     for (const child of this.children) this.killGroup(child);
     await Promise.race([idle, new Promise((r) => setTimeout(r, LIMITS.killAfterTermMs + 1000).unref())]);
   }
+}
+
+/**
+ * Collects a child's stdout and stderr in arrival order, up to maxCommandOutputBytes (the rest
+ * is dropped with a marker, so a chatty command cannot exhaust memory). Returns a reader.
+ */
+function collectOutput(child: ChildProcess): () => string {
+  const chunks: Buffer[] = [];
+  let size = 0;
+  let truncated = false;
+  const collect = (chunk: Buffer) => {
+    if (size >= LIMITS.maxCommandOutputBytes) { truncated = true; return; }
+    chunks.push(chunk.subarray(0, LIMITS.maxCommandOutputBytes - size));
+    size += chunk.length;
+  };
+  child.stdout!.on('data', collect);
+  child.stderr!.on('data', collect);
+  return () => Buffer.concat(chunks).toString('utf8') + (truncated ? `\n[output truncated at ${LIMITS.maxCommandOutputBytes} bytes]` : '');
 }
 
 /**
@@ -1800,37 +1879,69 @@ export function decodeBase64Strict(text: string): Buffer {
 }
 
 // ================================================================================================
-// 7. http server — routes `/`, `/healthz`, `/metrics` and `/<urlprefix>/<id>`, and answers with
-//    adnanh's exact strings. Every response carries X-Request-Id; bodies are plain text and never
-//    sniffed. Exports: createHandler, ANSWERS, HandlerContext.
+// 7. http server — routes `/`, `/healthz`, `/metrics` and `/<urlprefix>/<id>` and answers with
+//    adnanh's exact strings. A hook request is a list of steps: route, admit, read, evaluate,
+//    dispatch, answer. Every outcome is one entry of ANSWERS; errors thrown by a step map to an
+//    entry in one place (answerForError). Every response carries X-Request-Id; bodies are plain
+//    text and never sniffed. A finished command goes to the CommandListener main() wires in (the
+//    rollout follow and the mail, sections 10 and 11).
+//    Exports: createHandler, HandlerContext, CommandListener.
 // ================================================================================================
 
-export const ANSWERS = {
-  ok: 'OK',
-  notFound: 'Hook not found.',
-  rulesNotSatisfied: 'Hook rules were not satisfied.',
-  ruleError: 'Error occurred while evaluating hook rules.',
-  commandError: "Error occurred while executing the hook's command. Please check your logs for more details.",
-  multipartError: 'Error occurred while parsing multipart form.',
-  bodyTooLarge: 'Request body too large.',
-  busy: 'Too many commands running; retry later.',
-  shuttingDown: 'Shutting down.',
-  pageNotFound: '404 page not found\n',
-};
+/** One way a request can end: status, body and headers (a step may override status and body). */
+interface Answer { status: number; body: string; headers?: Record<string, string>; closeConnection?: boolean }
+
+const ANSWERS = {
+  ok: { status: 200, body: 'OK' },
+  pageNotFound: { status: 404, body: '404 page not found\n' },
+  shuttingDown: { status: 503, body: 'Shutting down.', closeConnection: true },
+  hookNotFound: { status: 404, body: 'Hook not found.' },
+  methodNotAllowed: { status: 405, body: '' },
+  bodyTooLarge: { status: 413, body: 'Request body too large.', closeConnection: true },
+  multipartError: { status: 500, body: 'Error occurred while parsing multipart form.' },
+  ruleError: { status: 500, body: 'Error occurred while evaluating hook rules.' },
+  // The status is the hook's trigger-rule-mismatch-http-response-code.
+  notSatisfied: { status: 200, body: 'Hook rules were not satisfied.' },
+  busy: { status: 503, body: 'Too many commands running; retry later.', headers: { 'Retry-After': '5' } },
+  // Status and body are the hook's success-http-response-code and response-message or output.
+  triggered: { status: 200, body: '' },
+  commandFailed: { status: 500, body: "Error occurred while executing the hook's command. Please check your logs for more details." },
+  internalError: { status: 500, body: 'Internal error.' },
+} satisfies Record<string, Answer>;
+
+type AnswerName = keyof typeof ANSWERS;
+
+/** Told of every finished command: the answer never waits for what it does. */
+export interface CommandListener { finished(hook: Hook, req: HookRequest, result: CommandResult): void }
 
 export interface HandlerContext {
   options: Options;
   store: { current: Snapshot };
   runner: CommandRunner;
-  upgrade?: UpgradeService;
-  mailer: Mailer;
+  listener: CommandListener;
   log: Logger;
   metrics: Metrics;
   isShuttingDown(): boolean;
 }
 
+/** One request on its way through the steps. */
+interface Exchange {
+  id: string;
+  req: http.IncomingMessage;
+  res: http.ServerResponse;
+  snapshot: Snapshot;
+  method: string;
+  remote: { ip: string; addr: string };
+  /** The hook, once admitted: it labels the request metric. */
+  hook?: Hook;
+}
+
+class BodyTooLarge extends Error {}
+/** A rule that could not be evaluated (a bad signature, a malformed date): adnanh answers 500. */
+class RuleEvaluationError extends Error {}
+
 /** The request id: a fresh UUID, or the client's X-Request-Id (made log-safe) with -x-request-id. */
-function requestId(req: http.IncomingMessage, o: Options): string {
+function requestIdFor(req: http.IncomingMessage, o: Options): string {
   const incoming = req.headers['x-request-id'];
   if (o.xRequestId && typeof incoming === 'string' && incoming !== '') {
     const safe = incoming.replace(/[^A-Za-z0-9._:/+=-]/g, '_');
@@ -1853,16 +1964,16 @@ export function redactUrl(rawUrl: string, redacted: Set<string>): string {
   return `${rawUrl.slice(0, q)}?${parts.join('&')}`;
 }
 
-/** Reads the body up to `limit` bytes; undefined when it is larger. */
-function readBody(req: http.IncomingMessage, limit: number): Promise<Buffer | undefined> {
+/** Reads the body up to `limit` bytes; throws BodyTooLarge beyond it. */
+function readBody(req: http.IncomingMessage, limit: number): Promise<Buffer> {
   return new Promise((resolve, reject) => {
-    const declared = Number(req.headers['content-length'] ?? 0);
-    if (declared > limit) { resolve(undefined); return; }
+    const tooLarge = () => reject(new BodyTooLarge(`request body larger than ${limit} bytes refused`));
+    if (Number(req.headers['content-length'] ?? 0) > limit) { tooLarge(); return; }
     const chunks: Buffer[] = [];
     let size = 0;
     req.on('data', (c: Buffer) => {
       size += c.length;
-      if (size > limit) { req.removeAllListeners('data'); req.pause(); resolve(undefined); return; }
+      if (size > limit) { req.removeAllListeners('data'); req.pause(); tooLarge(); return; }
       chunks.push(c);
     });
     req.on('end', () => resolve(Buffer.concat(chunks)));
@@ -1880,157 +1991,179 @@ function remoteAddress(req: http.IncomingMessage): { ip: string; addr: string } 
 
 export function createHandler(cx: HandlerContext): (req: http.IncomingMessage, res: http.ServerResponse) => void {
   return (req, res) => {
-    handleRequest(cx, req, res).catch((e: Error) => {
-      cx.log.error(`internal error: ${e.stack ?? e.message}`);
-      if (!res.headersSent) send(res, 500, 'Internal error.');
-      else res.destroy();
-    });
+    const ex: Exchange = {
+      id: requestIdFor(req, cx.options),
+      req,
+      res,
+      snapshot: cx.store.current,
+      method: req.method ?? 'GET',
+      remote: remoteAddress(req),
+    };
+    res.setHeader('X-Request-Id', ex.id);
+    logWhenFinished(cx, ex, process.hrtime.bigint());
+    handleRequest(cx, ex).catch((e: unknown) => answer(ex, answerForError(cx, ex, e)));
   };
 }
 
-function send(res: http.ServerResponse, status: number, body: string): void {
-  if (!res.hasHeader('Content-Type')) res.setHeader('Content-Type', 'text/plain; charset=utf-8');
-  res.setHeader('X-Content-Type-Options', 'nosniff');
-  res.setHeader('Content-Length', Buffer.byteLength(body));
-  res.writeHead(status);
-  res.end(body);
-}
-
-async function handleRequest(cx: HandlerContext, req: http.IncomingMessage, res: http.ServerResponse): Promise<void> {
-  const o = cx.options;
-  const snapshot = cx.store.current;
-  const id = requestId(req, o);
-  const started = process.hrtime.bigint();
-  const remote = remoteAddress(req);
-  const method = req.method ?? 'GET';
-  res.setHeader('X-Request-Id', id);
-  let hookLabel = '';
-  res.on('finish', () => {
-    cx.metrics.inc('webhook_requests_total', { hook: hookLabel, code: String(res.statusCode) });
+/** Counts every answer and, with -verbose, writes the access-log line once it has gone. */
+function logWhenFinished(cx: HandlerContext, ex: Exchange, started: bigint): void {
+  ex.res.on('finish', () => {
+    cx.metrics.inc('webhook_requests_total', { hook: ex.hook?.id ?? '', code: String(ex.res.statusCode) });
     if (!cx.log.verbose) return;
     const ms = Number(process.hrtime.bigint() - started) / 1e6;
-    cx.log.info(`[${id}] ${remote.addr} "${method} ${redactUrl(req.url ?? '', snapshot.redactedParams)}" ${res.statusCode} ${res.getHeader('Content-Length') ?? 0}B ${ms.toFixed(1)}ms`);
+    const line = `"${ex.method} ${redactUrl(ex.req.url ?? '', ex.snapshot.redactedParams)}" ${ex.res.statusCode}`;
+    cx.log.info(`[${ex.id}] ${ex.remote.addr} ${line} ${ex.res.getHeader('Content-Length') ?? 0}B ${ms.toFixed(1)}ms`);
   });
-  if (cx.isShuttingDown()) {
-    res.setHeader('Connection', 'close');
-    return send(res, 503, ANSWERS.shuttingDown);
-  }
-  const url = new URL(req.url ?? '/', 'http://localhost');
+}
+
+async function handleRequest(cx: HandlerContext, ex: Exchange): Promise<void> {
+  if (cx.isShuttingDown()) return answer(ex, 'shuttingDown');
+  const route = routeOf(cx, ex);
+  if (route.kind === 'answer') return answer(ex, route.name, route.override);
+  const admitted = admit(cx, ex, route.hookId);
+  if (typeof admitted === 'string') return answer(ex, admitted);
+  const hookReq = await readRequest(cx, ex, admitted, route.url);
+  if (!evaluate(cx, ex, admitted, hookReq)) return answer(ex, 'notSatisfied', { status: admitted.mismatchCode });
+  return dispatch(cx, ex, admitted, hookReq);
+}
+
+type Route =
+  | { kind: 'answer'; name: AnswerName; override?: Partial<Answer> }
+  | { kind: 'hook'; hookId: string; url: URL };
+
+/** Step 1, route: the fixed paths answer at once; a path under the prefix names a hook. */
+function routeOf(cx: HandlerContext, ex: Exchange): Route {
+  const o = cx.options;
+  const url = new URL(ex.req.url ?? '/', 'http://localhost');
   let pathname: string;
   try { pathname = decodeURIComponent(url.pathname); } catch { pathname = url.pathname; }
-  if (pathname === '/healthz') return send(res, 200, ANSWERS.ok);
+  if (pathname === '/healthz') return { kind: 'answer', name: 'ok' };
   if (pathname === '/metrics') {
-    res.setHeader('Content-Type', 'text/plain; version=0.0.4; charset=utf-8');
-    return send(res, 200, cx.metrics.render());
+    const headers = { 'Content-Type': 'text/plain; version=0.0.4; charset=utf-8' };
+    return { kind: 'answer', name: 'ok', override: { body: cx.metrics.render(), headers } };
   }
-  if (pathname === '/') {
-    for (const [name, value] of o.headers) res.setHeader(name, value);
-    return send(res, 200, ANSWERS.ok);
-  }
+  if (pathname === '/') return { kind: 'answer', name: 'ok', override: { headers: Object.fromEntries(o.headers) } };
   const prefix = o.urlprefix === '' ? '/' : `/${o.urlprefix}/`;
-  if (!pathname.startsWith(prefix)) return send(res, 404, ANSWERS.pageNotFound);
-  const hookId = pathname.slice(prefix.length);
-  cx.log.info(`[${id}] incoming HTTP ${method} request from ${remote.addr}`);
-  const hook = snapshot.hooks.get(hookId);
-  if (!hook) {
-    cx.log.info(`[${id}] error: hook not found: ${hookId}`);
-    return send(res, 404, ANSWERS.notFound);
-  }
-  hookLabel = hook.id;
+  if (!pathname.startsWith(prefix)) return { kind: 'answer', name: 'pageNotFound' };
+  return { kind: 'hook', hookId: pathname.slice(prefix.length), url };
+}
 
+/** Step 2, admit: the hook exists and takes this method. Returns the hook or the answer's name. */
+function admit(cx: HandlerContext, ex: Exchange, hookId: string): Hook | AnswerName {
+  const tag = `[${ex.id}]`;
+  cx.log.info(`${tag} incoming HTTP ${ex.method} request from ${ex.remote.addr}`);
+  const hook = ex.snapshot.hooks.get(hookId);
+  if (!hook) {
+    cx.log.info(`${tag} error: hook not found: ${hookId}`);
+    return 'hookNotFound';
+  }
+  ex.hook = hook;
   // adnanh lets any method trigger a hook with no methods configured; HEAD and OPTIONS (link
   // checkers, CORS preflights) must then not run a command, so they need listing explicitly.
-  const allowed = hook.methods.length ? hook.methods : o.httpMethods;
-  if (allowed.length ? !allowed.includes(method) : method === 'HEAD' || method === 'OPTIONS') {
-    cx.log.info(`[${id}] HTTP ${method} method not allowed for hook ${JSON.stringify(hook.id)}`);
-    res.setHeader('Allow', (allowed.length ? allowed : ['GET', 'POST', 'PUT', 'PATCH', 'DELETE']).join(', '));
-    return send(res, 405, '');
+  const allowed = hook.methods.length ? hook.methods : cx.options.httpMethods;
+  if (allowed.length ? !allowed.includes(ex.method) : ex.method === 'HEAD' || ex.method === 'OPTIONS') {
+    cx.log.info(`${tag} HTTP ${ex.method} method not allowed for hook ${JSON.stringify(hook.id)}`);
+    ex.res.setHeader('Allow', (allowed.length ? allowed : ['GET', 'POST', 'PUT', 'PATCH', 'DELETE']).join(', '));
+    return 'methodNotAllowed';
   }
-  cx.log.info(`[${id}] ${hook.id} got matched`);
-  for (const [name, value] of o.headers) res.setHeader(name, value);
+  cx.log.info(`${tag} ${hook.id} got matched`);
+  for (const [name, value] of cx.options.headers) ex.res.setHeader(name, value);
+  return hook;
+}
 
-  const body = await readBody(req, o.maxBodyBytes);
-  if (body === undefined) {
-    cx.log.error(`[${id}] ${hook.id}: request body larger than ${o.maxBodyBytes} bytes refused`);
-    res.setHeader('Connection', 'close');
-    send(res, 413, ANSWERS.bodyTooLarge);
-    res.on('finish', () => req.socket.destroySoon());
-    return;
-  }
-  const contentType = hook.contentType || (req.headers['content-type'] ?? '');
+/** Step 3, read: the body, and from it the payload the hook's parameters address. */
+async function readRequest(cx: HandlerContext, ex: Exchange, hook: Hook, url: URL): Promise<HookRequest> {
+  const body = await readBody(ex.req, cx.options.maxBodyBytes);
+  const contentType = hook.contentType || (ex.req.headers['content-type'] ?? '');
+  const multipart = contentType.startsWith('multipart/form-data;');
   const hookReq: HookRequest = {
-    id,
-    method,
-    remoteAddr: remote.addr,
-    remoteIp: remote.ip,
-    headers: hook.readsHeaders ? headersFromRaw(req.rawHeaders) : {},
+    id: ex.id,
+    method: ex.method,
+    remoteAddr: ex.remote.addr,
+    remoteIp: ex.remote.ip,
+    headers: hook.readsHeaders ? headersFromRaw(ex.req.rawHeaders) : {},
     query: firstValues(url.searchParams),
     payload: undefined,
-    body: contentType.startsWith('multipart/form-data;') ? Buffer.alloc(0) : body,
+    body: multipart ? Buffer.alloc(0) : body,
   };
-  try {
-    const jsonParts = hook.jsonParams.filter((p) => p.source === 'payload').map((p) => p.name);
-    // A hook that never reads the payload does not pay for parsing it; a multipart body is still
-    // parsed, since a malformed one is answered with 500 whatever the hook reads.
-    const parse = hook.readsPayload || contentType.startsWith('multipart/form-data;') || !isParsedContentType(contentType);
-    const parsed = parse ? parsePayload(contentType, body, jsonParts) : { payload: undefined };
-    hookReq.payload = parsed.payload;
-    if (parsed.note) cx.log.info(`[${id}] ${parsed.note}`);
-  } catch (e) {
-    cx.log.error(`[${id}] error parsing multipart form: ${(e as Error).message}`);
-    return send(res, 500, ANSWERS.multipartError);
-  }
-  for (const err of applyJsonParameters(hook, hookReq)) cx.log.info(`[${id}] ${err}`);
+  const jsonParts = hook.jsonParams.filter((p) => p.source === 'payload').map((p) => p.name);
+  // A hook that never reads the payload does not pay for parsing it; a multipart body is still
+  // parsed, since a malformed one is answered with 500 whatever the hook reads.
+  const parse = hook.readsPayload || multipart || !isParsedContentType(contentType);
+  const parsed = parse ? parsePayload(contentType, body, jsonParts) : { payload: undefined };
+  hookReq.payload = parsed.payload;
+  if (parsed.note) cx.log.info(`[${ex.id}] ${parsed.note}`);
+  for (const err of applyJsonParameters(hook.jsonParams, hookReq)) cx.log.info(`[${ex.id}] ${err}`);
+  return hookReq;
+}
 
-  let triggered = true;
-  if (hook.rule) {
-    const result = evaluateRule(hook.rule, hookReq, hook.softSignatureFailures);
-    triggered = result.ok;
-    if (result.error && !(result.error instanceof ParameterNotFound)) {
-      cx.log.error(`[${id}] error evaluating hook: ${result.error.message}`);
-      return send(res, 500, ANSWERS.ruleError);
-    }
-    if (result.error) cx.log.info(`[${id}] ${result.error.message}`);
-  }
-  if (!triggered) {
-    cx.log.info(`[${id}] ${hook.id} got matched, but didn't get triggered because the trigger rules were not satisfied`);
-    return send(res, hook.mismatchCode, ANSWERS.rulesNotSatisfied);
-  }
+/** Step 4, evaluate: the trigger rule. False when not satisfied; throws when it cannot be evaluated. */
+function evaluate(cx: HandlerContext, ex: Exchange, hook: Hook, hookReq: HookRequest): boolean {
+  if (!hook.rule) return true;
+  const result = evaluateRule(hook.rule, hookReq, hook.softSignatureFailures);
+  if (result.error && !(result.error instanceof ParameterNotFound)) throw new RuleEvaluationError(result.error.message);
+  if (result.error) cx.log.info(`[${ex.id}] ${result.error.message}`);
+  if (!result.ok) cx.log.info(`[${ex.id}] ${hook.id} got matched, but didn't get triggered because the trigger rules were not satisfied`);
+  return result.ok;
+}
 
+/** Step 5, dispatch: a command slot, the command, and the answer adnanh gives for its outcome. */
+async function dispatch(cx: HandlerContext, ex: Exchange, hook: Hook, hookReq: HookRequest): Promise<void> {
   const slot = cx.runner.tryAcquire(hook);
   if (!slot) {
     cx.metrics.inc('webhook_commands_rejected_total', { hook: hook.id });
-    cx.log.error(`[${id}] ${hook.id}: all command slots are busy; answering 503`);
-    res.setHeader('Retry-After', '5');
-    return send(res, 503, ANSWERS.busy);
+    cx.log.error(`[${ex.id}] ${hook.id}: all command slots are busy; answering 503`);
+    return answer(ex, 'busy');
   }
-  cx.log.info(`[${id}] ${hook.id} hook triggered successfully`);
-  for (const [name, value] of hook.responseHeaders) res.setHeader(name, value);
+  cx.log.info(`[${ex.id}] ${hook.id} hook triggered successfully`);
+  for (const [name, value] of hook.responseHeaders) ex.res.setHeader(name, value);
+  const running = cx.runner.run(hook, hookReq, slot);
+  const told = running.then((r) => { cx.listener.finished(hook, hookReq, r); return r; });
   if (!hook.captureOutput) {
-    cx.runner.run(hook, hookReq, slot).then((r) => commandFinished(cx, hook, hookReq, r), (e: Error) => cx.log.error(`[${id}] ${e.message}`));
-    return send(res, hook.successCode, hook.responseMessage);
+    told.catch((e: Error) => cx.log.error(`[${ex.id}] ${e.message}`));
+    return answer(ex, 'triggered', { status: hook.successCode, body: hook.responseMessage });
   }
-  const result = await cx.runner.run(hook, hookReq, slot);
-  commandFinished(cx, hook, hookReq, result);
-  if (result.ok) return send(res, hook.successCode, result.output);
-  return send(res, 500, hook.captureOutputOnError ? result.output : ANSWERS.commandError);
+  const result = await told;
+  if (result.ok) return answer(ex, 'triggered', { status: hook.successCode, body: result.output });
+  return answer(ex, 'commandFailed', hook.captureOutputOnError ? { body: result.output } : {});
 }
 
-/** Counts a finished command and mails its result when the hook asks for mail (MAIL_TO). */
-function commandFinished(cx: HandlerContext, hook: Hook, req: HookRequest, r: CommandResult): void {
-  cx.metrics.inc('webhook_commands_total', { hook: hook.id, result: r.ok ? 'success' : r.timedOut ? 'timeout' : 'failure' });
-  if (r.timedOut) cx.metrics.inc('webhook_command_timeouts_total', { hook: hook.id });
-  const mail = (report: UpgradeReport | undefined) => cx.mailer.notify({
-    hookId: hook.id,
-    requestId: req.id,
-    env: r.env,
-    outcome: report ? (report.result !== 'ok' ? 'failed' : report.changed ? 'succeeded' : 'no change') : r.ok ? 'succeeded' : 'failed',
-    detail: report ? report.action : r.ok ? 'exit status 0' : r.error ?? 'failed',
-    output: report ? formatReport(report) : r.output,
-  });
-  // An upgrade's rollout is followed after the answer; its mail waits for the outcome.
-  if (r.report && cx.upgrade) cx.upgrade.follow(r.report, req.id).then(mail, (e: Error) => cx.log.error(`[${req.id}] ${e.message}`));
-  else mail(r.report);
+/** The answer for an error a step threw, logged as adnanh logs it. */
+function answerForError(cx: HandlerContext, ex: Exchange, e: unknown): AnswerName {
+  const tag = `[${ex.id}]`;
+  const message = e instanceof Error ? e.message : String(e);
+  if (e instanceof BodyTooLarge) {
+    cx.log.error(`${tag} ${ex.hook?.id}: ${message}`);
+    return 'bodyTooLarge';
+  }
+  if (e instanceof MultipartError) {
+    cx.log.error(`${tag} error parsing multipart form: ${message}`);
+    return 'multipartError';
+  }
+  if (e instanceof RuleEvaluationError) {
+    cx.log.error(`${tag} error evaluating hook: ${message}`);
+    return 'ruleError';
+  }
+  cx.log.error(`${tag} internal error: ${e instanceof Error ? e.stack ?? message : message}`);
+  return 'internalError';
+}
+
+/** Step 6, answer: writes the named entry, with a step's status, body and headers over it. */
+function answer(ex: Exchange, name: AnswerName, override: Partial<Answer> = {}): void {
+  const res = ex.res;
+  if (res.headersSent) { res.destroy(); return; }
+  const entry: Answer = { ...ANSWERS[name], ...override };
+  for (const [header, value] of Object.entries(entry.headers ?? {})) res.setHeader(header, value);
+  if (!res.hasHeader('Content-Type')) res.setHeader('Content-Type', 'text/plain; charset=utf-8');
+  res.setHeader('X-Content-Type-Options', 'nosniff');
+  res.setHeader('Content-Length', Buffer.byteLength(entry.body));
+  if (entry.closeConnection) {
+    res.setHeader('Connection', 'close');
+    // The rest of a refused body is not read: the connection goes once the answer is out.
+    res.on('finish', () => ex.req.socket.destroySoon());
+  }
+  res.writeHead(entry.status);
+  res.end(entry.body);
 }
 
 // ================================================================================================
@@ -2842,7 +2975,7 @@ export function workloadResource(t: { kind: WorkloadKind; name?: string; namespa
 
 type K8sObject = Record<string, unknown>;
 
-function at(obj: unknown, segments: string[]): unknown {
+function valueAt(obj: unknown, segments: string[]): unknown {
   let v = obj;
   for (const s of segments) v = isObject(v) ? v[s] : undefined;
   return v;
@@ -2855,14 +2988,14 @@ function pointer(segments: (string | number)[]): string {
 interface LocatedContainer { list: 'containers' | 'initContainers'; index: number; image: string; pullPolicy: string | undefined }
 
 function containerNames(podSpec: unknown, list: string): string[] {
-  const items = at(podSpec, [list]);
-  return Array.isArray(items) ? items.map((c) => String(at(c, ['name']))) : [];
+  const items = valueAt(podSpec, [list]);
+  return Array.isArray(items) ? items.map((c) => String(valueAt(c, ['name']))) : [];
 }
 
 /** The container by exact name: regular containers first, then init containers. */
 export function locateContainer(podSpec: unknown, name: string): LocatedContainer | undefined {
   for (const list of ['containers', 'initContainers'] as const) {
-    const items = at(podSpec, [list]);
+    const items = valueAt(podSpec, [list]);
     if (!Array.isArray(items)) continue;
     const index = items.findIndex((c) => isObject(c) && c.name === name);
     if (index >= 0) {
@@ -2875,7 +3008,7 @@ export function locateContainer(podSpec: unknown, name: string): LocatedContaine
 
 /** Ops that set one annotation, creating the metadata or annotations map only if it is absent. */
 function annotationOps(obj: K8sObject, metadataSegments: string[], key: string, value: string): JsonPatchOperation[] {
-  const metadata = at(obj, metadataSegments);
+  const metadata = valueAt(obj, metadataSegments);
   // A `test` against null passes only while the member is absent, so a map someone else creates
   // in the meantime is never replaced by ours.
   if (!isObject(metadata)) return [{ op: 'test', path: pointer(metadataSegments), value: null }, { op: 'add', path: pointer(metadataSegments), value: { annotations: { [key]: value } } }];
@@ -2915,56 +3048,56 @@ export interface RolloutStatus {
   message: string;
 }
 
-function num(obj: unknown, segments: string[], fallback = 0): number {
-  const v = at(obj, segments);
+function numberAt(obj: unknown, segments: string[], fallback = 0): number {
+  const v = valueAt(obj, segments);
   return typeof v === 'number' ? v : fallback;
 }
 
 /** kubectl rollout status's verdict for one observation of the workload. Pure. */
 export function rolloutStatus(kind: WorkloadKind, obj: unknown): RolloutStatus {
-  const generation = num(obj, ['metadata', 'generation']);
-  const observed = num(obj, ['status', 'observedGeneration']);
+  const generation = numberAt(obj, ['metadata', 'generation']);
+  const observed = numberAt(obj, ['status', 'observedGeneration']);
   const waiting = (message: string): RolloutStatus => ({ state: 'waiting', message });
   switch (kind) {
     case 'deployment': {
       if (generation > observed) return waiting('waiting for the deployment controller to observe the change');
-      const conditions = at(obj, ['status', 'conditions']);
-      const progressing = Array.isArray(conditions) ? conditions.find((c) => at(c, ['type']) === 'Progressing') : undefined;
-      if (at(progressing, ['reason']) === 'ProgressDeadlineExceeded') {
-        return { state: 'failed', message: `ProgressDeadlineExceeded: ${String(at(progressing, ['message']) ?? 'the deployment exceeded its progress deadline')}` };
+      const conditions = valueAt(obj, ['status', 'conditions']);
+      const progressing = Array.isArray(conditions) ? conditions.find((c) => valueAt(c, ['type']) === 'Progressing') : undefined;
+      if (valueAt(progressing, ['reason']) === 'ProgressDeadlineExceeded') {
+        return { state: 'failed', message: `ProgressDeadlineExceeded: ${String(valueAt(progressing, ['message']) ?? 'the deployment exceeded its progress deadline')}` };
       }
-      const replicas = num(obj, ['spec', 'replicas'], 1);
-      const updated = num(obj, ['status', 'updatedReplicas']);
-      const total = num(obj, ['status', 'replicas']);
-      const available = num(obj, ['status', 'availableReplicas']);
+      const replicas = numberAt(obj, ['spec', 'replicas'], 1);
+      const updated = numberAt(obj, ['status', 'updatedReplicas']);
+      const total = numberAt(obj, ['status', 'replicas']);
+      const available = numberAt(obj, ['status', 'availableReplicas']);
       if (updated < replicas) return waiting(`${updated} of ${replicas} pods updated`);
       if (total > updated) return waiting(`${total - updated} old pod${total - updated === 1 ? '' : 's'} pending termination`);
       if (available < updated) return waiting(`${available} of ${updated} updated pods available`);
       return { state: 'done', message: `${updated}/${replicas} pods updated and available` };
     }
     case 'daemonset': {
-      if (at(obj, ['spec', 'updateStrategy', 'type']) === 'OnDelete') return { state: 'untracked', message: 'OnDelete update strategy: pods change when they are deleted' };
+      if (valueAt(obj, ['spec', 'updateStrategy', 'type']) === 'OnDelete') return { state: 'untracked', message: 'OnDelete update strategy: pods change when they are deleted' };
       if (generation > observed) return waiting('waiting for the daemonset controller to observe the change');
-      const desired = num(obj, ['status', 'desiredNumberScheduled']);
-      const updated = num(obj, ['status', 'updatedNumberScheduled']);
-      const available = num(obj, ['status', 'numberAvailable']);
+      const desired = numberAt(obj, ['status', 'desiredNumberScheduled']);
+      const updated = numberAt(obj, ['status', 'updatedNumberScheduled']);
+      const available = numberAt(obj, ['status', 'numberAvailable']);
       if (updated < desired) return waiting(`${updated} of ${desired} pods updated`);
       if (available < desired) return waiting(`${available} of ${desired} updated pods available`);
       return { state: 'done', message: `${updated}/${desired} pods updated and available` };
     }
     case 'statefulset': {
-      if (at(obj, ['spec', 'updateStrategy', 'type']) === 'OnDelete') return { state: 'untracked', message: 'OnDelete update strategy: pods change when they are deleted' };
+      if (valueAt(obj, ['spec', 'updateStrategy', 'type']) === 'OnDelete') return { state: 'untracked', message: 'OnDelete update strategy: pods change when they are deleted' };
       if (observed === 0 || generation > observed) return waiting('waiting for the statefulset controller to observe the change');
-      const replicas = num(obj, ['spec', 'replicas'], 1);
-      const ready = num(obj, ['status', 'readyReplicas']);
+      const replicas = numberAt(obj, ['spec', 'replicas'], 1);
+      const ready = numberAt(obj, ['status', 'readyReplicas']);
       if (ready < replicas) return waiting(`${ready} of ${replicas} pods ready`);
-      const partition = at(obj, ['spec', 'updateStrategy', 'rollingUpdate', 'partition']);
-      const updated = num(obj, ['status', 'updatedReplicas']);
+      const partition = valueAt(obj, ['spec', 'updateStrategy', 'rollingUpdate', 'partition']);
+      const updated = numberAt(obj, ['status', 'updatedReplicas']);
       if (typeof partition === 'number' && partition > 0) {
         if (updated < replicas - partition) return waiting(`${updated} of ${replicas - partition} pods updated (partition ${partition})`);
         return { state: 'done', message: `${updated}/${replicas - partition} pods updated (partition ${partition})` };
       }
-      if (at(obj, ['status', 'updateRevision']) !== at(obj, ['status', 'currentRevision'])) return waiting(`${updated} of ${replicas} pods updated`);
+      if (valueAt(obj, ['status', 'updateRevision']) !== valueAt(obj, ['status', 'currentRevision'])) return waiting(`${updated} of ${replicas} pods updated`);
       return { state: 'done', message: `${replicas}/${replicas} pods updated and ready` };
     }
     case 'cronjob':
@@ -2991,25 +3124,25 @@ const STUCK_REASONS = ['CrashLoopBackOff', 'ImagePullBackOff', 'ErrImagePull', '
 
 /** A pod reduced to what an operator needs; never env values, commands or messages. Pure. */
 export function summarizePod(pod: unknown, containerName: string): PodSummary {
-  const statuses = [...asArray(at(pod, ['status', 'initContainerStatuses'])), ...asArray(at(pod, ['status', 'containerStatuses']))];
-  const own = statuses.find((s) => at(s, ['name']) === containerName) ?? asArray(at(pod, ['status', 'containerStatuses']))[0];
-  const specContainer = locateContainer(at(pod, ['spec']), containerName);
-  const conditions = asArray(at(pod, ['status', 'conditions']));
+  const statuses = [...asArray(valueAt(pod, ['status', 'initContainerStatuses'])), ...asArray(valueAt(pod, ['status', 'containerStatuses']))];
+  const own = statuses.find((s) => valueAt(s, ['name']) === containerName) ?? asArray(valueAt(pod, ['status', 'containerStatuses']))[0];
+  const specContainer = locateContainer(valueAt(pod, ['spec']), containerName);
+  const conditions = asArray(valueAt(pod, ['status', 'conditions']));
   let reason: string | undefined;
   for (const s of statuses) {
-    if (at(s, ['ready']) === true) continue;
-    const r = at(s, ['state', 'waiting', 'reason']) ?? at(s, ['state', 'terminated', 'reason']);
+    if (valueAt(s, ['ready']) === true) continue;
+    const r = valueAt(s, ['state', 'waiting', 'reason']) ?? valueAt(s, ['state', 'terminated', 'reason']);
     if (typeof r === 'string' && r !== '') { reason = r; if (STUCK_REASONS.includes(r)) break; }
   }
   // A pod that was never scheduled has no container statuses; its condition says why.
-  const scheduled = conditions.find((c) => at(c, ['type']) === 'PodScheduled');
-  if (reason === undefined && at(scheduled, ['status']) === 'False' && typeof at(scheduled, ['reason']) === 'string') reason = String(at(scheduled, ['reason']));
+  const scheduled = conditions.find((c) => valueAt(c, ['type']) === 'PodScheduled');
+  if (reason === undefined && valueAt(scheduled, ['status']) === 'False' && typeof valueAt(scheduled, ['reason']) === 'string') reason = String(valueAt(scheduled, ['reason']));
   return {
-    name: String(at(pod, ['metadata', 'name']) ?? ''),
-    phase: at(pod, ['metadata', 'deletionTimestamp']) ? 'Terminating' : String(at(pod, ['status', 'phase']) ?? 'Unknown'),
-    ready: conditions.some((c) => at(c, ['type']) === 'Ready' && at(c, ['status']) === 'True'),
-    image: String(at(own, ['image']) ?? specContainer?.image ?? ''),
-    restarts: num(own, ['restartCount']),
+    name: String(valueAt(pod, ['metadata', 'name']) ?? ''),
+    phase: valueAt(pod, ['metadata', 'deletionTimestamp']) ? 'Terminating' : String(valueAt(pod, ['status', 'phase']) ?? 'Unknown'),
+    ready: conditions.some((c) => valueAt(c, ['type']) === 'Ready' && valueAt(c, ['status']) === 'True'),
+    image: String(valueAt(own, ['image']) ?? specContainer?.image ?? ''),
+    restarts: numberAt(own, ['restartCount']),
     reason,
   };
 }
@@ -3021,12 +3154,12 @@ function asArray(v: unknown): unknown[] {
 /** matchLabels and matchExpressions as a labelSelector query value. */
 export function labelSelector(selector: unknown): string {
   const parts: string[] = [];
-  const labels = at(selector, ['matchLabels']);
+  const labels = valueAt(selector, ['matchLabels']);
   if (isObject(labels)) for (const [k, v] of Object.entries(labels)) parts.push(`${k}=${String(v)}`);
-  for (const e of asArray(at(selector, ['matchExpressions']))) {
-    const key = String(at(e, ['key']));
-    const values = asArray(at(e, ['values'])).map(String).join(',');
-    switch (at(e, ['operator'])) {
+  for (const e of asArray(valueAt(selector, ['matchExpressions']))) {
+    const key = String(valueAt(e, ['key']));
+    const values = asArray(valueAt(e, ['values'])).map(String).join(',');
+    switch (valueAt(e, ['operator'])) {
       case 'In': parts.push(`${key} in (${values})`); break;
       case 'NotIn': parts.push(`${key} notin (${values})`); break;
       case 'Exists': parts.push(key); break;
@@ -3037,17 +3170,17 @@ export function labelSelector(selector: unknown): string {
 }
 
 function ownedBy(obj: unknown, uids: Set<string>): boolean {
-  return asArray(at(obj, ['metadata', 'ownerReferences'])).some((o) => uids.has(String(at(o, ['uid']))));
+  return asArray(valueAt(obj, ['metadata', 'ownerReferences'])).some((o) => uids.has(String(valueAt(o, ['uid']))));
 }
 
 /** The workload's own pods (through its ReplicaSets for a Deployment), sorted by name. */
 async function workloadPods(client: KubeClient, target: WorkloadTarget, workload: K8sObject, containerName: string): Promise<PodSummary[]> {
-  const selector = labelSelector(at(workload, ['spec', 'selector']));
-  const owners = new Set<string>([String(target.uid ?? at(workload, ['metadata', 'uid']))]);
+  const selector = labelSelector(valueAt(workload, ['spec', 'selector']));
+  const owners = new Set<string>([String(target.uid ?? valueAt(workload, ['metadata', 'uid']))]);
   const query = { labelSelector: selector, limit: String(UPGRADE_LIMITS.podListLimit) };
   if (target.kind === 'deployment') {
     const sets = await client.list<{ items: unknown[] }>({ group: 'apps', version: 'v1', resource: 'replicasets', namespace: target.namespace }, query);
-    for (const rs of sets.items) if (ownedBy(rs, owners)) owners.add(String(at(rs, ['metadata', 'uid'])));
+    for (const rs of sets.items) if (ownedBy(rs, owners)) owners.add(String(valueAt(rs, ['metadata', 'uid'])));
   }
   const pods = await client.list<{ items: unknown[] }>({ group: '', version: 'v1', resource: 'pods', namespace: target.namespace }, query);
   return pods.items.filter((p) => ownedBy(p, owners)).map((p) => summarizePod(p, containerName)).sort((a, b) => a.name.localeCompare(b.name));
@@ -3289,9 +3422,9 @@ async function applyUpgrade(client: KubeClient, s: UpgradeSettings, ref: string,
   let updated: K8sObject | undefined;
   for (let attempt = 1; ; attempt++) {
     const workload = await readWorkload(client, target);
-    target.uid = String(at(workload, ['metadata', 'uid']));
+    target.uid = String(valueAt(workload, ['metadata', 'uid']));
     report.target = target;
-    const podSpec = at(workload, [...spec.template, 'spec']);
+    const podSpec = valueAt(workload, [...spec.template, 'spec']);
     const located = locateContainer(podSpec, s.container);
     if (!located) {
       const message = missingContainerMessage(podSpec, s.container, report.workload!);
@@ -3330,7 +3463,7 @@ async function applyUpgrade(client: KubeClient, s: UpgradeSettings, ref: string,
     await recordEventQuietly(client, target, { type: 'Normal', reason: sameImage ? 'RolloutRestarted' : 'ImageUpdated', message: eventMessage }, now(), report);
     break;
   }
-  target.generation = num(updated, ['metadata', 'generation']);
+  target.generation = numberAt(updated, ['metadata', 'generation']);
   if (target.kind === 'cronjob') {
     report.rollout = { state: 'not tracked', detail: 'cronjob: the next run uses the new image', pods: [] };
   } else if (s.rolloutTimeoutMs === 0) {
@@ -3367,7 +3500,7 @@ async function readWorkload(client: KubeClient, target: WorkloadTarget): Promise
     let existing: string;
     try {
       const list = await client.list<{ items: unknown[] }>(workloadResource({ kind: target.kind, namespace: target.namespace }), { limit: '50' });
-      const names = list.items.map((i) => String(at(i, ['metadata', 'name'])));
+      const names = list.items.map((i) => String(valueAt(i, ['metadata', 'name'])));
       existing = names.length ? `${spec.resource} there: ${names.join(', ')}` : `namespace "${target.namespace}" has no ${spec.resource} (is the namespace right?)`;
     } catch {
       existing = `cannot list the ${spec.resource} there`;
@@ -3396,7 +3529,7 @@ async function recordEventQuietly(client: KubeClient, target: WorkloadTarget, ev
 
 const LABEL_WIDTH = 'image before:'.length;
 
-function line(label: string, value: string): string {
+function reportLine(label: string, value: string): string {
   return `${`${label}:`.padEnd(LABEL_WIDTH)} ${value}`;
 }
 
@@ -3414,19 +3547,123 @@ export function formatPod(p: PodSummary): string {
 /** The report as the documented lines (see the section banner). Pure. */
 export function formatReport(r: UpgradeReport): string {
   const lines: string[] = [];
-  if (r.workload) lines.push(line('workload', `${r.workload}${r.namespace ? ` in namespace ${r.namespace}` : ''}`));
-  if (r.container) lines.push(line('container', r.container));
-  if (r.imageBefore !== undefined) lines.push(line('image before', r.imageBefore));
-  if (r.imageAfter !== undefined) lines.push(line('image after', r.imageAfter));
-  lines.push(line('action', r.action));
-  lines.push(line('result', r.result === 'ok' ? 'ok' : `failed: ${r.error ?? 'unknown error'}`));
+  if (r.workload) lines.push(reportLine('workload', `${r.workload}${r.namespace ? ` in namespace ${r.namespace}` : ''}`));
+  if (r.container) lines.push(reportLine('container', r.container));
+  if (r.imageBefore !== undefined) lines.push(reportLine('image before', r.imageBefore));
+  if (r.imageAfter !== undefined) lines.push(reportLine('image after', r.imageAfter));
+  lines.push(reportLine('action', r.action));
+  lines.push(reportLine('result', r.result === 'ok' ? 'ok' : `failed: ${r.error ?? 'unknown error'}`));
   if (r.rollout) {
-    lines.push(line('rollout', formatRollout(r.rollout)));
+    lines.push(reportLine('rollout', formatRollout(r.rollout)));
     for (const p of r.rollout.pods.slice(0, UPGRADE_LIMITS.maxPodLines)) lines.push(formatPod(p));
-    if (r.rollout.pods.length > UPGRADE_LIMITS.maxPodLines) lines.push(line('pods', `${r.rollout.pods.length - UPGRADE_LIMITS.maxPodLines} more not shown`));
+    if (r.rollout.pods.length > UPGRADE_LIMITS.maxPodLines) lines.push(reportLine('pods', `${r.rollout.pods.length - UPGRADE_LIMITS.maxPodLines} more not shown`));
   }
-  for (const n of r.notes) lines.push(line('note', n));
+  for (const n of r.notes) lines.push(reportLine('note', n));
   return `${lines.join('\n')}\n`;
+}
+
+/** Marks the bundled webhooks.sh: a hook whose command is that file runs the upgrade in-process. */
+export const UPGRADE_ENTRY_MARKER = 'webhook-upgrade-entry-point';
+
+/**
+ * Whether a resolved command is this program's upgrade entry point: the executable itself under
+ * another name (/webhooks.sh as a symlink to it, in the image) or the bundled shim script.
+ */
+export function isUpgradeEntryPoint(file: string): boolean {
+  try {
+    if (isSea() && fs.realpathSync(file) === fs.realpathSync(process.execPath)) return true;
+    const fd = fs.openSync(file, 'r');
+    try {
+      const head = Buffer.alloc(256);
+      return head.subarray(0, fs.readSync(fd, head, 0, head.length, 0)).toString('latin1').includes(UPGRADE_ENTRY_MARKER);
+    } finally {
+      fs.closeSync(fd);
+    }
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * The upgrade as the runner uses it: one Kubernetes client and one per-workload queue for all
+ * pushes (ordering and duplicate coalescing need to see every push), and rollouts followed after
+ * the answer has gone, so the final outcome reaches the log, an Event and the mail.
+ */
+export class UpgradeService implements InProcessCommand {
+  readonly name = 'the upgrade';
+  private client: KubeClient | undefined;
+  private readonly queue = new WorkloadQueue();
+  private readonly stopping = new AbortController();
+  /** One follow per workload: a newer push's follow supersedes the one before. */
+  private readonly following = new Map<string, { controller: AbortController; done: Promise<unknown> }>();
+  private readonly kubeconfig: string | undefined;
+  private readonly env: Record<string, string | undefined>;
+  private readonly followMs: number;
+  private readonly log: Logger;
+
+  constructor(kubeconfig: string | undefined, env: Record<string, string | undefined>, followMs: number, log: Logger) {
+    this.kubeconfig = kubeconfig;
+    this.env = env;
+    this.followMs = followMs;
+    this.log = log;
+  }
+
+  /** The shared client, made on first use; undefined when there are no credentials (runUpgrade says why). */
+  private sharedClient(): KubeClient | undefined {
+    if (!this.client) {
+      try { this.client = new KubeClient(credentialsFromEnvironment(this.env, this.kubeconfig)); } catch { /* reported per upgrade */ }
+    }
+    return this.client;
+  }
+
+  handles(file: string): boolean {
+    return isUpgradeEntryPoint(file);
+  }
+
+  run(args: string[], env: Record<string, string | undefined>, requestId: string, hookId: string): ReturnType<typeof runUpgrade> {
+    const deps = { client: this.sharedClient(), kubeconfig: this.kubeconfig, requestId, hookId, queue: this.queue };
+    return runUpgrade(args, env, deps);
+  }
+
+  /**
+   * Follows a rollout the upgrade left progressing, then logs and records its end. Resolves with
+   * the report brought up to date (or unchanged when there is nothing to follow).
+   */
+  async follow(report: UpgradeReport, requestId: string): Promise<UpgradeReport> {
+    const target = report.target;
+    const client = this.client;
+    if (!client || !target || !report.changed || report.rollout?.state !== 'progressing' || this.followMs === 0) return report;
+    const key = `${target.namespace}/${target.kind}/${target.name}`;
+    this.following.get(key)?.controller.abort();
+    const controller = new AbortController();
+    const signal = AbortSignal.any([controller.signal, this.stopping.signal]);
+    const done = followRollout(client, target, { timeoutMs: this.followMs, container: report.container ?? '', signal });
+    this.following.set(key, { controller, done });
+    let outcome = await done;
+    if (this.following.get(key)?.done === done) this.following.delete(key);
+    if (controller.signal.aborted) {
+      // A later push to this workload is being followed now; its mail tells how the rollout ended.
+      outcome = { state: 'progressing', detail: 'superseded by a later push to this workload, whose report follows the rollout', pods: [] };
+      return { ...report, rollout: outcome };
+    }
+    const updated: UpgradeReport = { ...report, rollout: outcome };
+    if (outcome.state === 'failed' || outcome.state === 'timed out') {
+      updated.result = 'failed';
+      updated.error = `the rollout ${outcome.state === 'failed' ? 'failed' : 'did not complete'} (see rollout)`;
+    }
+    const line = `[${requestId}] ${report.workload} in ${report.namespace}: rollout ${formatRollout(outcome)}`;
+    if (updated.result === 'ok') this.log.info(line);
+    else this.log.error(line);
+    const event = rolloutEvent(outcome, report.container ?? '');
+    if (event) await recordWorkloadEvent(client, target, event).catch((e: Error) => this.log.error(`[${requestId}] event not recorded: ${e.message}`));
+    return updated;
+  }
+
+  /** At shutdown: rollouts still followed end now (their mails then go out). */
+  async stop(ms: number): Promise<void> {
+    this.stopping.abort();
+    await Promise.race([Promise.allSettled([...this.following.values()].map((f) => f.done)), sleep(ms, undefined, { ref: false })]);
+  }
 }
 
 // ================================================================================================
@@ -3625,7 +3862,6 @@ const ENCODED_WORD_LINE_LIMIT = 76;
 const BASE64_LINE_LENGTH = 76;
 
 const DAYS = ['Sun', 'Mon', 'Tue', 'Wed', 'Thu', 'Fri', 'Sat'];
-const MONTHS = ['Jan', 'Feb', 'Mar', 'Apr', 'May', 'Jun', 'Jul', 'Aug', 'Sep', 'Oct', 'Nov', 'Dec'];
 
 /** RFC 5322 date-time in UTC, e.g. "Sun, 22 Nov 2026 04:12:00 +0000". */
 export function formatRfc5322Date(date: Date): string {
@@ -4218,136 +4454,44 @@ export class Mailer {
   }
 }
 
-// ================================================================================================
-// 12. logging, metrics, limits — log lines in adnanh's shape ("[webhook] 2006/01/02 15:04:05 …"),
-//    errors always, the rest with -verbose/-debug, every line scrubbed of known secrets; counters,
-//    gauges and histograms rendered in the Prometheus text format.
-//    Exports: Logger, Metrics.
-// ================================================================================================
+/**
+ * What happens after a command finished (the http server's CommandListener): an upgrade's rollout
+ * is followed to its end, then the result is mailed when the hook passes MAIL_TO. Neither delays
+ * the answer.
+ */
+export class ResultNotifier implements CommandListener {
+  private readonly mailer: Mailer;
+  private readonly upgrade: UpgradeService | undefined;
+  private readonly log: Logger;
 
-export class Logger {
-  private secrets: string[] = [];
-  /** Callers test this before building an expensive verbose-only line (the access log). */
-  readonly verbose: boolean;
-  private readonly debugOn: boolean;
-  private readonly write: (text: string) => void;
-  private pending: string[] = [];
-
-  constructor(verbose: boolean, debug: boolean, write: (text: string) => void) {
-    this.verbose = verbose || debug;
-    this.debugOn = debug;
-    this.write = write;
+  constructor(mailer: Mailer, upgrade: UpgradeService | undefined, log: Logger) {
+    this.mailer = mailer;
+    this.upgrade = upgrade;
+    this.log = log;
   }
 
-  /**
-   * Writes what is pending. Lines are batched per event-loop turn: a request logs several, and one
-   * write(2) for all of them is much cheaper. main() calls this on exit as well.
-   */
-  flush(): void {
-    if (this.pending.length === 0) return;
-    const text = this.pending.join('');
-    this.pending = [];
-    this.write(text);
+  finished(hook: Hook, req: HookRequest, r: CommandResult): void {
+    // Only the upgrade (through UpgradeService) puts a report on a result.
+    const report = r.report as UpgradeReport | undefined;
+    const mail = (final: UpgradeReport | undefined) => this.mailer.notify(mailJob(hook, req, r, final));
+    if (report && this.upgrade) {
+      this.upgrade.follow(report, req.id).then(mail, (e: Error) => this.log.error(`[${req.id}] ${e.message}`));
+    } else {
+      mail(report);
+    }
   }
-
-  setSecrets(secrets: string[]): void { this.secrets = secrets; }
-
-  /** Replaces every known secret in `text` by REDACTED (log lines, command output). */
-  scrub(text: string): string {
-    let out = text;
-    for (const s of this.secrets) if (out.includes(s)) out = out.split(s).join('REDACTED');
-    return out;
-  }
-
-  private emit(message: string): void {
-    const line = this.scrub(message);
-    const d = new Date();
-    const p = (n: number) => String(n).padStart(2, '0');
-    if (this.pending.length === 0) setImmediate(() => this.flush());
-    this.pending.push(`[webhook] ${d.getFullYear()}/${p(d.getMonth() + 1)}/${p(d.getDate())} ${p(d.getHours())}:${p(d.getMinutes())}:${p(d.getSeconds())} ${line}\n`);
-  }
-
-  error(m: string): void { this.emit(`error: ${m}`); }
-  warn(m: string): void { this.emit(`warning: ${m}`); }
-  /** Start-up, reload and shutdown: always shown, like errors. */
-  notice(m: string): void { this.emit(m); }
-  info(m: string): void { if (this.verbose) this.emit(m); }
-  debug(m: string): void { if (this.debugOn) this.emit(m); }
 }
 
-const HISTOGRAM_BUCKETS = [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600];
-const METRIC_HELP: Record<string, [string, string]> = {
-  webhook_requests_total: ['counter', 'HTTP requests by hook id ("" for other paths) and status code.'],
-  webhook_commands_total: ['counter', 'Hook commands run, by hook and result (success, failure, timeout).'],
-  webhook_command_timeouts_total: ['counter', 'Hook commands killed for running past their timeout.'],
-  webhook_commands_rejected_total: ['counter', 'Triggered requests refused with 503 because all command slots were busy.'],
-  webhook_commands_running: ['gauge', 'Hook commands running now.'],
-  webhook_command_duration_seconds: ['histogram', 'Wall time of hook commands.'],
-  webhook_reloads_total: ['counter', 'Hook reloads by result (success, failure).'],
-  webhook_config_last_reload_successful: ['gauge', '1 if the last reload succeeded, 0 if it was rejected.'],
-  webhook_hooks_loaded: ['gauge', 'Hooks in the snapshot being served.'],
-  webhook_mails_total: ['counter', 'Result mails by result (sent, failed after retries).'],
-};
-
-export class Metrics {
-  private readonly values = new Map<string, Map<string, number>>();
-  private readonly histograms = new Map<string, Map<string, { buckets: number[]; sum: number; count: number }>>();
-
-  private static key(labels: Record<string, string>): string {
-    return Object.entries(labels).map(([k, v]) => `${k}="${v.replace(/[\\"\n]/g, (c) => (c === '\n' ? '\\n' : '\\' + c))}"`).join(',');
+/** The mail for a finished command: an upgrade's report speaks for it, else its exit status. */
+function mailJob(hook: Hook, req: HookRequest, r: CommandResult, report: UpgradeReport | undefined): MailJob {
+  const job = { hookId: hook.id, requestId: req.id, env: r.env };
+  if (!report) {
+    return { ...job, outcome: r.ok ? 'succeeded' : 'failed', detail: r.ok ? 'exit status 0' : r.error ?? 'failed', output: r.output };
   }
-
-  inc(name: string, labels: Record<string, string>, by = 1): void {
-    const series = this.values.get(name) ?? new Map<string, number>();
-    this.values.set(name, series);
-    const k = Metrics.key(labels);
-    series.set(k, (series.get(k) ?? 0) + by);
-  }
-
-  setGauge(name: string, labels: Record<string, string>, value: number): void {
-    const series = this.values.get(name) ?? new Map<string, number>();
-    this.values.set(name, series);
-    series.set(Metrics.key(labels), value);
-  }
-
-  observe(name: string, labels: Record<string, string>, value: number): void {
-    const series = this.histograms.get(name) ?? new Map();
-    this.histograms.set(name, series);
-    const k = Metrics.key(labels);
-    const h = series.get(k) ?? { buckets: HISTOGRAM_BUCKETS.map(() => 0), sum: 0, count: 0 };
-    series.set(k, h);
-    HISTOGRAM_BUCKETS.forEach((b, i) => { if (value <= b) h.buckets[i]++; });
-    h.sum += value;
-    h.count++;
-  }
-
-  reloaded(ok: boolean, hooks: number): void {
-    this.inc('webhook_reloads_total', { result: ok ? 'success' : 'failure' });
-    this.setGauge('webhook_config_last_reload_successful', {}, ok ? 1 : 0);
-    this.setGauge('webhook_hooks_loaded', {}, hooks);
-  }
-
-  render(): string {
-    const lines: string[] = [];
-    const head = (name: string) => {
-      const [type, help] = METRIC_HELP[name] ?? ['untyped', name];
-      lines.push(`# HELP ${name} ${help}`, `# TYPE ${name} ${type}`);
-    };
-    for (const [name, series] of this.values) {
-      head(name);
-      for (const [k, v] of series) lines.push(`${name}${k ? `{${k}}` : ''} ${v}`);
-    }
-    for (const [name, series] of this.histograms) {
-      head(name);
-      for (const [k, h] of series) {
-        const sep = k ? `${k},` : '';
-        HISTOGRAM_BUCKETS.forEach((b, i) => lines.push(`${name}_bucket{${sep}le="${b}"} ${h.buckets[i]}`));
-        lines.push(`${name}_bucket{${sep}le="+Inf"} ${h.count}`, `${name}_sum${k ? `{${k}}` : ''} ${h.sum}`, `${name}_count${k ? `{${k}}` : ''} ${h.count}`);
-      }
-    }
-    return lines.join('\n') + '\n';
-  }
+  const outcome = report.result !== 'ok' ? 'failed' : report.changed ? 'succeeded' : 'no change';
+  return { ...job, outcome, detail: report.action, output: formatReport(report) };
 }
+
 
 // ================================================================================================
 // 13. main — wires the sections together; the only place with process-wide side effects
@@ -4441,9 +4585,10 @@ export async function main(argv: string[], env: Record<string, string | undefine
 
   const store = new HookStore(settings, snapshot, log, metrics);
   const upgrade = new UpgradeService(o.kubeconfig || env.KUBECONFIG, env, o.rolloutFollowMs, log);
-  const runner = new CommandRunner(o.maxConcurrentCommands, log, metrics, upgrade);
+  const runner = new CommandRunner(o.maxConcurrentCommands, env, log, metrics, upgrade);
+  const listener = new ResultNotifier(mailer, upgrade, log);
   let shuttingDown = false;
-  const handler = createHandler({ options: o, store, runner, upgrade, mailer, log, metrics, isShuttingDown: () => shuttingDown });
+  const handler = createHandler({ options: o, store, runner, listener, log, metrics, isShuttingDown: () => shuttingDown });
   const serverOptions: http.ServerOptions = {
     requestTimeout: o.readTimeoutMs,
     // Node refuses a header timeout longer than the whole-request timeout.

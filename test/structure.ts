@@ -1,0 +1,180 @@
+/*
+ * The shape of webhook.ts, measured: its sections (the banner comments), the top-level names each
+ * declares and which later sections use them, function lengths and line widths. The house style
+ * (DESIGN.md) asks that a push reads downward: no section uses a name a later section defines, each
+ * banner lists the names later sections use, no function is longer than 60 lines and no line wider
+ * than 120 columns. `node test/structure.ts` prints the report; test/structure.test.ts asserts it.
+ */
+
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+
+export const SOURCE = path.join(import.meta.dirname, '..', 'webhook.ts');
+export const MAX_FUNCTION_LINES = 60;
+export const MAX_LINE_WIDTH = 120;
+
+export interface Section {
+  number: number;
+  title: string;
+  /** 0-based line of the banner's first rule, and of the last line before the next banner. */
+  start: number;
+  end: number;
+  /** The names the banner's "Exports:" lists. */
+  listed: string[];
+}
+
+export interface Report {
+  sections: Section[];
+  /** Top-level name → index into sections. */
+  declared: Map<string, number>;
+  /** "section N uses NAME of section M" for every M > N. */
+  forwardUses: string[];
+  /** Per section index: names it declares that later sections use. */
+  offered: Map<number, Set<string>>;
+  longFunctions: { line: number; name: string; lines: number }[];
+  wideLines: number[];
+}
+
+const RULE = /^\/\/ ={20,}$/;
+
+function findSections(lines: string[]): Section[] {
+  const sections: Section[] = [];
+  for (let i = 0; i + 1 < lines.length; i++) {
+    if (!RULE.test(lines[i])) continue;
+    const m = /^\/\/ (\d+)\. (.+?)(?: — |$)/.exec(lines[i + 1]);
+    if (!m) continue;
+    let close = i + 2;
+    while (close < lines.length && !RULE.test(lines[close])) close++;
+    const banner = lines.slice(i + 1, close).map((l) => l.replace(/^\/\/ ?/, '')).join(' ');
+    const exports = /Exports: ([^.]*)\./.exec(banner)?.[1] ?? '';
+    const listed = exports.split(/[\s,]+/).filter((n) => /^[A-Za-z_$][\w$]*$/.test(n));
+    if (sections.length) sections[sections.length - 1].end = i - 1;
+    sections.push({ number: Number(m[1]), title: m[2], start: i, end: lines.length - 1, listed });
+    i = close;
+  }
+  return sections;
+}
+
+/**
+ * Blanks comments and the contents of strings and regular expressions (keeping `${…}` code in
+ * template literals), so that what remains are the identifiers the code really uses. Line breaks
+ * are kept, so line numbers still match.
+ */
+export function codeOnly(text: string): string {
+  let out = '';
+  let i = 0;
+  const templateDepth: number[] = [];
+  let braces = 0;
+  let lastSignificant = '';
+  const blank = (s: string) => s.replace(/[^\n]/g, ' ');
+  while (i < text.length) {
+    const c = text[i];
+    const next = text[i + 1];
+    if (c === '/' && next === '/') {
+      const end = text.indexOf('\n', i);
+      const stop = end < 0 ? text.length : end;
+      out += blank(text.slice(i, stop));
+      i = stop;
+    } else if (c === '/' && next === '*') {
+      const stop = text.indexOf('*/', i + 2) + 2;
+      out += blank(text.slice(i, stop));
+      i = stop;
+    } else if (c === "'" || c === '"') {
+      let j = i + 1;
+      while (j < text.length && text[j] !== c) j += text[j] === '\\' ? 2 : 1;
+      out += c + blank(text.slice(i + 1, j)) + c;
+      i = j + 1;
+      lastSignificant = c;
+    } else if (c === '`' || (c === '}' && braces === 0 && templateDepth.length)) {
+      if (c === '}') braces = templateDepth.pop()!;
+      let j = i + 1;
+      while (j < text.length && text[j] !== '`' && !(text[j] === '$' && text[j + 1] === '{')) j += text[j] === '\\' ? 2 : 1;
+      out += c + blank(text.slice(i + 1, j));
+      if (text[j] === '`') { out += '`'; i = j + 1; } else { templateDepth.push(braces); braces = 0; out += '${'; i = j + 2; }
+      lastSignificant = '`';
+    } else if (c === '/' && (lastSignificant === '' || '(,=:[!&|?{};+-*%<>~^'.includes(lastSignificant))) {
+      let j = i + 1;
+      let inClass = false;
+      while (j < text.length && (inClass || text[j] !== '/') && text[j] !== '\n') {
+        if (text[j] === '[') inClass = true;
+        else if (text[j] === ']') inClass = false;
+        j += text[j] === '\\' ? 2 : 1;
+      }
+      out += '/' + blank(text.slice(i + 1, j)) + '/';
+      i = j + 1;
+      lastSignificant = '/';
+    } else {
+      if (c === '{') braces++;
+      else if (c === '}') braces--;
+      if (!/\s/.test(c)) lastSignificant = /[\w$)\]]/.test(c) ? 'a' : c;
+      out += c;
+      i++;
+    }
+  }
+  return out;
+}
+
+const DECLARATION = /^(?:export )?(?:async )?(?:function\*? |class |const |let |interface |type |enum )([A-Za-z_$][\w$]*)/;
+
+/** Lines that open a function body, and where that body closes (same indentation, `}`). */
+function functionLengths(lines: string[]): Report['longFunctions'] {
+  const found: Report['longFunctions'] = [];
+  const opener = /(?:\bfunction\b.*|=>\s*|^\s+(?:(?:private|static|async|get|set|public|readonly)\s+)*[\w$#]+(?:<.*>)?\(.*\)(?::.*)?\s*)\{$/;
+  for (let i = 0; i < lines.length; i++) {
+    const l = lines[i];
+    if (!opener.test(l) || /^\s*(if|for|while|switch|catch|else|try|do)\b/.test(l.trim())) continue;
+    const indent = /^\s*/.exec(l)![0].length;
+    let j = i + 1;
+    while (j < lines.length && !(lines[j].startsWith(' '.repeat(indent) + '}') && /^\s*/.exec(lines[j])![0].length === indent)) j++;
+    const length = j - i + 1;
+    if (length > MAX_FUNCTION_LINES) {
+      const name = /(?:function\*?\s+|const\s+|^\s*(?:(?:private|static|async|get|set)\s+)*)([\w$#]+)/.exec(l)?.[1] ?? '?';
+      found.push({ line: i + 1, name, lines: length });
+    }
+  }
+  return found;
+}
+
+export function analyse(text = fs.readFileSync(SOURCE, 'utf8')): Report {
+  const lines = text.split('\n');
+  const code = codeOnly(text).split('\n');
+  const sections = findSections(lines);
+  const sectionOf = (line: number) => sections.findIndex((s) => line >= s.start && line <= s.end);
+  const declared = new Map<string, number>();
+  lines.forEach((l, i) => {
+    const m = DECLARATION.exec(l);
+    if (m && sectionOf(i) >= 0) declared.set(m[1], sectionOf(i));
+  });
+  const forwardUses = new Set<string>();
+  const offered = new Map<number, Set<string>>();
+  code.forEach((l, i) => {
+    const here = sectionOf(i);
+    if (here < 0) return;
+    for (const m of l.matchAll(/(?<![\w$.])[A-Za-z_$][\w$]*/g)) {
+      const home = declared.get(m[0]);
+      if (home === undefined || home === here) continue;
+      // A key in an object literal (`name: value`) or a member name is not a use of a top-level name.
+      if (/^\s*\??:(?!:)/.test(l.slice(m.index! + m[0].length)) && !/[?]\s*$/.test(l.slice(0, m.index))) continue;
+      if (home > here) forwardUses.add(`section ${sections[here].number} (${sections[here].title}) uses ${m[0]} of section ${sections[home].number} (${sections[home].title})`);
+      else (offered.get(home) ?? offered.set(home, new Set()).get(home)!).add(m[0]);
+    }
+  });
+  const wideLines = lines.flatMap((l, i) => ([...l].length > MAX_LINE_WIDTH ? [i + 1] : []));
+  return { sections, declared, forwardUses: [...forwardUses], offered, longFunctions: functionLengths(lines), wideLines };
+}
+
+if (import.meta.main) {
+  const r = analyse();
+  for (const [i, s] of r.sections.entries()) {
+    const offered = [...(r.offered.get(i) ?? [])].sort();
+    const unlisted = offered.filter((n) => !s.listed.includes(n));
+    const stale = s.listed.filter((n) => !offered.includes(n));
+    console.log(`${s.number}. ${s.title} (lines ${s.start + 1}-${s.end + 1}, ${s.end - s.start + 1} lines)`);
+    console.log(`   offers: ${offered.join(', ')}`);
+    if (unlisted.length) console.log(`   NOT LISTED: ${unlisted.join(', ')}`);
+    if (stale.length) console.log(`   LISTED BUT NOT USED LATER: ${stale.join(', ')}`);
+  }
+  for (const f of r.forwardUses) console.log(`FORWARD: ${f}`);
+  for (const f of r.longFunctions) console.log(`LONG: ${f.name} at line ${f.line}: ${f.lines} lines`);
+  console.log(`wide lines: ${r.wideLines.length}`);
+}
