@@ -425,17 +425,19 @@ export class Metrics {
 export const MONTHS = ['Jan', 'Feb', 'Mar', 'Apr', 'May', 'Jun', 'Jul', 'Aug', 'Sep', 'Oct', 'Nov', 'Dec'];
 
 // ================================================================================================
-// 2. hook definitions — load, validate, template. A hooks file is parsed strictly (duplicate keys,
-//    unknown keys and wrong types are errors with file, line, hook id and field path) and compiled
-//    once: regexes, CIDRs, methods and secrets are prepared here so the request path only evaluates.
-//    Exports: parseStrictJson, renderTemplate, compileHooksFile, Hook, Rule, Param, ConfigError.
+// 3. hook files — the reading every compiler below shares. A hooks file is rendered as a Go
+//    template when -template asks, parsed strictly (duplicate keys are errors; every key's line
+//    is kept), and then read through Fields: unknown keys and wrong types are errors that name
+//    file, line, hook and field path (`hooks/web.json:12: hook "web": trigger-rule.and[2]: …`).
+//    Exports: ConfigError, Fields, FieldReader, CompileSinks, PLACEHOLDER, suggest,
+//    parseStrictJson, renderTemplate, TemplateEnv, LineMap.
 // ================================================================================================
 
 /** An error in a hooks file; its message names the place (file:line: hook "id": field.path: what). */
 export class ConfigError extends Error {}
 
 /** Line numbers of every key (objects) and index (arrays) of a parsed document. */
-type LineMap = WeakMap<object, Map<string, number>>;
+export type LineMap = WeakMap<object, Map<string, number>>;
 
 /**
  * Strict JSON: rejects duplicate keys (JSON.parse keeps the last, so a second "trigger-rule"
@@ -443,91 +445,113 @@ type LineMap = WeakMap<object, Map<string, number>>;
  * column and never quote string contents (a template may have put a secret there).
  */
 export function parseStrictJson(text: string): { value: unknown; lines: LineMap } {
-  const lines: LineMap = new WeakMap();
-  let at = 0;
-  let line = 1;
-  let lineStart = 0;
-  const fail = (what: string): never => {
-    throw new ConfigError(`line ${line}, column ${at - lineStart + 1}: ${what}`);
-  };
-  const skipSpace = () => {
-    for (;;) {
-      const c = text.charCodeAt(at);
-      if (c === 10) { line++; at++; lineStart = at; } else if (c === 32 || c === 9 || c === 13) at++;
-      else return;
-    }
-  };
-  const describe = () => (at >= text.length ? 'unexpected end of input' : `unexpected character ${JSON.stringify(text[at])}`);
-  const parseString = (): string => {
-    const start = at;
-    at++;
-    for (;;) {
-      const c = text.charCodeAt(at);
-      if (Number.isNaN(c)) fail('unterminated string');
-      if (c === 34) break;
-      if (c === 92) at += 2;
-      else if (c < 32) fail('control character in string (escape it)');
-      else at++;
-    }
-    at++;
-    try { return JSON.parse(text.slice(start, at)) as string; } catch { return fail('invalid escape in string'); }
-  };
-  const parseValue = (): unknown => {
-    skipSpace();
-    const c = text[at];
-    if (c === '{') {
-      at++;
-      const obj: Record<string, unknown> = {};
-      const keyLines = new Map<string, number>();
-      lines.set(obj, keyLines);
-      skipSpace();
-      if (text[at] === '}') { at++; return obj; }
-      for (;;) {
-        skipSpace();
-        if (text[at] !== '"') fail(`${describe()}, expected a key in double quotes`);
-        const keyLine = line;
-        const key = parseString();
-        if (keyLines.has(key)) fail(`duplicate key ${JSON.stringify(key)}`);
-        keyLines.set(key, keyLine);
-        skipSpace();
-        if (text[at] !== ':') fail(`${describe()}, expected ':'`);
-        at++;
-        Object.defineProperty(obj, key, { value: parseValue(), enumerable: true, writable: true, configurable: true });
-        skipSpace();
-        if (text[at] === ',') { at++; continue; }
-        if (text[at] === '}') { at++; return obj; }
-        fail(`${describe()}, expected ',' or '}'`);
-      }
-    }
-    if (c === '[') {
-      at++;
-      const arr: unknown[] = [];
-      const indexLines = new Map<string, number>();
-      lines.set(arr, indexLines);
-      skipSpace();
-      if (text[at] === ']') { at++; return arr; }
-      for (;;) {
-        skipSpace();
-        indexLines.set(String(arr.length), line);
-        arr.push(parseValue());
-        skipSpace();
-        if (text[at] === ',') { at++; continue; }
-        if (text[at] === ']') { at++; return arr; }
-        fail(`${describe()}, expected ',' or ']'`);
-      }
-    }
-    if (c === '"') return parseString();
-    const m = /^(?:true|false|null|-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?)/.exec(text.slice(at, at + 400));
-    if (!m) return fail(describe());
-    at += m[0].length;
-    return JSON.parse(m[0]);
-  };
-  const value = parseValue();
-  skipSpace();
-  if (at < text.length) fail(`${describe()} after the end of the document`);
-  return { value, lines };
+  const parser = new StrictJsonParser(text);
+  const value = parser.value();
+  parser.skipSpace();
+  if (!parser.atEnd()) parser.fail(`${parser.describe()} after the end of the document`);
+  return { value, lines: parser.lines };
 }
 
+class StrictJsonParser {
+  readonly lines: LineMap = new WeakMap();
+  private readonly text: string;
+  private at = 0;
+  private line = 1;
+  private lineStart = 0;
+
+  constructor(text: string) { this.text = text; }
+
+  atEnd(): boolean { return this.at >= this.text.length; }
+
+  fail(what: string): never {
+    throw new ConfigError(`line ${this.line}, column ${this.at - this.lineStart + 1}: ${what}`);
+  }
+
+  describe(): string {
+    return this.atEnd() ? 'unexpected end of input' : `unexpected character ${JSON.stringify(this.text[this.at])}`;
+  }
+
+  skipSpace(): void {
+    for (;;) {
+      const c = this.text.charCodeAt(this.at);
+      if (c === 10) { this.line++; this.at++; this.lineStart = this.at; } else if (c === 32 || c === 9 || c === 13) this.at++;
+      else return;
+    }
+  }
+
+  value(): unknown {
+    this.skipSpace();
+    const c = this.text[this.at];
+    if (c === '{') return this.object();
+    if (c === '[') return this.array();
+    if (c === '"') return this.string();
+    const m = /^(?:true|false|null|-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?)/.exec(this.text.slice(this.at, this.at + 400));
+    if (!m) return this.fail(this.describe());
+    this.at += m[0].length;
+    return JSON.parse(m[0]);
+  }
+
+  private string(): string {
+    const start = this.at;
+    this.at++;
+    for (;;) {
+      const c = this.text.charCodeAt(this.at);
+      if (Number.isNaN(c)) this.fail('unterminated string');
+      if (c === 34) break;
+      if (c === 92) this.at += 2;
+      else if (c < 32) this.fail('control character in string (escape it)');
+      else this.at++;
+    }
+    this.at++;
+    try { return JSON.parse(this.text.slice(start, this.at)) as string; } catch { return this.fail('invalid escape in string'); }
+  }
+
+  private object(): Record<string, unknown> {
+    this.at++;
+    const obj: Record<string, unknown> = {};
+    const keyLines = new Map<string, number>();
+    this.lines.set(obj, keyLines);
+    this.skipSpace();
+    if (this.text[this.at] === '}') { this.at++; return obj; }
+    for (;;) {
+      this.skipSpace();
+      if (this.text[this.at] !== '"') this.fail(`${this.describe()}, expected a key in double quotes`);
+      const keyLine = this.line;
+      const key = this.string();
+      if (keyLines.has(key)) this.fail(`duplicate key ${JSON.stringify(key)}`);
+      keyLines.set(key, keyLine);
+      this.skipSpace();
+      if (this.text[this.at] !== ':') this.fail(`${this.describe()}, expected ':'`);
+      this.at++;
+      // defineProperty: a key "__proto__" is an ordinary key here, as it is in Go.
+      Object.defineProperty(obj, key, { value: this.value(), enumerable: true, writable: true, configurable: true });
+      if (this.endOfList('}')) return obj;
+    }
+  }
+
+  private array(): unknown[] {
+    this.at++;
+    const arr: unknown[] = [];
+    const indexLines = new Map<string, number>();
+    this.lines.set(arr, indexLines);
+    this.skipSpace();
+    if (this.text[this.at] === ']') { this.at++; return arr; }
+    for (;;) {
+      this.skipSpace();
+      indexLines.set(String(arr.length), this.line);
+      arr.push(this.value());
+      if (this.endOfList(']')) return arr;
+    }
+  }
+
+  /** After a member: true at the closing bracket, false after a comma. */
+  private endOfList(close: string): boolean {
+    this.skipSpace();
+    const c = this.text[this.at];
+    if (c === ',' || c === close) { this.at++; return c === close; }
+    return this.fail(`${this.describe()}, expected ',' or '${close}'`);
+  }
+}
 // ---- the Go text/template subset ---------------------------------------------------------------
 
 export interface TemplateEnv { getenv(name: string): string | undefined; readFile(path: string): string | undefined }
@@ -654,6 +678,153 @@ export function goQueryEscape(s: string): string {
   return encodeURIComponent(s).replace(/[!'()*]/g, (c) => '%' + c.charCodeAt(0).toString(16).toUpperCase()).replace(/%20/g, '+');
 }
 
+// ---- reading fields --------------------------------------------------------------------------
+
+/** What compiled hooks leave for the snapshot besides the hooks themselves. */
+export interface CompileSinks {
+  /** Values never to be logged (HMAC secrets); template-inserted values are added by the loader. */
+  secrets: string[];
+  /** `url:<name>` and `header:<lower-case name>` parameters compared by value rules. */
+  redactedParams: string[];
+  warnings: string[];
+}
+
+/** Where a value sits in the document: its parent object or array, its key there, its path. */
+export interface Place { parent: object | undefined; key: string; path: string }
+
+/** An unreplaced placeholder from the shipped examples and manifests: `<token>`, `<hook-token>`. */
+export const PLACEHOLDER = /<[A-Za-z][A-Za-z0-9_.-]*>/;
+
+export function typeName(v: unknown): string {
+  return v === null ? 'null' : Array.isArray(v) ? 'an array' : typeof v === 'object' ? 'an object' : `a ${typeof v}`;
+}
+
+/** Reads one hook of a parsed file; every error names file, line, hook and field path. */
+export class FieldReader {
+  readonly file: string;
+  readonly sinks: CompileSinks;
+  /** `hook "web"` once the id is known, `hook #3` before. */
+  hookName: string;
+  private readonly lines: LineMap;
+  private readonly hookLine: number;
+
+  constructor(file: string, lines: LineMap, hook: Place & { index: number }, sinks: CompileSinks) {
+    this.file = file;
+    this.lines = lines;
+    this.sinks = sinks;
+    this.hookLine = this.lineOf(hook.parent, hook.key) ?? 1;
+    this.hookName = `hook #${hook.index + 1}`;
+  }
+
+  private lineOf(parent: object | undefined, key: string): number | undefined {
+    return parent ? this.lines.get(parent)?.get(key) : undefined;
+  }
+
+  where(at: Place): string {
+    return `${this.file}:${this.lineOf(at.parent, at.key) ?? this.hookLine}: ${this.hookName}: ${at.path}`;
+  }
+
+  fail(at: Place, what: string): never {
+    throw new ConfigError(`${this.where(at)}: ${what}`);
+  }
+
+  warn(at: Place, what: string): void {
+    this.sinks.warnings.push(`${this.where(at)}: ${what}`);
+  }
+
+  /** The object at a place, refusing keys not in `allowed` (with a suggestion for a misspelling). */
+  object(value: unknown, at: Place, allowed: readonly string[]): Fields {
+    if (value === null || typeof value !== 'object' || Array.isArray(value)) return this.fail(at, `expected an object, got ${typeName(value)}`);
+    const fields = new Fields(this, value as Record<string, unknown>, at.path);
+    for (const k of Object.keys(value)) if (!allowed.includes(k)) fields.fail(k, `unknown field${suggest(k, allowed)}`);
+    return fields;
+  }
+}
+
+/** One object of a hook being read: typed getters with defaults, and located errors. */
+export class Fields {
+  readonly raw: Record<string, unknown>;
+  readonly path: string;
+  readonly reader: FieldReader;
+
+  constructor(reader: FieldReader, raw: Record<string, unknown>, path: string) {
+    this.reader = reader;
+    this.raw = raw;
+    this.path = path;
+  }
+
+  place(key: string): Place {
+    // A missing key is reported at the line where the object's first key is.
+    const lineKey = Object.hasOwn(this.raw, key) ? key : Object.keys(this.raw)[0] ?? key;
+    return { parent: this.raw, key: lineKey, path: this.path ? `${this.path}.${key}` : key };
+  }
+
+  has(key: string): boolean { return this.raw[key] !== undefined; }
+  fail(key: string, what: string): never { return this.reader.fail(this.place(key), what); }
+  warn(key: string, what: string): void { this.reader.warn(this.place(key), what); }
+
+  private typed<T>(key: string, ok: (v: unknown) => boolean, expected: string, def: T): T {
+    const v = this.raw[key];
+    if (v === undefined) return def;
+    if (!ok(v)) this.fail(key, `expected ${expected}, got ${typeName(v)}`);
+    return v as T;
+  }
+
+  string(key: string, def = ''): string { return this.typed(key, (v) => typeof v === 'string', 'a string', def); }
+  boolean(key: string, def = false): boolean { return this.typed(key, (v) => typeof v === 'boolean', 'a boolean', def); }
+  integer(key: string, def: number): number { return this.typed(key, Number.isInteger, 'an integer', def); }
+
+  /** A string the field's type needs: missing is an error naming what needs it. */
+  required(key: string, neededBy: string): string {
+    if (!this.has(key)) this.fail(key, `required for ${neededBy}`);
+    return this.string(key);
+  }
+
+  /** A string that must not be empty, checked for a leftover placeholder. */
+  nonEmpty(key: string, what = 'required, and must not be empty'): string {
+    const s = this.string(key);
+    if (s === '') this.fail(key, what);
+    this.warnPlaceholder(key, s);
+    return s;
+  }
+
+  warnPlaceholder(key: string, value: string): void {
+    const m = PLACEHOLDER.exec(value);
+    if (m) this.warn(key, `still holds the placeholder "${m[0]}"; replace it before use`);
+  }
+
+  /** The items of an array field, each with its place (`key[i]`). */
+  items(key: string): { value: unknown; at: Place }[] {
+    const list = this.typed<unknown[]>(key, Array.isArray, 'an array', []);
+    const path = this.place(key).path;
+    return list.map((value, i) => ({ value, at: { parent: list, key: String(i), path: `${path}[${i}]` } }));
+  }
+
+  /** The object in a field. */
+  object(key: string, allowed: readonly string[]): Fields {
+    return this.reader.object(this.raw[key], this.place(key), allowed);
+  }
+}
+
+/** Suggests a known name for a misspelt one (case difference or edit distance ≤ 2). */
+export function suggest(name: string, known: readonly string[]): string {
+  const best = known.find((k) => k.toLowerCase() === name.toLowerCase()) ?? known.find((k) => editDistance(name, k) <= 2);
+  return best ? ` (did you mean "${best}"?)` : '';
+}
+
+function editDistance(a: string, b: string): number {
+  const d = Array.from({ length: b.length + 1 }, (_, i) => i);
+  for (let i = 1; i <= a.length; i++) {
+    let prev = d[0];
+    d[0] = i;
+    for (let j = 1; j <= b.length; j++) {
+      const cur = d[j];
+      d[j] = Math.min(d[j] + 1, d[j - 1] + 1, prev + (a[i - 1] === b[j - 1] ? 0 : 1));
+      prev = cur;
+    }
+  }
+  return d[b.length];
+}
 // ================================================================================================
 // 4. request parsing & parameters — turns an HTTP request into the structures hook parameters
 //    address: headers (Go-canonical names), query, payload (from JSON, form, XML or multipart
@@ -964,16 +1135,216 @@ export function applyJsonParameters(jsonParams: Param[], req: HookRequest): stri
   return errors;
 }
 
+// ---- parameters: how a hook names a value of the request -------------------------------------
+
+export type Source = 'url' | 'header' | 'payload' | 'request' | 'string' | 'raw-request-body' | 'entire-payload'
+  | 'entire-headers' | 'entire-query';
+export interface Param { source: Source; name: string; envname: string; base64decode: boolean }
+
+const SOURCES = ['url', 'query', 'header', 'payload', 'request', 'string', 'raw-request-body', 'entire-payload',
+  'entire-headers', 'entire-query'];
+const PARAM_FIELDS = ['source', 'name', 'envname', 'base64decode'];
+
+/**
+ * A parameter as a hook file writes it ({"source": "url", "name": "token"}). "query" is adnanh's
+ * other name for "url". A file parameter without an envname gets HOOK_<NAME>.
+ */
+export function compileParam(reader: FieldReader, value: unknown, at: Place, fileParam: boolean): Param {
+  const o = reader.object(value, at, PARAM_FIELDS);
+  let source = o.string('source');
+  const known = `(one of ${SOURCES.join(', ')})`;
+  if (!SOURCES.includes(source)) o.fail('source', source === '' ? `required ${known}` : `unknown source "${source}"${suggest(source, SOURCES)} ${known}`);
+  if (source === 'query') source = 'url';
+  const name = o.string('name');
+  if (name === '' && ['url', 'header', 'payload', 'request'].includes(source)) o.fail('name', `required for source "${source}"`);
+  if (source === 'request' && !['method', 'remote-addr'].includes(name.toLowerCase())) {
+    o.fail('name', `unsupported request key "${name}" (use "method" or "remote-addr")`);
+  }
+  // A string parameter's name is its value: a placeholder there is only worth a warning for the
+  // environment (MAIL_TO's recipients, say), which the caller decides.
+  if (source !== 'string' || at.path.startsWith('pass-environment-to-command')) o.warnPlaceholder('name', name);
+  let envname = o.string('envname');
+  if (fileParam && envname === '') envname = 'HOOK_' + name.toUpperCase();
+  return { source: source as Source, name, envname, base64decode: o.boolean('base64decode') };
+}
+
 // ================================================================================================
-// 5. trigger rules — evaluates a compiled rule against a request with adnanh's semantics: a
-//    missing parameter makes a match false (inside `or` it is passed over, inside `and` the rule
-//    fails); a bad signature is an evaluation error unless the hook allows soft failures.
-//    Comparisons of secrets are constant-time, length included.
-//    Exports: evaluateRule, RuleResult, SignatureError.
+// 5. trigger rules — one table, RULE_TYPES, holds each match type side by side: its fields,
+//    whether it compares a request parameter, whether it reads the headers, which field holds a
+//    secret, how it compiles (errors with file, line and field path) and how it tests a request.
+//    and/or/not combine matches with adnanh's semantics: a missing parameter makes a match false
+//    (inside `or` it is passed over, inside `and` the rule fails); a bad signature is an
+//    evaluation error unless the hook allows soft failures. Secrets compare in constant time.
+//    Exports: Rule, Match, compileRule, evaluateRule, ruleMatches, ParameterNotFound.
 // ================================================================================================
 
 export class SignatureError extends Error {}
 export interface RuleResult { ok: boolean; error?: Error }
+
+/** A compiled match: what it reads of a request, and its test. */
+export interface Match {
+  type: string;
+  param: Param | undefined;
+  readsHeaders: boolean;
+  /** `value` is the parameter's value ("" for types without one). */
+  test(req: HookRequest, value: string, now: Date): RuleResult;
+}
+export type Rule = { and: Rule[] } | { or: Rule[] } | { not: Rule } | { match: Match };
+
+interface RuleType {
+  /** The match's own fields besides "type" (and "parameter" when it compares one). */
+  fields: readonly string[];
+  /** Compares a parameter of the request: "parameter" is required. */
+  parameter: boolean;
+  /** Reads the request headers beyond any parameter (so the request step must collect them). */
+  readsHeaders: boolean;
+  /** The field holding a secret: required, never quoted, scrubbed from every log line. */
+  secret?: string;
+  /** The compared parameter is redacted in the access log (it is the token). */
+  redactsParameter?: boolean;
+  /** Reads the type's fields; returns the test. `secret` is the secret field's value. */
+  compile(m: Fields, type: string, secret: string): Match['test'];
+}
+
+const RULE_TYPES: Record<string, RuleType> = {
+  'value': {
+    fields: ['value'],
+    parameter: true,
+    readsHeaders: false,
+    redactsParameter: true,
+    compile(m, type) {
+      const value = m.required('value', `type "${type}"`);
+      m.warnPlaceholder('value', value);
+      // An empty value usually means a template read an unset variable; it would let `?token=`
+      // through, so it is refused rather than compared. The value itself is not scrubbed from
+      // every line: value rules also pin routing values (namespace, workload) that reports must
+      // show; a token comes from a template, whose values are scrubbed (loadSnapshot).
+      if (value === '') m.fail('value', 'empty (is the environment variable the template reads unset?)');
+      const digest = secretDigest(value);
+      return (_req, v) => ({ ok: timingSafeEqual(secretDigest(v), digest) });
+    },
+  },
+  'regex': {
+    fields: ['regex'],
+    parameter: true,
+    readsHeaders: false,
+    compile(m, type) {
+      const source = m.required('regex', `type "${type}"`);
+      m.warnPlaceholder('regex', source);
+      let regex: RegExp;
+      try { regex = compileGoRegex(source); } catch (e) { return m.fail('regex', `invalid regular expression: ${(e as Error).message}`); }
+      return (_req, v) => ({ ok: regex.test(v) });
+    },
+  },
+  ...hmacRuleTypes(),
+  'ip-whitelist': {
+    fields: ['ip-range'],
+    parameter: false,
+    readsHeaders: false,
+    compile(m, type) {
+      const text = m.required('ip-range', `type "${type}"`);
+      m.warnPlaceholder('ip-range', text);
+      const ranges = text.split(/\s+/).filter((r) => r !== '').map((r) => {
+        const cidr = parseCidr(r);
+        if (!cidr) m.fail('ip-range', `invalid IP range "${r}" (use CIDR notation such as 10.0.0.0/8, or a single address)`);
+        return cidr!;
+      });
+      if (ranges.length === 0) m.fail('ip-range', 'empty');
+      return (req) => ({ ok: ranges.some((r) => cidrContains(r, req.remoteIp)) });
+    },
+  },
+  'scalr-signature': {
+    fields: ['secret'],
+    parameter: false,
+    readsHeaders: true,
+    secret: 'secret',
+    compile: (_m, _type, secret) => (req, _v, now) => checkScalrSignature(req, secret, now),
+  },
+};
+
+/** payload-hmac-sha1/256/512, and adnanh's older names for them, payload-hash-*. */
+function hmacRuleTypes(): Record<string, RuleType> {
+  const types: Record<string, RuleType> = {};
+  for (const prefix of ['payload-hmac-', 'payload-hash-']) {
+    for (const algorithm of ['sha1', 'sha256', 'sha512']) {
+      types[prefix + algorithm] = {
+        fields: ['secret'],
+        parameter: true,
+        readsHeaders: false,
+        secret: 'secret',
+        compile: (_m, _type, secret) => (req, v) => checkPayloadSignature(req.body, algorithm, secret, v),
+      };
+    }
+  }
+  return types;
+}
+
+const MATCH_FIELDS = ['type', 'parameter', ...new Set(Object.values(RULE_TYPES).flatMap((t) => t.fields))];
+const RULE_TYPE_NAMES = Object.keys(RULE_TYPES);
+
+/**
+ * Secrets are compared through keyed digests (a random per-process key, then SHA-256), so the
+ * comparison takes the same time whatever the lengths and contents. A one-shot hash is half the
+ * cost of an HMAC object, and this runs on every request.
+ */
+const COMPARE_KEY = randomBytes(32).toString('hex');
+export function secretDigest(value: string): Buffer {
+  return hash('sha256', COMPARE_KEY + value, 'buffer');
+}
+
+/** A trigger-rule: exactly one of and, or, not, match. */
+export function compileRule(reader: FieldReader, value: unknown, at: Place): Rule {
+  const o = reader.object(value, at, ['and', 'or', 'not', 'match']);
+  const keys = Object.keys(o.raw);
+  if (keys.length !== 1) {
+    const quoted = keys.map((k) => `"${k}"`).join(' and ');
+    reader.fail(at, keys.length === 0 ? 'a rule needs one of "and", "or", "not", "match"' : `a rule takes exactly one of "and", "or", "not", "match", got ${quoted}`);
+  }
+  const kind = keys[0];
+  if (kind === 'and' || kind === 'or') {
+    const items = o.items(kind);
+    if (items.length === 0) o.fail(kind, `an empty "${kind}" list (it would ${kind === 'and' ? 'always' : 'never'} match)`);
+    const rules = items.map((item) => compileRule(reader, item.value, item.at));
+    return kind === 'and' ? { and: rules } : { or: rules };
+  }
+  if (kind === 'not') return { not: compileRule(reader, o.raw.not, o.place('not')) };
+  return { match: compileMatch(reader, o.raw.match, o.place('match')) };
+}
+
+function compileMatch(reader: FieldReader, value: unknown, at: Place): Match {
+  const m = reader.object(value, at, MATCH_FIELDS);
+  const type = m.string('type');
+  const ruleType = Object.hasOwn(RULE_TYPES, type) ? RULE_TYPES[type] : undefined;
+  if (!ruleType) return m.fail('type', type === '' ? `required (one of ${RULE_TYPE_NAMES.join(', ')})` : `unknown type "${type}"${suggest(type, RULE_TYPE_NAMES)}`);
+  const secret = ruleType.secret ? readSecret(m, ruleType.secret) : '';
+  const test = ruleType.compile(m, type, secret);
+  let param: Param | undefined;
+  if (ruleType.parameter) {
+    if (!m.has('parameter')) m.fail('parameter', `required for type "${type}"`);
+    param = compileParam(reader, m.raw.parameter, m.place('parameter'), false);
+    const named = `${param.source}:${param.source === 'header' ? param.name.toLowerCase() : param.name}`;
+    if (ruleType.redactsParameter && (param.source === 'url' || param.source === 'header')) reader.sinks.redactedParams.push(named);
+  }
+  return { type, param, readsHeaders: ruleType.readsHeaders, test };
+}
+
+/** A secret field: required and not empty; a placeholder is reported without quoting the value. */
+function readSecret(m: Fields, key: string): string {
+  const secret = m.required(key, `type "${m.string('type')}"`);
+  if (secret === '') m.fail(key, 'must not be empty');
+  if (PLACEHOLDER.test(secret)) m.warn(key, 'still holds a placeholder; replace it before use');
+  m.reader.sinks.secrets.push(secret);
+  return secret;
+}
+
+/** Every match of a rule, depth first. */
+export function ruleMatches(rule: Rule | undefined): Match[] {
+  if (!rule) return [];
+  if ('and' in rule) return rule.and.flatMap(ruleMatches);
+  if ('or' in rule) return rule.or.flatMap(ruleMatches);
+  if ('not' in rule) return ruleMatches(rule.not);
+  return [rule.match];
+}
 
 export function evaluateRule(rule: Rule, req: HookRequest, soft: boolean, now: Date = new Date()): RuleResult {
   if ('and' in rule) {
@@ -1001,15 +1372,11 @@ export function evaluateRule(rule: Rule, req: HookRequest, soft: boolean, now: D
 }
 
 function evaluateMatch(m: Match, req: HookRequest, now: Date): RuleResult {
-  if (m.type === 'ip-whitelist') return { ok: m.ranges.some((r) => cidrContains(r, req.remoteIp)) };
-  if (m.type === 'scalr-signature') return checkScalrSignature(req, m.secret, now);
-  let value: string;
-  try { value = resolveParameter(m.param, req); } catch (e) { return { ok: false, error: e as Error }; }
-  switch (m.type) {
-    case 'value': return { ok: timingSafeEqual(secretDigest(value), m.digest) };
-    case 'regex': return { ok: m.regex.test(value) };
-    case 'hmac': return checkPayloadSignature(req.body, m.algorithm, m.secret, value);
+  let value = '';
+  if (m.param) {
+    try { value = resolveParameter(m.param, req); } catch (e) { return { ok: false, error: e as Error }; }
   }
+  return m.test(req, value, now);
 }
 
 /** Signatures in a header: "sha256=abc" or several, comma-separated; any one may match. */
@@ -1069,6 +1436,8 @@ export function compileGoRegex(source: string): RegExp {
   try { return new RegExp(body, flags + 'u'); } catch { return new RegExp(body, flags); }
 }
 
+export interface Cidr { family: 4 | 6; bytes: Buffer; prefix: number }
+
 /** Parses "10.0.0.0/8", "fd00::/8" or a single address (a /32 or /128). */
 export function parseCidr(text: string): Cidr | undefined {
   const [addr, prefixText, extra] = text.split('/');
@@ -1121,18 +1490,12 @@ export function cidrContains(cidr: Cidr, addr: string): boolean {
   return true;
 }
 
-// ---- the compiled hook -------------------------------------------------------------------------
-
-export type Source = 'url' | 'header' | 'payload' | 'request' | 'string' | 'raw-request-body' | 'entire-payload' | 'entire-headers' | 'entire-query';
-export interface Param { source: Source; name: string; envname: string; base64decode: boolean }
-
-export type Match =
-  | { type: 'value'; param: Param; digest: Buffer }
-  | { type: 'regex'; param: Param; regex: RegExp }
-  | { type: 'hmac'; algorithm: 'sha1' | 'sha256' | 'sha512'; deprecated: boolean; param: Param; secret: string }
-  | { type: 'ip-whitelist'; ranges: Cidr[] }
-  | { type: 'scalr-signature'; secret: string };
-export type Rule = { and: Rule[] } | { or: Rule[] } | { not: Rule } | { match: Match };
+// ================================================================================================
+// 6. hook definitions — a hooks file's text (already templated) compiled into hooks: the hook's
+//    fields read in one list, its parameters (section 4) and trigger rule (section 5) compiled
+//    once, so the request path only evaluates.
+//    Exports: Hook, CompiledFile, compileHooksFile.
+// ================================================================================================
 
 export interface Hook {
   id: string;
@@ -1160,25 +1523,8 @@ export interface Hook {
   readsHeaders: boolean;
 }
 
-export interface Cidr { family: 4 | 6; bytes: Buffer; prefix: number }
-
 /** What one hooks file contributes to a snapshot. */
-export interface CompiledFile {
-  hooks: Hook[];
-  secrets: string[];
-  redactedParams: string[];
-  warnings: string[];
-}
-
-/**
- * Secrets are compared through keyed digests (a random per-process key, then SHA-256), so the
- * comparison takes the same time whatever the lengths and contents. A one-shot hash is half the
- * cost of an HMAC object, and this runs on every request.
- */
-const COMPARE_KEY = randomBytes(32).toString('hex');
-export function secretDigest(value: string): Buffer {
-  return hash('sha256', COMPARE_KEY + value, 'buffer');
-}
+export interface CompiledFile extends CompileSinks { hooks: Hook[] }
 
 const HOOK_FIELDS = [
   'id', 'execute-command', 'command-working-directory', 'response-message', 'response-headers',
@@ -1188,31 +1534,6 @@ const HOOK_FIELDS = [
   'parse-parameters-as-json', 'trigger-rule', 'trigger-rule-mismatch-http-response-code',
   'trigger-signature-soft-failures', 'command-timeout',
 ];
-const PARAM_FIELDS = ['source', 'name', 'envname', 'base64decode'];
-const MATCH_FIELDS = ['type', 'parameter', 'value', 'regex', 'secret', 'ip-range'];
-const MATCH_TYPES = ['value', 'regex', 'payload-hmac-sha1', 'payload-hmac-sha256', 'payload-hmac-sha512',
-  'payload-hash-sha1', 'payload-hash-sha256', 'payload-hash-sha512', 'ip-whitelist', 'scalr-signature'];
-const SOURCES = ['url', 'query', 'header', 'payload', 'request', 'string', 'raw-request-body', 'entire-payload', 'entire-headers', 'entire-query'];
-const PLACEHOLDER = /<[A-Za-z][A-Za-z0-9_.-]*>/;
-
-/** Suggests a known name for a misspelt one (case difference or edit distance ≤ 2). */
-function suggest(name: string, known: string[]): string {
-  const distance = (a: string, b: string) => {
-    const d = Array.from({ length: b.length + 1 }, (_, i) => i);
-    for (let i = 1; i <= a.length; i++) {
-      let prev = d[0];
-      d[0] = i;
-      for (let j = 1; j <= b.length; j++) {
-        const cur = d[j];
-        d[j] = Math.min(d[j] + 1, d[j - 1] + 1, prev + (a[i - 1] === b[j - 1] ? 0 : 1));
-        prev = cur;
-      }
-    }
-    return d[b.length];
-  };
-  const best = known.find((k) => k.toLowerCase() === name.toLowerCase()) ?? known.find((k) => distance(name, k) <= 2);
-  return best ? ` (did you mean "${best}"?)` : '';
-}
 
 /** Compiles one hooks file's text (already templated) into hooks, or throws a located ConfigError. */
 export function compileHooksFile(file: string, text: string, defaults: { commandTimeoutMs: number }): CompiledFile {
@@ -1223,7 +1544,8 @@ export function compileHooksFile(file: string, text: string, defaults: { command
   const result: CompiledFile = { hooks: [], secrets: [], redactedParams: [], warnings: [] };
   const seen = new Set<string>();
   value.forEach((raw, index) => {
-    const hook = compileHook(raw, { file, lines, index, container: value, result, defaults });
+    const at = { parent: value, key: String(index), path: '', index };
+    const hook = compileHook(raw, new FieldReader(file, lines, at, result), at, defaults.commandTimeoutMs);
     if (seen.has(hook.id)) throw new ConfigError(`${file}:${lines.get(value)?.get(String(index)) ?? 1}: hook "${hook.id}": id: duplicate id (already defined in this file)`);
     seen.add(hook.id);
     result.hooks.push(hook);
@@ -1231,210 +1553,76 @@ export function compileHooksFile(file: string, text: string, defaults: { command
   return result;
 }
 
-interface CompileContext {
-  file: string;
-  lines: LineMap;
-  index: number;
-  container: unknown[];
-  result: CompiledFile;
-  defaults: { commandTimeoutMs: number };
-}
-
-function compileHook(raw: unknown, cx: CompileContext): Hook {
-  const hookLine = cx.lines.get(cx.container)?.get(String(cx.index)) ?? 1;
-  let hookName = `hook #${cx.index + 1}`;
-  const fail = (parent: object | undefined, key: string, fieldPath: string, what: string): never => {
-    const line = (parent && cx.lines.get(parent)?.get(key)) ?? hookLine;
-    throw new ConfigError(`${cx.file}:${line}: ${hookName}: ${fieldPath}: ${what}`);
-  };
-  const typeName = (v: unknown) => (v === null ? 'null' : Array.isArray(v) ? 'an array' : typeof v === 'object' ? 'an object' : `a ${typeof v}`);
-  const object = (v: unknown, parent: object | undefined, key: string, p: string, allowed: string[]): Record<string, unknown> => {
-    if (v === null || typeof v !== 'object' || Array.isArray(v)) return fail(parent, key, p, `expected an object, got ${typeName(v)}`);
-    const o = v as Record<string, unknown>;
-    for (const k of Object.keys(o)) if (!allowed.includes(k)) fail(o, k, p ? `${p}.${k}` : k, `unknown field${suggest(k, allowed)}`);
-    return o;
-  };
-  const field = <T>(o: Record<string, unknown>, key: string, p: string, kind: 'string' | 'boolean' | 'number' | 'array', def: T): T => {
-    const v = o[key];
-    if (v === undefined) return def;
-    const ok = kind === 'array' ? Array.isArray(v) : kind === 'number' ? Number.isInteger(v) : typeof v === kind;
-    if (!ok) fail(o, key, p, `expected ${kind === 'array' ? 'an array' : kind === 'number' ? 'an integer' : `a ${kind}`}, got ${typeName(v)}`);
-    return v as T;
-  };
-  const warnPlaceholder = (o: object, key: string, p: string, s: string) => {
-    const m = PLACEHOLDER.exec(s);
-    if (m) cx.result.warnings.push(`${cx.file}:${cx.lines.get(o)?.get(key) ?? hookLine}: ${hookName}: ${p}: still holds the placeholder "${m[0]}"; replace it before use`);
-  };
-
+function compileHook(raw: unknown, reader: FieldReader, at: Place, defaultTimeoutMs: number): Hook {
   // Name the hook in every error, including those about fields that come before "id".
   const rawId = (raw as { id?: unknown } | null)?.id;
-  if (typeof rawId === 'string' && rawId !== '') hookName = `hook "${rawId}"`;
-  const h = object(raw, cx.container, String(cx.index), '', HOOK_FIELDS);
-  const id = field(h, 'id', 'id', 'string', '');
-  if (id === '') fail(h, 'id', 'id', 'required, and must not be empty');
-  hookName = `hook "${id}"`;
-  warnPlaceholder(h, 'id', 'id', id);
-  const command = field(h, 'execute-command', 'execute-command', 'string', '');
-  if (command === '') fail(h, 'execute-command', 'execute-command', 'required, and must not be empty');
-  warnPlaceholder(h, 'execute-command', 'execute-command', command);
-
-  const params = (key: string, needEnv: boolean): Param[] => {
-    const list = field<unknown[]>(h, key, key, 'array', []);
-    return list.map((item, i) => compileParam(item, list, String(i), `${key}[${i}]`, needEnv));
-  };
-  const compileParam = (v: unknown, parent: object, key: string, p: string, fileParam: boolean): Param => {
-    const o = object(v, parent, key, p, PARAM_FIELDS);
-    let source = field(o, 'source', `${p}.source`, 'string', '');
-    if (!SOURCES.includes(source)) fail(o, 'source', `${p}.source`, source === '' ? `required (one of ${SOURCES.join(', ')})` : `unknown source "${source}"${suggest(source, SOURCES)} (one of ${SOURCES.join(', ')})`);
-    if (source === 'query') source = 'url';
-    const name = field(o, 'name', `${p}.name`, 'string', '');
-    if (name === '' && ['url', 'header', 'payload', 'request'].includes(source)) fail(o, 'name', `${p}.name`, `required for source "${source}"`);
-    if (source === 'request' && !['method', 'remote-addr'].includes(name.toLowerCase())) fail(o, 'name', `${p}.name`, `unsupported request key "${name}" (use "method" or "remote-addr")`);
-    if (source !== 'string') warnPlaceholder(o, 'name', `${p}.name`, name);
-    let envname = field(o, 'envname', `${p}.envname`, 'string', '');
-    if (fileParam && envname === '') envname = 'HOOK_' + name.toUpperCase();
-    return { source: source as Source, name, envname, base64decode: field(o, 'base64decode', `${p}.base64decode`, 'boolean', false) };
-  };
-
-  const compileRule = (v: unknown, parent: object, key: string, p: string): Rule => {
-    const o = object(v, parent, key, p, ['and', 'or', 'not', 'match']);
-    const keys = Object.keys(o);
-    if (keys.length !== 1) fail(parent, key, p, keys.length === 0 ? 'a rule needs one of "and", "or", "not", "match"' : `a rule takes exactly one of "and", "or", "not", "match", got ${keys.map((k) => `"${k}"`).join(' and ')}`);
-    const kind = keys[0];
-    const sub = p ? `${p}.${kind}` : kind;
-    if (kind === 'and' || kind === 'or') {
-      const list = field<unknown[]>(o, kind, sub, 'array', []);
-      if (list.length === 0) fail(o, kind, sub, `an empty "${kind}" list (it would ${kind === 'and' ? 'always' : 'never'} match)`);
-      const rules = list.map((r, i) => compileRule(r, list, String(i), `${sub}[${i}]`));
-      return kind === 'and' ? { and: rules } : { or: rules };
-    }
-    if (kind === 'not') return { not: compileRule(o.not, o, 'not', sub) };
-    return { match: compileMatch(o.match, o, 'match', sub) };
-  };
-  const compileMatch = (v: unknown, parent: object, key: string, p: string): Match => {
-    const o = object(v, parent, key, p, MATCH_FIELDS);
-    const type = field<string>(o, 'type', `${p}.type`, 'string', '');
-    if (!MATCH_TYPES.includes(type)) fail(o, 'type', `${p}.type`, type === '' ? `required (one of ${MATCH_TYPES.join(', ')})` : `unknown type "${type}"${suggest(type, MATCH_TYPES)}`);
-    const str = (k: string) => {
-      const s = field(o, k, `${p}.${k}`, 'string', undefined as string | undefined);
-      if (s === undefined) fail(o, 'type', `${p}.${k}`, `required for type "${type}"`);
-      if (k !== 'secret') warnPlaceholder(o, k, `${p}.${k}`, s!);
-      return s!;
-    };
-    const param = () => {
-      if (o.parameter === undefined) return fail(o, 'type', `${p}.parameter`, `required for type "${type}"`);
-      return compileParam(o.parameter, o, 'parameter', `${p}.parameter`, false);
-    };
-    if (type === 'value') {
-      const value = str('value');
-      const parameter = param();
-      // An empty value usually means a template read an unset variable; it would let `?token=`
-      // through, so it is refused rather than compared.
-      if (value === '') fail(o, 'value', `${p}.value`, 'empty (is the environment variable the template reads unset?)');
-      // The compared parameter is redacted in the access log. The value itself is not scrubbed
-      // from every line: value rules also pin routing values (namespace, workload) that reports
-      // must show; a token comes from a template, whose values are scrubbed (loadSnapshot).
-      if (parameter.source === 'url' || parameter.source === 'header') cx.result.redactedParams.push(`${parameter.source}:${parameter.source === 'header' ? parameter.name.toLowerCase() : parameter.name}`);
-      return { type, param: parameter, digest: secretDigest(value) };
-    }
-    if (type === 'regex') {
-      const source = str('regex');
-      let regex: RegExp;
-      try { regex = compileGoRegex(source); } catch (e) { return fail(o, 'regex', `${p}.regex`, `invalid regular expression: ${(e as Error).message}`); }
-      return { type, param: param(), regex };
-    }
-    if (type === 'ip-whitelist') {
-      const text = str('ip-range');
-      const ranges = text.split(/\s+/).filter((r) => r !== '').map((r) => {
-        const cidr = parseCidr(r);
-        if (!cidr) fail(o, 'ip-range', `${p}.ip-range`, `invalid IP range "${r}" (use CIDR notation such as 10.0.0.0/8, or a single address)`);
-        return cidr!;
-      });
-      if (ranges.length === 0) fail(o, 'ip-range', `${p}.ip-range`, 'empty');
-      return { type, ranges };
-    }
-    const secret = str('secret');
-    if (secret === '') fail(o, 'secret', `${p}.secret`, 'must not be empty');
-    if (PLACEHOLDER.test(secret)) cx.result.warnings.push(`${cx.file}:${cx.lines.get(o)?.get('secret') ?? hookLine}: ${hookName}: ${p}.secret: still holds a placeholder; replace it before use`);
-    cx.result.secrets.push(secret);
-    if (type === 'scalr-signature') return { type, secret };
-    const algorithm = type.slice(type.lastIndexOf('-') + 1) as 'sha1' | 'sha256' | 'sha512';
-    return { type: 'hmac', algorithm, deprecated: type.startsWith('payload-hash-'), param: param(), secret };
-  };
-
-  const code = (key: string, def: number) => {
-    const c = field(h, key, key, 'number', def);
-    if (http.STATUS_CODES[c]) return c;
-    // adnanh answers 200 for a code it does not know; keep that, but say so at load.
-    cx.result.warnings.push(`${cx.file}:${cx.lines.get(h)?.get(key) ?? hookLine}: ${hookName}: ${key}: ${c} is not a known HTTP status code; 200 is used`);
-    return 200;
-  };
-  const headers = field<unknown[]>(h, 'response-headers', 'response-headers', 'array', []).map((item, i, list) => {
-    const p = `response-headers[${i}]`;
-    const o = object(item, list, String(i), p, ['name', 'value']);
-    const name = field(o, 'name', `${p}.name`, 'string', '');
-    if (!/^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/.test(name)) fail(o, 'name', `${p}.name`, 'not a valid header name');
-    const value = field(o, 'value', `${p}.value`, 'string', '');
-    if (/[\r\n\0]/.test(value)) fail(o, 'value', `${p}.value`, 'a header value cannot contain line breaks');
-    return [name, value] as [string, string];
-  });
-  const methods = field<unknown[]>(h, 'http-methods', 'http-methods', 'array', []).map((m, i, list) => {
-    if (typeof m !== 'string') fail(list, String(i), `http-methods[${i}]`, `expected a string, got ${typeName(m)}`);
-    return (m as string).trim().toUpperCase();
-  }).filter((m) => m !== '');
-  let commandTimeoutMs: number | undefined;
-  const timeoutText = field(h, 'command-timeout', 'command-timeout', 'string', '');
-  if (timeoutText !== '') {
-    try { commandTimeoutMs = parseGoDuration(timeoutText); } catch { fail(h, 'command-timeout', 'command-timeout', `invalid duration "${timeoutText}" (use e.g. 30s, 5m)`); }
-  }
-  const workingDirectory = field(h, 'command-working-directory', 'command-working-directory', 'string', '');
-  warnPlaceholder(h, 'command-working-directory', 'command-working-directory', workingDirectory);
+  if (typeof rawId === 'string' && rawId !== '') reader.hookName = `hook "${rawId}"`;
+  const h = reader.object(raw, at, HOOK_FIELDS);
+  const id = h.nonEmpty('id');
+  reader.hookName = `hook "${id}"`;
+  const params = (key: string) => h.items(key).map((item) => compileParam(reader, item.value, item.at, key === 'pass-file-to-command'));
+  const workingDirectory = h.string('command-working-directory');
+  h.warnPlaceholder('command-working-directory', workingDirectory);
   const hook: Hook = {
     id,
-    file: cx.file,
-    command,
+    file: reader.file,
+    command: h.nonEmpty('execute-command'),
     workingDirectory,
-    responseMessage: field(h, 'response-message', 'response-message', 'string', ''),
-    responseHeaders: headers,
-    successCode: code('success-http-response-code', 200),
-    mismatchCode: code('trigger-rule-mismatch-http-response-code', 200),
-    contentType: field(h, 'incoming-payload-content-type', 'incoming-payload-content-type', 'string', ''),
-    methods,
-    captureOutput: field(h, 'include-command-output-in-response', 'include-command-output-in-response', 'boolean', false),
-    captureOutputOnError: field(h, 'include-command-output-in-response-on-error', 'include-command-output-in-response-on-error', 'boolean', false),
-    args: params('pass-arguments-to-command', false),
-    env: params('pass-environment-to-command', false),
-    files: params('pass-file-to-command', true),
-    jsonParams: params('parse-parameters-as-json', false),
-    rule: h['trigger-rule'] === undefined ? undefined : compileRule(h['trigger-rule'], h, 'trigger-rule', 'trigger-rule'),
-    softSignatureFailures: field(h, 'trigger-signature-soft-failures', 'trigger-signature-soft-failures', 'boolean', false),
-    commandTimeoutMs: commandTimeoutMs ?? cx.defaults.commandTimeoutMs,
+    responseMessage: h.string('response-message'),
+    responseHeaders: compileResponseHeaders(h),
+    successCode: statusCode(h, 'success-http-response-code'),
+    mismatchCode: statusCode(h, 'trigger-rule-mismatch-http-response-code'),
+    contentType: h.string('incoming-payload-content-type'),
+    methods: compileMethods(h),
+    captureOutput: h.boolean('include-command-output-in-response'),
+    captureOutputOnError: h.boolean('include-command-output-in-response-on-error'),
+    args: params('pass-arguments-to-command'),
+    env: params('pass-environment-to-command'),
+    files: params('pass-file-to-command'),
+    jsonParams: params('parse-parameters-as-json'),
+    rule: h.has('trigger-rule') ? compileRule(reader, h.raw['trigger-rule'], h.place('trigger-rule')) : undefined,
+    softSignatureFailures: h.boolean('trigger-signature-soft-failures'),
+    commandTimeoutMs: commandTimeout(h) ?? defaultTimeoutMs,
     readsPayload: false,
     readsHeaders: false,
   };
-  const everyParam = [...hook.args, ...hook.env, ...hook.files, ...hook.jsonParams, ...ruleParams(hook.rule)];
+  const matches = ruleMatches(hook.rule);
+  const everyParam = [...hook.args, ...hook.env, ...hook.files, ...hook.jsonParams, ...matches.flatMap((m) => (m.param ? [m.param] : []))];
   hook.readsPayload = everyParam.some((p) => p.source === 'payload' || p.source === 'entire-payload');
-  hook.readsHeaders = everyParam.some((p) => p.source === 'header' || p.source === 'entire-headers') || ruleHas(hook.rule, 'scalr-signature');
-  for (const [i, pr] of hook.env.entries()) {
-    if (pr.source === 'string' && PLACEHOLDER.test(pr.name)) warnPlaceholder(pr, 'name', `pass-environment-to-command[${i}].name`, pr.name);
-  }
+  hook.readsHeaders = everyParam.some((p) => p.source === 'header' || p.source === 'entire-headers') || matches.some((m) => m.readsHeaders);
   return hook;
 }
 
-function ruleMatches(rule: Rule | undefined): Match[] {
-  if (!rule) return [];
-  if ('and' in rule) return rule.and.flatMap(ruleMatches);
-  if ('or' in rule) return rule.or.flatMap(ruleMatches);
-  if ('not' in rule) return ruleMatches(rule.not);
-  return [rule.match];
+/** adnanh answers 200 for a status code it does not know; so do we, and say so at load. */
+function statusCode(h: Fields, key: string): number {
+  const code = h.integer(key, 200);
+  if (http.STATUS_CODES[code]) return code;
+  h.warn(key, `${code} is not a known HTTP status code; 200 is used`);
+  return 200;
 }
 
-function ruleParams(rule: Rule | undefined): Param[] {
-  return ruleMatches(rule).flatMap((m) => ('param' in m ? [m.param] : []));
+function compileResponseHeaders(h: Fields): [string, string][] {
+  return h.items('response-headers').map((item) => {
+    const o = h.reader.object(item.value, item.at, ['name', 'value']);
+    const name = o.string('name');
+    if (!/^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/.test(name)) o.fail('name', 'not a valid header name');
+    const value = o.string('value');
+    if (/[\r\n\0]/.test(value)) o.fail('value', 'a header value cannot contain line breaks');
+    return [name, value];
+  });
 }
 
-function ruleHas(rule: Rule | undefined, type: Match['type']): boolean {
-  return ruleMatches(rule).some((m) => m.type === type);
+function compileMethods(h: Fields): string[] {
+  return h.items('http-methods').map((item) => {
+    if (typeof item.value !== 'string') h.reader.fail(item.at, `expected a string, got ${typeName(item.value)}`);
+    return (item.value as string).trim().toUpperCase();
+  }).filter((m) => m !== '');
+}
+
+function commandTimeout(h: Fields): number | undefined {
+  const text = h.string('command-timeout');
+  if (text === '') return undefined;
+  try { return parseGoDuration(text); } catch { return h.fail('command-timeout', `invalid duration "${text}" (use e.g. 30s, 5m)`); }
 }
 
 // ================================================================================================
@@ -2242,10 +2430,6 @@ function previewValue(value: string): string {
 
 function isObject(v: unknown): v is Record<string, unknown> {
   return typeof v === 'object' && v !== null && !Array.isArray(v);
-}
-
-function typeName(v: unknown): string {
-  return v === null ? 'null' : Array.isArray(v) ? 'an array' : typeof v === 'object' ? 'an object' : `a ${typeof v}`;
 }
 
 /** Parses argument 1 of /webhooks.sh: the request body as the hook's entire-payload passes it. */
