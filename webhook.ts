@@ -2189,7 +2189,7 @@ export function createHandler(cx: HandlerContext): (req: http.IncomingMessage, r
     };
     res.setHeader('X-Request-Id', ex.id);
     logWhenFinished(cx, ex, process.hrtime.bigint());
-    handleRequest(cx, ex).catch((e: unknown) => answer(ex, answerForError(cx, ex, e)));
+    handleRequest(cx, ex).catch((e: unknown) => sendAnswer(ex, answerForError(cx, ex, e)));
   };
 }
 
@@ -2205,13 +2205,13 @@ function logWhenFinished(cx: HandlerContext, ex: Exchange, started: bigint): voi
 }
 
 async function handleRequest(cx: HandlerContext, ex: Exchange): Promise<void> {
-  if (cx.isShuttingDown()) return answer(ex, 'shuttingDown');
+  if (cx.isShuttingDown()) return sendAnswer(ex, 'shuttingDown');
   const route = routeOf(cx, ex);
-  if (route.kind === 'answer') return answer(ex, route.name, route.override);
+  if (route.kind === 'answer') return sendAnswer(ex, route.name, route.override);
   const admitted = admit(cx, ex, route.hookId);
-  if (typeof admitted === 'string') return answer(ex, admitted);
+  if (typeof admitted === 'string') return sendAnswer(ex, admitted);
   const hookReq = await readRequest(cx, ex, admitted, route.url);
-  if (!evaluate(cx, ex, admitted, hookReq)) return answer(ex, 'notSatisfied', { status: admitted.mismatchCode });
+  if (!evaluate(cx, ex, admitted, hookReq)) return sendAnswer(ex, 'notSatisfied', { status: admitted.mismatchCode });
   return dispatch(cx, ex, admitted, hookReq);
 }
 
@@ -2301,7 +2301,7 @@ async function dispatch(cx: HandlerContext, ex: Exchange, hook: Hook, hookReq: H
   if (!slot) {
     cx.metrics.inc('webhook_commands_rejected_total', { hook: hook.id });
     cx.log.error(`[${ex.id}] ${hook.id}: all command slots are busy; answering 503`);
-    return answer(ex, 'busy');
+    return sendAnswer(ex, 'busy');
   }
   cx.log.info(`[${ex.id}] ${hook.id} hook triggered successfully`);
   for (const [name, value] of hook.responseHeaders) ex.res.setHeader(name, value);
@@ -2309,11 +2309,11 @@ async function dispatch(cx: HandlerContext, ex: Exchange, hook: Hook, hookReq: H
   const told = running.then((r) => { cx.listener.finished(hook, hookReq, r); return r; });
   if (!hook.captureOutput) {
     told.catch((e: Error) => cx.log.error(`[${ex.id}] ${e.message}`));
-    return answer(ex, 'triggered', { status: hook.successCode, body: hook.responseMessage });
+    return sendAnswer(ex, 'triggered', { status: hook.successCode, body: hook.responseMessage });
   }
   const result = await told;
-  if (result.ok) return answer(ex, 'triggered', { status: hook.successCode, body: result.output });
-  return answer(ex, 'commandFailed', hook.captureOutputOnError ? { body: result.output } : {});
+  if (result.ok) return sendAnswer(ex, 'triggered', { status: hook.successCode, body: result.output });
+  return sendAnswer(ex, 'commandFailed', hook.captureOutputOnError ? { body: result.output } : {});
 }
 
 /** The answer for an error a step threw, logged as adnanh logs it. */
@@ -2337,7 +2337,7 @@ function answerForError(cx: HandlerContext, ex: Exchange, e: unknown): AnswerNam
 }
 
 /** Step 6, answer: writes the named entry, with a step's status, body and headers over it. */
-function answer(ex: Exchange, name: AnswerName, override: Partial<Answer> = {}): void {
+function sendAnswer(ex: Exchange, name: AnswerName, override: Partial<Answer> = {}): void {
   const res = ex.res;
   if (res.headersSent) { res.destroy(); return; }
   const entry: Answer = { ...ANSWERS[name], ...override };
@@ -2397,8 +2397,6 @@ export interface ImageRef {
   tag: string | undefined;
   digest: string | undefined;
 }
-
-export const REPO_TYPES = ['regionalregistry', 'publicregistry', 'custom'];
 
 // The grammar of github.com/distribution/reference (regexp.go), anchored piece by piece so an
 // error can say which piece is wrong.
@@ -2486,22 +2484,30 @@ function stripSchemeAndSlashes(address: string): string {
   return address.trim().replace(/^[a-zA-Z][a-zA-Z0-9+.-]*:\/\//, '').replace(/\/+$/, '');
 }
 
+/** Reads a payload by dotted paths; a numeric segment indexes an array (`events.0.target.tag`). */
 class PayloadFields {
   private readonly payload: Record<string, unknown>;
   constructor(payload: Record<string, unknown>) { this.payload = payload; }
 
-  /** The string at a dotted path; undefined when absent, null or ""; throws for other types. */
-  optional(field: string): string | undefined {
+  /** The value at a dotted path; undefined when a step is absent or null; throws for a wrong shape. */
+  private value(field: string): unknown {
     let at: unknown = this.payload;
     const parts = field.split('.');
     for (const [i, part] of parts.entries()) {
       if (at === undefined || at === null) return undefined;
+      if (Array.isArray(at) && /^\d+$/.test(part)) { at = at[Number(part)]; continue; }
       if (!isObject(at)) throw new Error(`${parts.slice(0, i).join('.')} must be an object, got ${typeName(at)}`);
       at = at[part];
     }
-    if (at === undefined || at === null || at === '') return undefined;
-    if (typeof at !== 'string') throw new Error(`${field} must be a string, got ${typeName(at)}`);
     return at;
+  }
+
+  /** The string at a dotted path; undefined when absent, null or ""; throws for other types. */
+  optional(field: string): string | undefined {
+    const v = this.value(field);
+    if (v === undefined || v === null || v === '') return undefined;
+    if (typeof v !== 'string') throw new Error(`${field} must be a string, got ${typeName(v)}`);
+    return v;
   }
 
   required(field: string, what: string): string {
@@ -2510,71 +2516,156 @@ class PayloadFields {
     return v;
   }
 
-  /** pushed_at is a string in ACR payloads and a number in Docker Hub's. */
-  pushedAt(): string {
-    const pushData = this.payload.push_data;
-    const v = isObject(pushData) ? pushData.pushed_at : undefined;
+  /** A repository path, checked by the reference grammar (never lower-cased or repaired). */
+  repository(field: string, what: string): string {
+    const value = this.required(field, what);
+    const problem = repositoryPathProblem(value);
+    if (problem) throw new Error(`${field} ${showValue(value)} ${problem}`);
+    return value;
+  }
+
+  /** A time as the registry sends it (a string, or a number of seconds); "" when absent. */
+  time(field: string): string {
+    const v = this.value(field);
     return typeof v === 'string' || typeof v === 'number' ? String(v) : '';
+  }
+
+  /** The names of the fields, among `fields`, that are absent or empty. */
+  absent(fields: string[]): string[] {
+    return fields.filter((f) => this.optional(f) === undefined);
   }
 }
 
-function checkedPath(field: string, value: string): string {
-  const problem = repositoryPathProblem(value);
-  if (problem) throw new Error(`${field} ${showValue(value)} ${problem}`);
-  return value;
+/** A registry's push, normalised: what composing, pinning and validating the reference need. */
+interface PushEvent {
+  /** host[:port]; undefined for Docker Hub, whose references name no host. */
+  host: string | undefined;
+  repository: string;
+  tag: string;
+  /** The field the tag came from, for messages. */
+  tagField: string;
+  digest: string | undefined;
+  digestField: string;
+  /** When it was pushed, as the payload says: with the digest it identifies a repeated delivery. */
+  pushedAt: string;
+}
+
+/** The hook settings a registry's reader may use. REGISTRY_HOST is validated before it is given. */
+interface RegistrySettings { registryHost: string | undefined; netType: string | undefined }
+
+interface Registry {
+  /** Who sends this payload, for messages and docs. */
+  sender: string;
+  /** Whether REGISTRY_HOST replaces the host (false: the registry is fixed, and it is ignored). */
+  registryHost: boolean;
+  /** Why this payload announces no image (a registry's test ping), or undefined for a push. */
+  testPing(p: PayloadFields): string | undefined;
+  read(p: PayloadFields, s: RegistrySettings): PushEvent;
+}
+
+/** The `push_data`/`repository` shape ACR, Docker Hub and build jobs share. */
+function pushDataEvent(p: PayloadFields, host: string | undefined, repository: string): PushEvent {
+  return {
+    host,
+    repository,
+    tag: p.required('push_data.tag', 'the pushed tag'),
+    tagField: 'push_data.tag',
+    digest: p.optional('push_data.digest'),
+    digestField: 'push_data.digest',
+    pushedAt: p.time('push_data.pushed_at'),
+  };
+}
+
+/** Docker Hub's test ping, sent when a webhook is created, has none of these. */
+function pushDataTestPing(p: PayloadFields): string | undefined {
+  const absent = p.absent(['push_data.tag', 'repository.name', 'repository.namespace']);
+  return absent.length ? `test ping: the payload has no ${absent.join(', ')}, so there is no pushed image` : undefined;
+}
+
+/** The registries a hook's REPO_TYPE (the URL's repo_type) names. Adding one is one entry plus its fixture. */
+const REGISTRIES: Record<string, Registry> = {
+  regionalregistry: {
+    sender: 'Aliyun Container Registry (ACR)',
+    registryHost: true,
+    testPing: pushDataTestPing,
+    read(p, s) {
+      const repository = p.repository('repository.repo_full_name', 'ACR names the repository as namespace/name there');
+      return pushDataEvent(p, s.registryHost ?? acrHost(p, s.netType), repository);
+    },
+  },
+  publicregistry: {
+    sender: 'Docker Hub',
+    registryHost: false,
+    testPing: pushDataTestPing,
+    read: (p) => pushDataEvent(p, undefined, p.repository('repository.repo_name', 'Docker Hub names the repository as namespace/name there')),
+  },
+  custom: {
+    sender: 'a build job (the ACR payload shape, with repository.repo_url)',
+    registryHost: true,
+    testPing: pushDataTestPing,
+    read(p, s) {
+      const host = s.registryHost ?? customRegistryAddress(p.required('repository.repo_url', 'the registry address, or set REGISTRY_HOST'));
+      const namespace = p.repository('repository.namespace', 'the repository namespace');
+      const name = p.repository('repository.name', 'the repository name');
+      return pushDataEvent(p, host, `${namespace}/${name}`);
+    },
+  },
+};
+
+export const REPO_TYPES = Object.keys(REGISTRIES);
+
+function registryFor(repoTypeSetting: string | undefined): Registry {
+  const repoType = (repoTypeSetting ?? '').trim().toLowerCase();
+  const known = REPO_TYPES.join(', ');
+  if (repoType === '') throw new Error(`REPO_TYPE is not set (the hook passes it from the URL parameter repo_type: ${known})`);
+  if (!Object.hasOwn(REGISTRIES, repoType)) throw new Error(`REPO_TYPE ${showValue(repoTypeSetting ?? '')} is not supported (use ${known})`);
+  return REGISTRIES[repoType];
 }
 
 /** The image reference a push announces, a no-op for a test ping, or an error naming the field. */
 export function composeImageRef(payload: unknown, env: UpgradeInputs): ComposedRef {
   try {
     if (!isObject(payload)) return { kind: 'error', message: `payload is not a JSON object (got ${typeName(payload)})` };
-    const repoType = (env.REPO_TYPE ?? '').trim().toLowerCase();
-    if (repoType === '') return { kind: 'error', message: `REPO_TYPE is not set (the hook passes it from the URL parameter repo_type: ${REPO_TYPES.join(', ')})` };
-    if (!REPO_TYPES.includes(repoType)) return { kind: 'error', message: `REPO_TYPE ${showValue(env.REPO_TYPE ?? '')} is not supported (use ${REPO_TYPES.join(', ')})` };
+    const registry = registryFor(env.REPO_TYPE);
     const fields = new PayloadFields(payload);
-
-    const tag = fields.optional('push_data.tag');
-    const absent = ['push_data.tag', 'repository.name', 'repository.namespace'].filter((f) => fields.optional(f) === undefined);
-    if (absent.length > 0) return { kind: 'noop', reason: `test ping: the payload has no ${absent.join(', ')}, so there is no pushed image` };
-    const tagIssue = tagProblem(tag!);
-    if (tagIssue) return { kind: 'error', message: `push_data.tag ${previewValue(tag!)} ${tagIssue}` };
-
-    const registryHost = env.REGISTRY_HOST?.trim() ? stripSchemeAndSlashes(env.REGISTRY_HOST) : undefined;
-    if (registryHost !== undefined && domainProblem(registryHost) && repoType !== 'publicregistry') {
-      return { kind: 'error', message: `REGISTRY_HOST ${showValue(env.REGISTRY_HOST!)} is not a valid registry host (host[:port], e.g. myinstance-registry.cn-hangzhou.cr.aliyuncs.com)` };
-    }
-
-    let name: string;
-    if (repoType === 'regionalregistry') {
-      const repoPath = checkedPath('repository.repo_full_name', fields.required('repository.repo_full_name', 'ACR names the repository as namespace/name there'));
-      name = `${registryHost ?? acrHost(fields, env.NET_TYPE)}/${repoPath}`;
-    } else if (repoType === 'publicregistry') {
-      name = checkedPath('repository.repo_name', fields.required('repository.repo_name', 'Docker Hub names the repository as namespace/name there'));
-    } else {
-      const address = registryHost ?? customRegistryAddress(fields.required('repository.repo_url', 'the registry address, or set REGISTRY_HOST'));
-      const namespace = checkedPath('repository.namespace', fields.required('repository.namespace', 'the repository namespace'));
-      const repoName = checkedPath('repository.name', fields.required('repository.name', 'the repository name'));
-      name = `${address}/${namespace}/${repoName}`;
-    }
-    if (name.length > MAX_IMAGE_NAME_LENGTH) {
-      return { kind: 'error', message: `image name ${previewValue(name)} is ${name.length} characters long (at most ${MAX_IMAGE_NAME_LENGTH})` };
-    }
-
-    const notes: string[] = [];
-    let ref = `${name}:${tag}`;
-    const digest = fields.optional('push_data.digest');
-    if (parseBoolSetting('PIN_DIGEST', env.PIN_DIGEST)) {
-      if (digest === undefined) notes.push('PIN_DIGEST is true but the payload carries no push_data.digest: the tag is used unpinned');
-      else if (!REFERENCE_GRAMMAR.digest.test(digest)) return { kind: 'error', message: `push_data.digest ${showValue(digest)} is not a valid digest (sha256: and 64 lower-case hex digits)` };
-      else ref += `@${digest}`;
-    }
-    // Belt and braces: every piece was checked above, so this only fails if composition is wrong.
-    const check = validateImageRef(ref);
-    if (!check.ok) return { kind: 'error', message: check.message };
-    return { kind: 'ref', ref, notes, pushId: `${digest ?? ''}|${fields.pushedAt()}` };
+    const ping = registry.testPing(fields);
+    if (ping !== undefined) return { kind: 'noop', reason: ping };
+    const registryHost = registry.registryHost ? registryHostSetting(env.REGISTRY_HOST) : undefined;
+    return composeFromPush(registry.read(fields, { registryHost, netType: env.NET_TYPE }), env);
   } catch (e) {
     return { kind: 'error', message: (e as Error).message };
   }
+}
+
+function registryHostSetting(value: string | undefined): string | undefined {
+  if (!value?.trim()) return undefined;
+  const host = stripSchemeAndSlashes(value);
+  if (domainProblem(host)) {
+    throw new Error(`REGISTRY_HOST ${showValue(value)} is not a valid registry host (host[:port], e.g. myinstance-registry.cn-hangzhou.cr.aliyuncs.com)`);
+  }
+  return host;
+}
+
+/** Registry-independent: the reference from a push, pinned to its digest when PIN_DIGEST asks. */
+function composeFromPush(push: PushEvent, env: UpgradeInputs): ComposedRef {
+  const tagIssue = tagProblem(push.tag);
+  if (tagIssue) return { kind: 'error', message: `${push.tagField} ${previewValue(push.tag)} ${tagIssue}` };
+  const name = push.host === undefined ? push.repository : `${push.host}/${push.repository}`;
+  if (name.length > MAX_IMAGE_NAME_LENGTH) {
+    return { kind: 'error', message: `image name ${previewValue(name)} is ${name.length} characters long (at most ${MAX_IMAGE_NAME_LENGTH})` };
+  }
+  const notes: string[] = [];
+  let ref = `${name}:${push.tag}`;
+  if (parseBoolSetting('PIN_DIGEST', env.PIN_DIGEST)) {
+    if (push.digest === undefined) notes.push(`PIN_DIGEST is true but the payload carries no ${push.digestField}: the tag is used unpinned`);
+    else if (!REFERENCE_GRAMMAR.digest.test(push.digest)) {
+      return { kind: 'error', message: `${push.digestField} ${showValue(push.digest)} is not a valid digest (sha256: and 64 lower-case hex digits)` };
+    } else ref += `@${push.digest}`;
+  }
+  // Belt and braces: every piece was checked above, so this only fails if composition is wrong.
+  const check = validateImageRef(ref);
+  if (!check.ok) return { kind: 'error', message: check.message };
+  return { kind: 'ref', ref, notes, pushId: `${push.digest ?? ''}|${push.pushedAt}` };
 }
 
 function acrHost(fields: PayloadFields, netType: string | undefined): string {
@@ -3102,24 +3193,60 @@ export const UPGRADE_LIMITS = {
   fieldManager: 'webhook',
 };
 
-export type WorkloadKind = 'deployment' | 'daemonset' | 'statefulset' | 'cronjob';
-
 interface KindSpec {
   kind: string;
   group: string;
   version: string;
   resource: string;
+  /** What APP_WORKLOAD may call it (any case, optionally with `.<group>`): singular, plural, short. */
   names: string[];
   /** JSON-pointer segments of the pod template. */
   template: string[];
+  /** kubectl rollout status's viewer for this kind: its verdict on one observation. Pure. */
+  rollout(obj: unknown): RolloutStatus;
+  /** Whether a change starts a rollout to restart and follow (a CronJob's next run just uses it). */
+  hasRollout: boolean;
+  /** The kind its pods are owned through, besides the workload itself (a Deployment's ReplicaSets). */
+  podsOwnedThrough?: { group: string; version: string; resource: string };
+  /** The report's action when the same image is pushed again. */
+  sameImageAction: string;
 }
 
-const WORKLOAD_KINDS: Record<WorkloadKind, KindSpec> = {
-  deployment: { kind: 'Deployment', group: 'apps', version: 'v1', resource: 'deployments', names: ['deployment', 'deployments', 'deploy'], template: ['spec', 'template'] },
-  daemonset: { kind: 'DaemonSet', group: 'apps', version: 'v1', resource: 'daemonsets', names: ['daemonset', 'daemonsets', 'ds'], template: ['spec', 'template'] },
-  statefulset: { kind: 'StatefulSet', group: 'apps', version: 'v1', resource: 'statefulsets', names: ['statefulset', 'statefulsets', 'sts'], template: ['spec', 'template'] },
-  cronjob: { kind: 'CronJob', group: 'batch', version: 'v1', resource: 'cronjobs', names: ['cronjob', 'cronjobs', 'cj'], template: ['spec', 'jobTemplate', 'spec', 'template'] },
-};
+const RESTARTED = 'rollout restarted (same image re-pulled)';
+
+/** The workload kinds an upgrade can change. Adding one is one entry here. */
+const WORKLOAD_KINDS = {
+  deployment: {
+    kind: 'Deployment', group: 'apps', version: 'v1', resource: 'deployments', names: ['deployment', 'deployments', 'deploy'],
+    template: ['spec', 'template'], rollout: deploymentRollout, hasRollout: true, sameImageAction: RESTARTED,
+    podsOwnedThrough: { group: 'apps', version: 'v1', resource: 'replicasets' },
+  },
+  daemonset: {
+    kind: 'DaemonSet', group: 'apps', version: 'v1', resource: 'daemonsets', names: ['daemonset', 'daemonsets', 'ds'],
+    template: ['spec', 'template'], rollout: daemonSetRollout, hasRollout: true, sameImageAction: RESTARTED,
+  },
+  statefulset: {
+    kind: 'StatefulSet', group: 'apps', version: 'v1', resource: 'statefulsets', names: ['statefulset', 'statefulsets', 'sts'],
+    template: ['spec', 'template'], rollout: statefulSetRollout, hasRollout: true, sameImageAction: RESTARTED,
+  },
+  cronjob: {
+    kind: 'CronJob', group: 'batch', version: 'v1', resource: 'cronjobs', names: ['cronjob', 'cronjobs', 'cj'],
+    template: ['spec', 'jobTemplate', 'spec', 'template'], hasRollout: false,
+    rollout: () => ({ state: 'untracked', message: 'cronjob: the next run uses the new image' }),
+    sameImageAction: 'next run re-pulls the image (same image; imagePullPolicy: Always)',
+  },
+} satisfies Record<string, KindSpec>;
+
+export type WorkloadKind = keyof typeof WORKLOAD_KINDS;
+
+function kindSpec(kind: WorkloadKind): KindSpec {
+  return WORKLOAD_KINDS[kind];
+}
+
+/** "a, b, c or d" */
+function orList(items: string[]): string {
+  return items.length < 2 ? items.join('') : `${items.slice(0, -1).join(', ')} or ${items[items.length - 1]}`;
+}
 
 export class UpgradeError extends Error {}
 
@@ -3128,18 +3255,25 @@ const DNS_SUBDOMAIN = /^[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]
 
 /** `deploy/web`, `Deployments.apps/web`, `cj/nightly` → kind and name. */
 export function parseWorkload(text: string | undefined): { kind: WorkloadKind; name: string } {
-  const example = 'e.g. deployment/web; kinds: deployment, daemonset, statefulset, cronjob';
-  if (text === undefined || text.trim() === '') throw new UpgradeError(`APP_WORKLOAD is not set (the hook passes it from the URL parameter workload: <kind>/<name>, ${example})`);
+  const kinds = Object.keys(WORKLOAD_KINDS) as WorkloadKind[];
+  const example = `e.g. deployment/web; kinds: ${kinds.join(', ')}`;
+  if (text === undefined || text.trim() === '') {
+    throw new UpgradeError(`APP_WORKLOAD is not set (the hook passes it from the URL parameter workload: <kind>/<name>, ${example})`);
+  }
   const slash = text.indexOf('/');
   if (slash < 0) throw new UpgradeError(`APP_WORKLOAD ${showValue(text)} must be <kind>/<name> (${example})`);
   const kindText = text.slice(0, slash).trim().toLowerCase();
   const name = text.slice(slash + 1).trim();
-  for (const [kind, spec] of Object.entries(WORKLOAD_KINDS) as [WorkloadKind, KindSpec][]) {
+  for (const kind of kinds) {
+    const spec = kindSpec(kind);
     if (!spec.names.some((n) => kindText === n || kindText === `${n}.${spec.group}`)) continue;
-    if (!(name.length <= 253 && DNS_SUBDOMAIN.test(name))) throw new UpgradeError(`APP_WORKLOAD ${showValue(text)}: ${showValue(name)} is not a valid ${kind} name (lower-case letters, digits, "-" and ".")`);
+    if (!(name.length <= 253 && DNS_SUBDOMAIN.test(name))) {
+      throw new UpgradeError(`APP_WORKLOAD ${showValue(text)}: ${showValue(name)} is not a valid ${kind} name (lower-case letters, digits, "-" and ".")`);
+    }
     return { kind, name };
   }
-  throw new UpgradeError(`APP_WORKLOAD ${showValue(text)}: unknown kind ${showValue(kindText)} (use deployment, daemonset, statefulset or cronjob, or deploy, ds, sts, cj)`);
+  const shortNames = kinds.map((k) => kindSpec(k).names[2]).join(', ');
+  throw new UpgradeError(`APP_WORKLOAD ${showValue(text)}: unknown kind ${showValue(kindText)} (use ${orList(kinds)}, or ${shortNames})`);
 }
 
 /** The workload an upgrade acts on; uid and generation are known once it has been read. */
@@ -3153,7 +3287,7 @@ export interface WorkloadTarget {
 }
 
 export function workloadResource(t: { kind: WorkloadKind; name?: string; namespace: string }): ResourceRef {
-  const spec = WORKLOAD_KINDS[t.kind];
+  const spec = kindSpec(t.kind);
   return { group: spec.group, version: spec.version, resource: spec.resource, namespace: t.namespace, name: t.name };
 }
 
@@ -3212,7 +3346,7 @@ export interface PlannedChange {
 
 /** The JSON patch for a change to one container, guarded by tests of its name and image. Pure. */
 export function planPatch(obj: K8sObject, kind: WorkloadKind, containerName: string, located: LocatedContainer, change: PlannedChange): JsonPatchOperation[] {
-  const template = WORKLOAD_KINDS[kind].template;
+  const template = kindSpec(kind).template;
   const c = [...template, 'spec', located.list, String(located.index)];
   const ops: JsonPatchOperation[] = [
     { op: 'test', path: pointer([...c, 'name']), value: containerName },
@@ -3239,54 +3373,64 @@ function numberAt(obj: unknown, segments: string[], fallback = 0): number {
 
 /** kubectl rollout status's verdict for one observation of the workload. Pure. */
 export function rolloutStatus(kind: WorkloadKind, obj: unknown): RolloutStatus {
-  const generation = numberAt(obj, ['metadata', 'generation']);
-  const observed = numberAt(obj, ['status', 'observedGeneration']);
-  const waiting = (message: string): RolloutStatus => ({ state: 'waiting', message });
-  switch (kind) {
-    case 'deployment': {
-      if (generation > observed) return waiting('waiting for the deployment controller to observe the change');
-      const conditions = valueAt(obj, ['status', 'conditions']);
-      const progressing = Array.isArray(conditions) ? conditions.find((c) => valueAt(c, ['type']) === 'Progressing') : undefined;
-      if (valueAt(progressing, ['reason']) === 'ProgressDeadlineExceeded') {
-        return { state: 'failed', message: `ProgressDeadlineExceeded: ${String(valueAt(progressing, ['message']) ?? 'the deployment exceeded its progress deadline')}` };
-      }
-      const replicas = numberAt(obj, ['spec', 'replicas'], 1);
-      const updated = numberAt(obj, ['status', 'updatedReplicas']);
-      const total = numberAt(obj, ['status', 'replicas']);
-      const available = numberAt(obj, ['status', 'availableReplicas']);
-      if (updated < replicas) return waiting(`${updated} of ${replicas} pods updated`);
-      if (total > updated) return waiting(`${total - updated} old pod${total - updated === 1 ? '' : 's'} pending termination`);
-      if (available < updated) return waiting(`${available} of ${updated} updated pods available`);
-      return { state: 'done', message: `${updated}/${replicas} pods updated and available` };
-    }
-    case 'daemonset': {
-      if (valueAt(obj, ['spec', 'updateStrategy', 'type']) === 'OnDelete') return { state: 'untracked', message: 'OnDelete update strategy: pods change when they are deleted' };
-      if (generation > observed) return waiting('waiting for the daemonset controller to observe the change');
-      const desired = numberAt(obj, ['status', 'desiredNumberScheduled']);
-      const updated = numberAt(obj, ['status', 'updatedNumberScheduled']);
-      const available = numberAt(obj, ['status', 'numberAvailable']);
-      if (updated < desired) return waiting(`${updated} of ${desired} pods updated`);
-      if (available < desired) return waiting(`${available} of ${desired} updated pods available`);
-      return { state: 'done', message: `${updated}/${desired} pods updated and available` };
-    }
-    case 'statefulset': {
-      if (valueAt(obj, ['spec', 'updateStrategy', 'type']) === 'OnDelete') return { state: 'untracked', message: 'OnDelete update strategy: pods change when they are deleted' };
-      if (observed === 0 || generation > observed) return waiting('waiting for the statefulset controller to observe the change');
-      const replicas = numberAt(obj, ['spec', 'replicas'], 1);
-      const ready = numberAt(obj, ['status', 'readyReplicas']);
-      if (ready < replicas) return waiting(`${ready} of ${replicas} pods ready`);
-      const partition = valueAt(obj, ['spec', 'updateStrategy', 'rollingUpdate', 'partition']);
-      const updated = numberAt(obj, ['status', 'updatedReplicas']);
-      if (typeof partition === 'number' && partition > 0) {
-        if (updated < replicas - partition) return waiting(`${updated} of ${replicas - partition} pods updated (partition ${partition})`);
-        return { state: 'done', message: `${updated}/${replicas - partition} pods updated (partition ${partition})` };
-      }
-      if (valueAt(obj, ['status', 'updateRevision']) !== valueAt(obj, ['status', 'currentRevision'])) return waiting(`${updated} of ${replicas} pods updated`);
-      return { state: 'done', message: `${replicas}/${replicas} pods updated and ready` };
-    }
-    case 'cronjob':
-      return { state: 'untracked', message: 'cronjob: the next run uses the new image' };
+  return kindSpec(kind).rollout(obj);
+}
+
+const waiting = (message: string): RolloutStatus => ({ state: 'waiting', message });
+const ON_DELETE: RolloutStatus = { state: 'untracked', message: 'OnDelete update strategy: pods change when they are deleted' };
+
+/** The controller has not yet seen the latest change. */
+function unobserved(obj: unknown): boolean {
+  return numberAt(obj, ['metadata', 'generation']) > numberAt(obj, ['status', 'observedGeneration']);
+}
+
+function deploymentRollout(obj: unknown): RolloutStatus {
+  if (unobserved(obj)) return waiting('waiting for the deployment controller to observe the change');
+  const conditions = valueAt(obj, ['status', 'conditions']);
+  const progressing = Array.isArray(conditions) ? conditions.find((c) => valueAt(c, ['type']) === 'Progressing') : undefined;
+  if (valueAt(progressing, ['reason']) === 'ProgressDeadlineExceeded') {
+    const message = String(valueAt(progressing, ['message']) ?? 'the deployment exceeded its progress deadline');
+    return { state: 'failed', message: `ProgressDeadlineExceeded: ${message}` };
   }
+  const replicas = numberAt(obj, ['spec', 'replicas'], 1);
+  const updated = numberAt(obj, ['status', 'updatedReplicas']);
+  const total = numberAt(obj, ['status', 'replicas']);
+  const available = numberAt(obj, ['status', 'availableReplicas']);
+  if (updated < replicas) return waiting(`${updated} of ${replicas} pods updated`);
+  if (total > updated) return waiting(`${total - updated} old pod${total - updated === 1 ? '' : 's'} pending termination`);
+  if (available < updated) return waiting(`${available} of ${updated} updated pods available`);
+  return { state: 'done', message: `${updated}/${replicas} pods updated and available` };
+}
+
+function daemonSetRollout(obj: unknown): RolloutStatus {
+  if (valueAt(obj, ['spec', 'updateStrategy', 'type']) === 'OnDelete') return ON_DELETE;
+  if (unobserved(obj)) return waiting('waiting for the daemonset controller to observe the change');
+  const desired = numberAt(obj, ['status', 'desiredNumberScheduled']);
+  const updated = numberAt(obj, ['status', 'updatedNumberScheduled']);
+  const available = numberAt(obj, ['status', 'numberAvailable']);
+  if (updated < desired) return waiting(`${updated} of ${desired} pods updated`);
+  if (available < desired) return waiting(`${available} of ${desired} updated pods available`);
+  return { state: 'done', message: `${updated}/${desired} pods updated and available` };
+}
+
+function statefulSetRollout(obj: unknown): RolloutStatus {
+  if (valueAt(obj, ['spec', 'updateStrategy', 'type']) === 'OnDelete') return ON_DELETE;
+  if (numberAt(obj, ['status', 'observedGeneration']) === 0 || unobserved(obj)) {
+    return waiting('waiting for the statefulset controller to observe the change');
+  }
+  const replicas = numberAt(obj, ['spec', 'replicas'], 1);
+  const ready = numberAt(obj, ['status', 'readyReplicas']);
+  if (ready < replicas) return waiting(`${ready} of ${replicas} pods ready`);
+  const partition = valueAt(obj, ['spec', 'updateStrategy', 'rollingUpdate', 'partition']);
+  const updated = numberAt(obj, ['status', 'updatedReplicas']);
+  if (typeof partition === 'number' && partition > 0) {
+    if (updated < replicas - partition) return waiting(`${updated} of ${replicas - partition} pods updated (partition ${partition})`);
+    return { state: 'done', message: `${updated}/${replicas - partition} pods updated (partition ${partition})` };
+  }
+  if (valueAt(obj, ['status', 'updateRevision']) !== valueAt(obj, ['status', 'currentRevision'])) {
+    return waiting(`${updated} of ${replicas} pods updated`);
+  }
+  return { state: 'done', message: `${replicas}/${replicas} pods updated and ready` };
 }
 
 // ---- pods -------------------------------------------------------------------------------------
@@ -3357,13 +3501,14 @@ function ownedBy(obj: unknown, uids: Set<string>): boolean {
   return asArray(valueAt(obj, ['metadata', 'ownerReferences'])).some((o) => uids.has(String(valueAt(o, ['uid']))));
 }
 
-/** The workload's own pods (through its ReplicaSets for a Deployment), sorted by name. */
+/** The workload's own pods (through its ReplicaSets, for a Deployment), sorted by name. */
 async function workloadPods(client: KubeClient, target: WorkloadTarget, workload: K8sObject, containerName: string): Promise<PodSummary[]> {
   const selector = labelSelector(valueAt(workload, ['spec', 'selector']));
   const owners = new Set<string>([String(target.uid ?? valueAt(workload, ['metadata', 'uid']))]);
   const query = { labelSelector: selector, limit: String(UPGRADE_LIMITS.podListLimit) };
-  if (target.kind === 'deployment') {
-    const sets = await client.list<{ items: unknown[] }>({ group: 'apps', version: 'v1', resource: 'replicasets', namespace: target.namespace }, query);
+  const through = kindSpec(target.kind).podsOwnedThrough;
+  if (through) {
+    const sets = await client.list<{ items: unknown[] }>({ ...through, namespace: target.namespace }, query);
     for (const rs of sets.items) if (ownedBy(rs, owners)) owners.add(String(valueAt(rs, ['metadata', 'uid'])));
   }
   const pods = await client.list<{ items: unknown[] }>({ group: '', version: 'v1', resource: 'pods', namespace: target.namespace }, query);
@@ -3435,7 +3580,7 @@ export interface WorkloadEvent {
 
 /** Records a core/v1 Event on the workload (what `kubectl describe` and `kubectl events` show). */
 export async function recordWorkloadEvent(client: KubeClient, target: WorkloadTarget, event: WorkloadEvent, now: Date = new Date()): Promise<void> {
-  const spec = WORKLOAD_KINDS[target.kind];
+  const spec = kindSpec(target.kind);
   const time = now.toISOString().replace(/\.\d{3}Z$/, 'Z');
   const message = event.message.length > UPGRADE_LIMITS.maxEventMessageLength ? `${event.message.slice(0, UPGRADE_LIMITS.maxEventMessageLength - 1)}…` : event.message;
   await client.create({ group: '', version: 'v1', resource: 'events', namespace: target.namespace }, {
@@ -3602,7 +3747,7 @@ function finish(report: UpgradeReport): { output: string; exitCode: number; repo
 async function applyUpgrade(client: KubeClient, s: UpgradeSettings, ref: string, report: UpgradeReport, deps: UpgradeDeps): Promise<void> {
   const now = deps.now ?? (() => new Date());
   const target: WorkloadTarget = { ...s.workload, namespace: s.namespace };
-  const spec = WORKLOAD_KINDS[target.kind];
+  const spec = kindSpec(target.kind);
   let updated: K8sObject | undefined;
   for (let attempt = 1; ; attempt++) {
     const workload = await readWorkload(client, target);
@@ -3626,7 +3771,7 @@ async function applyUpgrade(client: KubeClient, s: UpgradeSettings, ref: string,
       : `webhook: set ${s.container} image to ${ref} (${whoAsked(deps)})`;
     const change: PlannedChange = sameImage
       // A CronJob has no rollout to restart: Always makes its next run pull the tag again.
-      ? { pullAlways: true, restartedAt: target.kind === 'cronjob' ? undefined : now().toISOString().replace(/\.\d{3}Z$/, 'Z'), changeCause: cause }
+      ? { pullAlways: true, restartedAt: !spec.hasRollout ? undefined : now().toISOString().replace(/\.\d{3}Z$/, 'Z'), changeCause: cause }
       : { image: ref, changeCause: cause };
     try {
       updated = await client.patch<K8sObject>(workloadResource(target), planPatch(workload, target.kind, s.container, located, change), UPGRADE_LIMITS.fieldManager);
@@ -3639,7 +3784,7 @@ async function applyUpgrade(client: KubeClient, s: UpgradeSettings, ref: string,
     }
     report.changed = true;
     report.action = sameImage
-      ? target.kind === 'cronjob' ? 'next run re-pulls the image (same image; imagePullPolicy: Always)' : 'rollout restarted (same image re-pulled)'
+      ? spec.sameImageAction
       : 'image updated';
     const eventMessage = sameImage
       ? `container ${s.container}: ${ref} pulled again (same image, rollout restarted); asked by ${whoAsked(deps)}`
@@ -3648,8 +3793,8 @@ async function applyUpgrade(client: KubeClient, s: UpgradeSettings, ref: string,
     break;
   }
   target.generation = numberAt(updated, ['metadata', 'generation']);
-  if (target.kind === 'cronjob') {
-    report.rollout = { state: 'not tracked', detail: 'cronjob: the next run uses the new image', pods: [] };
+  if (!spec.hasRollout) {
+    report.rollout = { state: 'not tracked', detail: spec.rollout(updated).message, pods: [] };
   } else if (s.rolloutTimeoutMs === 0) {
     report.rollout = { state: 'progressing', detail: 'not waited for: ROLLOUT_TIMEOUT is 0', pods: [] };
   } else {
@@ -3680,7 +3825,7 @@ async function readWorkload(client: KubeClient, target: WorkloadTarget): Promise
     return await client.get<K8sObject>(workloadResource(target));
   } catch (e) {
     if (!(e instanceof KubeError && e.status === 404)) throw e;
-    const spec = WORKLOAD_KINDS[target.kind];
+    const spec = kindSpec(target.kind);
     let existing: string;
     try {
       const list = await client.list<{ items: unknown[] }>(workloadResource({ kind: target.kind, namespace: target.namespace }), { limit: '50' });

@@ -13,7 +13,7 @@ import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { fileURLToPath } from 'node:url';
 import {
-  composeImageRef, credentialsFromEnvironment, formatReport, inClusterCredentials, KubeClient, KubeConfigError, KubeError,
+  composeImageRef, credentialsFromEnvironment, REPO_TYPES, formatReport, inClusterCredentials, KubeClient, KubeConfigError, KubeError,
   labelSelector, loadKubeconfig, normalizeImageRef, parsePushPayload, parseWorkload, planPatch, locateContainer, retryDelay,
   rolloutStatus, runUpgrade, summarizePod, validateImageRef, WorkloadQueue, type UpgradeReport,
 } from '../webhook.ts';
@@ -48,6 +48,16 @@ describe('registry payloads → image reference', () => {
       }
     });
   }
+
+  test('every payload fixture has an expected outcome, and every registry type a fixture and a README entry', () => {
+    const covered = new Set(cases.map((c) => c.fixture));
+    const fixtures = fs.readdirSync(fixturesDir).filter((f) => f.endsWith('.json') && f !== 'expected.json');
+    assert.deepEqual(fixtures.filter((f) => !covered.has(f)), [], 'fixtures without an entry in expected.json');
+    const types = new Set(cases.map((c) => (c.env.REPO_TYPE ?? '').toLowerCase()));
+    assert.deepEqual(REPO_TYPES.filter((t) => !types.has(t)), [], 'registry types without a fixture');
+    const readme = fs.readFileSync(path.join(repoRoot, 'README.md'), 'utf8');
+    assert.deepEqual(REPO_TYPES.filter((t) => !readme.includes(`\`${t}\``)), [], 'registry types the README does not name');
+  });
 
   const acr = (over: { tag?: unknown; name?: string; full?: string; digest?: unknown; region?: unknown }) => ({
     push_data: { digest: over.digest ?? `sha256:${'a'.repeat(64)}`, pushed_at: '2024-05-20 10:41:07', tag: over.tag ?? 'v1' },
