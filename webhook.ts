@@ -4028,8 +4028,11 @@ export class Secret {
 export interface MailConfig {
   readonly host: string;
   readonly port: number;
-  /** Port 465: TLS from the first byte. Any other port: STARTTLS, required whenever offered. */
-  readonly security: 'implicit-tls' | 'starttls';
+  /**
+   * implicit-tls: TLS from the first byte. starttls: STARTTLS, required whenever offered. auto: the
+   * server's first move decides (a greeting in clear: STARTTLS; silence: implicit TLS).
+   */
+  readonly security: 'implicit-tls' | 'starttls' | 'auto';
   /** Envelope sender and From header. */
   readonly from: string;
   /** AUTH user name: MAIL_SMTP_USER, or the sender address. */
@@ -4100,9 +4103,12 @@ export function parseMailConfig(env: Readonly<Record<string, string | undefined>
     if (port < 1 || port > 65535) errors.push('MAIL_SMTP_PORT: not a port number (1-65535)');
   }
 
-  // Port 465 means implicit TLS; MAIL_TLS_MODE says so for servers that use other ports.
-  const mode = env.MAIL_TLS_MODE?.trim().toLowerCase() || (port === IMPLICIT_TLS_PORT ? 'implicit' : 'starttls');
-  if (mode !== 'implicit' && mode !== 'starttls') errors.push('MAIL_TLS_MODE: must be "implicit" or "starttls"');
+  // MAIL_TLS_MODE forces a mode. Unset, port 465 means implicit TLS and any other port is asked: the
+  // old image spoke implicit TLS on whatever port was set (163.com: 994), STARTTLS servers use 587/25.
+  const mode = env.MAIL_TLS_MODE?.trim().toLowerCase() || (port === IMPLICIT_TLS_PORT ? 'implicit' : 'auto');
+  if (mode !== 'implicit' && mode !== 'starttls' && mode !== 'auto') {
+    errors.push('MAIL_TLS_MODE: must be "implicit", "starttls" or "auto"');
+  }
 
   const verifyCertificate = booleanVariable('MAIL_TLS_CHECK', true);
   const allowPlaintextAuth = booleanVariable('MAIL_ALLOW_PLAINTEXT_AUTH', false);
@@ -4113,7 +4119,7 @@ export function parseMailConfig(env: Readonly<Record<string, string | undefined>
     config: Object.freeze({
       host,
       port,
-      security: mode === 'implicit' ? 'implicit-tls' : 'starttls',
+      security: mode === 'implicit' ? 'implicit-tls' : mode === 'starttls' ? 'starttls' : 'auto',
       from,
       user: user ?? from,
       password: password ? new Secret(password) : undefined,
@@ -4303,7 +4309,7 @@ export function dotStuff(message: string): string {
 // ---- the SMTP client ----
 
 export interface SmtpTimeouts {
-  /** TCP connect, plus the TLS handshake for implicit TLS. */
+  /** TCP connect, plus the TLS handshake for implicit TLS (and, in auto mode, the wait that tells which). */
   connectMs: number;
   /** Each reply, and the STARTTLS handshake. */
   replyMs: number;
@@ -4317,6 +4323,12 @@ export interface SmtpTimeouts {
 export const SMTP_TIMEOUTS: Readonly<SmtpTimeouts> = Object.freeze({ connectMs: 10_000, replyMs: 30_000, totalMs: 120_000 });
 // The message is already accepted when QUIT goes out; a slow goodbye must not make it look failed.
 const QUIT_TIMEOUT_MS = 2_000;
+// Auto mode: an SMTP server greets the moment it accepts (within a round trip, well under a second
+// even across continents, plus the name lookup some servers make first); an implicit-TLS server
+// says nothing until the client's TLS hello. Silence this long therefore means TLS. Only that path
+// pays the wait (a STARTTLS server ends it with its greeting), once per mail and in the background,
+// so headroom is cheap, while a server greeting later than this would be mistaken for a TLS one.
+const TLS_DETECTION_SILENCE_MS = 2_000;
 // An SMTP reply line is at most 512 octets (RFC 5321 4.5.3.1.5); an EHLO reply has a few dozen. A
 // server sending more than this without completing a reply is not speaking SMTP.
 const MAX_REPLY_CHARS = 64 * 1024;
@@ -4328,9 +4340,10 @@ export interface SendOptions {
   heloName?: string;
 }
 
+/** `security` says how the connection was protected, for the log: see securityReport. */
 export type SendResult =
-  | { ok: true; reply: string }
-  | { ok: false; transient: boolean; reply: string; stage: string };
+  | { ok: true; reply: string; security: string }
+  | { ok: false; transient: boolean; reply: string; stage: string; security?: string };
 
 /** Why a transaction stopped, with the server's reply or the local reason. */
 class SmtpFailure extends Error {
@@ -4386,6 +4399,8 @@ function takeReply(received: string): { reply: SmtpReply; rest: string } | undef
  */
 class SmtpSession {
   socket: net.Socket;
+  /** How the conversation is protected: as connectSmtp left it, then "STARTTLS" once that succeeds. */
+  security: 'implicit TLS' | 'STARTTLS' | 'no TLS';
   #received = '';
   #decoder = new StringDecoder('utf8');
   #failure: Error | undefined;
@@ -4404,6 +4419,7 @@ class SmtpSession {
 
   constructor(socket: net.Socket, deadlineAt: number, timeouts: SmtpTimeouts) {
     this.socket = socket;
+    this.security = socket instanceof tls.TLSSocket ? 'implicit TLS' : 'no TLS';
     this.#deadlineAt = deadlineAt;
     this.#timeouts = timeouts;
     this.#listen(socket);
@@ -4468,14 +4484,10 @@ class SmtpSession {
     if (this.#received !== '') throw new SmtpFailure('starttls', false, 'server sent data after its STARTTLS reply');
     const plain = this.socket;
     plain.removeListener('data', this.#onData).removeListener('error', this.#onError).removeListener('close', this.#onClose);
-    // Errors now surface on the TLS socket; this keeps a late one on the plain socket from being
-    // an unhandled 'error' event.
-    plain.on('error', () => {});
-    const secure = tls.connect({ ...smtpTlsOptions(config), socket: plain });
-    this.socket = secure;
-    this.#listen(secure);
+    this.socket = await startTlsOn(plain, config, 'starttls', this.stepMs(this.#timeouts.replyMs));
+    this.#listen(this.socket);
     this.#decoder = new StringDecoder('utf8');
-    await handshake(secure, 'starttls', this.stepMs(this.#timeouts.replyMs));
+    this.security = 'STARTTLS';
   }
 
   close(): void {
@@ -4493,6 +4505,24 @@ function smtpTlsOptions(config: MailConfig): tls.ConnectionOptions {
     ca: config.ca === undefined ? undefined : [...tls.getCACertificates('default'), config.ca],
     rejectUnauthorized: config.verifyCertificate,
   };
+}
+
+/**
+ * TLS over a connected socket (implicit TLS, detected implicit TLS, STARTTLS), verified as
+ * smtpTlsOptions says; the TLS socket once its handshake is done, else destroyed.
+ */
+async function startTlsOn(plain: net.Socket, config: MailConfig, stage: string, waitMs: number): Promise<net.Socket> {
+  // Errors now surface on the TLS socket; this keeps a late one on the plain socket from being
+  // an unhandled 'error' event.
+  plain.on('error', () => {});
+  const secure = tls.connect({ ...smtpTlsOptions(config), socket: plain });
+  try {
+    await handshake(secure, stage, waitMs);
+    return secure;
+  } catch (error) {
+    secure.destroy();
+    throw error;
+  }
 }
 
 /** Resolves once `socket` has finished its TLS handshake; a rejected certificate is not transient. */
@@ -4523,17 +4553,12 @@ function withDeadline<T>(work: Promise<T>, waitMs: number, timeoutError: () => E
   return Promise.race([work, expired]).finally(() => clearTimeout(timer));
 }
 
+/**
+ * A connection ready for the server's greeting: plain, or with TLS already started when
+ * MAIL_TLS_MODE (or port 465) says implicit TLS or, in auto mode, the server waits for the client.
+ */
 async function connectSmtp(config: MailConfig, waitMs: number): Promise<net.Socket> {
-  if (config.security === 'implicit-tls') {
-    const socket = tls.connect({ ...smtpTlsOptions(config), port: config.port });
-    try {
-      await handshake(socket, 'connect', waitMs);
-      return socket;
-    } catch (error) {
-      socket.destroy();
-      throw error;
-    }
-  }
+  const deadlineAt = Date.now() + waitMs;
   const socket = net.connect({ host: config.host, port: config.port });
   try {
     await withDeadline(
@@ -4541,11 +4566,58 @@ async function connectSmtp(config: MailConfig, waitMs: number): Promise<net.Sock
       waitMs,
       () => new SmtpFailure('connect', true, `no connection within ${waitMs} ms`),
     );
-    return socket;
+    if (config.security === 'starttls') return socket;
+    const leftMs = () => Math.max(0, deadlineAt - Date.now());
+    if (config.security === 'implicit-tls') return await startTlsOn(socket, config, 'connect', leftMs());
+    return await startTlsUnlessGreeted(socket, config, deadlineAt);
   } catch (error) {
     socket.destroy();
     throw error;
   }
+}
+
+/**
+ * Auto mode: anything the server sends first means plain SMTP (left unread: the greeting step reads
+ * it, and refuses what is not SMTP); silence for TLS_DETECTION_SILENCE_MS means implicit TLS, started
+ * on the same connection. A failure then says that TLS was a guess, and how to force STARTTLS.
+ */
+async function startTlsUnlessGreeted(socket: net.Socket, config: MailConfig, deadlineAt: number): Promise<net.Socket> {
+  const silenceMs = Math.max(0, Math.min(TLS_DETECTION_SILENCE_MS, deadlineAt - Date.now()));
+  if (!(await staysSilent(socket, silenceMs))) return socket;
+  const guess = `no SMTP greeting within ${silenceMs} ms, so implicit TLS was tried`;
+  // A wait shorter than the constant was cut by the deadline: nothing is left for a handshake.
+  if (silenceMs < TLS_DETECTION_SILENCE_MS) {
+    throw new SmtpFailure('connect', true, `${guess}: no time left for its handshake`);
+  }
+  try {
+    return await startTlsOn(socket, config, 'connect', Math.max(0, deadlineAt - Date.now()));
+  } catch (error) {
+    if (error instanceof SmtpFailure) throw new SmtpFailure(error.stage, error.transient, `${guess}: ${error.message}`);
+    // Not TLS and not a timeout: typically a server whose greeting came after the wait and met our TLS hello.
+    const why = (error instanceof Error ? error.message : String(error)).trim();
+    const hint = 'a server that greets this late needs MAIL_TLS_MODE=starttls';
+    throw new SmtpFailure('connect', true, `${guess}: ${why} (${hint})`);
+  }
+}
+
+/**
+ * true when nothing arrives within `waitMs`; false as soon as something does, which stays in the
+ * socket's buffer ('readable', unlike 'data', consumes nothing) for the session to read.
+ */
+function staysSilent(socket: net.Socket, waitMs: number): Promise<boolean> {
+  return new Promise<boolean>((resolve, reject) => {
+    const settle = (finish: () => void) => {
+      clearTimeout(timer);
+      socket.off('readable', onReadable).off('error', onError);
+      finish();
+    };
+    // 'readable' with nothing buffered is the end of the stream: the server hung up without a word.
+    const closed = () => new SmtpFailure('greeting', true, 'connection closed by the server before its greeting');
+    const onReadable = () => settle(() => (socket.readableLength > 0 ? resolve(false) : reject(closed())));
+    const onError = (error: Error) => settle(() => reject(error));
+    const timer = setTimeout(() => settle(() => resolve(true)), waitMs);
+    socket.on('readable', onReadable).on('error', onError);
+  });
 }
 
 /** EHLO keywords (upper case) → their parameters; "AUTH=LOGIN" (pre-standard servers) counts as AUTH. */
@@ -4624,7 +4696,7 @@ export async function sendMail(config: MailConfig, message: string, options: Sen
     stage = 'ehlo';
     let capabilities = parseCapabilities(await session.step(stage, `EHLO ${heloName}`, 250));
 
-    let secure = config.security === 'implicit-tls';
+    let secure = session.security === 'implicit TLS';
     if (!secure && capabilities.has('STARTTLS')) {
       stage = 'starttls';
       await session.step(stage, 'STARTTLS', 220);
@@ -4657,16 +4729,26 @@ export async function sendMail(config: MailConfig, message: string, options: Sen
     const accepted = await session.step(stage, `${dotStuff(message)}.`, 250);
 
     await session.command('quit', 'QUIT', QUIT_TIMEOUT_MS).catch(() => undefined);
-    return { ok: true, reply: redact(formatReply(accepted), config) };
+    return { ok: true, reply: redact(formatReply(accepted), config), security: securityReport(session, config) };
   } catch (error) {
-    const failure =
-      error instanceof SmtpFailure
-        ? error
-        : new SmtpFailure(stage, true, error instanceof Error ? error.message : String(error));
-    return { ok: false, transient: failure.transient, reply: redact(failure.message, config), stage: failure.stage };
+    return failedResult(error, stage, config, session);
   } finally {
     session?.close();
   }
+}
+
+/** A transaction that stopped at `stage`: an error other than an SmtpFailure counts as transient. */
+function failedResult(error: unknown, stage: string, config: MailConfig, session: SmtpSession | undefined): SendResult {
+  const why = error instanceof Error ? error.message : String(error);
+  const failure = error instanceof SmtpFailure ? error : new SmtpFailure(stage, true, why);
+  const security = session ? { security: securityReport(session, config) } : {};
+  const reply = redact(failure.message, config);
+  return { ok: false, transient: failure.transient, reply, stage: failure.stage, ...security };
+}
+
+/** The mode a session used, for the log: "implicit TLS", "STARTTLS" or "no TLS", "(detected)" in auto mode. */
+function securityReport(session: SmtpSession, config: MailConfig): string {
+  return `${session.security}${config.security === 'auto' ? ' (detected)' : ''}`;
 }
 
 /**
@@ -4767,9 +4849,10 @@ export class Mailer {
     const sending = sendWithRetry(config, message, { to, timeouts: this.timeouts }, MAIL_ATTEMPTS, MAIL_RETRY_BACKOFF_MS).then((r) => {
       if (r.ok) {
         this.metrics.inc('webhook_mails_total', { result: 'sent' });
-        this.log.info(`${tag} mail sent to ${to.join(', ')}: ${r.reply}`);
+        this.log.info(`${tag} mail sent to ${to.join(', ')} over ${r.security}: ${r.reply}`);
       } else {
-        failed(`${r.stage} failed after ${r.attempts} attempt(s): ${r.reply}`);
+        const over = r.security ? ` over ${r.security}` : '';
+        failed(`${r.stage} failed after ${r.attempts} attempt(s)${over}: ${r.reply}`);
       }
     }).finally(() => this.pending.delete(sending));
     this.pending.add(sending);

@@ -81,12 +81,12 @@ describe('parseMailConfig', () => {
     assert.deepEqual(parseMailConfig({ MAIL_SMTP_SERVER: ' ', MAIL_FROM: 'garbage!' }), { errors: [] });
   });
 
-  test('decodes the variables; user defaults to the sender; 587 means STARTTLS', () => {
+  test('decodes the variables; user defaults to the sender; on 587 the server is asked (auto)', () => {
     const { config, errors } = parseMailConfig(valid);
     assert.deepEqual(errors, []);
     assert.equal(config?.host, 'smtp.example.com');
     assert.equal(config?.port, 587);
-    assert.equal(config?.security, 'starttls');
+    assert.equal(config?.security, 'auto');
     assert.equal(config?.from, 'Webhook@Example.com');
     assert.equal(config?.user, 'Webhook@Example.com');
     assert.equal(config?.password?.reveal(), 's3cret pa$$');
@@ -100,6 +100,15 @@ describe('parseMailConfig', () => {
     const { config } = parseMailConfig({ ...valid, MAIL_SMTP_PORT: undefined });
     assert.equal(config?.port, 465);
     assert.equal(config?.security, 'implicit-tls');
+  });
+
+  test('MAIL_TLS_MODE forces a mode on any port, in any case; unset, only 465 is decided by its number', () => {
+    const security = (env: Record<string, string>) => parseMailConfig({ ...valid, ...env }).config?.security;
+    assert.equal(security({ MAIL_SMTP_PORT: '994' }), 'auto');
+    assert.equal(security({ MAIL_SMTP_PORT: '25' }), 'auto');
+    assert.equal(security({ MAIL_SMTP_PORT: '994', MAIL_TLS_MODE: 'implicit' }), 'implicit-tls');
+    assert.equal(security({ MAIL_SMTP_PORT: '465', MAIL_TLS_MODE: ' STARTTLS ' }), 'starttls');
+    assert.equal(security({ MAIL_SMTP_PORT: '465', MAIL_TLS_MODE: 'auto' }), 'auto');
   });
 
   test('optional user, TLS check off, plaintext AUTH allowed', () => {
@@ -150,6 +159,7 @@ describe('parseMailConfig', () => {
       [{ MAIL_SMTP_PORT: '-1' }, 'MAIL_SMTP_PORT: not a port'],
       [{ MAIL_TLS_CHECK: 'yes' }, 'MAIL_TLS_CHECK: must be "true" or "false"'],
       [{ MAIL_ALLOW_PLAINTEXT_AUTH: '1' }, 'MAIL_ALLOW_PLAINTEXT_AUTH: must be "true" or "false"'],
+      [{ MAIL_TLS_MODE: 'smtps' }, 'MAIL_TLS_MODE: must be "implicit", "starttls" or "auto"'],
     ];
     for (const [override, expected] of cases) {
       const result = parseMailConfig({ ...valid, ...override });
@@ -389,6 +399,140 @@ describe('sendMail against a real exim', () => {
     await mta.full.waitForMessages(2);
   });
 
+  // ---- which TLS: MAIL_TLS_MODE, or asked of the server ----
+
+  /** A config for exim's real `port` (a free high port, never 465), as the MAIL_* variables give it. */
+  function configForPort(server: Mta, port: number, env: Record<string, string | undefined> = {}): MailConfig {
+    // configFor parses with the MAIL_SMTP_PORT given in env, then sets a port of its own: put the real one back.
+    return { ...configFor(server, 'starttls', { MAIL_SMTP_PORT: String(port), ...env }), port };
+  }
+
+  /**
+   * The message with this Message-ID, read back from the Maildir: whole, and received over TLS. An
+   * earlier test's message may still be arriving, so it is found by its id, not by its place.
+   */
+  async function assertDeliveredOverTls(server: Mta, messageId: string): Promise<void> {
+    let message: Delivered | undefined;
+    for (let count = 1; !message; count++) {
+      const delivered = (await server.waitForMessages(count)).map(readDelivered);
+      message = delivered.find((candidate) => header(candidate, 'Message-ID') === messageId);
+    }
+    assert.equal(decodeHeader(header(message, 'Subject')), CHINESE_SUBJECT);
+    assert.match(header(message, 'Received'), /with esmtpsa /, 'received over TLS, authenticated');
+  }
+
+  /** The failure's [stage, transient], or false when the mail went out. */
+  const failedAt = (result: SendResult) => result.ok === false && [result.stage, result.transient];
+  const TO = ['ops@example.test'];
+
+  test('no MAIL_TLS_MODE: implicit TLS on a port other than 465 is detected (the old image worked there)', async () => {
+    await mta.full.clear();
+    const config = configForPort(mta.full, mta.full.tlsPort);
+    assert.equal(config.security, 'auto');
+    assert.notEqual(config.port, 465);
+    const started = Date.now();
+    const { result, messageId } = await send(config, TO);
+    assert.deepEqual([result.ok, result.security], [true, 'implicit TLS (detected)'], JSON.stringify(result));
+    assert.ok(Date.now() - started >= 1_900, 'TLS is started only after the server stayed silent');
+    await assertDeliveredOverTls(mta.full, messageId);
+    assert.equal(authenticatorFor(mta.full, messageId), 'plain_server');
+  });
+
+  test('no MAIL_TLS_MODE: a server that greets at once gets STARTTLS, without waiting', async () => {
+    await mta.full.clear();
+    const started = Date.now();
+    const { result, messageId } = await send(configForPort(mta.full, mta.full.starttlsPort), TO);
+    assert.deepEqual([result.ok, result.security], [true, 'STARTTLS (detected)'], JSON.stringify(result));
+    assert.ok(Date.now() - started < 1_500, `took ${Date.now() - started} ms`);
+    await assertDeliveredOverTls(mta.full, messageId);
+  });
+
+  test('MAIL_TLS_MODE still forces the mode, on any port, and no detection happens', async () => {
+    const { tlsPort, starttlsPort } = mta.full;
+    const forced = [[tlsPort, 'implicit', 'implicit TLS'], [starttlsPort, 'starttls', 'STARTTLS']] as const;
+    for (const [port, mode, used] of forced) {
+      await mta.full.clear();
+      const started = Date.now();
+      const { result, messageId } = await send(configForPort(mta.full, port, { MAIL_TLS_MODE: mode }), TO);
+      assert.deepEqual([result.ok, result.security], [true, used], JSON.stringify(result));
+      assert.ok(Date.now() - started < 1_500, `${mode}: took ${Date.now() - started} ms`);
+      await assertDeliveredOverTls(mta.full, messageId);
+    }
+    // Forced the wrong way round, the setting still wins over what the server does.
+    const timeouts = { replyMs: 500 };
+    const implicitOnPlain = configForPort(mta.full, starttlsPort, { MAIL_TLS_MODE: 'implicit' });
+    const forcedTls = await send(implicitOnPlain, TO, 's', timeouts);
+    assert.equal(forcedTls.result.ok === false && forcedTls.result.stage, 'connect', JSON.stringify(forcedTls.result));
+    assert.doesNotMatch(forcedTls.result.reply, /was tried/);
+    const forcedPlain = await send(configForPort(mta.full, tlsPort, { MAIL_TLS_MODE: 'starttls' }), TO, 's', timeouts);
+    assert.deepEqual(failedAt(forcedPlain.result), ['greeting', true]);
+    assert.equal(forcedPlain.result.reply, 'no reply within 500 ms');
+  });
+
+  test('no MAIL_TLS_MODE, a server that never answers: fails within its deadlines, saying what was tried', async () => {
+    const silent = await startSilentServer();
+    const guess = 'no SMTP greeting within (\\d+) ms, so implicit TLS was tried';
+    try {
+      const config = configForPort(mta.full, silent.port);
+      const cases = [
+        // Two seconds of silence, then the TLS handshake gets what is left of the connect budget.
+        {
+          timeouts: { connectMs: 3_000, replyMs: 300, totalMs: 10_000 },
+          min: 2_900,
+          reply: new RegExp(`^${guess.replace('(\\d+)', '2000')}: TLS handshake not finished within \\d+ ms$`),
+        },
+        // The whole-transaction deadline cuts the wait itself short.
+        {
+          timeouts: { connectMs: 10_000, replyMs: 10_000, totalMs: 500 },
+          min: 450,
+          reply: new RegExp(`^${guess}: no time left for its handshake$`),
+        },
+      ];
+      for (const { timeouts, min, reply } of cases) {
+        const started = Date.now();
+        const { result } = await send(config, TO, 's', timeouts);
+        const elapsed = Date.now() - started;
+        assert.deepEqual(failedAt(result), ['connect', true], JSON.stringify(result));
+        assert.match(result.reply, reply);
+        assert.ok(elapsed >= min && elapsed < min + 1_000, `gave up after ${elapsed} ms`);
+      }
+    } finally {
+      await silent.close();
+    }
+  });
+
+  test('no MAIL_TLS_MODE, a server that speaks first but not SMTP, or hangs up: a clear error, no TLS', async () => {
+    const ssh = await startScriptedServer({ greeting: 'SSH-2.0-OpenSSH_9.6\r\n' });
+    const hangsUp = await startScriptedServer({ hangUp: true });
+    try {
+      const notSmtp = await send(configForPort(mta.full, ssh.port), TO);
+      assert.deepEqual(failedAt(notSmtp.result), ['greeting', false]);
+      assert.equal(notSmtp.result.reply, 'not an SMTP reply: "SSH-2.0-OpenSSH_9.6"');
+      assert.equal(notSmtp.result.security, 'no TLS (detected)');
+      const closed = await send(configForPort(mta.full, hangsUp.port), TO);
+      assert.deepEqual(failedAt(closed.result), ['greeting', true]);
+      assert.equal(closed.result.reply, 'connection closed by the server before its greeting');
+    } finally {
+      await Promise.all([ssh.close(), hangsUp.close()]);
+    }
+  });
+
+  test('a server greeting after the 2 s wait: the failure names MAIL_TLS_MODE=starttls, which delivers', async () => {
+    const slow = await startMta({ greetingDelaySeconds: 3 });
+    try {
+      const guessed = await send(configForPort(slow, slow.starttlsPort), TO);
+      assert.deepEqual(failedAt(guessed.result), ['connect', true]);
+      // What TLS makes of the late greeting is OpenSSL's wording; the guess and the way out are ours.
+      assert.match(guessed.result.reply, /^no SMTP greeting within 2000 ms, so implicit TLS was tried: /);
+      assert.match(guessed.result.reply, /\(a server that greets this late needs MAIL_TLS_MODE=starttls\)$/);
+      const forced = await send(configForPort(slow, slow.starttlsPort, { MAIL_TLS_MODE: 'starttls' }), TO);
+      assert.deepEqual([forced.result.ok, forced.result.security], [true, 'STARTTLS'], JSON.stringify(forced.result));
+      await assertDeliveredOverTls(slow, forced.messageId);
+    } finally {
+      await slow.stop();
+    }
+  });
+
   test('an untrusted certificate is refused, permanently, before any credential is sent', async () => {
     const authenticationsLogged = () => readFileSync(mta.full.mainLog, 'utf8').split('\n').filter((line) => / A=|authenticator/.test(line)).length;
     const before = authenticationsLogged();
@@ -406,9 +550,14 @@ describe('sendMail against a real exim', () => {
 
   test('a wrong password gets 535: permanent, and neither password appears in the result', async () => {
     const wrong = 'Wr0ng-Pa55word';
-    for (const [server, security] of [[mta.full, 'implicit-tls'], [mta.loginOnly, 'starttls']] as const) {
+    const cases = [
+      [mta.full, 'implicit-tls', 'implicit TLS'],
+      [mta.loginOnly, 'starttls', 'STARTTLS (detected)'],
+    ] as const;
+    for (const [server, security, used] of cases) {
       const { result } = await send(configFor(server, security, { MAIL_PASSWORD: b64(wrong) }), ['ops@example.test']);
-      assert.deepEqual({ ...result, reply: result.reply.slice(0, 4) }, { ok: false, transient: false, stage: 'auth', reply: '535 ' });
+      const expected = { ok: false, transient: false, stage: 'auth', reply: '535 ', security: used };
+      assert.deepEqual({ ...result, reply: result.reply.slice(0, 4) }, expected);
       for (const secret of [wrong, b64(wrong), server.password, b64(server.password)]) {
         assert.ok(!JSON.stringify(result).includes(secret), JSON.stringify(result));
       }
@@ -590,7 +739,7 @@ describe('result mails from the running service', () => {
     assert.match(message.body, new RegExp(`hook: web\\r\\nrequest: ${res.headers['x-request-id']}\\r\\n`));
     assert.match(message.body, /outcome: succeeded \(exit status 0\)/);
     assert.match(message.body, /\r\n\.a line starting with a dot\r\n/);
-    await waitForOutput(wh, 'mail sent to ops@example.com, Dev@Example.com');
+    await waitForOutput(wh, 'mail sent to ops@example.com, Dev@Example.com over STARTTLS (detected): 250 ');
     await wh.stop();
     assert.equal(wh.output().includes(mta.password), false);
     assert.equal(wh.output().includes(b64(mta.password)), false);
@@ -605,12 +754,23 @@ describe('result mails from the running service', () => {
     assert.match(readDelivered(raw).body, /outcome: failed \(exit status 4\)/);
   });
 
+  test('implicit TLS on a port other than 465, no MAIL_TLS_MODE (old-image setups): detected and logged', async () => {
+    await mta.clear();
+    const wh = await serve(env(mta.tlsPort));
+    assert.equal((await push(wh)).status, 200);
+    const [raw] = await mta.waitForMessages(2, 15_000);
+    const subject = decodeHeader(header(readDelivered(raw), 'Subject'));
+    assert.equal(subject, 'Webhooks通知: prod-deployment/web-app 更新结果: succeeded');
+    await waitForOutput(wh, 'mail sent to ops@example.com, Dev@Example.com over implicit TLS (detected): 250 ', 15_000);
+  });
+
   test('a wrong password (535) is logged with the reply and counted; the answer is unaffected', async () => {
     await mta.clear();
     const wh = await serve(env(mta.starttlsPort, { MAIL_PASSWORD: b64('not-the-password') }));
     const res = await push(wh);
     assert.deepEqual([res.status, res.body], [200, 'image after: registry.example.com/ns/app:v2\n.a line starting with a dot\n']);
-    const out = await waitForOutput(wh, /mail for hook web not sent: auth failed after 1 attempt\(s\): 535/, 15_000);
+    const logged = /mail for hook web not sent: auth failed after 1 attempt\(s\) over STARTTLS \(detected\): 535/;
+    const out = await waitForOutput(wh, logged, 15_000);
     assert.equal(out.includes('not-the-password'), false);
     assert.equal(await metric(wh, 'failed'), 1);
     assert.deepEqual(await mta.messages(), []);

@@ -4,8 +4,8 @@
 // port, AUTH PLAIN / LOGIN / CRAM-MD5 for one fixed user (offered only after TLS), a CA that signed
 // the server certificate (SAN DNS:localhost, IP:127.0.0.1), a second unrelated CA, a Maildir the
 // test reads delivered messages from, and two recipients that get a 451 and a 550. Options narrow
-// the AUTH mechanisms offered or take STARTTLS away. Also two stand-ins for broken servers: one that
-// accepts and never answers (or only greets), and a port nothing listens on.
+// the AUTH mechanisms offered, take STARTTLS away, or delay the greeting. Also two stand-ins for
+// broken servers: one that accepts and never answers (or only greets), and a port nothing listens on.
 //
 // exim is a real external program, never a mock (DESIGN.md). When it is missing it is installed
 // with apt-get; when that or the start fails, startMta throws: in CI the mail tests must fail,
@@ -48,6 +48,12 @@ export interface MtaOptions {
    * the client's refusal to send a password unencrypted, and the operator's override).
    */
   offerStartTls?: boolean;
+  /**
+   * Whole seconds exim waits before its greeting on the STARTTLS port (a connect ACL `delay`, as
+   * servers that look up or throttle clients first behave). Input sent before the greeting makes exim
+   * answer "554 SMTP synchronization error" and hang up.
+   */
+  greetingDelaySeconds?: number;
   /** How long to wait for the daemon's first greeting. */
   startTimeoutMs?: number;
 }
@@ -124,6 +130,7 @@ export async function startMta(opts: MtaOptions = {}): Promise<Mta> {
         dir, starttlsPort, tlsPort, user, password, ...certs,
         authMechanisms: opts.authMechanisms ?? ['PLAIN', 'LOGIN', 'CRAM-MD5'],
         offerStartTls: opts.offerStartTls ?? true,
+        greetingDelaySeconds: opts.greetingDelaySeconds ?? 0,
       });
       writeFileSync(confFile, config);
       // Explicitly, whatever the umask: exim refuses a group- or world-writable configuration.
@@ -140,7 +147,9 @@ export async function startMta(opts: MtaOptions = {}): Promise<Mta> {
       };
       process.once('exit', cleanUpOnExit);
 
-      const started = await waitForGreeting(child, starttlsPort, opts.startTimeoutMs ?? START_TIMEOUT_MS);
+      const greetingDelayMs = (opts.greetingDelaySeconds ?? 0) * 1000;
+      const startTimeoutMs = (opts.startTimeoutMs ?? START_TIMEOUT_MS) + greetingDelayMs;
+      const started = await waitForGreeting(child, starttlsPort, startTimeoutMs, greetingDelayMs);
       if (started === true) {
         return makeMta({ dir, child, cleanUpOnExit, starttlsPort, tlsPort, user, password, caPem: certs.caPem, otherCaPem: certs.otherCaPem });
       }
@@ -171,13 +180,19 @@ export function startSilentServer(opts: { greeting?: string } = {}): Promise<Stu
  * returns (nothing when it returns undefined). Only for misbehaviour no real MTA can be made to
  * show: a hung peer, a reply echoing credentials, data injected after STARTTLS, a non-SMTP peer.
  */
-export async function startScriptedServer(opts: { greeting?: string; answer?: (line: string) => string | undefined }): Promise<StubServer> {
+export async function startScriptedServer(opts: {
+  greeting?: string;
+  answer?: (line: string) => string | undefined;
+  /** Close the connection right after the greeting (or at once, without one). */
+  hangUp?: boolean;
+}): Promise<StubServer> {
   const sockets = new Set<net.Socket>();
   const server = net.createServer((socket) => {
     sockets.add(socket);
     socket.on('close', () => sockets.delete(socket));
     socket.on('error', () => {});
     if (opts.greeting !== undefined) socket.write(opts.greeting);
+    if (opts.hangUp) socket.end();
     let received = '';
     socket.on('data', (chunk) => {
       received += chunk.toString('utf8');
@@ -297,6 +312,7 @@ interface ConfigValues extends Certificates {
   password: string;
   authMechanisms: readonly AuthMechanism[];
   offerStartTls: boolean;
+  greetingDelaySeconds: number;
 }
 
 function eximConfig(v: ConfigValues): string {
@@ -328,6 +344,17 @@ function eximConfig(v: ConfigValues): string {
 auth_advertise_hosts = \${if def:tls_in_cipher {*}{}}`
     : `tls_advertise_hosts =
 auth_advertise_hosts = *`;
+  // Only on the STARTTLS port: the implicit-TLS port greets inside TLS, after the client's hello.
+  const delayed = v.greetingDelaySeconds > 0;
+  const connectAcl = delayed ? 'acl_smtp_connect = acl_check_connect\n' : '';
+  const connectAclBody = delayed
+    ? `acl_check_connect:
+  accept  condition = \${if eq{$received_port}{${v.starttlsPort}}}
+          delay = ${v.greetingDelaySeconds}s
+  accept
+
+`
+    : '';
   return `# Written by test/mta.ts for one test run; see that file for why each setting is here.
 primary_hostname = mta.webhook.test
 spool_directory = ${v.dir}/spool
@@ -344,10 +371,10 @@ tls_certificate = ${v.certFile}
 tls_privatekey = ${v.keyFile}
 ${tlsSettings}
 acl_smtp_rcpt = acl_check_rcpt
-
+${connectAcl}
 begin acl
 
-acl_check_rcpt:
+${connectAclBody}acl_check_rcpt:
   deny    !authenticated = *
           message = authentication required
   defer   local_parts = ${DEFERRED_LOCAL_PART}
@@ -397,27 +424,32 @@ async function freePortPair(): Promise<[number, number]> {
   return [ports[0]!, ports[1]!];
 }
 
-/** true once the daemon greets on `port`, or a description of why it did not. */
-async function waitForGreeting(child: ChildProcess, port: number, timeoutMs: number): Promise<true | string> {
+/** true once the daemon greets on `port` (`delayMs` late, on purpose), or a description of why it did not. */
+async function waitForGreeting(
+  child: ChildProcess,
+  port: number,
+  timeoutMs: number,
+  delayMs: number,
+): Promise<true | string> {
   let exited: string | undefined;
   child.once('exit', (code, signal) => (exited = `exim exited (${signal ?? `status ${code}`})`));
   const giveUpAt = Date.now() + timeoutMs;
   while (Date.now() < giveUpAt) {
     if (exited) return exited;
-    if (await greets(port)) return true;
+    if (await greets(port, delayMs)) return true;
     await sleep(50);
   }
   return exited ?? `no SMTP greeting on port ${port} within ${timeoutMs} ms`;
 }
 
-function greets(port: number): Promise<boolean> {
+function greets(port: number, greetingDelayMs: number): Promise<boolean> {
   return new Promise((resolve) => {
     const socket = net.connect(port, '127.0.0.1');
     const done = (result: boolean) => {
       socket.destroy();
       resolve(result);
     };
-    socket.setTimeout(1000, () => done(false));
+    socket.setTimeout(1000 + greetingDelayMs, () => done(false));
     socket.once('error', () => done(false));
     socket.once('data', (chunk) => done(chunk.toString('latin1').startsWith('220')));
   });
