@@ -204,8 +204,10 @@ interface FixtureInput {
 }
 
 /** UPDATE_GOLDEN=1 rewrites the expected files; review the diff before committing it. */
+/** Compares with a golden file; UPDATE_GOLDEN=1 writes it instead. A missing golden file fails. */
 function assertGolden(actual: string, expectedFile: string): void {
-  if (process.env.UPDATE_GOLDEN === '1' || !existsSync(expectedFile)) writeFileSync(expectedFile, actual);
+  if (process.env.UPDATE_GOLDEN === '1') writeFileSync(expectedFile, actual);
+  assert.ok(existsSync(expectedFile), `${expectedFile} is missing (UPDATE_GOLDEN=1 writes it from the current output)`);
   assert.equal(actual, readFileSync(expectedFile, 'utf8'));
 }
 

@@ -8,7 +8,7 @@ import { execFile } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as net from 'node:net';
 import * as path from 'node:path';
-import { after, describe, test } from 'node:test';
+import { after, before, describe, test } from 'node:test';
 import { promisify } from 'node:util';
 import {
   defaultBinary, hasRecord, makeTempDir, readArgv, readEnv, recorderCommand, resetRecord, spawnWebhook,
@@ -414,7 +414,7 @@ describe('the seed hook, from a directory through WEBHOOK_CMD=-template', () => 
   const right = { token: TOKEN, ns: 'prod', workload: 'deployment/web', container: 'app', repo_type: 'regionalregistry', net_type: 'vpc' };
   const post = (q: Record<string, string>) => wh.request(`/hooks/web?${new URLSearchParams(q)}`, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: payload });
 
-  test('starts', async () => { wh = await started({ hooks: seedDir, env: { WEBHOOK_CMD: '-template', HOOK_TOKEN: TOKEN } }); });
+  before(async () => { wh = await started({ hooks: seedDir, env: { WEBHOOK_CMD: '-template', HOOK_TOKEN: TOKEN } }); });
 
   for (const key of ['token', 'ns', 'workload', 'container'] as const) {
     for (const variant of ['wrong', 'missing'] as const) {
