@@ -934,74 +934,107 @@ export function isParsedContentType(contentType: string): boolean {
  * elements become arrays, all values are strings.
  */
 export function parseXml(text: string): Record<string, unknown> {
-  let at = 0;
-  const entities: Record<string, string> = { lt: '<', gt: '>', amp: '&', quot: '"', apos: "'" };
-  const decode = (s: string) => s.replace(/&(#x[0-9A-Fa-f]+|#\d+|[a-z]+);/g, (all, e: string) =>
-    e[0] === '#' ? String.fromCodePoint(e[1] === 'x' ? parseInt(e.slice(2), 16) : Number(e.slice(1))) : entities[e] ?? all);
-  const fail = (what: string): never => { throw new Error(`${what} at offset ${at}`); };
-  const skipMisc = () => {
+  const reader = new XmlReader(text);
+  reader.skipMisc();
+  const [rootName, root] = reader.element();
+  reader.skipMisc();
+  if (!reader.atEnd()) reader.fail('content after the root element');
+  return { [rootName]: root };
+}
+
+const XML_ENTITIES: Record<string, string> = { lt: '<', gt: '>', amp: '&', quot: '"', apos: "'" };
+
+class XmlReader {
+  private readonly text: string;
+  private at = 0;
+
+  constructor(text: string) { this.text = text; }
+
+  atEnd(): boolean { return this.at >= this.text.length; }
+  fail(what: string): never { throw new Error(`${what} at offset ${this.at}`); }
+
+  private static decode(s: string): string {
+    return s.replace(/&(#x[0-9A-Fa-f]+|#\d+|[a-z]+);/g, (all, e: string) =>
+      e[0] === '#' ? String.fromCodePoint(e[1] === 'x' ? parseInt(e.slice(2), 16) : Number(e.slice(1))) : XML_ENTITIES[e] ?? all);
+  }
+
+  private static localName(n: string): string { return n.slice(n.indexOf(':') + 1); }
+
+  private skipPast(close: string, what: string): void {
+    const e = this.text.indexOf(close, this.at);
+    if (e < 0) this.fail(`unterminated ${what}`);
+    this.at = e + close.length;
+  }
+
+  /** Whitespace, processing instructions, comments and a DOCTYPE. */
+  skipMisc(): void {
     for (;;) {
-      while (/\s/.test(text[at] ?? '')) at++;
-      if (text.startsWith('<?', at)) { const e = text.indexOf('?>', at); if (e < 0) fail('unterminated processing instruction'); at = e + 2; }
-      else if (text.startsWith('<!--', at)) { const e = text.indexOf('-->', at); if (e < 0) fail('unterminated comment'); at = e + 3; }
-      else if (text.startsWith('<!DOCTYPE', at)) { const e = text.indexOf('>', at); if (e < 0) fail('unterminated DOCTYPE'); at = e + 1; }
+      while (/\s/.test(this.text[this.at] ?? '')) this.at++;
+      if (this.text.startsWith('<?', this.at)) this.skipPast('?>', 'processing instruction');
+      else if (this.text.startsWith('<!--', this.at)) this.skipPast('-->', 'comment');
+      else if (this.text.startsWith('<!DOCTYPE', this.at)) this.skipPast('>', 'DOCTYPE');
       else return;
     }
-  };
-  const localName = (n: string) => n.slice(n.indexOf(':') + 1);
-  const element = (): [string, unknown] => {
-    const m = /^<([A-Za-z_][\w.:-]*)/.exec(text.slice(at, at + 256));
-    if (!m) fail('expected an element');
-    at += m![0].length;
-    const name = localName(m![1]);
+  }
+
+  /** One element as [name, value]: its text, or a map of attributes, children and "#text". */
+  element(): [string, unknown] {
+    const m = /^<([A-Za-z_][\w.:-]*)/.exec(this.text.slice(this.at, this.at + 256));
+    if (!m) this.fail('expected an element');
+    this.at += m[0].length;
+    const name = XmlReader.localName(m[1]);
     const node: Record<string, unknown> = {};
+    if (this.attributes(node)) return [name, Object.keys(node).length ? node : ''];
+    const textContent = this.content(name, node).trim();
+    if (Object.keys(node).length === 0) return [name, textContent];
+    if (textContent !== '') node['#text'] = textContent;
+    return [name, node];
+  }
+
+  /** Reads attributes into node as "-name"; true when the element closed itself (`/>`). */
+  private attributes(node: Record<string, unknown>): boolean {
     for (;;) {
-      while (/\s/.test(text[at] ?? '')) at++;
-      if (text.startsWith('/>', at)) { at += 2; return [name, Object.keys(node).length ? node : '']; }
-      if (text[at] === '>') { at++; break; }
-      const a = /^([A-Za-z_][\w.:-]*)\s*=\s*("([^"]*)"|'([^']*)')/.exec(text.slice(at, at + 65536));
-      if (!a) fail('malformed attribute');
-      at += a![0].length;
-      if (!a![1].startsWith('xmlns')) node['-' + localName(a![1])] = decode(a![3] ?? a![4]);
+      while (/\s/.test(this.text[this.at] ?? '')) this.at++;
+      if (this.text.startsWith('/>', this.at)) { this.at += 2; return true; }
+      if (this.text[this.at] === '>') { this.at++; return false; }
+      const a = /^([A-Za-z_][\w.:-]*)\s*=\s*("([^"]*)"|'([^']*)')/.exec(this.text.slice(this.at, this.at + 65536));
+      if (!a) this.fail('malformed attribute');
+      this.at += a[0].length;
+      if (!a[1].startsWith('xmlns')) node['-' + XmlReader.localName(a[1])] = XmlReader.decode(a[3] ?? a[4]);
     }
-    let textContent = '';
+  }
+
+  /** Children (repeated names become arrays) into node, up to the closing tag; returns the text. */
+  private content(name: string, node: Record<string, unknown>): string {
+    let text = '';
     for (;;) {
-      if (at >= text.length) fail(`unterminated element <${name}>`);
-      if (text.startsWith('</', at)) {
-        const e = text.indexOf('>', at);
-        if (e < 0 || localName(text.slice(at + 2, e).trim()) !== name) fail(`mismatched closing tag for <${name}>`);
-        at = e + 1;
-        break;
+      if (this.atEnd()) this.fail(`unterminated element <${name}>`);
+      if (this.text.startsWith('</', this.at)) {
+        const e = this.text.indexOf('>', this.at);
+        if (e < 0 || XmlReader.localName(this.text.slice(this.at + 2, e).trim()) !== name) this.fail(`mismatched closing tag for <${name}>`);
+        this.at = e + 1;
+        return text;
       }
-      if (text.startsWith('<![CDATA[', at)) {
-        const e = text.indexOf(']]>', at);
-        if (e < 0) fail('unterminated CDATA');
-        textContent += text.slice(at + 9, e);
-        at = e + 3;
-      } else if (text.startsWith('<!--', at) || text.startsWith('<?', at)) {
-        skipMisc();
-      } else if (text[at] === '<') {
-        const [childName, child] = element();
+      if (this.text.startsWith('<![CDATA[', this.at)) {
+        const e = this.text.indexOf(']]>', this.at);
+        if (e < 0) this.fail('unterminated CDATA');
+        text += this.text.slice(this.at + 9, e);
+        this.at = e + 3;
+      } else if (this.text.startsWith('<!--', this.at) || this.text.startsWith('<?', this.at)) {
+        this.skipMisc();
+      } else if (this.text[this.at] === '<') {
+        const [childName, child] = this.element();
         const existing = node[childName];
         if (existing === undefined) node[childName] = child;
         else if (Array.isArray(existing)) existing.push(child);
         else node[childName] = [existing, child];
       } else {
-        const e = text.indexOf('<', at);
-        textContent += decode(text.slice(at, e < 0 ? text.length : e));
-        at = e < 0 ? text.length : e;
+        const e = this.text.indexOf('<', this.at);
+        text += XmlReader.decode(this.text.slice(this.at, e < 0 ? this.text.length : e));
+        this.at = e < 0 ? this.text.length : e;
       }
     }
-    const trimmed = textContent.trim();
-    if (Object.keys(node).length === 0) return [name, trimmed];
-    if (trimmed !== '') node['#text'] = trimmed;
-    return [name, node];
-  };
-  skipMisc();
-  const [rootName, root] = element();
-  skipMisc();
-  if (at < text.length) fail('content after the root element');
-  return { [rootName]: root };
+  }
 }
 
 /**
@@ -2856,6 +2889,39 @@ export function inClusterCredentials(env: Record<string, string | undefined>, di
 /** Credentials of a JSON kubeconfig's current context. */
 export function loadKubeconfig(file: string): KubeCredentials {
   const where = `kubeconfig ${file}`;
+  const config = readKubeconfigJson(file, where);
+  const contextName = config['current-context'];
+  if (typeof contextName !== 'string' || contextName === '') throw new KubeConfigError(`${where}: current-context is not set`);
+  const named = (list: string, name: unknown, inner: string): Record<string, unknown> => {
+    const items = Array.isArray(config[list]) ? (config[list] as unknown[]) : [];
+    const item = items.find((i) => isObject(i) && i.name === name);
+    if (!isObject(item) || !isObject(item[inner])) {
+      throw new KubeConfigError(`${where}: ${list}: no entry named ${JSON.stringify(name)} (from current-context ${JSON.stringify(contextName)})`);
+    }
+    return item[inner] as Record<string, unknown>;
+  };
+  const context = named('contexts', contextName, 'context');
+  const cluster = named('clusters', context.cluster, 'cluster');
+  const user = named('users', context.user, 'user');
+  const clusterWhere = `${where}: clusters[${JSON.stringify(context.cluster)}].cluster`;
+  const server = cluster.server;
+  if (typeof server !== 'string' || server === '') throw new KubeConfigError(`${clusterWhere}.server is missing`);
+  if (!server.startsWith('https://')) {
+    throw new KubeConfigError(`${clusterWhere}.server ${JSON.stringify(server)}: only https:// API servers are supported`);
+  }
+  const dir = path.dirname(path.resolve(file));
+  return {
+    server: server.replace(/\/+$/, ''),
+    ca: kubeconfigMaterial(cluster, clusterWhere, 'certificate-authority', dir),
+    tlsServerName: typeof cluster['tls-server-name'] === 'string' ? cluster['tls-server-name'] : undefined,
+    insecureSkipTlsVerify: cluster['insecure-skip-tls-verify'] === true,
+    ...userCredentials(user, `${where}: users[${JSON.stringify(context.user)}].user`, dir),
+    source: `${where} (user ${JSON.stringify(context.user)})`,
+    namespace: typeof context.namespace === 'string' && context.namespace !== '' ? context.namespace : undefined,
+  };
+}
+
+function readKubeconfigJson(file: string, where: string): Record<string, unknown> {
   let text: string;
   try {
     text = fs.readFileSync(file, 'utf8');
@@ -2870,56 +2936,39 @@ export function loadKubeconfig(file: string): KubeCredentials {
     throw new KubeConfigError(`${where}: not JSON; this program reads JSON kubeconfigs (convert one with: kubectl config view --raw --minify --flatten -o json)`);
   }
   if (!isObject(config)) throw new KubeConfigError(`${where}: not a kubeconfig (the top level must be an object)`);
-  const contextName = config['current-context'];
-  if (typeof contextName !== 'string' || contextName === '') throw new KubeConfigError(`${where}: current-context is not set`);
-  const named = (list: string, name: unknown, inner: string): Record<string, unknown> => {
-    const items = Array.isArray(config[list]) ? (config[list] as unknown[]) : [];
-    const item = items.find((i) => isObject(i) && i.name === name);
-    if (!isObject(item) || !isObject(item[inner])) throw new KubeConfigError(`${where}: ${list}: no entry named ${JSON.stringify(name)} (from current-context ${JSON.stringify(contextName)})`);
-    return item[inner] as Record<string, unknown>;
-  };
-  const context = named('contexts', contextName, 'context');
-  const cluster = named('clusters', context.cluster, 'cluster');
-  const user = named('users', context.user, 'user');
-  const clusterWhere = `${where}: clusters[${JSON.stringify(context.cluster)}].cluster`;
-  const userWhere = `${where}: users[${JSON.stringify(context.user)}].user`;
-  const dir = path.dirname(path.resolve(file));
-  const material = (section: Record<string, unknown>, at: string, field: string): Buffer | undefined => {
-    const inline = section[`${field}-data`];
-    if (typeof inline === 'string' && inline !== '') return Buffer.from(inline, 'base64');
-    const ref = section[field];
-    if (typeof ref !== 'string' || ref === '') return undefined;
-    const full = path.resolve(dir, ref);
-    try {
-      return fs.readFileSync(full);
-    } catch (e) {
-      throw new KubeConfigError(`${at}.${field}: cannot read ${full} (${(e as NodeJS.ErrnoException).code})`);
-    }
-  };
-  const server = cluster.server;
-  if (typeof server !== 'string' || server === '') throw new KubeConfigError(`${clusterWhere}.server is missing`);
-  if (!server.startsWith('https://')) throw new KubeConfigError(`${clusterWhere}.server ${JSON.stringify(server)}: only https:// API servers are supported`);
+  return config;
+}
+
+/** A certificate or key: inline base64 `<field>-data`, else a file path relative to the kubeconfig. */
+function kubeconfigMaterial(section: Record<string, unknown>, at: string, field: string, dir: string): Buffer | undefined {
+  const inline = section[`${field}-data`];
+  if (typeof inline === 'string' && inline !== '') return Buffer.from(inline, 'base64');
+  const ref = section[field];
+  if (typeof ref !== 'string' || ref === '') return undefined;
+  const full = path.resolve(dir, ref);
+  try {
+    return fs.readFileSync(full);
+  } catch (e) {
+    throw new KubeConfigError(`${at}.${field}: cannot read ${full} (${(e as NodeJS.ErrnoException).code})`);
+  }
+}
+
+/** A user entry's token, token file or client certificate; plugins and passwords are refused. */
+function userCredentials(user: Record<string, unknown>, userWhere: string, dir: string): Pick<KubeCredentials, 'token' | 'tokenFile' | 'cert' | 'key'> {
   for (const unsupported of ['exec', 'auth-provider', 'username', 'password']) {
-    if (user[unsupported] !== undefined) throw new KubeConfigError(`${userWhere}.${unsupported} is not supported (this program runs no credential plugins): use a token, a tokenFile or a client certificate`);
+    if (user[unsupported] !== undefined) {
+      throw new KubeConfigError(`${userWhere}.${unsupported} is not supported (this program runs no credential plugins): use a token, a tokenFile or a client certificate`);
+    }
   }
   const token = typeof user.token === 'string' && user.token !== '' ? user.token : undefined;
   const tokenFile = token === undefined && typeof user.tokenFile === 'string' && user.tokenFile !== '' ? path.resolve(dir, user.tokenFile) : undefined;
-  const cert = material(user, userWhere, 'client-certificate');
-  const key = material(user, userWhere, 'client-key');
+  const cert = kubeconfigMaterial(user, userWhere, 'client-certificate', dir);
+  const key = kubeconfigMaterial(user, userWhere, 'client-key', dir);
   if ((cert === undefined) !== (key === undefined)) throw new KubeConfigError(`${userWhere}: client-certificate and client-key must be given together`);
-  if (token === undefined && tokenFile === undefined && cert === undefined) throw new KubeConfigError(`${userWhere}: no credentials (token, tokenFile or client-certificate-data)`);
-  return {
-    server: server.replace(/\/+$/, ''),
-    ca: material(cluster, clusterWhere, 'certificate-authority'),
-    cert,
-    key,
-    tlsServerName: typeof cluster['tls-server-name'] === 'string' ? cluster['tls-server-name'] : undefined,
-    insecureSkipTlsVerify: cluster['insecure-skip-tls-verify'] === true,
-    token,
-    tokenFile,
-    source: `${where} (user ${JSON.stringify(context.user)})`,
-    namespace: typeof context.namespace === 'string' && context.namespace !== '' ? context.namespace : undefined,
-  };
+  if (token === undefined && tokenFile === undefined && cert === undefined) {
+    throw new KubeConfigError(`${userWhere}: no credentials (token, tokenFile or client-certificate-data)`);
+  }
+  return { token, tokenFile, cert, key };
 }
 
 /** -kubeconfig, else KUBECONFIG, else the pod's service account. */
@@ -3793,6 +3842,12 @@ async function applyUpgrade(client: KubeClient, s: UpgradeSettings, ref: string,
     break;
   }
   target.generation = numberAt(updated, ['metadata', 'generation']);
+  await reportRollout(client, target, updated, s, report, now);
+}
+
+/** The rollout a change started: not tracked, answered as progressing, or followed to its end. */
+async function reportRollout(client: KubeClient, target: WorkloadTarget, updated: K8sObject | undefined, s: UpgradeSettings, report: UpgradeReport, now: () => Date): Promise<void> {
+  const spec = kindSpec(target.kind);
   if (!spec.hasRollout) {
     report.rollout = { state: 'not tracked', detail: spec.rollout(updated).message, pods: [] };
   } else if (s.rolloutTimeoutMs === 0) {
@@ -4056,78 +4111,87 @@ const IMPLICIT_TLS_PORT = 465;
  * variable, never its value.
  */
 export function parseMailConfig(env: Readonly<Record<string, string | undefined>>): { config?: MailConfig; errors: string[] } {
-  const errors: string[] = [];
-  if (!env.MAIL_SMTP_SERVER?.trim()) return { errors };
+  if (!env.MAIL_SMTP_SERVER?.trim()) return { errors: [] };
+  const v = new MailVariables(env);
+  const errors = v.errors;
+  const host = v.base64('MAIL_SMTP_SERVER')?.trim().replace(/^\[(.*)\]$/, '$1');
+  if (host !== undefined && !isHostName(host) && net.isIP(host) === 0) {
+    errors.push('MAIL_SMTP_SERVER: not a host name or IP address once decoded');
+  }
+  const from = v.base64('MAIL_FROM')?.trim();
+  if (env.MAIL_FROM === undefined || env.MAIL_FROM.trim() === '') errors.push('MAIL_FROM: required when MAIL_SMTP_SERVER is set');
+  else if (from !== undefined && !isAddress(from)) errors.push('MAIL_FROM: not an e-mail address once decoded');
+  const user = v.base64('MAIL_SMTP_USER')?.trim();
+  if (user !== undefined && /[\x00-\x1f\x7f]/.test(user)) errors.push('MAIL_SMTP_USER: contains control characters once decoded');
+  const password = v.base64('MAIL_PASSWORD');
+  const ca = v.base64('MAIL_CACERT');
+  if (ca !== undefined && !isPemCertificates(ca)) errors.push('MAIL_CACERT: not PEM certificates once decoded');
+  const port = v.port();
+  const security = v.security(port);
+  const verifyCertificate = v.boolean('MAIL_TLS_CHECK', true);
+  const allowPlaintextAuth = v.boolean('MAIL_ALLOW_PLAINTEXT_AUTH', false);
+  if (errors.length > 0 || host === undefined || from === undefined) return { errors };
+  const config: MailConfig = {
+    host,
+    port,
+    security,
+    from,
+    user: user ?? from,
+    password: password ? new Secret(password) : undefined,
+    ca,
+    verifyCertificate,
+    allowPlaintextAuth,
+  };
+  return { errors, config: Object.freeze(config) };
+}
 
-  const base64Variable = (name: string): string | undefined => {
-    const raw = env[name];
+/** Reads MAIL_* variables, collecting an error per bad one; errors name the variable, never its value. */
+class MailVariables {
+  readonly errors: string[] = [];
+  private readonly env: Readonly<Record<string, string | undefined>>;
+
+  constructor(env: Readonly<Record<string, string | undefined>>) { this.env = env; }
+
+  base64(name: string): string | undefined {
+    const raw = this.env[name];
     if (raw === undefined || raw.trim() === '') return undefined;
     try {
       // Trailing line breaks are dropped, as the old image's `$(echo … | base64 -d)` did:
       // `echo secret | base64` is the usual way these values are made.
       return new TextDecoder('utf-8', { fatal: true }).decode(decodeBase64Strict(raw)).replace(/[\r\n]+$/, '');
     } catch {
-      errors.push(`${name}: not valid base64 (or not UTF-8 once decoded)`);
+      this.errors.push(`${name}: not valid base64 (or not UTF-8 once decoded)`);
       return undefined;
     }
-  };
-  const booleanVariable = (name: string, fallback: boolean): boolean => {
-    const raw = env[name]?.trim().toLowerCase();
+  }
+
+  boolean(name: string, fallback: boolean): boolean {
+    const raw = this.env[name]?.trim().toLowerCase();
     if (raw === undefined || raw === '') return fallback;
     if (raw === 'true' || raw === 'false') return raw === 'true';
-    errors.push(`${name}: must be "true" or "false"`);
+    this.errors.push(`${name}: must be "true" or "false"`);
     return fallback;
-  };
-
-  const host = base64Variable('MAIL_SMTP_SERVER')?.trim().replace(/^\[(.*)\]$/, '$1');
-  if (host !== undefined && !isHostName(host) && net.isIP(host) === 0) {
-    errors.push('MAIL_SMTP_SERVER: not a host name or IP address once decoded');
   }
 
-  const from = base64Variable('MAIL_FROM')?.trim();
-  if (env.MAIL_FROM === undefined || env.MAIL_FROM.trim() === '') errors.push('MAIL_FROM: required when MAIL_SMTP_SERVER is set');
-  else if (from !== undefined && !isAddress(from)) errors.push('MAIL_FROM: not an e-mail address once decoded');
-
-  const user = base64Variable('MAIL_SMTP_USER')?.trim();
-  if (user !== undefined && /[\x00-\x1f\x7f]/.test(user)) errors.push('MAIL_SMTP_USER: contains control characters once decoded');
-
-  const password = base64Variable('MAIL_PASSWORD');
-
-  const ca = base64Variable('MAIL_CACERT');
-  if (ca !== undefined && !isPemCertificates(ca)) errors.push('MAIL_CACERT: not PEM certificates once decoded');
-
-  let port = DEFAULT_SMTP_PORT;
-  const rawPort = env.MAIL_SMTP_PORT?.trim();
-  if (rawPort) {
-    port = /^\d{1,5}$/.test(rawPort) ? Number(rawPort) : 0;
-    if (port < 1 || port > 65535) errors.push('MAIL_SMTP_PORT: not a port number (1-65535)');
+  port(): number {
+    const raw = this.env.MAIL_SMTP_PORT?.trim();
+    if (!raw) return DEFAULT_SMTP_PORT;
+    const port = /^\d{1,5}$/.test(raw) ? Number(raw) : 0;
+    if (port < 1 || port > 65535) this.errors.push('MAIL_SMTP_PORT: not a port number (1-65535)');
+    return port;
   }
 
-  // MAIL_TLS_MODE forces a mode. Unset, port 465 means implicit TLS and any other port is asked: the
-  // old image spoke implicit TLS on whatever port was set (163.com: 994), STARTTLS servers use 587/25.
-  const mode = env.MAIL_TLS_MODE?.trim().toLowerCase() || (port === IMPLICIT_TLS_PORT ? 'implicit' : 'auto');
-  if (mode !== 'implicit' && mode !== 'starttls' && mode !== 'auto') {
-    errors.push('MAIL_TLS_MODE: must be "implicit", "starttls" or "auto"');
+  /**
+   * MAIL_TLS_MODE forces a mode. Unset, port 465 means implicit TLS and any other port is asked: the
+   * old image spoke implicit TLS on whatever port was set (163.com: 994), STARTTLS servers use 587/25.
+   */
+  security(port: number): MailConfig['security'] {
+    const mode = this.env.MAIL_TLS_MODE?.trim().toLowerCase() || (port === IMPLICIT_TLS_PORT ? 'implicit' : 'auto');
+    if (mode !== 'implicit' && mode !== 'starttls' && mode !== 'auto') {
+      this.errors.push('MAIL_TLS_MODE: must be "implicit", "starttls" or "auto"');
+    }
+    return mode === 'implicit' ? 'implicit-tls' : mode === 'starttls' ? 'starttls' : 'auto';
   }
-
-  const verifyCertificate = booleanVariable('MAIL_TLS_CHECK', true);
-  const allowPlaintextAuth = booleanVariable('MAIL_ALLOW_PLAINTEXT_AUTH', false);
-
-  if (errors.length > 0 || host === undefined || from === undefined) return { errors };
-  return {
-    errors,
-    config: Object.freeze({
-      host,
-      port,
-      security: mode === 'implicit' ? 'implicit-tls' : mode === 'starttls' ? 'starttls' : 'auto',
-      from,
-      user: user ?? from,
-      password: password ? new Secret(password) : undefined,
-      ca,
-      verifyCertificate,
-      allowPlaintextAuth,
-    }),
-  };
 }
 
 const PEM_CERTIFICATE = /-----BEGIN CERTIFICATE-----[\s\S]+?-----END CERTIFICATE-----/g;
@@ -4961,7 +5025,11 @@ export async function main(argv: string[], env: Record<string, string | undefine
   }
   if (o.version) { process.stdout.write(`webhook version ${VERSION}\n`); return 0; }
   if (o.listCipherSuites) { process.stdout.write(Object.keys(GO_CIPHER_SUITES).join('\n') + '\n'); return 0; }
+  return serve(o, env);
+}
 
+/** The service: hooks loaded, the pieces wired, the port open, until SIGTERM or SIGINT. */
+async function serve(o: Options, env: Record<string, string | undefined>): Promise<number> {
   setFlagsFromString('--enable-experimental-regexp-engine-on-excessive-backtracks');
   setFlagsFromString(`--regexp-backtracks-before-fallback=${LIMITS.regexBacktracksBeforeFallback}`);
   const logStream = o.logfile ? fs.createWriteStream(o.logfile, { flags: 'a', mode: 0o640 }) : undefined;
@@ -4969,38 +5037,71 @@ export async function main(argv: string[], env: Record<string, string | undefine
   process.on('exit', () => log.flush());
   const metrics = new Metrics();
   log.notice(`version ${VERSION} starting`);
-
   const settings: LoadSettings = { paths: o.hooks, template: o.template, env, commandTimeoutMs: o.commandTimeoutMs };
-  let snapshot: Snapshot;
-  try {
-    snapshot = loadSnapshot(settings);
-  } catch (e) {
-    log.error(`couldn't load hooks: ${(e as Error).message}`);
-    return 1;
-  }
-  log.setSecrets(snapshot.secrets);
-  for (const w of snapshot.warnings) log.warn(w);
-  for (const hook of snapshot.hooks.values()) {
-    const resolved = resolveCommand(hook.command, hook.workingDirectory, env.PATH ?? '');
-    if (resolved.error) log.warn(`${hook.file}: hook "${hook.id}": execute-command: ${resolved.error} (checked again on each request)`);
-  }
-  if (snapshot.hooks.size === 0 && !o.nopanic) {
-    log.error(`couldn't load any hooks from ${o.hooks.join(', ')} (use -nopanic to start anyway)`);
-    return 1;
-  }
-  log.notice(`loaded ${snapshot.hooks.size} hook(s) from ${snapshot.files.length} file(s): ${[...snapshot.hooks.keys()].join(', ')}`);
+  const snapshot = loadInitialHooks(o, settings, log);
+  if (!snapshot) return 1;
 
   const mail = parseMailConfig(env);
   for (const error of mail.errors) log.error(`mail is off: ${error}`);
-  if (mail.config) log.notice(`mail results through ${mail.config.host}:${mail.config.port} (${mail.config.security}${mail.config.verifyCertificate ? '' : ', certificate not verified'})`);
+  if (mail.config) {
+    const c = mail.config;
+    log.notice(`mail results through ${c.host}:${c.port} (${c.security}${c.verifyCertificate ? '' : ', certificate not verified'})`);
+  }
   const mailer = new Mailer(mail.config, log, metrics);
-
   const store = new HookStore(settings, snapshot, log, metrics);
   const upgrade = new UpgradeService(o.kubeconfig || env.KUBECONFIG, env, o.rolloutFollowMs, log);
   const runner = new CommandRunner(o.maxConcurrentCommands, env, log, metrics, upgrade);
   const listener = new ResultNotifier(mailer, upgrade, log);
   let shuttingDown = false;
   const handler = createHandler({ options: o, store, runner, listener, log, metrics, isShuttingDown: () => shuttingDown });
+  const server = await openListener(o, handler, log);
+  if (!server) return 1;
+
+  if (o.hotreload) store.watch();
+  const reloadOnSignal = (sig: string) => { log.notice(`caught ${sig}, reloading hooks`); store.reload(sig); };
+  process.on('SIGHUP', () => reloadOnSignal('SIGHUP'));
+  process.on('SIGUSR1', () => reloadOnSignal('SIGUSR1'));
+  return new Promise<number>((resolve) => {
+    const shutdown = async (sig: string) => {
+      if (shuttingDown) return;
+      shuttingDown = true;
+      log.notice(`caught ${sig}, shutting down: no new requests; running commands get ${formatGoDuration(o.shutdownGraceMs)}`);
+      await stopService(o, { store, server, runner, upgrade, mailer });
+      log.notice('stopped');
+      log.flush();
+      if (logStream) logStream.end(() => resolve(0));
+      else resolve(0);
+    };
+    process.on('SIGTERM', () => void shutdown('SIGTERM'));
+    process.on('SIGINT', () => void shutdown('SIGINT'));
+  });
+}
+
+/** The first snapshot, its warnings logged; undefined (after logging why) when the service cannot start. */
+function loadInitialHooks(o: Options, settings: LoadSettings, log: Logger): Snapshot | undefined {
+  let snapshot: Snapshot;
+  try {
+    snapshot = loadSnapshot(settings);
+  } catch (e) {
+    log.error(`couldn't load hooks: ${(e as Error).message}`);
+    return undefined;
+  }
+  log.setSecrets(snapshot.secrets);
+  for (const w of snapshot.warnings) log.warn(w);
+  for (const hook of snapshot.hooks.values()) {
+    const resolved = resolveCommand(hook.command, hook.workingDirectory, settings.env.PATH ?? '');
+    if (resolved.error) log.warn(`${hook.file}: hook "${hook.id}": execute-command: ${resolved.error} (checked again on each request)`);
+  }
+  if (snapshot.hooks.size === 0 && !o.nopanic) {
+    log.error(`couldn't load any hooks from ${o.hooks.join(', ')} (use -nopanic to start anyway)`);
+    return undefined;
+  }
+  log.notice(`loaded ${snapshot.hooks.size} hook(s) from ${snapshot.files.length} file(s): ${[...snapshot.hooks.keys()].join(', ')}`);
+  return snapshot;
+}
+
+/** The HTTP(S) server listening on -ip/-port or -socket, privileges dropped, pid file written. */
+async function openListener(o: Options, handler: http.RequestListener, log: Logger): Promise<http.Server | undefined> {
   const serverOptions: http.ServerOptions = {
     requestTimeout: o.readTimeoutMs,
     // Node refuses a header timeout longer than the whole-request timeout.
@@ -5014,49 +5115,35 @@ export async function main(argv: string[], env: Record<string, string | undefine
     server = o.secure ? https.createServer({ ...serverOptions, ...tlsOptions(o) }, handler) : http.createServer(serverOptions, handler);
   } catch (e) {
     log.error(`cannot start ${o.secure ? 'HTTPS' : 'the HTTP server'}: ${(e as Error).message}`);
-    return 1;
+    return undefined;
   }
-  const listening = await new Promise<Error | undefined>((resolve) => {
+  const failed = await new Promise<Error | undefined>((resolve) => {
     server.once('error', resolve);
     if (o.socket) server.listen(o.socket, () => resolve(undefined));
     else server.listen(o.port, o.ip, () => resolve(undefined));
   });
-  if (listening) { log.error(`cannot listen: ${listening.message}`); return 1; }
+  if (failed) { log.error(`cannot listen: ${failed.message}`); return undefined; }
   if (o.setgid) { process.setgid!(o.setgid); process.setuid!(o.setuid); }
   if (o.pidfile) fs.writeFileSync(o.pidfile, `${process.pid}\n`);
   const address = server.address();
   const where = typeof address === 'string' ? `unix:${address}` : `${o.secure ? 'https' : 'http'}://${o.ip}:${address?.port}/${o.urlprefix}/{id}`;
   log.notice(`serving hooks on ${where}`);
+  return server;
+}
 
-  if (o.hotreload) store.watch();
-  const reloadOnSignal = (sig: string) => { log.notice(`caught ${sig}, reloading hooks`); store.reload(sig); };
-  process.on('SIGHUP', () => reloadOnSignal('SIGHUP'));
-  process.on('SIGUSR1', () => reloadOnSignal('SIGUSR1'));
-
-  return new Promise<number>((resolve) => {
-    const shutdown = async (sig: string) => {
-      if (shuttingDown) return;
-      shuttingDown = true;
-      log.notice(`caught ${sig}, shutting down: no new requests; running commands get ${formatGoDuration(o.shutdownGraceMs)}`);
-      store.close();
-      server.close();
-      server.closeIdleConnections();
-      const graceEnds = Date.now() + o.shutdownGraceMs;
-      await runner.drain(o.shutdownGraceMs);
-      server.closeAllConnections();
-      // Rollouts still followed end now; their mails, and those of commands that just finished,
-      // still go out within what is left of the grace period.
-      await upgrade.stop(LIMITS.minMailFlushMs);
-      await mailer.flush(Math.max(LIMITS.minMailFlushMs, graceEnds - Date.now()));
-      if (o.pidfile) fs.rmSync(o.pidfile, { force: true });
-      log.notice('stopped');
-      log.flush();
-      if (logStream) logStream.end(() => resolve(0));
-      else resolve(0);
-    };
-    process.on('SIGTERM', () => void shutdown('SIGTERM'));
-    process.on('SIGINT', () => void shutdown('SIGINT'));
-  });
+/** Shutdown: no new requests, running commands get the grace period, then follows end and mails go. */
+async function stopService(o: Options, s: { store: HookStore; server: http.Server; runner: CommandRunner; upgrade: UpgradeService; mailer: Mailer }): Promise<void> {
+  s.store.close();
+  s.server.close();
+  s.server.closeIdleConnections();
+  const graceEnds = Date.now() + o.shutdownGraceMs;
+  await s.runner.drain(o.shutdownGraceMs);
+  s.server.closeAllConnections();
+  // Rollouts still followed end now; their mails, and those of commands that just finished,
+  // still go out within what is left of the grace period.
+  await s.upgrade.stop(LIMITS.minMailFlushMs);
+  await s.mailer.flush(Math.max(LIMITS.minMailFlushMs, graceEnds - Date.now()));
+  if (o.pidfile) fs.rmSync(o.pidfile, { force: true });
 }
 
 function isEntryPoint(): boolean {
