@@ -95,7 +95,12 @@ export interface Options {
 }
 
 type FlagKind = 'bool' | 'string' | 'list' | 'int' | 'duration' | 'bytes';
-interface FlagSpec { kind: FlagKind; key: keyof Options; help: string; def: string }
+interface FlagSpec {
+  kind: FlagKind;
+  key: keyof Options;
+  help: string;
+  def: string;
+}
 
 // Defaults for the limits adnanh lacks. Each is a flag; the comment says why this value.
 export const LIMITS = {
@@ -134,47 +139,164 @@ export const LIMITS = {
 };
 
 const FLAGS: Record<string, FlagSpec> = {
-  'hooks': { kind: 'list', key: 'hooks', def: 'hooks.json', help: 'path to a hooks file or a directory of *.json hook files (repeatable)' },
-  'template': { kind: 'bool', key: 'template', def: 'false', help: 'parse hooks files as Go text/templates' },
-  'hotreload': { kind: 'bool', key: 'hotreload', def: 'false', help: 'reload hooks when their files or directories change' },
-  'ip': { kind: 'string', key: 'ip', def: '0.0.0.0', help: 'IP address the webhook should serve hooks on' },
-  'port': { kind: 'int', key: 'port', def: '9000', help: 'port the webhook should serve hooks on' },
-  'urlprefix': { kind: 'string', key: 'urlprefix', def: 'hooks', help: 'url prefix to use for served hooks (protocol://yourserver:port/PREFIX/:hook-id)' },
-  'header': { kind: 'list', key: 'headers', def: '', help: 'response header to return, specified in format name=value, use multiple times to set multiple headers' },
-  'http-methods': { kind: 'string', key: 'httpMethods', def: '', help: 'set default allowed HTTP methods (ie. "POST"); separate methods with comma' },
-  'verbose': { kind: 'bool', key: 'verbose', def: 'false', help: 'show verbose output (errors are always logged)' },
-  'debug': { kind: 'bool', key: 'debug', def: 'false', help: 'show debug output' },
-  'nopanic': { kind: 'bool', key: 'nopanic', def: 'false', help: 'do not exit if no hooks can be loaded' },
-  'secure': { kind: 'bool', key: 'secure', def: 'false', help: 'use HTTPS instead of HTTP' },
-  'cert': { kind: 'string', key: 'cert', def: 'cert.pem', help: 'path to the HTTPS certificate pem file' },
-  'key': { kind: 'string', key: 'key', def: 'key.pem', help: 'path to the HTTPS certificate private key pem file' },
-  'tls-min-version': { kind: 'string', key: 'tlsMinVersion', def: '1.2', help: 'minimum TLS version (1.0, 1.1, 1.2, 1.3)' },
-  'cipher-suites': { kind: 'string', key: 'cipherSuites', def: '', help: 'comma-separated list of supported TLS cipher suites' },
-  'list-cipher-suites': { kind: 'bool', key: 'listCipherSuites', def: 'false', help: 'list available TLS cipher suites' },
-  'x-request-id': { kind: 'bool', key: 'xRequestId', def: 'false', help: 'use X-Request-Id header, if present, as request ID' },
-  'x-request-id-limit': { kind: 'int', key: 'xRequestIdLimit', def: '0', help: 'truncate X-Request-Id header to limit; default no limit' },
-  'pidfile': { kind: 'string', key: 'pidfile', def: '', help: 'create PID file at the given path' },
-  'logfile': { kind: 'string', key: 'logfile', def: '', help: 'send log output to a file; implicitly enables verbose logging' },
-  'max-multipart-mem': { kind: 'int', key: 'maxMultipartMem', def: '1048576', help: 'maximum memory in bytes for parsing multipart form data before disk caching' },
-  'setuid': { kind: 'int', key: 'setuid', def: '0', help: 'set user ID after opening listening port; must be used with setgid' },
-  'setgid': { kind: 'int', key: 'setgid', def: '0', help: 'set group ID after opening listening port; must be used with setuid' },
-  'socket': { kind: 'string', key: 'socket', def: '', help: 'path to a Unix socket on which to serve hooks (instead of ip:port)' },
-  'version': { kind: 'bool', key: 'version', def: 'false', help: 'display webhook version and quit' },
-  'max-body-size': { kind: 'bytes', key: 'maxBodyBytes', def: String(LIMITS.maxBodyBytes), help: 'largest request body accepted, in bytes (larger → 413)' },
-  'read-header-timeout': { kind: 'duration', key: 'readHeaderTimeoutMs', def: formatGoDuration(LIMITS.readHeaderTimeoutMs), help: 'time a client has to send the request headers' },
-  'read-timeout': { kind: 'duration', key: 'readTimeoutMs', def: formatGoDuration(LIMITS.readTimeoutMs), help: 'time a client has to send the whole request' },
-  'command-timeout': { kind: 'duration', key: 'commandTimeoutMs', def: formatGoDuration(LIMITS.commandTimeoutMs), help: 'default time a command may run before its process group is killed (hook field "command-timeout" overrides)' },
-  'max-concurrent-commands': { kind: 'int', key: 'maxConcurrentCommands', def: String(LIMITS.maxConcurrentCommands), help: 'commands allowed to run at once; further triggered requests get 503 with Retry-After' },
-  'shutdown-grace': { kind: 'duration', key: 'shutdownGraceMs', def: formatGoDuration(LIMITS.shutdownGraceMs), help: 'on SIGTERM, time running commands get to finish before they are killed' },
-  'kubeconfig': { kind: 'string', key: 'kubeconfig', def: '', help: 'JSON kubeconfig for the upgrade (default: $KUBECONFIG, else the in-cluster service account)' },
-  'rollout-follow': { kind: 'duration', key: 'rolloutFollowMs', def: '10m0s', help: 'after answering, how long an upgrade\'s rollout is followed for the log, an Event and the mail (0: not followed)' },
+  hooks: {
+    kind: 'list',
+    key: 'hooks',
+    def: 'hooks.json',
+    help: 'path to a hooks file or a directory of *.json hook files (repeatable)',
+  },
+  template: { kind: 'bool', key: 'template', def: 'false', help: 'parse hooks files as Go text/templates' },
+  hotreload: {
+    kind: 'bool',
+    key: 'hotreload',
+    def: 'false',
+    help: 'reload hooks when their files or directories change',
+  },
+  ip: { kind: 'string', key: 'ip', def: '0.0.0.0', help: 'IP address the webhook should serve hooks on' },
+  port: { kind: 'int', key: 'port', def: '9000', help: 'port the webhook should serve hooks on' },
+  urlprefix: {
+    kind: 'string',
+    key: 'urlprefix',
+    def: 'hooks',
+    help: 'url prefix to use for served hooks (protocol://yourserver:port/PREFIX/:hook-id)',
+  },
+  header: {
+    kind: 'list',
+    key: 'headers',
+    def: '',
+    help: 'response header to return, specified in format name=value, use multiple times to set multiple headers',
+  },
+  'http-methods': {
+    kind: 'string',
+    key: 'httpMethods',
+    def: '',
+    help: 'set default allowed HTTP methods (ie. "POST"); separate methods with comma',
+  },
+  verbose: { kind: 'bool', key: 'verbose', def: 'false', help: 'show verbose output (errors are always logged)' },
+  debug: { kind: 'bool', key: 'debug', def: 'false', help: 'show debug output' },
+  nopanic: { kind: 'bool', key: 'nopanic', def: 'false', help: 'do not exit if no hooks can be loaded' },
+  secure: { kind: 'bool', key: 'secure', def: 'false', help: 'use HTTPS instead of HTTP' },
+  cert: { kind: 'string', key: 'cert', def: 'cert.pem', help: 'path to the HTTPS certificate pem file' },
+  key: { kind: 'string', key: 'key', def: 'key.pem', help: 'path to the HTTPS certificate private key pem file' },
+  'tls-min-version': {
+    kind: 'string',
+    key: 'tlsMinVersion',
+    def: '1.2',
+    help: 'minimum TLS version (1.0, 1.1, 1.2, 1.3)',
+  },
+  'cipher-suites': {
+    kind: 'string',
+    key: 'cipherSuites',
+    def: '',
+    help: 'comma-separated list of supported TLS cipher suites',
+  },
+  'list-cipher-suites': {
+    kind: 'bool',
+    key: 'listCipherSuites',
+    def: 'false',
+    help: 'list available TLS cipher suites',
+  },
+  'x-request-id': {
+    kind: 'bool',
+    key: 'xRequestId',
+    def: 'false',
+    help: 'use X-Request-Id header, if present, as request ID',
+  },
+  'x-request-id-limit': {
+    kind: 'int',
+    key: 'xRequestIdLimit',
+    def: '0',
+    help: 'truncate X-Request-Id header to limit; default no limit',
+  },
+  pidfile: { kind: 'string', key: 'pidfile', def: '', help: 'create PID file at the given path' },
+  logfile: {
+    kind: 'string',
+    key: 'logfile',
+    def: '',
+    help: 'send log output to a file; implicitly enables verbose logging',
+  },
+  'max-multipart-mem': {
+    kind: 'int',
+    key: 'maxMultipartMem',
+    def: '1048576',
+    help: 'maximum memory in bytes for parsing multipart form data before disk caching',
+  },
+  setuid: {
+    kind: 'int',
+    key: 'setuid',
+    def: '0',
+    help: 'set user ID after opening listening port; must be used with setgid',
+  },
+  setgid: {
+    kind: 'int',
+    key: 'setgid',
+    def: '0',
+    help: 'set group ID after opening listening port; must be used with setuid',
+  },
+  socket: {
+    kind: 'string',
+    key: 'socket',
+    def: '',
+    help: 'path to a Unix socket on which to serve hooks (instead of ip:port)',
+  },
+  version: { kind: 'bool', key: 'version', def: 'false', help: 'display webhook version and quit' },
+  'max-body-size': {
+    kind: 'bytes',
+    key: 'maxBodyBytes',
+    def: String(LIMITS.maxBodyBytes),
+    help: 'largest request body accepted, in bytes (larger → 413)',
+  },
+  'read-header-timeout': {
+    kind: 'duration',
+    key: 'readHeaderTimeoutMs',
+    def: formatGoDuration(LIMITS.readHeaderTimeoutMs),
+    help: 'time a client has to send the request headers',
+  },
+  'read-timeout': {
+    kind: 'duration',
+    key: 'readTimeoutMs',
+    def: formatGoDuration(LIMITS.readTimeoutMs),
+    help: 'time a client has to send the whole request',
+  },
+  'command-timeout': {
+    kind: 'duration',
+    key: 'commandTimeoutMs',
+    def: formatGoDuration(LIMITS.commandTimeoutMs),
+    help: 'default time a command may run before its process group is killed (hook field "command-timeout" overrides)',
+  },
+  'max-concurrent-commands': {
+    kind: 'int',
+    key: 'maxConcurrentCommands',
+    def: String(LIMITS.maxConcurrentCommands),
+    help: 'commands allowed to run at once; further triggered requests get 503 with Retry-After',
+  },
+  'shutdown-grace': {
+    kind: 'duration',
+    key: 'shutdownGraceMs',
+    def: formatGoDuration(LIMITS.shutdownGraceMs),
+    help: 'on SIGTERM, time running commands get to finish before they are killed',
+  },
+  kubeconfig: {
+    kind: 'string',
+    key: 'kubeconfig',
+    def: '',
+    help: 'JSON kubeconfig for the upgrade (default: $KUBECONFIG, else the in-cluster service account)',
+  },
+  'rollout-follow': {
+    kind: 'duration',
+    key: 'rolloutFollowMs',
+    def: '10m0s',
+    help:
+      "after answering, how long an upgrade's rollout is followed for the log, an Event and the mail (0: not " +
+      'followed)',
+  },
 };
 
 export class UsageError extends Error {}
 
 /** Parses a Go duration ("1h2m3.5s", "300ms"); returns milliseconds, or throws. */
 export function parseGoDuration(text: string): number {
-  const units: Record<string, number> = { ns: 1e-6, us: 1e-3, 'µs': 1e-3, ms: 1, s: 1000, m: 60_000, h: 3_600_000 };
+  const units: Record<string, number> = { ns: 1e-6, us: 1e-3, µs: 1e-3, ms: 1, s: 1000, m: 60_000, h: 3_600_000 };
   if (text === '0') return 0;
   const re = /(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)/y;
   let total = 0;
@@ -204,7 +326,22 @@ function defaultOptions(): Options {
   return o as unknown as Options;
 }
 
-const GO_BOOLS = new Map(Object.entries({ '1': true, t: true, T: true, TRUE: true, true: true, True: true, '0': false, f: false, F: false, FALSE: false, false: false, False: false }));
+const GO_BOOLS = new Map(
+  Object.entries({
+    '1': true,
+    t: true,
+    T: true,
+    TRUE: true,
+    true: true,
+    True: true,
+    '0': false,
+    f: false,
+    F: false,
+    FALSE: false,
+    false: false,
+    False: false,
+  }),
+);
 
 /** Go's strconv.ParseBool: the spellings Go's flags (and our hook settings) accept; else undefined. */
 export function parseGoBool(value: string): boolean | undefined {
@@ -219,12 +356,17 @@ function convertFlag(spec: FlagSpec, value: string, name: string): unknown {
       if (v === undefined) throw bad('parse error');
       return v;
     }
-    case 'int': case 'bytes': {
+    case 'int':
+    case 'bytes': {
       if (!/^[+-]?\d+$/.test(value)) throw bad('parse error');
       return Number(value);
     }
     case 'duration':
-      try { return parseGoDuration(value); } catch { throw bad('parse error'); }
+      try {
+        return parseGoDuration(value);
+      } catch {
+        throw bad('parse error');
+      }
     case 'string':
       return spec.key === 'httpMethods' ? splitMethods(value) : value;
     case 'list':
@@ -233,7 +375,10 @@ function convertFlag(spec: FlagSpec, value: string, name: string): unknown {
 }
 
 export function splitMethods(value: string): string[] {
-  return value.split(',').map((m) => m.trim().toUpperCase()).filter((m) => m !== '');
+  return value
+    .split(',')
+    .map((m) => m.trim().toUpperCase())
+    .filter((m) => m !== '');
 }
 
 /**
@@ -274,7 +419,8 @@ export function parseCommandLine(argv: string[], env: Record<string, string | un
   });
   if (o.logfile !== '') o.verbose = true;
   if (o.port < 0 || o.port > 65535) throw new UsageError(`invalid value "${o.port}" for flag -port: not a port number`);
-  if (o.maxConcurrentCommands < 1) throw new UsageError('invalid value for flag -max-concurrent-commands: must be at least 1');
+  if (o.maxConcurrentCommands < 1)
+    throw new UsageError('invalid value for flag -max-concurrent-commands: must be at least 1');
   if ((o.setuid !== 0) !== (o.setgid !== 0)) throw new UsageError('-setuid and -setgid must be used together');
   return o;
 }
@@ -282,9 +428,19 @@ export function parseCommandLine(argv: string[], env: Record<string, string | un
 export function usage(): string {
   const lines = ['Usage of webhook:'];
   for (const [name, spec] of Object.entries(FLAGS)) {
-    const arg = spec.kind === 'bool' ? '' : spec.kind === 'duration' ? ' duration' : spec.kind === 'string' || spec.kind === 'list' ? ' string' : ' int';
+    const arg =
+      spec.kind === 'bool'
+        ? ''
+        : spec.kind === 'duration'
+          ? ' duration'
+          : spec.kind === 'string' || spec.kind === 'list'
+            ? ' string'
+            : ' int';
     lines.push(`  -${name}${arg}`);
-    const def = spec.kind === 'bool' || spec.def === '' ? '' : ` (default ${spec.kind === 'string' || spec.kind === 'list' ? `"${spec.def}"` : spec.def})`;
+    const def =
+      spec.kind === 'bool' || spec.def === ''
+        ? ''
+        : ` (default ${spec.kind === 'string' || spec.kind === 'list' ? `"${spec.def}"` : spec.def})`;
     lines.push(`    \t${spec.help}${def}`);
   }
   lines.push('', 'Environment: WEBHOOK_CMD adds arguments (e.g. WEBHOOK_CMD=-template).');
@@ -323,7 +479,9 @@ export class Logger {
     this.write(text);
   }
 
-  setSecrets(secrets: string[]): void { this.secrets = secrets; }
+  setSecrets(secrets: string[]): void {
+    this.secrets = secrets;
+  }
 
   /** Replaces every known secret in `text` by REDACTED (log lines, command output). */
   scrub(text: string): string {
@@ -337,15 +495,28 @@ export class Logger {
     const d = new Date();
     const p = (n: number) => String(n).padStart(2, '0');
     if (this.pending.length === 0) setImmediate(() => this.flush());
-    this.pending.push(`[webhook] ${d.getFullYear()}/${p(d.getMonth() + 1)}/${p(d.getDate())} ${p(d.getHours())}:${p(d.getMinutes())}:${p(d.getSeconds())} ${line}\n`);
+    this.pending.push(
+      `[webhook] ${d.getFullYear()}/${p(d.getMonth() + 1)}/${p(d.getDate())} ` +
+        `${p(d.getHours())}:${p(d.getMinutes())}:${p(d.getSeconds())} ${line}\n`,
+    );
   }
 
-  error(m: string): void { this.emit(`error: ${m}`); }
-  warn(m: string): void { this.emit(`warning: ${m}`); }
+  error(m: string): void {
+    this.emit(`error: ${m}`);
+  }
+  warn(m: string): void {
+    this.emit(`warning: ${m}`);
+  }
   /** Start-up, reload and shutdown: always shown, like errors. */
-  notice(m: string): void { this.emit(m); }
-  info(m: string): void { if (this.verbose) this.emit(m); }
-  debug(m: string): void { if (this.debugOn) this.emit(m); }
+  notice(m: string): void {
+    this.emit(m);
+  }
+  info(m: string): void {
+    if (this.verbose) this.emit(m);
+  }
+  debug(m: string): void {
+    if (this.debugOn) this.emit(m);
+  }
 }
 
 const HISTOGRAM_BUCKETS = [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600];
@@ -353,7 +524,10 @@ const METRIC_HELP: Record<string, [string, string]> = {
   webhook_requests_total: ['counter', 'HTTP requests by hook id ("" for other paths) and status code.'],
   webhook_commands_total: ['counter', 'Hook commands run, by hook and result (success, failure, timeout).'],
   webhook_command_timeouts_total: ['counter', 'Hook commands killed for running past their timeout.'],
-  webhook_commands_rejected_total: ['counter', 'Triggered requests refused with 503 because all command slots were busy.'],
+  webhook_commands_rejected_total: [
+    'counter',
+    'Triggered requests refused with 503 because all command slots were busy.',
+  ],
   webhook_commands_running: ['gauge', 'Hook commands running now.'],
   webhook_command_duration_seconds: ['histogram', 'Wall time of hook commands.'],
   webhook_reloads_total: ['counter', 'Hook reloads by result (success, failure).'],
@@ -367,7 +541,9 @@ export class Metrics {
   private readonly histograms = new Map<string, Map<string, { buckets: number[]; sum: number; count: number }>>();
 
   private static key(labels: Record<string, string>): string {
-    return Object.entries(labels).map(([k, v]) => `${k}="${v.replace(/[\\"\n]/g, (c) => (c === '\n' ? '\\n' : '\\' + c))}"`).join(',');
+    return Object.entries(labels)
+      .map(([k, v]) => `${k}="${v.replace(/[\\"\n]/g, (c) => (c === '\n' ? '\\n' : '\\' + c))}"`)
+      .join(',');
   }
 
   inc(name: string, labels: Record<string, string>, by = 1): void {
@@ -389,7 +565,9 @@ export class Metrics {
     const k = Metrics.key(labels);
     const h = series.get(k) ?? { buckets: HISTOGRAM_BUCKETS.map(() => 0), sum: 0, count: 0 };
     series.set(k, h);
-    HISTOGRAM_BUCKETS.forEach((b, i) => { if (value <= b) h.buckets[i]++; });
+    HISTOGRAM_BUCKETS.forEach((b, i) => {
+      if (value <= b) h.buckets[i]++;
+    });
     h.sum += value;
     h.count++;
   }
@@ -415,7 +593,11 @@ export class Metrics {
       for (const [k, h] of series) {
         const sep = k ? `${k},` : '';
         HISTOGRAM_BUCKETS.forEach((b, i) => lines.push(`${name}_bucket{${sep}le="${b}"} ${h.buckets[i]}`));
-        lines.push(`${name}_bucket{${sep}le="+Inf"} ${h.count}`, `${name}_sum${k ? `{${k}}` : ''} ${h.sum}`, `${name}_count${k ? `{${k}}` : ''} ${h.count}`);
+        lines.push(
+          `${name}_bucket{${sep}le="+Inf"} ${h.count}`,
+          `${name}_sum${k ? `{${k}}` : ''} ${h.sum}`,
+          `${name}_count${k ? `{${k}}` : ''} ${h.count}`,
+        );
       }
     }
     return lines.join('\n') + '\n';
@@ -459,9 +641,13 @@ class StrictJsonParser {
   private line = 1;
   private lineStart = 0;
 
-  constructor(text: string) { this.text = text; }
+  constructor(text: string) {
+    this.text = text;
+  }
 
-  atEnd(): boolean { return this.at >= this.text.length; }
+  atEnd(): boolean {
+    return this.at >= this.text.length;
+  }
 
   fail(what: string): never {
     throw new ConfigError(`line ${this.line}, column ${this.at - this.lineStart + 1}: ${what}`);
@@ -474,7 +660,11 @@ class StrictJsonParser {
   skipSpace(): void {
     for (;;) {
       const c = this.text.charCodeAt(this.at);
-      if (c === 10) { this.line++; this.at++; this.lineStart = this.at; } else if (c === 32 || c === 9 || c === 13) this.at++;
+      if (c === 10) {
+        this.line++;
+        this.at++;
+        this.lineStart = this.at;
+      } else if (c === 32 || c === 9 || c === 13) this.at++;
       else return;
     }
   }
@@ -485,7 +675,9 @@ class StrictJsonParser {
     if (c === '{') return this.object();
     if (c === '[') return this.array();
     if (c === '"') return this.string();
-    const m = /^(?:true|false|null|-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?)/.exec(this.text.slice(this.at, this.at + 400));
+    const m = /^(?:true|false|null|-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?)/.exec(
+      this.text.slice(this.at, this.at + 400),
+    );
     if (!m) return this.fail(this.describe());
     this.at += m[0].length;
     return JSON.parse(m[0]);
@@ -503,7 +695,11 @@ class StrictJsonParser {
       else this.at++;
     }
     this.at++;
-    try { return JSON.parse(this.text.slice(start, this.at)) as string; } catch { return this.fail('invalid escape in string'); }
+    try {
+      return JSON.parse(this.text.slice(start, this.at)) as string;
+    } catch {
+      return this.fail('invalid escape in string');
+    }
   }
 
   private object(): Record<string, unknown> {
@@ -512,7 +708,10 @@ class StrictJsonParser {
     const keyLines = new Map<string, number>();
     this.lines.set(obj, keyLines);
     this.skipSpace();
-    if (this.text[this.at] === '}') { this.at++; return obj; }
+    if (this.text[this.at] === '}') {
+      this.at++;
+      return obj;
+    }
     for (;;) {
       this.skipSpace();
       if (this.text[this.at] !== '"') this.fail(`${this.describe()}, expected a key in double quotes`);
@@ -535,7 +734,10 @@ class StrictJsonParser {
     const indexLines = new Map<string, number>();
     this.lines.set(arr, indexLines);
     this.skipSpace();
-    if (this.text[this.at] === ']') { this.at++; return arr; }
+    if (this.text[this.at] === ']') {
+      this.at++;
+      return arr;
+    }
     for (;;) {
       this.skipSpace();
       indexLines.set(String(arr.length), this.line);
@@ -548,13 +750,19 @@ class StrictJsonParser {
   private endOfList(close: string): boolean {
     this.skipSpace();
     const c = this.text[this.at];
-    if (c === ',' || c === close) { this.at++; return c === close; }
+    if (c === ',' || c === close) {
+      this.at++;
+      return c === close;
+    }
     return this.fail(`${this.describe()}, expected ',' or '${close}'`);
   }
 }
 // ---- the Go text/template subset ---------------------------------------------------------------
 
-export interface TemplateEnv { getenv(name: string): string | undefined; readFile(path: string): string | undefined }
+export interface TemplateEnv {
+  getenv(name: string): string | undefined;
+  readFile(path: string): string | undefined;
+}
 
 const TEMPLATE_FUNCTIONS = ['getenv', 'cat', 'credential', 'js', 'html', 'urlquery'];
 
@@ -571,16 +779,25 @@ export function renderTemplate(text: string, env: TemplateEnv): { output: string
   const lineAt = (i: number) => text.slice(0, i).split('\n').length;
   while (at < text.length) {
     const open = text.indexOf('{{', at);
-    if (open < 0) { out += text.slice(at); break; }
+    if (open < 0) {
+      out += text.slice(at);
+      break;
+    }
     let literal = text.slice(at, open);
     let bodyStart = open + 2;
-    if (/^-[ \t\r\n]/.test(text.slice(bodyStart, bodyStart + 2))) { literal = literal.replace(/[ \t\r\n]+$/, ''); bodyStart += 1; }
+    if (/^-[ \t\r\n]/.test(text.slice(bodyStart, bodyStart + 2))) {
+      literal = literal.replace(/[ \t\r\n]+$/, '');
+      bodyStart += 1;
+    }
     out += literal;
     const close = text.indexOf('}}', bodyStart);
     if (close < 0) throw new ConfigError(`line ${lineAt(open)}: template: unclosed action (missing "}}")`);
     let bodyEnd = close;
     let trimAfter = false;
-    if (/[ \t\r\n]-$/.test(text.slice(close - 2, close))) { bodyEnd = close - 1; trimAfter = true; }
+    if (/[ \t\r\n]-$/.test(text.slice(close - 2, close))) {
+      bodyEnd = close - 1;
+      trimAfter = true;
+    }
     const body = text.slice(bodyStart, bodyEnd).trim();
     at = close + 2;
     if (trimAfter) while (at < text.length && ' \t\r\n'.includes(text[at])) at++;
@@ -601,22 +818,34 @@ function evaluateTemplateAction(body: string, env: TemplateEnv, inserted: string
   const tokens: string[] = [];
   // A string may also be written with JSON-escaped quotes (\"X\"): hook files are often kept valid
   // JSON before templating, so the action sits inside a JSON string.
-  const re = /\s*(?:("(?:[^"\\\n]|\\.)*"|\\"(?:[^"\\\n]|\\[^"])*\\")|(`[^`]*`)|([|()])|([A-Za-z_][A-Za-z0-9_]*)|(\S))/gy;
+  const re =
+    /\s*(?:("(?:[^"\\\n]|\\.)*"|\\"(?:[^"\\\n]|\\[^"])*\\")|(`[^`]*`)|([|()])|([A-Za-z_][A-Za-z0-9_]*)|(\S))/gy;
   let m: RegExpExecArray | null;
   while (re.lastIndex < body.length && (m = re.exec(body))) {
-    if (m[5] !== undefined) throw new Error(`unexpected ${JSON.stringify(m[5])} in action (only ${TEMPLATE_FUNCTIONS.join(', ')}, strings, "|" and parentheses are supported)`);
+    if (m[5] !== undefined)
+      throw new Error(
+        `unexpected ${JSON.stringify(m[5])} in action (only ${TEMPLATE_FUNCTIONS.join(', ')}, strings, "|" and ` +
+          `parentheses are supported)`,
+      );
     tokens.push(m[0].trim());
   }
   let pos = 0;
   const pipeline = (): string => {
     let value = command(undefined);
-    while (tokens[pos] === '|') { pos++; value = command(value); }
+    while (tokens[pos] === '|') {
+      pos++;
+      value = command(value);
+    }
     return value;
   };
   const operand = (): string => {
     const t = tokens[pos++];
     if (t === undefined) throw new Error('missing argument');
-    if (t === '(') { const v = pipeline(); if (tokens[pos++] !== ')') throw new Error('missing ")"'); return v; }
+    if (t === '(') {
+      const v = pipeline();
+      if (tokens[pos++] !== ')') throw new Error('missing ")"');
+      return v;
+    }
     if (t.startsWith('\\"')) return JSON.parse(t.slice(1, -2) + '"') as string;
     if (t.startsWith('"')) return JSON.parse(t) as string;
     if (t.startsWith('`')) return t.slice(1, -1);
@@ -630,7 +859,8 @@ function evaluateTemplateAction(body: string, env: TemplateEnv, inserted: string
       return operand();
     }
     pos++;
-    if (!TEMPLATE_FUNCTIONS.includes(t)) throw new Error(`function "${t}" not defined (supported: ${TEMPLATE_FUNCTIONS.join(', ')})`);
+    if (!TEMPLATE_FUNCTIONS.includes(t))
+      throw new Error(`function "${t}" not defined (supported: ${TEMPLATE_FUNCTIONS.join(', ')})`);
     const args: string[] = [];
     while (pos < tokens.length && tokens[pos] !== '|' && tokens[pos] !== ')') args.push(operand());
     if (piped !== undefined) args.push(piped);
@@ -645,17 +875,28 @@ function evaluateTemplateAction(body: string, env: TemplateEnv, inserted: string
 }
 
 function applyTemplateFunction(name: string, arg: string, env: TemplateEnv): string {
-  const cat = (p: string) => { const c = env.readFile(p); return c === undefined ? '' : c.replace(/\n$/, ''); };
+  const cat = (p: string) => {
+    const c = env.readFile(p);
+    return c === undefined ? '' : c.replace(/\n$/, '');
+  };
   switch (name) {
-    case 'getenv': return env.getenv(arg) ?? '';
-    case 'cat': return cat(arg);
+    case 'getenv':
+      return env.getenv(arg) ?? '';
+    case 'cat':
+      return cat(arg);
     case 'credential': {
       const dir = env.getenv('CREDENTIALS_DIRECTORY') ?? '';
-      return dir === '' ? env.getenv(arg) ?? '' : cat(path.join(dir, arg));
+      return dir === '' ? (env.getenv(arg) ?? '') : cat(path.join(dir, arg));
     }
-    case 'js': return goJsEscape(arg);
-    case 'html': return arg.replace(/[\0"'&<>]/g, (c) => ({ '\0': '\uFFFD', '"': '&#34;', "'": '&#39;', '&': '&amp;', '<': '&lt;', '>': '&gt;' })[c]!);
-    default: return goQueryEscape(arg);
+    case 'js':
+      return goJsEscape(arg);
+    case 'html':
+      return arg.replace(
+        /[\0"'&<>]/g,
+        (c) => ({ '\0': '\uFFFD', '"': '&#34;', "'": '&#39;', '&': '&amp;', '<': '&lt;', '>': '&gt;' })[c]!,
+      );
+    default:
+      return goQueryEscape(arg);
   }
 }
 
@@ -664,10 +905,19 @@ export function goJsEscape(s: string): string {
   let out = '';
   for (const ch of s) {
     const c = ch.codePointAt(0)!;
-    const special: Record<string, string> = { '\\': '\\\\', "'": "\\'", '"': '\\"', '<': '\\u003C', '>': '\\u003E', '&': '\\u0026', '=': '\\u003D' };
+    const special: Record<string, string> = {
+      '\\': '\\\\',
+      "'": "\\'",
+      '"': '\\"',
+      '<': '\\u003C',
+      '>': '\\u003E',
+      '&': '\\u0026',
+      '=': '\\u003D',
+    };
     if (special[ch]) out += special[ch];
     else if (c < 0x20) out += '\\u00' + c.toString(16).toUpperCase().padStart(2, '0');
-    else if (c >= 0x80 && !/[\p{L}\p{M}\p{N}\p{P}\p{S}\u0020]/u.test(ch)) out += '\\u' + c.toString(16).toUpperCase().padStart(4, '0');
+    else if (c >= 0x80 && !/[\p{L}\p{M}\p{N}\p{P}\p{S}\u0020]/u.test(ch))
+      out += '\\u' + c.toString(16).toUpperCase().padStart(4, '0');
     else out += ch;
   }
   return out;
@@ -675,7 +925,9 @@ export function goJsEscape(s: string): string {
 
 /** Go's url.QueryEscape. */
 export function goQueryEscape(s: string): string {
-  return encodeURIComponent(s).replace(/[!'()*]/g, (c) => '%' + c.charCodeAt(0).toString(16).toUpperCase()).replace(/%20/g, '+');
+  return encodeURIComponent(s)
+    .replace(/[!'()*]/g, (c) => '%' + c.charCodeAt(0).toString(16).toUpperCase())
+    .replace(/%20/g, '+');
 }
 
 // ---- reading fields --------------------------------------------------------------------------
@@ -690,7 +942,11 @@ export interface CompileSinks {
 }
 
 /** Where a value sits in the document: its parent object or array, its key there, its path. */
-export interface Place { parent: object | undefined; key: string; path: string }
+export interface Place {
+  parent: object | undefined;
+  key: string;
+  path: string;
+}
 
 /** An unreplaced placeholder from the shipped examples and manifests: `<token>`, `<hook-token>`. */
 export const PLACEHOLDER = /<[A-Za-z][A-Za-z0-9_.-]*>/;
@@ -734,7 +990,8 @@ export class FieldReader {
 
   /** The object at a place, refusing keys not in `allowed` (with a suggestion for a misspelling). */
   object(value: unknown, at: Place, allowed: readonly string[]): Fields {
-    if (value === null || typeof value !== 'object' || Array.isArray(value)) return this.fail(at, `expected an object, got ${typeName(value)}`);
+    if (value === null || typeof value !== 'object' || Array.isArray(value))
+      return this.fail(at, `expected an object, got ${typeName(value)}`);
     const fields = new Fields(this, value as Record<string, unknown>, at.path);
     for (const k of Object.keys(value)) if (!allowed.includes(k)) fields.fail(k, `unknown field${suggest(k, allowed)}`);
     return fields;
@@ -755,13 +1012,19 @@ export class Fields {
 
   place(key: string): Place {
     // A missing key is reported at the line where the object's first key is.
-    const lineKey = Object.hasOwn(this.raw, key) ? key : Object.keys(this.raw)[0] ?? key;
+    const lineKey = Object.hasOwn(this.raw, key) ? key : (Object.keys(this.raw)[0] ?? key);
     return { parent: this.raw, key: lineKey, path: this.path ? `${this.path}.${key}` : key };
   }
 
-  has(key: string): boolean { return this.raw[key] !== undefined; }
-  fail(key: string, what: string): never { return this.reader.fail(this.place(key), what); }
-  warn(key: string, what: string): void { this.reader.warn(this.place(key), what); }
+  has(key: string): boolean {
+    return this.raw[key] !== undefined;
+  }
+  fail(key: string, what: string): never {
+    return this.reader.fail(this.place(key), what);
+  }
+  warn(key: string, what: string): void {
+    this.reader.warn(this.place(key), what);
+  }
 
   private typed<T>(key: string, ok: (v: unknown) => boolean, expected: string, def: T): T {
     const v = this.raw[key];
@@ -770,9 +1033,15 @@ export class Fields {
     return v as T;
   }
 
-  string(key: string, def = ''): string { return this.typed(key, (v) => typeof v === 'string', 'a string', def); }
-  boolean(key: string, def = false): boolean { return this.typed(key, (v) => typeof v === 'boolean', 'a boolean', def); }
-  integer(key: string, def: number): number { return this.typed(key, Number.isInteger, 'an integer', def); }
+  string(key: string, def = ''): string {
+    return this.typed(key, (v) => typeof v === 'string', 'a string', def);
+  }
+  boolean(key: string, def = false): boolean {
+    return this.typed(key, (v) => typeof v === 'boolean', 'a boolean', def);
+  }
+  integer(key: string, def: number): number {
+    return this.typed(key, Number.isInteger, 'an integer', def);
+  }
 
   /** A string the field's type needs: missing is an error naming what needs it. */
   required(key: string, neededBy: string): string {
@@ -808,7 +1077,8 @@ export class Fields {
 
 /** Suggests a known name for a misspelt one (case difference or edit distance ≤ 2). */
 export function suggest(name: string, known: readonly string[]): string {
-  const best = known.find((k) => k.toLowerCase() === name.toLowerCase()) ?? known.find((k) => editDistance(name, k) <= 2);
+  const best =
+    known.find((k) => k.toLowerCase() === name.toLowerCase()) ?? known.find((k) => editDistance(name, k) <= 2);
   return best ? ` (did you mean "${best}"?)` : '';
 }
 
@@ -835,7 +1105,9 @@ function editDistance(a: string, b: string): number {
 /** A JSON number kept as its literal text ("1.50" stays "1.50"), as Go's json.Number does. */
 export class JsonNumber {
   readonly text: string;
-  constructor(text: string) { this.text = text; }
+  constructor(text: string) {
+    this.text = text;
+  }
 }
 
 export interface HookRequest {
@@ -851,7 +1123,9 @@ export interface HookRequest {
 }
 
 export class ParameterNotFound extends Error {
-  constructor(key: string) { super(`parameter node not found: ${key}`); }
+  constructor(key: string) {
+    super(`parameter node not found: ${key}`);
+  }
 }
 
 /** Thrown for a multipart body that cannot be parsed (adnanh answers 500 for it). */
@@ -889,7 +1163,8 @@ export function parseJsonKeepingNumbers(text: string): unknown {
   const plain: unknown = JSON.parse(text);
   if (!containsNumber(plain)) return plain;
   return JSON.parse(text, (_key, value, context?: { source?: string }) =>
-    (typeof value === 'number' && context?.source !== undefined ? new JsonNumber(context.source) : value));
+    typeof value === 'number' && context?.source !== undefined ? new JsonNumber(context.source) : value,
+  );
 }
 
 function containsNumber(value: unknown): boolean {
@@ -904,22 +1179,36 @@ function containsNumber(value: unknown): boolean {
  * "x-www-form-urlencoded", "xml", "multipart/form-data;". Returns the payload (undefined when the
  * body does not parse; that never fails the request) and a note for the log.
  */
-export function parsePayload(contentType: string, body: Buffer, jsonFileParts: string[]): { payload: Record<string, unknown> | undefined; note?: string } {
-  if (contentType.startsWith('multipart/form-data;')) return { payload: parseMultipart(contentType, body, jsonFileParts) };
-  if (!isParsedContentType(contentType)) return { payload: undefined, note: `error parsing body payload due to unsupported content type header: ${contentType}` };
+export function parsePayload(
+  contentType: string,
+  body: Buffer,
+  jsonFileParts: string[],
+): { payload: Record<string, unknown> | undefined; note?: string } {
+  if (contentType.startsWith('multipart/form-data;'))
+    return { payload: parseMultipart(contentType, body, jsonFileParts) };
+  if (!isParsedContentType(contentType))
+    return {
+      payload: undefined,
+      note: `error parsing body payload due to unsupported content type header: ${contentType}`,
+    };
   try {
     if (contentType.includes('json')) {
       const text = body.toString('utf8');
       const value = parseJsonKeepingNumbers(text);
       if (Array.isArray(value)) return { payload: { root: value } };
       if (value === null) return { payload: undefined };
-      if (typeof value !== 'object') return { payload: undefined, note: 'error parsing JSON payload: not an object or array' };
+      if (typeof value !== 'object')
+        return { payload: undefined, note: 'error parsing JSON payload: not an object or array' };
       return { payload: value as Record<string, unknown> };
     }
-    if (contentType.includes('x-www-form-urlencoded')) return { payload: firstValues(new URLSearchParams(body.toString('utf8'))) };
+    if (contentType.includes('x-www-form-urlencoded'))
+      return { payload: firstValues(new URLSearchParams(body.toString('utf8'))) };
     return { payload: parseXml(body.toString('utf8')) };
   } catch (e) {
-    return { payload: undefined, note: `error parsing ${contentType.includes('json') ? 'JSON' : 'XML'} payload: ${(e as Error).message}` };
+    return {
+      payload: undefined,
+      note: `error parsing ${contentType.includes('json') ? 'JSON' : 'XML'} payload: ${(e as Error).message}`,
+    };
   }
 }
 
@@ -948,17 +1237,28 @@ class XmlReader {
   private readonly text: string;
   private at = 0;
 
-  constructor(text: string) { this.text = text; }
+  constructor(text: string) {
+    this.text = text;
+  }
 
-  atEnd(): boolean { return this.at >= this.text.length; }
-  fail(what: string): never { throw new Error(`${what} at offset ${this.at}`); }
+  atEnd(): boolean {
+    return this.at >= this.text.length;
+  }
+  fail(what: string): never {
+    throw new Error(`${what} at offset ${this.at}`);
+  }
 
   private static decode(s: string): string {
     return s.replace(/&(#x[0-9A-Fa-f]+|#\d+|[a-z]+);/g, (all, e: string) =>
-      e[0] === '#' ? String.fromCodePoint(e[1] === 'x' ? parseInt(e.slice(2), 16) : Number(e.slice(1))) : XML_ENTITIES[e] ?? all);
+      e[0] === '#'
+        ? String.fromCodePoint(e[1] === 'x' ? parseInt(e.slice(2), 16) : Number(e.slice(1)))
+        : (XML_ENTITIES[e] ?? all),
+    );
   }
 
-  private static localName(n: string): string { return n.slice(n.indexOf(':') + 1); }
+  private static localName(n: string): string {
+    return n.slice(n.indexOf(':') + 1);
+  }
 
   private skipPast(close: string, what: string): void {
     const e = this.text.indexOf(close, this.at);
@@ -995,8 +1295,14 @@ class XmlReader {
   private attributes(node: Record<string, unknown>): boolean {
     for (;;) {
       while (/\s/.test(this.text[this.at] ?? '')) this.at++;
-      if (this.text.startsWith('/>', this.at)) { this.at += 2; return true; }
-      if (this.text[this.at] === '>') { this.at++; return false; }
+      if (this.text.startsWith('/>', this.at)) {
+        this.at += 2;
+        return true;
+      }
+      if (this.text[this.at] === '>') {
+        this.at++;
+        return false;
+      }
       const a = /^([A-Za-z_][\w.:-]*)\s*=\s*("([^"]*)"|'([^']*)')/.exec(this.text.slice(this.at, this.at + 65536));
       if (!a) this.fail('malformed attribute');
       this.at += a[0].length;
@@ -1011,7 +1317,8 @@ class XmlReader {
       if (this.atEnd()) this.fail(`unterminated element <${name}>`);
       if (this.text.startsWith('</', this.at)) {
         const e = this.text.indexOf('>', this.at);
-        if (e < 0 || XmlReader.localName(this.text.slice(this.at + 2, e).trim()) !== name) this.fail(`mismatched closing tag for <${name}>`);
+        if (e < 0 || XmlReader.localName(this.text.slice(this.at + 2, e).trim()) !== name)
+          this.fail(`mismatched closing tag for <${name}>`);
         this.at = e + 1;
         return text;
       }
@@ -1042,7 +1349,11 @@ class XmlReader {
  * as JSON when their Content-Type is application/json or the hook lists them in
  * parse-parameters-as-json; other file parts are ignored, as adnanh does.
  */
-export function parseMultipart(contentType: string, body: Buffer, jsonFileParts: string[]): Record<string, unknown> | undefined {
+export function parseMultipart(
+  contentType: string,
+  body: Buffer,
+  jsonFileParts: string[],
+): Record<string, unknown> | undefined {
   const m = /;\s*boundary=(?:"([^"]+)"|([^\s;]+))/i.exec(contentType);
   if (!m) throw new MultipartError('no multipart boundary param in Content-Type');
   const delimiter = Buffer.from(`--${m[1] ?? m[2]}`);
@@ -1061,7 +1372,11 @@ export function parseMultipart(contentType: string, body: Buffer, jsonFileParts:
     if (next < 0) throw new MultipartError('multipart: NextPart: EOF');
     const content = body.subarray(headerEnd + 4, next);
     at = next + 2;
-    const header = (n: string) => headers.find((h) => h.toLowerCase().startsWith(n + ':'))?.slice(n.length + 1).trim() ?? '';
+    const header = (n: string) =>
+      headers
+        .find((h) => h.toLowerCase().startsWith(n + ':'))
+        ?.slice(n.length + 1)
+        .trim() ?? '';
     const disposition = header('content-disposition');
     const name = /(?:^|;)\s*name="([^"]*)"/i.exec(disposition)?.[1];
     if (name === undefined) continue;
@@ -1073,7 +1388,9 @@ export function parseMultipart(contentType: string, body: Buffer, jsonFileParts:
       try {
         const v = parseJsonKeepingNumbers(content.toString('utf8'));
         if (v !== null && typeof v === 'object' && !Array.isArray(v)) payload[name] = v;
-      } catch { /* adnanh logs and leaves the part out; so do we */ }
+      } catch {
+        /* adnanh logs and leaves the part out; so do we */
+      }
     }
   }
 }
@@ -1092,7 +1409,8 @@ export function lookupParameter(key: string, params: unknown): unknown {
     const map = params as Record<string, unknown>;
     if (Object.hasOwn(map, key)) return map[key];
     const dot = key.indexOf('.');
-    if (dot >= 0 && Object.hasOwn(map, key.slice(0, dot))) return lookupParameter(key.slice(dot + 1), map[key.slice(0, dot)]);
+    if (dot >= 0 && Object.hasOwn(map, key.slice(0, dot)))
+      return lookupParameter(key.slice(dot + 1), map[key.slice(0, dot)]);
   }
   throw new ParameterNotFound(key);
 }
@@ -1106,7 +1424,8 @@ export function replaceParameter(key: string, params: unknown, value: unknown): 
     return replaceParameter(key.slice(dot + 1), params[Number(key.slice(0, dot))], value);
   }
   const map = params as Record<string, unknown>;
-  if (dot >= 0) return Object.hasOwn(map, key.slice(0, dot)) && replaceParameter(key.slice(dot + 1), map[key.slice(0, dot)], value);
+  if (dot >= 0)
+    return Object.hasOwn(map, key.slice(0, dot)) && replaceParameter(key.slice(dot + 1), map[key.slice(0, dot)], value);
   if (!Object.hasOwn(map, key)) return false;
   map[key] = value;
   return true;
@@ -1117,15 +1436,34 @@ export function goJsonMarshal(value: unknown): string {
   if (value === null || value === undefined) return 'null';
   if (value instanceof JsonNumber) return value.text;
   if (typeof value === 'string') {
-    return '"' + value.toWellFormed().replace(/["\\\u0000-\u001f<>&\u2028\u2029]/g, (c) => {
-      const short: Record<string, string> = { '"': '\\"', '\\': '\\\\', '\n': '\\n', '\r': '\\r', '\t': '\\t', '\b': '\\b', '\f': '\\f' };
-      return short[c] ?? '\\u' + c.charCodeAt(0).toString(16).padStart(4, '0');
-    }) + '"';
+    return (
+      '"' +
+      value.toWellFormed().replace(/["\\\u0000-\u001f<>&\u2028\u2029]/g, (c) => {
+        const short: Record<string, string> = {
+          '"': '\\"',
+          '\\': '\\\\',
+          '\n': '\\n',
+          '\r': '\\r',
+          '\t': '\\t',
+          '\b': '\\b',
+          '\f': '\\f',
+        };
+        return short[c] ?? '\\u' + c.charCodeAt(0).toString(16).padStart(4, '0');
+      }) +
+      '"'
+    );
   }
   if (typeof value === 'number' || typeof value === 'boolean') return String(value);
   if (Array.isArray(value)) return '[' + value.map(goJsonMarshal).join(',') + ']';
   const map = value as Record<string, unknown>;
-  return '{' + Object.keys(map).sort().map((k) => goJsonMarshal(k) + ':' + goJsonMarshal(map[k])).join(',') + '}';
+  return (
+    '{' +
+    Object.keys(map)
+      .sort()
+      .map((k) => goJsonMarshal(k) + ':' + goJsonMarshal(map[k]))
+      .join(',') +
+    '}'
+  );
 }
 
 /** A looked-up value as the string adnanh would pass on (objects as JSON, null as "<nil>"). */
@@ -1138,15 +1476,24 @@ function parameterString(value: unknown): string {
 /** The value of one hook parameter for this request; throws ParameterNotFound when absent. */
 export function resolveParameter(p: Param, req: HookRequest): string {
   switch (p.source) {
-    case 'string': return p.name;
-    case 'raw-request-body': return req.body.toString('utf8');
-    case 'request': return p.name.toLowerCase() === 'method' ? req.method : req.remoteAddr;
-    case 'entire-payload': return goJsonMarshal(req.payload);
-    case 'entire-headers': return goJsonMarshal(req.headers);
-    case 'entire-query': return goJsonMarshal(req.query);
-    case 'header': return parameterString(lookupParameter(canonicalHeaderKey(p.name), req.headers));
-    case 'url': return parameterString(lookupParameter(p.name, req.query));
-    case 'payload': return parameterString(lookupParameter(p.name, req.payload));
+    case 'string':
+      return p.name;
+    case 'raw-request-body':
+      return req.body.toString('utf8');
+    case 'request':
+      return p.name.toLowerCase() === 'method' ? req.method : req.remoteAddr;
+    case 'entire-payload':
+      return goJsonMarshal(req.payload);
+    case 'entire-headers':
+      return goJsonMarshal(req.headers);
+    case 'entire-query':
+      return goJsonMarshal(req.query);
+    case 'header':
+      return parameterString(lookupParameter(canonicalHeaderKey(p.name), req.headers));
+    case 'url':
+      return parameterString(lookupParameter(p.name, req.query));
+    case 'payload':
+      return parameterString(lookupParameter(p.name, req.payload));
   }
 }
 
@@ -1162,7 +1509,14 @@ export function applyJsonParameters(jsonParams: Param[], req: HookRequest): stri
       errors.push(`error parsing JSON parameter ${p.source}:${p.name}: ${(e as Error).message}`);
       continue;
     }
-    const target = p.source === 'header' ? req.headers : p.source === 'url' ? req.query : p.source === 'payload' ? req.payload : undefined;
+    const target =
+      p.source === 'header'
+        ? req.headers
+        : p.source === 'url'
+          ? req.query
+          : p.source === 'payload'
+            ? req.payload
+            : undefined;
     replaceParameter(p.source === 'header' ? canonicalHeaderKey(p.name) : p.name, target, parsed);
   }
   return errors;
@@ -1170,12 +1524,35 @@ export function applyJsonParameters(jsonParams: Param[], req: HookRequest): stri
 
 // ---- parameters: how a hook names a value of the request -------------------------------------
 
-export type Source = 'url' | 'header' | 'payload' | 'request' | 'string' | 'raw-request-body' | 'entire-payload'
-  | 'entire-headers' | 'entire-query';
-export interface Param { source: Source; name: string; envname: string; base64decode: boolean }
+export type Source =
+  | 'url'
+  | 'header'
+  | 'payload'
+  | 'request'
+  | 'string'
+  | 'raw-request-body'
+  | 'entire-payload'
+  | 'entire-headers'
+  | 'entire-query';
+export interface Param {
+  source: Source;
+  name: string;
+  envname: string;
+  base64decode: boolean;
+}
 
-const SOURCES = ['url', 'query', 'header', 'payload', 'request', 'string', 'raw-request-body', 'entire-payload',
-  'entire-headers', 'entire-query'];
+const SOURCES = [
+  'url',
+  'query',
+  'header',
+  'payload',
+  'request',
+  'string',
+  'raw-request-body',
+  'entire-payload',
+  'entire-headers',
+  'entire-query',
+];
 const PARAM_FIELDS = ['source', 'name', 'envname', 'base64decode'];
 
 /**
@@ -1186,10 +1563,15 @@ export function compileParam(reader: FieldReader, value: unknown, at: Place, fil
   const o = reader.object(value, at, PARAM_FIELDS);
   let source = o.string('source');
   const known = `(one of ${SOURCES.join(', ')})`;
-  if (!SOURCES.includes(source)) o.fail('source', source === '' ? `required ${known}` : `unknown source "${source}"${suggest(source, SOURCES)} ${known}`);
+  if (!SOURCES.includes(source))
+    o.fail(
+      'source',
+      source === '' ? `required ${known}` : `unknown source "${source}"${suggest(source, SOURCES)} ${known}`,
+    );
   if (source === 'query') source = 'url';
   const name = o.string('name');
-  if (name === '' && ['url', 'header', 'payload', 'request'].includes(source)) o.fail('name', `required for source "${source}"`);
+  if (name === '' && ['url', 'header', 'payload', 'request'].includes(source))
+    o.fail('name', `required for source "${source}"`);
   if (source === 'request' && !['method', 'remote-addr'].includes(name.toLowerCase())) {
     o.fail('name', `unsupported request key "${name}" (use "method" or "remote-addr")`);
   }
@@ -1212,7 +1594,10 @@ export function compileParam(reader: FieldReader, value: unknown, at: Place, fil
 // ================================================================================================
 
 export class SignatureError extends Error {}
-export interface RuleResult { ok: boolean; error?: Error }
+export interface RuleResult {
+  ok: boolean;
+  error?: Error;
+}
 
 /** A compiled match: what it reads of a request, and its test. */
 export interface Match {
@@ -1240,7 +1625,7 @@ interface RuleType {
 }
 
 const RULE_TYPES: Record<string, RuleType> = {
-  'value': {
+  value: {
     fields: ['value'],
     parameter: true,
     readsHeaders: false,
@@ -1257,7 +1642,7 @@ const RULE_TYPES: Record<string, RuleType> = {
       return (_req, v) => ({ ok: timingSafeEqual(secretDigest(v), digest) });
     },
   },
-  'regex': {
+  regex: {
     fields: ['regex'],
     parameter: true,
     readsHeaders: false,
@@ -1265,7 +1650,11 @@ const RULE_TYPES: Record<string, RuleType> = {
       const source = m.required('regex', `type "${type}"`);
       m.warnPlaceholder('regex', source);
       let regex: RegExp;
-      try { regex = compileGoRegex(source); } catch (e) { return m.fail('regex', `invalid regular expression: ${(e as Error).message}`); }
+      try {
+        regex = compileGoRegex(source);
+      } catch (e) {
+        return m.fail('regex', `invalid regular expression: ${(e as Error).message}`);
+      }
       return (_req, v) => ({ ok: regex.test(v) });
     },
   },
@@ -1277,11 +1666,15 @@ const RULE_TYPES: Record<string, RuleType> = {
     compile(m, type) {
       const text = m.required('ip-range', `type "${type}"`);
       m.warnPlaceholder('ip-range', text);
-      const ranges = text.split(/\s+/).filter((r) => r !== '').map((r) => {
-        const cidr = parseCidr(r);
-        if (!cidr) m.fail('ip-range', `invalid IP range "${r}" (use CIDR notation such as 10.0.0.0/8, or a single address)`);
-        return cidr!;
-      });
+      const ranges = text
+        .split(/\s+/)
+        .filter((r) => r !== '')
+        .map((r) => {
+          const cidr = parseCidr(r);
+          if (!cidr)
+            m.fail('ip-range', `invalid IP range "${r}" (use CIDR notation such as 10.0.0.0/8, or a single address)`);
+          return cidr!;
+        });
       if (ranges.length === 0) m.fail('ip-range', 'empty');
       return (req) => ({ ok: ranges.some((r) => cidrContains(r, req.remoteIp)) });
     },
@@ -1331,12 +1724,18 @@ export function compileRule(reader: FieldReader, value: unknown, at: Place): Rul
   const keys = Object.keys(o.raw);
   if (keys.length !== 1) {
     const quoted = keys.map((k) => `"${k}"`).join(' and ');
-    reader.fail(at, keys.length === 0 ? 'a rule needs one of "and", "or", "not", "match"' : `a rule takes exactly one of "and", "or", "not", "match", got ${quoted}`);
+    reader.fail(
+      at,
+      keys.length === 0
+        ? 'a rule needs one of "and", "or", "not", "match"'
+        : `a rule takes exactly one of "and", "or", "not", "match", got ${quoted}`,
+    );
   }
   const kind = keys[0];
   if (kind === 'and' || kind === 'or') {
     const items = o.items(kind);
-    if (items.length === 0) o.fail(kind, `an empty "${kind}" list (it would ${kind === 'and' ? 'always' : 'never'} match)`);
+    if (items.length === 0)
+      o.fail(kind, `an empty "${kind}" list (it would ${kind === 'and' ? 'always' : 'never'} match)`);
     const rules = items.map((item) => compileRule(reader, item.value, item.at));
     return kind === 'and' ? { and: rules } : { or: rules };
   }
@@ -1348,7 +1747,13 @@ function compileMatch(reader: FieldReader, value: unknown, at: Place): Match {
   const m = reader.object(value, at, MATCH_FIELDS);
   const type = m.string('type');
   const ruleType = Object.hasOwn(RULE_TYPES, type) ? RULE_TYPES[type] : undefined;
-  if (!ruleType) return m.fail('type', type === '' ? `required (one of ${RULE_TYPE_NAMES.join(', ')})` : `unknown type "${type}"${suggest(type, RULE_TYPE_NAMES)}`);
+  if (!ruleType)
+    return m.fail(
+      'type',
+      type === ''
+        ? `required (one of ${RULE_TYPE_NAMES.join(', ')})`
+        : `unknown type "${type}"${suggest(type, RULE_TYPE_NAMES)}`,
+    );
   const secret = ruleType.secret ? readSecret(m, ruleType.secret) : '';
   const test = ruleType.compile(m, type, secret);
   let param: Param | undefined;
@@ -1356,7 +1761,8 @@ function compileMatch(reader: FieldReader, value: unknown, at: Place): Match {
     if (!m.has('parameter')) m.fail('parameter', `required for type "${type}"`);
     param = compileParam(reader, m.raw.parameter, m.place('parameter'), false);
     const named = `${param.source}:${param.source === 'header' ? param.name.toLowerCase() : param.name}`;
-    if (ruleType.redactsParameter && (param.source === 'url' || param.source === 'header')) reader.sinks.redactedParams.push(named);
+    if (ruleType.redactsParameter && (param.source === 'url' || param.source === 'header'))
+      reader.sinks.redactedParams.push(named);
   }
   return { type, param, readsHeaders: ruleType.readsHeaders, test };
 }
@@ -1407,7 +1813,11 @@ export function evaluateRule(rule: Rule, req: HookRequest, soft: boolean, now: D
 function evaluateMatch(m: Match, req: HookRequest, now: Date): RuleResult {
   let value = '';
   if (m.param) {
-    try { value = resolveParameter(m.param, req); } catch (e) { return { ok: false, error: e as Error }; }
+    try {
+      value = resolveParameter(m.param, req);
+    } catch (e) {
+      return { ok: false, error: e as Error };
+    }
   }
   return m.test(req, value, now);
 }
@@ -1415,7 +1825,10 @@ function evaluateMatch(m: Match, req: HookRequest, now: Date): RuleResult {
 /** Signatures in a header: "sha256=abc" or several, comma-separated; any one may match. */
 export function extractSignatures(header: string, prefix: string): string[] {
   if (!header.includes(',')) return [header.startsWith(prefix) ? header.slice(prefix.length) : header];
-  return header.split(',').filter((p) => p.startsWith(prefix)).map((p) => p.slice(prefix.length));
+  return header
+    .split(',')
+    .filter((p) => p.startsWith(prefix))
+    .map((p) => p.slice(prefix.length));
 }
 
 export function checkPayloadSignature(body: Buffer, algorithm: string, secret: string, header: string): RuleResult {
@@ -1432,13 +1845,16 @@ export function checkScalrSignature(req: HookRequest, secret: string, now: Date)
   const date = req.headers.Date;
   if (typeof signature !== 'string' || typeof date !== 'string') return { ok: false };
   const expected = createHmac('sha1', secret).update(req.body).update(date).digest('hex');
-  if (!timingSafeEqual(secretDigest(signature), secretDigest(expected))) return { ok: false, error: new SignatureError(`invalid payload signature ${signature}`) };
+  if (!timingSafeEqual(secretDigest(signature), secretDigest(expected)))
+    return { ok: false, error: new SignatureError(`invalid payload signature ${signature}`) };
   // The format Scalr sends: "Fri 08 Sep 2017 11:24:32 UTC" (Go layout "Mon 02 Jan 2006 15:04:05 MST").
   const m = /^[A-Z][a-z]{2} (\d{2}) ([A-Z][a-z]{2}) (\d{4}) (\d{2}):(\d{2}):(\d{2}) [A-Z]{3,4}$/.exec(date);
   const month = m ? MONTHS.indexOf(m[2]) : -1;
-  if (!m || month < 0) return { ok: false, error: new Error(`parsing time "${date}" as "Mon 02 Jan 2006 15:04:05 MST": cannot parse`) };
+  if (!m || month < 0)
+    return { ok: false, error: new Error(`parsing time "${date}" as "Mon 02 Jan 2006 15:04:05 MST": cannot parse`) };
   const sent = Date.UTC(Number(m[3]), month, Number(m[1]), Number(m[4]), Number(m[5]), Number(m[6]));
-  if (Math.abs(now.getTime() - sent) > 300_000) return { ok: false, error: new SignatureError('invalid payload signature outdated') };
+  if (Math.abs(now.getTime() - sent) > 300_000)
+    return { ok: false, error: new SignatureError('invalid payload signature outdated') };
   return { ok: true };
 }
 
@@ -1459,17 +1875,35 @@ export function compileGoRegex(source: string): RegExp {
   }
   if (/\(\?<?[=!]/.test(body)) throw new Error('lookaround assertions are not RE2 syntax');
   if (/(^|[^\\])(\\\\)*\\[1-9]/.test(body)) throw new Error('backreferences are not RE2 syntax');
-  const posix: Record<string, string> = { alpha: 'A-Za-z', digit: '0-9', alnum: '0-9A-Za-z', upper: 'A-Z', lower: 'a-z', space: '\\s', xdigit: '0-9A-Fa-f', punct: '!-\\/:-@\\[-`{-~', word: '\\w' };
+  const posix: Record<string, string> = {
+    alpha: 'A-Za-z',
+    digit: '0-9',
+    alnum: '0-9A-Za-z',
+    upper: 'A-Z',
+    lower: 'a-z',
+    space: '\\s',
+    xdigit: '0-9A-Fa-f',
+    punct: '!-\\/:-@\\[-`{-~',
+    word: '\\w',
+  };
   body = body
     .replace(/\(\?P</g, '(?<')
     .replace(/\\z/g, '(?![\\s\\S])')
     .replace(/\\A/g, '(?<![\\s\\S])')
     .replace(/\\([pP])([A-Z])/g, '\\$1{$2}')
     .replace(/\[:(\^?)([a-z]+):\]/g, (all, neg: string, name: string) => (posix[name] && !neg ? posix[name] : all));
-  try { return new RegExp(body, flags + 'u'); } catch { return new RegExp(body, flags); }
+  try {
+    return new RegExp(body, flags + 'u');
+  } catch {
+    return new RegExp(body, flags);
+  }
 }
 
-export interface Cidr { family: 4 | 6; bytes: Buffer; prefix: number }
+export interface Cidr {
+  family: 4 | 6;
+  bytes: Buffer;
+  prefix: number;
+}
 
 /** Parses "10.0.0.0/8", "fd00::/8" or a single address (a /32 or /128). */
 export function parseCidr(text: string): Cidr | undefined {
@@ -1513,7 +1947,12 @@ export function cidrContains(cidr: Cidr, addr: string): boolean {
   let bytes = ipBytes(addr);
   if (!bytes) return false;
   // An IPv4 client on a dual-stack socket shows up as ::ffff:a.b.c.d.
-  if (bytes.length === 16 && cidr.family === 4 && bytes.subarray(0, 12).equals(Buffer.from([0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff]))) bytes = bytes.subarray(12);
+  if (
+    bytes.length === 16 &&
+    cidr.family === 4 &&
+    bytes.subarray(0, 12).equals(Buffer.from([0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff]))
+  )
+    bytes = bytes.subarray(12);
   if (bytes.length !== cidr.bytes.length) return false;
   let bits = cidr.prefix;
   for (let i = 0; bits > 0; i++, bits -= 8) {
@@ -1557,21 +1996,39 @@ export interface Hook {
 }
 
 /** What one hooks file contributes to a snapshot. */
-export interface CompiledFile extends CompileSinks { hooks: Hook[] }
+export interface CompiledFile extends CompileSinks {
+  hooks: Hook[];
+}
 
 const HOOK_FIELDS = [
-  'id', 'execute-command', 'command-working-directory', 'response-message', 'response-headers',
-  'success-http-response-code', 'incoming-payload-content-type', 'http-methods',
-  'include-command-output-in-response', 'include-command-output-in-response-on-error',
-  'pass-arguments-to-command', 'pass-environment-to-command', 'pass-file-to-command',
-  'parse-parameters-as-json', 'trigger-rule', 'trigger-rule-mismatch-http-response-code',
-  'trigger-signature-soft-failures', 'command-timeout',
+  'id',
+  'execute-command',
+  'command-working-directory',
+  'response-message',
+  'response-headers',
+  'success-http-response-code',
+  'incoming-payload-content-type',
+  'http-methods',
+  'include-command-output-in-response',
+  'include-command-output-in-response-on-error',
+  'pass-arguments-to-command',
+  'pass-environment-to-command',
+  'pass-file-to-command',
+  'parse-parameters-as-json',
+  'trigger-rule',
+  'trigger-rule-mismatch-http-response-code',
+  'trigger-signature-soft-failures',
+  'command-timeout',
 ];
 
 /** Compiles one hooks file's text (already templated) into hooks, or throws a located ConfigError. */
 export function compileHooksFile(file: string, text: string, defaults: { commandTimeoutMs: number }): CompiledFile {
   let doc: { value: unknown; lines: LineMap };
-  try { doc = parseStrictJson(text); } catch (e) { throw new ConfigError(`${file}: ${(e as Error).message}`); }
+  try {
+    doc = parseStrictJson(text);
+  } catch (e) {
+    throw new ConfigError(`${file}: ${(e as Error).message}`);
+  }
   const { value, lines } = doc;
   if (!Array.isArray(value)) throw new ConfigError(`${file}: line 1: the top level must be a JSON array of hooks`);
   const result: CompiledFile = { hooks: [], secrets: [], redactedParams: [], warnings: [] };
@@ -1579,7 +2036,11 @@ export function compileHooksFile(file: string, text: string, defaults: { command
   value.forEach((raw, index) => {
     const at = { parent: value, key: String(index), path: '', index };
     const hook = compileHook(raw, new FieldReader(file, lines, at, result), at, defaults.commandTimeoutMs);
-    if (seen.has(hook.id)) throw new ConfigError(`${file}:${lines.get(value)?.get(String(index)) ?? 1}: hook "${hook.id}": id: duplicate id (already defined in this file)`);
+    if (seen.has(hook.id))
+      throw new ConfigError(
+        `${file}:${lines.get(value)?.get(String(index)) ?? 1}: hook "${hook.id}": id: duplicate id (already defined ` +
+          `in this file)`,
+      );
     seen.add(hook.id);
     result.hooks.push(hook);
   });
@@ -1593,7 +2054,8 @@ function compileHook(raw: unknown, reader: FieldReader, at: Place, defaultTimeou
   const h = reader.object(raw, at, HOOK_FIELDS);
   const id = h.nonEmpty('id');
   reader.hookName = `hook "${id}"`;
-  const params = (key: string) => h.items(key).map((item) => compileParam(reader, item.value, item.at, key === 'pass-file-to-command'));
+  const params = (key: string) =>
+    h.items(key).map((item) => compileParam(reader, item.value, item.at, key === 'pass-file-to-command'));
   const workingDirectory = h.string('command-working-directory');
   h.warnPlaceholder('command-working-directory', workingDirectory);
   const hook: Hook = {
@@ -1620,9 +2082,17 @@ function compileHook(raw: unknown, reader: FieldReader, at: Place, defaultTimeou
     readsHeaders: false,
   };
   const matches = ruleMatches(hook.rule);
-  const everyParam = [...hook.args, ...hook.env, ...hook.files, ...hook.jsonParams, ...matches.flatMap((m) => (m.param ? [m.param] : []))];
+  const everyParam = [
+    ...hook.args,
+    ...hook.env,
+    ...hook.files,
+    ...hook.jsonParams,
+    ...matches.flatMap((m) => (m.param ? [m.param] : [])),
+  ];
   hook.readsPayload = everyParam.some((p) => p.source === 'payload' || p.source === 'entire-payload');
-  hook.readsHeaders = everyParam.some((p) => p.source === 'header' || p.source === 'entire-headers') || matches.some((m) => m.readsHeaders);
+  hook.readsHeaders =
+    everyParam.some((p) => p.source === 'header' || p.source === 'entire-headers') ||
+    matches.some((m) => m.readsHeaders);
   return hook;
 }
 
@@ -1646,16 +2116,23 @@ function compileResponseHeaders(h: Fields): [string, string][] {
 }
 
 function compileMethods(h: Fields): string[] {
-  return h.items('http-methods').map((item) => {
-    if (typeof item.value !== 'string') h.reader.fail(item.at, `expected a string, got ${typeName(item.value)}`);
-    return (item.value as string).trim().toUpperCase();
-  }).filter((m) => m !== '');
+  return h
+    .items('http-methods')
+    .map((item) => {
+      if (typeof item.value !== 'string') h.reader.fail(item.at, `expected a string, got ${typeName(item.value)}`);
+      return (item.value as string).trim().toUpperCase();
+    })
+    .filter((m) => m !== '');
 }
 
 function commandTimeout(h: Fields): number | undefined {
   const text = h.string('command-timeout');
   if (text === '') return undefined;
-  try { return parseGoDuration(text); } catch { return h.fail('command-timeout', `invalid duration "${text}" (use e.g. 30s, 5m)`); }
+  try {
+    return parseGoDuration(text);
+  } catch {
+    return h.fail('command-timeout', `invalid duration "${text}" (use e.g. 30s, 5m)`);
+  }
 }
 
 // ================================================================================================
@@ -1688,10 +2165,18 @@ export interface LoadSettings {
 /** Lists the hook files a -hooks path names: the file itself, or a directory's *.json in name order. */
 export function listHookFiles(p: string): string[] {
   let stat: fs.Stats;
-  try { stat = fs.statSync(p); } catch (e) { throw new ConfigError(`${p}: cannot read: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`); }
+  try {
+    stat = fs.statSync(p);
+  } catch (e) {
+    throw new ConfigError(`${p}: cannot read: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
+  }
   if (!stat.isDirectory()) return [p];
   // Names starting with "." are a ConfigMap's internals (..data, ..2026_11_22…) or editor files.
-  return fs.readdirSync(p).filter((n) => n.endsWith('.json') && !n.startsWith('.')).sort().map((n) => path.join(p, n));
+  return fs
+    .readdirSync(p)
+    .filter((n) => n.endsWith('.json') && !n.startsWith('.'))
+    .sort()
+    .map((n) => path.join(p, n));
 }
 
 /** Reads, templates, parses and validates every hook file into one snapshot, or throws ConfigError. */
@@ -1704,18 +2189,30 @@ export function loadSnapshot(settings: LoadSettings): Snapshot {
   const digest = createHash('sha256');
   const templateEnv: TemplateEnv = {
     getenv: (n) => settings.env[n],
-    readFile: (f) => { try { return fs.readFileSync(f, 'utf8'); } catch { return undefined; } },
+    readFile: (f) => {
+      try {
+        return fs.readFileSync(f, 'utf8');
+      } catch {
+        return undefined;
+      }
+    },
   };
   for (const file of files) {
     let text: string;
-    try { text = fs.readFileSync(file, 'utf8'); } catch (e) { throw new ConfigError(`${file}: cannot read: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`); }
+    try {
+      text = fs.readFileSync(file, 'utf8');
+    } catch (e) {
+      throw new ConfigError(`${file}: cannot read: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
+    }
     digest.update(file).update('\0').update(text).update('\0');
     if (settings.template) {
       try {
         const rendered = renderTemplate(text, templateEnv);
         text = rendered.output;
         rendered.inserted.forEach((s) => secrets.add(s));
-      } catch (e) { throw new ConfigError(`${file}: ${(e as Error).message}`); }
+      } catch (e) {
+        throw new ConfigError(`${file}: ${(e as Error).message}`);
+      }
     }
     const compiled = compileHooksFile(file, text, settings);
     for (const hook of compiled.hooks) {
@@ -1765,7 +2262,10 @@ export class HookStore {
       next = loadSnapshot(this.settings);
     } catch (e) {
       this.metrics.reloaded(false, this.current.hooks.size);
-      this.log.error(`reload (${reason}) rejected, still serving the previous ${this.current.hooks.size} hook(s): ${(e as Error).message}`);
+      this.log.error(
+        `reload (${reason}) rejected, still serving the previous ${this.current.hooks.size} hook(s): ` +
+          `${(e as Error).message}`,
+      );
       return false;
     }
     if (next.digest === this.current.digest) return false;
@@ -1776,8 +2276,11 @@ export class HookStore {
     this.metrics.reloaded(true, next.hooks.size);
     const added = [...next.hooks.keys()].filter((id) => !before.has(id));
     const removed = [...before].filter((id) => !next.hooks.has(id));
-    this.log.info(`reloaded ${next.hooks.size} hook(s) from ${next.files.length} file(s) (${reason})` +
-      (added.length ? `; added: ${added.join(', ')}` : '') + (removed.length ? `; removed: ${removed.join(', ')}` : ''));
+    this.log.info(
+      `reloaded ${next.hooks.size} hook(s) from ${next.files.length} file(s) (${reason})` +
+        (added.length ? `; added: ${added.join(', ')}` : '') +
+        (removed.length ? `; removed: ${removed.join(', ')}` : ''),
+    );
     return true;
   }
 
@@ -1789,7 +2292,11 @@ export class HookStore {
     const dirs = new Set<string>();
     for (const p of this.settings.paths) {
       let isDir = false;
-      try { isDir = fs.statSync(p).isDirectory(); } catch { /* watched through its parent */ }
+      try {
+        isDir = fs.statSync(p).isDirectory();
+      } catch {
+        /* watched through its parent */
+      }
       dirs.add(isDir ? p : path.dirname(p));
     }
     for (const dir of dirs) {
@@ -1850,13 +2357,22 @@ export interface InProcessCommand {
   readonly name: string;
   /** Whether a resolved execute-command is this command's entry point. */
   handles(file: string): boolean;
-  run(args: string[], env: Environment, requestId: string, hookId: string):
-    Promise<{ output: string; exitCode: number; report: unknown }>;
+  run(
+    args: string[],
+    env: Environment,
+    requestId: string,
+    hookId: string,
+  ): Promise<{ output: string; exitCode: number; report: unknown }>;
 }
 
 /** Go's exec.LookPath on adnanh's candidate; returns the path or the error text Go would print. */
-export function resolveCommand(command: string, workingDirectory: string, envPath: string): { path?: string; error?: string } {
-  const candidate = path.isAbsolute(command) || workingDirectory === '' ? command : path.join(workingDirectory, command);
+export function resolveCommand(
+  command: string,
+  workingDirectory: string,
+  envPath: string,
+): { path?: string; error?: string } {
+  const candidate =
+    path.isAbsolute(command) || workingDirectory === '' ? command : path.join(workingDirectory, command);
   const check = (p: string): string | undefined => {
     try {
       const st = fs.statSync(p);
@@ -1864,7 +2380,10 @@ export function resolveCommand(command: string, workingDirectory: string, envPat
       if ((st.mode & 0o111) === 0) return 'permission denied';
       return undefined;
     } catch (e) {
-      return `stat ${p}: ${(e as NodeJS.ErrnoException).code === 'ENOENT' ? 'no such file or directory' : (e as Error).message}`;
+      return (
+        `stat ${p}: ` +
+        `${(e as NodeJS.ErrnoException).code === 'ENOENT' ? 'no such file or directory' : (e as Error).message}`
+      );
     }
   };
   if (candidate.includes('/')) {
@@ -1879,10 +2398,18 @@ export function resolveCommand(command: string, workingDirectory: string, envPat
 }
 
 /** A taken command slot: the command as resolved for this request, and which pool it came from. */
-export interface Slot { resolved: { path?: string; error?: string }; inProcess: boolean }
+export interface Slot {
+  resolved: { path?: string; error?: string };
+  inProcess: boolean;
+}
 
 /** What a command is started with, resolved from the hook's parameters for one request. */
-interface CommandInputs { args: string[]; env: Environment; envNames: string[]; tempFiles: string[] }
+interface CommandInputs {
+  args: string[];
+  env: Environment;
+  envNames: string[];
+  tempFiles: string[];
+}
 
 export class CommandRunner {
   private processes = 0;
@@ -1933,13 +2460,18 @@ export class CommandRunner {
     const inputs: CommandInputs = { args: [], env: { ...this.env }, envNames: [], tempFiles: [] };
     try {
       const result = await this.start(hook, req, slot, inputs);
-      this.metrics.inc('webhook_commands_total', { hook: hook.id, result: result.ok ? 'success' : result.timedOut ? 'timeout' : 'failure' });
+      this.metrics.inc('webhook_commands_total', {
+        hook: hook.id,
+        result: result.ok ? 'success' : result.timedOut ? 'timeout' : 'failure',
+      });
       if (result.timedOut) this.metrics.inc('webhook_command_timeouts_total', { hook: hook.id });
       return result;
     } finally {
       for (const f of inputs.tempFiles) {
         this.log.debug(`${tag} removing file ${f}`);
-        await fsp.rm(f, { force: true }).catch((e: Error) => this.log.error(`${tag} error removing file ${f}: ${e.message}`));
+        await fsp
+          .rm(f, { force: true })
+          .catch((e: Error) => this.log.error(`${tag} error removing file ${f}: ${e.message}`));
       }
       const seconds = Number(process.hrtime.bigint() - started) / 1e9;
       this.metrics.observe('webhook_command_duration_seconds', { hook: hook.id }, seconds);
@@ -1953,13 +2485,17 @@ export class CommandRunner {
     const resolved = slot.resolved;
     if (!resolved.path) {
       this.log.error(`${tag} error in ${resolved.error}`);
-      if (hook.command.includes(' ')) this.log.error(`${tag} use 'pass-arguments-to-command' to specify args for '${hook.command.split(/\s+/)[0]}'`);
+      if (hook.command.includes(' '))
+        this.log.error(`${tag} use 'pass-arguments-to-command' to specify args for '${hook.command.split(/\s+/)[0]}'`);
       return { output: '', env: inputs.env, ok: false, exitCode: null, timedOut: false, error: resolved.error };
     }
     await this.resolveInputs(hook, req, inputs);
     const how = slot.inProcess ? `${this.inProcess!.name}, in-process` : resolved.path;
     const env = inputs.envNames.join(', ') || '(none added)';
-    this.log.info(`${tag} executing ${hook.command} (${how}) with ${inputs.args.length} argument(s) and environment ${env} using ${hook.workingDirectory || '(current directory)'} as cwd`);
+    this.log.info(
+      `${tag} executing ${hook.command} (${how}) with ${inputs.args.length} argument(s) and environment ${env} ` +
+        `using ${hook.workingDirectory || '(current directory)'} as cwd`,
+    );
     const timeoutMs = hook.commandTimeoutMs;
     const result = slot.inProcess
       ? await this.runInProcess(inputs, timeoutMs, req.id, hook.id)
@@ -1973,8 +2509,13 @@ export class CommandRunner {
   private async resolveInputs(hook: Hook, req: HookRequest, inputs: CommandInputs): Promise<void> {
     const tag = `[${req.id}]`;
     inputs.args = hook.args.map((p) => {
-      try { return resolveParameter(p, req); } catch (e) {
-        this.log.info(`${tag} error extracting command arguments: couldn't retrieve argument for ${JSON.stringify(p)}: ${(e as Error).message}`);
+      try {
+        return resolveParameter(p, req);
+      } catch (e) {
+        this.log.info(
+          `${tag} error extracting command arguments: couldn't retrieve argument for ${JSON.stringify(p)}: ` +
+            `${(e as Error).message}`,
+        );
         return '';
       }
     });
@@ -2006,25 +2547,62 @@ export class CommandRunner {
   }
 
   /** An in-process command under the hook's timeout; it bounds its own calls and finishes in order. */
-  private async runInProcess(inputs: CommandInputs, timeoutMs: number, requestId: string, hookId: string): Promise<CommandResult> {
+  private async runInProcess(
+    inputs: CommandInputs,
+    timeoutMs: number,
+    requestId: string,
+    hookId: string,
+  ): Promise<CommandResult> {
     const env = inputs.env;
     const running = this.inProcess!.run(inputs.args, env, requestId, hookId);
     // This only stops the answer from waiting longer than the hook allows.
-    const timedOut = timeoutMs > 0 ? sleep(timeoutMs, undefined, { ref: false }).then(() => undefined) : new Promise<undefined>(() => {});
+    const timedOut =
+      timeoutMs > 0
+        ? sleep(timeoutMs, undefined, { ref: false }).then(() => undefined)
+        : new Promise<undefined>(() => {});
     const r = await Promise.race([running, timedOut]);
-    if (!r) return { output: '', env, ok: false, exitCode: null, timedOut: true, error: `timed out after ${formatGoDuration(timeoutMs)}` };
+    if (!r)
+      return {
+        output: '',
+        env,
+        ok: false,
+        exitCode: null,
+        timedOut: true,
+        error: `timed out after ${formatGoDuration(timeoutMs)}`,
+      };
     const error = r.exitCode === 0 ? undefined : `exit status ${r.exitCode}`;
-    return { output: this.log.scrub(r.output), env, ok: r.exitCode === 0, exitCode: r.exitCode, timedOut: false, error, report: r.report };
+    return {
+      output: this.log.scrub(r.output),
+      env,
+      ok: r.exitCode === 0,
+      exitCode: r.exitCode,
+      timedOut: false,
+      error,
+      report: r.report,
+    };
   }
 
-  private spawnCommand(file: string, argv0: string, inputs: CommandInputs, cwd: string, timeoutMs: number, tag: string): Promise<CommandResult> {
+  private spawnCommand(
+    file: string,
+    argv0: string,
+    inputs: CommandInputs,
+    cwd: string,
+    timeoutMs: number,
+    tag: string,
+  ): Promise<CommandResult> {
     const env = inputs.env;
     return new Promise((resolve) => {
       let child: ChildProcess;
       try {
         // detached: the command leads its own process group, so a timeout or shutdown can kill
         // everything it started, not just the first process.
-        child = spawn(file, inputs.args, { argv0, cwd: cwd || undefined, env, detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
+        child = spawn(file, inputs.args, {
+          argv0,
+          cwd: cwd || undefined,
+          env,
+          detached: true,
+          stdio: ['ignore', 'pipe', 'pipe'],
+        });
       } catch (e) {
         resolve({ output: '', env, ok: false, exitCode: null, timedOut: false, error: (e as Error).message });
         return;
@@ -2033,18 +2611,33 @@ export class CommandRunner {
       const output = collectOutput(child);
       let timedOut = false;
       let spawnError: string | undefined;
-      const timer = timeoutMs > 0 ? setTimeout(() => {
-        timedOut = true;
-        this.log.error(`${tag} command ${argv0} timed out after ${formatGoDuration(timeoutMs)}; killing its process group`);
-        this.killGroup(child);
-      }, timeoutMs) : undefined;
-      child.on('error', (e) => { spawnError = e.message; });
+      const timer =
+        timeoutMs > 0
+          ? setTimeout(() => {
+              timedOut = true;
+              this.log.error(
+                `${tag} command ${argv0} timed out after ${formatGoDuration(timeoutMs)}; killing its process group`,
+              );
+              this.killGroup(child);
+            }, timeoutMs)
+          : undefined;
+      child.on('error', (e) => {
+        spawnError = e.message;
+      });
       child.on('close', (code, signal) => {
         clearTimeout(timer);
         this.children.delete(child);
         // A command that prints its environment would show values a template read (the token).
         const text = this.log.scrub(output());
-        const error = spawnError ?? (timedOut ? `timed out after ${formatGoDuration(timeoutMs)}` : signal ? `signal: ${signal}` : code !== 0 ? `exit status ${code}` : undefined);
+        const error =
+          spawnError ??
+          (timedOut
+            ? `timed out after ${formatGoDuration(timeoutMs)}`
+            : signal
+              ? `signal: ${signal}`
+              : code !== 0
+                ? `exit status ${code}`
+                : undefined);
         resolve({ output: text, env, ok: error === undefined, exitCode: code, timedOut, error });
       });
     });
@@ -2052,7 +2645,13 @@ export class CommandRunner {
 
   /** SIGTERM to the whole process group, then SIGKILL if it is still there. */
   private killGroup(child: ChildProcess): void {
-    const signal = (s: NodeJS.Signals) => { try { process.kill(-child.pid!, s); } catch { /* already gone */ } };
+    const signal = (s: NodeJS.Signals) => {
+      try {
+        process.kill(-child.pid!, s);
+      } catch {
+        /* already gone */
+      }
+    };
     signal('SIGTERM');
     setTimeout(() => signal('SIGKILL'), LIMITS.killAfterTermMs).unref();
   }
@@ -2063,7 +2662,10 @@ export class CommandRunner {
     if (running === 0) return;
     this.log.notice(`waiting up to ${formatGoDuration(graceMs)} for ${running} running command(s)`);
     const idle = new Promise<void>((r) => this.idleWaiters.push(r));
-    const timedOut = await Promise.race([idle.then(() => false), new Promise<boolean>((r) => setTimeout(() => r(true), graceMs).unref())]);
+    const timedOut = await Promise.race([
+      idle.then(() => false),
+      new Promise<boolean>((r) => setTimeout(() => r(true), graceMs).unref()),
+    ]);
     if (!timedOut) return;
     this.log.error(`grace period over; killing ${this.children.size} command(s)`);
     for (const child of this.children) this.killGroup(child);
@@ -2080,13 +2682,18 @@ function collectOutput(child: ChildProcess): () => string {
   let size = 0;
   let truncated = false;
   const collect = (chunk: Buffer) => {
-    if (size >= LIMITS.maxCommandOutputBytes) { truncated = true; return; }
+    if (size >= LIMITS.maxCommandOutputBytes) {
+      truncated = true;
+      return;
+    }
     chunks.push(chunk.subarray(0, LIMITS.maxCommandOutputBytes - size));
     size += chunk.length;
   };
   child.stdout!.on('data', collect);
   child.stderr!.on('data', collect);
-  return () => Buffer.concat(chunks).toString('utf8') + (truncated ? `\n[output truncated at ${LIMITS.maxCommandOutputBytes} bytes]` : '');
+  return () =>
+    Buffer.concat(chunks).toString('utf8') +
+    (truncated ? `\n[output truncated at ${LIMITS.maxCommandOutputBytes} bytes]` : '');
 }
 
 /**
@@ -2095,7 +2702,8 @@ function collectOutput(child: ChildProcess): () => string {
  */
 export function decodeBase64Strict(text: string): Buffer {
   const compact = text.replace(/\s+/g, '');
-  if (!/^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$/.test(compact)) throw new Error('illegal base64 data');
+  if (!/^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$/.test(compact))
+    throw new Error('illegal base64 data');
   return Buffer.from(compact, 'base64');
 }
 
@@ -2110,7 +2718,12 @@ export function decodeBase64Strict(text: string): Buffer {
 // ================================================================================================
 
 /** One way a request can end: status, body and headers (a step may override status and body). */
-interface Answer { status: number; body: string; headers?: Record<string, string>; closeConnection?: boolean }
+interface Answer {
+  status: number;
+  body: string;
+  headers?: Record<string, string>;
+  closeConnection?: boolean;
+}
 
 const ANSWERS = {
   ok: { status: 200, body: 'OK' },
@@ -2126,14 +2739,19 @@ const ANSWERS = {
   busy: { status: 503, body: 'Too many commands running; retry later.', headers: { 'Retry-After': '5' } },
   // Status and body are the hook's success-http-response-code and response-message or output.
   triggered: { status: 200, body: '' },
-  commandFailed: { status: 500, body: "Error occurred while executing the hook's command. Please check your logs for more details." },
+  commandFailed: {
+    status: 500,
+    body: "Error occurred while executing the hook's command. Please check your logs for more details.",
+  },
   internalError: { status: 500, body: 'Internal error.' },
 } satisfies Record<string, Answer>;
 
 type AnswerName = keyof typeof ANSWERS;
 
 /** Told of every finished command: the answer never waits for what it does. */
-export interface CommandListener { finished(hook: Hook, req: HookRequest, result: CommandResult): void }
+export interface CommandListener {
+  finished(hook: Hook, req: HookRequest, result: CommandResult): void;
+}
 
 export interface HandlerContext {
   options: Options;
@@ -2175,13 +2793,20 @@ function requestIdFor(req: http.IncomingMessage, o: Options): string {
 export function redactUrl(rawUrl: string, redacted: Set<string>): string {
   const q = rawUrl.indexOf('?');
   if (q < 0) return rawUrl;
-  const parts = rawUrl.slice(q + 1).split('&').map((pair) => {
-    const eq = pair.indexOf('=');
-    if (eq < 0) return pair;
-    let name: string;
-    try { name = decodeURIComponent(pair.slice(0, eq).replace(/\+/g, ' ')); } catch { name = pair.slice(0, eq); }
-    return redacted.has(`url:${name}`) || name === 'token' ? `${pair.slice(0, eq)}=REDACTED` : pair;
-  });
+  const parts = rawUrl
+    .slice(q + 1)
+    .split('&')
+    .map((pair) => {
+      const eq = pair.indexOf('=');
+      if (eq < 0) return pair;
+      let name: string;
+      try {
+        name = decodeURIComponent(pair.slice(0, eq).replace(/\+/g, ' '));
+      } catch {
+        name = pair.slice(0, eq);
+      }
+      return redacted.has(`url:${name}`) || name === 'token' ? `${pair.slice(0, eq)}=REDACTED` : pair;
+    });
   return `${rawUrl.slice(0, q)}?${parts.join('&')}`;
 }
 
@@ -2189,12 +2814,20 @@ export function redactUrl(rawUrl: string, redacted: Set<string>): string {
 function readBody(req: http.IncomingMessage, limit: number): Promise<Buffer> {
   return new Promise((resolve, reject) => {
     const tooLarge = () => reject(new BodyTooLarge(`request body larger than ${limit} bytes refused`));
-    if (Number(req.headers['content-length'] ?? 0) > limit) { tooLarge(); return; }
+    if (Number(req.headers['content-length'] ?? 0) > limit) {
+      tooLarge();
+      return;
+    }
     const chunks: Buffer[] = [];
     let size = 0;
     req.on('data', (c: Buffer) => {
       size += c.length;
-      if (size > limit) { req.removeAllListeners('data'); req.pause(); tooLarge(); return; }
+      if (size > limit) {
+        req.removeAllListeners('data');
+        req.pause();
+        tooLarge();
+        return;
+      }
       chunks.push(c);
     });
     req.on('end', () => resolve(Buffer.concat(chunks)));
@@ -2257,7 +2890,11 @@ function routeOf(cx: HandlerContext, ex: Exchange): Route {
   const o = cx.options;
   const url = new URL(ex.req.url ?? '/', 'http://localhost');
   let pathname: string;
-  try { pathname = decodeURIComponent(url.pathname); } catch { pathname = url.pathname; }
+  try {
+    pathname = decodeURIComponent(url.pathname);
+  } catch {
+    pathname = url.pathname;
+  }
   if (pathname === '/healthz') return { kind: 'answer', name: 'ok' };
   if (pathname === '/metrics') {
     const headers = { 'Content-Type': 'text/plain; version=0.0.4; charset=utf-8' };
@@ -2324,7 +2961,10 @@ function evaluate(cx: HandlerContext, ex: Exchange, hook: Hook, hookReq: HookReq
   const result = evaluateRule(hook.rule, hookReq, hook.softSignatureFailures);
   if (result.error && !(result.error instanceof ParameterNotFound)) throw new RuleEvaluationError(result.error.message);
   if (result.error) cx.log.info(`[${ex.id}] ${result.error.message}`);
-  if (!result.ok) cx.log.info(`[${ex.id}] ${hook.id} got matched, but didn't get triggered because the trigger rules were not satisfied`);
+  if (!result.ok)
+    cx.log.info(
+      `[${ex.id}] ${hook.id} got matched, but didn't get triggered because the trigger rules were not satisfied`,
+    );
   return result.ok;
 }
 
@@ -2339,7 +2979,10 @@ async function dispatch(cx: HandlerContext, ex: Exchange, hook: Hook, hookReq: H
   cx.log.info(`[${ex.id}] ${hook.id} hook triggered successfully`);
   for (const [name, value] of hook.responseHeaders) ex.res.setHeader(name, value);
   const running = cx.runner.run(hook, hookReq, slot);
-  const told = running.then((r) => { cx.listener.finished(hook, hookReq, r); return r; });
+  const told = running.then((r) => {
+    cx.listener.finished(hook, hookReq, r);
+    return r;
+  });
   if (!hook.captureOutput) {
     told.catch((e: Error) => cx.log.error(`[${ex.id}] ${e.message}`));
     return sendAnswer(ex, 'triggered', { status: hook.successCode, body: hook.responseMessage });
@@ -2365,14 +3008,17 @@ function answerForError(cx: HandlerContext, ex: Exchange, e: unknown): AnswerNam
     cx.log.error(`${tag} error evaluating hook: ${message}`);
     return 'ruleError';
   }
-  cx.log.error(`${tag} internal error: ${e instanceof Error ? e.stack ?? message : message}`);
+  cx.log.error(`${tag} internal error: ${e instanceof Error ? (e.stack ?? message) : message}`);
   return 'internalError';
 }
 
 /** Step 6, answer: writes the named entry, with a step's status, body and headers over it. */
 function sendAnswer(ex: Exchange, name: AnswerName, override: Partial<Answer> = {}): void {
   const res = ex.res;
-  if (res.headersSent) { res.destroy(); return; }
+  if (res.headersSent) {
+    res.destroy();
+    return;
+  }
   const entry: Answer = { ...ANSWERS[name], ...override };
   for (const [header, value] of Object.entries(entry.headers ?? {})) res.setHeader(header, value);
   if (!res.hasHeader('Content-Type')) res.setHeader('Content-Type', 'text/plain; charset=utf-8');
@@ -2431,11 +3077,12 @@ export interface ImageRef {
   digest: string | undefined;
 }
 
+const REFERENCE_HOST_LABEL = '[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?';
 // The grammar of github.com/distribution/reference (regexp.go), anchored piece by piece so an
 // error can say which piece is wrong.
 const REFERENCE_GRAMMAR = {
   // host (DNS name, or bracketed IPv6) with an optional port. Hostnames may be upper-case.
-  domain: /^(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*|\[[a-fA-F0-9:.]+\])(?::[0-9]+)?$/,
+  domain: new RegExp(`^(?:${REFERENCE_HOST_LABEL}(?:\\.${REFERENCE_HOST_LABEL})*|\\[[a-fA-F0-9:.]+\\])(?::[0-9]+)?$`),
   // One path component: lower-case alphanumerics joined by ".", "_", "__" or a run of "-".
   pathComponent: /^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*$/,
   tag: /^\w[\w.-]{0,127}$/,
@@ -2456,7 +3103,9 @@ export function showValue(value: string): string {
 
 /** showValue without the length, for messages that state the length themselves. */
 function previewValue(value: string): string {
-  return value.length <= MAX_SHOWN_VALUE_LENGTH ? JSON.stringify(value) : `${JSON.stringify(value.slice(0, MAX_SHOWN_VALUE_LENGTH))}…`;
+  return value.length <= MAX_SHOWN_VALUE_LENGTH
+    ? JSON.stringify(value)
+    : `${JSON.stringify(value.slice(0, MAX_SHOWN_VALUE_LENGTH))}…`;
 }
 
 function isObject(v: unknown): v is Record<string, unknown> {
@@ -2464,9 +3113,16 @@ function isObject(v: unknown): v is Record<string, unknown> {
 }
 
 /** Parses argument 1 of /webhooks.sh: the request body as the hook's entire-payload passes it. */
-export function parsePushPayload(text: string | undefined): { kind: 'payload'; payload: Record<string, unknown> } | { kind: 'error'; message: string } {
+export function parsePushPayload(
+  text: string | undefined,
+): { kind: 'payload'; payload: Record<string, unknown> } | { kind: 'error'; message: string } {
   if (text === undefined || text.trim() === '') {
-    return { kind: 'error', message: 'payload is empty: argument 1 must be the request body (the hook passes it with pass-arguments-to-command [{"source": "entire-payload"}])' };
+    return {
+      kind: 'error',
+      message:
+        'payload is empty: argument 1 must be the request body (the hook passes it with pass-arguments-to-command ' +
+        '[{"source": "entire-payload"}])',
+    };
   }
   let value: unknown;
   try {
@@ -2475,7 +3131,13 @@ export function parsePushPayload(text: string | undefined): { kind: 'payload'; p
     return { kind: 'error', message: `payload is not JSON: ${(e as Error).message}` };
   }
   // Through the runner, an entire-payload of null means the request body did not parse.
-  if (value === null) return { kind: 'error', message: 'payload is not JSON: the request body was empty or did not parse as JSON (send it with Content-Type: application/json)' };
+  if (value === null)
+    return {
+      kind: 'error',
+      message:
+        'payload is not JSON: the request body was empty or did not parse as JSON (send it with Content-Type: ' +
+        'application/json)',
+    };
   if (!isObject(value)) return { kind: 'error', message: `payload is not a JSON object (got ${typeName(value)})` };
   return { kind: 'payload', payload: value };
 }
@@ -2490,7 +3152,8 @@ function parseBoolSetting(name: string, value: string | undefined): boolean {
 
 function tagProblem(tag: string): string | undefined {
   if (tag.length > MAX_TAG_LENGTH) return `is ${tag.length} characters long (a tag has at most ${MAX_TAG_LENGTH})`;
-  if (!REFERENCE_GRAMMAR.tag.test(tag)) return 'is not a valid tag (letters, digits, "_", "." and "-", not starting with "." or "-")';
+  if (!REFERENCE_GRAMMAR.tag.test(tag))
+    return 'is not a valid tag (letters, digits, "_", "." and "-", not starting with "." or "-")';
   return undefined;
 }
 
@@ -2501,9 +3164,15 @@ function repositoryPathProblem(repoPath: string): string | undefined {
     if (REFERENCE_GRAMMAR.pathComponent.test(component)) continue;
     if (REFERENCE_GRAMMAR.pathComponent.test(component.toLowerCase())) {
       // Lower-casing it would name another repository, which the registry does not have.
-      return `is not a valid repository name: OCI repository names are lower-case, and ${showValue(component)} is not (rename the repository in the registry)`;
+      return (
+        `is not a valid repository name: OCI repository names are lower-case, and ${showValue(component)} is ` +
+        `not (rename the repository in the registry)`
+      );
     }
-    return `is not a valid repository name: ${showValue(component)} must be lower-case letters and digits separated by ".", "_", "__" or "-"`;
+    return (
+      `is not a valid repository name: ${showValue(component)} must be lower-case letters and digits separated ` +
+      `by ".", "_", "__" or "-"`
+    );
   }
   return undefined;
 }
@@ -2514,13 +3183,18 @@ function domainProblem(domain: string): string | undefined {
 
 /** "https://Reg.example.com:5000/" → "Reg.example.com:5000": build jobs send either form. */
 function stripSchemeAndSlashes(address: string): string {
-  return address.trim().replace(/^[a-zA-Z][a-zA-Z0-9+.-]*:\/\//, '').replace(/\/+$/, '');
+  return address
+    .trim()
+    .replace(/^[a-zA-Z][a-zA-Z0-9+.-]*:\/\//, '')
+    .replace(/\/+$/, '');
 }
 
 /** Reads a payload by dotted paths; a numeric segment indexes an array (`events.0.target.tag`). */
 class PayloadFields {
   private readonly payload: Record<string, unknown>;
-  constructor(payload: Record<string, unknown>) { this.payload = payload; }
+  constructor(payload: Record<string, unknown>) {
+    this.payload = payload;
+  }
 
   /** The value at a dotted path; undefined when a step is absent or null; throws for a wrong shape. */
   private value(field: string): unknown {
@@ -2528,7 +3202,10 @@ class PayloadFields {
     const parts = field.split('.');
     for (const [i, part] of parts.entries()) {
       if (at === undefined || at === null) return undefined;
-      if (Array.isArray(at) && /^\d+$/.test(part)) { at = at[Number(part)]; continue; }
+      if (Array.isArray(at) && /^\d+$/.test(part)) {
+        at = at[Number(part)];
+        continue;
+      }
       if (!isObject(at)) throw new Error(`${parts.slice(0, i).join('.')} must be an object, got ${typeName(at)}`);
       at = at[part];
     }
@@ -2584,7 +3261,10 @@ interface PushEvent {
 }
 
 /** The hook settings a registry's reader may use. REGISTRY_HOST is validated before it is given. */
-interface RegistrySettings { registryHost: string | undefined; netType: string | undefined }
+interface RegistrySettings {
+  registryHost: string | undefined;
+  netType: string | undefined;
+}
 
 interface Registry {
   /** Who sends this payload, for messages and docs. */
@@ -2630,14 +3310,21 @@ const REGISTRIES: Record<string, Registry> = {
     sender: 'Docker Hub',
     registryHost: false,
     testPing: pushDataTestPing,
-    read: (p) => pushDataEvent(p, undefined, p.repository('repository.repo_name', 'Docker Hub names the repository as namespace/name there')),
+    read: (p) =>
+      pushDataEvent(
+        p,
+        undefined,
+        p.repository('repository.repo_name', 'Docker Hub names the repository as namespace/name there'),
+      ),
   },
   custom: {
     sender: 'a build job (the ACR payload shape, with repository.repo_url)',
     registryHost: true,
     testPing: pushDataTestPing,
     read(p, s) {
-      const host = s.registryHost ?? customRegistryAddress(p.required('repository.repo_url', 'the registry address, or set REGISTRY_HOST'));
+      const host =
+        s.registryHost ??
+        customRegistryAddress(p.required('repository.repo_url', 'the registry address, or set REGISTRY_HOST'));
       const namespace = p.repository('repository.namespace', 'the repository namespace');
       const name = p.repository('repository.name', 'the repository name');
       return pushDataEvent(p, host, `${namespace}/${name}`);
@@ -2650,15 +3337,18 @@ export const REPO_TYPES = Object.keys(REGISTRIES);
 function registryFor(repoTypeSetting: string | undefined): Registry {
   const repoType = (repoTypeSetting ?? '').trim().toLowerCase();
   const known = REPO_TYPES.join(', ');
-  if (repoType === '') throw new Error(`REPO_TYPE is not set (the hook passes it from the URL parameter repo_type: ${known})`);
-  if (!Object.hasOwn(REGISTRIES, repoType)) throw new Error(`REPO_TYPE ${showValue(repoTypeSetting ?? '')} is not supported (use ${known})`);
+  if (repoType === '')
+    throw new Error(`REPO_TYPE is not set (the hook passes it from the URL parameter repo_type: ${known})`);
+  if (!Object.hasOwn(REGISTRIES, repoType))
+    throw new Error(`REPO_TYPE ${showValue(repoTypeSetting ?? '')} is not supported (use ${known})`);
   return REGISTRIES[repoType];
 }
 
 /** The image reference a push announces, a no-op for a test ping, or an error naming the field. */
 export function composeImageRef(payload: unknown, env: UpgradeInputs): ComposedRef {
   try {
-    if (!isObject(payload)) return { kind: 'error', message: `payload is not a JSON object (got ${typeName(payload)})` };
+    if (!isObject(payload))
+      return { kind: 'error', message: `payload is not a JSON object (got ${typeName(payload)})` };
     const registry = registryFor(env.REPO_TYPE);
     const fields = new PayloadFields(payload);
     const ping = registry.testPing(fields);
@@ -2674,7 +3364,10 @@ function registryHostSetting(value: string | undefined): string | undefined {
   if (!value?.trim()) return undefined;
   const host = stripSchemeAndSlashes(value);
   if (domainProblem(host)) {
-    throw new Error(`REGISTRY_HOST ${showValue(value)} is not a valid registry host (host[:port], e.g. myinstance-registry.cn-hangzhou.cr.aliyuncs.com)`);
+    throw new Error(
+      `REGISTRY_HOST ${showValue(value)} is not a valid registry host (host[:port], e.g. ` +
+        `myinstance-registry.cn-hangzhou.cr.aliyuncs.com)`,
+    );
   }
   return host;
 }
@@ -2685,14 +3378,23 @@ function composeFromPush(push: PushEvent, env: UpgradeInputs): ComposedRef {
   if (tagIssue) return { kind: 'error', message: `${push.tagField} ${previewValue(push.tag)} ${tagIssue}` };
   const name = push.host === undefined ? push.repository : `${push.host}/${push.repository}`;
   if (name.length > MAX_IMAGE_NAME_LENGTH) {
-    return { kind: 'error', message: `image name ${previewValue(name)} is ${name.length} characters long (at most ${MAX_IMAGE_NAME_LENGTH})` };
+    return {
+      kind: 'error',
+      message: `image name ${previewValue(name)} is ${name.length} characters long (at most ${MAX_IMAGE_NAME_LENGTH})`,
+    };
   }
   const notes: string[] = [];
   let ref = `${name}:${push.tag}`;
   if (parseBoolSetting('PIN_DIGEST', env.PIN_DIGEST)) {
-    if (push.digest === undefined) notes.push(`PIN_DIGEST is true but the payload carries no ${push.digestField}: the tag is used unpinned`);
+    if (push.digest === undefined)
+      notes.push(`PIN_DIGEST is true but the payload carries no ${push.digestField}: the tag is used unpinned`);
     else if (!REFERENCE_GRAMMAR.digest.test(push.digest)) {
-      return { kind: 'error', message: `${push.digestField} ${showValue(push.digest)} is not a valid digest (sha256: and 64 lower-case hex digits)` };
+      return {
+        kind: 'error',
+        message:
+          `${push.digestField} ${showValue(push.digest)} is not a valid digest (sha256: and 64 lower-case ` +
+          `hex digits)`,
+      };
     } else ref += `@${push.digest}`;
   }
   // Belt and braces: every piece was checked above, so this only fails if composition is wrong.
@@ -2703,19 +3405,35 @@ function composeFromPush(push: PushEvent, env: UpgradeInputs): ComposedRef {
 
 function acrHost(fields: PayloadFields, netType: string | undefined): string {
   const region = fields.required('repository.region', 'ACR names the region, e.g. cn-hangzhou, or set REGISTRY_HOST');
-  if (!REFERENCE_GRAMMAR.region.test(region)) throw new Error(`repository.region ${showValue(region)} is not a valid region (e.g. cn-hangzhou)`);
-  const prefixes: Record<string, string> = { '': 'registry', public: 'registry', vpc: 'registry-vpc', internal: 'registry-internal' };
+  if (!REFERENCE_GRAMMAR.region.test(region))
+    throw new Error(`repository.region ${showValue(region)} is not a valid region (e.g. cn-hangzhou)`);
+  const prefixes: Record<string, string> = {
+    '': 'registry',
+    public: 'registry',
+    vpc: 'registry-vpc',
+    internal: 'registry-internal',
+  };
   const prefix = prefixes[(netType ?? '').trim().toLowerCase()];
-  if (prefix === undefined) throw new Error(`NET_TYPE ${showValue(netType ?? '')} is not supported (use vpc or internal, or leave it unset for the public endpoint)`);
+  if (prefix === undefined)
+    throw new Error(
+      `NET_TYPE ${showValue(netType ?? '')} is not supported (use vpc or internal, or leave it unset for the public ` +
+        `endpoint)`,
+    );
   return `${prefix}.${region}.aliyuncs.com`;
 }
 
 function customRegistryAddress(repoUrl: string): string {
   const address = stripSchemeAndSlashes(repoUrl);
   const [host, ...rest] = address.split('/');
-  if (domainProblem(host)) throw new Error(`repository.repo_url ${showValue(repoUrl)} does not start with a valid registry host (host[:port])`);
+  if (domainProblem(host))
+    throw new Error(
+      `repository.repo_url ${showValue(repoUrl)} does not start with a valid registry host (host[:port])`,
+    );
   if (rest.length > 0 && repositoryPathProblem(rest.join('/'))) {
-    throw new Error(`repository.repo_url ${showValue(repoUrl)} has an invalid path after the host: ${repositoryPathProblem(rest.join('/'))}`);
+    throw new Error(
+      `repository.repo_url ${showValue(repoUrl)} has an invalid path after the host: ` +
+        `${repositoryPathProblem(rest.join('/'))}`,
+    );
   }
   return address;
 }
@@ -2730,7 +3448,8 @@ export function validateImageRef(ref: string): { ok: true; ref: ImageRef } | { o
   if (at >= 0) {
     digest = rest.slice(at + 1);
     rest = rest.slice(0, at);
-    if (!REFERENCE_GRAMMAR.digest.test(digest)) return fail(`digest ${showValue(digest)} is not valid (sha256: and 64 lower-case hex digits)`);
+    if (!REFERENCE_GRAMMAR.digest.test(digest))
+      return fail(`digest ${showValue(digest)} is not valid (sha256: and 64 lower-case hex digits)`);
   }
   let tag: string | undefined;
   const colon = rest.lastIndexOf(':');
@@ -2740,7 +3459,8 @@ export function validateImageRef(ref: string): { ok: true; ref: ImageRef } | { o
     const problem = tagProblem(tag);
     if (problem) return fail(`tag ${previewValue(tag)} ${problem}`);
   }
-  if (rest.length > MAX_IMAGE_NAME_LENGTH) return fail(`the name is ${rest.length} characters long (at most ${MAX_IMAGE_NAME_LENGTH})`);
+  if (rest.length > MAX_IMAGE_NAME_LENGTH)
+    return fail(`the name is ${rest.length} characters long (at most ${MAX_IMAGE_NAME_LENGTH})`);
   let domain: string | undefined;
   const slash = rest.indexOf('/');
   const first = slash >= 0 ? rest.slice(0, slash) : '';
@@ -2853,27 +3573,40 @@ export type KubeVerb = 'get' | 'list' | 'patch' | 'create';
 /** `deployments.apps "web" in namespace "prod"`: how kubectl and RBAC name a resource. */
 export function describeResource(r: ResourceRef): string {
   const kind = r.group ? `${r.resource}.${r.group}` : r.resource;
-  return `${kind}${r.name === undefined ? '' : ` ${JSON.stringify(r.name)}`} in namespace ${JSON.stringify(r.namespace)}`;
+  return (
+    `${kind}${r.name === undefined ? '' : ` ${JSON.stringify(r.name)}`} in namespace ` +
+    `${JSON.stringify(r.namespace)}`
+  );
 }
 
 function resourcePath(r: ResourceRef): string {
   const base = r.group === '' ? `/api/${r.version}` : `/apis/${r.group}/${r.version}`;
-  return `${base}/namespaces/${encodeURIComponent(r.namespace)}/${r.resource}${r.name === undefined ? '' : `/${encodeURIComponent(r.name)}`}`;
+  const name = r.name === undefined ? '' : `/${encodeURIComponent(r.name)}`;
+  return `${base}/namespaces/${encodeURIComponent(r.namespace)}/${r.resource}${name}`;
 }
 
 /** Credentials of the pod's service account (the in-cluster configuration). */
-export function inClusterCredentials(env: Record<string, string | undefined>, dir: string = SERVICE_ACCOUNT_DIR): KubeCredentials {
+export function inClusterCredentials(
+  env: Record<string, string | undefined>,
+  dir: string = SERVICE_ACCOUNT_DIR,
+): KubeCredentials {
   const host = env.KUBERNETES_SERVICE_HOST;
   const port = env.KUBERNETES_SERVICE_PORT;
   if (!host || !port) {
-    throw new KubeConfigError('no Kubernetes credentials: not running in a pod (KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT are not set); outside a cluster use -kubeconfig or KUBECONFIG');
+    throw new KubeConfigError(
+      'no Kubernetes credentials: not running in a pod (KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT are not ' +
+        'set); outside a cluster use -kubeconfig or KUBECONFIG',
+    );
   }
   const tokenFile = path.join(dir, 'token');
   const caFile = path.join(dir, 'ca.crt');
   try {
     fs.accessSync(tokenFile, fs.constants.R_OK);
   } catch (e) {
-    throw new KubeConfigError(`in-cluster credentials: cannot read ${tokenFile} (${(e as NodeJS.ErrnoException).code}): is automountServiceAccountToken disabled for this pod?`);
+    throw new KubeConfigError(
+      `in-cluster credentials: cannot read ${tokenFile} (${(e as NodeJS.ErrnoException).code}): is ` +
+        `automountServiceAccountToken disabled for this pod?`,
+    );
   }
   let ca: Buffer;
   try {
@@ -2882,8 +3615,18 @@ export function inClusterCredentials(env: Record<string, string | undefined>, di
     throw new KubeConfigError(`in-cluster credentials: cannot read ${caFile} (${(e as NodeJS.ErrnoException).code})`);
   }
   let namespace: string | undefined;
-  try { namespace = fs.readFileSync(path.join(dir, 'namespace'), 'utf8').trim() || undefined; } catch { namespace = undefined; }
-  return { server: `https://${host.includes(':') ? `[${host}]` : host}:${port}`, ca, tokenFile, source: `the service account token ${tokenFile}`, namespace };
+  try {
+    namespace = fs.readFileSync(path.join(dir, 'namespace'), 'utf8').trim() || undefined;
+  } catch {
+    namespace = undefined;
+  }
+  return {
+    server: `https://${host.includes(':') ? `[${host}]` : host}:${port}`,
+    ca,
+    tokenFile,
+    source: `the service account token ${tokenFile}`,
+    namespace,
+  };
 }
 
 /** Credentials of a JSON kubeconfig's current context. */
@@ -2891,12 +3634,16 @@ export function loadKubeconfig(file: string): KubeCredentials {
   const where = `kubeconfig ${file}`;
   const config = readKubeconfigJson(file, where);
   const contextName = config['current-context'];
-  if (typeof contextName !== 'string' || contextName === '') throw new KubeConfigError(`${where}: current-context is not set`);
+  if (typeof contextName !== 'string' || contextName === '')
+    throw new KubeConfigError(`${where}: current-context is not set`);
   const named = (list: string, name: unknown, inner: string): Record<string, unknown> => {
     const items = Array.isArray(config[list]) ? (config[list] as unknown[]) : [];
     const item = items.find((i) => isObject(i) && i.name === name);
     if (!isObject(item) || !isObject(item[inner])) {
-      throw new KubeConfigError(`${where}: ${list}: no entry named ${JSON.stringify(name)} (from current-context ${JSON.stringify(contextName)})`);
+      throw new KubeConfigError(
+        `${where}: ${list}: no entry named ${JSON.stringify(name)} (from current-context ` +
+          `${JSON.stringify(contextName)})`,
+      );
     }
     return item[inner] as Record<string, unknown>;
   };
@@ -2907,7 +3654,9 @@ export function loadKubeconfig(file: string): KubeCredentials {
   const server = cluster.server;
   if (typeof server !== 'string' || server === '') throw new KubeConfigError(`${clusterWhere}.server is missing`);
   if (!server.startsWith('https://')) {
-    throw new KubeConfigError(`${clusterWhere}.server ${JSON.stringify(server)}: only https:// API servers are supported`);
+    throw new KubeConfigError(
+      `${clusterWhere}.server ${JSON.stringify(server)}: only https:// API servers are supported`,
+    );
   }
   const dir = path.dirname(path.resolve(file));
   return {
@@ -2926,21 +3675,31 @@ function readKubeconfigJson(file: string, where: string): Record<string, unknown
   try {
     text = fs.readFileSync(file, 'utf8');
   } catch (e) {
-    throw new KubeConfigError(`${where}: cannot read it (${(e as NodeJS.ErrnoException).code ?? (e as Error).message})`);
+    throw new KubeConfigError(
+      `${where}: cannot read it (${(e as NodeJS.ErrnoException).code ?? (e as Error).message})`,
+    );
   }
   let config: unknown;
   try {
     config = JSON.parse(text);
   } catch {
     // The parser's message may quote file content, which can be a credential: do not pass it on.
-    throw new KubeConfigError(`${where}: not JSON; this program reads JSON kubeconfigs (convert one with: kubectl config view --raw --minify --flatten -o json)`);
+    throw new KubeConfigError(
+      `${where}: not JSON; this program reads JSON kubeconfigs (convert one with: kubectl config view --raw ` +
+        `--minify --flatten -o json)`,
+    );
   }
   if (!isObject(config)) throw new KubeConfigError(`${where}: not a kubeconfig (the top level must be an object)`);
   return config;
 }
 
 /** A certificate or key: inline base64 `<field>-data`, else a file path relative to the kubeconfig. */
-function kubeconfigMaterial(section: Record<string, unknown>, at: string, field: string, dir: string): Buffer | undefined {
+function kubeconfigMaterial(
+  section: Record<string, unknown>,
+  at: string,
+  field: string,
+  dir: string,
+): Buffer | undefined {
   const inline = section[`${field}-data`];
   if (typeof inline === 'string' && inline !== '') return Buffer.from(inline, 'base64');
   const ref = section[field];
@@ -2954,17 +3713,28 @@ function kubeconfigMaterial(section: Record<string, unknown>, at: string, field:
 }
 
 /** A user entry's token, token file or client certificate; plugins and passwords are refused. */
-function userCredentials(user: Record<string, unknown>, userWhere: string, dir: string): Pick<KubeCredentials, 'token' | 'tokenFile' | 'cert' | 'key'> {
+function userCredentials(
+  user: Record<string, unknown>,
+  userWhere: string,
+  dir: string,
+): Pick<KubeCredentials, 'token' | 'tokenFile' | 'cert' | 'key'> {
   for (const unsupported of ['exec', 'auth-provider', 'username', 'password']) {
     if (user[unsupported] !== undefined) {
-      throw new KubeConfigError(`${userWhere}.${unsupported} is not supported (this program runs no credential plugins): use a token, a tokenFile or a client certificate`);
+      throw new KubeConfigError(
+        `${userWhere}.${unsupported} is not supported (this program runs no credential plugins): use a token, a ` +
+          `tokenFile or a client certificate`,
+      );
     }
   }
   const token = typeof user.token === 'string' && user.token !== '' ? user.token : undefined;
-  const tokenFile = token === undefined && typeof user.tokenFile === 'string' && user.tokenFile !== '' ? path.resolve(dir, user.tokenFile) : undefined;
+  const tokenFile =
+    token === undefined && typeof user.tokenFile === 'string' && user.tokenFile !== ''
+      ? path.resolve(dir, user.tokenFile)
+      : undefined;
   const cert = kubeconfigMaterial(user, userWhere, 'client-certificate', dir);
   const key = kubeconfigMaterial(user, userWhere, 'client-key', dir);
-  if ((cert === undefined) !== (key === undefined)) throw new KubeConfigError(`${userWhere}: client-certificate and client-key must be given together`);
+  if ((cert === undefined) !== (key === undefined))
+    throw new KubeConfigError(`${userWhere}: client-certificate and client-key must be given together`);
   if (token === undefined && tokenFile === undefined && cert === undefined) {
     throw new KubeConfigError(`${userWhere}: no credentials (token, tokenFile or client-certificate-data)`);
   }
@@ -2972,11 +3742,17 @@ function userCredentials(user: Record<string, unknown>, userWhere: string, dir: 
 }
 
 /** -kubeconfig, else KUBECONFIG, else the pod's service account. */
-export function credentialsFromEnvironment(env: Record<string, string | undefined>, kubeconfigFlag?: string): KubeCredentials {
+export function credentialsFromEnvironment(
+  env: Record<string, string | undefined>,
+  kubeconfigFlag?: string,
+): KubeCredentials {
   if (kubeconfigFlag) return loadKubeconfig(kubeconfigFlag);
   const fromEnv = env.KUBECONFIG?.trim();
   if (fromEnv) {
-    if (fromEnv.includes(path.delimiter)) throw new KubeConfigError(`KUBECONFIG ${JSON.stringify(fromEnv)} lists several files; this program reads one JSON kubeconfig`);
+    if (fromEnv.includes(path.delimiter))
+      throw new KubeConfigError(
+        `KUBECONFIG ${JSON.stringify(fromEnv)} lists several files; this program reads one JSON kubeconfig`,
+      );
     return loadKubeconfig(fromEnv);
   }
   return inClusterCredentials(env);
@@ -2992,22 +3768,37 @@ export interface AttemptFailure {
   retryAfterSeconds?: number;
 }
 
-const TRANSIENT_NETWORK_CODES = ['ECONNREFUSED', 'ECONNRESET', 'ETIMEDOUT', 'EPIPE', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH', 'UND_ERR_SOCKET'];
+const TRANSIENT_NETWORK_CODES = [
+  'ECONNREFUSED',
+  'ECONNRESET',
+  'ETIMEDOUT',
+  'EPIPE',
+  'EAI_AGAIN',
+  'EHOSTUNREACH',
+  'ENETUNREACH',
+  'UND_ERR_SOCKET',
+];
 
 /** How long to wait before attempt `attempt + 1`, or undefined to give up. Pure. */
 export function retryDelay(failure: AttemptFailure, attempt: number, remainingMs: number): number | undefined {
   const s = failure.status;
-  const transient = s === undefined
-    ? TRANSIENT_NETWORK_CODES.includes(failure.code ?? '')
-    : s >= 500 || s === 429 || (s === 409 && failure.verb === 'patch');
+  const transient =
+    s === undefined
+      ? TRANSIENT_NETWORK_CODES.includes(failure.code ?? '')
+      : s >= 500 || s === 429 || (s === 409 && failure.verb === 'patch');
   if (!transient) return undefined;
-  const delay = failure.retryAfterSeconds !== undefined && failure.retryAfterSeconds >= 0
-    ? failure.retryAfterSeconds * 1000
-    : Math.min(KUBE_LIMITS.backoffMaxMs, KUBE_LIMITS.backoffInitialMs * 2 ** attempt);
+  const delay =
+    failure.retryAfterSeconds !== undefined && failure.retryAfterSeconds >= 0
+      ? failure.retryAfterSeconds * 1000
+      : Math.min(KUBE_LIMITS.backoffMaxMs, KUBE_LIMITS.backoffInitialMs * 2 ** attempt);
   return delay <= remainingMs ? delay : undefined;
 }
 
-interface RawAnswer { status: number; headers: Record<string, string | string[] | undefined>; text: string }
+interface RawAnswer {
+  status: number;
+  headers: Record<string, string | string[] | undefined>;
+  text: string;
+}
 
 export interface KubeClientOptions {
   requestTimeoutMs?: number;
@@ -3051,11 +3842,20 @@ export class KubeClient {
 
   /** A JSON patch (RFC 6902), recorded under fieldManager. */
   patch<T>(r: ResourceRef, operations: JsonPatchOperation[], fieldManager: string): Promise<T> {
-    return this.call<T>('patch', 'PATCH', r, { query: { fieldManager }, body: JSON.stringify(operations), contentType: 'application/json-patch+json' });
+    return this.call<T>('patch', 'PATCH', r, {
+      query: { fieldManager },
+      body: JSON.stringify(operations),
+      contentType: 'application/json-patch+json',
+    });
   }
 
   create<T>(r: ResourceRef, object: unknown): Promise<T> {
-    return this.call<T>('create', 'POST', { ...r, name: undefined }, { body: JSON.stringify(object), contentType: 'application/json' });
+    return this.call<T>(
+      'create',
+      'POST',
+      { ...r, name: undefined },
+      { body: JSON.stringify(object), contentType: 'application/json' },
+    );
   }
 
   /** Closes idle keep-alive connections. */
@@ -3063,7 +3863,12 @@ export class KubeClient {
     this.agent.destroy();
   }
 
-  private async call<T>(verb: KubeVerb, method: string, r: ResourceRef, o: { query?: Record<string, string>; body?: string; contentType?: string } = {}): Promise<T> {
+  private async call<T>(
+    verb: KubeVerb,
+    method: string,
+    r: ResourceRef,
+    o: { query?: Record<string, string>; body?: string; contentType?: string } = {},
+  ): Promise<T> {
     const query = new URLSearchParams(o.query ?? {}).toString();
     const url = `${this.server}${resourcePath(r)}${query ? `?${query}` : ''}`;
     const started = Date.now();
@@ -3075,7 +3880,11 @@ export class KubeClient {
         if (answer.status >= 200 && answer.status < 300) return this.parseAnswer<T>(verb, r, answer);
         const retryAfter = String(answer.headers['retry-after'] ?? '').trim();
         failed = {
-          failure: { verb, status: answer.status, retryAfterSeconds: /^\d+$/.test(retryAfter) ? Number(retryAfter) : undefined },
+          failure: {
+            verb,
+            status: answer.status,
+            retryAfterSeconds: /^\d+$/.test(retryAfter) ? Number(retryAfter) : undefined,
+          },
           error: this.answerError(verb, r, answer),
         };
       } catch (e) {
@@ -3083,7 +3892,12 @@ export class KubeClient {
         const code = (e as NodeJS.ErrnoException).code ?? '';
         failed = {
           failure: { verb, code },
-          error: new KubeError(`cannot ${verb} ${describeResource(r)}: the API server ${this.server} did not answer (${code || (e as Error).message})`, 0, code),
+          error: new KubeError(
+            `cannot ${verb} ${describeResource(r)}: the API server ${this.server} did not answer ` +
+              `(${code || (e as Error).message})`,
+            0,
+            code,
+          ),
         };
       }
       const elapsed = Date.now() - started;
@@ -3091,7 +3905,12 @@ export class KubeClient {
       if (delay === undefined) {
         const e = failed.error;
         if (attempt === 0) throw e;
-        throw new KubeError(`${e.message} (after ${attempt + 1} attempts in ${formatGoDuration(Math.round(elapsed / 100) * 100)})`, e.status, e.reason, e.causes);
+        throw new KubeError(
+          `${e.message} (after ${attempt + 1} attempts in ${formatGoDuration(Math.round(elapsed / 100) * 100)})`,
+          e.status,
+          e.reason,
+          e.causes,
+        );
       }
       await new Promise((resolve) => setTimeout(resolve, delay));
     }
@@ -3105,7 +3924,12 @@ export class KubeClient {
       // Re-read every time: the kubelet rotates projected service-account tokens (hourly by default).
       return `Bearer ${(await fsp.readFile(this.credentials.tokenFile, 'utf8')).trim()}`;
     } catch (e) {
-      throw new KubeError(`cannot ${verb} ${describeResource(r)}: cannot read the token file ${this.credentials.tokenFile} (${(e as NodeJS.ErrnoException).code ?? (e as Error).message})`, 0, 'TokenUnreadable');
+      throw new KubeError(
+        `cannot ${verb} ${describeResource(r)}: cannot read the token file ${this.credentials.tokenFile} ` +
+          `(${(e as NodeJS.ErrnoException).code ?? (e as Error).message})`,
+        0,
+        'TokenUnreadable',
+      );
     }
   }
 
@@ -3113,11 +3937,22 @@ export class KubeClient {
     try {
       return JSON.parse(answer.text) as T;
     } catch {
-      throw new KubeError(`cannot ${verb} ${describeResource(r)}: the answer from ${this.server} is not JSON (HTTP ${answer.status}; is this a Kubernetes API server?)`, answer.status, 'NotJSON');
+      throw new KubeError(
+        `cannot ${verb} ${describeResource(r)}: the answer from ${this.server} is not JSON (HTTP ${answer.status}; ` +
+          `is this a Kubernetes API server?)`,
+        answer.status,
+        'NotJSON',
+      );
     }
   }
 
-  private async once(method: string, url: string, authorization: string | undefined, body: string | undefined, contentType: string | undefined): Promise<RawAnswer> {
+  private async once(
+    method: string,
+    url: string,
+    authorization: string | undefined,
+    body: string | undefined,
+    contentType: string | undefined,
+  ): Promise<RawAnswer> {
     const headers: Record<string, string> = { Accept: 'application/json', 'User-Agent': `webhook/${VERSION}` };
     if (authorization !== undefined) headers.Authorization = authorization;
     if (body !== undefined) {
@@ -3130,14 +3965,23 @@ export class KubeClient {
         let size = 0;
         res.on('data', (chunk: Buffer) => {
           size += chunk.length;
-          if (size > KUBE_LIMITS.maxResponseBytes) req.destroy(Object.assign(new Error(`answer larger than ${KUBE_LIMITS.maxResponseBytes} bytes`), { code: 'E2BIG' }));
+          if (size > KUBE_LIMITS.maxResponseBytes)
+            req.destroy(
+              Object.assign(new Error(`answer larger than ${KUBE_LIMITS.maxResponseBytes} bytes`), { code: 'E2BIG' }),
+            );
           else chunks.push(chunk);
         });
         res.on('error', reject);
-        res.on('end', () => resolve({ status: res.statusCode ?? 0, headers: res.headers, text: Buffer.concat(chunks).toString('utf8') }));
+        res.on('end', () =>
+          resolve({ status: res.statusCode ?? 0, headers: res.headers, text: Buffer.concat(chunks).toString('utf8') }),
+        );
       });
       const timer = setTimeout(() => {
-        req.destroy(Object.assign(new Error(`no answer within ${formatGoDuration(this.requestTimeoutMs)}`), { code: 'ETIMEDOUT' }));
+        req.destroy(
+          Object.assign(new Error(`no answer within ${formatGoDuration(this.requestTimeoutMs)}`), {
+            code: 'ETIMEDOUT',
+          }),
+        );
       }, this.requestTimeoutMs);
       req.on('error', reject);
       req.on('close', () => clearTimeout(timer));
@@ -3147,39 +3991,89 @@ export class KubeClient {
 
   /** The message for an HTTP error answer: verb, resource, and what to do about it. */
   private answerError(verb: KubeVerb, r: ResourceRef, answer: RawAnswer): KubeError {
-    let status: Record<string, unknown> = {};
-    try {
-      const parsed: unknown = JSON.parse(answer.text);
-      if (isObject(parsed)) status = parsed;
-    } catch { /* not a Status object: a proxy's page; the status code says enough */ }
-    const serverMessage = typeof status.message === 'string' ? status.message : answer.text.slice(0, 200).trim();
-    const reason = typeof status.reason === 'string' ? status.reason : '';
-    const details = isObject(status.details) ? status.details : {};
-    const causes = Array.isArray(details.causes)
-      ? details.causes.filter(isObject).map((c) => `${typeof c.field === 'string' ? `${c.field}: ` : ''}${typeof c.message === 'string' ? c.message : ''}`)
-      : [];
+    const { serverMessage, reason, causes } = statusDetails(answer);
     const what = describeResource(r);
     switch (answer.status) {
       case 401:
-        return new KubeError(`unauthorized: the API server rejected the credentials from ${this.source} (to ${verb} ${what}): the token has expired or been revoked, or the client certificate is not trusted`, 401, reason);
+        return new KubeError(
+          `unauthorized: the API server rejected the credentials from ${this.source} (to ${verb} ${what}): the ` +
+            `token has expired or been revoked, or the client certificate is not trusted`,
+          401,
+          reason,
+        );
       case 403: {
-        const user = /User "([^"]*)"/.exec(serverMessage)?.[1];
-        const sa = user ? /^system:serviceaccount:([^:]+):(.+)$/.exec(user) : null;
-        const who = sa ? `the service account "${sa[2]}" of namespace "${sa[1]}"` : user ? `user "${user}"` : 'these credentials';
-        return new KubeError(`forbidden: ${who} cannot "${verb}" ${what} — grant it with deploy/rbac.yaml`, 403, reason);
+        return new KubeError(
+          `forbidden: ${forbiddenSubject(serverMessage)} cannot "${verb}" ${what} — grant it with deploy/rbac.yaml`,
+          403,
+          reason,
+        );
       }
       case 404:
-        return new KubeError(r.name === undefined ? `the API server has no ${r.group ? `${r.resource}.${r.group}` : r.resource} (${r.group || 'core'}/${r.version}) API` : `${what} not found`, 404, reason);
+        return new KubeError(
+          r.name === undefined
+            ? `the API server has no ${r.group ? `${r.resource}.${r.group}` : r.resource} ` +
+              `(${r.group || 'core'}/${r.version}) API`
+            : `${what} not found`,
+          404,
+          reason,
+        );
       case 409:
         return new KubeError(`conflict: cannot ${verb} ${what}: ${serverMessage}`, 409, reason);
       case 422:
-        return new KubeError(`invalid: cannot ${verb} ${what}: ${causes.length ? causes.join('; ') : serverMessage}`, 422, reason, causes);
+        return new KubeError(
+          `invalid: cannot ${verb} ${what}: ${causes.length ? causes.join('; ') : serverMessage}`,
+          422,
+          reason,
+          causes,
+        );
       case 429:
-        return new KubeError(`throttled: the API server answered 429 Too Many Requests to ${verb} ${what}${serverMessage ? ` (${serverMessage})` : ''}`, 429, reason);
+        return new KubeError(
+          `throttled: the API server answered 429 Too Many Requests to ${verb} ` +
+            `${what}${serverMessage ? ` (${serverMessage})` : ''}`,
+          429,
+          reason,
+        );
       default:
-        return new KubeError(`cannot ${verb} ${what}: HTTP ${answer.status}${reason ? ` ${reason}` : ''}${serverMessage ? `: ${serverMessage}` : ''}`, answer.status, reason, causes);
+        return new KubeError(
+          `cannot ${verb} ${what}: HTTP ` +
+            `${answer.status}${reason ? ` ${reason}` : ''}${serverMessage ? `: ${serverMessage}` : ''}`,
+          answer.status,
+          reason,
+          causes,
+        );
     }
   }
+}
+
+/** What a Status answer says: its message (or the start of a non-Status body), reason and causes. */
+function statusDetails(answer: RawAnswer): { serverMessage: string; reason: string; causes: string[] } {
+  let status: Record<string, unknown> = {};
+  try {
+    const parsed: unknown = JSON.parse(answer.text);
+    if (isObject(parsed)) status = parsed;
+  } catch {
+    /* not a Status object: a proxy's page; the status code says enough */
+  }
+  const details = isObject(status.details) ? status.details : {};
+  const causes = Array.isArray(details.causes)
+    ? details.causes.filter(isObject).map((c) => {
+        const field = typeof c.field === 'string' ? `${c.field}: ` : '';
+        return `${field}${typeof c.message === 'string' ? c.message : ''}`;
+      })
+    : [];
+  return {
+    serverMessage: typeof status.message === 'string' ? status.message : answer.text.slice(0, 200).trim(),
+    reason: typeof status.reason === 'string' ? status.reason : '',
+    causes,
+  };
+}
+
+/** Who a 403 names: a service account with its namespace, a user, or just "these credentials". */
+function forbiddenSubject(serverMessage: string): string {
+  const user = /User "([^"]*)"/.exec(serverMessage)?.[1];
+  const sa = user ? /^system:serviceaccount:([^:]+):(.+)$/.exec(user) : null;
+  if (sa) return `the service account "${sa[2]}" of namespace "${sa[1]}"`;
+  return user ? `user "${user}"` : 'these credentials';
 }
 
 export type JsonPatchOperation =
@@ -3212,7 +4106,8 @@ export type JsonPatchOperation =
 //      image after:  registry.cn-hangzhou.aliyuncs.com/ns/app:v2
 //      action:       image updated | rollout restarted (same image re-pulled) | none (<why>)
 //      result:       ok | failed: <message>
-//      rollout:      progressing (…) | complete (…) | failed: <why> | timed out after <d>: <state> | not tracked (…)
+//      rollout:      progressing (…) | complete (…) | failed: <why> | timed out after <d>: <state>
+//                    | not tracked (…)
 //      pod <name>:   <phase>, ready|not ready, image <image>, restarts <n>[, <reason>]
 //      note:         <anything else worth knowing>
 //    Exit status 0 when result is ok (a change made, or an acknowledged no-op), 1 otherwise; a
@@ -3266,21 +4161,47 @@ const RESTARTED = 'rollout restarted (same image re-pulled)';
 /** The workload kinds an upgrade can change. Adding one is one entry here. */
 const WORKLOAD_KINDS = {
   deployment: {
-    kind: 'Deployment', group: 'apps', version: 'v1', resource: 'deployments', names: ['deployment', 'deployments', 'deploy'],
-    template: ['spec', 'template'], rollout: deploymentRollout, hasRollout: true, sameImageAction: RESTARTED,
+    kind: 'Deployment',
+    group: 'apps',
+    version: 'v1',
+    resource: 'deployments',
+    names: ['deployment', 'deployments', 'deploy'],
+    template: ['spec', 'template'],
+    rollout: deploymentRollout,
+    hasRollout: true,
+    sameImageAction: RESTARTED,
     podsOwnedThrough: { group: 'apps', version: 'v1', resource: 'replicasets' },
   },
   daemonset: {
-    kind: 'DaemonSet', group: 'apps', version: 'v1', resource: 'daemonsets', names: ['daemonset', 'daemonsets', 'ds'],
-    template: ['spec', 'template'], rollout: daemonSetRollout, hasRollout: true, sameImageAction: RESTARTED,
+    kind: 'DaemonSet',
+    group: 'apps',
+    version: 'v1',
+    resource: 'daemonsets',
+    names: ['daemonset', 'daemonsets', 'ds'],
+    template: ['spec', 'template'],
+    rollout: daemonSetRollout,
+    hasRollout: true,
+    sameImageAction: RESTARTED,
   },
   statefulset: {
-    kind: 'StatefulSet', group: 'apps', version: 'v1', resource: 'statefulsets', names: ['statefulset', 'statefulsets', 'sts'],
-    template: ['spec', 'template'], rollout: statefulSetRollout, hasRollout: true, sameImageAction: RESTARTED,
+    kind: 'StatefulSet',
+    group: 'apps',
+    version: 'v1',
+    resource: 'statefulsets',
+    names: ['statefulset', 'statefulsets', 'sts'],
+    template: ['spec', 'template'],
+    rollout: statefulSetRollout,
+    hasRollout: true,
+    sameImageAction: RESTARTED,
   },
   cronjob: {
-    kind: 'CronJob', group: 'batch', version: 'v1', resource: 'cronjobs', names: ['cronjob', 'cronjobs', 'cj'],
-    template: ['spec', 'jobTemplate', 'spec', 'template'], hasRollout: false,
+    kind: 'CronJob',
+    group: 'batch',
+    version: 'v1',
+    resource: 'cronjobs',
+    names: ['cronjob', 'cronjobs', 'cj'],
+    template: ['spec', 'jobTemplate', 'spec', 'template'],
+    hasRollout: false,
     rollout: () => ({ state: 'untracked', message: 'cronjob: the next run uses the new image' }),
     sameImageAction: 'next run re-pulls the image (same image; imagePullPolicy: Always)',
   },
@@ -3307,7 +4228,9 @@ export function parseWorkload(text: string | undefined): { kind: WorkloadKind; n
   const kinds = Object.keys(WORKLOAD_KINDS) as WorkloadKind[];
   const example = `e.g. deployment/web; kinds: ${kinds.join(', ')}`;
   if (text === undefined || text.trim() === '') {
-    throw new UpgradeError(`APP_WORKLOAD is not set (the hook passes it from the URL parameter workload: <kind>/<name>, ${example})`);
+    throw new UpgradeError(
+      `APP_WORKLOAD is not set (the hook passes it from the URL parameter workload: <kind>/<name>, ${example})`,
+    );
   }
   const slash = text.indexOf('/');
   if (slash < 0) throw new UpgradeError(`APP_WORKLOAD ${showValue(text)} must be <kind>/<name> (${example})`);
@@ -3317,12 +4240,17 @@ export function parseWorkload(text: string | undefined): { kind: WorkloadKind; n
     const spec = kindSpec(kind);
     if (!spec.names.some((n) => kindText === n || kindText === `${n}.${spec.group}`)) continue;
     if (!(name.length <= 253 && DNS_SUBDOMAIN.test(name))) {
-      throw new UpgradeError(`APP_WORKLOAD ${showValue(text)}: ${showValue(name)} is not a valid ${kind} name (lower-case letters, digits, "-" and ".")`);
+      throw new UpgradeError(
+        `APP_WORKLOAD ${showValue(text)}: ${showValue(name)} is not a valid ${kind} name (lower-case letters, ` +
+          `digits, "-" and ".")`,
+      );
     }
     return { kind, name };
   }
   const shortNames = kinds.map((k) => kindSpec(k).names[2]).join(', ');
-  throw new UpgradeError(`APP_WORKLOAD ${showValue(text)}: unknown kind ${showValue(kindText)} (use ${orList(kinds)}, or ${shortNames})`);
+  throw new UpgradeError(
+    `APP_WORKLOAD ${showValue(text)}: unknown kind ${showValue(kindText)} (use ${orList(kinds)}, or ${shortNames})`,
+  );
 }
 
 /** The workload an upgrade acts on; uid and generation are known once it has been read. */
@@ -3352,7 +4280,12 @@ function pointer(segments: (string | number)[]): string {
   return segments.map((s) => `/${String(s).replace(/~/g, '~0').replace(/\//g, '~1')}`).join('');
 }
 
-interface LocatedContainer { list: 'containers' | 'initContainers'; index: number; image: string; pullPolicy: string | undefined }
+interface LocatedContainer {
+  list: 'containers' | 'initContainers';
+  index: number;
+  image: string;
+  pullPolicy: string | undefined;
+}
 
 function containerNames(podSpec: unknown, list: string): string[] {
   const items = valueAt(podSpec, [list]);
@@ -3367,7 +4300,12 @@ export function locateContainer(podSpec: unknown, name: string): LocatedContaine
     const index = items.findIndex((c) => isObject(c) && c.name === name);
     if (index >= 0) {
       const c = items[index] as Record<string, unknown>;
-      return { list, index, image: typeof c.image === 'string' ? c.image : '', pullPolicy: typeof c.imagePullPolicy === 'string' ? c.imagePullPolicy : undefined };
+      return {
+        list,
+        index,
+        image: typeof c.image === 'string' ? c.image : '',
+        pullPolicy: typeof c.imagePullPolicy === 'string' ? c.imagePullPolicy : undefined,
+      };
     }
   }
   return undefined;
@@ -3378,8 +4316,16 @@ function annotationOps(obj: K8sObject, metadataSegments: string[], key: string, 
   const metadata = valueAt(obj, metadataSegments);
   // A `test` against null passes only while the member is absent, so a map someone else creates
   // in the meantime is never replaced by ours.
-  if (!isObject(metadata)) return [{ op: 'test', path: pointer(metadataSegments), value: null }, { op: 'add', path: pointer(metadataSegments), value: { annotations: { [key]: value } } }];
-  if (!isObject(metadata.annotations)) return [{ op: 'test', path: pointer([...metadataSegments, 'annotations']), value: null }, { op: 'add', path: pointer([...metadataSegments, 'annotations']), value: { [key]: value } }];
+  if (!isObject(metadata))
+    return [
+      { op: 'test', path: pointer(metadataSegments), value: null },
+      { op: 'add', path: pointer(metadataSegments), value: { annotations: { [key]: value } } },
+    ];
+  if (!isObject(metadata.annotations))
+    return [
+      { op: 'test', path: pointer([...metadataSegments, 'annotations']), value: null },
+      { op: 'add', path: pointer([...metadataSegments, 'annotations']), value: { [key]: value } },
+    ];
   return [{ op: 'add', path: pointer([...metadataSegments, 'annotations', key]), value }];
 }
 
@@ -3394,7 +4340,13 @@ export interface PlannedChange {
 }
 
 /** The JSON patch for a change to one container, guarded by tests of its name and image. Pure. */
-export function planPatch(obj: K8sObject, kind: WorkloadKind, containerName: string, located: LocatedContainer, change: PlannedChange): JsonPatchOperation[] {
+export function planPatch(
+  obj: K8sObject,
+  kind: WorkloadKind,
+  containerName: string,
+  located: LocatedContainer,
+  change: PlannedChange,
+): JsonPatchOperation[] {
   const template = kindSpec(kind).template;
   const c = [...template, 'spec', located.list, String(located.index)];
   const ops: JsonPatchOperation[] = [
@@ -3402,8 +4354,10 @@ export function planPatch(obj: K8sObject, kind: WorkloadKind, containerName: str
     { op: 'test', path: pointer([...c, 'image']), value: located.image },
   ];
   if (change.image !== undefined) ops.push({ op: 'replace', path: pointer([...c, 'image']), value: change.image });
-  if (change.pullAlways && located.pullPolicy !== 'Always') ops.push({ op: 'add', path: pointer([...c, 'imagePullPolicy']), value: 'Always' });
-  if (change.restartedAt !== undefined) ops.push(...annotationOps(obj, [...template, 'metadata'], 'kubectl.kubernetes.io/restartedAt', change.restartedAt));
+  if (change.pullAlways && located.pullPolicy !== 'Always')
+    ops.push({ op: 'add', path: pointer([...c, 'imagePullPolicy']), value: 'Always' });
+  if (change.restartedAt !== undefined)
+    ops.push(...annotationOps(obj, [...template, 'metadata'], 'kubectl.kubernetes.io/restartedAt', change.restartedAt));
   ops.push(...annotationOps(obj, ['metadata'], 'kubernetes.io/change-cause', change.changeCause));
   return ops;
 }
@@ -3426,7 +4380,10 @@ export function rolloutStatus(kind: WorkloadKind, obj: unknown): RolloutStatus {
 }
 
 const waiting = (message: string): RolloutStatus => ({ state: 'waiting', message });
-const ON_DELETE: RolloutStatus = { state: 'untracked', message: 'OnDelete update strategy: pods change when they are deleted' };
+const ON_DELETE: RolloutStatus = {
+  state: 'untracked',
+  message: 'OnDelete update strategy: pods change when they are deleted',
+};
 
 /** The controller has not yet seen the latest change. */
 function unobserved(obj: unknown): boolean {
@@ -3436,7 +4393,9 @@ function unobserved(obj: unknown): boolean {
 function deploymentRollout(obj: unknown): RolloutStatus {
   if (unobserved(obj)) return waiting('waiting for the deployment controller to observe the change');
   const conditions = valueAt(obj, ['status', 'conditions']);
-  const progressing = Array.isArray(conditions) ? conditions.find((c) => valueAt(c, ['type']) === 'Progressing') : undefined;
+  const progressing = Array.isArray(conditions)
+    ? conditions.find((c) => valueAt(c, ['type']) === 'Progressing')
+    : undefined;
   if (valueAt(progressing, ['reason']) === 'ProgressDeadlineExceeded') {
     const message = String(valueAt(progressing, ['message']) ?? 'the deployment exceeded its progress deadline');
     return { state: 'failed', message: `ProgressDeadlineExceeded: ${message}` };
@@ -3446,7 +4405,8 @@ function deploymentRollout(obj: unknown): RolloutStatus {
   const total = numberAt(obj, ['status', 'replicas']);
   const available = numberAt(obj, ['status', 'availableReplicas']);
   if (updated < replicas) return waiting(`${updated} of ${replicas} pods updated`);
-  if (total > updated) return waiting(`${total - updated} old pod${total - updated === 1 ? '' : 's'} pending termination`);
+  if (total > updated)
+    return waiting(`${total - updated} old pod${total - updated === 1 ? '' : 's'} pending termination`);
   if (available < updated) return waiting(`${available} of ${updated} updated pods available`);
   return { state: 'done', message: `${updated}/${replicas} pods updated and available` };
 }
@@ -3473,7 +4433,8 @@ function statefulSetRollout(obj: unknown): RolloutStatus {
   const partition = valueAt(obj, ['spec', 'updateStrategy', 'rollingUpdate', 'partition']);
   const updated = numberAt(obj, ['status', 'updatedReplicas']);
   if (typeof partition === 'number' && partition > 0) {
-    if (updated < replicas - partition) return waiting(`${updated} of ${replicas - partition} pods updated (partition ${partition})`);
+    if (updated < replicas - partition)
+      return waiting(`${updated} of ${replicas - partition} pods updated (partition ${partition})`);
     return { state: 'done', message: `${updated}/${replicas - partition} pods updated (partition ${partition})` };
   }
   if (valueAt(obj, ['status', 'updateRevision']) !== valueAt(obj, ['status', 'currentRevision'])) {
@@ -3497,26 +4458,50 @@ export interface PodSummary {
 }
 
 /** Reasons that mean a pod will not become ready without a change: the rollout has failed. */
-const STUCK_REASONS = ['CrashLoopBackOff', 'ImagePullBackOff', 'ErrImagePull', 'InvalidImageName', 'ErrImageNeverPull', 'CreateContainerConfigError', 'CreateContainerError', 'RunContainerError'];
+const STUCK_REASONS = [
+  'CrashLoopBackOff',
+  'ImagePullBackOff',
+  'ErrImagePull',
+  'InvalidImageName',
+  'ErrImageNeverPull',
+  'CreateContainerConfigError',
+  'CreateContainerError',
+  'RunContainerError',
+];
 
 /** A pod reduced to what an operator needs; never env values, commands or messages. Pure. */
 export function summarizePod(pod: unknown, containerName: string): PodSummary {
-  const statuses = [...asArray(valueAt(pod, ['status', 'initContainerStatuses'])), ...asArray(valueAt(pod, ['status', 'containerStatuses']))];
-  const own = statuses.find((s) => valueAt(s, ['name']) === containerName) ?? asArray(valueAt(pod, ['status', 'containerStatuses']))[0];
+  const statuses = [
+    ...asArray(valueAt(pod, ['status', 'initContainerStatuses'])),
+    ...asArray(valueAt(pod, ['status', 'containerStatuses'])),
+  ];
+  const own =
+    statuses.find((s) => valueAt(s, ['name']) === containerName) ??
+    asArray(valueAt(pod, ['status', 'containerStatuses']))[0];
   const specContainer = locateContainer(valueAt(pod, ['spec']), containerName);
   const conditions = asArray(valueAt(pod, ['status', 'conditions']));
   let reason: string | undefined;
   for (const s of statuses) {
     if (valueAt(s, ['ready']) === true) continue;
     const r = valueAt(s, ['state', 'waiting', 'reason']) ?? valueAt(s, ['state', 'terminated', 'reason']);
-    if (typeof r === 'string' && r !== '') { reason = r; if (STUCK_REASONS.includes(r)) break; }
+    if (typeof r === 'string' && r !== '') {
+      reason = r;
+      if (STUCK_REASONS.includes(r)) break;
+    }
   }
   // A pod that was never scheduled has no container statuses; its condition says why.
   const scheduled = conditions.find((c) => valueAt(c, ['type']) === 'PodScheduled');
-  if (reason === undefined && valueAt(scheduled, ['status']) === 'False' && typeof valueAt(scheduled, ['reason']) === 'string') reason = String(valueAt(scheduled, ['reason']));
+  if (
+    reason === undefined &&
+    valueAt(scheduled, ['status']) === 'False' &&
+    typeof valueAt(scheduled, ['reason']) === 'string'
+  )
+    reason = String(valueAt(scheduled, ['reason']));
   return {
     name: String(valueAt(pod, ['metadata', 'name']) ?? ''),
-    phase: valueAt(pod, ['metadata', 'deletionTimestamp']) ? 'Terminating' : String(valueAt(pod, ['status', 'phase']) ?? 'Unknown'),
+    phase: valueAt(pod, ['metadata', 'deletionTimestamp'])
+      ? 'Terminating'
+      : String(valueAt(pod, ['status', 'phase']) ?? 'Unknown'),
     ready: conditions.some((c) => valueAt(c, ['type']) === 'Ready' && valueAt(c, ['status']) === 'True'),
     image: String(valueAt(own, ['image']) ?? specContainer?.image ?? ''),
     restarts: numberAt(own, ['restartCount']),
@@ -3535,12 +4520,22 @@ export function labelSelector(selector: unknown): string {
   if (isObject(labels)) for (const [k, v] of Object.entries(labels)) parts.push(`${k}=${String(v)}`);
   for (const e of asArray(valueAt(selector, ['matchExpressions']))) {
     const key = String(valueAt(e, ['key']));
-    const values = asArray(valueAt(e, ['values'])).map(String).join(',');
+    const values = asArray(valueAt(e, ['values']))
+      .map(String)
+      .join(',');
     switch (valueAt(e, ['operator'])) {
-      case 'In': parts.push(`${key} in (${values})`); break;
-      case 'NotIn': parts.push(`${key} notin (${values})`); break;
-      case 'Exists': parts.push(key); break;
-      case 'DoesNotExist': parts.push(`!${key}`); break;
+      case 'In':
+        parts.push(`${key} in (${values})`);
+        break;
+      case 'NotIn':
+        parts.push(`${key} notin (${values})`);
+        break;
+      case 'Exists':
+        parts.push(key);
+        break;
+      case 'DoesNotExist':
+        parts.push(`!${key}`);
+        break;
     }
   }
   return parts.join(',');
@@ -3551,7 +4546,12 @@ function ownedBy(obj: unknown, uids: Set<string>): boolean {
 }
 
 /** The workload's own pods (through its ReplicaSets, for a Deployment), sorted by name. */
-async function workloadPods(client: KubeClient, target: WorkloadTarget, workload: K8sObject, containerName: string): Promise<PodSummary[]> {
+async function workloadPods(
+  client: KubeClient,
+  target: WorkloadTarget,
+  workload: K8sObject,
+  containerName: string,
+): Promise<PodSummary[]> {
   const selector = labelSelector(valueAt(workload, ['spec', 'selector']));
   const owners = new Set<string>([String(target.uid ?? valueAt(workload, ['metadata', 'uid']))]);
   const query = { labelSelector: selector, limit: String(UPGRADE_LIMITS.podListLimit) };
@@ -3560,8 +4560,14 @@ async function workloadPods(client: KubeClient, target: WorkloadTarget, workload
     const sets = await client.list<{ items: unknown[] }>({ ...through, namespace: target.namespace }, query);
     for (const rs of sets.items) if (ownedBy(rs, owners)) owners.add(String(valueAt(rs, ['metadata', 'uid'])));
   }
-  const pods = await client.list<{ items: unknown[] }>({ group: '', version: 'v1', resource: 'pods', namespace: target.namespace }, query);
-  return pods.items.filter((p) => ownedBy(p, owners)).map((p) => summarizePod(p, containerName)).sort((a, b) => a.name.localeCompare(b.name));
+  const pods = await client.list<{ items: unknown[] }>(
+    { group: '', version: 'v1', resource: 'pods', namespace: target.namespace },
+    query,
+  );
+  return pods.items
+    .filter((p) => ownedBy(p, owners))
+    .map((p) => summarizePod(p, containerName))
+    .sort((a, b) => a.name.localeCompare(b.name));
 }
 
 export interface RolloutOutcome {
@@ -3585,7 +4591,11 @@ export interface FollowOptions {
  * CrashLoopBackOff or ImagePullBackOff make it "failed", otherwise "timed out". Can run after the
  * HTTP answer has gone; never throws (an API failure becomes the outcome's detail).
  */
-export async function followRollout(client: KubeClient, target: WorkloadTarget, options: FollowOptions): Promise<RolloutOutcome> {
+export async function followRollout(
+  client: KubeClient,
+  target: WorkloadTarget,
+  options: FollowOptions,
+): Promise<RolloutOutcome> {
   const deadline = Date.now() + options.timeoutMs;
   const pollMs = options.pollMs ?? UPGRADE_LIMITS.rolloutPollMs;
   let workload: K8sObject | undefined;
@@ -3594,12 +4604,27 @@ export async function followRollout(client: KubeClient, target: WorkloadTarget, 
       workload = await client.get<K8sObject>(workloadResource(target));
       const status = rolloutStatus(target.kind, workload);
       if (status.state === 'untracked') return { state: 'not tracked', detail: status.message, pods: [] };
-      if (status.state === 'done') return { state: 'complete', detail: status.message, pods: await podsOrNone(client, target, workload, options.container) };
-      if (status.state === 'failed') return { state: 'failed', detail: status.message, pods: await podsOrNone(client, target, workload, options.container) };
+      if (status.state === 'done')
+        return {
+          state: 'complete',
+          detail: status.message,
+          pods: await podsOrNone(client, target, workload, options.container),
+        };
+      if (status.state === 'failed')
+        return {
+          state: 'failed',
+          detail: status.message,
+          pods: await podsOrNone(client, target, workload, options.container),
+        };
       if (Date.now() >= deadline || options.signal?.aborted) {
         const pods = await podsOrNone(client, target, workload, options.container);
         const stuck = pods.filter((p) => !p.ready && p.reason !== undefined && STUCK_REASONS.includes(p.reason));
-        if (stuck.length > 0) return { state: 'failed', detail: `pods not ready: ${stuck.map((p) => `${p.name} ${p.reason}`).join(', ')}`, pods };
+        if (stuck.length > 0)
+          return {
+            state: 'failed',
+            detail: `pods not ready: ${stuck.map((p) => `${p.name} ${p.reason}`).join(', ')}`,
+            pods,
+          };
         return { state: 'timed out', detail: `after ${formatGoDuration(options.timeoutMs)}: ${status.message}`, pods };
       }
       await new Promise((resolve) => setTimeout(resolve, Math.min(pollMs, deadline - Date.now())));
@@ -3609,7 +4634,12 @@ export async function followRollout(client: KubeClient, target: WorkloadTarget, 
   }
 }
 
-async function podsOrNone(client: KubeClient, target: WorkloadTarget, workload: K8sObject, container: string): Promise<PodSummary[]> {
+async function podsOrNone(
+  client: KubeClient,
+  target: WorkloadTarget,
+  workload: K8sObject,
+  container: string,
+): Promise<PodSummary[]> {
   try {
     return await workloadPods(client, target, workload, container);
   } catch {
@@ -3628,24 +4658,41 @@ export interface WorkloadEvent {
 }
 
 /** Records a core/v1 Event on the workload (what `kubectl describe` and `kubectl events` show). */
-export async function recordWorkloadEvent(client: KubeClient, target: WorkloadTarget, event: WorkloadEvent, now: Date = new Date()): Promise<void> {
+export async function recordWorkloadEvent(
+  client: KubeClient,
+  target: WorkloadTarget,
+  event: WorkloadEvent,
+  now: Date = new Date(),
+): Promise<void> {
   const spec = kindSpec(target.kind);
   const time = now.toISOString().replace(/\.\d{3}Z$/, 'Z');
-  const message = event.message.length > UPGRADE_LIMITS.maxEventMessageLength ? `${event.message.slice(0, UPGRADE_LIMITS.maxEventMessageLength - 1)}…` : event.message;
-  await client.create({ group: '', version: 'v1', resource: 'events', namespace: target.namespace }, {
-    apiVersion: 'v1',
-    kind: 'Event',
-    // client-go's recorder names events <object>.<unique suffix> too.
-    metadata: { name: `${target.name}.${randomBytes(8).toString('hex')}`, namespace: target.namespace },
-    involvedObject: { apiVersion: `${spec.group}/${spec.version}`, kind: spec.kind, name: target.name, namespace: target.namespace, uid: target.uid },
-    reason: event.reason,
-    message,
-    type: event.type,
-    source: { component: UPGRADE_LIMITS.fieldManager },
-    firstTimestamp: time,
-    lastTimestamp: time,
-    count: 1,
-  });
+  const message =
+    event.message.length > UPGRADE_LIMITS.maxEventMessageLength
+      ? `${event.message.slice(0, UPGRADE_LIMITS.maxEventMessageLength - 1)}…`
+      : event.message;
+  await client.create(
+    { group: '', version: 'v1', resource: 'events', namespace: target.namespace },
+    {
+      apiVersion: 'v1',
+      kind: 'Event',
+      // client-go's recorder names events <object>.<unique suffix> too.
+      metadata: { name: `${target.name}.${randomBytes(8).toString('hex')}`, namespace: target.namespace },
+      involvedObject: {
+        apiVersion: `${spec.group}/${spec.version}`,
+        kind: spec.kind,
+        name: target.name,
+        namespace: target.namespace,
+        uid: target.uid,
+      },
+      reason: event.reason,
+      message,
+      type: event.type,
+      source: { component: UPGRADE_LIMITS.fieldManager },
+      firstTimestamp: time,
+      lastTimestamp: time,
+      count: 1,
+    },
+  );
 }
 
 // ---- ordering and duplicates ------------------------------------------------------------------
@@ -3669,9 +4716,14 @@ export class WorkloadQueue {
   run<T>(key: string, task: () => Promise<T>): Promise<T> {
     const previous = this.tails.get(key) ?? Promise.resolve();
     const result = previous.then(task);
-    const tail = result.then(() => undefined, () => undefined);
+    const tail = result.then(
+      () => undefined,
+      () => undefined,
+    );
     this.tails.set(key, tail);
-    void tail.then(() => { if (this.tails.get(key) === tail) this.tails.delete(key); });
+    void tail.then(() => {
+      if (this.tails.get(key) === tail) this.tails.delete(key);
+    });
     return result;
   }
 
@@ -3720,22 +4772,37 @@ export interface UpgradeDeps {
   queue?: WorkloadQueue;
 }
 
-interface UpgradeSettings { namespace: string; workload: { kind: WorkloadKind; name: string }; container: string; rolloutTimeoutMs: number }
+interface UpgradeSettings {
+  namespace: string;
+  workload: { kind: WorkloadKind; name: string };
+  container: string;
+  rolloutTimeoutMs: number;
+}
 
 function readSettings(env: Record<string, string | undefined>, report: UpgradeReport): UpgradeSettings {
   const namespace = env.APP_NS?.trim() ?? '';
   if (namespace === '') throw new UpgradeError('APP_NS is not set (the hook passes it from the URL parameter ns)');
-  if (!DNS_LABEL.test(namespace)) throw new UpgradeError(`APP_NS ${showValue(namespace)} is not a valid namespace name (lower-case letters, digits and "-", at most 63)`);
+  if (!DNS_LABEL.test(namespace))
+    throw new UpgradeError(
+      `APP_NS ${showValue(namespace)} is not a valid namespace name (lower-case letters, digits and "-", at most 63)`,
+    );
   report.namespace = namespace;
   const workload = parseWorkload(env.APP_WORKLOAD);
   report.workload = `${workload.kind}/${workload.name}`;
   const container = env.APP_CONTAINER?.trim() ?? '';
-  if (container === '') throw new UpgradeError('APP_CONTAINER is not set (the hook passes it from the URL parameter container)');
-  if (!DNS_LABEL.test(container)) throw new UpgradeError(`APP_CONTAINER ${showValue(container)} is not a valid container name (lower-case letters, digits and "-", at most 63)`);
+  if (container === '')
+    throw new UpgradeError('APP_CONTAINER is not set (the hook passes it from the URL parameter container)');
+  if (!DNS_LABEL.test(container))
+    throw new UpgradeError(
+      `APP_CONTAINER ${showValue(container)} is not a valid container name (lower-case letters, digits and "-", at ` +
+        `most 63)`,
+    );
   report.container = container;
   let rolloutTimeoutMs = 0;
   if (env.ROLLOUT_TIMEOUT?.trim()) {
-    try { rolloutTimeoutMs = parseGoDuration(env.ROLLOUT_TIMEOUT.trim()); } catch {
+    try {
+      rolloutTimeoutMs = parseGoDuration(env.ROLLOUT_TIMEOUT.trim());
+    } catch {
       throw new UpgradeError(`ROLLOUT_TIMEOUT ${showValue(env.ROLLOUT_TIMEOUT)} is not a duration (e.g. 0, 60s, 5m)`);
     }
   }
@@ -3743,7 +4810,10 @@ function readSettings(env: Record<string, string | undefined>, report: UpgradeRe
 }
 
 function whoAsked(deps: UpgradeDeps): string {
-  const parts = [deps.hookId ? `hook ${JSON.stringify(deps.hookId)}` : '', deps.requestId ? `request ${deps.requestId}` : ''].filter(Boolean);
+  const parts = [
+    deps.hookId ? `hook ${JSON.stringify(deps.hookId)}` : '',
+    deps.requestId ? `request ${deps.requestId}` : '',
+  ].filter(Boolean);
   return parts.length ? parts.join(', ') : 'an image push';
 }
 
@@ -3751,7 +4821,11 @@ function whoAsked(deps: UpgradeDeps): string {
  * The upgrade mode: what /webhooks.sh does with argument 1 (the payload) and the hook's
  * environment. Never throws: every failure is in the report, the output and the exit status.
  */
-export async function runUpgrade(args: string[], env: Record<string, string | undefined>, deps: UpgradeDeps = {}): Promise<{ output: string; exitCode: number; report: UpgradeReport }> {
+export async function runUpgrade(
+  args: string[],
+  env: Record<string, string | undefined>,
+  deps: UpgradeDeps = {},
+): Promise<{ output: string; exitCode: number; report: UpgradeReport }> {
   const report: UpgradeReport = { action: 'none (nothing was changed)', changed: false, result: 'ok', notes: [] };
   let ownClient: KubeClient | undefined;
   try {
@@ -3773,7 +4847,9 @@ export async function runUpgrade(args: string[], env: Record<string, string | un
     const apply = async () => {
       const ago = deps.queue?.appliedAgo(pushKey);
       if (ago !== undefined) {
-        report.action = `none (the same push was applied ${formatGoDuration(Math.round(ago / 1000) * 1000)} ago: a repeated notification)`;
+        report.action =
+          `none (the same push was applied ${formatGoDuration(Math.round(ago / 1000) * 1000)} ago: a ` +
+          `repeated notification)`;
         return;
       }
       await applyUpgrade(client, settings, composed.ref, report, deps);
@@ -3793,7 +4869,13 @@ function finish(report: UpgradeReport): { output: string; exitCode: number; repo
   return { output: formatReport(report), exitCode: report.result === 'ok' ? 0 : 1, report };
 }
 
-async function applyUpgrade(client: KubeClient, s: UpgradeSettings, ref: string, report: UpgradeReport, deps: UpgradeDeps): Promise<void> {
+async function applyUpgrade(
+  client: KubeClient,
+  s: UpgradeSettings,
+  ref: string,
+  report: UpgradeReport,
+  deps: UpgradeDeps,
+): Promise<void> {
   const now = deps.now ?? (() => new Date());
   const target: WorkloadTarget = { ...s.workload, namespace: s.namespace };
   const spec = kindSpec(target.kind);
@@ -3806,7 +4888,13 @@ async function applyUpgrade(client: KubeClient, s: UpgradeSettings, ref: string,
     const located = locateContainer(podSpec, s.container);
     if (!located) {
       const message = missingContainerMessage(podSpec, s.container, report.workload!);
-      await recordEventQuietly(client, target, { type: 'Warning', reason: 'UpgradeFailed', message: `${message}; asked by ${whoAsked(deps)}` }, now(), report);
+      await recordEventQuietly(
+        client,
+        target,
+        { type: 'Warning', reason: 'UpgradeFailed', message: `${message}; asked by ${whoAsked(deps)}` },
+        now(),
+        report,
+      );
       throw new UpgradeError(message);
     }
     report.imageBefore = located.image;
@@ -3819,26 +4907,46 @@ async function applyUpgrade(client: KubeClient, s: UpgradeSettings, ref: string,
       ? `webhook: restart ${s.container} to re-pull ${ref} (${whoAsked(deps)})`
       : `webhook: set ${s.container} image to ${ref} (${whoAsked(deps)})`;
     const change: PlannedChange = sameImage
-      // A CronJob has no rollout to restart: Always makes its next run pull the tag again.
-      ? { pullAlways: true, restartedAt: !spec.hasRollout ? undefined : now().toISOString().replace(/\.\d{3}Z$/, 'Z'), changeCause: cause }
+      ? // A CronJob has no rollout to restart: Always makes its next run pull the tag again.
+        {
+          pullAlways: true,
+          restartedAt: !spec.hasRollout
+            ? undefined
+            : now()
+                .toISOString()
+                .replace(/\.\d{3}Z$/, 'Z'),
+          changeCause: cause,
+        }
       : { image: ref, changeCause: cause };
     try {
-      updated = await client.patch<K8sObject>(workloadResource(target), planPatch(workload, target.kind, s.container, located, change), UPGRADE_LIMITS.fieldManager);
+      updated = await client.patch<K8sObject>(
+        workloadResource(target),
+        planPatch(workload, target.kind, s.container, located, change),
+        UPGRADE_LIMITS.fieldManager,
+      );
     } catch (e) {
       // A 422 without field causes is a failed `test`: the workload changed since we read it.
       const preconditionFailed = e instanceof KubeError && e.status === 422 && e.causes.length === 0;
       if (preconditionFailed && attempt < UPGRADE_LIMITS.maxPatchAttempts) continue;
-      if (preconditionFailed) throw new UpgradeError(`${describeResource(workloadResource(target))} kept changing while it was patched (${attempt} attempts); try again`);
+      if (preconditionFailed)
+        throw new UpgradeError(
+          `${describeResource(workloadResource(target))} kept changing while it was patched (${attempt} attempts); ` +
+            `try again`,
+        );
       throw e;
     }
     report.changed = true;
-    report.action = sameImage
-      ? spec.sameImageAction
-      : 'image updated';
+    report.action = sameImage ? spec.sameImageAction : 'image updated';
     const eventMessage = sameImage
       ? `container ${s.container}: ${ref} pulled again (same image, rollout restarted); asked by ${whoAsked(deps)}`
       : `container ${s.container}: image ${located.image} → ${ref}; asked by ${whoAsked(deps)}`;
-    await recordEventQuietly(client, target, { type: 'Normal', reason: sameImage ? 'RolloutRestarted' : 'ImageUpdated', message: eventMessage }, now(), report);
+    await recordEventQuietly(
+      client,
+      target,
+      { type: 'Normal', reason: sameImage ? 'RolloutRestarted' : 'ImageUpdated', message: eventMessage },
+      now(),
+      report,
+    );
     break;
   }
   target.generation = numberAt(updated, ['metadata', 'generation']);
@@ -3846,7 +4954,14 @@ async function applyUpgrade(client: KubeClient, s: UpgradeSettings, ref: string,
 }
 
 /** The rollout a change started: not tracked, answered as progressing, or followed to its end. */
-async function reportRollout(client: KubeClient, target: WorkloadTarget, updated: K8sObject | undefined, s: UpgradeSettings, report: UpgradeReport, now: () => Date): Promise<void> {
+async function reportRollout(
+  client: KubeClient,
+  target: WorkloadTarget,
+  updated: K8sObject | undefined,
+  s: UpgradeSettings,
+  report: UpgradeReport,
+  now: () => Date,
+): Promise<void> {
   const spec = kindSpec(target.kind);
   if (!spec.hasRollout) {
     report.rollout = { state: 'not tracked', detail: spec.rollout(updated).message, pods: [] };
@@ -3856,7 +4971,10 @@ async function reportRollout(client: KubeClient, target: WorkloadTarget, updated
     report.rollout = await followRollout(client, target, { timeoutMs: s.rolloutTimeoutMs, container: s.container });
     if (report.rollout.state === 'failed' || report.rollout.state === 'timed out') {
       report.result = 'failed';
-      report.error = report.rollout.state === 'failed' ? 'the rollout failed (see rollout)' : `the rollout did not complete within ${formatGoDuration(s.rolloutTimeoutMs)} (see rollout)`;
+      report.error =
+        report.rollout.state === 'failed'
+          ? 'the rollout failed (see rollout)'
+          : `the rollout did not complete within ${formatGoDuration(s.rolloutTimeoutMs)} (see rollout)`;
     }
     const event = rolloutEvent(report.rollout, s.container);
     if (event) await recordEventQuietly(client, target, event, now(), report);
@@ -3865,13 +4983,32 @@ async function reportRollout(client: KubeClient, target: WorkloadTarget, updated
 
 /** The Event that records a followed rollout's end, if it ended. Pure. */
 export function rolloutEvent(outcome: RolloutOutcome, container: string): WorkloadEvent | undefined {
-  const stuck = outcome.pods.filter((p) => !p.ready).slice(0, 5).map((p) => `${p.name} ${p.reason ?? 'not ready'}`);
+  const stuck = outcome.pods
+    .filter((p) => !p.ready)
+    .slice(0, 5)
+    .map((p) => `${p.name} ${p.reason ?? 'not ready'}`);
   const pods = stuck.length ? ` (${stuck.join(', ')})` : '';
   switch (outcome.state) {
-    case 'complete': return { type: 'Normal', reason: 'RolloutComplete', message: `container ${container}: rollout complete: ${outcome.detail}` };
-    case 'failed': return { type: 'Warning', reason: 'RolloutFailed', message: `container ${container}: rollout failed: ${outcome.detail}${pods}` };
-    case 'timed out': return { type: 'Warning', reason: 'RolloutTimedOut', message: `container ${container}: rollout timed out ${outcome.detail}${pods}` };
-    default: return undefined;
+    case 'complete':
+      return {
+        type: 'Normal',
+        reason: 'RolloutComplete',
+        message: `container ${container}: rollout complete: ${outcome.detail}`,
+      };
+    case 'failed':
+      return {
+        type: 'Warning',
+        reason: 'RolloutFailed',
+        message: `container ${container}: rollout failed: ${outcome.detail}${pods}`,
+      };
+    case 'timed out':
+      return {
+        type: 'Warning',
+        reason: 'RolloutTimedOut',
+        message: `container ${container}: rollout timed out ${outcome.detail}${pods}`,
+      };
+    default:
+      return undefined;
   }
 }
 
@@ -3883,9 +5020,14 @@ async function readWorkload(client: KubeClient, target: WorkloadTarget): Promise
     const spec = kindSpec(target.kind);
     let existing: string;
     try {
-      const list = await client.list<{ items: unknown[] }>(workloadResource({ kind: target.kind, namespace: target.namespace }), { limit: '50' });
+      const list = await client.list<{ items: unknown[] }>(
+        workloadResource({ kind: target.kind, namespace: target.namespace }),
+        { limit: '50' },
+      );
       const names = list.items.map((i) => String(valueAt(i, ['metadata', 'name'])));
-      existing = names.length ? `${spec.resource} there: ${names.join(', ')}` : `namespace "${target.namespace}" has no ${spec.resource} (is the namespace right?)`;
+      existing = names.length
+        ? `${spec.resource} there: ${names.join(', ')}`
+        : `namespace "${target.namespace}" has no ${spec.resource} (is the namespace right?)`;
     } catch {
       existing = `cannot list the ${spec.resource} there`;
     }
@@ -3896,11 +5038,20 @@ async function readWorkload(client: KubeClient, target: WorkloadTarget): Promise
 function missingContainerMessage(podSpec: unknown, name: string, workload: string): string {
   const containers = containerNames(podSpec, 'containers');
   const inits = containerNames(podSpec, 'initContainers');
-  const lists = [`containers: ${containers.join(', ') || '(none)'}`, ...(inits.length ? [`init containers: ${inits.join(', ')}`] : [])];
+  const lists = [
+    `containers: ${containers.join(', ') || '(none)'}`,
+    ...(inits.length ? [`init containers: ${inits.join(', ')}`] : []),
+  ];
   return `container "${name}" not found in ${workload} (${lists.join('; ')})`;
 }
 
-async function recordEventQuietly(client: KubeClient, target: WorkloadTarget, event: WorkloadEvent, now: Date, report: UpgradeReport): Promise<void> {
+async function recordEventQuietly(
+  client: KubeClient,
+  target: WorkloadTarget,
+  event: WorkloadEvent,
+  now: Date,
+  report: UpgradeReport,
+): Promise<void> {
   try {
     await recordWorkloadEvent(client, target, event, now);
   } catch (e) {
@@ -3919,19 +5070,28 @@ function reportLine(label: string, value: string): string {
 
 export function formatRollout(r: RolloutOutcome): string {
   switch (r.state) {
-    case 'complete': case 'progressing': case 'not tracked': return `${r.state} (${r.detail})`;
-    case 'failed': case 'timed out': return `${r.state}: ${r.detail}`;
+    case 'complete':
+    case 'progressing':
+    case 'not tracked':
+      return `${r.state} (${r.detail})`;
+    case 'failed':
+    case 'timed out':
+      return `${r.state}: ${r.detail}`;
   }
 }
 
 export function formatPod(p: PodSummary): string {
-  return `pod ${p.name}: ${p.phase}, ${p.ready ? 'ready' : 'not ready'}, image ${p.image}, restarts ${p.restarts}${p.reason ? `, ${p.reason}` : ''}`;
+  return (
+    `pod ${p.name}: ${p.phase}, ${p.ready ? 'ready' : 'not ready'}, image ${p.image}, restarts ` +
+    `${p.restarts}${p.reason ? `, ${p.reason}` : ''}`
+  );
 }
 
 /** The report as the documented lines (see the section banner). Pure. */
 export function formatReport(r: UpgradeReport): string {
   const lines: string[] = [];
-  if (r.workload) lines.push(reportLine('workload', `${r.workload}${r.namespace ? ` in namespace ${r.namespace}` : ''}`));
+  if (r.workload)
+    lines.push(reportLine('workload', `${r.workload}${r.namespace ? ` in namespace ${r.namespace}` : ''}`));
   if (r.container) lines.push(reportLine('container', r.container));
   if (r.imageBefore !== undefined) lines.push(reportLine('image before', r.imageBefore));
   if (r.imageAfter !== undefined) lines.push(reportLine('image after', r.imageAfter));
@@ -3940,7 +5100,8 @@ export function formatReport(r: UpgradeReport): string {
   if (r.rollout) {
     lines.push(reportLine('rollout', formatRollout(r.rollout)));
     for (const p of r.rollout.pods.slice(0, UPGRADE_LIMITS.maxPodLines)) lines.push(formatPod(p));
-    if (r.rollout.pods.length > UPGRADE_LIMITS.maxPodLines) lines.push(reportLine('pods', `${r.rollout.pods.length - UPGRADE_LIMITS.maxPodLines} more not shown`));
+    if (r.rollout.pods.length > UPGRADE_LIMITS.maxPodLines)
+      lines.push(reportLine('pods', `${r.rollout.pods.length - UPGRADE_LIMITS.maxPodLines} more not shown`));
   }
   for (const n of r.notes) lines.push(reportLine('note', n));
   return `${lines.join('\n')}\n`;
@@ -3959,7 +5120,10 @@ export function isUpgradeEntryPoint(file: string): boolean {
     const fd = fs.openSync(file, 'r');
     try {
       const head = Buffer.alloc(256);
-      return head.subarray(0, fs.readSync(fd, head, 0, head.length, 0)).toString('latin1').includes(UPGRADE_ENTRY_MARKER);
+      return head
+        .subarray(0, fs.readSync(fd, head, 0, head.length, 0))
+        .toString('latin1')
+        .includes(UPGRADE_ENTRY_MARKER);
     } finally {
       fs.closeSync(fd);
     }
@@ -3995,7 +5159,11 @@ export class UpgradeService implements InProcessCommand {
   /** The shared client, made on first use; undefined when there are no credentials (runUpgrade says why). */
   private sharedClient(): KubeClient | undefined {
     if (!this.client) {
-      try { this.client = new KubeClient(credentialsFromEnvironment(this.env, this.kubeconfig)); } catch { /* reported per upgrade */ }
+      try {
+        this.client = new KubeClient(credentialsFromEnvironment(this.env, this.kubeconfig));
+      } catch {
+        /* reported per upgrade */
+      }
     }
     return this.client;
   }
@@ -4004,7 +5172,12 @@ export class UpgradeService implements InProcessCommand {
     return isUpgradeEntryPoint(file);
   }
 
-  run(args: string[], env: Record<string, string | undefined>, requestId: string, hookId: string): ReturnType<typeof runUpgrade> {
+  run(
+    args: string[],
+    env: Record<string, string | undefined>,
+    requestId: string,
+    hookId: string,
+  ): ReturnType<typeof runUpgrade> {
     const deps = { client: this.sharedClient(), kubeconfig: this.kubeconfig, requestId, hookId, queue: this.queue };
     return runUpgrade(args, env, deps);
   }
@@ -4016,7 +5189,8 @@ export class UpgradeService implements InProcessCommand {
   async follow(report: UpgradeReport, requestId: string): Promise<UpgradeReport> {
     const target = report.target;
     const client = this.client;
-    if (!client || !target || !report.changed || report.rollout?.state !== 'progressing' || this.followMs === 0) return report;
+    if (!client || !target || !report.changed || report.rollout?.state !== 'progressing' || this.followMs === 0)
+      return report;
     const key = `${target.namespace}/${target.kind}/${target.name}`;
     this.following.get(key)?.controller.abort();
     const controller = new AbortController();
@@ -4027,7 +5201,11 @@ export class UpgradeService implements InProcessCommand {
     if (this.following.get(key)?.done === done) this.following.delete(key);
     if (controller.signal.aborted) {
       // A later push to this workload is being followed now; its mail tells how the rollout ended.
-      outcome = { state: 'progressing', detail: 'superseded by a later push to this workload, whose report follows the rollout', pods: [] };
+      outcome = {
+        state: 'progressing',
+        detail: 'superseded by a later push to this workload, whose report follows the rollout',
+        pods: [],
+      };
       return { ...report, rollout: outcome };
     }
     const updated: UpgradeReport = { ...report, rollout: outcome };
@@ -4039,14 +5217,20 @@ export class UpgradeService implements InProcessCommand {
     if (updated.result === 'ok') this.log.info(line);
     else this.log.error(line);
     const event = rolloutEvent(outcome, report.container ?? '');
-    if (event) await recordWorkloadEvent(client, target, event).catch((e: Error) => this.log.error(`[${requestId}] event not recorded: ${e.message}`));
+    if (event)
+      await recordWorkloadEvent(client, target, event).catch((e: Error) =>
+        this.log.error(`[${requestId}] event not recorded: ${e.message}`),
+      );
     return updated;
   }
 
   /** At shutdown: rollouts still followed end now (their mails then go out). */
   async stop(ms: number): Promise<void> {
     this.stopping.abort();
-    await Promise.race([Promise.allSettled([...this.following.values()].map((f) => f.done)), sleep(ms, undefined, { ref: false })]);
+    await Promise.race([
+      Promise.allSettled([...this.following.values()].map((f) => f.done)),
+      sleep(ms, undefined, { ref: false }),
+    ]);
   }
 }
 
@@ -4058,7 +5242,6 @@ export class UpgradeService implements InProcessCommand {
 //    Exports: parseMailConfig, parseRecipients, composeMessage, formatRfc5322Date, dotStuff,
 //    sendMail, sendWithRetry, Mailer, Secret.
 // ================================================================================================
-
 
 /** A value that must never be printed: it shows as "[redacted]" in logs, JSON and inspection. */
 export class Secret {
@@ -4110,19 +5293,27 @@ const IMPLICIT_TLS_PORT = 465;
  * errors). Any error means no config, so a half-understood setup never sends; error strings name the
  * variable, never its value.
  */
-export function parseMailConfig(env: Readonly<Record<string, string | undefined>>): { config?: MailConfig; errors: string[] } {
+export function parseMailConfig(env: Readonly<Record<string, string | undefined>>): {
+  config?: MailConfig;
+  errors: string[];
+} {
   if (!env.MAIL_SMTP_SERVER?.trim()) return { errors: [] };
   const v = new MailVariables(env);
   const errors = v.errors;
-  const host = v.base64('MAIL_SMTP_SERVER')?.trim().replace(/^\[(.*)\]$/, '$1');
+  const host = v
+    .base64('MAIL_SMTP_SERVER')
+    ?.trim()
+    .replace(/^\[(.*)\]$/, '$1');
   if (host !== undefined && !isHostName(host) && net.isIP(host) === 0) {
     errors.push('MAIL_SMTP_SERVER: not a host name or IP address once decoded');
   }
   const from = v.base64('MAIL_FROM')?.trim();
-  if (env.MAIL_FROM === undefined || env.MAIL_FROM.trim() === '') errors.push('MAIL_FROM: required when MAIL_SMTP_SERVER is set');
+  if (env.MAIL_FROM === undefined || env.MAIL_FROM.trim() === '')
+    errors.push('MAIL_FROM: required when MAIL_SMTP_SERVER is set');
   else if (from !== undefined && !isAddress(from)) errors.push('MAIL_FROM: not an e-mail address once decoded');
   const user = v.base64('MAIL_SMTP_USER')?.trim();
-  if (user !== undefined && /[\x00-\x1f\x7f]/.test(user)) errors.push('MAIL_SMTP_USER: contains control characters once decoded');
+  if (user !== undefined && /[\x00-\x1f\x7f]/.test(user))
+    errors.push('MAIL_SMTP_USER: contains control characters once decoded');
   const password = v.base64('MAIL_PASSWORD');
   const ca = v.base64('MAIL_CACERT');
   if (ca !== undefined && !isPemCertificates(ca)) errors.push('MAIL_CACERT: not PEM certificates once decoded');
@@ -4150,7 +5341,9 @@ class MailVariables {
   readonly errors: string[] = [];
   private readonly env: Readonly<Record<string, string | undefined>>;
 
-  constructor(env: Readonly<Record<string, string | undefined>>) { this.env = env; }
+  constructor(env: Readonly<Record<string, string | undefined>>) {
+    this.env = env;
+  }
 
   base64(name: string): string | undefined {
     const raw = this.env[name];
@@ -4384,7 +5577,11 @@ export interface SmtpTimeouts {
 // A hook's mail is a few kilobytes: a healthy server answers each step in well under a second. The
 // budgets leave room for a slow relay and greylisting delays, and bound how long a hung server keeps
 // a mail (and a graceful shutdown that flushes mails) waiting.
-export const SMTP_TIMEOUTS: Readonly<SmtpTimeouts> = Object.freeze({ connectMs: 10_000, replyMs: 30_000, totalMs: 120_000 });
+export const SMTP_TIMEOUTS: Readonly<SmtpTimeouts> = Object.freeze({
+  connectMs: 10_000,
+  replyMs: 30_000,
+  totalMs: 120_000,
+});
 // The message is already accepted when QUIT goes out; a slow goodbye must not make it look failed.
 const QUIT_TIMEOUT_MS = 2_000;
 // Auto mode: an SMTP server greets the moment it accepts (within a round trip, well under a second
@@ -4434,7 +5631,8 @@ function formatReply(reply: SmtpReply): string {
  * server asks to try later; a 5xx, or any code out of place, means trying again will not help.
  */
 function expectReply(stage: string, reply: SmtpReply, ...codes: number[]): SmtpReply {
-  if (!codes.includes(reply.code)) throw new SmtpFailure(stage, reply.code >= 400 && reply.code < 500, formatReply(reply));
+  if (!codes.includes(reply.code))
+    throw new SmtpFailure(stage, reply.code >= 400 && reply.code < 500, formatReply(reply));
   return reply;
 }
 
@@ -4547,7 +5745,10 @@ class SmtpSession {
     // (CVE-2011-0411 and kin), so it is refused rather than carried over.
     if (this.#received !== '') throw new SmtpFailure('starttls', false, 'server sent data after its STARTTLS reply');
     const plain = this.socket;
-    plain.removeListener('data', this.#onData).removeListener('error', this.#onError).removeListener('close', this.#onClose);
+    plain
+      .removeListener('data', this.#onData)
+      .removeListener('error', this.#onError)
+      .removeListener('close', this.#onClose);
     this.socket = await startTlsOn(plain, config, 'starttls', this.stepMs(this.#timeouts.replyMs));
     this.#listen(this.socket);
     this.#decoder = new StringDecoder('utf8');
@@ -4598,7 +5799,13 @@ function handshake(socket: tls.TLSSocket, stage: string, waitMs: number): Promis
         // Node records why verification failed before it destroys the socket; that is a setup
         // problem (wrong CA, wrong name), not a network one.
         if (socket.authorizationError) {
-          reject(new SmtpFailure(stage, false, `server certificate not trusted: ${error.message} (${socket.authorizationError})`));
+          reject(
+            new SmtpFailure(
+              stage,
+              false,
+              `server certificate not trusted: ${error.message} (${socket.authorizationError})`,
+            ),
+          );
         } else {
           reject(error);
         }
@@ -4708,7 +5915,13 @@ const toBase64 = (text: string) => Buffer.from(text, 'utf8').toString('base64');
  * AUTH with the first mechanism both sides know. Over TLS PLAIN is preferred (one round trip);
  * without TLS (only when the operator allowed it) CRAM-MD5 first, as it does not reveal the password.
  */
-async function authenticate(session: SmtpSession, config: MailConfig, password: string, offered: string[], secure: boolean): Promise<void> {
+async function authenticate(
+  session: SmtpSession,
+  config: MailConfig,
+  password: string,
+  offered: string[],
+  secure: boolean,
+): Promise<void> {
   const preference = secure ? ['PLAIN', 'LOGIN', 'CRAM-MD5'] : ['CRAM-MD5', 'PLAIN', 'LOGIN'];
   const mechanism = preference.find((name) => offered.includes(name));
   if (mechanism === undefined) {
@@ -4745,60 +5958,64 @@ function redact(text: string, config: MailConfig): string {
 export async function sendMail(config: MailConfig, message: string, options: SendOptions): Promise<SendResult> {
   const timeouts = { ...SMTP_TIMEOUTS, ...options.timeouts };
   const deadlineAt = Date.now() + timeouts.totalMs;
-  let stage = 'envelope';
+  // The step under way, for the result and for a failure's message.
+  const at = { stage: 'envelope' };
   let session: SmtpSession | undefined;
   try {
     const bad = [config.from, ...options.to].find((address) => !isAddress(address));
-    if (bad !== undefined) throw new SmtpFailure(stage, false, `not an e-mail address: ${JSON.stringify(bad)}`);
-    if (options.to.length === 0) throw new SmtpFailure(stage, false, 'no recipient');
-
-    stage = 'connect';
-    session = new SmtpSession(await connectSmtp(config, Math.min(timeouts.connectMs, timeouts.totalMs)), deadlineAt, timeouts);
-    stage = 'greeting';
-    expectReply(stage, await session.read(stage), 220);
-    const heloName = options.heloName ?? defaultHeloName(session.socket);
-    stage = 'ehlo';
-    let capabilities = parseCapabilities(await session.step(stage, `EHLO ${heloName}`, 250));
-
-    let secure = session.security === 'implicit TLS';
-    if (!secure && capabilities.has('STARTTLS')) {
-      stage = 'starttls';
-      await session.step(stage, 'STARTTLS', 220);
-      await session.startTls(config);
-      secure = true;
-      stage = 'ehlo';
-      capabilities = parseCapabilities(await session.step(stage, `EHLO ${heloName}`, 250));
-    }
-
-    const password = config.password?.reveal();
-    if (password) {
-      stage = 'auth';
-      if (!secure && !config.allowPlaintextAuth) {
-        throw new SmtpFailure(
-          stage,
-          false,
-          'server offers no STARTTLS; refusing to send the password in clear text (MAIL_ALLOW_PLAINTEXT_AUTH=true allows it)',
-        );
-      }
-      await authenticate(session, config, password, capabilities.get('AUTH') ?? [], secure);
-    }
-
-    stage = 'mail';
-    await session.step(stage, `MAIL FROM:<${config.from}>`, 250);
-    stage = 'rcpt';
-    for (const recipient of options.to) await session.step(stage, `RCPT TO:<${recipient}>`, 250, 251);
-    stage = 'data';
-    await session.step(stage, 'DATA', 354);
-    stage = 'message';
-    const accepted = await session.step(stage, `${dotStuff(message)}.`, 250);
-
+    if (bad !== undefined) throw new SmtpFailure(at.stage, false, `not an e-mail address: ${JSON.stringify(bad)}`);
+    if (options.to.length === 0) throw new SmtpFailure(at.stage, false, 'no recipient');
+    at.stage = 'connect';
+    const socket = await connectSmtp(config, Math.min(timeouts.connectMs, timeouts.totalMs));
+    session = new SmtpSession(socket, deadlineAt, timeouts);
+    await openSession(session, config, options.heloName ?? defaultHeloName(session.socket), at);
+    at.stage = 'mail';
+    await session.step(at.stage, `MAIL FROM:<${config.from}>`, 250);
+    at.stage = 'rcpt';
+    for (const recipient of options.to) await session.step(at.stage, `RCPT TO:<${recipient}>`, 250, 251);
+    at.stage = 'data';
+    await session.step(at.stage, 'DATA', 354);
+    at.stage = 'message';
+    const accepted = await session.step(at.stage, `${dotStuff(message)}.`, 250);
     await session.command('quit', 'QUIT', QUIT_TIMEOUT_MS).catch(() => undefined);
     return { ok: true, reply: redact(formatReply(accepted), config), security: securityReport(session, config) };
   } catch (error) {
-    return failedResult(error, stage, config, session);
+    return failedResult(error, at.stage, config, session);
   } finally {
     session?.close();
   }
+}
+
+/** Greeting, EHLO, STARTTLS whenever offered (then EHLO again), and AUTH when there is a password. */
+async function openSession(
+  session: SmtpSession,
+  config: MailConfig,
+  heloName: string,
+  at: { stage: string },
+): Promise<void> {
+  at.stage = 'greeting';
+  expectReply(at.stage, await session.read(at.stage), 220);
+  at.stage = 'ehlo';
+  let capabilities = parseCapabilities(await session.step(at.stage, `EHLO ${heloName}`, 250));
+  let secure = session.security === 'implicit TLS';
+  if (!secure && capabilities.has('STARTTLS')) {
+    at.stage = 'starttls';
+    await session.step(at.stage, 'STARTTLS', 220);
+    await session.startTls(config);
+    secure = true;
+    at.stage = 'ehlo';
+    capabilities = parseCapabilities(await session.step(at.stage, `EHLO ${heloName}`, 250));
+  }
+  const password = config.password?.reveal();
+  if (!password) return;
+  at.stage = 'auth';
+  if (!secure && !config.allowPlaintextAuth) {
+    const why =
+      'server offers no STARTTLS; refusing to send the password in clear text (MAIL_ALLOW_PLAINTEXT_AUTH=true ' +
+      'allows it)';
+    throw new SmtpFailure(at.stage, false, why);
+  }
+  await authenticate(session, config, password, capabilities.get('AUTH') ?? [], secure);
 }
 
 /** A transaction that stopped at `stage`: an error other than an SmtpFailure counts as transient. */
@@ -4905,20 +6122,35 @@ export class Mailer {
     try {
       to = parseRecipients(mailTo);
       const { subject, body } = resultMail(job);
-      message = composeMessage({ from: config.from, to, subject, body, date: new Date(), messageId: newMessageId(config.from) });
+      message = composeMessage({
+        from: config.from,
+        to,
+        subject,
+        body,
+        date: new Date(),
+        messageId: newMessageId(config.from),
+      });
     } catch (e) {
       failed((e as Error).message);
       return;
     }
-    const sending = sendWithRetry(config, message, { to, timeouts: this.timeouts }, MAIL_ATTEMPTS, MAIL_RETRY_BACKOFF_MS).then((r) => {
-      if (r.ok) {
-        this.metrics.inc('webhook_mails_total', { result: 'sent' });
-        this.log.info(`${tag} mail sent to ${to.join(', ')} over ${r.security}: ${r.reply}`);
-      } else {
-        const over = r.security ? ` over ${r.security}` : '';
-        failed(`${r.stage} failed after ${r.attempts} attempt(s)${over}: ${r.reply}`);
-      }
-    }).finally(() => this.pending.delete(sending));
+    const sending = sendWithRetry(
+      config,
+      message,
+      { to, timeouts: this.timeouts },
+      MAIL_ATTEMPTS,
+      MAIL_RETRY_BACKOFF_MS,
+    )
+      .then((r) => {
+        if (r.ok) {
+          this.metrics.inc('webhook_mails_total', { result: 'sent' });
+          this.log.info(`${tag} mail sent to ${to.join(', ')} over ${r.security}: ${r.reply}`);
+        } else {
+          const over = r.security ? ` over ${r.security}` : '';
+          failed(`${r.stage} failed after ${r.attempts} attempt(s)${over}: ${r.reply}`);
+        }
+      })
+      .finally(() => this.pending.delete(sending));
     this.pending.add(sending);
   }
 
@@ -4962,12 +6194,16 @@ export class ResultNotifier implements CommandListener {
 function mailJob(hook: Hook, req: HookRequest, r: CommandResult, report: UpgradeReport | undefined): MailJob {
   const job = { hookId: hook.id, requestId: req.id, env: r.env };
   if (!report) {
-    return { ...job, outcome: r.ok ? 'succeeded' : 'failed', detail: r.ok ? 'exit status 0' : r.error ?? 'failed', output: r.output };
+    return {
+      ...job,
+      outcome: r.ok ? 'succeeded' : 'failed',
+      detail: r.ok ? 'exit status 0' : (r.error ?? 'failed'),
+      output: r.output,
+    };
   }
   const outcome = report.result !== 'ok' ? 'failed' : report.changed ? 'succeeded' : 'no change';
   return { ...job, outcome, detail: report.action, output: formatReport(report) };
 }
-
 
 // ================================================================================================
 // 13. main — wires the sections together; the only place with process-wide side effects
@@ -4995,14 +6231,26 @@ const GO_CIPHER_SUITES: Record<string, string> = {
 };
 
 function tlsOptions(o: Options): https.ServerOptions {
-  const versions: Record<string, tls.SecureVersion> = { '1.0': 'TLSv1', '1.1': 'TLSv1.1', '1.2': 'TLSv1.2', '1.3': 'TLSv1.3' };
+  const versions: Record<string, tls.SecureVersion> = {
+    '1.0': 'TLSv1',
+    '1.1': 'TLSv1.1',
+    '1.2': 'TLSv1.2',
+    '1.3': 'TLSv1.3',
+  };
   const minVersion = versions[o.tlsMinVersion];
-  if (!minVersion) throw new UsageError(`invalid value "${o.tlsMinVersion}" for flag -tls-min-version (use 1.0, 1.1, 1.2 or 1.3)`);
-  const ciphers = o.cipherSuites === '' ? undefined : o.cipherSuites.split(',').map((c) => {
-    const name = GO_CIPHER_SUITES[c.trim()];
-    if (!name) throw new UsageError(`unknown cipher suite "${c.trim()}" (see -list-cipher-suites)`);
-    return name;
-  }).join(':');
+  if (!minVersion)
+    throw new UsageError(`invalid value "${o.tlsMinVersion}" for flag -tls-min-version (use 1.0, 1.1, 1.2 or 1.3)`);
+  const ciphers =
+    o.cipherSuites === ''
+      ? undefined
+      : o.cipherSuites
+          .split(',')
+          .map((c) => {
+            const name = GO_CIPHER_SUITES[c.trim()];
+            if (!name) throw new UsageError(`unknown cipher suite "${c.trim()}" (see -list-cipher-suites)`);
+            return name;
+          })
+          .join(':');
   return { cert: fs.readFileSync(o.cert), key: fs.readFileSync(o.key), minVersion, ciphers };
 }
 
@@ -5023,8 +6271,14 @@ export async function main(argv: string[], env: Record<string, string | undefine
     process.stderr.write(usage());
     return e.message ? 2 : 0;
   }
-  if (o.version) { process.stdout.write(`webhook version ${VERSION}\n`); return 0; }
-  if (o.listCipherSuites) { process.stdout.write(Object.keys(GO_CIPHER_SUITES).join('\n') + '\n'); return 0; }
+  if (o.version) {
+    process.stdout.write(`webhook version ${VERSION}\n`);
+    return 0;
+  }
+  if (o.listCipherSuites) {
+    process.stdout.write(Object.keys(GO_CIPHER_SUITES).join('\n') + '\n');
+    return 0;
+  }
   return serve(o, env);
 }
 
@@ -5033,7 +6287,9 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
   setFlagsFromString('--enable-experimental-regexp-engine-on-excessive-backtracks');
   setFlagsFromString(`--regexp-backtracks-before-fallback=${LIMITS.regexBacktracksBeforeFallback}`);
   const logStream = o.logfile ? fs.createWriteStream(o.logfile, { flags: 'a', mode: 0o640 }) : undefined;
-  const log = new Logger(o.verbose, o.debug, (text) => (logStream ? logStream.write(text) : process.stderr.write(text)));
+  const log = new Logger(o.verbose, o.debug, (text) =>
+    logStream ? logStream.write(text) : process.stderr.write(text),
+  );
   process.on('exit', () => log.flush());
   const metrics = new Metrics();
   log.notice(`version ${VERSION} starting`);
@@ -5041,31 +6297,38 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
   const snapshot = loadInitialHooks(o, settings, log);
   if (!snapshot) return 1;
 
-  const mail = parseMailConfig(env);
-  for (const error of mail.errors) log.error(`mail is off: ${error}`);
-  if (mail.config) {
-    const c = mail.config;
-    log.notice(`mail results through ${c.host}:${c.port} (${c.security}${c.verifyCertificate ? '' : ', certificate not verified'})`);
-  }
-  const mailer = new Mailer(mail.config, log, metrics);
+  const mailer = new Mailer(mailConfig(env, log), log, metrics);
   const store = new HookStore(settings, snapshot, log, metrics);
   const upgrade = new UpgradeService(o.kubeconfig || env.KUBECONFIG, env, o.rolloutFollowMs, log);
   const runner = new CommandRunner(o.maxConcurrentCommands, env, log, metrics, upgrade);
   const listener = new ResultNotifier(mailer, upgrade, log);
   let shuttingDown = false;
-  const handler = createHandler({ options: o, store, runner, listener, log, metrics, isShuttingDown: () => shuttingDown });
+  const handler = createHandler({
+    options: o,
+    store,
+    runner,
+    listener,
+    log,
+    metrics,
+    isShuttingDown: () => shuttingDown,
+  });
   const server = await openListener(o, handler, log);
   if (!server) return 1;
 
   if (o.hotreload) store.watch();
-  const reloadOnSignal = (sig: string) => { log.notice(`caught ${sig}, reloading hooks`); store.reload(sig); };
+  const reloadOnSignal = (sig: string) => {
+    log.notice(`caught ${sig}, reloading hooks`);
+    store.reload(sig);
+  };
   process.on('SIGHUP', () => reloadOnSignal('SIGHUP'));
   process.on('SIGUSR1', () => reloadOnSignal('SIGUSR1'));
   return new Promise<number>((resolve) => {
     const shutdown = async (sig: string) => {
       if (shuttingDown) return;
       shuttingDown = true;
-      log.notice(`caught ${sig}, shutting down: no new requests; running commands get ${formatGoDuration(o.shutdownGraceMs)}`);
+      log.notice(
+        `caught ${sig}, shutting down: no new requests; running commands get ${formatGoDuration(o.shutdownGraceMs)}`,
+      );
       await stopService(o, { store, server, runner, upgrade, mailer });
       log.notice('stopped');
       log.flush();
@@ -5075,6 +6338,19 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
     process.on('SIGTERM', () => void shutdown('SIGTERM'));
     process.on('SIGINT', () => void shutdown('SIGINT'));
   });
+}
+
+/** The mail settings, or undefined (mail off), with what was wrong with them logged. */
+function mailConfig(env: Record<string, string | undefined>, log: Logger): MailConfig | undefined {
+  const mail = parseMailConfig(env);
+  for (const error of mail.errors) log.error(`mail is off: ${error}`);
+  const c = mail.config;
+  if (c)
+    log.notice(
+      `mail results through ${c.host}:${c.port} ` +
+        `(${c.security}${c.verifyCertificate ? '' : ', certificate not verified'})`,
+    );
+  return c;
 }
 
 /** The first snapshot, its warnings logged; undefined (after logging why) when the service cannot start. */
@@ -5090,13 +6366,17 @@ function loadInitialHooks(o: Options, settings: LoadSettings, log: Logger): Snap
   for (const w of snapshot.warnings) log.warn(w);
   for (const hook of snapshot.hooks.values()) {
     const resolved = resolveCommand(hook.command, hook.workingDirectory, settings.env.PATH ?? '');
-    if (resolved.error) log.warn(`${hook.file}: hook "${hook.id}": execute-command: ${resolved.error} (checked again on each request)`);
+    if (resolved.error)
+      log.warn(`${hook.file}: hook "${hook.id}": execute-command: ${resolved.error} (checked again on each request)`);
   }
   if (snapshot.hooks.size === 0 && !o.nopanic) {
     log.error(`couldn't load any hooks from ${o.hooks.join(', ')} (use -nopanic to start anyway)`);
     return undefined;
   }
-  log.notice(`loaded ${snapshot.hooks.size} hook(s) from ${snapshot.files.length} file(s): ${[...snapshot.hooks.keys()].join(', ')}`);
+  log.notice(
+    `loaded ${snapshot.hooks.size} hook(s) from ${snapshot.files.length} file(s): ` +
+      `${[...snapshot.hooks.keys()].join(', ')}`,
+  );
   return snapshot;
 }
 
@@ -5112,7 +6392,9 @@ async function openListener(o: Options, handler: http.RequestListener, log: Logg
   };
   let server: http.Server;
   try {
-    server = o.secure ? https.createServer({ ...serverOptions, ...tlsOptions(o) }, handler) : http.createServer(serverOptions, handler);
+    server = o.secure
+      ? https.createServer({ ...serverOptions, ...tlsOptions(o) }, handler)
+      : http.createServer(serverOptions, handler);
   } catch (e) {
     log.error(`cannot start ${o.secure ? 'HTTPS' : 'the HTTP server'}: ${(e as Error).message}`);
     return undefined;
@@ -5122,17 +6404,29 @@ async function openListener(o: Options, handler: http.RequestListener, log: Logg
     if (o.socket) server.listen(o.socket, () => resolve(undefined));
     else server.listen(o.port, o.ip, () => resolve(undefined));
   });
-  if (failed) { log.error(`cannot listen: ${failed.message}`); return undefined; }
-  if (o.setgid) { process.setgid!(o.setgid); process.setuid!(o.setuid); }
+  if (failed) {
+    log.error(`cannot listen: ${failed.message}`);
+    return undefined;
+  }
+  if (o.setgid) {
+    process.setgid!(o.setgid);
+    process.setuid!(o.setuid);
+  }
   if (o.pidfile) fs.writeFileSync(o.pidfile, `${process.pid}\n`);
   const address = server.address();
-  const where = typeof address === 'string' ? `unix:${address}` : `${o.secure ? 'https' : 'http'}://${o.ip}:${address?.port}/${o.urlprefix}/{id}`;
+  const where =
+    typeof address === 'string'
+      ? `unix:${address}`
+      : `${o.secure ? 'https' : 'http'}://${o.ip}:${address?.port}/${o.urlprefix}/{id}`;
   log.notice(`serving hooks on ${where}`);
   return server;
 }
 
 /** Shutdown: no new requests, running commands get the grace period, then follows end and mails go. */
-async function stopService(o: Options, s: { store: HookStore; server: http.Server; runner: CommandRunner; upgrade: UpgradeService; mailer: Mailer }): Promise<void> {
+async function stopService(
+  o: Options,
+  s: { store: HookStore; server: http.Server; runner: CommandRunner; upgrade: UpgradeService; mailer: Mailer },
+): Promise<void> {
   s.store.close();
   s.server.close();
   s.server.closeIdleConnections();
@@ -5150,15 +6444,21 @@ function isEntryPoint(): boolean {
   // Inside the single executable the embedded module is always the entry point.
   if (isSea()) return true;
   try {
-    return process.argv[1] !== undefined && fs.realpathSync(process.argv[1]) === fs.realpathSync(fileURLToPath(import.meta.url));
+    return (
+      process.argv[1] !== undefined &&
+      fs.realpathSync(process.argv[1]) === fs.realpathSync(fileURLToPath(import.meta.url))
+    );
   } catch {
     return false;
   }
 }
 
 if (isEntryPoint()) {
-  main(process.argv.slice(2), process.env).then((code) => process.exit(code), (e: Error) => {
-    process.stderr.write(`webhook: fatal: ${e.stack ?? e.message}\n`);
-    process.exit(1);
-  });
+  main(process.argv.slice(2), process.env).then(
+    (code) => process.exit(code),
+    (e: Error) => {
+      process.stderr.write(`webhook: fatal: ${e.stack ?? e.message}\n`);
+      process.exit(1);
+    },
+  );
 }

@@ -116,19 +116,23 @@ export function codeOnly(text: string): string {
 
 const DECLARATION = /^(?:export )?(?:async )?(?:function\*? |class |const |let |interface |type |enum )([A-Za-z_$][\w$]*)/;
 
-/** Lines that open a function body, and where that body closes (same indentation, `}`). */
-function functionLengths(lines: string[]): Report['longFunctions'] {
+/** Lines that open a function body, and the line where its braces balance again. */
+function functionLengths(lines: string[], code: string[]): Report['longFunctions'] {
   const found: Report['longFunctions'] = [];
   const opener = /(?:\bfunction\b.*|=>\s*|^\s+(?:(?:private|static|async|get|set|public|readonly)\s+)*[\w$#]+(?:<.*>)?\(.*\)(?::.*)?\s*)\{$/;
   for (let i = 0; i < lines.length; i++) {
-    const l = lines[i];
+    const l = code[i].trimEnd();
     if (!opener.test(l) || /^\s*(if|for|while|switch|catch|else|try|do)\b/.test(l.trim())) continue;
-    const indent = /^\s*/.exec(l)![0].length;
-    let j = i + 1;
-    while (j < lines.length && !(lines[j].startsWith(' '.repeat(indent) + '}') && /^\s*/.exec(lines[j])![0].length === indent)) j++;
+    let depth = 0;
+    let j = i;
+    for (; j < code.length; j++) {
+      const text = j === i ? l.slice(l.length - 1) : code[j];
+      for (const c of text) depth += c === '{' ? 1 : c === '}' ? -1 : 0;
+      if (depth <= 0) break;
+    }
     const length = j - i + 1;
     if (length > MAX_FUNCTION_LINES) {
-      const name = /(?:function\*?\s+|const\s+|^\s*(?:(?:private|static|async|get|set)\s+)*)([\w$#]+)/.exec(l)?.[1] ?? '?';
+      const name = /(?:function\*?\s+|const\s+|^\s*(?:(?:private|static|async|get|set|export)\s+)*)([\w$#]+)/.exec(lines[i])?.[1] ?? '?';
       found.push({ line: i + 1, name, lines: length });
     }
   }
@@ -160,7 +164,7 @@ export function analyse(text = fs.readFileSync(SOURCE, 'utf8')): Report {
     }
   });
   const wideLines = lines.flatMap((l, i) => ([...l].length > MAX_LINE_WIDTH ? [i + 1] : []));
-  return { sections, declared, forwardUses: [...forwardUses], offered, longFunctions: functionLengths(lines), wideLines };
+  return { sections, declared, forwardUses: [...forwardUses], offered, longFunctions: functionLengths(lines, code), wideLines };
 }
 
 if (import.meta.main) {
