@@ -8,20 +8,29 @@
  * workload to the image the registry just pushed, over the Kubernetes API, and the result is
  * mailed when the hook passes MAIL_TO.
  *
- * Sections, in order (data flows downward):
+ * Sections, in order. A push reads downward: main (14) hands the socket to the http server (9),
+ * which uses the request, rule and hook sections above it, hands the command to the runner (8),
+ * whose in-process command is the upgrade (10-12), and the finished command to the listener that
+ * follows the rollout and mails (13). No section uses a name a later one defines; where an earlier
+ * section hands work on (8 → 12, 9 → 13), it declares the small interface it needs
+ * (InProcessCommand, CommandListener) and main() wires the later section in.
  *   1. cli & options ............. parseCommandLine, parseGoDuration, usage, LIMITS
- *   2. hook definitions .......... parseStrictJson, renderTemplate, compileHooksFile, compileGoRegex
- *   3. hooks directory & reload .. loadSnapshot, HookStore
- *   4. request parsing ........... parsePayload, lookupParameter, resolveParameter, goJsonMarshal
- *   5. trigger rules ............. evaluateRule
- *   6. command execution ......... resolveCommand, CommandRunner, UpgradeService
- *   7. http server ............... createHandler, ANSWERS
- *   8. registry payloads → image . parsePushPayload, composeImageRef, validateImageRef
- *   9. kubernetes client ......... KubeClient, credentialsFromEnvironment
- *  10. upgrade & rollout ......... runUpgrade, followRollout, WorkloadQueue, formatReport
- *  11. smtp client & mail ........ parseMailConfig, composeMessage, sendMail, Mailer
- *  12. logging, metrics, limits .. Logger, Metrics
- *  13. main ...................... main
+ *   2. logging & metrics ......... Logger, Metrics
+ *   3. hook files ................ parseStrictJson, renderTemplate, FieldReader, Fields
+ *   4. request parsing ........... HookRequest, parsePayload, resolveParameter, compileParam
+ *   5. trigger rules ............. RULE_TYPES, compileRule, evaluateRule
+ *   6. hook definitions .......... compileHooksFile, Hook
+ *   7. hooks directory & reload .. loadSnapshot, HookStore
+ *   8. command execution ......... CommandRunner, InProcessCommand, resolveCommand
+ *   9. http server ............... createHandler, ANSWERS, CommandListener
+ *  10. registry payloads → image . REGISTRIES, composeImageRef, validateImageRef
+ *  11. kubernetes client ......... KubeClient, credentialsFromEnvironment
+ *  12. upgrade & rollout ......... WORKLOAD_KINDS, runUpgrade, followRollout, UpgradeService
+ *  13. smtp client & mail ........ parseMailConfig, sendMail, Mailer, ResultNotifier
+ *  14. main ...................... main
+ *
+ * Each banner's "Exports" lists the names later sections use (test/structure.test.ts checks it).
+ * `export` on any other name makes it reachable from the tests, nothing more.
  *
  * Invariants:
  *   - Configuration is an immutable snapshot swapped atomically on reload; a request sees exactly
@@ -54,7 +63,8 @@ export const VERSION = '0.1.0';
 
 // ================================================================================================
 // 1. cli & options — the adnanh/webhook command line in Go `flag` syntax, plus our safety limits.
-//    Exports: parseCommandLine, parseGoDuration, formatGoDuration, usage, Options, LIMITS.
+//    Exports: formatGoDuration, LIMITS, Options, parseCommandLine, parseGoBool, parseGoDuration,
+//    usage, UsageError.
 // ================================================================================================
 
 export interface Options {
@@ -448,10 +458,10 @@ export function usage(): string {
 }
 
 // ================================================================================================
-// 12. logging, metrics, limits — log lines in adnanh's shape ("[webhook] 2006/01/02 15:04:05 …"),
+// 2. logging & metrics — log lines in adnanh's shape ("[webhook] 2006/01/02 15:04:05 …"),
 //    errors always, the rest with -verbose/-debug, every line scrubbed of known secrets; counters,
 //    gauges and histograms rendered in the Prometheus text format.
-//    Exports: Logger, Metrics.
+//    Exports: Logger, Metrics, MONTHS.
 // ================================================================================================
 
 export class Logger {
@@ -611,8 +621,8 @@ export const MONTHS = ['Jan', 'Feb', 'Mar', 'Apr', 'May', 'Jun', 'Jul', 'Aug', '
 //    template when -template asks, parsed strictly (duplicate keys are errors; every key's line
 //    is kept), and then read through Fields: unknown keys and wrong types are errors that name
 //    file, line, hook and field path (`hooks/web.json:12: hook "web": trigger-rule.and[2]: …`).
-//    Exports: ConfigError, Fields, FieldReader, CompileSinks, PLACEHOLDER, suggest,
-//    parseStrictJson, renderTemplate, TemplateEnv, LineMap.
+//    Exports: CompileSinks, ConfigError, FieldReader, Fields, LineMap, parseStrictJson, Place,
+//    PLACEHOLDER, renderTemplate, suggest, TemplateEnv, typeName.
 // ================================================================================================
 
 /** An error in a hooks file; its message names the place (file:line: hook "id": field.path: what). */
@@ -1099,7 +1109,9 @@ function editDistance(a: string, b: string): number {
 // 4. request parsing & parameters — turns an HTTP request into the structures hook parameters
 //    address: headers (Go-canonical names), query, payload (from JSON, form, XML or multipart
 //    bodies) and the raw body, with adnanh's dotted-path lookup and Go's JSON serialisation.
-//    Exports: HookRequest, parsePayload, resolveParameter, goJsonMarshal, JsonNumber.
+//    Exports: applyJsonParameters, compileParam, firstValues, headersFromRaw, HookRequest,
+//    isParsedContentType, MultipartError, Param, ParameterNotFound, parsePayload,
+//    resolveParameter.
 // ================================================================================================
 
 /** A JSON number kept as its literal text ("1.50" stays "1.50"), as Go's json.Number does. */
@@ -1590,7 +1602,7 @@ export function compileParam(reader: FieldReader, value: unknown, at: Place, fil
 //    and/or/not combine matches with adnanh's semantics: a missing parameter makes a match false
 //    (inside `or` it is passed over, inside `and` the rule fails); a bad signature is an
 //    evaluation error unless the hook allows soft failures. Secrets compare in constant time.
-//    Exports: Rule, Match, compileRule, evaluateRule, ruleMatches, ParameterNotFound.
+//    Exports: compileRule, evaluateRule, Rule, ruleMatches.
 // ================================================================================================
 
 export class SignatureError extends Error {}
@@ -1966,7 +1978,7 @@ export function cidrContains(cidr: Cidr, addr: string): boolean {
 // 6. hook definitions — a hooks file's text (already templated) compiled into hooks: the hook's
 //    fields read in one list, its parameters (section 4) and trigger rule (section 5) compiled
 //    once, so the request path only evaluates.
-//    Exports: Hook, CompiledFile, compileHooksFile.
+//    Exports: compileHooksFile, Hook.
 // ================================================================================================
 
 export interface Hook {
@@ -2136,11 +2148,11 @@ function commandTimeout(h: Fields): number | undefined {
 }
 
 // ================================================================================================
-// 3. hooks directory & reload — every -hooks path (a file, or a directory of *.json files merged
+// 7. hooks directory & reload — every -hooks path (a file, or a directory of *.json files merged
 //    in name order) becomes one immutable Snapshot. Reloads watch directories, not file inodes, so
 //    in-place edits, `mv` over a file, delete + re-create and a Kubernetes ConfigMap `..data`
 //    symlink swap are all seen; a snapshot that fails validation is rejected whole.
-//    Exports: loadSnapshot, Snapshot, HookStore.
+//    Exports: HookStore, LoadSettings, loadSnapshot, Snapshot.
 // ================================================================================================
 
 export interface Snapshot {
@@ -2323,14 +2335,14 @@ export class HookStore {
 }
 
 // ================================================================================================
-// 6. command execution — resolves execute-command as adnanh does (absolute; else relative to
+// 8. command execution — resolves execute-command as adnanh does (absolute; else relative to
 //    command-working-directory, never searched on PATH then; else on PATH), passes arguments,
 //    environment and temp files, and runs the command in its own process group under a deadline
 //    and a cap on concurrent commands. Output is stdout and stderr combined in arrival order.
 //    A command that is an InProcessCommand's entry point (the bundled /webhooks.sh: the upgrade
-//    of section 10) is not started as a process: it runs in this process with the same inputs,
+//    of section 12) is not started as a process: it runs in this process with the same inputs,
 //    output and exit status.
-//    Exports: CommandRunner, CommandResult, InProcessCommand, resolveCommand, decodeBase64Strict.
+//    Exports: CommandResult, CommandRunner, decodeBase64Strict, InProcessCommand, resolveCommand.
 // ================================================================================================
 
 type Environment = Record<string, string | undefined>;
@@ -2708,13 +2720,13 @@ export function decodeBase64Strict(text: string): Buffer {
 }
 
 // ================================================================================================
-// 7. http server — routes `/`, `/healthz`, `/metrics` and `/<urlprefix>/<id>` and answers with
+// 9. http server — routes `/`, `/healthz`, `/metrics` and `/<urlprefix>/<id>` and answers with
 //    adnanh's exact strings. A hook request is a list of steps: route, admit, read, evaluate,
 //    dispatch, answer. Every outcome is one entry of ANSWERS; errors thrown by a step map to an
 //    entry in one place (answerForError). Every response carries X-Request-Id; bodies are plain
 //    text and never sniffed. A finished command goes to the CommandListener main() wires in (the
-//    rollout follow and the mail, sections 10 and 11).
-//    Exports: createHandler, HandlerContext, CommandListener.
+//    rollout follow and the mail, sections 12 and 13).
+//    Exports: CommandListener, createHandler.
 // ================================================================================================
 
 /** One way a request can end: status, body and headers (a step may override status and body). */
@@ -3034,13 +3046,16 @@ function sendAnswer(ex: Exchange, name: AnswerName, override: Partial<Answer> = 
 }
 
 // ================================================================================================
-// 8. registry payloads → image reference — turns a registry's push notification (Aliyun ACR,
+// 10. registry payloads → image reference — turns a registry's push notification (Aliyun ACR,
 //    Docker Hub, a build job) into the image reference the cluster will pull, and validates it
 //    against the OCI distribution reference grammar before anything is sent to Kubernetes.
-//    Pure functions: no I/O, no clock.
+//    Pure functions: no I/O, no clock. Each registry is one entry of REGISTRIES: its payload
+//    becomes one PushEvent (host, repository, tag, digest, pushed-at), and it says what its test
+//    ping looks like and whether REGISTRY_HOST applies; composing, pinning and validating the
+//    reference are the same for all.
 //
 //    The hook's environment chooses the composition:
-//      REPO_TYPE      regionalregistry | publicregistry | custom (case-insensitive)
+//      REPO_TYPE      a key of REGISTRIES: regionalregistry | publicregistry | custom (any case)
 //      NET_TYPE       regionalregistry only: unset or "public" → registry.<region>.aliyuncs.com,
 //                     "vpc" → registry-vpc.…, "internal" → registry-internal.…
 //      REGISTRY_HOST  host[:port] that replaces the computed registry host for regionalregistry
@@ -3050,10 +3065,11 @@ function sendAnswer(ex: Exchange, name: AnswerName, override: Partial<Answer> = 
 //                     publicregistry, which always names a Docker Hub repository.
 //      PIN_DIGEST     true → `repo:tag@sha256:…` when the payload carries push_data.digest (ACR
 //                     does, Docker Hub does not); the cluster then runs exactly the pushed image.
-//    A payload without push_data.tag, repository.name or repository.namespace (Docker Hub's test
-//    ping when a webhook is created) is acknowledged as a no-op, as the old script did. Any other
+//    A test ping (for these three: a payload without push_data.tag, repository.name or
+//    repository.namespace, as Docker Hub sends when a webhook is created) is acknowledged as a
+//    no-op, as the old script did. Any other
 //    missing or malformed field is an error naming the field; nothing is lower-cased or repaired.
-//    Exports: parsePushPayload, composeImageRef, validateImageRef, normalizeImageRef, UpgradeInputs.
+//    Exports: composeImageRef, isObject, normalizeImageRef, parsePushPayload, showValue.
 // ================================================================================================
 
 export interface UpgradeInputs {
@@ -3493,7 +3509,7 @@ export function normalizeImageRef(ref: string): string {
 }
 
 // ================================================================================================
-// 9. kubernetes client — a small client for the Kubernetes REST API over node:https. Credentials
+// 11. kubernetes client — a small client for the Kubernetes REST API over node:https. Credentials
 //    come from a JSON kubeconfig (-kubeconfig, else KUBECONFIG: current-context; token or
 //    tokenFile, or a client certificate; the CA; inline *-data or file paths relative to the
 //    kubeconfig) or, inside a pod, from the service account (token re-read on every request, so
@@ -3502,8 +3518,8 @@ export function normalizeImageRef(ref: string): string {
 //    backoff inside a bounded total time. Failures become KubeErrors whose message names the
 //    verb and the resource, and for 403 the permission missing. The token is only ever put in
 //    the Authorization header: no message, log line or output contains it.
-//    Exports: KubeClient, KubeError, credentialsFromEnvironment, loadKubeconfig,
-//    inClusterCredentials, retryDelay, describeResource, KUBE_LIMITS.
+//    Exports: credentialsFromEnvironment, describeResource, JsonPatchOperation, KubeClient,
+//    KubeError, ResourceRef.
 // ================================================================================================
 
 export const KUBE_LIMITS = {
@@ -4081,14 +4097,17 @@ export type JsonPatchOperation =
   | { op: 'remove'; path: string };
 
 // ================================================================================================
-// 10. upgrade & rollout — the job /webhooks.sh exists for: point the named container of the named
-//    workload at the pushed image, record why, and follow the rollout by kubectl's rules.
+// 12. upgrade & rollout — the job /webhooks.sh exists for: point the named container of the named
+//    workload at the pushed image, record why, and follow the rollout by kubectl's rules. Each
+//    workload kind is one entry of WORKLOAD_KINDS (API resource, names, pod template, kubectl's
+//    rollout viewer, whether it has a rollout, how its pods are owned). UpgradeService is the
+//    command runner's InProcessCommand: one client and one per-workload queue for every push.
 //
 //    Inputs (the hook's environment, argument 1 = the payload): APP_NS, APP_WORKLOAD
 //    (<kind>/<name>: deployment, daemonset, statefulset, cronjob; any case, plurals, short names
 //    deploy/ds/sts/cj, or kind.group), APP_CONTAINER (exact name; containers, then
 //    initContainers), ROLLOUT_TIMEOUT (Go duration; 0, the default, answers at once with
-//    "progressing"), plus those of section 8.
+//    "progressing"), plus those of section 10.
 //
 //    The change is one JSON patch (fieldManager=webhook) that first tests the container's name
 //    and current image, so a concurrent edit fails the patch instead of being overwritten; on such
@@ -4112,9 +4131,7 @@ export type JsonPatchOperation =
 //      note:         <anything else worth knowing>
 //    Exit status 0 when result is ok (a change made, or an acknowledged no-op), 1 otherwise; a
 //    rollout that was waited for and failed or timed out makes the result failed.
-//    Exports: runUpgrade, followRollout, rolloutStatus, rolloutEvent, recordWorkloadEvent,
-//    parseWorkload, locateContainer, planPatch, summarizePod, formatReport, formatRollout,
-//    WorkloadQueue, UpgradeReport, RolloutOutcome, WorkloadTarget, UPGRADE_LIMITS.
+//    Exports: formatReport, runUpgrade, UpgradeReport, UpgradeService.
 // ================================================================================================
 
 export const UPGRADE_LIMITS = {
@@ -4837,7 +4854,7 @@ export async function runUpgrade(
     if (composed.kind === 'error') throw new UpgradeError(composed.message);
     if (composed.kind === 'noop') {
       report.action = `none (${composed.reason})`;
-      return finish(report);
+      return upgradeResult(report);
     }
     report.imageAfter = composed.ref;
     report.notes.push(...composed.notes);
@@ -4862,10 +4879,10 @@ export async function runUpgrade(
   } finally {
     ownClient?.close();
   }
-  return finish(report);
+  return upgradeResult(report);
 }
 
-function finish(report: UpgradeReport): { output: string; exitCode: number; report: UpgradeReport } {
+function upgradeResult(report: UpgradeReport): { output: string; exitCode: number; report: UpgradeReport } {
   return { output: formatReport(report), exitCode: report.result === 'ok' ? 0 : 1, report };
 }
 
@@ -5235,12 +5252,12 @@ export class UpgradeService implements InProcessCommand {
 }
 
 // ================================================================================================
-// 11. smtp client & mail — mails a hook's result through the server the MAIL_* variables describe,
+// 13. smtp client & mail — mails a hook's result through the server the MAIL_* variables describe,
 //    with a small hand-written SMTP client: implicit TLS or STARTTLS, AUTH PLAIN/LOGIN/CRAM-MD5,
 //    every step under a deadline, RFC 5322/MIME/RFC 2047 messages. The password lives in a Secret
-//    and every reply or error text leaving this section is scrubbed of it.
-//    Exports: parseMailConfig, parseRecipients, composeMessage, formatRfc5322Date, dotStuff,
-//    sendMail, sendWithRetry, Mailer, Secret.
+//    and every reply or error text leaving this section is scrubbed of it. ResultNotifier is the
+//    http server's CommandListener: an upgrade's rollout is followed to its end, then mailed.
+//    Exports: MailConfig, Mailer, parseMailConfig, ResultNotifier.
 // ================================================================================================
 
 /** A value that must never be printed: it shows as "[redacted]" in logs, JSON and inspection. */
@@ -6206,7 +6223,7 @@ function mailJob(hook: Hook, req: HookRequest, r: CommandResult, report: Upgrade
 }
 
 // ================================================================================================
-// 13. main — wires the sections together; the only place with process-wide side effects
+// 14. main — wires the sections together; the only place with process-wide side effects
 //    (signals, pid file, listening socket, exit codes).
 // ================================================================================================
 
