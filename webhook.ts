@@ -622,7 +622,7 @@ export const MONTHS = ['Jan', 'Feb', 'Mar', 'Apr', 'May', 'Jun', 'Jul', 'Aug', '
 //    is kept), and then read through Fields: unknown keys and wrong types are errors that name
 //    file, line, hook and field path (`hooks/web.json:12: hook "web": trigger-rule.and[2]: …`).
 //    Exports: CompileSinks, ConfigError, FieldReader, Fields, LineMap, parseStrictJson, Place,
-//    PLACEHOLDER, renderTemplate, suggest, TemplateEnv, typeName.
+//    PLACEHOLDER, renderTemplate, suggest, TemplateEnv, TextCursor, typeName.
 // ================================================================================================
 
 /** An error in a hooks file; its message names the place (file:line: hook "id": field.path: what). */
@@ -644,12 +644,10 @@ export function parseStrictJson(text: string): { value: unknown; lines: LineMap 
   return { value, lines: parser.lines };
 }
 
-class StrictJsonParser {
-  readonly lines: LineMap = new WeakMap();
-  private readonly text: string;
-  private at = 0;
-  private line = 1;
-  private lineStart = 0;
+/** A position in a text read by hand (the strict JSON and XML readers). */
+class TextCursor {
+  protected readonly text: string;
+  protected at = 0;
 
   constructor(text: string) {
     this.text = text;
@@ -658,6 +656,12 @@ class StrictJsonParser {
   atEnd(): boolean {
     return this.at >= this.text.length;
   }
+}
+
+class StrictJsonParser extends TextCursor {
+  readonly lines: LineMap = new WeakMap();
+  private line = 1;
+  private lineStart = 0;
 
   fail(what: string): never {
     throw new ConfigError(`line ${this.line}, column ${this.at - this.lineStart + 1}: ${what}`);
@@ -1245,17 +1249,7 @@ export function parseXml(text: string): Record<string, unknown> {
 
 const XML_ENTITIES: Record<string, string> = { lt: '<', gt: '>', amp: '&', quot: '"', apos: "'" };
 
-class XmlReader {
-  private readonly text: string;
-  private at = 0;
-
-  constructor(text: string) {
-    this.text = text;
-  }
-
-  atEnd(): boolean {
-    return this.at >= this.text.length;
-  }
+class XmlReader extends TextCursor {
   fail(what: string): never {
     throw new Error(`${what} at offset ${this.at}`);
   }
