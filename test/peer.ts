@@ -10,6 +10,8 @@
  *   3. Debian's source package `webhook` (2.8.0 in bookworm and trixie): its upstream tarball is
  *      adnanh's pristine release with every dependency vendored, so `go build -mod=vendor` needs no
  *      network. The deb-src entry is derived from the machine's own apt sources (no host named here).
+ *      The tree is kept (`adnanh-<version>/source`, see adnanhSource()): it also holds adnanh's own
+ *      test suite, which test/adnanh-suite.test.ts runs against our executable.
  *   4. Debian's binary package `webhook` (`apt-get download` + `dpkg-deb -x`) as a last resort.
  *
  * Everything lands in `~/.cache/webhook-test/adnanh-<version>/webhook`, outside the clone, written
@@ -147,35 +149,127 @@ function privateApt(root: string, sourcesList: string): string[] {
   ];
 }
 
-async function fromDebianSource(): Promise<string | undefined> {
+/**
+ * Downloads Debian's upstream tarball of `webhook` into `work`, through a private apt state there.
+ * Returns its file name, or undefined when the machine has no Debian archive or the download failed.
+ */
+async function downloadDebianOrig(work: string): Promise<string | undefined> {
+  const lines = debSrcLines();
+  if (lines.length === 0) return undefined;
+  const sourcesList = path.join(work, 'sources.list');
+  await fsp.writeFile(sourcesList, lines.join('\n') + '\n');
+  await fsp.mkdir(path.join(work, 'lists', 'partial'), { recursive: true });
+  await fsp.mkdir(path.join(work, 'cache', 'archives', 'partial'), { recursive: true });
+  const apt = privateApt(work, sourcesList);
+  await run('apt-get', [...apt, '-qq', 'update'], { timeout: 300_000 }).catch(() => undefined);
+  // The Debian packaging tarball may be missing from the mirror; only the upstream tarball matters.
+  await run('apt-get', [...apt, '-qq', 'source', '--download-only', DEBIAN_PACKAGE], {
+    cwd: work,
+    timeout: 300_000,
+  }).catch(() => undefined);
+  return (await fsp.readdir(work)).find((f) => /^webhook_[\d.]+\.orig\.tar\.(gz|xz)$/.test(f));
+}
+
+/** The `version` constant of adnanh's webhook.go in a source tree (`2.8.0`), or undefined. */
+function sourceVersion(dir: string): string | undefined {
+  try {
+    return fs.readFileSync(path.join(dir, 'webhook.go'), 'utf8').match(/^\s*version\s*=\s*"([^"]+)"/m)?.[1];
+  } catch {
+    return undefined;
+  }
+}
+
+export interface SourceTree {
+  /** The unpacked tree (go.mod, webhook.go, webhook_test.go, test/, vendor/). */
+  dir: string;
+  /** adnanh's version as its webhook.go states it, e.g. `2.8.0`. */
+  version: string;
+}
+
+/** Unpacks Debian's upstream tarball once into `adnanh-<version>/source` in the cache. */
+async function debianSourceTree(): Promise<SourceTree | undefined> {
   const work = await fsp.mkdtemp(path.join(os.tmpdir(), 'adnanh-debsrc-'));
   try {
-    const lines = debSrcLines();
-    if (lines.length === 0) return undefined;
-    const sourcesList = path.join(work, 'sources.list');
-    await fsp.writeFile(sourcesList, lines.join('\n') + '\n');
-    await fsp.mkdir(path.join(work, 'lists', 'partial'), { recursive: true });
-    await fsp.mkdir(path.join(work, 'cache', 'archives', 'partial'), { recursive: true });
-    const apt = privateApt(work, sourcesList);
-    await run('apt-get', [...apt, '-qq', 'update'], { timeout: 300_000 }).catch(() => undefined);
-    // The Debian packaging tarball may be missing from the mirror; only the upstream tarball matters.
-    await run('apt-get', [...apt, '-qq', 'source', '--download-only', DEBIAN_PACKAGE], {
-      cwd: work,
-      timeout: 300_000,
-    }).catch(() => undefined);
-    const orig = (await fsp.readdir(work)).find((f) => /^webhook_[\d.]+\.orig\.tar\.(gz|xz)$/.test(f));
+    const orig = await downloadDebianOrig(work);
     if (!orig) return undefined;
     const version = orig.match(/^webhook_([\d.]+)\.orig/)![1];
-    const cached = path.join(cacheDir(version), 'webhook');
-    if (isExecutable(cached)) return cached;
+    const final = path.join(cacheDir(version), 'source');
+    if (sourceVersion(final)) return { dir: final, version };
     await run('tar', ['-xf', orig], { cwd: work });
-    const src = path.join(work, `webhook-${version}`);
+    await fsp.mkdir(cacheDir(version), { recursive: true });
+    // Unpacked beside its final place and renamed, so concurrent callers never see half a tree.
+    const tmp = `${final}.tmp-${process.pid}`;
+    await fsp.rm(tmp, { recursive: true, force: true });
+    await fsp.cp(path.join(work, `webhook-${version}`), tmp, { recursive: true });
+    try {
+      await fsp.rename(tmp, final);
+    } catch (e) {
+      await fsp.rm(tmp, { recursive: true, force: true });
+      if (!sourceVersion(final)) throw e; // not a concurrent caller that won the race
+    }
+    return { dir: final, version };
+  } catch {
+    return undefined;
+  } finally {
+    await fsp.rm(work, { recursive: true, force: true });
+  }
+}
+
+let pendingSource: Promise<SourceTree> | undefined;
+
+/**
+ * adnanh/webhook's pristine source tree, with its own tests (`webhook_test.go`, `test/`) and every
+ * dependency vendored: `$ADNANH_WEBHOOK_SRC` when set (an unpacked tree), else Debian's upstream
+ * tarball, unpacked once into `~/.cache/webhook-test/adnanh-<version>/source`. Treat it as
+ * read-only. Throws when no source can provide it.
+ */
+export function adnanhSource(): Promise<SourceTree> {
+  pendingSource ??= (async () => {
+    const override = process.env.ADNANH_WEBHOOK_SRC;
+    if (override) {
+      const version = sourceVersion(override);
+      if (!version) throw new Error(`ADNANH_WEBHOOK_SRC=${override} is not an adnanh/webhook source tree (no webhook.go version)`);
+      return { dir: path.resolve(override), version };
+    }
+    // Whatever was unpacked once is reused without asking the archive again.
+    const sticky = path.join(peerCacheRoot(), 'adnanh-source-resolved');
+    try {
+      const previous = fs.readFileSync(sticky, 'utf8').trim();
+      const version = sourceVersion(previous);
+      if (version) return { dir: previous, version };
+    } catch {
+      /* first run */
+    }
+    const tree = await debianSourceTree();
+    if (!tree) {
+      throw new Error(
+        "could not obtain adnanh/webhook's source: Debian's source package could not be fetched; " +
+          'set ADNANH_WEBHOOK_SRC to an unpacked source tree (with vendor/)',
+      );
+    }
+    await fsp.writeFile(sticky, tree.dir + '\n');
+    return tree;
+  })();
+  return pendingSource;
+}
+
+async function fromDebianSource(): Promise<string | undefined> {
+  let tree: SourceTree;
+  try {
+    tree = await adnanhSource();
+  } catch {
+    return undefined;
+  }
+  const cached = path.join(cacheDir(tree.version), 'webhook');
+  if (isExecutable(cached)) return cached;
+  const work = await fsp.mkdtemp(path.join(os.tmpdir(), 'adnanh-debsrc-'));
+  try {
     await run('go', ['build', '-mod=vendor', '-trimpath', '-o', path.join(work, 'webhook.bin'), '.'], {
-      cwd: src,
+      cwd: tree.dir,
       env: goEnv({ CGO_ENABLED: '0', GOFLAGS: '-buildvcs=false -mod=vendor', GOPROXY: 'off' }),
       timeout: 900_000,
     });
-    return await install(path.join(work, 'webhook.bin'), version);
+    return await install(path.join(work, 'webhook.bin'), tree.version);
   } catch {
     return undefined;
   } finally {
