@@ -16,7 +16,7 @@
  * (InProcessCommand, CommandListener) and main() wires the later section in.
  *   1. cli & options ............. parseCommandLine, parseGoDuration, usage, LIMITS
  *   2. logging & metrics ......... Logger, Metrics
- *   3. hook files ................ parseStrictJson, renderTemplate, FieldReader, Fields
+ *   3. hook files ................ parseYaml, renderTemplate, FieldReader, Fields
  *   4. request parsing ........... HookRequest, parsePayload, resolveParameter, compileParam
  *   5. trigger rules ............. RULE_TYPES, compileRule, evaluateRule
  *   6. hook definitions .......... compileHooksFile, Hook
@@ -153,7 +153,7 @@ const FLAGS: Record<string, FlagSpec> = {
     kind: 'list',
     key: 'hooks',
     def: 'hooks.json',
-    help: 'path to a hooks file or a directory of *.json hook files (repeatable)',
+    help: 'path to a hooks file or a directory of *.json, *.yaml and *.yml hook files (repeatable)',
   },
   template: { kind: 'bool', key: 'template', def: 'false', help: 'parse hooks files as Go text/templates' },
   hotreload: {
@@ -479,8 +479,10 @@ export class Logger {
   }
 
   /**
-   * Writes what is pending. Lines are batched per event-loop turn: a request logs several, and one
-   * write(2) for all of them is much cheaper. main() calls this on exit as well.
+   * Writes what is pending, synchronously. Lines are batched: a request logs several, and one
+   * write(2) for all of them is much cheaper. The http server flushes before each answer goes out
+   * and errors flush at once, so a process killed right after answering has logged everything
+   * about that request; lines logged in the background are written at the end of the turn.
    */
   flush(): void {
     if (this.pending.length === 0) return;
@@ -513,6 +515,7 @@ export class Logger {
 
   error(m: string): void {
     this.emit(`error: ${m}`);
+    this.flush();
   }
   warn(m: string): void {
     this.emit(`warning: ${m}`);
@@ -621,8 +624,8 @@ export const MONTHS = ['Jan', 'Feb', 'Mar', 'Apr', 'May', 'Jun', 'Jul', 'Aug', '
 //    template when -template asks, parsed strictly (duplicate keys are errors; every key's line
 //    is kept), and then read through Fields: unknown keys and wrong types are errors that name
 //    file, line, hook and field path (`hooks/web.json:12: hook "web": trigger-rule.and[2]: …`).
-//    Exports: CompileSinks, ConfigError, FieldReader, Fields, LineMap, parseStrictJson, Place,
-//    PLACEHOLDER, renderTemplate, suggest, TemplateEnv, TextCursor, typeName.
+//    Exports: CompileSinks, ConfigError, FieldReader, Fields, LineMap, parseYaml, Place,
+//    PLACEHOLDER, renderTemplate, scalarAsGoString, suggest, TemplateEnv, typeName.
 // ================================================================================================
 
 /** An error in a hooks file; its message names the place (file:line: hook "id": field.path: what). */
@@ -631,146 +634,1610 @@ export class ConfigError extends Error {}
 /** Line numbers of every key (objects) and index (arrays) of a parsed document. */
 export type LineMap = WeakMap<object, Map<string, number>>;
 
+// ---- YAML: how hook files are read -----------------------------------------------------------
+//
+// adnanh reads every hooks file (JSON ones too) with github.com/ghodss/yaml, which runs
+// gopkg.in/yaml.v2 (the 2017 revision eb3733d vendored in 2.8.0, a Go port of libyaml 0.1) and
+// turns the result into JSON. So this reader follows that code closely, in three stages:
+//   Scanner  characters -> tokens, with libyaml's indentation stack and "simple key" bookkeeping,
+//            because that is where YAML's context rules (and most of its error cases) live;
+//   Parser   tokens -> a node tree for the FIRST document only, as yaml.Unmarshal does;
+//   Decoder  nodes -> plain JS values, resolving scalars (YAML 1.1 booleans, Go integer syntax),
+//            aliases and `<<` merges the way yaml.v2 does, and map keys the way ghodss does.
+// On purpose stricter than adnanh: a mapping may not repeat a key (JSON.parse and yaml.v2 keep
+// the last, so a second "trigger-rule" would silently replace the first), aliases may not expand
+// a document past a million nodes, nesting is limited, `!!binary` is refused.
+// Error messages carry a position and never the text of a scalar: hook files hold secrets.
+
+export class YamlError extends Error {
+  readonly line: number;
+  readonly column: number;
+  constructor(line: number, column: number, what: string) {
+    super(`line ${line}, column ${column}: ${what}`);
+    this.name = 'YamlError';
+    this.line = line;
+    this.column = column;
+  }
+}
+
+/** A position, all counted from 0; `index` counts characters (code points) from the start. */
+interface Mark {
+  index: number;
+  line: number;
+  column: number;
+}
+
+function failAt(mark: Mark, what: string, context?: string, contextMark?: Mark): never {
+  const at = contextMark && `line ${contextMark.line + 1}, column ${contextMark.column + 1}`;
+  const where = context && at ? ` (${context} at ${at})` : '';
+  throw new YamlError(mark.line + 1, mark.column + 1, what + where);
+}
+
+// Nesting deeper than this is refused, so that a hostile file cannot exhaust the JS stack.
+const MAX_DEPTH = 1000;
+// Aliases may not blow a document up past this many nodes ("billion laughs").
+const MAX_NODES = 1_000_000;
+
+// ---------------------------------------------------------------------------------------------
+// Characters
+
+function isBreak(c: string): boolean {
+  return c === '\n' || c === '\r' || c === '\u0085' || c === '\u2028' || c === '\u2029';
+}
+function isBlank(c: string): boolean {
+  return c === ' ' || c === '\t';
+}
+/** '\0' marks the end of the input: the reader has refused every real NUL. */
+function isBreakZ(c: string): boolean {
+  return c === '\0' || isBreak(c);
+}
+function isBlankZ(c: string): boolean {
+  return isBlank(c) || isBreakZ(c);
+}
+/** The characters of anchor names and tag handles. */
+function isAlpha(c: string): boolean {
+  return /^[0-9A-Za-z_-]$/.test(c);
+}
+function isHex(c: string): boolean {
+  return /^[0-9A-Fa-f]$/.test(c);
+}
+/** How many bytes a UTF-8 sequence starting with this byte has; 0 if it cannot start one. */
+function utf8Width(octet: number): number {
+  if (octet < 0x80) return 1;
+  if ((octet & 0xe0) === 0xc0) return 2;
+  if ((octet & 0xf0) === 0xe0) return 3;
+  return (octet & 0xf8) === 0xf0 ? 4 : 0;
+}
+
+/** What libyaml's reader lets through: printable characters, tab and line breaks. */
+function isAllowedChar(c: string): boolean {
+  const v = c.codePointAt(0) ?? 0;
+  if (v === 0x09 || v === 0x0a || v === 0x0d || v === 0x85) return true;
+  if (v >= 0xd800 && v <= 0xdfff) return false; // a lone surrogate: not a character
+  return (v >= 0x20 && v <= 0x7e) || (v >= 0xa0 && v <= 0xfffd) || (v >= 0x10000 && v <= 0x10ffff);
+}
+
 /**
- * Strict JSON: rejects duplicate keys (JSON.parse keeps the last, so a second "trigger-rule"
- * would silently replace the first) and records where each value starts. Messages name line and
- * column and never quote string contents (a template may have put a secret there).
+ * The input as code points with a '\0' sentinel, after refusing what libyaml's reader refuses.
+ * libyaml counts columns in characters, hence code points rather than UTF-16 units.
  */
-export function parseStrictJson(text: string): { value: unknown; lines: LineMap } {
-  const parser = new StrictJsonParser(text);
-  const value = parser.value();
-  parser.skipSpace();
-  if (!parser.atEnd()) parser.fail(`${parser.describe()} after the end of the document`);
-  return { value, lines: parser.lines };
+function readChars(text: string): string[] {
+  const source = text.startsWith('\uFEFF') ? text.slice(1) : text;
+  const chars = Array.from(source === '' ? '\n' : source); // yaml.v2 reads an empty input as "\n"
+  let line = 0;
+  let column = 0;
+  for (let i = 0; i < chars.length; i++) {
+    const c = chars[i];
+    if (!isAllowedChar(c)) failAt({ index: i, line, column }, 'control characters are not allowed');
+    const lineEnds = isBreak(c) && !(c === '\r' && chars[i + 1] === '\n');
+    line += lineEnds ? 1 : 0;
+    column = lineEnds ? 0 : column + 1;
+  }
+  chars.push('\0');
+  return chars;
 }
 
-/** A position in a text read by hand (the strict JSON and XML readers). */
-class TextCursor {
-  protected readonly text: string;
-  protected at = 0;
+// ---------------------------------------------------------------------------------------------
+// Tokens
 
-  constructor(text: string) {
-    this.text = text;
-  }
+type TokenType =
+  | 'stream-start'
+  | 'stream-end'
+  | 'version-directive'
+  | 'tag-directive'
+  | 'document-start'
+  | 'document-end'
+  | 'block-sequence-start'
+  | 'block-mapping-start'
+  | 'block-end'
+  | 'flow-sequence-start'
+  | 'flow-sequence-end'
+  | 'flow-mapping-start'
+  | 'flow-mapping-end'
+  | 'block-entry'
+  | 'flow-entry'
+  | 'key'
+  | 'value'
+  | 'alias'
+  | 'anchor'
+  | 'tag'
+  | 'scalar';
 
-  atEnd(): boolean {
-    return this.at >= this.text.length;
-  }
+type ScalarStyle = 'plain' | 'single' | 'double' | 'literal' | 'folded' | '';
+
+interface Token {
+  type: TokenType;
+  start: Mark;
+  end: Mark;
+  /** Scalar text, anchor or alias name, tag handle, %TAG handle, or "major.minor" of %YAML. */
+  value: string;
+  /** Tag suffix, or %TAG prefix. */
+  suffix: string;
+  style: ScalarStyle;
 }
 
-class StrictJsonParser extends TextCursor {
-  readonly lines: LineMap = new WeakMap();
-  private line = 1;
-  private lineStart = 0;
+function newToken(type: TokenType, start: Mark, end: Mark, value = '', suffix = '', style: ScalarStyle = ''): Token {
+  return { type, start, end, value, suffix, style };
+}
 
-  fail(what: string): never {
-    throw new ConfigError(`line ${this.line}, column ${this.at - this.lineStart + 1}: ${what}`);
+/** A place where a "key:" may turn out to have started (libyaml's simple key). */
+interface SimpleKey {
+  possible: boolean;
+  required: boolean;
+  tokenNumber: number;
+  mark: Mark;
+}
+
+/** The whitespace and line breaks pending between two runs of text in a flow or plain scalar. */
+interface Folding {
+  text: string;
+  whitespaces: string;
+  leadingBreak: string;
+  trailingBreaks: string;
+  leadingBlanks: boolean;
+}
+
+function newFolding(): Folding {
+  return { text: '', whitespaces: '', leadingBreak: '', trailingBreaks: '', leadingBlanks: false };
+}
+
+/** Folds pending line breaks into one space (or keeps the empty lines), or keeps the spaces. */
+function joinFolding(f: Folding): void {
+  if (f.leadingBlanks) {
+    if (f.leadingBreak.startsWith('\n')) f.text += f.trailingBreaks === '' ? ' ' : f.trailingBreaks;
+    else f.text += f.leadingBreak + f.trailingBreaks;
+    f.leadingBreak = '';
+    f.trailingBreaks = '';
+    f.leadingBlanks = false;
+  } else {
+    f.text += f.whitespaces;
+  }
+  f.whitespaces = '';
+}
+
+const SIMPLE_ESCAPES: Record<string, string> = {
+  '0': '\0',
+  a: '\x07',
+  b: '\b',
+  t: '\t',
+  '\t': '\t',
+  n: '\n',
+  v: '\v',
+  f: '\f',
+  r: '\r',
+  e: '\x1b',
+  ' ': ' ',
+  '"': '"',
+  "'": "'",
+  '\\': '\\',
+  N: '\u0085',
+  _: '\u00a0',
+  L: '\u2028',
+  P: '\u2029',
+};
+const HEX_ESCAPE_LENGTH: Record<string, number> = { x: 2, u: 4, U: 8 };
+// Characters that may appear in a tag URI (libyaml's list, '%' starting an escape).
+const URI_CHARS = ";/?:@&=+$,.!~*'()[]%";
+
+// ---------------------------------------------------------------------------------------------
+// Scanner: a port of libyaml's, pull-based like it, so that the parser meets the same errors in
+// the same order (which matters: yaml.v2 stops right after the first document's end).
+
+class Scanner {
+  private readonly cs: string[];
+  private pos = 0;
+  private line = 0;
+  private column = 0;
+  private tokens: Token[] = [];
+  private head = 0;
+  private tokensParsed = 0;
+  private tokenAvailable = false;
+  private streamStartProduced = false;
+  private indent = -1;
+  private readonly indents: number[] = [];
+  private simpleKeyAllowed = false;
+  private readonly simpleKeys: SimpleKey[] = [];
+  private flowLevel = 0;
+
+  constructor(chars: string[]) {
+    this.cs = chars;
   }
 
-  describe(): string {
-    return this.atEnd() ? 'unexpected end of input' : `unexpected character ${JSON.stringify(this.text[this.at])}`;
+  /** The next token, scanning as far ahead as a pending simple key requires. */
+  peek(): Token {
+    if (!this.tokenAvailable) this.fetchMoreTokens();
+    return this.tokens[this.head];
   }
 
-  skipSpace(): void {
-    for (;;) {
-      const c = this.text.charCodeAt(this.at);
-      if (c === 10) {
-        this.line++;
-        this.at++;
-        this.lineStart = this.at;
-      } else if (c === 32 || c === 9 || c === 13) this.at++;
-      else return;
+  skipToken(): void {
+    this.tokenAvailable = false;
+    this.tokensParsed++;
+    this.head++;
+    if (this.head > 256 && this.head === this.tokens.length) {
+      this.tokens = []; // positions are relative to head, so the queue may be emptied
+      this.head = 0;
     }
   }
 
-  value(): unknown {
-    this.skipSpace();
-    const c = this.text[this.at];
-    if (c === '{') return this.object();
-    if (c === '[') return this.array();
-    if (c === '"') return this.string();
-    const m = /^(?:true|false|null|-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?)/.exec(
-      this.text.slice(this.at, this.at + 400),
-    );
-    if (!m) return this.fail(this.describe());
-    this.at += m[0].length;
-    return JSON.parse(m[0]);
+  // --- characters
+
+  private ch(k = 0): string {
+    return this.cs[this.pos + k] ?? '\0';
+  }
+  private mark(): Mark {
+    return { index: this.pos, line: this.line, column: this.column };
+  }
+  private skip(): void {
+    this.pos++;
+    this.column++;
+  }
+  private read(): string {
+    const c = this.ch();
+    this.skip();
+    return c;
+  }
+  private skipLine(): void {
+    if (!isBreak(this.ch())) return;
+    this.pos += this.ch() === '\r' && this.ch(1) === '\n' ? 2 : 1;
+    this.line++;
+    this.column = 0;
+  }
+  /** Consumes a line break; CR LF, CR and NEL all read as "\n", LS and PS stay themselves. */
+  private readLine(): string {
+    const c = this.ch();
+    if (!isBreak(c)) return '';
+    this.skipLine();
+    return c === '\u2028' || c === '\u2029' ? c : '\n';
+  }
+  private atDocumentIndicator(): boolean {
+    const three = this.ch() + this.ch(1) + this.ch(2);
+    return this.column === 0 && (three === '---' || three === '...') && isBlankZ(this.ch(3));
   }
 
-  private string(): string {
-    const start = this.at;
-    this.at++;
+  // --- the token queue
+
+  private insertToken(at: number, t: Token): void {
+    if (at < 0) this.tokens.push(t);
+    else this.tokens.splice(this.head + at, 0, t);
+  }
+
+  private fetchMoreTokens(): void {
     for (;;) {
-      const c = this.text.charCodeAt(this.at);
-      if (Number.isNaN(c)) this.fail('unterminated string');
-      if (c === 34) break;
-      if (c === 92) this.at += 2;
-      else if (c < 32) this.fail('control character in string (escape it)');
-      else this.at++;
+      let need = this.head === this.tokens.length;
+      if (!need) {
+        this.staleSimpleKeys();
+        need = this.simpleKeys.some((k) => k.possible && k.tokenNumber === this.tokensParsed);
+      }
+      if (!need) break;
+      this.fetchNextToken();
     }
-    this.at++;
+    this.tokenAvailable = true;
+  }
+
+  private fetchNextToken(): void {
+    if (!this.streamStartProduced) return this.fetchStreamStart();
+    this.scanToNextToken();
+    this.staleSimpleKeys();
+    this.unrollIndent(this.column);
+    const c = this.ch();
+    if (c === '\0') return this.fetchStreamEnd();
+    if (this.column === 0 && c === '%') return this.fetchDirective();
+    if (this.atDocumentIndicator()) return this.fetchDocumentIndicator(c === '-' ? 'document-start' : 'document-end');
+    if (this.fetchIndicator(c)) return;
+    if (this.canStartPlainScalar(c)) return this.fetchPlainScalar();
+    failAt(this.mark(), 'found character that cannot start any token');
+  }
+
+  private fetchIndicator(c: string): boolean {
+    const next = this.ch(1);
+    if (c === '[') this.fetchFlowCollectionStart('flow-sequence-start');
+    else if (c === '{') this.fetchFlowCollectionStart('flow-mapping-start');
+    else if (c === ']') this.fetchFlowCollectionEnd('flow-sequence-end');
+    else if (c === '}') this.fetchFlowCollectionEnd('flow-mapping-end');
+    else if (c === ',') this.fetchFlowEntry();
+    else if (c === '-' && isBlankZ(next)) this.fetchBlockEntry();
+    else if (c === '?' && (this.flowLevel > 0 || isBlankZ(next))) this.fetchKey();
+    else if (c === ':' && (this.flowLevel > 0 || isBlankZ(next))) this.fetchValue();
+    else if (c === '*' || c === '&') this.fetchAnchor(c === '*' ? 'alias' : 'anchor');
+    else if (c === '!') this.fetchTag();
+    else if ((c === '|' || c === '>') && this.flowLevel === 0) this.fetchBlockScalar(c === '|');
+    else if (c === "'" || c === '"') this.fetchFlowScalar(c === "'");
+    else return false;
+    return true;
+  }
+
+  private canStartPlainScalar(c: string): boolean {
+    const next = this.ch(1);
+    if (!(isBlankZ(c) || '-?:,[]{}#&*!|>\'"%@`'.includes(c))) return true;
+    if (c === '-' && !isBlank(next)) return true;
+    return this.flowLevel === 0 && (c === '?' || c === ':') && !isBlankZ(next);
+  }
+
+  /** Skips spaces, comments and line breaks; tabs only where they cannot be indentation. */
+  private scanToNextToken(): void {
+    for (;;) {
+      while (this.ch() === ' ' || ((this.flowLevel > 0 || !this.simpleKeyAllowed) && this.ch() === '\t')) {
+        this.skip();
+      }
+      if (this.ch() === '#') while (!isBreakZ(this.ch())) this.skip();
+      if (!isBreak(this.ch())) return;
+      this.skipLine();
+      if (this.flowLevel === 0) this.simpleKeyAllowed = true;
+    }
+  }
+
+  // --- simple keys and indentation
+
+  /** A simple key must sit on one line and be under 1024 characters. */
+  private staleSimpleKeys(): void {
+    for (const key of this.simpleKeys) {
+      if (key.possible && (key.mark.line < this.line || key.mark.index + 1024 < this.pos)) {
+        if (key.required) failAt(key.mark, "could not find expected ':' after this key");
+        key.possible = false;
+      }
+    }
+  }
+
+  private saveSimpleKey(): void {
+    if (!this.simpleKeyAllowed) return;
+    const required = this.flowLevel === 0 && this.indent === this.column;
+    const tokenNumber = this.tokensParsed + (this.tokens.length - this.head);
+    this.removeSimpleKey();
+    this.simpleKeys[this.simpleKeys.length - 1] = { possible: true, required, tokenNumber, mark: this.mark() };
+  }
+
+  private removeSimpleKey(): void {
+    const key = this.simpleKeys[this.simpleKeys.length - 1];
+    if (key.possible && key.required) failAt(key.mark, "could not find expected ':' after this key");
+    key.possible = false;
+  }
+
+  private rollIndent(column: number, tokenNumber: number, type: TokenType, mark: Mark): void {
+    if (this.flowLevel > 0 || this.indent >= column) return;
+    this.indents.push(this.indent);
+    this.indent = column;
+    this.insertToken(tokenNumber > -1 ? tokenNumber - this.tokensParsed : -1, newToken(type, mark, mark));
+  }
+
+  private unrollIndent(column: number): void {
+    if (this.flowLevel > 0) return;
+    while (this.indent > column) {
+      this.insertToken(-1, newToken('block-end', this.mark(), this.mark()));
+      this.indent = this.indents.pop() ?? -1;
+    }
+  }
+
+  private newSimpleKey(): SimpleKey {
+    return { possible: false, required: false, tokenNumber: 0, mark: this.mark() };
+  }
+
+  // --- fetchers: each decides what may follow, then appends its token
+
+  private pushIndicator(type: TokenType): void {
+    const start = this.mark();
+    this.skip();
+    this.insertToken(-1, newToken(type, start, this.mark()));
+  }
+
+  private fetchStreamStart(): void {
+    this.indent = -1;
+    this.simpleKeys.push(this.newSimpleKey());
+    this.simpleKeyAllowed = true;
+    this.streamStartProduced = true;
+    this.insertToken(-1, newToken('stream-start', this.mark(), this.mark()));
+  }
+
+  private fetchStreamEnd(): void {
+    if (this.column !== 0) {
+      this.column = 0;
+      this.line++;
+    }
+    this.unrollIndent(-1);
+    this.removeSimpleKey();
+    this.simpleKeyAllowed = false;
+    this.insertToken(-1, newToken('stream-end', this.mark(), this.mark()));
+  }
+
+  private fetchDirective(): void {
+    this.unrollIndent(-1);
+    this.removeSimpleKey();
+    this.simpleKeyAllowed = false;
+    this.insertToken(-1, this.scanDirective());
+  }
+
+  private fetchDocumentIndicator(type: TokenType): void {
+    this.unrollIndent(-1);
+    this.removeSimpleKey();
+    this.simpleKeyAllowed = false;
+    const start = this.mark();
+    this.skip();
+    this.skip();
+    this.skip();
+    this.insertToken(-1, newToken(type, start, this.mark()));
+  }
+
+  private fetchFlowCollectionStart(type: TokenType): void {
+    this.saveSimpleKey();
+    this.simpleKeys.push(this.newSimpleKey());
+    this.flowLevel++;
+    this.simpleKeyAllowed = true;
+    this.pushIndicator(type);
+  }
+
+  private fetchFlowCollectionEnd(type: TokenType): void {
+    this.removeSimpleKey();
+    if (this.flowLevel > 0) {
+      this.flowLevel--;
+      this.simpleKeys.pop();
+    }
+    this.simpleKeyAllowed = false;
+    this.pushIndicator(type);
+  }
+
+  private fetchFlowEntry(): void {
+    this.removeSimpleKey();
+    this.simpleKeyAllowed = true;
+    this.pushIndicator('flow-entry');
+  }
+
+  private fetchBlockEntry(): void {
+    if (this.flowLevel === 0) {
+      if (!this.simpleKeyAllowed) failAt(this.mark(), 'block sequence entries are not allowed in this context');
+      this.rollIndent(this.column, -1, 'block-sequence-start', this.mark());
+    }
+    this.removeSimpleKey();
+    this.simpleKeyAllowed = true;
+    this.pushIndicator('block-entry');
+  }
+
+  private fetchKey(): void {
+    if (this.flowLevel === 0) {
+      if (!this.simpleKeyAllowed) failAt(this.mark(), 'mapping keys are not allowed in this context');
+      this.rollIndent(this.column, -1, 'block-mapping-start', this.mark());
+    }
+    this.removeSimpleKey();
+    this.simpleKeyAllowed = this.flowLevel === 0;
+    this.pushIndicator('key');
+  }
+
+  /** ':' either completes a pending simple key (inserting KEY before it) or follows a '?' key. */
+  private fetchValue(): void {
+    const key = this.simpleKeys[this.simpleKeys.length - 1];
+    if (key.possible) {
+      this.insertToken(key.tokenNumber - this.tokensParsed, newToken('key', key.mark, key.mark));
+      this.rollIndent(key.mark.column, key.tokenNumber, 'block-mapping-start', key.mark);
+      key.possible = false;
+      this.simpleKeyAllowed = false;
+    } else {
+      if (this.flowLevel === 0) {
+        if (!this.simpleKeyAllowed) failAt(this.mark(), 'mapping values are not allowed in this context');
+        this.rollIndent(this.column, -1, 'block-mapping-start', this.mark());
+      }
+      this.simpleKeyAllowed = this.flowLevel === 0;
+    }
+    this.pushIndicator('value');
+  }
+
+  private fetchAnchor(type: 'anchor' | 'alias'): void {
+    this.saveSimpleKey();
+    this.simpleKeyAllowed = false;
+    this.insertToken(-1, this.scanAnchor(type));
+  }
+
+  private fetchTag(): void {
+    this.saveSimpleKey();
+    this.simpleKeyAllowed = false;
+    this.insertToken(-1, this.scanTag());
+  }
+
+  private fetchBlockScalar(literal: boolean): void {
+    this.removeSimpleKey();
+    this.simpleKeyAllowed = true;
+    this.insertToken(-1, this.scanBlockScalar(literal));
+  }
+
+  private fetchFlowScalar(single: boolean): void {
+    this.saveSimpleKey();
+    this.simpleKeyAllowed = false;
+    this.insertToken(-1, this.scanFlowScalar(single));
+  }
+
+  private fetchPlainScalar(): void {
+    this.saveSimpleKey();
+    this.simpleKeyAllowed = false;
+    this.insertToken(-1, this.scanPlainScalar());
+  }
+
+  // --- directives, anchors, tags
+
+  private skipToLineEnd(context: string, start: Mark): void {
+    while (isBlank(this.ch())) this.skip();
+    if (this.ch() === '#') while (!isBreakZ(this.ch())) this.skip();
+    if (!isBreakZ(this.ch())) failAt(this.mark(), 'did not find expected comment or line break', context, start);
+    this.skipLine();
+  }
+
+  private scanDirective(): Token {
+    const start = this.mark();
+    const context = 'while scanning a directive';
+    this.skip();
+    let name = '';
+    while (isAlpha(this.ch())) name += this.read();
+    if (name === '') failAt(this.mark(), 'could not find expected directive name', context, start);
+    if (!isBlankZ(this.ch())) failAt(this.mark(), 'found unexpected non-alphabetical character', context, start);
+    let t: Token;
+    if (name === 'YAML') t = this.scanVersionDirective(start);
+    else if (name === 'TAG') t = this.scanTagDirective(start);
+    else failAt(start, 'found unknown directive name', context, start);
+    this.skipToLineEnd(context, start);
+    return t;
+  }
+
+  private scanVersionDirective(start: Mark): Token {
+    while (isBlank(this.ch())) this.skip();
+    const major = this.scanVersionNumber(start);
+    if (this.ch() !== '.') failAt(this.mark(), "did not find expected digit or '.' character");
+    this.skip();
+    const minor = this.scanVersionNumber(start);
+    return newToken('version-directive', start, this.mark(), `${major}.${minor}`);
+  }
+
+  private scanVersionNumber(start: Mark): number {
+    const context = 'while scanning a %YAML directive';
+    let digits = '';
+    while (/[0-9]/.test(this.ch())) {
+      if (digits.length === 2) failAt(this.mark(), 'found extremely long version number', context, start);
+      digits += this.read();
+    }
+    if (digits === '') failAt(this.mark(), 'did not find expected version number', context, start);
+    return Number(digits);
+  }
+
+  private scanTagDirective(start: Mark): Token {
+    const context = 'while scanning a %TAG directive';
+    while (isBlank(this.ch())) this.skip();
+    const handle = this.scanTagHandle(true, start);
+    if (!isBlank(this.ch())) failAt(this.mark(), 'did not find expected whitespace', context, start);
+    while (isBlank(this.ch())) this.skip();
+    const prefix = this.scanTagUri(true, '', start);
+    if (!isBlankZ(this.ch())) failAt(this.mark(), 'did not find expected whitespace or line break', context, start);
+    return newToken('tag-directive', start, this.mark(), handle, prefix);
+  }
+
+  private scanAnchor(type: 'anchor' | 'alias'): Token {
+    const start = this.mark();
+    this.skip();
+    let name = '';
+    while (isAlpha(this.ch())) name += this.read();
+    const end = this.mark();
+    if (name === '' || !(isBlankZ(this.ch()) || '?:,]}%@`'.includes(this.ch()))) {
+      const context = type === 'anchor' ? 'while scanning an anchor' : 'while scanning an alias';
+      failAt(this.mark(), 'did not find expected alphabetic or numeric character', context, start);
+    }
+    return newToken(type, start, end, name);
+  }
+
+  /** `!suffix`, `!handle!suffix`, `!<verbatim>` or a lone `!`; value is the handle. */
+  private scanTag(): Token {
+    const start = this.mark();
+    const context = 'while scanning a tag';
+    let handle: string;
+    let suffix: string;
+    if (this.ch(1) === '<') {
+      this.skip();
+      this.skip();
+      handle = '';
+      suffix = this.scanTagUri(false, '', start);
+      if (this.ch() !== '>') failAt(this.mark(), "did not find the expected '>'", context, start);
+      this.skip();
+    } else {
+      handle = this.scanTagHandle(false, start);
+      if (handle.length > 1 && handle.startsWith('!') && handle.endsWith('!')) {
+        suffix = this.scanTagUri(false, '', start);
+      } else {
+        suffix = this.scanTagUri(false, handle, start);
+        handle = '!';
+        if (suffix === '') [handle, suffix] = ['', '!']; // the non-specific tag '!'
+      }
+    }
+    if (!isBlankZ(this.ch())) failAt(this.mark(), 'did not find expected whitespace or line break', context, start);
+    return newToken('tag', start, this.mark(), handle, suffix);
+  }
+
+  private scanTagHandle(directive: boolean, start: Mark): string {
+    const context = directive ? 'while parsing a %TAG directive' : 'while parsing a tag';
+    if (this.ch() !== '!') failAt(this.mark(), "did not find expected '!'", context, start);
+    let handle = this.read();
+    while (isAlpha(this.ch())) handle += this.read();
+    if (this.ch() === '!') handle += this.read();
+    else if (directive && handle !== '!') failAt(this.mark(), "did not find expected '!'", context, start);
+    return handle;
+  }
+
+  /** A tag URI; `head` is what scanTagHandle already took (its '!' is dropped). */
+  private scanTagUri(directive: boolean, head: string, start: Mark): string {
+    let uri = head.slice(1);
+    let found = head.length > 0;
+    const bytes: number[] = [];
+    while (isAlpha(this.ch()) || URI_CHARS.includes(this.ch())) {
+      if (this.ch() === '%') {
+        this.scanUriEscapes(directive, start, bytes);
+        uri += new TextDecoder().decode(new Uint8Array(bytes.splice(0)));
+      } else {
+        uri += this.read();
+      }
+      found = true;
+    }
+    const context = directive ? 'while parsing a %TAG directive' : 'while parsing a tag';
+    if (!found) failAt(this.mark(), 'did not find expected tag URI', context, start);
+    return uri;
+  }
+
+  /** One UTF-8 character written as %XX escapes. */
+  private scanUriEscapes(directive: boolean, start: Mark, bytes: number[]): void {
+    const context = directive ? 'while parsing a %TAG directive' : 'while parsing a tag';
+    let width = 0;
+    do {
+      if (!(this.ch() === '%' && isHex(this.ch(1)) && isHex(this.ch(2)))) {
+        failAt(this.mark(), 'did not find URI escaped octet', context, start);
+      }
+      const octet = parseInt(this.ch(1) + this.ch(2), 16);
+      if (bytes.length === 0) {
+        width = utf8Width(octet);
+        if (width === 0) failAt(this.mark(), 'found an incorrect leading UTF-8 octet', context, start);
+      } else if ((octet & 0xc0) !== 0x80) {
+        failAt(this.mark(), 'found an incorrect trailing UTF-8 octet', context, start);
+      }
+      bytes.push(octet);
+      this.skip();
+      this.skip();
+      this.skip();
+    } while (bytes.length < width);
+  }
+
+  // --- scalars
+
+  private scanPlainScalar(): Token {
+    const f = newFolding();
+    const indent = this.indent + 1;
+    const start = this.mark();
+    let end = this.mark();
+    for (;;) {
+      if (this.atDocumentIndicator() || this.ch() === '#') break;
+      end = this.scanPlainRun(f, start, end);
+      if (!(isBlank(this.ch()) || isBreak(this.ch()))) break;
+      this.scanBlanks(f, start, indent);
+      if (this.flowLevel === 0 && this.column < indent) break; // a less indented line ends it
+    }
+    if (f.leadingBlanks) this.simpleKeyAllowed = true; // it ended on a new line: a key may start
+    return newToken('scalar', start, end, f.text, '', 'plain');
+  }
+
+  /** The non-blank characters of a plain scalar, up to an indicator that ends it. */
+  private scanPlainRun(f: Folding, start: Mark, end: Mark): Mark {
+    while (!isBlankZ(this.ch())) {
+      const c = this.ch();
+      if (this.flowLevel > 0 && c === ':' && !isBlankZ(this.ch(1))) {
+        failAt(this.mark(), "found unexpected ':'", 'while scanning a plain scalar', start);
+      }
+      if ((c === ':' && isBlankZ(this.ch(1))) || (this.flowLevel > 0 && ',:?[]{}'.includes(c))) break;
+      if (f.leadingBlanks || f.whitespaces !== '') joinFolding(f);
+      f.text += this.read();
+      end = this.mark();
+    }
+    return end;
+  }
+
+  /**
+   * Blanks and line breaks inside a flow or plain scalar: spaces are kept until we know text follows,
+   * the first line break is kept apart from the following ones so that it can fold into a space.
+   */
+  private scanBlanks(f: Folding, start: Mark, plainIndent: number): void {
+    while (isBlank(this.ch()) || isBreak(this.ch())) {
+      if (isBreak(this.ch())) {
+        if (f.leadingBlanks) {
+          f.trailingBreaks += this.readLine();
+        } else {
+          f.whitespaces = '';
+          f.leadingBreak = this.readLine();
+          f.leadingBlanks = true;
+        }
+      } else {
+        if (plainIndent >= 0 && f.leadingBlanks && this.column < plainIndent && this.ch() === '\t') {
+          failAt(
+            this.mark(),
+            'found a tab character that violates indentation',
+            'while scanning a plain scalar',
+            start,
+          );
+        }
+        if (f.leadingBlanks) this.skip();
+        else f.whitespaces += this.read();
+      }
+    }
+  }
+
+  private scanFlowScalar(single: boolean): Token {
+    const start = this.mark();
+    const context = 'while scanning a quoted scalar';
+    const quote = single ? "'" : '"';
+    this.skip();
+    const f = newFolding();
+    for (;;) {
+      if (this.atDocumentIndicator()) failAt(this.mark(), 'found unexpected document indicator', context, start);
+      if (this.ch() === '\0') failAt(this.mark(), 'found unexpected end of stream', context, start);
+      f.leadingBlanks = false;
+      this.scanQuotedRun(f, single, start);
+      if (this.ch() === quote) break;
+      this.scanBlanks(f, start, -1);
+      joinFolding(f);
+    }
+    this.skip();
+    return newToken('scalar', start, this.mark(), f.text, '', single ? 'single' : 'double');
+  }
+
+  /** The non-blank characters of a quoted scalar, with its escapes. */
+  private scanQuotedRun(f: Folding, single: boolean, start: Mark): void {
+    while (!isBlankZ(this.ch())) {
+      const c = this.ch();
+      if (single && c === "'" && this.ch(1) === "'") {
+        f.text += "'";
+        this.skip();
+        this.skip();
+      } else if (c === (single ? "'" : '"')) {
+        return;
+      } else if (!single && c === '\\' && isBreak(this.ch(1))) {
+        this.skip(); // an escaped line break: the line joins the next one without a space
+        this.skipLine();
+        f.leadingBlanks = true;
+        return;
+      } else if (!single && c === '\\') {
+        f.text += this.scanEscape(start);
+      } else {
+        f.text += this.read();
+      }
+    }
+  }
+
+  private scanEscape(start: Mark): string {
+    const context = 'while parsing a quoted scalar';
+    const at = this.mark();
+    const e = this.ch(1);
+    const length = HEX_ESCAPE_LENGTH[e] ?? 0;
+    if (length === 0 && !Object.hasOwn(SIMPLE_ESCAPES, e)) failAt(at, 'found unknown escape character', context, start);
+    this.skip();
+    this.skip();
+    if (length === 0) return SIMPLE_ESCAPES[e];
+    let value = 0;
+    for (let k = 0; k < length; k++) {
+      if (!isHex(this.ch(k))) failAt(at, 'did not find expected hexadecimal number', context, start);
+      value = value * 16 + parseInt(this.ch(k), 16);
+    }
+    if ((value >= 0xd800 && value <= 0xdfff) || value > 0x10ffff) {
+      failAt(at, 'found invalid Unicode character escape code', context, start);
+    }
+    for (let k = 0; k < length; k++) this.skip();
+    return String.fromCodePoint(value);
+  }
+
+  private scanBlockScalar(literal: boolean): Token {
+    const start = this.mark();
+    this.skip();
+    const { chomping, increment } = this.scanBlockScalarHeader(start);
+    let indent = increment > 0 ? (this.indent >= 0 ? this.indent + increment : increment) : 0;
+    let breaks = this.scanBlockScalarBreaks(indent, start);
+    indent = breaks.indent;
+    let text = '';
+    let leadingBreak = '';
+    let leadingBlank = false;
+    while (this.column === indent && this.ch() !== '\0') {
+      const trailingBlank = isBlank(this.ch());
+      // Folding: a single line break between two lines that start without blanks becomes a space.
+      if (!literal && !leadingBlank && !trailingBlank && leadingBreak.startsWith('\n')) {
+        if (breaks.text === '') text += ' ';
+      } else {
+        text += leadingBreak;
+      }
+      text += breaks.text;
+      leadingBlank = isBlank(this.ch());
+      while (!isBreakZ(this.ch())) text += this.read();
+      leadingBreak = this.readLine();
+      breaks = this.scanBlockScalarBreaks(indent, start);
+    }
+    if (chomping !== -1) text += leadingBreak; // clip and keep end with the last line break
+    if (chomping === 1) text += breaks.text; // keep keeps the trailing empty lines too
+    return newToken('scalar', start, this.mark(), text, '', literal ? 'literal' : 'folded');
+  }
+
+  /** `|` or `>` then chomping (`+`/`-`) and indentation (1-9) indicators in either order. */
+  private scanBlockScalarHeader(start: Mark): { chomping: number; increment: number } {
+    const context = 'while scanning a block scalar';
+    let chomping = 0;
+    let increment = 0;
+    const chomp = (): void => {
+      if (this.ch() !== '+' && this.ch() !== '-') return;
+      chomping = this.read() === '+' ? 1 : -1;
+    };
+    const indentation = (): void => {
+      if (!/[0-9]/.test(this.ch())) return;
+      if (this.ch() === '0') failAt(this.mark(), 'found an indentation indicator equal to 0', context, start);
+      increment = Number(this.read());
+    };
+    if (this.ch() === '+' || this.ch() === '-') {
+      chomp();
+      indentation();
+    } else {
+      indentation();
+      chomp();
+    }
+    this.skipToLineEnd(context, start);
+    return { chomping, increment };
+  }
+
+  /** Empty lines and indentation before a line of a block scalar; finds the indentation if unknown. */
+  private scanBlockScalarBreaks(indent: number, start: Mark): { indent: number; text: string } {
+    let text = '';
+    let maxIndent = 0;
+    for (;;) {
+      while ((indent === 0 || this.column < indent) && this.ch() === ' ') this.skip();
+      maxIndent = Math.max(maxIndent, this.column);
+      if ((indent === 0 || this.column < indent) && this.ch() === '\t') {
+        const what = 'found a tab character where an indentation space is expected';
+        failAt(this.mark(), what, 'while scanning a block scalar', start);
+      }
+      if (!isBreak(this.ch())) break;
+      text += this.readLine();
+    }
+    if (indent === 0) indent = Math.max(maxIndent, this.indent + 1, 1);
+    return { indent, text };
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Parser: tokens -> nodes, following libyaml's grammar (including its "indentless" sequences,
+// `key:\n- item`, and single-pair mappings inside flow sequences, `[a: b]`).
+
+interface YamlNode {
+  kind: 'scalar' | 'mapping' | 'sequence' | 'alias';
+  mark: Mark;
+  /** The resolved tag ('' when none was written). */
+  tag: string;
+  /** A scalar's text, or the anchor an alias names. */
+  value: string;
+  /** A plain scalar (or one tagged '!'): its type comes from its text. */
+  implicit: boolean;
+  children: YamlNode[];
+}
+
+function newNode(kind: YamlNode['kind'], mark: Mark, tag = '', value = '', implicit = false): YamlNode {
+  return { kind, mark, tag, value, implicit, children: [] };
+}
+
+function emptyScalar(mark: Mark): YamlNode {
+  return newNode('scalar', mark, '', '', true);
+}
+
+const DEFAULT_TAG_HANDLES: [string, string][] = [
+  ['!', '!'],
+  ['!!', 'tag:yaml.org,2002:'],
+];
+
+class Parser {
+  private readonly scanner: Scanner;
+  /** Anchors of the document: the last definition of a name wins, even for earlier aliases. */
+  readonly anchors = new Map<string, YamlNode>();
+  private tagHandles = new Map<string, string>();
+  private depth = 0;
+
+  constructor(scanner: Scanner) {
+    this.scanner = scanner;
+  }
+
+  private peek(): Token {
+    return this.scanner.peek();
+  }
+  private skip(): void {
+    this.scanner.skipToken();
+  }
+
+  /** The first document's root, or null for a stream without documents. */
+  parseFirstDocument(): YamlNode | null {
+    this.peek(); // stream-start
+    this.skip();
+    let t = this.peek();
+    if (t.type === 'stream-end') return null;
+    let root: YamlNode;
+    if (t.type !== 'version-directive' && t.type !== 'tag-directive' && t.type !== 'document-start') {
+      this.processDirectives();
+      root = this.parseNode(true, false);
+    } else {
+      root = this.explicitDocument();
+    }
+    t = this.peek();
+    if (t.type === 'document-end') this.skip();
+    this.tagHandles = new Map();
+    this.checkNextDocumentStart();
+    return root;
+  }
+
+  private explicitDocument(): YamlNode {
+    this.processDirectives();
+    let t = this.peek();
+    if (t.type !== 'document-start') failAt(t.start, 'did not find expected <document start>');
+    this.skip();
+    t = this.peek();
+    const ends = ['version-directive', 'tag-directive', 'document-start', 'document-end', 'stream-end'];
+    return ends.includes(t.type) ? emptyScalar(t.start) : this.parseNode(true, false);
+  }
+
+  /**
+   * yaml.v2 reads one event past the first document: the start of the next one. So what follows
+   * the first document must be `---` (or nothing); the rest of a second document is never read.
+   */
+  private checkNextDocumentStart(): void {
+    let t = this.peek();
+    while (t.type === 'document-end') {
+      this.skip();
+      t = this.peek();
+    }
+    if (t.type === 'stream-end') return;
+    this.processDirectives();
+    t = this.peek();
+    if (t.type !== 'document-start') failAt(t.start, 'did not find expected <document start>');
+  }
+
+  private processDirectives(): void {
+    let versionSeen = false;
+    for (let t = this.peek(); t.type === 'version-directive' || t.type === 'tag-directive'; t = this.peek()) {
+      if (t.type === 'version-directive') {
+        if (versionSeen) failAt(t.start, 'found duplicate %YAML directive');
+        if (t.value !== '1.1') failAt(t.start, 'found incompatible YAML document');
+        versionSeen = true;
+      } else {
+        if (this.tagHandles.has(t.value)) failAt(t.start, 'found duplicate %TAG directive');
+        this.tagHandles.set(t.value, t.suffix);
+      }
+      this.skip();
+    }
+    for (const [handle, prefix] of DEFAULT_TAG_HANDLES) {
+      if (!this.tagHandles.has(handle)) this.tagHandles.set(handle, prefix);
+    }
+  }
+
+  private parseNode(block: boolean, indentless: boolean): YamlNode {
+    if (++this.depth > MAX_DEPTH) failAt(this.peek().start, `nesting deeper than ${MAX_DEPTH} levels is refused`);
     try {
-      return JSON.parse(this.text.slice(start, this.at)) as string;
-    } catch {
-      return this.fail('invalid escape in string');
+      const t = this.peek();
+      if (t.type === 'alias') {
+        this.skip();
+        return newNode('alias', t.start, '', t.value);
+      }
+      return this.parseNodeContent(block, indentless);
+    } finally {
+      this.depth--;
     }
   }
 
-  private object(): Record<string, unknown> {
-    this.at++;
-    const obj: Record<string, unknown> = {};
-    const keyLines = new Map<string, number>();
-    this.lines.set(obj, keyLines);
-    this.skipSpace();
-    if (this.text[this.at] === '}') {
-      this.at++;
-      return obj;
+  /** Anchor and tag (in either order), then the content they belong to. */
+  private parseNodeContent(block: boolean, indentless: boolean): YamlNode {
+    let t = this.peek();
+    const start = t.start;
+    let anchor: string | undefined;
+    let tagToken: Token | undefined;
+    for (let i = 0; i < 2; i++) {
+      if (t.type === 'anchor' && anchor === undefined) anchor = t.value;
+      else if (t.type === 'tag' && tagToken === undefined) tagToken = t;
+      else break;
+      this.skip();
+      t = this.peek();
     }
+    const tag = tagToken ? this.resolveTag(tagToken, start) : '';
+    const node = this.startNode(t, start, block, indentless, tag, anchor !== undefined);
+    if (anchor !== undefined) this.anchors.set(anchor, node); // before its children, as yaml.v2 does
+    if (node.kind === 'mapping' || node.kind === 'sequence') this.parseCollection(node, t, block, indentless);
+    return node;
+  }
+
+  private resolveTag(t: Token, start: Mark): string {
+    if (t.value === '') return t.suffix;
+    const prefix = this.tagHandles.get(t.value);
+    if (prefix === undefined) failAt(t.start, 'found undefined tag handle', 'while parsing a node', start);
+    return prefix + t.suffix;
+  }
+
+  /**
+   * The node that token `t` starts, placed at `start`, where its anchor or tag (if any) begins.
+   * Collections get their children from parseCollection.
+   */
+  private startNode(
+    t: Token,
+    start: Mark,
+    block: boolean,
+    indentless: boolean,
+    tag: string,
+    anchored: boolean,
+  ): YamlNode {
+    if (indentless && t.type === 'block-entry') return newNode('sequence', start, tag);
+    if (t.type === 'scalar') {
+      this.skip();
+      const implicit = (tag === '' && t.style === 'plain') || tag === '!';
+      return newNode('scalar', start, tag, t.value, implicit);
+    }
+    if (t.type === 'flow-sequence-start' || (block && t.type === 'block-sequence-start')) {
+      return newNode('sequence', start, tag);
+    }
+    if (t.type === 'flow-mapping-start' || (block && t.type === 'block-mapping-start')) {
+      return newNode('mapping', start, tag);
+    }
+    if (anchored || tag !== '') return newNode('scalar', start, tag, '', tag === '');
+    failAt(t.start, 'did not find expected node content');
+  }
+
+  private parseCollection(node: YamlNode, t: Token, block: boolean, indentless: boolean): void {
+    if (indentless && t.type === 'block-entry') this.indentlessSequence(node);
+    else if (t.type === 'flow-sequence-start') this.flowSequence(node);
+    else if (t.type === 'flow-mapping-start') this.flowMapping(node);
+    else if (block && t.type === 'block-sequence-start') this.blockSequence(node);
+    else this.blockMapping(node);
+  }
+
+  /** After '-', '?' or ':' in block context: a node, or an empty scalar when none follows. */
+  private blockChild(after: Token, stops: TokenType[], indentless: boolean): YamlNode {
+    const t = this.peek();
+    return stops.includes(t.type) ? emptyScalar(after.end) : this.parseNode(true, indentless);
+  }
+
+  private blockSequence(node: YamlNode): void {
+    this.skip();
     for (;;) {
-      this.skipSpace();
-      if (this.text[this.at] !== '"') this.fail(`${this.describe()}, expected a key in double quotes`);
-      const keyLine = this.line;
-      const key = this.string();
-      if (keyLines.has(key)) this.fail(`duplicate key ${JSON.stringify(key)}`);
-      keyLines.set(key, keyLine);
-      this.skipSpace();
-      if (this.text[this.at] !== ':') this.fail(`${this.describe()}, expected ':'`);
-      this.at++;
-      // defineProperty: a key "__proto__" is an ordinary key here, as it is in Go.
-      Object.defineProperty(obj, key, { value: this.value(), enumerable: true, writable: true, configurable: true });
-      if (this.endOfList('}')) return obj;
+      const t = this.peek();
+      if (t.type === 'block-end') return this.skip();
+      if (t.type !== 'block-entry') {
+        failAt(t.start, "did not find expected '-' indicator", 'while parsing a block collection', node.mark);
+      }
+      this.skip();
+      node.children.push(this.blockChild(t, ['block-entry', 'block-end'], false));
     }
   }
 
-  private array(): unknown[] {
-    this.at++;
-    const arr: unknown[] = [];
-    const indexLines = new Map<string, number>();
-    this.lines.set(arr, indexLines);
-    this.skipSpace();
-    if (this.text[this.at] === ']') {
-      this.at++;
-      return arr;
+  /** `key:\n- a\n- b`: a sequence at the indentation of its key, ended by whatever is not '-'. */
+  private indentlessSequence(node: YamlNode): void {
+    for (let t = this.peek(); t.type === 'block-entry'; t = this.peek()) {
+      this.skip();
+      node.children.push(this.blockChild(t, ['block-entry', 'key', 'value', 'block-end'], false));
     }
+  }
+
+  private blockMapping(node: YamlNode): void {
+    const stops: TokenType[] = ['key', 'value', 'block-end'];
+    this.skip();
     for (;;) {
-      this.skipSpace();
-      indexLines.set(String(arr.length), this.line);
-      arr.push(this.value());
-      if (this.endOfList(']')) return arr;
+      let t = this.peek();
+      if (t.type === 'block-end') return this.skip();
+      if (t.type !== 'key') failAt(t.start, 'did not find expected key', 'while parsing a block mapping', node.mark);
+      this.skip();
+      node.children.push(this.blockChild(t, stops, true));
+      t = this.peek();
+      if (t.type === 'value') {
+        this.skip();
+        node.children.push(this.blockChild(t, stops, true));
+      } else {
+        node.children.push(emptyScalar(t.start));
+      }
     }
   }
 
-  /** After a member: true at the closing bracket, false after a comma. */
-  private endOfList(close: string): boolean {
-    this.skipSpace();
-    const c = this.text[this.at];
-    if (c === ',' || c === close) {
-      this.at++;
-      return c === close;
+  private flowSequence(node: YamlNode): void {
+    this.skip();
+    for (let first = true; ; first = false) {
+      let t = this.peek();
+      if (!first && t.type !== 'flow-sequence-end') {
+        if (t.type !== 'flow-entry') {
+          failAt(t.start, "did not find expected ',' or ']'", 'while parsing a flow sequence', node.mark);
+        }
+        this.skip();
+        t = this.peek();
+      }
+      if (t.type === 'flow-sequence-end') return this.skip();
+      if (t.type === 'key') node.children.push(this.flowPair(t));
+      else node.children.push(this.parseNode(false, false));
     }
-    return this.fail(`${this.describe()}, expected ',' or '${close}'`);
+  }
+
+  /** A single-pair mapping inside a flow sequence: `[a: b]` (libyaml's quirks kept). */
+  private flowPair(keyToken: Token): YamlNode {
+    const pair = newNode('mapping', keyToken.start);
+    this.skip();
+    let t = this.peek();
+    if (t.type !== 'value' && t.type !== 'flow-entry' && t.type !== 'flow-sequence-end') {
+      pair.children.push(this.parseNode(false, false));
+    } else {
+      this.skip(); // libyaml consumes this token here, whatever it is
+      pair.children.push(emptyScalar(t.end));
+    }
+    t = this.peek();
+    if (t.type === 'value') {
+      this.skip();
+      const next = this.peek();
+      if (next.type !== 'flow-entry' && next.type !== 'flow-sequence-end') {
+        pair.children.push(this.parseNode(false, false));
+        return pair;
+      }
+    }
+    pair.children.push(emptyScalar(t.start));
+    return pair;
+  }
+
+  private flowMapping(node: YamlNode): void {
+    this.skip();
+    for (let first = true; ; first = false) {
+      let t = this.peek();
+      if (!first && t.type !== 'flow-mapping-end') {
+        if (t.type !== 'flow-entry') {
+          failAt(t.start, "did not find expected ',' or '}'", 'while parsing a flow mapping', node.mark);
+        }
+        this.skip();
+        t = this.peek();
+      }
+      if (t.type === 'flow-mapping-end') return this.skip();
+      this.flowMappingEntry(node, t);
+    }
+  }
+
+  private flowMappingEntry(node: YamlNode, t: Token): void {
+    const stops: TokenType[] = ['value', 'flow-entry', 'flow-mapping-end'];
+    if (t.type !== 'key') {
+      node.children.push(this.parseNode(false, false)); // `{a, b}`: keys without values
+      node.children.push(emptyScalar(this.peek().start));
+      return;
+    }
+    this.skip();
+    t = this.peek();
+    node.children.push(stops.includes(t.type) ? emptyScalar(t.start) : this.parseNode(false, false));
+    t = this.peek();
+    if (t.type === 'value') {
+      this.skip();
+      t = this.peek();
+      if (t.type !== 'flow-entry' && t.type !== 'flow-mapping-end') {
+        node.children.push(this.parseNode(false, false));
+        return;
+      }
+    }
+    node.children.push(emptyScalar(t.start));
   }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Scalars: yaml.v2's resolve.go (YAML 1.1 words, Go's integer syntax) and ghodss's renderings.
+
+const TAG = 'tag:yaml.org,2002:';
+const STR_TAG = TAG + 'str';
+const INT_TAG = TAG + 'int';
+const FLOAT_TAG = TAG + 'float';
+const BOOL_TAG = TAG + 'bool';
+const NULL_TAG = TAG + 'null';
+const MERGE_TAG = TAG + 'merge';
+const BINARY_TAG = TAG + 'binary';
+const RESOLVABLE_TAGS = new Set(['', STR_TAG, INT_TAG, FLOAT_TAG, BOOL_TAG, NULL_TAG]);
+
+type Kind = 'null' | 'bool' | 'int' | 'uint' | 'float' | 'str' | 'merge';
+
+interface Resolved {
+  kind: Kind;
+  value: unknown;
+  /** How ghodss writes a number or boolean into a Go string field. */
+  go?: string;
+}
+
+const KIND_TAG: Record<Kind, string> = {
+  null: NULL_TAG,
+  bool: BOOL_TAG,
+  int: INT_TAG,
+  uint: INT_TAG,
+  float: FLOAT_TAG,
+  str: STR_TAG,
+  merge: MERGE_TAG,
+};
+
+function resolvedBool(value: boolean): Resolved {
+  return { kind: 'bool', value, go: String(value) };
+}
+function float(value: number): Resolved {
+  return { kind: 'float', value, go: formatFloat32(value) };
+}
+
+/** yaml.v2's table of words; note that v2 (YAML 1.1) reads y/n/yes/no/on/off as booleans. */
+const WORDS = new Map<string, Resolved>();
+for (const [words, r] of [
+  ['y Y yes Yes YES true True TRUE on On ON', resolvedBool(true)],
+  ['n N no No NO false False FALSE off Off OFF', resolvedBool(false)],
+  ['~ null Null NULL', { kind: 'null', value: null }],
+  ['.nan .NaN .NAN', float(NaN)],
+  ['.inf .Inf .INF +.inf +.Inf +.INF', float(Infinity)],
+  ['-.inf -.Inf -.INF', float(-Infinity)],
+  ['<<', { kind: 'merge', value: '<<' }],
+] as [string, Resolved][]) {
+  for (const w of words.split(' ')) WORDS.set(w, r);
+}
+WORDS.set('', { kind: 'null', value: null });
+
+/** The first character decides what a plain scalar may be: S sign, D digit, M word, '.' float. */
+function hintOf(text: string): string | undefined {
+  if (text === '') return 'M';
+  const c = text[0];
+  if (c === '+' || c === '-') return 'S';
+  if (c >= '0' && c <= '9') return 'D';
+  if ('yYnNtTfFoO~'.includes(c)) return 'M';
+  return c === '.' ? '.' : undefined;
+}
+
+const INT64_MIN = -(2n ** 63n);
+const INT64_LIMIT = 2n ** 63n;
+const UINT64_LIMIT = 2n ** 64n;
+const DIGITS_OF_BASE: Record<number, RegExp> = { 2: /^[01]*$/, 8: /^[0-7]*$/, 10: /^[0-9]+$/, 16: /^[0-9a-fA-F]*$/ };
+
+/** Go's strconv.ParseInt(s, 0, 64) syntax: sign, then 0x / 0o / 0b / leading-0 octal / decimal. */
+function parseGoInteger(s: string): { value: bigint; signed: boolean } | undefined {
+  const signed = s.startsWith('+') || s.startsWith('-');
+  const body = signed ? s.slice(1) : s;
+  if (body === '') return undefined;
+  let base = 10;
+  let digits = body;
+  if (body[0] === '0') {
+    const prefix = body.length >= 3 ? body[1].toLowerCase() : '';
+    base = prefix === 'b' ? 2 : prefix === 'x' ? 16 : 8;
+    digits = prefix === 'b' || prefix === 'o' || prefix === 'x' ? body.slice(2) : body.slice(1);
+  }
+  if (!DIGITS_OF_BASE[base].test(digits)) return undefined;
+  let value = 0n;
+  for (const d of digits) value = value * BigInt(base) + BigInt(parseInt(d, 16));
+  return { value: s.startsWith('-') ? -value : value, signed };
+}
+
+// yaml.v2's float syntax: note the exponent needs a sign, so `1e3` stays a string.
+const YAML_FLOAT = /^[-+]?[0-9]*\.?[0-9]+([eE][-+][0-9]+)?$/;
+
+/** A plain scalar starting with a digit or a sign: int64, then uint64, then float, else a string. */
+function resolveNumber(text: string): Resolved | undefined {
+  const plain = text.replaceAll('_', '');
+  const int = parseGoInteger(plain);
+  if (int && int.value >= INT64_MIN && int.value < INT64_LIMIT) {
+    return { kind: 'int', value: Number(int.value), go: int.value.toString() };
+  }
+  if (int && !int.signed && int.value < UINT64_LIMIT) {
+    return { kind: 'uint', value: Number(int.value), go: int.value.toString() };
+  }
+  if (YAML_FLOAT.test(plain) && Number.isFinite(Number(plain))) return float(Number(plain));
+  return undefined;
+}
+
+/**
+ * Go's strconv.ParseFloat for a text starting with '.': `.5`, `.5e-3`, and `_` between digits
+ * (`.5_0`); not `._5`, nor values out of range (`.5e999`).
+ */
+function parseGoFloat(text: string): number | undefined {
+  if (!/^\.[0-9_]*[0-9][0-9_]*([eE][-+]?[0-9_]*[0-9][0-9_]*)?$/.test(text)) return undefined;
+  if (/(^|[^0-9])_|_($|[^0-9])/.test(text)) return undefined; // Go: '_' only between digits
+  const value = Number(text.replaceAll('_', ''));
+  return Number.isFinite(value) ? value : undefined;
+}
+
+function resolvePlain(text: string): Resolved {
+  const hint = hintOf(text);
+  if (hint === undefined) return { kind: 'str', value: text };
+  const word = WORDS.get(text);
+  if (word) return word;
+  if (hint === '.') {
+    const value = parseGoFloat(text);
+    if (value !== undefined) return float(value);
+  }
+  if (hint === 'S' || hint === 'D') return resolveNumber(text) ?? { kind: 'str', value: text };
+  return { kind: 'str', value: text };
+}
+
+function shortTag(tag: string): string {
+  return tag.startsWith(TAG) ? '!!' + tag.slice(TAG.length) : tag;
+}
+
+function resolveScalar(n: YamlNode): Resolved {
+  if (n.tag === '' && !n.implicit) return { kind: 'str', value: n.value }; // quoted: always a string
+  if (n.tag === BINARY_TAG) failAt(n.mark, '!!binary scalars are not supported');
+  if (!RESOLVABLE_TAGS.has(n.tag)) return { kind: 'str', value: n.value }; // '!', '!local', ...: the text
+  const r = n.tag === STR_TAG ? { kind: 'str' as const, value: n.value } : resolvePlain(n.value);
+  if (n.tag !== '' && n.tag !== STR_TAG && KIND_TAG[r.kind] !== n.tag) {
+    failAt(n.mark, `cannot decode a ${shortTag(KIND_TAG[r.kind])} scalar as ${shortTag(n.tag)}`);
+  }
+  return r;
+}
+
+/**
+ * Go's strconv.FormatFloat(v, 'g', -1, 32), which ghodss uses for floats in string fields and for
+ * float map keys: the shortest decimal that reads back as the same float32, exponent form when the
+ * exponent is below -4 or at least 6 (`1.234567e+06`, `1e-05`), and Go's spelling of the specials.
+ */
+function formatFloat32(v: number): string {
+  const f = Math.fround(v);
+  if (Number.isNaN(f)) return 'NaN';
+  if (f === Infinity || f === -Infinity) return f > 0 ? '+Inf' : '-Inf';
+  if (f === 0) return Object.is(f, -0) ? '-0' : '0';
+  const { digits, point } = shortestFloat32(Math.abs(f));
+  const sign = f < 0 ? '-' : '';
+  const exp = point - 1;
+  if (exp < -4 || exp >= 6) {
+    const mantissa = digits.length > 1 ? `${digits[0]}.${digits.slice(1)}` : digits;
+    return `${sign}${mantissa}e${exp < 0 ? '-' : '+'}${String(Math.abs(exp)).padStart(2, '0')}`;
+  }
+  if (point <= 0) return `${sign}0.${'0'.repeat(-point)}${digits}`;
+  if (point >= digits.length) return sign + digits + '0'.repeat(point - digits.length);
+  return `${sign}${digits.slice(0, point)}.${digits.slice(point)}`;
+}
+
+/** x as digits × 10^exp10, exactly (every double is a finite decimal). */
+function exactDecimal(x: number): { digits: bigint; exp10: number } {
+  const view = new DataView(new ArrayBuffer(8));
+  view.setFloat64(0, x);
+  const bits = view.getBigUint64(0);
+  const biased = Number((bits >> 52n) & 0x7ffn);
+  const fraction = bits & ((1n << 52n) - 1n);
+  const mantissa = biased === 0 ? fraction : fraction | (1n << 52n);
+  const exp2 = biased === 0 ? -1074 : biased - 1075;
+  if (exp2 >= 0) return { digits: mantissa << BigInt(exp2), exp10: 0 };
+  return { digits: mantissa * 5n ** BigInt(-exp2), exp10: exp2 }; // 2^-k = 5^k / 10^k
+}
+
+/**
+ * Shortest digits d1d2… and decimal point position p such that 0.d1d2… × 10^p reads back as the
+ * float32 x; among equally short ones the nearest to x, ties to an even last digit, as Go does.
+ */
+function shortestFloat32(x: number): { digits: string; point: number } {
+  const exact = exactDecimal(x);
+  const length = exact.digits.toString().length;
+  for (let precision = 1; precision <= 9; precision++) {
+    const drop = Math.max(length - precision, 0);
+    const unit = 10n ** BigInt(drop);
+    let rounded = exact.digits / unit;
+    const rest = exact.digits % unit;
+    const half = unit / 2n;
+    if (drop > 0 && (rest > half || (rest === half && rounded % 2n === 1n))) rounded++;
+    const scale = exact.exp10 + drop;
+    // Its neighbours matter next to a power of two, where the rounding interval is lopsided.
+    const fits = [rounded, rounded - 1n, rounded + 1n].filter(
+      (c) => c > 0n && Math.fround(Number(`${c}e${scale}`)) === x,
+    );
+    if (fits.length === 0) continue;
+    const distance = (c: bigint): bigint => {
+      const d = c * unit - exact.digits;
+      return d < 0n ? -d : d;
+    };
+    const closer = (a: bigint, b: bigint): number => (distance(a) < distance(b) ? -1 : 1);
+    fits.sort((a, b) => (distance(a) === distance(b) ? Number(a % 2n) - Number(b % 2n) : closer(a, b)));
+    const text = fits[0].toString();
+    return { digits: text.replace(/0+$/, ''), point: text.length + scale };
+  }
+  throw new Error('unreachable: 9 digits always identify a float32');
+}
+
+/** How ghodss turns a map key into a JSON object key (yaml.v2 gives ints, floats, bools...). */
+function keyString(r: Resolved, n: YamlNode): string {
+  switch (r.kind) {
+    case 'str':
+    case 'merge':
+      return r.value as string;
+    case 'int':
+    case 'bool':
+      return r.go as string;
+    case 'float': {
+      const s = r.go as string;
+      return s === '+Inf' ? '.inf' : s === '-Inf' ? '-.inf' : s === 'NaN' ? '.nan' : s;
+    }
+    case 'null':
+      return failAt(n.mark, 'a mapping key may not be null or empty');
+    case 'uint':
+      return failAt(n.mark, 'an integer mapping key must fit in a signed 64-bit integer');
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decoder: nodes -> values, as yaml.v2 decodes into interface{} and ghodss converts to JSON.
+
+/** For objects and arrays from parseYaml: key -> how Go would render that number or boolean. */
+const goStrings = new WeakMap<object, Map<string, string>>();
+
+interface Item {
+  value: unknown;
+  go?: string;
+}
+
+interface Target {
+  object: Record<string, unknown>;
+  lines: Map<string, number>;
+}
+
+class Decoder {
+  readonly lines: LineMap = new WeakMap();
+  private readonly anchors: Map<string, YamlNode>;
+  private readonly expanding = new Set<string>();
+  private nodes = 0;
+  private depth = 0;
+
+  constructor(anchors: Map<string, YamlNode>) {
+    this.anchors = anchors;
+  }
+
+  decode(n: YamlNode): Item {
+    if (++this.nodes > MAX_NODES) failAt(n.mark, `aliases expand the document past ${MAX_NODES} nodes`);
+    if (++this.depth > MAX_DEPTH) failAt(n.mark, `nesting deeper than ${MAX_DEPTH} levels is refused`);
+    try {
+      if (n.kind === 'alias') return this.viaAlias(n, (target) => this.decode(target));
+      if (n.kind === 'sequence') return { value: this.sequence(n) };
+      if (n.kind === 'mapping') return { value: this.mapping(n, this.newTarget()).object };
+      const r = resolveScalar(n);
+      return { value: r.value, go: r.go };
+    } finally {
+      this.depth--;
+    }
+  }
+
+  /** Every alias is expanded afresh (a copy, as in Go); an anchor may not contain itself. */
+  private viaAlias<T>(n: YamlNode, use: (target: YamlNode) => T): T {
+    const target = this.anchors.get(n.value);
+    if (!target) failAt(n.mark, `unknown anchor '${n.value}' referenced`);
+    if (this.expanding.has(n.value)) failAt(n.mark, `anchor '${n.value}' value contains itself`);
+    this.expanding.add(n.value);
+    try {
+      return use(target);
+    } finally {
+      this.expanding.delete(n.value);
+    }
+  }
+
+  private newTarget(): Target {
+    const target = { object: {}, lines: new Map<string, number>() };
+    this.lines.set(target.object, target.lines);
+    return target;
+  }
+
+  private sequence(n: YamlNode): unknown[] {
+    const array: unknown[] = [];
+    const lines = new Map<string, number>();
+    this.lines.set(array, lines);
+    for (const child of n.children) {
+      const key = String(array.length);
+      const item = this.decode(child);
+      array.push(item.value);
+      lines.set(key, child.mark.line + 1);
+      if (item.go !== undefined) goStringsOf(array).set(key, item.go);
+    }
+    return array;
+  }
+
+  /**
+   * Writes the pairs of mapping `n` into `into`. Later writes win, merges included, in the order
+   * written (yaml.v2's rule); but one mapping may not write the same key twice (ours).
+   */
+  private mapping(n: YamlNode, into: Target): Target {
+    const seen = new Set<string>();
+    for (let i = 0; i < n.children.length; i += 2) {
+      const keyNode = n.children[i];
+      if (isMerge(keyNode)) {
+        this.merge(n.children[i + 1], into);
+        continue;
+      }
+      const key = this.key(keyNode);
+      if (seen.has(key)) failAt(keyNode.mark, `duplicate key ${JSON.stringify(key)}`);
+      seen.add(key);
+      const item = this.decode(n.children[i + 1]);
+      // As JSON.parse does: an own data property, even for "__proto__".
+      Object.defineProperty(into.object, key, {
+        value: item.value,
+        writable: true,
+        enumerable: true,
+        configurable: true,
+      });
+      into.lines.set(key, keyNode.mark.line + 1);
+      if (item.go !== undefined) goStringsOf(into.object).set(key, item.go);
+      else goStrings.get(into.object)?.delete(key);
+    }
+    return into;
+  }
+
+  private key(n: YamlNode): string {
+    if (n.kind === 'alias') return this.viaAlias(n, (target) => this.key(target));
+    if (n.kind !== 'scalar') failAt(n.mark, 'a mapping or a sequence cannot be a mapping key');
+    return keyString(resolveScalar(n), n);
+  }
+
+  /** `<<: *base` or `<<: [*a, *b]`: the earlier mappings of a list take precedence. */
+  private merge(value: YamlNode, into: Target): void {
+    const wantMap = (): never => failAt(value.mark, 'map merge requires map or sequence of maps as the value');
+    const check = (n: YamlNode): void => {
+      const target = n.kind === 'alias' ? this.anchors.get(n.value) : n;
+      if (target && target.kind !== 'mapping') wantMap();
+    };
+    if (value.kind === 'sequence') {
+      for (const n of value.children) if (n.kind !== 'alias' && n.kind !== 'mapping') wantMap();
+      for (const n of [...value.children].reverse()) {
+        check(n);
+        this.mergeOne(n, into);
+      }
+    } else if (value.kind === 'mapping' || value.kind === 'alias') {
+      check(value);
+      this.mergeOne(value, into);
+    } else {
+      wantMap();
+    }
+  }
+
+  private mergeOne(n: YamlNode, into: Target): void {
+    if (n.kind === 'alias') this.viaAlias(n, (target) => this.mapping(target, into));
+    else this.mapping(n, into);
+  }
+}
+
+function isMerge(n: YamlNode): boolean {
+  return n.kind === 'scalar' && n.value === '<<' && (n.implicit || n.tag === MERGE_TAG);
+}
+
+function goStringsOf(holder: object): Map<string, string> {
+  let map = goStrings.get(holder);
+  if (!map) goStrings.set(holder, (map = new Map()));
+  return map;
+}
+
+// ---------------------------------------------------------------------------------------------
+// API
+
+/**
+ * Reads the first document of a YAML stream (JSON included) as adnanh/webhook 2.8 does, into
+ * plain values: objects, arrays, strings, numbers, booleans and null. Throws YamlError.
+ */
+export function parseYaml(text: string): { value: unknown; lines: LineMap } {
+  const parser = new Parser(new Scanner(readChars(text)));
+  const root = parser.parseFirstDocument();
+  const decoder = new Decoder(parser.anchors);
+  const value = root === null ? null : decoder.decode(root).value;
+  return { value, lines: decoder.lines };
+}
+
+/**
+ * What a Go string field receives for this scalar (ghodss/yaml converts numbers and booleans:
+ * 1 -> "1", true -> "true", 1.5 -> "1.5", floats through float32 as in `1.234567e+06`).
+ * A string is itself; null and collections give undefined (Go leaves the field empty).
+ * Pass the holder and key it was read from to get Go's exact text, which a JS number cannot
+ * always carry: `1234567.0` (a float) and `1234567` (an int) both read as 1234567 but render
+ * differently, and integers past 2^53 lose digits.
+ */
+export function scalarAsGoString(v: unknown, holder?: object, key?: string | number): string | undefined {
+  if (holder !== undefined && key !== undefined) {
+    const recorded = goStrings.get(holder)?.get(String(key));
+    if (recorded !== undefined && Object.is((holder as Record<string, unknown>)[String(key)], v)) return recorded;
+  }
+  if (typeof v === 'string') return v;
+  if (typeof v === 'boolean') return String(v);
+  if (typeof v !== 'number') return undefined;
+  return Number.isSafeInteger(v) && !Object.is(v, -0) ? String(v) : formatFloat32(v);
+}
+
 // ---- the Go text/template subset ---------------------------------------------------------------
 
 export interface TemplateEnv {
@@ -1047,8 +2514,11 @@ export class Fields {
     return v as T;
   }
 
+  /** A string; a number or boolean becomes its text, as adnanh's YAML loader gives it ("value": 1). */
   string(key: string, def = ''): string {
-    return this.typed(key, (v) => typeof v === 'string', 'a string', def);
+    const v = this.raw[key];
+    if (typeof v === 'number' || typeof v === 'boolean') return scalarAsGoString(v, this.raw, key)!;
+    return this.typed(key, (x) => typeof x === 'string', 'a string', def);
   }
   boolean(key: string, def = false): boolean {
     return this.typed(key, (v) => typeof v === 'boolean', 'a boolean', def);
@@ -1249,7 +2719,17 @@ export function parseXml(text: string): Record<string, unknown> {
 
 const XML_ENTITIES: Record<string, string> = { lt: '<', gt: '>', amp: '&', quot: '"', apos: "'" };
 
-class XmlReader extends TextCursor {
+class XmlReader {
+  private readonly text: string;
+  private at = 0;
+
+  constructor(text: string) {
+    this.text = text;
+  }
+
+  atEnd(): boolean {
+    return this.at >= this.text.length;
+  }
   fail(what: string): never {
     throw new Error(`${what} at offset ${this.at}`);
   }
@@ -1366,39 +2846,53 @@ export function parseMultipart(
   let payload: Record<string, unknown> | undefined;
   let at = body.indexOf(delimiter);
   if (at < 0) throw new MultipartError('multipart: NextPart: EOF');
+  // Like Go's mime/multipart: the first boundary line says whether lines end in CRLF or bare LF.
+  const nl = body[at + delimiter.length] === 0x0a ? '\n' : '\r\n';
+  const nextDelimiter = Buffer.concat([Buffer.from(nl), delimiter]);
   for (;;) {
     at += delimiter.length;
     if (body.subarray(at, at + 2).toString() === '--') return payload;
-    if (body.subarray(at, at + 2).toString() === '\r\n') at += 2;
-    else throw new MultipartError('multipart: boundary not followed by CRLF');
-    const headerEnd = body.indexOf('\r\n\r\n', at);
+    if (body.subarray(at, at + nl.length).toString() !== nl) {
+      throw new MultipartError(`multipart: boundary not followed by ${nl === '\n' ? 'LF' : 'CRLF'}`);
+    }
+    at += nl.length;
+    const headerEnd = body.indexOf(nl + nl, at);
     if (headerEnd < 0) throw new MultipartError('multipart: unterminated part headers');
-    const headers = body.subarray(at, headerEnd).toString('utf8').split('\r\n');
-    const next = body.indexOf(Buffer.concat([Buffer.from('\r\n'), delimiter]), headerEnd + 4);
+    const headers = body.subarray(at, headerEnd).toString('utf8').split(nl);
+    const contentStart = headerEnd + 2 * nl.length;
+    const next = body.indexOf(nextDelimiter, contentStart);
     if (next < 0) throw new MultipartError('multipart: NextPart: EOF');
-    const content = body.subarray(headerEnd + 4, next);
-    at = next + 2;
-    const header = (n: string) =>
-      headers
-        .find((h) => h.toLowerCase().startsWith(n + ':'))
-        ?.slice(n.length + 1)
-        .trim() ?? '';
-    const disposition = header('content-disposition');
-    const name = /(?:^|;)\s*name="([^"]*)"/i.exec(disposition)?.[1];
-    if (name === undefined) continue;
-    const isFile = /;\s*filename="[^"]/i.test(disposition);
-    payload ??= {};
-    if (!isFile) {
-      if (!(name in payload)) payload[name] = content.toString('utf8');
-    } else if (!(name in payload) && (jsonFileParts.includes(name) || header('content-type') === 'application/json')) {
-      try {
-        const v = parseJsonKeepingNumbers(content.toString('utf8'));
-        if (v !== null && typeof v === 'object' && !Array.isArray(v)) payload[name] = v;
-      } catch {
-        /* adnanh logs and leaves the part out; so do we */
-      }
+    at = next + nl.length;
+    payload = addMultipartPart(payload ?? {}, headers, body.subarray(contentStart, next), jsonFileParts);
+  }
+}
+
+/** One part: a value part becomes a payload key (first value wins); a JSON file part its object. */
+function addMultipartPart(
+  payload: Record<string, unknown>,
+  headers: string[],
+  content: Buffer,
+  jsonFileParts: string[],
+): Record<string, unknown> | undefined {
+  const header = (n: string) =>
+    headers
+      .find((h) => h.toLowerCase().startsWith(n + ':'))
+      ?.slice(n.length + 1)
+      .trim() ?? '';
+  const disposition = header('content-disposition');
+  const name = /(?:^|;)\s*name="([^"]*)"/i.exec(disposition)?.[1];
+  if (name === undefined || name in payload) return Object.keys(payload).length ? payload : undefined;
+  const isFile = /;\s*filename="[^"]/i.test(disposition);
+  if (!isFile) payload[name] = content.toString('utf8');
+  else if (jsonFileParts.includes(name) || header('content-type') === 'application/json') {
+    try {
+      const v = parseJsonKeepingNumbers(content.toString('utf8'));
+      if (v !== null && typeof v === 'object' && !Array.isArray(v)) payload[name] = v;
+    } catch {
+      /* adnanh logs and leaves the part out; so do we */
     }
   }
+  return payload;
 }
 
 /** adnanh's dotted lookup: try the whole key first, else split at the first dot and descend. */
@@ -2031,12 +3525,13 @@ const HOOK_FIELDS = [
 export function compileHooksFile(file: string, text: string, defaults: { commandTimeoutMs: number }): CompiledFile {
   let doc: { value: unknown; lines: LineMap };
   try {
-    doc = parseStrictJson(text);
+    doc = parseYaml(text);
   } catch (e) {
     throw new ConfigError(`${file}: ${(e as Error).message}`);
   }
   const { value, lines } = doc;
-  if (!Array.isArray(value)) throw new ConfigError(`${file}: line 1: the top level must be a JSON array of hooks`);
+  if (!Array.isArray(value))
+    throw new ConfigError(`${file}: line 1: the top level must be a list (JSON array) of hooks`);
   const result: CompiledFile = { hooks: [], secrets: [], redactedParams: [], warnings: [] };
   const seen = new Set<string>();
   value.forEach((raw, index) => {
@@ -2125,8 +3620,9 @@ function compileMethods(h: Fields): string[] {
   return h
     .items('http-methods')
     .map((item) => {
-      if (typeof item.value !== 'string') h.reader.fail(item.at, `expected a string, got ${typeName(item.value)}`);
-      return (item.value as string).trim().toUpperCase();
+      const method = scalarAsGoString(item.value, item.at.parent, item.at.key);
+      if (method === undefined) return h.reader.fail(item.at, `expected a string, got ${typeName(item.value)}`);
+      return method.trim().toUpperCase();
     })
     .filter((m) => m !== '');
 }
@@ -2142,7 +3638,7 @@ function commandTimeout(h: Fields): number | undefined {
 }
 
 // ================================================================================================
-// 7. hooks directory & reload — every -hooks path (a file, or a directory of *.json files merged
+// 7. hooks directory & reload — every -hooks path (a file, or a directory of *.json, *.yaml and *.yml files merged
 //    in name order) becomes one immutable Snapshot. Reloads watch directories, not file inodes, so
 //    in-place edits, `mv` over a file, delete + re-create and a Kubernetes ConfigMap `..data`
 //    symlink swap are all seen; a snapshot that fails validation is rejected whole.
@@ -2168,7 +3664,10 @@ export interface LoadSettings {
   commandTimeoutMs: number;
 }
 
-/** Lists the hook files a -hooks path names: the file itself, or a directory's *.json in name order. */
+/** The files a hooks directory contributes: adnanh reads JSON and YAML alike. */
+const HOOK_FILE_EXTENSIONS = ['.json', '.yaml', '.yml'];
+
+/** Lists the hook files a -hooks path names: the file itself, or a directory's hook files in name order. */
 export function listHookFiles(p: string): string[] {
   let stat: fs.Stats;
   try {
@@ -2180,7 +3679,7 @@ export function listHookFiles(p: string): string[] {
   // Names starting with "." are a ConfigMap's internals (..data, ..2026_11_22…) or editor files.
   return fs
     .readdirSync(p)
-    .filter((n) => n.endsWith('.json') && !n.startsWith('.'))
+    .filter((n) => HOOK_FILE_EXTENSIONS.some((ext) => n.endsWith(ext)) && !n.startsWith('.'))
     .sort()
     .map((n) => path.join(p, n));
 }
@@ -2720,7 +4219,7 @@ export function decodeBase64Strict(text: string): Buffer {
 //    entry in one place (answerForError). Every response carries X-Request-Id; bodies are plain
 //    text and never sniffed. A finished command goes to the CommandListener main() wires in (the
 //    rollout follow and the mail, sections 12 and 13).
-//    Exports: CommandListener, createHandler.
+//    Exports: answerClientError, CommandListener, createHandler, HandlerContext.
 // ================================================================================================
 
 /** One way a request can end: status, body and headers (a step may override status and body). */
@@ -2777,6 +4276,7 @@ interface Exchange {
   snapshot: Snapshot;
   method: string;
   remote: { ip: string; addr: string };
+  started: bigint;
   /** The hook, once admitted: it labels the request metric. */
   hook?: Hook;
 }
@@ -2841,10 +4341,10 @@ function readBody(req: http.IncomingMessage, limit: number): Promise<Buffer> {
   });
 }
 
-function remoteAddress(req: http.IncomingMessage): { ip: string; addr: string } {
-  let ip = req.socket.remoteAddress ?? '';
+function remoteAddress(socket: net.Socket): { ip: string; addr: string } {
+  let ip = socket.remoteAddress ?? '';
   if (ip.startsWith('::ffff:') && net.isIPv4(ip.slice(7))) ip = ip.slice(7);
-  const port = req.socket.remotePort ?? 0;
+  const port = socket.remotePort ?? 0;
   if (ip === '') return { ip: '@', addr: '@' };
   return { ip, addr: net.isIPv6(ip) ? `[${ip}]:${port}` : `${ip}:${port}` };
 }
@@ -2857,33 +4357,101 @@ export function createHandler(cx: HandlerContext): (req: http.IncomingMessage, r
       res,
       snapshot: cx.store.current,
       method: req.method ?? 'GET',
-      remote: remoteAddress(req),
+      remote: remoteAddress(req.socket),
+      started: process.hrtime.bigint(),
     };
     res.setHeader('X-Request-Id', ex.id);
-    logWhenFinished(cx, ex, process.hrtime.bigint());
-    handleRequest(cx, ex).catch((e: unknown) => sendAnswer(ex, answerForError(cx, ex, e)));
+    countWhenFinished(cx, ex);
+    handleRequest(cx, ex).catch((e: unknown) => sendAnswer(cx, ex, answerForError(cx, ex, e)));
   };
 }
 
-/** Counts every answer and, with -verbose, writes the access-log line once it has gone. */
-function logWhenFinished(cx: HandlerContext, ex: Exchange, started: bigint): void {
+/** The Allow header of a 405 from a hook that lists no methods (HEAD and OPTIONS need listing). */
+const DEFAULT_ALLOW = ['GET', 'POST', 'PUT', 'PATCH', 'DELETE'];
+
+/** What Node sends for a request its parser refused, by the parser's error code (else 400). */
+const CLIENT_ERROR_STATUS: Record<string, number> = {
+  HPE_HEADER_OVERFLOW: 431,
+  HPE_CHUNK_EXTENSIONS_OVERFLOW: 413,
+  ERR_HTTP_REQUEST_TIMEOUT: 408,
+};
+
+/**
+ * A request Node's parser refused before any handler ran. Go takes any token as a method (`Get`)
+ * and adnanh answers it at a hook's path with 405, while Node's parser knows only the registered
+ * upper-case methods: so the request line is read here and a hook path answered as adnanh does.
+ * Anything else gets the status Node itself would send.
+ */
+export function answerClientError(
+  cx: HandlerContext,
+  err: Error & { code?: string; rawPacket?: Buffer },
+  socket: net.Socket,
+): void {
+  if (!socket.writable) {
+    socket.destroy();
+    return;
+  }
+  const line = /^([!#$%&'*+.^_`|~0-9A-Za-z-]+) (\S+) HTTP\/1\.[01]\r?\n/.exec(err.rawPacket?.toString('latin1') ?? '');
+  const prefix = cx.options.urlprefix === '' ? '/' : `/${cx.options.urlprefix}/`;
+  if (err.code !== 'HPE_INVALID_METHOD' || !line || !line[2].startsWith(prefix)) {
+    const status = CLIENT_ERROR_STATUS[err.code ?? ''] ?? 400;
+    socket.end(`HTTP/1.1 ${status} ${http.STATUS_CODES[status]}\r\nConnection: close\r\n\r\n`);
+    return;
+  }
+  const id = randomUUID();
+  const method = line[1];
+  let hookId = line[2].slice(prefix.length).split('?')[0];
+  try {
+    hookId = decodeURIComponent(hookId);
+  } catch {
+    /* as routeOf: a malformed escape is looked up as written */
+  }
+  cx.log.info(`[${id}] incoming HTTP ${method} request from ${remoteAddress(socket).addr}`);
+  const hook = cx.store.current.hooks.get(hookId);
+  if (hook) cx.log.info(`[${id}] HTTP ${method} method not allowed for hook ${JSON.stringify(hook.id)}`);
+  else cx.log.info(`[${id}] error: hook not found: ${hookId}`);
+  const entry: Answer = ANSWERS[hook ? 'methodNotAllowed' : 'hookNotFound'];
+  const allowed = hook?.methods.length ? hook.methods : cx.options.httpMethods;
+  const head = [
+    `HTTP/1.1 ${entry.status} ${http.STATUS_CODES[entry.status]}`,
+    ...(hook ? [`Allow: ${(allowed.length ? allowed : DEFAULT_ALLOW).join(', ')}`] : []),
+    `X-Request-Id: ${id}`,
+    'Content-Type: text/plain; charset=utf-8',
+    'X-Content-Type-Options: nosniff',
+    `Content-Length: ${Buffer.byteLength(entry.body)}`,
+    'Connection: close',
+  ];
+  cx.metrics.inc('webhook_requests_total', { hook: hook?.id ?? '', code: String(entry.status) });
+  cx.log.flush();
+  socket.end(`${head.join('\r\n')}\r\n\r\n${entry.body}`);
+}
+
+/** Counts every answer once it has gone. */
+function countWhenFinished(cx: HandlerContext, ex: Exchange): void {
   ex.res.on('finish', () => {
     cx.metrics.inc('webhook_requests_total', { hook: ex.hook?.id ?? '', code: String(ex.res.statusCode) });
-    if (!cx.log.verbose) return;
-    const ms = Number(process.hrtime.bigint() - started) / 1e6;
-    const line = `"${ex.method} ${redactUrl(ex.req.url ?? '', ex.snapshot.redactedParams)}" ${ex.res.statusCode}`;
-    cx.log.info(`[${ex.id}] ${ex.remote.addr} ${line} ${ex.res.getHeader('Content-Length') ?? 0}B ${ms.toFixed(1)}ms`);
   });
 }
 
+/** With -verbose, the access-log line; then every pending line about the request is written. */
+function logAccess(cx: HandlerContext, ex: Exchange, entry: Answer): void {
+  if (cx.log.verbose) {
+    const ms = Number(process.hrtime.bigint() - ex.started) / 1e6;
+    const line = `"${ex.method} ${redactUrl(ex.req.url ?? '', ex.snapshot.redactedParams)}" ${entry.status}`;
+    cx.log.info(`[${ex.id}] ${ex.remote.addr} ${line} ${Buffer.byteLength(entry.body)}B ${ms.toFixed(1)}ms`);
+  }
+  cx.log.flush();
+}
+
 async function handleRequest(cx: HandlerContext, ex: Exchange): Promise<void> {
-  if (cx.isShuttingDown()) return sendAnswer(ex, 'shuttingDown');
+  if (cx.isShuttingDown()) return sendAnswer(cx, ex, 'shuttingDown');
   const route = routeOf(cx, ex);
-  if (route.kind === 'answer') return sendAnswer(ex, route.name, route.override);
+  if (route.kind === 'answer') return sendAnswer(cx, ex, route.name, route.override);
   const admitted = admit(cx, ex, route.hookId);
-  if (typeof admitted === 'string') return sendAnswer(ex, admitted);
+  if (typeof admitted === 'string') return sendAnswer(cx, ex, admitted);
   const hookReq = await readRequest(cx, ex, admitted, route.url);
-  if (!evaluate(cx, ex, admitted, hookReq)) return sendAnswer(ex, 'notSatisfied', { status: admitted.mismatchCode });
+  if (!evaluate(cx, ex, admitted, hookReq))
+    return sendAnswer(cx, ex, 'notSatisfied', { status: admitted.mismatchCode });
   return dispatch(cx, ex, admitted, hookReq);
 }
 
@@ -2927,7 +4495,7 @@ function admit(cx: HandlerContext, ex: Exchange, hookId: string): Hook | AnswerN
   const allowed = hook.methods.length ? hook.methods : cx.options.httpMethods;
   if (allowed.length ? !allowed.includes(ex.method) : ex.method === 'HEAD' || ex.method === 'OPTIONS') {
     cx.log.info(`${tag} HTTP ${ex.method} method not allowed for hook ${JSON.stringify(hook.id)}`);
-    ex.res.setHeader('Allow', (allowed.length ? allowed : ['GET', 'POST', 'PUT', 'PATCH', 'DELETE']).join(', '));
+    ex.res.setHeader('Allow', (allowed.length ? allowed : DEFAULT_ALLOW).join(', '));
     return 'methodNotAllowed';
   }
   cx.log.info(`${tag} ${hook.id} got matched`);
@@ -2980,7 +4548,7 @@ async function dispatch(cx: HandlerContext, ex: Exchange, hook: Hook, hookReq: H
   if (!slot) {
     cx.metrics.inc('webhook_commands_rejected_total', { hook: hook.id });
     cx.log.error(`[${ex.id}] ${hook.id}: all command slots are busy; answering 503`);
-    return sendAnswer(ex, 'busy');
+    return sendAnswer(cx, ex, 'busy');
   }
   cx.log.info(`[${ex.id}] ${hook.id} hook triggered successfully`);
   for (const [name, value] of hook.responseHeaders) ex.res.setHeader(name, value);
@@ -2991,11 +4559,11 @@ async function dispatch(cx: HandlerContext, ex: Exchange, hook: Hook, hookReq: H
   });
   if (!hook.captureOutput) {
     told.catch((e: Error) => cx.log.error(`[${ex.id}] ${e.message}`));
-    return sendAnswer(ex, 'triggered', { status: hook.successCode, body: hook.responseMessage });
+    return sendAnswer(cx, ex, 'triggered', { status: hook.successCode, body: hook.responseMessage });
   }
   const result = await told;
-  if (result.ok) return sendAnswer(ex, 'triggered', { status: hook.successCode, body: result.output });
-  return sendAnswer(ex, 'commandFailed', hook.captureOutputOnError ? { body: result.output } : {});
+  if (result.ok) return sendAnswer(cx, ex, 'triggered', { status: hook.successCode, body: result.output });
+  return sendAnswer(cx, ex, 'commandFailed', hook.captureOutputOnError ? { body: result.output } : {});
 }
 
 /** The answer for an error a step threw, logged as adnanh logs it. */
@@ -3019,7 +4587,7 @@ function answerForError(cx: HandlerContext, ex: Exchange, e: unknown): AnswerNam
 }
 
 /** Step 6, answer: writes the named entry, with a step's status, body and headers over it. */
-function sendAnswer(ex: Exchange, name: AnswerName, override: Partial<Answer> = {}): void {
+function sendAnswer(cx: HandlerContext, ex: Exchange, name: AnswerName, override: Partial<Answer> = {}): void {
   const res = ex.res;
   if (res.headersSent) {
     res.destroy();
@@ -3036,6 +4604,7 @@ function sendAnswer(ex: Exchange, name: AnswerName, override: Partial<Answer> = 
     res.on('finish', () => ex.req.socket.destroySoon());
   }
   res.writeHead(entry.status);
+  logAccess(cx, ex, entry);
   res.end(entry.body);
 }
 
@@ -6297,10 +7866,8 @@ export async function main(argv: string[], env: Record<string, string | undefine
 async function serve(o: Options, env: Record<string, string | undefined>): Promise<number> {
   setFlagsFromString('--enable-experimental-regexp-engine-on-excessive-backtracks');
   setFlagsFromString(`--regexp-backtracks-before-fallback=${LIMITS.regexBacktracksBeforeFallback}`);
-  const logStream = o.logfile ? fs.createWriteStream(o.logfile, { flags: 'a', mode: 0o640 }) : undefined;
-  const log = new Logger(o.verbose, o.debug, (text) =>
-    logStream ? logStream.write(text) : process.stderr.write(text),
-  );
+  const log = openLog(o);
+  if (!log) return 1;
   process.on('exit', () => log.flush());
   const metrics = new Metrics();
   log.notice(`version ${VERSION} starting`);
@@ -6314,7 +7881,7 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
   const runner = new CommandRunner(o.maxConcurrentCommands, env, log, metrics, upgrade);
   const listener = new ResultNotifier(mailer, upgrade, log);
   let shuttingDown = false;
-  const handler = createHandler({
+  const handlerContext: HandlerContext = {
     options: o,
     store,
     runner,
@@ -6322,9 +7889,11 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
     log,
     metrics,
     isShuttingDown: () => shuttingDown,
-  });
+  };
+  const handler = createHandler(handlerContext);
   const server = await openListener(o, handler, log);
   if (!server) return 1;
+  server.on('clientError', (err: Error, socket: net.Socket) => answerClientError(handlerContext, err, socket));
 
   if (o.hotreload) store.watch();
   const reloadOnSignal = (sig: string) => {
@@ -6343,12 +7912,27 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
       await stopService(o, { store, server, runner, upgrade, mailer });
       log.notice('stopped');
       log.flush();
-      if (logStream) logStream.end(() => resolve(0));
-      else resolve(0);
+      resolve(0);
     };
     process.on('SIGTERM', () => void shutdown('SIGTERM'));
     process.on('SIGINT', () => void shutdown('SIGINT'));
   });
+}
+
+/** The log: stderr, or -logfile opened for appending; undefined (after saying why) when it cannot be. */
+function openLog(o: Options): Logger | undefined {
+  // Written synchronously (stderr is synchronous for files and pipes on Linux): see Logger.flush.
+  let logFd: number | undefined;
+  try {
+    if (o.logfile) logFd = fs.openSync(o.logfile, 'a', 0o640);
+  } catch (e) {
+    process.stderr.write(`webhook: cannot open -logfile ${o.logfile}: ${(e as NodeJS.ErrnoException).code ?? e}\n`);
+    return undefined;
+  }
+  const log = new Logger(o.verbose, o.debug, (text) =>
+    logFd === undefined ? process.stderr.write(text) : fs.writeSync(logFd, text),
+  );
+  return log;
 }
 
 /** The mail settings, or undefined (mail off), with what was wrong with them logged. */

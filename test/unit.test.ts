@@ -6,7 +6,7 @@ import {
   checkPayloadSignature, checkScalrSignature, cidrContains, compileGoRegex, compileHooksFile, decodeBase64Strict,
   evaluateRule, extractSignatures, formatGoDuration, goJsonMarshal, goJsEscape, goQueryEscape, JsonNumber, lookupParameter,
   MultipartError, ParameterNotFound, parseCidr, parseCommandLine, parseGoDuration, parseJsonKeepingNumbers, parseMultipart,
-  parsePayload, parseStrictJson, parseXml, redactUrl, renderTemplate, replaceParameter, UsageError, type HookRequest,
+  parsePayload, parseYaml, parseXml, redactUrl, renderTemplate, replaceParameter, UsageError, type HookRequest,
 } from '../webhook.ts';
 
 describe('command line', () => {
@@ -46,19 +46,23 @@ describe('command line', () => {
   });
 });
 
-describe('strict JSON', () => {
+describe('hook files are read as adnanh reads them (YAML, JSON included), with every key\'s line', () => {
   test('records the line of every key and index', () => {
-    const { value, lines } = parseStrictJson('[\n {"a": 1,\n  "b": [true,\n null]}]');
+    const { value, lines } = parseYaml('[\n {"a": 1,\n  "b": [true,\n null]}]');
     const obj = (value as object[])[0] as { b: unknown[] };
     assert.equal(lines.get(obj)?.get('a'), 2);
     assert.equal(lines.get(obj)?.get('b'), 3);
     assert.equal(lines.get(obj.b)?.get('1'), 4);
   });
-  test('rejects duplicate keys, trailing commas and trailing data, without quoting strings', () => {
-    assert.throws(() => parseStrictJson('{"a":1,\n"a":2}'), /line 2, column \d+: duplicate key "a"/);
-    assert.throws(() => parseStrictJson('[1,]'), /unexpected character "]"/);
-    assert.throws(() => parseStrictJson('[] x'), /after the end of the document/);
-    assert.throws(() => parseStrictJson('["secret-value\n"]'), (e: Error) => !e.message.includes('secret-value'));
+  test('YAML-style JSON that adnanh loads is loaded: a key in a list, trailing commas', () => {
+    assert.deepEqual(parseYaml('{"and": [ "or": [1], ], }').value, { and: [{ or: [1] }] });
+    assert.deepEqual(parseYaml('- id: a\n  value: 1\n').value, [{ id: 'a', value: 1 }]);
+  });
+  test('rejects duplicate keys, trailing data and bad syntax, without quoting strings', () => {
+    assert.throws(() => parseYaml('{"a":1,\n"a":2}'), /line 2, column \d+: duplicate key "a"/);
+    assert.throws(() => parseYaml('[] x'), /line 1, column 4: did not find expected <document start>/);
+    assert.throws(() => parseYaml('[{"id":"x"'), /did not find expected ',' or '}'/);
+    assert.throws(() => parseYaml('["secret-value'), (e: Error) => !e.message.includes('secret-value'));
   });
 });
 
