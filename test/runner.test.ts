@@ -508,6 +508,41 @@ describe('methods', () => {
   });
 });
 
+/** A whole request written raw; resolves with everything the server sent before it closed. */
+const rawRequest = (port: number, text: string) => sendAndStall(port, text).then((r) => r.reply);
+
+describe('a method Node does not parse (Get, post)', () => {
+  test('at a hook: 405 with Allow, logged as a disallowed method; the command does not run', async () => {
+    const rec = makeTempDir();
+    const wh = await started({ hooks: [{ id: 'h', 'execute-command': recorderCommand(rec), 'http-methods': ['POST'] }] });
+    for (const method of ['Get', 'post']) {
+      const res = await rawRequest(wh.port, `${method} /hooks/h?x=1 HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n`);
+      assert.match(res, /^HTTP\/1\.1 405 Method Not Allowed\r\n/, method);
+      assert.match(res, /\r\nAllow: POST\r\n/);
+      assert.match(res, /\r\nX-Request-Id: [0-9a-f-]{36}\r\n/);
+      await waitForOutput(wh, `HTTP ${method} method not allowed for hook "h"`);
+    }
+    assert.match(await rawRequest(wh.port, 'Get /nothing HTTP/1.1\r\nHost: x\r\n\r\n'), /^HTTP\/1\.1 400 Bad Request\r\n/);
+    assert.match(await rawRequest(wh.port, 'Get /hooks/missing HTTP/1.1\r\nHost: x\r\n\r\n'), /^HTTP\/1\.1 404 Not Found\r\n[\s\S]*Hook not found\.$/);
+    assert.equal(hasRecord(rec), false);
+  });
+});
+
+describe('the log is written before the answer', () => {
+  test('killed with SIGKILL right after answering, the process has logged everything about the request', async () => {
+    const rec = makeTempDir();
+    const cmd = recorderCommand(rec, { stdout: 'out-7f3a\n' });
+    const wh = await startWebhook({ hooks: [{ id: 'h', 'execute-command': cmd, 'include-command-output-in-response': true }] });
+    const res = await wh.request('/hooks/h?a=1');
+    wh.proc.kill('SIGKILL');
+    await wh.exited;
+    assert.equal(res.status, 200);
+    for (const line of ['incoming HTTP GET request', 'h got matched', 'h hook triggered successfully', 'command output: out-7f3a', '"GET /hooks/h?a=1" 200']) {
+      assert.ok(wh.output().includes(line), `${line} in\n${wh.output()}`);
+    }
+  });
+});
+
 describe('other flags', () => {
   test('-secure serves HTTPS with -cert/-key and -tls-min-version; a missing certificate exits 1', async () => {
     const dir = makeTempDir();

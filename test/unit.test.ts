@@ -154,6 +154,9 @@ describe('bodies', () => {
     assert.deepEqual(parseMultipart('multipart/form-data; boundary=XX', body, []), { v: 'value', j: { k: new JsonNumber('2') } });
     assert.throws(() => parseMultipart('multipart/form-data;', body, []), MultipartError);
     assert.throws(() => parseMultipart('multipart/form-data; boundary=YY', body, []), MultipartError);
+    // Bare LF line endings, as Go's mime/multipart accepts them (the first boundary line decides).
+    const lf = Buffer.from(body.toString('latin1').replaceAll('\r\n', '\n'), 'latin1');
+    assert.deepEqual(parseMultipart('multipart/form-data; boundary=XX', lf, []), { v: 'value', j: { k: new JsonNumber('2') } });
   });
 });
 
