@@ -2,8 +2,9 @@
  * The Node floor for the bench scenarios: the least a node:http server must do to give the same
  * answers (read the body, answer 500 "Hook rules were not satisfied." for /hooks/mismatch and the
  * seed's /hooks/web; parse the JSON and return `/bin/echo <repository.repo_full_name>` output for
- * /hooks/echo; `/bin/echo <body>` for /hooks/web-echo). No rules, logging, metrics or request ids. bench/profile.ts runs it beside webhook.ts so that what our
- * code costs can be told apart from what Node itself costs.
+ * /hooks/echo; `/bin/echo <body>` for /hooks/web-echo). No rules, logging, metrics or request ids.
+ * bench/profile.ts runs it beside webhook.ts so that what our code costs can be told apart from
+ * what Node itself costs.
  *
  *   node bench/floor.ts -hooks IGNORED -ip 127.0.0.1 -port N
  */
