@@ -68,9 +68,13 @@ export function summarise(file: string, top = 25): Summary {
   const busy = total - idle;
   const pct = (ms: number) => `${((100 * ms) / busy).toFixed(1).padStart(5)}%`;
   const rows = (m: Map<string, number>, n: number) =>
-    [...m.entries()].sort((a, b) => b[1] - a[1]).slice(0, n).map(([k, ms]) => `  ${pct(ms)}  ${ms.toFixed(0).padStart(6)} ms  ${k}`);
+    [...m.entries()]
+      .sort((a, b) => b[1] - a[1])
+      .slice(0, n)
+      .map(([k, ms]) => `  ${pct(ms)}  ${ms.toFixed(0).padStart(6)} ms  ${k}`);
   const text = [
-    `profile ${path.basename(file)}: ${(total / 1000).toFixed(1)} s sampled, ${(busy / 1000).toFixed(1)} s busy (${((100 * busy) / total).toFixed(0)}%), ${(idle / 1000).toFixed(1)} s idle; percentages are of busy time`,
+    `profile ${path.basename(file)}: ${(total / 1000).toFixed(1)} s sampled, ${(busy / 1000).toFixed(1)} s busy ` +
+      `(${((100 * busy) / total).toFixed(0)}%), ${(idle / 1000).toFixed(1)} s idle; percentages are of busy time`,
     `self time by function (top ${top}):`,
     ...rows(self, top),
     `self time by module:`,

@@ -8,7 +8,9 @@
  */
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import { clusterOrSkip, acrImage, acrPayload, deployment, freshNamespaceName, kubectlFor } from '../test/cluster/kube.ts';
+import {
+  clusterOrSkip, acrImage, acrPayload, deployment, freshNamespaceName, kubectlFor,
+} from '../test/cluster/kube.ts';
 import { makeTempDir, startWebhook } from '../test/harness.ts';
 import { KubeClient, loadKubeconfig } from '../webhook.ts';
 
@@ -21,7 +23,8 @@ if (!cluster) process.exit(1);
 const kubectl = kubectlFor(cluster);
 const ns = freshNamespaceName('bench');
 await kubectl(['create', 'namespace', ns]);
-await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(deployment('web', [{ name: 'app', image: acrImage('v0') }], { replicas: 1 })));
+const web = deployment('web', [{ name: 'app', image: acrImage('v0') }], { replicas: 1 });
+await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(web));
 await kubectl(['-n', ns, 'rollout', 'status', 'deployment/web', '--timeout=90s']);
 
 const hooks = makeTempDir('bench-hooks-');
@@ -29,25 +32,38 @@ fs.writeFileSync(path.join(hooks, 'web.json'), fs.readFileSync(path.join(ROOT, '
   .replace('"/webhooks.sh"', JSON.stringify(path.join(ROOT, 'webhooks.sh')))
   .replace('"/home"', JSON.stringify(hooks))
   .replace('"value": "prod"', `"value": ${JSON.stringify(ns)}`));
-const wh = await startWebhook({ hooks, verbose: false, env: { WEBHOOK_CMD: '-template', HOOK_TOKEN: TOKEN, KUBECONFIG: cluster.kubeconfigPath } });
+const wh = await startWebhook({
+  hooks,
+  verbose: false,
+  env: { WEBHOOK_CMD: '-template', HOOK_TOKEN: TOKEN, KUBECONFIG: cluster.kubeconfigPath },
+});
 const client = new KubeClient(loadKubeconfig(cluster.kubeconfigPath));
 const ref = { group: 'apps', version: 'v1', resource: 'deployments', namespace: ns, name: 'web' };
 
 const ms = (t0: bigint) => Number(process.hrtime.bigint() - t0) / 1e6;
-const median = (xs: number[]) => { const s = [...xs].sort((a, b) => a - b); return (s[(s.length - 1) >> 1] + s[s.length >> 1]) / 2; };
+const median = (xs: number[]) => {
+  const s = [...xs].sort((a, b) => a - b);
+  return (s[(s.length - 1) >> 1] + s[s.length >> 1]) / 2;
+};
 
 async function push(tag: string): Promise<number> {
-  const query = new URLSearchParams({ token: TOKEN, ns, workload: 'deployment/web', container: 'app', repo_type: 'regionalregistry' });
+  const query = new URLSearchParams({
+    token: TOKEN, ns, workload: 'deployment/web', container: 'app', repo_type: 'regionalregistry',
+  });
   const t0 = process.hrtime.bigint();
-  const res = await wh.request(`/hooks/web?${query}`, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: acrPayload(tag) });
+  const headers = { 'Content-Type': 'application/json' };
+  const res = await wh.request(`/hooks/web?${query}`, { method: 'POST', headers, body: acrPayload(tag) });
   const took = ms(t0);
-  if (res.status !== 200 || !res.body.includes('action:       image updated')) throw new Error(`push ${tag}: ${res.status} ${res.body}`);
+  if (res.status !== 200 || !res.body.includes('action:       image updated')) {
+    throw new Error(`push ${tag}: ${res.status} ${res.body}`);
+  }
   return took;
 }
 
 async function rawPatch(tag: string): Promise<number> {
   const t0 = process.hrtime.bigint();
-  await client.patch(ref, [{ op: 'replace', path: '/spec/template/spec/containers/0/image', value: acrImage(tag) }], 'bench');
+  const image = { op: 'replace' as const, path: '/spec/template/spec/containers/0/image', value: acrImage(tag) };
+  await client.patch(ref, [image], 'bench');
   return ms(t0);
 }
 
@@ -63,7 +79,9 @@ client.close();
 await wh.stop();
 await kubectl(['delete', 'namespace', ns, '--wait=false']);
 
-const row = (name: string, xs: number[]) => `${name.padEnd(34)} ${median(xs).toFixed(1).padStart(7)} ms  (min ${Math.min(...xs).toFixed(1)}, max ${Math.max(...xs).toFixed(1)})`;
+const row = (name: string, xs: number[]) =>
+  `${name.padEnd(34)} ${median(xs).toFixed(1).padStart(7)} ms  ` +
+  `(min ${Math.min(...xs).toFixed(1)}, max ${Math.max(...xs).toFixed(1)})`;
 console.log(`median of ${RUNS}, alternating, on the kwok test cluster:`);
 console.log(row('push → answer (seed hook)', pushes));
 console.log(row('raw PATCH of the same Deployment', patches));
