@@ -11,7 +11,7 @@ import * as net from 'node:net';
 import * as path from 'node:path';
 
 export const ROOT = path.resolve(import.meta.dirname, '..');
-export const OURS = path.join(ROOT, 'dist', 'webhook');
+export const OURS = process.env.BENCH_OURS ?? path.join(ROOT, 'dist', 'webhook');
 
 export const DURATION = Number(process.env.BENCH_DURATION ?? 10);
 export const WARMUP = Number(process.env.BENCH_WARMUP ?? 2);
