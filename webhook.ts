@@ -94,6 +94,7 @@ export interface Options {
   setgid: number;
   socket: string;
   version: boolean;
+  validate: boolean;
   maxBodyBytes: number;
   readHeaderTimeoutMs: number;
   readTimeoutMs: number;
@@ -250,6 +251,12 @@ const FLAGS: Record<string, FlagSpec> = {
     help: 'path to a Unix socket on which to serve hooks (instead of ip:port)',
   },
   version: { kind: 'bool', key: 'version', def: 'false', help: 'display webhook version and quit' },
+  validate: {
+    kind: 'bool',
+    key: 'validate',
+    def: 'false',
+    help: 'load and check the hooks as the service would, print what each matches and does, and quit (1: refused)',
+  },
   'max-body-size': {
     kind: 'bytes',
     key: 'maxBodyBytes',
@@ -3090,7 +3097,7 @@ export function compileParam(reader: FieldReader, value: unknown, at: Place, fil
 //    and/or/not combine matches with adnanh's semantics: a missing parameter makes a match false
 //    (inside `or` it is passed over, inside `and` the rule fails); a bad signature is an
 //    evaluation error unless the hook allows soft failures. Secrets compare in constant time.
-//    Exports: compileRule, evaluateRule, Rule, ruleMatches.
+//    Exports: compileRule, evaluateRule, Match, Rule, ruleMatches.
 // ================================================================================================
 
 export class SignatureError extends Error {}
@@ -3104,6 +3111,10 @@ export interface Match {
   type: string;
   param: Param | undefined;
   readsHeaders: boolean;
+  /** The one value the parameter must have for the match to pass (value rules): -validate reads it. */
+  pinned?: string;
+  /** What passes, for people (-validate): the type's fields other than secrets, quoted. */
+  shown: string;
   /** `value` is the parameter's value ("" for types without one). */
   test(req: HookRequest, value: string, now: Date): RuleResult;
 }
@@ -3120,6 +3131,8 @@ interface RuleType {
   secret?: string;
   /** The compared parameter is redacted in the access log (it is the token). */
   redactsParameter?: boolean;
+  /** The field naming the one value the parameter must have to pass (Match.pinned). */
+  pins?: string;
   /** Reads the type's fields; returns the test. `secret` is the secret field's value. */
   compile(m: Fields, type: string, secret: string): Match['test'];
 }
@@ -3130,6 +3143,7 @@ const RULE_TYPES: Record<string, RuleType> = {
     parameter: true,
     readsHeaders: false,
     redactsParameter: true,
+    pins: 'value',
     compile(m, type) {
       const value = m.required('value', `type "${type}"`);
       m.warnPlaceholder('value', value);
@@ -3264,7 +3278,11 @@ function compileMatch(reader: FieldReader, value: unknown, at: Place): Match {
     if (ruleType.redactsParameter && (param.source === 'url' || param.source === 'header'))
       reader.sinks.redactedParams.push(named);
   }
-  return { type, param, readsHeaders: ruleType.readsHeaders, test };
+  const pinned = ruleType.pins ? m.string(ruleType.pins) : undefined;
+  const shown = ruleType.secret
+    ? 'a valid signature (its secret not shown)'
+    : ruleType.fields.map((f) => `${f} ${JSON.stringify(m.string(f))}`).join(', ');
+  return { type, param, readsHeaders: ruleType.readsHeaders, pinned, shown, test };
 }
 
 /** A secret field: required and not empty; a placeholder is reported without quoting the value. */
@@ -3650,6 +3668,8 @@ export interface Snapshot {
   files: string[];
   /** Strings scrubbed from every log line (secrets of at least minScrubbedSecretLength). */
   secrets: string[];
+  /** Every value a template inserted, whatever its length: -validate shows none of them. */
+  inserted: Set<string>;
   /** `url:<name>` and `header:<lower-case name>` parameters compared by value rules. */
   redactedParams: Set<string>;
   warnings: string[];
@@ -3689,6 +3709,7 @@ export function loadSnapshot(settings: LoadSettings): Snapshot {
   const files = settings.paths.flatMap(listHookFiles);
   const hooks = new Map<string, Hook>();
   const secrets = new Set<string>();
+  const inserted = new Set<string>();
   const redacted = new Set<string>();
   const warnings: string[] = [];
   const digest = createHash('sha256');
@@ -3714,7 +3735,10 @@ export function loadSnapshot(settings: LoadSettings): Snapshot {
       try {
         const rendered = renderTemplate(text, templateEnv);
         text = rendered.output;
-        rendered.inserted.forEach((s) => secrets.add(s));
+        for (const s of rendered.inserted) {
+          secrets.add(s);
+          inserted.add(s);
+        }
       } catch (e) {
         throw new ConfigError(`${file}: ${(e as Error).message}`);
       }
@@ -3734,6 +3758,7 @@ export function loadSnapshot(settings: LoadSettings): Snapshot {
     hooks,
     files,
     secrets: [...secrets].filter((s) => s.length >= LIMITS.minScrubbedSecretLength).sort((a, b) => b.length - a.length),
+    inserted,
     redactedParams: redacted,
     warnings,
     digest: digest.digest('hex'),
@@ -3835,7 +3860,7 @@ export class HookStore {
 //    A command that is an InProcessCommand's entry point (the bundled /webhooks.sh: the upgrade
 //    of section 12) is not started as a process: it runs in this process with the same inputs,
 //    output and exit status.
-//    Exports: CommandResult, CommandRunner, decodeBase64Strict, InProcessCommand, resolveCommand.
+//    Exports: CommandResult, CommandRunner, decodeBase64Strict, InProcessCommand, resolveHookCommand.
 // ================================================================================================
 
 type Environment = Record<string, string | undefined>;
@@ -3860,6 +3885,11 @@ export interface CommandResult {
 export interface InProcessCommand {
   /** What the log calls it. */
   readonly name: string;
+  /**
+   * The absolute path hook files run it by (/webhooks.sh). Where no file is there (a machine other
+   * than the image: `npm start`, CI) that execute-command still means this command.
+   */
+  readonly command: string;
   /** Whether a resolved execute-command is this command's entry point. */
   handles(file: string): boolean;
   run(
@@ -3908,6 +3938,15 @@ export interface Slot {
   inProcess: boolean;
 }
 
+/** A hook's command as the runner will run it: resolved as adnanh does, or as the in-process command. */
+export function resolveHookCommand(hook: Hook, envPath: string, inProcess: InProcessCommand | undefined): Slot {
+  const resolved = resolveCommand(hook.command, hook.workingDirectory, envPath);
+  if (!inProcess) return { resolved, inProcess: false };
+  if (resolved.path !== undefined) return { resolved, inProcess: inProcess.handles(resolved.path) };
+  const missing = hook.command === inProcess.command && !fs.existsSync(hook.command);
+  return missing ? { resolved: { path: hook.command }, inProcess: true } : { resolved, inProcess: false };
+}
+
 /** What a command is started with, resolved from the hook's parameters for one request. */
 interface CommandInputs {
   args: string[];
@@ -3942,8 +3981,7 @@ export class CommandRunner {
    * while an upgrade waiting behind its workload's earlier pushes costs only memory.
    */
   tryAcquire(hook: Hook): Slot | undefined {
-    const resolved = resolveCommand(hook.command, hook.workingDirectory, this.env.PATH ?? '');
-    const inProcess = resolved.path !== undefined && this.inProcess?.handles(resolved.path) === true;
+    const { resolved, inProcess } = resolveHookCommand(hook, this.env.PATH ?? '', this.inProcess);
     if (inProcess ? this.inProcessRunning >= LIMITS.maxPendingUpgrades : this.processes >= this.max) return undefined;
     if (inProcess) this.inProcessRunning++;
     else this.processes++;
@@ -6689,6 +6727,8 @@ export function formatReport(r: UpgradeReport): string {
 
 /** Marks the bundled webhooks.sh: a hook whose command is that file runs the upgrade in-process. */
 export const UPGRADE_ENTRY_MARKER = 'webhook-upgrade-entry-point';
+/** The command every hook file of the old image runs; in the image, a symlink to this executable. */
+export const UPGRADE_COMMAND = '/webhooks.sh';
 
 /**
  * Whether a resolved command is this program's upgrade entry point: the executable itself under
@@ -6719,6 +6759,7 @@ export function isUpgradeEntryPoint(file: string): boolean {
  */
 export class UpgradeService implements InProcessCommand {
   readonly name = 'the upgrade';
+  readonly command = UPGRADE_COMMAND;
   private client: KubeClient | undefined;
   private readonly queue = new WorkloadQueue();
   private readonly stopping = new AbortController();
@@ -7859,7 +7900,154 @@ export async function main(argv: string[], env: Record<string, string | undefine
     process.stdout.write(Object.keys(GO_CIPHER_SUITES).join('\n') + '\n');
     return 0;
   }
+  if (o.validate) return validate(o, env);
   return serve(o, env);
+}
+
+/**
+ * -validate: loads the hooks as the service would (the same -template, environment and checks),
+ * prints what each matches and does on stdout, and the warnings and errors a reload would log on
+ * stderr; 1 when the service would refuse them.
+ */
+function validate(o: Options, env: Record<string, string | undefined>): number {
+  let snapshot: Snapshot;
+  try {
+    snapshot = loadSnapshot({ paths: o.hooks, template: o.template, env, commandTimeoutMs: o.commandTimeoutMs });
+  } catch (e) {
+    process.stderr.write(`error: ${(e as Error).message}\n`);
+    return 1;
+  }
+  const upgrade = new UpgradeService(undefined, env, 0, new Logger(false, false, () => undefined));
+  for (const w of [...snapshot.warnings, ...commandWarnings(snapshot, env, upgrade)])
+    process.stderr.write(`warning: ${w}\n`);
+  process.stdout.write(describeHooks(snapshot, o, env.PATH ?? '', upgrade));
+  if (snapshot.hooks.size === 0 && !o.nopanic) {
+    process.stderr.write(`error: couldn't load any hooks from ${o.hooks.join(', ')} (use -nopanic to start anyway)\n`);
+    return 1;
+  }
+  process.stdout.write(`${snapshot.hooks.size} hook(s) from ${snapshot.files.length} file(s): valid\n`);
+  return 0;
+}
+
+/** The hooks whose command cannot be run now (checked again on each request, so only a warning). */
+function commandWarnings(
+  snapshot: Snapshot,
+  env: Record<string, string | undefined>,
+  inProcess: InProcessCommand,
+): string[] {
+  return [...snapshot.hooks.values()].flatMap((hook) => {
+    const { resolved } = resolveHookCommand(hook, env.PATH ?? '', inProcess);
+    return resolved.error
+      ? [`${hook.file}: hook "${hook.id}": execute-command: ${resolved.error} (checked again on each request)`]
+      : [];
+  });
+}
+
+/** Each hook for people: its URL, what its rule accepts, what it runs and answers. Pure but for stat(). */
+export function describeHooks(snapshot: Snapshot, o: Options, envPath: string, inProcess: InProcessCommand): string {
+  const out: string[] = [];
+  for (const hook of snapshot.hooks.values()) {
+    const methods = hook.methods.length ? hook.methods.join(', ') : o.httpMethods.join(', ');
+    const shown = (m: Match) => describeMatch(m, snapshot.inserted);
+    out.push(`hook "${hook.id}" (${hook.file})`);
+    out.push(`  url:         ${methods || 'any method but HEAD and OPTIONS'} /${o.urlprefix}/${hook.id}`);
+    out.push(...labelled('accepts', hook.rule ? describeRule(hook.rule, shown) : ['every request (no trigger-rule)']));
+    out.push(`  otherwise:   ${hook.mismatchCode} Hook rules were not satisfied.`);
+    const { resolved, inProcess: bundled } = resolveHookCommand(hook, envPath, inProcess);
+    const runs = bundled
+      ? `${inProcess.name}, in this process (${hook.command})`
+      : (resolved.path ?? `nothing now: ${resolved.error}`);
+    out.push(`  runs:        ${runs}`);
+    if (bundled) out.push(...labelled('upgrades', describeUpgrade(hook, snapshot.inserted)));
+    out.push(...labelled('arguments', hook.args.map(describeParam)));
+    out.push(
+      ...labelled(
+        'environment',
+        hook.env.map((p) => `${p.envname || `HOOK_${p.name}`} = ${describeParam(p)}`),
+      ),
+    );
+    out.push(
+      ...labelled(
+        'files',
+        hook.files.map((p) => `${p.envname} = a file holding ${describeParam(p)}`),
+      ),
+    );
+    out.push(`  answers:     ${describeAnswer(hook)}`);
+    out.push('');
+  }
+  return out.join('\n') + (out.length ? '\n' : '');
+}
+
+/** `  label:       first`, then the other lines aligned under the first; nothing for no lines. */
+function labelled(label: string, lines: string[]): string[] {
+  return lines.map((line, i) => `  ${i === 0 ? `${label}:`.padEnd(13) : ' '.repeat(13)}${line}`);
+}
+
+function describeRule(rule: Rule, shown: (m: Match) => string): string[] {
+  const nested = (head: string, rules: Rule[]) => [
+    head,
+    ...rules.flatMap((r) => describeRule(r, shown).map((l) => `  ${l}`)),
+  ];
+  if ('and' in rule) return rule.and.length === 1 ? describeRule(rule.and[0], shown) : nested('all of:', rule.and);
+  if ('or' in rule) return rule.or.length === 1 ? describeRule(rule.or[0], shown) : nested('any of:', rule.or);
+  if ('not' in rule) return nested('not:', [rule.not]);
+  return [shown(rule.match)];
+}
+
+function describeMatch(m: Match, inserted: Set<string>): string {
+  const param = m.param ? `${describeParam(m.param)} ` : '';
+  if (m.pinned === undefined) return `${param}${m.type} ${m.shown}`;
+  const value = inserted.has(m.pinned) ? 'the value the template inserted (not shown)' : JSON.stringify(m.pinned);
+  return `${param}is ${value}`;
+}
+
+function describeParam(p: Param): string {
+  if (p.source.startsWith('entire-') || p.source === 'raw-request-body') return `the ${p.source}`;
+  return `${p.source} ${JSON.stringify(p.name)}${p.base64decode ? ' (base64-decoded)' : ''}`;
+}
+
+function describeAnswer(hook: Hook): string {
+  if (!hook.captureOutput)
+    return `${hook.successCode} ${JSON.stringify(hook.responseMessage)} at once; the command runs on`;
+  const failed = hook.captureOutputOnError ? 'with its output' : 'with a fixed message';
+  return `the command's output, ${hook.successCode}; when it fails, 500 ${failed}`;
+}
+
+/**
+ * What the bundled upgrade changes: the namespace, workload and container it is given, each a
+ * literal, a value the trigger rule requires (so no request can choose another), or what a
+ * request says.
+ */
+function describeUpgrade(hook: Hook, inserted: Set<string>): string[] {
+  const input = (envname: string, what: string) => {
+    const value = upgradeInput(hook, envname);
+    if (value === undefined) return `${what}: not passed (${envname} is not in pass-environment-to-command)`;
+    if (typeof value === 'string') return `${what}: ${inserted.has(value) ? '(inserted by the template)' : value}`;
+    return `${what}: whatever the request's ${describeParam(value)} says (no value rule fixes it)`;
+  };
+  return [
+    input('APP_NS', 'namespace'),
+    input('APP_WORKLOAD', 'workload'),
+    input('APP_CONTAINER', 'container'),
+    input('REPO_TYPE', 'registry type'),
+    input('MAIL_TO', 'mail to'),
+  ];
+}
+
+/**
+ * The value a command's environment variable has for every request that passes the rule: a
+ * literal (source "string"), or a parameter a value match required by the rule fixes. Otherwise
+ * the parameter it comes from; undefined when the hook does not pass it.
+ */
+export function upgradeInput(hook: Hook, envname: string): string | Param | undefined {
+  const p = hook.env.findLast((e) => (e.envname || `HOOK_${e.name}`) === envname);
+  if (!p || p.source === 'string') return p?.name;
+  const same = (q: Param | undefined) =>
+    q?.source === p.source &&
+    (p.source === 'header' ? q.name.toLowerCase() === p.name.toLowerCase() : q.name === p.name);
+  const required = (rule: Rule | undefined): Match[] =>
+    !rule ? [] : 'and' in rule ? rule.and.flatMap(required) : 'match' in rule ? [rule.match] : [];
+  return required(hook.rule).find((m) => m.pinned !== undefined && same(m.param))?.pinned ?? p;
 }
 
 /** The service: hooks loaded, the pieces wired, the port open, until SIGTERM or SIGINT. */
@@ -7872,12 +8060,12 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
   const metrics = new Metrics();
   log.notice(`version ${VERSION} starting`);
   const settings: LoadSettings = { paths: o.hooks, template: o.template, env, commandTimeoutMs: o.commandTimeoutMs };
-  const snapshot = loadInitialHooks(o, settings, log);
+  const upgrade = new UpgradeService(o.kubeconfig || env.KUBECONFIG, env, o.rolloutFollowMs, log);
+  const snapshot = loadInitialHooks(o, settings, log, upgrade);
   if (!snapshot) return 1;
 
   const mailer = new Mailer(mailConfig(env, log), log, metrics);
   const store = new HookStore(settings, snapshot, log, metrics);
-  const upgrade = new UpgradeService(o.kubeconfig || env.KUBECONFIG, env, o.rolloutFollowMs, log);
   const runner = new CommandRunner(o.maxConcurrentCommands, env, log, metrics, upgrade);
   const listener = new ResultNotifier(mailer, upgrade, log);
   let shuttingDown = false;
@@ -7949,7 +8137,12 @@ function mailConfig(env: Record<string, string | undefined>, log: Logger): MailC
 }
 
 /** The first snapshot, its warnings logged; undefined (after logging why) when the service cannot start. */
-function loadInitialHooks(o: Options, settings: LoadSettings, log: Logger): Snapshot | undefined {
+function loadInitialHooks(
+  o: Options,
+  settings: LoadSettings,
+  log: Logger,
+  inProcess: InProcessCommand,
+): Snapshot | undefined {
   let snapshot: Snapshot;
   try {
     snapshot = loadSnapshot(settings);
@@ -7958,12 +8151,7 @@ function loadInitialHooks(o: Options, settings: LoadSettings, log: Logger): Snap
     return undefined;
   }
   log.setSecrets(snapshot.secrets);
-  for (const w of snapshot.warnings) log.warn(w);
-  for (const hook of snapshot.hooks.values()) {
-    const resolved = resolveCommand(hook.command, hook.workingDirectory, settings.env.PATH ?? '');
-    if (resolved.error)
-      log.warn(`${hook.file}: hook "${hook.id}": execute-command: ${resolved.error} (checked again on each request)`);
-  }
+  for (const w of [...snapshot.warnings, ...commandWarnings(snapshot, settings.env, inProcess)]) log.warn(w);
   if (snapshot.hooks.size === 0 && !o.nopanic) {
     log.error(`couldn't load any hooks from ${o.hooks.join(', ')} (use -nopanic to start anyway)`);
     return undefined;
