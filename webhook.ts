@@ -3113,7 +3113,7 @@ export interface Match {
   readsHeaders: boolean;
   /** The one value the parameter must have for the match to pass (value rules): -validate reads it. */
   pinned?: string;
-  /** What passes, for people (-validate): the type's fields other than secrets, quoted. */
+  /** What passes, for people (-validate): the type's own fields, quoted, or a note for a secret. */
   shown: string;
   /** `value` is the parameter's value ("" for types without one). */
   test(req: HookRequest, value: string, now: Date): RuleResult;
@@ -3281,7 +3281,7 @@ function compileMatch(reader: FieldReader, value: unknown, at: Place): Match {
   const pinned = ruleType.pins ? m.string(ruleType.pins) : undefined;
   const shown = ruleType.secret
     ? 'a valid signature (its secret not shown)'
-    : ruleType.fields.map((f) => `${f} ${JSON.stringify(m.string(f))}`).join(', ');
+    : ruleType.fields.map((f) => JSON.stringify(m.string(f))).join(', ');
   return { type, param, readsHeaders: ruleType.readsHeaders, pinned, shown, test };
 }
 
