@@ -9,6 +9,8 @@ import { binPath, buildInto, GO_ENV, goBuildWithProgress } from './cluster/clust
 
 /** The Helm release Rancher's own charts are tested with (3.x); bump here, the cache follows. */
 export const HELM_VERSION = 'v3.22.0';
+/** The minor version of k8s.io/client-go in that release's go.mod (v0.37.0). */
+const HELM_KUBE_MINOR = '37';
 
 let built: Promise<string> | undefined;
 
@@ -18,8 +20,16 @@ export function ensureHelm(): Promise<string> {
     goBuildWithProgress(`Helm ${HELM_VERSION}`, '3 minutes', {
       args: [
         'install', '-v', '-trimpath',
-        // Stamped like a release, so `helm version` and the chart's kubeVersion checks see it.
-        '-ldflags', `-X helm.sh/helm/v3/internal/version.version=${HELM_VERSION}`,
+        // Stamped as helm's Makefile does a release: its version, and the Kubernetes version of its
+        // client-go (v0.37.0 → 1.37), which `helm template` and `helm lint` take for the cluster's
+        // (unstamped it is 1.20, and the chart's kubeVersion check fails).
+        '-ldflags', [
+          `-X helm.sh/helm/v3/internal/version.version=${HELM_VERSION}`,
+          ...['pkg/lint/rules', 'pkg/chartutil'].flatMap((p) => [
+            `-X helm.sh/helm/v3/${p}.k8sVersionMajor=1`,
+            `-X helm.sh/helm/v3/${p}.k8sVersionMinor=${HELM_KUBE_MINOR}`,
+          ]),
+        ].join(' '),
         `helm.sh/helm/v3/cmd/helm@${HELM_VERSION}`,
       ],
       cwd: outDir,
