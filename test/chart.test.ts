@@ -1,0 +1,326 @@
+/*
+ * charts/webhook with Helm itself (built from the Go module proxy: test/helm.ts) and the real test
+ * cluster:
+ *
+ *   - `helm lint --strict`; questions.yaml (Rancher's install form) sets only values that exist;
+ *   - for the same settings, the chart and deploy/ (kustomize) produce the same objects;
+ *   - `helm template … | kubectl apply --dry-run=server` succeeds, in both RBAC modes;
+ *   - `helm install --wait` into a fresh namespace rolls out on kwok's fake nodes; a push through
+ *     the installed Service upgrades a workload; `helm upgrade` changing a hook reloads it without
+ *     a restart; `helm uninstall` leaves nothing behind.
+ *
+ * kwok's nodes run no containers, so the pod the chart deploys is stood in for the way the kubelet
+ * would run it: the executable started here with the installed Deployment's arguments and
+ * environment, the installed Secret as its environment (envFrom), the installed ConfigMap written
+ * as the kubelet writes a ConfigMap volume (files behind a `..data` symlink swapped on update), and
+ * a token of the installed ServiceAccount as its credentials. The Service is checked to select the
+ * Deployment's pods (its EndpointSlice lists the ready pod on the container's port), and the push
+ * goes to the stand-in at the URL the chart's notes print. So the install, its RBAC, its hooks and
+ * its Secret are what is proven, as deploy.test.ts proves deploy/.
+ * Outside CI the tests are skipped when Helm or the cluster cannot start; with CI=true they fail.
+ */
+import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import { acrImage, acrPayload, clusterOrSkip, containerImage, deployment, kubectlFor } from './cluster/kube.ts';
+import { makeTempDir, REPO_ROOT, startWebhook, waitForOutput, type Webhook } from './harness.ts';
+import { helmOrSkip } from './helm.ts';
+import { parseYaml } from '../webhook.ts';
+
+const CHART = path.join(REPO_ROOT, 'charts', 'webhook');
+const helm = await helmOrSkip();
+const cluster = helm ? await clusterOrSkip() : undefined;
+const helmHome = makeTempDir('helm-home-');
+
+function runHelm(args: string[]): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const env = { ...process.env, HELM_CACHE_HOME: helmHome, HELM_CONFIG_HOME: helmHome, HELM_DATA_HOME: helmHome };
+    execFile(helm!, [...args, ...(cluster ? ['--kubeconfig', cluster.kubeconfigPath] : [])], { env, maxBuffer: 64 << 20 }, (error, stdout, stderr) => {
+      if (error) reject(new Error(`helm ${args.join(' ')}: ${stderr || error.message}`));
+      else resolve(stdout);
+    });
+  });
+}
+
+function writeValues(values: object): string {
+  const file = path.join(makeTempDir('chart-values-'), 'values.yaml');
+  fs.writeFileSync(file, JSON.stringify(values));
+  return file;
+}
+
+/** Objects from YAML or JSON documents, as kubectl parses them (one JSON document per object). */
+async function parseManifests(text: string, kubectl: (a: string[], i?: string) => Promise<string>, kustomize?: string): Promise<any[]> {
+  const out = kustomize
+    ? await kubectl(['create', '--dry-run=client', '-o', 'json', '-k', kustomize])
+    : await kubectl(['create', '--dry-run=client', '-o', 'json', '-f', '-'], text);
+  const objects: any[] = JSON.parse(`[${out.trim().replace(/\n}\n{/g, '\n},\n{')}]`);
+  // kubectl fills in its context's namespace where a document names none; Helm's release namespace goes there.
+  if (!kustomize) for (const o of objects) if (o.metadata.namespace === 'default' && !/^\s*namespace: default$/m.test(text)) delete o.metadata.namespace;
+  return objects;
+}
+
+const b64 = (s: string) => Buffer.from(s).toString('base64');
+
+describe('charts/webhook', { skip: helm ? false : 'no helm' }, () => {
+  test('helm lint --strict passes, with the defaults and with hooks', async () => {
+    await runHelm(['lint', '--strict', CHART]);
+    const values = writeValues({ hooks: [{ namespace: 'prod', workload: 'deployment/web', container: 'app' }] });
+    const out = await runHelm(['lint', '--strict', CHART, '-f', values]);
+    assert.match(out, /1 chart\(s\) linted, 0 chart\(s\) failed/);
+  });
+
+  test("Rancher's conventions: catalog annotations, app-readme.md, a form whose questions set existing values", () => {
+    const chart = parseYaml(fs.readFileSync(path.join(CHART, 'Chart.yaml'), 'utf8')).value as any;
+    for (const key of ['display-name', 'release-name', 'namespace', 'kube-version', 'rancher-version', 'os'])
+      assert.ok(chart.annotations[`catalog.cattle.io/${key}`], `catalog.cattle.io/${key}`);
+    assert.ok(fs.statSync(path.join(CHART, 'app-readme.md')).size > 0);
+    const values = parseYaml(fs.readFileSync(path.join(CHART, 'values.yaml'), 'utf8')).value as any;
+    const questions = (parseYaml(fs.readFileSync(path.join(CHART, 'questions.yaml'), 'utf8')).value as any).questions;
+    const all = questions.flatMap((q: any) => [q, ...(q.subquestions ?? [])]);
+    assert.ok(all.length >= 10);
+    for (const q of all) {
+      const keys = q.variable.split('.');
+      const parent = keys.slice(0, -1).reduce((o: any, k: string) => o?.[k], values);
+      assert.ok(parent && Object.hasOwn(parent, keys.at(-1)), `questions.yaml: ${q.variable} is not in values.yaml`);
+      assert.ok(q.label && q.type, `${q.variable}: label and type`);
+      if (q.default !== undefined && q.type !== 'multiline') assert.equal(String(q.default), String(parent[keys.at(-1)]), `${q.variable}: default`);
+    }
+  });
+
+  test('invalid hooks are refused with the field named', async () => {
+    const cases: [object, RegExp][] = [
+      [{ hooks: [{ namespace: 'prod', workload: 'web', container: 'app' }] }, /hooks\[0\]\.workload "web": use <kind>\/<name>/],
+      [{ hooks: [{ namespace: 'prod', workload: 'deployment/web' }] }, /hooks\[0\]\.container is required/],
+      [{ hooks: [{ namespace: 'prod', workload: 'deployment/web', container: 'app', registryType: 'quay' }] }, /hooks\[0\]\.registryType "quay"/],
+      [{ hooks: [{ id: 'a', namespace: 'x', workload: 'deployment/a', container: 'c' }, { id: 'a', namespace: 'y', workload: 'deployment/b', container: 'c' }] }, /hooks\[1\]\.id "a": another hook has this id/],
+      [{ rbac: { mode: 'everything' } }, /rbac\.mode "everything"/],
+    ];
+    for (const [values, message] of cases) await assert.rejects(runHelm(['template', 'x', CHART, '-f', writeValues(values)]), message);
+  });
+
+  test('hooksYaml (the form) renders the same hooks as the hooks list; a ServiceMonitor only where the CRD is', async () => {
+    const hooks = [{ namespace: 'prod', workload: 'deployment/web', container: 'app', mailTo: 'ops@example.com' }];
+    const fixed = { token: { values: { 'prod-web': 'x'.repeat(32) } } };
+    const fromList = await runHelm(['template', 'r', CHART, '-f', writeValues({ ...fixed, hooks })]);
+    const fromText = await runHelm(['template', 'r', CHART, '-f', writeValues({ ...fixed, hooksYaml: JSON.stringify(hooks) })]);
+    assert.equal(fromText, fromList);
+    assert.doesNotMatch(fromList, /kind: ServiceMonitor/);
+    const withCrd = await runHelm(['template', 'r', CHART, '-f', writeValues({ ...fixed, hooks }), '--api-versions', 'monitoring.coreos.com/v1/ServiceMonitor']);
+    assert.match(withCrd, /kind: ServiceMonitor[\s\S]*path: \/metrics/);
+  });
+});
+
+describe('charts/webhook on the cluster', { skip: helm && cluster ? false : 'no helm or no cluster' }, () => {
+  const kubectl = cluster ? kubectlFor(cluster) : async () => '';
+  const suffix = randomBytes(4).toString('hex');
+  // Containing the chart's name, the release name is the objects' name too.
+  const release = `webhook-${suffix}`;
+  const ns = `chart-${suffix}`;
+  const appNs = `chart-apps-${suffix}`;
+  const getJson = async (args: string[]) => JSON.parse(await kubectl([...args, '-o', 'json']));
+
+  before(async () => {
+    for (const n of [ns, appNs]) await kubectl(['create', 'namespace', n]);
+    await kubectl(['-n', appNs, 'apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: [
+      deployment('web', [{ name: 'app', image: acrImage('v1') }, { name: 'sidecar', image: acrImage('v1', 'vpc') }], { replicas: 1 }),
+      deployment('other', [{ name: 'app', image: acrImage('v1') }], { replicas: 1 }),
+    ] }));
+  });
+  after(async () => {
+    if (process.env.KEEP_NAMESPACE) return;
+    await runHelm(['uninstall', release, '-n', ns, '--ignore-not-found']).catch(() => '');
+    for (const n of [ns, appNs]) await kubectl(['delete', 'namespace', n, '--wait=false']).catch(() => '');
+  });
+
+  test('for the same settings, deploy/ and the chart produce the same objects', async () => {
+    const token = randomBytes(24).toString('hex');
+    const overlay = makeTempDir('chart-deploy-');
+    for (const f of fs.readdirSync(path.join(REPO_ROOT, 'deploy'))) {
+      const text = fs.readFileSync(path.join(REPO_ROOT, 'deploy', f), 'utf8')
+        .replaceAll('<namespace>', 'prod').replaceAll('<workload>', 'deployment/web').replaceAll('<container>', 'app')
+        .replaceAll('<mail-to>', 'ops@example.com').replaceAll('<hook-token>', token)
+        .replace('<base64-of-smtp-host>', b64('smtp.example.com')).replace('<base64-of-sender-address>', b64('webhook@example.com'))
+        .replace('<base64-of-smtp-password>', b64('the password'));
+      fs.writeFileSync(path.join(overlay, f), text);
+    }
+    const fromDeploy = await parseManifests('', kubectl, overlay);
+    const mode = fromDeploy.some((o) => o.kind === 'ClusterRole') ? 'cluster' : 'namespaced';
+    const values = writeValues({
+      image: { repository: 'webhook', tag: 'latest' },
+      hooks: [{ id: 'web', namespace: 'prod', workload: 'deployment/web', container: 'app', mailTo: 'ops@example.com' }],
+      token: { perHook: false, value: token },
+      mail: { server: 'smtp.example.com', port: 465, from: 'webhook@example.com', password: 'the password', tlsCheck: true },
+      rbac: { mode },
+    });
+    const rendered = await runHelm(['template', 'webhook', CHART, '-n', 'cattle-system', '-f', values]);
+    const fromChart = await parseManifests(rendered, kubectl);
+    const byName = (objects: any[]) => new Map(objects.map((o) => [`${o.kind}/${o.metadata.namespace ?? ''}/${o.metadata.name}`, normalise(o)]));
+    const [d, c] = [byName(fromDeploy), byName(fromChart.map((o) => withNamespace(o, 'cattle-system')))];
+    assert.deepEqual([...c.keys()].sort(), [...d.keys()].sort());
+    for (const [key, object] of d) assert.deepEqual(c.get(key), object, key);
+  });
+
+  test('helm template | kubectl apply --dry-run=server succeeds, in both RBAC modes', async () => {
+    for (const mode of ['namespaced', 'cluster']) {
+      const values = writeValues({ hooks: [{ namespace: appNs, workload: 'deployment/web', container: 'app' }], rbac: { mode }, podDisruptionBudget: { enabled: true } });
+      const rendered = await runHelm(['template', `${release}-dry`, CHART, '-n', ns, '-f', values]);
+      const objects = (await parseManifests(rendered, kubectl)).map((o) => withNamespace(o, ns));
+      const out = await kubectl(['apply', '--dry-run=server', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: objects }));
+      const kinds = mode === 'cluster' ? ['clusterrole', 'clusterrolebinding'] : ['role', 'rolebinding'];
+      for (const kind of ['serviceaccount', 'secret', 'configmap', 'service', 'deployment', 'poddisruptionbudget', ...kinds])
+        assert.match(out, new RegExp(`^${kind}(\\.[a-z0-9.]+)?/\\S+ created \\(server dry run\\)$`, 'm'), out);
+    }
+  });
+
+  describe('installed', () => {
+    let wh: Webhook | undefined;
+    let hooksDir = '';
+    let notes = '';
+    const values = (container: string) => writeValues({ hooks: [{ id: 'web', namespace: appNs, workload: 'deployment/web', container, mailTo: 'ops@example.com' }] });
+    after(async () => wh?.stop());
+
+    test('helm install rolls out; the Service selects its pod; a push through it upgrades the workload', async () => {
+      notes = await runHelm(['install', release, CHART, '-n', ns, '-f', values('app'), '--wait', '--timeout', '2m']);
+      assert.match(notes, /STATUS: deployed/);
+      const podLabels = (await getJson(['-n', ns, 'get', 'deployment', release])).spec.template.metadata.labels;
+      const svc = await getJson(['-n', ns, 'get', 'service', release]);
+      for (const [k, v] of Object.entries(svc.spec.selector)) assert.equal(podLabels[k], v, `selector ${k}`);
+      const slices = await getJson(['-n', ns, 'get', 'endpointslices', '-l', `kubernetes.io/service-name=${release}`]);
+      const endpoints = slices.items.flatMap((s: any) => s.endpoints ?? []).filter((e: any) => e.conditions?.ready);
+      assert.equal(endpoints.length, 1, JSON.stringify(slices));
+      assert.deepEqual(slices.items[0].ports.map((p: any) => [p.name, p.port]), [['http', 9000]]);
+      wh = await standInPod();
+      const url = /https:\/\/<host>(\/hooks\/web\?\S+)&repo_type=</.exec(notes)?.[1];
+      assert.ok(url, notes);
+      const res = await push(`${url!.replace('<HOOK_TOKEN_WEB>', await token())}&repo_type=regionalregistry`, acrPayload('v2'));
+      assert.equal(res.status, 200, res.body);
+      assert.equal(containerImage(await getJson(['-n', appNs, 'get', 'deployment/web']), 'app'), acrImage('v2'));
+      // Least privilege: the ServiceAccount may change that workload and no other.
+      assert.equal(await canI('patch', 'deployments/web'), 'yes');
+      assert.equal(await canI('patch', 'deployments/other'), 'no');
+      assert.equal(await canI('get', 'secrets'), 'no');
+    });
+
+    test('helm upgrade changing the hook: reloaded by the running pod, no restart, the token kept', async () => {
+      const before = await getJson(['-n', ns, 'get', 'deployment', release]);
+      const tokenBefore = await token();
+      await runHelm(['upgrade', release, CHART, '-n', ns, '-f', values('sidecar'), '--wait', '--timeout', '2m']);
+      const afterUpgrade = await getJson(['-n', ns, 'get', 'deployment', release]);
+      assert.equal(afterUpgrade.metadata.generation, before.metadata.generation, 'the pod template is unchanged: no restart');
+      assert.equal(await token(), tokenBefore);
+      // The kubelet's update of the ConfigMap volume, which the running service watches.
+      writeConfigMapVolume(hooksDir, (await getJson(['-n', ns, 'get', 'configmap', `${release}-hooks`])).data);
+      await waitForOutput(wh!, /reloaded 1 hook\(s\) from 1 file\(s\)/, 10_000);
+      const q = (container: string) => `/hooks/web?token=${tokenBefore}&ns=${appNs}&workload=deployment/web&container=${container}&repo_type=regionalregistry`;
+      const res = await push(q('sidecar'), acrPayload('v3'));
+      assert.equal(res.status, 200, res.body);
+      assert.equal(containerImage(await getJson(['-n', appNs, 'get', 'deployment/web']), 'sidecar'), acrImage('v3'));
+      assert.equal((await push(q('app'), acrPayload('v4'))).status, 500, 'the old container is no longer accepted');
+    });
+
+    test('helm uninstall leaves nothing behind', async () => {
+      await wh?.stop();
+      wh = undefined;
+      await runHelm(['uninstall', release, '-n', ns, '--wait', '--timeout', '2m']);
+      const selector = `app.kubernetes.io/instance=${release}`;
+      const kinds = 'deployments,replicasets,pods,services,configmaps,secrets,serviceaccounts,roles,rolebindings,poddisruptionbudgets';
+      for (const n of [ns, appNs]) {
+        const left = await kubectl(['-n', n, 'get', kinds, '-l', selector, '-o', 'name']);
+        assert.equal(left.trim(), '', `left in ${n}`);
+      }
+      assert.equal((await kubectl(['get', 'clusterroles,clusterrolebindings', '-l', selector, '-o', 'name'])).trim(), '');
+      assert.equal((await kubectl(['-n', ns, 'get', 'secrets', '-o', 'name'])).split('\n').filter((s) => s.includes(release)).join(), '', 'no release record left');
+    });
+
+    async function token(): Promise<string> {
+      const secret = await getJson(['-n', ns, 'get', 'secret', `${release}-env`]);
+      return Buffer.from(secret.data.HOOK_TOKEN_WEB, 'base64').toString();
+    }
+
+    function push(urlPath: string, body: string) {
+      return wh!.request(urlPath, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body });
+    }
+
+    function canI(verb: string, resource: string): Promise<string> {
+      return new Promise((resolve) => {
+        execFile(cluster!.kubectl, ['--kubeconfig', cluster!.kubeconfigPath, 'auth', 'can-i', verb, resource, '-n', appNs, '--as', `system:serviceaccount:${ns}:${release}`],
+          (_e, stdout, stderr) => resolve(stdout.trim() || stderr.trim()));
+      });
+    }
+
+    /** The installed pod as the kubelet would run it (see the header): its arguments, environment, volume and account. */
+    async function standInPod(): Promise<Webhook> {
+      const d = await getJson(['-n', ns, 'get', 'deployment', release]);
+      const pod = d.spec.template.spec;
+      const c = pod.containers[0];
+      const mount = c.volumeMounts.find((m: any) => pod.volumes.find((v: any) => v.name === m.name)?.configMap);
+      const configMap = pod.volumes.find((v: any) => v.name === mount.name).configMap.name;
+      hooksDir = makeTempDir('chart-volume-');
+      writeConfigMapVolume(hooksDir, (await getJson(['-n', ns, 'get', 'configmap', configMap])).data);
+      const env: Record<string, string> = Object.fromEntries(c.env.map((e: any) => [e.name, e.value]));
+      for (const from of c.envFrom) {
+        const secret = await getJson(['-n', ns, 'get', 'secret', from.secretRef.name]);
+        for (const [k, v] of Object.entries(secret.data)) env[k] = Buffer.from(v as string, 'base64').toString();
+      }
+      // The image's arguments (its CMD), unless the Deployment gives its own; the mount path is hooksDir here.
+      const cmd: string[] = c.args ?? JSON.parse(/^CMD\s+(.+)$/m.exec(fs.readFileSync(path.join(REPO_ROOT, 'Dockerfile'), 'utf8'))![1]);
+      const at = cmd.indexOf('-hooks');
+      assert.equal(cmd[at + 1], mount.mountPath);
+      const args = [...cmd.slice(0, at), ...cmd.slice(at + 2)].filter((a) => a !== '-verbose');
+      const saToken = (await kubectl(['create', 'token', pod.serviceAccountName, '-n', ns, '--duration=10m'])).trim();
+      const admin = JSON.parse(fs.readFileSync(cluster!.kubeconfigPath, 'utf8'));
+      const kubeconfig = path.join(makeTempDir('chart-sa-'), 'kubeconfig.json');
+      fs.writeFileSync(kubeconfig, JSON.stringify({
+        'current-context': 'pod', contexts: [{ name: 'pod', context: { cluster: admin.clusters[0].name, user: 'pod' } }],
+        clusters: [admin.clusters[0]], users: [{ name: 'pod', user: { token: saToken } }],
+      }));
+      return startWebhook({ hooks: hooksDir, args: [...args, '-kubeconfig', kubeconfig], env: { ...env, PATH: process.env.PATH ?? '' } });
+    }
+  });
+});
+
+/** Writes a ConfigMap volume as the kubelet does: the files in a fresh directory behind `..data`, swapped at once. */
+function writeConfigMapVolume(dir: string, data: Record<string, string>): void {
+  const stamp = `..${Date.now()}_${randomBytes(4).toString('hex')}`;
+  fs.mkdirSync(path.join(dir, stamp));
+  for (const [name, text] of Object.entries(data)) fs.writeFileSync(path.join(dir, stamp, name), text);
+  const old = fs.existsSync(path.join(dir, '..data')) ? fs.readlinkSync(path.join(dir, '..data')) : undefined;
+  fs.symlinkSync(stamp, path.join(dir, '..data_tmp'));
+  fs.renameSync(path.join(dir, '..data_tmp'), path.join(dir, '..data'));
+  for (const name of Object.keys(data)) if (!fs.existsSync(path.join(dir, name))) fs.symlinkSync(path.join('..data', name), path.join(dir, name));
+  for (const name of fs.readdirSync(dir)) if (!name.startsWith('..') && !(name in data)) fs.rmSync(path.join(dir, name));
+  if (old) fs.rmSync(path.join(dir, old), { recursive: true, force: true });
+}
+
+function withNamespace(o: any, ns: string): any {
+  const clusterScoped = ['ClusterRole', 'ClusterRoleBinding', 'Namespace'];
+  return clusterScoped.includes(o.kind) || o.metadata.namespace ? o : { ...o, metadata: { ...o.metadata, namespace: ns } };
+}
+
+/**
+ * An object with what Helm adds as such left out: the objects' own labels and annotations
+ * (app.kubernetes.io/managed-by, helm.sh/chart…), the release's instance label in selectors and
+ * pod labels, and the pod template's checksum annotation. Hook files are compared as the JSON
+ * they hold.
+ */
+function normalise(o: any): any {
+  const copy = JSON.parse(JSON.stringify(o));
+  delete copy.metadata.labels;
+  delete copy.metadata.annotations;
+  const strip = (v: any): void => {
+    if (!v || typeof v !== 'object') return;
+    if (!Array.isArray(v)) delete v['app.kubernetes.io/instance'];
+    for (const child of Object.values(v)) strip(child);
+  };
+  strip(copy);
+  const template = copy.spec?.template?.metadata;
+  if (template?.annotations) {
+    delete template.annotations['checksum/env'];
+    if (Object.keys(template.annotations).length === 0) delete template.annotations;
+  }
+  if (copy.kind === 'ConfigMap') copy.data = Object.fromEntries(Object.entries(copy.data).map(([k, v]) => [k, JSON.parse(v as string)]));
+  return copy;
+}
