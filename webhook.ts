@@ -471,6 +471,7 @@ export class Logger {
   private readonly debugOn: boolean;
   private readonly write: (text: string) => void;
   private pending: string[] = [];
+  private readonly afterWrite: (() => void)[] = [];
 
   constructor(verbose: boolean, debug: boolean, write: (text: string) => void) {
     this.verbose = verbose || debug;
@@ -479,16 +480,27 @@ export class Logger {
   }
 
   /**
-   * Writes what is pending, synchronously. Lines are batched: a request logs several, and one
-   * write(2) for all of them is much cheaper. The http server flushes before each answer goes out
-   * and errors flush at once, so a process killed right after answering has logged everything
-   * about that request; lines logged in the background are written at the end of the turn.
+   * Writes what is pending, synchronously, then lets out the answers waiting for it (whenWritten).
+   * Lines are batched per event-loop turn: requests log several lines each, and one write(2) for
+   * all of them is much cheaper. Answers wait for the write and errors are written at once, so a
+   * process killed right after answering has logged everything about that request.
    */
   flush(): void {
-    if (this.pending.length === 0) return;
-    const text = this.pending.join('');
-    this.pending = [];
-    this.write(text);
+    if (this.pending.length > 0) {
+      const text = this.pending.join('');
+      this.pending = [];
+      this.write(text);
+    }
+    for (const send of this.afterWrite.splice(0)) send();
+  }
+
+  /**
+   * Runs `send` (an answer going out) once every line logged so far is written: at once when none
+   * is pending, else at the batch's write, so answers in one event-loop turn share one write(2).
+   */
+  whenWritten(send: () => void): void {
+    if (this.pending.length === 0) send();
+    else this.afterWrite.push(send);
   }
 
   setSecrets(secrets: string[]): void {
@@ -4422,8 +4434,7 @@ export function answerClientError(
     'Connection: close',
   ];
   cx.metrics.inc('webhook_requests_total', { hook: hook?.id ?? '', code: String(entry.status) });
-  cx.log.flush();
-  socket.end(`${head.join('\r\n')}\r\n\r\n${entry.body}`);
+  cx.log.whenWritten(() => socket.end(`${head.join('\r\n')}\r\n\r\n${entry.body}`));
 }
 
 /** Counts every answer once it has gone. */
@@ -4433,14 +4444,13 @@ function countWhenFinished(cx: HandlerContext, ex: Exchange): void {
   });
 }
 
-/** With -verbose, the access-log line; then every pending line about the request is written. */
+/** With -verbose, the access-log line (written with the request's other lines, before its answer). */
 function logAccess(cx: HandlerContext, ex: Exchange, entry: Answer): void {
   if (cx.log.verbose) {
     const ms = Number(process.hrtime.bigint() - ex.started) / 1e6;
     const line = `"${ex.method} ${redactUrl(ex.req.url ?? '', ex.snapshot.redactedParams)}" ${entry.status}`;
     cx.log.info(`[${ex.id}] ${ex.remote.addr} ${line} ${Buffer.byteLength(entry.body)}B ${ms.toFixed(1)}ms`);
   }
-  cx.log.flush();
 }
 
 async function handleRequest(cx: HandlerContext, ex: Exchange): Promise<void> {
@@ -4605,7 +4615,7 @@ function sendAnswer(cx: HandlerContext, ex: Exchange, name: AnswerName, override
   }
   res.writeHead(entry.status);
   logAccess(cx, ex, entry);
-  res.end(entry.body);
+  cx.log.whenWritten(() => res.end(entry.body));
 }
 
 // ================================================================================================
@@ -7909,7 +7919,7 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
       log.notice(
         `caught ${sig}, shutting down: no new requests; running commands get ${formatGoDuration(o.shutdownGraceMs)}`,
       );
-      await stopService(o, { store, server, runner, upgrade, mailer });
+      await stopService(o, { store, server, runner, upgrade, mailer, log });
       log.notice('stopped');
       log.flush();
       resolve(0);
@@ -8020,13 +8030,24 @@ async function openListener(o: Options, handler: http.RequestListener, log: Logg
 /** Shutdown: no new requests, running commands get the grace period, then follows end and mails go. */
 async function stopService(
   o: Options,
-  s: { store: HookStore; server: http.Server; runner: CommandRunner; upgrade: UpgradeService; mailer: Mailer },
+  s: {
+    store: HookStore;
+    server: http.Server;
+    runner: CommandRunner;
+    upgrade: UpgradeService;
+    mailer: Mailer;
+    log: Logger;
+  },
 ): Promise<void> {
   s.store.close();
   s.server.close();
   s.server.closeIdleConnections();
   const graceEnds = Date.now() + o.shutdownGraceMs;
   await s.runner.drain(o.shutdownGraceMs);
+  // The answers of the commands that just finished go out (with their log lines) before the
+  // connections close.
+  await new Promise((resolve) => setImmediate(resolve));
+  s.log.flush();
   s.server.closeAllConnections();
   // Rollouts still followed end now; their mails, and those of commands that just finished,
   // still go out within what is left of the grace period.
