@@ -718,14 +718,14 @@ describe('result mails from the running service', () => {
         { envname: 'APP_CONTAINER', source: 'url', name: 'container' }, { envname: 'MAIL_TO', source: 'string', name: 'ops@example.com, Dev@Example.com' },
       ],
     }];
-    return startWebhook({ hooks, env: mailEnv, args: extraArgs }).then((w) => { started.push(w); return w; });
+    return startWebhook({ hooks, env: mailEnv, args: extraArgs, metrics: true }).then((w) => { started.push(w); return w; });
   }
   const env = (port: number, overrides: Record<string, string> = {}) => ({
     MAIL_SMTP_SERVER: b64('localhost'), MAIL_SMTP_PORT: String(port), MAIL_FROM: b64(mta.user), MAIL_PASSWORD: b64(mta.password),
     MAIL_CACERT: b64(mta.caPem), ...overrides,
   });
   const push = (wh: Webhook) => wh.request('/hooks/web?ns=prod&workload=deployment/web&container=app', { method: 'POST' });
-  const metric = async (wh: Webhook, result: string) => Number(/webhook_mails_total\{result="(\w+)"\} (\d+)/g.exec((await wh.request('/metrics')).body)?.[1] === result ? 1 : 0);
+  const metric = async (wh: Webhook, result: string) => Number(/webhook_mails_total\{result="(\w+)"\} (\d+)/g.exec((await wh.metrics()).body)?.[1] === result ? 1 : 0);
 
   test('a finished command is mailed over STARTTLS: subject, recipients, Date, body; no password anywhere', async () => {
     await mta.clear();
