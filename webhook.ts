@@ -1160,11 +1160,12 @@ export class Fields {
    * HOOK_TOKEN=<hook-token>, `?token=<hook-token>` would otherwise be let in). A placeholder is no
    * secret, so it is named; in a secret field only when it is the whole value.
    */
-  refusePlaceholder(key: string, value: string, secret = false): void {
+  refusePlaceholder(key: string, value: string, secret = false): boolean {
     const m = PLACEHOLDER.exec(value);
-    if (!m) return;
+    if (!m) return false;
     const which = !secret || m[0] === value ? `the placeholder "${m[0]}"` : 'a placeholder';
     this.reader.refuse(this.place(key), `still holds ${which}; replace it (a rule never compares against one)`);
+    return true;
   }
 
   /** The items of an array field, each with its place (`key[i]`). */
@@ -1769,7 +1770,8 @@ const RULE_TYPES: Record<string, RuleType> = {
     readsHeaders: false,
     compile(m, type) {
       const text = m.required('ip-range', `type "${type}"`);
-      m.refusePlaceholder('ip-range', text);
+      // Refused with the file's other placeholders, not as an invalid range.
+      if (m.refusePlaceholder('ip-range', text)) return () => ({ ok: false });
       const ranges = text
         .split(/\s+/)
         .filter((r) => r !== '')
@@ -5326,10 +5328,17 @@ export function hookReach(hook: Hook): HookReach | undefined {
   const reach = { hook: hook.id };
   if (!ns || !workload) return { ...reach, open: `it passes no ${ns ? 'APP_WORKLOAD' : 'APP_NS'}` };
   if ('from' in ns || 'from' in workload) {
-    const from = 'from' in ns ? ns.from : (workload as { from: string }).from;
+    const open = (
+      [
+        ['namespace', ns],
+        ['workload', workload],
+      ] as const
+    ).flatMap(([what, input]) => ('from' in input ? [{ what, from: input.from }] : []));
+    const whats = open.map((o) => o.what).join(' and ');
+    const froms = open.map((o) => o.from).join(' and ');
     return {
       ...reach,
-      open: `its ${'from' in ns ? 'namespace' : 'workload'} comes from ${from}, which no value rule pins`,
+      open: `its ${whats} ${open.length > 1 ? 'come' : 'comes'} from ${froms}, which no value rule pins`,
     };
   }
   if (!DNS_LABEL.test(ns.value)) return { ...reach, open: `APP_NS ${showValue(ns.value)} is not a namespace name` };
