@@ -25,7 +25,7 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { ensureCluster } from './cluster/cluster.ts';
-import { makeTempDir, REPO_ROOT, spawnWebhook, startWebhook } from './harness.ts';
+import { defaultBinary, makeTempDir, REPO_ROOT, spawnWebhook, startWebhook } from './harness.ts';
 
 const DEPLOY = path.join(REPO_ROOT, 'deploy');
 
@@ -38,7 +38,7 @@ const cluster = await ensureCluster().catch((e: Error) => {
 /** `webhook -print-rbac` for the hooks in `dir`: its YAML (stdout). */
 function printRbac(dir: string, serviceAccount: string): Promise<string> {
   return new Promise((resolve, reject) => {
-    execFile(path.join(REPO_ROOT, 'dist', 'webhook'), ['-print-rbac', '-hooks', dir, '-rbac-service-account', serviceAccount], (error, stdout, stderr) => {
+    execFile(defaultBinary(), ['-print-rbac', '-hooks', dir, '-rbac-service-account', serviceAccount], (error, stdout, stderr) => {
       if (error) reject(new Error(`webhook -print-rbac: ${stderr || error.message}`));
       else resolve(stdout);
     });

@@ -8,7 +8,7 @@ import { execFile } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { makeTempDir, startWebhook, waitForOutput, type Webhook } from './harness.ts';
+import { defaultBinary, makeTempDir, startWebhook, waitForOutput, type Webhook } from './harness.ts';
 import { startMta, type Mta } from './mta.ts';
 import {
   acrImage, acrPayload, clusterOrSkip, containerImage, cronJob, daemonSet, deployment, freshNamespaceName, kubectlFor, shippedServiceAccount, statefulSet,
@@ -308,7 +308,7 @@ describe('pushes through the running executable, on a real cluster', { skip: clu
     before(async () => {
       sa = await shippedServiceAccount(kubectl, cluster!, ns, [path.join(REPO, 'deploy', 'serviceaccount.yaml')], dir);
       const run = (args: string[]) => new Promise<{ yaml: string; notes: string }>((resolve, reject) => {
-        execFile(path.join(REPO, 'dist', 'webhook'), args, { env: { ...process.env, HOOK_TOKEN: TOKEN } }, (error, stdout, stderr) =>
+        execFile(defaultBinary(), args, { env: { ...process.env, HOOK_TOKEN: TOKEN } }, (error, stdout, stderr) =>
           error ? reject(new Error(stderr || error.message)) : resolve({ yaml: stdout, notes: stderr }));
       });
       printed = await run(['-print-rbac', '-template', '-hooks', hooks, '-rbac-service-account', `${ns}/webhook`]);
