@@ -64,7 +64,7 @@ export const VERSION = '0.1.0';
 // ================================================================================================
 // 1. cli & options — the adnanh/webhook command line in Go `flag` syntax, plus our safety limits.
 //    Exports: formatGoDuration, LIMITS, Options, parseCommandLine, parseGoBool, parseGoDuration,
-//    usage, UsageError.
+//    parseListenAddress, usage, UsageError.
 // ================================================================================================
 
 export interface Options {
@@ -102,6 +102,13 @@ export interface Options {
   shutdownGraceMs: number;
   kubeconfig: string;
   rolloutFollowMs: number;
+  /** host:port of the listener serving /metrics; '' serves none. */
+  metricsListen: string;
+  maxMailsPerHook: number;
+  mailWindowMs: number;
+  printRbac: boolean;
+  /** `<namespace>/<name>` of the ServiceAccount -print-rbac binds. */
+  rbacServiceAccount: string;
 }
 
 type FlagKind = 'bool' | 'string' | 'list' | 'int' | 'duration' | 'bytes';
@@ -146,6 +153,12 @@ export const LIMITS = {
   // V8 falls back to its linear-time regexp engine after this many backtracks, so a hook's
   // regex cannot be made to take exponential time by a request (RE2 semantics are linear too).
   regexBacktracksBeforeFallback: 10_000,
+  // Result mails one hook sends to the same recipients per window. A person reads a handful of
+  // upgrade reports at a time; a burst beyond that (a build pushing many tags, a leaked URL called
+  // in a loop) would bury them and use up the SMTP account's sending quota, so the rest of the
+  // window's results go out as one summary mail when the window closes.
+  maxMailsPerHook: 5,
+  mailWindowMs: 10 * 60_000,
 };
 
 const FLAGS: Record<string, FlagSpec> = {
@@ -300,6 +313,36 @@ const FLAGS: Record<string, FlagSpec> = {
       "after answering, how long an upgrade's rollout is followed for the log, an Event and the mail (0: not " +
       'followed)',
   },
+  'metrics-listen': {
+    kind: 'string',
+    key: 'metricsListen',
+    def: '',
+    help: 'host:port (or :port) serving /metrics, apart from the hook port (default: no metrics)',
+  },
+  'max-mails-per-hook': {
+    kind: 'int',
+    key: 'maxMailsPerHook',
+    def: String(LIMITS.maxMailsPerHook),
+    help: 'result mails one hook sends per -mail-window; the results beyond go out in one summary mail',
+  },
+  'mail-window': {
+    kind: 'duration',
+    key: 'mailWindowMs',
+    def: formatGoDuration(LIMITS.mailWindowMs),
+    help: 'the window -max-mails-per-hook counts in',
+  },
+  'print-rbac': {
+    kind: 'bool',
+    key: 'printRbac',
+    def: 'false',
+    help: 'print the Roles and RoleBindings the hooks need (get/patch on the workloads they name) as YAML, and quit',
+  },
+  'rbac-service-account': {
+    kind: 'string',
+    key: 'rbacServiceAccount',
+    def: 'cattle-system/webhook',
+    help: 'namespace/name of the ServiceAccount the RoleBindings of -print-rbac bind',
+  },
 };
 
 export class UsageError extends Error {}
@@ -432,7 +475,20 @@ export function parseCommandLine(argv: string[], env: Record<string, string | un
   if (o.maxConcurrentCommands < 1)
     throw new UsageError('invalid value for flag -max-concurrent-commands: must be at least 1');
   if ((o.setuid !== 0) !== (o.setgid !== 0)) throw new UsageError('-setuid and -setgid must be used together');
+  if (o.metricsListen !== '') parseListenAddress(o.metricsListen);
+  if (o.maxMailsPerHook < 1) throw new UsageError('invalid value for flag -max-mails-per-hook: must be at least 1');
+  if (!/^[a-z0-9-]+\/[a-z0-9.-]+$/.test(o.rbacServiceAccount))
+    throw new UsageError(`invalid value "${o.rbacServiceAccount}" for flag -rbac-service-account: use namespace/name`);
   return o;
+}
+
+/** `host:port`, `:port` (every address) or `[v6]:port`, as Go's net.Listen takes them. */
+export function parseListenAddress(text: string): { host: string | undefined; port: number } {
+  const m = /^(?:\[([0-9A-Fa-f:.]+)\]|([^:\[\]]*)):(\d{1,5})$/.exec(text);
+  const port = Number(m?.[3]);
+  if (!m || port > 65535) throw new UsageError(`invalid listen address "${text}" (use host:port or :port)`);
+  const host = m[1] ?? m[2];
+  return { host: host === '' ? undefined : host, port };
 }
 
 export function usage(): string {
@@ -461,7 +517,7 @@ export function usage(): string {
 // 2. logging & metrics — log lines in adnanh's shape ("[webhook] 2006/01/02 15:04:05 …"),
 //    errors always, the rest with -verbose/-debug, every line scrubbed of known secrets; counters,
 //    gauges and histograms rendered in the Prometheus text format.
-//    Exports: Logger, Metrics, MONTHS.
+//    Exports: escapeControls, Logger, Metrics, MONTHS.
 // ================================================================================================
 
 export class Logger {
@@ -544,6 +600,19 @@ export class Logger {
   }
 }
 
+/**
+ * Text a request chose (a hook id from the URL, a header, a parameter, a body's parse error) made
+ * safe for one log line: control characters (C0, DEL, C1, and the Unicode line and paragraph
+ * separators) become \xNN or \uNNNN escapes, so a request can neither start a forged log line nor
+ * send escape sequences to the terminal that shows the log.
+ */
+export function escapeControls(text: string): string {
+  return text.replace(/[\x00-\x1f\x7f-\x9f\u2028\u2029]/g, (c) => {
+    const code = c.charCodeAt(0);
+    return code < 0x100 ? `\\x${code.toString(16).padStart(2, '0')}` : `\\u${code.toString(16)}`;
+  });
+}
+
 const HISTOGRAM_BUCKETS = [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600];
 const METRIC_HELP: Record<string, [string, string]> = {
   webhook_requests_total: ['counter', 'HTTP requests by hook id ("" for other paths) and status code.'],
@@ -558,7 +627,10 @@ const METRIC_HELP: Record<string, [string, string]> = {
   webhook_reloads_total: ['counter', 'Hook reloads by result (success, failure).'],
   webhook_config_last_reload_successful: ['gauge', '1 if the last reload succeeded, 0 if it was rejected.'],
   webhook_hooks_loaded: ['gauge', 'Hooks in the snapshot being served.'],
-  webhook_mails_total: ['counter', 'Result mails by result (sent, failed after retries).'],
+  webhook_mails_total: [
+    'counter',
+    'Result mails by result (sent, failed after retries, summarized: beyond the per-hook cap, in one summary).',
+  ],
 };
 
 export class Metrics {
@@ -637,7 +709,7 @@ export const MONTHS = ['Jan', 'Feb', 'Mar', 'Apr', 'May', 'Jun', 'Jul', 'Aug', '
 //    is kept), and then read through Fields: unknown keys and wrong types are errors that name
 //    file, line, hook and field path (`hooks/web.json:12: hook "web": trigger-rule.and[2]: …`).
 //    Exports: CompileSinks, ConfigError, FieldReader, Fields, LineMap, parseYaml, Place,
-//    PLACEHOLDER, renderTemplate, scalarAsGoString, suggest, TemplateEnv, typeName.
+//    renderTemplate, scalarAsGoString, suggest, TemplateEnv, typeName.
 // ================================================================================================
 
 /** An error in a hooks file; its message names the place (file:line: hook "id": field.path: what). */
@@ -2432,6 +2504,8 @@ export interface CompileSinks {
   /** `url:<name>` and `header:<lower-case name>` parameters compared by value rules. */
   redactedParams: string[];
   warnings: string[];
+  /** Errors that keep the file from loading but need not stop the reading: every one is reported. */
+  refusals: string[];
 }
 
 /** Where a value sits in the document: its parent object or array, its key there, its path. */
@@ -2479,6 +2553,11 @@ export class FieldReader {
 
   warn(at: Place, what: string): void {
     this.sinks.warnings.push(`${this.where(at)}: ${what}`);
+  }
+
+  /** An error reported with every other one of the file: the file does not load. */
+  refuse(at: Place, what: string): void {
+    this.sinks.refusals.push(`${this.where(at)}: ${what}`);
   }
 
   /** The object at a place, refusing keys not in `allowed` (with a suggestion for a misspelling). */
@@ -2556,6 +2635,19 @@ export class Fields {
   warnPlaceholder(key: string, value: string): void {
     const m = PLACEHOLDER.exec(value);
     if (m) this.warn(key, `still holds the placeholder "${m[0]}"; replace it before use`);
+  }
+
+  /**
+   * A value a trigger rule compares against: a leftover placeholder fails closed (with the shipped
+   * HOOK_TOKEN=<hook-token>, `?token=<hook-token>` would otherwise be let in). A placeholder is no
+   * secret, so it is named; in a secret field only when it is the whole value.
+   */
+  refusePlaceholder(key: string, value: string, secret = false): boolean {
+    const m = PLACEHOLDER.exec(value);
+    if (!m) return false;
+    const which = !secret || m[0] === value ? `the placeholder "${m[0]}"` : 'a placeholder';
+    this.reader.refuse(this.place(key), `still holds ${which}; replace it (a rule never compares against one)`);
+    return true;
   }
 
   /** The items of an array field, each with its place (`key[i]`). */
@@ -3102,7 +3194,7 @@ export function compileParam(reader: FieldReader, value: unknown, at: Place, fil
 //    and/or/not combine matches with adnanh's semantics: a missing parameter makes a match false
 //    (inside `or` it is passed over, inside `and` the rule fails); a bad signature is an
 //    evaluation error unless the hook allows soft failures. Secrets compare in constant time.
-//    Exports: compileRule, evaluateRule, Rule, ruleMatches.
+//    Exports: compileRule, evaluateRule, Match, Rule, ruleMatches.
 // ================================================================================================
 
 export class SignatureError extends Error {}
@@ -3116,6 +3208,8 @@ export interface Match {
   type: string;
   param: Param | undefined;
   readsHeaders: boolean;
+  /** The one value the parameter must have for the match to pass (value rules): -print-rbac reads it. */
+  pinned?: string;
   /** `value` is the parameter's value ("" for types without one). */
   test(req: HookRequest, value: string, now: Date): RuleResult;
 }
@@ -3132,6 +3226,8 @@ interface RuleType {
   secret?: string;
   /** The compared parameter is redacted in the access log (it is the token). */
   redactsParameter?: boolean;
+  /** The field naming the one value the parameter must have to pass (Match.pinned). */
+  pins?: string;
   /** Reads the type's fields; returns the test. `secret` is the secret field's value. */
   compile(m: Fields, type: string, secret: string): Match['test'];
 }
@@ -3142,9 +3238,10 @@ const RULE_TYPES: Record<string, RuleType> = {
     parameter: true,
     readsHeaders: false,
     redactsParameter: true,
+    pins: 'value',
     compile(m, type) {
       const value = m.required('value', `type "${type}"`);
-      m.warnPlaceholder('value', value);
+      m.refusePlaceholder('value', value);
       // An empty value usually means a template read an unset variable; it would let `?token=`
       // through, so it is refused rather than compared. The value itself is not scrubbed from
       // every line: value rules also pin routing values (namespace, workload) that reports must
@@ -3160,7 +3257,9 @@ const RULE_TYPES: Record<string, RuleType> = {
     readsHeaders: false,
     compile(m, type) {
       const source = m.required('regex', `type "${type}"`);
-      m.warnPlaceholder('regex', source);
+      m.refusePlaceholder('regex', source);
+      // An empty pattern matches everything: like an empty value, a template read an unset variable.
+      if (source === '') m.fail('regex', 'empty (is the environment variable the template reads unset?)');
       let regex: RegExp;
       try {
         regex = compileGoRegex(source);
@@ -3177,7 +3276,8 @@ const RULE_TYPES: Record<string, RuleType> = {
     readsHeaders: false,
     compile(m, type) {
       const text = m.required('ip-range', `type "${type}"`);
-      m.warnPlaceholder('ip-range', text);
+      // Refused with the file's other placeholders, not as an invalid range.
+      if (m.refusePlaceholder('ip-range', text)) return () => ({ ok: false });
       const ranges = text
         .split(/\s+/)
         .filter((r) => r !== '')
@@ -3276,14 +3376,15 @@ function compileMatch(reader: FieldReader, value: unknown, at: Place): Match {
     if (ruleType.redactsParameter && (param.source === 'url' || param.source === 'header'))
       reader.sinks.redactedParams.push(named);
   }
-  return { type, param, readsHeaders: ruleType.readsHeaders, test };
+  const pinned = ruleType.pins ? m.string(ruleType.pins) : undefined;
+  return { type, param, readsHeaders: ruleType.readsHeaders, pinned, test };
 }
 
-/** A secret field: required and not empty; a placeholder is reported without quoting the value. */
+/** A secret field: required, not empty, and no placeholder (named only when it is the whole value). */
 function readSecret(m: Fields, key: string): string {
   const secret = m.required(key, `type "${m.string('type')}"`);
   if (secret === '') m.fail(key, 'must not be empty');
-  if (PLACEHOLDER.test(secret)) m.warn(key, 'still holds a placeholder; replace it before use');
+  m.refusePlaceholder(key, secret, true);
   m.reader.sinks.secrets.push(secret);
   return secret;
 }
@@ -3505,6 +3606,11 @@ export interface Hook {
   /** Whether any parameter reads the payload / the headers: otherwise the request skips building them. */
   readsPayload: boolean;
   readsHeaders: boolean;
+  /**
+   * The service's environment variables the hook files' templates read (set by the loader): their
+   * values are treated as secrets, so the command does not inherit them.
+   */
+  templateVariables: ReadonlySet<string>;
 }
 
 /** What one hooks file contributes to a snapshot. */
@@ -3544,7 +3650,7 @@ export function compileHooksFile(file: string, text: string, defaults: { command
   const { value, lines } = doc;
   if (!Array.isArray(value))
     throw new ConfigError(`${file}: line 1: the top level must be a list (JSON array) of hooks`);
-  const result: CompiledFile = { hooks: [], secrets: [], redactedParams: [], warnings: [] };
+  const result: CompiledFile = { hooks: [], secrets: [], redactedParams: [], warnings: [], refusals: [] };
   const seen = new Set<string>();
   value.forEach((raw, index) => {
     const at = { parent: value, key: String(index), path: '', index };
@@ -3557,6 +3663,7 @@ export function compileHooksFile(file: string, text: string, defaults: { command
     seen.add(hook.id);
     result.hooks.push(hook);
   });
+  if (result.refusals.length > 0) throw new ConfigError(result.refusals.join('; '));
   return result;
 }
 
@@ -3593,6 +3700,7 @@ function compileHook(raw: unknown, reader: FieldReader, at: Place, defaultTimeou
     commandTimeoutMs: commandTimeout(h) ?? defaultTimeoutMs,
     readsPayload: false,
     readsHeaders: false,
+    templateVariables: new Set(),
   };
   const matches = ruleMatches(hook.rule);
   const everyParam = [
@@ -3696,6 +3804,23 @@ export function listHookFiles(p: string): string[] {
     .map((n) => path.join(p, n));
 }
 
+/** What templates read: the service's environment (each name read is noted) and files. */
+function templateEnvironment(env: Record<string, string | undefined>, read: Set<string>): TemplateEnv {
+  return {
+    getenv: (name) => {
+      read.add(name);
+      return env[name];
+    },
+    readFile: (file) => {
+      try {
+        return fs.readFileSync(file, 'utf8');
+      } catch {
+        return undefined;
+      }
+    },
+  };
+}
+
 /** Reads, templates, parses and validates every hook file into one snapshot, or throws ConfigError. */
 export function loadSnapshot(settings: LoadSettings): Snapshot {
   const files = settings.paths.flatMap(listHookFiles);
@@ -3704,16 +3829,8 @@ export function loadSnapshot(settings: LoadSettings): Snapshot {
   const redacted = new Set<string>();
   const warnings: string[] = [];
   const digest = createHash('sha256');
-  const templateEnv: TemplateEnv = {
-    getenv: (n) => settings.env[n],
-    readFile: (f) => {
-      try {
-        return fs.readFileSync(f, 'utf8');
-      } catch {
-        return undefined;
-      }
-    },
-  };
+  const templateVariables = new Set<string>();
+  const templateEnv = templateEnvironment(settings.env, templateVariables);
   for (const file of files) {
     let text: string;
     try {
@@ -3742,14 +3859,30 @@ export function loadSnapshot(settings: LoadSettings): Snapshot {
     warnings.push(...compiled.warnings);
   }
   if (settings.template) digest.update(JSON.stringify([...secrets].sort()));
+  const scrubbed = [...secrets]
+    .filter((s) => s.length >= LIMITS.minScrubbedSecretLength)
+    .sort((a, b) => b.length - a.length);
+  for (const hook of hooks.values()) withholdSecrets(hook, scrubbed, templateVariables);
   return {
     hooks,
     files,
-    secrets: [...secrets].filter((s) => s.length >= LIMITS.minScrubbedSecretLength).sort((a, b) => b.length - a.length),
+    secrets: scrubbed,
     redactedParams: redacted,
     warnings,
     digest: digest.digest('hex'),
   };
+}
+
+/**
+ * What a template read stays in the service: the variables it read are not passed on to the
+ * hook's command, and a value it inserted into the hook's fixed answer (response-message, a
+ * response header) is sent as REDACTED, as it is logged.
+ */
+function withholdSecrets(hook: Hook, secrets: string[], templateVariables: ReadonlySet<string>): void {
+  const scrub = (text: string) => secrets.reduce((t, secret) => t.split(secret).join('REDACTED'), text);
+  hook.templateVariables = templateVariables;
+  hook.responseMessage = scrub(hook.responseMessage);
+  hook.responseHeaders = hook.responseHeaders.map(([name, value]) => [name, scrub(value)]);
 }
 
 /**
@@ -3914,6 +4047,24 @@ export function resolveCommand(
   return { error: `exec: ${JSON.stringify(candidate)}: executable file not found in $PATH` };
 }
 
+/**
+ * The service's own settings, which no command inherits unless its hook passes them by name
+ * (pass-environment-to-command): every MAIL_* variable (the SMTP password among them), the hook
+ * token, and the paths to the service's credentials (its kubeconfig, systemd's credentials).
+ */
+const SERVICE_ONLY_VARIABLES = ['HOOK_TOKEN', 'KUBECONFIG', 'CREDENTIALS_DIRECTORY'];
+const SERVICE_ONLY_PREFIX = 'MAIL_';
+
+/** The environment a command starts from: the service's, without its own settings and the template's. */
+export function inheritedEnvironment(env: Environment, templateVariables: ReadonlySet<string>): Environment {
+  const inherited: Environment = {};
+  for (const [name, value] of Object.entries(env)) {
+    const serviceOnly = name.startsWith(SERVICE_ONLY_PREFIX) || SERVICE_ONLY_VARIABLES.includes(name);
+    if (!serviceOnly && !templateVariables.has(name)) inherited[name] = value;
+  }
+  return inherited;
+}
+
 /** A taken command slot: the command as resolved for this request, and which pool it came from. */
 export interface Slot {
   resolved: { path?: string; error?: string };
@@ -3939,7 +4090,10 @@ export class CommandRunner {
   private readonly metrics: Metrics;
   private readonly inProcess: InProcessCommand | undefined;
 
-  /** `env` is the service's environment: what commands inherit, and the PATH they are found on. */
+  /**
+   * `env` is the service's environment: the PATH commands are found on, and what they inherit less
+   * the service's own settings (inheritedEnvironment).
+   */
   constructor(max: number, env: Environment, log: Logger, metrics: Metrics, inProcess?: InProcessCommand) {
     this.max = max;
     this.env = env;
@@ -3974,7 +4128,8 @@ export class CommandRunner {
   async run(hook: Hook, req: HookRequest, slot: Slot): Promise<CommandResult> {
     const started = process.hrtime.bigint();
     const tag = `[${req.id}]`;
-    const inputs: CommandInputs = { args: [], env: { ...this.env }, envNames: [], tempFiles: [] };
+    const env = inheritedEnvironment(this.env, hook.templateVariables);
+    const inputs: CommandInputs = { args: [], env, envNames: [], tempFiles: [] };
     try {
       const result = await this.start(hook, req, slot, inputs);
       this.metrics.inc('webhook_commands_total', {
@@ -4225,13 +4380,16 @@ export function decodeBase64Strict(text: string): Buffer {
 }
 
 // ================================================================================================
-// 9. http server — routes `/`, `/healthz`, `/metrics` and `/<urlprefix>/<id>` and answers with
-//    adnanh's exact strings. A hook request is a list of steps: route, admit, read, evaluate,
-//    dispatch, answer. Every outcome is one entry of ANSWERS; errors thrown by a step map to an
-//    entry in one place (answerForError). Every response carries X-Request-Id; bodies are plain
-//    text and never sniffed. A finished command goes to the CommandListener main() wires in (the
-//    rollout follow and the mail, sections 12 and 13).
-//    Exports: answerClientError, CommandListener, createHandler, HandlerContext.
+// 9. http server — routes `/`, `/healthz` and `/<urlprefix>/<id>` and answers with adnanh's
+//    exact strings; `/metrics` has a listener of its own (createMetricsHandler). A hook request is
+//    a list of steps: route, admit, read, evaluate, dispatch, answer. Every outcome is one entry of
+//    ANSWERS; errors thrown by a step map to an entry in one place (answerForError). Every
+//    response carries X-Request-Id; bodies are plain text and never sniffed; what a request sent
+//    is logged with its control characters escaped. A finished command goes to the
+//    CommandListener main() wires in (the rollout follow and the mail, sections 12 and 13). A
+//    method Node's parser refuses (`Get`) is answered as adnanh does (answerClientError).
+//    Exports: answerClientError, CommandListener, createHandler, createMetricsHandler,
+//    HandlerContext.
 // ================================================================================================
 
 /** One way a request can end: status, body and headers (a step may override status and body). */
@@ -4421,7 +4579,7 @@ export function answerClientError(
   cx.log.info(`[${id}] incoming HTTP ${method} request from ${remoteAddress(socket).addr}`);
   const hook = cx.store.current.hooks.get(hookId);
   if (hook) cx.log.info(`[${id}] HTTP ${method} method not allowed for hook ${JSON.stringify(hook.id)}`);
-  else cx.log.info(`[${id}] error: hook not found: ${hookId}`);
+  else cx.log.info(`[${id}] error: hook not found: ${escapeControls(hookId)}`);
   const entry: Answer = ANSWERS[hook ? 'methodNotAllowed' : 'hookNotFound'];
   const allowed = hook?.methods.length ? hook.methods : cx.options.httpMethods;
   const head = [
@@ -4448,7 +4606,8 @@ function countWhenFinished(cx: HandlerContext, ex: Exchange): void {
 function logAccess(cx: HandlerContext, ex: Exchange, entry: Answer): void {
   if (cx.log.verbose) {
     const ms = Number(process.hrtime.bigint() - ex.started) / 1e6;
-    const line = `"${ex.method} ${redactUrl(ex.req.url ?? '', ex.snapshot.redactedParams)}" ${entry.status}`;
+    const requestLine = escapeControls(`${ex.method} ${redactUrl(ex.req.url ?? '', ex.snapshot.redactedParams)}`);
+    const line = `"${requestLine}" ${entry.status}`;
     cx.log.info(`[${ex.id}] ${ex.remote.addr} ${line} ${Buffer.byteLength(entry.body)}B ${ms.toFixed(1)}ms`);
   }
 }
@@ -4480,10 +4639,6 @@ function routeOf(cx: HandlerContext, ex: Exchange): Route {
     pathname = url.pathname;
   }
   if (pathname === '/healthz') return { kind: 'answer', name: 'ok' };
-  if (pathname === '/metrics') {
-    const headers = { 'Content-Type': 'text/plain; version=0.0.4; charset=utf-8' };
-    return { kind: 'answer', name: 'ok', override: { body: cx.metrics.render(), headers } };
-  }
   if (pathname === '/') return { kind: 'answer', name: 'ok', override: { headers: Object.fromEntries(o.headers) } };
   const prefix = o.urlprefix === '' ? '/' : `/${o.urlprefix}/`;
   if (!pathname.startsWith(prefix)) return { kind: 'answer', name: 'pageNotFound' };
@@ -4496,7 +4651,7 @@ function admit(cx: HandlerContext, ex: Exchange, hookId: string): Hook | AnswerN
   cx.log.info(`${tag} incoming HTTP ${ex.method} request from ${ex.remote.addr}`);
   const hook = ex.snapshot.hooks.get(hookId);
   if (!hook) {
-    cx.log.info(`${tag} error: hook not found: ${hookId}`);
+    cx.log.info(`${tag} error: hook not found: ${escapeControls(hookId)}`);
     return 'hookNotFound';
   }
   ex.hook = hook;
@@ -4534,8 +4689,8 @@ async function readRequest(cx: HandlerContext, ex: Exchange, hook: Hook, url: UR
   const parse = hook.readsPayload || multipart || !isParsedContentType(contentType);
   const parsed = parse ? parsePayload(contentType, body, jsonParts) : { payload: undefined };
   hookReq.payload = parsed.payload;
-  if (parsed.note) cx.log.info(`[${ex.id}] ${parsed.note}`);
-  for (const err of applyJsonParameters(hook.jsonParams, hookReq)) cx.log.info(`[${ex.id}] ${err}`);
+  if (parsed.note) cx.log.info(`[${ex.id}] ${escapeControls(parsed.note)}`);
+  for (const err of applyJsonParameters(hook.jsonParams, hookReq)) cx.log.info(`[${ex.id}] ${escapeControls(err)}`);
   return hookReq;
 }
 
@@ -4543,8 +4698,10 @@ async function readRequest(cx: HandlerContext, ex: Exchange, hook: Hook, url: UR
 function evaluate(cx: HandlerContext, ex: Exchange, hook: Hook, hookReq: HookRequest): boolean {
   if (!hook.rule) return true;
   const result = evaluateRule(hook.rule, hookReq, hook.softSignatureFailures);
-  if (result.error && !(result.error instanceof ParameterNotFound)) throw new RuleEvaluationError(result.error.message);
-  if (result.error) cx.log.info(`[${ex.id}] ${result.error.message}`);
+  // A signature or date error quotes what the request sent.
+  const why = result.error ? escapeControls(result.error.message) : '';
+  if (result.error && !(result.error instanceof ParameterNotFound)) throw new RuleEvaluationError(why);
+  if (result.error) cx.log.info(`[${ex.id}] ${why}`);
   if (!result.ok)
     cx.log.info(
       `[${ex.id}] ${hook.id} got matched, but didn't get triggered because the trigger rules were not satisfied`,
@@ -4585,15 +4742,38 @@ function answerForError(cx: HandlerContext, ex: Exchange, e: unknown): AnswerNam
     return 'bodyTooLarge';
   }
   if (e instanceof MultipartError) {
-    cx.log.error(`${tag} error parsing multipart form: ${message}`);
+    cx.log.error(`${tag} error parsing multipart form: ${escapeControls(message)}`);
     return 'multipartError';
   }
   if (e instanceof RuleEvaluationError) {
     cx.log.error(`${tag} error evaluating hook: ${message}`);
     return 'ruleError';
   }
-  cx.log.error(`${tag} internal error: ${e instanceof Error ? (e.stack ?? message) : message}`);
+  cx.log.error(`${tag} internal error: ${escapeControls(e instanceof Error ? (e.stack ?? message) : message)}`);
   return 'internalError';
+}
+
+/**
+ * The metrics listener (-metrics-listen): /metrics and nothing else. It is apart from the hook
+ * port, so publishing the hooks (an Ingress, a NodePort) does not publish the hook ids, request
+ * counts and failures the metrics reveal.
+ */
+export function createMetricsHandler(metrics: Metrics): http.RequestListener {
+  return (req, res) => {
+    const pathname = new URL(req.url ?? '/', 'http://localhost').pathname;
+    const entry: Answer =
+      pathname === '/metrics' && (req.method === 'GET' || req.method === 'HEAD')
+        ? { ...ANSWERS.ok, body: metrics.render() }
+        : ANSWERS.pageNotFound;
+    res.setHeader(
+      'Content-Type',
+      entry.status === 200 ? 'text/plain; version=0.0.4; charset=utf-8' : 'text/plain; charset=utf-8',
+    );
+    res.setHeader('X-Content-Type-Options', 'nosniff');
+    res.setHeader('Content-Length', Buffer.byteLength(entry.body));
+    res.writeHead(entry.status);
+    res.end(entry.body);
+  };
 }
 
 /** Step 6, answer: writes the named entry, with a step's status, body and headers over it. */
@@ -5592,7 +5772,8 @@ export class KubeClient {
         );
       case 403: {
         return new KubeError(
-          `forbidden: ${forbiddenSubject(serverMessage)} cannot "${verb}" ${what} — grant it with deploy/rbac.yaml`,
+          `forbidden: ${forbiddenSubject(serverMessage)} cannot "${verb}" ${what} — grant it with the RBAC that ` +
+            '`webhook -print-rbac` prints for the hooks',
           403,
           reason,
         );
@@ -5704,7 +5885,7 @@ export type JsonPatchOperation =
 //      note:         <anything else worth knowing>
 //    Exit status 0 when result is ok (a change made, or an acknowledged no-op), 1 otherwise; a
 //    rollout that was waited for and failed or timed out makes the result failed.
-//    Exports: formatReport, runUpgrade, UpgradeReport, UpgradeService.
+//    Exports: formatRbac, formatReport, hookReach, runUpgrade, UpgradeReport, UpgradeService.
 // ================================================================================================
 
 export const UPGRADE_LIMITS = {
@@ -6602,26 +6783,16 @@ export function rolloutEvent(outcome: RolloutOutcome, container: string): Worklo
   }
 }
 
+/**
+ * The workload, or an error naming it. A missing one is not followed by a list of what the
+ * namespace holds: the report is the answer to whoever holds the hook's URL.
+ */
 async function readWorkload(client: KubeClient, target: WorkloadTarget): Promise<K8sObject> {
   try {
     return await client.get<K8sObject>(workloadResource(target));
   } catch (e) {
     if (!(e instanceof KubeError && e.status === 404)) throw e;
-    const spec = kindSpec(target.kind);
-    let existing: string;
-    try {
-      const list = await client.list<{ items: unknown[] }>(
-        workloadResource({ kind: target.kind, namespace: target.namespace }),
-        { limit: '50' },
-      );
-      const names = list.items.map((i) => String(valueAt(i, ['metadata', 'name'])));
-      existing = names.length
-        ? `${spec.resource} there: ${names.join(', ')}`
-        : `namespace "${target.namespace}" has no ${spec.resource} (is the namespace right?)`;
-    } catch {
-      existing = `cannot list the ${spec.resource} there`;
-    }
-    throw new UpgradeError(`${target.kind} "${target.name}" not found in namespace "${target.namespace}"; ${existing}`);
+    throw new UpgradeError(`${target.kind} "${target.name}" not found in namespace "${target.namespace}"`);
   }
 }
 
@@ -6695,6 +6866,135 @@ export function formatReport(r: UpgradeReport): string {
   }
   for (const n of r.notes) lines.push(reportLine('note', n));
   return `${lines.join('\n')}\n`;
+}
+
+// ---- least privilege: the RBAC the hooks need (-print-rbac) -----------------------------------
+
+/** What one hook's upgrades can reach, or why that cannot be told from the hook. */
+export interface HookReach {
+  hook: string;
+  target?: { namespace: string; kind: WorkloadKind; name: string };
+  /** Why the hook's workload is not known before a request names it. */
+  open?: string;
+}
+
+/** The matches every passing request satisfies: those reached from the rule's root through `and`. */
+function requiredMatches(rule: Rule | undefined): Match[] {
+  if (!rule) return [];
+  if ('and' in rule) return rule.and.flatMap(requiredMatches);
+  if ('or' in rule) return rule.or.length === 1 ? requiredMatches(rule.or[0]) : [];
+  return 'match' in rule ? [rule.match] : [];
+}
+
+/**
+ * The one value an upgrade input can have for this hook: a literal (source "string"), or a
+ * parameter a value match of the trigger rule pins. A string saying where it comes from otherwise.
+ */
+function pinnedInput(hook: Hook, envname: string): { value: string } | { from: string } | undefined {
+  const p = hook.env.findLast((e) => (e.envname || `HOOK_${e.name}`) === envname);
+  if (!p) return undefined;
+  if (p.source === 'string') return { value: p.name };
+  const same = (q: Param) =>
+    q.source === p.source &&
+    (p.source === 'header' ? q.name.toLowerCase() === p.name.toLowerCase() : q.name === p.name);
+  const pin = requiredMatches(hook.rule).find((m) => m.pinned !== undefined && m.param && same(m.param));
+  return pin ? { value: pin.pinned! } : { from: `the ${p.source} parameter "${p.name}"` };
+}
+
+/** The namespace and workload a hook can upgrade; undefined for a hook that passes neither (no upgrade). */
+export function hookReach(hook: Hook): HookReach | undefined {
+  const ns = pinnedInput(hook, 'APP_NS');
+  const workload = pinnedInput(hook, 'APP_WORKLOAD');
+  if (!ns && !workload) return undefined;
+  const reach = { hook: hook.id };
+  if (!ns || !workload) return { ...reach, open: `it passes no ${ns ? 'APP_WORKLOAD' : 'APP_NS'}` };
+  if ('from' in ns || 'from' in workload) {
+    const open = (
+      [
+        ['namespace', ns],
+        ['workload', workload],
+      ] as const
+    ).flatMap(([what, input]) => ('from' in input ? [{ what, from: input.from }] : []));
+    const whats = open.map((o) => o.what).join(' and ');
+    const froms = open.map((o) => o.from).join(' and ');
+    return {
+      ...reach,
+      open: `its ${whats} ${open.length > 1 ? 'come' : 'comes'} from ${froms}, which no value rule pins`,
+    };
+  }
+  if (!DNS_LABEL.test(ns.value)) return { ...reach, open: `APP_NS ${showValue(ns.value)} is not a namespace name` };
+  try {
+    return { ...reach, target: { namespace: ns.value, ...parseWorkload(workload.value) } };
+  } catch (e) {
+    return { ...reach, open: (e as Error).message };
+  }
+}
+
+const yamlList = (items: string[]) => `[${items.map((i) => JSON.stringify(i)).join(', ')}]`;
+
+/** The Role of one namespace: get/patch on the named workloads, and what the summary and Events need. */
+function roleRules(workloads: Map<WorkloadKind, Set<string>>): string[] {
+  const rule = (group: string, resource: string, verbs: string[], names?: string[]) => [
+    `  - apiGroups: ${yamlList([group])}`,
+    `    resources: ${yamlList([resource])}`,
+    ...(names ? [`    resourceNames: ${yamlList(names)}`] : []),
+    `    verbs: ${yamlList(verbs)}`,
+  ];
+  const kinds = (Object.keys(WORKLOAD_KINDS) as WorkloadKind[]).filter((k) => workloads.has(k));
+  const lines = kinds.flatMap((k) =>
+    rule(kindSpec(k).group, kindSpec(k).resource, ['get', 'patch'], [...workloads.get(k)!].sort()),
+  );
+  const through = kinds.map((k) => kindSpec(k).podsOwnedThrough).find((t) => t !== undefined);
+  if (through) lines.push(...rule(through.group, through.resource, ['list']));
+  if (kinds.some((k) => kindSpec(k).hasRollout)) lines.push(...rule('', 'pods', ['list']));
+  return [...lines, ...rule('', 'events', ['create'])];
+}
+
+/**
+ * A Role and a RoleBinding per namespace the hooks' upgrades reach, as YAML `kubectl apply -f -`
+ * takes: get and patch on exactly the workloads named (resourceNames), list on the ReplicaSets and
+ * Pods the rollout summary reads, create on Events. Hooks whose workload a request chooses are
+ * listed in a comment and returned: only a cluster-wide role serves them. Pure.
+ */
+export function formatRbac(reaches: HookReach[], serviceAccount: string, hooksPaths: string[]): string {
+  const [saNamespace, saName] = serviceAccount.split('/');
+  const byNamespace = new Map<string, Map<WorkloadKind, Set<string>>>();
+  for (const { target: t } of reaches) {
+    if (!t) continue;
+    const kinds = byNamespace.get(t.namespace) ?? new Map<WorkloadKind, Set<string>>();
+    const names = kinds.get(t.kind) ?? new Set<string>();
+    byNamespace.set(t.namespace, kinds.set(t.kind, names.add(t.name)));
+  }
+  const out = [
+    `# Generated by \`webhook -print-rbac -hooks ${hooksPaths.join(' -hooks ')}\``,
+    `# for the ServiceAccount ${serviceAccount}.`,
+    '# Apply with `kubectl apply -f -`; generate again when a hook changes its namespace or workload.',
+    ...reaches.map((r) =>
+      r.target
+        ? `#   hook ${JSON.stringify(r.hook)}: ${r.target.kind}/${r.target.name} in namespace ${r.target.namespace}`
+        : `#   hook ${JSON.stringify(r.hook)}: NOT COVERED: ${r.open}`,
+    ),
+    ...(reaches.some((r) => r.open)
+      ? ['# A hook not covered needs value rules that pin its ns and workload, or the cluster-wide role of deploy/.']
+      : []),
+  ];
+  const metadata = (kind: string, ns: string) => [
+    '---',
+    'apiVersion: rbac.authorization.k8s.io/v1',
+    `kind: ${kind}`,
+    'metadata:',
+    `  name: ${JSON.stringify(saName)}`,
+    `  namespace: ${JSON.stringify(ns)}`,
+    '  labels:',
+    '    app.kubernetes.io/name: webhook',
+  ];
+  for (const [ns, workloads] of [...byNamespace].sort(([a], [b]) => a.localeCompare(b))) {
+    out.push(...metadata('Role', ns), 'rules:', ...roleRules(workloads));
+    out.push(...metadata('RoleBinding', ns), 'roleRef:', '  apiGroup: rbac.authorization.k8s.io', '  kind: Role');
+    out.push(`  name: ${JSON.stringify(saName)}`, 'subjects:', '  - kind: ServiceAccount');
+    out.push(`    name: ${JSON.stringify(saName)}`, `    namespace: ${JSON.stringify(saNamespace)}`);
+  }
+  return `${out.join('\n')}\n`;
 }
 
 /** Marks the bundled webhooks.sh: a hook whose command is that file runs the upgrade in-process. */
@@ -7679,77 +7979,165 @@ export function resultMail(job: MailJob): { subject: string; body: string } {
   return { subject: `Webhooks通知: ${target} 更新结果: ${job.outcome}`, body: lines.join('\n') };
 }
 
+/** How many result mails one hook may send in one window; what goes beyond is summarised. */
+export interface MailCap {
+  max: number;
+  windowMs: number;
+}
+
+/** One hook's mails to one set of recipients in the current window. */
+interface MailWindow {
+  to: string[];
+  sent: number;
+  /** One line per result held back, for the summary; `heldCount` may exceed their number. */
+  held: string[];
+  heldCount: number;
+  timer: NodeJS.Timeout;
+}
+
+// A summary lists this many held results one per line and counts the rest, so a flood of calls
+// cannot grow one mail (or the memory holding it) without bound.
+const MAX_SUMMARY_LINES = 100;
+
 /**
  * Sends result mails in the background: the HTTP answer never waits for SMTP. Transient failures
  * are retried; a final failure is logged with the server's reply and counted; `flush` waits for
- * what is still pending (graceful shutdown).
+ * what is still pending (graceful shutdown). Each hook sends at most `cap.max` mails to the same
+ * recipients per window; the results beyond go out together in one summary mail when the window
+ * closes (or at shutdown), so a burst cannot flood the inbox and nothing is dropped silently.
  */
 export class Mailer {
   private readonly pending = new Set<Promise<void>>();
+  private readonly windows = new Map<string, MailWindow>();
   private readonly config: MailConfig | undefined;
   private readonly log: Logger;
   private readonly metrics: Metrics;
+  private readonly cap: MailCap;
   private readonly timeouts: Partial<SmtpTimeouts>;
 
-  constructor(config: MailConfig | undefined, log: Logger, metrics: Metrics, timeouts: Partial<SmtpTimeouts> = {}) {
+  constructor(
+    config: MailConfig | undefined,
+    log: Logger,
+    metrics: Metrics,
+    cap: MailCap = { max: LIMITS.maxMailsPerHook, windowMs: LIMITS.mailWindowMs },
+    timeouts: Partial<SmtpTimeouts> = {},
+  ) {
     this.config = config;
     this.log = log;
     this.metrics = metrics;
+    this.cap = cap;
     this.timeouts = timeouts;
   }
 
   notify(job: MailJob): void {
-    const config = this.config;
     const mailTo = job.env.MAIL_TO;
-    if (!config || !mailTo) return;
-    const tag = `[${job.requestId}]`;
-    const failed = (why: string) => {
-      this.metrics.inc('webhook_mails_total', { result: 'failed' });
-      this.log.error(`${tag} mail for hook ${job.hookId} not sent: ${why}`);
-    };
+    if (!this.config || !mailTo) return;
     let to: string[];
-    let message: string;
+    let mail: { subject: string; body: string };
     try {
       to = parseRecipients(mailTo);
-      const { subject, body } = resultMail(job);
-      message = composeMessage({
-        from: config.from,
-        to,
-        subject,
-        body,
-        date: new Date(),
-        messageId: newMessageId(config.from),
-      });
+      mail = resultMail(job);
     } catch (e) {
-      failed((e as Error).message);
+      this.failed(job.requestId, job.hookId, (e as Error).message);
       return;
     }
-    const sending = sendWithRetry(
-      config,
-      message,
-      { to, timeouts: this.timeouts },
-      MAIL_ATTEMPTS,
-      MAIL_RETRY_BACKOFF_MS,
-    )
+    if (this.withinCap(job, to)) this.send(job.requestId, job.hookId, to, mail);
+  }
+
+  /** Counts the mail against its hook's window; false when it is held back for the summary. */
+  private withinCap(job: MailJob, to: string[]): boolean {
+    const key = `${job.hookId}\n${to.join(',')}`;
+    let window = this.windows.get(key);
+    if (!window) {
+      const timer = setTimeout(() => this.closeWindow(key), this.cap.windowMs);
+      window = { to, sent: 0, held: [], heldCount: 0, timer };
+      this.windows.set(key, window);
+    }
+    if (window.sent < this.cap.max) {
+      window.sent++;
+      return true;
+    }
+    if (window.heldCount === 0)
+      this.log.warn(
+        `[${job.requestId}] hook ${job.hookId} sent ${this.cap.max} mail(s) to ${to.join(', ')} within ` +
+          `${formatGoDuration(this.cap.windowMs)}; further results go into one summary mail when that time is up`,
+      );
+    window.heldCount++;
+    if (window.held.length < MAX_SUMMARY_LINES) window.held.push(summaryLine(job));
+    this.metrics.inc('webhook_mails_total', { result: 'summarized' });
+    return false;
+  }
+
+  /** The window is over: what it held back goes out as one summary mail. */
+  private closeWindow(key: string): void {
+    const window = this.windows.get(key);
+    if (!window) return;
+    clearTimeout(window.timer);
+    this.windows.delete(key);
+    if (window.heldCount === 0) return;
+    const hookId = key.slice(0, key.indexOf('\n'));
+    this.send(`summary`, hookId, window.to, summaryMail(hookId, window, this.cap));
+  }
+
+  private failed(requestId: string, hookId: string, why: string): void {
+    this.metrics.inc('webhook_mails_total', { result: 'failed' });
+    this.log.error(`[${requestId}] mail for hook ${hookId} not sent: ${why}`);
+  }
+
+  private send(requestId: string, hookId: string, to: string[], mail: { subject: string; body: string }): void {
+    const config = this.config!;
+    let message: string;
+    try {
+      const date = new Date();
+      message = composeMessage({ from: config.from, to, ...mail, date, messageId: newMessageId(config.from) });
+    } catch (e) {
+      this.failed(requestId, hookId, (e as Error).message);
+      return;
+    }
+    const options = { to, timeouts: this.timeouts };
+    const sending = sendWithRetry(config, message, options, MAIL_ATTEMPTS, MAIL_RETRY_BACKOFF_MS)
       .then((r) => {
         if (r.ok) {
           this.metrics.inc('webhook_mails_total', { result: 'sent' });
-          this.log.info(`${tag} mail sent to ${to.join(', ')} over ${r.security}: ${r.reply}`);
+          this.log.info(`[${requestId}] mail sent to ${to.join(', ')} over ${r.security}: ${r.reply}`);
         } else {
           const over = r.security ? ` over ${r.security}` : '';
-          failed(`${r.stage} failed after ${r.attempts} attempt(s)${over}: ${r.reply}`);
+          this.failed(requestId, hookId, `${r.stage} failed after ${r.attempts} attempt(s)${over}: ${r.reply}`);
         }
       })
       .finally(() => this.pending.delete(sending));
     this.pending.add(sending);
   }
 
-  /** Waits up to `ms` for mails still being sent. */
+  /** Sends the summaries still held back, then waits up to `ms` for mails still being sent. */
   async flush(ms: number): Promise<void> {
+    for (const key of [...this.windows.keys()]) this.closeWindow(key);
     if (this.pending.size === 0) return;
     this.log.notice(`sending ${this.pending.size} pending mail(s)`);
     await Promise.race([Promise.allSettled([...this.pending]), sleep(ms, undefined, { ref: false })]);
   }
+}
+
+/** One held-back result in a summary: request, target, outcome. */
+function summaryLine(job: MailJob): string {
+  const { APP_NS: ns, APP_WORKLOAD: workload, APP_CONTAINER: container } = job.env;
+  const target = ns && workload && container ? ` ${ns}-${workload}-${container}:` : '';
+  return `request ${job.requestId}:${target} ${job.outcome} (${job.detail})`;
+}
+
+/** The mail for the results a window held back. Pure. */
+function summaryMail(hookId: string, window: MailWindow, cap: MailCap): { subject: string; body: string } {
+  const more = window.heldCount - window.held.length;
+  const lines = [
+    `hook: ${hookId}`,
+    `${window.heldCount} more result(s): the hook had sent ${cap.max} mail(s) within ` +
+      `${formatGoDuration(cap.windowMs)}, so these were not mailed one by one (with -verbose, the service's ` +
+      `log has each one's output).`,
+    '',
+    ...window.held,
+    ...(more > 0 ? [`… and ${more} more not listed`] : []),
+  ];
+  return { subject: `Webhooks通知: ${hookId} 更新结果: summary of ${window.heldCount} more`, body: lines.join('\n') };
 }
 
 /**
@@ -7869,7 +8257,34 @@ export async function main(argv: string[], env: Record<string, string | undefine
     process.stdout.write(Object.keys(GO_CIPHER_SUITES).join('\n') + '\n');
     return 0;
   }
+  if (o.printRbac) return printRbac(o, env);
   return serve(o, env);
+}
+
+/** -print-rbac: the Roles and RoleBindings the hooks need on stdout; what they cannot cover, on stderr. */
+function printRbac(o: Options, env: Record<string, string | undefined>): number {
+  let snapshot: Snapshot;
+  try {
+    snapshot = loadSnapshot({ paths: o.hooks, template: o.template, env, commandTimeoutMs: o.commandTimeoutMs });
+  } catch (e) {
+    process.stderr.write(`webhook: couldn't load hooks: ${(e as Error).message}\n`);
+    return 1;
+  }
+  const reaches = [...snapshot.hooks.values()].flatMap((hook) => hookReach(hook) ?? []);
+  process.stdout.write(formatRbac(reaches, o.rbacServiceAccount, o.hooks));
+  const notes = [
+    ...snapshot.warnings.map((w) => `warning: ${w}`),
+    ...reaches
+      .filter((r) => r.open)
+      .map(
+        (r) =>
+          `hook "${r.hook}" is not covered: ${r.open}; pin its ns and workload with value rules, or grant the ` +
+          'cluster-wide role of deploy/rbac-cluster.yaml',
+      ),
+    ...(reaches.length === 0 ? ['no hook passes APP_NS and APP_WORKLOAD to an upgrade: nothing to grant'] : []),
+  ];
+  for (const note of notes) process.stderr.write(`webhook: ${note}\n`);
+  return 0;
 }
 
 /** The service: hooks loaded, the pieces wired, the port open, until SIGTERM or SIGINT. */
@@ -7885,7 +8300,7 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
   const snapshot = loadInitialHooks(o, settings, log);
   if (!snapshot) return 1;
 
-  const mailer = new Mailer(mailConfig(env, log), log, metrics);
+  const mailer = new Mailer(mailConfig(env, log), log, metrics, { max: o.maxMailsPerHook, windowMs: o.mailWindowMs });
   const store = new HookStore(settings, snapshot, log, metrics);
   const upgrade = new UpgradeService(o.kubeconfig || env.KUBECONFIG, env, o.rolloutFollowMs, log);
   const runner = new CommandRunner(o.maxConcurrentCommands, env, log, metrics, upgrade);
@@ -7904,6 +8319,8 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
   const server = await openListener(o, handler, log);
   if (!server) return 1;
   server.on('clientError', (err: Error, socket: net.Socket) => answerClientError(handlerContext, err, socket));
+  const metricsServer = o.metricsListen ? await openMetricsListener(o.metricsListen, metrics, log) : undefined;
+  if (o.metricsListen && !metricsServer) return 1;
 
   if (o.hotreload) store.watch();
   const reloadOnSignal = (sig: string) => {
@@ -7919,6 +8336,7 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
       log.notice(
         `caught ${sig}, shutting down: no new requests; running commands get ${formatGoDuration(o.shutdownGraceMs)}`,
       );
+      metricsServer?.close();
       await stopService(o, { store, server, runner, upgrade, mailer, log });
       log.notice('stopped');
       log.flush();
@@ -8024,6 +8442,24 @@ async function openListener(o: Options, handler: http.RequestListener, log: Logg
       ? `unix:${address}`
       : `${o.secure ? 'https' : 'http'}://${o.ip}:${address?.port}/${o.urlprefix}/{id}`;
   log.notice(`serving hooks on ${where}`);
+  return server;
+}
+
+/** The metrics listener: its own address, so publishing the hook port does not publish /metrics. */
+async function openMetricsListener(address: string, metrics: Metrics, log: Logger): Promise<http.Server | undefined> {
+  const { host, port } = parseListenAddress(address);
+  const server = http.createServer({ requestTimeout: 10_000, headersTimeout: 10_000 }, createMetricsHandler(metrics));
+  const failed = await new Promise<Error | undefined>((resolve) => {
+    server.once('error', resolve);
+    server.listen(port, host, () => resolve(undefined));
+  });
+  if (failed) {
+    log.error(`cannot listen for metrics on ${address}: ${failed.message}`);
+    return undefined;
+  }
+  const bound = server.address() as net.AddressInfo;
+  const shown = bound.family === 'IPv6' ? `[${bound.address}]` : bound.address;
+  log.notice(`serving metrics on http://${shown}:${bound.port}/metrics`);
   return server;
 }
 

@@ -8,7 +8,7 @@ import { execFile } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { makeTempDir, startWebhook, waitForOutput, type Webhook } from './harness.ts';
+import { defaultBinary, makeTempDir, startWebhook, waitForOutput, type Webhook } from './harness.ts';
 import { startMta, type Mta } from './mta.ts';
 import {
   acrImage, acrPayload, clusterOrSkip, containerImage, cronJob, daemonSet, deployment, freshNamespaceName, kubectlFor, shippedServiceAccount, statefulSet,
@@ -146,7 +146,9 @@ describe('pushes through the running executable, on a real cluster', { skip: clu
     }
     const missingWorkload = await push('any', seedQuery({ workload: 'deployment/nope' }), acrPayload('v9'));
     assert.equal(missingWorkload.status, 500);
-    assert.match(missingWorkload.body, /deployment "nope" not found in namespace "[^"]+"; deployments there: /);
+    assert.match(missingWorkload.body, /^result: +failed: deployment "nope" not found in namespace "[^"]+"$/m);
+    // The namespace's other workloads are not listed to whoever holds the URL.
+    assert.doesNotMatch(missingWorkload.body, /\b(busy|broken)\b/);
     const missingContainer = await push('any', seedQuery({ container: 'ap' }), acrPayload('v9'));
     assert.equal(missingContainer.status, 500);
     assert.match(missingContainer.body, /container "ap" not found in deployment\/web \(containers: app-sidecar, app\)/);
@@ -259,12 +261,12 @@ describe('pushes through the running executable, on a real cluster', { skip: clu
     });
   });
 
-  describe('as the ServiceAccount of deploy/rbac.yaml', () => {
+  describe('as the ServiceAccount of deploy/, with the cluster-wide option rbac-cluster.yaml', () => {
     const dir = makeTempDir('e2e-rbac-');
     let sa: Awaited<ReturnType<typeof shippedServiceAccount>>;
     let asSa: Webhook;
     before(async () => {
-      sa = await shippedServiceAccount(kubectl, cluster!, ns, path.join(REPO, 'deploy', 'rbac.yaml'), dir);
+      sa = await shippedServiceAccount(kubectl, cluster!, ns, [path.join(REPO, 'deploy', 'serviceaccount.yaml'), path.join(REPO, 'deploy', 'rbac-cluster.yaml')], dir);
       asSa = await startWebhook({ hooks: hookDirectory(ns), env: { WEBHOOK_CMD: '-template', HOOK_TOKEN: TOKEN, KUBECONFIG: sa.kubeconfig } });
     });
     after(async () => {
@@ -288,10 +290,75 @@ describe('pushes through the running executable, on a real cluster', { skip: clu
         res = await pushAsSa(`sa2-${i}`);
       }
       assert.equal(res.status, 500, res.body);
-      assert.match(res.body, /^result: +failed: forbidden: the service account "webhook" of namespace "[^"]+" cannot "get" deployments\.apps "web" in namespace "[^"]+" — grant it with deploy\/rbac\.yaml$/m);
+      assert.match(res.body, /^result: +failed: forbidden: the service account "webhook" of namespace "[^"]+" cannot "get" deployments\.apps "web" in namespace "[^"]+" — grant it with the RBAC that `webhook -print-rbac` prints for the hooks$/m);
       await asSa.stop();
       assert.equal((res.body + asSa.output()).includes(sa.token), false);
       assert.equal(asSa.output().includes(TOKEN), false);
+    });
+  });
+
+  // After the cluster-wide option above: its binding is gone (its last test waited for the API
+  // server to refuse), so the ServiceAccount holds only what -print-rbac grants here.
+  describe('as the ServiceAccount of deploy/, with the Roles `webhook -print-rbac` generates from the hooks', () => {
+    const dir = makeTempDir('e2e-generated-rbac-');
+    const hooks = hookDirectory(ns);
+    let sa: Awaited<ReturnType<typeof shippedServiceAccount>>;
+    let asSa: Webhook;
+    let printed: { yaml: string; notes: string };
+    before(async () => {
+      sa = await shippedServiceAccount(kubectl, cluster!, ns, [path.join(REPO, 'deploy', 'serviceaccount.yaml')], dir);
+      const run = (args: string[]) => new Promise<{ yaml: string; notes: string }>((resolve, reject) => {
+        execFile(defaultBinary(), args, { env: { ...process.env, HOOK_TOKEN: TOKEN } }, (error, stdout, stderr) =>
+          error ? reject(new Error(stderr || error.message)) : resolve({ yaml: stdout, notes: stderr }));
+      });
+      printed = await run(['-print-rbac', '-template', '-hooks', hooks, '-rbac-service-account', `${ns}/webhook`]);
+      await kubectl(['apply', '-f', '-'], printed.yaml);
+      // Added after the RBAC was generated: the same seed hook, pinned to another workload of the namespace.
+      const seed = JSON.parse(fs.readFileSync(path.join(hooks, 'web.json'), 'utf8'))[0];
+      seed.id = 'busy';
+      seed['trigger-rule'].and[2].match.value = 'deployment/busy';
+      fs.writeFileSync(path.join(hooks, 'busy.json'), JSON.stringify([seed]));
+      asSa = await startWebhook({ hooks, env: { WEBHOOK_CMD: '-template', HOOK_TOKEN: TOKEN, KUBECONFIG: sa.kubeconfig } });
+    });
+    after(async () => {
+      await asSa?.stop();
+      await kubectl(['-n', ns, 'delete', 'role,rolebinding', 'webhook', '--ignore-not-found']).catch(() => '');
+      await sa?.remove();
+    });
+    const pushAs = (hook: string, workload: string, tag: string) =>
+      asSa.request(`/hooks/${hook}?${new URLSearchParams({ token: TOKEN, ns, ...seedQuery({ workload }) })}`, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: acrPayload(tag) });
+
+    test('it grants get and patch on the seed hook\'s workload only, and names the hooks whose workload the URL chooses', () => {
+      assert.match(printed.yaml, /^  - apiGroups: \["apps"\]\n    resources: \["deployments"\]\n    resourceNames: \["web"\]\n    verbs: \["get", "patch"\]$/m);
+      assert.equal(printed.yaml.match(/^kind: Role$/gm)?.length, 1);
+      for (const id of ['any', 'pinned', 'tracked']) {
+        assert.match(printed.yaml, new RegExp(`^#   hook "${id}": NOT COVERED: its namespace and workload come from the url parameter "ns" and the url parameter "workload", which no value rule pins$`, 'm'));
+        assert.match(printed.notes, new RegExp(`hook "${id}" is not covered: .*deploy/rbac-cluster\\.yaml`));
+      }
+      assert.equal(printed.yaml.includes(TOKEN), false);
+    });
+
+    test('with them, the hook upgrades its workload, records its Event and follows the rollout', async () => {
+      let res = await pushAs('web', 'deployment/web', 'gen1');
+      // The API server's authorizer picks up the new Role within moments.
+      for (let i = 0; i < 50 && res.status === 500 && /forbidden/.test(res.body); i++) {
+        await new Promise((r) => setTimeout(r, 200));
+        res = await pushAs('web', 'deployment/web', `gen1-${i}`);
+      }
+      assert.equal(res.status, 200, res.body);
+      assert.match(res.body, /^action: +image updated$/m);
+      assert.doesNotMatch(res.body, /^note:/m, 'the Event was recorded');
+      const image = /^image after: +(\S+)$/m.exec(res.body)![1];
+      assert.equal(containerImage(await getJson('deployment/web'), 'app'), image);
+      await waitForOutput(asSa, new RegExp(`deployment/web in ${ns}: rollout complete`), 60_000);
+    });
+
+    test('a hook pointed at another workload of the namespace is refused by the API server, with our 403 message', async () => {
+      const before = containerImage(await getJson('deployment/busy'), 'app');
+      const res = await pushAs('busy', 'deployment/busy', 'gen2');
+      assert.equal(res.status, 500, res.body);
+      assert.match(res.body, new RegExp(`^result: +failed: forbidden: the service account "webhook" of namespace "${ns}" cannot "get" deployments\\.apps "busy" in namespace "${ns}" — grant it with the RBAC that \`webhook -print-rbac\` prints for the hooks$`, 'm'));
+      assert.equal(containerImage(await getJson('deployment/busy'), 'app'), before);
     });
   });
 });
