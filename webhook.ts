@@ -3603,16 +3603,20 @@ function parseImagePattern(text: string): ImagePattern {
   if (name === '') throw problem('names no registry (write host/* to allow every repository of a registry)');
   const slash = name.indexOf('/');
   const first = slash < 0 ? name : name.slice(0, slash);
-  // As in a reference: the first component is a registry host when it looks like one.
-  const host = /[.:[]/.test(first) || first === 'localhost' ? first : undefined;
+  // As in a reference, the first component is a registry host when it looks like one; alone, its
+  // ":" may also start a tag (nginx:1), so there it needs a "." or to be localhost.
+  const looksLikeHost =
+    slash < 0 ? /^(?:\[|localhost(?::|$))/.test(first) || first.split(':')[0].includes('.') : /[.:[]/.test(first);
+  const host = looksLikeHost || first === 'localhost' ? first : undefined;
   const repoPath = host === undefined ? name : name.slice(first.length + 1);
   if (host !== undefined && slash < 0 && !under)
     throw problem(`names only a registry host (write ${showValue(`${host}/*`)} for every repository of it)`);
-  if (host !== undefined && domainProblem(host)) throw problem(`: ${showValue(host)} ${domainProblem(host)}`);
+  if (host !== undefined && domainProblem(host))
+    throw problem(`names an invalid registry host ${showValue(host)} (host[:port])`);
   if (/[:@]/.test(repoPath))
     throw problem('names a tag or digest: a pattern names repositories, whose tags and digests are always allowed');
   const pathIssue = repoPath === '' && under ? undefined : repositoryPathProblem(repoPath);
-  if (pathIssue) throw problem(`: the repository path ${pathIssue}`);
+  if (pathIssue) throw problem(`names an invalid repository: its path ${pathIssue}`);
   const repository = under
     ? { registry: registryOf(host), path: repoPath }
     : repositoryOf({ domain: host, path: repoPath });
