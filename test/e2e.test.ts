@@ -8,7 +8,7 @@ import { execFile } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { makeTempDir, spawnWebhook, startWebhook, waitForOutput, type Webhook } from './harness.ts';
+import { httpRequest, makeTempDir, spawnWebhook, startWebhook, waitForOutput, type Webhook } from './harness.ts';
 import { startMta, type Mta } from './mta.ts';
 import {
   acrImage, acrPayload, clusterOrSkip, containerImage, cronJob, daemonSet, deployment, freshNamespaceName, kubectlFor, shippedServiceAccount, statefulSet,
@@ -60,7 +60,16 @@ describe('the image pin settings through the executable', () => {
       const item = lines.findIndex((l) => l.includes('"envname": "ALLOW_IMAGES"'));
       const line = lines.findIndex((l, i) => i > item && l.includes(`"${field}": `)) + 1;
       const s = await spawnWebhook({ hooks: dir, env: { WEBHOOK_CMD: '-template', HOOK_TOKEN: TOKEN } });
-      const exit = await s.exited;
+      let exit: { code: number | null } | undefined;
+      void s.exited.then((e) => (exit = e));
+      // Either it stops at the load, or it loaded the hook and serves: then the check is missing.
+      while (!exit) {
+        if ((await httpRequest(s.port, '/').catch(() => undefined))?.status === 200) {
+          s.proc.kill('SIGKILL');
+          assert.fail(`the hook loaded and is served:\n${s.output()}`);
+        }
+        await new Promise((r) => setTimeout(r, 50));
+      }
       assert.notEqual(exit.code, 0, s.output());
       assert.ok(s.output().includes(`${path.join(dir, 'web.json')}:${line}: hook "web": pass-environment-to-command[6].${field}: ${problem}`), s.output());
     }
