@@ -4861,7 +4861,10 @@ async function podsOrNone(
 
 export interface WorkloadEvent {
   type: 'Normal' | 'Warning';
-  /** UpperCamelCase: ImageUpdated, RolloutRestarted, RolloutComplete, RolloutFailed, UpgradeFailed. */
+  /**
+   * UpperCamelCase: ImageUpdated, RolloutRestarted, RolloutComplete, RolloutFailed, UpgradeFailed,
+   * UpgradeRefused (the image pin).
+   */
   reason: string;
   message: string;
 }
