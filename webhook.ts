@@ -23,7 +23,7 @@
  *   7. hooks directory & reload .. loadSnapshot, HookStore
  *   8. command execution ......... CommandRunner, InProcessCommand, resolveCommand
  *   9. http server ............... createHandler, ANSWERS, CommandListener
- *  10. registry payloads → image . REGISTRIES, composeImageRef, validateImageRef
+ *  10. registry payloads → image . REGISTRIES, composeImageRef, validateImageRef, checkImagePin
  *  11. kubernetes client ......... KubeClient, credentialsFromEnvironment
  *  12. upgrade & rollout ......... WORKLOAD_KINDS, runUpgrade, followRollout, UpgradeService
  *  13. smtp client & mail ........ parseMailConfig, sendMail, Mailer, ResultNotifier
@@ -3578,8 +3578,9 @@ export function cidrContains(cidr: Cidr, addr: string): boolean {
 // ================================================================================================
 // 6. hook definitions — a hooks file's text (already templated) compiled into hooks: the hook's
 //    fields read in one list, its parameters (section 4) and trigger rule (section 5) compiled
-//    once, so the request path only evaluates.
-//    Exports: compileHooksFile, Hook.
+//    once, so the request path only evaluates. Hook settings a later section reads (the image
+//    pin's, section 10) are checked here too, through the HookSettingChecks main() hands over.
+//    Exports: compileHooksFile, Hook, HookSettingChecks.
 // ================================================================================================
 
 export interface Hook {
@@ -3613,6 +3614,14 @@ export interface Hook {
   templateVariables: ReadonlySet<string>;
 }
 
+/**
+ * Checks of hook settings: environment variables, keyed by envname, that a hook passes to its
+ * command and a later section reads. Each returns what is wrong with a value, or undefined. The
+ * settings named here widen what a request may do, so a hook must fix them in the file
+ * (`"source": "string"`): a value the request supplied would let whoever calls the hook choose it.
+ */
+export type HookSettingChecks = Record<string, (value: string) => string | undefined>;
+
 /** What one hooks file contributes to a snapshot. */
 export interface CompiledFile extends CompileSinks {
   hooks: Hook[];
@@ -3640,7 +3649,11 @@ const HOOK_FIELDS = [
 ];
 
 /** Compiles one hooks file's text (already templated) into hooks, or throws a located ConfigError. */
-export function compileHooksFile(file: string, text: string, defaults: { commandTimeoutMs: number }): CompiledFile {
+export function compileHooksFile(
+  file: string,
+  text: string,
+  defaults: { commandTimeoutMs: number; settingChecks?: HookSettingChecks },
+): CompiledFile {
   let doc: { value: unknown; lines: LineMap };
   try {
     doc = parseYaml(text);
@@ -3654,7 +3667,7 @@ export function compileHooksFile(file: string, text: string, defaults: { command
   const seen = new Set<string>();
   value.forEach((raw, index) => {
     const at = { parent: value, key: String(index), path: '', index };
-    const hook = compileHook(raw, new FieldReader(file, lines, at, result), at, defaults.commandTimeoutMs);
+    const hook = compileHook(raw, new FieldReader(file, lines, at, result), at, defaults);
     if (seen.has(hook.id))
       throw new ConfigError(
         `${file}:${lines.get(value)?.get(String(index)) ?? 1}: hook "${hook.id}": id: duplicate id (already defined ` +
@@ -3667,7 +3680,12 @@ export function compileHooksFile(file: string, text: string, defaults: { command
   return result;
 }
 
-function compileHook(raw: unknown, reader: FieldReader, at: Place, defaultTimeoutMs: number): Hook {
+function compileHook(
+  raw: unknown,
+  reader: FieldReader,
+  at: Place,
+  defaults: { commandTimeoutMs: number; settingChecks?: HookSettingChecks },
+): Hook {
   // Name the hook in every error, including those about fields that come before "id".
   const rawId = (raw as { id?: unknown } | null)?.id;
   if (typeof rawId === 'string' && rawId !== '') reader.hookName = `hook "${rawId}"`;
@@ -3697,11 +3715,12 @@ function compileHook(raw: unknown, reader: FieldReader, at: Place, defaultTimeou
     jsonParams: params('parse-parameters-as-json'),
     rule: h.has('trigger-rule') ? compileRule(reader, h.raw['trigger-rule'], h.place('trigger-rule')) : undefined,
     softSignatureFailures: h.boolean('trigger-signature-soft-failures'),
-    commandTimeoutMs: commandTimeout(h) ?? defaultTimeoutMs,
+    commandTimeoutMs: commandTimeout(h) ?? defaults.commandTimeoutMs,
     readsPayload: false,
     readsHeaders: false,
     templateVariables: new Set(),
   };
+  checkHookSettings(h, hook.env, defaults.settingChecks ?? {});
   const matches = ruleMatches(hook.rule);
   const everyParam = [
     ...hook.args,
@@ -3715,6 +3734,23 @@ function compileHook(raw: unknown, reader: FieldReader, at: Place, defaultTimeou
     everyParam.some((p) => p.source === 'header' || p.source === 'entire-headers') ||
     matches.some((m) => m.readsHeaders);
   return hook;
+}
+
+/** The hook's environment parameters that HookSettingChecks name: fixed in the file, and valid. */
+function checkHookSettings(h: Fields, env: Param[], checks: HookSettingChecks): void {
+  const items = h.items('pass-environment-to-command');
+  env.forEach((p, i) => {
+    if (!Object.hasOwn(checks, p.envname)) return;
+    const item = new Fields(h.reader, items[i].value as Record<string, unknown>, items[i].at.path);
+    if (p.source !== 'string')
+      item.fail(
+        'source',
+        `${p.envname} must be fixed in the hook file ("source": "string"): from the request, whoever calls the ` +
+          `hook would choose it`,
+      );
+    const problem = checks[p.envname](p.name);
+    if (problem !== undefined) item.fail('name', problem);
+  });
 }
 
 /** adnanh answers 200 for a status code it does not know; so do we, and say so at load. */
@@ -3782,6 +3818,8 @@ export interface LoadSettings {
   template: boolean;
   env: Record<string, string | undefined>;
   commandTimeoutMs: number;
+  /** Hook settings later sections read, checked at load (section 10's image pin settings). */
+  settingChecks?: HookSettingChecks;
 }
 
 /** The files a hooks directory contributes: adnanh reads JSON and YAML alike. */
@@ -4804,25 +4842,34 @@ function sendAnswer(cx: HandlerContext, ex: Exchange, name: AnswerName, override
 //    against the OCI distribution reference grammar before anything is sent to Kubernetes.
 //    Pure functions: no I/O, no clock. Each registry is one entry of REGISTRIES: its payload
 //    becomes one PushEvent (host, repository, tag, digest, pushed-at), and it says what its test
-//    ping looks like and whether REGISTRY_HOST applies; composing, pinning and validating the
-//    reference are the same for all.
+//    ping looks like; composing, pinning and validating the reference are the same for all.
 //
 //    The hook's environment chooses the composition:
 //      REPO_TYPE      a key of REGISTRIES: regionalregistry | publicregistry | custom (any case)
 //      NET_TYPE       regionalregistry only: unset or "public" → registry.<region>.aliyuncs.com,
 //                     "vpc" → registry-vpc.…, "internal" → registry-internal.…
-//      REGISTRY_HOST  host[:port] that replaces the computed registry host for regionalregistry
-//                     (ACR Enterprise Edition `<instance>-registry[-vpc].<region>.cr.aliyuncs.com`,
+//      REGISTRY_HOST  host[:port] that replaces the registry host for every REPO_TYPE: the computed
+//                     ACR host (ACR Enterprise Edition `<instance>-registry[-vpc].<region>.cr.aliyuncs.com`,
 //                     Personal Edition `crpi-<id>[-vpc].<region>.personal.cr.aliyuncs.com`; NET_TYPE
-//                     is then not used) and replaces repository.repo_url for custom. Ignored for
-//                     publicregistry, which always names a Docker Hub repository.
+//                     is then not used), Docker Hub (a mirror of it) and repository.repo_url.
 //      PIN_DIGEST     true → `repo:tag@sha256:…` when the payload carries push_data.digest (ACR
 //                     does, Docker Hub does not); the cluster then runs exactly the pushed image.
 //    A test ping (for these three: a payload without push_data.tag, repository.name or
 //    repository.namespace, as Docker Hub sends when a webhook is created) is acknowledged as a
 //    no-op, as the old script did. Any other
 //    missing or malformed field is an error naming the field; nothing is lower-cased or repaired.
-//    Exports: composeImageRef, isObject, normalizeImageRef, parsePushPayload, showValue.
+//
+//    The image pin (checkImagePin): whoever holds a hook's URL writes the payload, so a push may
+//    change only the tag and digest of the repository the container runs now. Endpoints of one
+//    registry count as the same (REGISTRY_ENDPOINTS: ACR's public, -vpc and -internal hosts,
+//    Docker Hub's names), and so does the hook's REGISTRY_HOST. Anything else needs
+//      ALLOW_IMAGES   space-separated repositories or prefixes the hook may also deploy:
+//                     `host/path` (that repository), `host/path/*` (every repository under it),
+//                     `host/*`; Docker Hub's may omit the host (`nginx`, `shopteam/*`).
+//    REGISTRY_HOST and ALLOW_IMAGES widen what a request may deploy, so IMAGE_PIN_SETTINGS has
+//    section 6 refuse them at load unless they are fixed strings in the hook file, and valid.
+//    Exports: checkImagePin, composeImageRef, IMAGE_PIN_SETTINGS, ImagePin, isObject,
+//    normalizeImageRef, parsePushPayload, readImagePin, showValue.
 // ================================================================================================
 
 export interface UpgradeInputs {
@@ -4830,6 +4877,7 @@ export interface UpgradeInputs {
   NET_TYPE?: string;
   REGISTRY_HOST?: string;
   PIN_DIGEST?: string;
+  ALLOW_IMAGES?: string;
 }
 
 export type ComposedRef =
@@ -5031,6 +5079,7 @@ interface PushEvent {
 
 /** The hook settings a registry's reader may use. REGISTRY_HOST is validated before it is given. */
 interface RegistrySettings {
+  /** REGISTRY_HOST: when set, the host of every push, whatever the payload says. */
   registryHost: string | undefined;
   netType: string | undefined;
 }
@@ -5038,8 +5087,6 @@ interface RegistrySettings {
 interface Registry {
   /** Who sends this payload, for messages and docs. */
   sender: string;
-  /** Whether REGISTRY_HOST replaces the host (false: the registry is fixed, and it is ignored). */
-  registryHost: boolean;
   /** Why this payload announces no image (a registry's test ping), or undefined for a push. */
   testPing(p: PayloadFields): string | undefined;
   read(p: PayloadFields, s: RegistrySettings): PushEvent;
@@ -5068,7 +5115,6 @@ function pushDataTestPing(p: PayloadFields): string | undefined {
 const REGISTRIES: Record<string, Registry> = {
   regionalregistry: {
     sender: 'Aliyun Container Registry (ACR)',
-    registryHost: true,
     testPing: pushDataTestPing,
     read(p, s) {
       const repository = p.repository('repository.repo_full_name', 'ACR names the repository as namespace/name there');
@@ -5077,18 +5123,16 @@ const REGISTRIES: Record<string, Registry> = {
   },
   publicregistry: {
     sender: 'Docker Hub',
-    registryHost: false,
     testPing: pushDataTestPing,
-    read: (p) =>
+    read: (p, s) =>
       pushDataEvent(
         p,
-        undefined,
+        s.registryHost,
         p.repository('repository.repo_name', 'Docker Hub names the repository as namespace/name there'),
       ),
   },
   custom: {
     sender: 'a build job (the ACR payload shape, with repository.repo_url)',
-    registryHost: true,
     testPing: pushDataTestPing,
     read(p, s) {
       const host =
@@ -5122,7 +5166,7 @@ export function composeImageRef(payload: unknown, env: UpgradeInputs): ComposedR
     const fields = new PayloadFields(payload);
     const ping = registry.testPing(fields);
     if (ping !== undefined) return { kind: 'noop', reason: ping };
-    const registryHost = registry.registryHost ? registryHostSetting(env.REGISTRY_HOST) : undefined;
+    const registryHost = registryHostSetting(env.REGISTRY_HOST);
     return composeFromPush(registry.read(fields, { registryHost, netType: env.NET_TYPE }), env);
   } catch (e) {
     return { kind: 'error', message: (e as Error).message };
@@ -5260,6 +5304,156 @@ export function normalizeImageRef(ref: string): string {
   const tag = r.tag ?? (r.digest ? undefined : 'latest');
   return `${domain}/${repoPath}${tag ? `:${tag}` : ''}${r.digest ? `@${r.digest}` : ''}`;
 }
+
+// ---- the image pin ----------------------------------------------------------------------------
+
+/**
+ * Hosts that are endpoints of one registry, reached from different networks, each with the one
+ * name the pin compares (a host with a port is its own registry). Adding a registry's endpoints
+ * is one entry.
+ */
+const REGISTRY_ENDPOINTS: [RegExp, string][] = [
+  // Docker Hub: what a reference without a host means, and the names its clients resolve that to.
+  [/^(?:index\.|registry-1\.)?docker\.io$/, 'docker.io'],
+  // ACR's shared registry of a region: public, VPC and classic-network endpoints.
+  [/^registry(?:-vpc|-internal)?\.([a-z0-9-]+)\.aliyuncs\.com$/, 'registry.$1.aliyuncs.com'],
+  // An ACR Enterprise Edition instance: public and VPC endpoints.
+  [/^([a-z0-9-]+)-registry(?:-vpc)?\.([a-z0-9-]+)\.cr\.aliyuncs\.com$/, '$1-registry.$2.cr.aliyuncs.com'],
+  // An ACR Personal Edition instance (created since 2024-09): public and VPC endpoints.
+  [/^crpi-([a-z0-9]+)(?:-vpc)?\.([a-z0-9-]+)\.personal\.cr\.aliyuncs\.com$/, 'crpi-$1.$2.personal.cr.aliyuncs.com'],
+];
+
+/** The registry a host names: lower-cased, one name for every endpoint of one registry. Pure. */
+export function registryOf(host: string | undefined): string {
+  const h = (host ?? 'docker.io').toLowerCase();
+  for (const [endpoint, name] of REGISTRY_ENDPOINTS) if (endpoint.test(h)) return h.replace(endpoint, name);
+  return h;
+}
+
+/** A repository as the pin compares it: its registry, and its path (Docker Hub's `library/` explicit). */
+interface Repository {
+  registry: string;
+  path: string;
+}
+
+function repositoryOf(ref: { domain: string | undefined; path: string }): Repository {
+  const registry = registryOf(ref.domain);
+  return { registry, path: registry === 'docker.io' && !ref.path.includes('/') ? `library/${ref.path}` : ref.path };
+}
+
+const showRepository = (r: Repository) => showValue(`${r.registry}/${r.path}`);
+
+/** One ALLOW_IMAGES entry: a repository, or every repository under a prefix (a trailing `/*`). */
+interface ImagePattern {
+  text: string;
+  registry: string;
+  /** The repository's path, or the prefix's ("" for a whole registry). */
+  path: string;
+  under: boolean;
+}
+
+/** Parses one ALLOW_IMAGES pattern; throws an Error naming the setting and the pattern. */
+function parseImagePattern(text: string): ImagePattern {
+  const problem = (why: string) => new Error(`ALLOW_IMAGES pattern ${showValue(text)} ${why}`);
+  const under = text.endsWith('/*');
+  const name = under ? text.slice(0, -2) : text;
+  if (name.includes('*'))
+    throw problem('has a "*" that is not a trailing "/*" (host/path/* allows every repository under host/path)');
+  if (name === '') throw problem('names no registry (write host/* to allow every repository of a registry)');
+  const slash = name.indexOf('/');
+  const first = slash < 0 ? name : name.slice(0, slash);
+  // As in a reference, the first component is a registry host when it looks like one; alone, its
+  // ":" may also start a tag (nginx:1), so there it needs a "." or to be localhost.
+  const looksLikeHost =
+    slash < 0 ? /^(?:\[|localhost(?::|$))/.test(first) || first.split(':')[0].includes('.') : /[.:[]/.test(first);
+  const host = looksLikeHost || first === 'localhost' ? first : undefined;
+  const repoPath = host === undefined ? name : name.slice(first.length + 1);
+  if (host !== undefined && slash < 0 && !under)
+    throw problem(`names only a registry host (write ${showValue(`${host}/*`)} for every repository of it)`);
+  if (host !== undefined && domainProblem(host))
+    throw problem(`names an invalid registry host ${showValue(host)} (host[:port])`);
+  if (/[:@]/.test(repoPath))
+    throw problem('names a tag or digest: a pattern names repositories, whose tags and digests are always allowed');
+  const pathIssue = repoPath === '' && under ? undefined : repositoryPathProblem(repoPath);
+  if (pathIssue) throw problem(`names an invalid repository: its path ${pathIssue}`);
+  const repository = under
+    ? { registry: registryOf(host), path: repoPath }
+    : repositoryOf({ domain: host, path: repoPath });
+  return { text, ...repository, under };
+}
+
+function patternMatches(p: ImagePattern, r: Repository): boolean {
+  if (p.registry !== r.registry) return false;
+  return !p.under ? r.path === p.path : p.path === '' || r.path.startsWith(`${p.path}/`);
+}
+
+/** What the pin allows besides the container's own repository: the hook's REGISTRY_HOST and ALLOW_IMAGES. */
+export interface ImagePin {
+  /** REGISTRY_HOST's registry: it counts as the registry of every container. */
+  registryHost: string | undefined;
+  allowImages: ImagePattern[];
+}
+
+/** The pin's settings from the hook's environment; throws an Error naming a malformed one. */
+export function readImagePin(env: UpgradeInputs): ImagePin {
+  const host = registryHostSetting(env.REGISTRY_HOST);
+  const patterns = (env.ALLOW_IMAGES ?? '').split(/\s+/).filter((p) => p !== '');
+  return {
+    registryHost: host === undefined ? undefined : registryOf(host),
+    allowImages: patterns.map(parseImagePattern),
+  };
+}
+
+export type PinDecision = { allowed: true; note?: string } | { allowed: false; message: string };
+
+/**
+ * The image pin: whether a push may set a container that runs `current` to `pushed`. It may when
+ * the pushed repository is the container's, on the same registry or on the hook's REGISTRY_HOST,
+ * or when ALLOW_IMAGES names it; tags and digests are always free. The refusal names both
+ * repositories and the setting that would allow the push. Pure.
+ */
+export function checkImagePin(container: string, current: string, pushed: string, pin: ImagePin): PinDecision {
+  const next = validateImageRef(pushed);
+  if (!next.ok) return { allowed: false, message: next.message };
+  const to = repositoryOf(next.ref);
+  const now = validateImageRef(current.trim());
+  const from = now.ok ? repositoryOf(now.ref) : undefined;
+  if (from && to.path === from.path && (to.registry === from.registry || to.registry === pin.registryHost)) {
+    if (to.registry === from.registry) return { allowed: true };
+    return { allowed: true, note: `image pin: the registry changes to the hook's REGISTRY_HOST (${to.registry})` };
+  }
+  const pattern = pin.allowImages.find((p) => patternMatches(p, to));
+  if (pattern)
+    return {
+      allowed: true,
+      note: `image pin: ${showRepository(to)} allowed by ALLOW_IMAGES pattern ${showValue(pattern.text)}`,
+    };
+  const runs = from
+    ? `runs repository ${showRepository(from)}`
+    : `runs ${showValue(current)}, which is not a valid image reference`;
+  return {
+    allowed: false,
+    message:
+      `image pin: container ${showValue(container)} ${runs}, and the push names repository ${showRepository(to)}; ` +
+      `a push may change only the tag and digest, unless the hook setting ALLOW_IMAGES lists the repository`,
+  };
+}
+
+/** Why `check` throws for a value, or undefined when it does not. */
+function problemOf(check: () => unknown): string | undefined {
+  try {
+    check();
+    return undefined;
+  } catch (e) {
+    return (e as Error).message;
+  }
+}
+
+/** The pin's settings, for section 6 to check when a hooks file loads (main() hands them over). */
+export const IMAGE_PIN_SETTINGS: HookSettingChecks = {
+  REGISTRY_HOST: (value) => problemOf(() => registryHostSetting(value)),
+  ALLOW_IMAGES: (value) => problemOf(() => readImagePin({ ALLOW_IMAGES: value })),
+};
 
 // ================================================================================================
 // 11. kubernetes client — a small client for the Kubernetes REST API over node:https. Credentials
@@ -5863,6 +6057,10 @@ export type JsonPatchOperation =
 //    initContainers), ROLLOUT_TIMEOUT (Go duration; 0, the default, answers at once with
 //    "progressing"), plus those of section 10.
 //
+//    Before any write, the image pin of section 10 checks the push against the container's
+//    current image: a refused push changes nothing, fails (exit status 1), is logged, and is
+//    recorded as a Warning Event (UpgradeRefused) on the workload.
+//
 //    The change is one JSON patch (fieldManager=webhook) that first tests the container's name
 //    and current image, so a concurrent edit fails the patch instead of being overwritten; on such
 //    a failure the workload is read again and the patch re-planned. A different image replaces
@@ -6423,7 +6621,10 @@ async function podsOrNone(
 
 export interface WorkloadEvent {
   type: 'Normal' | 'Warning';
-  /** UpperCamelCase: ImageUpdated, RolloutRestarted, RolloutComplete, RolloutFailed, UpgradeFailed. */
+  /**
+   * UpperCamelCase: ImageUpdated, RolloutRestarted, RolloutComplete, RolloutFailed, UpgradeFailed,
+   * UpgradeRefused (the image pin).
+   */
   reason: string;
   message: string;
 }
@@ -6530,6 +6731,8 @@ export interface UpgradeReport {
   notes: string[];
   /** The workload, for followRollout after the answer; set once the workload has been read. */
   target?: WorkloadTarget;
+  /** Whether the image pin refused the push (error says why). */
+  refused?: boolean;
 }
 
 export interface UpgradeDeps {
@@ -6548,6 +6751,7 @@ interface UpgradeSettings {
   workload: { kind: WorkloadKind; name: string };
   container: string;
   rolloutTimeoutMs: number;
+  pin: ImagePin;
 }
 
 function readSettings(env: Record<string, string | undefined>, report: UpgradeReport): UpgradeSettings {
@@ -6577,7 +6781,8 @@ function readSettings(env: Record<string, string | undefined>, report: UpgradeRe
       throw new UpgradeError(`ROLLOUT_TIMEOUT ${showValue(env.ROLLOUT_TIMEOUT)} is not a duration (e.g. 0, 60s, 5m)`);
     }
   }
-  return { namespace, workload, container, rolloutTimeoutMs };
+  // A malformed pin setting refuses every push, before the cluster is asked anything.
+  return { namespace, workload, container, rolloutTimeoutMs, pin: readImagePin(env) };
 }
 
 function whoAsked(deps: UpgradeDeps): string {
@@ -6655,44 +6860,17 @@ async function applyUpgrade(
     const workload = await readWorkload(client, target);
     target.uid = String(valueAt(workload, ['metadata', 'uid']));
     report.target = target;
-    const podSpec = valueAt(workload, [...spec.template, 'spec']);
-    const located = locateContainer(podSpec, s.container);
-    if (!located) {
-      const message = missingContainerMessage(podSpec, s.container, report.workload!);
-      await recordEventQuietly(
-        client,
-        target,
-        { type: 'Warning', reason: 'UpgradeFailed', message: `${message}; asked by ${whoAsked(deps)}` },
-        now(),
-        report,
-      );
-      throw new UpgradeError(message);
-    }
-    report.imageBefore = located.image;
+    // Checked on every attempt: a retry is planned against the image the container has then.
+    const located = await pinnedContainer(client, target, workload, s, ref, report, deps);
     const sameImage = normalizeImageRef(located.image) === normalizeImageRef(ref);
     if (sameImage && ref.includes('@')) {
       report.action = 'none (already running this digest)';
       return;
     }
-    const cause = sameImage
-      ? `webhook: restart ${s.container} to re-pull ${ref} (${whoAsked(deps)})`
-      : `webhook: set ${s.container} image to ${ref} (${whoAsked(deps)})`;
-    const change: PlannedChange = sameImage
-      ? // A CronJob has no rollout to restart: Always makes its next run pull the tag again.
-        {
-          pullAlways: true,
-          restartedAt: !spec.hasRollout
-            ? undefined
-            : now()
-                .toISOString()
-                .replace(/\.\d{3}Z$/, 'Z'),
-          changeCause: cause,
-        }
-      : { image: ref, changeCause: cause };
     try {
       updated = await client.patch<K8sObject>(
         workloadResource(target),
-        planPatch(workload, target.kind, s.container, located, change),
+        planPatch(workload, target.kind, s.container, located, plannedChange(sameImage, spec, s, ref, deps)),
         UPGRADE_LIMITS.fieldManager,
       );
     } catch (e) {
@@ -6722,6 +6900,60 @@ async function applyUpgrade(
   }
   target.generation = numberAt(updated, ['metadata', 'generation']);
   await reportRollout(client, target, updated, s, report, now);
+}
+
+/**
+ * The container to change, once the image pin has allowed the push. A missing container, or a
+ * push the pin refuses, is recorded as a Warning Event and thrown: nothing is written.
+ */
+async function pinnedContainer(
+  client: KubeClient,
+  target: WorkloadTarget,
+  workload: K8sObject,
+  s: UpgradeSettings,
+  ref: string,
+  report: UpgradeReport,
+  deps: UpgradeDeps,
+): Promise<LocatedContainer> {
+  const now = deps.now ?? (() => new Date());
+  const podSpec = valueAt(workload, [...kindSpec(target.kind).template, 'spec']);
+  const located = locateContainer(podSpec, s.container);
+  const refuse = async (reason: string, message: string): Promise<never> => {
+    const event: WorkloadEvent = { type: 'Warning', reason, message: `${message}; asked by ${whoAsked(deps)}` };
+    await recordEventQuietly(client, target, event, now(), report);
+    throw new UpgradeError(message);
+  };
+  if (!located) return refuse('UpgradeFailed', missingContainerMessage(podSpec, s.container, report.workload!));
+  report.imageBefore = located.image;
+  const pin = checkImagePin(s.container, located.image, ref, s.pin);
+  if (!pin.allowed) {
+    report.refused = true;
+    return refuse('UpgradeRefused', pin.message);
+  }
+  if (pin.note !== undefined && !report.notes.includes(pin.note)) report.notes.push(pin.note);
+  return located;
+}
+
+/** The change a push makes: the new image, or for the same image a restart that pulls it again. */
+function plannedChange(
+  sameImage: boolean,
+  spec: KindSpec,
+  s: UpgradeSettings,
+  ref: string,
+  deps: UpgradeDeps,
+): PlannedChange {
+  const now = deps.now ?? (() => new Date());
+  if (!sameImage) return { image: ref, changeCause: `webhook: set ${s.container} image to ${ref} (${whoAsked(deps)})` };
+  return {
+    pullAlways: true,
+    // A CronJob has no rollout to restart: Always makes its next run pull the tag again.
+    restartedAt: spec.hasRollout
+      ? now()
+          .toISOString()
+          .replace(/\.\d{3}Z$/, 'Z')
+      : undefined,
+    changeCause: `webhook: restart ${s.container} to re-pull ${ref} (${whoAsked(deps)})`,
+  };
 }
 
 /** The rollout a change started: not tracked, answered as progressing, or followed to its end. */
@@ -7062,14 +7294,19 @@ export class UpgradeService implements InProcessCommand {
     return isUpgradeEntryPoint(file);
   }
 
-  run(
+  async run(
     args: string[],
     env: Record<string, string | undefined>,
     requestId: string,
     hookId: string,
   ): ReturnType<typeof runUpgrade> {
     const deps = { client: this.sharedClient(), kubeconfig: this.kubeconfig, requestId, hookId, queue: this.queue };
-    return runUpgrade(args, env, deps);
+    const result = await runUpgrade(args, env, deps);
+    const r = result.report;
+    // Logged whatever the verbosity: someone tried to deploy a repository the hook does not allow.
+    if (r.refused)
+      this.log.error(`[${requestId}] hook ${hookId}: push to ${r.workload} in ${r.namespace} refused: ${r.error}`);
+    return result;
   }
 
   /**
@@ -8265,7 +8502,7 @@ export async function main(argv: string[], env: Record<string, string | undefine
 function printRbac(o: Options, env: Record<string, string | undefined>): number {
   let snapshot: Snapshot;
   try {
-    snapshot = loadSnapshot({ paths: o.hooks, template: o.template, env, commandTimeoutMs: o.commandTimeoutMs });
+    snapshot = loadSnapshot(hookLoadSettings(o, env));
   } catch (e) {
     process.stderr.write(`webhook: couldn't load hooks: ${(e as Error).message}\n`);
     return 1;
@@ -8296,7 +8533,7 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
   process.on('exit', () => log.flush());
   const metrics = new Metrics();
   log.notice(`version ${VERSION} starting`);
-  const settings: LoadSettings = { paths: o.hooks, template: o.template, env, commandTimeoutMs: o.commandTimeoutMs };
+  const settings = hookLoadSettings(o, env);
   const snapshot = loadInitialHooks(o, settings, log);
   if (!snapshot) return 1;
 
@@ -8361,6 +8598,17 @@ function openLog(o: Options): Logger | undefined {
     logFd === undefined ? process.stderr.write(text) : fs.writeSync(logFd, text),
   );
   return log;
+}
+
+/** How the hook files are read; the image pin's settings in them are checked at every load. */
+function hookLoadSettings(o: Options, env: Record<string, string | undefined>): LoadSettings {
+  return {
+    paths: o.hooks,
+    template: o.template,
+    env,
+    commandTimeoutMs: o.commandTimeoutMs,
+    settingChecks: IMAGE_PIN_SETTINGS,
+  };
 }
 
 /** The mail settings, or undefined (mail off), with what was wrong with them logged. */
