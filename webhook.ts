@@ -23,7 +23,7 @@
  *   7. hooks directory & reload .. loadSnapshot, HookStore
  *   8. command execution ......... CommandRunner, InProcessCommand, resolveCommand
  *   9. http server ............... createHandler, ANSWERS, CommandListener
- *  10. registry payloads → image . REGISTRIES, composeImageRef, validateImageRef
+ *  10. registry payloads → image . REGISTRIES, composeImageRef, validateImageRef, checkImagePin
  *  11. kubernetes client ......... KubeClient, credentialsFromEnvironment
  *  12. upgrade & rollout ......... WORKLOAD_KINDS, runUpgrade, followRollout, UpgradeService
  *  13. smtp client & mail ........ parseMailConfig, sendMail, Mailer, ResultNotifier
@@ -64,7 +64,7 @@ export const VERSION = '0.1.0';
 // ================================================================================================
 // 1. cli & options — the adnanh/webhook command line in Go `flag` syntax, plus our safety limits.
 //    Exports: formatGoDuration, LIMITS, Options, parseCommandLine, parseGoBool, parseGoDuration,
-//    usage, UsageError.
+//    parseListenAddress, usage, UsageError.
 // ================================================================================================
 
 export interface Options {
@@ -103,6 +103,13 @@ export interface Options {
   shutdownGraceMs: number;
   kubeconfig: string;
   rolloutFollowMs: number;
+  /** host:port of the listener serving /metrics; '' serves none. */
+  metricsListen: string;
+  maxMailsPerHook: number;
+  mailWindowMs: number;
+  printRbac: boolean;
+  /** `<namespace>/<name>` of the ServiceAccount -print-rbac binds. */
+  rbacServiceAccount: string;
 }
 
 type FlagKind = 'bool' | 'string' | 'list' | 'int' | 'duration' | 'bytes';
@@ -147,6 +154,12 @@ export const LIMITS = {
   // V8 falls back to its linear-time regexp engine after this many backtracks, so a hook's
   // regex cannot be made to take exponential time by a request (RE2 semantics are linear too).
   regexBacktracksBeforeFallback: 10_000,
+  // Result mails one hook sends to the same recipients per window. A person reads a handful of
+  // upgrade reports at a time; a burst beyond that (a build pushing many tags, a leaked URL called
+  // in a loop) would bury them and use up the SMTP account's sending quota, so the rest of the
+  // window's results go out as one summary mail when the window closes.
+  maxMailsPerHook: 5,
+  mailWindowMs: 10 * 60_000,
 };
 
 const FLAGS: Record<string, FlagSpec> = {
@@ -307,6 +320,36 @@ const FLAGS: Record<string, FlagSpec> = {
       "after answering, how long an upgrade's rollout is followed for the log, an Event and the mail (0: not " +
       'followed)',
   },
+  'metrics-listen': {
+    kind: 'string',
+    key: 'metricsListen',
+    def: '',
+    help: 'host:port (or :port) serving /metrics, apart from the hook port (default: no metrics)',
+  },
+  'max-mails-per-hook': {
+    kind: 'int',
+    key: 'maxMailsPerHook',
+    def: String(LIMITS.maxMailsPerHook),
+    help: 'result mails one hook sends per -mail-window; the results beyond go out in one summary mail',
+  },
+  'mail-window': {
+    kind: 'duration',
+    key: 'mailWindowMs',
+    def: formatGoDuration(LIMITS.mailWindowMs),
+    help: 'the window -max-mails-per-hook counts in',
+  },
+  'print-rbac': {
+    kind: 'bool',
+    key: 'printRbac',
+    def: 'false',
+    help: 'print the Roles and RoleBindings the hooks need (get/patch on the workloads they name) as YAML, and quit',
+  },
+  'rbac-service-account': {
+    kind: 'string',
+    key: 'rbacServiceAccount',
+    def: 'cattle-system/webhook',
+    help: 'namespace/name of the ServiceAccount the RoleBindings of -print-rbac bind',
+  },
 };
 
 export class UsageError extends Error {}
@@ -439,7 +482,20 @@ export function parseCommandLine(argv: string[], env: Record<string, string | un
   if (o.maxConcurrentCommands < 1)
     throw new UsageError('invalid value for flag -max-concurrent-commands: must be at least 1');
   if ((o.setuid !== 0) !== (o.setgid !== 0)) throw new UsageError('-setuid and -setgid must be used together');
+  if (o.metricsListen !== '') parseListenAddress(o.metricsListen);
+  if (o.maxMailsPerHook < 1) throw new UsageError('invalid value for flag -max-mails-per-hook: must be at least 1');
+  if (!/^[a-z0-9-]+\/[a-z0-9.-]+$/.test(o.rbacServiceAccount))
+    throw new UsageError(`invalid value "${o.rbacServiceAccount}" for flag -rbac-service-account: use namespace/name`);
   return o;
+}
+
+/** `host:port`, `:port` (every address) or `[v6]:port`, as Go's net.Listen takes them. */
+export function parseListenAddress(text: string): { host: string | undefined; port: number } {
+  const m = /^(?:\[([0-9A-Fa-f:.]+)\]|([^:\[\]]*)):(\d{1,5})$/.exec(text);
+  const port = Number(m?.[3]);
+  if (!m || port > 65535) throw new UsageError(`invalid listen address "${text}" (use host:port or :port)`);
+  const host = m[1] ?? m[2];
+  return { host: host === '' ? undefined : host, port };
 }
 
 export function usage(): string {
@@ -468,7 +524,7 @@ export function usage(): string {
 // 2. logging & metrics — log lines in adnanh's shape ("[webhook] 2006/01/02 15:04:05 …"),
 //    errors always, the rest with -verbose/-debug, every line scrubbed of known secrets; counters,
 //    gauges and histograms rendered in the Prometheus text format.
-//    Exports: Logger, Metrics, MONTHS.
+//    Exports: escapeControls, Logger, Metrics, MONTHS.
 // ================================================================================================
 
 export class Logger {
@@ -478,6 +534,7 @@ export class Logger {
   private readonly debugOn: boolean;
   private readonly write: (text: string) => void;
   private pending: string[] = [];
+  private readonly afterWrite: (() => void)[] = [];
 
   constructor(verbose: boolean, debug: boolean, write: (text: string) => void) {
     this.verbose = verbose || debug;
@@ -486,16 +543,27 @@ export class Logger {
   }
 
   /**
-   * Writes what is pending, synchronously. Lines are batched: a request logs several, and one
-   * write(2) for all of them is much cheaper. The http server flushes before each answer goes out
-   * and errors flush at once, so a process killed right after answering has logged everything
-   * about that request; lines logged in the background are written at the end of the turn.
+   * Writes what is pending, synchronously, then lets out the answers waiting for it (whenWritten).
+   * Lines are batched per event-loop turn: requests log several lines each, and one write(2) for
+   * all of them is much cheaper. Answers wait for the write and errors are written at once, so a
+   * process killed right after answering has logged everything about that request.
    */
   flush(): void {
-    if (this.pending.length === 0) return;
-    const text = this.pending.join('');
-    this.pending = [];
-    this.write(text);
+    if (this.pending.length > 0) {
+      const text = this.pending.join('');
+      this.pending = [];
+      this.write(text);
+    }
+    for (const send of this.afterWrite.splice(0)) send();
+  }
+
+  /**
+   * Runs `send` (an answer going out) once every line logged so far is written: at once when none
+   * is pending, else at the batch's write, so answers in one event-loop turn share one write(2).
+   */
+  whenWritten(send: () => void): void {
+    if (this.pending.length === 0) send();
+    else this.afterWrite.push(send);
   }
 
   setSecrets(secrets: string[]): void {
@@ -539,6 +607,19 @@ export class Logger {
   }
 }
 
+/**
+ * Text a request chose (a hook id from the URL, a header, a parameter, a body's parse error) made
+ * safe for one log line: control characters (C0, DEL, C1, and the Unicode line and paragraph
+ * separators) become \xNN or \uNNNN escapes, so a request can neither start a forged log line nor
+ * send escape sequences to the terminal that shows the log.
+ */
+export function escapeControls(text: string): string {
+  return text.replace(/[\x00-\x1f\x7f-\x9f\u2028\u2029]/g, (c) => {
+    const code = c.charCodeAt(0);
+    return code < 0x100 ? `\\x${code.toString(16).padStart(2, '0')}` : `\\u${code.toString(16)}`;
+  });
+}
+
 const HISTOGRAM_BUCKETS = [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600];
 const METRIC_HELP: Record<string, [string, string]> = {
   webhook_requests_total: ['counter', 'HTTP requests by hook id ("" for other paths) and status code.'],
@@ -553,7 +634,10 @@ const METRIC_HELP: Record<string, [string, string]> = {
   webhook_reloads_total: ['counter', 'Hook reloads by result (success, failure).'],
   webhook_config_last_reload_successful: ['gauge', '1 if the last reload succeeded, 0 if it was rejected.'],
   webhook_hooks_loaded: ['gauge', 'Hooks in the snapshot being served.'],
-  webhook_mails_total: ['counter', 'Result mails by result (sent, failed after retries).'],
+  webhook_mails_total: [
+    'counter',
+    'Result mails by result (sent, failed after retries, summarized: beyond the per-hook cap, in one summary).',
+  ],
 };
 
 export class Metrics {
@@ -632,7 +716,7 @@ export const MONTHS = ['Jan', 'Feb', 'Mar', 'Apr', 'May', 'Jun', 'Jul', 'Aug', '
 //    is kept), and then read through Fields: unknown keys and wrong types are errors that name
 //    file, line, hook and field path (`hooks/web.json:12: hook "web": trigger-rule.and[2]: …`).
 //    Exports: CompileSinks, ConfigError, FieldReader, Fields, LineMap, parseYaml, Place,
-//    PLACEHOLDER, renderTemplate, scalarAsGoString, suggest, TemplateEnv, typeName.
+//    renderTemplate, scalarAsGoString, suggest, TemplateEnv, typeName.
 // ================================================================================================
 
 /** An error in a hooks file; its message names the place (file:line: hook "id": field.path: what). */
@@ -2427,6 +2511,8 @@ export interface CompileSinks {
   /** `url:<name>` and `header:<lower-case name>` parameters compared by value rules. */
   redactedParams: string[];
   warnings: string[];
+  /** Errors that keep the file from loading but need not stop the reading: every one is reported. */
+  refusals: string[];
 }
 
 /** Where a value sits in the document: its parent object or array, its key there, its path. */
@@ -2474,6 +2560,11 @@ export class FieldReader {
 
   warn(at: Place, what: string): void {
     this.sinks.warnings.push(`${this.where(at)}: ${what}`);
+  }
+
+  /** An error reported with every other one of the file: the file does not load. */
+  refuse(at: Place, what: string): void {
+    this.sinks.refusals.push(`${this.where(at)}: ${what}`);
   }
 
   /** The object at a place, refusing keys not in `allowed` (with a suggestion for a misspelling). */
@@ -2551,6 +2642,19 @@ export class Fields {
   warnPlaceholder(key: string, value: string): void {
     const m = PLACEHOLDER.exec(value);
     if (m) this.warn(key, `still holds the placeholder "${m[0]}"; replace it before use`);
+  }
+
+  /**
+   * A value a trigger rule compares against: a leftover placeholder fails closed (with the shipped
+   * HOOK_TOKEN=<hook-token>, `?token=<hook-token>` would otherwise be let in). A placeholder is no
+   * secret, so it is named; in a secret field only when it is the whole value.
+   */
+  refusePlaceholder(key: string, value: string, secret = false): boolean {
+    const m = PLACEHOLDER.exec(value);
+    if (!m) return false;
+    const which = !secret || m[0] === value ? `the placeholder "${m[0]}"` : 'a placeholder';
+    this.reader.refuse(this.place(key), `still holds ${which}; replace it (a rule never compares against one)`);
+    return true;
   }
 
   /** The items of an array field, each with its place (`key[i]`). */
@@ -3111,7 +3215,7 @@ export interface Match {
   type: string;
   param: Param | undefined;
   readsHeaders: boolean;
-  /** The one value the parameter must have for the match to pass (value rules): -validate reads it. */
+  /** The one value the parameter must have for the match to pass (value rules): -print-rbac and -validate read it. */
   pinned?: string;
   /** What passes, for people (-validate): the type's own fields, quoted, or a note for a secret. */
   shown: string;
@@ -3146,7 +3250,7 @@ const RULE_TYPES: Record<string, RuleType> = {
     pins: 'value',
     compile(m, type) {
       const value = m.required('value', `type "${type}"`);
-      m.warnPlaceholder('value', value);
+      m.refusePlaceholder('value', value);
       // An empty value usually means a template read an unset variable; it would let `?token=`
       // through, so it is refused rather than compared. The value itself is not scrubbed from
       // every line: value rules also pin routing values (namespace, workload) that reports must
@@ -3162,7 +3266,9 @@ const RULE_TYPES: Record<string, RuleType> = {
     readsHeaders: false,
     compile(m, type) {
       const source = m.required('regex', `type "${type}"`);
-      m.warnPlaceholder('regex', source);
+      m.refusePlaceholder('regex', source);
+      // An empty pattern matches everything: like an empty value, a template read an unset variable.
+      if (source === '') m.fail('regex', 'empty (is the environment variable the template reads unset?)');
       let regex: RegExp;
       try {
         regex = compileGoRegex(source);
@@ -3179,7 +3285,8 @@ const RULE_TYPES: Record<string, RuleType> = {
     readsHeaders: false,
     compile(m, type) {
       const text = m.required('ip-range', `type "${type}"`);
-      m.warnPlaceholder('ip-range', text);
+      // Refused with the file's other placeholders, not as an invalid range.
+      if (m.refusePlaceholder('ip-range', text)) return () => ({ ok: false });
       const ranges = text
         .split(/\s+/)
         .filter((r) => r !== '')
@@ -3285,11 +3392,11 @@ function compileMatch(reader: FieldReader, value: unknown, at: Place): Match {
   return { type, param, readsHeaders: ruleType.readsHeaders, pinned, shown, test };
 }
 
-/** A secret field: required and not empty; a placeholder is reported without quoting the value. */
+/** A secret field: required, not empty, and no placeholder (named only when it is the whole value). */
 function readSecret(m: Fields, key: string): string {
   const secret = m.required(key, `type "${m.string('type')}"`);
   if (secret === '') m.fail(key, 'must not be empty');
-  if (PLACEHOLDER.test(secret)) m.warn(key, 'still holds a placeholder; replace it before use');
+  m.refusePlaceholder(key, secret, true);
   m.reader.sinks.secrets.push(secret);
   return secret;
 }
@@ -3483,8 +3590,9 @@ export function cidrContains(cidr: Cidr, addr: string): boolean {
 // ================================================================================================
 // 6. hook definitions — a hooks file's text (already templated) compiled into hooks: the hook's
 //    fields read in one list, its parameters (section 4) and trigger rule (section 5) compiled
-//    once, so the request path only evaluates.
-//    Exports: compileHooksFile, Hook.
+//    once, so the request path only evaluates. Hook settings a later section reads (the image
+//    pin's, section 10) are checked here too, through the HookSettingChecks main() hands over.
+//    Exports: compileHooksFile, Hook, HookSettingChecks.
 // ================================================================================================
 
 export interface Hook {
@@ -3511,7 +3619,20 @@ export interface Hook {
   /** Whether any parameter reads the payload / the headers: otherwise the request skips building them. */
   readsPayload: boolean;
   readsHeaders: boolean;
+  /**
+   * The service's environment variables the hook files' templates read (set by the loader): their
+   * values are treated as secrets, so the command does not inherit them.
+   */
+  templateVariables: ReadonlySet<string>;
 }
+
+/**
+ * Checks of hook settings: environment variables, keyed by envname, that a hook passes to its
+ * command and a later section reads. Each returns what is wrong with a value, or undefined. The
+ * settings named here widen what a request may do, so a hook must fix them in the file
+ * (`"source": "string"`): a value the request supplied would let whoever calls the hook choose it.
+ */
+export type HookSettingChecks = Record<string, (value: string) => string | undefined>;
 
 /** What one hooks file contributes to a snapshot. */
 export interface CompiledFile extends CompileSinks {
@@ -3540,7 +3661,11 @@ const HOOK_FIELDS = [
 ];
 
 /** Compiles one hooks file's text (already templated) into hooks, or throws a located ConfigError. */
-export function compileHooksFile(file: string, text: string, defaults: { commandTimeoutMs: number }): CompiledFile {
+export function compileHooksFile(
+  file: string,
+  text: string,
+  defaults: { commandTimeoutMs: number; settingChecks?: HookSettingChecks },
+): CompiledFile {
   let doc: { value: unknown; lines: LineMap };
   try {
     doc = parseYaml(text);
@@ -3550,11 +3675,11 @@ export function compileHooksFile(file: string, text: string, defaults: { command
   const { value, lines } = doc;
   if (!Array.isArray(value))
     throw new ConfigError(`${file}: line 1: the top level must be a list (JSON array) of hooks`);
-  const result: CompiledFile = { hooks: [], secrets: [], redactedParams: [], warnings: [] };
+  const result: CompiledFile = { hooks: [], secrets: [], redactedParams: [], warnings: [], refusals: [] };
   const seen = new Set<string>();
   value.forEach((raw, index) => {
     const at = { parent: value, key: String(index), path: '', index };
-    const hook = compileHook(raw, new FieldReader(file, lines, at, result), at, defaults.commandTimeoutMs);
+    const hook = compileHook(raw, new FieldReader(file, lines, at, result), at, defaults);
     if (seen.has(hook.id))
       throw new ConfigError(
         `${file}:${lines.get(value)?.get(String(index)) ?? 1}: hook "${hook.id}": id: duplicate id (already defined ` +
@@ -3563,10 +3688,16 @@ export function compileHooksFile(file: string, text: string, defaults: { command
     seen.add(hook.id);
     result.hooks.push(hook);
   });
+  if (result.refusals.length > 0) throw new ConfigError(result.refusals.join('; '));
   return result;
 }
 
-function compileHook(raw: unknown, reader: FieldReader, at: Place, defaultTimeoutMs: number): Hook {
+function compileHook(
+  raw: unknown,
+  reader: FieldReader,
+  at: Place,
+  defaults: { commandTimeoutMs: number; settingChecks?: HookSettingChecks },
+): Hook {
   // Name the hook in every error, including those about fields that come before "id".
   const rawId = (raw as { id?: unknown } | null)?.id;
   if (typeof rawId === 'string' && rawId !== '') reader.hookName = `hook "${rawId}"`;
@@ -3596,10 +3727,12 @@ function compileHook(raw: unknown, reader: FieldReader, at: Place, defaultTimeou
     jsonParams: params('parse-parameters-as-json'),
     rule: h.has('trigger-rule') ? compileRule(reader, h.raw['trigger-rule'], h.place('trigger-rule')) : undefined,
     softSignatureFailures: h.boolean('trigger-signature-soft-failures'),
-    commandTimeoutMs: commandTimeout(h) ?? defaultTimeoutMs,
+    commandTimeoutMs: commandTimeout(h) ?? defaults.commandTimeoutMs,
     readsPayload: false,
     readsHeaders: false,
+    templateVariables: new Set(),
   };
+  checkHookSettings(h, hook.env, defaults.settingChecks ?? {});
   const matches = ruleMatches(hook.rule);
   const everyParam = [
     ...hook.args,
@@ -3613,6 +3746,23 @@ function compileHook(raw: unknown, reader: FieldReader, at: Place, defaultTimeou
     everyParam.some((p) => p.source === 'header' || p.source === 'entire-headers') ||
     matches.some((m) => m.readsHeaders);
   return hook;
+}
+
+/** The hook's environment parameters that HookSettingChecks name: fixed in the file, and valid. */
+function checkHookSettings(h: Fields, env: Param[], checks: HookSettingChecks): void {
+  const items = h.items('pass-environment-to-command');
+  env.forEach((p, i) => {
+    if (!Object.hasOwn(checks, p.envname)) return;
+    const item = new Fields(h.reader, items[i].value as Record<string, unknown>, items[i].at.path);
+    if (p.source !== 'string')
+      item.fail(
+        'source',
+        `${p.envname} must be fixed in the hook file ("source": "string"): from the request, whoever calls the ` +
+          `hook would choose it`,
+      );
+    const problem = checks[p.envname](p.name);
+    if (problem !== undefined) item.fail('name', problem);
+  });
 }
 
 /** adnanh answers 200 for a status code it does not know; so do we, and say so at load. */
@@ -3682,6 +3832,8 @@ export interface LoadSettings {
   template: boolean;
   env: Record<string, string | undefined>;
   commandTimeoutMs: number;
+  /** Hook settings later sections read, checked at load (section 10's image pin settings). */
+  settingChecks?: HookSettingChecks;
 }
 
 /** The files a hooks directory contributes: adnanh reads JSON and YAML alike. */
@@ -3704,6 +3856,23 @@ export function listHookFiles(p: string): string[] {
     .map((n) => path.join(p, n));
 }
 
+/** What templates read: the service's environment (each name read is noted) and files. */
+function templateEnvironment(env: Record<string, string | undefined>, read: Set<string>): TemplateEnv {
+  return {
+    getenv: (name) => {
+      read.add(name);
+      return env[name];
+    },
+    readFile: (file) => {
+      try {
+        return fs.readFileSync(file, 'utf8');
+      } catch {
+        return undefined;
+      }
+    },
+  };
+}
+
 /** Reads, templates, parses and validates every hook file into one snapshot, or throws ConfigError. */
 export function loadSnapshot(settings: LoadSettings): Snapshot {
   const files = settings.paths.flatMap(listHookFiles);
@@ -3713,16 +3882,8 @@ export function loadSnapshot(settings: LoadSettings): Snapshot {
   const redacted = new Set<string>();
   const warnings: string[] = [];
   const digest = createHash('sha256');
-  const templateEnv: TemplateEnv = {
-    getenv: (n) => settings.env[n],
-    readFile: (f) => {
-      try {
-        return fs.readFileSync(f, 'utf8');
-      } catch {
-        return undefined;
-      }
-    },
-  };
+  const templateVariables = new Set<string>();
+  const templateEnv = templateEnvironment(settings.env, templateVariables);
   for (const file of files) {
     let text: string;
     try {
@@ -3754,15 +3915,31 @@ export function loadSnapshot(settings: LoadSettings): Snapshot {
     warnings.push(...compiled.warnings);
   }
   if (settings.template) digest.update(JSON.stringify([...secrets].sort()));
+  const scrubbed = [...secrets]
+    .filter((s) => s.length >= LIMITS.minScrubbedSecretLength)
+    .sort((a, b) => b.length - a.length);
+  for (const hook of hooks.values()) withholdSecrets(hook, scrubbed, templateVariables);
   return {
     hooks,
     files,
-    secrets: [...secrets].filter((s) => s.length >= LIMITS.minScrubbedSecretLength).sort((a, b) => b.length - a.length),
+    secrets: scrubbed,
     inserted,
     redactedParams: redacted,
     warnings,
     digest: digest.digest('hex'),
   };
+}
+
+/**
+ * What a template read stays in the service: the variables it read are not passed on to the
+ * hook's command, and a value it inserted into the hook's fixed answer (response-message, a
+ * response header) is sent as REDACTED, as it is logged.
+ */
+function withholdSecrets(hook: Hook, secrets: string[], templateVariables: ReadonlySet<string>): void {
+  const scrub = (text: string) => secrets.reduce((t, secret) => t.split(secret).join('REDACTED'), text);
+  hook.templateVariables = templateVariables;
+  hook.responseMessage = scrub(hook.responseMessage);
+  hook.responseHeaders = hook.responseHeaders.map(([name, value]) => [name, scrub(value)]);
 }
 
 /**
@@ -3932,6 +4109,24 @@ export function resolveCommand(
   return { error: `exec: ${JSON.stringify(candidate)}: executable file not found in $PATH` };
 }
 
+/**
+ * The service's own settings, which no command inherits unless its hook passes them by name
+ * (pass-environment-to-command): every MAIL_* variable (the SMTP password among them), the hook
+ * token, and the paths to the service's credentials (its kubeconfig, systemd's credentials).
+ */
+const SERVICE_ONLY_VARIABLES = ['HOOK_TOKEN', 'KUBECONFIG', 'CREDENTIALS_DIRECTORY'];
+const SERVICE_ONLY_PREFIX = 'MAIL_';
+
+/** The environment a command starts from: the service's, without its own settings and the template's. */
+export function inheritedEnvironment(env: Environment, templateVariables: ReadonlySet<string>): Environment {
+  const inherited: Environment = {};
+  for (const [name, value] of Object.entries(env)) {
+    const serviceOnly = name.startsWith(SERVICE_ONLY_PREFIX) || SERVICE_ONLY_VARIABLES.includes(name);
+    if (!serviceOnly && !templateVariables.has(name)) inherited[name] = value;
+  }
+  return inherited;
+}
+
 /** A taken command slot: the command as resolved for this request, and which pool it came from. */
 export interface Slot {
   resolved: { path?: string; error?: string };
@@ -3966,7 +4161,10 @@ export class CommandRunner {
   private readonly metrics: Metrics;
   private readonly inProcess: InProcessCommand | undefined;
 
-  /** `env` is the service's environment: what commands inherit, and the PATH they are found on. */
+  /**
+   * `env` is the service's environment: the PATH commands are found on, and what they inherit less
+   * the service's own settings (inheritedEnvironment).
+   */
   constructor(max: number, env: Environment, log: Logger, metrics: Metrics, inProcess?: InProcessCommand) {
     this.max = max;
     this.env = env;
@@ -4000,7 +4198,8 @@ export class CommandRunner {
   async run(hook: Hook, req: HookRequest, slot: Slot): Promise<CommandResult> {
     const started = process.hrtime.bigint();
     const tag = `[${req.id}]`;
-    const inputs: CommandInputs = { args: [], env: { ...this.env }, envNames: [], tempFiles: [] };
+    const env = inheritedEnvironment(this.env, hook.templateVariables);
+    const inputs: CommandInputs = { args: [], env, envNames: [], tempFiles: [] };
     try {
       const result = await this.start(hook, req, slot, inputs);
       this.metrics.inc('webhook_commands_total', {
@@ -4251,13 +4450,16 @@ export function decodeBase64Strict(text: string): Buffer {
 }
 
 // ================================================================================================
-// 9. http server — routes `/`, `/healthz`, `/metrics` and `/<urlprefix>/<id>` and answers with
-//    adnanh's exact strings. A hook request is a list of steps: route, admit, read, evaluate,
-//    dispatch, answer. Every outcome is one entry of ANSWERS; errors thrown by a step map to an
-//    entry in one place (answerForError). Every response carries X-Request-Id; bodies are plain
-//    text and never sniffed. A finished command goes to the CommandListener main() wires in (the
-//    rollout follow and the mail, sections 12 and 13).
-//    Exports: answerClientError, CommandListener, createHandler, HandlerContext.
+// 9. http server — routes `/`, `/healthz` and `/<urlprefix>/<id>` and answers with adnanh's
+//    exact strings; `/metrics` has a listener of its own (createMetricsHandler). A hook request is
+//    a list of steps: route, admit, read, evaluate, dispatch, answer. Every outcome is one entry of
+//    ANSWERS; errors thrown by a step map to an entry in one place (answerForError). Every
+//    response carries X-Request-Id; bodies are plain text and never sniffed; what a request sent
+//    is logged with its control characters escaped. A finished command goes to the
+//    CommandListener main() wires in (the rollout follow and the mail, sections 12 and 13). A
+//    method Node's parser refuses (`Get`) is answered as adnanh does (answerClientError).
+//    Exports: answerClientError, CommandListener, createHandler, createMetricsHandler,
+//    HandlerContext.
 // ================================================================================================
 
 /** One way a request can end: status, body and headers (a step may override status and body). */
@@ -4447,7 +4649,7 @@ export function answerClientError(
   cx.log.info(`[${id}] incoming HTTP ${method} request from ${remoteAddress(socket).addr}`);
   const hook = cx.store.current.hooks.get(hookId);
   if (hook) cx.log.info(`[${id}] HTTP ${method} method not allowed for hook ${JSON.stringify(hook.id)}`);
-  else cx.log.info(`[${id}] error: hook not found: ${hookId}`);
+  else cx.log.info(`[${id}] error: hook not found: ${escapeControls(hookId)}`);
   const entry: Answer = ANSWERS[hook ? 'methodNotAllowed' : 'hookNotFound'];
   const allowed = hook?.methods.length ? hook.methods : cx.options.httpMethods;
   const head = [
@@ -4460,8 +4662,7 @@ export function answerClientError(
     'Connection: close',
   ];
   cx.metrics.inc('webhook_requests_total', { hook: hook?.id ?? '', code: String(entry.status) });
-  cx.log.flush();
-  socket.end(`${head.join('\r\n')}\r\n\r\n${entry.body}`);
+  cx.log.whenWritten(() => socket.end(`${head.join('\r\n')}\r\n\r\n${entry.body}`));
 }
 
 /** Counts every answer once it has gone. */
@@ -4471,14 +4672,14 @@ function countWhenFinished(cx: HandlerContext, ex: Exchange): void {
   });
 }
 
-/** With -verbose, the access-log line; then every pending line about the request is written. */
+/** With -verbose, the access-log line (written with the request's other lines, before its answer). */
 function logAccess(cx: HandlerContext, ex: Exchange, entry: Answer): void {
   if (cx.log.verbose) {
     const ms = Number(process.hrtime.bigint() - ex.started) / 1e6;
-    const line = `"${ex.method} ${redactUrl(ex.req.url ?? '', ex.snapshot.redactedParams)}" ${entry.status}`;
+    const requestLine = escapeControls(`${ex.method} ${redactUrl(ex.req.url ?? '', ex.snapshot.redactedParams)}`);
+    const line = `"${requestLine}" ${entry.status}`;
     cx.log.info(`[${ex.id}] ${ex.remote.addr} ${line} ${Buffer.byteLength(entry.body)}B ${ms.toFixed(1)}ms`);
   }
-  cx.log.flush();
 }
 
 async function handleRequest(cx: HandlerContext, ex: Exchange): Promise<void> {
@@ -4508,10 +4709,6 @@ function routeOf(cx: HandlerContext, ex: Exchange): Route {
     pathname = url.pathname;
   }
   if (pathname === '/healthz') return { kind: 'answer', name: 'ok' };
-  if (pathname === '/metrics') {
-    const headers = { 'Content-Type': 'text/plain; version=0.0.4; charset=utf-8' };
-    return { kind: 'answer', name: 'ok', override: { body: cx.metrics.render(), headers } };
-  }
   if (pathname === '/') return { kind: 'answer', name: 'ok', override: { headers: Object.fromEntries(o.headers) } };
   const prefix = o.urlprefix === '' ? '/' : `/${o.urlprefix}/`;
   if (!pathname.startsWith(prefix)) return { kind: 'answer', name: 'pageNotFound' };
@@ -4524,7 +4721,7 @@ function admit(cx: HandlerContext, ex: Exchange, hookId: string): Hook | AnswerN
   cx.log.info(`${tag} incoming HTTP ${ex.method} request from ${ex.remote.addr}`);
   const hook = ex.snapshot.hooks.get(hookId);
   if (!hook) {
-    cx.log.info(`${tag} error: hook not found: ${hookId}`);
+    cx.log.info(`${tag} error: hook not found: ${escapeControls(hookId)}`);
     return 'hookNotFound';
   }
   ex.hook = hook;
@@ -4562,8 +4759,8 @@ async function readRequest(cx: HandlerContext, ex: Exchange, hook: Hook, url: UR
   const parse = hook.readsPayload || multipart || !isParsedContentType(contentType);
   const parsed = parse ? parsePayload(contentType, body, jsonParts) : { payload: undefined };
   hookReq.payload = parsed.payload;
-  if (parsed.note) cx.log.info(`[${ex.id}] ${parsed.note}`);
-  for (const err of applyJsonParameters(hook.jsonParams, hookReq)) cx.log.info(`[${ex.id}] ${err}`);
+  if (parsed.note) cx.log.info(`[${ex.id}] ${escapeControls(parsed.note)}`);
+  for (const err of applyJsonParameters(hook.jsonParams, hookReq)) cx.log.info(`[${ex.id}] ${escapeControls(err)}`);
   return hookReq;
 }
 
@@ -4571,8 +4768,10 @@ async function readRequest(cx: HandlerContext, ex: Exchange, hook: Hook, url: UR
 function evaluate(cx: HandlerContext, ex: Exchange, hook: Hook, hookReq: HookRequest): boolean {
   if (!hook.rule) return true;
   const result = evaluateRule(hook.rule, hookReq, hook.softSignatureFailures);
-  if (result.error && !(result.error instanceof ParameterNotFound)) throw new RuleEvaluationError(result.error.message);
-  if (result.error) cx.log.info(`[${ex.id}] ${result.error.message}`);
+  // A signature or date error quotes what the request sent.
+  const why = result.error ? escapeControls(result.error.message) : '';
+  if (result.error && !(result.error instanceof ParameterNotFound)) throw new RuleEvaluationError(why);
+  if (result.error) cx.log.info(`[${ex.id}] ${why}`);
   if (!result.ok)
     cx.log.info(
       `[${ex.id}] ${hook.id} got matched, but didn't get triggered because the trigger rules were not satisfied`,
@@ -4613,15 +4812,38 @@ function answerForError(cx: HandlerContext, ex: Exchange, e: unknown): AnswerNam
     return 'bodyTooLarge';
   }
   if (e instanceof MultipartError) {
-    cx.log.error(`${tag} error parsing multipart form: ${message}`);
+    cx.log.error(`${tag} error parsing multipart form: ${escapeControls(message)}`);
     return 'multipartError';
   }
   if (e instanceof RuleEvaluationError) {
     cx.log.error(`${tag} error evaluating hook: ${message}`);
     return 'ruleError';
   }
-  cx.log.error(`${tag} internal error: ${e instanceof Error ? (e.stack ?? message) : message}`);
+  cx.log.error(`${tag} internal error: ${escapeControls(e instanceof Error ? (e.stack ?? message) : message)}`);
   return 'internalError';
+}
+
+/**
+ * The metrics listener (-metrics-listen): /metrics and nothing else. It is apart from the hook
+ * port, so publishing the hooks (an Ingress, a NodePort) does not publish the hook ids, request
+ * counts and failures the metrics reveal.
+ */
+export function createMetricsHandler(metrics: Metrics): http.RequestListener {
+  return (req, res) => {
+    const pathname = new URL(req.url ?? '/', 'http://localhost').pathname;
+    const entry: Answer =
+      pathname === '/metrics' && (req.method === 'GET' || req.method === 'HEAD')
+        ? { ...ANSWERS.ok, body: metrics.render() }
+        : ANSWERS.pageNotFound;
+    res.setHeader(
+      'Content-Type',
+      entry.status === 200 ? 'text/plain; version=0.0.4; charset=utf-8' : 'text/plain; charset=utf-8',
+    );
+    res.setHeader('X-Content-Type-Options', 'nosniff');
+    res.setHeader('Content-Length', Buffer.byteLength(entry.body));
+    res.writeHead(entry.status);
+    res.end(entry.body);
+  };
 }
 
 /** Step 6, answer: writes the named entry, with a step's status, body and headers over it. */
@@ -4643,7 +4865,7 @@ function sendAnswer(cx: HandlerContext, ex: Exchange, name: AnswerName, override
   }
   res.writeHead(entry.status);
   logAccess(cx, ex, entry);
-  res.end(entry.body);
+  cx.log.whenWritten(() => res.end(entry.body));
 }
 
 // ================================================================================================
@@ -4652,25 +4874,34 @@ function sendAnswer(cx: HandlerContext, ex: Exchange, name: AnswerName, override
 //    against the OCI distribution reference grammar before anything is sent to Kubernetes.
 //    Pure functions: no I/O, no clock. Each registry is one entry of REGISTRIES: its payload
 //    becomes one PushEvent (host, repository, tag, digest, pushed-at), and it says what its test
-//    ping looks like and whether REGISTRY_HOST applies; composing, pinning and validating the
-//    reference are the same for all.
+//    ping looks like; composing, pinning and validating the reference are the same for all.
 //
 //    The hook's environment chooses the composition:
 //      REPO_TYPE      a key of REGISTRIES: regionalregistry | publicregistry | custom (any case)
 //      NET_TYPE       regionalregistry only: unset or "public" → registry.<region>.aliyuncs.com,
 //                     "vpc" → registry-vpc.…, "internal" → registry-internal.…
-//      REGISTRY_HOST  host[:port] that replaces the computed registry host for regionalregistry
-//                     (ACR Enterprise Edition `<instance>-registry[-vpc].<region>.cr.aliyuncs.com`,
+//      REGISTRY_HOST  host[:port] that replaces the registry host for every REPO_TYPE: the computed
+//                     ACR host (ACR Enterprise Edition `<instance>-registry[-vpc].<region>.cr.aliyuncs.com`,
 //                     Personal Edition `crpi-<id>[-vpc].<region>.personal.cr.aliyuncs.com`; NET_TYPE
-//                     is then not used) and replaces repository.repo_url for custom. Ignored for
-//                     publicregistry, which always names a Docker Hub repository.
+//                     is then not used), Docker Hub (a mirror of it) and repository.repo_url.
 //      PIN_DIGEST     true → `repo:tag@sha256:…` when the payload carries push_data.digest (ACR
 //                     does, Docker Hub does not); the cluster then runs exactly the pushed image.
 //    A test ping (for these three: a payload without push_data.tag, repository.name or
 //    repository.namespace, as Docker Hub sends when a webhook is created) is acknowledged as a
 //    no-op, as the old script did. Any other
 //    missing or malformed field is an error naming the field; nothing is lower-cased or repaired.
-//    Exports: composeImageRef, isObject, normalizeImageRef, parsePushPayload, showValue.
+//
+//    The image pin (checkImagePin): whoever holds a hook's URL writes the payload, so a push may
+//    change only the tag and digest of the repository the container runs now. Endpoints of one
+//    registry count as the same (REGISTRY_ENDPOINTS: ACR's public, -vpc and -internal hosts,
+//    Docker Hub's names), and so does the hook's REGISTRY_HOST. Anything else needs
+//      ALLOW_IMAGES   space-separated repositories or prefixes the hook may also deploy:
+//                     `host/path` (that repository), `host/path/*` (every repository under it),
+//                     `host/*`; Docker Hub's may omit the host (`nginx`, `shopteam/*`).
+//    REGISTRY_HOST and ALLOW_IMAGES widen what a request may deploy, so IMAGE_PIN_SETTINGS has
+//    section 6 refuse them at load unless they are fixed strings in the hook file, and valid.
+//    Exports: checkImagePin, composeImageRef, IMAGE_PIN_SETTINGS, ImagePin, isObject,
+//    normalizeImageRef, parsePushPayload, readImagePin, showValue.
 // ================================================================================================
 
 export interface UpgradeInputs {
@@ -4678,6 +4909,7 @@ export interface UpgradeInputs {
   NET_TYPE?: string;
   REGISTRY_HOST?: string;
   PIN_DIGEST?: string;
+  ALLOW_IMAGES?: string;
 }
 
 export type ComposedRef =
@@ -4879,6 +5111,7 @@ interface PushEvent {
 
 /** The hook settings a registry's reader may use. REGISTRY_HOST is validated before it is given. */
 interface RegistrySettings {
+  /** REGISTRY_HOST: when set, the host of every push, whatever the payload says. */
   registryHost: string | undefined;
   netType: string | undefined;
 }
@@ -4886,8 +5119,6 @@ interface RegistrySettings {
 interface Registry {
   /** Who sends this payload, for messages and docs. */
   sender: string;
-  /** Whether REGISTRY_HOST replaces the host (false: the registry is fixed, and it is ignored). */
-  registryHost: boolean;
   /** Why this payload announces no image (a registry's test ping), or undefined for a push. */
   testPing(p: PayloadFields): string | undefined;
   read(p: PayloadFields, s: RegistrySettings): PushEvent;
@@ -4916,7 +5147,6 @@ function pushDataTestPing(p: PayloadFields): string | undefined {
 const REGISTRIES: Record<string, Registry> = {
   regionalregistry: {
     sender: 'Aliyun Container Registry (ACR)',
-    registryHost: true,
     testPing: pushDataTestPing,
     read(p, s) {
       const repository = p.repository('repository.repo_full_name', 'ACR names the repository as namespace/name there');
@@ -4925,18 +5155,16 @@ const REGISTRIES: Record<string, Registry> = {
   },
   publicregistry: {
     sender: 'Docker Hub',
-    registryHost: false,
     testPing: pushDataTestPing,
-    read: (p) =>
+    read: (p, s) =>
       pushDataEvent(
         p,
-        undefined,
+        s.registryHost,
         p.repository('repository.repo_name', 'Docker Hub names the repository as namespace/name there'),
       ),
   },
   custom: {
     sender: 'a build job (the ACR payload shape, with repository.repo_url)',
-    registryHost: true,
     testPing: pushDataTestPing,
     read(p, s) {
       const host =
@@ -4970,7 +5198,7 @@ export function composeImageRef(payload: unknown, env: UpgradeInputs): ComposedR
     const fields = new PayloadFields(payload);
     const ping = registry.testPing(fields);
     if (ping !== undefined) return { kind: 'noop', reason: ping };
-    const registryHost = registry.registryHost ? registryHostSetting(env.REGISTRY_HOST) : undefined;
+    const registryHost = registryHostSetting(env.REGISTRY_HOST);
     return composeFromPush(registry.read(fields, { registryHost, netType: env.NET_TYPE }), env);
   } catch (e) {
     return { kind: 'error', message: (e as Error).message };
@@ -5108,6 +5336,156 @@ export function normalizeImageRef(ref: string): string {
   const tag = r.tag ?? (r.digest ? undefined : 'latest');
   return `${domain}/${repoPath}${tag ? `:${tag}` : ''}${r.digest ? `@${r.digest}` : ''}`;
 }
+
+// ---- the image pin ----------------------------------------------------------------------------
+
+/**
+ * Hosts that are endpoints of one registry, reached from different networks, each with the one
+ * name the pin compares (a host with a port is its own registry). Adding a registry's endpoints
+ * is one entry.
+ */
+const REGISTRY_ENDPOINTS: [RegExp, string][] = [
+  // Docker Hub: what a reference without a host means, and the names its clients resolve that to.
+  [/^(?:index\.|registry-1\.)?docker\.io$/, 'docker.io'],
+  // ACR's shared registry of a region: public, VPC and classic-network endpoints.
+  [/^registry(?:-vpc|-internal)?\.([a-z0-9-]+)\.aliyuncs\.com$/, 'registry.$1.aliyuncs.com'],
+  // An ACR Enterprise Edition instance: public and VPC endpoints.
+  [/^([a-z0-9-]+)-registry(?:-vpc)?\.([a-z0-9-]+)\.cr\.aliyuncs\.com$/, '$1-registry.$2.cr.aliyuncs.com'],
+  // An ACR Personal Edition instance (created since 2024-09): public and VPC endpoints.
+  [/^crpi-([a-z0-9]+)(?:-vpc)?\.([a-z0-9-]+)\.personal\.cr\.aliyuncs\.com$/, 'crpi-$1.$2.personal.cr.aliyuncs.com'],
+];
+
+/** The registry a host names: lower-cased, one name for every endpoint of one registry. Pure. */
+export function registryOf(host: string | undefined): string {
+  const h = (host ?? 'docker.io').toLowerCase();
+  for (const [endpoint, name] of REGISTRY_ENDPOINTS) if (endpoint.test(h)) return h.replace(endpoint, name);
+  return h;
+}
+
+/** A repository as the pin compares it: its registry, and its path (Docker Hub's `library/` explicit). */
+interface Repository {
+  registry: string;
+  path: string;
+}
+
+function repositoryOf(ref: { domain: string | undefined; path: string }): Repository {
+  const registry = registryOf(ref.domain);
+  return { registry, path: registry === 'docker.io' && !ref.path.includes('/') ? `library/${ref.path}` : ref.path };
+}
+
+const showRepository = (r: Repository) => showValue(`${r.registry}/${r.path}`);
+
+/** One ALLOW_IMAGES entry: a repository, or every repository under a prefix (a trailing `/*`). */
+interface ImagePattern {
+  text: string;
+  registry: string;
+  /** The repository's path, or the prefix's ("" for a whole registry). */
+  path: string;
+  under: boolean;
+}
+
+/** Parses one ALLOW_IMAGES pattern; throws an Error naming the setting and the pattern. */
+function parseImagePattern(text: string): ImagePattern {
+  const problem = (why: string) => new Error(`ALLOW_IMAGES pattern ${showValue(text)} ${why}`);
+  const under = text.endsWith('/*');
+  const name = under ? text.slice(0, -2) : text;
+  if (name.includes('*'))
+    throw problem('has a "*" that is not a trailing "/*" (host/path/* allows every repository under host/path)');
+  if (name === '') throw problem('names no registry (write host/* to allow every repository of a registry)');
+  const slash = name.indexOf('/');
+  const first = slash < 0 ? name : name.slice(0, slash);
+  // As in a reference, the first component is a registry host when it looks like one; alone, its
+  // ":" may also start a tag (nginx:1), so there it needs a "." or to be localhost.
+  const looksLikeHost =
+    slash < 0 ? /^(?:\[|localhost(?::|$))/.test(first) || first.split(':')[0].includes('.') : /[.:[]/.test(first);
+  const host = looksLikeHost || first === 'localhost' ? first : undefined;
+  const repoPath = host === undefined ? name : name.slice(first.length + 1);
+  if (host !== undefined && slash < 0 && !under)
+    throw problem(`names only a registry host (write ${showValue(`${host}/*`)} for every repository of it)`);
+  if (host !== undefined && domainProblem(host))
+    throw problem(`names an invalid registry host ${showValue(host)} (host[:port])`);
+  if (/[:@]/.test(repoPath))
+    throw problem('names a tag or digest: a pattern names repositories, whose tags and digests are always allowed');
+  const pathIssue = repoPath === '' && under ? undefined : repositoryPathProblem(repoPath);
+  if (pathIssue) throw problem(`names an invalid repository: its path ${pathIssue}`);
+  const repository = under
+    ? { registry: registryOf(host), path: repoPath }
+    : repositoryOf({ domain: host, path: repoPath });
+  return { text, ...repository, under };
+}
+
+function patternMatches(p: ImagePattern, r: Repository): boolean {
+  if (p.registry !== r.registry) return false;
+  return !p.under ? r.path === p.path : p.path === '' || r.path.startsWith(`${p.path}/`);
+}
+
+/** What the pin allows besides the container's own repository: the hook's REGISTRY_HOST and ALLOW_IMAGES. */
+export interface ImagePin {
+  /** REGISTRY_HOST's registry: it counts as the registry of every container. */
+  registryHost: string | undefined;
+  allowImages: ImagePattern[];
+}
+
+/** The pin's settings from the hook's environment; throws an Error naming a malformed one. */
+export function readImagePin(env: UpgradeInputs): ImagePin {
+  const host = registryHostSetting(env.REGISTRY_HOST);
+  const patterns = (env.ALLOW_IMAGES ?? '').split(/\s+/).filter((p) => p !== '');
+  return {
+    registryHost: host === undefined ? undefined : registryOf(host),
+    allowImages: patterns.map(parseImagePattern),
+  };
+}
+
+export type PinDecision = { allowed: true; note?: string } | { allowed: false; message: string };
+
+/**
+ * The image pin: whether a push may set a container that runs `current` to `pushed`. It may when
+ * the pushed repository is the container's, on the same registry or on the hook's REGISTRY_HOST,
+ * or when ALLOW_IMAGES names it; tags and digests are always free. The refusal names both
+ * repositories and the setting that would allow the push. Pure.
+ */
+export function checkImagePin(container: string, current: string, pushed: string, pin: ImagePin): PinDecision {
+  const next = validateImageRef(pushed);
+  if (!next.ok) return { allowed: false, message: next.message };
+  const to = repositoryOf(next.ref);
+  const now = validateImageRef(current.trim());
+  const from = now.ok ? repositoryOf(now.ref) : undefined;
+  if (from && to.path === from.path && (to.registry === from.registry || to.registry === pin.registryHost)) {
+    if (to.registry === from.registry) return { allowed: true };
+    return { allowed: true, note: `image pin: the registry changes to the hook's REGISTRY_HOST (${to.registry})` };
+  }
+  const pattern = pin.allowImages.find((p) => patternMatches(p, to));
+  if (pattern)
+    return {
+      allowed: true,
+      note: `image pin: ${showRepository(to)} allowed by ALLOW_IMAGES pattern ${showValue(pattern.text)}`,
+    };
+  const runs = from
+    ? `runs repository ${showRepository(from)}`
+    : `runs ${showValue(current)}, which is not a valid image reference`;
+  return {
+    allowed: false,
+    message:
+      `image pin: container ${showValue(container)} ${runs}, and the push names repository ${showRepository(to)}; ` +
+      `a push may change only the tag and digest, unless the hook setting ALLOW_IMAGES lists the repository`,
+  };
+}
+
+/** Why `check` throws for a value, or undefined when it does not. */
+function problemOf(check: () => unknown): string | undefined {
+  try {
+    check();
+    return undefined;
+  } catch (e) {
+    return (e as Error).message;
+  }
+}
+
+/** The pin's settings, for section 6 to check when a hooks file loads (main() hands them over). */
+export const IMAGE_PIN_SETTINGS: HookSettingChecks = {
+  REGISTRY_HOST: (value) => problemOf(() => registryHostSetting(value)),
+  ALLOW_IMAGES: (value) => problemOf(() => readImagePin({ ALLOW_IMAGES: value })),
+};
 
 // ================================================================================================
 // 11. kubernetes client — a small client for the Kubernetes REST API over node:https. Credentials
@@ -5620,7 +5998,8 @@ export class KubeClient {
         );
       case 403: {
         return new KubeError(
-          `forbidden: ${forbiddenSubject(serverMessage)} cannot "${verb}" ${what} — grant it with deploy/rbac.yaml`,
+          `forbidden: ${forbiddenSubject(serverMessage)} cannot "${verb}" ${what} — grant it with the RBAC that ` +
+            '`webhook -print-rbac` prints for the hooks',
           403,
           reason,
         );
@@ -5710,6 +6089,10 @@ export type JsonPatchOperation =
 //    initContainers), ROLLOUT_TIMEOUT (Go duration; 0, the default, answers at once with
 //    "progressing"), plus those of section 10.
 //
+//    Before any write, the image pin of section 10 checks the push against the container's
+//    current image: a refused push changes nothing, fails (exit status 1), is logged, and is
+//    recorded as a Warning Event (UpgradeRefused) on the workload.
+//
 //    The change is one JSON patch (fieldManager=webhook) that first tests the container's name
 //    and current image, so a concurrent edit fails the patch instead of being overwritten; on such
 //    a failure the workload is read again and the patch re-planned. A different image replaces
@@ -5732,7 +6115,7 @@ export type JsonPatchOperation =
 //      note:         <anything else worth knowing>
 //    Exit status 0 when result is ok (a change made, or an acknowledged no-op), 1 otherwise; a
 //    rollout that was waited for and failed or timed out makes the result failed.
-//    Exports: formatReport, runUpgrade, UpgradeReport, UpgradeService.
+//    Exports: formatRbac, formatReport, hookReach, runUpgrade, upgradeInput, UpgradeReport, UpgradeService.
 // ================================================================================================
 
 export const UPGRADE_LIMITS = {
@@ -6270,7 +6653,10 @@ async function podsOrNone(
 
 export interface WorkloadEvent {
   type: 'Normal' | 'Warning';
-  /** UpperCamelCase: ImageUpdated, RolloutRestarted, RolloutComplete, RolloutFailed, UpgradeFailed. */
+  /**
+   * UpperCamelCase: ImageUpdated, RolloutRestarted, RolloutComplete, RolloutFailed, UpgradeFailed,
+   * UpgradeRefused (the image pin).
+   */
   reason: string;
   message: string;
 }
@@ -6377,6 +6763,8 @@ export interface UpgradeReport {
   notes: string[];
   /** The workload, for followRollout after the answer; set once the workload has been read. */
   target?: WorkloadTarget;
+  /** Whether the image pin refused the push (error says why). */
+  refused?: boolean;
 }
 
 export interface UpgradeDeps {
@@ -6395,6 +6783,7 @@ interface UpgradeSettings {
   workload: { kind: WorkloadKind; name: string };
   container: string;
   rolloutTimeoutMs: number;
+  pin: ImagePin;
 }
 
 function readSettings(env: Record<string, string | undefined>, report: UpgradeReport): UpgradeSettings {
@@ -6424,7 +6813,8 @@ function readSettings(env: Record<string, string | undefined>, report: UpgradeRe
       throw new UpgradeError(`ROLLOUT_TIMEOUT ${showValue(env.ROLLOUT_TIMEOUT)} is not a duration (e.g. 0, 60s, 5m)`);
     }
   }
-  return { namespace, workload, container, rolloutTimeoutMs };
+  // A malformed pin setting refuses every push, before the cluster is asked anything.
+  return { namespace, workload, container, rolloutTimeoutMs, pin: readImagePin(env) };
 }
 
 function whoAsked(deps: UpgradeDeps): string {
@@ -6502,44 +6892,17 @@ async function applyUpgrade(
     const workload = await readWorkload(client, target);
     target.uid = String(valueAt(workload, ['metadata', 'uid']));
     report.target = target;
-    const podSpec = valueAt(workload, [...spec.template, 'spec']);
-    const located = locateContainer(podSpec, s.container);
-    if (!located) {
-      const message = missingContainerMessage(podSpec, s.container, report.workload!);
-      await recordEventQuietly(
-        client,
-        target,
-        { type: 'Warning', reason: 'UpgradeFailed', message: `${message}; asked by ${whoAsked(deps)}` },
-        now(),
-        report,
-      );
-      throw new UpgradeError(message);
-    }
-    report.imageBefore = located.image;
+    // Checked on every attempt: a retry is planned against the image the container has then.
+    const located = await pinnedContainer(client, target, workload, s, ref, report, deps);
     const sameImage = normalizeImageRef(located.image) === normalizeImageRef(ref);
     if (sameImage && ref.includes('@')) {
       report.action = 'none (already running this digest)';
       return;
     }
-    const cause = sameImage
-      ? `webhook: restart ${s.container} to re-pull ${ref} (${whoAsked(deps)})`
-      : `webhook: set ${s.container} image to ${ref} (${whoAsked(deps)})`;
-    const change: PlannedChange = sameImage
-      ? // A CronJob has no rollout to restart: Always makes its next run pull the tag again.
-        {
-          pullAlways: true,
-          restartedAt: !spec.hasRollout
-            ? undefined
-            : now()
-                .toISOString()
-                .replace(/\.\d{3}Z$/, 'Z'),
-          changeCause: cause,
-        }
-      : { image: ref, changeCause: cause };
     try {
       updated = await client.patch<K8sObject>(
         workloadResource(target),
-        planPatch(workload, target.kind, s.container, located, change),
+        planPatch(workload, target.kind, s.container, located, plannedChange(sameImage, spec, s, ref, deps)),
         UPGRADE_LIMITS.fieldManager,
       );
     } catch (e) {
@@ -6569,6 +6932,60 @@ async function applyUpgrade(
   }
   target.generation = numberAt(updated, ['metadata', 'generation']);
   await reportRollout(client, target, updated, s, report, now);
+}
+
+/**
+ * The container to change, once the image pin has allowed the push. A missing container, or a
+ * push the pin refuses, is recorded as a Warning Event and thrown: nothing is written.
+ */
+async function pinnedContainer(
+  client: KubeClient,
+  target: WorkloadTarget,
+  workload: K8sObject,
+  s: UpgradeSettings,
+  ref: string,
+  report: UpgradeReport,
+  deps: UpgradeDeps,
+): Promise<LocatedContainer> {
+  const now = deps.now ?? (() => new Date());
+  const podSpec = valueAt(workload, [...kindSpec(target.kind).template, 'spec']);
+  const located = locateContainer(podSpec, s.container);
+  const refuse = async (reason: string, message: string): Promise<never> => {
+    const event: WorkloadEvent = { type: 'Warning', reason, message: `${message}; asked by ${whoAsked(deps)}` };
+    await recordEventQuietly(client, target, event, now(), report);
+    throw new UpgradeError(message);
+  };
+  if (!located) return refuse('UpgradeFailed', missingContainerMessage(podSpec, s.container, report.workload!));
+  report.imageBefore = located.image;
+  const pin = checkImagePin(s.container, located.image, ref, s.pin);
+  if (!pin.allowed) {
+    report.refused = true;
+    return refuse('UpgradeRefused', pin.message);
+  }
+  if (pin.note !== undefined && !report.notes.includes(pin.note)) report.notes.push(pin.note);
+  return located;
+}
+
+/** The change a push makes: the new image, or for the same image a restart that pulls it again. */
+function plannedChange(
+  sameImage: boolean,
+  spec: KindSpec,
+  s: UpgradeSettings,
+  ref: string,
+  deps: UpgradeDeps,
+): PlannedChange {
+  const now = deps.now ?? (() => new Date());
+  if (!sameImage) return { image: ref, changeCause: `webhook: set ${s.container} image to ${ref} (${whoAsked(deps)})` };
+  return {
+    pullAlways: true,
+    // A CronJob has no rollout to restart: Always makes its next run pull the tag again.
+    restartedAt: spec.hasRollout
+      ? now()
+          .toISOString()
+          .replace(/\.\d{3}Z$/, 'Z')
+      : undefined,
+    changeCause: `webhook: restart ${s.container} to re-pull ${ref} (${whoAsked(deps)})`,
+  };
 }
 
 /** The rollout a change started: not tracked, answered as progressing, or followed to its end. */
@@ -6630,26 +7047,16 @@ export function rolloutEvent(outcome: RolloutOutcome, container: string): Worklo
   }
 }
 
+/**
+ * The workload, or an error naming it. A missing one is not followed by a list of what the
+ * namespace holds: the report is the answer to whoever holds the hook's URL.
+ */
 async function readWorkload(client: KubeClient, target: WorkloadTarget): Promise<K8sObject> {
   try {
     return await client.get<K8sObject>(workloadResource(target));
   } catch (e) {
     if (!(e instanceof KubeError && e.status === 404)) throw e;
-    const spec = kindSpec(target.kind);
-    let existing: string;
-    try {
-      const list = await client.list<{ items: unknown[] }>(
-        workloadResource({ kind: target.kind, namespace: target.namespace }),
-        { limit: '50' },
-      );
-      const names = list.items.map((i) => String(valueAt(i, ['metadata', 'name'])));
-      existing = names.length
-        ? `${spec.resource} there: ${names.join(', ')}`
-        : `namespace "${target.namespace}" has no ${spec.resource} (is the namespace right?)`;
-    } catch {
-      existing = `cannot list the ${spec.resource} there`;
-    }
-    throw new UpgradeError(`${target.kind} "${target.name}" not found in namespace "${target.namespace}"; ${existing}`);
+    throw new UpgradeError(`${target.kind} "${target.name}" not found in namespace "${target.namespace}"`);
   }
 }
 
@@ -6725,6 +7132,142 @@ export function formatReport(r: UpgradeReport): string {
   return `${lines.join('\n')}\n`;
 }
 
+// ---- least privilege: the RBAC the hooks need (-print-rbac) -----------------------------------
+
+/** What one hook's upgrades can reach, or why that cannot be told from the hook. */
+export interface HookReach {
+  hook: string;
+  target?: { namespace: string; kind: WorkloadKind; name: string };
+  /** Why the hook's workload is not known before a request names it. */
+  open?: string;
+}
+
+/** The matches every passing request satisfies: those reached from the rule's root through `and`. */
+export function requiredMatches(rule: Rule | undefined): Match[] {
+  if (!rule) return [];
+  if ('and' in rule) return rule.and.flatMap(requiredMatches);
+  if ('or' in rule) return rule.or.length === 1 ? requiredMatches(rule.or[0]) : [];
+  return 'match' in rule ? [rule.match] : [];
+}
+
+/**
+ * The one value an upgrade input (APP_NS, APP_WORKLOAD…) has for every request the hook's rule lets
+ * through: a literal (source "string"), or a parameter a value match of the rule pins. Otherwise
+ * the parameter it comes from; undefined when the hook does not pass it.
+ */
+export function upgradeInput(hook: Hook, envname: string): string | Param | undefined {
+  const p = hook.env.findLast((e) => (e.envname || `HOOK_${e.name}`) === envname);
+  if (!p || p.source === 'string') return p?.name;
+  const same = (q: Param) =>
+    q.source === p.source &&
+    (p.source === 'header' ? q.name.toLowerCase() === p.name.toLowerCase() : q.name === p.name);
+  const pin = requiredMatches(hook.rule).find((m) => m.pinned !== undefined && m.param && same(m.param));
+  return pin ? pin.pinned! : p;
+}
+
+/** An upgrade input's one value, or a string saying where it comes from. */
+function pinnedInput(hook: Hook, envname: string): { value: string } | { from: string } | undefined {
+  const v = upgradeInput(hook, envname);
+  if (v === undefined) return undefined;
+  return typeof v === 'string' ? { value: v } : { from: `the ${v.source} parameter "${v.name}"` };
+}
+
+/** The namespace and workload a hook can upgrade; undefined for a hook that passes neither (no upgrade). */
+export function hookReach(hook: Hook): HookReach | undefined {
+  const ns = pinnedInput(hook, 'APP_NS');
+  const workload = pinnedInput(hook, 'APP_WORKLOAD');
+  if (!ns && !workload) return undefined;
+  const reach = { hook: hook.id };
+  if (!ns || !workload) return { ...reach, open: `it passes no ${ns ? 'APP_WORKLOAD' : 'APP_NS'}` };
+  if ('from' in ns || 'from' in workload) {
+    const open = (
+      [
+        ['namespace', ns],
+        ['workload', workload],
+      ] as const
+    ).flatMap(([what, input]) => ('from' in input ? [{ what, from: input.from }] : []));
+    const whats = open.map((o) => o.what).join(' and ');
+    const froms = open.map((o) => o.from).join(' and ');
+    return {
+      ...reach,
+      open: `its ${whats} ${open.length > 1 ? 'come' : 'comes'} from ${froms}, which no value rule pins`,
+    };
+  }
+  if (!DNS_LABEL.test(ns.value)) return { ...reach, open: `APP_NS ${showValue(ns.value)} is not a namespace name` };
+  try {
+    return { ...reach, target: { namespace: ns.value, ...parseWorkload(workload.value) } };
+  } catch (e) {
+    return { ...reach, open: (e as Error).message };
+  }
+}
+
+const yamlList = (items: string[]) => `[${items.map((i) => JSON.stringify(i)).join(', ')}]`;
+
+/** The Role of one namespace: get/patch on the named workloads, and what the summary and Events need. */
+function roleRules(workloads: Map<WorkloadKind, Set<string>>): string[] {
+  const rule = (group: string, resource: string, verbs: string[], names?: string[]) => [
+    `  - apiGroups: ${yamlList([group])}`,
+    `    resources: ${yamlList([resource])}`,
+    ...(names ? [`    resourceNames: ${yamlList(names)}`] : []),
+    `    verbs: ${yamlList(verbs)}`,
+  ];
+  const kinds = (Object.keys(WORKLOAD_KINDS) as WorkloadKind[]).filter((k) => workloads.has(k));
+  const lines = kinds.flatMap((k) =>
+    rule(kindSpec(k).group, kindSpec(k).resource, ['get', 'patch'], [...workloads.get(k)!].sort()),
+  );
+  const through = kinds.map((k) => kindSpec(k).podsOwnedThrough).find((t) => t !== undefined);
+  if (through) lines.push(...rule(through.group, through.resource, ['list']));
+  if (kinds.some((k) => kindSpec(k).hasRollout)) lines.push(...rule('', 'pods', ['list']));
+  return [...lines, ...rule('', 'events', ['create'])];
+}
+
+/**
+ * A Role and a RoleBinding per namespace the hooks' upgrades reach, as YAML `kubectl apply -f -`
+ * takes: get and patch on exactly the workloads named (resourceNames), list on the ReplicaSets and
+ * Pods the rollout summary reads, create on Events. Hooks whose workload a request chooses are
+ * listed in a comment and returned: only a cluster-wide role serves them. Pure.
+ */
+export function formatRbac(reaches: HookReach[], serviceAccount: string, hooksPaths: string[]): string {
+  const [saNamespace, saName] = serviceAccount.split('/');
+  const byNamespace = new Map<string, Map<WorkloadKind, Set<string>>>();
+  for (const { target: t } of reaches) {
+    if (!t) continue;
+    const kinds = byNamespace.get(t.namespace) ?? new Map<WorkloadKind, Set<string>>();
+    const names = kinds.get(t.kind) ?? new Set<string>();
+    byNamespace.set(t.namespace, kinds.set(t.kind, names.add(t.name)));
+  }
+  const out = [
+    `# Generated by \`webhook -print-rbac -hooks ${hooksPaths.join(' -hooks ')}\``,
+    `# for the ServiceAccount ${serviceAccount}.`,
+    '# Apply with `kubectl apply -f -`; generate again when a hook changes its namespace or workload.',
+    ...reaches.map((r) =>
+      r.target
+        ? `#   hook ${JSON.stringify(r.hook)}: ${r.target.kind}/${r.target.name} in namespace ${r.target.namespace}`
+        : `#   hook ${JSON.stringify(r.hook)}: NOT COVERED: ${r.open}`,
+    ),
+    ...(reaches.some((r) => r.open)
+      ? ['# A hook not covered needs value rules that pin its ns and workload, or the cluster-wide role of deploy/.']
+      : []),
+  ];
+  const metadata = (kind: string, ns: string) => [
+    '---',
+    'apiVersion: rbac.authorization.k8s.io/v1',
+    `kind: ${kind}`,
+    'metadata:',
+    `  name: ${JSON.stringify(saName)}`,
+    `  namespace: ${JSON.stringify(ns)}`,
+    '  labels:',
+    '    app.kubernetes.io/name: webhook',
+  ];
+  for (const [ns, workloads] of [...byNamespace].sort(([a], [b]) => a.localeCompare(b))) {
+    out.push(...metadata('Role', ns), 'rules:', ...roleRules(workloads));
+    out.push(...metadata('RoleBinding', ns), 'roleRef:', '  apiGroup: rbac.authorization.k8s.io', '  kind: Role');
+    out.push(`  name: ${JSON.stringify(saName)}`, 'subjects:', '  - kind: ServiceAccount');
+    out.push(`    name: ${JSON.stringify(saName)}`, `    namespace: ${JSON.stringify(saNamespace)}`);
+  }
+  return `${out.join('\n')}\n`;
+}
+
 /** Marks the bundled webhooks.sh: a hook whose command is that file runs the upgrade in-process. */
 export const UPGRADE_ENTRY_MARKER = 'webhook-upgrade-entry-point';
 /** The command every hook file of the old image runs; in the image, a symlink to this executable. */
@@ -6793,14 +7336,19 @@ export class UpgradeService implements InProcessCommand {
     return isUpgradeEntryPoint(file);
   }
 
-  run(
+  async run(
     args: string[],
     env: Record<string, string | undefined>,
     requestId: string,
     hookId: string,
   ): ReturnType<typeof runUpgrade> {
     const deps = { client: this.sharedClient(), kubeconfig: this.kubeconfig, requestId, hookId, queue: this.queue };
-    return runUpgrade(args, env, deps);
+    const result = await runUpgrade(args, env, deps);
+    const r = result.report;
+    // Logged whatever the verbosity: someone tried to deploy a repository the hook does not allow.
+    if (r.refused)
+      this.log.error(`[${requestId}] hook ${hookId}: push to ${r.workload} in ${r.namespace} refused: ${r.error}`);
+    return result;
   }
 
   /**
@@ -7710,77 +8258,165 @@ export function resultMail(job: MailJob): { subject: string; body: string } {
   return { subject: `Webhooks通知: ${target} 更新结果: ${job.outcome}`, body: lines.join('\n') };
 }
 
+/** How many result mails one hook may send in one window; what goes beyond is summarised. */
+export interface MailCap {
+  max: number;
+  windowMs: number;
+}
+
+/** One hook's mails to one set of recipients in the current window. */
+interface MailWindow {
+  to: string[];
+  sent: number;
+  /** One line per result held back, for the summary; `heldCount` may exceed their number. */
+  held: string[];
+  heldCount: number;
+  timer: NodeJS.Timeout;
+}
+
+// A summary lists this many held results one per line and counts the rest, so a flood of calls
+// cannot grow one mail (or the memory holding it) without bound.
+const MAX_SUMMARY_LINES = 100;
+
 /**
  * Sends result mails in the background: the HTTP answer never waits for SMTP. Transient failures
  * are retried; a final failure is logged with the server's reply and counted; `flush` waits for
- * what is still pending (graceful shutdown).
+ * what is still pending (graceful shutdown). Each hook sends at most `cap.max` mails to the same
+ * recipients per window; the results beyond go out together in one summary mail when the window
+ * closes (or at shutdown), so a burst cannot flood the inbox and nothing is dropped silently.
  */
 export class Mailer {
   private readonly pending = new Set<Promise<void>>();
+  private readonly windows = new Map<string, MailWindow>();
   private readonly config: MailConfig | undefined;
   private readonly log: Logger;
   private readonly metrics: Metrics;
+  private readonly cap: MailCap;
   private readonly timeouts: Partial<SmtpTimeouts>;
 
-  constructor(config: MailConfig | undefined, log: Logger, metrics: Metrics, timeouts: Partial<SmtpTimeouts> = {}) {
+  constructor(
+    config: MailConfig | undefined,
+    log: Logger,
+    metrics: Metrics,
+    cap: MailCap = { max: LIMITS.maxMailsPerHook, windowMs: LIMITS.mailWindowMs },
+    timeouts: Partial<SmtpTimeouts> = {},
+  ) {
     this.config = config;
     this.log = log;
     this.metrics = metrics;
+    this.cap = cap;
     this.timeouts = timeouts;
   }
 
   notify(job: MailJob): void {
-    const config = this.config;
     const mailTo = job.env.MAIL_TO;
-    if (!config || !mailTo) return;
-    const tag = `[${job.requestId}]`;
-    const failed = (why: string) => {
-      this.metrics.inc('webhook_mails_total', { result: 'failed' });
-      this.log.error(`${tag} mail for hook ${job.hookId} not sent: ${why}`);
-    };
+    if (!this.config || !mailTo) return;
     let to: string[];
-    let message: string;
+    let mail: { subject: string; body: string };
     try {
       to = parseRecipients(mailTo);
-      const { subject, body } = resultMail(job);
-      message = composeMessage({
-        from: config.from,
-        to,
-        subject,
-        body,
-        date: new Date(),
-        messageId: newMessageId(config.from),
-      });
+      mail = resultMail(job);
     } catch (e) {
-      failed((e as Error).message);
+      this.failed(job.requestId, job.hookId, (e as Error).message);
       return;
     }
-    const sending = sendWithRetry(
-      config,
-      message,
-      { to, timeouts: this.timeouts },
-      MAIL_ATTEMPTS,
-      MAIL_RETRY_BACKOFF_MS,
-    )
+    if (this.withinCap(job, to)) this.send(job.requestId, job.hookId, to, mail);
+  }
+
+  /** Counts the mail against its hook's window; false when it is held back for the summary. */
+  private withinCap(job: MailJob, to: string[]): boolean {
+    const key = `${job.hookId}\n${to.join(',')}`;
+    let window = this.windows.get(key);
+    if (!window) {
+      const timer = setTimeout(() => this.closeWindow(key), this.cap.windowMs);
+      window = { to, sent: 0, held: [], heldCount: 0, timer };
+      this.windows.set(key, window);
+    }
+    if (window.sent < this.cap.max) {
+      window.sent++;
+      return true;
+    }
+    if (window.heldCount === 0)
+      this.log.warn(
+        `[${job.requestId}] hook ${job.hookId} sent ${this.cap.max} mail(s) to ${to.join(', ')} within ` +
+          `${formatGoDuration(this.cap.windowMs)}; further results go into one summary mail when that time is up`,
+      );
+    window.heldCount++;
+    if (window.held.length < MAX_SUMMARY_LINES) window.held.push(summaryLine(job));
+    this.metrics.inc('webhook_mails_total', { result: 'summarized' });
+    return false;
+  }
+
+  /** The window is over: what it held back goes out as one summary mail. */
+  private closeWindow(key: string): void {
+    const window = this.windows.get(key);
+    if (!window) return;
+    clearTimeout(window.timer);
+    this.windows.delete(key);
+    if (window.heldCount === 0) return;
+    const hookId = key.slice(0, key.indexOf('\n'));
+    this.send(`summary`, hookId, window.to, summaryMail(hookId, window, this.cap));
+  }
+
+  private failed(requestId: string, hookId: string, why: string): void {
+    this.metrics.inc('webhook_mails_total', { result: 'failed' });
+    this.log.error(`[${requestId}] mail for hook ${hookId} not sent: ${why}`);
+  }
+
+  private send(requestId: string, hookId: string, to: string[], mail: { subject: string; body: string }): void {
+    const config = this.config!;
+    let message: string;
+    try {
+      const date = new Date();
+      message = composeMessage({ from: config.from, to, ...mail, date, messageId: newMessageId(config.from) });
+    } catch (e) {
+      this.failed(requestId, hookId, (e as Error).message);
+      return;
+    }
+    const options = { to, timeouts: this.timeouts };
+    const sending = sendWithRetry(config, message, options, MAIL_ATTEMPTS, MAIL_RETRY_BACKOFF_MS)
       .then((r) => {
         if (r.ok) {
           this.metrics.inc('webhook_mails_total', { result: 'sent' });
-          this.log.info(`${tag} mail sent to ${to.join(', ')} over ${r.security}: ${r.reply}`);
+          this.log.info(`[${requestId}] mail sent to ${to.join(', ')} over ${r.security}: ${r.reply}`);
         } else {
           const over = r.security ? ` over ${r.security}` : '';
-          failed(`${r.stage} failed after ${r.attempts} attempt(s)${over}: ${r.reply}`);
+          this.failed(requestId, hookId, `${r.stage} failed after ${r.attempts} attempt(s)${over}: ${r.reply}`);
         }
       })
       .finally(() => this.pending.delete(sending));
     this.pending.add(sending);
   }
 
-  /** Waits up to `ms` for mails still being sent. */
+  /** Sends the summaries still held back, then waits up to `ms` for mails still being sent. */
   async flush(ms: number): Promise<void> {
+    for (const key of [...this.windows.keys()]) this.closeWindow(key);
     if (this.pending.size === 0) return;
     this.log.notice(`sending ${this.pending.size} pending mail(s)`);
     await Promise.race([Promise.allSettled([...this.pending]), sleep(ms, undefined, { ref: false })]);
   }
+}
+
+/** One held-back result in a summary: request, target, outcome. */
+function summaryLine(job: MailJob): string {
+  const { APP_NS: ns, APP_WORKLOAD: workload, APP_CONTAINER: container } = job.env;
+  const target = ns && workload && container ? ` ${ns}-${workload}-${container}:` : '';
+  return `request ${job.requestId}:${target} ${job.outcome} (${job.detail})`;
+}
+
+/** The mail for the results a window held back. Pure. */
+function summaryMail(hookId: string, window: MailWindow, cap: MailCap): { subject: string; body: string } {
+  const more = window.heldCount - window.held.length;
+  const lines = [
+    `hook: ${hookId}`,
+    `${window.heldCount} more result(s): the hook had sent ${cap.max} mail(s) within ` +
+      `${formatGoDuration(cap.windowMs)}, so these were not mailed one by one (with -verbose, the service's ` +
+      `log has each one's output).`,
+    '',
+    ...window.held,
+    ...(more > 0 ? [`… and ${more} more not listed`] : []),
+  ];
+  return { subject: `Webhooks通知: ${hookId} 更新结果: summary of ${window.heldCount} more`, body: lines.join('\n') };
 }
 
 /**
@@ -7901,7 +8537,34 @@ export async function main(argv: string[], env: Record<string, string | undefine
     return 0;
   }
   if (o.validate) return validate(o, env);
+  if (o.printRbac) return printRbac(o, env);
   return serve(o, env);
+}
+
+/** -print-rbac: the Roles and RoleBindings the hooks need on stdout; what they cannot cover, on stderr. */
+function printRbac(o: Options, env: Record<string, string | undefined>): number {
+  let snapshot: Snapshot;
+  try {
+    snapshot = loadSnapshot(hookLoadSettings(o, env));
+  } catch (e) {
+    process.stderr.write(`webhook: couldn't load hooks: ${(e as Error).message}\n`);
+    return 1;
+  }
+  const reaches = [...snapshot.hooks.values()].flatMap((hook) => hookReach(hook) ?? []);
+  process.stdout.write(formatRbac(reaches, o.rbacServiceAccount, o.hooks));
+  const notes = [
+    ...snapshot.warnings.map((w) => `warning: ${w}`),
+    ...reaches
+      .filter((r) => r.open)
+      .map(
+        (r) =>
+          `hook "${r.hook}" is not covered: ${r.open}; pin its ns and workload with value rules, or grant the ` +
+          'cluster-wide role of deploy/rbac-cluster.yaml',
+      ),
+    ...(reaches.length === 0 ? ['no hook passes APP_NS and APP_WORKLOAD to an upgrade: nothing to grant'] : []),
+  ];
+  for (const note of notes) process.stderr.write(`webhook: ${note}\n`);
+  return 0;
 }
 
 /**
@@ -7912,7 +8575,7 @@ export async function main(argv: string[], env: Record<string, string | undefine
 function validate(o: Options, env: Record<string, string | undefined>): number {
   let snapshot: Snapshot;
   try {
-    snapshot = loadSnapshot({ paths: o.hooks, template: o.template, env, commandTimeoutMs: o.commandTimeoutMs });
+    snapshot = loadSnapshot(hookLoadSettings(o, env));
   } catch (e) {
     process.stderr.write(`error: ${(e as Error).message}\n`);
     return 1;
@@ -8034,22 +8697,6 @@ function describeUpgrade(hook: Hook, inserted: Set<string>): string[] {
   ];
 }
 
-/**
- * The value a command's environment variable has for every request that passes the rule: a
- * literal (source "string"), or a parameter a value match required by the rule fixes. Otherwise
- * the parameter it comes from; undefined when the hook does not pass it.
- */
-export function upgradeInput(hook: Hook, envname: string): string | Param | undefined {
-  const p = hook.env.findLast((e) => (e.envname || `HOOK_${e.name}`) === envname);
-  if (!p || p.source === 'string') return p?.name;
-  const same = (q: Param | undefined) =>
-    q?.source === p.source &&
-    (p.source === 'header' ? q.name.toLowerCase() === p.name.toLowerCase() : q.name === p.name);
-  const required = (rule: Rule | undefined): Match[] =>
-    !rule ? [] : 'and' in rule ? rule.and.flatMap(required) : 'match' in rule ? [rule.match] : [];
-  return required(hook.rule).find((m) => m.pinned !== undefined && same(m.param))?.pinned ?? p;
-}
-
 /** The service: hooks loaded, the pieces wired, the port open, until SIGTERM or SIGINT. */
 async function serve(o: Options, env: Record<string, string | undefined>): Promise<number> {
   setFlagsFromString('--enable-experimental-regexp-engine-on-excessive-backtracks');
@@ -8059,12 +8706,12 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
   process.on('exit', () => log.flush());
   const metrics = new Metrics();
   log.notice(`version ${VERSION} starting`);
-  const settings: LoadSettings = { paths: o.hooks, template: o.template, env, commandTimeoutMs: o.commandTimeoutMs };
+  const settings = hookLoadSettings(o, env);
   const upgrade = new UpgradeService(o.kubeconfig || env.KUBECONFIG, env, o.rolloutFollowMs, log);
   const snapshot = loadInitialHooks(o, settings, log, upgrade);
   if (!snapshot) return 1;
 
-  const mailer = new Mailer(mailConfig(env, log), log, metrics);
+  const mailer = new Mailer(mailConfig(env, log), log, metrics, { max: o.maxMailsPerHook, windowMs: o.mailWindowMs });
   const store = new HookStore(settings, snapshot, log, metrics);
   const runner = new CommandRunner(o.maxConcurrentCommands, env, log, metrics, upgrade);
   const listener = new ResultNotifier(mailer, upgrade, log);
@@ -8082,6 +8729,8 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
   const server = await openListener(o, handler, log);
   if (!server) return 1;
   server.on('clientError', (err: Error, socket: net.Socket) => answerClientError(handlerContext, err, socket));
+  const metricsServer = o.metricsListen ? await openMetricsListener(o.metricsListen, metrics, log) : undefined;
+  if (o.metricsListen && !metricsServer) return 1;
 
   if (o.hotreload) store.watch();
   const reloadOnSignal = (sig: string) => {
@@ -8097,7 +8746,8 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
       log.notice(
         `caught ${sig}, shutting down: no new requests; running commands get ${formatGoDuration(o.shutdownGraceMs)}`,
       );
-      await stopService(o, { store, server, runner, upgrade, mailer });
+      metricsServer?.close();
+      await stopService(o, { store, server, runner, upgrade, mailer, log });
       log.notice('stopped');
       log.flush();
       resolve(0);
@@ -8121,6 +8771,17 @@ function openLog(o: Options): Logger | undefined {
     logFd === undefined ? process.stderr.write(text) : fs.writeSync(logFd, text),
   );
   return log;
+}
+
+/** How the hook files are read; the image pin's settings in them are checked at every load. */
+function hookLoadSettings(o: Options, env: Record<string, string | undefined>): LoadSettings {
+  return {
+    paths: o.hooks,
+    template: o.template,
+    env,
+    commandTimeoutMs: o.commandTimeoutMs,
+    settingChecks: IMAGE_PIN_SETTINGS,
+  };
 }
 
 /** The mail settings, or undefined (mail off), with what was wrong with them logged. */
@@ -8205,16 +8866,45 @@ async function openListener(o: Options, handler: http.RequestListener, log: Logg
   return server;
 }
 
+/** The metrics listener: its own address, so publishing the hook port does not publish /metrics. */
+async function openMetricsListener(address: string, metrics: Metrics, log: Logger): Promise<http.Server | undefined> {
+  const { host, port } = parseListenAddress(address);
+  const server = http.createServer({ requestTimeout: 10_000, headersTimeout: 10_000 }, createMetricsHandler(metrics));
+  const failed = await new Promise<Error | undefined>((resolve) => {
+    server.once('error', resolve);
+    server.listen(port, host, () => resolve(undefined));
+  });
+  if (failed) {
+    log.error(`cannot listen for metrics on ${address}: ${failed.message}`);
+    return undefined;
+  }
+  const bound = server.address() as net.AddressInfo;
+  const shown = bound.family === 'IPv6' ? `[${bound.address}]` : bound.address;
+  log.notice(`serving metrics on http://${shown}:${bound.port}/metrics`);
+  return server;
+}
+
 /** Shutdown: no new requests, running commands get the grace period, then follows end and mails go. */
 async function stopService(
   o: Options,
-  s: { store: HookStore; server: http.Server; runner: CommandRunner; upgrade: UpgradeService; mailer: Mailer },
+  s: {
+    store: HookStore;
+    server: http.Server;
+    runner: CommandRunner;
+    upgrade: UpgradeService;
+    mailer: Mailer;
+    log: Logger;
+  },
 ): Promise<void> {
   s.store.close();
   s.server.close();
   s.server.closeIdleConnections();
   const graceEnds = Date.now() + o.shutdownGraceMs;
   await s.runner.drain(o.shutdownGraceMs);
+  // The answers of the commands that just finished go out (with their log lines) before the
+  // connections close.
+  await new Promise((resolve) => setImmediate(resolve));
+  s.log.flush();
   s.server.closeAllConnections();
   // Rollouts still followed end now; their mails, and those of commands that just finished,
   // still go out within what is left of the grace period.

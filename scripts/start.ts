@@ -22,8 +22,8 @@ import * as path from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { ensureCluster } from '../test/cluster/cluster.ts';
 import {
-  Logger, loadSnapshot, parseCommandLine, resolveHookCommand, UpgradeService, upgradeInput, UsageError,
-  type Hook, type Match, type Options, type Param, type Rule,
+  Logger, loadSnapshot, parseCommandLine, requiredMatches, resolveHookCommand, UpgradeService, upgradeInput, UsageError,
+  type Hook, type Options, type Param,
 } from '../webhook.ts';
 
 const ROOT = path.resolve(import.meta.dirname, '..');
@@ -83,14 +83,6 @@ async function chooseCluster(o: Options, env: Env): Promise<{ kubeconfig?: strin
         '(kubectl config view --raw --minify --flatten -o json) to use a cluster of your own.',
     );
   }
-}
-
-/** The matches every passing request satisfies: those reached from the rule's root through `and`. */
-function requiredMatches(rule: Rule | undefined): Match[] {
-  if (!rule) return [];
-  if ('and' in rule) return rule.and.flatMap(requiredMatches);
-  if ('or' in rule) return rule.or.length === 1 ? requiredMatches(rule.or[0]) : [];
-  return 'match' in rule ? [rule.match] : [];
 }
 
 /** What an upgrade hook changes and how to call it; undefined when a request could not drive it from the URL. */

@@ -20,13 +20,13 @@
  * Outside CI the tests are skipped when Helm or the cluster cannot start; with CI=true they fail.
  */
 import assert from 'node:assert/strict';
-import { execFile } from 'node:child_process';
+import { execFile, execFileSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { acrImage, acrPayload, clusterOrSkip, containerImage, deployment, kubectlFor } from './cluster/kube.ts';
-import { makeTempDir, REPO_ROOT, startWebhook, waitForOutput, type Webhook } from './harness.ts';
+import { defaultBinary, makeTempDir, REPO_ROOT, startWebhook, waitForOutput, type Webhook } from './harness.ts';
 import { helmOrSkip } from './helm.ts';
 import { parseYaml } from '../webhook.ts';
 
@@ -135,32 +135,33 @@ describe('charts/webhook on the cluster', { skip: helm && cluster ? false : 'no 
     for (const n of [ns, appNs]) await kubectl(['delete', 'namespace', n, '--wait=false']).catch(() => '');
   });
 
-  test('for the same settings, deploy/ and the chart produce the same objects', async () => {
+  test('for the same settings, deploy/ (with -print-rbac or rbac-cluster.yaml) and the chart produce the same objects', async () => {
     const token = randomBytes(24).toString('hex');
-    const overlay = makeTempDir('chart-deploy-');
-    for (const f of fs.readdirSync(path.join(REPO_ROOT, 'deploy'))) {
-      const text = fs.readFileSync(path.join(REPO_ROOT, 'deploy', f), 'utf8')
-        .replaceAll('<namespace>', 'prod').replaceAll('<workload>', 'deployment/web').replaceAll('<container>', 'app')
-        .replaceAll('<mail-to>', 'ops@example.com').replaceAll('<hook-token>', token)
-        .replace('<base64-of-smtp-host>', b64('smtp.example.com')).replace('<base64-of-sender-address>', b64('webhook@example.com'))
-        .replace('<base64-of-smtp-password>', b64('the password'));
-      fs.writeFileSync(path.join(overlay, f), text);
+    for (const mode of ['namespaced', 'cluster']) {
+      const overlay = filledDeploy(token, mode === 'cluster');
+      const fromDeploy = await parseManifests('', kubectl, overlay);
+      if (mode === 'namespaced') {
+        // deploy/'s Roles are what `webhook -print-rbac` prints for its hooks.
+        const rbac = execFileSync(defaultBinary(), ['-print-rbac', '-hooks', path.join(overlay, 'hooks'), '-template', '-rbac-service-account', 'cattle-system/webhook'], {
+          env: { PATH: process.env.PATH, HOOK_TOKEN: token }, encoding: 'utf8',
+        });
+        fromDeploy.push(...await parseManifests(rbac, kubectl));
+      }
+      const values = writeValues({
+        image: { repository: 'webhook', tag: 'latest' },
+        hooks: [{ id: 'web', namespace: 'prod', workload: 'deployment/web', container: 'app', mailTo: 'ops@example.com' }],
+        token: { perHook: false, value: token },
+        mail: { server: 'smtp.example.com', port: 465, from: 'webhook@example.com', password: 'the password', tlsCheck: true },
+        rbac: { mode },
+      });
+      const rendered = await runHelm(['template', 'webhook', CHART, '-n', 'cattle-system', '-f', values]);
+      const fromChart = await parseManifests(rendered, kubectl);
+      const byName = (objects: any[]) => new Map(objects.map((o) => [`${o.kind}/${o.metadata.namespace ?? ''}/${o.metadata.name}`, normalise(o)]));
+      const [d, c] = [byName(fromDeploy.map((o) => withNamespace(o, 'cattle-system'))), byName(fromChart.map((o) => withNamespace(o, 'cattle-system')))];
+      assert.deepEqual([...c.keys()].sort(), [...d.keys()].sort(), mode);
+      assert.ok(d.has(mode === 'cluster' ? 'ClusterRole//webhook' : 'Role/prod/webhook'), mode);
+      for (const [key, object] of d) assert.deepEqual(c.get(key), object, `${mode}: ${key}`);
     }
-    const fromDeploy = await parseManifests('', kubectl, overlay);
-    const mode = fromDeploy.some((o) => o.kind === 'ClusterRole') ? 'cluster' : 'namespaced';
-    const values = writeValues({
-      image: { repository: 'webhook', tag: 'latest' },
-      hooks: [{ id: 'web', namespace: 'prod', workload: 'deployment/web', container: 'app', mailTo: 'ops@example.com' }],
-      token: { perHook: false, value: token },
-      mail: { server: 'smtp.example.com', port: 465, from: 'webhook@example.com', password: 'the password', tlsCheck: true },
-      rbac: { mode },
-    });
-    const rendered = await runHelm(['template', 'webhook', CHART, '-n', 'cattle-system', '-f', values]);
-    const fromChart = await parseManifests(rendered, kubectl);
-    const byName = (objects: any[]) => new Map(objects.map((o) => [`${o.kind}/${o.metadata.namespace ?? ''}/${o.metadata.name}`, normalise(o)]));
-    const [d, c] = [byName(fromDeploy), byName(fromChart.map((o) => withNamespace(o, 'cattle-system')))];
-    assert.deepEqual([...c.keys()].sort(), [...d.keys()].sort());
-    for (const [key, object] of d) assert.deepEqual(c.get(key), object, key);
   });
 
   test('helm template | kubectl apply --dry-run=server succeeds, in both RBAC modes', async () => {
@@ -281,6 +282,28 @@ describe('charts/webhook on the cluster', { skip: helm && cluster ? false : 'no 
     }
   });
 });
+
+/** A copy of deploy/ with its placeholders filled in (and, for `cluster`, rbac-cluster.yaml among its resources). */
+function filledDeploy(token: string, cluster: boolean): string {
+  const fill = (text: string) => text
+    .replaceAll('<namespace>', 'prod').replaceAll('<workload>', 'deployment/web').replaceAll('<container>', 'app')
+    .replaceAll('<mail-to>', 'ops@example.com').replaceAll('<hook-token>', token)
+    .replaceAll('<base64-of-smtp-host>', b64('smtp.example.com')).replaceAll('<base64-of-sender-address>', b64('webhook@example.com'))
+    .replaceAll('<base64-of-smtp-password>', b64('the password'));
+  const overlay = makeTempDir('chart-deploy-');
+  fs.cpSync(path.join(REPO_ROOT, 'deploy'), overlay, { recursive: true });
+  for (const f of fs.readdirSync(overlay, { recursive: true, encoding: 'utf8' })) {
+    const file = path.join(overlay, f);
+    if (fs.statSync(file).isFile()) fs.writeFileSync(file, fill(fs.readFileSync(file, 'utf8')));
+  }
+  if (cluster) {
+    const k = path.join(overlay, 'kustomization.yaml');
+    const text = fs.readFileSync(k, 'utf8');
+    assert.match(text, /^ {2}# - rbac-cluster\.yaml$/m, 'deploy/kustomization.yaml offers rbac-cluster.yaml');
+    fs.writeFileSync(k, text.replace(/^ {2}# - rbac-cluster\.yaml$/m, '  - rbac-cluster.yaml'));
+  }
+  return overlay;
+}
 
 /** Writes a ConfigMap volume as the kubelet does: the files in a fresh directory behind `..data`, swapped at once. */
 function writeConfigMapVolume(dir: string, data: Record<string, string>): void {

@@ -1140,6 +1140,7 @@ describe('our improvements', { skip: IS_ADNANH && 'adnanh/webhook lacks these by
           { id: 'open', 'execute-command': '/bin/true', 'response-message': 'ran' },
           { id: 'head-ok', 'execute-command': '/bin/true', 'response-message': 'ran', 'http-methods': ['HEAD', 'POST'] },
         ],
+        metrics: true,
       });
     });
     after(() => wh?.stop());
@@ -1172,12 +1173,13 @@ describe('our improvements', { skip: IS_ADNANH && 'adnanh/webhook lacks these by
       assert.equal((await wh.request('/healthz')).status, 200);
     });
 
-    it('GET /metrics answers Prometheus text with webhook_requests_total', async () => {
+    it('GET /metrics answers Prometheus text with webhook_requests_total on the -metrics-listen address only', async () => {
       await wh.request('/hooks/open', { method: 'POST' });
-      const res = await wh.request('/metrics');
+      const res = await wh.metrics();
       assert.equal(res.status, 200);
       assert.match(String(res.headers['content-type']), /^text\/plain/);
       assert.match(res.body, /^webhook_requests_total[{ ]/m);
+      assert.equal((await wh.request('/metrics')).status, 404, 'not on the hook port');
     });
 
     it('the access log shows token=REDACTED and never the token value', async () => {

@@ -2,16 +2,20 @@
  * deploy/ (the kustomization) on the real test cluster (test/cluster: kube-apiserver, controllers
  * and scheduler, kwok's fake nodes):
  *
- *   - rendered, it is what the issue asks for and agrees with the image (user, port, hooks dir);
- *   - its seed hook template loads in the real executable, each placeholder reported;
+ *   - rendered, it is what the issue asks for and agrees with the image (user, port, hooks dir,
+ *     metrics port apart from the Service's);
+ *   - its seed hook, as shipped, is refused by the real executable, naming each placeholder its
+ *     rule compares against; filled in, it loads, and -print-rbac turns it into a Role;
  *   - `kubectl apply --dry-run=server -k deploy/` succeeds as shipped (namespace cattle-system);
- *   - applied for real into a fresh namespace through an overlay (namespace + nameSuffix, so the
- *     cluster-scoped ClusterRole and ClusterRoleBinding of parallel runs do not clash), under the
- *     "restricted" Pod Security Standard, the Deployment rolls out on the fake nodes (kwok fakes
- *     the pods: the image need not be pullable) and the binding follows the ServiceAccount;
+ *   - applied for real into a fresh namespace through an overlay (namespace + nameSuffix), under
+ *     the "restricted" Pod Security Standard, the Deployment rolls out on the fake nodes (kwok
+ *     fakes the pods: the image need not be pullable); the Roles -print-rbac generates for its
+ *     ServiceAccount allow exactly the hook's workload; the cluster-wide option follows the
+ *     ServiceAccount to the overlay's namespace;
  *   - everything it created is deleted afterwards.
  *
- * What the RBAC grants is proven in test/upgrade.test.ts (an upgrade as this ServiceAccount).
+ * That the generated Roles are enough for an upgrade, and refuse any other workload, is proven in
+ * test/e2e.test.ts; the cluster-wide option in test/upgrade.test.ts.
  * Outside CI the cluster tests are skipped when the cluster cannot start; with CI=true they fail.
  */
 import { execFile, execFileSync } from 'node:child_process';
@@ -21,7 +25,7 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { ensureCluster } from './cluster/cluster.ts';
-import { makeTempDir, REPO_ROOT, startWebhook } from './harness.ts';
+import { defaultBinary, makeTempDir, REPO_ROOT, spawnWebhook, startWebhook } from './harness.ts';
 
 const DEPLOY = path.join(REPO_ROOT, 'deploy');
 
@@ -30,6 +34,16 @@ const cluster = await ensureCluster().catch((e: Error) => {
   process.stderr.write(`\n#### cluster unavailable, SKIPPING deploy tests: ${e.message}\n\n`);
   return undefined;
 });
+
+/** `webhook -print-rbac` for the hooks in `dir`: its YAML (stdout). */
+function printRbac(dir: string, serviceAccount: string): Promise<string> {
+  return new Promise((resolve, reject) => {
+    execFile(defaultBinary(), ['-print-rbac', '-hooks', dir, '-rbac-service-account', serviceAccount], (error, stdout, stderr) => {
+      if (error) reject(new Error(`webhook -print-rbac: ${stderr || error.message}`));
+      else resolve(stdout);
+    });
+  });
+}
 
 function kubectl(args: string[], input?: string): Promise<string> {
   return new Promise((resolve, reject) => {
@@ -68,16 +82,13 @@ describe('deploy/', { skip: cluster ? false : 'no cluster' }, () => {
     objects = await render(DEPLOY);
   });
 
-  test('renders the ServiceAccount, its RBAC, the hooks, the secret, the Deployment and the Service, in cattle-system', () => {
+  test('renders the ServiceAccount, the hooks, the secret, the Deployment and the Service, in cattle-system; no cluster-wide role', () => {
     assert.deepEqual(objects.map((o) => `${o.kind}/${o.metadata.name}`).sort(), [
-      'ClusterRole/webhook', 'ClusterRoleBinding/webhook', 'ConfigMap/webhook-hooks', 'Deployment/webhook',
-      'Secret/webhook-env', 'Service/webhook', 'ServiceAccount/webhook',
+      'ConfigMap/webhook-hooks', 'Deployment/webhook', 'Secret/webhook-env', 'Service/webhook', 'ServiceAccount/webhook',
     ]);
-    for (const o of objects) {
-      if (o.kind.startsWith('Cluster')) assert.equal(o.metadata.namespace, undefined);
-      else assert.equal(o.metadata.namespace, 'cattle-system', `${o.kind} namespace`);
-    }
-    assert.deepEqual(find('ClusterRoleBinding').subjects, [{ kind: 'ServiceAccount', name: 'webhook', namespace: 'cattle-system' }]);
+    for (const o of objects) assert.equal(o.metadata.namespace, 'cattle-system', `${o.kind} namespace`);
+    // The ConfigMap is generated from deploy/hooks/, the files -print-rbac reads.
+    assert.equal(find('ConfigMap').data['web.json'], fs.readFileSync(path.join(DEPLOY, 'hooks', 'web.json'), 'utf8'));
   });
 
   test('the Deployment: hardened, probed on /healthz, sized, and consistent with the image', () => {
@@ -95,7 +106,9 @@ describe('deploy/', { skip: cluster ? false : 'no cluster' }, () => {
     assert.deepEqual(c.securityContext, { allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, runAsNonRoot: true, capabilities: { drop: ['ALL'] } });
     // Port, probes and the hooks directory are the image's (EXPOSE, CMD's -hooks).
     const port = Number(dockerfile('EXPOSE'));
-    assert.deepEqual(c.ports, [{ name: 'http', containerPort: port, protocol: 'TCP' }]);
+    assert.deepEqual(c.ports, [{ name: 'http', containerPort: port, protocol: 'TCP' }, { name: 'metrics', containerPort: 9100, protocol: 'TCP' }]);
+    // Metrics are scraped from the pod, on the port given to -metrics-listen; the Service has only the hooks.
+    assert.deepEqual(d.spec.template.metadata.annotations, { 'prometheus.io/scrape': 'true', 'prometheus.io/port': '9100', 'prometheus.io/path': '/metrics' });
     for (const probe of [c.readinessProbe, c.livenessProbe]) assert.deepEqual(probe.httpGet, { path: '/healthz', port });
     const cmd: string[] = JSON.parse(dockerfile('CMD'));
     const hooksDir = cmd[cmd.indexOf('-hooks') + 1];
@@ -104,7 +117,7 @@ describe('deploy/', { skip: cluster ? false : 'no cluster' }, () => {
     assert.equal(volumes[mounts[hooksDir].name].configMap.name, find('ConfigMap').metadata.name);
     assert.equal(mounts[hooksDir].readOnly, true);
     assert.deepEqual(volumes[mounts['/tmp'].name].emptyDir, {});
-    assert.deepEqual(c.env, [{ name: 'WEBHOOK_CMD', value: '-template' }]);
+    assert.deepEqual(c.env, [{ name: 'WEBHOOK_CMD', value: '-template -metrics-listen :9100' }]);
     assert.deepEqual(c.envFrom, [{ secretRef: { name: find('Secret').metadata.name } }]);
     assert.deepEqual(c.resources, { requests: { cpu: '50m', memory: '128Mi' }, limits: { cpu: '1', memory: '256Mi' } });
     assert.equal(c.args, undefined, 'the image\'s default arguments are used');
@@ -117,35 +130,42 @@ describe('deploy/', { skip: cluster ? false : 'no cluster' }, () => {
     assert.deepEqual(Object.keys(find('Secret').stringData).sort(), ['HOOK_TOKEN', 'MAIL_FROM', 'MAIL_PASSWORD', 'MAIL_SMTP_PORT', 'MAIL_SMTP_SERVER', 'MAIL_TLS_CHECK']);
   });
 
-  test('the seed hook template loads in the executable; every placeholder is reported, and none once filled in', async () => {
+  test('the seed hook as shipped is refused, naming every placeholder its rule compares against; filled in, it loads and -print-rbac grants its workload', async () => {
     if (!fs.existsSync(path.join(REPO_ROOT, 'dist', 'webhook'))) {
       execFileSync(process.execPath, ['--disable-warning=ExperimentalWarning', path.join(REPO_ROOT, 'scripts', 'build.ts')], { stdio: 'inherit' });
     }
     const configMap = find('ConfigMap');
     const env = { ...find('Secret').stringData, WEBHOOK_CMD: '-template' };
     assert.deepEqual(Object.keys(configMap.data), ['web.json']);
-    const serve = async (text: string, vars: Record<string, string>) => {
+    const hooksDir = (text: string) => {
       const dir = makeTempDir('deploy-hooks-');
       fs.writeFileSync(path.join(dir, 'web.json'), text);
-      const wh = await startWebhook({ hooks: dir, env: vars });
-      const output = wh.output();
-      await wh.stop();
-      return output;
+      return dir;
     };
-    const shipped = await serve(configMap.data['web.json'], env);
-    assert.match(shipped, /loaded 1 hook\(s\) from 1 file\(s\): web/);
-    for (const [field, placeholder] of [['trigger-rule.and[1].match.value', '<namespace>'], ['trigger-rule.and[2].match.value', '<workload>'], ['trigger-rule.and[3].match.value', '<container>'], ['pass-environment-to-command[5].name', '<mail-to>']]) {
-      assert.ok(shipped.includes(`hook "web": ${field}: still holds the placeholder "${placeholder}"`), `${placeholder} reported`);
+    const shipped = await spawnWebhook({ hooks: hooksDir(configMap.data['web.json']), env });
+    assert.equal((await shipped.exited).code, 1, shipped.output());
+    // The token placeholder comes from the Secret through the template; it is named, being no secret.
+    for (const [field, placeholder] of [['and[0]', '<hook-token>'], ['and[1]', '<namespace>'], ['and[2]', '<workload>'], ['and[3]', '<container>']]) {
+      assert.match(shipped.output(), new RegExp(`web\\.json:\\d+: hook "web": trigger-rule\\.${field.replace(/[[\]]/g, '\\$&')}\\.match\\.value: still holds the placeholder "${placeholder}"; replace it`), placeholder);
     }
-    // The token placeholder is reported too (shown as REDACTED: it came from the environment).
-    assert.match(shipped, /hook "web": trigger-rule\.and\[0\]\.match\.value: still holds the placeholder/);
-    for (const v of ['MAIL_SMTP_SERVER', 'MAIL_FROM', 'MAIL_PASSWORD']) assert.match(shipped, new RegExp(`mail is off: ${v}: not valid base64`));
     const filled = configMap.data['web.json']
       .replace('<namespace>', 'prod').replace('<workload>', 'deployment/web').replace('<container>', 'app').replace('<mail-to>', 'ops@example.com');
+    const token = randomBytes(24).toString('hex');
+    // The hook filled in and the token set, the MAIL_* placeholders only turn the mail off.
+    const mailOff = await startWebhook({ hooks: hooksDir(filled), env: { ...env, HOOK_TOKEN: token } });
+    await mailOff.stop();
+    for (const v of ['MAIL_SMTP_SERVER', 'MAIL_FROM', 'MAIL_PASSWORD']) assert.match(mailOff.output(), new RegExp(`mail is off: ${v}: not valid base64`));
     const b64 = (s: string) => Buffer.from(s).toString('base64');
-    const ready = await serve(filled, { ...env, HOOK_TOKEN: randomBytes(24).toString('hex'), MAIL_SMTP_SERVER: b64('smtp.example.com'), MAIL_FROM: b64('webhook@example.com'), MAIL_PASSWORD: b64('pw') });
-    assert.doesNotMatch(ready, /placeholder|error:/, ready);
-    assert.match(ready, /mail results through smtp\.example\.com:465/);
+    const wh = await startWebhook({ hooks: hooksDir(filled), env: { ...env, HOOK_TOKEN: token, MAIL_SMTP_SERVER: b64('smtp.example.com'), MAIL_FROM: b64('webhook@example.com'), MAIL_PASSWORD: b64('pw') } });
+    await wh.stop();
+    assert.doesNotMatch(wh.output(), /placeholder|error:/, wh.output());
+    assert.match(wh.output(), /loaded 1 hook\(s\) from 1 file\(s\): web/);
+    assert.match(wh.output(), /mail results through smtp\.example\.com:465/);
+    const rbac = await printRbac(hooksDir(filled), 'cattle-system/webhook');
+    assert.match(rbac, /^#   hook "web": deployment\/web in namespace prod$/m);
+    assert.match(rbac, /^kind: Role\nmetadata:\n  name: "webhook"\n  namespace: "prod"\n/m);
+    assert.match(rbac, /^  - apiGroups: \["apps"\]\n    resources: \["deployments"\]\n    resourceNames: \["web"\]\n    verbs: \["get", "patch"\]$/m);
+    assert.match(rbac, /^subjects:\n  - kind: ServiceAccount\n    name: "webhook"\n    namespace: "cattle-system"$/m);
   });
 
   test('kubectl apply --dry-run=server -k deploy/ succeeds', async () => {
@@ -203,17 +223,42 @@ describe('deploy/', { skip: cluster ? false : 'no cluster' }, () => {
       assert.equal(pod.spec.serviceAccount, `webhook-${suffix}`);
     });
 
-    test('the ClusterRoleBinding follows the ServiceAccount to the new namespace', async () => {
-      const binding = JSON.parse(await kubectl(['get', 'clusterrolebinding', `webhook-${suffix}`, '--output', 'json']));
+    // `auth can-i` prints yes or no, and exits 1 for no.
+    const can = (verb: string, resource: string, namespace = ns) => new Promise<string>((resolve) => {
+      execFile(cluster!.kubectl, ['--kubeconfig', cluster!.kubeconfigPath, 'auth', 'can-i', verb, resource, '--namespace', namespace, '--as', `system:serviceaccount:${ns}:webhook-${suffix}`],
+        (_error, stdout, stderr) => resolve(stdout.trim() || stderr.trim()));
+    });
+
+    test('the Roles -print-rbac generates from the filled-in hook allow its workload and nothing else', async () => {
+      assert.equal(await can('get', 'deployments.apps/web'), 'no', 'the ServiceAccount starts with no permission');
+      const dir = makeTempDir('deploy-rbac-hooks-');
+      fs.writeFileSync(path.join(dir, 'web.json'), find('ConfigMap').data['web.json']
+        .replace('<namespace>', ns).replace('<workload>', 'deployment/web').replace('<container>', 'app').replace('<mail-to>', 'ops@example.com'));
+      const rbac = await printRbac(dir, `${ns}/webhook-${suffix}`);
+      const out = await kubectl(['apply', '-f', '-'], rbac);
+      assert.match(out, new RegExp(`role\\.rbac\\.authorization\\.k8s\\.io/webhook-${suffix} created`));
+      for (const [verb, resource, expected] of [
+        ['get', 'deployments.apps/web', 'yes'], ['patch', 'deployments.apps/web', 'yes'], ['list', 'replicasets.apps', 'yes'],
+        ['list', 'pods', 'yes'], ['create', 'events', 'yes'],
+        ['get', 'deployments.apps/other', 'no'], ['patch', 'deployments.apps/other', 'no'], ['list', 'deployments.apps', 'no'],
+        ['patch', 'statefulsets.apps/web', 'no'], ['get', 'secrets', 'no'],
+      ]) assert.equal(await can(verb, resource), expected, `${verb} ${resource}`);
+      assert.equal(await can('get', 'deployments.apps/web', 'default'), 'no', 'not in another namespace');
+    });
+
+    test('the cluster-wide option (rbac-cluster.yaml in the resources) binds the ServiceAccount in its new namespace', async () => {
+      const option = makeTempDir('deploy-overlay-cluster-');
+      fs.copyFileSync(path.join(DEPLOY, 'rbac-cluster.yaml'), path.join(option, 'rbac-cluster.yaml'));
+      fs.writeFileSync(path.join(option, 'kustomization.yaml'), [
+        'apiVersion: kustomize.config.k8s.io/v1beta1', 'kind: Kustomization', `namespace: ${ns}`,
+        `nameSuffix: ${JSON.stringify(`-${suffix}`)}`, 'resources:', `  - ${path.relative(option, DEPLOY)}`, '  - rbac-cluster.yaml', '',
+      ].join('\n'));
+      const rendered = await render(option);
+      const binding = rendered.find((o) => o.kind === 'ClusterRoleBinding');
       assert.deepEqual(binding.subjects, [{ kind: 'ServiceAccount', name: `webhook-${suffix}`, namespace: ns }]);
       assert.equal(binding.roleRef.name, `webhook-${suffix}`);
-      // `auth can-i` prints yes or no, and exits 1 for no.
-      const can = (verb: string, resource: string) => new Promise<string>((resolve) => {
-        execFile(cluster!.kubectl, ['--kubeconfig', cluster!.kubeconfigPath, 'auth', 'can-i', verb, resource, '--namespace', 'default', '--as', `system:serviceaccount:${ns}:webhook-${suffix}`],
-          (_error, stdout, stderr) => resolve(stdout.trim() || stderr.trim()));
-      });
-      assert.equal(await can('patch', 'deployments.apps'), 'yes');
-      assert.equal(await can('get', 'secrets'), 'no');
+      const role = rendered.find((o) => o.kind === 'ClusterRole');
+      assert.deepEqual(role.rules.flatMap((r: any) => r.verbs).filter((v: string) => v === 'list').length, 2, 'list only replicasets and pods');
     });
   });
 });

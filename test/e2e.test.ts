@@ -8,7 +8,7 @@ import { execFile } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { makeTempDir, startWebhook, waitForOutput, type Webhook } from './harness.ts';
+import { defaultBinary, httpRequest, makeTempDir, spawnWebhook, startWebhook, waitForOutput, type Webhook } from './harness.ts';
 import { startMta, type Mta } from './mta.ts';
 import {
   acrImage, acrPayload, clusterOrSkip, containerImage, cronJob, daemonSet, deployment, freshNamespaceName, kubectlFor, shippedServiceAccount, statefulSet,
@@ -20,8 +20,9 @@ const cluster = await clusterOrSkip();
 
 /**
  * The seed hook as shipped, pointed at this repository's webhooks.sh and this run's namespace, and
- * a few variants of it: "any" (token only, for other workloads), "pinned" (PIN_DIGEST=true) and
- * "tracked" (ROLLOUT_TIMEOUT=60s: the answer waits for the rollout).
+ * a few variants of it: "any" (token only, for other workloads), "pinned" (PIN_DIGEST=true),
+ * "tracked" (ROLLOUT_TIMEOUT=60s: the answer waits for the rollout) and "widened" (ALLOW_IMAGES
+ * lets it deploy one more repository).
  */
 function hookDirectory(ns: string): string {
   const dir = makeTempDir('e2e-hooks-');
@@ -38,9 +39,42 @@ function hookDirectory(ns: string): string {
   });
   fs.writeFileSync(path.join(dir, 'variants.json'), JSON.stringify([
     variant('any', {}), variant('pinned', { PIN_DIGEST: 'true' }), variant('tracked', { ROLLOUT_TIMEOUT: '60s' }),
+    variant('widened', { ALLOW_IMAGES: 'evil.example:5000/x/backdoor' }),
   ], null, 1));
   return dir;
 }
+
+describe('the image pin settings through the executable', () => {
+  test('a malformed ALLOW_IMAGES, or one the request could set, stops the load with file, line and field', async () => {
+    for (const [setting, field, problem] of [
+      [{ envname: 'ALLOW_IMAGES', source: 'string', name: 'registry.cn-hangzhou.aliyuncs.com/shop/web-*' }, 'name',
+        'ALLOW_IMAGES pattern "registry.cn-hangzhou.aliyuncs.com/shop/web-*" has a "*" that is not a trailing "/*"'],
+      [{ envname: 'ALLOW_IMAGES', source: 'url', name: 'allow' }, 'source', 'ALLOW_IMAGES must be fixed in the hook file ("source": "string")'],
+    ] as const) {
+      const dir = makeTempDir('e2e-pin-hooks-');
+      const seed = JSON.parse(fs.readFileSync(path.join(REPO, 'examples', 'hooks', 'web.json'), 'utf8'));
+      seed[0]['pass-environment-to-command'].push(setting);
+      const text = JSON.stringify(seed, null, 2);
+      fs.writeFileSync(path.join(dir, 'web.json'), text);
+      const lines = text.split('\n');
+      const item = lines.findIndex((l) => l.includes('"envname": "ALLOW_IMAGES"'));
+      const line = lines.findIndex((l, i) => i > item && l.includes(`"${field}": `)) + 1;
+      const s = await spawnWebhook({ hooks: dir, env: { WEBHOOK_CMD: '-template', HOOK_TOKEN: TOKEN } });
+      let exit: { code: number | null } | undefined;
+      void s.exited.then((e) => (exit = e));
+      // Either it stops at the load, or it loaded the hook and serves: then the check is missing.
+      while (!exit) {
+        if ((await httpRequest(s.port, '/').catch(() => undefined))?.status === 200) {
+          s.proc.kill('SIGKILL');
+          assert.fail(`the hook loaded and is served:\n${s.output()}`);
+        }
+        await new Promise((r) => setTimeout(r, 50));
+      }
+      assert.notEqual(exit.code, 0, s.output());
+      assert.ok(s.output().includes(`${path.join(dir, 'web.json')}:${line}: hook "web": pass-environment-to-command[6].${field}: ${problem}`), s.output());
+    }
+  });
+});
 
 describe('pushes through the running executable, on a real cluster', { skip: cluster ? false : 'no cluster' }, () => {
   const ns = freshNamespaceName('e2e');
@@ -60,6 +94,7 @@ describe('pushes through the running executable, on a real cluster', { skip: clu
       cronJob('nightly', [{ name: 'app', image: acrImage('v1') }]),
       deployment('broken', [{ name: 'app', image: acrImage('v1') }], { progressDeadlineSeconds: 3, replicas: 1 }, { 'webhook-test/unready': 'true' }),
       deployment('busy', [{ name: 'app', image: acrImage('v0') }], { replicas: 1 }),
+      deployment('edge', [{ name: 'app', image: acrImage('v1') }], { replicas: 1 }),
     ] }));
     for (const w of ['deployment/web', 'daemonset/agent', 'statefulset/db', 'deployment/busy']) await kubectl(['-n', ns, 'rollout', 'status', w, '--timeout=90s']);
     wh = await startWebhook({ hooks: hookDirectory(ns), env: { WEBHOOK_CMD: '-template', HOOK_TOKEN: TOKEN, KUBECONFIG: cluster!.kubeconfigPath } });
@@ -146,11 +181,42 @@ describe('pushes through the running executable, on a real cluster', { skip: clu
     }
     const missingWorkload = await push('any', seedQuery({ workload: 'deployment/nope' }), acrPayload('v9'));
     assert.equal(missingWorkload.status, 500);
-    assert.match(missingWorkload.body, /deployment "nope" not found in namespace "[^"]+"; deployments there: /);
+    assert.match(missingWorkload.body, /^result: +failed: deployment "nope" not found in namespace "[^"]+"$/m);
+    // The namespace's other workloads are not listed to whoever holds the URL.
+    assert.doesNotMatch(missingWorkload.body, /\b(busy|broken)\b/);
     const missingContainer = await push('any', seedQuery({ container: 'ap' }), acrPayload('v9'));
     assert.equal(missingContainer.status, 500);
     assert.match(missingContainer.body, /container "ap" not found in deployment\/web \(containers: app-sidecar, app\)/);
     assert.equal((await getJson('deployment/web')).metadata.generation, before.metadata.generation);
+  });
+
+  test('the image pin: a build job cannot deploy another registry\'s image through the seed hook', async () => {
+    const evil = JSON.stringify({ push_data: { tag: 'pwn' }, repository: { repo_url: 'evil.example:5000', namespace: 'x', name: 'backdoor' } });
+    const message = 'image pin: container "app" runs repository "registry.cn-hangzhou.aliyuncs.com/shop/web-api", and the push names ' +
+      'repository "evil.example:5000/x/backdoor"; a push may change only the tag and digest, unless the hook setting ALLOW_IMAGES lists the repository';
+    for (const [hook, workload] of [['web', 'web'], ['any', 'edge']]) {
+      const before = await getJson(`deployment/${workload}`);
+      const res = await push(hook, seedQuery({ workload: `deployment/${workload}`, repo_type: 'custom' }), evil);
+      assert.equal(res.status, 500, res.body);
+      assert.match(res.body, /^action: +none \(nothing was changed\)$/m);
+      assert.ok(res.body.includes(`result:       failed: ${message}\n`), res.body);
+      const after = await getJson(`deployment/${workload}`);
+      assert.equal(containerImage(after, 'app'), containerImage(before, 'app'));
+      assert.equal(after.metadata.generation, before.metadata.generation);
+      const refusals = (await getJson('events')).items.filter((e: any) => e.involvedObject.name === workload && e.reason === 'UpgradeRefused');
+      assert.equal(refusals.length, 1);
+      assert.equal(refusals[0].type, 'Warning');
+      assert.match(refusals[0].message, new RegExp(`; asked by hook "${hook}", request \\S+$`));
+      assert.ok(refusals[0].message.startsWith(message));
+      // Logged as an error, whatever the verbosity.
+      await waitForOutput(wh, `hook ${hook}: push to deployment/${workload} in ${ns} refused: ${message}`);
+    }
+    // The hook that lists the repository in ALLOW_IMAGES applies the same push.
+    const widened = await push('widened', seedQuery({ workload: 'deployment/edge', repo_type: 'custom' }), evil);
+    assert.equal(widened.status, 200, widened.body);
+    assert.match(widened.body, /^action: +image updated$/m);
+    assert.match(widened.body, /^note: +image pin: "evil\.example:5000\/x\/backdoor" allowed by ALLOW_IMAGES pattern/m);
+    assert.equal(containerImage(await getJson('deployment/edge'), 'app'), 'evil.example:5000/x/backdoor:pwn');
   });
 
   test('a rollout that completes and one that fails, when the hook waits for it', async () => {
@@ -259,12 +325,12 @@ describe('pushes through the running executable, on a real cluster', { skip: clu
     });
   });
 
-  describe('as the ServiceAccount of deploy/rbac.yaml', () => {
+  describe('as the ServiceAccount of deploy/, with the cluster-wide option rbac-cluster.yaml', () => {
     const dir = makeTempDir('e2e-rbac-');
     let sa: Awaited<ReturnType<typeof shippedServiceAccount>>;
     let asSa: Webhook;
     before(async () => {
-      sa = await shippedServiceAccount(kubectl, cluster!, ns, path.join(REPO, 'deploy', 'rbac.yaml'), dir);
+      sa = await shippedServiceAccount(kubectl, cluster!, ns, [path.join(REPO, 'deploy', 'serviceaccount.yaml'), path.join(REPO, 'deploy', 'rbac-cluster.yaml')], dir);
       asSa = await startWebhook({ hooks: hookDirectory(ns), env: { WEBHOOK_CMD: '-template', HOOK_TOKEN: TOKEN, KUBECONFIG: sa.kubeconfig } });
     });
     after(async () => {
@@ -288,10 +354,75 @@ describe('pushes through the running executable, on a real cluster', { skip: clu
         res = await pushAsSa(`sa2-${i}`);
       }
       assert.equal(res.status, 500, res.body);
-      assert.match(res.body, /^result: +failed: forbidden: the service account "webhook" of namespace "[^"]+" cannot "get" deployments\.apps "web" in namespace "[^"]+" — grant it with deploy\/rbac\.yaml$/m);
+      assert.match(res.body, /^result: +failed: forbidden: the service account "webhook" of namespace "[^"]+" cannot "get" deployments\.apps "web" in namespace "[^"]+" — grant it with the RBAC that `webhook -print-rbac` prints for the hooks$/m);
       await asSa.stop();
       assert.equal((res.body + asSa.output()).includes(sa.token), false);
       assert.equal(asSa.output().includes(TOKEN), false);
+    });
+  });
+
+  // After the cluster-wide option above: its binding is gone (its last test waited for the API
+  // server to refuse), so the ServiceAccount holds only what -print-rbac grants here.
+  describe('as the ServiceAccount of deploy/, with the Roles `webhook -print-rbac` generates from the hooks', () => {
+    const dir = makeTempDir('e2e-generated-rbac-');
+    const hooks = hookDirectory(ns);
+    let sa: Awaited<ReturnType<typeof shippedServiceAccount>>;
+    let asSa: Webhook;
+    let printed: { yaml: string; notes: string };
+    before(async () => {
+      sa = await shippedServiceAccount(kubectl, cluster!, ns, [path.join(REPO, 'deploy', 'serviceaccount.yaml')], dir);
+      const run = (args: string[]) => new Promise<{ yaml: string; notes: string }>((resolve, reject) => {
+        execFile(defaultBinary(), args, { env: { ...process.env, HOOK_TOKEN: TOKEN } }, (error, stdout, stderr) =>
+          error ? reject(new Error(stderr || error.message)) : resolve({ yaml: stdout, notes: stderr }));
+      });
+      printed = await run(['-print-rbac', '-template', '-hooks', hooks, '-rbac-service-account', `${ns}/webhook`]);
+      await kubectl(['apply', '-f', '-'], printed.yaml);
+      // Added after the RBAC was generated: the same seed hook, pinned to another workload of the namespace.
+      const seed = JSON.parse(fs.readFileSync(path.join(hooks, 'web.json'), 'utf8'))[0];
+      seed.id = 'busy';
+      seed['trigger-rule'].and[2].match.value = 'deployment/busy';
+      fs.writeFileSync(path.join(hooks, 'busy.json'), JSON.stringify([seed]));
+      asSa = await startWebhook({ hooks, env: { WEBHOOK_CMD: '-template', HOOK_TOKEN: TOKEN, KUBECONFIG: sa.kubeconfig } });
+    });
+    after(async () => {
+      await asSa?.stop();
+      await kubectl(['-n', ns, 'delete', 'role,rolebinding', 'webhook', '--ignore-not-found']).catch(() => '');
+      await sa?.remove();
+    });
+    const pushAs = (hook: string, workload: string, tag: string) =>
+      asSa.request(`/hooks/${hook}?${new URLSearchParams({ token: TOKEN, ns, ...seedQuery({ workload }) })}`, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: acrPayload(tag) });
+
+    test('it grants get and patch on the seed hook\'s workload only, and names the hooks whose workload the URL chooses', () => {
+      assert.match(printed.yaml, /^  - apiGroups: \["apps"\]\n    resources: \["deployments"\]\n    resourceNames: \["web"\]\n    verbs: \["get", "patch"\]$/m);
+      assert.equal(printed.yaml.match(/^kind: Role$/gm)?.length, 1);
+      for (const id of ['any', 'pinned', 'tracked']) {
+        assert.match(printed.yaml, new RegExp(`^#   hook "${id}": NOT COVERED: its namespace and workload come from the url parameter "ns" and the url parameter "workload", which no value rule pins$`, 'm'));
+        assert.match(printed.notes, new RegExp(`hook "${id}" is not covered: .*deploy/rbac-cluster\\.yaml`));
+      }
+      assert.equal(printed.yaml.includes(TOKEN), false);
+    });
+
+    test('with them, the hook upgrades its workload, records its Event and follows the rollout', async () => {
+      let res = await pushAs('web', 'deployment/web', 'gen1');
+      // The API server's authorizer picks up the new Role within moments.
+      for (let i = 0; i < 50 && res.status === 500 && /forbidden/.test(res.body); i++) {
+        await new Promise((r) => setTimeout(r, 200));
+        res = await pushAs('web', 'deployment/web', `gen1-${i}`);
+      }
+      assert.equal(res.status, 200, res.body);
+      assert.match(res.body, /^action: +image updated$/m);
+      assert.doesNotMatch(res.body, /^note:/m, 'the Event was recorded');
+      const image = /^image after: +(\S+)$/m.exec(res.body)![1];
+      assert.equal(containerImage(await getJson('deployment/web'), 'app'), image);
+      await waitForOutput(asSa, new RegExp(`deployment/web in ${ns}: rollout complete`), 60_000);
+    });
+
+    test('a hook pointed at another workload of the namespace is refused by the API server, with our 403 message', async () => {
+      const before = containerImage(await getJson('deployment/busy'), 'app');
+      const res = await pushAs('busy', 'deployment/busy', 'gen2');
+      assert.equal(res.status, 500, res.body);
+      assert.match(res.body, new RegExp(`^result: +failed: forbidden: the service account "webhook" of namespace "${ns}" cannot "get" deployments\\.apps "busy" in namespace "${ns}" — grant it with the RBAC that \`webhook -print-rbac\` prints for the hooks$`, 'm'));
+      assert.equal(containerImage(await getJson('deployment/busy'), 'app'), before);
     });
   });
 });

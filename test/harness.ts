@@ -139,6 +139,8 @@ export interface StartOptions {
   verbose?: boolean;
   /** Working directory of the server process (default: a fresh temp dir). */
   cwd?: string;
+  /** Serve /metrics on a listener of its own (`-metrics-listen 127.0.0.1:0`), read with `metrics()`. */
+  metrics?: boolean;
 }
 
 export interface Exit {
@@ -164,6 +166,8 @@ export interface Spawned {
 export interface Webhook extends Spawned {
   url: string;
   request(urlPath: string, opts?: RequestOptions): Promise<Response>;
+  /** GET /metrics from the metrics listener (started with `metrics: true`). */
+  metrics(): Promise<Response>;
   stop(): Promise<Exit>;
 }
 
@@ -194,6 +198,7 @@ export async function spawnWebhook(opts: StartOptions, port?: number): Promise<S
   port ??= await freePort();
   const args = ['-hooks', hooksPath, '-ip', '127.0.0.1', '-port', String(port)];
   if (opts.verbose ?? true) args.push('-verbose');
+  if (opts.metrics) args.push('-metrics-listen', '127.0.0.1:0');
   args.push(...(opts.args ?? []));
   const proc = spawn(bin, args, {
     cwd: opts.cwd ?? makeTempDir('webhook-cwd-'),
@@ -246,6 +251,7 @@ export async function startWebhook(opts: StartOptions): Promise<Webhook> {
         ...s,
         url: `http://127.0.0.1:${s.port}`,
         request: (urlPath, ro) => httpRequest(s.port, urlPath, ro),
+        metrics: () => metricsOf(s),
         stop: () => stopProcess(s),
       };
     }
@@ -257,6 +263,13 @@ export async function startWebhook(opts: StartOptions): Promise<Webhook> {
         `; output:\n${s.output()}`,
     );
   }
+}
+
+/** GET /metrics from the port the server logged for its metrics listener. */
+async function metricsOf(s: Spawned): Promise<Response> {
+  const logged = await waitForOutput(s, /serving metrics on http:\/\/127\.0\.0\.1:(\d+)\/metrics/);
+  const port = Number(/serving metrics on http:\/\/127\.0\.0\.1:(\d+)\/metrics/.exec(logged)![1]);
+  return httpRequest(port, '/metrics');
 }
 
 async function stopProcess(s: Spawned): Promise<Exit> {

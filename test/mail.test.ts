@@ -718,14 +718,14 @@ describe('result mails from the running service', () => {
         { envname: 'APP_CONTAINER', source: 'url', name: 'container' }, { envname: 'MAIL_TO', source: 'string', name: 'ops@example.com, Dev@Example.com' },
       ],
     }];
-    return startWebhook({ hooks, env: mailEnv, args: extraArgs }).then((w) => { started.push(w); return w; });
+    return startWebhook({ hooks, env: mailEnv, args: extraArgs, metrics: true }).then((w) => { started.push(w); return w; });
   }
   const env = (port: number, overrides: Record<string, string> = {}) => ({
     MAIL_SMTP_SERVER: b64('localhost'), MAIL_SMTP_PORT: String(port), MAIL_FROM: b64(mta.user), MAIL_PASSWORD: b64(mta.password),
     MAIL_CACERT: b64(mta.caPem), ...overrides,
   });
   const push = (wh: Webhook) => wh.request('/hooks/web?ns=prod&workload=deployment/web&container=app', { method: 'POST' });
-  const metric = async (wh: Webhook, result: string) => Number(/webhook_mails_total\{result="(\w+)"\} (\d+)/g.exec((await wh.request('/metrics')).body)?.[1] === result ? 1 : 0);
+  const metric = async (wh: Webhook, result: string) => Number(/webhook_mails_total\{result="(\w+)"\} (\d+)/g.exec((await wh.metrics()).body)?.[1] === result ? 1 : 0);
 
   test('a finished command is mailed over STARTTLS: subject, recipients, Date, body; no password anywhere', async () => {
     await mta.clear();
@@ -811,6 +811,43 @@ describe('result mails from the running service', () => {
     assert.equal(wh.output().includes('not base64 at all!'), false);
     assert.equal(wh.output().includes('70000'), false);
     assert.equal((await push(wh)).status, 200);
+  });
+
+  /** Each delivered file (one per recipient) as its decoded subject and body. */
+  const delivered = async (n: number, timeoutMs = 15_000) =>
+    (await mta.waitForMessages(n, timeoutMs)).map(readDelivered).map((m) => ({ subject: decodeHeader(header(m, 'Subject')), body: m.body }));
+  const SUCCEEDED = 'Webhooks通知: prod-deployment/web-app 更新结果: succeeded';
+
+  test('a burst beyond -max-mails-per-hook becomes one summary mail when the window closes', async () => {
+    await mta.clear();
+    const wh = await serve(env(mta.starttlsPort), ['-max-mails-per-hook', '1', '-mail-window', '3s']);
+    const ids: string[] = [];
+    for (let i = 0; i < 3; i++) {
+      const res = await push(wh);
+      assert.equal(res.status, 200);
+      ids.push(String(res.headers['x-request-id']));
+    }
+    // One mail, then the summary of the other two; each to both recipients.
+    const mails = await delivered(4, 30_000);
+    assert.deepEqual(mails.map((m) => m.subject).sort(), [SUCCEEDED, SUCCEEDED, 'Webhooks通知: web 更新结果: summary of 2 more', 'Webhooks通知: web 更新结果: summary of 2 more'].sort());
+    assert.match(mails.find((m) => m.subject === SUCCEEDED)!.body, new RegExp(`request: ${ids[0]}`));
+    const summary = mails.find((m) => m.subject !== SUCCEEDED)!.body;
+    for (const id of ids.slice(1)) assert.match(summary, new RegExp(`^request ${id}: prod-deployment/web-app: succeeded \\(exit status 0\\)\r?$`, 'm'));
+    assert.match(wh.output(), /warning: \[[^\]]+\] hook web sent 1 mail\(s\) to ops@example\.com, Dev@Example\.com within 3s; further results go into one summary mail/);
+    assert.match((await wh.metrics()).body, /webhook_mails_total\{result="summarized"\} 2/);
+  });
+
+  test('results held back for a summary are mailed at SIGTERM: nothing is dropped', async () => {
+    await mta.clear();
+    const wh = await serve(env(mta.starttlsPort), ['-max-mails-per-hook', '2', '-mail-window', '1h']);
+    for (let i = 0; i < 5; i++) assert.equal((await push(wh)).status, 200);
+    wh.proc.kill('SIGTERM');
+    assert.equal((await wh.exited).code, 0);
+    const mails = await delivered(6);
+    assert.equal(mails.filter((m) => m.subject === SUCCEEDED).length, 4);
+    const summaries = mails.filter((m) => m.subject === 'Webhooks通知: web 更新结果: summary of 3 more');
+    assert.equal(summaries.length, 2);
+    assert.equal(summaries[0].body.match(/^request \S+: prod-deployment\/web-app: succeeded/gm)?.length, 3);
   });
 
   test('a mail still being sent at SIGTERM is flushed before exit', async () => {

@@ -34,7 +34,10 @@ async function loadFailure(files: Record<string, string>, extraArgs: string[] = 
   const dir = makeTempDir('webhook-bad-');
   for (const [name, text] of Object.entries(files)) fs.writeFileSync(path.join(dir, name), text);
   const s = await spawnWebhook({ hooks: dir, args: extraArgs, env });
+  // A server that loads what it should have refused would wait for requests forever.
+  const serving = setTimeout(() => s.proc.kill('SIGKILL'), 10_000);
   const exit = await s.exited;
+  clearTimeout(serving);
   return { code: exit.code, out: s.output(), dir };
 }
 
@@ -110,6 +113,7 @@ describe('hook files are loaded strictly, errors name file, line, hook and field
     ['an unknown parameter source', '[{"id":"x","execute-command":"/bin/true","pass-arguments-to-command":[{"source":"body","name":"a"}]}]', /hook "x": pass-arguments-to-command\[0\]\.source: unknown source "body"/],
     ['a missing execute-command', '[{"id":"x"}]', /hook "x": execute-command: required/],
     ['an empty value (unset template variable)', '[{"id":"x","execute-command":"/bin/true","trigger-rule":{"match":{"type":"value","value":"","parameter":{"source":"url","name":"token"}}}}]', /hook "x": trigger-rule\.match\.value: empty/],
+    ['an empty regex (it would match anything)', '[{"id":"x","execute-command":"/bin/true","trigger-rule":{"match":{"type":"regex","regex":"","parameter":{"source":"url","name":"ns"}}}}]', /hook "x": trigger-rule\.match\.regex: empty/],
   ];
   for (const [name, text, expected] of cases) {
     test(name, async () => {
@@ -128,12 +132,51 @@ describe('hook files are loaded strictly, errors name file, line, hook and field
     assert.match(r.out, /b\.json: hook "same": id: duplicate id \(also defined in .*a\.json\)/);
   });
 
-  test('an unreplaced placeholder is reported loudly at load, without -verbose', async () => {
+  test('a rule that compares against a placeholder fails closed: the file is not loaded, every such field named', async () => {
+    const rule = (match: object) => JSON.stringify({ match });
+    const r = await loadFailure({ 'h.json': `[{"id":"x","execute-command":"/bin/true",\n"trigger-rule":{"and":[\n${[
+      rule({ type: 'value', value: '<token>', parameter: { source: 'url', name: 'token' } }),
+      rule({ type: 'regex', regex: '^<namespace>$', parameter: { source: 'url', name: 'ns' } }),
+      rule({ type: 'ip-whitelist', 'ip-range': '10.0.0.0/8 <office-cidr>' }),
+      rule({ type: 'payload-hmac-sha256', secret: '<hmac-secret>', parameter: { source: 'header', name: 'X-Sig' } }),
+      rule({ type: 'scalr-signature', secret: 'Real-Secret-<ab>-Part' }),
+    ].join(',\n')}]}}]` });
+    assert.equal(r.code, 1, r.out);
+    assert.match(r.out, /error: couldn't load hooks: /);
+    for (const [line, field, which] of [[3, 'and[0].match.value', 'the placeholder "<token>"'], [4, 'and[1].match.regex', 'the placeholder "<namespace>"'],
+      [5, 'and[2].match.ip-range', 'the placeholder "<office-cidr>"'], [6, 'and[3].match.secret', 'the placeholder "<hmac-secret>"'], [7, 'and[4].match.secret', 'a placeholder']]) {
+      assert.ok(r.out.includes(`h.json:${line}: hook "x": trigger-rule.${field}: still holds ${which}; replace it`), `${field} in:\n${r.out}`);
+    }
+    // A secret that merely contains something like a placeholder is not quoted, even in part.
+    assert.equal(r.out.includes('Real-Secret') || r.out.includes('<ab>'), false);
+  });
+
+  test('HOOK_TOKEN=<hook-token>, as the shipped Secret has it, keeps the hook from loading', async () => {
+    // Before, this hook loaded and let in ?token=<hook-token>.
+    const r = await loadFailure({ 'h.json': '[{"id":"web","execute-command":"/bin/true",\n"trigger-rule":{"match":{"type":"value","value":"{{ getenv \\"HOOK_TOKEN\\" }}","parameter":{"source":"url","name":"token"}}}}]' },
+      ['-template'], { HOOK_TOKEN: '<hook-token>' });
+    assert.equal(r.code, 1, r.out);
+    assert.match(r.out, /h\.json:2: hook "web": trigger-rule\.match\.value: still holds the placeholder "<hook-token>"; replace it/);
+  });
+
+  test('a placeholder outside the trigger rule (MAIL_TO, say) is still only a warning, logged without -verbose', async () => {
     const dir = makeTempDir();
-    fs.writeFileSync(path.join(dir, 'h.json'), '[{"id":"x","execute-command":"/bin/true",\n"trigger-rule":{"match":{"type":"value","value":"<token>","parameter":{"source":"url","name":"token"}}}}]');
+    fs.writeFileSync(path.join(dir, 'h.json'), '[{"id":"x","execute-command":"/bin/true",\n"pass-environment-to-command":[{"envname":"MAIL_TO","source":"string","name":"<mail-to>"}]}]');
     const wh = await started({ hooks: dir, verbose: false });
     const out = await waitForOutput(wh, 'placeholder');
-    assert.match(out, /warning: .*h\.json:2: hook "x": trigger-rule\.match\.value: still holds the placeholder "<token>"/);
+    assert.match(out, /warning: .*h\.json:2: hook "x": pass-environment-to-command\[0\]\.name: still holds the placeholder "<mail-to>"/);
+    assert.equal((await wh.request('/hooks/x', { method: 'POST' })).status, 200);
+  });
+
+  test('the example hooks load with HOOK_TOKEN set, no placeholder reported; without it, the token rule is refused', async () => {
+    const examples = path.join(import.meta.dirname, '..', 'examples', 'hooks');
+    const wh = await started({ hooks: examples, args: ['-template'], env: { HOOK_TOKEN: 'example-token-51c2' }, verbose: false });
+    assert.match(wh.output(), /loaded 2 hook\(s\) from 2 file\(s\): echo, web/);
+    // (The one warning here is that /webhooks.sh, the image's, is not on this machine.)
+    assert.doesNotMatch(wh.output(), /placeholder|error:/);
+    const r = await loadFailure({ 'web.json': fs.readFileSync(path.join(examples, 'web.json'), 'utf8') }, ['-template'], { HOOK_TOKEN: '' });
+    assert.equal(r.code, 1, r.out);
+    assert.match(r.out, /web\.json:\d+: hook "web": trigger-rule\.and\[0\]\.match\.value: empty/);
   });
 
   test('an unknown status code is a warning and 200 is used, as adnanh does', async () => {
@@ -269,13 +312,13 @@ describe('hot reload', () => {
     const dir = makeTempDir();
     fs.writeFileSync(path.join(dir, 'a.json'), hook('a'));
     fs.writeFileSync(path.join(dir, 'b.json'), hook('b'));
-    const wh = await started({ hooks: dir, args: ['-hotreload'], verbose: false });
+    const wh = await started({ hooks: dir, args: ['-hotreload'], verbose: false, metrics: true });
     fs.writeFileSync(path.join(dir, 'a.json'), hook('a2'));
     fs.writeFileSync(path.join(dir, 'b.json'), '[{"id":"b",\n"execute-commandd":"/bin/true"}]');
     await waitForOutput(wh, /reload \(files changed\) rejected, still serving the previous 2 hook\(s\): .*b\.json:2: hook "b": execute-commandd: unknown field/);
     assert.equal(await serves(wh, 'a'), true, 'old hook a still served');
     assert.equal(await serves(wh, 'a2'), false, 'no half-loaded set');
-    const metrics = (await wh.request('/metrics')).body;
+    const metrics = (await wh.metrics()).body;
     assert.match(metrics, /webhook_reloads_total\{result="failure"\} [1-9]/);
     assert.match(metrics, /webhook_config_last_reload_successful 0/);
     fs.writeFileSync(path.join(dir, 'b.json'), hook('b'));
@@ -309,29 +352,29 @@ describe('limits', () => {
     const script = path.join(dir, 'slow.sh');
     // The grandchild (sleep in a subshell) records its pid; it must die with the group.
     fs.writeFileSync(script, `#!/bin/sh\necho started\n(sleep 30; echo survived > ${dir}/survived) &\necho $! > ${dir}/child.pid\nsleep 30\n`, { mode: 0o755 });
-    const wh = await started({ hooks: [{ id: 'slow', 'execute-command': script, 'include-command-output-in-response': true, 'include-command-output-in-response-on-error': true, 'command-timeout': '500ms' }] });
+    const wh = await started({ hooks: [{ id: 'slow', 'execute-command': script, 'include-command-output-in-response': true, 'include-command-output-in-response-on-error': true, 'command-timeout': '500ms' }], metrics: true });
     const res = await wh.request('/hooks/slow', { method: 'POST' });
     assert.equal(res.status, 500);
     assert.match(res.body, /started/);
     const childPid = Number(fs.readFileSync(path.join(dir, 'child.pid'), 'utf8'));
     await waitFor(() => { try { process.kill(childPid, 0); return undefined; } catch { return true; } }, { timeoutMs: 5_000, what: 'grandchild killed' });
     assert.match(wh.output(), /timed out after 0\.5s; killing its process group/);
-    assert.match((await wh.request('/metrics')).body, /webhook_command_timeouts_total\{hook="slow"\} 1/);
+    assert.match((await wh.metrics()).body, /webhook_command_timeouts_total\{hook="slow"\} 1/);
   });
 
   test('when all command slots are busy, a triggered request gets 503 with Retry-After', async () => {
     const dir = makeTempDir();
     const script = path.join(dir, 'wait.sh');
     fs.writeFileSync(script, `#!/bin/sh\nwhile [ ! -f ${dir}/go ]; do sleep 0.05; done\necho done\n`, { mode: 0o755 });
-    const wh = await started({ hooks: [{ id: 'w', 'execute-command': script, 'include-command-output-in-response': true }], args: ['-max-concurrent-commands', '2'] });
+    const wh = await started({ hooks: [{ id: 'w', 'execute-command': script, 'include-command-output-in-response': true }], args: ['-max-concurrent-commands', '2'], metrics: true });
     const first = [wh.request('/hooks/w', { method: 'POST' }), wh.request('/hooks/w', { method: 'POST' })];
-    await waitFor(async () => ((await wh.request('/metrics')).body.includes('webhook_commands_running 2') ? true : undefined), { what: 'two commands running' });
+    await waitFor(async () => ((await wh.metrics()).body.includes('webhook_commands_running 2') ? true : undefined), { what: 'two commands running' });
     const third = await wh.request('/hooks/w', { method: 'POST' });
     assert.equal(third.status, 503);
     assert.equal(third.headers['retry-after'], '5');
     fs.writeFileSync(path.join(dir, 'go'), '');
     for (const r of await Promise.all(first)) assert.deepEqual([r.status, r.body], [200, 'done\n']);
-    assert.match((await wh.request('/metrics')).body, /webhook_commands_rejected_total\{hook="w"\} 1/);
+    assert.match((await wh.metrics()).body, /webhook_commands_rejected_total\{hook="w"\} 1/);
   });
 
   test('a client that sends headers too slowly is disconnected after -read-header-timeout', async () => {
@@ -341,17 +384,18 @@ describe('limits', () => {
     assert.match(reply, /^HTTP\/1\.1 408|^$/);
   });
 
-  test('every response has X-Request-Id; /healthz and /metrics answer', async () => {
-    const wh = await started({ hooks: [{ id: 'x', 'execute-command': '/bin/true' }] });
+  test('every response has X-Request-Id; /healthz answers, and /metrics on the -metrics-listen address only', async () => {
+    const wh = await started({ hooks: [{ id: 'x', 'execute-command': '/bin/true' }], metrics: true });
     for (const p of ['/', '/hooks/x', '/hooks/nope', '/healthz', '/elsewhere']) {
       const r = await wh.request(p, { method: 'POST' });
       assert.match(String(r.headers['x-request-id']), /^[0-9a-f-]{36}$/, p);
     }
     assert.equal((await wh.request('/healthz')).status, 200);
-    const m = await wh.request('/metrics');
+    const m = await wh.metrics();
     assert.match(String(m.headers['content-type']), /^text\/plain; version=0\.0\.4/);
     assert.match(m.body, /webhook_requests_total\{hook="x",code="200"\} 1/);
     assert.match(m.body, /webhook_requests_total\{hook="",code="404"\} 2/);
+    assert.equal((await wh.request('/metrics')).status, 404, 'the hook port does not serve /metrics');
     assert.match(m.body, /webhook_command_duration_seconds_count\{hook="x"\} 1/);
     assert.match(m.body, /webhook_hooks_loaded 1/);
   });
@@ -492,6 +536,78 @@ describe('secrets never reach the output', () => {
       assert.equal(everything.includes(value), false, `${name} leaked`);
     }
     assert.match(wh.output(), /token=REDACTED/);
+  });
+});
+
+describe('secrets stay in the service', () => {
+  const b64 = (t: string) => Buffer.from(t).toString('base64');
+
+  test('a command inherits no MAIL_* setting, HOOK_TOKEN, credential path or variable a template read, unless its hook passes it', async () => {
+    const rec = makeTempDir();
+    const creds = makeTempDir();
+    fs.writeFileSync(path.join(creds, 'api'), 'credential-value-8d1e');
+    const dir = makeTempDir();
+    fs.writeFileSync(path.join(dir, 'h.json'), JSON.stringify([{
+      id: 'x', 'execute-command': recorderCommand(rec),
+      'pass-arguments-to-command': [{ source: 'string', name: '{{ getenv "API_KEY" }}' }, { source: 'string', name: '{{ credential "api" }}' }],
+      'pass-environment-to-command': [{ envname: 'MAIL_FROM', source: 'string', name: 'explicit@example.com' }, { envname: 'PASSED_TOKEN', source: 'url', name: 'token' }],
+      'trigger-rule': { match: { type: 'value', value: '{{ getenv "HOOK_TOKEN" }}', parameter: { source: 'url', name: 'token' } } },
+    }]));
+    const env = {
+      HOOK_TOKEN: 'hook-token-30a9f1', API_KEY: 'api-key-77c2e0', CREDENTIALS_DIRECTORY: creds, KUBECONFIG: '/etc/webhook/kubeconfig.json',
+      MAIL_SMTP_SERVER: b64('localhost'), MAIL_FROM: b64('webhook@example.com'), MAIL_PASSWORD: b64('smtp-password-5e'), MAIL_TO: 'ops@example.com',
+      PLAIN_SETTING: 'kept',
+    };
+    const wh = await started({ hooks: dir, args: ['-template'], env });
+    assert.equal((await wh.request('/hooks/x?token=hook-token-30a9f1', { method: 'POST' })).status, 200);
+    await waitForRecord(rec);
+    const got = readEnv(rec);
+    for (const name of ['HOOK_TOKEN', 'API_KEY', 'CREDENTIALS_DIRECTORY', 'KUBECONFIG', 'MAIL_SMTP_SERVER', 'MAIL_PASSWORD', 'MAIL_TO']) {
+      assert.equal(got[name], undefined, `${name} inherited`);
+    }
+    assert.deepEqual([got.MAIL_FROM, got.PASSED_TOKEN, got.PLAIN_SETTING], ['explicit@example.com', 'hook-token-30a9f1', 'kept']);
+    assert.ok(got.PATH, 'ordinary variables are inherited');
+    assert.deepEqual(readArgv(rec), ['api-key-77c2e0', 'credential-value-8d1e'], 'what the hook passes arrives');
+  });
+
+  test('a value a template read is REDACTED in the fixed answer (response-message, response headers), as in the log', async () => {
+    const dir = makeTempDir();
+    fs.writeFileSync(path.join(dir, 'key.txt'), 'file-secret-c41b\n');
+    const creds = makeTempDir();
+    fs.writeFileSync(path.join(creds, 'api'), 'credential-value-0f3a');
+    const cat = `{{ cat "${path.join(dir, 'key.txt')}" }}`;
+    fs.writeFileSync(path.join(dir, 'h.json'), JSON.stringify([{
+      id: 'r', 'execute-command': '/bin/true', 'response-message': `key ${cat}, credential {{ credential "api" }}, env {{ getenv "API_KEY" }}`,
+      'response-headers': [{ name: 'X-Key', value: cat }],
+    }]));
+    const wh = await started({ hooks: path.join(dir, 'h.json'), args: ['-template'], env: { CREDENTIALS_DIRECTORY: creds, API_KEY: 'api-key-e9d8c7' } });
+    const r = await wh.request('/hooks/r', { method: 'POST' });
+    assert.deepEqual([r.status, r.body, r.headers['x-key']], [200, 'key REDACTED, credential REDACTED, env REDACTED', 'REDACTED']);
+  });
+});
+
+describe('log lines', () => {
+  test('control characters a request sends are escaped: no forged line, no terminal escape sequence', async () => {
+    const wh = await started({ hooks: [{ id: 'sig', 'execute-command': '/bin/true', 'trigger-rule': { match: {
+      type: 'payload-hmac-sha256', secret: 'hmac-secret-61d0', parameter: { source: 'header', name: 'X-Sig' } } } }] });
+    const forged = '\n[webhook] 2020/01/01 00:00:00 forged line\x1b[31m';
+    assert.equal((await wh.request(`/hooks/nope${encodeURIComponent(forged)}`, { method: 'POST' })).status, 404);
+    // Header values reach Node as latin-1: the bytes C2 9B arrive as "Â" and the C1 control CSI.
+    const raw = await new Promise<string>((resolve) => {
+      let reply = '';
+      const sock = net.connect(wh.port, '127.0.0.1', () => sock.end(Buffer.concat([
+        Buffer.from('POST /hooks/sig HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 2\r\nX-Sig: sha256=ab'),
+        Buffer.from([0xc2, 0x9b]), Buffer.from('31mred\r\n\r\n{}'),
+      ])));
+      sock.on('data', (d) => (reply += d));
+      sock.on('close', () => resolve(reply));
+    });
+    assert.match(raw, /^HTTP\/1\.1 500 /);
+    const out = await waitForOutput(wh, 'error evaluating hook');
+    assert.ok(out.includes('hook not found: nope\\x0a[webhook] 2020/01/01 00:00:00 forged line\\x1b[31m'), out);
+    assert.ok(out.includes('invalid payload signature ab\u00c2\\x9b31mred'), out);
+    assert.doesNotMatch(out, /^\[webhook\] 2020\/01\/01/m);
+    assert.doesNotMatch(out, /[\x1b\x9b]/);
   });
 });
 

@@ -55,5 +55,8 @@ describe('webhook.ts structure', () => {
     );
     assert.deepEqual(r.forwardUses, ['section 1 (first) uses two of section 2 (second)']);
     assert.deepEqual([...(r.offered.get(0) ?? [])], ['one']);
+    const body = Array.from({ length: 70 }, (_, i) => `  const x${i} = ${i};`).join('\n');
+    const wrapped = analyse(`export async function longOne(\n  a: string,\n): Promise<void> {\n${body}\n}\n`);
+    assert.deepEqual(wrapped.longFunctions, [{ line: 1, name: 'longOne', lines: 74 }]);
   });
 });

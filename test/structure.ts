@@ -122,7 +122,16 @@ function functionLengths(lines: string[], code: string[]): Report['longFunctions
   const opener = /(?:\bfunction\b.*|=>\s*|^\s+(?:(?:private|static|async|get|set|public|readonly)\s+)*[\w$#]+(?:<.*>)?\(.*\)(?::.*)?\s*)\{$/;
   for (let i = 0; i < lines.length; i++) {
     const l = code[i].trimEnd();
-    if (!opener.test(l) || /^\s*(if|for|while|switch|catch|else|try|do)\b/.test(l.trim())) continue;
+    // A signature prettier wrapped ends in `): T {` at the indentation of the line it started on.
+    const wrappedEnd = /^\s*\)(?::[^=]*)?\s*\{$/.test(l);
+    if (!wrappedEnd && (!opener.test(l) || /^\s*(if|for|while|switch|catch|else|try|do)\b/.test(l.trim()))) continue;
+    let start = i;
+    if (wrappedEnd) {
+      const indent = /^\s*/.exec(l)![0].length;
+      while (start > 0 && /^\s*/.exec(code[start - 1])![0].length > indent) start--;
+      start--;
+      if (!/\bfunction\b|^\s+(?:(?:private|static|async|get|set)\s+)*[\w$#]+\s*\($/.test(code[start])) continue;
+    }
     let depth = 0;
     let j = i;
     for (; j < code.length; j++) {
@@ -130,10 +139,10 @@ function functionLengths(lines: string[], code: string[]): Report['longFunctions
       for (const c of text) depth += c === '{' ? 1 : c === '}' ? -1 : 0;
       if (depth <= 0) break;
     }
-    const length = j - i + 1;
+    const length = j - start + 1;
     if (length > MAX_FUNCTION_LINES) {
-      const name = /(?:function\*?\s+|const\s+|^\s*(?:(?:private|static|async|get|set|export)\s+)*)([\w$#]+)/.exec(lines[i])?.[1] ?? '?';
-      found.push({ line: i + 1, name, lines: length });
+      const keyword = /(?:function\*?\s+|const\s+|^\s*(?:(?:private|static|async|get|set|export|function)\s+)*)([\w$#]+)/;
+      found.push({ line: start + 1, name: keyword.exec(lines[start])?.[1] ?? '?', lines: length });
     }
   }
   return found;

@@ -7,6 +7,7 @@ import {
   evaluateRule, extractSignatures, formatGoDuration, goJsonMarshal, goJsEscape, goQueryEscape, JsonNumber, lookupParameter,
   MultipartError, ParameterNotFound, parseCidr, parseCommandLine, parseGoDuration, parseJsonKeepingNumbers, parseMultipart,
   parsePayload, parseYaml, parseXml, redactUrl, renderTemplate, replaceParameter, UsageError, type HookRequest,
+  escapeControls, formatRbac, hookReach, inheritedEnvironment, parseListenAddress,
 } from '../webhook.ts';
 
 describe('command line', () => {
@@ -225,4 +226,58 @@ test('redactUrl hides compared parameters and token, keeps the rest', () => {
 test('strict base64', () => {
   assert.equal(decodeBase64Strict('aGk=').toString(), 'hi');
   assert.throws(() => decodeBase64Strict('a*b'), /illegal base64/);
+});
+
+describe('least privilege: what a hook can reach (-print-rbac)', () => {
+  const compile = (hooks: unknown) => compileHooksFile('h.json', JSON.stringify(hooks), { commandTimeoutMs: 1000 }).hooks;
+  const env = (ns: object, workload: object) => [{ envname: 'APP_NS', ...ns }, { envname: 'APP_WORKLOAD', ...workload }];
+  const pin = (source: string, name: string, value: string) => ({ match: { type: 'value', value, parameter: { source, name } } });
+  const token = pin('url', 'token', 'tok-123456');
+  test('literals, and parameters pinned by value rules reached through "and"; anything else is open', () => {
+    const hooks = compile([
+      { id: 'seed', 'execute-command': '/webhooks.sh', 'pass-environment-to-command': env({ source: 'url', name: 'ns' }, { source: 'url', name: 'workload' }),
+        'trigger-rule': { and: [token, { and: [pin('url', 'ns', 'prod')] }, pin('url', 'workload', 'Deploy/web')] } },
+      { id: 'literal', 'execute-command': '/webhooks.sh', 'pass-environment-to-command': env({ source: 'string', name: 'shop' }, { source: 'header', name: 'X-Workload' }),
+        'trigger-rule': { and: [token, pin('header', 'x-workload', 'cj/nightly')] } },
+      { id: 'either', 'execute-command': '/webhooks.sh', 'pass-environment-to-command': env({ source: 'string', name: 'prod' }, { source: 'url', name: 'workload' }),
+        'trigger-rule': { or: [pin('url', 'workload', 'deployment/a'), pin('url', 'workload', 'deployment/b')] } },
+      { id: 'bad', 'execute-command': '/webhooks.sh', 'pass-environment-to-command': env({ source: 'string', name: 'Prod' }, { source: 'string', name: 'deployment/web' }) },
+      { id: 'echo', 'execute-command': '/bin/echo' },
+    ]);
+    const reaches = hooks.map(hookReach);
+    assert.deepEqual(reaches, [
+      { hook: 'seed', target: { namespace: 'prod', kind: 'deployment', name: 'web' } },
+      { hook: 'literal', target: { namespace: 'shop', kind: 'cronjob', name: 'nightly' } },
+      { hook: 'either', open: 'its workload comes from the url parameter "workload", which no value rule pins' },
+      { hook: 'bad', open: 'APP_NS "Prod" is not a namespace name' },
+      undefined,
+    ]);
+    const yaml = formatRbac(reaches.filter((r) => r !== undefined), 'ops/hooks', ['h.json']);
+    assert.match(yaml, /^#   hook "either": NOT COVERED: /m);
+    const roles = yaml.split('---\n').slice(1);
+    assert.deepEqual(roles.map((r) => /^kind: (\w+)\n(?:.*\n)*?  namespace: "([^"]+)"/m.exec(r)!.slice(1).join(' ')), ['Role prod', 'RoleBinding prod', 'Role shop', 'RoleBinding shop']);
+    // A CronJob has no rollout to summarise: no list on pods or replicasets in its namespace.
+    assert.equal(roles[2], [
+      'apiVersion: rbac.authorization.k8s.io/v1', 'kind: Role', 'metadata:', '  name: "hooks"', '  namespace: "shop"', '  labels:',
+      '    app.kubernetes.io/name: webhook', 'rules:', '  - apiGroups: ["batch"]', '    resources: ["cronjobs"]', '    resourceNames: ["nightly"]',
+      '    verbs: ["get", "patch"]', '  - apiGroups: [""]', '    resources: ["events"]', '    verbs: ["create"]', '',
+    ].join('\n'));
+    assert.match(roles[3], /subjects:\n  - kind: ServiceAccount\n    name: "hooks"\n    namespace: "ops"\n$/);
+  });
+});
+
+describe('small guards', () => {
+  test('escapeControls: C0, DEL, C1 and line separators escaped; printable text and UTF-8 kept', () => {
+    assert.equal(escapeControls('a\nb\r\x1b[31m\x7f\x9b\u2028ok é 中'), 'a\\x0ab\\x0d\\x1b[31m\\x7f\\x9b\\u2028ok é 中');
+  });
+  test('parseListenAddress', () => {
+    assert.deepEqual(parseListenAddress(':9100'), { host: undefined, port: 9100 });
+    assert.deepEqual(parseListenAddress('127.0.0.1:0'), { host: '127.0.0.1', port: 0 });
+    assert.deepEqual(parseListenAddress('[::1]:9100'), { host: '::1', port: 9100 });
+    for (const bad of ['9100', 'host:', 'a:99999', '::1:9100']) assert.throws(() => parseListenAddress(bad), UsageError, bad);
+  });
+  test('inheritedEnvironment leaves out the service\'s own settings and what templates read', () => {
+    const env = { PATH: '/bin', MAIL_PASSWORD: 'x', MAIL_TO: 'a@b', HOOK_TOKEN: 't', KUBECONFIG: 'k', CREDENTIALS_DIRECTORY: 'c', API_KEY: 'k', HOME: '/h' };
+    assert.deepEqual(inheritedEnvironment(env, new Set(['API_KEY'])), { PATH: '/bin', HOME: '/h' });
+  });
 });

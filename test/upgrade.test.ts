@@ -13,6 +13,7 @@ import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { fileURLToPath } from 'node:url';
 import {
+  checkImagePin, compileHooksFile, IMAGE_PIN_SETTINGS, readImagePin, registryOf,
   composeImageRef, credentialsFromEnvironment, REPO_TYPES, formatReport, inClusterCredentials, KubeClient, KubeConfigError, KubeError,
   labelSelector, loadKubeconfig, normalizeImageRef, parsePushPayload, parseWorkload, planPatch, locateContainer, retryDelay,
   rolloutStatus, runUpgrade, summarizePod, validateImageRef, WorkloadQueue, type UpgradeReport,
@@ -127,6 +128,174 @@ describe('registry payloads → image reference', () => {
     assert.match((parsePushPayload('{"push_data":') as { message: string }).message, /^payload is not JSON: /);
     assert.match((parsePushPayload('tag=v1') as { message: string }).message, /^payload is not JSON: /);
     assert.deepEqual(parsePushPayload('"x"'), { kind: 'error', message: 'payload is not a JSON object (got a string)' });
+  });
+});
+
+describe('the image pin', () => {
+  const pin = (current: string, pushed: string, settings: Record<string, string> = {}) =>
+    checkImagePin('app', current, pushed, readImagePin(settings));
+  const allowed = (current: string, pushed: string, settings?: Record<string, string>) => {
+    const d = pin(current, pushed, settings);
+    assert.equal(d.allowed, true, `${current} → ${pushed}: ${JSON.stringify(d)}`);
+    return d.allowed ? d.note : undefined;
+  };
+  const refused = (current: string, pushed: string, settings?: Record<string, string>) => {
+    const d = pin(current, pushed, settings);
+    assert.equal(d.allowed, false, `${current} → ${pushed} must be refused`);
+    return d.allowed ? '' : d.message;
+  };
+  const digest = `sha256:${'d'.repeat(64)}`;
+
+  test('the same repository: any tag and digest', () => {
+    assert.equal(allowed('registry.cn-hangzhou.aliyuncs.com/shop/web-api:v1', 'registry.cn-hangzhou.aliyuncs.com/shop/web-api:v2'), undefined);
+    allowed('registry.cn-hangzhou.aliyuncs.com/shop/web-api:v1', `registry.cn-hangzhou.aliyuncs.com/shop/web-api:v2@${digest}`);
+    allowed(`harbor.example.com:8443/shop/web-api@${digest}`, 'harbor.example.com:8443/shop/web-api:1.4.2');
+    allowed('Harbor.Example.com:8443/shop/web-api:1', 'harbor.example.com:8443/shop/web-api:2');
+  });
+
+  test('endpoints of one registry count as the same', () => {
+    const same: [string, string][] = [
+      ['registry.cn-hangzhou.aliyuncs.com/shop/web', 'registry-vpc.cn-hangzhou.aliyuncs.com/shop/web:v2'],
+      ['registry-vpc.cn-hangzhou.aliyuncs.com/shop/web', 'registry-internal.cn-hangzhou.aliyuncs.com/shop/web:v2'],
+      ['registry-internal.cn-hangzhou.aliyuncs.com/shop/web', 'registry.cn-hangzhou.aliyuncs.com/shop/web:v2'],
+      ['acme-registry.cn-shanghai.cr.aliyuncs.com/shop/web', 'acme-registry-vpc.cn-shanghai.cr.aliyuncs.com/shop/web:v2'],
+      ['crpi-k8f2a9.cn-beijing.personal.cr.aliyuncs.com/shop/web', 'crpi-k8f2a9-vpc.cn-beijing.personal.cr.aliyuncs.com/shop/web:v2'],
+      ['nginx:1', 'docker.io/library/nginx:2'],
+      ['nginx:1', 'index.docker.io/library/nginx:2'],
+      ['registry-1.docker.io/library/nginx:1', 'nginx:2'],
+      ['shopteam/web-api:v1', 'docker.io/shopteam/web-api:v2.3.1'],
+    ];
+    for (const [current, pushed] of same) allowed(current, pushed);
+    assert.equal(registryOf('REGISTRY-VPC.cn-hangzhou.aliyuncs.com'), 'registry.cn-hangzhou.aliyuncs.com');
+    assert.equal(registryOf('shop-registry-registry-vpc.cn-hangzhou.cr.aliyuncs.com'), 'shop-registry-registry.cn-hangzhou.cr.aliyuncs.com');
+    assert.equal(registryOf(undefined), 'docker.io');
+  });
+
+  test('another repository, registry, region, instance or port is refused', () => {
+    const current = 'registry.cn-hangzhou.aliyuncs.com/shop/web-api:v1';
+    for (const pushed of [
+      'evil.example:5000/x/backdoor:pwn',
+      'registry.cn-hangzhou.aliyuncs.com/attacker/web-api:v2', // any namespace on the shared ACR endpoint
+      'registry.cn-hangzhou.aliyuncs.com/shop/web-api2:v2',
+      'registry.cn-hangzhou.aliyuncs.com/shop/web-api/x:v2',
+      'registry.cn-shanghai.aliyuncs.com/shop/web-api:v2',
+      'acme-registry.cn-hangzhou.cr.aliyuncs.com/shop/web-api:v2',
+      'registry.cn-hangzhou.aliyuncs.com:443/shop/web-api:v2',
+      'shop/web-api:v2',
+    ]) refused(current, pushed);
+    refused('acme-registry.cn-hangzhou.cr.aliyuncs.com/shop/web', 'other-registry.cn-hangzhou.cr.aliyuncs.com/shop/web:v2');
+    refused('crpi-aaa.cn-beijing.personal.cr.aliyuncs.com/shop/web', 'crpi-bbb.cn-beijing.personal.cr.aliyuncs.com/shop/web:v2');
+    refused('nginx:1', 'evil/nginx:1');
+    refused('nginx:1', 'mirror.example.com/library/nginx:1');
+  });
+
+  test('the refusal names both repositories and the setting that allows it', () => {
+    assert.equal(
+      refused('registry.cn-hangzhou.aliyuncs.com/shop/web-api:v1', 'evil.example:5000/x/backdoor:pwn'),
+      'image pin: container "app" runs repository "registry.cn-hangzhou.aliyuncs.com/shop/web-api", and the push names ' +
+        'repository "evil.example:5000/x/backdoor"; a push may change only the tag and digest, unless the hook setting ' +
+        'ALLOW_IMAGES lists the repository',
+    );
+    assert.match(refused('nginx:1', 'shopteam/nginx:1'), /runs repository "docker\.io\/library\/nginx", and the push names repository "docker\.io\/shopteam\/nginx"/);
+    assert.match(refused('', 'shopteam/nginx:1'), /^image pin: container "app" runs "", which is not a valid image reference, and the push names repository "docker\.io\/shopteam\/nginx"; .*ALLOW_IMAGES/);
+  });
+
+  test("the hook's REGISTRY_HOST counts as the container's registry, for the same repository only", () => {
+    const host = { REGISTRY_HOST: 'https://acme-registry-vpc.cn-hangzhou.cr.aliyuncs.com/' };
+    const note = allowed('registry.cn-hangzhou.aliyuncs.com/shop/web:v1', 'acme-registry.cn-hangzhou.cr.aliyuncs.com/shop/web:v2', host);
+    assert.equal(note, "image pin: the registry changes to the hook's REGISTRY_HOST (acme-registry.cn-hangzhou.cr.aliyuncs.com)");
+    refused('registry.cn-hangzhou.aliyuncs.com/shop/web:v1', 'acme-registry.cn-hangzhou.cr.aliyuncs.com/evil/web:v2', host);
+    refused('registry.cn-hangzhou.aliyuncs.com/shop/web:v1', 'evil.example:5000/shop/web:v2', host);
+  });
+
+  test('REGISTRY_HOST applies to every repo_type: a Docker Hub push cannot leave the hook\'s registry', () => {
+    const hub = JSON.parse(fixture('dockerhub-push.json'));
+    const env = { REPO_TYPE: 'publicregistry', REGISTRY_HOST: 'registry.cn-hangzhou.aliyuncs.com' };
+    const composed = composeImageRef(hub, env);
+    assert.equal(composed.kind === 'ref' && composed.ref, 'registry.cn-hangzhou.aliyuncs.com/shopteam/web-api:v2.3.1');
+    refused('registry.cn-hangzhou.aliyuncs.com/shop/web-api:v1', composed.kind === 'ref' ? composed.ref : '', env);
+    const custom = { push_data: { tag: 'pwn' }, repository: { repo_url: 'evil.example:5000', namespace: 'shop', name: 'web-api' } };
+    const viaCustom = composeImageRef(custom, { REPO_TYPE: 'custom', REGISTRY_HOST: 'registry.cn-hangzhou.aliyuncs.com' });
+    assert.equal(viaCustom.kind === 'ref' && viaCustom.ref, 'registry.cn-hangzhou.aliyuncs.com/shop/web-api:pwn');
+  });
+
+  test('ALLOW_IMAGES: exact repositories and prefixes, compared as registries and normalised names', () => {
+    const current = 'registry.cn-hangzhou.aliyuncs.com/shop/web-api:v1';
+    const settings = { ALLOW_IMAGES: ' registry.cn-hangzhou.aliyuncs.com/tools/*\tEVIL.example:5000/x/backdoor\n nginx  shopteam/* mirror.example.com/* ' };
+    assert.equal(
+      allowed(current, 'evil.example:5000/x/backdoor:pwn', settings),
+      'image pin: "evil.example:5000/x/backdoor" allowed by ALLOW_IMAGES pattern "EVIL.example:5000/x/backdoor"',
+    );
+    for (const pushed of ['registry-vpc.cn-hangzhou.aliyuncs.com/tools/web:1', 'registry.cn-hangzhou.aliyuncs.com/tools/a/b:1',
+      'docker.io/library/nginx:1.27', 'nginx:1', 'shopteam/web-api:v2', 'docker.io/shopteam/x/y:1', 'mirror.example.com/any/thing:1'])
+      assert.match(allowed(current, pushed, settings) ?? '', /allowed by ALLOW_IMAGES pattern/, pushed);
+    for (const pushed of ['evil.example:5000/x/backdoor2:pwn', 'evil.example:5000/x/backdoor/y:1', 'evil.example/x/backdoor:1',
+      'registry.cn-hangzhou.aliyuncs.com/tools:1', 'registry.cn-hangzhou.aliyuncs.com/toolsx/web:1', 'registry.cn-shanghai.aliyuncs.com/tools/web:1',
+      'shopteam:1', 'library/nginx2:1', 'other.example/shopteam/web-api:1'])
+      refused(current, pushed, settings);
+  });
+
+  test('ALLOW_IMAGES patterns are validated, naming the pattern', () => {
+    const problem = (value: string) => {
+      assert.throws(() => readImagePin({ ALLOW_IMAGES: value }), Error);
+      return IMAGE_PIN_SETTINGS.ALLOW_IMAGES(value);
+    };
+    assert.match(problem('*') ?? '', /^ALLOW_IMAGES pattern "\*" has a "\*" that is not a trailing "\/\*"/);
+    assert.match(problem('/*') ?? '', /^ALLOW_IMAGES pattern "\/\*" names no registry/);
+    assert.match(problem('good.example/a shop/web-*') ?? '', /^ALLOW_IMAGES pattern "shop\/web-\*" has a "\*" that is not a trailing/);
+    assert.match(problem('reg.example.com/*/app') ?? '', /has a "\*" that is not a trailing/);
+    assert.match(problem('nginx:1') ?? '', /^ALLOW_IMAGES pattern "nginx:1" names a tag or digest/);
+    assert.match(problem(`reg.example.com/app@${digest}`) ?? '', /names a tag or digest/);
+    assert.match(problem('localhost:5000') ?? '', /names only a registry host/);
+    assert.match(problem('evil.example:5000') ?? '', /^ALLOW_IMAGES pattern "evil\.example:5000" names only a registry host \(write "evil\.example:5000\/\*"/);
+    assert.match(problem('reg.example.com/Shop/app') ?? '', /^ALLOW_IMAGES pattern "reg\.example\.com\/Shop\/app" names an invalid repository: its path is not a valid repository name: OCI repository names are lower-case/);
+    assert.match(problem('bad_host.example/app') ?? '', /^ALLOW_IMAGES pattern "bad_host\.example\/app" names an invalid registry host "bad_host\.example" \(host\[:port\]\)$/);
+    for (const ok of ['', '  ', 'nginx', 'reg.example.com/*', 'localhost:5000/a/b', '[::1]:5000/app', 'Reg.Example.COM/shop/*'])
+      assert.equal(IMAGE_PIN_SETTINGS.ALLOW_IMAGES(ok), undefined, ok);
+    assert.match(IMAGE_PIN_SETTINGS.REGISTRY_HOST('not a host') ?? '', /^REGISTRY_HOST "not a host" is not a valid registry host/);
+    assert.equal(IMAGE_PIN_SETTINGS.REGISTRY_HOST('https://crpi-abc.cn-hangzhou.personal.cr.aliyuncs.com/'), undefined);
+  });
+
+  test('the pin settings are checked when a hooks file loads: fixed strings, valid, errors naming file, line and field', () => {
+    const hook = (env: unknown[]) => JSON.stringify([{ id: 'web', 'execute-command': '/webhooks.sh', 'pass-environment-to-command': [
+      { envname: 'REPO_TYPE', source: 'url', name: 'repo_type' }, ...env] }], null, 1);
+    const load = (env: unknown[]) => compileHooksFile('hooks/web.json', hook(env), { commandTimeoutMs: 0, settingChecks: IMAGE_PIN_SETTINGS });
+    const loadError = (env: unknown[]) => {
+      try {
+        load(env);
+      } catch (e) {
+        return (e as Error).message;
+      }
+      assert.fail(`loaded: ${JSON.stringify(env)}`);
+    };
+    assert.equal(
+      loadError([{ envname: 'ALLOW_IMAGES', source: 'string', name: 'registry.cn-hangzhou.aliyuncs.com/shop/web-*' }]),
+      'hooks/web.json:14: hook "web": pass-environment-to-command[1].name: ALLOW_IMAGES pattern ' +
+        '"registry.cn-hangzhou.aliyuncs.com/shop/web-*" has a "*" that is not a trailing "/*" (host/path/* allows every ' +
+        'repository under host/path)',
+    );
+    assert.match(loadError([{ envname: 'ALLOW_IMAGES', source: 'url', name: 'allow' }]),
+      /^hooks\/web\.json:\d+: hook "web": pass-environment-to-command\[1\]\.source: ALLOW_IMAGES must be fixed in the hook file \("source": "string"\)/);
+    assert.match(loadError([{ envname: 'REGISTRY_HOST', source: 'header', name: 'X-Registry' }]),
+      /pass-environment-to-command\[1\]\.source: REGISTRY_HOST must be fixed in the hook file/);
+    assert.match(loadError([{ envname: 'REGISTRY_HOST', source: 'string', name: 'evil host' }]),
+      /pass-environment-to-command\[1\]\.name: REGISTRY_HOST "evil host" is not a valid registry host/);
+    const ok = load([{ envname: 'ALLOW_IMAGES', source: 'string', name: 'registry.cn-hangzhou.aliyuncs.com/shop/* nginx' },
+      { envname: 'REGISTRY_HOST', source: 'string', name: 'acme-registry.cn-hangzhou.cr.aliyuncs.com' }]);
+    assert.equal(ok.hooks[0].env.length, 3);
+    // Another variable that happens to hold such text is not a pin setting.
+    assert.equal(load([{ envname: 'ALLOW', source: 'url', name: 'x' }]).hooks.length, 1);
+  });
+
+  test('a malformed pin setting refuses the push before any API call', async () => {
+    const client = new KubeClient({ server: 'https://127.0.0.1:1', source: 'test' }, { retryBudgetMs: 0 });
+    const env = { APP_NS: 'prod', APP_WORKLOAD: 'deployment/web', APP_CONTAINER: 'app', REPO_TYPE: 'regionalregistry' };
+    const r = await runUpgrade([acrPayload('v2')], { ...env, ALLOW_IMAGES: 'shop/*/web' }, { client });
+    assert.equal(r.exitCode, 1);
+    assert.match(r.output, /^result: +failed: ALLOW_IMAGES pattern "shop\/\*\/web" has a "\*" that is not a trailing "\/\*"/m);
+    const host = await runUpgrade([acrPayload('v2')], { ...env, REGISTRY_HOST: 'a b' }, { client });
+    assert.match(host.output, /^result: +failed: REGISTRY_HOST "a b" is not a valid registry host/m);
+    client.close();
   });
 });
 
@@ -564,9 +733,9 @@ describe('upgrade on a real cluster', { skip: cluster ? false : 'no cluster' }, 
       [[acrPayload('x'.repeat(200))], env('deployment/still'), /is 200 characters long \(a tag has at most 128\)/],
       [[acrPayload('v9')], env('deployment/still', 'app', { REPO_TYPE: 'quay' }), /REPO_TYPE "quay" is not supported/],
       [['{"push_data": {"tag": "v9"'], env('deployment/still'), /payload is not JSON/],
-      [[acrPayload('v9')], env('deployment/nope'), new RegExp(`deployment "nope" not found in namespace "${ns}"; deployments there: (?=.*\\bweb\\b)(?=.*\\bbusy\\b)`)],
+      [[acrPayload('v9')], env('deployment/nope'), new RegExp(`deployment "nope" not found in namespace "${ns}"$`, 'm')],
       [[acrPayload('v9')], env('deployment/still', 'ap'), /container "ap" not found in deployment\/still \(containers: app-sidecar, app\)/],
-      [[acrPayload('v9')], env('statefulset/still'), new RegExp(`statefulset "still" not found in namespace "${ns}"; statefulsets there: db`)],
+      [[acrPayload('v9')], env('statefulset/still'), new RegExp(`statefulset "still" not found in namespace "${ns}"$`, 'm')],
     ];
     for (const [args, e, message] of cases) {
       const r = await runUpgrade(args, e, { client });
@@ -576,8 +745,44 @@ describe('upgrade on a real cluster', { skip: cluster ? false : 'no cluster' }, 
     }
     assert.equal(await rv(), beforeRv);
     const missing = await runUpgrade([acrPayload('v9')], { ...env('deployment/still'), APP_NS: `${ns}-absent` }, { client });
-    assert.match(missing.output, /namespace "[^"]+-absent" has no deployments \(is the namespace right\?\)/);
+    assert.match(missing.output, /deployment "still" not found in namespace "[^"]+-absent"$/m);
     assert.ok((await events('still')).some((e: any) => e.reason === 'UpgradeFailed' && e.type === 'Warning' && /container "ap" not found/.test(e.message)));
+  });
+
+  test('the image pin: another repository is refused before any write and recorded as a Warning Event; ALLOW_IMAGES allows it', async () => {
+    await apply(deployment('pinned', [{ name: 'app', image: image('v1') }], { replicas: 1 }));
+    const before = await getJson('deployment/pinned');
+    const evil = JSON.stringify({ push_data: { tag: 'pwn' }, repository: { repo_url: 'evil.example:5000', namespace: 'x', name: 'backdoor' } });
+    const cases: Array<[string, Record<string, string>, string]> = [
+      [evil, env('deployment/pinned', 'app', { REPO_TYPE: 'custom' }), 'evil.example:5000/x/backdoor'],
+      // Any namespace of the shared ACR endpoint is another repository.
+      [acrPayload('v2', 'attacker/web-api'), env('deployment/pinned'), 'registry.cn-hangzhou.aliyuncs.com/attacker/web-api'],
+      // REGISTRY_HOST holds for a Docker Hub push too.
+      [fixture('dockerhub-push.json'), env('deployment/pinned', 'app', { REPO_TYPE: 'publicregistry', REGISTRY_HOST: 'registry.cn-hangzhou.aliyuncs.com' }),
+        'registry.cn-hangzhou.aliyuncs.com/shopteam/web-api'],
+    ];
+    for (const [payload, e, pushed] of cases) {
+      const r = await runUpgrade([payload], e, { client, hookId: 'web', requestId: 'req-pin' });
+      assert.equal(r.exitCode, 1, r.output);
+      assert.equal(r.report.refused, true);
+      assert.equal(r.report.changed, false);
+      assert.match(r.output, /^action: +none \(nothing was changed\)$/m);
+      assert.ok(r.output.includes(`result:       failed: image pin: container "app" runs repository "registry.cn-hangzhou.aliyuncs.com/shop/web-api", and the push names repository "${pushed}"; a push may change only the tag and digest, unless the hook setting ALLOW_IMAGES lists the repository\n`), r.output);
+    }
+    const after = await getJson('deployment/pinned');
+    assert.equal(after.metadata.generation, before.metadata.generation);
+    assert.deepEqual(after.spec.template, before.spec.template);
+    assert.equal(after.metadata.annotations?.['kubernetes.io/change-cause'], undefined);
+    const refusals = (await events('pinned')).filter((ev: any) => ev.reason === 'UpgradeRefused');
+    assert.equal(refusals.length, cases.length);
+    assert.ok(refusals.every((ev: any) => ev.type === 'Warning' && ev.message.endsWith('; asked by hook "web", request req-pin')));
+    assert.ok(refusals.some((ev: any) => ev.message.includes('the push names repository "evil.example:5000/x/backdoor"')));
+
+    const widened = await runUpgrade([evil], env('deployment/pinned', 'app', { REPO_TYPE: 'custom', ALLOW_IMAGES: 'evil.example:5000/x/*' }), { client });
+    assert.equal(widened.exitCode, 0, widened.output);
+    assert.match(widened.output, /^action: +image updated$/m);
+    assert.match(widened.output, /^note: +image pin: "evil\.example:5000\/x\/backdoor" allowed by ALLOW_IMAGES pattern "evil\.example:5000\/x\/\*"$/m);
+    assert.equal(containerImage(await getJson('deployment/pinned'), 'app'), 'evil.example:5000/x/backdoor:pwn');
   });
 
   test('a rollout that fails: ProgressDeadlineExceeded, pods with their reasons', async () => {
@@ -621,7 +826,7 @@ describe('upgrade on a real cluster', { skip: cluster ? false : 'no cluster' }, 
     assert.equal((await getJson('deployment/busy')).metadata.generation, generation);
   });
 
-  describe('as the ServiceAccount of deploy/rbac.yaml', () => {
+  describe('as the ServiceAccount of deploy/, with the cluster-wide option rbac-cluster.yaml', () => {
     let token = '';
     let kubeconfig = '';
     let admin: any;
@@ -629,7 +834,7 @@ describe('upgrade on a real cluster', { skip: cluster ? false : 'no cluster' }, 
     const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'rbac-'));
 
     before(async () => {
-      sa = await shippedServiceAccount(kubectl, cluster!, ns, path.join(repoRoot, 'deploy/rbac.yaml'), dir);
+      sa = await shippedServiceAccount(kubectl, cluster!, ns, [path.join(repoRoot, 'deploy/serviceaccount.yaml'), path.join(repoRoot, 'deploy/rbac-cluster.yaml')], dir);
       assert.deepEqual(sa.kinds, ['ServiceAccount', 'ClusterRole', 'ClusterRoleBinding']);
       ({ token, kubeconfig, admin } = sa);
     });
@@ -638,14 +843,15 @@ describe('upgrade on a real cluster', { skip: cluster ? false : 'no cluster' }, 
       fs.rmSync(dir, { recursive: true, force: true });
     });
 
-    test('the shipped ClusterRole is enough for an upgrade with rollout tracking and events', async () => {
+    test('the shipped ClusterRole is enough for an upgrade with rollout tracking and events; a missing workload is named alone', async () => {
       const r = await runUpgrade([acrPayload('sa1')], env('deployment/web', 'app', { KUBECONFIG: kubeconfig, ROLLOUT_TIMEOUT: '60s' }), {});
       assert.equal(r.exitCode, 0, r.output);
       assert.match(r.output, /^rollout: +complete/m);
       assert.match(r.output, /^pod web-/m);
       assert.doesNotMatch(r.output, /^note:/m, 'events recorded, pods listed');
       const missing = await runUpgrade([acrPayload('sa1')], env('deployment/nope', 'app', { KUBECONFIG: kubeconfig }), {});
-      assert.match(missing.output, /deployments there: /);
+      assert.match(missing.output, new RegExp(`^result: +failed: deployment "nope" not found in namespace "${ns}"$`, 'm'));
+      assert.doesNotMatch(missing.output, /\b(busy|still|broken)\b/, 'the namespace\'s other workloads are not listed');
       assert.ok(!r.output.includes(token) && !missing.output.includes(token));
     });
 
@@ -700,7 +906,7 @@ describe('upgrade on a real cluster', { skip: cluster ? false : 'no cluster' }, 
         await new Promise((resolve) => setTimeout(resolve, 200));
       }
       assert.equal(r!.exitCode, 1, r!.output);
-      assert.match(r!.output, new RegExp(`^result: +failed: forbidden: the service account "webhook" of namespace "${ns}" cannot "get" deployments\\.apps "web" in namespace "${ns}" — grant it with deploy/rbac\\.yaml$`, 'm'));
+      assert.match(r!.output, new RegExp(`^result: +failed: forbidden: the service account "webhook" of namespace "${ns}" cannot "get" deployments\\.apps "web" in namespace "${ns}" — grant it with the RBAC that \`webhook -print-rbac\` prints for the hooks$`, 'm'));
       assert.ok(!r!.output.includes(token));
       assert.ok(!JSON.stringify(r!.report).includes(token));
     });

@@ -92,13 +92,14 @@ export function containerImage(obj: any, name: string, template = obj.spec.templ
 }
 
 /**
- * Applies deploy/rbac.yaml with its ServiceAccount in `namespace` and its cluster-scoped objects
- * renamed `webhook-<namespace>` (so runs do not clash), and writes a JSON kubeconfig that
- * authenticates with a token of that ServiceAccount. `unbind` deletes the binding; `remove` all.
+ * Applies deploy/ files (serviceaccount.yaml, and rbac-cluster.yaml for the cluster-wide option)
+ * with the ServiceAccount in `namespace` and cluster-scoped objects renamed `webhook-<namespace>`
+ * (so runs do not clash), and writes a JSON kubeconfig that authenticates with a token of that
+ * ServiceAccount. `unbind` deletes the cluster binding; `remove` the cluster-scoped objects.
  */
-export async function shippedServiceAccount(kubectl: Kubectl, cluster: Cluster, namespace: string, rbacFile: string, dir: string) {
+export async function shippedServiceAccount(kubectl: Kubectl, cluster: Cluster, namespace: string, rbacFiles: string[], dir: string) {
   // kubectl parses the YAML (we have no YAML parser): one pretty-printed JSON object per document.
-  const parsed = await kubectl(['create', '--dry-run=client', '-o', 'json', '-f', rbacFile]);
+  const parsed = await kubectl(['create', '--dry-run=client', '-o', 'json', ...rbacFiles.flatMap((f) => ['-f', f])]);
   const items: any[] = JSON.parse(`[${parsed.trim().replace(/\n}\n{/g, '\n},\n{')}]`);
   const name = `webhook-${namespace}`;
   for (const item of items) {
