@@ -18,11 +18,12 @@ import { execFile, spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import * as fs from 'node:fs';
 import * as http from 'node:http';
+import { tmpdir } from 'node:os';
 import * as path from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { ensureCluster } from '../test/cluster/cluster.ts';
 import {
-  Logger, loadSnapshot, parseCommandLine, requiredMatches, resolveHookCommand, UpgradeService, upgradeInput, UsageError,
+  listHookFiles, Logger, loadSnapshot, parseCommandLine, requiredMatches, resolveHookCommand, UpgradeService, upgradeInput, UsageError,
   type Hook, type Options, type Param,
 } from '../webhook.ts';
 
@@ -33,6 +34,12 @@ const EXAMPLES = path.relative(process.cwd(), path.join(ROOT, 'examples', 'hooks
 const DEMO = { namespace: 'webhook-demo', workload: 'deployment/web', container: 'app' };
 /** The image the demo Deployment starts with; every curl pushes another tag of the same repository. */
 const DEMO_REPOSITORY = { host: 'registry.cn-hangzhou.aliyuncs.com', namespace: 'demo', name: 'web' };
+/**
+ * The demo repository under each registry type's host. The image pin lets a push change only the
+ * tag of the repository a container runs, so for the demo's one container to take a push of each
+ * type, the demo's hooks allow these repositories (ALLOW_IMAGES) — on the local cluster only.
+ */
+const DEMO_ALLOWED = `docker.io/${DEMO_REPOSITORY.namespace}/${DEMO_REPOSITORY.name} ${DEMO_REPOSITORY.host}/${DEMO_REPOSITORY.namespace}/${DEMO_REPOSITORY.name}`;
 /** How long the service may take to answer /healthz after it was started. */
 const READY_TIMEOUT_MS = 15_000;
 
@@ -65,6 +72,11 @@ function say(text: string): void {
 function serviceArguments(userArgs: string[]): string[] {
   const namesHooks = userArgs.some((a) => /^--?hooks(=|$)/.test(a));
   return [...(namesHooks ? [] : ['-hooks', EXAMPLES]), '-template', '-verbose', ...userArgs];
+}
+
+/** The arguments without their -hooks flags (`-hooks X`, `--hooks X`, `-hooks=X`). */
+function withoutHooks(args: string[]): string[] {
+  return args.filter((a, i) => !/^--?hooks(=|$)/.test(a) && !(i > 0 && /^--?hooks$/.test(args[i - 1])));
 }
 
 /** Where the upgrade's credentials come from, and the kubectl to create the demo with (local cluster only). */
@@ -150,6 +162,23 @@ function pushesFor(t: Target, base: string, urlprefix: string): Push[] {
         payload: JSON.stringify(p.payload),
       };
     });
+}
+
+/**
+ * The hook files as served on the local cluster: copies, in the same order, in which every JSON
+ * hook passing an environment also passes ALLOW_IMAGES=DEMO_ALLOWED (first, so a hook's own
+ * ALLOW_IMAGES still wins). The files are otherwise untouched, templates included.
+ */
+function demoHookFiles(paths: string[]): string {
+  const dir = fs.mkdtempSync(path.join(tmpdir(), 'webhook-demo-hooks-'));
+  process.on('exit', () => fs.rmSync(dir, { recursive: true, force: true }));
+  const allow = `{ "envname": "ALLOW_IMAGES", "source": "string", "name": ${JSON.stringify(DEMO_ALLOWED)} },`;
+  paths.flatMap(listHookFiles).forEach((file, i) => {
+    let text = fs.readFileSync(file, 'utf8');
+    if (file.endsWith('.json')) text = text.replace(/"pass-environment-to-command"\s*:\s*\[/g, (m) => `${m} ${allow}`);
+    fs.writeFileSync(path.join(dir, `${String(i).padStart(3, '0')}-${path.basename(file)}`), text, { mode: 0o600 });
+  });
+  return dir;
 }
 
 function kubectlRun(kubectl: string, kubeconfig: string, args: string[], input?: string): Promise<string> {
@@ -261,7 +290,12 @@ async function main(userArgs: string[], env: Env): Promise<number> {
       say(`note: the demo creates Deployments only; hook "${t.hook.id}" names ${t.kind}/${t.name}`);
     await createDemo(deployments, cluster.kubectl, cluster.kubeconfig);
   }
-  const serviceArgs = cluster.kubeconfig ? [...args, '-kubeconfig', cluster.kubeconfig] : args;
+  let serviceArgs = args;
+  if (cluster.kubectl && cluster.kubeconfig) {
+    const served = demoHookFiles(o.hooks);
+    serviceArgs = ['-hooks', served, ...withoutHooks(args), '-kubeconfig', cluster.kubeconfig];
+    say(`demo: the hooks may also deploy ${DEMO_ALLOWED} (ALLOW_IMAGES, added to their copy in ${served})`);
+  }
   say(`Serving ${o.hooks.join(', ')} with ${cluster.what}.`);
   const service = await startService(serviceArgs, serviceEnv, o);
   const stop = (signal: NodeJS.Signals) => service.child.kill(signal);

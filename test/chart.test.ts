@@ -26,7 +26,7 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { acrImage, acrPayload, clusterOrSkip, containerImage, deployment, kubectlFor } from './cluster/kube.ts';
-import { defaultBinary, makeTempDir, REPO_ROOT, startWebhook, waitForOutput, type Webhook } from './harness.ts';
+import { defaultBinary, freePort, httpRequest, makeTempDir, REPO_ROOT, startWebhook, waitForOutput, type Webhook } from './harness.ts';
 import { helmOrSkip } from './helm.ts';
 import { parseYaml } from '../webhook.ts';
 
@@ -180,6 +180,7 @@ describe('charts/webhook on the cluster', { skip: helm && cluster ? false : 'no 
     let wh: Webhook | undefined;
     let hooksDir = '';
     let notes = '';
+    let metricsAt = 0;
     const values = (container: string) => writeValues({ hooks: [{ id: 'web', namespace: appNs, workload: 'deployment/web', container, mailTo: 'ops@example.com' }] });
     after(async () => wh?.stop());
 
@@ -194,6 +195,9 @@ describe('charts/webhook on the cluster', { skip: helm && cluster ? false : 'no 
       assert.equal(endpoints.length, 1, JSON.stringify(slices));
       assert.deepEqual(slices.items[0].ports.map((p: any) => [p.name, p.port]), [['http', 9000]]);
       wh = await standInPod();
+      const metrics = await httpRequest(metricsAt, '/metrics');
+      assert.match(metrics.body, /webhook_hooks_loaded 1/);
+      assert.equal((await wh.request('/metrics')).status, 404, 'the hooks port does not serve /metrics');
       const url = /https:\/\/<host>(\/hooks\/web\?\S+)&repo_type=</.exec(notes)?.[1];
       assert.ok(url, notes);
       const res = await push(`${url!.replace('<HOOK_TOKEN_WEB>', await token())}&repo_type=regionalregistry`, acrPayload('v2'));
@@ -278,6 +282,12 @@ describe('charts/webhook on the cluster', { skip: helm && cluster ? false : 'no 
         'current-context': 'pod', contexts: [{ name: 'pod', context: { cluster: admin.clusters[0].name, user: 'pod' } }],
         clusters: [admin.clusters[0]], users: [{ name: 'pod', user: { token: saToken } }],
       }));
+      // The pod's own port for /metrics becomes a free loopback port here (the container port is
+      // checked to be the one the flag names).
+      const metricsPort = c.ports.find((p: any) => p.name === 'metrics').containerPort;
+      assert.ok(env.WEBHOOK_CMD.includes(`-metrics-listen :${metricsPort}`), env.WEBHOOK_CMD);
+      metricsAt = await freePort();
+      env.WEBHOOK_CMD = env.WEBHOOK_CMD.replace(`-metrics-listen :${metricsPort}`, `-metrics-listen 127.0.0.1:${metricsAt}`);
       return startWebhook({ hooks: hooksDir, args: [...args, '-kubeconfig', kubeconfig], env: { ...env, PATH: process.env.PATH ?? '' } });
     }
   });

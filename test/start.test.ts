@@ -105,6 +105,9 @@ describe('npm start', { skip: cluster ? false : 'no cluster' }, () => {
   test('creates the demo Deployment the seed hook names and prints one curl per registry type', async () => {
     assert.equal(curls.length, 3, run.output());
     assert.match(run.output(), new RegExp(`^demo: deployment/web in namespace ${ns}, 2 pods on fake nodes, container app = registry\\.cn-hangzhou\\.aliyuncs\\.com/demo/web:v1$`, 'm'));
+    // The image pin lets a push change only the tag of the container's repository: the demo's
+    // hooks allow the demo repository of each registry type, and say so.
+    assert.match(run.output(), /^demo: the hooks may also deploy docker\.io\/demo\/web registry\.cn-hangzhou\.aliyuncs\.com\/demo\/web \(ALLOW_IMAGES/m);
     for (const [i, type] of ['regionalregistry', 'publicregistry', 'custom'].entries()) {
       assert.ok(curls[i].includes(`/hooks/web?token=change-me&ns=${ns}&workload=deployment/web&container=app&repo_type=${type}'`), curls[i]);
     }

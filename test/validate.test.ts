@@ -10,7 +10,6 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { describe, test } from 'node:test';
 import { defaultBinary, makeTempDir, REPO_ROOT, startWebhook, waitForOutput } from './harness.ts';
-import { parseYaml } from '../webhook.ts';
 
 const EXAMPLES = path.join(REPO_ROOT, 'examples', 'hooks');
 
@@ -22,12 +21,9 @@ function validate(args: string[], env: Record<string, string | undefined> = {}) 
   return { code: r.status, stdout: r.stdout, stderr: r.stderr };
 }
 
-/** The seed hook of deploy/hooks.yaml, as the ConfigMap would mount it. */
+/** The seed hook of deploy/, as its ConfigMap holds it. */
 function deploySeedHook(): string {
-  const doc = parseYaml(fs.readFileSync(path.join(REPO_ROOT, 'deploy', 'hooks.yaml'), 'utf8')).value as {
-    data: Record<string, string>;
-  };
-  return doc.data['web.json'];
+  return fs.readFileSync(path.join(REPO_ROOT, 'deploy', 'hooks', 'web.json'), 'utf8');
 }
 
 describe('webhook -validate', () => {
@@ -81,11 +77,12 @@ describe('webhook -validate', () => {
     }
   });
 
-  test("deploy/'s seed hook before its ConfigMap is applied: placeholders named; once filled in, valid", () => {
+  test("deploy/'s seed hook before its ConfigMap is applied: refused while a placeholder is left, valid once filled in", () => {
     const dir = makeTempDir('validate-deploy-');
     fs.writeFileSync(path.join(dir, 'web.json'), deploySeedHook());
     const shipped = validate(['-hooks', dir, '-template'], { HOOK_TOKEN: 'a-long-random-token' });
-    for (const placeholder of ['<namespace>', '<workload>', '<container>', '<mail-to>'])
+    assert.equal(shipped.code, 1);
+    for (const placeholder of ['<namespace>', '<workload>', '<container>'])
       assert.ok(shipped.stderr.includes(`still holds the placeholder "${placeholder}"`), shipped.stderr);
     const filled = deploySeedHook()
       .replace('<namespace>', 'shop')
