@@ -8,8 +8,10 @@
  *
  * Without KUBECONFIG (and outside a pod) it starts the local test cluster of test/cluster (built
  * from the Go module proxy the first time, with progress), creates what each upgrade hook accepts
- * (the example seed hook: namespace prod, deployment/web, container app) and serves the hooks
- * with that cluster's kubeconfig. The hooks are read by webhook.ts itself, so the demo follows
+ * (the example seed hook: namespace prod, deployment/web, container app) and serves a copy of the
+ * hooks that also allows the demo repository of each registry type (the image pin would refuse a
+ * push naming another repository than the container's), with that cluster's kubeconfig. With
+ * KUBECONFIG the hooks are served as they are. They are read by webhook.ts itself, so the demo follows
  * them: a rule's required values become the curl's query, and the workload it names is created.
  * Ctrl-C stops the service (gracefully, like SIGTERM); the local cluster keeps running for the
  * next start (`npm run cluster:down` deletes it).
@@ -32,7 +34,7 @@ const EXECUTABLE = path.join(ROOT, 'dist', 'webhook');
 const EXAMPLES = path.relative(process.cwd(), path.join(ROOT, 'examples', 'hooks')) || '.';
 /** What the demo uses where a hook leaves the namespace, workload or container to the request. */
 const DEMO = { namespace: 'webhook-demo', workload: 'deployment/web', container: 'app' };
-/** The image the demo Deployment starts with; every curl pushes another tag of the same repository. */
+/** The repository the demo Deployment starts with (tag v1); each curl pushes another tag of it. */
 const DEMO_REPOSITORY = { host: 'registry.cn-hangzhou.aliyuncs.com', namespace: 'demo', name: 'web' };
 /**
  * The demo repository under each registry type's host. The image pin lets a push change only the
