@@ -396,7 +396,9 @@ describe('limits', () => {
     assert.match(m.body, /webhook_requests_total\{hook="x",code="200"\} 1/);
     assert.match(m.body, /webhook_requests_total\{hook="",code="404"\} 2/);
     assert.equal((await wh.request('/metrics')).status, 404, 'the hook port does not serve /metrics');
-    assert.match(m.body, /webhook_command_duration_seconds_count\{hook="x"\} 1/);
+    // The command runs after the answer: its duration is recorded when it ends.
+    const counted = /webhook_command_duration_seconds_count\{hook="x"\} 1/;
+    await waitFor(async () => (counted.test((await wh.metrics()).body) ? true : undefined), { what: 'the duration metric' });
     assert.match(m.body, /webhook_hooks_loaded 1/);
   });
 
