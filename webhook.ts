@@ -143,8 +143,9 @@ export const LIMITS = {
   // Values shorter than this are too likely to be ordinary words to scrub from log lines
   // (the access log redacts compared parameters whatever their length).
   minScrubbedSecretLength: 6,
-  // V8 falls back to its linear-time regexp engine after this many backtracks, so a hook's
-  // regex cannot be made to take exponential time by a request (RE2 semantics are linear too).
+  // Hook regexes run on V8's linear-time engine outright (compileGoRegex); the program's own
+  // patterns fall back to it after this many backtracks, should one ever meet input that makes
+  // it backtrack badly.
   regexBacktracksBeforeFallback: 10_000,
 };
 
@@ -1864,44 +1865,413 @@ export function checkScalrSignature(req: HookRequest, secret: string, now: Date)
   return { ok: true };
 }
 
+// ---- Go regular expressions on V8's linear-time engine ---------------------------------------
+
 /**
- * Compiles a Go (RE2) regular expression as a JavaScript one. Go's syntax differs in a few
- * places operators use: leading `(?i)` flags, `(?P<name>…)`, `\z`, `\A`, `\pL`, POSIX classes.
- * Lookarounds and backreferences are not RE2 and are refused, which also keeps every accepted
- * pattern eligible for V8's linear-time engine.
+ * Compiles a Go (RE2) regular expression for V8's linear-time engine (the `l` flag), so no request
+ * can make a hook's regex take more than linear time, whatever the pattern (RE2 guarantees the
+ * same). That engine takes neither the `u` nor the `i` flag, so the pattern is translated piece by
+ * piece (GoRegexTranslator). What Go refuses, and what the linear engine cannot run, is an error.
  */
 export function compileGoRegex(source: string): RegExp {
-  let flags = '';
-  let body = source;
-  const lead = /^\(\?([imsU]+)\)/.exec(body);
-  if (lead) {
-    if (lead[1].includes('U')) throw new Error('the (?U) flag is not supported');
-    flags = [...new Set(lead[1])].join('');
-    body = body.slice(lead[0].length);
-  }
-  if (/\(\?<?[=!]/.test(body)) throw new Error('lookaround assertions are not RE2 syntax');
-  if (/(^|[^\\])(\\\\)*\\[1-9]/.test(body)) throw new Error('backreferences are not RE2 syntax');
-  const posix: Record<string, string> = {
-    alpha: 'A-Za-z',
-    digit: '0-9',
-    alnum: '0-9A-Za-z',
-    upper: 'A-Z',
-    lower: 'a-z',
-    space: '\\s',
-    xdigit: '0-9A-Fa-f',
-    punct: '!-\\/:-@\\[-`{-~',
-    word: '\\w',
-  };
-  body = body
-    .replace(/\(\?P</g, '(?<')
-    .replace(/\\z/g, '(?![\\s\\S])')
-    .replace(/\\A/g, '(?<![\\s\\S])')
-    .replace(/\\([pP])([A-Z])/g, '\\$1{$2}')
-    .replace(/\[:(\^?)([a-z]+):\]/g, (all, neg: string, name: string) => (posix[name] && !neg ? posix[name] : all));
+  const translator = new GoRegexTranslator(source);
+  const translated = translator.translate();
+  const flags = translator.multiline ? 'ml' : 'l';
   try {
-    return new RegExp(body, flags + 'u');
-  } catch {
-    return new RegExp(body, flags);
+    return linearRegExp(translated, flags);
+  } catch (e) {
+    const message = (e as Error).message;
+    if (/linear time/.test(message))
+      throw new Error(
+        "V8's linear-time engine cannot run it: a group's counted repeat ({n,m}), times those around " +
+          'it, may be at most 16',
+      );
+    throw new Error(message.slice(message.lastIndexOf(': ') + 2));
+  }
+}
+
+/**
+ * The executable starts with the linear engine enabled (scripts/build.ts puts the V8 flag in its
+ * options); run from source (the tests, plain node), the flag is set before the first pattern. V8
+ * reads it when it parses a pattern's flags, so setting it then is enough.
+ */
+function linearRegExp(source: string, flags: string): RegExp {
+  try {
+    return new RegExp(source, flags);
+  } catch (e) {
+    if (!/Invalid flags/.test((e as Error).message)) throw e;
+  }
+  setFlagsFromString('--enable-experimental-regexp-engine');
+  return new RegExp(source, flags);
+}
+
+/** Code point ranges of a character class, [first, last], both included. */
+type CharRanges = [number, number][];
+
+const LAST_BMP = 0xffff;
+/** Ranges written as pairs of first and last characters: "09AZ" is 0-9 and A-Z. */
+function rangePairs(pairs: string): CharRanges {
+  const out: CharRanges = [];
+  for (let i = 0; i < pairs.length; i += 2) out.push([pairs.charCodeAt(i), pairs.charCodeAt(i + 1)]);
+  return out;
+}
+
+const PERL_CLASSES: Record<string, CharRanges> = {
+  d: rangePairs('09'),
+  w: rangePairs('09AZ__az'),
+  // Go's \s is ASCII white space without \v; JavaScript's also has \v and the Unicode spaces.
+  s: rangePairs('\t\n\f\r  '),
+};
+const POSIX_CLASSES: Record<string, CharRanges> = {
+  alnum: rangePairs('09AZaz'),
+  alpha: rangePairs('AZaz'),
+  ascii: rangePairs('\x00\x7f'),
+  blank: rangePairs('\t\t  '),
+  cntrl: rangePairs('\x00\x1f\x7f\x7f'),
+  digit: rangePairs('09'),
+  graph: rangePairs('!~'),
+  lower: rangePairs('az'),
+  print: rangePairs(' ~'),
+  punct: rangePairs('!/:@[`{~'),
+  space: rangePairs('\t\r  '),
+  upper: rangePairs('AZ'),
+  word: rangePairs('09AZ__az'),
+  xdigit: rangePairs('09AFaf'),
+};
+const CHAR_ESCAPES: Record<string, number> = { a: 7, f: 12, t: 9, n: 10, r: 13, v: 11 };
+/** Go refuses larger repeat counts. */
+const GO_MAX_REPEAT = 1000;
+/** V8's linear engine copies a counted repeat's body, and refuses more than this many copies. */
+const LINEAR_MAX_REPEAT = 16;
+
+/** Sorted, with overlapping and adjacent ranges merged. */
+function normalizeRanges(ranges: CharRanges): CharRanges {
+  const sorted = ranges.map(([a, b]): [number, number] => [a, b]).sort((x, y) => x[0] - y[0]);
+  const out: CharRanges = [];
+  for (const r of sorted) {
+    const last = out[out.length - 1];
+    if (last && r[0] <= last[1] + 1) last[1] = Math.max(last[1], r[1]);
+    else out.push(r);
+  }
+  return out;
+}
+
+function complementRanges(ranges: CharRanges): CharRanges {
+  const out: CharRanges = [];
+  let next = 0;
+  for (const [a, b] of normalizeRanges(ranges)) {
+    if (a > next) out.push([next, a - 1]);
+    next = b + 1;
+  }
+  if (next <= LAST_BMP) out.push([next, LAST_BMP]);
+  return out;
+}
+
+/** One character as pattern text: itself when plainly literal, else escaped. */
+function patternChar(cp: number): string {
+  if (/^[A-Za-z0-9 _!"#%&',:;<=>@`~]$/.test(String.fromCharCode(cp))) return String.fromCharCode(cp);
+  if (cp < 0x80 && /[\\^$.|?*+()[\]{}/-]/.test(String.fromCharCode(cp))) return '\\' + String.fromCharCode(cp);
+  return '\\u' + cp.toString(16).padStart(4, '0');
+}
+
+/** A character class as JavaScript pattern text (no `u` flag: every character is one code unit). */
+function classSource(ranges: CharRanges, negated: boolean): string {
+  const items = normalizeRanges(ranges).map(([a, b]) =>
+    a === b ? patternChar(a) : `${patternChar(a)}${b > a + 1 ? '-' : ''}${patternChar(b)}`,
+  );
+  return `[${negated ? '^' : ''}${items.join('')}]`;
+}
+
+interface GoRegexFlags {
+  /** (?i): case-insensitive. */
+  i: boolean;
+  /** (?s): `.` matches \n too. */
+  s: boolean;
+}
+
+/** A translated piece: its text, whether a repeat may follow, whether it is a single character. */
+interface RegexPiece {
+  text: string;
+  repeatable: boolean;
+  single: boolean;
+}
+
+interface RegexRepeat {
+  min: number;
+  max: number;
+  lazy: boolean;
+  text: string;
+}
+
+/**
+ * Go's syntax, rewritten for a JavaScript pattern without the `u` and `i` flags: case-insensitive
+ * letters become classes of every case (by Unicode simple case folding, as Go's), `.` and `\s` get
+ * Go's meaning, `\A`, `\z`, `\Q…\E`, `\x{…}`, octal escapes, POSIX classes and `(?P<name>…)` are
+ * written in JavaScript's terms, and a long counted repeat of one character is written out in
+ * full (the linear engine copies a repeat's body, and refuses more than 16 copies). Refused, with
+ * what Go or the linear engine would say: lookarounds and backreferences (not RE2), Unicode
+ * classes (`\pL` needs the `u` flag), characters beyond U+FFFF in a class, (?U), and (?m) anywhere
+ * but at the start (it becomes JavaScript's m flag, for the whole pattern).
+ */
+class GoRegexTranslator extends TextCursor {
+  /** (?m) at the start: ^ and $ match at line breaks. */
+  multiline = false;
+  /** Inside \Q…\E. */
+  private quoting = false;
+  /** Every character up to U+FFFF, read by case folding; made on the first (?i). */
+  private everyChar: string | undefined;
+
+  fail(what: string): never {
+    throw new Error(what);
+  }
+
+  translate(): string {
+    const out = this.alternatives({ i: false, s: false }, 0);
+    if (!this.atEnd()) this.fail(`unexpected ): \`${this.text}\``);
+    return out;
+  }
+
+  /** Alternatives up to the end of the current group (or of the pattern). */
+  private alternatives(outer: GoRegexFlags, depth: number): string {
+    const flags = { ...outer };
+    let out = '';
+    let atom: { start: number; single: boolean } | undefined;
+    while (!this.atEnd() && (this.quoting || this.text[this.at] !== ')')) {
+      const repeat = this.quoting ? undefined : this.repeat();
+      if (repeat) {
+        if (!atom) this.fail(`missing argument to repetition operator: \`${repeat.text}\``);
+        out = out.slice(0, atom.start) + this.repeated(out.slice(atom.start), atom.single, repeat);
+        atom = undefined;
+        continue;
+      }
+      const piece = this.piece(flags, depth, depth === 0 && out === '');
+      if (piece.text === '') continue;
+      atom = piece.repeatable ? { start: out.length, single: piece.single } : undefined;
+      out += piece.text;
+    }
+    return out;
+  }
+
+  private piece(flags: GoRegexFlags, depth: number, atStart: boolean): RegexPiece {
+    const anchor = (text: string) => ({ text, repeatable: false, single: false });
+    if (this.quoting) {
+      if (!this.text.startsWith('\\E', this.at)) return this.literal(this.codePoint(), flags);
+      this.at += 2;
+      this.quoting = false;
+      return anchor('');
+    }
+    const c = this.text[this.at++];
+    if (c === '(') return this.group(flags, depth, atStart);
+    if (c === '|') return anchor('|');
+    if (c === '^' || c === '$') return anchor(c);
+    if (c === '.') return { text: flags.s ? '[\\s\\S]' : '[^\\n]', repeatable: true, single: true };
+    if (c === '[') {
+      const cls = this.charClass();
+      return this.classPiece(cls.ranges, cls.negated, flags);
+    }
+    if (c === '\\') return this.escape(flags);
+    this.at--;
+    return this.literal(this.codePoint(), flags);
+  }
+
+  /** The code point at the cursor (a surrogate pair is one), consumed. */
+  private codePoint(): number {
+    const cp = this.text.codePointAt(this.at)!;
+    this.at += cp > LAST_BMP ? 2 : 1;
+    return cp;
+  }
+
+  private literal(cp: number, flags: GoRegexFlags): RegexPiece {
+    if (cp > LAST_BMP) return { text: `(?:${String.fromCodePoint(cp)})`, repeatable: true, single: true };
+    if (flags.i) return this.classPiece([[cp, cp]], false, flags);
+    return { text: patternChar(cp), repeatable: true, single: true };
+  }
+
+  private classPiece(ranges: CharRanges, negated: boolean, flags: GoRegexFlags): RegexPiece {
+    const all = flags.i ? this.caseFolded(ranges) : normalizeRanges(ranges);
+    if (all.some(([, b]) => b > LAST_BMP))
+      this.fail('a character beyond U+FFFF in a class needs Unicode mode, which the linear engine does not run');
+    const text =
+      !negated && all.length === 1 && all[0][0] === all[0][1] ? patternChar(all[0][0]) : classSource(all, negated);
+    return { text, repeatable: true, single: true };
+  }
+
+  /** The ranges with every character Unicode simple case folding (Go's (?i)) makes equal to one of them. */
+  private caseFolded(ranges: CharRanges): CharRanges {
+    const bmp = ranges.filter(([a]) => a <= LAST_BMP).map(([a, b]): [number, number] => [a, Math.min(b, LAST_BMP)]);
+    if (bmp.length === 0) return normalizeRanges(ranges);
+    this.everyChar ??=
+      Array.from({ length: 0xd800 }, (_, cp) => String.fromCharCode(cp)).join('') +
+      Array.from({ length: LAST_BMP - 0xdfff }, (_, i) => String.fromCharCode(0xe000 + i)).join('');
+    // The `iu` flags make V8 fold cases by Unicode's simple case folding; a class has no backtracking.
+    const folded = this.everyChar.match(new RegExp(classSource(bmp, false), 'giu')) ?? [];
+    return normalizeRanges([...ranges, ...folded.map((ch): [number, number] => [ch.charCodeAt(0), ch.charCodeAt(0)])]);
+  }
+
+  /** After `(`: a group, or a flag setting `(?i)` (empty text; the flags change to the group's end). */
+  private group(flags: GoRegexFlags, depth: number, atStart: boolean): RegexPiece {
+    let open = '(';
+    let inner = flags;
+    if (this.text[this.at] === '?') {
+      const rest = this.text.slice(this.at, this.at + 260);
+      const m = /^\?(?:P?<([A-Za-z0-9_]+)>|(:)|([imsU]*(?:-[imsU]*)?)([:)]))/.exec(rest);
+      if (/^\?<?[=!]/.test(rest)) this.fail('lookaround assertions are not RE2 syntax');
+      if (!m || m[3] === '' || m[3] === '-') this.fail(`invalid or unsupported Perl syntax: \`(${rest.slice(0, 3)}\``);
+      this.at += m[0].length;
+      if (m[1] !== undefined) open = `(?<${m[1]}>`;
+      else if (m[2] !== undefined) open = '(?:';
+      else if (m[4] === ')') {
+        this.setFlags(flags, m[3], atStart);
+        return { text: '', repeatable: false, single: false };
+      } else {
+        inner = { ...flags };
+        this.setFlags(inner, m[3], false);
+        open = '(?:';
+      }
+    }
+    const body = this.alternatives(inner, depth + 1);
+    if (this.text[this.at] !== ')') this.fail(`missing closing ): \`${this.text}\``);
+    this.at++;
+    return { text: `${open}${body})`, repeatable: true, single: false };
+  }
+
+  private setFlags(flags: GoRegexFlags, spec: string, atStart: boolean): void {
+    const [on, off = ''] = spec.split('-');
+    if (spec.includes('U')) this.fail('the (?U) flag is not supported');
+    if (on.includes('m')) {
+      if (!atStart) this.fail('(?m) is supported only at the start of the pattern');
+      this.multiline = true;
+    }
+    for (const f of ['i', 's'] as const) {
+      if (on.includes(f)) flags[f] = true;
+      if (off.includes(f)) flags[f] = false;
+    }
+  }
+
+  /** A repetition operator at the cursor (consumed), or undefined; a `{` that is not one is a literal. */
+  private repeat(): RegexRepeat | undefined {
+    const m = /^(?:([*+?])|\{(\d+)(?:(,)(\d*))?\})(\??)/.exec(this.text.slice(this.at, this.at + 20));
+    if (!m) return undefined;
+    const simple: Record<string, [number, number]> = { '*': [0, Infinity], '+': [1, Infinity], '?': [0, 1] };
+    const [min, max] = m[1]
+      ? simple[m[1]]
+      : [Number(m[2]), m[3] === undefined ? Number(m[2]) : m[4] === '' ? Infinity : Number(m[4])];
+    if (min > GO_MAX_REPEAT || (max !== Infinity && (max > GO_MAX_REPEAT || max < min)))
+      this.fail(`invalid repeat count: \`${m[0]}\``);
+    this.at += m[0].length;
+    return { min, max, lazy: m[5] === '?', text: m[0] };
+  }
+
+  /** A repeated atom; one character repeated more often than the linear engine copies is written out. */
+  private repeated(atom: string, single: boolean, r: RegexRepeat): string {
+    const long = r.min > LINEAR_MAX_REPEAT || (r.max !== Infinity && r.max > LINEAR_MAX_REPEAT);
+    if (!long || !single) return atom + r.text;
+    const lazy = r.lazy ? '?' : '';
+    const optional = r.max === Infinity ? `${atom}*${lazy}` : `${atom}?${lazy}`.repeat(r.max - r.min);
+    return atom.repeat(r.min) + optional;
+  }
+
+  /** After a backslash outside a class. */
+  private escape(flags: GoRegexFlags): RegexPiece {
+    const c = this.text[this.at];
+    const anchor = (text: string) => ({ text, repeatable: false, single: false });
+    if (c === undefined) this.fail('trailing backslash at end of expression');
+    if ('AzbBQ'.includes(c)) this.at++;
+    if (c === 'A') return anchor(this.multiline ? '(?<![\\s\\S])' : '^');
+    if (c === 'z') {
+      // Without (?m), JavaScript's $ is the end of the text, as \z is; with it, only a lookahead says so.
+      if (this.multiline) this.fail('\\z after (?m) needs a lookahead, which the linear engine does not run');
+      return anchor('$');
+    }
+    if (c === 'b' || c === 'B') return anchor(`\\${c}`);
+    if (c === 'Q') {
+      this.quoting = true;
+      return anchor('');
+    }
+    const perl = this.perlClass();
+    if (perl) return this.classPiece(perl.ranges, perl.negated, flags);
+    return this.literal(this.escapedChar(), flags);
+  }
+
+  /** \d \D \w \W \s \S at the cursor (consumed); \p and \P are refused. */
+  private perlClass(): { ranges: CharRanges; negated: boolean } | undefined {
+    const c = this.text[this.at];
+    if (c === 'p' || c === 'P')
+      this.fail(`Unicode classes (\\${c}) need Unicode mode, which the linear engine does not run`);
+    const ranges = PERL_CLASSES[c?.toLowerCase()];
+    if (!ranges) return undefined;
+    this.at++;
+    return { ranges, negated: c !== c.toLowerCase() };
+  }
+
+  /** A character written as an escape (after the backslash): \n, \x41, \x{263a}, \101, \. … */
+  private escapedChar(): number {
+    const c = this.text[this.at++];
+    if (c in CHAR_ESCAPES) return CHAR_ESCAPES[c];
+    if (c === 'x') {
+      const m = /^(?:\{([0-9A-Fa-f]{1,6})\}|([0-9A-Fa-f]{2}))/.exec(this.text.slice(this.at, this.at + 8));
+      if (!m || parseInt(m[1] ?? m[2], 16) > 0x10ffff) this.fail('invalid escape sequence: `\\x`');
+      this.at += m[0].length;
+      return parseInt(m[1] ?? m[2], 16);
+    }
+    if (c >= '0' && c <= '7') {
+      const m = /^[0-7]{0,2}/.exec(this.text.slice(this.at, this.at + 2))![0];
+      // A single digit other than 0 would be a backreference in Perl; Go refuses it.
+      if (c !== '0' && !/^[0-7]/.test(this.text[this.at] ?? '')) this.fail('backreferences are not RE2 syntax');
+      this.at += m.length;
+      return parseInt(c + m, 8);
+    }
+    if (c !== undefined && c < '\x80' && !/[A-Za-z0-9]/.test(c)) return c.charCodeAt(0);
+    return this.fail(`invalid escape sequence: \`\\${c ?? ''}\``);
+  }
+
+  /** After `[`: the class's ranges and whether it is negated, up to and past the closing `]`. */
+  private charClass(): { ranges: CharRanges; negated: boolean } {
+    const negated = this.text[this.at] === '^';
+    if (negated) this.at++;
+    const ranges: CharRanges = [];
+    for (let first = true; ; first = false) {
+      if (this.atEnd()) this.fail(`missing closing ]: \`${this.text}\``);
+      if (this.text[this.at] === ']' && !first) break;
+      const named = this.classMember();
+      if (named) {
+        ranges.push(...named);
+        continue;
+      }
+      const lo = this.classChar();
+      if (this.text[this.at] !== '-' || this.text[this.at + 1] === ']' || this.at + 1 >= this.text.length) {
+        ranges.push([lo, lo]);
+        continue;
+      }
+      this.at++;
+      const hi = this.classChar();
+      if (hi < lo) this.fail('invalid character class range');
+      ranges.push([lo, hi]);
+    }
+    this.at++;
+    return { ranges, negated };
+  }
+
+  /** A POSIX class [:alpha:] or a Perl class \d inside a class (consumed), as ranges; else undefined. */
+  private classMember(): CharRanges | undefined {
+    const posix = /^\[:(\^?)([a-z]+):\]/.exec(this.text.slice(this.at, this.at + 12));
+    if (posix) {
+      const ranges = POSIX_CLASSES[posix[2]] ?? this.fail(`invalid character class range: \`${posix[0]}\``);
+      this.at += posix[0].length;
+      return posix[1] ? complementRanges(ranges) : ranges;
+    }
+    if (this.text[this.at] !== '\\') return undefined;
+    this.at++;
+    const perl = this.perlClass();
+    if (perl) return perl.negated ? complementRanges(perl.ranges) : perl.ranges;
+    this.at--;
+    return undefined;
+  }
+
+  private classChar(): number {
+    if (this.text[this.at] !== '\\') return this.codePoint();
+    this.at++;
+    return this.escapedChar();
   }
 }
 

@@ -11,7 +11,7 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, describe, test } from 'node:test';
 import { promisify } from 'node:util';
-import { makeTempDir, startWebhook, type Webhook } from './harness.ts';
+import { makeTempDir, spawnWebhook, startWebhook, type Webhook } from './harness.ts';
 
 const run = promisify(execFile);
 
@@ -50,5 +50,36 @@ describe('no code from the environment', () => {
     const wh = await started({ hooks: [{ id: 'x', 'execute-command': '/bin/true' }], env });
     assert.equal((await wh.request('/hooks/x', { method: 'POST' })).status, 200);
     assert.equal(fs.existsSync(marker), false, 'the --require module ran inside the executable');
+  });
+});
+
+describe('hook regexes run in linear time', () => {
+  test('a catastrophic pattern gets a long input answered at once, and the server goes on answering', { timeout: 30_000 }, async () => {
+    const hooks = [{
+      id: 're', 'execute-command': '/bin/true', 'response-message': 'triggered',
+      'trigger-rule': { match: { type: 'regex', regex: '^([a-z0-9]+-?)+$', parameter: { source: 'url', name: 'name' } } },
+    }];
+    const wh = await started({ hooks });
+    // With backtracking, 40 characters and a final mismatch take 2^40 steps: hours, not an answer.
+    const slow = await wh.request(`/hooks/re?name=${'a'.repeat(40)}!`, { method: 'POST' });
+    assert.deepEqual([slow.status, slow.body], [200, 'Hook rules were not satisfied.']);
+    const next = await wh.request('/hooks/re?name=web-app-2', { method: 'POST' });
+    assert.deepEqual([next.status, next.body], [200, 'triggered']);
+  });
+
+  test('a pattern the linear engine cannot run is a load error naming the hook and field', async () => {
+    const cases: [string, RegExp][] = [
+      ['(?:(?:ab){5}){5}', /linear-time engine cannot run it/],
+      ['^\\pL+$', /Unicode classes \(\\p\) need Unicode mode/],
+    ];
+    for (const [regex, why] of cases) {
+      const dir = makeTempDir();
+      const rule = { match: { type: 'regex', regex, parameter: { source: 'url', name: 'x' } } };
+      fs.writeFileSync(path.join(dir, 'hooks.json'), JSON.stringify([{ id: 'linear', 'execute-command': '/bin/true', 'trigger-rule': rule }], null, 2));
+      const s = await spawnWebhook({ hooks: dir });
+      assert.equal((await s.exited).code, 1, regex);
+      assert.match(s.output(), /hooks\.json:\d+: hook "linear": trigger-rule\.match\.regex: invalid regular expression: /, regex);
+      assert.match(s.output(), why, regex);
+    }
   });
 });

@@ -199,6 +199,31 @@ describe('rules', () => {
     assert.throws(() => compileGoRegex('a(?=b)'), /lookaround/);
     assert.throws(() => compileGoRegex('(a)\\1'), /backreferences/);
   });
+  test('regex: Go semantics on the linear engine', () => {
+    const matches = (pattern: string, input: string) => compileGoRegex(pattern).test(input);
+    assert.equal(compileGoRegex('^a$').flags.includes('l'), true);
+    assert.deepEqual([matches('(?i)k', '\u212a'), matches('(?i)[a-c]+$', 'xABC'), matches('(?i)[^a]', 'A')], [true, true, false]);
+    assert.deepEqual([matches('(?i:ab)c', 'ABc'), matches('(?i:ab)c', 'ABC'), matches('a(?i)bc', 'aBC')], [true, false, true]);
+    assert.deepEqual([matches('a.c', 'a\rc'), matches('a.c', 'a\nc'), matches('(?s)a.c', 'a\nc')], [true, false, true]);
+    assert.deepEqual([matches('\\s', '\v'), matches('[[:space:]]', '\v'), matches('[[:^alpha:]]', 'a')], [false, true, false]);
+    assert.deepEqual([matches('\\Qa.b\\E', 'axb'), matches('\\x{41}\\x42\\101', 'ABA'), matches('[]a]', ']')], [false, true, true]);
+    assert.deepEqual([matches('(?m)^b$', 'a\nb\nc'), matches('(?m)\\Ab', 'a\nb'), matches('x{,3}', 'x{,3}')], [true, false, true]);
+    // Counted repeats of one character beyond the engine's 16 copies are written out.
+    assert.deepEqual([matches('^[0-9a-f]{40}$', 'a'.repeat(40)), matches('^[0-9a-f]{40}$', 'a'.repeat(41))], [true, false]);
+    assert.deepEqual([matches('^a{2,20}$', 'a'.repeat(20)), matches('^a{2,20}$', 'a'.repeat(21)), matches('^a{20,}$', 'a'.repeat(19))], [true, false, false]);
+    assert.equal(matches('^([a-z0-9]+-?)+$', 'a'.repeat(100_000) + '!'), false);
+  });
+  test('regex: what Go or the linear engine refuses is an error saying why', () => {
+    assert.throws(() => compileGoRegex('\\pL'), /Unicode classes/);
+    assert.throws(() => compileGoRegex('(?:(?:ab){5}){5}'), /linear-time engine cannot run it/);
+    assert.throws(() => compileGoRegex('(?:ab){17}'), /linear-time engine cannot run it/);
+    assert.throws(() => compileGoRegex('[\\x{1F600}]'), /beyond U\+FFFF/);
+    assert.throws(() => compileGoRegex('a(?m)b'), /only at the start/);
+    assert.throws(() => compileGoRegex('(?m)a\\z'), /lookahead/);
+    assert.throws(() => compileGoRegex('a{1001}'), /invalid repeat count/);
+    assert.throws(() => compileGoRegex('\\y'), /invalid escape sequence/);
+    assert.throws(() => compileGoRegex('a**'), /missing argument to repetition operator/);
+  });
   test('CIDRs: IPv4, IPv6, single addresses, v4-mapped clients', () => {
     assert.equal(cidrContains(parseCidr('10.0.0.0/8')!, '10.9.8.7'), true);
     assert.equal(cidrContains(parseCidr('10.0.0.0/8')!, '11.0.0.1'), false);
