@@ -97,6 +97,7 @@ export interface Options {
   maxBodyBytes: number;
   readHeaderTimeoutMs: number;
   readTimeoutMs: number;
+  bodyIdleTimeoutMs: number;
   commandTimeoutMs: number;
   maxConcurrentCommands: number;
   shutdownGraceMs: number;
@@ -114,12 +115,16 @@ interface FlagSpec {
 
 // Defaults for the limits adnanh lacks. Each is a flag; the comment says why this value.
 export const LIMITS = {
-  // Registry payloads are a few KiB; Docker Hub's carries a README (tens of KiB). 10 MiB leaves
-  // room for multipart uploads while stopping a memory-exhaustion body.
-  maxBodyBytes: 10 * 1024 * 1024,
+  // Registry payloads are a few KiB; Docker Hub's carries the repository's README, which Docker
+  // Hub caps at 25,000 characters (under 100 KiB even in the worst UTF-8 and JSON escaping). 1 MiB
+  // fits any of them ten times over, and a flood of refused bodies costs little even when read.
+  maxBodyBytes: 1024 * 1024,
   // Slowloris protection: a client gets this long to send its headers, and then the whole request.
   readHeaderTimeoutMs: 10_000,
   readTimeoutMs: 60_000,
+  // A body that stops arriving holds a connection (and whatever was received) for nothing. A
+  // registry sends its payload in one go; 30 s without a byte is a stalled or hostile client.
+  bodyIdleTimeoutMs: 30_000,
   // An upgrade with rollout tracking takes minutes at most; a command still running after
   // 10 minutes is stuck, and it holds one of the command slots.
   commandTimeoutMs: 10 * 60_000,
@@ -268,6 +273,12 @@ const FLAGS: Record<string, FlagSpec> = {
     key: 'readTimeoutMs',
     def: formatGoDuration(LIMITS.readTimeoutMs),
     help: 'time a client has to send the whole request',
+  },
+  'body-idle-timeout': {
+    kind: 'duration',
+    key: 'bodyIdleTimeoutMs',
+    def: formatGoDuration(LIMITS.bodyIdleTimeoutMs),
+    help: 'time a request body may go without data before the connection is dropped (0: no limit)',
   },
   'command-timeout': {
     kind: 'duration',
@@ -1115,7 +1126,7 @@ function editDistance(a: string, b: string): number {
 //    address: headers (Go-canonical names), query, payload (from JSON, form, XML or multipart
 //    bodies) and the raw body, with adnanh's dotted-path lookup and Go's JSON serialisation.
 //    Exports: applyJsonParameters, compileParam, firstValues, headersFromRaw, HookRequest,
-//    isParsedContentType, MultipartError, Param, ParameterNotFound, parsePayload,
+//    isParsedContentType, MultipartError, Param, paramReadsBody, ParameterNotFound, parsePayload,
 //    resolveParameter.
 // ================================================================================================
 
@@ -1136,7 +1147,13 @@ export interface HookRequest {
   headers: Record<string, unknown>;
   query: Record<string, unknown>;
   payload: Record<string, unknown> | undefined;
+  /** The raw body as received (what signatures cover); empty until it is read. */
   body: Buffer;
+  /**
+   * A multipart/form-data body: the raw-request-body parameter is then empty, as in adnanh (whose
+   * form parser consumed the body); signatures still cover the raw bytes senders signed.
+   */
+  multipart?: boolean;
 }
 
 export class ParameterNotFound extends Error {
@@ -1486,7 +1503,7 @@ export function resolveParameter(p: Param, req: HookRequest): string {
     case 'string':
       return p.name;
     case 'raw-request-body':
-      return req.body.toString('utf8');
+      return req.multipart ? '' : req.body.toString('utf8');
     case 'request':
       return p.name.toLowerCase() === 'method' ? req.method : req.remoteAddr;
     case 'entire-payload':
@@ -1548,6 +1565,11 @@ export interface Param {
   base64decode: boolean;
 }
 
+/** Whether a parameter's value comes from the body (so the body must be read to resolve it). */
+export function paramReadsBody(p: Param): boolean {
+  return p.source === 'payload' || p.source === 'raw-request-body' || p.source === 'entire-payload';
+}
+
 const SOURCES = [
   'url',
   'query',
@@ -1592,12 +1614,15 @@ export function compileParam(reader: FieldReader, value: unknown, at: Place, fil
 
 // ================================================================================================
 // 5. trigger rules — one table, RULE_TYPES, holds each match type side by side: its fields,
-//    whether it compares a request parameter, whether it reads the headers, which field holds a
-//    secret, how it compiles (errors with file, line and field path) and how it tests a request.
-//    and/or/not combine matches with adnanh's semantics: a missing parameter makes a match false
-//    (inside `or` it is passed over, inside `and` the rule fails); a bad signature is an
-//    evaluation error unless the hook allows soft failures. Secrets compare in constant time.
-//    Exports: compileRule, evaluateRule, Rule, ruleMatches.
+//    whether it compares a request parameter, whether it reads the headers or the body, which
+//    field holds a secret, how it compiles (errors with file, line and field path) and how it
+//    tests a request. and/or/not combine matches with adnanh's semantics: a missing parameter
+//    makes a match false (inside `or` it is passed over, inside `and` the rule fails); a bad
+//    signature is an evaluation error unless the hook allows soft failures. Secrets compare in
+//    constant time. A rule is first evaluated without the body, in the same order, up to the
+//    first match that needs it: a request that fails before then is answered unread. Regexes are
+//    Go's syntax, run on V8's linear-time engine.
+//    Exports: compileRule, evaluateRule, evaluateRuleBeforeBody, Rule, RuleResult, ruleMatches.
 // ================================================================================================
 
 export class SignatureError extends Error {}
@@ -1611,6 +1636,8 @@ export interface Match {
   type: string;
   param: Param | undefined;
   readsHeaders: boolean;
+  /** The test reads the body (a signature); the parameter may too (paramReadsBody). */
+  readsBody: boolean;
   /** `value` is the parameter's value ("" for types without one). */
   test(req: HookRequest, value: string, now: Date): RuleResult;
 }
@@ -1623,6 +1650,8 @@ interface RuleType {
   parameter: boolean;
   /** Reads the request headers beyond any parameter (so the request step must collect them). */
   readsHeaders: boolean;
+  /** Reads the body beyond any parameter (a signature over it): evaluated only once it is read. */
+  readsBody: boolean;
   /** The field holding a secret: required, never quoted, scrubbed from every log line. */
   secret?: string;
   /** The compared parameter is redacted in the access log (it is the token). */
@@ -1636,6 +1665,7 @@ const RULE_TYPES: Record<string, RuleType> = {
     fields: ['value'],
     parameter: true,
     readsHeaders: false,
+    readsBody: false,
     redactsParameter: true,
     compile(m, type) {
       const value = m.required('value', `type "${type}"`);
@@ -1653,6 +1683,7 @@ const RULE_TYPES: Record<string, RuleType> = {
     fields: ['regex'],
     parameter: true,
     readsHeaders: false,
+    readsBody: false,
     compile(m, type) {
       const source = m.required('regex', `type "${type}"`);
       m.warnPlaceholder('regex', source);
@@ -1670,6 +1701,7 @@ const RULE_TYPES: Record<string, RuleType> = {
     fields: ['ip-range'],
     parameter: false,
     readsHeaders: false,
+    readsBody: false,
     compile(m, type) {
       const text = m.required('ip-range', `type "${type}"`);
       m.warnPlaceholder('ip-range', text);
@@ -1690,6 +1722,7 @@ const RULE_TYPES: Record<string, RuleType> = {
     fields: ['secret'],
     parameter: false,
     readsHeaders: true,
+    readsBody: true,
     secret: 'secret',
     compile: (_m, _type, secret) => (req, _v, now) => checkScalrSignature(req, secret, now),
   },
@@ -1704,6 +1737,7 @@ function hmacRuleTypes(): Record<string, RuleType> {
         fields: ['secret'],
         parameter: true,
         readsHeaders: false,
+        readsBody: true,
         secret: 'secret',
         compile: (_m, _type, secret) => (req, v) => checkPayloadSignature(req.body, algorithm, secret, v),
       };
@@ -1771,7 +1805,7 @@ function compileMatch(reader: FieldReader, value: unknown, at: Place): Match {
     if (ruleType.redactsParameter && (param.source === 'url' || param.source === 'header'))
       reader.sinks.redactedParams.push(named);
   }
-  return { type, param, readsHeaders: ruleType.readsHeaders, test };
+  return { type, param, readsHeaders: ruleType.readsHeaders, readsBody: ruleType.readsBody, test };
 }
 
 /** A secret field: required and not empty; a placeholder is reported without quoting the value. */
@@ -1793,9 +1827,40 @@ export function ruleMatches(rule: Rule | undefined): Match[] {
 }
 
 export function evaluateRule(rule: Rule, req: HookRequest, soft: boolean, now: Date = new Date()): RuleResult {
+  return evaluateWith(rule, soft, (m) => evaluateMatch(m, req, now))!;
+}
+
+/**
+ * The rule before the body is read: the same evaluation in the same order, stopping at the first
+ * match that needs the body (undefined: the body decides). Nothing after that match is looked
+ * at, so a result here is exactly the one evaluateRule gives once the body is read (including a
+ * missing parameter's error, which adnanh logs), and the request can be answered without it.
+ */
+export function evaluateRuleBeforeBody(
+  rule: Rule,
+  req: HookRequest,
+  soft: boolean,
+  now: Date = new Date(),
+): RuleResult | undefined {
+  return evaluateWith(rule, soft, (m) => {
+    if (m.param && paramReadsBody(m.param)) return undefined;
+    if (!m.readsBody) return evaluateMatch(m, req, now);
+    // A signature's header is resolved before the digest is computed: a missing one is known now.
+    try {
+      if (m.param) resolveParameter(m.param, req);
+    } catch (e) {
+      return { ok: false, error: e as Error };
+    }
+    return undefined;
+  });
+}
+
+/** and/or/not over the matches' results; undefined (a match that cannot be decided yet) ends it. */
+function evaluateWith(rule: Rule, soft: boolean, match: (m: Match) => RuleResult | undefined): RuleResult | undefined {
   if ('and' in rule) {
     for (const r of rule.and) {
-      const res = evaluateRule(r, req, soft, now);
+      const res = evaluateWith(r, soft, match);
+      if (!res) return undefined;
       if (res.error) return { ok: false, error: res.error };
       if (!res.ok) return { ok: false };
     }
@@ -1803,7 +1868,8 @@ export function evaluateRule(rule: Rule, req: HookRequest, soft: boolean, now: D
   }
   if ('or' in rule) {
     for (const r of rule.or) {
-      const res = evaluateRule(r, req, soft, now);
+      const res = evaluateWith(r, soft, match);
+      if (!res) return undefined;
       const forgiven = res.error instanceof ParameterNotFound || (soft && res.error instanceof SignatureError);
       if (res.error && !forgiven) return { ok: false, error: res.error };
       if (res.ok) return { ok: true };
@@ -1811,10 +1877,10 @@ export function evaluateRule(rule: Rule, req: HookRequest, soft: boolean, now: D
     return { ok: false };
   }
   if ('not' in rule) {
-    const res = evaluateRule(rule.not, req, soft, now);
-    return { ok: !res.ok, error: res.error };
+    const res = evaluateWith(rule.not, soft, match);
+    return res && { ok: !res.ok, error: res.error };
   }
-  return evaluateMatch(rule.match, req, now);
+  return match(rule.match);
 }
 
 function evaluateMatch(m: Match, req: HookRequest, now: Date): RuleResult {
@@ -2369,6 +2435,11 @@ export interface Hook {
   /** Whether any parameter reads the payload / the headers: otherwise the request skips building them. */
   readsPayload: boolean;
   readsHeaders: boolean;
+  /**
+   * Whether the command's arguments, environment or files, or parse-parameters-as-json, read the
+   * body. What the trigger rule needs shows when it is evaluated before the body.
+   */
+  usesBody: boolean;
 }
 
 /** What one hooks file contributes to a snapshot. */
@@ -2456,6 +2527,7 @@ function compileHook(raw: unknown, reader: FieldReader, at: Place, defaultTimeou
     commandTimeoutMs: commandTimeout(h) ?? defaultTimeoutMs,
     readsPayload: false,
     readsHeaders: false,
+    usesBody: false,
   };
   const matches = ruleMatches(hook.rule);
   const everyParam = [
@@ -2469,6 +2541,7 @@ function compileHook(raw: unknown, reader: FieldReader, at: Place, defaultTimeou
   hook.readsHeaders =
     everyParam.some((p) => p.source === 'header' || p.source === 'entire-headers') ||
     matches.some((m) => m.readsHeaders);
+  hook.usesBody = [...hook.args, ...hook.env, ...hook.files, ...hook.jsonParams].some(paramReadsBody);
   return hook;
 }
 
@@ -3085,11 +3158,14 @@ export function decodeBase64Strict(text: string): Buffer {
 
 // ================================================================================================
 // 9. http server — routes `/`, `/healthz`, `/metrics` and `/<urlprefix>/<id>` and answers with
-//    adnanh's exact strings. A hook request is a list of steps: route, admit, read, evaluate,
-//    dispatch, answer. Every outcome is one entry of ANSWERS; errors thrown by a step map to an
-//    entry in one place (answerForError). Every response carries X-Request-Id; bodies are plain
-//    text and never sniffed. A finished command goes to the CommandListener main() wires in (the
-//    rollout follow and the mail, sections 12 and 13).
+//    adnanh's exact strings. A hook request is a list of steps: route, admit, prepare (all but the
+//    body), evaluate what the rule can decide without the body, read the body if the hook uses
+//    it, evaluate the rest, dispatch, answer. A body is never kept when it is not used, and one
+//    left unread is dropped as it arrives, within the size and idle limits. Every outcome is one
+//    entry of ANSWERS; errors thrown by a step map to an entry in one place (answerForError).
+//    Every response carries X-Request-Id; bodies are plain text and never sniffed. A finished
+//    command goes to the CommandListener main() wires in (the rollout follow and the mail,
+//    sections 12 and 13).
 //    Exports: CommandListener, createHandler.
 // ================================================================================================
 
@@ -3108,6 +3184,7 @@ const ANSWERS = {
   hookNotFound: { status: 404, body: 'Hook not found.' },
   methodNotAllowed: { status: 405, body: '' },
   bodyTooLarge: { status: 413, body: 'Request body too large.', closeConnection: true },
+  bodyTimeout: { status: 408, body: 'Request body not received in time.', closeConnection: true },
   multipartError: { status: 500, body: 'Error occurred while parsing multipart form.' },
   ruleError: { status: 500, body: 'Error occurred while evaluating hook rules.' },
   // The status is the hook's trigger-rule-mismatch-http-response-code.
@@ -3149,9 +3226,18 @@ interface Exchange {
   remote: { ip: string; addr: string };
   /** The hook, once admitted: it labels the request metric. */
   hook?: Hook;
+  bodyLimits: BodyLimits;
+  /** The body is being (or has been) read for the hook: an answer then has nothing left to drop. */
+  bodyTaken?: boolean;
+}
+
+interface BodyLimits {
+  maxBodyBytes: number;
+  bodyIdleTimeoutMs: number;
 }
 
 class BodyTooLarge extends Error {}
+class BodyTimeout extends Error {}
 /** A rule that could not be evaluated (a bad signature, a malformed date): adnanh answers 500. */
 class RuleEvaluationError extends Error {}
 
@@ -3186,28 +3272,49 @@ export function redactUrl(rawUrl: string, redacted: Set<string>): string {
   return `${rawUrl.slice(0, q)}?${parts.join('&')}`;
 }
 
-/** Reads the body up to `limit` bytes; throws BodyTooLarge beyond it. */
-function readBody(req: http.IncomingMessage, limit: number): Promise<Buffer> {
+/** The body length the request declares (Content-Length), or undefined. */
+function declaredLength(req: http.IncomingMessage): number | undefined {
+  const n = Number(req.headers['content-length']);
+  return Number.isFinite(n) ? n : undefined;
+}
+
+/**
+ * Receives what is left of the body: kept for the hook, or read and dropped (`keep` false) after
+ * an answer that did not need it. Beyond -max-body-size it is BodyTooLarge, and a body that goes
+ * -body-idle-timeout without data is BodyTimeout. A client waiting for `100 Continue` is told to
+ * send only when the body is kept: otherwise it is answered without ever sending it.
+ */
+function receiveBody(ex: Exchange, keep: boolean): Promise<Buffer> {
+  const { req, res } = ex;
+  const { maxBodyBytes, bodyIdleTimeoutMs } = ex.bodyLimits;
   return new Promise((resolve, reject) => {
-    const tooLarge = () => reject(new BodyTooLarge(`request body larger than ${limit} bytes refused`));
-    if (Number(req.headers['content-length'] ?? 0) > limit) {
-      tooLarge();
-      return;
-    }
     const chunks: Buffer[] = [];
     let size = 0;
-    req.on('data', (c: Buffer) => {
+    const finish = (error?: Error) => {
+      clearTimeout(idle);
+      req.off('data', onData).off('end', onEnd).off('close', onClose);
+      if (!error) return resolve(Buffer.concat(chunks));
+      req.pause();
+      reject(error);
+    };
+    const idleFor = formatGoDuration(bodyIdleTimeoutMs);
+    const idle =
+      bodyIdleTimeoutMs > 0
+        ? setTimeout(() => finish(new BodyTimeout(`no body data for ${idleFor}: request dropped`)), bodyIdleTimeoutMs)
+        : undefined;
+    const onData = (c: Buffer) => {
+      idle?.refresh();
       size += c.length;
-      if (size > limit) {
-        req.removeAllListeners('data');
-        req.pause();
-        tooLarge();
-        return;
-      }
-      chunks.push(c);
-    });
-    req.on('end', () => resolve(Buffer.concat(chunks)));
-    req.on('error', reject);
+      if (size > maxBodyBytes)
+        return finish(new BodyTooLarge(`request body larger than ${maxBodyBytes} bytes refused`));
+      if (keep) chunks.push(c);
+    };
+    const onEnd = () => finish();
+    const onClose = () => finish(new Error('the connection closed before the body was complete'));
+    if ((declaredLength(req) ?? 0) > maxBodyBytes)
+      return reject(new BodyTooLarge(`request body larger than ${maxBodyBytes} bytes refused`));
+    if (keep && !res.headersSent && /^100-continue$/i.test(req.headers.expect ?? '')) res.writeContinue();
+    req.on('data', onData).on('end', onEnd).on('close', onClose);
   });
 }
 
@@ -3228,6 +3335,7 @@ export function createHandler(cx: HandlerContext): (req: http.IncomingMessage, r
       snapshot: cx.store.current,
       method: req.method ?? 'GET',
       remote: remoteAddress(req),
+      bodyLimits: { maxBodyBytes: cx.options.maxBodyBytes, bodyIdleTimeoutMs: cx.options.bodyIdleTimeoutMs },
     };
     res.setHeader('X-Request-Id', ex.id);
     logWhenFinished(cx, ex, process.hrtime.bigint());
@@ -3250,11 +3358,16 @@ async function handleRequest(cx: HandlerContext, ex: Exchange): Promise<void> {
   if (cx.isShuttingDown()) return sendAnswer(ex, 'shuttingDown');
   const route = routeOf(cx, ex);
   if (route.kind === 'answer') return sendAnswer(ex, route.name, route.override);
-  const admitted = admit(cx, ex, route.hookId);
-  if (typeof admitted === 'string') return sendAnswer(ex, admitted);
-  const hookReq = await readRequest(cx, ex, admitted, route.url);
-  if (!evaluate(cx, ex, admitted, hookReq)) return sendAnswer(ex, 'notSatisfied', { status: admitted.mismatchCode });
-  return dispatch(cx, ex, admitted, hookReq);
+  const hook = admit(cx, ex, route.hookId);
+  if (typeof hook === 'string') return sendAnswer(ex, hook);
+  const hookReq = prepareRequest(cx, ex, hook, route.url);
+  const notSatisfied = () => sendAnswer(ex, 'notSatisfied', { status: hook.mismatchCode });
+  const soft = hook.softSignatureFailures;
+  const early = hook.rule ? evaluateRuleBeforeBody(hook.rule, hookReq, soft) : { ok: true };
+  if (early && !satisfied(cx, ex, hook, early)) return notSatisfied();
+  await readRequestBody(cx, ex, hook, hookReq, !early);
+  if (!early && !satisfied(cx, ex, hook, evaluateRule(hook.rule!, hookReq, soft))) return notSatisfied();
+  return dispatch(cx, ex, hook, hookReq);
 }
 
 type Route =
@@ -3305,11 +3418,12 @@ function admit(cx: HandlerContext, ex: Exchange, hookId: string): Hook | AnswerN
   return hook;
 }
 
-/** Step 3, read: the body, and from it the payload the hook's parameters address. */
-async function readRequest(cx: HandlerContext, ex: Exchange, hook: Hook, url: URL): Promise<HookRequest> {
-  const body = await readBody(ex.req, cx.options.maxBodyBytes);
-  const contentType = hook.contentType || (ex.req.headers['content-type'] ?? '');
-  const multipart = contentType.startsWith('multipart/form-data;');
+/**
+ * Step 3, prepare: the request without its body — headers, query, what parse-parameters-as-json
+ * makes of them — which is all the rule needs until it reaches a match that reads the body.
+ */
+function prepareRequest(cx: HandlerContext, ex: Exchange, hook: Hook, url: URL): HookRequest {
+  const contentType = requestContentType(ex, hook);
   const hookReq: HookRequest = {
     id: ex.id,
     method: ex.method,
@@ -3318,23 +3432,31 @@ async function readRequest(cx: HandlerContext, ex: Exchange, hook: Hook, url: UR
     headers: hook.readsHeaders ? headersFromRaw(ex.req.rawHeaders) : {},
     query: firstValues(url.searchParams),
     payload: undefined,
-    body: multipart ? Buffer.alloc(0) : body,
+    body: Buffer.alloc(0),
+    multipart: contentType.startsWith('multipart/form-data;'),
   };
-  const jsonParts = hook.jsonParams.filter((p) => p.source === 'payload').map((p) => p.name);
-  // A hook that never reads the payload does not pay for parsing it; a multipart body is still
-  // parsed, since a malformed one is answered with 500 whatever the hook reads.
-  const parse = hook.readsPayload || multipart || !isParsedContentType(contentType);
-  const parsed = parse ? parsePayload(contentType, body, jsonParts) : { payload: undefined };
-  hookReq.payload = parsed.payload;
-  if (parsed.note) cx.log.info(`[${ex.id}] ${parsed.note}`);
-  for (const err of applyJsonParameters(hook.jsonParams, hookReq)) cx.log.info(`[${ex.id}] ${err}`);
+  // adnanh logs an unsupported content type before it evaluates the rules; the type alone says so.
+  if (!hookReq.multipart && !isParsedContentType(contentType)) {
+    const { note } = parsePayload(contentType, hookReq.body, []);
+    if (note) cx.log.info(`[${ex.id}] ${note}`);
+  }
+  for (const err of applyJsonParameters(
+    hook.jsonParams.filter((p) => !paramReadsBody(p)),
+    hookReq,
+  ))
+    cx.log.info(`[${ex.id}] ${err}`);
   return hookReq;
 }
 
-/** Step 4, evaluate: the trigger rule. False when not satisfied; throws when it cannot be evaluated. */
-function evaluate(cx: HandlerContext, ex: Exchange, hook: Hook, hookReq: HookRequest): boolean {
-  if (!hook.rule) return true;
-  const result = evaluateRule(hook.rule, hookReq, hook.softSignatureFailures);
+function requestContentType(ex: Exchange, hook: Hook): string {
+  return hook.contentType || (ex.req.headers['content-type'] ?? '');
+}
+
+/**
+ * Steps 4 and 6, a rule's result as adnanh reports it (a missing parameter is logged): false when
+ * not satisfied; throws when the rule could not be evaluated.
+ */
+function satisfied(cx: HandlerContext, ex: Exchange, hook: Hook, result: RuleResult): boolean {
   if (result.error && !(result.error instanceof ParameterNotFound)) throw new RuleEvaluationError(result.error.message);
   if (result.error) cx.log.info(`[${ex.id}] ${result.error.message}`);
   if (!result.ok)
@@ -3344,7 +3466,40 @@ function evaluate(cx: HandlerContext, ex: Exchange, hook: Hook, hookReq: HookReq
   return result.ok;
 }
 
-/** Step 5, dispatch: a command slot, the command, and the answer adnanh gives for its outcome. */
+/**
+ * Step 5, read: the body, when the rule (`ruleNeedsIt`) or the command uses it, and the payload
+ * from it. A multipart body is read and parsed whatever the hook uses, since a malformed one is
+ * answered with 500 (as adnanh does). An unused body is still received to its end (and dropped),
+ * so no command runs for a request that never completes; one declared larger than
+ * -max-body-size is refused even when unused.
+ */
+async function readRequestBody(
+  cx: HandlerContext,
+  ex: Exchange,
+  hook: Hook,
+  hookReq: HookRequest,
+  ruleNeedsIt: boolean,
+): Promise<void> {
+  if ((declaredLength(ex.req) ?? 0) > ex.bodyLimits.maxBodyBytes)
+    throw new BodyTooLarge(`request body larger than ${ex.bodyLimits.maxBodyBytes} bytes refused`);
+  const keep = ruleNeedsIt || hook.usesBody || hookReq.multipart === true;
+  ex.bodyTaken = true;
+  const body = await receiveBody(ex, keep);
+  if (!keep) return;
+  hookReq.body = body;
+  const contentType = requestContentType(ex, hook);
+  const jsonParts = hook.jsonParams.filter((p) => p.source === 'payload').map((p) => p.name);
+  // A hook that never reads the payload does not pay for parsing it.
+  if (hookReq.multipart || (hook.readsPayload && isParsedContentType(contentType))) {
+    const parsed = parsePayload(contentType, hookReq.body, jsonParts);
+    hookReq.payload = parsed.payload;
+    if (parsed.note) cx.log.info(`[${ex.id}] ${parsed.note}`);
+  }
+  for (const err of applyJsonParameters(hook.jsonParams.filter(paramReadsBody), hookReq))
+    cx.log.info(`[${ex.id}] ${err}`);
+}
+
+/** Step 7, dispatch: a command slot, the command, and the answer adnanh gives for its outcome. */
 async function dispatch(cx: HandlerContext, ex: Exchange, hook: Hook, hookReq: HookRequest): Promise<void> {
   const slot = cx.runner.tryAcquire(hook);
   if (!slot) {
@@ -3376,6 +3531,10 @@ function answerForError(cx: HandlerContext, ex: Exchange, e: unknown): AnswerNam
     cx.log.error(`${tag} ${ex.hook?.id}: ${message}`);
     return 'bodyTooLarge';
   }
+  if (e instanceof BodyTimeout) {
+    cx.log.error(`${tag} ${ex.hook?.id}: ${message}`);
+    return 'bodyTimeout';
+  }
   if (e instanceof MultipartError) {
     cx.log.error(`${tag} error parsing multipart form: ${message}`);
     return 'multipartError';
@@ -3388,7 +3547,7 @@ function answerForError(cx: HandlerContext, ex: Exchange, e: unknown): AnswerNam
   return 'internalError';
 }
 
-/** Step 6, answer: writes the named entry, with a step's status, body and headers over it. */
+/** Step 8, answer: writes the named entry, with a step's status, body and headers over it. */
 function sendAnswer(ex: Exchange, name: AnswerName, override: Partial<Answer> = {}): void {
   const res = ex.res;
   if (res.headersSent) {
@@ -3400,13 +3559,29 @@ function sendAnswer(ex: Exchange, name: AnswerName, override: Partial<Answer> = 
   if (!res.hasHeader('Content-Type')) res.setHeader('Content-Type', 'text/plain; charset=utf-8');
   res.setHeader('X-Content-Type-Options', 'nosniff');
   res.setHeader('Content-Length', Buffer.byteLength(entry.body));
-  if (entry.closeConnection) {
+  if (entry.closeConnection || !dropUnreadBody(ex)) {
     res.setHeader('Connection', 'close');
     // The rest of a refused body is not read: the connection goes once the answer is out.
     res.on('finish', () => ex.req.socket.destroySoon());
   }
   res.writeHead(entry.status);
   res.end(entry.body);
+}
+
+/**
+ * An answer given before the body was read (the rule failed without it, or the hook does not use
+ * it) must leave the connection at a request boundary without keeping the body: what is left of
+ * it is read and dropped as it arrives, within the size and idle limits, beyond which the
+ * connection is dropped. False when the connection should close with the answer instead: a body
+ * declared larger than the limit, or one the client sends only after `100 Continue`.
+ */
+function dropUnreadBody(ex: Exchange): boolean {
+  if (ex.req.complete || ex.bodyTaken) return true;
+  const declared = declaredLength(ex.req) ?? 0;
+  if (declared > ex.bodyLimits.maxBodyBytes || /^100-continue$/i.test(ex.req.headers.expect ?? '')) return false;
+  ex.bodyTaken = true;
+  receiveBody(ex, false).catch(() => ex.req.socket.destroy());
+  return true;
 }
 
 // ================================================================================================
@@ -6789,6 +6964,9 @@ async function openListener(o: Options, handler: http.RequestListener, log: Logg
     log.error(`cannot listen: ${failed.message}`);
     return undefined;
   }
+  // A client that waits for `100 Continue` before sending its body gets it only from a hook that
+  // reads the body (createHandler); Node would otherwise send it at once, inviting every body.
+  server.on('checkContinue', handler);
   if (o.setgid) {
     process.setgid!(o.setgid);
     process.setuid!(o.setuid);
