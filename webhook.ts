@@ -131,6 +131,11 @@ export const LIMITS = {
   // Each command is a process (or an in-process upgrade); 16 at once covers bursts from a
   // registry pushing many tags while capping fork storms.
   maxConcurrentCommands: 16,
+  // A connection closed while its client may still be sending a body (an answer that did not need
+  // it) stays open this long at most, so that the client reads the answer before the reset that
+  // closing on unread input causes. The answer is sent first, so an event-driven client has it
+  // within a round trip; Go's server waits 500 ms.
+  closeLingerMs: 2_000,
   // Kubernetes gives a pod 30 s between SIGTERM and SIGKILL by default; stay under that.
   shutdownGraceMs: 25_000,
   // A command's combined output is kept in memory for the response and the log; beyond this the
@@ -3279,14 +3284,16 @@ function declaredLength(req: http.IncomingMessage): number | undefined {
 }
 
 /**
- * Receives what is left of the body: kept for the hook, or read and dropped (`keep` false) after
- * an answer that did not need it. Beyond -max-body-size it is BodyTooLarge, and a body that goes
- * -body-idle-timeout without data is BodyTimeout. A client waiting for `100 Continue` is told to
- * send only when the body is kept: otherwise it is answered without ever sending it.
+ * Receives what is left of the body: kept for the hook (beyond `budget`, -max-body-size, it is
+ * BodyTooLarge), or read and dropped (`keep` false) after an answer that did not need it, up to
+ * `budget` bytes. A body that goes -body-idle-timeout without data is BodyTimeout; on any error,
+ * reading stops. A client waiting for `100 Continue` is told to send only when the body is kept:
+ * otherwise it is answered without ever sending it.
  */
-function receiveBody(ex: Exchange, keep: boolean): Promise<Buffer> {
+function receiveBody(ex: Exchange, keep: boolean, budget = ex.bodyLimits.maxBodyBytes): Promise<Buffer> {
   const { req, res } = ex;
-  const { maxBodyBytes, bodyIdleTimeoutMs } = ex.bodyLimits;
+  const idleMs = ex.bodyLimits.bodyIdleTimeoutMs;
+  const tooLarge = () => new BodyTooLarge(`request body larger than ${budget} bytes refused`);
   return new Promise((resolve, reject) => {
     const chunks: Buffer[] = [];
     let size = 0;
@@ -3297,22 +3304,20 @@ function receiveBody(ex: Exchange, keep: boolean): Promise<Buffer> {
       req.pause();
       reject(error);
     };
-    const idleFor = formatGoDuration(bodyIdleTimeoutMs);
+    const idleFor = formatGoDuration(idleMs);
     const idle =
-      bodyIdleTimeoutMs > 0
-        ? setTimeout(() => finish(new BodyTimeout(`no body data for ${idleFor}: request dropped`)), bodyIdleTimeoutMs)
+      idleMs > 0
+        ? setTimeout(() => finish(new BodyTimeout(`no body data for ${idleFor}: request dropped`)), idleMs)
         : undefined;
     const onData = (c: Buffer) => {
       idle?.refresh();
       size += c.length;
-      if (size > maxBodyBytes)
-        return finish(new BodyTooLarge(`request body larger than ${maxBodyBytes} bytes refused`));
+      if (size > budget) return finish(tooLarge());
       if (keep) chunks.push(c);
     };
     const onEnd = () => finish();
     const onClose = () => finish(new Error('the connection closed before the body was complete'));
-    if ((declaredLength(req) ?? 0) > maxBodyBytes)
-      return reject(new BodyTooLarge(`request body larger than ${maxBodyBytes} bytes refused`));
+    if (keep && (declaredLength(req) ?? 0) > budget) return finish(tooLarge());
     if (keep && !res.headersSent && /^100-continue$/i.test(req.headers.expect ?? '')) res.writeContinue();
     req.on('data', onData).on('end', onEnd).on('close', onClose);
   });
@@ -3559,29 +3564,49 @@ function sendAnswer(ex: Exchange, name: AnswerName, override: Partial<Answer> = 
   if (!res.hasHeader('Content-Type')) res.setHeader('Content-Type', 'text/plain; charset=utf-8');
   res.setHeader('X-Content-Type-Options', 'nosniff');
   res.setHeader('Content-Length', Buffer.byteLength(entry.body));
-  if (entry.closeConnection || !dropUnreadBody(ex)) {
-    res.setHeader('Connection', 'close');
-    // The rest of a refused body is not read: the connection goes once the answer is out.
-    res.on('finish', () => ex.req.socket.destroySoon());
-  }
+  const unread = !ex.req.complete;
+  const close = entry.closeConnection === true || (unread && !mayDrainUnreadBody(ex));
+  if (unread) dropUnreadBody(ex, close ? 0 : ex.bodyLimits.maxBodyBytes);
+  if (close) res.setHeader('Connection', 'close');
   res.writeHead(entry.status);
   res.end(entry.body);
 }
 
 /**
- * An answer given before the body was read (the rule failed without it, or the hook does not use
- * it) must leave the connection at a request boundary without keeping the body: what is left of
- * it is read and dropped as it arrives, within the size and idle limits, beyond which the
- * connection is dropped. False when the connection should close with the answer instead: a body
- * declared larger than the limit, or one the client sends only after `100 Continue`.
+ * Whether an answer given before the body was read (the rule failed without it, or the hook does
+ * not use it) may keep the connection: the rest of the body is then read and dropped as it
+ * arrives, within the size and idle limits. Not after a body the hook was reading failed, nor for
+ * one declared larger than the limit, nor for one the client sends only after `100 Continue`.
  */
-function dropUnreadBody(ex: Exchange): boolean {
-  if (ex.req.complete || ex.bodyTaken) return true;
+function mayDrainUnreadBody(ex: Exchange): boolean {
   const declared = declaredLength(ex.req) ?? 0;
-  if (declared > ex.bodyLimits.maxBodyBytes || /^100-continue$/i.test(ex.req.headers.expect ?? '')) return false;
+  return (
+    !ex.bodyTaken && declared <= ex.bodyLimits.maxBodyBytes && !/^100-continue$/i.test(ex.req.headers.expect ?? '')
+  );
+}
+
+/**
+ * What is left of a body the answer did not need: read and dropped up to `budget` bytes, never
+ * kept (and read at all so that Node does not drain it unbounded); past that, or idle, reading
+ * stops and the connection closes. It closes without a reset, whoever closes it: Node ends a
+ * `Connection: close` exchange with the socket's destroySoon(), which closes at once, and unread
+ * input then makes the kernel reset the connection, so a client still sending its body loses the
+ * answer. This socket's destroySoon waits for the body to end, at most LIMITS.closeLingerMs.
+ */
+function dropUnreadBody(ex: Exchange, budget: number): void {
+  const { req } = ex;
+  const socket = req.socket;
+  let closing = false;
+  socket.destroySoon = () => {
+    if (closing || socket.destroyed) return;
+    closing = true;
+    const linger = setTimeout(() => socket.destroy(), LIMITS.closeLingerMs);
+    socket.once('close', () => clearTimeout(linger));
+    if (req.complete) socket.end();
+    else req.once('end', () => socket.end());
+  };
   ex.bodyTaken = true;
-  receiveBody(ex, false).catch(() => ex.req.socket.destroy());
-  return true;
+  receiveBody(ex, false, budget).catch(() => socket.destroySoon());
 }
 
 // ================================================================================================

@@ -4,7 +4,7 @@ import { createHmac } from 'node:crypto';
 import { describe, test } from 'node:test';
 import {
   checkPayloadSignature, checkScalrSignature, cidrContains, compileGoRegex, compileHooksFile, decodeBase64Strict,
-  evaluateRule, extractSignatures, formatGoDuration, goJsonMarshal, goJsEscape, goQueryEscape, JsonNumber, lookupParameter,
+  evaluateRule, evaluateRuleBeforeBody, extractSignatures, formatGoDuration, goJsonMarshal, goJsEscape, goQueryEscape, JsonNumber, lookupParameter,
   MultipartError, ParameterNotFound, parseCidr, parseCommandLine, parseGoDuration, parseJsonKeepingNumbers, parseMultipart,
   parsePayload, parseStrictJson, parseXml, redactUrl, renderTemplate, replaceParameter, UsageError, type HookRequest,
 } from '../webhook.ts';
@@ -21,6 +21,7 @@ describe('command line', () => {
   test('defaults', () => {
     const o = parseCommandLine([]);
     assert.deepEqual([o.hooks, o.ip, o.port, o.urlprefix, o.maxConcurrentCommands], [['hooks.json'], '0.0.0.0', 9000, 'hooks', 16]);
+    assert.deepEqual([o.maxBodyBytes, o.bodyIdleTimeoutMs], [1024 * 1024, 30_000]);
   });
   test('WEBHOOK_CMD is split and appended', () => {
     const o = parseCommandLine(['-hooks', 'x'], { WEBHOOK_CMD: ' -template  -urlprefix=api ' });
@@ -191,6 +192,41 @@ describe('rules', () => {
     assert.equal(checkScalrSignature(req, 'k', new Date('2026-11-22T04:02:00Z')).ok, true);
     assert.match(checkScalrSignature(req, 'k', new Date('2026-11-22T04:06:00Z')).error!.message, /outdated/);
     assert.equal(checkScalrSignature(request(), 'k', new Date()).ok, false);
+  });
+  test('before the body, a rule is decided exactly as it will be with it, or left to the body', () => {
+    const body = Buffer.from('{"a":"1"}');
+    const sig = (secret: string) => 'sha256=' + createHmac('sha256', secret).update(body).digest('hex');
+    const full = request({ body, payload: { a: '1' }, headers: { 'X-Sig': sig('k') }, query: { t: 'yes' } });
+    const unread = request({ body: Buffer.alloc(0), payload: undefined, headers: full.headers, query: full.query });
+    const hmac = (name: string) => ({ match: { type: 'payload-hmac-sha256', secret: 'k', parameter: { source: 'header', name } } });
+    const payload = (name: string, v: string) => ({ match: { type: 'value', value: v, parameter: { source: 'payload', name } } });
+    const leaves: Record<string, object> = {
+      urlTrue: value('t', 'yes'), urlFalse: value('t', 'no'), urlMissing: value('gone', 'x'),
+      bodyTrue: payload('a', '1'), bodyFalse: payload('a', '2'), bodyMissing: payload('gone', 'x'),
+      hmacGood: hmac('X-Sig'), hmacMissing: hmac('X-None'),
+      raw: { match: { type: 'regex', regex: '^\\{', parameter: { source: 'raw-request-body' } } },
+    };
+    const shapes = (a: object, b: object): object[] => [{ and: [a, b] }, { or: [a, b] }, { not: a }, { and: [{ not: a }, b] }, { or: [{ and: [a, b] }, { not: b }] }];
+    let decided = 0;
+    for (const a of Object.values(leaves)) {
+      for (const b of Object.values(leaves)) {
+        for (const shape of shapes(a, b)) {
+          for (const soft of [false, true]) {
+            const rule = rules(shape);
+            const early = evaluateRuleBeforeBody(rule, unread, soft);
+            if (!early) continue;
+            decided++;
+            const late = evaluateRule(rule, full, soft);
+            assert.deepEqual([early.ok, early.error?.constructor, early.error?.message], [late.ok, late.error?.constructor, late.error?.message], JSON.stringify(shape));
+          }
+        }
+      }
+    }
+    assert.ok(decided > 100, `${decided} decided before the body`);
+    // The seed hook's shape (only URL matches) is always decided; a body match first never is.
+    assert.deepEqual(evaluateRuleBeforeBody(rules({ and: [leaves.urlFalse, leaves.bodyTrue] }), unread, false), { ok: false });
+    assert.equal(evaluateRuleBeforeBody(rules({ and: [leaves.bodyTrue, leaves.urlFalse] }), unread, false), undefined);
+    assert.ok(evaluateRuleBeforeBody(rules(leaves.hmacMissing), unread, false)!.error instanceof ParameterNotFound);
   });
   test('regex: RE2 syntax is translated, non-RE2 refused', () => {
     assert.equal(compileGoRegex('(?i)^ABC\\z').test('abc'), true);
