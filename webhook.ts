@@ -116,8 +116,8 @@ interface FlagSpec {
 // Defaults for the limits adnanh lacks. Each is a flag; the comment says why this value.
 export const LIMITS = {
   // Registry payloads are a few KiB; Docker Hub's carries the repository's README, which Docker
-  // Hub caps at 25,000 characters (under 100 KiB even in the worst UTF-8 and JSON escaping). 1 MiB
-  // fits any of them ten times over, and a flood of refused bodies costs little even when read.
+  // Hub caps at 25,000 characters: 300 KiB even were every one a \uXXXX surrogate pair, a few
+  // tens of KiB in practice. 1 MiB fits it with room to spare, and bounds what a request can cost.
   maxBodyBytes: 1024 * 1024,
   // Slowloris protection: a client gets this long to send its headers, and then the whole request.
   readHeaderTimeoutMs: 10_000,
