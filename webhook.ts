@@ -18,7 +18,7 @@
  *   2. logging & metrics ......... Logger, Metrics
  *   3. hook files ................ parseStrictJson, renderTemplate, FieldReader, Fields
  *   4. request parsing ........... HookRequest, parsePayload, resolveParameter, compileParam
- *   5. trigger rules ............. RULE_TYPES, compileRule, evaluateRule
+ *   5. trigger rules ............. RULE_TYPES, compileRule, evaluateRule, evaluateRuleBeforeBody, compileGoRegex
  *   6. hook definitions .......... compileHooksFile, Hook
  *   7. hooks directory & reload .. loadSnapshot, HookStore
  *   8. command execution ......... CommandRunner, InProcessCommand, resolveCommand
@@ -41,6 +41,9 @@
  *     response; query parameters compared by `value` rules are redacted in the access log.
  *   - Every wait has a deadline: request headers and bodies, commands, Kubernetes and SMTP calls,
  *     shutdown.
+ *   - A request body is kept only when the hook uses it, and never beyond -max-body-size; a request
+ *     that fails the rule's body-free matches is answered before its body is read.
+ *   - Hook regexes run in linear time; nothing from the environment adds code (scripts/build.ts).
  */
 
 import { spawn, type ChildProcess } from 'node:child_process';
