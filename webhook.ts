@@ -3569,8 +3569,8 @@ function sendAnswer(ex: Exchange, name: AnswerName, override: Partial<Answer> = 
   res.setHeader('Content-Length', Buffer.byteLength(entry.body));
   const unread = !ex.req.complete;
   const close = entry.closeConnection === true || (unread && !mayDrainUnreadBody(ex));
-  if (unread) dropUnreadBody(ex, close ? 0 : ex.bodyLimits.maxBodyBytes);
   if (close) res.setHeader('Connection', 'close');
+  if (unread) settleUnreadBody(ex, close);
   res.writeHead(entry.status);
   res.end(entry.body);
 }
@@ -3589,14 +3589,32 @@ function mayDrainUnreadBody(ex: Exchange): boolean {
 }
 
 /**
- * What is left of a body the answer did not need: read and dropped up to `budget` bytes, never
- * kept (and read at all so that Node does not drain it unbounded); past that, or idle, reading
- * stops and the connection closes. It closes without a reset, whoever closes it: Node ends a
- * `Connection: close` exchange with the socket's destroySoon(), which closes at once, and unread
- * input then makes the kernel reset the connection, so a client still sending its body loses the
- * answer. This socket's destroySoon waits for the body to end, at most LIMITS.closeLingerMs.
+ * What is left of a body the answer did not need. When the connection stays, it is read and
+ * dropped, never kept: Node drains a body of declared length itself (no more than -max-body-size
+ * then, and its keep-alive timeout drops one that stalls), and one of unknown length is read here,
+ * within the size and idle limits. When the connection closes, nothing more is read.
  */
-function dropUnreadBody(ex: Exchange, budget: number): void {
+function settleUnreadBody(ex: Exchange, close: boolean): void {
+  const declared = declaredLength(ex.req) !== undefined;
+  if (!close && declared && ex.res.shouldKeepAlive) return;
+  let draining = !close;
+  const closeGracefully = closeWithoutReset(ex, () => draining);
+  if (draining && declared) return;
+  // Read here, so that Node does not drain it unbounded; past the budget (none when closing), reading stops.
+  receiveBody(ex, false, draining ? ex.bodyLimits.maxBodyBytes : 0).catch(() => {
+    draining = false;
+    closeGracefully();
+  });
+}
+
+/**
+ * Makes the connection close without a reset, whoever closes it (this answer, or the client that
+ * asked to): Node ends such an exchange with the socket's destroySoon(), which closes at once, and
+ * unread input then makes the kernel reset the connection, so a client still sending its body
+ * loses the answer. This socket's destroySoon first waits for the body to end while it is still
+ * read (`draining`), and at most LIMITS.closeLingerMs in any case. Returns it.
+ */
+function closeWithoutReset(ex: Exchange, draining: () => boolean): () => void {
   const { req } = ex;
   const socket = req.socket;
   let closing = false;
@@ -3606,10 +3624,9 @@ function dropUnreadBody(ex: Exchange, budget: number): void {
     const linger = setTimeout(() => socket.destroy(), LIMITS.closeLingerMs);
     socket.once('close', () => clearTimeout(linger));
     if (req.complete) socket.end();
-    else req.once('end', () => socket.end());
+    else if (draining()) req.once('end', () => socket.end());
   };
-  ex.bodyTaken = true;
-  receiveBody(ex, false, budget).catch(() => socket.destroySoon());
+  return socket.destroySoon;
 }
 
 // ================================================================================================

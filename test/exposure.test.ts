@@ -45,6 +45,8 @@ class RawConnection {
   private received = Buffer.alloc(0);
   private wake: (() => void) | undefined;
   private ended = false;
+  /** The error that ended the connection (ECONNRESET: the server reset it), if any. */
+  error: string | undefined;
   readonly socket: net.Socket;
   readonly closed: Promise<void>;
 
@@ -54,8 +56,7 @@ class RawConnection {
       this.received = Buffer.concat([this.received, d]);
       this.wake?.();
     });
-    // A reset after the server has answered is one way for it to end the connection.
-    this.socket.on('error', () => {});
+    this.socket.on('error', (e: NodeJS.ErrnoException) => (this.error = e.code));
     this.closed = new Promise((resolve) =>
       this.socket.on('close', () => {
         this.ended = true;
@@ -196,6 +197,16 @@ describe('rules before the body', () => {
     assert.deepEqual([(await conn.response()).status], [200]);
     conn.socket.destroy();
     assert.equal(hasRecord(rec), false);
+  });
+
+  test('a client that asked to close gets its answer, and the connection ends after its body, not reset', async () => {
+    const conn = new RawConnection(wh.port);
+    conn.write(requestHead(WRONG_TOKEN, { 'Content-Length': 256 * 1024, Connection: 'close' }));
+    const res = await conn.response();
+    assert.deepEqual([res.status, res.body, res.headers.connection], [500, 'Hook rules were not satisfied.', 'close']);
+    for (let i = 0; i < 4; i++) conn.write(Buffer.alloc(64 * 1024, 'x'));
+    await conn.closed;
+    assert.equal(conn.error, undefined);
   });
 
   test('a body declared larger than the limit is never read: the answer closes the connection', async () => {
