@@ -3290,11 +3290,10 @@ function declaredLength(req: http.IncomingMessage): number | undefined {
  * Receives what is left of the body: kept for the hook (beyond `budget`, -max-body-size, it is
  * BodyTooLarge), or read and dropped (`keep` false) after an answer that did not need it, up to
  * `budget` bytes. A body that goes -body-idle-timeout without data is BodyTimeout; on any error,
- * reading stops. A client waiting for `100 Continue` is told to send only when the body is kept:
- * otherwise it is answered without ever sending it.
+ * reading stops.
  */
 function receiveBody(ex: Exchange, keep: boolean, budget = ex.bodyLimits.maxBodyBytes): Promise<Buffer> {
-  const { req, res } = ex;
+  const { req } = ex;
   const idleMs = ex.bodyLimits.bodyIdleTimeoutMs;
   const tooLarge = () => new BodyTooLarge(`request body larger than ${budget} bytes refused`);
   return new Promise((resolve, reject) => {
@@ -3321,7 +3320,6 @@ function receiveBody(ex: Exchange, keep: boolean, budget = ex.bodyLimits.maxBody
     const onEnd = () => finish();
     const onClose = () => finish(new Error('the connection closed before the body was complete'));
     if (keep && (declaredLength(req) ?? 0) > budget) return finish(tooLarge());
-    if (keep && !res.headersSent && /^100-continue$/i.test(req.headers.expect ?? '')) res.writeContinue();
     req.on('data', onData).on('end', onEnd).on('close', onClose);
   });
 }
@@ -3492,6 +3490,9 @@ async function readRequestBody(
     throw new BodyTooLarge(`request body larger than ${ex.bodyLimits.maxBodyBytes} bytes refused`);
   const keep = ruleNeedsIt || hook.usesBody || hookReq.multipart === true;
   ex.bodyTaken = true;
+  // A client waiting for `100 Continue` is asked for its body only now; an answer given before
+  // this point never invites it.
+  if (/^100-continue$/i.test(ex.req.headers.expect ?? '')) ex.res.writeContinue();
   const body = await receiveBody(ex, keep);
   if (!keep) return;
   hookReq.body = body;
