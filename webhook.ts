@@ -18,7 +18,7 @@
  *   2. logging & metrics ......... Logger, Metrics
  *   3. hook files ................ parseYaml, renderTemplate, FieldReader, Fields
  *   4. request parsing ........... HookRequest, parsePayload, resolveParameter, compileParam
- *   5. trigger rules ............. RULE_TYPES, compileRule, evaluateRule
+ *   5. trigger rules ............. RULE_TYPES, compileRule, evaluateRule, evaluateRuleBeforeBody, compileGoRegex
  *   6. hook definitions .......... compileHooksFile, Hook
  *   7. hooks directory & reload .. loadSnapshot, HookStore
  *   8. command execution ......... CommandRunner, InProcessCommand, resolveCommand
@@ -41,6 +41,9 @@
  *     response; query parameters compared by `value` rules are redacted in the access log.
  *   - Every wait has a deadline: request headers and bodies, commands, Kubernetes and SMTP calls,
  *     shutdown.
+ *   - A request body is kept only when the hook uses it, and never beyond -max-body-size; a request
+ *     that fails the rule's body-free matches is answered before its body is read.
+ *   - Hook regexes run in linear time; nothing from the environment adds code (scripts/build.ts).
  */
 
 import { spawn, type ChildProcess } from 'node:child_process';
@@ -98,6 +101,7 @@ export interface Options {
   maxBodyBytes: number;
   readHeaderTimeoutMs: number;
   readTimeoutMs: number;
+  bodyIdleTimeoutMs: number;
   commandTimeoutMs: number;
   maxConcurrentCommands: number;
   shutdownGraceMs: number;
@@ -122,18 +126,27 @@ interface FlagSpec {
 
 // Defaults for the limits adnanh lacks. Each is a flag; the comment says why this value.
 export const LIMITS = {
-  // Registry payloads are a few KiB; Docker Hub's carries a README (tens of KiB). 10 MiB leaves
-  // room for multipart uploads while stopping a memory-exhaustion body.
-  maxBodyBytes: 10 * 1024 * 1024,
+  // Registry payloads are a few KiB; Docker Hub's carries the repository's README, which Docker
+  // Hub caps at 25,000 characters: 300 KiB even were every one a \uXXXX surrogate pair, a few
+  // tens of KiB in practice. 1 MiB fits it with room to spare, and bounds what a request can cost.
+  maxBodyBytes: 1024 * 1024,
   // Slowloris protection: a client gets this long to send its headers, and then the whole request.
   readHeaderTimeoutMs: 10_000,
   readTimeoutMs: 60_000,
+  // A body that stops arriving holds a connection (and whatever was received) for nothing. A
+  // registry sends its payload in one go; 30 s without a byte is a stalled or hostile client.
+  bodyIdleTimeoutMs: 30_000,
   // An upgrade with rollout tracking takes minutes at most; a command still running after
   // 10 minutes is stuck, and it holds one of the command slots.
   commandTimeoutMs: 10 * 60_000,
   // Each command is a process (or an in-process upgrade); 16 at once covers bursts from a
   // registry pushing many tags while capping fork storms.
   maxConcurrentCommands: 16,
+  // A connection closed while its client may still be sending a body (an answer that did not need
+  // it) stays open this long at most, so that the client reads the answer before the reset that
+  // closing on unread input causes. The answer is sent first, so an event-driven client has it
+  // within a round trip; Go's server waits 500 ms.
+  closeLingerMs: 2_000,
   // Kubernetes gives a pod 30 s between SIGTERM and SIGKILL by default; stay under that.
   shutdownGraceMs: 25_000,
   // A command's combined output is kept in memory for the response and the log; beyond this the
@@ -151,8 +164,9 @@ export const LIMITS = {
   // Values shorter than this are too likely to be ordinary words to scrub from log lines
   // (the access log redacts compared parameters whatever their length).
   minScrubbedSecretLength: 6,
-  // V8 falls back to its linear-time regexp engine after this many backtracks, so a hook's
-  // regex cannot be made to take exponential time by a request (RE2 semantics are linear too).
+  // Hook regexes run on V8's linear-time engine outright (compileGoRegex); the program's own
+  // patterns fall back to it after this many backtracks, should one ever meet input that makes
+  // it backtrack badly.
   regexBacktracksBeforeFallback: 10_000,
   // Result mails one hook sends to the same recipients per window. A person reads a handful of
   // upgrade reports at a time; a burst beyond that (a build pushing many tags, a leaked URL called
@@ -287,6 +301,12 @@ const FLAGS: Record<string, FlagSpec> = {
     key: 'readTimeoutMs',
     def: formatGoDuration(LIMITS.readTimeoutMs),
     help: 'time a client has to send the whole request',
+  },
+  'body-idle-timeout': {
+    kind: 'duration',
+    key: 'bodyIdleTimeoutMs',
+    def: formatGoDuration(LIMITS.bodyIdleTimeoutMs),
+    help: 'time a request body may go without data before the connection is dropped (0: no limit)',
   },
   'command-timeout': {
     kind: 'duration',
@@ -716,7 +736,7 @@ export const MONTHS = ['Jan', 'Feb', 'Mar', 'Apr', 'May', 'Jun', 'Jul', 'Aug', '
 //    is kept), and then read through Fields: unknown keys and wrong types are errors that name
 //    file, line, hook and field path (`hooks/web.json:12: hook "web": trigger-rule.and[2]: …`).
 //    Exports: CompileSinks, ConfigError, FieldReader, Fields, LineMap, parseYaml, Place,
-//    renderTemplate, scalarAsGoString, suggest, TemplateEnv, typeName.
+//    renderTemplate, scalarAsGoString, suggest, TemplateEnv, TextCursor, typeName.
 // ================================================================================================
 
 /** An error in a hooks file; its message names the place (file:line: hook "id": field.path: what). */
@@ -724,6 +744,20 @@ export class ConfigError extends Error {}
 
 /** Line numbers of every key (objects) and index (arrays) of a parsed document. */
 export type LineMap = WeakMap<object, Map<string, number>>;
+
+/** A position in a text read by hand (the XML reader, the Go regex translator). */
+export class TextCursor {
+  protected readonly text: string;
+  protected at = 0;
+
+  constructor(text: string) {
+    this.text = text;
+  }
+
+  atEnd(): boolean {
+    return this.at >= this.text.length;
+  }
+}
 
 // ---- YAML: how hook files are read -----------------------------------------------------------
 //
@@ -2695,7 +2729,7 @@ function editDistance(a: string, b: string): number {
 //    address: headers (Go-canonical names), query, payload (from JSON, form, XML or multipart
 //    bodies) and the raw body, with adnanh's dotted-path lookup and Go's JSON serialisation.
 //    Exports: applyJsonParameters, compileParam, firstValues, headersFromRaw, HookRequest,
-//    isParsedContentType, MultipartError, Param, ParameterNotFound, parsePayload,
+//    isParsedContentType, MultipartError, Param, ParameterNotFound, paramReadsBody, parsePayload,
 //    resolveParameter.
 // ================================================================================================
 
@@ -2716,7 +2750,13 @@ export interface HookRequest {
   headers: Record<string, unknown>;
   query: Record<string, unknown>;
   payload: Record<string, unknown> | undefined;
+  /** The raw body as received (what signatures cover); empty until it is read. */
   body: Buffer;
+  /**
+   * A multipart/form-data body: the raw-request-body parameter is then empty, as in adnanh (whose
+   * form parser consumed the body); signatures still cover the raw bytes senders signed.
+   */
+  multipart?: boolean;
 }
 
 export class ParameterNotFound extends Error {
@@ -2830,17 +2870,7 @@ export function parseXml(text: string): Record<string, unknown> {
 
 const XML_ENTITIES: Record<string, string> = { lt: '<', gt: '>', amp: '&', quot: '"', apos: "'" };
 
-class XmlReader {
-  private readonly text: string;
-  private at = 0;
-
-  constructor(text: string) {
-    this.text = text;
-  }
-
-  atEnd(): boolean {
-    return this.at >= this.text.length;
-  }
+class XmlReader extends TextCursor {
   fail(what: string): never {
     throw new Error(`${what} at offset ${this.at}`);
   }
@@ -3090,7 +3120,7 @@ export function resolveParameter(p: Param, req: HookRequest): string {
     case 'string':
       return p.name;
     case 'raw-request-body':
-      return req.body.toString('utf8');
+      return req.multipart ? '' : req.body.toString('utf8');
     case 'request':
       return p.name.toLowerCase() === 'method' ? req.method : req.remoteAddr;
     case 'entire-payload':
@@ -3152,6 +3182,11 @@ export interface Param {
   base64decode: boolean;
 }
 
+/** Whether a parameter's value comes from the body (so the body must be read to resolve it). */
+export function paramReadsBody(p: Param): boolean {
+  return p.source === 'payload' || p.source === 'raw-request-body' || p.source === 'entire-payload';
+}
+
 const SOURCES = [
   'url',
   'query',
@@ -3196,12 +3231,16 @@ export function compileParam(reader: FieldReader, value: unknown, at: Place, fil
 
 // ================================================================================================
 // 5. trigger rules — one table, RULE_TYPES, holds each match type side by side: its fields,
-//    whether it compares a request parameter, whether it reads the headers, which field holds a
-//    secret, how it compiles (errors with file, line and field path) and how it tests a request.
-//    and/or/not combine matches with adnanh's semantics: a missing parameter makes a match false
-//    (inside `or` it is passed over, inside `and` the rule fails); a bad signature is an
-//    evaluation error unless the hook allows soft failures. Secrets compare in constant time.
-//    Exports: compileRule, evaluateRule, Match, Rule, ruleMatches.
+//    whether it compares a request parameter, whether it reads the headers or the body, which
+//    field holds a secret, how it compiles (errors with file, line and field path) and how it
+//    tests a request. and/or/not combine matches with adnanh's semantics: a missing parameter
+//    makes a match false (inside `or` it is passed over, inside `and` the rule fails); a bad
+//    signature is an evaluation error unless the hook allows soft failures. Secrets compare in
+//    constant time. A rule is first evaluated without the body, in the same order, up to the
+//    first match that needs it: a request that fails before then is answered unread. Regexes are
+//    Go's syntax, run on V8's linear-time engine.
+//    Exports: compileRule, evaluateRule, evaluateRuleBeforeBody, Match, Rule, ruleMatches,
+//    RuleResult.
 // ================================================================================================
 
 export class SignatureError extends Error {}
@@ -3219,6 +3258,8 @@ export interface Match {
   pinned?: string;
   /** What passes, for people (-validate): the type's own fields, quoted, or a note for a secret. */
   shown: string;
+  /** The test reads the body (a signature); the parameter may too (paramReadsBody). */
+  readsBody: boolean;
   /** `value` is the parameter's value ("" for types without one). */
   test(req: HookRequest, value: string, now: Date): RuleResult;
 }
@@ -3231,6 +3272,8 @@ interface RuleType {
   parameter: boolean;
   /** Reads the request headers beyond any parameter (so the request step must collect them). */
   readsHeaders: boolean;
+  /** Reads the body beyond any parameter (a signature over it): evaluated only once it is read. */
+  readsBody: boolean;
   /** The field holding a secret: required, never quoted, scrubbed from every log line. */
   secret?: string;
   /** The compared parameter is redacted in the access log (it is the token). */
@@ -3246,6 +3289,7 @@ const RULE_TYPES: Record<string, RuleType> = {
     fields: ['value'],
     parameter: true,
     readsHeaders: false,
+    readsBody: false,
     redactsParameter: true,
     pins: 'value',
     compile(m, type) {
@@ -3264,6 +3308,7 @@ const RULE_TYPES: Record<string, RuleType> = {
     fields: ['regex'],
     parameter: true,
     readsHeaders: false,
+    readsBody: false,
     compile(m, type) {
       const source = m.required('regex', `type "${type}"`);
       m.refusePlaceholder('regex', source);
@@ -3283,6 +3328,7 @@ const RULE_TYPES: Record<string, RuleType> = {
     fields: ['ip-range'],
     parameter: false,
     readsHeaders: false,
+    readsBody: false,
     compile(m, type) {
       const text = m.required('ip-range', `type "${type}"`);
       // Refused with the file's other placeholders, not as an invalid range.
@@ -3304,6 +3350,7 @@ const RULE_TYPES: Record<string, RuleType> = {
     fields: ['secret'],
     parameter: false,
     readsHeaders: true,
+    readsBody: true,
     secret: 'secret',
     compile: (_m, _type, secret) => (req, _v, now) => checkScalrSignature(req, secret, now),
   },
@@ -3318,6 +3365,7 @@ function hmacRuleTypes(): Record<string, RuleType> {
         fields: ['secret'],
         parameter: true,
         readsHeaders: false,
+        readsBody: true,
         secret: 'secret',
         compile: (_m, _type, secret) => (req, v) => checkPayloadSignature(req.body, algorithm, secret, v),
       };
@@ -3389,7 +3437,7 @@ function compileMatch(reader: FieldReader, value: unknown, at: Place): Match {
   const shown = ruleType.secret
     ? 'a valid signature (its secret not shown)'
     : ruleType.fields.map((f) => JSON.stringify(m.string(f))).join(', ');
-  return { type, param, readsHeaders: ruleType.readsHeaders, pinned, shown, test };
+  return { type, param, readsHeaders: ruleType.readsHeaders, readsBody: ruleType.readsBody, pinned, shown, test };
 }
 
 /** A secret field: required, not empty, and no placeholder (named only when it is the whole value). */
@@ -3411,9 +3459,40 @@ export function ruleMatches(rule: Rule | undefined): Match[] {
 }
 
 export function evaluateRule(rule: Rule, req: HookRequest, soft: boolean, now: Date = new Date()): RuleResult {
+  return evaluateWith(rule, soft, (m) => evaluateMatch(m, req, now))!;
+}
+
+/**
+ * The rule before the body is read: the same evaluation in the same order, stopping at the first
+ * match that needs the body (undefined: the body decides). Nothing after that match is looked
+ * at, so a result here is exactly the one evaluateRule gives once the body is read (including a
+ * missing parameter's error, which adnanh logs), and the request can be answered without it.
+ */
+export function evaluateRuleBeforeBody(
+  rule: Rule,
+  req: HookRequest,
+  soft: boolean,
+  now: Date = new Date(),
+): RuleResult | undefined {
+  return evaluateWith(rule, soft, (m) => {
+    if (m.param && paramReadsBody(m.param)) return undefined;
+    if (!m.readsBody) return evaluateMatch(m, req, now);
+    // A signature's header is resolved before the digest is computed: a missing one is known now.
+    try {
+      if (m.param) resolveParameter(m.param, req);
+    } catch (e) {
+      return { ok: false, error: e as Error };
+    }
+    return undefined;
+  });
+}
+
+/** and/or/not over the matches' results; undefined (a match that cannot be decided yet) ends it. */
+function evaluateWith(rule: Rule, soft: boolean, match: (m: Match) => RuleResult | undefined): RuleResult | undefined {
   if ('and' in rule) {
     for (const r of rule.and) {
-      const res = evaluateRule(r, req, soft, now);
+      const res = evaluateWith(r, soft, match);
+      if (!res) return undefined;
       if (res.error) return { ok: false, error: res.error };
       if (!res.ok) return { ok: false };
     }
@@ -3421,7 +3500,8 @@ export function evaluateRule(rule: Rule, req: HookRequest, soft: boolean, now: D
   }
   if ('or' in rule) {
     for (const r of rule.or) {
-      const res = evaluateRule(r, req, soft, now);
+      const res = evaluateWith(r, soft, match);
+      if (!res) return undefined;
       const forgiven = res.error instanceof ParameterNotFound || (soft && res.error instanceof SignatureError);
       if (res.error && !forgiven) return { ok: false, error: res.error };
       if (res.ok) return { ok: true };
@@ -3429,10 +3509,10 @@ export function evaluateRule(rule: Rule, req: HookRequest, soft: boolean, now: D
     return { ok: false };
   }
   if ('not' in rule) {
-    const res = evaluateRule(rule.not, req, soft, now);
-    return { ok: !res.ok, error: res.error };
+    const res = evaluateWith(rule.not, soft, match);
+    return res && { ok: !res.ok, error: res.error };
   }
-  return evaluateMatch(rule.match, req, now);
+  return match(rule.match);
 }
 
 function evaluateMatch(m: Match, req: HookRequest, now: Date): RuleResult {
@@ -3483,44 +3563,413 @@ export function checkScalrSignature(req: HookRequest, secret: string, now: Date)
   return { ok: true };
 }
 
+// ---- Go regular expressions on V8's linear-time engine ---------------------------------------
+
 /**
- * Compiles a Go (RE2) regular expression as a JavaScript one. Go's syntax differs in a few
- * places operators use: leading `(?i)` flags, `(?P<name>…)`, `\z`, `\A`, `\pL`, POSIX classes.
- * Lookarounds and backreferences are not RE2 and are refused, which also keeps every accepted
- * pattern eligible for V8's linear-time engine.
+ * Compiles a Go (RE2) regular expression for V8's linear-time engine (the `l` flag), so no request
+ * can make a hook's regex take more than linear time, whatever the pattern (RE2 guarantees the
+ * same). That engine takes neither the `u` nor the `i` flag, so the pattern is translated piece by
+ * piece (GoRegexTranslator). What Go refuses, and what the linear engine cannot run, is an error.
  */
 export function compileGoRegex(source: string): RegExp {
-  let flags = '';
-  let body = source;
-  const lead = /^\(\?([imsU]+)\)/.exec(body);
-  if (lead) {
-    if (lead[1].includes('U')) throw new Error('the (?U) flag is not supported');
-    flags = [...new Set(lead[1])].join('');
-    body = body.slice(lead[0].length);
-  }
-  if (/\(\?<?[=!]/.test(body)) throw new Error('lookaround assertions are not RE2 syntax');
-  if (/(^|[^\\])(\\\\)*\\[1-9]/.test(body)) throw new Error('backreferences are not RE2 syntax');
-  const posix: Record<string, string> = {
-    alpha: 'A-Za-z',
-    digit: '0-9',
-    alnum: '0-9A-Za-z',
-    upper: 'A-Z',
-    lower: 'a-z',
-    space: '\\s',
-    xdigit: '0-9A-Fa-f',
-    punct: '!-\\/:-@\\[-`{-~',
-    word: '\\w',
-  };
-  body = body
-    .replace(/\(\?P</g, '(?<')
-    .replace(/\\z/g, '(?![\\s\\S])')
-    .replace(/\\A/g, '(?<![\\s\\S])')
-    .replace(/\\([pP])([A-Z])/g, '\\$1{$2}')
-    .replace(/\[:(\^?)([a-z]+):\]/g, (all, neg: string, name: string) => (posix[name] && !neg ? posix[name] : all));
+  const translator = new GoRegexTranslator(source);
+  const translated = translator.translate();
+  const flags = translator.multiline ? 'ml' : 'l';
   try {
-    return new RegExp(body, flags + 'u');
-  } catch {
-    return new RegExp(body, flags);
+    return linearRegExp(translated, flags);
+  } catch (e) {
+    const message = (e as Error).message;
+    if (/linear time/.test(message))
+      throw new Error(
+        "V8's linear-time engine cannot run it: a group's counted repeat ({n,m}), times those around " +
+          'it, may be at most 16',
+      );
+    throw new Error(message.slice(message.lastIndexOf(': ') + 2));
+  }
+}
+
+/**
+ * The executable starts with the linear engine enabled (scripts/build.ts puts the V8 flag in its
+ * options); run from source (the tests, plain node), the flag is set before the first pattern. V8
+ * reads it when it parses a pattern's flags, so setting it then is enough.
+ */
+function linearRegExp(source: string, flags: string): RegExp {
+  try {
+    return new RegExp(source, flags);
+  } catch (e) {
+    if (!/Invalid flags/.test((e as Error).message)) throw e;
+  }
+  setFlagsFromString('--enable-experimental-regexp-engine');
+  return new RegExp(source, flags);
+}
+
+/** Code point ranges of a character class, [first, last], both included. */
+type CharRanges = [number, number][];
+
+const LAST_BMP = 0xffff;
+/** Ranges written as pairs of first and last characters: "09AZ" is 0-9 and A-Z. */
+function rangePairs(pairs: string): CharRanges {
+  const out: CharRanges = [];
+  for (let i = 0; i < pairs.length; i += 2) out.push([pairs.charCodeAt(i), pairs.charCodeAt(i + 1)]);
+  return out;
+}
+
+const PERL_CLASSES: Record<string, CharRanges> = {
+  d: rangePairs('09'),
+  w: rangePairs('09AZ__az'),
+  // Go's \s is ASCII white space without \v; JavaScript's also has \v and the Unicode spaces.
+  s: rangePairs('\t\n\f\r  '),
+};
+const POSIX_CLASSES: Record<string, CharRanges> = {
+  alnum: rangePairs('09AZaz'),
+  alpha: rangePairs('AZaz'),
+  ascii: rangePairs('\x00\x7f'),
+  blank: rangePairs('\t\t  '),
+  cntrl: rangePairs('\x00\x1f\x7f\x7f'),
+  digit: rangePairs('09'),
+  graph: rangePairs('!~'),
+  lower: rangePairs('az'),
+  print: rangePairs(' ~'),
+  punct: rangePairs('!/:@[`{~'),
+  space: rangePairs('\t\r  '),
+  upper: rangePairs('AZ'),
+  word: rangePairs('09AZ__az'),
+  xdigit: rangePairs('09AFaf'),
+};
+const CHAR_ESCAPES: Record<string, number> = { a: 7, f: 12, t: 9, n: 10, r: 13, v: 11 };
+/** Go refuses larger repeat counts. */
+const GO_MAX_REPEAT = 1000;
+/** V8's linear engine copies a counted repeat's body, and refuses more than this many copies. */
+const LINEAR_MAX_REPEAT = 16;
+
+/** Sorted, with overlapping and adjacent ranges merged. */
+function normalizeRanges(ranges: CharRanges): CharRanges {
+  const sorted = ranges.map(([a, b]): [number, number] => [a, b]).sort((x, y) => x[0] - y[0]);
+  const out: CharRanges = [];
+  for (const r of sorted) {
+    const last = out[out.length - 1];
+    if (last && r[0] <= last[1] + 1) last[1] = Math.max(last[1], r[1]);
+    else out.push(r);
+  }
+  return out;
+}
+
+function complementRanges(ranges: CharRanges): CharRanges {
+  const out: CharRanges = [];
+  let next = 0;
+  for (const [a, b] of normalizeRanges(ranges)) {
+    if (a > next) out.push([next, a - 1]);
+    next = b + 1;
+  }
+  if (next <= LAST_BMP) out.push([next, LAST_BMP]);
+  return out;
+}
+
+/** One character as pattern text: itself when plainly literal, else escaped. */
+function patternChar(cp: number): string {
+  if (/^[A-Za-z0-9 _!"#%&',:;<=>@`~]$/.test(String.fromCharCode(cp))) return String.fromCharCode(cp);
+  if (cp < 0x80 && /[\\^$.|?*+()[\]{}/-]/.test(String.fromCharCode(cp))) return '\\' + String.fromCharCode(cp);
+  return '\\u' + cp.toString(16).padStart(4, '0');
+}
+
+/** A character class as JavaScript pattern text (no `u` flag: every character is one code unit). */
+function classSource(ranges: CharRanges, negated: boolean): string {
+  const items = normalizeRanges(ranges).map(([a, b]) =>
+    a === b ? patternChar(a) : `${patternChar(a)}${b > a + 1 ? '-' : ''}${patternChar(b)}`,
+  );
+  return `[${negated ? '^' : ''}${items.join('')}]`;
+}
+
+interface GoRegexFlags {
+  /** (?i): case-insensitive. */
+  i: boolean;
+  /** (?s): `.` matches \n too. */
+  s: boolean;
+}
+
+/** A translated piece: its text, whether a repeat may follow, whether it is a single character. */
+interface RegexPiece {
+  text: string;
+  repeatable: boolean;
+  single: boolean;
+}
+
+interface RegexRepeat {
+  min: number;
+  max: number;
+  lazy: boolean;
+  text: string;
+}
+
+/**
+ * Go's syntax, rewritten for a JavaScript pattern without the `u` and `i` flags: case-insensitive
+ * letters become classes of every case (by Unicode simple case folding, as Go's), `.` and `\s` get
+ * Go's meaning, `\A`, `\z`, `\Q…\E`, `\x{…}`, octal escapes, POSIX classes and `(?P<name>…)` are
+ * written in JavaScript's terms, and a long counted repeat of one character is written out in
+ * full (the linear engine copies a repeat's body, and refuses more than 16 copies). Refused, with
+ * what Go or the linear engine would say: lookarounds and backreferences (not RE2), Unicode
+ * classes (`\pL` needs the `u` flag), characters beyond U+FFFF in a class, (?U), and (?m) anywhere
+ * but at the start (it becomes JavaScript's m flag, for the whole pattern).
+ */
+class GoRegexTranslator extends TextCursor {
+  /** (?m) at the start: ^ and $ match at line breaks. */
+  multiline = false;
+  /** Inside \Q…\E. */
+  private quoting = false;
+  /** Every character up to U+FFFF, read by case folding; made on the first (?i). */
+  private everyChar: string | undefined;
+
+  fail(what: string): never {
+    throw new Error(what);
+  }
+
+  translate(): string {
+    const out = this.alternatives({ i: false, s: false }, 0);
+    if (!this.atEnd()) this.fail(`unexpected ): \`${this.text}\``);
+    return out;
+  }
+
+  /** Alternatives up to the end of the current group (or of the pattern). */
+  private alternatives(outer: GoRegexFlags, depth: number): string {
+    const flags = { ...outer };
+    let out = '';
+    let atom: { start: number; single: boolean } | undefined;
+    while (!this.atEnd() && (this.quoting || this.text[this.at] !== ')')) {
+      const repeat = this.quoting ? undefined : this.repeat();
+      if (repeat) {
+        if (!atom) this.fail(`missing argument to repetition operator: \`${repeat.text}\``);
+        out = out.slice(0, atom.start) + this.repeated(out.slice(atom.start), atom.single, repeat);
+        atom = undefined;
+        continue;
+      }
+      const piece = this.piece(flags, depth, depth === 0 && out === '');
+      if (piece.text === '') continue;
+      atom = piece.repeatable ? { start: out.length, single: piece.single } : undefined;
+      out += piece.text;
+    }
+    return out;
+  }
+
+  private piece(flags: GoRegexFlags, depth: number, atStart: boolean): RegexPiece {
+    const anchor = (text: string) => ({ text, repeatable: false, single: false });
+    if (this.quoting) {
+      if (!this.text.startsWith('\\E', this.at)) return this.literal(this.codePoint(), flags);
+      this.at += 2;
+      this.quoting = false;
+      return anchor('');
+    }
+    const c = this.text[this.at++];
+    if (c === '(') return this.group(flags, depth, atStart);
+    if (c === '|') return anchor('|');
+    if (c === '^' || c === '$') return anchor(c);
+    if (c === '.') return { text: flags.s ? '[\\s\\S]' : '[^\\n]', repeatable: true, single: true };
+    if (c === '[') {
+      const cls = this.charClass();
+      return this.classPiece(cls.ranges, cls.negated, flags);
+    }
+    if (c === '\\') return this.escape(flags);
+    this.at--;
+    return this.literal(this.codePoint(), flags);
+  }
+
+  /** The code point at the cursor (a surrogate pair is one), consumed. */
+  private codePoint(): number {
+    const cp = this.text.codePointAt(this.at)!;
+    this.at += cp > LAST_BMP ? 2 : 1;
+    return cp;
+  }
+
+  private literal(cp: number, flags: GoRegexFlags): RegexPiece {
+    if (cp > LAST_BMP) return { text: `(?:${String.fromCodePoint(cp)})`, repeatable: true, single: true };
+    if (flags.i) return this.classPiece([[cp, cp]], false, flags);
+    return { text: patternChar(cp), repeatable: true, single: true };
+  }
+
+  private classPiece(ranges: CharRanges, negated: boolean, flags: GoRegexFlags): RegexPiece {
+    const all = flags.i ? this.caseFolded(ranges) : normalizeRanges(ranges);
+    if (all.some(([, b]) => b > LAST_BMP))
+      this.fail('a character beyond U+FFFF in a class needs Unicode mode, which the linear engine does not run');
+    const text =
+      !negated && all.length === 1 && all[0][0] === all[0][1] ? patternChar(all[0][0]) : classSource(all, negated);
+    return { text, repeatable: true, single: true };
+  }
+
+  /** The ranges with every character Unicode simple case folding (Go's (?i)) makes equal to one of them. */
+  private caseFolded(ranges: CharRanges): CharRanges {
+    const bmp = ranges.filter(([a]) => a <= LAST_BMP).map(([a, b]): [number, number] => [a, Math.min(b, LAST_BMP)]);
+    if (bmp.length === 0) return normalizeRanges(ranges);
+    this.everyChar ??=
+      Array.from({ length: 0xd800 }, (_, cp) => String.fromCharCode(cp)).join('') +
+      Array.from({ length: LAST_BMP - 0xdfff }, (_, i) => String.fromCharCode(0xe000 + i)).join('');
+    // The `iu` flags make V8 fold cases by Unicode's simple case folding; a class has no backtracking.
+    const folded = this.everyChar.match(new RegExp(classSource(bmp, false), 'giu')) ?? [];
+    return normalizeRanges([...ranges, ...folded.map((ch): [number, number] => [ch.charCodeAt(0), ch.charCodeAt(0)])]);
+  }
+
+  /** After `(`: a group, or a flag setting `(?i)` (empty text; the flags change to the group's end). */
+  private group(flags: GoRegexFlags, depth: number, atStart: boolean): RegexPiece {
+    let open = '(';
+    let inner = flags;
+    if (this.text[this.at] === '?') {
+      const rest = this.text.slice(this.at, this.at + 260);
+      const m = /^\?(?:P?<([A-Za-z0-9_]+)>|(:)|([imsU]*(?:-[imsU]*)?)([:)]))/.exec(rest);
+      if (/^\?<?[=!]/.test(rest)) this.fail('lookaround assertions are not RE2 syntax');
+      if (!m || m[3] === '' || m[3] === '-') this.fail(`invalid or unsupported Perl syntax: \`(${rest.slice(0, 3)}\``);
+      this.at += m[0].length;
+      if (m[1] !== undefined) open = `(?<${m[1]}>`;
+      else if (m[2] !== undefined) open = '(?:';
+      else if (m[4] === ')') {
+        this.setFlags(flags, m[3], atStart);
+        return { text: '', repeatable: false, single: false };
+      } else {
+        inner = { ...flags };
+        this.setFlags(inner, m[3], false);
+        open = '(?:';
+      }
+    }
+    const body = this.alternatives(inner, depth + 1);
+    if (this.text[this.at] !== ')') this.fail(`missing closing ): \`${this.text}\``);
+    this.at++;
+    return { text: `${open}${body})`, repeatable: true, single: false };
+  }
+
+  private setFlags(flags: GoRegexFlags, spec: string, atStart: boolean): void {
+    const [on, off = ''] = spec.split('-');
+    if (spec.includes('U')) this.fail('the (?U) flag is not supported');
+    if (on.includes('m')) {
+      if (!atStart) this.fail('(?m) is supported only at the start of the pattern');
+      this.multiline = true;
+    }
+    for (const f of ['i', 's'] as const) {
+      if (on.includes(f)) flags[f] = true;
+      if (off.includes(f)) flags[f] = false;
+    }
+  }
+
+  /** A repetition operator at the cursor (consumed), or undefined; a `{` that is not one is a literal. */
+  private repeat(): RegexRepeat | undefined {
+    const m = /^(?:([*+?])|\{(\d+)(?:(,)(\d*))?\})(\??)/.exec(this.text.slice(this.at, this.at + 20));
+    if (!m) return undefined;
+    const simple: Record<string, [number, number]> = { '*': [0, Infinity], '+': [1, Infinity], '?': [0, 1] };
+    const [min, max] = m[1]
+      ? simple[m[1]]
+      : [Number(m[2]), m[3] === undefined ? Number(m[2]) : m[4] === '' ? Infinity : Number(m[4])];
+    if (min > GO_MAX_REPEAT || (max !== Infinity && (max > GO_MAX_REPEAT || max < min)))
+      this.fail(`invalid repeat count: \`${m[0]}\``);
+    this.at += m[0].length;
+    return { min, max, lazy: m[5] === '?', text: m[0] };
+  }
+
+  /** A repeated atom; one character repeated more often than the linear engine copies is written out. */
+  private repeated(atom: string, single: boolean, r: RegexRepeat): string {
+    const long = r.min > LINEAR_MAX_REPEAT || (r.max !== Infinity && r.max > LINEAR_MAX_REPEAT);
+    if (!long || !single) return atom + r.text;
+    const lazy = r.lazy ? '?' : '';
+    const optional = r.max === Infinity ? `${atom}*${lazy}` : `${atom}?${lazy}`.repeat(r.max - r.min);
+    return atom.repeat(r.min) + optional;
+  }
+
+  /** After a backslash outside a class. */
+  private escape(flags: GoRegexFlags): RegexPiece {
+    const c = this.text[this.at];
+    const anchor = (text: string) => ({ text, repeatable: false, single: false });
+    if (c === undefined) this.fail('trailing backslash at end of expression');
+    if ('AzbBQ'.includes(c)) this.at++;
+    if (c === 'A') return anchor(this.multiline ? '(?<![\\s\\S])' : '^');
+    if (c === 'z') {
+      // Without (?m), JavaScript's $ is the end of the text, as \z is; with it, only a lookahead says so.
+      if (this.multiline) this.fail('\\z after (?m) needs a lookahead, which the linear engine does not run');
+      return anchor('$');
+    }
+    if (c === 'b' || c === 'B') return anchor(`\\${c}`);
+    if (c === 'Q') {
+      this.quoting = true;
+      return anchor('');
+    }
+    const perl = this.perlClass();
+    if (perl) return this.classPiece(perl.ranges, perl.negated, flags);
+    return this.literal(this.escapedChar(), flags);
+  }
+
+  /** \d \D \w \W \s \S at the cursor (consumed); \p and \P are refused. */
+  private perlClass(): { ranges: CharRanges; negated: boolean } | undefined {
+    const c = this.text[this.at];
+    if (c === 'p' || c === 'P')
+      this.fail(`Unicode classes (\\${c}) need Unicode mode, which the linear engine does not run`);
+    const ranges = PERL_CLASSES[c?.toLowerCase()];
+    if (!ranges) return undefined;
+    this.at++;
+    return { ranges, negated: c !== c.toLowerCase() };
+  }
+
+  /** A character written as an escape (after the backslash): \n, \x41, \x{263a}, \101, \. … */
+  private escapedChar(): number {
+    const c = this.text[this.at++];
+    if (c in CHAR_ESCAPES) return CHAR_ESCAPES[c];
+    if (c === 'x') {
+      const m = /^(?:\{([0-9A-Fa-f]{1,6})\}|([0-9A-Fa-f]{2}))/.exec(this.text.slice(this.at, this.at + 8));
+      if (!m || parseInt(m[1] ?? m[2], 16) > 0x10ffff) this.fail('invalid escape sequence: `\\x`');
+      this.at += m[0].length;
+      return parseInt(m[1] ?? m[2], 16);
+    }
+    if (c >= '0' && c <= '7') {
+      const m = /^[0-7]{0,2}/.exec(this.text.slice(this.at, this.at + 2))![0];
+      // A single digit other than 0 would be a backreference in Perl; Go refuses it.
+      if (c !== '0' && !/^[0-7]/.test(this.text[this.at] ?? '')) this.fail('backreferences are not RE2 syntax');
+      this.at += m.length;
+      return parseInt(c + m, 8);
+    }
+    if (c !== undefined && c < '\x80' && !/[A-Za-z0-9]/.test(c)) return c.charCodeAt(0);
+    return this.fail(`invalid escape sequence: \`\\${c ?? ''}\``);
+  }
+
+  /** After `[`: the class's ranges and whether it is negated, up to and past the closing `]`. */
+  private charClass(): { ranges: CharRanges; negated: boolean } {
+    const negated = this.text[this.at] === '^';
+    if (negated) this.at++;
+    const ranges: CharRanges = [];
+    for (let first = true; ; first = false) {
+      if (this.atEnd()) this.fail(`missing closing ]: \`${this.text}\``);
+      if (this.text[this.at] === ']' && !first) break;
+      const named = this.classMember();
+      if (named) {
+        ranges.push(...named);
+        continue;
+      }
+      const lo = this.classChar();
+      if (this.text[this.at] !== '-' || this.text[this.at + 1] === ']' || this.at + 1 >= this.text.length) {
+        ranges.push([lo, lo]);
+        continue;
+      }
+      this.at++;
+      const hi = this.classChar();
+      if (hi < lo) this.fail('invalid character class range');
+      ranges.push([lo, hi]);
+    }
+    this.at++;
+    return { ranges, negated };
+  }
+
+  /** A POSIX class [:alpha:] or a Perl class \d inside a class (consumed), as ranges; else undefined. */
+  private classMember(): CharRanges | undefined {
+    const posix = /^\[:(\^?)([a-z]+):\]/.exec(this.text.slice(this.at, this.at + 12));
+    if (posix) {
+      const ranges = POSIX_CLASSES[posix[2]] ?? this.fail(`invalid character class range: \`${posix[0]}\``);
+      this.at += posix[0].length;
+      return posix[1] ? complementRanges(ranges) : ranges;
+    }
+    if (this.text[this.at] !== '\\') return undefined;
+    this.at++;
+    const perl = this.perlClass();
+    if (perl) return perl.negated ? complementRanges(perl.ranges) : perl.ranges;
+    this.at--;
+    return undefined;
+  }
+
+  private classChar(): number {
+    if (this.text[this.at] !== '\\') return this.codePoint();
+    this.at++;
+    return this.escapedChar();
   }
 }
 
@@ -3624,6 +4073,11 @@ export interface Hook {
    * values are treated as secrets, so the command does not inherit them.
    */
   templateVariables: ReadonlySet<string>;
+  /**
+   * Whether the command's arguments, environment or files, or parse-parameters-as-json, read the
+   * body. What the trigger rule needs shows when it is evaluated before the body.
+   */
+  usesBody: boolean;
 }
 
 /**
@@ -3731,6 +4185,7 @@ function compileHook(
     readsPayload: false,
     readsHeaders: false,
     templateVariables: new Set(),
+    usesBody: false,
   };
   checkHookSettings(h, hook.env, defaults.settingChecks ?? {});
   const matches = ruleMatches(hook.rule);
@@ -3745,6 +4200,7 @@ function compileHook(
   hook.readsHeaders =
     everyParam.some((p) => p.source === 'header' || p.source === 'entire-headers') ||
     matches.some((m) => m.readsHeaders);
+  hook.usesBody = [...hook.args, ...hook.env, ...hook.files, ...hook.jsonParams].some(paramReadsBody);
   return hook;
 }
 
@@ -4037,7 +4493,8 @@ export class HookStore {
 //    A command that is an InProcessCommand's entry point (the bundled /webhooks.sh: the upgrade
 //    of section 12) is not started as a process: it runs in this process with the same inputs,
 //    output and exit status.
-//    Exports: CommandResult, CommandRunner, decodeBase64Strict, InProcessCommand, resolveHookCommand.
+//    Exports: CommandResult, CommandRunner, decodeBase64Strict, InProcessCommand,
+//    resolveHookCommand.
 // ================================================================================================
 
 type Environment = Record<string, string | undefined>;
@@ -4450,14 +4907,17 @@ export function decodeBase64Strict(text: string): Buffer {
 }
 
 // ================================================================================================
-// 9. http server — routes `/`, `/healthz` and `/<urlprefix>/<id>` and answers with adnanh's
-//    exact strings; `/metrics` has a listener of its own (createMetricsHandler). A hook request is
-//    a list of steps: route, admit, read, evaluate, dispatch, answer. Every outcome is one entry of
-//    ANSWERS; errors thrown by a step map to an entry in one place (answerForError). Every
-//    response carries X-Request-Id; bodies are plain text and never sniffed; what a request sent
-//    is logged with its control characters escaped. A finished command goes to the
-//    CommandListener main() wires in (the rollout follow and the mail, sections 12 and 13). A
-//    method Node's parser refuses (`Get`) is answered as adnanh does (answerClientError).
+// 9. http server — routes `/`, `/healthz` and `/<urlprefix>/<id>` and answers with
+//    adnanh's exact strings. A hook request is a list of steps: route, admit, prepare (all but the
+//    body), evaluate what the rule can decide without the body, read the body if the hook uses
+//    it, evaluate the rest, dispatch, answer. A body is never kept when it is not used, and one
+//    left unread is dropped as it arrives, within the size and idle limits. Every outcome is one
+//    entry of ANSWERS; errors thrown by a step map to an entry in one place (answerForError).
+//    Every response carries X-Request-Id; bodies are plain text and never sniffed. A finished
+//    command goes to the CommandListener main() wires in (the rollout follow and the mail,
+//    sections 12 and 13). `/metrics` has a listener of its own (createMetricsHandler); what a
+//    request sent is logged with its control characters escaped; a method Node's parser refuses
+//    (`Get`) is answered as adnanh does (answerClientError).
 //    Exports: answerClientError, CommandListener, createHandler, createMetricsHandler,
 //    HandlerContext.
 // ================================================================================================
@@ -4477,6 +4937,7 @@ const ANSWERS = {
   hookNotFound: { status: 404, body: 'Hook not found.' },
   methodNotAllowed: { status: 405, body: '' },
   bodyTooLarge: { status: 413, body: 'Request body too large.', closeConnection: true },
+  bodyTimeout: { status: 408, body: 'Request body not received in time.', closeConnection: true },
   multipartError: { status: 500, body: 'Error occurred while parsing multipart form.' },
   ruleError: { status: 500, body: 'Error occurred while evaluating hook rules.' },
   // The status is the hook's trigger-rule-mismatch-http-response-code.
@@ -4519,9 +4980,18 @@ interface Exchange {
   started: bigint;
   /** The hook, once admitted: it labels the request metric. */
   hook?: Hook;
+  bodyLimits: BodyLimits;
+  /** The body is being (or has been) read for the hook: an answer then has nothing left to drop. */
+  bodyTaken?: boolean;
+}
+
+interface BodyLimits {
+  maxBodyBytes: number;
+  bodyIdleTimeoutMs: number;
 }
 
 class BodyTooLarge extends Error {}
+class BodyTimeout extends Error {}
 /** A rule that could not be evaluated (a bad signature, a malformed date): adnanh answers 500. */
 class RuleEvaluationError extends Error {}
 
@@ -4556,28 +5026,47 @@ export function redactUrl(rawUrl: string, redacted: Set<string>): string {
   return `${rawUrl.slice(0, q)}?${parts.join('&')}`;
 }
 
-/** Reads the body up to `limit` bytes; throws BodyTooLarge beyond it. */
-function readBody(req: http.IncomingMessage, limit: number): Promise<Buffer> {
+/** The body length the request declares (Content-Length), or undefined. */
+function declaredLength(req: http.IncomingMessage): number | undefined {
+  const n = Number(req.headers['content-length']);
+  return Number.isFinite(n) ? n : undefined;
+}
+
+/**
+ * Receives what is left of the body: kept for the hook (beyond `budget`, -max-body-size, it is
+ * BodyTooLarge), or read and dropped (`keep` false) after an answer that did not need it, up to
+ * `budget` bytes. A body that goes -body-idle-timeout without data is BodyTimeout; on any error,
+ * reading stops.
+ */
+function receiveBody(ex: Exchange, keep: boolean, budget = ex.bodyLimits.maxBodyBytes): Promise<Buffer> {
+  const { req } = ex;
+  const idleMs = ex.bodyLimits.bodyIdleTimeoutMs;
+  const tooLarge = () => new BodyTooLarge(`request body larger than ${budget} bytes refused`);
   return new Promise((resolve, reject) => {
-    const tooLarge = () => reject(new BodyTooLarge(`request body larger than ${limit} bytes refused`));
-    if (Number(req.headers['content-length'] ?? 0) > limit) {
-      tooLarge();
-      return;
-    }
     const chunks: Buffer[] = [];
     let size = 0;
-    req.on('data', (c: Buffer) => {
+    const finish = (error?: Error) => {
+      clearTimeout(idle);
+      req.off('data', onData).off('end', onEnd).off('close', onClose);
+      if (!error) return resolve(Buffer.concat(chunks));
+      req.pause();
+      reject(error);
+    };
+    const idleFor = formatGoDuration(idleMs);
+    const idle =
+      idleMs > 0
+        ? setTimeout(() => finish(new BodyTimeout(`no body data for ${idleFor}: request dropped`)), idleMs)
+        : undefined;
+    const onData = (c: Buffer) => {
+      idle?.refresh();
       size += c.length;
-      if (size > limit) {
-        req.removeAllListeners('data');
-        req.pause();
-        tooLarge();
-        return;
-      }
-      chunks.push(c);
-    });
-    req.on('end', () => resolve(Buffer.concat(chunks)));
-    req.on('error', reject);
+      if (size > budget) return finish(tooLarge());
+      if (keep) chunks.push(c);
+    };
+    const onEnd = () => finish();
+    const onClose = () => finish(new Error('the connection closed before the body was complete'));
+    if (keep && (declaredLength(req) ?? 0) > budget) return finish(tooLarge());
+    req.on('data', onData).on('end', onEnd).on('close', onClose);
   });
 }
 
@@ -4599,6 +5088,7 @@ export function createHandler(cx: HandlerContext): (req: http.IncomingMessage, r
       method: req.method ?? 'GET',
       remote: remoteAddress(req.socket),
       started: process.hrtime.bigint(),
+      bodyLimits: { maxBodyBytes: cx.options.maxBodyBytes, bodyIdleTimeoutMs: cx.options.bodyIdleTimeoutMs },
     };
     res.setHeader('X-Request-Id', ex.id);
     countWhenFinished(cx, ex);
@@ -4686,12 +5176,16 @@ async function handleRequest(cx: HandlerContext, ex: Exchange): Promise<void> {
   if (cx.isShuttingDown()) return sendAnswer(cx, ex, 'shuttingDown');
   const route = routeOf(cx, ex);
   if (route.kind === 'answer') return sendAnswer(cx, ex, route.name, route.override);
-  const admitted = admit(cx, ex, route.hookId);
-  if (typeof admitted === 'string') return sendAnswer(cx, ex, admitted);
-  const hookReq = await readRequest(cx, ex, admitted, route.url);
-  if (!evaluate(cx, ex, admitted, hookReq))
-    return sendAnswer(cx, ex, 'notSatisfied', { status: admitted.mismatchCode });
-  return dispatch(cx, ex, admitted, hookReq);
+  const hook = admit(cx, ex, route.hookId);
+  if (typeof hook === 'string') return sendAnswer(cx, ex, hook);
+  const hookReq = prepareRequest(cx, ex, hook, route.url);
+  const notSatisfied = () => sendAnswer(cx, ex, 'notSatisfied', { status: hook.mismatchCode });
+  const soft = hook.softSignatureFailures;
+  const early = hook.rule ? evaluateRuleBeforeBody(hook.rule, hookReq, soft) : { ok: true };
+  if (early && !satisfied(cx, ex, hook, early)) return notSatisfied();
+  await readRequestBody(cx, ex, hook, hookReq, !early);
+  if (!early && !satisfied(cx, ex, hook, evaluateRule(hook.rule!, hookReq, soft))) return notSatisfied();
+  return dispatch(cx, ex, hook, hookReq);
 }
 
 type Route =
@@ -4738,11 +5232,12 @@ function admit(cx: HandlerContext, ex: Exchange, hookId: string): Hook | AnswerN
   return hook;
 }
 
-/** Step 3, read: the body, and from it the payload the hook's parameters address. */
-async function readRequest(cx: HandlerContext, ex: Exchange, hook: Hook, url: URL): Promise<HookRequest> {
-  const body = await readBody(ex.req, cx.options.maxBodyBytes);
-  const contentType = hook.contentType || (ex.req.headers['content-type'] ?? '');
-  const multipart = contentType.startsWith('multipart/form-data;');
+/**
+ * Step 3, prepare: the request without its body — headers, query, what parse-parameters-as-json
+ * makes of them — which is all the rule needs until it reaches a match that reads the body.
+ */
+function prepareRequest(cx: HandlerContext, ex: Exchange, hook: Hook, url: URL): HookRequest {
+  const contentType = requestContentType(ex, hook);
   const hookReq: HookRequest = {
     id: ex.id,
     method: ex.method,
@@ -4751,23 +5246,31 @@ async function readRequest(cx: HandlerContext, ex: Exchange, hook: Hook, url: UR
     headers: hook.readsHeaders ? headersFromRaw(ex.req.rawHeaders) : {},
     query: firstValues(url.searchParams),
     payload: undefined,
-    body: multipart ? Buffer.alloc(0) : body,
+    body: Buffer.alloc(0),
+    multipart: contentType.startsWith('multipart/form-data;'),
   };
-  const jsonParts = hook.jsonParams.filter((p) => p.source === 'payload').map((p) => p.name);
-  // A hook that never reads the payload does not pay for parsing it; a multipart body is still
-  // parsed, since a malformed one is answered with 500 whatever the hook reads.
-  const parse = hook.readsPayload || multipart || !isParsedContentType(contentType);
-  const parsed = parse ? parsePayload(contentType, body, jsonParts) : { payload: undefined };
-  hookReq.payload = parsed.payload;
-  if (parsed.note) cx.log.info(`[${ex.id}] ${escapeControls(parsed.note)}`);
-  for (const err of applyJsonParameters(hook.jsonParams, hookReq)) cx.log.info(`[${ex.id}] ${escapeControls(err)}`);
+  // adnanh logs an unsupported content type before it evaluates the rules; the type alone says so.
+  if (!hookReq.multipart && !isParsedContentType(contentType)) {
+    const { note } = parsePayload(contentType, hookReq.body, []);
+    if (note) cx.log.info(`[${ex.id}] ${escapeControls(note)}`);
+  }
+  for (const err of applyJsonParameters(
+    hook.jsonParams.filter((p) => !paramReadsBody(p)),
+    hookReq,
+  ))
+    cx.log.info(`[${ex.id}] ${escapeControls(err)}`);
   return hookReq;
 }
 
-/** Step 4, evaluate: the trigger rule. False when not satisfied; throws when it cannot be evaluated. */
-function evaluate(cx: HandlerContext, ex: Exchange, hook: Hook, hookReq: HookRequest): boolean {
-  if (!hook.rule) return true;
-  const result = evaluateRule(hook.rule, hookReq, hook.softSignatureFailures);
+function requestContentType(ex: Exchange, hook: Hook): string {
+  return hook.contentType || (ex.req.headers['content-type'] ?? '');
+}
+
+/**
+ * Steps 4 and 6, a rule's result as adnanh reports it (a missing parameter is logged): false when
+ * not satisfied; throws when the rule could not be evaluated.
+ */
+function satisfied(cx: HandlerContext, ex: Exchange, hook: Hook, result: RuleResult): boolean {
   // A signature or date error quotes what the request sent.
   const why = result.error ? escapeControls(result.error.message) : '';
   if (result.error && !(result.error instanceof ParameterNotFound)) throw new RuleEvaluationError(why);
@@ -4779,7 +5282,43 @@ function evaluate(cx: HandlerContext, ex: Exchange, hook: Hook, hookReq: HookReq
   return result.ok;
 }
 
-/** Step 5, dispatch: a command slot, the command, and the answer adnanh gives for its outcome. */
+/**
+ * Step 5, read: the body, when the rule (`ruleNeedsIt`) or the command uses it, and the payload
+ * from it. A multipart body is read and parsed whatever the hook uses, since a malformed one is
+ * answered with 500 (as adnanh does). An unused body is still received to its end (and dropped),
+ * so no command runs for a request that never completes; one declared larger than
+ * -max-body-size is refused even when unused.
+ */
+async function readRequestBody(
+  cx: HandlerContext,
+  ex: Exchange,
+  hook: Hook,
+  hookReq: HookRequest,
+  ruleNeedsIt: boolean,
+): Promise<void> {
+  if ((declaredLength(ex.req) ?? 0) > ex.bodyLimits.maxBodyBytes)
+    throw new BodyTooLarge(`request body larger than ${ex.bodyLimits.maxBodyBytes} bytes refused`);
+  const keep = ruleNeedsIt || hook.usesBody || hookReq.multipart === true;
+  ex.bodyTaken = true;
+  // A client waiting for `100 Continue` is asked for its body only now; an answer given before
+  // this point never invites it.
+  if (/^100-continue$/i.test(ex.req.headers.expect ?? '')) ex.res.writeContinue();
+  const body = await receiveBody(ex, keep);
+  if (!keep) return;
+  hookReq.body = body;
+  const contentType = requestContentType(ex, hook);
+  const jsonParts = hook.jsonParams.filter((p) => p.source === 'payload').map((p) => p.name);
+  // A hook that never reads the payload does not pay for parsing it.
+  if (hookReq.multipart || (hook.readsPayload && isParsedContentType(contentType))) {
+    const parsed = parsePayload(contentType, hookReq.body, jsonParts);
+    hookReq.payload = parsed.payload;
+    if (parsed.note) cx.log.info(`[${ex.id}] ${parsed.note}`);
+  }
+  for (const err of applyJsonParameters(hook.jsonParams.filter(paramReadsBody), hookReq))
+    cx.log.info(`[${ex.id}] ${err}`);
+}
+
+/** Step 7, dispatch: a command slot, the command, and the answer adnanh gives for its outcome. */
 async function dispatch(cx: HandlerContext, ex: Exchange, hook: Hook, hookReq: HookRequest): Promise<void> {
   const slot = cx.runner.tryAcquire(hook);
   if (!slot) {
@@ -4810,6 +5349,10 @@ function answerForError(cx: HandlerContext, ex: Exchange, e: unknown): AnswerNam
   if (e instanceof BodyTooLarge) {
     cx.log.error(`${tag} ${ex.hook?.id}: ${message}`);
     return 'bodyTooLarge';
+  }
+  if (e instanceof BodyTimeout) {
+    cx.log.error(`${tag} ${ex.hook?.id}: ${message}`);
+    return 'bodyTimeout';
   }
   if (e instanceof MultipartError) {
     cx.log.error(`${tag} error parsing multipart form: ${escapeControls(message)}`);
@@ -4846,7 +5389,7 @@ export function createMetricsHandler(metrics: Metrics): http.RequestListener {
   };
 }
 
-/** Step 6, answer: writes the named entry, with a step's status, body and headers over it. */
+/** Step 8, answer: writes the named entry, with a step's status, body and headers over it. */
 function sendAnswer(cx: HandlerContext, ex: Exchange, name: AnswerName, override: Partial<Answer> = {}): void {
   const res = ex.res;
   if (res.headersSent) {
@@ -4858,14 +5401,67 @@ function sendAnswer(cx: HandlerContext, ex: Exchange, name: AnswerName, override
   if (!res.hasHeader('Content-Type')) res.setHeader('Content-Type', 'text/plain; charset=utf-8');
   res.setHeader('X-Content-Type-Options', 'nosniff');
   res.setHeader('Content-Length', Buffer.byteLength(entry.body));
-  if (entry.closeConnection) {
-    res.setHeader('Connection', 'close');
-    // The rest of a refused body is not read: the connection goes once the answer is out.
-    res.on('finish', () => ex.req.socket.destroySoon());
-  }
+  const unread = !ex.req.complete;
+  const close = entry.closeConnection === true || (unread && !mayDrainUnreadBody(ex));
+  if (close) res.setHeader('Connection', 'close');
+  if (unread) settleUnreadBody(ex, close);
   res.writeHead(entry.status);
   logAccess(cx, ex, entry);
   cx.log.whenWritten(() => res.end(entry.body));
+}
+
+/**
+ * Whether an answer given before the body was read (the rule failed without it, or the hook does
+ * not use it) may keep the connection: the rest of the body is then read and dropped as it
+ * arrives, within the size and idle limits. Not after a body the hook was reading failed, nor for
+ * one declared larger than the limit, nor for one the client sends only after `100 Continue`.
+ */
+function mayDrainUnreadBody(ex: Exchange): boolean {
+  const declared = declaredLength(ex.req) ?? 0;
+  return (
+    !ex.bodyTaken && declared <= ex.bodyLimits.maxBodyBytes && !/^100-continue$/i.test(ex.req.headers.expect ?? '')
+  );
+}
+
+/**
+ * What is left of a body the answer did not need. When the connection stays, it is read and
+ * dropped, never kept: Node drains a body of declared length itself (no more than -max-body-size
+ * then, and its keep-alive timeout drops one that stalls), and one of unknown length is read here,
+ * within the size and idle limits. When the connection closes, nothing more is read.
+ */
+function settleUnreadBody(ex: Exchange, close: boolean): void {
+  const declared = declaredLength(ex.req) !== undefined;
+  if (!close && declared && ex.res.shouldKeepAlive) return;
+  let draining = !close;
+  const closeGracefully = closeWithoutReset(ex, () => draining);
+  if (draining && declared) return;
+  // Read here, so that Node does not drain it unbounded; past the budget (none when closing), reading stops.
+  receiveBody(ex, false, draining ? ex.bodyLimits.maxBodyBytes : 0).catch(() => {
+    draining = false;
+    closeGracefully();
+  });
+}
+
+/**
+ * Makes the connection close without a reset, whoever closes it (this answer, or the client that
+ * asked to): Node ends such an exchange with the socket's destroySoon(), which closes at once, and
+ * unread input then makes the kernel reset the connection, so a client still sending its body
+ * loses the answer. This socket's destroySoon first waits for the body to end while it is still
+ * read (`draining`), and at most LIMITS.closeLingerMs in any case. Returns it.
+ */
+function closeWithoutReset(ex: Exchange, draining: () => boolean): () => void {
+  const { req } = ex;
+  const socket = req.socket;
+  let closing = false;
+  socket.destroySoon = () => {
+    if (closing || socket.destroyed) return;
+    closing = true;
+    const linger = setTimeout(() => socket.destroy(), LIMITS.closeLingerMs);
+    socket.once('close', () => clearTimeout(linger));
+    if (req.complete) socket.end();
+    else if (draining()) req.once('end', () => socket.end());
+  };
+  return socket.destroySoon;
 }
 
 // ================================================================================================
@@ -6115,7 +6711,8 @@ export type JsonPatchOperation =
 //      note:         <anything else worth knowing>
 //    Exit status 0 when result is ok (a change made, or an acknowledged no-op), 1 otherwise; a
 //    rollout that was waited for and failed or timed out makes the result failed.
-//    Exports: formatRbac, formatReport, hookReach, runUpgrade, upgradeInput, UpgradeReport, UpgradeService.
+//    Exports: formatRbac, formatReport, hookReach, runUpgrade, upgradeInput, UpgradeReport,
+//    UpgradeService.
 // ================================================================================================
 
 export const UPGRADE_LIMITS = {
@@ -8852,6 +9449,9 @@ async function openListener(o: Options, handler: http.RequestListener, log: Logg
     log.error(`cannot listen: ${failed.message}`);
     return undefined;
   }
+  // A client that waits for `100 Continue` before sending its body gets it only from a hook that
+  // reads the body (createHandler); Node would otherwise send it at once, inviting every body.
+  server.on('checkContinue', handler);
   if (o.setgid) {
     process.setgid!(o.setgid);
     process.setuid!(o.setuid);

@@ -19,6 +19,14 @@ const config = {
   output: path.join(dist, 'webhook.new'),
   disableExperimentalSEAWarning: true,
   useCodeCache: false,
+  // The flags the service needs, set before any of its code runs: V8's linear-time regexp engine
+  // (hook regexes are compiled for it), and an OpenSSL configuration that cannot be swapped for
+  // one from the environment (OPENSSL_CONF can name a provider library, which OpenSSL loads and
+  // runs at start-up). A path that does not exist means "no configuration file".
+  execArgv: ['--enable-experimental-regexp-engine', '--openssl-config=/nonexistent/webhook-openssl.cnf'],
+  // Nothing from outside extends them: NODE_OPTIONS (`--require`, `--import`, `--inspect`) is
+  // ignored, and so is `--node-options`, so the environment cannot make the executable run code.
+  execArgvExtension: 'none',
 };
 fs.writeFileSync(path.join(dist, 'sea.json'), JSON.stringify(config, null, 2));
 execFileSync(process.execPath, ['--build-sea', path.join(dist, 'sea.json')], { stdio: 'inherit' });

@@ -4,7 +4,7 @@ import { createHmac } from 'node:crypto';
 import { describe, test } from 'node:test';
 import {
   checkPayloadSignature, checkScalrSignature, cidrContains, compileGoRegex, compileHooksFile, decodeBase64Strict,
-  evaluateRule, extractSignatures, formatGoDuration, goJsonMarshal, goJsEscape, goQueryEscape, JsonNumber, lookupParameter,
+  evaluateRule, evaluateRuleBeforeBody, extractSignatures, formatGoDuration, goJsonMarshal, goJsEscape, goQueryEscape, JsonNumber, lookupParameter,
   MultipartError, ParameterNotFound, parseCidr, parseCommandLine, parseGoDuration, parseJsonKeepingNumbers, parseMultipart,
   parsePayload, parseYaml, parseXml, redactUrl, renderTemplate, replaceParameter, UsageError, type HookRequest,
   escapeControls, formatRbac, hookReach, inheritedEnvironment, parseListenAddress,
@@ -22,6 +22,7 @@ describe('command line', () => {
   test('defaults', () => {
     const o = parseCommandLine([]);
     assert.deepEqual([o.hooks, o.ip, o.port, o.urlprefix, o.maxConcurrentCommands], [['hooks.json'], '0.0.0.0', 9000, 'hooks', 16]);
+    assert.deepEqual([o.maxBodyBytes, o.bodyIdleTimeoutMs], [1024 * 1024, 30_000]);
   });
   test('WEBHOOK_CMD is split and appended', () => {
     const o = parseCommandLine(['-hooks', 'x'], { WEBHOOK_CMD: ' -template  -urlprefix=api ' });
@@ -200,12 +201,72 @@ describe('rules', () => {
     assert.match(checkScalrSignature(req, 'k', new Date('2026-11-22T04:06:00Z')).error!.message, /outdated/);
     assert.equal(checkScalrSignature(request(), 'k', new Date()).ok, false);
   });
+  test('before the body, a rule is decided exactly as it will be with it, or left to the body', () => {
+    const body = Buffer.from('{"a":"1"}');
+    const sig = (secret: string) => 'sha256=' + createHmac('sha256', secret).update(body).digest('hex');
+    const full = request({ body, payload: { a: '1' }, headers: { 'X-Sig': sig('k') }, query: { t: 'yes' } });
+    const unread = request({ body: Buffer.alloc(0), payload: undefined, headers: full.headers, query: full.query });
+    const hmac = (name: string) => ({ match: { type: 'payload-hmac-sha256', secret: 'k', parameter: { source: 'header', name } } });
+    const payload = (name: string, v: string) => ({ match: { type: 'value', value: v, parameter: { source: 'payload', name } } });
+    const leaves: Record<string, object> = {
+      urlTrue: value('t', 'yes'), urlFalse: value('t', 'no'), urlMissing: value('gone', 'x'),
+      bodyTrue: payload('a', '1'), bodyFalse: payload('a', '2'), bodyMissing: payload('gone', 'x'),
+      hmacGood: hmac('X-Sig'), hmacMissing: hmac('X-None'),
+      raw: { match: { type: 'regex', regex: '^\\{', parameter: { source: 'raw-request-body' } } },
+    };
+    const shapes = (a: object, b: object): object[] => [{ and: [a, b] }, { or: [a, b] }, { not: a }, { and: [{ not: a }, b] }, { or: [{ and: [a, b] }, { not: b }] }];
+    let decided = 0;
+    for (const a of Object.values(leaves)) {
+      for (const b of Object.values(leaves)) {
+        for (const shape of shapes(a, b)) {
+          for (const soft of [false, true]) {
+            const rule = rules(shape);
+            const early = evaluateRuleBeforeBody(rule, unread, soft);
+            if (!early) continue;
+            decided++;
+            const late = evaluateRule(rule, full, soft);
+            assert.deepEqual([early.ok, early.error?.constructor, early.error?.message], [late.ok, late.error?.constructor, late.error?.message], JSON.stringify(shape));
+          }
+        }
+      }
+    }
+    assert.ok(decided > 100, `${decided} decided before the body`);
+    // The seed hook's shape (only URL matches) is always decided; a body match first never is.
+    assert.deepEqual(evaluateRuleBeforeBody(rules({ and: [leaves.urlFalse, leaves.bodyTrue] }), unread, false), { ok: false });
+    assert.equal(evaluateRuleBeforeBody(rules({ and: [leaves.bodyTrue, leaves.urlFalse] }), unread, false), undefined);
+    assert.ok(evaluateRuleBeforeBody(rules(leaves.hmacMissing), unread, false)!.error instanceof ParameterNotFound);
+  });
   test('regex: RE2 syntax is translated, non-RE2 refused', () => {
     assert.equal(compileGoRegex('(?i)^ABC\\z').test('abc'), true);
     assert.equal(compileGoRegex('^(?P<v>\\d+)$').exec('42')?.groups?.v, '42');
     assert.equal(compileGoRegex('[[:digit:]]+').test('x1'), true);
     assert.throws(() => compileGoRegex('a(?=b)'), /lookaround/);
     assert.throws(() => compileGoRegex('(a)\\1'), /backreferences/);
+  });
+  test('regex: Go semantics on the linear engine', () => {
+    const matches = (pattern: string, input: string) => compileGoRegex(pattern).test(input);
+    assert.equal(compileGoRegex('^a$').flags.includes('l'), true);
+    assert.deepEqual([matches('(?i)k', '\u212a'), matches('(?i)[a-c]+$', 'xABC'), matches('(?i)[^a]', 'A')], [true, true, false]);
+    assert.deepEqual([matches('(?i:ab)c', 'ABc'), matches('(?i:ab)c', 'ABC'), matches('a(?i)bc', 'aBC')], [true, false, true]);
+    assert.deepEqual([matches('a.c', 'a\rc'), matches('a.c', 'a\nc'), matches('(?s)a.c', 'a\nc')], [true, false, true]);
+    assert.deepEqual([matches('\\s', '\v'), matches('[[:space:]]', '\v'), matches('[[:^alpha:]]', 'a')], [false, true, false]);
+    assert.deepEqual([matches('\\Qa.b\\E', 'axb'), matches('\\x{41}\\x42\\101', 'ABA'), matches('[]a]', ']')], [false, true, true]);
+    assert.deepEqual([matches('(?m)^b$', 'a\nb\nc'), matches('(?m)\\Ab', 'a\nb'), matches('x{,3}', 'x{,3}')], [true, false, true]);
+    // Counted repeats of one character beyond the engine's 16 copies are written out.
+    assert.deepEqual([matches('^[0-9a-f]{40}$', 'a'.repeat(40)), matches('^[0-9a-f]{40}$', 'a'.repeat(41))], [true, false]);
+    assert.deepEqual([matches('^a{2,20}$', 'a'.repeat(20)), matches('^a{2,20}$', 'a'.repeat(21)), matches('^a{20,}$', 'a'.repeat(19))], [true, false, false]);
+    assert.equal(matches('^([a-z0-9]+-?)+$', 'a'.repeat(100_000) + '!'), false);
+  });
+  test('regex: what Go or the linear engine refuses is an error saying why', () => {
+    assert.throws(() => compileGoRegex('\\pL'), /Unicode classes/);
+    assert.throws(() => compileGoRegex('(?:(?:ab){5}){5}'), /linear-time engine cannot run it/);
+    assert.throws(() => compileGoRegex('(?:ab){17}'), /linear-time engine cannot run it/);
+    assert.throws(() => compileGoRegex('[\\x{1F600}]'), /beyond U\+FFFF/);
+    assert.throws(() => compileGoRegex('a(?m)b'), /only at the start/);
+    assert.throws(() => compileGoRegex('(?m)a\\z'), /lookahead/);
+    assert.throws(() => compileGoRegex('a{1001}'), /invalid repeat count/);
+    assert.throws(() => compileGoRegex('\\y'), /invalid escape sequence/);
+    assert.throws(() => compileGoRegex('a**'), /missing argument to repetition operator/);
   });
   test('CIDRs: IPv4, IPv6, single addresses, v4-mapped clients', () => {
     assert.equal(cidrContains(parseCidr('10.0.0.0/8')!, '10.9.8.7'), true);
