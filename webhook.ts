@@ -8,26 +8,27 @@
  * workload to the image the registry just pushed, over the Kubernetes API, and the result is
  * mailed when the hook passes MAIL_TO.
  *
- * Sections, in order. A push reads downward: main (14) hands the socket to the http server (9),
- * which uses the request, rule and hook sections above it, hands the command to the runner (8),
- * whose in-process command is the upgrade (10-12), and the finished command to the listener that
- * follows the rollout and mails (13). No section uses a name a later one defines; where an earlier
- * section hands work on (8 → 12, 9 → 13), it declares the small interface it needs
- * (InProcessCommand, CommandListener) and main() wires the later section in.
+ * Sections, in order. A push reads downward: main (15) hands the socket to the http server (10),
+ * which uses the request, rule and hook sections above it, hands the command to the runner (9),
+ * whose in-process command is the upgrade (11-13), and the finished command to the listener that
+ * follows the rollout and mails (14). No section uses a name a later one defines; where an earlier
+ * section hands work on (9 → 13, 10 → 14, 7 → 11), it declares the small interface it needs
+ * (InProcessCommand, CommandListener, HookSettingChecks) and main() wires the later section in.
  *   1. cli & options ............. parseCommandLine, parseGoDuration, usage, LIMITS
  *   2. logging & metrics ......... Logger, Metrics
- *   3. hook files ................ parseYaml, renderTemplate, FieldReader, Fields
- *   4. request parsing ........... HookRequest, parsePayload, resolveParameter, compileParam
- *   5. trigger rules ............. RULE_TYPES, compileRule, evaluateRule, evaluateRuleBeforeBody, compileGoRegex
- *   6. hook definitions .......... compileHooksFile, Hook
- *   7. hooks directory & reload .. loadSnapshot, HookStore
- *   8. command execution ......... CommandRunner, InProcessCommand, resolveCommand
- *   9. http server ............... createHandler, ANSWERS, CommandListener
- *  10. registry payloads → image . REGISTRIES, composeImageRef, validateImageRef, checkImagePin
- *  11. kubernetes client ......... KubeClient, credentialsFromEnvironment
- *  12. upgrade & rollout ......... WORKLOAD_KINDS, runUpgrade, followRollout, UpgradeService
- *  13. smtp client & mail ........ parseMailConfig, sendMail, Mailer, ResultNotifier
- *  14. main ...................... main
+ *   3. yaml ...................... parseYaml, scalarAsGoString
+ *   4. hook files ................ renderTemplate, FieldReader, Fields
+ *   5. request parsing ........... HookRequest, parsePayload, resolveParameter, compileParam
+ *   6. trigger rules ............. RULE_TYPES, compileRule, evaluateRule, evaluateRuleBeforeBody
+ *   7. hook definitions .......... compileHooksFile, Hook
+ *   8. hooks directory & reload .. loadSnapshot, HookStore
+ *   9. command execution ......... CommandRunner, InProcessCommand, resolveCommand
+ *  10. http server ............... createHandler, ANSWERS, CommandListener
+ *  11. registry payloads → image . REGISTRIES, composeImageRef, checkImagePin
+ *  12. kubernetes client ......... KubeClient, credentialsFromEnvironment
+ *  13. upgrade & rollout ......... WORKLOAD_KINDS, runUpgrade, followRollout, UpgradeService
+ *  14. smtp client & mail ........ parseMailConfig, sendMail, Mailer, ResultNotifier
+ *  15. main ...................... main
  *
  * Each banner's "Exports" lists the names later sections use (test/structure.test.ts checks it).
  * `export` on any other name makes it reachable from the tests, nothing more.
@@ -731,48 +732,24 @@ export class Metrics {
 export const MONTHS = ['Jan', 'Feb', 'Mar', 'Apr', 'May', 'Jun', 'Jul', 'Aug', 'Sep', 'Oct', 'Nov', 'Dec'];
 
 // ================================================================================================
-// 3. hook files — the reading every compiler below shares. A hooks file is rendered as a Go
-//    template when -template asks, parsed strictly (duplicate keys are errors; every key's line
-//    is kept), and then read through Fields: unknown keys and wrong types are errors that name
-//    file, line, hook and field path (`hooks/web.json:12: hook "web": trigger-rule.and[2]: …`).
-//    Exports: CompileSinks, ConfigError, FieldReader, Fields, LineMap, parseYaml, Place,
-//    renderTemplate, scalarAsGoString, suggest, TemplateEnv, TextCursor, typeName.
+// 3. yaml — hook files are read as adnanh reads them. adnanh reads every hooks file (JSON ones
+//    too) with github.com/ghodss/yaml, which runs gopkg.in/yaml.v2 (the 2017 revision eb3733d
+//    vendored in 2.8.0, a Go port of libyaml 0.1) and turns the result into JSON. So this reader
+//    follows that code closely, in three stages:
+//      Scanner  characters -> tokens, with libyaml's indentation stack and "simple key" bookkeeping,
+//               because that is where YAML's context rules (and most of its error cases) live;
+//      Parser   tokens -> a node tree for the FIRST document only, as yaml.Unmarshal does;
+//      Decoder  nodes -> plain JS values, resolving scalars (YAML 1.1 booleans, Go integer syntax),
+//               aliases and `<<` merges the way yaml.v2 does, and map keys the way ghodss does.
+//    On purpose stricter than adnanh: a mapping may not repeat a key (JSON.parse and yaml.v2 keep
+//    the last, so a second "trigger-rule" would silently replace the first), aliases may not expand
+//    a document past a million nodes, nesting is limited, `!!binary` is refused.
+//    Error messages carry a position and never the text of a scalar: hook files hold secrets.
+//    Exports: LineMap, parseYaml, scalarAsGoString.
 // ================================================================================================
-
-/** An error in a hooks file; its message names the place (file:line: hook "id": field.path: what). */
-export class ConfigError extends Error {}
 
 /** Line numbers of every key (objects) and index (arrays) of a parsed document. */
 export type LineMap = WeakMap<object, Map<string, number>>;
-
-/** A position in a text read by hand (the XML reader, the Go regex translator). */
-export class TextCursor {
-  protected readonly text: string;
-  protected at = 0;
-
-  constructor(text: string) {
-    this.text = text;
-  }
-
-  atEnd(): boolean {
-    return this.at >= this.text.length;
-  }
-}
-
-// ---- YAML: how hook files are read -----------------------------------------------------------
-//
-// adnanh reads every hooks file (JSON ones too) with github.com/ghodss/yaml, which runs
-// gopkg.in/yaml.v2 (the 2017 revision eb3733d vendored in 2.8.0, a Go port of libyaml 0.1) and
-// turns the result into JSON. So this reader follows that code closely, in three stages:
-//   Scanner  characters -> tokens, with libyaml's indentation stack and "simple key" bookkeeping,
-//            because that is where YAML's context rules (and most of its error cases) live;
-//   Parser   tokens -> a node tree for the FIRST document only, as yaml.Unmarshal does;
-//   Decoder  nodes -> plain JS values, resolving scalars (YAML 1.1 booleans, Go integer syntax),
-//            aliases and `<<` merges the way yaml.v2 does, and map keys the way ghodss does.
-// On purpose stricter than adnanh: a mapping may not repeat a key (JSON.parse and yaml.v2 keep
-// the last, so a second "trigger-rule" would silently replace the first), aliases may not expand
-// a document past a million nodes, nesting is limited, `!!binary` is refused.
-// Error messages carry a position and never the text of a scalar: hook files hold secrets.
 
 export class YamlError extends Error {
   readonly line: number;
@@ -2363,6 +2340,32 @@ export function scalarAsGoString(v: unknown, holder?: object, key?: string | num
   return Number.isSafeInteger(v) && !Object.is(v, -0) ? String(v) : formatFloat32(v);
 }
 
+// ================================================================================================
+// 4. hook files — the reading every compiler below shares. A hooks file is rendered as a Go
+//    template when -template asks, read by section 3 (duplicate keys are errors; every key's line
+//    is kept), and then read through Fields: unknown keys and wrong types are errors that name
+//    file, line, hook and field path (`hooks/web.json:12: hook "web": trigger-rule.and[2]: …`).
+//    Exports: CompileSinks, ConfigError, FieldReader, Fields, Place, renderTemplate, suggest,
+//    TemplateEnv, TextCursor, typeName.
+// ================================================================================================
+
+/** An error in a hooks file; its message names the place (file:line: hook "id": field.path: what). */
+export class ConfigError extends Error {}
+
+/** A position in a text read by hand (the XML reader, the Go regex translator). */
+export class TextCursor {
+  protected readonly text: string;
+  protected at = 0;
+
+  constructor(text: string) {
+    this.text = text;
+  }
+
+  atEnd(): boolean {
+    return this.at >= this.text.length;
+  }
+}
+
 // ---- the Go text/template subset ---------------------------------------------------------------
 
 export interface TemplateEnv {
@@ -2725,7 +2728,7 @@ function editDistance(a: string, b: string): number {
   return d[b.length];
 }
 // ================================================================================================
-// 4. request parsing & parameters — turns an HTTP request into the structures hook parameters
+// 5. request parsing & parameters — turns an HTTP request into the structures hook parameters
 //    address: headers (Go-canonical names), query, payload (from JSON, form, XML or multipart
 //    bodies) and the raw body, with adnanh's dotted-path lookup and Go's JSON serialisation.
 //    Exports: applyJsonParameters, compileParam, firstValues, headersFromRaw, HookRequest,
@@ -3230,7 +3233,7 @@ export function compileParam(reader: FieldReader, value: unknown, at: Place, fil
 }
 
 // ================================================================================================
-// 5. trigger rules — one table, RULE_TYPES, holds each match type side by side: its fields,
+// 6. trigger rules — one table, RULE_TYPES, holds each match type side by side: its fields,
 //    whether it compares a request parameter, whether it reads the headers or the body, which
 //    field holds a secret, how it compiles (errors with file, line and field path) and how it
 //    tests a request. and/or/not combine matches with adnanh's semantics: a missing parameter
@@ -4037,10 +4040,10 @@ export function cidrContains(cidr: Cidr, addr: string): boolean {
 }
 
 // ================================================================================================
-// 6. hook definitions — a hooks file's text (already templated) compiled into hooks: the hook's
-//    fields read in one list, its parameters (section 4) and trigger rule (section 5) compiled
+// 7. hook definitions — a hooks file's text (already templated) compiled into hooks: the hook's
+//    fields read in one list, its parameters (section 5) and trigger rule (section 6) compiled
 //    once, so the request path only evaluates. Hook settings a later section reads (the image
-//    pin's, section 10) are checked here too, through the HookSettingChecks main() hands over.
+//    pin's, section 11) are checked here too, through the HookSettingChecks main() hands over.
 //    Exports: compileHooksFile, Hook, HookSettingChecks.
 // ================================================================================================
 
@@ -4262,8 +4265,8 @@ function commandTimeout(h: Fields): number | undefined {
 }
 
 // ================================================================================================
-// 7. hooks directory & reload — every -hooks path (a file, or a directory of *.json, *.yaml and *.yml files merged
-//    in name order) becomes one immutable Snapshot. Reloads watch directories, not file inodes, so
+// 8. hooks directory & reload — every -hooks path (a file, or a directory of *.json, *.yaml and
+//    *.yml files merged in name order) becomes one immutable Snapshot. Reloads watch directories, not file inodes, so
 //    in-place edits, `mv` over a file, delete + re-create and a Kubernetes ConfigMap `..data`
 //    symlink swap are all seen; a snapshot that fails validation is rejected whole.
 //    Exports: HookStore, LoadSettings, loadSnapshot, Snapshot.
@@ -4486,12 +4489,12 @@ export class HookStore {
 }
 
 // ================================================================================================
-// 8. command execution — resolves execute-command as adnanh does (absolute; else relative to
+// 9. command execution — resolves execute-command as adnanh does (absolute; else relative to
 //    command-working-directory, never searched on PATH then; else on PATH), passes arguments,
 //    environment and temp files, and runs the command in its own process group under a deadline
 //    and a cap on concurrent commands. Output is stdout and stderr combined in arrival order.
 //    A command that is an InProcessCommand's entry point (the bundled /webhooks.sh: the upgrade
-//    of section 12) is not started as a process: it runs in this process with the same inputs,
+//    of section 13) is not started as a process: it runs in this process with the same inputs,
 //    output and exit status.
 //    Exports: CommandResult, CommandRunner, decodeBase64Strict, InProcessCommand,
 //    resolveHookCommand.
@@ -4907,7 +4910,7 @@ export function decodeBase64Strict(text: string): Buffer {
 }
 
 // ================================================================================================
-// 9. http server — routes `/`, `/healthz` and `/<urlprefix>/<id>` and answers with
+// 10. http server — routes `/`, `/healthz` and `/<urlprefix>/<id>` and answers with
 //    adnanh's exact strings. A hook request is a list of steps: route, admit, prepare (all but the
 //    body), evaluate what the rule can decide without the body, read the body if the hook uses
 //    it, evaluate the rest, dispatch, answer. A body is never kept when it is not used, and one
@@ -4915,7 +4918,7 @@ export function decodeBase64Strict(text: string): Buffer {
 //    entry of ANSWERS; errors thrown by a step map to an entry in one place (answerForError).
 //    Every response carries X-Request-Id; bodies are plain text and never sniffed. A finished
 //    command goes to the CommandListener main() wires in (the rollout follow and the mail,
-//    sections 12 and 13). `/metrics` has a listener of its own (createMetricsHandler); what a
+//    sections 13 and 14). `/metrics` has a listener of its own (createMetricsHandler); what a
 //    request sent is logged with its control characters escaped; a method Node's parser refuses
 //    (`Get`) is answered as adnanh does (answerClientError).
 //    Exports: answerClientError, CommandListener, createHandler, createMetricsHandler,
@@ -5465,7 +5468,7 @@ function closeWithoutReset(ex: Exchange, draining: () => boolean): () => void {
 }
 
 // ================================================================================================
-// 10. registry payloads → image reference — turns a registry's push notification (Aliyun ACR,
+// 11. registry payloads → image reference — turns a registry's push notification (Aliyun ACR,
 //    Docker Hub, a build job) into the image reference the cluster will pull, and validates it
 //    against the OCI distribution reference grammar before anything is sent to Kubernetes.
 //    Pure functions: no I/O, no clock. Each registry is one entry of REGISTRIES: its payload
@@ -5495,7 +5498,7 @@ function closeWithoutReset(ex: Exchange, draining: () => boolean): () => void {
 //                     `host/path` (that repository), `host/path/*` (every repository under it),
 //                     `host/*`; Docker Hub's may omit the host (`nginx`, `shopteam/*`).
 //    REGISTRY_HOST and ALLOW_IMAGES widen what a request may deploy, so IMAGE_PIN_SETTINGS has
-//    section 6 refuse them at load unless they are fixed strings in the hook file, and valid.
+//    section 7 refuse them at load unless they are fixed strings in the hook file, and valid.
 //    Exports: checkImagePin, composeImageRef, IMAGE_PIN_SETTINGS, ImagePin, isObject,
 //    normalizeImageRef, parsePushPayload, readImagePin, showValue.
 // ================================================================================================
@@ -6084,7 +6087,7 @@ export const IMAGE_PIN_SETTINGS: HookSettingChecks = {
 };
 
 // ================================================================================================
-// 11. kubernetes client — a small client for the Kubernetes REST API over node:https. Credentials
+// 12. kubernetes client — a small client for the Kubernetes REST API over node:https. Credentials
 //    come from a JSON kubeconfig (-kubeconfig, else KUBECONFIG: current-context; token or
 //    tokenFile, or a client certificate; the CA; inline *-data or file paths relative to the
 //    kubeconfig) or, inside a pod, from the service account (token re-read on every request, so
@@ -6673,7 +6676,7 @@ export type JsonPatchOperation =
   | { op: 'remove'; path: string };
 
 // ================================================================================================
-// 12. upgrade & rollout — the job /webhooks.sh exists for: point the named container of the named
+// 13. upgrade & rollout — the job /webhooks.sh exists for: point the named container of the named
 //    workload at the pushed image, record why, and follow the rollout by kubectl's rules. Each
 //    workload kind is one entry of WORKLOAD_KINDS (API resource, names, pod template, kubectl's
 //    rollout viewer, whether it has a rollout, how its pods are owned). UpgradeService is the
@@ -6683,9 +6686,9 @@ export type JsonPatchOperation =
 //    (<kind>/<name>: deployment, daemonset, statefulset, cronjob; any case, plurals, short names
 //    deploy/ds/sts/cj, or kind.group), APP_CONTAINER (exact name; containers, then
 //    initContainers), ROLLOUT_TIMEOUT (Go duration; 0, the default, answers at once with
-//    "progressing"), plus those of section 10.
+//    "progressing"), plus those of section 11.
 //
-//    Before any write, the image pin of section 10 checks the push against the container's
+//    Before any write, the image pin of section 11 checks the push against the container's
 //    current image: a refused push changes nothing, fails (exit status 1), is logged, and is
 //    recorded as a Warning Event (UpgradeRefused) on the workload.
 //
@@ -8001,7 +8004,7 @@ export class UpgradeService implements InProcessCommand {
 }
 
 // ================================================================================================
-// 13. smtp client & mail — mails a hook's result through the server the MAIL_* variables describe,
+// 14. smtp client & mail — mails a hook's result through the server the MAIL_* variables describe,
 //    with a small hand-written SMTP client: implicit TLS or STARTTLS, AUTH PLAIN/LOGIN/CRAM-MD5,
 //    every step under a deadline, RFC 5322/MIME/RFC 2047 messages. The password lives in a Secret
 //    and every reply or error text leaving this section is scrubbed of it. ResultNotifier is the
@@ -9060,7 +9063,7 @@ function mailJob(hook: Hook, req: HookRequest, r: CommandResult, report: Upgrade
 }
 
 // ================================================================================================
-// 14. main — wires the sections together; the only place with process-wide side effects
+// 15. main — wires the sections together; the only place with process-wide side effects
 //    (signals, pid file, listening socket, exit codes).
 // ================================================================================================
 
