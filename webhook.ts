@@ -6729,6 +6729,9 @@ export const UPGRADE_LIMITS = {
   // A failed precondition means someone else edited the workload between our read and our
   // patch; re-reading and re-planning a few times settles it, more means something is fighting us.
   maxPatchAttempts: 5,
+  // Workloads whose last known state the service keeps, to patch without reading first: a few KiB
+  // each; beyond this many the oldest is forgotten (and read again when next pushed to).
+  maxKnownWorkloads: 1_000,
   // Registries retry a delivery they think failed within seconds to a minute. A real new push of
   // the same tag carries a new digest or pushed_at, so it is not mistaken for a repeat.
   duplicateWindowMs: 60_000,
@@ -7365,6 +7368,11 @@ export interface UpgradeReport {
   target?: WorkloadTarget;
   /** Whether the image pin refused the push (error says why). */
   refused?: boolean;
+  /**
+   * The change's Event, when it is recorded after the answer (UpgradeDeps.eventAfterAnswer):
+   * resolves with the note saying it could not be, or undefined once it is recorded.
+   */
+  afterAnswer?: Promise<string | undefined>;
 }
 
 export interface UpgradeDeps {
@@ -7376,6 +7384,33 @@ export interface UpgradeDeps {
   hookId?: string;
   /** Shared by all upgrades of one process: per-workload ordering and duplicate detection. */
   queue?: WorkloadQueue;
+  /**
+   * Record the change's Event after answering (the service): it cannot change the answer, and the
+   * API call it costs is a third of the answer's time. The caller awaits report.afterAnswer.
+   */
+  eventAfterAnswer?: boolean;
+  /**
+   * The workloads as this process last saw them (the service): a push patches straight away,
+   * since its patch tests the container's name and image and so fails on a stale copy, which
+   * is then read again. Saves the GET that would otherwise precede every PATCH.
+   */
+  known?: KnownWorkloads;
+}
+
+/** The last state seen of each workload, by namespace/kind/name; the oldest beyond a bound is dropped. */
+export class KnownWorkloads {
+  private readonly objects = new Map<string, K8sObject>();
+
+  get(key: string): K8sObject | undefined {
+    return this.objects.get(key);
+  }
+
+  set(key: string, obj: K8sObject | undefined): void {
+    this.objects.delete(key);
+    if (obj === undefined) return;
+    this.objects.set(key, obj);
+    if (this.objects.size > UPGRADE_LIMITS.maxKnownWorkloads) this.objects.delete(this.objects.keys().next().value!);
+  }
 }
 
 interface UpgradeSettings {
@@ -7486,52 +7521,115 @@ async function applyUpgrade(
 ): Promise<void> {
   const now = deps.now ?? (() => new Date());
   const target: WorkloadTarget = { ...s.workload, namespace: s.namespace };
-  const spec = kindSpec(target.kind);
-  let updated: K8sObject | undefined;
+  const key = `${target.namespace}/${target.kind}/${target.name}`;
+  // A copy from an earlier push may be stale: only a patch (whose tests fail on a stale copy)
+  // is decided on it; a refusal or a no-op is decided again on the workload as it is now.
+  const known = deps.known?.get(key);
+  const applied = known ? await patchOnce(client, known, target, s, ref, report, deps, 'known') : undefined;
+  const change =
+    (applied === 'conflict' ? undefined : applied) ?? (await patchUntilApplied(client, target, s, ref, report, deps));
+  deps.known?.set(key, change?.updated);
+  if (!change) return;
+  report.changed = true;
+  report.action = change.sameImage ? kindSpec(target.kind).sameImageAction : 'image updated';
+  const eventMessage = change.sameImage
+    ? `container ${s.container}: ${ref} pulled again (same image, rollout restarted); asked by ${whoAsked(deps)}`
+    : `container ${s.container}: image ${change.before} → ${ref}; asked by ${whoAsked(deps)}`;
+  const reason = change.sameImage ? 'RolloutRestarted' : 'ImageUpdated';
+  const recording = recordEventQuietly(
+    client,
+    target,
+    { type: 'Normal', reason, message: eventMessage },
+    now(),
+    report,
+  );
+  if (deps.eventAfterAnswer) report.afterAnswer = recording;
+  else await recording;
+  target.generation = numberAt(change.updated, ['metadata', 'generation']);
+  await reportRollout(client, target, change.updated, s, report, now);
+}
+
+/** A change made: the workload as the PATCH returned it, and the image it replaced. */
+interface AppliedChange {
+  updated: K8sObject;
+  before: string;
+  sameImage: boolean;
+}
+
+/** Reads and patches until the patch applies (or nothing is to change); retries a failed `test`. */
+async function patchUntilApplied(
+  client: KubeClient,
+  target: WorkloadTarget,
+  s: UpgradeSettings,
+  ref: string,
+  report: UpgradeReport,
+  deps: UpgradeDeps,
+): Promise<AppliedChange | undefined> {
   for (let attempt = 1; ; attempt++) {
     const workload = await readWorkload(client, target);
-    target.uid = String(valueAt(workload, ['metadata', 'uid']));
-    report.target = target;
-    // Checked on every attempt: a retry is planned against the image the container has then.
-    const located = await pinnedContainer(client, target, workload, s, ref, report, deps);
-    const sameImage = normalizeImageRef(located.image) === normalizeImageRef(ref);
-    if (sameImage && ref.includes('@')) {
-      report.action = 'none (already running this digest)';
-      return;
+    const result = await patchOnce(client, workload, target, s, ref, report, deps, 'read');
+    if (result !== 'conflict') return result;
+    if (attempt >= UPGRADE_LIMITS.maxPatchAttempts) {
+      const what = describeResource(workloadResource(target));
+      throw new UpgradeError(`${what} kept changing while it was patched (${attempt} attempts); try again`);
     }
-    try {
-      updated = await client.patch<K8sObject>(
-        workloadResource(target),
-        planPatch(workload, target.kind, s.container, located, plannedChange(sameImage, spec, s, ref, deps)),
-        UPGRADE_LIMITS.fieldManager,
-      );
-    } catch (e) {
-      // A 422 without field causes is a failed `test`: the workload changed since we read it.
-      const preconditionFailed = e instanceof KubeError && e.status === 422 && e.causes.length === 0;
-      if (preconditionFailed && attempt < UPGRADE_LIMITS.maxPatchAttempts) continue;
-      if (preconditionFailed)
-        throw new UpgradeError(
-          `${describeResource(workloadResource(target))} kept changing while it was patched (${attempt} attempts); ` +
-            `try again`,
-        );
-      throw e;
-    }
-    report.changed = true;
-    report.action = sameImage ? spec.sameImageAction : 'image updated';
-    const eventMessage = sameImage
-      ? `container ${s.container}: ${ref} pulled again (same image, rollout restarted); asked by ${whoAsked(deps)}`
-      : `container ${s.container}: image ${located.image} → ${ref}; asked by ${whoAsked(deps)}`;
-    await recordEventQuietly(
-      client,
-      target,
-      { type: 'Normal', reason: sameImage ? 'RolloutRestarted' : 'ImageUpdated', message: eventMessage },
-      now(),
-      report,
-    );
-    break;
   }
-  target.generation = numberAt(updated, ['metadata', 'generation']);
-  await reportRollout(client, target, updated, s, report, now);
+}
+
+/**
+ * One plan and PATCH against `workload`. From a fresh read: the change, undefined when nothing is
+ * to change, or 'conflict' when the workload changed meanwhile. From a known copy: the change, or
+ * undefined for anything else (the caller then reads the workload).
+ */
+async function patchOnce(
+  client: KubeClient,
+  workload: K8sObject,
+  target: WorkloadTarget,
+  s: UpgradeSettings,
+  ref: string,
+  report: UpgradeReport,
+  deps: UpgradeDeps,
+  from: 'read' | 'known',
+): Promise<AppliedChange | 'conflict' | undefined> {
+  target.uid = String(valueAt(workload, ['metadata', 'uid']));
+  report.target = target;
+  const located = from === 'known' ? knownContainer(workload, target, s, ref, report) : undefined;
+  if (from === 'known' && !located) return undefined;
+  // Checked on every read: a retry is planned against the image the container has then.
+  const container = located ?? (await pinnedContainer(client, target, workload, s, ref, report, deps));
+  const sameImage = normalizeImageRef(container.image) === normalizeImageRef(ref);
+  if (sameImage && ref.includes('@')) {
+    if (from === 'read') report.action = 'none (already running this digest)';
+    return undefined;
+  }
+  if (from === 'known') report.imageBefore = container.image;
+  const change = plannedChange(sameImage, kindSpec(target.kind), s, ref, deps);
+  const ops = planPatch(workload, target.kind, s.container, container, change);
+  try {
+    const updated = await client.patch<K8sObject>(workloadResource(target), ops, UPGRADE_LIMITS.fieldManager);
+    return { updated, before: container.image, sameImage };
+  } catch (e) {
+    if (!(e instanceof KubeError && e.status === 422)) throw e;
+    if (from === 'known') return undefined;
+    // A 422 without field causes is a failed `test`: the workload changed since we read it.
+    if (e.causes.length === 0) return 'conflict';
+    throw e;
+  }
+}
+
+/** The container in a known copy, when the image pin allows the push there; else undefined. */
+function knownContainer(
+  workload: K8sObject,
+  target: WorkloadTarget,
+  s: UpgradeSettings,
+  ref: string,
+  report: UpgradeReport,
+): LocatedContainer | undefined {
+  const located = locateContainer(valueAt(workload, [...kindSpec(target.kind).template, 'spec']), s.container);
+  const pin = located ? checkImagePin(s.container, located.image, ref, s.pin) : undefined;
+  if (!located || !pin?.allowed) return undefined;
+  if (pin.note !== undefined && !report.notes.includes(pin.note)) report.notes.push(pin.note);
+  return located;
 }
 
 /**
@@ -7676,12 +7774,15 @@ async function recordEventQuietly(
   event: WorkloadEvent,
   now: Date,
   report: UpgradeReport,
-): Promise<void> {
+): Promise<string | undefined> {
   try {
     await recordWorkloadEvent(client, target, event, now);
+    return undefined;
   } catch (e) {
     // The change stands without its Event; say so rather than fail the upgrade.
-    report.notes.push(`event not recorded: ${(e as Error).message}`);
+    const note = `event not recorded: ${(e as Error).message}`;
+    report.notes.push(note);
+    return note;
   }
 }
 
@@ -7905,6 +8006,7 @@ export class UpgradeService implements InProcessCommand {
   readonly command = UPGRADE_COMMAND;
   private client: KubeClient | undefined;
   private readonly queue = new WorkloadQueue();
+  private readonly known = new KnownWorkloads();
   private readonly stopping = new AbortController();
   /** One follow per workload: a newer push's follow supersedes the one before. */
   private readonly following = new Map<string, { controller: AbortController; done: Promise<unknown> }>();
@@ -7942,7 +8044,16 @@ export class UpgradeService implements InProcessCommand {
     requestId: string,
     hookId: string,
   ): ReturnType<typeof runUpgrade> {
-    const deps = { client: this.sharedClient(), kubeconfig: this.kubeconfig, requestId, hookId, queue: this.queue };
+    const client = this.sharedClient();
+    const deps = {
+      client,
+      kubeconfig: this.kubeconfig,
+      requestId,
+      hookId,
+      queue: this.queue,
+      eventAfterAnswer: true,
+      known: this.known,
+    };
     const result = await runUpgrade(args, env, deps);
     const r = result.report;
     // Logged whatever the verbosity: someone tried to deploy a repository the hook does not allow.
@@ -7956,6 +8067,8 @@ export class UpgradeService implements InProcessCommand {
    * the report brought up to date (or unchanged when there is nothing to follow).
    */
   async follow(report: UpgradeReport, requestId: string): Promise<UpgradeReport> {
+    const eventFailure = await report.afterAnswer;
+    if (eventFailure) this.log.error(`[${requestId}] ${report.workload} in ${report.namespace}: ${eventFailure}`);
     const target = report.target;
     const client = this.client;
     if (!client || !target || !report.changed || report.rollout?.state !== 'progressing' || this.followMs === 0)

@@ -8,7 +8,7 @@ import { execFile } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { defaultBinary, httpRequest, makeTempDir, spawnWebhook, startWebhook, waitForOutput, type Webhook } from './harness.ts';
+import { defaultBinary, httpRequest, makeTempDir, spawnWebhook, startWebhook, waitFor, waitForOutput, type Webhook } from './harness.ts';
 import { startMta, type Mta } from './mta.ts';
 import {
   acrImage, acrPayload, clusterOrSkip, containerImage, cronJob, daemonSet, deployment, freshNamespaceName, kubectlFor, shippedServiceAccount, statefulSet,
@@ -121,6 +121,25 @@ describe('pushes through the running executable, on a real cluster', { skip: clu
     await waitForOutput(wh, new RegExp(`deployment/web in ${ns}: rollout complete`), 60_000);
     const events = (await getJson('events')).items.filter((e: { reason: string; involvedObject: { name: string } }) => e.involvedObject.name === 'web');
     assert.ok(events.some((e: { reason: string }) => e.reason === 'RolloutComplete'));
+  });
+
+  test('the Events of the changes are recorded after the answers', async () => {
+    const reasons = async () => (await getJson('events')).items
+      .filter((e: { involvedObject: { name: string } }) => e.involvedObject.name === 'web')
+      .map((e: { reason: string; message: string }) => `${e.reason} ${e.message}`);
+    await waitFor(async () => ((await reasons()).filter((r: string) => r.startsWith('ImageUpdated')).length >= 3 ? true : undefined), { what: 'three ImageUpdated Events' });
+    assert.ok((await reasons()).some((r: string) => r.includes(`→ ${acrImage('v4', 'internal')}`)));
+  });
+
+  test('a workload changed behind the service\'s back is read again before it is patched', async () => {
+    // The service keeps the workload as its last PATCH returned it; that copy is now stale.
+    await kubectl(['-n', ns, 'set', 'image', 'deployment/web', `app=${acrImage('side', 'internal')}`]);
+    const res = await push('web', seedQuery({ net_type: 'internal' }), acrPayload('v5'));
+    assert.equal(res.status, 200, res.body);
+    assert.match(res.body, new RegExp(`^image before: +${acrImage('side', 'internal').replace(/\./g, '\\.')}$`, 'm'));
+    assert.equal(containerImage(await getJson('deployment/web'), 'app'), acrImage('v5', 'internal'));
+    // Back to the tag the next tests expect.
+    assert.equal((await push('web', seedQuery({ net_type: 'internal' }), acrPayload('v4'))).status, 200);
   });
 
   test('the same tag again restarts the rollout so the tag is re-pulled', async () => {
@@ -354,7 +373,7 @@ describe('pushes through the running executable, on a real cluster', { skip: clu
         res = await pushAsSa(`sa2-${i}`);
       }
       assert.equal(res.status, 500, res.body);
-      assert.match(res.body, /^result: +failed: forbidden: the service account "webhook" of namespace "[^"]+" cannot "get" deployments\.apps "web" in namespace "[^"]+" — grant it with the RBAC that `webhook -print-rbac` prints for the hooks$/m);
+      assert.match(res.body, /^result: +failed: forbidden: the service account "webhook" of namespace "[^"]+" cannot "(?:get|patch)" deployments\.apps "web" in namespace "[^"]+" — grant it with the RBAC that `webhook -print-rbac` prints for the hooks$/m);
       await asSa.stop();
       assert.equal((res.body + asSa.output()).includes(sa.token), false);
       assert.equal(asSa.output().includes(TOKEN), false);
