@@ -6093,7 +6093,9 @@ export const IMAGE_PIN_SETTINGS: HookSettingChecks = {
 //    kubeconfig) or, inside a pod, from the service account (token re-read on every request, so
 //    rotated tokens keep working). Every request has a deadline; transient failures (connection
 //    refused or reset, 5xx, 429 with Retry-After, 409 on patch) are retried with exponential
-//    backoff inside a bounded total time. Failures become KubeErrors whose message names the
+//    backoff inside a bounded total time. All calls of one client share a token bucket that
+//    bounds its request rate (client-go's QPS and burst); the wait for a turn counts against the
+//    same total time, in arrival order. Failures become KubeErrors whose message names the
 //    verb and the resource, and for 403 the permission missing. The token is only ever put in
 //    the Authorization header: no message, log line or output contains it.
 //    Exports: credentialsFromEnvironment, describeResource, JsonPatchOperation, KubeClient,
@@ -6114,6 +6116,16 @@ export const KUBE_LIMITS = {
   backoffMaxMs: 5_000,
   // Answers we read are one object or a bounded list; anything larger is not an answer we asked for.
   maxResponseBytes: 32 * 1024 * 1024,
+  // The client's own bound on its request rate (client-go's QPS and burst), shared by every call
+  // of one client: reads, patches, Events and rollout polls of all pushes. client-go's defaults
+  // (5/s, burst 10) suit a controller's steady trickle; a monorepo release pushes hundreds of
+  // images at once, each costing a read, a patch and an Event before its answer. 50/s with a
+  // burst of 100 are kube-scheduler's own defaults, the busiest ordinary client of a cluster: a
+  // replica never asks more of the API server than the scheduler does, and 200 pushes land in
+  // about ten seconds, well inside each call's retry budget (a call waits at most for the calls
+  // queued before it, one per push or rollout in progress: 256 + 256 at 50/s is about 10 s).
+  requestsPerSecond: 50,
+  requestBurst: 100,
 };
 
 export const SERVICE_ACCOUNT_DIR = '/var/run/secrets/kubernetes.io/serviceaccount';
@@ -6388,6 +6400,38 @@ export function retryDelay(failure: AttemptFailure, attempt: number, remainingMs
   return delay <= remainingMs ? delay : undefined;
 }
 
+/**
+ * A token bucket: `burst` requests may start at once, then `perSecond` a second. A reservation
+ * takes a token that may not exist yet (debt), so callers are served in the order they asked and
+ * none starves; one that would wait longer than it may takes nothing. Pure apart from its clock.
+ */
+export class TokenBucket {
+  readonly perSecond: number;
+  readonly burst: number;
+  private readonly now: () => number;
+  private tokens: number;
+  private updatedAt: number;
+
+  constructor(perSecond: number, burst: number, now: () => number = () => performance.now()) {
+    this.perSecond = perSecond;
+    this.burst = burst;
+    this.now = now;
+    this.tokens = burst;
+    this.updatedAt = now();
+  }
+
+  /** Reserves one request: the ms to wait before sending it, or undefined when over maxWaitMs. */
+  reserve(maxWaitMs: number): number | undefined {
+    const now = this.now();
+    const tokens = Math.min(this.burst, this.tokens + ((now - this.updatedAt) * this.perSecond) / 1000);
+    const wait = tokens >= 1 ? 0 : ((1 - tokens) * 1000) / this.perSecond;
+    if (wait > maxWaitMs) return undefined;
+    this.tokens = tokens - 1;
+    this.updatedAt = now;
+    return wait;
+  }
+}
+
 interface RawAnswer {
   status: number;
   headers: Record<string, string | string[] | undefined>;
@@ -6397,6 +6441,8 @@ interface RawAnswer {
 export interface KubeClientOptions {
   requestTimeoutMs?: number;
   retryBudgetMs?: number;
+  /** The bound on the request rate; by default requestsPerSecond and requestBurst of KUBE_LIMITS. */
+  rate?: TokenBucket;
 }
 
 export class KubeClient {
@@ -6407,6 +6453,7 @@ export class KubeClient {
   private readonly agent: https.Agent;
   private readonly requestTimeoutMs: number;
   private readonly retryBudgetMs: number;
+  private readonly rate: TokenBucket;
 
   constructor(credentials: KubeCredentials, options: KubeClientOptions = {}) {
     this.credentials = credentials;
@@ -6415,6 +6462,7 @@ export class KubeClient {
     this.namespace = credentials.namespace;
     this.requestTimeoutMs = options.requestTimeoutMs ?? KUBE_LIMITS.requestTimeoutMs;
     this.retryBudgetMs = options.retryBudgetMs ?? KUBE_LIMITS.retryBudgetMs;
+    this.rate = options.rate ?? new TokenBucket(KUBE_LIMITS.requestsPerSecond, KUBE_LIMITS.requestBurst);
     // One keep-alive agent per client: the TLS handshake is paid once, not on every call.
     this.agent = new https.Agent({
       keepAlive: true,
@@ -6466,9 +6514,15 @@ export class KubeClient {
     const query = new URLSearchParams(o.query ?? {}).toString();
     const url = `${this.server}${resourcePath(r)}${query ? `?${query}` : ''}`;
     const started = Date.now();
+    let failed: { failure: AttemptFailure; error: KubeError } | undefined;
     for (let attempt = 0; ; attempt++) {
+      // Every attempt, retries included, waits for its turn; the wait counts against the budget.
+      const turn = this.rate.reserve(this.retryBudgetMs - (Date.now() - started));
+      if (turn === undefined) {
+        throw failed ? exhausted(failed.error, attempt, Date.now() - started) : this.rateLimited(verb, r);
+      }
+      if (turn > 0) await sleep(turn);
       const authorization = await this.authorization(verb, r);
-      let failed: { failure: AttemptFailure; error: KubeError };
       try {
         const answer = await this.once(method, url, authorization, o.body, o.contentType);
         if (answer.status >= 200 && answer.status < 300) return this.parseAnswer<T>(verb, r, answer);
@@ -6496,18 +6550,19 @@ export class KubeClient {
       }
       const elapsed = Date.now() - started;
       const delay = retryDelay(failed.failure, attempt, this.retryBudgetMs - elapsed);
-      if (delay === undefined) {
-        const e = failed.error;
-        if (attempt === 0) throw e;
-        throw new KubeError(
-          `${e.message} (after ${attempt + 1} attempts in ${formatGoDuration(Math.round(elapsed / 100) * 100)})`,
-          e.status,
-          e.reason,
-          e.causes,
-        );
-      }
-      await new Promise((resolve) => setTimeout(resolve, delay));
+      if (delay === undefined) throw exhausted(failed.error, attempt + 1, elapsed);
+      await sleep(delay);
     }
+  }
+
+  /** A call that found no turn within its budget: more calls are queued than the rate clears in time. */
+  private rateLimited(verb: KubeVerb, r: ResourceRef): KubeError {
+    return new KubeError(
+      `cannot ${verb} ${describeResource(r)}: this client's own rate limit (${this.rate.perSecond} requests/s, ` +
+        `burst ${this.rate.burst}) has no turn for it within ${formatGoDuration(this.retryBudgetMs)}`,
+      0,
+      'ClientRateLimited',
+    );
   }
 
   /** The Authorization header value, or undefined for client-certificate credentials. */
@@ -6638,6 +6693,17 @@ export class KubeClient {
         );
     }
   }
+}
+
+/** The last failure of a call that is given up, with how many attempts it took and how long. */
+function exhausted(e: KubeError, attempts: number, elapsedMs: number): KubeError {
+  if (attempts <= 1) return e;
+  return new KubeError(
+    `${e.message} (after ${attempts} attempts in ${formatGoDuration(Math.round(elapsedMs / 100) * 100)})`,
+    e.status,
+    e.reason,
+    e.causes,
+  );
 }
 
 /** What a Status answer says: its message (or the start of a non-Status body), reason and causes. */

@@ -219,17 +219,18 @@ export async function sanityCheck(label: string, port: number, sc: Scenario): Pr
 }
 
 /**
- * Starts `bin [...prefix] -hooks … -template -ip 127.0.0.1 -port N` with HOOK_TOKEN in its
- * environment and waits until `GET /` answers 200.
+ * Starts `bin [...prefix] -hooks … -template -ip 127.0.0.1 -port N` with HOOK_TOKEN (and `env`) in
+ * its environment and waits until `GET /` answers 200.
  */
 export async function startServer(
   who: 'ours' | 'adnanh', bin: string, hooksFile: string, verbose: boolean, prefix: string[] = [],
+  env: Record<string, string> = {},
 ): Promise<Server> {
   const port = await freePort();
   const args = [...prefix, '-hooks', hooksFile, '-template', '-ip', '127.0.0.1', '-port', String(port)];
   if (verbose) args.push('-verbose');
   if (who === 'ours') args.push('-max-concurrent-commands', '1000');
-  const proc = spawn(bin, args, { stdio: ['ignore', 'ignore', 'ignore'], env: { ...process.env, HOOK_TOKEN } });
+  const proc = spawn(bin, args, { stdio: ['ignore', 'ignore', 'ignore'], env: { ...process.env, ...env, HOOK_TOKEN } });
   let exited = false;
   proc.once('exit', () => (exited = true));
   const deadline = Date.now() + 15_000;

@@ -192,3 +192,64 @@ export async function apfThrottle(kubectl: Kubectl, namespace: string, serviceAc
     remove: () => kubectl(['delete', 'flowschema,prioritylevelconfiguration', name, '--ignore-not-found']).catch(() => ''),
   };
 }
+
+/**
+ * Counts the API requests of one ServiceAccount from the API server's own metrics: a FlowSchema
+ * of its own (ahead of the built-in `service-accounts`, at the same priority level `workload-low`,
+ * so the account is treated exactly as before) gives its requests a `flow_schema` label in
+ * apiserver_flowcontrol_dispatched_requests_total and …_rejected_requests_total (429s). Resource
+ * and non-resource requests (kubectl's discovery) both count; the metrics are read as the
+ * cluster's admin, whose requests are exempt and never counted here.
+ */
+export async function apiRequestCounter(kubectl: Kubectl, namespace: string, serviceAccount: string, caller: Caller) {
+  const name = `webhook-count-${namespace}-${serviceAccount}`;
+  await kubectl(['apply', '-f', '-'], JSON.stringify({
+    apiVersion: 'flowcontrol.apiserver.k8s.io/v1', kind: 'FlowSchema', metadata: { name },
+    spec: { matchingPrecedence: 8999, priorityLevelConfiguration: { name: 'workload-low' }, distinguisherMethod: { type: 'ByUser' },
+      rules: [{ subjects: [{ kind: 'ServiceAccount', serviceAccount: { name: serviceAccount, namespace } }],
+        resourceRules: [{ verbs: ['*'], apiGroups: ['*'], resources: ['*'], namespaces: ['*'], clusterScope: true }],
+        nonResourceRules: [{ verbs: ['*'], nonResourceURLs: ['*'] }] }] },
+  }));
+  const uid = JSON.parse(await kubectl(['get', 'flowschema', name, '--output', 'json'])).metadata.uid;
+  for (let i = 0; (await rawRequest(caller, 'GET', '/version')).headers['x-kubernetes-pf-flowschema-uid'] !== uid; i++) {
+    if (i === 100) throw new Error(`FlowSchema ${name} not in effect after 10 s`);
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  }
+  const total = (metrics: string, metric: string) => metrics.split('\n')
+    .filter((l) => l.startsWith(`${metric}{`) && l.includes(`flow_schema="${name}"`))
+    .reduce((sum, l) => sum + Number(l.slice(l.lastIndexOf(' ') + 1)), 0);
+  return {
+    /** Requests of the account so far: dispatched to a handler, and rejected (429) by the API server. */
+    async count(): Promise<{ dispatched: number; rejected: number }> {
+      const metrics = await kubectl(['get', '--raw', '/metrics']);
+      return {
+        dispatched: total(metrics, 'apiserver_flowcontrol_dispatched_requests_total'),
+        rejected: total(metrics, 'apiserver_flowcontrol_rejected_requests_total'),
+      };
+    },
+    remove: () => kubectl(['delete', 'flowschema', name, '--ignore-not-found']).catch(() => ''),
+  };
+}
+
+/**
+ * A ServiceAccount `name` in `namespace` allowed everything in that namespace (a Role and a
+ * RoleBinding), and a JSON kubeconfig at `file` that authenticates with a token of it.
+ */
+export async function namespaceAdminAccount(kubectl: Kubectl, cluster: Cluster, namespace: string, name: string, file: string) {
+  await kubectl(['-n', namespace, 'apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: [
+    { apiVersion: 'v1', kind: 'ServiceAccount', metadata: { name } },
+    { apiVersion: 'rbac.authorization.k8s.io/v1', kind: 'Role', metadata: { name },
+      rules: [{ apiGroups: ['*'], resources: ['*'], verbs: ['*'] }] },
+    { apiVersion: 'rbac.authorization.k8s.io/v1', kind: 'RoleBinding', metadata: { name },
+      roleRef: { apiGroup: 'rbac.authorization.k8s.io', kind: 'Role', name },
+      subjects: [{ kind: 'ServiceAccount', name, namespace }] },
+  ] }));
+  const token = (await kubectl(['create', 'token', name, '-n', namespace, '--duration=1h'])).trim();
+  const admin = JSON.parse(fs.readFileSync(cluster.kubeconfigPath, 'utf8'));
+  fs.writeFileSync(file, JSON.stringify({
+    apiVersion: 'v1', kind: 'Config', 'current-context': name,
+    contexts: [{ name, context: { cluster: admin.clusters[0].name, user: name, namespace } }],
+    clusters: [admin.clusters[0]], users: [{ name, user: { token } }],
+  }));
+  return { token, kubeconfig: file };
+}
