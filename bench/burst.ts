@@ -18,7 +18,7 @@
  *     kernel's peak RSS); the old stack, adnanh and every process below it (bash, kubectl, jq)
  *     summed (RssAnon; RSS, which counts shared pages of the same binary once per process);
  *   - CPU time: ours; adnanh plus its reaped children.
- * Both stacks run under `nice -n 10`, so that the test cluster's control plane keeps its share.
+ * Each stack runs in a CPU cgroup of its own limited to one CPU (see CPU_CGROUPS), as in a container.
  */
 import { spawnSync } from 'node:child_process';
 import * as fs from 'node:fs';
@@ -45,11 +45,15 @@ const WATCH_DELAY_MS = 10_000;
 const QUIET_MS = 3_000;
 const SAMPLE_MS = 50;
 /**
- * Both stacks run below the control plane's priority (nice exec()s, so the pid is the server's):
- * 200 kubectl processes at once saturate 2 cores, and a starved API server or kwok-controller
- * looks dead to the other users of the shared test cluster.
+ * Each stack runs in a CPU cgroup of its own, as in a container with `limits.cpu: 1`
+ * (BENCH_CPUS; 0 for no limit): however many processes it starts (200 kubectl at once), together
+ * they get at most that much CPU and weigh as one task (cpu.shares 1024) against the test
+ * cluster's control plane. On 2 shared cores an unlimited old stack starves the control plane
+ * until its controllers lose their leader leases and exit, which breaks the cluster for its
+ * other users. Without a writable cgroup v1 cpu hierarchy, nice 19 and no limit instead.
  */
-const NICE = ['-n', '10'];
+const CPU_CGROUPS = '/sys/fs/cgroup/cpu';
+const CPUS = Number(process.env.BENCH_CPUS ?? 1);
 
 if (spawnSync('jq', ['--version']).error) {
   console.error('bench:burst needs jq for the old stack (bench/old-webhooks.sh): apt-get install -y jq');
@@ -221,6 +225,50 @@ function watchTreeMemory(root: number): MemoryPeak {
 }
 
 // ---------------------------------------------------------------------------------------------
+// A container's worth of CPU
+// ---------------------------------------------------------------------------------------------
+
+interface CpuBox {
+  /** The command and arguments that start `bin` in the box (its pid stays the server's). */
+  command(bin: string): { bin: string; prefix: string[] };
+  remove(): Promise<void>;
+}
+
+function cpuBox(name: string): CpuBox {
+  const dir = path.join(CPU_CGROUPS, `webhook-bench-${name}-${process.pid}`);
+  try {
+    fs.mkdirSync(dir);
+    fs.writeFileSync(path.join(dir, 'cpu.shares'), '1024');
+    const period = Number(fs.readFileSync(path.join(dir, 'cpu.cfs_period_us'), 'utf8'));
+    if (CPUS > 0) fs.writeFileSync(path.join(dir, 'cpu.cfs_quota_us'), String(Math.round(CPUS * period)));
+  } catch (e) {
+    console.error(`no CPU cgroup (${(e as Error).message}): the stacks run under nice 19 instead`);
+    return { command: (bin) => ({ bin: 'nice', prefix: ['-n', '19', bin] }), remove: async () => undefined };
+  }
+  const procs = path.join(dir, 'cgroup.procs');
+  return {
+    // The shell moves itself into the cgroup and exec()s the server there: children inherit it.
+    command: (bin) => ({ bin: '/bin/sh', prefix: ['-c', 'echo $$ > "$0" && exec "$@"', procs, bin] }),
+    async remove() {
+      for (let i = 0; ; i++) {
+        const left = fs.readFileSync(procs, 'utf8').split('\n').filter(Boolean).map(Number);
+        if (left.length === 0 || i === 50) break;
+        // What the server left running (the old script's sleeping shells) ends with the run.
+        for (const pid of left) {
+          try {
+            process.kill(pid, 'SIGKILL');
+          } catch {
+            /* gone meanwhile */
+          }
+        }
+        await sleep(100);
+      }
+      fs.rmdirSync(dir);
+    },
+  };
+}
+
+// ---------------------------------------------------------------------------------------------
 // One run
 // ---------------------------------------------------------------------------------------------
 
@@ -328,18 +376,24 @@ async function setUp(k: Kubectl): Promise<{ ours: Stack; old: Stack }> {
   // kubectl's discovery cache, warm as in an old container that has served a push before.
   spawnSync('kubectl', ['get', 'deployments', '-o', 'name'], { env: { ...process.env, ...oldEnv } });
   const adnanh = await adnanhBinary();
+  const box = cpuBox(ns);
+  cleanUps.push(box.remove);
+  const boxed = (who: 'ours' | 'adnanh', bin: string, hooks: string, env: Record<string, string>) => {
+    const c = box.command(bin);
+    return startServer(who, c.bin, hooks, false, c.prefix, env);
+  };
   const oursHooks = writeHooks(path.join(ROOT, 'webhooks.sh'));
   const oldHooks = writeHooks(path.join(ROOT, 'bench', 'old-webhooks.sh'));
   return {
     ours: {
       who: 'ours',
-      start: () => startServer('ours', 'nice', oursHooks, false, [...NICE, OURS], { KUBECONFIG: sa.kubeconfig }),
+      start: () => boxed('ours', OURS, oursHooks, { KUBECONFIG: sa.kubeconfig }),
       counter: oursCounter,
       landed: (a) => a.status === 200 && /^action: +image updated$/m.test(a.body),
     },
     old: {
       who: 'old stack',
-      start: () => startServer('adnanh', 'nice', oldHooks, false, [...NICE, adnanh], oldEnv),
+      start: () => boxed('adnanh', adnanh, oldHooks, oldEnv),
       counter: oldCounter,
       landed: (a) => a.status === 200 && / image updated$/m.test(a.body),
     },
@@ -385,5 +439,5 @@ try {
   fs.rmSync(work, { recursive: true, force: true });
 }
 console.log(`${PUSHES} pushes at once for ${PUSHES} Deployments (${REPLICAS} replica(s) each) on the kwok test cluster, ` +
-  `median of ${ROUNDS} round(s):`);
+  `each stack limited to ${CPUS || 'unlimited'} CPU, median of ${ROUNDS} round(s):`);
 console.log(table(results.ours, results.old));
