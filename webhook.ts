@@ -1850,19 +1850,25 @@ class Parser {
   }
 
   private flowSequence(node: YamlNode): void {
+    this.flowCollection(node, 'flow-sequence-end', ']', 'sequence', (t) =>
+      node.children.push(t.type === 'key' ? this.flowPair(t) : this.parseNode(false, false)),
+    );
+  }
+
+  /** `[…]` or `{…}`: entries separated by commas (a trailing one allowed), up to the end token. */
+  private flowCollection(node: YamlNode, end: TokenType, close: string, what: string, entry: (t: Token) => void): void {
     this.skip();
     for (let first = true; ; first = false) {
       let t = this.peek();
-      if (!first && t.type !== 'flow-sequence-end') {
+      if (!first && t.type !== end) {
         if (t.type !== 'flow-entry') {
-          failAt(t.start, "did not find expected ',' or ']'", 'while parsing a flow sequence', node.mark);
+          failAt(t.start, `did not find expected ',' or '${close}'`, `while parsing a flow ${what}`, node.mark);
         }
         this.skip();
         t = this.peek();
       }
-      if (t.type === 'flow-sequence-end') return this.skip();
-      if (t.type === 'key') node.children.push(this.flowPair(t));
-      else node.children.push(this.parseNode(false, false));
+      if (t.type === end) return this.skip();
+      entry(t);
     }
   }
 
@@ -1891,19 +1897,7 @@ class Parser {
   }
 
   private flowMapping(node: YamlNode): void {
-    this.skip();
-    for (let first = true; ; first = false) {
-      let t = this.peek();
-      if (!first && t.type !== 'flow-mapping-end') {
-        if (t.type !== 'flow-entry') {
-          failAt(t.start, "did not find expected ',' or '}'", 'while parsing a flow mapping', node.mark);
-        }
-        this.skip();
-        t = this.peek();
-      }
-      if (t.type === 'flow-mapping-end') return this.skip();
-      this.flowMappingEntry(node, t);
-    }
+    this.flowCollection(node, 'flow-mapping-end', '}', 'mapping', (t) => this.flowMappingEntry(node, t));
   }
 
   private flowMappingEntry(node: YamlNode, t: Token): void {
