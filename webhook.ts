@@ -6087,11 +6087,12 @@ export const IMAGE_PIN_SETTINGS: HookSettingChecks = {
 //    kubeconfig) or, inside a pod, from the service account (token re-read on every request, so
 //    rotated tokens keep working). Every request has a deadline; transient failures (connection
 //    refused or reset, 5xx, 429 with Retry-After, 409 on patch) are retried with exponential
-//    backoff inside a bounded total time. All calls of one client share a token bucket that
-//    bounds its request rate (client-go's QPS and burst); the wait for a turn counts against the
-//    same total time, in arrival order. Failures become KubeErrors whose message names the
-//    verb and the resource, and for 403 the permission missing. The token is only ever put in
-//    the Authorization header: no message, log line or output contains it.
+//    backoff (after a Retry-After, plus a random part of it) inside a bounded total time. All
+//    calls of one client share a token bucket that bounds its request rate (client-go's QPS and
+//    burst); the wait for a turn counts against the same total time, in arrival order.
+//    Failures become KubeErrors whose message names the verb and the resource, and for 403 the
+//    permission missing. The token is only ever put in the Authorization header: no message, log
+//    line or output contains it.
 //    Exports: credentialsFromEnvironment, describeResource, JsonPatchOperation, KubeClient,
 //    KubeError, ResourceRef.
 // ================================================================================================
@@ -6379,18 +6380,29 @@ const TRANSIENT_NETWORK_CODES = [
   'UND_ERR_SOCKET',
 ];
 
-/** How long to wait before attempt `attempt + 1`, or undefined to give up. Pure. */
-export function retryDelay(failure: AttemptFailure, attempt: number, remainingMs: number): number | undefined {
+/**
+ * How long to wait before attempt `attempt + 1`, or undefined to give up. A Retry-After is the
+ * least wait, plus a random part of the backoff: the API server gives every request it throttles
+ * at once the same Retry-After, and callers that all retried on the second would collide again,
+ * round after round, each round letting only a few through. Pure given `random`.
+ */
+export function retryDelay(
+  failure: AttemptFailure,
+  attempt: number,
+  remainingMs: number,
+  random: () => number = Math.random,
+): number | undefined {
   const s = failure.status;
   const transient =
     s === undefined
       ? TRANSIENT_NETWORK_CODES.includes(failure.code ?? '')
       : s >= 500 || s === 429 || (s === 409 && failure.verb === 'patch');
   if (!transient) return undefined;
+  const backoff = Math.min(KUBE_LIMITS.backoffMaxMs, KUBE_LIMITS.backoffInitialMs * 2 ** attempt);
   const delay =
     failure.retryAfterSeconds !== undefined && failure.retryAfterSeconds >= 0
-      ? failure.retryAfterSeconds * 1000
-      : Math.min(KUBE_LIMITS.backoffMaxMs, KUBE_LIMITS.backoffInitialMs * 2 ** attempt);
+      ? failure.retryAfterSeconds * 1000 + Math.floor(random() * backoff)
+      : backoff;
   return delay <= remainingMs ? delay : undefined;
 }
 

@@ -401,7 +401,10 @@ async function setUp(k: Kubectl): Promise<{ ours: Stack; old: Stack }> {
 }
 
 function table(ours: RunResult[], old: RunResult[]): string {
-  const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[(xs.length - 1) >> 1];
+  const median = (xs: number[]) => {
+    const s = [...xs].sort((a, b) => a - b);
+    return (s[(s.length - 1) >> 1] + s[s.length >> 1]) / 2;
+  };
   const rows: [string, (r: RunResult) => number, number, string?][] = [
     [`until all ${PUSHES} patched (s)`, (r) => r.patchedS, 1],
     [`until all ${PUSHES} answered (s)`, (r) => r.answeredS, 1],

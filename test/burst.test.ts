@@ -6,12 +6,12 @@
 import assert from 'node:assert/strict';
 import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { KubeClient, KubeError, loadKubeconfig, TokenBucket } from '../webhook.ts';
+import { KubeClient, KubeError, loadKubeconfig, retryDelay, TokenBucket } from '../webhook.ts';
 import {
-  acrPayload, apiRequestCounter, clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor,
+  acrPayload, apfThrottle, apiRequestCounter, clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor,
   shippedServiceAccount,
 } from './cluster/kube.ts';
-import { makeTempDir, REPO_ROOT, startWebhook } from './harness.ts';
+import { makeTempDir, REPO_ROOT, startWebhook, type Response, type Webhook } from './harness.ts';
 
 /** Where a request reserved at `at` may start: the reservation time plus the wait it was given. */
 function starts(bucket: TokenBucket, clock: { t: number }, at: number[]): number[] {
@@ -52,6 +52,13 @@ describe('token bucket (a clock the test drives)', () => {
     assert.equal(bucket.reserve(99), undefined);
     assert.equal(bucket.reserve(1_000), 100);
     assert.equal(bucket.reserve(1_000), 200);
+  });
+  test('callers throttled together (one Retry-After) retry spread over their backoff, never before the Retry-After', () => {
+    const throttled = { verb: 'get' as const, status: 429, retryAfterSeconds: 1 };
+    assert.equal(retryDelay(throttled, 0, 20_000, () => 0), 1_000);
+    assert.equal(retryDelay(throttled, 0, 20_000, () => 0.999), 1_199);
+    assert.equal(retryDelay(throttled, 3, 20_000, () => 0.5), 1_800);
+    assert.equal(retryDelay(throttled, 3, 1_700, () => 0.5), undefined, 'past the budget');
   });
 });
 
@@ -124,8 +131,8 @@ describe('burst on a real cluster', { skip: cluster ? false : 'no cluster' }, ()
     assert.equal(after.dispatched + after.rejected - before.dispatched - before.rejected, 1);
   });
 
-  test(`${PUSHES} pushes at once for ${PUSHES} Deployments through the executable: all answered, all applied`, async () => {
-    const hooks = [{
+  /** One hook for the namespace: the workload and container come from the URL. */
+  const releaseHooks = () => [{
       id: 'release',
       'execute-command': path.join(REPO_ROOT, 'webhooks.sh'),
       'include-command-output-in-response': true,
@@ -138,29 +145,61 @@ describe('burst on a real cluster', { skip: cluster ? false : 'no cluster' }, ()
         { envname: 'REPO_TYPE', source: 'url', name: 'repo_type' },
       ],
       'trigger-rule': { match: { type: 'value', value: ns, parameter: { source: 'url', name: 'ns' } } },
-    }];
-    const wh = await startWebhook({ hooks, verbose: false, env: { KUBECONFIG: sa.kubeconfig } });
+  }];
+  const push = (wh: Webhook, name: string, tag: string) => {
+    const query = new URLSearchParams({ ns, workload: `deployment/${name}`, container: 'app', repo_type: 'regionalregistry' });
+    const headers = { 'Content-Type': 'application/json' };
+    return wh.request(`/hooks/release?${query}`, { method: 'POST', headers, body: acrPayload(tag, `shop/${name}`) });
+  };
+  /** Every push answered "image updated", and every Deployment of `pushed` runs `tag` now. */
+  const assertLanded = async (pushed: string[], answers: Response[], tag: string) => {
+    const failed = answers.map((a, i) => ({ ...a, name: pushed[i] }))
+      .filter((a) => a.status !== 200 || !/^action: +image updated$/m.test(a.body));
+    assert.deepEqual(failed.map((a) => `${a.name}: ${a.status} ${a.body}`), []);
+    const list = JSON.parse(await kubectl(['-n', ns, 'get', 'deployments', '-o', 'json'])).items
+      .filter((d: any) => pushed.includes(d.metadata.name));
+    const stale = list.filter((d: any) => containerImage(d, 'app') !== image(d.metadata.name, tag));
+    assert.deepEqual(stale.map((d: any) => d.metadata.name), []);
+    assert.equal(list.length, pushed.length);
+  };
+
+  test(`${PUSHES} pushes at once for ${PUSHES} Deployments through the executable: all answered, all applied`, async () => {
+    const wh = await startWebhook({ hooks: releaseHooks(), verbose: false, env: { KUBECONFIG: sa.kubeconfig } });
     const before = await counter.count();
     let answers;
     try {
-      answers = await Promise.all(names.map((n) => {
-        const query = new URLSearchParams({ ns, workload: `deployment/${n}`, container: 'app', repo_type: 'regionalregistry' });
-        return wh.request(`/hooks/release?${query}`, {
-          method: 'POST', headers: { 'Content-Type': 'application/json' }, body: acrPayload('v2', `shop/${n}`),
-        });
-      }));
+      answers = await Promise.all(names.map((n) => push(wh, n, 'v2')));
     } finally {
       await wh.stop();
     }
-    const failed = answers.map((a, i) => ({ ...a, name: names[i] }))
-      .filter((a) => a.status !== 200 || !/^action: +image updated$/m.test(a.body));
-    assert.deepEqual(failed.map((a) => `${a.name}: ${a.status} ${a.body}`), []);
-    const list = JSON.parse(await kubectl(['-n', ns, 'get', 'deployments', '-o', 'json'])).items;
-    const stale = list.filter((d: any) => containerImage(d, 'app') !== image(d.metadata.name, 'v2'));
-    assert.deepEqual(stale.map((d: any) => d.metadata.name), []);
-    assert.equal(list.length, PUSHES);
+    await assertLanded(names, answers, 'v2');
     const after = await counter.count();
     // Each push reads and patches its Deployment at least; 429s, if any, were waited out above.
     assert.ok(after.dispatched - before.dispatched >= 2 * PUSHES, JSON.stringify({ before, after }));
+  });
+
+  test('a burst the API server throttles (Priority and Fairness 429s): every 429 waited out, every push applied', async () => {
+    // Fewer pushes than above: each one's rollout is polled every second, and polls beyond the
+    // client's rate would queue ahead of the retries of the pushes still being applied.
+    const pushed = names.slice(0, 20);
+    // A priority level with no seats of its own: while its one request runs, the others get 429.
+    const throttle = await apfThrottle(kubectl, ns, 'webhook', loadKubeconfig(sa.kubeconfig));
+    const wh = await startWebhook({ hooks: releaseHooks(), verbose: false, env: { KUBECONFIG: sa.kubeconfig } });
+    let release = await throttle.hold();
+    try {
+      const before = await throttle.rejected();
+      const answers = Promise.all(pushed.map((n) => push(wh, n, 'v3')));
+      for (let i = 0; (await throttle.rejected()) === before; i++) {
+        if (i === 100) throw new Error('the pushes were not throttled');
+        await new Promise((resolve) => setTimeout(resolve, 100));
+      }
+      release();
+      release = () => undefined;
+      await assertLanded(pushed, await answers, 'v3');
+    } finally {
+      release();
+      await wh.stop();
+      await throttle.remove();
+    }
   });
 });

@@ -448,8 +448,8 @@ describe('retry policy', () => {
     assert.equal(retryDelay({ verb: 'get', status: 503 }, 10, 20_000), 5_000);
     assert.equal(retryDelay({ verb: 'get', status: 503 }, 10, 4_000), undefined);
     assert.equal(retryDelay({ verb: 'patch', status: 409 }, 0, 20_000), 200);
-    assert.equal(retryDelay({ verb: 'get', status: 429, retryAfterSeconds: 3 }, 0, 20_000), 3_000);
-    assert.equal(retryDelay({ verb: 'get', status: 429, retryAfterSeconds: 30 }, 0, 20_000), undefined);
+    assert.equal(retryDelay({ verb: 'get', status: 429, retryAfterSeconds: 3 }, 0, 20_000, () => 0), 3_000);
+    assert.equal(retryDelay({ verb: 'get', status: 429, retryAfterSeconds: 30 }, 0, 20_000, () => 0), undefined);
   });
   test('permanent failures are not retried', () => {
     for (const status of [400, 401, 403, 404, 422]) assert.equal(retryDelay({ verb: 'patch', status }, 0, 20_000), undefined, String(status));
