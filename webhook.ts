@@ -4915,8 +4915,8 @@ export function decodeBase64Strict(text: string): Buffer {
 //    sections 13 and 14). `/metrics` has a listener of its own (createMetricsHandler); what a
 //    request sent is logged with its control characters escaped; a method Node's parser refuses
 //    (`Get`) is answered as adnanh does (answerClientError).
-//    Exports: answerClientError, CommandListener, createHandler, createMetricsHandler,
-//    HandlerContext.
+//    Exports: allowedMethods, answerClientError, CommandListener, createHandler,
+//    createMetricsHandler, HandlerContext.
 // ================================================================================================
 
 /** One way a request can end: status, body and headers (a step may override status and body). */
@@ -5096,6 +5096,31 @@ export function createHandler(cx: HandlerContext): (req: http.IncomingMessage, r
 /** The Allow header of a 405 from a hook that lists no methods (HEAD and OPTIONS need listing). */
 const DEFAULT_ALLOW = ['GET', 'POST', 'PUT', 'PATCH', 'DELETE'];
 
+/** The methods a hook takes: its own list, else -http-methods; empty means any but HEAD and OPTIONS. */
+function allowedMethods(hook: Hook, o: Options): string[] {
+  return hook.methods.length ? hook.methods : o.httpMethods;
+}
+
+/** The Allow header a hook's 405 carries. */
+function allowHeader(hook: Hook, o: Options): string {
+  const allowed = allowedMethods(hook, o);
+  return (allowed.length ? allowed : DEFAULT_ALLOW).join(', ');
+}
+
+/** The path hooks are served under: `/<urlprefix>/`, or `/` with an empty -urlprefix. */
+function hookPathPrefix(o: Options): string {
+  return o.urlprefix === '' ? '/' : `/${o.urlprefix}/`;
+}
+
+/** A URL path decoded as Go's router sees it; a malformed escape is kept as written. */
+function decodePath(p: string): string {
+  try {
+    return decodeURIComponent(p);
+  } catch {
+    return p;
+  }
+}
+
 /** What Node sends for a request its parser refused, by the parser's error code (else 400). */
 const CLIENT_ERROR_STATUS: Record<string, number> = {
   HPE_HEADER_OVERFLOW: 431,
@@ -5119,7 +5144,7 @@ export function answerClientError(
     return;
   }
   const line = /^([!#$%&'*+.^_`|~0-9A-Za-z-]+) (\S+) HTTP\/1\.[01]\r?\n/.exec(err.rawPacket?.toString('latin1') ?? '');
-  const prefix = cx.options.urlprefix === '' ? '/' : `/${cx.options.urlprefix}/`;
+  const prefix = hookPathPrefix(cx.options);
   if (err.code !== 'HPE_INVALID_METHOD' || !line || !line[2].startsWith(prefix)) {
     const status = CLIENT_ERROR_STATUS[err.code ?? ''] ?? 400;
     socket.end(`HTTP/1.1 ${status} ${http.STATUS_CODES[status]}\r\nConnection: close\r\n\r\n`);
@@ -5127,21 +5152,15 @@ export function answerClientError(
   }
   const id = randomUUID();
   const method = line[1];
-  let hookId = line[2].slice(prefix.length).split('?')[0];
-  try {
-    hookId = decodeURIComponent(hookId);
-  } catch {
-    /* as routeOf: a malformed escape is looked up as written */
-  }
+  const hookId = decodePath(line[2].slice(prefix.length).split('?')[0]);
   cx.log.info(`[${id}] incoming HTTP ${method} request from ${remoteAddress(socket).addr}`);
   const hook = cx.store.current.hooks.get(hookId);
   if (hook) cx.log.info(`[${id}] HTTP ${method} method not allowed for hook ${JSON.stringify(hook.id)}`);
   else cx.log.info(`[${id}] error: hook not found: ${escapeControls(hookId)}`);
   const entry: Answer = ANSWERS[hook ? 'methodNotAllowed' : 'hookNotFound'];
-  const allowed = hook?.methods.length ? hook.methods : cx.options.httpMethods;
   const head = [
     `HTTP/1.1 ${entry.status} ${http.STATUS_CODES[entry.status]}`,
-    ...(hook ? [`Allow: ${(allowed.length ? allowed : DEFAULT_ALLOW).join(', ')}`] : []),
+    ...(hook ? [`Allow: ${allowHeader(hook, cx.options)}`] : []),
     `X-Request-Id: ${id}`,
     'Content-Type: text/plain; charset=utf-8',
     'X-Content-Type-Options: nosniff',
@@ -5193,15 +5212,10 @@ type Route =
 function routeOf(cx: HandlerContext, ex: Exchange): Route {
   const o = cx.options;
   const url = new URL(ex.req.url ?? '/', 'http://localhost');
-  let pathname: string;
-  try {
-    pathname = decodeURIComponent(url.pathname);
-  } catch {
-    pathname = url.pathname;
-  }
+  const pathname = decodePath(url.pathname);
   if (pathname === '/healthz') return { kind: 'answer', name: 'ok' };
   if (pathname === '/') return { kind: 'answer', name: 'ok', override: { headers: Object.fromEntries(o.headers) } };
-  const prefix = o.urlprefix === '' ? '/' : `/${o.urlprefix}/`;
+  const prefix = hookPathPrefix(o);
   if (!pathname.startsWith(prefix)) return { kind: 'answer', name: 'pageNotFound' };
   return { kind: 'hook', hookId: pathname.slice(prefix.length), url };
 }
@@ -5218,10 +5232,10 @@ function admit(cx: HandlerContext, ex: Exchange, hookId: string): Hook | AnswerN
   ex.hook = hook;
   // adnanh lets any method trigger a hook with no methods configured; HEAD and OPTIONS (link
   // checkers, CORS preflights) must then not run a command, so they need listing explicitly.
-  const allowed = hook.methods.length ? hook.methods : cx.options.httpMethods;
+  const allowed = allowedMethods(hook, cx.options);
   if (allowed.length ? !allowed.includes(ex.method) : ex.method === 'HEAD' || ex.method === 'OPTIONS') {
     cx.log.info(`${tag} HTTP ${ex.method} method not allowed for hook ${JSON.stringify(hook.id)}`);
-    ex.res.setHeader('Allow', (allowed.length ? allowed : DEFAULT_ALLOW).join(', '));
+    ex.res.setHeader('Allow', allowHeader(hook, cx.options));
     return 'methodNotAllowed';
   }
   cx.log.info(`${tag} ${hook.id} got matched`);
@@ -9395,7 +9409,7 @@ function commandWarnings(
 export function describeHooks(snapshot: Snapshot, o: Options, envPath: string, inProcess: InProcessCommand): string {
   const out: string[] = [];
   for (const hook of snapshot.hooks.values()) {
-    const methods = hook.methods.length ? hook.methods.join(', ') : o.httpMethods.join(', ');
+    const methods = allowedMethods(hook, o).join(', ');
     const shown = (m: Match) => describeMatch(m, snapshot.inserted);
     out.push(`hook "${hook.id}" (${hook.file})`);
     out.push(`  url:         ${methods || 'any method but HEAD and OPTIONS'} /${o.urlprefix}/${hook.id}`);
