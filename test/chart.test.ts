@@ -26,7 +26,7 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { acrImage, acrPayload, clusterOrSkip, containerImage, deployment, kubectlFor } from './cluster/kube.ts';
-import { defaultBinary, freePort, httpRequest, makeTempDir, REPO_ROOT, startWebhook, waitForOutput, type Webhook } from './harness.ts';
+import { defaultBinary, freePort, httpRequest, makeTempDir, REPO_ROOT, startWebhook, waitFor, waitForOutput, type Webhook } from './harness.ts';
 import { helmOrSkip } from './helm.ts';
 import { parseYaml } from '../webhook.ts';
 
@@ -233,8 +233,11 @@ describe('charts/webhook on the cluster', { skip: helm && cluster ? false : 'no 
       const selector = `app.kubernetes.io/instance=${release}`;
       const kinds = 'deployments,replicasets,pods,services,configmaps,secrets,serviceaccounts,roles,rolebindings,poddisruptionbudgets';
       for (const n of [ns, appNs]) {
-        const left = await kubectl(['-n', n, 'get', kinds, '-l', selector, '-o', 'name']);
-        assert.equal(left.trim(), '', `left in ${n}`);
+        const left = () => kubectl(['-n', n, 'get', kinds, '-l', selector, '-o', 'name']).then((out) => out.trim());
+        // Helm waits for what it deleted; the Deployment's ReplicaSets and pods go after it, with
+        // the garbage collector.
+        await waitFor(async () => ((await left()) === '' ? true : undefined), { timeoutMs: 60_000, what: `nothing left in ${n}` }).catch(() => undefined);
+        assert.equal(await left(), '', `left in ${n}`);
       }
       assert.equal((await kubectl(['get', 'clusterroles,clusterrolebindings', '-l', selector, '-o', 'name'])).trim(), '');
       assert.equal((await kubectl(['-n', ns, 'get', 'secrets', '-o', 'name'])).split('\n').filter((s) => s.includes(release)).join(), '', 'no release record left');
