@@ -61,7 +61,7 @@ import { isSea } from 'node:sea';
 import { StringDecoder } from 'node:string_decoder';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { fileURLToPath } from 'node:url';
-import { setFlagsFromString } from 'node:v8';
+import { getHeapStatistics, setFlagsFromString } from 'node:v8';
 
 export const VERSION = '0.1.0';
 
@@ -4611,6 +4611,8 @@ export class CommandRunner {
   private readonly idleWaiters: (() => void)[] = [];
   private readonly max: number;
   private readonly env: Environment;
+  /** inheritedEnvironment per hook (keyed by its template variables), computed once, never changed. */
+  private readonly inherited = new WeakMap<ReadonlySet<string>, Readonly<Environment>>();
   private readonly log: Logger;
   private readonly metrics: Metrics;
   private readonly inProcess: InProcessCommand | undefined;
@@ -4648,12 +4650,22 @@ export class CommandRunner {
     if (this.processes + this.inProcessRunning === 0) this.idleWaiters.splice(0).forEach((w) => w());
   }
 
+  /** The environment the hook's commands start from; a request that adds variables copies it first. */
+  private inheritedFor(hook: Hook): Environment {
+    let env = this.inherited.get(hook.templateVariables);
+    if (!env)
+      this.inherited.set(
+        hook.templateVariables,
+        (env = Object.freeze(inheritedEnvironment(this.env, hook.templateVariables))),
+      );
+    return hook.env.length + hook.files.length > 0 ? { ...env } : env;
+  }
+
   /** Runs the hook's command for this request in the slot the caller took; released here. */
   async run(hook: Hook, req: HookRequest, slot: Slot): Promise<CommandResult> {
     const started = process.hrtime.bigint();
     const tag = `[${req.id}]`;
-    const env = inheritedEnvironment(this.env, hook.templateVariables);
-    const inputs: CommandInputs = { args: [], env, envNames: [], tempFiles: [] };
+    const inputs: CommandInputs = { args: [], env: this.inheritedFor(hook), envNames: [], tempFiles: [] };
     try {
       const result = await this.start(hook, req, slot, inputs);
       this.metrics.inc('webhook_commands_total', {
@@ -9496,6 +9508,14 @@ function describeUpgrade(hook: Hook, inserted: Set<string>): string[] {
   ];
 }
 
+/** V8's heap limit, which the executable derives from the container's memory limit (scripts/build.ts). */
+function memorySizing(): string {
+  const mb = (bytes: number) => `${Math.round(bytes / 1048576)} MB`;
+  const limit = process.constrainedMemory();
+  const container = limit > 0 && limit < Number.MAX_SAFE_INTEGER ? `memory limit ${mb(limit)}` : 'no memory limit';
+  return `V8 heap limit ${mb(getHeapStatistics().heap_size_limit)} (${container})`;
+}
+
 /** The service: hooks loaded, the pieces wired, the port open, until SIGTERM or SIGINT. */
 async function serve(o: Options, env: Record<string, string | undefined>): Promise<number> {
   setFlagsFromString('--enable-experimental-regexp-engine-on-excessive-backtracks');
@@ -9505,6 +9525,7 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
   process.on('exit', () => log.flush());
   const metrics = new Metrics();
   log.notice(`version ${VERSION} starting`);
+  log.info(memorySizing());
   const settings = hookLoadSettings(o, env);
   const upgrade = new UpgradeService(o.kubeconfig || env.KUBECONFIG, env, o.rolloutFollowMs, log);
   const snapshot = loadInitialHooks(o, settings, log, upgrade);

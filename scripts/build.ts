@@ -23,7 +23,23 @@ const config = {
   // (hook regexes are compiled for it), and an OpenSSL configuration that cannot be swapped for
   // one from the environment (OPENSSL_CONF can name a provider library, which OpenSSL loads and
   // runs at start-up). A path that does not exist means "no configuration file".
-  execArgv: ['--enable-experimental-regexp-engine', '--openssl-config=/nonexistent/webhook-openssl.cnf'],
+  //
+  // V8 sized for a service that answers small requests and forks commands (issue figures in the
+  // README, `npm run bench`): a 1 MB semi-space keeps the young generation small (short-lived
+  // request objects die there either way); no background compiler or GC threads and a V8 platform
+  // pool of one (a 2-core pod gains nothing from them, each costs a thread and a malloc arena); the
+  // old generation capped at half the memory the container may use (Node reads the cgroup limit),
+  // so V8 collects before the kernel's OOM killer acts. (`--disable-sigusr1` would save the thread
+  // that waits for SIGUSR1, but it blocks the signal, which adnanh uses to reload hooks; the
+  // service's own SIGUSR1 handler keeps the inspector from starting.)
+  execArgv: [
+    '--enable-experimental-regexp-engine',
+    '--openssl-config=/nonexistent/webhook-openssl.cnf',
+    '--max-semi-space-size=1',
+    '--single-threaded',
+    '--v8-pool-size=1',
+    '--max-old-space-size-percentage=50',
+  ],
   // Nothing from outside extends them: NODE_OPTIONS (`--require`, `--import`, `--inspect`) is
   // ignored, and so is `--node-options`, so the environment cannot make the executable run code.
   execArgvExtension: 'none',
