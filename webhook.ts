@@ -6284,7 +6284,9 @@ function registryFor(repoTypeSetting: string | undefined, p: PayloadFields, h: P
  * The image reference a push announces, a no-op (a test ping, another kind of event), an answer to
  * a handshake, or an error naming the field. `headers` are the request's (argument 2), when passed.
  */
-export function composeImageRef(payload: unknown, env: UpgradeInputs, headers: PushHeaders = {}): ComposedRef {
+export function composeImageRef(body: unknown, env: UpgradeInputs, headers: PushHeaders = {}): ComposedRef {
+  // Through a hook's entire-payload a JSON array body arrives as {"root": [...]}, as adnanh passes it.
+  const payload = isObject(body) && Object.keys(body).length === 1 && Array.isArray(body.root) ? body.root : body;
   try {
     if (!isObject(payload) && !Array.isArray(payload))
       return { kind: 'error', message: `payload is not a JSON object (got ${typeName(payload)})` };

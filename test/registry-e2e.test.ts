@@ -1,0 +1,181 @@
+/*
+ * End to end with real registries' events, through the built executable, on the real test cluster.
+ *
+ * A real CNCF Distribution registry (Debian's docker-registry, test/registry.ts) is started on
+ * loopback with its notifications pointed at dist/webhook; skopeo pushes OCI archives this test
+ * builds. The registry's own envelopes (no hand-written payload) upgrade a Deployment: a push of a
+ * tag upgrades it, a multi-arch push (blobs, untagged per-platform manifests, the tagged index,
+ * each its own envelope) upgrades it once, and a pull changes nothing.
+ *
+ * Harbor, GHCR and Azure Event Grid cannot run here; their documented payloads (fixtures/upgrade)
+ * are sent over HTTP through the README's ready hooks: Harbor's Authorization header (value
+ * rule), GitHub's X-Hub-Signature-256 (payload-hmac-sha256), Event Grid's validation handshake.
+ *
+ * The registry is required: when it cannot be installed or started the tests fail (with CI set, or
+ * anywhere: a registry is a Debian package, unlike the cluster). Outside CI the cluster tests skip
+ * when the cluster cannot start, like the other cluster tests.
+ */
+import assert from 'node:assert/strict';
+import { createHmac } from 'node:crypto';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import { makeTempDir, startWebhook, waitFor, waitForOutput, type Webhook } from './harness.ts';
+import { ociArchive, startRegistry, type Registry } from './registry.ts';
+import { clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor } from './cluster/kube.ts';
+
+const REPO = path.join(import.meta.dirname, '..');
+const FIXTURES = path.join(REPO, 'test', 'fixtures', 'upgrade');
+const TOKEN = 'registry-e2e-token-5d1c';
+// Secrets the hooks read through -template: none may appear in the service's output.
+const SECRETS = {
+  REGISTRY_AUTH: 'Bearer distribution-notify-2b9f7e',
+  HARBOR_AUTH: 'harbor-auth-header-71c3a0',
+  GITHUB_SECRET: 'github-hmac-secret-9e44d1',
+};
+const cluster = await clusterOrSkip();
+
+/** The upgrade hook as the README shows it for each registry: the payload, then the request's headers. */
+function upgradeHook(id: string, rule: object, repoType?: string): object {
+  const env = [
+    { envname: 'APP_NS', source: 'url', name: 'ns' },
+    { envname: 'APP_WORKLOAD', source: 'url', name: 'workload' },
+    { envname: 'APP_CONTAINER', source: 'url', name: 'container' },
+    repoType ? { envname: 'REPO_TYPE', source: 'string', name: repoType } : { envname: 'REPO_TYPE', source: 'url', name: 'repo_type' },
+  ];
+  return {
+    id,
+    'execute-command': path.join(REPO, 'webhooks.sh'),
+    'include-command-output-in-response': true,
+    'include-command-output-in-response-on-error': true,
+    'trigger-rule-mismatch-http-response-code': 401,
+    'pass-arguments-to-command': [{ source: 'entire-payload' }, { source: 'entire-headers' }],
+    'pass-environment-to-command': env,
+    'trigger-rule': rule,
+  };
+}
+
+const headerValue = (name: string, secret: string) => ({
+  match: { type: 'value', value: `{{ getenv "${secret}" }}`, parameter: { source: 'header', name } },
+});
+const urlToken = { match: { type: 'value', value: '{{ getenv "HOOK_TOKEN" }}', parameter: { source: 'url', name: 'token' } } };
+
+function hooksFile(): string {
+  const dir = makeTempDir('registry-e2e-hooks-');
+  const file = path.join(dir, 'hooks.json');
+  fs.writeFileSync(file, JSON.stringify([
+    upgradeHook('distribution', headerValue('Authorization', 'REGISTRY_AUTH'), 'distribution'),
+    upgradeHook('harbor', headerValue('Authorization', 'HARBOR_AUTH'), 'harbor'),
+    upgradeHook('ghcr', { match: { type: 'payload-hmac-sha256', secret: '{{ getenv "GITHUB_SECRET" }}', parameter: { source: 'header', name: 'X-Hub-Signature-256' } } }, 'ghcr'),
+    upgradeHook('azure', urlToken, 'azure'),
+  ], null, 1));
+  return file;
+}
+
+describe('real registry events and registry payloads through the executable', { skip: cluster ? false : 'no cluster' }, () => {
+  const ns = freshNamespaceName('registry-e2e');
+  const kubectl = kubectlFor(cluster!);
+  const getJson = async (what: string) => JSON.parse(await kubectl(['-n', ns, 'get', what, '-o', 'json']));
+  let wh: Webhook;
+  let registry: Registry;
+  let work: string;
+  const query = (name: string, more: Record<string, string> = {}) =>
+    new URLSearchParams({ ns, workload: `deployment/${name}`, container: 'app', ...more }).toString();
+
+  before(async () => {
+    work = makeTempDir('registry-e2e-');
+    wh = await startWebhook({
+      hooks: hooksFile(),
+      env: { WEBHOOK_CMD: '-template', HOOK_TOKEN: TOKEN, KUBECONFIG: cluster!.kubeconfigPath, ...SECRETS },
+    });
+    registry = await startRegistry({
+      notify: { url: `${wh.url}/hooks/distribution?${query('web')}`, headers: { Authorization: SECRETS.REGISTRY_AUTH } },
+    });
+    await kubectl(['create', 'namespace', ns]);
+    await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: [
+      deployment('web', [{ name: 'app', image: `${registry.host}/acme/web:v1` }], { replicas: 1 }),
+      deployment('harbor', [{ name: 'app', image: 'hub.harbor.com/test-webhook/debian:old' }], { replicas: 1 }),
+      deployment('ghcr', [{ name: 'app', image: 'ghcr.io/myorg/my-service:v0' }], { replicas: 1 }),
+    ] }));
+  });
+  after(async () => {
+    await registry?.stop();
+    await wh?.stop();
+    if (!process.env.KEEP_NAMESPACE) await kubectl(['delete', 'namespace', ns, '--wait=false']).catch(() => undefined);
+  });
+
+  const imageOf = async (name: string) => containerImage(await getJson(`deployment/${name}`), 'app');
+  /** Reports the service logged for pushes of `ref` that changed the image. */
+  const updatesTo = (ref: string) =>
+    wh.output().split(`image after:  ${ref}\naction:       image updated`).length - 1;
+
+  test('the registry\'s own events: a tag push upgrades, a multi-arch push upgrades once, a pull changes nothing', async () => {
+    await registry.push(ociArchive(work, 'v2').path, 'acme/web:v2');
+    await waitFor(async () => (await imageOf('web')) === `${registry.host}/acme/web:v2`, { timeoutMs: 60_000, what: 'the v2 push to land' });
+
+    const multi = ociArchive(work, 'v3', [{ os: 'linux', architecture: 'amd64' }, { os: 'linux', architecture: 'arm64' }]);
+    await registry.push(multi.path, 'acme/web:v3', { all: true });
+    await waitFor(async () => (await imageOf('web')) === `${registry.host}/acme/web:v3`, { timeoutMs: 60_000, what: 'the v3 push to land' });
+    const generation = (await getJson('deployment/web')).metadata.generation;
+
+    // The registry sends one envelope at a time: once the pull's is answered, every earlier one was.
+    await registry.pull('acme/web:v3');
+    await waitForOutput(wh, 'no push of a tagged manifest in the envelope (pull of a manifest)', 60_000);
+    assert.equal(updatesTo(`${registry.host}/acme/web:v3`), 1, wh.output());
+    assert.match(wh.output(), /no push of a tagged manifest in the envelope \(push of an untagged manifest\)/);
+    assert.match(wh.output(), /no push of a tagged manifest in the envelope \(push of a blob\)/);
+    const after = await getJson('deployment/web');
+    assert.equal(after.metadata.generation, generation, 'the pull changed the Deployment');
+    assert.equal(containerImage(after, 'app'), `${registry.host}/acme/web:v3`);
+    const events = JSON.parse(await kubectl(['-n', ns, 'get', 'events', '--field-selector', 'involvedObject.name=web,reason=ImageUpdated', '-o', 'json']));
+    const v3 = events.items.filter((e: { message: string }) => e.message.includes('/acme/web:v3;'));
+    assert.equal(v3.length, 1, JSON.stringify(events.items.map((e: { message: string }) => e.message)));
+  });
+
+  test('Harbor through its Authorization header: the wrong value changes nothing, the right one upgrades', async () => {
+    const body = fs.readFileSync(path.join(FIXTURES, 'harbor-push-artifact.json'), 'utf8');
+    const post = (auth: string) => wh.request(`/hooks/harbor?${query('harbor')}`, {
+      method: 'POST', headers: { 'Content-Type': 'application/json', Authorization: auth }, body,
+    });
+    const refused = await post('not-the-header');
+    assert.equal(refused.status, 401, refused.body);
+    assert.equal(await imageOf('harbor'), 'hub.harbor.com/test-webhook/debian:old');
+    const res = await post(SECRETS.HARBOR_AUTH);
+    assert.equal(res.status, 200, res.body);
+    assert.match(res.body, /^action: +image updated$/m);
+    assert.equal(await imageOf('harbor'), 'hub.harbor.com/test-webhook/debian:latest');
+  });
+
+  test('GHCR through X-Hub-Signature-256: a bad signature is refused, a ping is a no-op, a tagged version upgrades', async () => {
+    const body = fs.readFileSync(path.join(FIXTURES, 'ghcr-package-published.json'), 'utf8');
+    const sign = (text: string) => `sha256=${createHmac('sha256', SECRETS.GITHUB_SECRET).update(text).digest('hex')}`;
+    const post = (event: string, signature: string, text = body) => wh.request(`/hooks/ghcr?${query('ghcr')}`, {
+      method: 'POST', headers: { 'Content-Type': 'application/json', 'X-GitHub-Event': event, 'X-Hub-Signature-256': signature }, body: text,
+    });
+    const forged = await post('package', sign(`${body} `));
+    assert.equal(forged.status, 500, forged.body);
+    assert.equal(forged.body, 'Error occurred while evaluating hook rules.');
+    const ping = '{"zen":"Design for failure.","hook_id":1}';
+    const pinged = await post('ping', sign(ping), ping);
+    assert.equal(pinged.status, 200, pinged.body);
+    assert.match(pinged.body, /^action: +none \(GitHub event "ping" is not a package event\)$/m);
+    assert.equal(await imageOf('ghcr'), 'ghcr.io/myorg/my-service:v0');
+    const res = await post('package', sign(body));
+    assert.equal(res.status, 200, res.body);
+    assert.equal(await imageOf('ghcr'), 'ghcr.io/myorg/my-service:latest');
+  });
+
+  test('Event Grid\'s subscription validation is answered as Azure requires', async () => {
+    const body = fs.readFileSync(path.join(FIXTURES, 'azure-eventgrid-validation.json'), 'utf8');
+    const res = await wh.request(`/hooks/azure?${query('harbor', { token: TOKEN })}`, {
+      method: 'POST', headers: { 'Content-Type': 'application/json', 'aeg-event-type': 'SubscriptionValidation' }, body,
+    });
+    assert.equal(res.status, 200, res.body);
+    assert.deepEqual(JSON.parse(res.body), { validationResponse: '512d38b6-c7b8-40c8-89fe-f46f9e9622b6' });
+  });
+
+  test('no secret of the hooks appears in the service\'s output', () => {
+    for (const secret of Object.values(SECRETS)) assert.ok(!wh.output().includes(secret), `${secret} leaked:\n${wh.output()}`);
+    assert.ok(!wh.output().includes(TOKEN), 'the URL token leaked');
+  });
+});
