@@ -5517,7 +5517,8 @@ function closeWithoutReset(ex: Exchange, draining: () => boolean): () => void {
 //    REGISTRY_HOST and ALLOW_IMAGES widen what a request may deploy, so IMAGE_PIN_SETTINGS has
 //    section 7 refuse them at load unless they are fixed strings in the hook file, and valid.
 //    Exports: checkImagePin, chooseCandidate, composeImageRef, IMAGE_PIN_SETTINGS, ImagePin, isObject,
-//    normalizeImageRef, parsePushHeaders, parsePushPayload, PushHeaders, readImagePin, showValue.
+//    normalizeImageRef, parsePushHeaders, parsePushPayload, PushHeaders, readImagePin, registryOf, showValue,
+//    stripSchemeAndSlashes, validateImageRef.
 // ================================================================================================
 
 export interface UpgradeInputs {
@@ -5533,9 +5534,10 @@ export type ComposedRef =
    * pushId identifies this push (digest and pushed_at) so a repeated notification is recognised.
    * candidates: every distinct reference when one delivery announces several (a Quay push of two
    * tags, an envelope of pushes to several repositories); ref is then the last of them, and
-   * chooseCandidate picks the one for a container.
+   * chooseCandidate picks the one for a container. digest: the one the payload announced (valid,
+   * pinned or not), for VERIFY_IMAGE to compare with the registry's.
    */
-  | { kind: 'ref'; ref: string; notes: string[]; pushId: string; candidates?: string[] }
+  | { kind: 'ref'; ref: string; notes: string[]; pushId: string; candidates?: string[]; digest?: string }
   | { kind: 'noop'; reason: string }
   /** A handshake the sender expects answered with this exact body (Event Grid's validation). */
   | { kind: 'answer'; body: string; reason: string }
@@ -6315,7 +6317,8 @@ function composeReading(reading: Reading, env: UpgradeInputs): ComposedRef {
   if (refs.length === 0) return composed[0];
   const distinct = [...new Set(refs.map((r) => r.ref))];
   const last = refs[refs.length - 1];
-  return distinct.length > 1 ? { ...last, candidates: distinct } : last;
+  // Which announced digest belongs to the container's image is not known: VERIFY_IMAGE then compares none.
+  return distinct.length > 1 ? { ...last, candidates: distinct, digest: undefined } : last;
 }
 
 /**
@@ -6383,7 +6386,8 @@ function composeFromPush(push: PushEvent, env: UpgradeInputs): ComposedRef {
   // Belt and braces: every piece was checked above, so this only fails if composition is wrong.
   const check = validateImageRef(ref);
   if (!check.ok) return { kind: 'error', message: check.message };
-  return { kind: 'ref', ref, notes, pushId: `${push.digest ?? ''}|${push.pushedAt}` };
+  const digest = push.digest !== undefined && REFERENCE_GRAMMAR.digest.test(push.digest) ? push.digest : undefined;
+  return { kind: 'ref', ref, notes, pushId: `${push.digest ?? ''}|${push.pushedAt}`, ...(digest ? { digest } : {}) };
 }
 
 function acrHost(fields: PayloadFields, netType: string | undefined): string {
@@ -7303,7 +7307,16 @@ export type JsonPatchOperation =
 //    (<kind>/<name>: deployment, daemonset, statefulset, cronjob; any case, plurals, short names
 //    deploy/ds/sts/cj, or kind.group), APP_CONTAINER (exact name; containers, then
 //    initContainers), ROLLOUT_TIMEOUT (Go duration; 0, the default, answers at once with
-//    "progressing"), plus those of section 11.
+//    "progressing"), VERIFY_IMAGE and REGISTRY_CA (below), plus those of section 11. Argument 2,
+//    when the hook passes entire-headers, is the request's headers (section 11 reads them).
+//
+//    VERIFY_IMAGE=true (default false): once the image pin has allowed the push, the tag is resolved
+//    on its registry (HEAD /v2/<repo>/manifests/<tag> over HTTPS: anonymous, or basic auth or a
+//    bearer token from the registry's token service with the login of the first of the workload's
+//    imagePullSecrets that names that host) and `repo:tag@<digest>` is deployed. A tag the registry
+//    does not have, a digest other than the payload's, or a registry that cannot be asked is refused
+//    with a message saying which, and nothing is written. REGISTRY_CA: PEM, or a PEM file's path, of
+//    a private CA the registry's certificate chains to.
 //
 //    Before any write, the image pin of section 11 checks the push against the container's
 //    current image: a refused push changes nothing, fails (exit status 1), is logged, and is
@@ -8036,6 +8049,10 @@ interface UpgradeSettings {
   container: string;
   rolloutTimeoutMs: number;
   pin: ImagePin;
+  /** VERIFY_IMAGE: resolve the tag on the registry and deploy the digest it has. */
+  verifyImage: boolean;
+  /** REGISTRY_CA: the CA that signed the registry's certificate (PEM). */
+  registryCa: string | undefined;
 }
 
 function readSettings(env: Record<string, string | undefined>, report: UpgradeReport): UpgradeSettings {
@@ -8066,7 +8083,19 @@ function readSettings(env: Record<string, string | undefined>, report: UpgradeRe
     }
   }
   // A malformed pin setting refuses every push, before the cluster is asked anything.
-  return { namespace, workload, container, rolloutTimeoutMs, pin: readImagePin(env) };
+  const pin = readImagePin(env);
+  const verifyImage = parseGoBool(env.VERIFY_IMAGE?.trim() || 'false');
+  if (verifyImage === undefined)
+    throw new UpgradeError(`VERIFY_IMAGE ${showValue(env.VERIFY_IMAGE ?? '')} is not a boolean (use true or false)`);
+  return {
+    namespace,
+    workload,
+    container,
+    rolloutTimeoutMs,
+    pin,
+    verifyImage,
+    registryCa: registryCa(env.REGISTRY_CA),
+  };
 }
 
 function whoAsked(deps: UpgradeDeps): string {
@@ -8105,9 +8134,8 @@ export async function runUpgrade(
     const client = deps.client ?? (ownClient = new KubeClient(credentialsFromEnvironment(env, deps.kubeconfig)));
     const workloadKey = `${settings.namespace}/${settings.workload.kind}/${settings.workload.name}`;
     const apply = async () => {
-      const ref = composed.candidates
-        ? await candidateFor(client, settings, composed.candidates, report)
-        : composed.ref;
+      let ref = composed.candidates ? await candidateFor(client, settings, composed.candidates, report) : composed.ref;
+      if (settings.verifyImage) ref = await verifiedRef(client, settings, ref, composed.digest, report);
       report.imageAfter = ref;
       const pushKey = `${workloadKey}/${settings.container}|${normalizeImageRef(ref)}|${composed.pushId}`;
       const ago = deps.queue?.appliedAgo(pushKey);
@@ -8433,6 +8461,254 @@ async function recordEventQuietly(
     report.notes.push(note);
     return note;
   }
+}
+
+// ---- verifying the pushed image on its registry (VERIFY_IMAGE) ------------------------------------
+
+export const VERIFY_LIMITS = {
+  // A registry answers a HEAD of a manifest in milliseconds; a token service a little slower. The
+  // whole verification (token and HEAD) must fit well within a registry's delivery timeout.
+  requestTimeoutMs: 10_000,
+  // A token or manifest answer larger than this is not one.
+  maxBodyBytes: 64 * 1024,
+};
+
+/** What a manifest HEAD accepts: every manifest and index type, so the digest is the tag's own. */
+const MANIFEST_TYPES = [
+  'application/vnd.oci.image.index.v1+json',
+  'application/vnd.oci.image.manifest.v1+json',
+  'application/vnd.docker.distribution.manifest.list.v2+json',
+  'application/vnd.docker.distribution.manifest.v2+json',
+].join(', ');
+
+interface RegistryAnswer {
+  status: number;
+  headers: http.IncomingHttpHeaders;
+  body: string;
+}
+
+/** One HTTPS request to a registry or its token service, under a deadline; the CA from REGISTRY_CA. */
+function registryRequest(
+  url: URL,
+  method: string,
+  headers: Record<string, string>,
+  ca?: string,
+): Promise<RegistryAnswer> {
+  return new Promise((resolve, reject) => {
+    const req = https.request(url, { method, headers, ca, timeout: VERIFY_LIMITS.requestTimeoutMs }, (res) => {
+      let body = '';
+      res.setEncoding('utf8');
+      res.on('data', (chunk: string) => {
+        if (body.length < VERIFY_LIMITS.maxBodyBytes) body += chunk;
+      });
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, headers: res.headers, body }));
+      res.on('error', reject);
+    });
+    req.on('timeout', () => req.destroy(new Error(`no answer within ${VERIFY_LIMITS.requestTimeoutMs / 1000}s`)));
+    req.on('error', reject);
+    req.end();
+  });
+}
+
+/** The parameters of a WWW-Authenticate challenge: scheme and key="value" pairs. */
+export function parseChallenge(header: string): { scheme: string; params: Record<string, string> } {
+  const space = header.indexOf(' ');
+  const scheme = (space < 0 ? header : header.slice(0, space)).toLowerCase();
+  const params: Record<string, string> = {};
+  for (const m of header.slice(space + 1).matchAll(/([a-zA-Z_]+)="([^"]*)"/g)) params[m[1].toLowerCase()] = m[2];
+  return { scheme, params };
+}
+
+/** A user and password for a registry, from a pull secret; never logged, never in a message. */
+interface RegistryLogin {
+  user: string;
+  password: string;
+  /** The secret it came from, for messages. */
+  secret: string;
+}
+
+/** The Authorization a registry's challenge asks for: Basic with the login, or a Bearer token from its realm. */
+async function authorizationFor(
+  challenge: string,
+  login: RegistryLogin | undefined,
+  repository: string,
+  ca: string | undefined,
+): Promise<string> {
+  const { scheme, params } = parseChallenge(challenge);
+  const basic = login ? `Basic ${Buffer.from(`${login.user}:${login.password}`).toString('base64')}` : undefined;
+  if (scheme === 'basic') {
+    if (!basic) throw new UpgradeError('the registry asks for a login and the workload names no pull secret for it');
+    return basic;
+  }
+  if (scheme !== 'bearer' || !params.realm) throw new UpgradeError(`the registry asks for ${showValue(challenge)}`);
+  const url = new URL(params.realm);
+  if (params.service) url.searchParams.set('service', params.service);
+  url.searchParams.set('scope', params.scope ?? `repository:${repository}:pull`);
+  const answer = await registryRequest(url, 'GET', basic ? { Authorization: basic } : {}, ca);
+  if (answer.status !== 200)
+    throw new UpgradeError(`the registry's token service ${url.host} answered ${answer.status}`);
+  let token: unknown;
+  try {
+    const parsed = JSON.parse(answer.body) as Record<string, unknown>;
+    token = parsed.token ?? parsed.access_token;
+  } catch {
+    /* refused below */
+  }
+  if (typeof token !== 'string' || token === '')
+    throw new UpgradeError(`the registry's token service ${url.host} sent no token`);
+  return `Bearer ${token}`;
+}
+
+/** The digest the registry has for host/repository:tag (HEAD /v2/<repo>/manifests/<tag>); undefined: no such tag. */
+export async function resolveManifestTag(
+  host: string,
+  repository: string,
+  tag: string,
+  login: RegistryLogin | undefined,
+  ca?: string,
+): Promise<string | undefined> {
+  const url = new URL(`https://${host}/v2/${repository}/manifests/${encodeURIComponent(tag)}`);
+  const head = (authorization?: string) =>
+    registryRequest(
+      url,
+      'HEAD',
+      { Accept: MANIFEST_TYPES, ...(authorization ? { Authorization: authorization } : {}) },
+      ca,
+    );
+  let answer = await head();
+  const challenge = answer.headers['www-authenticate'];
+  if (answer.status === 401 && typeof challenge === 'string')
+    answer = await head(await authorizationFor(challenge, login, repository, ca));
+  if (answer.status === 404) return undefined;
+  if (answer.status === 401 || answer.status === 403) {
+    const how = login
+      ? `the login of pull secret "${login.secret}"`
+      : 'no login (the workload names no pull secret for it)';
+    throw new UpgradeError(`the registry refused ${how}: ${answer.status}`);
+  }
+  const digest = answer.headers['docker-content-digest'];
+  if (answer.status !== 200 || typeof digest !== 'string')
+    throw new UpgradeError(
+      `the registry answered ${answer.status}${typeof digest === 'string' ? '' : ' without a digest'}`,
+    );
+  return digest;
+}
+
+/** "https://reg.example.com/v1/" → "reg.example.com": how docker config files name a registry. */
+function dockerConfigHost(key: string): string {
+  return stripSchemeAndSlashes(key).split('/')[0].toLowerCase();
+}
+
+/** The login a pull secret holds for `host` (.dockerconfigjson or the older .dockercfg), if any. */
+export function loginFromPullSecret(secret: unknown, host: string, name: string): RegistryLogin | undefined {
+  const data = valueAt(secret, ['data']);
+  if (!isObject(data)) return undefined;
+  const encoded = data['.dockerconfigjson'] ?? data['.dockercfg'];
+  if (typeof encoded !== 'string') return undefined;
+  let config: unknown;
+  try {
+    config = JSON.parse(Buffer.from(encoded, 'base64').toString('utf8'));
+  } catch {
+    return undefined;
+  }
+  const auths = isObject(config) && isObject(config.auths) ? config.auths : config;
+  if (!isObject(auths)) return undefined;
+  const entry = Object.entries(auths).find(([key]) => dockerConfigHost(key) === host.toLowerCase())?.[1];
+  if (!isObject(entry)) return undefined;
+  if (typeof entry.username === 'string' && typeof entry.password === 'string')
+    return { user: entry.username, password: entry.password, secret: name };
+  if (typeof entry.auth !== 'string') return undefined;
+  const decoded = Buffer.from(entry.auth, 'base64').toString('utf8');
+  const colon = decoded.indexOf(':');
+  return colon < 0 ? undefined : { user: decoded.slice(0, colon), password: decoded.slice(colon + 1), secret: name };
+}
+
+/** The pull secrets a pod spec names (imagePullSecrets), in order. */
+export function pullSecretNames(podSpec: unknown): string[] {
+  return asArray(valueAt(podSpec, ['imagePullSecrets']))
+    .map((s) => valueAt(s, ['name']))
+    .filter((n): n is string => typeof n === 'string' && n !== '');
+}
+
+/** The first of the workload's pull secrets that holds a login for `host`. */
+async function workloadLogin(
+  client: KubeClient,
+  namespace: string,
+  names: string[],
+  host: string,
+): Promise<RegistryLogin | undefined> {
+  for (const name of names) {
+    let secret: unknown;
+    try {
+      secret = await client.get({ group: '', version: 'v1', resource: 'secrets', namespace, name });
+    } catch (e) {
+      if (e instanceof KubeError && e.status === 404) continue;
+      throw e;
+    }
+    const login = loginFromPullSecret(secret, host, name);
+    if (login) return login;
+  }
+  return undefined;
+}
+
+/** REGISTRY_CA: PEM text, or the path of a PEM file. */
+function registryCa(value: string | undefined): string | undefined {
+  if (!value?.trim()) return undefined;
+  if (value.includes('-----BEGIN')) return value;
+  try {
+    return fs.readFileSync(value.trim(), 'utf8');
+  } catch (e) {
+    throw new UpgradeError(
+      `REGISTRY_CA ${showValue(value)} is neither PEM nor a readable file: ${(e as Error).message}`,
+    );
+  }
+}
+
+/**
+ * VERIFY_IMAGE: the tag resolved on the registry, and the reference pinned to what it has
+ * (`repo:tag@sha256:…`). Only after the image pin allowed the push, so neither a request nor its
+ * payload can send the workload's pull secrets to a registry of its choosing; a login is used only
+ * for the host its secret names. A tag the registry lacks, or another digest than the payload's, is
+ * refused: nothing is written.
+ */
+async function verifiedRef(
+  client: KubeClient,
+  s: UpgradeSettings,
+  ref: string,
+  announced: string | undefined,
+  report: UpgradeReport,
+): Promise<string> {
+  const target: WorkloadTarget = { ...s.workload, namespace: s.namespace };
+  const podSpec = valueAt(await readWorkload(client, target), [...kindSpec(target.kind).template, 'spec']);
+  const located = locateContainer(podSpec, s.container);
+  // The upgrade refuses these with its own messages, before anything is asked of the registry.
+  if (!located || !checkImagePin(s.container, located.image, ref, s.pin).allowed) return ref;
+  const parsed = validateImageRef(ref);
+  if (!parsed.ok || parsed.ref.tag === undefined) return ref;
+  const { domain, path: repository, tag } = parsed.ref;
+  const digest = parsed.ref.digest ?? announced;
+  const host = domain === undefined || registryOf(domain) === 'docker.io' ? 'registry-1.docker.io' : domain;
+  const login = await workloadLogin(client, s.namespace, pullSecretNames(podSpec), host);
+  const where = `${host}/${repository}:${tag}`;
+  let resolved: string | undefined;
+  try {
+    resolved = await resolveManifestTag(host, repository, tag, login, s.registryCa);
+  } catch (e) {
+    throw new UpgradeError(`VERIFY_IMAGE: could not resolve ${where}: ${(e as Error).message}; nothing was changed`);
+  }
+  if (resolved === undefined)
+    throw new UpgradeError(
+      `VERIFY_IMAGE: the registry has no tag ${showValue(tag)} in ${host}/${repository}; nothing was changed`,
+    );
+  if (digest !== undefined && digest !== resolved)
+    throw new UpgradeError(
+      `VERIFY_IMAGE: the payload announced ${digest} but the registry's ${where} is ${resolved}; nothing was changed`,
+    );
+  report.notes.push(
+    `VERIFY_IMAGE: ${where} is ${resolved} on the registry` +
+      (login ? ` (login from pull secret "${login.secret}")` : ''),
+  );
+  return `${ref.split('@')[0]}@${resolved}`;
 }
 
 // ---- output -----------------------------------------------------------------------------------
