@@ -282,6 +282,21 @@ describe('VERIFY_IMAGE against a real registry with htpasswd over TLS', { skip: 
     assert.equal(await imageOf('nologin'), `${registry.host}/acme/web:v1`);
   });
 
+  test('-print-rbac grants get on exactly the pull secrets the workload of a VERIFY_IMAGE hook names', async () => {
+    await kubectl(['-n', ns, 'create', 'secret', 'generic', 'unrelated', '--from-literal=k=v']);
+    const dir = makeTempDir('registry-verify-rbac-');
+    const pinned = (name: string, value: string) => ({ match: { type: 'value', value, parameter: { source: 'url', name } } });
+    const hook = upgradeHook('verified', { and: [pinned('ns', ns), pinned('workload', 'deployment/web')] }, 'distribution') as Record<string, unknown[]>;
+    hook['pass-environment-to-command'].push({ envname: 'VERIFY_IMAGE', source: 'string', name: 'true' });
+    fs.writeFileSync(path.join(dir, 'hooks.json'), JSON.stringify([hook]));
+    const { execFileSync } = await import('node:child_process');
+    const { defaultBinary } = await import('./harness.ts');
+    const yaml = execFileSync(defaultBinary(), ['-print-rbac', '-hooks', dir, '-kubeconfig', cluster!.kubeconfigPath, '-rbac-service-account', 'cattle-system/webhook'], { encoding: 'utf8' });
+    assert.match(yaml, /  - apiGroups: \[""\]\n    resources: \["secrets"\]\n    resourceNames: \["regcred"\]\n    verbs: \["get"\]/, yaml);
+    assert.ok(!yaml.includes('unrelated'), yaml);
+    assert.match(yaml, /pull secrets regcred \(VERIFY_IMAGE\)/);
+  });
+
   test('the pull secret\'s password never appears in the output', () => {
     assert.ok(!wh.output().includes(LOGIN.password), wh.output());
     assert.ok(!wh.output().includes(Buffer.from(`${LOGIN.user}:${LOGIN.password}`).toString('base64')));
