@@ -32,6 +32,8 @@ const SECRETS = {
   REGISTRY_AUTH: 'Bearer distribution-notify-2b9f7e',
   HARBOR_AUTH: 'harbor-auth-header-71c3a0',
   GITHUB_SECRET: 'github-hmac-secret-9e44d1',
+  GITEA_SECRET: 'gitea-hmac-secret-0c7d2a',
+  NEXUS_SECRET: 'nexus-hmac-secret-4f18b6',
 };
 const cluster = await clusterOrSkip();
 
@@ -55,6 +57,12 @@ function upgradeHook(id: string, rule: object, repoType?: string): object {
   };
 }
 
+function withEnv(hook: object, env: Record<string, string>): object {
+  const h = hook as Record<string, unknown[]>;
+  h['pass-environment-to-command'].push(...Object.entries(env).map(([envname, name]) => ({ envname, source: 'string', name })));
+  return h;
+}
+
 const headerValue = (name: string, secret: string) => ({
   match: { type: 'value', value: `{{ getenv "${secret}" }}`, parameter: { source: 'header', name } },
 });
@@ -68,6 +76,9 @@ function hooksFile(): string {
     upgradeHook('harbor', headerValue('Authorization', 'HARBOR_AUTH'), 'harbor'),
     upgradeHook('ghcr', { match: { type: 'payload-hmac-sha256', secret: '{{ getenv "GITHUB_SECRET" }}', parameter: { source: 'header', name: 'X-Hub-Signature-256' } } }, 'ghcr'),
     upgradeHook('azure', urlToken, 'azure'),
+    upgradeHook('gitea', { match: { type: 'payload-hmac-sha256', secret: '{{ getenv "GITEA_SECRET" }}', parameter: { source: 'header', name: 'X-Gitea-Signature' } } }, 'gitea'),
+    withEnv(upgradeHook('nexus', { match: { type: 'payload-hmac-sha1', secret: '{{ getenv "NEXUS_SECRET" }}', parameter: { source: 'header', name: 'X-Nexus-Webhook-Signature' } } }, 'nexus'),
+      { REGISTRY_HOST: 'nexus.example.com:8082' }),
   ], null, 1));
   return file;
 }
@@ -96,6 +107,8 @@ describe('real registry events and registry payloads through the executable', { 
       deployment('web', [{ name: 'app', image: `${registry.host}/acme/web:v1` }], { replicas: 1 }),
       deployment('harbor', [{ name: 'app', image: 'hub.harbor.com/test-webhook/debian:old' }], { replicas: 1 }),
       deployment('ghcr', [{ name: 'app', image: 'ghcr.io/myorg/my-service:v0' }], { replicas: 1 }),
+      deployment('gitea', [{ name: 'app', image: 'localhost:3000/user1/giteacontainer:v0' }], { replicas: 1 }),
+      deployment('nexus', [{ name: 'app', image: 'nexus.example.com:8082/app1/alpine:3.3' }], { replicas: 1 }),
     ] }));
   });
   after(async () => {
@@ -163,6 +176,25 @@ describe('real registry events and registry payloads through the executable', { 
     const res = await post('package', sign(body));
     assert.equal(res.status, 200, res.body);
     assert.equal(await imageOf('ghcr'), 'ghcr.io/myorg/my-service:latest');
+  });
+
+  test('Gitea and Nexus sign without a prefix (X-Gitea-Signature, X-Nexus-Webhook-Signature): the rules check it as it is', async () => {
+    for (const [name, file, header, algorithm, secret, extra, image] of [
+      ['gitea', 'gitea-package-created.json', 'X-Gitea-Signature', 'sha256', SECRETS.GITEA_SECRET, { 'X-Gitea-Event': 'package', 'X-GitHub-Event': 'package' }, 'localhost:3000/user1/giteacontainer:latest'],
+      ['nexus', 'nexus-component-created.json', 'X-Nexus-Webhook-Signature', 'sha1', SECRETS.NEXUS_SECRET, { 'X-Nexus-Webhook-Id': 'rm:repository:component' }, 'nexus.example.com:8082/app1/alpine:3.4'],
+    ] as const) {
+      const body = fs.readFileSync(path.join(FIXTURES, file), 'utf8');
+      const post = (signature: string) => wh.request(`/hooks/${name}?${query(name)}`, {
+        method: 'POST', headers: { 'Content-Type': 'application/json', ...extra, [header]: signature }, body,
+      });
+      const good = createHmac(algorithm, secret).update(body).digest('hex');
+      const forged = await post(createHmac(algorithm, 'not-the-secret').update(body).digest('hex'));
+      assert.equal(forged.status, 500, `${name}: ${forged.body}`);
+      assert.notEqual(await imageOf(name), image);
+      const res = await post(good);
+      assert.equal(res.status, 200, `${name}: ${res.body}`);
+      assert.equal(await imageOf(name), image);
+    }
   });
 
   test('Event Grid\'s subscription validation is answered as Azure requires', async () => {
