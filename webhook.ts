@@ -8495,7 +8495,8 @@ function registryRequest(
   ca?: string,
 ): Promise<RegistryAnswer> {
   return new Promise((resolve, reject) => {
-    const req = https.request(url, { method, headers, ca, timeout: VERIFY_LIMITS.requestTimeoutMs }, (res) => {
+    const all = { 'User-Agent': `webhook/${VERSION}`, ...headers };
+    const req = https.request(url, { method, headers: all, ca, timeout: VERIFY_LIMITS.requestTimeoutMs }, (res) => {
       let body = '';
       res.setEncoding('utf8');
       res.on('data', (chunk: string) => {

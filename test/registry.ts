@@ -21,8 +21,9 @@
 // - skopeo refuses plain HTTP and unknown CAs unless told (`--dest-tls-verify=false`, `--dest-cert-dir`).
 
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
-import { createHash } from 'node:crypto';
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { createHash, createSign, randomBytes } from 'node:crypto';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import * as https from 'node:https';
 import net from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -33,8 +34,12 @@ export interface RegistryOptions {
   notify?: { url: string; headers?: Record<string, string> };
   /** Serve HTTPS with a certificate from a CA of the registry's own. */
   tls?: boolean;
-  /** Require basic auth (htpasswd) for this user. */
-  auth?: { user: string; password: string };
+  /**
+   * Require a login for this user: basic auth against htpasswd, or (`token`, which needs tls) the
+   * registry's token auth, with a token service this file runs that checks the same login and
+   * issues RS256 tokens the registry verifies against a certificate of its own (x5c).
+   */
+  auth?: { user: string; password: string; token?: boolean };
 }
 
 export interface Registry {
@@ -48,6 +53,8 @@ export interface Registry {
   pull(repoTag: string): Promise<void>;
   /** The registry's log (stderr and stdout). */
   log(): string;
+  /** The User-Agent of each client the token service issued a token to (token auth). */
+  tokensIssuedTo(): string[];
   stop(): Promise<void>;
 }
 
@@ -61,22 +68,25 @@ export async function startRegistry(opts: RegistryOptions = {}): Promise<Registr
   ensurePackages();
   const dir = mkdtempSync(join(tmpdir(), 'webhook-registry-'));
   const certs = opts.tls ? makeCertificate(dir) : undefined;
-  const htpasswd = opts.auth ? makeHtpasswd(dir, opts.auth) : undefined;
+  const htpasswd = opts.auth && !opts.auth.token ? makeHtpasswd(dir, opts.auth) : undefined;
+  if (opts.auth?.token && !certs) throw new Error('startRegistry: token auth needs tls');
+  const tokens = opts.auth?.token ? await startTokenService(dir, certs!, opts.auth) : undefined;
   let lastFailure = '';
   for (let attempt = 0; attempt < PORT_ATTEMPTS; attempt++) {
     const port = await freePort();
     const config = join(dir, 'config.yml');
-    writeFileSync(config, registryConfig({ dir, port, notify: opts.notify, certs, htpasswd }));
+    writeFileSync(config, registryConfig({ dir, port, notify: opts.notify, certs, htpasswd, tokens }));
     const child = spawn('docker-registry', ['serve', config], { stdio: ['ignore', 'pipe', 'pipe'] });
     let output = '';
     child.stdout!.setEncoding('utf8').on('data', (s: string) => (output += s));
     child.stderr!.setEncoding('utf8').on('data', (s: string) => (output += s));
     const up = await waitUntilListening(port, child, () => output);
-    if (up) return registryHandle({ dir, port, child, log: () => output, certs, auth: opts.auth });
+    if (up) return registryHandle({ dir, port, child, log: () => output, certs, auth: opts.auth, tokens });
     lastFailure = output;
     child.kill('SIGKILL');
     if (!/address already in use/i.test(output)) break;
   }
+  tokens?.server.close();
   rmSync(dir, { recursive: true, force: true });
   throw new Error(`startRegistry: docker-registry did not start:\n${lastFailure.split('\n').slice(-15).join('\n')}`);
 }
@@ -88,6 +98,7 @@ function registryHandle(v: {
   log: () => string;
   certs?: { caFile: string; caPem: string; certDir: string };
   auth?: { user: string; password: string };
+  tokens?: TokenService;
 }): Registry {
   const host = `127.0.0.1:${v.port}`;
   const tlsArgs = (side: 'src' | 'dest') =>
@@ -106,7 +117,9 @@ function registryHandle(v: {
       await run('skopeo', args);
     },
     log: v.log,
+    tokensIssuedTo: () => [...(v.tokens?.issued ?? [])],
     async stop() {
+      v.tokens?.server.close();
       if (v.child.exitCode === null && v.child.signalCode === null) {
         const exited = new Promise((r) => v.child.on('close', r));
         v.child.kill('SIGTERM');
@@ -124,6 +137,7 @@ function registryConfig(v: {
   notify?: { url: string; headers?: Record<string, string> };
   certs?: { certFile: string; keyFile: string };
   htpasswd?: string;
+  tokens?: TokenService;
 }): string {
   const lines = [
     'version: 0.1',
@@ -139,6 +153,10 @@ function registryConfig(v: {
   ];
   if (v.certs) lines.push('  tls:', `    certificate: ${v.certs.certFile}`, `    key: ${v.certs.keyFile}`);
   if (v.htpasswd) lines.push('auth:', '  htpasswd:', '    realm: webhook-test', `    path: ${v.htpasswd}`);
+  if (v.tokens) {
+    lines.push('auth:', '  token:', `    realm: ${v.tokens.realm}`, `    service: ${TOKEN_SERVICE}`, `    issuer: ${TOKEN_ISSUER}`);
+    lines.push(`    rootcertbundle: ${v.tokens.signerCertFile}`);
+  }
   if (v.notify) {
     lines.push('notifications:', '  endpoints:', '    - name: webhook', `      url: ${JSON.stringify(v.notify.url)}`);
     const headers = Object.entries(v.notify.headers ?? {});
@@ -165,6 +183,61 @@ async function waitUntilListening(port: number, child: ChildProcess, output: () 
     await sleep(50);
   }
   return false;
+}
+
+// ---- the token service (Docker registry token auth) ---------------------------------------------
+
+const TOKEN_SERVICE = 'webhook-test-registry';
+const TOKEN_ISSUER = 'webhook-test-token-service';
+
+interface TokenService {
+  server: https.Server;
+  realm: string;
+  signerCertFile: string;
+  /** The User-Agent of each request a token was issued to. */
+  issued: string[];
+}
+
+/**
+ * A token service as the Docker token spec describes it: GET <realm>?service=…&scope=… with the
+ * user's basic auth answers {"token": <JWT>}, the JWT signed (RS256) by a key whose self-signed
+ * certificate the registry trusts (rootcertbundle) and names in the header (x5c). 401 otherwise.
+ */
+async function startTokenService(
+  dir: string,
+  certs: { certFile: string; keyFile: string },
+  login: { user: string; password: string },
+): Promise<TokenService> {
+  const p = (name: string) => join(dir, name);
+  runSync('openssl', ['req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-keyout', p('signer.key'), '-out', p('signer.pem'),
+    '-days', '2', '-subj', '/CN=webhook test token signer']);
+  const signerKey = readFileSync(p('signer.key'), 'utf8');
+  const x5c = readFileSync(p('signer.pem'), 'utf8').replace(/-----[^-]+-----|\s/g, '');
+  const b64url = (v: Buffer | string) => Buffer.from(v).toString('base64url');
+  const expected = `Basic ${Buffer.from(`${login.user}:${login.password}`).toString('base64')}`;
+  const service: TokenService = { server: undefined as unknown as https.Server, realm: '', signerCertFile: p('signer.pem'), issued: [] };
+  service.server = https.createServer({ cert: readFileSync(certs.certFile), key: readFileSync(certs.keyFile) }, (req, res) => {
+    const url = new URL(req.url ?? '/', 'https://127.0.0.1');
+    if (req.headers.authorization !== expected) {
+      res.writeHead(401, { 'Content-Type': 'application/json' }).end('{"errors":[{"code":"UNAUTHORIZED"}]}');
+      return;
+    }
+    const access = url.searchParams.getAll('scope').flatMap((scope) => {
+      const [type, name, actions] = scope.split(':');
+      return type && name && actions ? [{ type, name, actions: actions.split(',') }] : [];
+    });
+    const now = Math.floor(Date.now() / 1000);
+    const header = b64url(JSON.stringify({ alg: 'RS256', typ: 'JWT', x5c: [x5c] }));
+    const claims = b64url(JSON.stringify({ iss: TOKEN_ISSUER, sub: login.user, aud: url.searchParams.get('service') ?? TOKEN_SERVICE,
+      exp: now + 300, nbf: now - 10, iat: now, jti: randomBytes(8).toString('hex'), access }));
+    const signature = b64url(createSign('sha256').update(`${header}.${claims}`).sign(signerKey));
+    const token = `${header}.${claims}.${signature}`;
+    service.issued.push(req.headers['user-agent'] ?? '');
+    res.writeHead(200, { 'Content-Type': 'application/json' }).end(JSON.stringify({ token, access_token: token, expires_in: 300 }));
+  });
+  await new Promise<void>((resolve) => service.server.listen(0, '127.0.0.1', resolve));
+  service.realm = `https://127.0.0.1:${(service.server.address() as net.AddressInfo).port}/token`;
+  return service;
 }
 
 // ---- the OCI archive -----------------------------------------------------------------------------
