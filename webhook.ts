@@ -8496,15 +8496,21 @@ function registryRequest(
 ): Promise<RegistryAnswer> {
   return new Promise((resolve, reject) => {
     const all = { 'User-Agent': `webhook/${VERSION}`, ...headers };
-    const req = https.request(url, { method, headers: all, ca, timeout: VERIFY_LIMITS.requestTimeoutMs }, (res) => {
-      let body = '';
-      res.setEncoding('utf8');
-      res.on('data', (chunk: string) => {
-        if (body.length < VERIFY_LIMITS.maxBodyBytes) body += chunk;
-      });
-      res.on('end', () => resolve({ status: res.statusCode ?? 0, headers: res.headers, body }));
-      res.on('error', reject);
-    });
+    // timeout bounds a silent socket; the signal bounds the whole exchange (a registry that drips).
+    const signal = AbortSignal.timeout(VERIFY_LIMITS.requestTimeoutMs);
+    const req = https.request(
+      url,
+      { method, headers: all, ca, timeout: VERIFY_LIMITS.requestTimeoutMs, signal },
+      (res) => {
+        let body = '';
+        res.setEncoding('utf8');
+        res.on('data', (chunk: string) => {
+          if (body.length < VERIFY_LIMITS.maxBodyBytes) body += chunk;
+        });
+        res.on('end', () => resolve({ status: res.statusCode ?? 0, headers: res.headers, body }));
+        res.on('error', reject);
+      },
+    );
     req.on('timeout', () => req.destroy(new Error(`no answer within ${VERIFY_LIMITS.requestTimeoutMs / 1000}s`)));
     req.on('error', reject);
     req.end();
@@ -8833,7 +8839,11 @@ export function hookReach(hook: Hook): HookReach | undefined {
   const verify = pinnedInput(hook, 'VERIFY_IMAGE');
   const verifyImage = verify !== undefined && 'value' in verify && parseGoBool(verify.value.trim()) === true;
   try {
-    return { ...reach, target: { namespace: ns.value, ...parseWorkload(workload.value) }, verifyImage };
+    return {
+      ...reach,
+      target: { namespace: ns.value, ...parseWorkload(workload.value) },
+      ...(verifyImage && { verifyImage }),
+    };
   } catch (e) {
     return { ...reach, open: (e as Error).message };
   }
