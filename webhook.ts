@@ -5518,7 +5518,7 @@ function closeWithoutReset(ex: Exchange, draining: () => boolean): () => void {
 //    section 7 refuse them at load unless they are fixed strings in the hook file, and valid.
 //    Exports: checkImagePin, chooseCandidate, composeImageRef, IMAGE_PIN_SETTINGS, ImagePin, isObject,
 //    normalizeImageRef, parsePushHeaders, parsePushPayload, PushHeaders, readImagePin, registryOf, showValue,
-//    stripSchemeAndSlashes, validateImageRef.
+//    stripSchemeAndSlashes, validateImageRef, webhookValidation.
 // ================================================================================================
 
 export interface UpgradeInputs {
@@ -5620,6 +5620,19 @@ export function parsePushPayload(
 
 /** Request headers as the hook passes them (argument 2, its entire-headers), by lower-case name. */
 export type PushHeaders = Record<string, string>;
+
+/**
+ * The CloudEvents webhook validation handshake (abuse protection), as Azure Event Grid sends it for
+ * its CloudEvents schema: an OPTIONS request with WebHook-Request-Origin and no body. It is answered
+ * by the hook (http-methods with OPTIONS, a WebHook-Allowed-Origin response header); the upgrade
+ * only acknowledges it. The reason, or undefined for any other request.
+ */
+export function webhookValidation(headers: PushHeaders, payloadText: string | undefined): string | undefined {
+  const origin = headers['webhook-request-origin'];
+  const empty = payloadText === undefined || ['', 'null', '{}'].includes(payloadText.trim());
+  if (origin === undefined || !empty) return undefined;
+  return `CloudEvents webhook validation from ${showValue(origin)}: the hook's WebHook-Allowed-Origin answers it`;
+}
 
 /** Parses argument 2 of /webhooks.sh when the hook passes it: entire-headers, a JSON object. */
 export function parsePushHeaders(text: string | undefined): PushHeaders {
@@ -8120,9 +8133,15 @@ export async function runUpgrade(
   try {
     // Everything up to queue.run is synchronous, so tasks are queued in the order calls arrive.
     const settings = readSettings(env, report);
+    const headers = pushHeaders(args[1]);
+    const validation = webhookValidation(headers, args[0]);
+    if (validation !== undefined) {
+      report.action = `none (${validation})`;
+      return upgradeResult(report);
+    }
     const parsed = parsePushPayload(args[0]);
     if (parsed.kind === 'error') throw new UpgradeError(parsed.message);
-    const composed = composeImageRef(parsed.payload, env, pushHeaders(args[1]));
+    const composed = composeImageRef(parsed.payload, env, headers);
     if (composed.kind === 'error') throw new UpgradeError(composed.message);
     if (composed.kind === 'noop' || composed.kind === 'answer') {
       report.action = `none (${composed.reason})`;

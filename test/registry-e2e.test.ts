@@ -76,6 +76,9 @@ function hooksFile(): string {
     upgradeHook('harbor', headerValue('Authorization', 'HARBOR_AUTH'), 'harbor'),
     upgradeHook('ghcr', { match: { type: 'payload-hmac-sha256', secret: '{{ getenv "GITHUB_SECRET" }}', parameter: { source: 'header', name: 'X-Hub-Signature-256' } } }, 'ghcr'),
     upgradeHook('azure', urlToken, 'azure'),
+    // Event Grid's CloudEvents schema validates an endpoint with OPTIONS first (abuse protection).
+    { ...upgradeHook('azure-cloudevents', urlToken, 'cloudevents'), 'http-methods': ['POST', 'OPTIONS'],
+      'response-headers': [{ name: 'WebHook-Allowed-Origin', value: 'eventgrid.azure.net' }] },
     upgradeHook('gitea', { match: { type: 'payload-hmac-sha256', secret: '{{ getenv "GITEA_SECRET" }}', parameter: { source: 'header', name: 'X-Gitea-Signature' } } }, 'gitea'),
     withEnv(upgradeHook('nexus', { match: { type: 'payload-hmac-sha1', secret: '{{ getenv "NEXUS_SECRET" }}', parameter: { source: 'header', name: 'X-Nexus-Webhook-Signature' } } }, 'nexus'),
       { REGISTRY_HOST: 'nexus.example.com:8082' }),
@@ -108,6 +111,7 @@ describe('real registry events and registry payloads through the executable', { 
       deployment('harbor', [{ name: 'app', image: 'hub.harbor.com/test-webhook/debian:old' }], { replicas: 1 }),
       deployment('ghcr', [{ name: 'app', image: 'ghcr.io/myorg/my-service:v0' }], { replicas: 1 }),
       deployment('gitea', [{ name: 'app', image: 'localhost:3000/user1/giteacontainer:v0' }], { replicas: 1 }),
+      deployment('acr', [{ name: 'app', image: 'demo.azurecr.io/aci-helloworld:v0' }], { replicas: 1 }),
       deployment('nexus', [{ name: 'app', image: 'nexus.example.com:8082/app1/alpine:3.3' }], { replicas: 1 }),
     ] }));
   });
@@ -204,6 +208,20 @@ describe('real registry events and registry payloads through the executable', { 
     });
     assert.equal(res.status, 200, res.body);
     assert.deepEqual(JSON.parse(res.body), { validationResponse: '512d38b6-c7b8-40c8-89fe-f46f9e9622b6' });
+  });
+
+  test('Event Grid\'s CloudEvents schema: the OPTIONS validation is allowed, then an ImagePushed event upgrades', async () => {
+    const pushed = (fixture: string) => JSON.parse(fs.readFileSync(path.join(FIXTURES, fixture), 'utf8'));
+    const url = `/hooks/azure-cloudevents?${query('acr', { token: TOKEN })}`;
+    const options = await wh.request(url, { method: 'OPTIONS', headers: { 'WebHook-Request-Origin': 'eventgrid.azure.net' } });
+    assert.equal(options.status, 200, options.body);
+    assert.equal(options.headers['webhook-allowed-origin'], 'eventgrid.azure.net');
+    assert.match(options.body, /^action: +none \(CloudEvents webhook validation from "eventgrid\.azure\.net"/m);
+    assert.equal(await imageOf('acr'), 'demo.azurecr.io/aci-helloworld:v0');
+    const event = pushed('azure-eventgrid-image-pushed.json')[0];
+    const res = await wh.request(url, { method: 'POST', headers: { 'Content-Type': 'application/cloudevents+json; charset=utf-8' }, body: JSON.stringify(event) });
+    assert.equal(res.status, 200, res.body);
+    assert.equal(await imageOf('acr'), 'demo.azurecr.io/aci-helloworld:v1');
   });
 
   test('no secret of the hooks appears in the service\'s output', () => {
