@@ -138,15 +138,19 @@ describe('real registry events and registry payloads through the executable', { 
     // The registry sends one envelope at a time: once the pull's is answered, every earlier one was.
     await registry.pull('acme/web:v3');
     await waitForOutput(wh, 'no push of a tagged manifest in the envelope (pull of a manifest)', 60_000);
+    await waitForOutput(wh, 'no push of a tagged manifest in the envelope (push of an untagged manifest)', 60_000);
+    await waitForOutput(wh, 'no push of a tagged manifest in the envelope (push of a blob)', 60_000);
     assert.equal(updatesTo(`${registry.host}/acme/web:v3`), 1, wh.output());
-    assert.match(wh.output(), /no push of a tagged manifest in the envelope \(push of an untagged manifest\)/);
-    assert.match(wh.output(), /no push of a tagged manifest in the envelope \(push of a blob\)/);
     const after = await getJson('deployment/web');
     assert.equal(after.metadata.generation, generation, 'the pull changed the Deployment');
     assert.equal(containerImage(after, 'app'), `${registry.host}/acme/web:v3`);
-    const events = JSON.parse(await kubectl(['-n', ns, 'get', 'events', '--field-selector', 'involvedObject.name=web,reason=ImageUpdated', '-o', 'json']));
-    const v3 = events.items.filter((e: { message: string }) => e.message.includes('/acme/web:v3;'));
-    assert.equal(v3.length, 1, JSON.stringify(events.items.map((e: { message: string }) => e.message)));
+    // The Event is recorded after the answer: wait for it, then there must be exactly one.
+    const updated = async () => {
+      const events = JSON.parse(await kubectl(['-n', ns, 'get', 'events', '--field-selector', 'involvedObject.name=web,reason=ImageUpdated', '-o', 'json']));
+      return (events.items as { message: string }[]).map((e) => e.message).filter((m) => m.includes('/acme/web:v3;'));
+    };
+    await waitFor(async () => (await updated()).length > 0, { timeoutMs: 30_000, what: 'the ImageUpdated Event' });
+    assert.equal((await updated()).length, 1, (await updated()).join('\n'));
   });
 
   test('Harbor through its Authorization header: the wrong value changes nothing, the right one upgrades', async () => {
