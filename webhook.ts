@@ -8585,14 +8585,19 @@ async function authorizationFor(
   return `Bearer ${token}`;
 }
 
-/** The digest the registry has for host/repository:tag (HEAD /v2/<repo>/manifests/<tag>); undefined: no such tag. */
+/**
+ * The digest the registry has for host/repository:tag (HEAD /v2/<repo>/manifests/<tag>), undefined
+ * when it has no such tag, and the login used. The login is looked up only when the registry asks
+ * for one, so a public image needs no pull secret (and no permission to read one).
+ */
 export async function resolveManifestTag(
   host: string,
   repository: string,
   tag: string,
-  login: RegistryLogin | undefined,
+  loginFor: () => Promise<RegistryLogin | undefined>,
   ca?: string,
-): Promise<string | undefined> {
+): Promise<{ digest: string | undefined; login: RegistryLogin | undefined }> {
+  let login: RegistryLogin | undefined;
   const url = new URL(`https://${host}/v2/${repository}/manifests/${encodeURIComponent(tag)}`);
   const head = (authorization?: string) =>
     registryRequest(
@@ -8603,9 +8608,11 @@ export async function resolveManifestTag(
     );
   let answer = await head();
   const challenge = answer.headers['www-authenticate'];
-  if (answer.status === 401 && typeof challenge === 'string')
+  if (answer.status === 401 && typeof challenge === 'string') {
+    login = await loginFor();
     answer = await head(await authorizationFor(challenge, login, repository, ca));
-  if (answer.status === 404) return undefined;
+  }
+  if (answer.status === 404) return { digest: undefined, login };
   if (answer.status === 401 || answer.status === 403) {
     const how = login
       ? `the login of pull secret "${login.secret}"`
@@ -8617,7 +8624,7 @@ export async function resolveManifestTag(
     throw new UpgradeError(
       `the registry answered ${answer.status}${typeof digest === 'string' ? '' : ' without a digest'}`,
     );
-  return digest;
+  return { digest, login };
 }
 
 /** "https://reg.example.com/v1/" → "reg.example.com": how docker config files name a registry. */
@@ -8719,11 +8726,12 @@ async function verifiedRef(
   const { domain, path: repository, tag } = parsed.ref;
   const digest = parsed.ref.digest ?? announced;
   const host = domain === undefined || registryOf(domain) === 'docker.io' ? 'registry-1.docker.io' : domain;
-  const login = await workloadLogin(client, s.namespace, pullSecretNames(podSpec), host);
+  const loginFor = () => workloadLogin(client, s.namespace, pullSecretNames(podSpec), host);
   const where = `${host}/${repository}:${tag}`;
   let resolved: string | undefined;
+  let login: RegistryLogin | undefined;
   try {
-    resolved = await resolveManifestTag(host, repository, tag, login, s.registryCa);
+    ({ digest: resolved, login } = await resolveManifestTag(host, repository, tag, loginFor, s.registryCa));
   } catch (e) {
     throw new UpgradeError(`VERIFY_IMAGE: could not resolve ${where}: ${(e as Error).message}; nothing was changed`);
   }

@@ -411,3 +411,49 @@ describe('VERIFY_IMAGE against a real registry with token auth over TLS (the bea
     assert.ok(registry.tokensIssuedTo().some((ua) => ua.startsWith('webhook/')), registry.tokensIssuedTo().join(', '));
   });
 });
+
+describe('VERIFY_IMAGE against a real public registry over TLS (anonymous)', { skip: cluster ? false : 'no cluster' }, () => {
+  const ns = freshNamespaceName('registry-anon');
+  const kubectl = kubectlFor(cluster!);
+  let stopService: () => Promise<unknown>;
+  let output: () => string;
+  let registry: Registry;
+
+  before(async () => {
+    const work = makeTempDir('registry-anon-');
+    const { spawnWebhook, freePort, waitFor: wait, httpRequest } = await import('./harness.ts');
+    const port = await freePort();
+    registry = await startRegistry({
+      tls: true,
+      notify: { url: `http://127.0.0.1:${port}/hooks/verified?${new URLSearchParams({ ns, workload: 'deployment/web', container: 'app' })}`,
+        headers: { Authorization: SECRETS.REGISTRY_AUTH } },
+    });
+    const caFile = path.join(work, 'registry-ca.pem');
+    fs.writeFileSync(caFile, registry.caPem!);
+    const hook = withEnv(upgradeHook('verified', headerValue('Authorization', 'REGISTRY_AUTH'), 'distribution'), { VERIFY_IMAGE: 'true', REGISTRY_CA: caFile });
+    fs.writeFileSync(path.join(work, 'hooks.json'), JSON.stringify([hook]));
+    const s = await spawnWebhook({ hooks: path.join(work, 'hooks.json'), env: { WEBHOOK_CMD: '-template', KUBECONFIG: cluster!.kubeconfigPath, ...SECRETS } }, port);
+    await wait(async () => (await httpRequest(port, '/').catch(() => undefined))?.status === 200, { timeoutMs: 10_000, what: 'the service' });
+    stopService = async () => { s.proc.kill('SIGTERM'); return s.exited; };
+    output = s.output;
+    await kubectl(['create', 'namespace', ns]);
+    // It names a pull secret that does not exist: a public registry must not need it.
+    await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(deployment('web', [{ name: 'app', image: `${registry.host}/acme/web:v1` }], { replicas: 1 })));
+    await kubectl(['-n', ns, 'patch', 'deployment/web', '--type=json', '-p',
+      JSON.stringify([{ op: 'add', path: '/spec/template/spec/imagePullSecrets', value: [{ name: 'absent' }] }])]);
+    await registry.push(ociArchive(work, 'anonymous v2').path, 'acme/web:v2');
+  });
+  after(async () => {
+    await registry?.stop();
+    await stopService?.();
+    if (!process.env.KEEP_NAMESPACE) await kubectl(['delete', 'namespace', ns, '--wait=false']).catch(() => undefined);
+  });
+
+  test('the tag is resolved anonymously, no pull secret read, and its digest deployed', async () => {
+    const image = await waitFor(async () => {
+      const i = containerImage(JSON.parse(await kubectl(['-n', ns, 'get', 'deployment/web', '-o', 'json'])), 'app');
+      return i?.startsWith(`${registry.host}/acme/web:v2@sha256:`) ? i : undefined;
+    }, { timeoutMs: 60_000, what: 'the verified v2 push to land' });
+    assert.match(output(), new RegExp(`note: +VERIFY_IMAGE: 127\\.0\\.0\\.1:\\d+/acme/web:v2 is ${image.split('@')[1]} on the registry\\n`));
+  });
+});
