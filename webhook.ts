@@ -5489,26 +5489,35 @@ function closeWithoutReset(ex: Exchange, draining: () => boolean): () => void {
 
 // ================================================================================================
 // 11. registry payloads → image reference — turns a registry's push notification (Aliyun ACR,
-//    Docker Hub, a build job) into the image reference the cluster will pull, and validates it
-//    against the OCI distribution reference grammar before anything is sent to Kubernetes.
-//    Pure functions: no I/O, no clock. Each registry is one entry of REGISTRIES: its payload
-//    becomes one PushEvent (host, repository, tag, digest, pushed-at), and it says what its test
-//    ping looks like; composing, pinning and validating the reference are the same for all.
+//    Docker Hub, a build job, Harbor, Quay, GHCR, Azure, CNCF Distribution, Artifactory, Nexus,
+//    Gitea, CloudEvents) into the image reference the cluster will pull, and validates it against
+//    the OCI distribution reference grammar before anything is sent to Kubernetes.
+//    Pure functions: no I/O, no clock. Each registry is one entry of REGISTRIES: its reader makes
+//    the payload (and the request's headers, argument 2 when the hook passes entire-headers) into
+//    PushEvents (host, repository, tag, digest, pushed-at), an acknowledged no-op (a pull, a test
+//    ping, a push by digest, a signature tag), or a handshake's answer (Event Grid's validation);
+//    how REPO_TYPE=auto recognises it is part of the entry. Composing, pinning and validating the
+//    reference are the same for all. A delivery that announces several images (an envelope, a
+//    Quay push of two tags) yields candidates; chooseCandidate picks the container's.
 //
 //    The hook's environment chooses the composition:
-//      REPO_TYPE      a key of REGISTRIES: regionalregistry | publicregistry | custom (any case)
+//      REPO_TYPE      a key of REGISTRIES (any case), or auto
 //      NET_TYPE       regionalregistry only: unset or "public" → registry.<region>.aliyuncs.com,
 //                     "vpc" → registry-vpc.…, "internal" → registry-internal.…
 //      REGISTRY_HOST  host[:port] that replaces the registry host for every REPO_TYPE: the computed
 //                     ACR host (ACR Enterprise Edition `<instance>-registry[-vpc].<region>.cr.aliyuncs.com`,
 //                     Personal Edition `crpi-<id>[-vpc].<region>.personal.cr.aliyuncs.com`; NET_TYPE
-//                     is then not used), Docker Hub (a mirror of it) and repository.repo_url.
-//      PIN_DIGEST     true → `repo:tag@sha256:…` when the payload carries push_data.digest (ACR
-//                     does, Docker Hub does not); the cluster then runs exactly the pushed image.
-//    A test ping (for these three: a payload without push_data.tag, repository.name or
+//                     is then not used), Docker Hub (a mirror of it), repository.repo_url, and the
+//                     host each other payload names. Required for Artifactory and Nexus, whose
+//                     payloads name none, and for a Harbor resource_url without a host.
+//      PIN_DIGEST     true → `repo:tag@sha256:…` when the payload carries the pushed digest (ACR,
+//                     Harbor, Azure, Distribution, GHCR, Artifactory do; Docker Hub, Quay, Nexus,
+//                     Gitea do not); the cluster then runs exactly the pushed image.
+//    A test ping (for the push_data shapes: a payload without push_data.tag, repository.name or
 //    repository.namespace, as Docker Hub sends when a webhook is created) is acknowledged as a
-//    no-op, as the old script did. Any other
-//    missing or malformed field is an error naming the field; nothing is lower-cased or repaired.
+//    no-op, as the old script did. Any other missing or malformed field is an error naming the
+//    field; nothing is lower-cased or repaired (GHCR's and Gitea's lower-case namespaces are those
+//    registries' own mapping of an owner's login).
 //
 //    The image pin (checkImagePin): whoever holds a hook's URL writes the payload, so a push may
 //    change only the tag and digest of the repository the container runs now. Endpoints of one
@@ -5519,8 +5528,9 @@ function closeWithoutReset(ex: Exchange, draining: () => boolean): () => void {
 //                     `host/*`; Docker Hub's may omit the host (`nginx`, `shopteam/*`).
 //    REGISTRY_HOST and ALLOW_IMAGES widen what a request may deploy, so IMAGE_PIN_SETTINGS has
 //    section 7 refuse them at load unless they are fixed strings in the hook file, and valid.
-//    Exports: checkImagePin, composeImageRef, IMAGE_PIN_SETTINGS, ImagePin, isObject,
-//    normalizeImageRef, parsePushPayload, readImagePin, showValue.
+//    Exports: checkImagePin, chooseCandidate, composeImageRef, IMAGE_PIN_SETTINGS, ImagePin, isObject,
+//    normalizeImageRef, parsePushHeaders, parsePushPayload, PushHeaders, readImagePin, registryOf, showValue,
+//    stripSchemeAndSlashes, validateImageRef, webhookValidation.
 // ================================================================================================
 
 export interface UpgradeInputs {
@@ -5532,9 +5542,17 @@ export interface UpgradeInputs {
 }
 
 export type ComposedRef =
-  /** pushId identifies this push (digest and pushed_at) so a repeated notification is recognised. */
-  | { kind: 'ref'; ref: string; notes: string[]; pushId: string }
+  /**
+   * pushId identifies this push (digest and pushed_at) so a repeated notification is recognised.
+   * candidates: every distinct reference when one delivery announces several (a Quay push of two
+   * tags, an envelope of pushes to several repositories); ref is then the last of them, and
+   * chooseCandidate picks the one for a container. digest: the one the payload announced (valid,
+   * pinned or not), for VERIFY_IMAGE to compare with the registry's.
+   */
+  | { kind: 'ref'; ref: string; notes: string[]; pushId: string; candidates?: string[]; digest?: string }
   | { kind: 'noop'; reason: string }
+  /** A handshake the sender expects answered with this exact body (Event Grid's validation). */
+  | { kind: 'answer'; body: string; reason: string }
   | { kind: 'error'; message: string };
 
 /** A parsed reference; domain is undefined when the reference names none (Docker Hub). */
@@ -5583,7 +5601,7 @@ function isObject(v: unknown): v is Record<string, unknown> {
 /** Parses argument 1 of /webhooks.sh: the request body as the hook's entire-payload passes it. */
 export function parsePushPayload(
   text: string | undefined,
-): { kind: 'payload'; payload: Record<string, unknown> } | { kind: 'error'; message: string } {
+): { kind: 'payload'; payload: Record<string, unknown> | unknown[] } | { kind: 'error'; message: string } {
   if (text === undefined || text.trim() === '') {
     return {
       kind: 'error',
@@ -5606,8 +5624,43 @@ export function parsePushPayload(
         'payload is not JSON: the request body was empty or did not parse as JSON (send it with Content-Type: ' +
         'application/json)',
     };
-  if (!isObject(value)) return { kind: 'error', message: `payload is not a JSON object (got ${typeName(value)})` };
+  // An array is a batch (Azure Event Grid); whether the registry takes one is composeImageRef's call.
+  if (!isObject(value) && !Array.isArray(value))
+    return { kind: 'error', message: `payload is not a JSON object (got ${typeName(value)})` };
   return { kind: 'payload', payload: value };
+}
+
+/** Request headers as the hook passes them (argument 2, its entire-headers), by lower-case name. */
+export type PushHeaders = Record<string, string>;
+
+/**
+ * The CloudEvents webhook validation handshake (abuse protection), as Azure Event Grid sends it for
+ * its CloudEvents schema: an OPTIONS request with WebHook-Request-Origin and no body. It is answered
+ * by the hook (http-methods with OPTIONS, a WebHook-Allowed-Origin response header); the upgrade
+ * only acknowledges it. The reason, or undefined for any other request.
+ */
+export function webhookValidation(headers: PushHeaders, payloadText: string | undefined): string | undefined {
+  const origin = headers['webhook-request-origin'];
+  const empty = payloadText === undefined || ['', 'null', '{}'].includes(payloadText.trim());
+  if (origin === undefined || !empty) return undefined;
+  return `CloudEvents webhook validation from ${showValue(origin)}: the hook's WebHook-Allowed-Origin answers it`;
+}
+
+/** Parses argument 2 of /webhooks.sh when the hook passes it: entire-headers, a JSON object. */
+export function parsePushHeaders(text: string | undefined): PushHeaders {
+  if (text === undefined || text.trim() === '') return {};
+  let value: unknown;
+  try {
+    value = JSON.parse(text);
+  } catch (e) {
+    throw new Error(
+      `argument 2 is not JSON (the hook passes the headers with {"source": "entire-headers"}): ${(e as Error).message}`,
+    );
+  }
+  if (!isObject(value)) throw new Error(`argument 2 is not the headers' JSON object (got ${typeName(value)})`);
+  const out: PushHeaders = {};
+  for (const [k, v] of Object.entries(value)) if (typeof v === 'string') out[k.toLowerCase()] = v;
+  return out;
 }
 
 /** A boolean hook setting (PIN_DIGEST): unset is false, else Go's ParseBool spellings. */
@@ -5659,15 +5712,15 @@ function stripSchemeAndSlashes(address: string): string {
 
 /** Reads a payload by dotted paths; a numeric segment indexes an array (`events.0.target.tag`). */
 class PayloadFields {
-  private readonly payload: Record<string, unknown>;
-  constructor(payload: Record<string, unknown>) {
+  private readonly payload: unknown;
+  constructor(payload: unknown) {
     this.payload = payload;
   }
 
-  /** The value at a dotted path; undefined when a step is absent or null; throws for a wrong shape. */
-  private value(field: string): unknown {
+  /** The value at a dotted path ("" is the root); undefined when a step is absent or null; throws for a wrong shape. */
+  value(field: string): unknown {
     let at: unknown = this.payload;
-    const parts = field.split('.');
+    const parts = field === '' ? [] : field.split('.');
     for (const [i, part] of parts.entries()) {
       if (at === undefined || at === null) return undefined;
       if (Array.isArray(at) && /^\d+$/.test(part)) {
@@ -5712,7 +5765,28 @@ class PayloadFields {
   absent(fields: string[]): string[] {
     return fields.filter((f) => this.optional(f) === undefined);
   }
+
+  /** The length of the array at a dotted path; 0 when absent; throws for another type. */
+  count(field: string): number {
+    const v = this.value(field);
+    if (v === undefined || v === null) return 0;
+    if (!Array.isArray(v)) throw new Error(`${field || 'the payload'} must be an array, got ${typeName(v)}`);
+    return v.length;
+  }
+
+  /** Whether the value at a dotted path is present (not undefined or null); false for a wrong shape. */
+  has(field: string): boolean {
+    try {
+      const v = this.value(field);
+      return v !== undefined && v !== null;
+    } catch {
+      return false;
+    }
+  }
 }
+
+/** `base.rest`, or `rest` at the root: readers take the place their registry's object sits. */
+const fieldAt = (base: string, rest: string) => (base === '' ? rest : `${base}.${rest}`);
 
 /** A registry's push, normalised: what composing, pinning and validating the reference need. */
 interface PushEvent {
@@ -5735,12 +5809,19 @@ interface RegistrySettings {
   netType: string | undefined;
 }
 
+/** What a registry's reader makes of a delivery: one push, several, an acknowledged no-op, or a handshake. */
+type Reading = PushEvent | PushEvent[] | { noop: string } | { answer: string; reason: string };
+
 interface Registry {
   /** Who sends this payload, for messages and docs. */
   sender: string;
+  /** How REPO_TYPE=auto recognises this sender: what it looks for (for the refusal) and the test. */
+  recognise?: { looksFor: string; test(p: PayloadFields, h: PushHeaders): boolean };
+  /** Whether the payload may be a JSON array (a batch of events). */
+  batches?: boolean;
   /** Why this payload announces no image (a registry's test ping), or undefined for a push. */
-  testPing(p: PayloadFields): string | undefined;
-  read(p: PayloadFields, s: RegistrySettings): PushEvent;
+  testPing?(p: PayloadFields): string | undefined;
+  read(p: PayloadFields, s: RegistrySettings, h: PushHeaders): Reading;
 }
 
 /** The `push_data`/`repository` shape ACR, Docker Hub and build jobs share. */
@@ -5762,10 +5843,333 @@ function pushDataTestPing(p: PayloadFields): string | undefined {
   return absent.length ? `test ping: the payload has no ${absent.join(', ')}, so there is no pushed image` : undefined;
 }
 
+/** An image address as registries write it (`https://host:port/path:tag@digest`): host (when it names one) and path. */
+function splitImageAddress(text: string): { host: string | undefined; path: string } {
+  let rest = stripSchemeAndSlashes(text);
+  const atSign = rest.indexOf('@');
+  if (atSign >= 0) rest = rest.slice(0, atSign);
+  const colon = rest.lastIndexOf(':');
+  if (colon > rest.lastIndexOf('/')) rest = rest.slice(0, colon);
+  const slash = rest.indexOf('/');
+  const first = slash < 0 ? '' : rest.slice(0, slash);
+  // As docker does: the first component is a registry host when it looks like one.
+  const isHost = first.includes('.') || first.includes(':') || first === 'localhost';
+  return isHost ? { host: first, path: rest.slice(slash + 1) } : { host: undefined, path: rest };
+}
+
+/** The registry host of a push: REGISTRY_HOST, else the payload's, else an error saying what to set. */
+function pushHost(s: RegistrySettings, fromPayload: string | undefined, field: string, sender: string): string {
+  const host = s.registryHost ?? fromPayload;
+  if (host === undefined)
+    throw new Error(
+      `${field} names no registry host: set REGISTRY_HOST in the hook to the host[:port] ${sender} serves images on`,
+    );
+  const problem = domainProblem(host);
+  if (problem) throw new Error(`${field}: registry host ${showValue(host)} ${problem}`);
+  return host;
+}
+
+/** A repository path from a payload value that is not a field of its own (part of a URL). */
+function checkedRepository(value: string, field: string): string {
+  const problem = repositoryPathProblem(value);
+  if (problem) throw new Error(`${field}: repository ${showValue(value)} ${problem}`);
+  return value;
+}
+
+/** Harbor's push (default format at event_data, CloudEvents format at data): one event per tagged resource. */
+function harborPush(p: PayloadFields, s: RegistrySettings, base: string, pushedAt: string): Reading {
+  const pushes: PushEvent[] = [];
+  const resources = fieldAt(base, 'resources');
+  for (let i = 0; i < p.count(resources); i++) {
+    const r = `${resources}.${i}`;
+    const tag = p.optional(`${r}.tag`);
+    // Pushed by digest, Harbor leaves the tag empty or (in its CloudEvents format) repeats the digest there.
+    if (tag === undefined || tag.startsWith('sha256:')) continue;
+    const url = p.optional(`${r}.resource_url`);
+    const address = url === undefined ? undefined : splitImageAddress(url);
+    const fullName = p.optional(fieldAt(base, 'repository.repo_full_name'));
+    const repository = fullName
+      ? p.repository(fieldAt(base, 'repository.repo_full_name'), 'the project/repository')
+      : checkedRepository(address?.path ?? '', `${r}.resource_url`);
+    const host = pushHost(s, address?.host, `${r}.resource_url ${showValue(url ?? '')}`, 'Harbor');
+    pushes.push({
+      host,
+      repository,
+      tag,
+      tagField: `${r}.tag`,
+      digest: p.optional(`${r}.digest`),
+      digestField: `${r}.digest`,
+      pushedAt,
+    });
+  }
+  if (pushes.length > 0) return pushes;
+  if (p.count(resources) === 0) throw new Error(`${resources} is missing or empty (the pushed artifacts)`);
+  return {
+    noop: `pushed by digest, without a tag (${resources}[].tag is empty or the digest): there is no tag to deploy`,
+  };
+}
+
+const HARBOR_PUSH_TYPES = ['PUSH_ARTIFACT', 'pushImage'];
+
+function harborRead(p: PayloadFields, s: RegistrySettings): Reading {
+  if (p.optional('specversion') !== undefined) {
+    const type = p.required('type', 'the CloudEvents type');
+    if (type !== 'harbor.artifact.pushed') return { noop: `Harbor event ${showValue(type)} is not a push` };
+    return harborPush(p, s, 'data', p.time('time'));
+  }
+  const type = p.required('type', 'the Harbor event type, e.g. PUSH_ARTIFACT');
+  if (!HARBOR_PUSH_TYPES.includes(type))
+    return { noop: `Harbor event ${showValue(type)} is not a push (PUSH_ARTIFACT, or pushImage before Harbor 2.0)` };
+  return harborPush(p, s, 'event_data', p.time('occur_at'));
+}
+
+/** Quay's repo_push: docker_url and updated_tags, a list (now) or an object of tag → image id (before). */
+function quayRead(p: PayloadFields, s: RegistrySettings): Reading {
+  const url = p.optional('docker_url');
+  const address = url === undefined ? undefined : splitImageAddress(url);
+  const repository = address
+    ? checkedRepository(address.path, `docker_url ${showValue(url!)}`)
+    : p.repository('repository', 'the namespace/repository');
+  const host = pushHost(s, address?.host ?? 'quay.io', 'docker_url', 'Quay');
+  const tags = p.value('updated_tags');
+  const names = Array.isArray(tags) ? tags : isObject(tags) ? Object.keys(tags) : undefined;
+  if (names === undefined) throw new Error('updated_tags is missing (the tags pushed: a list, or an object)');
+  if (names.length === 0) return { noop: 'updated_tags is empty: no tag was pushed' };
+  return names.map((tag, i) => {
+    if (typeof tag !== 'string') throw new Error(`updated_tags[${i}] must be a string, got ${typeName(tag)}`);
+    return { host, repository, tag, tagField: 'updated_tags', digest: undefined, digestField: '', pushedAt: '' };
+  });
+}
+
+const GITHUB_PACKAGE_EVENTS = ['package', 'registry_package'];
+
+/** GitHub's package (or older registry_package) event for a container package version. */
+function ghcrRead(p: PayloadFields, s: RegistrySettings, h: PushHeaders): Reading {
+  const event = h['x-github-event'];
+  if (event !== undefined && !GITHUB_PACKAGE_EVENTS.includes(event))
+    return { noop: `GitHub event ${showValue(event)} is not a package event` };
+  const key = p.has('registry_package') && !p.has('package') ? 'registry_package' : 'package';
+  if (!p.has(key)) throw new Error('package is missing (GitHub sends it with X-GitHub-Event: package)');
+  const action = p.optional('action') ?? '';
+  if (action !== 'published') return { noop: `GitHub package action ${showValue(action)} is not a publication` };
+  const kind = [p.optional(`${key}.package_type`), p.optional(`${key}.ecosystem`)].map((t) => (t ?? '').toLowerCase());
+  if (!kind.some((t) => t === 'container' || t === 'docker'))
+    return { noop: `GitHub package type ${showValue(p.optional(`${key}.package_type`) ?? '')} is not a container` };
+  const v = `${key}.package_version`;
+  const tag = p.optional(`${v}.container_metadata.tag.name`);
+  if (tag === undefined)
+    return {
+      noop: 'the container version has no tag (a per-platform manifest or a push by digest): nothing to deploy',
+    };
+  const url = p.optional(`${v}.package_url`);
+  // GHCR's namespace is the owner's login in lower case (GitHub's own mapping, not a repair).
+  const name = url
+    ? splitImageAddress(url)
+    : {
+        host: 'ghcr.io',
+        path: `${p.required(`${key}.owner.login`, 'the owner')}/${p.required(`${key}.name`, 'name')}`,
+      };
+  const repository = checkedRepository(name.path.toLowerCase(), url ? `${v}.package_url` : `${key}.name`);
+  const host = pushHost(s, name.host ?? 'ghcr.io', `${v}.package_url`, 'GHCR');
+  const digestField = `${v}.container_metadata.tag.digest`;
+  return {
+    host,
+    repository,
+    tag,
+    tagField: `${v}.container_metadata.tag.name`,
+    digest: p.optional(digestField),
+    digestField,
+    pushedAt: p.time(`${v}.created_at`),
+  };
+}
+
+const EVENT_GRID_VALIDATION = 'Microsoft.EventGrid.SubscriptionValidationEvent';
+const ACR_IMAGE_PUSHED = 'Microsoft.ContainerRegistry.ImagePushed';
+// Event Grid's validation codes are GUIDs; anything else is not echoed back.
+const VALIDATION_CODE = /^[A-Za-z0-9-]{1,100}$/;
+
+/** Azure Container Registry's push (its webhook at the root, or an Event Grid event's data). */
+function acrPush(p: PayloadFields, s: RegistrySettings, base: string): PushEvent | { noop: string } {
+  const action = p.optional(fieldAt(base, 'action')) ?? '';
+  if (action !== 'push') return { noop: `Azure Container Registry action ${showValue(action)} is not an image push` };
+  const tag = p.optional(fieldAt(base, 'target.tag'));
+  if (tag === undefined) return { noop: `pushed by digest, without a tag (${fieldAt(base, 'target.tag')} is empty)` };
+  return {
+    host: pushHost(
+      s,
+      p.optional(fieldAt(base, 'request.host')),
+      fieldAt(base, 'request.host'),
+      'Azure Container Registry',
+    ),
+    repository: p.repository(fieldAt(base, 'target.repository'), 'the repository'),
+    tag,
+    tagField: fieldAt(base, 'target.tag'),
+    digest: p.optional(fieldAt(base, 'target.digest')),
+    digestField: fieldAt(base, 'target.digest'),
+    pushedAt: p.time(fieldAt(base, 'timestamp')),
+  };
+}
+
+/** Event Grid delivers a batch: a JSON array of events (Event Grid or CloudEvents schema). */
+function eventGridRead(p: PayloadFields, s: RegistrySettings): Reading {
+  const pushes: PushEvent[] = [];
+  const seen: string[] = [];
+  for (let i = 0; i < p.count(''); i++) {
+    const type = p.optional(`${i}.eventType`) ?? p.required(`${i}.type`, 'the event type');
+    if (type === EVENT_GRID_VALIDATION) {
+      const code = p.required(`${i}.data.validationCode`, 'the code Event Grid expects back');
+      if (!VALIDATION_CODE.test(code)) throw new Error(`${i}.data.validationCode ${showValue(code)} is not a code`);
+      return { answer: JSON.stringify({ validationResponse: code }), reason: 'Event Grid subscription validated' };
+    }
+    seen.push(type);
+    if (type !== ACR_IMAGE_PUSHED) continue;
+    const push = acrPush(p, s, `${i}.data`);
+    if (!('noop' in push)) pushes.push(push);
+  }
+  return pushes.length ? pushes : { noop: `no image push among the events (${seen.join(', ') || 'none'})` };
+}
+
+function azureRead(p: PayloadFields, s: RegistrySettings): Reading {
+  if (Array.isArray(p.value(''))) return eventGridRead(p, s);
+  if (p.has('eventType') || p.has('specversion')) {
+    const type = p.optional('eventType') ?? p.required('type', 'the event type');
+    if (type === EVENT_GRID_VALIDATION || type === ACR_IMAGE_PUSHED)
+      return eventGridRead(new PayloadFields([p.value('')]), s);
+    return { noop: `Event Grid event ${showValue(type)} is not an image push` };
+  }
+  return acrPush(p, s, '');
+}
+
+/** A CNCF Distribution envelope: only the push of a tagged manifest announces an image. */
+function distributionRead(p: PayloadFields, s: RegistrySettings): Reading {
+  const n = p.count('events');
+  if (n === 0) throw new Error('events is missing or empty (the registry sends an envelope of events)');
+  const pushes: PushEvent[] = [];
+  const ignored: string[] = [];
+  for (let i = 0; i < n; i++) {
+    const e = `events.${i}`;
+    const action = p.optional(`${e}.action`) ?? '';
+    const mediaType = p.optional(`${e}.target.mediaType`) ?? '';
+    const tag = p.optional(`${e}.target.tag`);
+    const manifest = /manifest|image\.index/.test(mediaType);
+    if (action !== 'push' || !manifest || tag === undefined) {
+      ignored.push(
+        `${action || 'unknown action'} of ${manifest ? (tag ? 'a manifest' : 'an untagged manifest') : 'a blob'}`,
+      );
+      continue;
+    }
+    const host = pushHost(s, p.optional(`${e}.request.host`), `${e}.request.host`, 'the registry');
+    // No time in the identity: the same manifest announced again (a retry, another envelope) is one push.
+    pushes.push({
+      host,
+      repository: p.repository(`${e}.target.repository`, 'the repository'),
+      tag,
+      tagField: `${e}.target.tag`,
+      digest: p.optional(`${e}.target.digest`),
+      digestField: `${e}.target.digest`,
+      pushedAt: '',
+    });
+  }
+  return pushes.length ? pushes : { noop: `no push of a tagged manifest in the envelope (${ignored.join(', ')})` };
+}
+
+/** JFrog Artifactory's Docker `pushed` event: at the root (legacy webhooks) or under data (platform webhooks). */
+function jfrogRead(p: PayloadFields, s: RegistrySettings): Reading {
+  const base = p.has('data.image_name') ? 'data' : '';
+  const type = p.optional(fieldAt(base, 'event_type')) ?? p.optional('event_type') ?? '';
+  if (type !== 'pushed') return { noop: `Artifactory Docker event ${showValue(type)} is not a push` };
+  const sha = p.optional(fieldAt(base, 'sha256'));
+  return {
+    host: pushHost(s, undefined, 'the Artifactory payload', 'Artifactory (its Docker access host)'),
+    repository: p.repository(fieldAt(base, 'image_name'), 'the image name'),
+    tag: p.required(fieldAt(base, 'tag'), 'the pushed tag'),
+    tagField: fieldAt(base, 'tag'),
+    digest: sha === undefined ? undefined : `sha256:${sha}`,
+    digestField: fieldAt(base, 'sha256'),
+    pushedAt: '',
+  };
+}
+
+/** Sonatype Nexus's repository component event: a docker component created (or updated). */
+function nexusRead(p: PayloadFields, s: RegistrySettings, h: PushHeaders): Reading {
+  const id = h['x-nexus-webhook-id'];
+  if (id !== undefined && id !== 'rm:repository:component')
+    return { noop: `Nexus webhook ${showValue(id)} is not a component event` };
+  const action = p.optional('action') ?? '';
+  if (action !== 'CREATED' && action !== 'UPDATED')
+    return { noop: `Nexus component action ${showValue(action)} is not a push` };
+  const format = p.optional('component.format') ?? '';
+  if (format !== 'docker') return { noop: `Nexus component format ${showValue(format)} is not docker` };
+  return {
+    host: pushHost(s, undefined, 'the Nexus payload', 'the Nexus Docker connector'),
+    repository: p.repository('component.name', 'the image name'),
+    tag: p.required('component.version', 'the pushed tag'),
+    tagField: 'component.version',
+    digest: undefined,
+    digestField: '',
+    pushedAt: p.time('timestamp'),
+  };
+}
+
+/** Gitea's package event for a container package. */
+function giteaRead(p: PayloadFields, s: RegistrySettings, h: PushHeaders): Reading {
+  const event = h['x-gitea-event'];
+  if (event !== undefined && event !== 'package')
+    return { noop: `Gitea event ${showValue(event)} is not a package event` };
+  const action = p.optional('action') ?? '';
+  if (action !== 'created') return { noop: `Gitea package action ${showValue(action)} is not a publication` };
+  const type = p.optional('package.type') ?? '';
+  if (type !== 'container') return { noop: `Gitea package type ${showValue(type)} is not a container` };
+  const tag = p.required('package.version', 'the pushed version (the tag)');
+  if (tag.startsWith('sha256:')) return { noop: 'the container version is a digest (an untagged manifest)' };
+  const url = p.optional('package.html_url');
+  const host = pushHost(s, url ? splitImageAddress(url).host : undefined, 'package.html_url', 'Gitea');
+  const owner = p.required('package.owner.login', 'the package owner');
+  const name = p.required('package.name', 'the image name');
+  // Gitea's container registry serves <owner>/<image> in lower case, whatever the login's case.
+  return {
+    host,
+    repository: checkedRepository(`${owner}/${name}`.toLowerCase(), 'package.owner.login/package.name'),
+    tag,
+    tagField: 'package.version',
+    digest: undefined,
+    digestField: '',
+    pushedAt: p.time('package.created_at'),
+  };
+}
+
+/** The CloudEvents types whose data this receiver reads, by type: the reader of the data at `base`. */
+const CLOUDEVENT_TYPES: Record<string, (p: PayloadFields, s: RegistrySettings, base: string) => Reading> = {
+  'harbor.artifact.pushed': (p, s, base) => harborPush(p, s, base, p.time(fieldAt(base, 'occur_at'))),
+  [ACR_IMAGE_PUSHED]: (p, s, base) => acrPush(p, s, base),
+};
+
+/** CloudEvents 1.0: structured mode (the event is the JSON body) or binary mode (ce-* headers, body = data). */
+function cloudEventsRead(p: PayloadFields, s: RegistrySettings, h: PushHeaders): Reading {
+  const binary = p.optional('specversion') === undefined;
+  const version = binary ? h['ce-specversion'] : p.optional('specversion');
+  if (version === undefined)
+    throw new Error("neither the payload's specversion nor the ce-specversion header is set (CloudEvents 1.0)");
+  if (version !== '1.0') throw new Error(`CloudEvents specversion ${showValue(version)} is not supported (1.0)`);
+  const type = binary ? h['ce-type'] : p.required('type', 'the CloudEvents type');
+  if (type === undefined) throw new Error('the ce-type header is missing (CloudEvents binary mode)');
+  const reader = Object.hasOwn(CLOUDEVENT_TYPES, type) ? CLOUDEVENT_TYPES[type] : undefined;
+  if (reader) return reader(p, s, binary ? '' : 'data');
+  if (/^(harbor\.|Microsoft\.ContainerRegistry\.)/.test(type))
+    return { noop: `CloudEvents type ${showValue(type)} is not a push` };
+  throw new Error(
+    `CloudEvents type ${showValue(type)} is not one this receiver reads (${Object.keys(CLOUDEVENT_TYPES).join(', ')})`,
+  );
+}
+
 /** The registries a hook's REPO_TYPE (the URL's repo_type) names. Adding one is one entry plus its fixture. */
 const REGISTRIES: Record<string, Registry> = {
   regionalregistry: {
     sender: 'Aliyun Container Registry (ACR)',
+    recognise: {
+      looksFor: 'push_data with repository.region and repo_full_name',
+      test: (p) => p.has('push_data') && p.has('repository.region') && p.has('repository.repo_full_name'),
+    },
     testPing: pushDataTestPing,
     read(p, s) {
       const repository = p.repository('repository.repo_full_name', 'ACR names the repository as namespace/name there');
@@ -5774,6 +6178,10 @@ const REGISTRIES: Record<string, Registry> = {
   },
   publicregistry: {
     sender: 'Docker Hub',
+    recognise: {
+      looksFor: 'push_data with repository.repo_name',
+      test: (p) => p.has('push_data') && p.has('repository.repo_name'),
+    },
     testPing: pushDataTestPing,
     read: (p, s) =>
       pushDataEvent(
@@ -5784,6 +6192,10 @@ const REGISTRIES: Record<string, Registry> = {
   },
   custom: {
     sender: 'a build job (the ACR payload shape, with repository.repo_url)',
+    recognise: {
+      looksFor: 'push_data with repository.repo_url',
+      test: (p) => p.has('push_data') && p.has('repository.repo_url'),
+    },
     testPing: pushDataTestPing,
     read(p, s) {
       const host =
@@ -5794,34 +6206,164 @@ const REGISTRIES: Record<string, Registry> = {
       return pushDataEvent(p, host, `${namespace}/${name}`);
     },
   },
+  harbor: {
+    sender: 'Harbor',
+    recognise: {
+      looksFor: 'event_data.resources, or a CloudEvent of type harbor.*',
+      test: (p) => p.has('event_data.resources') || /^harbor\./.test(String(p.has('specversion') && p.value('type'))),
+    },
+    read: harborRead,
+  },
+  quay: {
+    sender: 'Quay',
+    recognise: { looksFor: 'docker_url with updated_tags', test: (p) => p.has('docker_url') && p.has('updated_tags') },
+    read: quayRead,
+  },
+  ghcr: {
+    sender: 'GitHub Container Registry (GitHub package events)',
+    recognise: {
+      looksFor: 'the X-GitHub-Event header, or package.package_type or registry_package',
+      test: (p, h) =>
+        // Gitea sends X-GitHub-Event too, for compatibility; its own header tells them apart.
+        (h['x-github-event'] !== undefined && h['x-gitea-event'] === undefined) ||
+        p.has('package.package_type') ||
+        p.has('registry_package'),
+    },
+    read: ghcrRead,
+  },
+  azure: {
+    sender: 'Azure Container Registry (its webhook, or Event Grid)',
+    batches: true,
+    recognise: {
+      looksFor: 'a JSON array of Event Grid events, eventType, or action with target.repository and request.host',
+      test: (p) =>
+        Array.isArray(p.value('')) ||
+        p.has('eventType') ||
+        (p.has('target.repository') && p.has('request.host') && !p.has('events')),
+    },
+    read: azureRead,
+  },
+  distribution: {
+    sender: "a CNCF Distribution registry (registry:2, GitLab's container registry)",
+    recognise: { looksFor: 'an envelope of events[]', test: (p) => p.has('events') },
+    read: distributionRead,
+  },
+  jfrog: {
+    sender: 'JFrog Artifactory',
+    recognise: {
+      looksFor: 'image_name with event_type (or data.image_name)',
+      test: (p) => (p.has('image_name') && p.has('event_type')) || p.has('data.image_name'),
+    },
+    read: jfrogRead,
+  },
+  nexus: {
+    sender: 'Sonatype Nexus Repository',
+    recognise: {
+      looksFor: 'the X-Nexus-Webhook-Id header, or component.format with repositoryName',
+      test: (p, h) => h['x-nexus-webhook-id'] !== undefined || (p.has('component.format') && p.has('repositoryName')),
+    },
+    read: nexusRead,
+  },
+  gitea: {
+    sender: 'Gitea',
+    recognise: {
+      looksFor: 'the X-Gitea-Event header, or package.type with package.owner',
+      test: (p, h) => h['x-gitea-event'] !== undefined || (p.has('package.type') && p.has('package.owner')),
+    },
+    read: giteaRead,
+  },
+  cloudevents: {
+    sender: 'a CloudEvents 1.0 producer (structured or binary mode)',
+    recognise: {
+      looksFor: 'specversion, or the ce-specversion header',
+      test: (p, h) => p.has('specversion') || h['ce-specversion'] !== undefined,
+    },
+    read: cloudEventsRead,
+  },
 };
 
-export const REPO_TYPES = Object.keys(REGISTRIES);
+const AUTO = 'auto';
+export const REPO_TYPES = [...Object.keys(REGISTRIES), AUTO];
 
-function registryFor(repoTypeSetting: string | undefined): Registry {
+/** REPO_TYPE=auto: the first registry whose headers or payload this is, else an error naming what it looked for. */
+function recogniseRegistry(p: PayloadFields, h: PushHeaders): Registry {
+  for (const registry of Object.values(REGISTRIES)) if (registry.recognise?.test(p, h)) return registry;
+  const lookedFor = Object.entries(REGISTRIES).map(
+    ([type, r]) => `${type}: ${r.recognise?.looksFor ?? 'never guessed'}`,
+  );
+  throw new Error(
+    `REPO_TYPE auto: the payload is not one this receiver recognises; looked for ${lookedFor.join('; ')}`,
+  );
+}
+
+function registryFor(repoTypeSetting: string | undefined, p: PayloadFields, h: PushHeaders): Registry {
   const repoType = (repoTypeSetting ?? '').trim().toLowerCase();
   const known = REPO_TYPES.join(', ');
   if (repoType === '')
     throw new Error(`REPO_TYPE is not set (the hook passes it from the URL parameter repo_type: ${known})`);
+  if (repoType === AUTO) return recogniseRegistry(p, h);
   if (!Object.hasOwn(REGISTRIES, repoType))
     throw new Error(`REPO_TYPE ${showValue(repoTypeSetting ?? '')} is not supported (use ${known})`);
   return REGISTRIES[repoType];
 }
 
-/** The image reference a push announces, a no-op for a test ping, or an error naming the field. */
-export function composeImageRef(payload: unknown, env: UpgradeInputs): ComposedRef {
+/**
+ * The image reference a push announces, a no-op (a test ping, another kind of event), an answer to
+ * a handshake, or an error naming the field. `headers` are the request's (argument 2), when passed.
+ */
+export function composeImageRef(body: unknown, env: UpgradeInputs, headers: PushHeaders = {}): ComposedRef {
+  // Through a hook's entire-payload a JSON array body arrives as {"root": [...]}, as adnanh passes it.
+  const payload = isObject(body) && Object.keys(body).length === 1 && Array.isArray(body.root) ? body.root : body;
   try {
-    if (!isObject(payload))
+    if (!isObject(payload) && !Array.isArray(payload))
       return { kind: 'error', message: `payload is not a JSON object (got ${typeName(payload)})` };
-    const registry = registryFor(env.REPO_TYPE);
     const fields = new PayloadFields(payload);
-    const ping = registry.testPing(fields);
+    const registry = registryFor(env.REPO_TYPE, fields, headers);
+    if (Array.isArray(payload) && !registry.batches)
+      return { kind: 'error', message: `payload is not a JSON object (got ${typeName(payload)})` };
+    const ping = registry.testPing?.(fields);
     if (ping !== undefined) return { kind: 'noop', reason: ping };
     const registryHost = registryHostSetting(env.REGISTRY_HOST);
-    return composeFromPush(registry.read(fields, { registryHost, netType: env.NET_TYPE }), env);
+    return composeReading(registry.read(fields, { registryHost, netType: env.NET_TYPE }, headers), env);
   } catch (e) {
     return { kind: 'error', message: (e as Error).message };
   }
+}
+
+/** One reading → one ComposedRef: several pushes become one reference with candidates. */
+function composeReading(reading: Reading, env: UpgradeInputs): ComposedRef {
+  if ('noop' in reading) return { kind: 'noop', reason: reading.noop };
+  if ('answer' in reading) return { kind: 'answer', body: reading.answer, reason: reading.reason };
+  if (!Array.isArray(reading)) return composeFromPush(reading, env);
+  const composed = reading.map((push) => composeFromPush(push, env));
+  const failed = composed.find((c) => c.kind === 'error');
+  if (failed) return failed;
+  const refs = composed.filter((c) => c.kind === 'ref');
+  if (refs.length === 0) return composed[0];
+  const distinct = [...new Set(refs.map((r) => r.ref))];
+  const last = refs[refs.length - 1];
+  // Which announced digest belongs to the container's image is not known: VERIFY_IMAGE then compares none.
+  return distinct.length > 1 ? { ...last, candidates: distinct, digest: undefined } : last;
+}
+
+/**
+ * Of several references one delivery announced, the one for a container that runs `current`: the
+ * same repository and tag, else the same repository (the last such), else the first the image pin
+ * allows, else the last (which the pin then refuses with its message). Pure.
+ */
+export function chooseCandidate(container: string, current: string, candidates: string[], pin: ImagePin): string {
+  const now = validateImageRef(current.trim());
+  const parsed = candidates.map((ref) => ({ ref, parsed: validateImageRef(ref) }));
+  if (now.ok) {
+    const from = repositoryOf(now.ref);
+    const same = parsed.filter(
+      (c) => c.parsed.ok && showRepository(repositoryOf(c.parsed.ref)) === showRepository(from),
+    );
+    const sameTag = same.find((c) => c.parsed.ok && c.parsed.ref.tag === (now.ref.tag ?? 'latest'));
+    if (sameTag || same.length) return (sameTag ?? same[same.length - 1]).ref;
+  }
+  const allowed = candidates.find((ref) => checkImagePin(container, current, ref, pin).allowed);
+  return allowed ?? candidates[candidates.length - 1];
 }
 
 function registryHostSetting(value: string | undefined): string | undefined {
@@ -5836,8 +6378,13 @@ function registryHostSetting(value: string | undefined): string | undefined {
   return host;
 }
 
+const SIGNATURE_TAG = /^sha256-[a-f0-9]{64}\.(?:sig|att|sbom)$/;
+
 /** Registry-independent: the reference from a push, pinned to its digest when PIN_DIGEST asks. */
 function composeFromPush(push: PushEvent, env: UpgradeInputs): ComposedRef {
+  // cosign stores signatures, attestations and SBOMs as tags of the image's repository.
+  if (SIGNATURE_TAG.test(push.tag))
+    return { kind: 'noop', reason: `tag ${showValue(push.tag)} is a signature, attestation or SBOM, not an image` };
   const tagIssue = tagProblem(push.tag);
   if (tagIssue) return { kind: 'error', message: `${push.tagField} ${previewValue(push.tag)} ${tagIssue}` };
   const name = push.host === undefined ? push.repository : `${push.host}/${push.repository}`;
@@ -5864,7 +6411,8 @@ function composeFromPush(push: PushEvent, env: UpgradeInputs): ComposedRef {
   // Belt and braces: every piece was checked above, so this only fails if composition is wrong.
   const check = validateImageRef(ref);
   if (!check.ok) return { kind: 'error', message: check.message };
-  return { kind: 'ref', ref, notes, pushId: `${push.digest ?? ''}|${push.pushedAt}` };
+  const digest = push.digest !== undefined && REFERENCE_GRAMMAR.digest.test(push.digest) ? push.digest : undefined;
+  return { kind: 'ref', ref, notes, pushId: `${push.digest ?? ''}|${push.pushedAt}`, ...(digest ? { digest } : {}) };
 }
 
 function acrHost(fields: PayloadFields, netType: string | undefined): string {
@@ -6784,7 +7332,16 @@ export type JsonPatchOperation =
 //    (<kind>/<name>: deployment, daemonset, statefulset, cronjob; any case, plurals, short names
 //    deploy/ds/sts/cj, or kind.group), APP_CONTAINER (exact name; containers, then
 //    initContainers), ROLLOUT_TIMEOUT (Go duration; 0, the default, answers at once with
-//    "progressing"), plus those of section 11.
+//    "progressing"), VERIFY_IMAGE and REGISTRY_CA (below), plus those of section 11. Argument 2,
+//    when the hook passes entire-headers, is the request's headers (section 11 reads them).
+//
+//    VERIFY_IMAGE=true (default false): once the image pin has allowed the push, the tag is resolved
+//    on its registry (HEAD /v2/<repo>/manifests/<tag> over HTTPS: anonymous, or basic auth or a
+//    bearer token from the registry's token service with the login of the first of the workload's
+//    imagePullSecrets that names that host) and `repo:tag@<digest>` is deployed. A tag the registry
+//    does not have, a digest other than the payload's, or a registry that cannot be asked is refused
+//    with a message saying which, and nothing is written. REGISTRY_CA: PEM, or a PEM file's path, of
+//    a private CA the registry's certificate chains to.
 //
 //    Before any write, the image pin of section 11 checks the push against the container's
 //    current image: a refused push changes nothing, fails (exit status 1), is logged, and is
@@ -6812,8 +7369,8 @@ export type JsonPatchOperation =
 //      note:         <anything else worth knowing>
 //    Exit status 0 when result is ok (a change made, or an acknowledged no-op), 1 otherwise; a
 //    rollout that was waited for and failed or timed out makes the result failed.
-//    Exports: formatRbac, formatReport, hookReach, runUpgrade, upgradeInput, UpgradeReport,
-//    UpgradeService.
+//    Exports: formatRbac, formatReport, hookReach, HookReach, pullSecretNames, runUpgrade, upgradeInput,
+//    UpgradeReport, UpgradeService, workloadPodSpec, workloadResource.
 // ================================================================================================
 
 export const UPGRADE_LIMITS = {
@@ -7517,6 +8074,10 @@ interface UpgradeSettings {
   container: string;
   rolloutTimeoutMs: number;
   pin: ImagePin;
+  /** VERIFY_IMAGE: resolve the tag on the registry and deploy the digest it has. */
+  verifyImage: boolean;
+  /** REGISTRY_CA: the CA that signed the registry's certificate (PEM). */
+  registryCa: string | undefined;
 }
 
 function readSettings(env: Record<string, string | undefined>, report: UpgradeReport): UpgradeSettings {
@@ -7547,7 +8108,19 @@ function readSettings(env: Record<string, string | undefined>, report: UpgradeRe
     }
   }
   // A malformed pin setting refuses every push, before the cluster is asked anything.
-  return { namespace, workload, container, rolloutTimeoutMs, pin: readImagePin(env) };
+  const pin = readImagePin(env);
+  const verifyImage = parseGoBool(env.VERIFY_IMAGE?.trim() || 'false');
+  if (verifyImage === undefined)
+    throw new UpgradeError(`VERIFY_IMAGE ${showValue(env.VERIFY_IMAGE ?? '')} is not a boolean (use true or false)`);
+  return {
+    namespace,
+    workload,
+    container,
+    rolloutTimeoutMs,
+    pin,
+    verifyImage,
+    registryCa: registryCa(env.REGISTRY_CA),
+  };
 }
 
 function whoAsked(deps: UpgradeDeps): string {
@@ -7572,20 +8145,30 @@ export async function runUpgrade(
   try {
     // Everything up to queue.run is synchronous, so tasks are queued in the order calls arrive.
     const settings = readSettings(env, report);
-    const parsed = parsePushPayload(args[0]);
-    if (parsed.kind === 'error') throw new UpgradeError(parsed.message);
-    const composed = composeImageRef(parsed.payload, env);
-    if (composed.kind === 'error') throw new UpgradeError(composed.message);
-    if (composed.kind === 'noop') {
-      report.action = `none (${composed.reason})`;
+    const headers = pushHeaders(args[1]);
+    const validation = webhookValidation(headers, args[0]);
+    if (validation !== undefined) {
+      report.action = `none (${validation})`;
       return upgradeResult(report);
     }
-    report.imageAfter = composed.ref;
+    const parsed = parsePushPayload(args[0]);
+    if (parsed.kind === 'error') throw new UpgradeError(parsed.message);
+    const composed = composeImageRef(parsed.payload, env, headers);
+    if (composed.kind === 'error') throw new UpgradeError(composed.message);
+    if (composed.kind === 'noop' || composed.kind === 'answer') {
+      report.action = `none (${composed.reason})`;
+      const result = upgradeResult(report);
+      // A handshake's answer is the body its sender reads; the report still goes to the log and mail.
+      return composed.kind === 'answer' ? { ...result, output: composed.body } : result;
+    }
     report.notes.push(...composed.notes);
     const client = deps.client ?? (ownClient = new KubeClient(credentialsFromEnvironment(env, deps.kubeconfig)));
     const workloadKey = `${settings.namespace}/${settings.workload.kind}/${settings.workload.name}`;
-    const pushKey = `${workloadKey}/${settings.container}|${normalizeImageRef(composed.ref)}|${composed.pushId}`;
     const apply = async () => {
+      let ref = composed.candidates ? await candidateFor(client, settings, composed.candidates, report) : composed.ref;
+      if (settings.verifyImage) ref = await verifiedRef(client, settings, ref, composed.digest, report);
+      report.imageAfter = ref;
+      const pushKey = `${workloadKey}/${settings.container}|${normalizeImageRef(ref)}|${composed.pushId}`;
       const ago = deps.queue?.appliedAgo(pushKey);
       if (ago !== undefined) {
         report.action =
@@ -7593,9 +8176,10 @@ export async function runUpgrade(
           `repeated notification)`;
         return;
       }
-      await applyUpgrade(client, settings, composed.ref, report, deps);
+      await applyUpgrade(client, settings, ref, report, deps);
       if (report.result === 'ok' && report.changed) deps.queue?.remember(pushKey);
     };
+    report.imageAfter = composed.ref;
     await (deps.queue ? deps.queue.run(workloadKey, apply) : apply());
   } catch (e) {
     report.result = 'failed';
@@ -7604,6 +8188,32 @@ export async function runUpgrade(
     ownClient?.close();
   }
   return upgradeResult(report);
+}
+
+/** Argument 2, the request's headers when the hook passes them (entire-headers). */
+function pushHeaders(text: string | undefined): PushHeaders {
+  try {
+    return parsePushHeaders(text);
+  } catch (e) {
+    throw new UpgradeError((e as Error).message);
+  }
+}
+
+/** Of the references one delivery announced, the one for this container (chooseCandidate), from the workload now. */
+async function candidateFor(
+  client: KubeClient,
+  s: UpgradeSettings,
+  candidates: string[],
+  report: UpgradeReport,
+): Promise<string> {
+  const target: WorkloadTarget = { ...s.workload, namespace: s.namespace };
+  const workload = await readWorkload(client, target);
+  const located = locateContainer(valueAt(workload, [...kindSpec(target.kind).template, 'spec']), s.container);
+  const chosen = located ? chooseCandidate(s.container, located.image, candidates, s.pin) : candidates.at(-1)!;
+  report.notes.push(
+    `the delivery announced ${candidates.length} images (${candidates.join(', ')}); ${chosen} is ` + `this container's`,
+  );
+  return chosen;
 }
 
 function upgradeResult(report: UpgradeReport): { output: string; exitCode: number; report: UpgradeReport } {
@@ -7884,6 +8494,274 @@ async function recordEventQuietly(
   }
 }
 
+// ---- verifying the pushed image on its registry (VERIFY_IMAGE) ------------------------------------
+
+export const VERIFY_LIMITS = {
+  // A registry answers a HEAD of a manifest in milliseconds; a token service a little slower. The
+  // whole verification (token and HEAD) must fit well within a registry's delivery timeout.
+  requestTimeoutMs: 10_000,
+  // A token or manifest answer larger than this is not one.
+  maxBodyBytes: 64 * 1024,
+};
+
+/** What a manifest HEAD accepts: every manifest and index type, so the digest is the tag's own. */
+const MANIFEST_TYPES = [
+  'application/vnd.oci.image.index.v1+json',
+  'application/vnd.oci.image.manifest.v1+json',
+  'application/vnd.docker.distribution.manifest.list.v2+json',
+  'application/vnd.docker.distribution.manifest.v2+json',
+].join(', ');
+
+interface RegistryAnswer {
+  status: number;
+  headers: http.IncomingHttpHeaders;
+  body: string;
+}
+
+/** One HTTPS request to a registry or its token service, under a deadline; the CA from REGISTRY_CA. */
+function registryRequest(
+  url: URL,
+  method: string,
+  headers: Record<string, string>,
+  ca?: string,
+): Promise<RegistryAnswer> {
+  return new Promise((resolve, reject) => {
+    const all = { 'User-Agent': `webhook/${VERSION}`, ...headers };
+    // timeout bounds a silent socket; the signal bounds the whole exchange (a registry that drips).
+    const signal = AbortSignal.timeout(VERIFY_LIMITS.requestTimeoutMs);
+    const req = https.request(
+      url,
+      { method, headers: all, ca, timeout: VERIFY_LIMITS.requestTimeoutMs, signal },
+      (res) => {
+        let body = '';
+        res.setEncoding('utf8');
+        res.on('data', (chunk: string) => {
+          if (body.length < VERIFY_LIMITS.maxBodyBytes) body += chunk;
+        });
+        res.on('end', () => resolve({ status: res.statusCode ?? 0, headers: res.headers, body }));
+        res.on('error', reject);
+      },
+    );
+    req.on('timeout', () => req.destroy(new Error(`no answer within ${VERIFY_LIMITS.requestTimeoutMs / 1000}s`)));
+    req.on('error', reject);
+    req.end();
+  });
+}
+
+/** The parameters of a WWW-Authenticate challenge: scheme and key="value" pairs. */
+export function parseChallenge(header: string): { scheme: string; params: Record<string, string> } {
+  const space = header.indexOf(' ');
+  const scheme = (space < 0 ? header : header.slice(0, space)).toLowerCase();
+  const params: Record<string, string> = {};
+  for (const m of header.slice(space + 1).matchAll(/([a-zA-Z_]+)="([^"]*)"/g)) params[m[1].toLowerCase()] = m[2];
+  return { scheme, params };
+}
+
+/** A user and password for a registry, from a pull secret; never logged, never in a message. */
+interface RegistryLogin {
+  user: string;
+  password: string;
+  /** The secret it came from, for messages. */
+  secret: string;
+}
+
+/** The Authorization a registry's challenge asks for: Basic with the login, or a Bearer token from its realm. */
+async function authorizationFor(
+  challenge: string,
+  login: RegistryLogin | undefined,
+  repository: string,
+  ca: string | undefined,
+): Promise<string> {
+  const { scheme, params } = parseChallenge(challenge);
+  const basic = login ? `Basic ${Buffer.from(`${login.user}:${login.password}`).toString('base64')}` : undefined;
+  if (scheme === 'basic') {
+    if (!basic) throw new UpgradeError('the registry asks for a login and the workload names no pull secret for it');
+    return basic;
+  }
+  if (scheme !== 'bearer' || !params.realm) throw new UpgradeError(`the registry asks for ${showValue(challenge)}`);
+  const url = new URL(params.realm);
+  if (params.service) url.searchParams.set('service', params.service);
+  url.searchParams.set('scope', params.scope ?? `repository:${repository}:pull`);
+  const answer = await registryRequest(url, 'GET', basic ? { Authorization: basic } : {}, ca);
+  if (answer.status !== 200)
+    throw new UpgradeError(`the registry's token service ${url.host} answered ${answer.status}`);
+  let token: unknown;
+  try {
+    const parsed = JSON.parse(answer.body) as Record<string, unknown>;
+    token = parsed.token ?? parsed.access_token;
+  } catch {
+    /* refused below */
+  }
+  if (typeof token !== 'string' || token === '')
+    throw new UpgradeError(`the registry's token service ${url.host} sent no token`);
+  return `Bearer ${token}`;
+}
+
+/**
+ * The digest the registry has for host/repository:tag (HEAD /v2/<repo>/manifests/<tag>), undefined
+ * when it has no such tag, and the login used. The login is looked up only when the registry asks
+ * for one, so a public image needs no pull secret (and no permission to read one).
+ */
+export async function resolveManifestTag(
+  host: string,
+  repository: string,
+  tag: string,
+  loginFor: () => Promise<RegistryLogin | undefined>,
+  ca?: string,
+): Promise<{ digest: string | undefined; login: RegistryLogin | undefined }> {
+  let login: RegistryLogin | undefined;
+  const url = new URL(`https://${host}/v2/${repository}/manifests/${encodeURIComponent(tag)}`);
+  const head = (authorization?: string) =>
+    registryRequest(
+      url,
+      'HEAD',
+      { Accept: MANIFEST_TYPES, ...(authorization ? { Authorization: authorization } : {}) },
+      ca,
+    );
+  let answer = await head();
+  const challenge = answer.headers['www-authenticate'];
+  if (answer.status === 401 && typeof challenge === 'string') {
+    login = await loginFor();
+    answer = await head(await authorizationFor(challenge, login, repository, ca));
+  }
+  if (answer.status === 404) return { digest: undefined, login };
+  if (answer.status === 401 || answer.status === 403) {
+    const how = login
+      ? `the login of pull secret "${login.secret}"`
+      : 'no login (the workload names no pull secret for it)';
+    throw new UpgradeError(`the registry refused ${how}: ${answer.status}`);
+  }
+  const digest = answer.headers['docker-content-digest'];
+  if (answer.status !== 200 || typeof digest !== 'string')
+    throw new UpgradeError(
+      `the registry answered ${answer.status}${typeof digest === 'string' ? '' : ' without a digest'}`,
+    );
+  return { digest, login };
+}
+
+/** "https://reg.example.com/v1/" → "reg.example.com": how docker config files name a registry. */
+function dockerConfigHost(key: string): string {
+  return stripSchemeAndSlashes(key).split('/')[0].toLowerCase();
+}
+
+/** The login a pull secret holds for `host` (.dockerconfigjson or the older .dockercfg), if any. */
+export function loginFromPullSecret(secret: unknown, host: string, name: string): RegistryLogin | undefined {
+  const data = valueAt(secret, ['data']);
+  if (!isObject(data)) return undefined;
+  const encoded = data['.dockerconfigjson'] ?? data['.dockercfg'];
+  if (typeof encoded !== 'string') return undefined;
+  let config: unknown;
+  try {
+    config = JSON.parse(Buffer.from(encoded, 'base64').toString('utf8'));
+  } catch {
+    return undefined;
+  }
+  const auths = isObject(config) && isObject(config.auths) ? config.auths : config;
+  if (!isObject(auths)) return undefined;
+  const entry = Object.entries(auths).find(([key]) => dockerConfigHost(key) === host.toLowerCase())?.[1];
+  if (!isObject(entry)) return undefined;
+  if (typeof entry.username === 'string' && typeof entry.password === 'string')
+    return { user: entry.username, password: entry.password, secret: name };
+  if (typeof entry.auth !== 'string') return undefined;
+  const decoded = Buffer.from(entry.auth, 'base64').toString('utf8');
+  const colon = decoded.indexOf(':');
+  return colon < 0 ? undefined : { user: decoded.slice(0, colon), password: decoded.slice(colon + 1), secret: name };
+}
+
+/** The pod spec of a workload of this kind. */
+export function workloadPodSpec(workload: unknown, kind: WorkloadKind): unknown {
+  return valueAt(workload, [...kindSpec(kind).template, 'spec']);
+}
+
+/** The pull secrets a pod spec names (imagePullSecrets), in order. */
+export function pullSecretNames(podSpec: unknown): string[] {
+  return asArray(valueAt(podSpec, ['imagePullSecrets']))
+    .map((s) => valueAt(s, ['name']))
+    .filter((n): n is string => typeof n === 'string' && n !== '');
+}
+
+/** The first of the workload's pull secrets that holds a login for `host`. */
+async function workloadLogin(
+  client: KubeClient,
+  namespace: string,
+  names: string[],
+  host: string,
+): Promise<RegistryLogin | undefined> {
+  for (const name of names) {
+    let secret: unknown;
+    try {
+      secret = await client.get({ group: '', version: 'v1', resource: 'secrets', namespace, name });
+    } catch (e) {
+      if (e instanceof KubeError && e.status === 404) continue;
+      throw e;
+    }
+    const login = loginFromPullSecret(secret, host, name);
+    if (login) return login;
+  }
+  return undefined;
+}
+
+/** REGISTRY_CA: PEM text, or the path of a PEM file. */
+function registryCa(value: string | undefined): string | undefined {
+  if (!value?.trim()) return undefined;
+  if (value.includes('-----BEGIN')) return value;
+  try {
+    return fs.readFileSync(value.trim(), 'utf8');
+  } catch (e) {
+    throw new UpgradeError(
+      `REGISTRY_CA ${showValue(value)} is neither PEM nor a readable file: ${(e as Error).message}`,
+    );
+  }
+}
+
+/**
+ * VERIFY_IMAGE: the tag resolved on the registry, and the reference pinned to what it has
+ * (`repo:tag@sha256:…`). Only after the image pin allowed the push, so neither a request nor its
+ * payload can send the workload's pull secrets to a registry of its choosing; a login is used only
+ * for the host its secret names. A tag the registry lacks, or another digest than the payload's, is
+ * refused: nothing is written.
+ */
+async function verifiedRef(
+  client: KubeClient,
+  s: UpgradeSettings,
+  ref: string,
+  announced: string | undefined,
+  report: UpgradeReport,
+): Promise<string> {
+  const target: WorkloadTarget = { ...s.workload, namespace: s.namespace };
+  const podSpec = valueAt(await readWorkload(client, target), [...kindSpec(target.kind).template, 'spec']);
+  const located = locateContainer(podSpec, s.container);
+  // The upgrade refuses these with its own messages, before anything is asked of the registry.
+  if (!located || !checkImagePin(s.container, located.image, ref, s.pin).allowed) return ref;
+  const parsed = validateImageRef(ref);
+  if (!parsed.ok || parsed.ref.tag === undefined) return ref;
+  const { domain, path: repository, tag } = parsed.ref;
+  const digest = parsed.ref.digest ?? announced;
+  const host = domain === undefined || registryOf(domain) === 'docker.io' ? 'registry-1.docker.io' : domain;
+  const loginFor = () => workloadLogin(client, s.namespace, pullSecretNames(podSpec), host);
+  const where = `${host}/${repository}:${tag}`;
+  let resolved: string | undefined;
+  let login: RegistryLogin | undefined;
+  try {
+    ({ digest: resolved, login } = await resolveManifestTag(host, repository, tag, loginFor, s.registryCa));
+  } catch (e) {
+    throw new UpgradeError(`VERIFY_IMAGE: could not resolve ${where}: ${(e as Error).message}; nothing was changed`);
+  }
+  if (resolved === undefined)
+    throw new UpgradeError(
+      `VERIFY_IMAGE: the registry has no tag ${showValue(tag)} in ${host}/${repository}; nothing was changed`,
+    );
+  if (digest !== undefined && digest !== resolved)
+    throw new UpgradeError(
+      `VERIFY_IMAGE: the payload announced ${digest} but the registry's ${where} is ${resolved}; nothing was changed`,
+    );
+  report.notes.push(
+    `VERIFY_IMAGE: ${where} is ${resolved} on the registry` +
+      (login ? ` (login from pull secret "${login.secret}")` : ''),
+  );
+  return `${ref.split('@')[0]}@${resolved}`;
+}
+
 // ---- output -----------------------------------------------------------------------------------
 
 const LABEL_WIDTH = 'image before:'.length;
@@ -7939,6 +8817,10 @@ export interface HookReach {
   target?: { namespace: string; kind: WorkloadKind; name: string };
   /** Why the hook's workload is not known before a request names it. */
   open?: string;
+  /** The hook sets VERIFY_IMAGE=true: it reads the pull secrets its workload names. */
+  verifyImage?: boolean;
+  /** Those pull secrets, as read from the workload (-print-rbac with cluster access). */
+  pullSecrets?: string[];
 }
 
 /** The matches every passing request satisfies: those reached from the rule's root through `and`. */
@@ -7993,8 +8875,14 @@ export function hookReach(hook: Hook): HookReach | undefined {
     };
   }
   if (!DNS_LABEL.test(ns.value)) return { ...reach, open: `APP_NS ${showValue(ns.value)} is not a namespace name` };
+  const verify = pinnedInput(hook, 'VERIFY_IMAGE');
+  const verifyImage = verify !== undefined && 'value' in verify && parseGoBool(verify.value.trim()) === true;
   try {
-    return { ...reach, target: { namespace: ns.value, ...parseWorkload(workload.value) } };
+    return {
+      ...reach,
+      target: { namespace: ns.value, ...parseWorkload(workload.value) },
+      ...(verifyImage && { verifyImage }),
+    };
   } catch (e) {
     return { ...reach, open: (e as Error).message };
   }
@@ -8003,7 +8891,7 @@ export function hookReach(hook: Hook): HookReach | undefined {
 const yamlList = (items: string[]) => `[${items.map((i) => JSON.stringify(i)).join(', ')}]`;
 
 /** The Role of one namespace: get/patch on the named workloads, and what the summary and Events need. */
-function roleRules(workloads: Map<WorkloadKind, Set<string>>): string[] {
+function roleRules(workloads: Map<WorkloadKind, Set<string>>, secrets: Set<string>): string[] {
   const rule = (group: string, resource: string, verbs: string[], names?: string[]) => [
     `  - apiGroups: ${yamlList([group])}`,
     `    resources: ${yamlList([resource])}`,
@@ -8017,6 +8905,8 @@ function roleRules(workloads: Map<WorkloadKind, Set<string>>): string[] {
   const through = kinds.map((k) => kindSpec(k).podsOwnedThrough).find((t) => t !== undefined);
   if (through) lines.push(...rule(through.group, through.resource, ['list']));
   if (kinds.some((k) => kindSpec(k).hasRollout)) lines.push(...rule('', 'pods', ['list']));
+  // VERIFY_IMAGE reads the pull secrets the workloads name, and no other.
+  if (secrets.size > 0) lines.push(...rule('', 'secrets', ['get'], [...secrets].sort()));
   return [...lines, ...rule('', 'events', ['create'])];
 }
 
@@ -8029,11 +8919,15 @@ function roleRules(workloads: Map<WorkloadKind, Set<string>>): string[] {
 export function formatRbac(reaches: HookReach[], serviceAccount: string, hooksPaths: string[]): string {
   const [saNamespace, saName] = serviceAccount.split('/');
   const byNamespace = new Map<string, Map<WorkloadKind, Set<string>>>();
-  for (const { target: t } of reaches) {
+  const secretsIn = new Map<string, Set<string>>();
+  for (const { target: t, pullSecrets } of reaches) {
     if (!t) continue;
     const kinds = byNamespace.get(t.namespace) ?? new Map<WorkloadKind, Set<string>>();
     const names = kinds.get(t.kind) ?? new Set<string>();
     byNamespace.set(t.namespace, kinds.set(t.kind, names.add(t.name)));
+    const secrets = secretsIn.get(t.namespace) ?? new Set<string>();
+    secretsIn.set(t.namespace, secrets);
+    for (const secret of pullSecrets ?? []) secrets.add(secret);
   }
   const out = [
     `# Generated by \`webhook -print-rbac -hooks ${hooksPaths.join(' -hooks ')}\``,
@@ -8041,7 +8935,8 @@ export function formatRbac(reaches: HookReach[], serviceAccount: string, hooksPa
     '# Apply with `kubectl apply -f -`; generate again when a hook changes its namespace or workload.',
     ...reaches.map((r) =>
       r.target
-        ? `#   hook ${JSON.stringify(r.hook)}: ${r.target.kind}/${r.target.name} in namespace ${r.target.namespace}`
+        ? `#   hook ${JSON.stringify(r.hook)}: ${r.target.kind}/${r.target.name} in namespace ${r.target.namespace}` +
+          (r.pullSecrets?.length ? `, pull secrets ${r.pullSecrets.join(', ')} (VERIFY_IMAGE)` : '')
         : `#   hook ${JSON.stringify(r.hook)}: NOT COVERED: ${r.open}`,
     ),
     ...(reaches.some((r) => r.open)
@@ -8059,7 +8954,7 @@ export function formatRbac(reaches: HookReach[], serviceAccount: string, hooksPa
     '    app.kubernetes.io/name: webhook',
   ];
   for (const [ns, workloads] of [...byNamespace].sort(([a], [b]) => a.localeCompare(b))) {
-    out.push(...metadata('Role', ns), 'rules:', ...roleRules(workloads));
+    out.push(...metadata('Role', ns), 'rules:', ...roleRules(workloads, secretsIn.get(ns) ?? new Set()));
     out.push(...metadata('RoleBinding', ns), 'roleRef:', '  apiGroup: rbac.authorization.k8s.io', '  kind: Role');
     out.push(`  name: ${JSON.stringify(saName)}`, 'subjects:', '  - kind: ServiceAccount');
     out.push(`    name: ${JSON.stringify(saName)}`, `    namespace: ${JSON.stringify(saNamespace)}`);
@@ -9348,12 +10243,52 @@ export async function main(argv: string[], env: Record<string, string | undefine
     return 0;
   }
   if (o.validate) return validate(o, env);
-  if (o.printRbac) return printRbac(o, env);
+  if (o.printRbac) return await printRbac(o, env);
   return serve(o, env);
 }
 
+/**
+ * The pull secrets the workloads of VERIFY_IMAGE hooks name, read from the cluster into their reach;
+ * returns a note for each workload that could not be read (its secrets are then not granted).
+ */
+async function readPullSecrets(
+  reaches: HookReach[],
+  kubeconfig: string | undefined,
+  env: Record<string, string | undefined>,
+): Promise<string[]> {
+  const verifying = reaches.filter((r) => r.verifyImage && r.target);
+  if (verifying.length === 0) return [];
+  let client: KubeClient;
+  try {
+    client = new KubeClient(credentialsFromEnvironment(env, kubeconfig));
+  } catch (e) {
+    return verifying.map((r) => unreadNote(r, (e as Error).message));
+  }
+  const notes: string[] = [];
+  try {
+    for (const r of verifying) {
+      try {
+        const workload = await client.get<Record<string, unknown>>(workloadResource(r.target!));
+        r.pullSecrets = pullSecretNames(workloadPodSpec(workload, r.target!.kind));
+      } catch (e) {
+        notes.push(unreadNote(r, (e as Error).message));
+      }
+    }
+  } finally {
+    client.close();
+  }
+  return notes;
+}
+
+function unreadNote(r: HookReach, why: string): string {
+  return (
+    `hook "${r.hook}" sets VERIFY_IMAGE: the pull secrets of ${r.target!.kind}/${r.target!.name} in ` +
+    `${r.target!.namespace} could not be read (${why}); grant get on them, or run -print-rbac with -kubeconfig`
+  );
+}
+
 /** -print-rbac: the Roles and RoleBindings the hooks need on stdout; what they cannot cover, on stderr. */
-function printRbac(o: Options, env: Record<string, string | undefined>): number {
+async function printRbac(o: Options, env: Record<string, string | undefined>): Promise<number> {
   let snapshot: Snapshot;
   try {
     snapshot = loadSnapshot(hookLoadSettings(o, env));
@@ -9362,9 +10297,11 @@ function printRbac(o: Options, env: Record<string, string | undefined>): number 
     return 1;
   }
   const reaches = [...snapshot.hooks.values()].flatMap((hook) => hookReach(hook) ?? []);
+  const unread = await readPullSecrets(reaches, o.kubeconfig || env.KUBECONFIG, env);
   process.stdout.write(formatRbac(reaches, o.rbacServiceAccount, o.hooks));
   const notes = [
     ...snapshot.warnings.map((w) => `warning: ${w}`),
+    ...unread,
     ...reaches
       .filter((r) => r.open)
       .map(

@@ -189,7 +189,7 @@ describe('pushes through the running executable, on a real cluster', { skip: clu
       [seedQuery(), acrPayload('$(id)'), /push_data\.tag "\$\(id\)" is not a valid tag/],
       [seedQuery(), fs.readFileSync(path.join(REPO, 'test', 'fixtures', 'upgrade', 'acr-push.json'), 'utf8'), /OCI repository names are lower-case, and "repoTest" is not/],
       [seedQuery(), acrPayload('x'.repeat(200)), /is 200 characters long/],
-      [seedQuery({ repo_type: 'quay' }), acrPayload('v9'), /REPO_TYPE "quay" is not supported/],
+      [seedQuery({ repo_type: 'artifactory' }), acrPayload('v9'), /REPO_TYPE "artifactory" is not supported/],
       [seedQuery(), '{"push_data": {"tag": "v9"', /payload is not JSON/],
     ];
     for (const [query, body, message] of cases) {

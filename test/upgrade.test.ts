@@ -14,7 +14,7 @@ import { after, before, describe, test } from 'node:test';
 import { fileURLToPath } from 'node:url';
 import {
   checkImagePin, compileHooksFile, IMAGE_PIN_SETTINGS, readImagePin, registryOf,
-  composeImageRef, credentialsFromEnvironment, REPO_TYPES, formatReport, inClusterCredentials, KubeClient, KubeConfigError, KubeError,
+  composeImageRef, credentialsFromEnvironment, parsePushHeaders, REPO_TYPES, formatReport, inClusterCredentials, KubeClient, KubeConfigError, KubeError,
   labelSelector, loadKubeconfig, normalizeImageRef, parsePushPayload, parseWorkload, planPatch, locateContainer, retryDelay,
   rolloutStatus, runUpgrade, summarizePod, validateImageRef, WorkloadQueue, type UpgradeReport,
 } from '../webhook.ts';
@@ -29,19 +29,26 @@ const fixture = (name: string) => fs.readFileSync(path.join(fixturesDir, name), 
 // Pure parts
 
 describe('registry payloads → image reference', () => {
-  const cases: Array<{ fixture: string; env: Record<string, string>; ref?: string; noop?: string; error?: string; note?: string }> =
-    JSON.parse(fixture('expected.json'));
+  const cases: Array<{
+    fixture: string; env: Record<string, string>; headers?: Record<string, string>; ref?: string; noop?: string; error?: string; note?: string;
+    answer?: string; candidates?: string[];
+  }> = JSON.parse(fixture('expected.json'));
   for (const c of cases) {
-    test(`${c.fixture} with ${JSON.stringify(c.env)}`, () => {
+    test(`${c.fixture} with ${JSON.stringify(c.env)}${c.headers ? ` and headers ${JSON.stringify(c.headers)}` : ''}`, () => {
       const parsed = parsePushPayload(fixture(c.fixture));
       assert.equal(parsed.kind, 'payload');
-      const got = composeImageRef(parsed.kind === 'payload' ? parsed.payload : undefined, c.env);
+      // Headers arrive as the hook's entire-headers passes them: Go-canonical names, JSON.
+      const headers = parsePushHeaders(c.headers ? JSON.stringify(c.headers) : undefined);
+      const got = composeImageRef(parsed.kind === 'payload' ? parsed.payload : undefined, c.env, headers);
       if (c.ref !== undefined) {
         assert.equal(got.kind, 'ref', JSON.stringify(got));
         if (got.kind === 'ref') {
           assert.equal(got.ref, c.ref);
           assert.deepEqual(got.notes, c.note ? [c.note] : []);
+          assert.deepEqual(got.candidates, c.candidates);
         }
+      } else if (c.answer !== undefined) {
+        assert.equal(got.kind === 'answer' && got.body, c.answer, JSON.stringify(got));
       } else if (c.noop !== undefined) {
         assert.deepEqual(got, { kind: 'noop', reason: c.noop });
       } else {
@@ -731,7 +738,7 @@ describe('upgrade on a real cluster', { skip: cluster ? false : 'no cluster' }, 
       [[acrPayload('$(id)')], env('deployment/still'), /push_data\.tag "\$\(id\)" is not a valid tag/],
       [[fixture('acr-push.json')], env('deployment/still'), /OCI repository names are lower-case, and "repoTest" is not/],
       [[acrPayload('x'.repeat(200))], env('deployment/still'), /is 200 characters long \(a tag has at most 128\)/],
-      [[acrPayload('v9')], env('deployment/still', 'app', { REPO_TYPE: 'quay' }), /REPO_TYPE "quay" is not supported/],
+      [[acrPayload('v9')], env('deployment/still', 'app', { REPO_TYPE: 'artifactory' }), /REPO_TYPE "artifactory" is not supported/],
       [['{"push_data": {"tag": "v9"'], env('deployment/still'), /payload is not JSON/],
       [[acrPayload('v9')], env('deployment/nope'), new RegExp(`deployment "nope" not found in namespace "${ns}"$`, 'm')],
       [[acrPayload('v9')], env('deployment/still', 'ap'), /container "ap" not found in deployment\/still \(containers: app-sidecar, app\)/],
