@@ -9774,9 +9774,16 @@ function postOnce(request: NotifyRequest, ca: string[] | undefined): Promise<str
     req.on('timeout', () =>
       req.destroy(new NotifyFailure(`no answer within ${formatGoDuration(NOTIFY_LIMITS.requestTimeoutMs)}`, true)),
     );
-    req.on('error', (e: Error & { code?: string }) =>
-      reject(e instanceof NotifyFailure ? e : new NotifyFailure(e.message || (e.code ?? 'connection failed'), true)),
-    );
+    req.on('error', (e: Error & { code?: string }) => {
+      if (e instanceof NotifyFailure) return reject(e);
+      // A certificate that does not verify will not verify on the next try either.
+      const certificate = /CERT|SELF_SIGNED|UNABLE_TO_VERIFY|ERR_TLS/.test(e.code ?? '');
+      // Node's hint (--use-system-ca) is no use to an operator of the executable; NOTIFY_CACERT is.
+      const message = certificate
+        ? `${e.message.replace(/; if the root CA is installed.*$/, '')} (a private CA is trusted with NOTIFY_CACERT)`
+        : e.message || (e.code ?? 'connection failed');
+      reject(new NotifyFailure(message, !certificate));
+    });
     req.on('response', (res) => {
       const chunks: Buffer[] = [];
       let size = 0;
