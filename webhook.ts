@@ -10064,15 +10064,17 @@ function toneOf(d: Delivery): string {
 }
 
 /** One cell: its label shown before it on a phone, where the table becomes one card per push. */
-function cell(label: string, html: string): string {
-  return `<td data-label="${label}">${html}</td>`;
+function cell(label: string, html: string, className = ''): string {
+  return `<td data-label="${label}"${className ? ` class="${className}"` : ''}>${html}</td>`;
 }
 
 const PAGE_STYLE = [
   'body{font:15px/1.4 system-ui,sans-serif;margin:0;padding:12px;color:#1b1f23;background:#f6f8fa}',
   'h1{font-size:20px;margin:0 0 4px}p.meta{margin:0 0 12px;color:#57606a}a{color:#0550ae}',
   'table{border-collapse:collapse;width:100%;background:#fff}th,td{padding:6px 8px;border-bottom:1px solid #d0d7de;',
-  'text-align:left;vertical-align:top}th{background:#eaeef2;font-weight:600}code{font-size:13px;word-break:break-all}',
+  'text-align:left;vertical-align:top}th{background:#eaeef2;font-weight:600}',
+  'code{font-size:13px;overflow-wrap:anywhere}',
+  'td.image{min-width:24em}td.time{white-space:nowrap}',
   '.tag{display:inline-block;padding:1px 6px;border-radius:10px;font-size:13px;font-weight:600}',
   '.ok .tag{background:#dafbe1;color:#116329}.failed .tag{background:#ffebe9;color:#a40e26}',
   '.running .tag{background:#fff8c5;color:#7d4e00}.quiet .tag{background:#eaeef2;color:#424a53}',
@@ -10080,7 +10082,7 @@ const PAGE_STYLE = [
   'tr.running td:first-child{border-left:4px solid #bf8700}pre{white-space:pre-wrap;word-break:break-all;',
   'background:#fff;padding:8px;border:1px solid #d0d7de}.muted{color:#57606a}',
   '@media (max-width:760px){thead{display:none}table,tbody,tr,td{display:block;width:auto}',
-  'tr{margin:0 0 10px;border:1px solid #d0d7de}td{border:0;padding:3px 8px}',
+  'tr{margin:0 0 10px;border:1px solid #d0d7de}td{border:0;padding:3px 8px}td.image{min-width:0}',
   'td::before{content:attr(data-label);display:block;font-size:12px;color:#57606a}}',
 ].join('');
 
@@ -10098,7 +10100,7 @@ function pageShell(title: string, refresh: boolean, body: string): string {
 
 function imageCell(d: Delivery): string {
   if (!d.imageAfter) return '<span class="muted">—</span>';
-  const before = d.imageBefore ? `<code>${escapeHtml(d.imageBefore)}</code> → ` : '';
+  const before = d.imageBefore ? `<code>${escapeHtml(d.imageBefore)}</code><br>→ ` : '';
   return `${before}<code>${escapeHtml(d.imageAfter)}</code>`;
 }
 
@@ -10118,12 +10120,12 @@ function deliveryRow(d: Delivery): string {
     : '<span class="muted">—</span>';
   return [
     `<tr class="${toneOf(d)}" id="d${d.seq}">`,
-    cell('Time', `<a href="deliveries/${d.seq}">${shownTime(d.receivedAt)}</a>`),
+    cell('Time', `<a href="deliveries/${d.seq}">${shownTime(d.receivedAt)}</a>`, 'time'),
     cell('Hook', escapeHtml(d.hookId)),
     cell('Request', `<code>${escapeHtml(d.requestId)}</code>`),
     cell('Registry', escapeHtml(d.registry ?? '—')),
     cell('Workload / container', workload),
-    cell('Image before → after', imageCell(d)),
+    cell('Image before → after', imageCell(d), 'image'),
     cell('Decision', `<span class="tag">${escapeHtml(d.decision)}</span><br>${escapeHtml(d.detail)}`),
     cell('Rollout', rollout),
     cell('Notified', notificationsCell(d)),
