@@ -30,7 +30,7 @@
  *  12. kubernetes client ......... KubeClient, credentialsFromEnvironment
  *  13. upgrade & rollout ......... WORKLOAD_KINDS, runUpgrade, followRollout, UpgradeService
  *  14. smtp client & mail ........ parseMailConfig, sendMail, Mailer, ResultNotifier, ResultObserver
- *  15. chat & json notifications . NOTIFY_FORMATS, notifyTargets, Notifier, resultDocument
+ *  15. chat & json notifications . NOTIFY_FORMATS, Notifier, resultDocument
  *  16. deliveries page ........... DeliveryLog, renderDeliveries, deliveryPages
  *  17. main ...................... main
  *
@@ -4618,17 +4618,19 @@ export function resolveCommand(
 
 /**
  * The service's own settings, which no command inherits unless its hook passes them by name
- * (pass-environment-to-command): every MAIL_* variable (the SMTP password among them), the hook
- * token, and the paths to the service's credentials (its kubeconfig, systemd's credentials).
+ * (pass-environment-to-command): every MAIL_* and NOTIFY_* variable (the SMTP password and the
+ * notification secrets among them), the hook token, and the paths to the service's credentials
+ * (its kubeconfig, systemd's credentials).
  */
 const SERVICE_ONLY_VARIABLES = ['HOOK_TOKEN', 'KUBECONFIG', 'CREDENTIALS_DIRECTORY'];
-const SERVICE_ONLY_PREFIX = 'MAIL_';
+const SERVICE_ONLY_PREFIXES = ['MAIL_', 'NOTIFY_'];
 
 /** The environment a command starts from: the service's, without its own settings and the template's. */
 export function inheritedEnvironment(env: Environment, templateVariables: ReadonlySet<string>): Environment {
   const inherited: Environment = {};
   for (const [name, value] of Object.entries(env)) {
-    const serviceOnly = name.startsWith(SERVICE_ONLY_PREFIX) || SERVICE_ONLY_VARIABLES.includes(name);
+    const serviceOnly =
+      SERVICE_ONLY_PREFIXES.some((prefix) => name.startsWith(prefix)) || SERVICE_ONLY_VARIABLES.includes(name);
     if (!serviceOnly && !templateVariables.has(name)) inherited[name] = value;
   }
   return inherited;
@@ -9431,7 +9433,7 @@ function mailJob(hook: Hook, req: HookRequest, r: CommandResult, report: Upgrade
 //    is counted; one hook sends at most -max-notifications-per-hook per -notify-window. The chat
 //    URLs carry their robot's key, so no log line, error or page shows more of a URL than its host.
 //    NOTIFY_CACERT adds a CA (PEM, or base64 of it) to the ones trusted for https.
-//    Exports: NOTIFY_SETTINGS, Notifier, notifyCa, notifyTargets, PushResult, pushResult, resultDocument.
+//    Exports: NOTIFY_SETTINGS, Notifier, notifyCa, PushResult, pushResult, resultDocument.
 // ================================================================================================
 
 export const NOTIFY_LIMITS = {
@@ -10560,7 +10562,7 @@ function hookLoadSettings(o: Options, env: Record<string, string | undefined>): 
 
 /**
  * The NOTIFY_URL sender with NOTIFY_CACERT's CAs; undefined (after saying why) when NOTIFY_CACERT is
- * malformed. NOTIFY_* set for the whole service are checked here, as hook files' are at load.
+ * malformed. Like MAIL_TO, the receivers come from each hook, never from the service's environment.
  */
 function openNotifier(
   o: Options,
@@ -10571,11 +10573,13 @@ function openNotifier(
   let ca: string[] | undefined;
   try {
     ca = notifyCa(env.NOTIFY_CACERT);
-    notifyTargets(env);
   } catch (e) {
     log.error(`notifications: ${(e as Error).message}`);
     return undefined;
   }
+  for (const name of ['NOTIFY_URL', 'NOTIFY_FORMAT', 'NOTIFY_SECRET'])
+    if (env[name] !== undefined)
+      log.warn(`${name} in the service's environment is not used: a hook passes it (pass-environment-to-command)`);
   return new Notifier(log, metrics, { max: o.maxNotificationsPerHook, windowMs: o.notifyWindowMs }, ca);
 }
 

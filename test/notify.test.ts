@@ -310,11 +310,41 @@ describe('bad settings are refused with the place named, and nothing starts', ()
     assert.match(r.output, /pass-environment-to-command\[4\]\.source: NOTIFY_URL must be fixed in the hook file/);
   });
 
-  test('a NOTIFY_CACERT that holds no certificate, and a NOTIFY_SECRET for a format that does not sign', async () => {
-    let r = await refusedAtLoad([chatHook('x', {})], { NOTIFY_CACERT: Buffer.from('not a certificate').toString('base64') });
+  test('a NOTIFY_CACERT that holds no certificate', async () => {
+    const r = await refusedAtLoad([chatHook('x', {})], { NOTIFY_CACERT: Buffer.from('not a certificate').toString('base64') });
     assert.match(r.output, /notifications: NOTIFY_CACERT holds no PEM certificate/);
-    r = await refusedAtLoad([chatHook('x', {})], { NOTIFY_URL: 'https://example.test/hook', NOTIFY_FORMAT: 'slack', NOTIFY_SECRET: SECRET });
-    assert.match(r.output, /notifications: NOTIFY_SECRET is set, but slack \(URL 1\) does not sign its requests/);
-    assert.ok(!r.output.includes(SECRET), r.output);
+  });
+
+  test('a NOTIFY_SECRET for a format that does not sign: nothing is sent, the page and the log say why', async () => {
+    const rx = await startReceiver();
+    try {
+      const w = await started([chatHook('unsigned', { NOTIFY_URL: `${rx.base}/${ROBOT_KEY}`, NOTIFY_FORMAT: 'slack', NOTIFY_SECRET: SECRET })], rx);
+      const d = await settledDelivery(w, (await push(w, 'unsigned')).requestId);
+      assert.deepEqual(d.notifications.map((n: any) => [n.channel, n.state, n.detail]),
+        [['notify', 'failed', 'NOTIFY_SECRET is set, but slack (URL 1) does not sign its requests']]);
+      await waitForOutput(w, /notifications for hook unsigned not sent: NOTIFY_SECRET is set, but slack \(URL 1\) does not sign/);
+      assert.equal(rx.requests.length, 0);
+      assert.ok(!w.output().includes(SECRET) && !w.output().includes(ROBOT_KEY), w.output());
+    } finally {
+      await rx.close();
+    }
+  });
+
+  test('NOTIFY_* of the service\'s own environment reach no command, and are not used: a hook passes them', async () => {
+    const rx = await startReceiver();
+    try {
+      const dir = makeTempDir('notify-env-');
+      const hook = { id: 'env', 'execute-command': '/usr/bin/env', 'include-command-output-in-response': true };
+      const again = await startWebhook({ hooks: [hook], metrics: true, cwd: dir, env: { NOTIFY_URL: `${rx.base}/service`, NOTIFY_SECRET: SECRET } });
+      stopAll.push(again);
+      const res = await again.request('/hooks/env', { method: 'POST' });
+      assert.equal(res.status, 200);
+      assert.doesNotMatch(res.body, /^NOTIFY_/m);
+      await waitForOutput(again, 'warning: NOTIFY_URL in the service\'s environment is not used: a hook passes it');
+      await settledDelivery(again, String(res.headers['x-request-id']));
+      assert.equal(rx.requests.length, 0);
+    } finally {
+      await rx.close();
+    }
   });
 });
