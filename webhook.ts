@@ -4619,10 +4619,10 @@ export function resolveCommand(
 /**
  * The service's own settings, which no command inherits unless its hook passes them by name
  * (pass-environment-to-command): every MAIL_* and NOTIFY_* variable (the SMTP password and the
- * notification secrets among them), the hook token, and the paths to the service's credentials
- * (its kubeconfig, systemd's credentials).
+ * notification secrets among them), the hook and admin tokens, and the paths to the service's
+ * credentials (its kubeconfig, systemd's credentials).
  */
-const SERVICE_ONLY_VARIABLES = ['HOOK_TOKEN', 'KUBECONFIG', 'CREDENTIALS_DIRECTORY'];
+const SERVICE_ONLY_VARIABLES = ['HOOK_TOKEN', 'ADMIN_TOKEN', 'KUBECONFIG', 'CREDENTIALS_DIRECTORY'];
 const SERVICE_ONLY_PREFIXES = ['MAIL_', 'NOTIFY_'];
 
 /** The environment a command starts from: the service's, without its own settings and the template's. */
@@ -9672,9 +9672,11 @@ export const NOTIFY_FORMATS: Record<string, NotifyFormat> = {
   slack: {
     signs: false,
     request(r, url) {
-      const text = chatMarkdown(r, '\n', (label) => `*${label}*`);
-      const blocks = [{ type: 'section', text: { type: 'mrkdwn', text: `*${chatTitle(r)}*\n${text}` } }];
-      return { url, body: JSON.stringify({ text: chatTitle(r), blocks }), headers: JSON_HEADERS };
+      // `text` is the whole message too: what notifications show, and all that receivers which
+      // take Slack's format without its blocks (Mattermost, Rocket.Chat) read.
+      const text = `*${chatTitle(r)}*\n${chatMarkdown(r, '\n', (label) => `*${label}*`)}`;
+      const blocks = [{ type: 'section', text: { type: 'mrkdwn', text } }];
+      return { url, body: JSON.stringify({ text, blocks }), headers: JSON_HEADERS };
     },
   },
 };

@@ -173,13 +173,11 @@ describe('each format\'s exact body, signed as its platform documents', () => {
     });
   });
 
-  test('slack: text plus one mrkdwn section block', async () => {
+  test('slack: the message as text and as one mrkdwn section block', async () => {
     const { requestId } = await push(w, 'slack');
     const r = await requestFor('/services/T0/B0/');
-    assert.deepEqual(JSON.parse(r.body), {
-      text: TITLE,
-      blocks: [{ type: 'section', text: { type: 'mrkdwn', text: `*${TITLE}*\n*hook* slack · *request* ${requestId}\n*workload* deployment/web in prod, container app\n*decision* ran (exit status 0)` } }],
-    });
+    const text = `*${TITLE}*\n*hook* slack · *request* ${requestId}\n*workload* deployment/web in prod, container app\n*decision* ran (exit status 0)`;
+    assert.deepEqual(JSON.parse(r.body), { text, blocks: [{ type: 'section', text: { type: 'mrkdwn', text } }] });
   });
 
   test('several URLs, one format each; the deliveries page records each channel by host only', async () => {
