@@ -186,7 +186,8 @@ export const LIMITS = {
   maxMailsPerHook: 5,
   mailWindowMs: 10 * 60_000,
   // The deliveries page: the last pushes an operator asks about are today's, a few dozen at most;
-  // each entry is a few KiB (its report and pod lines), so 200 stay well under a MiB.
+  // an upgrade's entry is a few KiB (its report and pod lines), so 200 stay around a MiB (a plain
+  // command's output is cut at 64 KiB for the page: 13 MiB at worst).
   deliveries: 200,
   maxDeliveries: 10_000,
   // Chat and JSON notifications one hook sends per window. A chat group reads more than a mailbox
@@ -9398,9 +9399,10 @@ export class ResultNotifier implements CommandListener {
     };
     if (report && this.upgrade) {
       const progressed = (p: RolloutOutcome) => this.observer?.progressed(req, p);
-      this.upgrade
-        .follow(report, req.id, progressed)
-        .then(settle, (e: Error) => this.log.error(`[${req.id}] ${e.message}`));
+      this.upgrade.follow(report, req.id, progressed).then(settle, (e: Error) => {
+        this.log.error(`[${req.id}] ${e.message}`);
+        settle(report);
+      });
     } else {
       settle(report);
     }
@@ -9449,6 +9451,10 @@ export const NOTIFY_LIMITS = {
   maxChatBytes: 3_000,
   // One hook posting to more places than this is a mistake in its file.
   maxUrls: 5,
+  // The report a result carries (the page, the JSON document): an upgrade's is under a few KiB; a
+  // plain command's output may be up to a MiB, which 200 entries of the deliveries page would hold
+  // in memory. The mail and the log keep the whole output.
+  maxReportChars: 64 * 1024,
 };
 
 /** A push's result as the deliveries page and the notifications tell it. */
@@ -9507,8 +9513,13 @@ export function pushResult(
     imageAfter: report?.imageAfter,
     rollout: report?.rollout && { state: report.rollout.state, detail: report.rollout.detail },
     pods: report?.rollout?.pods ?? [],
-    report: scrub(job.output).slice(0, LIMITS.maxCommandOutputBytes),
+    report: cutReport(scrub(job.output)),
   };
+}
+
+function cutReport(text: string): string {
+  const max = NOTIFY_LIMITS.maxReportChars;
+  return text.length <= max ? text : `${text.slice(0, max)}\n[… ${text.length - max} more characters]\n`;
 }
 
 /** The documented JSON form of a result (NOTIFY_FORMAT=json, and each entry of /deliveries.json). */

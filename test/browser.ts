@@ -76,6 +76,13 @@ export async function startBrowser(): Promise<Browser> {
   child.stderr!.setEncoding('utf8').on('data', (s: string) => (stderr += s));
   let exited = false;
   child.on('exit', () => (exited = true));
+  // The browser must not keep the test process alive when no test closes it (a name filter that
+  // leaves out the tests whose after() would): it goes when the process does.
+  child.unref();
+  (child.stderr as unknown as { unref(): void }).unref();
+  process.on('exit', () => {
+    if (!exited) child.kill('SIGKILL');
+  });
   const portFile = path.join(profile, 'DevToolsActivePort');
   try {
     await waitFor(() => exited || (fs.existsSync(portFile) && fs.readFileSync(portFile, 'utf8').includes('\n')), { timeoutMs: 30_000, what: 'chromium\'s DevTools port' });

@@ -119,6 +119,16 @@ describe('the page on the admin listener, through the executable', () => {
     assert.ok(!off.output().includes('serving deliveries'));
   });
 
+  test('a command\'s long output is cut on the page (the answer keeps all of it)', async () => {
+    const w = await started({ hooks: [{ id: 'long', 'execute-command': '/usr/bin/seq', 'pass-arguments-to-command': [{ source: 'string', name: '30000' }], 'include-command-output-in-response': true }] });
+    const port = await adminPort(w);
+    const res = await w.request('/hooks/long', { method: 'POST' });
+    const full = Array.from({ length: 30000 }, (_, i) => `${i + 1}\n`).join('');
+    assert.equal(res.body, full);
+    const d = await waitFor(async () => JSON.parse((await httpRequest(port, '/deliveries/1.json')).body), { what: 'the entry' });
+    assert.equal(d.report, `${full.slice(0, 65536)}\n[… ${full.length - 65536} more characters]\n`);
+  });
+
   test('bad flags are refused with the reason, and nothing starts', async () => {
     for (const [args, message] of [
       [['-deliveries', '-1'], 'invalid value for flag -deliveries: must be between 0 and 10000'],
