@@ -9435,7 +9435,7 @@ function mailJob(hook: Hook, req: HookRequest, r: CommandResult, report: Upgrade
 //    is counted; one hook sends at most -max-notifications-per-hook per -notify-window. The chat
 //    URLs carry their robot's key, so no log line, error or page shows more of a URL than its host.
 //    NOTIFY_CACERT adds a CA (PEM, or base64 of it) to the ones trusted for https.
-//    Exports: NOTIFY_SETTINGS, Notifier, notifyCa, PushResult, pushResult, resultDocument.
+//    Exports: NOTIFY_SETTINGS, Notifier, notifyCa, notifyTargets, PushResult, pushResult, resultDocument.
 // ================================================================================================
 
 export const NOTIFY_LIMITS = {
@@ -10414,7 +10414,7 @@ export function describeHooks(snapshot: Snapshot, o: Options, envPath: string, i
     out.push(
       ...labelled(
         'environment',
-        hook.env.map((p) => `${p.envname || `HOOK_${p.name}`} = ${describeParam(p)}`),
+        hook.env.map((p) => `${p.envname || `HOOK_${p.name}`} = ${describeEnvParam(p, snapshot.inserted)}`),
       ),
     );
     out.push(
@@ -10457,6 +10457,14 @@ function describeParam(p: Param): string {
   return `${p.source} ${JSON.stringify(p.name)}${p.base64decode ? ' (base64-decoded)' : ''}`;
 }
 
+/** An environment parameter, its value left out when it is a secret (inserted, or a notification's key). */
+function describeEnvParam(p: Param, inserted: Set<string>): string {
+  if (p.source !== 'string') return describeParam(p);
+  if (inserted.has(p.name)) return 'string (inserted by the template, not shown)';
+  if (p.envname === 'NOTIFY_URL' || p.envname === 'NOTIFY_SECRET') return 'string (not shown: it holds a key)';
+  return describeParam(p);
+}
+
 function describeAnswer(hook: Hook): string {
   if (!hook.captureOutput)
     return `${hook.successCode} ${JSON.stringify(hook.responseMessage)} at once; the command runs on`;
@@ -10482,7 +10490,24 @@ function describeUpgrade(hook: Hook, inserted: Set<string>): string[] {
     input('APP_CONTAINER', 'container'),
     input('REPO_TYPE', 'registry type'),
     input('MAIL_TO', 'mail to'),
+    ...describeNotifications(hook),
   ];
+}
+
+/** Where a hook's results are posted (NOTIFY_URL): each format and host, never the rest of a URL. */
+function describeNotifications(hook: Hook): string[] {
+  const fixed = (envname: string) => {
+    const value = upgradeInput(hook, envname);
+    return typeof value === 'string' ? value : undefined;
+  };
+  if (fixed('NOTIFY_URL') === undefined) return [];
+  const names = ['NOTIFY_URL', 'NOTIFY_FORMAT', 'NOTIFY_SECRET'];
+  try {
+    const targets = notifyTargets(Object.fromEntries(names.map((n) => [n, fixed(n)])));
+    return [`notify: ${targets.map((t) => `${t.format} ${t.url.host}${t.secret ? ' (signed)' : ''}`).join(', ')}`];
+  } catch (e) {
+    return [`notify: none will be sent: ${(e as Error).message}`];
+  }
 }
 
 /** The service: hooks loaded, the pieces wired, the port open, until SIGTERM or SIGINT. */

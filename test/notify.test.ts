@@ -7,11 +7,12 @@
  * metric, and bad settings refused at load with the file and field named.
  */
 import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
 import { createHmac } from 'node:crypto';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { httpRequest, makeTempDir, spawnWebhook, startWebhook, waitFor, waitForOutput, type Webhook } from './harness.ts';
+import { defaultBinary, httpRequest, makeTempDir, spawnWebhook, startWebhook, waitFor, waitForOutput, type Webhook } from './harness.ts';
 import { startReceiver, type Receiver } from './receiver.ts';
 
 const SECRET = 'SECnotify-3f9a2c7e51d04b8a';
@@ -306,6 +307,27 @@ describe('bad settings are refused with the place named, and nothing starts', ()
     fromRequest['pass-environment-to-command'].push({ envname: 'NOTIFY_URL', source: 'url', name: 'notify' });
     r = await refusedAtLoad([fromRequest]);
     assert.match(r.output, /pass-environment-to-command\[4\]\.source: NOTIFY_URL must be fixed in the hook file/);
+  });
+
+  test('-validate names each receiver by format and host only, and what stops one', () => {
+    const dir = makeTempDir('notify-validate-');
+    const upgrade = (id: string, env: Record<string, string>) => ({
+      id, 'execute-command': '/webhooks.sh', 'pass-arguments-to-command': [{ source: 'entire-payload' }],
+      'pass-environment-to-command': fixedEnv({ APP_NS: 'prod', APP_WORKLOAD: 'deployment/web', APP_CONTAINER: 'app', ...env }),
+    });
+    fs.writeFileSync(path.join(dir, 'hooks.json'), JSON.stringify([
+      upgrade('chat', { NOTIFY_URL: `https://oapi.dingtalk.com/robot/send?access_token=${ROBOT_KEY} https://hooks.example.com/${ROBOT_KEY}`, NOTIFY_FORMAT: 'dingtalk,json', NOTIFY_SECRET: SECRET }),
+      upgrade('unsigned', { NOTIFY_URL: `https://hooks.slack.com/services/${ROBOT_KEY}`, NOTIFY_FORMAT: 'slack', NOTIFY_SECRET: SECRET }),
+      upgrade('templated', { DEPLOY_KEY: '{{ getenv "DEPLOY_KEY" }}' }),
+    ]));
+    const env = { PATH: process.env.PATH, DEPLOY_KEY: `deploy-${ROBOT_KEY}` };
+    const r = spawnSync(defaultBinary(), ['-validate', '-template', '-hooks', dir], { encoding: 'utf8', env });
+    assert.equal(r.status, 0, r.stderr);
+    assert.match(r.stdout, /^ +notify: dingtalk oapi\.dingtalk\.com \(signed\), json hooks\.example\.com \(signed\)$/m);
+    assert.match(r.stdout, /^ +notify: none will be sent: NOTIFY_SECRET is set, but slack \(URL 1\) does not sign its requests$/m);
+    assert.match(r.stdout, /^ +NOTIFY_SECRET = string \(not shown: it holds a key\)$/m);
+    assert.match(r.stdout, /^ +DEPLOY_KEY = string \(inserted by the template, not shown\)$/m);
+    assert.ok(!r.stdout.includes(ROBOT_KEY) && !r.stdout.includes(SECRET), r.stdout);
   });
 
   test('a NOTIFY_CACERT that holds no certificate', async () => {
