@@ -9377,6 +9377,8 @@ export class ResultNotifier implements CommandListener {
   private readonly upgrade: UpgradeService | undefined;
   private readonly log: Logger;
   private readonly observer: ResultObserver | undefined;
+  /** Results whose rollout is still followed, until they are mailed and handed to the observer. */
+  private readonly settling = new Set<Promise<void>>();
 
   constructor(mailer: Mailer, upgrade: UpgradeService | undefined, log: Logger, observer?: ResultObserver) {
     this.mailer = mailer;
@@ -9399,13 +9401,26 @@ export class ResultNotifier implements CommandListener {
     };
     if (report && this.upgrade) {
       const progressed = (p: RolloutOutcome) => this.observer?.progressed(req, p);
-      this.upgrade.follow(report, req.id, progressed).then(settle, (e: Error) => {
-        this.log.error(`[${req.id}] ${e.message}`);
-        settle(report);
-      });
+      const settling: Promise<void> = this.upgrade
+        .follow(report, req.id, progressed)
+        .then(settle, (e: Error) => {
+          this.log.error(`[${req.id}] ${e.message}`);
+          settle(report);
+        })
+        .finally(() => this.settling.delete(settling));
+      this.settling.add(settling);
     } else {
       settle(report);
     }
+  }
+
+  /**
+   * At shutdown, once the follows have been told to end: waits up to `ms` for their results to be
+   * mailed and handed on (a follow ends with an Event written first), so that the flushes that
+   * come next have them.
+   */
+  async settle(ms: number): Promise<void> {
+    await Promise.race([Promise.allSettled([...this.settling]), sleep(ms, undefined, { ref: false })]);
   }
 }
 
@@ -10561,7 +10576,7 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
         `caught ${sig}, shutting down: no new requests; running commands get ${formatGoDuration(o.shutdownGraceMs)}`,
       );
       adminServer?.close();
-      await stopService(o, { store, server, runner, upgrade, mailer, notifier, log });
+      await stopService(o, { store, server, runner, upgrade, listener, mailer, notifier, log });
       log.notice('stopped');
       log.flush();
       resolve(0);
@@ -10756,6 +10771,7 @@ async function stopService(
     server: http.Server;
     runner: CommandRunner;
     upgrade: UpgradeService;
+    listener: ResultNotifier;
     mailer: Mailer;
     notifier: Notifier;
     log: Logger;
@@ -10774,6 +10790,7 @@ async function stopService(
   // Rollouts still followed end now; their mails, and those of commands that just finished,
   // still go out within what is left of the grace period.
   await s.upgrade.stop(LIMITS.minMailFlushMs);
+  await s.listener.settle(LIMITS.minMailFlushMs);
   await Promise.all([
     s.mailer.flush(Math.max(LIMITS.minMailFlushMs, graceEnds - Date.now())),
     s.notifier.flush(Math.max(LIMITS.minMailFlushMs, graceEnds - Date.now())),

@@ -98,6 +98,8 @@ export async function startBrowser(): Promise<Browser> {
     open: (url) => openPage(port, url),
     close: async () => {
       if (exited) return;
+      // Referenced again, so that the process waits for the exit it is told of.
+      child.ref();
       const gone = new Promise((r) => child.once('exit', r));
       child.kill('SIGTERM');
       const kill = setTimeout(() => child.kill('SIGKILL'), 5_000);
