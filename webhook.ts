@@ -8,12 +8,14 @@
  * workload to the image the registry just pushed, over the Kubernetes API, and the result is
  * mailed when the hook passes MAIL_TO.
  *
- * Sections, in order. A push reads downward: main (15) hands the socket to the http server (10),
+ * Sections, in order. A push reads downward: main (17) hands the socket to the http server (10),
  * which uses the request, rule and hook sections above it, hands the command to the runner (9),
  * whose in-process command is the upgrade (11-13), and the finished command to the listener that
- * follows the rollout and mails (14). No section uses a name a later one defines; where an earlier
- * section hands work on (9 → 13, 10 → 14, 7 → 11), it declares the small interface it needs
- * (InProcessCommand, CommandListener, HookSettingChecks) and main() wires the later section in.
+ * follows the rollout and mails (14), and tells the deliveries page (16), which posts the result
+ * to the chat and JSON receivers (15). No section uses a name a later one defines; where an earlier
+ * section hands work on (9 → 13, 10 → 14 and 16, 14 → 16, 7 → 11 and 15), it declares the small
+ * interface it needs (InProcessCommand, CommandListener, AdminPages, ResultObserver,
+ * HookSettingChecks) and main() wires the later section in.
  *   1. cli & options ............. parseCommandLine, parseGoDuration, usage, LIMITS
  *   2. logging & metrics ......... Logger, Metrics
  *   3. yaml ...................... parseYaml, scalarAsGoString
@@ -27,8 +29,10 @@
  *  11. registry payloads → image . REGISTRIES, composeImageRef, checkImagePin
  *  12. kubernetes client ......... KubeClient, credentialsFromEnvironment
  *  13. upgrade & rollout ......... WORKLOAD_KINDS, runUpgrade, followRollout, UpgradeService
- *  14. smtp client & mail ........ parseMailConfig, sendMail, Mailer, ResultNotifier
- *  15. main ...................... main
+ *  14. smtp client & mail ........ parseMailConfig, sendMail, Mailer, ResultNotifier, ResultObserver
+ *  15. chat & json notifications . NOTIFY_FORMATS, Notifier, resultDocument
+ *  16. deliveries page ........... DeliveryLog, renderDeliveries, deliveryPages
+ *  17. main ...................... main
  *
  * Each banner's "Exports" lists the names later sections use (test/structure.test.ts checks it).
  * `export` on any other name makes it reachable from the tests, nothing more.
@@ -112,6 +116,12 @@ export interface Options {
   metricsListen: string;
   maxMailsPerHook: number;
   mailWindowMs: number;
+  /** Pushes the deliveries page keeps; 0 serves no page. */
+  deliveries: number;
+  /** What the deliveries pages ask for (HTTP Basic password or Bearer token); '' asks for nothing. */
+  adminToken: string;
+  maxNotificationsPerHook: number;
+  notifyWindowMs: number;
   printRbac: boolean;
   /** `<namespace>/<name>` of the ServiceAccount -print-rbac binds. */
   rbacServiceAccount: string;
@@ -175,6 +185,16 @@ export const LIMITS = {
   // window's results go out as one summary mail when the window closes.
   maxMailsPerHook: 5,
   mailWindowMs: 10 * 60_000,
+  // The deliveries page: the last pushes an operator asks about are today's, a few dozen at most;
+  // an upgrade's entry is a few KiB (its report and pod lines), so 200 stay around a MiB (a plain
+  // command's output is cut at 64 KiB for the page: 13 MiB at worst).
+  deliveries: 200,
+  maxDeliveries: 10_000,
+  // Chat and JSON notifications one hook sends per window. A chat group reads more than a mailbox
+  // (one line per push), yet a build pushing many tags would still bury it, and chat services
+  // throttle a robot that posts too often (DingTalk: 20 a minute); the rest are recorded, not sent.
+  maxNotificationsPerHook: 20,
+  notifyWindowMs: 10 * 60_000,
 };
 
 const FLAGS: Record<string, FlagSpec> = {
@@ -359,6 +379,30 @@ const FLAGS: Record<string, FlagSpec> = {
     def: formatGoDuration(LIMITS.mailWindowMs),
     help: 'the window -max-mails-per-hook counts in',
   },
+  deliveries: {
+    kind: 'int',
+    key: 'deliveries',
+    def: String(LIMITS.deliveries),
+    help: 'pushes the deliveries page on the -metrics-listen listener keeps (0: no page)',
+  },
+  'admin-token': {
+    kind: 'string',
+    key: 'adminToken',
+    def: '',
+    help: 'token the deliveries pages ask for, as HTTP Basic password or Bearer token (default: none)',
+  },
+  'max-notifications-per-hook': {
+    kind: 'int',
+    key: 'maxNotificationsPerHook',
+    def: String(LIMITS.maxNotificationsPerHook),
+    help: 'NOTIFY_URL notifications one hook sends per -notify-window; the results beyond are recorded, not sent',
+  },
+  'notify-window': {
+    kind: 'duration',
+    key: 'notifyWindowMs',
+    def: formatGoDuration(LIMITS.notifyWindowMs),
+    help: 'the window -max-notifications-per-hook counts in',
+  },
   'print-rbac': {
     kind: 'bool',
     key: 'printRbac',
@@ -505,6 +549,12 @@ export function parseCommandLine(argv: string[], env: Record<string, string | un
   if ((o.setuid !== 0) !== (o.setgid !== 0)) throw new UsageError('-setuid and -setgid must be used together');
   if (o.metricsListen !== '') parseListenAddress(o.metricsListen);
   if (o.maxMailsPerHook < 1) throw new UsageError('invalid value for flag -max-mails-per-hook: must be at least 1');
+  if (o.deliveries < 0 || o.deliveries > LIMITS.maxDeliveries)
+    throw new UsageError(`invalid value for flag -deliveries: must be between 0 and ${LIMITS.maxDeliveries}`);
+  if (o.maxNotificationsPerHook < 1)
+    throw new UsageError('invalid value for flag -max-notifications-per-hook: must be at least 1');
+  if (/[\s\x00-\x1f\x7f]/.test(o.adminToken))
+    throw new UsageError('invalid value for flag -admin-token: no spaces or control characters');
   if (!/^[a-z0-9-]+\/[a-z0-9.-]+$/.test(o.rbacServiceAccount))
     throw new UsageError(`invalid value "${o.rbacServiceAccount}" for flag -rbac-service-account: use namespace/name`);
   return o;
@@ -658,6 +708,10 @@ const METRIC_HELP: Record<string, [string, string]> = {
   webhook_mails_total: [
     'counter',
     'Result mails by result (sent, failed after retries, summarized: beyond the per-hook cap, in one summary).',
+  ],
+  webhook_notifications_total: [
+    'counter',
+    'NOTIFY_URL notifications by format and result (sent, failed after retries, capped: beyond the per-hook cap).',
   ],
 };
 
@@ -4565,17 +4619,19 @@ export function resolveCommand(
 
 /**
  * The service's own settings, which no command inherits unless its hook passes them by name
- * (pass-environment-to-command): every MAIL_* variable (the SMTP password among them), the hook
- * token, and the paths to the service's credentials (its kubeconfig, systemd's credentials).
+ * (pass-environment-to-command): every MAIL_* and NOTIFY_* variable (the SMTP password and the
+ * notification secrets among them), the hook and admin tokens, and the paths to the service's
+ * credentials (its kubeconfig, systemd's credentials).
  */
-const SERVICE_ONLY_VARIABLES = ['HOOK_TOKEN', 'KUBECONFIG', 'CREDENTIALS_DIRECTORY'];
-const SERVICE_ONLY_PREFIX = 'MAIL_';
+const SERVICE_ONLY_VARIABLES = ['HOOK_TOKEN', 'ADMIN_TOKEN', 'KUBECONFIG', 'CREDENTIALS_DIRECTORY'];
+const SERVICE_ONLY_PREFIXES = ['MAIL_', 'NOTIFY_'];
 
 /** The environment a command starts from: the service's, without its own settings and the template's. */
 export function inheritedEnvironment(env: Environment, templateVariables: ReadonlySet<string>): Environment {
   const inherited: Environment = {};
   for (const [name, value] of Object.entries(env)) {
-    const serviceOnly = name.startsWith(SERVICE_ONLY_PREFIX) || SERVICE_ONLY_VARIABLES.includes(name);
+    const serviceOnly =
+      SERVICE_ONLY_PREFIXES.some((prefix) => name.startsWith(prefix)) || SERVICE_ONLY_VARIABLES.includes(name);
     if (!serviceOnly && !templateVariables.has(name)) inherited[name] = value;
   }
   return inherited;
@@ -4924,10 +4980,11 @@ export function decodeBase64Strict(text: string): Buffer {
 //    entry of ANSWERS; errors thrown by a step map to an entry in one place (answerForError).
 //    Every response carries X-Request-Id; bodies are plain text and never sniffed. A finished
 //    command goes to the CommandListener main() wires in (the rollout follow and the mail,
-//    sections 13 and 14). `/metrics` has a listener of its own (createMetricsHandler); what a
+//    sections 13 and 14). `/metrics` and the deliveries pages (AdminPages, section 16) have a
+//    listener of their own (createMetricsHandler); what a
 //    request sent is logged with its control characters escaped; a method Node's parser refuses
 //    (`Get`) is answered as adnanh does (answerClientError).
-//    Exports: allowedMethods, answerClientError, CommandListener, createHandler,
+//    Exports: AdminPages, allowedMethods, answerClientError, CommandListener, createHandler,
 //    createMetricsHandler, HandlerContext.
 // ================================================================================================
 
@@ -4959,12 +5016,19 @@ const ANSWERS = {
     body: "Error occurred while executing the hook's command. Please check your logs for more details.",
   },
   internalError: { status: 500, body: 'Internal error.' },
+  // The admin listener's pages with -admin-token: a browser then asks for it (any user name).
+  adminUnauthorized: {
+    status: 401,
+    body: 'Unauthorized: this page needs the -admin-token.',
+    headers: { 'WWW-Authenticate': 'Basic realm="webhook admin", charset="UTF-8"', 'Cache-Control': 'no-store' },
+  },
 } satisfies Record<string, Answer>;
 
 type AnswerName = keyof typeof ANSWERS;
 
-/** Told of every finished command: the answer never waits for what it does. */
+/** Told of every command as it starts and when it has finished: the answer never waits for what it does. */
 export interface CommandListener {
+  started?(hook: Hook, req: HookRequest): void;
   finished(hook: Hook, req: HookRequest, result: CommandResult): void;
 }
 
@@ -5351,6 +5415,7 @@ async function dispatch(cx: HandlerContext, ex: Exchange, hook: Hook, hookReq: H
   }
   cx.log.info(`[${ex.id}] ${hook.id} hook triggered successfully`);
   for (const [name, value] of hook.responseHeaders) ex.res.setHeader(name, value);
+  cx.listener.started?.(hook, hookReq);
   const running = cx.runner.run(hook, hookReq, slot);
   const told = running.then((r) => {
     cx.listener.finished(hook, hookReq, r);
@@ -5390,26 +5455,69 @@ function answerForError(cx: HandlerContext, ex: Exchange, e: unknown): AnswerNam
 }
 
 /**
- * The metrics listener (-metrics-listen): /metrics and nothing else. It is apart from the hook
- * port, so publishing the hooks (an Ingress, a NodePort) does not publish the hook ids, request
- * counts and failures the metrics reveal.
+ * Pages the admin listener serves besides /metrics (the deliveries page, section 16), behind
+ * -admin-token when one is set.
  */
-export function createMetricsHandler(metrics: Metrics): http.RequestListener {
+export interface AdminPages {
+  /** The path the pages live under ("/deliveries"); longer paths start with it and a "/" or ".". */
+  readonly prefix: string;
+  /** The -admin-token ('' asks for none). */
+  readonly token: string;
+  /** The page at this path, or undefined (404). */
+  page(pathname: string): { body: string; contentType: string; headers?: Record<string, string> } | undefined;
+}
+
+/**
+ * The admin listener (-metrics-listen): /metrics, and the deliveries pages when given. It is apart
+ * from the hook port, so publishing the hooks (an Ingress, a NodePort) does not publish the hook
+ * ids, request counts, failures and pushes these reveal.
+ */
+export function createMetricsHandler(metrics: Metrics, pages?: AdminPages): http.RequestListener {
   return (req, res) => {
     const pathname = new URL(req.url ?? '/', 'http://localhost').pathname;
-    const entry: Answer =
-      pathname === '/metrics' && (req.method === 'GET' || req.method === 'HEAD')
-        ? { ...ANSWERS.ok, body: metrics.render() }
-        : ANSWERS.pageNotFound;
-    res.setHeader(
-      'Content-Type',
-      entry.status === 200 ? 'text/plain; version=0.0.4; charset=utf-8' : 'text/plain; charset=utf-8',
-    );
+    const readable = req.method === 'GET' || req.method === 'HEAD';
+    let entry: Answer = ANSWERS.pageNotFound;
+    let contentType = 'text/plain; charset=utf-8';
+    if (pathname === '/metrics' && readable) {
+      entry = { ...ANSWERS.ok, body: metrics.render() };
+      contentType = 'text/plain; version=0.0.4; charset=utf-8';
+    } else if (pages && readable && isAdminPagePath(pages, pathname)) {
+      const allowed = adminAuthorized(pages, req);
+      const page = allowed ? pages.page(pathname) : undefined;
+      if (!allowed) entry = ANSWERS.adminUnauthorized;
+      else if (page) {
+        entry = { ...ANSWERS.ok, body: page.body, headers: page.headers };
+        contentType = page.contentType;
+      }
+    }
+    for (const [name, value] of Object.entries(entry.headers ?? {})) res.setHeader(name, value);
+    res.setHeader('Content-Type', contentType);
     res.setHeader('X-Content-Type-Options', 'nosniff');
     res.setHeader('Content-Length', Buffer.byteLength(entry.body));
     res.writeHead(entry.status);
-    res.end(entry.body);
+    res.end(req.method === 'HEAD' ? undefined : entry.body);
   };
+}
+
+function isAdminPagePath(pages: AdminPages, pathname: string): boolean {
+  return pathname === pages.prefix || /^[/.]/.test(pathname.slice(pages.prefix.length, pages.prefix.length + 1));
+}
+
+/** Whether the request carries -admin-token (any user name with it as password, or as a Bearer token). */
+function adminAuthorized(pages: AdminPages, req: http.IncomingMessage): boolean {
+  if (pages.token === '') return true;
+  const auth = req.headers.authorization ?? '';
+  let offered = '';
+  const bearer = /^Bearer +(\S+)$/i.exec(auth);
+  const basic = /^Basic +([A-Za-z0-9+/=]+)$/i.exec(auth);
+  if (bearer) offered = bearer[1];
+  else if (basic) {
+    const decoded = Buffer.from(basic[1], 'base64').toString('utf8');
+    offered = decoded.slice(decoded.indexOf(':') + 1);
+  }
+  // Compared as digests, so neither the time taken nor an early exit tells the token's length.
+  const digest = (t: string) => createHash('sha256').update(t).digest();
+  return timingSafeEqual(digest(offered), digest(pages.token));
 }
 
 /** Step 8, answer: writes the named entry, with a step's status, body and headers over it. */
@@ -5529,8 +5637,8 @@ function closeWithoutReset(ex: Exchange, draining: () => boolean): () => void {
 //    REGISTRY_HOST and ALLOW_IMAGES widen what a request may deploy, so IMAGE_PIN_SETTINGS has
 //    section 7 refuse them at load unless they are fixed strings in the hook file, and valid.
 //    Exports: checkImagePin, chooseCandidate, composeImageRef, IMAGE_PIN_SETTINGS, ImagePin, isObject,
-//    normalizeImageRef, parsePushHeaders, parsePushPayload, PushHeaders, readImagePin, registryOf, showValue,
-//    stripSchemeAndSlashes, validateImageRef, webhookValidation.
+//    normalizeImageRef, parsePushHeaders, parsePushPayload, problemOf, PushHeaders, readImagePin, registryOf,
+//    showValue, stripSchemeAndSlashes, validateImageRef, webhookValidation.
 // ================================================================================================
 
 export interface UpgradeInputs {
@@ -7369,8 +7477,9 @@ export type JsonPatchOperation =
 //      note:         <anything else worth knowing>
 //    Exit status 0 when result is ok (a change made, or an acknowledged no-op), 1 otherwise; a
 //    rollout that was waited for and failed or timed out makes the result failed.
-//    Exports: formatRbac, formatReport, hookReach, HookReach, pullSecretNames, runUpgrade, upgradeInput,
-//    UpgradeReport, UpgradeService, workloadPodSpec, workloadResource.
+//    Exports: formatRbac, formatReport, hookReach, HookReach, orList, PodSummary, pullSecretNames,
+//    RolloutOutcome, runUpgrade, upgradeInput, UpgradeReport, UpgradeService, workloadPodSpec,
+//    workloadResource.
 // ================================================================================================
 
 export const UPGRADE_LIMITS = {
@@ -7842,6 +7951,8 @@ export interface FollowOptions {
   container: string;
   pollMs?: number;
   signal?: AbortSignal;
+  /** Told the rollout's state at each look while it is still progressing (the deliveries page). */
+  onProgress?: (outcome: RolloutOutcome) => void;
 }
 
 /**
@@ -7886,6 +7997,7 @@ export async function followRollout(
           };
         return { state: 'timed out', detail: `after ${formatGoDuration(options.timeoutMs)}: ${status.message}`, pods };
       }
+      options.onProgress?.({ state: 'progressing', detail: status.message, pods: [] });
       await new Promise((resolve) => setTimeout(resolve, Math.min(pollMs, deadline - Date.now())));
     }
   } catch (e) {
@@ -9059,7 +9171,11 @@ export class UpgradeService implements InProcessCommand {
    * Follows a rollout the upgrade left progressing, then logs and records its end. Resolves with
    * the report brought up to date (or unchanged when there is nothing to follow).
    */
-  async follow(report: UpgradeReport, requestId: string): Promise<UpgradeReport> {
+  async follow(
+    report: UpgradeReport,
+    requestId: string,
+    onProgress?: (outcome: RolloutOutcome) => void,
+  ): Promise<UpgradeReport> {
     const eventFailure = await report.afterAnswer;
     if (eventFailure) this.log.error(`[${requestId}] ${report.workload} in ${report.namespace}: ${eventFailure}`);
     const target = report.target;
@@ -9070,7 +9186,8 @@ export class UpgradeService implements InProcessCommand {
     this.following.get(key)?.controller.abort();
     const controller = new AbortController();
     const signal = AbortSignal.any([controller.signal, this.stopping.signal]);
-    const done = followRollout(client, target, { timeoutMs: this.followMs, container: report.container ?? '', signal });
+    const container = report.container ?? '';
+    const done = followRollout(client, target, { timeoutMs: this.followMs, container, signal, onProgress });
     this.following.set(key, { controller, done });
     let outcome = await done;
     if (this.following.get(key)?.done === done) this.following.delete(key);
@@ -9115,7 +9232,9 @@ export class UpgradeService implements InProcessCommand {
 //    every step under a deadline, RFC 5322/MIME/RFC 2047 messages. The password lives in a Secret
 //    and every reply or error text leaving this section is scrubbed of it. ResultNotifier is the
 //    http server's CommandListener: an upgrade's rollout is followed to its end, then mailed.
-//    Exports: MailConfig, Mailer, parseMailConfig, ResultNotifier.
+//    The observer (ResultObserver) is told the same, at the same moments.
+//    Exports: MailConfig, MailJob, mailJob, Mailer, Outcome, parseMailConfig, ResultNotifier, ResultObserver,
+//    SendOutcome.
 // ================================================================================================
 
 /** A value that must never be printed: it shows as "[redacted]" in logs, JSON and inspection. */
@@ -9934,6 +10053,12 @@ const MAIL_RETRY_BACKOFF_MS = 2_000;
 
 export type Outcome = 'succeeded' | 'failed' | 'no change';
 
+/** How a result's mail or notification went: sent, failed (after retries), or held back by a cap. */
+export interface SendOutcome {
+  state: 'sent' | 'failed' | 'held';
+  detail: string;
+}
+
 /** What a finished command tells the mail: which hook and request, its environment and result. */
 export interface MailJob {
   hookId: string;
@@ -9992,7 +10117,7 @@ const MAX_SUMMARY_LINES = 100;
  * closes (or at shutdown), so a burst cannot flood the inbox and nothing is dropped silently.
  */
 export class Mailer {
-  private readonly pending = new Set<Promise<void>>();
+  private readonly pending = new Set<Promise<unknown>>();
   private readonly windows = new Map<string, MailWindow>();
   private readonly config: MailConfig | undefined;
   private readonly log: Logger;
@@ -10014,9 +10139,10 @@ export class Mailer {
     this.timeouts = timeouts;
   }
 
-  notify(job: MailJob): void {
+  /** Mails the result when the hook passes MAIL_TO (and mail is configured): resolves with how it went. */
+  notify(job: MailJob): Promise<SendOutcome> | undefined {
     const mailTo = job.env.MAIL_TO;
-    if (!this.config || !mailTo) return;
+    if (!this.config || !mailTo) return undefined;
     let to: string[];
     let mail: { subject: string; body: string };
     try {
@@ -10024,9 +10150,13 @@ export class Mailer {
       mail = resultMail(job);
     } catch (e) {
       this.failed(job.requestId, job.hookId, (e as Error).message);
-      return;
+      return Promise.resolve({ state: 'failed', detail: (e as Error).message });
     }
-    if (this.withinCap(job, to)) this.send(job.requestId, job.hookId, to, mail);
+    if (this.withinCap(job, to)) return this.send(job.requestId, job.hookId, to, mail);
+    return Promise.resolve({
+      state: 'held',
+      detail: "beyond the per-hook cap: in the summary mail at the window's end",
+    });
   }
 
   /** Counts the mail against its hook's window; false when it is held back for the summary. */
@@ -10069,7 +10199,12 @@ export class Mailer {
     this.log.error(`[${requestId}] mail for hook ${hookId} not sent: ${why}`);
   }
 
-  private send(requestId: string, hookId: string, to: string[], mail: { subject: string; body: string }): void {
+  private send(
+    requestId: string,
+    hookId: string,
+    to: string[],
+    mail: { subject: string; body: string },
+  ): Promise<SendOutcome> {
     const config = this.config!;
     let message: string;
     try {
@@ -10077,21 +10212,24 @@ export class Mailer {
       message = composeMessage({ from: config.from, to, ...mail, date, messageId: newMessageId(config.from) });
     } catch (e) {
       this.failed(requestId, hookId, (e as Error).message);
-      return;
+      return Promise.resolve({ state: 'failed', detail: (e as Error).message });
     }
     const options = { to, timeouts: this.timeouts };
     const sending = sendWithRetry(config, message, options, MAIL_ATTEMPTS, MAIL_RETRY_BACKOFF_MS)
-      .then((r) => {
+      .then((r): SendOutcome => {
         if (r.ok) {
           this.metrics.inc('webhook_mails_total', { result: 'sent' });
           this.log.info(`[${requestId}] mail sent to ${to.join(', ')} over ${r.security}: ${r.reply}`);
-        } else {
-          const over = r.security ? ` over ${r.security}` : '';
-          this.failed(requestId, hookId, `${r.stage} failed after ${r.attempts} attempt(s)${over}: ${r.reply}`);
+          return { state: 'sent', detail: `to ${to.join(', ')} over ${r.security}` };
         }
+        const over = r.security ? ` over ${r.security}` : '';
+        const why = `${r.stage} failed after ${r.attempts} attempt(s)${over}: ${r.reply}`;
+        this.failed(requestId, hookId, why);
+        return { state: 'failed', detail: why };
       })
       .finally(() => this.pending.delete(sending));
     this.pending.add(sending);
+    return sending;
   }
 
   /** Sends the summaries still held back, then waits up to `ms` for mails still being sent. */
@@ -10126,30 +10264,71 @@ function summaryMail(hookId: string, window: MailWindow, cap: MailCap): { subjec
 }
 
 /**
+ * Told how each result goes after the answer (the deliveries page and the NOTIFY_URL notifications
+ * of sections 15 and 16, wired in by main()): its start, its command's end, its rollout's
+ * progress, and its final form, at the moment the mail goes out.
+ */
+export interface ResultObserver {
+  started(hook: Hook, req: HookRequest): void;
+  answered(hook: Hook, req: HookRequest, r: CommandResult, report: UpgradeReport | undefined): void;
+  progressed(req: HookRequest, rollout: RolloutOutcome): void;
+  settled(req: HookRequest, job: MailJob, report: UpgradeReport | undefined, mail?: Promise<SendOutcome>): void;
+}
+
+/**
  * What happens after a command finished (the http server's CommandListener): an upgrade's rollout
- * is followed to its end, then the result is mailed when the hook passes MAIL_TO. Neither delays
- * the answer.
+ * is followed to its end, then the result is mailed when the hook passes MAIL_TO, and handed to
+ * the observer. None of it delays the answer.
  */
 export class ResultNotifier implements CommandListener {
   private readonly mailer: Mailer;
   private readonly upgrade: UpgradeService | undefined;
   private readonly log: Logger;
+  private readonly observer: ResultObserver | undefined;
+  /** Results whose rollout is still followed, until they are mailed and handed to the observer. */
+  private readonly settling = new Set<Promise<void>>();
 
-  constructor(mailer: Mailer, upgrade: UpgradeService | undefined, log: Logger) {
+  constructor(mailer: Mailer, upgrade: UpgradeService | undefined, log: Logger, observer?: ResultObserver) {
     this.mailer = mailer;
     this.upgrade = upgrade;
     this.log = log;
+    this.observer = observer;
+  }
+
+  started(hook: Hook, req: HookRequest): void {
+    this.observer?.started(hook, req);
   }
 
   finished(hook: Hook, req: HookRequest, r: CommandResult): void {
     // Only the upgrade (through UpgradeService) puts a report on a result.
     const report = r.report as UpgradeReport | undefined;
-    const mail = (final: UpgradeReport | undefined) => this.mailer.notify(mailJob(hook, req, r, final));
+    this.observer?.answered(hook, req, r, report);
+    const settle = (final: UpgradeReport | undefined) => {
+      const job = mailJob(hook, req, r, final);
+      this.observer?.settled(req, job, final, this.mailer.notify(job));
+    };
     if (report && this.upgrade) {
-      this.upgrade.follow(report, req.id).then(mail, (e: Error) => this.log.error(`[${req.id}] ${e.message}`));
+      const progressed = (p: RolloutOutcome) => this.observer?.progressed(req, p);
+      const settling: Promise<void> = this.upgrade
+        .follow(report, req.id, progressed)
+        .then(settle, (e: Error) => {
+          this.log.error(`[${req.id}] ${e.message}`);
+          settle(report);
+        })
+        .finally(() => this.settling.delete(settling));
+      this.settling.add(settling);
     } else {
-      mail(report);
+      settle(report);
     }
+  }
+
+  /**
+   * At shutdown, once the follows have been told to end: waits up to `ms` for their results to be
+   * mailed and handed on (a follow ends with an Event written first), so that the flushes that
+   * come next have them.
+   */
+  async settle(ms: number): Promise<void> {
+    await Promise.race([Promise.allSettled([...this.settling]), sleep(ms, undefined, { ref: false })]);
   }
 }
 
@@ -10169,7 +10348,833 @@ function mailJob(hook: Hook, req: HookRequest, r: CommandResult, report: Upgrade
 }
 
 // ================================================================================================
-// 15. main — wires the sections together; the only place with process-wide side effects
+// 15. chat & json notifications — a hook's result posted, at the moment its mail goes (after the
+//    rollout's end, in the background), to each URL of NOTIFY_URL, in the body NOTIFY_FORMAT names:
+//    json (our own document, versioned by its "schema" field, signed in a header with
+//    NOTIFY_SECRET), dingtalk (markdown; NOTIFY_SECRET signs the URL), wecom (markdown), feishu
+//    (a card with markdown; NOTIFY_SECRET signs the body) or slack (mrkdwn; Slack-compatible incoming
+//    webhooks). Each format is one entry of NOTIFY_FORMATS: its body, how it signs, how its receiver
+//    says no. Every request has a deadline; transient failures are retried a few times; each result
+//    is counted; one hook sends at most -max-notifications-per-hook per -notify-window. The chat
+//    URLs carry their robot's key, so no log line, error or page shows more of a URL than its host.
+//    NOTIFY_CACERT adds a CA (PEM, or base64 of it) to the ones trusted for https.
+//    Exports: NOTIFY_SETTINGS, Notifier, notifyCa, notifyTargets, PushResult, pushResult, resultDocument.
+// ================================================================================================
+
+export const NOTIFY_LIMITS = {
+  // A chat service answers a robot within a second; a request still open after 10 s is hung.
+  requestTimeoutMs: 10_000,
+  // Three tries over about six seconds ride out a restarting receiver or a brief throttle, like mail.
+  attempts: 3,
+  backoffMs: 2_000,
+  // Robots answer a line of JSON; more is not an answer we can use.
+  maxResponseBytes: 64 * 1024,
+  // WeCom's markdown content is limited to 4096 bytes and Slack's section text to 3000 characters:
+  // the chat message is the summary, cut at this many bytes; the full report is on the page.
+  maxChatBytes: 3_000,
+  // One hook posting to more places than this is a mistake in its file.
+  maxUrls: 5,
+  // The report a result carries (the page, the JSON document): an upgrade's is under a few KiB; a
+  // plain command's output may be up to a MiB, which 200 entries of the deliveries page would hold
+  // in memory. The mail and the log keep the whole output.
+  maxReportChars: 64 * 1024,
+};
+
+/** A push's result as the deliveries page and the notifications tell it. */
+export interface PushResult {
+  hookId: string;
+  requestId: string;
+  receivedAt: Date;
+  finishedAt?: Date;
+  outcome?: Outcome;
+  /** applied | same image restarted | superseded | refused | no-op | failed | ran */
+  decision: string;
+  detail: string;
+  registry?: string;
+  namespace?: string;
+  workload?: string;
+  container?: string;
+  imageBefore?: string;
+  imageAfter?: string;
+  rollout?: { state: string; detail: string };
+  pods: PodSummary[];
+  /** The upgrade's report (or the command's output), scrubbed of known secrets. */
+  report: string;
+}
+
+/** What a push decided, from its upgrade report (or, for another command, its exit status). */
+function decisionOf(job: MailJob, report: UpgradeReport | undefined): { decision: string; detail: string } {
+  if (!report) return { decision: job.outcome === 'failed' ? 'failed' : 'ran', detail: job.detail };
+  if (report.refused) return { decision: 'refused', detail: report.error ?? 'refused' };
+  if (report.rollout?.state === 'progressing' && report.rollout.detail.startsWith('superseded'))
+    return { decision: 'superseded', detail: report.rollout.detail };
+  if (!report.changed && report.result === 'failed') return { decision: 'failed', detail: report.error ?? '' };
+  if (!report.changed) return { decision: 'no-op', detail: report.action.replace(/^none \((.*)\)$/, '$1') };
+  const restarted = report.action !== 'image updated';
+  return { decision: restarted ? 'same image restarted' : 'applied', detail: report.action };
+}
+
+/** The result of a push from its job and report (final, or as known so far). Pure. */
+export function pushResult(
+  job: MailJob,
+  report: UpgradeReport | undefined,
+  receivedAt: Date,
+  scrub: (text: string) => string,
+): PushResult {
+  const env = job.env;
+  return {
+    hookId: job.hookId,
+    requestId: job.requestId,
+    receivedAt,
+    outcome: job.outcome,
+    ...decisionOf(job, report),
+    registry: env.REPO_TYPE || undefined,
+    namespace: report?.namespace ?? (env.APP_NS || undefined),
+    workload: report?.workload ?? (env.APP_WORKLOAD || undefined),
+    container: report?.container ?? (env.APP_CONTAINER || undefined),
+    imageBefore: report?.imageBefore,
+    imageAfter: report?.imageAfter,
+    rollout: report?.rollout && { state: report.rollout.state, detail: report.rollout.detail },
+    pods: report?.rollout?.pods ?? [],
+    report: cutReport(scrub(job.output)),
+  };
+}
+
+function cutReport(text: string): string {
+  const max = NOTIFY_LIMITS.maxReportChars;
+  return text.length <= max ? text : `${text.slice(0, max)}\n[… ${text.length - max} more characters]\n`;
+}
+
+/** The documented JSON form of a result (NOTIFY_FORMAT=json, and each entry of /deliveries.json). */
+export function resultDocument(r: PushResult, extra: Record<string, unknown> = {}): Record<string, unknown> {
+  return {
+    schema: 'webhook.result/v1',
+    hook: r.hookId,
+    request_id: r.requestId,
+    received_at: r.receivedAt.toISOString(),
+    finished_at: r.finishedAt?.toISOString() ?? null,
+    outcome: r.outcome ?? null,
+    decision: r.decision,
+    detail: r.detail,
+    registry: r.registry ?? null,
+    namespace: r.namespace ?? null,
+    workload: r.workload ?? null,
+    container: r.container ?? null,
+    image_before: r.imageBefore ?? null,
+    image_after: r.imageAfter ?? null,
+    rollout: r.rollout ?? null,
+    pods: r.pods.map((p) => ({ ...p, reason: p.reason ?? null })),
+    ...extra,
+    report: r.report,
+  };
+}
+
+// ---- the formats ------------------------------------------------------------------------------
+
+/** One request to a receiver. */
+interface NotifyRequest {
+  url: URL;
+  body: string;
+  headers: Record<string, string>;
+}
+
+interface NotifyFormat {
+  /** Whether NOTIFY_SECRET means something to it (signs its requests). */
+  signs: boolean;
+  request(r: PushResult, url: URL, secret: string | undefined, now: Date): NotifyRequest;
+  /** Why the receiver's 2xx answer still says no (DingTalk, WeCom and Feishu answer 200 with a code). */
+  refusal?(answer: string): string | undefined;
+}
+
+const JSON_HEADERS = { 'Content-Type': 'application/json; charset=utf-8' };
+
+/** The title every chat message starts with: the mail's subject, which DingTalk keywords can match. */
+function chatTitle(r: PushResult): string {
+  const target = r.namespace && r.workload && r.container ? `${r.namespace}-${r.workload}-${r.container}` : r.hookId;
+  return `Webhooks通知: ${target} 更新结果: ${r.outcome ?? 'running'}`;
+}
+
+/** The summary lines of a chat message, with `bold` for the labels of its markdown dialect. */
+function chatLines(r: PushResult, bold: (label: string) => string): string[] {
+  const lines = [`${bold('hook')} ${r.hookId} · ${bold('request')} ${r.requestId}`];
+  if (r.workload)
+    lines.push(`${bold('workload')} ${r.workload}${r.namespace ? ` in ${r.namespace}` : ''}, container ${r.container}`);
+  if (r.imageAfter) lines.push(`${bold('image')} ${r.imageBefore ?? '?'} → ${r.imageAfter}`);
+  lines.push(`${bold('decision')} ${r.decision}${r.detail ? ` (${r.detail})` : ''}`);
+  if (r.rollout) lines.push(`${bold('rollout')} ${r.rollout.state}: ${r.rollout.detail}`);
+  const ready = r.pods.filter((p) => p.ready).length;
+  if (r.pods.length) lines.push(`${bold('pods')} ${ready} of ${r.pods.length} ready`);
+  return lines;
+}
+
+/** Text cut to at most `max` UTF-8 bytes, on a character boundary, marked when cut. */
+function cutToBytes(text: string, max: number): string {
+  if (Buffer.byteLength(text) <= max) return text;
+  let cut = Buffer.from(text)
+    .subarray(0, max - 4)
+    .toString('utf8');
+  if (cut.endsWith('\uFFFD')) cut = cut.slice(0, -1);
+  return `${cut} …`;
+}
+
+function chatMarkdown(r: PushResult, separator: string, bold: (label: string) => string): string {
+  return cutToBytes(chatLines(r, bold).join(separator), NOTIFY_LIMITS.maxChatBytes);
+}
+
+const markdownBold = (label: string) => `**${label}**`;
+
+/** Base64 HMAC-SHA256, the signature DingTalk and Feishu ask for. */
+function hmacBase64(key: string, message: string): string {
+  return createHmac('sha256', key).update(message).digest('base64');
+}
+
+/** A JSON answer's code field (`errcode` or `code`) when it is not 0, as the receiver's refusal. */
+function codeRefusal(...fields: string[]): (answer: string) => string | undefined {
+  return (answer) => {
+    let parsed: unknown;
+    try {
+      parsed = JSON.parse(answer);
+    } catch {
+      return `the answer is not JSON: ${JSON.stringify(answer.slice(0, 200))}`;
+    }
+    const o = isObject(parsed) ? parsed : {};
+    const field = fields.find((f) => o[f] !== undefined);
+    if (field === undefined || o[field] === 0) return undefined;
+    const message = o.errmsg ?? o.msg ?? o.StatusMessage ?? '';
+    return `${field} ${JSON.stringify(o[field])}: ${String(message).slice(0, 200)}`;
+  };
+}
+
+export const NOTIFY_FORMATS: Record<string, NotifyFormat> = {
+  json: {
+    signs: true,
+    request(r, url, secret) {
+      const body = JSON.stringify(resultDocument(r));
+      const headers: Record<string, string> = {
+        ...JSON_HEADERS,
+        'X-Webhook-Event': 'push-result',
+        'X-Webhook-Delivery': r.requestId,
+      };
+      if (secret)
+        headers['X-Webhook-Signature-256'] = `sha256=${createHmac('sha256', secret).update(body).digest('hex')}`;
+      return { url, body, headers };
+    },
+  },
+  // Custom robot: https://oapi.dingtalk.com/robot/send?access_token=…; with "加签", timestamp (ms)
+  // and sign = base64(HMAC-SHA256(key secret, "timestamp\nsecret")) join the query.
+  dingtalk: {
+    signs: true,
+    request(r, url, secret, now) {
+      const signed = new URL(url);
+      if (secret) {
+        const timestamp = String(now.getTime());
+        signed.searchParams.set('timestamp', timestamp);
+        signed.searchParams.set('sign', hmacBase64(secret, `${timestamp}\n${secret}`));
+      }
+      const text = `### ${chatTitle(r)}\n\n${chatMarkdown(r, '\n\n', markdownBold)}`;
+      const body = JSON.stringify({ msgtype: 'markdown', markdown: { title: chatTitle(r), text } });
+      return { url: signed, body, headers: JSON_HEADERS };
+    },
+    refusal: codeRefusal('errcode'),
+  },
+  // Group robot: https://qyapi.weixin.qq.com/cgi-bin/webhook/send?key=…; markdown content ≤ 4096 bytes.
+  wecom: {
+    signs: false,
+    request(r, url) {
+      const content = `### ${chatTitle(r)}\n${chatMarkdown(r, '\n', markdownBold)}`;
+      return { url, body: JSON.stringify({ msgtype: 'markdown', markdown: { content } }), headers: JSON_HEADERS };
+    },
+    refusal: codeRefusal('errcode'),
+  },
+  // Custom bot: https://open.feishu.cn/open-apis/bot/v2/hook/…; with "签名校验", timestamp (s) and
+  // sign = base64(HMAC-SHA256(key "timestamp\nsecret", empty message)) join the body.
+  feishu: {
+    signs: true,
+    request(r, url, secret, now) {
+      const timestamp = String(Math.floor(now.getTime() / 1000));
+      const signature = secret ? { timestamp, sign: hmacBase64(`${timestamp}\n${secret}`, '') } : {};
+      const template = r.outcome === 'failed' ? 'red' : r.outcome === 'succeeded' ? 'green' : 'grey';
+      const card = {
+        header: { title: { tag: 'plain_text', content: chatTitle(r) }, template },
+        elements: [{ tag: 'markdown', content: chatMarkdown(r, '\n', markdownBold) }],
+      };
+      return { url, body: JSON.stringify({ ...signature, msg_type: 'interactive', card }), headers: JSON_HEADERS };
+    },
+    refusal: codeRefusal('code', 'StatusCode'),
+  },
+  // Incoming webhook: https://hooks.slack.com/services/…; `text` is the notification's fallback.
+  slack: {
+    signs: false,
+    request(r, url) {
+      // `text` is the whole message too: what notifications show, and all that receivers which
+      // take Slack's format without its blocks (Mattermost, Rocket.Chat) read.
+      const text = `*${chatTitle(r)}*\n${chatMarkdown(r, '\n', (label) => `*${label}*`)}`;
+      const blocks = [{ type: 'section', text: { type: 'mrkdwn', text } }];
+      return { url, body: JSON.stringify({ text, blocks }), headers: JSON_HEADERS };
+    },
+  },
+};
+
+// ---- settings ---------------------------------------------------------------------------------
+
+/** One receiver of a hook's notifications. */
+interface NotifyTarget {
+  url: URL;
+  format: string;
+  secret?: string;
+}
+
+/** NOTIFY_URL: one or more http(s) URLs, separated by spaces or commas. */
+function notifyUrls(value: string): URL[] {
+  const items = value.split(/[\s,]+/).filter((u) => u !== '');
+  if (items.length === 0) throw new Error('NOTIFY_URL is empty');
+  if (items.length > NOTIFY_LIMITS.maxUrls)
+    throw new Error(`NOTIFY_URL lists ${items.length} URLs; at most ${NOTIFY_LIMITS.maxUrls}`);
+  return items.map((item, i) => {
+    let url: URL;
+    try {
+      url = new URL(item);
+    } catch {
+      throw new Error(`NOTIFY_URL item ${i + 1} is not a URL`);
+    }
+    if (url.protocol !== 'https:' && url.protocol !== 'http:')
+      throw new Error(`NOTIFY_URL item ${i + 1} is not an http or https URL (${url.protocol})`);
+    return url;
+  });
+}
+
+/** NOTIFY_FORMAT: one format for every URL, or one per URL (comma separated); default json. */
+function notifyFormats(value: string | undefined): string[] {
+  const formats = (value ?? '').split(',').map((f) => f.trim().toLowerCase());
+  for (const f of formats)
+    if (f !== '' && !Object.hasOwn(NOTIFY_FORMATS, f))
+      throw new Error(`NOTIFY_FORMAT ${showValue(f)} is not one of ${orList(Object.keys(NOTIFY_FORMATS))}`);
+  return formats.map((f) => f || 'json');
+}
+
+/** Broadcasts a one-value list to `n`, or checks that it has `n` values. */
+function perUrl<T>(values: T[], n: number, name: string): T[] {
+  if (values.length === 1) return Array(n).fill(values[0]);
+  if (values.length !== n)
+    throw new Error(`${name} has ${values.length} values for ${n} URLs: give one, or one per URL`);
+  return values;
+}
+
+/** A hook's receivers from its environment; throws (without a secret in the message) when it is wrong. */
+export function notifyTargets(env: Readonly<Record<string, string | undefined>>): NotifyTarget[] {
+  if (!env.NOTIFY_URL?.trim()) return [];
+  const urls = notifyUrls(env.NOTIFY_URL);
+  const formats = perUrl(notifyFormats(env.NOTIFY_FORMAT), urls.length, 'NOTIFY_FORMAT');
+  const rawSecrets = env.NOTIFY_SECRET?.trim() ? env.NOTIFY_SECRET.trim().split(/\s+/) : [undefined];
+  const secrets = perUrl<string | undefined>(rawSecrets, urls.length, 'NOTIFY_SECRET');
+  return urls.map((url, i) => {
+    if (secrets[i] && !NOTIFY_FORMATS[formats[i]].signs)
+      throw new Error(`NOTIFY_SECRET is set, but ${formats[i]} (URL ${i + 1}) does not sign its requests`);
+    return { url, format: formats[i], secret: secrets[i] };
+  });
+}
+
+/** The notification settings checked in hook files at every load (section 7): fixed in the file, valid. */
+export const NOTIFY_SETTINGS: HookSettingChecks = {
+  NOTIFY_URL: (value) => problemOf(() => notifyUrls(value)),
+  NOTIFY_FORMAT: (value) => problemOf(() => notifyFormats(value)),
+  NOTIFY_SECRET: () => undefined,
+};
+
+/** NOTIFY_CACERT (PEM, or base64 of PEM) as CAs trusted besides Node's own; throws when it is neither. */
+export function notifyCa(value: string | undefined): string[] | undefined {
+  if (!value?.trim()) return undefined;
+  const pem = value.trim().startsWith('-----BEGIN') ? value : decodeBase64Strict(value).toString('utf8');
+  const certificates = pem.match(/-----BEGIN CERTIFICATE-----[\s\S]+?-----END CERTIFICATE-----/g) ?? [];
+  if (certificates.length === 0) throw new Error('NOTIFY_CACERT holds no PEM certificate (PEM text, or base64 of it)');
+  for (const c of certificates) new X509Certificate(c);
+  return [...tls.rootCertificates, ...certificates];
+}
+
+// ---- sending ----------------------------------------------------------------------------------
+
+/** A receiver's failure: `transient` ones (connection trouble, deadline, 5xx, 429) are tried again. */
+class NotifyFailure extends Error {
+  readonly transient: boolean;
+  constructor(message: string, transient: boolean) {
+    super(message);
+    this.transient = transient;
+  }
+}
+
+/** One POST under the deadline; resolves with the answer's body, or throws NotifyFailure. */
+function postOnce(request: NotifyRequest, ca: string[] | undefined): Promise<string> {
+  const { url, body } = request;
+  const client = url.protocol === 'https:' ? https : http;
+  const headers = { ...request.headers, 'Content-Length': String(Buffer.byteLength(body)) };
+  return new Promise((resolve, reject) => {
+    const req = client.request(url, { method: 'POST', headers, ca, timeout: NOTIFY_LIMITS.requestTimeoutMs });
+    req.on('timeout', () =>
+      req.destroy(new NotifyFailure(`no answer within ${formatGoDuration(NOTIFY_LIMITS.requestTimeoutMs)}`, true)),
+    );
+    req.on('error', (e: Error & { code?: string }) => {
+      if (e instanceof NotifyFailure) return reject(e);
+      // A certificate that does not verify will not verify on the next try either.
+      const certificate = /CERT|SELF_SIGNED|UNABLE_TO_VERIFY|ERR_TLS/.test(e.code ?? '');
+      // Node's hint (--use-system-ca) is no use to an operator of the executable; NOTIFY_CACERT is.
+      const message = certificate
+        ? `${e.message.replace(/; if the root CA is installed.*$/, '')} (a private CA is trusted with NOTIFY_CACERT)`
+        : e.message || (e.code ?? 'connection failed');
+      reject(new NotifyFailure(message, !certificate));
+    });
+    req.on('response', (res) => {
+      const chunks: Buffer[] = [];
+      let size = 0;
+      res.on('data', (c: Buffer) => {
+        size += c.length;
+        if (size <= NOTIFY_LIMITS.maxResponseBytes) chunks.push(c);
+      });
+      res.on('error', (e) => reject(new NotifyFailure(e.message, true)));
+      res.on('end', () => {
+        const answer = Buffer.concat(chunks).toString('utf8');
+        const status = res.statusCode ?? 0;
+        if (status >= 200 && status < 300) return resolve(answer);
+        const transient = status >= 500 || status === 429 || status === 408;
+        reject(new NotifyFailure(`HTTP ${status}: ${JSON.stringify(answer.slice(0, 200))}`, transient));
+      });
+    });
+    req.end(body);
+  });
+}
+
+/** The host a URL may be shown by: the rest of a chat URL (its path, its query) is its robot's key. */
+function shownTarget(url: URL): string {
+  return url.host;
+}
+
+/**
+ * Sends NOTIFY_URL notifications in the background: the answer never waits for them. Each goes
+ * out NOTIFY_LIMITS.attempts times at most, backing off between tries; its end is logged and
+ * counted (webhook_notifications_total). Each hook sends at most `cap.max` results per window;
+ * the ones beyond are logged, counted and recorded as capped, not sent.
+ */
+export class Notifier {
+  private readonly pending = new Set<Promise<unknown>>();
+  private readonly windows = new Map<string, { sent: number; warned: boolean; ends: number }>();
+  private readonly log: Logger;
+  private readonly metrics: Metrics;
+  private readonly cap: { max: number; windowMs: number };
+  private readonly ca: string[] | undefined;
+  private readonly backoffMs: number;
+
+  constructor(
+    log: Logger,
+    metrics: Metrics,
+    cap: { max: number; windowMs: number },
+    ca: string[] | undefined,
+    backoffMs = NOTIFY_LIMITS.backoffMs,
+  ) {
+    this.log = log;
+    this.metrics = metrics;
+    this.cap = cap;
+    this.ca = ca;
+    this.backoffMs = backoffMs;
+  }
+
+  /**
+   * Posts the result to each of the hook's receivers; returns each one's channel (format and host)
+   * with the promise of how it went. No receivers, no entries.
+   */
+  notify(
+    r: PushResult,
+    env: Readonly<Record<string, string | undefined>>,
+  ): { channel: string; done: Promise<SendOutcome> }[] {
+    let targets: NotifyTarget[];
+    try {
+      targets = notifyTargets(env);
+    } catch (e) {
+      const why = this.scrubbed((e as Error).message, env);
+      this.log.error(`[${r.requestId}] notifications for hook ${r.hookId} not sent: ${why}`);
+      this.metrics.inc('webhook_notifications_total', { format: 'unknown', result: 'failed' });
+      return [{ channel: 'notify', done: Promise.resolve({ state: 'failed', detail: why }) }];
+    }
+    if (targets.length === 0) return [];
+    const capped = !this.withinCap(r);
+    return targets.map((t) => {
+      const channel = `${t.format} ${shownTarget(t.url)}`;
+      if (capped) {
+        this.metrics.inc('webhook_notifications_total', { format: t.format, result: 'capped' });
+        const detail = `not sent: hook ${r.hookId} reached ${this.cap.max} per ${formatGoDuration(this.cap.windowMs)}`;
+        return { channel, done: Promise.resolve({ state: 'held' as const, detail }) };
+      }
+      const done = this.send(r, t, env).finally(() => this.pending.delete(done));
+      this.pending.add(done);
+      return { channel, done };
+    });
+  }
+
+  /** Counts the result against its hook's window; false when the hook is over its cap. */
+  private withinCap(r: PushResult): boolean {
+    const now = Date.now();
+    let window = this.windows.get(r.hookId);
+    if (!window || now >= window.ends) {
+      window = { sent: 0, warned: false, ends: now + this.cap.windowMs };
+      this.windows.set(r.hookId, window);
+    }
+    if (window.sent < this.cap.max) {
+      window.sent++;
+      return true;
+    }
+    if (!window.warned)
+      this.log.warn(
+        `[${r.requestId}] hook ${r.hookId} sent ${this.cap.max} notification(s) within ` +
+          `${formatGoDuration(this.cap.windowMs)}; further results are on the deliveries page and in the log only`,
+      );
+    window.warned = true;
+    return false;
+  }
+
+  private async send(
+    r: PushResult,
+    t: NotifyTarget,
+    env: Readonly<Record<string, string | undefined>>,
+  ): Promise<SendOutcome> {
+    const where = `${t.format} notification to ${shownTarget(t.url)}`;
+    const format = NOTIFY_FORMATS[t.format];
+    for (let attempt = 1; ; attempt++) {
+      try {
+        const answer = await postOnce(format.request(r, t.url, t.secret, new Date()), this.ca);
+        const refusal = format.refusal?.(answer);
+        if (refusal) throw new NotifyFailure(`refused: ${refusal}`, false);
+        this.metrics.inc('webhook_notifications_total', { format: t.format, result: 'sent' });
+        this.log.info(`[${r.requestId}] ${where} sent`);
+        return { state: 'sent', detail: `attempt ${attempt}` };
+      } catch (e) {
+        const failure = e instanceof NotifyFailure ? e : new NotifyFailure((e as Error).message, false);
+        if (failure.transient && attempt < NOTIFY_LIMITS.attempts) {
+          await sleep(this.backoffMs * 2 ** (attempt - 1));
+          continue;
+        }
+        const why = this.scrubbed(`${failure.message} (after ${attempt} attempt(s))`, env, t);
+        this.metrics.inc('webhook_notifications_total', { format: t.format, result: 'failed' });
+        this.log.error(`[${r.requestId}] ${where} not sent: ${why}`);
+        return { state: 'failed', detail: why };
+      }
+    }
+  }
+
+  /** A message with the hook's notification secrets and URLs (but their hosts) taken out. */
+  private scrubbed(text: string, env: Readonly<Record<string, string | undefined>>, t?: NotifyTarget): string {
+    const secrets = [...(env.NOTIFY_SECRET ?? '').split(/\s+/), ...(env.NOTIFY_URL ?? '').split(/[\s,]+/)];
+    if (t) secrets.push(t.url.href, `${t.url.pathname}${t.url.search}`, t.secret ?? '');
+    let out = text;
+    for (const s of secrets.filter((x) => x.length >= 4 && x !== '/')) out = out.split(s).join('[redacted]');
+    return out;
+  }
+
+  /** Waits up to `ms` for notifications still being sent (shutdown). */
+  async flush(ms: number): Promise<void> {
+    if (this.pending.size === 0) return;
+    this.log.notice(`sending ${this.pending.size} pending notification(s)`);
+    await Promise.race([Promise.allSettled([...this.pending]), sleep(ms, undefined, { ref: false })]);
+  }
+}
+
+// ================================================================================================
+// 16. deliveries page — what the last pushes did, on the admin listener (never the hook port):
+//    a ring of the last -deliveries pushes, newest first, each recorded as it starts, when its
+//    command ends, as its rollout progresses and when its mail and notifications have gone.
+//    /deliveries lists them (plain server-rendered HTML: no script, no external asset, readable on
+//    a phone, refreshing itself while a push is still running); /deliveries/<n> is one push's full
+//    report and pods; /deliveries.json and /deliveries/<n>.json carry the same as JSON (entries in
+//    the shape of NOTIFY_FORMAT=json). -admin-token protects them. Nothing on them comes from the
+//    hook's environment; reports are scrubbed of known secrets, receivers shown by host.
+//    Exports: DeliveryLog, deliveryPages.
+// ================================================================================================
+
+export const DELIVERY_LIMITS = {
+  // Seconds between the page's own reloads while a push is running: a rollout takes seconds to
+  // minutes, and a phone on a slow line still gets a page in between.
+  refreshSeconds: 3,
+};
+
+/** One push on the page: its result so far, where it is, and how its notifications went. */
+export interface Delivery extends PushResult {
+  seq: number;
+  /** running: the command; following: the rollout, after the answer; done: the result is final. */
+  state: 'running' | 'following' | 'done';
+  notifications: { channel: string; state: 'pending' | SendOutcome['state']; detail: string }[];
+}
+
+/**
+ * The ring of recent pushes (the http server's results reach it as the ResultNotifier's observer).
+ * It hands each final result to the Notifier, so notifications go whether or not a page is kept.
+ */
+export class DeliveryLog implements ResultObserver {
+  private readonly entries: Delivery[] = [];
+  private readonly inFlight = new Map<HookRequest, Delivery>();
+  private seq = 0;
+  private readonly size: number;
+  private readonly notifier: Notifier;
+  private readonly scrub: (text: string) => string;
+
+  constructor(size: number, notifier: Notifier, scrub: (text: string) => string) {
+    this.size = size;
+    this.notifier = notifier;
+    this.scrub = scrub;
+  }
+
+  /** Newest first. */
+  list(): readonly Delivery[] {
+    return this.entries;
+  }
+
+  get(seq: number): Delivery | undefined {
+    return this.entries.find((d) => d.seq === seq);
+  }
+
+  started(hook: Hook, req: HookRequest): void {
+    this.open(hook.id, req);
+  }
+
+  private open(hookId: string, req: HookRequest): Delivery {
+    const d: Delivery = {
+      seq: ++this.seq,
+      hookId,
+      requestId: req.id,
+      receivedAt: new Date(),
+      decision: 'running',
+      detail: 'the command is running',
+      state: 'running',
+      pods: [],
+      report: '',
+      notifications: [],
+    };
+    this.inFlight.set(req, d);
+    if (this.size === 0) return d;
+    this.entries.unshift(d);
+    if (this.entries.length > this.size) this.entries.pop();
+    return d;
+  }
+
+  answered(hook: Hook, req: HookRequest, r: CommandResult, report: UpgradeReport | undefined): void {
+    const d = this.inFlight.get(req) ?? this.open(hook.id, req);
+    Object.assign(d, pushResult(mailJob(hook, req, r, report), report, d.receivedAt, this.scrub));
+    // Final only once settled: the rollout may still fail.
+    d.outcome = undefined;
+    d.state = report?.rollout?.state === 'progressing' && report.changed ? 'following' : 'running';
+  }
+
+  progressed(req: HookRequest, rollout: RolloutOutcome): void {
+    const d = this.inFlight.get(req);
+    if (d) d.rollout = { state: rollout.state, detail: rollout.detail };
+  }
+
+  settled(req: HookRequest, job: MailJob, report: UpgradeReport | undefined, mail?: Promise<SendOutcome>): void {
+    const d = this.inFlight.get(req) ?? this.open(job.hookId, req);
+    this.inFlight.delete(req);
+    Object.assign(d, pushResult(job, report, d.receivedAt, this.scrub), { finishedAt: new Date(), state: 'done' });
+    const channels = [...(mail ? [{ channel: 'mail', done: mail }] : []), ...this.notifier.notify(d, job.env)];
+    for (const c of channels) {
+      const shown = { channel: c.channel, state: 'pending' as Delivery['notifications'][number]['state'], detail: '' };
+      d.notifications.push(shown);
+      void c.done.then((o) => Object.assign(shown, { state: o.state, detail: this.scrub(o.detail) }));
+    }
+  }
+
+  /** Whether a push is still running or being followed (the page then refreshes itself). */
+  busy(entries: readonly Delivery[] = this.entries): boolean {
+    return entries.some((d) => d.state !== 'done' || d.notifications.some((n) => n.state === 'pending'));
+  }
+}
+
+// ---- pages ------------------------------------------------------------------------------------
+
+function escapeHtml(text: string): string {
+  return text.replace(/[&<>"']/g, (c) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;' })[c]!);
+}
+
+/** 2026-11-23 13:05:09 UTC */
+function shownTime(d: Date | undefined): string {
+  return d ? `${d.toISOString().slice(0, 19).replace('T', ' ')} UTC` : '';
+}
+
+/** The colour class of a push: how it ended, or that it is still going. */
+function toneOf(d: Delivery): string {
+  if (d.state !== 'done') return 'running';
+  if (d.outcome === 'failed') return 'failed';
+  return d.outcome === 'succeeded' ? 'ok' : 'quiet';
+}
+
+/** One cell: its label shown before it on a phone, where the table becomes one card per push. */
+function cell(label: string, html: string, className = ''): string {
+  return `<td data-label="${label}"${className ? ` class="${className}"` : ''}>${html}</td>`;
+}
+
+const PAGE_STYLE = [
+  'body{font:15px/1.4 system-ui,sans-serif;margin:0;padding:12px;color:#1b1f23;background:#f6f8fa}',
+  'h1{font-size:20px;margin:0 0 4px}p.meta{margin:0 0 12px;color:#57606a}a{color:#0550ae}',
+  'table{border-collapse:collapse;width:100%;background:#fff}th,td{padding:6px 8px;border-bottom:1px solid #d0d7de;',
+  'text-align:left;vertical-align:top}th{background:#eaeef2;font-weight:600}',
+  'code{font-size:13px;overflow-wrap:anywhere}',
+  'td.image{min-width:24em}td.time{white-space:nowrap}',
+  '.tag{display:inline-block;padding:1px 6px;border-radius:10px;font-size:13px;font-weight:600}',
+  '.ok .tag{background:#dafbe1;color:#116329}.failed .tag{background:#ffebe9;color:#a40e26}',
+  '.running .tag{background:#fff8c5;color:#7d4e00}.quiet .tag{background:#eaeef2;color:#424a53}',
+  'tr.failed td:first-child{border-left:4px solid #cf222e}tr.ok td:first-child{border-left:4px solid #1a7f37}',
+  'tr.running td:first-child{border-left:4px solid #bf8700}pre{white-space:pre-wrap;word-break:break-all;',
+  'background:#fff;padding:8px;border:1px solid #d0d7de}.muted{color:#57606a}',
+  '@media (max-width:760px){thead{display:none}table,tbody,tr,td{display:block;width:auto}',
+  'tr{margin:0 0 10px;border:1px solid #d0d7de}td{border:0;padding:3px 8px}td.image{min-width:0}',
+  'td::before{content:attr(data-label);display:block;font-size:12px;color:#57606a}}',
+].join('');
+
+function pageShell(title: string, refresh: boolean, body: string): string {
+  return [
+    '<!doctype html>',
+    '<html lang="en"><head><meta charset="utf-8">',
+    '<meta name="viewport" content="width=device-width, initial-scale=1">',
+    ...(refresh ? [`<meta http-equiv="refresh" content="${DELIVERY_LIMITS.refreshSeconds}">`] : []),
+    `<title>${escapeHtml(title)}</title><style>${PAGE_STYLE}</style></head>`,
+    `<body>${body}</body></html>`,
+    '',
+  ].join('\n');
+}
+
+function imageCell(d: Delivery): string {
+  if (!d.imageAfter) return '<span class="muted">—</span>';
+  const before = d.imageBefore ? `<code>${escapeHtml(d.imageBefore)}</code><br>→ ` : '';
+  return `${before}<code>${escapeHtml(d.imageAfter)}</code>`;
+}
+
+function notificationsCell(d: Delivery): string {
+  if (d.state !== 'done') return '<span class="muted">after the rollout</span>';
+  if (d.notifications.length === 0) return '<span class="muted">none configured</span>';
+  return d.notifications.map((n) => `${escapeHtml(n.channel)}: ${escapeHtml(n.state)}`).join('<br>');
+}
+
+function deliveryRow(d: Delivery): string {
+  const workload = d.workload
+    ? `${escapeHtml(d.workload)} / ${escapeHtml(d.container ?? '')}<br>` +
+      `<span class="muted">${escapeHtml(d.namespace ?? '')}</span>`
+    : '<span class="muted">—</span>';
+  const rollout = d.rollout
+    ? `${escapeHtml(d.rollout.state)}<br><span class="muted">${escapeHtml(d.rollout.detail)}</span>`
+    : '<span class="muted">—</span>';
+  return [
+    `<tr class="${toneOf(d)}" id="d${d.seq}">`,
+    cell('Time', `<a href="deliveries/${d.seq}">${shownTime(d.receivedAt)}</a>`, 'time'),
+    cell('Hook', escapeHtml(d.hookId)),
+    cell('Request', `<code>${escapeHtml(d.requestId)}</code>`),
+    cell('Registry', escapeHtml(d.registry ?? '—')),
+    cell('Workload / container', workload),
+    cell('Image before → after', imageCell(d), 'image'),
+    cell('Decision', `<span class="tag">${escapeHtml(d.decision)}</span><br>${escapeHtml(d.detail)}`),
+    cell('Rollout', rollout),
+    cell('Notified', notificationsCell(d)),
+    '</tr>',
+  ].join('');
+}
+
+/** /deliveries: the recent pushes, newest first. Pure. */
+export function renderDeliveries(entries: readonly Delivery[], busy: boolean, now: Date): string {
+  const head = ['Time', 'Hook', 'Request', 'Registry', 'Workload / container', 'Image before → after'];
+  head.push('Decision', 'Rollout', 'Notified');
+  const rows = entries.length
+    ? entries.map(deliveryRow).join('\n')
+    : `<tr><td colspan="${head.length}" class="muted">No push since the service started.</td></tr>`;
+  const body = [
+    '<h1>Deliveries</h1>',
+    `<p class="meta">${entries.length} most recent push(es), newest first · as of ${shownTime(now)}` +
+      `${busy ? ` · refreshing every ${DELIVERY_LIMITS.refreshSeconds} s while a push is running` : ''}` +
+      ' · <a href="deliveries.json">JSON</a></p>',
+    `<table><thead><tr>${head.map((h) => `<th>${h}</th>`).join('')}</tr></thead><tbody>`,
+    rows,
+    '</tbody></table>',
+  ].join('\n');
+  return pageShell('Deliveries — webhook', busy, body);
+}
+
+/** /deliveries/<n>: one push, its full report and its pods. Pure. */
+export function renderDelivery(d: Delivery, busy: boolean): string {
+  const fields: [string, string][] = [
+    ['Received', shownTime(d.receivedAt)],
+    ['Finished', d.finishedAt ? shownTime(d.finishedAt) : 'not yet'],
+    ['Hook', escapeHtml(d.hookId)],
+    ['Request', `<code>${escapeHtml(d.requestId)}</code>`],
+    ['Registry', escapeHtml(d.registry ?? '—')],
+    ['Workload', escapeHtml(`${d.workload ?? '—'} in ${d.namespace ?? '—'}, container ${d.container ?? '—'}`)],
+    ['Image before → after', imageCell(d)],
+    ['Decision', `<span class="tag">${escapeHtml(d.decision)}</span> ${escapeHtml(d.detail)}`],
+    ['Outcome', escapeHtml(d.outcome ?? d.state)],
+    ['Rollout', d.rollout ? escapeHtml(`${d.rollout.state}: ${d.rollout.detail}`) : '—'],
+    ['Notified', notificationDetails(d)],
+  ];
+  const pods = d.pods.length
+    ? d.pods
+        .map(
+          (p) =>
+            `<tr>${cell('Pod', escapeHtml(p.name))}${cell('Phase', escapeHtml(p.phase))}` +
+            `${cell('Ready', p.ready ? 'ready' : 'not ready')}${cell('Image', `<code>${escapeHtml(p.image)}</code>`)}` +
+            `${cell('Restarts', String(p.restarts))}${cell('Reason', escapeHtml(p.reason ?? ''))}</tr>`,
+        )
+        .join('\n')
+    : '<tr><td colspan="6" class="muted">No pod states (yet).</td></tr>';
+  const body = [
+    `<p class="meta"><a href="../deliveries">← all deliveries</a> · <a href="${d.seq}.json">JSON</a></p>`,
+    `<h1>Push ${d.seq}: ${escapeHtml(d.hookId)}</h1>`,
+    `<table class="${toneOf(d)}"><tbody>`,
+    fields.map(([k, v]) => `<tr><th>${k}</th><td>${v}</td></tr>`).join('\n'),
+    '</tbody></table>',
+    '<h2>Pods</h2><table><thead><tr><th>Pod</th><th>Phase</th><th>Ready</th><th>Image</th><th>Restarts</th>',
+    `<th>Reason</th></tr></thead><tbody>${pods}</tbody></table>`,
+    `<h2>Report</h2><pre>${escapeHtml(d.report || '(none yet)')}</pre>`,
+  ].join('\n');
+  return pageShell(`Push ${d.seq} — webhook`, busy, body);
+}
+
+function notificationDetails(d: Delivery): string {
+  if (d.state !== 'done') return 'after the rollout';
+  if (d.notifications.length === 0) return 'none configured';
+  return d.notifications
+    .map((n) => `${escapeHtml(n.channel)}: ${escapeHtml(n.state)}${n.detail ? ` (${escapeHtml(n.detail)})` : ''}`)
+    .join('<br>');
+}
+
+/** A delivery as JSON: the result document plus where it is and how its notifications went. */
+function deliveryDocument(d: Delivery): Record<string, unknown> {
+  return resultDocument(d, { seq: d.seq, state: d.state, notifications: d.notifications });
+}
+
+// The pages forbid every script, frame and outside resource: the page needs none, and a hostile
+// value that escaped escaping could run nothing.
+const PAGE_HEADERS = {
+  'Content-Security-Policy': "default-src 'none'; style-src 'unsafe-inline'; frame-ancestors 'none'",
+  'Cache-Control': 'no-store',
+  'Referrer-Policy': 'no-referrer',
+};
+
+/** The deliveries pages for the admin listener (section 10's AdminPages). */
+export function deliveryPages(log: DeliveryLog, token: string): AdminPages {
+  const html = (body: string) => ({ body, contentType: 'text/html; charset=utf-8', headers: PAGE_HEADERS });
+  const json = (value: unknown) => ({
+    body: `${JSON.stringify(value, null, 1)}\n`,
+    contentType: 'application/json; charset=utf-8',
+    headers: PAGE_HEADERS,
+  });
+  return {
+    prefix: '/deliveries',
+    token,
+    page(pathname) {
+      const entries = log.list();
+      if (pathname === '/deliveries') return html(renderDeliveries(entries, log.busy(), new Date()));
+      if (pathname === '/deliveries.json')
+        return json({ schema: 'webhook.deliveries/v1', deliveries: entries.map(deliveryDocument) });
+      const one = /^\/deliveries\/(\d{1,9})(\.json)?$/.exec(pathname);
+      const d = one ? log.get(Number(one[1])) : undefined;
+      if (!d) return undefined;
+      return one![2] ? json(deliveryDocument(d)) : html(renderDelivery(d, log.busy([d])));
+    },
+  };
+}
+
+// ================================================================================================
+// 17. main — wires the sections together; the only place with process-wide side effects
 //    (signals, pid file, listening socket, exit codes).
 // ================================================================================================
 
@@ -10374,7 +11379,7 @@ export function describeHooks(snapshot: Snapshot, o: Options, envPath: string, i
     out.push(
       ...labelled(
         'environment',
-        hook.env.map((p) => `${p.envname || `HOOK_${p.name}`} = ${describeParam(p)}`),
+        hook.env.map((p) => `${p.envname || `HOOK_${p.name}`} = ${describeEnvParam(p, snapshot.inserted)}`),
       ),
     );
     out.push(
@@ -10417,6 +11422,14 @@ function describeParam(p: Param): string {
   return `${p.source} ${JSON.stringify(p.name)}${p.base64decode ? ' (base64-decoded)' : ''}`;
 }
 
+/** An environment parameter, its value left out when it is a secret (inserted, or a notification's key). */
+function describeEnvParam(p: Param, inserted: Set<string>): string {
+  if (p.source !== 'string') return describeParam(p);
+  if (inserted.has(p.name)) return 'string (inserted by the template, not shown)';
+  if (p.envname === 'NOTIFY_URL' || p.envname === 'NOTIFY_SECRET') return 'string (not shown: it holds a key)';
+  return describeParam(p);
+}
+
 function describeAnswer(hook: Hook): string {
   if (!hook.captureOutput)
     return `${hook.successCode} ${JSON.stringify(hook.responseMessage)} at once; the command runs on`;
@@ -10442,6 +11455,7 @@ function describeUpgrade(hook: Hook, inserted: Set<string>): string[] {
     input('APP_CONTAINER', 'container'),
     input('REPO_TYPE', 'registry type'),
     input('MAIL_TO', 'mail to'),
+    ...describeNotifications(hook),
   ];
 }
 
@@ -10451,6 +11465,22 @@ function memorySizing(): string {
   const limit = process.constrainedMemory();
   const container = limit > 0 && limit < Number.MAX_SAFE_INTEGER ? `memory limit ${mb(limit)}` : 'no memory limit';
   return `V8 heap limit ${mb(getHeapStatistics().heap_size_limit)} (${container})`;
+}
+
+/** Where a hook's results are posted (NOTIFY_URL): each format and host, never the rest of a URL. */
+function describeNotifications(hook: Hook): string[] {
+  const fixed = (envname: string) => {
+    const value = upgradeInput(hook, envname);
+    return typeof value === 'string' ? value : undefined;
+  };
+  if (fixed('NOTIFY_URL') === undefined) return [];
+  const names = ['NOTIFY_URL', 'NOTIFY_FORMAT', 'NOTIFY_SECRET'];
+  try {
+    const targets = notifyTargets(Object.fromEntries(names.map((n) => [n, fixed(n)])));
+    return [`notify: ${targets.map((t) => `${t.format} ${t.url.host}${t.secret ? ' (signed)' : ''}`).join(', ')}`];
+  } catch (e) {
+    return [`notify: none will be sent: ${(e as Error).message}`];
+  }
 }
 
 /** The service: hooks loaded, the pieces wired, the port open, until SIGTERM or SIGINT. */
@@ -10467,11 +11497,13 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
   const upgrade = new UpgradeService(o.kubeconfig || env.KUBECONFIG, env, o.rolloutFollowMs, log);
   const snapshot = loadInitialHooks(o, settings, log, upgrade);
   if (!snapshot) return 1;
-
   const mailer = new Mailer(mailConfig(env, log), log, metrics, { max: o.maxMailsPerHook, windowMs: o.mailWindowMs });
   const store = new HookStore(settings, snapshot, log, metrics);
   const runner = new CommandRunner(o.maxConcurrentCommands, env, log, metrics, upgrade);
-  const listener = new ResultNotifier(mailer, upgrade, log);
+  const notifier = openNotifier(o, env, log, metrics);
+  if (!notifier) return 1;
+  const deliveries = new DeliveryLog(o.deliveries, notifier, (text) => log.scrub(text));
+  const listener = new ResultNotifier(mailer, upgrade, log, deliveries);
   let shuttingDown = false;
   const handlerContext: HandlerContext = {
     options: o,
@@ -10486,9 +11518,8 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
   const server = await openListener(o, handler, log);
   if (!server) return 1;
   server.on('clientError', (err: Error, socket: net.Socket) => answerClientError(handlerContext, err, socket));
-  const metricsServer = o.metricsListen ? await openMetricsListener(o.metricsListen, metrics, log) : undefined;
-  if (o.metricsListen && !metricsServer) return 1;
-
+  const adminServer = await openAdminListener(o, metrics, log, deliveries);
+  if (adminServer === false) return 1;
   if (o.hotreload) store.watch();
   const reloadOnSignal = (sig: string) => {
     log.notice(`caught ${sig}, reloading hooks`);
@@ -10503,8 +11534,8 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
       log.notice(
         `caught ${sig}, shutting down: no new requests; running commands get ${formatGoDuration(o.shutdownGraceMs)}`,
       );
-      metricsServer?.close();
-      await stopService(o, { store, server, runner, upgrade, mailer, log });
+      adminServer?.close();
+      await stopService(o, { store, server, runner, upgrade, listener, mailer, notifier, log });
       log.notice('stopped');
       log.flush();
       resolve(0);
@@ -10537,8 +11568,31 @@ function hookLoadSettings(o: Options, env: Record<string, string | undefined>): 
     template: o.template,
     env,
     commandTimeoutMs: o.commandTimeoutMs,
-    settingChecks: IMAGE_PIN_SETTINGS,
+    settingChecks: Object.assign({}, IMAGE_PIN_SETTINGS, NOTIFY_SETTINGS),
   };
+}
+
+/**
+ * The NOTIFY_URL sender with NOTIFY_CACERT's CAs; undefined (after saying why) when NOTIFY_CACERT is
+ * malformed. Like MAIL_TO, the receivers come from each hook, never from the service's environment.
+ */
+function openNotifier(
+  o: Options,
+  env: Record<string, string | undefined>,
+  log: Logger,
+  metrics: Metrics,
+): Notifier | undefined {
+  let ca: string[] | undefined;
+  try {
+    ca = notifyCa(env.NOTIFY_CACERT);
+  } catch (e) {
+    log.error(`notifications: ${(e as Error).message}`);
+    return undefined;
+  }
+  for (const name of ['NOTIFY_URL', 'NOTIFY_FORMAT', 'NOTIFY_SECRET'])
+    if (env[name] !== undefined)
+      log.warn(`${name} in the service's environment is not used: a hook passes it (pass-environment-to-command)`);
+  return new Notifier(log, metrics, { max: o.maxNotificationsPerHook, windowMs: o.notifyWindowMs }, ca);
 }
 
 /** The mail settings, or undefined (mail off), with what was wrong with them logged. */
@@ -10626,10 +11680,29 @@ async function openListener(o: Options, handler: http.RequestListener, log: Logg
   return server;
 }
 
+/** The admin listener (-metrics-listen) with the deliveries pages; undefined when off, false when it failed. */
+async function openAdminListener(
+  o: Options,
+  metrics: Metrics,
+  log: Logger,
+  deliveries: DeliveryLog,
+): Promise<http.Server | undefined | false> {
+  const pages = o.deliveries > 0 ? deliveryPages(deliveries, o.adminToken) : undefined;
+  if (o.adminToken && !o.metricsListen) log.warn('-admin-token has no page to protect without -metrics-listen');
+  if (!o.metricsListen) return undefined;
+  return (await openMetricsListener(o.metricsListen, metrics, log, pages)) ?? false;
+}
+
 /** The metrics listener: its own address, so publishing the hook port does not publish /metrics. */
-async function openMetricsListener(address: string, metrics: Metrics, log: Logger): Promise<http.Server | undefined> {
+async function openMetricsListener(
+  address: string,
+  metrics: Metrics,
+  log: Logger,
+  pages: AdminPages | undefined,
+): Promise<http.Server | undefined> {
   const { host, port } = parseListenAddress(address);
-  const server = http.createServer({ requestTimeout: 10_000, headersTimeout: 10_000 }, createMetricsHandler(metrics));
+  const handler = createMetricsHandler(metrics, pages);
+  const server = http.createServer({ requestTimeout: 10_000, headersTimeout: 10_000 }, handler);
   const failed = await new Promise<Error | undefined>((resolve) => {
     server.once('error', resolve);
     server.listen(port, host, () => resolve(undefined));
@@ -10641,6 +11714,11 @@ async function openMetricsListener(address: string, metrics: Metrics, log: Logge
   const bound = server.address() as net.AddressInfo;
   const shown = bound.family === 'IPv6' ? `[${bound.address}]` : bound.address;
   log.notice(`serving metrics on http://${shown}:${bound.port}/metrics`);
+  if (pages)
+    log.notice(
+      `serving deliveries on http://${shown}:${bound.port}${pages.prefix}` +
+        `${pages.token ? ' (asking for the -admin-token)' : ''}`,
+    );
   return server;
 }
 
@@ -10652,7 +11730,9 @@ async function stopService(
     server: http.Server;
     runner: CommandRunner;
     upgrade: UpgradeService;
+    listener: ResultNotifier;
     mailer: Mailer;
+    notifier: Notifier;
     log: Logger;
   },
 ): Promise<void> {
@@ -10669,7 +11749,11 @@ async function stopService(
   // Rollouts still followed end now; their mails, and those of commands that just finished,
   // still go out within what is left of the grace period.
   await s.upgrade.stop(LIMITS.minMailFlushMs);
-  await s.mailer.flush(Math.max(LIMITS.minMailFlushMs, graceEnds - Date.now()));
+  await s.listener.settle(LIMITS.minMailFlushMs);
+  await Promise.all([
+    s.mailer.flush(Math.max(LIMITS.minMailFlushMs, graceEnds - Date.now())),
+    s.notifier.flush(Math.max(LIMITS.minMailFlushMs, graceEnds - Date.now())),
+  ]);
   if (o.pidfile) fs.rmSync(o.pidfile, { force: true });
 }
 
