@@ -4723,7 +4723,16 @@ export class CommandRunner {
     const tag = `[${req.id}]`;
     const inputs: CommandInputs = { args: [], env: this.inheritedFor(hook), envNames: [], tempFiles: [] };
     try {
-      const result = await this.start(hook, req, slot, inputs);
+      const result = await this.start(hook, req, slot, inputs).catch(
+        (e: Error): CommandResult => ({
+          output: '',
+          env: inputs.env,
+          ok: false,
+          exitCode: null,
+          timedOut: false,
+          error: e.message,
+        }),
+      );
       this.metrics.inc('webhook_commands_total', {
         hook: hook.id,
         result: result.ok ? 'success' : result.timedOut ? 'timeout' : 'failure',
@@ -4802,7 +4811,13 @@ export class CommandRunner {
         continue;
       }
       const file = path.join(hook.workingDirectory || tmpdir(), `${p.envname}${randomBytes(6).readUIntBE(0, 6)}`);
-      await fsp.writeFile(file, data, { mode: 0o600, flag: 'wx' });
+      try {
+        await fsp.writeFile(file, data, { mode: 0o600, flag: 'wx' });
+      } catch (e) {
+        // As adnanh: the command runs without this file.
+        this.log.error(`${tag} error creating temp file [${(e as Error).message}]`);
+        continue;
+      }
       inputs.tempFiles.push(file);
       inputs.env[p.envname] = file;
       inputs.envNames.push(p.envname);

@@ -815,6 +815,32 @@ describe('parameters', () => {
 });
 
 // ================================================================================================
+describe('a pass-file-to-command file that cannot be created', () => {
+  it('is logged and the command runs without it (sysfs takes no new files, even from root)', async () => {
+    const wh = await start({
+      hooks: [
+        {
+          id: 'unwritable',
+          'execute-command': '/bin/sh',
+          'command-working-directory': '/sys',
+          'include-command-output-in-response': true,
+          'pass-arguments-to-command': [{ source: 'string', name: '-c' }, { source: 'string', name: 'echo "file=${DOC_FILE-none} cwd=$PWD"' }],
+          'pass-file-to-command': [{ source: 'payload', name: 'doc', envname: 'DOC_FILE' }],
+        },
+      ],
+    });
+    try {
+      const res = await wh.request('/hooks/unwritable', { method: 'POST', headers: jsonHeaders(), body: '{"doc":"x"}' });
+      assert.equal(res.status, 200);
+      assert.equal(res.body, 'file=none cwd=/sys\n');
+      assert.match(wh.output(), /error creating temp file \[/);
+    } finally {
+      await wh.stop();
+    }
+  });
+});
+
+// ================================================================================================
 describe('request bodies', () => {
   let wh: Webhook;
   /** Prints the payload (entire-payload) and the raw body on two lines. */
