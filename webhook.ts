@@ -5520,8 +5520,11 @@ export interface UpgradeInputs {
 }
 
 export type ComposedRef =
-  /** pushId identifies this push (digest and pushed_at) so a repeated notification is recognised. */
-  | { kind: 'ref'; ref: string; notes: string[]; pushId: string }
+  /**
+   * pushId identifies this push (digest and pushed_at) so a repeated notification is recognised;
+   * pushedAt is the payload's own time as it was sent ('' when it has none).
+   */
+  | { kind: 'ref'; ref: string; notes: string[]; pushId: string; pushedAt: string }
   | { kind: 'noop'; reason: string }
   | { kind: 'error'; message: string };
 
@@ -5852,7 +5855,7 @@ function composeFromPush(push: PushEvent, env: UpgradeInputs): ComposedRef {
   // Belt and braces: every piece was checked above, so this only fails if composition is wrong.
   const check = validateImageRef(ref);
   if (!check.ok) return { kind: 'error', message: check.message };
-  return { kind: 'ref', ref, notes, pushId: `${push.digest ?? ''}|${push.pushedAt}` };
+  return { kind: 'ref', ref, notes, pushId: `${push.digest ?? ''}|${push.pushedAt}`, pushedAt: push.pushedAt };
 }
 
 function acrHost(fields: PayloadFields, netType: string | undefined): string {
@@ -6825,7 +6828,22 @@ export const UPGRADE_LIMITS = {
   maxEventMessageLength: 1024,
   // The field manager and event source: `kubectl get -o yaml --show-managed-fields` shows it.
   fieldManager: 'webhook',
+  // A new pod stuck this long in CrashLoopBackOff, ImagePullBackOff or the like fails the rollout
+  // before its deadline: the kubelet's back-off (10 s, doubling) has by then restarted or pulled
+  // again two or three times, and a Deployment's own progress deadline (600 s by default), a
+  // DaemonSet's or StatefulSet's (none) would leave a broken image running far longer.
+  stuckPodFailMs: 30_000,
+  // How often a follow lists the pods to see whether any is stuck: a list of pods (and of a
+  // Deployment's ReplicaSets) costs more than the once-a-second GET of the workload.
+  stuckPodCheckMs: 5_000,
 };
+
+/**
+ * The workload annotation that records, per container, the last push applied to it (a JSON
+ * object of PushRecords keyed by container name). It is written in the same PATCH as the image,
+ * guarded by a `test` of the value read, so every replica and every restart agrees on it.
+ */
+export const LAST_PUSH_ANNOTATION = 'webhook/last-push';
 
 interface KindSpec {
   kind: string;
@@ -7001,22 +7019,34 @@ export function locateContainer(podSpec: unknown, name: string): LocatedContaine
   return undefined;
 }
 
-/** Ops that set one annotation, creating the metadata or annotations map only if it is absent. */
-function annotationOps(obj: K8sObject, metadataSegments: string[], key: string, value: string): JsonPatchOperation[] {
+/**
+ * Ops that set annotations, creating the metadata or annotations map only if it is absent; `expect`
+ * adds a `test` that an annotation still has the value read (null: still absent) before it is set.
+ */
+function annotationOps(
+  obj: K8sObject,
+  metadataSegments: string[],
+  values: Record<string, string>,
+  expect: Record<string, string | null> = {},
+): JsonPatchOperation[] {
   const metadata = valueAt(obj, metadataSegments);
   // A `test` against null passes only while the member is absent, so a map someone else creates
   // in the meantime is never replaced by ours.
   if (!isObject(metadata))
     return [
       { op: 'test', path: pointer(metadataSegments), value: null },
-      { op: 'add', path: pointer(metadataSegments), value: { annotations: { [key]: value } } },
+      { op: 'add', path: pointer(metadataSegments), value: { annotations: values } },
     ];
   if (!isObject(metadata.annotations))
     return [
       { op: 'test', path: pointer([...metadataSegments, 'annotations']), value: null },
-      { op: 'add', path: pointer([...metadataSegments, 'annotations']), value: { [key]: value } },
+      { op: 'add', path: pointer([...metadataSegments, 'annotations']), value: values },
     ];
-  return [{ op: 'add', path: pointer([...metadataSegments, 'annotations', key]), value }];
+  const at = (key: string) => pointer([...metadataSegments, 'annotations', key]);
+  return [
+    ...Object.entries(expect).map(([key, value]): JsonPatchOperation => ({ op: 'test', path: at(key), value })),
+    ...Object.entries(values).map(([key, value]): JsonPatchOperation => ({ op: 'add', path: at(key), value })),
+  ];
 }
 
 export interface PlannedChange {
@@ -7027,6 +7057,12 @@ export interface PlannedChange {
   /** RFC 3339 time for kubectl.kubernetes.io/restartedAt on the pod template. */
   restartedAt?: string;
   changeCause: string;
+  /**
+   * The workload's last-push annotation: the value to write, and the value read (undefined: it
+   * was absent), which the patch tests so that two replicas deciding on the same read cannot both
+   * write.
+   */
+  lastPush?: { value: string; read: string | undefined };
 }
 
 /** The JSON patch for a change to one container, guarded by tests of its name and image. Pure. */
@@ -7047,8 +7083,16 @@ export function planPatch(
   if (change.pullAlways && located.pullPolicy !== 'Always')
     ops.push({ op: 'add', path: pointer([...c, 'imagePullPolicy']), value: 'Always' });
   if (change.restartedAt !== undefined)
-    ops.push(...annotationOps(obj, [...template, 'metadata'], 'kubectl.kubernetes.io/restartedAt', change.restartedAt));
-  ops.push(...annotationOps(obj, ['metadata'], 'kubernetes.io/change-cause', change.changeCause));
+    ops.push(
+      ...annotationOps(obj, [...template, 'metadata'], { 'kubectl.kubernetes.io/restartedAt': change.restartedAt }),
+    );
+  const values: Record<string, string> = { 'kubernetes.io/change-cause': change.changeCause };
+  const expect: Record<string, string | null> = {};
+  if (change.lastPush) {
+    values[LAST_PUSH_ANNOTATION] = change.lastPush.value;
+    expect[LAST_PUSH_ANNOTATION] = change.lastPush.read ?? null;
+  }
+  ops.push(...annotationOps(obj, ['metadata'], values, expect));
   return ops;
 }
 
@@ -7271,15 +7315,20 @@ export interface FollowOptions {
   timeoutMs: number;
   /** The container whose image and restarts the pod summary shows. */
   container: string;
+  /** The image rolled out: only pods running it count as stuck (undefined: every pod). */
+  image?: string;
   pollMs?: number;
+  /** How long a new pod may be stuck before the rollout counts as failed. */
+  stuckFailMs?: number;
   signal?: AbortSignal;
 }
 
 /**
  * Follows a workload's rollout by kubectl's rules until it completes, fails (a Deployment's
- * ProgressDeadlineExceeded) or the time is up; at the deadline, pods stuck in a reason such as
- * CrashLoopBackOff or ImagePullBackOff make it "failed", otherwise "timed out". Can run after the
- * HTTP answer has gone; never throws (an API failure becomes the outcome's detail).
+ * ProgressDeadlineExceeded, or a new pod stuck in a reason such as CrashLoopBackOff or
+ * ImagePullBackOff for UPGRADE_LIMITS.stuckPodFailMs) or the time is up; at the deadline, stuck
+ * pods make it "failed", otherwise "timed out". Can run after the HTTP answer has gone; never
+ * throws (an API failure becomes the outcome's detail).
  */
 export async function followRollout(
   client: KubeClient,
@@ -7288,40 +7337,74 @@ export async function followRollout(
 ): Promise<RolloutOutcome> {
   const deadline = Date.now() + options.timeoutMs;
   const pollMs = options.pollMs ?? UPGRADE_LIMITS.rolloutPollMs;
-  let workload: K8sObject | undefined;
+  const stuckSince = new Map<string, number>();
+  let podsCheckedAt = Date.now();
   try {
     for (;;) {
-      workload = await client.get<K8sObject>(workloadResource(target));
+      const workload = await client.get<K8sObject>(workloadResource(target));
       const status = rolloutStatus(target.kind, workload);
       if (status.state === 'untracked') return { state: 'not tracked', detail: status.message, pods: [] };
-      if (status.state === 'done')
-        return {
-          state: 'complete',
-          detail: status.message,
-          pods: await podsOrNone(client, target, workload, options.container),
-        };
-      if (status.state === 'failed')
-        return {
-          state: 'failed',
-          detail: status.message,
-          pods: await podsOrNone(client, target, workload, options.container),
-        };
+      if (status.state !== 'waiting') {
+        const pods = await podsOrNone(client, target, workload, options.container);
+        return { state: status.state === 'done' ? 'complete' : 'failed', detail: status.message, pods };
+      }
       if (Date.now() >= deadline || options.signal?.aborted) {
         const pods = await podsOrNone(client, target, workload, options.container);
-        const stuck = pods.filter((p) => !p.ready && p.reason !== undefined && STUCK_REASONS.includes(p.reason));
-        if (stuck.length > 0)
-          return {
-            state: 'failed',
-            detail: `pods not ready: ${stuck.map((p) => `${p.name} ${p.reason}`).join(', ')}`,
-            pods,
-          };
+        const stuck = stuckPods(pods, options.image);
+        if (stuck.length > 0) return { state: 'failed', detail: `pods not ready: ${describeStuck(stuck)}`, pods };
         return { state: 'timed out', detail: `after ${formatGoDuration(options.timeoutMs)}: ${status.message}`, pods };
+      }
+      if (Date.now() - podsCheckedAt >= UPGRADE_LIMITS.stuckPodCheckMs) {
+        podsCheckedAt = Date.now();
+        const failed = await stuckTooLong(client, target, workload, options, stuckSince);
+        if (failed) return failed;
       }
       await new Promise((resolve) => setTimeout(resolve, Math.min(pollMs, deadline - Date.now())));
     }
   } catch (e) {
     return { state: 'timed out', detail: `could not follow the rollout: ${(e as Error).message}`, pods: [] };
   }
+}
+
+/** The pods not ready for a reason that needs a change (optionally only those running `image`). */
+function stuckPods(pods: PodSummary[], image: string | undefined): PodSummary[] {
+  const wanted = image === undefined ? undefined : normalizeImageRef(image);
+  return pods.filter(
+    (p) =>
+      !p.ready &&
+      p.reason !== undefined &&
+      STUCK_REASONS.includes(p.reason) &&
+      (wanted === undefined || normalizeImageRef(p.image) === wanted),
+  );
+}
+
+const roundedToSeconds = (ms: number) => Math.max(0, Math.round(ms / 1000)) * 1000;
+
+function describeStuck(stuck: PodSummary[]): string {
+  return stuck.map((p) => `${p.name} ${p.reason}`).join(', ');
+}
+
+/** A failed outcome once a pod has been seen stuck for longer than the threshold; else undefined. */
+async function stuckTooLong(
+  client: KubeClient,
+  target: WorkloadTarget,
+  workload: K8sObject,
+  options: FollowOptions,
+  stuckSince: Map<string, number>,
+): Promise<RolloutOutcome | undefined> {
+  const pods = await podsOrNone(client, target, workload, options.container);
+  const stuck = stuckPods(pods, options.image);
+  const now = Date.now();
+  for (const name of [...stuckSince.keys()]) if (!stuck.some((p) => p.name === name)) stuckSince.delete(name);
+  for (const p of stuck) if (!stuckSince.has(p.name)) stuckSince.set(p.name, now);
+  const limit = options.stuckFailMs ?? UPGRADE_LIMITS.stuckPodFailMs;
+  const longest = Math.max(0, ...[...stuckSince.values()].map((t) => now - t));
+  if (stuck.length === 0 || longest < limit) return undefined;
+  return {
+    state: 'failed',
+    detail: `pods not ready: ${describeStuck(stuck)} (stuck for ${formatGoDuration(roundedToSeconds(longest))})`,
+    pods,
+  };
 }
 
 async function podsOrNone(
@@ -7392,18 +7475,11 @@ export async function recordWorkloadEvent(
 
 /**
  * Runs tasks for the same key one after another, in the order they were queued (a per-key
- * promise chain), and remembers recently applied pushes so a repeated notification is recognised.
+ * promise chain): within one process, pushes to one workload do not race each other's patches.
+ * Which push wins is decided on the workload itself (decidePush), across processes.
  */
 export class WorkloadQueue {
   private readonly tails = new Map<string, Promise<unknown>>();
-  private readonly applied = new Map<string, number>();
-  private readonly windowMs: number;
-  private readonly clock: () => number;
-
-  constructor(windowMs: number = UPGRADE_LIMITS.duplicateWindowMs, clock: () => number = Date.now) {
-    this.windowMs = windowMs;
-    this.clock = clock;
-  }
 
   /** Queues task behind every task queued earlier for key; call it in arrival order. */
   run<T>(key: string, task: () => Promise<T>): Promise<T> {
@@ -7419,18 +7495,105 @@ export class WorkloadQueue {
     });
     return result;
   }
+}
 
-  /** Milliseconds since this push was applied, when within the window. */
-  appliedAgo(pushKey: string): number | undefined {
-    const now = this.clock();
-    for (const [k, t] of this.applied) if (now - t > this.windowMs) this.applied.delete(k);
-    const t = this.applied.get(pushKey);
-    return t === undefined ? undefined : now - t;
-  }
+/** One container's last applied push, as recorded in LAST_PUSH_ANNOTATION. */
+export interface PushRecord {
+  /** When it was pushed (the payload's own time) or, when the payload has none, received: ISO 8601. */
+  pushedAt: string;
+  timeFrom: 'payload' | 'received';
+  /** The image it set (or, for the same image, re-pulled). */
+  image: string;
+  /** The registry's identity of the push (digest|pushed_at); "|" when the payload has neither. */
+  push: string;
+  /** The image the container ran before: what a rollback returns to. */
+  previous: string;
+  appliedAt: string;
+  request?: string;
+  /** Set once a failed rollout of it was rolled back: why. */
+  rolledBack?: string;
+}
 
-  remember(pushKey: string): void {
-    this.applied.set(pushKey, this.clock());
+/** A push as the newest-wins rule sees it. */
+export interface IncomingPush {
+  pushedAtMs: number;
+  timeFrom: 'payload' | 'received';
+  image: string;
+  push: string;
+}
+
+export type PushDecision =
+  | { kind: 'apply' }
+  | { kind: 'repeat'; record: PushRecord }
+  | { kind: 'superseded'; record: PushRecord };
+
+/**
+ * When a push was pushed: the payload's time (Docker Hub's epoch seconds; ISO 8601; ACR's
+ * "YYYY-MM-DD HH:MM:SS", which names no zone and is read as UTC), else the time it was received.
+ * Pure.
+ */
+export function pushTime(payloadTime: string, receivedAt: Date): { ms: number; from: 'payload' | 'received' } {
+  const text = payloadTime.trim();
+  let ms = NaN;
+  if (/^\d+(?:\.\d+)?$/.test(text)) {
+    const n = Number(text);
+    // Epoch seconds until the year 5138; a larger number is already milliseconds.
+    ms = n < 1e11 ? n * 1000 : n;
+  } else if (/^\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:\.\d+)?$/.test(text)) {
+    ms = Date.parse(`${text.replace(' ', 'T')}Z`);
+  } else if (text !== '') {
+    ms = Date.parse(text);
   }
+  return Number.isFinite(ms) && ms > 0 ? { ms, from: 'payload' } : { ms: receivedAt.getTime(), from: 'received' };
+}
+
+/** The workload's last-push records: the annotation as read (for the patch's test) and parsed. */
+export function readPushRecords(workload: unknown): { raw: string | undefined; records: Record<string, PushRecord> } {
+  const raw = valueAt(workload, ['metadata', 'annotations', LAST_PUSH_ANNOTATION]);
+  if (typeof raw !== 'string') return { raw: undefined, records: {} };
+  const records: Record<string, PushRecord> = {};
+  try {
+    const parsed: unknown = JSON.parse(raw);
+    if (isObject(parsed))
+      for (const [name, r] of Object.entries(parsed))
+        if (isObject(r) && typeof r.pushedAt === 'string' && typeof r.image === 'string' && typeof r.push === 'string')
+          records[name] = r as unknown as PushRecord;
+  } catch {
+    // Edited by hand into something else: no record, and the patch's test still guards the value.
+  }
+  return { raw, records };
+}
+
+/**
+ * Newest push wins: a push older than the recorded one is superseded; the recorded push itself
+ * again is a repeat (a registry's retry). A push whose payload carries neither digest nor time
+ * cannot be told from a new push of the same tag, so it counts as a repeat only within
+ * UPGRADE_LIMITS.duplicateWindowMs of being applied. Equal times apply in arrival order. Pure.
+ */
+export function decidePush(recorded: PushRecord | undefined, push: IncomingPush, nowMs: number): PushDecision {
+  if (!recorded) return { kind: 'apply' };
+  const samePush = recorded.push === push.push && normalizeImageRef(recorded.image) === normalizeImageRef(push.image);
+  const identified = push.push !== '|';
+  if (samePush && (identified || nowMs - Date.parse(recorded.appliedAt) < UPGRADE_LIMITS.duplicateWindowMs))
+    return { kind: 'repeat', record: recorded };
+  if (push.pushedAtMs < Date.parse(recorded.pushedAt)) return { kind: 'superseded', record: recorded };
+  return { kind: 'apply' };
+}
+
+/** The report's action for a push that changes nothing because of the record. Pure. */
+export function decisionAction(decision: PushDecision, nowMs: number): string {
+  if (decision.kind === 'apply') return 'image updated';
+  const r = decision.record;
+  if (decision.kind === 'superseded')
+    return `none (superseded: a newer push, ${r.image} pushed at ${r.pushedAt}, was applied already)`;
+  const ago = formatGoDuration(roundedToSeconds(nowMs - Date.parse(r.appliedAt)));
+  const rolledBack = r.rolledBack ? ' and rolled back' : '';
+  return `none (the same push was applied ${ago} ago${rolledBack}: a repeated notification)`;
+}
+
+/** The annotation's new value: the records read with this container's replaced. Pure. */
+export function withPushRecord(records: Record<string, PushRecord>, container: string, record: PushRecord): string {
+  return JSON.stringify({ ...records, [container]: record });
 }
 
 // ---- the upgrade ------------------------------------------------------------------------------
@@ -7459,6 +7622,22 @@ export interface UpgradeReport {
    * resolves with the note saying it could not be, or undefined once it is recorded.
    */
   afterAnswer?: Promise<string | undefined>;
+  /** LAST_PUSH_ANNOTATION as this upgrade wrote it: a rollback first tests that it is unchanged. */
+  lastPush?: string;
+  /** The hook's ROLLBACK_ON_FAILURE: a failed rollout of this change is rolled back. */
+  rollbackOnFailure?: boolean;
+  /** What became of a failed rollout under ROLLBACK_ON_FAILURE. */
+  rollback?: RollbackOutcome;
+}
+
+/** A rollback: the image returned to and its rollout, or why there was none. */
+export interface RollbackOutcome {
+  /** Why it was rolled back: the failed rollout. */
+  reason: string;
+  image?: string;
+  rollout?: RolloutOutcome;
+  /** Why nothing was rolled back. */
+  notDone?: string;
 }
 
 export interface UpgradeDeps {
@@ -7505,6 +7684,7 @@ interface UpgradeSettings {
   container: string;
   rolloutTimeoutMs: number;
   pin: ImagePin;
+  rollbackOnFailure: boolean;
 }
 
 function readSettings(env: Record<string, string | undefined>, report: UpgradeReport): UpgradeSettings {
@@ -7534,8 +7714,14 @@ function readSettings(env: Record<string, string | undefined>, report: UpgradeRe
       throw new UpgradeError(`ROLLOUT_TIMEOUT ${showValue(env.ROLLOUT_TIMEOUT)} is not a duration (e.g. 0, 60s, 5m)`);
     }
   }
+  const rollback = env.ROLLBACK_ON_FAILURE?.trim() ? parseGoBool(env.ROLLBACK_ON_FAILURE.trim()) : false;
+  if (rollback === undefined)
+    throw new UpgradeError(
+      `ROLLBACK_ON_FAILURE ${showValue(env.ROLLBACK_ON_FAILURE ?? '')} is not a boolean (true or false)`,
+    );
+  report.rollbackOnFailure = rollback || undefined;
   // A malformed pin setting refuses every push, before the cluster is asked anything.
-  return { namespace, workload, container, rolloutTimeoutMs, pin: readImagePin(env) };
+  return { namespace, workload, container, rolloutTimeoutMs, pin: readImagePin(env), rollbackOnFailure: rollback };
 }
 
 function whoAsked(deps: UpgradeDeps): string {
@@ -7570,20 +7756,12 @@ export async function runUpgrade(
     }
     report.imageAfter = composed.ref;
     report.notes.push(...composed.notes);
+    // When it arrived, before any wait: the push's time when its payload names none.
+    const time = pushTime(composed.pushedAt, (deps.now ?? (() => new Date()))());
+    const push: IncomingPush = { pushedAtMs: time.ms, timeFrom: time.from, image: composed.ref, push: composed.pushId };
     const client = deps.client ?? (ownClient = new KubeClient(credentialsFromEnvironment(env, deps.kubeconfig)));
     const workloadKey = `${settings.namespace}/${settings.workload.kind}/${settings.workload.name}`;
-    const pushKey = `${workloadKey}/${settings.container}|${normalizeImageRef(composed.ref)}|${composed.pushId}`;
-    const apply = async () => {
-      const ago = deps.queue?.appliedAgo(pushKey);
-      if (ago !== undefined) {
-        report.action =
-          `none (the same push was applied ${formatGoDuration(Math.round(ago / 1000) * 1000)} ago: a ` +
-          `repeated notification)`;
-        return;
-      }
-      await applyUpgrade(client, settings, composed.ref, report, deps);
-      if (report.result === 'ok' && report.changed) deps.queue?.remember(pushKey);
-    };
+    const apply = () => applyUpgrade(client, settings, push, report, deps);
     await (deps.queue ? deps.queue.run(workloadKey, apply) : apply());
   } catch (e) {
     report.result = 'failed';
@@ -7601,22 +7779,26 @@ function upgradeResult(report: UpgradeReport): { output: string; exitCode: numbe
 async function applyUpgrade(
   client: KubeClient,
   s: UpgradeSettings,
-  ref: string,
+  push: IncomingPush,
   report: UpgradeReport,
   deps: UpgradeDeps,
 ): Promise<void> {
   const now = deps.now ?? (() => new Date());
+  const ref = push.image;
   const target: WorkloadTarget = { ...s.workload, namespace: s.namespace };
   const key = `${target.namespace}/${target.kind}/${target.name}`;
-  // A copy from an earlier push may be stale: only a patch (whose tests fail on a stale copy)
-  // is decided on it; a refusal or a no-op is decided again on the workload as it is now.
+  // A copy from an earlier push may be stale: a patch decided on it fails its tests then, and a
+  // refusal is decided again on the workload as it is now. A push it shows as superseded or
+  // repeated is so on any later copy too: the record only ever moves to newer pushes.
   const known = deps.known?.get(key);
-  const applied = known ? await patchOnce(client, known, target, s, ref, report, deps, 'known') : undefined;
+  const applied = known ? await patchOnce(client, known, target, s, push, report, deps, 'known') : undefined;
+  if (applied === 'no change') return;
   const change =
-    (applied === 'conflict' ? undefined : applied) ?? (await patchUntilApplied(client, target, s, ref, report, deps));
+    (applied === 'conflict' ? undefined : applied) ?? (await patchUntilApplied(client, target, s, push, report, deps));
   deps.known?.set(key, change?.updated);
   if (!change) return;
   report.changed = true;
+  report.lastPush = change.lastPush;
   report.action = change.sameImage ? kindSpec(target.kind).sameImageAction : 'image updated';
   const eventMessage = change.sameImage
     ? `container ${s.container}: ${ref} pulled again (same image, rollout restarted); asked by ${whoAsked(deps)}`
@@ -7632,14 +7814,15 @@ async function applyUpgrade(
   if (deps.eventAfterAnswer) report.afterAnswer = recording;
   else await recording;
   target.generation = numberAt(change.updated, ['metadata', 'generation']);
-  await reportRollout(client, target, change.updated, s, report, now);
+  await reportRollout(client, target, change.updated, s, report, deps);
 }
 
-/** A change made: the workload as the PATCH returned it, and the image it replaced. */
+/** A change made: the workload as the PATCH returned it, the image it replaced, the record written. */
 interface AppliedChange {
   updated: K8sObject;
   before: string;
   sameImage: boolean;
+  lastPush: string;
 }
 
 /** Reads and patches until the patch applies (or nothing is to change); retries a failed `test`. */
@@ -7647,13 +7830,14 @@ async function patchUntilApplied(
   client: KubeClient,
   target: WorkloadTarget,
   s: UpgradeSettings,
-  ref: string,
+  push: IncomingPush,
   report: UpgradeReport,
   deps: UpgradeDeps,
 ): Promise<AppliedChange | undefined> {
   for (let attempt = 1; ; attempt++) {
     const workload = await readWorkload(client, target);
-    const result = await patchOnce(client, workload, target, s, ref, report, deps, 'read');
+    const result = await patchOnce(client, workload, target, s, push, report, deps, 'read');
+    if (result === 'no change') return undefined;
     if (result !== 'conflict') return result;
     if (attempt >= UPGRADE_LIMITS.maxPatchAttempts) {
       const what = describeResource(workloadResource(target));
@@ -7664,36 +7848,50 @@ async function patchUntilApplied(
 
 /**
  * One plan and PATCH against `workload`. From a fresh read: the change, undefined when nothing is
- * to change, or 'conflict' when the workload changed meanwhile. From a known copy: the change, or
- * undefined for anything else (the caller then reads the workload).
+ * to change, or 'conflict' when the workload changed meanwhile. From a known copy: the change,
+ * or undefined for anything else (the caller then reads the workload). From either: 'no change'
+ * when the record on the workload shows the push superseded or repeated (the report says so).
  */
 async function patchOnce(
   client: KubeClient,
   workload: K8sObject,
   target: WorkloadTarget,
   s: UpgradeSettings,
-  ref: string,
+  push: IncomingPush,
   report: UpgradeReport,
   deps: UpgradeDeps,
   from: 'read' | 'known',
-): Promise<AppliedChange | 'conflict' | undefined> {
+): Promise<AppliedChange | 'conflict' | 'no change' | undefined> {
+  const ref = push.image;
   target.uid = String(valueAt(workload, ['metadata', 'uid']));
   report.target = target;
   const located = from === 'known' ? knownContainer(workload, target, s, ref, report) : undefined;
   if (from === 'known' && !located) return undefined;
   // Checked on every read: a retry is planned against the image the container has then.
   const container = located ?? (await pinnedContainer(client, target, workload, s, ref, report, deps));
+  report.imageBefore = container.image;
+  const nowMs = (deps.now ?? (() => new Date()))().getTime();
+  const { raw, records } = readPushRecords(workload);
+  const decision = decidePush(records[s.container], push, nowMs);
+  if (decision.kind !== 'apply') {
+    report.action = decisionAction(decision, nowMs);
+    return 'no change';
+  }
   const sameImage = normalizeImageRef(container.image) === normalizeImageRef(ref);
   if (sameImage && ref.includes('@')) {
     if (from === 'read') report.action = 'none (already running this digest)';
     return undefined;
   }
-  if (from === 'known') report.imageBefore = container.image;
-  const change = plannedChange(sameImage, kindSpec(target.kind), s, ref, deps);
+  const record = newPushRecord(push, container.image, nowMs, deps);
+  const lastPush = withPushRecord(records, s.container, record);
+  const change = {
+    ...plannedChange(sameImage, kindSpec(target.kind), s, ref, deps),
+    lastPush: { value: lastPush, read: raw },
+  };
   const ops = planPatch(workload, target.kind, s.container, container, change);
   try {
     const updated = await client.patch<K8sObject>(workloadResource(target), ops, UPGRADE_LIMITS.fieldManager);
-    return { updated, before: container.image, sameImage };
+    return { updated, before: container.image, sameImage, lastPush };
   } catch (e) {
     if (!(e instanceof KubeError && e.status === 422)) throw e;
     if (from === 'known') return undefined;
@@ -7701,6 +7899,18 @@ async function patchOnce(
     if (e.causes.length === 0) return 'conflict';
     throw e;
   }
+}
+
+function newPushRecord(push: IncomingPush, previous: string, nowMs: number, deps: UpgradeDeps): PushRecord {
+  return {
+    pushedAt: new Date(push.pushedAtMs).toISOString(),
+    timeFrom: push.timeFrom,
+    image: push.image,
+    push: push.push,
+    previous,
+    appliedAt: new Date(nowMs).toISOString(),
+    ...(deps.requestId ? { request: deps.requestId } : {}),
+  };
 }
 
 /** The container in a known copy, when the image pin allows the push there; else undefined. */
@@ -7772,22 +7982,29 @@ function plannedChange(
   };
 }
 
-/** The rollout a change started: not tracked, answered as progressing, or followed to its end. */
+/**
+ * The rollout a change started: not tracked, answered as progressing, or followed to its end (and
+ * under ROLLBACK_ON_FAILURE, a failed one rolled back).
+ */
 async function reportRollout(
   client: KubeClient,
   target: WorkloadTarget,
   updated: K8sObject | undefined,
   s: UpgradeSettings,
   report: UpgradeReport,
-  now: () => Date,
+  deps: UpgradeDeps,
 ): Promise<void> {
+  const now = deps.now ?? (() => new Date());
   const spec = kindSpec(target.kind);
   if (!spec.hasRollout) {
     report.rollout = { state: 'not tracked', detail: spec.rollout(updated).message, pods: [] };
+    if (s.rollbackOnFailure)
+      report.notes.push(`ROLLBACK_ON_FAILURE: a ${target.kind} has no rollout that could fail, so none is rolled back`);
   } else if (s.rolloutTimeoutMs === 0) {
     report.rollout = { state: 'progressing', detail: 'not waited for: ROLLOUT_TIMEOUT is 0', pods: [] };
   } else {
-    report.rollout = await followRollout(client, target, { timeoutMs: s.rolloutTimeoutMs, container: s.container });
+    const options = { timeoutMs: s.rolloutTimeoutMs, container: s.container, image: report.imageAfter };
+    report.rollout = await followRollout(client, target, options);
     if (report.rollout.state === 'failed' || report.rollout.state === 'timed out') {
       report.result = 'failed';
       report.error =
@@ -7797,7 +8014,80 @@ async function reportRollout(
     }
     const event = rolloutEvent(report.rollout, s.container);
     if (event) await recordEventQuietly(client, target, event, now(), report);
+    if (report.rollout.state === 'failed' && s.rollbackOnFailure)
+      await rollBackFailedRollout(client, target, report, s.rolloutTimeoutMs, deps);
   }
+}
+
+/**
+ * ROLLBACK_ON_FAILURE, after this push's rollout failed: sets the container back to the image it
+ * ran before the push (the record's `previous`) and follows that rollout for up to followMs. The
+ * PATCH tests that the record is still the one this push wrote and the container still runs its
+ * image, so a newer push, or any edit since, is never overridden. Never throws: report.rollback
+ * (and report.action, for the mail's outcome) say what happened.
+ */
+export async function rollBackFailedRollout(
+  client: KubeClient,
+  target: WorkloadTarget,
+  report: UpgradeReport,
+  followMs: number,
+  deps: Pick<UpgradeDeps, 'now' | 'requestId' | 'hookId'>,
+): Promise<void> {
+  const container = report.container ?? '';
+  const stuck = (report.rollout?.pods ?? []).filter((p) => !p.ready).slice(0, 5);
+  const podStates = stuck.length ? ` (${stuck.map((p) => `${p.name} ${p.reason ?? 'not ready'}`).join(', ')})` : '';
+  const reason = `the rollout of ${report.imageAfter} failed: ${report.rollout?.detail ?? 'unknown'}${podStates}`;
+  try {
+    const workload = await readWorkload(client, target);
+    const { raw, records } = readPushRecords(workload);
+    const record = records[container];
+    const located = locateContainer(valueAt(workload, [...kindSpec(target.kind).template, 'spec']), container);
+    const notDone = rollbackObstacle(report, raw, record, located);
+    if (notDone || !record || !located) {
+      report.rollback = { reason, notDone: notDone ?? 'the push record is gone' };
+      return;
+    }
+    const now = (deps.now ?? (() => new Date()))();
+    const rolledBack = withPushRecord(records, container, { ...record, rolledBack: `${now.toISOString()}: ${reason}` });
+    const change: PlannedChange = {
+      image: record.previous,
+      changeCause: `webhook: rolled back ${container} to ${record.previous}: ${reason}`,
+      lastPush: { value: rolledBack, read: raw },
+    };
+    const ops = planPatch(workload, target.kind, container, located, change);
+    await client.patch<K8sObject>(workloadResource(target), ops, UPGRADE_LIMITS.fieldManager);
+    report.lastPush = rolledBack;
+    report.action = `${report.action}, then rolled back to ${record.previous}`;
+    const message = `container ${container}: rolled back to ${record.previous}: ${reason}; ${whoAsked(deps)}`;
+    await recordEventQuietly(client, target, { type: 'Warning', reason: 'RolledBack', message }, now, report);
+    const rollout =
+      followMs > 0
+        ? await followRollout(client, target, { timeoutMs: followMs, container, image: record.previous })
+        : { state: 'progressing' as const, detail: 'not followed', pods: [] };
+    report.rollback = { reason, image: record.previous, rollout };
+  } catch (e) {
+    const why = e instanceof KubeError && e.status === 422 ? 'the workload changed meanwhile' : (e as Error).message;
+    report.rollback = { reason, notDone: `the rollback failed: ${why}` };
+  }
+}
+
+/** Why a failed rollout cannot be rolled back, or undefined when it can. Pure. */
+function rollbackObstacle(
+  report: UpgradeReport,
+  raw: string | undefined,
+  record: PushRecord | undefined,
+  located: LocatedContainer | undefined,
+): string | undefined {
+  if (raw === undefined || record === undefined || report.lastPush === undefined)
+    return 'the workload has no record of the push, so the image before it is not known';
+  if (raw !== report.lastPush)
+    return record.image !== report.imageAfter
+      ? `a newer push (${record.image}, pushed at ${record.pushedAt}) was applied meanwhile`
+      : 'the push record changed meanwhile';
+  if (!located || located.image !== record.image) return 'the container was changed meanwhile';
+  if (normalizeImageRef(record.previous) === normalizeImageRef(record.image))
+    return 'the push re-pulled the image the container already ran: there is no earlier image to return to';
+  return undefined;
 }
 
 /** The Event that records a followed rollout's end, if it ended. Pure. */
@@ -7899,6 +8189,12 @@ export function formatPod(p: PodSummary): string {
   );
 }
 
+export function formatRollback(r: RollbackOutcome): string {
+  if (r.notDone !== undefined) return `not rolled back: ${r.notDone}; ${r.reason}`;
+  const rollout = r.rollout ? `; its rollout ${formatRollout(r.rollout)}` : '';
+  return `rolled back to ${r.image}: ${r.reason}${rollout}`;
+}
+
 /** The report as the documented lines (see the section banner). Pure. */
 export function formatReport(r: UpgradeReport): string {
   const lines: string[] = [];
@@ -7915,6 +8211,7 @@ export function formatReport(r: UpgradeReport): string {
     if (r.rollout.pods.length > UPGRADE_LIMITS.maxPodLines)
       lines.push(reportLine('pods', `${r.rollout.pods.length - UPGRADE_LIMITS.maxPodLines} more not shown`));
   }
+  if (r.rollback) lines.push(reportLine('rollback', formatRollback(r.rollback)));
   for (const n of r.notes) lines.push(reportLine('note', n));
   return `${lines.join('\n')}\n`;
 }
@@ -8163,7 +8460,8 @@ export class UpgradeService implements InProcessCommand {
     this.following.get(key)?.controller.abort();
     const controller = new AbortController();
     const signal = AbortSignal.any([controller.signal, this.stopping.signal]);
-    const done = followRollout(client, target, { timeoutMs: this.followMs, container: report.container ?? '', signal });
+    const options = { timeoutMs: this.followMs, container: report.container ?? '', image: report.imageAfter, signal };
+    const done = followRollout(client, target, options);
     this.following.set(key, { controller, done });
     let outcome = await done;
     if (this.following.get(key)?.done === done) this.following.delete(key);
@@ -8176,19 +8474,33 @@ export class UpgradeService implements InProcessCommand {
       };
       return { ...report, rollout: outcome };
     }
-    const updated: UpgradeReport = { ...report, rollout: outcome };
+    return this.ended({ ...report, rollout: outcome }, client, target, requestId);
+  }
+
+  /** A followed rollout has ended: logged, recorded as an Event, and rolled back if it failed and the hook asks. */
+  private async ended(
+    updated: UpgradeReport,
+    client: KubeClient,
+    target: WorkloadTarget,
+    requestId: string,
+  ): Promise<UpgradeReport> {
+    const outcome = updated.rollout!;
     if (outcome.state === 'failed' || outcome.state === 'timed out') {
       updated.result = 'failed';
       updated.error = `the rollout ${outcome.state === 'failed' ? 'failed' : 'did not complete'} (see rollout)`;
     }
-    const line = `[${requestId}] ${report.workload} in ${report.namespace}: rollout ${formatRollout(outcome)}`;
-    if (updated.result === 'ok') this.log.info(line);
-    else this.log.error(line);
-    const event = rolloutEvent(outcome, report.container ?? '');
+    const event = rolloutEvent(outcome, updated.container ?? '');
     if (event)
       await recordWorkloadEvent(client, target, event).catch((e: Error) =>
         this.log.error(`[${requestId}] event not recorded: ${e.message}`),
       );
+    if (outcome.state === 'failed' && updated.rollbackOnFailure)
+      await rollBackFailedRollout(client, target, updated, this.followMs, { requestId });
+    const rollback = updated.rollback ? `; ${formatRollback(updated.rollback)}` : '';
+    const where = `${updated.workload} in ${updated.namespace}`;
+    const line = `[${requestId}] ${where}: rollout ${formatRollout(outcome)}${rollback}`;
+    if (updated.result === 'ok') this.log.info(line);
+    else this.log.error(line);
     return updated;
   }
 
