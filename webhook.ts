@@ -106,6 +106,8 @@ export interface Options {
   commandTimeoutMs: number;
   maxConcurrentCommands: number;
   shutdownGraceMs: number;
+  /** On SIGTERM, how long /healthz says "not ready" while hooks are still served. */
+  shutdownDelayMs: number;
   kubeconfig: string;
   rolloutFollowMs: number;
   /** host:port of the listener serving /metrics; '' serves none. */
@@ -326,6 +328,14 @@ const FLAGS: Record<string, FlagSpec> = {
     key: 'shutdownGraceMs',
     def: formatGoDuration(LIMITS.shutdownGraceMs),
     help: 'on SIGTERM, time running commands get to finish before they are killed',
+  },
+  'shutdown-delay': {
+    kind: 'duration',
+    key: 'shutdownDelayMs',
+    def: '0s',
+    help:
+      'on SIGTERM, time /healthz answers 503 (not ready) while hooks are still served, so that a Service ' +
+      'stops sending before the listener closes (in Kubernetes: a few seconds)',
   },
   kubeconfig: {
     kind: 'string',
@@ -4964,6 +4974,8 @@ export interface HandlerContext {
   log: Logger;
   metrics: Metrics;
   isShuttingDown(): boolean;
+  /** Whether SIGTERM has come and /healthz says "not ready", while hooks are still served. */
+  isDraining?(): boolean;
 }
 
 /** One request on its way through the steps. */
@@ -5213,7 +5225,7 @@ function routeOf(cx: HandlerContext, ex: Exchange): Route {
   const o = cx.options;
   const url = new URL(ex.req.url ?? '/', 'http://localhost');
   const pathname = decodePath(url.pathname);
-  if (pathname === '/healthz') return { kind: 'answer', name: 'ok' };
+  if (pathname === '/healthz') return { kind: 'answer', name: cx.isDraining?.() ? 'shuttingDown' : 'ok' };
   if (pathname === '/') return { kind: 'answer', name: 'ok', override: { headers: Object.fromEntries(o.headers) } };
   const prefix = hookPathPrefix(o);
   if (!pathname.startsWith(prefix)) return { kind: 'answer', name: 'pageNotFound' };
@@ -9826,7 +9838,7 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
   const store = new HookStore(settings, snapshot, log, metrics);
   const runner = new CommandRunner(o.maxConcurrentCommands, env, log, metrics, upgrade);
   const listener = new ResultNotifier(mailer, upgrade, log);
-  let shuttingDown = false;
+  const phase = { draining: false, shuttingDown: false };
   const handlerContext: HandlerContext = {
     options: o,
     store,
@@ -9834,7 +9846,8 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
     listener,
     log,
     metrics,
-    isShuttingDown: () => shuttingDown,
+    isShuttingDown: () => phase.shuttingDown,
+    isDraining: () => phase.draining,
   };
   const handler = createHandler(handlerContext);
   const server = await openListener(o, handler, log);
@@ -9852,11 +9865,8 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
   process.on('SIGUSR1', () => reloadOnSignal('SIGUSR1'));
   return new Promise<number>((resolve) => {
     const shutdown = async (sig: string) => {
-      if (shuttingDown) return;
-      shuttingDown = true;
-      log.notice(
-        `caught ${sig}, shutting down: no new requests; running commands get ${formatGoDuration(o.shutdownGraceMs)}`,
-      );
+      if (phase.draining) return;
+      await stopServing(o, log, sig, phase);
       metricsServer?.close();
       await stopService(o, { store, server, runner, upgrade, mailer, log });
       log.notice('stopped');
@@ -9866,6 +9876,27 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
     process.on('SIGTERM', () => void shutdown('SIGTERM'));
     process.on('SIGINT', () => void shutdown('SIGINT'));
   });
+}
+
+/**
+ * SIGTERM: /healthz says "not ready" at once while hooks are still served for -shutdown-delay (the
+ * time a Service takes to stop sending to this pod), then no new requests are taken.
+ */
+async function stopServing(
+  o: Options,
+  log: Logger,
+  sig: string,
+  phase: { draining: boolean; shuttingDown: boolean },
+): Promise<void> {
+  phase.draining = true;
+  if (o.shutdownDelayMs > 0) {
+    log.notice(`caught ${sig}: not ready; still serving for ${formatGoDuration(o.shutdownDelayMs)}`);
+    await sleep(o.shutdownDelayMs);
+  }
+  phase.shuttingDown = true;
+  log.notice(
+    `caught ${sig}, shutting down: no new requests; running commands get ${formatGoDuration(o.shutdownGraceMs)}`,
+  );
 }
 
 /** The log: stderr, or -logfile opened for appending; undefined (after saying why) when it cannot be. */

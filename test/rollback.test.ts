@@ -34,7 +34,7 @@ function readMail(raw: string): { subject: string; to: string; body: string } {
 function crashLoopPolicy(name: string, ns: string): object[] {
   return [
     {
-      apiVersion: 'admissionregistration.k8s.io/v1beta1', kind: 'MutatingAdmissionPolicy', metadata: { name },
+      apiVersion: 'admissionregistration.k8s.io/v1', kind: 'MutatingAdmissionPolicy', metadata: { name },
       spec: {
         matchConstraints: {
           namespaceSelector: { matchLabels: { 'kubernetes.io/metadata.name': ns } },
@@ -49,7 +49,7 @@ function crashLoopPolicy(name: string, ns: string): object[] {
         }],
       },
     },
-    { apiVersion: 'admissionregistration.k8s.io/v1beta1', kind: 'MutatingAdmissionPolicyBinding', metadata: { name }, spec: { policyName: name } },
+    { apiVersion: 'admissionregistration.k8s.io/v1', kind: 'MutatingAdmissionPolicyBinding', metadata: { name }, spec: { policyName: name } },
   ];
 }
 
