@@ -7070,11 +7070,10 @@ export interface PlannedChange {
   restartedAt?: string;
   changeCause: string;
   /**
-   * The workload's last-push annotation: the value to write, and the value read (undefined: it
-   * was absent), which the patch tests so that two replicas deciding on the same read cannot both
-   * write.
+   * Workload annotations written under a test: per key, the value to write and the value read
+   * (undefined: it was absent), so that two replicas deciding on the same read cannot both write.
    */
-  lastPush?: { value: string; read: string | undefined };
+  guarded?: Record<string, { value: string; read: string | undefined }>;
 }
 
 /** The JSON patch for a change to one container, guarded by tests of its name and image. Pure. */
@@ -7100,9 +7099,9 @@ export function planPatch(
     );
   const values: Record<string, string> = { 'kubernetes.io/change-cause': change.changeCause };
   const expect: Record<string, string | null> = {};
-  if (change.lastPush) {
-    values[LAST_PUSH_ANNOTATION] = change.lastPush.value;
-    expect[LAST_PUSH_ANNOTATION] = change.lastPush.read ?? null;
+  for (const [key, { value, read }] of Object.entries(change.guarded ?? {})) {
+    values[key] = value;
+    expect[key] = read ?? null;
   }
   ops.push(...annotationOps(obj, ['metadata'], values, expect));
   return ops;
@@ -7559,21 +7558,37 @@ export function pushTime(payloadTime: string, receivedAt: Date): { ms: number; f
   return Number.isFinite(ms) && ms > 0 ? { ms, from: 'payload' } : { ms: receivedAt.getTime(), from: 'received' };
 }
 
-/** The workload's last-push records: the annotation as read (for the patch's test) and parsed. */
-export function readPushRecords(workload: unknown): { raw: string | undefined; records: Record<string, PushRecord> } {
-  const raw = valueAt(workload, ['metadata', 'annotations', LAST_PUSH_ANNOTATION]);
-  if (typeof raw !== 'string') return { raw: undefined, records: {} };
-  const records: Record<string, PushRecord> = {};
+/**
+ * A per-container JSON annotation of the workload: its text as read (for a patch's test) and the
+ * entries that have the string fields named. Pure.
+ */
+function readContainerAnnotation<T>(
+  workload: unknown,
+  key: string,
+  stringFields: string[],
+): { raw: string | undefined; entries: Record<string, T> } {
+  const raw = valueAt(workload, ['metadata', 'annotations', key]);
+  if (typeof raw !== 'string') return { raw: undefined, entries: {} };
+  const entries: Record<string, T> = {};
   try {
     const parsed: unknown = JSON.parse(raw);
     if (isObject(parsed))
       for (const [name, r] of Object.entries(parsed))
-        if (isObject(r) && typeof r.pushedAt === 'string' && typeof r.image === 'string' && typeof r.push === 'string')
-          records[name] = r as unknown as PushRecord;
+        if (isObject(r) && stringFields.every((f) => typeof r[f] === 'string')) entries[name] = r as T;
   } catch {
-    // Edited by hand into something else: no record, and the patch's test still guards the value.
+    // Edited by hand into something else: no entries, and a patch's test still guards the value.
   }
-  return { raw, records };
+  return { raw, entries };
+}
+
+/** The workload's last-push records: the annotation as read (for the patch's test) and parsed. */
+export function readPushRecords(workload: unknown): { raw: string | undefined; records: Record<string, PushRecord> } {
+  const { raw, entries } = readContainerAnnotation<PushRecord>(workload, LAST_PUSH_ANNOTATION, [
+    'pushedAt',
+    'image',
+    'push',
+  ]);
+  return { raw, records: entries };
 }
 
 /**
@@ -7590,6 +7605,32 @@ export function decidePush(recorded: PushRecord | undefined, push: IncomingPush,
     return { kind: 'repeat', record: recorded };
   if (push.pushedAtMs < Date.parse(recorded.pushedAt)) return { kind: 'superseded', record: recorded };
   return { kind: 'apply' };
+}
+
+/**
+ * The workload annotation that records, per container, a rollout being followed after the answer,
+ * so that another replica can finish the follow when this one is gone, and the one whose PATCH
+ * takes the record off (claimFollow) is the only one to report the end.
+ */
+export const FOLLOW_ANNOTATION = 'webhook/follow';
+
+/** What a replica needs to finish another's follow. */
+export interface FollowRecord {
+  request: string;
+  hook: string;
+  /** ISO 8601: when following ends (-rollout-follow after the push was applied). */
+  deadline: string;
+  /** The hook's MAIL_TO for the result mail. */
+  mailTo?: string;
+  /** The hook's ROLLBACK_ON_FAILURE. */
+  rollback?: boolean;
+}
+
+export function readFollowRecords(workload: unknown): {
+  raw: string | undefined;
+  entries: Record<string, FollowRecord>;
+} {
+  return readContainerAnnotation<FollowRecord>(workload, FOLLOW_ANNOTATION, ['request', 'hook', 'deadline']);
 }
 
 /** The report's action for a push that changes nothing because of the record. Pure. */
@@ -7636,6 +7677,8 @@ export interface UpgradeReport {
   afterAnswer?: Promise<string | undefined>;
   /** LAST_PUSH_ANNOTATION as this upgrade wrote it: a rollback first tests that it is unchanged. */
   lastPush?: string;
+  /** Whether the change's PATCH recorded the follow after the answer on the workload (FOLLOW_ANNOTATION). */
+  followRecorded?: boolean;
   /** The hook's ROLLBACK_ON_FAILURE: a failed rollout of this change is rolled back. */
   rollbackOnFailure?: boolean;
   /** What became of a failed rollout under ROLLBACK_ON_FAILURE. */
@@ -7672,6 +7715,11 @@ export interface UpgradeDeps {
    * is then read again. Saves the GET that would otherwise precede every PATCH.
    */
   known?: KnownWorkloads;
+  /**
+   * The service follows the rollout after answering for followMs: the PATCH records that on the
+   * workload (FOLLOW_ANNOTATION), with the hook's MAIL_TO, so another replica can finish it.
+   */
+  followAfter?: { followMs: number; mailTo?: string };
 }
 
 /** The last state seen of each workload, by namespace/kind/name; the oldest beyond a bound is dropped. */
@@ -7811,6 +7859,7 @@ async function applyUpgrade(
   if (!change) return;
   report.changed = true;
   report.lastPush = change.lastPush;
+  report.followRecorded = change.followRecorded;
   report.action = change.sameImage ? kindSpec(target.kind).sameImageAction : 'image updated';
   const eventMessage = change.sameImage
     ? `container ${s.container}: ${ref} pulled again (same image, rollout restarted); asked by ${whoAsked(deps)}`
@@ -7835,6 +7884,7 @@ interface AppliedChange {
   before: string;
   sameImage: boolean;
   lastPush: string;
+  followRecorded: boolean;
 }
 
 /** Reads and patches until the patch applies (or nothing is to change); retries a failed `test`. */
@@ -7884,26 +7934,27 @@ async function patchOnce(
   report.imageBefore = container.image;
   const nowMs = (deps.now ?? (() => new Date()))().getTime();
   const { raw, records } = readPushRecords(workload);
-  const decision = decidePush(records[s.container], push, nowMs);
-  if (decision.kind !== 'apply') {
-    report.action = decisionAction(decision, nowMs);
-    return 'no change';
-  }
   const sameImage = normalizeImageRef(container.image) === normalizeImageRef(ref);
   if (sameImage && ref.includes('@')) {
     if (from === 'read') report.action = 'none (already running this digest)';
     return undefined;
   }
+  const decision = decidePush(records[s.container], push, nowMs);
+  if (decision.kind !== 'apply') {
+    report.action = decisionAction(decision, nowMs);
+    return 'no change';
+  }
   const record = newPushRecord(push, container.image, nowMs, deps);
   const lastPush = withPushRecord(records, s.container, record);
-  const change = {
-    ...plannedChange(sameImage, kindSpec(target.kind), s, ref, deps),
-    lastPush: { value: lastPush, read: raw },
+  const guarded = {
+    [LAST_PUSH_ANNOTATION]: { value: lastPush, read: raw },
+    ...followToRecord(workload, s, nowMs, deps),
   };
+  const change = { ...plannedChange(sameImage, kindSpec(target.kind), s, ref, deps), guarded };
   const ops = planPatch(workload, target.kind, s.container, container, change);
   try {
     const updated = await client.patch<K8sObject>(workloadResource(target), ops, UPGRADE_LIMITS.fieldManager);
-    return { updated, before: container.image, sameImage, lastPush };
+    return { updated, before: container.image, sameImage, lastPush, followRecorded: FOLLOW_ANNOTATION in guarded };
   } catch (e) {
     if (!(e instanceof KubeError && e.status === 422)) throw e;
     if (from === 'known') return undefined;
@@ -7911,6 +7962,83 @@ async function patchOnce(
     if (e.causes.length === 0) return 'conflict';
     throw e;
   }
+}
+
+/** The follow record this change's PATCH writes, when the service follows the rollout after answering. */
+function followToRecord(
+  workload: K8sObject,
+  s: UpgradeSettings,
+  nowMs: number,
+  deps: UpgradeDeps,
+): Record<string, { value: string; read: string | undefined }> {
+  const after = deps.followAfter;
+  if (!after || s.rolloutTimeoutMs !== 0 || !kindSpec(s.workload.kind).hasRollout) return {};
+  const { raw, entries } = readFollowRecords(workload);
+  const record: FollowRecord = {
+    request: deps.requestId ?? '',
+    hook: deps.hookId ?? '',
+    deadline: new Date(nowMs + after.followMs).toISOString(),
+    ...(after.mailTo?.trim() ? { mailTo: after.mailTo.trim() } : {}),
+    ...(s.rollbackOnFailure ? { rollback: true } : {}),
+  };
+  return { [FOLLOW_ANNOTATION]: { value: JSON.stringify({ ...entries, [s.container]: record }), read: raw } };
+}
+
+/**
+ * Takes this request's follow record off the workload with a PATCH that tests the value read: of
+ * the replicas following one rollout, only the one whose PATCH applies reports its end.
+ * 'superseded' when a newer push's follow replaced the record, 'gone' when another replica took it.
+ */
+export async function claimFollow(
+  client: KubeClient,
+  target: WorkloadTarget,
+  container: string,
+  requestId: string,
+): Promise<'claimed' | 'superseded' | 'gone'> {
+  for (let attempt = 1; ; attempt++) {
+    const workload = await readWorkload(client, target);
+    const { raw, entries } = readFollowRecords(workload);
+    if (!entries[container]) return 'gone';
+    if (entries[container].request !== requestId) return 'superseded';
+    const rest = Object.fromEntries(Object.entries(entries).filter(([name]) => name !== container));
+    const ops = annotationOps(
+      workload,
+      ['metadata'],
+      { [FOLLOW_ANNOTATION]: JSON.stringify(rest) },
+      {
+        [FOLLOW_ANNOTATION]: raw ?? null,
+      },
+    );
+    try {
+      await client.patch<K8sObject>(workloadResource(target), ops, UPGRADE_LIMITS.fieldManager);
+      return 'claimed';
+    } catch (e) {
+      if (!(e instanceof KubeError && e.status === 422) || attempt >= UPGRADE_LIMITS.maxPatchAttempts) throw e;
+    }
+  }
+}
+
+/** A follow found on a workload, as the report the replica that started it would have made. */
+function resumedReport(target: WorkloadTarget, container: string, f: FollowRecord, workload: K8sObject): UpgradeReport {
+  const { raw, records } = readPushRecords(workload);
+  const record = records[container]?.request === f.request ? records[container] : undefined;
+  const same = record !== undefined && normalizeImageRef(record.previous) === normalizeImageRef(record.image);
+  return {
+    namespace: target.namespace,
+    workload: `${target.kind}/${target.name}`,
+    container,
+    imageBefore: record?.previous,
+    imageAfter: record?.image,
+    action: same ? kindSpec(target.kind).sameImageAction : 'image updated',
+    changed: true,
+    result: 'ok',
+    notes: ['the rollout was followed to its end by a replica started after the one that applied the push'],
+    target: { ...target, uid: String(valueAt(workload, ['metadata', 'uid'])) },
+    rollout: { state: 'progressing', detail: 'resumed', pods: [] },
+    lastPush: record ? raw : undefined,
+    followRecorded: true,
+    rollbackOnFailure: f.rollback === true || undefined,
+  };
 }
 
 function newPushRecord(push: IncomingPush, previous: string, nowMs: number, deps: UpgradeDeps): PushRecord {
@@ -8064,7 +8192,7 @@ export async function rollBackFailedRollout(
     const change: PlannedChange = {
       image: record.previous,
       changeCause: `webhook: rolled back ${container} to ${record.previous}: ${reason}`,
-      lastPush: { value: rolledBack, read: raw },
+      guarded: { [LAST_PUSH_ANNOTATION]: { value: rolledBack, read: raw } },
     };
     const ops = planPatch(workload, target.kind, container, located, change);
     await client.patch<K8sObject>(workloadResource(target), ops, UPGRADE_LIMITS.fieldManager);
@@ -8391,6 +8519,8 @@ export function isUpgradeEntryPoint(file: string): boolean {
   }
 }
 
+const SUPERSEDED_FOLLOW = 'superseded by a later push to this workload, whose report follows the rollout';
+
 /**
  * The upgrade as the runner uses it: one Kubernetes client and one per-workload queue for all
  * pushes (ordering and duplicate coalescing need to see every push), and rollouts followed after
@@ -8448,6 +8578,7 @@ export class UpgradeService implements InProcessCommand {
       queue: this.queue,
       eventAfterAnswer: true,
       known: this.known,
+      followAfter: this.followMs > 0 ? { followMs: this.followMs, mailTo: env.MAIL_TO } : undefined,
     };
     const result = await runUpgrade(args, env, deps);
     const r = result.report;
@@ -8459,34 +8590,102 @@ export class UpgradeService implements InProcessCommand {
 
   /**
    * Follows a rollout the upgrade left progressing, then logs and records its end. Resolves with
-   * the report brought up to date (or unchanged when there is nothing to follow).
+   * the report brought up to date (or unchanged when there is nothing to follow), or undefined when
+   * the end is not this replica's to report: another replica took the follow record, or this one
+   * is stopping and leaves the record for the replica that starts next.
    */
-  async follow(report: UpgradeReport, requestId: string): Promise<UpgradeReport> {
+  async follow(report: UpgradeReport, requestId: string, followMs = this.followMs): Promise<UpgradeReport | undefined> {
     const eventFailure = await report.afterAnswer;
     if (eventFailure) this.log.error(`[${requestId}] ${report.workload} in ${report.namespace}: ${eventFailure}`);
     const target = report.target;
-    const client = this.client;
-    if (!client || !target || !report.changed || report.rollout?.state !== 'progressing' || this.followMs === 0)
+    const client = this.sharedClient();
+    if (!client || !target || !report.changed || report.rollout?.state !== 'progressing' || followMs === 0)
       return report;
     const key = `${target.namespace}/${target.kind}/${target.name}`;
     this.following.get(key)?.controller.abort();
     const controller = new AbortController();
     const signal = AbortSignal.any([controller.signal, this.stopping.signal]);
-    const options = { timeoutMs: this.followMs, container: report.container ?? '', image: report.imageAfter, signal };
+    const options = { timeoutMs: followMs, container: report.container ?? '', image: report.imageAfter, signal };
     const done = followRollout(client, target, options);
     this.following.set(key, { controller, done });
-    let outcome = await done;
+    const outcome = await done;
     if (this.following.get(key)?.done === done) this.following.delete(key);
     if (controller.signal.aborted) {
       // A later push to this workload is being followed now; its mail tells how the rollout ended.
-      outcome = {
-        state: 'progressing',
-        detail: 'superseded by a later push to this workload, whose report follows the rollout',
-        pods: [],
-      };
-      return { ...report, rollout: outcome };
+      return { ...report, rollout: { state: 'progressing', detail: SUPERSEDED_FOLLOW, pods: [] } };
     }
+    const claim = await this.claim(report, client, target, requestId);
+    if (claim === 'superseded')
+      return { ...report, rollout: { state: 'progressing', detail: SUPERSEDED_FOLLOW, pods: [] } };
+    if (claim !== 'claimed') return undefined;
     return this.ended({ ...report, rollout: outcome }, client, target, requestId);
+  }
+
+  /** Whether this replica reports the end of a follow recorded on the workload (see claimFollow). */
+  private async claim(
+    report: UpgradeReport,
+    client: KubeClient,
+    target: WorkloadTarget,
+    requestId: string,
+  ): Promise<'claimed' | 'superseded' | 'gone' | 'left'> {
+    if (!report.followRecorded) return 'claimed';
+    const where = `[${requestId}] ${report.workload} in ${report.namespace}`;
+    if (this.stopping.signal.aborted) {
+      this.log.notice(`${where}: stopping; the rollout's follow is left to the replica that starts next`);
+      return 'left';
+    }
+    try {
+      const claim = await claimFollow(client, target, report.container ?? '', requestId);
+      if (claim === 'gone') this.log.info(`${where}: another replica reported the rollout's end`);
+      return claim;
+    } catch (e) {
+      // Reported twice rather than never: without the API server the record cannot be taken.
+      this.log.error(`${where}: the follow record could not be taken off: ${(e as Error).message}`);
+      return 'claimed';
+    }
+  }
+
+  /**
+   * At start: the follows other replicas recorded on the workloads of the hooks this one serves
+   * (those whose namespace and workload the hook fixes) and did not finish are followed to their
+   * deadline here; `ended` gets each report this replica is the one to report.
+   */
+  async resumeFollows(
+    hooks: Iterable<Hook>,
+    ended: (report: UpgradeReport, follow: FollowRecord) => void,
+  ): Promise<void> {
+    const client = this.sharedClient();
+    if (!client || this.followMs === 0) return;
+    const served = new Map<string, { namespace: string; kind: WorkloadKind; name: string }>();
+    const ids = new Set<string>();
+    for (const hook of hooks) {
+      ids.add(hook.id);
+      const t = hookReach(hook)?.target;
+      if (t) served.set(`${t.namespace}/${t.kind}/${t.name}`, t);
+    }
+    for (const target of served.values()) {
+      let workload: K8sObject;
+      try {
+        workload = await readWorkload(client, target);
+      } catch (e) {
+        this.log.warn(
+          `unfinished follows on ${target.kind}/${target.name} in ${target.namespace}: ${(e as Error).message}`,
+        );
+        continue;
+      }
+      for (const [container, f] of Object.entries(readFollowRecords(workload).entries)) {
+        if (!ids.has(f.hook)) continue;
+        this.log.notice(
+          `[${f.request}] ${target.kind}/${target.name} in ${target.namespace}: resuming the rollout's follow`,
+        );
+        const report = resumedReport(target, container, f, workload);
+        const remaining = Math.max(1, Date.parse(f.deadline) - Date.now());
+        void this.follow(report, f.request, remaining).then(
+          (r) => r && ended(r, f),
+          (e: Error) => this.log.error(`[${f.request}] ${e.message}`),
+        );
+      }
+    }
   }
 
   /** A followed rollout has ended: logged, recorded as an Event, and rolled back if it failed and the hook asks. */
@@ -9563,10 +9762,29 @@ export class ResultNotifier implements CommandListener {
     const report = r.report as UpgradeReport | undefined;
     const mail = (final: UpgradeReport | undefined) => this.mailer.notify(mailJob(hook, req, r, final));
     if (report && this.upgrade) {
-      this.upgrade.follow(report, req.id).then(mail, (e: Error) => this.log.error(`[${req.id}] ${e.message}`));
+      // undefined: another replica reports this rollout's end (section 13's follow records).
+      this.upgrade.follow(report, req.id).then(
+        (final) => final && mail(final),
+        (e: Error) => this.log.error(`[${req.id}] ${e.message}`),
+      );
     } else {
       mail(report);
     }
+  }
+
+  /** At start: follows other replicas left unfinished are finished here, and their results mailed. */
+  resume(hooks: Iterable<Hook>): void {
+    this.upgrade
+      ?.resumeFollows(hooks, (report, follow) => {
+        const env = {
+          APP_NS: report.namespace,
+          APP_WORKLOAD: report.workload,
+          APP_CONTAINER: report.container,
+          MAIL_TO: follow.mailTo,
+        };
+        this.mailer.notify(reportMailJob(follow.hook, follow.request, env, report));
+      })
+      .catch((e: Error) => this.log.error(`unfinished follows not resumed: ${e.message}`));
   }
 }
 
@@ -9581,8 +9799,18 @@ function mailJob(hook: Hook, req: HookRequest, r: CommandResult, report: Upgrade
       output: r.output,
     };
   }
+  return reportMailJob(hook.id, req.id, r.env, report);
+}
+
+/** The mail for an upgrade's report. Pure. */
+function reportMailJob(
+  hookId: string,
+  requestId: string,
+  env: Readonly<Record<string, string | undefined>>,
+  report: UpgradeReport,
+): MailJob {
   const outcome = report.result !== 'ok' ? 'failed' : report.changed ? 'succeeded' : 'no change';
-  return { ...job, outcome, detail: report.action, output: formatReport(report) };
+  return { hookId, requestId, env, outcome, detail: report.action, output: formatReport(report) };
 }
 
 // ================================================================================================
@@ -9853,6 +10081,7 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
   const server = await openListener(o, handler, log);
   if (!server) return 1;
   server.on('clientError', (err: Error, socket: net.Socket) => answerClientError(handlerContext, err, socket));
+  listener.resume(snapshot.hooks.values());
   const metricsServer = o.metricsListen ? await openMetricsListener(o.metricsListen, metrics, log) : undefined;
   if (o.metricsListen && !metricsServer) return 1;
 
