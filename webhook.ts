@@ -7847,14 +7847,13 @@ async function applyUpgrade(
   const ref = push.image;
   const target: WorkloadTarget = { ...s.workload, namespace: s.namespace };
   const key = `${target.namespace}/${target.kind}/${target.name}`;
-  // A copy from an earlier push may be stale: a patch decided on it fails its tests then, and a
-  // refusal is decided again on the workload as it is now. A push it shows as superseded or
-  // repeated is so on any later copy too: the record only ever moves to newer pushes.
+  // A copy from an earlier push may be stale: only a patch (whose tests fail on a stale copy)
+  // is decided on it; a refusal or a no-op is decided again on the workload as it is now.
   const known = deps.known?.get(key);
   const applied = known ? await patchOnce(client, known, target, s, push, report, deps, 'known') : undefined;
-  if (applied === 'no change') return;
   const change =
-    (applied === 'conflict' ? undefined : applied) ?? (await patchUntilApplied(client, target, s, push, report, deps));
+    (applied === 'conflict' || applied === 'no change' ? undefined : applied) ??
+    (await patchUntilApplied(client, target, s, push, report, deps));
   deps.known?.set(key, change?.updated);
   if (!change) return;
   report.changed = true;
@@ -7910,9 +7909,9 @@ async function patchUntilApplied(
 
 /**
  * One plan and PATCH against `workload`. From a fresh read: the change, undefined when nothing is
- * to change, or 'conflict' when the workload changed meanwhile. From a known copy: the change,
- * or undefined for anything else (the caller then reads the workload). From either: 'no change'
- * when the record on the workload shows the push superseded or repeated (the report says so).
+ * to change, 'conflict' when the workload changed meanwhile, or 'no change' when its record shows
+ * the push superseded or repeated (the report says so). From a known copy: the change, or
+ * undefined for anything else (the caller then reads the workload).
  */
 async function patchOnce(
   client: KubeClient,
@@ -7941,6 +7940,8 @@ async function patchOnce(
   }
   const decision = decidePush(records[s.container], push, nowMs);
   if (decision.kind !== 'apply') {
+    // A known copy may hold an older record: the answer names the one on the workload now.
+    if (from === 'known') return undefined;
     report.action = decisionAction(decision, nowMs);
     return 'no change';
   }
