@@ -108,6 +108,8 @@ export interface Options {
   shutdownGraceMs: number;
   /** On SIGTERM, how long /healthz says "not ready" while hooks are still served. */
   shutdownDelayMs: number;
+  /** How long a push the API server did not answer is kept and tried again. */
+  applyDeadlineMs: number;
   kubeconfig: string;
   rolloutFollowMs: number;
   /** host:port of the listener serving /metrics; '' serves none. */
@@ -342,6 +344,15 @@ const FLAGS: Record<string, FlagSpec> = {
     key: 'kubeconfig',
     def: '',
     help: 'JSON kubeconfig for the upgrade (default: $KUBECONFIG, else the in-cluster service account)',
+  },
+  'apply-deadline': {
+    kind: 'duration',
+    key: 'applyDeadlineMs',
+    def: '10m0s',
+    help:
+      'a push the Kubernetes API server does not answer is answered 202, kept (the newest per container) and ' +
+      'applied when the API server answers again, for up to this long; then it is reported as failed (0: ' +
+      'answered 500 at once)',
   },
   'rollout-follow': {
     kind: 'duration',
@@ -4517,6 +4528,8 @@ export interface CommandResult {
   error?: string;
   /** What an in-process command reported besides its output; only its CommandListener reads it. */
   report?: unknown;
+  /** An in-process command took the work but finishes it later: the answer is 202 Accepted. */
+  accepted?: boolean;
 }
 
 /**
@@ -4538,7 +4551,7 @@ export interface InProcessCommand {
     env: Environment,
     requestId: string,
     hookId: string,
-  ): Promise<{ output: string; exitCode: number; report: unknown }>;
+  ): Promise<{ output: string; exitCode: number; report: unknown; accepted?: boolean }>;
 }
 
 /** Go's exec.LookPath on adnanh's candidate; returns the path or the error text Go would print. */
@@ -4785,6 +4798,7 @@ export class CommandRunner {
       timedOut: false,
       error,
       report: r.report,
+      accepted: r.accepted,
     };
   }
 
@@ -5361,7 +5375,8 @@ async function dispatch(cx: HandlerContext, ex: Exchange, hook: Hook, hookReq: H
     return sendAnswer(cx, ex, 'triggered', { status: hook.successCode, body: hook.responseMessage });
   }
   const result = await told;
-  if (result.ok) return sendAnswer(cx, ex, 'triggered', { status: hook.successCode, body: result.output });
+  if (result.ok)
+    return sendAnswer(cx, ex, 'triggered', { status: result.accepted ? 202 : hook.successCode, body: result.output });
   return sendAnswer(cx, ex, 'commandFailed', hook.captureOutputOnError ? { body: result.output } : {});
 }
 
@@ -6840,6 +6855,12 @@ export const UPGRADE_LIMITS = {
   maxEventMessageLength: 1024,
   // The field manager and event source: `kubectl get -o yaml --show-managed-fields` shows it.
   fieldManager: 'webhook',
+  // Pushes kept while the API server does not answer (one per container, newest wins): each is a
+  // payload of at most -max-body-size, so this bounds the memory they hold to about 1 GiB at worst.
+  maxKeptPushes: 1_000,
+  // While pushes are kept, the API server is tried again this often (each try may itself take the
+  // client's 20 s retry budget when it still does not answer).
+  keptRetryMs: 5_000,
   // A new pod stuck this long in CrashLoopBackOff, ImagePullBackOff or the like fails the rollout
   // before its deadline: the kubelet's back-off (10 s, doubling) has by then restarted or pulled
   // again two or three times, and a Deployment's own progress deadline (600 s by default), a
@@ -7683,6 +7704,12 @@ export interface UpgradeReport {
   rollbackOnFailure?: boolean;
   /** What became of a failed rollout under ROLLBACK_ON_FAILURE. */
   rollback?: RollbackOutcome;
+  /** When the push was pushed (or received), as the newest-wins rule compares it. */
+  pushedAtMs?: number;
+  /** The API server gave no answer within the client's retry budget (nothing is known to be written). */
+  unreachable?: boolean;
+  /** A push kept while the API server is away (UpgradeService): resolves with its final report. */
+  pending?: Promise<UpgradeReport>;
 }
 
 /** A rollback: the image returned to and its rollout, or why there was none. */
@@ -7819,6 +7846,7 @@ export async function runUpgrade(
     // When it arrived, before any wait: the push's time when its payload names none.
     const time = pushTime(composed.pushedAt, (deps.now ?? (() => new Date()))());
     const push: IncomingPush = { pushedAtMs: time.ms, timeFrom: time.from, image: composed.ref, push: composed.pushId };
+    report.pushedAtMs = time.ms;
     const client = deps.client ?? (ownClient = new KubeClient(credentialsFromEnvironment(env, deps.kubeconfig)));
     const workloadKey = `${settings.namespace}/${settings.workload.kind}/${settings.workload.name}`;
     const apply = () => applyUpgrade(client, settings, push, report, deps);
@@ -7826,6 +7854,8 @@ export async function runUpgrade(
   } catch (e) {
     report.result = 'failed';
     report.error = (e as Error).message;
+    // No answer at all, or the server's own failure or throttling, to the end of the retry budget.
+    report.unreachable = e instanceof KubeError && (e.status === 0 || e.status === 429 || e.status >= 500);
   } finally {
     ownClient?.close();
   }
@@ -8522,6 +8552,122 @@ export function isUpgradeEntryPoint(file: string): boolean {
 
 const SUPERSEDED_FOLLOW = 'superseded by a later push to this workload, whose report follows the rollout';
 
+/** A push kept while the API server does not answer. */
+interface KeptPush {
+  args: string[];
+  env: Record<string, string | undefined>;
+  requestId: string;
+  hookId: string;
+  /** The report answered (202), whose `pending` this push settles. */
+  report: UpgradeReport;
+  deadline: number;
+  settle: (report: UpgradeReport) => void;
+}
+
+type UpgradeResult = Awaited<ReturnType<typeof runUpgrade>>;
+
+/**
+ * Pushes the API server did not answer within the client's retry budget: kept (the newest per
+ * container, at most UPGRADE_LIMITS.maxKeptPushes), tried again every keptRetryMs until one applies
+ * or its deadline (-apply-deadline) passes, and settled with the final report, which the log,
+ * Event and mail then tell. Kept in memory: a replica that stops settles what it holds as failed.
+ */
+export class KeptPushes {
+  private readonly kept = new Map<string, KeptPush>();
+  private retrying: Promise<void> | undefined;
+  private readonly apply: (k: KeptPush) => Promise<UpgradeResult>;
+  private readonly deadlineMs: number;
+  private readonly log: Logger;
+  private readonly stopping: AbortSignal;
+
+  constructor(apply: (k: KeptPush) => Promise<UpgradeResult>, deadlineMs: number, log: Logger, stopping: AbortSignal) {
+    this.apply = apply;
+    this.deadlineMs = deadlineMs;
+    this.log = log;
+    this.stopping = stopping;
+  }
+
+  /** The answer for a push the API server did not answer: kept (202), superseded, or failed as it is. */
+  keep(
+    args: string[],
+    env: Record<string, string | undefined>,
+    requestId: string,
+    hookId: string,
+    result: UpgradeResult,
+  ) {
+    const r = result.report;
+    const key = `${r.namespace}/${r.workload}/${r.container}`;
+    const held = this.kept.get(key);
+    if (held && (held.report.pushedAtMs ?? 0) > (r.pushedAtMs ?? 0))
+      return upgradeResult({ ...r, result: 'ok', error: undefined, unreachable: undefined, action: KEPT_SUPERSEDED });
+    if (this.deadlineMs === 0 || this.stopping.aborted || (!held && this.kept.size >= UPGRADE_LIMITS.maxKeptPushes))
+      return result;
+    held?.settle({ ...held.report, pending: undefined, action: KEPT_SUPERSEDED });
+    const deadline = Date.now() + this.deadlineMs;
+    const until = new Date(deadline).toISOString();
+    let settle!: (report: UpgradeReport) => void;
+    const pending = new Promise<UpgradeReport>((resolve) => (settle = resolve));
+    const report: UpgradeReport = {
+      ...r,
+      result: 'ok',
+      error: undefined,
+      action: `waiting for the API server (${r.error}): kept, and applied when it answers until ${until}`,
+      pending,
+    };
+    this.kept.set(key, { args, env, requestId, hookId, report, deadline, settle });
+    this.log.warn(
+      `[${requestId}] ${r.workload} in ${r.namespace}: the API server does not answer; push kept until ${until}`,
+    );
+    this.retrying ??= this.retry().finally(() => (this.retrying = undefined));
+    return { output: formatReport(report), exitCode: 0, report, accepted: true };
+  }
+
+  private async retry(): Promise<void> {
+    while (this.kept.size > 0 && !this.stopping.aborted) {
+      await sleep(UPGRADE_LIMITS.keptRetryMs, undefined, { signal: this.stopping }).catch(() => undefined);
+      for (const [key, k] of [...this.kept]) {
+        if (this.stopping.aborted || !(await this.retryOne(key, k))) break;
+      }
+    }
+    for (const [key, k] of [...this.kept]) this.fail(key, k, 'the service stopped before the API server answered');
+  }
+
+  /** One more try of a kept push; false while the API server still does not answer. */
+  private async retryOne(key: string, k: KeptPush): Promise<boolean> {
+    const limit = formatGoDuration(this.deadlineMs);
+    if (Date.now() >= k.deadline) {
+      this.fail(key, k, `the API server did not answer within -apply-deadline ${limit}`);
+      return true;
+    }
+    const result = await this.apply(k);
+    if (this.kept.get(key) !== k) return true;
+    if (result.report.unreachable) {
+      const why = `the API server did not answer within -apply-deadline ${limit}: ${result.report.error}`;
+      if (Date.now() >= k.deadline) this.fail(key, k, why);
+      return false;
+    }
+    this.kept.delete(key);
+    const r = result.report;
+    const outcome = r.result === 'ok' ? r.action : `failed: ${r.error}`;
+    this.log.notice(`[${k.requestId}] ${r.workload} in ${r.namespace}: the API server answered again; ${outcome}`);
+    k.settle(r);
+    return true;
+  }
+
+  /** At shutdown: what is still kept is reported as not applied (in memory only, it would be lost). */
+  stop(): void {
+    for (const [key, k] of [...this.kept]) this.fail(key, k, 'the service stopped before the API server answered');
+  }
+
+  private fail(key: string, k: KeptPush, why: string): void {
+    this.kept.delete(key);
+    this.log.error(`[${k.requestId}] ${k.report.workload} in ${k.report.namespace}: push not applied: ${why}`);
+    k.settle({ ...k.report, pending: undefined, action: 'none (not applied)', result: 'failed', error: why });
+  }
+}
+
+const KEPT_SUPERSEDED = 'none (superseded: a newer push to this container arrived while the API server was away)';
+
 /**
  * The upgrade as the runner uses it: one Kubernetes client and one per-workload queue for all
  * pushes (ordering and duplicate coalescing need to see every push), and rollouts followed after
@@ -8540,12 +8686,22 @@ export class UpgradeService implements InProcessCommand {
   private readonly env: Record<string, string | undefined>;
   private readonly followMs: number;
   private readonly log: Logger;
+  private readonly kept: KeptPushes;
 
-  constructor(kubeconfig: string | undefined, env: Record<string, string | undefined>, followMs: number, log: Logger) {
+  /** applyDeadlineMs: how long a push the API server does not answer is kept (0: answered as failed). */
+  constructor(
+    kubeconfig: string | undefined,
+    env: Record<string, string | undefined>,
+    followMs: number,
+    log: Logger,
+    applyDeadlineMs = 0,
+  ) {
     this.kubeconfig = kubeconfig;
     this.env = env;
     this.followMs = followMs;
     this.log = log;
+    const apply = (k: KeptPush) => runUpgrade(k.args, k.env, this.deps(k.requestId, k.hookId, k.env));
+    this.kept = new KeptPushes(apply, applyDeadlineMs, log, this.stopping.signal);
   }
 
   /** The shared client, made on first use; undefined when there are no credentials (runUpgrade says why). */
@@ -8569,10 +8725,18 @@ export class UpgradeService implements InProcessCommand {
     env: Record<string, string | undefined>,
     requestId: string,
     hookId: string,
-  ): ReturnType<typeof runUpgrade> {
-    const client = this.sharedClient();
-    const deps = {
-      client,
+  ): Promise<UpgradeResult & { accepted?: boolean }> {
+    const result = await runUpgrade(args, env, this.deps(requestId, hookId, env));
+    const r = result.report;
+    // Logged whatever the verbosity: someone tried to deploy a repository the hook does not allow.
+    if (r.refused)
+      this.log.error(`[${requestId}] hook ${hookId}: push to ${r.workload} in ${r.namespace} refused: ${r.error}`);
+    return r.unreachable ? this.kept.keep(args, env, requestId, hookId, result) : result;
+  }
+
+  private deps(requestId: string, hookId: string, env: Record<string, string | undefined>): UpgradeDeps {
+    return {
+      client: this.sharedClient(),
       kubeconfig: this.kubeconfig,
       requestId,
       hookId,
@@ -8581,12 +8745,6 @@ export class UpgradeService implements InProcessCommand {
       known: this.known,
       followAfter: this.followMs > 0 ? { followMs: this.followMs, mailTo: env.MAIL_TO } : undefined,
     };
-    const result = await runUpgrade(args, env, deps);
-    const r = result.report;
-    // Logged whatever the verbosity: someone tried to deploy a repository the hook does not allow.
-    if (r.refused)
-      this.log.error(`[${requestId}] hook ${hookId}: push to ${r.workload} in ${r.namespace} refused: ${r.error}`);
-    return result;
   }
 
   /**
@@ -8596,6 +8754,8 @@ export class UpgradeService implements InProcessCommand {
    * is stopping and leaves the record for the replica that starts next.
    */
   async follow(report: UpgradeReport, requestId: string, followMs = this.followMs): Promise<UpgradeReport | undefined> {
+    // A push kept while the API server was away: its final report, once it has one.
+    if (report.pending) return this.follow(await report.pending, requestId, followMs);
     const eventFailure = await report.afterAnswer;
     if (eventFailure) this.log.error(`[${requestId}] ${report.workload} in ${report.namespace}: ${eventFailure}`);
     const target = report.target;
@@ -8719,6 +8879,7 @@ export class UpgradeService implements InProcessCommand {
   /** At shutdown: rollouts still followed end now (their mails then go out). */
   async stop(ms: number): Promise<void> {
     this.stopping.abort();
+    this.kept.stop();
     await Promise.race([
       Promise.allSettled([...this.following.values()].map((f) => f.done)),
       sleep(ms, undefined, { ref: false }),
@@ -10059,7 +10220,7 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
   const metrics = new Metrics();
   log.notice(`version ${VERSION} starting`);
   const settings = hookLoadSettings(o, env);
-  const upgrade = new UpgradeService(o.kubeconfig || env.KUBECONFIG, env, o.rolloutFollowMs, log);
+  const upgrade = new UpgradeService(o.kubeconfig || env.KUBECONFIG, env, o.rolloutFollowMs, log, o.applyDeadlineMs);
   const snapshot = loadInitialHooks(o, settings, log, upgrade);
   if (!snapshot) return 1;
 
