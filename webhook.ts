@@ -6878,6 +6878,9 @@ export const UPGRADE_LIMITS = {
  */
 export const LAST_PUSH_ANNOTATION = 'webhook/last-push';
 
+/** The action of a push kept while the API server was away and replaced by a newer one (KeptPushes). */
+const KEPT_SUPERSEDED = 'none (superseded: a newer push to this container arrived while the API server was away)';
+
 interface KindSpec {
   kind: string;
   group: string;
@@ -7747,6 +7750,8 @@ export interface UpgradeDeps {
    * workload (FOLLOW_ANNOTATION), with the hook's MAIL_TO, so another replica can finish it.
    */
   followAfter?: { followMs: number; mailTo?: string };
+  /** A kept push replaced by a newer one (KeptPushes): if not written yet, it is not written at all. */
+  abandon?: AbortSignal;
 }
 
 /** The last state seen of each workload, by namespace/kind/name; the oldest beyond a bound is dropped. */
@@ -7849,7 +7854,10 @@ export async function runUpgrade(
     report.pushedAtMs = time.ms;
     const client = deps.client ?? (ownClient = new KubeClient(credentialsFromEnvironment(env, deps.kubeconfig)));
     const workloadKey = `${settings.namespace}/${settings.workload.kind}/${settings.workload.name}`;
-    const apply = () => applyUpgrade(client, settings, push, report, deps);
+    const apply = async () => {
+      if (deps.abandon?.aborted) report.action = KEPT_SUPERSEDED;
+      else await applyUpgrade(client, settings, push, report, deps);
+    };
     await (deps.queue ? deps.queue.run(workloadKey, apply) : apply());
   } catch (e) {
     report.result = 'failed';
@@ -7983,6 +7991,10 @@ async function patchOnce(
   };
   const change = { ...plannedChange(sameImage, kindSpec(target.kind), s, ref, deps), guarded };
   const ops = planPatch(workload, target.kind, s.container, container, change);
+  if (deps.abandon?.aborted) {
+    report.action = KEPT_SUPERSEDED;
+    return 'no change';
+  }
   try {
     const updated = await client.patch<K8sObject>(workloadResource(target), ops, UPGRADE_LIMITS.fieldManager);
     return { updated, before: container.image, sameImage, lastPush, followRecorded: FOLLOW_ANNOTATION in guarded };
@@ -8562,6 +8574,10 @@ interface KeptPush {
   report: UpgradeReport;
   deadline: number;
   settle: (report: UpgradeReport) => void;
+  /** Aborted when a newer push to the same container replaces this one. */
+  abandon: AbortController;
+  /** A try is running: a replacement then settles this push with what the try did. */
+  trying?: boolean;
 }
 
 type UpgradeResult = Awaited<ReturnType<typeof runUpgrade>>;
@@ -8602,7 +8618,8 @@ export class KeptPushes {
       return upgradeResult({ ...r, result: 'ok', error: undefined, unreachable: undefined, action: KEPT_SUPERSEDED });
     if (this.deadlineMs === 0 || this.stopping.aborted || (!held && this.kept.size >= UPGRADE_LIMITS.maxKeptPushes))
       return result;
-    held?.settle({ ...held.report, pending: undefined, action: KEPT_SUPERSEDED });
+    held?.abandon.abort();
+    if (held && !held.trying) held.settle({ ...held.report, pending: undefined, action: KEPT_SUPERSEDED });
     const deadline = Date.now() + this.deadlineMs;
     const until = new Date(deadline).toISOString();
     let settle!: (report: UpgradeReport) => void;
@@ -8614,7 +8631,7 @@ export class KeptPushes {
       action: `waiting for the API server (${r.error}): kept, and applied when it answers until ${until}`,
       pending,
     };
-    this.kept.set(key, { args, env, requestId, hookId, report, deadline, settle });
+    this.kept.set(key, { args, env, requestId, hookId, report, deadline, settle, abandon: new AbortController() });
     this.log.warn(
       `[${requestId}] ${r.workload} in ${r.namespace}: the API server does not answer; push kept until ${until}`,
     );
@@ -8639,8 +8656,13 @@ export class KeptPushes {
       this.fail(key, k, `the API server did not answer within -apply-deadline ${limit}`);
       return true;
     }
-    const result = await this.apply(k);
-    if (this.kept.get(key) !== k) return true;
+    k.trying = true;
+    const result = await this.apply(k).finally(() => (k.trying = false));
+    if (this.kept.get(key) !== k) {
+      // Replaced during the try: written before the newer push took over, or not at all.
+      k.settle(result.report.changed ? result.report : { ...k.report, pending: undefined, action: KEPT_SUPERSEDED });
+      return true;
+    }
     if (result.report.unreachable) {
       const why = `the API server did not answer within -apply-deadline ${limit}: ${result.report.error}`;
       if (Date.now() >= k.deadline) this.fail(key, k, why);
@@ -8665,8 +8687,6 @@ export class KeptPushes {
     k.settle({ ...k.report, pending: undefined, action: 'none (not applied)', result: 'failed', error: why });
   }
 }
-
-const KEPT_SUPERSEDED = 'none (superseded: a newer push to this container arrived while the API server was away)';
 
 /**
  * The upgrade as the runner uses it: one Kubernetes client and one per-workload queue for all
@@ -8700,7 +8720,8 @@ export class UpgradeService implements InProcessCommand {
     this.env = env;
     this.followMs = followMs;
     this.log = log;
-    const apply = (k: KeptPush) => runUpgrade(k.args, k.env, this.deps(k.requestId, k.hookId, k.env));
+    const apply = (k: KeptPush) =>
+      runUpgrade(k.args, k.env, { ...this.deps(k.requestId, k.hookId, k.env), abandon: k.abandon.signal });
     this.kept = new KeptPushes(apply, applyDeadlineMs, log, this.stopping.signal);
   }
 
