@@ -11,7 +11,7 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
-import { startWebhook, type Webhook } from './harness.ts';
+import { startWebhook, waitFor, type Webhook } from './harness.ts';
 import { startMta, type Mta } from './mta.ts';
 import { acrImage, acrPayload, clusterOrSkip, containerImage, cronJob, deployment, freshNamespaceName, kubectlFor } from './cluster/kube.ts';
 import { upgradeHook } from './upgrade-hooks.ts';
@@ -68,6 +68,13 @@ describe('a failed rollout, with and without ROLLBACK_ON_FAILURE', { skip: clust
   before(async () => {
     await kubectl(['create', 'namespace', ns]);
     await kubectl(['apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: crashLoopPolicy(policy, ns) }));
+    // The API server applies a new policy once its informers have it: a server-side dry run of such
+    // a pod shows when that is.
+    const probe = { apiVersion: 'v1', kind: 'Pod', metadata: { name: 'probe', namespace: ns }, spec: { containers: [{ name: 'app', image: acrImage('broken-probe') }] } };
+    await waitFor(async () => {
+      const pod = JSON.parse(await kubectl(['create', '--dry-run=server', '-o', 'json', '-f', '-'], JSON.stringify(probe)));
+      return pod.metadata.labels?.['webhook-test/unready'] === 'true';
+    }, { timeoutMs: 60_000, what: 'the admission policy to label pods of :broken images' });
     await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: [
       deployment('guarded', [{ name: 'app', image: acrImage('v1') }], { replicas: 1 }),
       deployment('plain', [{ name: 'app', image: acrImage('v1') }], { replicas: 1 }),
