@@ -6802,7 +6802,8 @@ export type JsonPatchOperation =
 //    (<kind>/<name>: deployment, daemonset, statefulset, cronjob; any case, plurals, short names
 //    deploy/ds/sts/cj, or kind.group), APP_CONTAINER (exact name; containers, then
 //    initContainers), ROLLOUT_TIMEOUT (Go duration; 0, the default, answers at once with
-//    "progressing"), plus those of section 11.
+//    "progressing"), ROLLBACK_ON_FAILURE (true: a followed rollout that fails is rolled back to the
+//    image before the push), plus those of section 11.
 //
 //    Before any write, the image pin of section 11 checks the push against the container's
 //    current image: a refused push changes nothing, fails (exit status 1), is logged, and is
@@ -6816,6 +6817,13 @@ export type JsonPatchOperation =
 //    a reference pinned to the same digest changes nothing. The patch also sets
 //    kubernetes.io/change-cause, and an Event on the workload says old → new and who asked.
 //
+//    Several replicas agree through the workload, not through memory: the same patch records the
+//    push (LAST_PUSH_ANNOTATION: when it was pushed, what it applied, the image before) under a
+//    `test` of the value read, so the newest push wins and a repeat is recognised across replicas
+//    and restarts (decidePush), and records a follow after the answer (FOLLOW_ANNOTATION), which
+//    another replica resumes and only the replica that takes it off reports (claimFollow). A push
+//    the API server does not answer is kept and applied when it answers (KeptPushes, answered 202).
+//
 //    Output (the HTTP response body; one "label: value" per line, values aligned, always in this
 //    order, lines whose value is unknown left out):
 //      workload:     deployment/web in namespace prod
@@ -6827,6 +6835,7 @@ export type JsonPatchOperation =
 //      rollout:      progressing (…) | complete (…) | failed: <why> | timed out after <d>: <state>
 //                    | not tracked (…)
 //      pod <name>:   <phase>, ready|not ready, image <image>, restarts <n>[, <reason>]
+//      rollback:     rolled back to <image>: <why>; its rollout <…> | not rolled back: <why>; <why>
 //      note:         <anything else worth knowing>
 //    Exit status 0 when result is ok (a change made, or an acknowledged no-op), 1 otherwise; a
 //    rollout that was waited for and failed or timed out makes the result failed.
@@ -8794,6 +8803,9 @@ export class UpgradeService implements InProcessCommand {
     if (this.following.get(key)?.done === done) this.following.delete(key);
     if (controller.signal.aborted) {
       // A later push to this workload is being followed now; its mail tells how the rollout ended.
+      // (A push to another container of it leaves this one's record: taken off, it is not resumed.)
+      if (report.followRecorded)
+        await claimFollow(client, target, report.container ?? '', requestId).catch(() => undefined);
       return { ...report, rollout: { state: 'progressing', detail: SUPERSEDED_FOLLOW, pods: [] } };
     }
     const claim = await this.claim(report, client, target, requestId);
