@@ -8,7 +8,7 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
-import { startWebhook, waitForOutput, type Webhook } from './harness.ts';
+import { startWebhook, waitFor, waitForOutput, type Webhook } from './harness.ts';
 import { startMta, type Mta } from './mta.ts';
 import { acrImage, acrPayload, clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor } from './cluster/kube.ts';
 import { upgradeHook } from './upgrade-hooks.ts';
@@ -40,7 +40,7 @@ describe('a follow outlives the replica that started it', { skip: cluster ? fals
   const started: Webhook[] = [];
   const start = async () => {
     const wh = await startWebhook({
-      hooks: [pinnedHook(ns)],
+      hooks: [pinnedHook(ns), pairHook(ns)],
       env: {
         KUBECONFIG: cluster!.kubeconfigPath,
         MAIL_SMTP_SERVER: b64('localhost'), MAIL_SMTP_PORT: String(mta.starttlsPort), MAIL_FROM: b64(mta.user), MAIL_PASSWORD: b64(mta.password), MAIL_CACERT: b64(mta.caPem),
@@ -57,7 +57,8 @@ describe('a follow outlives the replica that started it', { skip: cluster ? fals
   before(async () => {
     await kubectl(['create', 'namespace', ns]);
     await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(deployment('slow', [{ name: 'app', image: acrImage('v1') }], { replicas: 1 })));
-    await kubectl(['-n', ns, 'rollout', 'status', 'deployment/slow', '--timeout=90s']);
+    await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(deployment('pair', [{ name: 'app', image: acrImage('v1') }, { name: 'side', image: acrImage('v1') }], { replicas: 1 })));
+    for (const w of ['slow', 'pair']) await kubectl(['-n', ns, 'rollout', 'status', `deployment/${w}`, '--timeout=90s']);
     mta = await startMta();
   });
   after(async () => {
@@ -87,7 +88,8 @@ describe('a follow outlives the replica that started it', { skip: cluster ? fals
     // Both replicas have settled: one sent the mail, the other saw the record taken.
     const sent = new RegExp(`\\[${request}\\] mail sent to ops@example\\.com`);
     const yielded = `[${request}] deployment/slow in ${ns}: another replica reported the rollout's end`;
-    await waitFor2(() => (sent.test(b.output()) && c.output().includes(yielded)) || (sent.test(c.output()) && b.output().includes(yielded)));
+    await waitFor(() => (sent.test(b.output()) && c.output().includes(yielded)) || (sent.test(c.output()) && b.output().includes(yielded)),
+      { timeoutMs: 60_000, what: 'one replica to mail and the other to find the record taken' });
     assert.equal((await mta.messages()).length, 1, 'exactly one mail');
     const mail = readMail(raw);
     assert.equal(mail.subject, `Webhooks通知: ${ns}-deployment/slow-app 更新结果: succeeded`);
@@ -118,10 +120,28 @@ describe('a follow outlives the replica that started it', { skip: cluster ? fals
     assert.match(mail.body, new RegExp(`^request: ${request}$`, 'm'));
     assert.match(mail.body, /^rollout: +complete/m);
   });
+
+  test('a push to another container of the workload supersedes a follow in the same replica, which takes its record off', async () => {
+    await kubectl(['-n', ns, 'rollout', 'pause', 'deployment/pair']);
+    const wh = started.find((w) => w.proc.exitCode === null && w.proc.signalCode === null)!;
+    const pushPair = (container: string, tag: string) =>
+      wh.request(`/hooks/pair?${new URLSearchParams({ token: TOKEN, ns, workload: 'deployment/pair', container, repo_type: 'regionalregistry' })}`, {
+        method: 'POST', headers: { 'Content-Type': 'application/json' }, body: acrPayload(tag),
+      });
+    assert.match((await pushPair('app', 'v2')).body, /^rollout: +progressing/m);
+    assert.deepEqual(Object.keys(JSON.parse((await getJson('deployment/pair')).metadata.annotations['webhook/follow'])), ['app']);
+    assert.match((await pushPair('side', 'v2')).body, /^rollout: +progressing/m);
+    await waitFor(async () => Object.keys(JSON.parse((await getJson('deployment/pair')).metadata.annotations['webhook/follow'])).join() === 'side',
+      { timeoutMs: 60_000, what: "the superseded follow's record to be taken off" });
+    await kubectl(['-n', ns, 'rollout', 'resume', 'deployment/pair']);
+  });
 });
 
-/** Polls a condition every 100 ms for up to 60 s (the replicas settle within a poll or two). */
-async function waitFor2(check: () => boolean): Promise<void> {
-  for (let i = 0; i < 600 && !check(); i++) await new Promise((r) => setTimeout(r, 100));
-  assert.ok(check(), 'the replicas did not settle');
+/** A hook for deployment/pair whose container comes from the URL. */
+function pairHook(ns: string): object {
+  const hook = upgradeHook('pair', TOKEN, { MAIL_TO: 'ops@example.com' }) as Record<string, unknown>;
+  const rule = (name: string, value: string) => ({ match: { type: 'value', value, parameter: { source: 'url', name } } });
+  hook['trigger-rule'] = { and: [rule('token', TOKEN), rule('ns', ns), rule('workload', 'deployment/pair')] };
+  return hook;
 }
+
