@@ -13,7 +13,7 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { startWebhook, waitFor, type Webhook } from './harness.ts';
 import { startMta, type Mta } from './mta.ts';
-import { acrImage, acrPayload, clusterOrSkip, containerImage, cronJob, deployment, freshNamespaceName, kubectlFor } from './cluster/kube.ts';
+import { acrImage, acrPayload, clusterOrSkip, containerImage, cronJob, daemonSet, deployment, freshNamespaceName, kubectlFor } from './cluster/kube.ts';
 import { upgradeHook } from './upgrade-hooks.ts';
 import { KubeClient, loadKubeconfig, rollBackFailedRollout, runUpgrade } from '../webhook.ts';
 
@@ -79,9 +79,10 @@ describe('a failed rollout, with and without ROLLBACK_ON_FAILURE', { skip: clust
       deployment('guarded', [{ name: 'app', image: acrImage('v1') }], { replicas: 1 }),
       deployment('plain', [{ name: 'app', image: acrImage('v1') }], { replicas: 1 }),
       deployment('raced', [{ name: 'app', image: acrImage('v1') }], { replicas: 1 }),
+      daemonSet('agent', [{ name: 'app', image: acrImage('v1') }]),
       cronJob('nightly', [{ name: 'app', image: acrImage('v1') }]),
     ] }));
-    for (const w of ['guarded', 'plain', 'raced']) await kubectl(['-n', ns, 'rollout', 'status', `deployment/${w}`, '--timeout=90s']);
+    for (const w of ['deployment/guarded', 'deployment/plain', 'deployment/raced', 'daemonset/agent']) await kubectl(['-n', ns, 'rollout', 'status', w, '--timeout=90s']);
     mta = await startMta();
     wh = await startWebhook({
       hooks: [
@@ -102,14 +103,18 @@ describe('a failed rollout, with and without ROLLBACK_ON_FAILURE', { skip: clust
   });
 
   test('a crash-looping push: rolled back with the setting (mail, log, Event say so), left in place without it', async () => {
-    const [guarded, plain] = await Promise.all([push('guarded', 'deployment/guarded', acrPayload('broken1')), push('plain', 'deployment/plain', acrPayload('broken1'))]);
-    for (const res of [guarded, plain]) {
+    const broken = acrPayload('broken1');
+    const [guarded, plain, agent] = await Promise.all([
+      push('guarded', 'deployment/guarded', broken), push('plain', 'deployment/plain', acrPayload('broken1')), push('guarded', 'daemonset/agent', acrPayload('broken1')),
+    ]);
+    for (const res of [guarded, plain, agent]) {
       assert.equal(res.status, 200, res.body);
       assert.match(res.body, /^action: +image updated$/m);
     }
-    const mails = (await mta.waitForMessages(2, 180_000)).map(readMail);
-    const rolled = mails.find((m) => m.to.includes('guarded@'))!;
+    const mails = (await mta.waitForMessages(3, 180_000)).map(readMail);
+    const rolled = mails.find((m) => m.subject.includes('deployment/guarded'))!;
     const stayed = mails.find((m) => m.to.includes('plain@'))!;
+    const daemons = mails.find((m) => m.subject.includes('daemonset/agent'))!;
     assert.equal(rolled.subject, `Webhooks通知: ${ns}-deployment/guarded-app 更新结果: failed`);
     assert.match(rolled.body, new RegExp(`^outcome: failed \\(image updated, then rolled back to ${acrImage('v1').replace(/\./g, '\\.')}\\)$`, 'm'));
     assert.match(rolled.body, /^rollout: +failed: pods not ready: guarded-\S+ CrashLoopBackOff \(stuck for \d+s\)$/m);
@@ -128,7 +133,16 @@ describe('a failed rollout, with and without ROLLBACK_ON_FAILURE', { skip: clust
     assert.match(stayed.body, /^rollout: +failed: pods not ready: plain-\S+ CrashLoopBackOff/m);
     assert.doesNotMatch(stayed.body, /rolled back/);
     assert.equal(containerImage(await getJson('deployment/plain'), 'app'), acrImage('broken1'));
-    // The same broken push delivered again is a repeat: it is not applied a second time.
+    // A DaemonSet is rolled back the same way.
+    assert.equal(daemons.subject, `Webhooks通知: ${ns}-daemonset/agent-app 更新结果: failed`);
+    assert.match(daemons.body, /^rollout: +failed: pods not ready: agent-\S+ CrashLoopBackOff/m);
+    assert.match(daemons.body, new RegExp(`^rollback: +rolled back to ${acrImage('v1').replace(/\./g, '\\.')}: .*; its rollout complete`, 'm'));
+    assert.equal(containerImage(await getJson('daemonset/agent'), 'app'), acrImage('v1'));
+
+    // The broken push delivered again is a repeat: it is not applied a second time.
+    const again = await push('guarded', 'deployment/guarded', broken);
+    assert.match(again.body, /^action: +none \(the same push was applied \S+ ago and rolled back: a repeated notification\)$/m);
+    assert.equal(containerImage(await getJson('deployment/guarded'), 'app'), acrImage('v1'));
     await mta.clear();
   });
 
