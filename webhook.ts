@@ -8040,12 +8040,14 @@ function followToRecord(
  * Takes this request's follow record off the workload with a PATCH that tests the value read: of
  * the replicas following one rollout, only the one whose PATCH applies reports its end.
  * 'superseded' when a newer push's follow replaced the record, 'gone' when another replica took it.
+ * The workload as the PATCH returned it goes into `known`, so the next push need not read it again.
  */
 export async function claimFollow(
   client: KubeClient,
   target: WorkloadTarget,
   container: string,
   requestId: string,
+  known?: KnownWorkloads,
 ): Promise<'claimed' | 'superseded' | 'gone'> {
   for (let attempt = 1; ; attempt++) {
     const workload = await readWorkload(client, target);
@@ -8062,7 +8064,8 @@ export async function claimFollow(
       },
     );
     try {
-      await client.patch<K8sObject>(workloadResource(target), ops, UPGRADE_LIMITS.fieldManager);
+      const updated = await client.patch<K8sObject>(workloadResource(target), ops, UPGRADE_LIMITS.fieldManager);
+      known?.set(`${target.namespace}/${target.kind}/${target.name}`, updated);
       return 'claimed';
     } catch (e) {
       if (!(e instanceof KubeError && e.status === 422) || attempt >= UPGRADE_LIMITS.maxPatchAttempts) throw e;
@@ -8805,7 +8808,7 @@ export class UpgradeService implements InProcessCommand {
       // A later push to this workload is being followed now; its mail tells how the rollout ended.
       // (A push to another container of it leaves this one's record: taken off, it is not resumed.)
       if (report.followRecorded)
-        await claimFollow(client, target, report.container ?? '', requestId).catch(() => undefined);
+        await claimFollow(client, target, report.container ?? '', requestId, this.known).catch(() => undefined);
       return { ...report, rollout: { state: 'progressing', detail: SUPERSEDED_FOLLOW, pods: [] } };
     }
     const claim = await this.claim(report, client, target, requestId);
@@ -8829,7 +8832,7 @@ export class UpgradeService implements InProcessCommand {
       return 'left';
     }
     try {
-      const claim = await claimFollow(client, target, report.container ?? '', requestId);
+      const claim = await claimFollow(client, target, report.container ?? '', requestId, this.known);
       if (claim === 'gone') this.log.info(`${where}: another replica reported the rollout's end`);
       return claim;
     } catch (e) {
