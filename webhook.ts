@@ -6864,9 +6864,11 @@ export const UPGRADE_LIMITS = {
   maxEventMessageLength: 1024,
   // The field manager and event source: `kubectl get -o yaml --show-managed-fields` shows it.
   fieldManager: 'webhook',
-  // Pushes kept while the API server does not answer (one per container, newest wins): each is a
-  // payload of at most -max-body-size, so this bounds the memory they hold to about 1 GiB at worst.
-  maxKeptPushes: 1_000,
+  // Pushes kept while the API server does not answer (one per container, newest wins): a release
+  // of a hundred services during an outage. Each holds its payload: a few KiB (Docker Hub's, with
+  // its README, up to ~300 KiB), at most -max-body-size; beyond this many, pushes are answered as
+  // failed (500), as without keeping.
+  maxKeptPushes: 100,
   // While pushes are kept, the API server is tried again this often (each try may itself take the
   // client's 20 s retry budget when it still does not answer).
   keptRetryMs: 5_000,
