@@ -8605,6 +8605,8 @@ type UpgradeResult = Awaited<ReturnType<typeof runUpgrade>>;
 export class KeptPushes {
   private readonly kept = new Map<string, KeptPush>();
   private retrying: Promise<void> | undefined;
+  /** The last try (or the push that started the keeping) got no answer from the API server. */
+  private lastTryFailed = false;
   private readonly apply: (k: KeptPush) => Promise<UpgradeResult>;
   private readonly deadlineMs: number;
   private readonly log: Logger;
@@ -8646,11 +8648,17 @@ export class KeptPushes {
       pending,
     };
     this.kept.set(key, { args, env, requestId, hookId, report, deadline, settle, abandon: new AbortController() });
+    this.lastTryFailed = true;
     this.log.warn(
       `[${requestId}] ${r.workload} in ${r.namespace}: the API server does not answer; push kept until ${until}`,
     );
     this.retrying ??= this.retry().finally(() => (this.retrying = undefined));
     return { output: formatReport(report), exitCode: 0, report, accepted: true };
+  }
+
+  /** Whether the API server is away as far as is known: pushes are kept and the last try failed. */
+  away(): boolean {
+    return this.kept.size > 0 && this.lastTryFailed;
   }
 
   private async retry(): Promise<void> {
@@ -8677,6 +8685,7 @@ export class KeptPushes {
       k.settle(result.report.changed ? result.report : { ...k.report, pending: undefined, action: KEPT_SUPERSEDED });
       return true;
     }
+    this.lastTryFailed = result.report.unreachable === true;
     if (result.report.unreachable) {
       const why = `the API server did not answer within -apply-deadline ${limit}: ${result.report.error}`;
       if (Date.now() >= k.deadline) this.fail(key, k, why);
@@ -8711,6 +8720,7 @@ export class UpgradeService implements InProcessCommand {
   readonly name = 'the upgrade';
   readonly command = UPGRADE_COMMAND;
   private client: KubeClient | undefined;
+  private singleTry: KubeClient | undefined;
   private readonly queue = new WorkloadQueue();
   private readonly known = new KnownWorkloads();
   private readonly stopping = new AbortController();
@@ -8751,6 +8761,14 @@ export class UpgradeService implements InProcessCommand {
     return this.client;
   }
 
+  /** A client with the same credentials that tries each request once (no retry budget). */
+  private singleTryClient(): KubeClient | undefined {
+    if (!this.singleTry && this.sharedClient()) {
+      this.singleTry = new KubeClient(credentialsFromEnvironment(this.env, this.kubeconfig), { retryBudgetMs: 0 });
+    }
+    return this.singleTry;
+  }
+
   handles(file: string): boolean {
     return isUpgradeEntryPoint(file);
   }
@@ -8761,7 +8779,11 @@ export class UpgradeService implements InProcessCommand {
     requestId: string,
     hookId: string,
   ): Promise<UpgradeResult & { accepted?: boolean }> {
-    const result = await runUpgrade(args, env, this.deps(requestId, hookId, env));
+    const deps = this.deps(requestId, hookId, env);
+    // While the API server is known to be away, one try: a push is kept (202) without waiting
+    // through the retry budget, which would outlast many a registry's delivery timeout.
+    if (this.kept.away()) deps.client = this.singleTryClient() ?? deps.client;
+    const result = await runUpgrade(args, env, deps);
     const r = result.report;
     // Logged whatever the verbosity: someone tried to deploy a repository the hook does not allow.
     if (r.refused)
