@@ -7630,7 +7630,9 @@ export function readPushRecords(workload: unknown): { raw: string | undefined; r
  * Newest push wins: a push older than the recorded one is superseded; the recorded push itself
  * again is a repeat (a registry's retry). A push whose payload carries neither digest nor time
  * cannot be told from a new push of the same tag, so it counts as a repeat only within
- * UPGRADE_LIMITS.duplicateWindowMs of being applied. Equal times apply in arrival order. Pure.
+ * UPGRADE_LIMITS.duplicateWindowMs of being applied. Equal times apply in arrival order, and so do
+ * a payload's time and a receipt time: a registry's clock or zone (ACR names none) need not agree
+ * with ours, and a push must not be held off by another clock's hours. Pure.
  */
 export function decidePush(recorded: PushRecord | undefined, push: IncomingPush, nowMs: number): PushDecision {
   if (!recorded) return { kind: 'apply' };
@@ -7638,7 +7640,8 @@ export function decidePush(recorded: PushRecord | undefined, push: IncomingPush,
   const identified = push.push !== '|';
   if (samePush && (identified || nowMs - Date.parse(recorded.appliedAt) < UPGRADE_LIMITS.duplicateWindowMs))
     return { kind: 'repeat', record: recorded };
-  if (push.pushedAtMs < Date.parse(recorded.pushedAt)) return { kind: 'superseded', record: recorded };
+  const comparable = push.timeFrom === (recorded.timeFrom ?? 'payload');
+  if (comparable && push.pushedAtMs < Date.parse(recorded.pushedAt)) return { kind: 'superseded', record: recorded };
   return { kind: 'apply' };
 }
 

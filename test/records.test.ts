@@ -41,6 +41,11 @@ describe('decidePush', () => {
     assert.equal(decidePush(record(), push({ pushedAtMs: Date.parse('2024-05-20T10:41:08Z'), push: 'x|y' }), now).kind, 'apply');
     assert.equal(decidePush(record(), push({ push: 'sha256:bb|2024-05-20 10:41:07' }), now).kind, 'apply', 'same time, another digest');
   });
+  test('a payload time and a receipt time are not compared: arrival order', () => {
+    assert.equal(decidePush(record(), { ...push({ push: '|' }), timeFrom: 'received', pushedAtMs: Date.parse('2024-05-20T10:00:00Z') }, now).kind, 'apply');
+    assert.equal(decidePush(record({ timeFrom: 'received' }), push({ pushedAtMs: Date.parse('2024-05-20T10:00:00Z'), push: 'x|y' }), now).kind, 'apply');
+    assert.equal(decidePush(record({ timeFrom: 'received' }), { ...push({ push: '|' }), timeFrom: 'received', pushedAtMs: Date.parse('2024-05-20T10:00:00Z') }, now).kind, 'superseded');
+  });
   test('a push with neither digest nor time is a repeat only within the window', () => {
     const r = record({ push: '|', appliedAt: new Date(now - 59_000).toISOString() });
     assert.equal(decidePush(r, push({ push: '|', pushedAtMs: now }), now).kind, 'repeat');
