@@ -80,9 +80,10 @@ describe('a failed rollout, with and without ROLLBACK_ON_FAILURE', { skip: clust
       deployment('plain', [{ name: 'app', image: acrImage('v1') }], { replicas: 1 }),
       deployment('raced', [{ name: 'app', image: acrImage('v1') }], { replicas: 1 }),
       daemonSet('agent', [{ name: 'app', image: acrImage('v1') }]),
+      deployment('synced', [{ name: 'app', image: acrImage('v1') }], { replicas: 1 }),
       cronJob('nightly', [{ name: 'app', image: acrImage('v1') }]),
     ] }));
-    for (const w of ['deployment/guarded', 'deployment/plain', 'deployment/raced', 'daemonset/agent']) await kubectl(['-n', ns, 'rollout', 'status', w, '--timeout=90s']);
+    for (const w of ['deployment/guarded', 'deployment/plain', 'deployment/raced', 'deployment/synced', 'daemonset/agent']) await kubectl(['-n', ns, 'rollout', 'status', w, '--timeout=90s']);
     mta = await startMta();
     wh = await startWebhook({
       hooks: [
@@ -104,9 +105,18 @@ describe('a failed rollout, with and without ROLLBACK_ON_FAILURE', { skip: clust
 
   test('a crash-looping push: rolled back with the setting (mail, log, Event say so), left in place without it', async () => {
     const broken = acrPayload('broken1');
-    const [guarded, plain, agent] = await Promise.all([
+    // With ROLLOUT_TIMEOUT the answer itself waits for the rollout, and so for the rollback.
+    const syncEnv = { APP_NS: ns, APP_WORKLOAD: 'deployment/synced', APP_CONTAINER: 'app', REPO_TYPE: 'regionalregistry', ROLLOUT_TIMEOUT: '3m', ROLLBACK_ON_FAILURE: 'true', KUBECONFIG: cluster!.kubeconfigPath };
+    const [guarded, plain, agent, synced] = await Promise.all([
       push('guarded', 'deployment/guarded', broken), push('plain', 'deployment/plain', acrPayload('broken1')), push('guarded', 'daemonset/agent', acrPayload('broken1')),
+      runUpgrade([acrPayload('broken1')], syncEnv),
     ]);
+    assert.equal(synced.exitCode, 1, synced.output);
+    assert.match(synced.output, /^action: +image updated, then rolled back to \S+:v1$/m);
+    assert.match(synced.output, /^result: +failed: the rollout failed \(see rollout\)$/m);
+    assert.match(synced.output, /^rollout: +failed: pods not ready: synced-\S+ CrashLoopBackOff \(stuck for \d+s\)$/m);
+    assert.match(synced.output, /^rollback: +rolled back to \S+:v1: the rollout of \S+:broken1 failed: .*; its rollout complete/m);
+    assert.equal(containerImage(await getJson('deployment/synced'), 'app'), acrImage('v1'));
     for (const res of [guarded, plain, agent]) {
       assert.equal(res.status, 200, res.body);
       assert.match(res.body, /^action: +image updated$/m);
