@@ -8607,7 +8607,7 @@ type UpgradeResult = Awaited<ReturnType<typeof runUpgrade>>;
  */
 export class KeptPushes {
   private readonly kept = new Map<string, KeptPush>();
-  private retrying: Promise<void> | undefined;
+  private retrying = false;
   /** The last try (or the push that started the keeping) got no answer from the API server. */
   private lastTryFailed = false;
   private readonly apply: (k: KeptPush) => Promise<UpgradeResult>;
@@ -8655,7 +8655,7 @@ export class KeptPushes {
     this.log.warn(
       `[${requestId}] ${r.workload} in ${r.namespace}: the API server does not answer; push kept until ${until}`,
     );
-    this.retrying ??= this.retry().finally(() => (this.retrying = undefined));
+    if (!this.retrying) void this.retry();
     return { output: formatReport(report), exitCode: 0, report, accepted: true };
   }
 
@@ -8664,14 +8664,20 @@ export class KeptPushes {
     return this.kept.size > 0 && this.lastTryFailed;
   }
 
+  /** The loop that tries kept pushes again; it ends when none is left (and keep starts it anew). */
   private async retry(): Promise<void> {
-    while (this.kept.size > 0 && !this.stopping.aborted) {
-      await sleep(UPGRADE_LIMITS.keptRetryMs, undefined, { signal: this.stopping }).catch(() => undefined);
-      for (const [key, k] of [...this.kept]) {
-        if (this.stopping.aborted || !(await this.retryOne(key, k))) break;
+    this.retrying = true;
+    try {
+      while (this.kept.size > 0 && !this.stopping.aborted) {
+        await sleep(UPGRADE_LIMITS.keptRetryMs, undefined, { signal: this.stopping }).catch(() => undefined);
+        for (const [key, k] of [...this.kept]) {
+          if (this.stopping.aborted || !(await this.retryOne(key, k))) break;
+        }
       }
+    } finally {
+      // Cleared in the same step as the loop's last look at `kept`: a push kept after it starts a new loop.
+      this.retrying = false;
     }
-    for (const [key, k] of [...this.kept]) this.fail(key, k, 'the service stopped before the API server answered');
   }
 
   /** One more try of a kept push; false while the API server still does not answer. */
