@@ -110,6 +110,10 @@ export interface Options {
   commandTimeoutMs: number;
   maxConcurrentCommands: number;
   shutdownGraceMs: number;
+  /** On SIGTERM, how long /healthz says "not ready" while hooks are still served. */
+  shutdownDelayMs: number;
+  /** How long a push the API server did not answer is kept and tried again. */
+  applyDeadlineMs: number;
   kubeconfig: string;
   rolloutFollowMs: number;
   /** host:port of the listener serving /metrics; '' serves none. */
@@ -347,11 +351,28 @@ const FLAGS: Record<string, FlagSpec> = {
     def: formatGoDuration(LIMITS.shutdownGraceMs),
     help: 'on SIGTERM, time running commands get to finish before they are killed',
   },
+  'shutdown-delay': {
+    kind: 'duration',
+    key: 'shutdownDelayMs',
+    def: '0s',
+    help:
+      'on SIGTERM, time /healthz answers 503 (not ready) while hooks are still served, so that a Service ' +
+      'stops sending before the listener closes (in Kubernetes: a few seconds)',
+  },
   kubeconfig: {
     kind: 'string',
     key: 'kubeconfig',
     def: '',
     help: 'JSON kubeconfig for the upgrade (default: $KUBECONFIG, else the in-cluster service account)',
+  },
+  'apply-deadline': {
+    kind: 'duration',
+    key: 'applyDeadlineMs',
+    def: '10m0s',
+    help:
+      'a push the Kubernetes API server does not answer is answered 202, kept (the newest per container) and ' +
+      'applied when the API server answers again, for up to this long; then it is reported as failed (0: ' +
+      'answered 500 at once)',
   },
   'rollout-follow': {
     kind: 'duration',
@@ -4561,6 +4582,8 @@ export interface CommandResult {
   error?: string;
   /** What an in-process command reported besides its output; only its CommandListener reads it. */
   report?: unknown;
+  /** An in-process command took the work but finishes it later: the answer is 202 Accepted. */
+  accepted?: boolean;
 }
 
 /**
@@ -4582,7 +4605,7 @@ export interface InProcessCommand {
     env: Environment,
     requestId: string,
     hookId: string,
-  ): Promise<{ output: string; exitCode: number; report: unknown }>;
+  ): Promise<{ output: string; exitCode: number; report: unknown; accepted?: boolean }>;
 }
 
 /** Go's exec.LookPath on adnanh's candidate; returns the path or the error text Go would print. */
@@ -4858,6 +4881,7 @@ export class CommandRunner {
       timedOut: false,
       error,
       report: r.report,
+      accepted: r.accepted,
     };
   }
 
@@ -5055,6 +5079,8 @@ export interface HandlerContext {
   log: Logger;
   metrics: Metrics;
   isShuttingDown(): boolean;
+  /** Whether SIGTERM has come and /healthz says "not ready", while hooks are still served. */
+  isDraining?(): boolean;
 }
 
 /** One request on its way through the steps. */
@@ -5304,7 +5330,7 @@ function routeOf(cx: HandlerContext, ex: Exchange): Route {
   const o = cx.options;
   const url = new URL(ex.req.url ?? '/', 'http://localhost');
   const pathname = decodePath(url.pathname);
-  if (pathname === '/healthz') return { kind: 'answer', name: 'ok' };
+  if (pathname === '/healthz') return { kind: 'answer', name: cx.isDraining?.() ? 'shuttingDown' : 'ok' };
   if (pathname === '/') return { kind: 'answer', name: 'ok', override: { headers: Object.fromEntries(o.headers) } };
   const prefix = hookPathPrefix(o);
   if (!pathname.startsWith(prefix)) return { kind: 'answer', name: 'pageNotFound' };
@@ -5441,7 +5467,8 @@ async function dispatch(cx: HandlerContext, ex: Exchange, hook: Hook, hookReq: H
     return sendAnswer(cx, ex, 'triggered', { status: hook.successCode, body: hook.responseMessage });
   }
   const result = await told;
-  if (result.ok) return sendAnswer(cx, ex, 'triggered', { status: hook.successCode, body: result.output });
+  if (result.ok)
+    return sendAnswer(cx, ex, 'triggered', { status: result.accepted ? 202 : hook.successCode, body: result.output });
   return sendAnswer(cx, ex, 'commandFailed', hook.captureOutputOnError ? { body: result.output } : {});
 }
 
@@ -5666,13 +5693,22 @@ export interface UpgradeInputs {
 
 export type ComposedRef =
   /**
-   * pushId identifies this push (digest and pushed_at) so a repeated notification is recognised.
+   * pushId identifies this push (digest and pushed_at) so a repeated notification is recognised;
+   * pushedAt is the payload's own time as it was sent ('' when it has none).
    * candidates: every distinct reference when one delivery announces several (a Quay push of two
    * tags, an envelope of pushes to several repositories); ref is then the last of them, and
    * chooseCandidate picks the one for a container. digest: the one the payload announced (valid,
    * pinned or not), for VERIFY_IMAGE to compare with the registry's.
    */
-  | { kind: 'ref'; ref: string; notes: string[]; pushId: string; candidates?: string[]; digest?: string }
+  | {
+      kind: 'ref';
+      ref: string;
+      notes: string[];
+      pushId: string;
+      pushedAt: string;
+      candidates?: string[];
+      digest?: string;
+    }
   | { kind: 'noop'; reason: string }
   /** A handshake the sender expects answered with this exact body (Event Grid's validation). */
   | { kind: 'answer'; body: string; reason: string }
@@ -6535,7 +6571,8 @@ function composeFromPush(push: PushEvent, env: UpgradeInputs): ComposedRef {
   const check = validateImageRef(ref);
   if (!check.ok) return { kind: 'error', message: check.message };
   const digest = push.digest !== undefined && REFERENCE_GRAMMAR.digest.test(push.digest) ? push.digest : undefined;
-  return { kind: 'ref', ref, notes, pushId: `${push.digest ?? ''}|${push.pushedAt}`, ...(digest ? { digest } : {}) };
+  const pushId = `${push.digest ?? ''}|${push.pushedAt}`;
+  return { kind: 'ref', ref, notes, pushId, pushedAt: push.pushedAt, ...(digest ? { digest } : {}) };
 }
 
 function acrHost(fields: PayloadFields, netType: string | undefined): string {
@@ -7455,8 +7492,9 @@ export type JsonPatchOperation =
 //    (<kind>/<name>: deployment, daemonset, statefulset, cronjob; any case, plurals, short names
 //    deploy/ds/sts/cj, or kind.group), APP_CONTAINER (exact name; containers, then
 //    initContainers), ROLLOUT_TIMEOUT (Go duration; 0, the default, answers at once with
-//    "progressing"), VERIFY_IMAGE and REGISTRY_CA (below), plus those of section 11. Argument 2,
-//    when the hook passes entire-headers, is the request's headers (section 11 reads them).
+//    "progressing"), ROLLBACK_ON_FAILURE (true: a followed rollout that fails is rolled back to the
+//    image before the push), VERIFY_IMAGE and REGISTRY_CA (below), plus those of section 11.
+//    Argument 2, when the hook passes entire-headers, is the request's headers (section 11 reads them).
 //
 //    VERIFY_IMAGE=true (default false): once the image pin has allowed the push, the tag is resolved
 //    on its registry (HEAD /v2/<repo>/manifests/<tag> over HTTPS: anonymous, or basic auth or a
@@ -7478,6 +7516,13 @@ export type JsonPatchOperation =
 //    a reference pinned to the same digest changes nothing. The patch also sets
 //    kubernetes.io/change-cause, and an Event on the workload says old → new and who asked.
 //
+//    Several replicas agree through the workload, not through memory: the same patch records the
+//    push (LAST_PUSH_ANNOTATION: when it was pushed, what it applied, the image before) under a
+//    `test` of the value read, so the newest push wins and a repeat is recognised across replicas
+//    and restarts (decidePush), and records a follow after the answer (FOLLOW_ANNOTATION), which
+//    another replica resumes and only the replica that takes it off reports (claimFollow). A push
+//    the API server does not answer is kept and applied when it answers (KeptPushes, answered 202).
+//
 //    Output (the HTTP response body; one "label: value" per line, values aligned, always in this
 //    order, lines whose value is unknown left out):
 //      workload:     deployment/web in namespace prod
@@ -7489,6 +7534,7 @@ export type JsonPatchOperation =
 //      rollout:      progressing (…) | complete (…) | failed: <why> | timed out after <d>: <state>
 //                    | not tracked (…)
 //      pod <name>:   <phase>, ready|not ready, image <image>, restarts <n>[, <reason>]
+//      rollback:     rolled back to <image>: <why>; its rollout <…> | not rolled back: <why>; <why>
 //      note:         <anything else worth knowing>
 //    Exit status 0 when result is ok (a change made, or an acknowledged no-op), 1 otherwise; a
 //    rollout that was waited for and failed or timed out makes the result failed.
@@ -7518,7 +7564,33 @@ export const UPGRADE_LIMITS = {
   maxEventMessageLength: 1024,
   // The field manager and event source: `kubectl get -o yaml --show-managed-fields` shows it.
   fieldManager: 'webhook',
+  // Pushes kept while the API server does not answer (one per container, newest wins): a release
+  // of a hundred services during an outage. Each holds its payload: a few KiB (Docker Hub's, with
+  // its README, up to ~300 KiB), at most -max-body-size; beyond this many, pushes are answered as
+  // failed (500), as without keeping.
+  maxKeptPushes: 100,
+  // While pushes are kept, the API server is tried again this often (each try may itself take the
+  // client's 20 s retry budget when it still does not answer).
+  keptRetryMs: 5_000,
+  // A new pod stuck this long in CrashLoopBackOff, ImagePullBackOff or the like fails the rollout
+  // before its deadline: the kubelet's back-off (10 s, doubling) has by then restarted or pulled
+  // again two or three times, and a Deployment's own progress deadline (600 s by default), a
+  // DaemonSet's or StatefulSet's (none) would leave a broken image running far longer.
+  stuckPodFailMs: 30_000,
+  // How often a follow lists the pods to see whether any is stuck: a list of pods (and of a
+  // Deployment's ReplicaSets) costs more than the once-a-second GET of the workload.
+  stuckPodCheckMs: 5_000,
 };
+
+/**
+ * The workload annotation that records, per container, the last push applied to it (a JSON
+ * object of PushRecords keyed by container name). It is written in the same PATCH as the image,
+ * guarded by a `test` of the value read, so every replica and every restart agrees on it.
+ */
+export const LAST_PUSH_ANNOTATION = 'webhook/last-push';
+
+/** The action of a push kept while the API server was away and replaced by a newer one (KeptPushes). */
+const KEPT_SUPERSEDED = 'none (superseded: a newer push to this container arrived while the API server was away)';
 
 interface KindSpec {
   kind: string;
@@ -7694,22 +7766,34 @@ export function locateContainer(podSpec: unknown, name: string): LocatedContaine
   return undefined;
 }
 
-/** Ops that set one annotation, creating the metadata or annotations map only if it is absent. */
-function annotationOps(obj: K8sObject, metadataSegments: string[], key: string, value: string): JsonPatchOperation[] {
+/**
+ * Ops that set annotations, creating the metadata or annotations map only if it is absent; `expect`
+ * adds a `test` that an annotation still has the value read (null: still absent) before it is set.
+ */
+function annotationOps(
+  obj: K8sObject,
+  metadataSegments: string[],
+  values: Record<string, string>,
+  expect: Record<string, string | null> = {},
+): JsonPatchOperation[] {
   const metadata = valueAt(obj, metadataSegments);
   // A `test` against null passes only while the member is absent, so a map someone else creates
   // in the meantime is never replaced by ours.
   if (!isObject(metadata))
     return [
       { op: 'test', path: pointer(metadataSegments), value: null },
-      { op: 'add', path: pointer(metadataSegments), value: { annotations: { [key]: value } } },
+      { op: 'add', path: pointer(metadataSegments), value: { annotations: values } },
     ];
   if (!isObject(metadata.annotations))
     return [
       { op: 'test', path: pointer([...metadataSegments, 'annotations']), value: null },
-      { op: 'add', path: pointer([...metadataSegments, 'annotations']), value: { [key]: value } },
+      { op: 'add', path: pointer([...metadataSegments, 'annotations']), value: values },
     ];
-  return [{ op: 'add', path: pointer([...metadataSegments, 'annotations', key]), value }];
+  const at = (key: string) => pointer([...metadataSegments, 'annotations', key]);
+  return [
+    ...Object.entries(expect).map(([key, value]): JsonPatchOperation => ({ op: 'test', path: at(key), value })),
+    ...Object.entries(values).map(([key, value]): JsonPatchOperation => ({ op: 'add', path: at(key), value })),
+  ];
 }
 
 export interface PlannedChange {
@@ -7720,6 +7804,11 @@ export interface PlannedChange {
   /** RFC 3339 time for kubectl.kubernetes.io/restartedAt on the pod template. */
   restartedAt?: string;
   changeCause: string;
+  /**
+   * Workload annotations written under a test: per key, the value to write and the value read
+   * (undefined: it was absent), so that two replicas deciding on the same read cannot both write.
+   */
+  guarded?: Record<string, { value: string; read: string | undefined }>;
 }
 
 /** The JSON patch for a change to one container, guarded by tests of its name and image. Pure. */
@@ -7740,8 +7829,16 @@ export function planPatch(
   if (change.pullAlways && located.pullPolicy !== 'Always')
     ops.push({ op: 'add', path: pointer([...c, 'imagePullPolicy']), value: 'Always' });
   if (change.restartedAt !== undefined)
-    ops.push(...annotationOps(obj, [...template, 'metadata'], 'kubectl.kubernetes.io/restartedAt', change.restartedAt));
-  ops.push(...annotationOps(obj, ['metadata'], 'kubernetes.io/change-cause', change.changeCause));
+    ops.push(
+      ...annotationOps(obj, [...template, 'metadata'], { 'kubectl.kubernetes.io/restartedAt': change.restartedAt }),
+    );
+  const values: Record<string, string> = { 'kubernetes.io/change-cause': change.changeCause };
+  const expect: Record<string, string | null> = {};
+  for (const [key, { value, read }] of Object.entries(change.guarded ?? {})) {
+    values[key] = value;
+    expect[key] = read ?? null;
+  }
+  ops.push(...annotationOps(obj, ['metadata'], values, expect));
   return ops;
 }
 
@@ -7964,7 +8061,11 @@ export interface FollowOptions {
   timeoutMs: number;
   /** The container whose image and restarts the pod summary shows. */
   container: string;
+  /** The image rolled out: only pods running it count as stuck (undefined: every pod). */
+  image?: string;
   pollMs?: number;
+  /** How long a new pod may be stuck before the rollout counts as failed. */
+  stuckFailMs?: number;
   signal?: AbortSignal;
   /** Told the rollout's state at each look while it is still progressing (the deliveries page). */
   onProgress?: (outcome: RolloutOutcome) => void;
@@ -7972,9 +8073,10 @@ export interface FollowOptions {
 
 /**
  * Follows a workload's rollout by kubectl's rules until it completes, fails (a Deployment's
- * ProgressDeadlineExceeded) or the time is up; at the deadline, pods stuck in a reason such as
- * CrashLoopBackOff or ImagePullBackOff make it "failed", otherwise "timed out". Can run after the
- * HTTP answer has gone; never throws (an API failure becomes the outcome's detail).
+ * ProgressDeadlineExceeded, or a new pod stuck in a reason such as CrashLoopBackOff or
+ * ImagePullBackOff for UPGRADE_LIMITS.stuckPodFailMs) or the time is up; at the deadline, stuck
+ * pods make it "failed", otherwise "timed out". Can run after the HTTP answer has gone; never
+ * throws (an API failure becomes the outcome's detail).
  */
 export async function followRollout(
   client: KubeClient,
@@ -7983,41 +8085,75 @@ export async function followRollout(
 ): Promise<RolloutOutcome> {
   const deadline = Date.now() + options.timeoutMs;
   const pollMs = options.pollMs ?? UPGRADE_LIMITS.rolloutPollMs;
-  let workload: K8sObject | undefined;
+  const stuckSince = new Map<string, number>();
+  let podsCheckedAt = Date.now();
   try {
     for (;;) {
-      workload = await client.get<K8sObject>(workloadResource(target));
+      const workload = await client.get<K8sObject>(workloadResource(target));
       const status = rolloutStatus(target.kind, workload);
       if (status.state === 'untracked') return { state: 'not tracked', detail: status.message, pods: [] };
-      if (status.state === 'done')
-        return {
-          state: 'complete',
-          detail: status.message,
-          pods: await podsOrNone(client, target, workload, options.container),
-        };
-      if (status.state === 'failed')
-        return {
-          state: 'failed',
-          detail: status.message,
-          pods: await podsOrNone(client, target, workload, options.container),
-        };
+      if (status.state !== 'waiting') {
+        const pods = await podsOrNone(client, target, workload, options.container);
+        return { state: status.state === 'done' ? 'complete' : 'failed', detail: status.message, pods };
+      }
       if (Date.now() >= deadline || options.signal?.aborted) {
         const pods = await podsOrNone(client, target, workload, options.container);
-        const stuck = pods.filter((p) => !p.ready && p.reason !== undefined && STUCK_REASONS.includes(p.reason));
-        if (stuck.length > 0)
-          return {
-            state: 'failed',
-            detail: `pods not ready: ${stuck.map((p) => `${p.name} ${p.reason}`).join(', ')}`,
-            pods,
-          };
+        const stuck = stuckPods(pods, options.image);
+        if (stuck.length > 0) return { state: 'failed', detail: `pods not ready: ${describeStuck(stuck)}`, pods };
         return { state: 'timed out', detail: `after ${formatGoDuration(options.timeoutMs)}: ${status.message}`, pods };
       }
       options.onProgress?.({ state: 'progressing', detail: status.message, pods: [] });
+      if (Date.now() - podsCheckedAt >= UPGRADE_LIMITS.stuckPodCheckMs) {
+        podsCheckedAt = Date.now();
+        const failed = await stuckTooLong(client, target, workload, options, stuckSince);
+        if (failed) return failed;
+      }
       await new Promise((resolve) => setTimeout(resolve, Math.min(pollMs, deadline - Date.now())));
     }
   } catch (e) {
     return { state: 'timed out', detail: `could not follow the rollout: ${(e as Error).message}`, pods: [] };
   }
+}
+
+/** The pods not ready for a reason that needs a change (optionally only those running `image`). */
+function stuckPods(pods: PodSummary[], image: string | undefined): PodSummary[] {
+  const wanted = image === undefined ? undefined : normalizeImageRef(image);
+  return pods.filter(
+    (p) =>
+      !p.ready &&
+      p.reason !== undefined &&
+      STUCK_REASONS.includes(p.reason) &&
+      (wanted === undefined || normalizeImageRef(p.image) === wanted),
+  );
+}
+
+const roundedToSeconds = (ms: number) => Math.max(0, Math.round(ms / 1000)) * 1000;
+
+function describeStuck(stuck: PodSummary[]): string {
+  return stuck.map((p) => `${p.name} ${p.reason}`).join(', ');
+}
+
+/** A failed outcome once a pod has been seen stuck for longer than the threshold; else undefined. */
+async function stuckTooLong(
+  client: KubeClient,
+  target: WorkloadTarget,
+  workload: K8sObject,
+  options: FollowOptions,
+  stuckSince: Map<string, number>,
+): Promise<RolloutOutcome | undefined> {
+  const pods = await podsOrNone(client, target, workload, options.container);
+  const stuck = stuckPods(pods, options.image);
+  const now = Date.now();
+  for (const name of [...stuckSince.keys()]) if (!stuck.some((p) => p.name === name)) stuckSince.delete(name);
+  for (const p of stuck) if (!stuckSince.has(p.name)) stuckSince.set(p.name, now);
+  const limit = options.stuckFailMs ?? UPGRADE_LIMITS.stuckPodFailMs;
+  const longest = Math.max(0, ...[...stuckSince.values()].map((t) => now - t));
+  if (stuck.length === 0 || longest < limit) return undefined;
+  return {
+    state: 'failed',
+    detail: `pods not ready: ${describeStuck(stuck)} (stuck for ${formatGoDuration(roundedToSeconds(longest))})`,
+    pods,
+  };
 }
 
 async function podsOrNone(
@@ -8088,18 +8224,11 @@ export async function recordWorkloadEvent(
 
 /**
  * Runs tasks for the same key one after another, in the order they were queued (a per-key
- * promise chain), and remembers recently applied pushes so a repeated notification is recognised.
+ * promise chain): within one process, pushes to one workload do not race each other's patches.
+ * Which push wins is decided on the workload itself (decidePush), across processes.
  */
 export class WorkloadQueue {
   private readonly tails = new Map<string, Promise<unknown>>();
-  private readonly applied = new Map<string, number>();
-  private readonly windowMs: number;
-  private readonly clock: () => number;
-
-  constructor(windowMs: number = UPGRADE_LIMITS.duplicateWindowMs, clock: () => number = Date.now) {
-    this.windowMs = windowMs;
-    this.clock = clock;
-  }
 
   /** Queues task behind every task queued earlier for key; call it in arrival order. */
   run<T>(key: string, task: () => Promise<T>): Promise<T> {
@@ -8115,18 +8244,150 @@ export class WorkloadQueue {
     });
     return result;
   }
+}
 
-  /** Milliseconds since this push was applied, when within the window. */
-  appliedAgo(pushKey: string): number | undefined {
-    const now = this.clock();
-    for (const [k, t] of this.applied) if (now - t > this.windowMs) this.applied.delete(k);
-    const t = this.applied.get(pushKey);
-    return t === undefined ? undefined : now - t;
-  }
+/** One container's last applied push, as recorded in LAST_PUSH_ANNOTATION. */
+export interface PushRecord {
+  /** When it was pushed (the payload's own time) or, when the payload has none, received: ISO 8601. */
+  pushedAt: string;
+  timeFrom: 'payload' | 'received';
+  /** The image it set (or, for the same image, re-pulled). */
+  image: string;
+  /** The registry's identity of the push (digest|pushed_at); "|" when the payload has neither. */
+  push: string;
+  /** The image the container ran before: what a rollback returns to. */
+  previous: string;
+  appliedAt: string;
+  request?: string;
+  /** Set once a failed rollout of it was rolled back: why. */
+  rolledBack?: string;
+}
 
-  remember(pushKey: string): void {
-    this.applied.set(pushKey, this.clock());
+/** A push as the newest-wins rule sees it. */
+export interface IncomingPush {
+  pushedAtMs: number;
+  timeFrom: 'payload' | 'received';
+  image: string;
+  push: string;
+}
+
+export type PushDecision =
+  | { kind: 'apply' }
+  | { kind: 'repeat'; record: PushRecord }
+  | { kind: 'superseded'; record: PushRecord };
+
+/**
+ * When a push was pushed: the payload's time (Docker Hub's epoch seconds; ISO 8601; ACR's
+ * "YYYY-MM-DD HH:MM:SS", which names no zone and is read as UTC), else the time it was received.
+ * Pure.
+ */
+export function pushTime(payloadTime: string, receivedAt: Date): { ms: number; from: 'payload' | 'received' } {
+  const text = payloadTime.trim();
+  let ms = NaN;
+  if (/^\d+(?:\.\d+)?$/.test(text)) {
+    const n = Number(text);
+    // Epoch seconds until the year 5138; a larger number is already milliseconds.
+    ms = n < 1e11 ? n * 1000 : n;
+  } else if (/^\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:\.\d+)?$/.test(text)) {
+    ms = Date.parse(`${text.replace(' ', 'T')}Z`);
+  } else if (text !== '') {
+    ms = Date.parse(text);
   }
+  return Number.isFinite(ms) && ms > 0 ? { ms, from: 'payload' } : { ms: receivedAt.getTime(), from: 'received' };
+}
+
+/**
+ * A per-container JSON annotation of the workload: its text as read (for a patch's test) and the
+ * entries that have the string fields named. Pure.
+ */
+function readContainerAnnotation<T>(
+  workload: unknown,
+  key: string,
+  stringFields: string[],
+): { raw: string | undefined; entries: Record<string, T> } {
+  const raw = valueAt(workload, ['metadata', 'annotations', key]);
+  if (typeof raw !== 'string') return { raw: undefined, entries: {} };
+  const entries: Record<string, T> = {};
+  try {
+    const parsed: unknown = JSON.parse(raw);
+    if (isObject(parsed))
+      for (const [name, r] of Object.entries(parsed))
+        if (isObject(r) && stringFields.every((f) => typeof r[f] === 'string')) entries[name] = r as T;
+  } catch {
+    // Edited by hand into something else: no entries, and a patch's test still guards the value.
+  }
+  return { raw, entries };
+}
+
+/** The workload's last-push records: the annotation as read (for the patch's test) and parsed. */
+export function readPushRecords(workload: unknown): { raw: string | undefined; records: Record<string, PushRecord> } {
+  const { raw, entries } = readContainerAnnotation<PushRecord>(workload, LAST_PUSH_ANNOTATION, [
+    'pushedAt',
+    'image',
+    'push',
+  ]);
+  return { raw, records: entries };
+}
+
+/**
+ * Newest push wins: a push older than the recorded one is superseded; the recorded push itself
+ * again is a repeat (a registry's retry). A push whose payload carries neither digest nor time
+ * cannot be told from a new push of the same tag, so it counts as a repeat only within
+ * UPGRADE_LIMITS.duplicateWindowMs of being applied. Equal times apply in arrival order, and so do
+ * a payload's time and a receipt time: a registry's clock or zone (ACR names none) need not agree
+ * with ours, and a push must not be held off by another clock's hours. Pure.
+ */
+export function decidePush(recorded: PushRecord | undefined, push: IncomingPush, nowMs: number): PushDecision {
+  if (!recorded) return { kind: 'apply' };
+  const samePush = recorded.push === push.push && normalizeImageRef(recorded.image) === normalizeImageRef(push.image);
+  const identified = push.push !== '|';
+  if (samePush && (identified || nowMs - Date.parse(recorded.appliedAt) < UPGRADE_LIMITS.duplicateWindowMs))
+    return { kind: 'repeat', record: recorded };
+  const comparable = push.timeFrom === (recorded.timeFrom ?? 'payload');
+  if (comparable && push.pushedAtMs < Date.parse(recorded.pushedAt)) return { kind: 'superseded', record: recorded };
+  return { kind: 'apply' };
+}
+
+/**
+ * The workload annotation that records, per container, a rollout being followed after the answer,
+ * so that another replica can finish the follow when this one is gone, and the one whose PATCH
+ * takes the record off (claimFollow) is the only one to report the end.
+ */
+export const FOLLOW_ANNOTATION = 'webhook/follow';
+
+/** What a replica needs to finish another's follow. */
+export interface FollowRecord {
+  request: string;
+  hook: string;
+  /** ISO 8601: when following ends (-rollout-follow after the push was applied). */
+  deadline: string;
+  /** The hook's MAIL_TO for the result mail. */
+  mailTo?: string;
+  /** The hook's ROLLBACK_ON_FAILURE. */
+  rollback?: boolean;
+}
+
+export function readFollowRecords(workload: unknown): {
+  raw: string | undefined;
+  entries: Record<string, FollowRecord>;
+} {
+  return readContainerAnnotation<FollowRecord>(workload, FOLLOW_ANNOTATION, ['request', 'hook', 'deadline']);
+}
+
+/** The report's action for a push that changes nothing because of the record. Pure. */
+export function decisionAction(decision: PushDecision, nowMs: number): string {
+  if (decision.kind === 'apply') return 'image updated';
+  const r = decision.record;
+  if (decision.kind === 'superseded')
+    return `none (superseded: a newer push, ${r.image} pushed at ${r.pushedAt}, was applied already)`;
+  const ago = formatGoDuration(roundedToSeconds(nowMs - Date.parse(r.appliedAt)));
+  const rolledBack = r.rolledBack ? ' and rolled back' : '';
+  return `none (the same push was applied ${ago} ago${rolledBack}: a repeated notification)`;
+}
+
+/** The annotation's new value: the records read with this container's replaced. Pure. */
+export function withPushRecord(records: Record<string, PushRecord>, container: string, record: PushRecord): string {
+  return JSON.stringify({ ...records, [container]: record });
 }
 
 // ---- the upgrade ------------------------------------------------------------------------------
@@ -8155,6 +8416,30 @@ export interface UpgradeReport {
    * resolves with the note saying it could not be, or undefined once it is recorded.
    */
   afterAnswer?: Promise<string | undefined>;
+  /** LAST_PUSH_ANNOTATION as this upgrade wrote it: a rollback first tests that it is unchanged. */
+  lastPush?: string;
+  /** Whether the change's PATCH recorded the follow after the answer on the workload (FOLLOW_ANNOTATION). */
+  followRecorded?: boolean;
+  /** The hook's ROLLBACK_ON_FAILURE: a failed rollout of this change is rolled back. */
+  rollbackOnFailure?: boolean;
+  /** What became of a failed rollout under ROLLBACK_ON_FAILURE. */
+  rollback?: RollbackOutcome;
+  /** When the push was pushed (or received), as the newest-wins rule compares it. */
+  pushedAtMs?: number;
+  /** The API server gave no answer within the client's retry budget (nothing is known to be written). */
+  unreachable?: boolean;
+  /** A push kept while the API server is away (UpgradeService): resolves with its final report. */
+  pending?: Promise<UpgradeReport>;
+}
+
+/** A rollback: the image returned to and its rollout, or why there was none. */
+export interface RollbackOutcome {
+  /** Why it was rolled back: the failed rollout. */
+  reason: string;
+  image?: string;
+  rollout?: RolloutOutcome;
+  /** Why nothing was rolled back. */
+  notDone?: string;
 }
 
 export interface UpgradeDeps {
@@ -8177,6 +8462,13 @@ export interface UpgradeDeps {
    * is then read again. Saves the GET that would otherwise precede every PATCH.
    */
   known?: KnownWorkloads;
+  /**
+   * The service follows the rollout after answering for followMs: the PATCH records that on the
+   * workload (FOLLOW_ANNOTATION), with the hook's MAIL_TO, so another replica can finish it.
+   */
+  followAfter?: { followMs: number; mailTo?: string };
+  /** A kept push replaced by a newer one (KeptPushes): if not written yet, it is not written at all. */
+  abandon?: AbortSignal;
 }
 
 /** The last state seen of each workload, by namespace/kind/name; the oldest beyond a bound is dropped. */
@@ -8205,6 +8497,7 @@ interface UpgradeSettings {
   verifyImage: boolean;
   /** REGISTRY_CA: the CA that signed the registry's certificate (PEM). */
   registryCa: string | undefined;
+  rollbackOnFailure: boolean;
 }
 
 function readSettings(env: Record<string, string | undefined>, report: UpgradeReport): UpgradeSettings {
@@ -8234,6 +8527,12 @@ function readSettings(env: Record<string, string | undefined>, report: UpgradeRe
       throw new UpgradeError(`ROLLOUT_TIMEOUT ${showValue(env.ROLLOUT_TIMEOUT)} is not a duration (e.g. 0, 60s, 5m)`);
     }
   }
+  const rollback = env.ROLLBACK_ON_FAILURE?.trim() ? parseGoBool(env.ROLLBACK_ON_FAILURE.trim()) : false;
+  if (rollback === undefined)
+    throw new UpgradeError(
+      `ROLLBACK_ON_FAILURE ${showValue(env.ROLLBACK_ON_FAILURE ?? '')} is not a boolean (true or false)`,
+    );
+  report.rollbackOnFailure = rollback || undefined;
   // A malformed pin setting refuses every push, before the cluster is asked anything.
   const pin = readImagePin(env);
   const verifyImage = parseGoBool(env.VERIFY_IMAGE?.trim() || 'false');
@@ -8245,6 +8544,7 @@ function readSettings(env: Record<string, string | undefined>, report: UpgradeRe
     container,
     rolloutTimeoutMs,
     pin,
+    rollbackOnFailure: rollback,
     verifyImage,
     registryCa: registryCa(env.REGISTRY_CA),
   };
@@ -8289,28 +8589,29 @@ export async function runUpgrade(
       return composed.kind === 'answer' ? { ...result, output: composed.body } : result;
     }
     report.notes.push(...composed.notes);
+    // When it arrived, before any wait: the push's time when its payload names none.
+    const time = pushTime(composed.pushedAt, (deps.now ?? (() => new Date()))());
+    const push: IncomingPush = { pushedAtMs: time.ms, timeFrom: time.from, image: composed.ref, push: composed.pushId };
+    report.pushedAtMs = time.ms;
     const client = deps.client ?? (ownClient = new KubeClient(credentialsFromEnvironment(env, deps.kubeconfig)));
     const workloadKey = `${settings.namespace}/${settings.workload.kind}/${settings.workload.name}`;
     const apply = async () => {
+      if (deps.abandon?.aborted) {
+        report.action = KEPT_SUPERSEDED;
+        return;
+      }
       let ref = composed.candidates ? await candidateFor(client, settings, composed.candidates, report) : composed.ref;
       if (settings.verifyImage) ref = await verifiedRef(client, settings, ref, composed.digest, report);
       report.imageAfter = ref;
-      const pushKey = `${workloadKey}/${settings.container}|${normalizeImageRef(ref)}|${composed.pushId}`;
-      const ago = deps.queue?.appliedAgo(pushKey);
-      if (ago !== undefined) {
-        report.action =
-          `none (the same push was applied ${formatGoDuration(Math.round(ago / 1000) * 1000)} ago: a ` +
-          `repeated notification)`;
-        return;
-      }
-      await applyUpgrade(client, settings, ref, report, deps);
-      if (report.result === 'ok' && report.changed) deps.queue?.remember(pushKey);
+      await applyUpgrade(client, settings, { ...push, image: ref }, report, deps);
     };
     report.imageAfter = composed.ref;
     await (deps.queue ? deps.queue.run(workloadKey, apply) : apply());
   } catch (e) {
     report.result = 'failed';
     report.error = (e as Error).message;
+    // No answer at all, or the server's own failure or throttling, to the end of the retry budget.
+    report.unreachable = e instanceof KubeError && (e.status === 0 || e.status === 429 || e.status >= 500);
   } finally {
     ownClient?.close();
   }
@@ -8350,22 +8651,26 @@ function upgradeResult(report: UpgradeReport): { output: string; exitCode: numbe
 async function applyUpgrade(
   client: KubeClient,
   s: UpgradeSettings,
-  ref: string,
+  push: IncomingPush,
   report: UpgradeReport,
   deps: UpgradeDeps,
 ): Promise<void> {
   const now = deps.now ?? (() => new Date());
+  const ref = push.image;
   const target: WorkloadTarget = { ...s.workload, namespace: s.namespace };
   const key = `${target.namespace}/${target.kind}/${target.name}`;
   // A copy from an earlier push may be stale: only a patch (whose tests fail on a stale copy)
   // is decided on it; a refusal or a no-op is decided again on the workload as it is now.
   const known = deps.known?.get(key);
-  const applied = known ? await patchOnce(client, known, target, s, ref, report, deps, 'known') : undefined;
+  const applied = known ? await patchOnce(client, known, target, s, push, report, deps, 'known') : undefined;
   const change =
-    (applied === 'conflict' ? undefined : applied) ?? (await patchUntilApplied(client, target, s, ref, report, deps));
+    (applied === 'conflict' || applied === 'no change' ? undefined : applied) ??
+    (await patchUntilApplied(client, target, s, push, report, deps));
   deps.known?.set(key, change?.updated);
   if (!change) return;
   report.changed = true;
+  report.lastPush = change.lastPush;
+  report.followRecorded = change.followRecorded;
   report.action = change.sameImage ? kindSpec(target.kind).sameImageAction : 'image updated';
   const eventMessage = change.sameImage
     ? `container ${s.container}: ${ref} pulled again (same image, rollout restarted); asked by ${whoAsked(deps)}`
@@ -8381,14 +8686,16 @@ async function applyUpgrade(
   if (deps.eventAfterAnswer) report.afterAnswer = recording;
   else await recording;
   target.generation = numberAt(change.updated, ['metadata', 'generation']);
-  await reportRollout(client, target, change.updated, s, report, now);
+  await reportRollout(client, target, change.updated, s, report, deps);
 }
 
-/** A change made: the workload as the PATCH returned it, and the image it replaced. */
+/** A change made: the workload as the PATCH returned it, the image it replaced, the record written. */
 interface AppliedChange {
   updated: K8sObject;
   before: string;
   sameImage: boolean;
+  lastPush: string;
+  followRecorded: boolean;
 }
 
 /** Reads and patches until the patch applies (or nothing is to change); retries a failed `test`. */
@@ -8396,13 +8703,14 @@ async function patchUntilApplied(
   client: KubeClient,
   target: WorkloadTarget,
   s: UpgradeSettings,
-  ref: string,
+  push: IncomingPush,
   report: UpgradeReport,
   deps: UpgradeDeps,
 ): Promise<AppliedChange | undefined> {
   for (let attempt = 1; ; attempt++) {
     const workload = await readWorkload(client, target);
-    const result = await patchOnce(client, workload, target, s, ref, report, deps, 'read');
+    const result = await patchOnce(client, workload, target, s, push, report, deps, 'read');
+    if (result === 'no change') return undefined;
     if (result !== 'conflict') return result;
     if (attempt >= UPGRADE_LIMITS.maxPatchAttempts) {
       const what = describeResource(workloadResource(target));
@@ -8413,7 +8721,8 @@ async function patchUntilApplied(
 
 /**
  * One plan and PATCH against `workload`. From a fresh read: the change, undefined when nothing is
- * to change, or 'conflict' when the workload changed meanwhile. From a known copy: the change, or
+ * to change, 'conflict' when the workload changed meanwhile, or 'no change' when its record shows
+ * the push superseded or repeated (the report says so). From a known copy: the change, or
  * undefined for anything else (the caller then reads the workload).
  */
 async function patchOnce(
@@ -8421,28 +8730,48 @@ async function patchOnce(
   workload: K8sObject,
   target: WorkloadTarget,
   s: UpgradeSettings,
-  ref: string,
+  push: IncomingPush,
   report: UpgradeReport,
   deps: UpgradeDeps,
   from: 'read' | 'known',
-): Promise<AppliedChange | 'conflict' | undefined> {
+): Promise<AppliedChange | 'conflict' | 'no change' | undefined> {
+  const ref = push.image;
   target.uid = String(valueAt(workload, ['metadata', 'uid']));
   report.target = target;
   const located = from === 'known' ? knownContainer(workload, target, s, ref, report) : undefined;
   if (from === 'known' && !located) return undefined;
   // Checked on every read: a retry is planned against the image the container has then.
   const container = located ?? (await pinnedContainer(client, target, workload, s, ref, report, deps));
+  report.imageBefore = container.image;
+  const nowMs = (deps.now ?? (() => new Date()))().getTime();
+  const { raw, records } = readPushRecords(workload);
   const sameImage = normalizeImageRef(container.image) === normalizeImageRef(ref);
   if (sameImage && ref.includes('@')) {
     if (from === 'read') report.action = 'none (already running this digest)';
     return undefined;
   }
-  if (from === 'known') report.imageBefore = container.image;
-  const change = plannedChange(sameImage, kindSpec(target.kind), s, ref, deps);
+  const decision = decidePush(records[s.container], push, nowMs);
+  if (decision.kind !== 'apply') {
+    // A known copy may hold an older record: the answer names the one on the workload now.
+    if (from === 'known') return undefined;
+    report.action = decisionAction(decision, nowMs);
+    return 'no change';
+  }
+  const record = newPushRecord(push, container.image, nowMs, deps);
+  const lastPush = withPushRecord(records, s.container, record);
+  const guarded = {
+    [LAST_PUSH_ANNOTATION]: { value: lastPush, read: raw },
+    ...followToRecord(workload, s, nowMs, deps),
+  };
+  const change = { ...plannedChange(sameImage, kindSpec(target.kind), s, ref, deps), guarded };
   const ops = planPatch(workload, target.kind, s.container, container, change);
+  if (deps.abandon?.aborted) {
+    report.action = KEPT_SUPERSEDED;
+    return 'no change';
+  }
   try {
     const updated = await client.patch<K8sObject>(workloadResource(target), ops, UPGRADE_LIMITS.fieldManager);
-    return { updated, before: container.image, sameImage };
+    return { updated, before: container.image, sameImage, lastPush, followRecorded: FOLLOW_ANNOTATION in guarded };
   } catch (e) {
     if (!(e instanceof KubeError && e.status === 422)) throw e;
     if (from === 'known') return undefined;
@@ -8450,6 +8779,98 @@ async function patchOnce(
     if (e.causes.length === 0) return 'conflict';
     throw e;
   }
+}
+
+/** The follow record this change's PATCH writes, when the service follows the rollout after answering. */
+function followToRecord(
+  workload: K8sObject,
+  s: UpgradeSettings,
+  nowMs: number,
+  deps: UpgradeDeps,
+): Record<string, { value: string; read: string | undefined }> {
+  const after = deps.followAfter;
+  if (!after || s.rolloutTimeoutMs !== 0 || !kindSpec(s.workload.kind).hasRollout) return {};
+  const { raw, entries } = readFollowRecords(workload);
+  const record: FollowRecord = {
+    request: deps.requestId ?? '',
+    hook: deps.hookId ?? '',
+    deadline: new Date(nowMs + after.followMs).toISOString(),
+    ...(after.mailTo?.trim() ? { mailTo: after.mailTo.trim() } : {}),
+    ...(s.rollbackOnFailure ? { rollback: true } : {}),
+  };
+  return { [FOLLOW_ANNOTATION]: { value: JSON.stringify({ ...entries, [s.container]: record }), read: raw } };
+}
+
+/**
+ * Takes this request's follow record off the workload with a PATCH that tests the value read: of
+ * the replicas following one rollout, only the one whose PATCH applies reports its end.
+ * 'superseded' when a newer push's follow replaced the record, 'gone' when another replica took it.
+ * The workload as the PATCH returned it goes into `known`, so the next push need not read it again.
+ */
+export async function claimFollow(
+  client: KubeClient,
+  target: WorkloadTarget,
+  container: string,
+  requestId: string,
+  known?: KnownWorkloads,
+): Promise<'claimed' | 'superseded' | 'gone'> {
+  for (let attempt = 1; ; attempt++) {
+    const workload = await readWorkload(client, target);
+    const { raw, entries } = readFollowRecords(workload);
+    if (!entries[container]) return 'gone';
+    if (entries[container].request !== requestId) return 'superseded';
+    const rest = Object.fromEntries(Object.entries(entries).filter(([name]) => name !== container));
+    const ops = annotationOps(
+      workload,
+      ['metadata'],
+      { [FOLLOW_ANNOTATION]: JSON.stringify(rest) },
+      {
+        [FOLLOW_ANNOTATION]: raw ?? null,
+      },
+    );
+    try {
+      const updated = await client.patch<K8sObject>(workloadResource(target), ops, UPGRADE_LIMITS.fieldManager);
+      known?.set(`${target.namespace}/${target.kind}/${target.name}`, updated);
+      return 'claimed';
+    } catch (e) {
+      if (!(e instanceof KubeError && e.status === 422) || attempt >= UPGRADE_LIMITS.maxPatchAttempts) throw e;
+    }
+  }
+}
+
+/** A follow found on a workload, as the report the replica that started it would have made. */
+function resumedReport(target: WorkloadTarget, container: string, f: FollowRecord, workload: K8sObject): UpgradeReport {
+  const { raw, records } = readPushRecords(workload);
+  const record = records[container]?.request === f.request ? records[container] : undefined;
+  const same = record !== undefined && normalizeImageRef(record.previous) === normalizeImageRef(record.image);
+  return {
+    namespace: target.namespace,
+    workload: `${target.kind}/${target.name}`,
+    container,
+    imageBefore: record?.previous,
+    imageAfter: record?.image,
+    action: same ? kindSpec(target.kind).sameImageAction : 'image updated',
+    changed: true,
+    result: 'ok',
+    notes: ['the rollout was followed to its end by a replica started after the one that applied the push'],
+    target: { ...target, uid: String(valueAt(workload, ['metadata', 'uid'])) },
+    rollout: { state: 'progressing', detail: 'resumed', pods: [] },
+    lastPush: record ? raw : undefined,
+    followRecorded: true,
+    rollbackOnFailure: f.rollback === true || undefined,
+  };
+}
+
+function newPushRecord(push: IncomingPush, previous: string, nowMs: number, deps: UpgradeDeps): PushRecord {
+  return {
+    pushedAt: new Date(push.pushedAtMs).toISOString(),
+    timeFrom: push.timeFrom,
+    image: push.image,
+    push: push.push,
+    previous,
+    appliedAt: new Date(nowMs).toISOString(),
+    ...(deps.requestId ? { request: deps.requestId } : {}),
+  };
 }
 
 /** The container in a known copy, when the image pin allows the push there; else undefined. */
@@ -8521,22 +8942,29 @@ function plannedChange(
   };
 }
 
-/** The rollout a change started: not tracked, answered as progressing, or followed to its end. */
+/**
+ * The rollout a change started: not tracked, answered as progressing, or followed to its end (and
+ * under ROLLBACK_ON_FAILURE, a failed one rolled back).
+ */
 async function reportRollout(
   client: KubeClient,
   target: WorkloadTarget,
   updated: K8sObject | undefined,
   s: UpgradeSettings,
   report: UpgradeReport,
-  now: () => Date,
+  deps: UpgradeDeps,
 ): Promise<void> {
+  const now = deps.now ?? (() => new Date());
   const spec = kindSpec(target.kind);
   if (!spec.hasRollout) {
     report.rollout = { state: 'not tracked', detail: spec.rollout(updated).message, pods: [] };
+    if (s.rollbackOnFailure)
+      report.notes.push(`ROLLBACK_ON_FAILURE: a ${target.kind} has no rollout that could fail, so none is rolled back`);
   } else if (s.rolloutTimeoutMs === 0) {
     report.rollout = { state: 'progressing', detail: 'not waited for: ROLLOUT_TIMEOUT is 0', pods: [] };
   } else {
-    report.rollout = await followRollout(client, target, { timeoutMs: s.rolloutTimeoutMs, container: s.container });
+    const options = { timeoutMs: s.rolloutTimeoutMs, container: s.container, image: report.imageAfter };
+    report.rollout = await followRollout(client, target, options);
     if (report.rollout.state === 'failed' || report.rollout.state === 'timed out') {
       report.result = 'failed';
       report.error =
@@ -8546,7 +8974,80 @@ async function reportRollout(
     }
     const event = rolloutEvent(report.rollout, s.container);
     if (event) await recordEventQuietly(client, target, event, now(), report);
+    if (report.rollout.state === 'failed' && s.rollbackOnFailure)
+      await rollBackFailedRollout(client, target, report, s.rolloutTimeoutMs, deps);
   }
+}
+
+/**
+ * ROLLBACK_ON_FAILURE, after this push's rollout failed: sets the container back to the image it
+ * ran before the push (the record's `previous`) and follows that rollout for up to followMs. The
+ * PATCH tests that the record is still the one this push wrote and the container still runs its
+ * image, so a newer push, or any edit since, is never overridden. Never throws: report.rollback
+ * (and report.action, for the mail's outcome) say what happened.
+ */
+export async function rollBackFailedRollout(
+  client: KubeClient,
+  target: WorkloadTarget,
+  report: UpgradeReport,
+  followMs: number,
+  deps: Pick<UpgradeDeps, 'now' | 'requestId' | 'hookId'>,
+): Promise<void> {
+  const container = report.container ?? '';
+  const stuck = (report.rollout?.pods ?? []).filter((p) => !p.ready).slice(0, 5);
+  const podStates = stuck.length ? ` (${stuck.map((p) => `${p.name} ${p.reason ?? 'not ready'}`).join(', ')})` : '';
+  const reason = `the rollout of ${report.imageAfter} failed: ${report.rollout?.detail ?? 'unknown'}${podStates}`;
+  try {
+    const workload = await readWorkload(client, target);
+    const { raw, records } = readPushRecords(workload);
+    const record = records[container];
+    const located = locateContainer(valueAt(workload, [...kindSpec(target.kind).template, 'spec']), container);
+    const notDone = rollbackObstacle(report, raw, record, located);
+    if (notDone || !record || !located) {
+      report.rollback = { reason, notDone: notDone ?? 'the push record is gone' };
+      return;
+    }
+    const now = (deps.now ?? (() => new Date()))();
+    const rolledBack = withPushRecord(records, container, { ...record, rolledBack: `${now.toISOString()}: ${reason}` });
+    const change: PlannedChange = {
+      image: record.previous,
+      changeCause: `webhook: rolled back ${container} to ${record.previous}: ${reason}`,
+      guarded: { [LAST_PUSH_ANNOTATION]: { value: rolledBack, read: raw } },
+    };
+    const ops = planPatch(workload, target.kind, container, located, change);
+    await client.patch<K8sObject>(workloadResource(target), ops, UPGRADE_LIMITS.fieldManager);
+    report.lastPush = rolledBack;
+    report.action = `${report.action}, then rolled back to ${record.previous}`;
+    const message = `container ${container}: rolled back to ${record.previous}: ${reason}; ${whoAsked(deps)}`;
+    await recordEventQuietly(client, target, { type: 'Warning', reason: 'RolledBack', message }, now, report);
+    const rollout =
+      followMs > 0
+        ? await followRollout(client, target, { timeoutMs: followMs, container, image: record.previous })
+        : { state: 'progressing' as const, detail: 'not followed', pods: [] };
+    report.rollback = { reason, image: record.previous, rollout };
+  } catch (e) {
+    const why = e instanceof KubeError && e.status === 422 ? 'the workload changed meanwhile' : (e as Error).message;
+    report.rollback = { reason, notDone: `the rollback failed: ${why}` };
+  }
+}
+
+/** Why a failed rollout cannot be rolled back, or undefined when it can. Pure. */
+function rollbackObstacle(
+  report: UpgradeReport,
+  raw: string | undefined,
+  record: PushRecord | undefined,
+  located: LocatedContainer | undefined,
+): string | undefined {
+  if (raw === undefined || record === undefined || report.lastPush === undefined)
+    return 'the workload has no record of the push, so the image before it is not known';
+  if (raw !== report.lastPush)
+    return record.image !== report.imageAfter
+      ? `a newer push (${record.image}, pushed at ${record.pushedAt}) was applied meanwhile`
+      : 'the push record changed meanwhile';
+  if (!located || located.image !== record.image) return 'the container was changed meanwhile';
+  if (normalizeImageRef(record.previous) === normalizeImageRef(record.image))
+    return 'the push re-pulled the image the container already ran: there is no earlier image to return to';
+  return undefined;
 }
 
 /** The Event that records a followed rollout's end, if it ended. Pure. */
@@ -8916,6 +9417,12 @@ export function formatPod(p: PodSummary): string {
   );
 }
 
+export function formatRollback(r: RollbackOutcome): string {
+  if (r.notDone !== undefined) return `not rolled back: ${r.notDone}; ${r.reason}`;
+  const rollout = r.rollout ? `; its rollout ${formatRollout(r.rollout)}` : '';
+  return `rolled back to ${r.image}: ${r.reason}${rollout}`;
+}
+
 /** The report as the documented lines (see the section banner). Pure. */
 export function formatReport(r: UpgradeReport): string {
   const lines: string[] = [];
@@ -8932,6 +9439,7 @@ export function formatReport(r: UpgradeReport): string {
     if (r.rollout.pods.length > UPGRADE_LIMITS.maxPodLines)
       lines.push(reportLine('pods', `${r.rollout.pods.length - UPGRADE_LIMITS.maxPodLines} more not shown`));
   }
+  if (r.rollback) lines.push(reportLine('rollback', formatRollback(r.rollback)));
   for (const n of r.notes) lines.push(reportLine('note', n));
   return `${lines.join('\n')}\n`;
 }
@@ -9116,6 +9624,147 @@ export function isUpgradeEntryPoint(file: string): boolean {
   }
 }
 
+const SUPERSEDED_FOLLOW = 'superseded by a later push to this workload, whose report follows the rollout';
+
+/** A push kept while the API server does not answer. */
+interface KeptPush {
+  args: string[];
+  env: Record<string, string | undefined>;
+  requestId: string;
+  hookId: string;
+  /** The report answered (202), whose `pending` this push settles. */
+  report: UpgradeReport;
+  deadline: number;
+  settle: (report: UpgradeReport) => void;
+  /** Aborted when a newer push to the same container replaces this one. */
+  abandon: AbortController;
+  /** A try is running: a replacement then settles this push with what the try did. */
+  trying?: boolean;
+}
+
+type UpgradeResult = Awaited<ReturnType<typeof runUpgrade>>;
+
+/**
+ * Pushes the API server did not answer within the client's retry budget: kept (the newest per
+ * container, at most UPGRADE_LIMITS.maxKeptPushes), tried again every keptRetryMs until one applies
+ * or its deadline (-apply-deadline) passes, and settled with the final report, which the log,
+ * Event and mail then tell. Kept in memory: a replica that stops settles what it holds as failed.
+ */
+export class KeptPushes {
+  private readonly kept = new Map<string, KeptPush>();
+  private retrying = false;
+  /** The last try (or the push that started the keeping) got no answer from the API server. */
+  private lastTryFailed = false;
+  private readonly apply: (k: KeptPush) => Promise<UpgradeResult>;
+  private readonly deadlineMs: number;
+  private readonly log: Logger;
+  private readonly stopping: AbortSignal;
+
+  constructor(apply: (k: KeptPush) => Promise<UpgradeResult>, deadlineMs: number, log: Logger, stopping: AbortSignal) {
+    this.apply = apply;
+    this.deadlineMs = deadlineMs;
+    this.log = log;
+    this.stopping = stopping;
+  }
+
+  /** The answer for a push the API server did not answer: kept (202), superseded, or failed as it is. */
+  keep(
+    args: string[],
+    env: Record<string, string | undefined>,
+    requestId: string,
+    hookId: string,
+    result: UpgradeResult,
+  ) {
+    const r = result.report;
+    const key = `${r.namespace}/${r.workload}/${r.container}`;
+    const held = this.kept.get(key);
+    if (held && (held.report.pushedAtMs ?? 0) > (r.pushedAtMs ?? 0))
+      return upgradeResult({ ...r, result: 'ok', error: undefined, unreachable: undefined, action: KEPT_SUPERSEDED });
+    if (this.deadlineMs === 0 || this.stopping.aborted || (!held && this.kept.size >= UPGRADE_LIMITS.maxKeptPushes))
+      return result;
+    held?.abandon.abort();
+    if (held && !held.trying) held.settle({ ...held.report, pending: undefined, action: KEPT_SUPERSEDED });
+    const deadline = Date.now() + this.deadlineMs;
+    const until = new Date(deadline).toISOString();
+    let settle!: (report: UpgradeReport) => void;
+    const pending = new Promise<UpgradeReport>((resolve) => (settle = resolve));
+    const report: UpgradeReport = {
+      ...r,
+      result: 'ok',
+      error: undefined,
+      action: `waiting for the API server (${r.error}): kept, and applied when it answers until ${until}`,
+      pending,
+    };
+    this.kept.set(key, { args, env, requestId, hookId, report, deadline, settle, abandon: new AbortController() });
+    this.lastTryFailed = true;
+    this.log.warn(
+      `[${requestId}] ${r.workload} in ${r.namespace}: the API server does not answer; push kept until ${until}`,
+    );
+    if (!this.retrying) void this.retry();
+    return { output: formatReport(report), exitCode: 0, report, accepted: true };
+  }
+
+  /** Whether the API server is away as far as is known: pushes are kept and the last try failed. */
+  away(): boolean {
+    return this.kept.size > 0 && this.lastTryFailed;
+  }
+
+  /** The loop that tries kept pushes again; it ends when none is left (and keep starts it anew). */
+  private async retry(): Promise<void> {
+    this.retrying = true;
+    try {
+      while (this.kept.size > 0 && !this.stopping.aborted) {
+        await sleep(UPGRADE_LIMITS.keptRetryMs, undefined, { signal: this.stopping }).catch(() => undefined);
+        for (const [key, k] of [...this.kept]) {
+          if (this.stopping.aborted || !(await this.retryOne(key, k))) break;
+        }
+      }
+    } finally {
+      // Cleared in the same step as the loop's last look at `kept`: a push kept after it starts a new loop.
+      this.retrying = false;
+    }
+  }
+
+  /** One more try of a kept push; false while the API server still does not answer. */
+  private async retryOne(key: string, k: KeptPush): Promise<boolean> {
+    const limit = formatGoDuration(this.deadlineMs);
+    if (Date.now() >= k.deadline) {
+      this.fail(key, k, `the API server did not answer within -apply-deadline ${limit}`);
+      return true;
+    }
+    k.trying = true;
+    const result = await this.apply(k).finally(() => (k.trying = false));
+    if (this.kept.get(key) !== k) {
+      // Replaced during the try: written before the newer push took over, or not at all.
+      k.settle(result.report.changed ? result.report : { ...k.report, pending: undefined, action: KEPT_SUPERSEDED });
+      return true;
+    }
+    this.lastTryFailed = result.report.unreachable === true;
+    if (result.report.unreachable) {
+      const why = `the API server did not answer within -apply-deadline ${limit}: ${result.report.error}`;
+      if (Date.now() >= k.deadline) this.fail(key, k, why);
+      return false;
+    }
+    this.kept.delete(key);
+    const r = result.report;
+    const outcome = r.result === 'ok' ? r.action : `failed: ${r.error}`;
+    this.log.notice(`[${k.requestId}] ${r.workload} in ${r.namespace}: the API server answered again; ${outcome}`);
+    k.settle(r);
+    return true;
+  }
+
+  /** At shutdown: what is still kept is reported as not applied (in memory only, it would be lost). */
+  stop(): void {
+    for (const [key, k] of [...this.kept]) this.fail(key, k, 'the service stopped before the API server answered');
+  }
+
+  private fail(key: string, k: KeptPush, why: string): void {
+    this.kept.delete(key);
+    this.log.error(`[${k.requestId}] ${k.report.workload} in ${k.report.namespace}: push not applied: ${why}`);
+    k.settle({ ...k.report, pending: undefined, action: 'none (not applied)', result: 'failed', error: why });
+  }
+}
+
 /**
  * The upgrade as the runner uses it: one Kubernetes client and one per-workload queue for all
  * pushes (ordering and duplicate coalescing need to see every push), and rollouts followed after
@@ -9125,6 +9774,7 @@ export class UpgradeService implements InProcessCommand {
   readonly name = 'the upgrade';
   readonly command = UPGRADE_COMMAND;
   private client: KubeClient | undefined;
+  private singleTry: KubeClient | undefined;
   private readonly queue = new WorkloadQueue();
   private readonly known = new KnownWorkloads();
   private readonly stopping = new AbortController();
@@ -9134,12 +9784,23 @@ export class UpgradeService implements InProcessCommand {
   private readonly env: Record<string, string | undefined>;
   private readonly followMs: number;
   private readonly log: Logger;
+  private readonly kept: KeptPushes;
 
-  constructor(kubeconfig: string | undefined, env: Record<string, string | undefined>, followMs: number, log: Logger) {
+  /** applyDeadlineMs: how long a push the API server does not answer is kept (0: answered as failed). */
+  constructor(
+    kubeconfig: string | undefined,
+    env: Record<string, string | undefined>,
+    followMs: number,
+    log: Logger,
+    applyDeadlineMs = 0,
+  ) {
     this.kubeconfig = kubeconfig;
     this.env = env;
     this.followMs = followMs;
     this.log = log;
+    const apply = (k: KeptPush) =>
+      runUpgrade(k.args, k.env, { ...this.deps(k.requestId, k.hookId, k.env), abandon: k.abandon.signal });
+    this.kept = new KeptPushes(apply, applyDeadlineMs, log, this.stopping.signal);
   }
 
   /** The shared client, made on first use; undefined when there are no credentials (runUpgrade says why). */
@@ -9154,6 +9815,14 @@ export class UpgradeService implements InProcessCommand {
     return this.client;
   }
 
+  /** A client with the same credentials that tries each request once (no retry budget). */
+  private singleTryClient(): KubeClient | undefined {
+    if (!this.singleTry && this.sharedClient()) {
+      this.singleTry = new KubeClient(credentialsFromEnvironment(this.env, this.kubeconfig), { retryBudgetMs: 0 });
+    }
+    return this.singleTry;
+  }
+
   handles(file: string): boolean {
     return isUpgradeEntryPoint(file);
   }
@@ -9163,77 +9832,174 @@ export class UpgradeService implements InProcessCommand {
     env: Record<string, string | undefined>,
     requestId: string,
     hookId: string,
-  ): ReturnType<typeof runUpgrade> {
-    const client = this.sharedClient();
-    const deps = {
-      client,
+  ): Promise<UpgradeResult & { accepted?: boolean }> {
+    const deps = this.deps(requestId, hookId, env);
+    // While the API server is known to be away, one try: a push is kept (202) without waiting
+    // through the retry budget, which would outlast many a registry's delivery timeout.
+    if (this.kept.away()) deps.client = this.singleTryClient() ?? deps.client;
+    const result = await runUpgrade(args, env, deps);
+    const r = result.report;
+    // Logged whatever the verbosity: someone tried to deploy a repository the hook does not allow.
+    if (r.refused)
+      this.log.error(`[${requestId}] hook ${hookId}: push to ${r.workload} in ${r.namespace} refused: ${r.error}`);
+    return r.unreachable ? this.kept.keep(args, env, requestId, hookId, result) : result;
+  }
+
+  private deps(requestId: string, hookId: string, env: Record<string, string | undefined>): UpgradeDeps {
+    return {
+      client: this.sharedClient(),
       kubeconfig: this.kubeconfig,
       requestId,
       hookId,
       queue: this.queue,
       eventAfterAnswer: true,
       known: this.known,
+      followAfter: this.followMs > 0 ? { followMs: this.followMs, mailTo: env.MAIL_TO } : undefined,
     };
-    const result = await runUpgrade(args, env, deps);
-    const r = result.report;
-    // Logged whatever the verbosity: someone tried to deploy a repository the hook does not allow.
-    if (r.refused)
-      this.log.error(`[${requestId}] hook ${hookId}: push to ${r.workload} in ${r.namespace} refused: ${r.error}`);
-    return result;
   }
 
   /**
    * Follows a rollout the upgrade left progressing, then logs and records its end. Resolves with
-   * the report brought up to date (or unchanged when there is nothing to follow).
+   * the report brought up to date (or unchanged when there is nothing to follow), or undefined when
+   * the end is not this replica's to report: another replica took the follow record, or this one
+   * is stopping and leaves the record for the replica that starts next.
    */
   async follow(
     report: UpgradeReport,
     requestId: string,
     onProgress?: (outcome: RolloutOutcome) => void,
-  ): Promise<UpgradeReport> {
+    followMs = this.followMs,
+  ): Promise<UpgradeReport | undefined> {
+    // A push kept while the API server was away: its final report, once it has one.
+    if (report.pending) return this.follow(await report.pending, requestId, onProgress, followMs);
     const eventFailure = await report.afterAnswer;
     if (eventFailure) this.log.error(`[${requestId}] ${report.workload} in ${report.namespace}: ${eventFailure}`);
     const target = report.target;
-    const client = this.client;
-    if (!client || !target || !report.changed || report.rollout?.state !== 'progressing' || this.followMs === 0)
+    const client = this.sharedClient();
+    if (!client || !target || !report.changed || report.rollout?.state !== 'progressing' || followMs === 0)
       return report;
     const key = `${target.namespace}/${target.kind}/${target.name}`;
     this.following.get(key)?.controller.abort();
     const controller = new AbortController();
     const signal = AbortSignal.any([controller.signal, this.stopping.signal]);
     const container = report.container ?? '';
-    const done = followRollout(client, target, { timeoutMs: this.followMs, container, signal, onProgress });
+    const options = { timeoutMs: followMs, container, image: report.imageAfter, signal, onProgress };
+    const done = followRollout(client, target, options);
     this.following.set(key, { controller, done });
-    let outcome = await done;
+    const outcome = await done;
     if (this.following.get(key)?.done === done) this.following.delete(key);
     if (controller.signal.aborted) {
       // A later push to this workload is being followed now; its mail tells how the rollout ended.
-      outcome = {
-        state: 'progressing',
-        detail: 'superseded by a later push to this workload, whose report follows the rollout',
-        pods: [],
-      };
-      return { ...report, rollout: outcome };
+      // (A push to another container of it leaves this one's record: taken off, it is not resumed.)
+      if (report.followRecorded)
+        await claimFollow(client, target, report.container ?? '', requestId, this.known).catch(() => undefined);
+      return { ...report, rollout: { state: 'progressing', detail: SUPERSEDED_FOLLOW, pods: [] } };
     }
-    const updated: UpgradeReport = { ...report, rollout: outcome };
+    const claim = await this.claim(report, client, target, requestId);
+    if (claim === 'superseded')
+      return { ...report, rollout: { state: 'progressing', detail: SUPERSEDED_FOLLOW, pods: [] } };
+    if (claim !== 'claimed') return undefined;
+    return this.ended({ ...report, rollout: outcome }, client, target, requestId);
+  }
+
+  /** Whether this replica reports the end of a follow recorded on the workload (see claimFollow). */
+  private async claim(
+    report: UpgradeReport,
+    client: KubeClient,
+    target: WorkloadTarget,
+    requestId: string,
+  ): Promise<'claimed' | 'superseded' | 'gone' | 'left'> {
+    if (!report.followRecorded) return 'claimed';
+    const where = `[${requestId}] ${report.workload} in ${report.namespace}`;
+    if (this.stopping.signal.aborted) {
+      this.log.notice(`${where}: stopping; the rollout's follow is left to the replica that starts next`);
+      return 'left';
+    }
+    try {
+      const claim = await claimFollow(client, target, report.container ?? '', requestId, this.known);
+      if (claim === 'gone') this.log.info(`${where}: another replica reported the rollout's end`);
+      return claim;
+    } catch (e) {
+      // Reported twice rather than never: without the API server the record cannot be taken.
+      this.log.error(`${where}: the follow record could not be taken off: ${(e as Error).message}`);
+      return 'claimed';
+    }
+  }
+
+  /**
+   * At start: the follows other replicas recorded on the workloads of the hooks this one serves
+   * (those whose namespace and workload the hook fixes) and did not finish are followed to their
+   * deadline here; `ended` gets each report this replica is the one to report.
+   */
+  async resumeFollows(
+    hooks: Iterable<Hook>,
+    ended: (report: UpgradeReport, follow: FollowRecord) => void,
+  ): Promise<void> {
+    const client = this.sharedClient();
+    if (!client || this.followMs === 0) return;
+    const served = new Map<string, { namespace: string; kind: WorkloadKind; name: string }>();
+    const ids = new Set<string>();
+    for (const hook of hooks) {
+      ids.add(hook.id);
+      const t = hookReach(hook)?.target;
+      if (t) served.set(`${t.namespace}/${t.kind}/${t.name}`, t);
+    }
+    for (const target of served.values()) {
+      let workload: K8sObject;
+      try {
+        workload = await readWorkload(client, target);
+      } catch (e) {
+        this.log.warn(
+          `unfinished follows on ${target.kind}/${target.name} in ${target.namespace}: ${(e as Error).message}`,
+        );
+        continue;
+      }
+      for (const [container, f] of Object.entries(readFollowRecords(workload).entries)) {
+        if (!ids.has(f.hook)) continue;
+        this.log.notice(
+          `[${f.request}] ${target.kind}/${target.name} in ${target.namespace}: resuming the rollout's follow`,
+        );
+        const report = resumedReport(target, container, f, workload);
+        const remaining = Math.max(1, Date.parse(f.deadline) - Date.now());
+        void this.follow(report, f.request, undefined, remaining).then(
+          (r) => r && ended(r, f),
+          (e: Error) => this.log.error(`[${f.request}] ${e.message}`),
+        );
+      }
+    }
+  }
+
+  /** A followed rollout has ended: logged, recorded as an Event, and rolled back if it failed and the hook asks. */
+  private async ended(
+    updated: UpgradeReport,
+    client: KubeClient,
+    target: WorkloadTarget,
+    requestId: string,
+  ): Promise<UpgradeReport> {
+    const outcome = updated.rollout!;
     if (outcome.state === 'failed' || outcome.state === 'timed out') {
       updated.result = 'failed';
       updated.error = `the rollout ${outcome.state === 'failed' ? 'failed' : 'did not complete'} (see rollout)`;
     }
-    const line = `[${requestId}] ${report.workload} in ${report.namespace}: rollout ${formatRollout(outcome)}`;
-    if (updated.result === 'ok') this.log.info(line);
-    else this.log.error(line);
-    const event = rolloutEvent(outcome, report.container ?? '');
+    const event = rolloutEvent(outcome, updated.container ?? '');
     if (event)
       await recordWorkloadEvent(client, target, event).catch((e: Error) =>
         this.log.error(`[${requestId}] event not recorded: ${e.message}`),
       );
+    if (outcome.state === 'failed' && updated.rollbackOnFailure)
+      await rollBackFailedRollout(client, target, updated, this.followMs, { requestId });
+    const rollback = updated.rollback ? `; ${formatRollback(updated.rollback)}` : '';
+    const where = `${updated.workload} in ${updated.namespace}`;
+    const line = `[${requestId}] ${where}: rollout ${formatRollout(outcome)}${rollback}`;
+    if (updated.result === 'ok') this.log.info(line);
+    else this.log.error(line);
     return updated;
   }
 
   /** At shutdown: rollouts still followed end now (their mails then go out). */
   async stop(ms: number): Promise<void> {
     this.stopping.abort();
+    this.kept.stop();
     await Promise.race([
       Promise.allSettled([...this.following.values()].map((f) => f.done)),
       sleep(ms, undefined, { ref: false }),
@@ -10288,7 +11054,11 @@ export interface ResultObserver {
   answered(hook: Hook, req: HookRequest, r: CommandResult, report: UpgradeReport | undefined): void;
   progressed(req: HookRequest, rollout: RolloutOutcome): void;
   settled(req: HookRequest, job: MailJob, report: UpgradeReport | undefined, mail?: Promise<SendOutcome>): void;
+  /** The rollout's end is reported by another replica (or the next to start): nothing is sent from here. */
+  handedOver(req: HookRequest, detail: string): void;
 }
+
+const FOLLOW_HANDED_OVER = "left to another replica of the webhook, which reports the rollout's end";
 
 /**
  * What happens after a command finished (the http server's CommandListener): an upgrade's rollout
@@ -10326,10 +11096,14 @@ export class ResultNotifier implements CommandListener {
       const progressed = (p: RolloutOutcome) => this.observer?.progressed(req, p);
       const settling: Promise<void> = this.upgrade
         .follow(report, req.id, progressed)
-        .then(settle, (e: Error) => {
-          this.log.error(`[${req.id}] ${e.message}`);
-          settle(report);
-        })
+        .then(
+          // undefined: another replica reports this rollout's end (section 13's follow records).
+          (final) => (final ? settle(final) : this.observer?.handedOver(req, FOLLOW_HANDED_OVER)),
+          (e: Error) => {
+            this.log.error(`[${req.id}] ${e.message}`);
+            settle(report);
+          },
+        )
         .finally(() => this.settling.delete(settling));
       this.settling.add(settling);
     } else {
@@ -10345,6 +11119,21 @@ export class ResultNotifier implements CommandListener {
   async settle(ms: number): Promise<void> {
     await Promise.race([Promise.allSettled([...this.settling]), sleep(ms, undefined, { ref: false })]);
   }
+
+  /** At start: follows other replicas left unfinished are finished here, and their results mailed. */
+  resume(hooks: Iterable<Hook>): void {
+    this.upgrade
+      ?.resumeFollows(hooks, (report, follow) => {
+        const env = {
+          APP_NS: report.namespace,
+          APP_WORKLOAD: report.workload,
+          APP_CONTAINER: report.container,
+          MAIL_TO: follow.mailTo,
+        };
+        this.mailer.notify(reportMailJob(follow.hook, follow.request, env, report));
+      })
+      .catch((e: Error) => this.log.error(`unfinished follows not resumed: ${e.message}`));
+  }
 }
 
 /** The mail for a finished command: an upgrade's report speaks for it, else its exit status. */
@@ -10358,8 +11147,18 @@ function mailJob(hook: Hook, req: HookRequest, r: CommandResult, report: Upgrade
       output: r.output,
     };
   }
+  return reportMailJob(hook.id, req.id, r.env, report);
+}
+
+/** The mail for an upgrade's report. Pure. */
+function reportMailJob(
+  hookId: string,
+  requestId: string,
+  env: Readonly<Record<string, string | undefined>>,
+  report: UpgradeReport,
+): MailJob {
   const outcome = report.result !== 'ok' ? 'failed' : report.changed ? 'succeeded' : 'no change';
-  return { ...job, outcome, detail: report.action, output: formatReport(report) };
+  return { hookId, requestId, env, outcome, detail: report.action, output: formatReport(report) };
 }
 
 // ================================================================================================
@@ -10992,6 +11791,13 @@ export class DeliveryLog implements ResultObserver {
     }
   }
 
+  handedOver(req: HookRequest, detail: string): void {
+    const d = this.inFlight.get(req);
+    if (!d) return;
+    this.inFlight.delete(req);
+    Object.assign(d, { rollout: { state: 'progressing', detail }, finishedAt: new Date(), state: 'done' });
+  }
+
   /** Whether a push is still running or being followed (the page then refreshes itself). */
   busy(entries: readonly Delivery[] = this.entries): boolean {
     return entries.some((d) => d.state !== 'done' || d.notifications.some((n) => n.state === 'pending'));
@@ -11509,7 +12315,7 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
   log.notice(`version ${VERSION} starting`);
   log.info(memorySizing());
   const settings = hookLoadSettings(o, env);
-  const upgrade = new UpgradeService(o.kubeconfig || env.KUBECONFIG, env, o.rolloutFollowMs, log);
+  const upgrade = new UpgradeService(o.kubeconfig || env.KUBECONFIG, env, o.rolloutFollowMs, log, o.applyDeadlineMs);
   const snapshot = loadInitialHooks(o, settings, log, upgrade);
   if (!snapshot) return 1;
   const mailer = new Mailer(mailConfig(env, log), log, metrics, { max: o.maxMailsPerHook, windowMs: o.mailWindowMs });
@@ -11519,7 +12325,7 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
   if (!notifier) return 1;
   const deliveries = new DeliveryLog(o.deliveries, notifier, (text) => log.scrub(text));
   const listener = new ResultNotifier(mailer, upgrade, log, deliveries);
-  let shuttingDown = false;
+  const phase = { draining: false, shuttingDown: false };
   const handlerContext: HandlerContext = {
     options: o,
     store,
@@ -11527,7 +12333,8 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
     listener,
     log,
     metrics,
-    isShuttingDown: () => shuttingDown,
+    isShuttingDown: () => phase.shuttingDown,
+    isDraining: () => phase.draining,
   };
   const handler = createHandler(handlerContext);
   const server = await openListener(o, handler, log);
@@ -11535,6 +12342,7 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
   server.on('clientError', (err: Error, socket: net.Socket) => answerClientError(handlerContext, err, socket));
   const adminServer = await openAdminListener(o, metrics, log, deliveries);
   if (adminServer === false) return 1;
+  listener.resume(snapshot.hooks.values());
   if (o.hotreload) store.watch();
   const reloadOnSignal = (sig: string) => {
     log.notice(`caught ${sig}, reloading hooks`);
@@ -11544,11 +12352,8 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
   process.on('SIGUSR1', () => reloadOnSignal('SIGUSR1'));
   return new Promise<number>((resolve) => {
     const shutdown = async (sig: string) => {
-      if (shuttingDown) return;
-      shuttingDown = true;
-      log.notice(
-        `caught ${sig}, shutting down: no new requests; running commands get ${formatGoDuration(o.shutdownGraceMs)}`,
-      );
+      if (phase.draining) return;
+      await stopServing(o, log, sig, phase);
       adminServer?.close();
       await stopService(o, { store, server, runner, upgrade, listener, mailer, notifier, log });
       log.notice('stopped');
@@ -11558,6 +12363,27 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
     process.on('SIGTERM', () => void shutdown('SIGTERM'));
     process.on('SIGINT', () => void shutdown('SIGINT'));
   });
+}
+
+/**
+ * SIGTERM: /healthz says "not ready" at once while hooks are still served for -shutdown-delay (the
+ * time a Service takes to stop sending to this pod), then no new requests are taken.
+ */
+async function stopServing(
+  o: Options,
+  log: Logger,
+  sig: string,
+  phase: { draining: boolean; shuttingDown: boolean },
+): Promise<void> {
+  phase.draining = true;
+  if (o.shutdownDelayMs > 0) {
+    log.notice(`caught ${sig}: not ready; still serving for ${formatGoDuration(o.shutdownDelayMs)}`);
+    await sleep(o.shutdownDelayMs);
+  }
+  phase.shuttingDown = true;
+  log.notice(
+    `caught ${sig}, shutting down: no new requests; running commands get ${formatGoDuration(o.shutdownGraceMs)}`,
+  );
 }
 
 /** The log: stderr, or -logfile opened for appending; undefined (after saying why) when it cannot be. */

@@ -192,7 +192,9 @@ describe('charts/webhook on the cluster', { skip: helm && cluster ? false : 'no 
       for (const [k, v] of Object.entries(svc.spec.selector)) assert.equal(podLabels[k], v, `selector ${k}`);
       const slices = await getJson(['-n', ns, 'get', 'endpointslices', '-l', `kubernetes.io/service-name=${release}`]);
       const endpoints = slices.items.flatMap((s: any) => s.endpoints ?? []).filter((e: any) => e.conditions?.ready);
-      assert.equal(endpoints.length, 1, JSON.stringify(slices));
+      // replicaCount's default: two replicas, both ready behind the Service.
+      assert.equal(endpoints.length, 2, JSON.stringify(slices));
+      assert.notEqual(endpoints[0].nodeName, endpoints[1].nodeName, 'spread one per node');
       assert.deepEqual(slices.items[0].ports.map((p: any) => [p.name, p.port]), [['http', 9000]]);
       wh = await standInPod();
       const metrics = await httpRequest(metricsAt, '/metrics');

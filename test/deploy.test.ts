@@ -25,7 +25,7 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { ensureCluster } from './cluster/cluster.ts';
-import { defaultBinary, makeTempDir, REPO_ROOT, spawnWebhook, startWebhook } from './harness.ts';
+import { defaultBinary, makeTempDir, REPO_ROOT, spawnWebhook, startWebhook, waitFor } from './harness.ts';
 
 const DEPLOY = path.join(REPO_ROOT, 'deploy');
 
@@ -82,9 +82,9 @@ describe('deploy/', { skip: cluster ? false : 'no cluster' }, () => {
     objects = await render(DEPLOY);
   });
 
-  test('renders the ServiceAccount, the hooks, the secret, the Deployment and the Service, in cattle-system; no cluster-wide role', () => {
+  test('renders the ServiceAccount, the hooks, the secret, the Deployment, its PodDisruptionBudget and the Service, in cattle-system; no cluster-wide role', () => {
     assert.deepEqual(objects.map((o) => `${o.kind}/${o.metadata.name}`).sort(), [
-      'ConfigMap/webhook-hooks', 'Deployment/webhook', 'Secret/webhook-env', 'Service/webhook', 'ServiceAccount/webhook',
+      'ConfigMap/webhook-hooks', 'Deployment/webhook', 'PodDisruptionBudget/webhook', 'Secret/webhook-env', 'Service/webhook', 'ServiceAccount/webhook',
     ]);
     for (const o of objects) assert.equal(o.metadata.namespace, 'cattle-system', `${o.kind} namespace`);
     // The ConfigMap is generated from deploy/hooks/, the files -print-rbac reads.
@@ -117,13 +117,32 @@ describe('deploy/', { skip: cluster ? false : 'no cluster' }, () => {
     assert.equal(volumes[mounts[hooksDir].name].configMap.name, find('ConfigMap').metadata.name);
     assert.equal(mounts[hooksDir].readOnly, true);
     assert.deepEqual(volumes[mounts['/tmp'].name].emptyDir, {});
-    assert.deepEqual(c.env, [{ name: 'WEBHOOK_CMD', value: '-template -metrics-listen :9100' }]);
+    assert.deepEqual(c.env, [{ name: 'WEBHOOK_CMD', value: '-template -metrics-listen :9100 -shutdown-delay 5s' }]);
     assert.deepEqual(c.envFrom, [{ secretRef: { name: find('Secret').metadata.name } }]);
     assert.deepEqual(c.resources, { requests: { cpu: '50m', memory: '128Mi' }, limits: { cpu: '1', memory: '256Mi' } });
     assert.equal(c.args, undefined, 'the image\'s default arguments are used');
     const svc = find('Service');
     assert.deepEqual(svc.spec.ports, [{ name: 'http', port, targetPort: 'http', protocol: 'TCP' }]);
     assert.deepEqual(svc.spec.selector, d.spec.selector.matchLabels);
+  });
+
+  test('two replicas, one per node, kept through drains; unready at the first 503 of a stopping pod, whose grace covers the delay', () => {
+    const d = find('Deployment');
+    const pod = d.spec.template.spec;
+    assert.equal(d.spec.replicas, 2);
+    assert.deepEqual(d.spec.strategy.rollingUpdate, { maxSurge: 1, maxUnavailable: 0 });
+    assert.deepEqual(pod.topologySpreadConstraints, [{
+      maxSkew: 1, topologyKey: 'kubernetes.io/hostname', whenUnsatisfiable: 'DoNotSchedule', nodeTaintsPolicy: 'Honor',
+      labelSelector: { matchLabels: d.spec.selector.matchLabels }, matchLabelKeys: ['pod-template-hash'],
+    }]);
+    const pdb = find('PodDisruptionBudget');
+    assert.equal(pdb.spec.minAvailable, 1);
+    assert.deepEqual(pdb.spec.selector, d.spec.selector);
+    const c = pod.containers[0];
+    assert.equal(c.readinessProbe.failureThreshold, 1);
+    const delay = Number(/-shutdown-delay (\d+)s/.exec(c.env[0].value)![1]);
+    assert.ok(c.readinessProbe.periodSeconds < delay, 'probed at least once within the delay');
+    assert.ok(pod.terminationGracePeriodSeconds >= delay + 25, 'the grace covers the delay and -shutdown-grace');
   });
 
   test('the Secret holds HOOK_TOKEN and the MAIL_* variables the executable reads', () => {
@@ -215,12 +234,32 @@ describe('deploy/', { skip: cluster ? false : 'no cluster' }, () => {
         throw new Error(`${e.message}\n${state}`);
       });
       const pods = JSON.parse(await kubectl(['--namespace', ns, 'get', 'pods', '--selector', 'app.kubernetes.io/name=webhook', '--output', 'json'])).items;
-      assert.equal(pods.length, 1);
-      const pod = pods[0];
-      assert.equal(pod.status.phase, 'Running');
-      assert.ok(pod.spec.nodeName.startsWith('node-'), pod.spec.nodeName);
-      assert.equal(pod.spec.serviceAccountName, `webhook-${suffix}`);
-      assert.equal(pod.spec.serviceAccount, `webhook-${suffix}`);
+      assert.equal(pods.length, 2);
+      for (const pod of pods) {
+        assert.equal(pod.status.phase, 'Running');
+        assert.ok(pod.spec.nodeName.startsWith('node-'), pod.spec.nodeName);
+        assert.equal(pod.spec.serviceAccountName, `webhook-${suffix}`);
+        assert.equal(pod.spec.serviceAccount, `webhook-${suffix}`);
+      }
+      // The test cluster has two nodes: the spread puts one replica on each.
+      assert.notEqual(pods[0].spec.nodeName, pods[1].spec.nodeName);
+      // The disruption controller allows one of the two to be evicted at a time.
+      const allowed = await waitFor(async () => {
+        const pdb = JSON.parse(await kubectl(['--namespace', ns, 'get', 'poddisruptionbudget', `webhook-${suffix}`, '--output', 'json']));
+        return pdb.status?.currentHealthy === 2 ? pdb.status.disruptionsAllowed : undefined;
+      }, { timeoutMs: 60_000, what: 'the PodDisruptionBudget to count both replicas' });
+      assert.equal(allowed, 1);
+    });
+
+    test('a rolling restart keeps one replica on each node', async () => {
+      const deployment = `deployment/webhook-${suffix}`;
+      await kubectl(['--namespace', ns, 'rollout', 'restart', deployment]);
+      await kubectl(['--namespace', ns, 'rollout', 'status', deployment, '--timeout=120s']);
+      const pods = JSON.parse(await kubectl(['--namespace', ns, 'get', 'pods', '--selector', 'app.kubernetes.io/name=webhook', '--field-selector', 'status.phase=Running', '--output', 'json'])).items
+        .filter((p: any) => !p.metadata.deletionTimestamp);
+      assert.equal(pods.length, 2);
+      assert.equal(new Set(pods.map((p: any) => p.metadata.labels['pod-template-hash'])).size, 1, 'all of the new revision');
+      assert.notEqual(pods[0].spec.nodeName, pods[1].spec.nodeName);
     });
 
     // `auth can-i` prints yes or no, and exits 1 for no.

@@ -16,7 +16,7 @@ import {
   checkImagePin, compileHooksFile, IMAGE_PIN_SETTINGS, readImagePin, registryOf,
   composeImageRef, credentialsFromEnvironment, parsePushHeaders, REPO_TYPES, formatReport, inClusterCredentials, KubeClient, KubeConfigError, KubeError,
   labelSelector, loadKubeconfig, normalizeImageRef, parsePushPayload, parseWorkload, planPatch, locateContainer, retryDelay,
-  rolloutStatus, runUpgrade, summarizePod, validateImageRef, WorkloadQueue, type UpgradeReport,
+  rolloutStatus, runUpgrade, summarizePod, validateImageRef, WorkloadQueue, decidePush, type UpgradeReport,
 } from '../webhook.ts';
 import { acrImage, acrPayload, apfThrottle, clusterOrSkip, containerImage, cronJob, daemonSet, deployment, freshNamespaceName, kubectlFor, shippedServiceAccount, statefulSet } from './cluster/kube.ts';
 
@@ -567,14 +567,11 @@ describe('output and ordering', () => {
     assert.deepEqual(log.filter((l) => /a\d/.test(l)), ['start a1', 'end a1', 'start a2', 'end a2', 'start a3', 'end a3']);
     assert.ok(log.indexOf('end b1') < log.indexOf('end a1'), 'b does not wait for a');
   });
-  test('WorkloadQueue remembers pushes for the window only', () => {
-    let now = 1_000;
-    const q = new WorkloadQueue(60_000, () => now);
-    q.remember('k');
-    now += 59_000;
-    assert.equal(q.appliedAgo('k'), 59_000);
-    now += 2_000;
-    assert.equal(q.appliedAgo('k'), undefined);
+  test('a push without digest or time is a repeat for the window only (the record on the workload decides)', () => {
+    const record = { pushedAt: new Date(1_000).toISOString(), timeFrom: 'received' as const, image: 'a:1', push: '|', previous: 'a:0', appliedAt: new Date(1_000).toISOString() };
+    const push = { pushedAtMs: 60_000, timeFrom: 'received' as const, image: 'a:1', push: '|' };
+    assert.equal(decidePush(record, push, 60_000).kind, 'repeat');
+    assert.equal(decidePush(record, { ...push, pushedAtMs: 62_000 }, 62_000).kind, 'apply');
   });
   test('invalid input fails before any API call', async () => {
     // A client that cannot connect: any request would fail with a connection error instead.

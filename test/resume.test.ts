@@ -1,0 +1,147 @@
+/*
+ * Follows survive the replica that started them: the image's PATCH records the follow on the
+ * workload (webhook/follow: request, hook, deadline, MAIL_TO); a replica that starts later finds
+ * it for the hooks it serves and follows the rollout to its end; of several such replicas, only
+ * the one whose PATCH takes the record off reports it, so exactly one mail goes out. Built
+ * executable, real test cluster, real exim. A paused Deployment holds its rollout open until the
+ * test resumes it, so "mid-follow" is a state the test sets, not a moment it guesses.
+ */
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+import { startWebhook, waitFor, waitForOutput, type Webhook } from './harness.ts';
+import { startMta, type Mta } from './mta.ts';
+import { acrImage, acrPayload, clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor } from './cluster/kube.ts';
+import { upgradeHook } from './upgrade-hooks.ts';
+
+const TOKEN = 'resume-token-3be81f';
+const cluster = await clusterOrSkip();
+const b64 = (t: string) => Buffer.from(t).toString('base64');
+
+function readMail(raw: string): { subject: string; body: string } {
+  const [head, body] = raw.replace(/\r\n/g, '\n').split('\n\n');
+  const subject = /^Subject: (.*(?:\n[ \t].*)*)/m.exec(head)![1].replace(/\n[ \t]/g, '')
+    .replace(/=\?UTF-8\?B\?([^?]*)\?=/g, (_, b: string) => Buffer.from(b, 'base64').toString('utf8'));
+  return { subject, body: Buffer.from(body.replace(/\s+/g, ''), 'base64').toString('utf8') };
+}
+
+/** The hook pinned to one workload (as deploy/hooks/web.json is): what a starting replica resumes. */
+function pinnedHook(ns: string): object {
+  const hook = upgradeHook('slow', TOKEN, { MAIL_TO: 'ops@example.com' }) as Record<string, unknown>;
+  const rule = (name: string, value: string) => ({ match: { type: 'value', value, parameter: { source: 'url', name } } });
+  hook['trigger-rule'] = { and: [rule('token', TOKEN), rule('ns', ns), rule('workload', 'deployment/slow'), rule('container', 'app')] };
+  return hook;
+}
+
+describe('a follow outlives the replica that started it', { skip: cluster ? false : 'no cluster' }, () => {
+  const ns = freshNamespaceName('resume');
+  const kubectl = kubectlFor(cluster!);
+  const getJson = async (what: string) => JSON.parse(await kubectl(['-n', ns, 'get', what, '-o', 'json']));
+  let mta: Mta;
+  const started: Webhook[] = [];
+  const start = async () => {
+    const wh = await startWebhook({
+      hooks: [pinnedHook(ns), pairHook(ns)],
+      env: {
+        KUBECONFIG: cluster!.kubeconfigPath,
+        MAIL_SMTP_SERVER: b64('localhost'), MAIL_SMTP_PORT: String(mta.starttlsPort), MAIL_FROM: b64(mta.user), MAIL_PASSWORD: b64(mta.password), MAIL_CACERT: b64(mta.caPem),
+      },
+    });
+    started.push(wh);
+    return wh;
+  };
+  const push = (wh: Webhook, tag: string) =>
+    wh.request(`/hooks/slow?${new URLSearchParams({ token: TOKEN, ns, workload: 'deployment/slow', container: 'app', repo_type: 'regionalregistry' })}`, {
+      method: 'POST', headers: { 'Content-Type': 'application/json' }, body: acrPayload(tag),
+    });
+
+  before(async () => {
+    await kubectl(['create', 'namespace', ns]);
+    await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(deployment('slow', [{ name: 'app', image: acrImage('v1') }], { replicas: 1 })));
+    await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(deployment('pair', [{ name: 'app', image: acrImage('v1') }, { name: 'side', image: acrImage('v1') }], { replicas: 1 })));
+    for (const w of ['slow', 'pair']) await kubectl(['-n', ns, 'rollout', 'status', `deployment/${w}`, '--timeout=90s']);
+    mta = await startMta();
+  });
+  after(async () => {
+    await Promise.all(started.map((w) => w.stop()));
+    await mta?.stop();
+    if (!process.env.KEEP_NAMESPACE) await kubectl(['delete', 'namespace', ns, '--wait=false']).catch(() => undefined);
+  });
+
+  test('a replica killed mid-follow: of two replicas started after it, one finishes the follow and exactly one mail goes out', async () => {
+    await kubectl(['-n', ns, 'rollout', 'pause', 'deployment/slow']);
+    const first = await start();
+    const res = await push(first, 'v2');
+    assert.equal(res.status, 200, res.body);
+    assert.match(res.body, /^rollout: +progressing/m);
+    const follows = JSON.parse((await getJson('deployment/slow')).metadata.annotations['webhook/follow']);
+    const request = follows.app.request;
+    assert.equal(follows.app.hook, 'slow');
+    assert.equal(follows.app.mailTo, 'ops@example.com');
+    assert.ok(Date.parse(follows.app.deadline) > Date.now());
+    first.proc.kill('SIGKILL');
+    await first.exited;
+
+    const [b, c] = await Promise.all([start(), start()]);
+    for (const wh of [b, c]) await waitForOutput(wh, `[${request}] deployment/slow in ${ns}: resuming the rollout's follow`, 30_000);
+    await kubectl(['-n', ns, 'rollout', 'resume', 'deployment/slow']);
+    const [raw] = await mta.waitForMessages(1, 90_000);
+    // Both replicas have settled: one sent the mail, the other saw the record taken.
+    const sent = new RegExp(`\\[${request}\\] mail sent to ops@example\\.com`);
+    const yielded = `[${request}] deployment/slow in ${ns}: another replica reported the rollout's end`;
+    await waitFor(() => (sent.test(b.output()) && c.output().includes(yielded)) || (sent.test(c.output()) && b.output().includes(yielded)),
+      { timeoutMs: 60_000, what: 'one replica to mail and the other to find the record taken' });
+    assert.equal((await mta.messages()).length, 1, 'exactly one mail');
+    const mail = readMail(raw);
+    assert.equal(mail.subject, `Webhooks通知: ${ns}-deployment/slow-app 更新结果: succeeded`);
+    assert.match(mail.body, new RegExp(`^request: ${request}$`, 'm'));
+    assert.match(mail.body, new RegExp(`^image after: +${acrImage('v2').replace(/\./g, '\\.')}$`, 'm'));
+    assert.match(mail.body, /^rollout: +complete/m);
+    assert.match(mail.body, /^note: +the rollout was followed to its end by a replica started after the one that applied the push$/m);
+    const d = await getJson('deployment/slow');
+    assert.deepEqual(JSON.parse(d.metadata.annotations['webhook/follow']), {});
+    assert.equal(containerImage(d, 'app'), acrImage('v2'));
+    await mta.clear();
+  });
+
+  test('a replica stopped with SIGTERM mid-follow leaves the follow to the next one instead of mailing "timed out"', async () => {
+    await kubectl(['-n', ns, 'rollout', 'pause', 'deployment/slow']);
+    const [leaving] = started.filter((w) => w.proc.exitCode === null && w.proc.signalCode === null);
+    const res = await push(leaving, 'v3');
+    assert.match(res.body, /^rollout: +progressing/m);
+    const request = JSON.parse((await getJson('deployment/slow')).metadata.annotations['webhook/follow']).app.request;
+    await leaving.stop();
+    assert.match(leaving.output(), new RegExp(`\\[${request}\\] deployment/slow in ${ns}: stopping; the rollout's follow is left to the replica that starts next`));
+    assert.doesNotMatch(leaving.output(), new RegExp(`\\[${request}\\] mail sent`));
+    const next = await start();
+    await waitForOutput(next, `[${request}] deployment/slow in ${ns}: resuming the rollout's follow`, 30_000);
+    await kubectl(['-n', ns, 'rollout', 'resume', 'deployment/slow']);
+    const [raw] = await mta.waitForMessages(1, 90_000);
+    const mail = readMail(raw);
+    assert.match(mail.body, new RegExp(`^request: ${request}$`, 'm'));
+    assert.match(mail.body, /^rollout: +complete/m);
+  });
+
+  test('a push to another container of the workload supersedes a follow in the same replica, which takes its record off', async () => {
+    await kubectl(['-n', ns, 'rollout', 'pause', 'deployment/pair']);
+    const wh = started.find((w) => w.proc.exitCode === null && w.proc.signalCode === null)!;
+    const pushPair = (container: string, tag: string) =>
+      wh.request(`/hooks/pair?${new URLSearchParams({ token: TOKEN, ns, workload: 'deployment/pair', container, repo_type: 'regionalregistry' })}`, {
+        method: 'POST', headers: { 'Content-Type': 'application/json' }, body: acrPayload(tag),
+      });
+    assert.match((await pushPair('app', 'v2')).body, /^rollout: +progressing/m);
+    assert.deepEqual(Object.keys(JSON.parse((await getJson('deployment/pair')).metadata.annotations['webhook/follow'])), ['app']);
+    assert.match((await pushPair('side', 'v2')).body, /^rollout: +progressing/m);
+    await waitFor(async () => Object.keys(JSON.parse((await getJson('deployment/pair')).metadata.annotations['webhook/follow'])).join() === 'side',
+      { timeoutMs: 60_000, what: "the superseded follow's record to be taken off" });
+    await kubectl(['-n', ns, 'rollout', 'resume', 'deployment/pair']);
+  });
+});
+
+/** A hook for deployment/pair whose container comes from the URL. */
+function pairHook(ns: string): object {
+  const hook = upgradeHook('pair', TOKEN, { MAIL_TO: 'ops@example.com' }) as Record<string, unknown>;
+  const rule = (name: string, value: string) => ({ match: { type: 'value', value, parameter: { source: 'url', name } } });
+  hook['trigger-rule'] = { and: [rule('token', TOKEN), rule('ns', ns), rule('workload', 'deployment/pair')] };
+  return hook;
+}
+

@@ -1,0 +1,27 @@
+/*
+ * Hook definitions for tests that push through the built executable: the seed hook's shape
+ * (/webhooks.sh, here this repository's shim, with the payload as argument 1 and the target from
+ * the URL), guarded by a token only, plus fixed settings such as ROLLBACK_ON_FAILURE or MAIL_TO.
+ */
+import * as path from 'node:path';
+
+const REPO = path.join(import.meta.dirname, '..');
+
+export function upgradeHook(id: string, token: string, settings: Record<string, string> = {}): object {
+  return {
+    id,
+    'execute-command': path.join(REPO, 'webhooks.sh'),
+    'include-command-output-in-response': true,
+    'include-command-output-in-response-on-error': true,
+    'trigger-rule-mismatch-http-response-code': 500,
+    'pass-arguments-to-command': [{ source: 'entire-payload' }],
+    'pass-environment-to-command': [
+      { envname: 'APP_NS', source: 'url', name: 'ns' },
+      { envname: 'APP_WORKLOAD', source: 'url', name: 'workload' },
+      { envname: 'APP_CONTAINER', source: 'url', name: 'container' },
+      { envname: 'REPO_TYPE', source: 'url', name: 'repo_type' },
+      ...Object.entries(settings).map(([envname, name]) => ({ envname, source: 'string', name })),
+    ],
+    'trigger-rule': { match: { type: 'value', value: token, parameter: { source: 'url', name: 'token' } } },
+  };
+}
