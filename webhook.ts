@@ -4604,7 +4604,7 @@ export interface InProcessCommand {
     args: string[],
     env: Environment,
     requestId: string,
-    hookId: string,
+    hook: Hook,
   ): Promise<{ output: string; exitCode: number; report: unknown; accepted?: boolean }>;
 }
 
@@ -4794,7 +4794,7 @@ export class CommandRunner {
     );
     const timeoutMs = hook.commandTimeoutMs;
     const result = slot.inProcess
-      ? await this.runInProcess(inputs, timeoutMs, req.id, hook.id)
+      ? await this.runInProcess(inputs, timeoutMs, req.id, hook)
       : await this.spawnCommand(resolved.path, hook.command, inputs, hook.workingDirectory, timeoutMs, tag);
     this.log.info(`${tag} command output: ${result.output}`);
     if (!result.ok) this.log.error(`${tag} hook ${hook.id}: command ${hook.command} failed: ${result.error}`);
@@ -4853,10 +4853,10 @@ export class CommandRunner {
     inputs: CommandInputs,
     timeoutMs: number,
     requestId: string,
-    hookId: string,
+    hook: Hook,
   ): Promise<CommandResult> {
     const env = inputs.env;
-    const running = this.inProcess!.run(inputs.args, env, requestId, hookId);
+    const running = this.inProcess!.run(inputs.args, env, requestId, hook);
     // This only stops the answer from waiting longer than the hook allows.
     const timedOut =
       timeoutMs > 0
@@ -9631,7 +9631,7 @@ interface KeptPush {
   args: string[];
   env: Record<string, string | undefined>;
   requestId: string;
-  hookId: string;
+  hook: Hook;
   /** The report answered (202), whose `pending` this push settles. */
   report: UpgradeReport;
   deadline: number;
@@ -9668,13 +9668,7 @@ export class KeptPushes {
   }
 
   /** The answer for a push the API server did not answer: kept (202), superseded, or failed as it is. */
-  keep(
-    args: string[],
-    env: Record<string, string | undefined>,
-    requestId: string,
-    hookId: string,
-    result: UpgradeResult,
-  ) {
+  keep(args: string[], env: Record<string, string | undefined>, requestId: string, hook: Hook, result: UpgradeResult) {
     const r = result.report;
     const key = `${r.namespace}/${r.workload}/${r.container}`;
     const held = this.kept.get(key);
@@ -9695,7 +9689,7 @@ export class KeptPushes {
       action: `waiting for the API server (${r.error}): kept, and applied when it answers until ${until}`,
       pending,
     };
-    this.kept.set(key, { args, env, requestId, hookId, report, deadline, settle, abandon: new AbortController() });
+    this.kept.set(key, { args, env, requestId, hook, report, deadline, settle, abandon: new AbortController() });
     this.lastTryFailed = true;
     this.log.warn(
       `[${requestId}] ${r.workload} in ${r.namespace}: the API server does not answer; push kept until ${until}`,
@@ -9799,7 +9793,7 @@ export class UpgradeService implements InProcessCommand {
     this.followMs = followMs;
     this.log = log;
     const apply = (k: KeptPush) =>
-      runUpgrade(k.args, k.env, { ...this.deps(k.requestId, k.hookId, k.env), abandon: k.abandon.signal });
+      runUpgrade(k.args, k.env, { ...this.deps(k.requestId, k.hook, k.env), abandon: k.abandon.signal });
     this.kept = new KeptPushes(apply, applyDeadlineMs, log, this.stopping.signal);
   }
 
@@ -9831,9 +9825,10 @@ export class UpgradeService implements InProcessCommand {
     args: string[],
     env: Record<string, string | undefined>,
     requestId: string,
-    hookId: string,
+    hook: Hook,
   ): Promise<UpgradeResult & { accepted?: boolean }> {
-    const deps = this.deps(requestId, hookId, env);
+    const hookId = hook.id;
+    const deps = this.deps(requestId, hook, env);
     // While the API server is known to be away, one try: a push is kept (202) without waiting
     // through the retry budget, which would outlast many a registry's delivery timeout.
     if (this.kept.away()) deps.client = this.singleTryClient() ?? deps.client;
@@ -9842,19 +9837,24 @@ export class UpgradeService implements InProcessCommand {
     // Logged whatever the verbosity: someone tried to deploy a repository the hook does not allow.
     if (r.refused)
       this.log.error(`[${requestId}] hook ${hookId}: push to ${r.workload} in ${r.namespace} refused: ${r.error}`);
-    return r.unreachable ? this.kept.keep(args, env, requestId, hookId, result) : result;
+    return r.unreachable ? this.kept.keep(args, env, requestId, hook, result) : result;
   }
 
-  private deps(requestId: string, hookId: string, env: Record<string, string | undefined>): UpgradeDeps {
+  /**
+   * A follow is recorded on the workload only where a replica starting next would find it: the hook
+   * fixes the workload (hookReach). Otherwise this replica reports the rollout's end, even at shutdown.
+   */
+  private deps(requestId: string, hook: Hook, env: Record<string, string | undefined>): UpgradeDeps {
+    const resumable = hookReach(hook)?.target !== undefined;
     return {
       client: this.sharedClient(),
       kubeconfig: this.kubeconfig,
       requestId,
-      hookId,
+      hookId: hook.id,
       queue: this.queue,
       eventAfterAnswer: true,
       known: this.known,
-      followAfter: this.followMs > 0 ? { followMs: this.followMs, mailTo: env.MAIL_TO } : undefined,
+      followAfter: this.followMs > 0 && resumable ? { followMs: this.followMs, mailTo: env.MAIL_TO } : undefined,
     };
   }
 
