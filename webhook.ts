@@ -8588,6 +8588,7 @@ export async function runUpgrade(
       // A handshake's answer is the body its sender reads; the report still goes to the log and mail.
       return composed.kind === 'answer' ? { ...result, output: composed.body } : result;
     }
+    report.imageAfter = composed.ref;
     report.notes.push(...composed.notes);
     // When it arrived, before any wait: the push's time when its payload names none.
     const time = pushTime(composed.pushedAt, (deps.now ?? (() => new Date()))());
@@ -8605,7 +8606,6 @@ export async function runUpgrade(
       report.imageAfter = ref;
       await applyUpgrade(client, settings, { ...push, image: ref }, report, deps);
     };
-    report.imageAfter = composed.ref;
     await (deps.queue ? deps.queue.run(workloadKey, apply) : apply());
   } catch (e) {
     report.result = 'failed';
