@@ -7499,7 +7499,8 @@ export type JsonPatchOperation =
 //    deploy/ds/sts/cj, or kind.group), APP_CONTAINER (exact name; containers, then
 //    initContainers), ROLLOUT_TIMEOUT (Go duration; 0, the default, answers at once with
 //    "progressing"), ROLLBACK_ON_FAILURE (true: a followed rollout that fails is rolled back to the
-//    image before the push), VERIFY_IMAGE and REGISTRY_CA (below), plus those of section 11.
+//    image before the push; a StatefulSet's pods left stuck by it are deleted, its "forced
+//    rollback"), VERIFY_IMAGE and REGISTRY_CA (below), plus those of section 11.
 //    Argument 2, when the hook passes entire-headers, is the request's headers (section 11 reads them).
 //
 //    VERIFY_IMAGE=true (default false): once the image pin has allowed the push, the tag is resolved
@@ -7540,7 +7541,8 @@ export type JsonPatchOperation =
 //      rollout:      progressing (…) | complete (…) | failed: <why> | timed out after <d>: <state>
 //                    | not tracked (…)
 //      pod <name>:   <phase>, ready|not ready, image <image>, restarts <n>[, <reason>]
-//      rollback:     rolled back to <image>: <why>; its rollout <…> | not rolled back: <why>; <why>
+//      rollback:     rolled back to <image>: <why>[; <forced rollback>]; its rollout <…>
+//                    | not rolled back: <why>; <why>
 //      note:         <anything else worth knowing>
 //    Exit status 0 when result is ok (a change made, or an acknowledged no-op), 1 otherwise; a
 //    rollout that was waited for and failed or timed out makes the result failed.
