@@ -6903,7 +6903,7 @@ export interface ResourceRef {
   name?: string;
 }
 
-export type KubeVerb = 'get' | 'list' | 'patch' | 'create';
+export type KubeVerb = 'get' | 'list' | 'patch' | 'create' | 'delete';
 
 /** `deployments.apps "web" in namespace "prod"`: how kubectl and RBAC name a resource. */
 export function describeResource(r: ResourceRef): string {
@@ -7240,6 +7240,12 @@ export class KubeClient {
     );
   }
 
+  /** Deletes the object only while it is still the one with this uid (a precondition; else 409). */
+  delete<T>(r: ResourceRef, uid: string): Promise<T> {
+    const options = { kind: 'DeleteOptions', apiVersion: 'v1', preconditions: { uid } };
+    return this.call<T>('delete', 'DELETE', r, { body: JSON.stringify(options), contentType: 'application/json' });
+  }
+
   /** Closes idle keep-alive connections. */
   close(): void {
     this.agent.destroy();
@@ -7493,7 +7499,8 @@ export type JsonPatchOperation =
 //    deploy/ds/sts/cj, or kind.group), APP_CONTAINER (exact name; containers, then
 //    initContainers), ROLLOUT_TIMEOUT (Go duration; 0, the default, answers at once with
 //    "progressing"), ROLLBACK_ON_FAILURE (true: a followed rollout that fails is rolled back to the
-//    image before the push), VERIFY_IMAGE and REGISTRY_CA (below), plus those of section 11.
+//    image before the push; a StatefulSet's pods left stuck by it are deleted, its "forced
+//    rollback"), VERIFY_IMAGE and REGISTRY_CA (below), plus those of section 11.
 //    Argument 2, when the hook passes entire-headers, is the request's headers (section 11 reads them).
 //
 //    VERIFY_IMAGE=true (default false): once the image pin has allowed the push, the tag is resolved
@@ -7534,7 +7541,8 @@ export type JsonPatchOperation =
 //      rollout:      progressing (…) | complete (…) | failed: <why> | timed out after <d>: <state>
 //                    | not tracked (…)
 //      pod <name>:   <phase>, ready|not ready, image <image>, restarts <n>[, <reason>]
-//      rollback:     rolled back to <image>: <why>; its rollout <…> | not rolled back: <why>; <why>
+//      rollback:     rolled back to <image>: <why>[; <forced rollback>]; its rollout <…>
+//                    | not rolled back: <why>; <why>
 //      note:         <anything else worth knowing>
 //    Exit status 0 when result is ok (a change made, or an acknowledged no-op), 1 otherwise; a
 //    rollout that was waited for and failed or timed out makes the result failed.
@@ -7577,6 +7585,9 @@ export const UPGRADE_LIMITS = {
   // again two or three times, and a Deployment's own progress deadline (600 s by default), a
   // DaemonSet's or StatefulSet's (none) would leave a broken image running far longer.
   stuckPodFailMs: 30_000,
+  // A forced rollback deletes stuck pods only once the StatefulSet controller has seen the template
+  // set back (else it could recreate them broken); it does so within a second or two, unless it is down.
+  rollbackObservedMs: 30_000,
   // How often a follow lists the pods to see whether any is stuck: a list of pods (and of a
   // Deployment's ReplicaSets) costs more than the once-a-second GET of the workload.
   stuckPodCheckMs: 5_000,
@@ -7609,6 +7620,11 @@ interface KindSpec {
   podsOwnedThrough?: { group: string; version: string; resource: string };
   /** The report's action when the same image is pushed again. */
   sameImageAction: string;
+  /**
+   * A rollback must delete the pods the failed update left stuck (a StatefulSet's "forced
+   * rollback": its controller waits for them to become ready first), which needs `delete` on pods.
+   */
+  forcedRollback?: boolean;
 }
 
 const RESTARTED = 'rollout restarted (same image re-pulled)';
@@ -7648,6 +7664,7 @@ const WORKLOAD_KINDS = {
     rollout: statefulSetRollout,
     hasRollout: true,
     sameImageAction: RESTARTED,
+    forcedRollback: true,
   },
   cronjob: {
     kind: 'CronJob',
@@ -8438,8 +8455,19 @@ export interface RollbackOutcome {
   reason: string;
   image?: string;
   rollout?: RolloutOutcome;
+  /** A StatefulSet's forced rollback: the stuck pods deleted, or left to delete by hand. */
+  forced?: ForcedRollback;
   /** Why nothing was rolled back. */
   notDone?: string;
+}
+
+/** A StatefulSet's forced rollback: the stuck pods deleted, and those left to delete by hand and why. */
+export interface ForcedRollback {
+  namespace: string;
+  deleted: string[];
+  byHand: string[];
+  /** Why pods are left to delete by hand (the first refusal, or why none could be looked at). */
+  why?: string;
 }
 
 export interface UpgradeDeps {
@@ -9015,20 +9043,137 @@ export async function rollBackFailedRollout(
       guarded: { [LAST_PUSH_ANNOTATION]: { value: rolledBack, read: raw } },
     };
     const ops = planPatch(workload, target.kind, container, located, change);
-    await client.patch<K8sObject>(workloadResource(target), ops, UPGRADE_LIMITS.fieldManager);
+    const patched = await client.patch<K8sObject>(workloadResource(target), ops, UPGRADE_LIMITS.fieldManager);
     report.lastPush = rolledBack;
     report.action = `${report.action}, then rolled back to ${record.previous}`;
-    const message = `container ${container}: rolled back to ${record.previous}: ${reason}; ${whoAsked(deps)}`;
+    const forced = kindSpec(target.kind).forcedRollback
+      ? await forceRollback(client, target, patched, container, record.image)
+      : undefined;
+    const forcedText = forced ? `; ${formatForcedRollback(forced)}` : '';
+    const message =
+      `container ${container}: rolled back to ${record.previous}: ${reason}${forcedText}; ` + whoAsked(deps);
     await recordEventQuietly(client, target, { type: 'Warning', reason: 'RolledBack', message }, now, report);
-    const rollout =
-      followMs > 0
-        ? await followRollout(client, target, { timeoutMs: followMs, container, image: record.previous })
-        : { state: 'progressing' as const, detail: 'not followed', pods: [] };
-    report.rollback = { reason, image: record.previous, rollout };
+    const rollout = await followRollback(client, target, container, record.previous, followMs, forced);
+    report.rollback = { reason, image: record.previous, rollout, ...(forced && { forced }) };
   } catch (e) {
     const why = e instanceof KubeError && e.status === 422 ? 'the workload changed meanwhile' : (e as Error).message;
     report.rollback = { reason, notDone: `the rollback failed: ${why}` };
   }
+}
+
+/**
+ * The rollback's own rollout, followed for up to followMs; not followed when stuck pods are left to
+ * delete by hand, since it cannot go on before they are (the mail saying so should not wait for that).
+ */
+async function followRollback(
+  client: KubeClient,
+  target: WorkloadTarget,
+  container: string,
+  image: string,
+  followMs: number,
+  forced: ForcedRollback | undefined,
+): Promise<RolloutOutcome> {
+  if (forced && (forced.byHand.length > 0 || forced.why !== undefined))
+    return { state: 'progressing', detail: 'not followed: it waits until the stuck pods are deleted', pods: [] };
+  if (followMs <= 0) return { state: 'progressing', detail: 'not followed', pods: [] };
+  return followRollout(client, target, { timeoutMs: followMs, container, image });
+}
+
+/**
+ * A StatefulSet's forced rollback (Kubernetes documents it under StatefulSet, "Forced rollback"):
+ * with OrderedReady pods and a RollingUpdate, the controller waits for a pod of the failed update
+ * to become ready, which it never will, so the template set back changes nothing until those pods
+ * are deleted. Once the controller has observed the rollback (so it recreates them from the
+ * template set back, not the broken one), deletes each pod the StatefulSet owns whose container
+ * still runs the image rolled back from and that is not ready, under a precondition on the pod's
+ * uid (a pod recreated meanwhile is left alone). Never throws: a refusal names the pods to delete.
+ */
+async function forceRollback(
+  client: KubeClient,
+  target: WorkloadTarget,
+  rolledBack: K8sObject,
+  container: string,
+  fromImage: string,
+): Promise<ForcedRollback> {
+  const forced: ForcedRollback = { namespace: target.namespace, deleted: [], byHand: [] };
+  try {
+    const workload = await rollbackObserved(client, target, rolledBack);
+    for (const pod of await podsOfFailedUpdate(client, target, workload, container, fromImage)) {
+      const name = String(valueAt(pod, ['metadata', 'name']));
+      const ref = { group: '', version: 'v1', resource: 'pods', namespace: target.namespace, name };
+      try {
+        await client.delete(ref, String(valueAt(pod, ['metadata', 'uid'])));
+        forced.deleted.push(name);
+      } catch (e) {
+        // Gone already, or already recreated under another uid: nothing left to do for it.
+        if (e instanceof KubeError && (e.status === 404 || e.status === 409)) continue;
+        forced.byHand.push(name);
+        forced.why ??= (e as Error).message;
+      }
+    }
+  } catch (e) {
+    forced.why = (e as Error).message;
+  }
+  return forced;
+}
+
+/** The workload once its controller has observed the rollback's generation; throws past the limit. */
+async function rollbackObserved(client: KubeClient, target: WorkloadTarget, rolledBack: K8sObject): Promise<K8sObject> {
+  const deadline = Date.now() + UPGRADE_LIMITS.rollbackObservedMs;
+  const generation = numberAt(rolledBack, ['metadata', 'generation']);
+  let workload = rolledBack;
+  while (numberAt(workload, ['status', 'observedGeneration']) < generation) {
+    if (Date.now() >= deadline) {
+      throw new UpgradeError(
+        `the ${target.kind} controller did not observe the rollback within ` +
+          formatGoDuration(UPGRADE_LIMITS.rollbackObservedMs),
+      );
+    }
+    await sleep(UPGRADE_LIMITS.rolloutPollMs);
+    workload = await client.get<K8sObject>(workloadResource(target));
+  }
+  return workload;
+}
+
+/** The workload's own pods still running `image` in the container and not ready, sorted by name. */
+async function podsOfFailedUpdate(
+  client: KubeClient,
+  target: WorkloadTarget,
+  workload: K8sObject,
+  container: string,
+  image: string,
+): Promise<unknown[]> {
+  const owners = new Set([String(target.uid ?? valueAt(workload, ['metadata', 'uid']))]);
+  const pods = await client.list<{ items: unknown[] }>(
+    { group: '', version: 'v1', resource: 'pods', namespace: target.namespace },
+    { labelSelector: labelSelector(valueAt(workload, ['spec', 'selector'])) },
+  );
+  const wanted = normalizeImageRef(image);
+  return pods.items
+    .filter(
+      (p) =>
+        ownedBy(p, owners) &&
+        !valueAt(p, ['metadata', 'deletionTimestamp']) &&
+        !summarizePod(p, container).ready &&
+        normalizeImageRef(locateContainer(valueAt(p, ['spec']), container)?.image ?? '') === wanted,
+    )
+    .sort((a, b) => String(valueAt(a, ['metadata', 'name'])).localeCompare(String(valueAt(b, ['metadata', 'name']))));
+}
+
+/** What a forced rollback did, for the rollback line, the Event and the log. Pure. */
+export function formatForcedRollback(f: ForcedRollback): string {
+  const parts: string[] = [];
+  if (f.deleted.length > 0)
+    parts.push(`deleted the stuck pods ${f.deleted.join(', ')} for the StatefulSet's forced rollback`);
+  if (f.byHand.length > 0)
+    parts.push(
+      `the stuck pods ${f.byHand.join(', ')} must be deleted by hand for the StatefulSet's forced rollback ` +
+        `(kubectl -n ${f.namespace} delete pod ${f.byHand.join(' ')}): ${f.why}`,
+    );
+  else if (f.why !== undefined)
+    parts.push(`the stuck pods (not ready, running the image rolled back from) must be deleted by hand: ${f.why}`);
+  if (parts.length === 0) parts.push("no stuck pods to delete for the StatefulSet's forced rollback");
+  return parts.join('; ');
 }
 
 /** Why a failed rollout cannot be rolled back, or undefined when it can. Pure. */
@@ -9419,8 +9564,9 @@ export function formatPod(p: PodSummary): string {
 
 export function formatRollback(r: RollbackOutcome): string {
   if (r.notDone !== undefined) return `not rolled back: ${r.notDone}; ${r.reason}`;
+  const forced = r.forced ? `; ${formatForcedRollback(r.forced)}` : '';
   const rollout = r.rollout ? `; its rollout ${formatRollout(r.rollout)}` : '';
-  return `rolled back to ${r.image}: ${r.reason}${rollout}`;
+  return `rolled back to ${r.image}: ${r.reason}${forced}${rollout}`;
 }
 
 /** The report as the documented lines (see the section banner). Pure. */
@@ -9456,6 +9602,8 @@ export interface HookReach {
   verifyImage?: boolean;
   /** Those pull secrets, as read from the workload (-print-rbac with cluster access). */
   pullSecrets?: string[];
+  /** The hook fixes ROLLBACK_ON_FAILURE=true: a StatefulSet's rollback deletes its stuck pods. */
+  rollbackOnFailure?: boolean;
 }
 
 /** The matches every passing request satisfies: those reached from the rule's root through `and`. */
@@ -9510,13 +9658,18 @@ export function hookReach(hook: Hook): HookReach | undefined {
     };
   }
   if (!DNS_LABEL.test(ns.value)) return { ...reach, open: `APP_NS ${showValue(ns.value)} is not a namespace name` };
-  const verify = pinnedInput(hook, 'VERIFY_IMAGE');
-  const verifyImage = verify !== undefined && 'value' in verify && parseGoBool(verify.value.trim()) === true;
+  const fixedTrue = (envname: string) => {
+    const input = pinnedInput(hook, envname);
+    return input !== undefined && 'value' in input && parseGoBool(input.value.trim()) === true;
+  };
+  const verifyImage = fixedTrue('VERIFY_IMAGE');
+  const rollbackOnFailure = fixedTrue('ROLLBACK_ON_FAILURE');
   try {
     return {
       ...reach,
       target: { namespace: ns.value, ...parseWorkload(workload.value) },
       ...(verifyImage && { verifyImage }),
+      ...(rollbackOnFailure && { rollbackOnFailure }),
     };
   } catch (e) {
     return { ...reach, open: (e as Error).message };
@@ -9525,8 +9678,11 @@ export function hookReach(hook: Hook): HookReach | undefined {
 
 const yamlList = (items: string[]) => `[${items.map((i) => JSON.stringify(i)).join(', ')}]`;
 
-/** The Role of one namespace: get/patch on the named workloads, and what the summary and Events need. */
-function roleRules(workloads: Map<WorkloadKind, Set<string>>, secrets: Set<string>): string[] {
+/**
+ * The Role of one namespace: get/patch on the named workloads, and what the summary and Events need;
+ * delete on pods only where a hook's rollback must delete stuck pods (forcedRollback).
+ */
+function roleRules(workloads: Map<WorkloadKind, Set<string>>, secrets: Set<string>, deletePods: boolean): string[] {
   const rule = (group: string, resource: string, verbs: string[], names?: string[]) => [
     `  - apiGroups: ${yamlList([group])}`,
     `    resources: ${yamlList([resource])}`,
@@ -9539,7 +9695,8 @@ function roleRules(workloads: Map<WorkloadKind, Set<string>>, secrets: Set<strin
   );
   const through = kinds.map((k) => kindSpec(k).podsOwnedThrough).find((t) => t !== undefined);
   if (through) lines.push(...rule(through.group, through.resource, ['list']));
-  if (kinds.some((k) => kindSpec(k).hasRollout)) lines.push(...rule('', 'pods', ['list']));
+  if (kinds.some((k) => kindSpec(k).hasRollout))
+    lines.push(...rule('', 'pods', deletePods ? ['list', 'delete'] : ['list']));
   // VERIFY_IMAGE reads the pull secrets the workloads name, and no other.
   if (secrets.size > 0) lines.push(...rule('', 'secrets', ['get'], [...secrets].sort()));
   return [...lines, ...rule('', 'events', ['create'])];
@@ -9548,15 +9705,18 @@ function roleRules(workloads: Map<WorkloadKind, Set<string>>, secrets: Set<strin
 /**
  * A Role and a RoleBinding per namespace the hooks' upgrades reach, as YAML `kubectl apply -f -`
  * takes: get and patch on exactly the workloads named (resourceNames), list on the ReplicaSets and
- * Pods the rollout summary reads, create on Events. Hooks whose workload a request chooses are
+ * Pods the rollout summary reads, create on Events, delete on Pods where a hook that fixes
+ * ROLLBACK_ON_FAILURE=true upgrades a StatefulSet (its forced rollback). Hooks whose workload a request chooses are
  * listed in a comment and returned: only a cluster-wide role serves them. Pure.
  */
 export function formatRbac(reaches: HookReach[], serviceAccount: string, hooksPaths: string[]): string {
   const [saNamespace, saName] = serviceAccount.split('/');
   const byNamespace = new Map<string, Map<WorkloadKind, Set<string>>>();
   const secretsIn = new Map<string, Set<string>>();
-  for (const { target: t, pullSecrets } of reaches) {
+  const deletePodsIn = new Set<string>();
+  for (const { target: t, pullSecrets, rollbackOnFailure } of reaches) {
     if (!t) continue;
+    if (rollbackOnFailure && kindSpec(t.kind).forcedRollback) deletePodsIn.add(t.namespace);
     const kinds = byNamespace.get(t.namespace) ?? new Map<WorkloadKind, Set<string>>();
     const names = kinds.get(t.kind) ?? new Set<string>();
     byNamespace.set(t.namespace, kinds.set(t.kind, names.add(t.name)));
@@ -9571,7 +9731,10 @@ export function formatRbac(reaches: HookReach[], serviceAccount: string, hooksPa
     ...reaches.map((r) =>
       r.target
         ? `#   hook ${JSON.stringify(r.hook)}: ${r.target.kind}/${r.target.name} in namespace ${r.target.namespace}` +
-          (r.pullSecrets?.length ? `, pull secrets ${r.pullSecrets.join(', ')} (VERIFY_IMAGE)` : '')
+          (r.pullSecrets?.length ? `, pull secrets ${r.pullSecrets.join(', ')} (VERIFY_IMAGE)` : '') +
+          (r.rollbackOnFailure && kindSpec(r.target.kind).forcedRollback
+            ? ', delete on its stuck pods (ROLLBACK_ON_FAILURE: forced rollback)'
+            : '')
         : `#   hook ${JSON.stringify(r.hook)}: NOT COVERED: ${r.open}`,
     ),
     ...(reaches.some((r) => r.open)
@@ -9589,7 +9752,8 @@ export function formatRbac(reaches: HookReach[], serviceAccount: string, hooksPa
     '    app.kubernetes.io/name: webhook',
   ];
   for (const [ns, workloads] of [...byNamespace].sort(([a], [b]) => a.localeCompare(b))) {
-    out.push(...metadata('Role', ns), 'rules:', ...roleRules(workloads, secretsIn.get(ns) ?? new Set()));
+    const rules = roleRules(workloads, secretsIn.get(ns) ?? new Set(), deletePodsIn.has(ns));
+    out.push(...metadata('Role', ns), 'rules:', ...rules);
     out.push(...metadata('RoleBinding', ns), 'roleRef:', '  apiGroup: rbac.authorization.k8s.io', '  kind: Role');
     out.push(`  name: ${JSON.stringify(saName)}`, 'subjects:', '  - kind: ServiceAccount');
     out.push(`    name: ${JSON.stringify(saName)}`, `    namespace: ${JSON.stringify(saNamespace)}`);

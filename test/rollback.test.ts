@@ -10,10 +10,13 @@
  * (The stage file is not changed: the shared cluster would be recreated for every other user.)
  */
 import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { startWebhook, waitFor, type Webhook } from './harness.ts';
+import { defaultBinary, makeTempDir, startWebhook, waitFor, type Webhook } from './harness.ts';
 import { startMta, type Mta } from './mta.ts';
-import { acrImage, acrPayload, clusterOrSkip, containerImage, cronJob, daemonSet, deployment, freshNamespaceName, kubectlFor } from './cluster/kube.ts';
+import { acrImage, acrPayload, clusterOrSkip, containerImage, cronJob, daemonSet, deployment, freshNamespaceName, kubectlFor, statefulSet, type Kubectl } from './cluster/kube.ts';
 import { upgradeHook } from './upgrade-hooks.ts';
 import { KubeClient, loadKubeconfig, rollBackFailedRollout, runUpgrade } from '../webhook.ts';
 
@@ -53,6 +56,18 @@ function crashLoopPolicy(name: string, ns: string): object[] {
   ];
 }
 
+/**
+ * Waits for the admission policy to be in force (the API server applies it once its informers have it):
+ * a server-side dry run of a `:broken` pod gets the label.
+ */
+async function policyInForce(kubectl: Kubectl, ns: string): Promise<void> {
+  const probe = { apiVersion: 'v1', kind: 'Pod', metadata: { name: 'probe', namespace: ns }, spec: { containers: [{ name: 'app', image: acrImage('broken-probe') }] } };
+  await waitFor(async () => {
+    const pod = JSON.parse(await kubectl(['create', '--dry-run=server', '-o', 'json', '-f', '-'], JSON.stringify(probe)));
+    return pod.metadata.labels?.['webhook-test/unready'] === 'true';
+  }, { timeoutMs: 60_000, what: 'the admission policy to label pods of :broken images' });
+}
+
 describe('a failed rollout, with and without ROLLBACK_ON_FAILURE', { skip: cluster ? false : 'no cluster' }, () => {
   const ns = freshNamespaceName('rollback');
   const policy = `webhook-test-crashloop-${ns}`;
@@ -68,13 +83,8 @@ describe('a failed rollout, with and without ROLLBACK_ON_FAILURE', { skip: clust
   before(async () => {
     await kubectl(['create', 'namespace', ns]);
     await kubectl(['apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: crashLoopPolicy(policy, ns) }));
-    // The API server applies a new policy once its informers have it: a server-side dry run of such
-    // a pod shows when that is.
-    const probe = { apiVersion: 'v1', kind: 'Pod', metadata: { name: 'probe', namespace: ns }, spec: { containers: [{ name: 'app', image: acrImage('broken-probe') }] } };
-    await waitFor(async () => {
-      const pod = JSON.parse(await kubectl(['create', '--dry-run=server', '-o', 'json', '-f', '-'], JSON.stringify(probe)));
-      return pod.metadata.labels?.['webhook-test/unready'] === 'true';
-    }, { timeoutMs: 60_000, what: 'the admission policy to label pods of :broken images' });
+    // The API server applies a new policy once its informers have it.
+    await policyInForce(kubectl, ns);
     await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: [
       deployment('guarded', [{ name: 'app', image: acrImage('v1') }], { replicas: 1 }),
       deployment('plain', [{ name: 'app', image: acrImage('v1') }], { replicas: 1 }),
@@ -186,5 +196,148 @@ describe('a failed rollout, with and without ROLLBACK_ON_FAILURE', { skip: clust
     assert.equal(res.exitCode, 1);
     assert.match(res.output, /^result: +failed: ROLLBACK_ON_FAILURE "sometimes" is not a boolean \(true or false\)$/m);
     assert.equal(containerImage(await getJson('deployment/plain'), 'app'), before);
+  });
+});
+
+/** `webhook -print-rbac` (the built executable) for these hooks: its YAML. */
+function printRbac(hooks: object[], serviceAccount: string): Promise<string> {
+  const dir = makeTempDir('webhook-rbac-');
+  fs.writeFileSync(path.join(dir, 'hooks.json'), JSON.stringify(hooks));
+  return new Promise((resolve, reject) => {
+    execFile(defaultBinary(), ['-print-rbac', '-hooks', path.join(dir, 'hooks.json'), '-rbac-service-account', serviceAccount], (error, stdout, stderr) => {
+      if (error) reject(new Error(`webhook -print-rbac: ${stderr || error.message}`));
+      else resolve(stdout);
+    });
+  });
+}
+
+/** The rules of the Role in a -print-rbac output, as kubectl parses them. */
+async function roleRules(kubectl: Kubectl, yaml: string): Promise<any[]> {
+  const parsed = await kubectl(['create', '--dry-run=client', '-o', 'json', '-f', '-'], yaml);
+  const items: any[] = JSON.parse(`[${parsed.trim().replace(/\n}\n{/g, '\n},\n{')}]`);
+  return items.filter((i) => i.kind === 'Role').flatMap((r) => r.rules);
+}
+
+describe('a StatefulSet: the forced rollback deletes the stuck pods', { skip: cluster ? false : 'no cluster' }, () => {
+  const ns = freshNamespaceName('rollback-sts');
+  const policy = `webhook-test-crashloop-${ns}`;
+  const kubectl = kubectlFor(cluster!);
+  const getJson = async (what: string) => JSON.parse(await kubectl(['-n', ns, 'get', what, '-o', 'json']));
+  const dir = makeTempDir('webhook-sts-');
+  // Both hooks fix namespace, workload and ROLLBACK_ON_FAILURE in the file, as -print-rbac covers them.
+  const fixed = (name: string, rollback: boolean) => upgradeHook(name, TOKEN, {
+    APP_NS: ns, APP_WORKLOAD: `statefulset/${name}`, MAIL_TO: `${name}@example.com`, ...(rollback ? { ROLLBACK_ON_FAILURE: 'true' } : {}),
+  });
+  let mta: Mta;
+  const webhooks: Webhook[] = [];
+  const push = (wh: Webhook, name: string, body: string) =>
+    wh.request(`/hooks/${name}?${new URLSearchParams({ token: TOKEN, ns, workload: `statefulset/${name}`, container: 'app', repo_type: 'regionalregistry' })}`, {
+      method: 'POST', headers: { 'Content-Type': 'application/json' }, body,
+    });
+  /** A ServiceAccount bound to the Role -print-rbac printed, and a kubeconfig with its token. */
+  const serviceAccount = async (name: string, rbac: string) => {
+    await kubectl(['-n', ns, 'create', 'serviceaccount', name]);
+    await kubectl(['apply', '-f', '-'], rbac);
+    const token = (await kubectl(['create', 'token', name, '-n', ns, '--duration=30m'])).trim();
+    const admin = JSON.parse(fs.readFileSync(cluster!.kubeconfigPath, 'utf8'));
+    const file = path.join(dir, `${name}.json`);
+    fs.writeFileSync(file, JSON.stringify({
+      'current-context': name, contexts: [{ name, context: { cluster: admin.clusters[0].name, user: name } }],
+      clusters: [admin.clusters[0]], users: [{ name, user: { token } }],
+    }));
+    return file;
+  };
+  let withDelete = '';
+  let withoutDelete = '';
+
+  before(async () => {
+    await kubectl(['create', 'namespace', ns]);
+    await kubectl(['apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: crashLoopPolicy(policy, ns) }));
+    await policyInForce(kubectl, ns);
+    await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: [
+      statefulSet('db', 2, [{ name: 'app', image: acrImage('v1') }]),
+      statefulSet('store', 2, [{ name: 'app', image: acrImage('v1') }]),
+    ] }));
+    for (const w of ['statefulset/db', 'statefulset/store']) await kubectl(['-n', ns, 'rollout', 'status', w, '--timeout=120s']);
+    // The account of "db" holds what -print-rbac prints for its hook (ROLLBACK_ON_FAILURE=true);
+    // the account of "store" what it prints for the same hook without the setting: no delete on pods.
+    withDelete = await printRbac([fixed('db', true)], `${ns}/webhook`);
+    withoutDelete = await printRbac([fixed('store', false)], `${ns}/nodelete`);
+    const accounts = { webhook: await serviceAccount('webhook', withDelete), nodelete: await serviceAccount('nodelete', withoutDelete) };
+    mta = await startMta();
+    const mailEnv = { MAIL_SMTP_SERVER: b64('localhost'), MAIL_SMTP_PORT: String(mta.starttlsPort), MAIL_FROM: b64(mta.user), MAIL_PASSWORD: b64(mta.password), MAIL_CACERT: b64(mta.caPem) };
+    webhooks.push(await startWebhook({ hooks: [fixed('db', true)], env: { KUBECONFIG: accounts.webhook, ...mailEnv } }));
+    webhooks.push(await startWebhook({ hooks: [fixed('store', true)], env: { KUBECONFIG: accounts.nodelete, ...mailEnv } }));
+  });
+  after(async () => {
+    for (const wh of webhooks) await wh.stop();
+    await mta?.stop();
+    await kubectl(['delete', 'mutatingadmissionpolicybinding,mutatingadmissionpolicy', policy, '--ignore-not-found']).catch(() => '');
+    if (!process.env.KEEP_NAMESPACE) await kubectl(['delete', 'namespace', ns, '--wait=false']).catch(() => undefined);
+  });
+
+  test('-print-rbac grants delete on pods only for a StatefulSet hook that fixes ROLLBACK_ON_FAILURE=true', async () => {
+    const podVerbs = async (yaml: string) => (await roleRules(kubectl, yaml)).find((r) => r.resources.includes('pods'))?.verbs;
+    assert.deepEqual(await podVerbs(withDelete), ['list', 'delete']);
+    assert.match(withDelete, /^#   hook "db": statefulset\/db in namespace \S+, delete on its stuck pods \(ROLLBACK_ON_FAILURE: forced rollback\)$/m);
+    assert.deepEqual(await podVerbs(withoutDelete), ['list']);
+    // A Deployment with the setting is rolled back without deleting pods: no delete either.
+    const deploymentHook = upgradeHook('web', TOKEN, { APP_NS: ns, APP_WORKLOAD: 'deployment/web', ROLLBACK_ON_FAILURE: 'true' });
+    assert.deepEqual(await podVerbs(await printRbac([deploymentHook], `${ns}/webhook`)), ['list']);
+    // The setting from the URL is not fixed in the file: no delete.
+    const fromUrl = upgradeHook('db', TOKEN, { APP_NS: ns, APP_WORKLOAD: 'statefulset/db' }) as any;
+    fromUrl['pass-environment-to-command'].push({ envname: 'ROLLBACK_ON_FAILURE', source: 'url', name: 'rollback' });
+    assert.deepEqual(await podVerbs(await printRbac([fromUrl], `${ns}/webhook`)), ['list']);
+    // One such hook in a namespace is enough, and only that namespace gets it.
+    const both = await printRbac([fixed('db', true), upgradeHook('web', TOKEN, { APP_NS: 'other', APP_WORKLOAD: 'statefulset/web' })], `${ns}/webhook`);
+    const roles = both.split('---\n').filter((d) => d.startsWith('apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\n'));
+    assert.equal(roles.length, 2);
+    assert.match(roles.find((r) => r.includes(`namespace: "${ns}"`))!, /resources: \["pods"\]\n    verbs: \["list", "delete"\]/);
+    assert.match(roles.find((r) => r.includes('namespace: "other"'))!, /resources: \["pods"\]\n    verbs: \["list"\]\n/);
+  });
+
+  test('a crash-looping push: set back, the stuck pods deleted, all replicas ready again; without delete, the mail names them', async () => {
+    const [db, store] = webhooks;
+    const [dbRes, storeRes] = await Promise.all([push(db, 'db', acrPayload('broken1')), push(store, 'store', acrPayload('broken1'))]);
+    for (const res of [dbRes, storeRes]) {
+      assert.equal(res.status, 200, res.body);
+      assert.match(res.body, /^action: +image updated$/m);
+    }
+    const mails = (await mta.waitForMessages(2, 300_000)).map(readMail);
+    const v1 = acrImage('v1').replace(/\./g, '\\.');
+
+    const dbMail = mails.find((m) => m.to.includes('db@'))!;
+    assert.equal(dbMail.subject, `Webhooks通知: ${ns}-statefulset/db-app 更新结果: failed`);
+    assert.match(dbMail.body, new RegExp(`^outcome: failed \\(image updated, then rolled back to ${v1}\\)$`, 'm'));
+    assert.match(dbMail.body, /^rollout: +failed: pods not ready: db-1 CrashLoopBackOff \(stuck for \d+s\)$/m);
+    assert.match(dbMail.body, new RegExp(`^rollback: +rolled back to ${v1}: the rollout of \\S+:broken1 failed: .*; deleted the stuck pods db-1 for the StatefulSet's forced rollback; its rollout complete`, 'm'));
+    const sts = await getJson('statefulset/db');
+    assert.equal(containerImage(sts, 'app'), acrImage('v1'));
+    // Really rolled out: every replica ready, on the revision the template was set back to.
+    assert.equal(sts.status.readyReplicas, 2);
+    assert.equal(sts.status.updateRevision, sts.status.currentRevision);
+    const pods = (await getJson('pods')).items.filter((p: any) => p.metadata.name.startsWith('db-'));
+    assert.deepEqual(pods.map((p: any) => [p.metadata.name, p.spec.containers[0].image]).sort(), [['db-0', acrImage('v1')], ['db-1', acrImage('v1')]]);
+    const events = (await getJson('events')).items.filter((e: any) => e.involvedObject.name === 'db' && e.reason === 'RolledBack');
+    assert.equal(events.length, 1);
+    assert.match(events[0].message, /; deleted the stuck pods db-1 for the StatefulSet's forced rollback; /);
+    assert.match(db.output(), new RegExp(`statefulset/db in ${ns}: rollout failed: .*; rolled back to ${v1}: .*; deleted the stuck pods db-1 for the StatefulSet's forced rollback; its rollout complete`));
+
+    // Without delete on pods: the image is set back all the same, and the mail says which pods to delete.
+    const storeMail = mails.find((m) => m.to.includes('store@'))!;
+    assert.match(storeMail.body, new RegExp(`^outcome: failed \\(image updated, then rolled back to ${v1}\\)$`, 'm'));
+    assert.match(storeMail.body, new RegExp(
+      `^rollback: +rolled back to ${v1}: .*; the stuck pods store-1 must be deleted by hand for the StatefulSet's forced rollback ` +
+      `\\(kubectl -n ${ns} delete pod store-1\\): forbidden: the service account "nodelete" of namespace "${ns}" cannot "delete" pods "store-1" in namespace "${ns}"`, 'm'));
+    assert.match(storeMail.body, /; its rollout progressing \(not followed: it waits until the stuck pods are deleted\)$/m);
+    assert.equal(containerImage(await getJson('statefulset/store'), 'app'), acrImage('v1'));
+    // The StatefulSet does wait for that pod: it is still there, broken, and the set not ready.
+    const stuck = await getJson('pod/store-1');
+    assert.equal(stuck.spec.containers[0].image, acrImage('broken1'));
+    assert.equal((await getJson('statefulset/store')).status.readyReplicas, 1);
+    // Deleted by hand as the mail says, the rollback completes.
+    await kubectl(['-n', ns, 'delete', 'pod', 'store-1']);
+    await kubectl(['-n', ns, 'rollout', 'status', 'statefulset/store', '--timeout=120s']);
+    assert.equal((await getJson('pod/store-1')).spec.containers[0].image, acrImage('v1'));
   });
 });

@@ -325,6 +325,24 @@ describe('least privilege: what a hook can reach (-print-rbac)', () => {
     ].join('\n'));
     assert.match(roles[3], /subjects:\n  - kind: ServiceAccount\n    name: "hooks"\n    namespace: "ops"\n$/);
   });
+  test('delete on pods only where a hook fixing ROLLBACK_ON_FAILURE=true upgrades a StatefulSet (its forced rollback)', () => {
+    const hook = (id: string, ns: string, workload: string, rollback: object | undefined) => ({
+      id, 'execute-command': '/webhooks.sh',
+      'pass-environment-to-command': [...env({ source: 'string', name: ns }, { source: 'string', name: workload }), ...(rollback ? [{ envname: 'ROLLBACK_ON_FAILURE', ...rollback }] : [])],
+    });
+    const reaches = compile([
+      hook('sts', 'a', 'sts/db', { source: 'string', name: 'true' }),
+      hook('plain', 'b', 'statefulset/db', undefined),
+      hook('off', 'c', 'statefulset/db', { source: 'string', name: 'false' }),
+      hook('url', 'd', 'statefulset/db', { source: 'url', name: 'rollback' }),
+      hook('deploy', 'e', 'deployment/web', { source: 'string', name: 'true' }),
+    ]).map(hookReach);
+    assert.deepEqual(reaches.map((r) => r?.rollbackOnFailure), [true, undefined, undefined, undefined, true]);
+    const yaml = formatRbac(reaches.filter((r) => r !== undefined), 'ops/hooks', ['h.json']);
+    const podVerbs = Object.fromEntries(yaml.split('---\n').filter((d) => /^kind: Role$/m.test(d))
+      .map((d) => [/namespace: "(\w+)"/.exec(d)![1], /resources: \["pods"\]\n    verbs: (.*)/.exec(d)![1]]));
+    assert.deepEqual(podVerbs, { a: '["list", "delete"]', b: '["list"]', c: '["list"]', d: '["list"]', e: '["list"]' });
+  });
 });
 
 describe('small guards', () => {
