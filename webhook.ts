@@ -7170,6 +7170,19 @@ export class TokenBucket {
     this.updatedAt = now;
     return wait;
   }
+
+  /**
+   * For a request that can wait (a rollout poll): takes a token only while more than `headroom`
+   * are left for the others and returns 0; else takes nothing and returns the ms until there are.
+   */
+  takeAbove(headroom: number): number {
+    const now = this.now();
+    const tokens = Math.min(this.burst, this.tokens + ((now - this.updatedAt) * this.perSecond) / 1000);
+    if (tokens < 1 + headroom) return ((1 + headroom - tokens) * 1000) / this.perSecond;
+    this.tokens = tokens - 1;
+    this.updatedAt = now;
+    return 0;
+  }
 }
 
 interface RawAnswer {
@@ -7214,8 +7227,9 @@ export class KubeClient {
     });
   }
 
-  get<T>(r: ResourceRef): Promise<T> {
-    return this.call<T>('get', 'GET', r);
+  /** `background`: a read that can wait (a rollout poll) yields to the others under load (takeAbove). */
+  get<T>(r: ResourceRef, o: { background?: boolean } = {}): Promise<T> {
+    return this.call<T>('get', 'GET', r, o);
   }
 
   list<T>(r: ResourceRef, query: Record<string, string> = {}): Promise<T> {
@@ -7246,6 +7260,19 @@ export class KubeClient {
     return this.call<T>('delete', 'DELETE', r, { body: JSON.stringify(options), contentType: 'application/json' });
   }
 
+  /**
+   * A background request's turn: taken once half the burst is left for the others, or false after
+   * half the retry budget, when it queues like any other (so it is delayed, never starved).
+   */
+  private async yieldToOthers(started: number): Promise<boolean> {
+    for (;;) {
+      const wait = this.rate.takeAbove(this.rate.burst / 2);
+      if (wait === 0) return true;
+      if (Date.now() - started + wait > this.retryBudgetMs / 2) return false;
+      await sleep(wait);
+    }
+  }
+
   /** Closes idle keep-alive connections. */
   close(): void {
     this.agent.destroy();
@@ -7255,7 +7282,7 @@ export class KubeClient {
     verb: KubeVerb,
     method: string,
     r: ResourceRef,
-    o: { query?: Record<string, string>; body?: string; contentType?: string } = {},
+    o: { query?: Record<string, string>; body?: string; contentType?: string; background?: boolean } = {},
   ): Promise<T> {
     const query = new URLSearchParams(o.query ?? {}).toString();
     const url = `${this.server}${resourcePath(r)}${query ? `?${query}` : ''}`;
@@ -7263,7 +7290,8 @@ export class KubeClient {
     let failed: { failure: AttemptFailure; error: KubeError } | undefined;
     for (let attempt = 0; ; attempt++) {
       // Every attempt, retries included, waits for its turn; the wait counts against the budget.
-      const turn = this.rate.reserve(this.retryBudgetMs - (Date.now() - started));
+      const yielded = o.background && attempt === 0 && (await this.yieldToOthers(started));
+      const turn = yielded ? 0 : this.rate.reserve(this.retryBudgetMs - (Date.now() - started));
       if (turn === undefined) {
         throw failed ? exhausted(failed.error, attempt, Date.now() - started) : this.rateLimited(verb, r);
       }
@@ -8106,7 +8134,7 @@ export async function followRollout(
   let podsCheckedAt = Date.now();
   try {
     for (;;) {
-      const workload = await client.get<K8sObject>(workloadResource(target));
+      const workload = await client.get<K8sObject>(workloadResource(target), { background: true });
       const status = rolloutStatus(target.kind, workload);
       if (status.state === 'untracked') return { state: 'not tracked', detail: status.message, pods: [] };
       if (status.state !== 'waiting') {

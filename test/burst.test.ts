@@ -53,6 +53,20 @@ describe('token bucket (a clock the test drives)', () => {
     assert.equal(bucket.reserve(1_000), 100);
     assert.equal(bucket.reserve(1_000), 200);
   });
+  test('a background request (a rollout poll) takes a token only above the headroom, so the others keep it', () => {
+    const clock = { t: 0 };
+    const bucket = new TokenBucket(10, 4, () => clock.t);
+    assert.equal(bucket.takeAbove(2), 0, 'four tokens: one may go');
+    assert.equal(bucket.takeAbove(2), 0, 'three: one may go');
+    assert.equal(bucket.takeAbove(2), 100, 'two left: it waits until there are three');
+    // Waiting took nothing: the interactive callers still have their two at once.
+    assert.deepEqual(starts(bucket, clock, [0, 0, 0]), [0, 0, 100]);
+    clock.t = 100;
+    assert.equal(bucket.takeAbove(2), 300, 'the debt paid, then three back');
+    clock.t = 400;
+    assert.equal(bucket.takeAbove(2), 0);
+  });
+
   test('callers throttled together (one Retry-After) retry spread over their backoff, never before the Retry-After', () => {
     const throttled = { verb: 'get' as const, status: 429, retryAfterSeconds: 1 };
     assert.equal(retryDelay(throttled, 0, 20_000, () => 0), 1_000);
