@@ -22,7 +22,7 @@ import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { makeTempDir, startWebhook, waitFor, waitForOutput, type Webhook } from './harness.ts';
 import { ociArchive, startRegistry, type Registry } from './registry.ts';
-import { clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor } from './cluster/kube.ts';
+import { clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor, pushedState } from './cluster/kube.ts';
 
 const REPO = path.join(import.meta.dirname, '..');
 const FIXTURES = path.join(REPO, 'test', 'fixtures', 'upgrade');
@@ -133,7 +133,7 @@ describe('real registry events and registry payloads through the executable', { 
     const multi = ociArchive(work, 'v3', [{ os: 'linux', architecture: 'amd64' }, { os: 'linux', architecture: 'arm64' }]);
     await registry.push(multi.path, 'acme/web:v3', { all: true });
     await waitFor(async () => (await imageOf('web')) === `${registry.host}/acme/web:v3`, { timeoutMs: 60_000, what: 'the v3 push to land' });
-    const generation = (await getJson('deployment/web')).metadata.generation;
+    const state = pushedState(await getJson('deployment/web'));
 
     // The registry sends one envelope at a time: once the pull's is answered, every earlier one was.
     await registry.pull('acme/web:v3');
@@ -142,7 +142,7 @@ describe('real registry events and registry payloads through the executable', { 
     await waitForOutput(wh, 'no push of a tagged manifest in the envelope (push of a blob)', 60_000);
     assert.equal(updatesTo(`${registry.host}/acme/web:v3`), 1, wh.output());
     const after = await getJson('deployment/web');
-    assert.equal(after.metadata.generation, generation, 'the pull changed the Deployment');
+    assert.equal(pushedState(after), state, 'the pull changed the Deployment');
     assert.equal(containerImage(after, 'app'), `${registry.host}/acme/web:v3`);
     // The Event is recorded after the answer: wait for it, then there must be exactly one.
     const updated = async () => {
@@ -316,8 +316,7 @@ describe('VERIFY_IMAGE against a real registry with htpasswd over TLS', { skip: 
     const res = await post('web', envelope('v9', v2Digest));
     assert.equal(res.status, 500, res.body);
     assert.match(res.body, /^result: +failed: VERIFY_IMAGE: the registry has no tag "v9" in 127\.0\.0\.1:\d+\/acme\/web; nothing was changed$/m);
-    const after = await getJson('deployment/web');
-    assert.equal(after.metadata.generation, before.metadata.generation);
+    assert.equal(pushedState(await getJson('deployment/web')), pushedState(before));
   });
 
   test('a digest other than the registry\'s is refused and changes nothing', async () => {
@@ -326,7 +325,7 @@ describe('VERIFY_IMAGE against a real registry with htpasswd over TLS', { skip: 
     const res = await post('web', envelope('v2', other));
     assert.equal(res.status, 500, res.body);
     assert.match(res.body, new RegExp(`failed: VERIFY_IMAGE: the payload announced ${other} but the registry's 127\\.0\\.0\\.1:\\d+/acme/web:v2 is ${v2Digest}; nothing was changed`));
-    assert.equal((await getJson('deployment/web')).metadata.generation, before.metadata.generation);
+    assert.equal(pushedState(await getJson('deployment/web')), pushedState(before));
   });
 
   test('without a pull secret for the registry the login is refused, named, and nothing changes', async () => {

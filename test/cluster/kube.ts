@@ -92,6 +92,16 @@ export function containerImage(obj: any, name: string, template = obj.spec.templ
 }
 
 /**
+ * What a push may change on a workload: its pod template and the newest-push record. Not
+ * metadata.generation: a Deployment's also counts annotation changes, and a follow's record is
+ * taken off its annotations when the rollout ends, whenever that is.
+ */
+export function pushedState(obj: any): string {
+  const template = obj.spec.template ?? obj.spec.jobTemplate;
+  return JSON.stringify({ template, lastPush: obj.metadata.annotations?.['webhook/last-push'] });
+}
+
+/**
  * Applies deploy/ files (serviceaccount.yaml, and rbac-cluster.yaml for the cluster-wide option)
  * with the ServiceAccount in `namespace` and cluster-scoped objects renamed `webhook-<namespace>`
  * (so runs do not clash), and writes a JSON kubeconfig that authenticates with a token of that
