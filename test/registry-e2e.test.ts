@@ -86,6 +86,29 @@ function hooksFile(): string {
   return file;
 }
 
+/**
+ * A registry over TLS (with `auth` when given) whose events go to the hook `verified` (VERIFY_IMAGE,
+ * REGISTRY_CA the registry's CA) of a started service, for deployment/web in `ns`.
+ */
+async function verifiedService(ns: string, work: string, auth?: { user: string; password: string; token?: boolean }) {
+  const { spawnWebhook, freePort, httpRequest } = await import('./harness.ts');
+  const port = await freePort();
+  const query = new URLSearchParams({ ns, workload: 'deployment/web', container: 'app' });
+  const registry = await startRegistry({
+    tls: true,
+    ...(auth ? { auth } : {}),
+    notify: { url: `http://127.0.0.1:${port}/hooks/verified?${query}`, headers: { Authorization: SECRETS.REGISTRY_AUTH } },
+  });
+  const caFile = path.join(work, 'registry-ca.pem');
+  fs.writeFileSync(caFile, registry.caPem!);
+  const hook = withEnv(upgradeHook('verified', headerValue('Authorization', 'REGISTRY_AUTH'), 'distribution'), { VERIFY_IMAGE: 'true', REGISTRY_CA: caFile });
+  fs.writeFileSync(path.join(work, 'hooks.json'), JSON.stringify([hook]));
+  const s = await spawnWebhook({ hooks: path.join(work, 'hooks.json'), env: { WEBHOOK_CMD: '-template', KUBECONFIG: cluster!.kubeconfigPath, ...SECRETS } }, port);
+  await waitFor(async () => (await httpRequest(port, '/').catch(() => undefined))?.status === 200, { timeoutMs: 10_000, what: 'the service' });
+  const stop = async () => { s.proc.kill('SIGTERM'); return s.exited; };
+  return { registry, service: s, port, stop };
+}
+
 describe('real registry events and registry payloads through the executable', { skip: cluster ? false : 'no cluster' }, () => {
   const ns = freshNamespaceName('registry-e2e');
   const kubectl = kubectlFor(cluster!);
@@ -249,29 +272,11 @@ describe('VERIFY_IMAGE against a real registry with htpasswd over TLS', { skip: 
   before(async () => {
     work = makeTempDir('registry-verify-');
     // The registry's URL is known only once it runs: the hooks are written after, then the service started.
-    const hooksDir = makeTempDir('registry-verify-hooks-');
-    const port = await import('./harness.ts').then((h) => h.freePort());
-    registry = await startRegistry({
-      tls: true,
-      auth: LOGIN,
-      notify: { url: `http://127.0.0.1:${port}/hooks/verified?${query('web')}`, headers: { Authorization: SECRETS.REGISTRY_AUTH } },
-    });
-    const caFile = path.join(work, 'registry-ca.pem');
-    fs.writeFileSync(caFile, registry.caPem!);
-    const hook = upgradeHook('verified', headerValue('Authorization', 'REGISTRY_AUTH'), 'distribution') as Record<string, unknown[]>;
-    hook['pass-environment-to-command'].push(
-      { envname: 'VERIFY_IMAGE', source: 'string', name: 'true' },
-      { envname: 'REGISTRY_CA', source: 'string', name: caFile },
-    );
-    fs.writeFileSync(path.join(hooksDir, 'hooks.json'), JSON.stringify([hook]));
-    const { spawnWebhook, waitFor: wait, httpRequest } = await import('./harness.ts');
-    const s = await spawnWebhook({
-      hooks: path.join(hooksDir, 'hooks.json'),
-      env: { WEBHOOK_CMD: '-template', KUBECONFIG: cluster!.kubeconfigPath, ...SECRETS },
-    }, port);
-    await wait(async () => (await httpRequest(port, '/').catch(() => undefined))?.status === 200, { timeoutMs: 10_000, what: 'the service' });
-    wh = { ...s, url: `http://127.0.0.1:${port}`, request: (p, o) => httpRequest(port, p, o), metrics: async () => { throw new Error('no metrics'); },
-      stop: async () => { s.proc.kill('SIGTERM'); return s.exited; } };
+    const started = await verifiedService(ns, makeTempDir('registry-verify-hooks-'), LOGIN);
+    registry = started.registry;
+    const { port, service, stop } = started;
+    const { httpRequest } = await import('./harness.ts');
+    wh = { ...service, url: `http://127.0.0.1:${port}`, request: (p, o) => httpRequest(port, p, o), metrics: async () => { throw new Error('no metrics'); }, stop };
     const dockerconfig = { auths: { [registry.host]: { username: LOGIN.user, password: LOGIN.password,
       auth: Buffer.from(`${LOGIN.user}:${LOGIN.password}`).toString('base64') } } };
     await kubectl(['create', 'namespace', ns]);
@@ -366,22 +371,9 @@ describe('VERIFY_IMAGE against a real registry with token auth over TLS (the bea
 
   before(async () => {
     const work = makeTempDir('registry-token-');
-    const { spawnWebhook, freePort, waitFor: wait, httpRequest } = await import('./harness.ts');
-    const port = await freePort();
-    registry = await startRegistry({
-      tls: true,
-      auth: LOGIN,
-      notify: { url: `http://127.0.0.1:${port}/hooks/verified?${new URLSearchParams({ ns, workload: 'deployment/web', container: 'app' })}`,
-        headers: { Authorization: SECRETS.REGISTRY_AUTH } },
-    });
-    const caFile = path.join(work, 'registry-ca.pem');
-    fs.writeFileSync(caFile, registry.caPem!);
-    const hook = withEnv(upgradeHook('verified', headerValue('Authorization', 'REGISTRY_AUTH'), 'distribution'), { VERIFY_IMAGE: 'true', REGISTRY_CA: caFile });
-    fs.writeFileSync(path.join(work, 'hooks.json'), JSON.stringify([hook]));
-    const s = await spawnWebhook({ hooks: path.join(work, 'hooks.json'), env: { WEBHOOK_CMD: '-template', KUBECONFIG: cluster!.kubeconfigPath, ...SECRETS } }, port);
-    await wait(async () => (await httpRequest(port, '/').catch(() => undefined))?.status === 200, { timeoutMs: 10_000, what: 'the service' });
-    stopService = async () => { s.proc.kill('SIGTERM'); return s.exited; };
-    output = s.output;
+    const started = await verifiedService(ns, work, LOGIN);
+    ({ registry, stop: stopService } = started);
+    output = started.service.output;
     const auth = Buffer.from(`${LOGIN.user}:${LOGIN.password}`).toString('base64');
     await kubectl(['create', 'namespace', ns]);
     await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: [
@@ -420,21 +412,9 @@ describe('VERIFY_IMAGE against a real public registry over TLS (anonymous)', { s
 
   before(async () => {
     const work = makeTempDir('registry-anon-');
-    const { spawnWebhook, freePort, waitFor: wait, httpRequest } = await import('./harness.ts');
-    const port = await freePort();
-    registry = await startRegistry({
-      tls: true,
-      notify: { url: `http://127.0.0.1:${port}/hooks/verified?${new URLSearchParams({ ns, workload: 'deployment/web', container: 'app' })}`,
-        headers: { Authorization: SECRETS.REGISTRY_AUTH } },
-    });
-    const caFile = path.join(work, 'registry-ca.pem');
-    fs.writeFileSync(caFile, registry.caPem!);
-    const hook = withEnv(upgradeHook('verified', headerValue('Authorization', 'REGISTRY_AUTH'), 'distribution'), { VERIFY_IMAGE: 'true', REGISTRY_CA: caFile });
-    fs.writeFileSync(path.join(work, 'hooks.json'), JSON.stringify([hook]));
-    const s = await spawnWebhook({ hooks: path.join(work, 'hooks.json'), env: { WEBHOOK_CMD: '-template', KUBECONFIG: cluster!.kubeconfigPath, ...SECRETS } }, port);
-    await wait(async () => (await httpRequest(port, '/').catch(() => undefined))?.status === 200, { timeoutMs: 10_000, what: 'the service' });
-    stopService = async () => { s.proc.kill('SIGTERM'); return s.exited; };
-    output = s.output;
+    const started = await verifiedService(ns, work);
+    ({ registry, stop: stopService } = started);
+    output = started.service.output;
     await kubectl(['create', 'namespace', ns]);
     // It names a pull secret that does not exist: a public registry must not need it.
     await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(deployment('web', [{ name: 'app', image: `${registry.host}/acme/web:v1` }], { replicas: 1 })));
