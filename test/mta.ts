@@ -170,6 +170,16 @@ export interface StubServer {
   close(): Promise<void>;
 }
 
+/** Subject (RFC 2047 B-words decoded) and base64 body of a delivered message. */
+export function readMail(raw: string): { subject: string; to: string; body: string } {
+  const [head, body] = raw.replace(/\r\n/g, '\n').split('\n\n');
+  const subject = /^Subject: (.*(?:\n[ \t].*)*)/m.exec(head)![1].replace(/\n[ \t]/g, '')
+    .replace(/=\?UTF-8\?B\?([^?]*)\?=/g, (_, b: string) => Buffer.from(b, 'base64').toString('utf8'));
+  const to = /^To: (.*)$/m.exec(head)?.[1] ?? '';
+  return { subject, to, body: Buffer.from(body.replace(/\s+/g, ''), 'base64').toString('utf8') };
+}
+
+
 /** A TCP server that accepts connections and never says a word (or only its greeting). */
 export function startSilentServer(opts: { greeting?: string } = {}): Promise<StubServer> {
   return startScriptedServer(opts);

@@ -13,20 +13,13 @@ import * as net from 'node:net';
 import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { makeTempDir, startWebhook, waitForOutput, type Webhook } from './harness.ts';
-import { startMta, type Mta } from './mta.ts';
+import { readMail, startMta, type Mta } from './mta.ts';
 import { acrImage, acrPayload, clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor } from './cluster/kube.ts';
 import { upgradeHook } from './upgrade-hooks.ts';
 
 const TOKEN = 'outage-token-a93c5e';
 const cluster = await clusterOrSkip();
 const b64 = (t: string) => Buffer.from(t).toString('base64');
-
-function readMail(raw: string): { subject: string; body: string } {
-  const [head, body] = raw.replace(/\r\n/g, '\n').split('\n\n');
-  const subject = /^Subject: (.*(?:\n[ \t].*)*)/m.exec(head)![1].replace(/\n[ \t]/g, '')
-    .replace(/=\?UTF-8\?B\?([^?]*)\?=/g, (_, b: string) => Buffer.from(b, 'base64').toString('utf8'));
-  return { subject, body: Buffer.from(body.replace(/\s+/g, ''), 'base64').toString('utf8') };
-}
 
 /** A TCP proxy to the API server that the test can cut and restore. */
 class CuttableProxy {

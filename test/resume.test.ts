@@ -9,20 +9,13 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { startWebhook, waitFor, waitForOutput, type Webhook } from './harness.ts';
-import { startMta, type Mta } from './mta.ts';
+import { readMail, startMta, type Mta } from './mta.ts';
 import { acrImage, acrPayload, clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor } from './cluster/kube.ts';
 import { upgradeHook } from './upgrade-hooks.ts';
 
 const TOKEN = 'resume-token-3be81f';
 const cluster = await clusterOrSkip();
 const b64 = (t: string) => Buffer.from(t).toString('base64');
-
-function readMail(raw: string): { subject: string; body: string } {
-  const [head, body] = raw.replace(/\r\n/g, '\n').split('\n\n');
-  const subject = /^Subject: (.*(?:\n[ \t].*)*)/m.exec(head)![1].replace(/\n[ \t]/g, '')
-    .replace(/=\?UTF-8\?B\?([^?]*)\?=/g, (_, b: string) => Buffer.from(b, 'base64').toString('utf8'));
-  return { subject, body: Buffer.from(body.replace(/\s+/g, ''), 'base64').toString('utf8') };
-}
 
 /** The hook pinned to one workload (as deploy/hooks/web.json is): what a starting replica resumes. */
 function pinnedHook(ns: string): object {

@@ -15,7 +15,7 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { defaultBinary, makeTempDir, startWebhook, waitFor, type Webhook } from './harness.ts';
-import { startMta, type Mta } from './mta.ts';
+import { readMail, startMta, type Mta } from './mta.ts';
 import { acrImage, acrPayload, clusterOrSkip, containerImage, cronJob, daemonSet, deployment, freshNamespaceName, kubectlFor, statefulSet, type Kubectl } from './cluster/kube.ts';
 import { upgradeHook } from './upgrade-hooks.ts';
 import { KubeClient, loadKubeconfig, rollBackFailedRollout, runUpgrade } from '../webhook.ts';
@@ -23,15 +23,6 @@ import { KubeClient, loadKubeconfig, rollBackFailedRollout, runUpgrade } from '.
 const TOKEN = 'rollback-token-77d0e2';
 const cluster = await clusterOrSkip();
 const b64 = (t: string) => Buffer.from(t).toString('base64');
-
-/** Subject (RFC 2047 B-words decoded) and base64 body of a delivered message. */
-function readMail(raw: string): { subject: string; to: string; body: string } {
-  const [head, body] = raw.replace(/\r\n/g, '\n').split('\n\n');
-  const subject = /^Subject: (.*(?:\n[ \t].*)*)/m.exec(head)![1].replace(/\n[ \t]/g, '')
-    .replace(/=\?UTF-8\?B\?([^?]*)\?=/g, (_, b: string) => Buffer.from(b, 'base64').toString('utf8'));
-  const to = /^To: (.*)$/m.exec(head)?.[1] ?? '';
-  return { subject, to, body: Buffer.from(body.replace(/\s+/g, ''), 'base64').toString('utf8') };
-}
 
 /** The admission policy that makes pods of `:broken…` images crash-loop, in one namespace. */
 function crashLoopPolicy(name: string, ns: string): object[] {
