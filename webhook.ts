@@ -9963,6 +9963,8 @@ export class UpgradeService implements InProcessCommand {
   private singleTry: KubeClient | undefined;
   private readonly queue = new WorkloadQueue();
   private readonly known = new KnownWorkloads();
+  /** Per hook (immutable within a snapshot): whether it fixes its workload, so its follows are recorded. */
+  private readonly resumable = new WeakMap<Hook, boolean>();
   private readonly stopping = new AbortController();
   /** One follow per workload: a newer push's follow supersedes the one before. */
   private readonly following = new Map<string, { controller: AbortController; done: Promise<unknown> }>();
@@ -10037,7 +10039,8 @@ export class UpgradeService implements InProcessCommand {
    * fixes the workload (hookReach). Otherwise this replica reports the rollout's end, even at shutdown.
    */
   private deps(requestId: string, hook: Hook, env: Record<string, string | undefined>): UpgradeDeps {
-    const resumable = hookReach(hook)?.target !== undefined;
+    let resumable = this.resumable.get(hook);
+    if (resumable === undefined) this.resumable.set(hook, (resumable = hookReach(hook)?.target !== undefined));
     return {
       client: this.sharedClient(),
       kubeconfig: this.kubeconfig,
