@@ -8,33 +8,53 @@
  * workload to the image the registry just pushed, over the Kubernetes API, and the result is
  * mailed when the hook passes MAIL_TO.
  *
- * Sections, in order. A push reads downward: main (17) hands the socket to the http server (10),
- * which uses the request, rule and hook sections above it, hands the command to the runner (9),
- * whose in-process command is the upgrade (11-13), and the finished command to the listener that
- * follows the rollout and mails (14), and tells the deliveries page (16), which posts the result
- * to the chat and JSON receivers (15). No section uses a name a later one defines; where an earlier
- * section hands work on (9 → 13, 10 → 14 and 16, 14 → 16, 7 → 11 and 15), it declares the small
- * interface it needs (InProcessCommand, CommandListener, AdminPages, ResultObserver,
- * HookSettingChecks) and main() wires the later section in.
- *   1. cli & options ............. parseCommandLine, parseGoDuration, usage, LIMITS
- *   2. logging & metrics ......... Logger, Metrics
- *   3. yaml ...................... parseYaml, scalarAsGoString
- *   4. hook files ................ renderTemplate, FieldReader, Fields
- *   5. request parsing ........... HookRequest, parsePayload, resolveParameter, compileParam
- *   6. trigger rules ............. RULE_TYPES, compileRule, evaluateRule, evaluateRuleBeforeBody
- *   7. hook definitions .......... compileHooksFile, Hook
- *   8. hooks directory & reload .. loadSnapshot, HookStore
- *   9. command execution ......... CommandRunner, InProcessCommand, resolveCommand
- *  10. http server ............... createHandler, ANSWERS, CommandListener
- *  11. registry payloads → image . REGISTRIES, composeImageRef, checkImagePin
- *  12. kubernetes client ......... KubeClient, credentialsFromEnvironment
- *  13. upgrade & rollout ......... WORKLOAD_KINDS, runUpgrade, followRollout, UpgradeService
- *  14. smtp client & mail ........ parseMailConfig, sendMail, Mailer, ResultNotifier, ResultObserver
- *  15. chat & json notifications . NOTIFY_FORMATS, Notifier, resultDocument
- *  16. deliveries page ........... DeliveryLog, renderDeliveries, deliveryPages
- *  17. main ...................... main
+ * Chapters, in order. Part I holds the libraries the program needs and has no dependency for; they use
+ * nothing of the service. Part II is the service, in the order a push travels: main (33) hands the socket
+ * to the http server (18), which uses the request, rule and hook chapters above it and hands the command
+ * to the runner (17), whose in-process command is the upgrade (19-28); the finished command goes to the
+ * listener that follows the rollout and mails (29), posts to the chat (30) and tells the deliveries page
+ * (31). No chapter uses a name a later one defines; where an earlier chapter hands work on, it declares
+ * the small interface it needs (InProcessCommand, CommandListener, AdminPages, ResultObserver,
+ * HookSettingChecks) and main() wires the later chapter in.
  *
- * Each banner's "Exports" lists the names later sections use (test/structure.test.ts checks it).
+ * Part I — libraries
+ *   1. reading text ............... formatGoDuration, isObject, JsonNumber, MONTHS
+ *   2. yaml scanner ............... Scanner, YamlError, LineMap
+ *   3. yaml parser ................ parseYaml, scalarAsGoString
+ *   4. go template ................ renderTemplate, TemplateEnv
+ *   5. go regexp .................. compileGoRegex
+ *   6. outbound calls ............. AttemptFailure, retryDelay, TokenBucket
+ *   7. smtp client ................ composeMessage, DEFAULT_SMTP_PORT, IMPLICIT_TLS_PORT, isAddress
+ *   8. kubernetes client .......... credentialsFromEnvironment, describeResource, JsonPatchOperation, KubeClient
+ *   9. oci registry client ........ RegistryLogin, resolveManifestTag
+ *  10. html ....................... cell, escapeHtml, pageShell, shownTime
+ * Part II — the service
+ *  11. command line & settings .... LIMITS, Options, parseCommandLine, parseGoBool
+ *  12. logging & metrics .......... escapeControls, Logger, Metrics
+ *  13. hook files ................. CompileSinks, ConfigError, FieldReader, Fields
+ *  14. requests ................... applyJsonParameters, compileParam, firstValues, headersFromRaw
+ *  15. trigger rules .............. compileRule, evaluateRule, evaluateRuleBeforeBody, Match
+ *  16. hooks & reload ............. Hook, HookSettingChecks, HookStore, LoadSettings
+ *  17. commands ................... CommandResult, CommandRunner, decodeBase64Strict, InProcessCommand
+ *  18. http server ................ AdminPages, allowedMethods, answerClientError, CommandListener
+ *  19. registry payloads .......... REGISTRIES, REPO_TYPES, parsePushPayload, parsePushHeaders
+ *  20. image reference & pin ...... checkImagePin, chooseCandidate, composeImageRef, IMAGE_PIN_SETTINGS
+ *  21. workloads .................. WORKLOAD_KINDS, parseWorkload, locateContainer, rolloutStatus
+ *  22. upgrade decision ........... decidePush, decisionAction, FOLLOW_ANNOTATION, FollowRecord
+ *  23. the patch .................. patchOnce, patchUntilApplied
+ *  24. the report ................. formatForcedRollback, formatReport, formatRollback, formatRollout
+ *  25. rollout follow ............. claimFollow, followRollout, resumedReport, rolloutEvent
+ *  26. rollback ................... rollBackFailedRollout
+ *  27. least privilege ............ formatRbac, hookReach, HookReach, upgradeInput
+ *  28. the upgrade ................ runUpgrade, UpgradeService
+ *  29. mail ....................... Mailer, MailJob, mailJob, Outcome
+ *  30. chat & json notifications .. Notifier, NOTIFY_SETTINGS, notifyCa, notifyTargets
+ *  31. deliveries page ............ DeliveryLog, deliveryPages
+ *  32. -validate & -print-rbac .... hookLoadSettings, validate
+ *  33. main ....................... main
+ *
+ * Each banner's "Exports" lists the names later chapters use and "Tests" the test files that cover it
+ * (test/structure.test.ts checks both).
  * `export` on any other name makes it reachable from the tests, nothing more.
  *
  * Invariants:
@@ -69,394 +89,21 @@ import { getHeapStatistics, setFlagsFromString } from 'node:v8';
 
 export const VERSION = '0.1.0';
 
+
+// ################################################################################################
+// Part I — libraries: general code written by hand because the program has no runtime dependencies.
+// No chapter of Part I uses a name of Part II; each could be lifted out as it is.
+// ################################################################################################
+
 // ================================================================================================
-// 1. cli & options — the adnanh/webhook command line in Go `flag` syntax, plus our safety limits.
-//    Exports: formatGoDuration, LIMITS, Options, parseCommandLine, parseGoBool, parseGoDuration,
-//    parseListenAddress, usage, UsageError.
+// 1. reading text — small readers and writers every later chapter shares: TextCursor (a position in a text read by
+//    hand), JSON with every number kept as its literal text (JsonNumber, as Go's json.Number keeps it), XML read into
+//    a map the way adnanh's mxj library does, values quoted for messages (showValue: JSON-escaped and truncated,
+//    since payload values are untrusted), Go durations written the way Go prints them.
+//    Exports: formatGoDuration, isObject, JsonNumber, MONTHS, parseJsonKeepingNumbers, parseXml, previewValue,
+//    showValue, TextCursor.
+//    Tests: test/unit.test.ts.
 // ================================================================================================
-
-export interface Options {
-  hooks: string[];
-  template: boolean;
-  hotreload: boolean;
-  ip: string;
-  port: number;
-  urlprefix: string;
-  headers: [string, string][];
-  httpMethods: string[];
-  verbose: boolean;
-  debug: boolean;
-  nopanic: boolean;
-  secure: boolean;
-  cert: string;
-  key: string;
-  tlsMinVersion: string;
-  cipherSuites: string;
-  listCipherSuites: boolean;
-  xRequestId: boolean;
-  xRequestIdLimit: number;
-  pidfile: string;
-  logfile: string;
-  maxMultipartMem: number;
-  setuid: number;
-  setgid: number;
-  socket: string;
-  version: boolean;
-  validate: boolean;
-  maxBodyBytes: number;
-  readHeaderTimeoutMs: number;
-  readTimeoutMs: number;
-  bodyIdleTimeoutMs: number;
-  commandTimeoutMs: number;
-  maxConcurrentCommands: number;
-  shutdownGraceMs: number;
-  /** On SIGTERM, how long /healthz says "not ready" while hooks are still served. */
-  shutdownDelayMs: number;
-  /** How long a push the API server did not answer is kept and tried again. */
-  applyDeadlineMs: number;
-  kubeconfig: string;
-  rolloutFollowMs: number;
-  /** host:port of the listener serving /metrics; '' serves none. */
-  metricsListen: string;
-  maxMailsPerHook: number;
-  mailWindowMs: number;
-  /** Pushes the deliveries page keeps; 0 serves no page. */
-  deliveries: number;
-  /** What the deliveries pages ask for (HTTP Basic password or Bearer token); '' asks for nothing. */
-  adminToken: string;
-  maxNotificationsPerHook: number;
-  notifyWindowMs: number;
-  printRbac: boolean;
-  /** `<namespace>/<name>` of the ServiceAccount -print-rbac binds. */
-  rbacServiceAccount: string;
-}
-
-type FlagKind = 'bool' | 'string' | 'list' | 'int' | 'duration' | 'bytes';
-interface FlagSpec {
-  kind: FlagKind;
-  key: keyof Options;
-  help: string;
-  def: string;
-}
-
-// Defaults for the limits adnanh lacks. Each is a flag; the comment says why this value.
-export const LIMITS = {
-  // Registry payloads are a few KiB; Docker Hub's carries the repository's README, which Docker
-  // Hub caps at 25,000 characters: 300 KiB even were every one a \uXXXX surrogate pair, a few
-  // tens of KiB in practice. 1 MiB fits it with room to spare, and bounds what a request can cost.
-  maxBodyBytes: 1024 * 1024,
-  // Slowloris protection: a client gets this long to send its headers, and then the whole request.
-  readHeaderTimeoutMs: 10_000,
-  readTimeoutMs: 60_000,
-  // A body that stops arriving holds a connection (and whatever was received) for nothing. A
-  // registry sends its payload in one go; 30 s without a byte is a stalled or hostile client.
-  bodyIdleTimeoutMs: 30_000,
-  // An upgrade with rollout tracking takes minutes at most; a command still running after
-  // 10 minutes is stuck, and it holds one of the command slots.
-  commandTimeoutMs: 10 * 60_000,
-  // Each command is a process (or an in-process upgrade); 16 at once covers bursts from a
-  // registry pushing many tags while capping fork storms.
-  maxConcurrentCommands: 16,
-  // A connection closed while its client may still be sending a body (an answer that did not need
-  // it) stays open this long at most, so that the client reads the answer before the reset that
-  // closing on unread input causes. The answer is sent first, so an event-driven client has it
-  // within a round trip; Go's server waits 500 ms.
-  closeLingerMs: 2_000,
-  // Kubernetes gives a pod 30 s between SIGTERM and SIGKILL by default; stay under that.
-  shutdownGraceMs: 25_000,
-  // A command's combined output is kept in memory for the response and the log; beyond this the
-  // rest is dropped with a marker, so a chatty command cannot exhaust memory.
-  maxCommandOutputBytes: 1024 * 1024,
-  // In-process upgrades waiting for their workload's earlier pushes: each is a small closure, so
-  // a generous bound covers any registry's burst while a flood still gets 503.
-  maxPendingUpgrades: 256,
-  // At shutdown, pending mails get at least this long even when commands used the whole grace.
-  minMailFlushMs: 3_000,
-  // After the grace period a command gets SIGTERM, then this long before SIGKILL.
-  killAfterTermMs: 3_000,
-  // Reload debounce: editors and ConfigMap updates produce bursts of events; wait for quiet.
-  reloadDebounceMs: 150,
-  // Values shorter than this are too likely to be ordinary words to scrub from log lines
-  // (the access log redacts compared parameters whatever their length).
-  minScrubbedSecretLength: 6,
-  // Hook regexes run on V8's linear-time engine outright (compileGoRegex); the program's own
-  // patterns fall back to it after this many backtracks, should one ever meet input that makes
-  // it backtrack badly.
-  regexBacktracksBeforeFallback: 10_000,
-  // Result mails one hook sends to the same recipients per window. A person reads a handful of
-  // upgrade reports at a time; a burst beyond that (a build pushing many tags, a leaked URL called
-  // in a loop) would bury them and use up the SMTP account's sending quota, so the rest of the
-  // window's results go out as one summary mail when the window closes.
-  maxMailsPerHook: 5,
-  mailWindowMs: 10 * 60_000,
-  // The deliveries page: the last pushes an operator asks about are today's, a few dozen at most;
-  // an upgrade's entry is a few KiB (its report and pod lines), so 200 stay around a MiB (a plain
-  // command's output is cut at 64 KiB for the page: 13 MiB at worst).
-  deliveries: 200,
-  maxDeliveries: 10_000,
-  // Chat and JSON notifications one hook sends per window. A chat group reads more than a mailbox
-  // (one line per push), yet a build pushing many tags would still bury it, and chat services
-  // throttle a robot that posts too often (DingTalk: 20 a minute); the rest are recorded, not sent.
-  maxNotificationsPerHook: 20,
-  notifyWindowMs: 10 * 60_000,
-};
-
-const FLAGS: Record<string, FlagSpec> = {
-  hooks: {
-    kind: 'list',
-    key: 'hooks',
-    def: 'hooks.json',
-    help: 'path to a hooks file or a directory of *.json, *.yaml and *.yml hook files (repeatable)',
-  },
-  template: { kind: 'bool', key: 'template', def: 'false', help: 'parse hooks files as Go text/templates' },
-  hotreload: {
-    kind: 'bool',
-    key: 'hotreload',
-    def: 'false',
-    help: 'reload hooks when their files or directories change',
-  },
-  ip: { kind: 'string', key: 'ip', def: '0.0.0.0', help: 'IP address the webhook should serve hooks on' },
-  port: { kind: 'int', key: 'port', def: '9000', help: 'port the webhook should serve hooks on' },
-  urlprefix: {
-    kind: 'string',
-    key: 'urlprefix',
-    def: 'hooks',
-    help: 'url prefix to use for served hooks (protocol://yourserver:port/PREFIX/:hook-id)',
-  },
-  header: {
-    kind: 'list',
-    key: 'headers',
-    def: '',
-    help: 'response header to return, specified in format name=value, use multiple times to set multiple headers',
-  },
-  'http-methods': {
-    kind: 'string',
-    key: 'httpMethods',
-    def: '',
-    help: 'set default allowed HTTP methods (ie. "POST"); separate methods with comma',
-  },
-  verbose: { kind: 'bool', key: 'verbose', def: 'false', help: 'show verbose output (errors are always logged)' },
-  debug: { kind: 'bool', key: 'debug', def: 'false', help: 'show debug output' },
-  nopanic: { kind: 'bool', key: 'nopanic', def: 'false', help: 'do not exit if no hooks can be loaded' },
-  secure: { kind: 'bool', key: 'secure', def: 'false', help: 'use HTTPS instead of HTTP' },
-  cert: { kind: 'string', key: 'cert', def: 'cert.pem', help: 'path to the HTTPS certificate pem file' },
-  key: { kind: 'string', key: 'key', def: 'key.pem', help: 'path to the HTTPS certificate private key pem file' },
-  'tls-min-version': {
-    kind: 'string',
-    key: 'tlsMinVersion',
-    def: '1.2',
-    help: 'minimum TLS version (1.0, 1.1, 1.2, 1.3)',
-  },
-  'cipher-suites': {
-    kind: 'string',
-    key: 'cipherSuites',
-    def: '',
-    help: 'comma-separated list of supported TLS cipher suites',
-  },
-  'list-cipher-suites': {
-    kind: 'bool',
-    key: 'listCipherSuites',
-    def: 'false',
-    help: 'list available TLS cipher suites',
-  },
-  'x-request-id': {
-    kind: 'bool',
-    key: 'xRequestId',
-    def: 'false',
-    help: 'use X-Request-Id header, if present, as request ID',
-  },
-  'x-request-id-limit': {
-    kind: 'int',
-    key: 'xRequestIdLimit',
-    def: '0',
-    help: 'truncate X-Request-Id header to limit; default no limit',
-  },
-  pidfile: { kind: 'string', key: 'pidfile', def: '', help: 'create PID file at the given path' },
-  logfile: {
-    kind: 'string',
-    key: 'logfile',
-    def: '',
-    help: 'send log output to a file; implicitly enables verbose logging',
-  },
-  'max-multipart-mem': {
-    kind: 'int',
-    key: 'maxMultipartMem',
-    def: '1048576',
-    help: 'maximum memory in bytes for parsing multipart form data before disk caching',
-  },
-  setuid: {
-    kind: 'int',
-    key: 'setuid',
-    def: '0',
-    help: 'set user ID after opening listening port; must be used with setgid',
-  },
-  setgid: {
-    kind: 'int',
-    key: 'setgid',
-    def: '0',
-    help: 'set group ID after opening listening port; must be used with setuid',
-  },
-  socket: {
-    kind: 'string',
-    key: 'socket',
-    def: '',
-    help: 'path to a Unix socket on which to serve hooks (instead of ip:port)',
-  },
-  version: { kind: 'bool', key: 'version', def: 'false', help: 'display webhook version and quit' },
-  validate: {
-    kind: 'bool',
-    key: 'validate',
-    def: 'false',
-    help: 'load and check the hooks as the service would, print what each matches and does, and quit (1: refused)',
-  },
-  'max-body-size': {
-    kind: 'bytes',
-    key: 'maxBodyBytes',
-    def: String(LIMITS.maxBodyBytes),
-    help: 'largest request body accepted, in bytes (larger → 413)',
-  },
-  'read-header-timeout': {
-    kind: 'duration',
-    key: 'readHeaderTimeoutMs',
-    def: formatGoDuration(LIMITS.readHeaderTimeoutMs),
-    help: 'time a client has to send the request headers',
-  },
-  'read-timeout': {
-    kind: 'duration',
-    key: 'readTimeoutMs',
-    def: formatGoDuration(LIMITS.readTimeoutMs),
-    help: 'time a client has to send the whole request',
-  },
-  'body-idle-timeout': {
-    kind: 'duration',
-    key: 'bodyIdleTimeoutMs',
-    def: formatGoDuration(LIMITS.bodyIdleTimeoutMs),
-    help: 'time a request body may go without data before the connection is dropped (0: no limit)',
-  },
-  'command-timeout': {
-    kind: 'duration',
-    key: 'commandTimeoutMs',
-    def: formatGoDuration(LIMITS.commandTimeoutMs),
-    help: 'default time a command may run before its process group is killed (hook field "command-timeout" overrides)',
-  },
-  'max-concurrent-commands': {
-    kind: 'int',
-    key: 'maxConcurrentCommands',
-    def: String(LIMITS.maxConcurrentCommands),
-    help: 'commands allowed to run at once; further triggered requests get 503 with Retry-After',
-  },
-  'shutdown-grace': {
-    kind: 'duration',
-    key: 'shutdownGraceMs',
-    def: formatGoDuration(LIMITS.shutdownGraceMs),
-    help: 'on SIGTERM, time running commands get to finish before they are killed',
-  },
-  'shutdown-delay': {
-    kind: 'duration',
-    key: 'shutdownDelayMs',
-    def: '0s',
-    help:
-      'on SIGTERM, time /healthz answers 503 (not ready) while hooks are still served, so that a Service ' +
-      'stops sending before the listener closes (in Kubernetes: a few seconds)',
-  },
-  kubeconfig: {
-    kind: 'string',
-    key: 'kubeconfig',
-    def: '',
-    help: 'JSON kubeconfig for the upgrade (default: $KUBECONFIG, else the in-cluster service account)',
-  },
-  'apply-deadline': {
-    kind: 'duration',
-    key: 'applyDeadlineMs',
-    def: '10m0s',
-    help:
-      'a push the Kubernetes API server does not answer is answered 202, kept (the newest per container) and ' +
-      'applied when the API server answers again, for up to this long; then it is reported as failed (0: ' +
-      'answered 500 at once)',
-  },
-  'rollout-follow': {
-    kind: 'duration',
-    key: 'rolloutFollowMs',
-    def: '10m0s',
-    help:
-      "after answering, how long an upgrade's rollout is followed for the log, an Event and the mail (0: not " +
-      'followed)',
-  },
-  'metrics-listen': {
-    kind: 'string',
-    key: 'metricsListen',
-    def: '',
-    help: 'host:port (or :port) serving /metrics, apart from the hook port (default: no metrics)',
-  },
-  'max-mails-per-hook': {
-    kind: 'int',
-    key: 'maxMailsPerHook',
-    def: String(LIMITS.maxMailsPerHook),
-    help: 'result mails one hook sends per -mail-window; the results beyond go out in one summary mail',
-  },
-  'mail-window': {
-    kind: 'duration',
-    key: 'mailWindowMs',
-    def: formatGoDuration(LIMITS.mailWindowMs),
-    help: 'the window -max-mails-per-hook counts in',
-  },
-  deliveries: {
-    kind: 'int',
-    key: 'deliveries',
-    def: String(LIMITS.deliveries),
-    help: 'pushes the deliveries page on the -metrics-listen listener keeps (0: no page)',
-  },
-  'admin-token': {
-    kind: 'string',
-    key: 'adminToken',
-    def: '',
-    help: 'token the deliveries pages ask for, as HTTP Basic password or Bearer token (default: none)',
-  },
-  'max-notifications-per-hook': {
-    kind: 'int',
-    key: 'maxNotificationsPerHook',
-    def: String(LIMITS.maxNotificationsPerHook),
-    help: 'NOTIFY_URL notifications one hook sends per -notify-window; the results beyond are recorded, not sent',
-  },
-  'notify-window': {
-    kind: 'duration',
-    key: 'notifyWindowMs',
-    def: formatGoDuration(LIMITS.notifyWindowMs),
-    help: 'the window -max-notifications-per-hook counts in',
-  },
-  'print-rbac': {
-    kind: 'bool',
-    key: 'printRbac',
-    def: 'false',
-    help: 'print the Roles and RoleBindings the hooks need (get/patch on the workloads they name) as YAML, and quit',
-  },
-  'rbac-service-account': {
-    kind: 'string',
-    key: 'rbacServiceAccount',
-    def: 'cattle-system/webhook',
-    help: 'namespace/name of the ServiceAccount the RoleBindings of -print-rbac bind',
-  },
-};
-
-export class UsageError extends Error {}
-
-/** Parses a Go duration ("1h2m3.5s", "300ms"); returns milliseconds, or throws. */
-export function parseGoDuration(text: string): number {
-  const units: Record<string, number> = { ns: 1e-6, us: 1e-3, µs: 1e-3, ms: 1, s: 1000, m: 60_000, h: 3_600_000 };
-  if (text === '0') return 0;
-  const re = /(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)/y;
-  let total = 0;
-  let at = 0;
-  while (at < text.length) {
-    re.lastIndex = at;
-    const m = re.exec(text);
-    if (!m) throw new UsageError(`invalid duration "${text}" (use e.g. 30s, 5m, 1h30m)`);
-    total += Number(m[1]) * units[m[2]];
-    at = re.lastIndex;
-  }
-  if (text.length === 0) throw new UsageError('invalid duration "" (use e.g. 30s, 5m, 1h30m)');
-  return total;
-}
 
 export function formatGoDuration(ms: number): string {
   if (ms === 0) return '0s';
@@ -466,361 +113,197 @@ export function formatGoDuration(ms: number): string {
   return (h ? `${h}h` : '') + (h || m ? `${m}m` : '') + `${s}s`;
 }
 
-function defaultOptions(): Options {
-  const o = {} as Record<string, unknown>;
-  for (const spec of Object.values(FLAGS)) o[spec.key] = spec.kind === 'list' ? [] : convertFlag(spec, spec.def, '');
-  return o as unknown as Options;
-}
-
-const GO_BOOLS = new Map(
-  Object.entries({
-    '1': true,
-    t: true,
-    T: true,
-    TRUE: true,
-    true: true,
-    True: true,
-    '0': false,
-    f: false,
-    F: false,
-    FALSE: false,
-    false: false,
-    False: false,
-  }),
-);
-
-/** Go's strconv.ParseBool: the spellings Go's flags (and our hook settings) accept; else undefined. */
-export function parseGoBool(value: string): boolean | undefined {
-  return GO_BOOLS.get(value);
-}
-
-function convertFlag(spec: FlagSpec, value: string, name: string): unknown {
-  const bad = (what: string) => new UsageError(`invalid value "${value}" for flag -${name}: ${what}`);
-  switch (spec.kind) {
-    case 'bool': {
-      const v = parseGoBool(value);
-      if (v === undefined) throw bad('parse error');
-      return v;
-    }
-    case 'int':
-    case 'bytes': {
-      if (!/^[+-]?\d+$/.test(value)) throw bad('parse error');
-      return Number(value);
-    }
-    case 'duration':
-      try {
-        return parseGoDuration(value);
-      } catch {
-        throw bad('parse error');
-      }
-    case 'string':
-      return spec.key === 'httpMethods' ? splitMethods(value) : value;
-    case 'list':
-      return value;
-  }
-}
-
-export function splitMethods(value: string): string[] {
-  return value
-    .split(',')
-    .map((m) => m.trim().toUpperCase())
-    .filter((m) => m !== '');
-}
-
-/**
- * Parses arguments the way Go's `flag` package does: `-f`, `--f`, `-f=v`, `-f v` (not for bools),
- * stopping at the first non-flag or `--`. `WEBHOOK_CMD` (the old image's way to add `-template`)
- * is split on whitespace and appended.
- */
-export function parseCommandLine(argv: string[], env: Record<string, string | undefined> = {}): Options {
-  const args = [...argv, ...(env.WEBHOOK_CMD ?? '').split(/\s+/).filter((a) => a !== '')];
-  const opts = defaultOptions() as unknown as Record<string, unknown>;
-  const lists: Record<string, string[]> = {};
-  for (let i = 0; i < args.length; i++) {
-    const arg = args[i];
-    if (arg === '--') break;
-    if (arg.length < 2 || arg[0] !== '-') throw new UsageError(`unexpected argument "${arg}" (flags start with -)`);
-    const body = arg.startsWith('--') ? arg.slice(2) : arg.slice(1);
-    if (body === '' || body[0] === '-' || body[0] === '=') throw new UsageError(`bad flag syntax: ${arg}`);
-    const eq = body.indexOf('=');
-    const name = eq < 0 ? body : body.slice(0, eq);
-    if (name === 'h' || name === 'help') throw new UsageError('');
-    const spec = FLAGS[name];
-    if (!spec) throw new UsageError(`flag provided but not defined: -${name}`);
-    let value: string;
-    if (eq >= 0) value = body.slice(eq + 1);
-    else if (spec.kind === 'bool') value = 'true';
-    else if (i + 1 < args.length) value = args[++i];
-    else throw new UsageError(`flag needs an argument: -${name}`);
-    const converted = convertFlag(spec, value, name);
-    if (spec.kind === 'list') (lists[spec.key] ??= []).push(value);
-    else opts[spec.key] = converted;
-  }
-  const o = opts as unknown as Options;
-  o.hooks = lists.hooks ?? ['hooks.json'];
-  o.headers = (lists.headers ?? []).map((h) => {
-    const eq = h.indexOf('=');
-    if (eq <= 0) throw new UsageError(`invalid value "${h}" for flag -header: use name=value`);
-    return [h.slice(0, eq), h.slice(eq + 1)];
-  });
-  if (o.logfile !== '') o.verbose = true;
-  if (o.port < 0 || o.port > 65535) throw new UsageError(`invalid value "${o.port}" for flag -port: not a port number`);
-  if (o.maxConcurrentCommands < 1)
-    throw new UsageError('invalid value for flag -max-concurrent-commands: must be at least 1');
-  if ((o.setuid !== 0) !== (o.setgid !== 0)) throw new UsageError('-setuid and -setgid must be used together');
-  if (o.metricsListen !== '') parseListenAddress(o.metricsListen);
-  if (o.maxMailsPerHook < 1) throw new UsageError('invalid value for flag -max-mails-per-hook: must be at least 1');
-  if (o.deliveries < 0 || o.deliveries > LIMITS.maxDeliveries)
-    throw new UsageError(`invalid value for flag -deliveries: must be between 0 and ${LIMITS.maxDeliveries}`);
-  if (o.maxNotificationsPerHook < 1)
-    throw new UsageError('invalid value for flag -max-notifications-per-hook: must be at least 1');
-  if (/[\s\x00-\x1f\x7f]/.test(o.adminToken))
-    throw new UsageError('invalid value for flag -admin-token: no spaces or control characters');
-  if (!/^[a-z0-9-]+\/[a-z0-9.-]+$/.test(o.rbacServiceAccount))
-    throw new UsageError(`invalid value "${o.rbacServiceAccount}" for flag -rbac-service-account: use namespace/name`);
-  return o;
-}
-
-/** `host:port`, `:port` (every address) or `[v6]:port`, as Go's net.Listen takes them. */
-export function parseListenAddress(text: string): { host: string | undefined; port: number } {
-  const m = /^(?:\[([0-9A-Fa-f:.]+)\]|([^:\[\]]*)):(\d{1,5})$/.exec(text);
-  const port = Number(m?.[3]);
-  if (!m || port > 65535) throw new UsageError(`invalid listen address "${text}" (use host:port or :port)`);
-  const host = m[1] ?? m[2];
-  return { host: host === '' ? undefined : host, port };
-}
-
-export function usage(): string {
-  const lines = ['Usage of webhook:'];
-  for (const [name, spec] of Object.entries(FLAGS)) {
-    const arg =
-      spec.kind === 'bool'
-        ? ''
-        : spec.kind === 'duration'
-          ? ' duration'
-          : spec.kind === 'string' || spec.kind === 'list'
-            ? ' string'
-            : ' int';
-    lines.push(`  -${name}${arg}`);
-    const def =
-      spec.kind === 'bool' || spec.def === ''
-        ? ''
-        : ` (default ${spec.kind === 'string' || spec.kind === 'list' ? `"${spec.def}"` : spec.def})`;
-    lines.push(`    \t${spec.help}${def}`);
-  }
-  lines.push('', 'Environment: WEBHOOK_CMD adds arguments (e.g. WEBHOOK_CMD=-template).');
-  return lines.join('\n') + '\n';
-}
-
-// ================================================================================================
-// 2. logging & metrics — log lines in adnanh's shape ("[webhook] 2006/01/02 15:04:05 …"),
-//    errors always, the rest with -verbose/-debug, every line scrubbed of known secrets; counters,
-//    gauges and histograms rendered in the Prometheus text format.
-//    Exports: escapeControls, Logger, Metrics, MONTHS.
-// ================================================================================================
-
-export class Logger {
-  private secrets: string[] = [];
-  /** Callers test this before building an expensive verbose-only line (the access log). */
-  readonly verbose: boolean;
-  private readonly debugOn: boolean;
-  private readonly write: (text: string) => void;
-  private pending: string[] = [];
-  private readonly afterWrite: (() => void)[] = [];
-
-  constructor(verbose: boolean, debug: boolean, write: (text: string) => void) {
-    this.verbose = verbose || debug;
-    this.debugOn = debug;
-    this.write = write;
-  }
-
-  /**
-   * Writes what is pending, synchronously, then lets out the answers waiting for it (whenWritten).
-   * Lines are batched per event-loop turn: requests log several lines each, and one write(2) for
-   * all of them is much cheaper. Answers wait for the write and errors are written at once, so a
-   * process killed right after answering has logged everything about that request.
-   */
-  flush(): void {
-    if (this.pending.length > 0) {
-      const text = this.pending.join('');
-      this.pending = [];
-      this.write(text);
-    }
-    for (const send of this.afterWrite.splice(0)) send();
-  }
-
-  /**
-   * Runs `send` (an answer going out) once every line logged so far is written: at once when none
-   * is pending, else at the batch's write, so answers in one event-loop turn share one write(2).
-   */
-  whenWritten(send: () => void): void {
-    if (this.pending.length === 0) send();
-    else this.afterWrite.push(send);
-  }
-
-  setSecrets(secrets: string[]): void {
-    this.secrets = secrets;
-  }
-
-  /** Replaces every known secret in `text` by REDACTED (log lines, command output). */
-  scrub(text: string): string {
-    let out = text;
-    for (const s of this.secrets) if (out.includes(s)) out = out.split(s).join('REDACTED');
-    return out;
-  }
-
-  private emit(message: string): void {
-    const line = this.scrub(message);
-    const d = new Date();
-    const p = (n: number) => String(n).padStart(2, '0');
-    if (this.pending.length === 0) setImmediate(() => this.flush());
-    this.pending.push(
-      `[webhook] ${d.getFullYear()}/${p(d.getMonth() + 1)}/${p(d.getDate())} ` +
-        `${p(d.getHours())}:${p(d.getMinutes())}:${p(d.getSeconds())} ${line}\n`,
-    );
-  }
-
-  error(m: string): void {
-    this.emit(`error: ${m}`);
-    this.flush();
-  }
-  warn(m: string): void {
-    this.emit(`warning: ${m}`);
-  }
-  /** Start-up, reload and shutdown: always shown, like errors. */
-  notice(m: string): void {
-    this.emit(m);
-  }
-  info(m: string): void {
-    if (this.verbose) this.emit(m);
-  }
-  debug(m: string): void {
-    if (this.debugOn) this.emit(m);
-  }
-}
-
-/**
- * Text a request chose (a hook id from the URL, a header, a parameter, a body's parse error) made
- * safe for one log line: control characters (C0, DEL, C1, and the Unicode line and paragraph
- * separators) become \xNN or \uNNNN escapes, so a request can neither start a forged log line nor
- * send escape sequences to the terminal that shows the log.
- */
-export function escapeControls(text: string): string {
-  return text.replace(/[\x00-\x1f\x7f-\x9f\u2028\u2029]/g, (c) => {
-    const code = c.charCodeAt(0);
-    return code < 0x100 ? `\\x${code.toString(16).padStart(2, '0')}` : `\\u${code.toString(16)}`;
-  });
-}
-
-const HISTOGRAM_BUCKETS = [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600];
-const METRIC_HELP: Record<string, [string, string]> = {
-  webhook_requests_total: ['counter', 'HTTP requests by hook id ("" for other paths) and status code.'],
-  webhook_commands_total: ['counter', 'Hook commands run, by hook and result (success, failure, timeout).'],
-  webhook_command_timeouts_total: ['counter', 'Hook commands killed for running past their timeout.'],
-  webhook_commands_rejected_total: [
-    'counter',
-    'Triggered requests refused with 503 because all command slots were busy.',
-  ],
-  webhook_commands_running: ['gauge', 'Hook commands running now.'],
-  webhook_command_duration_seconds: ['histogram', 'Wall time of hook commands.'],
-  webhook_reloads_total: ['counter', 'Hook reloads by result (success, failure).'],
-  webhook_config_last_reload_successful: ['gauge', '1 if the last reload succeeded, 0 if it was rejected.'],
-  webhook_hooks_loaded: ['gauge', 'Hooks in the snapshot being served.'],
-  webhook_mails_total: [
-    'counter',
-    'Result mails by result (sent, failed after retries, summarized: beyond the per-hook cap, in one summary).',
-  ],
-  webhook_notifications_total: [
-    'counter',
-    'NOTIFY_URL notifications by format and result (sent, failed after retries, capped: beyond the per-hook cap).',
-  ],
-};
-
-export class Metrics {
-  private readonly values = new Map<string, Map<string, number>>();
-  private readonly histograms = new Map<string, Map<string, { buckets: number[]; sum: number; count: number }>>();
-
-  private static key(labels: Record<string, string>): string {
-    return Object.entries(labels)
-      .map(([k, v]) => `${k}="${v.replace(/[\\"\n]/g, (c) => (c === '\n' ? '\\n' : '\\' + c))}"`)
-      .join(',');
-  }
-
-  inc(name: string, labels: Record<string, string>, by = 1): void {
-    const series = this.values.get(name) ?? new Map<string, number>();
-    this.values.set(name, series);
-    const k = Metrics.key(labels);
-    series.set(k, (series.get(k) ?? 0) + by);
-  }
-
-  setGauge(name: string, labels: Record<string, string>, value: number): void {
-    const series = this.values.get(name) ?? new Map<string, number>();
-    this.values.set(name, series);
-    series.set(Metrics.key(labels), value);
-  }
-
-  observe(name: string, labels: Record<string, string>, value: number): void {
-    const series = this.histograms.get(name) ?? new Map();
-    this.histograms.set(name, series);
-    const k = Metrics.key(labels);
-    const h = series.get(k) ?? { buckets: HISTOGRAM_BUCKETS.map(() => 0), sum: 0, count: 0 };
-    series.set(k, h);
-    HISTOGRAM_BUCKETS.forEach((b, i) => {
-      if (value <= b) h.buckets[i]++;
-    });
-    h.sum += value;
-    h.count++;
-  }
-
-  reloaded(ok: boolean, hooks: number): void {
-    this.inc('webhook_reloads_total', { result: ok ? 'success' : 'failure' });
-    this.setGauge('webhook_config_last_reload_successful', {}, ok ? 1 : 0);
-    this.setGauge('webhook_hooks_loaded', {}, hooks);
-  }
-
-  render(): string {
-    const lines: string[] = [];
-    const head = (name: string) => {
-      const [type, help] = METRIC_HELP[name] ?? ['untyped', name];
-      lines.push(`# HELP ${name} ${help}`, `# TYPE ${name} ${type}`);
-    };
-    for (const [name, series] of this.values) {
-      head(name);
-      for (const [k, v] of series) lines.push(`${name}${k ? `{${k}}` : ''} ${v}`);
-    }
-    for (const [name, series] of this.histograms) {
-      head(name);
-      for (const [k, h] of series) {
-        const sep = k ? `${k},` : '';
-        HISTOGRAM_BUCKETS.forEach((b, i) => lines.push(`${name}_bucket{${sep}le="${b}"} ${h.buckets[i]}`));
-        lines.push(
-          `${name}_bucket{${sep}le="+Inf"} ${h.count}`,
-          `${name}_sum${k ? `{${k}}` : ''} ${h.sum}`,
-          `${name}_count${k ? `{${k}}` : ''} ${h.count}`,
-        );
-      }
-    }
-    return lines.join('\n') + '\n';
-  }
-}
 /** English month abbreviations, as Go's time layouts and RFC 5322 dates spell them. */
 export const MONTHS = ['Jan', 'Feb', 'Mar', 'Apr', 'May', 'Jun', 'Jul', 'Aug', 'Sep', 'Oct', 'Nov', 'Dec'];
 
+/** A position in a text read by hand (the XML reader, the Go regex translator). */
+export class TextCursor {
+  protected readonly text: string;
+  protected at = 0;
+
+  constructor(text: string) {
+    this.text = text;
+  }
+
+  atEnd(): boolean {
+    return this.at >= this.text.length;
+  }
+}
+
+// Payload values are untrusted and can be long (a README); messages show at most this much.
+const MAX_SHOWN_VALUE_LENGTH = 80;
+
+/** A value quoted for a message: JSON-escaped (no control characters reach a log), truncated. */
+export function showValue(value: string): string {
+  if (value.length <= MAX_SHOWN_VALUE_LENGTH) return JSON.stringify(value);
+  return `${previewValue(value)} (${value.length} characters)`;
+}
+
+/** showValue without the length, for messages that state the length themselves. */
+function previewValue(value: string): string {
+  return value.length <= MAX_SHOWN_VALUE_LENGTH
+    ? JSON.stringify(value)
+    : `${JSON.stringify(value.slice(0, MAX_SHOWN_VALUE_LENGTH))}…`;
+}
+
+/** A JSON number kept as its literal text ("1.50" stays "1.50"), as Go's json.Number does. */
+export class JsonNumber {
+  readonly text: string;
+  constructor(text: string) {
+    this.text = text;
+  }
+}
+
+/**
+ * JSON.parse, with every number kept as its literal text (JsonNumber). The reviver that does it
+ * costs several times the plain parse, so it runs only when the document holds a number at all
+ * (ACR payloads hold none).
+ */
+export function parseJsonKeepingNumbers(text: string): unknown {
+  const plain: unknown = JSON.parse(text);
+  if (!containsNumber(plain)) return plain;
+  return JSON.parse(text, (_key, value, context?: { source?: string }) =>
+    typeof value === 'number' && context?.source !== undefined ? new JsonNumber(context.source) : value,
+  );
+}
+
+function containsNumber(value: unknown): boolean {
+  if (typeof value === 'number') return true;
+  if (value === null || typeof value !== 'object') return false;
+  for (const v of Array.isArray(value) ? value : Object.values(value)) if (containsNumber(v)) return true;
+  return false;
+}
+
+/**
+ * XML to a map the way adnanh's mxj library does it: the root element is the single top key,
+ * attributes become "-name", text beside attributes or children becomes "#text", repeated
+ * elements become arrays, all values are strings.
+ */
+export function parseXml(text: string): Record<string, unknown> {
+  const reader = new XmlReader(text);
+  reader.skipMisc();
+  const [rootName, root] = reader.element();
+  reader.skipMisc();
+  if (!reader.atEnd()) reader.fail('content after the root element');
+  return { [rootName]: root };
+}
+
+const XML_ENTITIES: Record<string, string> = { lt: '<', gt: '>', amp: '&', quot: '"', apos: "'" };
+
+class XmlReader extends TextCursor {
+  fail(what: string): never {
+    throw new Error(`${what} at offset ${this.at}`);
+  }
+
+  private static decode(s: string): string {
+    return s.replace(/&(#x[0-9A-Fa-f]+|#\d+|[a-z]+);/g, (all, e: string) =>
+      e[0] === '#'
+        ? String.fromCodePoint(e[1] === 'x' ? parseInt(e.slice(2), 16) : Number(e.slice(1)))
+        : (XML_ENTITIES[e] ?? all),
+    );
+  }
+
+  private static localName(n: string): string {
+    return n.slice(n.indexOf(':') + 1);
+  }
+
+  private skipPast(close: string, what: string): void {
+    const e = this.text.indexOf(close, this.at);
+    if (e < 0) this.fail(`unterminated ${what}`);
+    this.at = e + close.length;
+  }
+
+  /** Whitespace, processing instructions, comments and a DOCTYPE. */
+  skipMisc(): void {
+    for (;;) {
+      while (/\s/.test(this.text[this.at] ?? '')) this.at++;
+      if (this.text.startsWith('<?', this.at)) this.skipPast('?>', 'processing instruction');
+      else if (this.text.startsWith('<!--', this.at)) this.skipPast('-->', 'comment');
+      else if (this.text.startsWith('<!DOCTYPE', this.at)) this.skipPast('>', 'DOCTYPE');
+      else return;
+    }
+  }
+
+  /** One element as [name, value]: its text, or a map of attributes, children and "#text". */
+  element(): [string, unknown] {
+    const m = /^<([A-Za-z_][\w.:-]*)/.exec(this.text.slice(this.at, this.at + 256));
+    if (!m) this.fail('expected an element');
+    this.at += m[0].length;
+    const name = XmlReader.localName(m[1]);
+    const node: Record<string, unknown> = {};
+    if (this.attributes(node)) return [name, Object.keys(node).length ? node : ''];
+    const textContent = this.content(name, node).trim();
+    if (Object.keys(node).length === 0) return [name, textContent];
+    if (textContent !== '') node['#text'] = textContent;
+    return [name, node];
+  }
+
+  /** Reads attributes into node as "-name"; true when the element closed itself (`/>`). */
+  private attributes(node: Record<string, unknown>): boolean {
+    for (;;) {
+      while (/\s/.test(this.text[this.at] ?? '')) this.at++;
+      if (this.text.startsWith('/>', this.at)) {
+        this.at += 2;
+        return true;
+      }
+      if (this.text[this.at] === '>') {
+        this.at++;
+        return false;
+      }
+      const a = /^([A-Za-z_][\w.:-]*)\s*=\s*("([^"]*)"|'([^']*)')/.exec(this.text.slice(this.at, this.at + 65536));
+      if (!a) this.fail('malformed attribute');
+      this.at += a[0].length;
+      if (!a[1].startsWith('xmlns')) node['-' + XmlReader.localName(a[1])] = XmlReader.decode(a[3] ?? a[4]);
+    }
+  }
+
+  /** Children (repeated names become arrays) into node, up to the closing tag; returns the text. */
+  private content(name: string, node: Record<string, unknown>): string {
+    let text = '';
+    for (;;) {
+      if (this.atEnd()) this.fail(`unterminated element <${name}>`);
+      if (this.text.startsWith('</', this.at)) {
+        const e = this.text.indexOf('>', this.at);
+        if (e < 0 || XmlReader.localName(this.text.slice(this.at + 2, e).trim()) !== name)
+          this.fail(`mismatched closing tag for <${name}>`);
+        this.at = e + 1;
+        return text;
+      }
+      if (this.text.startsWith('<![CDATA[', this.at)) {
+        const e = this.text.indexOf(']]>', this.at);
+        if (e < 0) this.fail('unterminated CDATA');
+        text += this.text.slice(this.at + 9, e);
+        this.at = e + 3;
+      } else if (this.text.startsWith('<!--', this.at) || this.text.startsWith('<?', this.at)) {
+        this.skipMisc();
+      } else if (this.text[this.at] === '<') {
+        const [childName, child] = this.element();
+        const existing = node[childName];
+        if (existing === undefined) node[childName] = child;
+        else if (Array.isArray(existing)) existing.push(child);
+        else node[childName] = [existing, child];
+      } else {
+        const e = this.text.indexOf('<', this.at);
+        text += XmlReader.decode(this.text.slice(this.at, e < 0 ? this.text.length : e));
+        this.at = e < 0 ? this.text.length : e;
+      }
+    }
+  }
+}
+
+function isObject(v: unknown): v is Record<string, unknown> {
+  return typeof v === 'object' && v !== null && !Array.isArray(v);
+}
+
 // ================================================================================================
-// 3. yaml — hook files are read as adnanh reads them. adnanh reads every hooks file (JSON ones
-//    too) with github.com/ghodss/yaml, which runs gopkg.in/yaml.v2 (the 2017 revision eb3733d
-//    vendored in 2.8.0, a Go port of libyaml 0.1) and turns the result into JSON. So this reader
-//    follows that code closely, in three stages:
-//      Scanner  characters -> tokens, with libyaml's indentation stack and "simple key" bookkeeping,
-//               because that is where YAML's context rules (and most of its error cases) live;
-//      Parser   tokens -> a node tree for the FIRST document only, as yaml.Unmarshal does;
-//      Decoder  nodes -> plain JS values, resolving scalars (YAML 1.1 booleans, Go integer syntax),
-//               aliases and `<<` merges the way yaml.v2 does, and map keys the way ghodss does.
-//    On purpose stricter than adnanh: a mapping may not repeat a key (JSON.parse and yaml.v2 keep
-//    the last, so a second "trigger-rule" would silently replace the first), aliases may not expand
-//    a document past a million nodes, nesting is limited, `!!binary` is refused.
-//    Error messages carry a position and never the text of a scalar: hook files hold secrets.
-//    Exports: LineMap, parseYaml, scalarAsGoString.
+// 2. yaml scanner — hook files are read as adnanh reads them. adnanh reads every hooks file (JSON ones too) with
+//    github.com/ghodss/yaml, which runs gopkg.in/yaml.v2 (the 2017 revision eb3733d vendored in 2.8.0, a Go port of
+//    libyaml 0.1) and turns the result into JSON, so this reader follows that code closely in three stages. This
+//    chapter is the first: the Scanner turns characters into tokens, with libyaml's indentation stack and "simple
+//    key" bookkeeping, because that is where YAML's context rules (and most of its error cases) live. Error messages
+//    carry a position and never the text of a scalar: hook files hold secrets.
+//    Exports: failAt, LineMap, Mark, MAX_DEPTH, MAX_NODES, readChars, Scanner, Token, TokenType.
+//    Tests: test/yaml.test.ts.
 // ================================================================================================
 
 /** Line numbers of every key (objects) and index (arrays) of a parsed document. */
@@ -1690,6 +1173,17 @@ class Scanner {
   }
 }
 
+// ================================================================================================
+// 3. yaml parser — the second and third stages of the YAML reader. The Parser turns tokens into a node tree for the
+//    FIRST document only, as yaml.Unmarshal does; the Decoder turns nodes into plain values, resolving scalars (YAML
+//    1.1 booleans, Go integer syntax), aliases and `<<` merges the way yaml.v2 does, and map keys the way ghodss
+//    does. On purpose stricter than adnanh: a mapping may not repeat a key (a second "trigger-rule" would silently
+//    replace the first), aliases may not expand a document past a million nodes, nesting is limited, `!!binary` is
+//    refused. parseYaml also returns every key's line, for located errors.
+//    Exports: parseYaml, scalarAsGoString.
+//    Tests: test/chart.test.ts, test/unit.test.ts, test/yaml-hooks.test.ts, test/yaml.test.ts.
+// ================================================================================================
+
 // ---------------------------------------------------------------------------------------------
 // Parser: tokens -> nodes, following libyaml's grammar (including its "indentless" sequences,
 // `key:\n- item`, and single-pair mappings inside flow sequences, `[a: b]`).
@@ -2410,30 +1904,13 @@ export function scalarAsGoString(v: unknown, holder?: object, key?: string | num
 }
 
 // ================================================================================================
-// 4. hook files — the reading every compiler below shares. A hooks file is rendered as a Go
-//    template when -template asks, read by section 3 (duplicate keys are errors; every key's line
-//    is kept), and then read through Fields: unknown keys and wrong types are errors that name
-//    file, line, hook and field path (`hooks/web.json:12: hook "web": trigger-rule.and[2]: …`).
-//    Exports: CompileSinks, ConfigError, FieldReader, Fields, Place, renderTemplate, suggest,
-//    TemplateEnv, TextCursor, typeName.
+// 4. go template — the subset of Go's text/template that hook files use under -template: actions with pipelines of
+//    getenv, cat, credential, js, html and urlquery, quoted and raw strings, parentheses, comments and trim markers.
+//    renderTemplate returns the text and the values the functions inserted, which are secrets from then on; anything
+//    else is a TemplateError naming the line.
+//    Exports: renderTemplate, TemplateEnv.
+//    Tests: test/unit.test.ts.
 // ================================================================================================
-
-/** An error in a hooks file; its message names the place (file:line: hook "id": field.path: what). */
-export class ConfigError extends Error {}
-
-/** A position in a text read by hand (the XML reader, the Go regex translator). */
-export class TextCursor {
-  protected readonly text: string;
-  protected at = 0;
-
-  constructor(text: string) {
-    this.text = text;
-  }
-
-  atEnd(): boolean {
-    return this.at >= this.text.length;
-  }
-}
 
 // ---- the Go text/template subset ---------------------------------------------------------------
 
@@ -2450,6 +1927,9 @@ const TEMPLATE_FUNCTIONS = ['getenv', 'cat', 'credential', 'js', 'html', 'urlque
  * `{{-`/`-}}` trim markers. Returns the text and the values the functions inserted (they are
  * treated as secrets). Anything else is an error naming the line.
  */
+/** A template that does not render; the message names the line. */
+export class TemplateError extends Error {}
+
 export function renderTemplate(text: string, env: TemplateEnv): { output: string; inserted: string[] } {
   const inserted: string[] = [];
   let out = '';
@@ -2469,7 +1949,7 @@ export function renderTemplate(text: string, env: TemplateEnv): { output: string
     }
     out += literal;
     const close = text.indexOf('}}', bodyStart);
-    if (close < 0) throw new ConfigError(`line ${lineAt(open)}: template: unclosed action (missing "}}")`);
+    if (close < 0) throw new TemplateError(`line ${lineAt(open)}: template: unclosed action (missing "}}")`);
     let bodyEnd = close;
     let trimAfter = false;
     if (/[ \t\r\n]-$/.test(text.slice(close - 2, close))) {
@@ -2480,13 +1960,13 @@ export function renderTemplate(text: string, env: TemplateEnv): { output: string
     at = close + 2;
     if (trimAfter) while (at < text.length && ' \t\r\n'.includes(text[at])) at++;
     if (body.startsWith('/*')) {
-      if (!body.endsWith('*/')) throw new ConfigError(`line ${lineAt(open)}: template: unclosed comment`);
+      if (!body.endsWith('*/')) throw new TemplateError(`line ${lineAt(open)}: template: unclosed comment`);
       continue;
     }
     try {
       out += evaluateTemplateAction(body, env, inserted);
     } catch (e) {
-      throw new ConfigError(`line ${lineAt(open)}: template: ${(e as Error).message}`);
+      throw new TemplateError(`line ${lineAt(open)}: template: ${(e as Error).message}`);
     }
   }
   return { output: out, inserted };
@@ -2608,1032 +2088,13 @@ export function goQueryEscape(s: string): string {
     .replace(/%20/g, '+');
 }
 
-// ---- reading fields --------------------------------------------------------------------------
-
-/** What compiled hooks leave for the snapshot besides the hooks themselves. */
-export interface CompileSinks {
-  /** Values never to be logged (HMAC secrets); template-inserted values are added by the loader. */
-  secrets: string[];
-  /** `url:<name>` and `header:<lower-case name>` parameters compared by value rules. */
-  redactedParams: string[];
-  warnings: string[];
-  /** Errors that keep the file from loading but need not stop the reading: every one is reported. */
-  refusals: string[];
-}
-
-/** Where a value sits in the document: its parent object or array, its key there, its path. */
-export interface Place {
-  parent: object | undefined;
-  key: string;
-  path: string;
-}
-
-/** An unreplaced placeholder from the shipped examples and manifests: `<token>`, `<hook-token>`. */
-export const PLACEHOLDER = /<[A-Za-z][A-Za-z0-9_.-]*>/;
-
-export function typeName(v: unknown): string {
-  return v === null ? 'null' : Array.isArray(v) ? 'an array' : typeof v === 'object' ? 'an object' : `a ${typeof v}`;
-}
-
-/** Reads one hook of a parsed file; every error names file, line, hook and field path. */
-export class FieldReader {
-  readonly file: string;
-  readonly sinks: CompileSinks;
-  /** `hook "web"` once the id is known, `hook #3` before. */
-  hookName: string;
-  private readonly lines: LineMap;
-  private readonly hookLine: number;
-
-  constructor(file: string, lines: LineMap, hook: Place & { index: number }, sinks: CompileSinks) {
-    this.file = file;
-    this.lines = lines;
-    this.sinks = sinks;
-    this.hookLine = this.lineOf(hook.parent, hook.key) ?? 1;
-    this.hookName = `hook #${hook.index + 1}`;
-  }
-
-  private lineOf(parent: object | undefined, key: string): number | undefined {
-    return parent ? this.lines.get(parent)?.get(key) : undefined;
-  }
-
-  where(at: Place): string {
-    return `${this.file}:${this.lineOf(at.parent, at.key) ?? this.hookLine}: ${this.hookName}: ${at.path}`;
-  }
-
-  fail(at: Place, what: string): never {
-    throw new ConfigError(`${this.where(at)}: ${what}`);
-  }
-
-  warn(at: Place, what: string): void {
-    this.sinks.warnings.push(`${this.where(at)}: ${what}`);
-  }
-
-  /** An error reported with every other one of the file: the file does not load. */
-  refuse(at: Place, what: string): void {
-    this.sinks.refusals.push(`${this.where(at)}: ${what}`);
-  }
-
-  /** The object at a place, refusing keys not in `allowed` (with a suggestion for a misspelling). */
-  object(value: unknown, at: Place, allowed: readonly string[]): Fields {
-    if (value === null || typeof value !== 'object' || Array.isArray(value))
-      return this.fail(at, `expected an object, got ${typeName(value)}`);
-    const fields = new Fields(this, value as Record<string, unknown>, at.path);
-    for (const k of Object.keys(value)) if (!allowed.includes(k)) fields.fail(k, `unknown field${suggest(k, allowed)}`);
-    return fields;
-  }
-}
-
-/** One object of a hook being read: typed getters with defaults, and located errors. */
-export class Fields {
-  readonly raw: Record<string, unknown>;
-  readonly path: string;
-  readonly reader: FieldReader;
-
-  constructor(reader: FieldReader, raw: Record<string, unknown>, path: string) {
-    this.reader = reader;
-    this.raw = raw;
-    this.path = path;
-  }
-
-  place(key: string): Place {
-    // A missing key is reported at the line where the object's first key is.
-    const lineKey = Object.hasOwn(this.raw, key) ? key : (Object.keys(this.raw)[0] ?? key);
-    return { parent: this.raw, key: lineKey, path: this.path ? `${this.path}.${key}` : key };
-  }
-
-  has(key: string): boolean {
-    return this.raw[key] !== undefined;
-  }
-  fail(key: string, what: string): never {
-    return this.reader.fail(this.place(key), what);
-  }
-  warn(key: string, what: string): void {
-    this.reader.warn(this.place(key), what);
-  }
-
-  private typed<T>(key: string, ok: (v: unknown) => boolean, expected: string, def: T): T {
-    const v = this.raw[key];
-    if (v === undefined) return def;
-    if (!ok(v)) this.fail(key, `expected ${expected}, got ${typeName(v)}`);
-    return v as T;
-  }
-
-  /** A string; a number or boolean becomes its text, as adnanh's YAML loader gives it ("value": 1). */
-  string(key: string, def = ''): string {
-    const v = this.raw[key];
-    if (typeof v === 'number' || typeof v === 'boolean') return scalarAsGoString(v, this.raw, key)!;
-    return this.typed(key, (x) => typeof x === 'string', 'a string', def);
-  }
-  boolean(key: string, def = false): boolean {
-    return this.typed(key, (v) => typeof v === 'boolean', 'a boolean', def);
-  }
-  integer(key: string, def: number): number {
-    return this.typed(key, Number.isInteger, 'an integer', def);
-  }
-
-  /** A string the field's type needs: missing is an error naming what needs it. */
-  required(key: string, neededBy: string): string {
-    if (!this.has(key)) this.fail(key, `required for ${neededBy}`);
-    return this.string(key);
-  }
-
-  /** A string that must not be empty, checked for a leftover placeholder. */
-  nonEmpty(key: string, what = 'required, and must not be empty'): string {
-    const s = this.string(key);
-    if (s === '') this.fail(key, what);
-    this.warnPlaceholder(key, s);
-    return s;
-  }
-
-  warnPlaceholder(key: string, value: string): void {
-    const m = PLACEHOLDER.exec(value);
-    if (m) this.warn(key, `still holds the placeholder "${m[0]}"; replace it before use`);
-  }
-
-  /**
-   * A value a trigger rule compares against: a leftover placeholder fails closed (with the shipped
-   * HOOK_TOKEN=<hook-token>, `?token=<hook-token>` would otherwise be let in). A placeholder is no
-   * secret, so it is named; in a secret field only when it is the whole value.
-   */
-  refusePlaceholder(key: string, value: string, secret = false): boolean {
-    const m = PLACEHOLDER.exec(value);
-    if (!m) return false;
-    const which = !secret || m[0] === value ? `the placeholder "${m[0]}"` : 'a placeholder';
-    this.reader.refuse(this.place(key), `still holds ${which}; replace it (a rule never compares against one)`);
-    return true;
-  }
-
-  /** The items of an array field, each with its place (`key[i]`). */
-  items(key: string): { value: unknown; at: Place }[] {
-    const list = this.typed<unknown[]>(key, Array.isArray, 'an array', []);
-    const path = this.place(key).path;
-    return list.map((value, i) => ({ value, at: { parent: list, key: String(i), path: `${path}[${i}]` } }));
-  }
-
-  /** The object in a field. */
-  object(key: string, allowed: readonly string[]): Fields {
-    return this.reader.object(this.raw[key], this.place(key), allowed);
-  }
-}
-
-/** Suggests a known name for a misspelt one (case difference or edit distance ≤ 2). */
-export function suggest(name: string, known: readonly string[]): string {
-  const best =
-    known.find((k) => k.toLowerCase() === name.toLowerCase()) ?? known.find((k) => editDistance(name, k) <= 2);
-  return best ? ` (did you mean "${best}"?)` : '';
-}
-
-function editDistance(a: string, b: string): number {
-  const d = Array.from({ length: b.length + 1 }, (_, i) => i);
-  for (let i = 1; i <= a.length; i++) {
-    let prev = d[0];
-    d[0] = i;
-    for (let j = 1; j <= b.length; j++) {
-      const cur = d[j];
-      d[j] = Math.min(d[j] + 1, d[j - 1] + 1, prev + (a[i - 1] === b[j - 1] ? 0 : 1));
-      prev = cur;
-    }
-  }
-  return d[b.length];
-}
 // ================================================================================================
-// 5. request parsing & parameters — turns an HTTP request into the structures hook parameters
-//    address: headers (Go-canonical names), query, payload (from JSON, form, XML or multipart
-//    bodies) and the raw body, with adnanh's dotted-path lookup and Go's JSON serialisation.
-//    Exports: applyJsonParameters, compileParam, firstValues, headersFromRaw, HookRequest,
-//    isParsedContentType, MultipartError, Param, ParameterNotFound, paramReadsBody, parsePayload,
-//    resolveParameter.
+// 5. go regexp — hook regexes are Go (RE2) syntax; compileGoRegex translates them for V8's linear-time engine (the
+//    `l` flag), so no pattern backtracks whatever the request holds. Go's classes, flags, repeat limits and Unicode
+//    rules are kept; a pattern Go would refuse is refused with Go's message.
+//    Exports: compileGoRegex.
+//    Tests: test/unit.test.ts.
 // ================================================================================================
-
-/** A JSON number kept as its literal text ("1.50" stays "1.50"), as Go's json.Number does. */
-export class JsonNumber {
-  readonly text: string;
-  constructor(text: string) {
-    this.text = text;
-  }
-}
-
-export interface HookRequest {
-  id: string;
-  method: string;
-  /** Go's RemoteAddr form: "10.0.0.1:5678" or "[fd00::1]:5678". */
-  remoteAddr: string;
-  remoteIp: string;
-  headers: Record<string, unknown>;
-  query: Record<string, unknown>;
-  payload: Record<string, unknown> | undefined;
-  /** The raw body as received (what signatures cover); empty until it is read. */
-  body: Buffer;
-  /**
-   * A multipart/form-data body: the raw-request-body parameter is then empty, as in adnanh (whose
-   * form parser consumed the body); signatures still cover the raw bytes senders signed.
-   */
-  multipart?: boolean;
-}
-
-export class ParameterNotFound extends Error {
-  constructor(key: string) {
-    super(`parameter node not found: ${key}`);
-  }
-}
-
-/** Thrown for a multipart body that cannot be parsed (adnanh answers 500 for it). */
-export class MultipartError extends Error {}
-
-/** Go's textproto.CanonicalMIMEHeaderKey: "x-hub-signature" → "X-Hub-Signature". */
-export function canonicalHeaderKey(name: string): string {
-  if (!/^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/.test(name)) return name;
-  return name.toLowerCase().replace(/(^|-)([a-z])/g, (_, dash: string, c: string) => dash + c.toUpperCase());
-}
-
-/** First value of each header, Go-canonical names, without Host (Go keeps it out of r.Header). */
-export function headersFromRaw(rawHeaders: string[]): Record<string, unknown> {
-  const out: Record<string, unknown> = {};
-  for (let i = 0; i < rawHeaders.length; i += 2) {
-    const key = canonicalHeaderKey(rawHeaders[i]);
-    if (key !== 'Host' && !(key in out)) out[key] = rawHeaders[i + 1];
-  }
-  return out;
-}
-
-/** First value of each key, as Go's url.Values would give it. */
-export function firstValues(params: URLSearchParams): Record<string, unknown> {
-  const out: Record<string, unknown> = {};
-  for (const [k, v] of params) if (!(k in out)) out[k] = v;
-  return out;
-}
-
-/**
- * JSON.parse, with every number kept as its literal text (JsonNumber). The reviver that does it
- * costs several times the plain parse, so it runs only when the document holds a number at all
- * (ACR payloads hold none).
- */
-export function parseJsonKeepingNumbers(text: string): unknown {
-  const plain: unknown = JSON.parse(text);
-  if (!containsNumber(plain)) return plain;
-  return JSON.parse(text, (_key, value, context?: { source?: string }) =>
-    typeof value === 'number' && context?.source !== undefined ? new JsonNumber(context.source) : value,
-  );
-}
-
-function containsNumber(value: unknown): boolean {
-  if (typeof value === 'number') return true;
-  if (value === null || typeof value !== 'object') return false;
-  for (const v of Array.isArray(value) ? value : Object.values(value)) if (containsNumber(v)) return true;
-  return false;
-}
-
-/**
- * Parses a body by content type as adnanh does: "json" (an array becomes {"root": […]}),
- * "x-www-form-urlencoded", "xml", "multipart/form-data;". Returns the payload (undefined when the
- * body does not parse; that never fails the request) and a note for the log.
- */
-export function parsePayload(
-  contentType: string,
-  body: Buffer,
-  jsonFileParts: string[],
-): { payload: Record<string, unknown> | undefined; note?: string } {
-  if (contentType.startsWith('multipart/form-data;'))
-    return { payload: parseMultipart(contentType, body, jsonFileParts) };
-  if (!isParsedContentType(contentType))
-    return {
-      payload: undefined,
-      note: `error parsing body payload due to unsupported content type header: ${contentType}`,
-    };
-  try {
-    if (contentType.includes('json')) {
-      const text = body.toString('utf8');
-      const value = parseJsonKeepingNumbers(text);
-      if (Array.isArray(value)) return { payload: { root: value } };
-      if (value === null) return { payload: undefined };
-      if (typeof value !== 'object')
-        return { payload: undefined, note: 'error parsing JSON payload: not an object or array' };
-      return { payload: value as Record<string, unknown> };
-    }
-    if (contentType.includes('x-www-form-urlencoded'))
-      return { payload: firstValues(new URLSearchParams(body.toString('utf8'))) };
-    return { payload: parseXml(body.toString('utf8')) };
-  } catch (e) {
-    return {
-      payload: undefined,
-      note: `error parsing ${contentType.includes('json') ? 'JSON' : 'XML'} payload: ${(e as Error).message}`,
-    };
-  }
-}
-
-/** Content types with a payload parser (multipart aside). */
-export function isParsedContentType(contentType: string): boolean {
-  return contentType.includes('json') || contentType.includes('x-www-form-urlencoded') || contentType.includes('xml');
-}
-
-/**
- * XML to a map the way adnanh's mxj library does it: the root element is the single top key,
- * attributes become "-name", text beside attributes or children becomes "#text", repeated
- * elements become arrays, all values are strings.
- */
-export function parseXml(text: string): Record<string, unknown> {
-  const reader = new XmlReader(text);
-  reader.skipMisc();
-  const [rootName, root] = reader.element();
-  reader.skipMisc();
-  if (!reader.atEnd()) reader.fail('content after the root element');
-  return { [rootName]: root };
-}
-
-const XML_ENTITIES: Record<string, string> = { lt: '<', gt: '>', amp: '&', quot: '"', apos: "'" };
-
-class XmlReader extends TextCursor {
-  fail(what: string): never {
-    throw new Error(`${what} at offset ${this.at}`);
-  }
-
-  private static decode(s: string): string {
-    return s.replace(/&(#x[0-9A-Fa-f]+|#\d+|[a-z]+);/g, (all, e: string) =>
-      e[0] === '#'
-        ? String.fromCodePoint(e[1] === 'x' ? parseInt(e.slice(2), 16) : Number(e.slice(1)))
-        : (XML_ENTITIES[e] ?? all),
-    );
-  }
-
-  private static localName(n: string): string {
-    return n.slice(n.indexOf(':') + 1);
-  }
-
-  private skipPast(close: string, what: string): void {
-    const e = this.text.indexOf(close, this.at);
-    if (e < 0) this.fail(`unterminated ${what}`);
-    this.at = e + close.length;
-  }
-
-  /** Whitespace, processing instructions, comments and a DOCTYPE. */
-  skipMisc(): void {
-    for (;;) {
-      while (/\s/.test(this.text[this.at] ?? '')) this.at++;
-      if (this.text.startsWith('<?', this.at)) this.skipPast('?>', 'processing instruction');
-      else if (this.text.startsWith('<!--', this.at)) this.skipPast('-->', 'comment');
-      else if (this.text.startsWith('<!DOCTYPE', this.at)) this.skipPast('>', 'DOCTYPE');
-      else return;
-    }
-  }
-
-  /** One element as [name, value]: its text, or a map of attributes, children and "#text". */
-  element(): [string, unknown] {
-    const m = /^<([A-Za-z_][\w.:-]*)/.exec(this.text.slice(this.at, this.at + 256));
-    if (!m) this.fail('expected an element');
-    this.at += m[0].length;
-    const name = XmlReader.localName(m[1]);
-    const node: Record<string, unknown> = {};
-    if (this.attributes(node)) return [name, Object.keys(node).length ? node : ''];
-    const textContent = this.content(name, node).trim();
-    if (Object.keys(node).length === 0) return [name, textContent];
-    if (textContent !== '') node['#text'] = textContent;
-    return [name, node];
-  }
-
-  /** Reads attributes into node as "-name"; true when the element closed itself (`/>`). */
-  private attributes(node: Record<string, unknown>): boolean {
-    for (;;) {
-      while (/\s/.test(this.text[this.at] ?? '')) this.at++;
-      if (this.text.startsWith('/>', this.at)) {
-        this.at += 2;
-        return true;
-      }
-      if (this.text[this.at] === '>') {
-        this.at++;
-        return false;
-      }
-      const a = /^([A-Za-z_][\w.:-]*)\s*=\s*("([^"]*)"|'([^']*)')/.exec(this.text.slice(this.at, this.at + 65536));
-      if (!a) this.fail('malformed attribute');
-      this.at += a[0].length;
-      if (!a[1].startsWith('xmlns')) node['-' + XmlReader.localName(a[1])] = XmlReader.decode(a[3] ?? a[4]);
-    }
-  }
-
-  /** Children (repeated names become arrays) into node, up to the closing tag; returns the text. */
-  private content(name: string, node: Record<string, unknown>): string {
-    let text = '';
-    for (;;) {
-      if (this.atEnd()) this.fail(`unterminated element <${name}>`);
-      if (this.text.startsWith('</', this.at)) {
-        const e = this.text.indexOf('>', this.at);
-        if (e < 0 || XmlReader.localName(this.text.slice(this.at + 2, e).trim()) !== name)
-          this.fail(`mismatched closing tag for <${name}>`);
-        this.at = e + 1;
-        return text;
-      }
-      if (this.text.startsWith('<![CDATA[', this.at)) {
-        const e = this.text.indexOf(']]>', this.at);
-        if (e < 0) this.fail('unterminated CDATA');
-        text += this.text.slice(this.at + 9, e);
-        this.at = e + 3;
-      } else if (this.text.startsWith('<!--', this.at) || this.text.startsWith('<?', this.at)) {
-        this.skipMisc();
-      } else if (this.text[this.at] === '<') {
-        const [childName, child] = this.element();
-        const existing = node[childName];
-        if (existing === undefined) node[childName] = child;
-        else if (Array.isArray(existing)) existing.push(child);
-        else node[childName] = [existing, child];
-      } else {
-        const e = this.text.indexOf('<', this.at);
-        text += XmlReader.decode(this.text.slice(this.at, e < 0 ? this.text.length : e));
-        this.at = e < 0 ? this.text.length : e;
-      }
-    }
-  }
-}
-
-/**
- * multipart/form-data: value parts become payload keys (first value wins); file parts are parsed
- * as JSON when their Content-Type is application/json or the hook lists them in
- * parse-parameters-as-json; other file parts are ignored, as adnanh does.
- */
-export function parseMultipart(
-  contentType: string,
-  body: Buffer,
-  jsonFileParts: string[],
-): Record<string, unknown> | undefined {
-  const m = /;\s*boundary=(?:"([^"]+)"|([^\s;]+))/i.exec(contentType);
-  if (!m) throw new MultipartError('no multipart boundary param in Content-Type');
-  const delimiter = Buffer.from(`--${m[1] ?? m[2]}`);
-  let payload: Record<string, unknown> | undefined;
-  let at = body.indexOf(delimiter);
-  if (at < 0) throw new MultipartError('multipart: NextPart: EOF');
-  // Like Go's mime/multipart: the first boundary line says whether lines end in CRLF or bare LF.
-  const nl = body[at + delimiter.length] === 0x0a ? '\n' : '\r\n';
-  const nextDelimiter = Buffer.concat([Buffer.from(nl), delimiter]);
-  for (;;) {
-    at += delimiter.length;
-    if (body.subarray(at, at + 2).toString() === '--') return payload;
-    if (body.subarray(at, at + nl.length).toString() !== nl) {
-      throw new MultipartError(`multipart: boundary not followed by ${nl === '\n' ? 'LF' : 'CRLF'}`);
-    }
-    at += nl.length;
-    const headerEnd = body.indexOf(nl + nl, at);
-    if (headerEnd < 0) throw new MultipartError('multipart: unterminated part headers');
-    const headers = body.subarray(at, headerEnd).toString('utf8').split(nl);
-    const contentStart = headerEnd + 2 * nl.length;
-    const next = body.indexOf(nextDelimiter, contentStart);
-    if (next < 0) throw new MultipartError('multipart: NextPart: EOF');
-    at = next + nl.length;
-    payload = addMultipartPart(payload ?? {}, headers, body.subarray(contentStart, next), jsonFileParts);
-  }
-}
-
-/** One part: a value part becomes a payload key (first value wins); a JSON file part its object. */
-function addMultipartPart(
-  payload: Record<string, unknown>,
-  headers: string[],
-  content: Buffer,
-  jsonFileParts: string[],
-): Record<string, unknown> | undefined {
-  const header = (n: string) =>
-    headers
-      .find((h) => h.toLowerCase().startsWith(n + ':'))
-      ?.slice(n.length + 1)
-      .trim() ?? '';
-  const disposition = header('content-disposition');
-  const name = /(?:^|;)\s*name="([^"]*)"/i.exec(disposition)?.[1];
-  if (name === undefined || name in payload) return Object.keys(payload).length ? payload : undefined;
-  const isFile = /;\s*filename="[^"]/i.test(disposition);
-  if (!isFile) payload[name] = content.toString('utf8');
-  else if (jsonFileParts.includes(name) || header('content-type') === 'application/json') {
-    try {
-      const v = parseJsonKeepingNumbers(content.toString('utf8'));
-      if (v !== null && typeof v === 'object' && !Array.isArray(v)) payload[name] = v;
-    } catch {
-      /* adnanh logs and leaves the part out; so do we */
-    }
-  }
-  return payload;
-}
-
-/** adnanh's dotted lookup: try the whole key first, else split at the first dot and descend. */
-export function lookupParameter(key: string, params: unknown): unknown {
-  if (params === undefined) throw new ParameterNotFound(key);
-  if (Array.isArray(params)) {
-    const dot = key.indexOf('.');
-    const head = dot < 0 ? key : key.slice(0, dot);
-    const index = /^\d+$/.test(head) ? Number(head) : NaN;
-    if (!(index < params.length)) throw new ParameterNotFound(key);
-    return dot < 0 ? params[index] : lookupParameter(key.slice(dot + 1), params[index]);
-  }
-  if (params !== null && typeof params === 'object' && !(params instanceof JsonNumber)) {
-    const map = params as Record<string, unknown>;
-    if (Object.hasOwn(map, key)) return map[key];
-    const dot = key.indexOf('.');
-    if (dot >= 0 && Object.hasOwn(map, key.slice(0, dot)))
-      return lookupParameter(key.slice(dot + 1), map[key.slice(0, dot)]);
-  }
-  throw new ParameterNotFound(key);
-}
-
-/** Sets the value at a dotted key, if that key exists (adnanh's ReplaceParameter). */
-export function replaceParameter(key: string, params: unknown, value: unknown): boolean {
-  if (params === null || typeof params !== 'object' || params instanceof JsonNumber) return false;
-  const dot = key.indexOf('.');
-  if (Array.isArray(params)) {
-    if (dot < 0 || !/^\d+$/.test(key.slice(0, dot)) || Number(key.slice(0, dot)) >= params.length) return false;
-    return replaceParameter(key.slice(dot + 1), params[Number(key.slice(0, dot))], value);
-  }
-  const map = params as Record<string, unknown>;
-  if (dot >= 0)
-    return Object.hasOwn(map, key.slice(0, dot)) && replaceParameter(key.slice(dot + 1), map[key.slice(0, dot)], value);
-  if (!Object.hasOwn(map, key)) return false;
-  map[key] = value;
-  return true;
-}
-
-/** Go's encoding/json Marshal: sorted keys, HTML-safe escapes, json.Number literals. */
-export function goJsonMarshal(value: unknown): string {
-  if (value === null || value === undefined) return 'null';
-  if (value instanceof JsonNumber) return value.text;
-  if (typeof value === 'string') {
-    return (
-      '"' +
-      value.toWellFormed().replace(/["\\\u0000-\u001f<>&\u2028\u2029]/g, (c) => {
-        const short: Record<string, string> = {
-          '"': '\\"',
-          '\\': '\\\\',
-          '\n': '\\n',
-          '\r': '\\r',
-          '\t': '\\t',
-          '\b': '\\b',
-          '\f': '\\f',
-        };
-        return short[c] ?? '\\u' + c.charCodeAt(0).toString(16).padStart(4, '0');
-      }) +
-      '"'
-    );
-  }
-  if (typeof value === 'number' || typeof value === 'boolean') return String(value);
-  if (Array.isArray(value)) return '[' + value.map(goJsonMarshal).join(',') + ']';
-  const map = value as Record<string, unknown>;
-  return (
-    '{' +
-    Object.keys(map)
-      .sort()
-      .map((k) => goJsonMarshal(k) + ':' + goJsonMarshal(map[k]))
-      .join(',') +
-    '}'
-  );
-}
-
-/** A looked-up value as the string adnanh would pass on (objects as JSON, null as "<nil>"). */
-function parameterString(value: unknown): string {
-  if (value === null || value === undefined) return '<nil>';
-  if (typeof value === 'object' && !(value instanceof JsonNumber)) return goJsonMarshal(value);
-  return value instanceof JsonNumber ? value.text : String(value);
-}
-
-/** The value of one hook parameter for this request; throws ParameterNotFound when absent. */
-export function resolveParameter(p: Param, req: HookRequest): string {
-  switch (p.source) {
-    case 'string':
-      return p.name;
-    case 'raw-request-body':
-      return req.multipart ? '' : req.body.toString('utf8');
-    case 'request':
-      return p.name.toLowerCase() === 'method' ? req.method : req.remoteAddr;
-    case 'entire-payload':
-      return goJsonMarshal(req.payload);
-    case 'entire-headers':
-      return goJsonMarshal(req.headers);
-    case 'entire-query':
-      return goJsonMarshal(req.query);
-    case 'header':
-      return parameterString(lookupParameter(canonicalHeaderKey(p.name), req.headers));
-    case 'url':
-      return parameterString(lookupParameter(p.name, req.query));
-    case 'payload':
-      return parameterString(lookupParameter(p.name, req.payload));
-  }
-}
-
-/** parse-parameters-as-json: replaces each listed string parameter by the object it encodes. */
-export function applyJsonParameters(jsonParams: Param[], req: HookRequest): string[] {
-  const errors: string[] = [];
-  for (const p of jsonParams) {
-    let parsed: unknown;
-    try {
-      parsed = parseJsonKeepingNumbers(resolveParameter(p, req));
-      if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed)) throw new Error('not a JSON object');
-    } catch (e) {
-      errors.push(`error parsing JSON parameter ${p.source}:${p.name}: ${(e as Error).message}`);
-      continue;
-    }
-    const target =
-      p.source === 'header'
-        ? req.headers
-        : p.source === 'url'
-          ? req.query
-          : p.source === 'payload'
-            ? req.payload
-            : undefined;
-    replaceParameter(p.source === 'header' ? canonicalHeaderKey(p.name) : p.name, target, parsed);
-  }
-  return errors;
-}
-
-// ---- parameters: how a hook names a value of the request -------------------------------------
-
-export type Source =
-  | 'url'
-  | 'header'
-  | 'payload'
-  | 'request'
-  | 'string'
-  | 'raw-request-body'
-  | 'entire-payload'
-  | 'entire-headers'
-  | 'entire-query';
-export interface Param {
-  source: Source;
-  name: string;
-  envname: string;
-  base64decode: boolean;
-}
-
-/** Whether a parameter's value comes from the body (so the body must be read to resolve it). */
-export function paramReadsBody(p: Param): boolean {
-  return p.source === 'payload' || p.source === 'raw-request-body' || p.source === 'entire-payload';
-}
-
-const SOURCES = [
-  'url',
-  'query',
-  'header',
-  'payload',
-  'request',
-  'string',
-  'raw-request-body',
-  'entire-payload',
-  'entire-headers',
-  'entire-query',
-];
-const PARAM_FIELDS = ['source', 'name', 'envname', 'base64decode'];
-
-/**
- * A parameter as a hook file writes it ({"source": "url", "name": "token"}). "query" is adnanh's
- * other name for "url". A file parameter without an envname gets HOOK_<NAME>.
- */
-export function compileParam(reader: FieldReader, value: unknown, at: Place, fileParam: boolean): Param {
-  const o = reader.object(value, at, PARAM_FIELDS);
-  let source = o.string('source');
-  const known = `(one of ${SOURCES.join(', ')})`;
-  if (!SOURCES.includes(source))
-    o.fail(
-      'source',
-      source === '' ? `required ${known}` : `unknown source "${source}"${suggest(source, SOURCES)} ${known}`,
-    );
-  if (source === 'query') source = 'url';
-  const name = o.string('name');
-  if (name === '' && ['url', 'header', 'payload', 'request'].includes(source))
-    o.fail('name', `required for source "${source}"`);
-  if (source === 'request' && !['method', 'remote-addr'].includes(name.toLowerCase())) {
-    o.fail('name', `unsupported request key "${name}" (use "method" or "remote-addr")`);
-  }
-  // A string parameter's name is its value: a placeholder there is only worth a warning for the
-  // environment (MAIL_TO's recipients, say), which the caller decides.
-  if (source !== 'string' || at.path.startsWith('pass-environment-to-command')) o.warnPlaceholder('name', name);
-  let envname = o.string('envname');
-  if (fileParam && envname === '') envname = 'HOOK_' + name.toUpperCase();
-  return { source: source as Source, name, envname, base64decode: o.boolean('base64decode') };
-}
-
-// ================================================================================================
-// 6. trigger rules — one table, RULE_TYPES, holds each match type side by side: its fields,
-//    whether it compares a request parameter, whether it reads the headers or the body, which
-//    field holds a secret, how it compiles (errors with file, line and field path) and how it
-//    tests a request. and/or/not combine matches with adnanh's semantics: a missing parameter
-//    makes a match false (inside `or` it is passed over, inside `and` the rule fails); a bad
-//    signature is an evaluation error unless the hook allows soft failures. Secrets compare in
-//    constant time. A rule is first evaluated without the body, in the same order, up to the
-//    first match that needs it: a request that fails before then is answered unread. Regexes are
-//    Go's syntax, run on V8's linear-time engine.
-//    Exports: compileRule, evaluateRule, evaluateRuleBeforeBody, Match, Rule, ruleMatches,
-//    RuleResult.
-// ================================================================================================
-
-export class SignatureError extends Error {}
-export interface RuleResult {
-  ok: boolean;
-  error?: Error;
-}
-
-/** A compiled match: what it reads of a request, and its test. */
-export interface Match {
-  type: string;
-  param: Param | undefined;
-  readsHeaders: boolean;
-  /** The one value the parameter must have for the match to pass (value rules): -print-rbac and -validate read it. */
-  pinned?: string;
-  /** What passes, for people (-validate): the type's own fields, quoted, or a note for a secret. */
-  shown: string;
-  /** The test reads the body (a signature); the parameter may too (paramReadsBody). */
-  readsBody: boolean;
-  /** `value` is the parameter's value ("" for types without one). */
-  test(req: HookRequest, value: string, now: Date): RuleResult;
-}
-export type Rule = { and: Rule[] } | { or: Rule[] } | { not: Rule } | { match: Match };
-
-interface RuleType {
-  /** The match's own fields besides "type" (and "parameter" when it compares one). */
-  fields: readonly string[];
-  /** Compares a parameter of the request: "parameter" is required. */
-  parameter: boolean;
-  /** Reads the request headers beyond any parameter (so the request step must collect them). */
-  readsHeaders: boolean;
-  /** Reads the body beyond any parameter (a signature over it): evaluated only once it is read. */
-  readsBody: boolean;
-  /** The field holding a secret: required, never quoted, scrubbed from every log line. */
-  secret?: string;
-  /** The compared parameter is redacted in the access log (it is the token). */
-  redactsParameter?: boolean;
-  /** The field naming the one value the parameter must have to pass (Match.pinned). */
-  pins?: string;
-  /** Reads the type's fields; returns the test. `secret` is the secret field's value. */
-  compile(m: Fields, type: string, secret: string): Match['test'];
-}
-
-const RULE_TYPES: Record<string, RuleType> = {
-  value: {
-    fields: ['value'],
-    parameter: true,
-    readsHeaders: false,
-    readsBody: false,
-    redactsParameter: true,
-    pins: 'value',
-    compile(m, type) {
-      const value = m.required('value', `type "${type}"`);
-      m.refusePlaceholder('value', value);
-      // An empty value usually means a template read an unset variable; it would let `?token=`
-      // through, so it is refused rather than compared. The value itself is not scrubbed from
-      // every line: value rules also pin routing values (namespace, workload) that reports must
-      // show; a token comes from a template, whose values are scrubbed (loadSnapshot).
-      if (value === '') m.fail('value', 'empty (is the environment variable the template reads unset?)');
-      const digest = secretDigest(value);
-      return (_req, v) => ({ ok: timingSafeEqual(secretDigest(v), digest) });
-    },
-  },
-  regex: {
-    fields: ['regex'],
-    parameter: true,
-    readsHeaders: false,
-    readsBody: false,
-    compile(m, type) {
-      const source = m.required('regex', `type "${type}"`);
-      m.refusePlaceholder('regex', source);
-      // An empty pattern matches everything: like an empty value, a template read an unset variable.
-      if (source === '') m.fail('regex', 'empty (is the environment variable the template reads unset?)');
-      let regex: RegExp;
-      try {
-        regex = compileGoRegex(source);
-      } catch (e) {
-        return m.fail('regex', `invalid regular expression: ${(e as Error).message}`);
-      }
-      return (_req, v) => ({ ok: regex.test(v) });
-    },
-  },
-  ...hmacRuleTypes(),
-  'ip-whitelist': {
-    fields: ['ip-range'],
-    parameter: false,
-    readsHeaders: false,
-    readsBody: false,
-    compile(m, type) {
-      const text = m.required('ip-range', `type "${type}"`);
-      // Refused with the file's other placeholders, not as an invalid range.
-      if (m.refusePlaceholder('ip-range', text)) return () => ({ ok: false });
-      const ranges = text
-        .split(/\s+/)
-        .filter((r) => r !== '')
-        .map((r) => {
-          const cidr = parseCidr(r);
-          if (!cidr)
-            m.fail('ip-range', `invalid IP range "${r}" (use CIDR notation such as 10.0.0.0/8, or a single address)`);
-          return cidr!;
-        });
-      if (ranges.length === 0) m.fail('ip-range', 'empty');
-      return (req) => ({ ok: ranges.some((r) => cidrContains(r, req.remoteIp)) });
-    },
-  },
-  'scalr-signature': {
-    fields: ['secret'],
-    parameter: false,
-    readsHeaders: true,
-    readsBody: true,
-    secret: 'secret',
-    compile: (_m, _type, secret) => (req, _v, now) => checkScalrSignature(req, secret, now),
-  },
-};
-
-/** payload-hmac-sha1/256/512, and adnanh's older names for them, payload-hash-*. */
-function hmacRuleTypes(): Record<string, RuleType> {
-  const types: Record<string, RuleType> = {};
-  for (const prefix of ['payload-hmac-', 'payload-hash-']) {
-    for (const algorithm of ['sha1', 'sha256', 'sha512']) {
-      types[prefix + algorithm] = {
-        fields: ['secret'],
-        parameter: true,
-        readsHeaders: false,
-        readsBody: true,
-        secret: 'secret',
-        compile: (_m, _type, secret) => (req, v) => checkPayloadSignature(req.body, algorithm, secret, v),
-      };
-    }
-  }
-  return types;
-}
-
-const MATCH_FIELDS = ['type', 'parameter', ...new Set(Object.values(RULE_TYPES).flatMap((t) => t.fields))];
-const RULE_TYPE_NAMES = Object.keys(RULE_TYPES);
-
-/**
- * Secrets are compared through keyed digests (a random per-process key, then SHA-256), so the
- * comparison takes the same time whatever the lengths and contents. A one-shot hash is half the
- * cost of an HMAC object, and this runs on every request.
- */
-const COMPARE_KEY = randomBytes(32).toString('hex');
-export function secretDigest(value: string): Buffer {
-  return hash('sha256', COMPARE_KEY + value, 'buffer');
-}
-
-/** A trigger-rule: exactly one of and, or, not, match. */
-export function compileRule(reader: FieldReader, value: unknown, at: Place): Rule {
-  const o = reader.object(value, at, ['and', 'or', 'not', 'match']);
-  const keys = Object.keys(o.raw);
-  if (keys.length !== 1) {
-    const quoted = keys.map((k) => `"${k}"`).join(' and ');
-    reader.fail(
-      at,
-      keys.length === 0
-        ? 'a rule needs one of "and", "or", "not", "match"'
-        : `a rule takes exactly one of "and", "or", "not", "match", got ${quoted}`,
-    );
-  }
-  const kind = keys[0];
-  if (kind === 'and' || kind === 'or') {
-    const items = o.items(kind);
-    if (items.length === 0)
-      o.fail(kind, `an empty "${kind}" list (it would ${kind === 'and' ? 'always' : 'never'} match)`);
-    const rules = items.map((item) => compileRule(reader, item.value, item.at));
-    return kind === 'and' ? { and: rules } : { or: rules };
-  }
-  if (kind === 'not') return { not: compileRule(reader, o.raw.not, o.place('not')) };
-  return { match: compileMatch(reader, o.raw.match, o.place('match')) };
-}
-
-function compileMatch(reader: FieldReader, value: unknown, at: Place): Match {
-  const m = reader.object(value, at, MATCH_FIELDS);
-  const type = m.string('type');
-  const ruleType = Object.hasOwn(RULE_TYPES, type) ? RULE_TYPES[type] : undefined;
-  if (!ruleType)
-    return m.fail(
-      'type',
-      type === ''
-        ? `required (one of ${RULE_TYPE_NAMES.join(', ')})`
-        : `unknown type "${type}"${suggest(type, RULE_TYPE_NAMES)}`,
-    );
-  const secret = ruleType.secret ? readSecret(m, ruleType.secret) : '';
-  const test = ruleType.compile(m, type, secret);
-  let param: Param | undefined;
-  if (ruleType.parameter) {
-    if (!m.has('parameter')) m.fail('parameter', `required for type "${type}"`);
-    param = compileParam(reader, m.raw.parameter, m.place('parameter'), false);
-    const named = `${param.source}:${param.source === 'header' ? param.name.toLowerCase() : param.name}`;
-    if (ruleType.redactsParameter && (param.source === 'url' || param.source === 'header'))
-      reader.sinks.redactedParams.push(named);
-  }
-  const pinned = ruleType.pins ? m.string(ruleType.pins) : undefined;
-  const shown = ruleType.secret
-    ? 'a valid signature (its secret not shown)'
-    : ruleType.fields.map((f) => JSON.stringify(m.string(f))).join(', ');
-  return { type, param, readsHeaders: ruleType.readsHeaders, readsBody: ruleType.readsBody, pinned, shown, test };
-}
-
-/** A secret field: required, not empty, and no placeholder (named only when it is the whole value). */
-function readSecret(m: Fields, key: string): string {
-  const secret = m.required(key, `type "${m.string('type')}"`);
-  if (secret === '') m.fail(key, 'must not be empty');
-  m.refusePlaceholder(key, secret, true);
-  m.reader.sinks.secrets.push(secret);
-  return secret;
-}
-
-/** Every match of a rule, depth first. */
-export function ruleMatches(rule: Rule | undefined): Match[] {
-  if (!rule) return [];
-  if ('and' in rule) return rule.and.flatMap(ruleMatches);
-  if ('or' in rule) return rule.or.flatMap(ruleMatches);
-  if ('not' in rule) return ruleMatches(rule.not);
-  return [rule.match];
-}
-
-export function evaluateRule(rule: Rule, req: HookRequest, soft: boolean, now: Date = new Date()): RuleResult {
-  return evaluateWith(rule, soft, (m) => evaluateMatch(m, req, now))!;
-}
-
-/**
- * The rule before the body is read: the same evaluation in the same order, stopping at the first
- * match that needs the body (undefined: the body decides). Nothing after that match is looked
- * at, so a result here is exactly the one evaluateRule gives once the body is read (including a
- * missing parameter's error, which adnanh logs), and the request can be answered without it.
- */
-export function evaluateRuleBeforeBody(
-  rule: Rule,
-  req: HookRequest,
-  soft: boolean,
-  now: Date = new Date(),
-): RuleResult | undefined {
-  return evaluateWith(rule, soft, (m) => {
-    if (m.param && paramReadsBody(m.param)) return undefined;
-    if (!m.readsBody) return evaluateMatch(m, req, now);
-    // A signature's header is resolved before the digest is computed: a missing one is known now.
-    try {
-      if (m.param) resolveParameter(m.param, req);
-    } catch (e) {
-      return { ok: false, error: e as Error };
-    }
-    return undefined;
-  });
-}
-
-/** and/or/not over the matches' results; undefined (a match that cannot be decided yet) ends it. */
-function evaluateWith(rule: Rule, soft: boolean, match: (m: Match) => RuleResult | undefined): RuleResult | undefined {
-  if ('and' in rule) {
-    for (const r of rule.and) {
-      const res = evaluateWith(r, soft, match);
-      if (!res) return undefined;
-      if (res.error) return { ok: false, error: res.error };
-      if (!res.ok) return { ok: false };
-    }
-    return { ok: true };
-  }
-  if ('or' in rule) {
-    for (const r of rule.or) {
-      const res = evaluateWith(r, soft, match);
-      if (!res) return undefined;
-      const forgiven = res.error instanceof ParameterNotFound || (soft && res.error instanceof SignatureError);
-      if (res.error && !forgiven) return { ok: false, error: res.error };
-      if (res.ok) return { ok: true };
-    }
-    return { ok: false };
-  }
-  if ('not' in rule) {
-    const res = evaluateWith(rule.not, soft, match);
-    return res && { ok: !res.ok, error: res.error };
-  }
-  return match(rule.match);
-}
-
-function evaluateMatch(m: Match, req: HookRequest, now: Date): RuleResult {
-  let value = '';
-  if (m.param) {
-    try {
-      value = resolveParameter(m.param, req);
-    } catch (e) {
-      return { ok: false, error: e as Error };
-    }
-  }
-  return m.test(req, value, now);
-}
-
-/** Signatures in a header: "sha256=abc" or several, comma-separated; any one may match. */
-export function extractSignatures(header: string, prefix: string): string[] {
-  if (!header.includes(',')) return [header.startsWith(prefix) ? header.slice(prefix.length) : header];
-  return header
-    .split(',')
-    .filter((p) => p.startsWith(prefix))
-    .map((p) => p.slice(prefix.length));
-}
-
-export function checkPayloadSignature(body: Buffer, algorithm: string, secret: string, header: string): RuleResult {
-  const expected = createHmac(algorithm, secret).update(body).digest('hex');
-  const signatures = extractSignatures(header, `${algorithm}=`);
-  const expectedDigest = secretDigest(expected);
-  if (signatures.some((s) => timingSafeEqual(secretDigest(s), expectedDigest))) return { ok: true };
-  return { ok: false, error: new SignatureError(`invalid payload signature ${signatures.join(',')}`) };
-}
-
-/** Scalr: HMAC-SHA1 of body + Date header, and the Date within 5 minutes of now. */
-export function checkScalrSignature(req: HookRequest, secret: string, now: Date): RuleResult {
-  const signature = req.headers['X-Signature'];
-  const date = req.headers.Date;
-  if (typeof signature !== 'string' || typeof date !== 'string') return { ok: false };
-  const expected = createHmac('sha1', secret).update(req.body).update(date).digest('hex');
-  if (!timingSafeEqual(secretDigest(signature), secretDigest(expected)))
-    return { ok: false, error: new SignatureError(`invalid payload signature ${signature}`) };
-  // The format Scalr sends: "Fri 08 Sep 2017 11:24:32 UTC" (Go layout "Mon 02 Jan 2006 15:04:05 MST").
-  const m = /^[A-Z][a-z]{2} (\d{2}) ([A-Z][a-z]{2}) (\d{4}) (\d{2}):(\d{2}):(\d{2}) [A-Z]{3,4}$/.exec(date);
-  const month = m ? MONTHS.indexOf(m[2]) : -1;
-  if (!m || month < 0)
-    return { ok: false, error: new Error(`parsing time "${date}" as "Mon 02 Jan 2006 15:04:05 MST": cannot parse`) };
-  const sent = Date.UTC(Number(m[3]), month, Number(m[1]), Number(m[4]), Number(m[5]), Number(m[6]));
-  if (Math.abs(now.getTime() - sent) > 300_000)
-    return { ok: false, error: new SignatureError('invalid payload signature outdated') };
-  return { ok: true };
-}
 
 // ---- Go regular expressions on V8's linear-time engine ---------------------------------------
 
@@ -4045,6 +2506,3252 @@ class GoRegexTranslator extends TextCursor {
   }
 }
 
+// ================================================================================================
+// 6. outbound calls — what every call to another server shares: the retry policy (retryDelay: which failures are
+//    transient, exponential backoff with jitter, a Retry-After honoured, all within a budget) and the token bucket
+//    that bounds one client's request rate, in arrival order, so that none starves.
+//    Exports: AttemptFailure, retryDelay, TokenBucket.
+//    Tests: test/burst.test.ts, test/upgrade.test.ts.
+// ================================================================================================
+
+/**
+ * Backoff between attempts, unless a Retry-After asks for longer: 200 ms doubling to 5 s, so a
+ * refused connection is retried quickly at first without hammering a server that is coming back up.
+ */
+export const RETRY_BACKOFF = { initialMs: 200, maxMs: 5_000 };
+
+/** What went wrong with one attempt, as far as the retry policy cares. */
+export interface AttemptFailure {
+  /** What was asked: a 409 Conflict is worth another try for a `patch` only (it is re-planned). */
+  verb?: string;
+  /** HTTP status, or undefined when no answer came. */
+  status?: number;
+  /** Node's error code (ECONNREFUSED, ECONNRESET, ETIMEDOUT…) when no answer came. */
+  code?: string;
+  retryAfterSeconds?: number;
+}
+
+const TRANSIENT_NETWORK_CODES = [
+  'ECONNREFUSED',
+  'ECONNRESET',
+  'ETIMEDOUT',
+  'EPIPE',
+  'EAI_AGAIN',
+  'EHOSTUNREACH',
+  'ENETUNREACH',
+  'UND_ERR_SOCKET',
+];
+
+/**
+ * How long to wait before attempt `attempt + 1`, or undefined to give up. A Retry-After is the
+ * least wait, plus a random part of the backoff: the API server gives every request it throttles
+ * at once the same Retry-After, and callers that all retried on the second would collide again,
+ * round after round, each round letting only a few through. Pure given `random`.
+ */
+export function retryDelay(
+  failure: AttemptFailure,
+  attempt: number,
+  remainingMs: number,
+  random: () => number = Math.random,
+): number | undefined {
+  const s = failure.status;
+  const transient =
+    s === undefined
+      ? TRANSIENT_NETWORK_CODES.includes(failure.code ?? '')
+      : s >= 500 || s === 429 || (s === 409 && failure.verb === 'patch');
+  if (!transient) return undefined;
+  const backoff = Math.min(RETRY_BACKOFF.maxMs, RETRY_BACKOFF.initialMs * 2 ** attempt);
+  const delay =
+    failure.retryAfterSeconds !== undefined && failure.retryAfterSeconds >= 0
+      ? failure.retryAfterSeconds * 1000 + Math.floor(random() * backoff)
+      : backoff;
+  return delay <= remainingMs ? delay : undefined;
+}
+
+/**
+ * A token bucket: `burst` requests may start at once, then `perSecond` a second. A reservation
+ * takes a token that may not exist yet (debt), so callers are served in the order they asked and
+ * none starves; one that would wait longer than it may takes nothing. Pure apart from its clock.
+ */
+export class TokenBucket {
+  readonly perSecond: number;
+  readonly burst: number;
+  private readonly now: () => number;
+  private tokens: number;
+  private updatedAt: number;
+
+  constructor(perSecond: number, burst: number, now: () => number = () => performance.now()) {
+    this.perSecond = perSecond;
+    this.burst = burst;
+    this.now = now;
+    this.tokens = burst;
+    this.updatedAt = now();
+  }
+
+  /** Reserves one request: the ms to wait before sending it, or undefined when over maxWaitMs. */
+  reserve(maxWaitMs: number): number | undefined {
+    const now = this.now();
+    const tokens = Math.min(this.burst, this.tokens + ((now - this.updatedAt) * this.perSecond) / 1000);
+    const wait = tokens >= 1 ? 0 : ((1 - tokens) * 1000) / this.perSecond;
+    if (wait > maxWaitMs) return undefined;
+    this.tokens = tokens - 1;
+    this.updatedAt = now;
+    return wait;
+  }
+
+  /**
+   * For a request that can wait (a rollout poll): takes a token only while more than `headroom`
+   * are left for the others and returns 0; else takes nothing and returns the ms until there are.
+   */
+  takeAbove(headroom: number): number {
+    const now = this.now();
+    const tokens = Math.min(this.burst, this.tokens + ((now - this.updatedAt) * this.perSecond) / 1000);
+    if (tokens < 1 + headroom) return ((1 + headroom - tokens) * 1000) / this.perSecond;
+    this.tokens = tokens - 1;
+    this.updatedAt = now;
+    return 0;
+  }
+}
+
+// ================================================================================================
+// 7. smtp client — a small hand-written SMTP client: messages composed by RFC 5322, MIME and RFC 2047
+//    (composeMessage), sent over implicit TLS or STARTTLS with AUTH PLAIN, LOGIN or CRAM-MD5, every step under a
+//    deadline (sendMail), tried again after transient failures (sendWithRetry). The password lives in a Secret and
+//    every reply or error text leaving this chapter is scrubbed of it.
+//    Exports: composeMessage, DEFAULT_SMTP_PORT, IMPLICIT_TLS_PORT, isAddress, isHostName, isPemCertificates,
+//    MailConfig, newMessageId, Secret, sendWithRetry, SmtpTimeouts.
+//    Tests: test/mail.test.ts.
+// ================================================================================================
+
+/** A value that must never be printed: it shows as "[redacted]" in logs, JSON and inspection. */
+export class Secret {
+  #value: string;
+  constructor(value: string) {
+    this.#value = value;
+  }
+  reveal(): string {
+    return this.#value;
+  }
+  toString(): string {
+    return '[redacted]';
+  }
+  toJSON(): string {
+    return '[redacted]';
+  }
+  [Symbol.for('nodejs.util.inspect.custom')](): string {
+    return '[redacted]';
+  }
+}
+
+export interface MailConfig {
+  readonly host: string;
+  readonly port: number;
+  /**
+   * implicit-tls: TLS from the first byte. starttls: STARTTLS, required whenever offered. auto: the
+   * server's first move decides (a greeting in clear: STARTTLS; silence: implicit TLS).
+   */
+  readonly security: 'implicit-tls' | 'starttls' | 'auto';
+  /** Envelope sender and From header. */
+  readonly from: string;
+  /** AUTH user name: MAIL_SMTP_USER, or the sender address. */
+  readonly user: string;
+  /** No password: no AUTH. */
+  readonly password: Secret | undefined;
+  /** Extra trusted CA certificates (PEM), added to Node's default ones. */
+  readonly ca: string | undefined;
+  readonly verifyCertificate: boolean;
+  /** Send credentials over a connection that has no TLS, when the server offers no STARTTLS. */
+  readonly allowPlaintextAuth: boolean;
+}
+
+/** The old image spoke implicit TLS only (curl, smtps://), so an unset port keeps to its 465. */
+const DEFAULT_SMTP_PORT = 465;
+const IMPLICIT_TLS_PORT = 465;
+
+const PEM_CERTIFICATE = /-----BEGIN CERTIFICATE-----[\s\S]+?-----END CERTIFICATE-----/g;
+
+function isPemCertificates(text: string): boolean {
+  const blocks = text.match(PEM_CERTIFICATE) ?? [];
+  if (blocks.length === 0) return false;
+  try {
+    for (const block of blocks) new X509Certificate(block);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+const HOST_LABEL = '[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?';
+const HOST_NAME = new RegExp(`^${HOST_LABEL}(?:\\.${HOST_LABEL})*\\.?$`);
+const ATOM = "[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+";
+// The dot-atom form of RFC 5322's addr-spec; quoted local parts and address literals are not
+// accepted, and neither is non-ASCII (that would need SMTPUTF8).
+const ADDRESS = new RegExp(`^${ATOM}(?:\\.${ATOM})*@${HOST_LABEL}(?:\\.${HOST_LABEL})*$`);
+
+function isHostName(text: string): boolean {
+  return text.length <= 253 && HOST_NAME.test(text);
+}
+
+function isAddress(text: string): boolean {
+  const at = text.lastIndexOf('@');
+  return text.length <= 254 && at <= 64 && ADDRESS.test(text);
+}
+
+// ---- message composition ----
+
+export interface MailMessage {
+  from: string;
+  to: readonly string[];
+  subject: string;
+  /** Plain text; any line-break convention. */
+  body: string;
+  date: Date;
+  /** With or without the angle brackets. */
+  messageId: string;
+}
+
+// RFC 5322 asks for lines of at most 78 characters (998 is the hard limit); RFC 2047 limits a line
+// holding encoded-words to 76 and one encoded-word to 75.
+const HEADER_LINE_SOFT_LIMIT = 78;
+const LINE_HARD_LIMIT = 998;
+const ENCODED_WORD_LINE_LIMIT = 76;
+const BASE64_LINE_LENGTH = 76;
+
+const DAYS = ['Sun', 'Mon', 'Tue', 'Wed', 'Thu', 'Fri', 'Sat'];
+
+/** RFC 5322 date-time in UTC, e.g. "Sun, 22 Nov 2026 04:12:00 +0000". */
+export function formatRfc5322Date(date: Date): string {
+  const two = (n: number) => String(n).padStart(2, '0');
+  return (
+    `${DAYS[date.getUTCDay()]}, ${two(date.getUTCDate())} ${MONTHS[date.getUTCMonth()]} ${date.getUTCFullYear()} ` +
+    `${two(date.getUTCHours())}:${two(date.getUTCMinutes())}:${two(date.getUTCSeconds())} +0000`
+  );
+}
+
+/** A fresh Message-ID in the sender's domain (random, so not pure; kept beside its only use). */
+export function newMessageId(from: string): string {
+  return `<${randomUUID()}@${from.slice(from.lastIndexOf('@') + 1)}>`;
+}
+
+/**
+ * The whole message, CRLF line endings. The body goes base64-encoded: it survives any content
+ * (NUL bytes, lines of any length, lines starting with "." or "From ") and every line stays 76
+ * characters. Addresses are written as given (their case is kept).
+ */
+export function composeMessage(message: MailMessage): string {
+  for (const address of [message.from, ...message.to]) {
+    if (!isAddress(address)) throw new Error(`composeMessage: ${JSON.stringify(address)} is not an e-mail address`);
+  }
+  const messageId = message.messageId.replace(/^<(.*)>$/, '$1');
+  if (!/^[\x21-\x3b\x3d\x3f\x41-\x7e]+@[\x21-\x3b\x3d\x3f\x41-\x7e]+$/.test(messageId)) {
+    throw new Error(`composeMessage: ${JSON.stringify(message.messageId)} is not a Message-ID`);
+  }
+  const headers = [
+    `Date: ${formatRfc5322Date(message.date)}`,
+    `From: ${message.from}`,
+    foldHeader('To', message.to.join(', ')),
+    encodeHeader('Subject', message.subject),
+    `Message-ID: <${messageId}>`,
+    'MIME-Version: 1.0',
+    'Content-Type: text/plain; charset=utf-8',
+    'Content-Transfer-Encoding: base64',
+  ];
+  const body = Buffer.from(message.body.replace(/\r\n|\r|\n/g, '\r\n'), 'utf8').toString('base64');
+  const bodyLines = body.match(new RegExp(`.{1,${BASE64_LINE_LENGTH}}`, 'g')) ?? [];
+  return [...headers, '', ...bodyLines].join('\r\n') + '\r\n';
+}
+
+/**
+ * An unstructured header (Subject): as it is when it is printable ASCII that folds into legal lines,
+ * otherwise wholly as RFC 2047 encoded-words. Whitespace runs (line breaks included) become one space
+ * first: a header value has no line breaks of its own.
+ */
+function encodeHeader(name: string, value: string): string {
+  const text = value.replace(/\s+/g, ' ').trim();
+  if (/^[\x20-\x7e]*$/.test(text) && !text.includes('=?')) {
+    const folded = foldHeader(name, text);
+    if (folded.split('\r\n').every((line) => line.length <= LINE_HARD_LIMIT)) return folded;
+  }
+  return encodedWords(name, text);
+}
+
+/** Folds before spaces so that lines keep under 78 characters where the words allow it. */
+function foldHeader(name: string, value: string): string {
+  const lines: string[] = [];
+  let line = `${name}:`;
+  for (const word of value.split(' ')) {
+    if (line.length + 1 + word.length > HEADER_LINE_SOFT_LIMIT && line.length > name.length + 1) {
+      lines.push(line);
+      line = '';
+    }
+    line += ` ${word}`;
+  }
+  lines.push(line);
+  return lines.join('\r\n');
+}
+
+/**
+ * "=?UTF-8?B?…?=" words, each on its own line: the first after the header name, the rest on folded
+ * lines. Words are cut between characters (code points), never inside one's UTF-8 bytes, and every
+ * line stays within RFC 2047's 76 characters. The folding white space between encoded-words is not
+ * part of the decoded text, so the value reads back exactly.
+ */
+function encodedWords(name: string, text: string): string {
+  const wordOverhead = '=?UTF-8?B??='.length;
+  // Bytes of UTF-8 that fit in one word when the line already holds `used` characters.
+  const capacity = (used: number) => Math.floor((ENCODED_WORD_LINE_LIMIT - used - wordOverhead) / 4) * 3;
+  const lines: string[] = [];
+  let prefix = `${name}: `;
+  let chunk = '';
+  const flush = () => {
+    lines.push(`${prefix}=?UTF-8?B?${Buffer.from(chunk, 'utf8').toString('base64')}?=`);
+    prefix = ' ';
+    chunk = '';
+  };
+  for (const character of text) {
+    if (chunk !== '' && Buffer.byteLength(chunk + character, 'utf8') > capacity(prefix.length)) flush();
+    chunk += character;
+  }
+  if (chunk !== '' || lines.length === 0) flush();
+  return lines.join('\r\n');
+}
+
+/**
+ * The DATA payload before the terminating ".": every line break made CRLF (a bare LF or CR is never
+ * sent, so no "SMTP smuggling" reading of it), a final CRLF, and a "." doubled at the start of every
+ * line that has one (RFC 5321 4.5.2), so no line of the message can end the DATA early.
+ */
+export function dotStuff(message: string): string {
+  const crlf = message.replace(/\r\n|\r|\n/g, '\r\n');
+  const terminated = crlf.endsWith('\r\n') ? crlf : `${crlf}\r\n`;
+  return terminated.replace(/^\./gm, '..');
+}
+
+// ---- the SMTP client ----
+
+export interface SmtpTimeouts {
+  /** TCP connect, plus the TLS handshake for implicit TLS (and, in auto mode, the wait that tells which). */
+  connectMs: number;
+  /** Each reply, and the STARTTLS handshake. */
+  replyMs: number;
+  /** The whole transaction, from connect to the reply after the message. */
+  totalMs: number;
+}
+
+// A hook's mail is a few kilobytes: a healthy server answers each step in well under a second. The
+// budgets leave room for a slow relay and greylisting delays, and bound how long a hung server keeps
+// a mail (and a graceful shutdown that flushes mails) waiting.
+export const SMTP_TIMEOUTS: Readonly<SmtpTimeouts> = Object.freeze({
+  connectMs: 10_000,
+  replyMs: 30_000,
+  totalMs: 120_000,
+});
+// The message is already accepted when QUIT goes out; a slow goodbye must not make it look failed.
+const QUIT_TIMEOUT_MS = 2_000;
+// Auto mode: an SMTP server greets the moment it accepts (within a round trip, well under a second
+// even across continents, plus the name lookup some servers make first); an implicit-TLS server
+// says nothing until the client's TLS hello. Silence this long therefore means TLS. Only that path
+// pays the wait (a STARTTLS server ends it with its greeting), once per mail and in the background,
+// so headroom is cheap, while a server greeting later than this would be mistaken for a TLS one.
+const TLS_DETECTION_SILENCE_MS = 2_000;
+// An SMTP reply line is at most 512 octets (RFC 5321 4.5.3.1.5); an EHLO reply has a few dozen. A
+// server sending more than this without completing a reply is not speaking SMTP.
+const MAX_REPLY_CHARS = 64 * 1024;
+
+export interface SendOptions {
+  to: readonly string[];
+  timeouts?: Partial<SmtpTimeouts>;
+  /** EHLO name; by default the host name when it is a valid one, else the local address literal. */
+  heloName?: string;
+}
+
+/** `security` says how the connection was protected, for the log: see securityReport. */
+export type SendResult =
+  | { ok: true; reply: string; security: string }
+  | { ok: false; transient: boolean; reply: string; stage: string; security?: string };
+
+/** Why a transaction stopped, with the server's reply or the local reason. */
+class SmtpFailure extends Error {
+  transient: boolean;
+  stage: string;
+  constructor(stage: string, transient: boolean, reply: string) {
+    super(reply);
+    this.stage = stage;
+    this.transient = transient;
+  }
+}
+
+interface SmtpReply {
+  code: number;
+  lines: string[];
+}
+
+function formatReply(reply: SmtpReply): string {
+  return `${reply.code} ${reply.lines.join(' ')}`.trim();
+}
+
+/**
+ * The reply, when its code is one of `codes`. Otherwise the transaction stops there: a 4xx means the
+ * server asks to try later; a 5xx, or any code out of place, means trying again will not help.
+ */
+function expectReply(stage: string, reply: SmtpReply, ...codes: number[]): SmtpReply {
+  if (!codes.includes(reply.code))
+    throw new SmtpFailure(stage, reply.code >= 400 && reply.code < 500, formatReply(reply));
+  return reply;
+}
+
+/**
+ * One complete reply at the start of `received` (lines "250-…" continue, "250 …" ends), or undefined
+ * while it is incomplete. Throws on text that is not an SMTP reply.
+ */
+function takeReply(received: string): { reply: SmtpReply; rest: string } | undefined {
+  const lines: string[] = [];
+  let start = 0;
+  for (let end = received.indexOf('\n'); end !== -1; end = received.indexOf('\n', start)) {
+    const line = received.slice(start, end).replace(/\r$/, '');
+    start = end + 1;
+    const match = /^([2-5]\d\d)(?:([ -])(.*))?$/.exec(line);
+    if (!match) throw new Error(`not an SMTP reply: ${JSON.stringify(line.slice(0, 80))}`);
+    lines.push(match[3] ?? '');
+    if (match[2] !== '-') return { reply: { code: Number(match[1]), lines }, rest: received.slice(start) };
+  }
+  if (received.length > MAX_REPLY_CHARS) throw new Error(`reply longer than ${MAX_REPLY_CHARS} characters`);
+  return undefined;
+}
+
+/**
+ * The conversation over one socket (swapped for its TLS wrapper after STARTTLS): write a line, read
+ * the next reply within the step's deadline. One command is outstanding at a time (no pipelining).
+ */
+class SmtpSession {
+  socket: net.Socket;
+  /** How the conversation is protected: as connectSmtp left it, then "STARTTLS" once that succeeds. */
+  security: 'implicit TLS' | 'STARTTLS' | 'no TLS';
+  #received = '';
+  #decoder = new StringDecoder('utf8');
+  #failure: Error | undefined;
+  #changed: (() => void) | undefined;
+  #deadlineAt: number;
+  #timeouts: SmtpTimeouts;
+  #onData = (chunk: Buffer) => {
+    this.#received += this.#decoder.write(chunk);
+    this.#changed?.();
+  };
+  #onError = (error: Error) => {
+    this.#failure ??= error;
+    this.#changed?.();
+  };
+  #onClose = () => this.#onError(new Error('connection closed by the server'));
+
+  constructor(socket: net.Socket, deadlineAt: number, timeouts: SmtpTimeouts) {
+    this.socket = socket;
+    this.security = socket instanceof tls.TLSSocket ? 'implicit TLS' : 'no TLS';
+    this.#deadlineAt = deadlineAt;
+    this.#timeouts = timeouts;
+    this.#listen(socket);
+  }
+
+  #listen(socket: net.Socket): void {
+    socket.on('data', this.#onData).on('error', this.#onError).on('close', this.#onClose);
+  }
+
+  /** The time a step may take: its own limit, cut short by what is left of the transaction. */
+  stepMs(limitMs: number): number {
+    return Math.max(0, Math.min(limitMs, this.#deadlineAt - Date.now()));
+  }
+
+  async read(stage: string, limitMs = this.#timeouts.replyMs): Promise<SmtpReply> {
+    const waitMs = this.stepMs(limitMs);
+    try {
+      return await withDeadline(
+        new Promise<SmtpReply>((resolve, reject) => {
+          const attempt = () => {
+            try {
+              const taken = takeReply(this.#received);
+              if (taken) {
+                this.#received = taken.rest;
+                resolve(taken.reply);
+              } else if (this.#failure) {
+                reject(this.#failure);
+              } else {
+                return;
+              }
+            } catch (error) {
+              // Not SMTP (an HTTP or TLS server on that port, say): a setup problem, not a passing one.
+              reject(new SmtpFailure(stage, false, (error as Error).message));
+            }
+            this.#changed = undefined;
+          };
+          this.#changed = attempt;
+          attempt();
+        }),
+        waitMs,
+        () => new SmtpFailure(stage, true, `no reply within ${waitMs} ms`),
+      );
+    } finally {
+      this.#changed = undefined;
+    }
+  }
+
+  async command(stage: string, line: string, limitMs?: number): Promise<SmtpReply> {
+    this.socket.write(`${line}\r\n`);
+    return this.read(stage, limitMs);
+  }
+
+  /** Sends `line`; the reply if its code is one of `codes`, else the failure that reply means. */
+  async step(stage: string, line: string, ...codes: number[]): Promise<SmtpReply> {
+    return expectReply(stage, await this.command(stage, line), ...codes);
+  }
+
+  /** Replaces the plain socket by a TLS one over it, after the server's "220" to STARTTLS. */
+  async startTls(config: MailConfig): Promise<void> {
+    // Anything the server sent after its 220 would be read as if it came over TLS: an injection
+    // (CVE-2011-0411 and kin), so it is refused rather than carried over.
+    if (this.#received !== '') throw new SmtpFailure('starttls', false, 'server sent data after its STARTTLS reply');
+    const plain = this.socket;
+    plain
+      .removeListener('data', this.#onData)
+      .removeListener('error', this.#onError)
+      .removeListener('close', this.#onClose);
+    this.socket = await startTlsOn(plain, config, 'starttls', this.stepMs(this.#timeouts.replyMs));
+    this.#listen(this.socket);
+    this.#decoder = new StringDecoder('utf8');
+    this.security = 'STARTTLS';
+  }
+
+  close(): void {
+    this.socket.destroy();
+  }
+}
+
+function smtpTlsOptions(config: MailConfig): tls.ConnectionOptions {
+  return {
+    host: config.host,
+    // SNI carries names only; for an IP address Node checks the certificate's IP SANs against host.
+    servername: net.isIP(config.host) === 0 ? config.host.replace(/\.$/, '') : undefined,
+    // `ca` replaces Node's trusted set, so the default one (bundled roots, NODE_EXTRA_CA_CERTS,
+    // --use-system-ca) is passed along with MAIL_CACERT.
+    ca: config.ca === undefined ? undefined : [...tls.getCACertificates('default'), config.ca],
+    rejectUnauthorized: config.verifyCertificate,
+  };
+}
+
+/**
+ * TLS over a connected socket (implicit TLS, detected implicit TLS, STARTTLS), verified as
+ * smtpTlsOptions says; the TLS socket once its handshake is done, else destroyed.
+ */
+async function startTlsOn(plain: net.Socket, config: MailConfig, stage: string, waitMs: number): Promise<net.Socket> {
+  // Errors now surface on the TLS socket; this keeps a late one on the plain socket from being
+  // an unhandled 'error' event.
+  plain.on('error', () => {});
+  const secure = tls.connect({ ...smtpTlsOptions(config), socket: plain });
+  try {
+    await handshake(secure, stage, waitMs);
+    return secure;
+  } catch (error) {
+    secure.destroy();
+    throw error;
+  }
+}
+
+/** Resolves once `socket` has finished its TLS handshake; a rejected certificate is not transient. */
+function handshake(socket: tls.TLSSocket, stage: string, waitMs: number): Promise<void> {
+  return withDeadline(
+    new Promise<void>((resolve, reject) => {
+      socket.once('secureConnect', resolve);
+      socket.once('error', (error) => {
+        // Node records why verification failed before it destroys the socket; that is a setup
+        // problem (wrong CA, wrong name), not a network one.
+        if (socket.authorizationError) {
+          reject(
+            new SmtpFailure(
+              stage,
+              false,
+              `server certificate not trusted: ${error.message} (${socket.authorizationError})`,
+            ),
+          );
+        } else {
+          reject(error);
+        }
+      });
+    }),
+    waitMs,
+    () => new SmtpFailure(stage, true, `TLS handshake not finished within ${waitMs} ms`),
+  );
+}
+
+function withDeadline<T>(work: Promise<T>, waitMs: number, timeoutError: () => Error): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const expired = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(timeoutError()), waitMs);
+  });
+  return Promise.race([work, expired]).finally(() => clearTimeout(timer));
+}
+
+/**
+ * A connection ready for the server's greeting: plain, or with TLS already started when
+ * MAIL_TLS_MODE (or port 465) says implicit TLS or, in auto mode, the server waits for the client.
+ */
+async function connectSmtp(config: MailConfig, waitMs: number): Promise<net.Socket> {
+  const deadlineAt = Date.now() + waitMs;
+  const socket = net.connect({ host: config.host, port: config.port });
+  try {
+    await withDeadline(
+      new Promise<void>((resolve, reject) => socket.once('connect', resolve).once('error', reject)),
+      waitMs,
+      () => new SmtpFailure('connect', true, `no connection within ${waitMs} ms`),
+    );
+    if (config.security === 'starttls') return socket;
+    const leftMs = () => Math.max(0, deadlineAt - Date.now());
+    if (config.security === 'implicit-tls') return await startTlsOn(socket, config, 'connect', leftMs());
+    return await startTlsUnlessGreeted(socket, config, deadlineAt);
+  } catch (error) {
+    socket.destroy();
+    throw error;
+  }
+}
+
+/**
+ * Auto mode: anything the server sends first means plain SMTP (left unread: the greeting step reads
+ * it, and refuses what is not SMTP); silence for TLS_DETECTION_SILENCE_MS means implicit TLS, started
+ * on the same connection. A failure then says that TLS was a guess, and how to force STARTTLS.
+ */
+async function startTlsUnlessGreeted(socket: net.Socket, config: MailConfig, deadlineAt: number): Promise<net.Socket> {
+  const silenceMs = Math.max(0, Math.min(TLS_DETECTION_SILENCE_MS, deadlineAt - Date.now()));
+  if (!(await staysSilent(socket, silenceMs))) return socket;
+  const guess = `no SMTP greeting within ${silenceMs} ms, so implicit TLS was tried`;
+  // A wait shorter than the constant was cut by the deadline: nothing is left for a handshake.
+  if (silenceMs < TLS_DETECTION_SILENCE_MS) {
+    throw new SmtpFailure('connect', true, `${guess}: no time left for its handshake`);
+  }
+  try {
+    return await startTlsOn(socket, config, 'connect', Math.max(0, deadlineAt - Date.now()));
+  } catch (error) {
+    if (error instanceof SmtpFailure) throw new SmtpFailure(error.stage, error.transient, `${guess}: ${error.message}`);
+    // Not TLS and not a timeout: typically a server whose greeting came after the wait and met our TLS hello.
+    const why = (error instanceof Error ? error.message : String(error)).trim();
+    const hint = 'a server that greets this late needs MAIL_TLS_MODE=starttls';
+    throw new SmtpFailure('connect', true, `${guess}: ${why} (${hint})`);
+  }
+}
+
+/**
+ * true when nothing arrives within `waitMs`; false as soon as something does, which stays in the
+ * socket's buffer ('readable', unlike 'data', consumes nothing) for the session to read.
+ */
+function staysSilent(socket: net.Socket, waitMs: number): Promise<boolean> {
+  return new Promise<boolean>((resolve, reject) => {
+    const settle = (finish: () => void) => {
+      clearTimeout(timer);
+      socket.off('readable', onReadable).off('error', onError);
+      finish();
+    };
+    // 'readable' with nothing buffered is the end of the stream: the server hung up without a word.
+    const closed = () => new SmtpFailure('greeting', true, 'connection closed by the server before its greeting');
+    const onReadable = () => settle(() => (socket.readableLength > 0 ? resolve(false) : reject(closed())));
+    const onError = (error: Error) => settle(() => reject(error));
+    const timer = setTimeout(() => settle(() => resolve(true)), waitMs);
+    socket.on('readable', onReadable).on('error', onError);
+  });
+}
+
+/** EHLO keywords (upper case) → their parameters; "AUTH=LOGIN" (pre-standard servers) counts as AUTH. */
+function parseCapabilities(reply: SmtpReply): Map<string, string[]> {
+  const capabilities = new Map<string, string[]>();
+  for (const line of reply.lines.slice(1)) {
+    const [keyword = '', ...params] = line.trim().toUpperCase().split(/\s+/);
+    const [name, inline] = keyword.startsWith('AUTH=') ? ['AUTH', [keyword.slice(5)]] : [keyword, []];
+    capabilities.set(name, [...(capabilities.get(name) ?? []), ...inline, ...params]);
+  }
+  return capabilities;
+}
+
+function defaultHeloName(socket: net.Socket): string {
+  const name = hostname();
+  if (isHostName(name) && name.includes('.')) return name;
+  const address = socket.localAddress ?? '127.0.0.1';
+  return net.isIPv6(address) ? `[IPv6:${address}]` : `[${address}]`;
+}
+
+const toBase64 = (text: string) => Buffer.from(text, 'utf8').toString('base64');
+
+/**
+ * AUTH with the first mechanism both sides know. Over TLS PLAIN is preferred (one round trip);
+ * without TLS (only when the operator allowed it) CRAM-MD5 first, as it does not reveal the password.
+ */
+async function authenticate(
+  session: SmtpSession,
+  config: MailConfig,
+  password: string,
+  offered: string[],
+  secure: boolean,
+): Promise<void> {
+  const preference = secure ? ['PLAIN', 'LOGIN', 'CRAM-MD5'] : ['CRAM-MD5', 'PLAIN', 'LOGIN'];
+  const mechanism = preference.find((name) => offered.includes(name));
+  if (mechanism === undefined) {
+    const list = offered.length > 0 ? offered.join(' ') : 'none';
+    throw new SmtpFailure('auth', false, `no supported AUTH mechanism offered (server offers: ${list})`);
+  }
+  if (mechanism === 'PLAIN') {
+    await session.step('auth', `AUTH PLAIN ${toBase64(`\0${config.user}\0${password}`)}`, 235);
+  } else if (mechanism === 'LOGIN') {
+    await session.step('auth', 'AUTH LOGIN', 334);
+    await session.step('auth', toBase64(config.user), 334);
+    await session.step('auth', toBase64(password), 235);
+  } else {
+    const challenge = Buffer.from((await session.step('auth', 'AUTH CRAM-MD5', 334)).lines[0] ?? '', 'base64');
+    const digest = createHmac('md5', password).update(challenge).digest('hex');
+    await session.step('auth', toBase64(`${config.user} ${digest}`), 235);
+  }
+}
+
+/** Removes the password and the AUTH payloads that carry it from text about to leave this section. */
+function redact(text: string, config: MailConfig): string {
+  const password = config.password?.reveal();
+  if (!password) return text;
+  const secrets = [toBase64(`\0${config.user}\0${password}`), toBase64(password), password];
+  return secrets.reduce((scrubbed, secret) => scrubbed.split(secret).join('[redacted]'), text);
+}
+
+/**
+ * One SMTP transaction delivering `message` (as composeMessage made it) to `to`. Never throws: the
+ * result says whether the server accepted the mail, and otherwise at which stage it stopped, with
+ * the server's reply (or the local reason) and whether trying again later could help. Any recipient
+ * refused stops the transaction before DATA, so a retry never mails anyone twice.
+ */
+export async function sendMail(config: MailConfig, message: string, options: SendOptions): Promise<SendResult> {
+  const timeouts = { ...SMTP_TIMEOUTS, ...options.timeouts };
+  const deadlineAt = Date.now() + timeouts.totalMs;
+  // The step under way, for the result and for a failure's message.
+  const at = { stage: 'envelope' };
+  let session: SmtpSession | undefined;
+  try {
+    const bad = [config.from, ...options.to].find((address) => !isAddress(address));
+    if (bad !== undefined) throw new SmtpFailure(at.stage, false, `not an e-mail address: ${JSON.stringify(bad)}`);
+    if (options.to.length === 0) throw new SmtpFailure(at.stage, false, 'no recipient');
+    at.stage = 'connect';
+    const socket = await connectSmtp(config, Math.min(timeouts.connectMs, timeouts.totalMs));
+    session = new SmtpSession(socket, deadlineAt, timeouts);
+    await openSession(session, config, options.heloName ?? defaultHeloName(session.socket), at);
+    at.stage = 'mail';
+    await session.step(at.stage, `MAIL FROM:<${config.from}>`, 250);
+    at.stage = 'rcpt';
+    for (const recipient of options.to) await session.step(at.stage, `RCPT TO:<${recipient}>`, 250, 251);
+    at.stage = 'data';
+    await session.step(at.stage, 'DATA', 354);
+    at.stage = 'message';
+    const accepted = await session.step(at.stage, `${dotStuff(message)}.`, 250);
+    await session.command('quit', 'QUIT', QUIT_TIMEOUT_MS).catch(() => undefined);
+    return { ok: true, reply: redact(formatReply(accepted), config), security: securityReport(session, config) };
+  } catch (error) {
+    return failedResult(error, at.stage, config, session);
+  } finally {
+    session?.close();
+  }
+}
+
+/** Greeting, EHLO, STARTTLS whenever offered (then EHLO again), and AUTH when there is a password. */
+async function openSession(
+  session: SmtpSession,
+  config: MailConfig,
+  heloName: string,
+  at: { stage: string },
+): Promise<void> {
+  at.stage = 'greeting';
+  expectReply(at.stage, await session.read(at.stage), 220);
+  at.stage = 'ehlo';
+  let capabilities = parseCapabilities(await session.step(at.stage, `EHLO ${heloName}`, 250));
+  let secure = session.security === 'implicit TLS';
+  if (!secure && capabilities.has('STARTTLS')) {
+    at.stage = 'starttls';
+    await session.step(at.stage, 'STARTTLS', 220);
+    await session.startTls(config);
+    secure = true;
+    at.stage = 'ehlo';
+    capabilities = parseCapabilities(await session.step(at.stage, `EHLO ${heloName}`, 250));
+  }
+  const password = config.password?.reveal();
+  if (!password) return;
+  at.stage = 'auth';
+  if (!secure && !config.allowPlaintextAuth) {
+    const why =
+      'server offers no STARTTLS; refusing to send the password in clear text (MAIL_ALLOW_PLAINTEXT_AUTH=true ' +
+      'allows it)';
+    throw new SmtpFailure(at.stage, false, why);
+  }
+  await authenticate(session, config, password, capabilities.get('AUTH') ?? [], secure);
+}
+
+/** A transaction that stopped at `stage`: an error other than an SmtpFailure counts as transient. */
+function failedResult(error: unknown, stage: string, config: MailConfig, session: SmtpSession | undefined): SendResult {
+  const why = error instanceof Error ? error.message : String(error);
+  const failure = error instanceof SmtpFailure ? error : new SmtpFailure(stage, true, why);
+  const security = session ? { security: securityReport(session, config) } : {};
+  const reply = redact(failure.message, config);
+  return { ok: false, transient: failure.transient, reply, stage: failure.stage, ...security };
+}
+
+/** The mode a session used, for the log: "implicit TLS", "STARTTLS" or "no TLS", "(detected)" in auto mode. */
+function securityReport(session: SmtpSession, config: MailConfig): string {
+  return `${session.security}${config.security === 'auto' ? ' (detected)' : ''}`;
+}
+
+/**
+ * sendMail, tried again after transient failures (4xx, connection trouble, deadlines), at most
+ * `attempts` times in all, waiting `backoffMs`, then twice that, and so on, between tries.
+ */
+export async function sendWithRetry(
+  config: MailConfig,
+  message: string,
+  options: SendOptions,
+  attempts: number,
+  backoffMs: number,
+): Promise<SendResult & { attempts: number }> {
+  for (let attempt = 1; ; attempt++) {
+    const result = await sendMail(config, message, options);
+    if (result.ok || !result.transient || attempt >= attempts) return { ...result, attempts: attempt };
+    await sleep(backoffMs * 2 ** (attempt - 1));
+  }
+}
+
+// ================================================================================================
+// 8. kubernetes client — a small client for the Kubernetes REST API over node:https. Credentials come from a JSON
+//    kubeconfig (current-context; token or tokenFile, or a client certificate; the CA; inline *-data or file paths
+//    relative to the kubeconfig) or, inside a pod, from the service account (the token is re-read on every request,
+//    so rotated tokens keep working). Every request has a deadline; transient failures are retried by the policy of
+//    the outbound-calls chapter inside a bounded total time, and every call of one client waits its turn in one token
+//    bucket (client-go's QPS and burst). Failures become KubeErrors that name the verb and the resource, and for 403
+//    the permission missing. The token is only ever put in the Authorization header.
+//    Exports: credentialsFromEnvironment, describeResource, JsonPatchOperation, KubeClient, KubeError, ResourceRef.
+//    Tests: test/burst.test.ts, test/rollback.test.ts, test/upgrade.test.ts.
+// ================================================================================================
+
+export const KUBE_LIMITS = {
+  // A GET or PATCH answers in milliseconds; a loaded control plane takes seconds. Past 10 s the
+  // connection is taken as hung and the request is tried again.
+  requestTimeoutMs: 10_000,
+  // An API server restart or leader failover, or a burst of throttling, clears within seconds.
+  // Retrying for up to 20 s rides that out while the push's HTTP answer still comes back within
+  // about half a minute (the worst case is this budget plus one request deadline).
+  retryBudgetMs: 20_000,
+  // Answers we read are one object or a bounded list; anything larger is not an answer we asked for.
+  maxResponseBytes: 32 * 1024 * 1024,
+  // The client's own bound on its request rate (client-go's QPS and burst), shared by every call
+  // of one client: reads, patches, Events and rollout polls of all pushes. client-go's defaults
+  // (5/s, burst 10) suit a controller's steady trickle; a monorepo release pushes hundreds of
+  // images at once, each costing a read, a patch and an Event before its answer. 50/s with a
+  // burst of 100 are kube-scheduler's own defaults, the busiest ordinary client of a cluster: a
+  // replica never asks more of the API server than the scheduler does, and 200 pushes land in
+  // about ten seconds, well inside each call's retry budget (a call waits at most for the calls
+  // queued before it, one per push or rollout in progress: 256 + 256 at 50/s is about 10 s).
+  requestsPerSecond: 50,
+  requestBurst: 100,
+};
+
+export const SERVICE_ACCOUNT_DIR = '/var/run/secrets/kubernetes.io/serviceaccount';
+
+export interface KubeCredentials {
+  /** https://host:port, possibly with a path prefix (Rancher's cluster proxy URLs have one). */
+  server: string;
+  ca?: Buffer;
+  cert?: Buffer;
+  key?: Buffer;
+  tlsServerName?: string;
+  insecureSkipTlsVerify?: boolean;
+  token?: string;
+  /** Read again before every request: service-account tokens are rotated. */
+  tokenFile?: string;
+  /** Where the credentials came from, for messages (never the token itself). */
+  source: string;
+  /** The namespace of the context or of the pod, when known. */
+  namespace?: string;
+}
+
+export class KubeConfigError extends Error {}
+
+/** A failed API call. status is 0 when no HTTP answer came (connection or deadline failure). */
+export class KubeError extends Error {
+  readonly status: number;
+  readonly reason: string;
+  /** Field causes of a 422; empty when the server gave none (a failed JSON-patch test). */
+  readonly causes: string[];
+  constructor(message: string, status: number, reason: string, causes: string[] = []) {
+    super(message);
+    this.status = status;
+    this.reason = reason;
+    this.causes = causes;
+  }
+}
+
+/** A namespaced resource, or a collection of them when name is undefined. */
+export interface ResourceRef {
+  /** API group, '' for the core API. */
+  group: string;
+  version: string;
+  /** Plural, lower-case: deployments, pods, events. */
+  resource: string;
+  namespace: string;
+  name?: string;
+}
+
+export type KubeVerb = 'get' | 'list' | 'patch' | 'create' | 'delete';
+
+/** `deployments.apps "web" in namespace "prod"`: how kubectl and RBAC name a resource. */
+export function describeResource(r: ResourceRef): string {
+  const kind = r.group ? `${r.resource}.${r.group}` : r.resource;
+  return (
+    `${kind}${r.name === undefined ? '' : ` ${JSON.stringify(r.name)}`} in namespace ` +
+    `${JSON.stringify(r.namespace)}`
+  );
+}
+
+function resourcePath(r: ResourceRef): string {
+  const base = r.group === '' ? `/api/${r.version}` : `/apis/${r.group}/${r.version}`;
+  const name = r.name === undefined ? '' : `/${encodeURIComponent(r.name)}`;
+  return `${base}/namespaces/${encodeURIComponent(r.namespace)}/${r.resource}${name}`;
+}
+
+/** Credentials of the pod's service account (the in-cluster configuration). */
+export function inClusterCredentials(
+  env: Record<string, string | undefined>,
+  dir: string = SERVICE_ACCOUNT_DIR,
+): KubeCredentials {
+  const host = env.KUBERNETES_SERVICE_HOST;
+  const port = env.KUBERNETES_SERVICE_PORT;
+  if (!host || !port) {
+    throw new KubeConfigError(
+      'no Kubernetes credentials: not running in a pod (KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT are not ' +
+        'set); outside a cluster use -kubeconfig or KUBECONFIG',
+    );
+  }
+  const tokenFile = path.join(dir, 'token');
+  const caFile = path.join(dir, 'ca.crt');
+  try {
+    fs.accessSync(tokenFile, fs.constants.R_OK);
+  } catch (e) {
+    throw new KubeConfigError(
+      `in-cluster credentials: cannot read ${tokenFile} (${(e as NodeJS.ErrnoException).code}): is ` +
+        `automountServiceAccountToken disabled for this pod?`,
+    );
+  }
+  let ca: Buffer;
+  try {
+    ca = fs.readFileSync(caFile);
+  } catch (e) {
+    throw new KubeConfigError(`in-cluster credentials: cannot read ${caFile} (${(e as NodeJS.ErrnoException).code})`);
+  }
+  let namespace: string | undefined;
+  try {
+    namespace = fs.readFileSync(path.join(dir, 'namespace'), 'utf8').trim() || undefined;
+  } catch {
+    namespace = undefined;
+  }
+  return {
+    server: `https://${host.includes(':') ? `[${host}]` : host}:${port}`,
+    ca,
+    tokenFile,
+    source: `the service account token ${tokenFile}`,
+    namespace,
+  };
+}
+
+/** Credentials of a JSON kubeconfig's current context. */
+export function loadKubeconfig(file: string): KubeCredentials {
+  const where = `kubeconfig ${file}`;
+  const config = readKubeconfigJson(file, where);
+  const contextName = config['current-context'];
+  if (typeof contextName !== 'string' || contextName === '')
+    throw new KubeConfigError(`${where}: current-context is not set`);
+  const named = (list: string, name: unknown, inner: string): Record<string, unknown> => {
+    const items = Array.isArray(config[list]) ? (config[list] as unknown[]) : [];
+    const item = items.find((i) => isObject(i) && i.name === name);
+    if (!isObject(item) || !isObject(item[inner])) {
+      throw new KubeConfigError(
+        `${where}: ${list}: no entry named ${JSON.stringify(name)} (from current-context ` +
+          `${JSON.stringify(contextName)})`,
+      );
+    }
+    return item[inner] as Record<string, unknown>;
+  };
+  const context = named('contexts', contextName, 'context');
+  const cluster = named('clusters', context.cluster, 'cluster');
+  const user = named('users', context.user, 'user');
+  const clusterWhere = `${where}: clusters[${JSON.stringify(context.cluster)}].cluster`;
+  const server = cluster.server;
+  if (typeof server !== 'string' || server === '') throw new KubeConfigError(`${clusterWhere}.server is missing`);
+  if (!server.startsWith('https://')) {
+    throw new KubeConfigError(
+      `${clusterWhere}.server ${JSON.stringify(server)}: only https:// API servers are supported`,
+    );
+  }
+  const dir = path.dirname(path.resolve(file));
+  return {
+    server: server.replace(/\/+$/, ''),
+    ca: kubeconfigMaterial(cluster, clusterWhere, 'certificate-authority', dir),
+    tlsServerName: typeof cluster['tls-server-name'] === 'string' ? cluster['tls-server-name'] : undefined,
+    insecureSkipTlsVerify: cluster['insecure-skip-tls-verify'] === true,
+    ...userCredentials(user, `${where}: users[${JSON.stringify(context.user)}].user`, dir),
+    source: `${where} (user ${JSON.stringify(context.user)})`,
+    namespace: typeof context.namespace === 'string' && context.namespace !== '' ? context.namespace : undefined,
+  };
+}
+
+function readKubeconfigJson(file: string, where: string): Record<string, unknown> {
+  let text: string;
+  try {
+    text = fs.readFileSync(file, 'utf8');
+  } catch (e) {
+    throw new KubeConfigError(
+      `${where}: cannot read it (${(e as NodeJS.ErrnoException).code ?? (e as Error).message})`,
+    );
+  }
+  let config: unknown;
+  try {
+    config = JSON.parse(text);
+  } catch {
+    // The parser's message may quote file content, which can be a credential: do not pass it on.
+    throw new KubeConfigError(
+      `${where}: not JSON; this program reads JSON kubeconfigs (convert one with: kubectl config view --raw ` +
+        `--minify --flatten -o json)`,
+    );
+  }
+  if (!isObject(config)) throw new KubeConfigError(`${where}: not a kubeconfig (the top level must be an object)`);
+  return config;
+}
+
+/** A certificate or key: inline base64 `<field>-data`, else a file path relative to the kubeconfig. */
+function kubeconfigMaterial(
+  section: Record<string, unknown>,
+  at: string,
+  field: string,
+  dir: string,
+): Buffer | undefined {
+  const inline = section[`${field}-data`];
+  if (typeof inline === 'string' && inline !== '') return Buffer.from(inline, 'base64');
+  const ref = section[field];
+  if (typeof ref !== 'string' || ref === '') return undefined;
+  const full = path.resolve(dir, ref);
+  try {
+    return fs.readFileSync(full);
+  } catch (e) {
+    throw new KubeConfigError(`${at}.${field}: cannot read ${full} (${(e as NodeJS.ErrnoException).code})`);
+  }
+}
+
+/** A user entry's token, token file or client certificate; plugins and passwords are refused. */
+function userCredentials(
+  user: Record<string, unknown>,
+  userWhere: string,
+  dir: string,
+): Pick<KubeCredentials, 'token' | 'tokenFile' | 'cert' | 'key'> {
+  for (const unsupported of ['exec', 'auth-provider', 'username', 'password']) {
+    if (user[unsupported] !== undefined) {
+      throw new KubeConfigError(
+        `${userWhere}.${unsupported} is not supported (this program runs no credential plugins): use a token, a ` +
+          `tokenFile or a client certificate`,
+      );
+    }
+  }
+  const token = typeof user.token === 'string' && user.token !== '' ? user.token : undefined;
+  const tokenFile =
+    token === undefined && typeof user.tokenFile === 'string' && user.tokenFile !== ''
+      ? path.resolve(dir, user.tokenFile)
+      : undefined;
+  const cert = kubeconfigMaterial(user, userWhere, 'client-certificate', dir);
+  const key = kubeconfigMaterial(user, userWhere, 'client-key', dir);
+  if ((cert === undefined) !== (key === undefined))
+    throw new KubeConfigError(`${userWhere}: client-certificate and client-key must be given together`);
+  if (token === undefined && tokenFile === undefined && cert === undefined) {
+    throw new KubeConfigError(`${userWhere}: no credentials (token, tokenFile or client-certificate-data)`);
+  }
+  return { token, tokenFile, cert, key };
+}
+
+/** -kubeconfig, else KUBECONFIG, else the pod's service account. */
+export function credentialsFromEnvironment(
+  env: Record<string, string | undefined>,
+  kubeconfigFlag?: string,
+): KubeCredentials {
+  if (kubeconfigFlag) return loadKubeconfig(kubeconfigFlag);
+  const fromEnv = env.KUBECONFIG?.trim();
+  if (fromEnv) {
+    if (fromEnv.includes(path.delimiter))
+      throw new KubeConfigError(
+        `KUBECONFIG ${JSON.stringify(fromEnv)} lists several files; this program reads one JSON kubeconfig`,
+      );
+    return loadKubeconfig(fromEnv);
+  }
+  return inClusterCredentials(env);
+}
+
+interface RawAnswer {
+  status: number;
+  headers: Record<string, string | string[] | undefined>;
+  text: string;
+}
+
+export interface KubeClientOptions {
+  requestTimeoutMs?: number;
+  retryBudgetMs?: number;
+  /** The bound on the request rate; by default requestsPerSecond and requestBurst of KUBE_LIMITS. */
+  rate?: TokenBucket;
+}
+
+export class KubeClient {
+  readonly server: string;
+  readonly source: string;
+  readonly namespace: string | undefined;
+  private readonly credentials: KubeCredentials;
+  private readonly agent: https.Agent;
+  private readonly requestTimeoutMs: number;
+  private readonly retryBudgetMs: number;
+  private readonly rate: TokenBucket;
+
+  constructor(credentials: KubeCredentials, options: KubeClientOptions = {}) {
+    this.credentials = credentials;
+    this.server = credentials.server;
+    this.source = credentials.source;
+    this.namespace = credentials.namespace;
+    this.requestTimeoutMs = options.requestTimeoutMs ?? KUBE_LIMITS.requestTimeoutMs;
+    this.retryBudgetMs = options.retryBudgetMs ?? KUBE_LIMITS.retryBudgetMs;
+    this.rate = options.rate ?? new TokenBucket(KUBE_LIMITS.requestsPerSecond, KUBE_LIMITS.requestBurst);
+    // One keep-alive agent per client: the TLS handshake is paid once, not on every call.
+    this.agent = new https.Agent({
+      keepAlive: true,
+      ca: credentials.ca,
+      cert: credentials.cert,
+      key: credentials.key,
+      servername: credentials.tlsServerName,
+      rejectUnauthorized: !credentials.insecureSkipTlsVerify,
+    });
+  }
+
+  /** `background`: a read that can wait (a rollout poll) yields to the others under load (takeAbove). */
+  get<T>(r: ResourceRef, o: { background?: boolean } = {}): Promise<T> {
+    return this.call<T>('get', 'GET', r, o);
+  }
+
+  list<T>(r: ResourceRef, query: Record<string, string> = {}): Promise<T> {
+    return this.call<T>('list', 'GET', { ...r, name: undefined }, { query });
+  }
+
+  /** A JSON patch (RFC 6902), recorded under fieldManager. */
+  patch<T>(r: ResourceRef, operations: JsonPatchOperation[], fieldManager: string): Promise<T> {
+    return this.call<T>('patch', 'PATCH', r, {
+      query: { fieldManager },
+      body: JSON.stringify(operations),
+      contentType: 'application/json-patch+json',
+    });
+  }
+
+  create<T>(r: ResourceRef, object: unknown): Promise<T> {
+    return this.call<T>(
+      'create',
+      'POST',
+      { ...r, name: undefined },
+      { body: JSON.stringify(object), contentType: 'application/json' },
+    );
+  }
+
+  /** Deletes the object only while it is still the one with this uid (a precondition; else 409). */
+  delete<T>(r: ResourceRef, uid: string): Promise<T> {
+    const options = { kind: 'DeleteOptions', apiVersion: 'v1', preconditions: { uid } };
+    return this.call<T>('delete', 'DELETE', r, { body: JSON.stringify(options), contentType: 'application/json' });
+  }
+
+  /**
+   * A background request's turn: taken once half the burst is left for the others, or false after
+   * half the retry budget, when it queues like any other (so it is delayed, never starved).
+   */
+  private async yieldToOthers(started: number): Promise<boolean> {
+    for (;;) {
+      const wait = this.rate.takeAbove(this.rate.burst / 2);
+      if (wait === 0) return true;
+      if (Date.now() - started + wait > this.retryBudgetMs / 2) return false;
+      await sleep(wait);
+    }
+  }
+
+  /** Closes idle keep-alive connections. */
+  close(): void {
+    this.agent.destroy();
+  }
+
+  private async call<T>(
+    verb: KubeVerb,
+    method: string,
+    r: ResourceRef,
+    o: { query?: Record<string, string>; body?: string; contentType?: string; background?: boolean } = {},
+  ): Promise<T> {
+    const query = new URLSearchParams(o.query ?? {}).toString();
+    const url = `${this.server}${resourcePath(r)}${query ? `?${query}` : ''}`;
+    const started = Date.now();
+    let failed: { failure: AttemptFailure; error: KubeError } | undefined;
+    for (let attempt = 0; ; attempt++) {
+      // Every attempt, retries included, waits for its turn; the wait counts against the budget.
+      const yielded = o.background && attempt === 0 && (await this.yieldToOthers(started));
+      const turn = yielded ? 0 : this.rate.reserve(this.retryBudgetMs - (Date.now() - started));
+      if (turn === undefined) {
+        throw failed ? exhausted(failed.error, attempt, Date.now() - started) : this.rateLimited(verb, r);
+      }
+      if (turn > 0) await sleep(turn);
+      const authorization = await this.authorization(verb, r);
+      try {
+        const answer = await this.once(method, url, authorization, o.body, o.contentType);
+        if (answer.status >= 200 && answer.status < 300) return this.parseAnswer<T>(verb, r, answer);
+        const retryAfter = String(answer.headers['retry-after'] ?? '').trim();
+        failed = {
+          failure: {
+            verb,
+            status: answer.status,
+            retryAfterSeconds: /^\d+$/.test(retryAfter) ? Number(retryAfter) : undefined,
+          },
+          error: this.answerError(verb, r, answer),
+        };
+      } catch (e) {
+        if (e instanceof KubeError) throw e;
+        const code = (e as NodeJS.ErrnoException).code ?? '';
+        failed = {
+          failure: { verb, code },
+          error: new KubeError(
+            `cannot ${verb} ${describeResource(r)}: the API server ${this.server} did not answer ` +
+              `(${code || (e as Error).message})`,
+            0,
+            code,
+          ),
+        };
+      }
+      const elapsed = Date.now() - started;
+      const delay = retryDelay(failed.failure, attempt, this.retryBudgetMs - elapsed);
+      if (delay === undefined) throw exhausted(failed.error, attempt + 1, elapsed);
+      await sleep(delay);
+    }
+  }
+
+  /** A call that found no turn within its budget: more calls are queued than the rate clears in time. */
+  private rateLimited(verb: KubeVerb, r: ResourceRef): KubeError {
+    return new KubeError(
+      `cannot ${verb} ${describeResource(r)}: this client's own rate limit (${this.rate.perSecond} requests/s, ` +
+        `burst ${this.rate.burst}) has no turn for it within ${formatGoDuration(this.retryBudgetMs)}`,
+      0,
+      'ClientRateLimited',
+    );
+  }
+
+  /** The Authorization header value, or undefined for client-certificate credentials. */
+  private async authorization(verb: KubeVerb, r: ResourceRef): Promise<string | undefined> {
+    if (this.credentials.token !== undefined) return `Bearer ${this.credentials.token}`;
+    if (this.credentials.tokenFile === undefined) return undefined;
+    try {
+      // Re-read every time: the kubelet rotates projected service-account tokens (hourly by default).
+      return `Bearer ${(await fsp.readFile(this.credentials.tokenFile, 'utf8')).trim()}`;
+    } catch (e) {
+      throw new KubeError(
+        `cannot ${verb} ${describeResource(r)}: cannot read the token file ${this.credentials.tokenFile} ` +
+          `(${(e as NodeJS.ErrnoException).code ?? (e as Error).message})`,
+        0,
+        'TokenUnreadable',
+      );
+    }
+  }
+
+  private parseAnswer<T>(verb: KubeVerb, r: ResourceRef, answer: RawAnswer): T {
+    try {
+      return JSON.parse(answer.text) as T;
+    } catch {
+      throw new KubeError(
+        `cannot ${verb} ${describeResource(r)}: the answer from ${this.server} is not JSON (HTTP ${answer.status}; ` +
+          `is this a Kubernetes API server?)`,
+        answer.status,
+        'NotJSON',
+      );
+    }
+  }
+
+  private async once(
+    method: string,
+    url: string,
+    authorization: string | undefined,
+    body: string | undefined,
+    contentType: string | undefined,
+  ): Promise<RawAnswer> {
+    const headers: Record<string, string> = { Accept: 'application/json', 'User-Agent': `webhook/${VERSION}` };
+    if (authorization !== undefined) headers.Authorization = authorization;
+    if (body !== undefined) {
+      headers['Content-Type'] = contentType ?? 'application/json';
+      headers['Content-Length'] = String(Buffer.byteLength(body));
+    }
+    return new Promise((resolve, reject) => {
+      const req = https.request(url, { method, headers, agent: this.agent }, (res) => {
+        const chunks: Buffer[] = [];
+        let size = 0;
+        res.on('data', (chunk: Buffer) => {
+          size += chunk.length;
+          if (size > KUBE_LIMITS.maxResponseBytes)
+            req.destroy(
+              Object.assign(new Error(`answer larger than ${KUBE_LIMITS.maxResponseBytes} bytes`), { code: 'E2BIG' }),
+            );
+          else chunks.push(chunk);
+        });
+        res.on('error', reject);
+        res.on('end', () =>
+          resolve({ status: res.statusCode ?? 0, headers: res.headers, text: Buffer.concat(chunks).toString('utf8') }),
+        );
+      });
+      const timer = setTimeout(() => {
+        req.destroy(
+          Object.assign(new Error(`no answer within ${formatGoDuration(this.requestTimeoutMs)}`), {
+            code: 'ETIMEDOUT',
+          }),
+        );
+      }, this.requestTimeoutMs);
+      req.on('error', reject);
+      req.on('close', () => clearTimeout(timer));
+      req.end(body);
+    });
+  }
+
+  /** The message for an HTTP error answer: verb, resource, and what to do about it. */
+  private answerError(verb: KubeVerb, r: ResourceRef, answer: RawAnswer): KubeError {
+    const { serverMessage, reason, causes } = statusDetails(answer);
+    const what = describeResource(r);
+    switch (answer.status) {
+      case 401:
+        return new KubeError(
+          `unauthorized: the API server rejected the credentials from ${this.source} (to ${verb} ${what}): the ` +
+            `token has expired or been revoked, or the client certificate is not trusted`,
+          401,
+          reason,
+        );
+      case 403: {
+        return new KubeError(
+          `forbidden: ${forbiddenSubject(serverMessage)} cannot "${verb}" ${what} — grant it with the RBAC that ` +
+            '`webhook -print-rbac` prints for the hooks',
+          403,
+          reason,
+        );
+      }
+      case 404:
+        return new KubeError(
+          r.name === undefined
+            ? `the API server has no ${r.group ? `${r.resource}.${r.group}` : r.resource} ` +
+              `(${r.group || 'core'}/${r.version}) API`
+            : `${what} not found`,
+          404,
+          reason,
+        );
+      case 409:
+        return new KubeError(`conflict: cannot ${verb} ${what}: ${serverMessage}`, 409, reason);
+      case 422:
+        return new KubeError(
+          `invalid: cannot ${verb} ${what}: ${causes.length ? causes.join('; ') : serverMessage}`,
+          422,
+          reason,
+          causes,
+        );
+      case 429:
+        return new KubeError(
+          `throttled: the API server answered 429 Too Many Requests to ${verb} ` +
+            `${what}${serverMessage ? ` (${serverMessage})` : ''}`,
+          429,
+          reason,
+        );
+      default:
+        return new KubeError(
+          `cannot ${verb} ${what}: HTTP ` +
+            `${answer.status}${reason ? ` ${reason}` : ''}${serverMessage ? `: ${serverMessage}` : ''}`,
+          answer.status,
+          reason,
+          causes,
+        );
+    }
+  }
+}
+
+/** The last failure of a call that is given up, with how many attempts it took and how long. */
+function exhausted(e: KubeError, attempts: number, elapsedMs: number): KubeError {
+  if (attempts <= 1) return e;
+  return new KubeError(
+    `${e.message} (after ${attempts} attempts in ${formatGoDuration(Math.round(elapsedMs / 100) * 100)})`,
+    e.status,
+    e.reason,
+    e.causes,
+  );
+}
+
+/** What a Status answer says: its message (or the start of a non-Status body), reason and causes. */
+function statusDetails(answer: RawAnswer): { serverMessage: string; reason: string; causes: string[] } {
+  let status: Record<string, unknown> = {};
+  try {
+    const parsed: unknown = JSON.parse(answer.text);
+    if (isObject(parsed)) status = parsed;
+  } catch {
+    /* not a Status object: a proxy's page; the status code says enough */
+  }
+  const details = isObject(status.details) ? status.details : {};
+  const causes = Array.isArray(details.causes)
+    ? details.causes.filter(isObject).map((c) => {
+        const field = typeof c.field === 'string' ? `${c.field}: ` : '';
+        return `${field}${typeof c.message === 'string' ? c.message : ''}`;
+      })
+    : [];
+  return {
+    serverMessage: typeof status.message === 'string' ? status.message : answer.text.slice(0, 200).trim(),
+    reason: typeof status.reason === 'string' ? status.reason : '',
+    causes,
+  };
+}
+
+/** Who a 403 names: a service account with its namespace, a user, or just "these credentials". */
+function forbiddenSubject(serverMessage: string): string {
+  const user = /User "([^"]*)"/.exec(serverMessage)?.[1];
+  const sa = user ? /^system:serviceaccount:([^:]+):(.+)$/.exec(user) : null;
+  if (sa) return `the service account "${sa[2]}" of namespace "${sa[1]}"`;
+  return user ? `user "${user}"` : 'these credentials';
+}
+
+export type JsonPatchOperation =
+  | { op: 'test' | 'add' | 'replace'; path: string; value: unknown }
+  | { op: 'remove'; path: string };
+
+// ================================================================================================
+// 9. oci registry client — asks a registry which digest a tag points at (HEAD /v2/<repo>/manifests/<tag> over HTTPS):
+//    anonymously, or with basic auth, or with a bearer token from the registry's token service, trusting an extra CA
+//    when given. A refusal is a RegistryError saying which and why.
+//    Exports: RegistryLogin, resolveManifestTag.
+//    Tests: test/registry-e2e.test.ts.
+// ================================================================================================
+
+// ---- verifying the pushed image on its registry (VERIFY_IMAGE) ------------------------------------
+
+/** A registry that refused or could not answer; the message says which and why. */
+export class RegistryError extends Error {}
+
+export const VERIFY_LIMITS = {
+  // A registry answers a HEAD of a manifest in milliseconds; a token service a little slower. The
+  // whole verification (token and HEAD) must fit well within a registry's delivery timeout.
+  requestTimeoutMs: 10_000,
+  // A token or manifest answer larger than this is not one.
+  maxBodyBytes: 64 * 1024,
+};
+
+/** What a manifest HEAD accepts: every manifest and index type, so the digest is the tag's own. */
+const MANIFEST_TYPES = [
+  'application/vnd.oci.image.index.v1+json',
+  'application/vnd.oci.image.manifest.v1+json',
+  'application/vnd.docker.distribution.manifest.list.v2+json',
+  'application/vnd.docker.distribution.manifest.v2+json',
+].join(', ');
+
+interface RegistryAnswer {
+  status: number;
+  headers: http.IncomingHttpHeaders;
+  body: string;
+}
+
+/** One HTTPS request to a registry or its token service, under a deadline; the CA from REGISTRY_CA. */
+function registryRequest(
+  url: URL,
+  method: string,
+  headers: Record<string, string>,
+  ca?: string,
+): Promise<RegistryAnswer> {
+  return new Promise((resolve, reject) => {
+    const all = { 'User-Agent': `webhook/${VERSION}`, ...headers };
+    // timeout bounds a silent socket; the signal bounds the whole exchange (a registry that drips).
+    const signal = AbortSignal.timeout(VERIFY_LIMITS.requestTimeoutMs);
+    const req = https.request(
+      url,
+      { method, headers: all, ca, timeout: VERIFY_LIMITS.requestTimeoutMs, signal },
+      (res) => {
+        let body = '';
+        res.setEncoding('utf8');
+        res.on('data', (chunk: string) => {
+          if (body.length < VERIFY_LIMITS.maxBodyBytes) body += chunk;
+        });
+        res.on('end', () => resolve({ status: res.statusCode ?? 0, headers: res.headers, body }));
+        res.on('error', reject);
+      },
+    );
+    req.on('timeout', () => req.destroy(new Error(`no answer within ${VERIFY_LIMITS.requestTimeoutMs / 1000}s`)));
+    req.on('error', reject);
+    req.end();
+  });
+}
+
+/** The parameters of a WWW-Authenticate challenge: scheme and key="value" pairs. */
+export function parseChallenge(header: string): { scheme: string; params: Record<string, string> } {
+  const space = header.indexOf(' ');
+  const scheme = (space < 0 ? header : header.slice(0, space)).toLowerCase();
+  const params: Record<string, string> = {};
+  for (const m of header.slice(space + 1).matchAll(/([a-zA-Z_]+)="([^"]*)"/g)) params[m[1].toLowerCase()] = m[2];
+  return { scheme, params };
+}
+
+/** A user and password for a registry, from a pull secret; never logged, never in a message. */
+interface RegistryLogin {
+  user: string;
+  password: string;
+  /** The secret it came from, for messages. */
+  secret: string;
+}
+
+/** The Authorization a registry's challenge asks for: Basic with the login, or a Bearer token from its realm. */
+async function authorizationFor(
+  challenge: string,
+  login: RegistryLogin | undefined,
+  repository: string,
+  ca: string | undefined,
+): Promise<string> {
+  const { scheme, params } = parseChallenge(challenge);
+  const basic = login ? `Basic ${Buffer.from(`${login.user}:${login.password}`).toString('base64')}` : undefined;
+  if (scheme === 'basic') {
+    if (!basic) throw new RegistryError('the registry asks for a login and the workload names no pull secret for it');
+    return basic;
+  }
+  if (scheme !== 'bearer' || !params.realm) throw new RegistryError(`the registry asks for ${showValue(challenge)}`);
+  const url = new URL(params.realm);
+  if (params.service) url.searchParams.set('service', params.service);
+  url.searchParams.set('scope', params.scope ?? `repository:${repository}:pull`);
+  const answer = await registryRequest(url, 'GET', basic ? { Authorization: basic } : {}, ca);
+  if (answer.status !== 200)
+    throw new RegistryError(`the registry's token service ${url.host} answered ${answer.status}`);
+  let token: unknown;
+  try {
+    const parsed = JSON.parse(answer.body) as Record<string, unknown>;
+    token = parsed.token ?? parsed.access_token;
+  } catch {
+    /* refused below */
+  }
+  if (typeof token !== 'string' || token === '')
+    throw new RegistryError(`the registry's token service ${url.host} sent no token`);
+  return `Bearer ${token}`;
+}
+
+/**
+ * The digest the registry has for host/repository:tag (HEAD /v2/<repo>/manifests/<tag>), undefined
+ * when it has no such tag, and the login used. The login is looked up only when the registry asks
+ * for one, so a public image needs no pull secret (and no permission to read one).
+ */
+export async function resolveManifestTag(
+  host: string,
+  repository: string,
+  tag: string,
+  loginFor: () => Promise<RegistryLogin | undefined>,
+  ca?: string,
+): Promise<{ digest: string | undefined; login: RegistryLogin | undefined }> {
+  let login: RegistryLogin | undefined;
+  const url = new URL(`https://${host}/v2/${repository}/manifests/${encodeURIComponent(tag)}`);
+  const head = (authorization?: string) =>
+    registryRequest(
+      url,
+      'HEAD',
+      { Accept: MANIFEST_TYPES, ...(authorization ? { Authorization: authorization } : {}) },
+      ca,
+    );
+  let answer = await head();
+  const challenge = answer.headers['www-authenticate'];
+  if (answer.status === 401 && typeof challenge === 'string') {
+    login = await loginFor();
+    answer = await head(await authorizationFor(challenge, login, repository, ca));
+  }
+  if (answer.status === 404) return { digest: undefined, login };
+  if (answer.status === 401 || answer.status === 403) {
+    const how = login
+      ? `the login of pull secret "${login.secret}"`
+      : 'no login (the workload names no pull secret for it)';
+    throw new RegistryError(`the registry refused ${how}: ${answer.status}`);
+  }
+  const digest = answer.headers['docker-content-digest'];
+  if (answer.status !== 200 || typeof digest !== 'string')
+    throw new RegistryError(
+      `the registry answered ${answer.status}${typeof digest === 'string' ? '' : ' without a digest'}`,
+    );
+  return { digest, login };
+}
+
+// ================================================================================================
+// 10. html — what the admin pages share: escaping, one cell of a table, and the page shell and style
+//    (server-rendered, no script, no external asset, one card per row on a phone).
+//    Exports: cell, escapeHtml, pageShell, shownTime.
+//    Tests: test/deliveries.test.ts.
+// ================================================================================================
+
+// ---- pages ------------------------------------------------------------------------------------
+
+function escapeHtml(text: string): string {
+  return text.replace(/[&<>"']/g, (c) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;' })[c]!);
+}
+
+/** 2026-11-23 13:05:09 UTC */
+function shownTime(d: Date | undefined): string {
+  return d ? `${d.toISOString().slice(0, 19).replace('T', ' ')} UTC` : '';
+}
+
+/** One cell: its label shown before it on a phone, where the table becomes one card per push. */
+function cell(label: string, html: string, className = ''): string {
+  return `<td data-label="${label}"${className ? ` class="${className}"` : ''}>${html}</td>`;
+}
+
+const PAGE_STYLE = [
+  'body{font:15px/1.4 system-ui,sans-serif;margin:0;padding:12px;color:#1b1f23;background:#f6f8fa}',
+  'h1{font-size:20px;margin:0 0 4px}p.meta{margin:0 0 12px;color:#57606a}a{color:#0550ae}',
+  'table{border-collapse:collapse;width:100%;background:#fff}th,td{padding:6px 8px;border-bottom:1px solid #d0d7de;',
+  'text-align:left;vertical-align:top}th{background:#eaeef2;font-weight:600}',
+  'code{font-size:13px;overflow-wrap:anywhere}',
+  'td.image{min-width:24em}td.time{white-space:nowrap}',
+  '.tag{display:inline-block;padding:1px 6px;border-radius:10px;font-size:13px;font-weight:600}',
+  '.ok .tag{background:#dafbe1;color:#116329}.failed .tag{background:#ffebe9;color:#a40e26}',
+  '.running .tag{background:#fff8c5;color:#7d4e00}.quiet .tag{background:#eaeef2;color:#424a53}',
+  'tr.failed td:first-child{border-left:4px solid #cf222e}tr.ok td:first-child{border-left:4px solid #1a7f37}',
+  'tr.running td:first-child{border-left:4px solid #bf8700}pre{white-space:pre-wrap;word-break:break-all;',
+  'background:#fff;padding:8px;border:1px solid #d0d7de}.muted{color:#57606a}',
+  '@media (max-width:760px){thead{display:none}table,tbody,tr,td{display:block;width:auto}',
+  'tr{margin:0 0 10px;border:1px solid #d0d7de}td{border:0;padding:3px 8px}td.image{min-width:0}',
+  'td::before{content:attr(data-label);display:block;font-size:12px;color:#57606a}}',
+].join('');
+
+/** A whole page; `refreshSeconds` makes the browser load it again after that long. */
+function pageShell(title: string, refreshSeconds: number | undefined, body: string): string {
+  return [
+    '<!doctype html>',
+    '<html lang="en"><head><meta charset="utf-8">',
+    '<meta name="viewport" content="width=device-width, initial-scale=1">',
+    ...(refreshSeconds ? [`<meta http-equiv="refresh" content="${refreshSeconds}">`] : []),
+    `<title>${escapeHtml(title)}</title><style>${PAGE_STYLE}</style></head>`,
+    `<body>${body}</body></html>`,
+    '',
+  ].join('\n');
+}
+
+
+// ################################################################################################
+// Part II — the service, in the order a push travels: from the command line to the answer, the upgrade, its
+// rollout and its result.
+// ################################################################################################
+
+// ================================================================================================
+// 11. command line & settings — the adnanh/webhook command line in Go `flag` syntax (parseCommandLine, usage), Go's
+//    durations and booleans, and our safety limits (LIMITS), each with why it has that value.
+//    Exports: LIMITS, Options, parseCommandLine, parseGoBool, parseGoDuration, parseListenAddress, usage, UsageError.
+//    Tests: test/runner.test.ts, test/unit.test.ts.
+// ================================================================================================
+
+export interface Options {
+  hooks: string[];
+  template: boolean;
+  hotreload: boolean;
+  ip: string;
+  port: number;
+  urlprefix: string;
+  headers: [string, string][];
+  httpMethods: string[];
+  verbose: boolean;
+  debug: boolean;
+  nopanic: boolean;
+  secure: boolean;
+  cert: string;
+  key: string;
+  tlsMinVersion: string;
+  cipherSuites: string;
+  listCipherSuites: boolean;
+  xRequestId: boolean;
+  xRequestIdLimit: number;
+  pidfile: string;
+  logfile: string;
+  maxMultipartMem: number;
+  setuid: number;
+  setgid: number;
+  socket: string;
+  version: boolean;
+  validate: boolean;
+  maxBodyBytes: number;
+  readHeaderTimeoutMs: number;
+  readTimeoutMs: number;
+  bodyIdleTimeoutMs: number;
+  commandTimeoutMs: number;
+  maxConcurrentCommands: number;
+  shutdownGraceMs: number;
+  /** On SIGTERM, how long /healthz says "not ready" while hooks are still served. */
+  shutdownDelayMs: number;
+  /** How long a push the API server did not answer is kept and tried again. */
+  applyDeadlineMs: number;
+  kubeconfig: string;
+  rolloutFollowMs: number;
+  /** host:port of the listener serving /metrics; '' serves none. */
+  metricsListen: string;
+  maxMailsPerHook: number;
+  mailWindowMs: number;
+  /** Pushes the deliveries page keeps; 0 serves no page. */
+  deliveries: number;
+  /** What the deliveries pages ask for (HTTP Basic password or Bearer token); '' asks for nothing. */
+  adminToken: string;
+  maxNotificationsPerHook: number;
+  notifyWindowMs: number;
+  printRbac: boolean;
+  /** `<namespace>/<name>` of the ServiceAccount -print-rbac binds. */
+  rbacServiceAccount: string;
+}
+
+type FlagKind = 'bool' | 'string' | 'list' | 'int' | 'duration' | 'bytes';
+interface FlagSpec {
+  kind: FlagKind;
+  key: keyof Options;
+  help: string;
+  def: string;
+}
+
+// Defaults for the limits adnanh lacks. Each is a flag; the comment says why this value.
+export const LIMITS = {
+  // Registry payloads are a few KiB; Docker Hub's carries the repository's README, which Docker
+  // Hub caps at 25,000 characters: 300 KiB even were every one a \uXXXX surrogate pair, a few
+  // tens of KiB in practice. 1 MiB fits it with room to spare, and bounds what a request can cost.
+  maxBodyBytes: 1024 * 1024,
+  // Slowloris protection: a client gets this long to send its headers, and then the whole request.
+  readHeaderTimeoutMs: 10_000,
+  readTimeoutMs: 60_000,
+  // A body that stops arriving holds a connection (and whatever was received) for nothing. A
+  // registry sends its payload in one go; 30 s without a byte is a stalled or hostile client.
+  bodyIdleTimeoutMs: 30_000,
+  // An upgrade with rollout tracking takes minutes at most; a command still running after
+  // 10 minutes is stuck, and it holds one of the command slots.
+  commandTimeoutMs: 10 * 60_000,
+  // Each command is a process (or an in-process upgrade); 16 at once covers bursts from a
+  // registry pushing many tags while capping fork storms.
+  maxConcurrentCommands: 16,
+  // A connection closed while its client may still be sending a body (an answer that did not need
+  // it) stays open this long at most, so that the client reads the answer before the reset that
+  // closing on unread input causes. The answer is sent first, so an event-driven client has it
+  // within a round trip; Go's server waits 500 ms.
+  closeLingerMs: 2_000,
+  // Kubernetes gives a pod 30 s between SIGTERM and SIGKILL by default; stay under that.
+  shutdownGraceMs: 25_000,
+  // A command's combined output is kept in memory for the response and the log; beyond this the
+  // rest is dropped with a marker, so a chatty command cannot exhaust memory.
+  maxCommandOutputBytes: 1024 * 1024,
+  // In-process upgrades waiting for their workload's earlier pushes: each is a small closure, so
+  // a generous bound covers any registry's burst while a flood still gets 503.
+  maxPendingUpgrades: 256,
+  // At shutdown, pending mails get at least this long even when commands used the whole grace.
+  minMailFlushMs: 3_000,
+  // After the grace period a command gets SIGTERM, then this long before SIGKILL.
+  killAfterTermMs: 3_000,
+  // Reload debounce: editors and ConfigMap updates produce bursts of events; wait for quiet.
+  reloadDebounceMs: 150,
+  // Values shorter than this are too likely to be ordinary words to scrub from log lines
+  // (the access log redacts compared parameters whatever their length).
+  minScrubbedSecretLength: 6,
+  // Hook regexes run on V8's linear-time engine outright (compileGoRegex); the program's own
+  // patterns fall back to it after this many backtracks, should one ever meet input that makes
+  // it backtrack badly.
+  regexBacktracksBeforeFallback: 10_000,
+  // Result mails one hook sends to the same recipients per window. A person reads a handful of
+  // upgrade reports at a time; a burst beyond that (a build pushing many tags, a leaked URL called
+  // in a loop) would bury them and use up the SMTP account's sending quota, so the rest of the
+  // window's results go out as one summary mail when the window closes.
+  maxMailsPerHook: 5,
+  mailWindowMs: 10 * 60_000,
+  // The deliveries page: the last pushes an operator asks about are today's, a few dozen at most;
+  // an upgrade's entry is a few KiB (its report and pod lines), so 200 stay around a MiB (a plain
+  // command's output is cut at 64 KiB for the page: 13 MiB at worst).
+  deliveries: 200,
+  maxDeliveries: 10_000,
+  // Chat and JSON notifications one hook sends per window. A chat group reads more than a mailbox
+  // (one line per push), yet a build pushing many tags would still bury it, and chat services
+  // throttle a robot that posts too often (DingTalk: 20 a minute); the rest are recorded, not sent.
+  maxNotificationsPerHook: 20,
+  notifyWindowMs: 10 * 60_000,
+};
+
+const FLAGS: Record<string, FlagSpec> = {
+  hooks: {
+    kind: 'list',
+    key: 'hooks',
+    def: 'hooks.json',
+    help: 'path to a hooks file or a directory of *.json, *.yaml and *.yml hook files (repeatable)',
+  },
+  template: { kind: 'bool', key: 'template', def: 'false', help: 'parse hooks files as Go text/templates' },
+  hotreload: {
+    kind: 'bool',
+    key: 'hotreload',
+    def: 'false',
+    help: 'reload hooks when their files or directories change',
+  },
+  ip: { kind: 'string', key: 'ip', def: '0.0.0.0', help: 'IP address the webhook should serve hooks on' },
+  port: { kind: 'int', key: 'port', def: '9000', help: 'port the webhook should serve hooks on' },
+  urlprefix: {
+    kind: 'string',
+    key: 'urlprefix',
+    def: 'hooks',
+    help: 'url prefix to use for served hooks (protocol://yourserver:port/PREFIX/:hook-id)',
+  },
+  header: {
+    kind: 'list',
+    key: 'headers',
+    def: '',
+    help: 'response header to return, specified in format name=value, use multiple times to set multiple headers',
+  },
+  'http-methods': {
+    kind: 'string',
+    key: 'httpMethods',
+    def: '',
+    help: 'set default allowed HTTP methods (ie. "POST"); separate methods with comma',
+  },
+  verbose: { kind: 'bool', key: 'verbose', def: 'false', help: 'show verbose output (errors are always logged)' },
+  debug: { kind: 'bool', key: 'debug', def: 'false', help: 'show debug output' },
+  nopanic: { kind: 'bool', key: 'nopanic', def: 'false', help: 'do not exit if no hooks can be loaded' },
+  secure: { kind: 'bool', key: 'secure', def: 'false', help: 'use HTTPS instead of HTTP' },
+  cert: { kind: 'string', key: 'cert', def: 'cert.pem', help: 'path to the HTTPS certificate pem file' },
+  key: { kind: 'string', key: 'key', def: 'key.pem', help: 'path to the HTTPS certificate private key pem file' },
+  'tls-min-version': {
+    kind: 'string',
+    key: 'tlsMinVersion',
+    def: '1.2',
+    help: 'minimum TLS version (1.0, 1.1, 1.2, 1.3)',
+  },
+  'cipher-suites': {
+    kind: 'string',
+    key: 'cipherSuites',
+    def: '',
+    help: 'comma-separated list of supported TLS cipher suites',
+  },
+  'list-cipher-suites': {
+    kind: 'bool',
+    key: 'listCipherSuites',
+    def: 'false',
+    help: 'list available TLS cipher suites',
+  },
+  'x-request-id': {
+    kind: 'bool',
+    key: 'xRequestId',
+    def: 'false',
+    help: 'use X-Request-Id header, if present, as request ID',
+  },
+  'x-request-id-limit': {
+    kind: 'int',
+    key: 'xRequestIdLimit',
+    def: '0',
+    help: 'truncate X-Request-Id header to limit; default no limit',
+  },
+  pidfile: { kind: 'string', key: 'pidfile', def: '', help: 'create PID file at the given path' },
+  logfile: {
+    kind: 'string',
+    key: 'logfile',
+    def: '',
+    help: 'send log output to a file; implicitly enables verbose logging',
+  },
+  'max-multipart-mem': {
+    kind: 'int',
+    key: 'maxMultipartMem',
+    def: '1048576',
+    help: 'maximum memory in bytes for parsing multipart form data before disk caching',
+  },
+  setuid: {
+    kind: 'int',
+    key: 'setuid',
+    def: '0',
+    help: 'set user ID after opening listening port; must be used with setgid',
+  },
+  setgid: {
+    kind: 'int',
+    key: 'setgid',
+    def: '0',
+    help: 'set group ID after opening listening port; must be used with setuid',
+  },
+  socket: {
+    kind: 'string',
+    key: 'socket',
+    def: '',
+    help: 'path to a Unix socket on which to serve hooks (instead of ip:port)',
+  },
+  version: { kind: 'bool', key: 'version', def: 'false', help: 'display webhook version and quit' },
+  validate: {
+    kind: 'bool',
+    key: 'validate',
+    def: 'false',
+    help: 'load and check the hooks as the service would, print what each matches and does, and quit (1: refused)',
+  },
+  'max-body-size': {
+    kind: 'bytes',
+    key: 'maxBodyBytes',
+    def: String(LIMITS.maxBodyBytes),
+    help: 'largest request body accepted, in bytes (larger → 413)',
+  },
+  'read-header-timeout': {
+    kind: 'duration',
+    key: 'readHeaderTimeoutMs',
+    def: formatGoDuration(LIMITS.readHeaderTimeoutMs),
+    help: 'time a client has to send the request headers',
+  },
+  'read-timeout': {
+    kind: 'duration',
+    key: 'readTimeoutMs',
+    def: formatGoDuration(LIMITS.readTimeoutMs),
+    help: 'time a client has to send the whole request',
+  },
+  'body-idle-timeout': {
+    kind: 'duration',
+    key: 'bodyIdleTimeoutMs',
+    def: formatGoDuration(LIMITS.bodyIdleTimeoutMs),
+    help: 'time a request body may go without data before the connection is dropped (0: no limit)',
+  },
+  'command-timeout': {
+    kind: 'duration',
+    key: 'commandTimeoutMs',
+    def: formatGoDuration(LIMITS.commandTimeoutMs),
+    help: 'default time a command may run before its process group is killed (hook field "command-timeout" overrides)',
+  },
+  'max-concurrent-commands': {
+    kind: 'int',
+    key: 'maxConcurrentCommands',
+    def: String(LIMITS.maxConcurrentCommands),
+    help: 'commands allowed to run at once; further triggered requests get 503 with Retry-After',
+  },
+  'shutdown-grace': {
+    kind: 'duration',
+    key: 'shutdownGraceMs',
+    def: formatGoDuration(LIMITS.shutdownGraceMs),
+    help: 'on SIGTERM, time running commands get to finish before they are killed',
+  },
+  'shutdown-delay': {
+    kind: 'duration',
+    key: 'shutdownDelayMs',
+    def: '0s',
+    help:
+      'on SIGTERM, time /healthz answers 503 (not ready) while hooks are still served, so that a Service ' +
+      'stops sending before the listener closes (in Kubernetes: a few seconds)',
+  },
+  kubeconfig: {
+    kind: 'string',
+    key: 'kubeconfig',
+    def: '',
+    help: 'JSON kubeconfig for the upgrade (default: $KUBECONFIG, else the in-cluster service account)',
+  },
+  'apply-deadline': {
+    kind: 'duration',
+    key: 'applyDeadlineMs',
+    def: '10m0s',
+    help:
+      'a push the Kubernetes API server does not answer is answered 202, kept (the newest per container) and ' +
+      'applied when the API server answers again, for up to this long; then it is reported as failed (0: ' +
+      'answered 500 at once)',
+  },
+  'rollout-follow': {
+    kind: 'duration',
+    key: 'rolloutFollowMs',
+    def: '10m0s',
+    help:
+      "after answering, how long an upgrade's rollout is followed for the log, an Event and the mail (0: not " +
+      'followed)',
+  },
+  'metrics-listen': {
+    kind: 'string',
+    key: 'metricsListen',
+    def: '',
+    help: 'host:port (or :port) serving /metrics, apart from the hook port (default: no metrics)',
+  },
+  'max-mails-per-hook': {
+    kind: 'int',
+    key: 'maxMailsPerHook',
+    def: String(LIMITS.maxMailsPerHook),
+    help: 'result mails one hook sends per -mail-window; the results beyond go out in one summary mail',
+  },
+  'mail-window': {
+    kind: 'duration',
+    key: 'mailWindowMs',
+    def: formatGoDuration(LIMITS.mailWindowMs),
+    help: 'the window -max-mails-per-hook counts in',
+  },
+  deliveries: {
+    kind: 'int',
+    key: 'deliveries',
+    def: String(LIMITS.deliveries),
+    help: 'pushes the deliveries page on the -metrics-listen listener keeps (0: no page)',
+  },
+  'admin-token': {
+    kind: 'string',
+    key: 'adminToken',
+    def: '',
+    help: 'token the deliveries pages ask for, as HTTP Basic password or Bearer token (default: none)',
+  },
+  'max-notifications-per-hook': {
+    kind: 'int',
+    key: 'maxNotificationsPerHook',
+    def: String(LIMITS.maxNotificationsPerHook),
+    help: 'NOTIFY_URL notifications one hook sends per -notify-window; the results beyond are recorded, not sent',
+  },
+  'notify-window': {
+    kind: 'duration',
+    key: 'notifyWindowMs',
+    def: formatGoDuration(LIMITS.notifyWindowMs),
+    help: 'the window -max-notifications-per-hook counts in',
+  },
+  'print-rbac': {
+    kind: 'bool',
+    key: 'printRbac',
+    def: 'false',
+    help: 'print the Roles and RoleBindings the hooks need (get/patch on the workloads they name) as YAML, and quit',
+  },
+  'rbac-service-account': {
+    kind: 'string',
+    key: 'rbacServiceAccount',
+    def: 'cattle-system/webhook',
+    help: 'namespace/name of the ServiceAccount the RoleBindings of -print-rbac bind',
+  },
+};
+
+export class UsageError extends Error {}
+
+/** Parses a Go duration ("1h2m3.5s", "300ms"); returns milliseconds, or throws. */
+export function parseGoDuration(text: string): number {
+  const units: Record<string, number> = { ns: 1e-6, us: 1e-3, µs: 1e-3, ms: 1, s: 1000, m: 60_000, h: 3_600_000 };
+  if (text === '0') return 0;
+  const re = /(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)/y;
+  let total = 0;
+  let at = 0;
+  while (at < text.length) {
+    re.lastIndex = at;
+    const m = re.exec(text);
+    if (!m) throw new UsageError(`invalid duration "${text}" (use e.g. 30s, 5m, 1h30m)`);
+    total += Number(m[1]) * units[m[2]];
+    at = re.lastIndex;
+  }
+  if (text.length === 0) throw new UsageError('invalid duration "" (use e.g. 30s, 5m, 1h30m)');
+  return total;
+}
+
+function defaultOptions(): Options {
+  const o = {} as Record<string, unknown>;
+  for (const spec of Object.values(FLAGS)) o[spec.key] = spec.kind === 'list' ? [] : convertFlag(spec, spec.def, '');
+  return o as unknown as Options;
+}
+
+const GO_BOOLS = new Map(
+  Object.entries({
+    '1': true,
+    t: true,
+    T: true,
+    TRUE: true,
+    true: true,
+    True: true,
+    '0': false,
+    f: false,
+    F: false,
+    FALSE: false,
+    false: false,
+    False: false,
+  }),
+);
+
+/** Go's strconv.ParseBool: the spellings Go's flags (and our hook settings) accept; else undefined. */
+export function parseGoBool(value: string): boolean | undefined {
+  return GO_BOOLS.get(value);
+}
+
+function convertFlag(spec: FlagSpec, value: string, name: string): unknown {
+  const bad = (what: string) => new UsageError(`invalid value "${value}" for flag -${name}: ${what}`);
+  switch (spec.kind) {
+    case 'bool': {
+      const v = parseGoBool(value);
+      if (v === undefined) throw bad('parse error');
+      return v;
+    }
+    case 'int':
+    case 'bytes': {
+      if (!/^[+-]?\d+$/.test(value)) throw bad('parse error');
+      return Number(value);
+    }
+    case 'duration':
+      try {
+        return parseGoDuration(value);
+      } catch {
+        throw bad('parse error');
+      }
+    case 'string':
+      return spec.key === 'httpMethods' ? splitMethods(value) : value;
+    case 'list':
+      return value;
+  }
+}
+
+export function splitMethods(value: string): string[] {
+  return value
+    .split(',')
+    .map((m) => m.trim().toUpperCase())
+    .filter((m) => m !== '');
+}
+
+/**
+ * Parses arguments the way Go's `flag` package does: `-f`, `--f`, `-f=v`, `-f v` (not for bools),
+ * stopping at the first non-flag or `--`. `WEBHOOK_CMD` (the old image's way to add `-template`)
+ * is split on whitespace and appended.
+ */
+export function parseCommandLine(argv: string[], env: Record<string, string | undefined> = {}): Options {
+  const args = [...argv, ...(env.WEBHOOK_CMD ?? '').split(/\s+/).filter((a) => a !== '')];
+  const opts = defaultOptions() as unknown as Record<string, unknown>;
+  const lists: Record<string, string[]> = {};
+  for (let i = 0; i < args.length; i++) {
+    const arg = args[i];
+    if (arg === '--') break;
+    if (arg.length < 2 || arg[0] !== '-') throw new UsageError(`unexpected argument "${arg}" (flags start with -)`);
+    const body = arg.startsWith('--') ? arg.slice(2) : arg.slice(1);
+    if (body === '' || body[0] === '-' || body[0] === '=') throw new UsageError(`bad flag syntax: ${arg}`);
+    const eq = body.indexOf('=');
+    const name = eq < 0 ? body : body.slice(0, eq);
+    if (name === 'h' || name === 'help') throw new UsageError('');
+    const spec = FLAGS[name];
+    if (!spec) throw new UsageError(`flag provided but not defined: -${name}`);
+    let value: string;
+    if (eq >= 0) value = body.slice(eq + 1);
+    else if (spec.kind === 'bool') value = 'true';
+    else if (i + 1 < args.length) value = args[++i];
+    else throw new UsageError(`flag needs an argument: -${name}`);
+    const converted = convertFlag(spec, value, name);
+    if (spec.kind === 'list') (lists[spec.key] ??= []).push(value);
+    else opts[spec.key] = converted;
+  }
+  const o = opts as unknown as Options;
+  o.hooks = lists.hooks ?? ['hooks.json'];
+  o.headers = (lists.headers ?? []).map((h) => {
+    const eq = h.indexOf('=');
+    if (eq <= 0) throw new UsageError(`invalid value "${h}" for flag -header: use name=value`);
+    return [h.slice(0, eq), h.slice(eq + 1)];
+  });
+  if (o.logfile !== '') o.verbose = true;
+  if (o.port < 0 || o.port > 65535) throw new UsageError(`invalid value "${o.port}" for flag -port: not a port number`);
+  if (o.maxConcurrentCommands < 1)
+    throw new UsageError('invalid value for flag -max-concurrent-commands: must be at least 1');
+  if ((o.setuid !== 0) !== (o.setgid !== 0)) throw new UsageError('-setuid and -setgid must be used together');
+  if (o.metricsListen !== '') parseListenAddress(o.metricsListen);
+  if (o.maxMailsPerHook < 1) throw new UsageError('invalid value for flag -max-mails-per-hook: must be at least 1');
+  if (o.deliveries < 0 || o.deliveries > LIMITS.maxDeliveries)
+    throw new UsageError(`invalid value for flag -deliveries: must be between 0 and ${LIMITS.maxDeliveries}`);
+  if (o.maxNotificationsPerHook < 1)
+    throw new UsageError('invalid value for flag -max-notifications-per-hook: must be at least 1');
+  if (/[\s\x00-\x1f\x7f]/.test(o.adminToken))
+    throw new UsageError('invalid value for flag -admin-token: no spaces or control characters');
+  if (!/^[a-z0-9-]+\/[a-z0-9.-]+$/.test(o.rbacServiceAccount))
+    throw new UsageError(`invalid value "${o.rbacServiceAccount}" for flag -rbac-service-account: use namespace/name`);
+  return o;
+}
+
+/** `host:port`, `:port` (every address) or `[v6]:port`, as Go's net.Listen takes them. */
+export function parseListenAddress(text: string): { host: string | undefined; port: number } {
+  const m = /^(?:\[([0-9A-Fa-f:.]+)\]|([^:\[\]]*)):(\d{1,5})$/.exec(text);
+  const port = Number(m?.[3]);
+  if (!m || port > 65535) throw new UsageError(`invalid listen address "${text}" (use host:port or :port)`);
+  const host = m[1] ?? m[2];
+  return { host: host === '' ? undefined : host, port };
+}
+
+export function usage(): string {
+  const lines = ['Usage of webhook:'];
+  for (const [name, spec] of Object.entries(FLAGS)) {
+    const arg =
+      spec.kind === 'bool'
+        ? ''
+        : spec.kind === 'duration'
+          ? ' duration'
+          : spec.kind === 'string' || spec.kind === 'list'
+            ? ' string'
+            : ' int';
+    lines.push(`  -${name}${arg}`);
+    const def =
+      spec.kind === 'bool' || spec.def === ''
+        ? ''
+        : ` (default ${spec.kind === 'string' || spec.kind === 'list' ? `"${spec.def}"` : spec.def})`;
+    lines.push(`    \t${spec.help}${def}`);
+  }
+  lines.push('', 'Environment: WEBHOOK_CMD adds arguments (e.g. WEBHOOK_CMD=-template).');
+  return lines.join('\n') + '\n';
+}
+
+// ================================================================================================
+// 12. logging & metrics — log lines in adnanh's shape ("[webhook] 2006/01/02 15:04:05 …"), errors always, the rest
+//    with -verbose/-debug, every line scrubbed of known secrets; counters, gauges and histograms rendered in the
+//    Prometheus text format.
+//    Exports: escapeControls, Logger, Metrics.
+//    Tests: test/compat.test.ts, test/runner.test.ts, test/unit.test.ts.
+// ================================================================================================
+
+export class Logger {
+  private secrets: string[] = [];
+  /** Callers test this before building an expensive verbose-only line (the access log). */
+  readonly verbose: boolean;
+  private readonly debugOn: boolean;
+  private readonly write: (text: string) => void;
+  private pending: string[] = [];
+  private readonly afterWrite: (() => void)[] = [];
+
+  constructor(verbose: boolean, debug: boolean, write: (text: string) => void) {
+    this.verbose = verbose || debug;
+    this.debugOn = debug;
+    this.write = write;
+  }
+
+  /**
+   * Writes what is pending, synchronously, then lets out the answers waiting for it (whenWritten).
+   * Lines are batched per event-loop turn: requests log several lines each, and one write(2) for
+   * all of them is much cheaper. Answers wait for the write and errors are written at once, so a
+   * process killed right after answering has logged everything about that request.
+   */
+  flush(): void {
+    if (this.pending.length > 0) {
+      const text = this.pending.join('');
+      this.pending = [];
+      this.write(text);
+    }
+    for (const send of this.afterWrite.splice(0)) send();
+  }
+
+  /**
+   * Runs `send` (an answer going out) once every line logged so far is written: at once when none
+   * is pending, else at the batch's write, so answers in one event-loop turn share one write(2).
+   */
+  whenWritten(send: () => void): void {
+    if (this.pending.length === 0) send();
+    else this.afterWrite.push(send);
+  }
+
+  setSecrets(secrets: string[]): void {
+    this.secrets = secrets;
+  }
+
+  /** Replaces every known secret in `text` by REDACTED (log lines, command output). */
+  scrub(text: string): string {
+    let out = text;
+    for (const s of this.secrets) if (out.includes(s)) out = out.split(s).join('REDACTED');
+    return out;
+  }
+
+  private emit(message: string): void {
+    const line = this.scrub(message);
+    const d = new Date();
+    const p = (n: number) => String(n).padStart(2, '0');
+    if (this.pending.length === 0) setImmediate(() => this.flush());
+    this.pending.push(
+      `[webhook] ${d.getFullYear()}/${p(d.getMonth() + 1)}/${p(d.getDate())} ` +
+        `${p(d.getHours())}:${p(d.getMinutes())}:${p(d.getSeconds())} ${line}\n`,
+    );
+  }
+
+  error(m: string): void {
+    this.emit(`error: ${m}`);
+    this.flush();
+  }
+  warn(m: string): void {
+    this.emit(`warning: ${m}`);
+  }
+  /** Start-up, reload and shutdown: always shown, like errors. */
+  notice(m: string): void {
+    this.emit(m);
+  }
+  info(m: string): void {
+    if (this.verbose) this.emit(m);
+  }
+  debug(m: string): void {
+    if (this.debugOn) this.emit(m);
+  }
+}
+
+/**
+ * Text a request chose (a hook id from the URL, a header, a parameter, a body's parse error) made
+ * safe for one log line: control characters (C0, DEL, C1, and the Unicode line and paragraph
+ * separators) become \xNN or \uNNNN escapes, so a request can neither start a forged log line nor
+ * send escape sequences to the terminal that shows the log.
+ */
+export function escapeControls(text: string): string {
+  return text.replace(/[\x00-\x1f\x7f-\x9f\u2028\u2029]/g, (c) => {
+    const code = c.charCodeAt(0);
+    return code < 0x100 ? `\\x${code.toString(16).padStart(2, '0')}` : `\\u${code.toString(16)}`;
+  });
+}
+
+const HISTOGRAM_BUCKETS = [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600];
+const METRIC_HELP: Record<string, [string, string]> = {
+  webhook_requests_total: ['counter', 'HTTP requests by hook id ("" for other paths) and status code.'],
+  webhook_commands_total: ['counter', 'Hook commands run, by hook and result (success, failure, timeout).'],
+  webhook_command_timeouts_total: ['counter', 'Hook commands killed for running past their timeout.'],
+  webhook_commands_rejected_total: [
+    'counter',
+    'Triggered requests refused with 503 because all command slots were busy.',
+  ],
+  webhook_commands_running: ['gauge', 'Hook commands running now.'],
+  webhook_command_duration_seconds: ['histogram', 'Wall time of hook commands.'],
+  webhook_reloads_total: ['counter', 'Hook reloads by result (success, failure).'],
+  webhook_config_last_reload_successful: ['gauge', '1 if the last reload succeeded, 0 if it was rejected.'],
+  webhook_hooks_loaded: ['gauge', 'Hooks in the snapshot being served.'],
+  webhook_mails_total: [
+    'counter',
+    'Result mails by result (sent, failed after retries, summarized: beyond the per-hook cap, in one summary).',
+  ],
+  webhook_notifications_total: [
+    'counter',
+    'NOTIFY_URL notifications by format and result (sent, failed after retries, capped: beyond the per-hook cap).',
+  ],
+};
+
+export class Metrics {
+  private readonly values = new Map<string, Map<string, number>>();
+  private readonly histograms = new Map<string, Map<string, { buckets: number[]; sum: number; count: number }>>();
+
+  private static key(labels: Record<string, string>): string {
+    return Object.entries(labels)
+      .map(([k, v]) => `${k}="${v.replace(/[\\"\n]/g, (c) => (c === '\n' ? '\\n' : '\\' + c))}"`)
+      .join(',');
+  }
+
+  inc(name: string, labels: Record<string, string>, by = 1): void {
+    const series = this.values.get(name) ?? new Map<string, number>();
+    this.values.set(name, series);
+    const k = Metrics.key(labels);
+    series.set(k, (series.get(k) ?? 0) + by);
+  }
+
+  setGauge(name: string, labels: Record<string, string>, value: number): void {
+    const series = this.values.get(name) ?? new Map<string, number>();
+    this.values.set(name, series);
+    series.set(Metrics.key(labels), value);
+  }
+
+  observe(name: string, labels: Record<string, string>, value: number): void {
+    const series = this.histograms.get(name) ?? new Map();
+    this.histograms.set(name, series);
+    const k = Metrics.key(labels);
+    const h = series.get(k) ?? { buckets: HISTOGRAM_BUCKETS.map(() => 0), sum: 0, count: 0 };
+    series.set(k, h);
+    HISTOGRAM_BUCKETS.forEach((b, i) => {
+      if (value <= b) h.buckets[i]++;
+    });
+    h.sum += value;
+    h.count++;
+  }
+
+  reloaded(ok: boolean, hooks: number): void {
+    this.inc('webhook_reloads_total', { result: ok ? 'success' : 'failure' });
+    this.setGauge('webhook_config_last_reload_successful', {}, ok ? 1 : 0);
+    this.setGauge('webhook_hooks_loaded', {}, hooks);
+  }
+
+  render(): string {
+    const lines: string[] = [];
+    const head = (name: string) => {
+      const [type, help] = METRIC_HELP[name] ?? ['untyped', name];
+      lines.push(`# HELP ${name} ${help}`, `# TYPE ${name} ${type}`);
+    };
+    for (const [name, series] of this.values) {
+      head(name);
+      for (const [k, v] of series) lines.push(`${name}${k ? `{${k}}` : ''} ${v}`);
+    }
+    for (const [name, series] of this.histograms) {
+      head(name);
+      for (const [k, h] of series) {
+        const sep = k ? `${k},` : '';
+        HISTOGRAM_BUCKETS.forEach((b, i) => lines.push(`${name}_bucket{${sep}le="${b}"} ${h.buckets[i]}`));
+        lines.push(
+          `${name}_bucket{${sep}le="+Inf"} ${h.count}`,
+          `${name}_sum${k ? `{${k}}` : ''} ${h.sum}`,
+          `${name}_count${k ? `{${k}}` : ''} ${h.count}`,
+        );
+      }
+    }
+    return lines.join('\n') + '\n';
+  }
+}
+
+// ================================================================================================
+// 13. hook files — the reading every compiler below shares. A hooks file is rendered as a Go template when -template
+//    asks, read as YAML (duplicate keys are errors; every key's line is kept), and then read through Fields: unknown
+//    keys and wrong types are errors that name file, line, hook and field path (`hooks/web.json:12: hook "web":
+//    trigger-rule.and[2]: …`).
+//    Exports: CompileSinks, ConfigError, FieldReader, Fields, Place, suggest, typeName.
+//    Tests: test/unit.test.ts, test/validate.test.ts, test/yaml-hooks.test.ts.
+// ================================================================================================
+
+/** An error in a hooks file; its message names the place (file:line: hook "id": field.path: what). */
+export class ConfigError extends Error {}
+
+// ---- reading fields --------------------------------------------------------------------------
+
+/** What compiled hooks leave for the snapshot besides the hooks themselves. */
+export interface CompileSinks {
+  /** Values never to be logged (HMAC secrets); template-inserted values are added by the loader. */
+  secrets: string[];
+  /** `url:<name>` and `header:<lower-case name>` parameters compared by value rules. */
+  redactedParams: string[];
+  warnings: string[];
+  /** Errors that keep the file from loading but need not stop the reading: every one is reported. */
+  refusals: string[];
+}
+
+/** Where a value sits in the document: its parent object or array, its key there, its path. */
+export interface Place {
+  parent: object | undefined;
+  key: string;
+  path: string;
+}
+
+/** An unreplaced placeholder from the shipped examples and manifests: `<token>`, `<hook-token>`. */
+export const PLACEHOLDER = /<[A-Za-z][A-Za-z0-9_.-]*>/;
+
+export function typeName(v: unknown): string {
+  return v === null ? 'null' : Array.isArray(v) ? 'an array' : typeof v === 'object' ? 'an object' : `a ${typeof v}`;
+}
+
+/** Reads one hook of a parsed file; every error names file, line, hook and field path. */
+export class FieldReader {
+  readonly file: string;
+  readonly sinks: CompileSinks;
+  /** `hook "web"` once the id is known, `hook #3` before. */
+  hookName: string;
+  private readonly lines: LineMap;
+  private readonly hookLine: number;
+
+  constructor(file: string, lines: LineMap, hook: Place & { index: number }, sinks: CompileSinks) {
+    this.file = file;
+    this.lines = lines;
+    this.sinks = sinks;
+    this.hookLine = this.lineOf(hook.parent, hook.key) ?? 1;
+    this.hookName = `hook #${hook.index + 1}`;
+  }
+
+  private lineOf(parent: object | undefined, key: string): number | undefined {
+    return parent ? this.lines.get(parent)?.get(key) : undefined;
+  }
+
+  where(at: Place): string {
+    return `${this.file}:${this.lineOf(at.parent, at.key) ?? this.hookLine}: ${this.hookName}: ${at.path}`;
+  }
+
+  fail(at: Place, what: string): never {
+    throw new ConfigError(`${this.where(at)}: ${what}`);
+  }
+
+  warn(at: Place, what: string): void {
+    this.sinks.warnings.push(`${this.where(at)}: ${what}`);
+  }
+
+  /** An error reported with every other one of the file: the file does not load. */
+  refuse(at: Place, what: string): void {
+    this.sinks.refusals.push(`${this.where(at)}: ${what}`);
+  }
+
+  /** The object at a place, refusing keys not in `allowed` (with a suggestion for a misspelling). */
+  object(value: unknown, at: Place, allowed: readonly string[]): Fields {
+    if (value === null || typeof value !== 'object' || Array.isArray(value))
+      return this.fail(at, `expected an object, got ${typeName(value)}`);
+    const fields = new Fields(this, value as Record<string, unknown>, at.path);
+    for (const k of Object.keys(value)) if (!allowed.includes(k)) fields.fail(k, `unknown field${suggest(k, allowed)}`);
+    return fields;
+  }
+}
+
+/** One object of a hook being read: typed getters with defaults, and located errors. */
+export class Fields {
+  readonly raw: Record<string, unknown>;
+  readonly path: string;
+  readonly reader: FieldReader;
+
+  constructor(reader: FieldReader, raw: Record<string, unknown>, path: string) {
+    this.reader = reader;
+    this.raw = raw;
+    this.path = path;
+  }
+
+  place(key: string): Place {
+    // A missing key is reported at the line where the object's first key is.
+    const lineKey = Object.hasOwn(this.raw, key) ? key : (Object.keys(this.raw)[0] ?? key);
+    return { parent: this.raw, key: lineKey, path: this.path ? `${this.path}.${key}` : key };
+  }
+
+  has(key: string): boolean {
+    return this.raw[key] !== undefined;
+  }
+  fail(key: string, what: string): never {
+    return this.reader.fail(this.place(key), what);
+  }
+  warn(key: string, what: string): void {
+    this.reader.warn(this.place(key), what);
+  }
+
+  private typed<T>(key: string, ok: (v: unknown) => boolean, expected: string, def: T): T {
+    const v = this.raw[key];
+    if (v === undefined) return def;
+    if (!ok(v)) this.fail(key, `expected ${expected}, got ${typeName(v)}`);
+    return v as T;
+  }
+
+  /** A string; a number or boolean becomes its text, as adnanh's YAML loader gives it ("value": 1). */
+  string(key: string, def = ''): string {
+    const v = this.raw[key];
+    if (typeof v === 'number' || typeof v === 'boolean') return scalarAsGoString(v, this.raw, key)!;
+    return this.typed(key, (x) => typeof x === 'string', 'a string', def);
+  }
+  boolean(key: string, def = false): boolean {
+    return this.typed(key, (v) => typeof v === 'boolean', 'a boolean', def);
+  }
+  integer(key: string, def: number): number {
+    return this.typed(key, Number.isInteger, 'an integer', def);
+  }
+
+  /** A string the field's type needs: missing is an error naming what needs it. */
+  required(key: string, neededBy: string): string {
+    if (!this.has(key)) this.fail(key, `required for ${neededBy}`);
+    return this.string(key);
+  }
+
+  /** A string that must not be empty, checked for a leftover placeholder. */
+  nonEmpty(key: string, what = 'required, and must not be empty'): string {
+    const s = this.string(key);
+    if (s === '') this.fail(key, what);
+    this.warnPlaceholder(key, s);
+    return s;
+  }
+
+  warnPlaceholder(key: string, value: string): void {
+    const m = PLACEHOLDER.exec(value);
+    if (m) this.warn(key, `still holds the placeholder "${m[0]}"; replace it before use`);
+  }
+
+  /**
+   * A value a trigger rule compares against: a leftover placeholder fails closed (with the shipped
+   * HOOK_TOKEN=<hook-token>, `?token=<hook-token>` would otherwise be let in). A placeholder is no
+   * secret, so it is named; in a secret field only when it is the whole value.
+   */
+  refusePlaceholder(key: string, value: string, secret = false): boolean {
+    const m = PLACEHOLDER.exec(value);
+    if (!m) return false;
+    const which = !secret || m[0] === value ? `the placeholder "${m[0]}"` : 'a placeholder';
+    this.reader.refuse(this.place(key), `still holds ${which}; replace it (a rule never compares against one)`);
+    return true;
+  }
+
+  /** The items of an array field, each with its place (`key[i]`). */
+  items(key: string): { value: unknown; at: Place }[] {
+    const list = this.typed<unknown[]>(key, Array.isArray, 'an array', []);
+    const path = this.place(key).path;
+    return list.map((value, i) => ({ value, at: { parent: list, key: String(i), path: `${path}[${i}]` } }));
+  }
+
+  /** The object in a field. */
+  object(key: string, allowed: readonly string[]): Fields {
+    return this.reader.object(this.raw[key], this.place(key), allowed);
+  }
+}
+
+/** Suggests a known name for a misspelt one (case difference or edit distance ≤ 2). */
+export function suggest(name: string, known: readonly string[]): string {
+  const best =
+    known.find((k) => k.toLowerCase() === name.toLowerCase()) ?? known.find((k) => editDistance(name, k) <= 2);
+  return best ? ` (did you mean "${best}"?)` : '';
+}
+
+function editDistance(a: string, b: string): number {
+  const d = Array.from({ length: b.length + 1 }, (_, i) => i);
+  for (let i = 1; i <= a.length; i++) {
+    let prev = d[0];
+    d[0] = i;
+    for (let j = 1; j <= b.length; j++) {
+      const cur = d[j];
+      d[j] = Math.min(d[j] + 1, d[j - 1] + 1, prev + (a[i - 1] === b[j - 1] ? 0 : 1));
+      prev = cur;
+    }
+  }
+  return d[b.length];
+}
+
+// ================================================================================================
+// 14. requests — turns an HTTP request into the structures hook parameters address: headers (Go-canonical names),
+//    query, payload (from JSON, form, XML or multipart bodies) and the raw body, with adnanh's dotted-path lookup and
+//    Go's JSON serialisation; compileParam reads how a hook names a value of the request.
+//    Exports: applyJsonParameters, compileParam, firstValues, headersFromRaw, HookRequest, isParsedContentType,
+//    MultipartError, Param, ParameterNotFound, paramReadsBody, parsePayload, resolveParameter.
+//    Tests: test/adnanh-suite.test.ts, test/compat.test.ts, test/unit.test.ts.
+// ================================================================================================
+
+export interface HookRequest {
+  id: string;
+  method: string;
+  /** Go's RemoteAddr form: "10.0.0.1:5678" or "[fd00::1]:5678". */
+  remoteAddr: string;
+  remoteIp: string;
+  headers: Record<string, unknown>;
+  query: Record<string, unknown>;
+  payload: Record<string, unknown> | undefined;
+  /** The raw body as received (what signatures cover); empty until it is read. */
+  body: Buffer;
+  /**
+   * A multipart/form-data body: the raw-request-body parameter is then empty, as in adnanh (whose
+   * form parser consumed the body); signatures still cover the raw bytes senders signed.
+   */
+  multipart?: boolean;
+}
+
+export class ParameterNotFound extends Error {
+  constructor(key: string) {
+    super(`parameter node not found: ${key}`);
+  }
+}
+
+/** Thrown for a multipart body that cannot be parsed (adnanh answers 500 for it). */
+export class MultipartError extends Error {}
+
+/** Go's textproto.CanonicalMIMEHeaderKey: "x-hub-signature" → "X-Hub-Signature". */
+export function canonicalHeaderKey(name: string): string {
+  if (!/^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/.test(name)) return name;
+  return name.toLowerCase().replace(/(^|-)([a-z])/g, (_, dash: string, c: string) => dash + c.toUpperCase());
+}
+
+/** First value of each header, Go-canonical names, without Host (Go keeps it out of r.Header). */
+export function headersFromRaw(rawHeaders: string[]): Record<string, unknown> {
+  const out: Record<string, unknown> = {};
+  for (let i = 0; i < rawHeaders.length; i += 2) {
+    const key = canonicalHeaderKey(rawHeaders[i]);
+    if (key !== 'Host' && !(key in out)) out[key] = rawHeaders[i + 1];
+  }
+  return out;
+}
+
+/** First value of each key, as Go's url.Values would give it. */
+export function firstValues(params: URLSearchParams): Record<string, unknown> {
+  const out: Record<string, unknown> = {};
+  for (const [k, v] of params) if (!(k in out)) out[k] = v;
+  return out;
+}
+
+/**
+ * Parses a body by content type as adnanh does: "json" (an array becomes {"root": […]}),
+ * "x-www-form-urlencoded", "xml", "multipart/form-data;". Returns the payload (undefined when the
+ * body does not parse; that never fails the request) and a note for the log.
+ */
+export function parsePayload(
+  contentType: string,
+  body: Buffer,
+  jsonFileParts: string[],
+): { payload: Record<string, unknown> | undefined; note?: string } {
+  if (contentType.startsWith('multipart/form-data;'))
+    return { payload: parseMultipart(contentType, body, jsonFileParts) };
+  if (!isParsedContentType(contentType))
+    return {
+      payload: undefined,
+      note: `error parsing body payload due to unsupported content type header: ${contentType}`,
+    };
+  try {
+    if (contentType.includes('json')) {
+      const text = body.toString('utf8');
+      const value = parseJsonKeepingNumbers(text);
+      if (Array.isArray(value)) return { payload: { root: value } };
+      if (value === null) return { payload: undefined };
+      if (typeof value !== 'object')
+        return { payload: undefined, note: 'error parsing JSON payload: not an object or array' };
+      return { payload: value as Record<string, unknown> };
+    }
+    if (contentType.includes('x-www-form-urlencoded'))
+      return { payload: firstValues(new URLSearchParams(body.toString('utf8'))) };
+    return { payload: parseXml(body.toString('utf8')) };
+  } catch (e) {
+    return {
+      payload: undefined,
+      note: `error parsing ${contentType.includes('json') ? 'JSON' : 'XML'} payload: ${(e as Error).message}`,
+    };
+  }
+}
+
+/** Content types with a payload parser (multipart aside). */
+export function isParsedContentType(contentType: string): boolean {
+  return contentType.includes('json') || contentType.includes('x-www-form-urlencoded') || contentType.includes('xml');
+}
+
+/**
+ * multipart/form-data: value parts become payload keys (first value wins); file parts are parsed
+ * as JSON when their Content-Type is application/json or the hook lists them in
+ * parse-parameters-as-json; other file parts are ignored, as adnanh does.
+ */
+export function parseMultipart(
+  contentType: string,
+  body: Buffer,
+  jsonFileParts: string[],
+): Record<string, unknown> | undefined {
+  const m = /;\s*boundary=(?:"([^"]+)"|([^\s;]+))/i.exec(contentType);
+  if (!m) throw new MultipartError('no multipart boundary param in Content-Type');
+  const delimiter = Buffer.from(`--${m[1] ?? m[2]}`);
+  let payload: Record<string, unknown> | undefined;
+  let at = body.indexOf(delimiter);
+  if (at < 0) throw new MultipartError('multipart: NextPart: EOF');
+  // Like Go's mime/multipart: the first boundary line says whether lines end in CRLF or bare LF.
+  const nl = body[at + delimiter.length] === 0x0a ? '\n' : '\r\n';
+  const nextDelimiter = Buffer.concat([Buffer.from(nl), delimiter]);
+  for (;;) {
+    at += delimiter.length;
+    if (body.subarray(at, at + 2).toString() === '--') return payload;
+    if (body.subarray(at, at + nl.length).toString() !== nl) {
+      throw new MultipartError(`multipart: boundary not followed by ${nl === '\n' ? 'LF' : 'CRLF'}`);
+    }
+    at += nl.length;
+    const headerEnd = body.indexOf(nl + nl, at);
+    if (headerEnd < 0) throw new MultipartError('multipart: unterminated part headers');
+    const headers = body.subarray(at, headerEnd).toString('utf8').split(nl);
+    const contentStart = headerEnd + 2 * nl.length;
+    const next = body.indexOf(nextDelimiter, contentStart);
+    if (next < 0) throw new MultipartError('multipart: NextPart: EOF');
+    at = next + nl.length;
+    payload = addMultipartPart(payload ?? {}, headers, body.subarray(contentStart, next), jsonFileParts);
+  }
+}
+
+/** One part: a value part becomes a payload key (first value wins); a JSON file part its object. */
+function addMultipartPart(
+  payload: Record<string, unknown>,
+  headers: string[],
+  content: Buffer,
+  jsonFileParts: string[],
+): Record<string, unknown> | undefined {
+  const header = (n: string) =>
+    headers
+      .find((h) => h.toLowerCase().startsWith(n + ':'))
+      ?.slice(n.length + 1)
+      .trim() ?? '';
+  const disposition = header('content-disposition');
+  const name = /(?:^|;)\s*name="([^"]*)"/i.exec(disposition)?.[1];
+  if (name === undefined || name in payload) return Object.keys(payload).length ? payload : undefined;
+  const isFile = /;\s*filename="[^"]/i.test(disposition);
+  if (!isFile) payload[name] = content.toString('utf8');
+  else if (jsonFileParts.includes(name) || header('content-type') === 'application/json') {
+    try {
+      const v = parseJsonKeepingNumbers(content.toString('utf8'));
+      if (v !== null && typeof v === 'object' && !Array.isArray(v)) payload[name] = v;
+    } catch {
+      /* adnanh logs and leaves the part out; so do we */
+    }
+  }
+  return payload;
+}
+
+/** adnanh's dotted lookup: try the whole key first, else split at the first dot and descend. */
+export function lookupParameter(key: string, params: unknown): unknown {
+  if (params === undefined) throw new ParameterNotFound(key);
+  if (Array.isArray(params)) {
+    const dot = key.indexOf('.');
+    const head = dot < 0 ? key : key.slice(0, dot);
+    const index = /^\d+$/.test(head) ? Number(head) : NaN;
+    if (!(index < params.length)) throw new ParameterNotFound(key);
+    return dot < 0 ? params[index] : lookupParameter(key.slice(dot + 1), params[index]);
+  }
+  if (params !== null && typeof params === 'object' && !(params instanceof JsonNumber)) {
+    const map = params as Record<string, unknown>;
+    if (Object.hasOwn(map, key)) return map[key];
+    const dot = key.indexOf('.');
+    if (dot >= 0 && Object.hasOwn(map, key.slice(0, dot)))
+      return lookupParameter(key.slice(dot + 1), map[key.slice(0, dot)]);
+  }
+  throw new ParameterNotFound(key);
+}
+
+/** Sets the value at a dotted key, if that key exists (adnanh's ReplaceParameter). */
+export function replaceParameter(key: string, params: unknown, value: unknown): boolean {
+  if (params === null || typeof params !== 'object' || params instanceof JsonNumber) return false;
+  const dot = key.indexOf('.');
+  if (Array.isArray(params)) {
+    if (dot < 0 || !/^\d+$/.test(key.slice(0, dot)) || Number(key.slice(0, dot)) >= params.length) return false;
+    return replaceParameter(key.slice(dot + 1), params[Number(key.slice(0, dot))], value);
+  }
+  const map = params as Record<string, unknown>;
+  if (dot >= 0)
+    return Object.hasOwn(map, key.slice(0, dot)) && replaceParameter(key.slice(dot + 1), map[key.slice(0, dot)], value);
+  if (!Object.hasOwn(map, key)) return false;
+  map[key] = value;
+  return true;
+}
+
+/** Go's encoding/json Marshal: sorted keys, HTML-safe escapes, json.Number literals. */
+export function goJsonMarshal(value: unknown): string {
+  if (value === null || value === undefined) return 'null';
+  if (value instanceof JsonNumber) return value.text;
+  if (typeof value === 'string') {
+    return (
+      '"' +
+      value.toWellFormed().replace(/["\\\u0000-\u001f<>&\u2028\u2029]/g, (c) => {
+        const short: Record<string, string> = {
+          '"': '\\"',
+          '\\': '\\\\',
+          '\n': '\\n',
+          '\r': '\\r',
+          '\t': '\\t',
+          '\b': '\\b',
+          '\f': '\\f',
+        };
+        return short[c] ?? '\\u' + c.charCodeAt(0).toString(16).padStart(4, '0');
+      }) +
+      '"'
+    );
+  }
+  if (typeof value === 'number' || typeof value === 'boolean') return String(value);
+  if (Array.isArray(value)) return '[' + value.map(goJsonMarshal).join(',') + ']';
+  const map = value as Record<string, unknown>;
+  return (
+    '{' +
+    Object.keys(map)
+      .sort()
+      .map((k) => goJsonMarshal(k) + ':' + goJsonMarshal(map[k]))
+      .join(',') +
+    '}'
+  );
+}
+
+/** A looked-up value as the string adnanh would pass on (objects as JSON, null as "<nil>"). */
+function parameterString(value: unknown): string {
+  if (value === null || value === undefined) return '<nil>';
+  if (typeof value === 'object' && !(value instanceof JsonNumber)) return goJsonMarshal(value);
+  return value instanceof JsonNumber ? value.text : String(value);
+}
+
+/** The value of one hook parameter for this request; throws ParameterNotFound when absent. */
+export function resolveParameter(p: Param, req: HookRequest): string {
+  switch (p.source) {
+    case 'string':
+      return p.name;
+    case 'raw-request-body':
+      return req.multipart ? '' : req.body.toString('utf8');
+    case 'request':
+      return p.name.toLowerCase() === 'method' ? req.method : req.remoteAddr;
+    case 'entire-payload':
+      return goJsonMarshal(req.payload);
+    case 'entire-headers':
+      return goJsonMarshal(req.headers);
+    case 'entire-query':
+      return goJsonMarshal(req.query);
+    case 'header':
+      return parameterString(lookupParameter(canonicalHeaderKey(p.name), req.headers));
+    case 'url':
+      return parameterString(lookupParameter(p.name, req.query));
+    case 'payload':
+      return parameterString(lookupParameter(p.name, req.payload));
+  }
+}
+
+/** parse-parameters-as-json: replaces each listed string parameter by the object it encodes. */
+export function applyJsonParameters(jsonParams: Param[], req: HookRequest): string[] {
+  const errors: string[] = [];
+  for (const p of jsonParams) {
+    let parsed: unknown;
+    try {
+      parsed = parseJsonKeepingNumbers(resolveParameter(p, req));
+      if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed)) throw new Error('not a JSON object');
+    } catch (e) {
+      errors.push(`error parsing JSON parameter ${p.source}:${p.name}: ${(e as Error).message}`);
+      continue;
+    }
+    const target =
+      p.source === 'header'
+        ? req.headers
+        : p.source === 'url'
+          ? req.query
+          : p.source === 'payload'
+            ? req.payload
+            : undefined;
+    replaceParameter(p.source === 'header' ? canonicalHeaderKey(p.name) : p.name, target, parsed);
+  }
+  return errors;
+}
+
+// ---- parameters: how a hook names a value of the request -------------------------------------
+
+export type Source =
+  | 'url'
+  | 'header'
+  | 'payload'
+  | 'request'
+  | 'string'
+  | 'raw-request-body'
+  | 'entire-payload'
+  | 'entire-headers'
+  | 'entire-query';
+export interface Param {
+  source: Source;
+  name: string;
+  envname: string;
+  base64decode: boolean;
+}
+
+/** Whether a parameter's value comes from the body (so the body must be read to resolve it). */
+export function paramReadsBody(p: Param): boolean {
+  return p.source === 'payload' || p.source === 'raw-request-body' || p.source === 'entire-payload';
+}
+
+const SOURCES = [
+  'url',
+  'query',
+  'header',
+  'payload',
+  'request',
+  'string',
+  'raw-request-body',
+  'entire-payload',
+  'entire-headers',
+  'entire-query',
+];
+const PARAM_FIELDS = ['source', 'name', 'envname', 'base64decode'];
+
+/**
+ * A parameter as a hook file writes it ({"source": "url", "name": "token"}). "query" is adnanh's
+ * other name for "url". A file parameter without an envname gets HOOK_<NAME>.
+ */
+export function compileParam(reader: FieldReader, value: unknown, at: Place, fileParam: boolean): Param {
+  const o = reader.object(value, at, PARAM_FIELDS);
+  let source = o.string('source');
+  const known = `(one of ${SOURCES.join(', ')})`;
+  if (!SOURCES.includes(source))
+    o.fail(
+      'source',
+      source === '' ? `required ${known}` : `unknown source "${source}"${suggest(source, SOURCES)} ${known}`,
+    );
+  if (source === 'query') source = 'url';
+  const name = o.string('name');
+  if (name === '' && ['url', 'header', 'payload', 'request'].includes(source))
+    o.fail('name', `required for source "${source}"`);
+  if (source === 'request' && !['method', 'remote-addr'].includes(name.toLowerCase())) {
+    o.fail('name', `unsupported request key "${name}" (use "method" or "remote-addr")`);
+  }
+  // A string parameter's name is its value: a placeholder there is only worth a warning for the
+  // environment (MAIL_TO's recipients, say), which the caller decides.
+  if (source !== 'string' || at.path.startsWith('pass-environment-to-command')) o.warnPlaceholder('name', name);
+  let envname = o.string('envname');
+  if (fileParam && envname === '') envname = 'HOOK_' + name.toUpperCase();
+  return { source: source as Source, name, envname, base64decode: o.boolean('base64decode') };
+}
+
+// ================================================================================================
+// 15. trigger rules — one table, RULE_TYPES, holds each match type side by side: its fields, whether it compares a
+//    request parameter, whether it reads the headers or the body, which field holds a secret, how it compiles and how
+//    it tests a request. and/or/not combine matches with adnanh's semantics: a missing parameter makes a match false
+//    (inside `or` it is passed over, inside `and` the rule fails); a bad signature is an evaluation error unless the
+//    hook allows soft failures. Secrets compare in constant time. A rule is first evaluated without the body, in the
+//    same order, up to the first match that needs it: a request that fails before then is answered unread. CIDRs for
+//    ip-whitelist are parsed here too.
+//    Exports: compileRule, evaluateRule, evaluateRuleBeforeBody, Match, Rule, ruleMatches, RuleResult.
+//    Tests: test/adnanh-suite.test.ts, test/compat.test.ts, test/exposure.test.ts, test/unit.test.ts.
+// ================================================================================================
+
+export class SignatureError extends Error {}
+export interface RuleResult {
+  ok: boolean;
+  error?: Error;
+}
+
+/** A compiled match: what it reads of a request, and its test. */
+export interface Match {
+  type: string;
+  param: Param | undefined;
+  readsHeaders: boolean;
+  /** The one value the parameter must have for the match to pass (value rules): -print-rbac and -validate read it. */
+  pinned?: string;
+  /** What passes, for people (-validate): the type's own fields, quoted, or a note for a secret. */
+  shown: string;
+  /** The test reads the body (a signature); the parameter may too (paramReadsBody). */
+  readsBody: boolean;
+  /** `value` is the parameter's value ("" for types without one). */
+  test(req: HookRequest, value: string, now: Date): RuleResult;
+}
+export type Rule = { and: Rule[] } | { or: Rule[] } | { not: Rule } | { match: Match };
+
+interface RuleType {
+  /** The match's own fields besides "type" (and "parameter" when it compares one). */
+  fields: readonly string[];
+  /** Compares a parameter of the request: "parameter" is required. */
+  parameter: boolean;
+  /** Reads the request headers beyond any parameter (so the request step must collect them). */
+  readsHeaders: boolean;
+  /** Reads the body beyond any parameter (a signature over it): evaluated only once it is read. */
+  readsBody: boolean;
+  /** The field holding a secret: required, never quoted, scrubbed from every log line. */
+  secret?: string;
+  /** The compared parameter is redacted in the access log (it is the token). */
+  redactsParameter?: boolean;
+  /** The field naming the one value the parameter must have to pass (Match.pinned). */
+  pins?: string;
+  /** Reads the type's fields; returns the test. `secret` is the secret field's value. */
+  compile(m: Fields, type: string, secret: string): Match['test'];
+}
+
+const RULE_TYPES: Record<string, RuleType> = {
+  value: {
+    fields: ['value'],
+    parameter: true,
+    readsHeaders: false,
+    readsBody: false,
+    redactsParameter: true,
+    pins: 'value',
+    compile(m, type) {
+      const value = m.required('value', `type "${type}"`);
+      m.refusePlaceholder('value', value);
+      // An empty value usually means a template read an unset variable; it would let `?token=`
+      // through, so it is refused rather than compared. The value itself is not scrubbed from
+      // every line: value rules also pin routing values (namespace, workload) that reports must
+      // show; a token comes from a template, whose values are scrubbed (loadSnapshot).
+      if (value === '') m.fail('value', 'empty (is the environment variable the template reads unset?)');
+      const digest = secretDigest(value);
+      return (_req, v) => ({ ok: timingSafeEqual(secretDigest(v), digest) });
+    },
+  },
+  regex: {
+    fields: ['regex'],
+    parameter: true,
+    readsHeaders: false,
+    readsBody: false,
+    compile(m, type) {
+      const source = m.required('regex', `type "${type}"`);
+      m.refusePlaceholder('regex', source);
+      // An empty pattern matches everything: like an empty value, a template read an unset variable.
+      if (source === '') m.fail('regex', 'empty (is the environment variable the template reads unset?)');
+      let regex: RegExp;
+      try {
+        regex = compileGoRegex(source);
+      } catch (e) {
+        return m.fail('regex', `invalid regular expression: ${(e as Error).message}`);
+      }
+      return (_req, v) => ({ ok: regex.test(v) });
+    },
+  },
+  ...hmacRuleTypes(),
+  'ip-whitelist': {
+    fields: ['ip-range'],
+    parameter: false,
+    readsHeaders: false,
+    readsBody: false,
+    compile(m, type) {
+      const text = m.required('ip-range', `type "${type}"`);
+      // Refused with the file's other placeholders, not as an invalid range.
+      if (m.refusePlaceholder('ip-range', text)) return () => ({ ok: false });
+      const ranges = text
+        .split(/\s+/)
+        .filter((r) => r !== '')
+        .map((r) => {
+          const cidr = parseCidr(r);
+          if (!cidr)
+            m.fail('ip-range', `invalid IP range "${r}" (use CIDR notation such as 10.0.0.0/8, or a single address)`);
+          return cidr!;
+        });
+      if (ranges.length === 0) m.fail('ip-range', 'empty');
+      return (req) => ({ ok: ranges.some((r) => cidrContains(r, req.remoteIp)) });
+    },
+  },
+  'scalr-signature': {
+    fields: ['secret'],
+    parameter: false,
+    readsHeaders: true,
+    readsBody: true,
+    secret: 'secret',
+    compile: (_m, _type, secret) => (req, _v, now) => checkScalrSignature(req, secret, now),
+  },
+};
+
+/** payload-hmac-sha1/256/512, and adnanh's older names for them, payload-hash-*. */
+function hmacRuleTypes(): Record<string, RuleType> {
+  const types: Record<string, RuleType> = {};
+  for (const prefix of ['payload-hmac-', 'payload-hash-']) {
+    for (const algorithm of ['sha1', 'sha256', 'sha512']) {
+      types[prefix + algorithm] = {
+        fields: ['secret'],
+        parameter: true,
+        readsHeaders: false,
+        readsBody: true,
+        secret: 'secret',
+        compile: (_m, _type, secret) => (req, v) => checkPayloadSignature(req.body, algorithm, secret, v),
+      };
+    }
+  }
+  return types;
+}
+
+const MATCH_FIELDS = ['type', 'parameter', ...new Set(Object.values(RULE_TYPES).flatMap((t) => t.fields))];
+const RULE_TYPE_NAMES = Object.keys(RULE_TYPES);
+
+/**
+ * Secrets are compared through keyed digests (a random per-process key, then SHA-256), so the
+ * comparison takes the same time whatever the lengths and contents. A one-shot hash is half the
+ * cost of an HMAC object, and this runs on every request.
+ */
+const COMPARE_KEY = randomBytes(32).toString('hex');
+export function secretDigest(value: string): Buffer {
+  return hash('sha256', COMPARE_KEY + value, 'buffer');
+}
+
+/** A trigger-rule: exactly one of and, or, not, match. */
+export function compileRule(reader: FieldReader, value: unknown, at: Place): Rule {
+  const o = reader.object(value, at, ['and', 'or', 'not', 'match']);
+  const keys = Object.keys(o.raw);
+  if (keys.length !== 1) {
+    const quoted = keys.map((k) => `"${k}"`).join(' and ');
+    reader.fail(
+      at,
+      keys.length === 0
+        ? 'a rule needs one of "and", "or", "not", "match"'
+        : `a rule takes exactly one of "and", "or", "not", "match", got ${quoted}`,
+    );
+  }
+  const kind = keys[0];
+  if (kind === 'and' || kind === 'or') {
+    const items = o.items(kind);
+    if (items.length === 0)
+      o.fail(kind, `an empty "${kind}" list (it would ${kind === 'and' ? 'always' : 'never'} match)`);
+    const rules = items.map((item) => compileRule(reader, item.value, item.at));
+    return kind === 'and' ? { and: rules } : { or: rules };
+  }
+  if (kind === 'not') return { not: compileRule(reader, o.raw.not, o.place('not')) };
+  return { match: compileMatch(reader, o.raw.match, o.place('match')) };
+}
+
+function compileMatch(reader: FieldReader, value: unknown, at: Place): Match {
+  const m = reader.object(value, at, MATCH_FIELDS);
+  const type = m.string('type');
+  const ruleType = Object.hasOwn(RULE_TYPES, type) ? RULE_TYPES[type] : undefined;
+  if (!ruleType)
+    return m.fail(
+      'type',
+      type === ''
+        ? `required (one of ${RULE_TYPE_NAMES.join(', ')})`
+        : `unknown type "${type}"${suggest(type, RULE_TYPE_NAMES)}`,
+    );
+  const secret = ruleType.secret ? readSecret(m, ruleType.secret) : '';
+  const test = ruleType.compile(m, type, secret);
+  let param: Param | undefined;
+  if (ruleType.parameter) {
+    if (!m.has('parameter')) m.fail('parameter', `required for type "${type}"`);
+    param = compileParam(reader, m.raw.parameter, m.place('parameter'), false);
+    const named = `${param.source}:${param.source === 'header' ? param.name.toLowerCase() : param.name}`;
+    if (ruleType.redactsParameter && (param.source === 'url' || param.source === 'header'))
+      reader.sinks.redactedParams.push(named);
+  }
+  const pinned = ruleType.pins ? m.string(ruleType.pins) : undefined;
+  const shown = ruleType.secret
+    ? 'a valid signature (its secret not shown)'
+    : ruleType.fields.map((f) => JSON.stringify(m.string(f))).join(', ');
+  return { type, param, readsHeaders: ruleType.readsHeaders, readsBody: ruleType.readsBody, pinned, shown, test };
+}
+
+/** A secret field: required, not empty, and no placeholder (named only when it is the whole value). */
+function readSecret(m: Fields, key: string): string {
+  const secret = m.required(key, `type "${m.string('type')}"`);
+  if (secret === '') m.fail(key, 'must not be empty');
+  m.refusePlaceholder(key, secret, true);
+  m.reader.sinks.secrets.push(secret);
+  return secret;
+}
+
+/** Every match of a rule, depth first. */
+export function ruleMatches(rule: Rule | undefined): Match[] {
+  if (!rule) return [];
+  if ('and' in rule) return rule.and.flatMap(ruleMatches);
+  if ('or' in rule) return rule.or.flatMap(ruleMatches);
+  if ('not' in rule) return ruleMatches(rule.not);
+  return [rule.match];
+}
+
+export function evaluateRule(rule: Rule, req: HookRequest, soft: boolean, now: Date = new Date()): RuleResult {
+  return evaluateWith(rule, soft, (m) => evaluateMatch(m, req, now))!;
+}
+
+/**
+ * The rule before the body is read: the same evaluation in the same order, stopping at the first
+ * match that needs the body (undefined: the body decides). Nothing after that match is looked
+ * at, so a result here is exactly the one evaluateRule gives once the body is read (including a
+ * missing parameter's error, which adnanh logs), and the request can be answered without it.
+ */
+export function evaluateRuleBeforeBody(
+  rule: Rule,
+  req: HookRequest,
+  soft: boolean,
+  now: Date = new Date(),
+): RuleResult | undefined {
+  return evaluateWith(rule, soft, (m) => {
+    if (m.param && paramReadsBody(m.param)) return undefined;
+    if (!m.readsBody) return evaluateMatch(m, req, now);
+    // A signature's header is resolved before the digest is computed: a missing one is known now.
+    try {
+      if (m.param) resolveParameter(m.param, req);
+    } catch (e) {
+      return { ok: false, error: e as Error };
+    }
+    return undefined;
+  });
+}
+
+/** and/or/not over the matches' results; undefined (a match that cannot be decided yet) ends it. */
+function evaluateWith(rule: Rule, soft: boolean, match: (m: Match) => RuleResult | undefined): RuleResult | undefined {
+  if ('and' in rule) {
+    for (const r of rule.and) {
+      const res = evaluateWith(r, soft, match);
+      if (!res) return undefined;
+      if (res.error) return { ok: false, error: res.error };
+      if (!res.ok) return { ok: false };
+    }
+    return { ok: true };
+  }
+  if ('or' in rule) {
+    for (const r of rule.or) {
+      const res = evaluateWith(r, soft, match);
+      if (!res) return undefined;
+      const forgiven = res.error instanceof ParameterNotFound || (soft && res.error instanceof SignatureError);
+      if (res.error && !forgiven) return { ok: false, error: res.error };
+      if (res.ok) return { ok: true };
+    }
+    return { ok: false };
+  }
+  if ('not' in rule) {
+    const res = evaluateWith(rule.not, soft, match);
+    return res && { ok: !res.ok, error: res.error };
+  }
+  return match(rule.match);
+}
+
+function evaluateMatch(m: Match, req: HookRequest, now: Date): RuleResult {
+  let value = '';
+  if (m.param) {
+    try {
+      value = resolveParameter(m.param, req);
+    } catch (e) {
+      return { ok: false, error: e as Error };
+    }
+  }
+  return m.test(req, value, now);
+}
+
+/** Signatures in a header: "sha256=abc" or several, comma-separated; any one may match. */
+export function extractSignatures(header: string, prefix: string): string[] {
+  if (!header.includes(',')) return [header.startsWith(prefix) ? header.slice(prefix.length) : header];
+  return header
+    .split(',')
+    .filter((p) => p.startsWith(prefix))
+    .map((p) => p.slice(prefix.length));
+}
+
+export function checkPayloadSignature(body: Buffer, algorithm: string, secret: string, header: string): RuleResult {
+  const expected = createHmac(algorithm, secret).update(body).digest('hex');
+  const signatures = extractSignatures(header, `${algorithm}=`);
+  const expectedDigest = secretDigest(expected);
+  if (signatures.some((s) => timingSafeEqual(secretDigest(s), expectedDigest))) return { ok: true };
+  return { ok: false, error: new SignatureError(`invalid payload signature ${signatures.join(',')}`) };
+}
+
+/** Scalr: HMAC-SHA1 of body + Date header, and the Date within 5 minutes of now. */
+export function checkScalrSignature(req: HookRequest, secret: string, now: Date): RuleResult {
+  const signature = req.headers['X-Signature'];
+  const date = req.headers.Date;
+  if (typeof signature !== 'string' || typeof date !== 'string') return { ok: false };
+  const expected = createHmac('sha1', secret).update(req.body).update(date).digest('hex');
+  if (!timingSafeEqual(secretDigest(signature), secretDigest(expected)))
+    return { ok: false, error: new SignatureError(`invalid payload signature ${signature}`) };
+  // The format Scalr sends: "Fri 08 Sep 2017 11:24:32 UTC" (Go layout "Mon 02 Jan 2006 15:04:05 MST").
+  const m = /^[A-Z][a-z]{2} (\d{2}) ([A-Z][a-z]{2}) (\d{4}) (\d{2}):(\d{2}):(\d{2}) [A-Z]{3,4}$/.exec(date);
+  const month = m ? MONTHS.indexOf(m[2]) : -1;
+  if (!m || month < 0)
+    return { ok: false, error: new Error(`parsing time "${date}" as "Mon 02 Jan 2006 15:04:05 MST": cannot parse`) };
+  const sent = Date.UTC(Number(m[3]), month, Number(m[1]), Number(m[4]), Number(m[5]), Number(m[6]));
+  if (Math.abs(now.getTime() - sent) > 300_000)
+    return { ok: false, error: new SignatureError('invalid payload signature outdated') };
+  return { ok: true };
+}
+
 export interface Cidr {
   family: 4 | 6;
   bytes: Buffer;
@@ -4109,11 +5816,14 @@ export function cidrContains(cidr: Cidr, addr: string): boolean {
 }
 
 // ================================================================================================
-// 7. hook definitions — a hooks file's text (already templated) compiled into hooks: the hook's
-//    fields read in one list, its parameters (section 5) and trigger rule (section 6) compiled
-//    once, so the request path only evaluates. Hook settings a later section reads (the image
-//    pin's, section 11) are checked here too, through the HookSettingChecks main() hands over.
-//    Exports: compileHooksFile, Hook, HookSettingChecks.
+// 16. hooks & reload — a hooks file's text (already templated) compiled into hooks, once, so the request path only
+//    evaluates: the hook's fields read in one list, its parameters and trigger rule compiled, and the hook settings
+//    later chapters read (the image pin's, the notifications') checked through the HookSettingChecks main() hands
+//    over. Every -hooks path (a file, or a directory of *.json, *.yaml and *.yml files merged in name order) becomes
+//    one immutable Snapshot. Reloads watch directories, not file inodes, so in-place edits, `mv` over a file, delete
+//    + re-create and a ConfigMap's `..data` symlink swap are all seen; a snapshot that fails is rejected whole.
+//    Exports: Hook, HookSettingChecks, HookStore, LoadSettings, loadSnapshot, Snapshot.
+//    Tests: test/runner.test.ts, test/unit.test.ts, test/upgrade.test.ts, test/validate.test.ts.
 // ================================================================================================
 
 export interface Hook {
@@ -4333,13 +6043,6 @@ function commandTimeout(h: Fields): number | undefined {
   }
 }
 
-// ================================================================================================
-// 8. hooks directory & reload — every -hooks path (a file, or a directory of *.json, *.yaml and
-//    *.yml files merged in name order) becomes one immutable Snapshot. Reloads watch directories, not file inodes, so
-//    in-place edits, `mv` over a file, delete + re-create and a Kubernetes ConfigMap `..data`
-//    symlink swap are all seen; a snapshot that fails validation is rejected whole.
-//    Exports: HookStore, LoadSettings, loadSnapshot, Snapshot.
-// ================================================================================================
 
 export interface Snapshot {
   hooks: Map<string, Hook>;
@@ -4558,15 +6261,13 @@ export class HookStore {
 }
 
 // ================================================================================================
-// 9. command execution — resolves execute-command as adnanh does (absolute; else relative to
-//    command-working-directory, never searched on PATH then; else on PATH), passes arguments,
-//    environment and temp files, and runs the command in its own process group under a deadline
-//    and a cap on concurrent commands. Output is stdout and stderr combined in arrival order.
-//    A command that is an InProcessCommand's entry point (the bundled /webhooks.sh: the upgrade
-//    of section 13) is not started as a process: it runs in this process with the same inputs,
-//    output and exit status.
-//    Exports: CommandResult, CommandRunner, decodeBase64Strict, InProcessCommand,
-//    resolveHookCommand.
+// 17. commands — resolves execute-command as adnanh does (absolute; else relative to command-working-directory, never
+//    searched on PATH then; else on PATH), passes arguments, environment and temp files, and runs the command in its
+//    own process group under a deadline and a cap on concurrent commands. Output is stdout and stderr combined in
+//    arrival order. A command that is an InProcessCommand's entry point (the bundled /webhooks.sh: the upgrade) is
+//    not started as a process: it runs in this process with the same inputs, output and exit status.
+//    Exports: CommandResult, CommandRunner, decodeBase64Strict, InProcessCommand, resolveHookCommand.
+//    Tests: test/compat.test.ts, test/runner.test.ts, test/unit.test.ts.
 // ================================================================================================
 
 type Environment = Record<string, string | undefined>;
@@ -5011,20 +6712,18 @@ export function decodeBase64Strict(text: string): Buffer {
 }
 
 // ================================================================================================
-// 10. http server — routes `/`, `/healthz` and `/<urlprefix>/<id>` and answers with
-//    adnanh's exact strings. A hook request is a list of steps: route, admit, prepare (all but the
-//    body), evaluate what the rule can decide without the body, read the body if the hook uses
-//    it, evaluate the rest, dispatch, answer. A body is never kept when it is not used, and one
-//    left unread is dropped as it arrives, within the size and idle limits. Every outcome is one
-//    entry of ANSWERS; errors thrown by a step map to an entry in one place (answerForError).
-//    Every response carries X-Request-Id; bodies are plain text and never sniffed. A finished
-//    command goes to the CommandListener main() wires in (the rollout follow and the mail,
-//    sections 13 and 14). `/metrics` and the deliveries pages (AdminPages, section 16) have a
-//    listener of their own (createMetricsHandler); what a
-//    request sent is logged with its control characters escaped; a method Node's parser refuses
-//    (`Get`) is answered as adnanh does (answerClientError).
-//    Exports: AdminPages, allowedMethods, answerClientError, CommandListener, createHandler,
-//    createMetricsHandler, HandlerContext.
+// 18. http server — routes `/`, `/healthz` and `/<urlprefix>/<id>` and answers with adnanh's exact strings. A hook
+//    request is a list of steps: route, admit, prepare (all but the body), evaluate what the rule can decide without
+//    the body, read the body if the hook uses it, evaluate the rest, dispatch, answer. A body is never kept when it
+//    is not used, and one left unread is dropped as it arrives, within the size and idle limits. Every outcome is one
+//    entry of ANSWERS; errors thrown by a step map to an entry in one place (answerForError). Every response carries
+//    X-Request-Id; bodies are plain text and never sniffed. A finished command goes to the CommandListener main()
+//    wires in (the rollout follow and the result). `/metrics` and the deliveries pages (AdminPages) have a listener
+//    of their own (createMetricsHandler).
+//    Exports: AdminPages, allowedMethods, answerClientError, CommandListener, createHandler, GO_CIPHER_SUITES,
+//    HandlerContext, openAdminListener, openListener.
+//    Tests: test/adnanh-suite.test.ts, test/compat.test.ts, test/exposure.test.ts, test/runner.test.ts,
+//    test/unit.test.ts.
 // ================================================================================================
 
 /** One way a request can end: status, body and headers (a step may override status and body). */
@@ -5637,50 +7336,150 @@ function closeWithoutReset(ex: Exchange, draining: () => boolean): () => void {
   return socket.destroySoon;
 }
 
+const GO_CIPHER_SUITES: Record<string, string> = {
+  TLS_AES_128_GCM_SHA256: 'TLS_AES_128_GCM_SHA256',
+  TLS_AES_256_GCM_SHA384: 'TLS_AES_256_GCM_SHA384',
+  TLS_CHACHA20_POLY1305_SHA256: 'TLS_CHACHA20_POLY1305_SHA256',
+  TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256: 'ECDHE-ECDSA-AES128-GCM-SHA256',
+  TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256: 'ECDHE-RSA-AES128-GCM-SHA256',
+  TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384: 'ECDHE-ECDSA-AES256-GCM-SHA384',
+  TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384: 'ECDHE-RSA-AES256-GCM-SHA384',
+  TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256: 'ECDHE-ECDSA-CHACHA20-POLY1305',
+  TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256: 'ECDHE-RSA-CHACHA20-POLY1305',
+  TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA: 'ECDHE-ECDSA-AES128-SHA',
+  TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA: 'ECDHE-RSA-AES128-SHA',
+  TLS_ECDHE_ECDSA_WITH_AES_256_CBC_SHA: 'ECDHE-ECDSA-AES256-SHA',
+  TLS_ECDHE_RSA_WITH_AES_256_CBC_SHA: 'ECDHE-RSA-AES256-SHA',
+  TLS_RSA_WITH_AES_128_GCM_SHA256: 'AES128-GCM-SHA256',
+  TLS_RSA_WITH_AES_256_GCM_SHA384: 'AES256-GCM-SHA384',
+  TLS_RSA_WITH_AES_128_CBC_SHA: 'AES128-SHA',
+  TLS_RSA_WITH_AES_256_CBC_SHA: 'AES256-SHA',
+};
+
+function tlsOptions(o: Options): https.ServerOptions {
+  const versions: Record<string, tls.SecureVersion> = {
+    '1.0': 'TLSv1',
+    '1.1': 'TLSv1.1',
+    '1.2': 'TLSv1.2',
+    '1.3': 'TLSv1.3',
+  };
+  const minVersion = versions[o.tlsMinVersion];
+  if (!minVersion)
+    throw new UsageError(`invalid value "${o.tlsMinVersion}" for flag -tls-min-version (use 1.0, 1.1, 1.2 or 1.3)`);
+  const ciphers =
+    o.cipherSuites === ''
+      ? undefined
+      : o.cipherSuites
+          .split(',')
+          .map((c) => {
+            const name = GO_CIPHER_SUITES[c.trim()];
+            if (!name) throw new UsageError(`unknown cipher suite "${c.trim()}" (see -list-cipher-suites)`);
+            return name;
+          })
+          .join(':');
+  return { cert: fs.readFileSync(o.cert), key: fs.readFileSync(o.key), minVersion, ciphers };
+}
+
+/** The HTTP(S) server listening on -ip/-port or -socket, privileges dropped, pid file written. */
+async function openListener(o: Options, handler: http.RequestListener, log: Logger): Promise<http.Server | undefined> {
+  const serverOptions: http.ServerOptions = {
+    requestTimeout: o.readTimeoutMs,
+    // Node refuses a header timeout longer than the whole-request timeout.
+    headersTimeout: Math.min(o.readHeaderTimeoutMs, o.readTimeoutMs),
+    keepAliveTimeout: 5_000,
+    // Node enforces the two timeouts above only when it checks (every 30 s by default).
+    connectionsCheckingInterval: Math.max(50, Math.min(1_000, o.readHeaderTimeoutMs / 2, o.readTimeoutMs / 2)),
+  };
+  let server: http.Server;
+  try {
+    server = o.secure
+      ? https.createServer({ ...serverOptions, ...tlsOptions(o) }, handler)
+      : http.createServer(serverOptions, handler);
+  } catch (e) {
+    log.error(`cannot start ${o.secure ? 'HTTPS' : 'the HTTP server'}: ${(e as Error).message}`);
+    return undefined;
+  }
+  const failed = await new Promise<Error | undefined>((resolve) => {
+    server.once('error', resolve);
+    if (o.socket) server.listen(o.socket, () => resolve(undefined));
+    else server.listen(o.port, o.ip, () => resolve(undefined));
+  });
+  if (failed) {
+    log.error(`cannot listen: ${failed.message}`);
+    return undefined;
+  }
+  // A client that waits for `100 Continue` before sending its body gets it only from a hook that
+  // reads the body (createHandler); Node would otherwise send it at once, inviting every body.
+  server.on('checkContinue', handler);
+  if (o.setgid) {
+    process.setgid!(o.setgid);
+    process.setuid!(o.setuid);
+  }
+  if (o.pidfile) fs.writeFileSync(o.pidfile, `${process.pid}\n`);
+  const address = server.address();
+  const where =
+    typeof address === 'string'
+      ? `unix:${address}`
+      : `${o.secure ? 'https' : 'http'}://${o.ip}:${address?.port}/${o.urlprefix}/{id}`;
+  log.notice(`serving hooks on ${where}`);
+  return server;
+}
+
+/** The admin listener (-metrics-listen) with the deliveries pages; undefined when off, false when it failed. */
+async function openAdminListener(
+  o: Options,
+  metrics: Metrics,
+  log: Logger,
+  pages: AdminPages | undefined,
+): Promise<http.Server | undefined | false> {
+  if (o.adminToken && !o.metricsListen) log.warn('-admin-token has no page to protect without -metrics-listen');
+  if (!o.metricsListen) return undefined;
+  return (await openMetricsListener(o.metricsListen, metrics, log, pages)) ?? false;
+}
+
+/** The metrics listener: its own address, so publishing the hook port does not publish /metrics. */
+async function openMetricsListener(
+  address: string,
+  metrics: Metrics,
+  log: Logger,
+  pages: AdminPages | undefined,
+): Promise<http.Server | undefined> {
+  const { host, port } = parseListenAddress(address);
+  const handler = createMetricsHandler(metrics, pages);
+  const server = http.createServer({ requestTimeout: 10_000, headersTimeout: 10_000 }, handler);
+  const failed = await new Promise<Error | undefined>((resolve) => {
+    server.once('error', resolve);
+    server.listen(port, host, () => resolve(undefined));
+  });
+  if (failed) {
+    log.error(`cannot listen for metrics on ${address}: ${failed.message}`);
+    return undefined;
+  }
+  const bound = server.address() as net.AddressInfo;
+  const shown = bound.family === 'IPv6' ? `[${bound.address}]` : bound.address;
+  log.notice(`serving metrics on http://${shown}:${bound.port}/metrics`);
+  if (pages)
+    log.notice(
+      `serving deliveries on http://${shown}:${bound.port}${pages.prefix}` +
+        `${pages.token ? ' (asking for the -admin-token)' : ''}`,
+    );
+  return server;
+}
+
 // ================================================================================================
-// 11. registry payloads → image reference — turns a registry's push notification (Aliyun ACR,
-//    Docker Hub, a build job, Harbor, Quay, GHCR, Azure, CNCF Distribution, Artifactory, Nexus,
-//    Gitea, CloudEvents) into the image reference the cluster will pull, and validates it against
-//    the OCI distribution reference grammar before anything is sent to Kubernetes.
-//    Pure functions: no I/O, no clock. Each registry is one entry of REGISTRIES: its reader makes
-//    the payload (and the request's headers, argument 2 when the hook passes entire-headers) into
-//    PushEvents (host, repository, tag, digest, pushed-at), an acknowledged no-op (a pull, a test
-//    ping, a push by digest, a signature tag), or a handshake's answer (Event Grid's validation);
-//    how REPO_TYPE=auto recognises it is part of the entry. Composing, pinning and validating the
-//    reference are the same for all. A delivery that announces several images (an envelope, a
-//    Quay push of two tags) yields candidates; chooseCandidate picks the container's.
-//
-//    The hook's environment chooses the composition:
-//      REPO_TYPE      a key of REGISTRIES (any case), or auto
-//      NET_TYPE       regionalregistry only: unset or "public" → registry.<region>.aliyuncs.com,
-//                     "vpc" → registry-vpc.…, "internal" → registry-internal.…
-//      REGISTRY_HOST  host[:port] that replaces the registry host for every REPO_TYPE: the computed
-//                     ACR host (ACR Enterprise Edition `<instance>-registry[-vpc].<region>.cr.aliyuncs.com`,
-//                     Personal Edition `crpi-<id>[-vpc].<region>.personal.cr.aliyuncs.com`; NET_TYPE
-//                     is then not used), Docker Hub (a mirror of it), repository.repo_url, and the
-//                     host each other payload names. Required for Artifactory and Nexus, whose
-//                     payloads name none, and for a Harbor resource_url without a host.
-//      PIN_DIGEST     true → `repo:tag@sha256:…` when the payload carries the pushed digest (ACR,
-//                     Harbor, Azure, Distribution, GHCR, Artifactory do; Docker Hub, Quay, Nexus,
-//                     Gitea do not); the cluster then runs exactly the pushed image.
-//    A test ping (for the push_data shapes: a payload without push_data.tag, repository.name or
-//    repository.namespace, as Docker Hub sends when a webhook is created) is acknowledged as a
-//    no-op, as the old script did. Any other missing or malformed field is an error naming the
-//    field; nothing is lower-cased or repaired (GHCR's and Gitea's lower-case namespaces are those
-//    registries' own mapping of an owner's login).
-//
-//    The image pin (checkImagePin): whoever holds a hook's URL writes the payload, so a push may
-//    change only the tag and digest of the repository the container runs now. Endpoints of one
-//    registry count as the same (REGISTRY_ENDPOINTS: ACR's public, -vpc and -internal hosts,
-//    Docker Hub's names), and so does the hook's REGISTRY_HOST. Anything else needs
-//      ALLOW_IMAGES   space-separated repositories or prefixes the hook may also deploy:
-//                     `host/path` (that repository), `host/path/*` (every repository under it),
-//                     `host/*`; Docker Hub's may omit the host (`nginx`, `shopteam/*`).
-//    REGISTRY_HOST and ALLOW_IMAGES widen what a request may deploy, so IMAGE_PIN_SETTINGS has
-//    section 7 refuse them at load unless they are fixed strings in the hook file, and valid.
-//    Exports: checkImagePin, chooseCandidate, composeImageRef, IMAGE_PIN_SETTINGS, ImagePin, isObject,
-//    normalizeImageRef, parsePushHeaders, parsePushPayload, problemOf, PushHeaders, readImagePin, registryOf,
-//    showValue, stripSchemeAndSlashes, validateImageRef, webhookValidation.
+// 19. registry payloads — a registry's push notification (Aliyun ACR, Docker Hub, a build job, Harbor, Quay, GHCR,
+//    Azure, CNCF Distribution, Artifactory, Nexus, Gitea, CloudEvents) read into PushEvents (host, repository, tag,
+//    digest, pushed-at), an acknowledged no-op (a pull, a test ping, a push by digest, a signature tag), or a
+//    handshake's answer (Event Grid's, CloudEvents' validation). Pure functions: no I/O, no clock. Each registry is
+//    one entry of REGISTRIES: its reader, and how REPO_TYPE=auto recognises it. The hook's environment chooses the
+//    composition: REPO_TYPE (a key of REGISTRIES, any case, or auto); NET_TYPE (regionalregistry only: public, vpc or
+//    internal endpoint); REGISTRY_HOST (host[:port] replacing the registry host for every REPO_TYPE; required for
+//    Artifactory and Nexus); PIN_DIGEST (true: `repo:tag@sha256:…` when the payload carries the digest). Any missing
+//    or malformed field is an error naming the field; nothing is lower-cased or repaired.
+//    Exports: ComposedRef, domainProblem, ImageRef, MAX_IMAGE_NAME_LENGTH, parseBoolSetting, parsePushHeaders,
+//    parsePushPayload, PayloadFields, PushEvent, PushHeaders, Reading, REFERENCE_GRAMMAR, registryFor,
+//    repositoryPathProblem, stripSchemeAndSlashes, tagProblem, UpgradeInputs, webhookValidation.
+//    Tests: test/registries.test.ts, test/registry-e2e.test.ts, test/upgrade.test.ts.
 // ================================================================================================
 
 export interface UpgradeInputs {
@@ -5737,26 +7536,6 @@ const REFERENCE_GRAMMAR = {
 // distribution's NameTotalLengthMax: the name (domain and path, without tag or digest).
 const MAX_IMAGE_NAME_LENGTH = 255;
 const MAX_TAG_LENGTH = 128;
-// Payload values are untrusted and can be long (a README); messages show at most this much.
-const MAX_SHOWN_VALUE_LENGTH = 80;
-
-/** A value quoted for a message: JSON-escaped (no control characters reach a log), truncated. */
-export function showValue(value: string): string {
-  if (value.length <= MAX_SHOWN_VALUE_LENGTH) return JSON.stringify(value);
-  return `${previewValue(value)} (${value.length} characters)`;
-}
-
-/** showValue without the length, for messages that state the length themselves. */
-function previewValue(value: string): string {
-  return value.length <= MAX_SHOWN_VALUE_LENGTH
-    ? JSON.stringify(value)
-    : `${JSON.stringify(value.slice(0, MAX_SHOWN_VALUE_LENGTH))}…`;
-}
-
-function isObject(v: unknown): v is Record<string, unknown> {
-  return typeof v === 'object' && v !== null && !Array.isArray(v);
-}
-
 /** Parses argument 1 of /webhooks.sh: the request body as the hook's entire-payload passes it. */
 export function parsePushPayload(
   text: string | undefined,
@@ -6466,6 +8245,54 @@ function registryFor(repoTypeSetting: string | undefined, p: PayloadFields, h: P
   return REGISTRIES[repoType];
 }
 
+function acrHost(fields: PayloadFields, netType: string | undefined): string {
+  const region = fields.required('repository.region', 'ACR names the region, e.g. cn-hangzhou, or set REGISTRY_HOST');
+  if (!REFERENCE_GRAMMAR.region.test(region))
+    throw new Error(`repository.region ${showValue(region)} is not a valid region (e.g. cn-hangzhou)`);
+  const prefixes: Record<string, string> = {
+    '': 'registry',
+    public: 'registry',
+    vpc: 'registry-vpc',
+    internal: 'registry-internal',
+  };
+  const prefix = prefixes[(netType ?? '').trim().toLowerCase()];
+  if (prefix === undefined)
+    throw new Error(
+      `NET_TYPE ${showValue(netType ?? '')} is not supported (use vpc or internal, or leave it unset for the public ` +
+        `endpoint)`,
+    );
+  return `${prefix}.${region}.aliyuncs.com`;
+}
+
+function customRegistryAddress(repoUrl: string): string {
+  const address = stripSchemeAndSlashes(repoUrl);
+  const [host, ...rest] = address.split('/');
+  if (domainProblem(host))
+    throw new Error(
+      `repository.repo_url ${showValue(repoUrl)} does not start with a valid registry host (host[:port])`,
+    );
+  if (rest.length > 0 && repositoryPathProblem(rest.join('/'))) {
+    throw new Error(
+      `repository.repo_url ${showValue(repoUrl)} has an invalid path after the host: ` +
+        `${repositoryPathProblem(rest.join('/'))}`,
+    );
+  }
+  return address;
+}
+
+// ================================================================================================
+// 20. image reference & pin — composes the reference the cluster will pull (composeImageRef; chooseCandidate picks
+//    the container's among several), validates it against the OCI distribution reference grammar before anything is
+//    sent to Kubernetes, and applies the image pin (checkImagePin): whoever holds a hook's URL writes the payload, so
+//    a push may change only the tag and digest of the repository the container runs now. Endpoints of one registry
+//    count as the same (REGISTRY_ENDPOINTS), and so does the hook's REGISTRY_HOST; anything else needs ALLOW_IMAGES
+//    (`host/path`, `host/path/*`, `host/*`; Docker Hub's may omit the host). Both widen what a request may deploy, so
+//    IMAGE_PIN_SETTINGS has them refused at load unless they are fixed strings, and valid.
+//    Exports: checkImagePin, chooseCandidate, composeImageRef, IMAGE_PIN_SETTINGS, ImagePin, normalizeImageRef,
+//    problemOf, readImagePin, registryOf, validateImageRef.
+//    Tests: test/registries.test.ts, test/upgrade.test.ts.
+// ================================================================================================
+
 /**
  * The image reference a push announces, a no-op (a test ping, another kind of event), an answer to
  * a handshake, or an error naming the field. `headers` are the request's (argument 2), when passed.
@@ -6573,41 +8400,6 @@ function composeFromPush(push: PushEvent, env: UpgradeInputs): ComposedRef {
   const digest = push.digest !== undefined && REFERENCE_GRAMMAR.digest.test(push.digest) ? push.digest : undefined;
   const pushId = `${push.digest ?? ''}|${push.pushedAt}`;
   return { kind: 'ref', ref, notes, pushId, pushedAt: push.pushedAt, ...(digest ? { digest } : {}) };
-}
-
-function acrHost(fields: PayloadFields, netType: string | undefined): string {
-  const region = fields.required('repository.region', 'ACR names the region, e.g. cn-hangzhou, or set REGISTRY_HOST');
-  if (!REFERENCE_GRAMMAR.region.test(region))
-    throw new Error(`repository.region ${showValue(region)} is not a valid region (e.g. cn-hangzhou)`);
-  const prefixes: Record<string, string> = {
-    '': 'registry',
-    public: 'registry',
-    vpc: 'registry-vpc',
-    internal: 'registry-internal',
-  };
-  const prefix = prefixes[(netType ?? '').trim().toLowerCase()];
-  if (prefix === undefined)
-    throw new Error(
-      `NET_TYPE ${showValue(netType ?? '')} is not supported (use vpc or internal, or leave it unset for the public ` +
-        `endpoint)`,
-    );
-  return `${prefix}.${region}.aliyuncs.com`;
-}
-
-function customRegistryAddress(repoUrl: string): string {
-  const address = stripSchemeAndSlashes(repoUrl);
-  const [host, ...rest] = address.split('/');
-  if (domainProblem(host))
-    throw new Error(
-      `repository.repo_url ${showValue(repoUrl)} does not start with a valid registry host (host[:port])`,
-    );
-  if (rest.length > 0 && repositoryPathProblem(rest.join('/'))) {
-    throw new Error(
-      `repository.repo_url ${showValue(repoUrl)} has an invalid path after the host: ` +
-        `${repositoryPathProblem(rest.join('/'))}`,
-    );
-  }
-  return address;
 }
 
 /** Parses a reference by the distribution grammar; the message names the offending piece. */
@@ -6815,768 +8607,21 @@ export const IMAGE_PIN_SETTINGS: HookSettingChecks = {
 };
 
 // ================================================================================================
-// 12. kubernetes client — a small client for the Kubernetes REST API over node:https. Credentials
-//    come from a JSON kubeconfig (-kubeconfig, else KUBECONFIG: current-context; token or
-//    tokenFile, or a client certificate; the CA; inline *-data or file paths relative to the
-//    kubeconfig) or, inside a pod, from the service account (token re-read on every request, so
-//    rotated tokens keep working). Every request has a deadline; transient failures (connection
-//    refused or reset, 5xx, 429 with Retry-After, 409 on patch) are retried with exponential
-//    backoff (after a Retry-After, plus a random part of it) inside a bounded total time. All
-//    calls of one client share a token bucket that bounds its request rate (client-go's QPS and
-//    burst); the wait for a turn counts against the same total time, in arrival order.
-//    Failures become KubeErrors whose message names the verb and the resource, and for 403 the
-//    permission missing. The token is only ever put in the Authorization header: no message, log
-//    line or output contains it.
-//    Exports: credentialsFromEnvironment, describeResource, JsonPatchOperation, KubeClient,
-//    KubeError, ResourceRef.
-// ================================================================================================
-
-export const KUBE_LIMITS = {
-  // A GET or PATCH answers in milliseconds; a loaded control plane takes seconds. Past 10 s the
-  // connection is taken as hung and the request is tried again.
-  requestTimeoutMs: 10_000,
-  // An API server restart or leader failover, or a burst of throttling, clears within seconds.
-  // Retrying for up to 20 s rides that out while the push's HTTP answer still comes back within
-  // about half a minute (the worst case is this budget plus one request deadline).
-  retryBudgetMs: 20_000,
-  // Backoff between attempts: 200 ms doubling to 5 s, so a refused connection is retried quickly
-  // at first without hammering an API server that is coming back up.
-  backoffInitialMs: 200,
-  backoffMaxMs: 5_000,
-  // Answers we read are one object or a bounded list; anything larger is not an answer we asked for.
-  maxResponseBytes: 32 * 1024 * 1024,
-  // The client's own bound on its request rate (client-go's QPS and burst), shared by every call
-  // of one client: reads, patches, Events and rollout polls of all pushes. client-go's defaults
-  // (5/s, burst 10) suit a controller's steady trickle; a monorepo release pushes hundreds of
-  // images at once, each costing a read, a patch and an Event before its answer. 50/s with a
-  // burst of 100 are kube-scheduler's own defaults, the busiest ordinary client of a cluster: a
-  // replica never asks more of the API server than the scheduler does, and 200 pushes land in
-  // about ten seconds, well inside each call's retry budget (a call waits at most for the calls
-  // queued before it, one per push or rollout in progress: 256 + 256 at 50/s is about 10 s).
-  requestsPerSecond: 50,
-  requestBurst: 100,
-};
-
-export const SERVICE_ACCOUNT_DIR = '/var/run/secrets/kubernetes.io/serviceaccount';
-
-export interface KubeCredentials {
-  /** https://host:port, possibly with a path prefix (Rancher's cluster proxy URLs have one). */
-  server: string;
-  ca?: Buffer;
-  cert?: Buffer;
-  key?: Buffer;
-  tlsServerName?: string;
-  insecureSkipTlsVerify?: boolean;
-  token?: string;
-  /** Read again before every request: service-account tokens are rotated. */
-  tokenFile?: string;
-  /** Where the credentials came from, for messages (never the token itself). */
-  source: string;
-  /** The namespace of the context or of the pod, when known. */
-  namespace?: string;
-}
-
-export class KubeConfigError extends Error {}
-
-/** A failed API call. status is 0 when no HTTP answer came (connection or deadline failure). */
-export class KubeError extends Error {
-  readonly status: number;
-  readonly reason: string;
-  /** Field causes of a 422; empty when the server gave none (a failed JSON-patch test). */
-  readonly causes: string[];
-  constructor(message: string, status: number, reason: string, causes: string[] = []) {
-    super(message);
-    this.status = status;
-    this.reason = reason;
-    this.causes = causes;
-  }
-}
-
-/** A namespaced resource, or a collection of them when name is undefined. */
-export interface ResourceRef {
-  /** API group, '' for the core API. */
-  group: string;
-  version: string;
-  /** Plural, lower-case: deployments, pods, events. */
-  resource: string;
-  namespace: string;
-  name?: string;
-}
-
-export type KubeVerb = 'get' | 'list' | 'patch' | 'create' | 'delete';
-
-/** `deployments.apps "web" in namespace "prod"`: how kubectl and RBAC name a resource. */
-export function describeResource(r: ResourceRef): string {
-  const kind = r.group ? `${r.resource}.${r.group}` : r.resource;
-  return (
-    `${kind}${r.name === undefined ? '' : ` ${JSON.stringify(r.name)}`} in namespace ` +
-    `${JSON.stringify(r.namespace)}`
-  );
-}
-
-function resourcePath(r: ResourceRef): string {
-  const base = r.group === '' ? `/api/${r.version}` : `/apis/${r.group}/${r.version}`;
-  const name = r.name === undefined ? '' : `/${encodeURIComponent(r.name)}`;
-  return `${base}/namespaces/${encodeURIComponent(r.namespace)}/${r.resource}${name}`;
-}
-
-/** Credentials of the pod's service account (the in-cluster configuration). */
-export function inClusterCredentials(
-  env: Record<string, string | undefined>,
-  dir: string = SERVICE_ACCOUNT_DIR,
-): KubeCredentials {
-  const host = env.KUBERNETES_SERVICE_HOST;
-  const port = env.KUBERNETES_SERVICE_PORT;
-  if (!host || !port) {
-    throw new KubeConfigError(
-      'no Kubernetes credentials: not running in a pod (KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT are not ' +
-        'set); outside a cluster use -kubeconfig or KUBECONFIG',
-    );
-  }
-  const tokenFile = path.join(dir, 'token');
-  const caFile = path.join(dir, 'ca.crt');
-  try {
-    fs.accessSync(tokenFile, fs.constants.R_OK);
-  } catch (e) {
-    throw new KubeConfigError(
-      `in-cluster credentials: cannot read ${tokenFile} (${(e as NodeJS.ErrnoException).code}): is ` +
-        `automountServiceAccountToken disabled for this pod?`,
-    );
-  }
-  let ca: Buffer;
-  try {
-    ca = fs.readFileSync(caFile);
-  } catch (e) {
-    throw new KubeConfigError(`in-cluster credentials: cannot read ${caFile} (${(e as NodeJS.ErrnoException).code})`);
-  }
-  let namespace: string | undefined;
-  try {
-    namespace = fs.readFileSync(path.join(dir, 'namespace'), 'utf8').trim() || undefined;
-  } catch {
-    namespace = undefined;
-  }
-  return {
-    server: `https://${host.includes(':') ? `[${host}]` : host}:${port}`,
-    ca,
-    tokenFile,
-    source: `the service account token ${tokenFile}`,
-    namespace,
-  };
-}
-
-/** Credentials of a JSON kubeconfig's current context. */
-export function loadKubeconfig(file: string): KubeCredentials {
-  const where = `kubeconfig ${file}`;
-  const config = readKubeconfigJson(file, where);
-  const contextName = config['current-context'];
-  if (typeof contextName !== 'string' || contextName === '')
-    throw new KubeConfigError(`${where}: current-context is not set`);
-  const named = (list: string, name: unknown, inner: string): Record<string, unknown> => {
-    const items = Array.isArray(config[list]) ? (config[list] as unknown[]) : [];
-    const item = items.find((i) => isObject(i) && i.name === name);
-    if (!isObject(item) || !isObject(item[inner])) {
-      throw new KubeConfigError(
-        `${where}: ${list}: no entry named ${JSON.stringify(name)} (from current-context ` +
-          `${JSON.stringify(contextName)})`,
-      );
-    }
-    return item[inner] as Record<string, unknown>;
-  };
-  const context = named('contexts', contextName, 'context');
-  const cluster = named('clusters', context.cluster, 'cluster');
-  const user = named('users', context.user, 'user');
-  const clusterWhere = `${where}: clusters[${JSON.stringify(context.cluster)}].cluster`;
-  const server = cluster.server;
-  if (typeof server !== 'string' || server === '') throw new KubeConfigError(`${clusterWhere}.server is missing`);
-  if (!server.startsWith('https://')) {
-    throw new KubeConfigError(
-      `${clusterWhere}.server ${JSON.stringify(server)}: only https:// API servers are supported`,
-    );
-  }
-  const dir = path.dirname(path.resolve(file));
-  return {
-    server: server.replace(/\/+$/, ''),
-    ca: kubeconfigMaterial(cluster, clusterWhere, 'certificate-authority', dir),
-    tlsServerName: typeof cluster['tls-server-name'] === 'string' ? cluster['tls-server-name'] : undefined,
-    insecureSkipTlsVerify: cluster['insecure-skip-tls-verify'] === true,
-    ...userCredentials(user, `${where}: users[${JSON.stringify(context.user)}].user`, dir),
-    source: `${where} (user ${JSON.stringify(context.user)})`,
-    namespace: typeof context.namespace === 'string' && context.namespace !== '' ? context.namespace : undefined,
-  };
-}
-
-function readKubeconfigJson(file: string, where: string): Record<string, unknown> {
-  let text: string;
-  try {
-    text = fs.readFileSync(file, 'utf8');
-  } catch (e) {
-    throw new KubeConfigError(
-      `${where}: cannot read it (${(e as NodeJS.ErrnoException).code ?? (e as Error).message})`,
-    );
-  }
-  let config: unknown;
-  try {
-    config = JSON.parse(text);
-  } catch {
-    // The parser's message may quote file content, which can be a credential: do not pass it on.
-    throw new KubeConfigError(
-      `${where}: not JSON; this program reads JSON kubeconfigs (convert one with: kubectl config view --raw ` +
-        `--minify --flatten -o json)`,
-    );
-  }
-  if (!isObject(config)) throw new KubeConfigError(`${where}: not a kubeconfig (the top level must be an object)`);
-  return config;
-}
-
-/** A certificate or key: inline base64 `<field>-data`, else a file path relative to the kubeconfig. */
-function kubeconfigMaterial(
-  section: Record<string, unknown>,
-  at: string,
-  field: string,
-  dir: string,
-): Buffer | undefined {
-  const inline = section[`${field}-data`];
-  if (typeof inline === 'string' && inline !== '') return Buffer.from(inline, 'base64');
-  const ref = section[field];
-  if (typeof ref !== 'string' || ref === '') return undefined;
-  const full = path.resolve(dir, ref);
-  try {
-    return fs.readFileSync(full);
-  } catch (e) {
-    throw new KubeConfigError(`${at}.${field}: cannot read ${full} (${(e as NodeJS.ErrnoException).code})`);
-  }
-}
-
-/** A user entry's token, token file or client certificate; plugins and passwords are refused. */
-function userCredentials(
-  user: Record<string, unknown>,
-  userWhere: string,
-  dir: string,
-): Pick<KubeCredentials, 'token' | 'tokenFile' | 'cert' | 'key'> {
-  for (const unsupported of ['exec', 'auth-provider', 'username', 'password']) {
-    if (user[unsupported] !== undefined) {
-      throw new KubeConfigError(
-        `${userWhere}.${unsupported} is not supported (this program runs no credential plugins): use a token, a ` +
-          `tokenFile or a client certificate`,
-      );
-    }
-  }
-  const token = typeof user.token === 'string' && user.token !== '' ? user.token : undefined;
-  const tokenFile =
-    token === undefined && typeof user.tokenFile === 'string' && user.tokenFile !== ''
-      ? path.resolve(dir, user.tokenFile)
-      : undefined;
-  const cert = kubeconfigMaterial(user, userWhere, 'client-certificate', dir);
-  const key = kubeconfigMaterial(user, userWhere, 'client-key', dir);
-  if ((cert === undefined) !== (key === undefined))
-    throw new KubeConfigError(`${userWhere}: client-certificate and client-key must be given together`);
-  if (token === undefined && tokenFile === undefined && cert === undefined) {
-    throw new KubeConfigError(`${userWhere}: no credentials (token, tokenFile or client-certificate-data)`);
-  }
-  return { token, tokenFile, cert, key };
-}
-
-/** -kubeconfig, else KUBECONFIG, else the pod's service account. */
-export function credentialsFromEnvironment(
-  env: Record<string, string | undefined>,
-  kubeconfigFlag?: string,
-): KubeCredentials {
-  if (kubeconfigFlag) return loadKubeconfig(kubeconfigFlag);
-  const fromEnv = env.KUBECONFIG?.trim();
-  if (fromEnv) {
-    if (fromEnv.includes(path.delimiter))
-      throw new KubeConfigError(
-        `KUBECONFIG ${JSON.stringify(fromEnv)} lists several files; this program reads one JSON kubeconfig`,
-      );
-    return loadKubeconfig(fromEnv);
-  }
-  return inClusterCredentials(env);
-}
-
-/** What went wrong with one attempt, as far as the retry policy cares. */
-export interface AttemptFailure {
-  verb: KubeVerb;
-  /** HTTP status, or undefined when no answer came. */
-  status?: number;
-  /** Node's error code (ECONNREFUSED, ECONNRESET, ETIMEDOUT…) when no answer came. */
-  code?: string;
-  retryAfterSeconds?: number;
-}
-
-const TRANSIENT_NETWORK_CODES = [
-  'ECONNREFUSED',
-  'ECONNRESET',
-  'ETIMEDOUT',
-  'EPIPE',
-  'EAI_AGAIN',
-  'EHOSTUNREACH',
-  'ENETUNREACH',
-  'UND_ERR_SOCKET',
-];
-
-/**
- * How long to wait before attempt `attempt + 1`, or undefined to give up. A Retry-After is the
- * least wait, plus a random part of the backoff: the API server gives every request it throttles
- * at once the same Retry-After, and callers that all retried on the second would collide again,
- * round after round, each round letting only a few through. Pure given `random`.
- */
-export function retryDelay(
-  failure: AttemptFailure,
-  attempt: number,
-  remainingMs: number,
-  random: () => number = Math.random,
-): number | undefined {
-  const s = failure.status;
-  const transient =
-    s === undefined
-      ? TRANSIENT_NETWORK_CODES.includes(failure.code ?? '')
-      : s >= 500 || s === 429 || (s === 409 && failure.verb === 'patch');
-  if (!transient) return undefined;
-  const backoff = Math.min(KUBE_LIMITS.backoffMaxMs, KUBE_LIMITS.backoffInitialMs * 2 ** attempt);
-  const delay =
-    failure.retryAfterSeconds !== undefined && failure.retryAfterSeconds >= 0
-      ? failure.retryAfterSeconds * 1000 + Math.floor(random() * backoff)
-      : backoff;
-  return delay <= remainingMs ? delay : undefined;
-}
-
-/**
- * A token bucket: `burst` requests may start at once, then `perSecond` a second. A reservation
- * takes a token that may not exist yet (debt), so callers are served in the order they asked and
- * none starves; one that would wait longer than it may takes nothing. Pure apart from its clock.
- */
-export class TokenBucket {
-  readonly perSecond: number;
-  readonly burst: number;
-  private readonly now: () => number;
-  private tokens: number;
-  private updatedAt: number;
-
-  constructor(perSecond: number, burst: number, now: () => number = () => performance.now()) {
-    this.perSecond = perSecond;
-    this.burst = burst;
-    this.now = now;
-    this.tokens = burst;
-    this.updatedAt = now();
-  }
-
-  /** Reserves one request: the ms to wait before sending it, or undefined when over maxWaitMs. */
-  reserve(maxWaitMs: number): number | undefined {
-    const now = this.now();
-    const tokens = Math.min(this.burst, this.tokens + ((now - this.updatedAt) * this.perSecond) / 1000);
-    const wait = tokens >= 1 ? 0 : ((1 - tokens) * 1000) / this.perSecond;
-    if (wait > maxWaitMs) return undefined;
-    this.tokens = tokens - 1;
-    this.updatedAt = now;
-    return wait;
-  }
-
-  /**
-   * For a request that can wait (a rollout poll): takes a token only while more than `headroom`
-   * are left for the others and returns 0; else takes nothing and returns the ms until there are.
-   */
-  takeAbove(headroom: number): number {
-    const now = this.now();
-    const tokens = Math.min(this.burst, this.tokens + ((now - this.updatedAt) * this.perSecond) / 1000);
-    if (tokens < 1 + headroom) return ((1 + headroom - tokens) * 1000) / this.perSecond;
-    this.tokens = tokens - 1;
-    this.updatedAt = now;
-    return 0;
-  }
-}
-
-interface RawAnswer {
-  status: number;
-  headers: Record<string, string | string[] | undefined>;
-  text: string;
-}
-
-export interface KubeClientOptions {
-  requestTimeoutMs?: number;
-  retryBudgetMs?: number;
-  /** The bound on the request rate; by default requestsPerSecond and requestBurst of KUBE_LIMITS. */
-  rate?: TokenBucket;
-}
-
-export class KubeClient {
-  readonly server: string;
-  readonly source: string;
-  readonly namespace: string | undefined;
-  private readonly credentials: KubeCredentials;
-  private readonly agent: https.Agent;
-  private readonly requestTimeoutMs: number;
-  private readonly retryBudgetMs: number;
-  private readonly rate: TokenBucket;
-
-  constructor(credentials: KubeCredentials, options: KubeClientOptions = {}) {
-    this.credentials = credentials;
-    this.server = credentials.server;
-    this.source = credentials.source;
-    this.namespace = credentials.namespace;
-    this.requestTimeoutMs = options.requestTimeoutMs ?? KUBE_LIMITS.requestTimeoutMs;
-    this.retryBudgetMs = options.retryBudgetMs ?? KUBE_LIMITS.retryBudgetMs;
-    this.rate = options.rate ?? new TokenBucket(KUBE_LIMITS.requestsPerSecond, KUBE_LIMITS.requestBurst);
-    // One keep-alive agent per client: the TLS handshake is paid once, not on every call.
-    this.agent = new https.Agent({
-      keepAlive: true,
-      ca: credentials.ca,
-      cert: credentials.cert,
-      key: credentials.key,
-      servername: credentials.tlsServerName,
-      rejectUnauthorized: !credentials.insecureSkipTlsVerify,
-    });
-  }
-
-  /** `background`: a read that can wait (a rollout poll) yields to the others under load (takeAbove). */
-  get<T>(r: ResourceRef, o: { background?: boolean } = {}): Promise<T> {
-    return this.call<T>('get', 'GET', r, o);
-  }
-
-  list<T>(r: ResourceRef, query: Record<string, string> = {}): Promise<T> {
-    return this.call<T>('list', 'GET', { ...r, name: undefined }, { query });
-  }
-
-  /** A JSON patch (RFC 6902), recorded under fieldManager. */
-  patch<T>(r: ResourceRef, operations: JsonPatchOperation[], fieldManager: string): Promise<T> {
-    return this.call<T>('patch', 'PATCH', r, {
-      query: { fieldManager },
-      body: JSON.stringify(operations),
-      contentType: 'application/json-patch+json',
-    });
-  }
-
-  create<T>(r: ResourceRef, object: unknown): Promise<T> {
-    return this.call<T>(
-      'create',
-      'POST',
-      { ...r, name: undefined },
-      { body: JSON.stringify(object), contentType: 'application/json' },
-    );
-  }
-
-  /** Deletes the object only while it is still the one with this uid (a precondition; else 409). */
-  delete<T>(r: ResourceRef, uid: string): Promise<T> {
-    const options = { kind: 'DeleteOptions', apiVersion: 'v1', preconditions: { uid } };
-    return this.call<T>('delete', 'DELETE', r, { body: JSON.stringify(options), contentType: 'application/json' });
-  }
-
-  /**
-   * A background request's turn: taken once half the burst is left for the others, or false after
-   * half the retry budget, when it queues like any other (so it is delayed, never starved).
-   */
-  private async yieldToOthers(started: number): Promise<boolean> {
-    for (;;) {
-      const wait = this.rate.takeAbove(this.rate.burst / 2);
-      if (wait === 0) return true;
-      if (Date.now() - started + wait > this.retryBudgetMs / 2) return false;
-      await sleep(wait);
-    }
-  }
-
-  /** Closes idle keep-alive connections. */
-  close(): void {
-    this.agent.destroy();
-  }
-
-  private async call<T>(
-    verb: KubeVerb,
-    method: string,
-    r: ResourceRef,
-    o: { query?: Record<string, string>; body?: string; contentType?: string; background?: boolean } = {},
-  ): Promise<T> {
-    const query = new URLSearchParams(o.query ?? {}).toString();
-    const url = `${this.server}${resourcePath(r)}${query ? `?${query}` : ''}`;
-    const started = Date.now();
-    let failed: { failure: AttemptFailure; error: KubeError } | undefined;
-    for (let attempt = 0; ; attempt++) {
-      // Every attempt, retries included, waits for its turn; the wait counts against the budget.
-      const yielded = o.background && attempt === 0 && (await this.yieldToOthers(started));
-      const turn = yielded ? 0 : this.rate.reserve(this.retryBudgetMs - (Date.now() - started));
-      if (turn === undefined) {
-        throw failed ? exhausted(failed.error, attempt, Date.now() - started) : this.rateLimited(verb, r);
-      }
-      if (turn > 0) await sleep(turn);
-      const authorization = await this.authorization(verb, r);
-      try {
-        const answer = await this.once(method, url, authorization, o.body, o.contentType);
-        if (answer.status >= 200 && answer.status < 300) return this.parseAnswer<T>(verb, r, answer);
-        const retryAfter = String(answer.headers['retry-after'] ?? '').trim();
-        failed = {
-          failure: {
-            verb,
-            status: answer.status,
-            retryAfterSeconds: /^\d+$/.test(retryAfter) ? Number(retryAfter) : undefined,
-          },
-          error: this.answerError(verb, r, answer),
-        };
-      } catch (e) {
-        if (e instanceof KubeError) throw e;
-        const code = (e as NodeJS.ErrnoException).code ?? '';
-        failed = {
-          failure: { verb, code },
-          error: new KubeError(
-            `cannot ${verb} ${describeResource(r)}: the API server ${this.server} did not answer ` +
-              `(${code || (e as Error).message})`,
-            0,
-            code,
-          ),
-        };
-      }
-      const elapsed = Date.now() - started;
-      const delay = retryDelay(failed.failure, attempt, this.retryBudgetMs - elapsed);
-      if (delay === undefined) throw exhausted(failed.error, attempt + 1, elapsed);
-      await sleep(delay);
-    }
-  }
-
-  /** A call that found no turn within its budget: more calls are queued than the rate clears in time. */
-  private rateLimited(verb: KubeVerb, r: ResourceRef): KubeError {
-    return new KubeError(
-      `cannot ${verb} ${describeResource(r)}: this client's own rate limit (${this.rate.perSecond} requests/s, ` +
-        `burst ${this.rate.burst}) has no turn for it within ${formatGoDuration(this.retryBudgetMs)}`,
-      0,
-      'ClientRateLimited',
-    );
-  }
-
-  /** The Authorization header value, or undefined for client-certificate credentials. */
-  private async authorization(verb: KubeVerb, r: ResourceRef): Promise<string | undefined> {
-    if (this.credentials.token !== undefined) return `Bearer ${this.credentials.token}`;
-    if (this.credentials.tokenFile === undefined) return undefined;
-    try {
-      // Re-read every time: the kubelet rotates projected service-account tokens (hourly by default).
-      return `Bearer ${(await fsp.readFile(this.credentials.tokenFile, 'utf8')).trim()}`;
-    } catch (e) {
-      throw new KubeError(
-        `cannot ${verb} ${describeResource(r)}: cannot read the token file ${this.credentials.tokenFile} ` +
-          `(${(e as NodeJS.ErrnoException).code ?? (e as Error).message})`,
-        0,
-        'TokenUnreadable',
-      );
-    }
-  }
-
-  private parseAnswer<T>(verb: KubeVerb, r: ResourceRef, answer: RawAnswer): T {
-    try {
-      return JSON.parse(answer.text) as T;
-    } catch {
-      throw new KubeError(
-        `cannot ${verb} ${describeResource(r)}: the answer from ${this.server} is not JSON (HTTP ${answer.status}; ` +
-          `is this a Kubernetes API server?)`,
-        answer.status,
-        'NotJSON',
-      );
-    }
-  }
-
-  private async once(
-    method: string,
-    url: string,
-    authorization: string | undefined,
-    body: string | undefined,
-    contentType: string | undefined,
-  ): Promise<RawAnswer> {
-    const headers: Record<string, string> = { Accept: 'application/json', 'User-Agent': `webhook/${VERSION}` };
-    if (authorization !== undefined) headers.Authorization = authorization;
-    if (body !== undefined) {
-      headers['Content-Type'] = contentType ?? 'application/json';
-      headers['Content-Length'] = String(Buffer.byteLength(body));
-    }
-    return new Promise((resolve, reject) => {
-      const req = https.request(url, { method, headers, agent: this.agent }, (res) => {
-        const chunks: Buffer[] = [];
-        let size = 0;
-        res.on('data', (chunk: Buffer) => {
-          size += chunk.length;
-          if (size > KUBE_LIMITS.maxResponseBytes)
-            req.destroy(
-              Object.assign(new Error(`answer larger than ${KUBE_LIMITS.maxResponseBytes} bytes`), { code: 'E2BIG' }),
-            );
-          else chunks.push(chunk);
-        });
-        res.on('error', reject);
-        res.on('end', () =>
-          resolve({ status: res.statusCode ?? 0, headers: res.headers, text: Buffer.concat(chunks).toString('utf8') }),
-        );
-      });
-      const timer = setTimeout(() => {
-        req.destroy(
-          Object.assign(new Error(`no answer within ${formatGoDuration(this.requestTimeoutMs)}`), {
-            code: 'ETIMEDOUT',
-          }),
-        );
-      }, this.requestTimeoutMs);
-      req.on('error', reject);
-      req.on('close', () => clearTimeout(timer));
-      req.end(body);
-    });
-  }
-
-  /** The message for an HTTP error answer: verb, resource, and what to do about it. */
-  private answerError(verb: KubeVerb, r: ResourceRef, answer: RawAnswer): KubeError {
-    const { serverMessage, reason, causes } = statusDetails(answer);
-    const what = describeResource(r);
-    switch (answer.status) {
-      case 401:
-        return new KubeError(
-          `unauthorized: the API server rejected the credentials from ${this.source} (to ${verb} ${what}): the ` +
-            `token has expired or been revoked, or the client certificate is not trusted`,
-          401,
-          reason,
-        );
-      case 403: {
-        return new KubeError(
-          `forbidden: ${forbiddenSubject(serverMessage)} cannot "${verb}" ${what} — grant it with the RBAC that ` +
-            '`webhook -print-rbac` prints for the hooks',
-          403,
-          reason,
-        );
-      }
-      case 404:
-        return new KubeError(
-          r.name === undefined
-            ? `the API server has no ${r.group ? `${r.resource}.${r.group}` : r.resource} ` +
-              `(${r.group || 'core'}/${r.version}) API`
-            : `${what} not found`,
-          404,
-          reason,
-        );
-      case 409:
-        return new KubeError(`conflict: cannot ${verb} ${what}: ${serverMessage}`, 409, reason);
-      case 422:
-        return new KubeError(
-          `invalid: cannot ${verb} ${what}: ${causes.length ? causes.join('; ') : serverMessage}`,
-          422,
-          reason,
-          causes,
-        );
-      case 429:
-        return new KubeError(
-          `throttled: the API server answered 429 Too Many Requests to ${verb} ` +
-            `${what}${serverMessage ? ` (${serverMessage})` : ''}`,
-          429,
-          reason,
-        );
-      default:
-        return new KubeError(
-          `cannot ${verb} ${what}: HTTP ` +
-            `${answer.status}${reason ? ` ${reason}` : ''}${serverMessage ? `: ${serverMessage}` : ''}`,
-          answer.status,
-          reason,
-          causes,
-        );
-    }
-  }
-}
-
-/** The last failure of a call that is given up, with how many attempts it took and how long. */
-function exhausted(e: KubeError, attempts: number, elapsedMs: number): KubeError {
-  if (attempts <= 1) return e;
-  return new KubeError(
-    `${e.message} (after ${attempts} attempts in ${formatGoDuration(Math.round(elapsedMs / 100) * 100)})`,
-    e.status,
-    e.reason,
-    e.causes,
-  );
-}
-
-/** What a Status answer says: its message (or the start of a non-Status body), reason and causes. */
-function statusDetails(answer: RawAnswer): { serverMessage: string; reason: string; causes: string[] } {
-  let status: Record<string, unknown> = {};
-  try {
-    const parsed: unknown = JSON.parse(answer.text);
-    if (isObject(parsed)) status = parsed;
-  } catch {
-    /* not a Status object: a proxy's page; the status code says enough */
-  }
-  const details = isObject(status.details) ? status.details : {};
-  const causes = Array.isArray(details.causes)
-    ? details.causes.filter(isObject).map((c) => {
-        const field = typeof c.field === 'string' ? `${c.field}: ` : '';
-        return `${field}${typeof c.message === 'string' ? c.message : ''}`;
-      })
-    : [];
-  return {
-    serverMessage: typeof status.message === 'string' ? status.message : answer.text.slice(0, 200).trim(),
-    reason: typeof status.reason === 'string' ? status.reason : '',
-    causes,
-  };
-}
-
-/** Who a 403 names: a service account with its namespace, a user, or just "these credentials". */
-function forbiddenSubject(serverMessage: string): string {
-  const user = /User "([^"]*)"/.exec(serverMessage)?.[1];
-  const sa = user ? /^system:serviceaccount:([^:]+):(.+)$/.exec(user) : null;
-  if (sa) return `the service account "${sa[2]}" of namespace "${sa[1]}"`;
-  return user ? `user "${user}"` : 'these credentials';
-}
-
-export type JsonPatchOperation =
-  | { op: 'test' | 'add' | 'replace'; path: string; value: unknown }
-  | { op: 'remove'; path: string };
-
-// ================================================================================================
-// 13. upgrade & rollout — the job /webhooks.sh exists for: point the named container of the named
-//    workload at the pushed image, record why, and follow the rollout by kubectl's rules. Each
-//    workload kind is one entry of WORKLOAD_KINDS (API resource, names, pod template, kubectl's
-//    rollout viewer, whether it has a rollout, how its pods are owned). UpgradeService is the
-//    command runner's InProcessCommand: one client and one per-workload queue for every push.
-//
-//    Inputs (the hook's environment, argument 1 = the payload): APP_NS, APP_WORKLOAD
-//    (<kind>/<name>: deployment, daemonset, statefulset, cronjob; any case, plurals, short names
-//    deploy/ds/sts/cj, or kind.group), APP_CONTAINER (exact name; containers, then
-//    initContainers), ROLLOUT_TIMEOUT (Go duration; 0, the default, answers at once with
-//    "progressing"), ROLLBACK_ON_FAILURE (true: a followed rollout that fails is rolled back to the
-//    image before the push; a StatefulSet's pods left stuck by it are deleted, its "forced
-//    rollback"), VERIFY_IMAGE and REGISTRY_CA (below), plus those of section 11.
-//    Argument 2, when the hook passes entire-headers, is the request's headers (section 11 reads them).
-//
-//    VERIFY_IMAGE=true (default false): once the image pin has allowed the push, the tag is resolved
-//    on its registry (HEAD /v2/<repo>/manifests/<tag> over HTTPS: anonymous, or basic auth or a
-//    bearer token from the registry's token service with the login of the first of the workload's
-//    imagePullSecrets that names that host) and `repo:tag@<digest>` is deployed. A tag the registry
-//    does not have, a digest other than the payload's, or a registry that cannot be asked is refused
-//    with a message saying which, and nothing is written. REGISTRY_CA: PEM, or a PEM file's path, of
-//    a private CA the registry's certificate chains to.
-//
-//    Before any write, the image pin of section 11 checks the push against the container's
-//    current image: a refused push changes nothing, fails (exit status 1), is logged, and is
-//    recorded as a Warning Event (UpgradeRefused) on the workload.
-//
-//    The change is one JSON patch (fieldManager=webhook) that first tests the container's name
-//    and current image, so a concurrent edit fails the patch instead of being overwritten; on such
-//    a failure the workload is read again and the patch re-planned. A different image replaces
-//    only that container's image; the same image (after normalisation) restarts the rollout the
-//    way `kubectl rollout restart` does, plus imagePullPolicy: Always so the tag is pulled again;
-//    a reference pinned to the same digest changes nothing. The patch also sets
-//    kubernetes.io/change-cause, and an Event on the workload says old → new and who asked.
-//
-//    Several replicas agree through the workload, not through memory: the same patch records the
-//    push (LAST_PUSH_ANNOTATION: when it was pushed, what it applied, the image before) under a
-//    `test` of the value read, so the newest push wins and a repeat is recognised across replicas
-//    and restarts (decidePush), and records a follow after the answer (FOLLOW_ANNOTATION), which
-//    another replica resumes and only the replica that takes it off reports (claimFollow). A push
-//    the API server does not answer is kept and applied when it answers (KeptPushes, answered 202).
-//
-//    Output (the HTTP response body; one "label: value" per line, values aligned, always in this
-//    order, lines whose value is unknown left out):
-//      workload:     deployment/web in namespace prod
-//      container:    app
-//      image before: registry.cn-hangzhou.aliyuncs.com/ns/app:v1
-//      image after:  registry.cn-hangzhou.aliyuncs.com/ns/app:v2
-//      action:       image updated | rollout restarted (same image re-pulled) | none (<why>)
-//      result:       ok | failed: <message>
-//      rollout:      progressing (…) | complete (…) | failed: <why> | timed out after <d>: <state>
-//                    | not tracked (…)
-//      pod <name>:   <phase>, ready|not ready, image <image>, restarts <n>[, <reason>]
-//      rollback:     rolled back to <image>: <why>[; <forced rollback>]; its rollout <…>
-//                    | not rolled back: <why>; <why>
-//      note:         <anything else worth knowing>
-//    Exit status 0 when result is ok (a change made, or an acknowledged no-op), 1 otherwise; a
-//    rollout that was waited for and failed or timed out makes the result failed.
-//    Exports: formatRbac, formatReport, hookReach, HookReach, orList, PodSummary, pullSecretNames,
-//    RolloutOutcome, runUpgrade, upgradeInput, UpgradeReport, UpgradeService, workloadPodSpec,
-//    workloadResource.
+// 21. workloads — what the upgrade knows of Kubernetes workloads. Each kind is one entry of WORKLOAD_KINDS (API
+//    resource, names, pod template, kubectl's rollout viewer, whether it has a rollout, how its pods are owned);
+//    parseWorkload reads APP_WORKLOAD (deployment, daemonset, statefulset, cronjob; any case, plurals, short names,
+//    kind.group) and locateContainer finds APP_CONTAINER (containers, then initContainers). rolloutStatus applies
+//    kubectl's rollout-status rules, summarizePod says how a pod is doing, Events are recorded on the workload, and
+//    one WorkloadQueue per workload keeps its pushes in order. UpgradeReport is what one push did so far; UpgradeDeps
+//    is what an upgrade is given (client, clock, queue, the workloads it last saw).
+//    Exports: annotationOps, asArray, DNS_LABEL, FollowOptions, ForcedRollback, K8sObject, KEPT_SUPERSEDED, KindSpec,
+//    kindSpec, KnownWorkloads, labelSelector, LAST_PUSH_ANNOTATION, locateContainer, LocatedContainer,
+//    missingContainerMessage, numberAt, orList, ownedBy, parseWorkload, PlannedChange, planPatch, PodSummary,
+//    readWorkload, recordEventQuietly, recordWorkloadEvent, RollbackOutcome, RolloutOutcome, rolloutStatus,
+//    roundedToSeconds, STUCK_REASONS, summarizePod, UPGRADE_LIMITS, UpgradeDeps, UpgradeError, UpgradeReport,
+//    valueAt, WORKLOAD_KINDS, WorkloadEvent, WorkloadKind, workloadPods, WorkloadQueue, workloadResource,
+//    WorkloadTarget.
+//    Tests: test/e2e.test.ts, test/records.test.ts, test/rolling.test.ts, test/upgrade.test.ts.
 // ================================================================================================
 
 export const UPGRADE_LIMITS = {
@@ -8116,104 +9161,7 @@ export interface FollowOptions {
   onProgress?: (outcome: RolloutOutcome) => void;
 }
 
-/**
- * Follows a workload's rollout by kubectl's rules until it completes, fails (a Deployment's
- * ProgressDeadlineExceeded, or a new pod stuck in a reason such as CrashLoopBackOff or
- * ImagePullBackOff for UPGRADE_LIMITS.stuckPodFailMs) or the time is up; at the deadline, stuck
- * pods make it "failed", otherwise "timed out". Can run after the HTTP answer has gone; never
- * throws (an API failure becomes the outcome's detail).
- */
-export async function followRollout(
-  client: KubeClient,
-  target: WorkloadTarget,
-  options: FollowOptions,
-): Promise<RolloutOutcome> {
-  const deadline = Date.now() + options.timeoutMs;
-  const pollMs = options.pollMs ?? UPGRADE_LIMITS.rolloutPollMs;
-  const stuckSince = new Map<string, number>();
-  let podsCheckedAt = Date.now();
-  try {
-    for (;;) {
-      const workload = await client.get<K8sObject>(workloadResource(target), { background: true });
-      const status = rolloutStatus(target.kind, workload);
-      if (status.state === 'untracked') return { state: 'not tracked', detail: status.message, pods: [] };
-      if (status.state !== 'waiting') {
-        const pods = await podsOrNone(client, target, workload, options.container);
-        return { state: status.state === 'done' ? 'complete' : 'failed', detail: status.message, pods };
-      }
-      if (Date.now() >= deadline || options.signal?.aborted) {
-        const pods = await podsOrNone(client, target, workload, options.container);
-        const stuck = stuckPods(pods, options.image);
-        if (stuck.length > 0) return { state: 'failed', detail: `pods not ready: ${describeStuck(stuck)}`, pods };
-        return { state: 'timed out', detail: `after ${formatGoDuration(options.timeoutMs)}: ${status.message}`, pods };
-      }
-      options.onProgress?.({ state: 'progressing', detail: status.message, pods: [] });
-      if (Date.now() - podsCheckedAt >= UPGRADE_LIMITS.stuckPodCheckMs) {
-        podsCheckedAt = Date.now();
-        const failed = await stuckTooLong(client, target, workload, options, stuckSince);
-        if (failed) return failed;
-      }
-      await new Promise((resolve) => setTimeout(resolve, Math.min(pollMs, deadline - Date.now())));
-    }
-  } catch (e) {
-    return { state: 'timed out', detail: `could not follow the rollout: ${(e as Error).message}`, pods: [] };
-  }
-}
-
-/** The pods not ready for a reason that needs a change (optionally only those running `image`). */
-function stuckPods(pods: PodSummary[], image: string | undefined): PodSummary[] {
-  const wanted = image === undefined ? undefined : normalizeImageRef(image);
-  return pods.filter(
-    (p) =>
-      !p.ready &&
-      p.reason !== undefined &&
-      STUCK_REASONS.includes(p.reason) &&
-      (wanted === undefined || normalizeImageRef(p.image) === wanted),
-  );
-}
-
 const roundedToSeconds = (ms: number) => Math.max(0, Math.round(ms / 1000)) * 1000;
-
-function describeStuck(stuck: PodSummary[]): string {
-  return stuck.map((p) => `${p.name} ${p.reason}`).join(', ');
-}
-
-/** A failed outcome once a pod has been seen stuck for longer than the threshold; else undefined. */
-async function stuckTooLong(
-  client: KubeClient,
-  target: WorkloadTarget,
-  workload: K8sObject,
-  options: FollowOptions,
-  stuckSince: Map<string, number>,
-): Promise<RolloutOutcome | undefined> {
-  const pods = await podsOrNone(client, target, workload, options.container);
-  const stuck = stuckPods(pods, options.image);
-  const now = Date.now();
-  for (const name of [...stuckSince.keys()]) if (!stuck.some((p) => p.name === name)) stuckSince.delete(name);
-  for (const p of stuck) if (!stuckSince.has(p.name)) stuckSince.set(p.name, now);
-  const limit = options.stuckFailMs ?? UPGRADE_LIMITS.stuckPodFailMs;
-  const longest = Math.max(0, ...[...stuckSince.values()].map((t) => now - t));
-  if (stuck.length === 0 || longest < limit) return undefined;
-  return {
-    state: 'failed',
-    detail: `pods not ready: ${describeStuck(stuck)} (stuck for ${formatGoDuration(roundedToSeconds(longest))})`,
-    pods,
-  };
-}
-
-async function podsOrNone(
-  client: KubeClient,
-  target: WorkloadTarget,
-  workload: K8sObject,
-  container: string,
-): Promise<PodSummary[]> {
-  try {
-    return await workloadPods(client, target, workload, container);
-  } catch {
-    // The summary is a courtesy: without list permission on pods the outcome still stands.
-    return [];
-  }
-}
 
 // ---- events -----------------------------------------------------------------------------------
 
@@ -8290,6 +9238,168 @@ export class WorkloadQueue {
     return result;
   }
 }
+
+export interface UpgradeReport {
+  namespace?: string;
+  /** `deployment/web`, as given (canonical kind). */
+  workload?: string;
+  container?: string;
+  imageBefore?: string;
+  imageAfter?: string;
+  /** image updated | rollout restarted (same image re-pulled) | none (<why>) */
+  action: string;
+  /** Whether the workload was changed. */
+  changed: boolean;
+  result: 'ok' | 'failed';
+  error?: string;
+  rollout?: RolloutOutcome;
+  notes: string[];
+  /** The workload, for followRollout after the answer; set once the workload has been read. */
+  target?: WorkloadTarget;
+  /** Whether the image pin refused the push (error says why). */
+  refused?: boolean;
+  /**
+   * The change's Event, when it is recorded after the answer (UpgradeDeps.eventAfterAnswer):
+   * resolves with the note saying it could not be, or undefined once it is recorded.
+   */
+  afterAnswer?: Promise<string | undefined>;
+  /** LAST_PUSH_ANNOTATION as this upgrade wrote it: a rollback first tests that it is unchanged. */
+  lastPush?: string;
+  /** Whether the change's PATCH recorded the follow after the answer on the workload (FOLLOW_ANNOTATION). */
+  followRecorded?: boolean;
+  /** The hook's ROLLBACK_ON_FAILURE: a failed rollout of this change is rolled back. */
+  rollbackOnFailure?: boolean;
+  /** What became of a failed rollout under ROLLBACK_ON_FAILURE. */
+  rollback?: RollbackOutcome;
+  /** When the push was pushed (or received), as the newest-wins rule compares it. */
+  pushedAtMs?: number;
+  /** The API server gave no answer within the client's retry budget (nothing is known to be written). */
+  unreachable?: boolean;
+  /** A push kept while the API server is away (UpgradeService): resolves with its final report. */
+  pending?: Promise<UpgradeReport>;
+}
+
+/** A rollback: the image returned to and its rollout, or why there was none. */
+export interface RollbackOutcome {
+  /** Why it was rolled back: the failed rollout. */
+  reason: string;
+  image?: string;
+  rollout?: RolloutOutcome;
+  /** A StatefulSet's forced rollback: the stuck pods deleted, or left to delete by hand. */
+  forced?: ForcedRollback;
+  /** Why nothing was rolled back. */
+  notDone?: string;
+}
+
+/** A StatefulSet's forced rollback: the stuck pods deleted, and those left to delete by hand and why. */
+export interface ForcedRollback {
+  namespace: string;
+  deleted: string[];
+  byHand: string[];
+  /** Why pods are left to delete by hand (the first refusal, or why none could be looked at). */
+  why?: string;
+}
+
+export interface UpgradeDeps {
+  client?: KubeClient;
+  /** The -kubeconfig flag, used when no client is given. */
+  kubeconfig?: string;
+  now?: () => Date;
+  requestId?: string;
+  hookId?: string;
+  /** Shared by all upgrades of one process: per-workload ordering and duplicate detection. */
+  queue?: WorkloadQueue;
+  /**
+   * Record the change's Event after answering (the service): it cannot change the answer, and the
+   * API call it costs is a third of the answer's time. The caller awaits report.afterAnswer.
+   */
+  eventAfterAnswer?: boolean;
+  /**
+   * The workloads as this process last saw them (the service): a push patches straight away,
+   * since its patch tests the container's name and image and so fails on a stale copy, which
+   * is then read again. Saves the GET that would otherwise precede every PATCH.
+   */
+  known?: KnownWorkloads;
+  /**
+   * The service follows the rollout after answering for followMs: the PATCH records that on the
+   * workload (FOLLOW_ANNOTATION), with the hook's MAIL_TO, so another replica can finish it.
+   */
+  followAfter?: { followMs: number; mailTo?: string };
+  /** A kept push replaced by a newer one (KeptPushes): if not written yet, it is not written at all. */
+  abandon?: AbortSignal;
+}
+
+/** The last state seen of each workload, by namespace/kind/name; the oldest beyond a bound is dropped. */
+export class KnownWorkloads {
+  private readonly objects = new Map<string, K8sObject>();
+
+  get(key: string): K8sObject | undefined {
+    return this.objects.get(key);
+  }
+
+  set(key: string, obj: K8sObject | undefined): void {
+    this.objects.delete(key);
+    if (obj === undefined) return;
+    this.objects.set(key, obj);
+    if (this.objects.size > UPGRADE_LIMITS.maxKnownWorkloads) this.objects.delete(this.objects.keys().next().value!);
+  }
+}
+
+/**
+ * The workload, or an error naming it. A missing one is not followed by a list of what the
+ * namespace holds: the report is the answer to whoever holds the hook's URL.
+ */
+async function readWorkload(client: KubeClient, target: WorkloadTarget): Promise<K8sObject> {
+  try {
+    return await client.get<K8sObject>(workloadResource(target));
+  } catch (e) {
+    if (!(e instanceof KubeError && e.status === 404)) throw e;
+    throw new UpgradeError(`${target.kind} "${target.name}" not found in namespace "${target.namespace}"`);
+  }
+}
+
+function missingContainerMessage(podSpec: unknown, name: string, workload: string): string {
+  const containers = containerNames(podSpec, 'containers');
+  const inits = containerNames(podSpec, 'initContainers');
+  const lists = [
+    `containers: ${containers.join(', ') || '(none)'}`,
+    ...(inits.length ? [`init containers: ${inits.join(', ')}`] : []),
+  ];
+  return `container "${name}" not found in ${workload} (${lists.join('; ')})`;
+}
+
+async function recordEventQuietly(
+  client: KubeClient,
+  target: WorkloadTarget,
+  event: WorkloadEvent,
+  now: Date,
+  report: UpgradeReport,
+): Promise<string | undefined> {
+  try {
+    await recordWorkloadEvent(client, target, event, now);
+    return undefined;
+  } catch (e) {
+    // The change stands without its Event; say so rather than fail the upgrade.
+    const note = `event not recorded: ${(e as Error).message}`;
+    report.notes.push(note);
+    return note;
+  }
+}
+
+// ================================================================================================
+// 22. upgrade decision — whether and what a push may change, before anything is written. The hook's upgrade settings
+//    are read once (APP_NS, APP_WORKLOAD, APP_CONTAINER, ROLLOUT_TIMEOUT, ROLLBACK_ON_FAILURE, VERIFY_IMAGE,
+//    REGISTRY_CA, and the image pin's); the push is checked against the container's current image (a refusal changes
+//    nothing, fails, is logged and recorded as a Warning Event); several replicas agree through the workload:
+//    LAST_PUSH_ANNOTATION records when each container's last push was pushed, what it applied and the image before,
+//    so decidePush lets the newest push win and recognises a repeat across replicas and restarts. VERIFY_IMAGE=true
+//    resolves the tag on its registry with the login of the workload's first imagePullSecret that names the host, and
+//    deploys `repo:tag@<digest>`; a tag the registry lacks or a different digest is refused.
+//    Exports: decidePush, decisionAction, FOLLOW_ANNOTATION, FollowRecord, IncomingPush, knownContainer,
+//    newPushRecord, pinnedContainer, pullSecretNames, PushRecord, pushTime, readFollowRecords, readPushRecords,
+//    readSettings, UpgradeSettings, verifiedRef, whoAsked, withPushRecord, workloadPodSpec.
+//    Tests: test/records.test.ts, test/registry-e2e.test.ts, test/replicas.test.ts, test/upgrade.test.ts.
+// ================================================================================================
 
 /** One container's last applied push, as recorded in LAST_PUSH_ANNOTATION. */
 export interface PushRecord {
@@ -8437,112 +9547,6 @@ export function withPushRecord(records: Record<string, PushRecord>, container: s
 
 // ---- the upgrade ------------------------------------------------------------------------------
 
-export interface UpgradeReport {
-  namespace?: string;
-  /** `deployment/web`, as given (canonical kind). */
-  workload?: string;
-  container?: string;
-  imageBefore?: string;
-  imageAfter?: string;
-  /** image updated | rollout restarted (same image re-pulled) | none (<why>) */
-  action: string;
-  /** Whether the workload was changed. */
-  changed: boolean;
-  result: 'ok' | 'failed';
-  error?: string;
-  rollout?: RolloutOutcome;
-  notes: string[];
-  /** The workload, for followRollout after the answer; set once the workload has been read. */
-  target?: WorkloadTarget;
-  /** Whether the image pin refused the push (error says why). */
-  refused?: boolean;
-  /**
-   * The change's Event, when it is recorded after the answer (UpgradeDeps.eventAfterAnswer):
-   * resolves with the note saying it could not be, or undefined once it is recorded.
-   */
-  afterAnswer?: Promise<string | undefined>;
-  /** LAST_PUSH_ANNOTATION as this upgrade wrote it: a rollback first tests that it is unchanged. */
-  lastPush?: string;
-  /** Whether the change's PATCH recorded the follow after the answer on the workload (FOLLOW_ANNOTATION). */
-  followRecorded?: boolean;
-  /** The hook's ROLLBACK_ON_FAILURE: a failed rollout of this change is rolled back. */
-  rollbackOnFailure?: boolean;
-  /** What became of a failed rollout under ROLLBACK_ON_FAILURE. */
-  rollback?: RollbackOutcome;
-  /** When the push was pushed (or received), as the newest-wins rule compares it. */
-  pushedAtMs?: number;
-  /** The API server gave no answer within the client's retry budget (nothing is known to be written). */
-  unreachable?: boolean;
-  /** A push kept while the API server is away (UpgradeService): resolves with its final report. */
-  pending?: Promise<UpgradeReport>;
-}
-
-/** A rollback: the image returned to and its rollout, or why there was none. */
-export interface RollbackOutcome {
-  /** Why it was rolled back: the failed rollout. */
-  reason: string;
-  image?: string;
-  rollout?: RolloutOutcome;
-  /** A StatefulSet's forced rollback: the stuck pods deleted, or left to delete by hand. */
-  forced?: ForcedRollback;
-  /** Why nothing was rolled back. */
-  notDone?: string;
-}
-
-/** A StatefulSet's forced rollback: the stuck pods deleted, and those left to delete by hand and why. */
-export interface ForcedRollback {
-  namespace: string;
-  deleted: string[];
-  byHand: string[];
-  /** Why pods are left to delete by hand (the first refusal, or why none could be looked at). */
-  why?: string;
-}
-
-export interface UpgradeDeps {
-  client?: KubeClient;
-  /** The -kubeconfig flag, used when no client is given. */
-  kubeconfig?: string;
-  now?: () => Date;
-  requestId?: string;
-  hookId?: string;
-  /** Shared by all upgrades of one process: per-workload ordering and duplicate detection. */
-  queue?: WorkloadQueue;
-  /**
-   * Record the change's Event after answering (the service): it cannot change the answer, and the
-   * API call it costs is a third of the answer's time. The caller awaits report.afterAnswer.
-   */
-  eventAfterAnswer?: boolean;
-  /**
-   * The workloads as this process last saw them (the service): a push patches straight away,
-   * since its patch tests the container's name and image and so fails on a stale copy, which
-   * is then read again. Saves the GET that would otherwise precede every PATCH.
-   */
-  known?: KnownWorkloads;
-  /**
-   * The service follows the rollout after answering for followMs: the PATCH records that on the
-   * workload (FOLLOW_ANNOTATION), with the hook's MAIL_TO, so another replica can finish it.
-   */
-  followAfter?: { followMs: number; mailTo?: string };
-  /** A kept push replaced by a newer one (KeptPushes): if not written yet, it is not written at all. */
-  abandon?: AbortSignal;
-}
-
-/** The last state seen of each workload, by namespace/kind/name; the oldest beyond a bound is dropped. */
-export class KnownWorkloads {
-  private readonly objects = new Map<string, K8sObject>();
-
-  get(key: string): K8sObject | undefined {
-    return this.objects.get(key);
-  }
-
-  set(key: string, obj: K8sObject | undefined): void {
-    this.objects.delete(key);
-    if (obj === undefined) return;
-    this.objects.set(key, obj);
-    if (this.objects.size > UPGRADE_LIMITS.maxKnownWorkloads) this.objects.delete(this.objects.keys().next().value!);
-  }
-}
-
 interface UpgradeSettings {
   namespace: string;
   workload: { kind: WorkloadKind; name: string };
@@ -8614,136 +9618,220 @@ function whoAsked(deps: UpgradeDeps): string {
   return parts.length ? parts.join(', ') : 'an image push';
 }
 
+function newPushRecord(push: IncomingPush, previous: string, nowMs: number, deps: UpgradeDeps): PushRecord {
+  return {
+    pushedAt: new Date(push.pushedAtMs).toISOString(),
+    timeFrom: push.timeFrom,
+    image: push.image,
+    push: push.push,
+    previous,
+    appliedAt: new Date(nowMs).toISOString(),
+    ...(deps.requestId ? { request: deps.requestId } : {}),
+  };
+}
+
+/** The container in a known copy, when the image pin allows the push there; else undefined. */
+function knownContainer(
+  workload: K8sObject,
+  target: WorkloadTarget,
+  s: UpgradeSettings,
+  ref: string,
+  report: UpgradeReport,
+): LocatedContainer | undefined {
+  const located = locateContainer(valueAt(workload, [...kindSpec(target.kind).template, 'spec']), s.container);
+  const pin = located ? checkImagePin(s.container, located.image, ref, s.pin) : undefined;
+  if (!located || !pin?.allowed) return undefined;
+  if (pin.note !== undefined && !report.notes.includes(pin.note)) report.notes.push(pin.note);
+  return located;
+}
+
 /**
- * The upgrade mode: what /webhooks.sh does with argument 1 (the payload) and the hook's
- * environment. Never throws: every failure is in the report, the output and the exit status.
+ * The container to change, once the image pin has allowed the push. A missing container, or a
+ * push the pin refuses, is recorded as a Warning Event and thrown: nothing is written.
  */
-export async function runUpgrade(
-  args: string[],
-  env: Record<string, string | undefined>,
-  deps: UpgradeDeps = {},
-): Promise<{ output: string; exitCode: number; report: UpgradeReport }> {
-  const report: UpgradeReport = { action: 'none (nothing was changed)', changed: false, result: 'ok', notes: [] };
-  let ownClient: KubeClient | undefined;
-  try {
-    // Everything up to queue.run is synchronous, so tasks are queued in the order calls arrive.
-    const settings = readSettings(env, report);
-    const headers = pushHeaders(args[1]);
-    const validation = webhookValidation(headers, args[0]);
-    if (validation !== undefined) {
-      report.action = `none (${validation})`;
-      return upgradeResult(report);
-    }
-    const parsed = parsePushPayload(args[0]);
-    if (parsed.kind === 'error') throw new UpgradeError(parsed.message);
-    const composed = composeImageRef(parsed.payload, env, headers);
-    if (composed.kind === 'error') throw new UpgradeError(composed.message);
-    if (composed.kind === 'noop' || composed.kind === 'answer') {
-      report.action = `none (${composed.reason})`;
-      const result = upgradeResult(report);
-      // A handshake's answer is the body its sender reads; the report still goes to the log and mail.
-      return composed.kind === 'answer' ? { ...result, output: composed.body } : result;
-    }
-    report.imageAfter = composed.ref;
-    report.notes.push(...composed.notes);
-    // When it arrived, before any wait: the push's time when its payload names none.
-    const time = pushTime(composed.pushedAt, (deps.now ?? (() => new Date()))());
-    const push: IncomingPush = { pushedAtMs: time.ms, timeFrom: time.from, image: composed.ref, push: composed.pushId };
-    report.pushedAtMs = time.ms;
-    const client = deps.client ?? (ownClient = new KubeClient(credentialsFromEnvironment(env, deps.kubeconfig)));
-    const workloadKey = `${settings.namespace}/${settings.workload.kind}/${settings.workload.name}`;
-    const apply = async () => {
-      if (deps.abandon?.aborted) {
-        report.action = KEPT_SUPERSEDED;
-        return;
-      }
-      let ref = composed.candidates ? await candidateFor(client, settings, composed.candidates, report) : composed.ref;
-      if (settings.verifyImage) ref = await verifiedRef(client, settings, ref, composed.digest, report);
-      report.imageAfter = ref;
-      await applyUpgrade(client, settings, { ...push, image: ref }, report, deps);
-    };
-    await (deps.queue ? deps.queue.run(workloadKey, apply) : apply());
-  } catch (e) {
-    report.result = 'failed';
-    report.error = (e as Error).message;
-    // No answer at all, or the server's own failure or throttling, to the end of the retry budget.
-    report.unreachable = e instanceof KubeError && (e.status === 0 || e.status === 429 || e.status >= 500);
-  } finally {
-    ownClient?.close();
+async function pinnedContainer(
+  client: KubeClient,
+  target: WorkloadTarget,
+  workload: K8sObject,
+  s: UpgradeSettings,
+  ref: string,
+  report: UpgradeReport,
+  deps: UpgradeDeps,
+): Promise<LocatedContainer> {
+  const now = deps.now ?? (() => new Date());
+  const podSpec = valueAt(workload, [...kindSpec(target.kind).template, 'spec']);
+  const located = locateContainer(podSpec, s.container);
+  const refuse = async (reason: string, message: string): Promise<never> => {
+    const event: WorkloadEvent = { type: 'Warning', reason, message: `${message}; asked by ${whoAsked(deps)}` };
+    await recordEventQuietly(client, target, event, now(), report);
+    throw new UpgradeError(message);
+  };
+  if (!located) return refuse('UpgradeFailed', missingContainerMessage(podSpec, s.container, report.workload!));
+  report.imageBefore = located.image;
+  const pin = checkImagePin(s.container, located.image, ref, s.pin);
+  if (!pin.allowed) {
+    report.refused = true;
+    return refuse('UpgradeRefused', pin.message);
   }
-  return upgradeResult(report);
+  if (pin.note !== undefined && !report.notes.includes(pin.note)) report.notes.push(pin.note);
+  return located;
 }
 
-/** Argument 2, the request's headers when the hook passes them (entire-headers). */
-function pushHeaders(text: string | undefined): PushHeaders {
+/** The change a push makes: the new image, or for the same image a restart that pulls it again. */
+function plannedChange(
+  sameImage: boolean,
+  spec: KindSpec,
+  s: UpgradeSettings,
+  ref: string,
+  deps: UpgradeDeps,
+): PlannedChange {
+  const now = deps.now ?? (() => new Date());
+  if (!sameImage) return { image: ref, changeCause: `webhook: set ${s.container} image to ${ref} (${whoAsked(deps)})` };
+  return {
+    pullAlways: true,
+    // A CronJob has no rollout to restart: Always makes its next run pull the tag again.
+    restartedAt: spec.hasRollout
+      ? now()
+          .toISOString()
+          .replace(/\.\d{3}Z$/, 'Z')
+      : undefined,
+    changeCause: `webhook: restart ${s.container} to re-pull ${ref} (${whoAsked(deps)})`,
+  };
+}
+
+/** "https://reg.example.com/v1/" → "reg.example.com": how docker config files name a registry. */
+function dockerConfigHost(key: string): string {
+  return stripSchemeAndSlashes(key).split('/')[0].toLowerCase();
+}
+
+/** The login a pull secret holds for `host` (.dockerconfigjson or the older .dockercfg), if any. */
+export function loginFromPullSecret(secret: unknown, host: string, name: string): RegistryLogin | undefined {
+  const data = valueAt(secret, ['data']);
+  if (!isObject(data)) return undefined;
+  const encoded = data['.dockerconfigjson'] ?? data['.dockercfg'];
+  if (typeof encoded !== 'string') return undefined;
+  let config: unknown;
   try {
-    return parsePushHeaders(text);
+    config = JSON.parse(Buffer.from(encoded, 'base64').toString('utf8'));
+  } catch {
+    return undefined;
+  }
+  const auths = isObject(config) && isObject(config.auths) ? config.auths : config;
+  if (!isObject(auths)) return undefined;
+  const entry = Object.entries(auths).find(([key]) => dockerConfigHost(key) === host.toLowerCase())?.[1];
+  if (!isObject(entry)) return undefined;
+  if (typeof entry.username === 'string' && typeof entry.password === 'string')
+    return { user: entry.username, password: entry.password, secret: name };
+  if (typeof entry.auth !== 'string') return undefined;
+  const decoded = Buffer.from(entry.auth, 'base64').toString('utf8');
+  const colon = decoded.indexOf(':');
+  return colon < 0 ? undefined : { user: decoded.slice(0, colon), password: decoded.slice(colon + 1), secret: name };
+}
+
+/** The pod spec of a workload of this kind. */
+export function workloadPodSpec(workload: unknown, kind: WorkloadKind): unknown {
+  return valueAt(workload, [...kindSpec(kind).template, 'spec']);
+}
+
+/** The pull secrets a pod spec names (imagePullSecrets), in order. */
+export function pullSecretNames(podSpec: unknown): string[] {
+  return asArray(valueAt(podSpec, ['imagePullSecrets']))
+    .map((s) => valueAt(s, ['name']))
+    .filter((n): n is string => typeof n === 'string' && n !== '');
+}
+
+/** The first of the workload's pull secrets that holds a login for `host`. */
+async function workloadLogin(
+  client: KubeClient,
+  namespace: string,
+  names: string[],
+  host: string,
+): Promise<RegistryLogin | undefined> {
+  for (const name of names) {
+    let secret: unknown;
+    try {
+      secret = await client.get({ group: '', version: 'v1', resource: 'secrets', namespace, name });
+    } catch (e) {
+      if (e instanceof KubeError && e.status === 404) continue;
+      throw e;
+    }
+    const login = loginFromPullSecret(secret, host, name);
+    if (login) return login;
+  }
+  return undefined;
+}
+
+/** REGISTRY_CA: PEM text, or the path of a PEM file. */
+function registryCa(value: string | undefined): string | undefined {
+  if (!value?.trim()) return undefined;
+  if (value.includes('-----BEGIN')) return value;
+  try {
+    return fs.readFileSync(value.trim(), 'utf8');
   } catch (e) {
-    throw new UpgradeError((e as Error).message);
+    throw new UpgradeError(
+      `REGISTRY_CA ${showValue(value)} is neither PEM nor a readable file: ${(e as Error).message}`,
+    );
   }
 }
 
-/** Of the references one delivery announced, the one for this container (chooseCandidate), from the workload now. */
-async function candidateFor(
+/**
+ * VERIFY_IMAGE: the tag resolved on the registry, and the reference pinned to what it has
+ * (`repo:tag@sha256:…`). Only after the image pin allowed the push, so neither a request nor its
+ * payload can send the workload's pull secrets to a registry of its choosing; a login is used only
+ * for the host its secret names. A tag the registry lacks, or another digest than the payload's, is
+ * refused: nothing is written.
+ */
+async function verifiedRef(
   client: KubeClient,
   s: UpgradeSettings,
-  candidates: string[],
+  ref: string,
+  announced: string | undefined,
   report: UpgradeReport,
 ): Promise<string> {
   const target: WorkloadTarget = { ...s.workload, namespace: s.namespace };
-  const workload = await readWorkload(client, target);
-  const located = locateContainer(valueAt(workload, [...kindSpec(target.kind).template, 'spec']), s.container);
-  const chosen = located ? chooseCandidate(s.container, located.image, candidates, s.pin) : candidates.at(-1)!;
+  const podSpec = valueAt(await readWorkload(client, target), [...kindSpec(target.kind).template, 'spec']);
+  const located = locateContainer(podSpec, s.container);
+  // The upgrade refuses these with its own messages, before anything is asked of the registry.
+  if (!located || !checkImagePin(s.container, located.image, ref, s.pin).allowed) return ref;
+  const parsed = validateImageRef(ref);
+  if (!parsed.ok || parsed.ref.tag === undefined) return ref;
+  const { domain, path: repository, tag } = parsed.ref;
+  const digest = parsed.ref.digest ?? announced;
+  const host = domain === undefined || registryOf(domain) === 'docker.io' ? 'registry-1.docker.io' : domain;
+  const loginFor = () => workloadLogin(client, s.namespace, pullSecretNames(podSpec), host);
+  const where = `${host}/${repository}:${tag}`;
+  let resolved: string | undefined;
+  let login: RegistryLogin | undefined;
+  try {
+    ({ digest: resolved, login } = await resolveManifestTag(host, repository, tag, loginFor, s.registryCa));
+  } catch (e) {
+    throw new UpgradeError(`VERIFY_IMAGE: could not resolve ${where}: ${(e as Error).message}; nothing was changed`);
+  }
+  if (resolved === undefined)
+    throw new UpgradeError(
+      `VERIFY_IMAGE: the registry has no tag ${showValue(tag)} in ${host}/${repository}; nothing was changed`,
+    );
+  if (digest !== undefined && digest !== resolved)
+    throw new UpgradeError(
+      `VERIFY_IMAGE: the payload announced ${digest} but the registry's ${where} is ${resolved}; nothing was changed`,
+    );
   report.notes.push(
-    `the delivery announced ${candidates.length} images (${candidates.join(', ')}); ${chosen} is ` + `this container's`,
+    `VERIFY_IMAGE: ${where} is ${resolved} on the registry` +
+      (login ? ` (login from pull secret "${login.secret}")` : ''),
   );
-  return chosen;
+  return `${ref.split('@')[0]}@${resolved}`;
 }
 
-function upgradeResult(report: UpgradeReport): { output: string; exitCode: number; report: UpgradeReport } {
-  return { output: formatReport(report), exitCode: report.result === 'ok' ? 0 : 1, report };
-}
-
-async function applyUpgrade(
-  client: KubeClient,
-  s: UpgradeSettings,
-  push: IncomingPush,
-  report: UpgradeReport,
-  deps: UpgradeDeps,
-): Promise<void> {
-  const now = deps.now ?? (() => new Date());
-  const ref = push.image;
-  const target: WorkloadTarget = { ...s.workload, namespace: s.namespace };
-  const key = `${target.namespace}/${target.kind}/${target.name}`;
-  // A copy from an earlier push may be stale: only a patch (whose tests fail on a stale copy)
-  // is decided on it; a refusal or a no-op is decided again on the workload as it is now.
-  const known = deps.known?.get(key);
-  const applied = known ? await patchOnce(client, known, target, s, push, report, deps, 'known') : undefined;
-  const change =
-    (applied === 'conflict' || applied === 'no change' ? undefined : applied) ??
-    (await patchUntilApplied(client, target, s, push, report, deps));
-  deps.known?.set(key, change?.updated);
-  if (!change) return;
-  report.changed = true;
-  report.lastPush = change.lastPush;
-  report.followRecorded = change.followRecorded;
-  report.action = change.sameImage ? kindSpec(target.kind).sameImageAction : 'image updated';
-  const eventMessage = change.sameImage
-    ? `container ${s.container}: ${ref} pulled again (same image, rollout restarted); asked by ${whoAsked(deps)}`
-    : `container ${s.container}: image ${change.before} → ${ref}; asked by ${whoAsked(deps)}`;
-  const reason = change.sameImage ? 'RolloutRestarted' : 'ImageUpdated';
-  const recording = recordEventQuietly(
-    client,
-    target,
-    { type: 'Normal', reason, message: eventMessage },
-    now(),
-    report,
-  );
-  if (deps.eventAfterAnswer) report.afterAnswer = recording;
-  else await recording;
-  target.generation = numberAt(change.updated, ['metadata', 'generation']);
-  await reportRollout(client, target, change.updated, s, report, deps);
-}
+// ================================================================================================
+// 23. the patch — the change is one JSON patch (fieldManager=webhook) that first tests the container's name and
+//    current image, so a concurrent edit fails the patch instead of being overwritten; on such a failure the workload
+//    is read again and the patch re-planned. A different image replaces only that container's image; the same image
+//    restarts the rollout the way `kubectl rollout restart` does, plus imagePullPolicy: Always; a reference pinned to
+//    the same digest changes nothing. The same patch sets kubernetes.io/change-cause and the push record under a
+//    `test` of the value read.
+//    Exports: patchOnce, patchUntilApplied.
+//    Tests: test/e2e.test.ts, test/replicas.test.ts, test/upgrade.test.ts.
+// ================================================================================================
 
 /** A change made: the workload as the PATCH returned it, the image it replaced, the record written. */
 interface AppliedChange {
@@ -8837,6 +9925,193 @@ async function patchOnce(
   }
 }
 
+// ================================================================================================
+// 24. the report — the answer of one push, one "label: value" per line, values aligned, always in this order, lines
+//    whose value is unknown left out: workload, container, image before, image after, action (image updated | rollout
+//    restarted (same image re-pulled) | none (<why>)), result (ok | failed: <message>), rollout (progressing |
+//    complete | failed | timed out | not tracked), one line per pod, rollback, notes. Exit status 0 when the result
+//    is ok (a change made, or an acknowledged no-op), 1 otherwise.
+//    Exports: formatForcedRollback, formatReport, formatRollback, formatRollout.
+//    Tests: test/e2e.test.ts, test/records.test.ts, test/upgrade.test.ts.
+// ================================================================================================
+
+/** What a forced rollback did, for the rollback line, the Event and the log. Pure. */
+export function formatForcedRollback(f: ForcedRollback): string {
+  const parts: string[] = [];
+  if (f.deleted.length > 0)
+    parts.push(`deleted the stuck pods ${f.deleted.join(', ')} for the StatefulSet's forced rollback`);
+  if (f.byHand.length > 0)
+    parts.push(
+      `the stuck pods ${f.byHand.join(', ')} must be deleted by hand for the StatefulSet's forced rollback ` +
+        `(kubectl -n ${f.namespace} delete pod ${f.byHand.join(' ')}): ${f.why}`,
+    );
+  else if (f.why !== undefined)
+    parts.push(`the stuck pods (not ready, running the image rolled back from) must be deleted by hand: ${f.why}`);
+  if (parts.length === 0) parts.push("no stuck pods to delete for the StatefulSet's forced rollback");
+  return parts.join('; ');
+}
+
+// ---- output -----------------------------------------------------------------------------------
+
+const LABEL_WIDTH = 'image before:'.length;
+
+function reportLine(label: string, value: string): string {
+  return `${`${label}:`.padEnd(LABEL_WIDTH)} ${value}`;
+}
+
+export function formatRollout(r: RolloutOutcome): string {
+  switch (r.state) {
+    case 'complete':
+    case 'progressing':
+    case 'not tracked':
+      return `${r.state} (${r.detail})`;
+    case 'failed':
+    case 'timed out':
+      return `${r.state}: ${r.detail}`;
+  }
+}
+
+export function formatPod(p: PodSummary): string {
+  return (
+    `pod ${p.name}: ${p.phase}, ${p.ready ? 'ready' : 'not ready'}, image ${p.image}, restarts ` +
+    `${p.restarts}${p.reason ? `, ${p.reason}` : ''}`
+  );
+}
+
+export function formatRollback(r: RollbackOutcome): string {
+  if (r.notDone !== undefined) return `not rolled back: ${r.notDone}; ${r.reason}`;
+  const forced = r.forced ? `; ${formatForcedRollback(r.forced)}` : '';
+  const rollout = r.rollout ? `; its rollout ${formatRollout(r.rollout)}` : '';
+  return `rolled back to ${r.image}: ${r.reason}${forced}${rollout}`;
+}
+
+/** The report as the documented lines (see the section banner). Pure. */
+export function formatReport(r: UpgradeReport): string {
+  const lines: string[] = [];
+  if (r.workload)
+    lines.push(reportLine('workload', `${r.workload}${r.namespace ? ` in namespace ${r.namespace}` : ''}`));
+  if (r.container) lines.push(reportLine('container', r.container));
+  if (r.imageBefore !== undefined) lines.push(reportLine('image before', r.imageBefore));
+  if (r.imageAfter !== undefined) lines.push(reportLine('image after', r.imageAfter));
+  lines.push(reportLine('action', r.action));
+  lines.push(reportLine('result', r.result === 'ok' ? 'ok' : `failed: ${r.error ?? 'unknown error'}`));
+  if (r.rollout) {
+    lines.push(reportLine('rollout', formatRollout(r.rollout)));
+    for (const p of r.rollout.pods.slice(0, UPGRADE_LIMITS.maxPodLines)) lines.push(formatPod(p));
+    if (r.rollout.pods.length > UPGRADE_LIMITS.maxPodLines)
+      lines.push(reportLine('pods', `${r.rollout.pods.length - UPGRADE_LIMITS.maxPodLines} more not shown`));
+  }
+  if (r.rollback) lines.push(reportLine('rollback', formatRollback(r.rollback)));
+  for (const n of r.notes) lines.push(reportLine('note', n));
+  return `${lines.join('\n')}\n`;
+}
+
+// ================================================================================================
+// 25. rollout follow — follows a rollout by kubectl's rules until it completes, fails (a pod stuck in
+//    CrashLoopBackOff, ImagePullBackOff…) or ROLLOUT_TIMEOUT passes. A follow is recorded on the workload
+//    (FOLLOW_ANNOTATION) after the answer, so another replica resumes it after a restart, and only the replica that
+//    takes the record off reports its end (claimFollow).
+//    Exports: claimFollow, followRollout, resumedReport, rolloutEvent.
+//    Tests: test/e2e.test.ts, test/replicas.test.ts, test/resume.test.ts, test/rolling.test.ts.
+// ================================================================================================
+
+/**
+ * Follows a workload's rollout by kubectl's rules until it completes, fails (a Deployment's
+ * ProgressDeadlineExceeded, or a new pod stuck in a reason such as CrashLoopBackOff or
+ * ImagePullBackOff for UPGRADE_LIMITS.stuckPodFailMs) or the time is up; at the deadline, stuck
+ * pods make it "failed", otherwise "timed out". Can run after the HTTP answer has gone; never
+ * throws (an API failure becomes the outcome's detail).
+ */
+export async function followRollout(
+  client: KubeClient,
+  target: WorkloadTarget,
+  options: FollowOptions,
+): Promise<RolloutOutcome> {
+  const deadline = Date.now() + options.timeoutMs;
+  const pollMs = options.pollMs ?? UPGRADE_LIMITS.rolloutPollMs;
+  const stuckSince = new Map<string, number>();
+  let podsCheckedAt = Date.now();
+  try {
+    for (;;) {
+      const workload = await client.get<K8sObject>(workloadResource(target), { background: true });
+      const status = rolloutStatus(target.kind, workload);
+      if (status.state === 'untracked') return { state: 'not tracked', detail: status.message, pods: [] };
+      if (status.state !== 'waiting') {
+        const pods = await podsOrNone(client, target, workload, options.container);
+        return { state: status.state === 'done' ? 'complete' : 'failed', detail: status.message, pods };
+      }
+      if (Date.now() >= deadline || options.signal?.aborted) {
+        const pods = await podsOrNone(client, target, workload, options.container);
+        const stuck = stuckPods(pods, options.image);
+        if (stuck.length > 0) return { state: 'failed', detail: `pods not ready: ${describeStuck(stuck)}`, pods };
+        return { state: 'timed out', detail: `after ${formatGoDuration(options.timeoutMs)}: ${status.message}`, pods };
+      }
+      options.onProgress?.({ state: 'progressing', detail: status.message, pods: [] });
+      if (Date.now() - podsCheckedAt >= UPGRADE_LIMITS.stuckPodCheckMs) {
+        podsCheckedAt = Date.now();
+        const failed = await stuckTooLong(client, target, workload, options, stuckSince);
+        if (failed) return failed;
+      }
+      await new Promise((resolve) => setTimeout(resolve, Math.min(pollMs, deadline - Date.now())));
+    }
+  } catch (e) {
+    return { state: 'timed out', detail: `could not follow the rollout: ${(e as Error).message}`, pods: [] };
+  }
+}
+
+/** The pods not ready for a reason that needs a change (optionally only those running `image`). */
+function stuckPods(pods: PodSummary[], image: string | undefined): PodSummary[] {
+  const wanted = image === undefined ? undefined : normalizeImageRef(image);
+  return pods.filter(
+    (p) =>
+      !p.ready &&
+      p.reason !== undefined &&
+      STUCK_REASONS.includes(p.reason) &&
+      (wanted === undefined || normalizeImageRef(p.image) === wanted),
+  );
+}
+
+function describeStuck(stuck: PodSummary[]): string {
+  return stuck.map((p) => `${p.name} ${p.reason}`).join(', ');
+}
+
+/** A failed outcome once a pod has been seen stuck for longer than the threshold; else undefined. */
+async function stuckTooLong(
+  client: KubeClient,
+  target: WorkloadTarget,
+  workload: K8sObject,
+  options: FollowOptions,
+  stuckSince: Map<string, number>,
+): Promise<RolloutOutcome | undefined> {
+  const pods = await podsOrNone(client, target, workload, options.container);
+  const stuck = stuckPods(pods, options.image);
+  const now = Date.now();
+  for (const name of [...stuckSince.keys()]) if (!stuck.some((p) => p.name === name)) stuckSince.delete(name);
+  for (const p of stuck) if (!stuckSince.has(p.name)) stuckSince.set(p.name, now);
+  const limit = options.stuckFailMs ?? UPGRADE_LIMITS.stuckPodFailMs;
+  const longest = Math.max(0, ...[...stuckSince.values()].map((t) => now - t));
+  if (stuck.length === 0 || longest < limit) return undefined;
+  return {
+    state: 'failed',
+    detail: `pods not ready: ${describeStuck(stuck)} (stuck for ${formatGoDuration(roundedToSeconds(longest))})`,
+    pods,
+  };
+}
+
+async function podsOrNone(
+  client: KubeClient,
+  target: WorkloadTarget,
+  workload: K8sObject,
+  container: string,
+): Promise<PodSummary[]> {
+  try {
+    return await workloadPods(client, target, workload, container);
+  } catch {
+    // The summary is a courtesy: without list permission on pods the outcome still stands.
+    return [];
+  }
+}
+
 /** The follow record this change's PATCH writes, when the service follows the rollout after answering. */
 function followToRecord(
   workload: K8sObject,
@@ -8917,123 +10192,46 @@ function resumedReport(target: WorkloadTarget, container: string, f: FollowRecor
   };
 }
 
-function newPushRecord(push: IncomingPush, previous: string, nowMs: number, deps: UpgradeDeps): PushRecord {
-  return {
-    pushedAt: new Date(push.pushedAtMs).toISOString(),
-    timeFrom: push.timeFrom,
-    image: push.image,
-    push: push.push,
-    previous,
-    appliedAt: new Date(nowMs).toISOString(),
-    ...(deps.requestId ? { request: deps.requestId } : {}),
-  };
-}
-
-/** The container in a known copy, when the image pin allows the push there; else undefined. */
-function knownContainer(
-  workload: K8sObject,
-  target: WorkloadTarget,
-  s: UpgradeSettings,
-  ref: string,
-  report: UpgradeReport,
-): LocatedContainer | undefined {
-  const located = locateContainer(valueAt(workload, [...kindSpec(target.kind).template, 'spec']), s.container);
-  const pin = located ? checkImagePin(s.container, located.image, ref, s.pin) : undefined;
-  if (!located || !pin?.allowed) return undefined;
-  if (pin.note !== undefined && !report.notes.includes(pin.note)) report.notes.push(pin.note);
-  return located;
-}
-
-/**
- * The container to change, once the image pin has allowed the push. A missing container, or a
- * push the pin refuses, is recorded as a Warning Event and thrown: nothing is written.
- */
-async function pinnedContainer(
-  client: KubeClient,
-  target: WorkloadTarget,
-  workload: K8sObject,
-  s: UpgradeSettings,
-  ref: string,
-  report: UpgradeReport,
-  deps: UpgradeDeps,
-): Promise<LocatedContainer> {
-  const now = deps.now ?? (() => new Date());
-  const podSpec = valueAt(workload, [...kindSpec(target.kind).template, 'spec']);
-  const located = locateContainer(podSpec, s.container);
-  const refuse = async (reason: string, message: string): Promise<never> => {
-    const event: WorkloadEvent = { type: 'Warning', reason, message: `${message}; asked by ${whoAsked(deps)}` };
-    await recordEventQuietly(client, target, event, now(), report);
-    throw new UpgradeError(message);
-  };
-  if (!located) return refuse('UpgradeFailed', missingContainerMessage(podSpec, s.container, report.workload!));
-  report.imageBefore = located.image;
-  const pin = checkImagePin(s.container, located.image, ref, s.pin);
-  if (!pin.allowed) {
-    report.refused = true;
-    return refuse('UpgradeRefused', pin.message);
-  }
-  if (pin.note !== undefined && !report.notes.includes(pin.note)) report.notes.push(pin.note);
-  return located;
-}
-
-/** The change a push makes: the new image, or for the same image a restart that pulls it again. */
-function plannedChange(
-  sameImage: boolean,
-  spec: KindSpec,
-  s: UpgradeSettings,
-  ref: string,
-  deps: UpgradeDeps,
-): PlannedChange {
-  const now = deps.now ?? (() => new Date());
-  if (!sameImage) return { image: ref, changeCause: `webhook: set ${s.container} image to ${ref} (${whoAsked(deps)})` };
-  return {
-    pullAlways: true,
-    // A CronJob has no rollout to restart: Always makes its next run pull the tag again.
-    restartedAt: spec.hasRollout
-      ? now()
-          .toISOString()
-          .replace(/\.\d{3}Z$/, 'Z')
-      : undefined,
-    changeCause: `webhook: restart ${s.container} to re-pull ${ref} (${whoAsked(deps)})`,
-  };
-}
-
-/**
- * The rollout a change started: not tracked, answered as progressing, or followed to its end (and
- * under ROLLBACK_ON_FAILURE, a failed one rolled back).
- */
-async function reportRollout(
-  client: KubeClient,
-  target: WorkloadTarget,
-  updated: K8sObject | undefined,
-  s: UpgradeSettings,
-  report: UpgradeReport,
-  deps: UpgradeDeps,
-): Promise<void> {
-  const now = deps.now ?? (() => new Date());
-  const spec = kindSpec(target.kind);
-  if (!spec.hasRollout) {
-    report.rollout = { state: 'not tracked', detail: spec.rollout(updated).message, pods: [] };
-    if (s.rollbackOnFailure)
-      report.notes.push(`ROLLBACK_ON_FAILURE: a ${target.kind} has no rollout that could fail, so none is rolled back`);
-  } else if (s.rolloutTimeoutMs === 0) {
-    report.rollout = { state: 'progressing', detail: 'not waited for: ROLLOUT_TIMEOUT is 0', pods: [] };
-  } else {
-    const options = { timeoutMs: s.rolloutTimeoutMs, container: s.container, image: report.imageAfter };
-    report.rollout = await followRollout(client, target, options);
-    if (report.rollout.state === 'failed' || report.rollout.state === 'timed out') {
-      report.result = 'failed';
-      report.error =
-        report.rollout.state === 'failed'
-          ? 'the rollout failed (see rollout)'
-          : `the rollout did not complete within ${formatGoDuration(s.rolloutTimeoutMs)} (see rollout)`;
-    }
-    const event = rolloutEvent(report.rollout, s.container);
-    if (event) await recordEventQuietly(client, target, event, now(), report);
-    if (report.rollout.state === 'failed' && s.rollbackOnFailure)
-      await rollBackFailedRollout(client, target, report, s.rolloutTimeoutMs, deps);
+/** The Event that records a followed rollout's end, if it ended. Pure. */
+export function rolloutEvent(outcome: RolloutOutcome, container: string): WorkloadEvent | undefined {
+  const stuck = outcome.pods
+    .filter((p) => !p.ready)
+    .slice(0, 5)
+    .map((p) => `${p.name} ${p.reason ?? 'not ready'}`);
+  const pods = stuck.length ? ` (${stuck.join(', ')})` : '';
+  switch (outcome.state) {
+    case 'complete':
+      return {
+        type: 'Normal',
+        reason: 'RolloutComplete',
+        message: `container ${container}: rollout complete: ${outcome.detail}`,
+      };
+    case 'failed':
+      return {
+        type: 'Warning',
+        reason: 'RolloutFailed',
+        message: `container ${container}: rollout failed: ${outcome.detail}${pods}`,
+      };
+    case 'timed out':
+      return {
+        type: 'Warning',
+        reason: 'RolloutTimedOut',
+        message: `container ${container}: rollout timed out ${outcome.detail}${pods}`,
+      };
+    default:
+      return undefined;
   }
 }
+
+// ================================================================================================
+// 26. rollback — ROLLBACK_ON_FAILURE=true: a followed rollout that fails is set back to the image before the push,
+//    with the same tested patch, and that rollout is followed too. A StatefulSet (RollingUpdate) does not replace a
+//    pod stuck on the bad image by itself, so its "forced rollback" deletes, once the controller has observed the
+//    template set back, the pods it owns that still run the image rolled back from and are not ready (uid
+//    precondition); a refusal names the pods to delete by hand.
+//    Exports: rollBackFailedRollout.
+//    Tests: test/rollback.test.ts.
+// ================================================================================================
 
 /**
  * ROLLBACK_ON_FAILURE, after this push's rollout failed: sets the container back to the image it
@@ -9188,22 +10386,6 @@ async function podsOfFailedUpdate(
     .sort((a, b) => String(valueAt(a, ['metadata', 'name'])).localeCompare(String(valueAt(b, ['metadata', 'name']))));
 }
 
-/** What a forced rollback did, for the rollback line, the Event and the log. Pure. */
-export function formatForcedRollback(f: ForcedRollback): string {
-  const parts: string[] = [];
-  if (f.deleted.length > 0)
-    parts.push(`deleted the stuck pods ${f.deleted.join(', ')} for the StatefulSet's forced rollback`);
-  if (f.byHand.length > 0)
-    parts.push(
-      `the stuck pods ${f.byHand.join(', ')} must be deleted by hand for the StatefulSet's forced rollback ` +
-        `(kubectl -n ${f.namespace} delete pod ${f.byHand.join(' ')}): ${f.why}`,
-    );
-  else if (f.why !== undefined)
-    parts.push(`the stuck pods (not ready, running the image rolled back from) must be deleted by hand: ${f.why}`);
-  if (parts.length === 0) parts.push("no stuck pods to delete for the StatefulSet's forced rollback");
-  return parts.join('; ');
-}
-
 /** Why a failed rollout cannot be rolled back, or undefined when it can. Pure. */
 function rollbackObstacle(
   report: UpgradeReport,
@@ -9223,400 +10405,13 @@ function rollbackObstacle(
   return undefined;
 }
 
-/** The Event that records a followed rollout's end, if it ended. Pure. */
-export function rolloutEvent(outcome: RolloutOutcome, container: string): WorkloadEvent | undefined {
-  const stuck = outcome.pods
-    .filter((p) => !p.ready)
-    .slice(0, 5)
-    .map((p) => `${p.name} ${p.reason ?? 'not ready'}`);
-  const pods = stuck.length ? ` (${stuck.join(', ')})` : '';
-  switch (outcome.state) {
-    case 'complete':
-      return {
-        type: 'Normal',
-        reason: 'RolloutComplete',
-        message: `container ${container}: rollout complete: ${outcome.detail}`,
-      };
-    case 'failed':
-      return {
-        type: 'Warning',
-        reason: 'RolloutFailed',
-        message: `container ${container}: rollout failed: ${outcome.detail}${pods}`,
-      };
-    case 'timed out':
-      return {
-        type: 'Warning',
-        reason: 'RolloutTimedOut',
-        message: `container ${container}: rollout timed out ${outcome.detail}${pods}`,
-      };
-    default:
-      return undefined;
-  }
-}
-
-/**
- * The workload, or an error naming it. A missing one is not followed by a list of what the
- * namespace holds: the report is the answer to whoever holds the hook's URL.
- */
-async function readWorkload(client: KubeClient, target: WorkloadTarget): Promise<K8sObject> {
-  try {
-    return await client.get<K8sObject>(workloadResource(target));
-  } catch (e) {
-    if (!(e instanceof KubeError && e.status === 404)) throw e;
-    throw new UpgradeError(`${target.kind} "${target.name}" not found in namespace "${target.namespace}"`);
-  }
-}
-
-function missingContainerMessage(podSpec: unknown, name: string, workload: string): string {
-  const containers = containerNames(podSpec, 'containers');
-  const inits = containerNames(podSpec, 'initContainers');
-  const lists = [
-    `containers: ${containers.join(', ') || '(none)'}`,
-    ...(inits.length ? [`init containers: ${inits.join(', ')}`] : []),
-  ];
-  return `container "${name}" not found in ${workload} (${lists.join('; ')})`;
-}
-
-async function recordEventQuietly(
-  client: KubeClient,
-  target: WorkloadTarget,
-  event: WorkloadEvent,
-  now: Date,
-  report: UpgradeReport,
-): Promise<string | undefined> {
-  try {
-    await recordWorkloadEvent(client, target, event, now);
-    return undefined;
-  } catch (e) {
-    // The change stands without its Event; say so rather than fail the upgrade.
-    const note = `event not recorded: ${(e as Error).message}`;
-    report.notes.push(note);
-    return note;
-  }
-}
-
-// ---- verifying the pushed image on its registry (VERIFY_IMAGE) ------------------------------------
-
-export const VERIFY_LIMITS = {
-  // A registry answers a HEAD of a manifest in milliseconds; a token service a little slower. The
-  // whole verification (token and HEAD) must fit well within a registry's delivery timeout.
-  requestTimeoutMs: 10_000,
-  // A token or manifest answer larger than this is not one.
-  maxBodyBytes: 64 * 1024,
-};
-
-/** What a manifest HEAD accepts: every manifest and index type, so the digest is the tag's own. */
-const MANIFEST_TYPES = [
-  'application/vnd.oci.image.index.v1+json',
-  'application/vnd.oci.image.manifest.v1+json',
-  'application/vnd.docker.distribution.manifest.list.v2+json',
-  'application/vnd.docker.distribution.manifest.v2+json',
-].join(', ');
-
-interface RegistryAnswer {
-  status: number;
-  headers: http.IncomingHttpHeaders;
-  body: string;
-}
-
-/** One HTTPS request to a registry or its token service, under a deadline; the CA from REGISTRY_CA. */
-function registryRequest(
-  url: URL,
-  method: string,
-  headers: Record<string, string>,
-  ca?: string,
-): Promise<RegistryAnswer> {
-  return new Promise((resolve, reject) => {
-    const all = { 'User-Agent': `webhook/${VERSION}`, ...headers };
-    // timeout bounds a silent socket; the signal bounds the whole exchange (a registry that drips).
-    const signal = AbortSignal.timeout(VERIFY_LIMITS.requestTimeoutMs);
-    const req = https.request(
-      url,
-      { method, headers: all, ca, timeout: VERIFY_LIMITS.requestTimeoutMs, signal },
-      (res) => {
-        let body = '';
-        res.setEncoding('utf8');
-        res.on('data', (chunk: string) => {
-          if (body.length < VERIFY_LIMITS.maxBodyBytes) body += chunk;
-        });
-        res.on('end', () => resolve({ status: res.statusCode ?? 0, headers: res.headers, body }));
-        res.on('error', reject);
-      },
-    );
-    req.on('timeout', () => req.destroy(new Error(`no answer within ${VERIFY_LIMITS.requestTimeoutMs / 1000}s`)));
-    req.on('error', reject);
-    req.end();
-  });
-}
-
-/** The parameters of a WWW-Authenticate challenge: scheme and key="value" pairs. */
-export function parseChallenge(header: string): { scheme: string; params: Record<string, string> } {
-  const space = header.indexOf(' ');
-  const scheme = (space < 0 ? header : header.slice(0, space)).toLowerCase();
-  const params: Record<string, string> = {};
-  for (const m of header.slice(space + 1).matchAll(/([a-zA-Z_]+)="([^"]*)"/g)) params[m[1].toLowerCase()] = m[2];
-  return { scheme, params };
-}
-
-/** A user and password for a registry, from a pull secret; never logged, never in a message. */
-interface RegistryLogin {
-  user: string;
-  password: string;
-  /** The secret it came from, for messages. */
-  secret: string;
-}
-
-/** The Authorization a registry's challenge asks for: Basic with the login, or a Bearer token from its realm. */
-async function authorizationFor(
-  challenge: string,
-  login: RegistryLogin | undefined,
-  repository: string,
-  ca: string | undefined,
-): Promise<string> {
-  const { scheme, params } = parseChallenge(challenge);
-  const basic = login ? `Basic ${Buffer.from(`${login.user}:${login.password}`).toString('base64')}` : undefined;
-  if (scheme === 'basic') {
-    if (!basic) throw new UpgradeError('the registry asks for a login and the workload names no pull secret for it');
-    return basic;
-  }
-  if (scheme !== 'bearer' || !params.realm) throw new UpgradeError(`the registry asks for ${showValue(challenge)}`);
-  const url = new URL(params.realm);
-  if (params.service) url.searchParams.set('service', params.service);
-  url.searchParams.set('scope', params.scope ?? `repository:${repository}:pull`);
-  const answer = await registryRequest(url, 'GET', basic ? { Authorization: basic } : {}, ca);
-  if (answer.status !== 200)
-    throw new UpgradeError(`the registry's token service ${url.host} answered ${answer.status}`);
-  let token: unknown;
-  try {
-    const parsed = JSON.parse(answer.body) as Record<string, unknown>;
-    token = parsed.token ?? parsed.access_token;
-  } catch {
-    /* refused below */
-  }
-  if (typeof token !== 'string' || token === '')
-    throw new UpgradeError(`the registry's token service ${url.host} sent no token`);
-  return `Bearer ${token}`;
-}
-
-/**
- * The digest the registry has for host/repository:tag (HEAD /v2/<repo>/manifests/<tag>), undefined
- * when it has no such tag, and the login used. The login is looked up only when the registry asks
- * for one, so a public image needs no pull secret (and no permission to read one).
- */
-export async function resolveManifestTag(
-  host: string,
-  repository: string,
-  tag: string,
-  loginFor: () => Promise<RegistryLogin | undefined>,
-  ca?: string,
-): Promise<{ digest: string | undefined; login: RegistryLogin | undefined }> {
-  let login: RegistryLogin | undefined;
-  const url = new URL(`https://${host}/v2/${repository}/manifests/${encodeURIComponent(tag)}`);
-  const head = (authorization?: string) =>
-    registryRequest(
-      url,
-      'HEAD',
-      { Accept: MANIFEST_TYPES, ...(authorization ? { Authorization: authorization } : {}) },
-      ca,
-    );
-  let answer = await head();
-  const challenge = answer.headers['www-authenticate'];
-  if (answer.status === 401 && typeof challenge === 'string') {
-    login = await loginFor();
-    answer = await head(await authorizationFor(challenge, login, repository, ca));
-  }
-  if (answer.status === 404) return { digest: undefined, login };
-  if (answer.status === 401 || answer.status === 403) {
-    const how = login
-      ? `the login of pull secret "${login.secret}"`
-      : 'no login (the workload names no pull secret for it)';
-    throw new UpgradeError(`the registry refused ${how}: ${answer.status}`);
-  }
-  const digest = answer.headers['docker-content-digest'];
-  if (answer.status !== 200 || typeof digest !== 'string')
-    throw new UpgradeError(
-      `the registry answered ${answer.status}${typeof digest === 'string' ? '' : ' without a digest'}`,
-    );
-  return { digest, login };
-}
-
-/** "https://reg.example.com/v1/" → "reg.example.com": how docker config files name a registry. */
-function dockerConfigHost(key: string): string {
-  return stripSchemeAndSlashes(key).split('/')[0].toLowerCase();
-}
-
-/** The login a pull secret holds for `host` (.dockerconfigjson or the older .dockercfg), if any. */
-export function loginFromPullSecret(secret: unknown, host: string, name: string): RegistryLogin | undefined {
-  const data = valueAt(secret, ['data']);
-  if (!isObject(data)) return undefined;
-  const encoded = data['.dockerconfigjson'] ?? data['.dockercfg'];
-  if (typeof encoded !== 'string') return undefined;
-  let config: unknown;
-  try {
-    config = JSON.parse(Buffer.from(encoded, 'base64').toString('utf8'));
-  } catch {
-    return undefined;
-  }
-  const auths = isObject(config) && isObject(config.auths) ? config.auths : config;
-  if (!isObject(auths)) return undefined;
-  const entry = Object.entries(auths).find(([key]) => dockerConfigHost(key) === host.toLowerCase())?.[1];
-  if (!isObject(entry)) return undefined;
-  if (typeof entry.username === 'string' && typeof entry.password === 'string')
-    return { user: entry.username, password: entry.password, secret: name };
-  if (typeof entry.auth !== 'string') return undefined;
-  const decoded = Buffer.from(entry.auth, 'base64').toString('utf8');
-  const colon = decoded.indexOf(':');
-  return colon < 0 ? undefined : { user: decoded.slice(0, colon), password: decoded.slice(colon + 1), secret: name };
-}
-
-/** The pod spec of a workload of this kind. */
-export function workloadPodSpec(workload: unknown, kind: WorkloadKind): unknown {
-  return valueAt(workload, [...kindSpec(kind).template, 'spec']);
-}
-
-/** The pull secrets a pod spec names (imagePullSecrets), in order. */
-export function pullSecretNames(podSpec: unknown): string[] {
-  return asArray(valueAt(podSpec, ['imagePullSecrets']))
-    .map((s) => valueAt(s, ['name']))
-    .filter((n): n is string => typeof n === 'string' && n !== '');
-}
-
-/** The first of the workload's pull secrets that holds a login for `host`. */
-async function workloadLogin(
-  client: KubeClient,
-  namespace: string,
-  names: string[],
-  host: string,
-): Promise<RegistryLogin | undefined> {
-  for (const name of names) {
-    let secret: unknown;
-    try {
-      secret = await client.get({ group: '', version: 'v1', resource: 'secrets', namespace, name });
-    } catch (e) {
-      if (e instanceof KubeError && e.status === 404) continue;
-      throw e;
-    }
-    const login = loginFromPullSecret(secret, host, name);
-    if (login) return login;
-  }
-  return undefined;
-}
-
-/** REGISTRY_CA: PEM text, or the path of a PEM file. */
-function registryCa(value: string | undefined): string | undefined {
-  if (!value?.trim()) return undefined;
-  if (value.includes('-----BEGIN')) return value;
-  try {
-    return fs.readFileSync(value.trim(), 'utf8');
-  } catch (e) {
-    throw new UpgradeError(
-      `REGISTRY_CA ${showValue(value)} is neither PEM nor a readable file: ${(e as Error).message}`,
-    );
-  }
-}
-
-/**
- * VERIFY_IMAGE: the tag resolved on the registry, and the reference pinned to what it has
- * (`repo:tag@sha256:…`). Only after the image pin allowed the push, so neither a request nor its
- * payload can send the workload's pull secrets to a registry of its choosing; a login is used only
- * for the host its secret names. A tag the registry lacks, or another digest than the payload's, is
- * refused: nothing is written.
- */
-async function verifiedRef(
-  client: KubeClient,
-  s: UpgradeSettings,
-  ref: string,
-  announced: string | undefined,
-  report: UpgradeReport,
-): Promise<string> {
-  const target: WorkloadTarget = { ...s.workload, namespace: s.namespace };
-  const podSpec = valueAt(await readWorkload(client, target), [...kindSpec(target.kind).template, 'spec']);
-  const located = locateContainer(podSpec, s.container);
-  // The upgrade refuses these with its own messages, before anything is asked of the registry.
-  if (!located || !checkImagePin(s.container, located.image, ref, s.pin).allowed) return ref;
-  const parsed = validateImageRef(ref);
-  if (!parsed.ok || parsed.ref.tag === undefined) return ref;
-  const { domain, path: repository, tag } = parsed.ref;
-  const digest = parsed.ref.digest ?? announced;
-  const host = domain === undefined || registryOf(domain) === 'docker.io' ? 'registry-1.docker.io' : domain;
-  const loginFor = () => workloadLogin(client, s.namespace, pullSecretNames(podSpec), host);
-  const where = `${host}/${repository}:${tag}`;
-  let resolved: string | undefined;
-  let login: RegistryLogin | undefined;
-  try {
-    ({ digest: resolved, login } = await resolveManifestTag(host, repository, tag, loginFor, s.registryCa));
-  } catch (e) {
-    throw new UpgradeError(`VERIFY_IMAGE: could not resolve ${where}: ${(e as Error).message}; nothing was changed`);
-  }
-  if (resolved === undefined)
-    throw new UpgradeError(
-      `VERIFY_IMAGE: the registry has no tag ${showValue(tag)} in ${host}/${repository}; nothing was changed`,
-    );
-  if (digest !== undefined && digest !== resolved)
-    throw new UpgradeError(
-      `VERIFY_IMAGE: the payload announced ${digest} but the registry's ${where} is ${resolved}; nothing was changed`,
-    );
-  report.notes.push(
-    `VERIFY_IMAGE: ${where} is ${resolved} on the registry` +
-      (login ? ` (login from pull secret "${login.secret}")` : ''),
-  );
-  return `${ref.split('@')[0]}@${resolved}`;
-}
-
-// ---- output -----------------------------------------------------------------------------------
-
-const LABEL_WIDTH = 'image before:'.length;
-
-function reportLine(label: string, value: string): string {
-  return `${`${label}:`.padEnd(LABEL_WIDTH)} ${value}`;
-}
-
-export function formatRollout(r: RolloutOutcome): string {
-  switch (r.state) {
-    case 'complete':
-    case 'progressing':
-    case 'not tracked':
-      return `${r.state} (${r.detail})`;
-    case 'failed':
-    case 'timed out':
-      return `${r.state}: ${r.detail}`;
-  }
-}
-
-export function formatPod(p: PodSummary): string {
-  return (
-    `pod ${p.name}: ${p.phase}, ${p.ready ? 'ready' : 'not ready'}, image ${p.image}, restarts ` +
-    `${p.restarts}${p.reason ? `, ${p.reason}` : ''}`
-  );
-}
-
-export function formatRollback(r: RollbackOutcome): string {
-  if (r.notDone !== undefined) return `not rolled back: ${r.notDone}; ${r.reason}`;
-  const forced = r.forced ? `; ${formatForcedRollback(r.forced)}` : '';
-  const rollout = r.rollout ? `; its rollout ${formatRollout(r.rollout)}` : '';
-  return `rolled back to ${r.image}: ${r.reason}${forced}${rollout}`;
-}
-
-/** The report as the documented lines (see the section banner). Pure. */
-export function formatReport(r: UpgradeReport): string {
-  const lines: string[] = [];
-  if (r.workload)
-    lines.push(reportLine('workload', `${r.workload}${r.namespace ? ` in namespace ${r.namespace}` : ''}`));
-  if (r.container) lines.push(reportLine('container', r.container));
-  if (r.imageBefore !== undefined) lines.push(reportLine('image before', r.imageBefore));
-  if (r.imageAfter !== undefined) lines.push(reportLine('image after', r.imageAfter));
-  lines.push(reportLine('action', r.action));
-  lines.push(reportLine('result', r.result === 'ok' ? 'ok' : `failed: ${r.error ?? 'unknown error'}`));
-  if (r.rollout) {
-    lines.push(reportLine('rollout', formatRollout(r.rollout)));
-    for (const p of r.rollout.pods.slice(0, UPGRADE_LIMITS.maxPodLines)) lines.push(formatPod(p));
-    if (r.rollout.pods.length > UPGRADE_LIMITS.maxPodLines)
-      lines.push(reportLine('pods', `${r.rollout.pods.length - UPGRADE_LIMITS.maxPodLines} more not shown`));
-  }
-  if (r.rollback) lines.push(reportLine('rollback', formatRollback(r.rollback)));
-  for (const n of r.notes) lines.push(reportLine('note', n));
-  return `${lines.join('\n')}\n`;
-}
+// ================================================================================================
+// 27. least privilege — -print-rbac: the Roles and RoleBindings the hooks need, worked out from the hooks themselves
+//    (namespace, kind and name when the hook fixes them; `resourceNames` wherever it can), so the service account
+//    gets nothing it does not use.
+//    Exports: formatRbac, hookReach, HookReach, upgradeInput.
+//    Tests: test/chart.test.ts, test/deploy.test.ts, test/unit.test.ts.
+// ================================================================================================
 
 // ---- least privilege: the RBAC the hooks need (-print-rbac) -----------------------------------
 
@@ -9787,6 +10582,183 @@ export function formatRbac(reaches: HookReach[], serviceAccount: string, hooksPa
     out.push(`    name: ${JSON.stringify(saName)}`, `    namespace: ${JSON.stringify(saNamespace)}`);
   }
   return `${out.join('\n')}\n`;
+}
+
+// ================================================================================================
+// 28. the upgrade — the job /webhooks.sh exists for, as named steps: read the settings, compose the image, decide,
+//    patch, record the Event, follow the rollout and roll back when asked, report. UpgradeService is the command
+//    runner's InProcessCommand: one client, one per-workload queue and one set of kept pushes for every push. A push
+//    the API server does not answer is kept and applied when it answers (KeptPushes, answered 202).
+//    Exports: runUpgrade, UpgradeService.
+//    Tests: test/burst.test.ts, test/e2e.test.ts, test/outage.test.ts, test/rollback.test.ts, test/upgrade.test.ts.
+// ================================================================================================
+
+/**
+ * The upgrade mode: what /webhooks.sh does with argument 1 (the payload) and the hook's
+ * environment. Never throws: every failure is in the report, the output and the exit status.
+ */
+export async function runUpgrade(
+  args: string[],
+  env: Record<string, string | undefined>,
+  deps: UpgradeDeps = {},
+): Promise<{ output: string; exitCode: number; report: UpgradeReport }> {
+  const report: UpgradeReport = { action: 'none (nothing was changed)', changed: false, result: 'ok', notes: [] };
+  let ownClient: KubeClient | undefined;
+  try {
+    // Everything up to queue.run is synchronous, so tasks are queued in the order calls arrive.
+    const settings = readSettings(env, report);
+    const headers = pushHeaders(args[1]);
+    const validation = webhookValidation(headers, args[0]);
+    if (validation !== undefined) {
+      report.action = `none (${validation})`;
+      return upgradeResult(report);
+    }
+    const parsed = parsePushPayload(args[0]);
+    if (parsed.kind === 'error') throw new UpgradeError(parsed.message);
+    const composed = composeImageRef(parsed.payload, env, headers);
+    if (composed.kind === 'error') throw new UpgradeError(composed.message);
+    if (composed.kind === 'noop' || composed.kind === 'answer') {
+      report.action = `none (${composed.reason})`;
+      const result = upgradeResult(report);
+      // A handshake's answer is the body its sender reads; the report still goes to the log and mail.
+      return composed.kind === 'answer' ? { ...result, output: composed.body } : result;
+    }
+    report.imageAfter = composed.ref;
+    report.notes.push(...composed.notes);
+    // When it arrived, before any wait: the push's time when its payload names none.
+    const time = pushTime(composed.pushedAt, (deps.now ?? (() => new Date()))());
+    const push: IncomingPush = { pushedAtMs: time.ms, timeFrom: time.from, image: composed.ref, push: composed.pushId };
+    report.pushedAtMs = time.ms;
+    const client = deps.client ?? (ownClient = new KubeClient(credentialsFromEnvironment(env, deps.kubeconfig)));
+    const workloadKey = `${settings.namespace}/${settings.workload.kind}/${settings.workload.name}`;
+    const apply = async () => {
+      if (deps.abandon?.aborted) {
+        report.action = KEPT_SUPERSEDED;
+        return;
+      }
+      let ref = composed.candidates ? await candidateFor(client, settings, composed.candidates, report) : composed.ref;
+      if (settings.verifyImage) ref = await verifiedRef(client, settings, ref, composed.digest, report);
+      report.imageAfter = ref;
+      await applyUpgrade(client, settings, { ...push, image: ref }, report, deps);
+    };
+    await (deps.queue ? deps.queue.run(workloadKey, apply) : apply());
+  } catch (e) {
+    report.result = 'failed';
+    report.error = (e as Error).message;
+    // No answer at all, or the server's own failure or throttling, to the end of the retry budget.
+    report.unreachable = e instanceof KubeError && (e.status === 0 || e.status === 429 || e.status >= 500);
+  } finally {
+    ownClient?.close();
+  }
+  return upgradeResult(report);
+}
+
+/** Argument 2, the request's headers when the hook passes them (entire-headers). */
+function pushHeaders(text: string | undefined): PushHeaders {
+  try {
+    return parsePushHeaders(text);
+  } catch (e) {
+    throw new UpgradeError((e as Error).message);
+  }
+}
+
+/** Of the references one delivery announced, the one for this container (chooseCandidate), from the workload now. */
+async function candidateFor(
+  client: KubeClient,
+  s: UpgradeSettings,
+  candidates: string[],
+  report: UpgradeReport,
+): Promise<string> {
+  const target: WorkloadTarget = { ...s.workload, namespace: s.namespace };
+  const workload = await readWorkload(client, target);
+  const located = locateContainer(valueAt(workload, [...kindSpec(target.kind).template, 'spec']), s.container);
+  const chosen = located ? chooseCandidate(s.container, located.image, candidates, s.pin) : candidates.at(-1)!;
+  report.notes.push(
+    `the delivery announced ${candidates.length} images (${candidates.join(', ')}); ${chosen} is ` + `this container's`,
+  );
+  return chosen;
+}
+
+function upgradeResult(report: UpgradeReport): { output: string; exitCode: number; report: UpgradeReport } {
+  return { output: formatReport(report), exitCode: report.result === 'ok' ? 0 : 1, report };
+}
+
+async function applyUpgrade(
+  client: KubeClient,
+  s: UpgradeSettings,
+  push: IncomingPush,
+  report: UpgradeReport,
+  deps: UpgradeDeps,
+): Promise<void> {
+  const now = deps.now ?? (() => new Date());
+  const ref = push.image;
+  const target: WorkloadTarget = { ...s.workload, namespace: s.namespace };
+  const key = `${target.namespace}/${target.kind}/${target.name}`;
+  // A copy from an earlier push may be stale: only a patch (whose tests fail on a stale copy)
+  // is decided on it; a refusal or a no-op is decided again on the workload as it is now.
+  const known = deps.known?.get(key);
+  const applied = known ? await patchOnce(client, known, target, s, push, report, deps, 'known') : undefined;
+  const change =
+    (applied === 'conflict' || applied === 'no change' ? undefined : applied) ??
+    (await patchUntilApplied(client, target, s, push, report, deps));
+  deps.known?.set(key, change?.updated);
+  if (!change) return;
+  report.changed = true;
+  report.lastPush = change.lastPush;
+  report.followRecorded = change.followRecorded;
+  report.action = change.sameImage ? kindSpec(target.kind).sameImageAction : 'image updated';
+  const eventMessage = change.sameImage
+    ? `container ${s.container}: ${ref} pulled again (same image, rollout restarted); asked by ${whoAsked(deps)}`
+    : `container ${s.container}: image ${change.before} → ${ref}; asked by ${whoAsked(deps)}`;
+  const reason = change.sameImage ? 'RolloutRestarted' : 'ImageUpdated';
+  const recording = recordEventQuietly(
+    client,
+    target,
+    { type: 'Normal', reason, message: eventMessage },
+    now(),
+    report,
+  );
+  if (deps.eventAfterAnswer) report.afterAnswer = recording;
+  else await recording;
+  target.generation = numberAt(change.updated, ['metadata', 'generation']);
+  await reportRollout(client, target, change.updated, s, report, deps);
+}
+
+/**
+ * The rollout a change started: not tracked, answered as progressing, or followed to its end (and
+ * under ROLLBACK_ON_FAILURE, a failed one rolled back).
+ */
+async function reportRollout(
+  client: KubeClient,
+  target: WorkloadTarget,
+  updated: K8sObject | undefined,
+  s: UpgradeSettings,
+  report: UpgradeReport,
+  deps: UpgradeDeps,
+): Promise<void> {
+  const now = deps.now ?? (() => new Date());
+  const spec = kindSpec(target.kind);
+  if (!spec.hasRollout) {
+    report.rollout = { state: 'not tracked', detail: spec.rollout(updated).message, pods: [] };
+    if (s.rollbackOnFailure)
+      report.notes.push(`ROLLBACK_ON_FAILURE: a ${target.kind} has no rollout that could fail, so none is rolled back`);
+  } else if (s.rolloutTimeoutMs === 0) {
+    report.rollout = { state: 'progressing', detail: 'not waited for: ROLLOUT_TIMEOUT is 0', pods: [] };
+  } else {
+    const options = { timeoutMs: s.rolloutTimeoutMs, container: s.container, image: report.imageAfter };
+    report.rollout = await followRollout(client, target, options);
+    if (report.rollout.state === 'failed' || report.rollout.state === 'timed out') {
+      report.result = 'failed';
+      report.error =
+        report.rollout.state === 'failed'
+          ? 'the rollout failed (see rollout)'
+          : `the rollout did not complete within ${formatGoDuration(s.rolloutTimeoutMs)} (see rollout)`;
+    }
+    const event = rolloutEvent(report.rollout, s.container);
+    if (event) await recordEventQuietly(client, target, event, now(), report);
+    if (report.rollout.state === 'failed' && s.rollbackOnFailure)
+      await rollBackFailedRollout(client, target, report, s.rolloutTimeoutMs, deps);
+  }
 }
 
 /** Marks the bundled webhooks.sh: a hook whose command is that file runs the upgrade in-process. */
@@ -10203,60 +11175,14 @@ export class UpgradeService implements InProcessCommand {
 }
 
 // ================================================================================================
-// 14. smtp client & mail — mails a hook's result through the server the MAIL_* variables describe,
-//    with a small hand-written SMTP client: implicit TLS or STARTTLS, AUTH PLAIN/LOGIN/CRAM-MD5,
-//    every step under a deadline, RFC 5322/MIME/RFC 2047 messages. The password lives in a Secret
-//    and every reply or error text leaving this section is scrubbed of it. ResultNotifier is the
-//    http server's CommandListener: an upgrade's rollout is followed to its end, then mailed.
-//    The observer (ResultObserver) is told the same, at the same moments.
-//    Exports: MailConfig, MailJob, mailJob, Mailer, Outcome, parseMailConfig, ResultNotifier, ResultObserver,
-//    SendOutcome.
+// 29. mail — mails a hook's result through the server the MAIL_* variables describe (parseMailConfig; MAIL_TO names
+//    the recipients): one mail per push after its rollout's end, at most -max-mails-per-hook per -mail-window, the
+//    rest summed up in one mail. ResultNotifier is the http server's CommandListener: an upgrade's rollout is
+//    followed to its end, then mailed; the ResultObserver (the deliveries page) is told the same, at the same
+//    moments.
+//    Exports: Mailer, MailJob, mailJob, Outcome, parseMailConfig, ResultNotifier, ResultObserver, SendOutcome.
+//    Tests: test/mail.test.ts, test/outage.test.ts, test/resume.test.ts.
 // ================================================================================================
-
-/** A value that must never be printed: it shows as "[redacted]" in logs, JSON and inspection. */
-export class Secret {
-  #value: string;
-  constructor(value: string) {
-    this.#value = value;
-  }
-  reveal(): string {
-    return this.#value;
-  }
-  toString(): string {
-    return '[redacted]';
-  }
-  toJSON(): string {
-    return '[redacted]';
-  }
-  [Symbol.for('nodejs.util.inspect.custom')](): string {
-    return '[redacted]';
-  }
-}
-
-export interface MailConfig {
-  readonly host: string;
-  readonly port: number;
-  /**
-   * implicit-tls: TLS from the first byte. starttls: STARTTLS, required whenever offered. auto: the
-   * server's first move decides (a greeting in clear: STARTTLS; silence: implicit TLS).
-   */
-  readonly security: 'implicit-tls' | 'starttls' | 'auto';
-  /** Envelope sender and From header. */
-  readonly from: string;
-  /** AUTH user name: MAIL_SMTP_USER, or the sender address. */
-  readonly user: string;
-  /** No password: no AUTH. */
-  readonly password: Secret | undefined;
-  /** Extra trusted CA certificates (PEM), added to Node's default ones. */
-  readonly ca: string | undefined;
-  readonly verifyCertificate: boolean;
-  /** Send credentials over a connection that has no TLS, when the server offers no STARTTLS. */
-  readonly allowPlaintextAuth: boolean;
-}
-
-/** The old image spoke implicit TLS only (curl, smtps://), so an unset port keeps to its 465. */
-const DEFAULT_SMTP_PORT = 465;
-const IMPLICIT_TLS_PORT = 465;
 
 /**
  * Reads the MAIL_* variables. MAIL_SMTP_SERVER unset or empty means mail is off (no config, no
@@ -10357,35 +11283,6 @@ class MailVariables {
   }
 }
 
-const PEM_CERTIFICATE = /-----BEGIN CERTIFICATE-----[\s\S]+?-----END CERTIFICATE-----/g;
-
-function isPemCertificates(text: string): boolean {
-  const blocks = text.match(PEM_CERTIFICATE) ?? [];
-  if (blocks.length === 0) return false;
-  try {
-    for (const block of blocks) new X509Certificate(block);
-    return true;
-  } catch {
-    return false;
-  }
-}
-
-const HOST_LABEL = '[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?';
-const HOST_NAME = new RegExp(`^${HOST_LABEL}(?:\\.${HOST_LABEL})*\\.?$`);
-const ATOM = "[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+";
-// The dot-atom form of RFC 5322's addr-spec; quoted local parts and address literals are not
-// accepted, and neither is non-ASCII (that would need SMTPUTF8).
-const ADDRESS = new RegExp(`^${ATOM}(?:\\.${ATOM})*@${HOST_LABEL}(?:\\.${HOST_LABEL})*$`);
-
-function isHostName(text: string): boolean {
-  return text.length <= 253 && HOST_NAME.test(text);
-}
-
-function isAddress(text: string): boolean {
-  const at = text.lastIndexOf('@');
-  return text.length <= 254 && at <= 64 && ADDRESS.test(text);
-}
-
 /**
  * MAIL_TO as the hook gives it: comma-separated addresses. Empty entries ("a@x,") are ignored and
  * repeated addresses kept once; anything that is not a plain address (a display name, a line break
@@ -10401,623 +11298,6 @@ export function parseRecipients(mailTo: string): string[] {
   }
   if (recipients.length === 0) throw new Error('MAIL_TO: no recipient');
   return recipients;
-}
-
-// ---- message composition ----
-
-export interface MailMessage {
-  from: string;
-  to: readonly string[];
-  subject: string;
-  /** Plain text; any line-break convention. */
-  body: string;
-  date: Date;
-  /** With or without the angle brackets. */
-  messageId: string;
-}
-
-// RFC 5322 asks for lines of at most 78 characters (998 is the hard limit); RFC 2047 limits a line
-// holding encoded-words to 76 and one encoded-word to 75.
-const HEADER_LINE_SOFT_LIMIT = 78;
-const LINE_HARD_LIMIT = 998;
-const ENCODED_WORD_LINE_LIMIT = 76;
-const BASE64_LINE_LENGTH = 76;
-
-const DAYS = ['Sun', 'Mon', 'Tue', 'Wed', 'Thu', 'Fri', 'Sat'];
-
-/** RFC 5322 date-time in UTC, e.g. "Sun, 22 Nov 2026 04:12:00 +0000". */
-export function formatRfc5322Date(date: Date): string {
-  const two = (n: number) => String(n).padStart(2, '0');
-  return (
-    `${DAYS[date.getUTCDay()]}, ${two(date.getUTCDate())} ${MONTHS[date.getUTCMonth()]} ${date.getUTCFullYear()} ` +
-    `${two(date.getUTCHours())}:${two(date.getUTCMinutes())}:${two(date.getUTCSeconds())} +0000`
-  );
-}
-
-/** A fresh Message-ID in the sender's domain (random, so not pure; kept beside its only use). */
-export function newMessageId(from: string): string {
-  return `<${randomUUID()}@${from.slice(from.lastIndexOf('@') + 1)}>`;
-}
-
-/**
- * The whole message, CRLF line endings. The body goes base64-encoded: it survives any content
- * (NUL bytes, lines of any length, lines starting with "." or "From ") and every line stays 76
- * characters. Addresses are written as given (their case is kept).
- */
-export function composeMessage(message: MailMessage): string {
-  for (const address of [message.from, ...message.to]) {
-    if (!isAddress(address)) throw new Error(`composeMessage: ${JSON.stringify(address)} is not an e-mail address`);
-  }
-  const messageId = message.messageId.replace(/^<(.*)>$/, '$1');
-  if (!/^[\x21-\x3b\x3d\x3f\x41-\x7e]+@[\x21-\x3b\x3d\x3f\x41-\x7e]+$/.test(messageId)) {
-    throw new Error(`composeMessage: ${JSON.stringify(message.messageId)} is not a Message-ID`);
-  }
-  const headers = [
-    `Date: ${formatRfc5322Date(message.date)}`,
-    `From: ${message.from}`,
-    foldHeader('To', message.to.join(', ')),
-    encodeHeader('Subject', message.subject),
-    `Message-ID: <${messageId}>`,
-    'MIME-Version: 1.0',
-    'Content-Type: text/plain; charset=utf-8',
-    'Content-Transfer-Encoding: base64',
-  ];
-  const body = Buffer.from(message.body.replace(/\r\n|\r|\n/g, '\r\n'), 'utf8').toString('base64');
-  const bodyLines = body.match(new RegExp(`.{1,${BASE64_LINE_LENGTH}}`, 'g')) ?? [];
-  return [...headers, '', ...bodyLines].join('\r\n') + '\r\n';
-}
-
-/**
- * An unstructured header (Subject): as it is when it is printable ASCII that folds into legal lines,
- * otherwise wholly as RFC 2047 encoded-words. Whitespace runs (line breaks included) become one space
- * first: a header value has no line breaks of its own.
- */
-function encodeHeader(name: string, value: string): string {
-  const text = value.replace(/\s+/g, ' ').trim();
-  if (/^[\x20-\x7e]*$/.test(text) && !text.includes('=?')) {
-    const folded = foldHeader(name, text);
-    if (folded.split('\r\n').every((line) => line.length <= LINE_HARD_LIMIT)) return folded;
-  }
-  return encodedWords(name, text);
-}
-
-/** Folds before spaces so that lines keep under 78 characters where the words allow it. */
-function foldHeader(name: string, value: string): string {
-  const lines: string[] = [];
-  let line = `${name}:`;
-  for (const word of value.split(' ')) {
-    if (line.length + 1 + word.length > HEADER_LINE_SOFT_LIMIT && line.length > name.length + 1) {
-      lines.push(line);
-      line = '';
-    }
-    line += ` ${word}`;
-  }
-  lines.push(line);
-  return lines.join('\r\n');
-}
-
-/**
- * "=?UTF-8?B?…?=" words, each on its own line: the first after the header name, the rest on folded
- * lines. Words are cut between characters (code points), never inside one's UTF-8 bytes, and every
- * line stays within RFC 2047's 76 characters. The folding white space between encoded-words is not
- * part of the decoded text, so the value reads back exactly.
- */
-function encodedWords(name: string, text: string): string {
-  const wordOverhead = '=?UTF-8?B??='.length;
-  // Bytes of UTF-8 that fit in one word when the line already holds `used` characters.
-  const capacity = (used: number) => Math.floor((ENCODED_WORD_LINE_LIMIT - used - wordOverhead) / 4) * 3;
-  const lines: string[] = [];
-  let prefix = `${name}: `;
-  let chunk = '';
-  const flush = () => {
-    lines.push(`${prefix}=?UTF-8?B?${Buffer.from(chunk, 'utf8').toString('base64')}?=`);
-    prefix = ' ';
-    chunk = '';
-  };
-  for (const character of text) {
-    if (chunk !== '' && Buffer.byteLength(chunk + character, 'utf8') > capacity(prefix.length)) flush();
-    chunk += character;
-  }
-  if (chunk !== '' || lines.length === 0) flush();
-  return lines.join('\r\n');
-}
-
-/**
- * The DATA payload before the terminating ".": every line break made CRLF (a bare LF or CR is never
- * sent, so no "SMTP smuggling" reading of it), a final CRLF, and a "." doubled at the start of every
- * line that has one (RFC 5321 4.5.2), so no line of the message can end the DATA early.
- */
-export function dotStuff(message: string): string {
-  const crlf = message.replace(/\r\n|\r|\n/g, '\r\n');
-  const terminated = crlf.endsWith('\r\n') ? crlf : `${crlf}\r\n`;
-  return terminated.replace(/^\./gm, '..');
-}
-
-// ---- the SMTP client ----
-
-export interface SmtpTimeouts {
-  /** TCP connect, plus the TLS handshake for implicit TLS (and, in auto mode, the wait that tells which). */
-  connectMs: number;
-  /** Each reply, and the STARTTLS handshake. */
-  replyMs: number;
-  /** The whole transaction, from connect to the reply after the message. */
-  totalMs: number;
-}
-
-// A hook's mail is a few kilobytes: a healthy server answers each step in well under a second. The
-// budgets leave room for a slow relay and greylisting delays, and bound how long a hung server keeps
-// a mail (and a graceful shutdown that flushes mails) waiting.
-export const SMTP_TIMEOUTS: Readonly<SmtpTimeouts> = Object.freeze({
-  connectMs: 10_000,
-  replyMs: 30_000,
-  totalMs: 120_000,
-});
-// The message is already accepted when QUIT goes out; a slow goodbye must not make it look failed.
-const QUIT_TIMEOUT_MS = 2_000;
-// Auto mode: an SMTP server greets the moment it accepts (within a round trip, well under a second
-// even across continents, plus the name lookup some servers make first); an implicit-TLS server
-// says nothing until the client's TLS hello. Silence this long therefore means TLS. Only that path
-// pays the wait (a STARTTLS server ends it with its greeting), once per mail and in the background,
-// so headroom is cheap, while a server greeting later than this would be mistaken for a TLS one.
-const TLS_DETECTION_SILENCE_MS = 2_000;
-// An SMTP reply line is at most 512 octets (RFC 5321 4.5.3.1.5); an EHLO reply has a few dozen. A
-// server sending more than this without completing a reply is not speaking SMTP.
-const MAX_REPLY_CHARS = 64 * 1024;
-
-export interface SendOptions {
-  to: readonly string[];
-  timeouts?: Partial<SmtpTimeouts>;
-  /** EHLO name; by default the host name when it is a valid one, else the local address literal. */
-  heloName?: string;
-}
-
-/** `security` says how the connection was protected, for the log: see securityReport. */
-export type SendResult =
-  | { ok: true; reply: string; security: string }
-  | { ok: false; transient: boolean; reply: string; stage: string; security?: string };
-
-/** Why a transaction stopped, with the server's reply or the local reason. */
-class SmtpFailure extends Error {
-  transient: boolean;
-  stage: string;
-  constructor(stage: string, transient: boolean, reply: string) {
-    super(reply);
-    this.stage = stage;
-    this.transient = transient;
-  }
-}
-
-interface SmtpReply {
-  code: number;
-  lines: string[];
-}
-
-function formatReply(reply: SmtpReply): string {
-  return `${reply.code} ${reply.lines.join(' ')}`.trim();
-}
-
-/**
- * The reply, when its code is one of `codes`. Otherwise the transaction stops there: a 4xx means the
- * server asks to try later; a 5xx, or any code out of place, means trying again will not help.
- */
-function expectReply(stage: string, reply: SmtpReply, ...codes: number[]): SmtpReply {
-  if (!codes.includes(reply.code))
-    throw new SmtpFailure(stage, reply.code >= 400 && reply.code < 500, formatReply(reply));
-  return reply;
-}
-
-/**
- * One complete reply at the start of `received` (lines "250-…" continue, "250 …" ends), or undefined
- * while it is incomplete. Throws on text that is not an SMTP reply.
- */
-function takeReply(received: string): { reply: SmtpReply; rest: string } | undefined {
-  const lines: string[] = [];
-  let start = 0;
-  for (let end = received.indexOf('\n'); end !== -1; end = received.indexOf('\n', start)) {
-    const line = received.slice(start, end).replace(/\r$/, '');
-    start = end + 1;
-    const match = /^([2-5]\d\d)(?:([ -])(.*))?$/.exec(line);
-    if (!match) throw new Error(`not an SMTP reply: ${JSON.stringify(line.slice(0, 80))}`);
-    lines.push(match[3] ?? '');
-    if (match[2] !== '-') return { reply: { code: Number(match[1]), lines }, rest: received.slice(start) };
-  }
-  if (received.length > MAX_REPLY_CHARS) throw new Error(`reply longer than ${MAX_REPLY_CHARS} characters`);
-  return undefined;
-}
-
-/**
- * The conversation over one socket (swapped for its TLS wrapper after STARTTLS): write a line, read
- * the next reply within the step's deadline. One command is outstanding at a time (no pipelining).
- */
-class SmtpSession {
-  socket: net.Socket;
-  /** How the conversation is protected: as connectSmtp left it, then "STARTTLS" once that succeeds. */
-  security: 'implicit TLS' | 'STARTTLS' | 'no TLS';
-  #received = '';
-  #decoder = new StringDecoder('utf8');
-  #failure: Error | undefined;
-  #changed: (() => void) | undefined;
-  #deadlineAt: number;
-  #timeouts: SmtpTimeouts;
-  #onData = (chunk: Buffer) => {
-    this.#received += this.#decoder.write(chunk);
-    this.#changed?.();
-  };
-  #onError = (error: Error) => {
-    this.#failure ??= error;
-    this.#changed?.();
-  };
-  #onClose = () => this.#onError(new Error('connection closed by the server'));
-
-  constructor(socket: net.Socket, deadlineAt: number, timeouts: SmtpTimeouts) {
-    this.socket = socket;
-    this.security = socket instanceof tls.TLSSocket ? 'implicit TLS' : 'no TLS';
-    this.#deadlineAt = deadlineAt;
-    this.#timeouts = timeouts;
-    this.#listen(socket);
-  }
-
-  #listen(socket: net.Socket): void {
-    socket.on('data', this.#onData).on('error', this.#onError).on('close', this.#onClose);
-  }
-
-  /** The time a step may take: its own limit, cut short by what is left of the transaction. */
-  stepMs(limitMs: number): number {
-    return Math.max(0, Math.min(limitMs, this.#deadlineAt - Date.now()));
-  }
-
-  async read(stage: string, limitMs = this.#timeouts.replyMs): Promise<SmtpReply> {
-    const waitMs = this.stepMs(limitMs);
-    try {
-      return await withDeadline(
-        new Promise<SmtpReply>((resolve, reject) => {
-          const attempt = () => {
-            try {
-              const taken = takeReply(this.#received);
-              if (taken) {
-                this.#received = taken.rest;
-                resolve(taken.reply);
-              } else if (this.#failure) {
-                reject(this.#failure);
-              } else {
-                return;
-              }
-            } catch (error) {
-              // Not SMTP (an HTTP or TLS server on that port, say): a setup problem, not a passing one.
-              reject(new SmtpFailure(stage, false, (error as Error).message));
-            }
-            this.#changed = undefined;
-          };
-          this.#changed = attempt;
-          attempt();
-        }),
-        waitMs,
-        () => new SmtpFailure(stage, true, `no reply within ${waitMs} ms`),
-      );
-    } finally {
-      this.#changed = undefined;
-    }
-  }
-
-  async command(stage: string, line: string, limitMs?: number): Promise<SmtpReply> {
-    this.socket.write(`${line}\r\n`);
-    return this.read(stage, limitMs);
-  }
-
-  /** Sends `line`; the reply if its code is one of `codes`, else the failure that reply means. */
-  async step(stage: string, line: string, ...codes: number[]): Promise<SmtpReply> {
-    return expectReply(stage, await this.command(stage, line), ...codes);
-  }
-
-  /** Replaces the plain socket by a TLS one over it, after the server's "220" to STARTTLS. */
-  async startTls(config: MailConfig): Promise<void> {
-    // Anything the server sent after its 220 would be read as if it came over TLS: an injection
-    // (CVE-2011-0411 and kin), so it is refused rather than carried over.
-    if (this.#received !== '') throw new SmtpFailure('starttls', false, 'server sent data after its STARTTLS reply');
-    const plain = this.socket;
-    plain
-      .removeListener('data', this.#onData)
-      .removeListener('error', this.#onError)
-      .removeListener('close', this.#onClose);
-    this.socket = await startTlsOn(plain, config, 'starttls', this.stepMs(this.#timeouts.replyMs));
-    this.#listen(this.socket);
-    this.#decoder = new StringDecoder('utf8');
-    this.security = 'STARTTLS';
-  }
-
-  close(): void {
-    this.socket.destroy();
-  }
-}
-
-function smtpTlsOptions(config: MailConfig): tls.ConnectionOptions {
-  return {
-    host: config.host,
-    // SNI carries names only; for an IP address Node checks the certificate's IP SANs against host.
-    servername: net.isIP(config.host) === 0 ? config.host.replace(/\.$/, '') : undefined,
-    // `ca` replaces Node's trusted set, so the default one (bundled roots, NODE_EXTRA_CA_CERTS,
-    // --use-system-ca) is passed along with MAIL_CACERT.
-    ca: config.ca === undefined ? undefined : [...tls.getCACertificates('default'), config.ca],
-    rejectUnauthorized: config.verifyCertificate,
-  };
-}
-
-/**
- * TLS over a connected socket (implicit TLS, detected implicit TLS, STARTTLS), verified as
- * smtpTlsOptions says; the TLS socket once its handshake is done, else destroyed.
- */
-async function startTlsOn(plain: net.Socket, config: MailConfig, stage: string, waitMs: number): Promise<net.Socket> {
-  // Errors now surface on the TLS socket; this keeps a late one on the plain socket from being
-  // an unhandled 'error' event.
-  plain.on('error', () => {});
-  const secure = tls.connect({ ...smtpTlsOptions(config), socket: plain });
-  try {
-    await handshake(secure, stage, waitMs);
-    return secure;
-  } catch (error) {
-    secure.destroy();
-    throw error;
-  }
-}
-
-/** Resolves once `socket` has finished its TLS handshake; a rejected certificate is not transient. */
-function handshake(socket: tls.TLSSocket, stage: string, waitMs: number): Promise<void> {
-  return withDeadline(
-    new Promise<void>((resolve, reject) => {
-      socket.once('secureConnect', resolve);
-      socket.once('error', (error) => {
-        // Node records why verification failed before it destroys the socket; that is a setup
-        // problem (wrong CA, wrong name), not a network one.
-        if (socket.authorizationError) {
-          reject(
-            new SmtpFailure(
-              stage,
-              false,
-              `server certificate not trusted: ${error.message} (${socket.authorizationError})`,
-            ),
-          );
-        } else {
-          reject(error);
-        }
-      });
-    }),
-    waitMs,
-    () => new SmtpFailure(stage, true, `TLS handshake not finished within ${waitMs} ms`),
-  );
-}
-
-function withDeadline<T>(work: Promise<T>, waitMs: number, timeoutError: () => Error): Promise<T> {
-  let timer: NodeJS.Timeout | undefined;
-  const expired = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(timeoutError()), waitMs);
-  });
-  return Promise.race([work, expired]).finally(() => clearTimeout(timer));
-}
-
-/**
- * A connection ready for the server's greeting: plain, or with TLS already started when
- * MAIL_TLS_MODE (or port 465) says implicit TLS or, in auto mode, the server waits for the client.
- */
-async function connectSmtp(config: MailConfig, waitMs: number): Promise<net.Socket> {
-  const deadlineAt = Date.now() + waitMs;
-  const socket = net.connect({ host: config.host, port: config.port });
-  try {
-    await withDeadline(
-      new Promise<void>((resolve, reject) => socket.once('connect', resolve).once('error', reject)),
-      waitMs,
-      () => new SmtpFailure('connect', true, `no connection within ${waitMs} ms`),
-    );
-    if (config.security === 'starttls') return socket;
-    const leftMs = () => Math.max(0, deadlineAt - Date.now());
-    if (config.security === 'implicit-tls') return await startTlsOn(socket, config, 'connect', leftMs());
-    return await startTlsUnlessGreeted(socket, config, deadlineAt);
-  } catch (error) {
-    socket.destroy();
-    throw error;
-  }
-}
-
-/**
- * Auto mode: anything the server sends first means plain SMTP (left unread: the greeting step reads
- * it, and refuses what is not SMTP); silence for TLS_DETECTION_SILENCE_MS means implicit TLS, started
- * on the same connection. A failure then says that TLS was a guess, and how to force STARTTLS.
- */
-async function startTlsUnlessGreeted(socket: net.Socket, config: MailConfig, deadlineAt: number): Promise<net.Socket> {
-  const silenceMs = Math.max(0, Math.min(TLS_DETECTION_SILENCE_MS, deadlineAt - Date.now()));
-  if (!(await staysSilent(socket, silenceMs))) return socket;
-  const guess = `no SMTP greeting within ${silenceMs} ms, so implicit TLS was tried`;
-  // A wait shorter than the constant was cut by the deadline: nothing is left for a handshake.
-  if (silenceMs < TLS_DETECTION_SILENCE_MS) {
-    throw new SmtpFailure('connect', true, `${guess}: no time left for its handshake`);
-  }
-  try {
-    return await startTlsOn(socket, config, 'connect', Math.max(0, deadlineAt - Date.now()));
-  } catch (error) {
-    if (error instanceof SmtpFailure) throw new SmtpFailure(error.stage, error.transient, `${guess}: ${error.message}`);
-    // Not TLS and not a timeout: typically a server whose greeting came after the wait and met our TLS hello.
-    const why = (error instanceof Error ? error.message : String(error)).trim();
-    const hint = 'a server that greets this late needs MAIL_TLS_MODE=starttls';
-    throw new SmtpFailure('connect', true, `${guess}: ${why} (${hint})`);
-  }
-}
-
-/**
- * true when nothing arrives within `waitMs`; false as soon as something does, which stays in the
- * socket's buffer ('readable', unlike 'data', consumes nothing) for the session to read.
- */
-function staysSilent(socket: net.Socket, waitMs: number): Promise<boolean> {
-  return new Promise<boolean>((resolve, reject) => {
-    const settle = (finish: () => void) => {
-      clearTimeout(timer);
-      socket.off('readable', onReadable).off('error', onError);
-      finish();
-    };
-    // 'readable' with nothing buffered is the end of the stream: the server hung up without a word.
-    const closed = () => new SmtpFailure('greeting', true, 'connection closed by the server before its greeting');
-    const onReadable = () => settle(() => (socket.readableLength > 0 ? resolve(false) : reject(closed())));
-    const onError = (error: Error) => settle(() => reject(error));
-    const timer = setTimeout(() => settle(() => resolve(true)), waitMs);
-    socket.on('readable', onReadable).on('error', onError);
-  });
-}
-
-/** EHLO keywords (upper case) → their parameters; "AUTH=LOGIN" (pre-standard servers) counts as AUTH. */
-function parseCapabilities(reply: SmtpReply): Map<string, string[]> {
-  const capabilities = new Map<string, string[]>();
-  for (const line of reply.lines.slice(1)) {
-    const [keyword = '', ...params] = line.trim().toUpperCase().split(/\s+/);
-    const [name, inline] = keyword.startsWith('AUTH=') ? ['AUTH', [keyword.slice(5)]] : [keyword, []];
-    capabilities.set(name, [...(capabilities.get(name) ?? []), ...inline, ...params]);
-  }
-  return capabilities;
-}
-
-function defaultHeloName(socket: net.Socket): string {
-  const name = hostname();
-  if (isHostName(name) && name.includes('.')) return name;
-  const address = socket.localAddress ?? '127.0.0.1';
-  return net.isIPv6(address) ? `[IPv6:${address}]` : `[${address}]`;
-}
-
-const toBase64 = (text: string) => Buffer.from(text, 'utf8').toString('base64');
-
-/**
- * AUTH with the first mechanism both sides know. Over TLS PLAIN is preferred (one round trip);
- * without TLS (only when the operator allowed it) CRAM-MD5 first, as it does not reveal the password.
- */
-async function authenticate(
-  session: SmtpSession,
-  config: MailConfig,
-  password: string,
-  offered: string[],
-  secure: boolean,
-): Promise<void> {
-  const preference = secure ? ['PLAIN', 'LOGIN', 'CRAM-MD5'] : ['CRAM-MD5', 'PLAIN', 'LOGIN'];
-  const mechanism = preference.find((name) => offered.includes(name));
-  if (mechanism === undefined) {
-    const list = offered.length > 0 ? offered.join(' ') : 'none';
-    throw new SmtpFailure('auth', false, `no supported AUTH mechanism offered (server offers: ${list})`);
-  }
-  if (mechanism === 'PLAIN') {
-    await session.step('auth', `AUTH PLAIN ${toBase64(`\0${config.user}\0${password}`)}`, 235);
-  } else if (mechanism === 'LOGIN') {
-    await session.step('auth', 'AUTH LOGIN', 334);
-    await session.step('auth', toBase64(config.user), 334);
-    await session.step('auth', toBase64(password), 235);
-  } else {
-    const challenge = Buffer.from((await session.step('auth', 'AUTH CRAM-MD5', 334)).lines[0] ?? '', 'base64');
-    const digest = createHmac('md5', password).update(challenge).digest('hex');
-    await session.step('auth', toBase64(`${config.user} ${digest}`), 235);
-  }
-}
-
-/** Removes the password and the AUTH payloads that carry it from text about to leave this section. */
-function redact(text: string, config: MailConfig): string {
-  const password = config.password?.reveal();
-  if (!password) return text;
-  const secrets = [toBase64(`\0${config.user}\0${password}`), toBase64(password), password];
-  return secrets.reduce((scrubbed, secret) => scrubbed.split(secret).join('[redacted]'), text);
-}
-
-/**
- * One SMTP transaction delivering `message` (as composeMessage made it) to `to`. Never throws: the
- * result says whether the server accepted the mail, and otherwise at which stage it stopped, with
- * the server's reply (or the local reason) and whether trying again later could help. Any recipient
- * refused stops the transaction before DATA, so a retry never mails anyone twice.
- */
-export async function sendMail(config: MailConfig, message: string, options: SendOptions): Promise<SendResult> {
-  const timeouts = { ...SMTP_TIMEOUTS, ...options.timeouts };
-  const deadlineAt = Date.now() + timeouts.totalMs;
-  // The step under way, for the result and for a failure's message.
-  const at = { stage: 'envelope' };
-  let session: SmtpSession | undefined;
-  try {
-    const bad = [config.from, ...options.to].find((address) => !isAddress(address));
-    if (bad !== undefined) throw new SmtpFailure(at.stage, false, `not an e-mail address: ${JSON.stringify(bad)}`);
-    if (options.to.length === 0) throw new SmtpFailure(at.stage, false, 'no recipient');
-    at.stage = 'connect';
-    const socket = await connectSmtp(config, Math.min(timeouts.connectMs, timeouts.totalMs));
-    session = new SmtpSession(socket, deadlineAt, timeouts);
-    await openSession(session, config, options.heloName ?? defaultHeloName(session.socket), at);
-    at.stage = 'mail';
-    await session.step(at.stage, `MAIL FROM:<${config.from}>`, 250);
-    at.stage = 'rcpt';
-    for (const recipient of options.to) await session.step(at.stage, `RCPT TO:<${recipient}>`, 250, 251);
-    at.stage = 'data';
-    await session.step(at.stage, 'DATA', 354);
-    at.stage = 'message';
-    const accepted = await session.step(at.stage, `${dotStuff(message)}.`, 250);
-    await session.command('quit', 'QUIT', QUIT_TIMEOUT_MS).catch(() => undefined);
-    return { ok: true, reply: redact(formatReply(accepted), config), security: securityReport(session, config) };
-  } catch (error) {
-    return failedResult(error, at.stage, config, session);
-  } finally {
-    session?.close();
-  }
-}
-
-/** Greeting, EHLO, STARTTLS whenever offered (then EHLO again), and AUTH when there is a password. */
-async function openSession(
-  session: SmtpSession,
-  config: MailConfig,
-  heloName: string,
-  at: { stage: string },
-): Promise<void> {
-  at.stage = 'greeting';
-  expectReply(at.stage, await session.read(at.stage), 220);
-  at.stage = 'ehlo';
-  let capabilities = parseCapabilities(await session.step(at.stage, `EHLO ${heloName}`, 250));
-  let secure = session.security === 'implicit TLS';
-  if (!secure && capabilities.has('STARTTLS')) {
-    at.stage = 'starttls';
-    await session.step(at.stage, 'STARTTLS', 220);
-    await session.startTls(config);
-    secure = true;
-    at.stage = 'ehlo';
-    capabilities = parseCapabilities(await session.step(at.stage, `EHLO ${heloName}`, 250));
-  }
-  const password = config.password?.reveal();
-  if (!password) return;
-  at.stage = 'auth';
-  if (!secure && !config.allowPlaintextAuth) {
-    const why =
-      'server offers no STARTTLS; refusing to send the password in clear text (MAIL_ALLOW_PLAINTEXT_AUTH=true ' +
-      'allows it)';
-    throw new SmtpFailure(at.stage, false, why);
-  }
-  await authenticate(session, config, password, capabilities.get('AUTH') ?? [], secure);
-}
-
-/** A transaction that stopped at `stage`: an error other than an SmtpFailure counts as transient. */
-function failedResult(error: unknown, stage: string, config: MailConfig, session: SmtpSession | undefined): SendResult {
-  const why = error instanceof Error ? error.message : String(error);
-  const failure = error instanceof SmtpFailure ? error : new SmtpFailure(stage, true, why);
-  const security = session ? { security: securityReport(session, config) } : {};
-  const reply = redact(failure.message, config);
-  return { ok: false, transient: failure.transient, reply, stage: failure.stage, ...security };
-}
-
-/** The mode a session used, for the log: "implicit TLS", "STARTTLS" or "no TLS", "(detected)" in auto mode. */
-function securityReport(session: SmtpSession, config: MailConfig): string {
-  return `${session.security}${config.security === 'auto' ? ' (detected)' : ''}`;
-}
-
-/**
- * sendMail, tried again after transient failures (4xx, connection trouble, deadlines), at most
- * `attempts` times in all, waiting `backoffMs`, then twice that, and so on, between tries.
- */
-export async function sendWithRetry(
-  config: MailConfig,
-  message: string,
-  options: SendOptions,
-  attempts: number,
-  backoffMs: number,
-): Promise<SendResult & { attempts: number }> {
-  for (let attempt = 1; ; attempt++) {
-    const result = await sendMail(config, message, options);
-    if (result.ok || !result.transient || attempt >= attempts) return { ...result, attempts: attempt };
-    await sleep(backoffMs * 2 ** (attempt - 1));
-  }
 }
 
 // ---- mailing a hook's result ----
@@ -11357,17 +11637,16 @@ function reportMailJob(
 }
 
 // ================================================================================================
-// 15. chat & json notifications — a hook's result posted, at the moment its mail goes (after the
-//    rollout's end, in the background), to each URL of NOTIFY_URL, in the body NOTIFY_FORMAT names:
-//    json (our own document, versioned by its "schema" field, signed in a header with
-//    NOTIFY_SECRET), dingtalk (markdown; NOTIFY_SECRET signs the URL), wecom (markdown), feishu
-//    (a card with markdown; NOTIFY_SECRET signs the body) or slack (mrkdwn; Slack-compatible incoming
-//    webhooks). Each format is one entry of NOTIFY_FORMATS: its body, how it signs, how its receiver
-//    says no. Every request has a deadline; transient failures are retried a few times; each result
-//    is counted; one hook sends at most -max-notifications-per-hook per -notify-window. The chat
-//    URLs carry their robot's key, so no log line, error or page shows more of a URL than its host.
-//    NOTIFY_CACERT adds a CA (PEM, or base64 of it) to the ones trusted for https.
-//    Exports: NOTIFY_SETTINGS, Notifier, notifyCa, notifyTargets, PushResult, pushResult, resultDocument.
+// 30. chat & json notifications — a hook's result posted, at the moment its mail goes (after the rollout's end, in
+//    the background), to each URL of NOTIFY_URL, in the body NOTIFY_FORMAT names: json (our own document, versioned
+//    by its "schema" field, signed in a header with NOTIFY_SECRET), dingtalk (markdown; NOTIFY_SECRET signs the URL),
+//    wecom (markdown), feishu (a card; NOTIFY_SECRET signs the body) or slack (mrkdwn). Each format is one entry of
+//    NOTIFY_FORMATS: its body, how it signs, how its receiver says no. Every request has a deadline; transient
+//    failures are retried a few times; one hook sends at most -max-notifications-per-hook per -notify-window. The
+//    chat URLs carry their robot's key, so nothing shows more of a URL than its host. NOTIFY_CACERT adds a CA (PEM,
+//    or base64 of it) to the ones trusted for https.
+//    Exports: Notifier, NOTIFY_SETTINGS, notifyCa, notifyTargets, PushResult, pushResult, resultDocument.
+//    Tests: test/notify.test.ts.
 // ================================================================================================
 
 export const NOTIFY_LIMITS = {
@@ -11885,15 +12164,14 @@ export class Notifier {
 }
 
 // ================================================================================================
-// 16. deliveries page — what the last pushes did, on the admin listener (never the hook port):
-//    a ring of the last -deliveries pushes, newest first, each recorded as it starts, when its
-//    command ends, as its rollout progresses and when its mail and notifications have gone.
-//    /deliveries lists them (plain server-rendered HTML: no script, no external asset, readable on
-//    a phone, refreshing itself while a push is still running); /deliveries/<n> is one push's full
-//    report and pods; /deliveries.json and /deliveries/<n>.json carry the same as JSON (entries in
-//    the shape of NOTIFY_FORMAT=json). -admin-token protects them. Nothing on them comes from the
-//    hook's environment; reports are scrubbed of known secrets, receivers shown by host.
+// 31. deliveries page — what the last pushes did, on the admin listener (never the hook port): a ring of the last
+//    -deliveries pushes, newest first, each recorded as it starts, when its command ends, as its rollout progresses
+//    and when its mail and notifications have gone. /deliveries lists them (refreshing itself while a push is still
+//    running); /deliveries/<n> is one push's full report and pods; /deliveries.json and /deliveries/<n>.json carry
+//    the same as JSON (entries in the shape of NOTIFY_FORMAT=json). -admin-token protects them. Nothing on them comes
+//    from the hook's environment; reports are scrubbed of known secrets, receivers shown by host.
 //    Exports: DeliveryLog, deliveryPages.
+//    Tests: test/deliveries.test.ts, test/notify.test.ts.
 // ================================================================================================
 
 export const DELIVERY_LIMITS = {
@@ -11999,57 +12277,11 @@ export class DeliveryLog implements ResultObserver {
   }
 }
 
-// ---- pages ------------------------------------------------------------------------------------
-
-function escapeHtml(text: string): string {
-  return text.replace(/[&<>"']/g, (c) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;' })[c]!);
-}
-
-/** 2026-11-23 13:05:09 UTC */
-function shownTime(d: Date | undefined): string {
-  return d ? `${d.toISOString().slice(0, 19).replace('T', ' ')} UTC` : '';
-}
-
 /** The colour class of a push: how it ended, or that it is still going. */
 function toneOf(d: Delivery): string {
   if (d.state !== 'done') return 'running';
   if (d.outcome === 'failed') return 'failed';
   return d.outcome === 'succeeded' ? 'ok' : 'quiet';
-}
-
-/** One cell: its label shown before it on a phone, where the table becomes one card per push. */
-function cell(label: string, html: string, className = ''): string {
-  return `<td data-label="${label}"${className ? ` class="${className}"` : ''}>${html}</td>`;
-}
-
-const PAGE_STYLE = [
-  'body{font:15px/1.4 system-ui,sans-serif;margin:0;padding:12px;color:#1b1f23;background:#f6f8fa}',
-  'h1{font-size:20px;margin:0 0 4px}p.meta{margin:0 0 12px;color:#57606a}a{color:#0550ae}',
-  'table{border-collapse:collapse;width:100%;background:#fff}th,td{padding:6px 8px;border-bottom:1px solid #d0d7de;',
-  'text-align:left;vertical-align:top}th{background:#eaeef2;font-weight:600}',
-  'code{font-size:13px;overflow-wrap:anywhere}',
-  'td.image{min-width:24em}td.time{white-space:nowrap}',
-  '.tag{display:inline-block;padding:1px 6px;border-radius:10px;font-size:13px;font-weight:600}',
-  '.ok .tag{background:#dafbe1;color:#116329}.failed .tag{background:#ffebe9;color:#a40e26}',
-  '.running .tag{background:#fff8c5;color:#7d4e00}.quiet .tag{background:#eaeef2;color:#424a53}',
-  'tr.failed td:first-child{border-left:4px solid #cf222e}tr.ok td:first-child{border-left:4px solid #1a7f37}',
-  'tr.running td:first-child{border-left:4px solid #bf8700}pre{white-space:pre-wrap;word-break:break-all;',
-  'background:#fff;padding:8px;border:1px solid #d0d7de}.muted{color:#57606a}',
-  '@media (max-width:760px){thead{display:none}table,tbody,tr,td{display:block;width:auto}',
-  'tr{margin:0 0 10px;border:1px solid #d0d7de}td{border:0;padding:3px 8px}td.image{min-width:0}',
-  'td::before{content:attr(data-label);display:block;font-size:12px;color:#57606a}}',
-].join('');
-
-function pageShell(title: string, refresh: boolean, body: string): string {
-  return [
-    '<!doctype html>',
-    '<html lang="en"><head><meta charset="utf-8">',
-    '<meta name="viewport" content="width=device-width, initial-scale=1">',
-    ...(refresh ? [`<meta http-equiv="refresh" content="${DELIVERY_LIMITS.refreshSeconds}">`] : []),
-    `<title>${escapeHtml(title)}</title><style>${PAGE_STYLE}</style></head>`,
-    `<body>${body}</body></html>`,
-    '',
-  ].join('\n');
 }
 
 function imageCell(d: Delivery): string {
@@ -12103,7 +12335,7 @@ export function renderDeliveries(entries: readonly Delivery[], busy: boolean, no
     rows,
     '</tbody></table>',
   ].join('\n');
-  return pageShell('Deliveries — webhook', busy, body);
+  return pageShell('Deliveries — webhook', busy ? DELIVERY_LIMITS.refreshSeconds : undefined, body);
 }
 
 /** /deliveries/<n>: one push, its full report and its pods. Pure. */
@@ -12141,7 +12373,7 @@ export function renderDelivery(d: Delivery, busy: boolean): string {
     `<th>Reason</th></tr></thead><tbody>${pods}</tbody></table>`,
     `<h2>Report</h2><pre>${escapeHtml(d.report || '(none yet)')}</pre>`,
   ].join('\n');
-  return pageShell(`Push ${d.seq} — webhook`, busy, body);
+  return pageShell(`Push ${d.seq} — webhook`, busy ? DELIVERY_LIMITS.refreshSeconds : undefined, body);
 }
 
 function notificationDetails(d: Delivery): string {
@@ -12190,151 +12422,12 @@ export function deliveryPages(log: DeliveryLog, token: string): AdminPages {
 }
 
 // ================================================================================================
-// 17. main — wires the sections together; the only place with process-wide side effects
-//    (signals, pid file, listening socket, exit codes).
+// 32. -validate & -print-rbac — the commands that read the hooks and exit: -validate describes every hook (its rule,
+//    parameters, answer, upgrade and notifications) and says what is wrong, -print-rbac prints the least-privilege
+//    RBAC; both load the hooks exactly as the service does (hookLoadSettings).
+//    Exports: hookLoadSettings, printRbac, validate.
+//    Tests: test/deploy.test.ts, test/validate.test.ts.
 // ================================================================================================
-
-const GO_CIPHER_SUITES: Record<string, string> = {
-  TLS_AES_128_GCM_SHA256: 'TLS_AES_128_GCM_SHA256',
-  TLS_AES_256_GCM_SHA384: 'TLS_AES_256_GCM_SHA384',
-  TLS_CHACHA20_POLY1305_SHA256: 'TLS_CHACHA20_POLY1305_SHA256',
-  TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256: 'ECDHE-ECDSA-AES128-GCM-SHA256',
-  TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256: 'ECDHE-RSA-AES128-GCM-SHA256',
-  TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384: 'ECDHE-ECDSA-AES256-GCM-SHA384',
-  TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384: 'ECDHE-RSA-AES256-GCM-SHA384',
-  TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256: 'ECDHE-ECDSA-CHACHA20-POLY1305',
-  TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256: 'ECDHE-RSA-CHACHA20-POLY1305',
-  TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA: 'ECDHE-ECDSA-AES128-SHA',
-  TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA: 'ECDHE-RSA-AES128-SHA',
-  TLS_ECDHE_ECDSA_WITH_AES_256_CBC_SHA: 'ECDHE-ECDSA-AES256-SHA',
-  TLS_ECDHE_RSA_WITH_AES_256_CBC_SHA: 'ECDHE-RSA-AES256-SHA',
-  TLS_RSA_WITH_AES_128_GCM_SHA256: 'AES128-GCM-SHA256',
-  TLS_RSA_WITH_AES_256_GCM_SHA384: 'AES256-GCM-SHA384',
-  TLS_RSA_WITH_AES_128_CBC_SHA: 'AES128-SHA',
-  TLS_RSA_WITH_AES_256_CBC_SHA: 'AES256-SHA',
-};
-
-function tlsOptions(o: Options): https.ServerOptions {
-  const versions: Record<string, tls.SecureVersion> = {
-    '1.0': 'TLSv1',
-    '1.1': 'TLSv1.1',
-    '1.2': 'TLSv1.2',
-    '1.3': 'TLSv1.3',
-  };
-  const minVersion = versions[o.tlsMinVersion];
-  if (!minVersion)
-    throw new UsageError(`invalid value "${o.tlsMinVersion}" for flag -tls-min-version (use 1.0, 1.1, 1.2 or 1.3)`);
-  const ciphers =
-    o.cipherSuites === ''
-      ? undefined
-      : o.cipherSuites
-          .split(',')
-          .map((c) => {
-            const name = GO_CIPHER_SUITES[c.trim()];
-            if (!name) throw new UsageError(`unknown cipher suite "${c.trim()}" (see -list-cipher-suites)`);
-            return name;
-          })
-          .join(':');
-  return { cert: fs.readFileSync(o.cert), key: fs.readFileSync(o.key), minVersion, ciphers };
-}
-
-export async function main(argv: string[], env: Record<string, string | undefined>): Promise<number> {
-  // Upgrade mode: started as /webhooks.sh (a symlink to this executable) or as `webhook upgrade`.
-  if (path.basename(process.argv0) === 'webhooks.sh' || argv[0] === 'upgrade') {
-    const args = argv[0] === 'upgrade' ? argv.slice(1) : argv;
-    const r = await runUpgrade(args, env, { kubeconfig: env.KUBECONFIG });
-    process.stdout.write(r.output);
-    return r.exitCode;
-  }
-  let o: Options;
-  try {
-    o = parseCommandLine(argv, env);
-  } catch (e) {
-    if (!(e instanceof UsageError)) throw e;
-    if (e.message) process.stderr.write(`${e.message}\n`);
-    process.stderr.write(usage());
-    return e.message ? 2 : 0;
-  }
-  if (o.version) {
-    process.stdout.write(`webhook version ${VERSION}\n`);
-    return 0;
-  }
-  if (o.listCipherSuites) {
-    process.stdout.write(Object.keys(GO_CIPHER_SUITES).join('\n') + '\n');
-    return 0;
-  }
-  if (o.validate) return validate(o, env);
-  if (o.printRbac) return await printRbac(o, env);
-  return serve(o, env);
-}
-
-/**
- * The pull secrets the workloads of VERIFY_IMAGE hooks name, read from the cluster into their reach;
- * returns a note for each workload that could not be read (its secrets are then not granted).
- */
-async function readPullSecrets(
-  reaches: HookReach[],
-  kubeconfig: string | undefined,
-  env: Record<string, string | undefined>,
-): Promise<string[]> {
-  const verifying = reaches.filter((r) => r.verifyImage && r.target);
-  if (verifying.length === 0) return [];
-  let client: KubeClient;
-  try {
-    client = new KubeClient(credentialsFromEnvironment(env, kubeconfig));
-  } catch (e) {
-    return verifying.map((r) => unreadNote(r, (e as Error).message));
-  }
-  const notes: string[] = [];
-  try {
-    for (const r of verifying) {
-      try {
-        const workload = await client.get<Record<string, unknown>>(workloadResource(r.target!));
-        r.pullSecrets = pullSecretNames(workloadPodSpec(workload, r.target!.kind));
-      } catch (e) {
-        notes.push(unreadNote(r, (e as Error).message));
-      }
-    }
-  } finally {
-    client.close();
-  }
-  return notes;
-}
-
-function unreadNote(r: HookReach, why: string): string {
-  return (
-    `hook "${r.hook}" sets VERIFY_IMAGE: the pull secrets of ${r.target!.kind}/${r.target!.name} in ` +
-    `${r.target!.namespace} could not be read (${why}); grant get on them, or run -print-rbac with -kubeconfig`
-  );
-}
-
-/** -print-rbac: the Roles and RoleBindings the hooks need on stdout; what they cannot cover, on stderr. */
-async function printRbac(o: Options, env: Record<string, string | undefined>): Promise<number> {
-  let snapshot: Snapshot;
-  try {
-    snapshot = loadSnapshot(hookLoadSettings(o, env));
-  } catch (e) {
-    process.stderr.write(`webhook: couldn't load hooks: ${(e as Error).message}\n`);
-    return 1;
-  }
-  const reaches = [...snapshot.hooks.values()].flatMap((hook) => hookReach(hook) ?? []);
-  const unread = await readPullSecrets(reaches, o.kubeconfig || env.KUBECONFIG, env);
-  process.stdout.write(formatRbac(reaches, o.rbacServiceAccount, o.hooks));
-  const notes = [
-    ...snapshot.warnings.map((w) => `warning: ${w}`),
-    ...unread,
-    ...reaches
-      .filter((r) => r.open)
-      .map(
-        (r) =>
-          `hook "${r.hook}" is not covered: ${r.open}; pin its ns and workload with value rules, or grant the ` +
-          'cluster-wide role of deploy/rbac-cluster.yaml',
-      ),
-    ...(reaches.length === 0 ? ['no hook passes APP_NS and APP_WORKLOAD to an upgrade: nothing to grant'] : []),
-  ];
-  for (const note of notes) process.stderr.write(`webhook: ${note}\n`);
-  return 0;
-}
 
 /**
  * -validate: loads the hooks as the service would (the same -template, environment and checks),
@@ -12475,14 +12568,6 @@ function describeUpgrade(hook: Hook, inserted: Set<string>): string[] {
   ];
 }
 
-/** V8's heap limit, which the executable derives from the container's memory limit (scripts/build.ts). */
-function memorySizing(): string {
-  const mb = (bytes: number) => `${Math.round(bytes / 1048576)} MB`;
-  const limit = process.constrainedMemory();
-  const container = limit > 0 && limit < Number.MAX_SAFE_INTEGER ? `memory limit ${mb(limit)}` : 'no memory limit';
-  return `V8 heap limit ${mb(getHeapStatistics().heap_size_limit)} (${container})`;
-}
-
 /** Where a hook's results are posted (NOTIFY_URL): each format and host, never the rest of a URL. */
 function describeNotifications(hook: Hook): string[] {
   const fixed = (envname: string) => {
@@ -12497,6 +12582,129 @@ function describeNotifications(hook: Hook): string[] {
   } catch (e) {
     return [`notify: none will be sent: ${(e as Error).message}`];
   }
+}
+
+/** How the hook files are read; the image pin's settings in them are checked at every load. */
+function hookLoadSettings(o: Options, env: Record<string, string | undefined>): LoadSettings {
+  return {
+    paths: o.hooks,
+    template: o.template,
+    env,
+    commandTimeoutMs: o.commandTimeoutMs,
+    settingChecks: Object.assign({}, IMAGE_PIN_SETTINGS, NOTIFY_SETTINGS),
+  };
+}
+
+/**
+ * The pull secrets the workloads of VERIFY_IMAGE hooks name, read from the cluster into their reach;
+ * returns a note for each workload that could not be read (its secrets are then not granted).
+ */
+async function readPullSecrets(
+  reaches: HookReach[],
+  kubeconfig: string | undefined,
+  env: Record<string, string | undefined>,
+): Promise<string[]> {
+  const verifying = reaches.filter((r) => r.verifyImage && r.target);
+  if (verifying.length === 0) return [];
+  let client: KubeClient;
+  try {
+    client = new KubeClient(credentialsFromEnvironment(env, kubeconfig));
+  } catch (e) {
+    return verifying.map((r) => unreadNote(r, (e as Error).message));
+  }
+  const notes: string[] = [];
+  try {
+    for (const r of verifying) {
+      try {
+        const workload = await client.get<Record<string, unknown>>(workloadResource(r.target!));
+        r.pullSecrets = pullSecretNames(workloadPodSpec(workload, r.target!.kind));
+      } catch (e) {
+        notes.push(unreadNote(r, (e as Error).message));
+      }
+    }
+  } finally {
+    client.close();
+  }
+  return notes;
+}
+
+function unreadNote(r: HookReach, why: string): string {
+  return (
+    `hook "${r.hook}" sets VERIFY_IMAGE: the pull secrets of ${r.target!.kind}/${r.target!.name} in ` +
+    `${r.target!.namespace} could not be read (${why}); grant get on them, or run -print-rbac with -kubeconfig`
+  );
+}
+
+/** -print-rbac: the Roles and RoleBindings the hooks need on stdout; what they cannot cover, on stderr. */
+async function printRbac(o: Options, env: Record<string, string | undefined>): Promise<number> {
+  let snapshot: Snapshot;
+  try {
+    snapshot = loadSnapshot(hookLoadSettings(o, env));
+  } catch (e) {
+    process.stderr.write(`webhook: couldn't load hooks: ${(e as Error).message}\n`);
+    return 1;
+  }
+  const reaches = [...snapshot.hooks.values()].flatMap((hook) => hookReach(hook) ?? []);
+  const unread = await readPullSecrets(reaches, o.kubeconfig || env.KUBECONFIG, env);
+  process.stdout.write(formatRbac(reaches, o.rbacServiceAccount, o.hooks));
+  const notes = [
+    ...snapshot.warnings.map((w) => `warning: ${w}`),
+    ...unread,
+    ...reaches
+      .filter((r) => r.open)
+      .map(
+        (r) =>
+          `hook "${r.hook}" is not covered: ${r.open}; pin its ns and workload with value rules, or grant the ` +
+          'cluster-wide role of deploy/rbac-cluster.yaml',
+      ),
+    ...(reaches.length === 0 ? ['no hook passes APP_NS and APP_WORKLOAD to an upgrade: nothing to grant'] : []),
+  ];
+  for (const note of notes) process.stderr.write(`webhook: ${note}\n`);
+  return 0;
+}
+
+// ================================================================================================
+// 33. main — wires the chapters together; the only place with process-wide side effects (signals, pid file, listening
+//    sockets, exit codes).
+//    Tests: test/image.test.ts, test/memory.test.ts, test/runner.test.ts, test/start.test.ts.
+// ================================================================================================
+
+export async function main(argv: string[], env: Record<string, string | undefined>): Promise<number> {
+  // Upgrade mode: started as /webhooks.sh (a symlink to this executable) or as `webhook upgrade`.
+  if (path.basename(process.argv0) === 'webhooks.sh' || argv[0] === 'upgrade') {
+    const args = argv[0] === 'upgrade' ? argv.slice(1) : argv;
+    const r = await runUpgrade(args, env, { kubeconfig: env.KUBECONFIG });
+    process.stdout.write(r.output);
+    return r.exitCode;
+  }
+  let o: Options;
+  try {
+    o = parseCommandLine(argv, env);
+  } catch (e) {
+    if (!(e instanceof UsageError)) throw e;
+    if (e.message) process.stderr.write(`${e.message}\n`);
+    process.stderr.write(usage());
+    return e.message ? 2 : 0;
+  }
+  if (o.version) {
+    process.stdout.write(`webhook version ${VERSION}\n`);
+    return 0;
+  }
+  if (o.listCipherSuites) {
+    process.stdout.write(Object.keys(GO_CIPHER_SUITES).join('\n') + '\n');
+    return 0;
+  }
+  if (o.validate) return validate(o, env);
+  if (o.printRbac) return await printRbac(o, env);
+  return serve(o, env);
+}
+
+/** V8's heap limit, which the executable derives from the container's memory limit (scripts/build.ts). */
+function memorySizing(): string {
+  const mb = (bytes: number) => `${Math.round(bytes / 1048576)} MB`;
+  const limit = process.constrainedMemory();
+  const container = limit > 0 && limit < Number.MAX_SAFE_INTEGER ? `memory limit ${mb(limit)}` : 'no memory limit';
+  return `V8 heap limit ${mb(getHeapStatistics().heap_size_limit)} (${container})`;
 }
 
 /** The service: hooks loaded, the pieces wired, the port open, until SIGTERM or SIGINT. */
@@ -12535,7 +12743,8 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
   const server = await openListener(o, handler, log);
   if (!server) return 1;
   server.on('clientError', (err: Error, socket: net.Socket) => answerClientError(handlerContext, err, socket));
-  const adminServer = await openAdminListener(o, metrics, log, deliveries);
+  const pages = o.deliveries > 0 ? deliveryPages(deliveries, o.adminToken) : undefined;
+  const adminServer = await openAdminListener(o, metrics, log, pages);
   if (adminServer === false) return 1;
   listener.resume(snapshot.hooks.values());
   if (o.hotreload) store.watch();
@@ -12595,17 +12804,6 @@ function openLog(o: Options): Logger | undefined {
     logFd === undefined ? process.stderr.write(text) : fs.writeSync(logFd, text),
   );
   return log;
-}
-
-/** How the hook files are read; the image pin's settings in them are checked at every load. */
-function hookLoadSettings(o: Options, env: Record<string, string | undefined>): LoadSettings {
-  return {
-    paths: o.hooks,
-    template: o.template,
-    env,
-    commandTimeoutMs: o.commandTimeoutMs,
-    settingChecks: Object.assign({}, IMAGE_PIN_SETTINGS, NOTIFY_SETTINGS),
-  };
 }
 
 /**
@@ -12669,93 +12867,6 @@ function loadInitialHooks(
       `${[...snapshot.hooks.keys()].join(', ')}`,
   );
   return snapshot;
-}
-
-/** The HTTP(S) server listening on -ip/-port or -socket, privileges dropped, pid file written. */
-async function openListener(o: Options, handler: http.RequestListener, log: Logger): Promise<http.Server | undefined> {
-  const serverOptions: http.ServerOptions = {
-    requestTimeout: o.readTimeoutMs,
-    // Node refuses a header timeout longer than the whole-request timeout.
-    headersTimeout: Math.min(o.readHeaderTimeoutMs, o.readTimeoutMs),
-    keepAliveTimeout: 5_000,
-    // Node enforces the two timeouts above only when it checks (every 30 s by default).
-    connectionsCheckingInterval: Math.max(50, Math.min(1_000, o.readHeaderTimeoutMs / 2, o.readTimeoutMs / 2)),
-  };
-  let server: http.Server;
-  try {
-    server = o.secure
-      ? https.createServer({ ...serverOptions, ...tlsOptions(o) }, handler)
-      : http.createServer(serverOptions, handler);
-  } catch (e) {
-    log.error(`cannot start ${o.secure ? 'HTTPS' : 'the HTTP server'}: ${(e as Error).message}`);
-    return undefined;
-  }
-  const failed = await new Promise<Error | undefined>((resolve) => {
-    server.once('error', resolve);
-    if (o.socket) server.listen(o.socket, () => resolve(undefined));
-    else server.listen(o.port, o.ip, () => resolve(undefined));
-  });
-  if (failed) {
-    log.error(`cannot listen: ${failed.message}`);
-    return undefined;
-  }
-  // A client that waits for `100 Continue` before sending its body gets it only from a hook that
-  // reads the body (createHandler); Node would otherwise send it at once, inviting every body.
-  server.on('checkContinue', handler);
-  if (o.setgid) {
-    process.setgid!(o.setgid);
-    process.setuid!(o.setuid);
-  }
-  if (o.pidfile) fs.writeFileSync(o.pidfile, `${process.pid}\n`);
-  const address = server.address();
-  const where =
-    typeof address === 'string'
-      ? `unix:${address}`
-      : `${o.secure ? 'https' : 'http'}://${o.ip}:${address?.port}/${o.urlprefix}/{id}`;
-  log.notice(`serving hooks on ${where}`);
-  return server;
-}
-
-/** The admin listener (-metrics-listen) with the deliveries pages; undefined when off, false when it failed. */
-async function openAdminListener(
-  o: Options,
-  metrics: Metrics,
-  log: Logger,
-  deliveries: DeliveryLog,
-): Promise<http.Server | undefined | false> {
-  const pages = o.deliveries > 0 ? deliveryPages(deliveries, o.adminToken) : undefined;
-  if (o.adminToken && !o.metricsListen) log.warn('-admin-token has no page to protect without -metrics-listen');
-  if (!o.metricsListen) return undefined;
-  return (await openMetricsListener(o.metricsListen, metrics, log, pages)) ?? false;
-}
-
-/** The metrics listener: its own address, so publishing the hook port does not publish /metrics. */
-async function openMetricsListener(
-  address: string,
-  metrics: Metrics,
-  log: Logger,
-  pages: AdminPages | undefined,
-): Promise<http.Server | undefined> {
-  const { host, port } = parseListenAddress(address);
-  const handler = createMetricsHandler(metrics, pages);
-  const server = http.createServer({ requestTimeout: 10_000, headersTimeout: 10_000 }, handler);
-  const failed = await new Promise<Error | undefined>((resolve) => {
-    server.once('error', resolve);
-    server.listen(port, host, () => resolve(undefined));
-  });
-  if (failed) {
-    log.error(`cannot listen for metrics on ${address}: ${failed.message}`);
-    return undefined;
-  }
-  const bound = server.address() as net.AddressInfo;
-  const shown = bound.family === 'IPv6' ? `[${bound.address}]` : bound.address;
-  log.notice(`serving metrics on http://${shown}:${bound.port}/metrics`);
-  if (pages)
-    log.notice(
-      `serving deliveries on http://${shown}:${bound.port}${pages.prefix}` +
-        `${pages.token ? ' (asking for the -admin-token)' : ''}`,
-    );
-  return server;
 }
 
 /** Shutdown: no new requests, running commands get the grace period, then follows end and mails go. */
