@@ -87,7 +87,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { fileURLToPath } from 'node:url';
 import { getHeapStatistics, setFlagsFromString } from 'node:v8';
 
-export const VERSION = '0.1.0';
+const VERSION = '0.1.0';
 
 
 // ################################################################################################
@@ -1928,7 +1928,7 @@ const TEMPLATE_FUNCTIONS = ['getenv', 'cat', 'credential', 'js', 'html', 'urlque
  * treated as secrets). Anything else is an error naming the line.
  */
 /** A template that does not render; the message names the line. */
-export class TemplateError extends Error {}
+class TemplateError extends Error {}
 
 export function renderTemplate(text: string, env: TemplateEnv): { output: string; inserted: string[] } {
   const inserted: string[] = [];
@@ -2518,7 +2518,7 @@ class GoRegexTranslator extends TextCursor {
  * Backoff between attempts, unless a Retry-After asks for longer: 200 ms doubling to 5 s, so a
  * refused connection is retried quickly at first without hammering a server that is coming back up.
  */
-export const RETRY_BACKOFF = { initialMs: 200, maxMs: 5_000 };
+const RETRY_BACKOFF = { initialMs: 200, maxMs: 5_000 };
 
 /** What went wrong with one attempt, as far as the retry policy cares. */
 export interface AttemptFailure {
@@ -2699,7 +2699,7 @@ function isAddress(text: string): boolean {
 
 // ---- message composition ----
 
-export interface MailMessage {
+interface MailMessage {
   from: string;
   to: readonly string[];
   subject: string;
@@ -2841,7 +2841,7 @@ export interface SmtpTimeouts {
 // A hook's mail is a few kilobytes: a healthy server answers each step in well under a second. The
 // budgets leave room for a slow relay and greylisting delays, and bound how long a hung server keeps
 // a mail (and a graceful shutdown that flushes mails) waiting.
-export const SMTP_TIMEOUTS: Readonly<SmtpTimeouts> = Object.freeze({
+const SMTP_TIMEOUTS: Readonly<SmtpTimeouts> = Object.freeze({
   connectMs: 10_000,
   replyMs: 30_000,
   totalMs: 120_000,
@@ -2858,7 +2858,7 @@ const TLS_DETECTION_SILENCE_MS = 2_000;
 // server sending more than this without completing a reply is not speaking SMTP.
 const MAX_REPLY_CHARS = 64 * 1024;
 
-export interface SendOptions {
+interface SendOptions {
   to: readonly string[];
   timeouts?: Partial<SmtpTimeouts>;
   /** EHLO name; by default the host name when it is a valid one, else the local address literal. */
@@ -3326,7 +3326,7 @@ export async function sendWithRetry(
 //    Tests: test/burst.test.ts, test/rollback.test.ts, test/upgrade.test.ts.
 // ================================================================================================
 
-export const KUBE_LIMITS = {
+const KUBE_LIMITS = {
   // A GET or PATCH answers in milliseconds; a loaded control plane takes seconds. Past 10 s the
   // connection is taken as hung and the request is tried again.
   requestTimeoutMs: 10_000,
@@ -3348,9 +3348,9 @@ export const KUBE_LIMITS = {
   requestBurst: 100,
 };
 
-export const SERVICE_ACCOUNT_DIR = '/var/run/secrets/kubernetes.io/serviceaccount';
+const SERVICE_ACCOUNT_DIR = '/var/run/secrets/kubernetes.io/serviceaccount';
 
-export interface KubeCredentials {
+interface KubeCredentials {
   /** https://host:port, possibly with a path prefix (Rancher's cluster proxy URLs have one). */
   server: string;
   ca?: Buffer;
@@ -3394,7 +3394,7 @@ export interface ResourceRef {
   name?: string;
 }
 
-export type KubeVerb = 'get' | 'list' | 'patch' | 'create' | 'delete';
+type KubeVerb = 'get' | 'list' | 'patch' | 'create' | 'delete';
 
 /** `deployments.apps "web" in namespace "prod"`: how kubectl and RBAC name a resource. */
 export function describeResource(r: ResourceRef): string {
@@ -3590,7 +3590,7 @@ interface RawAnswer {
   text: string;
 }
 
-export interface KubeClientOptions {
+interface KubeClientOptions {
   requestTimeoutMs?: number;
   retryBudgetMs?: number;
   /** The bound on the request rate; by default requestsPerSecond and requestBurst of KUBE_LIMITS. */
@@ -3925,9 +3925,9 @@ export type JsonPatchOperation =
 // ---- verifying the pushed image on its registry (VERIFY_IMAGE) ------------------------------------
 
 /** A registry that refused or could not answer; the message says which and why. */
-export class RegistryError extends Error {}
+class RegistryError extends Error {}
 
-export const VERIFY_LIMITS = {
+const VERIFY_LIMITS = {
   // A registry answers a HEAD of a manifest in milliseconds; a token service a little slower. The
   // whole verification (token and HEAD) must fit well within a registry's delivery timeout.
   requestTimeoutMs: 10_000,
@@ -3980,7 +3980,7 @@ function registryRequest(
 }
 
 /** The parameters of a WWW-Authenticate challenge: scheme and key="value" pairs. */
-export function parseChallenge(header: string): { scheme: string; params: Record<string, string> } {
+function parseChallenge(header: string): { scheme: string; params: Record<string, string> } {
   const space = header.indexOf(' ');
   const scheme = (space < 0 ? header : header.slice(0, space)).toLowerCase();
   const params: Record<string, string> = {};
@@ -4574,7 +4574,7 @@ function convertFlag(spec: FlagSpec, value: string, name: string): unknown {
   }
 }
 
-export function splitMethods(value: string): string[] {
+function splitMethods(value: string): string[] {
   return value
     .split(',')
     .map((m) => m.trim().toUpperCase())
@@ -4892,7 +4892,7 @@ export interface Place {
 }
 
 /** An unreplaced placeholder from the shipped examples and manifests: `<token>`, `<hook-token>`. */
-export const PLACEHOLDER = /<[A-Za-z][A-Za-z0-9_.-]*>/;
+const PLACEHOLDER = /<[A-Za-z][A-Za-z0-9_.-]*>/;
 
 export function typeName(v: unknown): string {
   return v === null ? 'null' : Array.isArray(v) ? 'an array' : typeof v === 'object' ? 'an object' : `a ${typeof v}`;
@@ -5097,7 +5097,7 @@ export class ParameterNotFound extends Error {
 export class MultipartError extends Error {}
 
 /** Go's textproto.CanonicalMIMEHeaderKey: "x-hub-signature" → "X-Hub-Signature". */
-export function canonicalHeaderKey(name: string): string {
+function canonicalHeaderKey(name: string): string {
   if (!/^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/.test(name)) return name;
   return name.toLowerCase().replace(/(^|-)([a-z])/g, (_, dash: string, c: string) => dash + c.toUpperCase());
 }
@@ -5356,7 +5356,7 @@ export function applyJsonParameters(jsonParams: Param[], req: HookRequest): stri
 
 // ---- parameters: how a hook names a value of the request -------------------------------------
 
-export type Source =
+type Source =
   | 'url'
   | 'header'
   | 'payload'
@@ -5432,7 +5432,7 @@ export function compileParam(reader: FieldReader, value: unknown, at: Place, fil
 //    Tests: test/adnanh-suite.test.ts, test/compat.test.ts, test/exposure.test.ts, test/unit.test.ts.
 // ================================================================================================
 
-export class SignatureError extends Error {}
+class SignatureError extends Error {}
 export interface RuleResult {
   ok: boolean;
   error?: Error;
@@ -5572,7 +5572,7 @@ const RULE_TYPE_NAMES = Object.keys(RULE_TYPES);
  * cost of an HMAC object, and this runs on every request.
  */
 const COMPARE_KEY = randomBytes(32).toString('hex');
-export function secretDigest(value: string): Buffer {
+function secretDigest(value: string): Buffer {
   return hash('sha256', COMPARE_KEY + value, 'buffer');
 }
 
@@ -5752,7 +5752,7 @@ export function checkScalrSignature(req: HookRequest, secret: string, now: Date)
   return { ok: true };
 }
 
-export interface Cidr {
+interface Cidr {
   family: 4 | 6;
   bytes: Buffer;
   prefix: number;
@@ -5871,7 +5871,7 @@ export interface Hook {
 export type HookSettingChecks = Record<string, (value: string) => string | undefined>;
 
 /** What one hooks file contributes to a snapshot. */
-export interface CompiledFile extends CompileSinks {
+interface CompiledFile extends CompileSinks {
   hooks: Hook[];
 }
 
@@ -6310,7 +6310,7 @@ export interface InProcessCommand {
 }
 
 /** Go's exec.LookPath on adnanh's candidate; returns the path or the error text Go would print. */
-export function resolveCommand(
+function resolveCommand(
   command: string,
   workingDirectory: string,
   envPath: string,
@@ -6362,7 +6362,7 @@ export function inheritedEnvironment(env: Environment, templateVariables: Readon
 }
 
 /** A taken command slot: the command as resolved for this request, and which pool it came from. */
-export interface Slot {
+interface Slot {
   resolved: { path?: string; error?: string };
   inProcess: boolean;
 }
@@ -7213,7 +7213,7 @@ export interface AdminPages {
  * from the hook port, so publishing the hooks (an Ingress, a NodePort) does not publish the hook
  * ids, request counts, failures and pushes these reveal.
  */
-export function createMetricsHandler(metrics: Metrics, pages?: AdminPages): http.RequestListener {
+function createMetricsHandler(metrics: Metrics, pages?: AdminPages): http.RequestListener {
   return (req, res) => {
     const pathname = new URL(req.url ?? '/', 'http://localhost').pathname;
     const readable = req.method === 'GET' || req.method === 'HEAD';
@@ -8555,7 +8555,7 @@ export function readImagePin(env: UpgradeInputs): ImagePin {
   };
 }
 
-export type PinDecision = { allowed: true; note?: string } | { allowed: false; message: string };
+type PinDecision = { allowed: true; note?: string } | { allowed: false; message: string };
 
 /**
  * The image pin: whether a push may set a container that runs `current` to `pushed`. It may when
@@ -8934,7 +8934,7 @@ export function planPatch(
 
 // ---- rollout status (kubectl's rules) ----------------------------------------------------------
 
-export interface RolloutStatus {
+interface RolloutStatus {
   state: 'done' | 'waiting' | 'failed' | 'untracked';
   message: string;
 }
@@ -9426,7 +9426,7 @@ export interface IncomingPush {
   push: string;
 }
 
-export type PushDecision =
+type PushDecision =
   | { kind: 'apply' }
   | { kind: 'repeat'; record: PushRecord }
   | { kind: 'superseded'; record: PushRecord };
@@ -9705,7 +9705,7 @@ function dockerConfigHost(key: string): string {
 }
 
 /** The login a pull secret holds for `host` (.dockerconfigjson or the older .dockercfg), if any. */
-export function loginFromPullSecret(secret: unknown, host: string, name: string): RegistryLogin | undefined {
+function loginFromPullSecret(secret: unknown, host: string, name: string): RegistryLogin | undefined {
   const data = valueAt(secret, ['data']);
   if (!isObject(data)) return undefined;
   const encoded = data['.dockerconfigjson'] ?? data['.dockercfg'];
@@ -9971,7 +9971,7 @@ export function formatRollout(r: RolloutOutcome): string {
   }
 }
 
-export function formatPod(p: PodSummary): string {
+function formatPod(p: PodSummary): string {
   return (
     `pod ${p.name}: ${p.phase}, ${p.ready ? 'ready' : 'not ready'}, image ${p.image}, restarts ` +
     `${p.restarts}${p.reason ? `, ${p.reason}` : ''}`
@@ -10762,15 +10762,15 @@ async function reportRollout(
 }
 
 /** Marks the bundled webhooks.sh: a hook whose command is that file runs the upgrade in-process. */
-export const UPGRADE_ENTRY_MARKER = 'webhook-upgrade-entry-point';
+const UPGRADE_ENTRY_MARKER = 'webhook-upgrade-entry-point';
 /** The command every hook file of the old image runs; in the image, a symlink to this executable. */
-export const UPGRADE_COMMAND = '/webhooks.sh';
+const UPGRADE_COMMAND = '/webhooks.sh';
 
 /**
  * Whether a resolved command is this program's upgrade entry point: the executable itself under
  * another name (/webhooks.sh as a symlink to it, in the image) or the bundled shim script.
  */
-export function isUpgradeEntryPoint(file: string): boolean {
+function isUpgradeEntryPoint(file: string): boolean {
   try {
     if (isSea() && fs.realpathSync(file) === fs.realpathSync(process.execPath)) return true;
     const fd = fs.openSync(file, 'r');
@@ -10814,7 +10814,7 @@ type UpgradeResult = Awaited<ReturnType<typeof runUpgrade>>;
  * or its deadline (-apply-deadline) passes, and settled with the final report, which the log,
  * Event and mail then tell. Kept in memory: a replica that stops settles what it holds as failed.
  */
-export class KeptPushes {
+class KeptPushes {
   private readonly kept = new Map<string, KeptPush>();
   private retrying = false;
   /** The last try (or the push that started the keeping) got no answer from the API server. */
@@ -11329,7 +11329,7 @@ export interface MailJob {
  * Subject and body of a result mail. The subject keeps the old image's wording (operators filter
  * on it) and adds the outcome: "Webhooks通知: prod-deployment/web-app 更新结果: succeeded".
  */
-export function resultMail(job: MailJob): { subject: string; body: string } {
+function resultMail(job: MailJob): { subject: string; body: string } {
   const { APP_NS: ns, APP_WORKLOAD: workload, APP_CONTAINER: container } = job.env;
   const target = ns && workload && container ? `${ns}-${workload}-${container}` : job.hookId;
   const lines = [
@@ -11346,7 +11346,7 @@ export function resultMail(job: MailJob): { subject: string; body: string } {
 }
 
 /** How many result mails one hook may send in one window; what goes beyond is summarised. */
-export interface MailCap {
+interface MailCap {
   max: number;
   windowMs: number;
 }
@@ -11649,7 +11649,7 @@ function reportMailJob(
 //    Tests: test/notify.test.ts.
 // ================================================================================================
 
-export const NOTIFY_LIMITS = {
+const NOTIFY_LIMITS = {
   // A chat service answers a robot within a second; a request still open after 10 s is hung.
   requestTimeoutMs: 10_000,
   // Three tries over about six seconds ride out a restarting receiver or a brief throttle, like mail.
@@ -11833,7 +11833,7 @@ function codeRefusal(...fields: string[]): (answer: string) => string | undefine
   };
 }
 
-export const NOTIFY_FORMATS: Record<string, NotifyFormat> = {
+const NOTIFY_FORMATS: Record<string, NotifyFormat> = {
   json: {
     signs: true,
     request(r, url, secret) {
@@ -12174,14 +12174,14 @@ export class Notifier {
 //    Tests: test/deliveries.test.ts, test/notify.test.ts.
 // ================================================================================================
 
-export const DELIVERY_LIMITS = {
+const DELIVERY_LIMITS = {
   // Seconds between the page's own reloads while a push is running: a rollout takes seconds to
   // minutes, and a phone on a slow line still gets a page in between.
   refreshSeconds: 3,
 };
 
 /** One push on the page: its result so far, where it is, and how its notifications went. */
-export interface Delivery extends PushResult {
+interface Delivery extends PushResult {
   seq: number;
   /** running: the command; following: the rollout, after the answer; done: the result is final. */
   state: 'running' | 'following' | 'done';
@@ -12320,7 +12320,7 @@ function deliveryRow(d: Delivery): string {
 }
 
 /** /deliveries: the recent pushes, newest first. Pure. */
-export function renderDeliveries(entries: readonly Delivery[], busy: boolean, now: Date): string {
+function renderDeliveries(entries: readonly Delivery[], busy: boolean, now: Date): string {
   const head = ['Time', 'Hook', 'Request', 'Registry', 'Workload / container', 'Image before → after'];
   head.push('Decision', 'Rollout', 'Notified');
   const rows = entries.length
@@ -12339,7 +12339,7 @@ export function renderDeliveries(entries: readonly Delivery[], busy: boolean, no
 }
 
 /** /deliveries/<n>: one push, its full report and its pods. Pure. */
-export function renderDelivery(d: Delivery, busy: boolean): string {
+function renderDelivery(d: Delivery, busy: boolean): string {
   const fields: [string, string][] = [
     ['Received', shownTime(d.receivedAt)],
     ['Finished', d.finishedAt ? shownTime(d.finishedAt) : 'not yet'],
@@ -12469,7 +12469,7 @@ function commandWarnings(
 }
 
 /** Each hook for people: its URL, what its rule accepts, what it runs and answers. Pure but for stat(). */
-export function describeHooks(snapshot: Snapshot, o: Options, envPath: string, inProcess: InProcessCommand): string {
+function describeHooks(snapshot: Snapshot, o: Options, envPath: string, inProcess: InProcessCommand): string {
   const out: string[] = [];
   for (const hook of snapshot.hooks.values()) {
     const methods = allowedMethods(hook, o).join(', ');

@@ -33,6 +33,40 @@ export interface Report {
   offered: Map<number, Set<string>>;
   longFunctions: { line: number; name: string; lines: number }[];
   wideLines: number[];
+  /** Index of the first section of Part II (the service); the sections before it are Part I. */
+  partTwo: number;
+  /** Names the file exports. */
+  exported: string[];
+}
+
+/** The line that opens Part II, the service; Part I, the libraries, is everything before it. */
+const PART_TWO = /^\/\/ Part II\b/;
+const EXPORTED = /^export (?:async )?(?:function\*? |class |const |let |interface |type |enum )([A-Za-z_$][\w$]*)/;
+/** Where code outside webhook.ts lives: an export none of them and no later section uses is not needed. */
+export const IMPORTERS = ['test', 'bench', 'scripts'].map((d) => path.join(import.meta.dirname, '..', d));
+
+/** Per section title: the test files that import a name the section declares. */
+export function testsImporting(r: Report, testDir = import.meta.dirname): Map<string, Set<string>> {
+  const found = new Map<string, Set<string>>();
+  for (const file of fs.readdirSync(testDir).filter((f) => f.endsWith('.ts'))) {
+    const text = fs.readFileSync(path.join(testDir, file), 'utf8');
+    for (const m of text.matchAll(/import\s*(?:type\s*)?\{([^}]*)\}\s*from\s*'\.\.\/webhook\.ts'/g)) {
+      for (const raw of m[1].split(',')) {
+        const home = r.declared.get(raw.trim().replace(/^type\s+/, '').split(/\s+as\s+/)[0]);
+        if (home === undefined) continue;
+        const title = r.sections[home].title;
+        (found.get(title) ?? found.set(title, new Set()).get(title)!).add(file);
+      }
+    }
+  }
+  return found;
+}
+
+/** The test files a section's banner names after "Tests:". */
+export function bannerTests(text: string, s: Section): string[] {
+  const banner = text.split('\n').slice(s.start + 1, s.start + 40).join(' ').replace(/\s*\/\/\s*/g, ' ');
+  const listed = /Tests: ([^]*?)\.(?:\s|$)/.exec(banner.split(/ ={20,}/)[0])?.[1] ?? '';
+  return listed.split(/[\s,]+/).filter((f) => f.startsWith('test/')).map((f) => f.slice('test/'.length));
 }
 
 const RULE = /^\/\/ ={20,}$/;
@@ -173,7 +207,11 @@ export function analyse(text = fs.readFileSync(SOURCE, 'utf8')): Report {
     }
   });
   const wideLines = lines.flatMap((l, i) => ([...l].length > MAX_LINE_WIDTH ? [i + 1] : []));
-  return { sections, declared, forwardUses: [...forwardUses], offered, longFunctions: functionLengths(lines, code), wideLines };
+  const partLine = lines.findIndex((l) => PART_TWO.test(l));
+  const partTwo = partLine < 0 ? 0 : sections.findIndex((s) => s.start > partLine);
+  const exported = lines.flatMap((l) => EXPORTED.exec(l)?.[1] ?? []);
+  const longFunctions = functionLengths(lines, code);
+  return { sections, declared, forwardUses: [...forwardUses], offered, longFunctions, wideLines, partTwo, exported };
 }
 
 if (import.meta.main) {
@@ -189,5 +227,6 @@ if (import.meta.main) {
   }
   for (const f of r.forwardUses) console.log(`FORWARD: ${f}`);
   for (const f of r.longFunctions) console.log(`LONG: ${f.name} at line ${f.line}: ${f.lines} lines`);
+  console.log(`Part I: sections 1-${r.partTwo}; Part II: sections ${r.partTwo + 1}-${r.sections.length}`);
   console.log(`wide lines: ${r.wideLines.length}`);
 }
