@@ -8614,14 +8614,15 @@ export const IMAGE_PIN_SETTINGS: HookSettingChecks = {
 //    kubectl's rollout-status rules, summarizePod says how a pod is doing, Events are recorded on the workload, and
 //    one WorkloadQueue per workload keeps its pushes in order. UpgradeReport is what one push did so far; UpgradeDeps
 //    is what an upgrade is given (client, clock, queue, the workloads it last saw).
-//    Exports: annotationOps, asArray, DNS_LABEL, FollowOptions, ForcedRollback, K8sObject, KEPT_SUPERSEDED, KindSpec,
-//    kindSpec, KnownWorkloads, labelSelector, LAST_PUSH_ANNOTATION, locateContainer, LocatedContainer,
-//    missingContainerMessage, numberAt, orList, ownedBy, parseWorkload, PlannedChange, planPatch, PodSummary,
-//    readWorkload, recordEventQuietly, recordWorkloadEvent, RollbackOutcome, RolloutOutcome, rolloutStatus,
-//    roundedToSeconds, STUCK_REASONS, summarizePod, UPGRADE_LIMITS, UpgradeDeps, UpgradeError, UpgradeReport,
-//    valueAt, WORKLOAD_KINDS, WorkloadEvent, WorkloadKind, workloadPods, WorkloadQueue, workloadResource,
-//    WorkloadTarget.
-//    Tests: test/e2e.test.ts, test/records.test.ts, test/rolling.test.ts, test/upgrade.test.ts.
+//    Exports: annotationOps, asArray, Decision, DECISIONS, DNS_LABEL, FollowOptions, ForcedRollback, K8sObject,
+//    KEPT_SUPERSEDED, KindSpec, kindSpec, KnownWorkloads, labelSelector, LAST_PUSH_ANNOTATION, locateContainer,
+//    LocatedContainer, missingContainerMessage, newReport, numberAt, orList, ownedBy, parseWorkload, PlannedChange,
+//    planPatch, PodSummary, readWorkload, recordEventQuietly, recordWorkloadEvent, RollbackOutcome, RolloutOutcome,
+//    rolloutStatus, roundedToSeconds, STUCK_REASONS, summarizePod, UPGRADE_LIMITS, UpgradeDeps, UpgradeError,
+//    UpgradeReport, valueAt, WORKLOAD_KINDS, WorkloadEvent, WorkloadKind, workloadPods, WorkloadQueue,
+//    workloadResource, WorkloadTarget.
+//    Tests: test/decision.test.ts, test/e2e.test.ts, test/records.test.ts, test/rolling.test.ts,
+//    test/upgrade.test.ts.
 // ================================================================================================
 
 export const UPGRADE_LIMITS = {
@@ -9143,6 +9144,8 @@ async function workloadPods(
 export interface RolloutOutcome {
   state: 'progressing' | 'complete' | 'failed' | 'timed out' | 'not tracked';
   detail: string;
+  /** A later push to the workload took the rollout over; its report follows it. */
+  superseded?: true;
   pods: PodSummary[];
 }
 
@@ -9239,7 +9242,34 @@ export class WorkloadQueue {
   }
 }
 
+/**
+ * What became of a push, from one closed list. Every report of it (the answer, the log line, the Event,
+ * the mail, the chat and JSON notifications, the deliveries page) renders this code; none reads an
+ * outcome back from the action's text. `published` is the JSON document's "decision" (schema 1).
+ */
+export const DECISIONS = {
+  /** The container's image was changed to the pushed one. */
+  applied: { published: 'applied' },
+  /** The same image again: the rollout was restarted so the tag is pulled again. */
+  're-pulled': { published: 'same image restarted' },
+  /** A newer push was applied already, or arrived while this one was kept. */
+  superseded: { published: 'no-op' },
+  /** The same push was applied already: a repeated notification. */
+  repeat: { published: 'no-op' },
+  /** Nothing to change: a test ping, a push by digest the container runs, a payload that names no image. */
+  'no-op': { published: 'no-op' },
+  /** The image pin (or VERIFY_IMAGE) refused the push: nothing was written. */
+  refused: { published: 'refused' },
+  /** The push could not be applied: nothing is known to be written. */
+  failed: { published: 'failed' },
+  /** The API server did not answer: the push is kept and applied when it does. */
+  kept: { published: 'no-op' },
+} as const;
+export type Decision = keyof typeof DECISIONS;
+
 export interface UpgradeReport {
+  /** What became of the push; `action` is its text in the answer. */
+  decision: Decision;
   namespace?: string;
   /** `deployment/web`, as given (canonical kind). */
   workload?: string;
@@ -9277,6 +9307,11 @@ export interface UpgradeReport {
   unreachable?: boolean;
   /** A push kept while the API server is away (UpgradeService): resolves with its final report. */
   pending?: Promise<UpgradeReport>;
+}
+
+/** The report of a push before anything is known of it: nothing changed (yet). */
+export function newReport(): UpgradeReport {
+  return { decision: 'no-op', action: 'none (nothing was changed)', changed: false, result: 'ok', notes: [] };
 }
 
 /** A rollback: the image returned to and its rollout, or why there was none. */
@@ -9395,10 +9430,11 @@ async function recordEventQuietly(
 //    so decidePush lets the newest push win and recognises a repeat across replicas and restarts. VERIFY_IMAGE=true
 //    resolves the tag on its registry with the login of the workload's first imagePullSecret that names the host, and
 //    deploys `repo:tag@<digest>`; a tag the registry lacks or a different digest is refused.
-//    Exports: decidePush, decisionAction, FOLLOW_ANNOTATION, FollowRecord, IncomingPush, knownContainer,
+//    Exports: decide, decidePush, decisionAction, FOLLOW_ANNOTATION, FollowRecord, IncomingPush, knownContainer,
 //    newPushRecord, pinnedContainer, pullSecretNames, PushRecord, pushTime, readFollowRecords, readPushRecords,
 //    readSettings, UpgradeSettings, verifiedRef, whoAsked, withPushRecord, workloadPodSpec.
-//    Tests: test/records.test.ts, test/registry-e2e.test.ts, test/replicas.test.ts, test/upgrade.test.ts.
+//    Tests: test/decision.test.ts, test/records.test.ts, test/registry-e2e.test.ts, test/replicas.test.ts,
+//    test/upgrade.test.ts.
 // ================================================================================================
 
 /** One container's last applied push, as recorded in LAST_PUSH_ANNOTATION. */
@@ -9530,6 +9566,17 @@ export function readFollowRecords(workload: unknown): {
 }
 
 /** The report's action for a push that changes nothing because of the record. Pure. */
+/**
+ * Records what became of a push that changed nothing: its decision, the action's text and, when the
+ * container was read, the image it runs as the image after (a push that was not applied did not
+ * become the container's image).
+ */
+export function decide(report: UpgradeReport, decision: Decision, action: string, running?: string): void {
+  report.decision = decision;
+  report.action = action;
+  if (running !== undefined) report.imageAfter = running;
+}
+
 export function decisionAction(decision: PushDecision, nowMs: number): string {
   if (decision.kind === 'apply') return 'image updated';
   const r = decision.record;
@@ -9891,14 +9938,14 @@ async function patchOnce(
   const { raw, records } = readPushRecords(workload);
   const sameImage = normalizeImageRef(container.image) === normalizeImageRef(ref);
   if (sameImage && ref.includes('@')) {
-    if (from === 'read') report.action = 'none (already running this digest)';
+    if (from === 'read') decide(report, 'no-op', 'none (already running this digest)', container.image);
     return undefined;
   }
   const decision = decidePush(records[s.container], push, nowMs);
   if (decision.kind !== 'apply') {
     // A known copy may hold an older record: the answer names the one on the workload now.
     if (from === 'known') return undefined;
-    report.action = decisionAction(decision, nowMs);
+    decide(report, decision.kind, decisionAction(decision, nowMs), container.image);
     return 'no change';
   }
   const record = newPushRecord(push, container.image, nowMs, deps);
@@ -9910,7 +9957,7 @@ async function patchOnce(
   const change = { ...plannedChange(sameImage, kindSpec(target.kind), s, ref, deps), guarded };
   const ops = planPatch(workload, target.kind, s.container, container, change);
   if (deps.abandon?.aborted) {
-    report.action = KEPT_SUPERSEDED;
+    decide(report, 'superseded', KEPT_SUPERSEDED, container.image);
     return 'no change';
   }
   try {
@@ -10175,6 +10222,7 @@ function resumedReport(target: WorkloadTarget, container: string, f: FollowRecor
   const record = records[container]?.request === f.request ? records[container] : undefined;
   const same = record !== undefined && normalizeImageRef(record.previous) === normalizeImageRef(record.image);
   return {
+    decision: same ? 're-pulled' : 'applied',
     namespace: target.namespace,
     workload: `${target.kind}/${target.name}`,
     container,
@@ -10229,8 +10277,8 @@ export function rolloutEvent(outcome: RolloutOutcome, container: string): Worklo
 //    pod stuck on the bad image by itself, so its "forced rollback" deletes, once the controller has observed the
 //    template set back, the pods it owns that still run the image rolled back from and are not ready (uid
 //    precondition); a refusal names the pods to delete by hand.
-//    Exports: rollBackFailedRollout.
-//    Tests: test/rollback.test.ts.
+//    Exports: rollBackFailedRollout, rolloutVerdict.
+//    Tests: test/decision.test.ts, test/rollback.test.ts.
 // ================================================================================================
 
 /**
@@ -10386,8 +10434,24 @@ async function podsOfFailedUpdate(
     .sort((a, b) => String(valueAt(a, ['metadata', 'name'])).localeCompare(String(valueAt(b, ['metadata', 'name']))));
 }
 
+/**
+ * What the end of a followed rollout means for its push: whether the push failed, and why, and
+ * whether ROLLBACK_ON_FAILURE sets it back. A rollout that timed out is not rolled back: it may
+ * still complete, and kubectl's rules call it failed only once the controller gives up. Pure.
+ */
+export function rolloutVerdict(
+  outcome: RolloutOutcome,
+  rollbackOnFailure: boolean,
+  timeoutMs?: number,
+): { error?: string; rollBack: boolean } {
+  if (outcome.state === 'failed') return { error: 'the rollout failed (see rollout)', rollBack: rollbackOnFailure };
+  if (outcome.state !== 'timed out') return { rollBack: false };
+  const within = timeoutMs === undefined ? '' : ` within ${formatGoDuration(timeoutMs)}`;
+  return { error: `the rollout did not complete${within} (see rollout)`, rollBack: false };
+}
+
 /** Why a failed rollout cannot be rolled back, or undefined when it can. Pure. */
-function rollbackObstacle(
+export function rollbackObstacle(
   report: UpgradeReport,
   raw: string | undefined,
   record: PushRecord | undefined,
@@ -10602,7 +10666,7 @@ export async function runUpgrade(
   env: Record<string, string | undefined>,
   deps: UpgradeDeps = {},
 ): Promise<{ output: string; exitCode: number; report: UpgradeReport }> {
-  const report: UpgradeReport = { action: 'none (nothing was changed)', changed: false, result: 'ok', notes: [] };
+  const report = newReport();
   let ownClient: KubeClient | undefined;
   try {
     // Everything up to queue.run is synchronous, so tasks are queued in the order calls arrive.
@@ -10610,7 +10674,7 @@ export async function runUpgrade(
     const headers = pushHeaders(args[1]);
     const validation = webhookValidation(headers, args[0]);
     if (validation !== undefined) {
-      report.action = `none (${validation})`;
+      decide(report, 'no-op', `none (${validation})`);
       return upgradeResult(report);
     }
     const parsed = parsePushPayload(args[0]);
@@ -10618,7 +10682,7 @@ export async function runUpgrade(
     const composed = composeImageRef(parsed.payload, env, headers);
     if (composed.kind === 'error') throw new UpgradeError(composed.message);
     if (composed.kind === 'noop' || composed.kind === 'answer') {
-      report.action = `none (${composed.reason})`;
+      decide(report, 'no-op', `none (${composed.reason})`);
       const result = upgradeResult(report);
       // A handshake's answer is the body its sender reads; the report still goes to the log and mail.
       return composed.kind === 'answer' ? { ...result, output: composed.body } : result;
@@ -10633,7 +10697,7 @@ export async function runUpgrade(
     const workloadKey = `${settings.namespace}/${settings.workload.kind}/${settings.workload.name}`;
     const apply = async () => {
       if (deps.abandon?.aborted) {
-        report.action = KEPT_SUPERSEDED;
+        decide(report, 'superseded', KEPT_SUPERSEDED);
         return;
       }
       let ref = composed.candidates ? await candidateFor(client, settings, composed.candidates, report) : composed.ref;
@@ -10645,6 +10709,7 @@ export async function runUpgrade(
   } catch (e) {
     report.result = 'failed';
     report.error = (e as Error).message;
+    if (!report.changed) report.decision = report.refused ? 'refused' : 'failed';
     // No answer at all, or the server's own failure or throttling, to the end of the retry budget.
     report.unreachable = e instanceof KubeError && (e.status === 0 || e.status === 429 || e.status >= 500);
   } finally {
@@ -10706,6 +10771,7 @@ async function applyUpgrade(
   report.changed = true;
   report.lastPush = change.lastPush;
   report.followRecorded = change.followRecorded;
+  report.decision = change.sameImage ? 're-pulled' : 'applied';
   report.action = change.sameImage ? kindSpec(target.kind).sameImageAction : 'image updated';
   const eventMessage = change.sameImage
     ? `container ${s.container}: ${ref} pulled again (same image, rollout restarted); asked by ${whoAsked(deps)}`
@@ -10747,17 +10813,14 @@ async function reportRollout(
   } else {
     const options = { timeoutMs: s.rolloutTimeoutMs, container: s.container, image: report.imageAfter };
     report.rollout = await followRollout(client, target, options);
-    if (report.rollout.state === 'failed' || report.rollout.state === 'timed out') {
+    const verdict = rolloutVerdict(report.rollout, s.rollbackOnFailure, s.rolloutTimeoutMs);
+    if (verdict.error !== undefined) {
       report.result = 'failed';
-      report.error =
-        report.rollout.state === 'failed'
-          ? 'the rollout failed (see rollout)'
-          : `the rollout did not complete within ${formatGoDuration(s.rolloutTimeoutMs)} (see rollout)`;
+      report.error = verdict.error;
     }
     const event = rolloutEvent(report.rollout, s.container);
     if (event) await recordEventQuietly(client, target, event, now(), report);
-    if (report.rollout.state === 'failed' && s.rollbackOnFailure)
-      await rollBackFailedRollout(client, target, report, s.rolloutTimeoutMs, deps);
+    if (verdict.rollBack) await rollBackFailedRollout(client, target, report, s.rolloutTimeoutMs, deps);
   }
 }
 
@@ -10836,12 +10899,15 @@ class KeptPushes {
     const r = result.report;
     const key = `${r.namespace}/${r.workload}/${r.container}`;
     const held = this.kept.get(key);
-    if (held && (held.report.pushedAtMs ?? 0) > (r.pushedAtMs ?? 0))
-      return upgradeResult({ ...r, result: 'ok', error: undefined, unreachable: undefined, action: KEPT_SUPERSEDED });
+    if (held && (held.report.pushedAtMs ?? 0) > (r.pushedAtMs ?? 0)) {
+      const superseded = { decision: 'superseded', action: KEPT_SUPERSEDED } as const;
+      return upgradeResult({ ...r, result: 'ok', error: undefined, unreachable: undefined, ...superseded });
+    }
     if (this.deadlineMs === 0 || this.stopping.aborted || (!held && this.kept.size >= UPGRADE_LIMITS.maxKeptPushes))
       return result;
     held?.abandon.abort();
-    if (held && !held.trying) held.settle({ ...held.report, pending: undefined, action: KEPT_SUPERSEDED });
+    if (held && !held.trying)
+      held.settle({ ...held.report, pending: undefined, decision: 'superseded', action: KEPT_SUPERSEDED });
     const deadline = Date.now() + this.deadlineMs;
     const until = new Date(deadline).toISOString();
     let settle!: (report: UpgradeReport) => void;
@@ -10850,6 +10916,7 @@ class KeptPushes {
       ...r,
       result: 'ok',
       error: undefined,
+      decision: 'kept',
       action: `waiting for the API server (${r.error}): kept, and applied when it answers until ${until}`,
       pending,
     };
@@ -10894,7 +10961,8 @@ class KeptPushes {
     const result = await this.apply(k).finally(() => (k.trying = false));
     if (this.kept.get(key) !== k) {
       // Replaced during the try: written before the newer push took over, or not at all.
-      k.settle(result.report.changed ? result.report : { ...k.report, pending: undefined, action: KEPT_SUPERSEDED });
+      const superseded = { ...k.report, pending: undefined, decision: 'superseded', action: KEPT_SUPERSEDED } as const;
+      k.settle(result.report.changed ? result.report : superseded);
       return true;
     }
     this.lastTryFailed = result.report.unreachable === true;
@@ -10919,7 +10987,8 @@ class KeptPushes {
   private fail(key: string, k: KeptPush, why: string): void {
     this.kept.delete(key);
     this.log.error(`[${k.requestId}] ${k.report.workload} in ${k.report.namespace}: push not applied: ${why}`);
-    k.settle({ ...k.report, pending: undefined, action: 'none (not applied)', result: 'failed', error: why });
+    const failed = { decision: 'failed', action: 'none (not applied)', result: 'failed', error: why } as const;
+    k.settle({ ...k.report, pending: undefined, ...failed });
   }
 }
 
@@ -11060,11 +11129,11 @@ export class UpgradeService implements InProcessCommand {
       // (A push to another container of it leaves this one's record: taken off, it is not resumed.)
       if (report.followRecorded)
         await claimFollow(client, target, report.container ?? '', requestId, this.known).catch(() => undefined);
-      return { ...report, rollout: { state: 'progressing', detail: SUPERSEDED_FOLLOW, pods: [] } };
+      return { ...report, rollout: { state: 'progressing', detail: SUPERSEDED_FOLLOW, superseded: true, pods: [] } };
     }
     const claim = await this.claim(report, client, target, requestId);
     if (claim === 'superseded')
-      return { ...report, rollout: { state: 'progressing', detail: SUPERSEDED_FOLLOW, pods: [] } };
+      return { ...report, rollout: { state: 'progressing', detail: SUPERSEDED_FOLLOW, superseded: true, pods: [] } };
     if (claim !== 'claimed') return undefined;
     return this.ended({ ...report, rollout: outcome }, client, target, requestId);
   }
@@ -11144,17 +11213,17 @@ export class UpgradeService implements InProcessCommand {
     requestId: string,
   ): Promise<UpgradeReport> {
     const outcome = updated.rollout!;
-    if (outcome.state === 'failed' || outcome.state === 'timed out') {
+    const verdict = rolloutVerdict(outcome, updated.rollbackOnFailure === true);
+    if (verdict.error !== undefined) {
       updated.result = 'failed';
-      updated.error = `the rollout ${outcome.state === 'failed' ? 'failed' : 'did not complete'} (see rollout)`;
+      updated.error = verdict.error;
     }
     const event = rolloutEvent(outcome, updated.container ?? '');
     if (event)
       await recordWorkloadEvent(client, target, event).catch((e: Error) =>
         this.log.error(`[${requestId}] event not recorded: ${e.message}`),
       );
-    if (outcome.state === 'failed' && updated.rollbackOnFailure)
-      await rollBackFailedRollout(client, target, updated, this.followMs, { requestId });
+    if (verdict.rollBack) await rollBackFailedRollout(client, target, updated, this.followMs, { requestId });
     const rollback = updated.rollback ? `; ${formatRollback(updated.rollback)}` : '';
     const where = `${updated.workload} in ${updated.namespace}`;
     const line = `[${requestId}] ${where}: rollout ${formatRollout(outcome)}${rollback}`;
@@ -11646,7 +11715,7 @@ function reportMailJob(
 //    chat URLs carry their robot's key, so nothing shows more of a URL than its host. NOTIFY_CACERT adds a CA (PEM,
 //    or base64 of it) to the ones trusted for https.
 //    Exports: Notifier, NOTIFY_SETTINGS, notifyCa, notifyTargets, PushResult, pushResult, resultDocument.
-//    Tests: test/notify.test.ts.
+//    Tests: test/decision.test.ts, test/notify.test.ts.
 // ================================================================================================
 
 const NOTIFY_LIMITS = {
@@ -11693,13 +11762,11 @@ export interface PushResult {
 /** What a push decided, from its upgrade report (or, for another command, its exit status). */
 function decisionOf(job: MailJob, report: UpgradeReport | undefined): { decision: string; detail: string } {
   if (!report) return { decision: job.outcome === 'failed' ? 'failed' : 'ran', detail: job.detail };
-  if (report.refused) return { decision: 'refused', detail: report.error ?? 'refused' };
-  if (report.rollout?.state === 'progressing' && report.rollout.detail.startsWith('superseded'))
-    return { decision: 'superseded', detail: report.rollout.detail };
-  if (!report.changed && report.result === 'failed') return { decision: 'failed', detail: report.error ?? '' };
-  if (!report.changed) return { decision: 'no-op', detail: report.action.replace(/^none \((.*)\)$/, '$1') };
-  const restarted = report.action !== 'image updated';
-  return { decision: restarted ? 'same image restarted' : 'applied', detail: report.action };
+  if (report.rollout?.superseded) return { decision: 'superseded', detail: report.rollout.detail };
+  const decision = DECISIONS[report.decision].published;
+  if (report.decision === 'refused' || report.decision === 'failed') return { decision, detail: report.error ?? '' };
+  // The detail of a push that changed nothing is why: the action's text is `none (<why>)`.
+  return { decision, detail: report.changed ? report.action : report.action.replace(/^none \((.*)\)$/, '$1') };
 }
 
 /** The result of a push from its job and report (final, or as known so far). Pure. */

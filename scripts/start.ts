@@ -195,7 +195,8 @@ function kubectlRun(kubectl: string, kubeconfig: string, args: string[], input?:
 
 /**
  * The demo workloads on the local cluster: each hook's namespace and Deployment, its container
- * running the demo repository's v1 (applied server-side and forced, so a second start resets it).
+ * running the demo repository's v1: created afresh on every start (records included), so each start's
+ * first curl deploys v2 again.
  */
 async function createDemo(targets: Target[], kubectl: string, kubeconfig: string): Promise<void> {
   const image = `${DEMO_REPOSITORY.host}/${DEMO_REPOSITORY.namespace}/${DEMO_REPOSITORY.name}:v1`;
@@ -215,6 +216,10 @@ async function createDemo(targets: Target[], kubectl: string, kubeconfig: string
       },
     ];
     const list = JSON.stringify({ apiVersion: 'v1', kind: 'List', items: objects });
+    // A fresh Deployment each start: one left by an earlier start holds that run's push records,
+    // which would make the first curl a "repeated notification" of the push it already applied.
+    await kubectlRun(kubectl, kubeconfig, ['-n', t.namespace, 'delete', 'deployment', t.name, '--ignore-not-found', '--wait=true'])
+      .catch(() => undefined);
     await kubectlRun(kubectl, kubeconfig, ['apply', '--server-side', '--force-conflicts', '--field-manager=webhook-demo', '-f', '-'], list);
     await kubectlRun(kubectl, kubeconfig, ['-n', t.namespace, 'rollout', 'status', `deployment/${t.name}`, '--timeout=120s']);
     say(`demo: deployment/${t.name} in namespace ${t.namespace}, 2 pods on fake nodes, container ${t.container} = ${image}`);

@@ -135,6 +135,30 @@ describe('npm start', { skip: cluster ? false : 'no cluster' }, () => {
     }
   });
 
+  test('started again at once, the first curl deploys v2 again on a fresh demo Deployment', async () => {
+    const logBefore = run.output().length;
+    const answer = await sh(curls[0]);
+    assert.match(answer, /^action: +image updated$/m);
+    assert.match(answer, /^image after: +registry\.cn-hangzhou\.aliyuncs\.com\/demo\/web:v2$/m);
+    await waitFor(() => /deployment\/web in \S+: rollout complete/.test(run.output().slice(logBefore)), {
+      timeoutMs: 90_000,
+      what: 'the rollout of the first push',
+    });
+    await interrupt(run);
+    const port = await freePort();
+    // The driver npm start runs, without the build the first start made.
+    run = startGroup(process.execPath, ['--disable-warning=ExperimentalWarning', 'scripts/start.ts', '-port', String(port), '-hooks', exampleHooks(ns)], baseEnv());
+    await waitFor(() => /^curl .*repo_type=custom.*$/m.test(run.stdout()) || run.proc.exitCode !== null, {
+      timeoutMs: READY_MS,
+      what: 'the second start to print its curls',
+    });
+    const again = await sh(run.stdout().split('\n').filter((l) => l.startsWith('curl '))[0]);
+    assert.match(again, /^action: +image updated$/m, again);
+    assert.match(again, /^image before: +registry\.cn-hangzhou\.aliyuncs\.com\/demo\/web:v1$/m);
+    const d = JSON.parse(await kubectl(['-n', ns, 'get', 'deployment/web', '-o', 'json']));
+    assert.equal(containerImage(d, 'app'), 'registry.cn-hangzhou.aliyuncs.com/demo/web:v2');
+  });
+
   test('Ctrl-C stops it cleanly', async () => {
     // npm itself ends by the signal, as it does on Ctrl-C; what it ran stops gracefully and exits 0.
     assert.match(String(await interrupt(run)), /^(0|SIGINT)$/);

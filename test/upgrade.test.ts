@@ -532,7 +532,7 @@ describe('kubeconfig and in-cluster credentials', () => {
 describe('output and ordering', () => {
   test('the report format is stable', () => {
     const report: UpgradeReport = {
-      namespace: 'prod', workload: 'deployment/web', container: 'app', imageBefore: 'r.io/ns/app:v1', imageAfter: 'r.io/ns/app:v2',
+      decision: 'applied', namespace: 'prod', workload: 'deployment/web', container: 'app', imageBefore: 'r.io/ns/app:v1', imageAfter: 'r.io/ns/app:v2',
       action: 'image updated', changed: true, result: 'failed', error: 'the rollout failed (see rollout)', notes: ['event not recorded: x'],
       rollout: { state: 'failed', detail: 'pods not ready: web-1 CrashLoopBackOff', pods: [
         { name: 'web-1', phase: 'Running', ready: false, image: 'r.io/ns/app:v2', restarts: 1, reason: 'CrashLoopBackOff' },

@@ -1,0 +1,101 @@
+// What became of a push, as data: the closed list of decisions every report renders, the verdict
+// on a followed rollout (failed? rolled back?) and why a failed rollout cannot be rolled back. Pure
+// functions over tables of cases; the cluster suites (rollback, e2e, deliveries) show the same
+// decisions end to end.
+
+import assert from 'node:assert/strict';
+import { describe, test } from 'node:test';
+import {
+  decide, DECISIONS, pushResult, rollbackObstacle, rolloutVerdict, type PushRecord, type RolloutOutcome,
+  type UpgradeReport,
+} from '../webhook.ts';
+
+const rollout = (state: RolloutOutcome['state']): RolloutOutcome => ({ state, detail: state, pods: [] });
+
+describe('the rollout verdict', () => {
+  // [state, ROLLBACK_ON_FAILURE, timeout given, error, roll back]
+  const cases: [RolloutOutcome['state'], boolean, number | undefined, string | undefined, boolean][] = [
+    ['complete', true, 60_000, undefined, false],
+    ['progressing', true, 60_000, undefined, false],
+    ['not tracked', true, undefined, undefined, false],
+    ['failed', false, 60_000, 'the rollout failed (see rollout)', false],
+    ['failed', true, 60_000, 'the rollout failed (see rollout)', true],
+    ['failed', true, undefined, 'the rollout failed (see rollout)', true],
+    ['timed out', false, 300_000, 'the rollout did not complete within 5m0s (see rollout)', false],
+    // A rollout that timed out may still complete: it is reported, never rolled back.
+    ['timed out', true, 90_000, 'the rollout did not complete within 1m30s (see rollout)', false],
+    ['timed out', true, undefined, 'the rollout did not complete (see rollout)', false],
+  ];
+  for (const [state, rollbackOnFailure, timeoutMs, error, rollBack] of cases)
+    test(`${state}, ROLLBACK_ON_FAILURE=${rollbackOnFailure}, timeout ${timeoutMs ?? 'not given'}`, () => {
+      assert.deepEqual(rolloutVerdict(rollout(state), rollbackOnFailure, timeoutMs), {
+        ...(error !== undefined && { error }),
+        rollBack,
+      });
+    });
+});
+
+describe('why a failed rollout is not rolled back', () => {
+  const record: PushRecord = {
+    pushedAt: '2026-11-25T10:00:00Z', timeFrom: 'payload', image: 'r.io/ns/app:v2', push: 'sha256:aa|',
+    previous: 'r.io/ns/app:v1', appliedAt: '2026-11-25T10:00:01Z',
+  };
+  const raw = JSON.stringify({ app: record });
+  const report = { imageAfter: 'r.io/ns/app:v2', lastPush: raw } as UpgradeReport;
+  const located = { list: 'containers' as const, index: 0, image: 'r.io/ns/app:v2', pullPolicy: undefined };
+  const newer = { ...record, image: 'r.io/ns/app:v3', pushedAt: '2026-11-25T11:00:00Z' };
+  const cases: [string, Parameters<typeof rollbackObstacle>, RegExp | undefined][] = [
+    ['the push is still the last one: it is rolled back', [report, raw, record, located], undefined],
+    ['no record on the workload', [report, undefined, undefined, located], /no record of the push/],
+    ['this upgrade wrote no record', [{ ...report, lastPush: undefined }, raw, record, located], /no record of the push/],
+    ['a newer push was applied meanwhile', [report, JSON.stringify({ app: newer }), newer, located], /a newer push \(r\.io\/ns\/app:v3/],
+    ['the record changed, same image', [report, `${raw} `, record, located], /the push record changed meanwhile/],
+    ['the container is gone', [report, raw, record, undefined], /the container was changed meanwhile/],
+    ['the container was edited by hand', [report, raw, record, { ...located, image: 'r.io/ns/app:hotfix' }], /changed meanwhile/],
+    ['a re-pull has no earlier image', [report, raw, { ...record, previous: 'r.io/ns/app:v2' }, located], /no earlier image/],
+  ];
+  for (const [name, args, why] of cases)
+    test(name, () => {
+      const obstacle = rollbackObstacle(...args);
+      if (why === undefined) assert.equal(obstacle, undefined);
+      else assert.match(obstacle ?? '', why);
+    });
+});
+
+describe('the decision of a push', () => {
+  const job = { hookId: 'web', requestId: 'r1', env: {}, outcome: 'succeeded' as const, detail: '', output: '' };
+  const result = (report: UpgradeReport) => pushResult(job, report, new Date(0), (text) => text);
+  const base = (): UpgradeReport => ({
+    decision: 'no-op', action: 'none (nothing was changed)', changed: false, result: 'ok', notes: [],
+    imageBefore: 'r.io/ns/app:v2', imageAfter: 'r.io/ns/app:v3',
+  });
+
+  test('a push that changes nothing shows the image the container runs, and why', () => {
+    const report = base();
+    decide(report, 'repeat', 'none (the same push was applied 59s ago: a repeated notification)', 'r.io/ns/app:v1');
+    assert.equal(report.imageAfter, 'r.io/ns/app:v1');
+    assert.deepEqual([result(report).decision, result(report).detail],
+      ['no-op', 'the same push was applied 59s ago: a repeated notification']);
+  });
+
+  test('each decision is published as schema 1 names it, whatever the action says', () => {
+    const published = Object.fromEntries(Object.entries(DECISIONS).map(([code, d]) => [code, d.published]));
+    assert.deepEqual(published, {
+      applied: 'applied', 're-pulled': 'same image restarted', superseded: 'no-op', repeat: 'no-op', 'no-op': 'no-op',
+      refused: 'refused', failed: 'failed', kept: 'no-op',
+    });
+    // The action's text once a failed rollout is rolled back does not make an applied push anything else.
+    const rolledBack = { ...base(), decision: 'applied' as const, changed: true, action: 'image updated, then rolled back to x' };
+    assert.equal(result(rolledBack).decision, 'applied');
+  });
+
+  test('refusals and failures are detailed by their error; a rollout taken over is superseded', () => {
+    const refused = { ...base(), decision: 'refused' as const, result: 'failed' as const, error: 'image pin: no' };
+    assert.deepEqual([result(refused).decision, result(refused).detail], ['refused', 'image pin: no']);
+    const taken = {
+      ...base(), decision: 'applied' as const, changed: true,
+      rollout: { state: 'progressing' as const, detail: 'superseded by a later push', superseded: true as const, pods: [] },
+    };
+    assert.equal(result(taken).decision, 'superseded');
+  });
+});
