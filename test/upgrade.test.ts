@@ -57,14 +57,14 @@ describe('registry payloads → image reference', () => {
     });
   }
 
-  test('every payload fixture has an expected outcome, and every registry type a fixture and a README entry', () => {
+  test('every payload fixture has an expected outcome, and every registry type a fixture and an entry in docs/registries.md', () => {
     const covered = new Set(cases.map((c) => c.fixture));
     const fixtures = fs.readdirSync(fixturesDir).filter((f) => f.endsWith('.json') && f !== 'expected.json');
     assert.deepEqual(fixtures.filter((f) => !covered.has(f)), [], 'fixtures without an entry in expected.json');
     const types = new Set(cases.map((c) => (c.env.REPO_TYPE ?? '').toLowerCase()));
     assert.deepEqual(REPO_TYPES.filter((t) => !types.has(t)), [], 'registry types without a fixture');
-    const readme = fs.readFileSync(path.join(repoRoot, 'README.md'), 'utf8');
-    assert.deepEqual(REPO_TYPES.filter((t) => !readme.includes(`\`${t}\``)), [], 'registry types the README does not name');
+    const registriesDoc = fs.readFileSync(path.join(repoRoot, 'docs', 'registries.md'), 'utf8');
+    assert.deepEqual(REPO_TYPES.filter((t) => !registriesDoc.includes(`\`${t}\``)), [], 'registry types docs/registries.md does not name');
   });
 
   const acr = (over: { tag?: unknown; name?: string; full?: string; digest?: unknown; region?: unknown }) => ({
