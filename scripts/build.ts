@@ -25,7 +25,7 @@ const config = {
   // runs at start-up). A path that does not exist means "no configuration file".
   //
   // V8 sized for a service that answers small requests and forks commands (issue figures in the
-  // README, `npm run bench`): a 1 MB semi-space keeps the young generation small (short-lived
+  // docs/results.md, `npm run bench`): a 1 MB semi-space keeps the young generation small (short-lived
   // request objects die there either way); no background compiler or GC threads and a V8 platform
   // pool of one (a 2-core pod gains nothing from them, each costs a thread and a malloc arena); the
   // old generation capped at half the memory the container may use (Node reads the cgroup limit),
