@@ -9,13 +9,15 @@
  * mailed when the hook passes MAIL_TO.
  *
  * Chapters, in order. Part I holds the libraries the program needs and has no dependency for; they use
- * nothing of the service. Part II is the service, in the order a push travels: main (33) hands the socket
+ * nothing of the service. Part II is the service, in the order a push travels: main (34) hands the socket
  * to the http server (18), which uses the request, rule and hook chapters above it and hands the command
- * to the runner (17), whose in-process command is the upgrade (19-28); the finished command goes to the
- * listener that follows the rollout and mails (29), posts to the chat (30) and tells the deliveries page
- * (31). No chapter uses a name a later one defines; where an earlier chapter hands work on, it declares
- * the small interface it needs (InProcessCommand, CommandListener, AdminPages, ResultObserver,
- * HookSettingChecks) and main() wires the later chapter in.
+ * to the runner (17), whose in-process command is the upgrade (19-28). After the answer the result
+ * travels on in order too: the rollout follower (28) follows the rollout and hands each step to the
+ * result (29), which records it and, once final, sends it to the mail (30) and the chat and JSON
+ * receivers (31); the deliveries page (32) renders the records. No chapter uses a name a later one
+ * defines; where an earlier chapter hands work on, it declares the small interface it needs
+ * (InProcessCommand, CommandListener, AdminPages, ResultListener, ResultChannel, HookSettingChecks) and
+ * main() wires the later chapter in.
  *
  * Part I — libraries
  *   1. reading text ............... formatGoDuration, isObject, JsonNumber, MONTHS
@@ -46,12 +48,13 @@
  *  25. rollout follow ............. claimFollow, followRollout, resumedReport, rolloutEvent
  *  26. rollback ................... rollBackFailedRollout
  *  27. least privilege ............ formatRbac, hookReach, HookReach, upgradeInput
- *  28. the upgrade ................ runUpgrade, UpgradeService
- *  29. mail ....................... Mailer, MailJob, mailJob, Outcome
- *  30. chat & json notifications .. Notifier, NOTIFY_SETTINGS, notifyCa, notifyTargets
- *  31. deliveries page ............ DeliveryLog, deliveryPages
- *  32. -validate & -print-rbac .... hookLoadSettings, validate
- *  33. main ....................... main
+ *  28. the upgrade ................ runUpgrade, UpgradeService, RolloutFollower
+ *  29. the result ............... DeliveryLog, ResultDispatcher, pushResult, ResultChannel
+ *  30. mail ....................... Mailer, parseMailConfig
+ *  31. chat & json notifications .. Notifier, NOTIFY_FORMATS, resultDocument
+ *  32. deliveries page ............ deliveryPages
+ *  33. -validate & -print-rbac .... hookLoadSettings, validate
+ *  34. main ....................... main
  *
  * Each banner's "Exports" lists the names later chapters use and "Tests" the test files that cover it
  * (test/structure.test.ts checks both).
@@ -10653,7 +10656,7 @@ export function formatRbac(reaches: HookReach[], serviceAccount: string, hooksPa
 //    patch, record the Event, follow the rollout and roll back when asked, report. UpgradeService is the command
 //    runner's InProcessCommand: one client, one per-workload queue and one set of kept pushes for every push. A push
 //    the API server does not answer is kept and applied when it answers (KeptPushes, answered 202).
-//    Exports: runUpgrade, UpgradeService.
+//    Exports: ResultListener, RolloutFollower, runUpgrade, UpgradeService.
 //    Tests: test/burst.test.ts, test/e2e.test.ts, test/outage.test.ts, test/rollback.test.ts, test/upgrade.test.ts.
 // ================================================================================================
 
@@ -11243,13 +11246,369 @@ export class UpgradeService implements InProcessCommand {
   }
 }
 
+/**
+ * What becomes of a finished command after its answer, in the order it happens: the answer, the
+ * rollout's progress, its end (or that another replica reports it). The result chapter implements it.
+ */
+export interface ResultListener {
+  started(hook: Hook, req: HookRequest): void;
+  answered(hook: Hook, req: HookRequest, r: CommandResult, report: UpgradeReport | undefined): void;
+  progressed(req: HookRequest, rollout: RolloutOutcome): void;
+  /** The final result: the command's, or the upgrade's once its rollout has ended. */
+  settled(hook: Hook, req: HookRequest, r: CommandResult, report: UpgradeReport | undefined): void;
+  /** The rollout's end is reported by another replica (or the next to start): nothing is sent from here. */
+  handedOver(req: HookRequest, detail: string): void;
+  /** A follow another replica left, ended here. */
+  resumed(report: UpgradeReport, follow: FollowRecord): void;
+}
+
+const FOLLOW_HANDED_OVER = "left to another replica of the webhook, which reports the rollout's end";
+
+/**
+ * The http server's CommandListener: a finished upgrade's rollout is followed to its end after the
+ * answer (UpgradeService.follow), and each step is handed on to the result; any other command's
+ * result is final at once.
+ */
+export class RolloutFollower implements CommandListener {
+  private readonly upgrade: UpgradeService;
+  private readonly log: Logger;
+  private readonly next: ResultListener;
+  /** Results whose rollout is still followed, until they are handed on. */
+  private readonly settling = new Set<Promise<void>>();
+
+  constructor(upgrade: UpgradeService, log: Logger, next: ResultListener) {
+    this.upgrade = upgrade;
+    this.log = log;
+    this.next = next;
+  }
+
+  started(hook: Hook, req: HookRequest): void {
+    this.next.started(hook, req);
+  }
+
+  finished(hook: Hook, req: HookRequest, r: CommandResult): void {
+    // Only the upgrade (through UpgradeService) puts a report on a result.
+    const report = r.report as UpgradeReport | undefined;
+    this.next.answered(hook, req, r, report);
+    if (!report) return this.next.settled(hook, req, r, undefined);
+    const progressed = (p: RolloutOutcome) => this.next.progressed(req, p);
+    const settling: Promise<void> = this.upgrade
+      .follow(report, req.id, progressed)
+      .then(
+        // undefined: another replica reports this rollout's end (the follow records).
+        (final) => (final ? this.next.settled(hook, req, r, final) : this.next.handedOver(req, FOLLOW_HANDED_OVER)),
+        (e: Error) => {
+          this.log.error(`[${req.id}] ${e.message}`);
+          this.next.settled(hook, req, r, report);
+        },
+      )
+      .finally(() => this.settling.delete(settling));
+    this.settling.add(settling);
+  }
+
+  /**
+   * At shutdown, once the follows have been told to end: waits up to `ms` for their results to be
+   * handed on (a follow ends with an Event written first), so that the flushes that come next have them.
+   */
+  async settle(ms: number): Promise<void> {
+    await Promise.race([Promise.allSettled([...this.settling]), sleep(ms, undefined, { ref: false })]);
+  }
+
+  /** At start: follows other replicas left unfinished are finished here, and their results handed on. */
+  resume(hooks: Iterable<Hook>): void {
+    this.upgrade
+      .resumeFollows(hooks, (report, follow) => this.next.resumed(report, follow))
+      .catch((e: Error) => this.log.error(`unfinished follows not resumed: ${e.message}`));
+  }
+}
+
 // ================================================================================================
-// 29. mail — mails a hook's result through the server the MAIL_* variables describe (parseMailConfig; MAIL_TO names
+// 29. the result — one record per push (Delivery, in the DeliveryLog): made when its request comes in, completed
+//    as the rollout follower hands on the answer, the rollout's progress and its end, and once final sent to each
+//    ResultChannel in order (the mail, then the chat and JSON receivers), whose outcomes are recorded on it. What
+//    became of the push is its upgrade report's decision (DECISIONS), published as pushResult says; the channels
+//    and the deliveries page render the record, none reads an outcome back from text.
+//    Exports: Delivery, DeliveryLog, MailJob, PushResult, ResultChannel, ResultDispatcher, SendOutcome.
+//    Tests: test/decision.test.ts, test/deliveries.test.ts, test/mail.test.ts, test/notify.test.ts,
+//    test/resume.test.ts.
+// ================================================================================================
+
+const RESULT_LIMITS = {
+  // The report a result carries (the page, the JSON document): an upgrade's is under a few KiB; a
+  // plain command's output may be up to a MiB, which 200 entries of the deliveries page would hold
+  // in memory. The mail and the log keep the whole output.
+  maxReportChars: 64 * 1024,
+};
+
+/** How a push ended, as its mail's subject says it. */
+type Outcome = 'succeeded' | 'failed' | 'no change';
+
+/** How a result's mail or notification went: sent, failed (after retries), or held back by a cap. */
+export interface SendOutcome {
+  state: 'sent' | 'failed' | 'held';
+  detail: string;
+}
+
+/** A finished command as every channel gets it: which hook and request, its environment and result. */
+export interface MailJob {
+  hookId: string;
+  requestId: string;
+  env: Readonly<Record<string, string | undefined>>;
+  outcome: Outcome;
+  detail: string;
+  output: string;
+}
+
+/** The mail for a finished command: an upgrade's report speaks for it, else its exit status. */
+function mailJob(hook: Hook, req: HookRequest, r: CommandResult, report: UpgradeReport | undefined): MailJob {
+  const job = { hookId: hook.id, requestId: req.id, env: r.env };
+  if (!report) {
+    return {
+      ...job,
+      outcome: r.ok ? 'succeeded' : 'failed',
+      detail: r.ok ? 'exit status 0' : (r.error ?? 'failed'),
+      output: r.output,
+    };
+  }
+  return reportMailJob(hook.id, req.id, r.env, report);
+}
+
+/** The mail for an upgrade's report. Pure. */
+function reportMailJob(
+  hookId: string,
+  requestId: string,
+  env: Readonly<Record<string, string | undefined>>,
+  report: UpgradeReport,
+): MailJob {
+  const outcome = report.result !== 'ok' ? 'failed' : report.changed ? 'succeeded' : 'no change';
+  return { hookId, requestId, env, outcome, detail: report.action, output: formatReport(report) };
+}
+
+/** A push's result as the deliveries page and the notifications tell it. */
+export interface PushResult {
+  hookId: string;
+  requestId: string;
+  receivedAt: Date;
+  finishedAt?: Date;
+  outcome?: Outcome;
+  /** applied | same image restarted | superseded | refused | no-op | failed | ran */
+  decision: string;
+  detail: string;
+  registry?: string;
+  namespace?: string;
+  workload?: string;
+  container?: string;
+  imageBefore?: string;
+  imageAfter?: string;
+  rollout?: { state: string; detail: string };
+  pods: PodSummary[];
+  /** The upgrade's report (or the command's output), scrubbed of known secrets. */
+  report: string;
+}
+
+/** What a push decided, from its upgrade report (or, for another command, its exit status). */
+function decisionOf(job: MailJob, report: UpgradeReport | undefined): { decision: string; detail: string } {
+  if (!report) return { decision: job.outcome === 'failed' ? 'failed' : 'ran', detail: job.detail };
+  if (report.rollout?.superseded) return { decision: 'superseded', detail: report.rollout.detail };
+  const decision = DECISIONS[report.decision].published;
+  if (report.decision === 'refused' || report.decision === 'failed') return { decision, detail: report.error ?? '' };
+  // The detail of a push that changed nothing is why: the action's text is `none (<why>)`.
+  return { decision, detail: report.changed ? report.action : report.action.replace(/^none \((.*)\)$/, '$1') };
+}
+
+/** The result of a push from its job and report (final, or as known so far). Pure. */
+export function pushResult(
+  job: MailJob,
+  report: UpgradeReport | undefined,
+  receivedAt: Date,
+  scrub: (text: string) => string,
+): PushResult {
+  const env = job.env;
+  return {
+    hookId: job.hookId,
+    requestId: job.requestId,
+    receivedAt,
+    outcome: job.outcome,
+    ...decisionOf(job, report),
+    registry: env.REPO_TYPE || undefined,
+    namespace: report?.namespace ?? (env.APP_NS || undefined),
+    workload: report?.workload ?? (env.APP_WORKLOAD || undefined),
+    container: report?.container ?? (env.APP_CONTAINER || undefined),
+    imageBefore: report?.imageBefore,
+    imageAfter: report?.imageAfter,
+    rollout: report?.rollout && { state: report.rollout.state, detail: report.rollout.detail },
+    pods: report?.rollout?.pods ?? [],
+    report: cutReport(scrub(job.output)),
+  };
+}
+
+function cutReport(text: string): string {
+  const max = RESULT_LIMITS.maxReportChars;
+  return text.length <= max ? text : `${text.slice(0, max)}\n[… ${text.length - max} more characters]\n`;
+}
+
+/** One push on the page: its result so far, where it is, and how its notifications went. */
+export interface Delivery extends PushResult {
+  seq: number;
+  /** running: the command; following: the rollout, after the answer; done: the result is final. */
+  state: 'running' | 'following' | 'done';
+  notifications: { channel: string; state: 'pending' | SendOutcome['state']; detail: string }[];
+}
+
+/** Where a result goes once it is final: the mail, the chat and JSON receivers. */
+export interface ResultChannel {
+  /** Sends the result; returns each channel used (its name) with the promise of how it went. */
+  deliver(result: PushResult, job: MailJob): { channel: string; done: Promise<SendOutcome> }[];
+}
+
+/**
+ * The record of each push, made once when its request comes in and completed as it goes: answered,
+ * its rollout's progress, final. The ring keeps the last `size` for the deliveries page; a push
+ * still in flight is kept until it is final whatever the size (0: no page, the records still go out).
+ */
+export class DeliveryLog {
+  private readonly entries: Delivery[] = [];
+  private readonly inFlight = new Map<HookRequest, Delivery>();
+  private seq = 0;
+  private readonly size: number;
+  private readonly scrub: (text: string) => string;
+
+  constructor(size: number, scrub: (text: string) => string) {
+    this.size = size;
+    this.scrub = scrub;
+  }
+
+  /** Newest first. */
+  list(): readonly Delivery[] {
+    return this.entries;
+  }
+
+  get(seq: number): Delivery | undefined {
+    return this.entries.find((d) => d.seq === seq);
+  }
+
+  started(hook: Hook, req: HookRequest): void {
+    this.open(hook.id, req);
+  }
+
+  private open(hookId: string, req: HookRequest): Delivery {
+    const d: Delivery = {
+      seq: ++this.seq,
+      hookId,
+      requestId: req.id,
+      receivedAt: new Date(),
+      decision: 'running',
+      detail: 'the command is running',
+      state: 'running',
+      pods: [],
+      report: '',
+      notifications: [],
+    };
+    this.inFlight.set(req, d);
+    if (this.size === 0) return d;
+    this.entries.unshift(d);
+    if (this.entries.length > this.size) this.entries.pop();
+    return d;
+  }
+
+  answered(hook: Hook, req: HookRequest, r: CommandResult, report: UpgradeReport | undefined): void {
+    const d = this.inFlight.get(req) ?? this.open(hook.id, req);
+    Object.assign(d, pushResult(mailJob(hook, req, r, report), report, d.receivedAt, this.scrub));
+    // Final only once settled: the rollout may still fail.
+    d.outcome = undefined;
+    d.state = report?.rollout?.state === 'progressing' && report.changed ? 'following' : 'running';
+  }
+
+  progressed(req: HookRequest, rollout: RolloutOutcome): void {
+    const d = this.inFlight.get(req);
+    if (d) d.rollout = { state: rollout.state, detail: rollout.detail };
+  }
+
+  /** The final record of a push. */
+  settled(req: HookRequest, job: MailJob, report: UpgradeReport | undefined): Delivery {
+    const d = this.inFlight.get(req) ?? this.open(job.hookId, req);
+    this.inFlight.delete(req);
+    const final = { finishedAt: new Date(), state: 'done' as const };
+    return Object.assign(d, pushResult(job, report, d.receivedAt, this.scrub), final);
+  }
+
+  /** How each channel the final record went to did, as it becomes known. */
+  sending(d: Delivery, channels: { channel: string; done: Promise<SendOutcome> }[]): void {
+    for (const c of channels) {
+      const shown = { channel: c.channel, state: 'pending' as Delivery['notifications'][number]['state'], detail: '' };
+      d.notifications.push(shown);
+      void c.done.then((o) => Object.assign(shown, { state: o.state, detail: this.scrub(o.detail) }));
+    }
+  }
+
+  handedOver(req: HookRequest, detail: string): void {
+    const d = this.inFlight.get(req);
+    if (!d) return;
+    this.inFlight.delete(req);
+    Object.assign(d, { rollout: { state: 'progressing', detail }, finishedAt: new Date(), state: 'done' });
+  }
+
+  /** Whether a push is still running or being followed (the page then refreshes itself). */
+  busy(entries: readonly Delivery[] = this.entries): boolean {
+    return entries.some((d) => d.state !== 'done' || d.notifications.some((n) => n.state === 'pending'));
+  }
+}
+
+/**
+ * The result of every push, step by step as the rollout follower hands it on: recorded in the
+ * DeliveryLog, and once final sent to each channel in order (the mail, then the chat and JSON
+ * receivers), whose outcomes are recorded too.
+ */
+export class ResultDispatcher implements ResultListener {
+  private readonly log: DeliveryLog;
+  private readonly channels: readonly ResultChannel[];
+
+  constructor(log: DeliveryLog, channels: readonly ResultChannel[]) {
+    this.log = log;
+    this.channels = channels;
+  }
+
+  started(hook: Hook, req: HookRequest): void {
+    this.log.started(hook, req);
+  }
+
+  answered(hook: Hook, req: HookRequest, r: CommandResult, report: UpgradeReport | undefined): void {
+    this.log.answered(hook, req, r, report);
+  }
+
+  progressed(req: HookRequest, rollout: RolloutOutcome): void {
+    this.log.progressed(req, rollout);
+  }
+
+  settled(hook: Hook, req: HookRequest, r: CommandResult, report: UpgradeReport | undefined): void {
+    const job = mailJob(hook, req, r, report);
+    const d = this.log.settled(req, job, report);
+    for (const channel of this.channels) this.log.sending(d, channel.deliver(d, job));
+  }
+
+  handedOver(req: HookRequest, detail: string): void {
+    this.log.handedOver(req, detail);
+  }
+
+  /** A follow another replica left, ended here: its result goes to the channels (it has no page entry). */
+  resumed(report: UpgradeReport, follow: FollowRecord): void {
+    const env = {
+      APP_NS: report.namespace,
+      APP_WORKLOAD: report.workload,
+      APP_CONTAINER: report.container,
+      MAIL_TO: follow.mailTo,
+    };
+    const job = reportMailJob(follow.hook, follow.request, env, report);
+    const result = pushResult(job, report, new Date(), (text) => text);
+    for (const channel of this.channels) channel.deliver(result, job);
+  }
+}
+
+// ================================================================================================
+// 30. mail — mails a hook's result through the server the MAIL_* variables describe (parseMailConfig; MAIL_TO names
 //    the recipients): one mail per push after its rollout's end, at most -max-mails-per-hook per -mail-window, the
-//    rest summed up in one mail. ResultNotifier is the http server's CommandListener: an upgrade's rollout is
-//    followed to its end, then mailed; the ResultObserver (the deliveries page) is told the same, at the same
-//    moments.
-//    Exports: Mailer, MailJob, mailJob, Outcome, parseMailConfig, ResultNotifier, ResultObserver, SendOutcome.
+//    rest summed up in one mail. The Mailer is the result's first ResultChannel.
+//    Exports: Mailer, parseMailConfig.
 //    Tests: test/mail.test.ts, test/outage.test.ts, test/resume.test.ts.
 // ================================================================================================
 
@@ -11376,24 +11735,6 @@ export function parseRecipients(mailTo: string): string[] {
 const MAIL_ATTEMPTS = 3;
 const MAIL_RETRY_BACKOFF_MS = 2_000;
 
-export type Outcome = 'succeeded' | 'failed' | 'no change';
-
-/** How a result's mail or notification went: sent, failed (after retries), or held back by a cap. */
-export interface SendOutcome {
-  state: 'sent' | 'failed' | 'held';
-  detail: string;
-}
-
-/** What a finished command tells the mail: which hook and request, its environment and result. */
-export interface MailJob {
-  hookId: string;
-  requestId: string;
-  env: Readonly<Record<string, string | undefined>>;
-  outcome: Outcome;
-  detail: string;
-  output: string;
-}
-
 /**
  * Subject and body of a result mail. The subject keeps the old image's wording (operators filter
  * on it) and adds the outcome: "Webhooks通知: prod-deployment/web-app 更新结果: succeeded".
@@ -11441,7 +11782,7 @@ const MAX_SUMMARY_LINES = 100;
  * recipients per window; the results beyond go out together in one summary mail when the window
  * closes (or at shutdown), so a burst cannot flood the inbox and nothing is dropped silently.
  */
-export class Mailer {
+export class Mailer implements ResultChannel {
   private readonly pending = new Set<Promise<unknown>>();
   private readonly windows = new Map<string, MailWindow>();
   private readonly config: MailConfig | undefined;
@@ -11462,6 +11803,12 @@ export class Mailer {
     this.metrics = metrics;
     this.cap = cap;
     this.timeouts = timeouts;
+  }
+
+  /** The result channel: the mail, when the hook passes MAIL_TO and mail is configured. */
+  deliver(_result: PushResult, job: MailJob): { channel: string; done: Promise<SendOutcome> }[] {
+    const done = this.notify(job);
+    return done ? [{ channel: 'mail', done }] : [];
   }
 
   /** Mails the result when the hook passes MAIL_TO (and mail is configured): resolves with how it went. */
@@ -11588,125 +11935,8 @@ function summaryMail(hookId: string, window: MailWindow, cap: MailCap): { subjec
   return { subject: `Webhooks通知: ${hookId} 更新结果: summary of ${window.heldCount} more`, body: lines.join('\n') };
 }
 
-/**
- * Told how each result goes after the answer (the deliveries page and the NOTIFY_URL notifications
- * of sections 15 and 16, wired in by main()): its start, its command's end, its rollout's
- * progress, and its final form, at the moment the mail goes out.
- */
-export interface ResultObserver {
-  started(hook: Hook, req: HookRequest): void;
-  answered(hook: Hook, req: HookRequest, r: CommandResult, report: UpgradeReport | undefined): void;
-  progressed(req: HookRequest, rollout: RolloutOutcome): void;
-  settled(req: HookRequest, job: MailJob, report: UpgradeReport | undefined, mail?: Promise<SendOutcome>): void;
-  /** The rollout's end is reported by another replica (or the next to start): nothing is sent from here. */
-  handedOver(req: HookRequest, detail: string): void;
-}
-
-const FOLLOW_HANDED_OVER = "left to another replica of the webhook, which reports the rollout's end";
-
-/**
- * What happens after a command finished (the http server's CommandListener): an upgrade's rollout
- * is followed to its end, then the result is mailed when the hook passes MAIL_TO, and handed to
- * the observer. None of it delays the answer.
- */
-export class ResultNotifier implements CommandListener {
-  private readonly mailer: Mailer;
-  private readonly upgrade: UpgradeService | undefined;
-  private readonly log: Logger;
-  private readonly observer: ResultObserver | undefined;
-  /** Results whose rollout is still followed, until they are mailed and handed to the observer. */
-  private readonly settling = new Set<Promise<void>>();
-
-  constructor(mailer: Mailer, upgrade: UpgradeService | undefined, log: Logger, observer?: ResultObserver) {
-    this.mailer = mailer;
-    this.upgrade = upgrade;
-    this.log = log;
-    this.observer = observer;
-  }
-
-  started(hook: Hook, req: HookRequest): void {
-    this.observer?.started(hook, req);
-  }
-
-  finished(hook: Hook, req: HookRequest, r: CommandResult): void {
-    // Only the upgrade (through UpgradeService) puts a report on a result.
-    const report = r.report as UpgradeReport | undefined;
-    this.observer?.answered(hook, req, r, report);
-    const settle = (final: UpgradeReport | undefined) => {
-      const job = mailJob(hook, req, r, final);
-      this.observer?.settled(req, job, final, this.mailer.notify(job));
-    };
-    if (report && this.upgrade) {
-      const progressed = (p: RolloutOutcome) => this.observer?.progressed(req, p);
-      const settling: Promise<void> = this.upgrade
-        .follow(report, req.id, progressed)
-        .then(
-          // undefined: another replica reports this rollout's end (section 13's follow records).
-          (final) => (final ? settle(final) : this.observer?.handedOver(req, FOLLOW_HANDED_OVER)),
-          (e: Error) => {
-            this.log.error(`[${req.id}] ${e.message}`);
-            settle(report);
-          },
-        )
-        .finally(() => this.settling.delete(settling));
-      this.settling.add(settling);
-    } else {
-      settle(report);
-    }
-  }
-
-  /**
-   * At shutdown, once the follows have been told to end: waits up to `ms` for their results to be
-   * mailed and handed on (a follow ends with an Event written first), so that the flushes that
-   * come next have them.
-   */
-  async settle(ms: number): Promise<void> {
-    await Promise.race([Promise.allSettled([...this.settling]), sleep(ms, undefined, { ref: false })]);
-  }
-
-  /** At start: follows other replicas left unfinished are finished here, and their results mailed. */
-  resume(hooks: Iterable<Hook>): void {
-    this.upgrade
-      ?.resumeFollows(hooks, (report, follow) => {
-        const env = {
-          APP_NS: report.namespace,
-          APP_WORKLOAD: report.workload,
-          APP_CONTAINER: report.container,
-          MAIL_TO: follow.mailTo,
-        };
-        this.mailer.notify(reportMailJob(follow.hook, follow.request, env, report));
-      })
-      .catch((e: Error) => this.log.error(`unfinished follows not resumed: ${e.message}`));
-  }
-}
-
-/** The mail for a finished command: an upgrade's report speaks for it, else its exit status. */
-function mailJob(hook: Hook, req: HookRequest, r: CommandResult, report: UpgradeReport | undefined): MailJob {
-  const job = { hookId: hook.id, requestId: req.id, env: r.env };
-  if (!report) {
-    return {
-      ...job,
-      outcome: r.ok ? 'succeeded' : 'failed',
-      detail: r.ok ? 'exit status 0' : (r.error ?? 'failed'),
-      output: r.output,
-    };
-  }
-  return reportMailJob(hook.id, req.id, r.env, report);
-}
-
-/** The mail for an upgrade's report. Pure. */
-function reportMailJob(
-  hookId: string,
-  requestId: string,
-  env: Readonly<Record<string, string | undefined>>,
-  report: UpgradeReport,
-): MailJob {
-  const outcome = report.result !== 'ok' ? 'failed' : report.changed ? 'succeeded' : 'no change';
-  return { hookId, requestId, env, outcome, detail: report.action, output: formatReport(report) };
-}
-
 // ================================================================================================
-// 30. chat & json notifications — a hook's result posted, at the moment its mail goes (after the rollout's end, in
+// 31. chat & json notifications — a hook's result posted, at the moment its mail goes (after the rollout's end, in
 //    the background), to each URL of NOTIFY_URL, in the body NOTIFY_FORMAT names: json (our own document, versioned
 //    by its "schema" field, signed in a header with NOTIFY_SECRET), dingtalk (markdown; NOTIFY_SECRET signs the URL),
 //    wecom (markdown), feishu (a card; NOTIFY_SECRET signs the body) or slack (mrkdwn). Each format is one entry of
@@ -11714,7 +11944,7 @@ function reportMailJob(
 //    failures are retried a few times; one hook sends at most -max-notifications-per-hook per -notify-window. The
 //    chat URLs carry their robot's key, so nothing shows more of a URL than its host. NOTIFY_CACERT adds a CA (PEM,
 //    or base64 of it) to the ones trusted for https.
-//    Exports: Notifier, NOTIFY_SETTINGS, notifyCa, notifyTargets, PushResult, pushResult, resultDocument.
+//    Exports: Notifier, NOTIFY_SETTINGS, notifyCa, notifyTargets, resultDocument.
 //    Tests: test/decision.test.ts, test/notify.test.ts.
 // ================================================================================================
 
@@ -11731,74 +11961,7 @@ const NOTIFY_LIMITS = {
   maxChatBytes: 3_000,
   // One hook posting to more places than this is a mistake in its file.
   maxUrls: 5,
-  // The report a result carries (the page, the JSON document): an upgrade's is under a few KiB; a
-  // plain command's output may be up to a MiB, which 200 entries of the deliveries page would hold
-  // in memory. The mail and the log keep the whole output.
-  maxReportChars: 64 * 1024,
 };
-
-/** A push's result as the deliveries page and the notifications tell it. */
-export interface PushResult {
-  hookId: string;
-  requestId: string;
-  receivedAt: Date;
-  finishedAt?: Date;
-  outcome?: Outcome;
-  /** applied | same image restarted | superseded | refused | no-op | failed | ran */
-  decision: string;
-  detail: string;
-  registry?: string;
-  namespace?: string;
-  workload?: string;
-  container?: string;
-  imageBefore?: string;
-  imageAfter?: string;
-  rollout?: { state: string; detail: string };
-  pods: PodSummary[];
-  /** The upgrade's report (or the command's output), scrubbed of known secrets. */
-  report: string;
-}
-
-/** What a push decided, from its upgrade report (or, for another command, its exit status). */
-function decisionOf(job: MailJob, report: UpgradeReport | undefined): { decision: string; detail: string } {
-  if (!report) return { decision: job.outcome === 'failed' ? 'failed' : 'ran', detail: job.detail };
-  if (report.rollout?.superseded) return { decision: 'superseded', detail: report.rollout.detail };
-  const decision = DECISIONS[report.decision].published;
-  if (report.decision === 'refused' || report.decision === 'failed') return { decision, detail: report.error ?? '' };
-  // The detail of a push that changed nothing is why: the action's text is `none (<why>)`.
-  return { decision, detail: report.changed ? report.action : report.action.replace(/^none \((.*)\)$/, '$1') };
-}
-
-/** The result of a push from its job and report (final, or as known so far). Pure. */
-export function pushResult(
-  job: MailJob,
-  report: UpgradeReport | undefined,
-  receivedAt: Date,
-  scrub: (text: string) => string,
-): PushResult {
-  const env = job.env;
-  return {
-    hookId: job.hookId,
-    requestId: job.requestId,
-    receivedAt,
-    outcome: job.outcome,
-    ...decisionOf(job, report),
-    registry: env.REPO_TYPE || undefined,
-    namespace: report?.namespace ?? (env.APP_NS || undefined),
-    workload: report?.workload ?? (env.APP_WORKLOAD || undefined),
-    container: report?.container ?? (env.APP_CONTAINER || undefined),
-    imageBefore: report?.imageBefore,
-    imageAfter: report?.imageAfter,
-    rollout: report?.rollout && { state: report.rollout.state, detail: report.rollout.detail },
-    pods: report?.rollout?.pods ?? [],
-    report: cutReport(scrub(job.output)),
-  };
-}
-
-function cutReport(text: string): string {
-  const max = NOTIFY_LIMITS.maxReportChars;
-  return text.length <= max ? text : `${text.slice(0, max)}\n[… ${text.length - max} more characters]\n`;
-}
 
 /** The documented JSON form of a result (NOTIFY_FORMAT=json, and each entry of /deliveries.json). */
 export function resultDocument(r: PushResult, extra: Record<string, unknown> = {}): Record<string, unknown> {
@@ -12108,7 +12271,7 @@ function shownTarget(url: URL): string {
  * counted (webhook_notifications_total). Each hook sends at most `cap.max` results per window;
  * the ones beyond are logged, counted and recorded as capped, not sent.
  */
-export class Notifier {
+export class Notifier implements ResultChannel {
   private readonly pending = new Set<Promise<unknown>>();
   private readonly windows = new Map<string, { sent: number; warned: boolean; ends: number }>();
   private readonly log: Logger;
@@ -12129,6 +12292,11 @@ export class Notifier {
     this.cap = cap;
     this.ca = ca;
     this.backoffMs = backoffMs;
+  }
+
+  /** The result channel: the hook's NOTIFY_URL receivers. */
+  deliver(result: PushResult, job: MailJob): { channel: string; done: Promise<SendOutcome> }[] {
+    return this.notify(result, job.env);
   }
 
   /**
@@ -12231,13 +12399,13 @@ export class Notifier {
 }
 
 // ================================================================================================
-// 31. deliveries page — what the last pushes did, on the admin listener (never the hook port): a ring of the last
-//    -deliveries pushes, newest first, each recorded as it starts, when its command ends, as its rollout progresses
-//    and when its mail and notifications have gone. /deliveries lists them (refreshing itself while a push is still
-//    running); /deliveries/<n> is one push's full report and pods; /deliveries.json and /deliveries/<n>.json carry
-//    the same as JSON (entries in the shape of NOTIFY_FORMAT=json). -admin-token protects them. Nothing on them comes
-//    from the hook's environment; reports are scrubbed of known secrets, receivers shown by host.
-//    Exports: DeliveryLog, deliveryPages.
+// 32. deliveries page — what the last pushes did, on the admin listener (never the hook port): the records of the
+//    result's DeliveryLog (the last -deliveries pushes, newest first, as far as each has got). /deliveries lists
+//    them (refreshing itself while a push is still running); /deliveries/<n> is one push's full report and pods;
+//    /deliveries.json and /deliveries/<n>.json carry the same as JSON (entries in the shape of NOTIFY_FORMAT=json).
+//    -admin-token protects them. Nothing on them comes from the hook's environment; reports are scrubbed of known
+//    secrets, receivers shown by host.
+//    Exports: deliveryPages.
 //    Tests: test/deliveries.test.ts, test/notify.test.ts.
 // ================================================================================================
 
@@ -12246,103 +12414,6 @@ const DELIVERY_LIMITS = {
   // minutes, and a phone on a slow line still gets a page in between.
   refreshSeconds: 3,
 };
-
-/** One push on the page: its result so far, where it is, and how its notifications went. */
-interface Delivery extends PushResult {
-  seq: number;
-  /** running: the command; following: the rollout, after the answer; done: the result is final. */
-  state: 'running' | 'following' | 'done';
-  notifications: { channel: string; state: 'pending' | SendOutcome['state']; detail: string }[];
-}
-
-/**
- * The ring of recent pushes (the http server's results reach it as the ResultNotifier's observer).
- * It hands each final result to the Notifier, so notifications go whether or not a page is kept.
- */
-export class DeliveryLog implements ResultObserver {
-  private readonly entries: Delivery[] = [];
-  private readonly inFlight = new Map<HookRequest, Delivery>();
-  private seq = 0;
-  private readonly size: number;
-  private readonly notifier: Notifier;
-  private readonly scrub: (text: string) => string;
-
-  constructor(size: number, notifier: Notifier, scrub: (text: string) => string) {
-    this.size = size;
-    this.notifier = notifier;
-    this.scrub = scrub;
-  }
-
-  /** Newest first. */
-  list(): readonly Delivery[] {
-    return this.entries;
-  }
-
-  get(seq: number): Delivery | undefined {
-    return this.entries.find((d) => d.seq === seq);
-  }
-
-  started(hook: Hook, req: HookRequest): void {
-    this.open(hook.id, req);
-  }
-
-  private open(hookId: string, req: HookRequest): Delivery {
-    const d: Delivery = {
-      seq: ++this.seq,
-      hookId,
-      requestId: req.id,
-      receivedAt: new Date(),
-      decision: 'running',
-      detail: 'the command is running',
-      state: 'running',
-      pods: [],
-      report: '',
-      notifications: [],
-    };
-    this.inFlight.set(req, d);
-    if (this.size === 0) return d;
-    this.entries.unshift(d);
-    if (this.entries.length > this.size) this.entries.pop();
-    return d;
-  }
-
-  answered(hook: Hook, req: HookRequest, r: CommandResult, report: UpgradeReport | undefined): void {
-    const d = this.inFlight.get(req) ?? this.open(hook.id, req);
-    Object.assign(d, pushResult(mailJob(hook, req, r, report), report, d.receivedAt, this.scrub));
-    // Final only once settled: the rollout may still fail.
-    d.outcome = undefined;
-    d.state = report?.rollout?.state === 'progressing' && report.changed ? 'following' : 'running';
-  }
-
-  progressed(req: HookRequest, rollout: RolloutOutcome): void {
-    const d = this.inFlight.get(req);
-    if (d) d.rollout = { state: rollout.state, detail: rollout.detail };
-  }
-
-  settled(req: HookRequest, job: MailJob, report: UpgradeReport | undefined, mail?: Promise<SendOutcome>): void {
-    const d = this.inFlight.get(req) ?? this.open(job.hookId, req);
-    this.inFlight.delete(req);
-    Object.assign(d, pushResult(job, report, d.receivedAt, this.scrub), { finishedAt: new Date(), state: 'done' });
-    const channels = [...(mail ? [{ channel: 'mail', done: mail }] : []), ...this.notifier.notify(d, job.env)];
-    for (const c of channels) {
-      const shown = { channel: c.channel, state: 'pending' as Delivery['notifications'][number]['state'], detail: '' };
-      d.notifications.push(shown);
-      void c.done.then((o) => Object.assign(shown, { state: o.state, detail: this.scrub(o.detail) }));
-    }
-  }
-
-  handedOver(req: HookRequest, detail: string): void {
-    const d = this.inFlight.get(req);
-    if (!d) return;
-    this.inFlight.delete(req);
-    Object.assign(d, { rollout: { state: 'progressing', detail }, finishedAt: new Date(), state: 'done' });
-  }
-
-  /** Whether a push is still running or being followed (the page then refreshes itself). */
-  busy(entries: readonly Delivery[] = this.entries): boolean {
-    return entries.some((d) => d.state !== 'done' || d.notifications.some((n) => n.state === 'pending'));
-  }
-}
 
 /** The colour class of a push: how it ended, or that it is still going. */
 function toneOf(d: Delivery): string {
@@ -12489,7 +12560,7 @@ export function deliveryPages(log: DeliveryLog, token: string): AdminPages {
 }
 
 // ================================================================================================
-// 32. -validate & -print-rbac — the commands that read the hooks and exit: -validate describes every hook (its rule,
+// 33. -validate & -print-rbac — the commands that read the hooks and exit: -validate describes every hook (its rule,
 //    parameters, answer, upgrade and notifications) and says what is wrong, -print-rbac prints the least-privilege
 //    RBAC; both load the hooks exactly as the service does (hookLoadSettings).
 //    Exports: hookLoadSettings, printRbac, validate.
@@ -12731,7 +12802,7 @@ async function printRbac(o: Options, env: Record<string, string | undefined>): P
 }
 
 // ================================================================================================
-// 33. main — wires the chapters together; the only place with process-wide side effects (signals, pid file, listening
+// 34. main — wires the chapters together; the only place with process-wide side effects (signals, pid file, listening
 //    sockets, exit codes).
 //    Tests: test/image.test.ts, test/memory.test.ts, test/runner.test.ts, test/start.test.ts.
 // ================================================================================================
@@ -12793,8 +12864,8 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
   const runner = new CommandRunner(o.maxConcurrentCommands, env, log, metrics, upgrade);
   const notifier = openNotifier(o, env, log, metrics);
   if (!notifier) return 1;
-  const deliveries = new DeliveryLog(o.deliveries, notifier, (text) => log.scrub(text));
-  const listener = new ResultNotifier(mailer, upgrade, log, deliveries);
+  const deliveries = new DeliveryLog(o.deliveries, (text) => log.scrub(text));
+  const listener = new RolloutFollower(upgrade, log, new ResultDispatcher(deliveries, [mailer, notifier]));
   const phase = { draining: false, shuttingDown: false };
   const handlerContext: HandlerContext = {
     options: o,
@@ -12944,7 +13015,7 @@ async function stopService(
     server: http.Server;
     runner: CommandRunner;
     upgrade: UpgradeService;
-    listener: ResultNotifier;
+    listener: RolloutFollower;
     mailer: Mailer;
     notifier: Notifier;
     log: Logger;
