@@ -4186,6 +4186,8 @@ export interface Options {
   deliveries: number;
   /** What the deliveries pages ask for (HTTP Basic password or Bearer token); '' asks for nothing. */
   adminToken: string;
+  /** A file holding the admin token (read at start: readAdminTokenFile), so it is on no command line. */
+  adminTokenFile: string;
   maxNotificationsPerHook: number;
   notifyWindowMs: number;
   printRbac: boolean;
@@ -4474,6 +4476,12 @@ const FLAGS: Record<string, FlagSpec> = {
     def: '',
     help: 'token the deliveries pages ask for, as HTTP Basic password or Bearer token (default: none)',
   },
+  'admin-token-file': {
+    kind: 'string',
+    key: 'adminTokenFile',
+    def: '',
+    help: 'file holding the -admin-token (e.g. a mounted Secret), so the token is on no command line',
+  },
   'max-notifications-per-hook': {
     kind: 'int',
     key: 'maxNotificationsPerHook',
@@ -4630,9 +4638,53 @@ export function parseCommandLine(argv: string[], env: Record<string, string | un
     throw new UsageError('invalid value for flag -max-notifications-per-hook: must be at least 1');
   if (/[\s\x00-\x1f\x7f]/.test(o.adminToken))
     throw new UsageError('invalid value for flag -admin-token: no spaces or control characters');
+  if (o.adminToken && o.adminTokenFile) throw new UsageError('give -admin-token or -admin-token-file, not both');
+  const exposed = exposedDeliveries(o);
+  if (exposed) throw new UsageError(exposed);
   if (!/^[a-z0-9-]+\/[a-z0-9.-]+$/.test(o.rbacServiceAccount))
     throw new UsageError(`invalid value "${o.rbacServiceAccount}" for flag -rbac-service-account: use namespace/name`);
   return o;
+}
+
+/** Hosts of -metrics-listen that only this machine (this pod) reaches. */
+const LOOPBACK_HOST = /^(?:localhost|127(?:\.\d{1,3}){3}|::1|::ffff:127(?:\.\d{1,3}){3})$/i;
+
+/**
+ * Why the deliveries page may not be served as asked, or undefined: on an address other hosts
+ * reach, it shows every hook's pushes to anyone in the cluster unless a token guards it. Pure.
+ */
+function exposedDeliveries(o: Options): string | undefined {
+  if (o.deliveries === 0 || o.metricsListen === '' || o.adminToken || o.adminTokenFile) return undefined;
+  const { host } = parseListenAddress(o.metricsListen);
+  if (host !== undefined && LOOPBACK_HOST.test(host)) return undefined;
+  return (
+    `-metrics-listen ${o.metricsListen} would serve the deliveries page to other hosts without a token: give ` +
+    '-admin-token-file FILE (or -admin-token TOKEN), listen on loopback (-metrics-listen 127.0.0.1:PORT), or turn ' +
+    'the page off with -deliveries 0'
+  );
+}
+
+/**
+ * -admin-token-file: the token it holds (one trailing newline ignored, as `echo` and Secrets
+ * leave it) becomes -admin-token. Throws a UsageError naming the file when it cannot be read, is
+ * empty, or holds spaces or control characters.
+ */
+export function readAdminTokenFile(o: Options): void {
+  if (!o.adminTokenFile) return;
+  let text: string;
+  try {
+    text = fs.readFileSync(o.adminTokenFile, 'utf8');
+  } catch (e) {
+    const why = (e as NodeJS.ErrnoException).code ?? (e as Error).message;
+    throw new UsageError(`invalid value "${o.adminTokenFile}" for flag -admin-token-file: cannot read it (${why})`);
+  }
+  const token = text.replace(/\r?\n$/, '');
+  if (token === '' || /[\s\x00-\x1f\x7f]/.test(token))
+    throw new UsageError(
+      `invalid value "${o.adminTokenFile}" for flag -admin-token-file: the file must hold one token, no spaces or ` +
+        'control characters',
+    );
+  o.adminToken = token;
 }
 
 /** `host:port`, `:port` (every address) or `[v6]:port`, as Go's net.Listen takes them. */
@@ -6344,10 +6396,11 @@ function resolveCommand(
 /**
  * The service's own settings, which no command inherits unless its hook passes them by name
  * (pass-environment-to-command): every MAIL_* and NOTIFY_* variable (the SMTP password and the
- * notification secrets among them), the hook and admin tokens, and the paths to the service's
- * credentials (its kubeconfig, systemd's credentials).
+ * notification secrets among them), the hook and admin tokens, the service's own arguments
+ * (WEBHOOK_CMD, which may carry -admin-token), and the paths to the service's credentials (its
+ * kubeconfig, systemd's credentials).
  */
-const SERVICE_ONLY_VARIABLES = ['HOOK_TOKEN', 'ADMIN_TOKEN', 'KUBECONFIG', 'CREDENTIALS_DIRECTORY'];
+const SERVICE_ONLY_VARIABLES = ['HOOK_TOKEN', 'ADMIN_TOKEN', 'KUBECONFIG', 'CREDENTIALS_DIRECTORY', 'WEBHOOK_CMD'];
 const SERVICE_ONLY_PREFIXES = ['MAIL_', 'NOTIFY_'];
 
 /** The environment a command starts from: the service's, without its own settings and the template's. */
@@ -11843,20 +11896,69 @@ interface NotifyFormat {
 
 const JSON_HEADERS = { 'Content-Type': 'application/json; charset=utf-8' };
 
-/** The title every chat message starts with: the mail's subject, which DingTalk keywords can match. */
-function chatTitle(r: PushResult): string {
-  const target = r.namespace && r.workload && r.container ? `${r.namespace}-${r.workload}-${r.container}` : r.hookId;
-  return `Webhooks通知: ${target} 更新结果: ${r.outcome ?? 'running'}`;
+/**
+ * How a chat's markup writes a label in bold, and how it keeps text that came with a request (ids,
+ * the workload named in the URL, images from the payload, error details) from being markup: no
+ * link, image, mention or tag may come from a request.
+ */
+interface ChatDialect {
+  bold(label: string): string;
+  text(value: string): string;
 }
 
-/** The summary lines of a chat message, with `bold` for the labels of its markdown dialect. */
-function chatLines(r: PushResult, bold: (label: string) => string): string[] {
-  const lines = [`${bold('hook')} ${r.hookId} · ${bold('request')} ${r.requestId}`];
+/**
+ * A value on one line, with no bare URL left to link: "://" gets a zero-width space, which every
+ * client shows as nothing but no autolinker takes for a URL. Pure.
+ */
+function chatInert(value: string): string {
+  return value.replace(/[\r\n\u2028\u2029]+/g, ' ').replaceAll('://', ':\u200B//');
+}
+
+/**
+ * The characters that open markup in the markdown of DingTalk, WeCom and Feishu: links and images
+ * ([text](url)), and the tags each adds (<font>, WeCom's <@user>, Feishu's <at id=all>), entities
+ * included. The three implement different, undocumented subsets of markdown and not all honour a
+ * backslash escape, so these become their full-width forms, which read the same and mean nothing.
+ */
+const MARKDOWN_INERT: Record<string, string> = { '[': '［', ']': '］', '<': '＜', '>': '＞', '&': '＆' };
+
+const MARKDOWN_DIALECT: ChatDialect = {
+  bold: (label) => `**${label}**`,
+  text: (value) => chatInert(value).replace(/[[\]<>&]/g, (c) => MARKDOWN_INERT[c]),
+};
+
+/**
+ * Slack's mrkdwn: links and mentions (<url|text>, <!channel>, <@U…>) open with "<", and Slack
+ * documents &amp; &lt; &gt; as its escapes. The receivers that take Slack's body but read `text` as
+ * markdown (Mattermost, Rocket.Chat) link [text](url): brackets become full-width there too.
+ */
+const SLACK_ESCAPES: Record<string, string> = { '&': '&amp;', '<': '&lt;', '>': '&gt;', '[': '［', ']': '］' };
+const SLACK_DIALECT: ChatDialect = {
+  bold: (label) => `*${label}*`,
+  text: (value) => chatInert(value).replace(/[&<>[\]]/g, (c) => SLACK_ESCAPES[c]),
+};
+
+/** Plain text (a card's title, a notification's preview): only kept on one line. */
+const PLAIN_TEXT = (value: string) => value.replace(/[\r\n\u2028\u2029]+/g, ' ');
+
+/** The title every chat message starts with: the mail's subject, which DingTalk keywords can match. */
+function chatTitle(r: PushResult, text: (value: string) => string = PLAIN_TEXT): string {
+  const target = r.namespace && r.workload && r.container ? `${r.namespace}-${r.workload}-${r.container}` : r.hookId;
+  return `Webhooks通知: ${text(target)} 更新结果: ${r.outcome ?? 'running'}`;
+}
+
+/** The summary lines of a chat message in its dialect, every value from the request made inert. */
+function chatLines(r: PushResult, d: ChatDialect): string[] {
+  const { bold, text: t } = d;
+  const lines = [`${bold('hook')} ${t(r.hookId)} · ${bold('request')} ${t(r.requestId)}`];
   if (r.workload)
-    lines.push(`${bold('workload')} ${r.workload}${r.namespace ? ` in ${r.namespace}` : ''}, container ${r.container}`);
-  if (r.imageAfter) lines.push(`${bold('image')} ${r.imageBefore ?? '?'} → ${r.imageAfter}`);
-  lines.push(`${bold('decision')} ${r.decision}${r.detail ? ` (${r.detail})` : ''}`);
-  if (r.rollout) lines.push(`${bold('rollout')} ${r.rollout.state}: ${r.rollout.detail}`);
+    lines.push(
+      `${bold('workload')} ${t(r.workload)}${r.namespace ? ` in ${t(r.namespace)}` : ''}, ` +
+        `container ${t(r.container ?? 'undefined')}`,
+    );
+  if (r.imageAfter) lines.push(`${bold('image')} ${t(r.imageBefore ?? '?')} → ${t(r.imageAfter)}`);
+  lines.push(`${bold('decision')} ${t(r.decision)}${r.detail ? ` (${t(r.detail)})` : ''}`);
+  if (r.rollout) lines.push(`${bold('rollout')} ${t(r.rollout.state)}: ${t(r.rollout.detail)}`);
   const ready = r.pods.filter((p) => p.ready).length;
   if (r.pods.length) lines.push(`${bold('pods')} ${ready} of ${r.pods.length} ready`);
   return lines;
@@ -11872,11 +11974,9 @@ function cutToBytes(text: string, max: number): string {
   return `${cut} …`;
 }
 
-function chatMarkdown(r: PushResult, separator: string, bold: (label: string) => string): string {
-  return cutToBytes(chatLines(r, bold).join(separator), NOTIFY_LIMITS.maxChatBytes);
+function chatMarkdown(r: PushResult, separator: string, d: ChatDialect): string {
+  return cutToBytes(chatLines(r, d).join(separator), NOTIFY_LIMITS.maxChatBytes);
 }
-
-const markdownBold = (label: string) => `**${label}**`;
 
 /** Base64 HMAC-SHA256, the signature DingTalk and Feishu ask for. */
 function hmacBase64(key: string, message: string): string {
@@ -11926,7 +12026,7 @@ const NOTIFY_FORMATS: Record<string, NotifyFormat> = {
         signed.searchParams.set('timestamp', timestamp);
         signed.searchParams.set('sign', hmacBase64(secret, `${timestamp}\n${secret}`));
       }
-      const text = `### ${chatTitle(r)}\n\n${chatMarkdown(r, '\n\n', markdownBold)}`;
+      const text = `### ${chatTitle(r, MARKDOWN_DIALECT.text)}\n\n${chatMarkdown(r, '\n\n', MARKDOWN_DIALECT)}`;
       const body = JSON.stringify({ msgtype: 'markdown', markdown: { title: chatTitle(r), text } });
       return { url: signed, body, headers: JSON_HEADERS };
     },
@@ -11936,7 +12036,7 @@ const NOTIFY_FORMATS: Record<string, NotifyFormat> = {
   wecom: {
     signs: false,
     request(r, url) {
-      const content = `### ${chatTitle(r)}\n${chatMarkdown(r, '\n', markdownBold)}`;
+      const content = `### ${chatTitle(r, MARKDOWN_DIALECT.text)}\n${chatMarkdown(r, '\n', MARKDOWN_DIALECT)}`;
       return { url, body: JSON.stringify({ msgtype: 'markdown', markdown: { content } }), headers: JSON_HEADERS };
     },
     refusal: codeRefusal('errcode'),
@@ -11951,7 +12051,7 @@ const NOTIFY_FORMATS: Record<string, NotifyFormat> = {
       const template = r.outcome === 'failed' ? 'red' : r.outcome === 'succeeded' ? 'green' : 'grey';
       const card = {
         header: { title: { tag: 'plain_text', content: chatTitle(r) }, template },
-        elements: [{ tag: 'markdown', content: chatMarkdown(r, '\n', markdownBold) }],
+        elements: [{ tag: 'markdown', content: chatMarkdown(r, '\n', MARKDOWN_DIALECT) }],
       };
       return { url, body: JSON.stringify({ ...signature, msg_type: 'interactive', card }), headers: JSON_HEADERS };
     },
@@ -11963,7 +12063,7 @@ const NOTIFY_FORMATS: Record<string, NotifyFormat> = {
     request(r, url) {
       // `text` is the whole message too: what notifications show, and all that receivers which
       // take Slack's format without its blocks (Mattermost, Rocket.Chat) read.
-      const text = `*${chatTitle(r)}*\n${chatMarkdown(r, '\n', (label) => `*${label}*`)}`;
+      const text = `*${chatTitle(r, SLACK_DIALECT.text)}*\n${chatMarkdown(r, '\n', SLACK_DIALECT)}`;
       const blocks = [{ type: 'section', text: { type: 'mrkdwn', text } }];
       return { url, body: JSON.stringify({ text, blocks }), headers: JSON_HEADERS };
     },
@@ -12747,6 +12847,7 @@ export async function main(argv: string[], env: Record<string, string | undefine
   let o: Options;
   try {
     o = parseCommandLine(argv, env);
+    readAdminTokenFile(o);
   } catch (e) {
     if (!(e instanceof UsageError)) throw e;
     if (e.message) process.stderr.write(`${e.message}\n`);
