@@ -4133,7 +4133,8 @@ function pageShell(title: string, refreshSeconds: number | undefined, body: stri
 // ================================================================================================
 // 11. command line & settings — the adnanh/webhook command line in Go `flag` syntax (parseCommandLine, usage), Go's
 //    durations and booleans, and our safety limits (LIMITS), each with why it has that value.
-//    Exports: LIMITS, Options, parseCommandLine, parseGoBool, parseGoDuration, parseListenAddress, usage, UsageError.
+//    Exports: LIMITS, Options, parseCommandLine, parseGoBool, parseGoDuration, parseListenAddress, readAdminTokenFile,
+//    usage, UsageError.
 //    Tests: test/runner.test.ts, test/unit.test.ts.
 // ================================================================================================
 
@@ -9352,6 +9353,8 @@ export interface UpgradeReport {
   followRecorded?: boolean;
   /** The hook's ROLLBACK_ON_FAILURE: a failed rollout of this change is rolled back. */
   rollbackOnFailure?: boolean;
+  /** The hook's image pin, which the image a rollback returns to must pass as a push would. */
+  imagePin?: ImagePin;
   /** What became of a failed rollout under ROLLBACK_ON_FAILURE. */
   rollback?: RollbackOutcome;
   /** When the push was pushed (or received), as the newest-wins rule compares it. */
@@ -9548,19 +9551,22 @@ function readContainerAnnotation<T>(
   workload: unknown,
   key: string,
   stringFields: string[],
-): { raw: string | undefined; entries: Record<string, T> } {
+): { raw: string | undefined; entries: Record<string, T>; dropped: string[] } {
   const raw = valueAt(workload, ['metadata', 'annotations', key]);
-  if (typeof raw !== 'string') return { raw: undefined, entries: {} };
+  if (typeof raw !== 'string') return { raw: undefined, entries: {}, dropped: [] };
   const entries: Record<string, T> = {};
+  const dropped: string[] = [];
   try {
     const parsed: unknown = JSON.parse(raw);
-    if (isObject(parsed))
-      for (const [name, r] of Object.entries(parsed))
-        if (isObject(r) && stringFields.every((f) => typeof r[f] === 'string')) entries[name] = r as T;
+    if (!isObject(parsed)) return { raw, entries, dropped: ['(the annotation is not a JSON object)'] };
+    for (const [name, r] of Object.entries(parsed))
+      if (isObject(r) && stringFields.every((f) => typeof r[f] === 'string')) entries[name] = r as T;
+      else dropped.push(name);
   } catch {
     // Edited by hand into something else: no entries, and a patch's test still guards the value.
+    dropped.push('(the annotation is not JSON)');
   }
-  return { raw, entries };
+  return { raw, entries, dropped };
 }
 
 /** The workload's last-push records: the annotation as read (for the patch's test) and parsed. */
@@ -9605,15 +9611,20 @@ export interface FollowRecord {
   hook: string;
   /** ISO 8601: when following ends (-rollout-follow after the push was applied). */
   deadline: string;
-  /** The hook's MAIL_TO for the result mail. */
+  /**
+   * The hook's MAIL_TO and ROLLBACK_ON_FAILURE when the push was applied. Written for people
+   * reading the workload; a replica that resumes the follow takes both from the hook as it is now
+   * (anyone who may edit the workload may edit its annotations).
+   */
   mailTo?: string;
-  /** The hook's ROLLBACK_ON_FAILURE. */
   rollback?: boolean;
 }
 
+/** The workload's follow records; `dropped` names the entries that are not follow records. */
 export function readFollowRecords(workload: unknown): {
   raw: string | undefined;
   entries: Record<string, FollowRecord>;
+  dropped: string[];
 } {
   return readContainerAnnotation<FollowRecord>(workload, FOLLOW_ANNOTATION, ['request', 'hook', 'deadline']);
 }
@@ -9695,6 +9706,7 @@ function readSettings(env: Record<string, string | undefined>, report: UpgradeRe
   report.rollbackOnFailure = rollback || undefined;
   // A malformed pin setting refuses every push, before the cluster is asked anything.
   const pin = readImagePin(env);
+  report.imagePin = pin;
   const verifyImage = parseGoBool(env.VERIFY_IMAGE?.trim() || 'false');
   if (verifyImage === undefined)
     throw new UpgradeError(`VERIFY_IMAGE ${showValue(env.VERIFY_IMAGE ?? '')} is not a boolean (use true or false)`);
@@ -10116,6 +10128,12 @@ export function formatReport(r: UpgradeReport): string {
 // ================================================================================================
 
 /**
+ * The shortest wait between two reads of a rollout, whatever the caller asks: a timeout that is
+ * not a number, or one about to end, never turns following into a busy loop against the API server.
+ */
+const ROLLOUT_POLL_FLOOR_MS = 250;
+
+/**
  * Follows a workload's rollout by kubectl's rules until it completes, fails (a Deployment's
  * ProgressDeadlineExceeded, or a new pod stuck in a reason such as CrashLoopBackOff or
  * ImagePullBackOff for UPGRADE_LIMITS.stuckPodFailMs) or the time is up; at the deadline, stuck
@@ -10127,8 +10145,8 @@ export async function followRollout(
   target: WorkloadTarget,
   options: FollowOptions,
 ): Promise<RolloutOutcome> {
-  const deadline = Date.now() + options.timeoutMs;
-  const pollMs = options.pollMs ?? UPGRADE_LIMITS.rolloutPollMs;
+  const deadline = Date.now() + (Number.isFinite(options.timeoutMs) ? Math.max(0, options.timeoutMs) : 0);
+  const pollMs = Math.max(ROLLOUT_POLL_FLOOR_MS, options.pollMs ?? UPGRADE_LIMITS.rolloutPollMs);
   const stuckSince = new Map<string, number>();
   let podsCheckedAt = Date.now();
   try {
@@ -10152,7 +10170,8 @@ export async function followRollout(
         const failed = await stuckTooLong(client, target, workload, options, stuckSince);
         if (failed) return failed;
       }
-      await new Promise((resolve) => setTimeout(resolve, Math.min(pollMs, deadline - Date.now())));
+      const wait = Math.max(ROLLOUT_POLL_FLOOR_MS, Math.min(pollMs, deadline - Date.now()));
+      await new Promise((resolve) => setTimeout(resolve, wait));
     }
   } catch (e) {
     return { state: 'timed out', detail: `could not follow the rollout: ${(e as Error).message}`, pods: [] };
@@ -10269,8 +10288,17 @@ export async function claimFollow(
   }
 }
 
-/** A follow found on a workload, as the report the replica that started it would have made. */
-function resumedReport(target: WorkloadTarget, container: string, f: FollowRecord, workload: K8sObject): UpgradeReport {
+/**
+ * A follow found on a workload, as the report the replica that started it would have made; the
+ * rollback setting and the image pin are the hook's now (`hook`), never the record's.
+ */
+function resumedReport(
+  target: WorkloadTarget,
+  container: string,
+  f: FollowRecord,
+  workload: K8sObject,
+  hook: { rollbackOnFailure: boolean; imagePin: ImagePin },
+): UpgradeReport {
   const { raw, records } = readPushRecords(workload);
   const record = records[container]?.request === f.request ? records[container] : undefined;
   const same = record !== undefined && normalizeImageRef(record.previous) === normalizeImageRef(record.image);
@@ -10289,7 +10317,8 @@ function resumedReport(target: WorkloadTarget, container: string, f: FollowRecor
     rollout: { state: 'progressing', detail: 'resumed', pods: [] },
     lastPush: record ? raw : undefined,
     followRecorded: true,
-    rollbackOnFailure: f.rollback === true || undefined,
+    rollbackOnFailure: hook.rollbackOnFailure || undefined,
+    imagePin: hook.imagePin,
   };
 }
 
@@ -10357,7 +10386,7 @@ export async function rollBackFailedRollout(
     const { raw, records } = readPushRecords(workload);
     const record = records[container];
     const located = locateContainer(valueAt(workload, [...kindSpec(target.kind).template, 'spec']), container);
-    const notDone = rollbackObstacle(report, raw, record, located);
+    const notDone = rollbackObstacle(report, raw, record, located) ?? rollbackPinObstacle(report, record, located);
     if (notDone || !record || !located) {
       report.rollback = { reason, notDone: notDone ?? 'the push record is gone' };
       return;
@@ -10501,6 +10530,27 @@ export function rolloutVerdict(
   if (outcome.state !== 'timed out') return { rollBack: false };
   const within = timeoutMs === undefined ? '' : ` within ${formatGoDuration(timeoutMs)}`;
   return { error: `the rollout did not complete${within} (see rollout)`, rollBack: false };
+}
+
+/**
+ * Why the image a rollback would return to is refused, or undefined: it must pass the hook's image
+ * pin as a push onto the container would (the record it comes from is an annotation anyone who
+ * may edit the workload can write). Pure.
+ */
+function rollbackPinObstacle(
+  report: UpgradeReport,
+  record: PushRecord | undefined,
+  located: LocatedContainer | undefined,
+): string | undefined {
+  if (!record || !located) return undefined;
+  if (typeof record.previous !== 'string') return 'the push record names no image before the push';
+  const pin = checkImagePin(
+    report.container ?? '',
+    located.image,
+    record.previous,
+    report.imagePin ?? readImagePin({}),
+  );
+  return pin.allowed ? undefined : `the image before the push is refused by the image pin: ${pin.message}`;
 }
 
 /** Why a failed rollout cannot be rolled back, or undefined when it can. Pure. */
@@ -11045,6 +11095,63 @@ class KeptPushes {
   }
 }
 
+/** A follow another replica recorded, as resumed here: the hook's id and MAIL_TO now, and the request it was. */
+interface ResumedFollow {
+  hook: string;
+  request: string;
+  /** The hook's MAIL_TO when the hook fixes it; undefined when it has none or a request chooses it. */
+  mailTo: string | undefined;
+}
+
+/** A request id as this service writes one (a UUID, or an X-Request-Id taken as it came): printable, bounded. */
+const RECORDED_REQUEST_ID = /^[\x21-\x7e]{1,256}$/;
+/** A follow record's deadline as followToRecord writes it (toISOString). */
+const RECORDED_DEADLINE = /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,3})?Z$/;
+
+/** An upgrade input's value when the hook fixes it (a literal, or a parameter a value rule pins). */
+function fixedInput(hook: Hook, envname: string): string | undefined {
+  const v = upgradeInput(hook, envname);
+  return typeof v === 'string' ? v : undefined;
+}
+
+/**
+ * Why a follow record on a workload is not resumed for the hook it names (found among the hooks
+ * that fix this workload, else undefined), or undefined when it is. Pure.
+ */
+function followRecordProblem(
+  container: string,
+  f: FollowRecord,
+  hook: Hook | undefined,
+  workload: K8sObject,
+  kind: WorkloadKind,
+): string | undefined {
+  if (!hook) return `hook ${showValue(f.hook)} is not a hook this replica serves for this workload`;
+  const fixed = fixedInput(hook, 'APP_CONTAINER')?.trim();
+  if (fixed !== undefined && fixed !== container) return `hook ${showValue(hook.id)} upgrades container ${fixed} only`;
+  if (!DNS_LABEL.test(container) || !locateContainer(workloadPodSpec(workload, kind), container))
+    return 'the workload has no such container';
+  if (!RECORDED_REQUEST_ID.test(f.request)) return `request ${showValue(f.request)} is not a request id`;
+  if (!RECORDED_DEADLINE.test(f.deadline) || !Number.isFinite(Date.parse(f.deadline)))
+    return `deadline ${showValue(f.deadline)} is not a time`;
+  return undefined;
+}
+
+/** What a resumed follow takes from its hook as loaded now. The pin settings were checked at load. */
+function resumeSettings(hook: Hook): { mailTo: string | undefined; rollbackOnFailure: boolean; imagePin: ImagePin } {
+  const mailTo = fixedInput(hook, 'MAIL_TO')?.trim() || undefined;
+  const rollbackOnFailure = parseGoBool(fixedInput(hook, 'ROLLBACK_ON_FAILURE')?.trim() ?? '') === true;
+  let imagePin: ImagePin;
+  try {
+    imagePin = readImagePin({
+      REGISTRY_HOST: fixedInput(hook, 'REGISTRY_HOST'),
+      ALLOW_IMAGES: fixedInput(hook, 'ALLOW_IMAGES'),
+    });
+  } catch {
+    imagePin = readImagePin({});
+  }
+  return { mailTo, rollbackOnFailure, imagePin };
+}
+
 /**
  * The upgrade as the runner uses it: one Kubernetes client and one per-workload queue for all
  * pushes (ordering and duplicate coalescing need to see every push), and rollouts followed after
@@ -11217,45 +11324,68 @@ export class UpgradeService implements InProcessCommand {
 
   /**
    * At start: the follows other replicas recorded on the workloads of the hooks this one serves
-   * (those whose namespace and workload the hook fixes) and did not finish are followed to their
-   * deadline here; `ended` gets each report this replica is the one to report.
+   * (those whose namespace and workload the hook fixes) and did not finish are followed here, for
+   * no longer than -rollout-follow; `ended` gets each report this replica is the one to report.
+   * A record is resumed only for the hook it names when that hook fixes this workload (and its
+   * container, when the hook fixes one); mail recipients, the rollback setting and the image pin
+   * are that hook's, never the record's. Any other record is dropped with a warning.
    */
-  async resumeFollows(
-    hooks: Iterable<Hook>,
-    ended: (report: UpgradeReport, follow: FollowRecord) => void,
-  ): Promise<void> {
+  async resumeFollows(hooks: Iterable<Hook>, ended: (report: UpgradeReport, follow: ResumedFollow) => void) {
     const client = this.sharedClient();
     if (!client || this.followMs === 0) return;
-    const served = new Map<string, { namespace: string; kind: WorkloadKind; name: string }>();
-    const ids = new Set<string>();
+    const served = new Map<
+      string,
+      { target: { namespace: string; kind: WorkloadKind; name: string }; hooks: Hook[] }
+    >();
     for (const hook of hooks) {
-      ids.add(hook.id);
       const t = hookReach(hook)?.target;
-      if (t) served.set(`${t.namespace}/${t.kind}/${t.name}`, t);
+      if (!t) continue;
+      const key = `${t.namespace}/${t.kind}/${t.name}`;
+      served.set(key, { target: t, hooks: [...(served.get(key)?.hooks ?? []), hook] });
     }
-    for (const target of served.values()) {
+    for (const { target, hooks: servedHooks } of served.values()) {
+      const where = `${target.kind}/${target.name} in ${target.namespace}`;
       let workload: K8sObject;
       try {
         workload = await readWorkload(client, target);
       } catch (e) {
-        this.log.warn(
-          `unfinished follows on ${target.kind}/${target.name} in ${target.namespace}: ${(e as Error).message}`,
-        );
+        this.log.warn(`unfinished follows on ${where}: ${(e as Error).message}`);
         continue;
       }
-      for (const [container, f] of Object.entries(readFollowRecords(workload).entries)) {
-        if (!ids.has(f.hook)) continue;
-        this.log.notice(
-          `[${f.request}] ${target.kind}/${target.name} in ${target.namespace}: resuming the rollout's follow`,
-        );
-        const report = resumedReport(target, container, f, workload);
-        const remaining = Math.max(1, Date.parse(f.deadline) - Date.now());
-        void this.follow(report, f.request, undefined, remaining).then(
-          (r) => r && ended(r, f),
-          (e: Error) => this.log.error(`[${f.request}] ${e.message}`),
-        );
+      const { entries, dropped } = readFollowRecords(workload);
+      for (const name of dropped) this.log.warn(`${where}: follow record ${showValue(name)} dropped: malformed`);
+      for (const [container, f] of Object.entries(entries)) {
+        const hook = servedHooks.find((h) => h.id === f.hook);
+        const problem = followRecordProblem(container, f, hook, workload, target.kind);
+        if (problem || !hook) {
+          this.log.warn(`${where}: follow record of container ${showValue(container)} dropped: ${problem}`);
+          continue;
+        }
+        this.resumeOne({ ...target }, container, f, hook, workload, ended);
       }
     }
+  }
+
+  /** Follows one recorded rollout to its end (see resumeFollows), with the hook's settings. */
+  private resumeOne(
+    target: WorkloadTarget,
+    container: string,
+    f: FollowRecord,
+    hook: Hook,
+    workload: K8sObject,
+    ended: (report: UpgradeReport, follow: ResumedFollow) => void,
+  ): void {
+    const settings = resumeSettings(hook);
+    this.log.notice(
+      `[${f.request}] ${target.kind}/${target.name} in ${target.namespace}: resuming the rollout's follow`,
+    );
+    const report = resumedReport(target, container, f, workload, settings);
+    const remaining = Math.min(this.followMs, Math.max(1, Date.parse(f.deadline) - Date.now()));
+    const follow: ResumedFollow = { hook: hook.id, request: f.request, mailTo: settings.mailTo };
+    void this.follow(report, f.request, undefined, remaining).then(
+      (r) => r && ended(r, follow),
+      (e: Error) => this.log.error(`[${f.request}] ${e.message}`),
+    );
   }
 
   /** A followed rollout has ended: logged, recorded as an Event, and rolled back if it failed and the hook asks. */
