@@ -4136,7 +4136,8 @@ function pageShell(title: string, refreshSeconds: number | undefined, body: stri
 // ================================================================================================
 // 11. command line & settings — the adnanh/webhook command line in Go `flag` syntax (parseCommandLine, usage), Go's
 //    durations and booleans, and our safety limits (LIMITS), each with why it has that value.
-//    Exports: LIMITS, Options, parseCommandLine, parseGoBool, parseGoDuration, parseListenAddress, usage, UsageError.
+//    Exports: LIMITS, Options, parseCommandLine, parseGoBool, parseGoDuration, parseListenAddress, readAdminTokenFile,
+//    usage, UsageError.
 //    Tests: test/runner.test.ts, test/unit.test.ts.
 // ================================================================================================
 
@@ -4189,6 +4190,8 @@ export interface Options {
   deliveries: number;
   /** What the deliveries pages ask for (HTTP Basic password or Bearer token); '' asks for nothing. */
   adminToken: string;
+  /** A file holding the admin token (read at start: readAdminTokenFile), so it is on no command line. */
+  adminTokenFile: string;
   maxNotificationsPerHook: number;
   notifyWindowMs: number;
   printRbac: boolean;
@@ -4477,6 +4480,12 @@ const FLAGS: Record<string, FlagSpec> = {
     def: '',
     help: 'token the deliveries pages ask for, as HTTP Basic password or Bearer token (default: none)',
   },
+  'admin-token-file': {
+    kind: 'string',
+    key: 'adminTokenFile',
+    def: '',
+    help: 'file holding the -admin-token (e.g. a mounted Secret), so the token is on no command line',
+  },
   'max-notifications-per-hook': {
     kind: 'int',
     key: 'maxNotificationsPerHook',
@@ -4633,9 +4642,53 @@ export function parseCommandLine(argv: string[], env: Record<string, string | un
     throw new UsageError('invalid value for flag -max-notifications-per-hook: must be at least 1');
   if (/[\s\x00-\x1f\x7f]/.test(o.adminToken))
     throw new UsageError('invalid value for flag -admin-token: no spaces or control characters');
+  if (o.adminToken && o.adminTokenFile) throw new UsageError('give -admin-token or -admin-token-file, not both');
+  const exposed = exposedDeliveries(o);
+  if (exposed) throw new UsageError(exposed);
   if (!/^[a-z0-9-]+\/[a-z0-9.-]+$/.test(o.rbacServiceAccount))
     throw new UsageError(`invalid value "${o.rbacServiceAccount}" for flag -rbac-service-account: use namespace/name`);
   return o;
+}
+
+/** Hosts of -metrics-listen that only this machine (this pod) reaches. */
+const LOOPBACK_HOST = /^(?:localhost|127(?:\.\d{1,3}){3}|::1|::ffff:127(?:\.\d{1,3}){3})$/i;
+
+/**
+ * Why the deliveries page may not be served as asked, or undefined: on an address other hosts
+ * reach, it shows every hook's pushes to anyone in the cluster unless a token guards it. Pure.
+ */
+function exposedDeliveries(o: Options): string | undefined {
+  if (o.deliveries === 0 || o.metricsListen === '' || o.adminToken || o.adminTokenFile) return undefined;
+  const { host } = parseListenAddress(o.metricsListen);
+  if (host !== undefined && LOOPBACK_HOST.test(host)) return undefined;
+  return (
+    `-metrics-listen ${o.metricsListen} would serve the deliveries page to other hosts without a token: give ` +
+    '-admin-token-file FILE (or -admin-token TOKEN), listen on loopback (-metrics-listen 127.0.0.1:PORT), or turn ' +
+    'the page off with -deliveries 0'
+  );
+}
+
+/**
+ * -admin-token-file: the token it holds (one trailing newline ignored, as `echo` and Secrets
+ * leave it) becomes -admin-token. Throws a UsageError naming the file when it cannot be read, is
+ * empty, or holds spaces or control characters.
+ */
+export function readAdminTokenFile(o: Options): void {
+  if (!o.adminTokenFile) return;
+  let text: string;
+  try {
+    text = fs.readFileSync(o.adminTokenFile, 'utf8');
+  } catch (e) {
+    const why = (e as NodeJS.ErrnoException).code ?? (e as Error).message;
+    throw new UsageError(`invalid value "${o.adminTokenFile}" for flag -admin-token-file: cannot read it (${why})`);
+  }
+  const token = text.replace(/\r?\n$/, '');
+  if (token === '' || /[\s\x00-\x1f\x7f]/.test(token))
+    throw new UsageError(
+      `invalid value "${o.adminTokenFile}" for flag -admin-token-file: the file must hold one token, no spaces or ` +
+        'control characters',
+    );
+  o.adminToken = token;
 }
 
 /** `host:port`, `:port` (every address) or `[v6]:port`, as Go's net.Listen takes them. */
@@ -6347,10 +6400,11 @@ function resolveCommand(
 /**
  * The service's own settings, which no command inherits unless its hook passes them by name
  * (pass-environment-to-command): every MAIL_* and NOTIFY_* variable (the SMTP password and the
- * notification secrets among them), the hook and admin tokens, and the paths to the service's
- * credentials (its kubeconfig, systemd's credentials).
+ * notification secrets among them), the hook and admin tokens, the service's own arguments
+ * (WEBHOOK_CMD, which may carry -admin-token), and the paths to the service's credentials (its
+ * kubeconfig, systemd's credentials).
  */
-const SERVICE_ONLY_VARIABLES = ['HOOK_TOKEN', 'ADMIN_TOKEN', 'KUBECONFIG', 'CREDENTIALS_DIRECTORY'];
+const SERVICE_ONLY_VARIABLES = ['HOOK_TOKEN', 'ADMIN_TOKEN', 'KUBECONFIG', 'CREDENTIALS_DIRECTORY', 'WEBHOOK_CMD'];
 const SERVICE_ONLY_PREFIXES = ['MAIL_', 'NOTIFY_'];
 
 /** The environment a command starts from: the service's, without its own settings and the template's. */
@@ -9302,6 +9356,8 @@ export interface UpgradeReport {
   followRecorded?: boolean;
   /** The hook's ROLLBACK_ON_FAILURE: a failed rollout of this change is rolled back. */
   rollbackOnFailure?: boolean;
+  /** The hook's image pin, which the image a rollback returns to must pass as a push would. */
+  imagePin?: ImagePin;
   /** What became of a failed rollout under ROLLBACK_ON_FAILURE. */
   rollback?: RollbackOutcome;
   /** When the push was pushed (or received), as the newest-wins rule compares it. */
@@ -9498,19 +9554,22 @@ function readContainerAnnotation<T>(
   workload: unknown,
   key: string,
   stringFields: string[],
-): { raw: string | undefined; entries: Record<string, T> } {
+): { raw: string | undefined; entries: Record<string, T>; dropped: string[] } {
   const raw = valueAt(workload, ['metadata', 'annotations', key]);
-  if (typeof raw !== 'string') return { raw: undefined, entries: {} };
+  if (typeof raw !== 'string') return { raw: undefined, entries: {}, dropped: [] };
   const entries: Record<string, T> = {};
+  const dropped: string[] = [];
   try {
     const parsed: unknown = JSON.parse(raw);
-    if (isObject(parsed))
-      for (const [name, r] of Object.entries(parsed))
-        if (isObject(r) && stringFields.every((f) => typeof r[f] === 'string')) entries[name] = r as T;
+    if (!isObject(parsed)) return { raw, entries, dropped: ['(the annotation is not a JSON object)'] };
+    for (const [name, r] of Object.entries(parsed))
+      if (isObject(r) && stringFields.every((f) => typeof r[f] === 'string')) entries[name] = r as T;
+      else dropped.push(name);
   } catch {
     // Edited by hand into something else: no entries, and a patch's test still guards the value.
+    dropped.push('(the annotation is not JSON)');
   }
-  return { raw, entries };
+  return { raw, entries, dropped };
 }
 
 /** The workload's last-push records: the annotation as read (for the patch's test) and parsed. */
@@ -9555,15 +9614,20 @@ export interface FollowRecord {
   hook: string;
   /** ISO 8601: when following ends (-rollout-follow after the push was applied). */
   deadline: string;
-  /** The hook's MAIL_TO for the result mail. */
+  /**
+   * The hook's MAIL_TO and ROLLBACK_ON_FAILURE when the push was applied. Written for people
+   * reading the workload; a replica that resumes the follow takes both from the hook as it is now
+   * (anyone who may edit the workload may edit its annotations).
+   */
   mailTo?: string;
-  /** The hook's ROLLBACK_ON_FAILURE. */
   rollback?: boolean;
 }
 
+/** The workload's follow records; `dropped` names the entries that are not follow records. */
 export function readFollowRecords(workload: unknown): {
   raw: string | undefined;
   entries: Record<string, FollowRecord>;
+  dropped: string[];
 } {
   return readContainerAnnotation<FollowRecord>(workload, FOLLOW_ANNOTATION, ['request', 'hook', 'deadline']);
 }
@@ -9645,6 +9709,7 @@ function readSettings(env: Record<string, string | undefined>, report: UpgradeRe
   report.rollbackOnFailure = rollback || undefined;
   // A malformed pin setting refuses every push, before the cluster is asked anything.
   const pin = readImagePin(env);
+  report.imagePin = pin;
   const verifyImage = parseGoBool(env.VERIFY_IMAGE?.trim() || 'false');
   if (verifyImage === undefined)
     throw new UpgradeError(`VERIFY_IMAGE ${showValue(env.VERIFY_IMAGE ?? '')} is not a boolean (use true or false)`);
@@ -10066,6 +10131,12 @@ export function formatReport(r: UpgradeReport): string {
 // ================================================================================================
 
 /**
+ * The shortest wait between two reads of a rollout, whatever the caller asks: a timeout that is
+ * not a number, or one about to end, never turns following into a busy loop against the API server.
+ */
+const ROLLOUT_POLL_FLOOR_MS = 250;
+
+/**
  * Follows a workload's rollout by kubectl's rules until it completes, fails (a Deployment's
  * ProgressDeadlineExceeded, or a new pod stuck in a reason such as CrashLoopBackOff or
  * ImagePullBackOff for UPGRADE_LIMITS.stuckPodFailMs) or the time is up; at the deadline, stuck
@@ -10077,8 +10148,8 @@ export async function followRollout(
   target: WorkloadTarget,
   options: FollowOptions,
 ): Promise<RolloutOutcome> {
-  const deadline = Date.now() + options.timeoutMs;
-  const pollMs = options.pollMs ?? UPGRADE_LIMITS.rolloutPollMs;
+  const deadline = Date.now() + (Number.isFinite(options.timeoutMs) ? Math.max(0, options.timeoutMs) : 0);
+  const pollMs = Math.max(ROLLOUT_POLL_FLOOR_MS, options.pollMs ?? UPGRADE_LIMITS.rolloutPollMs);
   const stuckSince = new Map<string, number>();
   let podsCheckedAt = Date.now();
   try {
@@ -10102,7 +10173,8 @@ export async function followRollout(
         const failed = await stuckTooLong(client, target, workload, options, stuckSince);
         if (failed) return failed;
       }
-      await new Promise((resolve) => setTimeout(resolve, Math.min(pollMs, deadline - Date.now())));
+      const wait = Math.max(ROLLOUT_POLL_FLOOR_MS, Math.min(pollMs, deadline - Date.now()));
+      await new Promise((resolve) => setTimeout(resolve, wait));
     }
   } catch (e) {
     return { state: 'timed out', detail: `could not follow the rollout: ${(e as Error).message}`, pods: [] };
@@ -10219,8 +10291,17 @@ export async function claimFollow(
   }
 }
 
-/** A follow found on a workload, as the report the replica that started it would have made. */
-function resumedReport(target: WorkloadTarget, container: string, f: FollowRecord, workload: K8sObject): UpgradeReport {
+/**
+ * A follow found on a workload, as the report the replica that started it would have made; the
+ * rollback setting and the image pin are the hook's now (`hook`), never the record's.
+ */
+function resumedReport(
+  target: WorkloadTarget,
+  container: string,
+  f: FollowRecord,
+  workload: K8sObject,
+  hook: { rollbackOnFailure: boolean; imagePin: ImagePin },
+): UpgradeReport {
   const { raw, records } = readPushRecords(workload);
   const record = records[container]?.request === f.request ? records[container] : undefined;
   const same = record !== undefined && normalizeImageRef(record.previous) === normalizeImageRef(record.image);
@@ -10239,7 +10320,8 @@ function resumedReport(target: WorkloadTarget, container: string, f: FollowRecor
     rollout: { state: 'progressing', detail: 'resumed', pods: [] },
     lastPush: record ? raw : undefined,
     followRecorded: true,
-    rollbackOnFailure: f.rollback === true || undefined,
+    rollbackOnFailure: hook.rollbackOnFailure || undefined,
+    imagePin: hook.imagePin,
   };
 }
 
@@ -10307,7 +10389,7 @@ export async function rollBackFailedRollout(
     const { raw, records } = readPushRecords(workload);
     const record = records[container];
     const located = locateContainer(valueAt(workload, [...kindSpec(target.kind).template, 'spec']), container);
-    const notDone = rollbackObstacle(report, raw, record, located);
+    const notDone = rollbackObstacle(report, raw, record, located) ?? rollbackPinObstacle(report, record, located);
     if (notDone || !record || !located) {
       report.rollback = { reason, notDone: notDone ?? 'the push record is gone' };
       return;
@@ -10451,6 +10533,27 @@ export function rolloutVerdict(
   if (outcome.state !== 'timed out') return { rollBack: false };
   const within = timeoutMs === undefined ? '' : ` within ${formatGoDuration(timeoutMs)}`;
   return { error: `the rollout did not complete${within} (see rollout)`, rollBack: false };
+}
+
+/**
+ * Why the image a rollback would return to is refused, or undefined: it must pass the hook's image
+ * pin as a push onto the container would (the record it comes from is an annotation anyone who
+ * may edit the workload can write). Pure.
+ */
+function rollbackPinObstacle(
+  report: UpgradeReport,
+  record: PushRecord | undefined,
+  located: LocatedContainer | undefined,
+): string | undefined {
+  if (!record || !located) return undefined;
+  if (typeof record.previous !== 'string') return 'the push record names no image before the push';
+  const pin = checkImagePin(
+    report.container ?? '',
+    located.image,
+    record.previous,
+    report.imagePin ?? readImagePin({}),
+  );
+  return pin.allowed ? undefined : `the image before the push is refused by the image pin: ${pin.message}`;
 }
 
 /** Why a failed rollout cannot be rolled back, or undefined when it can. Pure. */
@@ -10995,6 +11098,63 @@ class KeptPushes {
   }
 }
 
+/** A follow another replica recorded, as resumed here: the hook's id and MAIL_TO now, and the request it was. */
+interface ResumedFollow {
+  hook: string;
+  request: string;
+  /** The hook's MAIL_TO when the hook fixes it; undefined when it has none or a request chooses it. */
+  mailTo: string | undefined;
+}
+
+/** A request id as this service writes one (a UUID, or an X-Request-Id taken as it came): printable, bounded. */
+const RECORDED_REQUEST_ID = /^[\x21-\x7e]{1,256}$/;
+/** A follow record's deadline as followToRecord writes it (toISOString). */
+const RECORDED_DEADLINE = /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,3})?Z$/;
+
+/** An upgrade input's value when the hook fixes it (a literal, or a parameter a value rule pins). */
+function fixedInput(hook: Hook, envname: string): string | undefined {
+  const v = upgradeInput(hook, envname);
+  return typeof v === 'string' ? v : undefined;
+}
+
+/**
+ * Why a follow record on a workload is not resumed for the hook it names (found among the hooks
+ * that fix this workload, else undefined), or undefined when it is. Pure.
+ */
+function followRecordProblem(
+  container: string,
+  f: FollowRecord,
+  hook: Hook | undefined,
+  workload: K8sObject,
+  kind: WorkloadKind,
+): string | undefined {
+  if (!hook) return `hook ${showValue(f.hook)} is not a hook this replica serves for this workload`;
+  const fixed = fixedInput(hook, 'APP_CONTAINER')?.trim();
+  if (fixed !== undefined && fixed !== container) return `hook ${showValue(hook.id)} upgrades container ${fixed} only`;
+  if (!DNS_LABEL.test(container) || !locateContainer(workloadPodSpec(workload, kind), container))
+    return 'the workload has no such container';
+  if (!RECORDED_REQUEST_ID.test(f.request)) return `request ${showValue(f.request)} is not a request id`;
+  if (!RECORDED_DEADLINE.test(f.deadline) || !Number.isFinite(Date.parse(f.deadline)))
+    return `deadline ${showValue(f.deadline)} is not a time`;
+  return undefined;
+}
+
+/** What a resumed follow takes from its hook as loaded now. The pin settings were checked at load. */
+function resumeSettings(hook: Hook): { mailTo: string | undefined; rollbackOnFailure: boolean; imagePin: ImagePin } {
+  const mailTo = fixedInput(hook, 'MAIL_TO')?.trim() || undefined;
+  const rollbackOnFailure = parseGoBool(fixedInput(hook, 'ROLLBACK_ON_FAILURE')?.trim() ?? '') === true;
+  let imagePin: ImagePin;
+  try {
+    imagePin = readImagePin({
+      REGISTRY_HOST: fixedInput(hook, 'REGISTRY_HOST'),
+      ALLOW_IMAGES: fixedInput(hook, 'ALLOW_IMAGES'),
+    });
+  } catch {
+    imagePin = readImagePin({});
+  }
+  return { mailTo, rollbackOnFailure, imagePin };
+}
+
 /**
  * The upgrade as the runner uses it: one Kubernetes client and one per-workload queue for all
  * pushes (ordering and duplicate coalescing need to see every push), and rollouts followed after
@@ -11167,45 +11327,68 @@ export class UpgradeService implements InProcessCommand {
 
   /**
    * At start: the follows other replicas recorded on the workloads of the hooks this one serves
-   * (those whose namespace and workload the hook fixes) and did not finish are followed to their
-   * deadline here; `ended` gets each report this replica is the one to report.
+   * (those whose namespace and workload the hook fixes) and did not finish are followed here, for
+   * no longer than -rollout-follow; `ended` gets each report this replica is the one to report.
+   * A record is resumed only for the hook it names when that hook fixes this workload (and its
+   * container, when the hook fixes one); mail recipients, the rollback setting and the image pin
+   * are that hook's, never the record's. Any other record is dropped with a warning.
    */
-  async resumeFollows(
-    hooks: Iterable<Hook>,
-    ended: (report: UpgradeReport, follow: FollowRecord) => void,
-  ): Promise<void> {
+  async resumeFollows(hooks: Iterable<Hook>, ended: (report: UpgradeReport, follow: ResumedFollow) => void) {
     const client = this.sharedClient();
     if (!client || this.followMs === 0) return;
-    const served = new Map<string, { namespace: string; kind: WorkloadKind; name: string }>();
-    const ids = new Set<string>();
+    const served = new Map<
+      string,
+      { target: { namespace: string; kind: WorkloadKind; name: string }; hooks: Hook[] }
+    >();
     for (const hook of hooks) {
-      ids.add(hook.id);
       const t = hookReach(hook)?.target;
-      if (t) served.set(`${t.namespace}/${t.kind}/${t.name}`, t);
+      if (!t) continue;
+      const key = `${t.namespace}/${t.kind}/${t.name}`;
+      served.set(key, { target: t, hooks: [...(served.get(key)?.hooks ?? []), hook] });
     }
-    for (const target of served.values()) {
+    for (const { target, hooks: servedHooks } of served.values()) {
+      const where = `${target.kind}/${target.name} in ${target.namespace}`;
       let workload: K8sObject;
       try {
         workload = await readWorkload(client, target);
       } catch (e) {
-        this.log.warn(
-          `unfinished follows on ${target.kind}/${target.name} in ${target.namespace}: ${(e as Error).message}`,
-        );
+        this.log.warn(`unfinished follows on ${where}: ${(e as Error).message}`);
         continue;
       }
-      for (const [container, f] of Object.entries(readFollowRecords(workload).entries)) {
-        if (!ids.has(f.hook)) continue;
-        this.log.notice(
-          `[${f.request}] ${target.kind}/${target.name} in ${target.namespace}: resuming the rollout's follow`,
-        );
-        const report = resumedReport(target, container, f, workload);
-        const remaining = Math.max(1, Date.parse(f.deadline) - Date.now());
-        void this.follow(report, f.request, undefined, remaining).then(
-          (r) => r && ended(r, f),
-          (e: Error) => this.log.error(`[${f.request}] ${e.message}`),
-        );
+      const { entries, dropped } = readFollowRecords(workload);
+      for (const name of dropped) this.log.warn(`${where}: follow record ${showValue(name)} dropped: malformed`);
+      for (const [container, f] of Object.entries(entries)) {
+        const hook = servedHooks.find((h) => h.id === f.hook);
+        const problem = followRecordProblem(container, f, hook, workload, target.kind);
+        if (problem || !hook) {
+          this.log.warn(`${where}: follow record of container ${showValue(container)} dropped: ${problem}`);
+          continue;
+        }
+        this.resumeOne({ ...target }, container, f, hook, workload, ended);
       }
     }
+  }
+
+  /** Follows one recorded rollout to its end (see resumeFollows), with the hook's settings. */
+  private resumeOne(
+    target: WorkloadTarget,
+    container: string,
+    f: FollowRecord,
+    hook: Hook,
+    workload: K8sObject,
+    ended: (report: UpgradeReport, follow: ResumedFollow) => void,
+  ): void {
+    const settings = resumeSettings(hook);
+    this.log.notice(
+      `[${f.request}] ${target.kind}/${target.name} in ${target.namespace}: resuming the rollout's follow`,
+    );
+    const report = resumedReport(target, container, f, workload, settings);
+    const remaining = Math.min(this.followMs, Math.max(1, Date.parse(f.deadline) - Date.now()));
+    const follow: ResumedFollow = { hook: hook.id, request: f.request, mailTo: settings.mailTo };
+    void this.follow(report, f.request, undefined, remaining).then(
+      (r) => r && ended(r, follow),
+      (e: Error) => this.log.error(`[${f.request}] ${e.message}`),
+    );
   }
 
   /** A followed rollout has ended: logged, recorded as an Event, and rolled back if it failed and the hook asks. */
@@ -12006,20 +12189,69 @@ interface NotifyFormat {
 
 const JSON_HEADERS = { 'Content-Type': 'application/json; charset=utf-8' };
 
-/** The title every chat message starts with: the mail's subject, which DingTalk keywords can match. */
-function chatTitle(r: PushResult): string {
-  const target = r.namespace && r.workload && r.container ? `${r.namespace}-${r.workload}-${r.container}` : r.hookId;
-  return `Webhooks通知: ${target} 更新结果: ${r.outcome ?? 'running'}`;
+/**
+ * How a chat's markup writes a label in bold, and how it keeps text that came with a request (ids,
+ * the workload named in the URL, images from the payload, error details) from being markup: no
+ * link, image, mention or tag may come from a request.
+ */
+interface ChatDialect {
+  bold(label: string): string;
+  text(value: string): string;
 }
 
-/** The summary lines of a chat message, with `bold` for the labels of its markdown dialect. */
-function chatLines(r: PushResult, bold: (label: string) => string): string[] {
-  const lines = [`${bold('hook')} ${r.hookId} · ${bold('request')} ${r.requestId}`];
+/**
+ * A value on one line, with no bare URL left to link: "://" gets a zero-width space, which every
+ * client shows as nothing but no autolinker takes for a URL. Pure.
+ */
+function chatInert(value: string): string {
+  return value.replace(/[\r\n\u2028\u2029]+/g, ' ').replaceAll('://', ':\u200B//');
+}
+
+/**
+ * The characters that open markup in the markdown of DingTalk, WeCom and Feishu: links and images
+ * ([text](url)), and the tags each adds (<font>, WeCom's <@user>, Feishu's <at id=all>), entities
+ * included. The three implement different, undocumented subsets of markdown and not all honour a
+ * backslash escape, so these become their full-width forms, which read the same and mean nothing.
+ */
+const MARKDOWN_INERT: Record<string, string> = { '[': '［', ']': '］', '<': '＜', '>': '＞', '&': '＆' };
+
+const MARKDOWN_DIALECT: ChatDialect = {
+  bold: (label) => `**${label}**`,
+  text: (value) => chatInert(value).replace(/[[\]<>&]/g, (c) => MARKDOWN_INERT[c]),
+};
+
+/**
+ * Slack's mrkdwn: links and mentions (<url|text>, <!channel>, <@U…>) open with "<", and Slack
+ * documents &amp; &lt; &gt; as its escapes. The receivers that take Slack's body but read `text` as
+ * markdown (Mattermost, Rocket.Chat) link [text](url): brackets become full-width there too.
+ */
+const SLACK_ESCAPES: Record<string, string> = { '&': '&amp;', '<': '&lt;', '>': '&gt;', '[': '［', ']': '］' };
+const SLACK_DIALECT: ChatDialect = {
+  bold: (label) => `*${label}*`,
+  text: (value) => chatInert(value).replace(/[&<>[\]]/g, (c) => SLACK_ESCAPES[c]),
+};
+
+/** Plain text (a card's title, a notification's preview): only kept on one line. */
+const PLAIN_TEXT = (value: string) => value.replace(/[\r\n\u2028\u2029]+/g, ' ');
+
+/** The title every chat message starts with: the mail's subject, which DingTalk keywords can match. */
+function chatTitle(r: PushResult, text: (value: string) => string = PLAIN_TEXT): string {
+  const target = r.namespace && r.workload && r.container ? `${r.namespace}-${r.workload}-${r.container}` : r.hookId;
+  return `Webhooks通知: ${text(target)} 更新结果: ${r.outcome ?? 'running'}`;
+}
+
+/** The summary lines of a chat message in its dialect, every value from the request made inert. */
+function chatLines(r: PushResult, d: ChatDialect): string[] {
+  const { bold, text: t } = d;
+  const lines = [`${bold('hook')} ${t(r.hookId)} · ${bold('request')} ${t(r.requestId)}`];
   if (r.workload)
-    lines.push(`${bold('workload')} ${r.workload}${r.namespace ? ` in ${r.namespace}` : ''}, container ${r.container}`);
-  if (r.imageAfter) lines.push(`${bold('image')} ${r.imageBefore ?? '?'} → ${r.imageAfter}`);
-  lines.push(`${bold('decision')} ${r.decision}${r.detail ? ` (${r.detail})` : ''}`);
-  if (r.rollout) lines.push(`${bold('rollout')} ${r.rollout.state}: ${r.rollout.detail}`);
+    lines.push(
+      `${bold('workload')} ${t(r.workload)}${r.namespace ? ` in ${t(r.namespace)}` : ''}, ` +
+        `container ${t(r.container ?? 'undefined')}`,
+    );
+  if (r.imageAfter) lines.push(`${bold('image')} ${t(r.imageBefore ?? '?')} → ${t(r.imageAfter)}`);
+  lines.push(`${bold('decision')} ${t(r.decision)}${r.detail ? ` (${t(r.detail)})` : ''}`);
+  if (r.rollout) lines.push(`${bold('rollout')} ${t(r.rollout.state)}: ${t(r.rollout.detail)}`);
   const ready = r.pods.filter((p) => p.ready).length;
   if (r.pods.length) lines.push(`${bold('pods')} ${ready} of ${r.pods.length} ready`);
   return lines;
@@ -12035,11 +12267,9 @@ function cutToBytes(text: string, max: number): string {
   return `${cut} …`;
 }
 
-function chatMarkdown(r: PushResult, separator: string, bold: (label: string) => string): string {
-  return cutToBytes(chatLines(r, bold).join(separator), NOTIFY_LIMITS.maxChatBytes);
+function chatMarkdown(r: PushResult, separator: string, d: ChatDialect): string {
+  return cutToBytes(chatLines(r, d).join(separator), NOTIFY_LIMITS.maxChatBytes);
 }
-
-const markdownBold = (label: string) => `**${label}**`;
 
 /** Base64 HMAC-SHA256, the signature DingTalk and Feishu ask for. */
 function hmacBase64(key: string, message: string): string {
@@ -12089,7 +12319,7 @@ const NOTIFY_FORMATS: Record<string, NotifyFormat> = {
         signed.searchParams.set('timestamp', timestamp);
         signed.searchParams.set('sign', hmacBase64(secret, `${timestamp}\n${secret}`));
       }
-      const text = `### ${chatTitle(r)}\n\n${chatMarkdown(r, '\n\n', markdownBold)}`;
+      const text = `### ${chatTitle(r, MARKDOWN_DIALECT.text)}\n\n${chatMarkdown(r, '\n\n', MARKDOWN_DIALECT)}`;
       const body = JSON.stringify({ msgtype: 'markdown', markdown: { title: chatTitle(r), text } });
       return { url: signed, body, headers: JSON_HEADERS };
     },
@@ -12099,7 +12329,7 @@ const NOTIFY_FORMATS: Record<string, NotifyFormat> = {
   wecom: {
     signs: false,
     request(r, url) {
-      const content = `### ${chatTitle(r)}\n${chatMarkdown(r, '\n', markdownBold)}`;
+      const content = `### ${chatTitle(r, MARKDOWN_DIALECT.text)}\n${chatMarkdown(r, '\n', MARKDOWN_DIALECT)}`;
       return { url, body: JSON.stringify({ msgtype: 'markdown', markdown: { content } }), headers: JSON_HEADERS };
     },
     refusal: codeRefusal('errcode'),
@@ -12114,7 +12344,7 @@ const NOTIFY_FORMATS: Record<string, NotifyFormat> = {
       const template = r.outcome === 'failed' ? 'red' : r.outcome === 'succeeded' ? 'green' : 'grey';
       const card = {
         header: { title: { tag: 'plain_text', content: chatTitle(r) }, template },
-        elements: [{ tag: 'markdown', content: chatMarkdown(r, '\n', markdownBold) }],
+        elements: [{ tag: 'markdown', content: chatMarkdown(r, '\n', MARKDOWN_DIALECT) }],
       };
       return { url, body: JSON.stringify({ ...signature, msg_type: 'interactive', card }), headers: JSON_HEADERS };
     },
@@ -12126,7 +12356,7 @@ const NOTIFY_FORMATS: Record<string, NotifyFormat> = {
     request(r, url) {
       // `text` is the whole message too: what notifications show, and all that receivers which
       // take Slack's format without its blocks (Mattermost, Rocket.Chat) read.
-      const text = `*${chatTitle(r)}*\n${chatMarkdown(r, '\n', (label) => `*${label}*`)}`;
+      const text = `*${chatTitle(r, SLACK_DIALECT.text)}*\n${chatMarkdown(r, '\n', SLACK_DIALECT)}`;
       const blocks = [{ type: 'section', text: { type: 'mrkdwn', text } }];
       return { url, body: JSON.stringify({ text, blocks }), headers: JSON_HEADERS };
     },
@@ -12818,6 +13048,7 @@ export async function main(argv: string[], env: Record<string, string | undefine
   let o: Options;
   try {
     o = parseCommandLine(argv, env);
+    readAdminTokenFile(o);
   } catch (e) {
     if (!(e instanceof UsageError)) throw e;
     if (e.message) process.stderr.write(`${e.message}\n`);

@@ -13,7 +13,7 @@ import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { browserOrSkip, type Browser, type Page } from './browser.ts';
 import { acrImage, acrPayload, clusterOrSkip, deployment, freshNamespaceName, kubectlFor } from './cluster/kube.ts';
-import { httpRequest, makeTempDir, spawnWebhook, startWebhook, waitFor, waitForOutput, type Webhook } from './harness.ts';
+import { freePort, httpRequest, makeTempDir, spawnWebhook, startWebhook, waitFor, waitForOutput, type Webhook } from './harness.ts';
 import { startReceiver, type Receiver } from './receiver.ts';
 
 const REPO = path.join(import.meta.dirname, '..');
@@ -143,6 +143,37 @@ describe('the page on the admin listener, through the executable', () => {
       assert.equal(exit.code, 2, s.output());
       assert.ok(s.stderr().startsWith(`${message}\n`), s.stderr());
     }
+  });
+
+  test('on an address other hosts reach, the page needs a token: refused to start without one, saying how; -admin-token-file gives it', async () => {
+    const how = 'would serve the deliveries page to other hosts without a token: give -admin-token-file FILE (or -admin-token TOKEN), ' +
+      'listen on loopback (-metrics-listen 127.0.0.1:PORT), or turn the page off with -deliveries 0';
+    for (const listen of [':0', '0.0.0.0:0', '[::]:0']) {
+      const s = await spawnWebhook({ hooks: [echoHook('echo')], args: ['-metrics-listen', listen] });
+      assert.equal((await s.exited).code, 2, s.output());
+      assert.ok(s.stderr().startsWith(`-metrics-listen ${listen} ${how}\n`), s.stderr());
+    }
+    const dir = makeTempDir('deliveries-token-file-');
+    const tokenFile = path.join(dir, 'admin-token');
+    for (const [content, why] of [['', 'the file must hold one token'], ['two words\n', 'the file must hold one token']]) {
+      fs.writeFileSync(tokenFile, content);
+      const s = await spawnWebhook({ hooks: [echoHook('echo')], args: ['-metrics-listen', '0.0.0.0:0', '-admin-token-file', tokenFile] });
+      assert.equal((await s.exited).code, 2, s.output());
+      assert.ok(s.stderr().startsWith(`invalid value "${tokenFile}" for flag -admin-token-file: ${why}`), s.stderr());
+      assert.ok(!s.stderr().includes('two words'), 'the file\'s content is not shown');
+    }
+    const missing = await spawnWebhook({ hooks: [echoHook('echo')], args: ['-admin-token-file', path.join(dir, 'none')] });
+    assert.equal((await missing.exited).code, 2);
+    assert.match(missing.stderr(), /^invalid value ".*none" for flag -admin-token-file: cannot read it \(ENOENT\)/);
+    fs.writeFileSync(tokenFile, `${ADMIN_TOKEN}\n`);
+    const port = await freePort();
+    const w = await started({ hooks: [echoHook('echo')], args: ['-metrics-listen', `0.0.0.0:${port}`, '-admin-token-file', tokenFile, '-deliveries', '5'] });
+    await waitForOutput(w, '(asking for the -admin-token)');
+    assert.equal((await httpRequest(port, '/deliveries')).status, 401);
+    assert.equal((await httpRequest(port, '/deliveries.json', { headers: { Authorization: `Bearer ${ADMIN_TOKEN}` } })).status, 200);
+    // Loopback needs no token, as before.
+    const local = await started({ hooks: [echoHook('echo')], args: ['-metrics-listen', '127.0.0.1:0'] });
+    await waitForOutput(local, /serving deliveries on http:\/\/127\.0\.0\.1:\d+\/deliveries\n/);
   });
 
   test('no secret on the pages or in the log: hook token, notification key and secret, SMTP password, admin token', async () => {

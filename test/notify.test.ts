@@ -376,3 +376,70 @@ describe('bad settings are refused with the place named, and nothing starts', ()
     }
   });
 });
+
+describe('request-derived text is made inert in each chat format (no link, image, mention or tag from a request)', () => {
+  let rx: Receiver;
+  let w: Webhook;
+  // What a token holder can put in the URL: a link, an image, mentions and tags of each chat, and a new line.
+  const HOSTILE = 'app [click](https://evil.example/x) ![i](http://evil.example/p.png) <!channel> <@U024BE7LH> ' +
+    '<at id=all></at> <font color="red">x</font> &lt;b&gt;\n### injected';
+  /** A hook whose workload and container come from the URL, as the seed hook's do. */
+  const hostileHook = (id: string, env: Record<string, string>) => {
+    const hook = chatHook(id, env) as any;
+    hook['pass-environment-to-command'] = [
+      ...hook['pass-environment-to-command'].filter((e: any) => e.envname !== 'APP_CONTAINER'),
+      { envname: 'APP_CONTAINER', source: 'url', name: 'container' },
+    ];
+    return hook;
+  };
+  before(async () => {
+    rx = await startReceiver();
+    const url = (p: string) => `${rx.base}${p}`;
+    w = await started([
+      hostileHook('dingtalk', { NOTIFY_URL: url(`/robot/send?access_token=${ROBOT_KEY}`), NOTIFY_FORMAT: 'dingtalk' }),
+      hostileHook('wecom', { NOTIFY_URL: url(`/cgi-bin/webhook/send?key=${ROBOT_KEY}`), NOTIFY_FORMAT: 'wecom' }),
+      hostileHook('feishu', { NOTIFY_URL: url(`/open-apis/bot/v2/hook/${ROBOT_KEY}`), NOTIFY_FORMAT: 'feishu' }),
+      hostileHook('slack', { NOTIFY_URL: url(`/services/T0/B0/${ROBOT_KEY}`), NOTIFY_FORMAT: 'slack' }),
+    ], rx);
+  });
+  after(async () => {
+    await stopStarted();
+    await rx.close();
+  });
+
+  const markupOf = async (hook: string, pathStart: string) => {
+    const q = new URLSearchParams({ token: TOKEN, container: HOSTILE });
+    assert.equal((await w.request(`/hooks/${hook}?${q}`, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: '{}' })).status, 200);
+    const r = await waitFor(() => rx.requests.find((x) => x.url.startsWith(pathStart)), { timeoutMs: 30_000, what: `a request to ${pathStart}` });
+    return JSON.parse(r.body);
+  };
+  const assertInert = (text: string, format: string) => {
+    for (const live of ['](', '[click]', '![', '<!channel>', '<@U024BE7LH>', '<at id=all>', '<font', '://', '\n### injected'])
+      assert.ok(!text.includes(live), `${format}: ${JSON.stringify(live)} is live in ${JSON.stringify(text)}`);
+    assert.match(text, /evil\.example/, `${format}: the text is still shown`);
+  };
+
+  test('dingtalk and wecom: markdown with the request\'s brackets, tags and entities in full-width forms, on one line', async () => {
+    const d = await markupOf('dingtalk', '/robot/send');
+    assertInert(d.markdown.text, 'dingtalk');
+    assert.match(d.markdown.text, /container app ［click］\(https:\u200B\/\/evil\.example\/x\) !［i］/);
+    assert.ok(!d.markdown.title.includes('\n'), 'the title is one line');
+    const c = (await markupOf('wecom', '/cgi-bin/webhook/send')).markdown.content;
+    assertInert(c, 'wecom');
+    assert.match(c, /＜@U024BE7LH＞ ＜at id=all＞＜\/at＞ ＜font color="red"＞x＜\/font＞ ＆lt;b＆gt; ### injected/);
+  });
+
+  test('feishu: the card\'s markdown inert; its plain-text title on one line', async () => {
+    const card = (await markupOf('feishu', '/open-apis/bot/v2/hook/')).card;
+    assertInert(card.elements[0].content, 'feishu');
+    assert.ok(!card.header.title.content.includes('\n'));
+  });
+
+  test('slack: &, < and > escaped as Slack documents, so no link or mention', async () => {
+    const body = await markupOf('slack', '/services/T0/B0/');
+    assertInert(body.text, 'slack');
+    assert.equal(body.blocks[0].text.text, body.text);
+    assert.match(body.text, /&lt;!channel&gt; &lt;@U024BE7LH&gt; &lt;at id=all&gt;&lt;\/at&gt;/);
+    assert.match(body.text, /&amp;lt;b&amp;gt;/);
+  });
+});

@@ -128,6 +128,39 @@ describe('a follow outlives the replica that started it', { skip: cluster ? fals
       { timeoutMs: 60_000, what: "the superseded follow's record to be taken off" });
     await kubectl(['-n', ns, 'rollout', 'resume', 'deployment/pair']);
   });
+
+  test('forged follow records: resumed only for the hook that fixes the workload, mailed to that hook\'s MAIL_TO; the rest dropped with a warning', async () => {
+    await mta.clear();
+    const soon = new Date(Date.now() + 60_000).toISOString();
+    const annotate = (workload: string, records: object) =>
+      kubectl(['-n', ns, 'annotate', '--overwrite', workload, `webhook/follow=${JSON.stringify(records)}`]);
+    // What anyone who may edit the workloads can write: their own recipients and rollback, a hook for
+    // another workload, a container the workload lacks, and a deadline that is not a time.
+    await annotate('deployment/slow', {
+      app: { request: 'forged-1', hook: 'slow', deadline: soon, mailTo: 'attacker@evil.example', rollback: true },
+      ghost: { request: 'forged-2', hook: 'slow', deadline: soon },
+      side: 'not a record',
+    });
+    await annotate('deployment/pair', {
+      app: { request: 'forged-3', hook: 'slow', deadline: soon, mailTo: 'attacker@evil.example' },
+      side: { request: 'forged-4', hook: 'pair', deadline: 'soon' },
+    });
+    const wh = await start();
+    await waitForOutput(wh, `[forged-1] deployment/slow in ${ns}: resuming the rollout's follow`, 30_000);
+    for (const line of [
+      `deployment/slow in ${ns}: follow record of container "ghost" dropped: hook "slow" upgrades container app only`,
+      `deployment/slow in ${ns}: follow record "side" dropped: malformed`,
+      `deployment/pair in ${ns}: follow record of container "app" dropped: hook "slow" is not a hook this replica serves for this workload`,
+      `deployment/pair in ${ns}: follow record of container "side" dropped: deadline "soon" is not a time`,
+    ]) await waitForOutput(wh, line, 30_000);
+    const [raw] = await mta.waitForMessages(1, 90_000);
+    assert.match(raw, /^To: ops@example\.com/m);
+    assert.doesNotMatch(raw, /attacker/);
+    await waitFor(() => /\[forged-1\] mail sent to ops@example\.com/.test(wh.output()), { timeoutMs: 30_000, what: 'the mail to be logged' });
+    for (const request of ['forged-2', 'forged-3', 'forged-4']) assert.ok(!wh.output().includes(`[${request}] `), `${request} was resumed`);
+    assert.doesNotMatch(wh.output(), /attacker@evil\.example/);
+    assert.equal((await mta.messages()).length, 1, 'one mail, to the hook\'s recipients');
+  });
 });
 
 /** A hook for deployment/pair whose container comes from the URL. */

@@ -188,6 +188,41 @@ describe('a failed rollout, with and without ROLLBACK_ON_FAILURE', { skip: clust
     assert.match(res.output, /^result: +failed: ROLLBACK_ON_FAILURE "sometimes" is not a boolean \(true or false\)$/m);
     assert.equal(containerImage(await getJson('deployment/plain'), 'app'), before);
   });
+
+  test('forged follow and last-push records: a resumed follow\'s rollback refuses an image outside the image pin', async () => {
+    // A crash-looping workload whose records (written by anyone who may edit it) name an image elsewhere as "before".
+    await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(deployment('forged', [{ name: 'app', image: acrImage('v1') }], { replicas: 1 })));
+    await kubectl(['-n', ns, 'rollout', 'status', 'deployment/forged', '--timeout=90s']);
+    await kubectl(['-n', ns, 'set', 'image', 'deployment/forged', `app=${acrImage('broken5')}`]);
+    const evil = 'evil.example/attacker/miner:latest';
+    const now = new Date().toISOString();
+    const follow = { app: { request: 'forged-rb', hook: 'pinned', deadline: new Date(Date.now() + 120_000).toISOString(), mailTo: 'attacker@evil.example' } };
+    const lastPush = { app: { pushedAt: now, timeFrom: 'received', image: acrImage('broken5'), push: '|', previous: evil, appliedAt: now, request: 'forged-rb' } };
+    await kubectl(['-n', ns, 'annotate', '--overwrite', 'deployment/forged', `webhook/follow=${JSON.stringify(follow)}`, `webhook/last-push=${JSON.stringify(lastPush)}`]);
+    const hook = upgradeHook('pinned', TOKEN, { ROLLBACK_ON_FAILURE: 'true', MAIL_TO: 'pinned@example.com' }) as Record<string, unknown>;
+    const rule = (name: string, value: string) => ({ match: { type: 'value', value, parameter: { source: 'url', name } } });
+    hook['trigger-rule'] = { and: [rule('token', TOKEN), rule('ns', ns), rule('workload', 'deployment/forged'), rule('container', 'app')] };
+    await mta.clear();
+    const resumer = await startWebhook({
+      hooks: [hook],
+      env: {
+        KUBECONFIG: cluster!.kubeconfigPath,
+        MAIL_SMTP_SERVER: b64('localhost'), MAIL_SMTP_PORT: String(mta.starttlsPort), MAIL_FROM: b64(mta.user), MAIL_PASSWORD: b64(mta.password), MAIL_CACERT: b64(mta.caPem),
+      },
+    });
+    try {
+      const [raw] = await mta.waitForMessages(1, 180_000);
+      const mail = readMail(raw);
+      assert.ok(mail.to.includes('pinned@example.com') && !mail.to.includes('attacker'), mail.to);
+      assert.match(mail.body, /^rollout: +failed: /m);
+      assert.match(mail.body, /^rollback: +not rolled back: the image before the push is refused by the image pin: /m);
+      const d = await getJson('deployment/forged');
+      assert.equal(containerImage(d, 'app'), acrImage('broken5'), 'the container was not set to the forged image');
+      assert.doesNotMatch(resumer.output(), /rolled back to evil/);
+    } finally {
+      await resumer.stop();
+    }
+  });
 });
 
 /** `webhook -print-rbac` (the built executable) for these hooks: its YAML. */

@@ -572,6 +572,28 @@ describe('secrets stay in the service', () => {
     assert.deepEqual(readArgv(rec), ['api-key-77c2e0', 'credential-value-8d1e'], 'what the hook passes arrives');
   });
 
+  test('WEBHOOK_CMD and the -admin-token it carries reach no command; -admin-token-file keeps the token off the command line', async () => {
+    const ADMIN = 'admin-token-in-cmd-5b7d20';
+    const rec = makeTempDir();
+    const hooks = [{ id: 'env', 'execute-command': recorderCommand(rec) }];
+    const wh = await started({ hooks, env: { WEBHOOK_CMD: `-admin-token ${ADMIN} -deliveries 5` } });
+    assert.equal((await wh.request('/hooks/env', { method: 'POST' })).status, 200);
+    await waitForRecord(rec);
+    const recorded = fs.readFileSync(path.join(rec, 'env'), 'utf8');
+    assert.equal(readEnv(rec).WEBHOOK_CMD, undefined, 'WEBHOOK_CMD inherited');
+    assert.ok(!recorded.includes(ADMIN), 'the admin token reached the command');
+    assert.ok(readEnv(rec).PATH, 'ordinary variables are still inherited');
+    // The same token from a file: on no command line and in no environment.
+    const file = path.join(makeTempDir(), 'admin-token');
+    fs.writeFileSync(file, `${ADMIN}\n`);
+    const rec2 = makeTempDir();
+    const wh2 = await started({ hooks: [{ id: 'env', 'execute-command': recorderCommand(rec2) }], args: ['-admin-token-file', file] });
+    assert.equal((await wh2.request('/hooks/env', { method: 'POST' })).status, 200);
+    await waitForRecord(rec2);
+    assert.ok(!fs.readFileSync(path.join(rec2, 'env'), 'utf8').includes(ADMIN));
+    assert.ok(!fs.readFileSync(`/proc/${wh2.proc.pid}/cmdline`, 'utf8').includes(ADMIN), 'the token is on the command line');
+  });
+
   test('a value a template read is REDACTED in the fixed answer (response-message, response headers), as in the log', async () => {
     const dir = makeTempDir();
     fs.writeFileSync(path.join(dir, 'key.txt'), 'file-secret-c41b\n');
