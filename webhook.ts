@@ -4136,8 +4136,8 @@ function pageShell(title: string, refreshSeconds: number | undefined, body: stri
 // ================================================================================================
 // 11. command line & settings — the adnanh/webhook command line in Go `flag` syntax (parseCommandLine, usage), Go's
 //    durations and booleans, and our safety limits (LIMITS), each with why it has that value.
-//    Exports: LIMITS, Options, parseCommandLine, parseGoBool, parseGoDuration, parseListenAddress, readAdminTokenFile,
-//    usage, UsageError.
+//    Exports: LIMITS, Options, parseCommandLine, parseGoBool, parseGoDuration, parseListenAddress,
+//    readAdminTokenFile, usage, UsageError.
 //    Tests: test/runner.test.ts, test/unit.test.ts.
 // ================================================================================================
 
@@ -10759,7 +10759,7 @@ export function formatRbac(reaches: HookReach[], serviceAccount: string, hooksPa
 //    patch, record the Event, follow the rollout and roll back when asked, report. UpgradeService is the command
 //    runner's InProcessCommand: one client, one per-workload queue and one set of kept pushes for every push. A push
 //    the API server does not answer is kept and applied when it answers (KeptPushes, answered 202).
-//    Exports: ResultListener, RolloutFollower, runUpgrade, UpgradeService.
+//    Exports: ResultListener, ResumedFollow, RolloutFollower, runUpgrade, UpgradeService.
 //    Tests: test/burst.test.ts, test/e2e.test.ts, test/outage.test.ts, test/rollback.test.ts, test/upgrade.test.ts.
 // ================================================================================================
 
@@ -11442,7 +11442,7 @@ export interface ResultListener {
   /** The rollout's end is reported by another replica (or the next to start): nothing is sent from here. */
   handedOver(req: HookRequest, detail: string): void;
   /** A follow another replica left, ended here. */
-  resumed(report: UpgradeReport, follow: FollowRecord): void;
+  resumed(report: UpgradeReport, follow: ResumedFollow): void;
 }
 
 const FOLLOW_HANDED_OVER = "left to another replica of the webhook, which reports the rollout's end";
@@ -11774,7 +11774,7 @@ export class ResultDispatcher implements ResultListener {
   }
 
   /** A follow another replica left, ended here: its result goes to the channels (it has no page entry). */
-  resumed(report: UpgradeReport, follow: FollowRecord): void {
+  resumed(report: UpgradeReport, follow: ResumedFollow): void {
     const env = {
       APP_NS: report.namespace,
       APP_WORKLOAD: report.workload,
