@@ -5920,7 +5920,7 @@ export interface Hook {
 
 /**
  * Checks of hook settings: environment variables, keyed by envname, that a hook passes to its
- * command and a later section reads. Each returns what is wrong with a value, or undefined. The
+ * command and a later chapter reads. Each returns what is wrong with a value, or undefined. The
  * settings named here widen what a request may do, so a hook must fix them in the file
  * (`"source": "string"`): a value the request supplied would let whoever calls the hook choose it.
  */
@@ -6119,7 +6119,7 @@ export interface LoadSettings {
   template: boolean;
   env: Record<string, string | undefined>;
   commandTimeoutMs: number;
-  /** Hook settings later sections read, checked at load (section 10's image pin settings). */
+  /** Hook settings later chapters read, checked at load (the image pin's and the notifications'). */
   settingChecks?: HookSettingChecks;
 }
 
@@ -7253,7 +7253,7 @@ function answerForError(cx: HandlerContext, ex: Exchange, e: unknown): AnswerNam
 }
 
 /**
- * Pages the admin listener serves besides /metrics (the deliveries page, section 16), behind
+ * Pages the admin listener serves besides /metrics (the deliveries page), behind
  * -admin-token when one is set.
  */
 export interface AdminPages {
@@ -8657,7 +8657,7 @@ function problemOf(check: () => unknown): string | undefined {
   }
 }
 
-/** The pin's settings, for section 6 to check when a hooks file loads (main() hands them over). */
+/** The pin's settings, for the hooks chapter to check when a hooks file loads (main() hands them over). */
 export const IMAGE_PIN_SETTINGS: HookSettingChecks = {
   REGISTRY_HOST: (value) => problemOf(() => registryHostSetting(value)),
   ALLOW_IMAGES: (value) => problemOf(() => readImagePin({ ALLOW_IMAGES: value })),
@@ -12422,7 +12422,7 @@ export function notifyTargets(env: Readonly<Record<string, string | undefined>>)
   });
 }
 
-/** The notification settings checked in hook files at every load (section 7): fixed in the file, valid. */
+/** The notification settings checked in hook files at every load (by the hooks chapter): fixed, valid. */
 export const NOTIFY_SETTINGS: HookSettingChecks = {
   NOTIFY_URL: (value) => problemOf(() => notifyUrls(value)),
   NOTIFY_FORMAT: (value) => problemOf(() => notifyFormats(value)),
@@ -12765,7 +12765,7 @@ const PAGE_HEADERS = {
   'Referrer-Policy': 'no-referrer',
 };
 
-/** The deliveries pages for the admin listener (section 10's AdminPages). */
+/** The deliveries pages for the admin listener (the http server's AdminPages). */
 export function deliveryPages(log: DeliveryLog, token: string): AdminPages {
   const html = (body: string) => ({ body, contentType: 'text/html; charset=utf-8', headers: PAGE_HEADERS });
   const json = (value: unknown) => ({
