@@ -291,6 +291,21 @@ export function waitForOutput(s: Spawned, needle: string | RegExp, timeoutMs = 5
   return waitFor(() => (hit() ? s.output() : undefined), { timeoutMs, what: `output matching ${needle}` });
 }
 
+/**
+ * The log lines of the request that got `res` (by its X-Request-Id), read once the server has
+ * answered and logged a later request (`GET /healthz`): by then it has logged all it did for the
+ * earlier one, a command it started for it included ("executing …"). For a check that something
+ * did not happen: it waits for that later event instead of for a while.
+ */
+export async function logOfAnsweredRequest(wh: Webhook, res: Response): Promise<string[]> {
+  const id = String(res.headers['x-request-id']);
+  const later = await wh.request('/healthz');
+  await waitForOutput(wh, `[${String(later.headers['x-request-id'])}] `);
+  const lines = wh.output().split('\n').filter((line) => line.includes(`[${id}] `));
+  if (lines.length === 0) throw new Error(`no log line of request ${id} in:\n${wh.output()}`);
+  return lines;
+}
+
 // ---------------------------------------------------------------------------------------------
 // The recorder: a command that writes down what it was given
 // ---------------------------------------------------------------------------------------------
