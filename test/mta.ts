@@ -167,6 +167,10 @@ export async function startMta(opts: MtaOptions = {}): Promise<Mta> {
 
 export interface StubServer {
   port: number;
+  /** Resolves when the first connection is accepted. */
+  connected: Promise<void>;
+  /** Resolves when a client first sends anything (a command, a TLS hello), on any connection. */
+  heard: Promise<void>;
   close(): Promise<void>;
 }
 
@@ -197,7 +201,12 @@ export async function startScriptedServer(opts: {
   hangUp?: boolean;
 }): Promise<StubServer> {
   const sockets = new Set<net.Socket>();
+  let connectedFirst = () => {};
+  const connected = new Promise<void>((resolve) => (connectedFirst = resolve));
+  let heardFirst = () => {};
+  const heard = new Promise<void>((resolve) => (heardFirst = resolve));
   const server = net.createServer((socket) => {
+    connectedFirst();
     sockets.add(socket);
     socket.on('close', () => sockets.delete(socket));
     socket.on('error', () => {});
@@ -205,6 +214,7 @@ export async function startScriptedServer(opts: {
     if (opts.hangUp) socket.end();
     let received = '';
     socket.on('data', (chunk) => {
+      heardFirst();
       received += chunk.toString('utf8');
       for (let end = received.indexOf('\r\n'); end !== -1; end = received.indexOf('\r\n')) {
         const reply = opts.answer?.(received.slice(0, end));
@@ -217,6 +227,8 @@ export async function startScriptedServer(opts: {
   const port = (server.address() as net.AddressInfo).port;
   return {
     port,
+    connected,
+    heard,
     close: () => {
       for (const socket of sockets) socket.destroy();
       return new Promise<void>((resolve) => server.close(() => resolve()));
