@@ -199,6 +199,13 @@ export async function apfThrottle(kubectl: Kubectl, namespace: string, serviceAc
       if (!row) throw new Error(`priority level ${name} not in the API server's dump`);
       return Number(row[header.indexOf('RejectedRequests')]);
     },
+    /** Resolves once the priority level has rejected more than `count` requests (some 429 went out). */
+    async rejectedBeyond(count: number): Promise<void> {
+      for (let i = 0; (await this.rejected()) <= count; i++) {
+        if (i === 300) throw new Error(`priority level ${name}: no request rejected within 30 s`);
+        await new Promise((resolve) => setTimeout(resolve, 100));
+      }
+    },
     remove: () => kubectl(['delete', 'flowschema,prioritylevelconfiguration', name, '--ignore-not-found']).catch(() => ''),
   };
 }
