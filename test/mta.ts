@@ -35,6 +35,7 @@ import net from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
+import { aptInstall } from './harness.ts';
 
 export interface MtaOptions {
   /** SMTP user name; by default an address, so it can double as the sender. */
@@ -245,27 +246,8 @@ export async function findClosedPort(): Promise<number> {
 // ---- implementation ----
 
 function ensureExim(): string {
-  const found = findExim();
-  if (found) return found;
-  const aptGet = (...args: string[]) => spawnSync('apt-get', ['-o', 'DPkg::Lock::Timeout=120', ...args], {
-    encoding: 'utf8',
-    env: { ...process.env, DEBIAN_FRONTEND: 'noninteractive' },
-  });
-  let install = aptGet('install', '-y', '--no-install-recommends', 'exim4-daemon-light');
-  // A fresh machine may have no package lists yet: fetch them once and try again.
-  if (install.status !== 0) {
-    aptGet('update');
-    install = aptGet('install', '-y', '--no-install-recommends', 'exim4-daemon-light');
-  }
-  const installed = findExim();
-  if (!installed) {
-    const detail = install.error ? install.error.message : `${install.stdout}\n${install.stderr}`.trim().split('\n').slice(-15).join('\n');
-    throw new Error(
-      `startMta: exim4 is not installed and "apt-get install -y --no-install-recommends exim4-daemon-light" failed ` +
-        `(also after "apt-get update"):\n${detail}`,
-    );
-  }
-  return installed;
+  aptInstall(['exim4-daemon-light'], () => findExim() !== undefined, 'startMta: exim4');
+  return findExim()!;
 }
 
 function findExim(): string | undefined {

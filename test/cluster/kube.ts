@@ -7,6 +7,7 @@ import { randomBytes } from 'node:crypto';
 import * as fs from 'node:fs';
 import * as https from 'node:https';
 import * as path from 'node:path';
+import { peerOrSkip } from '../harness.ts';
 import { ensureCluster } from './cluster.ts';
 
 export interface Cluster { kubeconfigPath: string; kubectl: string }
@@ -15,14 +16,8 @@ export interface Cluster { kubeconfigPath: string; kubectl: string }
  * The running test cluster, started if needed. In CI a cluster that cannot start fails the run;
  * locally the tests that need it are skipped with a loud message.
  */
-export async function clusterOrSkip(): Promise<Cluster | undefined> {
-  try {
-    return await ensureCluster();
-  } catch (e) {
-    if (process.env.CI) throw e;
-    process.stderr.write(`\n#### cluster unavailable, SKIPPING cluster tests: ${(e as Error).message}\n\n`);
-    return undefined;
-  }
+export function clusterOrSkip(): Promise<Cluster | undefined> {
+  return peerOrSkip(ensureCluster, 'cluster', 'cluster tests');
 }
 
 export type Kubectl = (args: string[], input?: string) => Promise<string>;
