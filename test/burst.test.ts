@@ -12,6 +12,7 @@ import {
   shippedServiceAccount,
 } from './cluster/kube.ts';
 import { makeTempDir, REPO_ROOT, startWebhook, type Response, type Webhook } from './harness.ts';
+import { upgradeHookGuardedBy } from './upgrade-hooks.ts';
 
 /** Where a request reserved at `at` may start: the reservation time plus the wait it was given. */
 function starts(bucket: TokenBucket, clock: { t: number }, at: number[]): number[] {
@@ -146,20 +147,7 @@ describe('burst on a real cluster', { skip: cluster ? false : 'no cluster' }, ()
   });
 
   /** One hook for the namespace: the workload and container come from the URL. */
-  const releaseHooks = () => [{
-      id: 'release',
-      'execute-command': path.join(REPO_ROOT, 'webhooks.sh'),
-      'include-command-output-in-response': true,
-      'include-command-output-in-response-on-error': true,
-      'pass-arguments-to-command': [{ source: 'entire-payload' }],
-      'pass-environment-to-command': [
-        { envname: 'APP_NS', source: 'url', name: 'ns' },
-        { envname: 'APP_WORKLOAD', source: 'url', name: 'workload' },
-        { envname: 'APP_CONTAINER', source: 'url', name: 'container' },
-        { envname: 'REPO_TYPE', source: 'url', name: 'repo_type' },
-      ],
-      'trigger-rule': { match: { type: 'value', value: ns, parameter: { source: 'url', name: 'ns' } } },
-  }];
+  const releaseHooks = () => [upgradeHookGuardedBy('release', { match: { type: 'value', value: ns, parameter: { source: 'url', name: 'ns' } } })];
   const push = (wh: Webhook, name: string, tag: string) => {
     const query = new URLSearchParams({ ns, workload: `deployment/${name}`, container: 'app', repo_type: 'regionalregistry' });
     const headers = { 'Content-Type': 'application/json' };
