@@ -8,8 +8,8 @@ import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { KubeClient, KubeError, loadKubeconfig, retryDelay, TokenBucket } from '../webhook.ts';
 import {
-  acrPayload, apfThrottle, apiRequestCounter, clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor,
-  shippedServiceAccount,
+  acrPayload, apfThrottle, apiRequestCounter, clusterOrSkip, containerImage, deployment, freshNamespaceName,
+  kubectlFor, removeNamespace, shippedServiceAccount,
 } from './cluster/kube.ts';
 import { makeTempDir, REPO_ROOT, startWebhook, type Response, type Webhook } from './harness.ts';
 import { upgradeHookGuardedBy } from './upgrade-hooks.ts';
@@ -100,7 +100,7 @@ describe('burst on a real cluster', { skip: cluster ? false : 'no cluster' }, ()
   after(async () => {
     await counter?.remove();
     await sa?.remove();
-    if (!process.env.KEEP_NAMESPACE) await kubectl(['delete', 'namespace', ns, '--wait=false']).catch(() => undefined);
+    await removeNamespace(kubectl, ns);
   });
 
   test('every call of one client takes its turn in the one bucket: waits in arrival order, nothing unaccounted', async () => {

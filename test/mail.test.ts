@@ -10,7 +10,7 @@ import tls from 'node:tls';
 import { inspect } from 'node:util';
 
 import { makeTempDir, startWebhook, waitForOutput, type Response, type Webhook } from './harness.ts';
-import { findClosedPort, startMta, startScriptedServer, startSilentServer, type Mta } from './mta.ts';
+import { findClosedPort, serviceMailEnv, startMta, startScriptedServer, startSilentServer, type Mta } from './mta.ts';
 import {
   composeMessage,
   dotStuff,
@@ -750,10 +750,7 @@ describe('result mails from the running service', () => {
     }];
     return startWebhook({ hooks, env: mailEnv, args: extraArgs, metrics: true }).then((w) => { started.push(w); return w; });
   }
-  const env = (port: number, overrides: Record<string, string> = {}) => ({
-    MAIL_SMTP_SERVER: b64('localhost'), MAIL_SMTP_PORT: String(port), MAIL_FROM: b64(mta.user), MAIL_PASSWORD: b64(mta.password),
-    MAIL_CACERT: b64(mta.caPem), ...overrides,
-  });
+  const env = (port: number, overrides: Record<string, string> = {}) => ({ ...serviceMailEnv(mta, port), ...overrides });
   const push = (wh: Webhook) => wh.request('/hooks/web?ns=prod&workload=deployment/web&container=app', { method: 'POST' });
   const metric = async (wh: Webhook, result: string) => Number(/webhook_mails_total\{result="(\w+)"\} (\d+)/g.exec((await wh.metrics()).body)?.[1] === result ? 1 : 0);
 

@@ -175,6 +175,18 @@ export interface StubServer {
   close(): Promise<void>;
 }
 
+/**
+ * The MAIL_* variables of a service that mails through `mta` (by default on its STARTTLS port),
+ * logged in as its user and trusting its CA, base64-encoded as the old image took them.
+ */
+export function serviceMailEnv(mta: Mta, port = mta.starttlsPort): Record<string, string> {
+  const b64 = (text: string) => Buffer.from(text, 'utf8').toString('base64');
+  return {
+    MAIL_SMTP_SERVER: b64('localhost'), MAIL_SMTP_PORT: String(port), MAIL_FROM: b64(mta.user), MAIL_PASSWORD: b64(mta.password),
+    MAIL_CACERT: b64(mta.caPem),
+  };
+}
+
 /** Subject (RFC 2047 B-words decoded) and base64 body of a delivered message. */
 export function readMail(raw: string): { subject: string; to: string; body: string } {
   const [head, body] = raw.replace(/\r\n/g, '\n').split('\n\n');

@@ -18,7 +18,10 @@ import {
   labelSelector, loadKubeconfig, normalizeImageRef, parsePushPayload, parseWorkload, planPatch, locateContainer, retryDelay,
   rolloutStatus, runUpgrade, summarizePod, validateImageRef, WorkloadQueue, decidePush, type UpgradeReport,
 } from '../webhook.ts';
-import { acrImage, acrPayload, apfThrottle, clusterOrSkip, containerImage, cronJob, daemonSet, deployment, freshNamespaceName, kubectlFor, shippedServiceAccount, statefulSet } from './cluster/kube.ts';
+import {
+  acrImage, acrPayload, apfThrottle, clusterOrSkip, containerImage, cronJob, daemonSet, deployment,
+  freshNamespaceName, kubectlFor, removeNamespace, shippedServiceAccount, statefulSet,
+} from './cluster/kube.ts';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const fixturesDir = path.join(here, 'fixtures', 'upgrade');
@@ -625,7 +628,7 @@ describe('upgrade on a real cluster', { skip: cluster ? false : 'no cluster' }, 
   });
   after(async () => {
     client?.close();
-    if (!process.env.KEEP_NAMESPACE) await kubectl(['delete', 'namespace', ns, '--wait=false']).catch(() => undefined);
+    await removeNamespace(kubectl, ns);
   });
 
   test('deployment: only the named container changes; change-cause, event, field manager; rollout completes', async () => {

@@ -32,6 +32,16 @@ export function kubectlFor(cluster: Cluster): Kubectl {
   });
 }
 
+/** Deletes a suite's namespace, without waiting; kept when KEEP_NAMESPACE is set, to look at after a failure. */
+export async function removeNamespace(kubectl: Kubectl, ns: string): Promise<void> {
+  if (!process.env.KEEP_NAMESPACE) await kubectl(['delete', 'namespace', ns, '--wait=false']).catch(() => undefined);
+}
+
+/** `kubectl get <what> -o json` in namespace `ns`, parsed. */
+export function namespacedGetter(kubectl: Kubectl, ns: string): (what: string) => Promise<any> {
+  return async (what) => JSON.parse(await kubectl(['-n', ns, 'get', what, '-o', 'json']));
+}
+
 export function freshNamespaceName(prefix: string): string {
   return `${prefix}-${randomBytes(4).toString('hex')}`;
 }
