@@ -10,10 +10,10 @@
  *   await page.evaluate('document.title');
  *   fs.writeFileSync('shot.png', await page.screenshot());
  */
-import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { spawn, type ChildProcess } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import { makeTempDir, waitFor } from './harness.ts';
+import { aptInstall, makeTempDir, peerOrSkip, waitFor } from './harness.ts';
 
 /** How long one DevTools call, or one navigation, may take. */
 const CALL_TIMEOUT_MS = 30_000;
@@ -46,22 +46,8 @@ function findChromium(): string | undefined {
 }
 
 function ensureChromium(): string {
-  const found = findChromium();
-  if (found) return found;
-  const aptGet = (...args: string[]) => spawnSync('apt-get', ['-o', 'DPkg::Lock::Timeout=300', ...args], {
-    encoding: 'utf8', env: { ...process.env, DEBIAN_FRONTEND: 'noninteractive' },
-  });
-  let install = aptGet('install', '-y', '--no-install-recommends', 'chromium');
-  if (install.status !== 0) {
-    aptGet('update');
-    install = aptGet('install', '-y', '--no-install-recommends', 'chromium');
-  }
-  const installed = findChromium();
-  if (!installed) {
-    const detail = install.error ? install.error.message : `${install.stdout}\n${install.stderr}`.trim().split('\n').slice(-15).join('\n');
-    throw new Error(`chromium is not installed and "apt-get install -y --no-install-recommends chromium" failed:\n${detail}`);
-  }
-  return installed;
+  aptInstall(['chromium'], () => findChromium() !== undefined, 'chromium');
+  return findChromium()!;
 }
 
 export async function startBrowser(): Promise<Browser> {
@@ -110,14 +96,8 @@ export async function startBrowser(): Promise<Browser> {
 }
 
 /** The browser, or undefined locally when it cannot start (with a loud message); in CI, a failure. */
-export async function browserOrSkip(): Promise<Browser | undefined> {
-  try {
-    return await startBrowser();
-  } catch (e) {
-    if (process.env.CI) throw e;
-    process.stderr.write(`\n#### chromium unavailable, SKIPPING browser tests: ${(e as Error).message}\n\n`);
-    return undefined;
-  }
+export function browserOrSkip(): Promise<Browser | undefined> {
+  return peerOrSkip(startBrowser, 'chromium', 'browser tests');
 }
 
 async function openPage(port: number, url: string): Promise<Page> {

@@ -8,10 +8,11 @@ import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { KubeClient, KubeError, loadKubeconfig, retryDelay, TokenBucket } from '../webhook.ts';
 import {
-  acrPayload, apfThrottle, apiRequestCounter, clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor,
-  shippedServiceAccount,
+  acrPayload, apfThrottle, apiRequestCounter, clusterOrSkip, containerImage, deployment, freshNamespaceName,
+  kubectlFor, removeNamespace, shippedServiceAccount,
 } from './cluster/kube.ts';
 import { makeTempDir, REPO_ROOT, startWebhook, type Response, type Webhook } from './harness.ts';
+import { upgradeHookGuardedBy } from './upgrade-hooks.ts';
 
 /** Where a request reserved at `at` may start: the reservation time plus the wait it was given. */
 function starts(bucket: TokenBucket, clock: { t: number }, at: number[]): number[] {
@@ -99,7 +100,7 @@ describe('burst on a real cluster', { skip: cluster ? false : 'no cluster' }, ()
   after(async () => {
     await counter?.remove();
     await sa?.remove();
-    if (!process.env.KEEP_NAMESPACE) await kubectl(['delete', 'namespace', ns, '--wait=false']).catch(() => undefined);
+    await removeNamespace(kubectl, ns);
   });
 
   test('every call of one client takes its turn in the one bucket: waits in arrival order, nothing unaccounted', async () => {
@@ -146,20 +147,7 @@ describe('burst on a real cluster', { skip: cluster ? false : 'no cluster' }, ()
   });
 
   /** One hook for the namespace: the workload and container come from the URL. */
-  const releaseHooks = () => [{
-      id: 'release',
-      'execute-command': path.join(REPO_ROOT, 'webhooks.sh'),
-      'include-command-output-in-response': true,
-      'include-command-output-in-response-on-error': true,
-      'pass-arguments-to-command': [{ source: 'entire-payload' }],
-      'pass-environment-to-command': [
-        { envname: 'APP_NS', source: 'url', name: 'ns' },
-        { envname: 'APP_WORKLOAD', source: 'url', name: 'workload' },
-        { envname: 'APP_CONTAINER', source: 'url', name: 'container' },
-        { envname: 'REPO_TYPE', source: 'url', name: 'repo_type' },
-      ],
-      'trigger-rule': { match: { type: 'value', value: ns, parameter: { source: 'url', name: 'ns' } } },
-  }];
+  const releaseHooks = () => [upgradeHookGuardedBy('release', { match: { type: 'value', value: ns, parameter: { source: 'url', name: 'ns' } } })];
   const push = (wh: Webhook, name: string, tag: string) => {
     const query = new URLSearchParams({ ns, workload: `deployment/${name}`, container: 'app', repo_type: 'regionalregistry' });
     const headers = { 'Content-Type': 'application/json' };
@@ -203,10 +191,7 @@ describe('burst on a real cluster', { skip: cluster ? false : 'no cluster' }, ()
     try {
       const before = await throttle.rejected();
       const answers = Promise.all(pushed.map((n) => push(wh, n, 'v3')));
-      for (let i = 0; (await throttle.rejected()) === before; i++) {
-        if (i === 100) throw new Error('the pushes were not throttled');
-        await new Promise((resolve) => setTimeout(resolve, 100));
-      }
+      await throttle.rejectedBeyond(before);
       release();
       release = () => undefined;
       await assertLanded(pushed, await answers, 'v3');

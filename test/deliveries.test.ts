@@ -12,7 +12,7 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { browserOrSkip, type Browser, type Page } from './browser.ts';
-import { acrImage, acrPayload, clusterOrSkip, deployment, freshNamespaceName, kubectlFor } from './cluster/kube.ts';
+import { acrImage, acrPayload, clusterOrSkip, deployment, freshNamespaceName, kubectlFor, removeNamespace } from './cluster/kube.ts';
 import { freePort, httpRequest, makeTempDir, spawnWebhook, startWebhook, waitFor, waitForOutput, type Webhook } from './harness.ts';
 import { startReceiver, type Receiver } from './receiver.ts';
 
@@ -280,7 +280,7 @@ describe('pushes on the real cluster, read in a real headless chromium', () => {
     await page?.close();
     await browser?.close();
     await rx?.close();
-    if (!skip && !process.env.KEEP_NAMESPACE) await kubectl(['delete', 'namespace', ns, '--wait=false']).catch(() => undefined);
+    if (!skip) await removeNamespace(kubectl, ns);
   });
 
   test('pushes of every kind, their rollouts followed, their results posted', { skip }, async () => {

@@ -9,9 +9,10 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { defaultBinary, httpRequest, makeTempDir, spawnWebhook, startWebhook, waitFor, waitForOutput, type Webhook } from './harness.ts';
-import { startMta, type Mta } from './mta.ts';
+import { serviceMailEnv, startMta, type Mta } from './mta.ts';
 import {
-  acrImage, acrPayload, clusterOrSkip, containerImage, cronJob, pushedState, daemonSet, deployment, freshNamespaceName, kubectlFor, shippedServiceAccount, statefulSet,
+  acrImage, acrPayload, clusterOrSkip, containerImage, cronJob, daemonSet, deployment, freshNamespaceName,
+  kubectlFor, namespacedGetter, pushedState, removeNamespace, shippedServiceAccount, statefulSet,
 } from './cluster/kube.ts';
 
 const REPO = path.join(import.meta.dirname, '..');
@@ -79,7 +80,7 @@ describe('the image pin settings through the executable', () => {
 describe('pushes through the running executable, on a real cluster', { skip: cluster ? false : 'no cluster' }, () => {
   const ns = freshNamespaceName('e2e');
   const kubectl = kubectlFor(cluster!);
-  const getJson = async (what: string) => JSON.parse(await kubectl(['-n', ns, 'get', what, '-o', 'json']));
+  const getJson = namespacedGetter(kubectl, ns);
   let wh: Webhook;
   const push = (hook: string, query: Record<string, string>, body: string) =>
     wh.request(`/hooks/${hook}?${new URLSearchParams({ token: TOKEN, ns, ...query })}`, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body });
@@ -101,7 +102,7 @@ describe('pushes through the running executable, on a real cluster', { skip: clu
   });
   after(async () => {
     await wh?.stop();
-    if (!process.env.KEEP_NAMESPACE) await kubectl(['delete', 'namespace', ns, '--wait=false']).catch(() => undefined);
+    await removeNamespace(kubectl, ns);
   });
 
   test('ACR push with each net_type through the seed hook: only the named container changes', async () => {
@@ -290,7 +291,6 @@ describe('pushes through the running executable, on a real cluster', { skip: clu
   describe('result mails', () => {
     let mta: Mta;
     let mailing: Webhook;
-    const b64 = (t: string) => Buffer.from(t).toString('base64');
     /** Subject (RFC 2047 B-words decoded) and base64 body of a delivered message. */
     const read = (raw: string) => {
       const [head, body] = raw.replace(/\r\n/g, '\n').split('\n\n');
@@ -302,7 +302,7 @@ describe('pushes through the running executable, on a real cluster', { skip: clu
       mta = await startMta();
       mailing = await startWebhook({ hooks: hookDirectory(ns), env: {
         WEBHOOK_CMD: '-template', HOOK_TOKEN: TOKEN, KUBECONFIG: cluster!.kubeconfigPath,
-        MAIL_SMTP_SERVER: b64('localhost'), MAIL_SMTP_PORT: String(mta.starttlsPort), MAIL_FROM: b64(mta.user), MAIL_PASSWORD: b64(mta.password), MAIL_CACERT: b64(mta.caPem),
+        ...serviceMailEnv(mta),
       } });
     });
     after(async () => {

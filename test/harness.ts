@@ -11,7 +11,7 @@
  * helpers read them back.
  */
 
-import { spawn, type ChildProcess } from 'node:child_process';
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as http from 'node:http';
 import * as net from 'node:net';
@@ -55,6 +55,44 @@ export function makeTempDir(prefix = 'webhook-test-'): string {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), prefix));
   tempDirs.push(dir);
   return dir;
+}
+
+/**
+ * What `start` gives (a peer the tests need: the cluster, a browser, Helm), or undefined locally
+ * when it cannot be had, with a loud message that the `tests` that need it are skipped; in CI
+ * (CI=true) the failure fails the run.
+ */
+export async function peerOrSkip<T>(start: () => Promise<T>, what: string, tests: string): Promise<T | undefined> {
+  try {
+    return await start();
+  } catch (e) {
+    if (process.env.CI) throw e;
+    process.stderr.write(`\n#### ${what} unavailable, SKIPPING ${tests}: ${(e as Error).message}\n\n`);
+    return undefined;
+  }
+}
+
+/**
+ * Installs Debian `packages` with apt-get unless `present()` already holds; on a fresh machine with
+ * no package lists yet, fetches them once and tries again. Throws, naming `what` and quoting
+ * apt-get's last lines, when `present()` still does not hold.
+ */
+export function aptInstall(packages: string[], present: () => boolean, what: string): void {
+  if (present()) return;
+  const aptGet = (...args: string[]) => spawnSync('apt-get', ['-o', 'DPkg::Lock::Timeout=300', ...args], {
+    encoding: 'utf8',
+    env: { ...process.env, DEBIAN_FRONTEND: 'noninteractive' },
+  });
+  let install = aptGet('install', '-y', '--no-install-recommends', ...packages);
+  if (install.status !== 0) {
+    aptGet('update');
+    install = aptGet('install', '-y', '--no-install-recommends', ...packages);
+  }
+  if (present()) return;
+  const detail = install.error ? install.error.message : `${install.stdout}\n${install.stderr}`.trim().split('\n').slice(-15).join('\n');
+  throw new Error(
+    `${what} missing and "apt-get install -y --no-install-recommends ${packages.join(' ')}" failed (also after "apt-get update"):\n${detail}`,
+  );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -289,6 +327,21 @@ async function stopProcess(s: Spawned): Promise<Exit> {
 export function waitForOutput(s: Spawned, needle: string | RegExp, timeoutMs = 5_000): Promise<string> {
   const hit = () => (typeof needle === 'string' ? s.output().includes(needle) : needle.test(s.output()));
   return waitFor(() => (hit() ? s.output() : undefined), { timeoutMs, what: `output matching ${needle}` });
+}
+
+/**
+ * The log lines of the request that got `res` (by its X-Request-Id), read once the server has
+ * answered and logged a later request (`GET /healthz`): by then it has logged all it did for the
+ * earlier one, a command it started for it included ("executing …"). For a check that something
+ * did not happen: it waits for that later event instead of for a while.
+ */
+export async function logOfAnsweredRequest(wh: Webhook, res: Response): Promise<string[]> {
+  const id = String(res.headers['x-request-id']);
+  const later = await wh.request('/healthz');
+  await waitForOutput(wh, `[${String(later.headers['x-request-id'])}] `);
+  const lines = wh.output().split('\n').filter((line) => line.includes(`[${id}] `));
+  if (lines.length === 0) throw new Error(`no log line of request ${id} in:\n${wh.output()}`);
+  return lines;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@
  *   node test/helm.ts     # builds it (about 3 minutes the first time) and prints its path
  */
 import { binPath, buildInto, GO_ENV, goBuildWithProgress } from './cluster/cluster.ts';
+import { peerOrSkip } from './harness.ts';
 
 /** The Helm release Rancher's own charts are tested with (3.x); bump here, the cache follows. */
 export const HELM_VERSION = 'v3.22.0';
@@ -44,14 +45,8 @@ export function ensureHelm(): Promise<string> {
  * Helm, or undefined locally (with a loud message) when it cannot be built; in CI the failure
  * fails the tests that need it.
  */
-export async function helmOrSkip(): Promise<string | undefined> {
-  try {
-    return await ensureHelm();
-  } catch (e) {
-    if (process.env.CI) throw e;
-    process.stderr.write(`\n#### helm unavailable, SKIPPING chart tests: ${(e as Error).message}\n\n`);
-    return undefined;
-  }
+export function helmOrSkip(): Promise<string | undefined> {
+  return peerOrSkip(ensureHelm, 'helm', 'chart tests');
 }
 
 if (import.meta.main) process.stdout.write(`${await ensureHelm()}\n`);

@@ -24,6 +24,7 @@ import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { buildImage, DEFAULT_ARCHIVE, EXECUTABLE, sharedLibraries, treeBytes, UID, unpackImage, type OciImageConfig } from '../scripts/image.ts';
 import { freePort, httpRequest, makeTempDir, REPO_ROOT, waitFor } from './harness.ts';
+import { fixedSettings } from './upgrade-hooks.ts';
 
 const CI = Boolean(process.env.CI);
 const fixture = (name: string) => fs.readFileSync(path.join(REPO_ROOT, 'test', 'fixtures', 'upgrade', name), 'utf8');
@@ -188,12 +189,7 @@ describe('the container image', { skip: missing ? `image tests skipped: ${missin
     fs.writeFileSync(path.join(hooksDir, 'file.json'), JSON.stringify([{
       id: 'file', 'execute-command': '/webhooks.sh', 'include-command-output-in-response': true,
       'pass-arguments-to-command': [{ source: 'entire-payload' }],
-      'pass-environment-to-command': [
-        { envname: 'APP_NS', source: 'string', name: 'prod' },
-        { envname: 'APP_WORKLOAD', source: 'string', name: 'deployment/web' },
-        { envname: 'APP_CONTAINER', source: 'string', name: 'app' },
-        { envname: 'REPO_TYPE', source: 'string', name: 'publicregistry' },
-      ],
+      'pass-environment-to-command': fixedSettings({ APP_NS: 'prod', APP_WORKLOAD: 'deployment/web', APP_CONTAINER: 'app', REPO_TYPE: 'publicregistry' }),
       'pass-file-to-command': [{ source: 'raw-request-body', envname: 'PAYLOAD_FILE' }],
       'trigger-rule': { match: { type: 'value', value: '{{ getenv "HOOK_TOKEN" }}', parameter: { source: 'url', name: 'token' } } },
     }]));

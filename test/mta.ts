@@ -35,6 +35,7 @@ import net from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
+import { aptInstall } from './harness.ts';
 
 export interface MtaOptions {
   /** SMTP user name; by default an address, so it can double as the sender. */
@@ -167,7 +168,23 @@ export async function startMta(opts: MtaOptions = {}): Promise<Mta> {
 
 export interface StubServer {
   port: number;
+  /** Resolves when the first connection is accepted. */
+  connected: Promise<void>;
+  /** Resolves when a client first sends anything (a command, a TLS hello), on any connection. */
+  heard: Promise<void>;
   close(): Promise<void>;
+}
+
+/**
+ * The MAIL_* variables of a service that mails through `mta` (by default on its STARTTLS port),
+ * logged in as its user and trusting its CA, base64-encoded as the old image took them.
+ */
+export function serviceMailEnv(mta: Mta, port = mta.starttlsPort): Record<string, string> {
+  const b64 = (text: string) => Buffer.from(text, 'utf8').toString('base64');
+  return {
+    MAIL_SMTP_SERVER: b64('localhost'), MAIL_SMTP_PORT: String(port), MAIL_FROM: b64(mta.user), MAIL_PASSWORD: b64(mta.password),
+    MAIL_CACERT: b64(mta.caPem),
+  };
 }
 
 /** Subject (RFC 2047 B-words decoded) and base64 body of a delivered message. */
@@ -197,7 +214,12 @@ export async function startScriptedServer(opts: {
   hangUp?: boolean;
 }): Promise<StubServer> {
   const sockets = new Set<net.Socket>();
+  let connectedFirst = () => {};
+  const connected = new Promise<void>((resolve) => (connectedFirst = resolve));
+  let heardFirst = () => {};
+  const heard = new Promise<void>((resolve) => (heardFirst = resolve));
   const server = net.createServer((socket) => {
+    connectedFirst();
     sockets.add(socket);
     socket.on('close', () => sockets.delete(socket));
     socket.on('error', () => {});
@@ -205,6 +227,7 @@ export async function startScriptedServer(opts: {
     if (opts.hangUp) socket.end();
     let received = '';
     socket.on('data', (chunk) => {
+      heardFirst();
       received += chunk.toString('utf8');
       for (let end = received.indexOf('\r\n'); end !== -1; end = received.indexOf('\r\n')) {
         const reply = opts.answer?.(received.slice(0, end));
@@ -217,6 +240,8 @@ export async function startScriptedServer(opts: {
   const port = (server.address() as net.AddressInfo).port;
   return {
     port,
+    connected,
+    heard,
     close: () => {
       for (const socket of sockets) socket.destroy();
       return new Promise<void>((resolve) => server.close(() => resolve()));
@@ -233,27 +258,8 @@ export async function findClosedPort(): Promise<number> {
 // ---- implementation ----
 
 function ensureExim(): string {
-  const found = findExim();
-  if (found) return found;
-  const aptGet = (...args: string[]) => spawnSync('apt-get', ['-o', 'DPkg::Lock::Timeout=120', ...args], {
-    encoding: 'utf8',
-    env: { ...process.env, DEBIAN_FRONTEND: 'noninteractive' },
-  });
-  let install = aptGet('install', '-y', '--no-install-recommends', 'exim4-daemon-light');
-  // A fresh machine may have no package lists yet: fetch them once and try again.
-  if (install.status !== 0) {
-    aptGet('update');
-    install = aptGet('install', '-y', '--no-install-recommends', 'exim4-daemon-light');
-  }
-  const installed = findExim();
-  if (!installed) {
-    const detail = install.error ? install.error.message : `${install.stdout}\n${install.stderr}`.trim().split('\n').slice(-15).join('\n');
-    throw new Error(
-      `startMta: exim4 is not installed and "apt-get install -y --no-install-recommends exim4-daemon-light" failed ` +
-        `(also after "apt-get update"):\n${detail}`,
-    );
-  }
-  return installed;
+  aptInstall(['exim4-daemon-light'], () => findExim() !== undefined, 'startMta: exim4');
+  return findExim()!;
 }
 
 function findExim(): string | undefined {

@@ -13,13 +13,15 @@ import * as net from 'node:net';
 import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { makeTempDir, startWebhook, waitForOutput, type Webhook } from './harness.ts';
-import { readMail, startMta, type Mta } from './mta.ts';
-import { acrImage, acrPayload, clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor } from './cluster/kube.ts';
+import { readMail, serviceMailEnv, startMta, type Mta } from './mta.ts';
+import {
+  acrImage, acrPayload, clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor, namespacedGetter,
+  removeNamespace,
+} from './cluster/kube.ts';
 import { upgradeHook } from './upgrade-hooks.ts';
 
 const TOKEN = 'outage-token-a93c5e';
 const cluster = await clusterOrSkip();
-const b64 = (t: string) => Buffer.from(t).toString('base64');
 
 /** A TCP proxy to the API server that the test can cut and restore. */
 class CuttableProxy {
@@ -57,7 +59,7 @@ class CuttableProxy {
 describe('pushes while the API server is away', { skip: cluster ? false : 'no cluster' }, () => {
   const ns = freshNamespaceName('outage');
   const kubectl = kubectlFor(cluster!);
-  const getJson = async (what: string) => JSON.parse(await kubectl(['-n', ns, 'get', what, '-o', 'json']));
+  const getJson = namespacedGetter(kubectl, ns);
   const admin = JSON.parse(fs.readFileSync(cluster?.kubeconfigPath ?? '/dev/null', 'utf8') || '{}');
   const server = new URL(admin.clusters?.[0]?.cluster?.server ?? 'https://127.0.0.1:1');
   const proxy = new CuttableProxy({ host: server.hostname, port: Number(server.port) });
@@ -74,7 +76,7 @@ describe('pushes while the API server is away', { skip: cluster ? false : 'no cl
       args: ['-apply-deadline', applyDeadline],
       env: {
         KUBECONFIG: kubeconfig,
-        MAIL_SMTP_SERVER: b64('localhost'), MAIL_SMTP_PORT: String(mta.starttlsPort), MAIL_FROM: b64(mta.user), MAIL_PASSWORD: b64(mta.password), MAIL_CACERT: b64(mta.caPem),
+        ...serviceMailEnv(mta),
       },
     });
     started.push(wh);
@@ -98,7 +100,7 @@ describe('pushes while the API server is away', { skip: cluster ? false : 'no cl
     await Promise.all(started.map((w) => w.stop()));
     await proxy.cut();
     await mta?.stop();
-    if (!process.env.KEEP_NAMESPACE) await kubectl(['delete', 'namespace', ns, '--wait=false']).catch(() => undefined);
+    await removeNamespace(kubectl, ns);
   });
 
   test('kept (202, the newest per container) and applied when the API server answers again; the replaced one reported superseded and never written', async () => {

@@ -22,7 +22,10 @@ import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { makeTempDir, startWebhook, waitFor, waitForOutput, type Webhook } from './harness.ts';
 import { ociArchive, startRegistry, type Registry } from './registry.ts';
-import { clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor, pushedState } from './cluster/kube.ts';
+import {
+  clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor, namespacedGetter, pushedState,
+  removeNamespace,
+} from './cluster/kube.ts';
 
 const REPO = path.join(import.meta.dirname, '..');
 const FIXTURES = path.join(REPO, 'test', 'fixtures', 'upgrade');
@@ -112,7 +115,7 @@ async function verifiedService(ns: string, work: string, auth?: { user: string; 
 describe('real registry events and registry payloads through the executable', { skip: cluster ? false : 'no cluster' }, () => {
   const ns = freshNamespaceName('registry-e2e');
   const kubectl = kubectlFor(cluster!);
-  const getJson = async (what: string) => JSON.parse(await kubectl(['-n', ns, 'get', what, '-o', 'json']));
+  const getJson = namespacedGetter(kubectl, ns);
   let wh: Webhook;
   let registry: Registry;
   let work: string;
@@ -141,7 +144,7 @@ describe('real registry events and registry payloads through the executable', { 
   after(async () => {
     await registry?.stop();
     await wh?.stop();
-    if (!process.env.KEEP_NAMESPACE) await kubectl(['delete', 'namespace', ns, '--wait=false']).catch(() => undefined);
+    await removeNamespace(kubectl, ns);
   });
 
   const imageOf = async (name: string) => containerImage(await getJson(`deployment/${name}`), 'app');
@@ -260,7 +263,7 @@ describe('real registry events and registry payloads through the executable', { 
 describe('VERIFY_IMAGE against a real registry with htpasswd over TLS', { skip: cluster ? false : 'no cluster' }, () => {
   const ns = freshNamespaceName('registry-verify');
   const kubectl = kubectlFor(cluster!);
-  const getJson = async (what: string) => JSON.parse(await kubectl(['-n', ns, 'get', what, '-o', 'json']));
+  const getJson = namespacedGetter(kubectl, ns);
   const LOGIN = { user: 'pusher', password: 'pull-secret-password-c81f3e' };
   let wh: Webhook;
   let registry: Registry;
@@ -293,7 +296,7 @@ describe('VERIFY_IMAGE against a real registry with htpasswd over TLS', { skip: 
   after(async () => {
     await registry?.stop();
     await wh?.stop();
-    if (!process.env.KEEP_NAMESPACE) await kubectl(['delete', 'namespace', ns, '--wait=false']).catch(() => undefined);
+    await removeNamespace(kubectl, ns);
   });
 
   /** The registry's own envelope for the v2 push, as the service logged... no: as the registry sends it, replayed with changes. */
@@ -388,7 +391,7 @@ describe('VERIFY_IMAGE against a real registry with token auth over TLS (the bea
   after(async () => {
     await registry?.stop();
     await stopService?.();
-    if (!process.env.KEEP_NAMESPACE) await kubectl(['delete', 'namespace', ns, '--wait=false']).catch(() => undefined);
+    await removeNamespace(kubectl, ns);
   });
 
   test('the registry\'s challenge is answered with a token from its token service, got with the pull secret\'s login', async () => {
@@ -425,7 +428,7 @@ describe('VERIFY_IMAGE against a real public registry over TLS (anonymous)', { s
   after(async () => {
     await registry?.stop();
     await stopService?.();
-    if (!process.env.KEEP_NAMESPACE) await kubectl(['delete', 'namespace', ns, '--wait=false']).catch(() => undefined);
+    await removeNamespace(kubectl, ns);
   });
 
   test('the tag is resolved anonymously, no pull secret read, and its digest deployed', async () => {

@@ -28,7 +28,7 @@ import net from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { freePort } from './harness.ts';
+import { aptInstall, freePort } from './harness.ts';
 
 export interface RegistryOptions {
   /** The URL the registry POSTs its event envelopes to; none when absent. */
@@ -300,25 +300,8 @@ function layerTar(dir: string, content: string): Buffer {
 // ---- setup ------------------------------------------------------------------------------------------
 
 function ensurePackages(): void {
-  const missing = ['docker-registry', 'skopeo', 'htpasswd'].filter((b) => spawnSync('which', [b]).status !== 0);
-  if (missing.length === 0) return;
-  const aptGet = (...args: string[]) =>
-    spawnSync('apt-get', ['-o', 'DPkg::Lock::Timeout=120', ...args], {
-      encoding: 'utf8',
-      env: { ...process.env, DEBIAN_FRONTEND: 'noninteractive' },
-    });
-  const packages = ['docker-registry', 'skopeo', 'apache2-utils'];
-  let install = aptGet('install', '-y', '--no-install-recommends', ...packages);
-  // A fresh machine may have no package lists yet: fetch them once and try again.
-  if (install.status !== 0) {
-    aptGet('update');
-    install = aptGet('install', '-y', '--no-install-recommends', ...packages);
-  }
-  const still = ['docker-registry', 'skopeo', 'htpasswd'].filter((b) => spawnSync('which', [b]).status !== 0);
-  if (still.length) {
-    const detail = install.error ? install.error.message : `${install.stdout}\n${install.stderr}`.trim().split('\n').slice(-15).join('\n');
-    throw new Error(`startRegistry: ${still.join(', ')} missing and "apt-get install ${packages.join(' ')}" failed:\n${detail}`);
-  }
+  const present = () => ['docker-registry', 'skopeo', 'htpasswd'].every((b) => spawnSync('which', [b]).status === 0);
+  aptInstall(['docker-registry', 'skopeo', 'apache2-utils'], present, 'startRegistry: docker-registry, skopeo or htpasswd');
 }
 
 function makeCertificate(dir: string): { caFile: string; caPem: string; certFile: string; keyFile: string; certDir: string } {

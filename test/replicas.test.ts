@@ -8,7 +8,10 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { startWebhook, type Response, type Webhook } from './harness.ts';
-import { acrImage, acrPayload, clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor } from './cluster/kube.ts';
+import {
+  acrImage, acrPayload, clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor, namespacedGetter,
+  removeNamespace,
+} from './cluster/kube.ts';
 import { upgradeHook } from './upgrade-hooks.ts';
 
 const TOKEN = 'replicas-token-5c1e9a';
@@ -35,7 +38,7 @@ function shuffled<T>(items: T[], seed: number): T[] {
 describe('three replicas, one workload: the newest push wins', { skip: cluster ? false : 'no cluster' }, () => {
   const ns = freshNamespaceName('replicas');
   const kubectl = kubectlFor(cluster!);
-  const getJson = async (what: string) => JSON.parse(await kubectl(['-n', ns, 'get', what, '-o', 'json']));
+  const getJson = namespacedGetter(kubectl, ns);
   const replicas: Webhook[] = [];
   // An hour ago, whole seconds: payload times older than any receipt time of this run.
   const base = Math.floor(Date.now() / 1000) * 1000 - 3_600_000;
@@ -56,7 +59,7 @@ describe('three replicas, one workload: the newest push wins', { skip: cluster ?
   });
   after(async () => {
     await Promise.all(replicas.map((r) => r.stop()));
-    if (!process.env.KEEP_NAMESPACE) await kubectl(['delete', 'namespace', ns, '--wait=false']).catch(() => undefined);
+    await removeNamespace(kubectl, ns);
   });
 
   test('30 deliveries (20 pushes, 10 repeats) in shuffled order across 3 replicas: ends on the newest, each applied at most once', async () => {

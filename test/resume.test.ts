@@ -9,13 +9,15 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { startWebhook, waitFor, waitForOutput, type Webhook } from './harness.ts';
-import { readMail, startMta, type Mta } from './mta.ts';
-import { acrImage, acrPayload, clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor } from './cluster/kube.ts';
+import { readMail, serviceMailEnv, startMta, type Mta } from './mta.ts';
+import {
+  acrImage, acrPayload, clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor, namespacedGetter,
+  removeNamespace,
+} from './cluster/kube.ts';
 import { upgradeHook } from './upgrade-hooks.ts';
 
 const TOKEN = 'resume-token-3be81f';
 const cluster = await clusterOrSkip();
-const b64 = (t: string) => Buffer.from(t).toString('base64');
 
 /** The hook pinned to one workload (as deploy/hooks/web.json is): what a starting replica resumes. */
 function pinnedHook(ns: string): object {
@@ -28,7 +30,7 @@ function pinnedHook(ns: string): object {
 describe('a follow outlives the replica that started it', { skip: cluster ? false : 'no cluster' }, () => {
   const ns = freshNamespaceName('resume');
   const kubectl = kubectlFor(cluster!);
-  const getJson = async (what: string) => JSON.parse(await kubectl(['-n', ns, 'get', what, '-o', 'json']));
+  const getJson = namespacedGetter(kubectl, ns);
   let mta: Mta;
   const started: Webhook[] = [];
   const start = async () => {
@@ -36,7 +38,7 @@ describe('a follow outlives the replica that started it', { skip: cluster ? fals
       hooks: [pinnedHook(ns), pairHook(ns)],
       env: {
         KUBECONFIG: cluster!.kubeconfigPath,
-        MAIL_SMTP_SERVER: b64('localhost'), MAIL_SMTP_PORT: String(mta.starttlsPort), MAIL_FROM: b64(mta.user), MAIL_PASSWORD: b64(mta.password), MAIL_CACERT: b64(mta.caPem),
+        ...serviceMailEnv(mta),
       },
     });
     started.push(wh);
@@ -57,7 +59,7 @@ describe('a follow outlives the replica that started it', { skip: cluster ? fals
   after(async () => {
     await Promise.all(started.map((w) => w.stop()));
     await mta?.stop();
-    if (!process.env.KEEP_NAMESPACE) await kubectl(['delete', 'namespace', ns, '--wait=false']).catch(() => undefined);
+    await removeNamespace(kubectl, ns);
   });
 
   test('a replica killed mid-follow: of two replicas started after it, one finishes the follow and exactly one mail goes out', async () => {

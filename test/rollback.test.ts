@@ -15,14 +15,16 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { defaultBinary, makeTempDir, startWebhook, waitFor, type Webhook } from './harness.ts';
-import { readMail, startMta, type Mta } from './mta.ts';
-import { acrImage, acrPayload, clusterOrSkip, containerImage, cronJob, daemonSet, deployment, freshNamespaceName, kubectlFor, statefulSet, type Kubectl } from './cluster/kube.ts';
+import { readMail, serviceMailEnv, startMta, type Mta } from './mta.ts';
+import {
+  acrImage, acrPayload, clusterOrSkip, containerImage, cronJob, daemonSet, deployment, freshNamespaceName,
+  kubectlFor, namespacedGetter, removeNamespace, statefulSet, type Kubectl,
+} from './cluster/kube.ts';
 import { upgradeHook } from './upgrade-hooks.ts';
 import { KubeClient, loadKubeconfig, rollBackFailedRollout, runUpgrade } from '../webhook.ts';
 
 const TOKEN = 'rollback-token-77d0e2';
 const cluster = await clusterOrSkip();
-const b64 = (t: string) => Buffer.from(t).toString('base64');
 
 /** The admission policy that makes pods of `:broken…` images crash-loop, in one namespace. */
 function crashLoopPolicy(name: string, ns: string): object[] {
@@ -63,7 +65,7 @@ describe('a failed rollout, with and without ROLLBACK_ON_FAILURE', { skip: clust
   const ns = freshNamespaceName('rollback');
   const policy = `webhook-test-crashloop-${ns}`;
   const kubectl = kubectlFor(cluster!);
-  const getJson = async (what: string) => JSON.parse(await kubectl(['-n', ns, 'get', what, '-o', 'json']));
+  const getJson = namespacedGetter(kubectl, ns);
   let mta: Mta;
   let wh: Webhook;
   const push = (hook: string, workload: string, body: string) =>
@@ -93,7 +95,7 @@ describe('a failed rollout, with and without ROLLBACK_ON_FAILURE', { skip: clust
       ],
       env: {
         KUBECONFIG: cluster!.kubeconfigPath,
-        MAIL_SMTP_SERVER: b64('localhost'), MAIL_SMTP_PORT: String(mta.starttlsPort), MAIL_FROM: b64(mta.user), MAIL_PASSWORD: b64(mta.password), MAIL_CACERT: b64(mta.caPem),
+        ...serviceMailEnv(mta),
       },
     });
   });
@@ -101,7 +103,7 @@ describe('a failed rollout, with and without ROLLBACK_ON_FAILURE', { skip: clust
     await wh?.stop();
     await mta?.stop();
     await kubectl(['delete', 'mutatingadmissionpolicybinding,mutatingadmissionpolicy', policy, '--ignore-not-found']).catch(() => '');
-    if (!process.env.KEEP_NAMESPACE) await kubectl(['delete', 'namespace', ns, '--wait=false']).catch(() => undefined);
+    await removeNamespace(kubectl, ns);
   });
 
   test('a crash-looping push: rolled back with the setting (mail, log, Event say so), left in place without it', async () => {
@@ -248,7 +250,7 @@ describe('a StatefulSet: the forced rollback deletes the stuck pods', { skip: cl
   const ns = freshNamespaceName('rollback-sts');
   const policy = `webhook-test-crashloop-${ns}`;
   const kubectl = kubectlFor(cluster!);
-  const getJson = async (what: string) => JSON.parse(await kubectl(['-n', ns, 'get', what, '-o', 'json']));
+  const getJson = namespacedGetter(kubectl, ns);
   const dir = makeTempDir('webhook-sts-');
   // Both hooks fix namespace, workload and ROLLBACK_ON_FAILURE in the file, as -print-rbac covers them.
   const fixed = (name: string, rollback: boolean) => upgradeHook(name, TOKEN, {
@@ -291,7 +293,7 @@ describe('a StatefulSet: the forced rollback deletes the stuck pods', { skip: cl
     withoutDelete = await printRbac([fixed('store', false)], `${ns}/nodelete`);
     const accounts = { webhook: await serviceAccount('webhook', withDelete), nodelete: await serviceAccount('nodelete', withoutDelete) };
     mta = await startMta();
-    const mailEnv = { MAIL_SMTP_SERVER: b64('localhost'), MAIL_SMTP_PORT: String(mta.starttlsPort), MAIL_FROM: b64(mta.user), MAIL_PASSWORD: b64(mta.password), MAIL_CACERT: b64(mta.caPem) };
+    const mailEnv = serviceMailEnv(mta);
     webhooks.push(await startWebhook({ hooks: [fixed('db', true)], env: { KUBECONFIG: accounts.webhook, ...mailEnv } }));
     webhooks.push(await startWebhook({ hooks: [fixed('store', true)], env: { KUBECONFIG: accounts.nodelete, ...mailEnv } }));
   });
@@ -299,7 +301,7 @@ describe('a StatefulSet: the forced rollback deletes the stuck pods', { skip: cl
     for (const wh of webhooks) await wh.stop();
     await mta?.stop();
     await kubectl(['delete', 'mutatingadmissionpolicybinding,mutatingadmissionpolicy', policy, '--ignore-not-found']).catch(() => '');
-    if (!process.env.KEEP_NAMESPACE) await kubectl(['delete', 'namespace', ns, '--wait=false']).catch(() => undefined);
+    await removeNamespace(kubectl, ns);
   });
 
   test('-print-rbac grants delete on pods only for a StatefulSet hook that fixes ROLLBACK_ON_FAILURE=true', async () => {

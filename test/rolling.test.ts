@@ -16,7 +16,9 @@ import assert from 'node:assert/strict';
 import * as net from 'node:net';
 import { after, before, describe, test } from 'node:test';
 import { httpRequest, startWebhook, type Webhook } from './harness.ts';
-import { acrImage, acrPayload, clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor } from './cluster/kube.ts';
+import {
+  acrImage, acrPayload, clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor, removeNamespace,
+} from './cluster/kube.ts';
 import { upgradeHook } from './upgrade-hooks.ts';
 
 const TOKEN = 'rolling-token-0f6a2d';
@@ -89,7 +91,7 @@ describe('a rolling restart of the service during a burst of pushes', { skip: cl
   after(async () => {
     proxy.close();
     await Promise.all(replicas.map((r) => r.stop()));
-    if (!process.env.KEEP_NAMESPACE) await kubectl(['delete', 'namespace', ns, '--wait=false']).catch(() => undefined);
+    await removeNamespace(kubectl, ns);
   });
 
   test('every push is answered with what happened to it; none is lost; the workload ends on the newest', async () => {

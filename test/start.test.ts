@@ -12,7 +12,7 @@ import { execFile, spawn, type ChildProcess } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { clusterOrSkip, containerImage, freshNamespaceName, kubectlFor } from './cluster/kube.ts';
+import { clusterOrSkip, containerImage, freshNamespaceName, kubectlFor, removeNamespace } from './cluster/kube.ts';
 import { freePort, makeTempDir, REPO_ROOT, waitFor } from './harness.ts';
 
 const cluster = await clusterOrSkip();
@@ -99,7 +99,7 @@ describe('npm start', { skip: cluster ? false : 'no cluster' }, () => {
   });
   after(async () => {
     if (run) await interrupt(run);
-    if (!process.env.KEEP_NAMESPACE) await kubectl(['delete', 'namespace', ns, '--wait=false']).catch(() => undefined);
+    await removeNamespace(kubectl, ns);
   });
 
   test('creates the demo Deployment the seed hook names and prints one curl per registry type', async () => {

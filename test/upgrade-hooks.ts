@@ -7,7 +7,21 @@ import * as path from 'node:path';
 
 const REPO = path.join(import.meta.dirname, '..');
 
-export function upgradeHook(id: string, token: string, settings: Record<string, string> = {}): object {
+/** The target of the upgrade from the URL, as the seed hook takes it: ns, workload, container, repo_type. */
+export const TARGET_FROM_URL: readonly object[] = [
+  { envname: 'APP_NS', source: 'url', name: 'ns' },
+  { envname: 'APP_WORKLOAD', source: 'url', name: 'workload' },
+  { envname: 'APP_CONTAINER', source: 'url', name: 'container' },
+  { envname: 'REPO_TYPE', source: 'url', name: 'repo_type' },
+];
+
+/** Settings fixed in the hook (APP_*, MAIL_TO, ROLLBACK_ON_FAILURE, …): pass-environment-to-command entries. */
+export function fixedSettings(settings: Record<string, string>): object[] {
+  return Object.entries(settings).map(([envname, name]) => ({ envname, source: 'string', name }));
+}
+
+/** The seed hook's shape under another trigger rule. */
+export function upgradeHookGuardedBy(id: string, rule: object, settings: Record<string, string> = {}): object {
   return {
     id,
     'execute-command': path.join(REPO, 'webhooks.sh'),
@@ -15,13 +29,11 @@ export function upgradeHook(id: string, token: string, settings: Record<string, 
     'include-command-output-in-response-on-error': true,
     'trigger-rule-mismatch-http-response-code': 500,
     'pass-arguments-to-command': [{ source: 'entire-payload' }],
-    'pass-environment-to-command': [
-      { envname: 'APP_NS', source: 'url', name: 'ns' },
-      { envname: 'APP_WORKLOAD', source: 'url', name: 'workload' },
-      { envname: 'APP_CONTAINER', source: 'url', name: 'container' },
-      { envname: 'REPO_TYPE', source: 'url', name: 'repo_type' },
-      ...Object.entries(settings).map(([envname, name]) => ({ envname, source: 'string', name })),
-    ],
-    'trigger-rule': { match: { type: 'value', value: token, parameter: { source: 'url', name: 'token' } } },
+    'pass-environment-to-command': [...TARGET_FROM_URL, ...fixedSettings(settings)],
+    'trigger-rule': rule,
   };
+}
+
+export function upgradeHook(id: string, token: string, settings: Record<string, string> = {}): object {
+  return upgradeHookGuardedBy(id, { match: { type: 'value', value: token, parameter: { source: 'url', name: 'token' } } }, settings);
 }

@@ -7,6 +7,7 @@ import { randomBytes } from 'node:crypto';
 import * as fs from 'node:fs';
 import * as https from 'node:https';
 import * as path from 'node:path';
+import { peerOrSkip } from '../harness.ts';
 import { ensureCluster } from './cluster.ts';
 
 export interface Cluster { kubeconfigPath: string; kubectl: string }
@@ -15,14 +16,8 @@ export interface Cluster { kubeconfigPath: string; kubectl: string }
  * The running test cluster, started if needed. In CI a cluster that cannot start fails the run;
  * locally the tests that need it are skipped with a loud message.
  */
-export async function clusterOrSkip(): Promise<Cluster | undefined> {
-  try {
-    return await ensureCluster();
-  } catch (e) {
-    if (process.env.CI) throw e;
-    process.stderr.write(`\n#### cluster unavailable, SKIPPING cluster tests: ${(e as Error).message}\n\n`);
-    return undefined;
-  }
+export function clusterOrSkip(): Promise<Cluster | undefined> {
+  return peerOrSkip(ensureCluster, 'cluster', 'cluster tests');
 }
 
 export type Kubectl = (args: string[], input?: string) => Promise<string>;
@@ -35,6 +30,16 @@ export function kubectlFor(cluster: Cluster): Kubectl {
     });
     if (input !== undefined) child.stdin!.end(input);
   });
+}
+
+/** Deletes a suite's namespace, without waiting; kept when KEEP_NAMESPACE is set, to look at after a failure. */
+export async function removeNamespace(kubectl: Kubectl, ns: string): Promise<void> {
+  if (!process.env.KEEP_NAMESPACE) await kubectl(['delete', 'namespace', ns, '--wait=false']).catch(() => undefined);
+}
+
+/** `kubectl get <what> -o json` in namespace `ns`, parsed. */
+export function namespacedGetter(kubectl: Kubectl, ns: string): (what: string) => Promise<any> {
+  return async (what) => JSON.parse(await kubectl(['-n', ns, 'get', what, '-o', 'json']));
 }
 
 export function freshNamespaceName(prefix: string): string {
@@ -198,6 +203,13 @@ export async function apfThrottle(kubectl: Kubectl, namespace: string, serviceAc
       const row = rows.find((cells) => cells[0] === name);
       if (!row) throw new Error(`priority level ${name} not in the API server's dump`);
       return Number(row[header.indexOf('RejectedRequests')]);
+    },
+    /** Resolves once the priority level has rejected more than `count` requests (some 429 went out). */
+    async rejectedBeyond(count: number): Promise<void> {
+      for (let i = 0; (await this.rejected()) <= count; i++) {
+        if (i === 300) throw new Error(`priority level ${name}: no request rejected within 30 s`);
+        await new Promise((resolve) => setTimeout(resolve, 100));
+      }
     },
     remove: () => kubectl(['delete', 'flowschema,prioritylevelconfiguration', name, '--ignore-not-found']).catch(() => ''),
   };
