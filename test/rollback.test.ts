@@ -207,10 +207,7 @@ describe('a failed rollout, with and without ROLLBACK_ON_FAILURE', { skip: clust
     await mta.clear();
     const resumer = await startWebhook({
       hooks: [hook],
-      env: {
-        KUBECONFIG: cluster!.kubeconfigPath,
-        MAIL_SMTP_SERVER: b64('localhost'), MAIL_SMTP_PORT: String(mta.starttlsPort), MAIL_FROM: b64(mta.user), MAIL_PASSWORD: b64(mta.password), MAIL_CACERT: b64(mta.caPem),
-      },
+      env: { KUBECONFIG: cluster!.kubeconfigPath, ...serviceMailEnv(mta) },
     });
     try {
       const [raw] = await mta.waitForMessages(1, 180_000);
