@@ -25,7 +25,7 @@
  *   3. yaml parser ................ parseYaml, scalarAsGoString
  *   4. go template ................ renderTemplate, TemplateEnv
  *   5. go regexp .................. compileGoRegex
- *   6. outbound calls ............. AttemptFailure, retryDelay, TokenBucket
+ *   6. outbound calls ............. outboundRequest, retrying, Scrubber, TokenBucket, withDeadline
  *   7. smtp client ................ composeMessage, DEFAULT_SMTP_PORT, IMPLICIT_TLS_PORT, isAddress
  *   8. kubernetes client .......... credentialsFromEnvironment, describeResource, JsonPatchOperation, KubeClient
  *   9. oci registry client ........ RegistryLogin, resolveManifestTag
@@ -1911,7 +1911,7 @@ export function scalarAsGoString(v: unknown, holder?: object, key?: string | num
 //    getenv, cat, credential, js, html and urlquery, quoted and raw strings, parentheses, comments and trim markers.
 //    renderTemplate returns the text and the values the functions inserted, which are secrets from then on; anything
 //    else is a TemplateError naming the line.
-//    Exports: renderTemplate, TemplateEnv.
+//    Exports: goJsEscape, goQueryEscape, renderTemplate, TemplateEnv.
 //    Tests: test/unit.test.ts.
 // ================================================================================================
 
@@ -2510,12 +2510,21 @@ class GoRegexTranslator extends TextCursor {
 }
 
 // ================================================================================================
-// 6. outbound calls — what every call to another server shares: the retry policy (retryDelay: which failures are
-//    transient, exponential backoff with jitter, a Retry-After honoured, all within a budget) and the token bucket
-//    that bounds one client's request rate, in arrival order, so that none starves.
-//    Exports: AttemptFailure, retryDelay, TokenBucket.
-//    Tests: test/burst.test.ts, test/upgrade.test.ts.
+// 6. outbound calls — what every call to another server shares. outboundRequest makes one HTTP(S) request under a
+//    TOTAL deadline (connecting, sending, the answer's headers and its whole body: a server that dribbles bytes cannot
+//    hold a call past it) and a cap on the answer's size. retrying runs attempts by one retry policy (retryDelay: which
+//    failures are transient, exponential backoff with jitter, a Retry-After honoured, all within a budget). The token
+//    bucket bounds one client's request rate, in arrival order, so that none starves. clientTlsOptions says how a
+//    server is trusted (extra CAs added to Node's default set, the verification switch, the server name);
+//    withDeadline bounds any other wait (the SMTP client's socket steps). Scrubber takes known secrets out of text
+//    leaving the program, in every form an encoding may have given them (URL, base64, JSON, HTML). Used by the SMTP,
+//    Kubernetes and registry clients and the notifications.
+//    Exports: Attempt, clientTlsOptions, OutboundAnswer, OutboundError, outboundRequest, retryAfterSeconds, retrying,
+//    Scrubber, TokenBucket, withDeadline.
+//    Tests: test/burst.test.ts, test/outbound.test.ts, test/upgrade.test.ts.
 // ================================================================================================
+
+// ---- the retry policy ---------------------------------------------------------------------------
 
 /**
  * Backoff between attempts, unless a Retry-After asks for longer: 200 ms doubling to 5 s, so a
@@ -2524,7 +2533,7 @@ class GoRegexTranslator extends TextCursor {
 const RETRY_BACKOFF = { initialMs: 200, maxMs: 5_000 };
 
 /** What went wrong with one attempt, as far as the retry policy cares. */
-export interface AttemptFailure {
+interface AttemptFailure {
   /** What was asked: a 409 Conflict is worth another try for a `patch` only (it is re-planned). */
   verb?: string;
   /** HTTP status, or undefined when no answer came. */
@@ -2532,6 +2541,11 @@ export interface AttemptFailure {
   /** Node's error code (ECONNREFUSED, ECONNRESET, ETIMEDOUT…) when no answer came. */
   code?: string;
   retryAfterSeconds?: number;
+  /**
+   * Whether another try could help, for callers whose failures the status and code do not tell
+   * (an SMTP reply, a chat robot's refusal in a 200): it overrides the table below.
+   */
+  transient?: boolean;
 }
 
 const TRANSIENT_NETWORK_CODES = [
@@ -2556,19 +2570,72 @@ export function retryDelay(
   attempt: number,
   remainingMs: number,
   random: () => number = Math.random,
+  backoffMs: { initialMs: number; maxMs: number } = RETRY_BACKOFF,
 ): number | undefined {
   const s = failure.status;
   const transient =
-    s === undefined
+    failure.transient ??
+    (s === undefined
       ? TRANSIENT_NETWORK_CODES.includes(failure.code ?? '')
-      : s >= 500 || s === 429 || (s === 409 && failure.verb === 'patch');
+      : s >= 500 || s === 429 || (s === 409 && failure.verb === 'patch'));
   if (!transient) return undefined;
-  const backoff = Math.min(RETRY_BACKOFF.maxMs, RETRY_BACKOFF.initialMs * 2 ** attempt);
+  const backoff = Math.min(backoffMs.maxMs, backoffMs.initialMs * 2 ** attempt);
   const delay =
     failure.retryAfterSeconds !== undefined && failure.retryAfterSeconds >= 0
       ? failure.retryAfterSeconds * 1000 + Math.floor(random() * backoff)
       : backoff;
   return delay <= remainingMs ? delay : undefined;
+}
+
+/** A Retry-After header's wait in seconds: delay-seconds, or an HTTP-date (RFC 9110 10.2.3). Pure given `nowMs`. */
+export function retryAfterSeconds(header: string | string[] | undefined, nowMs = Date.now()): number | undefined {
+  const value = String(header ?? '').trim();
+  if (/^\d+$/.test(value)) return Number(value);
+  const at = /[a-z]/i.test(value) ? Date.parse(value) : NaN;
+  return Number.isNaN(at) ? undefined : Math.max(0, Math.ceil((at - nowMs) / 1000));
+}
+
+/** How a caller retries: within a time budget, at most so many attempts, with its own backoff if it has one. */
+interface RetryPolicy {
+  /** The time all attempts and the waits between them may take, from the first attempt's start. */
+  budgetMs: number;
+  /** At most this many attempts in all; by default as many as the budget allows. */
+  attempts?: number;
+  /** The first wait and the longest; RETRY_BACKOFF by default. */
+  backoff?: { initialMs: number; maxMs: number };
+}
+
+/** One attempt's end: its value, or its failure (for the policy) and the error to report if it is the last. */
+export type Attempt<T, E> = { ok: true; value: T } | { ok: false; failure: AttemptFailure; error: E };
+
+/** How the attempts ended: the value, or the last error; how many attempts, and how long they took in all. */
+type Retried<T, E> =
+  | { ok: true; value: T; attempts: number }
+  | { ok: false; error: E; attempts: number; elapsedMs: number };
+
+/**
+ * Runs `attemptOnce` (0, 1, 2…; given the previous attempt's error) until it succeeds or the
+ * policy gives up: a permanent failure, the last attempt, or a wait that would overrun the budget.
+ * An attempt that throws ends the whole call with that exception.
+ */
+export async function retrying<T, E>(
+  policy: RetryPolicy,
+  attemptOnce: (attempt: number, previous: E | undefined) => Promise<Attempt<T, E>>,
+  random: () => number = Math.random,
+): Promise<Retried<T, E>> {
+  const started = Date.now();
+  let previous: E | undefined;
+  for (let attempt = 0; ; attempt++) {
+    const outcome = await attemptOnce(attempt, previous);
+    if (outcome.ok) return { ok: true, value: outcome.value, attempts: attempt + 1 };
+    const elapsedMs = Date.now() - started;
+    const last = policy.attempts !== undefined && attempt + 1 >= policy.attempts;
+    const remainingMs = policy.budgetMs - elapsedMs;
+    const delay = last ? undefined : retryDelay(outcome.failure, attempt, remainingMs, random, policy.backoff);
+    if (delay === undefined) return { ok: false, error: outcome.error, attempts: attempt + 1, elapsedMs };
+    previous = outcome.error;
+    await sleep(delay);
+  }
 }
 
 /**
@@ -2616,11 +2683,212 @@ export class TokenBucket {
   }
 }
 
+// ---- TLS trust and deadlines --------------------------------------------------------------------
+
+/** How a server's certificate is trusted. */
+interface TlsTrust {
+  /** PEM certificates trusted besides Node's default set (a private CA: REGISTRY_CA, NOTIFY_CACERT, MAIL_CACERT). */
+  extraCa?: string | readonly string[];
+  /** Trusted instead of the default set: a cluster's own CA (kubectl trusts only certificate-authority). */
+  onlyCa?: Buffer;
+  /** false: any certificate is accepted (the operator's explicit switch). */
+  verify?: boolean;
+  /** The name the certificate must carry, when not the host's (SNI; kubeconfig's tls-server-name). */
+  servername?: string;
+  /** A client certificate and its key. */
+  cert?: Buffer;
+  key?: Buffer;
+}
+
+/**
+ * The TLS options for `host`. `ca` replaces Node's trusted set, so the default one (bundled roots,
+ * NODE_EXTRA_CA_CERTS, --use-system-ca) is passed along with extra CAs. SNI carries names only: for
+ * an IP address no servername is sent and Node checks the certificate's IP SANs against the host.
+ */
+export function clientTlsOptions(host: string, trust: TlsTrust = {}): tls.ConnectionOptions {
+  const extra = trust.extraCa === undefined ? [] : [trust.extraCa].flat();
+  const name = trust.servername ?? (net.isIP(host.replace(/^\[|\]$/g, '')) === 0 ? host.replace(/\.$/, '') : undefined);
+  return {
+    ca: trust.onlyCa ?? (extra.length > 0 ? [...tls.getCACertificates('default'), ...extra] : undefined),
+    rejectUnauthorized: trust.verify ?? true,
+    servername: name,
+    cert: trust.cert,
+    key: trust.key,
+  };
+}
+
+/** `work`, or `timeoutError()` once `waitMs` have passed; the timer is cleared either way. */
+export function withDeadline<T>(work: Promise<T>, waitMs: number, timeoutError: () => Error): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const expired = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(timeoutError()), waitMs);
+  });
+  return Promise.race([work, expired]).finally(() => clearTimeout(timer));
+}
+
+// ---- one request ------------------------------------------------------------------------------
+
+interface OutboundRequest {
+  method: string;
+  headers?: Record<string, string>;
+  body?: string;
+  /** The whole call: connecting, sending, the answer's headers and all of its body. */
+  deadlineMs: number;
+  /** The most of the answer's body that is read. */
+  maxResponseBytes: number;
+  /** Past maxResponseBytes: `fail` ends the call (E2BIG); `cut` keeps what fits and ends the answer there. */
+  overLimit?: 'fail' | 'cut';
+  /** https: how the server is trusted (with no agent; an agent carries its own). */
+  trust?: TlsTrust;
+  /** A keep-alive agent of the caller's (it carries its TLS options). */
+  agent?: http.Agent;
+}
+
+export interface OutboundAnswer {
+  status: number;
+  headers: http.IncomingHttpHeaders;
+  body: string;
+}
+
+/** A call that got no complete answer. `code`: Node's (ECONNREFUSED, CERT_…), ETIMEDOUT, or E2BIG. */
+export class OutboundError extends Error {
+  readonly code: string;
+  constructor(message: string, code: string) {
+    super(message);
+    this.code = code;
+  }
+}
+
+/**
+ * One HTTP or HTTPS request, its answer read whole (up to the cap) under ONE deadline. Resolves with
+ * any HTTP answer (the caller judges the status); rejects with an OutboundError.
+ */
+export function outboundRequest(url: URL, o: OutboundRequest): Promise<OutboundAnswer> {
+  const client = url.protocol === 'http:' ? http : https;
+  const headers: Record<string, string> = { 'User-Agent': `webhook/${VERSION}`, ...o.headers };
+  if (o.body !== undefined) headers['Content-Length'] = String(Buffer.byteLength(o.body));
+  const secure = client === https && o.agent === undefined ? clientTlsOptions(url.hostname, o.trust) : {};
+  return new Promise((resolve, reject) => {
+    let settled = false;
+    const settle = (finish: () => void) => {
+      if (settled) return;
+      settled = true;
+      clearTimeout(timer);
+      finish();
+    };
+    const fail = (e: Error & { code?: string }) =>
+      settle(() =>
+        reject(
+          e instanceof OutboundError ? e : new OutboundError(e.message || e.code || 'connection failed', e.code ?? ''),
+        ),
+      );
+    const end = (e: OutboundError) => {
+      fail(e);
+      req.destroy(e);
+    };
+    const req = client.request(url, { method: o.method, headers, agent: o.agent, ...secure });
+    const timer = setTimeout(
+      () => end(new OutboundError(`no complete answer within ${formatGoDuration(o.deadlineMs)}`, 'ETIMEDOUT')),
+      o.deadlineMs,
+    );
+    req.on('error', fail);
+    req.on('response', (res) => {
+      const chunks: Buffer[] = [];
+      let size = 0;
+      const done = () =>
+        settle(() =>
+          resolve({ status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(chunks).toString('utf8') }),
+        );
+      res.on('data', (chunk: Buffer) => {
+        if (size + chunk.length <= o.maxResponseBytes) {
+          size += chunk.length;
+          chunks.push(chunk);
+        } else if (o.overLimit === 'cut') {
+          chunks.push(chunk.subarray(0, o.maxResponseBytes - size));
+          done();
+          req.destroy();
+        } else {
+          end(new OutboundError(`answer larger than ${o.maxResponseBytes} bytes`, 'E2BIG'));
+        }
+      });
+      res.on('end', done);
+      res.on('error', fail);
+    });
+    req.end(o.body);
+  });
+}
+
+// ---- secrets ----------------------------------------------------------------------------------
+
+// An encoded form shorter than this (a base64 stem of a short secret) is too likely to occur in
+// ordinary text to be taken out of it; the secret itself is always taken out, whatever its length.
+const MIN_SCRUBBED_FORM_LENGTH = 6;
+
+/** HTML escapes in both spellings a secret may meet: this program's pages and Go's `html`. */
+const HTML_ESCAPES: Record<string, string>[] = [
+  { '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;' },
+  { '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&#34;', "'": '&#39;' },
+];
+
+/**
+ * base64 of a secret wherever it sits in a longer encoded text: each 3-byte alignment gives a
+ * different text, and only the characters wholly made of the secret's bits are certain. The whole
+ * encoding (padded, and URL-safe) is kept too, so a lone encoded secret goes entirely.
+ */
+function base64Forms(secret: string): string[] {
+  const bytes = Buffer.from(secret, 'utf8');
+  const forms = [bytes.toString('base64'), bytes.toString('base64url')];
+  for (let offset = 0; offset < 3; offset++) {
+    const text = Buffer.concat([Buffer.alloc(offset), bytes])
+      .toString('base64')
+      .replace(/=+$/, '');
+    const total = offset + bytes.length;
+    const stem = text.slice(offset === 0 ? 0 : offset + 1, total % 3 === 0 ? undefined : -1);
+    forms.push(stem, stem.replace(/\+/g, '-').replace(/\//g, '_'));
+  }
+  return forms;
+}
+
+/** The forms a secret may take in text: as it is, URL-, JSON-/JavaScript-, HTML- and base64-encoded. */
+function encodedForms(secret: string): string[] {
+  const encoded = [
+    encodeURIComponent(secret),
+    goQueryEscape(secret),
+    JSON.stringify(secret).slice(1, -1),
+    goJsEscape(secret),
+    ...HTML_ESCAPES.map((table) => secret.replace(/[&<>"']/g, (c) => table[c])),
+    ...base64Forms(secret),
+  ].filter((form) => form.length >= MIN_SCRUBBED_FORM_LENGTH);
+  return [...new Set([secret, ...encoded])];
+}
+
+/**
+ * Takes a set of secrets out of text: each one and each of its encoded forms becomes `replacement`.
+ * Longer forms are tried first, so a form that holds another is taken out whole.
+ */
+export class Scrubber {
+  private readonly pattern: RegExp | undefined;
+  private readonly replacement: string;
+
+  constructor(secrets: Iterable<string>, replacement = 'REDACTED') {
+    const forms = [...new Set([...secrets].filter((s) => s !== '').flatMap(encodedForms))];
+    forms.sort((a, b) => b.length - a.length);
+    const literal = (s: string) => s.replace(/[.*+?^${}()|[\]\\/-]/g, '\\$&');
+    this.pattern = forms.length > 0 ? new RegExp(forms.map(literal).join('|'), 'g') : undefined;
+    this.replacement = replacement;
+  }
+
+  scrub(text: string): string {
+    return this.pattern === undefined ? text : text.replace(this.pattern, () => this.replacement);
+  }
+}
+
 // ================================================================================================
 // 7. smtp client — a small hand-written SMTP client: messages composed by RFC 5322, MIME and RFC 2047
 //    (composeMessage), sent over implicit TLS or STARTTLS with AUTH PLAIN, LOGIN or CRAM-MD5, every step under a
-//    deadline (sendMail), tried again after transient failures (sendWithRetry). The password lives in a Secret and
-//    every reply or error text leaving this chapter is scrubbed of it.
+//    deadline (sendMail, withDeadline), tried again after transient failures (sendWithRetry, by the retry policy of
+//    the outbound-calls chapter). The password lives in a Secret and every reply or error text leaving this chapter is
+//    scrubbed of it (Scrubber: also its base64 in AUTH payloads).
 //    Exports: composeMessage, DEFAULT_SMTP_PORT, IMPLICIT_TLS_PORT, isAddress, isHostName, isPemCertificates,
 //    MailConfig, newMessageId, Secret, sendWithRetry, SmtpTimeouts.
 //    Tests: test/mail.test.ts.
@@ -3028,15 +3296,9 @@ class SmtpSession {
 }
 
 function smtpTlsOptions(config: MailConfig): tls.ConnectionOptions {
-  return {
-    host: config.host,
-    // SNI carries names only; for an IP address Node checks the certificate's IP SANs against host.
-    servername: net.isIP(config.host) === 0 ? config.host.replace(/\.$/, '') : undefined,
-    // `ca` replaces Node's trusted set, so the default one (bundled roots, NODE_EXTRA_CA_CERTS,
-    // --use-system-ca) is passed along with MAIL_CACERT.
-    ca: config.ca === undefined ? undefined : [...tls.getCACertificates('default'), config.ca],
-    rejectUnauthorized: config.verifyCertificate,
-  };
+  const trust = { extraCa: config.ca, verify: config.verifyCertificate };
+  const options = clientTlsOptions(config.host, trust);
+  return Object.assign(options, { host: config.host });
 }
 
 /**
@@ -3081,14 +3343,6 @@ function handshake(socket: tls.TLSSocket, stage: string, waitMs: number): Promis
     waitMs,
     () => new SmtpFailure(stage, true, `TLS handshake not finished within ${waitMs} ms`),
   );
-}
-
-function withDeadline<T>(work: Promise<T>, waitMs: number, timeoutError: () => Error): Promise<T> {
-  let timer: NodeJS.Timeout | undefined;
-  const expired = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(timeoutError()), waitMs);
-  });
-  return Promise.race([work, expired]).finally(() => clearTimeout(timer));
 }
 
 /**
@@ -3208,12 +3462,11 @@ async function authenticate(
   }
 }
 
-/** Removes the password and the AUTH payloads that carry it from text about to leave this section. */
+/** Removes the password (in any encoding: AUTH payloads carry it in base64) from text about to leave this chapter. */
 function redact(text: string, config: MailConfig): string {
   const password = config.password?.reveal();
   if (!password) return text;
-  const secrets = [toBase64(`\0${config.user}\0${password}`), toBase64(password), password];
-  return secrets.reduce((scrubbed, secret) => scrubbed.split(secret).join('[redacted]'), text);
+  return new Scrubber([`\0${config.user}\0${password}`, password], '[redacted]').scrub(text);
 }
 
 /**
@@ -3310,21 +3563,26 @@ export async function sendWithRetry(
   attempts: number,
   backoffMs: number,
 ): Promise<SendResult & { attempts: number }> {
-  for (let attempt = 1; ; attempt++) {
+  // No time budget of its own: each transaction is bounded by its deadlines, and the attempts by `attempts`.
+  const policy = { budgetMs: Infinity, attempts, backoff: { initialMs: backoffMs, maxMs: Infinity } };
+  const sent = await retrying<SendResult, SendResult>(policy, async () => {
     const result = await sendMail(config, message, options);
-    if (result.ok || !result.transient || attempt >= attempts) return { ...result, attempts: attempt };
-    await sleep(backoffMs * 2 ** (attempt - 1));
-  }
+    return result.ok
+      ? { ok: true, value: result }
+      : { ok: false, failure: { transient: result.transient }, error: result };
+  });
+  return { ...(sent.ok ? sent.value : sent.error), attempts: sent.attempts };
 }
 
 // ================================================================================================
 // 8. kubernetes client — a small client for the Kubernetes REST API over node:https. Credentials come from a JSON
 //    kubeconfig (current-context; token or tokenFile, or a client certificate; the CA; inline *-data or file paths
 //    relative to the kubeconfig) or, inside a pod, from the service account (the token is re-read on every request,
-//    so rotated tokens keep working). Every request has a deadline; transient failures are retried by the policy of
-//    the outbound-calls chapter inside a bounded total time, and every call of one client waits its turn in one token
-//    bucket (client-go's QPS and burst). Failures become KubeErrors that name the verb and the resource, and for 403
-//    the permission missing. The token is only ever put in the Authorization header.
+//    so rotated tokens keep working). Every request is one outboundRequest under a total deadline; transient failures
+//    are retried by the policy of the outbound-calls chapter (retrying) inside a bounded total time, and every call
+//    of one client waits its turn in one token bucket (client-go's QPS and burst). Failures become KubeErrors that
+//    name the verb and the resource, and for 403 the permission missing. The token is only ever put in the
+//    Authorization header.
 //    Exports: credentialsFromEnvironment, describeResource, JsonPatchOperation, KubeClient, KubeError, ResourceRef.
 //    Tests: test/burst.test.ts, test/rollback.test.ts, test/upgrade.test.ts.
 // ================================================================================================
@@ -3587,12 +3845,6 @@ export function credentialsFromEnvironment(
   return inClusterCredentials(env);
 }
 
-interface RawAnswer {
-  status: number;
-  headers: Record<string, string | string[] | undefined>;
-  text: string;
-}
-
 interface KubeClientOptions {
   requestTimeoutMs?: number;
   retryBudgetMs?: number;
@@ -3619,14 +3871,15 @@ export class KubeClient {
     this.retryBudgetMs = options.retryBudgetMs ?? KUBE_LIMITS.retryBudgetMs;
     this.rate = options.rate ?? new TokenBucket(KUBE_LIMITS.requestsPerSecond, KUBE_LIMITS.requestBurst);
     // One keep-alive agent per client: the TLS handshake is paid once, not on every call.
-    this.agent = new https.Agent({
-      keepAlive: true,
-      ca: credentials.ca,
+    const trust = {
+      onlyCa: credentials.ca,
       cert: credentials.cert,
       key: credentials.key,
       servername: credentials.tlsServerName,
-      rejectUnauthorized: !credentials.insecureSkipTlsVerify,
-    });
+      verify: !credentials.insecureSkipTlsVerify,
+    };
+    const agentOptions = clientTlsOptions(new URL(credentials.server).hostname, trust);
+    this.agent = new https.Agent(Object.assign(agentOptions, { keepAlive: true }));
   }
 
   /** `background`: a read that can wait (a rollout poll) yields to the others under load (takeAbove). */
@@ -3687,48 +3940,60 @@ export class KubeClient {
     o: { query?: Record<string, string>; body?: string; contentType?: string; background?: boolean } = {},
   ): Promise<T> {
     const query = new URLSearchParams(o.query ?? {}).toString();
-    const url = `${this.server}${resourcePath(r)}${query ? `?${query}` : ''}`;
+    const url = new URL(`${this.server}${resourcePath(r)}${query ? `?${query}` : ''}`);
     const started = Date.now();
-    let failed: { failure: AttemptFailure; error: KubeError } | undefined;
-    for (let attempt = 0; ; attempt++) {
+    const called = await retrying<T, KubeError>({ budgetMs: this.retryBudgetMs }, async (attempt, previous) => {
       // Every attempt, retries included, waits for its turn; the wait counts against the budget.
       const yielded = o.background && attempt === 0 && (await this.yieldToOthers(started));
       const turn = yielded ? 0 : this.rate.reserve(this.retryBudgetMs - (Date.now() - started));
       if (turn === undefined) {
-        throw failed ? exhausted(failed.error, attempt, Date.now() - started) : this.rateLimited(verb, r);
+        throw previous ? exhausted(previous, attempt, Date.now() - started) : this.rateLimited(verb, r);
       }
       if (turn > 0) await sleep(turn);
-      const authorization = await this.authorization(verb, r);
-      try {
-        const answer = await this.once(method, url, authorization, o.body, o.contentType);
-        if (answer.status >= 200 && answer.status < 300) return this.parseAnswer<T>(verb, r, answer);
-        const retryAfter = String(answer.headers['retry-after'] ?? '').trim();
-        failed = {
-          failure: {
-            verb,
-            status: answer.status,
-            retryAfterSeconds: /^\d+$/.test(retryAfter) ? Number(retryAfter) : undefined,
-          },
-          error: this.answerError(verb, r, answer),
-        };
-      } catch (e) {
-        if (e instanceof KubeError) throw e;
-        const code = (e as NodeJS.ErrnoException).code ?? '';
-        failed = {
-          failure: { verb, code },
-          error: new KubeError(
-            `cannot ${verb} ${describeResource(r)}: the API server ${this.server} did not answer ` +
-              `(${code || (e as Error).message})`,
-            0,
-            code,
-          ),
-        };
-      }
-      const elapsed = Date.now() - started;
-      const delay = retryDelay(failed.failure, attempt, this.retryBudgetMs - elapsed);
-      if (delay === undefined) throw exhausted(failed.error, attempt + 1, elapsed);
-      await sleep(delay);
+      return this.attempt<T>(verb, r, url, method, o);
+    });
+    if (called.ok) return called.value;
+    throw exhausted(called.error, called.attempts, called.elapsedMs);
+  }
+
+  /** One request: the parsed answer, or the failure (for the retry policy) and its KubeError. */
+  private async attempt<T>(
+    verb: KubeVerb,
+    r: ResourceRef,
+    url: URL,
+    method: string,
+    o: { body?: string; contentType?: string },
+  ): Promise<Attempt<T, KubeError>> {
+    const headers: Record<string, string> = { Accept: 'application/json' };
+    const authorization = await this.authorization(verb, r);
+    if (authorization !== undefined) headers.Authorization = authorization;
+    if (o.body !== undefined) headers['Content-Type'] = o.contentType ?? 'application/json';
+    let answer: OutboundAnswer;
+    try {
+      answer = await outboundRequest(url, {
+        method,
+        headers,
+        body: o.body,
+        deadlineMs: this.requestTimeoutMs,
+        maxResponseBytes: KUBE_LIMITS.maxResponseBytes,
+        agent: this.agent,
+      });
+    } catch (e) {
+      const code = (e as NodeJS.ErrnoException).code ?? '';
+      const why = `the API server ${this.server} did not answer (${code || (e as Error).message})`;
+      return {
+        ok: false,
+        failure: { verb, code },
+        error: new KubeError(`cannot ${verb} ${describeResource(r)}: ${why}`, 0, code),
+      };
     }
+    if (answer.status >= 200 && answer.status < 300) return { ok: true, value: this.parseAnswer<T>(verb, r, answer) };
+    const failure = {
+      verb,
+      status: answer.status,
+      retryAfterSeconds: retryAfterSeconds(answer.headers['retry-after']),
+    };
+    return { ok: false, failure, error: this.answerError(verb, r, answer) };
   }
 
   /** A call that found no turn within its budget: more calls are queued than the rate clears in time. */
@@ -3758,9 +4023,9 @@ export class KubeClient {
     }
   }
 
-  private parseAnswer<T>(verb: KubeVerb, r: ResourceRef, answer: RawAnswer): T {
+  private parseAnswer<T>(verb: KubeVerb, r: ResourceRef, answer: OutboundAnswer): T {
     try {
-      return JSON.parse(answer.text) as T;
+      return JSON.parse(answer.body) as T;
     } catch {
       throw new KubeError(
         `cannot ${verb} ${describeResource(r)}: the answer from ${this.server} is not JSON (HTTP ${answer.status}; ` +
@@ -3771,51 +4036,8 @@ export class KubeClient {
     }
   }
 
-  private async once(
-    method: string,
-    url: string,
-    authorization: string | undefined,
-    body: string | undefined,
-    contentType: string | undefined,
-  ): Promise<RawAnswer> {
-    const headers: Record<string, string> = { Accept: 'application/json', 'User-Agent': `webhook/${VERSION}` };
-    if (authorization !== undefined) headers.Authorization = authorization;
-    if (body !== undefined) {
-      headers['Content-Type'] = contentType ?? 'application/json';
-      headers['Content-Length'] = String(Buffer.byteLength(body));
-    }
-    return new Promise((resolve, reject) => {
-      const req = https.request(url, { method, headers, agent: this.agent }, (res) => {
-        const chunks: Buffer[] = [];
-        let size = 0;
-        res.on('data', (chunk: Buffer) => {
-          size += chunk.length;
-          if (size > KUBE_LIMITS.maxResponseBytes)
-            req.destroy(
-              Object.assign(new Error(`answer larger than ${KUBE_LIMITS.maxResponseBytes} bytes`), { code: 'E2BIG' }),
-            );
-          else chunks.push(chunk);
-        });
-        res.on('error', reject);
-        res.on('end', () =>
-          resolve({ status: res.statusCode ?? 0, headers: res.headers, text: Buffer.concat(chunks).toString('utf8') }),
-        );
-      });
-      const timer = setTimeout(() => {
-        req.destroy(
-          Object.assign(new Error(`no answer within ${formatGoDuration(this.requestTimeoutMs)}`), {
-            code: 'ETIMEDOUT',
-          }),
-        );
-      }, this.requestTimeoutMs);
-      req.on('error', reject);
-      req.on('close', () => clearTimeout(timer));
-      req.end(body);
-    });
-  }
-
   /** The message for an HTTP error answer: verb, resource, and what to do about it. */
-  private answerError(verb: KubeVerb, r: ResourceRef, answer: RawAnswer): KubeError {
+  private answerError(verb: KubeVerb, r: ResourceRef, answer: OutboundAnswer): KubeError {
     const { serverMessage, reason, causes } = statusDetails(answer);
     const what = describeResource(r);
     switch (answer.status) {
@@ -3883,10 +4105,10 @@ function exhausted(e: KubeError, attempts: number, elapsedMs: number): KubeError
 }
 
 /** What a Status answer says: its message (or the start of a non-Status body), reason and causes. */
-function statusDetails(answer: RawAnswer): { serverMessage: string; reason: string; causes: string[] } {
+function statusDetails(answer: OutboundAnswer): { serverMessage: string; reason: string; causes: string[] } {
   let status: Record<string, unknown> = {};
   try {
-    const parsed: unknown = JSON.parse(answer.text);
+    const parsed: unknown = JSON.parse(answer.body);
     if (isObject(parsed)) status = parsed;
   } catch {
     /* not a Status object: a proxy's page; the status code says enough */
@@ -3899,7 +4121,7 @@ function statusDetails(answer: RawAnswer): { serverMessage: string; reason: stri
       })
     : [];
   return {
-    serverMessage: typeof status.message === 'string' ? status.message : answer.text.slice(0, 200).trim(),
+    serverMessage: typeof status.message === 'string' ? status.message : answer.body.slice(0, 200).trim(),
     reason: typeof status.reason === 'string' ? status.reason : '',
     causes,
   };
@@ -3920,9 +4142,11 @@ export type JsonPatchOperation =
 // ================================================================================================
 // 9. oci registry client — asks a registry which digest a tag points at (HEAD /v2/<repo>/manifests/<tag> over HTTPS):
 //    anonymously, or with basic auth, or with a bearer token from the registry's token service, trusting an extra CA
-//    when given. A refusal is a RegistryError saying which and why.
+//    when given (each request one outboundRequest under a total deadline). The pull secret's login goes only to the
+//    registry's own host or a token host allowed (tokenHostAllowed: REGISTRY_TOKEN_HOSTS, the well-known registries');
+//    a realm elsewhere is asked anonymously. A refusal is a RegistryError saying which and why.
 //    Exports: RegistryLogin, resolveManifestTag.
-//    Tests: test/registry-e2e.test.ts.
+//    Tests: test/outbound.test.ts, test/registry-e2e.test.ts.
 // ================================================================================================
 
 // ---- verifying the pushed image on its registry (VERIFY_IMAGE) ------------------------------------
@@ -3946,39 +4170,20 @@ const MANIFEST_TYPES = [
   'application/vnd.docker.distribution.manifest.v2+json',
 ].join(', ');
 
-interface RegistryAnswer {
-  status: number;
-  headers: http.IncomingHttpHeaders;
-  body: string;
-}
-
-/** One HTTPS request to a registry or its token service, under a deadline; the CA from REGISTRY_CA. */
+/** One HTTPS request to a registry or its token service, under its deadline; the CA from REGISTRY_CA. */
 function registryRequest(
   url: URL,
   method: string,
   headers: Record<string, string>,
   ca?: string,
-): Promise<RegistryAnswer> {
-  return new Promise((resolve, reject) => {
-    const all = { 'User-Agent': `webhook/${VERSION}`, ...headers };
-    // timeout bounds a silent socket; the signal bounds the whole exchange (a registry that drips).
-    const signal = AbortSignal.timeout(VERIFY_LIMITS.requestTimeoutMs);
-    const req = https.request(
-      url,
-      { method, headers: all, ca, timeout: VERIFY_LIMITS.requestTimeoutMs, signal },
-      (res) => {
-        let body = '';
-        res.setEncoding('utf8');
-        res.on('data', (chunk: string) => {
-          if (body.length < VERIFY_LIMITS.maxBodyBytes) body += chunk;
-        });
-        res.on('end', () => resolve({ status: res.statusCode ?? 0, headers: res.headers, body }));
-        res.on('error', reject);
-      },
-    );
-    req.on('timeout', () => req.destroy(new Error(`no answer within ${VERIFY_LIMITS.requestTimeoutMs / 1000}s`)));
-    req.on('error', reject);
-    req.end();
+): Promise<OutboundAnswer> {
+  return outboundRequest(url, {
+    method,
+    headers,
+    deadlineMs: VERIFY_LIMITS.requestTimeoutMs,
+    maxResponseBytes: VERIFY_LIMITS.maxBodyBytes,
+    overLimit: 'cut',
+    trust: { extraCa: ca },
   });
 }
 
@@ -3999,26 +4204,83 @@ interface RegistryLogin {
   secret: string;
 }
 
-/** The Authorization a registry's challenge asks for: Basic with the login, or a Bearer token from its realm. */
+/**
+ * Registries whose token service lives on another host than the registry itself, and that host.
+ * The others (ghcr.io, quay.io, *.azurecr.io, gcr.io, *-docker.pkg.dev, public.ecr.aws, Harbor,
+ * Distribution) name a realm on their own host, which needs no entry.
+ */
+const WELL_KNOWN_TOKEN_HOSTS: { registry: RegExp; tokenHost: (m: RegExpExecArray) => string }[] = [
+  // Docker Hub: the registry is registry-1.docker.io, its token service auth.docker.io.
+  { registry: /^(?:registry-1\.|index\.)?docker\.io$/, tokenHost: () => 'auth.docker.io' },
+  // Aliyun ACR (personal edition): registry[-vpc].<region>.aliyuncs.com → dockerauth[-vpc].<region>.aliyuncs.com.
+  {
+    registry: /^registry(-vpc)?\.([a-z]{2}-[a-z0-9-]+)\.aliyuncs\.com$/,
+    tokenHost: (m) => `dockerauth${m[1] ?? ''}.${m[2]}.aliyuncs.com`,
+  },
+  // GitLab.com's registry asks gitlab.com for its tokens.
+  { registry: /^registry\.gitlab\.com$/, tokenHost: () => 'gitlab.com' },
+];
+
+/**
+ * Whether a pull secret's login may go to the token service on `realmHost`: the registry's own host
+ * name (any port), a host the operator allowed (REGISTRY_TOKEN_HOSTS: names, or "*.suffix"), or the
+ * token host of a well-known registry. A realm elsewhere is the registry's word only, and a registry
+ * (or whoever answers for it) could name any host to collect the login. Pure.
+ */
+export function tokenHostAllowed(realmHost: string, registryHost: string, allowed: readonly string[]): boolean {
+  const name = (host: string) => host.toLowerCase().replace(/\.$/, '');
+  const realm = name(realmHost);
+  const registry = name(new URL(`https://${registryHost}`).hostname);
+  if (realm === registry) return true;
+  if (allowed.some((a) => (a.startsWith('*.') ? realm.endsWith(name(a.slice(1))) : realm === name(a)))) return true;
+  return WELL_KNOWN_TOKEN_HOSTS.some((known) => {
+    const m = known.registry.exec(registry);
+    return m !== null && known.tokenHost(m) === realm;
+  });
+}
+
+/** What to send a registry: its Authorization, and why the login was withheld from its token service, if it was. */
+interface RegistryAuthorization {
+  authorization: string;
+  withheld?: string;
+}
+
+/**
+ * The Authorization a registry's challenge asks for: Basic with the login, or a Bearer token from its
+ * realm, asked for with the login only where tokenHostAllowed says (anonymously elsewhere).
+ */
 async function authorizationFor(
   challenge: string,
   login: RegistryLogin | undefined,
-  repository: string,
-  ca: string | undefined,
-): Promise<string> {
+  registry: { host: string; repository: string; ca: string | undefined; tokenHosts: readonly string[] },
+): Promise<RegistryAuthorization> {
   const { scheme, params } = parseChallenge(challenge);
   const basic = login ? `Basic ${Buffer.from(`${login.user}:${login.password}`).toString('base64')}` : undefined;
   if (scheme === 'basic') {
     if (!basic) throw new RegistryError('the registry asks for a login and the workload names no pull secret for it');
-    return basic;
+    return { authorization: basic };
   }
   if (scheme !== 'bearer' || !params.realm) throw new RegistryError(`the registry asks for ${showValue(challenge)}`);
-  const url = new URL(params.realm);
+  let url: URL;
+  try {
+    url = new URL(params.realm);
+  } catch {
+    throw new RegistryError(`the registry's token realm ${showValue(params.realm)} is not a URL`);
+  }
+  if (url.protocol !== 'https:')
+    throw new RegistryError(`the registry's token realm ${showValue(params.realm)} is not an https URL`);
   if (params.service) url.searchParams.set('service', params.service);
-  url.searchParams.set('scope', params.scope ?? `repository:${repository}:pull`);
-  const answer = await registryRequest(url, 'GET', basic ? { Authorization: basic } : {}, ca);
+  url.searchParams.set('scope', params.scope ?? `repository:${registry.repository}:pull`);
+  const withheld =
+    basic !== undefined && !tokenHostAllowed(url.hostname, registry.host, registry.tokenHosts)
+      ? `the login of pull secret "${login!.secret}" was not sent to the token service on ${url.hostname}: ` +
+        `it is not the registry's host, a well-known registry's token host or one REGISTRY_TOKEN_HOSTS names`
+      : undefined;
+  const sent: Record<string, string> = withheld === undefined && basic !== undefined ? { Authorization: basic } : {};
+  const answer = await registryRequest(url, 'GET', sent, registry.ca);
+  const also = withheld === undefined ? '' : ` to an anonymous request (${withheld})`;
   if (answer.status !== 200)
-    throw new RegistryError(`the registry's token service ${url.host} answered ${answer.status}`);
+    throw new RegistryError(`the registry's token service ${url.host} answered ${answer.status}${also}`);
   let token: unknown;
   try {
     const parsed = JSON.parse(answer.body) as Record<string, unknown>;
@@ -4027,8 +4289,8 @@ async function authorizationFor(
     /* refused below */
   }
   if (typeof token !== 'string' || token === '')
-    throw new RegistryError(`the registry's token service ${url.host} sent no token`);
-  return `Bearer ${token}`;
+    throw new RegistryError(`the registry's token service ${url.host} sent no token${also}`);
+  return { authorization: `Bearer ${token}`, withheld };
 }
 
 /**
@@ -4042,8 +4304,10 @@ export async function resolveManifestTag(
   tag: string,
   loginFor: () => Promise<RegistryLogin | undefined>,
   ca?: string,
+  tokenHosts: readonly string[] = [],
 ): Promise<{ digest: string | undefined; login: RegistryLogin | undefined }> {
   let login: RegistryLogin | undefined;
+  let withheld: string | undefined;
   const url = new URL(`https://${host}/v2/${repository}/manifests/${encodeURIComponent(tag)}`);
   const head = (authorization?: string) =>
     registryRequest(
@@ -4056,13 +4320,17 @@ export async function resolveManifestTag(
   const challenge = answer.headers['www-authenticate'];
   if (answer.status === 401 && typeof challenge === 'string') {
     login = await loginFor();
-    answer = await head(await authorizationFor(challenge, login, repository, ca));
+    const asked = await authorizationFor(challenge, login, { host, repository, ca, tokenHosts });
+    withheld = asked.withheld;
+    answer = await head(asked.authorization);
   }
-  if (answer.status === 404) return { digest: undefined, login };
+  if (answer.status === 404) return { digest: undefined, login: withheld ? undefined : login };
   if (answer.status === 401 || answer.status === 403) {
-    const how = login
-      ? `the login of pull secret "${login.secret}"`
-      : 'no login (the workload names no pull secret for it)';
+    const how = withheld
+      ? `an anonymous token (${withheld})`
+      : login
+        ? `the login of pull secret "${login.secret}"`
+        : 'no login (the workload names no pull secret for it)';
     throw new RegistryError(`the registry refused ${how}: ${answer.status}`);
   }
   const digest = answer.headers['docker-content-digest'];
@@ -4070,7 +4338,7 @@ export async function resolveManifestTag(
     throw new RegistryError(
       `the registry answered ${answer.status}${typeof digest === 'string' ? '' : ' without a digest'}`,
     );
-  return { digest, login };
+  return { digest, login: withheld ? undefined : login };
 }
 
 // ================================================================================================
@@ -4731,7 +4999,7 @@ export function usage(): string {
 // ================================================================================================
 
 export class Logger {
-  private secrets: string[] = [];
+  private scrubber = new Scrubber([]);
   /** Callers test this before building an expensive verbose-only line (the access log). */
   readonly verbose: boolean;
   private readonly debugOn: boolean;
@@ -4770,14 +5038,12 @@ export class Logger {
   }
 
   setSecrets(secrets: string[]): void {
-    this.secrets = secrets;
+    this.scrubber = new Scrubber(secrets);
   }
 
-  /** Replaces every known secret in `text` by REDACTED (log lines, command output). */
+  /** Replaces every known secret in `text`, in any of its encoded forms, by REDACTED (log lines, command output). */
   scrub(text: string): string {
-    let out = text;
-    for (const s of this.secrets) if (out.includes(s)) out = out.split(s).join('REDACTED');
-    return out;
+    return this.scrubber.scrub(text);
   }
 
   private emit(message: string): void {
@@ -6205,7 +6471,8 @@ export function loadSnapshot(settings: LoadSettings): Snapshot {
   const scrubbed = [...secrets]
     .filter((s) => s.length >= LIMITS.minScrubbedSecretLength)
     .sort((a, b) => b.length - a.length);
-  for (const hook of hooks.values()) withholdSecrets(hook, scrubbed, templateVariables);
+  const scrubber = new Scrubber(scrubbed);
+  for (const hook of hooks.values()) withholdSecrets(hook, scrubber, templateVariables);
   return {
     hooks,
     files,
@@ -6222,8 +6489,8 @@ export function loadSnapshot(settings: LoadSettings): Snapshot {
  * hook's command, and a value it inserted into the hook's fixed answer (response-message, a
  * response header) is sent as REDACTED, as it is logged.
  */
-function withholdSecrets(hook: Hook, secrets: string[], templateVariables: ReadonlySet<string>): void {
-  const scrub = (text: string) => secrets.reduce((t, secret) => t.split(secret).join('REDACTED'), text);
+function withholdSecrets(hook: Hook, scrubber: Scrubber, templateVariables: ReadonlySet<string>): void {
+  const scrub = (text: string) => scrubber.scrub(text);
   hook.templateVariables = templateVariables;
   hook.responseMessage = scrub(hook.responseMessage);
   hook.responseHeaders = hook.responseHeaders.map(([name, value]) => [name, scrub(value)]);
@@ -9488,10 +9755,11 @@ async function recordEventQuietly(
 //    LAST_PUSH_ANNOTATION records when each container's last push was pushed, what it applied and the image before,
 //    so decidePush lets the newest push win and recognises a repeat across replicas and restarts. VERIFY_IMAGE=true
 //    resolves the tag on its registry with the login of the workload's first imagePullSecret that names the host, and
-//    deploys `repo:tag@<digest>`; a tag the registry lacks or a different digest is refused.
+//    deploys `repo:tag@<digest>`; a tag the registry lacks or a different digest is refused. REGISTRY_TOKEN_HOSTS
+//    (VERIFY_IMAGE_SETTINGS: a fixed string) names token services besides the registry's host that may get the login.
 //    Exports: decide, decidePush, decisionAction, FOLLOW_ANNOTATION, FollowRecord, IncomingPush, knownContainer,
 //    newPushRecord, pinnedContainer, pullSecretNames, PushRecord, pushTime, readFollowRecords, readPushRecords,
-//    readSettings, UpgradeSettings, verifiedRef, whoAsked, withPushRecord, workloadPodSpec.
+//    readSettings, UpgradeSettings, VERIFY_IMAGE_SETTINGS, verifiedRef, whoAsked, withPushRecord, workloadPodSpec.
 //    Tests: test/decision.test.ts, test/records.test.ts, test/registry-e2e.test.ts, test/replicas.test.ts,
 //    test/upgrade.test.ts.
 // ================================================================================================
@@ -9671,6 +9939,8 @@ interface UpgradeSettings {
   verifyImage: boolean;
   /** REGISTRY_CA: the CA that signed the registry's certificate (PEM). */
   registryCa: string | undefined;
+  /** REGISTRY_TOKEN_HOSTS: token services besides the registry's own host that may be given its login. */
+  registryTokenHosts: string[];
   rollbackOnFailure: boolean;
 }
 
@@ -9722,6 +9992,7 @@ function readSettings(env: Record<string, string | undefined>, report: UpgradeRe
     rollbackOnFailure: rollback,
     verifyImage,
     registryCa: registryCa(env.REGISTRY_CA),
+    registryTokenHosts: registryTokenHosts(env.REGISTRY_TOKEN_HOSTS),
   };
 }
 
@@ -9890,6 +10161,28 @@ function registryCa(value: string | undefined): string | undefined {
 }
 
 /**
+ * REGISTRY_TOKEN_HOSTS: host names (or "*.example.com"), separated by spaces, of token services
+ * besides the registry's own host (and the well-known registries' token hosts) that may be sent
+ * the pull secret's login. Throws, naming the item, on anything else (a URL, a port).
+ */
+function registryTokenHosts(value: string | undefined): string[] {
+  const hosts = (value ?? '').split(/\s+/).filter((h) => h !== '');
+  hosts.forEach((h, i) => {
+    if (!isHostName(h.replace(/^\*\./, '')))
+      throw new UpgradeError(
+        `REGISTRY_TOKEN_HOSTS item ${i + 1} ${showValue(h)} is not a host name (e.g. auth.example.com or ` +
+          '*.example.com, without scheme or port)',
+      );
+  });
+  return hosts;
+}
+
+/** The VERIFY_IMAGE settings checked in hook files at every load: fixed in the file, valid. */
+export const VERIFY_IMAGE_SETTINGS: HookSettingChecks = {
+  REGISTRY_TOKEN_HOSTS: (value) => problemOf(() => registryTokenHosts(value)),
+};
+
+/**
  * VERIFY_IMAGE: the tag resolved on the registry, and the reference pinned to what it has
  * (`repo:tag@sha256:…`). Only after the image pin allowed the push, so neither a request nor its
  * payload can send the workload's pull secrets to a registry of its choosing; a login is used only
@@ -9918,7 +10211,14 @@ async function verifiedRef(
   let resolved: string | undefined;
   let login: RegistryLogin | undefined;
   try {
-    ({ digest: resolved, login } = await resolveManifestTag(host, repository, tag, loginFor, s.registryCa));
+    ({ digest: resolved, login } = await resolveManifestTag(
+      host,
+      repository,
+      tag,
+      loginFor,
+      s.registryCa,
+      s.registryTokenHosts,
+    ));
   } catch (e) {
     throw new UpgradeError(`VERIFY_IMAGE: could not resolve ${where}: ${(e as Error).message}; nothing was changed`);
   }
@@ -12123,20 +12423,27 @@ function summaryMail(hookId: string, window: MailWindow, cap: MailCap): { subjec
 //    the background), to each URL of NOTIFY_URL, in the body NOTIFY_FORMAT names: json (our own document, versioned
 //    by its "schema" field, signed in a header with NOTIFY_SECRET), dingtalk (markdown; NOTIFY_SECRET signs the URL),
 //    wecom (markdown), feishu (a card; NOTIFY_SECRET signs the body) or slack (mrkdwn). Each format is one entry of
-//    NOTIFY_FORMATS: its body, how it signs, how its receiver says no. Every request has a deadline; transient
-//    failures are retried a few times; one hook sends at most -max-notifications-per-hook per -notify-window. The
-//    chat URLs carry their robot's key, so nothing shows more of a URL than its host. NOTIFY_CACERT adds a CA (PEM,
-//    or base64 of it) to the ones trusted for https.
+//    NOTIFY_FORMATS: its body, how it signs, how its receiver says no. Every request is one outboundRequest under a
+//    total deadline (a receiver that dribbles its answer cannot hold a result); transient failures are retried a few
+//    times by the outbound-calls chapter's policy (a Retry-After honoured); one hook sends at most
+//    -max-notifications-per-hook per -notify-window. The chat URLs carry their robot's key, so nothing shows more of
+//    a URL than its host. NOTIFY_CACERT adds a CA (PEM, or base64 of it) to the ones trusted for https.
 //    Exports: Notifier, NOTIFY_SETTINGS, notifyCa, notifyTargets, resultDocument.
 //    Tests: test/decision.test.ts, test/notify.test.ts.
 // ================================================================================================
 
 const NOTIFY_LIMITS = {
-  // A chat service answers a robot within a second; a request still open after 10 s is hung.
+  // A chat service answers a robot within a second; a request not wholly answered after 10 s (its
+  // connection, its answer's headers and body together) is hung, or held open by a receiver that
+  // dribbles its answer.
   requestTimeoutMs: 10_000,
   // Three tries over about six seconds ride out a restarting receiver or a brief throttle, like mail.
   attempts: 3,
   backoffMs: 2_000,
+  maxBackoffMs: 8_000,
+  // A Retry-After longer than what is left of this is not waited for: a result a minute late is
+  // still news, one held longer keeps a shutdown waiting (flush).
+  retryBudgetMs: 60_000,
   // Robots answer a line of JSON; more is not an answer we can use.
   maxResponseBytes: 64 * 1024,
   // WeCom's markdown content is limited to 4096 bytes and Slack's section text to 3000 characters:
@@ -12429,14 +12736,14 @@ export const NOTIFY_SETTINGS: HookSettingChecks = {
   NOTIFY_SECRET: () => undefined,
 };
 
-/** NOTIFY_CACERT (PEM, or base64 of PEM) as CAs trusted besides Node's own; throws when it is neither. */
+/** NOTIFY_CACERT (PEM, or base64 of PEM): the CAs trusted besides Node's own; throws when it is neither. */
 export function notifyCa(value: string | undefined): string[] | undefined {
   if (!value?.trim()) return undefined;
   const pem = value.trim().startsWith('-----BEGIN') ? value : decodeBase64Strict(value).toString('utf8');
   const certificates = pem.match(/-----BEGIN CERTIFICATE-----[\s\S]+?-----END CERTIFICATE-----/g) ?? [];
   if (certificates.length === 0) throw new Error('NOTIFY_CACERT holds no PEM certificate (PEM text, or base64 of it)');
   for (const c of certificates) new X509Certificate(c);
-  return [...tls.rootCertificates, ...certificates];
+  return certificates;
 }
 
 // ---- sending ----------------------------------------------------------------------------------
@@ -12444,50 +12751,43 @@ export function notifyCa(value: string | undefined): string[] | undefined {
 /** A receiver's failure: `transient` ones (connection trouble, deadline, 5xx, 429) are tried again. */
 class NotifyFailure extends Error {
   readonly transient: boolean;
+  retryAfterSeconds?: number;
   constructor(message: string, transient: boolean) {
     super(message);
     this.transient = transient;
   }
 }
 
-/** One POST under the deadline; resolves with the answer's body, or throws NotifyFailure. */
-function postOnce(request: NotifyRequest, ca: string[] | undefined): Promise<string> {
-  const { url, body } = request;
-  const client = url.protocol === 'https:' ? https : http;
-  const headers = { ...request.headers, 'Content-Length': String(Buffer.byteLength(body)) };
-  return new Promise((resolve, reject) => {
-    const req = client.request(url, { method: 'POST', headers, ca, timeout: NOTIFY_LIMITS.requestTimeoutMs });
-    req.on('timeout', () =>
-      req.destroy(new NotifyFailure(`no answer within ${formatGoDuration(NOTIFY_LIMITS.requestTimeoutMs)}`, true)),
-    );
-    req.on('error', (e: Error & { code?: string }) => {
-      if (e instanceof NotifyFailure) return reject(e);
-      // A certificate that does not verify will not verify on the next try either.
-      const certificate = /CERT|SELF_SIGNED|UNABLE_TO_VERIFY|ERR_TLS/.test(e.code ?? '');
-      // Node's hint (--use-system-ca) is no use to an operator of the executable; NOTIFY_CACERT is.
-      const message = certificate
-        ? `${e.message.replace(/; if the root CA is installed.*$/, '')} (a private CA is trusted with NOTIFY_CACERT)`
-        : e.message || (e.code ?? 'connection failed');
-      reject(new NotifyFailure(message, !certificate));
+/** One POST under its total deadline; resolves with the answer's body, or throws NotifyFailure. */
+async function postOnce(request: NotifyRequest, ca: string[] | undefined): Promise<string> {
+  let answer: OutboundAnswer;
+  try {
+    answer = await outboundRequest(request.url, {
+      method: 'POST',
+      headers: request.headers,
+      body: request.body,
+      deadlineMs: NOTIFY_LIMITS.requestTimeoutMs,
+      maxResponseBytes: NOTIFY_LIMITS.maxResponseBytes,
+      overLimit: 'cut',
+      trust: { extraCa: ca },
     });
-    req.on('response', (res) => {
-      const chunks: Buffer[] = [];
-      let size = 0;
-      res.on('data', (c: Buffer) => {
-        size += c.length;
-        if (size <= NOTIFY_LIMITS.maxResponseBytes) chunks.push(c);
-      });
-      res.on('error', (e) => reject(new NotifyFailure(e.message, true)));
-      res.on('end', () => {
-        const answer = Buffer.concat(chunks).toString('utf8');
-        const status = res.statusCode ?? 0;
-        if (status >= 200 && status < 300) return resolve(answer);
-        const transient = status >= 500 || status === 429 || status === 408;
-        reject(new NotifyFailure(`HTTP ${status}: ${JSON.stringify(answer.slice(0, 200))}`, transient));
-      });
-    });
-    req.end(body);
-  });
+  } catch (e) {
+    const { code, message } = e as OutboundError;
+    // A certificate that does not verify will not verify on the next try either.
+    const certificate = /CERT|SELF_SIGNED|UNABLE_TO_VERIFY|ERR_TLS/.test(code);
+    // Node's hint (--use-system-ca) is no use to an operator of the executable; NOTIFY_CACERT is.
+    if (certificate)
+      throw new NotifyFailure(
+        `${message.replace(/; if the root CA is installed.*$/, '')} (a private CA is trusted with NOTIFY_CACERT)`,
+        false,
+      );
+    throw new NotifyFailure(message, true);
+  }
+  if (answer.status >= 200 && answer.status < 300) return answer.body;
+  const transient = answer.status >= 500 || answer.status === 429 || answer.status === 408;
+  const failure = new NotifyFailure(`HTTP ${answer.status}: ${JSON.stringify(answer.body.slice(0, 200))}`, transient);
+  failure.retryAfterSeconds = retryAfterSeconds(answer.headers['retry-after']);
+  throw failure;
 }
 
 /** The host a URL may be shown by: the rest of a chat URL (its path, its query) is its robot's key. */
@@ -12508,7 +12808,7 @@ export class Notifier implements ResultChannel {
   private readonly metrics: Metrics;
   private readonly cap: { max: number; windowMs: number };
   private readonly ca: string[] | undefined;
-  private readonly backoffMs: number;
+  private readonly backoff: { initialMs: number; maxMs: number };
 
   constructor(
     log: Logger,
@@ -12521,7 +12821,7 @@ export class Notifier implements ResultChannel {
     this.metrics = metrics;
     this.cap = cap;
     this.ca = ca;
-    this.backoffMs = backoffMs;
+    this.backoff = { initialMs: backoffMs, maxMs: NOTIFY_LIMITS.maxBackoffMs };
   }
 
   /** The result channel: the hook's NOTIFY_URL receivers. */
@@ -12589,35 +12889,39 @@ export class Notifier implements ResultChannel {
   ): Promise<SendOutcome> {
     const where = `${t.format} notification to ${shownTarget(t.url)}`;
     const format = NOTIFY_FORMATS[t.format];
-    for (let attempt = 1; ; attempt++) {
+    const policy = { budgetMs: NOTIFY_LIMITS.retryBudgetMs, attempts: NOTIFY_LIMITS.attempts, backoff: this.backoff };
+    const sent = await retrying<string, NotifyFailure>(policy, async () => {
       try {
         const answer = await postOnce(format.request(r, t.url, t.secret, new Date()), this.ca);
         const refusal = format.refusal?.(answer);
         if (refusal) throw new NotifyFailure(`refused: ${refusal}`, false);
-        this.metrics.inc('webhook_notifications_total', { format: t.format, result: 'sent' });
-        this.log.info(`[${r.requestId}] ${where} sent`);
-        return { state: 'sent', detail: `attempt ${attempt}` };
+        return { ok: true, value: answer };
       } catch (e) {
         const failure = e instanceof NotifyFailure ? e : new NotifyFailure((e as Error).message, false);
-        if (failure.transient && attempt < NOTIFY_LIMITS.attempts) {
-          await sleep(this.backoffMs * 2 ** (attempt - 1));
-          continue;
-        }
-        const why = this.scrubbed(`${failure.message} (after ${attempt} attempt(s))`, env, t);
-        this.metrics.inc('webhook_notifications_total', { format: t.format, result: 'failed' });
-        this.log.error(`[${r.requestId}] ${where} not sent: ${why}`);
-        return { state: 'failed', detail: why };
+        const { transient, retryAfterSeconds } = failure;
+        return { ok: false, failure: { transient, retryAfterSeconds }, error: failure };
       }
+    });
+    if (sent.ok) {
+      this.metrics.inc('webhook_notifications_total', { format: t.format, result: 'sent' });
+      this.log.info(`[${r.requestId}] ${where} sent`);
+      return { state: 'sent', detail: `attempt ${sent.attempts}` };
     }
+    const why = this.scrubbed(`${sent.error.message} (after ${sent.attempts} attempt(s))`, env, t);
+    this.metrics.inc('webhook_notifications_total', { format: t.format, result: 'failed' });
+    this.log.error(`[${r.requestId}] ${where} not sent: ${why}`);
+    return { state: 'failed', detail: why };
   }
 
   /** A message with the hook's notification secrets and URLs (but their hosts) taken out. */
   private scrubbed(text: string, env: Readonly<Record<string, string | undefined>>, t?: NotifyTarget): string {
     const secrets = [...(env.NOTIFY_SECRET ?? '').split(/\s+/), ...(env.NOTIFY_URL ?? '').split(/[\s,]+/)];
     if (t) secrets.push(t.url.href, `${t.url.pathname}${t.url.search}`, t.secret ?? '');
-    let out = text;
-    for (const s of secrets.filter((x) => x.length >= 4 && x !== '/')) out = out.split(s).join('[redacted]');
-    return out;
+    // Shorter pieces (an empty path "/") are not secrets, and would take ordinary text out.
+    return new Scrubber(
+      secrets.filter((x) => x.length >= 4 && x !== '/'),
+      '[redacted]',
+    ).scrub(text);
   }
 
   /** Waits up to `ms` for notifications still being sent (shutdown). */
@@ -12959,7 +13263,7 @@ function hookLoadSettings(o: Options, env: Record<string, string | undefined>): 
     template: o.template,
     env,
     commandTimeoutMs: o.commandTimeoutMs,
-    settingChecks: Object.assign({}, IMAGE_PIN_SETTINGS, NOTIFY_SETTINGS),
+    settingChecks: Object.assign({}, IMAGE_PIN_SETTINGS, VERIFY_IMAGE_SETTINGS, NOTIFY_SETTINGS),
   };
 }
 

@@ -93,7 +93,7 @@ function hooksFile(): string {
  * A registry over TLS (with `auth` when given) whose events go to the hook `verified` (VERIFY_IMAGE,
  * REGISTRY_CA the registry's CA) of a started service, for deployment/web in `ns`.
  */
-async function verifiedService(ns: string, work: string, auth?: { user: string; password: string; token?: boolean }) {
+async function verifiedService(ns: string, work: string, auth?: { user: string; password: string; token?: boolean; realmHost?: string }) {
   const { spawnWebhook, freePort, httpRequest } = await import('./harness.ts');
   const port = await freePort();
   const query = new URLSearchParams({ ns, workload: 'deployment/web', container: 'app' });
@@ -437,5 +437,64 @@ describe('VERIFY_IMAGE against a real public registry over TLS (anonymous)', { s
       return i?.startsWith(`${registry.host}/acme/web:v2@sha256:`) ? i : undefined;
     }, { timeoutMs: 60_000, what: 'the verified v2 push to land' });
     assert.match(output(), new RegExp(`note: +VERIFY_IMAGE: 127\\.0\\.0\\.1:\\d+/acme/web:v2 is ${image.split('@')[1]} on the registry\\n`));
+  });
+});
+
+describe('VERIFY_IMAGE: a token realm on another host gets no credentials unless REGISTRY_TOKEN_HOSTS names it', { skip: cluster ? false : 'no cluster' }, () => {
+  const ns = freshNamespaceName('registry-realm');
+  const kubectl = kubectlFor(cluster!);
+  // The registry is 127.0.0.1:PORT; its challenge names its token service as localhost: another host.
+  const LOGIN = { user: 'deployer', password: 'realm-flow-password-8c31f4', token: true, realmHost: 'localhost' };
+  let started: Awaited<ReturnType<typeof verifiedService>>;
+  let work: string;
+  let restarted: Awaited<ReturnType<typeof import('./harness.ts')['spawnWebhook']>> | undefined;
+  const imageOf = async () => containerImage(JSON.parse(await kubectl(['-n', ns, 'get', 'deployment/web', '-o', 'json'])), 'app');
+
+  before(async () => {
+    work = makeTempDir('registry-realm-');
+    started = await verifiedService(ns, work, LOGIN);
+    const auth = Buffer.from(`${LOGIN.user}:${LOGIN.password}`).toString('base64');
+    await kubectl(['create', 'namespace', ns]);
+    await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: [
+      { apiVersion: 'v1', kind: 'Secret', metadata: { name: 'realmcred' }, type: 'kubernetes.io/dockerconfigjson',
+        data: { '.dockerconfigjson': Buffer.from(JSON.stringify({ auths: { [`https://${started.registry.host}`]: { auth } } })).toString('base64') } },
+      deployment('web', [{ name: 'app', image: `${started.registry.host}/acme/web:v1` }], { replicas: 1 }),
+    ] }));
+    await kubectl(['-n', ns, 'patch', 'deployment/web', '--type=json', '-p',
+      JSON.stringify([{ op: 'add', path: '/spec/template/spec/imagePullSecrets', value: [{ name: 'realmcred' }] }])]);
+  });
+  after(async () => {
+    await started?.registry.stop();
+    await started?.stop();
+    if (restarted) { restarted.proc.kill('SIGTERM'); await restarted.exited; }
+    if (!process.env.KEEP_NAMESPACE) await kubectl(['delete', 'namespace', ns, '--wait=false']).catch(() => undefined);
+  });
+
+  test('the token is asked for anonymously, the failure says why, nothing changes; with the host allowed the login goes', async () => {
+    await started.registry.push(ociArchive(work, 'realm v2').path, 'acme/web:v2');
+    const refused = await waitForOutput(started.service,
+      /VERIFY_IMAGE: could not resolve 127\.0\.0\.1:\d+\/acme\/web:v2: the registry's token service localhost:\d+ answered 401 to an anonymous request \(the login of pull secret "realmcred" was not sent to the token service on localhost: it is not the registry's host, a well-known registry's token host or one REGISTRY_TOKEN_HOSTS names\); nothing was changed/, 60_000);
+    assert.ok(!refused.includes(LOGIN.password));
+    const asked = started.registry.tokenRequests().filter((r) => r.userAgent.startsWith('webhook/'));
+    assert.ok(asked.length > 0, 'the service asked the token service');
+    assert.deepEqual(asked.map((r) => r.authorization), asked.map(() => undefined), 'no credentials sent to the realm');
+    assert.equal(await imageOf(), `${started.registry.host}/acme/web:v1`);
+
+    // The same service, restarted with REGISTRY_TOKEN_HOSTS naming the realm's host: the login goes, the push lands.
+    const { spawnWebhook, httpRequest } = await import('./harness.ts');
+    await started.stop();
+    const hooks = JSON.parse(fs.readFileSync(path.join(work, 'hooks.json'), 'utf8'));
+    hooks[0]['pass-environment-to-command'].push({ envname: 'REGISTRY_TOKEN_HOSTS', source: 'string', name: 'auth.example.com localhost' });
+    fs.writeFileSync(path.join(work, 'hooks.json'), JSON.stringify(hooks));
+    restarted = await spawnWebhook({ hooks: path.join(work, 'hooks.json'), env: { WEBHOOK_CMD: '-template', KUBECONFIG: cluster!.kubeconfigPath, ...SECRETS } }, started.port);
+    await waitFor(async () => (await httpRequest(started.port, '/').catch(() => undefined))?.status === 200, { timeoutMs: 10_000, what: 'the restarted service' });
+    await started.registry.push(ociArchive(work, 'realm v3').path, 'acme/web:v3');
+    const image = await waitFor(async () => {
+      const i = await imageOf();
+      return i?.startsWith(`${started.registry.host}/acme/web:v3@sha256:`) ? i : undefined;
+    }, { timeoutMs: 60_000, what: 'the verified v3 push to land' });
+    assert.match(restarted.output(), new RegExp(`VERIFY_IMAGE: 127\\.0\\.0\\.1:\\d+/acme/web:v3 is ${image.split('@')[1]} on the registry \\(login from pull secret "realmcred"\\)`));
+    assert.ok(started.registry.tokenRequests().some((r) => r.userAgent.startsWith('webhook/') && r.authorization?.startsWith('Basic ')));
+    assert.ok(!restarted.output().includes(LOGIN.password));
   });
 });

@@ -38,9 +38,10 @@ export interface RegistryOptions {
   /**
    * Require a login for this user: basic auth against htpasswd, or (`token`, which needs tls) the
    * registry's token auth, with a token service this file runs that checks the same login and
-   * issues RS256 tokens the registry verifies against a certificate of its own (x5c).
+   * issues RS256 tokens the registry verifies against a certificate of its own (x5c); `realmHost`
+   * names the token service by that host (its certificate holds 127.0.0.1 and localhost).
    */
-  auth?: { user: string; password: string; token?: boolean };
+  auth?: { user: string; password: string; token?: boolean; realmHost?: string };
 }
 
 export interface Registry {
@@ -56,6 +57,8 @@ export interface Registry {
   log(): string;
   /** The User-Agent of each client the token service issued a token to (token auth). */
   tokensIssuedTo(): string[];
+  /** Every request the token service received: its User-Agent and Authorization header (token auth). */
+  tokenRequests(): { userAgent: string; authorization?: string }[];
   stop(): Promise<void>;
 }
 
@@ -119,6 +122,7 @@ function registryHandle(v: {
     },
     log: v.log,
     tokensIssuedTo: () => [...(v.tokens?.issued ?? [])],
+    tokenRequests: () => [...(v.tokens?.requests ?? [])],
     async stop() {
       v.tokens?.server.close();
       if (v.child.exitCode === null && v.child.signalCode === null) {
@@ -197,6 +201,8 @@ interface TokenService {
   signerCertFile: string;
   /** The User-Agent of each request a token was issued to. */
   issued: string[];
+  /** Every request received, with or without a login. */
+  requests: { userAgent: string; authorization?: string }[];
 }
 
 /**
@@ -207,7 +213,7 @@ interface TokenService {
 async function startTokenService(
   dir: string,
   certs: { certFile: string; keyFile: string },
-  login: { user: string; password: string },
+  login: { user: string; password: string; realmHost?: string },
 ): Promise<TokenService> {
   const p = (name: string) => join(dir, name);
   runSync('openssl', ['req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-keyout', p('signer.key'), '-out', p('signer.pem'),
@@ -216,9 +222,10 @@ async function startTokenService(
   const x5c = readFileSync(p('signer.pem'), 'utf8').replace(/-----[^-]+-----|\s/g, '');
   const b64url = (v: Buffer | string) => Buffer.from(v).toString('base64url');
   const expected = `Basic ${Buffer.from(`${login.user}:${login.password}`).toString('base64')}`;
-  const service: TokenService = { server: undefined as unknown as https.Server, realm: '', signerCertFile: p('signer.pem'), issued: [] };
+  const service: TokenService = { server: undefined as unknown as https.Server, realm: '', signerCertFile: p('signer.pem'), issued: [], requests: [] };
   service.server = https.createServer({ cert: readFileSync(certs.certFile), key: readFileSync(certs.keyFile) }, (req, res) => {
     const url = new URL(req.url ?? '/', 'https://127.0.0.1');
+    service.requests.push({ userAgent: req.headers['user-agent'] ?? '', authorization: req.headers.authorization });
     if (req.headers.authorization !== expected) {
       res.writeHead(401, { 'Content-Type': 'application/json' }).end('{"errors":[{"code":"UNAUTHORIZED"}]}');
       return;
@@ -237,7 +244,8 @@ async function startTokenService(
     res.writeHead(200, { 'Content-Type': 'application/json' }).end(JSON.stringify({ token, access_token: token, expires_in: 300 }));
   });
   await new Promise<void>((resolve) => service.server.listen(0, '127.0.0.1', resolve));
-  service.realm = `https://127.0.0.1:${(service.server.address() as net.AddressInfo).port}/token`;
+  // `realmHost` (localhost, say) names the token service by another host than the registry's 127.0.0.1.
+  service.realm = `https://${login.realmHost ?? '127.0.0.1'}:${(service.server.address() as net.AddressInfo).port}/token`;
   return service;
 }
 
