@@ -40,9 +40,9 @@
  *  17. commands ................... CommandResult, CommandRunner, decodeBase64Strict, InProcessCommand
  *  18. http server ................ AdminPages, allowedMethods, answerClientError, CommandListener
  *  19. registry payloads .......... REGISTRIES, REPO_TYPES, parsePushPayload, parsePushHeaders
- *  20. image reference & pin ...... checkImagePin, chooseCandidate, composeImageRef, IMAGE_PIN_SETTINGS
+ *  20. image reference & pin ...... checkImagePin, chooseCandidate, composeImageRef, readImagePin
  *  21. workloads .................. WORKLOAD_KINDS, parseWorkload, locateContainer, rolloutStatus
- *  22. upgrade decision ........... decidePush, decisionAction, FOLLOW_ANNOTATION, FollowRecord
+ *  22. upgrade decision ........... HOOK_SETTINGS, fixedSettingChecks, decidePush, readSettings
  *  23. the patch .................. patchOnce, patchUntilApplied
  *  24. the report ................. formatForcedRollback, formatReport, formatRollback, formatRollout
  *  25. rollout follow ............. claimFollow, followRollout, resumedReport, rolloutEvent
@@ -6140,7 +6140,7 @@ export function cidrContains(cidr: Cidr, addr: string): boolean {
 // ================================================================================================
 // 16. hooks & reload — a hooks file's text (already templated) compiled into hooks, once, so the request path only
 //    evaluates: the hook's fields read in one list, its parameters and trigger rule compiled, and the hook settings
-//    later chapters read (the image pin's, the notifications') checked through the HookSettingChecks main() hands
+//    a hook must fix (those HOOK_SETTINGS marks fixed) checked through the HookSettingChecks main() hands
 //    over. Every -hooks path (a file, or a directory of *.json, *.yaml and *.yml files merged in name order) becomes
 //    one immutable Snapshot. Reloads watch directories, not file inodes, so in-place edits, `mv` over a file, delete
 //    + re-create and a ConfigMap's `..data` symlink swap are all seen; a snapshot that fails is rejected whole.
@@ -6385,7 +6385,7 @@ export interface LoadSettings {
   template: boolean;
   env: Record<string, string | undefined>;
   commandTimeoutMs: number;
-  /** Hook settings later chapters read, checked at load (the image pin's and the notifications'). */
+  /** Hook settings a hook must fix, checked at load (HOOK_SETTINGS' fixed entries, handed over by main()). */
   settingChecks?: HookSettingChecks;
 }
 
@@ -7800,9 +7800,10 @@ async function openMetricsListener(
 //    internal endpoint); REGISTRY_HOST (host[:port] replacing the registry host for every REPO_TYPE; required for
 //    Artifactory and Nexus); PIN_DIGEST (true: `repo:tag@sha256:…` when the payload carries the digest). Any missing
 //    or malformed field is an error naming the field; nothing is lower-cased or repaired.
-//    Exports: ComposedRef, domainProblem, ImageRef, MAX_IMAGE_NAME_LENGTH, parseBoolSetting, parsePushHeaders,
-//    parsePushPayload, PayloadFields, PushEvent, PushHeaders, Reading, REFERENCE_GRAMMAR, registryFor,
-//    repositoryPathProblem, stripSchemeAndSlashes, tagProblem, UpgradeInputs, webhookValidation.
+//    Exports: acrEndpointPrefix, ComposedRef, domainProblem, ImageRef, MAX_IMAGE_NAME_LENGTH, parseBoolSetting,
+//    parsePushHeaders, parsePushPayload, PayloadFields, PushEvent, PushHeaders, Reading, REFERENCE_GRAMMAR,
+//    registryFor, REPO_TYPES, repositoryPathProblem, repoTypeSetting, stripSchemeAndSlashes, tagProblem,
+//    UpgradeInputs, webhookValidation.
 //    Tests: test/registries.test.ts, test/registry-e2e.test.ts, test/upgrade.test.ts.
 // ================================================================================================
 
@@ -8558,21 +8559,31 @@ function recogniseRegistry(p: PayloadFields, h: PushHeaders): Registry {
   );
 }
 
-function registryFor(repoTypeSetting: string | undefined, p: PayloadFields, h: PushHeaders): Registry {
-  const repoType = (repoTypeSetting ?? '').trim().toLowerCase();
+function registryFor(value: string | undefined, p: PayloadFields, h: PushHeaders): Registry {
+  const repoType = repoTypeSetting(value);
+  return repoType === AUTO ? recogniseRegistry(p, h) : REGISTRIES[repoType];
+}
+
+/** REPO_TYPE: a key of REGISTRIES or auto, in any case; lower-cased. */
+function repoTypeSetting(value: string | undefined): string {
+  const repoType = (value ?? '').trim().toLowerCase();
   const known = REPO_TYPES.join(', ');
   if (repoType === '')
     throw new Error(`REPO_TYPE is not set (the hook passes it from the URL parameter repo_type: ${known})`);
-  if (repoType === AUTO) return recogniseRegistry(p, h);
-  if (!Object.hasOwn(REGISTRIES, repoType))
-    throw new Error(`REPO_TYPE ${showValue(repoTypeSetting ?? '')} is not supported (use ${known})`);
-  return REGISTRIES[repoType];
+  if (repoType !== AUTO && !Object.hasOwn(REGISTRIES, repoType))
+    throw new Error(`REPO_TYPE ${showValue(value ?? '')} is not supported (use ${known})`);
+  return repoType;
 }
 
 function acrHost(fields: PayloadFields, netType: string | undefined): string {
   const region = fields.required('repository.region', 'ACR names the region, e.g. cn-hangzhou, or set REGISTRY_HOST');
   if (!REFERENCE_GRAMMAR.region.test(region))
     throw new Error(`repository.region ${showValue(region)} is not a valid region (e.g. cn-hangzhou)`);
+  return `${acrEndpointPrefix(netType)}.${region}.aliyuncs.com`;
+}
+
+/** NET_TYPE: which ACR endpoint (public, vpc, internal; unset is public), as its host's prefix. */
+function acrEndpointPrefix(netType: string | undefined): string {
   const prefixes: Record<string, string> = {
     '': 'registry',
     public: 'registry',
@@ -8585,7 +8596,7 @@ function acrHost(fields: PayloadFields, netType: string | undefined): string {
       `NET_TYPE ${showValue(netType ?? '')} is not supported (use vpc or internal, or leave it unset for the public ` +
         `endpoint)`,
     );
-  return `${prefix}.${region}.aliyuncs.com`;
+  return prefix;
 }
 
 function customRegistryAddress(repoUrl: string): string {
@@ -8611,9 +8622,9 @@ function customRegistryAddress(repoUrl: string): string {
 //    a push may change only the tag and digest of the repository the container runs now. Endpoints of one registry
 //    count as the same (REGISTRY_ENDPOINTS), and so does the hook's REGISTRY_HOST; anything else needs ALLOW_IMAGES
 //    (`host/path`, `host/path/*`, `host/*`; Docker Hub's may omit the host). Both widen what a request may deploy, so
-//    IMAGE_PIN_SETTINGS has them refused at load unless they are fixed strings, and valid.
-//    Exports: checkImagePin, chooseCandidate, composeImageRef, IMAGE_PIN_SETTINGS, ImagePin, normalizeImageRef,
-//    problemOf, readImagePin, registryOf, validateImageRef.
+//    HOOK_SETTINGS (chapter 22) has them refused at load unless they are fixed strings, and valid.
+//    Exports: checkImagePin, chooseCandidate, composeImageRef, ImagePin, normalizeImageRef, problemOf, readImagePin,
+//    registryHostSetting, registryOf, validateImageRef.
 //    Tests: test/registries.test.ts, test/upgrade.test.ts.
 // ================================================================================================
 
@@ -8923,12 +8934,6 @@ function problemOf(check: () => unknown): string | undefined {
     return (e as Error).message;
   }
 }
-
-/** The pin's settings, for the hooks chapter to check when a hooks file loads (main() hands them over). */
-export const IMAGE_PIN_SETTINGS: HookSettingChecks = {
-  REGISTRY_HOST: (value) => problemOf(() => registryHostSetting(value)),
-  ALLOW_IMAGES: (value) => problemOf(() => readImagePin({ ALLOW_IMAGES: value })),
-};
 
 // ================================================================================================
 // 21. workloads — what the upgrade knows of Kubernetes workloads. Each kind is one entry of WORKLOAD_KINDS (API
@@ -9748,21 +9753,474 @@ async function recordEventQuietly(
 }
 
 // ================================================================================================
-// 22. upgrade decision — whether and what a push may change, before anything is written. The hook's upgrade settings
-//    are read once (APP_NS, APP_WORKLOAD, APP_CONTAINER, ROLLOUT_TIMEOUT, ROLLBACK_ON_FAILURE, VERIFY_IMAGE,
-//    REGISTRY_CA, and the image pin's); the push is checked against the container's current image (a refusal changes
+// 22. upgrade decision — whether and what a push may change, before anything is written. HOOK_SETTINGS is the one
+//    table of the settings of the upgrade, its mail and its notifications (type, default, whether a hook must fix it,
+//    validation, meaning, and the parse that is each one's only reader; docs/configuration-settings.md is written from
+//    it, and -validate and the load-time check of fixed settings read it). The hook's upgrade settings are read once
+//    (APP_NS, APP_WORKLOAD, APP_CONTAINER, ROLLOUT_TIMEOUT, ROLLBACK_ON_FAILURE, VERIFY_IMAGE, REGISTRY_CA, and the
+//    image pin's); the push is checked against the container's current image (a refusal changes
 //    nothing, fails, is logged and recorded as a Warning Event); several replicas agree through the workload:
 //    LAST_PUSH_ANNOTATION records when each container's last push was pushed, what it applied and the image before,
 //    so decidePush lets the newest push win and recognises a repeat across replicas and restarts. VERIFY_IMAGE=true
 //    resolves the tag on its registry with the login of the workload's first imagePullSecret that names the host, and
 //    deploys `repo:tag@<digest>`; a tag the registry lacks or a different digest is refused. REGISTRY_TOKEN_HOSTS
-//    (VERIFY_IMAGE_SETTINGS: a fixed string) names token services besides the registry's host that may get the login.
-//    Exports: decide, decidePush, decisionAction, FOLLOW_ANNOTATION, FollowRecord, IncomingPush, knownContainer,
-//    newPushRecord, pinnedContainer, pullSecretNames, PushRecord, pushTime, readFollowRecords, readPushRecords,
-//    readSettings, UpgradeSettings, VERIFY_IMAGE_SETTINGS, verifiedRef, whoAsked, withPushRecord, workloadPodSpec.
-//    Tests: test/decision.test.ts, test/records.test.ts, test/registry-e2e.test.ts, test/replicas.test.ts,
-//    test/upgrade.test.ts.
+//    names token services besides the registry's host that may get the login.
+//    Exports: decide, decidePush, decisionAction, fixedSettingChecks, FOLLOW_ANNOTATION, FollowRecord, HOOK_SETTINGS,
+//    HookSetting, HookSettingName, IncomingPush, knownContainer, newPushRecord, notifyCa, NotifyFormatName,
+//    pinnedContainer, pullSecretNames, PushRecord, pushTime, readFollowRecords, readPushRecords, readSettings,
+//    UpgradeSettings, verifiedRef, whoAsked, withPushRecord, workloadPodSpec.
+//    Tests: test/decision.test.ts, test/mail.test.ts, test/records.test.ts, test/registry-e2e.test.ts,
+//    test/replicas.test.ts, test/settings.test.ts, test/upgrade.test.ts.
 // ================================================================================================
+
+// ---- hook settings ----------------------------------------------------------------------------
+
+/**
+ * One setting of the upgrade, its mail and its notifications: an environment variable a hook passes
+ * to /webhooks.sh (pass-environment-to-command), or, `from: 'service'`, one of the service's own. Its
+ * parse is the only reader of its text: it returns the typed value (the default when unset) or
+ * throws an Error whose message names the setting and what is wrong. `fixed`: the setting widens what
+ * a request may do, so a hook must give it as a fixed string, checked at every load (HookSettingChecks).
+ * `secret`: the value holds a key, so -validate never shows it. docs/configuration-settings.md is
+ * written from this table (scripts/settings-doc.ts); test/settings.test.ts checks that they agree.
+ */
+export interface HookSetting<T> {
+  from: 'hook' | 'service';
+  type: string;
+  default: string;
+  fixed: boolean;
+  secret: boolean;
+  validation: string;
+  meaning: string;
+  parse(value: string | undefined): T;
+}
+
+/** The formats NOTIFY_FORMAT may name, in the order messages list them; each is one NOTIFY_FORMATS entry. */
+const NOTIFY_FORMAT_NAMES = ['json', 'dingtalk', 'wecom', 'feishu', 'slack'] as const;
+export type NotifyFormatName = (typeof NOTIFY_FORMAT_NAMES)[number];
+
+// One hook posting to more places than this is a mistake in its file.
+const MAX_NOTIFY_URLS = 5;
+
+/** A hook setting with its defaults filled in: most are per hook, not fixed, not secret. */
+function setting<T>(row: Partial<HookSetting<T>> & Pick<HookSetting<T>, 'type' | 'validation' | 'meaning' | 'parse'>) {
+  return { from: 'hook' as const, default: 'unset', fixed: false, secret: false, ...row };
+}
+
+/** A text setting; unset or blank is '' (readers treat it as unset). */
+function trimmed(value: string | undefined): string {
+  return value?.trim() ?? '';
+}
+
+/** APP_NS and APP_CONTAINER: required DNS labels; `what` is the name's kind, `parameter` the URL's. */
+function dnsLabelSetting(name: string, what: string, parameter: string) {
+  return (value: string | undefined): string => {
+    const label = trimmed(value);
+    if (label === '')
+      throw new UpgradeError(`${name} is not set (the hook passes it from the URL parameter ${parameter})`);
+    if (!DNS_LABEL.test(label))
+      throw new UpgradeError(
+        `${name} ${showValue(label)} is not a valid ${what} name (lower-case letters, digits and "-", at most 63)`,
+      );
+    return label;
+  };
+}
+
+/** A boolean of the upgrade: unset or blank is false, else Go's ParseBool spellings; `use` ends the message. */
+function upgradeBoolean(name: string, use: string) {
+  return (value: string | undefined): boolean => {
+    const v = parseGoBool(value?.trim() || 'false');
+    if (v === undefined) throw new UpgradeError(`${name} ${showValue(value ?? '')} is not a boolean (${use})`);
+    return v;
+  };
+}
+
+/** ROLLOUT_TIMEOUT: a Go duration; unset or blank is 0 (the push is not followed). */
+function rolloutTimeoutSetting(value: string | undefined): number {
+  if (!value?.trim()) return 0;
+  try {
+    return parseGoDuration(value.trim());
+  } catch {
+    throw new UpgradeError(`ROLLOUT_TIMEOUT ${showValue(value)} is not a duration (e.g. 0, 60s, 5m)`);
+  }
+}
+
+/**
+ * REGISTRY_TOKEN_HOSTS: host names (or "*.example.com"), separated by spaces, of token services
+ * besides the registry's own host (and the well-known registries' token hosts) that may be sent
+ * the pull secret's login. Throws, naming the item, on anything else (a URL, a port).
+ */
+function registryTokenHosts(value: string | undefined): string[] {
+  const hosts = (value ?? '').split(/\s+/).filter((h) => h !== '');
+  hosts.forEach((h, i) => {
+    if (!isHostName(h.replace(/^\*\./, '')))
+      throw new UpgradeError(
+        `REGISTRY_TOKEN_HOSTS item ${i + 1} ${showValue(h)} is not a host name (e.g. auth.example.com or ` +
+          '*.example.com, without scheme or port)',
+      );
+  });
+  return hosts;
+}
+
+/** REGISTRY_CA: PEM text, or the path of a PEM file. */
+function registryCa(value: string | undefined): string | undefined {
+  if (!value?.trim()) return undefined;
+  if (value.includes('-----BEGIN')) return value;
+  try {
+    return fs.readFileSync(value.trim(), 'utf8');
+  } catch (e) {
+    throw new UpgradeError(
+      `REGISTRY_CA ${showValue(value)} is neither PEM nor a readable file: ${(e as Error).message}`,
+    );
+  }
+}
+
+/**
+ * MAIL_TO as the hook gives it: comma-separated addresses. Empty entries ("a@x,") are ignored and
+ * repeated addresses kept once; anything that is not a plain address (a display name, a line break
+ * smuggling a header or an SMTP command) throws, naming the entry.
+ */
+export function parseRecipients(mailTo: string): string[] {
+  const recipients: string[] = [];
+  for (const entry of mailTo.split(',')) {
+    const address = entry.trim();
+    if (address === '') continue;
+    if (!isAddress(address)) throw new Error(`MAIL_TO: ${JSON.stringify(address)} is not an e-mail address`);
+    if (!recipients.some((known) => known.toLowerCase() === address.toLowerCase())) recipients.push(address);
+  }
+  if (recipients.length === 0) throw new Error('MAIL_TO: no recipient');
+  return recipients;
+}
+
+/**
+ * A MAIL_* value given in base64 (as the old image took them): the decoded text, undefined when unset,
+ * and `check` (what is wrong with the decoded text, or undefined) run on it. Trailing line breaks are
+ * dropped, as the old image's `$(echo … | base64 -d)` did: `echo secret | base64` is how they are made.
+ */
+function mailBase64(name: string, check: (text: string) => string | undefined = () => undefined) {
+  return (value: string | undefined): string | undefined => {
+    if (value === undefined || value.trim() === '') return undefined;
+    let text: string;
+    try {
+      text = new TextDecoder('utf-8', { fatal: true }).decode(decodeBase64Strict(value)).replace(/[\r\n]+$/, '');
+    } catch {
+      throw new Error(`${name}: not valid base64 (or not UTF-8 once decoded)`);
+    }
+    const problem = check(text);
+    if (problem !== undefined) throw new Error(`${name}: ${problem}`);
+    return text;
+  };
+}
+
+/** A MAIL_* switch: "true" or "false" in any case; unset or blank is `fallback`. */
+function mailBoolean(name: string, fallback: boolean) {
+  return (value: string | undefined): boolean => {
+    const raw = value?.trim().toLowerCase();
+    if (raw === undefined || raw === '') return fallback;
+    if (raw === 'true' || raw === 'false') return raw === 'true';
+    throw new Error(`${name}: must be "true" or "false"`);
+  };
+}
+
+function mailPort(value: string | undefined): number {
+  const raw = value?.trim();
+  if (!raw) return DEFAULT_SMTP_PORT;
+  const port = /^\d{1,5}$/.test(raw) ? Number(raw) : 0;
+  if (port < 1 || port > 65535) throw new Error('MAIL_SMTP_PORT: not a port number (1-65535)');
+  return port;
+}
+
+/** MAIL_TLS_MODE forced, or undefined: the port then chooses (parseMailConfig). */
+function mailTlsMode(value: string | undefined): 'implicit' | 'starttls' | 'auto' | undefined {
+  const mode = value?.trim().toLowerCase();
+  if (!mode) return undefined;
+  if (mode !== 'implicit' && mode !== 'starttls' && mode !== 'auto')
+    throw new Error('MAIL_TLS_MODE: must be "implicit", "starttls" or "auto"');
+  return mode;
+}
+
+/** NOTIFY_URL: one or more http(s) URLs, separated by spaces or commas; unset is none, blank is refused. */
+function notifyUrls(value: string | undefined): URL[] {
+  if (value === undefined) return [];
+  const items = value.split(/[\s,]+/).filter((u) => u !== '');
+  if (items.length === 0) throw new Error('NOTIFY_URL is empty');
+  if (items.length > MAX_NOTIFY_URLS)
+    throw new Error(`NOTIFY_URL lists ${items.length} URLs; at most ${MAX_NOTIFY_URLS}`);
+  return items.map((item, i) => {
+    let url: URL;
+    try {
+      url = new URL(item);
+    } catch {
+      throw new Error(`NOTIFY_URL item ${i + 1} is not a URL`);
+    }
+    if (url.protocol !== 'https:' && url.protocol !== 'http:')
+      throw new Error(`NOTIFY_URL item ${i + 1} is not an http or https URL (${url.protocol})`);
+    return url;
+  });
+}
+
+/** NOTIFY_FORMAT: one format for every URL, or one per URL (comma separated); default json. */
+function notifyFormats(value: string | undefined): NotifyFormatName[] {
+  const formats = (value ?? '').split(',').map((f) => f.trim().toLowerCase());
+  for (const f of formats)
+    if (f !== '' && !(NOTIFY_FORMAT_NAMES as readonly string[]).includes(f))
+      throw new Error(`NOTIFY_FORMAT ${showValue(f)} is not one of ${orList([...NOTIFY_FORMAT_NAMES])}`);
+  return formats.map((f) => (f || 'json') as NotifyFormatName);
+}
+
+/** NOTIFY_CACERT (PEM, or base64 of PEM) as CAs trusted besides Node's own; throws when it is neither. */
+export function notifyCa(value: string | undefined): string[] | undefined {
+  if (!value?.trim()) return undefined;
+  const pem = value.trim().startsWith('-----BEGIN') ? value : decodeBase64Strict(value).toString('utf8');
+  const certificates = pem.match(/-----BEGIN CERTIFICATE-----[\s\S]+?-----END CERTIFICATE-----/g) ?? [];
+  if (certificates.length === 0) throw new Error('NOTIFY_CACERT holds no PEM certificate (PEM text, or base64 of it)');
+  for (const c of certificates) new X509Certificate(c);
+  return [...tls.rootCertificates, ...certificates];
+}
+
+/**
+ * Every setting of the upgrade, the mail and the notifications: the one place each is parsed and
+ * described. Adding a setting is one entry here, its reader, and a line the doc generator writes.
+ */
+export const HOOK_SETTINGS = {
+  // -- what to upgrade: the hook passes these from the URL's parameters
+  APP_NS: setting({
+    type: 'namespace',
+    default: 'required',
+    validation: 'a DNS label: lower-case letters, digits and "-", at most 63',
+    meaning: 'The namespace of the workload to upgrade (URL parameter ns).',
+    parse: dnsLabelSetting('APP_NS', 'namespace', 'ns'),
+  }),
+  APP_WORKLOAD: setting({
+    type: '<kind>/<name>',
+    default: 'required',
+    validation: `a kind of ${orList(Object.keys(WORKLOAD_KINDS))} (or its short name), a DNS name`,
+    meaning: 'The workload to upgrade (URL parameter workload), e.g. deployment/web.',
+    parse: parseWorkload,
+  }),
+  APP_CONTAINER: setting({
+    type: 'container name',
+    default: 'required',
+    validation: 'a DNS label: lower-case letters, digits and "-", at most 63',
+    meaning: 'The container of the workload whose image the push sets (URL parameter container).',
+    parse: dnsLabelSetting('APP_CONTAINER', 'container', 'container'),
+  }),
+  // -- reading the push
+  REPO_TYPE: setting({
+    type: 'registry type',
+    default: 'required',
+    validation: `one of ${REPO_TYPES.join(', ')} (any case)`,
+    meaning: 'Which registry sent the push (URL parameter repo_type); auto recognises it from the payload.',
+    parse: repoTypeSetting,
+  }),
+  NET_TYPE: setting({
+    type: 'endpoint',
+    default: 'public',
+    validation: 'public, vpc or internal (any case); read for regionalregistry only',
+    meaning: 'Which endpoint of Aliyun ACR the cluster pulls from (URL parameter net_type).',
+    parse: acrEndpointPrefix,
+  }),
+  REGISTRY_HOST: setting({
+    type: 'host[:port]',
+    fixed: true,
+    validation: 'a registry host, with or without scheme and trailing slashes',
+    meaning:
+      'Replaces the registry host of every push (required for Artifactory and Nexus); the image pin ' +
+      'counts it as the registry of every container.',
+    parse: registryHostSetting,
+  }),
+  PIN_DIGEST: setting({
+    type: 'boolean',
+    default: 'false',
+    validation: 'Go booleans: true, false, 1, 0, t, f (any case)',
+    meaning: 'Deploy repo:tag@sha256:… when the payload carries the digest.',
+    parse: (value: string | undefined) => parseBoolSetting('PIN_DIGEST', value),
+  }),
+  ALLOW_IMAGES: setting({
+    type: 'list of image patterns',
+    default: 'none',
+    fixed: true,
+    validation: "space-separated host/path, host/path/* or host/*; Docker Hub's may omit the host",
+    meaning: 'Repositories a push may set besides the one the container runs (the image pin).',
+    parse: (value: string | undefined) => readImagePin({ ALLOW_IMAGES: value }).allowImages,
+  }),
+  VERIFY_IMAGE: setting({
+    type: 'boolean',
+    default: 'false',
+    validation: 'Go booleans: true, false, 1, 0, t, f (any case)',
+    meaning: 'Before the patch, resolve the tag on its registry and deploy repo:tag@sha256:… (the digest it has).',
+    parse: upgradeBoolean('VERIFY_IMAGE', 'use true or false'),
+  }),
+  REGISTRY_CA: setting({
+    type: 'PEM or file path',
+    validation: 'PEM text, or the path of a readable PEM file',
+    meaning: "The CA that signed the registry's certificate, for VERIFY_IMAGE.",
+    parse: registryCa,
+  }),
+  REGISTRY_TOKEN_HOSTS: setting({
+    type: 'list of host names',
+    default: 'none',
+    fixed: true,
+    validation: 'space-separated host names or *.suffix, without scheme or port',
+    meaning: "Token services besides the registry's own host that VERIFY_IMAGE may send the pull secret's login to.",
+    parse: registryTokenHosts,
+  }),
+  // -- after the patch
+  ROLLOUT_TIMEOUT: setting({
+    type: 'duration',
+    default: '0 (not followed)',
+    validation: 'a Go duration: 0, 60s, 5m, 1h30m',
+    meaning: 'How long the answer waits for the rollout; it fails if the rollout fails or does not finish.',
+    parse: rolloutTimeoutSetting,
+  }),
+  ROLLBACK_ON_FAILURE: setting({
+    type: 'boolean',
+    default: 'false',
+    validation: 'Go booleans: true, false, 1, 0, t, f (any case)',
+    meaning: 'A followed rollout that fails is rolled back to the image the container ran before the push.',
+    parse: upgradeBoolean('ROLLBACK_ON_FAILURE', 'true or false'),
+  }),
+  // -- telling people
+  MAIL_TO: setting({
+    type: 'list of addresses',
+    default: 'no mail',
+    validation: 'comma-separated plain e-mail addresses (no display names)',
+    meaning: 'Who is mailed the result (through the MAIL_* server of the service).',
+    parse: (value: string | undefined) => (value ? parseRecipients(value) : []),
+  }),
+  NOTIFY_URL: setting({
+    type: 'list of URLs',
+    default: 'no notification',
+    fixed: true,
+    secret: true,
+    validation: `http or https URLs separated by spaces or commas, at most ${MAX_NOTIFY_URLS}`,
+    meaning: 'Where the result is posted (chat robots, a JSON receiver).',
+    parse: notifyUrls,
+  }),
+  NOTIFY_FORMAT: setting({
+    type: 'list of formats',
+    default: 'json',
+    fixed: true,
+    validation: `${orList([...NOTIFY_FORMAT_NAMES])}: one for every URL, or one per URL (comma-separated)`,
+    meaning: 'The body posted to each NOTIFY_URL.',
+    parse: notifyFormats,
+  }),
+  NOTIFY_SECRET: setting({
+    type: 'list of secrets',
+    fixed: true,
+    secret: true,
+    validation: 'one for every URL, or one per URL (space-separated); only for formats that sign',
+    meaning: 'Signs the posts: json (a header), dingtalk (the URL), feishu (the body).',
+    parse: (value: string | undefined): (string | undefined)[] =>
+      value?.trim() ? value.trim().split(/\s+/) : [undefined],
+  }),
+  // -- the service's own environment
+  NOTIFY_CACERT: setting({
+    from: 'service',
+    type: 'PEM or base64 of PEM',
+    validation: 'one or more PEM certificates',
+    meaning: "CAs trusted for NOTIFY_URL besides Node's own.",
+    parse: notifyCa,
+  }),
+  MAIL_SMTP_SERVER: setting({
+    from: 'service',
+    type: 'base64 text',
+    default: 'mail off',
+    validation: 'a host name or IP address once decoded',
+    meaning: 'The SMTP server results are mailed through; unset turns mail off.',
+    parse: mailBase64('MAIL_SMTP_SERVER', (text) => {
+      const host = text.trim().replace(/^\[(.*)\]$/, '$1');
+      return isHostName(host) || net.isIP(host) !== 0 ? undefined : 'not a host name or IP address once decoded';
+    }),
+  }),
+  MAIL_SMTP_PORT: setting({
+    from: 'service',
+    type: 'port',
+    default: String(DEFAULT_SMTP_PORT),
+    validation: '1-65535',
+    meaning: "The SMTP server's port.",
+    parse: mailPort,
+  }),
+  MAIL_TLS_MODE: setting({
+    from: 'service',
+    type: 'TLS mode',
+    default: `implicit on port ${IMPLICIT_TLS_PORT}, else auto`,
+    validation: 'implicit, starttls or auto (any case)',
+    meaning: 'implicit or starttls forces that mode on any port; auto asks the server.',
+    parse: mailTlsMode,
+  }),
+  MAIL_TLS_CHECK: setting({
+    from: 'service',
+    type: 'boolean',
+    default: 'true',
+    validation: 'true or false (any case)',
+    meaning: "Whether the SMTP server's certificate is verified.",
+    parse: mailBoolean('MAIL_TLS_CHECK', true),
+  }),
+  MAIL_CACERT: setting({
+    from: 'service',
+    type: 'base64 PEM',
+    validation: 'PEM certificates once decoded',
+    meaning: 'Extra CA certificates to trust for the SMTP server (added to the system roots).',
+    parse: mailBase64('MAIL_CACERT', (text) =>
+      isPemCertificates(text) ? undefined : 'not PEM certificates once decoded',
+    ),
+  }),
+  MAIL_FROM: setting({
+    from: 'service',
+    type: 'base64 address',
+    default: 'required with MAIL_SMTP_SERVER',
+    validation: 'an e-mail address once decoded',
+    meaning: 'The sender of result mails; also the AUTH user name unless MAIL_SMTP_USER is set.',
+    parse: mailBase64('MAIL_FROM', (text) =>
+      isAddress(text.trim()) ? undefined : 'not an e-mail address once decoded',
+    ),
+  }),
+  MAIL_SMTP_USER: setting({
+    from: 'service',
+    type: 'base64 text',
+    default: 'MAIL_FROM',
+    validation: 'no control characters once decoded',
+    meaning: 'The AUTH user name, where it differs from the sender.',
+    parse: mailBase64('MAIL_SMTP_USER', (text) =>
+      /[\x00-\x1f\x7f]/.test(text.trim()) ? 'contains control characters once decoded' : undefined,
+    ),
+  }),
+  MAIL_PASSWORD: setting({
+    from: 'service',
+    type: 'base64 text',
+    default: 'no login',
+    secret: true,
+    validation: 'base64 of UTF-8 text',
+    meaning: 'The AUTH password; unset, no AUTH.',
+    parse: mailBase64('MAIL_PASSWORD'),
+  }),
+  MAIL_ALLOW_PLAINTEXT_AUTH: setting({
+    from: 'service',
+    type: 'boolean',
+    default: 'false',
+    validation: 'true or false (any case)',
+    meaning: 'Lets the password go over a connection without TLS when the server offers no STARTTLS.',
+    parse: mailBoolean('MAIL_ALLOW_PLAINTEXT_AUTH', false),
+  }),
+} satisfies Record<string, HookSetting<unknown>>;
+
+export type HookSettingName = keyof typeof HOOK_SETTINGS;
+
+/**
+ * The load-time checks of the settings a hook must fix in its file (chapter 16's HookSettingChecks,
+ * handed over by main()): every `fixed` entry, or those of `names`.
+ */
+export function fixedSettingChecks(names?: HookSettingName[]): HookSettingChecks {
+  const checks: HookSettingChecks = {};
+  for (const [name, s] of Object.entries(HOOK_SETTINGS) as [HookSettingName, HookSetting<unknown>][])
+    if (s.fixed && (names === undefined || names.includes(name)))
+      checks[name] = (value) => problemOf(() => s.parse(value));
+  return checks;
+}
+
+/** The image pin's settings: what a hook must fix to widen the repositories a push may set. */
+export const IMAGE_PIN_SETTINGS = fixedSettingChecks(['REGISTRY_HOST', 'ALLOW_IMAGES']);
 
 /** One container's last applied push, as recorded in LAST_PUSH_ANNOTATION. */
 export interface PushRecord {
@@ -9944,45 +10402,22 @@ interface UpgradeSettings {
   rollbackOnFailure: boolean;
 }
 
+/** The upgrade's settings, each read by its HOOK_SETTINGS entry, in the order their errors are reported. */
 function readSettings(env: Record<string, string | undefined>, report: UpgradeReport): UpgradeSettings {
-  const namespace = env.APP_NS?.trim() ?? '';
-  if (namespace === '') throw new UpgradeError('APP_NS is not set (the hook passes it from the URL parameter ns)');
-  if (!DNS_LABEL.test(namespace))
-    throw new UpgradeError(
-      `APP_NS ${showValue(namespace)} is not a valid namespace name (lower-case letters, digits and "-", at most 63)`,
-    );
+  const read = HOOK_SETTINGS;
+  const namespace = read.APP_NS.parse(env.APP_NS);
   report.namespace = namespace;
-  const workload = parseWorkload(env.APP_WORKLOAD);
+  const workload = read.APP_WORKLOAD.parse(env.APP_WORKLOAD);
   report.workload = `${workload.kind}/${workload.name}`;
-  const container = env.APP_CONTAINER?.trim() ?? '';
-  if (container === '')
-    throw new UpgradeError('APP_CONTAINER is not set (the hook passes it from the URL parameter container)');
-  if (!DNS_LABEL.test(container))
-    throw new UpgradeError(
-      `APP_CONTAINER ${showValue(container)} is not a valid container name (lower-case letters, digits and "-", at ` +
-        `most 63)`,
-    );
+  const container = read.APP_CONTAINER.parse(env.APP_CONTAINER);
   report.container = container;
-  let rolloutTimeoutMs = 0;
-  if (env.ROLLOUT_TIMEOUT?.trim()) {
-    try {
-      rolloutTimeoutMs = parseGoDuration(env.ROLLOUT_TIMEOUT.trim());
-    } catch {
-      throw new UpgradeError(`ROLLOUT_TIMEOUT ${showValue(env.ROLLOUT_TIMEOUT)} is not a duration (e.g. 0, 60s, 5m)`);
-    }
-  }
-  const rollback = env.ROLLBACK_ON_FAILURE?.trim() ? parseGoBool(env.ROLLBACK_ON_FAILURE.trim()) : false;
-  if (rollback === undefined)
-    throw new UpgradeError(
-      `ROLLBACK_ON_FAILURE ${showValue(env.ROLLBACK_ON_FAILURE ?? '')} is not a boolean (true or false)`,
-    );
+  const rolloutTimeoutMs = read.ROLLOUT_TIMEOUT.parse(env.ROLLOUT_TIMEOUT);
+  const rollback = read.ROLLBACK_ON_FAILURE.parse(env.ROLLBACK_ON_FAILURE);
   report.rollbackOnFailure = rollback || undefined;
-  // A malformed pin setting refuses every push, before the cluster is asked anything.
+  // A malformed pin setting (REGISTRY_HOST, ALLOW_IMAGES) refuses every push, before the cluster is asked anything.
   const pin = readImagePin(env);
   report.imagePin = pin;
-  const verifyImage = parseGoBool(env.VERIFY_IMAGE?.trim() || 'false');
-  if (verifyImage === undefined)
-    throw new UpgradeError(`VERIFY_IMAGE ${showValue(env.VERIFY_IMAGE ?? '')} is not a boolean (use true or false)`);
+  const verifyImage = read.VERIFY_IMAGE.parse(env.VERIFY_IMAGE);
   return {
     namespace,
     workload,
@@ -9991,8 +10426,8 @@ function readSettings(env: Record<string, string | undefined>, report: UpgradeRe
     pin,
     rollbackOnFailure: rollback,
     verifyImage,
-    registryCa: registryCa(env.REGISTRY_CA),
-    registryTokenHosts: registryTokenHosts(env.REGISTRY_TOKEN_HOSTS),
+    registryCa: read.REGISTRY_CA.parse(env.REGISTRY_CA),
+    registryTokenHosts: read.REGISTRY_TOKEN_HOSTS.parse(env.REGISTRY_TOKEN_HOSTS),
   };
 }
 
@@ -10146,41 +10581,6 @@ async function workloadLogin(
   }
   return undefined;
 }
-
-/** REGISTRY_CA: PEM text, or the path of a PEM file. */
-function registryCa(value: string | undefined): string | undefined {
-  if (!value?.trim()) return undefined;
-  if (value.includes('-----BEGIN')) return value;
-  try {
-    return fs.readFileSync(value.trim(), 'utf8');
-  } catch (e) {
-    throw new UpgradeError(
-      `REGISTRY_CA ${showValue(value)} is neither PEM nor a readable file: ${(e as Error).message}`,
-    );
-  }
-}
-
-/**
- * REGISTRY_TOKEN_HOSTS: host names (or "*.example.com"), separated by spaces, of token services
- * besides the registry's own host (and the well-known registries' token hosts) that may be sent
- * the pull secret's login. Throws, naming the item, on anything else (a URL, a port).
- */
-function registryTokenHosts(value: string | undefined): string[] {
-  const hosts = (value ?? '').split(/\s+/).filter((h) => h !== '');
-  hosts.forEach((h, i) => {
-    if (!isHostName(h.replace(/^\*\./, '')))
-      throw new UpgradeError(
-        `REGISTRY_TOKEN_HOSTS item ${i + 1} ${showValue(h)} is not a host name (e.g. auth.example.com or ` +
-          '*.example.com, without scheme or port)',
-      );
-  });
-  return hosts;
-}
-
-/** The VERIFY_IMAGE settings checked in hook files at every load: fixed in the file, valid. */
-export const VERIFY_IMAGE_SETTINGS: HookSettingChecks = {
-  REGISTRY_TOKEN_HOSTS: (value) => problemOf(() => registryTokenHosts(value)),
-};
 
 /**
  * VERIFY_IMAGE: the tag resolved on the registry, and the reference pinned to what it has
@@ -12096,38 +12496,40 @@ export class ResultDispatcher implements ResultListener {
 // ================================================================================================
 
 /**
- * Reads the MAIL_* variables. MAIL_SMTP_SERVER unset or empty means mail is off (no config, no
- * errors). Any error means no config, so a half-understood setup never sends; error strings name the
- * variable, never its value.
+ * Reads the MAIL_* variables, each by its HOOK_SETTINGS entry. MAIL_SMTP_SERVER unset or empty means
+ * mail is off (no config, no errors). Any error means no config, so a half-understood setup never
+ * sends; error strings name the variable, never its value.
  */
 export function parseMailConfig(env: Readonly<Record<string, string | undefined>>): {
   config?: MailConfig;
   errors: string[];
 } {
   if (!env.MAIL_SMTP_SERVER?.trim()) return { errors: [] };
-  const v = new MailVariables(env);
-  const errors = v.errors;
-  const host = v
-    .base64('MAIL_SMTP_SERVER')
+  const errors: string[] = [];
+  const read = <T>(name: HookSettingName & `MAIL_${string}`, fallback: T): T => {
+    try {
+      return (HOOK_SETTINGS[name] as HookSetting<T>).parse(env[name]);
+    } catch (e) {
+      errors.push((e as Error).message);
+      return fallback;
+    }
+  };
+  const host = read<string | undefined>('MAIL_SMTP_SERVER', undefined)
     ?.trim()
     .replace(/^\[(.*)\]$/, '$1');
-  if (host !== undefined && !isHostName(host) && net.isIP(host) === 0) {
-    errors.push('MAIL_SMTP_SERVER: not a host name or IP address once decoded');
-  }
-  const from = v.base64('MAIL_FROM')?.trim();
   if (env.MAIL_FROM === undefined || env.MAIL_FROM.trim() === '')
     errors.push('MAIL_FROM: required when MAIL_SMTP_SERVER is set');
-  else if (from !== undefined && !isAddress(from)) errors.push('MAIL_FROM: not an e-mail address once decoded');
-  const user = v.base64('MAIL_SMTP_USER')?.trim();
-  if (user !== undefined && /[\x00-\x1f\x7f]/.test(user))
-    errors.push('MAIL_SMTP_USER: contains control characters once decoded');
-  const password = v.base64('MAIL_PASSWORD');
-  const ca = v.base64('MAIL_CACERT');
-  if (ca !== undefined && !isPemCertificates(ca)) errors.push('MAIL_CACERT: not PEM certificates once decoded');
-  const port = v.port();
-  const security = v.security(port);
-  const verifyCertificate = v.boolean('MAIL_TLS_CHECK', true);
-  const allowPlaintextAuth = v.boolean('MAIL_ALLOW_PLAINTEXT_AUTH', false);
+  const from = read<string | undefined>('MAIL_FROM', undefined)?.trim();
+  const user = read<string | undefined>('MAIL_SMTP_USER', undefined)?.trim();
+  const password = read<string | undefined>('MAIL_PASSWORD', undefined);
+  const ca = read<string | undefined>('MAIL_CACERT', undefined);
+  const port = read<number>('MAIL_SMTP_PORT', 0);
+  // Unset, port 465 means implicit TLS and any other port is asked: the old image spoke implicit TLS on
+  // whatever port was set (163.com: 994), STARTTLS servers use 587/25.
+  const mode = read<string | undefined>('MAIL_TLS_MODE', 'auto') ?? (port === IMPLICIT_TLS_PORT ? 'implicit' : 'auto');
+  const security = mode === 'implicit' ? 'implicit-tls' : mode === 'starttls' ? 'starttls' : 'auto';
+  const verifyCertificate = read<boolean>('MAIL_TLS_CHECK', true);
+  const allowPlaintextAuth = read<boolean>('MAIL_ALLOW_PLAINTEXT_AUTH', false);
   if (errors.length > 0 || host === undefined || from === undefined) return { errors };
   const config: MailConfig = {
     host,
@@ -12141,74 +12543,6 @@ export function parseMailConfig(env: Readonly<Record<string, string | undefined>
     allowPlaintextAuth,
   };
   return { errors, config: Object.freeze(config) };
-}
-
-/** Reads MAIL_* variables, collecting an error per bad one; errors name the variable, never its value. */
-class MailVariables {
-  readonly errors: string[] = [];
-  private readonly env: Readonly<Record<string, string | undefined>>;
-
-  constructor(env: Readonly<Record<string, string | undefined>>) {
-    this.env = env;
-  }
-
-  base64(name: string): string | undefined {
-    const raw = this.env[name];
-    if (raw === undefined || raw.trim() === '') return undefined;
-    try {
-      // Trailing line breaks are dropped, as the old image's `$(echo … | base64 -d)` did:
-      // `echo secret | base64` is the usual way these values are made.
-      return new TextDecoder('utf-8', { fatal: true }).decode(decodeBase64Strict(raw)).replace(/[\r\n]+$/, '');
-    } catch {
-      this.errors.push(`${name}: not valid base64 (or not UTF-8 once decoded)`);
-      return undefined;
-    }
-  }
-
-  boolean(name: string, fallback: boolean): boolean {
-    const raw = this.env[name]?.trim().toLowerCase();
-    if (raw === undefined || raw === '') return fallback;
-    if (raw === 'true' || raw === 'false') return raw === 'true';
-    this.errors.push(`${name}: must be "true" or "false"`);
-    return fallback;
-  }
-
-  port(): number {
-    const raw = this.env.MAIL_SMTP_PORT?.trim();
-    if (!raw) return DEFAULT_SMTP_PORT;
-    const port = /^\d{1,5}$/.test(raw) ? Number(raw) : 0;
-    if (port < 1 || port > 65535) this.errors.push('MAIL_SMTP_PORT: not a port number (1-65535)');
-    return port;
-  }
-
-  /**
-   * MAIL_TLS_MODE forces a mode. Unset, port 465 means implicit TLS and any other port is asked: the
-   * old image spoke implicit TLS on whatever port was set (163.com: 994), STARTTLS servers use 587/25.
-   */
-  security(port: number): MailConfig['security'] {
-    const mode = this.env.MAIL_TLS_MODE?.trim().toLowerCase() || (port === IMPLICIT_TLS_PORT ? 'implicit' : 'auto');
-    if (mode !== 'implicit' && mode !== 'starttls' && mode !== 'auto') {
-      this.errors.push('MAIL_TLS_MODE: must be "implicit", "starttls" or "auto"');
-    }
-    return mode === 'implicit' ? 'implicit-tls' : mode === 'starttls' ? 'starttls' : 'auto';
-  }
-}
-
-/**
- * MAIL_TO as the hook gives it: comma-separated addresses. Empty entries ("a@x,") are ignored and
- * repeated addresses kept once; anything that is not a plain address (a display name, a line break
- * smuggling a header or an SMTP command) throws, naming the entry.
- */
-export function parseRecipients(mailTo: string): string[] {
-  const recipients: string[] = [];
-  for (const entry of mailTo.split(',')) {
-    const address = entry.trim();
-    if (address === '') continue;
-    if (!isAddress(address)) throw new Error(`MAIL_TO: ${JSON.stringify(address)} is not an e-mail address`);
-    if (!recipients.some((known) => known.toLowerCase() === address.toLowerCase())) recipients.push(address);
-  }
-  if (recipients.length === 0) throw new Error('MAIL_TO: no recipient');
-  return recipients;
 }
 
 // ---- mailing a hook's result ----
@@ -12301,7 +12635,7 @@ export class Mailer implements ResultChannel {
     let to: string[];
     let mail: { subject: string; body: string };
     try {
-      to = parseRecipients(mailTo);
+      to = HOOK_SETTINGS.MAIL_TO.parse(mailTo);
       mail = resultMail(job);
     } catch (e) {
       this.failed(job.requestId, job.hookId, (e as Error).message);
@@ -12428,7 +12762,7 @@ function summaryMail(hookId: string, window: MailWindow, cap: MailCap): { subjec
 //    times by the outbound-calls chapter's policy (a Retry-After honoured); one hook sends at most
 //    -max-notifications-per-hook per -notify-window. The chat URLs carry their robot's key, so nothing shows more of
 //    a URL than its host. NOTIFY_CACERT adds a CA (PEM, or base64 of it) to the ones trusted for https.
-//    Exports: Notifier, NOTIFY_SETTINGS, notifyCa, notifyTargets, resultDocument.
+//    Exports: Notifier, notifyTargets, resultDocument.
 //    Tests: test/decision.test.ts, test/notify.test.ts.
 // ================================================================================================
 
@@ -12449,8 +12783,6 @@ const NOTIFY_LIMITS = {
   // WeCom's markdown content is limited to 4096 bytes and Slack's section text to 3000 characters:
   // the chat message is the summary, cut at this many bytes; the full report is on the page.
   maxChatBytes: 3_000,
-  // One hook posting to more places than this is a mistake in its file.
-  maxUrls: 5,
 };
 
 /** The documented JSON form of a result (NOTIFY_FORMAT=json, and each entry of /deliveries.json). */
@@ -12600,7 +12932,7 @@ function codeRefusal(...fields: string[]): (answer: string) => string | undefine
   };
 }
 
-const NOTIFY_FORMATS: Record<string, NotifyFormat> = {
+const NOTIFY_FORMATS: Record<NotifyFormatName, NotifyFormat> = {
   json: {
     signs: true,
     request(r, url, secret) {
@@ -12675,36 +13007,8 @@ const NOTIFY_FORMATS: Record<string, NotifyFormat> = {
 /** One receiver of a hook's notifications. */
 interface NotifyTarget {
   url: URL;
-  format: string;
+  format: NotifyFormatName;
   secret?: string;
-}
-
-/** NOTIFY_URL: one or more http(s) URLs, separated by spaces or commas. */
-function notifyUrls(value: string): URL[] {
-  const items = value.split(/[\s,]+/).filter((u) => u !== '');
-  if (items.length === 0) throw new Error('NOTIFY_URL is empty');
-  if (items.length > NOTIFY_LIMITS.maxUrls)
-    throw new Error(`NOTIFY_URL lists ${items.length} URLs; at most ${NOTIFY_LIMITS.maxUrls}`);
-  return items.map((item, i) => {
-    let url: URL;
-    try {
-      url = new URL(item);
-    } catch {
-      throw new Error(`NOTIFY_URL item ${i + 1} is not a URL`);
-    }
-    if (url.protocol !== 'https:' && url.protocol !== 'http:')
-      throw new Error(`NOTIFY_URL item ${i + 1} is not an http or https URL (${url.protocol})`);
-    return url;
-  });
-}
-
-/** NOTIFY_FORMAT: one format for every URL, or one per URL (comma separated); default json. */
-function notifyFormats(value: string | undefined): string[] {
-  const formats = (value ?? '').split(',').map((f) => f.trim().toLowerCase());
-  for (const f of formats)
-    if (f !== '' && !Object.hasOwn(NOTIFY_FORMATS, f))
-      throw new Error(`NOTIFY_FORMAT ${showValue(f)} is not one of ${orList(Object.keys(NOTIFY_FORMATS))}`);
-  return formats.map((f) => f || 'json');
 }
 
 /** Broadcasts a one-value list to `n`, or checks that it has `n` values. */
@@ -12718,32 +13022,14 @@ function perUrl<T>(values: T[], n: number, name: string): T[] {
 /** A hook's receivers from its environment; throws (without a secret in the message) when it is wrong. */
 export function notifyTargets(env: Readonly<Record<string, string | undefined>>): NotifyTarget[] {
   if (!env.NOTIFY_URL?.trim()) return [];
-  const urls = notifyUrls(env.NOTIFY_URL);
-  const formats = perUrl(notifyFormats(env.NOTIFY_FORMAT), urls.length, 'NOTIFY_FORMAT');
-  const rawSecrets = env.NOTIFY_SECRET?.trim() ? env.NOTIFY_SECRET.trim().split(/\s+/) : [undefined];
-  const secrets = perUrl<string | undefined>(rawSecrets, urls.length, 'NOTIFY_SECRET');
+  const urls = HOOK_SETTINGS.NOTIFY_URL.parse(env.NOTIFY_URL);
+  const formats = perUrl(HOOK_SETTINGS.NOTIFY_FORMAT.parse(env.NOTIFY_FORMAT), urls.length, 'NOTIFY_FORMAT');
+  const secrets = perUrl(HOOK_SETTINGS.NOTIFY_SECRET.parse(env.NOTIFY_SECRET), urls.length, 'NOTIFY_SECRET');
   return urls.map((url, i) => {
     if (secrets[i] && !NOTIFY_FORMATS[formats[i]].signs)
       throw new Error(`NOTIFY_SECRET is set, but ${formats[i]} (URL ${i + 1}) does not sign its requests`);
     return { url, format: formats[i], secret: secrets[i] };
   });
-}
-
-/** The notification settings checked in hook files at every load (by the hooks chapter): fixed, valid. */
-export const NOTIFY_SETTINGS: HookSettingChecks = {
-  NOTIFY_URL: (value) => problemOf(() => notifyUrls(value)),
-  NOTIFY_FORMAT: (value) => problemOf(() => notifyFormats(value)),
-  NOTIFY_SECRET: () => undefined,
-};
-
-/** NOTIFY_CACERT (PEM, or base64 of PEM): the CAs trusted besides Node's own; throws when it is neither. */
-export function notifyCa(value: string | undefined): string[] | undefined {
-  if (!value?.trim()) return undefined;
-  const pem = value.trim().startsWith('-----BEGIN') ? value : decodeBase64Strict(value).toString('utf8');
-  const certificates = pem.match(/-----BEGIN CERTIFICATE-----[\s\S]+?-----END CERTIFICATE-----/g) ?? [];
-  if (certificates.length === 0) throw new Error('NOTIFY_CACERT holds no PEM certificate (PEM text, or base64 of it)');
-  for (const c of certificates) new X509Certificate(c);
-  return certificates;
 }
 
 // ---- sending ----------------------------------------------------------------------------------
@@ -13163,6 +13449,7 @@ function describeHooks(snapshot: Snapshot, o: Options, envPath: string, inProces
         hook.env.map((p) => `${p.envname || `HOOK_${p.name}`} = ${describeEnvParam(p, snapshot.inserted)}`),
       ),
     );
+    out.push(...labelled('settings', describeSettings(hook)));
     out.push(
       ...labelled(
         'files',
@@ -13207,8 +13494,24 @@ function describeParam(p: Param): string {
 function describeEnvParam(p: Param, inserted: Set<string>): string {
   if (p.source !== 'string') return describeParam(p);
   if (inserted.has(p.name)) return 'string (inserted by the template, not shown)';
-  if (p.envname === 'NOTIFY_URL' || p.envname === 'NOTIFY_SECRET') return 'string (not shown: it holds a key)';
+  if (hookSetting(p.envname)?.secret) return 'string (not shown: it holds a key)';
   return describeParam(p);
+}
+
+/** A hook's own setting (HOOK_SETTINGS, from: 'hook') by its environment name, or undefined. */
+function hookSetting(envname: string): HookSetting<unknown> | undefined {
+  if (!Object.hasOwn(HOOK_SETTINGS, envname)) return undefined;
+  const s: HookSetting<unknown> = HOOK_SETTINGS[envname as HookSettingName];
+  return s.from === 'hook' ? s : undefined;
+}
+
+/** What each setting the hook passes means, from HOOK_SETTINGS: its type, default and one line. */
+function describeSettings(hook: Hook): string[] {
+  const names = [...new Set(hook.env.map((p) => p.envname))].filter((n) => hookSetting(n) !== undefined);
+  return names.map((name) => {
+    const s = hookSetting(name)!;
+    return `${name} (${s.type}; unset: ${s.default}${s.fixed ? '; fixed in the file' : ''}): ${s.meaning}`;
+  });
 }
 
 function describeAnswer(hook: Hook): string {
@@ -13256,14 +13559,14 @@ function describeNotifications(hook: Hook): string[] {
   }
 }
 
-/** How the hook files are read; the image pin's settings in them are checked at every load. */
+/** How the hook files are read; the settings a hook must fix (HOOK_SETTINGS) are checked at every load. */
 function hookLoadSettings(o: Options, env: Record<string, string | undefined>): LoadSettings {
   return {
     paths: o.hooks,
     template: o.template,
     env,
     commandTimeoutMs: o.commandTimeoutMs,
-    settingChecks: Object.assign({}, IMAGE_PIN_SETTINGS, VERIFY_IMAGE_SETTINGS, NOTIFY_SETTINGS),
+    settingChecks: fixedSettingChecks(),
   };
 }
 

@@ -1,0 +1,59 @@
+/*
+ * Writes docs/configuration-settings.md from HOOK_SETTINGS, the one table of the settings of the
+ * upgrade, its mail and its notifications (webhook.ts, chapter 22):
+ *
+ *   node scripts/settings-doc.ts > docs/configuration-settings.md
+ *
+ * test/settings.test.ts fails when the document and the table disagree.
+ */
+import { fileURLToPath } from 'node:url';
+
+import { HOOK_SETTINGS, type HookSetting } from '../webhook.ts';
+
+/** A table cell: pipes escaped, so a value never splits the row. */
+function cell(text: string): string {
+  return text.replaceAll('|', '\\|');
+}
+
+function rows(from: HookSetting<unknown>['from']): string[] {
+  const header = ['| Name | Type | Default | Fixed string | Validation | Meaning |', '|---|---|---|---|---|---|'];
+  const entries = Object.entries(HOOK_SETTINGS) as [string, HookSetting<unknown>][];
+  const lines = entries
+    .filter(([, s]) => s.from === from)
+    .map(([name, s]) => {
+      const fixed = s.fixed ? 'yes' : 'no';
+      return `| \`${name}\` | ${cell(s.type)} | ${cell(s.default)} | ${fixed} | ${cell(s.validation)} | ${cell(s.meaning)} |`;
+    });
+  return [...header, ...lines];
+}
+
+/** The whole document, as the generator prints it. */
+export function settingsDocument(): string {
+  return [
+    '# Settings of the upgrade, the mail and the notifications',
+    '',
+    '<!-- Generated from HOOK_SETTINGS in webhook.ts by `node scripts/settings-doc.ts > ' +
+      'docs/configuration-settings.md`; do not edit by hand (test/settings.test.ts compares). -->',
+    '',
+    '## Per hook',
+    '',
+    'Environment variables a hook passes to `/webhooks.sh` (`pass-environment-to-command`). A setting',
+    'marked "fixed string" widens what a request may do, so the hook must give it as',
+    '`{"source": "string", "envname": …, "name": <value>}`: a hooks file that takes it from the request,',
+    'or gives a value that fails its validation, is refused when it loads. `-validate` lists, for each',
+    'hook, the settings it passes with their type, default and meaning.',
+    '',
+    ...rows('hook'),
+    '',
+    '## The service',
+    '',
+    "The service's own environment (the Deployment's `env`); the MAIL_* values other than the port, the",
+    'TLS mode and the switches are base64, as the old image took them. A malformed one turns mail (or',
+    'the notifications, for NOTIFY_CACERT) off and is logged at start.',
+    '',
+    ...rows('service'),
+    '',
+  ].join('\n');
+}
+
+if (process.argv[1] === fileURLToPath(import.meta.url)) process.stdout.write(settingsDocument());

@@ -1,0 +1,103 @@
+/*
+ * HOOK_SETTINGS, the one table of the settings of the upgrade, its mail and its notifications:
+ * docs/configuration-settings.md is what scripts/settings-doc.ts writes from it, every setting the
+ * code reads is in it, the load-time check of fixed settings and -validate come from it, and its
+ * parses keep the messages operators know.
+ */
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { describe, test } from 'node:test';
+
+import { settingsDocument } from '../scripts/settings-doc.ts';
+import { fixedSettingChecks, HOOK_SETTINGS, type HookSetting } from '../webhook.ts';
+import { defaultBinary, REPO_ROOT } from './harness.ts';
+
+const DOC = path.join(REPO_ROOT, 'docs', 'configuration-settings.md');
+const escaped = (text: string) => text.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
+const entries = Object.entries(HOOK_SETTINGS) as [string, HookSetting<unknown>][];
+
+/** Variables the program reads that are not settings of a hook: the cluster's, the shell's, the service's flags. */
+const NOT_SETTINGS = ['KUBECONFIG', 'KUBERNETES_SERVICE_HOST', 'KUBERNETES_SERVICE_PORT', 'PATH', 'WEBHOOK_CMD'];
+
+describe('the settings table and its document', () => {
+  test('docs/configuration-settings.md is what scripts/settings-doc.ts writes from HOOK_SETTINGS', () => {
+    assert.equal(
+      fs.readFileSync(DOC, 'utf8'),
+      settingsDocument(),
+      'run: node scripts/settings-doc.ts > docs/configuration-settings.md',
+    );
+  });
+
+  test('every setting has one row with its type, default and meaning, and the document has no other', () => {
+    const rows = fs
+      .readFileSync(DOC, 'utf8')
+      .split('\n')
+      .filter((l) => l.startsWith('| `'));
+    const documented = rows.map((r) => /^\| `([A-Z_]+)` \|/.exec(r)?.[1]);
+    assert.deepEqual(documented.toSorted(), entries.map(([name]) => name).toSorted());
+    for (const [name, s] of entries) {
+      const row = rows.find((r) => r.startsWith(`| \`${name}\` |`))!;
+      const cells = row.split(/(?<!\\) \| /).map((c) => c.replaceAll('\\|', '|'));
+      assert.equal(cells[1], s.type, `${name}: type`);
+      assert.equal(cells[2], s.default, `${name}: default`);
+      assert.equal(cells[3], s.fixed ? 'yes' : 'no', `${name}: fixed`);
+      assert.ok(s.meaning !== '' && row.includes(s.meaning.replaceAll('|', '\\|')), `${name}: meaning`);
+    }
+  });
+
+  test('every environment variable webhook.ts reads is a setting of the table, or one of the few that are not', () => {
+    const source = fs.readFileSync(path.join(REPO_ROOT, 'webhook.ts'), 'utf8');
+    const read = new Set([...source.matchAll(/\benv\.([A-Z][A-Z0-9_]+)/g)].map((m) => m[1]));
+    const undocumented = [...read].filter((n) => !Object.hasOwn(HOOK_SETTINGS, n) && !NOT_SETTINGS.includes(n));
+    assert.deepEqual(undocumented, []);
+  });
+});
+
+describe('what comes from the table', () => {
+  test('the load-time check covers exactly the settings marked fixed, with their parse messages', () => {
+    const checks = fixedSettingChecks();
+    assert.deepEqual(
+      Object.keys(checks).toSorted(),
+      ['ALLOW_IMAGES', 'NOTIFY_FORMAT', 'NOTIFY_SECRET', 'NOTIFY_URL', 'REGISTRY_HOST', 'REGISTRY_TOKEN_HOSTS'],
+    );
+    assert.match(checks.REGISTRY_TOKEN_HOSTS('https://auth.example.com') ?? '', /^REGISTRY_TOKEN_HOSTS item 1 .* is not a host name/);
+    assert.equal(checks.NOTIFY_URL(''), 'NOTIFY_URL is empty');
+    assert.equal(checks.NOTIFY_SECRET('anything'), undefined);
+    assert.match(checks.REGISTRY_HOST('not a host') ?? '', /^REGISTRY_HOST "not a host" is not a valid registry host/);
+  });
+
+  test('each parse gives the typed value or the message the upgrade has always given', () => {
+    const s = HOOK_SETTINGS;
+    assert.equal(s.ROLLOUT_TIMEOUT.parse(' 1m30s '), 90_000);
+    assert.equal(s.ROLLOUT_TIMEOUT.parse(undefined), 0);
+    assert.throws(() => s.ROLLOUT_TIMEOUT.parse('soon'), {
+      message: 'ROLLOUT_TIMEOUT "soon" is not a duration (e.g. 0, 60s, 5m)',
+    });
+    assert.equal(s.ROLLBACK_ON_FAILURE.parse('T'), true);
+    assert.throws(() => s.ROLLBACK_ON_FAILURE.parse('yes'), {
+      message: 'ROLLBACK_ON_FAILURE "yes" is not a boolean (true or false)',
+    });
+    assert.throws(() => s.VERIFY_IMAGE.parse('yes'), { message: 'VERIFY_IMAGE "yes" is not a boolean (use true or false)' });
+    assert.throws(() => s.APP_NS.parse(' '), { message: 'APP_NS is not set (the hook passes it from the URL parameter ns)' });
+    assert.deepEqual(s.APP_WORKLOAD.parse('deploy/web'), { kind: 'deployment', name: 'web' });
+    assert.equal(s.REPO_TYPE.parse('Harbor'), 'harbor');
+    assert.equal(s.NET_TYPE.parse('VPC'), 'registry-vpc');
+    assert.equal(s.MAIL_SMTP_PORT.parse(undefined), 465);
+    assert.throws(() => s.MAIL_SMTP_PORT.parse('70000'), { message: 'MAIL_SMTP_PORT: not a port number (1-65535)' });
+    assert.deepEqual(s.MAIL_TO.parse('a@example.com, A@example.com,'), ['a@example.com']);
+    assert.deepEqual(s.NOTIFY_FORMAT.parse('dingtalk, '), ['dingtalk', 'json']);
+  });
+
+  test('-validate describes each setting a hook passes from the table: type, default, meaning', () => {
+    const r = spawnSync(defaultBinary(), ['-validate', '-hooks', path.join(REPO_ROOT, 'examples', 'hooks'), '-template'], {
+      env: { PATH: process.env.PATH, HOOK_TOKEN: 'a-token-value' },
+      encoding: 'utf8',
+    });
+    assert.equal(r.status, 0, r.stderr);
+    const s = HOOK_SETTINGS;
+    assert.match(r.stdout, new RegExp(`^  settings: +APP_NS \\(namespace; unset: required\\): ${escaped(s.APP_NS.meaning)}$`, 'm'));
+    assert.match(r.stdout, new RegExp(`^ +REPO_TYPE \\(registry type; unset: required\\): ${escaped(s.REPO_TYPE.meaning)}$`, 'm'));
+  });
+});
