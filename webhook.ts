@@ -9755,10 +9755,10 @@ async function recordEventQuietly(
 // ================================================================================================
 // 22. upgrade decision — whether and what a push may change, before anything is written. HOOK_SETTINGS is the one
 //    table of the settings of the upgrade, its mail and its notifications (type, default, whether a hook must fix it,
-//    validation, meaning, and the parse that is each one's only reader; docs/configuration-settings.md is written from
-//    it, and -validate and the load-time check of fixed settings read it). The hook's upgrade settings are read once
-//    (APP_NS, APP_WORKLOAD, APP_CONTAINER, ROLLOUT_TIMEOUT, ROLLBACK_ON_FAILURE, VERIFY_IMAGE, REGISTRY_CA, and the
-//    image pin's); the push is checked against the container's current image (a refusal changes
+//    validation, meaning, and the parse that is each one's only reader; the settings tables of docs/configuration.md
+//    are written from it, and -validate and the load-time check of fixed settings read it). The hook's upgrade
+//    settings are read once (APP_NS, APP_WORKLOAD, APP_CONTAINER, ROLLOUT_TIMEOUT, ROLLBACK_ON_FAILURE, VERIFY_IMAGE,
+//    REGISTRY_CA, and the image pin's); the push is checked against the container's current image (a refusal changes
 //    nothing, fails, is logged and recorded as a Warning Event); several replicas agree through the workload:
 //    LAST_PUSH_ANNOTATION records when each container's last push was pushed, what it applied and the image before,
 //    so decidePush lets the newest push win and recognises a repeat across replicas and restarts. VERIFY_IMAGE=true
@@ -9781,8 +9781,9 @@ async function recordEventQuietly(
  * parse is the only reader of its text: it returns the typed value (the default when unset) or
  * throws an Error whose message names the setting and what is wrong. `fixed`: the setting widens what
  * a request may do, so a hook must give it as a fixed string, checked at every load (HookSettingChecks).
- * `secret`: the value holds a key, so -validate never shows it. docs/configuration-settings.md is
- * written from this table (scripts/settings-doc.ts); test/settings.test.ts checks that they agree.
+ * `secret`: the value holds a key, so -validate never shows it. The settings tables of
+ * docs/configuration.md are written from this table (scripts/settings-doc.ts); test/settings.test.ts
+ * checks that they agree.
  */
 export interface HookSetting<T> {
   from: 'hook' | 'service';

@@ -1,11 +1,14 @@
 /*
- * Writes docs/configuration-settings.md from HOOK_SETTINGS, the one table of the settings of the
- * upgrade, its mail and its notifications (webhook.ts, chapter 22):
+ * Writes the settings tables of docs/configuration.md (the part between its BEGIN and END markers)
+ * from HOOK_SETTINGS, the one table of the settings of the upgrade, its mail and its notifications
+ * (webhook.ts, chapter 22):
  *
- *   node scripts/settings-doc.ts > docs/configuration-settings.md
+ *   node scripts/settings-doc.ts
  *
  * test/settings.test.ts fails when the document and the table disagree.
  */
+import * as fs from 'node:fs';
+import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 import { HOOK_SETTINGS, type HookSetting } from '../webhook.ts';
@@ -27,15 +30,16 @@ function rows(from: HookSetting<unknown>['from']): string[] {
   return [...header, ...lines];
 }
 
-/** The whole document, as the generator prints it. */
-export function settingsDocument(): string {
+export const CONFIGURATION = path.join(import.meta.dirname, '..', 'docs', 'configuration.md');
+export const BEGIN = '<!-- BEGIN settings: written from HOOK_SETTINGS by `node scripts/settings-doc.ts`; do not edit -->';
+export const END = '<!-- END settings -->';
+
+/** The generated part of docs/configuration.md, markers included. */
+export function settingsSection(): string {
   return [
-    '# Settings of the upgrade, the mail and the notifications',
+    BEGIN,
     '',
-    '<!-- Generated from HOOK_SETTINGS in webhook.ts by `node scripts/settings-doc.ts > ' +
-      'docs/configuration-settings.md`; do not edit by hand (test/settings.test.ts compares). -->',
-    '',
-    '## Per hook',
+    '### Per hook',
     '',
     'Environment variables a hook passes to `/webhooks.sh` (`pass-environment-to-command`). A setting',
     'marked "fixed string" widens what a request may do, so the hook must give it as',
@@ -45,7 +49,7 @@ export function settingsDocument(): string {
     '',
     ...rows('hook'),
     '',
-    '## The service',
+    "### The service's environment",
     '',
     "The service's own environment (the Deployment's `env`); the MAIL_* values other than the port, the",
     'TLS mode and the switches are base64, as the old image took them. A malformed one turns mail (or',
@@ -53,7 +57,19 @@ export function settingsDocument(): string {
     '',
     ...rows('service'),
     '',
+    END,
   ].join('\n');
 }
 
-if (process.argv[1] === fileURLToPath(import.meta.url)) process.stdout.write(settingsDocument());
+/** The generated part as docs/configuration.md holds it now. */
+export function documentedSection(text = fs.readFileSync(CONFIGURATION, 'utf8')): string {
+  const from = text.indexOf(BEGIN);
+  const to = text.indexOf(END);
+  if (from < 0 || to < from) throw new Error(`${CONFIGURATION}: no ${BEGIN} … ${END} part`);
+  return text.slice(from, to + END.length);
+}
+
+if (process.argv[1] === fileURLToPath(import.meta.url)) {
+  const text = fs.readFileSync(CONFIGURATION, 'utf8');
+  fs.writeFileSync(CONFIGURATION, text.replace(documentedSection(text), settingsSection()));
+}
