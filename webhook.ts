@@ -4404,7 +4404,7 @@ function pageShell(title: string, refreshSeconds: number | undefined, body: stri
 // ================================================================================================
 // 11. command line & settings — the adnanh/webhook command line in Go `flag` syntax (parseCommandLine, usage), Go's
 //    durations and booleans, and our safety limits (LIMITS), each with why it has that value.
-//    Exports: LIMITS, Options, parseCommandLine, parseGoBool, parseGoDuration, parseListenAddress,
+//    Exports: LIMITS, Options, parseCommandLine, parseGoBool, parseGoDuration, parseListenAddress, PLACEHOLDER,
 //    readAdminTokenFile, usage, UsageError.
 //    Tests: test/runner.test.ts, test/unit.test.ts.
 // ================================================================================================
@@ -4918,6 +4918,13 @@ export function parseCommandLine(argv: string[], env: Record<string, string | un
   return o;
 }
 
+/**
+ * An unreplaced placeholder from the shipped examples and manifests: `<token>`, `<hook-token>`,
+ * `<admin-token>`. The hook files chapter refuses one where a rule compares against it; the
+ * -admin-token-file refuses one, since a token everyone can read in the manifests guards nothing.
+ */
+export const PLACEHOLDER = /<[A-Za-z][A-Za-z0-9_.-]*>/;
+
 /** Hosts of -metrics-listen that only this machine (this pod) reaches. */
 const LOOPBACK_HOST = /^(?:localhost|127(?:\.\d{1,3}){3}|::1|::ffff:127(?:\.\d{1,3}){3})$/i;
 
@@ -4939,7 +4946,7 @@ function exposedDeliveries(o: Options): string | undefined {
 /**
  * -admin-token-file: the token it holds (one trailing newline ignored, as `echo` and Secrets
  * leave it) becomes -admin-token. Throws a UsageError naming the file when it cannot be read, is
- * empty, or holds spaces or control characters.
+ * empty, holds spaces or control characters, or still holds a placeholder (`<admin-token>`).
  */
 export function readAdminTokenFile(o: Options): void {
   if (!o.adminTokenFile) return;
@@ -4955,6 +4962,12 @@ export function readAdminTokenFile(o: Options): void {
     throw new UsageError(
       `invalid value "${o.adminTokenFile}" for flag -admin-token-file: the file must hold one token, no spaces or ` +
         'control characters',
+    );
+  const placeholder = PLACEHOLDER.exec(token);
+  if (placeholder)
+    throw new UsageError(
+      `invalid value "${o.adminTokenFile}" for flag -admin-token-file: the file still holds ` +
+        `${placeholder[0] === token ? `the placeholder "${token}"` : 'a placeholder'}; replace it`,
     );
   o.adminToken = token;
 }
@@ -5212,9 +5225,6 @@ export interface Place {
   key: string;
   path: string;
 }
-
-/** An unreplaced placeholder from the shipped examples and manifests: `<token>`, `<hook-token>`. */
-const PLACEHOLDER = /<[A-Za-z][A-Za-z0-9_.-]*>/;
 
 export function typeName(v: unknown): string {
   return v === null ? 'null' : Array.isArray(v) ? 'an array' : typeof v === 'object' ? 'an object' : `a ${typeof v}`;

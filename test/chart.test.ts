@@ -5,15 +5,21 @@
  *   - `helm lint --strict`; questions.yaml (Rancher's install form) sets only values that exist;
  *   - for the same settings, the chart and deploy/ (kustomize) produce the same objects;
  *   - `helm template … | kubectl apply --dry-run=server` succeeds, in both RBAC modes;
- *   - `helm install --wait` into a fresh namespace rolls out on kwok's fake nodes; a push through
- *     the installed Service upgrades a workload; `helm upgrade` changing a hook reloads it without
- *     a restart; `helm uninstall` leaves nothing behind.
+ *   - the NetworkPolicy's namespaces are values (defaults: Rancher's kube-system for the ingress
+ *     controller, cattle-monitoring-system for Prometheus); an empty list opens its port;
+ *   - `helm install --wait` into a fresh namespace rolls out on kwok's fake nodes; the API server
+ *     accepts the NetworkPolicy as rendered; the installed pod starts with its admin token file on
+ *     a metrics listener other hosts reach, and its deliveries page asks for that token; a push
+ *     through the installed Service upgrades a workload; `helm upgrade` changing a hook reloads it
+ *     without a restart; `helm uninstall` leaves nothing behind.
  *
  * kwok's nodes run no containers, so the pod the chart deploys is stood in for the way the kubelet
  * would run it: the executable started here with the installed Deployment's arguments and
  * environment, the installed Secret as its environment (envFrom), the installed ConfigMap written
- * as the kubelet writes a ConfigMap volume (files behind a `..data` symlink swapped on update), and
- * a token of the installed ServiceAccount as its credentials. The Service is checked to select the
+ * as the kubelet writes a ConfigMap volume (files behind a `..data` symlink swapped on update), the
+ * installed admin token Secret written as a Secret volume (its items at their paths, the mount path
+ * in WEBHOOK_CMD mapped to that directory), and a token of the installed ServiceAccount as its
+ * credentials. The Service is checked to select the
  * Deployment's pods (its EndpointSlice lists the ready pod on the container's port), and the push
  * goes to the stand-in at the URL the chart's notes print. So the install, its RBAC, its hooks and
  * its Secret are what is proven, as deploy.test.ts proves deploy/.
@@ -103,13 +109,30 @@ describe('charts/webhook', { skip: helm ? false : 'no helm' }, () => {
 
   test('hooksYaml (the form) renders the same hooks as the hooks list; a ServiceMonitor only where the CRD is', async () => {
     const hooks = [{ namespace: 'prod', workload: 'deployment/web', container: 'app', mailTo: 'ops@example.com' }];
-    const fixed = { token: { values: { 'prod-web': 'x'.repeat(32) } } };
+    const fixed = { token: { values: { 'prod-web': 'x'.repeat(32) } }, adminToken: { value: 'y'.repeat(32) } };
     const fromList = await runHelm(['template', 'r', CHART, '-f', writeValues({ ...fixed, hooks })]);
     const fromText = await runHelm(['template', 'r', CHART, '-f', writeValues({ ...fixed, hooksYaml: JSON.stringify(hooks) })]);
     assert.equal(fromText, fromList);
     assert.doesNotMatch(fromList, /kind: ServiceMonitor/);
     const withCrd = await runHelm(['template', 'r', CHART, '-f', writeValues({ ...fixed, hooks }), '--api-versions', 'monitoring.coreos.com/v1/ServiceMonitor']);
     assert.match(withCrd, /kind: ServiceMonitor[\s\S]*path: \/metrics/);
+  });
+
+  test("the NetworkPolicy: Rancher's namespaces by default, the operator's from the values, an empty list opens its port, off when disabled", async () => {
+    const policy = async (values: object) => {
+      const out = await runHelm(['template', 'r', CHART, '--show-only', 'templates/networkpolicy.yaml', '-f', writeValues(values)]);
+      return (parseYaml(out).value as any).spec;
+    };
+    const namespaces = (spec: any) => spec.ingress.map((r: any) => [r.ports[0].port, r.from?.map((f: any) => f.namespaceSelector.matchLabels['kubernetes.io/metadata.name'])]);
+    const defaults = await policy({});
+    assert.deepEqual(defaults.policyTypes, ['Ingress']);
+    assert.deepEqual(defaults.podSelector.matchLabels, { 'app.kubernetes.io/name': 'webhook', 'app.kubernetes.io/instance': 'r' });
+    assert.deepEqual(namespaces(defaults), [[9000, ['kube-system']], [9100, ['cattle-monitoring-system']]]);
+    const ns = (name: string) => ({ namespaceSelector: { matchLabels: { 'kubernetes.io/metadata.name': name } } });
+    const chosen = await policy({ metrics: { port: 9200 }, networkPolicy: { hookFrom: [ns('ingress-nginx'), ns('builds')], metricsFrom: [ns('monitoring')] } });
+    assert.deepEqual(namespaces(chosen), [[9000, ['ingress-nginx', 'builds']], [9200, ['monitoring']]]);
+    assert.deepEqual(namespaces(await policy({ networkPolicy: { hookFrom: [] } })), [[9000, undefined], [9100, ['cattle-monitoring-system']]]);
+    await assert.rejects(policy({ networkPolicy: { enabled: false } }), /could not find template templates\/networkpolicy\.yaml/);
   });
 });
 
@@ -137,8 +160,9 @@ describe('charts/webhook on the cluster', { skip: helm && cluster ? false : 'no 
 
   test('for the same settings, deploy/ (with -print-rbac or rbac-cluster.yaml) and the chart produce the same objects', async () => {
     const token = randomBytes(24).toString('hex');
+    const adminToken = randomBytes(24).toString('hex');
     for (const mode of ['namespaced', 'cluster']) {
-      const overlay = filledDeploy(token, mode === 'cluster');
+      const overlay = filledDeploy(token, adminToken, mode === 'cluster');
       const fromDeploy = await parseManifests('', kubectl, overlay);
       if (mode === 'namespaced') {
         // deploy/'s Roles are what `webhook -print-rbac` prints for its hooks.
@@ -151,6 +175,7 @@ describe('charts/webhook on the cluster', { skip: helm && cluster ? false : 'no 
         image: { repository: 'webhook', tag: 'latest' },
         hooks: [{ id: 'web', namespace: 'prod', workload: 'deployment/web', container: 'app', mailTo: 'ops@example.com' }],
         token: { perHook: false, value: token },
+        adminToken: { value: adminToken },
         mail: { server: 'smtp.example.com', port: 465, from: 'webhook@example.com', password: 'the password', tlsCheck: true },
         rbac: { mode },
       });
@@ -160,6 +185,7 @@ describe('charts/webhook on the cluster', { skip: helm && cluster ? false : 'no 
       const [d, c] = [byName(fromDeploy.map((o) => withNamespace(o, 'cattle-system'))), byName(fromChart.map((o) => withNamespace(o, 'cattle-system')))];
       assert.deepEqual([...c.keys()].sort(), [...d.keys()].sort(), mode);
       assert.ok(d.has(mode === 'cluster' ? 'ClusterRole//webhook' : 'Role/prod/webhook'), mode);
+      for (const key of ['NetworkPolicy/cattle-system/webhook', 'Secret/cattle-system/webhook-admin']) assert.ok(d.has(key), `${mode}: ${key}`);
       for (const [key, object] of d) assert.deepEqual(c.get(key), object, `${mode}: ${key}`);
     }
   });
@@ -171,7 +197,7 @@ describe('charts/webhook on the cluster', { skip: helm && cluster ? false : 'no 
       const objects = (await parseManifests(rendered, kubectl)).map((o) => withNamespace(o, ns));
       const out = await kubectl(['apply', '--dry-run=server', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: objects }));
       const kinds = mode === 'cluster' ? ['clusterrole', 'clusterrolebinding'] : ['role', 'rolebinding'];
-      for (const kind of ['serviceaccount', 'secret', 'configmap', 'service', 'deployment', 'poddisruptionbudget', ...kinds])
+      for (const kind of ['serviceaccount', 'secret', 'configmap', 'service', 'deployment', 'poddisruptionbudget', 'networkpolicy', ...kinds])
         assert.match(out, new RegExp(`^${kind}(\\.[a-z0-9.]+)?/\\S+ created \\(server dry run\\)$`, 'm'), out);
     }
   });
@@ -199,6 +225,17 @@ describe('charts/webhook on the cluster', { skip: helm && cluster ? false : 'no 
       wh = await standInPod();
       const metrics = await httpRequest(metricsAt, '/metrics');
       assert.match(metrics.body, /webhook_hooks_loaded 1/);
+      // The pod as installed starts on a listener other hosts reach, its deliveries page asking for
+      // the token of the installed Secret.
+      assert.match(wh.output(), new RegExp(`serving metrics on http://(\\[::\\]|0\\.0\\.0\\.0):${metricsAt}/metrics`));
+      assert.match(wh.output(), /serving deliveries on \S+ \(asking for the -admin-token\)/);
+      const refused = await httpRequest(metricsAt, '/deliveries');
+      assert.equal(refused.status, 401);
+      assert.match(String(refused.headers['www-authenticate']), /^Basic /);
+      const bearer = { Authorization: `Bearer ${await adminToken()}` };
+      assert.equal((await httpRequest(metricsAt, '/deliveries.json', { headers: bearer })).status, 200);
+      assert.ok(!wh.output().includes(await adminToken()), 'the admin token is not logged');
+      assert.match(notes, new RegExp(`get secret ${release}-admin -o jsonpath='\\{\\.data\\.token\\}'`), "the notes say where the page's token is");
       assert.equal((await wh.request('/metrics')).status, 404, 'the hooks port does not serve /metrics');
       const url = /https:\/\/<host>(\/hooks\/web\?\S+)&repo_type=</.exec(notes)?.[1];
       assert.ok(url, notes);
@@ -209,6 +246,22 @@ describe('charts/webhook on the cluster', { skip: helm && cluster ? false : 'no 
       assert.equal(await canI('patch', 'deployments/web'), 'yes');
       assert.equal(await canI('patch', 'deployments/other'), 'no');
       assert.equal(await canI('get', 'secrets'), 'no');
+    });
+
+    test('the API server accepts the NetworkPolicy as rendered; it selects the installed pods', async () => {
+      const stored = (await getJson(['-n', ns, 'get', 'networkpolicy', release])).spec;
+      const rendered = (parseYaml(await runHelm(['template', release, CHART, '-n', ns, '-f', values('app'), '--show-only', 'templates/networkpolicy.yaml'])).value as any).spec;
+      assert.deepEqual(stored, rendered);
+      const from = (name: string) => [{ namespaceSelector: { matchLabels: { 'kubernetes.io/metadata.name': name } } }];
+      assert.deepEqual(stored.ingress, [
+        { ports: [{ port: 9000, protocol: 'TCP' }], from: from('kube-system') },
+        { ports: [{ port: 9100, protocol: 'TCP' }], from: from('cattle-monitoring-system') },
+      ]);
+      const selector = Object.entries(stored.podSelector.matchLabels).map(([k, v]) => `${k}=${v}`).join(',');
+      const pods = (await getJson(['-n', ns, 'get', 'pods', '-l', selector])).items.filter((p: any) => !p.metadata.deletionTimestamp);
+      assert.equal(pods.length, 2);
+      const c = (await getJson(['-n', ns, 'get', 'deployment', release])).spec.template.spec.containers[0];
+      assert.deepEqual(c.ports.map((p: any) => p.containerPort), stored.ingress.map((r: any) => r.ports[0].port), "the policy's ports are the container's");
     });
 
     test('helm upgrade changing the hook: reloaded by the running pod, no restart, the token kept', async () => {
@@ -233,7 +286,7 @@ describe('charts/webhook on the cluster', { skip: helm && cluster ? false : 'no 
       wh = undefined;
       await runHelm(['uninstall', release, '-n', ns, '--wait', '--timeout', '2m']);
       const selector = `app.kubernetes.io/instance=${release}`;
-      const kinds = 'deployments,replicasets,pods,services,configmaps,secrets,serviceaccounts,roles,rolebindings,poddisruptionbudgets';
+      const kinds = 'deployments,replicasets,pods,services,configmaps,secrets,serviceaccounts,roles,rolebindings,poddisruptionbudgets,networkpolicies';
       for (const n of [ns, appNs]) {
         const left = () => kubectl(['-n', n, 'get', kinds, '-l', selector, '-o', 'name']).then((out) => out.trim());
         // Helm waits for what it deleted; the Deployment's ReplicaSets and pods go after it, with
@@ -244,6 +297,11 @@ describe('charts/webhook on the cluster', { skip: helm && cluster ? false : 'no 
       assert.equal((await kubectl(['get', 'clusterroles,clusterrolebindings', '-l', selector, '-o', 'name'])).trim(), '');
       assert.equal((await kubectl(['-n', ns, 'get', 'secrets', '-o', 'name'])).split('\n').filter((s) => s.includes(release)).join(), '', 'no release record left');
     });
+
+    async function adminToken(): Promise<string> {
+      const secret = await getJson(['-n', ns, 'get', 'secret', `${release}-admin`]);
+      return Buffer.from(secret.data.token, 'base64').toString();
+    }
 
     async function token(): Promise<string> {
       const secret = await getJson(['-n', ns, 'get', 'secret', `${release}-env`]);
@@ -275,6 +333,18 @@ describe('charts/webhook on the cluster', { skip: helm && cluster ? false : 'no 
         const secret = await getJson(['-n', ns, 'get', 'secret', from.secretRef.name]);
         for (const [k, v] of Object.entries(secret.data)) env[k] = Buffer.from(v as string, 'base64').toString();
       }
+      // Secret volumes as the kubelet writes them (each item's key at its path), the pod's mount
+      // path in WEBHOOK_CMD becoming the directory here.
+      for (const m of c.volumeMounts) {
+        const secretVolume = pod.volumes.find((v: any) => v.name === m.name)?.secret;
+        if (!secretVolume) continue;
+        const data = (await getJson(['-n', ns, 'get', 'secret', secretVolume.secretName])).data;
+        const dir = makeTempDir('chart-secret-volume-');
+        for (const item of secretVolume.items) fs.writeFileSync(path.join(dir, item.path), Buffer.from(data[item.key], 'base64'));
+        assert.ok(env.WEBHOOK_CMD.includes(`${m.mountPath}/`), `WEBHOOK_CMD names ${m.mountPath}`);
+        env.WEBHOOK_CMD = env.WEBHOOK_CMD.replaceAll(m.mountPath, dir);
+      }
+      assert.match(env.WEBHOOK_CMD, / -admin-token-file \S+\/token /);
       // The image's arguments (its CMD), unless the Deployment gives its own; the mount path is hooksDir here.
       const cmd: string[] = c.args ?? JSON.parse(/^CMD\s+(.+)$/m.exec(fs.readFileSync(path.join(REPO_ROOT, 'Dockerfile'), 'utf8'))![1]);
       const at = cmd.indexOf('-hooks');
@@ -287,22 +357,23 @@ describe('charts/webhook on the cluster', { skip: helm && cluster ? false : 'no 
         'current-context': 'pod', contexts: [{ name: 'pod', context: { cluster: admin.clusters[0].name, user: 'pod' } }],
         clusters: [admin.clusters[0]], users: [{ name: 'pod', user: { token: saToken } }],
       }));
-      // The pod's own port for /metrics becomes a free loopback port here (the container port is
-      // checked to be the one the flag names).
+      // The pod's own port for /metrics becomes a free port here, still on every address as in the
+      // pod, so the service's refusal of an unguarded deliveries page applies (the container port
+      // is checked to be the one the flag names).
       const metricsPort = c.ports.find((p: any) => p.name === 'metrics').containerPort;
-      assert.ok(env.WEBHOOK_CMD.includes(`-metrics-listen :${metricsPort}`), env.WEBHOOK_CMD);
+      assert.ok(env.WEBHOOK_CMD.includes(`-metrics-listen :${metricsPort} `), env.WEBHOOK_CMD);
       metricsAt = await freePort();
-      env.WEBHOOK_CMD = env.WEBHOOK_CMD.replace(`-metrics-listen :${metricsPort}`, `-metrics-listen 127.0.0.1:${metricsAt}`);
+      env.WEBHOOK_CMD = env.WEBHOOK_CMD.replace(`-metrics-listen :${metricsPort} `, `-metrics-listen :${metricsAt} `);
       return startWebhook({ hooks: hooksDir, args: [...args, '-kubeconfig', kubeconfig], env: { ...env, PATH: process.env.PATH ?? '' } });
     }
   });
 });
 
 /** A copy of deploy/ with its placeholders filled in (and, for `cluster`, rbac-cluster.yaml among its resources). */
-function filledDeploy(token: string, cluster: boolean): string {
+function filledDeploy(token: string, adminToken: string, cluster: boolean): string {
   const fill = (text: string) => text
     .replaceAll('<namespace>', 'prod').replaceAll('<workload>', 'deployment/web').replaceAll('<container>', 'app')
-    .replaceAll('<mail-to>', 'ops@example.com').replaceAll('<hook-token>', token)
+    .replaceAll('<mail-to>', 'ops@example.com').replaceAll('<hook-token>', token).replaceAll('<admin-token>', adminToken)
     .replaceAll('<base64-of-smtp-host>', b64('smtp.example.com')).replaceAll('<base64-of-sender-address>', b64('webhook@example.com'))
     .replaceAll('<base64-of-smtp-password>', b64('the password'));
   const overlay = makeTempDir('chart-deploy-');

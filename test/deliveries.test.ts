@@ -155,7 +155,11 @@ describe('the page on the admin listener, through the executable', () => {
     }
     const dir = makeTempDir('deliveries-token-file-');
     const tokenFile = path.join(dir, 'admin-token');
-    for (const [content, why] of [['', 'the file must hold one token'], ['two words\n', 'the file must hold one token']]) {
+    for (const [content, why] of [
+      ['', 'the file must hold one token'], ['two words\n', 'the file must hold one token'],
+      // As deploy/secret.yaml ships it: a token everyone can read guards nothing.
+      ['<admin-token>\n', 'the file still holds the placeholder "<admin-token>"; replace it'],
+    ]) {
       fs.writeFileSync(tokenFile, content);
       const s = await spawnWebhook({ hooks: [echoHook('echo')], args: ['-metrics-listen', '0.0.0.0:0', '-admin-token-file', tokenFile] });
       assert.equal((await s.exited).code, 2, s.output());

@@ -3,7 +3,13 @@
  * and scheduler, kwok's fake nodes):
  *
  *   - rendered, it is what the issue asks for and agrees with the image (user, port, hooks dir,
- *     metrics port apart from the Service's);
+ *     metrics port apart from the Service's); its NetworkPolicy lets only the ingress controller's
+ *     namespace reach the hooks and only the monitoring namespace the metrics port, and the
+ *     overlay patch kustomization.yaml documents changes both;
+ *   - as deployed (the Deployment's WEBHOOK_CMD, its admin token Secret written as the kubelet
+ *     writes a Secret volume), the service starts on a non-loopback metrics listener and its
+ *     deliveries page asks for the token; the shipped <admin-token> placeholder stops it, naming
+ *     the file;
  *   - its seed hook, as shipped, is refused by the real executable, naming each placeholder its
  *     rule compares against; filled in, it loads, and -print-rbac turns it into a Role;
  *   - `kubectl apply --dry-run=server -k deploy/` succeeds as shipped (namespace cattle-system);
@@ -11,7 +17,9 @@
  *     the "restricted" Pod Security Standard, the Deployment rolls out on the fake nodes (kwok
  *     fakes the pods: the image need not be pullable); the Roles -print-rbac generates for its
  *     ServiceAccount allow exactly the hook's workload; the cluster-wide option follows the
- *     ServiceAccount to the overlay's namespace;
+ *     ServiceAccount to the overlay's namespace; the API server accepts the NetworkPolicy as it is
+ *     and it selects the rolled-out pods (the test cluster enforces none: what is applied is
+ *     asserted, not the traffic it stops);
  *   - everything it created is deleted afterwards.
  *
  * That the generated Roles are enough for an upgrade, and refuse any other workload, is proven in
@@ -25,7 +33,7 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { ensureCluster } from './cluster/cluster.ts';
-import { defaultBinary, makeTempDir, REPO_ROOT, spawnWebhook, startWebhook, waitFor } from './harness.ts';
+import { defaultBinary, freePort, httpRequest, makeTempDir, REPO_ROOT, spawnWebhook, startWebhook, waitFor, waitForOutput } from './harness.ts';
 
 const DEPLOY = path.join(REPO_ROOT, 'deploy');
 
@@ -72,19 +80,31 @@ function dockerfile(instruction: string): string {
 
 describe('deploy/', { skip: cluster ? false : 'no cluster' }, () => {
   let objects: any[] = [];
-  const find = (kind: string) => {
-    const found = objects.filter((o) => o.kind === kind);
-    assert.equal(found.length, 1, `one ${kind}`);
+  /** The one object of this kind (and name). */
+  const find = (kind: string, name?: string) => {
+    const found = objects.filter((o) => o.kind === kind && (name === undefined || o.metadata.name === name));
+    assert.equal(found.length, 1, `one ${kind} ${name ?? ''}`);
     return found[0];
+  };
+  /** deploy/hooks/web.json with its placeholders filled in, in a directory of its own. */
+  const filledHooks = (ns = 'prod') => {
+    const dir = makeTempDir('deploy-hooks-');
+    fs.writeFileSync(path.join(dir, 'web.json'), find('ConfigMap').data['web.json']
+      .replace('<namespace>', ns).replace('<workload>', 'deployment/web').replace('<container>', 'app').replace('<mail-to>', 'ops@example.com'));
+    return dir;
   };
 
   before(async () => {
     objects = await render(DEPLOY);
+    if (!fs.existsSync(path.join(REPO_ROOT, 'dist', 'webhook'))) {
+      execFileSync(process.execPath, ['--disable-warning=ExperimentalWarning', path.join(REPO_ROOT, 'scripts', 'build.ts')], { stdio: 'inherit' });
+    }
   });
 
-  test('renders the ServiceAccount, the hooks, the secret, the Deployment, its PodDisruptionBudget and the Service, in cattle-system; no cluster-wide role', () => {
+  test('renders the ServiceAccount, the hooks, the two secrets, the Deployment, its PodDisruptionBudget, the Service and the NetworkPolicy, in cattle-system; no cluster-wide role', () => {
     assert.deepEqual(objects.map((o) => `${o.kind}/${o.metadata.name}`).sort(), [
-      'ConfigMap/webhook-hooks', 'Deployment/webhook', 'PodDisruptionBudget/webhook', 'Secret/webhook-env', 'Service/webhook', 'ServiceAccount/webhook',
+      'ConfigMap/webhook-hooks', 'Deployment/webhook', 'NetworkPolicy/webhook', 'PodDisruptionBudget/webhook', 'Secret/webhook-admin', 'Secret/webhook-env',
+      'Service/webhook', 'ServiceAccount/webhook',
     ]);
     for (const o of objects) assert.equal(o.metadata.namespace, 'cattle-system', `${o.kind} namespace`);
     // The ConfigMap is generated from deploy/hooks/, the files -print-rbac reads.
@@ -117,8 +137,11 @@ describe('deploy/', { skip: cluster ? false : 'no cluster' }, () => {
     assert.equal(volumes[mounts[hooksDir].name].configMap.name, find('ConfigMap').metadata.name);
     assert.equal(mounts[hooksDir].readOnly, true);
     assert.deepEqual(volumes[mounts['/tmp'].name].emptyDir, {});
-    assert.deepEqual(c.env, [{ name: 'WEBHOOK_CMD', value: '-template -metrics-listen :9100 -shutdown-delay 5s' }]);
-    assert.deepEqual(c.envFrom, [{ secretRef: { name: find('Secret').metadata.name } }]);
+    // The deliveries page's token: a file of its own Secret, only its key `token`, read-only.
+    assert.deepEqual(volumes[mounts['/etc/webhook/admin'].name].secret, { secretName: 'webhook-admin', items: [{ key: 'token', path: 'token' }] });
+    assert.equal(mounts['/etc/webhook/admin'].readOnly, true);
+    assert.deepEqual(c.env, [{ name: 'WEBHOOK_CMD', value: '-template -metrics-listen :9100 -admin-token-file /etc/webhook/admin/token -shutdown-delay 5s' }]);
+    assert.deepEqual(c.envFrom, [{ secretRef: { name: 'webhook-env' } }], 'the admin token is not in the environment');
     assert.deepEqual(c.resources, { requests: { cpu: '50m', memory: '128Mi' }, limits: { cpu: '1', memory: '256Mi' } });
     assert.equal(c.args, undefined, 'the image\'s default arguments are used');
     const svc = find('Service');
@@ -145,16 +168,85 @@ describe('deploy/', { skip: cluster ? false : 'no cluster' }, () => {
     assert.ok(pod.terminationGracePeriodSeconds >= delay + 25, 'the grace covers the delay and -shutdown-grace');
   });
 
-  test('the Secret holds HOOK_TOKEN and the MAIL_* variables the executable reads', () => {
-    assert.deepEqual(Object.keys(find('Secret').stringData).sort(), ['HOOK_TOKEN', 'MAIL_FROM', 'MAIL_PASSWORD', 'MAIL_SMTP_PORT', 'MAIL_SMTP_SERVER', 'MAIL_TLS_CHECK']);
+  test('the Secrets: webhook-env holds HOOK_TOKEN and the MAIL_* variables the executable reads; webhook-admin the admin token, a placeholder', () => {
+    assert.deepEqual(Object.keys(find('Secret', 'webhook-env').stringData).sort(), ['HOOK_TOKEN', 'MAIL_FROM', 'MAIL_PASSWORD', 'MAIL_SMTP_PORT', 'MAIL_SMTP_SERVER', 'MAIL_TLS_CHECK']);
+    assert.deepEqual(find('Secret', 'webhook-admin').stringData, { token: '<admin-token>' });
+  });
+
+  test('the NetworkPolicy: the hooks port from kube-system (the ingress controller), the metrics port from cattle-monitoring-system, nothing else', () => {
+    const d = find('Deployment');
+    const c = d.spec.template.spec.containers[0];
+    const from = (ns: string) => [{ namespaceSelector: { matchLabels: { 'kubernetes.io/metadata.name': ns } } }];
+    assert.deepEqual(find('NetworkPolicy').spec, {
+      podSelector: d.spec.selector,
+      policyTypes: ['Ingress'],
+      ingress: [
+        { from: from('kube-system'), ports: [{ port: 9000, protocol: 'TCP' }] },
+        { from: from('cattle-monitoring-system'), ports: [{ port: 9100, protocol: 'TCP' }] },
+      ],
+    });
+    // Exactly the container's two ports: the hooks' and -metrics-listen's.
+    assert.deepEqual(c.ports.map((p: any) => p.containerPort), [9000, 9100]);
+    assert.match(c.env[0].value, / -metrics-listen :9100 /);
+  });
+
+  test('the overlay patch kustomization.yaml shows changes the two namespaces', async () => {
+    const text = fs.readFileSync(path.join(DEPLOY, 'kustomization.yaml'), 'utf8');
+    const shown = /^# {3}patches:\n(?:# {5}.*\n)+/m.exec(text);
+    assert.ok(shown, 'kustomization.yaml: the patches example');
+    const overlay = makeTempDir('deploy-overlay-netpol-');
+    fs.writeFileSync(path.join(overlay, 'kustomization.yaml'), [
+      'apiVersion: kustomize.config.k8s.io/v1beta1', 'kind: Kustomization', 'resources:', `  - ${path.relative(overlay, DEPLOY)}`,
+      shown[0].replace(/^# {3}/gm, ''),
+    ].join('\n'));
+    const policy = (await render(overlay)).find((o) => o.kind === 'NetworkPolicy');
+    assert.deepEqual(policy.spec.ingress.map((r: any) => [r.ports[0].port, r.from[0].namespaceSelector.matchLabels['kubernetes.io/metadata.name']]),
+      [[9000, 'ingress-nginx'], [9100, 'monitoring']]);
+  });
+
+  test('as deployed, the service starts with the admin token file, on a metrics listener other hosts reach, and the deliveries page asks for the token; the shipped placeholder stops it', async () => {
+    const pod = find('Deployment').spec.template.spec;
+    const c = pod.containers[0];
+    const cmd: string = c.env.find((e: any) => e.name === 'WEBHOOK_CMD').value;
+    // The Secret volume as the kubelet writes it: each item's key at its path under the mount.
+    const mount = c.volumeMounts.find((m: any) => pod.volumes.find((v: any) => v.name === m.name).secret);
+    const volume = pod.volumes.find((v: any) => v.name === mount.name).secret;
+    const secretDir = makeTempDir('deploy-admin-volume-');
+    const writeVolume = (data: Record<string, string>) => {
+      for (const item of volume.items) fs.writeFileSync(path.join(secretDir, item.path), data[item.key]);
+    };
+    const metricsPort = await freePort();
+    // The pod's paths and port become this machine's: still every address (:PORT), as in the pod.
+    const local = cmd.replace('-metrics-listen :9100', `-metrics-listen :${metricsPort}`).replaceAll(mount.mountPath, secretDir);
+    assert.match(local, new RegExp(`-metrics-listen :${metricsPort} -admin-token-file ${secretDir}/token `));
+    const env = { ...find('Secret', 'webhook-env').stringData, HOOK_TOKEN: randomBytes(24).toString('hex'), WEBHOOK_CMD: local };
+
+    writeVolume(find('Secret', 'webhook-admin').stringData);
+    const shipped = await spawnWebhook({ hooks: filledHooks(), env });
+    assert.equal((await shipped.exited).code, 2, shipped.output());
+    assert.ok(shipped.stderr().startsWith(`invalid value "${secretDir}/token" for flag -admin-token-file: the file still holds the placeholder "<admin-token>"; replace it\n`), shipped.stderr());
+
+    const adminToken = randomBytes(24).toString('hex');
+    writeVolume({ token: adminToken });
+    const wh = await startWebhook({ hooks: filledHooks(), env });
+    try {
+      await waitForOutput(wh, /serving deliveries on http:\/\/\S+:\d+\/deliveries \(asking for the -admin-token\)/);
+      assert.match(wh.output(), new RegExp(`serving metrics on http://(\\[::\\]|0\\.0\\.0\\.0):${metricsPort}/metrics`));
+      const refused = await httpRequest(metricsPort, '/deliveries');
+      assert.equal(refused.status, 401);
+      assert.match(String(refused.headers['www-authenticate']), /^Basic /);
+      const basic = `Basic ${Buffer.from(`anyone:${adminToken}`).toString('base64')}`;
+      assert.equal((await httpRequest(metricsPort, '/deliveries', { headers: { Authorization: basic } })).status, 200);
+      assert.equal((await httpRequest(metricsPort, '/metrics')).status, 200, 'scrapers need no token');
+      assert.ok(!wh.output().includes(adminToken), 'the token is not logged');
+    } finally {
+      await wh.stop();
+    }
   });
 
   test('the seed hook as shipped is refused, naming every placeholder its rule compares against; filled in, it loads and -print-rbac grants its workload', async () => {
-    if (!fs.existsSync(path.join(REPO_ROOT, 'dist', 'webhook'))) {
-      execFileSync(process.execPath, ['--disable-warning=ExperimentalWarning', path.join(REPO_ROOT, 'scripts', 'build.ts')], { stdio: 'inherit' });
-    }
     const configMap = find('ConfigMap');
-    const env = { ...find('Secret').stringData, WEBHOOK_CMD: '-template' };
+    const env = { ...find('Secret', 'webhook-env').stringData, WEBHOOK_CMD: '-template' };
     assert.deepEqual(Object.keys(configMap.data), ['web.json']);
     const hooksDir = (text: string) => {
       const dir = makeTempDir('deploy-hooks-');
@@ -251,6 +343,20 @@ describe('deploy/', { skip: cluster ? false : 'no cluster' }, () => {
       assert.equal(allowed, 1);
     });
 
+    test('the API server accepts the NetworkPolicy as rendered, and it selects the rolled-out pods', async () => {
+      const stored = JSON.parse(await kubectl(['--namespace', ns, 'get', 'networkpolicy', `webhook-${suffix}`, '--output', 'json']));
+      assert.deepEqual(stored.spec, find('NetworkPolicy').spec);
+      const selector = Object.entries(stored.spec.podSelector.matchLabels).map(([k, v]) => `${k}=${v}`).join(',');
+      const selected = JSON.parse(await kubectl(['--namespace', ns, 'get', 'pods', '--selector', selector, '--output', 'json'])).items;
+      assert.ok(selected.length >= 2, `the policy selects the webhook pods (${selected.length})`);
+      for (const pod of selected) assert.ok(pod.metadata.name.startsWith(`webhook-${suffix}-`), pod.metadata.name);
+      // The Secret volume follows the overlay's nameSuffix.
+      const deployment = JSON.parse(await kubectl(['--namespace', ns, 'get', 'deployment', `webhook-${suffix}`, '--output', 'json']));
+      const volume = deployment.spec.template.spec.volumes.find((v: any) => v.name === 'admin-token');
+      assert.equal(volume.secret.secretName, `webhook-admin-${suffix}`);
+      await kubectl(['--namespace', ns, 'get', 'secret', `webhook-admin-${suffix}`]);
+    });
+
     test('a rolling restart keeps one replica on each node', async () => {
       const deployment = `deployment/webhook-${suffix}`;
       await kubectl(['--namespace', ns, 'rollout', 'restart', deployment]);
@@ -270,10 +376,7 @@ describe('deploy/', { skip: cluster ? false : 'no cluster' }, () => {
 
     test('the Roles -print-rbac generates from the filled-in hook allow its workload and nothing else', async () => {
       assert.equal(await can('get', 'deployments.apps/web'), 'no', 'the ServiceAccount starts with no permission');
-      const dir = makeTempDir('deploy-rbac-hooks-');
-      fs.writeFileSync(path.join(dir, 'web.json'), find('ConfigMap').data['web.json']
-        .replace('<namespace>', ns).replace('<workload>', 'deployment/web').replace('<container>', 'app').replace('<mail-to>', 'ops@example.com'));
-      const rbac = await printRbac(dir, `${ns}/webhook-${suffix}`);
+      const rbac = await printRbac(filledHooks(ns), `${ns}/webhook-${suffix}`);
       const out = await kubectl(['apply', '-f', '-'], rbac);
       assert.match(out, new RegExp(`role\\.rbac\\.authorization\\.k8s\\.io/webhook-${suffix} created`));
       for (const [verb, resource, expected] of [

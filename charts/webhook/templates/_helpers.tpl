@@ -25,6 +25,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- default (include "webhook.fullname" .) .Values.serviceAccount.name -}}
 {{- end -}}
 
+{{- define "webhook.adminSecretName" -}}
+{{- default (printf "%s-admin" (include "webhook.fullname" .)) .Values.adminToken.existingSecret -}}
+{{- end -}}
+
 {{- define "webhook.secretName" -}}
 {{- default (printf "%s-env" (include "webhook.fullname" .)) .Values.token.existingSecret -}}
 {{- end -}}
@@ -114,11 +118,14 @@ workload and container. The token is read when the file is loaded ({{ getenv "â€
 {{- list $hook | toPrettyJson -}}
 {{- end -}}
 
-{{/* What the pod's environment is made from, random tokens aside: its hash restarts the pod when it changes. */}}
+{{/*
+What the pod's environment and admin token are made from, random tokens aside: its hash restarts
+the pod when it changes (the token file is read at start).
+*/}}
 {{- define "webhook.envChecksum" -}}
 {{- $vars := list -}}
 {{- range $h := include "webhook.hooks" . | fromJsonArray -}}
 {{- $vars = append $vars $h.tokenVar -}}
 {{- end -}}
-{{- dict "vars" (uniq $vars) "token" .Values.token "mail" .Values.mail | toJson | sha256sum -}}
+{{- dict "vars" (uniq $vars) "token" .Values.token "mail" .Values.mail "adminToken" .Values.adminToken | toJson | sha256sum -}}
 {{- end -}}
