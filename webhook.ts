@@ -260,7 +260,8 @@ class JsonReader extends TextCursor {
       this.skipSpace();
       this.at++;
       const value = this.value();
-      if (key === '__proto__') Object.defineProperty(out, key, { value, writable: true, enumerable: true, configurable: true });
+      const own = { value, writable: true, enumerable: true, configurable: true };
+      if (key === '__proto__') Object.defineProperty(out, key, own);
       else out[key] = value;
       const c = this.skipSpace();
       this.at++;
@@ -5094,9 +5095,10 @@ export function readAdminTokenFile(o: Options): void {
 
 /** The limits on what requests hold: a body the memory limit could never hold would wait for nothing. */
 function checkRequestLimits(o: Options): void {
-  if (o.maxBodyMemoryBytes < o.maxBodyBytes)
+  const memory = o.maxBodyMemoryBytes;
+  if (memory < o.maxBodyBytes)
     throw new UsageError(
-      `invalid value for flag -max-body-memory: ${o.maxBodyMemoryBytes} is less than -max-body-size (${o.maxBodyBytes})`,
+      `invalid value for flag -max-body-memory: ${memory} is less than -max-body-size (${o.maxBodyBytes})`,
     );
   if (o.maxConnections < 1) throw new UsageError('invalid value for flag -max-connections: must be at least 1');
 }
@@ -7330,7 +7332,7 @@ interface BodyLimits {
  * its body before reading any of it; one that does not fit waits, in arrival order, up to a
  * deadline. Room is given back when the request and its command are done.
  */
-export class BodyMemory {
+class BodyMemory {
   private used = 0;
   private readonly waiting: { bytes: number; grant: () => void }[] = [];
   readonly limit: number;
@@ -7342,20 +7344,16 @@ export class BodyMemory {
   /** Room for `bytes`: resolves with the function that gives it back, or undefined after `waitMs` without room. */
   reserve(bytes: number, waitMs: number): Promise<(() => void) | undefined> {
     return new Promise((resolve) => {
-      const entry = {
-        bytes,
-        grant: () => {
-          clearTimeout(timer);
-          this.used += bytes;
-          let given = false;
-          resolve(() => {
-            if (given) return;
-            given = true;
-            this.used -= bytes;
-            this.grantWaiting();
-          });
-        },
+      const giveBack = () => {
+        this.used -= bytes;
+        this.grantWaiting();
       };
+      const grant = () => {
+        clearTimeout(timer);
+        this.used += bytes;
+        resolve(giveBack);
+      };
+      const entry = { bytes, grant };
       const timer = setTimeout(() => {
         this.waiting.splice(this.waiting.indexOf(entry), 1);
         resolve(undefined);
@@ -7377,22 +7375,16 @@ export class BodyMemory {
 const PARSE_TURN_BYTES = 256 * 1024;
 
 /** Parses bodies one turn at a time, process-wide, so that parsing never holds the event loop for long. */
-export class ParseTurns {
+class ParseTurns {
   private readonly jobs: { bytes: number; run: () => void }[] = [];
   private scheduled = false;
 
+  /** `work`'s result, once its turn has come (the works of one turn run in the same task). */
   parse<T>(bytes: number, work: () => T): Promise<T> {
-    const { promise, resolve, reject } = Promise.withResolvers<T>();
-    const run = () => {
-      try {
-        resolve(work());
-      } catch (e) {
-        reject(e as Error);
-      }
-    };
-    this.jobs.push({ bytes, run });
+    const { promise, resolve } = Promise.withResolvers<void>();
+    this.jobs.push({ bytes, run: resolve });
     this.schedule();
-    return promise;
+    return promise.then(work);
   }
 
   private schedule(): void {
@@ -7505,7 +7497,8 @@ function remoteAddress(socket: net.Socket): { ip: string; addr: string } {
 
 export function createHandler(cx: HandlerContext): (req: http.IncomingMessage, res: http.ServerResponse) => void {
   const o = cx.options;
-  const shared = { memory: new BodyMemory(o.maxBodyMemoryBytes), parser: new ParseTurns(), queueTimeoutMs: o.bodyQueueTimeoutMs };
+  const memory = new BodyMemory(o.maxBodyMemoryBytes);
+  const shared = { memory, parser: new ParseTurns(), queueTimeoutMs: o.bodyQueueTimeoutMs };
   return (req, res) => {
     const ex: Exchange = {
       id: requestIdFor(req, cx.options),
@@ -7752,6 +7745,7 @@ async function readRequestBody(
         `no room for the request body within ${formatGoDuration(shared.queueTimeoutMs)} ` +
           `(-max-body-memory ${shared.memory.limit} bytes in use); answering 503`,
       );
+    // 'close' comes once per response: the room is given back once.
     ex.res.once('close', () => void (ex.running ?? Promise.resolve()).then(release, release));
   }
   ex.bodyTaken = true;
@@ -7772,8 +7766,8 @@ async function parseRequestBody(cx: HandlerContext, ex: Exchange, hook: Hook, ho
   const contentType = requestContentType(ex, hook);
   const jsonParts = hook.jsonParams.filter((p) => p.source === 'payload').map((p) => p.name);
   if (hookReq.multipart || (hook.readsPayload && isParsedContentType(contentType))) {
-    const bytes = hookReq.body.length;
-    const parsed = await ex.bodyLimits.shared.parser.parse(bytes, () => parsePayload(contentType, hookReq.body, jsonParts));
+    const parse = () => parsePayload(contentType, hookReq.body, jsonParts);
+    const parsed = await ex.bodyLimits.shared.parser.parse(hookReq.body.length, parse);
     cx.metrics.inc('webhook_bodies_parsed_total', { hook: hook.id });
     hookReq.payload = parsed.payload;
     if (parsed.note) cx.log.info(`[${ex.id}] ${parsed.note}`);
@@ -10101,10 +10095,10 @@ async function recordEventQuietly(
 //    resolves the tag on its registry with the login of the workload's first imagePullSecret that names the host, and
 //    deploys `repo:tag@<digest>`; a tag the registry lacks or a different digest is refused. REGISTRY_TOKEN_HOSTS
 //    names token services besides the registry's host that may get the login.
-//    Exports: decide, decidePush, decisionAction, fixedSettingChecks, FOLLOW_ANNOTATION, FollowRecord, HOOK_SETTINGS,
-//    HookSetting, HookSettingName, IncomingPush, knownContainer, newPushRecord, notifyCa, NotifyFormatName,
-//    pinnedContainer, pullSecretNames, PushRecord, pushTime, readFollowRecords, readPushRecords, readSettings,
-//    UpgradeSettings, verifiedRef, whoAsked, withPushRecord, workloadPodSpec.
+//    Exports: decide, decidePush, decisionAction, fixedSettingChecks, FOLLOW_ANNOTATION, FollowRecord, futureTimeNote,
+//    HOOK_SETTINGS, HookSetting, HookSettingName, IncomingPush, knownContainer, newPushRecord, notifyCa,
+//    NotifyFormatName, pinnedContainer, pullSecretNames, PushRecord, pushTime, readFollowRecords, readPushRecords,
+//    readSettings, UpgradeSettings, verifiedRef, whoAsked, withPushRecord, workloadPodSpec.
 //    Tests: test/decision.test.ts, test/mail.test.ts, test/records.test.ts, test/registry-e2e.test.ts,
 //    test/replicas.test.ts, test/settings.test.ts, test/upgrade.test.ts.
 // ================================================================================================

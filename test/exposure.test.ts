@@ -363,6 +363,36 @@ describe('signature hooks verify before they parse', () => {
   });
 });
 
+describe('request bodies held in memory', () => {
+  test('past -max-body-memory a request waits -body-queue-timeout, unread, then gets 503 with Retry-After', async () => {
+    const wh = await started({ hooks: [signedHook()], args: ['-max-body-memory', '1048576', '-body-queue-timeout', '1s'], env: { KUBECONFIG: '' } });
+    const body = largePushBody();
+    const head = requestHead(SIGNED_PATH, { 'Content-Length': Buffer.byteLength(body), 'X-Hub-Signature-256': signature(body) });
+    // The first body, half sent, holds all the room there is.
+    const holder = new RawConnection(wh.port);
+    holder.write(head + body.slice(0, body.length / 2));
+    const waiting = new RawConnection(wh.port);
+    waiting.write(head);
+    const refused = await waiting.response();
+    assert.deepEqual([refused.status, refused.body, refused.headers['retry-after'], refused.headers.connection],
+      [503, 'Too many request bodies in memory; retry later.', '5', 'close']);
+    await waiting.closed;
+    await waitForOutput(wh, /ghcr: no room for the request body within 1s \(-max-body-memory 1048576 bytes in use\); answering 503/);
+    holder.write(body.slice(body.length / 2));
+    assert.match((await holder.response()).body, /^result: +failed: /m, 'the holder is served');
+    holder.socket.destroy();
+    // Room given back: the next one is served.
+    const next = await wh.request(SIGNED_PATH, { method: 'POST', body, headers: { 'Content-Type': 'application/json', 'X-Hub-Signature-256': signature(body) } });
+    assert.match(next.body, /^result: +failed: /m);
+  });
+
+  test('-max-body-memory below -max-body-size is refused at start, naming both', async () => {
+    const s = await spawnWebhook({ hooks: [{ id: 'x', 'execute-command': '/bin/true' }], args: ['-max-body-memory', '1000'] });
+    assert.equal((await s.exited).code, 2);
+    assert.match(s.output(), /invalid value for flag -max-body-memory: 1000 is less than -max-body-size \(1048576\)/);
+  });
+});
+
 describe('connections', () => {
   test('-max-connections: connections past it are closed unanswered; once others close, requests are served', async () => {
     const wh = await started({ hooks: [{ id: 'x', 'execute-command': '/bin/true' }], args: ['-max-connections', '3'] });
