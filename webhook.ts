@@ -6154,7 +6154,8 @@ const MAX_UNDECIDED_MATCHES = 6;
  * and the matches that read the parsed payload are undecided. A result comes back when it does
  * not depend on them: the rule reads no parsed payload (the exact result), or no outcome of them
  * satisfies it (the refusal a request whose payload matches gets, typically the signature's
- * error). Undefined when the payload may decide: the body is then parsed and evaluateRule decides.
+ * error; only for a rule with a signature). Undefined when the payload may decide: the body is then parsed and
+ * evaluateRule decides.
  * So a body is parsed only for a request that its body-free and signature matches let through.
  */
 export function evaluateRuleBeforeParse(
@@ -6163,8 +6164,12 @@ export function evaluateRuleBeforeParse(
   soft: boolean,
   now: Date = new Date(),
 ): RuleResult | undefined {
-  const undecided = ruleMatches(rule).filter((m) => m.param && paramReadsBody(m.param));
-  if (undecided.length > MAX_UNDECIDED_MATCHES) return undefined;
+  const matches = ruleMatches(rule);
+  const undecided = matches.filter((m) => m.param && paramReadsBody(m.param));
+  // Without a signature the raw body decides nothing new: the rule is evaluated in order once parsed, as adnanh
+  // does (a missing payload parameter it reaches first is logged).
+  const signed = matches.some((m) => m.readsBody && !(m.param && paramReadsBody(m.param)));
+  if (undecided.length > (signed ? MAX_UNDECIDED_MATCHES : 0)) return undefined;
   const known = new Map<Match, RuleResult>();
   const decided = (m: Match) => known.get(m) ?? known.set(m, evaluateMatch(m, req, now)).get(m)!;
   const outcomes = (m: Match): RuleResult[] => [
