@@ -10100,10 +10100,10 @@ async function recordEventQuietly(
 //    resolves the tag on its registry with the login of the workload's first imagePullSecret that names the host, and
 //    deploys `repo:tag@<digest>`; a tag the registry lacks or a different digest is refused. REGISTRY_TOKEN_HOSTS
 //    names token services besides the registry's host that may get the login.
-//    Exports: decide, decidePush, decisionAction, fixedSettingChecks, FOLLOW_ANNOTATION, FollowRecord, futureTimeNote,
-//    HOOK_SETTINGS, HookSetting, HookSettingName, IncomingPush, knownContainer, newPushRecord, notifyCa,
-//    NotifyFormatName, pinnedContainer, pullSecretNames, PushRecord, pushTime, readFollowRecords, readPushRecords,
-//    readSettings, UpgradeSettings, verifiedRef, whoAsked, withPushRecord, workloadPodSpec.
+//    Exports: decide, decidePush, decisionAction, fixedSettingChecks, FOLLOW_ANNOTATION, FollowRecord,
+//    FUTURE_PUSH_SKEW_MS, HOOK_SETTINGS, HookSetting, HookSettingName, IncomingPush, knownContainer, newPushRecord,
+//    notifyCa, NotifyFormatName, pinnedContainer, pullSecretNames, PushRecord, pushTime, readFollowRecords,
+//    readPushRecords, readSettings, UpgradeSettings, verifiedRef, whoAsked, withPushRecord, workloadPodSpec.
 //    Tests: test/decision.test.ts, test/mail.test.ts, test/records.test.ts, test/registry-e2e.test.ts,
 //    test/replicas.test.ts, test/settings.test.ts, test/upgrade.test.ts.
 // ================================================================================================
@@ -10588,9 +10588,8 @@ type PushDecision =
   | { kind: 'repeat'; record: PushRecord }
   | { kind: 'superseded'; record: PushRecord };
 
-// A registry's clock may run a little ahead of ours; a payload time later than receipt by more
-// than this is no clock's drift but a push from the future, which would make every real push after
-// it look older ("superseded") until that time came.
+// A registry's clock may run a little ahead of ours; more than this is a push from the future, which would
+// make every real push after it look older ("superseded") until that time came.
 export const FUTURE_PUSH_SKEW_MS = 5 * 60_000;
 
 /**
@@ -10676,18 +10675,6 @@ export function decidePush(recorded: PushRecord | undefined, push: IncomingPush,
   const comparable = push.timeFrom === (recorded.timeFrom ?? 'payload');
   if (comparable && push.pushedAtMs < Date.parse(recorded.pushedAt)) return { kind: 'superseded', record: recorded };
   return { kind: 'apply' };
-}
-
-/** The report's note for a push time or record from the future (FUTURE_PUSH_SKEW_MS). Pure. */
-export function futureTimeNote(kind: 'payload' | 'record', futureMs: number, nowMs: number, image?: string): string {
-  const skew = formatGoDuration(FUTURE_PUSH_SKEW_MS);
-  const when = new Date(futureMs).toISOString();
-  const ahead = formatGoDuration(roundedToSeconds(futureMs - nowMs));
-  return kind === 'payload'
-    ? `the payload's push time ${when} is ${ahead} after it was received (more than ${skew} ahead): ` +
-        'the time received is recorded instead'
-    : `the recorded push (${image}, pushed at ${when}) is ${ahead} in the future (more than ${skew} ahead): ` +
-        'it holds no push off and is replaced';
 }
 
 /**
@@ -11006,9 +10993,9 @@ async function verifiedRef(
 //    is read again and the patch re-planned. A different image replaces only that container's image; the same image
 //    restarts the rollout the way `kubectl rollout restart` does, plus imagePullPolicy: Always; a reference pinned to
 //    the same digest changes nothing. The same patch sets kubernetes.io/change-cause and the push record under a
-//    `test` of the value read.
-//    Exports: patchOnce, patchUntilApplied.
-//    Tests: test/e2e.test.ts, test/replicas.test.ts, test/upgrade.test.ts.
+//    `test` of the value read. A push time or record from the future is named in the report (futureTimeNote).
+//    Exports: futureTimeNote, patchOnce, patchUntilApplied.
+//    Tests: test/e2e.test.ts, test/records.test.ts, test/replicas.test.ts, test/upgrade.test.ts.
 // ================================================================================================
 
 /** A change made: the workload as the PATCH returned it, the image it replaced, the record written. */
@@ -11039,6 +11026,18 @@ async function patchUntilApplied(
       throw new UpgradeError(`${what} kept changing while it was patched (${attempt} attempts); try again`);
     }
   }
+}
+
+/** The report's note for a push time or record from the future (FUTURE_PUSH_SKEW_MS). Pure. */
+export function futureTimeNote(kind: 'payload' | 'record', futureMs: number, nowMs: number, image?: string): string {
+  const skew = formatGoDuration(FUTURE_PUSH_SKEW_MS);
+  const when = new Date(futureMs).toISOString();
+  const ahead = formatGoDuration(roundedToSeconds(futureMs - nowMs));
+  return kind === 'payload'
+    ? `the payload's push time ${when} is ${ahead} after it was received (more than ${skew} ahead): ` +
+        'the time received is recorded instead'
+    : `the recorded push (${image}, pushed at ${when}) is ${ahead} in the future (more than ${skew} ahead): ` +
+        'it holds no push off and is replaced';
 }
 
 /**
