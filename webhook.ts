@@ -158,16 +158,15 @@ export class JsonNumber {
 }
 
 /**
- * JSON.parse, with every number kept as its literal text (JsonNumber). The reviver that does it
- * costs several times the plain parse, so it runs only when the document holds a number at all
- * (ACR payloads hold none).
+ * JSON.parse, with every number kept as its literal text (JsonNumber). The native parser checks
+ * the text (so what it refuses, and how, stays JSON.parse's); a document that holds a number is
+ * then read again by JsonReader, which is several times faster than JSON.parse with a reviver
+ * reading each number's source text (bench/json.ts). ACR payloads hold no number at all.
  */
 export function parseJsonKeepingNumbers(text: string): unknown {
   const plain: unknown = JSON.parse(text);
   if (!containsNumber(plain)) return plain;
-  return JSON.parse(text, (_key, value, context?: { source?: string }) =>
-    typeof value === 'number' && context?.source !== undefined ? new JsonNumber(context.source) : value,
-  );
+  return new JsonReader(text).value();
 }
 
 function containsNumber(value: unknown): boolean {
@@ -175,6 +174,100 @@ function containsNumber(value: unknown): boolean {
   if (value === null || typeof value !== 'object') return false;
   for (const v of Array.isArray(value) ? value : Object.values(value)) if (containsNumber(v)) return true;
   return false;
+}
+
+/**
+ * Reads a text JSON.parse has already accepted, keeping numbers as JsonNumber: it needs no error
+ * handling of its own. Objects are built as JSON.parse builds them (a repeated key's last value
+ * wins; "__proto__" is an own property, never the prototype).
+ */
+class JsonReader extends TextCursor {
+  /** Where the next backslash is, at or after the cursor (Infinity: none): found once, not per string. */
+  private backslash = -1;
+
+  value(): unknown {
+    const c = this.skipSpace();
+    if (c === 0x7b) return this.object();
+    if (c === 0x5b) return this.array();
+    if (c === 0x22) return this.string();
+    if (c === 0x74 || c === 0x6e) return this.word(c === 0x74 ? true : null, 4);
+    if (c === 0x66) return this.word(false, 5);
+    return this.number();
+  }
+
+  private skipSpace(): number {
+    let c = this.text.charCodeAt(this.at);
+    while (c === 0x20 || c === 0x0a || c === 0x0d || c === 0x09) c = this.text.charCodeAt(++this.at);
+    return c;
+  }
+
+  private word(value: boolean | null, length: number): boolean | null {
+    this.at += length;
+    return value;
+  }
+
+  /** Digits, sign, point and exponent: the literal as written. */
+  private number(): JsonNumber {
+    const start = this.at;
+    let c = this.text.charCodeAt(this.at);
+    while ((c >= 0x30 && c <= 0x39) || c === 0x2d || c === 0x2b || c === 0x2e || c === 0x65 || c === 0x45)
+      c = this.text.charCodeAt(++this.at);
+    return new JsonNumber(this.text.slice(start, this.at));
+  }
+
+  /** A string: sliced as it is when it has no escape, else its token decoded by JSON.parse. */
+  private string(): string {
+    const start = this.at + 1;
+    let end = this.text.indexOf('"', start);
+    if (this.backslash < start) {
+      const found = this.text.indexOf('\\', start);
+      this.backslash = found < 0 ? Infinity : found;
+    }
+    if (this.backslash > end) {
+      this.at = end + 1;
+      return this.text.slice(start, end);
+    }
+    for (end = this.backslash; this.text.charCodeAt(end) !== 0x22; ) end += this.text.charCodeAt(end) === 0x5c ? 2 : 1;
+    this.at = end + 1;
+    return JSON.parse(this.text.slice(start - 1, end + 1)) as string;
+  }
+
+  private array(): unknown[] {
+    const out: unknown[] = [];
+    this.at++;
+    if (this.skipSpace() === 0x5d) {
+      this.at++;
+      return out;
+    }
+    for (;;) {
+      out.push(this.value());
+      const c = this.skipSpace();
+      this.at++;
+      if (c === 0x5d) return out;
+    }
+  }
+
+  private object(): Record<string, unknown> {
+    const out: Record<string, unknown> = {};
+    this.at++;
+    if (this.skipSpace() === 0x7d) {
+      this.at++;
+      return out;
+    }
+    for (;;) {
+      this.skipSpace();
+      const key = this.string();
+      this.skipSpace();
+      this.at++;
+      const value = this.value();
+      const own = { value, writable: true, enumerable: true, configurable: true };
+      if (key === '__proto__') Object.defineProperty(out, key, own);
+      else out[key] = value;
+      const c = this.skipSpace();
+      this.at++;
+      if (c === 0x7d) return out;
+    }
+  }
 }
 
 /**
@@ -4441,6 +4534,12 @@ export interface Options {
   readHeaderTimeoutMs: number;
   readTimeoutMs: number;
   bodyIdleTimeoutMs: number;
+  /** Request body bytes held in memory at once, across all requests. */
+  maxBodyMemoryBytes: number;
+  /** How long a request waits, unread, for room under maxBodyMemoryBytes before its 503. */
+  bodyQueueTimeoutMs: number;
+  /** Connections open at once on the hook port; more are closed as they arrive. */
+  maxConnections: number;
   commandTimeoutMs: number;
   maxConcurrentCommands: number;
   shutdownGraceMs: number;
@@ -4487,6 +4586,20 @@ export const LIMITS = {
   // A body that stops arriving holds a connection (and whatever was received) for nothing. A
   // registry sends its payload in one go; 30 s without a byte is a stalled or hostile client.
   bodyIdleTimeoutMs: 30_000,
+  // Request bodies held in memory at once, process-wide, from the first byte read until their
+  // request (and its command) is done. A kept body costs many times its size on its way (its text,
+  // the parsed payload, the command's argument, the upgrade's own reading of it: ~15× for a 1 MiB
+  // payload through the upgrade), so 8 MiB keeps a burst of the largest pushes well under the
+  // manifests' 256 Mi limit, while registry payloads of a few KiB fit by the thousand.
+  maxBodyMemoryBytes: 8 * 1024 * 1024,
+  // A request whose body does not fit waits, unread (its client held by TCP), this long for room
+  // before 503 with Retry-After: a burst of large pushes is served in turn, and a registry that
+  // gives up after 10 s (GitHub) still gets an answer.
+  bodyQueueTimeoutMs: 5_000,
+  // Each connection is a file descriptor. Idle connections cost little (8,000 are served), yet a
+  // flood of slow clients must not use up the descriptors commands, outbound calls and hook
+  // files need: connections past this many are closed as they arrive.
+  maxConnections: 10_000,
   // An upgrade with rollout tracking takes minutes at most; a command still running after
   // 10 minutes is stuck, and it holds one of the command slots.
   commandTimeoutMs: 10 * 60_000,
@@ -4668,6 +4781,26 @@ const FLAGS: Record<string, FlagSpec> = {
     key: 'bodyIdleTimeoutMs',
     def: formatGoDuration(LIMITS.bodyIdleTimeoutMs),
     help: 'time a request body may go without data before the connection is dropped (0: no limit)',
+  },
+  'max-body-memory': {
+    kind: 'bytes',
+    key: 'maxBodyMemoryBytes',
+    def: String(LIMITS.maxBodyMemoryBytes),
+    help:
+      'request body bytes held in memory at once, all requests together; a request that does not fit waits ' +
+      '-body-queue-timeout, then gets 503 with Retry-After (at least -max-body-size)',
+  },
+  'body-queue-timeout': {
+    kind: 'duration',
+    key: 'bodyQueueTimeoutMs',
+    def: formatGoDuration(LIMITS.bodyQueueTimeoutMs),
+    help: 'time a request waits, unread, for room under -max-body-memory before 503',
+  },
+  'max-connections': {
+    kind: 'int',
+    key: 'maxConnections',
+    def: String(LIMITS.maxConnections),
+    help: 'connections open at once on the hook port; more are closed as they arrive (keep below ulimit -n)',
   },
   'command-timeout': {
     kind: 'duration',
@@ -4901,6 +5034,7 @@ export function parseCommandLine(argv: string[], env: Record<string, string | un
   if (o.port < 0 || o.port > 65535) throw new UsageError(`invalid value "${o.port}" for flag -port: not a port number`);
   if (o.maxConcurrentCommands < 1)
     throw new UsageError('invalid value for flag -max-concurrent-commands: must be at least 1');
+  checkRequestLimits(o);
   if ((o.setuid !== 0) !== (o.setgid !== 0)) throw new UsageError('-setuid and -setgid must be used together');
   if (o.metricsListen !== '') parseListenAddress(o.metricsListen);
   if (o.maxMailsPerHook < 1) throw new UsageError('invalid value for flag -max-mails-per-hook: must be at least 1');
@@ -4970,6 +5104,16 @@ export function readAdminTokenFile(o: Options): void {
         `${placeholder[0] === token ? `the placeholder "${token}"` : 'a placeholder'}; replace it`,
     );
   o.adminToken = token;
+}
+
+/** The limits on what requests hold: a body the memory limit could never hold would wait for nothing. */
+function checkRequestLimits(o: Options): void {
+  const memory = o.maxBodyMemoryBytes;
+  if (memory < o.maxBodyBytes)
+    throw new UsageError(
+      `invalid value for flag -max-body-memory: ${memory} is less than -max-body-size (${o.maxBodyBytes})`,
+    );
+  if (o.maxConnections < 1) throw new UsageError('invalid value for flag -max-connections: must be at least 1');
 }
 
 /** `host:port`, `:port` (every address) or `[v6]:port`, as Go's net.Listen takes them. */
@@ -5758,9 +5902,11 @@ export function compileParam(reader: FieldReader, value: unknown, at: Place, fil
 //    it tests a request. and/or/not combine matches with adnanh's semantics: a missing parameter makes a match false
 //    (inside `or` it is passed over, inside `and` the rule fails); a bad signature is an evaluation error unless the
 //    hook allows soft failures. Secrets compare in constant time. A rule is first evaluated without the body, in the
-//    same order, up to the first match that needs it: a request that fails before then is answered unread. CIDRs for
-//    ip-whitelist are parsed here too.
-//    Exports: compileRule, evaluateRule, evaluateRuleBeforeBody, Match, Rule, ruleMatches, RuleResult.
+//    same order, up to the first match that needs it: a request that fails before then is answered unread; then on the
+//    raw body, signatures checked before anything is parsed (evaluateRuleBeforeParse). CIDRs for ip-whitelist are
+//    parsed here too.
+//    Exports: compileRule, evaluateRule, evaluateRuleBeforeBody, evaluateRuleBeforeParse, Match, Rule, ruleMatches,
+//    RuleResult.
 //    Tests: test/adnanh-suite.test.ts, test/compat.test.ts, test/exposure.test.ts, test/unit.test.ts.
 // ================================================================================================
 
@@ -6006,6 +6152,54 @@ export function evaluateRuleBeforeBody(
     }
     return undefined;
   });
+}
+
+// A rule decided before its body is parsed tries every outcome of the matches that read the parsed
+// payload: three each (passes, fails, its parameter missing). Rules name a handful; past this many,
+// the body is parsed and the rule evaluated as usual.
+const MAX_UNDECIDED_MATCHES = 6;
+
+/**
+ * The rule once the raw body is in, before it is parsed: signatures are checked on the raw bytes,
+ * and the matches that read the parsed payload are undecided. A result comes back when it does
+ * not depend on them: the rule reads no parsed payload (the exact result), or no outcome of them
+ * satisfies it (the refusal a request whose payload matches gets, typically the signature's
+ * error; only for a rule with a signature). Undefined when the payload may decide: the body is then parsed and
+ * evaluateRule decides.
+ * So a body is parsed only for a request that its body-free and signature matches let through.
+ */
+export function evaluateRuleBeforeParse(
+  rule: Rule,
+  req: HookRequest,
+  soft: boolean,
+  now: Date = new Date(),
+): RuleResult | undefined {
+  const matches = ruleMatches(rule);
+  const undecided = matches.filter((m) => m.param && paramReadsBody(m.param));
+  // Without a signature the raw body decides nothing new: the rule is evaluated in order once parsed, as adnanh
+  // does (a missing payload parameter it reaches first is logged).
+  const signed = matches.some((m) => m.readsBody && !(m.param && paramReadsBody(m.param)));
+  if (undecided.length > (signed ? MAX_UNDECIDED_MATCHES : 0)) return undefined;
+  const known = new Map<Match, RuleResult>();
+  const decided = (m: Match) => known.get(m) ?? known.set(m, evaluateMatch(m, req, now)).get(m)!;
+  const outcomes = (m: Match): RuleResult[] => [
+    { ok: true },
+    { ok: false },
+    { ok: false, error: new ParameterNotFound(m.param!.name) },
+  ];
+  let passing: RuleResult | undefined;
+  const choices = undecided.map(() => 0);
+  for (;;) {
+    const chosen = new Map(undecided.map((m, i) => [m, outcomes(m)[choices[i]]]));
+    const result = evaluateWith(rule, soft, (m) => chosen.get(m) ?? decided(m))!;
+    if (result.ok && (!result.error || result.error instanceof ParameterNotFound))
+      return undecided.length === 0 ? result : undefined;
+    passing ??= result;
+    // The next combination of outcomes, the first match's changing fastest; done after the last.
+    let i = 0;
+    while (i < choices.length && ++choices[i] === 3) choices[i++] = 0;
+    if (i === choices.length) return passing;
+  }
 }
 
 /** and/or/not over the matches' results; undefined (a match that cannot be decided yet) ends it. */
@@ -7081,6 +7275,13 @@ const ANSWERS = {
   // The status is the hook's trigger-rule-mismatch-http-response-code.
   notSatisfied: { status: 200, body: 'Hook rules were not satisfied.' },
   busy: { status: 503, body: 'Too many commands running; retry later.', headers: { 'Retry-After': '5' } },
+  // The body is left unread: the connection closes.
+  bodyMemoryFull: {
+    status: 503,
+    body: 'Too many request bodies in memory; retry later.',
+    headers: { 'Retry-After': '5' },
+    closeConnection: true,
+  },
   // Status and body are the hook's success-http-response-code and response-message or output.
   triggered: { status: 200, body: '' },
   commandFailed: {
@@ -7130,14 +7331,98 @@ interface Exchange {
   bodyLimits: BodyLimits;
   /** The body is being (or has been) read for the hook: an answer then has nothing left to drop. */
   bodyTaken?: boolean;
+  /** The command run for the request, once dispatched: its body stays counted until it is done. */
+  running?: Promise<unknown>;
 }
 
 interface BodyLimits {
   maxBodyBytes: number;
   bodyIdleTimeoutMs: number;
+  /** What all requests share: the memory their bodies hold, and the turns bodies are parsed in. */
+  shared: { memory: BodyMemory; parser: ParseTurns; queueTimeoutMs: number };
+}
+
+/**
+ * Request body bytes held in memory, process-wide (-max-body-memory). A request reserves room for
+ * its body before reading any of it; one that does not fit waits, in arrival order, up to a
+ * deadline. Room is given back when the request and its command are done.
+ */
+class BodyMemory {
+  private used = 0;
+  private readonly waiting: { bytes: number; grant: () => void }[] = [];
+  readonly limit: number;
+
+  constructor(limit: number) {
+    this.limit = limit;
+  }
+
+  /** Room for `bytes`: resolves with the function that gives it back, or undefined after `waitMs` without room. */
+  reserve(bytes: number, waitMs: number): Promise<(() => void) | undefined> {
+    return new Promise((resolve) => {
+      const giveBack = () => {
+        this.used -= bytes;
+        this.grantWaiting();
+      };
+      const grant = () => {
+        clearTimeout(timer);
+        this.used += bytes;
+        resolve(giveBack);
+      };
+      const entry = { bytes, grant };
+      const timer = setTimeout(() => {
+        this.waiting.splice(this.waiting.indexOf(entry), 1);
+        resolve(undefined);
+        this.grantWaiting();
+      }, waitMs);
+      this.waiting.push(entry);
+      this.grantWaiting();
+    });
+  }
+
+  private grantWaiting(): void {
+    while (this.waiting.length > 0 && this.used + this.waiting[0].bytes <= this.limit) this.waiting.shift()!.grant();
+  }
+}
+
+// Bodies are parsed in turns of the event loop, at most this many bytes a turn (one body however
+// large): the new reader parses 256 KiB in a few milliseconds, so between turns the server goes
+// on answering (GET /, other hooks) whatever the number of bodies waiting.
+const PARSE_TURN_BYTES = 256 * 1024;
+
+/** Parses bodies one turn at a time, process-wide, so that parsing never holds the event loop for long. */
+class ParseTurns {
+  private readonly jobs: { bytes: number; run: () => void }[] = [];
+  private scheduled = false;
+
+  /** `work`'s result, once its turn has come (the works of one turn run in the same task). */
+  parse<T>(bytes: number, work: () => T): Promise<T> {
+    const { promise, resolve } = Promise.withResolvers<void>();
+    this.jobs.push({ bytes, run: resolve });
+    this.schedule();
+    return promise.then(work);
+  }
+
+  private schedule(): void {
+    if (this.scheduled || this.jobs.length === 0) return;
+    this.scheduled = true;
+    setImmediate(() => this.turn());
+  }
+
+  private turn(): void {
+    this.scheduled = false;
+    let spent = 0;
+    do {
+      const job = this.jobs.shift()!;
+      spent += job.bytes;
+      job.run();
+    } while (this.jobs.length > 0 && spent + this.jobs[0].bytes <= PARSE_TURN_BYTES);
+    this.schedule();
+  }
 }
 
 class BodyTooLarge extends Error {}
+/** No room under -max-body-memory within -body-queue-timeout: 503 with Retry-After. */
+class BodyMemoryFull extends Error {}
 class BodyTimeout extends Error {}
 /** A rule that could not be evaluated (a bad signature, a malformed date): adnanh answers 500. */
 class RuleEvaluationError extends Error {}
@@ -7226,6 +7511,9 @@ function remoteAddress(socket: net.Socket): { ip: string; addr: string } {
 }
 
 export function createHandler(cx: HandlerContext): (req: http.IncomingMessage, res: http.ServerResponse) => void {
+  const o = cx.options;
+  const memory = new BodyMemory(o.maxBodyMemoryBytes);
+  const shared = { memory, parser: new ParseTurns(), queueTimeoutMs: o.bodyQueueTimeoutMs };
   return (req, res) => {
     const ex: Exchange = {
       id: requestIdFor(req, cx.options),
@@ -7235,7 +7523,7 @@ export function createHandler(cx: HandlerContext): (req: http.IncomingMessage, r
       method: req.method ?? 'GET',
       remote: remoteAddress(req.socket),
       started: process.hrtime.bigint(),
-      bodyLimits: { maxBodyBytes: cx.options.maxBodyBytes, bodyIdleTimeoutMs: cx.options.bodyIdleTimeoutMs },
+      bodyLimits: { maxBodyBytes: o.maxBodyBytes, bodyIdleTimeoutMs: o.bodyIdleTimeoutMs, shared },
     };
     res.setHeader('X-Request-Id', ex.id);
     countWhenFinished(cx, ex);
@@ -7349,8 +7637,12 @@ async function handleRequest(cx: HandlerContext, ex: Exchange): Promise<void> {
   const soft = hook.softSignatureFailures;
   const early = hook.rule ? evaluateRuleBeforeBody(hook.rule, hookReq, soft) : { ok: true };
   if (early && !satisfied(cx, ex, hook, early)) return notSatisfied();
-  await readRequestBody(cx, ex, hook, hookReq, !early);
-  if (!early && !satisfied(cx, ex, hook, evaluateRule(hook.rule!, hookReq, soft))) return notSatisfied();
+  const kept = await readRequestBody(ex, hook, hookReq, !early);
+  // Signatures are checked on the raw bytes: a body is parsed only for a request they let through.
+  const beforeParse = early ?? evaluateRuleBeforeParse(hook.rule!, hookReq, soft);
+  if (beforeParse && !satisfied(cx, ex, hook, beforeParse)) return notSatisfied();
+  if (kept) await parseRequestBody(cx, ex, hook, hookReq);
+  if (!beforeParse && !satisfied(cx, ex, hook, evaluateRule(hook.rule!, hookReq, soft))) return notSatisfied();
   return dispatch(cx, ex, hook, hookReq);
 }
 
@@ -7444,34 +7736,54 @@ function satisfied(cx: HandlerContext, ex: Exchange, hook: Hook, result: RuleRes
 }
 
 /**
- * Step 5, read: the body, when the rule (`ruleNeedsIt`) or the command uses it, and the payload
- * from it. A multipart body is read and parsed whatever the hook uses, since a malformed one is
- * answered with 500 (as adnanh does). An unused body is still received to its end (and dropped),
- * so no command runs for a request that never completes; one declared larger than
- * -max-body-size is refused even when unused.
+ * Step 5, read: the body, when the rule (`ruleNeedsIt`) or the command uses it (true: it was kept).
+ * A multipart body is kept whatever the hook uses, since a malformed one is answered with 500 (as
+ * adnanh does). An unused body is still received to its end (and dropped), so no command runs
+ * for a request that never completes; one declared larger than -max-body-size is refused even
+ * when unused. A kept body first takes room under -max-body-memory, until the request and its
+ * command are done; none within -body-queue-timeout is BodyMemoryFull.
  */
 async function readRequestBody(
-  cx: HandlerContext,
   ex: Exchange,
   hook: Hook,
   hookReq: HookRequest,
   ruleNeedsIt: boolean,
-): Promise<void> {
-  if ((declaredLength(ex.req) ?? 0) > ex.bodyLimits.maxBodyBytes)
-    throw new BodyTooLarge(`request body larger than ${ex.bodyLimits.maxBodyBytes} bytes refused`);
+): Promise<boolean> {
+  const { maxBodyBytes, shared } = ex.bodyLimits;
+  if ((declaredLength(ex.req) ?? 0) > maxBodyBytes)
+    throw new BodyTooLarge(`request body larger than ${maxBodyBytes} bytes refused`);
   const keep = ruleNeedsIt || hook.usesBody || hookReq.multipart === true;
+  if (keep) {
+    const release = await shared.memory.reserve(declaredLength(ex.req) ?? maxBodyBytes, shared.queueTimeoutMs);
+    if (!release)
+      throw new BodyMemoryFull(
+        `no room for the request body within ${formatGoDuration(shared.queueTimeoutMs)} ` +
+          `(-max-body-memory ${shared.memory.limit} bytes in use); answering 503`,
+      );
+    // 'close' comes once per response: the room is given back once.
+    ex.res.once('close', () => void (ex.running ?? Promise.resolve()).then(release, release));
+  }
   ex.bodyTaken = true;
   // A client waiting for `100 Continue` is asked for its body only now; an answer given before
   // this point never invites it.
   if (/^100-continue$/i.test(ex.req.headers.expect ?? '')) ex.res.writeContinue();
   const body = await receiveBody(ex, keep);
-  if (!keep) return;
-  hookReq.body = body;
+  if (keep) hookReq.body = body;
+  return keep;
+}
+
+/**
+ * Step 6, parse: the payload from a kept body, in the process-wide parse turns (ParseTurns), and
+ * the parameters parse-parameters-as-json takes from it. A hook that never reads the payload
+ * does not pay for parsing it.
+ */
+async function parseRequestBody(cx: HandlerContext, ex: Exchange, hook: Hook, hookReq: HookRequest): Promise<void> {
   const contentType = requestContentType(ex, hook);
   const jsonParts = hook.jsonParams.filter((p) => p.source === 'payload').map((p) => p.name);
-  // A hook that never reads the payload does not pay for parsing it.
   if (hookReq.multipart || (hook.readsPayload && isParsedContentType(contentType))) {
-    const parsed = parsePayload(contentType, hookReq.body, jsonParts);
+    const parse = () => parsePayload(contentType, hookReq.body, jsonParts);
+    const parsed = await ex.bodyLimits.shared.parser.parse(hookReq.body.length, parse);
+    cx.metrics.inc('webhook_bodies_parsed_total', { hook: hook.id });
     hookReq.payload = parsed.payload;
     if (parsed.note) cx.log.info(`[${ex.id}] ${parsed.note}`);
   }
@@ -7495,6 +7807,7 @@ async function dispatch(cx: HandlerContext, ex: Exchange, hook: Hook, hookReq: H
     cx.listener.finished(hook, hookReq, r);
     return r;
   });
+  ex.running = told;
   if (!hook.captureOutput) {
     told.catch((e: Error) => cx.log.error(`[${ex.id}] ${e.message}`));
     return sendAnswer(cx, ex, 'triggered', { status: hook.successCode, body: hook.responseMessage });
@@ -7516,6 +7829,11 @@ function answerForError(cx: HandlerContext, ex: Exchange, e: unknown): AnswerNam
   if (e instanceof BodyTimeout) {
     cx.log.error(`${tag} ${ex.hook?.id}: ${message}`);
     return 'bodyTimeout';
+  }
+  if (e instanceof BodyMemoryFull) {
+    cx.log.error(`${tag} ${ex.hook?.id}: ${message}`);
+    cx.metrics.inc('webhook_bodies_refused_total', { hook: ex.hook?.id ?? '' });
+    return 'bodyMemoryFull';
   }
   if (e instanceof MultipartError) {
     cx.log.error(`${tag} error parsing multipart form: ${escapeControls(message)}`);
@@ -7745,6 +8063,7 @@ async function openListener(o: Options, handler: http.RequestListener, log: Logg
   // A client that waits for `100 Continue` before sending its body gets it only from a hook that
   // reads the body (createHandler); Node would otherwise send it at once, inviting every body.
   server.on('checkContinue', handler);
+  limitConnections(server, o.maxConnections, log);
   if (o.setgid) {
     process.setgid!(o.setgid);
     process.setuid!(o.setuid);
@@ -7757,6 +8076,22 @@ async function openListener(o: Options, handler: http.RequestListener, log: Logg
       : `${o.secure ? 'https' : 'http'}://${o.ip}:${address?.port}/${o.urlprefix}/{id}`;
   log.notice(`serving hooks on ${where}`);
   return server;
+}
+
+// A flood of connections past -max-connections is logged once per this long, not once per connection.
+const DROPPED_CONNECTIONS_LOG_INTERVAL_MS = 10_000;
+
+/** At most `max` connections at once (-max-connections): Node closes each one past it as it arrives. */
+function limitConnections(server: net.Server, max: number, log: Logger): void {
+  server.maxConnections = max;
+  let dropped = 0;
+  let quietUntil = 0;
+  server.on('drop', () => {
+    dropped++;
+    if (Date.now() < quietUntil) return;
+    quietUntil = Date.now() + DROPPED_CONNECTIONS_LOG_INTERVAL_MS;
+    log.error(`-max-connections ${max} reached: closed a new connection (${dropped} so far)`);
+  });
 }
 
 /** The admin listener (-metrics-listen) with the deliveries pages; undefined when off, false when it failed. */
@@ -9775,10 +10110,10 @@ async function recordEventQuietly(
 //    resolves the tag on its registry with the login of the workload's first imagePullSecret that names the host, and
 //    deploys `repo:tag@<digest>`; a tag the registry lacks or a different digest is refused. REGISTRY_TOKEN_HOSTS
 //    names token services besides the registry's host that may get the login.
-//    Exports: decide, decidePush, decisionAction, fixedSettingChecks, FOLLOW_ANNOTATION, FollowRecord, HOOK_SETTINGS,
-//    HookSetting, HookSettingName, IncomingPush, knownContainer, newPushRecord, notifyCa, NotifyFormatName,
-//    pinnedContainer, pullSecretNames, PushRecord, pushTime, readFollowRecords, readPushRecords, readSettings,
-//    UpgradeSettings, verifiedRef, whoAsked, withPushRecord, workloadPodSpec.
+//    Exports: decide, decidePush, decisionAction, fixedSettingChecks, FOLLOW_ANNOTATION, FollowRecord,
+//    FUTURE_PUSH_SKEW_MS, HOOK_SETTINGS, HookSetting, HookSettingName, IncomingPush, knownContainer, newPushRecord,
+//    notifyCa, NotifyFormatName, pinnedContainer, pullSecretNames, PushRecord, pushTime, readFollowRecords,
+//    readPushRecords, readSettings, UpgradeSettings, verifiedRef, whoAsked, withPushRecord, workloadPodSpec.
 //    Tests: test/decision.test.ts, test/mail.test.ts, test/records.test.ts, test/registry-e2e.test.ts,
 //    test/replicas.test.ts, test/settings.test.ts, test/upgrade.test.ts.
 // ================================================================================================
@@ -10259,16 +10594,24 @@ export interface IncomingPush {
 }
 
 type PushDecision =
-  | { kind: 'apply' }
+  | { kind: 'apply'; replacesFuture?: PushRecord }
   | { kind: 'repeat'; record: PushRecord }
   | { kind: 'superseded'; record: PushRecord };
+
+// A registry's clock may run a little ahead of ours; more than this is a push from the future, which would
+// make every real push after it look older ("superseded") until that time came.
+export const FUTURE_PUSH_SKEW_MS = 5 * 60_000;
 
 /**
  * When a push was pushed: the payload's time (Docker Hub's epoch seconds; ISO 8601; ACR's
  * "YYYY-MM-DD HH:MM:SS", which names no zone and is read as UTC), else the time it was received.
- * Pure.
+ * A payload time more than FUTURE_PUSH_SKEW_MS after receipt is replaced by the time received
+ * (`future` keeps what the payload said, for the report). Pure.
  */
-export function pushTime(payloadTime: string, receivedAt: Date): { ms: number; from: 'payload' | 'received' } {
+export function pushTime(
+  payloadTime: string,
+  receivedAt: Date,
+): { ms: number; from: 'payload' | 'received'; future?: number } {
   const text = payloadTime.trim();
   let ms = NaN;
   if (/^\d+(?:\.\d+)?$/.test(text)) {
@@ -10280,7 +10623,10 @@ export function pushTime(payloadTime: string, receivedAt: Date): { ms: number; f
   } else if (text !== '') {
     ms = Date.parse(text);
   }
-  return Number.isFinite(ms) && ms > 0 ? { ms, from: 'payload' } : { ms: receivedAt.getTime(), from: 'received' };
+  const received = receivedAt.getTime();
+  if (!Number.isFinite(ms) || ms <= 0) return { ms: received, from: 'received' };
+  if (ms > received + FUTURE_PUSH_SKEW_MS) return { ms: received, from: 'received', future: ms };
+  return { ms, from: 'payload' };
 }
 
 /**
@@ -10333,6 +10679,9 @@ export function decidePush(recorded: PushRecord | undefined, push: IncomingPush,
   const identified = push.push !== '|';
   if (samePush && (identified || nowMs - Date.parse(recorded.appliedAt) < UPGRADE_LIMITS.duplicateWindowMs))
     return { kind: 'repeat', record: recorded };
+  // A record from the future (written before FUTURE_PUSH_SKEW_MS was enforced, or by hand) holds
+  // nothing off: it is replaced, and the caller says so.
+  if (Date.parse(recorded.pushedAt) > nowMs + FUTURE_PUSH_SKEW_MS) return { kind: 'apply', replacesFuture: recorded };
   const comparable = push.timeFrom === (recorded.timeFrom ?? 'payload');
   if (comparable && push.pushedAtMs < Date.parse(recorded.pushedAt)) return { kind: 'superseded', record: recorded };
   return { kind: 'apply' };
@@ -10654,9 +11003,9 @@ async function verifiedRef(
 //    is read again and the patch re-planned. A different image replaces only that container's image; the same image
 //    restarts the rollout the way `kubectl rollout restart` does, plus imagePullPolicy: Always; a reference pinned to
 //    the same digest changes nothing. The same patch sets kubernetes.io/change-cause and the push record under a
-//    `test` of the value read.
-//    Exports: patchOnce, patchUntilApplied.
-//    Tests: test/e2e.test.ts, test/replicas.test.ts, test/upgrade.test.ts.
+//    `test` of the value read. A push time or record from the future is named in the report (futureTimeNote).
+//    Exports: futureTimeNote, patchOnce, patchUntilApplied.
+//    Tests: test/e2e.test.ts, test/records.test.ts, test/replicas.test.ts, test/upgrade.test.ts.
 // ================================================================================================
 
 /** A change made: the workload as the PATCH returned it, the image it replaced, the record written. */
@@ -10687,6 +11036,18 @@ async function patchUntilApplied(
       throw new UpgradeError(`${what} kept changing while it was patched (${attempt} attempts); try again`);
     }
   }
+}
+
+/** The report's note for a push time or record from the future (FUTURE_PUSH_SKEW_MS). Pure. */
+export function futureTimeNote(kind: 'payload' | 'record', futureMs: number, nowMs: number, image?: string): string {
+  const skew = formatGoDuration(FUTURE_PUSH_SKEW_MS);
+  const when = new Date(futureMs).toISOString();
+  const ahead = formatGoDuration(roundedToSeconds(futureMs - nowMs));
+  return kind === 'payload'
+    ? `the payload's push time ${when} is ${ahead} after it was received (more than ${skew} ahead): ` +
+        'the time received is recorded instead'
+    : `the recorded push (${image}, pushed at ${when}) is ${ahead} in the future (more than ${skew} ahead): ` +
+        'it holds no push off and is replaced';
 }
 
 /**
@@ -10721,6 +11082,10 @@ async function patchOnce(
     return undefined;
   }
   const decision = decidePush(records[s.container], push, nowMs);
+  if (decision.kind === 'apply' && decision.replacesFuture) {
+    const r = decision.replacesFuture;
+    report.notes.push(futureTimeNote('record', Date.parse(r.pushedAt), nowMs, r.image));
+  }
   if (decision.kind !== 'apply') {
     // A known copy may hold an older record: the answer names the one on the workload now.
     if (from === 'known') return undefined;
@@ -11508,6 +11873,7 @@ export async function runUpgrade(
     report.notes.push(...composed.notes);
     // When it arrived, before any wait: the push's time when its payload names none.
     const time = pushTime(composed.pushedAt, (deps.now ?? (() => new Date()))());
+    if (time.future !== undefined) report.notes.push(futureTimeNote('payload', time.future, time.ms));
     const push: IncomingPush = { pushedAtMs: time.ms, timeFrom: time.from, image: composed.ref, push: composed.pushId };
     report.pushedAtMs = time.ms;
     const client = deps.client ?? (ownClient = new KubeClient(credentialsFromEnvironment(env, deps.kubeconfig)));

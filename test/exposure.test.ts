@@ -15,9 +15,11 @@ import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { promisify } from 'node:util';
 import {
-  hasRecord, makeTempDir, readArgv, recorderCommand, resetRecord, spawnWebhook, startWebhook, waitForOutput,
+  hasRecord, httpRequest, makeTempDir, readArgv, recorderCommand, resetRecord, spawnWebhook, startWebhook, waitFor, waitForOutput,
+  waitForRecord,
   type Webhook,
 } from './harness.ts';
+import { largePushBody, signature, SIGNED_PATH, signedHook } from './signed-load.ts';
 
 const run = promisify(execFile);
 
@@ -311,6 +313,113 @@ describe('memory under a flood of large wrong-token bodies', () => {
     assert.ok(afterFlood.rss - before.rss < 64, `RSS grew by ${(afterFlood.rss - before.rss).toFixed(0)} MiB`);
     assert.equal(hasRecord(rec), false);
     assert.equal((await wh.request('/healthz')).status, 200);
+  });
+});
+
+/** The value of a counter in /metrics text (absent: undefined). */
+function counter(metrics: string, name: string, labels: string): number | undefined {
+  const line = metrics.split('\n').find((l) => l.startsWith(`${name}{${labels}} `));
+  return line === undefined ? undefined : Number(line.slice(line.lastIndexOf(' ') + 1));
+}
+
+describe('signature hooks verify before they parse', () => {
+  test('64 concurrent 1 MiB bodies with a wrong signature: all refused, none parsed, GET / answered meanwhile', { timeout: 180_000 }, async () => {
+    // The queue timeout is long: a loaded machine must not turn the test into one of -max-body-memory.
+    const wh = await started({ hooks: [signedHook()], metrics: true, args: ['-body-queue-timeout', '2m'] });
+    const body = largePushBody();
+    const head = (sig: string) => requestHead(SIGNED_PATH, { 'Content-Length': Buffer.byteLength(body), 'X-Hub-Signature-256': sig });
+    // One correctly signed push is parsed (its upgrade then fails: no cluster): the counter exists and counts.
+    const signed = await wh.request(SIGNED_PATH, { method: 'POST', body, headers: { 'Content-Type': 'application/json', 'X-Hub-Signature-256': signature(body) } });
+    assert.match(signed.body, /result: +failed/);
+    assert.equal(counter((await wh.metrics()).body, 'webhook_bodies_parsed_total', 'hook="ghcr"'), 1);
+
+    const wrong = `sha256=${'0'.repeat(64)}`;
+    const conns = Array.from({ length: 64 }, () => new RawConnection(wh.port));
+    // Every body but its last byte: each request is in flight, none can be answered yet.
+    for (const c of conns) c.write(head(wrong) + body.slice(0, -1));
+    const home = await httpRequest(wh.port, '/');
+    assert.deepEqual([home.status, home.body], [200, 'OK']);
+    for (const c of conns) c.write(body.slice(-1));
+    const answers = await Promise.all(conns.map((c) => c.response()));
+    for (const a of answers) assert.deepEqual([a.status, a.body], [500, 'Error occurred while evaluating hook rules.']);
+    for (const c of conns) c.socket.destroy();
+    assert.equal(wh.output().match(/error evaluating hook: invalid payload signature 0{64}/g)?.length, 64);
+    assert.equal(counter((await wh.metrics()).body, 'webhook_bodies_parsed_total', 'hook="ghcr"'), 1, 'a wrong-signature body was parsed');
+  });
+
+  test('a signature inside `or` with soft failures still lets the payload decide', async () => {
+    const rec = makeTempDir();
+    const sig = { match: { type: 'payload-hmac-sha256', secret: 'soft-secret-9a1b', parameter: { source: 'header', name: 'X-Sig' } } };
+    const ref = { match: { type: 'value', value: 'main', parameter: { source: 'payload', name: 'ref' } } };
+    const wh = await started({ hooks: [{
+      id: 'soft', 'execute-command': recorderCommand(rec), 'trigger-signature-soft-failures': true, 'trigger-rule': { or: [sig, ref] },
+    }], metrics: true });
+    const send = (payload: string) => wh.request('/hooks/soft', { method: 'POST', body: payload, headers: { 'Content-Type': 'application/json', 'X-Sig': 'sha256=00' } });
+    assert.equal((await send('{"ref":"main"}')).status, 200);
+    await waitForRecord(rec);
+    resetRecord(rec);
+    assert.deepEqual([(await send('{"ref":"dev"}')).body], ['Hook rules were not satisfied.']);
+    assert.equal(hasRecord(rec), false);
+  });
+});
+
+describe('request bodies held in memory', () => {
+  test('past -max-body-memory a request waits -body-queue-timeout, unread, then gets 503 with Retry-After', async () => {
+    const wh = await started({ hooks: [signedHook()], args: ['-max-body-memory', '1048576', '-body-queue-timeout', '1s'], env: { KUBECONFIG: '' } });
+    const body = largePushBody();
+    const head = requestHead(SIGNED_PATH, { 'Content-Length': Buffer.byteLength(body), 'X-Hub-Signature-256': signature(body) });
+    // The first body, half sent, holds all the room there is.
+    const holder = new RawConnection(wh.port);
+    holder.write(head + body.slice(0, body.length / 2));
+    const waiting = new RawConnection(wh.port);
+    waiting.write(head);
+    const refused = await waiting.response();
+    assert.deepEqual([refused.status, refused.body, refused.headers['retry-after'], refused.headers.connection],
+      [503, 'Too many request bodies in memory; retry later.', '5', 'close']);
+    await waiting.closed;
+    await waitForOutput(wh, /ghcr: no room for the request body within 1s \(-max-body-memory 1048576 bytes in use\); answering 503/);
+    holder.write(body.slice(body.length / 2));
+    assert.match((await holder.response()).body, /^result: +failed: /m, 'the holder is served');
+    holder.socket.destroy();
+    // Room given back: the next one is served.
+    const next = await wh.request(SIGNED_PATH, { method: 'POST', body, headers: { 'Content-Type': 'application/json', 'X-Hub-Signature-256': signature(body) } });
+    assert.match(next.body, /^result: +failed: /m);
+  });
+
+  test('-max-body-memory below -max-body-size is refused at start, naming both', async () => {
+    const s = await spawnWebhook({ hooks: [{ id: 'x', 'execute-command': '/bin/true' }], args: ['-max-body-memory', '1000'] });
+    assert.equal((await s.exited).code, 2);
+    assert.match(s.output(), /invalid value for flag -max-body-memory: 1000 is less than -max-body-size \(1048576\)/);
+  });
+});
+
+describe('connections', () => {
+  test('-max-connections: connections past it are closed unanswered; once others close, requests are served', async () => {
+    const wh = await started({ hooks: [{ id: 'x', 'execute-command': '/bin/true' }], args: ['-max-connections', '3'] });
+    // Three kept connections, each answered. The start-up probe's connection may still be closing on the
+    // server's side: a connection refused meanwhile is opened again.
+    const open: RawConnection[] = [];
+    await waitFor(async () => {
+      const c = new RawConnection(wh.port);
+      c.write('GET /healthz HTTP/1.1\r\nHost: webhook\r\n\r\n');
+      if ((await c.response().catch(() => undefined))?.status === 200) open.push(c);
+      return open.length === 3;
+    }, { what: 'three kept connections' });
+    const extra = new RawConnection(wh.port);
+    extra.write('GET / HTTP/1.1\r\nHost: webhook\r\n\r\n');
+    await assert.rejects(extra.response(), /connection closed/);
+    await waitForOutput(wh, /-max-connections 3 reached: closed a new connection/);
+    for (const c of open) c.socket.destroy();
+    await Promise.all(open.map((c) => c.closed));
+    // The server counts a connection gone once it has seen it close: wait for that, not for a time.
+    await waitFor(async () => (await httpRequest(wh.port, '/').catch(() => undefined))?.status === 200, { timeoutMs: 10_000, what: 'GET / after the connections closed' });
+  });
+
+  test('the limits are documented with their defaults', async () => {
+    const out = await run(process.env.WEBHOOK_BIN ?? path.join(import.meta.dirname, '..', 'dist', 'webhook'), ['-help']).catch((e: { stderr: string }) => e);
+    assert.match(out.stderr, /-max-connections int\n.*ulimit -n.*\(default 10000\)/);
+    assert.match(out.stderr, /-max-body-memory int\n.*503 with Retry-After.*\(default 8388608\)/);
+    assert.match(out.stderr, /-body-queue-timeout duration\n.*\(default 5s\)/);
   });
 });
 

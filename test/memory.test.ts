@@ -8,7 +8,9 @@ import * as fs from 'node:fs';
 import * as net from 'node:net';
 import * as os from 'node:os';
 import * as path from 'node:path';
+import * as http from 'node:http';
 import { defaultBinary, httpRequest, IS_ADNANH, makeTempDir, startWebhook, waitForOutput } from './harness.ts';
+import { largePushBody, signature, SIGNED_PATH, signedHook } from './signed-load.ts';
 
 const HOOKS = [{ id: 'echo', 'execute-command': '/bin/echo', 'include-command-output-in-response': true }];
 const HEAP_LINE = /V8 heap limit (\d+) MB \(([^)]*)\)/;
@@ -95,3 +97,53 @@ describe('V8 sizing in the executable', { skip: IS_ADNANH && 'our executable onl
   });
 });
 
+
+/** VmHWM (peak resident memory) of a process, in MB. */
+function peakRssMB(pid: number): number {
+  return Number(/^VmHWM:\s+(\d+) kB/m.exec(fs.readFileSync(`/proc/${pid}/status`, 'utf8'))![1]) / 1024;
+}
+
+/** One POST on a connection of its own: status, Retry-After and body, or the error that ended it. */
+function postOnce(port: number, body: string, headers: Record<string, string>): Promise<{ status: number; retryAfter?: string; body: string } | Error> {
+  return new Promise((resolve) => {
+    const req = http.request({ host: '127.0.0.1', port, path: SIGNED_PATH, method: 'POST', agent: false, headers: { ...headers, 'Content-Length': String(Buffer.byteLength(body)) } }, (res) => {
+      let text = '';
+      res.setEncoding('utf8').on('data', (d: string) => (text += d));
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, retryAfter: res.headers['retry-after'], body: text }));
+      res.on('error', resolve);
+    });
+    req.on('error', resolve);
+    req.end(body);
+  });
+}
+
+describe('memory under signed load', { skip: IS_ADNANH && 'our executable only' }, () => {
+  it('32 concurrent correctly signed 1 MiB pushes in a 256 MiB container: each answered, peak RSS under 256 MB', { timeout: 180_000 }, async (t) => {
+    const cgroup = memoryCgroup(256 * MiB);
+    if ('error' in cgroup) {
+      if (process.env.CI) assert.fail(cgroup.error);
+      console.error(`\n*** SKIPPED: ${cgroup.error} ***\n`);
+      return t.skip(cgroup.error);
+    }
+    // No cluster: each upgrade reads its payload and fails at its first Kubernetes call.
+    const w = await startWebhook({ hooks: [signedHook()], bin: cgroup.launcher, env: { KUBECONFIG: '' } });
+    try {
+      const body = largePushBody();
+      const headers = { 'Content-Type': 'application/json', 'X-Hub-Signature-256': signature(body) };
+      const answers = await Promise.all(Array.from({ length: 32 }, () => postOnce(w.port, body, headers)));
+      const peak = peakRssMB(w.proc.pid!);
+      t.diagnostic(`peak RSS ${peak.toFixed(0)} MB; answers ${answers.map((a) => (a instanceof Error ? a.message : a.status)).join(' ')}`);
+      for (const a of answers) {
+        assert.ok(!(a instanceof Error), `a push got no answer: ${a instanceof Error ? a.message : ''}`);
+        // The upgrade's own report (it failed: no cluster), or the memory limit's 503 with Retry-After.
+        if (a.status === 503) assert.deepEqual([a.body, a.retryAfter], ['Too many request bodies in memory; retry later.', '5']);
+        else assert.match(a.body, /^result: +failed: /m);
+      }
+      assert.equal(w.proc.exitCode, null, 'the process is still running');
+      assert.ok(peak < 256, `peak RSS ${peak.toFixed(0)} MB`);
+    } finally {
+      await w.stop();
+      cgroup.remove();
+    }
+  });
+});

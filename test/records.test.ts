@@ -1,12 +1,16 @@
 /*
  * The pure parts of the newest-push-wins rule and of the records it keeps on the workload: when a
  * push was pushed, what a recorded push makes of another, the guarded annotation patch, and the
- * rollback line. The cluster-facing behaviour is proven in replicas, rollback, resume and outage.
+ * rollback line. The cluster-facing behaviour is proven in replicas, rollback, resume and outage;
+ * here, through the executable and the cluster, that a push from the future stops no later push.
  */
 import assert from 'node:assert/strict';
-import { describe, test } from 'node:test';
+import { after, before, describe, test } from 'node:test';
+import { startWebhook, type Webhook } from './harness.ts';
+import { acrImage, acrPayload, clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor } from './cluster/kube.ts';
+import { upgradeHook } from './upgrade-hooks.ts';
 import {
-  decidePush, decisionAction, formatRollback, LAST_PUSH_ANNOTATION, locateContainer, planPatch, pushTime, readFollowRecords, readPushRecords,
+  decidePush, decisionAction, formatRollback, FUTURE_PUSH_SKEW_MS, futureTimeNote, LAST_PUSH_ANNOTATION, locateContainer, planPatch, pushTime, readFollowRecords, readPushRecords,
   withPushRecord, type PushRecord,
 } from '../webhook.ts';
 
@@ -23,6 +27,14 @@ describe('pushTime', () => {
     assert.deepEqual(pushTime('2024-05-20 10:41:07', received), { ms: Date.parse('2024-05-20T10:41:07Z'), from: 'payload' }, 'ACR: no zone, read as UTC');
     assert.deepEqual(pushTime('2024-05-20T12:41:07+02:00', received), { ms: Date.parse('2024-05-20T10:41:07Z'), from: 'payload' });
     for (const none of ['', '  ', 'yesterday', '0']) assert.deepEqual(pushTime(none, received), { ms: received.getTime(), from: 'received' }, JSON.stringify(none));
+  });
+  test('a payload time more than the skew after receipt is the time received, and says what it was', () => {
+    const at = received.getTime();
+    assert.deepEqual(pushTime(String((at + FUTURE_PUSH_SKEW_MS) / 1000), received), { ms: at + FUTURE_PUSH_SKEW_MS, from: 'payload' }, 'a clock just ahead');
+    assert.deepEqual(pushTime(String((at + FUTURE_PUSH_SKEW_MS) / 1000 + 1), received), { ms: at, from: 'received', future: at + FUTURE_PUSH_SKEW_MS + 1000 });
+    assert.deepEqual(pushTime('2099-01-01 00:00:00', received), { ms: at, from: 'received', future: Date.parse('2099-01-01T00:00:00Z') });
+    assert.equal(futureTimeNote('payload', Date.parse('2030-01-01T01:00:00Z'), at),
+      "the payload's push time 2030-01-01T01:00:00.000Z is 1h0m0s after it was received (more than 5m0s ahead): the time received is recorded instead");
   });
 });
 
@@ -45,6 +57,16 @@ describe('decidePush', () => {
     assert.equal(decidePush(record(), { ...push({ push: '|' }), timeFrom: 'received', pushedAtMs: Date.parse('2024-05-20T10:00:00Z') }, now).kind, 'apply');
     assert.equal(decidePush(record({ timeFrom: 'received' }), push({ pushedAtMs: Date.parse('2024-05-20T10:00:00Z'), push: 'x|y' }), now).kind, 'apply');
     assert.equal(decidePush(record({ timeFrom: 'received' }), { ...push({ push: '|' }), timeFrom: 'received', pushedAtMs: Date.parse('2024-05-20T10:00:00Z') }, now).kind, 'superseded');
+  });
+  test('a record from the future holds no push off: it is replaced, and the decision says which', () => {
+    const future = record({ pushedAt: '2099-01-01T00:00:00.000Z' });
+    assert.deepEqual(decidePush(future, push({ pushedAtMs: now, push: 'x|y' }), now), { kind: 'apply', replacesFuture: future });
+    assert.deepEqual(decidePush(future, { ...push({ push: '|' }), timeFrom: 'received', pushedAtMs: now }, now), { kind: 'apply', replacesFuture: future });
+    const ahead = record({ pushedAt: new Date(now + FUTURE_PUSH_SKEW_MS).toISOString() });
+    assert.equal(decidePush(ahead, push({ pushedAtMs: now, push: 'x|y' }), now).kind, 'superseded', 'within the skew: a clock ahead');
+    assert.equal(decidePush(future, push({ push: future.push }), now).kind, 'repeat', 'the recorded push itself again');
+    assert.equal(futureTimeNote('record', Date.parse(future.pushedAt), now, future.image),
+      'the recorded push (reg.example/shop/app:v2, pushed at 2099-01-01T00:00:00.000Z) is 604848h0m0s in the future (more than 5m0s ahead): it holds no push off and is replaced');
   });
   test('a push with neither digest nor time is a repeat only within the window', () => {
     const r = record({ push: '|', appliedAt: new Date(now - 59_000).toISOString() });
@@ -93,5 +115,60 @@ describe('the records on the workload', () => {
       'rolled back to a:1: the rollout of a:2 failed: x; its rollout complete (1/1 pods updated and available)');
     assert.equal(formatRollback({ reason: 'the rollout of a:2 failed: x', notDone: 'a newer push (a:3, pushed at t) was applied meanwhile' }),
       'not rolled back: a newer push (a:3, pushed at t) was applied meanwhile; the rollout of a:2 failed: x');
+  });
+});
+
+const cluster = await clusterOrSkip();
+
+describe('a push from the future, through the executable and the cluster', { skip: cluster ? false : 'no cluster' }, () => {
+  const ns = freshNamespaceName('future');
+  const kubectl = kubectlFor(cluster!);
+  const TOKEN = 'future-token-3e8d1c';
+  let wh: Webhook;
+  const push = (body: string) =>
+    wh.request(`/hooks/deploy?${new URLSearchParams({ token: TOKEN, ns, workload: 'deployment/web', container: 'app', repo_type: 'regionalregistry' })}`, {
+      method: 'POST', headers: { 'Content-Type': 'application/json' }, body,
+    });
+  const recordOnWorkload = async () => {
+    const d = JSON.parse(await kubectl(['-n', ns, 'get', 'deployment/web', '-o', 'json']));
+    return { image: containerImage(d, 'app'), record: JSON.parse(d.metadata.annotations[LAST_PUSH_ANNOTATION]).app as PushRecord };
+  };
+
+  before(async () => {
+    await kubectl(['create', 'namespace', ns]);
+    await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(deployment('web', [{ name: 'app', image: acrImage('v0') }], { replicas: 1 })));
+    wh = await startWebhook({ hooks: [upgradeHook('deploy', TOKEN)], env: { KUBECONFIG: cluster!.kubeconfigPath } });
+  });
+  after(async () => {
+    await wh?.stop();
+    if (!process.env.KEEP_NAMESPACE) await kubectl(['delete', 'namespace', ns, '--wait=false']).catch(() => undefined);
+  });
+
+  test('a payload time years ahead is recorded as the time received, and the next real push applies', async () => {
+    const sent = Date.now();
+    const future = await push(acrPayload('v1', 'shop/web-api', { pushed_at: '2099-01-01 00:00:00' }));
+    assert.equal(future.status, 200, future.body);
+    assert.match(future.body, /^action: +image updated$/m);
+    assert.match(future.body, /^note: +the payload's push time 2099-01-01T00:00:00\.000Z is \S+ after it was received \(more than 5m0s ahead\): the time received is recorded instead$/m);
+    const first = await recordOnWorkload();
+    assert.equal(first.record.timeFrom, 'received');
+    assert.ok(Date.parse(first.record.pushedAt) >= sent - 1000 && Date.parse(first.record.pushedAt) <= Date.now(), first.record.pushedAt);
+
+    const next = await push(acrPayload('v2'));
+    assert.match(next.body, /^action: +image updated$/m, next.body);
+    assert.equal((await recordOnWorkload()).image, acrImage('v2'));
+  });
+
+  test('a record already holding a far-future time is replaced by a newer push, with a warning', async () => {
+    const { record } = await recordOnWorkload();
+    const planted = { ...record, pushedAt: '2099-01-01T00:00:00.000Z', timeFrom: 'payload', push: 'sha256:planted|2099-01-01 00:00:00' };
+    await kubectl(['-n', ns, 'annotate', '--overwrite', 'deployment/web', `${LAST_PUSH_ANNOTATION}=${JSON.stringify({ app: planted })}`]);
+    const res = await push(acrPayload('v3'));
+    assert.match(res.body, /^action: +image updated$/m, res.body);
+    assert.match(res.body, /^note: +the recorded push \(\S+:v2, pushed at 2099-01-01T00:00:00\.000Z\) is \S+ in the future \(more than 5m0s ahead\): it holds no push off and is replaced$/m);
+    const after = await recordOnWorkload();
+    assert.equal(after.image, acrImage('v3'));
+    assert.notEqual(after.record.pushedAt, planted.pushedAt);
+    assert.match(wh.output(), /the recorded push \(\S+:v2, pushed at 2099-01-01T00:00:00\.000Z\) is \S+ in the future/);
   });
 });
