@@ -103,6 +103,8 @@ interface RunOptions {
   env?: Record<string, string>;
   /** Host directory → path in the image, read-only. */
   mounts?: Record<string, string>;
+  /** A command that may end before its process is seen (runToEnd): not an error, there is no pid then. */
+  mayEndAtOnce?: boolean;
 }
 
 function imageUser(config: OciImageConfig): { uid: number; gid: number } {
@@ -131,21 +133,28 @@ async function runImage(rootfs: string, config: OciImageConfig, opts: RunOptions
   const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) => proc.on('close', (code, signal) => resolve({ code, signal })));
   // unshare --fork has one child: the runtime script, which becomes the executable (exec keeps the PID).
   const pid = await waitFor(() => {
+    if (proc.exitCode !== null && opts.mayEndAtOnce) return 0;
     if (proc.exitCode !== null) throw new Error(`the container exited at once (${proc.exitCode}):\n${out}`);
-    const children = fs.readFileSync(`/proc/${proc.pid}/task/${proc.pid}/children`, 'utf8').trim();
+    // Gone already (its exit not yet seen here): the next round sees the exit code.
+    let children = '';
+    try {
+      children = fs.readFileSync(`/proc/${proc.pid}/task/${proc.pid}/children`, 'utf8').trim();
+    } catch {
+      return undefined;
+    }
     return children ? Number(children.split(/\s+/)[0]) : undefined;
   }, { what: 'the contained process' });
   return {
     pid,
     output: () => out,
     exited,
-    kill: (signal: NodeJS.Signals = 'SIGTERM') => { try { process.kill(pid, signal); } catch { /* gone */ } },
+    kill: (signal: NodeJS.Signals = 'SIGTERM') => { try { if (pid > 0) process.kill(pid, signal); } catch { /* gone */ } },
   };
 }
 
 /** Runs `argv` in the image to completion. */
 async function runToEnd(rootfs: string, config: OciImageConfig, opts: RunOptions): Promise<{ code: number | null; output: string }> {
-  const c = await runImage(rootfs, config, opts);
+  const c = await runImage(rootfs, config, { ...opts, mayEndAtOnce: true });
   const timer = setTimeout(() => c.kill('SIGKILL'), 30_000);
   const { code } = await c.exited;
   clearTimeout(timer);
