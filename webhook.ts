@@ -9,12 +9,12 @@
  * mailed when the hook passes MAIL_TO.
  *
  * Chapters, in order. Part I holds the libraries the program needs and has no dependency for; they use
- * nothing of the service. Part II is the service, in the order a push travels: main (34) hands the socket
- * to the http server (18), which uses the request, rule and hook chapters above it and hands the command
- * to the runner (17), whose in-process command is the upgrade (19-28). After the answer the result
- * travels on in order too: the rollout follower (28) follows the rollout and hands each step to the
- * result (29), which records it and, once final, sends it to the mail (30) and the chat and JSON
- * receivers (31); the deliveries page (32) renders the records. No chapter uses a name a later one
+ * nothing of the service. Part II is the service, in the order a push travels: main (36) opens the
+ * listeners (19) with the http server's handler (18), which uses the request, rule and hook chapters
+ * above it and hands the command to the runner (17), whose in-process command is the upgrade (20-30).
+ * After the answer the result travels on in order too: the rollout follower (30) follows the rollout and
+ * hands each step to the result (31), which records it and, once final, sends it to the mail (32) and
+ * the chat and JSON receivers (33); the deliveries page (34) renders the records. No chapter uses a name a later one
  * defines; where an earlier chapter hands work on, it declares the small interface it needs
  * (InProcessCommand, CommandListener, AdminPages, ResultListener, ResultChannel, HookSettingChecks) and
  * main() wires the later chapter in.
@@ -39,22 +39,24 @@
  *  16. hooks & reload ............. Hook, HookSettingChecks, HookStore, LoadSettings
  *  17. commands ................... CommandResult, CommandRunner, decodeBase64Strict, InProcessCommand
  *  18. http server ................ AdminPages, allowedMethods, answerClientError, CommandListener
- *  19. registry payloads .......... REGISTRIES, REPO_TYPES, parsePushPayload, parsePushHeaders
- *  20. image reference & pin ...... checkImagePin, chooseCandidate, composeImageRef, readImagePin
- *  21. workloads .................. WORKLOAD_KINDS, parseWorkload, locateContainer, rolloutStatus
- *  22. upgrade decision ........... HOOK_SETTINGS, fixedSettingChecks, decidePush, readSettings
- *  23. the patch .................. patchOnce, patchUntilApplied
- *  24. the report ................. formatForcedRollback, formatReport, formatRollback, formatRollout
- *  25. rollout follow ............. claimFollow, followRollout, resumedReport, rolloutEvent
- *  26. rollback ................... rollBackFailedRollout
- *  27. least privilege ............ formatRbac, hookReach, HookReach, upgradeInput
- *  28. the upgrade ................ runUpgrade, UpgradeService, RolloutFollower
- *  29. the result ............... DeliveryLog, ResultDispatcher, pushResult, ResultChannel
- *  30. mail ....................... Mailer, parseMailConfig
- *  31. chat & json notifications .. Notifier, NOTIFY_FORMATS, resultDocument
- *  32. deliveries page ............ deliveryPages
- *  33. -validate & -print-rbac .... hookLoadSettings, validate
- *  34. main ....................... main
+ *  19. listeners .................. openListener, openAdminListener, tlsOptions
+ *  20. registry payloads .......... REGISTRIES, REPO_TYPES, parsePushPayload, parsePushHeaders
+ *  21. image reference & pin ...... checkImagePin, chooseCandidate, composeImageRef, readImagePin
+ *  22. workloads .................. WORKLOAD_KINDS, parseWorkload, locateContainer, rolloutStatus
+ *  23. hook settings .............. HOOK_SETTINGS, fixedSettingChecks
+ *  24. upgrade decision ........... readSettings, decidePush, decide, verifiedRef
+ *  25. the patch .................. patchOnce, patchUntilApplied
+ *  26. the report ................. formatForcedRollback, formatReport, formatRollback, formatRollout
+ *  27. rollout follow ............. claimFollow, followRollout, resumedReport, rolloutEvent
+ *  28. rollback ................... rollBackFailedRollout
+ *  29. least privilege ............ formatRbac, hookReach, HookReach, upgradeInput
+ *  30. the upgrade ................ runUpgrade, UpgradeService, RolloutFollower
+ *  31. the result ................. DeliveryLog, ResultDispatcher, pushResult, ResultChannel
+ *  32. mail ....................... Mailer, parseMailConfig
+ *  33. chat & json notifications .. Notifier, NOTIFY_FORMATS, resultDocument
+ *  34. deliveries page ............ deliveryPages
+ *  35. -validate & -print-rbac .... hookLoadSettings, validate
+ *  36. main ....................... main
  *
  * Each banner's "Exports" lists the names later chapters use and "Tests" the test files that cover it
  * (test/structure.test.ts checks both).
@@ -7248,8 +7250,8 @@ export function decodeBase64Strict(text: string): Buffer {
 //    X-Request-Id; bodies are plain text and never sniffed. A finished command goes to the CommandListener main()
 //    wires in (the rollout follow and the result). `/metrics` and the deliveries pages (AdminPages) have a listener
 //    of their own (createMetricsHandler).
-//    Exports: AdminPages, allowedMethods, answerClientError, CommandListener, createHandler, GO_CIPHER_SUITES,
-//    HandlerContext, openAdminListener, openListener.
+//    Exports: AdminPages, allowedMethods, answerClientError, CommandListener, createHandler, createMetricsHandler,
+//    HandlerContext.
 //    Tests: test/adnanh-suite.test.ts, test/compat.test.ts, test/exposure.test.ts, test/runner.test.ts,
 //    test/unit.test.ts.
 // ================================================================================================
@@ -7988,6 +7990,14 @@ function closeWithoutReset(ex: Exchange, draining: () => boolean): () => void {
   return socket.destroySoon;
 }
 
+// ================================================================================================
+// 19. listeners — the sockets the service serves on: the hook port (TCP, or a unix socket with -socket; TLS with
+//    -secure, in Go's cipher-suite names, from -cert and -key, re-read on SIGHUP), and the admin listener of
+//    -metrics-listen, which serves /metrics and the deliveries pages and is never the hook port.
+//    Exports: GO_CIPHER_SUITES, openAdminListener, openListener.
+//    Tests: test/compat.test.ts, test/deliveries.test.ts, test/runner.test.ts.
+// ================================================================================================
+
 const GO_CIPHER_SUITES: Record<string, string> = {
   TLS_AES_128_GCM_SHA256: 'TLS_AES_128_GCM_SHA256',
   TLS_AES_256_GCM_SHA384: 'TLS_AES_256_GCM_SHA384',
@@ -8136,7 +8146,7 @@ async function openMetricsListener(
 }
 
 // ================================================================================================
-// 19. registry payloads — a registry's push notification (Aliyun ACR, Docker Hub, a build job, Harbor, Quay, GHCR,
+// 20. registry payloads — a registry's push notification (Aliyun ACR, Docker Hub, a build job, Harbor, Quay, GHCR,
 //    Azure, CNCF Distribution, Artifactory, Nexus, Gitea, CloudEvents) read into PushEvents (host, repository, tag,
 //    digest, pushed-at), an acknowledged no-op (a pull, a test ping, a push by digest, a signature tag), or a
 //    handshake's answer (Event Grid's, CloudEvents' validation). Pure functions: no I/O, no clock. Each registry is
@@ -8961,7 +8971,7 @@ function customRegistryAddress(repoUrl: string): string {
 }
 
 // ================================================================================================
-// 20. image reference & pin — composes the reference the cluster will pull (composeImageRef; chooseCandidate picks
+// 21. image reference & pin — composes the reference the cluster will pull (composeImageRef; chooseCandidate picks
 //    the container's among several), validates it against the OCI distribution reference grammar before anything is
 //    sent to Kubernetes, and applies the image pin (checkImagePin): whoever holds a hook's URL writes the payload, so
 //    a push may change only the tag and digest of the repository the container runs now. Endpoints of one registry
@@ -9281,7 +9291,7 @@ function problemOf(check: () => unknown): string | undefined {
 }
 
 // ================================================================================================
-// 21. workloads — what the upgrade knows of Kubernetes workloads. Each kind is one entry of WORKLOAD_KINDS (API
+// 22. workloads — what the upgrade knows of Kubernetes workloads. Each kind is one entry of WORKLOAD_KINDS (API
 //    resource, names, pod template, kubectl's rollout viewer, whether it has a rollout, how its pods are owned);
 //    parseWorkload reads APP_WORKLOAD (deployment, daemonset, statefulset, cronjob; any case, plurals, short names,
 //    kind.group) and locateContainer finds APP_CONTAINER (containers, then initContainers). rolloutStatus applies
@@ -10098,27 +10108,14 @@ async function recordEventQuietly(
 }
 
 // ================================================================================================
-// 22. upgrade decision — whether and what a push may change, before anything is written. HOOK_SETTINGS is the one
-//    table of the settings of the upgrade, its mail and its notifications (type, default, whether a hook must fix it,
-//    validation, meaning, and the parse that is each one's only reader; the settings tables of docs/configuration.md
-//    are written from it, and -validate and the load-time check of fixed settings read it). The hook's upgrade
-//    settings are read once (APP_NS, APP_WORKLOAD, APP_CONTAINER, ROLLOUT_TIMEOUT, ROLLBACK_ON_FAILURE, VERIFY_IMAGE,
-//    REGISTRY_CA, and the image pin's); the push is checked against the container's current image (a refusal changes
-//    nothing, fails, is logged and recorded as a Warning Event); several replicas agree through the workload:
-//    LAST_PUSH_ANNOTATION records when each container's last push was pushed, what it applied and the image before,
-//    so decidePush lets the newest push win and recognises a repeat across replicas and restarts. VERIFY_IMAGE=true
-//    resolves the tag on its registry with the login of the workload's first imagePullSecret that names the host, and
-//    deploys `repo:tag@<digest>`; a tag the registry lacks or a different digest is refused. REGISTRY_TOKEN_HOSTS
-//    names token services besides the registry's host that may get the login.
-//    Exports: decide, decidePush, decisionAction, fixedSettingChecks, FOLLOW_ANNOTATION, FollowRecord,
-//    FUTURE_PUSH_SKEW_MS, HOOK_SETTINGS, HookSetting, HookSettingName, IncomingPush, knownContainer, newPushRecord,
-//    notifyCa, NotifyFormatName, pinnedContainer, pullSecretNames, PushRecord, pushTime, readFollowRecords,
-//    readPushRecords, readSettings, UpgradeSettings, verifiedRef, whoAsked, withPushRecord, workloadPodSpec.
-//    Tests: test/decision.test.ts, test/mail.test.ts, test/records.test.ts, test/registry-e2e.test.ts,
-//    test/replicas.test.ts, test/settings.test.ts, test/upgrade.test.ts.
+// 23. hook settings — HOOK_SETTINGS, the one table of the settings of the upgrade, its mail and its notifications:
+//    each one's source (the hook, or the service's own environment), type, default, whether a hook must give it as a
+//    fixed string (checked at load: fixedSettingChecks), whether it holds a key, its validation, its meaning, and its
+//    parse, which is the only reader of its text and throws the message operators know. The settings tables of
+//    docs/configuration.md are written from it (scripts/settings-doc.ts), and -validate describes hooks from it.
+//    Exports: fixedSettingChecks, HOOK_SETTINGS, HookSetting, HookSettingName, notifyCa, NotifyFormatName.
+//    Tests: test/mail.test.ts, test/settings.test.ts, test/upgrade.test.ts.
 // ================================================================================================
-
-// ---- hook settings ----------------------------------------------------------------------------
 
 /**
  * One setting of the upgrade, its mail and its notifications: an environment variable a hook passes
@@ -10568,6 +10565,24 @@ export function fixedSettingChecks(names?: HookSettingName[]): HookSettingChecks
 /** The image pin's settings: what a hook must fix to widen the repositories a push may set. */
 export const IMAGE_PIN_SETTINGS = fixedSettingChecks(['REGISTRY_HOST', 'ALLOW_IMAGES']);
 
+// ================================================================================================
+// 24. upgrade decision — whether and what a push may change, before anything is written. The hook's upgrade
+//    settings are read once (readSettings: APP_NS, APP_WORKLOAD, APP_CONTAINER, ROLLOUT_TIMEOUT, ROLLBACK_ON_FAILURE,
+//    VERIFY_IMAGE, REGISTRY_CA, REGISTRY_TOKEN_HOSTS and the image pin's); the push is checked against the
+//    container's current image (a refusal changes nothing, fails, is logged and recorded as a Warning Event);
+//    several replicas agree through the workload: LAST_PUSH_ANNOTATION records when each container's last push was
+//    pushed, what it applied and the image before, so decidePush lets the newest push win and recognises a repeat
+//    across replicas and restarts (a push time from the future counts as the time received). VERIFY_IMAGE=true
+//    resolves the tag on its registry with the login of the workload's first imagePullSecret that names the host, and
+//    deploys `repo:tag@<digest>`; a tag the registry lacks or a different digest is refused. What became of a push
+//    that changes nothing is recorded by decide.
+//    Exports: decide, decidePush, decisionAction, FOLLOW_ANNOTATION, FollowRecord, FUTURE_PUSH_SKEW_MS, IncomingPush,
+//    knownContainer, newPushRecord, pinnedContainer, pullSecretNames, PushRecord, pushTime, readFollowRecords,
+//    readPushRecords, readSettings, UpgradeSettings, verifiedRef, whoAsked, withPushRecord, workloadPodSpec.
+//    Tests: test/decision.test.ts, test/records.test.ts, test/registry-e2e.test.ts, test/replicas.test.ts,
+//    test/upgrade.test.ts.
+// ================================================================================================
+
 /** One container's last applied push, as recorded in LAST_PUSH_ANNOTATION. */
 export interface PushRecord {
   /** When it was pushed (the payload's own time) or, when the payload has none, received: ISO 8601. */
@@ -10998,7 +11013,7 @@ async function verifiedRef(
 }
 
 // ================================================================================================
-// 23. the patch — the change is one JSON patch (fieldManager=webhook) that first tests the container's name and
+// 25. the patch — the change is one JSON patch (fieldManager=webhook) that first tests the container's name and
 //    current image, so a concurrent edit fails the patch instead of being overwritten; on such a failure the workload
 //    is read again and the patch re-planned. A different image replaces only that container's image; the same image
 //    restarts the rollout the way `kubectl rollout restart` does, plus imagePullPolicy: Always; a reference pinned to
@@ -11117,7 +11132,7 @@ async function patchOnce(
 }
 
 // ================================================================================================
-// 24. the report — the answer of one push, one "label: value" per line, values aligned, always in this order, lines
+// 26. the report — the answer of one push, one "label: value" per line, values aligned, always in this order, lines
 //    whose value is unknown left out: workload, container, image before, image after, action (image updated | rollout
 //    restarted (same image re-pulled) | none (<why>)), result (ok | failed: <message>), rollout (progressing |
 //    complete | failed | timed out | not tracked), one line per pod, rollback, notes. Exit status 0 when the result
@@ -11198,7 +11213,7 @@ export function formatReport(r: UpgradeReport): string {
 }
 
 // ================================================================================================
-// 25. rollout follow — follows a rollout by kubectl's rules until it completes, fails (a pod stuck in
+// 27. rollout follow — follows a rollout by kubectl's rules until it completes, fails (a pod stuck in
 //    CrashLoopBackOff, ImagePullBackOff…) or ROLLOUT_TIMEOUT passes. A follow is recorded on the workload
 //    (FOLLOW_ANNOTATION) after the answer, so another replica resumes it after a restart, and only the replica that
 //    takes the record off reports its end (claimFollow).
@@ -11433,7 +11448,7 @@ export function rolloutEvent(outcome: RolloutOutcome, container: string): Worklo
 }
 
 // ================================================================================================
-// 26. rollback — ROLLBACK_ON_FAILURE=true: a followed rollout that fails is set back to the image before the push,
+// 28. rollback — ROLLBACK_ON_FAILURE=true: a followed rollout that fails is set back to the image before the push,
 //    with the same tested patch, and that rollout is followed too. A StatefulSet (RollingUpdate) does not replace a
 //    pod stuck on the bad image by itself, so its "forced rollback" deletes, once the controller has observed the
 //    template set back, the pods it owns that still run the image rolled back from and are not ready (uid
@@ -11652,7 +11667,7 @@ export function rollbackObstacle(
 }
 
 // ================================================================================================
-// 27. least privilege — -print-rbac: the Roles and RoleBindings the hooks need, worked out from the hooks themselves
+// 29. least privilege — -print-rbac: the Roles and RoleBindings the hooks need, worked out from the hooks themselves
 //    (namespace, kind and name when the hook fixes them; `resourceNames` wherever it can), so the service account
 //    gets nothing it does not use.
 //    Exports: formatRbac, hookReach, HookReach, upgradeInput.
@@ -11831,7 +11846,7 @@ export function formatRbac(reaches: HookReach[], serviceAccount: string, hooksPa
 }
 
 // ================================================================================================
-// 28. the upgrade — the job /webhooks.sh exists for, as named steps: read the settings, compose the image, decide,
+// 30. the upgrade — the job /webhooks.sh exists for, as named steps: read the settings, compose the image, decide,
 //    patch, record the Event, follow the rollout and roll back when asked, report. UpgradeService is the command
 //    runner's InProcessCommand: one client, one per-workload queue and one set of kept pushes for every push. A push
 //    the API server does not answer is kept and applied when it answers (KeptPushes, answered 202).
@@ -12583,7 +12598,7 @@ export class RolloutFollower implements CommandListener {
 }
 
 // ================================================================================================
-// 29. the result — one record per push (Delivery, in the DeliveryLog): made when its request comes in, completed
+// 31. the result — one record per push (Delivery, in the DeliveryLog): made when its request comes in, completed
 //    as the rollout follower hands on the answer, the rollout's progress and its end, and once final sent to each
 //    ResultChannel in order (the mail, then the chat and JSON receivers), whose outcomes are recorded on it. What
 //    became of the push is its upgrade report's decision (DECISIONS), published as pushResult says; the channels
@@ -12865,7 +12880,7 @@ export class ResultDispatcher implements ResultListener {
 }
 
 // ================================================================================================
-// 30. mail — mails a hook's result through the server the MAIL_* variables describe (parseMailConfig; MAIL_TO names
+// 32. mail — mails a hook's result through the server the MAIL_* variables describe (parseMailConfig; MAIL_TO names
 //    the recipients): one mail per push after its rollout's end, at most -max-mails-per-hook per -mail-window, the
 //    rest summed up in one mail. The Mailer is the result's first ResultChannel.
 //    Exports: Mailer, parseMailConfig.
@@ -13130,7 +13145,7 @@ function summaryMail(hookId: string, window: MailWindow, cap: MailCap): { subjec
 }
 
 // ================================================================================================
-// 31. chat & json notifications — a hook's result posted, at the moment its mail goes (after the rollout's end, in
+// 33. chat & json notifications — a hook's result posted, at the moment its mail goes (after the rollout's end, in
 //    the background), to each URL of NOTIFY_URL, in the body NOTIFY_FORMAT names: json (our own document, versioned
 //    by its "schema" field, signed in a header with NOTIFY_SECRET), dingtalk (markdown; NOTIFY_SECRET signs the URL),
 //    wecom (markdown), feishu (a card; NOTIFY_SECRET signs the body) or slack (mrkdwn). Each format is one entry of
@@ -13596,7 +13611,7 @@ export class Notifier implements ResultChannel {
 }
 
 // ================================================================================================
-// 32. deliveries page — what the last pushes did, on the admin listener (never the hook port): the records of the
+// 34. deliveries page — what the last pushes did, on the admin listener (never the hook port): the records of the
 //    result's DeliveryLog (the last -deliveries pushes, newest first, as far as each has got). /deliveries lists
 //    them (refreshing itself while a push is still running); /deliveries/<n> is one push's full report and pods;
 //    /deliveries.json and /deliveries/<n>.json carry the same as JSON (entries in the shape of NOTIFY_FORMAT=json).
@@ -13757,7 +13772,7 @@ export function deliveryPages(log: DeliveryLog, token: string): AdminPages {
 }
 
 // ================================================================================================
-// 33. -validate & -print-rbac — the commands that read the hooks and exit: -validate describes every hook (its rule,
+// 35. -validate & -print-rbac — the commands that read the hooks and exit: -validate describes every hook (its rule,
 //    parameters, answer, upgrade and notifications) and says what is wrong, -print-rbac prints the least-privilege
 //    RBAC; both load the hooks exactly as the service does (hookLoadSettings).
 //    Exports: hookLoadSettings, printRbac, validate.
@@ -14016,7 +14031,7 @@ async function printRbac(o: Options, env: Record<string, string | undefined>): P
 }
 
 // ================================================================================================
-// 34. main — wires the chapters together; the only place with process-wide side effects (signals, pid file, listening
+// 36. main — wires the chapters together; the only place with process-wide side effects (signals, pid file, listening
 //    sockets, exit codes).
 //    Tests: test/image.test.ts, test/memory.test.ts, test/runner.test.ts, test/start.test.ts.
 // ================================================================================================

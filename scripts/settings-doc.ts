@@ -1,7 +1,7 @@
 /*
  * Writes the settings tables of docs/configuration.md (the part between its BEGIN and END markers)
  * from HOOK_SETTINGS, the one table of the settings of the upgrade, its mail and its notifications
- * (webhook.ts, chapter 22):
+ * (webhook.ts, chapter "hook settings"):
  *
  *   node scripts/settings-doc.ts
  *
