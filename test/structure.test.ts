@@ -8,8 +8,10 @@ import assert from 'node:assert/strict';
 import * as fs from 'node:fs';
 import { describe, test } from 'node:test';
 import * as path from 'node:path';
+import * as os from 'node:os';
 import {
-  analyse, bannerTests, codeOnly, IMPORTERS, MAX_FUNCTION_LINES, MAX_LINE_WIDTH, SOURCE, testsImporting,
+  analyse, bannerTests, bareSleeps, codeOnly, IMPORTERS, MAX_FUNCTION_LINES, MAX_LINE_WIDTH, MIN_WALL_CLOCK_BOUND_MS,
+  repeatedBlocks, REPEAT_LINES, REPEAT_PLACES, shortWallClockBounds, SOURCE, testsImporting,
 } from './structure.ts';
 
 const report = analyse();
@@ -108,5 +110,50 @@ describe('webhook.ts structure', () => {
     const body = Array.from({ length: 70 }, (_, i) => `  const x${i} = ${i};`).join('\n');
     const wrapped = analyse(`export async function longOne(\n  a: string,\n): Promise<void> {\n${body}\n}\n`);
     assert.deepEqual(wrapped.longFunctions, [{ line: 1, name: 'longOne', lines: 74 }]);
+  });
+});
+
+describe('the tests a maintainer can trust', () => {
+  test('no negative check sleeps and then asserts: a bare sleep outside a polling loop', () => {
+    assert.deepEqual(bareSleeps(), []);
+  });
+
+  test(`no wall-clock bound under ${MIN_WALL_CLOCK_BOUND_MS} ms in a test (speed is measured in bench/)`, () => {
+    assert.deepEqual(shortWallClockBounds(), []);
+  });
+
+  test(`no block of ${REPEAT_LINES} lines stands in ${REPEAT_PLACES} places of test/ (shared helpers instead)`, () => {
+    assert.deepEqual(repeatedBlocks(), []);
+  });
+
+  test('the three measures find what they are for', () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'structure-'));
+    try {
+      const block = Array.from({ length: REPEAT_LINES }, (_, i) => `  const v${i} = start(${i});`).join('\n');
+      for (const f of ['a', 'b', 'c']) fs.writeFileSync(path.join(dir, `${f}.test.ts`), `test('x', async () => {\n${block}\n});\n`);
+      fs.writeFileSync(
+        path.join(dir, 'd.test.ts'),
+        [
+          "test('nothing happens', async () => {",
+          '  await sleep(200);',
+          '  assert.equal(calls, 0);',
+          '  for (;;) {',
+          '    await sleep(50);',
+          '  }',
+          '  assert.ok(elapsed < 2_000);',
+          '  assert.ok(Date.now() - started < 10_000);',
+          '});',
+        ].join('\n'),
+      );
+      assert.deepEqual(bareSleeps(dir), ['d.test.ts:2']);
+      assert.deepEqual(shortWallClockBounds(dir), ['d.test.ts:7']);
+      const repeats = repeatedBlocks(dir);
+      assert.ok(repeats.length > 0);
+      for (const r of repeats) assert.match(r, /a\.test\.ts:\d+, b\.test\.ts:\d+, c\.test\.ts:\d+\)$/);
+      fs.rmSync(path.join(dir, 'c.test.ts'));
+      assert.deepEqual(repeatedBlocks(dir), [], 'two places are allowed');
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
   });
 });

@@ -230,3 +230,79 @@ if (import.meta.main) {
   console.log(`Part I: sections 1-${r.partTwo}; Part II: sections ${r.partTwo + 1}-${r.sections.length}`);
   console.log(`wide lines: ${r.wideLines.length}`);
 }
+
+// ---- the tests' own rules -----------------------------------------------------------------------
+
+export const TEST_DIR = import.meta.dirname;
+/** A bound on elapsed wall-clock time below this belongs in a benchmark: a loaded machine breaks it. */
+export const MIN_WALL_CLOCK_BOUND_MS = 5_000;
+/** Lines a block must share to count as repeated, and in how many places a repeat is one too many. */
+export const REPEAT_LINES = 6;
+export const REPEAT_PLACES = 3;
+
+function testSources(dir = TEST_DIR): { file: string; lines: string[] }[] {
+  return fs
+    .readdirSync(dir, { recursive: true })
+    .map(String)
+    // The measuring tool's own test holds examples of what it looks for.
+    .filter((f) => f.endsWith('.ts') && !path.basename(f).startsWith('structure.'))
+    .map((file) => ({ file, lines: fs.readFileSync(path.join(dir, file), 'utf8').split('\n') }));
+}
+
+/**
+ * Assertions that bound elapsed wall-clock time below MIN_WALL_CLOCK_BOUND_MS ("elapsed < 2000",
+ * "Date.now() - started <= 1_500"): `file:line`.
+ */
+export function shortWallClockBounds(dir = TEST_DIR): string[] {
+  const timed = /\b(?:elapsed|took|ms|duration|Date\.now\(\)\s*-\s*[\w.]+|performance\.now\(\)\s*-\s*[\w.]+)\s*<=?\s*([\d_]+)/;
+  return testSources(dir).flatMap(({ file, lines }) =>
+    lines.flatMap((l, i) => {
+      const m = timed.exec(l);
+      return m && /assert/.test(l) && Number(m[1].replaceAll('_', '')) < MIN_WALL_CLOCK_BOUND_MS ? [`${file}:${i + 1}`] : [];
+    }),
+  );
+}
+
+/**
+ * Bare sleeps that are not a retry loop's pause: a negative check must wait for a later event that
+ * proves the system got past the point, not for time. A sleep inside a loop (polling, pacing) is
+ * allowed; one on its own is `file:line`.
+ */
+export function bareSleeps(dir = TEST_DIR): string[] {
+  const sleep = /await (?:sleep\(|new Promise\(\(\w+\) => setTimeout\(\w+, )/;
+  return testSources(dir).flatMap(({ file, lines }) =>
+    lines.flatMap((l, i) => {
+      return sleep.test(l) && !insideLoop(lines, i) ? [`${file}:${i + 1}`] : [];
+    }),
+  );
+}
+
+/** Whether line `at` is inside a loop (or a task a test times on purpose), by the blocks that enclose it. */
+function insideLoop(lines: string[], at: number): boolean {
+  const indent = (l: string) => /^\s*/.exec(l)![0].length;
+  let within = indent(lines[at]);
+  for (let j = at - 1; j >= 0 && within > 0; j--) {
+    if (lines[j].trim() === '' || indent(lines[j]) >= within) continue;
+    within = indent(lines[j]);
+    if (/^\s*(?:for|while)\s*\(|^\s*do\s*\{|^\s*const task = /.test(lines[j])) return true;
+  }
+  return false;
+}
+
+/**
+ * Blocks of REPEAT_LINES lines (trimmed, ignoring blank lines and lines of only brackets) that stand
+ * in REPEAT_PLACES or more places across the test files: each as its first line and its places.
+ */
+export function repeatedBlocks(dir = TEST_DIR): string[] {
+  const places = new Map<string, string[]>();
+  for (const { file, lines } of testSources(dir)) {
+    const kept = lines
+      .map((text, i) => ({ text: text.trim(), line: i + 1 }))
+      .filter((l) => l.text !== '' && !/^[)}\];,]*$/.test(l.text) && !l.text.startsWith('//'));
+    for (let i = 0; i + REPEAT_LINES <= kept.length; i++) {
+      const key = kept.slice(i, i + REPEAT_LINES).map((l) => l.text).join('\n');
+      (places.get(key) ?? places.set(key, []).get(key)!).push(`${file}:${kept[i].line}`);
+    }
+  }
+  return [...places].filter(([, at]) => at.length >= REPEAT_PLACES).map(([key, at]) => `${key.split('\n')[0]} (${at.join(', ')})`);
+}
