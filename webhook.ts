@@ -9,12 +9,12 @@
  * mailed when the hook passes MAIL_TO.
  *
  * Chapters, in order. Part I holds the libraries the program needs and has no dependency for; they use
- * nothing of the service. Part II is the service, in the order a push travels: main (36) opens the
+ * nothing of the service. Part II is the service, in the order a push travels: main (37) opens the
  * listeners (19) with the http server's handler (18), which uses the request, rule and hook chapters
- * above it and hands the command to the runner (17), whose in-process command is the upgrade (20-30).
- * After the answer the result travels on in order too: the rollout follower (30) follows the rollout and
- * hands each step to the result (31), which records it and, once final, sends it to the mail (32) and
- * the chat and JSON receivers (33); the deliveries page (34) renders the records. No chapter uses a name a later one
+ * above it and hands the command to the runner (17), whose in-process command is the upgrade (20-31).
+ * After the answer the result travels on in order too: the rollout follower (31) follows the rollout and
+ * hands each step to the result (32), which records it and, once final, sends it to the mail (33) and
+ * the chat and JSON receivers (34); the deliveries page (35) renders the records. No chapter uses a name a later one
  * defines; where an earlier chapter hands work on, it declares the small interface it needs
  * (InProcessCommand, CommandListener, AdminPages, ResultListener, ResultChannel, HookSettingChecks) and
  * main() wires the later chapter in.
@@ -40,23 +40,24 @@
  *  17. commands ................... CommandResult, CommandRunner, decodeBase64Strict, InProcessCommand
  *  18. http server ................ AdminPages, allowedMethods, answerClientError, CommandListener
  *  19. listeners .................. openListener, openAdminListener, tlsOptions
- *  20. registry payloads .......... REGISTRIES, REPO_TYPES, parsePushPayload, parsePushHeaders
- *  21. image reference & pin ...... checkImagePin, chooseCandidate, composeImageRef, readImagePin
- *  22. workloads .................. WORKLOAD_KINDS, parseWorkload, locateContainer, rolloutStatus
- *  23. hook settings .............. HOOK_SETTINGS, fixedSettingChecks
- *  24. upgrade decision ........... readSettings, decidePush, decide, verifiedRef
- *  25. the patch .................. patchOnce, patchUntilApplied
- *  26. the report ................. formatForcedRollback, formatReport, formatRollback, formatRollout
- *  27. rollout follow ............. claimFollow, followRollout, resumedReport, rolloutEvent
- *  28. rollback ................... rollBackFailedRollout
- *  29. least privilege ............ formatRbac, hookReach, HookReach, upgradeInput
- *  30. the upgrade ................ runUpgrade, UpgradeService, RolloutFollower
- *  31. the result ................. DeliveryLog, ResultDispatcher, pushResult, ResultChannel
- *  32. mail ....................... Mailer, parseMailConfig
- *  33. chat & json notifications .. Notifier, NOTIFY_FORMATS, resultDocument
- *  34. deliveries page ............ deliveryPages
- *  35. -validate & -print-rbac .... hookLoadSettings, validate
- *  36. main ....................... main
+ *  20. registry payloads .......... parsePushPayload, parsePushHeaders, PayloadFields, PushEvent
+ *  21. cloud registry payloads .... REGISTRIES, REPO_TYPES, registryFor, recognisedRepoType
+ *  22. image reference & pin ...... checkImagePin, chooseCandidate, composeImageRef, readImagePin
+ *  23. workloads .................. WORKLOAD_KINDS, parseWorkload, locateContainer, rolloutStatus
+ *  24. hook settings .............. HOOK_SETTINGS, fixedSettingChecks
+ *  25. upgrade decision ........... readSettings, decidePush, decide, verifiedRef
+ *  26. the patch .................. patchOnce, patchUntilApplied
+ *  27. the report ................. formatForcedRollback, formatReport, formatRollback, formatRollout
+ *  28. rollout follow ............. claimFollow, followRollout, resumedReport, rolloutEvent
+ *  29. rollback ................... rollBackFailedRollout
+ *  30. least privilege ............ formatRbac, hookReach, HookReach, upgradeInput
+ *  31. the upgrade ................ runUpgrade, UpgradeService, RolloutFollower
+ *  32. the result ................. DeliveryLog, ResultDispatcher, pushResult, ResultChannel
+ *  33. mail ....................... Mailer, parseMailConfig
+ *  34. chat & json notifications .. Notifier, NOTIFY_FORMATS, resultDocument
+ *  35. deliveries page ............ deliveryPages
+ *  36. -validate & -print-rbac .... hookLoadSettings, validate
+ *  37. main ....................... main
  *
  * Each banner's "Exports" lists the names later chapters use and "Tests" the test files that cover it
  * (test/structure.test.ts checks both).
@@ -4241,7 +4242,7 @@ export type JsonPatchOperation =
 //    registry's own host or a token host allowed (tokenHostAllowed: REGISTRY_TOKEN_HOSTS, the well-known registries');
 //    a realm elsewhere is asked anonymously. A refusal is a RegistryError saying which and why.
 //    Exports: RegistryLogin, resolveManifestTag.
-//    Tests: test/outbound.test.ts, test/registry-e2e.test.ts.
+//    Tests: test/outbound.test.ts, test/registry-e2e.test.ts, test/clouds.test.ts.
 // ================================================================================================
 
 // ---- verifying the pushed image on its registry (VERIFY_IMAGE) ------------------------------------
@@ -4334,6 +4335,41 @@ export function tokenHostAllowed(realmHost: string, registryHost: string, allowe
   });
 }
 
+/**
+ * Registries whose login is the answer of their cloud's own token exchange, which needs that cloud's credentials
+ * (not a registry login a pull secret can hold for long): what a pull secret must hold for them, said when the
+ * login is missing or refused instead of a bare 401. `anonymous`: whether the registry may serve without a login.
+ */
+const CLOUD_LOGINS: { registry: RegExp; anonymous: boolean; needs: string }[] = [
+  {
+    registry: /^\d{12}\.dkr\.ecr(?:-fips)?\.[a-z0-9-]+\.amazonaws\.com(?:\.cn)?$/,
+    anonymous: false,
+    needs:
+      'an Amazon ECR login is a token from its GetAuthorizationToken call, an AWS API call signed with AWS ' +
+      'credentials this service does not hold, valid 12 hours: give the workload a pull secret (user AWS, password ' +
+      'the token) that a job holding those credentials refreshes',
+  },
+  {
+    registry: /^(?:[a-z0-9-]+-docker\.pkg\.dev|(?:[a-z]+\.)?gcr\.io)$/,
+    anonymous: true,
+    needs:
+      'a Google Artifact Registry login is a service account key (user _json_key, password the key file) or an ' +
+      'OAuth access token (user oauth2accesstoken, valid an hour), which needs Google credentials this service ' +
+      'does not hold: give the workload a pull secret with a key, or one a job refreshes',
+  },
+];
+
+/** What a cloud registry's login needs, for its refusals; undefined for other registries. Pure. */
+export function cloudLoginNeeds(host: string): { anonymous: boolean; needs: string } | undefined {
+  return CLOUD_LOGINS.find((c) => c.registry.test(host.toLowerCase()));
+}
+
+/** A refusal of `host`, with what its cloud's login needs when it is a cloud registry. */
+function registryRefusal(host: string, message: string): RegistryError {
+  const cloud = cloudLoginNeeds(host);
+  return new RegistryError(cloud ? `${message} (${cloud.needs})` : message);
+}
+
 /** What to send a registry: its Authorization, and why the login was withheld from its token service, if it was. */
 interface RegistryAuthorization {
   authorization: string;
@@ -4352,7 +4388,11 @@ async function authorizationFor(
   const { scheme, params } = parseChallenge(challenge);
   const basic = login ? `Basic ${Buffer.from(`${login.user}:${login.password}`).toString('base64')}` : undefined;
   if (scheme === 'basic') {
-    if (!basic) throw new RegistryError('the registry asks for a login and the workload names no pull secret for it');
+    if (!basic)
+      throw registryRefusal(
+        registry.host,
+        'the registry asks for a login and the workload names no pull secret for it',
+      );
     return { authorization: basic };
   }
   if (scheme !== 'bearer' || !params.realm) throw new RegistryError(`the registry asks for ${showValue(challenge)}`);
@@ -4411,10 +4451,15 @@ export async function resolveManifestTag(
       { Accept: MANIFEST_TYPES, ...(authorization ? { Authorization: authorization } : {}) },
       ca,
     );
+  // A registry that never serves anonymously is not asked without its login: the refusal says what it needs.
+  if (cloudLoginNeeds(host)?.anonymous === false) {
+    login = await loginFor();
+    if (login === undefined) throw registryRefusal(host, `the workload names no pull secret for ${host}`);
+  }
   let answer = await head();
   const challenge = answer.headers['www-authenticate'];
   if (answer.status === 401 && typeof challenge === 'string') {
-    login = await loginFor();
+    login ??= await loginFor();
     const asked = await authorizationFor(challenge, login, { host, repository, ca, tokenHosts });
     withheld = asked.withheld;
     answer = await head(asked.authorization);
@@ -4426,7 +4471,7 @@ export async function resolveManifestTag(
       : login
         ? `the login of pull secret "${login.secret}"`
         : 'no login (the workload names no pull secret for it)';
-    throw new RegistryError(`the registry refused ${how}: ${answer.status}`);
+    throw registryRefusal(host, `the registry refused ${how}: ${answer.status}`);
   }
   const digest = answer.headers['docker-content-digest'];
   if (answer.status !== 200 || typeof digest !== 'string')
@@ -8150,16 +8195,18 @@ async function openMetricsListener(
 //    Azure, CNCF Distribution, Artifactory, Nexus, Gitea, CloudEvents) read into PushEvents (host, repository, tag,
 //    digest, pushed-at), an acknowledged no-op (a pull, a test ping, a push by digest, a signature tag), or a
 //    handshake's answer (Event Grid's, CloudEvents' validation). Pure functions: no I/O, no clock. Each registry is
-//    one entry of REGISTRIES: its reader, and how REPO_TYPE=auto recognises it. The hook's environment chooses the
-//    composition: REPO_TYPE (a key of REGISTRIES, any case, or auto); NET_TYPE (regionalregistry only: public, vpc or
-//    internal endpoint); REGISTRY_HOST (host[:port] replacing the registry host for every REPO_TYPE; required for
-//    Artifactory and Nexus); PIN_DIGEST (true: `repo:tag@sha256:…` when the payload carries the digest). Any missing
-//    or malformed field is an error naming the field; nothing is lower-cased or repaired.
-//    Exports: acrEndpointPrefix, ComposedRef, domainProblem, ImageRef, MAX_IMAGE_NAME_LENGTH, parseBoolSetting,
-//    parsePushHeaders, parsePushPayload, PayloadFields, PushEvent, PushHeaders, Reading, REFERENCE_GRAMMAR,
-//    registryFor, REPO_TYPES, repositoryPathProblem, repoTypeSetting, stripSchemeAndSlashes, tagProblem,
-//    UpgradeInputs, webhookValidation.
-//    Tests: test/registries.test.ts, test/registry-e2e.test.ts, test/upgrade.test.ts.
+//    one entry of REGISTRIES (chapter 21): its reader, and how REPO_TYPE=auto recognises it. The hook's environment
+//    chooses the composition: REPO_TYPE (a key of REGISTRIES, any case, or auto); NET_TYPE (regionalregistry only:
+//    public, vpc or internal endpoint); REGISTRY_HOST (host[:port] replacing the registry host for every REPO_TYPE;
+//    required for Artifactory and Nexus); PIN_DIGEST (true: `repo:tag@sha256:…` when the payload carries the digest).
+//    Any missing or malformed field is an error naming the field; nothing is lower-cased or repaired.
+//    Exports: ACR_PUSH_TYPES, acrEndpointPrefix, acrHost, acrPush, azureRead, checkedRepository, ComposedRef,
+//    customRegistryAddress, distributionRead, domainProblem, fieldAt, ghcrRead, giteaRead, harborPush, harborRead,
+//    ImageRef, jfrogRead, MAX_IMAGE_NAME_LENGTH, nexusRead, parseBoolSetting, parsePushHeaders, parsePushPayload,
+//    PayloadFields, pushDataEvent, pushDataTestPing, PushEvent, PushHeaders, pushHost, quayRead, Reading,
+//    REFERENCE_GRAMMAR, Registry, RegistrySettings, repositoryPathProblem, splitImageAddress, stripSchemeAndSlashes,
+//    tagProblem, UpgradeInputs, webhookValidation.
+//    Tests: test/registries.test.ts, test/registry-e2e.test.ts, test/upgrade.test.ts, test/clouds.test.ts.
 // ================================================================================================
 
 export interface UpgradeInputs {
@@ -8559,7 +8606,9 @@ function quayRead(p: PayloadFields, s: RegistrySettings): Reading {
   });
 }
 
-const GITHUB_PACKAGE_EVENTS = ['package', 'registry_package'];
+// package_v2 and the action "create" are what GitHub sent container package hooks before "published".
+const GITHUB_PACKAGE_EVENTS = ['package', 'registry_package', 'package_v2'];
+const GITHUB_PUBLISH_ACTIONS = ['published', 'create'];
 
 /** GitHub's package (or older registry_package) event for a container package version. */
 function ghcrRead(p: PayloadFields, s: RegistrySettings, h: PushHeaders): Reading {
@@ -8569,7 +8618,8 @@ function ghcrRead(p: PayloadFields, s: RegistrySettings, h: PushHeaders): Readin
   const key = p.has('registry_package') && !p.has('package') ? 'registry_package' : 'package';
   if (!p.has(key)) throw new Error('package is missing (GitHub sends it with X-GitHub-Event: package)');
   const action = p.optional('action') ?? '';
-  if (action !== 'published') return { noop: `GitHub package action ${showValue(action)} is not a publication` };
+  if (!GITHUB_PUBLISH_ACTIONS.includes(action))
+    return { noop: `GitHub package action ${showValue(action)} is not a publication` };
   const kind = [p.optional(`${key}.package_type`), p.optional(`${key}.ecosystem`)].map((t) => (t ?? '').toLowerCase());
   if (!kind.some((t) => t === 'container' || t === 'docker'))
     return { noop: `GitHub package type ${showValue(p.optional(`${key}.package_type`) ?? '')} is not a container` };
@@ -8581,12 +8631,11 @@ function ghcrRead(p: PayloadFields, s: RegistrySettings, h: PushHeaders): Readin
     };
   const url = p.optional(`${v}.package_url`);
   // GHCR's namespace is the owner's login in lower case (GitHub's own mapping, not a repair).
+  // GitHub's earlier `create` shape names the owner as package.namespace.
+  const owner = () => p.optional(`${key}.namespace`) ?? p.required(`${key}.owner.login`, 'the owner');
   const name = url
     ? splitImageAddress(url)
-    : {
-        host: 'ghcr.io',
-        path: `${p.required(`${key}.owner.login`, 'the owner')}/${p.required(`${key}.name`, 'name')}`,
-      };
+    : { host: 'ghcr.io', path: `${owner()}/${p.required(`${key}.name`, 'name')}` };
   const repository = checkedRepository(name.path.toLowerCase(), url ? `${v}.package_url` : `${key}.name`);
   const host = pushHost(s, name.host ?? 'ghcr.io', `${v}.package_url`, 'GHCR');
   const digestField = `${v}.container_metadata.tag.digest`;
@@ -8603,6 +8652,8 @@ function ghcrRead(p: PayloadFields, s: RegistrySettings, h: PushHeaders): Readin
 
 const EVENT_GRID_VALIDATION = 'Microsoft.EventGrid.SubscriptionValidationEvent';
 const ACR_IMAGE_PUSHED = 'Microsoft.ContainerRegistry.ImagePushed';
+// Event Grid's documented examples name the push by its full type and by the short one.
+const ACR_PUSH_TYPES = [ACR_IMAGE_PUSHED, 'ImagePushed'];
 // Event Grid's validation codes are GUIDs; anything else is not echoed back.
 const VALIDATION_CODE = /^[A-Za-z0-9-]{1,100}$/;
 
@@ -8640,7 +8691,7 @@ function eventGridRead(p: PayloadFields, s: RegistrySettings): Reading {
       return { answer: JSON.stringify({ validationResponse: code }), reason: 'Event Grid subscription validated' };
     }
     seen.push(type);
-    if (type !== ACR_IMAGE_PUSHED) continue;
+    if (!ACR_PUSH_TYPES.includes(type)) continue;
     const push = acrPush(p, s, `${i}.data`);
     if (!('noop' in push)) pushes.push(push);
   }
@@ -8651,7 +8702,7 @@ function azureRead(p: PayloadFields, s: RegistrySettings): Reading {
   if (Array.isArray(p.value(''))) return eventGridRead(p, s);
   if (p.has('eventType') || p.has('specversion')) {
     const type = p.optional('eventType') ?? p.required('type', 'the event type');
-    if (type === EVENT_GRID_VALIDATION || type === ACR_IMAGE_PUSHED)
+    if (type === EVENT_GRID_VALIDATION || ACR_PUSH_TYPES.includes(type))
       return eventGridRead(new PayloadFields([p.value('')]), s);
     return { noop: `Event Grid event ${showValue(type)} is not an image push` };
   }
@@ -8756,27 +8807,301 @@ function giteaRead(p: PayloadFields, s: RegistrySettings, h: PushHeaders): Readi
   };
 }
 
-/** The CloudEvents types whose data this receiver reads, by type: the reader of the data at `base`. */
-const CLOUDEVENT_TYPES: Record<string, (p: PayloadFields, s: RegistrySettings, base: string) => Reading> = {
-  'harbor.artifact.pushed': (p, s, base) => harborPush(p, s, base, p.time(fieldAt(base, 'occur_at'))),
-  [ACR_IMAGE_PUSHED]: (p, s, base) => acrPush(p, s, base),
+function acrHost(fields: PayloadFields, netType: string | undefined): string {
+  const region = fields.required('repository.region', 'ACR names the region, e.g. cn-hangzhou, or set REGISTRY_HOST');
+  if (!REFERENCE_GRAMMAR.region.test(region))
+    throw new Error(`repository.region ${showValue(region)} is not a valid region (e.g. cn-hangzhou)`);
+  return `${acrEndpointPrefix(netType)}.${region}.aliyuncs.com`;
+}
+
+/** NET_TYPE: which ACR endpoint (public, vpc, internal; unset is public), as its host's prefix. */
+function acrEndpointPrefix(netType: string | undefined): string {
+  const prefixes: Record<string, string> = {
+    '': 'registry',
+    public: 'registry',
+    vpc: 'registry-vpc',
+    internal: 'registry-internal',
+  };
+  const prefix = prefixes[(netType ?? '').trim().toLowerCase()];
+  if (prefix === undefined)
+    throw new Error(
+      `NET_TYPE ${showValue(netType ?? '')} is not supported (use vpc or internal, or leave it unset for the public ` +
+        `endpoint)`,
+    );
+  return prefix;
+}
+
+function customRegistryAddress(repoUrl: string): string {
+  const address = stripSchemeAndSlashes(repoUrl);
+  const [host, ...rest] = address.split('/');
+  if (domainProblem(host))
+    throw new Error(
+      `repository.repo_url ${showValue(repoUrl)} does not start with a valid registry host (host[:port])`,
+    );
+  if (rest.length > 0 && repositoryPathProblem(rest.join('/'))) {
+    throw new Error(
+      `repository.repo_url ${showValue(repoUrl)} has an invalid path after the host: ` +
+        `${repositoryPathProblem(rest.join('/'))}`,
+    );
+  }
+  return address;
+}
+
+// ================================================================================================
+// 21. cloud registry payloads — the clouds' own registries, whose pushes arrive as their event buses' events: AWS ECR
+//    (an EventBridge "ECR Image Action" event sent by an API destination, or its CloudEvents form), Google Artifact
+//    Registry (a Pub/Sub push envelope whose message.data is the base64 of {action, digest, tag}); CloudEvents 1.0
+//    (structured, binary, or a batch), whose types name the reader of their data; and REGISTRIES, the table of every
+//    registry a hook's REPO_TYPE names, which comes last because it names every reader. REPO_TYPE=auto recognises a
+//    payload by its shape alone, each registry by fields no other sends (recognisedRepoType says which it chose).
+//    Exports: registryFor, REPO_TYPES, repoTypeSetting.
+//    Tests: test/registries.test.ts, test/registry-e2e.test.ts, test/upgrade.test.ts, test/clouds.test.ts.
+// ================================================================================================
+
+/** A CloudEvents attribute of the event being read: its value, and where it was (a field, or a ce-* header). */
+interface EventAttribute {
+  value: string | undefined;
+  field: string;
+}
+
+/** Reads a CloudEvent's data at `base`; `attribute` gives the event's own attributes (source, time). */
+type CloudEventReader = (
+  p: PayloadFields,
+  s: RegistrySettings,
+  base: string,
+  attribute: (name: string) => EventAttribute,
+) => Reading;
+
+// ---- AWS ECR ------------------------------------------------------------------------------------
+
+const ECR_IMAGE_ACTION = 'ECR Image Action';
+// The detail.action-type and detail.result values ECR documents for an ECR Image Action.
+const ECR_ACTIONS = ['PUSH', 'DELETE'];
+const ECR_RESULTS = ['SUCCESS', 'FAILURE'];
+const AWS_ACCOUNT = /^\d{12}$/;
+// The CloudEvents source of an ECR push: urn:aws:ecr:<region>:<account>:repository/<name> (or the ARN).
+const ECR_SOURCE = /^(?:urn|arn):aws[a-z-]*:ecr:([a-z0-9-]+):(\d{12}):repository\/(.+)$/;
+
+/** An ECR private registry's host; China's regions are served under amazonaws.com.cn. */
+function ecrHost(account: EventAttribute, region: EventAttribute): string {
+  if (account.value === undefined) throw new Error(`${account.field} is missing (the AWS account id of the registry)`);
+  if (!AWS_ACCOUNT.test(account.value))
+    throw new Error(`${account.field} ${showValue(account.value)} is not an AWS account id (12 digits)`);
+  if (region.value === undefined) throw new Error(`${region.field} is missing (the AWS region of the registry)`);
+  if (!REFERENCE_GRAMMAR.region.test(region.value))
+    throw new Error(`${region.field} ${showValue(region.value)} is not an AWS region (e.g. us-west-2)`);
+  const domain = region.value.startsWith('cn-') ? 'amazonaws.com.cn' : 'amazonaws.com';
+  return `${account.value}.dkr.ecr.${region.value}.${domain}`;
+}
+
+/** A cloud's announced digest, pinned only when valid: the field is then named with why it is not used. */
+function validDigest(digest: string | undefined, field: string): { digest: string | undefined; digestField: string } {
+  if (digest === undefined || REFERENCE_GRAMMAR.digest.test(digest)) return { digest, digestField: field };
+  return { digest: undefined, digestField: `${field} (${previewValue(digest)} is not a valid digest)` };
+}
+
+/** The EventBridge event ECR sends for an image action: only a successful PUSH of a tag announces an image. */
+function ecrEventBridgeRead(p: PayloadFields, s: RegistrySettings): Reading {
+  const detailType = p.required('detail-type', `the EventBridge event type, ${showValue(ECR_IMAGE_ACTION)}`);
+  if (detailType !== ECR_IMAGE_ACTION) return { noop: `ECR event ${showValue(detailType)} is not an image action` };
+  if (!p.has('detail'))
+    throw new Error('detail is missing (the image action: action-type, result, repository-name, image-tag)');
+  const action = p.required('detail.action-type', ECR_ACTIONS.join(' or '));
+  if (!ECR_ACTIONS.includes(action))
+    throw new Error(`detail.action-type ${showValue(action)} is not one ECR sends (${ECR_ACTIONS.join(', ')})`);
+  const result = p.required('detail.result', ECR_RESULTS.join(' or '));
+  if (!ECR_RESULTS.includes(result))
+    throw new Error(`detail.result ${showValue(result)} is not one ECR sends (${ECR_RESULTS.join(', ')})`);
+  if (action !== 'PUSH') return { noop: `ECR image action ${showValue(action)} is not a push` };
+  if (result !== 'SUCCESS') return { noop: `ECR image push ${showValue(result)}: nothing was pushed` };
+  const repository = p.repository('detail.repository-name', 'the repository');
+  const tag = p.optional('detail.image-tag');
+  if (tag === undefined)
+    return { noop: 'pushed by digest, without a tag (detail.image-tag is empty): nothing to deploy' };
+  const at = (field: string): EventAttribute => ({ value: p.optional(field), field });
+  const host = pushHost(s, s.registryHost ?? ecrHost(at('account'), at('region')), 'account/region', 'ECR');
+  return {
+    host,
+    repository,
+    tag,
+    tagField: 'detail.image-tag',
+    ...validDigest(p.optional('detail.image-digest'), 'detail.image-digest'),
+    pushedAt: p.time('time'),
+  };
+}
+
+/** The CloudEvents form of an ECR push (com.amazon.ecr.image.push, as Argo CD Image Updater's relay sends it). */
+const ecrCloudEvent: CloudEventReader = (p, s, base, attribute) => {
+  const source = attribute('source');
+  const urn = source.value === undefined ? null : ECR_SOURCE.exec(source.value);
+  if (urn === null)
+    throw new Error(
+      `${source.field} ${source.value === undefined ? 'is missing' : `${showValue(source.value)} is not`} an ECR ` +
+        'repository URN (urn:aws:ecr:<region>:<account>:repository/<name>)',
+    );
+  const repository = p.repository(fieldAt(base, 'repositoryName'), 'the repository');
+  const tag = p.optional(fieldAt(base, 'imageTag'));
+  if (tag === undefined)
+    return { noop: `pushed by digest, without a tag (${fieldAt(base, 'imageTag')} is empty): nothing to deploy` };
+  const registryId = fieldAt(base, 'registryId');
+  const account = { value: p.optional(registryId) ?? urn[2], field: p.has(registryId) ? registryId : source.field };
+  const host = s.registryHost ?? ecrHost(account, { value: urn[1], field: source.field });
+  return {
+    host: pushHost(s, host, source.field, 'ECR'),
+    repository,
+    tag,
+    tagField: fieldAt(base, 'imageTag'),
+    ...validDigest(p.optional(fieldAt(base, 'imageDigest')), fieldAt(base, 'imageDigest')),
+    pushedAt: attribute('time').value ?? '',
+  };
 };
 
-/** CloudEvents 1.0: structured mode (the event is the JSON body) or binary mode (ce-* headers, body = data). */
+// ---- Google Artifact Registry -------------------------------------------------------------------
+
+// The hosts Artifact Registry (and Container Registry, which it now serves) names images on.
+const GOOGLE_REGISTRY_HOST = /^(?:[a-z0-9-]+-docker\.pkg\.dev|(?:[a-z]+\.)?gcr\.io)$/;
+// The actions Artifact Registry's notifications document.
+const GAR_ACTIONS = ['INSERT', 'DELETE'];
+
+/** message.data of a Pub/Sub push: base64 of the notification's JSON, read as message.data.* fields. */
+function pubSubMessageData(p: PayloadFields): PayloadFields {
+  const data = p.required('message.data', 'the base64 of the Artifact Registry notification');
+  let text: string;
+  try {
+    text = decodeBase64Strict(data).toString('utf8');
+  } catch {
+    throw new Error('message.data is not base64 (Pub/Sub sends the notification base64-encoded)');
+  }
+  let value: unknown;
+  try {
+    value = JSON.parse(text);
+  } catch (e) {
+    throw new Error(`message.data is not the base64 of JSON: ${(e as Error).message}`);
+  }
+  if (!isObject(value)) throw new Error(`message.data decodes to ${typeName(value)}, not the notification's object`);
+  return new PayloadFields({ message: { data: value } });
+}
+
+/** An image reference of a notification (host/path:tag or host/path@digest) on a Google registry host. */
+function googleImage(field: string, text: string, s: RegistrySettings): { host: string; path: string } {
+  const { host, path: repoPath } = splitImageAddress(text);
+  if (host === undefined || !GOOGLE_REGISTRY_HOST.test(host))
+    throw new Error(
+      `${field} ${showValue(text)} does not name an Artifact Registry host (<location>-docker.pkg.dev, gcr.io)`,
+    );
+  return { host: pushHost(s, host, field, 'Artifact Registry'), path: checkedRepository(repoPath, field) };
+}
+
+/** Artifact Registry's notification in a Pub/Sub push envelope: an INSERT with a tag announces an image. */
+function garRead(p: PayloadFields, s: RegistrySettings): Reading {
+  const d = pubSubMessageData(p);
+  const action = d.required('message.data.action', GAR_ACTIONS.join(' or '));
+  if (!GAR_ACTIONS.includes(action))
+    throw new Error(
+      `message.data.action ${showValue(action)} is not one Artifact Registry sends (${GAR_ACTIONS.join(', ')})`,
+    );
+  if (action !== 'INSERT') return { noop: `Artifact Registry action ${showValue(action)} is not an image push` };
+  const tagRef = d.optional('message.data.tag');
+  if (tagRef === undefined)
+    return { noop: 'an image inserted by digest, without a tag (message.data.tag is absent): nothing to deploy' };
+  const digestRef = d.optional('message.data.digest');
+  // The tag field is the whole reference; a relay that sends the tag alone leaves the image to the digest field.
+  const colon = tagRef.lastIndexOf(':');
+  const whole = colon > tagRef.lastIndexOf('/') && tagRef.includes('/');
+  const named = whole ? tagRef : digestRef;
+  if (named === undefined) throw new Error('message.data.digest is missing (the image the tag was added to)');
+  const image = googleImage(whole ? 'message.data.tag' : 'message.data.digest', named, s);
+  const tag = whole ? tagRef.slice(colon + 1) : tagRef;
+  const at = digestRef?.lastIndexOf('@') ?? -1;
+  const digest = at < 0 ? undefined : digestRef!.slice(at + 1);
+  if (digestRef !== undefined && splitImageAddress(digestRef).path !== image.path)
+    throw new Error(`message.data.digest ${showValue(digestRef)} names another image than ${showValue(named)}`);
+  return {
+    host: image.host,
+    repository: image.path,
+    tag,
+    tagField: 'message.data.tag',
+    ...validDigest(digest, 'message.data.digest'),
+    pushedAt: p.time('message.publishTime'),
+  };
+}
+
+// ---- CloudEvents ----------------------------------------------------------------------------------
+
+/** The CloudEvents types whose data this receiver reads, by type: the reader of the data at `base`. */
+const CLOUDEVENT_TYPES: Record<string, CloudEventReader> = {
+  'harbor.artifact.pushed': (p, s, base) => harborPush(p, s, base, p.time(fieldAt(base, 'occur_at'))),
+  ...Object.fromEntries(
+    ACR_PUSH_TYPES.map((type): [string, CloudEventReader] => [type, (p, s, b) => acrPush(p, s, b)]),
+  ),
+  'com.amazon.ecr.image.push': ecrCloudEvent,
+};
+// Types of the senders above that announce something other than a push: acknowledged, not refused.
+const CLOUDEVENT_OTHER_TYPES = /^(?:harbor\.|Microsoft\.ContainerRegistry\.|com\.amazon\.ecr\.|Image[A-Z])/;
+
+/** CloudEvents 1.0: structured mode (the event is the body), binary mode (ce-* headers, body = data), or a batch. */
 function cloudEventsRead(p: PayloadFields, s: RegistrySettings, h: PushHeaders): Reading {
-  const binary = p.optional('specversion') === undefined;
-  const version = binary ? h['ce-specversion'] : p.optional('specversion');
+  return Array.isArray(p.value('')) ? cloudEventsBatchRead(p, s) : cloudEventRead(p, s, h, '');
+}
+
+/** One CloudEvent: the body (`at` ""), or the event at index `at` of a batch. */
+function cloudEventRead(p: PayloadFields, s: RegistrySettings, h: PushHeaders, at: string): Reading {
+  const binary = at === '' && p.optional('specversion') === undefined;
+  const attribute = (name: string): EventAttribute =>
+    binary
+      ? { value: h[`ce-${name}`], field: `the ce-${name} header` }
+      : { value: p.optional(fieldAt(at, name)), field: fieldAt(at, name) };
+  const version = attribute('specversion').value;
   if (version === undefined)
     throw new Error("neither the payload's specversion nor the ce-specversion header is set (CloudEvents 1.0)");
   if (version !== '1.0') throw new Error(`CloudEvents specversion ${showValue(version)} is not supported (1.0)`);
-  const type = binary ? h['ce-type'] : p.required('type', 'the CloudEvents type');
+  const type = binary ? h['ce-type'] : p.required(fieldAt(at, 'type'), 'the CloudEvents type');
   if (type === undefined) throw new Error('the ce-type header is missing (CloudEvents binary mode)');
   const reader = Object.hasOwn(CLOUDEVENT_TYPES, type) ? CLOUDEVENT_TYPES[type] : undefined;
-  if (reader) return reader(p, s, binary ? '' : 'data');
-  if (/^(harbor\.|Microsoft\.ContainerRegistry\.)/.test(type))
-    return { noop: `CloudEvents type ${showValue(type)} is not a push` };
+  if (reader) return reader(p, s, binary ? '' : fieldAt(at, 'data'), attribute);
+  if (CLOUDEVENT_OTHER_TYPES.test(type)) return { noop: `CloudEvents type ${showValue(type)} is not a push` };
   throw new Error(
     `CloudEvents type ${showValue(type)} is not one this receiver reads (${Object.keys(CLOUDEVENT_TYPES).join(', ')})`,
+  );
+}
+
+/** A CloudEvents batch (application/cloudevents-batch+json): a JSON array of structured events. */
+function cloudEventsBatchRead(p: PayloadFields, s: RegistrySettings): Reading {
+  const n = p.count('');
+  if (n === 0) throw new Error('the CloudEvents batch is empty (a JSON array of events)');
+  const pushes: PushEvent[] = [];
+  const others: string[] = [];
+  for (let i = 0; i < n; i++) {
+    const reading = cloudEventRead(p, s, {}, String(i));
+    if (Array.isArray(reading)) pushes.push(...reading);
+    else if ('noop' in reading) others.push(`${i}: ${reading.noop}`);
+    else if ('answer' in reading) return reading;
+    else pushes.push(reading);
+  }
+  return pushes.length ? pushes : { noop: `no image push in the CloudEvents batch (${others.join('; ')})` };
+}
+
+/** An Event Grid delivery: an array whose events are all Event Grid's (eventType, or a Microsoft or short type). */
+function isEventGridBatch(p: PayloadFields): boolean {
+  const events = p.value('');
+  if (!Array.isArray(events) || events.length === 0) return false;
+  return events.every((e) => {
+    if (!isObject(e)) return false;
+    const type = e.eventType ?? e.type;
+    return (
+      typeof type === 'string' &&
+      (e.eventType !== undefined || /^Microsoft\./.test(type) || ACR_PUSH_TYPES.includes(type))
+    );
+  });
+}
+
+/** A CloudEvent (or a batch of them) whose type is one of `prefix`'s: the sender is known by its event types. */
+function cloudEventOfType(p: PayloadFields, prefix: RegExp): boolean {
+  const root = p.value('');
+  const events = Array.isArray(root) ? root : [root];
+  return (
+    events.length > 0 &&
+    events.every((e) => isObject(e) && typeof e.specversion === 'string' && prefix.test(String(e.type)))
   );
 }
 
@@ -8845,6 +9170,7 @@ const REGISTRIES: Record<string, Registry> = {
         // Gitea sends X-GitHub-Event too, for compatibility; its own header tells them apart.
         (h['x-github-event'] !== undefined && h['x-gitea-event'] === undefined) ||
         p.has('package.package_type') ||
+        p.has('package.ecosystem') ||
         p.has('registry_package'),
     },
     read: ghcrRead,
@@ -8855,7 +9181,7 @@ const REGISTRIES: Record<string, Registry> = {
     recognise: {
       looksFor: 'a JSON array of Event Grid events, eventType, or action with target.repository and request.host',
       test: (p) =>
-        Array.isArray(p.value('')) ||
+        isEventGridBatch(p) ||
         p.has('eventType') ||
         (p.has('target.repository') && p.has('request.host') && !p.has('events')),
     },
@@ -8890,11 +9216,34 @@ const REGISTRIES: Record<string, Registry> = {
     },
     read: giteaRead,
   },
-  cloudevents: {
-    sender: 'a CloudEvents 1.0 producer (structured or binary mode)',
+  ecr: {
+    sender: 'Amazon ECR (an EventBridge rule with an API destination, or its CloudEvents form)',
+    batches: true,
     recognise: {
-      looksFor: 'specversion, or the ce-specversion header',
-      test: (p, h) => p.has('specversion') || h['ce-specversion'] !== undefined,
+      looksFor: 'source "aws.ecr" with detail-type, or CloudEvents of type com.amazon.ecr.*',
+      test: (p) =>
+        (p.has('detail-type') &&
+          isObject(p.value('')) &&
+          (p.value('') as Record<string, unknown>).source === 'aws.ecr') ||
+        cloudEventOfType(p, /^com\.amazon\.ecr\./),
+    },
+    read: (p, s, h) =>
+      p.has('specversion') || Array.isArray(p.value('')) ? cloudEventsRead(p, s, h) : ecrEventBridgeRead(p, s),
+  },
+  gar: {
+    sender: 'Google Artifact Registry (a Pub/Sub push subscription to the topic gcr)',
+    recognise: {
+      looksFor: 'a Pub/Sub push envelope: message.data with subscription',
+      test: (p) => p.has('message.data') && p.has('subscription'),
+    },
+    read: garRead,
+  },
+  cloudevents: {
+    sender: 'a CloudEvents 1.0 producer (structured or binary mode, or a batch)',
+    batches: true,
+    recognise: {
+      looksFor: 'specversion (or a JSON array of events with it), or the ce-specversion header',
+      test: (p, h) => p.has('specversion') || h['ce-specversion'] !== undefined || cloudEventOfType(p, /./),
     },
     read: cloudEventsRead,
   },
@@ -8905,7 +9254,13 @@ export const REPO_TYPES = [...Object.keys(REGISTRIES), AUTO];
 
 /** REPO_TYPE=auto: the first registry whose headers or payload this is, else an error naming what it looked for. */
 function recogniseRegistry(p: PayloadFields, h: PushHeaders): Registry {
-  for (const registry of Object.values(REGISTRIES)) if (registry.recognise?.test(p, h)) return registry;
+  return REGISTRIES[recognisedRepoType(p.value(''), h)];
+}
+
+/** The REPO_TYPE auto takes a payload for; throws an error naming what it looked for when none fits. */
+export function recognisedRepoType(payload: unknown, h: PushHeaders): string {
+  const p = new PayloadFields(payload);
+  for (const [type, registry] of Object.entries(REGISTRIES)) if (registry.recognise?.test(p, h)) return type;
   const lookedFor = Object.entries(REGISTRIES).map(
     ([type, r]) => `${type}: ${r.recognise?.looksFor ?? 'never guessed'}`,
   );
@@ -8930,57 +9285,17 @@ function repoTypeSetting(value: string | undefined): string {
   return repoType;
 }
 
-function acrHost(fields: PayloadFields, netType: string | undefined): string {
-  const region = fields.required('repository.region', 'ACR names the region, e.g. cn-hangzhou, or set REGISTRY_HOST');
-  if (!REFERENCE_GRAMMAR.region.test(region))
-    throw new Error(`repository.region ${showValue(region)} is not a valid region (e.g. cn-hangzhou)`);
-  return `${acrEndpointPrefix(netType)}.${region}.aliyuncs.com`;
-}
-
-/** NET_TYPE: which ACR endpoint (public, vpc, internal; unset is public), as its host's prefix. */
-function acrEndpointPrefix(netType: string | undefined): string {
-  const prefixes: Record<string, string> = {
-    '': 'registry',
-    public: 'registry',
-    vpc: 'registry-vpc',
-    internal: 'registry-internal',
-  };
-  const prefix = prefixes[(netType ?? '').trim().toLowerCase()];
-  if (prefix === undefined)
-    throw new Error(
-      `NET_TYPE ${showValue(netType ?? '')} is not supported (use vpc or internal, or leave it unset for the public ` +
-        `endpoint)`,
-    );
-  return prefix;
-}
-
-function customRegistryAddress(repoUrl: string): string {
-  const address = stripSchemeAndSlashes(repoUrl);
-  const [host, ...rest] = address.split('/');
-  if (domainProblem(host))
-    throw new Error(
-      `repository.repo_url ${showValue(repoUrl)} does not start with a valid registry host (host[:port])`,
-    );
-  if (rest.length > 0 && repositoryPathProblem(rest.join('/'))) {
-    throw new Error(
-      `repository.repo_url ${showValue(repoUrl)} has an invalid path after the host: ` +
-        `${repositoryPathProblem(rest.join('/'))}`,
-    );
-  }
-  return address;
-}
-
 // ================================================================================================
-// 21. image reference & pin — composes the reference the cluster will pull (composeImageRef; chooseCandidate picks
+// 22. image reference & pin — composes the reference the cluster will pull (composeImageRef; chooseCandidate picks
 //    the container's among several), validates it against the OCI distribution reference grammar before anything is
 //    sent to Kubernetes, and applies the image pin (checkImagePin): whoever holds a hook's URL writes the payload, so
 //    a push may change only the tag and digest of the repository the container runs now. Endpoints of one registry
 //    count as the same (REGISTRY_ENDPOINTS), and so does the hook's REGISTRY_HOST; anything else needs ALLOW_IMAGES
 //    (`host/path`, `host/path/*`, `host/*`; Docker Hub's may omit the host). Both widen what a request may deploy, so
-//    HOOK_SETTINGS (chapter 22) has them refused at load unless they are fixed strings, and valid.
+//    HOOK_SETTINGS (chapter 24) has them refused at load unless they are fixed strings, and valid.
 //    Exports: checkImagePin, chooseCandidate, composeImageRef, ImagePin, normalizeImageRef, problemOf, readImagePin,
 //    registryHostSetting, registryOf, validateImageRef.
-//    Tests: test/registries.test.ts, test/upgrade.test.ts.
+//    Tests: test/registries.test.ts, test/upgrade.test.ts, test/clouds.test.ts.
 // ================================================================================================
 
 /**
@@ -9011,7 +9326,7 @@ function composeReading(reading: Reading, env: UpgradeInputs): ComposedRef {
   if ('noop' in reading) return { kind: 'noop', reason: reading.noop };
   if ('answer' in reading) return { kind: 'answer', body: reading.answer, reason: reading.reason };
   if (!Array.isArray(reading)) return composeFromPush(reading, env);
-  const composed = reading.map((push) => composeFromPush(push, env));
+  const composed = newestPerRepository(reading).map((push) => composeFromPush(push, env));
   const failed = composed.find((c) => c.kind === 'error');
   if (failed) return failed;
   const refs = composed.filter((c) => c.kind === 'ref');
@@ -9020,6 +9335,21 @@ function composeReading(reading: Reading, env: UpgradeInputs): ComposedRef {
   const last = refs[refs.length - 1];
   // Which announced digest belongs to the container's image is not known: VERIFY_IMAGE then compares none.
   return distinct.length > 1 ? { ...last, candidates: distinct, digest: undefined } : last;
+}
+
+/** When a time orders pushes (a batch of events); a push without a readable time is older than any with one. */
+const batchPushTime = (push: PushEvent) => Date.parse(push.pushedAt) || -Infinity;
+
+/**
+ * Of several pushes to one repository in one delivery (an Event Grid or CloudEvents batch), the newest by the
+ * payload's own times: an older push never wins over a newer one for the same container. Pushes with equal times (or
+ * none, as Quay's tags of one push) all stay, for chooseCandidate to pick among. Pure.
+ */
+function newestPerRepository(pushes: PushEvent[]): PushEvent[] {
+  const newest = new Map<string, number>();
+  const key = (push: PushEvent) => `${push.host ?? ''}/${push.repository}`;
+  for (const push of pushes) newest.set(key(push), Math.max(newest.get(key(push)) ?? -Infinity, batchPushTime(push)));
+  return pushes.filter((push) => batchPushTime(push) === newest.get(key(push)));
 }
 
 /**
@@ -9291,7 +9621,7 @@ function problemOf(check: () => unknown): string | undefined {
 }
 
 // ================================================================================================
-// 22. workloads — what the upgrade knows of Kubernetes workloads. Each kind is one entry of WORKLOAD_KINDS (API
+// 23. workloads — what the upgrade knows of Kubernetes workloads. Each kind is one entry of WORKLOAD_KINDS (API
 //    resource, names, pod template, kubectl's rollout viewer, whether it has a rollout, how its pods are owned);
 //    parseWorkload reads APP_WORKLOAD (deployment, daemonset, statefulset, cronjob; any case, plurals, short names,
 //    kind.group) and locateContainer finds APP_CONTAINER (containers, then initContainers). rolloutStatus applies
@@ -10108,7 +10438,7 @@ async function recordEventQuietly(
 }
 
 // ================================================================================================
-// 23. hook settings — HOOK_SETTINGS, the one table of the settings of the upgrade, its mail and its notifications:
+// 24. hook settings — HOOK_SETTINGS, the one table of the settings of the upgrade, its mail and its notifications:
 //    each one's source (the hook, or the service's own environment), type, default, whether a hook must give it as a
 //    fixed string (checked at load: fixedSettingChecks), whether it holds a key, its validation, its meaning, and its
 //    parse, which is the only reader of its text and throws the message operators know. The settings tables of
@@ -10566,7 +10896,7 @@ export function fixedSettingChecks(names?: HookSettingName[]): HookSettingChecks
 export const IMAGE_PIN_SETTINGS = fixedSettingChecks(['REGISTRY_HOST', 'ALLOW_IMAGES']);
 
 // ================================================================================================
-// 24. upgrade decision — whether and what a push may change, before anything is written. The hook's upgrade
+// 25. upgrade decision — whether and what a push may change, before anything is written. The hook's upgrade
 //    settings are read once (readSettings: APP_NS, APP_WORKLOAD, APP_CONTAINER, ROLLOUT_TIMEOUT, ROLLBACK_ON_FAILURE,
 //    VERIFY_IMAGE, REGISTRY_CA, REGISTRY_TOKEN_HOSTS and the image pin's); the push is checked against the
 //    container's current image (a refusal changes nothing, fails, is logged and recorded as a Warning Event);
@@ -11013,7 +11343,7 @@ async function verifiedRef(
 }
 
 // ================================================================================================
-// 25. the patch — the change is one JSON patch (fieldManager=webhook) that first tests the container's name and
+// 26. the patch — the change is one JSON patch (fieldManager=webhook) that first tests the container's name and
 //    current image, so a concurrent edit fails the patch instead of being overwritten; on such a failure the workload
 //    is read again and the patch re-planned. A different image replaces only that container's image; the same image
 //    restarts the rollout the way `kubectl rollout restart` does, plus imagePullPolicy: Always; a reference pinned to
@@ -11132,7 +11462,7 @@ async function patchOnce(
 }
 
 // ================================================================================================
-// 26. the report — the answer of one push, one "label: value" per line, values aligned, always in this order, lines
+// 27. the report — the answer of one push, one "label: value" per line, values aligned, always in this order, lines
 //    whose value is unknown left out: workload, container, image before, image after, action (image updated | rollout
 //    restarted (same image re-pulled) | none (<why>)), result (ok | failed: <message>), rollout (progressing |
 //    complete | failed | timed out | not tracked), one line per pod, rollback, notes. Exit status 0 when the result
@@ -11213,7 +11543,7 @@ export function formatReport(r: UpgradeReport): string {
 }
 
 // ================================================================================================
-// 27. rollout follow — follows a rollout by kubectl's rules until it completes, fails (a pod stuck in
+// 28. rollout follow — follows a rollout by kubectl's rules until it completes, fails (a pod stuck in
 //    CrashLoopBackOff, ImagePullBackOff…) or ROLLOUT_TIMEOUT passes. A follow is recorded on the workload
 //    (FOLLOW_ANNOTATION) after the answer, so another replica resumes it after a restart, and only the replica that
 //    takes the record off reports its end (claimFollow).
@@ -11448,7 +11778,7 @@ export function rolloutEvent(outcome: RolloutOutcome, container: string): Worklo
 }
 
 // ================================================================================================
-// 28. rollback — ROLLBACK_ON_FAILURE=true: a followed rollout that fails is set back to the image before the push,
+// 29. rollback — ROLLBACK_ON_FAILURE=true: a followed rollout that fails is set back to the image before the push,
 //    with the same tested patch, and that rollout is followed too. A StatefulSet (RollingUpdate) does not replace a
 //    pod stuck on the bad image by itself, so its "forced rollback" deletes, once the controller has observed the
 //    template set back, the pods it owns that still run the image rolled back from and are not ready (uid
@@ -11667,7 +11997,7 @@ export function rollbackObstacle(
 }
 
 // ================================================================================================
-// 29. least privilege — -print-rbac: the Roles and RoleBindings the hooks need, worked out from the hooks themselves
+// 30. least privilege — -print-rbac: the Roles and RoleBindings the hooks need, worked out from the hooks themselves
 //    (namespace, kind and name when the hook fixes them; `resourceNames` wherever it can), so the service account
 //    gets nothing it does not use.
 //    Exports: formatRbac, hookReach, HookReach, upgradeInput.
@@ -11846,7 +12176,7 @@ export function formatRbac(reaches: HookReach[], serviceAccount: string, hooksPa
 }
 
 // ================================================================================================
-// 30. the upgrade — the job /webhooks.sh exists for, as named steps: read the settings, compose the image, decide,
+// 31. the upgrade — the job /webhooks.sh exists for, as named steps: read the settings, compose the image, decide,
 //    patch, record the Event, follow the rollout and roll back when asked, report. UpgradeService is the command
 //    runner's InProcessCommand: one client, one per-workload queue and one set of kept pushes for every push. A push
 //    the API server does not answer is kept and applied when it answers (KeptPushes, answered 202).
@@ -12598,7 +12928,7 @@ export class RolloutFollower implements CommandListener {
 }
 
 // ================================================================================================
-// 31. the result — one record per push (Delivery, in the DeliveryLog): made when its request comes in, completed
+// 32. the result — one record per push (Delivery, in the DeliveryLog): made when its request comes in, completed
 //    as the rollout follower hands on the answer, the rollout's progress and its end, and once final sent to each
 //    ResultChannel in order (the mail, then the chat and JSON receivers), whose outcomes are recorded on it. What
 //    became of the push is its upgrade report's decision (DECISIONS), published as pushResult says; the channels
@@ -12880,7 +13210,7 @@ export class ResultDispatcher implements ResultListener {
 }
 
 // ================================================================================================
-// 32. mail — mails a hook's result through the server the MAIL_* variables describe (parseMailConfig; MAIL_TO names
+// 33. mail — mails a hook's result through the server the MAIL_* variables describe (parseMailConfig; MAIL_TO names
 //    the recipients): one mail per push after its rollout's end, at most -max-mails-per-hook per -mail-window, the
 //    rest summed up in one mail. The Mailer is the result's first ResultChannel.
 //    Exports: Mailer, parseMailConfig.
@@ -13145,7 +13475,7 @@ function summaryMail(hookId: string, window: MailWindow, cap: MailCap): { subjec
 }
 
 // ================================================================================================
-// 33. chat & json notifications — a hook's result posted, at the moment its mail goes (after the rollout's end, in
+// 34. chat & json notifications — a hook's result posted, at the moment its mail goes (after the rollout's end, in
 //    the background), to each URL of NOTIFY_URL, in the body NOTIFY_FORMAT names: json (our own document, versioned
 //    by its "schema" field, signed in a header with NOTIFY_SECRET), dingtalk (markdown; NOTIFY_SECRET signs the URL),
 //    wecom (markdown), feishu (a card; NOTIFY_SECRET signs the body) or slack (mrkdwn). Each format is one entry of
@@ -13611,7 +13941,7 @@ export class Notifier implements ResultChannel {
 }
 
 // ================================================================================================
-// 34. deliveries page — what the last pushes did, on the admin listener (never the hook port): the records of the
+// 35. deliveries page — what the last pushes did, on the admin listener (never the hook port): the records of the
 //    result's DeliveryLog (the last -deliveries pushes, newest first, as far as each has got). /deliveries lists
 //    them (refreshing itself while a push is still running); /deliveries/<n> is one push's full report and pods;
 //    /deliveries.json and /deliveries/<n>.json carry the same as JSON (entries in the shape of NOTIFY_FORMAT=json).
@@ -13772,7 +14102,7 @@ export function deliveryPages(log: DeliveryLog, token: string): AdminPages {
 }
 
 // ================================================================================================
-// 35. -validate & -print-rbac — the commands that read the hooks and exit: -validate describes every hook (its rule,
+// 36. -validate & -print-rbac — the commands that read the hooks and exit: -validate describes every hook (its rule,
 //    parameters, answer, upgrade and notifications) and says what is wrong, -print-rbac prints the least-privilege
 //    RBAC; both load the hooks exactly as the service does (hookLoadSettings).
 //    Exports: hookLoadSettings, printRbac, validate.
@@ -14031,7 +14361,7 @@ async function printRbac(o: Options, env: Record<string, string | undefined>): P
 }
 
 // ================================================================================================
-// 36. main — wires the chapters together; the only place with process-wide side effects (signals, pid file, listening
+// 37. main — wires the chapters together; the only place with process-wide side effects (signals, pid file, listening
 //    sockets, exit codes).
 //    Tests: test/image.test.ts, test/memory.test.ts, test/runner.test.ts, test/start.test.ts.
 // ================================================================================================

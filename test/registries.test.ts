@@ -86,7 +86,7 @@ describe('registry quirks', () => {
     const ce = fixture('harbor-cloudevents-push.json');
     assert.equal(
       errorOf({ ...ce, type: 'com.example.thing' }, { REPO_TYPE: 'cloudevents' }),
-      'CloudEvents type "com.example.thing" is not one this receiver reads (harbor.artifact.pushed, Microsoft.ContainerRegistry.ImagePushed)',
+      'CloudEvents type "com.example.thing" is not one this receiver reads (harbor.artifact.pushed, Microsoft.ContainerRegistry.ImagePushed, ImagePushed, com.amazon.ecr.image.push)',
     );
     assert.equal(noopOf({ ...ce, type: 'harbor.artifact.pulled' }, { REPO_TYPE: 'cloudevents' }), 'CloudEvents type "harbor.artifact.pulled" is not a push');
     assert.equal(errorOf({ ...ce, specversion: '0.3' }, { REPO_TYPE: 'cloudevents' }), 'CloudEvents specversion "0.3" is not supported (1.0)');
