@@ -6859,6 +6859,8 @@ export interface CommandResult {
   report?: unknown;
   /** An in-process command took the work but finishes it later: the answer is 202 Accepted. */
   accepted?: boolean;
+  /** An in-process command refused its input as malformed: the answer is 400 Bad Request, not 500. */
+  badInput?: boolean;
 }
 
 /**
@@ -6880,7 +6882,7 @@ export interface InProcessCommand {
     env: Environment,
     requestId: string,
     hook: Hook,
-  ): Promise<{ output: string; exitCode: number; report: unknown; accepted?: boolean }>;
+  ): Promise<{ output: string; exitCode: number; report: unknown; accepted?: boolean; badInput?: boolean }>;
 }
 
 /** Go's exec.LookPath on adnanh's candidate; returns the path or the error text Go would print. */
@@ -7158,6 +7160,7 @@ export class CommandRunner {
       error,
       report: r.report,
       accepted: r.accepted,
+      badInput: r.badInput,
     };
   }
 
@@ -7862,7 +7865,9 @@ async function dispatch(cx: HandlerContext, ex: Exchange, hook: Hook, hookReq: H
   const result = await told;
   if (result.ok)
     return sendAnswer(cx, ex, 'triggered', { status: result.accepted ? 202 : hook.successCode, body: result.output });
-  return sendAnswer(cx, ex, 'commandFailed', hook.captureOutputOnError ? { body: result.output } : {});
+  // A malformed push is the sender's to fix: 400 tells a registry not to send it again.
+  const status = result.badInput ? { status: 400 } : {};
+  return sendAnswer(cx, ex, 'commandFailed', hook.captureOutputOnError ? { ...status, body: result.output } : status);
 }
 
 /** The answer for an error a step threw, logged as adnanh logs it. */
@@ -9779,6 +9784,8 @@ function orList(items: string[]): string {
 }
 
 export class UpgradeError extends Error {}
+/** A push whose payload (or REPO_TYPE) cannot be read: the sender's mistake, answered 400. */
+export class PayloadError extends UpgradeError {}
 
 const DNS_LABEL = /^[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?$/;
 const DNS_SUBDOMAIN = /^[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*$/;
@@ -10321,6 +10328,8 @@ export interface UpgradeReport {
   pushedAtMs?: number;
   /** The API server gave no answer within the client's retry budget (nothing is known to be written). */
   unreachable?: boolean;
+  /** The payload (or REPO_TYPE) could not be read: nothing was asked of the cluster. */
+  badInput?: boolean;
   /** A push kept while the API server is away (UpgradeService): resolves with its final report. */
   pending?: Promise<UpgradeReport>;
 }
@@ -12205,9 +12214,9 @@ export async function runUpgrade(
       return upgradeResult(report);
     }
     const parsed = parsePushPayload(args[0]);
-    if (parsed.kind === 'error') throw new UpgradeError(parsed.message);
+    if (parsed.kind === 'error') throw new PayloadError(parsed.message);
     const composed = composeImageRef(parsed.payload, env, headers);
-    if (composed.kind === 'error') throw new UpgradeError(composed.message);
+    if (composed.kind === 'error') throw new PayloadError(composed.message);
     if (composed.kind === 'noop' || composed.kind === 'answer') {
       decide(report, 'no-op', `none (${composed.reason})`);
       const result = upgradeResult(report);
@@ -12238,6 +12247,7 @@ export async function runUpgrade(
     report.result = 'failed';
     report.error = (e as Error).message;
     if (!report.changed) report.decision = report.refused ? 'refused' : 'failed';
+    report.badInput = e instanceof PayloadError || undefined;
     // No answer at all, or the server's own failure or throttling, to the end of the retry budget.
     report.unreachable = e instanceof KubeError && (e.status === 0 || e.status === 429 || e.status >= 500);
   } finally {
@@ -12646,7 +12656,7 @@ export class UpgradeService implements InProcessCommand {
     env: Record<string, string | undefined>,
     requestId: string,
     hook: Hook,
-  ): Promise<UpgradeResult & { accepted?: boolean }> {
+  ): Promise<UpgradeResult & { accepted?: boolean; badInput?: boolean }> {
     const hookId = hook.id;
     const deps = this.deps(requestId, hook, env);
     // While the API server is known to be away, one try: a push is kept (202) without waiting
@@ -12657,7 +12667,8 @@ export class UpgradeService implements InProcessCommand {
     // Logged whatever the verbosity: someone tried to deploy a repository the hook does not allow.
     if (r.refused)
       this.log.error(`[${requestId}] hook ${hookId}: push to ${r.workload} in ${r.namespace} refused: ${r.error}`);
-    return r.unreachable ? this.kept.keep(args, env, requestId, hook, result) : result;
+    if (r.unreachable) return this.kept.keep(args, env, requestId, hook, result);
+    return r.badInput ? { ...result, badInput: true } : result;
   }
 
   /**

@@ -161,11 +161,14 @@ describe('the clouds\' payloads through the executable', { skip: cluster ? false
     wh.request(`/hooks/${hookId}?${new URLSearchParams({ ns, workload: `deployment/${workload}`, container: 'app', token: TOKEN })}`, {
       method: 'POST', headers: { 'Content-Type': 'application/json', ...headers }, body: typeof body === 'string' ? body : JSON.stringify(body),
     });
-  /** Posts a refused variant: the answer names `message`, and the workload is as it was. */
-  const refused = async (hookId: string, workload: string, body: unknown, message: RegExp, headers: Record<string, string> = {}) => {
+  /**
+   * Posts a refused variant: the answer (400 for a malformed push, the sender's to fix; 500 otherwise)
+   * names `message`, and the workload is as it was.
+   */
+  const refused = async (hookId: string, workload: string, body: unknown, message: RegExp, headers: Record<string, string> = {}, status = 400) => {
     const before = pushedState(await getJson(`deployment/${workload}`));
     const res = await post(hookId, workload, body, headers);
-    assert.equal(res.status, 500, res.body);
+    assert.equal(res.status, status, res.body);
     assert.match(res.body, message);
     assert.match(res.body, /^action: +none \(nothing was changed\)$/m);
     assert.equal(pushedState(await getJson(`deployment/${workload}`)), before);
@@ -223,7 +226,7 @@ describe('the clouds\' payloads through the executable', { skip: cluster ? false
   test('VERIFY_IMAGE against ECR without a pull secret: refused with what ECR\'s login needs, nothing changed', async () => {
     await refused('ecr-verified', 'ecr-verified', text('ecr-image-push.json'),
       /VERIFY_IMAGE: could not resolve 123456789012\.dkr\.ecr\.us-west-2\.amazonaws\.com\/my-repository-name:latest: the workload names no pull secret for 123456789012\.dkr\.ecr\.us-west-2\.amazonaws\.com \(an Amazon ECR login is a token from its GetAuthorizationToken call/,
-      { 'X-Api-Key': API_KEY });
+      { 'X-Api-Key': API_KEY }, 500);
   });
 
   test('neither the API key nor the URL token appears in the output', () => {
