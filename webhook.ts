@@ -9635,10 +9635,10 @@ function problemOf(check: () => unknown): string | undefined {
 //    is what an upgrade is given (client, clock, queue, the workloads it last saw).
 //    Exports: annotationOps, asArray, Decision, DECISIONS, DNS_LABEL, FollowOptions, ForcedRollback, K8sObject,
 //    KEPT_SUPERSEDED, KindSpec, kindSpec, KnownWorkloads, labelSelector, LAST_PUSH_ANNOTATION, locateContainer,
-//    LocatedContainer, missingContainerMessage, newReport, numberAt, orList, ownedBy, parseWorkload, PlannedChange,
-//    planPatch, PodSummary, readWorkload, recordEventQuietly, recordWorkloadEvent, RollbackOutcome, RolloutOutcome,
-//    rolloutStatus, roundedToSeconds, STUCK_REASONS, summarizePod, UPGRADE_LIMITS, UpgradeDeps, UpgradeError,
-//    UpgradeReport, valueAt, WORKLOAD_KINDS, WorkloadEvent, WorkloadKind, workloadPods, WorkloadQueue,
+//    LocatedContainer, missingContainerMessage, newReport, numberAt, orList, ownedBy, parseWorkload, PayloadError,
+//    PlannedChange, planPatch, PodSummary, readWorkload, recordEventQuietly, recordWorkloadEvent, RollbackOutcome,
+//    RolloutOutcome, rolloutStatus, roundedToSeconds, STUCK_REASONS, summarizePod, UPGRADE_LIMITS, UpgradeDeps,
+//    UpgradeError, UpgradeReport, valueAt, WORKLOAD_KINDS, WorkloadEvent, WorkloadKind, workloadPods, WorkloadQueue,
 //    workloadResource, WorkloadTarget.
 //    Tests: test/decision.test.ts, test/e2e.test.ts, test/records.test.ts, test/rolling.test.ts,
 //    test/upgrade.test.ts.
