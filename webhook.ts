@@ -45,7 +45,7 @@
  *  22. image reference & pin ...... checkImagePin, chooseCandidate, composeImageRef, readImagePin
  *  23. workloads .................. WORKLOAD_KINDS, parseWorkload, locateContainer, rolloutStatus
  *  24. hook settings .............. HOOK_SETTINGS, fixedSettingChecks
- *  25. upgrade decision ........... readSettings, decidePush, decide, verifiedRef
+ *  25. upgrade decision ........... readSettings, decidePush, decide, holdDecision, verifiedRef
  *  26. the patch .................. patchOnce, patchUntilApplied
  *  27. the report ................. formatForcedRollback, formatReport, formatRollback, formatRollout
  *  28. rollout follow ............. claimFollow, followRollout, resumedReport, rolloutEvent
@@ -10193,7 +10193,7 @@ export interface WorkloadEvent {
   type: 'Normal' | 'Warning';
   /**
    * UpperCamelCase: ImageUpdated, RolloutRestarted, RolloutComplete, RolloutFailed, UpgradeFailed,
-   * UpgradeRefused (the image pin).
+   * UpgradeRefused (the image pin), UpgradeHeld (a change made outside webhook holds the push).
    */
   reason: string;
   message: string;
@@ -10281,6 +10281,8 @@ export const DECISIONS = {
   'no-op': { published: 'no-op' },
   /** The image pin (or VERIFY_IMAGE) refused the push: nothing was written. */
   refused: { published: 'refused' },
+  /** The container's image was changed outside webhook and the push is not newer (ON_OUTSIDE_CHANGE=hold). */
+  held: { published: 'held' },
   /** The push could not be applied: nothing is known to be written. */
   failed: { published: 'failed' },
   /** The API server did not answer: the push is kept and applied when it does. */
@@ -10453,7 +10455,7 @@ async function recordEventQuietly(
 //    parse, which is the only reader of its text and throws the message operators know. The settings tables of
 //    docs/configuration.md are written from it (scripts/settings-doc.ts), and -validate describes hooks from it.
 //    Exports: fixedSettingChecks, HOOK_SETTINGS, HookSetting, HookSettingName, notifyCa, NotifyFormatName.
-//    Tests: test/mail.test.ts, test/settings.test.ts, test/upgrade.test.ts.
+//    Tests: test/hold.test.ts, test/mail.test.ts, test/settings.test.ts, test/upgrade.test.ts.
 // ================================================================================================
 
 /**
@@ -10525,6 +10527,13 @@ function rolloutTimeoutSetting(value: string | undefined): number {
   } catch {
     throw new UpgradeError(`ROLLOUT_TIMEOUT ${showValue(value)} is not a duration (e.g. 0, 60s, 5m)`);
   }
+}
+
+/** ON_OUTSIDE_CHANGE: hold (unset or blank) or follow, any case. */
+function outsideChangeSetting(value: string | undefined): 'hold' | 'follow' {
+  const mode = (value?.trim() || 'hold').toLowerCase();
+  if (mode === 'hold' || mode === 'follow') return mode;
+  throw new UpgradeError(`ON_OUTSIDE_CHANGE ${showValue(value ?? '')} is not hold or follow`);
 }
 
 /**
@@ -10747,6 +10756,16 @@ export const HOOK_SETTINGS = {
     meaning: "Token services besides the registry's own host that VERIFY_IMAGE may send the pull secret's login to.",
     parse: registryTokenHosts,
   }),
+  ON_OUTSIDE_CHANGE: setting({
+    type: 'hold or follow',
+    default: 'hold',
+    fixed: true,
+    validation: 'hold or follow (any case)',
+    meaning:
+      'When the image was changed outside webhook (kubectl, Helm, Argo CD, Rancher): hold applies only a push ' +
+      'newer than the image replaced; follow applies every push.',
+    parse: outsideChangeSetting,
+  }),
   // -- after the patch
   ROLLOUT_TIMEOUT: setting({
     type: 'duration',
@@ -10914,12 +10933,15 @@ export const IMAGE_PIN_SETTINGS = fixedSettingChecks(['REGISTRY_HOST', 'ALLOW_IM
 //    across replicas and restarts (a push time from the future counts as the time received). VERIFY_IMAGE=true
 //    resolves the tag on its registry with the login of the workload's first imagePullSecret that names the host, and
 //    deploys `repo:tag@<digest>`; a tag the registry lacks or a different digest is refused. What became of a push
-//    that changes nothing is recorded by decide.
-//    Exports: decide, decidePush, decisionAction, FOLLOW_ANNOTATION, FollowRecord, FUTURE_PUSH_SKEW_MS, IncomingPush,
-//    knownContainer, newPushRecord, pinnedContainer, pullSecretNames, PushRecord, pushTime, readFollowRecords,
-//    readPushRecords, readSettings, UpgradeSettings, verifiedRef, whoAsked, withPushRecord, workloadPodSpec.
-//    Tests: test/decision.test.ts, test/records.test.ts, test/registry-e2e.test.ts, test/replicas.test.ts,
-//    test/upgrade.test.ts.
+//    that changes nothing is recorded by decide. A container whose image is not the one the record says webhook
+//    last applied was changed outside it: holdDecision (ON_OUTSIDE_CHANGE=hold) reads who and when from
+//    managedFields and holds every push not strictly newer than the image replaced (semver, else push time).
+//    Exports: decide, decidePush, decisionAction, FOLLOW_ANNOTATION, FollowRecord, FUTURE_PUSH_SKEW_MS, holdDecision,
+//    imageFieldPath, IncomingPush, knownContainer, newPushRecord, pinnedContainer, pullSecretNames, PushRecord,
+//    pushTime, readFollowRecords, readPushRecords, readSettings, UpgradeSettings, verifiedRef, whoAsked,
+//    withPushRecord, workloadPodSpec.
+//    Tests: test/decision.test.ts, test/hold.test.ts, test/records.test.ts, test/registry-e2e.test.ts,
+//    test/replicas.test.ts, test/upgrade.test.ts.
 // ================================================================================================
 
 /** One container's last applied push, as recorded in LAST_PUSH_ANNOTATION. */
@@ -11099,6 +11121,208 @@ export function withPushRecord(records: Record<string, PushRecord>, container: s
   return JSON.stringify({ ...records, [container]: record });
 }
 
+// ---- changes made outside the service ---------------------------------------------------------
+
+/**
+ * The field managers the tools that change workloads record (who set a field, in managedFields):
+ * kubectl's subcommands name themselves; a request that names no manager records its User-Agent's
+ * program (kubectl rollout undo and apply --server-side record plain `kubectl`); Helm, Argo CD and
+ * Rancher record these. Shown beside the manager in a hold's answer; an unknown manager is shown as it is.
+ */
+const MANAGER_TOOLS: Record<string, string> = {
+  'kubectl-set': 'kubectl set',
+  'kubectl-edit': 'kubectl edit',
+  'kubectl-patch': 'kubectl patch',
+  'kubectl-replace': 'kubectl replace',
+  'kubectl-client-side-apply': 'kubectl apply',
+  kubectl: 'kubectl rollout undo, apply --server-side or another kubectl call',
+  helm: 'Helm',
+  'argocd-controller': 'Argo CD',
+  rancher: 'Rancher',
+};
+
+/** Who last set a container's image, from the managedFields entry that owns it. */
+interface ImageWriter {
+  manager: string;
+  operation: string;
+  /** ISO 8601, as the API server recorded it. */
+  time: string;
+  /** Its index in metadata.managedFields (for messages). */
+  index: number;
+}
+
+/** What a push meets when the container's image was changed outside the service (holdDecision). */
+type HoldDecision =
+  | { kind: 'none' }
+  | { kind: 'newer'; note: string }
+  | { kind: 'held'; action: string }
+  | { kind: 'malformed'; message: string };
+
+// semver 2.0.0 §2 and §9: MAJOR.MINOR.PATCH without leading zeros, an optional pre-release of dot-separated
+// identifiers (numeric ones without leading zeros) and build metadata; tags often carry a leading `v`.
+const SEMVER_ID = '(?:0|[1-9]\\d*|\\d*[A-Za-z-][0-9A-Za-z-]*)';
+const SEMVER_TAG = new RegExp(
+  '^v?(0|[1-9]\\d*)\\.(0|[1-9]\\d*)\\.(0|[1-9]\\d*)' +
+    `(?:-(${SEMVER_ID}(?:\\.${SEMVER_ID})*))?` +
+    '(?:\\+[0-9A-Za-z-]+(?:\\.[0-9A-Za-z-]+)*)?$',
+);
+
+/** Two numeric identifiers without leading zeros, compared exactly however long. Pure. */
+function compareNumeric(a: string, b: string): number {
+  return a.length !== b.length ? Math.sign(a.length - b.length) : a < b ? -1 : a > b ? 1 : 0;
+}
+
+/**
+ * Semver precedence (semver 2.0.0 §11) of two tags, each with or without a leading `v`; build
+ * metadata is ignored. Undefined when either is not a semantic version. Pure.
+ */
+export function compareSemverTags(a: string, b: string): number | undefined {
+  const x = SEMVER_TAG.exec(a);
+  const y = SEMVER_TAG.exec(b);
+  if (!x || !y) return undefined;
+  for (const i of [1, 2, 3]) if (x[i] !== y[i]) return compareNumeric(x[i], y[i]);
+  if (x[4] === undefined || y[4] === undefined) return x[4] === y[4] ? 0 : x[4] === undefined ? 1 : -1;
+  const p = x[4].split('.');
+  const q = y[4].split('.');
+  for (let i = 0; i < Math.min(p.length, q.length); i++) {
+    if (p[i] === q[i]) continue;
+    const [pn, qn] = [/^\d+$/.test(p[i]), /^\d+$/.test(q[i])];
+    if (pn && qn) return compareNumeric(p[i], q[i]);
+    if (pn !== qn) return pn ? -1 : 1;
+    return p[i] < q[i] ? -1 : 1;
+  }
+  return Math.sign(p.length - q.length);
+}
+
+/** The managedFields path of a container's image in a workload of this kind (FieldsV1: `f:` fields, `k:` keys). */
+export function imageFieldPath(kind: WorkloadKind, list: LocatedContainer['list'], container: string): string[] {
+  const fields = [...kindSpec(kind).template, 'spec', list].map((f) => `f:${f}`);
+  return [...fields, `k:{"name":${JSON.stringify(container)}}`, 'f:image'];
+}
+
+/** Whether a FieldsV1 set holds the path; a `k:` segment matches any key of the same fields. Pure. */
+function ownsField(fields: unknown, path: string[]): boolean {
+  let at = fields;
+  for (const segment of path) {
+    if (!isObject(at)) return false;
+    const key = segment.startsWith('k:') ? Object.keys(at).find((k) => sameListKey(k, segment)) : segment;
+    if (key === undefined || !Object.hasOwn(at, key)) return false;
+    at = at[key];
+  }
+  return true;
+}
+
+/** `k:{"name":"app"}` and `k:{ "name": "app" }` name the same list item. Pure. */
+function sameListKey(key: string, wanted: string): boolean {
+  if (!key.startsWith('k:')) return false;
+  try {
+    return JSON.stringify(JSON.parse(key.slice(2))) === JSON.stringify(JSON.parse(wanted.slice(2)));
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * The managedFields entries that own the field at `path`, or what is wrong with managedFields: an
+ * entry that owns it must name its manager and the time it set it (the API server writes both). Pure.
+ */
+export function imageWriters(managedFields: unknown, path: string[]): { writers: ImageWriter[] } | { problem: string } {
+  if (managedFields === undefined) return { writers: [] };
+  if (!Array.isArray(managedFields)) return { problem: 'metadata.managedFields is not a list' };
+  const writers: ImageWriter[] = [];
+  for (const [index, entry] of managedFields.entries()) {
+    const where = `metadata.managedFields[${index}]`;
+    if (!isObject(entry)) return { problem: `${where} is not an object` };
+    if (entry.fieldsV1 !== undefined && !isObject(entry.fieldsV1))
+      return { problem: `${where}.fieldsV1 is not an object` };
+    if (!ownsField(entry.fieldsV1, path)) continue;
+    const { manager, operation, time } = entry;
+    if (typeof manager !== 'string' || manager === '')
+      return { problem: `${where} owns the image but names no manager` };
+    const who = `${where} (manager ${JSON.stringify(manager)})`;
+    if (typeof time !== 'string') return { problem: `${who} owns the image but records no time` };
+    if (!Number.isFinite(Date.parse(time))) return { problem: `${who}.time ${showValue(time)} is not a time` };
+    writers.push({ manager, operation: typeof operation === 'string' ? operation : 'Update', time, index });
+  }
+  return { writers };
+}
+
+/** The tag of an image reference, if it has one. Pure. */
+function tagOf(ref: string): string | undefined {
+  const parsed = validateImageRef(ref);
+  return parsed.ok ? parsed.ref.tag : undefined;
+}
+
+/** `kubectl-set (kubectl set)`: a manager and, when known, the tool that records it. Pure. */
+function describeManager(manager: string): string {
+  const tool = Object.hasOwn(MANAGER_TOOLS, manager) ? MANAGER_TOOLS[manager] : undefined;
+  return tool ? `${manager} (${tool})` : manager;
+}
+
+/** Where the hold looks: the workload and container (for messages) and the image's managedFields path. */
+interface HoldTarget {
+  workload: string;
+  container: string;
+  fieldPath: string[];
+}
+
+/**
+ * ON_OUTSIDE_CHANGE=hold: when the container's image is not the one the service last applied (the
+ * record's image, or after a rollback the image it rolled back to), someone else set it, and
+ * managedFields say who and when. A push is then applied only when strictly newer than the image
+ * replaced (or the image set, when that is the newer version): by semver precedence when both tags
+ * are versions, else when pushed after the change. An image last set by the service itself holds
+ * nothing. Malformed managedFields, a writer's time from the future, or no writer at all: nothing
+ * can be said of the change, and the push is not applied. Pure.
+ */
+export function holdDecision(
+  record: PushRecord | undefined,
+  running: string,
+  managedFields: unknown,
+  push: IncomingPush,
+  nowMs: number,
+  at: HoldTarget,
+): HoldDecision {
+  const applied = record && (record.rolledBack ? record.previous : record.image);
+  if (applied === undefined || normalizeImageRef(applied) === normalizeImageRef(running)) return { kind: 'none' };
+  const found = imageWriters(managedFields, at.fieldPath);
+  const malformed = (why: string): HoldDecision => ({
+    kind: 'malformed',
+    message:
+      `${at.workload}: container ${at.container} runs ${running}, not ${applied} as webhook last set it, and ${why}: ` +
+      'who changed it outside webhook, and when, is not known, so the push is not applied (ON_OUTSIDE_CHANGE=follow ' +
+      'deploys it anyway); nothing was changed',
+  });
+  if ('problem' in found) return malformed(found.problem);
+  if (found.writers.some((w) => w.manager === UPGRADE_LIMITS.fieldManager)) return { kind: 'none' };
+  const writer = found.writers.sort((a, b) => Date.parse(a.time) - Date.parse(b.time)).at(-1);
+  if (!writer) return malformed('metadata.managedFields names no owner of its image');
+  const changedMs = Date.parse(writer.time);
+  if (changedMs > nowMs + FUTURE_PUSH_SKEW_MS)
+    return malformed(`metadata.managedFields[${writer.index}].time ${writer.time} is in the future`);
+  const replacedTag = tagOf(applied) ?? '';
+  const newerSet = (compareSemverTags(tagOf(running) ?? '', replacedTag) ?? 0) > 0;
+  const threshold = newerSet ? running : applied;
+  const byVersion = compareSemverTags(tagOf(push.image) ?? '', tagOf(threshold) ?? '');
+  const newer = byVersion === undefined ? push.pushedAtMs > changedMs : byVersion > 0;
+  const who = describeManager(writer.manager);
+  const change = `${at.workload} was set to ${running} outside webhook by ${who} at ${writer.time}`;
+  const pushedAt = new Date(push.pushedAtMs).toISOString();
+  if (newer)
+    return {
+      kind: 'newer',
+      note:
+        `${change}; ${push.image} is ` +
+        (byVersion === undefined ? `pushed after that (${pushedAt})` : `newer than ${threshold}`) +
+        ', so it is applied and ends the hold',
+    };
+  const only =
+    byVersion === undefined
+      ? `only a push pushed after that is applied (this one was pushed at ${pushedAt})`
+      : `only a push newer than ${threshold} is applied`;
+  return { kind: 'held', action: `none (held: ${change}; ${only})` };
+}
+
 // ---- the upgrade ------------------------------------------------------------------------------
 
 interface UpgradeSettings {
@@ -11114,6 +11338,8 @@ interface UpgradeSettings {
   /** REGISTRY_TOKEN_HOSTS: token services besides the registry's own host that may be given its login. */
   registryTokenHosts: string[];
   rollbackOnFailure: boolean;
+  /** ON_OUTSIDE_CHANGE: whether a change made outside webhook holds older pushes off. */
+  onOutsideChange: 'hold' | 'follow';
 }
 
 /** The upgrade's settings, each read by its HOOK_SETTINGS entry, in the order their errors are reported. */
@@ -11142,6 +11368,7 @@ function readSettings(env: Record<string, string | undefined>, report: UpgradeRe
     verifyImage,
     registryCa: read.REGISTRY_CA.parse(env.REGISTRY_CA),
     registryTokenHosts: read.REGISTRY_TOKEN_HOSTS.parse(env.REGISTRY_TOKEN_HOSTS),
+    onOutsideChange: read.ON_OUTSIDE_CHANGE.parse(env.ON_OUTSIDE_CHANGE),
   };
 }
 
@@ -11357,7 +11584,8 @@ async function verifiedRef(
 //    is read again and the patch re-planned. A different image replaces only that container's image; the same image
 //    restarts the rollout the way `kubectl rollout restart` does, plus imagePullPolicy: Always; a reference pinned to
 //    the same digest changes nothing. The same patch sets kubernetes.io/change-cause and the push record under a
-//    `test` of the value read. A push time or record from the future is named in the report (futureTimeNote).
+//    `test` of the value read. A push time or record from the future is named in the report (futureTimeNote). A push
+//    held off by a change made outside webhook (holdDecision) is recorded as an UpgradeHeld Event, nothing written.
 //    Exports: futureTimeNote, patchOnce, patchUntilApplied.
 //    Tests: test/e2e.test.ts, test/records.test.ts, test/replicas.test.ts, test/upgrade.test.ts.
 // ================================================================================================
@@ -11435,11 +11663,11 @@ async function patchOnce(
     if (from === 'read') decide(report, 'no-op', 'none (already running this digest)', container.image);
     return undefined;
   }
+  if (await outsideChangeHolds(client, workload, target, s, container, push, nowMs, report, deps, from))
+    return from === 'known' ? undefined : 'no change';
   const decision = decidePush(records[s.container], push, nowMs);
-  if (decision.kind === 'apply' && decision.replacesFuture) {
-    const r = decision.replacesFuture;
-    report.notes.push(futureTimeNote('record', Date.parse(r.pushedAt), nowMs, r.image));
-  }
+  const future = decision.kind === 'apply' ? decision.replacesFuture : undefined;
+  if (future) report.notes.push(futureTimeNote('record', Date.parse(future.pushedAt), nowMs, future.image));
   if (decision.kind !== 'apply') {
     // A known copy may hold an older record: the answer names the one on the workload now.
     if (from === 'known') return undefined;
@@ -11468,6 +11696,51 @@ async function patchOnce(
     if (e.causes.length === 0) return 'conflict';
     throw e;
   }
+}
+
+/**
+ * The hold step (holdDecision, under ON_OUTSIDE_CHANGE=hold): whether a change made outside webhook
+ * holds this push off. A held push is decided and recorded as an UpgradeHeld Event; managedFields
+ * that cannot say who changed the image fail the push (UpgradeFailed), nothing written. On a known
+ * copy, anything but a push that may go on is left to a fresh read.
+ */
+async function outsideChangeHolds(
+  client: KubeClient,
+  workload: K8sObject,
+  target: WorkloadTarget,
+  s: UpgradeSettings,
+  container: LocatedContainer,
+  push: IncomingPush,
+  nowMs: number,
+  report: UpgradeReport,
+  deps: UpgradeDeps,
+  from: 'read' | 'known',
+): Promise<boolean> {
+  if (s.onOutsideChange === 'follow') return false;
+  const at = {
+    workload: `${target.kind}/${target.name}`,
+    container: s.container,
+    fieldPath: imageFieldPath(target.kind, container.list, s.container),
+  };
+  const record = readPushRecords(workload).records[s.container];
+  const hold = holdDecision(record, container.image, valueAt(workload, ['metadata', 'managedFields']), push, nowMs, at);
+  if (hold.kind === 'none') return false;
+  if (hold.kind === 'newer') {
+    if (!report.notes.includes(hold.note)) report.notes.push(hold.note);
+    return false;
+  }
+  if (from === 'known') return true;
+  const now = new Date(nowMs);
+  const asked = `; asked by ${whoAsked(deps)}`;
+  if (hold.kind === 'malformed') {
+    const event: WorkloadEvent = { type: 'Warning', reason: 'UpgradeFailed', message: hold.message + asked };
+    await recordEventQuietly(client, target, event, now, report);
+    throw new UpgradeError(hold.message);
+  }
+  decide(report, 'held', hold.action, container.image);
+  const message = `container ${s.container}: ${push.image} ${hold.action.replace(/^none \((.*)\)$/, '$1')}${asked}`;
+  await recordEventQuietly(client, target, { type: 'Warning', reason: 'UpgradeHeld', message }, now, report);
+  return true;
 }
 
 // ================================================================================================
@@ -14272,8 +14545,19 @@ function describeUpgrade(hook: Hook, inserted: Set<string>): string[] {
     input('APP_CONTAINER', 'container'),
     input('REPO_TYPE', 'registry type'),
     input('MAIL_TO', 'mail to'),
+    describeOutsideChange(hook),
     ...describeNotifications(hook),
   ];
+}
+
+/** What a push meets once the container's image was changed outside webhook (ON_OUTSIDE_CHANGE, fixed at load). */
+function describeOutsideChange(hook: Hook): string {
+  const value = upgradeInput(hook, 'ON_OUTSIDE_CHANGE');
+  const mode = HOOK_SETTINGS.ON_OUTSIDE_CHANGE.parse(typeof value === 'string' ? value : undefined);
+  const given = typeof value === 'string' ? `ON_OUTSIDE_CHANGE=${value}` : 'ON_OUTSIDE_CHANGE unset';
+  return mode === 'hold'
+    ? `outside changes: held (${given}): once the image is changed outside webhook, only a newer push is applied`
+    : `outside changes: followed (${given}): every push is applied, whoever changed the image`;
 }
 
 /** Where a hook's results are posted (NOTIFY_URL): each format and host, never the rest of a URL. */

@@ -82,7 +82,7 @@ describe('the decision of a push', () => {
     const published = Object.fromEntries(Object.entries(DECISIONS).map(([code, d]) => [code, d.published]));
     assert.deepEqual(published, {
       applied: 'applied', 're-pulled': 'same image restarted', superseded: 'no-op', repeat: 'no-op', 'no-op': 'no-op',
-      refused: 'refused', failed: 'failed', kept: 'no-op',
+      refused: 'refused', held: 'held', failed: 'failed', kept: 'no-op',
     });
     // The action's text once a failed rollout is rolled back does not make an applied push anything else.
     const rolledBack = { ...base(), decision: 'applied' as const, changed: true, action: 'image updated, then rolled back to x' };
