@@ -13280,7 +13280,7 @@ export interface PushResult {
   receivedAt: Date;
   finishedAt?: Date;
   outcome?: Outcome;
-  /** applied | same image restarted | superseded | refused | no-op | failed | ran */
+  /** applied | same image restarted | superseded | refused | held | no-op | failed | ran */
   decision: string;
   detail: string;
   registry?: string;

@@ -54,7 +54,7 @@ describe('what comes from the table', () => {
     const checks = fixedSettingChecks();
     assert.deepEqual(
       Object.keys(checks).toSorted(),
-      ['ALLOW_IMAGES', 'NOTIFY_FORMAT', 'NOTIFY_SECRET', 'NOTIFY_URL', 'REGISTRY_HOST', 'REGISTRY_TOKEN_HOSTS'],
+      ['ALLOW_IMAGES', 'NOTIFY_FORMAT', 'NOTIFY_SECRET', 'NOTIFY_URL', 'ON_OUTSIDE_CHANGE', 'REGISTRY_HOST', 'REGISTRY_TOKEN_HOSTS'],
     );
     assert.match(checks.REGISTRY_TOKEN_HOSTS('https://auth.example.com') ?? '', /^REGISTRY_TOKEN_HOSTS item 1 .* is not a host name/);
     assert.equal(checks.NOTIFY_URL(''), 'NOTIFY_URL is empty');
