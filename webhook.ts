@@ -11312,8 +11312,8 @@ export function holdDecision(
     return {
       kind: 'newer',
       note:
-        `${change}; ${push.image} is ` +
-        (byVersion === undefined ? `pushed after that (${pushedAt})` : `newer than ${threshold}`) +
+        `${change}; ${push.image} ` +
+        (byVersion === undefined ? `was pushed after that (${pushedAt})` : `is newer than ${threshold}`) +
         ', so it is applied and ends the hold',
     };
   const only =

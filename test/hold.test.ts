@@ -142,7 +142,7 @@ describe('holdDecision', () => {
       `only a push pushed after that is applied (this one was pushed at ${new Date(before.pushedAtMs).toISOString()})`));
     assert.equal(decide(r, 'build-099', fields, push('build-100', '00:31')).kind, 'newer');
     assert.equal(decide(record(), 'v1.4.2', fields, push('@sha256:' + 'c'.repeat(64), '00:29')).kind, 'held');
-    assert.match((decide(record(), 'v1.4.2', fields, push('nightly', '00:31')) as { note: string }).note, /nightly is pushed after that \(\S+\), so it is applied/);
+    assert.match((decide(record(), 'v1.4.2', fields, push('nightly', '00:31')) as { note: string }).note, /nightly was pushed after that \(\S+\), so it is applied/);
   });
 
   test('an image set outside newer than the one replaced is the one a push must beat', () => {
