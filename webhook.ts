@@ -9,12 +9,12 @@
  * mailed when the hook passes MAIL_TO.
  *
  * Chapters, in order. Part I holds the libraries the program needs and has no dependency for; they use
- * nothing of the service. Part II is the service, in the order a push travels: main (37) opens the
- * listeners (19) with the http server's handler (18), which uses the request, rule and hook chapters
- * above it and hands the command to the runner (17), whose in-process command is the upgrade (20-31).
- * After the answer the result travels on in order too: the rollout follower (31) follows the rollout and
- * hands each step to the result (32), which records it and, once final, sends it to the mail (33) and
- * the chat and JSON receivers (34); the deliveries page (35) renders the records. No chapter uses a name a later one
+ * nothing of the service. Part II is the service, in the order a push travels: main (39) opens the
+ * listeners (20) with the http server's handler (19), which uses the request, rule and hook chapters
+ * above it and hands the command to the runner (18), whose in-process command is the upgrade (21-33).
+ * After the answer the result travels on in order too: the rollout follower (33) follows the rollout and
+ * hands each step to the result (34), which records it and, once final, sends it to the mail (35) and
+ * the chat and JSON receivers (36); the deliveries page (37) renders the records. No chapter uses a name a later one
  * defines; where an earlier chapter hands work on, it declares the small interface it needs
  * (InProcessCommand, CommandListener, AdminPages, ResultListener, ResultChannel, HookSettingChecks) and
  * main() wires the later chapter in.
@@ -25,39 +25,41 @@
  *   3. yaml parser ................ parseYaml, scalarAsGoString
  *   4. go template ................ renderTemplate, TemplateEnv
  *   5. go regexp .................. compileGoRegex
- *   6. outbound calls ............. outboundRequest, retrying, Scrubber, TokenBucket, withDeadline
- *   7. smtp client ................ composeMessage, DEFAULT_SMTP_PORT, IMPLICIT_TLS_PORT, isAddress
- *   8. kubernetes client .......... credentialsFromEnvironment, describeResource, JsonPatchOperation, KubeClient
- *   9. oci registry client ........ RegistryLogin, resolveManifestTag
- *  10. html ....................... cell, escapeHtml, pageShell, shownTime
+ *   6. semver ..................... compareVersions, parseRange, parseVersion, satisfiesRange
+ *   7. outbound calls ............. outboundRequest, retrying, Scrubber, TokenBucket, withDeadline
+ *   8. smtp client ................ composeMessage, DEFAULT_SMTP_PORT, IMPLICIT_TLS_PORT, isAddress
+ *   9. kubernetes client .......... credentialsFromEnvironment, describeResource, JsonPatchOperation, KubeClient
+ *  10. oci registry client ........ RegistryLogin, resolveManifestTag
+ *  11. html ....................... cell, escapeHtml, pageShell, shownTime
  * Part II — the service
- *  11. command line & settings .... LIMITS, Options, parseCommandLine, parseGoBool
- *  12. logging & metrics .......... escapeControls, Logger, Metrics
- *  13. hook files ................. CompileSinks, ConfigError, FieldReader, Fields
- *  14. requests ................... applyJsonParameters, compileParam, firstValues, headersFromRaw
- *  15. trigger rules .............. compileRule, evaluateRule, evaluateRuleBeforeBody, Match
- *  16. hooks & reload ............. Hook, HookSettingChecks, HookStore, LoadSettings
- *  17. commands ................... CommandResult, CommandRunner, decodeBase64Strict, InProcessCommand
- *  18. http server ................ AdminPages, allowedMethods, answerClientError, CommandListener
- *  19. listeners .................. openListener, openAdminListener, tlsOptions
- *  20. registry payloads .......... parsePushPayload, parsePushHeaders, PayloadFields, PushEvent
- *  21. cloud registry payloads .... REGISTRIES, REPO_TYPES, registryFor, recognisedRepoType
- *  22. image reference & pin ...... checkImagePin, chooseCandidate, composeImageRef, readImagePin
- *  23. workloads .................. WORKLOAD_KINDS, parseWorkload, locateContainer, rolloutStatus
- *  24. hook settings .............. HOOK_SETTINGS, fixedSettingChecks
- *  25. upgrade decision ........... readSettings, decidePush, decide, holdDecision, verifiedRef
- *  26. the patch .................. patchOnce, patchUntilApplied
- *  27. the report ................. formatForcedRollback, formatReport, formatRollback, formatRollout
- *  28. rollout follow ............. claimFollow, followRollout, resumedReport, rolloutEvent
- *  29. rollback ................... rollBackFailedRollout
- *  30. least privilege ............ formatRbac, hookReach, HookReach, upgradeInput
- *  31. the upgrade ................ runUpgrade, UpgradeService, RolloutFollower
- *  32. the result ................. DeliveryLog, ResultDispatcher, pushResult, ResultChannel
- *  33. mail ....................... Mailer, parseMailConfig
- *  34. chat & json notifications .. Notifier, NOTIFY_FORMATS, resultDocument
- *  35. deliveries page ............ deliveryPages
- *  36. -validate & -print-rbac .... hookLoadSettings, validate
- *  37. main ....................... main
+ *  12. command line & settings .... LIMITS, Options, parseCommandLine, parseGoBool
+ *  13. logging & metrics .......... escapeControls, Logger, Metrics
+ *  14. hook files ................. CompileSinks, ConfigError, FieldReader, Fields
+ *  15. requests ................... applyJsonParameters, compileParam, firstValues, headersFromRaw
+ *  16. trigger rules .............. compileRule, evaluateRule, evaluateRuleBeforeBody, Match
+ *  17. hooks & reload ............. Hook, HookSettingChecks, HookStore, LoadSettings
+ *  18. commands ................... CommandResult, CommandRunner, decodeBase64Strict, InProcessCommand
+ *  19. http server ................ AdminPages, allowedMethods, answerClientError, CommandListener
+ *  20. listeners .................. openListener, openAdminListener, tlsOptions
+ *  21. registry payloads .......... parsePushPayload, parsePushHeaders, PayloadFields, PushEvent
+ *  22. cloud registry payloads .... REGISTRIES, REPO_TYPES, registryFor, recognisedRepoType
+ *  23. image reference & pin ...... checkImagePin, chooseCandidate, composeImageRef, readImagePin
+ *  24. workloads .................. WORKLOAD_KINDS, parseWorkload, locateContainer, rolloutStatus
+ *  25. update policies ............ parsePolicy, policyDecision, POLICY_ANNOTATION
+ *  26. hook settings .............. HOOK_SETTINGS, fixedSettingChecks
+ *  27. upgrade decision ........... readSettings, decidePush, decide, holdDecision, verifiedRef
+ *  28. the patch .................. patchOnce, patchUntilApplied
+ *  29. the report ................. formatForcedRollback, formatReport, formatRollback, formatRollout
+ *  30. rollout follow ............. claimFollow, followRollout, resumedReport, rolloutEvent
+ *  31. rollback ................... rollBackFailedRollout
+ *  32. least privilege ............ formatRbac, hookReach, HookReach, upgradeInput
+ *  33. the upgrade ................ runUpgrade, UpgradeService, RolloutFollower
+ *  34. the result ................. DeliveryLog, ResultDispatcher, pushResult, ResultChannel
+ *  35. mail ....................... Mailer, parseMailConfig
+ *  36. chat & json notifications .. Notifier, NOTIFY_FORMATS, resultDocument
+ *  37. deliveries page ............ deliveryPages
+ *  38. -validate & -print-rbac .... hookLoadSettings, validate
+ *  39. main ....................... main
  *
  * Each banner's "Exports" lists the names later chapters use and "Tests" the test files that cover it
  * (test/structure.test.ts checks both).
@@ -2606,7 +2608,297 @@ class GoRegexTranslator extends TextCursor {
 }
 
 // ================================================================================================
-// 6. outbound calls — what every call to another server shares. outboundRequest makes one HTTP(S) request under a
+// 6. semver — versions and ranges as Semantic Versioning 2.0.0 and npm define them: parseVersion reads a version
+//    (a leading `v` allowed, as tags write it), compareVersions orders two by the spec's precedence (§11:
+//    pre-release identifiers compared one by one, numeric below alphanumeric; build metadata ignored);
+//    parseRange reads npm's range syntax (comparators, `^`, `~`, x-ranges, hyphen ranges, `||`) into sets of
+//    plain comparators, and satisfiesRange applies them with npm's pre-release rule (a pre-release matches only
+//    when a comparator of the same set names a pre-release of its major.minor.patch).
+//    Exports: compareVersions, formatVersion, parseRange, parseVersion, satisfiesRange, SemverRange, Version.
+//    Tests: test/semver.test.ts.
+// ================================================================================================
+
+/** A version: major.minor.patch, the pre-release identifiers and the build metadata (which orders nothing). */
+export interface Version {
+  major: number;
+  minor: number;
+  patch: number;
+  /** Dot-separated identifiers after `-`, as written; none for a release. */
+  pre: string[];
+  build: string[];
+}
+
+// npm's own bound on a version's length: a tag is at most 128 characters, a range item no longer.
+const MAX_VERSION_LENGTH = 256;
+// A range is a line an operator writes; longer is a mistake (or an attack on the parser's time).
+const MAX_RANGE_LENGTH = 1024;
+
+const NUMERIC_IDENTIFIER = /^(?:0|[1-9]\d*)$/;
+const IDENTIFIER = /^[0-9A-Za-z-]+$/;
+
+/** A number of the core; undefined when it is not one (leading zero, beyond 2^53). */
+function coreNumber(text: string): number | undefined {
+  if (!NUMERIC_IDENTIFIER.test(text)) return undefined;
+  const n = Number(text);
+  return Number.isSafeInteger(n) ? n : undefined;
+}
+
+/** What is wrong with dot-separated identifiers (pre-release: numeric ones without leading zeros). */
+function identifiersProblem(text: string, what: 'pre-release' | 'build'): string | undefined {
+  for (const id of text.split('.')) {
+    if (!IDENTIFIER.test(id)) return `${what} identifier ${JSON.stringify(id)} is not [0-9A-Za-z-]+`;
+    if (what === 'pre-release' && /^\d+$/.test(id) && !NUMERIC_IDENTIFIER.test(id))
+      return `numeric pre-release identifier ${JSON.stringify(id)} has a leading zero`;
+  }
+  return undefined;
+}
+
+/** Splits `core-pre+build` (the first `-` after the core starts the pre-release, the first `+` the build). */
+function splitQualifiers(text: string): { core: string; pre?: string; build?: string } {
+  const plus = text.indexOf('+');
+  const build = plus < 0 ? undefined : text.slice(plus + 1);
+  const rest = plus < 0 ? text : text.slice(0, plus);
+  const dash = rest.indexOf('-');
+  return dash < 0 ? { core: rest, build } : { core: rest.slice(0, dash), pre: rest.slice(dash + 1), build };
+}
+
+/**
+ * A version as semver 2.0.0 writes it, with or without one leading `v` (a tag's `v1.4.2` is the version 1.4.2).
+ * Returns what is wrong instead when it is not one. Pure.
+ */
+export function readVersion(text: string): Version | string {
+  if (text.length > MAX_VERSION_LENGTH) return `longer than ${MAX_VERSION_LENGTH} characters`;
+  const { core, pre, build } = splitQualifiers(text.startsWith('v') ? text.slice(1) : text);
+  const parts = core.split('.');
+  if (parts.length !== 3) return 'not major.minor.patch';
+  const numbers = parts.map(coreNumber);
+  const bad = numbers.indexOf(undefined);
+  if (bad >= 0)
+    return `${['major', 'minor', 'patch'][bad]} ${JSON.stringify(parts[bad])} is not a number without leading zeros`;
+  const problem =
+    (pre !== undefined ? identifiersProblem(pre, 'pre-release') : undefined) ??
+    (build !== undefined ? identifiersProblem(build, 'build') : undefined);
+  if (problem !== undefined) return problem;
+  const [major, minor, patch] = numbers as number[];
+  return { major, minor, patch, pre: pre === undefined ? [] : pre.split('.'), build: build?.split('.') ?? [] };
+}
+
+/** The version a tag names, or undefined when it names none. Pure. */
+export function parseVersion(text: string): Version | undefined {
+  const v = readVersion(text);
+  return typeof v === 'string' ? undefined : v;
+}
+
+/** The version as semver writes it (no `v`). */
+export function formatVersion(v: Version): string {
+  return `${v.major}.${v.minor}.${v.patch}${v.pre.length ? `-${v.pre.join('.')}` : ''}`;
+}
+
+function signOf(n: number): -1 | 0 | 1 {
+  return n < 0 ? -1 : n > 0 ? 1 : 0;
+}
+
+/** Two pre-release identifiers (§11.4): numeric ones numerically and below alphanumeric ones (ASCII order). */
+function compareIdentifiers(a: string, b: string): -1 | 0 | 1 {
+  const an = /^\d+$/.test(a);
+  const bn = /^\d+$/.test(b);
+  if (an && bn) return a.length !== b.length ? signOf(a.length - b.length) : a < b ? -1 : a > b ? 1 : 0;
+  if (an !== bn) return an ? -1 : 1;
+  return a < b ? -1 : a > b ? 1 : 0;
+}
+
+/**
+ * Semver 2.0.0 precedence (§11): major, minor, patch numerically; a pre-release below its release; pre-releases
+ * identifier by identifier, the longer winning when all shared ones are equal. Build metadata is ignored. Pure.
+ */
+export function compareVersions(a: Version, b: Version): -1 | 0 | 1 {
+  const core = signOf(a.major - b.major) || signOf(a.minor - b.minor) || signOf(a.patch - b.patch);
+  if (core !== 0) return core;
+  if (a.pre.length === 0 || b.pre.length === 0) return signOf(b.pre.length - a.pre.length);
+  for (let i = 0; i < Math.min(a.pre.length, b.pre.length); i++) {
+    const c = compareIdentifiers(a.pre[i], b.pre[i]);
+    if (c !== 0) return c;
+  }
+  return signOf(a.pre.length - b.pre.length);
+}
+
+// ---- ranges ----------------------------------------------------------------------------------
+
+type Operator = '<' | '<=' | '>' | '>=' | '=';
+
+/** One plain comparator: `>=1.2.0`, `<2.0.0-0`. */
+interface Comparator {
+  op: Operator;
+  version: Version;
+}
+
+/** A range: alternatives (`||`), each a set of comparators that must all hold. */
+export interface SemverRange {
+  sets: Comparator[][];
+}
+
+/** A partial version of a range (`1`, `1.2`, `1.x`, `*`, `1.2.3-rc.1`): undefined parts are wildcards. */
+interface PartialVersion {
+  major?: number;
+  minor?: number;
+  patch?: number;
+  pre: string[];
+}
+
+const WILDCARD = /^[xX*]$/;
+
+/** A partial version, or throws saying what is wrong with it. */
+function readPartial(text: string): PartialVersion {
+  const fail = (why: string) => {
+    throw new Error(`${JSON.stringify(text)}: ${why}`);
+  };
+  if (text.length > MAX_VERSION_LENGTH) fail(`longer than ${MAX_VERSION_LENGTH} characters`);
+  const { core, pre, build } = splitQualifiers(text.startsWith('v') ? text.slice(1) : text);
+  const parts = core.split('.');
+  if (core === '' || parts.length > 3) fail('not a version (major[.minor[.patch]], each a number, x or *)');
+  const numbers: (number | undefined)[] = [];
+  for (const [i, part] of parts.entries()) {
+    const wild = WILDCARD.test(part) || numbers.includes(undefined);
+    const n = coreNumber(part);
+    if (!WILDCARD.test(part) && n === undefined)
+      fail(`${['major', 'minor', 'patch'][i]} ${JSON.stringify(part)} is not a number without leading zeros, x or *`);
+    numbers.push(wild ? undefined : n);
+  }
+  if (pre !== undefined && (parts.length < 3 || numbers.includes(undefined)))
+    fail('a pre-release needs a whole major.minor.patch');
+  const problem =
+    (pre !== undefined ? identifiersProblem(pre, 'pre-release') : undefined) ??
+    (build !== undefined ? identifiersProblem(build, 'build') : undefined);
+  if (problem !== undefined) fail(problem);
+  return { major: numbers[0], minor: numbers[1], patch: numbers[2], pre: pre?.split('.') ?? [] };
+}
+
+function makeVersion(major: number, minor: number, patch: number, pre: string[] = []): Version {
+  return { major, minor, patch, pre, build: [] };
+}
+
+/** The lowest version a partial names (wildcards as 0). */
+function floor(p: PartialVersion): Version {
+  return makeVersion(p.major ?? 0, p.minor ?? 0, p.patch ?? 0, p.pre);
+}
+
+// Upper bounds are written `<X.Y.Z-0`: below every pre-release of X.Y.Z, so none of them slips in.
+const BELOW = ['0'];
+
+/** `<` the first version after the partial's last given part: 1.2 → <1.3.0-0; 1 → <2.0.0-0. */
+function pastPartial(p: PartialVersion): Comparator {
+  if (p.minor === undefined) return { op: '<', version: makeVersion(p.major! + 1, 0, 0, BELOW) };
+  return { op: '<', version: makeVersion(p.major!, p.minor + 1, 0, BELOW) };
+}
+
+const ANY: Comparator[] = [{ op: '>=', version: makeVersion(0, 0, 0) }];
+const NOTHING: Comparator[] = [{ op: '<', version: makeVersion(0, 0, 0, BELOW) }];
+
+/** An x-range or exact version (`1.2.3`, `=1.2`, `1.x`, `*`). */
+function xRange(p: PartialVersion): Comparator[] {
+  if (p.major === undefined) return ANY;
+  if (p.patch !== undefined) return [{ op: '=', version: floor(p) }];
+  return [{ op: '>=', version: floor(p) }, pastPartial(p)];
+}
+
+/** `~`: patch changes when minor is given, minor changes otherwise. */
+function tildeRange(p: PartialVersion): Comparator[] {
+  if (p.major === undefined) return ANY;
+  if (p.minor === undefined) return [{ op: '>=', version: floor(p) }, pastPartial(p)];
+  return [{ op: '>=', version: floor(p) }, { op: '<', version: makeVersion(p.major, p.minor + 1, 0, BELOW) }];
+}
+
+/** `^`: changes that keep the left-most non-zero part given. */
+function caretRange(p: PartialVersion): Comparator[] {
+  if (p.major === undefined) return ANY;
+  const lower: Comparator = { op: '>=', version: floor(p) };
+  if (p.major > 0 || p.minor === undefined) return [lower, { op: '<', version: makeVersion(p.major + 1, 0, 0, BELOW) }];
+  if (p.minor > 0 || p.patch === undefined)
+    return [lower, { op: '<', version: makeVersion(0, p.minor + 1, 0, BELOW) }];
+  return [lower, { op: '<', version: makeVersion(0, 0, p.patch + 1, BELOW) }];
+}
+
+/** `<`, `<=`, `>`, `>=` on a partial, as npm desugars them (`>1.2` is `>=1.3.0`, `<=1.2` is `<1.3.0-0`). */
+function primitiveRange(op: Operator, p: PartialVersion): Comparator[] {
+  if (op === '=') return xRange(p);
+  if (p.major === undefined) return op === '<' || op === '>' ? NOTHING : ANY;
+  if (p.patch !== undefined) return [{ op, version: floor(p) }];
+  if (op === '>=') return [{ op, version: floor(p) }];
+  if (op === '<') return [{ op, version: makeVersion(p.major, p.minor ?? 0, 0, BELOW) }];
+  const past = pastPartial(p).version;
+  return op === '<=' ? [{ op: '<', version: past }] : [{ op: '>=', version: { ...past, pre: [] } }];
+}
+
+/** `A - B`: from A's floor to B (whole: `<=B`; partial: below the next version after it). */
+function hyphenRange(from: PartialVersion, to: PartialVersion): Comparator[] {
+  const lower = from.major === undefined ? ANY : [{ op: '>=' as const, version: floor(from) }];
+  if (to.major === undefined) return lower;
+  const upper = to.patch !== undefined ? { op: '<=' as const, version: floor(to) } : pastPartial(to);
+  return [...lower, upper];
+}
+
+const ITEM = /^(<=|>=|<|>|=|~>|~|\^)?\s*(\S+)$/;
+
+/** One set of a range (no `||`): a hyphen range, or comparators separated by spaces. */
+function readSet(text: string): Comparator[] {
+  const hyphen = /^(\S+)\s+-\s+(\S+)$/.exec(text);
+  if (hyphen) return hyphenRange(readPartial(hyphen[1]), readPartial(hyphen[2]));
+  // An operator may stand apart from its version: `>= 1.2.3`.
+  const items = text.replace(/(<=|>=|<|>|=|~>|~|\^)\s+/g, '$1').split(/\s+/);
+  return items.flatMap((item) => {
+    const m = ITEM.exec(item);
+    if (!m || /^[<>=~^]/.test(m[2])) throw new Error(`${JSON.stringify(item)}: not a comparator`);
+    const p = readPartial(m[2]);
+    const op = m[1] ?? '';
+    if (op === '~' || op === '~>') return tildeRange(p);
+    if (op === '^') return caretRange(p);
+    return op === '' ? xRange(p) : primitiveRange(op as Operator, p);
+  });
+}
+
+/**
+ * A range in npm's syntax: sets joined by `||`, each a hyphen range (`1.2 - 2.3.4`) or comparators separated by
+ * spaces (`>=1.2.7 <1.3.0`, `^1.4`, `~1.4.2`, `1.x`, `*`); versions may carry a leading `v`. An empty range is
+ * `*`. Throws an Error saying which item is wrong and why (commas are not separators, as in npm). Pure.
+ */
+export function parseRange(text: string): SemverRange {
+  if (text.length > MAX_RANGE_LENGTH) throw new Error(`longer than ${MAX_RANGE_LENGTH} characters`);
+  const alternatives = text.split('||').map((s) => s.trim());
+  if (alternatives.length === 1 && alternatives[0] === '') return { sets: [ANY] };
+  if (alternatives.includes('')) throw new Error('an alternative of "||" is empty');
+  return { sets: alternatives.map(readSet) };
+}
+
+function holds(c: Comparator, v: Version): boolean {
+  const order = compareVersions(v, c.version);
+  if (c.op === '=') return order === 0;
+  if (c.op === '<') return order < 0;
+  if (c.op === '<=') return order <= 0;
+  if (c.op === '>') return order > 0;
+  return order >= 0;
+}
+
+/**
+ * Whether a version is in a range: it holds every comparator of some set, and, when it is a pre-release, that set
+ * names a pre-release of the same major.minor.patch (npm's rule: `>=1.2.3-0` takes 1.2.3-beta, not 1.3.0-beta). Pure.
+ */
+export function satisfiesRange(v: Version, range: SemverRange): boolean {
+  return range.sets.some(
+    (set) =>
+      set.every((c) => holds(c, v)) &&
+      (v.pre.length === 0 ||
+        set.some(
+          (c) =>
+            c.version.pre.length > 0 &&
+            c.version.major === v.major &&
+            c.version.minor === v.minor &&
+            c.version.patch === v.patch,
+        )),
+  );
+}
+
+// ================================================================================================
+// 7. outbound calls — what every call to another server shares. outboundRequest makes one HTTP(S) request under a
 //    TOTAL deadline (connecting, sending, the answer's headers and its whole body: a server that dribbles bytes cannot
 //    hold a call past it) and a cap on the answer's size. retrying runs attempts by one retry policy (retryDelay: which
 //    failures are transient, exponential backoff with jitter, a Retry-After honoured, all within a budget). The token
@@ -2980,7 +3272,7 @@ export class Scrubber {
 }
 
 // ================================================================================================
-// 7. smtp client — a small hand-written SMTP client: messages composed by RFC 5322, MIME and RFC 2047
+// 8. smtp client — a small hand-written SMTP client: messages composed by RFC 5322, MIME and RFC 2047
 //    (composeMessage), sent over implicit TLS or STARTTLS with AUTH PLAIN, LOGIN or CRAM-MD5, every step under a
 //    deadline (sendMail, withDeadline), tried again after transient failures (sendWithRetry, by the retry policy of
 //    the outbound-calls chapter). The password lives in a Secret and every reply or error text leaving this chapter is
@@ -3671,7 +3963,7 @@ export async function sendWithRetry(
 }
 
 // ================================================================================================
-// 8. kubernetes client — a small client for the Kubernetes REST API over node:https. Credentials come from a JSON
+// 9. kubernetes client — a small client for the Kubernetes REST API over node:https. Credentials come from a JSON
 //    kubeconfig (current-context; token or tokenFile, or a client certificate; the CA; inline *-data or file paths
 //    relative to the kubeconfig) or, inside a pod, from the service account (the token is re-read on every request,
 //    so rotated tokens keep working). Every request is one outboundRequest under a total deadline; transient failures
@@ -4236,7 +4528,7 @@ export type JsonPatchOperation =
   | { op: 'remove'; path: string };
 
 // ================================================================================================
-// 9. oci registry client — asks a registry which digest a tag points at (HEAD /v2/<repo>/manifests/<tag> over HTTPS):
+// 10. oci registry client — asks a registry which digest a tag points at (HEAD /v2/<repo>/manifests/<tag> over HTTPS):
 //    anonymously, or with basic auth, or with a bearer token from the registry's token service, trusting an extra CA
 //    when given (each request one outboundRequest under a total deadline). The pull secret's login goes only to the
 //    registry's own host or a token host allowed (tokenHostAllowed: REGISTRY_TOKEN_HOSTS, the well-known registries');
@@ -4482,7 +4774,7 @@ export async function resolveManifestTag(
 }
 
 // ================================================================================================
-// 10. html — what the admin pages share: escaping, one cell of a table, and the page shell and style
+// 11. html — what the admin pages share: escaping, one cell of a table, and the page shell and style
 //    (server-rendered, no script, no external asset, one card per row on a phone).
 //    Exports: cell, escapeHtml, pageShell, shownTime.
 //    Tests: test/deliveries.test.ts.
@@ -4542,7 +4834,7 @@ function pageShell(title: string, refreshSeconds: number | undefined, body: stri
 // ################################################################################################
 
 // ================================================================================================
-// 11. command line & settings — the adnanh/webhook command line in Go `flag` syntax (parseCommandLine, usage), Go's
+// 12. command line & settings — the adnanh/webhook command line in Go `flag` syntax (parseCommandLine, usage), Go's
 //    durations and booleans, and our safety limits (LIMITS), each with why it has that value.
 //    Exports: LIMITS, Options, parseCommandLine, parseGoBool, parseGoDuration, parseListenAddress, PLACEHOLDER,
 //    readAdminTokenFile, usage, UsageError.
@@ -5195,7 +5487,7 @@ export function usage(): string {
 }
 
 // ================================================================================================
-// 12. logging & metrics — log lines in adnanh's shape ("[webhook] 2006/01/02 15:04:05 …"), errors always, the rest
+// 13. logging & metrics — log lines in adnanh's shape ("[webhook] 2006/01/02 15:04:05 …"), errors always, the rest
 //    with -verbose/-debug, every line scrubbed of known secrets; counters, gauges and histograms rendered in the
 //    Prometheus text format.
 //    Exports: escapeControls, Logger, Metrics.
@@ -5386,7 +5678,7 @@ export class Metrics {
 }
 
 // ================================================================================================
-// 13. hook files — the reading every compiler below shares. A hooks file is rendered as a Go template when -template
+// 14. hook files — the reading every compiler below shares. A hooks file is rendered as a Go template when -template
 //    asks, read as YAML (duplicate keys are errors; every key's line is kept), and then read through Fields: unknown
 //    keys and wrong types are errors that name file, line, hook and field path (`hooks/web.json:12: hook "web":
 //    trigger-rule.and[2]: …`).
@@ -5584,7 +5876,7 @@ function editDistance(a: string, b: string): number {
 }
 
 // ================================================================================================
-// 14. requests — turns an HTTP request into the structures hook parameters address: headers (Go-canonical names),
+// 15. requests — turns an HTTP request into the structures hook parameters address: headers (Go-canonical names),
 //    query, payload (from JSON, form, XML or multipart bodies) and the raw body, with adnanh's dotted-path lookup and
 //    Go's JSON serialisation; compileParam reads how a hook names a value of the request.
 //    Exports: applyJsonParameters, compileParam, firstValues, headersFromRaw, HookRequest, isParsedContentType,
@@ -5944,7 +6236,7 @@ export function compileParam(reader: FieldReader, value: unknown, at: Place, fil
 }
 
 // ================================================================================================
-// 15. trigger rules — one table, RULE_TYPES, holds each match type side by side: its fields, whether it compares a
+// 16. trigger rules — one table, RULE_TYPES, holds each match type side by side: its fields, whether it compares a
 //    request parameter, whether it reads the headers or the body, which field holds a secret, how it compiles and how
 //    it tests a request. and/or/not combine matches with adnanh's semantics: a missing parameter makes a match false
 //    (inside `or` it is passed over, inside `and` the rule fails); a bad signature is an evaluation error unless the
@@ -6389,7 +6681,7 @@ export function cidrContains(cidr: Cidr, addr: string): boolean {
 }
 
 // ================================================================================================
-// 16. hooks & reload — a hooks file's text (already templated) compiled into hooks, once, so the request path only
+// 17. hooks & reload — a hooks file's text (already templated) compiled into hooks, once, so the request path only
 //    evaluates: the hook's fields read in one list, its parameters and trigger rule compiled, and the hook settings
 //    a hook must fix (those HOOK_SETTINGS marks fixed) checked through the HookSettingChecks main() hands
 //    over. Every -hooks path (a file, or a directory of *.json, *.yaml and *.yml files merged in name order) becomes
@@ -6835,7 +7127,7 @@ export class HookStore {
 }
 
 // ================================================================================================
-// 17. commands — resolves execute-command as adnanh does (absolute; else relative to command-working-directory, never
+// 18. commands — resolves execute-command as adnanh does (absolute; else relative to command-working-directory, never
 //    searched on PATH then; else on PATH), passes arguments, environment and temp files, and runs the command in its
 //    own process group under a deadline and a cap on concurrent commands. Output is stdout and stderr combined in
 //    arrival order. A command that is an InProcessCommand's entry point (the bundled /webhooks.sh: the upgrade) is
@@ -7290,7 +7582,7 @@ export function decodeBase64Strict(text: string): Buffer {
 }
 
 // ================================================================================================
-// 18. http server — routes `/`, `/healthz` and `/<urlprefix>/<id>` and answers with adnanh's exact strings. A hook
+// 19. http server — routes `/`, `/healthz` and `/<urlprefix>/<id>` and answers with adnanh's exact strings. A hook
 //    request is a list of steps: route, admit, prepare (all but the body), evaluate what the rule can decide without
 //    the body, read the body if the hook uses it, evaluate the rest, dispatch, answer. A body is never kept when it
 //    is not used, and one left unread is dropped as it arrives, within the size and idle limits. Every outcome is one
@@ -8041,7 +8333,7 @@ function closeWithoutReset(ex: Exchange, draining: () => boolean): () => void {
 }
 
 // ================================================================================================
-// 19. listeners — the sockets the service serves on: the hook port (TCP, or a unix socket with -socket; TLS with
+// 20. listeners — the sockets the service serves on: the hook port (TCP, or a unix socket with -socket; TLS with
 //    -secure, in Go's cipher-suite names, from -cert and -key, re-read on SIGHUP), and the admin listener of
 //    -metrics-listen, which serves /metrics and the deliveries pages and is never the hook port.
 //    Exports: GO_CIPHER_SUITES, openAdminListener, openListener.
@@ -8196,11 +8488,11 @@ async function openMetricsListener(
 }
 
 // ================================================================================================
-// 20. registry payloads — a registry's push notification (Aliyun ACR, Docker Hub, a build job, Harbor, Quay, GHCR,
+// 21. registry payloads — a registry's push notification (Aliyun ACR, Docker Hub, a build job, Harbor, Quay, GHCR,
 //    Azure, CNCF Distribution, Artifactory, Nexus, Gitea, CloudEvents) read into PushEvents (host, repository, tag,
 //    digest, pushed-at), an acknowledged no-op (a pull, a test ping, a push by digest, a signature tag), or a
 //    handshake's answer (Event Grid's, CloudEvents' validation). Pure functions: no I/O, no clock. Each registry is
-//    one entry of REGISTRIES (chapter 21): its reader, and how REPO_TYPE=auto recognises it. The hook's environment
+//    one entry of REGISTRIES (chapter 22): its reader, and how REPO_TYPE=auto recognises it. The hook's environment
 //    chooses the composition: REPO_TYPE (a key of REGISTRIES, any case, or auto); NET_TYPE (regionalregistry only:
 //    public, vpc or internal endpoint); REGISTRY_HOST (host[:port] replacing the registry host for every REPO_TYPE;
 //    required for Artifactory and Nexus); PIN_DIGEST (true: `repo:tag@sha256:…` when the payload carries the digest).
@@ -8853,7 +9145,7 @@ function customRegistryAddress(repoUrl: string): string {
 }
 
 // ================================================================================================
-// 21. cloud registry payloads — the clouds' own registries, whose pushes arrive as their event buses' events: AWS ECR
+// 22. cloud registry payloads — the clouds' own registries, whose pushes arrive as their event buses' events: AWS ECR
 //    (an EventBridge "ECR Image Action" event sent by an API destination, or its CloudEvents form), Google Artifact
 //    Registry (a Pub/Sub push envelope whose message.data is the base64 of {action, digest, tag}); CloudEvents 1.0
 //    (structured, binary, or a batch), whose types name the reader of their data; and REGISTRIES, the table of every
@@ -9291,13 +9583,13 @@ function repoTypeSetting(value: string | undefined): string {
 }
 
 // ================================================================================================
-// 22. image reference & pin — composes the reference the cluster will pull (composeImageRef; chooseCandidate picks
+// 23. image reference & pin — composes the reference the cluster will pull (composeImageRef; chooseCandidate picks
 //    the container's among several), validates it against the OCI distribution reference grammar before anything is
 //    sent to Kubernetes, and applies the image pin (checkImagePin): whoever holds a hook's URL writes the payload, so
 //    a push may change only the tag and digest of the repository the container runs now. Endpoints of one registry
 //    count as the same (REGISTRY_ENDPOINTS), and so does the hook's REGISTRY_HOST; anything else needs ALLOW_IMAGES
 //    (`host/path`, `host/path/*`, `host/*`; Docker Hub's may omit the host). Both widen what a request may deploy, so
-//    HOOK_SETTINGS (chapter 24) has them refused at load unless they are fixed strings, and valid.
+//    HOOK_SETTINGS (chapter 26) has them refused at load unless they are fixed strings, and valid.
 //    Exports: checkImagePin, chooseCandidate, composeImageRef, ImagePin, normalizeImageRef, problemOf, readImagePin,
 //    registryHostSetting, registryOf, validateImageRef.
 //    Tests: test/registries.test.ts, test/upgrade.test.ts, test/clouds.test.ts.
@@ -9626,7 +9918,7 @@ function problemOf(check: () => unknown): string | undefined {
 }
 
 // ================================================================================================
-// 23. workloads — what the upgrade knows of Kubernetes workloads. Each kind is one entry of WORKLOAD_KINDS (API
+// 24. workloads — what the upgrade knows of Kubernetes workloads. Each kind is one entry of WORKLOAD_KINDS (API
 //    resource, names, pod template, kubectl's rollout viewer, whether it has a rollout, how its pods are owned);
 //    parseWorkload reads APP_WORKLOAD (deployment, daemonset, statefulset, cronjob; any case, plurals, short names,
 //    kind.group) and locateContainer finds APP_CONTAINER (containers, then initContainers). rolloutStatus applies
@@ -9640,7 +9932,7 @@ function problemOf(check: () => unknown): string | undefined {
 //    RolloutOutcome, rolloutStatus, roundedToSeconds, STUCK_REASONS, summarizePod, UPGRADE_LIMITS, UpgradeDeps,
 //    UpgradeError, UpgradeReport, valueAt, WORKLOAD_KINDS, WorkloadEvent, WorkloadKind, workloadPods, WorkloadQueue,
 //    workloadResource, WorkloadTarget.
-//    Tests: test/decision.test.ts, test/e2e.test.ts, test/records.test.ts, test/rolling.test.ts,
+//    Tests: test/decision.test.ts, test/e2e.test.ts, test/policy.test.ts, test/records.test.ts, test/rolling.test.ts,
 //    test/upgrade.test.ts.
 // ================================================================================================
 
@@ -10283,6 +10575,8 @@ export const DECISIONS = {
   refused: { published: 'refused' },
   /** The container's image was changed outside webhook and the push is not newer (ON_OUTSIDE_CHANGE=hold). */
   held: { published: 'held' },
+  /** The tag is outside the container's update policy (UPDATE_POLICY, webhook/policy): nothing was written. */
+  'skipped by policy': { published: 'skipped by policy' },
   /** The push could not be applied: nothing is known to be written. */
   failed: { published: 'failed' },
   /** The API server did not answer: the push is kept and applied when it does. */
@@ -10449,13 +10743,173 @@ async function recordEventQuietly(
 }
 
 // ================================================================================================
-// 24. hook settings — HOOK_SETTINGS, the one table of the settings of the upgrade, its mail and its notifications:
+// 25. update policies — which tags a workload takes. The hook setting UPDATE_POLICY gives a hook's policy; the
+//    workload's annotation webhook/policy overrides it, and webhook/policy.<container> overrides both for one
+//    container. parsePolicy reads a value (all, semver:<range>, major, minor, patch, glob:<pattern>,
+//    regexp:<pattern>; the semver ones never go down unless `,allow-downgrade` follows); policyDecision, pure, says
+//    whether a push is within the policy in effect, why not, or what is wrong with an annotation. A push by digest
+//    alone names no tag and is outside no policy.
+//    Exports: parsePolicy, POLICY_ANNOTATION, policyDecision, PolicyVerdict, tagOf, UpdatePolicy.
+//    Tests: test/policy.test.ts.
+// ================================================================================================
+
+/** The workload's policy; `webhook/policy.<container>` sets one container's. */
+export const POLICY_ANNOTATION = 'webhook/policy';
+
+// A policy is one line an operator writes; longer is a mistake, and is not read further (an
+// annotation may hold 256 KiB).
+const MAX_POLICY_LENGTH = 1024;
+
+const ALLOW_DOWNGRADE = ',allow-downgrade';
+
+/** A policy as parsed: `text` is the value as written, for messages. */
+export type UpdatePolicy = { text: string } & (
+  | { kind: 'all' }
+  | { kind: 'semver'; range: SemverRange; allowDowngrade: boolean }
+  | { kind: 'major' | 'minor' | 'patch'; allowDowngrade: boolean }
+  | { kind: 'glob' | 'regexp'; pattern: RegExp }
+);
+
+const POLICY_FORMS =
+  'all, semver:<range>, major, minor, patch (each of these four optionally followed by ",allow-downgrade"), ' +
+  'glob:<pattern> or regexp:<pattern>';
+
+/** A glob on tags: `*` any run of characters, `?` one; anything else itself. As a linear-time regex. */
+function globRegex(glob: string): RegExp {
+  const source = [...glob].map((c) => (c === '*' ? '.*' : c === '?' ? '.' : c.replace(/[\\^$.|+()[\]{}]/g, '\\$&')));
+  return compileGoRegex(`^${source.join('')}$`);
+}
+
+/** The policy's pattern (glob: or regexp:), or throws saying what is wrong with it. */
+function patternPolicy(kind: 'glob' | 'regexp', pattern: string, text: string): UpdatePolicy {
+  if (pattern === '') throw new Error(`${kind}: needs a pattern`);
+  try {
+    return { text, kind, pattern: kind === 'glob' ? globRegex(pattern) : compileGoRegex(pattern) };
+  } catch (e) {
+    throw new Error(`${kind}: ${(e as Error).message}`);
+  }
+}
+
+/**
+ * A policy value; throws an Error saying what is wrong (the caller names where it was written). Keywords are
+ * lower-case; the whole is trimmed. Pure.
+ */
+export function parsePolicy(value: string): UpdatePolicy {
+  if (value.length > MAX_POLICY_LENGTH)
+    throw new Error(`longer than ${MAX_POLICY_LENGTH} characters (${value.length})`);
+  const text = value.trim();
+  if (text === '') throw new Error(`empty; use one of ${POLICY_FORMS}`);
+  if (text === 'all') return { text, kind: 'all' };
+  for (const kind of ['glob', 'regexp'] as const)
+    if (text.startsWith(`${kind}:`)) return patternPolicy(kind, text.slice(kind.length + 1), text);
+  const allowDowngrade = text.endsWith(ALLOW_DOWNGRADE);
+  const body = allowDowngrade ? text.slice(0, -ALLOW_DOWNGRADE.length).trim() : text;
+  if (body === 'major' || body === 'minor' || body === 'patch') return { text, kind: body, allowDowngrade };
+  if (body.startsWith('semver:')) {
+    const range = body.slice('semver:'.length).trim();
+    if (range === '') throw new Error('semver: needs a range (e.g. ^1.4, ~1.4.2, >=1.4.0 <2.0.0, 1.x)');
+    try {
+      return { text, kind: 'semver', range: parseRange(range), allowDowngrade };
+    } catch (e) {
+      throw new Error(`semver range ${showValue(range)}: ${(e as Error).message}`);
+    }
+  }
+  throw new Error(`not one of ${POLICY_FORMS}`);
+}
+
+/** The policy of a push: allowed, skipped (why), or a malformed annotation (what is wrong). */
+export type PolicyVerdict =
+  | { kind: 'allowed' }
+  | { kind: 'skipped'; message: string }
+  | { kind: 'malformed'; message: string };
+
+/** The tag of an image reference (`latest` when it names none), or undefined for a reference by digest alone. */
+function tagOf(ref: string): string | undefined {
+  const parsed = validateImageRef(ref);
+  if (!parsed.ok) return undefined;
+  return parsed.ref.tag ?? (parsed.ref.digest === undefined ? 'latest' : undefined);
+}
+
+/** The policy in effect for a container: its annotation, the workload's, else the hook's; where it was read. */
+function policyInEffect(
+  workload: unknown,
+  container: string,
+  hookPolicy: UpdatePolicy,
+  name: string,
+): { policy: UpdatePolicy; of: string } | { malformed: string } {
+  for (const [key, of] of [
+    [`${POLICY_ANNOTATION}.${container}`, `container ${container} of ${name}`],
+    [POLICY_ANNOTATION, name],
+  ]) {
+    const value = valueAt(workload, ['metadata', 'annotations', key]);
+    if (typeof value !== 'string') continue;
+    try {
+      return { policy: parsePolicy(value), of };
+    } catch (e) {
+      const why = (e as Error).message;
+      return { malformed: `annotation ${key} of ${name}: ${showValue(value)} is not a policy: ${why}` };
+    }
+  }
+  return { policy: hookPolicy, of: `${name} (the hook's UPDATE_POLICY)` };
+}
+
+/** Why a version is outside a semver-ordered policy, or undefined when it is within. Pure. */
+function versionProblem(policy: UpdatePolicy, pushed: Version, running: Version | undefined): string | undefined {
+  if (policy.kind === 'semver' && !satisfiesRange(pushed, policy.range))
+    return pushed.pre.length > 0 ? 'a pre-release, which a range takes only when it names one of the same version' : '';
+  if (policy.kind === 'major' || policy.kind === 'minor' || policy.kind === 'patch') {
+    const sameTuple = running && compareVersions({ ...pushed, pre: [] }, { ...running, pre: [] }) === 0;
+    if (pushed.pre.length > 0 && !(running && running.pre.length > 0 && sameTuple))
+      return `a pre-release, which ${policy.kind} takes only over a pre-release of the same version`;
+    if (running && policy.kind !== 'major' && pushed.major !== running.major)
+      return `another major version than the running ${formatVersion(running)}`;
+    if (running && policy.kind === 'patch' && pushed.minor !== running.minor)
+      return `another minor version than the running ${formatVersion(running)}`;
+  }
+  if ('allowDowngrade' in policy && !policy.allowDowngrade && running && compareVersions(pushed, running) < 0)
+    return `lower than the running ${formatVersion(running)}; "${ALLOW_DOWNGRADE}" in the policy allows that`;
+  return undefined;
+}
+
+/**
+ * Whether a push is within the policy in effect for the container (its annotation, the workload's, the hook's
+ * UPDATE_POLICY): the pushed tag, against the version the container runs for the semver policies. A push by digest
+ * alone is within every policy (it names no tag). `name` is the workload as messages name it. Pure.
+ */
+export function policyDecision(
+  hookPolicy: UpdatePolicy,
+  workload: unknown,
+  container: string,
+  running: string,
+  pushed: string,
+  name: string,
+): PolicyVerdict {
+  const effect = policyInEffect(workload, container, hookPolicy, name);
+  if ('malformed' in effect) return { kind: 'malformed', message: effect.malformed };
+  const { policy, of } = effect;
+  const tag = tagOf(pushed);
+  if (policy.kind === 'all' || tag === undefined) return { kind: 'allowed' };
+  const outside = (why: string) => ({
+    kind: 'skipped' as const,
+    message: `policy: ${tag} is outside ${policy.text} of ${of}${why ? `: ${why}` : ''}`,
+  });
+  if (policy.kind === 'glob' || policy.kind === 'regexp')
+    return policy.pattern.test(tag) ? { kind: 'allowed' } : outside('');
+  const version = parseVersion(tag);
+  if (!version) return outside('not a semver version');
+  const runningTag = tagOf(running);
+  const why = versionProblem(policy, version, runningTag === undefined ? undefined : parseVersion(runningTag));
+  return why === undefined ? { kind: 'allowed' } : outside(why);
+}
+
+// ================================================================================================
+// 26. hook settings — HOOK_SETTINGS, the one table of the settings of the upgrade, its mail and its notifications:
 //    each one's source (the hook, or the service's own environment), type, default, whether a hook must give it as a
 //    fixed string (checked at load: fixedSettingChecks), whether it holds a key, its validation, its meaning, and its
 //    parse, which is the only reader of its text and throws the message operators know. The settings tables of
 //    docs/configuration.md are written from it (scripts/settings-doc.ts), and -validate describes hooks from it.
 //    Exports: fixedSettingChecks, HOOK_SETTINGS, HookSetting, HookSettingName, notifyCa, NotifyFormatName.
-//    Tests: test/hold.test.ts, test/mail.test.ts, test/settings.test.ts, test/upgrade.test.ts.
+//    Tests: test/hold.test.ts, test/mail.test.ts, test/policy.test.ts, test/settings.test.ts, test/upgrade.test.ts.
 // ================================================================================================
 
 /**
@@ -10669,6 +11123,16 @@ export function notifyCa(value: string | undefined): string[] | undefined {
   return [...tls.rootCertificates, ...certificates];
 }
 
+/** UPDATE_POLICY: a policy (parsePolicy); unset or blank is all, today's behaviour. */
+function updatePolicySetting(value: string | undefined): UpdatePolicy {
+  if (!value?.trim()) return parsePolicy('all');
+  try {
+    return parsePolicy(value);
+  } catch (e) {
+    throw new UpgradeError(`UPDATE_POLICY ${showValue(value)} is not a policy: ${(e as Error).message}`);
+  }
+}
+
 /**
  * Every setting of the upgrade, the mail and the notifications: the one place each is parsed and
  * described. Adding a setting is one entry here, its reader, and a line the doc generator writes.
@@ -10726,6 +11190,18 @@ export const HOOK_SETTINGS = {
     validation: 'Go booleans: true, false, 1, 0, t, f (any case)',
     meaning: 'Deploy repo:tag@sha256:… when the payload carries the digest.',
     parse: (value: string | undefined) => parseBoolSetting('PIN_DIGEST', value),
+  }),
+  UPDATE_POLICY: setting({
+    type: 'update policy',
+    default: 'all',
+    fixed: true,
+    validation:
+      'all, semver:<range>, major, minor or patch (",allow-downgrade" may follow these four), glob:<pattern>, ' +
+      'regexp:<pattern>',
+    meaning:
+      'Which tags a push may set (docs/policies.md); the annotations webhook/policy and webhook/policy.<container> ' +
+      'override it.',
+    parse: updatePolicySetting,
   }),
   ALLOW_IMAGES: setting({
     type: 'list of image patterns',
@@ -10788,6 +11264,14 @@ export const HOOK_SETTINGS = {
     validation: 'comma-separated plain e-mail addresses (no display names)',
     meaning: 'Who is mailed the result (through the MAIL_* server of the service).',
     parse: (value: string | undefined) => (value ? parseRecipients(value) : []),
+  }),
+  NOTIFY_ON_SKIP: setting({
+    type: 'boolean',
+    default: 'true',
+    fixed: true,
+    validation: 'Go booleans: true, false, 1, 0, t, f (any case)',
+    meaning: 'Whether a push the update policy skipped is mailed and posted (the deliveries page shows it anyway).',
+    parse: (value: string | undefined) => (value?.trim() ? parseBoolSetting('NOTIFY_ON_SKIP', value) : true),
   }),
   NOTIFY_URL: setting({
     type: 'list of URLs',
@@ -10909,7 +11393,7 @@ export const HOOK_SETTINGS = {
 export type HookSettingName = keyof typeof HOOK_SETTINGS;
 
 /**
- * The load-time checks of the settings a hook must fix in its file (chapter 16's HookSettingChecks,
+ * The load-time checks of the settings a hook must fix in its file (chapter 17's HookSettingChecks,
  * handed over by main()): every `fixed` entry, or those of `names`.
  */
 export function fixedSettingChecks(names?: HookSettingName[]): HookSettingChecks {
@@ -10924,7 +11408,7 @@ export function fixedSettingChecks(names?: HookSettingName[]): HookSettingChecks
 export const IMAGE_PIN_SETTINGS = fixedSettingChecks(['REGISTRY_HOST', 'ALLOW_IMAGES']);
 
 // ================================================================================================
-// 25. upgrade decision — whether and what a push may change, before anything is written. The hook's upgrade
+// 27. upgrade decision — whether and what a push may change, before anything is written. The hook's upgrade
 //    settings are read once (readSettings: APP_NS, APP_WORKLOAD, APP_CONTAINER, ROLLOUT_TIMEOUT, ROLLBACK_ON_FAILURE,
 //    VERIFY_IMAGE, REGISTRY_CA, REGISTRY_TOKEN_HOSTS and the image pin's); the push is checked against the
 //    container's current image (a refusal changes nothing, fails, is logged and recorded as a Warning Event);
@@ -10933,12 +11417,14 @@ export const IMAGE_PIN_SETTINGS = fixedSettingChecks(['REGISTRY_HOST', 'ALLOW_IM
 //    across replicas and restarts (a push time from the future counts as the time received). VERIFY_IMAGE=true
 //    resolves the tag on its registry with the login of the workload's first imagePullSecret that names the host, and
 //    deploys `repo:tag@<digest>`; a tag the registry lacks or a different digest is refused. What became of a push
-//    that changes nothing is recorded by decide. A container whose image is not the one the record says webhook
-//    last applied was changed outside it: holdDecision (ON_OUTSIDE_CHANGE=hold) reads who and when from
-//    managedFields and holds every push not strictly newer than the image replaced (semver, else push time).
+//    that changes nothing is recorded by decide. The steps, in the order the patch takes them: the pin, the update
+//    policy (policyDecision, its own chapter; outsidePolicy answers a skip), the hold, newest wins. A container whose
+//    image is not the one the record says webhook last applied was changed outside it: holdDecision
+//    (ON_OUTSIDE_CHANGE=hold) reads who and when from managedFields and holds every push not strictly newer than the
+//    image replaced (semver precedence, else push time).
 //    Exports: decide, decidePush, decisionAction, FOLLOW_ANNOTATION, FollowRecord, FUTURE_PUSH_SKEW_MS, holdDecision,
-//    imageFieldPath, IncomingPush, knownContainer, newPushRecord, pinnedContainer, pullSecretNames, PushRecord,
-//    pushTime, readFollowRecords, readPushRecords, readSettings, UpgradeSettings, verifiedRef, whoAsked,
+//    imageFieldPath, IncomingPush, knownContainer, newPushRecord, outsidePolicy, pinnedContainer, pullSecretNames,
+//    PushRecord, pushTime, readFollowRecords, readPushRecords, readSettings, UpgradeSettings, verifiedRef, whoAsked,
 //    withPushRecord, workloadPodSpec.
 //    Tests: test/decision.test.ts, test/hold.test.ts, test/records.test.ts, test/registry-e2e.test.ts,
 //    test/replicas.test.ts, test/upgrade.test.ts.
@@ -11158,40 +11644,14 @@ type HoldDecision =
   | { kind: 'held'; action: string }
   | { kind: 'malformed'; message: string };
 
-// semver 2.0.0 §2 and §9: MAJOR.MINOR.PATCH without leading zeros, an optional pre-release of dot-separated
-// identifiers (numeric ones without leading zeros) and build metadata; tags often carry a leading `v`.
-const SEMVER_ID = '(?:0|[1-9]\\d*|\\d*[A-Za-z-][0-9A-Za-z-]*)';
-const SEMVER_TAG = new RegExp(
-  '^v?(0|[1-9]\\d*)\\.(0|[1-9]\\d*)\\.(0|[1-9]\\d*)' +
-    `(?:-(${SEMVER_ID}(?:\\.${SEMVER_ID})*))?` +
-    '(?:\\+[0-9A-Za-z-]+(?:\\.[0-9A-Za-z-]+)*)?$',
-);
-
-/** Two numeric identifiers without leading zeros, compared exactly however long. Pure. */
-function compareNumeric(a: string, b: string): number {
-  return a.length !== b.length ? Math.sign(a.length - b.length) : a < b ? -1 : a > b ? 1 : 0;
-}
-
 /**
  * Semver precedence (semver 2.0.0 §11) of two tags, each with or without a leading `v`; build
  * metadata is ignored. Undefined when either is not a semantic version. Pure.
  */
 export function compareSemverTags(a: string, b: string): number | undefined {
-  const x = SEMVER_TAG.exec(a);
-  const y = SEMVER_TAG.exec(b);
-  if (!x || !y) return undefined;
-  for (const i of [1, 2, 3]) if (x[i] !== y[i]) return compareNumeric(x[i], y[i]);
-  if (x[4] === undefined || y[4] === undefined) return x[4] === y[4] ? 0 : x[4] === undefined ? 1 : -1;
-  const p = x[4].split('.');
-  const q = y[4].split('.');
-  for (let i = 0; i < Math.min(p.length, q.length); i++) {
-    if (p[i] === q[i]) continue;
-    const [pn, qn] = [/^\d+$/.test(p[i]), /^\d+$/.test(q[i])];
-    if (pn && qn) return compareNumeric(p[i], q[i]);
-    if (pn !== qn) return pn ? -1 : 1;
-    return p[i] < q[i] ? -1 : 1;
-  }
-  return Math.sign(p.length - q.length);
+  const x = parseVersion(a);
+  const y = parseVersion(b);
+  return x && y ? compareVersions(x, y) : undefined;
 }
 
 /** The managedFields path of a container's image in a workload of this kind (FieldsV1: `f:` fields, `k:` keys). */
@@ -11245,12 +11705,6 @@ export function imageWriters(managedFields: unknown, path: string[]): { writers:
     writers.push({ manager, operation: typeof operation === 'string' ? operation : 'Update', time, index });
   }
   return { writers };
-}
-
-/** The tag of an image reference, if it has one. Pure. */
-function tagOf(ref: string): string | undefined {
-  const parsed = validateImageRef(ref);
-  return parsed.ok ? parsed.ref.tag : undefined;
 }
 
 /** `kubectl-set (kubectl set)`: a manager and, when known, the tool that records it. Pure. */
@@ -11340,6 +11794,8 @@ interface UpgradeSettings {
   rollbackOnFailure: boolean;
   /** ON_OUTSIDE_CHANGE: whether a change made outside webhook holds older pushes off. */
   onOutsideChange: 'hold' | 'follow';
+  /** UPDATE_POLICY: the hook's update policy, which the workload's annotations override. */
+  policy: UpdatePolicy;
 }
 
 /** The upgrade's settings, each read by its HOOK_SETTINGS entry, in the order their errors are reported. */
@@ -11369,6 +11825,7 @@ function readSettings(env: Record<string, string | undefined>, report: UpgradeRe
     registryCa: read.REGISTRY_CA.parse(env.REGISTRY_CA),
     registryTokenHosts: read.REGISTRY_TOKEN_HOSTS.parse(env.REGISTRY_TOKEN_HOSTS),
     onOutsideChange: read.ON_OUTSIDE_CHANGE.parse(env.ON_OUTSIDE_CHANGE),
+    policy: read.UPDATE_POLICY.parse(env.UPDATE_POLICY),
   };
 }
 
@@ -11437,6 +11894,34 @@ async function pinnedContainer(
   }
   if (pin.note !== undefined && !report.notes.includes(pin.note)) report.notes.push(pin.note);
   return located;
+}
+
+/**
+ * A push the update policy does not take (policyDecision), on a fresh read: recorded as an Event, UpgradeSkipped,
+ * and decided `skipped by policy` (nothing is written); or a malformed policy annotation, recorded as a Warning
+ * Event and thrown.
+ */
+async function outsidePolicy(
+  client: KubeClient,
+  target: WorkloadTarget,
+  verdict: Exclude<PolicyVerdict, { kind: 'allowed' }>,
+  report: UpgradeReport,
+  deps: UpgradeDeps,
+  from: 'read' | 'known',
+): Promise<'no change' | undefined> {
+  // A known copy may be stale: the verdict is reached again on the workload as it is now.
+  if (from === 'known') return undefined;
+  const now = deps.now ?? (() => new Date());
+  const skipped = verdict.kind === 'skipped';
+  const event: WorkloadEvent = {
+    type: skipped ? 'Normal' : 'Warning',
+    reason: skipped ? 'UpgradeSkipped' : 'UpgradeFailed',
+    message: `${verdict.message}; asked by ${whoAsked(deps)}`,
+  };
+  await recordEventQuietly(client, target, event, now(), report);
+  if (!skipped) throw new UpgradeError(`${verdict.message}; nothing was changed`);
+  decide(report, 'skipped by policy', `none (${verdict.message})`, report.imageBefore);
+  return 'no change';
 }
 
 /** The change a push makes: the new image, or for the same image a restart that pulls it again. */
@@ -11579,7 +12064,7 @@ async function verifiedRef(
 }
 
 // ================================================================================================
-// 26. the patch — the change is one JSON patch (fieldManager=webhook) that first tests the container's name and
+// 28. the patch — the change is one JSON patch (fieldManager=webhook) that first tests the container's name and
 //    current image, so a concurrent edit fails the patch instead of being overwritten; on such a failure the workload
 //    is read again and the patch re-planned. A different image replaces only that container's image; the same image
 //    restarts the rollout the way `kubectl rollout restart` does, plus imagePullPolicy: Always; a reference pinned to
@@ -11649,13 +12134,14 @@ async function patchOnce(
   from: 'read' | 'known',
 ): Promise<AppliedChange | 'conflict' | 'no change' | undefined> {
   const ref = push.image;
-  target.uid = String(valueAt(workload, ['metadata', 'uid']));
-  report.target = target;
+  report.target = Object.assign(target, { uid: String(valueAt(workload, ['metadata', 'uid'])) });
   const located = from === 'known' ? knownContainer(workload, target, s, ref, report) : undefined;
   if (from === 'known' && !located) return undefined;
   // Checked on every read: a retry is planned against the image the container has then.
   const container = located ?? (await pinnedContainer(client, target, workload, s, ref, report, deps));
   report.imageBefore = container.image;
+  const policy = policyDecision(s.policy, workload, s.container, container.image, ref, report.workload!);
+  if (policy.kind !== 'allowed') return outsidePolicy(client, target, policy, report, deps, from);
   const nowMs = (deps.now ?? (() => new Date()))().getTime();
   const { raw, records } = readPushRecords(workload);
   const sameImage = normalizeImageRef(container.image) === normalizeImageRef(ref);
@@ -11744,7 +12230,7 @@ async function outsideChangeHolds(
 }
 
 // ================================================================================================
-// 27. the report — the answer of one push, one "label: value" per line, values aligned, always in this order, lines
+// 29. the report — the answer of one push, one "label: value" per line, values aligned, always in this order, lines
 //    whose value is unknown left out: workload, container, image before, image after, action (image updated | rollout
 //    restarted (same image re-pulled) | none (<why>)), result (ok | failed: <message>), rollout (progressing |
 //    complete | failed | timed out | not tracked), one line per pod, rollback, notes. Exit status 0 when the result
@@ -11825,7 +12311,7 @@ export function formatReport(r: UpgradeReport): string {
 }
 
 // ================================================================================================
-// 28. rollout follow — follows a rollout by kubectl's rules until it completes, fails (a pod stuck in
+// 30. rollout follow — follows a rollout by kubectl's rules until it completes, fails (a pod stuck in
 //    CrashLoopBackOff, ImagePullBackOff…) or ROLLOUT_TIMEOUT passes. A follow is recorded on the workload
 //    (FOLLOW_ANNOTATION) after the answer, so another replica resumes it after a restart, and only the replica that
 //    takes the record off reports its end (claimFollow).
@@ -12060,7 +12546,7 @@ export function rolloutEvent(outcome: RolloutOutcome, container: string): Worklo
 }
 
 // ================================================================================================
-// 29. rollback — ROLLBACK_ON_FAILURE=true: a followed rollout that fails is set back to the image before the push,
+// 31. rollback — ROLLBACK_ON_FAILURE=true: a followed rollout that fails is set back to the image before the push,
 //    with the same tested patch, and that rollout is followed too. A StatefulSet (RollingUpdate) does not replace a
 //    pod stuck on the bad image by itself, so its "forced rollback" deletes, once the controller has observed the
 //    template set back, the pods it owns that still run the image rolled back from and are not ready (uid
@@ -12279,7 +12765,7 @@ export function rollbackObstacle(
 }
 
 // ================================================================================================
-// 30. least privilege — -print-rbac: the Roles and RoleBindings the hooks need, worked out from the hooks themselves
+// 32. least privilege — -print-rbac: the Roles and RoleBindings the hooks need, worked out from the hooks themselves
 //    (namespace, kind and name when the hook fixes them; `resourceNames` wherever it can), so the service account
 //    gets nothing it does not use.
 //    Exports: formatRbac, hookReach, HookReach, upgradeInput.
@@ -12458,7 +12944,7 @@ export function formatRbac(reaches: HookReach[], serviceAccount: string, hooksPa
 }
 
 // ================================================================================================
-// 31. the upgrade — the job /webhooks.sh exists for, as named steps: read the settings, compose the image, decide,
+// 33. the upgrade — the job /webhooks.sh exists for, as named steps: read the settings, compose the image, decide,
 //    patch, record the Event, follow the rollout and roll back when asked, report. UpgradeService is the command
 //    runner's InProcessCommand: one client, one per-workload queue and one set of kept pushes for every push. A push
 //    the API server does not answer is kept and applied when it answers (KeptPushes, answered 202).
@@ -13212,7 +13698,7 @@ export class RolloutFollower implements CommandListener {
 }
 
 // ================================================================================================
-// 32. the result — one record per push (Delivery, in the DeliveryLog): made when its request comes in, completed
+// 34. the result — one record per push (Delivery, in the DeliveryLog): made when its request comes in, completed
 //    as the rollout follower hands on the answer, the rollout's progress and its end, and once final sent to each
 //    ResultChannel in order (the mail, then the chat and JSON receivers), whose outcomes are recorded on it. What
 //    became of the push is its upgrade report's decision (DECISIONS), published as pushResult says; the channels
@@ -13280,7 +13766,7 @@ export interface PushResult {
   receivedAt: Date;
   finishedAt?: Date;
   outcome?: Outcome;
-  /** applied | same image restarted | superseded | refused | held | no-op | failed | ran */
+  /** applied | same image restarted | superseded | refused | skipped by policy | held | no-op | failed | ran */
   decision: string;
   detail: string;
   registry?: string;
@@ -13444,6 +13930,18 @@ export class DeliveryLog {
 }
 
 /**
+ * NOTIFY_ON_SKIP: whether a push the update policy skipped goes to the channels. A value the load let through
+ * (it is fixed in the file, so checked there) is read as its default.
+ */
+function notifyOnSkip(env: Readonly<Record<string, string | undefined>>): boolean {
+  try {
+    return HOOK_SETTINGS.NOTIFY_ON_SKIP.parse(env.NOTIFY_ON_SKIP);
+  } catch {
+    return true;
+  }
+}
+
+/**
  * The result of every push, step by step as the rollout follower hands it on: recorded in the
  * DeliveryLog, and once final sent to each channel in order (the mail, then the chat and JSON
  * receivers), whose outcomes are recorded too.
@@ -13472,6 +13970,7 @@ export class ResultDispatcher implements ResultListener {
   settled(hook: Hook, req: HookRequest, r: CommandResult, report: UpgradeReport | undefined): void {
     const job = mailJob(hook, req, r, report);
     const d = this.log.settled(req, job, report);
+    if (report?.decision === 'skipped by policy' && !notifyOnSkip(job.env)) return;
     for (const channel of this.channels) this.log.sending(d, channel.deliver(d, job));
   }
 
@@ -13494,7 +13993,7 @@ export class ResultDispatcher implements ResultListener {
 }
 
 // ================================================================================================
-// 33. mail — mails a hook's result through the server the MAIL_* variables describe (parseMailConfig; MAIL_TO names
+// 35. mail — mails a hook's result through the server the MAIL_* variables describe (parseMailConfig; MAIL_TO names
 //    the recipients): one mail per push after its rollout's end, at most -max-mails-per-hook per -mail-window, the
 //    rest summed up in one mail. The Mailer is the result's first ResultChannel.
 //    Exports: Mailer, parseMailConfig.
@@ -13759,7 +14258,7 @@ function summaryMail(hookId: string, window: MailWindow, cap: MailCap): { subjec
 }
 
 // ================================================================================================
-// 34. chat & json notifications — a hook's result posted, at the moment its mail goes (after the rollout's end, in
+// 36. chat & json notifications — a hook's result posted, at the moment its mail goes (after the rollout's end, in
 //    the background), to each URL of NOTIFY_URL, in the body NOTIFY_FORMAT names: json (our own document, versioned
 //    by its "schema" field, signed in a header with NOTIFY_SECRET), dingtalk (markdown; NOTIFY_SECRET signs the URL),
 //    wecom (markdown), feishu (a card; NOTIFY_SECRET signs the body) or slack (mrkdwn). Each format is one entry of
@@ -14225,7 +14724,7 @@ export class Notifier implements ResultChannel {
 }
 
 // ================================================================================================
-// 35. deliveries page — what the last pushes did, on the admin listener (never the hook port): the records of the
+// 37. deliveries page — what the last pushes did, on the admin listener (never the hook port): the records of the
 //    result's DeliveryLog (the last -deliveries pushes, newest first, as far as each has got). /deliveries lists
 //    them (refreshing itself while a push is still running); /deliveries/<n> is one push's full report and pods;
 //    /deliveries.json and /deliveries/<n>.json carry the same as JSON (entries in the shape of NOTIFY_FORMAT=json).
@@ -14386,7 +14885,7 @@ export function deliveryPages(log: DeliveryLog, token: string): AdminPages {
 }
 
 // ================================================================================================
-// 36. -validate & -print-rbac — the commands that read the hooks and exit: -validate describes every hook (its rule,
+// 38. -validate & -print-rbac — the commands that read the hooks and exit: -validate describes every hook (its rule,
 //    parameters, answer, upgrade and notifications) and says what is wrong, -print-rbac prints the least-privilege
 //    RBAC; both load the hooks exactly as the service does (hookLoadSettings).
 //    Exports: hookLoadSettings, printRbac, validate.
@@ -14545,6 +15044,7 @@ function describeUpgrade(hook: Hook, inserted: Set<string>): string[] {
     input('APP_CONTAINER', 'container'),
     input('REPO_TYPE', 'registry type'),
     input('MAIL_TO', 'mail to'),
+    describePolicy(hook),
     describeOutsideChange(hook),
     ...describeNotifications(hook),
   ];
@@ -14558,6 +15058,14 @@ function describeOutsideChange(hook: Hook): string {
   return mode === 'hold'
     ? `outside changes: held (${given}): once the image is changed outside webhook, only a newer push is applied`
     : `outside changes: followed (${given}): every push is applied, whoever changed the image`;
+}
+
+/** The hook's update policy (UPDATE_POLICY, fixed in the file and checked at load), and what overrides it. */
+function describePolicy(hook: Hook): string {
+  const value = upgradeInput(hook, 'UPDATE_POLICY');
+  const shown = typeof value === 'string' && value.trim() !== '' ? value.trim() : 'all (the default: any tag)';
+  const annotations = `${POLICY_ANNOTATION}, ${POLICY_ANNOTATION}.<container>`;
+  return `policy: ${shown}; the workload's annotations ${annotations} override it`;
 }
 
 /** Where a hook's results are posted (NOTIFY_URL): each format and host, never the rest of a URL. */
@@ -14656,7 +15164,7 @@ async function printRbac(o: Options, env: Record<string, string | undefined>): P
 }
 
 // ================================================================================================
-// 37. main — wires the chapters together; the only place with process-wide side effects (signals, pid file, listening
+// 39. main — wires the chapters together; the only place with process-wide side effects (signals, pid file, listening
 //    sockets, exit codes).
 //    Tests: test/image.test.ts, test/memory.test.ts, test/runner.test.ts, test/start.test.ts.
 // ================================================================================================

@@ -118,6 +118,26 @@ describe('charts/webhook', { skip: helm ? false : 'no helm' }, () => {
     assert.match(withCrd, /kind: ServiceMonitor[\s\S]*path: \/metrics/);
   });
 
+  test('updatePolicy is the UPDATE_POLICY of every hook that sets no policy of its own; empty sets none', async () => {
+    const hooks = [
+      { id: 'web', namespace: 'prod', workload: 'deployment/web', container: 'app' },
+      { id: 'api', namespace: 'prod', workload: 'deployment/api', container: 'app', policy: 'glob:release-*' },
+    ];
+    const policies = async (values: object) => {
+      const out = await runHelm(['template', 'r', CHART, '-f', writeValues({ hooks, ...values })]);
+      const configMap = out.split(/^---$/m).map((d) => parseYaml(d).value as any).find((o) => o?.kind === 'ConfigMap');
+      return Object.fromEntries(Object.entries(configMap.data as Record<string, string>).map(([file, text]) => {
+        const env = JSON.parse(text)[0]['pass-environment-to-command'];
+        return [file, env.filter((e: any) => e.envname === 'UPDATE_POLICY')];
+      }));
+    };
+    assert.deepEqual(await policies({ updatePolicy: 'semver:^1.4' }), {
+      'web.json': [{ envname: 'UPDATE_POLICY', source: 'string', name: 'semver:^1.4' }],
+      'api.json': [{ envname: 'UPDATE_POLICY', source: 'string', name: 'glob:release-*' }],
+    });
+    assert.deepEqual(await policies({}), { 'web.json': [], 'api.json': [{ envname: 'UPDATE_POLICY', source: 'string', name: 'glob:release-*' }] });
+  });
+
   test("the NetworkPolicy: Rancher's namespaces by default, the operator's from the values, an empty list opens its port, off when disabled", async () => {
     const policy = async (values: object) => {
       const out = await runHelm(['template', 'r', CHART, '--show-only', 'templates/networkpolicy.yaml', '-f', writeValues(values)]);

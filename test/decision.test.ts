@@ -82,8 +82,10 @@ describe('the decision of a push', () => {
     const published = Object.fromEntries(Object.entries(DECISIONS).map(([code, d]) => [code, d.published]));
     assert.deepEqual(published, {
       applied: 'applied', 're-pulled': 'same image restarted', superseded: 'no-op', repeat: 'no-op', 'no-op': 'no-op',
-      refused: 'refused', held: 'held', failed: 'failed', kept: 'no-op',
+      refused: 'refused', 'skipped by policy': 'skipped by policy', held: 'held', failed: 'failed', kept: 'no-op',
     });
+    const skipped = { ...base(), decision: 'skipped by policy' as const, action: 'none (policy: v2.0.0 is outside semver:^1 of deployment/web)' };
+    assert.deepEqual([result(skipped).decision, result(skipped).detail], ['skipped by policy', 'policy: v2.0.0 is outside semver:^1 of deployment/web']);
     // The action's text once a failed rollout is rolled back does not make an applied push anything else.
     const rolledBack = { ...base(), decision: 'applied' as const, changed: true, action: 'image updated, then rolled back to x' };
     assert.equal(result(rolledBack).decision, 'applied');

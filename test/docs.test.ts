@@ -21,6 +21,7 @@ const DOC_PAGES = [
   'hooks.md',
   'registries.md',
   'upgrade.md',
+  'policies.md',
   'notifications.md',
   'security.md',
   'migrating.md',

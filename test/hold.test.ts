@@ -24,8 +24,9 @@ import {
 
 describe('compareSemverTags', () => {
   test("semver 2.0.0's precedence chain, with or without v; build metadata ignored", () => {
+    // The semver chapter's numbers stop at Number.MAX_SAFE_INTEGER, as npm's do.
     const chain = ['1.0.0-alpha', '1.0.0-alpha.1', '1.0.0-alpha.beta', '1.0.0-beta', '1.0.0-beta.2', '1.0.0-beta.11',
-      '1.0.0-rc.1', '1.0.0', '1.0.1', '1.1.0', '2.0.0', '2.1.0', '2.1.1', '10.0.0', '99999999999999999999.0.0'];
+      '1.0.0-rc.1', '1.0.0', '1.0.1', '1.1.0', '2.0.0', '2.1.0', '2.1.1', '10.0.0', '9007199254740991.0.0'];
     for (let i = 0; i < chain.length; i++)
       for (let j = 0; j < chain.length; j++)
         assert.equal(compareSemverTags(i % 2 ? `v${chain[i]}` : chain[i], chain[j]), Math.sign(i - j), `${chain[i]} vs ${chain[j]}`);

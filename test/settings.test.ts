@@ -54,8 +54,11 @@ describe('what comes from the table', () => {
     const checks = fixedSettingChecks();
     assert.deepEqual(
       Object.keys(checks).toSorted(),
-      ['ALLOW_IMAGES', 'NOTIFY_FORMAT', 'NOTIFY_SECRET', 'NOTIFY_URL', 'ON_OUTSIDE_CHANGE', 'REGISTRY_HOST', 'REGISTRY_TOKEN_HOSTS'],
+      ['ALLOW_IMAGES', 'NOTIFY_FORMAT', 'NOTIFY_ON_SKIP', 'NOTIFY_SECRET', 'NOTIFY_URL', 'ON_OUTSIDE_CHANGE', 'REGISTRY_HOST', 'REGISTRY_TOKEN_HOSTS', 'UPDATE_POLICY'],
     );
+    assert.match(checks.UPDATE_POLICY('newest') ?? '', /^UPDATE_POLICY "newest" is not a policy: not one of all, semver:<range>/);
+    assert.equal(checks.UPDATE_POLICY('semver:^1.4'), undefined);
+    assert.match(checks.NOTIFY_ON_SKIP('maybe') ?? '', /^NOTIFY_ON_SKIP "maybe" is not a boolean/);
     assert.match(checks.REGISTRY_TOKEN_HOSTS('https://auth.example.com') ?? '', /^REGISTRY_TOKEN_HOSTS item 1 .* is not a host name/);
     assert.equal(checks.NOTIFY_URL(''), 'NOTIFY_URL is empty');
     assert.equal(checks.NOTIFY_SECRET('anything'), undefined);

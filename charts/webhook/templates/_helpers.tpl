@@ -79,7 +79,7 @@ the environment variable holding the hook's token.
 {{- end -}}
 {{- $_ := set $vars $var true -}}
 {{- end -}}
-{{- $out = append $out (dict "id" $id "namespace" $h.namespace "workload" $h.workload "kind" $kind "name" (last $parts) "container" $h.container "registryType" $type "networkType" $net "mailTo" (default "" $h.mailTo) "tokenVar" $var) -}}
+{{- $out = append $out (dict "id" $id "namespace" $h.namespace "workload" $h.workload "kind" $kind "name" (last $parts) "container" $h.container "registryType" $type "networkType" $net "mailTo" (default "" $h.mailTo) "policy" (default (default "" $.Values.updatePolicy) $h.policy) "tokenVar" $var) -}}
 {{- end -}}
 {{- toJson $out -}}
 {{- end -}}
@@ -104,6 +104,9 @@ workload and container. The token is read when the file is loaded ({{ getenv "â€
 {{- end -}}
 {{- if .mailTo -}}
 {{- $env = append $env (dict "envname" "MAIL_TO" "source" "string" "name" .mailTo) -}}
+{{- end -}}
+{{- if .policy -}}
+{{- $env = append $env (dict "envname" "UPDATE_POLICY" "source" "string" "name" .policy) -}}
 {{- end -}}
 {{- $match := list (list (printf "{{ getenv %q }}" .tokenVar) "token") (list .namespace "ns") (list .workload "workload") (list .container "container") -}}
 {{- $rules := list -}}
