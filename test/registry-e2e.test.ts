@@ -26,6 +26,7 @@ import {
   clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor, namespacedGetter, pushedState,
   removeNamespace,
 } from './cluster/kube.ts';
+import { registryHook } from './upgrade-hooks.ts';
 
 const REPO = path.join(import.meta.dirname, '..');
 const FIXTURES = path.join(REPO, 'test', 'fixtures', 'upgrade');
@@ -40,25 +41,6 @@ const SECRETS = {
 };
 const cluster = await clusterOrSkip();
 
-/** The upgrade hook as the README shows it for each registry: the payload, then the request's headers. */
-function upgradeHook(id: string, rule: object, repoType?: string): object {
-  const env = [
-    { envname: 'APP_NS', source: 'url', name: 'ns' },
-    { envname: 'APP_WORKLOAD', source: 'url', name: 'workload' },
-    { envname: 'APP_CONTAINER', source: 'url', name: 'container' },
-    repoType ? { envname: 'REPO_TYPE', source: 'string', name: repoType } : { envname: 'REPO_TYPE', source: 'url', name: 'repo_type' },
-  ];
-  return {
-    id,
-    'execute-command': path.join(REPO, 'webhooks.sh'),
-    'include-command-output-in-response': true,
-    'include-command-output-in-response-on-error': true,
-    'trigger-rule-mismatch-http-response-code': 401,
-    'pass-arguments-to-command': [{ source: 'entire-payload' }, { source: 'entire-headers' }],
-    'pass-environment-to-command': env,
-    'trigger-rule': rule,
-  };
-}
 
 function withEnv(hook: object, env: Record<string, string>): object {
   const h = hook as Record<string, unknown[]>;
@@ -75,15 +57,15 @@ function hooksFile(): string {
   const dir = makeTempDir('registry-e2e-hooks-');
   const file = path.join(dir, 'hooks.json');
   fs.writeFileSync(file, JSON.stringify([
-    upgradeHook('distribution', headerValue('Authorization', 'REGISTRY_AUTH'), 'distribution'),
-    upgradeHook('harbor', headerValue('Authorization', 'HARBOR_AUTH'), 'harbor'),
-    upgradeHook('ghcr', { match: { type: 'payload-hmac-sha256', secret: '{{ getenv "GITHUB_SECRET" }}', parameter: { source: 'header', name: 'X-Hub-Signature-256' } } }, 'ghcr'),
-    upgradeHook('azure', urlToken, 'azure'),
+    registryHook('distribution', headerValue('Authorization', 'REGISTRY_AUTH'), 'distribution'),
+    registryHook('harbor', headerValue('Authorization', 'HARBOR_AUTH'), 'harbor'),
+    registryHook('ghcr', { match: { type: 'payload-hmac-sha256', secret: '{{ getenv "GITHUB_SECRET" }}', parameter: { source: 'header', name: 'X-Hub-Signature-256' } } }, 'ghcr'),
+    registryHook('azure', urlToken, 'azure'),
     // Event Grid's CloudEvents schema validates an endpoint with OPTIONS first (abuse protection).
-    { ...upgradeHook('azure-cloudevents', urlToken, 'cloudevents'), 'http-methods': ['POST', 'OPTIONS'],
+    { ...registryHook('azure-cloudevents', urlToken, 'cloudevents'), 'http-methods': ['POST', 'OPTIONS'],
       'response-headers': [{ name: 'WebHook-Allowed-Origin', value: 'eventgrid.azure.net' }] },
-    upgradeHook('gitea', { match: { type: 'payload-hmac-sha256', secret: '{{ getenv "GITEA_SECRET" }}', parameter: { source: 'header', name: 'X-Gitea-Signature' } } }, 'gitea'),
-    withEnv(upgradeHook('nexus', { match: { type: 'payload-hmac-sha1', secret: '{{ getenv "NEXUS_SECRET" }}', parameter: { source: 'header', name: 'X-Nexus-Webhook-Signature' } } }, 'nexus'),
+    registryHook('gitea', { match: { type: 'payload-hmac-sha256', secret: '{{ getenv "GITEA_SECRET" }}', parameter: { source: 'header', name: 'X-Gitea-Signature' } } }, 'gitea'),
+    withEnv(registryHook('nexus', { match: { type: 'payload-hmac-sha1', secret: '{{ getenv "NEXUS_SECRET" }}', parameter: { source: 'header', name: 'X-Nexus-Webhook-Signature' } } }, 'nexus'),
       { REGISTRY_HOST: 'nexus.example.com:8082' }),
   ], null, 1));
   return file;
@@ -104,7 +86,7 @@ async function verifiedService(ns: string, work: string, auth?: { user: string; 
   });
   const caFile = path.join(work, 'registry-ca.pem');
   fs.writeFileSync(caFile, registry.caPem!);
-  const hook = withEnv(upgradeHook('verified', headerValue('Authorization', 'REGISTRY_AUTH'), 'distribution'), { VERIFY_IMAGE: 'true', REGISTRY_CA: caFile });
+  const hook = withEnv(registryHook('verified', headerValue('Authorization', 'REGISTRY_AUTH'), 'distribution'), { VERIFY_IMAGE: 'true', REGISTRY_CA: caFile });
   fs.writeFileSync(path.join(work, 'hooks.json'), JSON.stringify([hook]));
   const s = await spawnWebhook({ hooks: path.join(work, 'hooks.json'), env: { WEBHOOK_CMD: '-template', KUBECONFIG: cluster!.kubeconfigPath, ...SECRETS } }, port);
   await waitFor(async () => (await httpRequest(port, '/').catch(() => undefined))?.status === 200, { timeoutMs: 10_000, what: 'the service' });
@@ -347,7 +329,7 @@ describe('VERIFY_IMAGE against a real registry with htpasswd over TLS', { skip: 
     await kubectl(['-n', ns, 'create', 'secret', 'generic', 'unrelated', '--from-literal=k=v']);
     const dir = makeTempDir('registry-verify-rbac-');
     const pinned = (name: string, value: string) => ({ match: { type: 'value', value, parameter: { source: 'url', name } } });
-    const hook = upgradeHook('verified', { and: [pinned('ns', ns), pinned('workload', 'deployment/web')] }, 'distribution') as Record<string, unknown[]>;
+    const hook = registryHook('verified', { and: [pinned('ns', ns), pinned('workload', 'deployment/web')] }, 'distribution') as Record<string, unknown[]>;
     hook['pass-environment-to-command'].push({ envname: 'VERIFY_IMAGE', source: 'string', name: 'true' });
     fs.writeFileSync(path.join(dir, 'hooks.json'), JSON.stringify([hook]));
     const { execFileSync } = await import('node:child_process');

@@ -6,6 +6,7 @@
 import { createHmac } from 'node:crypto';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
+import { registryHook } from './upgrade-hooks.ts';
 
 export const SIGNED_SECRET = 'ghcr-signing-secret-7c2e51';
 const REPO = path.join(import.meta.dirname, '..');
@@ -34,21 +35,8 @@ export function signature(body: string, secret = SIGNED_SECRET): string {
 
 /** The GHCR recipe's hook, for deployment/web's container app in `ns` (none: the upgrade fails at its first call). */
 export function signedHook(id = 'ghcr'): object {
-  return {
-    id,
-    'execute-command': path.join(REPO, 'webhooks.sh'),
-    'include-command-output-in-response': true,
-    'include-command-output-in-response-on-error': true,
-    'trigger-rule-mismatch-http-response-code': 401,
-    'pass-arguments-to-command': [{ source: 'entire-payload' }, { source: 'entire-headers' }],
-    'pass-environment-to-command': [
-      { envname: 'APP_NS', source: 'url', name: 'ns' },
-      { envname: 'APP_WORKLOAD', source: 'url', name: 'workload' },
-      { envname: 'APP_CONTAINER', source: 'url', name: 'container' },
-      { envname: 'REPO_TYPE', source: 'string', name: 'ghcr' },
-    ],
-    'trigger-rule': { match: { type: 'payload-hmac-sha256', secret: SIGNED_SECRET, parameter: { source: 'header', name: 'X-Hub-Signature-256' } } },
-  };
+  const rule = { match: { type: 'payload-hmac-sha256', secret: SIGNED_SECRET, parameter: { source: 'header', name: 'X-Hub-Signature-256' } } };
+  return registryHook(id, rule, 'ghcr');
 }
 
 export const SIGNED_PATH = '/hooks/ghcr?ns=prod&workload=deployment/web&container=app';

@@ -34,6 +34,24 @@ export function upgradeHookGuardedBy(id: string, rule: object, settings: Record<
   };
 }
 
+/**
+ * The upgrade hook as docs/registries.md shows it for each registry: the payload, then the request's
+ * headers (registries that identify themselves by headers); REPO_TYPE fixed, or from the URL.
+ */
+export function registryHook(id: string, rule: object, repoType?: string): object {
+  const target = repoType ? [...TARGET_FROM_URL.slice(0, 3), ...fixedSettings({ REPO_TYPE: repoType })] : TARGET_FROM_URL;
+  return {
+    id,
+    'execute-command': path.join(REPO, 'webhooks.sh'),
+    'include-command-output-in-response': true,
+    'include-command-output-in-response-on-error': true,
+    'trigger-rule-mismatch-http-response-code': 401,
+    'pass-arguments-to-command': [{ source: 'entire-payload' }, { source: 'entire-headers' }],
+    'pass-environment-to-command': [...target],
+    'trigger-rule': rule,
+  };
+}
+
 export function upgradeHook(id: string, token: string, settings: Record<string, string> = {}): object {
   return upgradeHookGuardedBy(id, { match: { type: 'value', value: token, parameter: { source: 'url', name: 'token' } } }, settings);
 }
