@@ -3049,7 +3049,7 @@ export class TokenBucket {
   /** Reserves one request: the ms to wait before sending it, or undefined when over maxWaitMs. */
   reserve(maxWaitMs: number): number | undefined {
     const now = this.now();
-    const tokens = Math.min(this.burst, this.tokens + ((now - this.updatedAt) * this.perSecond) / 1000);
+    const tokens = this.available(now);
     const wait = tokens >= 1 ? 0 : ((1 - tokens) * 1000) / this.perSecond;
     if (wait > maxWaitMs) return undefined;
     this.tokens = tokens - 1;
@@ -3063,11 +3063,16 @@ export class TokenBucket {
    */
   takeAbove(headroom: number): number {
     const now = this.now();
-    const tokens = Math.min(this.burst, this.tokens + ((now - this.updatedAt) * this.perSecond) / 1000);
+    const tokens = this.available(now);
     if (tokens < 1 + headroom) return ((1 + headroom - tokens) * 1000) / this.perSecond;
     this.tokens = tokens - 1;
     this.updatedAt = now;
     return 0;
+  }
+
+  /** The tokens there are at `now`: those left, refilled at perSecond since, up to burst (or a debt). */
+  private available(now: number): number {
+    return Math.min(this.burst, this.tokens + ((now - this.updatedAt) * this.perSecond) / 1000);
   }
 }
 
@@ -8625,11 +8630,14 @@ export function parsePushHeaders(text: string | undefined): PushHeaders {
   return out;
 }
 
-/** A boolean hook setting (PIN_DIGEST): unset is false, else Go's ParseBool spellings. */
-function parseBoolSetting(name: string, value: string | undefined): boolean {
+/**
+ * A boolean hook setting (PIN_DIGEST, VERIFY_IMAGE, ROLLBACK_ON_FAILURE…): unset or blank is false, else
+ * Go's ParseBool spellings; `use` ends the message, as each setting has always worded it.
+ */
+function parseBoolSetting(name: string, value: string | undefined, use = 'use true or false'): boolean {
   if (value === undefined || value.trim() === '') return false;
   const v = parseGoBool(value.trim());
-  if (v === undefined) throw new Error(`${name} ${showValue(value)} is not a boolean (use true or false)`);
+  if (v === undefined) throw new Error(`${name} ${showValue(value)} is not a boolean (${use})`);
   return v;
 }
 
@@ -9930,8 +9938,8 @@ function problemOf(check: () => unknown): string | undefined {
 //    LocatedContainer, missingContainerMessage, newReport, numberAt, orList, ownedBy, parseWorkload, PayloadError,
 //    PlannedChange, planPatch, PodSummary, readWorkload, recordEventQuietly, recordWorkloadEvent, RollbackOutcome,
 //    RolloutOutcome, rolloutStatus, roundedToSeconds, STUCK_REASONS, summarizePod, UPGRADE_LIMITS, UpgradeDeps,
-//    UpgradeError, UpgradeReport, valueAt, WORKLOAD_KINDS, WorkloadEvent, WorkloadKind, workloadPods, WorkloadQueue,
-//    workloadResource, WorkloadTarget.
+//    UpgradeError, UpgradeReport, valueAt, whyNone, WORKLOAD_KINDS, WorkloadEvent, WorkloadKind, workloadPods,
+//    WorkloadQueue, workloadResource, WorkloadTarget.
 //    Tests: test/decision.test.ts, test/e2e.test.ts, test/policy.test.ts, test/records.test.ts, test/rolling.test.ts,
 //    test/upgrade.test.ts.
 // ================================================================================================
@@ -10584,6 +10592,11 @@ export const DECISIONS = {
 } as const;
 export type Decision = keyof typeof DECISIONS;
 
+/** Why a push changed nothing, from its action's text `none (<why>)`; any other action as it is. */
+export function whyNone(action: string): string {
+  return action.replace(/^none \((.*)\)$/, '$1');
+}
+
 export interface UpgradeReport {
   /** What became of the push; `action` is its text in the answer. */
   decision: Decision;
@@ -10964,15 +10977,6 @@ function dnsLabelSetting(name: string, what: string, parameter: string) {
   };
 }
 
-/** A boolean of the upgrade: unset or blank is false, else Go's ParseBool spellings; `use` ends the message. */
-function upgradeBoolean(name: string, use: string) {
-  return (value: string | undefined): boolean => {
-    const v = parseGoBool(value?.trim() || 'false');
-    if (v === undefined) throw new UpgradeError(`${name} ${showValue(value ?? '')} is not a boolean (${use})`);
-    return v;
-  };
-}
-
 /** ROLLOUT_TIMEOUT: a Go duration; unset or blank is 0 (the push is not followed). */
 function rolloutTimeoutSetting(value: string | undefined): number {
   if (!value?.trim()) return 0;
@@ -11216,7 +11220,7 @@ export const HOOK_SETTINGS = {
     default: 'false',
     validation: 'Go booleans: true, false, 1, 0, t, f (any case)',
     meaning: 'Before the patch, resolve the tag on its registry and deploy repo:tag@sha256:… (the digest it has).',
-    parse: upgradeBoolean('VERIFY_IMAGE', 'use true or false'),
+    parse: (value: string | undefined) => parseBoolSetting('VERIFY_IMAGE', value),
   }),
   REGISTRY_CA: setting({
     type: 'PEM or file path',
@@ -11255,7 +11259,7 @@ export const HOOK_SETTINGS = {
     default: 'false',
     validation: 'Go booleans: true, false, 1, 0, t, f (any case)',
     meaning: 'A followed rollout that fails is rolled back to the image the container ran before the push.',
-    parse: upgradeBoolean('ROLLBACK_ON_FAILURE', 'true or false'),
+    parse: (value: string | undefined) => parseBoolSetting('ROLLBACK_ON_FAILURE', value, 'true or false'),
   }),
   // -- telling people
   MAIL_TO: setting({
@@ -12224,7 +12228,7 @@ async function outsideChangeHolds(
     throw new UpgradeError(hold.message);
   }
   decide(report, 'held', hold.action, container.image);
-  const message = `container ${s.container}: ${push.image} ${hold.action.replace(/^none \((.*)\)$/, '$1')}${asked}`;
+  const message = `container ${s.container}: ${push.image} ${whyNone(hold.action)}${asked}`;
   await recordEventQuietly(client, target, { type: 'Warning', reason: 'UpgradeHeld', message }, now, report);
   return true;
 }
@@ -12768,7 +12772,7 @@ export function rollbackObstacle(
 // 32. least privilege — -print-rbac: the Roles and RoleBindings the hooks need, worked out from the hooks themselves
 //    (namespace, kind and name when the hook fixes them; `resourceNames` wherever it can), so the service account
 //    gets nothing it does not use.
-//    Exports: formatRbac, hookReach, HookReach, upgradeInput.
+//    Exports: fixedInput, fixedTrue, formatRbac, hookReach, HookReach, upgradeInput.
 //    Tests: test/chart.test.ts, test/deploy.test.ts, test/unit.test.ts.
 // ================================================================================================
 
@@ -12811,6 +12815,17 @@ export function upgradeInput(hook: Hook, envname: string): string | Param | unde
   return pin ? pin.pinned! : p;
 }
 
+/** An upgrade input's value when the hook fixes it (a literal, or a parameter a value rule pins). */
+function fixedInput(hook: Hook, envname: string): string | undefined {
+  const v = upgradeInput(hook, envname);
+  return typeof v === 'string' ? v : undefined;
+}
+
+/** Whether the hook fixes a boolean input to true (ROLLBACK_ON_FAILURE, VERIFY_IMAGE); anything else is not. */
+function fixedTrue(hook: Hook, envname: string): boolean {
+  return parseGoBool(fixedInput(hook, envname)?.trim() ?? '') === true;
+}
+
 /** An upgrade input's one value, or a string saying where it comes from. */
 function pinnedInput(hook: Hook, envname: string): { value: string } | { from: string } | undefined {
   const v = upgradeInput(hook, envname);
@@ -12840,12 +12855,8 @@ export function hookReach(hook: Hook): HookReach | undefined {
     };
   }
   if (!DNS_LABEL.test(ns.value)) return { ...reach, open: `APP_NS ${showValue(ns.value)} is not a namespace name` };
-  const fixedTrue = (envname: string) => {
-    const input = pinnedInput(hook, envname);
-    return input !== undefined && 'value' in input && parseGoBool(input.value.trim()) === true;
-  };
-  const verifyImage = fixedTrue('VERIFY_IMAGE');
-  const rollbackOnFailure = fixedTrue('ROLLBACK_ON_FAILURE');
+  const verifyImage = fixedTrue(hook, 'VERIFY_IMAGE');
+  const rollbackOnFailure = fixedTrue(hook, 'ROLLBACK_ON_FAILURE');
   try {
     return {
       ...reach,
@@ -13302,12 +13313,6 @@ const RECORDED_REQUEST_ID = /^[\x21-\x7e]{1,256}$/;
 /** A follow record's deadline as followToRecord writes it (toISOString). */
 const RECORDED_DEADLINE = /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,3})?Z$/;
 
-/** An upgrade input's value when the hook fixes it (a literal, or a parameter a value rule pins). */
-function fixedInput(hook: Hook, envname: string): string | undefined {
-  const v = upgradeInput(hook, envname);
-  return typeof v === 'string' ? v : undefined;
-}
-
 /**
  * Why a follow record on a workload is not resumed for the hook it names (found among the hooks
  * that fix this workload, else undefined), or undefined when it is. Pure.
@@ -13333,7 +13338,7 @@ function followRecordProblem(
 /** What a resumed follow takes from its hook as loaded now. The pin settings were checked at load. */
 function resumeSettings(hook: Hook): { mailTo: string | undefined; rollbackOnFailure: boolean; imagePin: ImagePin } {
   const mailTo = fixedInput(hook, 'MAIL_TO')?.trim() || undefined;
-  const rollbackOnFailure = parseGoBool(fixedInput(hook, 'ROLLBACK_ON_FAILURE')?.trim() ?? '') === true;
+  const rollbackOnFailure = fixedTrue(hook, 'ROLLBACK_ON_FAILURE');
   let imagePin: ImagePin;
   try {
     imagePin = readImagePin({
@@ -13788,7 +13793,7 @@ function decisionOf(job: MailJob, report: UpgradeReport | undefined): { decision
   const decision = DECISIONS[report.decision].published;
   if (report.decision === 'refused' || report.decision === 'failed') return { decision, detail: report.error ?? '' };
   // The detail of a push that changed nothing is why: the action's text is `none (<why>)`.
-  return { decision, detail: report.changed ? report.action : report.action.replace(/^none \((.*)\)$/, '$1') };
+  return { decision, detail: report.changed ? report.action : whyNone(report.action) };
 }
 
 /** The result of a push from its job and report (final, or as known so far). Pure. */
