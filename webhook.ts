@@ -8846,8 +8846,11 @@ function checkedRepository(value: string, field: string): string {
   return value;
 }
 
-/** Harbor's push (default format at event_data, CloudEvents format at data): one event per tagged resource. */
-function harborPush(p: PayloadFields, s: RegistrySettings, base: string, pushedAt: string): Reading {
+/**
+ * Harbor's push (default format at event_data, CloudEvents format at data): one event per tagged resource.
+ * `sender` names the registry in messages (TCR Enterprise sends Harbor's default format).
+ */
+function harborPush(p: PayloadFields, s: RegistrySettings, base: string, pushedAt: string, sender = 'Harbor'): Reading {
   const pushes: PushEvent[] = [];
   const resources = fieldAt(base, 'resources');
   for (let i = 0; i < p.count(resources); i++) {
@@ -8861,7 +8864,7 @@ function harborPush(p: PayloadFields, s: RegistrySettings, base: string, pushedA
     const repository = fullName
       ? p.repository(fieldAt(base, 'repository.repo_full_name'), 'the project/repository')
       : checkedRepository(address?.path ?? '', `${r}.resource_url`);
-    const host = pushHost(s, address?.host, `${r}.resource_url ${showValue(url ?? '')}`, 'Harbor');
+    const host = pushHost(s, address?.host, `${r}.resource_url ${showValue(url ?? '')}`, sender);
     pushes.push({
       host,
       repository,
@@ -9155,7 +9158,8 @@ function customRegistryAddress(repoUrl: string): string {
 // ================================================================================================
 // 22. cloud registry payloads — the clouds' own registries, whose pushes arrive as their event buses' events: AWS ECR
 //    (an EventBridge "ECR Image Action" event sent by an API destination, or its CloudEvents form), Google Artifact
-//    Registry (a Pub/Sub push envelope whose message.data is the base64 of {action, digest, tag}); CloudEvents 1.0
+//    Registry (a Pub/Sub push envelope whose message.data is the base64 of {action, digest, tag}), Tencent Cloud TCR
+//    Enterprise (its trigger sends Harbor's default format, pushImage, from a tencentcloudcr.com host); CloudEvents 1.0
 //    (structured, binary, or a batch), whose types name the reader of their data; and REGISTRIES, the table of every
 //    registry a hook's REPO_TYPE names, which comes last because it names every reader. REPO_TYPE=auto recognises a
 //    payload by its shape alone, each registry by fields no other sends (recognisedRepoType says which it chose).
@@ -9331,6 +9335,31 @@ function garRead(p: PayloadFields, s: RegistrySettings): Reading {
   };
 }
 
+// ---- Tencent Cloud TCR ---------------------------------------------------------------------------
+
+// A TCR Enterprise instance's own domain, <instance>.tencentcloudcr.com, as its trigger's resource_url names it.
+const TCR_HOST = /^[a-z0-9][a-z0-9-]*\.tencentcloudcr\.com$/;
+// The trigger action of an image push, as TCR's trigger logs and trigger API name it (Harbor 1.x's name).
+const TCR_PUSH = 'pushImage';
+
+/** A TCR Enterprise trigger's delivery: Harbor's default format whose resources are on a tencentcloudcr.com host. */
+function isTcrDelivery(p: PayloadFields): boolean {
+  const resources = p.has('event_data') && p.value('event_data.resources');
+  if (!Array.isArray(resources)) return false;
+  return resources.some(
+    (r) =>
+      isObject(r) && typeof r.resource_url === 'string' && TCR_HOST.test(splitImageAddress(r.resource_url).host ?? ''),
+  );
+}
+
+/** TCR Enterprise's trigger (触发器): a pushImage announces the pushed tags, one push per tagged resource. */
+function tcrRead(p: PayloadFields, s: RegistrySettings): Reading {
+  const type = p.required('type', `the trigger action, ${showValue(TCR_PUSH)} for an image push`);
+  if (type !== TCR_PUSH) return { noop: `TCR trigger action ${showValue(type)} is not an image push (${TCR_PUSH})` };
+  if (!p.has('event_data')) throw new Error('event_data is missing (the pushed resources and their repository)');
+  return harborPush(p, s, 'event_data', p.time('occur_at'), 'TCR');
+}
+
 // ---- CloudEvents ----------------------------------------------------------------------------------
 
 /** The CloudEvents types whose data this receiver reads, by type: the reader of the data at `base`. */
@@ -9458,7 +9487,9 @@ const REGISTRIES: Record<string, Registry> = {
     sender: 'Harbor',
     recognise: {
       looksFor: 'event_data.resources, or a CloudEvent of type harbor.*',
-      test: (p) => p.has('event_data.resources') || /^harbor\./.test(String(p.has('specversion') && p.value('type'))),
+      test: (p) =>
+        (p.has('event_data.resources') && !isTcrDelivery(p)) ||
+        /^harbor\./.test(String(p.has('specversion') && p.value('type'))),
     },
     read: harborRead,
   },
@@ -9542,6 +9573,14 @@ const REGISTRIES: Record<string, Registry> = {
       test: (p) => p.has('message.data') && p.has('subscription'),
     },
     read: garRead,
+  },
+  tcr: {
+    sender: 'Tencent Cloud TCR Enterprise Edition (a trigger, 触发器)',
+    recognise: {
+      looksFor: 'event_data.resources whose resource_url is on a <instance>.tencentcloudcr.com host',
+      test: isTcrDelivery,
+    },
+    read: tcrRead,
   },
   cloudevents: {
     sender: 'a CloudEvents 1.0 producer (structured or binary mode, or a batch)',

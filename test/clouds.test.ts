@@ -1,5 +1,6 @@
 /*
- * The clouds' own registries (AWS ECR, Google Artifact Registry), Event Grid's short type names and CloudEvents
+ * The clouds' own registries (AWS ECR, Google Artifact Registry, Tencent Cloud TCR Enterprise), Event Grid's short
+ * type names and CloudEvents
  * batches, GitHub's earlier package shape, and REPO_TYPE=auto telling every fixture apart. The readers are pure and
  * tested on the fixtures (fixtures/upgrade, sources in its README); then each format goes through the built
  * executable on the real test cluster, as test/registry-e2e.test.ts sends the other registries' documented payloads:
@@ -31,7 +32,7 @@ const compose = (payload: unknown, type: string) => composeImageRef(payload, { R
 const OWN_TYPE: [RegExp, string][] = [
   [/^acr-/, 'regionalregistry'], [/^dockerhub-/, 'publicregistry'], [/^custom-/, 'custom'], [/^harbor-/, 'harbor'],
   [/^quay-/, 'quay'], [/^ghcr-/, 'ghcr'], [/^azure-/, 'azure'], [/^distribution-/, 'distribution'], [/^jfrog-/, 'jfrog'],
-  [/^nexus-/, 'nexus'], [/^gitea-/, 'gitea'], [/^ecr-/, 'ecr'], [/^gar-/, 'gar'],
+  [/^nexus-/, 'nexus'], [/^gitea-/, 'gitea'], [/^ecr-/, 'ecr'], [/^gar-/, 'gar'], [/^tcr-/, 'tcr'],
 ];
 
 describe('REPO_TYPE=auto on every fixture', () => {
@@ -46,7 +47,7 @@ describe('REPO_TYPE=auto on every fixture', () => {
       if (got !== own) wrong.push(`${file}: ${got}, not ${own}`);
     }
     assert.deepEqual(wrong, []);
-    for (const type of ['ecr', 'gar']) assert.ok(REPO_TYPES.includes(type), type);
+    for (const type of ['ecr', 'gar', 'tcr']) assert.ok(REPO_TYPES.includes(type), type);
   });
   test('an ECR CloudEvent is ECR\'s, a CloudEvents batch of other types is not taken for Event Grid', () => {
     const ecr = fixture('ecr-cloudevents-push.json');
@@ -96,6 +97,22 @@ describe('ECR, Artifact Registry, Event Grid and GHCR readers', () => {
     const deleted = batch.map((e: { type: string }) => ({ ...e, type: 'ImageDeleted' }));
     assert.match((compose(deleted, 'cloudevents') as { reason: string }).reason, /^no image push in the CloudEvents batch \(0: CloudEvents type "ImageDeleted" is not a push/);
   });
+  test('TCR: another trigger action is a no-op; a delivery without event_data, a type that is not a string and a hostless resource_url are named', () => {
+    const tcr = fixture('tcr-push-image.json');
+    assert.deepEqual(compose({ ...tcr, type: 'deleteImage' }, 'tcr'), { kind: 'noop', reason: 'TCR trigger action "deleteImage" is not an image push (pushImage)' });
+    const { event_data: _, ...noData } = tcr;
+    assert.deepEqual(compose(noData, 'tcr'), { kind: 'error', message: 'event_data is missing (the pushed resources and their repository)' });
+    assert.deepEqual(compose({ ...tcr, type: 7 }, 'tcr'), { kind: 'error', message: 'type must be a string, got a number' });
+    const hostless = { ...tcr, event_data: { ...tcr.event_data, resources: [{ ...tcr.event_data.resources[0], resource_url: 'nginx/nginx:v1' }] } };
+    assert.deepEqual(compose(hostless, 'tcr'), { kind: 'error', message: 'event_data.resources.0.resource_url "nginx/nginx:v1" names no registry host: set REGISTRY_HOST in the hook to the host[:port] TCR serves images on' });
+  });
+  test('TCR on a custom domain: auto reads it as Harbor\'s format, to the same image', () => {
+    const tcr = fixture('tcr-push-image.json');
+    const custom = { ...tcr, event_data: { ...tcr.event_data, resources: [{ ...tcr.event_data.resources[0], resource_url: 'tcr.example.com/nginx/nginx:v1' }] } };
+    assert.equal(recognisedRepoType(custom, {}), 'harbor');
+    for (const type of ['auto', 'tcr']) assert.deepEqual(compose(custom, type), compose(custom, 'harbor'), type);
+    assert.equal(recognisedRepoType(fixture('harbor-push-image-legacy.json'), {}), 'harbor');
+  });
   test('VERIFY_IMAGE: what a cloud registry\'s login needs', () => {
     assert.match(cloudLoginNeeds('123456789012.dkr.ecr.us-west-2.amazonaws.com')!.needs, /GetAuthorizationToken/);
     assert.equal(cloudLoginNeeds('123456789012.dkr.ecr.us-west-2.amazonaws.com')!.anonymous, false);
@@ -112,6 +129,7 @@ describe('the clouds\' payloads through the executable', { skip: cluster ? false
   const getJson = namespacedGetter(kubectl, ns);
   const API_KEY = 'eventbridge-api-key-6b21c9';
   const TOKEN = 'pubsub-url-token-3e8a50';
+  const TCR_SECRET = 'tcr-trigger-header-91f4d2';
   let wh: Webhook;
 
   const hook = (id: string, type: string, rule: object, env: Record<string, string> = {}) => ({
@@ -140,8 +158,10 @@ describe('the clouds\' payloads through the executable', { skip: cluster ? false
       hook('gar', 'gar', value('url', 'token', 'GAR_TOKEN')),
       hook('cloudevents', 'cloudevents', value('url', 'token', 'GAR_TOKEN')),
       hook('ghcr', 'ghcr', value('url', 'token', 'GAR_TOKEN')),
+      // A TCR trigger sends the custom header configured with it.
+      hook('tcr', 'tcr', value('header', 'X-Webhook-Token', 'TCR_SECRET')),
     ]));
-    wh = await startWebhook({ hooks: path.join(dir, 'hooks.json'), env: { WEBHOOK_CMD: '-template', KUBECONFIG: cluster!.kubeconfigPath, ECR_API_KEY: API_KEY, GAR_TOKEN: TOKEN } });
+    wh = await startWebhook({ hooks: path.join(dir, 'hooks.json'), env: { WEBHOOK_CMD: '-template', KUBECONFIG: cluster!.kubeconfigPath, ECR_API_KEY: API_KEY, GAR_TOKEN: TOKEN, TCR_SECRET } });
     await kubectl(['create', 'namespace', ns]);
     await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: [
       deployment('ecr', [{ name: 'app', image: `${ECR_REF}:old` }], { replicas: 1 }),
@@ -149,6 +169,7 @@ describe('the clouds\' payloads through the executable', { skip: cluster ? false
       deployment('gar', [{ name: 'app', image: `${GAR_REF}:1.0` }], { replicas: 1 }),
       deployment('acr', [{ name: 'app', image: 'demo.azurecr.io/aci-helloworld:v0' }], { replicas: 1 }),
       deployment('ghcr', [{ name: 'app', image: 'ghcr.io/utaitebox/utaitebox-server:3.2.0' }], { replicas: 1 }),
+      deployment('tcr', [{ name: 'app', image: 'wcctest.tencentcloudcr.com/nginx/nginx:v0' }], { replicas: 1 }),
     ] }));
   });
   after(async () => {
@@ -223,14 +244,31 @@ describe('the clouds\' payloads through the executable', { skip: cluster ? false
     assert.equal(await imageOf('ghcr'), 'ghcr.io/utaitebox/utaitebox-server:3.2.1');
   });
 
+  test('TCR Enterprise\'s trigger: the custom header is checked, malformed deliveries are refused, a delete is a no-op, the push lands', async () => {
+    const header = { 'X-Webhook-Token': TCR_SECRET };
+    const wrong = await post('tcr', 'tcr', text('tcr-push-image.json'), { 'X-Webhook-Token': 'not-the-secret' });
+    assert.equal(wrong.status, 401, wrong.body);
+    const delivery = fixture('tcr-push-image.json');
+    const { event_data: _, ...noData } = delivery;
+    await refused('tcr', 'tcr', noData, /event_data is missing \(the pushed resources/, header);
+    const hostless = { ...delivery, event_data: { ...delivery.event_data, resources: [{ ...delivery.event_data.resources[0], resource_url: 'nginx/nginx:v1' }] } };
+    await refused('tcr', 'tcr', hostless, /event_data\.resources\.0\.resource_url "nginx\/nginx:v1" names no registry host/, header);
+    await refused('tcr', 'tcr', { ...delivery, type: ['pushImage'] }, /type must be a string, got an array/, header);
+    await noop('tcr', 'tcr', { ...delivery, type: 'deleteImage' }, 'TCR trigger action "deleteImage" is not an image push (pushImage)', header);
+    const res = await post('tcr', 'tcr', text('tcr-push-image.json'), header);
+    assert.equal(res.status, 200, res.body);
+    assert.equal(await imageOf('tcr'), 'wcctest.tencentcloudcr.com/nginx/nginx:v1');
+  });
+
   test('VERIFY_IMAGE against ECR without a pull secret: refused with what ECR\'s login needs, nothing changed', async () => {
     await refused('ecr-verified', 'ecr-verified', text('ecr-image-push.json'),
       /VERIFY_IMAGE: could not resolve 123456789012\.dkr\.ecr\.us-west-2\.amazonaws\.com\/my-repository-name:latest: the workload names no pull secret for 123456789012\.dkr\.ecr\.us-west-2\.amazonaws\.com \(an Amazon ECR login is a token from its GetAuthorizationToken call/,
       { 'X-Api-Key': API_KEY }, 500);
   });
 
-  test('neither the API key nor the URL token appears in the output', () => {
+  test('neither the API key, the URL token nor the TCR header appears in the output', () => {
     assert.ok(!wh.output().includes(API_KEY), wh.output());
     assert.ok(!wh.output().includes(TOKEN), wh.output());
+    assert.ok(!wh.output().includes(TCR_SECRET), wh.output());
   });
 });
