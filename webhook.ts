@@ -9344,7 +9344,7 @@ const TCR_PUSH = 'pushImage';
 
 /** A TCR Enterprise trigger's delivery: Harbor's default format whose resources are on a tencentcloudcr.com host. */
 function isTcrDelivery(p: PayloadFields): boolean {
-  const resources = p.has('event_data') && p.value('event_data.resources');
+  const resources = p.has('event_data.resources') ? p.value('event_data.resources') : undefined;
   if (!Array.isArray(resources)) return false;
   return resources.some(
     (r) =>
@@ -9486,7 +9486,7 @@ const REGISTRIES: Record<string, Registry> = {
   harbor: {
     sender: 'Harbor',
     recognise: {
-      looksFor: 'event_data.resources, or a CloudEvent of type harbor.*',
+      looksFor: 'event_data.resources (not on a tencentcloudcr.com host), or a CloudEvent of type harbor.*',
       test: (p) =>
         (p.has('event_data.resources') && !isTcrDelivery(p)) ||
         /^harbor\./.test(String(p.has('specversion') && p.value('type'))),

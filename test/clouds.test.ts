@@ -112,6 +112,7 @@ describe('ECR, Artifact Registry, Event Grid and GHCR readers', () => {
     assert.equal(recognisedRepoType(custom, {}), 'harbor');
     for (const type of ['auto', 'tcr']) assert.deepEqual(compose(custom, type), compose(custom, 'harbor'), type);
     assert.equal(recognisedRepoType(fixture('harbor-push-image-legacy.json'), {}), 'harbor');
+    assert.throws(() => recognisedRepoType({ type: 'pushImage', event_data: 'wcctest.tencentcloudcr.com' }, {}), /^Error: REPO_TYPE auto: the payload is not one this receiver recognises/);
   });
   test('VERIFY_IMAGE: what a cloud registry\'s login needs', () => {
     assert.match(cloudLoginNeeds('123456789012.dkr.ecr.us-west-2.amazonaws.com')!.needs, /GetAuthorizationToken/);
