@@ -29,7 +29,7 @@
  *   7. outbound calls ............. outboundRequest, retrying, Scrubber, TokenBucket, withDeadline
  *   8. smtp client ................ composeMessage, DEFAULT_SMTP_PORT, IMPLICIT_TLS_PORT, isAddress
  *   9. kubernetes client .......... credentialsFromEnvironment, describeResource, JsonPatchOperation, KubeClient
- *  10. oci registry client ........ RegistryLogin, resolveManifestTag
+ *  10. oci registry client ........ RegistryLogin, resolveManifestTag, readCosignSignatures, verifyCosignSignatures
  *  11. html ....................... cell, escapeHtml, pageShell, shownTime
  * Part II — the service
  *  12. command line & settings .... LIMITS, Options, parseCommandLine, parseGoBool
@@ -80,7 +80,10 @@
  */
 
 import { spawn, type ChildProcess } from 'node:child_process';
-import { createHash, createHmac, hash, randomBytes, randomUUID, timingSafeEqual, X509Certificate } from 'node:crypto';
+import {
+  constants as cryptoConstants, createHash, createHmac, createPublicKey, hash, type KeyObject, randomBytes, randomUUID,
+  timingSafeEqual, verify as cryptoVerify, X509Certificate,
+} from 'node:crypto';
 import * as fs from 'node:fs';
 import * as fsp from 'node:fs/promises';
 import * as http from 'node:http';
@@ -3141,6 +3144,8 @@ export interface OutboundAnswer {
   status: number;
   headers: http.IncomingHttpHeaders;
   body: string;
+  /** The body's bytes, as received (a digest is checked over them, not over the decoded text). */
+  bytes?: Buffer;
 }
 
 /** A call that got no complete answer. `code`: Node's (ECONNREFUSED, CERT_…), ETIMEDOUT, or E2BIG. */
@@ -3189,9 +3194,10 @@ export function outboundRequest(url: URL, o: OutboundRequest): Promise<OutboundA
       const chunks: Buffer[] = [];
       let size = 0;
       const done = () =>
-        settle(() =>
-          resolve({ status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(chunks).toString('utf8') }),
-        );
+        settle(() => {
+          const bytes = Buffer.concat(chunks);
+          resolve({ status: res.statusCode ?? 0, headers: res.headers, body: bytes.toString('utf8'), bytes });
+        });
       res.on('data', (chunk: Buffer) => {
         if (size + chunk.length <= o.maxResponseBytes) {
           size += chunk.length;
@@ -4533,13 +4539,20 @@ export type JsonPatchOperation =
   | { op: 'remove'; path: string };
 
 // ================================================================================================
-// 10. oci registry client — asks a registry which digest a tag points at (HEAD /v2/<repo>/manifests/<tag> over HTTPS):
-//    anonymously, or with basic auth, or with a bearer token from the registry's token service, trusting an extra CA
-//    when given (each request one outboundRequest under a total deadline). The pull secret's login goes only to the
-//    registry's own host or a token host allowed (tokenHostAllowed: REGISTRY_TOKEN_HOSTS, the well-known registries');
-//    a realm elsewhere is asked anonymously. A refusal is a RegistryError saying which and why.
-//    Exports: RegistryLogin, resolveManifestTag.
-//    Tests: test/outbound.test.ts, test/registry-e2e.test.ts, test/clouds.test.ts.
+// 10. oci registry client — asks a registry which digest a tag points at (HEAD /v2/<repo>/manifests/<tag> over
+//    HTTPS): anonymously, or with basic auth, or with a bearer token from the registry's token service, trusting an
+//    extra CA when given (each request one outboundRequest under a total deadline). The pull secret's login goes only
+//    to the registry's own host or a token host allowed (tokenHostAllowed: REGISTRY_TOKEN_HOSTS, the well-known
+//    registries'); a realm elsewhere is asked anonymously. A refusal is a RegistryError saying which and why. Cosign
+//    signatures, offline: readCosignSignatures reads a digest's signature layers where cosign stores them (the
+//    sha256-<hex>.sig tag; the OCI 1.1 referrers API, else the referrers tag schema's sha256-<hex> index), each blob
+//    checked against its digest; verifyCosignSignatures (pure) checks each simple-signing payload's signature with
+//    node:crypto under the keys given (parseCosignKeys: ECDSA P-256, Ed25519, RSA), and that it names the digest,
+//    the repository and the annotations required. No transparency log, no Fulcio: a keyless signature is refused.
+//    Exports: CosignKey, CosignSignatures, parseCosignKeys, readCosignSignatures, RegistryLogin, resolveManifestTag,
+//    verifyCosignSignatures.
+//    Tests: test/outbound.test.ts, test/registry-e2e.test.ts, test/clouds.test.ts, test/cosign-verify.test.ts,
+//    test/signed-images.test.ts.
 // ================================================================================================
 
 // ---- verifying the pushed image on its registry (VERIFY_IMAGE) ------------------------------------
@@ -4778,6 +4791,373 @@ export async function resolveManifestTag(
   return { digest, login: withheld ? undefined : login };
 }
 
+// ---- reading cosign signatures from the registry (VERIFY_SIGNATURE) -------------------------------
+
+const SIGNATURE_LIMITS = {
+  // A signature manifest, a referrers index or a simple-signing payload is a few KiB; a tag signed a
+  // thousand times is still under this. Anything larger is not one, and is refused rather than cut.
+  maxBodyBytes: 1024 * 1024,
+  // A blob may be served from elsewhere (a bucket behind a CDN): a short chain of redirects, no loop.
+  maxRedirects: 3,
+  // Signature manifests read for one digest, over the .sig tag and the referrers: more is a registry
+  // answering with junk, and each one costs requests.
+  maxManifests: 20,
+};
+
+/** The annotation of a cosign signature layer that holds the base64 signature of the layer (its payload). */
+const COSIGN_SIGNATURE_ANNOTATION = 'dev.cosignproject.cosign/signature';
+/** What cosign adds to a keyless signature: the Fulcio certificate of its one-time key. */
+const COSIGN_CERTIFICATE_ANNOTATION = 'dev.sigstore.cosign/certificate';
+/** The artifactType of a signature cosign stores as a referrer (--registry-referrers-mode=oci-1-1). */
+const COSIGN_SIGNATURE_ARTIFACT = 'application/vnd.dev.cosign.artifact.sig.v1+json';
+/** Sigstore bundles (cosign's --new-bundle-format) as referrers: a DSSE envelope, not a simple-signing payload. */
+const SIGSTORE_BUNDLE_ARTIFACT = /^application\/vnd\.dev\.sigstore\.bundle/;
+const OCI_INDEX = 'application/vnd.oci.image.index.v1+json';
+
+/** One signature layer: where it was found (for messages), its payload and its annotations. */
+export interface CosignSignatureLayer {
+  where: string;
+  payload: Buffer;
+  annotations: Record<string, string>;
+}
+
+/** The signatures found for a digest: the layers, where the reader looked, and Sigstore bundles it cannot verify. */
+export interface CosignSignatures {
+  layers: CosignSignatureLayer[];
+  looked: string[];
+  bundles: string[];
+}
+
+/** A repository of a registry, and how to reach it: the CA that signed its certificate, the token hosts allowed. */
+interface RegistryRepository {
+  host: string;
+  repository: string;
+  ca: string | undefined;
+  tokenHosts: readonly string[];
+}
+
+/**
+ * Reads one repository of a registry (GET of manifests, blobs and the referrers API): the login is
+ * looked up on the first challenge only, and the Authorization it earned is kept for the later requests.
+ * Each answer is read whole up to SIGNATURE_LIMITS.maxBodyBytes; a blob is checked against its digest.
+ */
+class RepositoryReader {
+  private authorization: string | undefined;
+  private login: RegistryLogin | undefined;
+  private readonly where: string;
+  private readonly registry: RegistryRepository;
+  private readonly loginFor: () => Promise<RegistryLogin | undefined>;
+
+  constructor(registry: RegistryRepository, loginFor: () => Promise<RegistryLogin | undefined>) {
+    this.registry = registry;
+    this.loginFor = loginFor;
+    this.where = `${registry.host}/${registry.repository}`;
+  }
+
+  /** GET /v2/<repository>/<path>; the answer (404 included), after at most one challenge. */
+  async get(path: string, accept: string): Promise<OutboundAnswer> {
+    const url = new URL(`https://${this.registry.host}/v2/${this.registry.repository}/${path}`);
+    let answer = await this.follow(url, accept);
+    const challenge = answer.headers['www-authenticate'];
+    if (answer.status === 401 && typeof challenge === 'string' && this.authorization === undefined) {
+      this.login ??= await this.loginFor();
+      const asked = await authorizationFor(challenge, this.login, this.registry);
+      this.authorization = asked.authorization;
+      answer = await this.follow(url, accept);
+    }
+    if (answer.status === 401 || answer.status === 403) {
+      const how = this.login ? `the login of pull secret "${this.login.secret}"` : 'no login';
+      throw registryRefusal(this.registry.host, `the registry refused ${how} for ${path}: ${answer.status}`);
+    }
+    return answer;
+  }
+
+  /** One GET, following redirects; the Authorization goes to the registry's own host only. */
+  private async follow(url: URL, accept: string): Promise<OutboundAnswer> {
+    for (let hops = 0; ; hops++) {
+      const own = url.host === this.registry.host;
+      const headers: Record<string, string> = { Accept: accept };
+      if (own && this.authorization) headers.Authorization = this.authorization;
+      const answer = await outboundRequest(url, {
+        method: 'GET',
+        headers,
+        deadlineMs: VERIFY_LIMITS.requestTimeoutMs,
+        maxResponseBytes: SIGNATURE_LIMITS.maxBodyBytes,
+        overLimit: 'fail',
+        trust: { extraCa: this.registry.ca },
+      });
+      const location = answer.headers.location;
+      if (answer.status < 300 || answer.status > 399 || typeof location !== 'string') return answer;
+      if (hops >= SIGNATURE_LIMITS.maxRedirects)
+        throw new RegistryError(
+          `${this.where}: more than ${SIGNATURE_LIMITS.maxRedirects} redirects for ${url.pathname}`,
+        );
+      url = new URL(location, url);
+      if (url.protocol !== 'https:') throw new RegistryError(`${this.where}: a redirect to ${url.protocol} for a blob`);
+    }
+  }
+
+  /** A manifest by tag or digest (a digest is checked against the bytes), or undefined when the registry has none. */
+  async manifest(reference: string, accept = MANIFEST_TYPES): Promise<Record<string, unknown> | undefined> {
+    const answer = await this.get(`manifests/${encodeURIComponent(reference)}`, accept);
+    if (answer.status === 404) return undefined;
+    if (answer.status !== 200)
+      throw new RegistryError(`${this.where}: manifest ${reference}: the registry answered ${answer.status}`);
+    if (reference.startsWith('sha256:')) this.checkDigest(answer.bytes!, reference, `manifest ${reference}`);
+    return this.json(answer.bytes!, `manifest ${reference}`);
+  }
+
+  /** A blob, checked against its digest. */
+  async blob(digest: string): Promise<Buffer> {
+    const answer = await this.get(`blobs/${digest}`, '*/*');
+    if (answer.status !== 200)
+      throw new RegistryError(`${this.where}: blob ${digest}: the registry answered ${answer.status}`);
+    this.checkDigest(answer.bytes!, digest, `blob ${digest}`);
+    return answer.bytes!;
+  }
+
+  /**
+   * The referrers of a digest: the OCI 1.1 referrers API, or where the registry has none (404), the
+   * referrers tag schema's index at tag sha256-<hex>. Returns the descriptors and where they were read.
+   */
+  async referrers(digest: string): Promise<{ from: string; descriptors: unknown[] }> {
+    const answer = await this.get(`referrers/${digest}`, OCI_INDEX);
+    if (answer.status === 200)
+      return {
+        from: 'the referrers API',
+        descriptors: asList(this.json(answer.bytes!, `the referrers of ${digest}`).manifests),
+      };
+    if (answer.status !== 404)
+      throw new RegistryError(`${this.where}: the referrers of ${digest}: the registry answered ${answer.status}`);
+    const tag = digest.replace(':', '-');
+    const index = await this.manifest(tag, OCI_INDEX);
+    return { from: `the referrers tag ${tag}`, descriptors: asList(index?.manifests) };
+  }
+
+  private checkDigest(bytes: Buffer, digest: string, what: string): void {
+    const actual = `sha256:${createHash('sha256').update(bytes).digest('hex')}`;
+    if (actual !== digest)
+      throw new RegistryError(`${this.where}: ${what} does not match its digest (it is ${actual})`);
+  }
+
+  private json(bytes: Buffer, what: string): Record<string, unknown> {
+    try {
+      const parsed: unknown = JSON.parse(bytes.toString('utf8'));
+      if (isObject(parsed)) return parsed;
+    } catch {
+      /* refused below */
+    }
+    throw new RegistryError(`${this.where}: ${what} is not a JSON object`);
+  }
+}
+
+function asList(value: unknown): unknown[] {
+  return Array.isArray(value) ? value : [];
+}
+
+/** The string annotations of a descriptor or manifest. */
+function annotationsOf(value: unknown): Record<string, string> {
+  const a = isObject(value) && isObject(value.annotations) ? value.annotations : {};
+  return Object.fromEntries(Object.entries(a).filter((e): e is [string, string] => typeof e[1] === 'string'));
+}
+
+/**
+ * The cosign signatures of `digest` in host/repository, the way cosign stores them: the layers of the
+ * manifest at tag sha256-<hex>.sig, and of each referrer whose artifactType is a cosign signature
+ * (OCI 1.1 referrers API, else the referrers tag schema). Sigstore bundles among the referrers are
+ * named, not read. Throws a RegistryError when the registry refuses or answers with something else.
+ */
+export async function readCosignSignatures(
+  registry: RegistryRepository,
+  digest: string,
+  loginFor: () => Promise<RegistryLogin | undefined>,
+): Promise<CosignSignatures> {
+  if (!/^sha256:[0-9a-f]{64}$/.test(digest)) throw new RegistryError(`${showValue(digest)} is not a sha256 digest`);
+  const reader = new RepositoryReader(registry, loginFor);
+  const found: CosignSignatures = { layers: [], looked: [], bundles: [] };
+  const tag = `${digest.replace(':', '-')}.sig`;
+  found.looked.push(`tag ${tag}`);
+  const sig = await reader.manifest(tag);
+  if (sig) found.layers.push(...(await signatureLayers(reader, sig, `tag ${tag}`)));
+  const referrers = await reader.referrers(digest);
+  found.looked.push(referrers.from);
+  const cosign = referrers.descriptors.filter((d) => isObject(d) && d.artifactType === COSIGN_SIGNATURE_ARTIFACT);
+  for (const d of referrers.descriptors)
+    if (isObject(d) && typeof d.artifactType === 'string' && SIGSTORE_BUNDLE_ARTIFACT.test(d.artifactType))
+      found.bundles.push(String(d.digest));
+  for (const d of cosign.slice(0, SIGNATURE_LIMITS.maxManifests)) {
+    const ref = isObject(d) && typeof d.digest === 'string' ? d.digest : '';
+    if (!/^sha256:[0-9a-f]{64}$/.test(ref)) continue;
+    const manifest = await reader.manifest(ref);
+    if (manifest) found.layers.push(...(await signatureLayers(reader, manifest, `referrer ${ref}`)));
+  }
+  return found;
+}
+
+/** The layers of a signature manifest that carry a cosign signature, each with its payload blob. */
+async function signatureLayers(
+  reader: RepositoryReader,
+  manifest: Record<string, unknown>,
+  where: string,
+): Promise<CosignSignatureLayer[]> {
+  const layers: CosignSignatureLayer[] = [];
+  for (const [i, layer] of asList(manifest.layers).slice(0, SIGNATURE_LIMITS.maxManifests).entries()) {
+    const annotations = annotationsOf(layer);
+    if (annotations[COSIGN_SIGNATURE_ANNOTATION] === undefined || !isObject(layer)) continue;
+    if (typeof layer.digest !== 'string' || !/^sha256:[0-9a-f]{64}$/.test(layer.digest)) continue;
+    layers.push({ where: `${where}, layer ${i + 1}`, payload: await reader.blob(layer.digest), annotations });
+  }
+  return layers;
+}
+
+// ---- verifying cosign signatures (pure) -------------------------------------------------------------
+
+/** The payload type of cosign's simple-signing format (containers/image "atomic" signatures). */
+const COSIGN_PAYLOAD_TYPE = 'cosign container image signature';
+// Shorter RSA keys are breakable; cosign itself refuses to make them.
+const MIN_RSA_BITS = 2048;
+
+/** A public key a hook trusts: the key, its fingerprint (sha256 of its SubjectPublicKeyInfo DER) and its kind. */
+export interface CosignKey {
+  key: KeyObject;
+  fingerprint: string;
+  kind: string;
+}
+
+/** What a signature must say besides being valid: the digest, the repository and the annotations required. */
+export interface SignatureExpectation {
+  digest: string;
+  /** host/path, as cosign writes critical.identity.docker-reference. */
+  repository: string;
+  keys: readonly CosignKey[];
+  annotations: Readonly<Record<string, string>>;
+}
+
+/**
+ * The public keys in PEM text (one or more PUBLIC KEY blocks, as `cosign generate-key-pair` writes
+ * cosign.pub): ECDSA P-256, Ed25519, or RSA of at least MIN_RSA_BITS. Throws, naming `where`, the
+ * block and its line, on anything else (a private key, a certificate, another curve). Pure.
+ */
+export function parseCosignKeys(pem: string, where: string): CosignKey[] {
+  const blocks = [...pem.matchAll(/-----BEGIN ([A-Z0-9 ]+)-----[\s\S]*?-----END \1-----/g)];
+  if (blocks.length === 0) throw new Error(`${where}: no PEM public key (-----BEGIN PUBLIC KEY-----)`);
+  return blocks.map((m, i) => {
+    const at = `${where}: PEM block ${i + 1} (line ${pem.slice(0, m.index).split('\n').length})`;
+    if (m[1] !== 'PUBLIC KEY')
+      throw new Error(`${at} is a ${m[1]}, not a PUBLIC KEY (give the public key, e.g. cosign.pub, never the private)`);
+    let key: KeyObject;
+    try {
+      key = createPublicKey(m[0]);
+    } catch (e) {
+      throw new Error(`${at} is not a public key: ${(e as Error).message}`);
+    }
+    const kind = keyKind(key);
+    if (typeof kind !== 'string') throw new Error(`${at}: ${kind.problem}`);
+    const der = key.export({ type: 'spki', format: 'der' });
+    return { key, kind, fingerprint: `sha256:${createHash('sha256').update(der).digest('hex')}` };
+  });
+}
+
+/** ECDSA P-256, Ed25519 or RSA (≥ MIN_RSA_BITS), as cosign signs with them; else what is wrong. Pure. */
+function keyKind(key: KeyObject): string | { problem: string } {
+  const d = key.asymmetricKeyDetails ?? {};
+  if (key.asymmetricKeyType === 'ec' && d.namedCurve === 'prime256v1') return 'ECDSA P-256';
+  if (key.asymmetricKeyType === 'ed25519') return 'Ed25519';
+  if (key.asymmetricKeyType === 'rsa' && (d.modulusLength ?? 0) >= MIN_RSA_BITS) return `RSA ${d.modulusLength}`;
+  if (key.asymmetricKeyType === 'rsa')
+    return { problem: `an RSA key of ${d.modulusLength} bits (at least ${MIN_RSA_BITS})` };
+  const what = key.asymmetricKeyType === 'ec' ? `an EC key on ${d.namedCurve}` : `a ${key.asymmetricKeyType} key`;
+  return { problem: `${what}; cosign keys are ECDSA P-256, Ed25519 or RSA` };
+}
+
+/** Whether `signature` is `key`'s over `payload`: ECDSA and RSA (PKCS#1 v1.5, else PSS) over SHA-256, Ed25519 pure. */
+function signedBy(k: CosignKey, payload: Buffer, signature: Buffer): boolean {
+  try {
+    if (k.kind === 'Ed25519') return cryptoVerify(null, payload, k.key, signature);
+    if (cryptoVerify('sha256', payload, k.key, signature)) return true;
+    return (
+      k.kind.startsWith('RSA') &&
+      cryptoVerify('sha256', payload, { key: k.key, padding: cryptoConstants.RSA_PKCS1_PSS_PADDING }, signature)
+    );
+  } catch {
+    return false;
+  }
+}
+
+/** Hosts that all name Docker Hub in an image reference. */
+const DOCKER_HUB_HOSTS = new Set(['docker.io', 'index.docker.io', 'registry-1.docker.io']);
+
+/** host/path with Docker Hub's host and `library/` spelled one way, for comparing repositories. Pure. */
+function canonicalRepository(reference: string): string {
+  const slash = reference.indexOf('/');
+  const host = reference.slice(0, slash).toLowerCase();
+  if (!DOCKER_HUB_HOSTS.has(host)) return `${host}${reference.slice(slash)}`;
+  const path = reference.slice(slash + 1);
+  return `docker.io/${path.includes('/') ? path : `library/${path}`}`;
+}
+
+/** What is wrong with one signature layer, or the key it is valid under when it says what is expected. Pure. */
+function signatureProblem(layer: CosignSignatureLayer, want: SignatureExpectation): string | CosignKey {
+  const encoded = layer.annotations[COSIGN_SIGNATURE_ANNOTATION] ?? '';
+  if (!/^[A-Za-z0-9+/]+={0,2}$/.test(encoded)) return 'its signature annotation is not base64';
+  const key = want.keys.find((k) => signedBy(k, layer.payload, Buffer.from(encoded, 'base64')));
+  if (!key) {
+    if (layer.annotations[COSIGN_CERTIFICATE_ANNOTATION] !== undefined)
+      return (
+        'signed keyless (a Fulcio certificate, no key): checking it needs Fulcio and Rekor online; a key is needed ' +
+        'offline (cosign sign --key)'
+      );
+    return `not signed by a key VERIFY_SIGNATURE names (${want.keys.map((k) => k.fingerprint).join(', ')})`;
+  }
+  let payload: unknown;
+  try {
+    payload = JSON.parse(layer.payload.toString('utf8'));
+  } catch {
+    return `signed by ${key.fingerprint}, but its payload is not JSON`;
+  }
+  const critical = isObject(payload) && isObject(payload.critical) ? payload.critical : {};
+  const digest = isObject(critical.image) ? critical.image['docker-manifest-digest'] : undefined;
+  const reference = isObject(critical.identity) ? critical.identity['docker-reference'] : undefined;
+  const shown = (v: unknown) => showValue(typeof v === 'string' ? v : JSON.stringify(v ?? null));
+  const by = `signed by ${key.fingerprint}`;
+  if (critical.type !== COSIGN_PAYLOAD_TYPE)
+    return `${by}, but its payload is not a ${JSON.stringify(COSIGN_PAYLOAD_TYPE)}`;
+  if (digest !== want.digest)
+    return `${by}, but for ${shown(digest)}, not this digest (a signature copied from another image)`;
+  if (typeof reference !== 'string' || canonicalRepository(reference) !== canonicalRepository(want.repository))
+    return `${by}, but for the repository ${shown(reference)}, not ${want.repository}`;
+  const optional = isObject(payload) && isObject(payload.optional) ? payload.optional : {};
+  for (const [name, value] of Object.entries(want.annotations)) {
+    const has = optional[name];
+    if (has === undefined) return `${by}, but without the annotation ${name}=${value}`;
+    if (String(has) !== value) return `${by}, but with the annotation ${name}=${showValue(String(has))}, not ${value}`;
+  }
+  return key;
+}
+
+/**
+ * The cosign verdict on a digest's signatures: the first layer that is valid under one of the keys,
+ * names the digest and the repository and carries the annotations required; else why none is, one
+ * reason per layer (or that there is none). Pure.
+ */
+export function verifyCosignSignatures(
+  found: CosignSignatures,
+  want: SignatureExpectation,
+): { ok: true; key: CosignKey; where: string } | { ok: false; problem: string } {
+  const problems: string[] = [];
+  for (const layer of found.layers) {
+    const verdict = signatureProblem(layer, want);
+    if (typeof verdict !== 'string') return { ok: true, key: verdict, where: layer.where };
+    problems.push(`${layer.where}: ${verdict}`);
+  }
+  for (const bundle of found.bundles)
+    problems.push(
+      `referrer ${bundle}: a Sigstore bundle, not a simple-signing signature (sign with --new-bundle-format=false)`,
+    );
+  if (problems.length === 0)
+    return { ok: false, problem: `no cosign signature (looked at ${found.looked.join(' and ')})` };
+  return { ok: false, problem: problems.join('; ') };
+}
 // ================================================================================================
 // 11. html — what the admin pages share: escaping, one cell of a table, and the page shell and style
 //    (server-rendered, no script, no external asset, one card per row on a phone).
@@ -10620,6 +11000,8 @@ export const DECISIONS = {
   'no-op': { published: 'no-op' },
   /** The image pin (or VERIFY_IMAGE) refused the push: nothing was written. */
   refused: { published: 'refused' },
+  /** VERIFY_SIGNATURE refused the push: the digest has no cosign signature valid as required; nothing was written. */
+  'refused: unsigned': { published: 'refused: unsigned' },
   /** The container's image was changed outside webhook and the push is not newer (ON_OUTSIDE_CHANGE=hold). */
   held: { published: 'held' },
   /** The tag is outside the container's update policy (UPDATE_POLICY, webhook/policy): nothing was written. */
@@ -11064,6 +11446,52 @@ function registryCa(value: string | undefined): string | undefined {
 }
 
 /**
+ * VERIFY_SIGNATURE: one or more `cosign:<key>` items separated by spaces, each the PEM text of public
+ * keys or the path of a file holding them (read when the hooks load, and when a push is checked);
+ * unset or blank is none: signatures are not checked. Throws, naming the item (and the file and PEM
+ * block), on anything else.
+ */
+function signatureKeysSetting(value: string | undefined): CosignKey[] {
+  const text = value?.trim() ?? '';
+  if (text === '') return [];
+  return text.split(/\s+(?=cosign:)/).flatMap((item, i) => {
+    const at = `VERIFY_SIGNATURE item ${i + 1}`;
+    if (!item.startsWith('cosign:'))
+      throw new UpgradeError(
+        `${at} ${showValue(item.split(/\s/)[0])} is not cosign:<public key PEM or file> (cosign is the only ` +
+          'signature format checked)',
+      );
+    const key = item.slice('cosign:'.length).trim();
+    try {
+      if (key.includes('-----BEGIN')) return parseCosignKeys(key, at);
+      let pem: string;
+      try {
+        pem = fs.readFileSync(key, 'utf8');
+      } catch (e) {
+        throw new Error(`${at}: the key file ${showValue(key)} cannot be read: ${(e as Error).message}`);
+      }
+      return parseCosignKeys(pem, `${at}: key file ${key}`);
+    } catch (e) {
+      throw new UpgradeError((e as Error).message);
+    }
+  });
+}
+
+/** VERIFY_SIGNATURE_ANNOTATIONS: `key=value` items separated by spaces, each required in a signature's payload. */
+function signatureAnnotationsSetting(value: string | undefined): Record<string, string> {
+  const required: Record<string, string> = {};
+  for (const [i, item] of (value ?? '').split(/\s+/).filter((a) => a !== '').entries()) {
+    const eq = item.indexOf('=');
+    if (eq <= 0)
+      throw new UpgradeError(
+        `VERIFY_SIGNATURE_ANNOTATIONS item ${i + 1} ${showValue(item)} is not key=value (as cosign sign -a key=value)`,
+      );
+    required[item.slice(0, eq)] = item.slice(eq + 1);
+  }
+  return required;
+}
+
+/**
  * MAIL_TO as the hook gives it: comma-separated addresses. Empty entries ("a@x,") are ignored and
  * repeated addresses kept once; anything that is not a plain address (a display name, a line break
  * smuggling a header or an SMTP command) throws, naming the entry.
@@ -11275,6 +11703,27 @@ export const HOOK_SETTINGS = {
     meaning: "Token services besides the registry's own host that VERIFY_IMAGE may send the pull secret's login to.",
     parse: registryTokenHosts,
   }),
+  VERIFY_SIGNATURE: setting({
+    type: 'list of cosign keys',
+    default: 'not checked',
+    fixed: true,
+    secret: true,
+    validation:
+      'cosign:<key> items separated by spaces, each PEM text or the path of a PEM file of ECDSA P-256, Ed25519 or ' +
+      'RSA public keys',
+    meaning:
+      "Deploy only a digest with a cosign signature valid under one of the keys (any one suffices), found offline on " +
+      'the registry; implies VERIFY_IMAGE.',
+    parse: signatureKeysSetting,
+  }),
+  VERIFY_SIGNATURE_ANNOTATIONS: setting({
+    type: 'list of key=value',
+    default: 'none',
+    fixed: true,
+    validation: 'key=value items separated by spaces',
+    meaning: 'Annotations a signature must carry (cosign sign -a key=value), for VERIFY_SIGNATURE.',
+    parse: signatureAnnotationsSetting,
+  }),
   ON_OUTSIDE_CHANGE: setting({
     type: 'hold or follow',
     default: 'hold',
@@ -11464,11 +11913,13 @@ export const IMAGE_PIN_SETTINGS = fixedSettingChecks(['REGISTRY_HOST', 'ALLOW_IM
 //    policy (policyDecision, its own chapter; outsidePolicy answers a skip), the hold, newest wins. A container whose
 //    image is not the one the record says webhook last applied was changed outside it: holdDecision
 //    (ON_OUTSIDE_CHANGE=hold) reads who and when from managedFields and holds every push not strictly newer than the
-//    image replaced (semver precedence, else push time).
+//    image replaced (semver precedence, else push time). VERIFY_SIGNATURE (which implies VERIFY_IMAGE) then requires
+//    a cosign signature of the resolved digest valid under one of the hook's keys (checkSignature); an unsigned or
+//    wrongly signed digest is refused (SignatureRefusal, decided `refused: unsigned`, a Warning Event UpgradeRefused).
 //    Exports: decide, decidePush, decisionAction, FOLLOW_ANNOTATION, FollowRecord, FUTURE_PUSH_SKEW_MS, holdDecision,
 //    imageFieldPath, IncomingPush, knownContainer, newPushRecord, outsidePolicy, pinnedContainer, pullSecretNames,
-//    PushRecord, pushTime, readFollowRecords, readPushRecords, readSettings, UpgradeSettings, verifiedRef, whoAsked,
-//    withPushRecord, workloadPodSpec.
+//    PushRecord, pushTime, readFollowRecords, readPushRecords, readSettings, SignatureRefusal, UpgradeSettings,
+//    verifiedRef, whoAsked, withPushRecord, workloadPodSpec.
 //    Tests: test/decision.test.ts, test/hold.test.ts, test/records.test.ts, test/registry-e2e.test.ts,
 //    test/replicas.test.ts, test/upgrade.test.ts.
 // ================================================================================================
@@ -11837,6 +12288,8 @@ interface UpgradeSettings {
   rollbackOnFailure: boolean;
   /** ON_OUTSIDE_CHANGE: whether a change made outside webhook holds older pushes off. */
   onOutsideChange: 'hold' | 'follow';
+  /** VERIFY_SIGNATURE (and its annotations): the keys one of which must have signed the digest deployed. */
+  signature: { keys: CosignKey[]; annotations: Record<string, string> } | undefined;
   /** UPDATE_POLICY: the hook's update policy, which the workload's annotations override. */
   policy: UpdatePolicy;
 }
@@ -11856,7 +12309,10 @@ function readSettings(env: Record<string, string | undefined>, report: UpgradeRe
   // A malformed pin setting (REGISTRY_HOST, ALLOW_IMAGES) refuses every push, before the cluster is asked anything.
   const pin = readImagePin(env);
   report.imagePin = pin;
-  const verifyImage = read.VERIFY_IMAGE.parse(env.VERIFY_IMAGE);
+  const keys = read.VERIFY_SIGNATURE.parse(env.VERIFY_SIGNATURE);
+  const annotations = read.VERIFY_SIGNATURE_ANNOTATIONS.parse(env.VERIFY_SIGNATURE_ANNOTATIONS);
+  if (keys.length === 0 && Object.keys(annotations).length > 0)
+    throw new UpgradeError('VERIFY_SIGNATURE_ANNOTATIONS is set but VERIFY_SIGNATURE names no key to check them with');
   return {
     namespace,
     workload,
@@ -11864,7 +12320,9 @@ function readSettings(env: Record<string, string | undefined>, report: UpgradeRe
     rolloutTimeoutMs,
     pin,
     rollbackOnFailure: rollback,
-    verifyImage,
+    // A signature is checked on the digest the registry has for the tag: VERIFY_SIGNATURE implies VERIFY_IMAGE.
+    verifyImage: read.VERIFY_IMAGE.parse(env.VERIFY_IMAGE) || keys.length > 0,
+    signature: keys.length > 0 ? { keys, annotations } : undefined,
     registryCa: read.REGISTRY_CA.parse(env.REGISTRY_CA),
     registryTokenHosts: read.REGISTRY_TOKEN_HOSTS.parse(env.REGISTRY_TOKEN_HOSTS),
     onOutsideChange: read.ON_OUTSIDE_CHANGE.parse(env.ON_OUTSIDE_CHANGE),
@@ -12064,6 +12522,7 @@ async function verifiedRef(
   ref: string,
   announced: string | undefined,
   report: UpgradeReport,
+  deps: UpgradeDeps,
 ): Promise<string> {
   const target: WorkloadTarget = { ...s.workload, namespace: s.namespace };
   const podSpec = valueAt(await readWorkload(client, target), [...kindSpec(target.kind).template, 'spec']);
@@ -12071,11 +12530,17 @@ async function verifiedRef(
   // The upgrade refuses these with its own messages, before anything is asked of the registry.
   if (!located || !checkImagePin(s.container, located.image, ref, s.pin).allowed) return ref;
   const parsed = validateImageRef(ref);
-  if (!parsed.ok || parsed.ref.tag === undefined) return ref;
+  if (!parsed.ok) return ref;
   const { domain, path: repository, tag } = parsed.ref;
   const digest = parsed.ref.digest ?? announced;
   const host = domain === undefined || registryOf(domain) === 'docker.io' ? 'registry-1.docker.io' : domain;
   const loginFor = () => workloadLogin(client, s.namespace, pullSecretNames(podSpec), host);
+  const signed = { client, s, report, deps, host, repository, loginFor };
+  if (tag === undefined) {
+    // A push by digest alone deploys that digest: only its signature is left to check.
+    if (s.signature) await checkSignature(signed, digest);
+    return ref;
+  }
   const where = `${host}/${repository}:${tag}`;
   let resolved: string | undefined;
   let login: RegistryLogin | undefined;
@@ -12103,7 +12568,67 @@ async function verifiedRef(
     `VERIFY_IMAGE: ${where} is ${resolved} on the registry` +
       (login ? ` (login from pull secret "${login.secret}")` : ''),
   );
+  if (s.signature) await checkSignature(signed, resolved);
   return `${ref.split('@')[0]}@${resolved}`;
+}
+
+/** A push VERIFY_SIGNATURE refused (unsigned, or not signed as required): its decision is `refused: unsigned`. */
+export class SignatureRefusal extends UpgradeError {}
+
+/** Where checkSignature looks, and what it reports to. */
+interface SignatureCheck {
+  client: KubeClient;
+  s: UpgradeSettings;
+  report: UpgradeReport;
+  deps: UpgradeDeps;
+  host: string;
+  repository: string;
+  loginFor: () => Promise<RegistryLogin | undefined>;
+}
+
+/**
+ * VERIFY_SIGNATURE: the digest about to be deployed must carry a cosign signature, found on its
+ * registry (readCosignSignatures), valid under one of the hook's keys, naming that digest and its
+ * repository and carrying the annotations required (verifyCosignSignatures). An unsigned or wrongly
+ * signed digest is refused (SignatureRefusal) and recorded as a Warning Event UpgradeRefused; a
+ * registry whose signatures cannot be read fails closed. Nothing is written either way.
+ */
+async function checkSignature(c: SignatureCheck, digest: string | undefined): Promise<void> {
+  const now = c.deps.now ?? (() => new Date());
+  const image = `${c.host}/${c.repository}@${digest ?? '(no digest)'}`;
+  const keys = c.s.signature!.keys;
+  const registry = { host: c.host, repository: c.repository, ca: c.s.registryCa, tokenHosts: c.s.registryTokenHosts };
+  let problem: string;
+  if (digest === undefined) problem = 'the push names no digest, and without one no signature can be checked';
+  else {
+    let found: CosignSignatures;
+    try {
+      found = await readCosignSignatures(registry, digest, c.loginFor);
+    } catch (e) {
+      throw new UpgradeError(
+        `signature: could not read the signatures of ${image}: ${(e as Error).message}; nothing was changed`,
+      );
+    }
+    const want = { digest, repository: `${c.host}/${c.repository}`, keys, annotations: c.s.signature!.annotations };
+    const verdict = verifyCosignSignatures(found, want);
+    if (verdict.ok) {
+      c.report.notes.push(
+        `signature: ${image} is signed by ${verdict.key.kind} key ${verdict.key.fingerprint} (${verdict.where})`,
+      );
+      return;
+    }
+    problem = verdict.problem;
+  }
+  const message = `signature: ${image} is not signed as VERIFY_SIGNATURE requires: ${problem}`;
+  c.report.refused = true;
+  const target: WorkloadTarget = { ...c.s.workload, namespace: c.s.namespace };
+  const event: WorkloadEvent = {
+    type: 'Warning',
+    reason: 'UpgradeRefused',
+    message: `${message}; asked by ${whoAsked(c.deps)}`,
+  };
+  await recordEventQuietly(c.client, target, event, now(), c.report);
+  throw new SignatureRefusal(`${message}; nothing was changed`);
 }
 
 // ================================================================================================
@@ -13047,7 +13572,7 @@ export async function runUpgrade(
         return;
       }
       let ref = composed.candidates ? await candidateFor(client, settings, composed.candidates, report) : composed.ref;
-      if (settings.verifyImage) ref = await verifiedRef(client, settings, ref, composed.digest, report);
+      if (settings.verifyImage) ref = await verifiedRef(client, settings, ref, composed.digest, report, deps);
       report.imageAfter = ref;
       await applyUpgrade(client, settings, { ...push, image: ref }, report, deps);
     };
@@ -13055,7 +13580,8 @@ export async function runUpgrade(
   } catch (e) {
     report.result = 'failed';
     report.error = (e as Error).message;
-    if (!report.changed) report.decision = report.refused ? 'refused' : 'failed';
+    if (!report.changed)
+      report.decision = e instanceof SignatureRefusal ? 'refused: unsigned' : report.refused ? 'refused' : 'failed';
     report.badInput = e instanceof PayloadError || undefined;
     // No answer at all, or the server's own failure or throttling, to the end of the retry budget.
     report.unreachable = e instanceof KubeError && (e.status === 0 || e.status === 429 || e.status >= 500);
@@ -13830,7 +14356,8 @@ function decisionOf(job: MailJob, report: UpgradeReport | undefined): { decision
   if (!report) return { decision: job.outcome === 'failed' ? 'failed' : 'ran', detail: job.detail };
   if (report.rollout?.superseded) return { decision: 'superseded', detail: report.rollout.detail };
   const decision = DECISIONS[report.decision].published;
-  if (report.decision === 'refused' || report.decision === 'failed') return { decision, detail: report.error ?? '' };
+  if (report.decision === 'refused' || report.decision === 'refused: unsigned' || report.decision === 'failed')
+    return { decision, detail: report.error ?? '' };
   // The detail of a push that changed nothing is why: the action's text is `none (<why>)`.
   return { decision, detail: report.changed ? report.action : whyNone(report.action) };
 }
@@ -15090,7 +15617,27 @@ function describeUpgrade(hook: Hook, inserted: Set<string>): string[] {
     input('MAIL_TO', 'mail to'),
     describePolicy(hook),
     describeOutsideChange(hook),
+    ...describeSignature(hook),
     ...describeNotifications(hook),
+  ];
+}
+
+/** The keys a hook checks signatures with (VERIFY_SIGNATURE, fixed and read at load): fingerprints, never the keys. */
+function describeSignature(hook: Hook): string[] {
+  const fixed = (envname: string) => {
+    const value = upgradeInput(hook, envname);
+    return typeof value === 'string' ? value : undefined;
+  };
+  if (!fixed('VERIFY_SIGNATURE')?.trim()) return [];
+  const keys = HOOK_SETTINGS.VERIFY_SIGNATURE.parse(fixed('VERIFY_SIGNATURE'));
+  const annotations = Object.entries(
+    HOOK_SETTINGS.VERIFY_SIGNATURE_ANNOTATIONS.parse(fixed('VERIFY_SIGNATURE_ANNOTATIONS')),
+  );
+  return [
+    `signatures: cosign, signed by any of ${keys.length} key${keys.length === 1 ? '' : 's'} ` +
+      `(${keys.map((k) => `${k.kind} ${k.fingerprint}`).join(', ')})` +
+      (annotations.length ? `, with ${annotations.map(([k, v]) => `${k}=${v}`).join(' ')}` : '') +
+      '; the tag is resolved on its registry (VERIFY_IMAGE) and that digest deployed',
   ];
 }
 
