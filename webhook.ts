@@ -4815,7 +4815,7 @@ const SIGSTORE_BUNDLE_ARTIFACT = /^application\/vnd\.dev\.sigstore\.bundle/;
 const OCI_INDEX = 'application/vnd.oci.image.index.v1+json';
 
 /** One signature layer: where it was found (for messages), its payload and its annotations. */
-export interface CosignSignatureLayer {
+interface CosignSignatureLayer {
   where: string;
   payload: Buffer;
   annotations: Record<string, string>;
@@ -5025,7 +5025,7 @@ export interface CosignKey {
 }
 
 /** What a signature must say besides being valid: the digest, the repository and the annotations required. */
-export interface SignatureExpectation {
+interface SignatureExpectation {
   digest: string;
   /** host/path, as cosign writes critical.identity.docker-reference. */
   repository: string;
@@ -5044,7 +5044,7 @@ export function parseCosignKeys(pem: string, where: string): CosignKey[] {
   return blocks.map((m, i) => {
     const at = `${where}: PEM block ${i + 1} (line ${pem.slice(0, m.index).split('\n').length})`;
     if (m[1] !== 'PUBLIC KEY')
-      throw new Error(`${at} is a ${m[1]}, not a PUBLIC KEY (give the public key, e.g. cosign.pub, never the private)`);
+      throw new Error(`${at} is ${m[1]}, not PUBLIC KEY (give the public key, e.g. cosign.pub, never the private)`);
     let key: KeyObject;
     try {
       key = createPublicKey(m[0]);
@@ -11343,7 +11343,8 @@ export function policyDecision(
 //    parse, which is the only reader of its text and throws the message operators know. The settings tables of
 //    docs/configuration.md are written from it (scripts/settings-doc.ts), and -validate describes hooks from it.
 //    Exports: fixedSettingChecks, HOOK_SETTINGS, HookSetting, HookSettingName, notifyCa, NotifyFormatName.
-//    Tests: test/hold.test.ts, test/mail.test.ts, test/policy.test.ts, test/settings.test.ts, test/upgrade.test.ts.
+//    Tests: test/cosign-verify.test.ts, test/hold.test.ts, test/mail.test.ts, test/policy.test.ts,
+//    test/settings.test.ts, test/upgrade.test.ts.
 // ================================================================================================
 
 /**

@@ -82,8 +82,11 @@ describe('the decision of a push', () => {
     const published = Object.fromEntries(Object.entries(DECISIONS).map(([code, d]) => [code, d.published]));
     assert.deepEqual(published, {
       applied: 'applied', 're-pulled': 'same image restarted', superseded: 'no-op', repeat: 'no-op', 'no-op': 'no-op',
-      refused: 'refused', 'skipped by policy': 'skipped by policy', held: 'held', failed: 'failed', kept: 'no-op',
+      refused: 'refused', 'refused: unsigned': 'refused: unsigned', 'skipped by policy': 'skipped by policy', held: 'held',
+      failed: 'failed', kept: 'no-op',
     });
+    const unsigned = { ...base(), decision: 'refused: unsigned' as const, result: 'failed' as const, error: 'signature: x is not signed' };
+    assert.deepEqual([result(unsigned).decision, result(unsigned).detail], ['refused: unsigned', 'signature: x is not signed']);
     const skipped = { ...base(), decision: 'skipped by policy' as const, action: 'none (policy: v2.0.0 is outside semver:^1 of deployment/web)' };
     assert.deepEqual([result(skipped).decision, result(skipped).detail], ['skipped by policy', 'policy: v2.0.0 is outside semver:^1 of deployment/web']);
     // The action's text once a failed rollout is rolled back does not make an applied push anything else.

@@ -54,8 +54,10 @@ describe('what comes from the table', () => {
     const checks = fixedSettingChecks();
     assert.deepEqual(
       Object.keys(checks).toSorted(),
-      ['ALLOW_IMAGES', 'NOTIFY_FORMAT', 'NOTIFY_ON_SKIP', 'NOTIFY_SECRET', 'NOTIFY_URL', 'ON_OUTSIDE_CHANGE', 'REGISTRY_HOST', 'REGISTRY_TOKEN_HOSTS', 'UPDATE_POLICY'],
+      ['ALLOW_IMAGES', 'NOTIFY_FORMAT', 'NOTIFY_ON_SKIP', 'NOTIFY_SECRET', 'NOTIFY_URL', 'ON_OUTSIDE_CHANGE', 'REGISTRY_HOST', 'REGISTRY_TOKEN_HOSTS', 'UPDATE_POLICY',
+        'VERIFY_SIGNATURE', 'VERIFY_SIGNATURE_ANNOTATIONS'],
     );
+    assert.match(checks.VERIFY_SIGNATURE('cosign:/nonexistent/cosign.pub') ?? '', /^VERIFY_SIGNATURE item 1: the key file "\/nonexistent\/cosign\.pub" cannot be read/);
     assert.match(checks.UPDATE_POLICY('newest') ?? '', /^UPDATE_POLICY "newest" is not a policy: not one of all, semver:<range>/);
     assert.equal(checks.UPDATE_POLICY('semver:^1.4'), undefined);
     assert.match(checks.NOTIFY_ON_SKIP('maybe') ?? '', /^NOTIFY_ON_SKIP "maybe" is not a boolean/);

@@ -1,0 +1,250 @@
+/*
+ * VERIFY_SIGNATURE end to end: the real cosign (built by test/cosign.ts, v2.6.5) signs images that
+ * skopeo pushed to a real registry (Debian's docker-registry over TLS with basic auth,
+ * test/registry.ts), offline (`cosign sign --key … --tlog-upload=false`); the built executable then
+ * gets the registry's push envelopes and, on the real test cluster, deploys a signed digest and refuses
+ * the rest. The envelopes are posted by the test once the signature is (or is not) in place, in the
+ * registry's own shape: the registry's own notifications would race cosign.
+ *
+ * The referrers way: cosign's --registry-referrers-mode=oci-1-1 against this registry (Distribution 2.8,
+ * which has no referrers API: GET /v2/<repo>/referrers/<digest> is 404) stores the signature as a
+ * referrer and lists it in the referrers tag schema's index (tag sha256-<hex>), which the service reads
+ * as the fallback. A registry with the referrers API itself is not available here.
+ *
+ * cosign and the registry are required in CI (a failure to build or start them fails); outside CI,
+ * without the cluster or cosign, the tests skip loudly.
+ */
+import assert from 'node:assert/strict';
+import { execFile, execFileSync } from 'node:child_process';
+import { createHash, createPublicKey } from 'node:crypto';
+import * as fs from 'node:fs';
+import * as https from 'node:https';
+import * as path from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import { promisify } from 'node:util';
+import { defaultBinary, httpRequest, makeTempDir, startWebhook, waitFor, waitForOutput, type Webhook } from './harness.ts';
+import { cosignOrSkip } from './cosign.ts';
+import { ociArchive, startRegistry, type Registry } from './registry.ts';
+import { clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor, pushedState, removeNamespace } from './cluster/kube.ts';
+import { fixedSettings, registryHook } from './upgrade-hooks.ts';
+
+const run = promisify(execFile);
+const TOKEN = 'signed-images-token-3e81c0';
+const LOGIN = { user: 'signer', password: 'signed-images-password-b2d9e4' };
+const KEY_PASSWORD = 'cosign-key-password-7f10aa';
+// cosign signs in well under a second; a loaded CI machine and a registry login make that seconds.
+const COSIGN_TIMEOUT_MS = 120_000;
+const cluster = await clusterOrSkip();
+const cosign = cluster ? await cosignOrSkip() : undefined;
+
+/** sha256 of a PEM public key's SubjectPublicKeyInfo, as -validate and the answers show it. */
+function fingerprint(pemFile: string): string {
+  const der = createPublicKey(fs.readFileSync(pemFile, 'utf8')).export({ type: 'spki', format: 'der' });
+  return `sha256:${createHash('sha256').update(der).digest('hex')}`;
+}
+
+const escape = (text: string) => text.replace(/[.*+?^${}()|[\]\\/]/g, '\\$&');
+
+describe('VERIFY_SIGNATURE: cosign signatures on a real registry, through the executable', { skip: cosign ? false : 'no cluster or no cosign' }, () => {
+  const ns = freshNamespaceName('signed');
+  const kubectl = kubectlFor(cluster!);
+  let registry: Registry;
+  let wh: Webhook;
+  let work: string;
+  let caFile: string;
+  let certDir: string;
+  let dockerConfig: string;
+  let signedV2: string;
+
+  const image = (tag: string) => `${registry.host}/acme/web:${tag}`;
+  const imageOf = async (name = 'web') => containerImage(JSON.parse(await kubectl(['-n', ns, 'get', `deployment/${name}`, '-o', 'json'])), 'app');
+  const stateOf = async (name = 'web') => pushedState(JSON.parse(await kubectl(['-n', ns, 'get', `deployment/${name}`, '-o', 'json'])));
+
+  /** The digest the registry has for acme/web:<tag> (a HEAD with the login, trusting the registry's CA). */
+  const digestOf = (tag: string) => new Promise<string>((resolve, reject) => {
+    const req = https.request(`https://${registry.host}/v2/acme/web/manifests/${tag}`, {
+      method: 'HEAD', ca: registry.caPem, auth: `${LOGIN.user}:${LOGIN.password}`,
+      headers: { Accept: 'application/vnd.oci.image.manifest.v1+json, application/vnd.oci.image.index.v1+json' },
+    }, (res) => {
+      res.resume();
+      const digest = res.headers['docker-content-digest'];
+      if (res.statusCode === 200 && typeof digest === 'string') resolve(digest);
+      else reject(new Error(`HEAD acme/web:${tag}: ${res.statusCode}`));
+    });
+    req.on('error', reject);
+    req.end();
+  });
+  /** Pushes a new image to acme/web:<tag>; its digest. */
+  const pushImage = async (tag: string) => {
+    await registry.push(ociArchive(work, `signed-images ${tag} ${Date.now()}`).path, `acme/web:${tag}`);
+    return digestOf(tag);
+  };
+  /** `cosign sign --key <key>.key --tlog-upload=false` of acme/web@<digest>, offline, trusting the registry's CA. */
+  const sign = (key: string, digest: string, extra: string[] = []) =>
+    run(cosign!, ['sign', '--key', path.join(work, `${key}.key`), '--tlog-upload=false', '--yes', ...extra, `${registry.host}/acme/web@${digest}`], {
+      cwd: work, timeout: COSIGN_TIMEOUT_MS,
+      env: { ...process.env, COSIGN_PASSWORD: KEY_PASSWORD, COSIGN_EXPERIMENTAL: '1', SSL_CERT_FILE: caFile, DOCKER_CONFIG: dockerConfig },
+    });
+  /** The registry's push envelope for acme/web:<tag> at <digest>, to the hook for deployment/<workload>. */
+  const post = (tag: string, digest: string, { hook = 'signed', workload = 'web' } = {}) => wh.request(
+    `/hooks/${hook}?${new URLSearchParams({ token: TOKEN, ns, workload: `deployment/${workload}`, container: 'app' })}`, {
+      method: 'POST', headers: { 'Content-Type': 'application/vnd.docker.distribution.events.v1+json' },
+      body: JSON.stringify({ events: [{
+        action: 'push', timestamp: new Date().toISOString(),
+        target: { mediaType: 'application/vnd.oci.image.manifest.v1+json', repository: 'acme/web', tag, digest },
+        request: { host: registry.host, method: 'PUT' },
+      }] }),
+    });
+  /** A push refused for its signature: 500 with the message, nothing on the workload changed. */
+  const refused = async (tag: string, digest: string, why: RegExp, opts: Parameters<typeof post>[2] = {}) => {
+    const before = await stateOf(opts.workload);
+    const res = await post(tag, digest, opts);
+    assert.equal(res.status, 500, res.body);
+    const prefix = `^result: +failed: signature: ${escape(`${registry.host}/acme/web@${digest}`)} is not signed as VERIFY_SIGNATURE requires: `;
+    assert.match(res.body, new RegExp(`${prefix}${why.source}; nothing was changed$`, 'm'));
+    assert.equal(await stateOf(opts.workload), before, `${tag}: the workload is unchanged`);
+    return res;
+  };
+
+  before(async () => {
+    work = makeTempDir('signed-images-');
+    registry = await startRegistry({ tls: true, auth: LOGIN });
+    caFile = path.join(work, 'registry-ca.pem');
+    fs.writeFileSync(caFile, registry.caPem!);
+    certDir = path.join(work, 'certs');
+    fs.mkdirSync(certDir);
+    fs.writeFileSync(path.join(certDir, 'ca.crt'), registry.caPem!);
+    // cosign reads its registry login from a docker config, as in CI after `docker login`.
+    dockerConfig = path.join(work, 'docker');
+    fs.mkdirSync(dockerConfig);
+    const auth = Buffer.from(`${LOGIN.user}:${LOGIN.password}`).toString('base64');
+    fs.writeFileSync(path.join(dockerConfig, 'config.json'), JSON.stringify({ auths: { [registry.host]: { auth } } }));
+    for (const prefix of ['release', 'other'])
+      await run(cosign!, ['generate-key-pair', '--output-key-prefix', prefix], { cwd: work, timeout: COSIGN_TIMEOUT_MS, env: { ...process.env, COSIGN_PASSWORD: KEY_PASSWORD } });
+    const urlToken = { match: { type: 'value', value: TOKEN, parameter: { source: 'url', name: 'token' } } };
+    const hook = (id: string, settings: Record<string, string>) => {
+      const h = registryHook(id, urlToken, 'distribution') as Record<string, object[]>;
+      h['pass-environment-to-command'].push(...fixedSettings({ REGISTRY_CA: caFile, ...settings }));
+      return h;
+    };
+    const hooks = [
+      hook('signed', { VERIFY_SIGNATURE: `cosign:${path.join(work, 'release.pub')}` }),
+      hook('annotated', { VERIFY_SIGNATURE: `cosign:${fs.readFileSync(path.join(work, 'release.pub'), 'utf8')}`, VERIFY_SIGNATURE_ANNOTATIONS: 'pipeline=release' }),
+    ];
+    fs.writeFileSync(path.join(work, 'hooks.json'), JSON.stringify(hooks));
+    wh = await startWebhook({ hooks: path.join(work, 'hooks.json'), env: { KUBECONFIG: cluster!.kubeconfigPath }, metrics: true, args: ['-deliveries', '50'] });
+    await kubectl(['create', 'namespace', ns]);
+    const withSecret = (d: Record<string, any>) => ((d.spec.template.spec.imagePullSecrets = [{ name: 'regcred' }]), d);
+    await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: [
+      { apiVersion: 'v1', kind: 'Secret', metadata: { name: 'regcred' }, type: 'kubernetes.io/dockerconfigjson',
+        data: { '.dockerconfigjson': Buffer.from(JSON.stringify({ auths: { [`https://${registry.host}`]: { auth } } })).toString('base64') } },
+      withSecret(deployment('web', [{ name: 'app', image: image('v1') }], { replicas: 1 })),
+      withSecret(deployment('annotated', [{ name: 'app', image: image('v1') }], { replicas: 1 })),
+    ] }));
+  });
+  after(async () => {
+    await wh?.stop();
+    await registry?.stop();
+    await removeNamespace(kubectl, ns);
+  });
+
+  test('a digest signed with the hook\'s key is deployed at that digest, and the answer names the key and signature', async () => {
+    signedV2 = await pushImage('v2');
+    await sign('release', signedV2);
+    const res = await post('v2', signedV2);
+    assert.equal(res.status, 200, res.body);
+    assert.equal(await imageOf(), `${image('v2')}@${signedV2}`);
+    const sig = `${signedV2.replace(':', '-')}.sig`;
+    assert.match(res.body, new RegExp(`^note: +signature: ${escape(`${registry.host}/acme/web@${signedV2}`)} is signed by ECDSA P-256 key ` +
+      `${fingerprint(path.join(work, 'release.pub'))} \\(tag ${sig}, layer 1\\)$`, 'm'));
+  });
+
+  test('an unsigned digest is refused: 500, nothing changed, an UpgradeRefused Event, the delivery "refused: unsigned"', async () => {
+    const digest = await pushImage('v3');
+    const hex = digest.slice('sha256:'.length);
+    const res = await refused('v3', digest, new RegExp(`no cosign signature \\(looked at tag sha256-${hex}\\.sig and the referrers tag sha256-${hex}\\)`));
+    const events = async () => (JSON.parse(await kubectl(['-n', ns, 'get', 'events', '--field-selector', 'involvedObject.name=web,reason=UpgradeRefused', '-o', 'json'])).items as any[])
+      .filter((e) => e.type === 'Warning' && e.message.includes(`acme/web@${digest} is not signed as VERIFY_SIGNATURE requires: no cosign signature`));
+    await waitFor(async () => (await events()).length > 0, { timeoutMs: 30_000, what: 'the UpgradeRefused Event' });
+    const admin = Number(/serving deliveries on http:\/\/127\.0\.0\.1:(\d+)\/deliveries/.exec(await waitForOutput(wh, /serving deliveries on http:\/\/127\.0\.0\.1:\d+\/deliveries/))![1]);
+    const id = String(res.headers['x-request-id']);
+    const delivery = await waitFor(async () => {
+      const d = JSON.parse((await httpRequest(admin, '/deliveries.json')).body).deliveries.find((x: any) => x.request_id === id);
+      return d?.state === 'done' ? d : undefined;
+    }, { timeoutMs: 30_000, what: `the delivery of ${id}` });
+    assert.equal(delivery.decision, 'refused: unsigned');
+    assert.match(delivery.detail, new RegExp(`^signature: ${escape(registry.host)}/acme/web@${digest} is not signed`));
+  });
+
+  test('a digest signed with another key is refused, naming the key the hook trusts', async () => {
+    const digest = await pushImage('v4');
+    await sign('other', digest);
+    await refused('v4', digest, new RegExp(`tag sha256-[0-9a-f]{64}\\.sig, layer 1: not signed by a key VERIFY_SIGNATURE names \\(${fingerprint(path.join(work, 'release.pub'))}\\)`));
+  });
+
+  test('a tag moved to an unsigned digest after signing is refused; the signed digest announced late is not the tag\'s', async () => {
+    const signed = await pushImage('v5');
+    await sign('release', signed);
+    const moved = await pushImage('v5');
+    assert.notEqual(moved, signed);
+    await refused('v5', moved, /no cosign signature \(looked at tag .*\)/);
+    const late = await post('v5', signed);
+    assert.equal(late.status, 500, late.body);
+    assert.match(late.body, new RegExp(`failed: VERIFY_IMAGE: the payload announced ${signed} but the registry's .*acme/web:v5 is ${moved}; nothing was changed`));
+  });
+
+  test('a signature copied from another digest (its .sig tag copied over) is refused as naming that digest', async () => {
+    const digest = await pushImage('v6');
+    const tag = (d: string) => `docker://${registry.host}/acme/web:${d.replace(':', '-')}.sig`;
+    const creds = `${LOGIN.user}:${LOGIN.password}`;
+    await run('skopeo', ['copy', '--quiet', '--src-cert-dir', certDir, '--dest-cert-dir', certDir, '--src-creds', creds, '--dest-creds', creds,
+      tag(signedV2), tag(digest)], { timeout: COSIGN_TIMEOUT_MS });
+    await refused('v6', digest, new RegExp(`tag sha256-${digest.slice(7)}\\.sig, layer 1: signed by sha256:[0-9a-f]{64}, but for "${signedV2}", not this digest \\(a signature copied from another image\\)`));
+  });
+
+  test('a signature stored as a referrer (cosign --registry-referrers-mode=oci-1-1) is found through the referrers tag schema', async () => {
+    const digest = await pushImage('v7');
+    await sign('release', digest, ['--registry-referrers-mode=oci-1-1']);
+    const res = await post('v7', digest);
+    assert.equal(res.status, 200, res.body);
+    assert.equal(await imageOf(), `${image('v7')}@${digest}`);
+    assert.match(res.body, /is signed by ECDSA P-256 key sha256:[0-9a-f]{64} \(referrer sha256:[0-9a-f]{64}, layer 1\)$/m);
+  });
+
+  test('VERIFY_SIGNATURE_ANNOTATIONS: a signature with the annotation required is deployed, one with another value refused', async () => {
+    const release = await pushImage('v8');
+    await sign('release', release, ['-a', 'pipeline=release']);
+    const res = await post('v8', release, { hook: 'annotated', workload: 'annotated' });
+    assert.equal(res.status, 200, res.body);
+    assert.equal(await imageOf('annotated'), `${image('v8')}@${release}`);
+    const dev = await pushImage('v9');
+    await sign('release', dev, ['-a', 'pipeline=dev']);
+    await refused('v9', dev, /tag sha256-[0-9a-f]{64}\.sig, layer 1: signed by sha256:[0-9a-f]{64}, but with the annotation pipeline="dev", not release/, { hook: 'annotated', workload: 'annotated' });
+  });
+
+  test('-validate shows each key\'s fingerprint, never the key; a private key given as the key fails the load, naming where', () => {
+    const out = execFileSync(defaultBinary(), ['-validate', '-hooks', path.join(work, 'hooks.json')], { encoding: 'utf8' });
+    const fp = fingerprint(path.join(work, 'release.pub'));
+    assert.match(out, new RegExp(`signatures: cosign, signed by any of 1 key \\(ECDSA P-256 ${fp}\\); the tag is resolved`));
+    assert.match(out, new RegExp(`signatures: cosign, signed by any of 1 key \\(ECDSA P-256 ${fp}\\), with pipeline=release;`));
+    const body = fs.readFileSync(path.join(work, 'release.pub'), 'utf8').split('\n')[1];
+    assert.ok(!out.includes(body), out);
+    const bad = JSON.parse(fs.readFileSync(path.join(work, 'hooks.json'), 'utf8')).slice(0, 1);
+    bad[0]['pass-environment-to-command'].find((p: any) => p.envname === 'VERIFY_SIGNATURE').name = `cosign:${path.join(work, 'release.key')}`;
+    fs.writeFileSync(path.join(work, 'bad.json'), JSON.stringify(bad, null, 1));
+    let failed: any;
+    try {
+      execFileSync(defaultBinary(), ['-validate', '-hooks', path.join(work, 'bad.json')], { encoding: 'utf8', stdio: 'pipe' });
+    } catch (e) {
+      failed = e;
+    }
+    assert.ok(failed, 'the load fails');
+    assert.match(failed.stderr, /bad\.json.*hook "signed".*pass-environment-to-command\[\d+\]\.name: VERIFY_SIGNATURE item 1: key file .*release\.key: PEM block 1 \(line 1\) is ENCRYPTED SIGSTORE PRIVATE KEY, not PUBLIC KEY/);
+    assert.ok(!failed.stderr.includes(fs.readFileSync(path.join(work, 'release.key'), 'utf8').split('\n')[1]));
+  });
+
+  test('the registry login and the key password never appear in the output', () => {
+    for (const secret of [LOGIN.password, Buffer.from(`${LOGIN.user}:${LOGIN.password}`).toString('base64'), KEY_PASSWORD])
+      assert.ok(!wh.output().includes(secret), 'a secret in the output');
+  });
+});
