@@ -13420,7 +13420,8 @@ export function hookReach(hook: Hook): HookReach | undefined {
     };
   }
   if (!DNS_LABEL.test(ns.value)) return { ...reach, open: `APP_NS ${showValue(ns.value)} is not a namespace name` };
-  const verifyImage = fixedTrue(hook, 'VERIFY_IMAGE');
+  // VERIFY_SIGNATURE implies VERIFY_IMAGE: the tag is resolved (and the signatures read) with the pull secret's login.
+  const verifyImage = fixedTrue(hook, 'VERIFY_IMAGE') || (fixedInput(hook, 'VERIFY_SIGNATURE')?.trim() ?? '') !== '';
   const rollbackOnFailure = fixedTrue(hook, 'ROLLBACK_ON_FAILURE');
   try {
     return {

@@ -243,6 +243,32 @@ describe('VERIFY_SIGNATURE: cosign signatures on a real registry, through the ex
     assert.ok(!failed.stderr.includes(fs.readFileSync(path.join(work, 'release.key'), 'utf8').split('\n')[1]));
   });
 
+  test('-print-rbac grants get on the pull secrets of a workload whose hook sets VERIFY_SIGNATURE alone', () => {
+    const pinned = (name: string, value: string) => ({ match: { type: 'value', value, parameter: { source: 'url', name } } });
+    const hook = registryHook('signed', { and: [pinned('ns', ns), pinned('workload', 'deployment/web')] }, 'distribution') as Record<string, object[]>;
+    hook['pass-environment-to-command'].push(...fixedSettings({ VERIFY_SIGNATURE: `cosign:${path.join(work, 'release.pub')}` }));
+    fs.writeFileSync(path.join(work, 'rbac.json'), JSON.stringify([hook]));
+    const yaml = execFileSync(defaultBinary(), ['-print-rbac', '-hooks', path.join(work, 'rbac.json'), '-kubeconfig', cluster!.kubeconfigPath,
+      '-rbac-service-account', 'cattle-system/webhook'], { encoding: 'utf8' });
+    assert.match(yaml, /  - apiGroups: \[""\]\n    resources: \["secrets"\]\n    resourceNames: \["regcred"\]\n    verbs: \["get"\]/, yaml);
+  });
+
+  test('a registry that cannot be reached fails closed: VERIFY_SIGNATURE alone resolves the tag, and nothing changes', async () => {
+    const { freePort } = await import('./harness.ts');
+    const away = `127.0.0.1:${await freePort()}`;
+    await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(deployment('away', [{ name: 'app', image: `${away}/acme/web:v1` }], { replicas: 1 })));
+    const before = await stateOf('away');
+    const res = await wh.request(`/hooks/signed?${new URLSearchParams({ token: TOKEN, ns, workload: 'deployment/away', container: 'app' })}`, {
+      method: 'POST', headers: { 'Content-Type': 'application/vnd.docker.distribution.events.v1+json' },
+      body: JSON.stringify({ events: [{ action: 'push', timestamp: new Date().toISOString(),
+        target: { mediaType: 'application/vnd.oci.image.manifest.v1+json', repository: 'acme/web', tag: 'v2', digest: `sha256:${'1'.repeat(64)}` },
+        request: { host: away, method: 'PUT' } }] }),
+    });
+    assert.equal(res.status, 500, res.body);
+    assert.match(res.body, new RegExp(`^result: +failed: VERIFY_IMAGE: could not resolve ${escape(away)}/acme/web:v2: .*; nothing was changed$`, 'm'));
+    assert.equal(await stateOf('away'), before);
+  });
+
   test('the registry login and the key password never appear in the output', () => {
     for (const secret of [LOGIN.password, Buffer.from(`${LOGIN.user}:${LOGIN.password}`).toString('base64'), KEY_PASSWORD])
       assert.ok(!wh.output().includes(secret), 'a secret in the output');
