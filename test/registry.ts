@@ -312,7 +312,7 @@ function ensurePackages(): void {
   aptInstall(['docker-registry', 'skopeo', 'apache2-utils'], present, 'startRegistry: docker-registry, skopeo or htpasswd');
 }
 
-function makeCertificate(dir: string): { caFile: string; caPem: string; certFile: string; keyFile: string; certDir: string } {
+export function makeCertificate(dir: string): { caFile: string; caPem: string; certFile: string; keyFile: string; certDir: string } {
   const p = (name: string) => join(dir, name);
   const key = ['-newkey', 'rsa:2048', '-nodes'];
   runSync('openssl', ['req', '-x509', ...key, '-keyout', p('ca.key'), '-out', p('ca.pem'), '-days', '2', '-subj', '/CN=webhook registry test CA']);

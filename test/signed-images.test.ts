@@ -6,12 +6,13 @@
  * the rest. The envelopes are posted by the test once the signature is (or is not) in place, in the
  * registry's own shape: the registry's own notifications would race cosign.
  *
- * The referrers way: cosign's --registry-referrers-mode=oci-1-1 against this registry (Distribution 2.8,
- * which has no referrers API: GET /v2/<repo>/referrers/<digest> is 404) stores the signature as a
- * referrer and lists it in the referrers tag schema's index (tag sha256-<hex>), which the service reads
- * as the fallback. A registry with the referrers API itself is not available here.
+ * The referrers way, both ways: cosign's --registry-referrers-mode=oci-1-1 against Distribution 2.8
+ * (no referrers API: GET /v2/<repo>/referrers/<digest> is 404) stores the signature as a referrer and
+ * lists it in the referrers tag schema's index (tag sha256-<hex>), which the service reads as the
+ * fallback; against go-containerregistry's registry with its referrers API on (test/oci-registry.ts) it
+ * writes no tag at all, and the service reads the referrers API.
  *
- * cosign and the registry are required in CI (a failure to build or start them fails); outside CI,
+ * cosign and the registries are required in CI (a failure to build or start them fails); outside CI,
  * without the cluster or cosign, the tests skip loudly.
  */
 import assert from 'node:assert/strict';
@@ -24,6 +25,7 @@ import { after, before, describe, test } from 'node:test';
 import { promisify } from 'node:util';
 import { defaultBinary, httpRequest, makeTempDir, startWebhook, waitFor, waitForOutput, type Webhook } from './harness.ts';
 import { cosignOrSkip } from './cosign.ts';
+import { ociRegistryOrSkip, type OciRegistry } from './oci-registry.ts';
 import { ociArchive, startRegistry, type Registry } from './registry.ts';
 import { clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor, pushedState, removeNamespace } from './cluster/kube.ts';
 import { fixedSettings, registryHook } from './upgrade-hooks.ts';
@@ -55,15 +57,19 @@ describe('VERIFY_SIGNATURE: cosign signatures on a real registry, through the ex
   let certDir: string;
   let dockerConfig: string;
   let signedV2: string;
+  // go-containerregistry's registry, which has the referrers API (undefined locally when it cannot be built).
+  let oci: OciRegistry | undefined;
+  let ociCa: string;
 
   const image = (tag: string) => `${registry.host}/acme/web:${tag}`;
   const imageOf = async (name = 'web') => containerImage(JSON.parse(await kubectl(['-n', ns, 'get', `deployment/${name}`, '-o', 'json'])), 'app');
   const stateOf = async (name = 'web') => pushedState(JSON.parse(await kubectl(['-n', ns, 'get', `deployment/${name}`, '-o', 'json'])));
 
-  /** The digest the registry has for acme/web:<tag> (a HEAD with the login, trusting the registry's CA). */
-  const digestOf = (tag: string) => new Promise<string>((resolve, reject) => {
-    const req = https.request(`https://${registry.host}/v2/acme/web/manifests/${tag}`, {
-      method: 'HEAD', ca: registry.caPem, auth: `${LOGIN.user}:${LOGIN.password}`,
+  /** The digest the registry (by default the Distribution one, with the login) has for acme/web:<tag>. */
+  const digestOf = (tag: string, at: { host: string; caPem?: string; auth?: string } = { ...registry, auth: `${LOGIN.user}:${LOGIN.password}` }) =>
+    new Promise<string>((resolve, reject) => {
+    const req = https.request(`https://${at.host}/v2/acme/web/manifests/${tag}`, {
+      method: 'HEAD', ca: at.caPem, auth: at.auth,
       headers: { Accept: 'application/vnd.oci.image.manifest.v1+json, application/vnd.oci.image.index.v1+json' },
     }, (res) => {
       res.resume();
@@ -80,19 +86,19 @@ describe('VERIFY_SIGNATURE: cosign signatures on a real registry, through the ex
     return digestOf(tag);
   };
   /** `cosign sign --key <key>.key --tlog-upload=false` of acme/web@<digest>, offline, trusting the registry's CA. */
-  const sign = (key: string, digest: string, extra: string[] = []) =>
-    run(cosign!, ['sign', '--key', path.join(work, `${key}.key`), '--tlog-upload=false', '--yes', ...extra, `${registry.host}/acme/web@${digest}`], {
+  const sign = (key: string, digest: string, extra: string[] = [], at = { host: registry.host, ca: caFile }) =>
+    run(cosign!, ['sign', '--key', path.join(work, `${key}.key`), '--tlog-upload=false', '--yes', ...extra, `${at.host}/acme/web@${digest}`], {
       cwd: work, timeout: COSIGN_TIMEOUT_MS,
-      env: { ...process.env, COSIGN_PASSWORD: KEY_PASSWORD, COSIGN_EXPERIMENTAL: '1', SSL_CERT_FILE: caFile, DOCKER_CONFIG: dockerConfig },
+      env: { ...process.env, COSIGN_PASSWORD: KEY_PASSWORD, COSIGN_EXPERIMENTAL: '1', SSL_CERT_FILE: at.ca, DOCKER_CONFIG: dockerConfig },
     });
   /** The registry's push envelope for acme/web:<tag> at <digest>, to the hook for deployment/<workload>. */
-  const post = (tag: string, digest: string, { hook = 'signed', workload = 'web' } = {}) => wh.request(
+  const post = (tag: string, digest: string, { hook = 'signed', workload = 'web', host = registry.host } = {}) => wh.request(
     `/hooks/${hook}?${new URLSearchParams({ token: TOKEN, ns, workload: `deployment/${workload}`, container: 'app' })}`, {
       method: 'POST', headers: { 'Content-Type': 'application/vnd.docker.distribution.events.v1+json' },
       body: JSON.stringify({ events: [{
         action: 'push', timestamp: new Date().toISOString(),
         target: { mediaType: 'application/vnd.oci.image.manifest.v1+json', repository: 'acme/web', tag, digest },
-        request: { host: registry.host, method: 'PUT' },
+        request: { host, method: 'PUT' },
       }] }),
     });
   /** A push refused for its signature: 500 with the message, nothing on the workload changed. */
@@ -100,7 +106,7 @@ describe('VERIFY_SIGNATURE: cosign signatures on a real registry, through the ex
     const before = await stateOf(opts.workload);
     const res = await post(tag, digest, opts);
     assert.equal(res.status, 500, res.body);
-    const prefix = `^result: +failed: signature: ${escape(`${registry.host}/acme/web@${digest}`)} is not signed as VERIFY_SIGNATURE requires: `;
+    const prefix = `^result: +failed: signature: ${escape(`${opts.host ?? registry.host}/acme/web@${digest}`)} is not signed as VERIFY_SIGNATURE requires: `;
     assert.match(res.body, new RegExp(`${prefix}${why.source}; nothing was changed$`, 'm'));
     assert.equal(await stateOf(opts.workload), before, `${tag}: the workload is unchanged`);
     return res;
@@ -131,6 +137,12 @@ describe('VERIFY_SIGNATURE: cosign signatures on a real registry, through the ex
       hook('signed', { VERIFY_SIGNATURE: `cosign:${path.join(work, 'release.pub')}` }),
       hook('annotated', { VERIFY_SIGNATURE: `cosign:${fs.readFileSync(path.join(work, 'release.pub'), 'utf8')}`, VERIFY_SIGNATURE_ANNOTATIONS: 'pipeline=release' }),
     ];
+    oci = await ociRegistryOrSkip();
+    if (oci) {
+      ociCa = path.join(work, 'oci-ca.pem');
+      fs.writeFileSync(ociCa, oci.caPem);
+      hooks.push(hook('referrers', { VERIFY_SIGNATURE: `cosign:${path.join(work, 'release.pub')}`, REGISTRY_CA: ociCa }));
+    }
     fs.writeFileSync(path.join(work, 'hooks.json'), JSON.stringify(hooks));
     wh = await startWebhook({ hooks: path.join(work, 'hooks.json'), env: { KUBECONFIG: cluster!.kubeconfigPath }, metrics: true, args: ['-deliveries', '50'] });
     await kubectl(['create', 'namespace', ns]);
@@ -140,11 +152,13 @@ describe('VERIFY_SIGNATURE: cosign signatures on a real registry, through the ex
         data: { '.dockerconfigjson': Buffer.from(JSON.stringify({ auths: { [`https://${registry.host}`]: { auth } } })).toString('base64') } },
       withSecret(deployment('web', [{ name: 'app', image: image('v1') }], { replicas: 1 })),
       withSecret(deployment('annotated', [{ name: 'app', image: image('v1') }], { replicas: 1 })),
+      ...(oci ? [deployment('referrers', [{ name: 'app', image: `${oci.host}/acme/web:v1` }], { replicas: 1 })] : []),
     ] }));
   });
   after(async () => {
     await wh?.stop();
     await registry?.stop();
+    await oci?.stop();
     await removeNamespace(kubectl, ns);
   });
 
@@ -208,6 +222,24 @@ describe('VERIFY_SIGNATURE: cosign signatures on a real registry, through the ex
     const res = await post('v7', digest);
     assert.equal(res.status, 200, res.body);
     assert.equal(await imageOf(), `${image('v7')}@${digest}`);
+    assert.match(res.body, /is signed by ECDSA P-256 key sha256:[0-9a-f]{64} \(referrer sha256:[0-9a-f]{64}, layer 1\)$/m);
+  });
+
+  test('on a registry with the OCI 1.1 referrers API, the referrers are read through it: unsigned refused, signed deployed', async (t) => {
+    if (!oci) return t.skip("go-containerregistry's registry could not be built or started");
+    const at = { host: oci.host, caPem: oci.caPem };
+    await run('skopeo', ['copy', '--quiet', '--dest-cert-dir', oci.certDir, `oci-archive:${ociArchive(work, 'referrers v2').path}`,
+      `docker://${oci.host}/acme/web:v2`], { timeout: COSIGN_TIMEOUT_MS });
+    const digest = await digestOf('v2', at);
+    const where = { hook: 'referrers', workload: 'referrers', host: oci.host };
+    await refused('v2', digest, new RegExp(`no cosign signature \\(looked at tag sha256-${digest.slice(7)}\\.sig and the referrers API\\)`), where);
+    await sign('release', digest, ['--registry-referrers-mode=oci-1-1'], { host: oci.host, ca: ociCa });
+    // Stored as a referrer only: no .sig tag, and (the registry having the API) no referrers tag either.
+    await assert.rejects(digestOf(`${digest.replace(':', '-')}.sig`, at), /: 404$/);
+    await assert.rejects(digestOf(digest.replace(':', '-'), at), /: 404$/);
+    const res = await post('v2', digest, where);
+    assert.equal(res.status, 200, res.body);
+    assert.equal(await imageOf('referrers'), `${oci.host}/acme/web:v2@${digest}`);
     assert.match(res.body, /is signed by ECDSA P-256 key sha256:[0-9a-f]{64} \(referrer sha256:[0-9a-f]{64}, layer 1\)$/m);
   });
 
