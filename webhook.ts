@@ -4844,6 +4844,8 @@ interface RegistryRepository {
 class RepositoryReader {
   private authorization: string | undefined;
   private login: RegistryLogin | undefined;
+  /** Why the login was not sent to the registry's token service, when it was not (tokenHostAllowed). */
+  private withheld: string | undefined;
   private readonly where: string;
   private readonly registry: RegistryRepository;
   private readonly loginFor: () => Promise<RegistryLogin | undefined>;
@@ -4863,10 +4865,15 @@ class RepositoryReader {
       this.login ??= await this.loginFor();
       const asked = await authorizationFor(challenge, this.login, this.registry);
       this.authorization = asked.authorization;
+      this.withheld = asked.withheld;
       answer = await this.follow(url, accept);
     }
     if (answer.status === 401 || answer.status === 403) {
-      const how = this.login ? `the login of pull secret "${this.login.secret}"` : 'no login';
+      const how = this.withheld
+        ? `an anonymous token (${this.withheld})`
+        : this.login
+          ? `the login of pull secret "${this.login.secret}"`
+          : 'no login';
       throw registryRefusal(this.registry.host, `the registry refused ${how} for ${path}: ${answer.status}`);
     }
     return answer;
