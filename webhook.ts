@@ -4547,8 +4547,9 @@ export type JsonPatchOperation =
 //    signatures, offline: readCosignSignatures reads a digest's signature layers where cosign stores them (the
 //    sha256-<hex>.sig tag; the OCI 1.1 referrers API, else the referrers tag schema's sha256-<hex> index), each blob
 //    checked against its digest; verifyCosignSignatures (pure) checks each simple-signing payload's signature with
-//    node:crypto under the keys given (parseCosignKeys: ECDSA P-256, Ed25519, RSA), and that it names the digest,
-//    the repository and the annotations required. No transparency log, no Fulcio: a keyless signature is refused.
+//    node:crypto under the keys given (parseCosignKeys: ECDSA P-256, Ed25519, RSA; Ed25519ph, which cosign signs
+//    with and node:crypto lacks, by hand after RFC 8032), and that it names the digest, the repository and the
+//    annotations required. No transparency log, no Fulcio: a keyless signature is refused.
 //    Exports: CosignKey, CosignSignatures, parseCosignKeys, readCosignSignatures, RegistryLogin, resolveManifestTag,
 //    verifyCosignSignatures.
 //    Tests: test/outbound.test.ts, test/registry-e2e.test.ts, test/clouds.test.ts, test/cosign-verify.test.ts,
@@ -5077,10 +5078,93 @@ function keyKind(key: KeyObject): string | { problem: string } {
   return { problem: `${what}; cosign keys are ECDSA P-256, Ed25519 or RSA` };
 }
 
-/** Whether `signature` is `key`'s over `payload`: ECDSA and RSA (PKCS#1 v1.5, else PSS) over SHA-256, Ed25519 pure. */
+// ---- Ed25519ph (RFC 8032 §5.1), which cosign signs with Ed25519 keys and node:crypto does not offer ----
+
+/** The curve's constants, as RFC 8032 §5.1 gives them: the field prime, d, sqrt(-1), the group order L. */
+const ED25519 = (() => {
+  const p = 2n ** 255n - 19n;
+  const pow = (b: bigint, e: bigint): bigint => {
+    let r = 1n;
+    for (b %= p; e > 0n; e >>= 1n, b = (b * b) % p) if (e & 1n) r = (r * b) % p;
+    return r;
+  };
+  const inv = (a: bigint) => pow(a, p - 2n);
+  return {
+    p,
+    pow,
+    d: (((-121665n * inv(121666n)) % p) + p) % p,
+    sqrtM1: pow(2n, (p - 1n) / 4n),
+    L: 2n ** 252n + 27742317777372353535851937790883648493n,
+    baseY: (4n * inv(5n)) % p,
+  };
+})();
+
+/** A point in extended coordinates (X:Y:Z:T), x = X/Z, y = Y/Z, xy = T/Z. */
+type EdPoint = [bigint, bigint, bigint, bigint];
+
+const edMod = (a: bigint) => ((a % ED25519.p) + ED25519.p) % ED25519.p;
+
+/** Point addition (RFC 8032 §5.1.4); complete, so it doubles too. Pure. */
+function edAdd([x1, y1, z1, t1]: EdPoint, [x2, y2, z2, t2]: EdPoint): EdPoint {
+  const a = edMod((y1 - x1) * (y2 - x2));
+  const b = edMod((y1 + x1) * (y2 + x2));
+  const c = edMod(t1 * 2n * ED25519.d * t2);
+  const d = edMod(z1 * 2n * z2);
+  const [e, f, g, h] = [b - a, d - c, d + c, b + a];
+  return [edMod(e * f), edMod(g * h), edMod(f * g), edMod(e * h)];
+}
+
+function edMultiply(point: EdPoint, scalar: bigint): EdPoint {
+  let result: EdPoint = [0n, 1n, 1n, 0n];
+  for (let q = point; scalar > 0n; scalar >>= 1n, q = edAdd(q, q)) if (scalar & 1n) result = edAdd(result, q);
+  return result;
+}
+
+/** The point a 32-byte encoding names (RFC 8032 §5.1.3), or undefined when it names none. Pure. */
+function edDecode(bytes: Buffer): EdPoint | undefined {
+  const { p, pow, d, sqrtM1 } = ED25519;
+  const n = BigInt(`0x${Buffer.from(bytes).reverse().toString('hex')}`);
+  const y = n & ((1n << 255n) - 1n);
+  const sign = n >> 255n;
+  if (y >= p) return undefined;
+  const u = edMod(y * y - 1n);
+  const v = edMod(d * y * y + 1n);
+  let x = edMod(u * pow(v, 3n) * pow(u * pow(v, 7n), (p - 5n) / 8n));
+  if (edMod(v * x * x) === edMod(-u)) x = edMod(x * sqrtM1);
+  else if (edMod(v * x * x) !== u) return undefined;
+  if (x === 0n && sign === 1n) return undefined;
+  if ((x & 1n) !== sign) x = p - x;
+  return [x, y, 1n, edMod(x * y)];
+}
+
+/**
+ * Whether `signature` is an Ed25519ph signature (empty context) of `message` under the raw 32-byte
+ * public key: [S]B = R + [k]A, k = SHA-512(dom2(1, "") || R || A || SHA-512(message)) mod L. Pure.
+ */
+export function verifyEd25519ph(publicKey: Buffer, message: Buffer, signature: Buffer): boolean {
+  if (publicKey.length !== 32 || signature.length !== 64) return false;
+  const a = edDecode(publicKey);
+  const r = edDecode(signature.subarray(0, 32));
+  const s = BigInt(`0x${Buffer.from(signature.subarray(32)).reverse().toString('hex')}`);
+  const base = edDecode(Buffer.from(ED25519.baseY.toString(16).padStart(64, '0'), 'hex').reverse());
+  if (!a || !r || !base || s >= ED25519.L) return false;
+  const dom2 = Buffer.concat([Buffer.from('SigEd25519 no Ed25519 collisions'), Buffer.from([1, 0])]);
+  const prehash = createHash('sha512').update(message).digest();
+  const h = createHash('sha512').update(Buffer.concat([dom2, signature.subarray(0, 32), publicKey, prehash])).digest();
+  const k = BigInt(`0x${Buffer.from(h).reverse().toString('hex')}`) % ED25519.L;
+  const [x1, y1, z1] = edMultiply(base, s);
+  const [x2, y2, z2] = edAdd(r, edMultiply(a, k));
+  return edMod(x1 * z2 - x2 * z1) === 0n && edMod(y1 * z2 - y2 * z1) === 0n;
+}
+
+/** Whether `signature` is `key`'s over `payload`: ECDSA and RSA (PKCS#1 v1.5, else PSS) over SHA-256, Ed25519(ph). */
 function signedBy(k: CosignKey, payload: Buffer, signature: Buffer): boolean {
   try {
-    if (k.kind === 'Ed25519') return cryptoVerify(null, payload, k.key, signature);
+    if (k.kind === 'Ed25519') {
+      // cosign signs with an Ed25519 key as Ed25519ph; a pure Ed25519 signature is taken too.
+      const raw = Buffer.from(k.key.export({ format: 'jwk' }).x ?? '', 'base64url');
+      return verifyEd25519ph(raw, payload, signature) || cryptoVerify(null, payload, k.key, signature);
+    }
     if (cryptoVerify('sha256', payload, k.key, signature)) return true;
     return (
       k.kind.startsWith('RSA') &&

@@ -1,6 +1,7 @@
 /*
  * The cosign verifier as a pure function (chapter 10): simple-signing payloads signed here with keys
  * node:crypto makes (ECDSA P-256, Ed25519, RSA with PKCS#1 v1.5 and PSS), checked against the keys,
+ * Ed25519ph (how cosign signs with an Ed25519 key) against RFC 8032's test vector,
  * the digest, the repository and the annotations required; and the keys a hook may name
  * (parseCosignKeys, VERIFY_SIGNATURE, VERIFY_SIGNATURE_ANNOTATIONS). Signatures made by the real
  * cosign on a real registry are in test/signed-images.test.ts.
@@ -10,7 +11,7 @@ import { constants, createHash, generateKeyPairSync, sign, type KeyObject } from
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { describe, test } from 'node:test';
-import { HOOK_SETTINGS, parseCosignKeys, verifyCosignSignatures, type CosignSignatures } from '../webhook.ts';
+import { HOOK_SETTINGS, parseCosignKeys, verifyCosignSignatures, verifyEd25519ph, type CosignSignatures } from '../webhook.ts';
 import { makeTempDir } from './harness.ts';
 
 const DIGEST = `sha256:${createHash('sha256').update('the image').digest('hex')}`;
@@ -89,6 +90,21 @@ describe('verifyCosignSignatures', () => {
     assert.equal(problem(verifyCosignSignatures(found(), want(ec.pem))), 'no cosign signature (looked at tag sha256-x.sig and the referrers API)');
     const bundle = { ...found(), bundles: ['sha256:b'] };
     assert.match(problem(verifyCosignSignatures(bundle, want(ec.pem))), /^referrer sha256:b: a Sigstore bundle, not a simple-signing signature/);
+  });
+});
+
+describe('Ed25519ph (cosign signs with Ed25519 keys that way; node:crypto has no Ed25519ph)', () => {
+  test('RFC 8032 section 7.3 test vector "abc": verifies; another message, a changed signature or key do not', () => {
+    const key = Buffer.from('ec172b93ad5e563bf4932c70e1245034c35467ef2efd4d64ebf819683467e2bf', 'hex');
+    const signature = Buffer.from('98a70222f0b8121aa9d30f813d683f809e462b469c7ff87639499bb94e6dae41' +
+      '31f85042463c2a355a2003d062adf5aaa10b8c61e636062aaad11c2a26083406', 'hex');
+    assert.equal(verifyEd25519ph(key, Buffer.from('abc'), signature), true);
+    assert.equal(verifyEd25519ph(key, Buffer.from('abd'), signature), false);
+    const changed = Buffer.from(signature);
+    changed[40] ^= 1;
+    assert.equal(verifyEd25519ph(key, Buffer.from('abc'), changed), false);
+    assert.equal(verifyEd25519ph(Buffer.alloc(32, 7), Buffer.from('abc'), signature), false);
+    assert.equal(verifyEd25519ph(key, Buffer.from('abc'), signature.subarray(0, 63)), false);
   });
 });
 

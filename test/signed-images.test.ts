@@ -17,7 +17,7 @@
  */
 import assert from 'node:assert/strict';
 import { execFile, execFileSync } from 'node:child_process';
-import { createHash, createPublicKey } from 'node:crypto';
+import { createHash, createPublicKey, generateKeyPairSync } from 'node:crypto';
 import * as fs from 'node:fs';
 import * as https from 'node:https';
 import * as path from 'node:path';
@@ -125,8 +125,14 @@ describe('VERIFY_SIGNATURE: cosign signatures on a real registry, through the ex
     fs.mkdirSync(dockerConfig);
     const auth = Buffer.from(`${LOGIN.user}:${LOGIN.password}`).toString('base64');
     fs.writeFileSync(path.join(dockerConfig, 'config.json'), JSON.stringify({ auths: { [registry.host]: { auth } } }));
-    for (const prefix of ['release', 'other'])
-      await run(cosign!, ['generate-key-pair', '--output-key-prefix', prefix], { cwd: work, timeout: COSIGN_TIMEOUT_MS, env: { ...process.env, COSIGN_PASSWORD: KEY_PASSWORD } });
+    const keyEnv = { cwd: work, timeout: COSIGN_TIMEOUT_MS, env: { ...process.env, COSIGN_PASSWORD: KEY_PASSWORD } };
+    for (const prefix of ['release', 'other']) await run(cosign!, ['generate-key-pair', '--output-key-prefix', prefix], keyEnv);
+    // cosign makes ECDSA P-256 keys; Ed25519 and RSA keys are made elsewhere and imported, as an operator would.
+    for (const [prefix, kind, options] of [['ed', 'ed25519', {}], ['rsa', 'rsa', { modulusLength: 3072 }]] as const) {
+      const { privateKey } = generateKeyPairSync(kind as 'rsa', options as { modulusLength: number });
+      fs.writeFileSync(path.join(work, `${prefix}-private.pem`), privateKey.export({ type: 'pkcs8', format: 'pem' }));
+      await run(cosign!, ['import-key-pair', '--key', `${prefix}-private.pem`, '--output-key-prefix', prefix], keyEnv);
+    }
     const urlToken = { match: { type: 'value', value: TOKEN, parameter: { source: 'url', name: 'token' } } };
     const hook = (id: string, settings: Record<string, string>) => {
       const h = registryHook(id, urlToken, 'distribution') as Record<string, object[]>;
@@ -136,6 +142,8 @@ describe('VERIFY_SIGNATURE: cosign signatures on a real registry, through the ex
     const hooks = [
       hook('signed', { VERIFY_SIGNATURE: `cosign:${path.join(work, 'release.pub')}` }),
       hook('annotated', { VERIFY_SIGNATURE: `cosign:${fs.readFileSync(path.join(work, 'release.pub'), 'utf8')}`, VERIFY_SIGNATURE_ANNOTATIONS: 'pipeline=release' }),
+      // Several keys, any one suffices: a file and PEM text.
+      hook('anykey', { VERIFY_SIGNATURE: `cosign:${path.join(work, 'ed.pub')} cosign:${fs.readFileSync(path.join(work, 'rsa.pub'), 'utf8')}` }),
     ];
     oci = await ociRegistryOrSkip();
     if (oci) {
@@ -152,6 +160,7 @@ describe('VERIFY_SIGNATURE: cosign signatures on a real registry, through the ex
         data: { '.dockerconfigjson': Buffer.from(JSON.stringify({ auths: { [`https://${registry.host}`]: { auth } } })).toString('base64') } },
       withSecret(deployment('web', [{ name: 'app', image: image('v1') }], { replicas: 1 })),
       withSecret(deployment('annotated', [{ name: 'app', image: image('v1') }], { replicas: 1 })),
+      withSecret(deployment('anykey', [{ name: 'app', image: image('v1') }], { replicas: 1 })),
       ...(oci ? [deployment('referrers', [{ name: 'app', image: `${oci.host}/acme/web:v1` }], { replicas: 1 })] : []),
     ] }));
   });
@@ -252,6 +261,22 @@ describe('VERIFY_SIGNATURE: cosign signatures on a real registry, through the ex
     const dev = await pushImage('v9');
     await sign('release', dev, ['-a', 'pipeline=dev']);
     await refused('v9', dev, /tag sha256-[0-9a-f]{64}\.sig, layer 1: signed by sha256:[0-9a-f]{64}, but with the annotation pipeline="dev", not release/, { hook: 'annotated', workload: 'annotated' });
+  });
+
+  test('Ed25519 and RSA keys (cosign import-key-pair): either of a hook\'s keys suffices; the ECDSA key it does not name does not', async () => {
+    const where = { hook: 'anykey', workload: 'anykey' };
+    for (const [tag, key, kind] of [['v10', 'ed', 'Ed25519'], ['v11', 'rsa', 'RSA 3072']]) {
+      const digest = await pushImage(tag);
+      await sign(key, digest);
+      const res = await post(tag, digest, where);
+      assert.equal(res.status, 200, res.body);
+      assert.equal(await imageOf('anykey'), `${image(tag)}@${digest}`);
+      assert.match(res.body, new RegExp(`is signed by ${kind} key ${fingerprint(path.join(work, `${key}.pub`))} \\(tag `));
+    }
+    const digest = await pushImage('v12');
+    await sign('release', digest);
+    await refused('v12', digest, new RegExp(`tag sha256-${digest.slice(7)}\\.sig, layer 1: not signed by a key VERIFY_SIGNATURE names \\(${fingerprint(path.join(work, 'ed.pub'))}, ` +
+      `${fingerprint(path.join(work, 'rsa.pub'))}\\)`), where);
   });
 
   test('-validate shows each key\'s fingerprint, never the key; a private key given as the key fails the load, naming where', () => {
