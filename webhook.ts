@@ -4814,6 +4814,9 @@ const COSIGN_SIGNATURE_ARTIFACT = 'application/vnd.dev.cosign.artifact.sig.v1+js
 /** Sigstore bundles (cosign's --new-bundle-format) as referrers: a DSSE envelope, not a simple-signing payload. */
 const SIGSTORE_BUNDLE_ARTIFACT = /^application\/vnd\.dev\.sigstore\.bundle/;
 const OCI_INDEX = 'application/vnd.oci.image.index.v1+json';
+// A registry without the referrers API answers 404 (OCI distribution-spec 1.1); some answer as for a route or
+// method they do not know. Either way the referrers tag schema is where such a registry's clients keep them.
+const REFERRERS_API_ABSENT = [400, 404, 405, 501];
 
 /** One signature layer: where it was found (for messages), its payload and its annotations. */
 interface CosignSignatureLayer {
@@ -4925,8 +4928,8 @@ class RepositoryReader {
   }
 
   /**
-   * The referrers of a digest: the OCI 1.1 referrers API, or where the registry has none (404), the
-   * referrers tag schema's index at tag sha256-<hex>. Returns the descriptors and where they were read.
+   * The referrers of a digest: the OCI 1.1 referrers API, or where the registry has none (REFERRERS_API_ABSENT),
+   * the referrers tag schema's index at tag sha256-<hex>. Returns the descriptors and where they were read.
    */
   async referrers(digest: string): Promise<{ from: string; descriptors: unknown[] }> {
     const answer = await this.get(`referrers/${digest}`, OCI_INDEX);
@@ -4935,7 +4938,7 @@ class RepositoryReader {
         from: 'the referrers API',
         descriptors: asList(this.json(answer.bytes!, `the referrers of ${digest}`).manifests),
       };
-    if (answer.status !== 404)
+    if (!REFERRERS_API_ABSENT.includes(answer.status))
       throw new RegistryError(`${this.where}: the referrers of ${digest}: the registry answered ${answer.status}`);
     const tag = digest.replace(':', '-');
     const index = await this.manifest(tag, OCI_INDEX);
