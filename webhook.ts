@@ -9,12 +9,12 @@
  * mailed when the hook passes MAIL_TO.
  *
  * Chapters, in order. Part I holds the libraries the program needs and has no dependency for; they use
- * nothing of the service. Part II is the service, in the order a push travels: main (39) opens the
- * listeners (20) with the http server's handler (19), which uses the request, rule and hook chapters
- * above it and hands the command to the runner (18), whose in-process command is the upgrade (21-33).
- * After the answer the result travels on in order too: the rollout follower (33) follows the rollout and
- * hands each step to the result (34), which records it and, once final, sends it to the mail (35) and
- * the chat and JSON receivers (36); the deliveries page (37) renders the records. No chapter uses a name a later one
+ * nothing of the service. Part II is the service, in the order a push travels: main (40) opens the
+ * listeners (21) with the http server's handler (20), which uses the request, rule and hook chapters
+ * above it and hands the command to the runner (19), whose in-process command is the upgrade (22-34).
+ * After the answer the result travels on in order too: the rollout follower (34) follows the rollout and
+ * hands each step to the result (35), which records it and, once final, sends it to the mail (36) and
+ * the chat and JSON receivers (37); the deliveries page (38) renders the records. No chapter uses a name a later one
  * defines; where an earlier chapter hands work on, it declares the small interface it needs
  * (InProcessCommand, CommandListener, AdminPages, ResultListener, ResultChannel, HookSettingChecks) and
  * main() wires the later chapter in.
@@ -28,38 +28,39 @@
  *   6. semver ..................... compareVersions, parseRange, parseVersion, satisfiesRange
  *   7. outbound calls ............. outboundRequest, retrying, Scrubber, TokenBucket, withDeadline
  *   8. smtp client ................ composeMessage, DEFAULT_SMTP_PORT, IMPLICIT_TLS_PORT, isAddress
- *   9. kubernetes client .......... credentialsFromEnvironment, describeResource, JsonPatchOperation, KubeClient
- *  10. oci registry client ........ RegistryLogin, resolveManifestTag, readCosignSignatures, verifyCosignSignatures
- *  11. html ....................... cell, escapeHtml, pageShell, shownTime
+ *   9. kubernetes client .......... describeResource, JsonPatchOperation, KubeClient, KubeCredentials
+ *  10. kubeconfig ................. contextCredentials, credentialsFromEnvironment, readKubeconfig
+ *  11. oci registry client ........ RegistryLogin, resolveManifestTag, readCosignSignatures, verifyCosignSignatures
+ *  12. html ....................... cell, escapeHtml, pageShell, shownTime
  * Part II — the service
- *  12. command line & settings .... LIMITS, Options, parseCommandLine, parseGoBool
- *  13. logging & metrics .......... escapeControls, Logger, Metrics
- *  14. hook files ................. CompileSinks, ConfigError, FieldReader, Fields
- *  15. requests ................... applyJsonParameters, compileParam, firstValues, headersFromRaw
- *  16. trigger rules .............. compileRule, evaluateRule, evaluateRuleBeforeBody, Match
- *  17. hooks & reload ............. Hook, HookSettingChecks, HookStore, LoadSettings
- *  18. commands ................... CommandResult, CommandRunner, decodeBase64Strict, InProcessCommand
- *  19. http server ................ AdminPages, allowedMethods, answerClientError, CommandListener
- *  20. listeners .................. openListener, openAdminListener, tlsOptions
- *  21. registry payloads .......... parsePushPayload, parsePushHeaders, PayloadFields, PushEvent
- *  22. cloud registry payloads .... REGISTRIES, REPO_TYPES, registryFor, recognisedRepoType
- *  23. image reference & pin ...... checkImagePin, chooseCandidate, composeImageRef, readImagePin
- *  24. workloads .................. WORKLOAD_KINDS, parseWorkload, locateContainer, rolloutStatus
- *  25. update policies ............ parsePolicy, policyDecision, POLICY_ANNOTATION
- *  26. hook settings .............. HOOK_SETTINGS, fixedSettingChecks
- *  27. upgrade decision ........... readSettings, decidePush, decide, holdDecision, verifiedRef
- *  28. the patch .................. patchOnce, patchUntilApplied
- *  29. the report ................. formatForcedRollback, formatReport, formatRollback, formatRollout
- *  30. rollout follow ............. claimFollow, followRollout, resumedReport, rolloutEvent
- *  31. rollback ................... rollBackFailedRollout
- *  32. least privilege ............ formatRbac, hookReach, HookReach, upgradeInput
- *  33. the upgrade ................ runUpgrade, UpgradeService, RolloutFollower
- *  34. the result ................. DeliveryLog, ResultDispatcher, pushResult, ResultChannel
- *  35. mail ....................... Mailer, parseMailConfig
- *  36. chat & json notifications .. Notifier, NOTIFY_FORMATS, resultDocument
- *  37. deliveries page ............ deliveryPages
- *  38. -validate & -print-rbac .... hookLoadSettings, validate
- *  39. main ....................... main
+ *  13. command line & settings .... LIMITS, Options, parseCommandLine, parseGoBool
+ *  14. logging & metrics .......... escapeControls, Logger, Metrics
+ *  15. hook files ................. CompileSinks, ConfigError, FieldReader, Fields
+ *  16. requests ................... applyJsonParameters, compileParam, firstValues, headersFromRaw
+ *  17. trigger rules .............. compileRule, evaluateRule, evaluateRuleBeforeBody, Match
+ *  18. hooks & reload ............. Hook, HookSettingChecks, HookStore, LoadSettings
+ *  19. commands ................... CommandResult, CommandRunner, decodeBase64Strict, InProcessCommand
+ *  20. http server ................ AdminPages, allowedMethods, answerClientError, CommandListener
+ *  21. listeners .................. openListener, openAdminListener, tlsOptions
+ *  22. registry payloads .......... parsePushPayload, parsePushHeaders, PayloadFields, PushEvent
+ *  23. cloud registry payloads .... REGISTRIES, REPO_TYPES, registryFor, recognisedRepoType
+ *  24. image reference & pin ...... checkImagePin, chooseCandidate, composeImageRef, readImagePin
+ *  25. workloads .................. WORKLOAD_KINDS, parseWorkload, locateContainer, rolloutStatus
+ *  26. update policies ............ parsePolicy, policyDecision, POLICY_ANNOTATION
+ *  27. hook settings .............. HOOK_SETTINGS, fixedSettingChecks
+ *  28. upgrade decision ........... readSettings, decidePush, decide, holdDecision, verifiedRef
+ *  29. the patch .................. patchOnce, patchUntilApplied
+ *  30. the report ................. formatForcedRollback, formatReport, formatRollback, formatRollout
+ *  31. rollout follow ............. claimFollow, followRollout, resumedReport, rolloutEvent
+ *  32. rollback ................... rollBackFailedRollout
+ *  33. least privilege ............ formatRbac, hookReach, HookReach, upgradeInput
+ *  34. the upgrade ................ runUpgrade, UpgradeService, RolloutFollower
+ *  35. the result ................. DeliveryLog, ResultDispatcher, pushResult, ResultChannel
+ *  36. mail ....................... Mailer, parseMailConfig
+ *  37. chat & json notifications .. Notifier, NOTIFY_FORMATS, resultDocument
+ *  38. deliveries page ............ deliveryPages
+ *  39. -validate & -print-rbac .... hookLoadSettings, validate
+ *  40. main ....................... main
  *
  * Each banner's "Exports" lists the names later chapters use and "Tests" the test files that cover it
  * (test/structure.test.ts checks both).
@@ -93,13 +94,14 @@ import { hostname, tmpdir } from 'node:os';
 import * as path from 'node:path';
 import * as tls from 'node:tls';
 import { isSea } from 'node:sea';
+import type { Duplex } from 'node:stream';
 import { StringDecoder } from 'node:string_decoder';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { fileURLToPath } from 'node:url';
 import { getHeapStatistics, setFlagsFromString } from 'node:v8';
 
-const VERSION = '0.1.0';
 
+const VERSION = '0.1.0';
 
 // ################################################################################################
 // Part I — libraries: general code written by hand because the program has no runtime dependencies.
@@ -406,7 +408,7 @@ function isObject(v: unknown): v is Record<string, unknown> {
 //    chapter is the first: the Scanner turns characters into tokens, with libyaml's indentation stack and "simple
 //    key" bookkeeping, because that is where YAML's context rules (and most of its error cases) live. Error messages
 //    carry a position and never the text of a scalar: hook files hold secrets.
-//    Exports: failAt, LineMap, Mark, MAX_DEPTH, MAX_NODES, readChars, Scanner, Token, TokenType.
+//    Exports: failAt, LineMap, Mark, MAX_DEPTH, MAX_NODES, readChars, Scanner, Token, TokenType, YamlError.
 //    Tests: test/yaml.test.ts.
 // ================================================================================================
 
@@ -3974,16 +3976,19 @@ export async function sendWithRetry(
 }
 
 // ================================================================================================
-// 9. kubernetes client — a small client for the Kubernetes REST API over node:https. Credentials come from a JSON
-//    kubeconfig (current-context; token or tokenFile, or a client certificate; the CA; inline *-data or file paths
-//    relative to the kubeconfig) or, inside a pod, from the service account (the token is re-read on every request,
-//    so rotated tokens keep working). Every request is one outboundRequest under a total deadline; transient failures
+// 9. kubernetes client — a small client for the Kubernetes REST API over node:https. Credentials
+//    (KubeCredentials) come from a kubeconfig's context (the kubeconfig chapter: a token, a token file, a client
+//    certificate, or a credential plugin asked before each request and renewed once after a 401) or, inside a pod,
+//    from the service account (the token is re-read on every request, so rotated tokens keep working). A server
+//    URL's path (Rancher's cluster proxy) is kept on every request; a proxy-url's connections tunnel with CONNECT.
+//    Every request is one outboundRequest under a total deadline; transient failures
 //    are retried by the policy of the outbound-calls chapter (retrying) inside a bounded total time, and every call
 //    of one client waits its turn in one token bucket (client-go's QPS and burst). Failures become KubeErrors that
 //    name the verb and the resource, and for 403 the permission missing. The token is only ever put in the
 //    Authorization header.
-//    Exports: credentialsFromEnvironment, describeResource, JsonPatchOperation, KubeClient, KubeError, ResourceRef.
-//    Tests: test/burst.test.ts, test/rollback.test.ts, test/upgrade.test.ts.
+//    Exports: CredentialPlugin, describeResource, inClusterCredentials, JsonPatchOperation, KubeClient,
+//    KubeConfigError, KubeCredentials, KubeError, PluginCredential, ResourceRef.
+//    Tests: test/burst.test.ts, test/kubeconfig.test.ts, test/rollback.test.ts, test/upgrade.test.ts.
 // ================================================================================================
 
 const KUBE_LIMITS = {
@@ -4010,7 +4015,7 @@ const KUBE_LIMITS = {
 
 const SERVICE_ACCOUNT_DIR = '/var/run/secrets/kubernetes.io/serviceaccount';
 
-interface KubeCredentials {
+export interface KubeCredentials {
   /** https://host:port, possibly with a path prefix (Rancher's cluster proxy URLs have one). */
   server: string;
   ca?: Buffer;
@@ -4025,6 +4030,29 @@ interface KubeCredentials {
   source: string;
   /** The namespace of the context or of the pod, when known. */
   namespace?: string;
+  /** A credential plugin (kubeconfig `exec`): asked before each request, instead of token and tokenFile. */
+  plugin?: CredentialPlugin;
+  /** An HTTP or HTTPS proxy the connections tunnel through (HTTP CONNECT). */
+  proxyUrl?: URL;
+  /** What the caller should warn about (certificate checks turned off). */
+  warnings?: string[];
+}
+
+/** A credential a plugin gave: a bearer token, or a client certificate and key. */
+export interface PluginCredential {
+  token?: string;
+  cert?: Buffer;
+  key?: Buffer;
+}
+
+/**
+ * Where a client gets a credential it may not keep forever (the kubeconfig chapter's exec plugins):
+ * `credential` gives the current one (running the plugin when there is none still valid), `rejected`
+ * tells that the API server answered 401 to it, so the next call renews it.
+ */
+export interface CredentialPlugin {
+  credential(): Promise<PluginCredential>;
+  rejected(c: PluginCredential): void;
 }
 
 export class KubeConfigError extends Error {}
@@ -4115,135 +4143,6 @@ export function inClusterCredentials(
   };
 }
 
-/** Credentials of a JSON kubeconfig's current context. */
-export function loadKubeconfig(file: string): KubeCredentials {
-  const where = `kubeconfig ${file}`;
-  const config = readKubeconfigJson(file, where);
-  const contextName = config['current-context'];
-  if (typeof contextName !== 'string' || contextName === '')
-    throw new KubeConfigError(`${where}: current-context is not set`);
-  const named = (list: string, name: unknown, inner: string): Record<string, unknown> => {
-    const items = Array.isArray(config[list]) ? (config[list] as unknown[]) : [];
-    const item = items.find((i) => isObject(i) && i.name === name);
-    if (!isObject(item) || !isObject(item[inner])) {
-      throw new KubeConfigError(
-        `${where}: ${list}: no entry named ${JSON.stringify(name)} (from current-context ` +
-          `${JSON.stringify(contextName)})`,
-      );
-    }
-    return item[inner] as Record<string, unknown>;
-  };
-  const context = named('contexts', contextName, 'context');
-  const cluster = named('clusters', context.cluster, 'cluster');
-  const user = named('users', context.user, 'user');
-  const clusterWhere = `${where}: clusters[${JSON.stringify(context.cluster)}].cluster`;
-  const server = cluster.server;
-  if (typeof server !== 'string' || server === '') throw new KubeConfigError(`${clusterWhere}.server is missing`);
-  if (!server.startsWith('https://')) {
-    throw new KubeConfigError(
-      `${clusterWhere}.server ${JSON.stringify(server)}: only https:// API servers are supported`,
-    );
-  }
-  const dir = path.dirname(path.resolve(file));
-  return {
-    server: server.replace(/\/+$/, ''),
-    ca: kubeconfigMaterial(cluster, clusterWhere, 'certificate-authority', dir),
-    tlsServerName: typeof cluster['tls-server-name'] === 'string' ? cluster['tls-server-name'] : undefined,
-    insecureSkipTlsVerify: cluster['insecure-skip-tls-verify'] === true,
-    ...userCredentials(user, `${where}: users[${JSON.stringify(context.user)}].user`, dir),
-    source: `${where} (user ${JSON.stringify(context.user)})`,
-    namespace: typeof context.namespace === 'string' && context.namespace !== '' ? context.namespace : undefined,
-  };
-}
-
-function readKubeconfigJson(file: string, where: string): Record<string, unknown> {
-  let text: string;
-  try {
-    text = fs.readFileSync(file, 'utf8');
-  } catch (e) {
-    throw new KubeConfigError(
-      `${where}: cannot read it (${(e as NodeJS.ErrnoException).code ?? (e as Error).message})`,
-    );
-  }
-  let config: unknown;
-  try {
-    config = JSON.parse(text);
-  } catch {
-    // The parser's message may quote file content, which can be a credential: do not pass it on.
-    throw new KubeConfigError(
-      `${where}: not JSON; this program reads JSON kubeconfigs (convert one with: kubectl config view --raw ` +
-        `--minify --flatten -o json)`,
-    );
-  }
-  if (!isObject(config)) throw new KubeConfigError(`${where}: not a kubeconfig (the top level must be an object)`);
-  return config;
-}
-
-/** A certificate or key: inline base64 `<field>-data`, else a file path relative to the kubeconfig. */
-function kubeconfigMaterial(
-  section: Record<string, unknown>,
-  at: string,
-  field: string,
-  dir: string,
-): Buffer | undefined {
-  const inline = section[`${field}-data`];
-  if (typeof inline === 'string' && inline !== '') return Buffer.from(inline, 'base64');
-  const ref = section[field];
-  if (typeof ref !== 'string' || ref === '') return undefined;
-  const full = path.resolve(dir, ref);
-  try {
-    return fs.readFileSync(full);
-  } catch (e) {
-    throw new KubeConfigError(`${at}.${field}: cannot read ${full} (${(e as NodeJS.ErrnoException).code})`);
-  }
-}
-
-/** A user entry's token, token file or client certificate; plugins and passwords are refused. */
-function userCredentials(
-  user: Record<string, unknown>,
-  userWhere: string,
-  dir: string,
-): Pick<KubeCredentials, 'token' | 'tokenFile' | 'cert' | 'key'> {
-  for (const unsupported of ['exec', 'auth-provider', 'username', 'password']) {
-    if (user[unsupported] !== undefined) {
-      throw new KubeConfigError(
-        `${userWhere}.${unsupported} is not supported (this program runs no credential plugins): use a token, a ` +
-          `tokenFile or a client certificate`,
-      );
-    }
-  }
-  const token = typeof user.token === 'string' && user.token !== '' ? user.token : undefined;
-  const tokenFile =
-    token === undefined && typeof user.tokenFile === 'string' && user.tokenFile !== ''
-      ? path.resolve(dir, user.tokenFile)
-      : undefined;
-  const cert = kubeconfigMaterial(user, userWhere, 'client-certificate', dir);
-  const key = kubeconfigMaterial(user, userWhere, 'client-key', dir);
-  if ((cert === undefined) !== (key === undefined))
-    throw new KubeConfigError(`${userWhere}: client-certificate and client-key must be given together`);
-  if (token === undefined && tokenFile === undefined && cert === undefined) {
-    throw new KubeConfigError(`${userWhere}: no credentials (token, tokenFile or client-certificate-data)`);
-  }
-  return { token, tokenFile, cert, key };
-}
-
-/** -kubeconfig, else KUBECONFIG, else the pod's service account. */
-export function credentialsFromEnvironment(
-  env: Record<string, string | undefined>,
-  kubeconfigFlag?: string,
-): KubeCredentials {
-  if (kubeconfigFlag) return loadKubeconfig(kubeconfigFlag);
-  const fromEnv = env.KUBECONFIG?.trim();
-  if (fromEnv) {
-    if (fromEnv.includes(path.delimiter))
-      throw new KubeConfigError(
-        `KUBECONFIG ${JSON.stringify(fromEnv)} lists several files; this program reads one JSON kubeconfig`,
-      );
-    return loadKubeconfig(fromEnv);
-  }
-  return inClusterCredentials(env);
-}
-
 interface KubeClientOptions {
   requestTimeoutMs?: number;
   retryBudgetMs?: number;
@@ -4256,7 +4155,9 @@ export class KubeClient {
   readonly source: string;
   readonly namespace: string | undefined;
   private readonly credentials: KubeCredentials;
-  private readonly agent: https.Agent;
+  private agent: https.Agent;
+  /** The plugin's credential the current agent was made with (its client certificate), and the last one used. */
+  private pluginCredential: PluginCredential | undefined;
   private readonly requestTimeoutMs: number;
   private readonly retryBudgetMs: number;
   private readonly rate: TokenBucket;
@@ -4269,16 +4170,7 @@ export class KubeClient {
     this.requestTimeoutMs = options.requestTimeoutMs ?? KUBE_LIMITS.requestTimeoutMs;
     this.retryBudgetMs = options.retryBudgetMs ?? KUBE_LIMITS.retryBudgetMs;
     this.rate = options.rate ?? new TokenBucket(KUBE_LIMITS.requestsPerSecond, KUBE_LIMITS.requestBurst);
-    // One keep-alive agent per client: the TLS handshake is paid once, not on every call.
-    const trust = {
-      onlyCa: credentials.ca,
-      cert: credentials.cert,
-      key: credentials.key,
-      servername: credentials.tlsServerName,
-      verify: !credentials.insecureSkipTlsVerify,
-    };
-    const agentOptions = clientTlsOptions(new URL(credentials.server).hostname, trust);
-    this.agent = new https.Agent(Object.assign(agentOptions, { keepAlive: true }));
+    this.agent = kubeAgent(credentials, credentials.cert, credentials.key);
   }
 
   /** `background`: a read that can wait (a rollout poll) yields to the others under load (takeAbove). */
@@ -4336,7 +4228,13 @@ export class KubeClient {
     verb: KubeVerb,
     method: string,
     r: ResourceRef,
-    o: { query?: Record<string, string>; body?: string; contentType?: string; background?: boolean } = {},
+    o: {
+      query?: Record<string, string>;
+      body?: string;
+      contentType?: string;
+      background?: boolean;
+      renewed?: boolean;
+    } = {},
   ): Promise<T> {
     const query = new URLSearchParams(o.query ?? {}).toString();
     const url = new URL(`${this.server}${resourcePath(r)}${query ? `?${query}` : ''}`);
@@ -4352,6 +4250,12 @@ export class KubeClient {
       return this.attempt<T>(verb, r, url, method, o);
     });
     if (called.ok) return called.value;
+    const used = this.pluginCredential;
+    // A plugin's credential the API server no longer takes (revoked, expired early): renewed once.
+    if (called.error.status === 401 && used && this.credentials.plugin && !o.renewed) {
+      this.credentials.plugin.rejected(used);
+      return this.call<T>(verb, method, r, { ...o, renewed: true });
+    }
     throw exhausted(called.error, called.attempts, called.elapsedMs);
   }
 
@@ -4407,6 +4311,7 @@ export class KubeClient {
 
   /** The Authorization header value, or undefined for client-certificate credentials. */
   private async authorization(verb: KubeVerb, r: ResourceRef): Promise<string | undefined> {
+    if (this.credentials.plugin) return this.pluginAuthorization(verb, r, this.credentials.plugin);
     if (this.credentials.token !== undefined) return `Bearer ${this.credentials.token}`;
     if (this.credentials.tokenFile === undefined) return undefined;
     try {
@@ -4420,6 +4325,26 @@ export class KubeClient {
         'TokenUnreadable',
       );
     }
+  }
+
+  /**
+   * The plugin's credential: its token as the header, or its client certificate in the agent (a new
+   * agent when the certificate changes, so connections made with the old one are not reused).
+   */
+  private async pluginAuthorization(verb: KubeVerb, r: ResourceRef, plugin: CredentialPlugin) {
+    let c: PluginCredential;
+    try {
+      c = await plugin.credential();
+    } catch (e) {
+      // Not status 0: a plugin that fails is no API server away; the push fails and says why.
+      throw new KubeError(`cannot ${verb} ${describeResource(r)}: ${(e as Error).message}`, 401, 'CredentialPlugin');
+    }
+    if (c.cert && c.cert !== this.pluginCredential?.cert) {
+      this.agent.destroy();
+      this.agent = kubeAgent(this.credentials, c.cert, c.key);
+    }
+    this.pluginCredential = c;
+    return c.token === undefined ? undefined : `Bearer ${c.token}`;
   }
 
   private parseAnswer<T>(verb: KubeVerb, r: ResourceRef, answer: OutboundAnswer): T {
@@ -4492,6 +4417,83 @@ export class KubeClient {
   }
 }
 
+/** One keep-alive agent per client: the TLS handshake is paid once, not on every call. */
+function kubeAgent(credentials: KubeCredentials, cert: Buffer | undefined, key: Buffer | undefined): https.Agent {
+  const trust = {
+    onlyCa: credentials.ca,
+    cert,
+    key,
+    servername: credentials.tlsServerName,
+    verify: !credentials.insecureSkipTlsVerify,
+  };
+  const options = Object.assign(clientTlsOptions(new URL(credentials.server).hostname, trust), { keepAlive: true });
+  return credentials.proxyUrl ? new TunnelAgent(credentials.proxyUrl, options) : new https.Agent(options);
+}
+
+const TUNNEL_LIMITS = {
+  // A proxy's answer to CONNECT is a status line and a few headers; more is not such an answer.
+  maxAnswerBytes: 16 * 1024,
+};
+
+/**
+ * An agent whose connections go through an HTTP or HTTPS proxy (kubeconfig proxy-url): a CONNECT to
+ * the API server's host and port, then TLS to the API server inside the tunnel, so the proxy sees
+ * neither the requests nor the credentials. The proxy URL's user and password become its
+ * Proxy-Authorization.
+ */
+class TunnelAgent extends https.Agent {
+  private readonly proxy: URL;
+
+  constructor(proxy: URL, options: https.AgentOptions) {
+    super(options);
+    this.proxy = proxy;
+  }
+
+  override createConnection(
+    options: http.ClientRequestArgs,
+    done?: (err: Error | null, stream: Duplex) => void,
+  ): undefined {
+    const p = this.proxy;
+    const target = `${options.host}:${options.port}`;
+    const secure = p.protocol === 'https:';
+    const port = Number(p.port) || (secure ? 443 : 80);
+    const socket = secure
+      ? tls.connect({ host: p.hostname, port, servername: p.hostname })
+      : net.connect(port, p.hostname);
+    let settled = false;
+    const fail = (why: string) => {
+      socket.destroy();
+      if (!settled) done?.(Object.assign(new Error(`proxy ${p.host}: ${why}`), { code: 'EPROXY' }), socket);
+      settled = true;
+    };
+    socket.setTimeout(KUBE_LIMITS.requestTimeoutMs, () => fail(`no answer to CONNECT ${target}`));
+    socket.once('error', (e: NodeJS.ErrnoException) => fail(e.code ?? e.message));
+    socket.once(secure ? 'secureConnect' : 'connect', () => {
+      const auth = p.username
+        ? `Proxy-Authorization: Basic ${Buffer.from(
+            `${decodeURIComponent(p.username)}:` + `${decodeURIComponent(p.password)}`,
+          ).toString('base64')}\r\n`
+        : '';
+      socket.write(`CONNECT ${target} HTTP/1.1\r\nHost: ${target}\r\n${auth}\r\n`);
+    });
+    let answer = Buffer.alloc(0);
+    const read = (chunk: Buffer) => {
+      answer = Buffer.concat([answer, chunk]);
+      const end = answer.indexOf('\r\n\r\n');
+      if (end < 0) return answer.length > TUNNEL_LIMITS.maxAnswerBytes ? fail('answer to CONNECT too long') : undefined;
+      socket.off('data', read);
+      socket.setTimeout(0);
+      const status = answer.subarray(0, answer.indexOf('\r\n')).toString('latin1');
+      if (!/^HTTP\/1\.[01] 2\d\d /.test(`${status} `))
+        return fail(`CONNECT ${target} refused: ${status.slice(0, 100)}`);
+      settled = true;
+      done?.(null, tls.connect({ ...(options as tls.ConnectionOptions), socket }));
+    };
+    socket.on('data', read);
+    return undefined;
+  }
+}
+
 /** The last failure of a call that is given up, with how many attempts it took and how long. */
 function exhausted(e: KubeError, attempts: number, elapsedMs: number): KubeError {
   if (attempts <= 1) return e;
@@ -4539,7 +4541,463 @@ export type JsonPatchOperation =
   | { op: 'remove'; path: string };
 
 // ================================================================================================
-// 10. oci registry client — asks a registry which digest a tag points at (HEAD /v2/<repo>/manifests/<tag> over
+// 10. kubeconfig — kubeconfig files read as kubectl reads them (client-go's clientcmd), and the credentials of one of
+//    their contexts. YAML or JSON; -kubeconfig is one file, KUBECONFIG a list merged by kubectl's rules (the first
+//    file to name a cluster, user or context wins it whole; current-context comes from the first file that sets it;
+//    missing files are skipped); with neither, the pod's service account. A context gives its namespace, its cluster
+//    (the server with its path, the CA, tls-server-name, insecure-skip-tls-verify with a warning, an http or https
+//    proxy-url) and its user: a client certificate, a token, a tokenFile (re-read on every request, and preferred to a
+//    token beside it, as client-go does), or an exec credential plugin run as client-go runs it
+//    (client.authentication.k8s.io/v1 or v1beta1, KUBERNETES_EXEC_INFO, never interactive, its env and args, its
+//    credential kept until its expirationTimestamp and renewed after a 401). Paths are relative to the file that
+//    names them; a plugin's bare command is looked up on PATH. Basic auth, auth-provider and impersonation are
+//    refused. Errors name the file, the context and the field, never a credential.
+//    Exports: credentialsFromEnvironment.
+//    Tests: test/burst.test.ts, test/kubeconfig.test.ts, test/rollback.test.ts, test/upgrade.test.ts.
+// ================================================================================================
+
+const EXEC_LIMITS = {
+  // A plugin that asks a cloud's token service answers in a second or two; one that has not
+  // answered in 30 s is hung (client-go waits for ever, which a push's answer cannot).
+  timeoutMs: 30_000,
+  // An ExecCredential is a token or a certificate and key: a few KiB.
+  maxOutputBytes: 1024 * 1024,
+  // What of a failed plugin's standard error a message quotes: its last words, not its whole log.
+  stderrChars: 300,
+};
+
+/** One cluster, user or context entry, with the file that named it (paths in it are relative to that file). */
+interface KubeconfigEntry {
+  body: Record<string, unknown>;
+  file: string;
+}
+
+/** Kubeconfig files merged by kubectl's rules (see the banner). */
+interface Kubeconfig {
+  files: string[];
+  currentContext?: string;
+  contexts: Map<string, KubeconfigEntry>;
+  clusters: Map<string, KubeconfigEntry>;
+  users: Map<string, KubeconfigEntry>;
+}
+
+/** The sections of a kubeconfig, each a list of `{name, <inner>: {...}}`. */
+const KUBECONFIG_SECTIONS = [
+  ['clusters', 'cluster'],
+  ['users', 'user'],
+  ['contexts', 'context'],
+] as const;
+
+/** The files to read: -kubeconfig alone, else KUBECONFIG's list (missing ones skipped), else none (in-cluster). */
+function kubeconfigFiles(env: Record<string, string | undefined>, flag?: string): string[] | undefined {
+  if (flag) return [flag];
+  const listed = (env.KUBECONFIG ?? '').split(path.delimiter).filter((f) => f.trim() !== '');
+  if (listed.length === 0) return undefined;
+  const files = [...new Set(listed)].filter((f) => fs.existsSync(f));
+  if (files.length === 0)
+    throw new KubeConfigError(`KUBECONFIG ${JSON.stringify(env.KUBECONFIG)}: none of its files exists`);
+  return files;
+}
+
+/** How messages name the configuration: the one file, or KUBECONFIG's list. */
+function kubeconfigWhere(files: string[]): string {
+  return files.length === 1 ? `kubeconfig ${files[0]}` : `KUBECONFIG ${files.join(path.delimiter)}`;
+}
+
+/** The files read and merged: the first file to name an entry wins it, whole, as does the first current-context. */
+export function readKubeconfig(files: string[]): Kubeconfig {
+  const merged: Kubeconfig = { files, contexts: new Map(), clusters: new Map(), users: new Map() };
+  for (const file of files) {
+    const config = readKubeconfigFile(file);
+    const current = config['current-context'];
+    if (merged.currentContext === undefined && typeof current === 'string' && current !== '')
+      merged.currentContext = current;
+    for (const [list, inner] of KUBECONFIG_SECTIONS) {
+      const items = config[list] ?? [];
+      if (!Array.isArray(items)) throw new KubeConfigError(`kubeconfig ${file}: ${list} is not a list`);
+      items.forEach((item: unknown, i) => {
+        const name = isObject(item) ? item.name : undefined;
+        if (typeof name !== 'string' || name === '' || !isObject(item) || !isObject(item[inner] ?? {}))
+          throw new KubeConfigError(`kubeconfig ${file}: ${list}[${i}]: needs a name and a ${inner} object`);
+        const entries = merged[list];
+        if (!entries.has(name)) entries.set(name, { body: (item[inner] ?? {}) as Record<string, unknown>, file });
+      });
+    }
+  }
+  return merged;
+}
+
+/** One file as an object: JSON when it starts with `{`, else YAML (parse errors give the place, never the text). */
+function readKubeconfigFile(file: string): Record<string, unknown> {
+  const where = `kubeconfig ${file}`;
+  let text: string;
+  try {
+    text = fs.readFileSync(file, 'utf8');
+  } catch (e) {
+    throw new KubeConfigError(
+      `${where}: cannot read it (${(e as NodeJS.ErrnoException).code ?? (e as Error).message})`,
+    );
+  }
+  let config: unknown;
+  try {
+    config = text.trimStart().startsWith('{') ? JSON.parse(text) : parseYaml(text).value;
+  } catch (e) {
+    // The parsers' messages may quote file content, which can be a credential: only the place is passed on.
+    const at = e instanceof YamlError ? ` (line ${e.line}, column ${e.column})` : '';
+    throw new KubeConfigError(`${where}: not a YAML or JSON kubeconfig${at}`);
+  }
+  if (config === null || config === undefined) return {};
+  if (!isObject(config)) throw new KubeConfigError(`${where}: not a kubeconfig (the top level must be a mapping)`);
+  return config;
+}
+
+/** Credentials of one kubeconfig file's current context (or of `context`). */
+export function loadKubeconfig(file: string, context?: string): KubeCredentials {
+  return contextCredentials(readKubeconfig([file]), context);
+}
+
+/**
+ * The credentials of a context: `name`, else the current context. Throws a KubeConfigError naming
+ * the file, the context and the field.
+ */
+export function contextCredentials(config: Kubeconfig, name?: string): KubeCredentials {
+  const where = kubeconfigWhere(config.files);
+  const contextName = name ?? config.currentContext;
+  if (contextName === undefined)
+    throw new KubeConfigError(`${where}: current-context is not set, and no context was named`);
+  const from = name === undefined ? `from current-context ${JSON.stringify(contextName)}` : 'the context asked for';
+  const context = config.contexts.get(contextName);
+  if (!context) {
+    const known = [...config.contexts.keys()].map((c) => JSON.stringify(c)).join(', ') || 'none';
+    throw new KubeConfigError(
+      `${where}: contexts: no entry named ${JSON.stringify(contextName)} (${from}; contexts: ${known})`,
+    );
+  }
+  const at = `kubeconfig ${context.file}: context ${JSON.stringify(contextName)}`;
+  const named = (list: 'clusters' | 'users', field: 'cluster' | 'user'): KubeconfigEntry & { where: string } => {
+    const entryName = context.body[field];
+    const entry = typeof entryName === 'string' ? config[list].get(entryName) : undefined;
+    if (!entry)
+      throw new KubeConfigError(`${at}: context.${field}: no ${list} entry named ${JSON.stringify(entryName ?? '')}`);
+    return { ...entry, where: `${at}: ${list}[${JSON.stringify(entryName)}].${field}` };
+  };
+  const cluster = clusterSettings(named('clusters', 'cluster'));
+  const userEntry = named('users', 'user');
+  const namespace = context.body.namespace;
+  return {
+    ...cluster,
+    ...userCredentials(userEntry.body, userEntry.where, path.dirname(path.resolve(userEntry.file)), cluster),
+    source: `${where} (context ${JSON.stringify(contextName)}, user ${JSON.stringify(context.body.user)})`,
+    namespace: typeof namespace === 'string' && namespace !== '' ? namespace : undefined,
+  };
+}
+
+type ClusterSettings = Pick<
+  KubeCredentials,
+  'server' | 'ca' | 'tlsServerName' | 'insecureSkipTlsVerify' | 'proxyUrl' | 'warnings'
+>;
+
+/** A cluster entry: the server (https, its path kept), how it is trusted, and the proxy to it. */
+function clusterSettings(entry: KubeconfigEntry & { where: string }): ClusterSettings {
+  const { body: cluster, where } = entry;
+  const server = cluster.server;
+  if (typeof server !== 'string' || server === '') throw new KubeConfigError(`${where}.server is missing`);
+  if (!server.startsWith('https://'))
+    throw new KubeConfigError(`${where}.server ${JSON.stringify(server)}: only https:// API servers are supported`);
+  const dir = path.dirname(path.resolve(entry.file));
+  const ca = kubeconfigMaterial(cluster, where, 'certificate-authority', dir);
+  const insecure = cluster['insecure-skip-tls-verify'] === true;
+  if (insecure && ca)
+    throw new KubeConfigError(
+      `${where}: insecure-skip-tls-verify and a certificate-authority together: one says to check the server's ` +
+        'certificate, the other not to (kubectl refuses this too)',
+    );
+  const tlsServerName = cluster['tls-server-name'];
+  return {
+    server: server.replace(/\/+$/, ''),
+    ca,
+    tlsServerName: typeof tlsServerName === 'string' && tlsServerName !== '' ? tlsServerName : undefined,
+    insecureSkipTlsVerify: insecure,
+    proxyUrl: proxyUrl(cluster['proxy-url'], where),
+    warnings: insecure
+      ? [
+          `${where}.insecure-skip-tls-verify: the API server's certificate is not checked; anyone on the way can ` +
+            'read and change what is sent, credentials included',
+        ]
+      : [],
+  };
+}
+
+/** proxy-url: an http or https proxy (socks5, which kubectl also takes, is not supported). */
+function proxyUrl(value: unknown, where: string): URL | undefined {
+  if (value === undefined || value === '') return undefined;
+  let url: URL | undefined;
+  try {
+    url = typeof value === 'string' ? new URL(value) : undefined;
+  } catch {
+    url = undefined;
+  }
+  if (!url || (url.protocol !== 'http:' && url.protocol !== 'https:'))
+    // Only the scheme is quoted: a proxy URL can carry a password.
+    throw new KubeConfigError(
+      `${where}.proxy-url: not an http:// or https:// URL (scheme ${JSON.stringify(url?.protocol ?? '')}; ` +
+        'socks5 proxies are not supported)',
+    );
+  return url;
+}
+
+/** A certificate or key: inline base64 `<field>-data`, else a file path relative to the kubeconfig. */
+function kubeconfigMaterial(
+  section: Record<string, unknown>,
+  at: string,
+  field: string,
+  dir: string,
+): Buffer | undefined {
+  const inline = section[`${field}-data`];
+  if (typeof inline === 'string' && inline !== '') return Buffer.from(inline, 'base64');
+  const ref = section[field];
+  if (typeof ref !== 'string' || ref === '') return undefined;
+  const full = path.resolve(dir, ref);
+  try {
+    return fs.readFileSync(full);
+  } catch (e) {
+    throw new KubeConfigError(`${at}.${field}: cannot read ${full} (${(e as NodeJS.ErrnoException).code})`);
+  }
+}
+
+/** User fields this program refuses, and why (a message each). */
+const REFUSED_USER_FIELDS: Record<string, string> = {
+  username: 'basic authentication is not supported (Kubernetes removed it in 1.19): use a token',
+  password: 'basic authentication is not supported (Kubernetes removed it in 1.19): use a token',
+  'auth-provider':
+    'auth-provider plugins were removed from kubectl in 1.26: use the exec plugin your provider ships ' +
+    '(gke-gcloud-auth-plugin, kubelogin, …)',
+  as: 'impersonation is not supported: give the credentials of the account itself',
+  'as-groups': 'impersonation is not supported: give the credentials of the account itself',
+  'as-uid': 'impersonation is not supported: give the credentials of the account itself',
+};
+
+/** A user entry's exec plugin, tokenFile, token or client certificate. */
+function userCredentials(
+  user: Record<string, unknown>,
+  userWhere: string,
+  dir: string,
+  cluster: ClusterSettings,
+): Pick<KubeCredentials, 'token' | 'tokenFile' | 'cert' | 'key' | 'plugin'> {
+  for (const [field, why] of Object.entries(REFUSED_USER_FIELDS))
+    if (user[field] !== undefined) throw new KubeConfigError(`${userWhere}.${field}: ${why}`);
+  const cert = kubeconfigMaterial(user, userWhere, 'client-certificate', dir);
+  const key = kubeconfigMaterial(user, userWhere, 'client-key', dir);
+  if ((cert === undefined) !== (key === undefined))
+    throw new KubeConfigError(`${userWhere}: client-certificate and client-key must be given together`);
+  if (user.exec !== undefined) {
+    const plugin = new ExecPlugin(execSpec(user.exec, `${userWhere}.exec`, dir), cluster);
+    return { cert, key, plugin };
+  }
+  const token = typeof user.token === 'string' && user.token !== '' ? user.token : undefined;
+  // Both given: client-go re-reads the file and uses it over the token; so does this program.
+  const tokenFile =
+    typeof user.tokenFile === 'string' && user.tokenFile !== '' ? path.resolve(dir, user.tokenFile) : undefined;
+  if (token === undefined && tokenFile === undefined && cert === undefined) {
+    throw new KubeConfigError(`${userWhere}: no credentials (token, tokenFile, client-certificate-data or exec)`);
+  }
+  return { token: tokenFile === undefined ? token : undefined, tokenFile, cert, key };
+}
+
+/** The ExecCredential versions a plugin may speak (v1alpha1 was removed from client-go in 1.24). */
+const EXEC_API_VERSIONS = ['client.authentication.k8s.io/v1', 'client.authentication.k8s.io/v1beta1'];
+
+interface ExecSpec {
+  command: string;
+  args: string[];
+  env: Record<string, string>;
+  apiVersion: string;
+  provideClusterInfo: boolean;
+  installHint?: string;
+  /** For messages: the user entry's place. */
+  where: string;
+}
+
+/** A user's `exec` section, checked as client-go checks it. */
+function execSpec(exec: unknown, where: string, dir: string): ExecSpec {
+  if (!isObject(exec)) throw new KubeConfigError(`${where}: not a mapping`);
+  const { command, args = [], env = [], apiVersion, interactiveMode } = exec;
+  if (typeof command !== 'string' || command === '') throw new KubeConfigError(`${where}.command is missing`);
+  if (!Array.isArray(args) || !args.every((a) => typeof a === 'string'))
+    throw new KubeConfigError(`${where}.args: not a list of strings`);
+  if (typeof apiVersion !== 'string' || !EXEC_API_VERSIONS.includes(apiVersion))
+    throw new KubeConfigError(
+      `${where}.apiVersion ${JSON.stringify(apiVersion ?? '')}: not ${EXEC_API_VERSIONS.join(' or ')}`,
+    );
+  if (interactiveMode === undefined && apiVersion.endsWith('/v1'))
+    throw new KubeConfigError(`${where}.interactiveMode: required for ${apiVersion} (Never, IfAvailable or Always)`);
+  if (interactiveMode !== undefined && !['Never', 'IfAvailable', 'Always'].includes(String(interactiveMode)))
+    throw new KubeConfigError(
+      `${where}.interactiveMode ${JSON.stringify(interactiveMode)}: not Never, IfAvailable or Always`,
+    );
+  // The service has no terminal: a plugin that must ask someone can never run here.
+  if (interactiveMode === 'Always')
+    throw new KubeConfigError(
+      `${where}.interactiveMode Always: the plugin needs a terminal, and this service has none`,
+    );
+  if (!Array.isArray(env)) throw new KubeConfigError(`${where}.env: not a list of {name, value}`);
+
+  const vars: Record<string, string> = {};
+  env.forEach((v: unknown, i) => {
+    if (!isObject(v) || typeof v.name !== 'string' || typeof v.value !== 'string')
+      throw new KubeConfigError(`${where}.env[${i}]: needs a name and a value`);
+    vars[v.name] = v.value;
+  });
+  return {
+    // A command with a path separator is relative to the kubeconfig; a bare one is looked up on PATH.
+    command: command.includes('/') ? path.resolve(dir, command) : command,
+    args: args as string[],
+    env: vars,
+    apiVersion,
+    provideClusterInfo: exec.provideClusterInfo === true,
+    installHint: typeof exec.installHint === 'string' ? exec.installHint : undefined,
+    where,
+  };
+}
+
+/**
+ * An exec credential plugin: run when there is no credential, or the one it gave has reached its
+ * expirationTimestamp, or the API server rejected it (401). Concurrent requests share one run.
+ */
+class ExecPlugin implements CredentialPlugin {
+  private readonly spec: ExecSpec;
+  private readonly cluster: ClusterSettings;
+  private cached: { credential: PluginCredential; expiresAt?: number } | undefined;
+  private running: Promise<PluginCredential> | undefined;
+
+  constructor(spec: ExecSpec, cluster: ClusterSettings) {
+    this.spec = spec;
+    this.cluster = cluster;
+  }
+
+  credential(): Promise<PluginCredential> {
+    const c = this.cached;
+    if (c && (c.expiresAt === undefined || Date.now() < c.expiresAt)) return Promise.resolve(c.credential);
+    this.running ??= this.run().finally(() => (this.running = undefined));
+    return this.running;
+  }
+
+  rejected(c: PluginCredential): void {
+    if (this.cached?.credential === c) this.cached = undefined;
+  }
+
+  private async run(): Promise<PluginCredential> {
+    const s = this.spec;
+    const env = { ...process.env, ...s.env, KUBERNETES_EXEC_INFO: JSON.stringify(this.execInfo()) };
+    const out = await runPlugin(s, env);
+    const parsed = parseExecCredential(out, s);
+    this.cached = parsed;
+    return parsed.credential;
+  }
+
+  /** What the plugin is told (KUBERNETES_EXEC_INFO): never interactive; the cluster when it asks for it. */
+  private execInfo(): Record<string, unknown> {
+    const c = this.cluster;
+    const cluster = {
+      server: c.server,
+      'tls-server-name': c.tlsServerName,
+      'insecure-skip-tls-verify': c.insecureSkipTlsVerify || undefined,
+      'certificate-authority-data': c.ca?.toString('base64'),
+      'proxy-url': c.proxyUrl?.href,
+    };
+    const spec = { interactive: false, ...(this.spec.provideClusterInfo ? { cluster } : {}) };
+    return { apiVersion: this.spec.apiVersion, kind: 'ExecCredential', spec };
+  }
+}
+
+/** Runs the plugin with no standard input under a deadline: its standard output, or an error saying why. */
+function runPlugin(s: ExecSpec, env: NodeJS.ProcessEnv): Promise<string> {
+  const name = `exec plugin ${JSON.stringify(s.command)} (${s.where})`;
+  return new Promise((resolve, reject) => {
+    const child = spawn(s.command, s.args, { env, stdio: ['ignore', 'pipe', 'pipe'], timeout: EXEC_LIMITS.timeoutMs });
+    let out = '';
+    let err = '';
+    child.stdout!.setEncoding('utf8').on('data', (d: string) => {
+      out += d;
+      if (out.length > EXEC_LIMITS.maxOutputBytes) child.kill();
+    });
+    child.stderr!.setEncoding('utf8').on('data', (d: string) => (err = (err + d).slice(-EXEC_LIMITS.stderrChars)));
+    child.on('error', (e: NodeJS.ErrnoException) =>
+      reject(
+        new KubeConfigError(
+          e.code === 'ENOENT'
+            ? `${name}: not found${s.installHint ? ` (${s.installHint.trim()})` : ''}`
+            : `${name}: cannot run it (${e.code ?? e.message})`,
+        ),
+      ),
+    );
+    child.on('close', (code, signal) => {
+      if (code === 0) return resolve(out);
+      const why = signal
+        ? `was stopped (${signal}${signal === 'SIGTERM' ? ', over its time limit' : ''})`
+        : `exited ${code}`;
+      const said = err.trim().split('\n').at(-1)?.trim();
+      reject(new KubeConfigError(`${name} ${why}${said ? `: ${said}` : ''}`));
+    });
+  });
+}
+
+/** A plugin's standard output read as client-go reads it: an ExecCredential of the asked version, with a status. */
+function parseExecCredential(out: string, s: ExecSpec): { credential: PluginCredential; expiresAt?: number } {
+  const name = `exec plugin ${JSON.stringify(s.command)} (${s.where})`;
+  let doc: unknown;
+  try {
+    doc = JSON.parse(out);
+  } catch {
+    // What it printed is not quoted: it may hold a credential.
+    throw new KubeConfigError(`${name}: did not print an ExecCredential (its output is not JSON)`);
+  }
+  if (!isObject(doc) || doc.kind !== 'ExecCredential')
+    throw new KubeConfigError(`${name}: did not print an ExecCredential (kind is not ExecCredential)`);
+  if (doc.apiVersion !== s.apiVersion)
+    throw new KubeConfigError(`${name}: printed apiVersion ${JSON.stringify(doc.apiVersion)}, not ${s.apiVersion}`);
+  const status = doc.status;
+  if (!isObject(status)) throw new KubeConfigError(`${name}: its ExecCredential has no status`);
+  const text = (v: unknown) => (typeof v === 'string' && v !== '' ? v : undefined);
+  const token = text(status.token);
+  const cert = text(status.clientCertificateData);
+  const key = text(status.clientKeyData);
+  if ((cert === undefined) !== (key === undefined))
+    throw new KubeConfigError(`${name}: status has one of clientCertificateData and clientKeyData without the other`);
+  if (token === undefined && cert === undefined)
+    throw new KubeConfigError(`${name}: status has neither a token nor a client certificate`);
+  let expiresAt: number | undefined;
+  if (status.expirationTimestamp !== undefined) {
+    expiresAt = typeof status.expirationTimestamp === 'string' ? Date.parse(status.expirationTimestamp) : NaN;
+    if (Number.isNaN(expiresAt))
+      throw new KubeConfigError(`${name}: status.expirationTimestamp is not an RFC 3339 time`);
+  }
+  const credential = {
+    token,
+    cert: cert === undefined ? undefined : Buffer.from(cert),
+    key: key === undefined ? undefined : Buffer.from(key),
+  };
+  return { credential, expiresAt };
+}
+
+/** -kubeconfig, else KUBECONFIG, else the pod's service account; `context` names one (else the current one). */
+export function credentialsFromEnvironment(
+  env: Record<string, string | undefined>,
+  kubeconfigFlag?: string,
+  context?: string,
+): KubeCredentials {
+  const files = kubeconfigFiles(env, kubeconfigFlag);
+  if (files) return contextCredentials(readKubeconfig(files), context);
+  if (context !== undefined)
+    throw new KubeConfigError(
+      `no kubeconfig (neither -kubeconfig nor KUBECONFIG) to find the context ${JSON.stringify(context)} in; ` +
+        "without one the only cluster is the one of the pod's service account",
+    );
+  return inClusterCredentials(env);
+}
+
+// ================================================================================================
+// 11. oci registry client — asks a registry which digest a tag points at (HEAD /v2/<repo>/manifests/<tag> over
 //    HTTPS): anonymously, or with basic auth, or with a bearer token from the registry's token service, trusting an
 //    extra CA when given (each request one outboundRequest under a total deadline). The pull secret's login goes only
 //    to the registry's own host or a token host allowed (tokenHostAllowed: REGISTRY_TOKEN_HOSTS, the well-known
@@ -5253,7 +5711,7 @@ export function verifyCosignSignatures(
   return { ok: false, problem: problems.join('; ') };
 }
 // ================================================================================================
-// 11. html — what the admin pages share: escaping, one cell of a table, and the page shell and style
+// 12. html — what the admin pages share: escaping, one cell of a table, and the page shell and style
 //    (server-rendered, no script, no external asset, one card per row on a phone).
 //    Exports: cell, escapeHtml, pageShell, shownTime.
 //    Tests: test/deliveries.test.ts.
@@ -5306,14 +5764,13 @@ function pageShell(title: string, refreshSeconds: number | undefined, body: stri
   ].join('\n');
 }
 
-
 // ################################################################################################
 // Part II — the service, in the order a push travels: from the command line to the answer, the upgrade, its
 // rollout and its result.
 // ################################################################################################
 
 // ================================================================================================
-// 12. command line & settings — the adnanh/webhook command line in Go `flag` syntax (parseCommandLine, usage), Go's
+// 13. command line & settings — the adnanh/webhook command line in Go `flag` syntax (parseCommandLine, usage), Go's
 //    durations and booleans, and our safety limits (LIMITS), each with why it has that value.
 //    Exports: LIMITS, Options, parseCommandLine, parseGoBool, parseGoDuration, parseListenAddress, PLACEHOLDER,
 //    readAdminTokenFile, usage, UsageError.
@@ -5966,7 +6423,7 @@ export function usage(): string {
 }
 
 // ================================================================================================
-// 13. logging & metrics — log lines in adnanh's shape ("[webhook] 2006/01/02 15:04:05 …"), errors always, the rest
+// 14. logging & metrics — log lines in adnanh's shape ("[webhook] 2006/01/02 15:04:05 …"), errors always, the rest
 //    with -verbose/-debug, every line scrubbed of known secrets; counters, gauges and histograms rendered in the
 //    Prometheus text format.
 //    Exports: escapeControls, Logger, Metrics.
@@ -6157,7 +6614,7 @@ export class Metrics {
 }
 
 // ================================================================================================
-// 14. hook files — the reading every compiler below shares. A hooks file is rendered as a Go template when -template
+// 15. hook files — the reading every compiler below shares. A hooks file is rendered as a Go template when -template
 //    asks, read as YAML (duplicate keys are errors; every key's line is kept), and then read through Fields: unknown
 //    keys and wrong types are errors that name file, line, hook and field path (`hooks/web.json:12: hook "web":
 //    trigger-rule.and[2]: …`).
@@ -6355,7 +6812,7 @@ function editDistance(a: string, b: string): number {
 }
 
 // ================================================================================================
-// 15. requests — turns an HTTP request into the structures hook parameters address: headers (Go-canonical names),
+// 16. requests — turns an HTTP request into the structures hook parameters address: headers (Go-canonical names),
 //    query, payload (from JSON, form, XML or multipart bodies) and the raw body, with adnanh's dotted-path lookup and
 //    Go's JSON serialisation; compileParam reads how a hook names a value of the request.
 //    Exports: applyJsonParameters, compileParam, firstValues, headersFromRaw, HookRequest, isParsedContentType,
@@ -6715,7 +7172,7 @@ export function compileParam(reader: FieldReader, value: unknown, at: Place, fil
 }
 
 // ================================================================================================
-// 16. trigger rules — one table, RULE_TYPES, holds each match type side by side: its fields, whether it compares a
+// 17. trigger rules — one table, RULE_TYPES, holds each match type side by side: its fields, whether it compares a
 //    request parameter, whether it reads the headers or the body, which field holds a secret, how it compiles and how
 //    it tests a request. and/or/not combine matches with adnanh's semantics: a missing parameter makes a match false
 //    (inside `or` it is passed over, inside `and` the rule fails); a bad signature is an evaluation error unless the
@@ -6933,6 +7390,7 @@ function readSecret(m: Fields, key: string): string {
   m.reader.sinks.secrets.push(secret);
   return secret;
 }
+
 
 /** Every match of a rule, depth first. */
 export function ruleMatches(rule: Rule | undefined): Match[] {
@@ -7160,7 +7618,7 @@ export function cidrContains(cidr: Cidr, addr: string): boolean {
 }
 
 // ================================================================================================
-// 17. hooks & reload — a hooks file's text (already templated) compiled into hooks, once, so the request path only
+// 18. hooks & reload — a hooks file's text (already templated) compiled into hooks, once, so the request path only
 //    evaluates: the hook's fields read in one list, its parameters and trigger rule compiled, and the hook settings
 //    a hook must fix (those HOOK_SETTINGS marks fixed) checked through the HookSettingChecks main() hands
 //    over. Every -hooks path (a file, or a directory of *.json, *.yaml and *.yml files merged in name order) becomes
@@ -7387,7 +7845,6 @@ function commandTimeout(h: Fields): number | undefined {
   }
 }
 
-
 export interface Snapshot {
   hooks: Map<string, Hook>;
   files: string[];
@@ -7606,7 +8063,7 @@ export class HookStore {
 }
 
 // ================================================================================================
-// 18. commands — resolves execute-command as adnanh does (absolute; else relative to command-working-directory, never
+// 19. commands — resolves execute-command as adnanh does (absolute; else relative to command-working-directory, never
 //    searched on PATH then; else on PATH), passes arguments, environment and temp files, and runs the command in its
 //    own process group under a deadline and a cap on concurrent commands. Output is stdout and stderr combined in
 //    arrival order. A command that is an InProcessCommand's entry point (the bundled /webhooks.sh: the upgrade) is
@@ -8061,7 +8518,7 @@ export function decodeBase64Strict(text: string): Buffer {
 }
 
 // ================================================================================================
-// 19. http server — routes `/`, `/healthz` and `/<urlprefix>/<id>` and answers with adnanh's exact strings. A hook
+// 20. http server — routes `/`, `/healthz` and `/<urlprefix>/<id>` and answers with adnanh's exact strings. A hook
 //    request is a list of steps: route, admit, prepare (all but the body), evaluate what the rule can decide without
 //    the body, read the body if the hook uses it, evaluate the rest, dispatch, answer. A body is never kept when it
 //    is not used, and one left unread is dropped as it arrives, within the size and idle limits. Every outcome is one
@@ -8812,7 +9269,7 @@ function closeWithoutReset(ex: Exchange, draining: () => boolean): () => void {
 }
 
 // ================================================================================================
-// 20. listeners — the sockets the service serves on: the hook port (TCP, or a unix socket with -socket; TLS with
+// 21. listeners — the sockets the service serves on: the hook port (TCP, or a unix socket with -socket; TLS with
 //    -secure, in Go's cipher-suite names, from -cert and -key, re-read on SIGHUP), and the admin listener of
 //    -metrics-listen, which serves /metrics and the deliveries pages and is never the hook port.
 //    Exports: GO_CIPHER_SUITES, openAdminListener, openListener.
@@ -8967,11 +9424,11 @@ async function openMetricsListener(
 }
 
 // ================================================================================================
-// 21. registry payloads — a registry's push notification (Aliyun ACR, Docker Hub, a build job, Harbor, Quay, GHCR,
+// 22. registry payloads — a registry's push notification (Aliyun ACR, Docker Hub, a build job, Harbor, Quay, GHCR,
 //    Azure, CNCF Distribution, Artifactory, Nexus, Gitea, CloudEvents) read into PushEvents (host, repository, tag,
 //    digest, pushed-at), an acknowledged no-op (a pull, a test ping, a push by digest, a signature tag), or a
 //    handshake's answer (Event Grid's, CloudEvents' validation). Pure functions: no I/O, no clock. Each registry is
-//    one entry of REGISTRIES (chapter 22): its reader, and how REPO_TYPE=auto recognises it. The hook's environment
+//    one entry of REGISTRIES (chapter 23): its reader, and how REPO_TYPE=auto recognises it. The hook's environment
 //    chooses the composition: REPO_TYPE (a key of REGISTRIES, any case, or auto); NET_TYPE (regionalregistry only:
 //    public, vpc or internal endpoint); REGISTRY_HOST (host[:port] replacing the registry host for every REPO_TYPE;
 //    required for Artifactory and Nexus); PIN_DIGEST (true: `repo:tag@sha256:…` when the payload carries the digest).
@@ -9630,7 +10087,7 @@ function customRegistryAddress(repoUrl: string): string {
 }
 
 // ================================================================================================
-// 22. cloud registry payloads — the clouds' own registries, whose pushes arrive as their event buses' events: AWS ECR
+// 23. cloud registry payloads — the clouds' own registries, whose pushes arrive as their event buses' events: AWS ECR
 //    (an EventBridge "ECR Image Action" event sent by an API destination, or its CloudEvents form), Google Artifact
 //    Registry (a Pub/Sub push envelope whose message.data is the base64 of {action, digest, tag}), Tencent Cloud TCR
 //    Enterprise (its trigger sends Harbor's default format, pushImage, from a tencentcloudcr.com host); CloudEvents 1.0
@@ -10104,7 +10561,7 @@ function repoTypeSetting(value: string | undefined): string {
 }
 
 // ================================================================================================
-// 23. image reference & pin — composes the reference the cluster will pull (composeImageRef; chooseCandidate picks
+// 24. image reference & pin — composes the reference the cluster will pull (composeImageRef; chooseCandidate picks
 //    the container's among several), validates it against the OCI distribution reference grammar before anything is
 //    sent to Kubernetes, and applies the image pin (checkImagePin): whoever holds a hook's URL writes the payload, so
 //    a push may change only the tag and digest of the repository the container runs now. Endpoints of one registry
@@ -10439,7 +10896,7 @@ function problemOf(check: () => unknown): string | undefined {
 }
 
 // ================================================================================================
-// 24. workloads — what the upgrade knows of Kubernetes workloads. Each kind is one entry of WORKLOAD_KINDS (API
+// 25. workloads — what the upgrade knows of Kubernetes workloads. Each kind is one entry of WORKLOAD_KINDS (API
 //    resource, names, pod template, kubectl's rollout viewer, whether it has a rollout, how its pods are owned);
 //    parseWorkload reads APP_WORKLOAD (deployment, daemonset, statefulset, cronjob; any case, plurals, short names,
 //    kind.group) and locateContainer finds APP_CONTAINER (containers, then initContainers). rolloutStatus applies
@@ -11271,7 +11728,7 @@ async function recordEventQuietly(
 }
 
 // ================================================================================================
-// 25. update policies — which tags a workload takes. The hook setting UPDATE_POLICY gives a hook's policy; the
+// 26. update policies — which tags a workload takes. The hook setting UPDATE_POLICY gives a hook's policy; the
 //    workload's annotation webhook/policy overrides it, and webhook/policy.<container> overrides both for one
 //    container. parsePolicy reads a value (all, semver:<range>, major, minor, patch, glob:<pattern>,
 //    regexp:<pattern>; the semver ones never go down unless `,allow-downgrade` follows); policyDecision, pure, says
@@ -11431,7 +11888,7 @@ export function policyDecision(
 }
 
 // ================================================================================================
-// 26. hook settings — HOOK_SETTINGS, the one table of the settings of the upgrade, its mail and its notifications:
+// 27. hook settings — HOOK_SETTINGS, the one table of the settings of the upgrade, its mail and its notifications:
 //    each one's source (the hook, or the service's own environment), type, default, whether a hook must give it as a
 //    fixed string (checked at load: fixedSettingChecks), whether it holds a key, its validation, its meaning, and its
 //    parse, which is the only reader of its text and throws the message operators know. The settings tables of
@@ -11995,7 +12452,7 @@ export function fixedSettingChecks(names?: HookSettingName[]): HookSettingChecks
 export const IMAGE_PIN_SETTINGS = fixedSettingChecks(['REGISTRY_HOST', 'ALLOW_IMAGES']);
 
 // ================================================================================================
-// 27. upgrade decision — whether and what a push may change, before anything is written. The hook's upgrade
+// 28. upgrade decision — whether and what a push may change, before anything is written. The hook's upgrade
 //    settings are read once (readSettings: APP_NS, APP_WORKLOAD, APP_CONTAINER, ROLLOUT_TIMEOUT, ROLLBACK_ON_FAILURE,
 //    VERIFY_IMAGE, REGISTRY_CA, REGISTRY_TOKEN_HOSTS and the image pin's); the push is checked against the
 //    container's current image (a refusal changes nothing, fails, is logged and recorded as a Warning Event);
@@ -12727,7 +13184,7 @@ async function checkSignature(c: SignatureCheck, digest: string | undefined): Pr
 }
 
 // ================================================================================================
-// 28. the patch — the change is one JSON patch (fieldManager=webhook) that first tests the container's name and
+// 29. the patch — the change is one JSON patch (fieldManager=webhook) that first tests the container's name and
 //    current image, so a concurrent edit fails the patch instead of being overwritten; on such a failure the workload
 //    is read again and the patch re-planned. A different image replaces only that container's image; the same image
 //    restarts the rollout the way `kubectl rollout restart` does, plus imagePullPolicy: Always; a reference pinned to
@@ -12893,7 +13350,7 @@ async function outsideChangeHolds(
 }
 
 // ================================================================================================
-// 29. the report — the answer of one push, one "label: value" per line, values aligned, always in this order, lines
+// 30. the report — the answer of one push, one "label: value" per line, values aligned, always in this order, lines
 //    whose value is unknown left out: workload, container, image before, image after, action (image updated | rollout
 //    restarted (same image re-pulled) | none (<why>)), result (ok | failed: <message>), rollout (progressing |
 //    complete | failed | timed out | not tracked), one line per pod, rollback, notes. Exit status 0 when the result
@@ -12974,7 +13431,7 @@ export function formatReport(r: UpgradeReport): string {
 }
 
 // ================================================================================================
-// 30. rollout follow — follows a rollout by kubectl's rules until it completes, fails (a pod stuck in
+// 31. rollout follow — follows a rollout by kubectl's rules until it completes, fails (a pod stuck in
 //    CrashLoopBackOff, ImagePullBackOff…) or ROLLOUT_TIMEOUT passes. A follow is recorded on the workload
 //    (FOLLOW_ANNOTATION) after the answer, so another replica resumes it after a restart, and only the replica that
 //    takes the record off reports its end (claimFollow).
@@ -13209,7 +13666,7 @@ export function rolloutEvent(outcome: RolloutOutcome, container: string): Worklo
 }
 
 // ================================================================================================
-// 31. rollback — ROLLBACK_ON_FAILURE=true: a followed rollout that fails is set back to the image before the push,
+// 32. rollback — ROLLBACK_ON_FAILURE=true: a followed rollout that fails is set back to the image before the push,
 //    with the same tested patch, and that rollout is followed too. A StatefulSet (RollingUpdate) does not replace a
 //    pod stuck on the bad image by itself, so its "forced rollback" deletes, once the controller has observed the
 //    template set back, the pods it owns that still run the image rolled back from and are not ready (uid
@@ -13428,7 +13885,7 @@ export function rollbackObstacle(
 }
 
 // ================================================================================================
-// 32. least privilege — -print-rbac: the Roles and RoleBindings the hooks need, worked out from the hooks themselves
+// 33. least privilege — -print-rbac: the Roles and RoleBindings the hooks need, worked out from the hooks themselves
 //    (namespace, kind and name when the hook fixes them; `resourceNames` wherever it can), so the service account
 //    gets nothing it does not use.
 //    Exports: fixedInput, fixedTrue, formatRbac, hookReach, HookReach, upgradeInput.
@@ -13615,7 +14072,7 @@ export function formatRbac(reaches: HookReach[], serviceAccount: string, hooksPa
 }
 
 // ================================================================================================
-// 33. the upgrade — the job /webhooks.sh exists for, as named steps: read the settings, compose the image, decide,
+// 34. the upgrade — the job /webhooks.sh exists for, as named steps: read the settings, compose the image, decide,
 //    patch, record the Event, follow the rollout and roll back when asked, report. UpgradeService is the command
 //    runner's InProcessCommand: one client, one per-workload queue and one set of kept pushes for every push. A push
 //    the API server does not answer is kept and applied when it answers (KeptPushes, answered 202).
@@ -14364,7 +14821,7 @@ export class RolloutFollower implements CommandListener {
 }
 
 // ================================================================================================
-// 34. the result — one record per push (Delivery, in the DeliveryLog): made when its request comes in, completed
+// 35. the result — one record per push (Delivery, in the DeliveryLog): made when its request comes in, completed
 //    as the rollout follower hands on the answer, the rollout's progress and its end, and once final sent to each
 //    ResultChannel in order (the mail, then the chat and JSON receivers), whose outcomes are recorded on it. What
 //    became of the push is its upgrade report's decision (DECISIONS), published as pushResult says; the channels
@@ -14660,7 +15117,7 @@ export class ResultDispatcher implements ResultListener {
 }
 
 // ================================================================================================
-// 35. mail — mails a hook's result through the server the MAIL_* variables describe (parseMailConfig; MAIL_TO names
+// 36. mail — mails a hook's result through the server the MAIL_* variables describe (parseMailConfig; MAIL_TO names
 //    the recipients): one mail per push after its rollout's end, at most -max-mails-per-hook per -mail-window, the
 //    rest summed up in one mail. The Mailer is the result's first ResultChannel.
 //    Exports: Mailer, parseMailConfig.
@@ -14925,7 +15382,7 @@ function summaryMail(hookId: string, window: MailWindow, cap: MailCap): { subjec
 }
 
 // ================================================================================================
-// 36. chat & json notifications — a hook's result posted, at the moment its mail goes (after the rollout's end, in
+// 37. chat & json notifications — a hook's result posted, at the moment its mail goes (after the rollout's end, in
 //    the background), to each URL of NOTIFY_URL, in the body NOTIFY_FORMAT names: json (our own document, versioned
 //    by its "schema" field, signed in a header with NOTIFY_SECRET), dingtalk (markdown; NOTIFY_SECRET signs the URL),
 //    wecom (markdown), feishu (a card; NOTIFY_SECRET signs the body) or slack (mrkdwn). Each format is one entry of
@@ -15391,7 +15848,7 @@ export class Notifier implements ResultChannel {
 }
 
 // ================================================================================================
-// 37. deliveries page — what the last pushes did, on the admin listener (never the hook port): the records of the
+// 38. deliveries page — what the last pushes did, on the admin listener (never the hook port): the records of the
 //    result's DeliveryLog (the last -deliveries pushes, newest first, as far as each has got). /deliveries lists
 //    them (refreshing itself while a push is still running); /deliveries/<n> is one push's full report and pods;
 //    /deliveries.json and /deliveries/<n>.json carry the same as JSON (entries in the shape of NOTIFY_FORMAT=json).
@@ -15552,7 +16009,7 @@ export function deliveryPages(log: DeliveryLog, token: string): AdminPages {
 }
 
 // ================================================================================================
-// 38. -validate & -print-rbac — the commands that read the hooks and exit: -validate describes every hook (its rule,
+// 39. -validate & -print-rbac — the commands that read the hooks and exit: -validate describes every hook (its rule,
 //    parameters, answer, upgrade and notifications) and says what is wrong, -print-rbac prints the least-privilege
 //    RBAC; both load the hooks exactly as the service does (hookLoadSettings).
 //    Exports: hookLoadSettings, printRbac, validate.
@@ -15851,7 +16308,7 @@ async function printRbac(o: Options, env: Record<string, string | undefined>): P
 }
 
 // ================================================================================================
-// 39. main — wires the chapters together; the only place with process-wide side effects (signals, pid file, listening
+// 40. main — wires the chapters together; the only place with process-wide side effects (signals, pid file, listening
 //    sockets, exit codes).
 //    Tests: test/image.test.ts, test/memory.test.ts, test/runner.test.ts, test/start.test.ts.
 // ================================================================================================

@@ -1,0 +1,243 @@
+/*
+ * kubeconfig read as kubectl reads it: YAML, a KUBECONFIG list merged by kubectl's rules, contexts
+ * and their namespaces, errors that name the file, the context and the field (never a credential),
+ * and credentials that change: a tokenFile rewritten, and an exec credential plugin (a small shell
+ * script that counts its runs) run once, again only after its expirationTimestamp or a 401. The
+ * credential tests run against the real test cluster's API server.
+ */
+import assert from 'node:assert/strict';
+import { randomBytes } from 'node:crypto';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import {
+  contextCredentials, credentialsFromEnvironment, KubeClient, KubeConfigError, KubeError, loadKubeconfig, readKubeconfig,
+} from '../webhook.ts';
+import { makeTempDir } from './harness.ts';
+import { clusterOrSkip, freshNamespaceName, kubectlFor, namespaceAdminAccount, removeNamespace } from './cluster/kube.ts';
+
+const cluster = await clusterOrSkip();
+const SECRET = `kc-secret-${randomBytes(6).toString('hex')}`;
+const dir = makeTempDir('kubeconfig-');
+const write = (name: string, text: string) => {
+  const file = path.join(dir, name);
+  fs.writeFileSync(file, text, { mode: 0o700 });
+  return file;
+};
+
+/** A YAML kubeconfig as kubectl and Rancher write them: comments, block lists, a context namespace. */
+const yamlConfig = (current: string, user: string, token: string, server = 'https://10.0.0.1:6443') => `# written by hand
+apiVersion: v1
+kind: Config
+current-context: ${current}
+clusters:
+- name: k-${current}
+  cluster:
+    server: "${server}"
+contexts:
+- name: ${current}
+  context:
+    cluster: k-${current}
+    user: ${user}
+    namespace: ns-${current}
+users:
+- name: ${user}
+  user:
+    token: ${token}
+`;
+
+/**
+ * An exec credential plugin: counts its runs in `<dir>/count`, keeps what it was told
+ * (KUBERNETES_EXEC_INFO) in `<dir>/info`, and prints the token on line <run> of `<dir>/tokens`
+ * (the last line once past the end), valid until $EXPIRES.
+ */
+const PLUGIN = `#!/bin/sh
+n=$(cat "$PLUGIN_DIR/count" 2>/dev/null || echo 0); n=$((n+1)); echo $n > "$PLUGIN_DIR/count"
+printf '%s' "$KUBERNETES_EXEC_INFO" > "$PLUGIN_DIR/info"
+token=$(sed -n "\${n}p" "$PLUGIN_DIR/tokens"); [ -n "$token" ] || token=$(tail -n 1 "$PLUGIN_DIR/tokens")
+printf '{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","status":{"token":"%s","expirationTimestamp":"%s"}}' "$token" "$EXPIRES"
+`;
+
+/** A kubeconfig whose user runs `command` (relative to the kubeconfig) with these env entries. */
+function execConfig(name: string, server: string, ca: string | undefined, command: string, env: Record<string, string>) {
+  return write(name, JSON.stringify({
+    'current-context': 'p',
+    contexts: [{ name: 'p', context: { cluster: 'k', user: 'u' } }],
+    clusters: [{ name: 'k', cluster: { server, 'certificate-authority-data': ca } }],
+    users: [{ name: 'u', user: { exec: {
+      apiVersion: 'client.authentication.k8s.io/v1', command, args: ['--flag'], interactiveMode: 'Never',
+      env: Object.entries(env).map(([n, value]) => ({ name: n, value })),
+    } } }],
+  }));
+}
+
+after(() => fs.rmSync(dir, { recursive: true, force: true }));
+
+describe('kubeconfig files', () => {
+  test('YAML with a context namespace, read like kubectl', () => {
+    const c = loadKubeconfig(write('a.yaml', yamlConfig('a', 'ua', SECRET, 'https://rancher.example.com/k8s/clusters/c-m-x1/')));
+    assert.equal(c.server, 'https://rancher.example.com/k8s/clusters/c-m-x1');
+    assert.equal(c.namespace, 'ns-a');
+    assert.equal(c.token, SECRET);
+    assert.match(c.source, /context "a", user "ua"/);
+    assert.doesNotMatch(c.source, new RegExp(SECRET));
+  });
+
+  test('a KUBECONFIG list merges by kubectl\'s rules: first file wins each entry and the current context', () => {
+    const a = write('m1.yaml', yamlConfig('a', 'shared', 'token-from-first'));
+    const b = write('m2.yaml', yamlConfig('b', 'shared', 'token-from-second'));
+    const env = { KUBECONFIG: [path.join(dir, 'missing.yaml'), a, b, a].join(path.delimiter) };
+    const first = credentialsFromEnvironment(env);
+    assert.equal(first.namespace, 'ns-a', 'current-context from the first file that sets it');
+    const second = credentialsFromEnvironment(env, undefined, 'b');
+    assert.equal(second.namespace, 'ns-b', 'a context of the second file, by name');
+    assert.equal(second.token, 'token-from-first', 'user "shared" is the first file\'s, whole');
+    const merged = readKubeconfig([a, b]);
+    assert.deepEqual([...merged.contexts.keys()], ['a', 'b']);
+    assert.throws(() => credentialsFromEnvironment({ KUBECONFIG: path.join(dir, 'none.yaml') }), /none of its files exists/);
+  });
+
+  test('a missing context is named, with the file and the contexts there are', () => {
+    const a = write('ctx.yaml', yamlConfig('a', 'ua', SECRET));
+    assert.throws(() => contextCredentials(readKubeconfig([a]), 'prod'), (e: Error) =>
+      e instanceof KubeConfigError && e.message.includes(a) && /no entry named "prod" \(the context asked for; contexts: "a"\)/.test(e.message));
+    assert.throws(() => credentialsFromEnvironment({}, undefined, 'prod'), /no kubeconfig .* to find the context "prod" in/);
+  });
+
+  test('errors name the file, the context and the field, never a credential', () => {
+    const bad = (name: string, user: Record<string, unknown>, cluster: Record<string, unknown> = {}) => write(name, JSON.stringify({
+      'current-context': 'c', contexts: [{ name: 'c', context: { cluster: 'k', user: 'u' } }],
+      clusters: [{ name: 'k', cluster: { server: 'https://10.0.0.1:6443', ...cluster } }], users: [{ name: 'u', user }],
+    }));
+    const cases: Array<[string, RegExp]> = [
+      [bad('basic.json', { username: 'admin', password: SECRET }), /context "c": users\["u"\]\.user\.username: basic authentication is not supported/],
+      [bad('socks.json', { token: SECRET }, { 'proxy-url': `socks5://u:${SECRET}@proxy:1080` }), /clusters\["k"\]\.cluster\.proxy-url: not an http:\/\/ or https:\/\/ URL/],
+      [bad('both.json', { token: SECRET }, { 'insecure-skip-tls-verify': true, 'certificate-authority-data': 'QQ==' }), /insecure-skip-tls-verify and a certificate-authority together/],
+      [bad('v1.json', { exec: { apiVersion: 'client.authentication.k8s.io/v1', command: 'aws' } }), /users\["u"\]\.user\.exec\.interactiveMode: required/],
+      [bad('always.json', { exec: { apiVersion: 'client.authentication.k8s.io/v1beta1', command: 'x', interactiveMode: 'Always' } }), /needs a terminal/],
+      [write('broken.yaml', `users:\n- name: u\n  user: {token: ${SECRET}\n`), /not a YAML or JSON kubeconfig \(line \d+, column \d+\)/],
+    ];
+    for (const [file, expected] of cases) {
+      assert.throws(() => loadKubeconfig(file), (e: Error) => {
+        assert.match(e.message, expected);
+        assert.ok(e.message.includes(file), `${e.message} names the file`);
+        assert.doesNotMatch(e.message, new RegExp(SECRET));
+        return true;
+      });
+    }
+  });
+
+  test('insecure-skip-tls-verify is honoured with a warning; tokenFile beside a token wins', () => {
+    fs.writeFileSync(path.join(dir, 'tok'), SECRET);
+    const file = write('insecure.json', JSON.stringify({
+      'current-context': 'c', contexts: [{ name: 'c', context: { cluster: 'k', user: 'u' } }],
+      clusters: [{ name: 'k', cluster: { server: 'https://10.0.0.1:6443', 'insecure-skip-tls-verify': true } }],
+      users: [{ name: 'u', user: { token: 'old', tokenFile: 'tok' } }],
+    }));
+    const c = loadKubeconfig(file);
+    assert.equal(c.insecureSkipTlsVerify, true);
+    assert.match(c.warnings!.join('\n'), /insecure-skip-tls-verify: the API server's certificate is not checked/);
+    assert.equal(c.tokenFile, path.join(dir, 'tok'));
+    assert.equal(c.token, undefined);
+  });
+
+  test('a plugin that fails, or prints garbage, is a clear error that quotes nothing it printed', async () => {
+    write('fails.sh', `#!/bin/sh\necho "token expired, run: login --sso" >&2\nexit 3\n`);
+    write('garbage.sh', `#!/bin/sh\necho "${SECRET} not json"\n`);
+    write('nostatus.sh', `#!/bin/sh\necho '{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential"}'\n`);
+    const cases: Array<[string, RegExp]> = [
+      ['./fails.sh', /exec plugin ".*fails\.sh" \(.*users\["u"\]\.user\.exec\) exited 3: token expired, run: login --sso/],
+      ['./garbage.sh', /did not print an ExecCredential \(its output is not JSON\)/],
+      ['./nostatus.sh', /its ExecCredential has no status/],
+      ['no-such-plugin-here', /exec plugin "no-such-plugin-here" .*: not found/],
+    ];
+    for (const [command, expected] of cases) {
+      const c = loadKubeconfig(execConfig(`${command.replace(/\W/g, '')}.json`, 'https://10.0.0.1:6443', undefined, command, {}));
+      await assert.rejects(c.plugin!.credential(), (e: Error) => {
+        assert.match(e.message, expected);
+        assert.doesNotMatch(e.message, new RegExp(SECRET));
+        return true;
+      });
+    }
+  });
+});
+
+describe('credentials that change, against the API server', { skip: cluster ? false : 'no cluster' }, () => {
+  const kubectl = kubectlFor(cluster!);
+  const ns = freshNamespaceName('kubeconfig');
+  let admin: any;
+  let token = '';
+  const pluginDir = path.join(dir, 'plugin');
+  const resource = { group: '', version: 'v1', resource: 'configmaps', namespace: ns, name: 'kube-root-ca.crt' };
+
+  before(async () => {
+    await kubectl(['create', 'namespace', ns]);
+    ({ token } = await namespaceAdminAccount(kubectl, cluster!, ns, 'reader', path.join(dir, 'sa.json')));
+    admin = JSON.parse(fs.readFileSync(cluster!.kubeconfigPath, 'utf8'));
+    fs.mkdirSync(pluginDir);
+    write('plugin/credential.sh', PLUGIN);
+  });
+  after(() => removeNamespace(kubectl, ns));
+
+  /** A client whose plugin hands out `tokens` (one per run) valid until `expires`; and its run count. */
+  const pluginClient = (tokens: string[], expires: string) => {
+    fs.rmSync(path.join(pluginDir, 'count'), { force: true });
+    fs.writeFileSync(path.join(pluginDir, 'tokens'), `${tokens.join('\n')}\n`);
+    const server = admin.clusters[0].cluster;
+    const file = execConfig('exec.json', server.server, server['certificate-authority-data'], './plugin/credential.sh', {
+      PLUGIN_DIR: pluginDir, EXPIRES: expires,
+    });
+    const client = new KubeClient(loadKubeconfig(file), { retryBudgetMs: 0 });
+    const runs = () => Number(fs.readFileSync(path.join(pluginDir, 'count'), 'utf8'));
+    return { client, runs };
+  };
+
+  test('an exec plugin runs once while its credential is valid, and is told it is not interactive', async () => {
+    const { client, runs } = pluginClient([token], new Date(Date.now() + 3_600_000).toISOString());
+    await client.get(resource);
+    await client.get(resource);
+    assert.equal(runs(), 1);
+    const info = JSON.parse(fs.readFileSync(path.join(pluginDir, 'info'), 'utf8'));
+    assert.deepEqual(info, { apiVersion: 'client.authentication.k8s.io/v1', kind: 'ExecCredential', spec: { interactive: false } });
+    client.close();
+  });
+
+  test('an expired credential runs the plugin again', async () => {
+    const { client, runs } = pluginClient([token], new Date(Date.now() - 1_000).toISOString());
+    await client.get(resource);
+    await client.get(resource);
+    assert.equal(runs(), 2);
+    client.close();
+  });
+
+  test('a 401 runs the plugin again, once', async () => {
+    const { client, runs } = pluginClient(['revoked-token', token], new Date(Date.now() + 3_600_000).toISOString());
+    await client.get(resource);
+    assert.equal(runs(), 2, 'the rejected token was renewed');
+    await client.get(resource);
+    assert.equal(runs(), 2);
+    const bad = pluginClient(['revoked-token'], new Date(Date.now() + 3_600_000).toISOString());
+    await assert.rejects(bad.client.get(resource), (e: Error) => e instanceof KubeError && e.status === 401);
+    assert.equal(bad.runs(), 2, 'renewed once, then the 401 is the answer');
+    client.close();
+    bad.client.close();
+  });
+
+  test('a tokenFile rewritten is read on the next request', async () => {
+    const tokenFile = path.join(dir, 'rotating-token');
+    fs.writeFileSync(tokenFile, 'not-a-token-yet');
+    const server = admin.clusters[0].cluster;
+    const file = write('tokenfile.yaml', [
+      'current-context: t',
+      'contexts: [{name: t, context: {cluster: k, user: u}}]',
+      `clusters: [{name: k, cluster: {server: "${server.server}", certificate-authority-data: "${server['certificate-authority-data']}"}}]`,
+      'users: [{name: u, user: {tokenFile: rotating-token}}]',
+    ].join('\n'));
+    const client = new KubeClient(loadKubeconfig(file), { retryBudgetMs: 0 });
+    await assert.rejects(client.get(resource), (e: Error) => e instanceof KubeError && e.status === 401);
+    fs.writeFileSync(tokenFile, `${token}\n`);
+    const cm = await client.get<{ metadata: { name: string } }>(resource);
+    assert.equal(cm.metadata.name, 'kube-root-ca.crt');
+    client.close();
+  });
+});
