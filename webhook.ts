@@ -6539,6 +6539,10 @@ const METRIC_HELP: Record<string, [string, string]> = {
     'counter',
     'Result mails by result (sent, failed after retries, summarized: beyond the per-hook cap, in one summary).',
   ],
+  webhook_upgrades_total: [
+    'counter',
+    'Upgrade results once final, by hook, cluster (the kubeconfig context; "" for the default) and decision.',
+  ],
   webhook_notifications_total: [
     'counter',
     'NOTIFY_URL notifications by format and result (sent, failed after retries, capped: beyond the per-hook cap).',
@@ -11613,6 +11617,8 @@ export interface UpgradeReport {
   badInput?: boolean;
   /** A push kept while the API server is away (UpgradeService): resolves with its final report. */
   pending?: Promise<UpgradeReport>;
+  /** The hook's CLUSTER: the kubeconfig context the workload is in (undefined: the service's default). */
+  cluster?: string;
 }
 
 /** The report of a push before anything is known of it: nothing changed (yet). */
@@ -11645,6 +11651,8 @@ export interface UpgradeDeps {
   client?: KubeClient;
   /** The -kubeconfig flag, used when no client is given. */
   kubeconfig?: string;
+  /** The service's credentials for the push's cluster, when no client is given (else read from the env). */
+  credentials?: () => KubeCredentials;
   now?: () => Date;
   requestId?: string;
   hookId?: string;
@@ -11931,6 +11939,26 @@ function setting<T>(row: Partial<HookSetting<T>> & Pick<HookSetting<T>, 'type' |
   return { from: 'hook' as const, default: 'unset', fixed: false, secret: false, ...row };
 }
 
+// A push fanned out waits for every cluster's answer; a delivery to more clusters than this is a
+// mistake in the hooks file (one per region and stage is a handful).
+const MAX_CLUSTERS = 16;
+// kubeconfig context names are free text; these bounds keep them readable in logs and labels.
+const CONTEXT_NAME = /^[^\s\p{Cc}]{1,253}$/u;
+
+/** CLUSTER (at most 1) and CLUSTERS: context names separated by spaces; unset or blank is none. */
+function clusterNames(name: string, value: string | undefined, max: number): string[] {
+  const names = [...new Set((value ?? '').split(/\s+/).filter((n) => n !== ''))];
+  for (const n of names)
+    if (!CONTEXT_NAME.test(n)) throw new UpgradeError(`${name} ${showValue(n)} is not a kubeconfig context name`);
+  if (names.length > max)
+    throw new UpgradeError(
+      max === 1
+        ? `${name} names one context (${names.length} given; several clusters are CLUSTERS)`
+        : `${name} names ${names.length} contexts, more than ${max}`,
+    );
+  return names;
+}
+
 /** A text setting; unset or blank is '' (readers treat it as unset). */
 function trimmed(value: string | undefined): string {
   return value?.trim() ?? '';
@@ -12182,6 +12210,23 @@ export const HOOK_SETTINGS = {
     validation: 'a DNS label: lower-case letters, digits and "-", at most 63',
     meaning: 'The container of the workload whose image the push sets (URL parameter container).',
     parse: dnsLabelSetting('APP_CONTAINER', 'container', 'container'),
+  }),
+  // -- where: the cluster, a context of the service's kubeconfig
+  CLUSTER: setting({
+    type: 'kubeconfig context',
+    default: 'the current context (or the pod\'s service account)',
+    fixed: true,
+    validation: 'a context name: no spaces, at most 253 characters',
+    meaning: 'The cluster the workload is in: a context of the kubeconfig the service reads (-kubeconfig, KUBECONFIG).',
+    parse: (value: string | undefined) => clusterNames('CLUSTER', value, 1)[0],
+  }),
+  CLUSTERS: setting({
+    type: 'kubeconfig contexts',
+    default: 'unset (one cluster: CLUSTER)',
+    fixed: true,
+    validation: `context names separated by spaces, at most ${MAX_CLUSTERS}; not with CLUSTER`,
+    meaning: 'Several clusters, each upgraded by the same push: each its own result, record, follow and Event.',
+    parse: (value: string | undefined) => clusterNames('CLUSTERS', value, MAX_CLUSTERS),
   }),
   // -- reading the push
   REPO_TYPE: setting({
@@ -13412,6 +13457,7 @@ export function formatRollback(r: RollbackOutcome): string {
 /** The report as the documented lines (see the section banner). Pure. */
 export function formatReport(r: UpgradeReport): string {
   const lines: string[] = [];
+  if (r.cluster) lines.push(reportLine('cluster', r.cluster));
   if (r.workload)
     lines.push(reportLine('workload', `${r.workload}${r.namespace ? ` in namespace ${r.namespace}` : ''}`));
   if (r.container) lines.push(reportLine('container', r.container));
@@ -14093,6 +14139,7 @@ export async function runUpgrade(
   let ownClient: KubeClient | undefined;
   try {
     // Everything up to queue.run is synchronous, so tasks are queued in the order calls arrive.
+    const cluster = (report.cluster = HOOK_SETTINGS.CLUSTER.parse(env.CLUSTER));
     const settings = readSettings(env, report);
     const headers = pushHeaders(args[1]);
     const validation = webhookValidation(headers, args[0]);
@@ -14117,8 +14164,8 @@ export async function runUpgrade(
     if (time.future !== undefined) report.notes.push(futureTimeNote('payload', time.future, time.ms));
     const push: IncomingPush = { pushedAtMs: time.ms, timeFrom: time.from, image: composed.ref, push: composed.pushId };
     report.pushedAtMs = time.ms;
-    const client = deps.client ?? (ownClient = new KubeClient(credentialsFromEnvironment(env, deps.kubeconfig)));
-    const workloadKey = `${settings.namespace}/${settings.workload.kind}/${settings.workload.name}`;
+    const client = deps.client ?? (ownClient = upgradeClient(env, deps, cluster));
+    const workloadKey = `${cluster ?? ''}/${settings.namespace}/${settings.workload.kind}/${settings.workload.name}`;
     const apply = async () => {
       if (deps.abandon?.aborted) {
         decide(report, 'superseded', KEPT_SUPERSEDED);
@@ -14142,6 +14189,11 @@ export async function runUpgrade(
     ownClient?.close();
   }
   return upgradeResult(report);
+}
+
+/** A client of the push's own (the upgrade mode; the service gives its own): its cluster's credentials. */
+function upgradeClient(env: Record<string, string | undefined>, deps: UpgradeDeps, cluster?: string): KubeClient {
+  return new KubeClient(deps.credentials?.() ?? credentialsFromEnvironment(env, deps.kubeconfig, cluster));
 }
 
 /** Argument 2, the request's headers when the hook passes them (entire-headers). */
@@ -14469,6 +14521,67 @@ function resumeSettings(hook: Hook): { mailTo: string | undefined; rollbackOnFai
   return { mailTo, rollbackOnFailure, imagePin };
 }
 
+/** What the service answers for one push: the upgrade's result, kept (202) or refused as malformed (400). */
+type ServiceResult = UpgradeResult & { accepted?: boolean; badInput?: boolean };
+
+/**
+ * What the service keeps per cluster: its client (made on first use, with its own token bucket: one
+ * cluster's load never slows another's calls), the single-try client used while its API server is
+ * away, the workloads it last saw there, and the pushes kept for it.
+ */
+class ClusterLane {
+  readonly known = new KnownWorkloads();
+  readonly kept: KeptPushes;
+  private shared: KubeClient | undefined;
+  private singleTry: KubeClient | undefined;
+  readonly credentials: () => KubeCredentials;
+  private readonly log: Logger;
+
+  constructor(credentials: () => KubeCredentials, kept: KeptPushes, log: Logger) {
+    this.credentials = credentials;
+    this.kept = kept;
+    this.log = log;
+  }
+
+  /** The shared client; undefined when there are no credentials (runUpgrade says why, per push). */
+  client(): KubeClient | undefined {
+    if (!this.shared) {
+      try {
+        const credentials = this.credentials();
+        for (const w of credentials.warnings ?? []) this.log.warn(w);
+        this.shared = new KubeClient(credentials);
+      } catch {
+        /* reported per upgrade */
+      }
+    }
+    return this.shared;
+  }
+
+  /** A client with the same credentials that tries each request once (no retry budget). */
+  singleTryClient(): KubeClient | undefined {
+    if (!this.singleTry && this.client()) this.singleTry = new KubeClient(this.credentials(), { retryBudgetMs: 0 });
+    return this.singleTry;
+  }
+}
+
+/** A delivery fanned out to several clusters (CLUSTERS): each cluster's push with its own result. */
+class FannedOut {
+  readonly parts: readonly (ServiceResult & { cluster: string; env: Record<string, string | undefined> })[];
+  constructor(parts: FannedOut['parts']) {
+    this.parts = parts;
+  }
+}
+
+/** The clusters a hook's pushes go to, as it fixes them (CLUSTER or CLUSTERS); [undefined]: the default. */
+function hookClusters(hook: Hook): (string | undefined)[] {
+  try {
+    const many = HOOK_SETTINGS.CLUSTERS.parse(fixedInput(hook, 'CLUSTERS'));
+    return many.length > 0 ? many : [HOOK_SETTINGS.CLUSTER.parse(fixedInput(hook, 'CLUSTER'))];
+  } catch {
+    return [undefined];
+  }
+}
+
 /**
  * The upgrade as the runner uses it: one Kubernetes client and one per-workload queue for all
  * pushes (ordering and duplicate coalescing need to see every push), and rollouts followed after
@@ -14477,10 +14590,9 @@ function resumeSettings(hook: Hook): { mailTo: string | undefined; rollbackOnFai
 export class UpgradeService implements InProcessCommand {
   readonly name = 'the upgrade';
   readonly command = UPGRADE_COMMAND;
-  private client: KubeClient | undefined;
-  private singleTry: KubeClient | undefined;
   private readonly queue = new WorkloadQueue();
-  private readonly known = new KnownWorkloads();
+  /** Per cluster (the hook's CLUSTER; '' for the default): clients, workloads seen, kept pushes. */
+  private readonly lanes = new Map<string, ClusterLane>();
   /** Per hook (immutable within a snapshot): whether it fixes its workload, so its follows are recorded. */
   private readonly resumable = new WeakMap<Hook, boolean>();
   private readonly stopping = new AbortController();
@@ -14490,7 +14602,7 @@ export class UpgradeService implements InProcessCommand {
   private readonly env: Record<string, string | undefined>;
   private readonly followMs: number;
   private readonly log: Logger;
-  private readonly kept: KeptPushes;
+  private readonly applyDeadlineMs: number;
 
   /** applyDeadlineMs: how long a push the API server does not answer is kept (0: answered as failed). */
   constructor(
@@ -14504,52 +14616,84 @@ export class UpgradeService implements InProcessCommand {
     this.env = env;
     this.followMs = followMs;
     this.log = log;
-    const apply = (k: KeptPush) =>
-      runUpgrade(k.args, k.env, { ...this.deps(k.requestId, k.hook, k.env), abandon: k.abandon.signal });
-    this.kept = new KeptPushes(apply, applyDeadlineMs, log, this.stopping.signal);
+    this.applyDeadlineMs = applyDeadlineMs;
   }
 
-  /** The shared client, made on first use; undefined when there are no credentials (runUpgrade says why). */
-  private sharedClient(): KubeClient | undefined {
-    if (!this.client) {
-      try {
-        this.client = new KubeClient(credentialsFromEnvironment(this.env, this.kubeconfig));
-      } catch {
-        /* reported per upgrade */
-      }
+  /** The cluster's lane (CLUSTER; undefined: the service's default cluster), made on first use. */
+  private lane(cluster: string | undefined): ClusterLane {
+    let lane = this.lanes.get(cluster ?? '');
+    if (!lane) {
+      const apply = (k: KeptPush) =>
+        runUpgrade(k.args, k.env, { ...this.deps(k.requestId, k.hook, k.env), abandon: k.abandon.signal });
+      const kept = new KeptPushes(apply, this.applyDeadlineMs, this.log, this.stopping.signal);
+      lane = new ClusterLane(() => credentialsFromEnvironment(this.env, this.kubeconfig, cluster), kept, this.log);
+      this.lanes.set(cluster ?? '', lane);
     }
-    return this.client;
+    return lane;
   }
 
-  /** A client with the same credentials that tries each request once (no retry budget). */
-  private singleTryClient(): KubeClient | undefined {
-    if (!this.singleTry && this.sharedClient()) {
-      this.singleTry = new KubeClient(credentialsFromEnvironment(this.env, this.kubeconfig), { retryBudgetMs: 0 });
+  /** The lane of a push's CLUSTER; a malformed one gets none (runUpgrade refuses the push before any call). */
+  private laneOf(env: Record<string, string | undefined>): ClusterLane | undefined {
+    try {
+      return this.lane(HOOK_SETTINGS.CLUSTER.parse(env.CLUSTER));
+    } catch {
+      return undefined;
     }
-    return this.singleTry;
   }
 
   handles(file: string): boolean {
     return isUpgradeEntryPoint(file);
   }
 
+  /** A push; with CLUSTERS, one push per cluster at once, each with its own result (FannedOut). */
   async run(
     args: string[],
     env: Record<string, string | undefined>,
     requestId: string,
     hook: Hook,
-  ): Promise<UpgradeResult & { accepted?: boolean; badInput?: boolean }> {
+  ): Promise<ServiceResult | { output: string; exitCode: number; report: FannedOut; accepted?: boolean }> {
+    let clusters: string[];
+    try {
+      clusters = HOOK_SETTINGS.CLUSTERS.parse(env.CLUSTERS);
+      if (clusters.length > 0 && env.CLUSTER?.trim()) throw new UpgradeError('CLUSTER and CLUSTERS are both set');
+    } catch (e) {
+      const report = { ...newReport(), decision: 'failed' as const, result: 'failed' as const };
+      return { ...upgradeResult({ ...report, error: (e as Error).message }), badInput: true };
+    }
+    if (clusters.length === 0) return this.runOne(args, env, requestId, hook);
+    const parts = await Promise.all(
+      clusters.map(async (cluster) => {
+        const clusterEnv = { ...env, CLUSTER: cluster, CLUSTERS: undefined };
+        return { cluster, env: clusterEnv, ...(await this.runOne(args, clusterEnv, `${requestId}/${cluster}`, hook)) };
+      }),
+    );
+    return {
+      output: parts.map((p) => p.output).join('\n'),
+      exitCode: parts.every((p) => p.exitCode === 0) ? 0 : 1,
+      report: new FannedOut(parts),
+      // One cluster's push kept while its API server is away: the delivery is accepted, not failed.
+      accepted: parts.some((p) => p.accepted) || undefined,
+    };
+  }
+
+  private async runOne(
+    args: string[],
+    env: Record<string, string | undefined>,
+    requestId: string,
+    hook: Hook,
+  ): Promise<ServiceResult> {
     const hookId = hook.id;
     const deps = this.deps(requestId, hook, env);
+    const lane = this.laneOf(env);
     // While the API server is known to be away, one try: a push is kept (202) without waiting
     // through the retry budget, which would outlast many a registry's delivery timeout.
-    if (this.kept.away()) deps.client = this.singleTryClient() ?? deps.client;
+    if (lane?.kept.away()) deps.client = lane.singleTryClient() ?? deps.client;
     const result = await runUpgrade(args, env, deps);
     const r = result.report;
     // Logged whatever the verbosity: someone tried to deploy a repository the hook does not allow.
     if (r.refused)
       this.log.error(`[${requestId}] hook ${hookId}: push to ${r.workload} in ${r.namespace} refused: ${r.error}`);
-    if (r.unreachable) return this.kept.keep(args, env, requestId, hook, result);
+    if (r.unreachable && lane) return lane.kept.keep(args, env, requestId, hook, result);
     return r.badInput ? { ...result, badInput: true } : result;
   }
 
@@ -14560,14 +14704,16 @@ export class UpgradeService implements InProcessCommand {
   private deps(requestId: string, hook: Hook, env: Record<string, string | undefined>): UpgradeDeps {
     let resumable = this.resumable.get(hook);
     if (resumable === undefined) this.resumable.set(hook, (resumable = hookReach(hook)?.target !== undefined));
+    const lane = this.laneOf(env);
     return {
-      client: this.sharedClient(),
+      client: lane?.client(),
       kubeconfig: this.kubeconfig,
+      credentials: lane?.credentials,
       requestId,
       hookId: hook.id,
       queue: this.queue,
       eventAfterAnswer: true,
-      known: this.known,
+      known: lane?.known,
       followAfter: this.followMs > 0 && resumable ? { followMs: this.followMs, mailTo: env.MAIL_TO } : undefined,
     };
   }
@@ -14589,10 +14735,11 @@ export class UpgradeService implements InProcessCommand {
     const eventFailure = await report.afterAnswer;
     if (eventFailure) this.log.error(`[${requestId}] ${report.workload} in ${report.namespace}: ${eventFailure}`);
     const target = report.target;
-    const client = this.sharedClient();
+    const lane = this.lane(report.cluster);
+    const client = lane.client();
     if (!client || !target || !report.changed || report.rollout?.state !== 'progressing' || followMs === 0)
       return report;
-    const key = `${target.namespace}/${target.kind}/${target.name}`;
+    const key = `${report.cluster ?? ''}/${target.namespace}/${target.kind}/${target.name}`;
     this.following.get(key)?.controller.abort();
     const controller = new AbortController();
     const signal = AbortSignal.any([controller.signal, this.stopping.signal]);
@@ -14606,7 +14753,7 @@ export class UpgradeService implements InProcessCommand {
       // A later push to this workload is being followed now; its mail tells how the rollout ended.
       // (A push to another container of it leaves this one's record: taken off, it is not resumed.)
       if (report.followRecorded)
-        await claimFollow(client, target, report.container ?? '', requestId, this.known).catch(() => undefined);
+        await claimFollow(client, target, report.container ?? '', requestId, lane.known).catch(() => undefined);
       return { ...report, rollout: { state: 'progressing', detail: SUPERSEDED_FOLLOW, superseded: true, pods: [] } };
     }
     const claim = await this.claim(report, client, target, requestId);
@@ -14630,7 +14777,8 @@ export class UpgradeService implements InProcessCommand {
       return 'left';
     }
     try {
-      const claim = await claimFollow(client, target, report.container ?? '', requestId, this.known);
+      const known = this.lane(report.cluster).known;
+      const claim = await claimFollow(client, target, report.container ?? '', requestId, known);
       if (claim === 'gone') this.log.info(`${where}: another replica reported the rollout's end`);
       return claim;
     } catch (e) {
@@ -14649,20 +14797,23 @@ export class UpgradeService implements InProcessCommand {
    * are that hook's, never the record's. Any other record is dropped with a warning.
    */
   async resumeFollows(hooks: Iterable<Hook>, ended: (report: UpgradeReport, follow: ResumedFollow) => void) {
-    const client = this.sharedClient();
-    if (!client || this.followMs === 0) return;
+    if (this.followMs === 0) return;
     const served = new Map<
       string,
-      { target: { namespace: string; kind: WorkloadKind; name: string }; hooks: Hook[] }
+      { target: { namespace: string; kind: WorkloadKind; name: string }; hooks: Hook[]; cluster?: string }
     >();
     for (const hook of hooks) {
       const t = hookReach(hook)?.target;
       if (!t) continue;
-      const key = `${t.namespace}/${t.kind}/${t.name}`;
-      served.set(key, { target: t, hooks: [...(served.get(key)?.hooks ?? []), hook] });
+      for (const cluster of hookClusters(hook)) {
+        const key = `${cluster ?? ''}/${t.namespace}/${t.kind}/${t.name}`;
+        served.set(key, { target: t, cluster, hooks: [...(served.get(key)?.hooks ?? []), hook] });
+      }
     }
-    for (const { target, hooks: servedHooks } of served.values()) {
-      const where = `${target.kind}/${target.name} in ${target.namespace}`;
+    for (const { target, hooks: servedHooks, cluster } of served.values()) {
+      const client = this.lane(cluster).client();
+      if (!client) continue;
+      const where = `${target.kind}/${target.name} in ${target.namespace}${cluster ? ` (cluster ${cluster})` : ''}`;
       let workload: K8sObject;
       try {
         workload = await readWorkload(client, target);
@@ -14679,7 +14830,7 @@ export class UpgradeService implements InProcessCommand {
           this.log.warn(`${where}: follow record of container ${showValue(container)} dropped: ${problem}`);
           continue;
         }
-        this.resumeOne({ ...target }, container, f, hook, workload, ended);
+        this.resumeOne({ ...target }, container, f, hook, workload, ended, cluster);
       }
     }
   }
@@ -14692,12 +14843,14 @@ export class UpgradeService implements InProcessCommand {
     hook: Hook,
     workload: K8sObject,
     ended: (report: UpgradeReport, follow: ResumedFollow) => void,
+    cluster?: string,
   ): void {
     const settings = resumeSettings(hook);
     this.log.notice(
       `[${f.request}] ${target.kind}/${target.name} in ${target.namespace}: resuming the rollout's follow`,
     );
     const report = resumedReport(target, container, f, workload, settings);
+    report.cluster = cluster;
     const remaining = Math.min(this.followMs, Math.max(1, Date.parse(f.deadline) - Date.now()));
     const follow: ResumedFollow = { hook: hook.id, request: f.request, mailTo: settings.mailTo };
     void this.follow(report, f.request, undefined, remaining).then(
@@ -14736,7 +14889,7 @@ export class UpgradeService implements InProcessCommand {
   /** At shutdown: rollouts still followed end now (their mails then go out). */
   async stop(ms: number): Promise<void> {
     this.stopping.abort();
-    this.kept.stop();
+    for (const lane of this.lanes.values()) lane.kept.stop();
     await Promise.race([
       Promise.allSettled([...this.following.values()].map((f) => f.done)),
       sleep(ms, undefined, { ref: false }),
@@ -14758,6 +14911,8 @@ export interface ResultListener {
   handedOver(req: HookRequest, detail: string): void;
   /** A follow another replica left, ended here. */
   resumed(report: UpgradeReport, follow: ResumedFollow): void;
+  /** The request fanned out to several clusters, each now a request of its own (`requests`): its record is done. */
+  fannedOut(hook: Hook, req: HookRequest, r: CommandResult, requests: string[]): void;
 }
 
 const FOLLOW_HANDED_OVER = "left to another replica of the webhook, which reports the rollout's end";
@@ -14785,6 +14940,7 @@ export class RolloutFollower implements CommandListener {
   }
 
   finished(hook: Hook, req: HookRequest, r: CommandResult): void {
+    if (r.report instanceof FannedOut) return this.fannedOut(hook, req, r, r.report);
     // Only the upgrade (through UpgradeService) puts a report on a result.
     const report = r.report as UpgradeReport | undefined;
     this.next.answered(hook, req, r, report);
@@ -14802,6 +14958,21 @@ export class RolloutFollower implements CommandListener {
       )
       .finally(() => this.settling.delete(settling));
     this.settling.add(settling);
+  }
+
+  /**
+   * CLUSTERS: each cluster's push goes on as a request of its own (`<request>/<cluster>`), with its own
+   * record, follow, Event, mail and notifications; the delivery's record says where it went.
+   */
+  private fannedOut(hook: Hook, req: HookRequest, r: CommandResult, f: FannedOut): void {
+    const requests = f.parts.map((p) => `${req.id}/${p.cluster}`);
+    this.next.fannedOut(hook, req, r, requests);
+    f.parts.forEach((p, i) => {
+      const part: HookRequest = { ...req, id: requests[i] };
+      const { cluster: _, env, ...result } = p;
+      this.next.started(hook, part);
+      this.finished(hook, part, { ...r, ...result, env, ok: p.exitCode === 0, exitCode: p.exitCode });
+    });
   }
 
   /**
@@ -14893,6 +15064,8 @@ export interface PushResult {
   decision: string;
   detail: string;
   registry?: string;
+  /** The hook's CLUSTER (a kubeconfig context); undefined: the service's default cluster. */
+  cluster?: string;
   namespace?: string;
   workload?: string;
   container?: string;
@@ -14930,6 +15103,7 @@ export function pushResult(
     outcome: job.outcome,
     ...decisionOf(job, report),
     registry: env.REPO_TYPE || undefined,
+    cluster: report?.cluster ?? (env.CLUSTER?.trim() || undefined),
     namespace: report?.namespace ?? (env.APP_NS || undefined),
     workload: report?.workload ?? (env.APP_WORKLOAD || undefined),
     container: report?.container ?? (env.APP_CONTAINER || undefined),
@@ -15040,6 +15214,19 @@ export class DeliveryLog {
     }
   }
 
+  /** A delivery fanned out to several clusters: its record shows the whole answer and the requests it became. */
+  fannedOut(hook: Hook, req: HookRequest, r: CommandResult, requests: string[]): void {
+    const d = this.inFlight.get(req) ?? this.open(hook.id, req);
+    this.inFlight.delete(req);
+    const job = { ...mailJob(hook, req, r, undefined), outcome: r.ok ? ('succeeded' as const) : ('failed' as const) };
+    Object.assign(d, pushResult(job, undefined, d.receivedAt, this.scrub), {
+      decision: 'fanned out',
+      detail: `to ${requests.length} clusters: ${requests.join(', ')}`,
+      finishedAt: new Date(),
+      state: 'done',
+    });
+  }
+
   handedOver(req: HookRequest, detail: string): void {
     const d = this.inFlight.get(req);
     if (!d) return;
@@ -15073,10 +15260,12 @@ function notifyOnSkip(env: Readonly<Record<string, string | undefined>>): boolea
 export class ResultDispatcher implements ResultListener {
   private readonly log: DeliveryLog;
   private readonly channels: readonly ResultChannel[];
+  private readonly metrics: Metrics | undefined;
 
-  constructor(log: DeliveryLog, channels: readonly ResultChannel[]) {
+  constructor(log: DeliveryLog, channels: readonly ResultChannel[], metrics?: Metrics) {
     this.log = log;
     this.channels = channels;
+    this.metrics = metrics;
   }
 
   started(hook: Hook, req: HookRequest): void {
@@ -15094,12 +15283,18 @@ export class ResultDispatcher implements ResultListener {
   settled(hook: Hook, req: HookRequest, r: CommandResult, report: UpgradeReport | undefined): void {
     const job = mailJob(hook, req, r, report);
     const d = this.log.settled(req, job, report);
+    const labels = { hook: hook.id, cluster: d.cluster ?? '', decision: d.decision };
+    if (report) this.metrics?.inc('webhook_upgrades_total', labels);
     if (report?.decision === 'skipped by policy' && !notifyOnSkip(job.env)) return;
     for (const channel of this.channels) this.log.sending(d, channel.deliver(d, job));
   }
 
   handedOver(req: HookRequest, detail: string): void {
     this.log.handedOver(req, detail);
+  }
+
+  fannedOut(hook: Hook, req: HookRequest, r: CommandResult, requests: string[]): void {
+    this.log.fannedOut(hook, req, r, requests);
   }
 
   /** A follow another replica left, ended here: its result goes to the channels (it has no page entry). */
@@ -15191,6 +15386,7 @@ function resultMail(job: MailJob): { subject: string; body: string } {
   const lines = [
     `hook: ${job.hookId}`,
     `request: ${job.requestId}`,
+    ...(job.env.CLUSTER?.trim() ? [`cluster: ${job.env.CLUSTER.trim()}`] : []),
     ...(ns ? [`namespace: ${ns}`] : []),
     ...(workload ? [`workload: ${workload}`] : []),
     ...(container ? [`container: ${container}`] : []),
@@ -15426,6 +15622,7 @@ export function resultDocument(r: PushResult, extra: Record<string, unknown> = {
     decision: r.decision,
     detail: r.detail,
     registry: r.registry ?? null,
+    cluster: r.cluster ?? null,
     namespace: r.namespace ?? null,
     workload: r.workload ?? null,
     container: r.container ?? null,
@@ -15515,7 +15712,7 @@ function chatLines(r: PushResult, d: ChatDialect): string[] {
   if (r.workload)
     lines.push(
       `${bold('workload')} ${t(r.workload)}${r.namespace ? ` in ${t(r.namespace)}` : ''}, ` +
-        `container ${t(r.container ?? 'undefined')}`,
+        `container ${t(r.container ?? 'undefined')}${r.cluster ? `, cluster ${t(r.cluster)}` : ''}`,
     );
   if (r.imageAfter) lines.push(`${bold('image')} ${t(r.imageBefore ?? '?')} → ${t(r.imageAfter)}`);
   lines.push(`${bold('decision')} ${t(r.decision)}${r.detail ? ` (${t(r.detail)})` : ''}`);
@@ -15886,7 +16083,8 @@ function notificationsCell(d: Delivery): string {
 function deliveryRow(d: Delivery): string {
   const workload = d.workload
     ? `${escapeHtml(d.workload)} / ${escapeHtml(d.container ?? '')}<br>` +
-      `<span class="muted">${escapeHtml(d.namespace ?? '')}</span>`
+      `<span class="muted">${escapeHtml(d.namespace ?? '')}` +
+      `${d.cluster ? ` · cluster ${escapeHtml(d.cluster)}` : ''}</span>`
     : '<span class="muted">—</span>';
   const rollout = d.rollout
     ? `${escapeHtml(d.rollout.state)}<br><span class="muted">${escapeHtml(d.rollout.detail)}</span>`
@@ -16289,7 +16487,7 @@ async function printRbac(o: Options, env: Record<string, string | undefined>): P
     return 1;
   }
   const reaches = [...snapshot.hooks.values()].flatMap((hook) => hookReach(hook) ?? []);
-  const unread = await readPullSecrets(reaches, o.kubeconfig || env.KUBECONFIG, env);
+  const unread = await readPullSecrets(reaches, o.kubeconfig || undefined, env);
   process.stdout.write(formatRbac(reaches, o.rbacServiceAccount, o.hooks));
   const notes = [
     ...snapshot.warnings.map((w) => `warning: ${w}`),
@@ -16317,7 +16515,7 @@ export async function main(argv: string[], env: Record<string, string | undefine
   // Upgrade mode: started as /webhooks.sh (a symlink to this executable) or as `webhook upgrade`.
   if (path.basename(process.argv0) === 'webhooks.sh' || argv[0] === 'upgrade') {
     const args = argv[0] === 'upgrade' ? argv.slice(1) : argv;
-    const r = await runUpgrade(args, env, { kubeconfig: env.KUBECONFIG });
+    const r = await runUpgrade(args, env);
     process.stdout.write(r.output);
     return r.exitCode;
   }
@@ -16363,7 +16561,7 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
   log.notice(`version ${VERSION} starting`);
   log.info(memorySizing());
   const settings = hookLoadSettings(o, env);
-  const upgrade = new UpgradeService(o.kubeconfig || env.KUBECONFIG, env, o.rolloutFollowMs, log, o.applyDeadlineMs);
+  const upgrade = new UpgradeService(o.kubeconfig || undefined, env, o.rolloutFollowMs, log, o.applyDeadlineMs);
   const snapshot = loadInitialHooks(o, settings, log, upgrade);
   if (!snapshot) return 1;
   const mailer = new Mailer(mailConfig(env, log), log, metrics, { max: o.maxMailsPerHook, windowMs: o.mailWindowMs });
@@ -16372,7 +16570,7 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
   const notifier = openNotifier(o, env, log, metrics);
   if (!notifier) return 1;
   const deliveries = new DeliveryLog(o.deliveries, (text) => log.scrub(text));
-  const listener = new RolloutFollower(upgrade, log, new ResultDispatcher(deliveries, [mailer, notifier]));
+  const listener = new RolloutFollower(upgrade, log, new ResultDispatcher(deliveries, [mailer, notifier], metrics));
   const phase = { draining: false, shuttingDown: false };
   const handlerContext: HandlerContext = {
     options: o,

@@ -24,9 +24,8 @@ import { fileURLToPath } from 'node:url';
 const here = dirname(fileURLToPath(import.meta.url));
 const repoRoot = resolve(here, '..', '..');
 
+/** The cluster every test file shares; ensureCluster(name) starts others beside it (multi-cluster tests). */
 const CLUSTER_NAME = 'webhook-test';
-/** kwokctl names the context (and cluster, and user) of its kubeconfig `kwok-<name>`. */
-const CONTEXT = `kwok-${CLUSTER_NAME}`;
 const NODE_COUNT = 2;
 const KWOK_VERSION = 'v0.8.0';
 /** Pods whose labels carry this (from the pod template) stay Running but never Ready. */
@@ -35,25 +34,44 @@ export const UNREADY_LABEL = 'webhook-test/unready';
 const cacheRoot = join(process.env.XDG_CACHE_HOME || join(homedir(), '.cache'), 'webhook-test');
 const binDir = join(cacheRoot, 'bin');
 const kwokWorkdir = join(cacheRoot, 'kwok');
-const kwokClusterDir = join(kwokWorkdir, 'clusters', CLUSTER_NAME);
-const kwokKubeconfig = join(kwokClusterDir, 'kubeconfig.yaml');
 /** The processes of kwokctl's binary runtime, as named in its pids directory. */
 const COMPONENTS = ['etcd', 'kube-apiserver', 'kube-controller-manager', 'kube-scheduler', 'kwok-controller'];
-/** The stage file kwok-controller reads: a copy, so the running cluster never depends on a clone. */
-const stageCopy = join(kwokWorkdir, `${CLUSTER_NAME}-unready-stage.yaml`);
 const stageSource = join(here, 'unready-stage.yaml');
+
 /**
- * kwokctl binds every component (etcd too, unauthenticated) to 0.0.0.0 by default, and v0.8.0 has
- * no flag or env var for it: only a KwokctlConfiguration document can set it.
+ * Where one cluster's files are. kwokctl keeps each cluster (its etcd data, certificates, pids)
+ * under clusters/<name> and gives each component a free port of its own, so clusters of different
+ * names run side by side.
  */
-const kwokctlConfig = join(kwokWorkdir, `${CLUSTER_NAME}-kwokctl.yaml`);
+function clusterFiles(name: string) {
+  const dir = join(kwokWorkdir, 'clusters', name);
+  return {
+    name,
+    /** kwokctl names the context (and cluster, and user) of its kubeconfig `kwok-<name>`. */
+    context: `kwok-${name}`,
+    dir,
+    kubeconfig: join(dir, 'kubeconfig.yaml'),
+    /** The stage file kwok-controller reads: a copy, so the running cluster never depends on a clone. */
+    stageCopy: join(kwokWorkdir, `${name}-unready-stage.yaml`),
+    /**
+     * kwokctl binds every component (etcd too, unauthenticated) to 0.0.0.0 by default, and v0.8.0 has
+     * no flag or env var for it: only a KwokctlConfiguration document can set it.
+     */
+    kwokctlConfig: join(kwokWorkdir, `${name}-kwokctl.yaml`),
+    /** The versions the running cluster was made from. */
+    versionsRecord: join(kwokWorkdir, `${name}-versions.json`),
+    /** The JSON kubeconfig tests read: the shared cluster's where it always was, others' beside it. */
+    jsonKubeconfig:
+      name === CLUSTER_NAME ? kubeconfigPath : join(repoRoot, '.cache', 'cluster', name, 'kubeconfig.json'),
+  };
+}
+type ClusterFiles = ReturnType<typeof clusterFiles>;
+
 const KWOKCTL_CONFIG = `apiVersion: config.kwok.x-k8s.io/v1alpha1
 kind: KwokctlConfiguration
 options:
   bindAddress: 127.0.0.1
 `;
-/** The versions the running cluster was made from. */
-const versionsRecord = join(kwokWorkdir, `${CLUSTER_NAME}-versions.json`);
 const lockDir = join(cacheRoot, 'cluster.lock');
 
 export const kubeconfigPath = join(repoRoot, '.cache', 'cluster', 'kubeconfig.json');
@@ -263,28 +281,28 @@ function kwokEnv(v: Versions): Record<string, string> {
   };
 }
 
-function kwokctl(v: Versions, args: string[], options: RunOptions = {}): Promise<RunResult> {
-  return run(binPath('kwokctl', v.kwok), [...args, '--name', CLUSTER_NAME], { ...options, env: kwokEnv(v) });
+function kwokctl(v: Versions, f: ClusterFiles, args: string[], options: RunOptions = {}): Promise<RunResult> {
+  return run(binPath('kwokctl', v.kwok), [...args, '--name', f.name], { ...options, env: kwokEnv(v) });
 }
 
-function kubectl(v: Versions, args: string[], options: RunOptions = {}): Promise<RunResult> {
-  return run(binPath('kubectl', v.kubernetes), ['--kubeconfig', kwokKubeconfig, '--context', CONTEXT, '--request-timeout=5s', ...args], options);
+function kubectl(v: Versions, f: ClusterFiles, args: string[], options: RunOptions = {}): Promise<RunResult> {
+  return run(binPath('kubectl', v.kubernetes), ['--kubeconfig', f.kubeconfig, '--context', f.context, '--request-timeout=5s', ...args], options);
 }
 
 /** Why the cluster is not usable yet, or undefined when it is. */
-async function clusterProblem(v: Versions): Promise<string | undefined> {
-  if (!existsSync(kwokKubeconfig)) return 'cluster does not exist';
+async function clusterProblem(v: Versions, f: ClusterFiles): Promise<string | undefined> {
+  if (!existsSync(f.kubeconfig)) return 'cluster does not exist';
   // kwokctl records each component's pid; one that died (kwok-controller most of all: without it
   // no pod ever leaves Pending) makes the cluster unusable even when the API server answers.
   for (const component of COMPONENTS) {
-    const pid = Number(await readFile(join(kwokClusterDir, 'pids', `${component}.pid`), 'utf8').catch(() => ''));
+    const pid = Number(await readFile(join(f.dir, 'pids', `${component}.pid`), 'utf8').catch(() => ''));
     if (!pid || !alive(pid)) return `${component} is not running`;
   }
-  const ready = await kubectl(v, ['get', '--raw', '/readyz'], { allowFailure: true });
+  const ready = await kubectl(v, f, ['get', '--raw', '/readyz'], { allowFailure: true });
   if (ready.code !== 0) return 'API server not ready';
-  const sa = await kubectl(v, ['get', 'serviceaccount', 'default', '--namespace', 'default', '--output', 'name'], { allowFailure: true });
+  const sa = await kubectl(v, f, ['get', 'serviceaccount', 'default', '--namespace', 'default', '--output', 'name'], { allowFailure: true });
   if (sa.code !== 0) return 'default service account missing';
-  const nodes = await kubectl(v, ['get', 'nodes', '--output', 'json'], { allowFailure: true });
+  const nodes = await kubectl(v, f, ['get', 'nodes', '--output', 'json'], { allowFailure: true });
   if (nodes.code !== 0) return 'cannot list nodes';
   const items: Array<{ status?: { conditions?: Array<{ type: string; status: string }> } }> = JSON.parse(nodes.stdout).items;
   const readyNodes = items.filter((n) => n.status?.conditions?.some((c) => c.type === 'Ready' && c.status === 'True')).length;
@@ -296,32 +314,32 @@ async function clusterProblem(v: Versions): Promise<string | undefined> {
  * What the cluster is made from: the files kwokctl and kwok-controller read, and a record of the
  * versions, each with the content this script wants.
  */
-async function kwokInputs(v: Versions): Promise<Array<{ path: string; content: string }>> {
+async function kwokInputs(v: Versions, f: ClusterFiles): Promise<Array<{ path: string; content: string }>> {
   return [
-    { path: kwokctlConfig, content: KWOKCTL_CONFIG },
-    { path: stageCopy, content: await readFile(stageSource, 'utf8') },
-    { path: versionsRecord, content: `${JSON.stringify(v)}\n` },
+    { path: f.kwokctlConfig, content: KWOKCTL_CONFIG },
+    { path: f.stageCopy, content: await readFile(stageSource, 'utf8') },
+    { path: f.versionsRecord, content: `${JSON.stringify(v)}\n` },
   ];
 }
 
 /** A cluster made from other versions, config or stages is recreated rather than restarted. */
-async function isStale(v: Versions): Promise<boolean> {
-  if (!existsSync(kwokKubeconfig)) return false;
-  for (const input of await kwokInputs(v)) {
+async function isStale(v: Versions, f: ClusterFiles): Promise<boolean> {
+  if (!existsSync(f.kubeconfig)) return false;
+  for (const input of await kwokInputs(v, f)) {
     const current = await readFile(input.path, 'utf8').catch(() => '');
     if (current !== input.content) return true;
   }
   return false;
 }
 
-async function createCluster(v: Versions): Promise<void> {
+async function createCluster(v: Versions, f: ClusterFiles): Promise<void> {
   await mkdir(kwokWorkdir, { recursive: true });
-  for (const input of await kwokInputs(v)) await writeFile(input.path, input.content);
+  for (const input of await kwokInputs(v, f)) await writeFile(input.path, input.content);
   // Every binary is named, so kwokctl downloads nothing. --kubeconfig= keeps kwokctl away from
   // ~/.kube/config.
-  await kwokctl(v, [
+  await kwokctl(v, f, [
     'create', 'cluster',
-    '--config', kwokctlConfig,
+    '--config', f.kwokctlConfig,
     '--runtime', 'binary',
     '--etcd-binary', binPath('etcd', v.etcd),
     '--kube-apiserver-binary', binPath('kube-apiserver', v.kubernetes),
@@ -333,30 +351,30 @@ async function createCluster(v: Versions): Promise<void> {
     '--kube-authorization=true',
     '--kube-admission=true',
     // A second --config for kwok-controller: it merges these stages with kwokctl's defaults.
-    '--extra-args', `kwok-controller=config=${stageCopy}`,
+    '--extra-args', `kwok-controller=config=${f.stageCopy}`,
     '--kubeconfig=',
     '--wait', '2m',
   ], { stream: true });
-  await kwokctl(v, ['scale', 'node', '--replicas', String(NODE_COUNT)], { stream: true });
+  await kwokctl(v, f, ['scale', 'node', '--replicas', String(NODE_COUNT)], { stream: true });
 }
 
-async function waitUsable(v: Versions, timeoutMs: number): Promise<void> {
+async function waitUsable(v: Versions, f: ClusterFiles, timeoutMs: number): Promise<void> {
   const deadline = Date.now() + timeoutMs;
-  let problem = await clusterProblem(v);
+  let problem = await clusterProblem(v, f);
   while (problem) {
     if (Date.now() > deadline) throw new Error(`cluster not usable after ${timeoutMs / 1000} s: ${problem}`);
     await sleep(500);
-    problem = await clusterProblem(v);
+    problem = await clusterProblem(v, f);
   }
 }
 
 /** Self-contained (certificates inlined) JSON kubeconfig for the cluster's context only. */
-async function writeKubeconfig(v: Versions): Promise<void> {
-  const { stdout } = await kubectl(v, ['config', 'view', '--raw', '--minify', '--flatten', '--output', 'json']);
-  await mkdir(dirname(kubeconfigPath), { recursive: true });
-  const tmp = `${kubeconfigPath}.${process.pid}.tmp`;
+async function writeKubeconfig(v: Versions, f: ClusterFiles): Promise<void> {
+  const { stdout } = await kubectl(v, f, ['config', 'view', '--raw', '--minify', '--flatten', '--output', 'json']);
+  await mkdir(dirname(f.jsonKubeconfig), { recursive: true });
+  const tmp = `${f.jsonKubeconfig}.${process.pid}.tmp`;
   await writeFile(tmp, stdout, { mode: 0o600 });
-  await rename(tmp, kubeconfigPath);
+  await rename(tmp, f.jsonKubeconfig);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -403,59 +421,69 @@ export interface Cluster {
   kubectl: string;
 }
 
-let ensured: Promise<Cluster> | undefined;
+const ensured = new Map<string, Promise<Cluster>>();
 
-/** Starts the cluster if it is not running and answering (idempotent; quick when it is). */
-export function ensureCluster(): Promise<Cluster> {
-  ensured ??= withLock(async () => {
+/**
+ * Starts the cluster if it is not running and answering (idempotent; quick when it is). `name`
+ * starts another cluster beside the shared one, with its own ports, data and kubeconfig.
+ */
+export function ensureCluster(name = CLUSTER_NAME): Promise<Cluster> {
+  const f = clusterFiles(name);
+  let started = ensured.get(name);
+  if (started) return started;
+  started = withLock(async () => {
     const v = await versions();
     await ensureBinaries(v);
-    if (await isStale(v)) {
-      log('cluster was made from other versions, config or stages: recreating it');
-      await kwokctl(v, ['delete', 'cluster'], { stream: true });
+    if (await isStale(v, f)) {
+      log(`cluster ${name} was made from other versions, config or stages: recreating it`);
+      await kwokctl(v, f, ['delete', 'cluster'], { stream: true });
     }
-    const problem = await clusterProblem(v);
+    const problem = await clusterProblem(v, f);
     if (problem) {
       // A stopped cluster is made afresh, not restarted: the node leases of the kwok-controller
       // that ran before stay valid for 200 s (kwokctl's 40 s times its heartbeat factor 5), and
       // until they expire the new kwok-controller leaves every new pod Pending.
-      if (existsSync(kwokKubeconfig)) {
-        log(`cluster ${CLUSTER_NAME} is not usable (${problem}): deleting it to start afresh`);
-        await kwokctl(v, ['delete', 'cluster'], { stream: true });
+      if (existsSync(f.kubeconfig)) {
+        log(`cluster ${name} is not usable (${problem}): deleting it to start afresh`);
+        await kwokctl(v, f, ['delete', 'cluster'], { stream: true });
       }
-      log(`starting cluster ${CLUSTER_NAME} (${problem})`);
-      await createCluster(v);
-      await waitUsable(v, 120_000);
+      log(`starting cluster ${name} (${problem})`);
+      await createCluster(v, f);
+      await waitUsable(v, f, 120_000);
     }
-    await writeKubeconfig(v);
-    return { kubeconfigPath, kubectl: binPath('kubectl', v.kubernetes) };
+    await writeKubeconfig(v, f);
+    return { kubeconfigPath: f.jsonKubeconfig, kubectl: binPath('kubectl', v.kubernetes) };
   });
-  ensured.catch(() => (ensured = undefined));
-  return ensured;
+  ensured.set(name, started);
+  started.catch(() => ensured.delete(name));
+  return started;
 }
 
-export async function deleteCluster(): Promise<void> {
-  ensured = undefined;
+export async function deleteCluster(name = CLUSTER_NAME): Promise<void> {
+  const f = clusterFiles(name);
+  ensured.delete(name);
   await withLock(async () => {
     const v = await versions();
-    if (existsSync(binPath('kwokctl', v.kwok))) await kwokctl(v, ['delete', 'cluster'], { stream: true });
-    await rm(kubeconfigPath, { force: true });
+    if (existsSync(binPath('kwokctl', v.kwok))) await kwokctl(v, f, ['delete', 'cluster'], { stream: true });
+    await rm(f.jsonKubeconfig, { force: true });
   });
 }
 
 if (import.meta.main) {
   const command = process.argv[2];
+  // `up NAME`, `down NAME`: a cluster other than the shared one (as the multi-cluster tests start).
+  const name = process.argv[3] ?? CLUSTER_NAME;
   const started = Date.now();
   try {
     if (command === 'up') {
-      const cluster = await ensureCluster();
+      const cluster = await ensureCluster(name);
       log(`ready in ${((Date.now() - started) / 1000).toFixed(1)} s; kubeconfig: ${cluster.kubeconfigPath}`);
       log(`try: ${cluster.kubectl} --kubeconfig ${cluster.kubeconfigPath} get nodes`);
     } else if (command === 'down') {
-      await deleteCluster();
-      log(`cluster ${CLUSTER_NAME} deleted`);
+      await deleteCluster(name);
+      log(`cluster ${name} deleted`);
     } else {
-      process.stderr.write('usage: node test/cluster/cluster.ts up|down\n');
+      process.stderr.write('usage: node test/cluster/cluster.ts up|down [NAME]\n');
       process.exitCode = 2;
     }
   } catch (error) {

@@ -1,0 +1,220 @@
+/*
+ * Several clusters from one process. Two real test clusters run at once (the shared one and a
+ * second started beside it under another name, with its own ports and data); the built executable
+ * reads a KUBECONFIG list naming them as contexts "prod" and "staging". One delivery fanned out
+ * (CLUSTERS) upgrades the Deployment in both, each with its own result, record and Event; with
+ * one cluster's API server away, the delivery is answered 202 for it while the other is applied.
+ * A Rancher-style path-prefix reverse proxy (a small node:https server here, taking a bearer token
+ * and forwarding with the cluster's admin certificate, as Rancher's cluster proxy does) is
+ * reached through a server URL with a path, which every request keeps.
+ */
+import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import * as fs from 'node:fs';
+import * as https from 'node:https';
+import * as path from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import { freePort, httpRequest, makeTempDir, startWebhook, waitFor, waitForOutput, type Webhook } from './harness.ts';
+import {
+  acrImage, acrPayload, clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor, namespacedGetter, removeNamespace,
+  type Cluster, type Kubectl,
+} from './cluster/kube.ts';
+import { ensureCluster } from './cluster/cluster.ts';
+import { upgradeHook } from './upgrade-hooks.ts';
+
+const TOKEN = 'clusters-token-5d1f0a';
+const RANCHER_TOKEN = 'kubeconfig-u-test:rancher-secret-7c2e';
+/** The second test cluster's name: started beside the shared one, kept running like it. */
+const SECOND_CLUSTER = 'webhook-test-b';
+const PREFIX = '/k8s/clusters/c-m-test1';
+
+const shared = await clusterOrSkip();
+const second: Cluster | undefined = shared ? await ensureCluster(SECOND_CLUSTER) : undefined;
+
+/** A cluster's admin kubeconfig with its context renamed, so two can sit in one KUBECONFIG list. */
+function renamedKubeconfig(c: Cluster, context: string, file: string, server?: string): string {
+  const admin = JSON.parse(fs.readFileSync(c.kubeconfigPath, 'utf8'));
+  fs.writeFileSync(file, JSON.stringify({
+    apiVersion: 'v1', kind: 'Config', 'current-context': context,
+    contexts: [{ name: context, context: { cluster: context, user: context } }],
+    clusters: [{ name: context, cluster: { ...admin.clusters[0].cluster, ...(server && { server }) } }],
+    users: [{ name: context, user: admin.users[0].user }],
+  }), { mode: 0o600 });
+  return file;
+}
+
+/** The Deployment "web" in a fresh namespace of each cluster, rolled out. */
+async function webIn(kubectl: Kubectl, ns: string): Promise<void> {
+  await kubectl(['create', 'namespace', ns]);
+  await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(deployment('web', [{ name: 'app', image: acrImage('v1') }], { replicas: 1 })));
+  await kubectl(['-n', ns, 'rollout', 'status', 'deployment/web', '--timeout=90s']);
+}
+
+/** The admin listener's port, from the line the service logs. */
+async function adminPort(w: Webhook): Promise<number> {
+  const re = /serving deliveries on http:\/\/127\.0\.0\.1:(\d+)\/deliveries/;
+  return Number(re.exec(await waitForOutput(w, re))![1]);
+}
+
+describe('one process, several clusters', { skip: shared && second ? false : 'no clusters' }, () => {
+  const ns = freshNamespaceName('clusters');
+  const kubectlProd = kubectlFor(shared!);
+  const kubectlStaging = kubectlFor(second!);
+  const getProd = namespacedGetter(kubectlProd, ns);
+  const getStaging = namespacedGetter(kubectlStaging, ns);
+  const dir = makeTempDir('clusters-');
+  const started: Webhook[] = [];
+  const start = async (kubeconfigs: string[], settings: Record<string, string>, args: string[] = []) => {
+    const wh = await startWebhook({
+      hooks: [upgradeHook('deploy', TOKEN, settings)],
+      args: ['-rollout-follow', '60s', ...args],
+      metrics: true,
+      env: { KUBECONFIG: kubeconfigs.join(path.delimiter) },
+    });
+    started.push(wh);
+    return wh;
+  };
+  const push = (wh: Webhook, tag: string) =>
+    wh.request(`/hooks/deploy?${new URLSearchParams({ token: TOKEN, ns, workload: 'deployment/web', container: 'app', repo_type: 'regionalregistry' })}`, {
+      method: 'POST', headers: { 'Content-Type': 'application/json' }, body: acrPayload(tag),
+    });
+  const prodConfig = () => renamedKubeconfig(shared!, 'prod', path.join(dir, 'prod.json'));
+  const stagingConfig = (server?: string) => renamedKubeconfig(second!, 'staging', path.join(dir, 'staging.json'), server);
+
+  before(async () => {
+    await Promise.all([webIn(kubectlProd, ns), webIn(kubectlStaging, ns)]);
+  });
+  after(async () => {
+    await Promise.all(started.map((w) => w.stop()));
+    await Promise.all([removeNamespace(kubectlProd, ns), removeNamespace(kubectlStaging, ns)]);
+    fs.rmSync(dir, { recursive: true, force: true });
+  });
+
+  test('one delivery fanned out (CLUSTERS) upgrades the Deployment in both, each with its own result, record and Event', async () => {
+    const wh = await start([prodConfig(), stagingConfig()], { CLUSTERS: 'staging prod' });
+    const res = await push(wh, 'v2');
+    console.log(`# the fan-out's answer (HTTP ${res.status}):\n${res.body}`);
+    assert.equal(res.status, 200, res.body);
+    const sections = res.body.split(/\n(?=cluster:)/);
+    assert.equal(sections.length, 2, res.body);
+    assert.match(sections[0], /^cluster: +staging$/m);
+    assert.match(sections[1], /^cluster: +prod$/m);
+    for (const s of sections) assert.match(s, /^action: +image updated$/m);
+    assert.equal(containerImage(await getProd('deployment/web'), 'app'), acrImage('v2'));
+    assert.equal(containerImage(await getStaging('deployment/web'), 'app'), acrImage('v2'));
+    // Each cluster's push is a record of its own, followed to its end; the delivery's says where it went.
+    const port = await adminPort(wh);
+    const records = await waitFor(async () => {
+      const doc = JSON.parse((await httpRequest(port, '/deliveries.json')).body);
+      const parts = doc.deliveries.filter((d: any) => /\/(staging|prod)$/.test(d.request_id));
+      return parts.length === 2 && parts.every((d: any) => d.rollout?.state === 'complete') ? doc.deliveries : undefined;
+    }, { timeoutMs: 90_000, what: 'the records of both clusters, their rollouts complete' });
+    const byRequest = (suffix: string) => records.find((d: any) => d.request_id.endsWith(suffix));
+    assert.equal(byRequest('/staging').cluster, 'staging');
+    assert.equal(byRequest('/prod').cluster, 'prod');
+    const whole = records.find((d: any) => !d.request_id.includes('/'));
+    assert.equal(whole.decision, 'fanned out');
+    assert.match(whole.detail, /to 2 clusters: .*\/staging, .*\/prod/);
+    for (const get of [getProd, getStaging]) {
+      const events = (await get('events')).items.filter((e: any) => e.involvedObject.name === 'web');
+      assert.ok(events.some((e: any) => e.reason === 'ImageUpdated'), 'the change is an Event in each cluster');
+      assert.ok(events.some((e: any) => e.reason === 'RolloutComplete'), 'and so is the end of its rollout');
+    }
+    const metrics = (await httpRequest(port, '/metrics')).body;
+    assert.match(metrics, /webhook_upgrades_total\{hook="deploy",cluster="staging",decision="applied"\} 1/);
+    assert.match(metrics, /webhook_upgrades_total\{hook="deploy",cluster="prod",decision="applied"\} 1/);
+  });
+
+  test('one cluster away: answered 202 for it (kept) while the other is applied', async () => {
+    const away = `https://127.0.0.1:${await freePort()}`;
+    const wh = await start([prodConfig(), stagingConfig(away)], { CLUSTERS: 'staging prod' }, ['-apply-deadline', '5m']);
+    const stagingBefore = containerImage(await getStaging('deployment/web'), 'app');
+    const res = await push(wh, 'v3');
+    assert.equal(res.status, 202, res.body);
+    const [staging, prod] = res.body.split(/\n(?=cluster:)/);
+    assert.match(staging, /^cluster: +staging$/m);
+    assert.match(staging, /^action: +waiting for the API server \(.+ECONNREFUSED.+\): kept, and applied when it answers/m);
+    assert.match(prod, /^cluster: +prod$/m);
+    assert.match(prod, /^action: +image updated$/m);
+    assert.equal(containerImage(await getProd('deployment/web'), 'app'), acrImage('v3'));
+    assert.equal(containerImage(await getStaging('deployment/web'), 'app'), stagingBefore, 'nothing reached the cluster that is away');
+    // Each cluster's record goes its own way: prod's applied and followed, staging's kept.
+    const port = await adminPort(wh);
+    const records = await waitFor(async () => {
+      const doc = JSON.parse((await httpRequest(port, '/deliveries.json')).body);
+      const prodRecord = doc.deliveries.find((d: any) => d.request_id.endsWith('/prod'));
+      return prodRecord?.rollout?.state === 'complete' ? doc.deliveries : undefined;
+    }, { timeoutMs: 90_000, what: 'the prod record, its rollout complete' });
+    const stagingRecord = records.find((d: any) => d.request_id.endsWith('/staging'));
+    assert.equal(stagingRecord.cluster, 'staging');
+    assert.notEqual(stagingRecord.decision, 'applied');
+    assert.equal(stagingRecord.finished_at, null, 'kept until its API server answers');
+  });
+
+  describe('a server URL with a path (Rancher\'s cluster proxy)', () => {
+    let proxy: https.Server;
+    const seen: string[] = [];
+    before(() => {
+      execFileSync('openssl', ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-days', '1',
+        '-subj', '/CN=rancher.test', '-addext', 'subjectAltName=IP:127.0.0.1',
+        '-keyout', path.join(dir, 'proxy.key'), '-out', path.join(dir, 'proxy.crt')], { stdio: 'ignore' });
+      const admin = JSON.parse(fs.readFileSync(shared!.kubeconfigPath, 'utf8'));
+      const upstream = new URL(admin.clusters[0].cluster.server);
+      const tlsTo = {
+        ca: Buffer.from(admin.clusters[0].cluster['certificate-authority-data'], 'base64'),
+        cert: Buffer.from(admin.users[0].user['client-certificate-data'], 'base64'),
+        key: Buffer.from(admin.users[0].user['client-key-data'], 'base64'),
+      };
+      proxy = https.createServer({ key: fs.readFileSync(path.join(dir, 'proxy.key')), cert: fs.readFileSync(path.join(dir, 'proxy.crt')) }, (req, res) => {
+        seen.push(req.url ?? '');
+        // Only the cluster's prefix, only with the token: anything else is not this cluster.
+        if (!req.url?.startsWith(`${PREFIX}/`) || req.headers.authorization !== `Bearer ${RANCHER_TOKEN}`) {
+          res.writeHead(req.url?.startsWith(`${PREFIX}/`) ? 401 : 404, { 'Content-Type': 'application/json' });
+          return res.end(JSON.stringify({ kind: 'Status', status: 'Failure', message: 'not this proxy\'s', code: 404 }));
+        }
+        const headers = { ...req.headers, host: upstream.host };
+        delete headers.authorization;
+        const out = https.request({ host: upstream.hostname, port: upstream.port, path: req.url.slice(PREFIX.length), method: req.method, headers, ...tlsTo }, (answer) => {
+          res.writeHead(answer.statusCode ?? 502, answer.headers);
+          answer.pipe(res);
+        });
+        out.on('error', () => res.destroy());
+        req.pipe(out);
+      });
+      return new Promise<void>((resolve) => proxy.listen(0, '127.0.0.1', resolve));
+    });
+    after(() => new Promise<void>((resolve) => proxy.close(() => resolve())));
+
+    test('upgrades through it: every request keeps the path', async () => {
+      const port = (proxy.address() as { port: number }).port;
+      const file = path.join(dir, 'rancher.yaml');
+      fs.writeFileSync(file, [
+        'apiVersion: v1',
+        'kind: Config',
+        'clusters:',
+        '- name: "downstream"',
+        '  cluster:',
+        `    server: "https://127.0.0.1:${port}${PREFIX}"`,
+        `    certificate-authority-data: "${fs.readFileSync(path.join(dir, 'proxy.crt')).toString('base64')}"`,
+        'users:',
+        '- name: "downstream"',
+        '  user:',
+        `    token: "${RANCHER_TOKEN}"`,
+        'contexts:',
+        '- name: "downstream"',
+        '  context:',
+        '    user: "downstream"',
+        '    cluster: "downstream"',
+        'current-context: "downstream"',
+      ].join('\n'), { mode: 0o600 });
+      const wh = await start([file], { CLUSTER: 'downstream' });
+      const res = await push(wh, 'v4');
+      assert.equal(res.status, 200, res.body);
+      assert.match(res.body, /^cluster: +downstream$/m);
+      assert.match(res.body, /^action: +image updated$/m);
+      assert.equal(containerImage(await getProd('deployment/web'), 'app'), acrImage('v4'));
+      assert.ok(seen.length > 0 && seen.every((u) => u.startsWith(`${PREFIX}/`)), seen.join('\n'));
+      assert.doesNotMatch(res.body + wh.output(), new RegExp(RANCHER_TOKEN.split(':')[1]));
+    });
+  });
+});
