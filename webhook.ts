@@ -54,7 +54,7 @@
  *  31. rollout follow ............. claimFollow, followRollout, resumedReport, rolloutEvent
  *  32. rollback ................... rollBackFailedRollout
  *  33. least privilege ............ formatRbac, hookReach, HookReach, upgradeInput
- *  34. the upgrade ................ runUpgrade, UpgradeService, RolloutFollower
+ *  34. the upgrade ................ runUpgrade, UpgradeService, RolloutFollower, hookClusters
  *  35. the result ................. DeliveryLog, ResultDispatcher, pushResult, ResultChannel
  *  36. mail ....................... Mailer, parseMailConfig
  *  37. chat & json notifications .. Notifier, NOTIFY_FORMATS, resultDocument
@@ -4078,6 +4078,7 @@ export interface ResourceRef {
   version: string;
   /** Plural, lower-case: deployments, pods, events. */
   resource: string;
+  /** '' for a cluster-scoped resource (a SelfSubjectAccessReview). */
   namespace: string;
   name?: string;
 }
@@ -4087,16 +4088,15 @@ type KubeVerb = 'get' | 'list' | 'patch' | 'create' | 'delete';
 /** `deployments.apps "web" in namespace "prod"`: how kubectl and RBAC name a resource. */
 export function describeResource(r: ResourceRef): string {
   const kind = r.group ? `${r.resource}.${r.group}` : r.resource;
-  return (
-    `${kind}${r.name === undefined ? '' : ` ${JSON.stringify(r.name)}`} in namespace ` +
-    `${JSON.stringify(r.namespace)}`
-  );
+  const where = r.namespace === '' ? '' : ` in namespace ${JSON.stringify(r.namespace)}`;
+  return `${kind}${r.name === undefined ? '' : ` ${JSON.stringify(r.name)}`}${where}`;
 }
 
 function resourcePath(r: ResourceRef): string {
   const base = r.group === '' ? `/api/${r.version}` : `/apis/${r.group}/${r.version}`;
   const name = r.name === undefined ? '' : `/${encodeURIComponent(r.name)}`;
-  return `${base}/namespaces/${encodeURIComponent(r.namespace)}/${r.resource}${name}`;
+  const namespace = r.namespace === '' ? '' : `/namespaces/${encodeURIComponent(r.namespace)}`;
+  return `${base}${namespace}/${r.resource}${name}`;
 }
 
 /** Credentials of the pod's service account (the in-cluster configuration). */
@@ -4242,7 +4242,8 @@ export class KubeClient {
     const called = await retrying<T, KubeError>({ budgetMs: this.retryBudgetMs }, async (attempt, previous) => {
       // Every attempt, retries included, waits for its turn; the wait counts against the budget.
       const yielded = o.background && attempt === 0 && (await this.yieldToOthers(started));
-      const turn = yielded ? 0 : this.rate.reserve(this.retryBudgetMs - (Date.now() - started));
+      // A free turn is always taken, even when the budget is spent (a single-try client's is 0).
+      const turn = yielded ? 0 : this.rate.reserve(Math.max(0, this.retryBudgetMs - (Date.now() - started)));
       if (turn === undefined) {
         throw previous ? exhausted(previous, attempt, Date.now() - started) : this.rateLimited(verb, r);
       }
@@ -5805,6 +5806,8 @@ export interface Options {
   socket: string;
   version: boolean;
   validate: boolean;
+  /** -validate also asks each hook's cluster whether it answers and allows the upgrade. */
+  checkClusters: boolean;
   maxBodyBytes: number;
   readHeaderTimeoutMs: number;
   readTimeoutMs: number;
@@ -6033,6 +6036,12 @@ const FLAGS: Record<string, FlagSpec> = {
     def: 'false',
     help: 'load and check the hooks as the service would, print what each matches and does, and quit (1: refused)',
   },
+  'check-clusters': {
+    kind: 'bool',
+    key: 'checkClusters',
+    def: 'false',
+    help: "with -validate: ask each hook's cluster whether it answers and allows get and patch on the workload",
+  },
   'max-body-size': {
     kind: 'bytes',
     key: 'maxBodyBytes',
@@ -6107,7 +6116,7 @@ const FLAGS: Record<string, FlagSpec> = {
     kind: 'string',
     key: 'kubeconfig',
     def: '',
-    help: 'JSON kubeconfig for the upgrade (default: $KUBECONFIG, else the in-cluster service account)',
+    help: 'kubeconfig for the upgrade, as kubectl reads it (default: $KUBECONFIG, else the in-cluster service account)',
   },
   'apply-deadline': {
     kind: 'duration',
@@ -14122,7 +14131,7 @@ export function formatRbac(reaches: HookReach[], serviceAccount: string, hooksPa
 //    patch, record the Event, follow the rollout and roll back when asked, report. UpgradeService is the command
 //    runner's InProcessCommand: one client, one per-workload queue and one set of kept pushes for every push. A push
 //    the API server does not answer is kept and applied when it answers (KeptPushes, answered 202).
-//    Exports: ResultListener, ResumedFollow, RolloutFollower, runUpgrade, UpgradeService.
+//    Exports: hookClusters, ResultListener, ResumedFollow, RolloutFollower, runUpgrade, UpgradeService.
 //    Tests: test/burst.test.ts, test/e2e.test.ts, test/outage.test.ts, test/rollback.test.ts, test/upgrade.test.ts.
 // ================================================================================================
 
@@ -14573,7 +14582,7 @@ class FannedOut {
 }
 
 /** The clusters a hook's pushes go to, as it fixes them (CLUSTER or CLUSTERS); [undefined]: the default. */
-function hookClusters(hook: Hook): (string | undefined)[] {
+export function hookClusters(hook: Hook): (string | undefined)[] {
   try {
     const many = HOOK_SETTINGS.CLUSTERS.parse(fixedInput(hook, 'CLUSTERS'));
     return many.length > 0 ? many : [HOOK_SETTINGS.CLUSTER.parse(fixedInput(hook, 'CLUSTER'))];
@@ -15622,7 +15631,8 @@ export function resultDocument(r: PushResult, extra: Record<string, unknown> = {
     decision: r.decision,
     detail: r.detail,
     registry: r.registry ?? null,
-    cluster: r.cluster ?? null,
+    // Only where a hook names its cluster (CLUSTER, CLUSTERS): one cluster's documents keep their shape.
+    ...(r.cluster !== undefined && { cluster: r.cluster }),
     namespace: r.namespace ?? null,
     workload: r.workload ?? null,
     container: r.container ?? null,
@@ -16219,7 +16229,7 @@ export function deliveryPages(log: DeliveryLog, token: string): AdminPages {
  * prints what each matches and does on stdout, and the warnings and errors a reload would log on
  * stderr; 1 when the service would refuse them.
  */
-function validate(o: Options, env: Record<string, string | undefined>): number {
+async function validate(o: Options, env: Record<string, string | undefined>): Promise<number> {
   let snapshot: Snapshot;
   try {
     snapshot = loadSnapshot(hookLoadSettings(o, env));
@@ -16236,7 +16246,87 @@ function validate(o: Options, env: Record<string, string | undefined>): number {
     return 1;
   }
   process.stdout.write(`${snapshot.hooks.size} hook(s) from ${snapshot.files.length} file(s): valid\n`);
-  return 0;
+  if (!o.checkClusters) return 0;
+  const checked = await checkClusters(snapshot, o, env);
+  process.stdout.write(checked.lines.join('\n') + '\n');
+  return checked.ok ? 0 : 1;
+}
+
+/** The verbs an upgrade needs on its workload, asked of each cluster by -check-clusters. */
+const CHECKED_VERBS = ['get', 'patch'];
+
+/**
+ * -validate -check-clusters: for each upgrade hook and each cluster it names (CLUSTER, CLUSTERS, or
+ * the default), whether the cluster answers and, by SelfSubjectAccessReviews, whether its credentials
+ * may get and patch the hook's workload. One try per cluster: a cluster that does not answer is said
+ * to, at once. ok is false when any cluster does not answer or does not allow.
+ */
+async function checkClusters(
+  snapshot: Snapshot,
+  o: Options,
+  env: Record<string, string | undefined>,
+): Promise<{ lines: string[]; ok: boolean }> {
+  const lines = ['clusters:'];
+  let ok = true;
+  for (const hook of snapshot.hooks.values()) {
+    const reach = hookReach(hook);
+    if (!reach) continue;
+    for (const cluster of hookClusters(hook)) {
+      const checked = await checkCluster(reach, cluster, o.kubeconfig || undefined, env);
+      ok &&= checked.ok;
+      lines.push(`  hook "${hook.id}", cluster ${cluster ?? '(the default)'}: ${checked.line}`);
+    }
+  }
+  return { lines, ok };
+}
+
+/** One hook's cluster: reachable, and its workload allowed (or why not). */
+async function checkCluster(
+  reach: HookReach,
+  cluster: string | undefined,
+  kubeconfig: string | undefined,
+  env: Record<string, string | undefined>,
+): Promise<{ line: string; ok: boolean }> {
+  let client: KubeClient;
+  try {
+    client = new KubeClient(credentialsFromEnvironment(env, kubeconfig, cluster), { retryBudgetMs: 0 });
+  } catch (e) {
+    return { line: `no credentials: ${(e as Error).message}`, ok: false };
+  }
+  try {
+    const target = reach.target;
+    const attributes = target ? workloadResource(target) : undefined;
+    const answers = await Promise.all(
+      CHECKED_VERBS.map((verb) => accessReview(client, verb, attributes ?? { group: 'apps', resource: 'deployments' })),
+    );
+    const at = `reachable (${client.server})`;
+    if (!target) return { line: `${at}; the workload comes from each request: permissions not checked`, ok: true };
+    const denied = CHECKED_VERBS.filter((_, i) => !answers[i].allowed);
+    const what = `${CHECKED_VERBS.join(' and ')} on ${describeResource(attributes!)}`;
+    if (denied.length === 0) return { line: `${at}; ${what}: allowed`, ok: true };
+    const why = answers.map((a) => a.reason).filter(Boolean)[0];
+    return { line: `${at}; ${what}: ${denied.join(' and ')} not allowed${why ? ` (${why})` : ''}`, ok: false };
+  } catch (e) {
+    return { line: `unreachable: ${(e as Error).message}`, ok: false };
+  } finally {
+    client.close();
+  }
+}
+
+/** A SelfSubjectAccessReview: whether these credentials may do `verb` on the resource. */
+async function accessReview(
+  client: KubeClient,
+  verb: string,
+  r: { group: string; resource: string; namespace?: string; name?: string },
+): Promise<{ allowed: boolean; reason?: string }> {
+  const review = {
+    apiVersion: 'authorization.k8s.io/v1',
+    kind: 'SelfSubjectAccessReview',
+    spec: { resourceAttributes: { verb, group: r.group, resource: r.resource, namespace: r.namespace, name: r.name } },
+  };
+  const where = { group: 'authorization.k8s.io', version: 'v1', resource: 'selfsubjectaccessreviews', namespace: '' };
+  const answer = await client.create<{ status?: { allowed?: boolean; reason?: string } }>(where, review);
+  return { allowed: answer.status?.allowed === true, reason: answer.status?.reason || undefined };
 }
 
 /** The hooks whose command cannot be run now (checked again on each request, so only a warning). */
@@ -16361,6 +16451,7 @@ function describeUpgrade(hook: Hook, inserted: Set<string>): string[] {
     return `${what}: whatever the request's ${describeParam(value)} says (no value rule fixes it)`;
   };
   return [
+    describeClusters(hook),
     input('APP_NS', 'namespace'),
     input('APP_WORKLOAD', 'workload'),
     input('APP_CONTAINER', 'container'),
@@ -16390,6 +16481,15 @@ function describeSignature(hook: Hook): string[] {
       (annotations.length ? `, with ${annotations.map(([k, v]) => `${k}=${v}`).join(' ')}` : '') +
       '; the tag is resolved on its registry (VERIFY_IMAGE) and that digest deployed',
   ];
+}
+
+/** Which clusters the hook's pushes go to: a context of the kubeconfig each, or the service's default. */
+function describeClusters(hook: Hook): string {
+  const clusters = hookClusters(hook);
+  if (clusters.length > 1) return `clusters: ${clusters.join(', ')} (CLUSTERS: each push upgrades each)`;
+  return clusters[0] === undefined
+    ? "cluster: the default (the kubeconfig's current context, or the pod's service account)"
+    : `cluster: ${clusters[0]} (a kubeconfig context)`;
 }
 
 /** What a push meets once the container's image was changed outside webhook (ON_OUTSIDE_CHANGE, fixed at load). */
@@ -16445,12 +16545,13 @@ async function readPullSecrets(
   reaches: HookReach[],
   kubeconfig: string | undefined,
   env: Record<string, string | undefined>,
+  cluster?: string,
 ): Promise<string[]> {
   const verifying = reaches.filter((r) => r.verifyImage && r.target);
   if (verifying.length === 0) return [];
   let client: KubeClient;
   try {
-    client = new KubeClient(credentialsFromEnvironment(env, kubeconfig));
+    client = new KubeClient(credentialsFromEnvironment(env, kubeconfig, cluster));
   } catch (e) {
     return verifying.map((r) => unreadNote(r, (e as Error).message));
   }
@@ -16477,6 +16578,25 @@ function unreadNote(r: HookReach, why: string): string {
   );
 }
 
+/** Each cluster's hooks' reach (CLUSTER, CLUSTERS; undefined: the default cluster), in the order hooks name them. */
+function reachesByCluster(snapshot: Snapshot): Map<string | undefined, HookReach[]> {
+  const byCluster = new Map<string | undefined, HookReach[]>();
+  for (const hook of snapshot.hooks.values()) {
+    const reach = hookReach(hook);
+    if (!reach) continue;
+    for (const cluster of hookClusters(hook)) byCluster.set(cluster, [...(byCluster.get(cluster) ?? []), reach]);
+  }
+  return byCluster;
+}
+
+/** The comment that opens one cluster's section of -print-rbac. */
+function clusterHeading(cluster: string | undefined): string {
+  const apply = cluster
+    ? `kubectl --context ${cluster} apply -f -`
+    : 'kubectl apply -f - (the current context, or the cluster the service runs in)';
+  return `# ==== cluster ${cluster ?? '(the default)'}: apply this section there with \`${apply}\`\n`;
+}
+
 /** -print-rbac: the Roles and RoleBindings the hooks need on stdout; what they cannot cover, on stderr. */
 async function printRbac(o: Options, env: Record<string, string | undefined>): Promise<number> {
   let snapshot: Snapshot;
@@ -16487,8 +16607,17 @@ async function printRbac(o: Options, env: Record<string, string | undefined>): P
     return 1;
   }
   const reaches = [...snapshot.hooks.values()].flatMap((hook) => hookReach(hook) ?? []);
-  const unread = await readPullSecrets(reaches, o.kubeconfig || undefined, env);
-  process.stdout.write(formatRbac(reaches, o.rbacServiceAccount, o.hooks));
+  const byCluster = reachesByCluster(snapshot);
+  const unread: string[] = [];
+  const sections: string[] = [];
+  for (const [cluster, inCluster] of byCluster) {
+    unread.push(...(await readPullSecrets(inCluster, o.kubeconfig || undefined, env, cluster)));
+    const rbac = formatRbac(inCluster, o.rbacServiceAccount, o.hooks);
+    // Hooks in several clusters: one section each, applied in its own cluster.
+    const head = byCluster.size > 1 || cluster !== undefined ? clusterHeading(cluster) : '';
+    sections.push(head + rbac);
+  }
+  process.stdout.write(sections.length ? sections.join('---\n') : formatRbac([], o.rbacServiceAccount, o.hooks));
   const notes = [
     ...snapshot.warnings.map((w) => `warning: ${w}`),
     ...unread,

@@ -9,12 +9,12 @@
  * reached through a server URL with a path, which every request keeps.
  */
 import assert from 'node:assert/strict';
-import { execFileSync } from 'node:child_process';
+import { execFileSync, spawnSync } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as https from 'node:https';
 import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { freePort, httpRequest, makeTempDir, startWebhook, waitFor, waitForOutput, type Webhook } from './harness.ts';
+import { defaultBinary, freePort, httpRequest, makeTempDir, startWebhook, waitFor, waitForOutput, type Webhook } from './harness.ts';
 import {
   acrImage, acrPayload, clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor, namespacedGetter, removeNamespace,
   type Cluster, type Kubectl,
@@ -32,15 +32,23 @@ const shared = await clusterOrSkip();
 const second: Cluster | undefined = shared ? await ensureCluster(SECOND_CLUSTER) : undefined;
 
 /** A cluster's admin kubeconfig with its context renamed, so two can sit in one KUBECONFIG list. */
-function renamedKubeconfig(c: Cluster, context: string, file: string, server?: string): string {
+function renamedKubeconfig(c: Cluster, context: string, file: string, server?: string, token?: string): string {
   const admin = JSON.parse(fs.readFileSync(c.kubeconfigPath, 'utf8'));
   fs.writeFileSync(file, JSON.stringify({
     apiVersion: 'v1', kind: 'Config', 'current-context': context,
     contexts: [{ name: context, context: { cluster: context, user: context } }],
     clusters: [{ name: context, cluster: { ...admin.clusters[0].cluster, ...(server && { server }) } }],
-    users: [{ name: context, user: admin.users[0].user }],
+    users: [{ name: context, user: token ? { token } : admin.users[0].user }],
   }), { mode: 0o600 });
   return file;
+}
+
+/** The executable run to its exit with these arguments and KUBECONFIG. */
+function runToExit(args: string[], kubeconfigs: string[]) {
+  const r = spawnSync(defaultBinary(), args, {
+    env: { PATH: process.env.PATH, KUBECONFIG: kubeconfigs.join(path.delimiter) }, encoding: 'utf8',
+  });
+  return { code: r.status, stdout: r.stdout, stderr: r.stderr };
 }
 
 /** The Deployment "web" in a fresh namespace of each cluster, rolled out. */
@@ -149,6 +157,42 @@ describe('one process, several clusters', { skip: shared && second ? false : 'no
     assert.equal(stagingRecord.cluster, 'staging');
     assert.notEqual(stagingRecord.decision, 'applied');
     assert.equal(stagingRecord.finished_at, null, 'kept until its API server answers');
+  });
+
+  test('-validate names each hook\'s clusters; -check-clusters asks each whether it answers and allows get and patch', async () => {
+    await kubectlStaging(['-n', ns, 'create', 'serviceaccount', 'nobody']);
+    const nobody = (await kubectlStaging(['-n', ns, 'create', 'token', 'nobody', '--duration=10m'])).trim();
+    const away = `https://127.0.0.1:${await freePort()}`;
+    const kubeconfigs = [
+      prodConfig(),
+      renamedKubeconfig(second!, 'staging', path.join(dir, 'staging-nobody.json'), undefined, nobody),
+      renamedKubeconfig(second!, 'away', path.join(dir, 'away.json'), away),
+    ];
+    const hooks = path.join(dir, 'hooks.json');
+    fs.writeFileSync(hooks, JSON.stringify([
+      upgradeHook('fixed', TOKEN, { APP_NS: ns, APP_WORKLOAD: 'deployment/web', CLUSTERS: 'prod staging away' }),
+      upgradeHook('open', TOKEN, { CLUSTER: 'prod' }),
+    ]));
+    const described = runToExit(['-validate', '-hooks', hooks], kubeconfigs);
+    assert.equal(described.code, 0, described.stderr);
+    assert.match(described.stdout, /^  upgrades: +clusters: prod, staging, away \(CLUSTERS: each push upgrades each\)$/m);
+    assert.match(described.stdout, /^  upgrades: +cluster: prod \(a kubeconfig context\)$/m);
+    const checked = runToExit(['-validate', '-check-clusters', '-hooks', hooks], kubeconfigs);
+    console.log(`# webhook -validate -check-clusters (exit ${checked.code}), its last lines:\n${checked.stdout.slice(checked.stdout.indexOf('\nclusters:') + 1)}`);
+    assert.equal(checked.code, 1, 'a cluster that does not answer or allow fails the check');
+    const what = `get and patch on deployments\\.apps "web" in namespace "${ns}"`;
+    assert.match(checked.stdout, new RegExp(`^  hook "fixed", cluster prod: reachable \\(https://127\\.0\\.0\\.1:\\d+\\); ${what}: allowed$`, 'm'));
+    assert.match(checked.stdout, new RegExp(`^  hook "fixed", cluster staging: reachable \\(.+\\); ${what}: get and patch not allowed$`, 'm'));
+    assert.match(checked.stdout, /^  hook "fixed", cluster away: unreachable: .*ECONNREFUSED/m);
+    assert.match(checked.stdout, /^  hook "open", cluster prod: reachable \(.+\); the workload comes from each request: permissions not checked$/m);
+    assert.doesNotMatch(checked.stdout + checked.stderr, new RegExp(nobody));
+
+    const rbac = runToExit(['-print-rbac', '-hooks', hooks], kubeconfigs);
+    assert.equal(rbac.code, 0, rbac.stderr);
+    const sections = rbac.stdout.split(/^---\n(?=# ==== cluster)/m);
+    assert.deepEqual(sections.map((t) => /^# ==== cluster (\S+): apply this section there with `kubectl --context \1 apply -f -`$/m.exec(t)?.[1]),
+      ['prod', 'staging', 'away']);
+    for (const t of sections) assert.ok(t.includes(`namespace: "${ns}"\n`), t);
   });
 
   describe('a server URL with a path (Rancher\'s cluster proxy)', () => {

@@ -54,7 +54,7 @@ describe('what comes from the table', () => {
     const checks = fixedSettingChecks();
     assert.deepEqual(
       Object.keys(checks).toSorted(),
-      ['ALLOW_IMAGES', 'NOTIFY_FORMAT', 'NOTIFY_ON_SKIP', 'NOTIFY_SECRET', 'NOTIFY_URL', 'ON_OUTSIDE_CHANGE', 'REGISTRY_HOST', 'REGISTRY_TOKEN_HOSTS', 'UPDATE_POLICY',
+      ['ALLOW_IMAGES', 'CLUSTER', 'CLUSTERS', 'NOTIFY_FORMAT', 'NOTIFY_ON_SKIP', 'NOTIFY_SECRET', 'NOTIFY_URL', 'ON_OUTSIDE_CHANGE', 'REGISTRY_HOST', 'REGISTRY_TOKEN_HOSTS', 'UPDATE_POLICY',
         'VERIFY_SIGNATURE', 'VERIFY_SIGNATURE_ANNOTATIONS'],
     );
     assert.match(checks.VERIFY_SIGNATURE('cosign:/nonexistent/cosign.pub') ?? '', /^VERIFY_SIGNATURE item 1: the key file "\/nonexistent\/cosign\.pub" cannot be read/);
@@ -65,6 +65,9 @@ describe('what comes from the table', () => {
     assert.equal(checks.NOTIFY_URL(''), 'NOTIFY_URL is empty');
     assert.equal(checks.NOTIFY_SECRET('anything'), undefined);
     assert.match(checks.REGISTRY_HOST('not a host') ?? '', /^REGISTRY_HOST "not a host" is not a valid registry host/);
+    assert.match(checks.CLUSTER('staging prod') ?? '', /^CLUSTER names one context \(2 given; several clusters are CLUSTERS\)/);
+    assert.equal(checks.CLUSTERS('staging prod'), undefined);
+    assert.deepEqual(HOOK_SETTINGS.CLUSTERS.parse(' staging  prod staging '), ['staging', 'prod']);
   });
 
   test('each parse gives the typed value or the message the upgrade has always given', () => {
