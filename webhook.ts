@@ -4284,7 +4284,9 @@ export class KubeClient {
       });
     } catch (e) {
       const code = (e as NodeJS.ErrnoException).code ?? '';
-      const why = `the API server ${this.server} did not answer (${code || (e as Error).message})`;
+      // A proxy's refusal says more than its code: it is the proxy's answer, naming it (never its credentials).
+      const cause = code && code !== 'EPROXY' ? code : (e as Error).message;
+      const why = `the API server ${this.server} did not answer (${cause})`;
       return {
         ok: false,
         failure: { verb, code },

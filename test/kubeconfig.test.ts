@@ -8,6 +8,8 @@
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import * as fs from 'node:fs';
+import * as http from 'node:http';
+import * as net from 'node:net';
 import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import {
@@ -221,6 +223,73 @@ describe('credentials that change, against the API server', { skip: cluster ? fa
     assert.equal(bad.runs(), 2, 'renewed once, then the 401 is the answer');
     client.close();
     bad.client.close();
+  });
+
+  test('an exec plugin\'s client certificate (v1beta1) is used for the TLS connection', async () => {
+    const user = admin.users[0].user;
+    const pem = (b64: string) => Buffer.from(b64, 'base64').toString('utf8');
+    fs.writeFileSync(path.join(pluginDir, 'cert.json'), JSON.stringify({
+      apiVersion: 'client.authentication.k8s.io/v1beta1', kind: 'ExecCredential',
+      status: { clientCertificateData: pem(user['client-certificate-data']), clientKeyData: pem(user['client-key-data']) },
+    }));
+    write('plugin/cert.sh', '#!/bin/sh\ncat "$PLUGIN_DIR/cert.json"\n');
+    const server = admin.clusters[0].cluster;
+    const file = write('cert-plugin.yaml', [
+      'current-context: c',
+      'contexts: [{name: c, context: {cluster: k, user: u}}]',
+      `clusters: [{name: k, cluster: {server: "${server.server}", certificate-authority-data: "${server['certificate-authority-data']}"}}]`,
+      'users: [{name: u, user: {exec: {apiVersion: client.authentication.k8s.io/v1beta1, command: ./plugin/cert.sh,',
+      `  env: [{name: PLUGIN_DIR, value: "${pluginDir}"}]}}}]`,
+    ].join('\n'));
+    const client = new KubeClient(loadKubeconfig(file), { retryBudgetMs: 0 });
+    const cm = await client.get<{ metadata: { name: string } }>(resource);
+    assert.equal(cm.metadata.name, 'kube-root-ca.crt');
+    client.close();
+  });
+
+  test('proxy-url: every connection tunnels through the HTTP proxy (CONNECT) with its credentials; a refusal is named', async () => {
+    const tunnels: Array<{ target: string; auth: string | undefined }> = [];
+    let refuse = false;
+    const proxy = http.createServer((_req, res) => res.writeHead(405).end());
+    proxy.on('connect', (req: http.IncomingMessage, client: net.Socket, head: Buffer) => {
+      tunnels.push({ target: req.url ?? '', auth: req.headers['proxy-authorization'] });
+      if (refuse) return client.end('HTTP/1.1 403 Forbidden\r\n\r\n');
+      const [host, port] = (req.url ?? '').split(':');
+      const upstream = net.connect(Number(port), host, () => {
+        client.write('HTTP/1.1 200 Connection Established\r\n\r\n');
+        upstream.write(head);
+        upstream.pipe(client).pipe(upstream);
+      });
+      upstream.on('error', () => client.destroy());
+      client.on('error', () => upstream.destroy());
+    });
+    await new Promise<void>((resolve) => proxy.listen(0, '127.0.0.1', resolve));
+    const proxyPort = (proxy.address() as net.AddressInfo).port;
+    const server = admin.clusters[0].cluster;
+    const file = write('proxied.yaml', [
+      'current-context: c',
+      'contexts: [{name: c, context: {cluster: k, user: u}}]',
+      `clusters: [{name: k, cluster: {server: "${server.server}", certificate-authority-data: "${server['certificate-authority-data']}",`,
+      `  proxy-url: "http://tunnel:p%40ss-${SECRET}@127.0.0.1:${proxyPort}"}}]`,
+      `users: [{name: u, user: {token: "${token}"}}]`,
+    ].join('\n'));
+    try {
+      const client = new KubeClient(loadKubeconfig(file), { retryBudgetMs: 0 });
+      await client.get(resource);
+      const api = new URL(server.server);
+      assert.deepEqual(tunnels, [{ target: `${api.hostname}:${api.port}`, auth: `Basic ${Buffer.from(`tunnel:p@ss-${SECRET}`).toString('base64')}` }]);
+      client.close();
+      refuse = true;
+      const refused = new KubeClient(loadKubeconfig(file), { retryBudgetMs: 0 });
+      await assert.rejects(refused.get(resource), (e: Error) => {
+        assert.match(e.message, new RegExp(`proxy 127\\.0\\.0\\.1:${proxyPort}: CONNECT ${api.hostname.replace(/\./g, '\\.')}:${api.port} refused: HTTP/1\\.1 403 Forbidden`));
+        assert.doesNotMatch(e.message, new RegExp(SECRET));
+        return true;
+      });
+      refused.close();
+    } finally {
+      await new Promise((resolve) => proxy.close(resolve));
+    }
   });
 
   test('a tokenFile rewritten is read on the next request', async () => {
