@@ -159,6 +159,32 @@ describe('one process, several clusters', { skip: shared && second ? false : 'no
     assert.equal(stagingRecord.finished_at, null, 'kept until its API server answers');
   });
 
+  test('a cluster whose plugin fails, or a context that is not there: the push fails saying so, nothing changed', async () => {
+    const plugin = path.join(dir, 'failing-plugin.sh');
+    fs.writeFileSync(plugin, '#!/bin/sh\necho "credentials expired: run login" >&2\nexit 1\n', { mode: 0o700 });
+    const broken = path.join(dir, 'broken.yaml');
+    const server = JSON.parse(fs.readFileSync(second!.kubeconfigPath, 'utf8')).clusters[0].cluster;
+    fs.writeFileSync(broken, [
+      'current-context: broken',
+      'contexts: [{name: broken, context: {cluster: b, user: b}}]',
+      `clusters: [{name: b, cluster: {server: "${server.server}", certificate-authority-data: "${server['certificate-authority-data']}"}}]`,
+      'users: [{name: b, user: {exec: {apiVersion: client.authentication.k8s.io/v1, command: ./failing-plugin.sh, interactiveMode: Never}}}]',
+    ].join('\n'));
+    const before = containerImage(await getStaging('deployment/web'), 'app');
+    for (const [cluster, expected] of [
+      ['broken', /^result: +failed: cannot get deployments\.apps "web" in namespace ".+": exec plugin ".*failing-plugin\.sh" \(.*context "broken".*\) exited 1: credentials expired: run login$/m],
+      ['nowhere', /^result: +failed: KUBECONFIG .*: contexts: no entry named "nowhere" \(the context asked for; contexts: "prod", "broken"\)$/m],
+    ] as const) {
+      const wh = await start([prodConfig(), broken], { CLUSTER: cluster });
+      const res = await push(wh, 'v9');
+      assert.equal(res.status, 500, res.body);
+      assert.match(res.body, new RegExp(`^cluster: +${cluster}$`, 'm'));
+      assert.match(res.body, expected);
+    }
+    assert.equal(containerImage(await getStaging('deployment/web'), 'app'), before);
+    assert.notEqual(containerImage(await getProd('deployment/web'), 'app'), acrImage('v9'));
+  });
+
   test('-validate names each hook\'s clusters; -check-clusters asks each whether it answers and allows get and patch', async () => {
     await kubectlStaging(['-n', ns, 'create', 'serviceaccount', 'nobody']);
     const nobody = (await kubectlStaging(['-n', ns, 'create', 'token', 'nobody', '--duration=10m'])).trim();
