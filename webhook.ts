@@ -100,8 +100,8 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { fileURLToPath } from 'node:url';
 import { getHeapStatistics, setFlagsFromString } from 'node:v8';
 
-
 const VERSION = '0.1.0';
+
 
 // ################################################################################################
 // Part I — libraries: general code written by hand because the program has no runtime dependencies.
@@ -5767,6 +5767,7 @@ function pageShell(title: string, refreshSeconds: number | undefined, body: stri
   ].join('\n');
 }
 
+
 // ################################################################################################
 // Part II — the service, in the order a push travels: from the command line to the answer, the upgrade, its
 // rollout and its result.
@@ -7859,6 +7860,7 @@ function commandTimeout(h: Fields): number | undefined {
     return h.fail('command-timeout', `invalid duration "${text}" (use e.g. 30s, 5m)`);
   }
 }
+
 
 export interface Snapshot {
   hooks: Map<string, Hook>;
