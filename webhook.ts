@@ -14414,7 +14414,7 @@ class KeptPushes {
     this.kept.set(key, { args, env, requestId, hook, report, deadline, settle, abandon: new AbortController() });
     this.lastTryFailed = true;
     this.log.warn(
-      `[${requestId}] ${r.workload} in ${r.namespace}: the API server does not answer; push kept until ${until}`,
+      `[${requestId}] ${reportWhere(r)}: the API server does not answer; push kept until ${until}`,
     );
     if (!this.retrying) void this.retry();
     return { output: formatReport(report), exitCode: 0, report, accepted: true };
@@ -14465,7 +14465,7 @@ class KeptPushes {
     this.kept.delete(key);
     const r = result.report;
     const outcome = r.result === 'ok' ? r.action : `failed: ${r.error}`;
-    this.log.notice(`[${k.requestId}] ${r.workload} in ${r.namespace}: the API server answered again; ${outcome}`);
+    this.log.notice(`[${k.requestId}] ${reportWhere(r)}: the API server answered again; ${outcome}`);
     k.settle(r);
     return true;
   }
@@ -14477,7 +14477,7 @@ class KeptPushes {
 
   private fail(key: string, k: KeptPush, why: string): void {
     this.kept.delete(key);
-    this.log.error(`[${k.requestId}] ${k.report.workload} in ${k.report.namespace}: push not applied: ${why}`);
+    this.log.error(`[${k.requestId}] ${reportWhere(k.report)}: push not applied: ${why}`);
     const failed = { decision: 'failed', action: 'none (not applied)', result: 'failed', error: why } as const;
     k.settle({ ...k.report, pending: undefined, ...failed });
   }
@@ -14532,6 +14532,11 @@ function resumeSettings(hook: Hook): { mailTo: string | undefined; rollbackOnFai
     imagePin = readImagePin({});
   }
   return { mailTo, rollbackOnFailure, imagePin };
+}
+
+/** `deployment/web in prod`, and its cluster when the hook names one: how the log names a push's workload. */
+function reportWhere(r: UpgradeReport): string {
+  return `${r.workload} in ${r.namespace}${r.cluster ? ` (cluster ${r.cluster})` : ''}`;
 }
 
 /** What the service answers for one push: the upgrade's result, kept (202) or refused as malformed (400). */
@@ -14705,7 +14710,7 @@ export class UpgradeService implements InProcessCommand {
     const r = result.report;
     // Logged whatever the verbosity: someone tried to deploy a repository the hook does not allow.
     if (r.refused)
-      this.log.error(`[${requestId}] hook ${hookId}: push to ${r.workload} in ${r.namespace} refused: ${r.error}`);
+      this.log.error(`[${requestId}] hook ${hookId}: push to ${reportWhere(r)} refused: ${r.error}`);
     if (r.unreachable && lane) return lane.kept.keep(args, env, requestId, hook, result);
     return r.badInput ? { ...result, badInput: true } : result;
   }
@@ -14746,7 +14751,7 @@ export class UpgradeService implements InProcessCommand {
     // A push kept while the API server was away: its final report, once it has one.
     if (report.pending) return this.follow(await report.pending, requestId, onProgress, followMs);
     const eventFailure = await report.afterAnswer;
-    if (eventFailure) this.log.error(`[${requestId}] ${report.workload} in ${report.namespace}: ${eventFailure}`);
+    if (eventFailure) this.log.error(`[${requestId}] ${reportWhere(report)}: ${eventFailure}`);
     const target = report.target;
     const lane = this.lane(report.cluster);
     const client = lane.client();
@@ -14784,7 +14789,7 @@ export class UpgradeService implements InProcessCommand {
     requestId: string,
   ): Promise<'claimed' | 'superseded' | 'gone' | 'left'> {
     if (!report.followRecorded) return 'claimed';
-    const where = `[${requestId}] ${report.workload} in ${report.namespace}`;
+    const where = `[${requestId}] ${reportWhere(report)}`;
     if (this.stopping.signal.aborted) {
       this.log.notice(`${where}: stopping; the rollout's follow is left to the replica that starts next`);
       return 'left';
@@ -14892,7 +14897,7 @@ export class UpgradeService implements InProcessCommand {
       );
     if (verdict.rollBack) await rollBackFailedRollout(client, target, updated, this.followMs, { requestId });
     const rollback = updated.rollback ? `; ${formatRollback(updated.rollback)}` : '';
-    const where = `${updated.workload} in ${updated.namespace}`;
+    const where = reportWhere(updated);
     const line = `[${requestId}] ${where}: rollout ${formatRollout(outcome)}${rollback}`;
     if (updated.result === 'ok') this.log.info(line);
     else this.log.error(line);
@@ -16455,7 +16460,7 @@ function describeUpgrade(hook: Hook, inserted: Set<string>): string[] {
     return `${what}: whatever the request's ${describeParam(value)} says (no value rule fixes it)`;
   };
   return [
-    describeClusters(hook),
+    ...describeClusters(hook),
     input('APP_NS', 'namespace'),
     input('APP_WORKLOAD', 'workload'),
     input('APP_CONTAINER', 'container'),
@@ -16487,13 +16492,11 @@ function describeSignature(hook: Hook): string[] {
   ];
 }
 
-/** Which clusters the hook's pushes go to: a context of the kubeconfig each, or the service's default. */
-function describeClusters(hook: Hook): string {
+/** Which clusters the hook's pushes go to, when it names them (a context of the kubeconfig each). */
+function describeClusters(hook: Hook): string[] {
   const clusters = hookClusters(hook);
-  if (clusters.length > 1) return `clusters: ${clusters.join(', ')} (CLUSTERS: each push upgrades each)`;
-  return clusters[0] === undefined
-    ? "cluster: the default (the kubeconfig's current context, or the pod's service account)"
-    : `cluster: ${clusters[0]} (a kubeconfig context)`;
+  if (clusters.length > 1) return [`clusters: ${clusters.join(', ')} (CLUSTERS: each push upgrades each)`];
+  return clusters[0] === undefined ? [] : [`cluster: ${clusters[0]} (a kubeconfig context)`];
 }
 
 /** What a push meets once the container's image was changed outside webhook (ON_OUTSIDE_CHANGE, fixed at load). */

@@ -145,6 +145,7 @@ describe('one process, several clusters', { skip: shared && second ? false : 'no
     assert.match(prod, /^cluster: +prod$/m);
     assert.match(prod, /^action: +image updated$/m);
     assert.equal(containerImage(await getProd('deployment/web'), 'app'), acrImage('v3'));
+    await waitForOutput(wh, new RegExp(`deployment/web in ${ns} \\(cluster staging\\): the API server does not answer; push kept until`));
     assert.equal(containerImage(await getStaging('deployment/web'), 'app'), stagingBefore, 'nothing reached the cluster that is away');
     // Each cluster's record goes its own way: prod's applied and followed, staging's kept.
     const port = await adminPort(wh);
