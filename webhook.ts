@@ -10584,7 +10584,7 @@ function repoTypeSetting(value: string | undefined): string {
 //    a push may change only the tag and digest of the repository the container runs now. Endpoints of one registry
 //    count as the same (REGISTRY_ENDPOINTS), and so does the hook's REGISTRY_HOST; anything else needs ALLOW_IMAGES
 //    (`host/path`, `host/path/*`, `host/*`; Docker Hub's may omit the host). Both widen what a request may deploy, so
-//    HOOK_SETTINGS (chapter 26) has them refused at load unless they are fixed strings, and valid.
+//    HOOK_SETTINGS (chapter 27) has them refused at load unless they are fixed strings, and valid.
 //    Exports: checkImagePin, chooseCandidate, composeImageRef, ImagePin, normalizeImageRef, problemOf, readImagePin,
 //    registryHostSetting, registryOf, validateImageRef.
 //    Tests: test/registries.test.ts, test/upgrade.test.ts, test/clouds.test.ts.
@@ -12495,7 +12495,7 @@ export const HOOK_SETTINGS = {
 export type HookSettingName = keyof typeof HOOK_SETTINGS;
 
 /**
- * The load-time checks of the settings a hook must fix in its file (chapter 17's HookSettingChecks,
+ * The load-time checks of the settings a hook must fix in its file (chapter 18's HookSettingChecks,
  * handed over by main()): every `fixed` entry, or those of `names`.
  */
 export function fixedSettingChecks(names?: HookSettingName[]): HookSettingChecks {
