@@ -9,15 +9,16 @@
  * mailed when the hook passes MAIL_TO.
  *
  * Chapters, in order. Part I holds the libraries the program needs and has no dependency for; they use
- * nothing of the service. Part II is the service, in the order a push travels: main (40) opens the
+ * nothing of the service. Part II is the service, in the order a push travels: main (43) opens the
  * listeners (21) with the http server's handler (20), which uses the request, rule and hook chapters
- * above it and hands the command to the runner (19), whose in-process command is the upgrade (22-34).
- * After the answer the result travels on in order too: the rollout follower (34) follows the rollout and
- * hands each step to the result (35), which records it and, once final, sends it to the mail (36) and
- * the chat and JSON receivers (37); the deliveries page (38) renders the records. No chapter uses a name a later one
+ * above it and hands the command to the runner (19), whose in-process command is the upgrade (22-36).
+ * After the answer the result travels on in order too: the approvals (37) learn of waiting pushes and decide
+ * them, the rollout follower (36) follows the rollout and
+ * hands each step to the result (38), which records it and, once final, sends it to the mail (39) and
+ * the chat and JSON receivers (40); the deliveries page (41) renders the records. No chapter uses a name a later one
  * defines; where an earlier chapter hands work on, it declares the small interface it needs
- * (InProcessCommand, CommandListener, AdminPages, ResultListener, ResultChannel, HookSettingChecks) and
- * main() wires the later chapter in.
+ * (InProcessCommand, CommandListener, AdminPages, ApprovalPages, ResultListener, ResultChannel, HookSettingChecks)
+ * and main() wires the later chapter in.
  *
  * Part I — libraries
  *   1. reading text ............... formatGoDuration, isObject, JsonNumber, MONTHS
@@ -45,22 +46,25 @@
  *  22. registry payloads .......... parsePushPayload, parsePushHeaders, PayloadFields, PushEvent
  *  23. cloud registry payloads .... REGISTRIES, REPO_TYPES, registryFor, recognisedRepoType
  *  24. image reference & pin ...... checkImagePin, chooseCandidate, composeImageRef, readImagePin
- *  25. workloads .................. WORKLOAD_KINDS, parseWorkload, locateContainer, rolloutStatus
- *  26. update policies ............ parsePolicy, policyDecision, POLICY_ANNOTATION
- *  27. hook settings .............. HOOK_SETTINGS, fixedSettingChecks
- *  28. upgrade decision ........... readSettings, decidePush, decide, holdDecision, verifiedRef
- *  29. the patch .................. patchOnce, patchUntilApplied
- *  30. the report ................. formatForcedRollback, formatReport, formatRollback, formatRollout
- *  31. rollout follow ............. claimFollow, followRollout, resumedReport, rolloutEvent
- *  32. rollback ................... rollBackFailedRollout
- *  33. least privilege ............ formatRbac, hookReach, HookReach, upgradeInput
- *  34. the upgrade ................ runUpgrade, UpgradeService, RolloutFollower, hookClusters
- *  35. the result ................. DeliveryLog, ResultDispatcher, pushResult, ResultChannel
- *  36. mail ....................... Mailer, parseMailConfig
- *  37. chat & json notifications .. Notifier, NOTIFY_FORMATS, resultDocument
- *  38. deliveries page ............ deliveryPages
- *  39. -validate & -print-rbac .... hookLoadSettings, validate
- *  40. main ....................... main
+ *  25. change windows & approvals  nextOpening, parseDeployWindows, PendingEntry, approvalLinks
+ *  26. workloads .................. WORKLOAD_KINDS, parseWorkload, locateContainer, rolloutStatus
+ *  27. update policies ............ parsePolicy, policyDecision, POLICY_ANNOTATION
+ *  28. hook settings .............. HOOK_SETTINGS, fixedSettingChecks
+ *  29. upgrade decision ........... readSettings, decidePush, decide, holdDecision, verifiedRef
+ *  30. the patch .................. patchOnce, patchUntilApplied
+ *  31. the report ................. formatForcedRollback, formatReport, formatRollback, formatRollout
+ *  32. rollout follow ............. claimFollow, followRollout, resumedReport, rolloutEvent
+ *  33. rollback ................... rollBackFailedRollout
+ *  34. least privilege ............ formatRbac, hookReach, HookReach, upgradeInput
+ *  35. the upgrade ................ runUpgrade, runDecidedPush, upgradeResult
+ *  36. the upgrade service ........ UpgradeService, RolloutFollower, hookClusters
+ *  37. approvals .................. approvalHooksProblem, ApprovalService, WaitingPush
+ *  38. the result ................. DeliveryLog, ResultDispatcher, pushResult, ResultChannel
+ *  39. mail ....................... Mailer, parseMailConfig
+ *  40. chat & json notifications .. Notifier, NOTIFY_FORMATS, resultDocument
+ *  41. deliveries page ............ deliveryPages
+ *  42. -validate & -print-rbac .... hookLoadSettings, validate
+ *  43. main ....................... main
  *
  * Each banner's "Exports" lists the names later chapters use and "Tests" the test files that cover it
  * (test/structure.test.ts checks both).
@@ -5777,7 +5781,7 @@ function pageShell(title: string, refreshSeconds: number | undefined, body: stri
 // 13. command line & settings — the adnanh/webhook command line in Go `flag` syntax (parseCommandLine, usage), Go's
 //    durations and booleans, and our safety limits (LIMITS), each with why it has that value.
 //    Exports: LIMITS, Options, parseCommandLine, parseGoBool, parseGoDuration, parseListenAddress, PLACEHOLDER,
-//    readAdminTokenFile, usage, UsageError.
+//    readAdminTokenFile, readApprovalKeyFile, usage, UsageError.
 //    Tests: test/runner.test.ts, test/unit.test.ts.
 // ================================================================================================
 
@@ -5840,6 +5844,12 @@ export interface Options {
   adminToken: string;
   /** A file holding the admin token (read at start: readAdminTokenFile), so it is on no command line. */
   adminTokenFile: string;
+  /** The service's external address, which approval links point at ('' : no links). */
+  publicUrl: string;
+  /** A file holding the key that signs approval links (a Secret, the same on every replica). */
+  approvalKeyFile: string;
+  /** The key read from -approval-key-file at start (readApprovalKeyFile). */
+  approvalKey?: Buffer;
   maxNotificationsPerHook: number;
   notifyWindowMs: number;
   printRbac: boolean;
@@ -5902,6 +5912,8 @@ export const LIMITS = {
   maxPendingUpgrades: 256,
   // At shutdown, pending mails get at least this long even when commands used the whole grace.
   minMailFlushMs: 3_000,
+  // A form posted to the admin pages is a few hundred bytes: a browser sends it at once.
+  adminFormTimeoutMs: 10_000,
   // After the grace period a command gets SIGTERM, then this long before SIGKILL.
   killAfterTermMs: 3_000,
   // Reload debounce: editors and ConfigMap updates produce bursts of events; wait for quiet.
@@ -6174,6 +6186,18 @@ const FLAGS: Record<string, FlagSpec> = {
     def: '',
     help: 'file holding the -admin-token (e.g. a mounted Secret), so the token is on no command line',
   },
+  'public-url': {
+    kind: 'string',
+    key: 'publicUrl',
+    def: '',
+    help: 'the address people reach this service at (https://webhook.example.com), which approval links point at',
+  },
+  'approval-key-file': {
+    kind: 'string',
+    key: 'approvalKeyFile',
+    def: '',
+    help: 'file holding the key that signs approval links (a Secret mounted on every replica; at least 32 bytes)',
+  },
   'max-notifications-per-hook': {
     kind: 'int',
     key: 'maxNotificationsPerHook',
@@ -6334,6 +6358,7 @@ export function parseCommandLine(argv: string[], env: Record<string, string | un
   if (o.adminToken && o.adminTokenFile) throw new UsageError('give -admin-token or -admin-token-file, not both');
   const exposed = exposedDeliveries(o);
   if (exposed) throw new UsageError(exposed);
+  if (o.publicUrl !== '') checkPublicUrl(o.publicUrl);
   if (!/^[a-z0-9-]+\/[a-z0-9.-]+$/.test(o.rbacServiceAccount))
     throw new UsageError(`invalid value "${o.rbacServiceAccount}" for flag -rbac-service-account: use namespace/name`);
   return o;
@@ -6391,6 +6416,49 @@ export function readAdminTokenFile(o: Options): void {
         `${placeholder[0] === token ? `the placeholder "${token}"` : 'a placeholder'}; replace it`,
     );
   o.adminToken = token;
+}
+
+/** -public-url: an http(s) URL with no query, fragment or credentials (links are built on it). */
+function checkPublicUrl(text: string): void {
+  let url: URL | undefined;
+  try {
+    url = new URL(text);
+  } catch {
+    url = undefined;
+  }
+  if (!url || !/^https?:$/.test(url.protocol) || url.search || url.hash || url.username || url.password)
+    throw new UsageError(
+      `invalid value "${text}" for flag -public-url: give the http(s) address people reach the service at, ` +
+        'with no query, fragment or credentials (e.g. https://webhook.example.com)',
+    );
+}
+
+// A signing key shorter than SHA-256's block of output could be guessed more easily than the links forged.
+const MIN_APPROVAL_KEY_BYTES = 32;
+
+/**
+ * -approval-key-file: the key that signs approval links (one trailing newline ignored), kept as -approvalKey.
+ * Throws a UsageError naming the file when it cannot be read, is shorter than MIN_APPROVAL_KEY_BYTES or still
+ * holds a placeholder; -public-url and -approval-key-file go together.
+ */
+export function readApprovalKeyFile(o: Options): void {
+  if ((o.publicUrl === '') !== (o.approvalKeyFile === ''))
+    throw new UsageError('give -public-url and -approval-key-file together: approval links need both');
+  if (!o.approvalKeyFile) return;
+  const where = `invalid value "${o.approvalKeyFile}" for flag -approval-key-file`;
+  let key: Buffer;
+  try {
+    key = fs.readFileSync(o.approvalKeyFile);
+  } catch (e) {
+    throw new UsageError(`${where}: cannot read it (${(e as NodeJS.ErrnoException).code ?? (e as Error).message})`);
+  }
+  if (key.at(-1) === 0x0a) key = key.subarray(0, -1);
+  if (PLACEHOLDER.test(key.toString('latin1'))) throw new UsageError(`${where}: the file still holds a placeholder`);
+  if (key.length < MIN_APPROVAL_KEY_BYTES)
+    throw new UsageError(
+      `${where}: the key is ${key.length} bytes; use at least ${MIN_APPROVAL_KEY_BYTES} (openssl rand -hex 32)`,
+    );
+  o.approvalKey = key;
 }
 
 /** The limits on what requests hold: a body the memory limit could never hold would wait for nothing. */
@@ -8543,8 +8611,9 @@ export function decodeBase64Strict(text: string): Buffer {
 //    X-Request-Id; bodies are plain text and never sniffed. A finished command goes to the CommandListener main()
 //    wires in (the rollout follow and the result). `/metrics` and the deliveries pages (AdminPages) have a listener
 //    of their own (createMetricsHandler).
-//    Exports: AdminPages, allowedMethods, answerClientError, CommandListener, createHandler, createMetricsHandler,
-//    HandlerContext.
+//    Approval links (`/approval/<token>`) are answered by the ApprovalPages main() wires in (the approvals chapter).
+//    Exports: AdminPages, allowedMethods, answerClientError, ApprovalPages, CommandListener, createHandler,
+//    createMetricsHandler, HandlerContext, PageAnswer.
 //    Tests: test/adnanh-suite.test.ts, test/compat.test.ts, test/exposure.test.ts, test/runner.test.ts,
 //    test/unit.test.ts.
 // ================================================================================================
@@ -8610,6 +8679,8 @@ export interface HandlerContext {
   isShuttingDown(): boolean;
   /** Whether SIGTERM has come and /healthz says "not ready", while hooks are still served. */
   isDraining?(): boolean;
+  /** The approval links' pages, when the service signs links (-public-url, -approval-key-file). */
+  approvals?: ApprovalPages;
 }
 
 /** One request on its way through the steps. */
@@ -8923,6 +8994,8 @@ function logAccess(cx: HandlerContext, ex: Exchange, entry: Answer): void {
 
 async function handleRequest(cx: HandlerContext, ex: Exchange): Promise<void> {
   if (cx.isShuttingDown()) return sendAnswer(cx, ex, 'shuttingDown');
+  const approvals = cx.approvals;
+  if (approvals && (ex.req.url ?? '').startsWith(approvals.prefix)) return answerApproval(cx, ex, approvals);
   const route = routeOf(cx, ex);
   if (route.kind === 'answer') return sendAnswer(cx, ex, route.name, route.override);
   const hook = admit(cx, ex, route.hookId);
@@ -9144,6 +9217,73 @@ function answerForError(cx: HandlerContext, ex: Exchange, e: unknown): AnswerNam
   return 'internalError';
 }
 
+/** An approval link's answer: a small HTML page, and its status. */
+export interface PageAnswer {
+  status: number;
+  body: string;
+  headers: Record<string, string>;
+}
+
+/**
+ * The approval links on the hook port (the approvals chapter): GET shows what the link decides and a form;
+ * only its POST decides, so a chat's link preview or crawler never approves anything.
+ */
+export interface ApprovalPages {
+  /** The path links live under ("/approval/"); the rest of the path is the signed token. */
+  readonly prefix: string;
+  answer(
+    method: 'GET' | 'POST',
+    token: string,
+    form: URLSearchParams | undefined,
+    remoteIp: string,
+  ): Promise<PageAnswer>;
+}
+
+// A confirmation form holds a name and a button: more is not a form of ours.
+const MAX_APPROVAL_FORM_BYTES = 4096;
+
+/** A small url-encoded form body, or undefined when it is larger than `max` or does not arrive in time. */
+async function readSmallForm(
+  req: http.IncomingMessage,
+  max: number,
+  idleMs: number,
+): Promise<URLSearchParams | undefined> {
+  if ((declaredLength(req) ?? 0) > max) return undefined;
+  const chunks: Buffer[] = [];
+  let size = 0;
+  const read = (async () => {
+    for await (const chunk of req as AsyncIterable<Buffer>) {
+      size += chunk.length;
+      if (size > max) return false;
+      chunks.push(chunk);
+    }
+    return true;
+  })();
+  const timeout = sleep(idleMs, false, { ref: false });
+  if (!(await Promise.race([read, timeout]))) return undefined;
+  return new URLSearchParams(Buffer.concat(chunks).toString('utf8'));
+}
+
+/** Step 1 for an approval link: GET the page, POST its form; the token is kept out of the access log. */
+async function answerApproval(cx: HandlerContext, ex: Exchange, pages: ApprovalPages): Promise<void> {
+  const token = decodePath(new URL(ex.req.url ?? '/', 'http://localhost').pathname).slice(pages.prefix.length);
+  ex.req.url = `${pages.prefix}…`;
+  if (ex.method !== 'GET' && ex.method !== 'HEAD' && ex.method !== 'POST')
+    return sendAnswer(cx, ex, 'methodNotAllowed', { headers: { Allow: 'GET, HEAD, POST' } });
+  let form: URLSearchParams | undefined;
+  if (ex.method === 'POST') {
+    ex.bodyTaken = true;
+    form = await readSmallForm(ex.req, MAX_APPROVAL_FORM_BYTES, cx.options.bodyIdleTimeoutMs);
+    if (!form) return sendAnswer(cx, ex, 'bodyTooLarge');
+  }
+  const page = await pages.answer(ex.method === 'POST' ? 'POST' : 'GET', token, form, ex.remote.ip);
+  return sendAnswer(cx, ex, 'ok', {
+    status: page.status,
+    body: ex.method === 'HEAD' ? '' : page.body,
+    headers: page.headers,
+  });
+}
+
 /**
  * Pages the admin listener serves besides /metrics (the deliveries page), behind
  * -admin-token when one is set.
@@ -9155,6 +9295,22 @@ export interface AdminPages {
   readonly token: string;
   /** The page at this path, or undefined (404). */
   page(pathname: string): { body: string; contentType: string; headers?: Record<string, string> } | undefined;
+  /** A form posted to this path (Approve, Reject, Deploy again), or undefined (404). */
+  action?(pathname: string, form: URLSearchParams, remoteIp: string): Promise<PageAnswer | undefined>;
+}
+
+/**
+ * A form posted to the admin pages, once the token allowed it: the browser's Origin, when it sends one, must be
+ * this listener's own (a page elsewhere cannot make a logged-in browser post).
+ */
+async function postedAdminForm(pages: AdminPages, req: http.IncomingMessage, pathname: string): Promise<Answer> {
+  const origin = req.headers.origin;
+  if (origin !== undefined && origin !== `http://${req.headers.host}` && origin !== `https://${req.headers.host}`)
+    return { status: 403, body: 'Forbidden: the form was posted from another site.' };
+  const form = await readSmallForm(req, MAX_APPROVAL_FORM_BYTES, LIMITS.adminFormTimeoutMs);
+  if (!form) return ANSWERS.bodyTooLarge;
+  const page = await pages.action!(pathname, form, remoteAddress(req.socket).ip);
+  return page ?? ANSWERS.pageNotFound;
 }
 
 /**
@@ -9168,6 +9324,16 @@ function createMetricsHandler(metrics: Metrics, pages?: AdminPages): http.Reques
     const readable = req.method === 'GET' || req.method === 'HEAD';
     let entry: Answer = ANSWERS.pageNotFound;
     let contentType = 'text/plain; charset=utf-8';
+    if (pages?.action && req.method === 'POST' && isAdminPagePath(pages, pathname)) {
+      const acting: Answer | Promise<Answer> = adminAuthorized(pages, req)
+        ? postedAdminForm(pages, req, pathname)
+        : ANSWERS.adminUnauthorized;
+      void Promise.resolve(acting).then(
+        (a: Answer) => writeAdminAnswer(req, res, a, a.headers?.['Content-Type'] ?? contentType),
+        () => writeAdminAnswer(req, res, ANSWERS.internalError, contentType),
+      );
+      return;
+    }
     if (pathname === '/metrics' && readable) {
       entry = { ...ANSWERS.ok, body: metrics.render() };
       contentType = 'text/plain; version=0.0.4; charset=utf-8';
@@ -9180,13 +9346,18 @@ function createMetricsHandler(metrics: Metrics, pages?: AdminPages): http.Reques
         contentType = page.contentType;
       }
     }
-    for (const [name, value] of Object.entries(entry.headers ?? {})) res.setHeader(name, value);
-    res.setHeader('Content-Type', contentType);
-    res.setHeader('X-Content-Type-Options', 'nosniff');
-    res.setHeader('Content-Length', Buffer.byteLength(entry.body));
-    res.writeHead(entry.status);
-    res.end(req.method === 'HEAD' ? undefined : entry.body);
+    writeAdminAnswer(req, res, entry, contentType);
   };
+}
+
+function writeAdminAnswer(req: http.IncomingMessage, res: http.ServerResponse, entry: Answer, contentType: string) {
+  for (const [name, value] of Object.entries(entry.headers ?? {})) res.setHeader(name, value);
+  res.setHeader('Content-Type', contentType);
+  res.setHeader('X-Content-Type-Options', 'nosniff');
+  res.setHeader('Content-Length', Buffer.byteLength(entry.body));
+  if (!req.complete) res.setHeader('Connection', 'close');
+  res.writeHead(entry.status);
+  res.end(req.method === 'HEAD' ? undefined : entry.body);
 }
 
 function isAdminPagePath(pages: AdminPages, pathname: string): boolean {
@@ -10584,7 +10755,7 @@ function repoTypeSetting(value: string | undefined): string {
 //    a push may change only the tag and digest of the repository the container runs now. Endpoints of one registry
 //    count as the same (REGISTRY_ENDPOINTS), and so does the hook's REGISTRY_HOST; anything else needs ALLOW_IMAGES
 //    (`host/path`, `host/path/*`, `host/*`; Docker Hub's may omit the host). Both widen what a request may deploy, so
-//    HOOK_SETTINGS (chapter 27) has them refused at load unless they are fixed strings, and valid.
+//    HOOK_SETTINGS (chapter 28) has them refused at load unless they are fixed strings, and valid.
 //    Exports: checkImagePin, chooseCandidate, composeImageRef, ImagePin, normalizeImageRef, problemOf, readImagePin,
 //    registryHostSetting, registryOf, validateImageRef.
 //    Tests: test/registries.test.ts, test/upgrade.test.ts, test/clouds.test.ts.
@@ -10913,7 +11084,298 @@ function problemOf(check: () => unknown): string | undefined {
 }
 
 // ================================================================================================
-// 25. workloads — what the upgrade knows of Kubernetes workloads. Each kind is one entry of WORKLOAD_KINDS (API
+// 25. change windows & approval links — when a push may go out, as pure functions. A change window
+//    (DEPLOY_WINDOW, annotation webhook/window) is one or more ranges `Mon-Fri 09:00-18:00 Asia/Shanghai`, read by
+//    parseDeployWindows; windowOpen says whether an instant is inside one and nextOpening when the next one opens,
+//    in the range's IANA zone through Intl (daylight saving time included; a range whose end is before its start
+//    crosses midnight). A push that must wait is recorded on the workload (PENDING_ANNOTATION, one PendingEntry per
+//    container); an approval link names one such entry by its id, the action and an expiry, signed with HMAC-SHA256
+//    (approvalToken, readApprovalToken), so any replica holding the same key can check it.
+//    Exports: APPROVAL_PATH, ApprovalClaims, ApprovalLinks, approvalLinks, DeployWindow, describeWindows,
+//    nextOpening, parseDeployWindows, PENDING_ANNOTATION, PendingEntry, readApprovalToken, readPendingEntries,
+//    windowOpen.
+//    Tests: test/approvals.test.ts, test/windows.test.ts.
+// ================================================================================================
+
+/** One range of a change window: the weekdays it starts on (0 = Sunday), its minutes of the day, its zone. */
+export interface DeployWindow {
+  days: Set<number>;
+  /** Minutes after local midnight; `end` <= `start` crosses midnight into the next day. */
+  start: number;
+  end: number;
+  zone: string;
+  text: string;
+}
+
+const WEEKDAYS = ['sun', 'mon', 'tue', 'wed', 'thu', 'fri', 'sat'];
+
+/** `Mon`, `Mon-Fri`, `Fri-Mon` (wrapping), `Sat,Sun`, `daily` or `*`: the weekdays a range starts on. */
+function parseWindowDays(text: string): Set<number> {
+  if (text === '*' || text.toLowerCase() === 'daily') return new Set([0, 1, 2, 3, 4, 5, 6]);
+  const days = new Set<number>();
+  for (const part of text.split(',')) {
+    const [from, to = from, extra] = part.split('-').map((d) => WEEKDAYS.indexOf(d.toLowerCase().slice(0, 3)));
+    const named = part
+      .split('-')
+      .every((d) => /^[A-Za-z]{3,9}$/.test(d) && WEEKDAYS.includes(d.toLowerCase().slice(0, 3)));
+    if (!named || extra !== undefined || from < 0 || to < 0)
+      throw new Error(`${showValue(part)} is not a weekday or a range of weekdays (Mon, Mon-Fri, Sat,Sun, daily)`);
+    for (let d = from; ; d = (d + 1) % 7) {
+      days.add(d);
+      if (d === to) break;
+    }
+  }
+  return days;
+}
+
+/** `09:00` → 540; `24:00` is allowed as an end. */
+function parseWindowTime(text: string, isEnd: boolean): number {
+  const m = /^(\d{1,2}):(\d{2})$/.exec(text);
+  const minutes = m ? Number(m[1]) * 60 + Number(m[2]) : NaN;
+  if (!m || Number(m[2]) > 59 || minutes > (isEnd ? 1440 : 1439))
+    throw new Error(`${showValue(text)} is not a time of day (HH:MM, 00:00 to ${isEnd ? '24:00' : '23:59'})`);
+  return minutes;
+}
+
+/** Whether Intl knows the IANA zone (Asia/Shanghai, UTC, America/New_York). */
+function knownZone(zone: string): boolean {
+  try {
+    new Intl.DateTimeFormat('en-US', { timeZone: zone });
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * DEPLOY_WINDOW and webhook/window: ranges separated by `;`, each `<days> <HH:MM>-<HH:MM> [<IANA zone>]` (zone
+ * UTC when left out). Throws an Error naming the range and what is wrong with it. Pure.
+ */
+export function parseDeployWindows(text: string): DeployWindow[] {
+  const ranges = text.split(';').map((r) => r.trim());
+  if (ranges.every((r) => r === '')) throw new Error('no range given (e.g. "Mon-Fri 09:00-18:00 Asia/Shanghai")');
+  return ranges.map((range, i) => {
+    const where = `range ${i + 1} ${showValue(range)}`;
+    const words = range.split(/\s+/);
+    if (range === '' || words.length < 2 || words.length > 3)
+      throw new Error(`${where}: expected "<days> <HH:MM>-<HH:MM> [<zone>]", e.g. "Mon-Fri 09:00-18:00 Asia/Shanghai"`);
+    const [dayText, hours, zone = 'UTC'] = words;
+    try {
+      const days = parseWindowDays(dayText);
+      const [from, to, extra] = hours.split('-');
+      if (to === undefined || extra !== undefined) throw new Error(`${showValue(hours)} is not HH:MM-HH:MM`);
+      const start = parseWindowTime(from, false);
+      const end = parseWindowTime(to, true);
+      if (start === end) throw new Error(`${showValue(hours)} is empty: it starts where it ends`);
+      if (!knownZone(zone)) throw new Error(`${showValue(zone)} is not an IANA time zone (e.g. Asia/Shanghai, UTC)`);
+      return { days, start, end, zone, text: range };
+    } catch (e) {
+      throw new Error(`${where}: ${(e as Error).message}`);
+    }
+  });
+}
+
+/** The windows as an operator wrote them, for messages. */
+export function describeWindows(windows: DeployWindow[]): string {
+  return windows.map((w) => w.text).join('; ');
+}
+
+const zoneFormats = new Map<string, Intl.DateTimeFormat>();
+
+/** The wall clock in `zone` at `ms`: year, month (1-12), day, weekday (0 = Sunday), minutes of the day. */
+function wallClock(ms: number, zone: string): { y: number; mo: number; d: number; weekday: number; minutes: number } {
+  let f = zoneFormats.get(zone);
+  if (!f) {
+    const options = { timeZone: zone, hourCycle: 'h23', weekday: 'short', year: 'numeric' } as const;
+    f = new Intl.DateTimeFormat('en-US', {
+      ...options,
+      month: 'numeric',
+      day: 'numeric',
+      hour: 'numeric',
+      minute: 'numeric',
+    });
+    zoneFormats.set(zone, f);
+  }
+  const parts: Record<string, string> = {};
+  for (const p of f.formatToParts(ms)) parts[p.type] = p.value;
+  const weekday = WEEKDAYS.indexOf(parts.weekday.toLowerCase().slice(0, 3));
+  return { y: +parts.year, mo: +parts.month, d: +parts.day, weekday, minutes: +parts.hour * 60 + +parts.minute };
+}
+
+/** Whether `ms` is inside one of the windows. Pure. */
+export function windowOpen(windows: DeployWindow[], ms: number): boolean {
+  return windows.some((w) => {
+    const { weekday, minutes } = wallClock(ms, w.zone);
+    if (w.start < w.end) return w.days.has(weekday) && minutes >= w.start && minutes < w.end;
+    // Crossing midnight: the evening of a listed day, or the early hours after one.
+    return (w.days.has(weekday) && minutes >= w.start) || (w.days.has((weekday + 6) % 7) && minutes < w.end);
+  });
+}
+
+/**
+ * The instant the wall clock in `zone` first reads the day and minute given at or after it: the offset is
+ * found from a first guess and checked; a time that daylight saving time skips opens when the clocks jump. Pure.
+ */
+function zonedInstant(y: number, mo: number, d: number, minutes: number, zone: string): number {
+  const wall = Date.UTC(y, mo - 1, d, 0, minutes);
+  const offsetAt = (ms: number) => {
+    const c = wallClock(ms, zone);
+    return Date.UTC(c.y, c.mo - 1, c.d, 0, c.minutes) - Math.floor(ms / 60_000) * 60_000;
+  };
+  let t = wall - offsetAt(wall);
+  t = wall - offsetAt(t);
+  const c = wallClock(t, zone);
+  if (Date.UTC(c.y, c.mo - 1, c.d, 0, c.minutes) === wall) return t;
+  // Skipped (a spring-forward gap): the first minute whose wall clock is past the time asked for.
+  let lo = t - 3 * 3_600_000;
+  let hi = t + 3 * 3_600_000;
+  while (hi - lo > 60_000) {
+    const mid = lo + Math.floor((hi - lo) / 120_000) * 60_000;
+    const m = wallClock(mid, zone);
+    if (Date.UTC(m.y, m.mo - 1, m.d, 0, m.minutes) >= wall) hi = mid;
+    else lo = mid;
+  }
+  return hi;
+}
+
+/** When a push at `fromMs` may go out: `fromMs` inside a window, else the next opening (within 8 days). Pure. */
+export function nextOpening(windows: DeployWindow[], fromMs: number): number {
+  if (windowOpen(windows, fromMs)) return fromMs;
+  let best = Infinity;
+  for (const w of windows) {
+    const today = wallClock(fromMs, w.zone);
+    for (let k = -1; k <= 8; k++) {
+      const day = new Date(Date.UTC(today.y, today.mo - 1, today.d + k));
+      if (!w.days.has(day.getUTCDay())) continue;
+      const t = zonedInstant(day.getUTCFullYear(), day.getUTCMonth() + 1, day.getUTCDate(), w.start, w.zone);
+      if (t > fromMs && t < best) best = t;
+    }
+  }
+  return best;
+}
+
+// ---- pending pushes and approval links ----------------------------------------------------------
+
+/** The workload annotation that holds, per container, the push waiting for an approval or a window. */
+export const PENDING_ANNOTATION = 'webhook/pending';
+
+/** A push that waits, as recorded on the workload: any replica can complete it. */
+export interface PendingEntry {
+  /** Random: names this entry in its links; taken off with the entry, so a link works once. */
+  id: string;
+  hook: string;
+  request: string;
+  image: string;
+  /** The registry's identity of the push (digest|pushed_at) and its time, as the newest-wins rule compares them. */
+  push: string;
+  pushedAt: string;
+  timeFrom: 'payload' | 'received';
+  receivedAt: string;
+  /** What it waits for: an approval, the change window, or both. */
+  waitsFor: 'approval' | 'window' | 'approval and window';
+  window?: string;
+  /** ISO 8601: when the window opens (waiting for a window). */
+  opensAt?: string;
+  /** ISO 8601: when the push expires (APPROVAL_TIMEOUT after it was received). */
+  until: string;
+  /** Who may decide: whoever holds a link, or the admin token on the deliveries page. */
+  decides: string;
+  /** An approval link may deploy at once, outside the window (APPROVAL_OVERRIDE). */
+  override?: boolean;
+  /** Approved while the window was closed: by whom, from where, when. */
+  approvedBy?: string;
+}
+
+/** The workload's pending entries: the annotation as read (for a patch's test) and parsed. Pure. */
+export function readPendingEntries(workload: unknown): {
+  raw: string | undefined;
+  entries: Record<string, PendingEntry>;
+} {
+  const metadata = isObject(workload) && isObject(workload.metadata) ? workload.metadata : {};
+  const raw = isObject(metadata.annotations) ? metadata.annotations[PENDING_ANNOTATION] : undefined;
+  const entries: Record<string, PendingEntry> = {};
+  if (typeof raw !== 'string') return { raw: undefined, entries };
+  try {
+    const parsed: unknown = JSON.parse(raw);
+    if (isObject(parsed))
+      for (const [name, e] of Object.entries(parsed))
+        if (isObject(e) && ['id', 'hook', 'image', 'push', 'pushedAt', 'until'].every((f) => typeof e[f] === 'string'))
+          entries[name] = e as unknown as PendingEntry;
+  } catch {
+    // Edited by hand into something else: nothing waits, and a patch's test still guards the value.
+  }
+  return { raw, entries };
+}
+
+/** What one approval link names: one pending push, what to do with it, until when. */
+export interface ApprovalClaims {
+  namespace: string;
+  kind: string;
+  name: string;
+  container: string;
+  /** The pending entry's id. */
+  id: string;
+  action: 'approve' | 'reject' | 'deploy-now';
+  /** Expiry, epoch milliseconds. */
+  exp: number;
+}
+
+/** The links of a waiting push's notifications: each names the pending entry, one action, its expiry. */
+export interface ApprovalLinks {
+  approve: string;
+  reject: string;
+  /** Approve and deploy at once, outside the change window (APPROVAL_OVERRIDE). */
+  deployNow?: string;
+}
+
+/** The path approval links are served under on the hook port. */
+export const APPROVAL_PATH = '/approval/';
+
+/** The links of a waiting push: `<-public-url>/approval/<token>` for each action the entry allows. Pure. */
+export function approvalLinks(
+  publicUrl: string,
+  key: Buffer,
+  claims: Omit<ApprovalClaims, 'action'>,
+  deployNow: boolean,
+): ApprovalLinks {
+  const link = (action: ApprovalClaims['action']) =>
+    `${publicUrl.replace(/\/+$/, '')}${APPROVAL_PATH}${approvalToken(key, { ...claims, action })}`;
+  return { approve: link('approve'), reject: link('reject'), ...(deployNow ? { deployNow: link('deploy-now') } : {}) };
+}
+
+/** base64url(JSON claims) "." base64url(HMAC-SHA256(key, that text)). Pure. */
+export function approvalToken(key: Buffer, claims: ApprovalClaims): string {
+  const body = Buffer.from(JSON.stringify(claims)).toString('base64url');
+  return `${body}.${createHmac('sha256', key).update(body).digest('base64url')}`;
+}
+
+/**
+ * The claims of a link signed with `key`, or why it is refused: malformed, tampered with (the signature is
+ * compared in constant time) or expired. Pure.
+ */
+export function readApprovalToken(
+  key: Buffer,
+  token: string,
+  nowMs: number,
+): { claims: ApprovalClaims } | { refused: string } {
+  const [body, signature, extra] = token.split('.');
+  if (!body || !signature || extra !== undefined) return { refused: 'the link is not an approval link' };
+  const expected = createHmac('sha256', key).update(body).digest();
+  const given = Buffer.from(signature, 'base64url');
+  if (given.length !== expected.length || !timingSafeEqual(given, expected))
+    return { refused: 'the link is not signed by this service (changed, or signed with another key)' };
+  let claims: ApprovalClaims;
+  try {
+    claims = JSON.parse(Buffer.from(body, 'base64url').toString('utf8')) as ApprovalClaims;
+  } catch {
+    return { refused: 'the link is not an approval link' };
+  }
+  if (!(claims.exp > nowMs)) return { refused: `the link expired at ${new Date(claims.exp).toISOString()}` };
+  return { claims };
+}
+
+// ================================================================================================
+// 26. workloads — what the upgrade knows of Kubernetes workloads. Each kind is one entry of WORKLOAD_KINDS (API
 //    resource, names, pod template, kubectl's rollout viewer, whether it has a rollout, how its pods are owned);
 //    parseWorkload reads APP_WORKLOAD (deployment, daemonset, statefulset, cronjob; any case, plurals, short names,
 //    kind.group) and locateContainer finds APP_CONTAINER (containers, then initContainers). rolloutStatus applies
@@ -11578,6 +12040,14 @@ export const DECISIONS = {
   failed: { published: 'failed' },
   /** The API server did not answer: the push is kept and applied when it does. */
   kept: { published: 'no-op' },
+  /** It waits on the workload (webhook/pending) for an approval or the change window: answered 202. */
+  waiting: { published: 'waiting' },
+  /** Approved while the change window is closed: it waits for the window. */
+  approved: { published: 'approved' },
+  /** A person rejected the waiting push: only its pending entry was taken off. */
+  rejected: { published: 'rejected' },
+  /** Nobody decided before APPROVAL_TIMEOUT: its pending entry was taken off. */
+  expired: { published: 'expired' },
 } as const;
 export type Decision = keyof typeof DECISIONS;
 
@@ -11632,7 +12102,14 @@ export interface UpgradeReport {
   pending?: Promise<UpgradeReport>;
   /** The hook's CLUSTER: the kubeconfig context the workload is in (undefined: the service's default). */
   cluster?: string;
+  /** A decided push found its pending entry gone: another replica (or person) decided it first. */
+  gone?: boolean;
+  /** The push that waited on this container and that this one replaced (it is reported superseded). */
+  replaced?: PendingEntry;
+  /** A push that waits on the workload: its pending entry and, for an approval, the links that decide it. */
+  waiting?: { entry: PendingEntry; links?: ApprovalLinks };
 }
+
 
 /** The report of a push before anything is known of it: nothing changed (yet). */
 export function newReport(): UpgradeReport {
@@ -11689,6 +12166,13 @@ export interface UpgradeDeps {
   followAfter?: { followMs: number; mailTo?: string };
   /** A kept push replaced by a newer one (KeptPushes): if not written yet, it is not written at all. */
   abandon?: AbortSignal;
+  /** The service's -public-url and -approval-key-file: what signs the links of a push that waits for approval. */
+  approvals?: { publicUrl: string; key: Buffer };
+  /**
+   * A waiting push decided (a link, the deliveries page, its window opening) or a past push deployed again: the
+   * pending entry `id` it completes (taken off in the same patch, so a second use finds nothing) and who decided.
+   */
+  decided?: { id?: string; action: 'approve' | 'deploy-now' | 'window' | 'replay'; by: string };
 }
 
 /** The last state seen of each workload, by namespace/kind/name; the oldest beyond a bound is dropped. */
@@ -11749,7 +12233,7 @@ async function recordEventQuietly(
 }
 
 // ================================================================================================
-// 26. update policies — which tags a workload takes. The hook setting UPDATE_POLICY gives a hook's policy; the
+// 27. update policies — which tags a workload takes. The hook setting UPDATE_POLICY gives a hook's policy; the
 //    workload's annotation webhook/policy overrides it, and webhook/policy.<container> overrides both for one
 //    container. parsePolicy reads a value (all, semver:<range>, major, minor, patch, glob:<pattern>,
 //    regexp:<pattern>; the semver ones never go down unless `,allow-downgrade` follows); policyDecision, pure, says
@@ -11909,14 +12393,15 @@ export function policyDecision(
 }
 
 // ================================================================================================
-// 27. hook settings — HOOK_SETTINGS, the one table of the settings of the upgrade, its mail and its notifications:
+// 28. hook settings — HOOK_SETTINGS, the one table of the settings of the upgrade, its mail and its notifications:
 //    each one's source (the hook, or the service's own environment), type, default, whether a hook must give it as a
 //    fixed string (checked at load: fixedSettingChecks), whether it holds a key, its validation, its meaning, and its
 //    parse, which is the only reader of its text and throws the message operators know. The settings tables of
 //    docs/configuration.md are written from it (scripts/settings-doc.ts), and -validate describes hooks from it.
-//    Exports: fixedSettingChecks, HOOK_SETTINGS, HookSetting, HookSettingName, notifyCa, NotifyFormatName.
+//    Exports: deployWindowSetting, fixedSettingChecks, HOOK_SETTINGS, HookSetting, HookSettingName, notifyCa,
+//    NotifyFormatName.
 //    Tests: test/cosign-verify.test.ts, test/hold.test.ts, test/mail.test.ts, test/policy.test.ts,
-//    test/settings.test.ts, test/upgrade.test.ts.
+//    test/settings.test.ts, test/upgrade.test.ts, test/windows.test.ts.
 // ================================================================================================
 
 /**
@@ -11998,6 +12483,33 @@ function rolloutTimeoutSetting(value: string | undefined): number {
     return parseGoDuration(value.trim());
   } catch {
     throw new UpgradeError(`ROLLOUT_TIMEOUT ${showValue(value)} is not a duration (e.g. 0, 60s, 5m)`);
+  }
+}
+
+// A push may wait at most this long by default: a working day and a night for someone to answer.
+const DEFAULT_APPROVAL_TIMEOUT_MS = 24 * 3_600_000;
+// Shorter than this, a link expires before anyone could open it.
+const MIN_APPROVAL_TIMEOUT_MS = 60_000;
+
+/** APPROVAL_TIMEOUT: a Go duration of at least MIN_APPROVAL_TIMEOUT_MS; unset or blank is 24h. */
+function approvalTimeoutSetting(value: string | undefined): number {
+  if (!value?.trim()) return DEFAULT_APPROVAL_TIMEOUT_MS;
+  let ms: number;
+  try {
+    ms = parseGoDuration(value.trim());
+  } catch {
+    throw new UpgradeError(`APPROVAL_TIMEOUT ${showValue(value)} is not a duration (e.g. 30m, 24h)`);
+  }
+  if (ms < MIN_APPROVAL_TIMEOUT_MS) throw new UpgradeError(`APPROVAL_TIMEOUT ${showValue(value)} is less than 1m`);
+  return ms;
+}
+
+/** DEPLOY_WINDOW (or the annotation webhook/window): the windows, or an error naming the setting and range. */
+export function deployWindowSetting(name: string, value: string): DeployWindow[] {
+  try {
+    return parseDeployWindows(value);
+  } catch (e) {
+    throw new UpgradeError(`${name} ${showValue(value)}: ${(e as Error).message}`);
   }
 }
 
@@ -12344,6 +12856,42 @@ export const HOOK_SETTINGS = {
       'newer than the image replaced; follow applies every push.',
     parse: outsideChangeSetting,
   }),
+  REQUIRE_APPROVAL: setting({
+    type: 'boolean',
+    default: 'false',
+    fixed: true,
+    validation: 'Go booleans: true, false, 1, 0, t, f (any case)',
+    meaning:
+      'A push waits for a person to approve it (links in the notifications, the deliveries page); the annotation ' +
+      'webhook/approval: required asks the same of one workload (docs/approvals.md).',
+    parse: (value: string | undefined) => parseBoolSetting('REQUIRE_APPROVAL', value),
+  }),
+  APPROVAL_TIMEOUT: setting({
+    type: 'duration',
+    default: '24h',
+    fixed: true,
+    validation: 'a Go duration of at least 1m: 30m, 24h, 72h',
+    meaning: 'How long a waiting push may wait for its approval (or, past its window opening, for a replica).',
+    parse: approvalTimeoutSetting,
+  }),
+  DEPLOY_WINDOW: setting({
+    type: 'change window',
+    default: 'always',
+    fixed: true,
+    validation:
+      'ranges "<days> <HH:MM>-<HH:MM> [<IANA zone>]" separated by ";", e.g. "Mon-Fri 09:00-18:00 Asia/Shanghai"',
+    meaning:
+      'A push outside the window waits and is applied when it opens; the annotation webhook/window overrides it.',
+    parse: (value: string | undefined) => (value?.trim() ? deployWindowSetting('DEPLOY_WINDOW', value) : undefined),
+  }),
+  APPROVAL_OVERRIDE: setting({
+    type: 'boolean',
+    default: 'false',
+    fixed: true,
+    validation: 'Go booleans: true, false, 1, 0, t, f (any case)',
+    meaning: 'The approval of a push waiting for the change window may deploy it at once ("Deploy now").',
+    parse: (value: string | undefined) => parseBoolSetting('APPROVAL_OVERRIDE', value),
+  }),
   // -- after the patch
   ROLLOUT_TIMEOUT: setting({
     type: 'duration',
@@ -12510,7 +13058,7 @@ export function fixedSettingChecks(names?: HookSettingName[]): HookSettingChecks
 export const IMAGE_PIN_SETTINGS = fixedSettingChecks(['REGISTRY_HOST', 'ALLOW_IMAGES']);
 
 // ================================================================================================
-// 28. upgrade decision — whether and what a push may change, before anything is written. The hook's upgrade
+// 29. upgrade decision — whether and what a push may change, before anything is written. The hook's upgrade
 //    settings are read once (readSettings: APP_NS, APP_WORKLOAD, APP_CONTAINER, ROLLOUT_TIMEOUT, ROLLBACK_ON_FAILURE,
 //    VERIFY_IMAGE, REGISTRY_CA, REGISTRY_TOKEN_HOSTS and the image pin's); the push is checked against the
 //    container's current image (a refusal changes nothing, fails, is logged and recorded as a Warning Event);
@@ -12902,6 +13450,11 @@ interface UpgradeSettings {
   signature: { keys: CosignKey[]; annotations: Record<string, string> } | undefined;
   /** UPDATE_POLICY: the hook's update policy, which the workload's annotations override. */
   policy: UpdatePolicy;
+  /** REQUIRE_APPROVAL, APPROVAL_TIMEOUT, DEPLOY_WINDOW, APPROVAL_OVERRIDE (the workload's annotations may add). */
+  requireApproval: boolean;
+  approvalTimeoutMs: number;
+  windows: DeployWindow[] | undefined;
+  approvalOverride: boolean;
 }
 
 /** The upgrade's settings, each read by its HOOK_SETTINGS entry, in the order their errors are reported. */
@@ -12937,6 +13490,10 @@ function readSettings(env: Record<string, string | undefined>, report: UpgradeRe
     registryTokenHosts: read.REGISTRY_TOKEN_HOSTS.parse(env.REGISTRY_TOKEN_HOSTS),
     onOutsideChange: read.ON_OUTSIDE_CHANGE.parse(env.ON_OUTSIDE_CHANGE),
     policy: read.UPDATE_POLICY.parse(env.UPDATE_POLICY),
+    requireApproval: read.REQUIRE_APPROVAL.parse(env.REQUIRE_APPROVAL),
+    approvalTimeoutMs: read.APPROVAL_TIMEOUT.parse(env.APPROVAL_TIMEOUT),
+    windows: read.DEPLOY_WINDOW.parse(env.DEPLOY_WINDOW),
+    approvalOverride: read.APPROVAL_OVERRIDE.parse(env.APPROVAL_OVERRIDE),
   };
 }
 
@@ -13242,14 +13799,19 @@ async function checkSignature(c: SignatureCheck, digest: string | undefined): Pr
 }
 
 // ================================================================================================
-// 29. the patch — the change is one JSON patch (fieldManager=webhook) that first tests the container's name and
+// 30. the patch — the change is one JSON patch (fieldManager=webhook) that first tests the container's name and
 //    current image, so a concurrent edit fails the patch instead of being overwritten; on such a failure the workload
 //    is read again and the patch re-planned. A different image replaces only that container's image; the same image
 //    restarts the rollout the way `kubectl rollout restart` does, plus imagePullPolicy: Always; a reference pinned to
 //    the same digest changes nothing. The same patch sets kubernetes.io/change-cause and the push record under a
 //    `test` of the value read. A push time or record from the future is named in the report (futureTimeNote). A push
 //    held off by a change made outside webhook (holdDecision) is recorded as an UpgradeHeld Event, nothing written.
-//    Exports: futureTimeNote, patchOnce, patchUntilApplied.
+//    The waiting step comes last, after newest wins: a push that needs an approval (REQUIRE_APPROVAL, annotation
+//    webhook/approval) or comes outside its change window (DEPLOY_WINDOW, annotation webhook/window) is recorded on
+//    the workload (webhook/pending, written under a test), answered 202 and recorded as an UpgradeWaiting Event; a
+//    decided push completes its entry in the same patch that changes the image.
+//    Exports: APPROVAL_ANNOTATION, futureTimeNote, patchOnce, patchUntilApplied, PendingGone, WINDOW_ANNOTATION,
+//    waitingAction.
 //    Tests: test/e2e.test.ts, test/records.test.ts, test/replicas.test.ts, test/upgrade.test.ts.
 // ================================================================================================
 
@@ -13338,12 +13900,11 @@ async function patchOnce(
     decide(report, decision.kind, decisionAction(decision, nowMs), container.image);
     return 'no change';
   }
-  const record = newPushRecord(push, container.image, nowMs, deps);
-  const lastPush = withPushRecord(records, s.container, record);
-  const guarded = {
-    [LAST_PUSH_ANNOTATION]: { value: lastPush, read: raw },
-    ...followToRecord(workload, s, nowMs, deps),
-  };
+  const wait = await waitStep(client, workload, target, s, container.image, push, nowMs, report, deps, from);
+  if (typeof wait === 'string') return wait === 'stale' ? undefined : wait;
+  const lastPush = withPushRecord(records, s.container, newPushRecord(push, container.image, nowMs, deps));
+  const written = { [LAST_PUSH_ANNOTATION]: { value: lastPush, read: raw }, ...wait.guarded };
+  const guarded = { ...written, ...followToRecord(workload, s, nowMs, deps) };
   const change = { ...plannedChange(sameImage, kindSpec(target.kind), s, ref, deps), guarded };
   const ops = planPatch(workload, target.kind, s.container, container, change);
   if (deps.abandon?.aborted) {
@@ -13407,8 +13968,207 @@ async function outsideChangeHolds(
   return true;
 }
 
+// ---- the waiting step: an approval, a change window -------------------------------------------
+
+/** The workload annotations that ask one workload for an approval or give it a change window. */
+export const APPROVAL_ANNOTATION = 'webhook/approval';
+export const WINDOW_ANNOTATION = 'webhook/window';
+
+/** A decision whose pending entry is no longer on the workload: decided already, replaced or expired. */
+export class PendingGone extends UpgradeError {}
+
+/** What a push waits for before the patch, or nothing: the hook's settings with the workload's annotations. */
+interface WaitNeeds {
+  approval: boolean;
+  windows: DeployWindow[] | undefined;
+  /** The window is closed now (and no "deploy now" overrides it). */
+  closed: boolean;
+}
+
+/** The wait a push meets on this workload now; a malformed annotation throws, naming it. */
+function waitNeeds(workload: K8sObject, s: UpgradeSettings, decided: UpgradeDeps['decided'], nowMs: number): WaitNeeds {
+  const annotations = valueAt(workload, ['metadata', 'annotations']);
+  const asked = isObject(annotations) ? annotations[APPROVAL_ANNOTATION] : undefined;
+  if (asked !== undefined && asked !== 'required' && asked !== 'none')
+    throw new UpgradeError(`annotation ${APPROVAL_ANNOTATION} ${showValue(String(asked))} is not "required" or "none"`);
+  const windowText = isObject(annotations) ? annotations[WINDOW_ANNOTATION] : undefined;
+  const windows =
+    typeof windowText === 'string' ? deployWindowSetting(`annotation ${WINDOW_ANNOTATION}`, windowText) : s.windows;
+  const approval = (asked === 'required' || (asked === undefined && s.requireApproval)) && decided === undefined;
+  const closed = windows !== undefined && decided?.action !== 'deploy-now' && !windowOpen(windows, nowMs);
+  return { approval, windows, closed };
+}
+
+/** What the waiting step lets through: the annotations the patch writes with the change (the entry taken off). */
+type WaitOutcome = { guarded: PlannedChange['guarded'] } | 'no change' | 'conflict' | 'stale';
+
+/**
+ * The waiting step, after newest wins and before the patch. A push that needs an approval, or comes outside the
+ * change window, is recorded on the workload (PENDING_ANNOTATION, written under a test of the value read, so any
+ * replica can complete it and two cannot both write), answered 202 and told with the links that decide it. A newer
+ * push replaces a waiting one (the older is superseded); an older one is superseded by it. A decided push
+ * (deps.decided) completes only the entry it names, which the patch takes off: a second use finds nothing.
+ */
+async function waitStep(
+  client: KubeClient,
+  workload: K8sObject,
+  target: WorkloadTarget,
+  s: UpgradeSettings,
+  image: string,
+  push: IncomingPush,
+  nowMs: number,
+  report: UpgradeReport,
+  deps: UpgradeDeps,
+  from: 'read' | 'known',
+): Promise<WaitOutcome> {
+  const { raw, entries } = readPendingEntries(workload);
+  const queued = entries[s.container];
+  const d = deps.decided;
+  if (from === 'known' && (queued || d?.id)) return 'stale';
+  if (d?.id !== undefined && queued?.id !== d.id)
+    throw new PendingGone(
+      'the waiting push was decided already, replaced by a newer push or expired; nothing was changed',
+    );
+  const needs = waitNeeds(workload, s, d, nowMs);
+  const rest = Object.fromEntries(Object.entries(entries).filter(([c]) => c !== s.container));
+  if (!needs.approval && !needs.closed) {
+    if (d) report.notes.push(decidedNote(d, nowMs));
+    else if (queued) report.notes.push(supersededNote((report.replaced = queued)));
+    return { guarded: queued ? { [PENDING_ANNOTATION]: { value: JSON.stringify(rest), read: raw } } : {} };
+  }
+  if (from === 'known') return 'stale';
+  if (!d && queued && (await olderThanWaiting(queued, push, image, report))) return 'no change';
+  const entry = pendingEntry(s, push, needs, nowMs, d, deps);
+  const links = entryLinks(entry, target, s, needs, deps);
+  const value = JSON.stringify({ ...rest, [s.container]: entry });
+  const ops = annotationOps(
+    workload,
+    ['metadata'],
+    { [PENDING_ANNOTATION]: value },
+    { [PENDING_ANNOTATION]: raw ?? null },
+  );
+  try {
+    await client.patch(workloadResource(target), ops, UPGRADE_LIMITS.fieldManager);
+  } catch (e) {
+    if (e instanceof KubeError && e.status === 422 && e.causes.length === 0) return 'conflict';
+    throw e;
+  }
+  if (queued && !d) report.notes.push(supersededNote((report.replaced = queued)));
+  report.waiting = { entry, ...(links ? { links } : {}) };
+  decide(report, d ? 'approved' : 'waiting', waitingAction(entry), image);
+  const message = `container ${s.container}: ${push.image} ${waitingAction(entry)}; asked by ${whoAsked(deps)}`;
+  await recordEventQuietly(
+    client,
+    target,
+    { type: 'Normal', reason: 'UpgradeWaiting', message },
+    new Date(nowMs),
+    report,
+  );
+  return 'no change';
+}
+
+/** Who decided a push, and when: `approved by Li Lei (10.0.3.7, by link) at 2026-…`. Pure. */
+function decidedNote(d: NonNullable<UpgradeDeps['decided']>, nowMs: number): string {
+  const verb = d.action === 'replay' ? 'deployed again' : d.action === 'window' ? 'applied' : 'approved';
+  return `${verb} by ${d.by} at ${new Date(nowMs).toISOString()}`;
+}
+
+/** The report's note for a waiting push that another one replaces. Pure. */
+function supersededNote(queued: PendingEntry): string {
+  return `the waiting push of ${queued.image} (request ${queued.request}, pushed at ${queued.pushedAt}) is superseded`;
+}
+
+/** A push older than (or the same as) the one waiting: decided superseded (or repeat), nothing written. */
+async function olderThanWaiting(queued: PendingEntry, push: IncomingPush, image: string, report: UpgradeReport) {
+  if (
+    queued.push === push.push &&
+    push.push !== '|' &&
+    normalizeImageRef(queued.image) === normalizeImageRef(push.image)
+  ) {
+    decide(report, 'repeat', `none (the same push is waiting already: ${waitingAction(queued)})`, image);
+    return true;
+  }
+  if (queued.timeFrom !== push.timeFrom || push.pushedAtMs >= Date.parse(queued.pushedAt)) return false;
+  decide(
+    report,
+    'superseded',
+    `none (superseded: a newer push, ${queued.image} pushed at ${queued.pushedAt}, is waiting)`,
+    image,
+  );
+  return true;
+}
+
+/** The entry a waiting push leaves on the workload. */
+function pendingEntry(
+  s: UpgradeSettings,
+  push: IncomingPush,
+  needs: WaitNeeds,
+  nowMs: number,
+  d: UpgradeDeps['decided'],
+  deps: UpgradeDeps,
+): PendingEntry {
+  const opensAt = needs.closed ? nextOpening(needs.windows!, nowMs) : undefined;
+  const waitsFor = needs.approval ? (needs.closed ? 'approval and window' : 'approval') : 'window';
+  const untilMs = (waitsFor === 'window' && opensAt !== undefined ? opensAt : nowMs) + s.approvalTimeoutMs;
+  const iso = (ms: number) => new Date(ms).toISOString();
+  return {
+    id: randomUUID(),
+    hook: deps.hookId ?? '',
+    request: deps.requestId ?? '',
+    image: push.image,
+    push: push.push,
+    pushedAt: iso(push.pushedAtMs),
+    timeFrom: push.timeFrom,
+    receivedAt: iso(nowMs),
+    waitsFor,
+    ...(needs.windows ? { window: describeWindows(needs.windows) } : {}),
+    ...(opensAt !== undefined && Number.isFinite(opensAt) ? { opensAt: iso(opensAt) } : {}),
+    until: iso(untilMs),
+    decides: needs.approval
+      ? 'whoever opens its links, or the admin token on the deliveries page'
+      : 'the change window',
+    ...(s.approvalOverride ? { override: true } : {}),
+    ...(d ? { approvedBy: d.by } : {}),
+  };
+}
+
+/** The links of a waiting entry, when a person may decide it; an approval without -public-url is refused. */
+function entryLinks(
+  entry: PendingEntry,
+  target: WorkloadTarget,
+  s: UpgradeSettings,
+  needs: WaitNeeds,
+  deps: UpgradeDeps,
+) {
+  const a = deps.approvals;
+  if (needs.approval && !a)
+    throw new UpgradeError(
+      'the push needs an approval, but the service was started without -public-url and -approval-key-file; ' +
+        'nothing was changed',
+    );
+  if (!a || (!needs.approval && !(s.approvalOverride && needs.closed))) return undefined;
+  const claims = { namespace: target.namespace, kind: target.kind, name: target.name, container: s.container };
+  const links = approvalLinks(
+    a.publicUrl,
+    a.key,
+    { ...claims, id: entry.id, exp: Date.parse(entry.until) },
+    s.approvalOverride && needs.closed,
+  );
+  // Waiting for the window only: "deploy now" and reject are the choices.
+  return needs.approval ? links : { ...links, approve: links.deployNow! };
+}
+
+/** The action of a waiting push: `waiting for approval until <time>` or `waiting for the change window …`. Pure. */
+export function waitingAction(e: PendingEntry): string {
+  const window = `the change window ${e.window}, opens ${e.opensAt ?? 'never within 8 days'}`;
+  if (e.waitsFor === 'window')
+    return e.approvedBy ? `approved by ${e.approvedBy}; waiting for ${window}` : `waiting for ${window}`;
+  if (e.waitsFor === 'approval') return `waiting for approval until ${e.until}`;
+  return `waiting for approval until ${e.until}, then for ${window}`;
+}
+
 // ================================================================================================
-// 30. the report — the answer of one push, one "label: value" per line, values aligned, always in this order, lines
+// 31. the report — the answer of one push, one "label: value" per line, values aligned, always in this order, lines
 //    whose value is unknown left out: workload, container, image before, image after, action (image updated | rollout
 //    restarted (same image re-pulled) | none (<why>)), result (ok | failed: <message>), rollout (progressing |
 //    complete | failed | timed out | not tracked), one line per pod, rollback, notes. Exit status 0 when the result
@@ -13490,7 +14250,7 @@ export function formatReport(r: UpgradeReport): string {
 }
 
 // ================================================================================================
-// 31. rollout follow — follows a rollout by kubectl's rules until it completes, fails (a pod stuck in
+// 32. rollout follow — follows a rollout by kubectl's rules until it completes, fails (a pod stuck in
 //    CrashLoopBackOff, ImagePullBackOff…) or ROLLOUT_TIMEOUT passes. A follow is recorded on the workload
 //    (FOLLOW_ANNOTATION) after the answer, so another replica resumes it after a restart, and only the replica that
 //    takes the record off reports its end (claimFollow).
@@ -13725,7 +14485,7 @@ export function rolloutEvent(outcome: RolloutOutcome, container: string): Worklo
 }
 
 // ================================================================================================
-// 32. rollback — ROLLBACK_ON_FAILURE=true: a followed rollout that fails is set back to the image before the push,
+// 33. rollback — ROLLBACK_ON_FAILURE=true: a followed rollout that fails is set back to the image before the push,
 //    with the same tested patch, and that rollout is followed too. A StatefulSet (RollingUpdate) does not replace a
 //    pod stuck on the bad image by itself, so its "forced rollback" deletes, once the controller has observed the
 //    template set back, the pods it owns that still run the image rolled back from and are not ready (uid
@@ -13944,7 +14704,7 @@ export function rollbackObstacle(
 }
 
 // ================================================================================================
-// 33. least privilege — -print-rbac: the Roles and RoleBindings the hooks need, worked out from the hooks themselves
+// 34. least privilege — -print-rbac: the Roles and RoleBindings the hooks need, worked out from the hooks themselves
 //    (namespace, kind and name when the hook fixes them; `resourceNames` wherever it can), so the service account
 //    gets nothing it does not use.
 //    Exports: fixedInput, fixedTrue, formatRbac, hookReach, HookReach, upgradeInput.
@@ -14131,11 +14891,12 @@ export function formatRbac(reaches: HookReach[], serviceAccount: string, hooksPa
 }
 
 // ================================================================================================
-// 34. the upgrade — the job /webhooks.sh exists for, as named steps: read the settings, compose the image, decide,
+// 35. the upgrade — the job /webhooks.sh exists for, as named steps: read the settings, compose the image, decide,
 //    patch, record the Event, follow the rollout and roll back when asked, report. UpgradeService is the command
 //    runner's InProcessCommand: one client, one per-workload queue and one set of kept pushes for every push. A push
-//    the API server does not answer is kept and applied when it answers (KeptPushes, answered 202).
-//    Exports: hookClusters, ResultListener, ResumedFollow, RolloutFollower, runUpgrade, UpgradeService.
+//    the API server does not answer is kept and applied when it answers (KeptPushes, answered 202); a waiting push,
+//    once decided, and a past push deployed again take the same path from the settings on (runDecided).
+//    Exports: runDecidedPush, runUpgrade, upgradeResult, UpgradeResult.
 //    Tests: test/burst.test.ts, test/e2e.test.ts, test/outage.test.ts, test/rollback.test.ts, test/upgrade.test.ts.
 // ================================================================================================
 
@@ -14191,13 +14952,7 @@ export async function runUpgrade(
     };
     await (deps.queue ? deps.queue.run(workloadKey, apply) : apply());
   } catch (e) {
-    report.result = 'failed';
-    report.error = (e as Error).message;
-    if (!report.changed)
-      report.decision = e instanceof SignatureRefusal ? 'refused: unsigned' : report.refused ? 'refused' : 'failed';
-    report.badInput = e instanceof PayloadError || undefined;
-    // No answer at all, or the server's own failure or throttling, to the end of the retry budget.
-    report.unreachable = e instanceof KubeError && (e.status === 0 || e.status === 429 || e.status >= 500);
+    failedUpgrade(report, e);
   } finally {
     ownClient?.close();
   }
@@ -14207,6 +14962,42 @@ export async function runUpgrade(
 /** A client of the push's own (the upgrade mode; the service gives its own): its cluster's credentials. */
 function upgradeClient(env: Record<string, string | undefined>, deps: UpgradeDeps, cluster?: string): KubeClient {
   return new KubeClient(deps.credentials?.() ?? credentialsFromEnvironment(env, deps.kubeconfig, cluster));
+}
+
+/** A failure thrown by a step, in the report: what failed, and whether anything is known to be written. */
+function failedUpgrade(report: UpgradeReport, e: unknown): void {
+  report.result = 'failed';
+  report.error = (e as Error).message;
+  if (!report.changed)
+    report.decision = e instanceof SignatureRefusal ? 'refused: unsigned' : report.refused ? 'refused' : 'failed';
+  report.badInput = e instanceof PayloadError || undefined;
+  report.gone = e instanceof PendingGone || undefined;
+  // No answer at all, or the server's own failure or throttling, to the end of the retry budget.
+  report.unreachable = e instanceof KubeError && (e.status === 0 || e.status === 429 || e.status >= 500);
+}
+
+/**
+ * A waiting push decided (approved, its window open) or a past push deployed again (deps.decided): the same
+ * path as a push from its settings on (pin, policy, hold, newest wins, the waiting step, the patch), with the
+ * image the push named. Never throws.
+ */
+async function runDecidedPush(
+  push: IncomingPush,
+  env: Record<string, string | undefined>,
+  deps: UpgradeDeps & { client: KubeClient },
+): Promise<UpgradeResult> {
+  const report = newReport();
+  try {
+    const settings = readSettings(env, report);
+    report.imageAfter = push.image;
+    report.pushedAtMs = push.pushedAtMs;
+    const apply = () => applyUpgrade(deps.client, settings, push, report, deps);
+    const key = `${settings.namespace}/${settings.workload.kind}/${settings.workload.name}`;
+    await (deps.queue ? deps.queue.run(key, apply) : apply());
+  } catch (e) {
+    failedUpgrade(report, e);
+  }
+  return upgradeResult(report);
 }
 
 /** Argument 2, the request's headers when the hook passes them (entire-headers). */
@@ -14315,6 +15106,17 @@ async function reportRollout(
   }
 }
 
+type UpgradeResult = Awaited<ReturnType<typeof runUpgrade>>;
+
+// ================================================================================================
+// 36. the upgrade service — the upgrade as the command runner runs it (UpgradeService, its InProcessCommand): one
+//    client and one set of kept pushes per cluster (ClusterLane), one per-workload queue for every push, pushes the
+//    API server does not answer kept and applied when it answers (KeptPushes, answered 202), decided waiting pushes
+//    and pushes deployed again (runDecided), and the rollout follower that follows rollouts after the answer.
+//    Exports: hookClusters, ResultListener, ResumedFollow, RolloutFollower, UpgradeService.
+//    Tests: test/burst.test.ts, test/e2e.test.ts, test/outage.test.ts, test/rollback.test.ts, test/upgrade.test.ts.
+// ================================================================================================
+
 /** Marks the bundled webhooks.sh: a hook whose command is that file runs the upgrade in-process. */
 const UPGRADE_ENTRY_MARKER = 'webhook-upgrade-entry-point';
 /** The command every hook file of the old image runs; in the image, a symlink to this executable. */
@@ -14359,8 +15161,6 @@ interface KeptPush {
   /** A try is running: a replacement then settles this push with what the try did. */
   trying?: boolean;
 }
-
-type UpgradeResult = Awaited<ReturnType<typeof runUpgrade>>;
 
 /**
  * Pushes the API server did not answer within the client's retry budget: kept (the newest per
@@ -14613,6 +15413,7 @@ export class UpgradeService implements InProcessCommand {
   private readonly lanes = new Map<string, ClusterLane>();
   /** Per hook (immutable within a snapshot): whether it fixes its workload, so its follows are recorded. */
   private readonly resumable = new WeakMap<Hook, boolean>();
+  private approvals: { publicUrl: string; key: Buffer } | undefined;
   private readonly stopping = new AbortController();
   /** One follow per workload: a newer push's follow supersedes the one before. */
   private readonly following = new Map<string, { controller: AbortController; done: Promise<unknown> }>();
@@ -14712,7 +15513,49 @@ export class UpgradeService implements InProcessCommand {
     if (r.refused)
       this.log.error(`[${requestId}] hook ${hookId}: push to ${reportWhere(r)} refused: ${r.error}`);
     if (r.unreachable && lane) return lane.kept.keep(args, env, requestId, hook, result);
+    if (r.decision === 'waiting' || r.decision === 'approved') return { ...result, accepted: true };
     return r.badInput ? { ...result, badInput: true } : result;
+  }
+
+  /** -public-url and the -approval-key-file's key: links for pushes that wait for an approval. */
+  useApprovals(approvals: { publicUrl: string; key: Buffer }): void {
+    this.approvals = approvals;
+  }
+
+  /** A decided push's environment: the service's, the settings the hook fixes in its file, its workload. */
+  decidedEnv(
+    hook: Hook,
+    target: { namespace: string; kind: WorkloadKind; name: string },
+    container: string,
+  ): Record<string, string | undefined> {
+    const env: Record<string, string | undefined> = { ...this.env };
+    for (const name of Object.keys(HOOK_SETTINGS)) env[name] = fixedInput(hook, name) ?? env[name];
+    const workload = `${target.kind}/${target.name}`;
+    return Object.assign(env, { APP_NS: target.namespace, APP_WORKLOAD: workload, APP_CONTAINER: container });
+  }
+
+  /** The client of the service's default cluster, which the approvals read and write (undefined: no credentials). */
+  kube(): KubeClient | undefined {
+    return this.lane(undefined).client();
+  }
+
+  /**
+   * A waiting push decided, or a past push deployed again (runDecidedPush), with the hook's settings as they are
+   * now: those it fixes in its file, and the workload and container of the push.
+   */
+  async runDecided(
+    hook: Hook,
+    target: { namespace: string; kind: WorkloadKind; name: string },
+    container: string,
+    push: IncomingPush,
+    decided: NonNullable<UpgradeDeps['decided']>,
+    requestId: string,
+  ): Promise<UpgradeResult & { env: Record<string, string | undefined> }> {
+    const env = this.decidedEnv(hook, target, container);
+    const client = this.laneOf(env)?.client();
+    if (!client) throw new UpgradeError('no Kubernetes credentials');
+    const deps = { ...this.deps(requestId, hook, env), client, decided, known: undefined };
+    return { ...(await runDecidedPush(push, env, deps)), env };
   }
 
   /**
@@ -14733,6 +15576,7 @@ export class UpgradeService implements InProcessCommand {
       eventAfterAnswer: true,
       known: lane?.known,
       followAfter: this.followMs > 0 && resumable ? { followMs: this.followMs, mailTo: env.MAIL_TO } : undefined,
+      approvals: this.approvals,
     };
   }
 
@@ -15010,7 +15854,477 @@ export class RolloutFollower implements CommandListener {
 }
 
 // ================================================================================================
-// 35. the result — one record per push (Delivery, in the DeliveryLog): made when its request comes in, completed
+// 37. approvals — completes the pushes that wait (the patch chapter's waiting step) on whichever replica acts
+//    first: an approval link's confirmation page and its POST (GET never decides), the deliveries page's Approve,
+//    Reject and Deploy again, a change window's opening and an expiry. Each decision reads the workload, checks the
+//    pending entry the link names is still there, and completes it by a patch that tests the annotation it read (a
+//    second use, or a second replica, finds nothing to do). An approved push goes through the same path as a push
+//    (UpgradeService.runDecided); a rejected or expired one only loses its entry. The result goes to the command
+//    listener like a push's: recorded, followed, mailed and posted. A replica knows the waiting pushes its own
+//    answers recorded, and reads the workloads its hooks reach at start and every rescanMs for the others'.
+//    Exports: approvalHooksProblem, ApprovalService, WaitingPush.
+//    Tests: test/approvals.test.ts.
+// ================================================================================================
+
+const APPROVAL_LIMITS = {
+  // Another replica's waiting pushes (one that stopped leaves them) are found within this long; a window's
+  // opening on one of them is acted on that late at worst. One GET per workload the hooks reach.
+  rescanMs: 30_000,
+  // Known waiting pushes are checked this often for an opened window or an expiry: in memory, no API call.
+  tickMs: 1_000,
+  // A name in the form is a person's name or handle.
+  maxNameChars: 100,
+  // A window's opening or an expiry that could not be acted on (the API server away) is tried again this much
+  // later, not on every tick.
+  retryMs: 30_000,
+};
+
+/** One waiting push as a replica knows it: where it waits, and its entry. */
+export interface WaitingPush {
+  target: { namespace: string; kind: WorkloadKind; name: string };
+  container: string;
+  entry: PendingEntry;
+}
+
+/** What a decision did, for the page that asked for it. */
+interface DecisionOutcome {
+  status: number;
+  title: string;
+  detail: string;
+  report?: string;
+}
+
+const APPROVAL_PAGE_HEADERS = {
+  'Content-Type': 'text/html; charset=utf-8',
+  'Content-Security-Policy':
+    "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'",
+  'Cache-Control': 'no-store',
+  // The link is the key: the page's own address never leaves in a Referer.
+  'Referrer-Policy': 'no-referrer',
+  'X-Robots-Tag': 'noindex',
+};
+
+const ACTION_WORDS: Record<ApprovalClaims['action'], { verb: string; button: string }> = {
+  approve: { verb: 'Approve', button: 'Approve and deploy' },
+  'deploy-now': { verb: 'Deploy now', button: 'Deploy now, outside the window' },
+  reject: { verb: 'Reject', button: 'Reject' },
+};
+
+function waitingKey(t: WaitingPush['target'], container: string): string {
+  return `${t.namespace}/${t.kind}/${t.name}/${container}`;
+}
+
+/** The page of a link: what it decides, and the form that decides it. Pure. */
+function confirmationPage(w: WaitingPush, action: ApprovalClaims['action'], running: string, problem = ''): string {
+  const e = w.entry;
+  const words = ACTION_WORDS[action];
+  const rows: [string, string][] = [
+    ['Workload', `${w.target.kind}/${w.target.name} in ${w.target.namespace}, container ${w.container}`],
+    ['Image now', running],
+    ['Image to deploy', e.image],
+    ['Pushed', `${e.pushedAt} (${e.timeFrom === 'payload' ? 'by the registry' : 'received'})`],
+    ['Hook, request', `${e.hook}, ${e.request}`],
+    ['Waits for', waitingAction(e)],
+    ['Decides', e.decides],
+  ];
+  const body = [
+    `<h1>${escapeHtml(words.verb)} this push?</h1>`,
+    '<p class="meta">Nothing happens until you press the button below.</p>',
+    `<table><tbody>${rows.map(([k, v]) => `<tr><th>${k}</th><td><code>${escapeHtml(v)}</code></td></tr>`).join('')}`,
+    '</tbody></table>',
+    problem ? `<p class="failed"><span class="tag">${escapeHtml(problem)}</span></p>` : '',
+    '<form method="post"><p><label>Your name (recorded with the decision)<br>',
+    `<input name="name" required maxlength="${APPROVAL_LIMITS.maxNameChars}" autocomplete="name"></label></p>`,
+    `<p><button type="submit">${escapeHtml(words.button)}</button></p></form>`,
+  ].join('\n');
+  return pageShell(`${words.verb} ${e.image} — webhook`, undefined, body);
+}
+
+/** The page after a decision, or for a link that cannot be used. Pure. */
+function outcomePage(o: DecisionOutcome): string {
+  const tone = o.status < 300 ? 'ok' : 'failed';
+  const body = [
+    `<h1 class="${tone}">${escapeHtml(o.title)}</h1>`,
+    `<p>${escapeHtml(o.detail)}</p>`,
+    o.report ? `<pre>${escapeHtml(o.report)}</pre>` : '',
+  ].join('\n');
+  return pageShell(`${o.title} — webhook`, undefined, body);
+}
+
+/** The name the form gives, or why it cannot be recorded. Pure. */
+function deciderName(form: URLSearchParams | undefined): { name: string } | { problem: string } {
+  const name = (form?.get('name') ?? '').trim();
+  if (name === '') return { problem: 'Give your name: it is recorded with the decision.' };
+  if (name.length > APPROVAL_LIMITS.maxNameChars || /[\x00-\x1f\x7f]/.test(name))
+    return { problem: `A name has at most ${APPROVAL_LIMITS.maxNameChars} characters and no control characters.` };
+  return { name };
+}
+
+/**
+ * The waiting pushes and their decisions; also the http server's ApprovalPages, and a CommandListener in front
+ * of the rollout follower that learns of the pushes this replica recorded as waiting.
+ */
+export class ApprovalService implements ApprovalPages, CommandListener {
+  readonly prefix = APPROVAL_PATH;
+  private readonly pushes = new Map<string, WaitingPush>();
+  /** Entry ids a decision is working on here: the tick does not start a second one. */
+  private readonly acting = new Set<string>();
+  /** Entry ids whose window or expiry failed to be acted on (the API server away): not before this time. */
+  private readonly retryAt = new Map<string, number>();
+  private readonly stopping = new AbortController();
+  private readonly key: Buffer | undefined;
+  private readonly upgrade: UpgradeService;
+  private readonly hooks: () => ReadonlyMap<string, Hook>;
+  private readonly next: CommandListener;
+  private readonly log: Logger;
+
+  constructor(
+    key: Buffer | undefined,
+    upgrade: UpgradeService,
+    hooks: () => ReadonlyMap<string, Hook>,
+    next: CommandListener,
+    log: Logger,
+  ) {
+    this.key = key;
+    this.upgrade = upgrade;
+    this.hooks = hooks;
+    this.next = next;
+    this.log = log;
+  }
+
+  started(hook: Hook, req: HookRequest): void {
+    this.next.started?.(hook, req);
+  }
+
+  finished(hook: Hook, req: HookRequest, r: CommandResult): void {
+    const report = r.report as UpgradeReport | undefined;
+    const t = report?.target;
+    if (t && report.container) {
+      const key = waitingKey(t, report.container);
+      if (report.waiting)
+        this.pushes.set(key, { target: { ...t }, container: report.container, entry: report.waiting.entry });
+      else if (report.changed || report.decision === 'rejected' || report.decision === 'expired')
+        this.pushes.delete(key);
+    }
+    this.next.finished(hook, req, r);
+    if (report?.replaced) this.superseded(report, report.replaced, req.id);
+  }
+
+  /** The waiting push a newer one replaced, reported superseded under its own request id. */
+  private superseded(newer: UpgradeReport, older: PendingEntry, by: string): void {
+    const hook = this.hooks().get(older.hook);
+    const t = newer.target;
+    if (!hook || !t || !newer.container) return;
+    const target = { namespace: t.namespace, kind: t.kind, name: t.name };
+    const report = newReport();
+    Object.assign(report, {
+      namespace: newer.namespace,
+      workload: newer.workload,
+      container: newer.container,
+      imageBefore: newer.imageBefore,
+      imageAfter: newer.imageBefore,
+      pushedAtMs: Date.parse(older.pushedAt),
+    });
+    const image = newer.waiting?.entry.image ?? newer.imageAfter;
+    const why = `superseded: a newer push, ${image} (request ${by}), replaced it while it waited`;
+    decide(report, 'superseded', `none (${why})`);
+    this.told(hook, older.request, report, this.upgrade.decidedEnv(hook, target, newer.container), 'Superseded');
+  }
+
+  /** The waiting pushes this replica knows of, oldest first (the deliveries page). */
+  list(): WaitingPush[] {
+    return [...this.pushes.values()].sort((a, b) => a.entry.receivedAt.localeCompare(b.entry.receivedAt));
+  }
+
+  /** At start: the waiting pushes on the workloads the hooks reach, then the clock that acts on them. */
+  start(): void {
+    const tick = setInterval(() => this.tick(), APPROVAL_LIMITS.tickMs);
+    tick.unref();
+    const rescan = setInterval(() => void this.rescan(), APPROVAL_LIMITS.rescanMs);
+    rescan.unref();
+    this.stopping.signal.addEventListener('abort', () => (clearInterval(tick), clearInterval(rescan)));
+    void this.rescan();
+  }
+
+  stop(): void {
+    this.stopping.abort();
+  }
+
+  /** Reads the workloads the hooks reach (and those of the waiting pushes known) for their pending entries. */
+  async rescan(): Promise<void> {
+    const client = this.upgrade.kube();
+    if (!client) return;
+    const targets = new Map<string, WaitingPush['target']>();
+    for (const hook of this.hooks().values()) {
+      const t = hookReach(hook)?.target;
+      if (t) targets.set(`${t.namespace}/${t.kind}/${t.name}`, t);
+    }
+    for (const w of this.pushes.values())
+      targets.set(`${w.target.namespace}/${w.target.kind}/${w.target.name}`, w.target);
+    for (const target of targets.values()) {
+      let workload: K8sObject;
+      try {
+        workload = await readWorkload(client, { ...target });
+      } catch (e) {
+        this.log.warn(
+          `waiting pushes on ${target.kind}/${target.name} in ${target.namespace}: ${(e as Error).message}`,
+        );
+        continue;
+      }
+      this.learn(target, workload);
+    }
+  }
+
+  /** The waiting pushes of one workload as read: those of loaded hooks are known, the others forgotten. */
+  private learn(target: WaitingPush['target'], workload: K8sObject): void {
+    const { entries } = readPendingEntries(workload);
+    const prefix = `${target.namespace}/${target.kind}/${target.name}/`;
+    for (const key of this.pushes.keys()) if (key.startsWith(prefix)) this.pushes.delete(key);
+    for (const [container, entry] of Object.entries(entries))
+      if (this.hooks().has(entry.hook)) this.pushes.set(prefix + container, { target, container, entry });
+  }
+
+  /** Acts on the known waiting pushes whose window opened or whose wait expired. */
+  private tick(): void {
+    const now = Date.now();
+    for (const w of this.pushes.values()) {
+      const e = w.entry;
+      if (this.acting.has(e.id) || (this.retryAt.get(e.id) ?? 0) > now) continue;
+      if (now >= Date.parse(e.until)) void this.act(w, 'expire', 'nobody decided in time');
+      else if (e.waitsFor === 'window' && e.opensAt && now >= Date.parse(e.opensAt))
+        void this.act(w, 'window', `the change window ${e.window}`);
+    }
+  }
+
+  /** One decision of a waiting push, once per entry on this replica; the outcome is logged. */
+  private async act(w: WaitingPush, action: 'expire' | 'window', by: string): Promise<void> {
+    this.acting.add(w.entry.id);
+    const where = `${w.target.kind}/${w.target.name} in ${w.target.namespace}`;
+    try {
+      const o = await this.decide(w, action, by);
+      if (o.status === 409) this.log.info(`${where}: ${o.detail}`);
+      if (o.status >= 500) this.retryAt.set(w.entry.id, Date.now() + APPROVAL_LIMITS.retryMs);
+    } catch (e) {
+      this.log.error(`${where}: ${(e as Error).message}; tried again in ${formatGoDuration(APPROVAL_LIMITS.retryMs)}`);
+      this.retryAt.set(w.entry.id, Date.now() + APPROVAL_LIMITS.retryMs);
+    } finally {
+      this.acting.delete(w.entry.id);
+    }
+  }
+
+  /** An approval link: GET shows the confirmation page, POST (with a name) decides. */
+  async answer(method: 'GET' | 'POST', token: string, form: URLSearchParams | undefined, remoteIp: string) {
+    const page = (status: number, body: string): PageAnswer => ({ status, body, headers: APPROVAL_PAGE_HEADERS });
+    if (!this.key) return page(404, outcomePage({ status: 404, title: 'Not found', detail: 'No approvals here.' }));
+    const read = readApprovalToken(this.key, token, Date.now());
+    if ('refused' in read) {
+      const status = read.refused.includes('expired') ? 410 : 403;
+      return page(status, outcomePage({ status, title: 'This link cannot be used', detail: read.refused }));
+    }
+    const c = read.claims;
+    const found = await this.find(c);
+    if ('gone' in found) return page(410, outcomePage({ status: 410, title: 'Nothing to decide', detail: found.gone }));
+    if (method === 'GET') return page(200, confirmationPage(found.push, c.action, found.running));
+    const who = deciderName(form);
+    if ('problem' in who) return page(400, confirmationPage(found.push, c.action, found.running, who.problem));
+    const o = await this.decide(found.push, c.action, `${who.name} (${remoteIp}, by link)`);
+    return page(o.status, outcomePage(o));
+  }
+
+  /** The push a link names, read from the workload now: gone once decided, replaced or expired. */
+  private async find(c: ApprovalClaims): Promise<{ push: WaitingPush; running: string } | { gone: string }> {
+    const client = this.upgrade.kube();
+    const target = { namespace: c.namespace, kind: c.kind as WorkloadKind, name: c.name };
+    if (!client || !Object.hasOwn(WORKLOAD_KINDS, c.kind)) return { gone: 'the service cannot reach the cluster' };
+    let workload: K8sObject;
+    try {
+      workload = await readWorkload(client, target);
+    } catch (e) {
+      return { gone: (e as Error).message };
+    }
+    const entry = readPendingEntries(workload).entries[c.container];
+    if (entry?.id !== c.id)
+      return { gone: 'This push was decided already, replaced by a newer push, or expired: the link works once.' };
+    const running = locateContainer(workloadPodSpec(workload, target.kind), c.container)?.image ?? '(unknown)';
+    return { push: { target, container: c.container, entry }, running };
+  }
+
+  /**
+   * The deliveries page's forms (behind the admin token): Approve or Reject a waiting push it lists, or deploy a
+   * past push again.
+   */
+  async adminAction(form: URLSearchParams, remoteIp: string, past?: PastPush): Promise<DecisionOutcome> {
+    const who = deciderName(form);
+    if ('problem' in who) return { status: 400, title: 'Not decided', detail: who.problem };
+    const by = `${who.name} (${remoteIp}, admin token)`;
+    if (past) return this.replay(past, by);
+    const w = this.pushes.get(form.get('key') ?? '');
+    const action = form.get('action');
+    if (!w || w.entry.id !== form.get('id') || (action !== 'approve' && action !== 'reject'))
+      return { status: 409, title: 'Nothing to decide', detail: 'This push is no longer waiting here.' };
+    return this.decide(w, action, by);
+  }
+
+  /** A decision: the push approved (the same path as a push) or its entry taken off, then the result told. */
+  private async decide(w: WaitingPush, action: ApprovalClaims['action'] | 'expire' | 'window', by: string) {
+    const hook = this.hooks().get(w.entry.hook);
+    if (!hook) return { status: 409, title: 'Not decided', detail: `the hook "${w.entry.hook}" is no longer loaded` };
+    const requestId = randomUUID();
+    if (action === 'reject' || action === 'expire') {
+      const report = await this.dropEntry(w, action === 'reject' ? 'rejected' : 'expired', by);
+      if (!report) return { status: 409, title: 'Nothing to decide', detail: 'This push was decided already.' };
+      const env = this.upgrade.decidedEnv(hook, w.target, w.container);
+      return this.told(hook, requestId, report, env, action === 'reject' ? 'Rejected' : 'Expired');
+    }
+    const e = w.entry;
+    const push: IncomingPush = {
+      pushedAtMs: Date.parse(e.pushedAt),
+      timeFrom: e.timeFrom,
+      image: e.image,
+      push: e.push,
+    };
+    const r = await this.upgrade.runDecided(hook, w.target, w.container, push, { id: e.id, action, by }, requestId);
+    if (r.report.gone) return { status: 409, title: 'Nothing to decide', detail: r.report.error ?? '' };
+    // Decided, but not applied (refused, skipped by policy, held, superseded): it no longer waits. Without an
+    // answer from the API server it still does, and is tried again.
+    const settled = !['waiting', 'approved'].includes(r.report.decision) && !r.report.changed;
+    if (settled && !r.report.unreachable) await this.takeOff(this.upgrade.kube()!, w);
+    this.forget(w);
+    return this.told(hook, requestId, r.report, r.env, action === 'window' ? 'Applied' : 'Approved');
+  }
+
+  /** "Deploy again": the past push's image through the same checks, requested by the admin. */
+  private async replay(past: PastPush, by: string): Promise<DecisionOutcome> {
+    const hook = this.hooks().get(past.hookId);
+    if (!hook) return { status: 409, title: 'Not deployed', detail: `the hook "${past.hookId}" is no longer loaded` };
+    const workload = parseWorkload(past.workload);
+    const target = { namespace: past.namespace, ...workload };
+    const now = Date.now();
+    const push: IncomingPush = { pushedAtMs: now, timeFrom: 'received', image: past.image, push: `replay|${now}` };
+    const requestId = randomUUID();
+    const r = await this.upgrade.runDecided(hook, target, past.container, push, { action: 'replay', by }, requestId);
+    return this.told(hook, requestId, r.report, r.env, 'Deployed again');
+  }
+
+  /** The result of a decision goes where a push's goes (recorded, followed, mailed, posted); the page's outcome. */
+  private told(hook: Hook, id: string, report: UpgradeReport, env: Record<string, string | undefined>, done: string) {
+    const req: HookRequest = {
+      id,
+      method: 'POST',
+      remoteAddr: '',
+      remoteIp: '',
+      headers: {},
+      query: {},
+      payload: undefined,
+      body: Buffer.alloc(0),
+    };
+    const output = formatReport(report);
+    const ok = report.result === 'ok';
+    this.started(hook, req);
+    this.finished(hook, req, { output, env, ok, exitCode: ok ? 0 : 1, timedOut: false, report });
+    this.log.notice(`[${id}] ${report.workload} in ${report.namespace}: ${report.action}`);
+    const title = ok ? done : 'Failed';
+    return { status: ok ? 200 : 500, title, detail: report.error ?? report.action, report: output };
+  }
+
+  /** Takes a pending entry off (rejected, expired) by a patch that tests the annotation read; undefined: gone. */
+  private async dropEntry(w: WaitingPush, decision: 'rejected' | 'expired', by: string) {
+    const client = this.upgrade.kube();
+    if (!client) throw new UpgradeError('no Kubernetes credentials');
+    const workload = await this.takeOff(client, w);
+    return workload && this.droppedReport(client, w, workload, decision, by);
+  }
+
+  /** Takes a pending entry off by a patch that tests the annotation read: the workload as read, undefined if gone. */
+  private async takeOff(client: KubeClient, w: WaitingPush): Promise<K8sObject | undefined> {
+    const target: WorkloadTarget = { ...w.target };
+    for (let attempt = 1; attempt <= UPGRADE_LIMITS.maxPatchAttempts; attempt++) {
+      const workload = await readWorkload(client, target);
+      const { raw, entries } = readPendingEntries(workload);
+      if (entries[w.container]?.id !== w.entry.id) return this.forget(w);
+      const rest = Object.fromEntries(Object.entries(entries).filter(([c]) => c !== w.container));
+      const ops = annotationOps(workload, ['metadata'], { [PENDING_ANNOTATION]: JSON.stringify(rest) }, {
+        [PENDING_ANNOTATION]: raw ?? null,
+      });
+      try {
+        await client.patch(workloadResource(target), ops, UPGRADE_LIMITS.fieldManager);
+      } catch (e) {
+        if (e instanceof KubeError && e.status === 422 && e.causes.length === 0) continue;
+        throw e;
+      }
+      this.forget(w);
+      return workload;
+    }
+    return undefined;
+  }
+
+  private forget(w: WaitingPush): undefined {
+    this.pushes.delete(waitingKey(w.target, w.container));
+    this.retryAt.delete(w.entry.id);
+    return undefined;
+  }
+
+  /** The report of a rejected or expired push, recorded as an Event. */
+  private async droppedReport(
+    client: KubeClient,
+    w: WaitingPush,
+    workload: K8sObject,
+    decision: 'rejected' | 'expired',
+    by: string,
+  ): Promise<UpgradeReport> {
+    const e = w.entry;
+    const report = newReport();
+    const running = locateContainer(workloadPodSpec(workload, w.target.kind), w.container)?.image;
+    const at = new Date().toISOString();
+    const why = decision === 'rejected' ? `rejected by ${by} at ${at}` : `expired: nobody decided by ${e.until}`;
+    Object.assign(report, {
+      namespace: w.target.namespace,
+      workload: `${w.target.kind}/${w.target.name}`,
+      container: w.container,
+      imageBefore: running,
+      imageAfter: running,
+      target: { ...w.target },
+      pushedAtMs: Date.parse(e.pushedAt),
+    });
+    decide(report, decision, `none (${why})`);
+    report.notes.push(
+      `the push of ${e.image} (request ${e.request}) ${decision === 'rejected' ? 'was' : 'has'} ${why}`,
+    );
+    const reason = decision === 'rejected' ? 'UpgradeRejected' : 'UpgradeExpired';
+    const message = `container ${w.container}: ${e.image} not deployed: ${why}`;
+    await recordEventQuietly(client, { ...w.target }, { type: 'Normal', reason, message }, new Date(), report);
+    return report;
+  }
+}
+
+/**
+ * Why the service cannot start as asked: a hook that requires approvals (or lets an approval deploy outside its
+ * window) while no links can be signed. Pure.
+ */
+export function approvalHooksProblem(hooks: Iterable<Hook>, linksOn: boolean): string | undefined {
+  if (linksOn) return undefined;
+  for (const hook of hooks)
+    for (const name of ['REQUIRE_APPROVAL', 'APPROVAL_OVERRIDE'])
+      if (fixedTrue(hook, name))
+        return (
+          `hook ${JSON.stringify(hook.id)} sets ${name}=true, but approval links cannot be made: start the service ` +
+          'with -public-url URL (the address people reach it at) and -approval-key-file FILE (the key that signs them)'
+        );
+  return undefined;
+}
+
+/** A past push the deliveries page deploys again. */
+interface PastPush {
+  hookId: string;
+  namespace: string;
+  workload: string;
+  container: string;
+  image: string;
+}
+
+
+// ================================================================================================
+// 38. the result — one record per push (Delivery, in the DeliveryLog): made when its request comes in, completed
 //    as the rollout follower hands on the answer, the rollout's progress and its end, and once final sent to each
 //    ResultChannel in order (the mail, then the chat and JSON receivers), whose outcomes are recorded on it. What
 //    became of the push is its upgrade report's decision (DECISIONS), published as pushResult says; the channels
@@ -15068,7 +16382,13 @@ function reportMailJob(
   report: UpgradeReport,
 ): MailJob {
   const outcome = report.result !== 'ok' ? 'failed' : report.changed ? 'succeeded' : 'no change';
-  return { hookId, requestId, env, outcome, detail: report.action, output: formatReport(report) };
+  const links = report.waiting?.links;
+  // The links go to the mail and the page, never to the log.
+  const decide = links
+    ? `\napprove: ${links.approve}\nreject: ${links.reject}\n` +
+      (links.deployNow ? `deploy now: ${links.deployNow}\n` : '')
+    : '';
+  return { hookId, requestId, env, outcome, detail: report.action, output: formatReport(report) + decide };
 }
 
 /** A push's result as the deliveries page and the notifications tell it. */
@@ -15093,6 +16413,8 @@ export interface PushResult {
   pods: PodSummary[];
   /** The upgrade's report (or the command's output), scrubbed of known secrets. */
   report: string;
+  /** A push that waits: for what, until when, and the links that decide it (when a person may). */
+  waiting?: { for: string; until: string; opensAt?: string; window?: string; links?: ApprovalLinks };
 }
 
 /** What a push decided, from its upgrade report (or, for another command, its exit status). */
@@ -15130,7 +16452,14 @@ export function pushResult(
     rollout: report?.rollout && { state: report.rollout.state, detail: report.rollout.detail },
     pods: report?.rollout?.pods ?? [],
     report: cutReport(scrub(job.output)),
+    ...(report?.waiting ? { waiting: waitingOf(report.waiting) } : {}),
   };
+}
+
+/** What the result tells of a waiting push. Pure. */
+function waitingOf(w: NonNullable<UpgradeReport['waiting']>): NonNullable<PushResult['waiting']> {
+  const e = w.entry;
+  return { for: e.waitsFor, until: e.until, opensAt: e.opensAt, window: e.window, links: w.links };
 }
 
 function cutReport(text: string): string {
@@ -15330,7 +16659,7 @@ export class ResultDispatcher implements ResultListener {
 }
 
 // ================================================================================================
-// 36. mail — mails a hook's result through the server the MAIL_* variables describe (parseMailConfig; MAIL_TO names
+// 39. mail — mails a hook's result through the server the MAIL_* variables describe (parseMailConfig; MAIL_TO names
 //    the recipients): one mail per push after its rollout's end, at most -max-mails-per-hook per -mail-window, the
 //    rest summed up in one mail. The Mailer is the result's first ResultChannel.
 //    Exports: Mailer, parseMailConfig.
@@ -15596,7 +16925,7 @@ function summaryMail(hookId: string, window: MailWindow, cap: MailCap): { subjec
 }
 
 // ================================================================================================
-// 37. chat & json notifications — a hook's result posted, at the moment its mail goes (after the rollout's end, in
+// 40. chat & json notifications — a hook's result posted, at the moment its mail goes (after the rollout's end, in
 //    the background), to each URL of NOTIFY_URL, in the body NOTIFY_FORMAT names: json (our own document, versioned
 //    by its "schema" field, signed in a header with NOTIFY_SECRET), dingtalk (markdown; NOTIFY_SECRET signs the URL),
 //    wecom (markdown), feishu (a card; NOTIFY_SECRET signs the body) or slack (mrkdwn). Each format is one entry of
@@ -15649,9 +16978,28 @@ export function resultDocument(r: PushResult, extra: Record<string, unknown> = {
     image_after: r.imageAfter ?? null,
     rollout: r.rollout ?? null,
     pods: r.pods.map((p) => ({ ...p, reason: p.reason ?? null })),
+    ...(r.waiting ? waitingDocument(r.waiting) : {}),
     ...extra,
     report: r.report,
   };
+}
+
+/** A waiting push in the JSON document: what it waits for, and approveUrl/rejectUrl for any other system. */
+function waitingDocument(w: NonNullable<PushResult['waiting']>): Record<string, unknown> {
+  return {
+    waiting: { for: w.for, until: w.until, opens_at: w.opensAt ?? null, window: w.window ?? null },
+    ...(w.links ? { approveUrl: w.links.approve, rejectUrl: w.links.reject } : {}),
+    ...(w.links?.deployNow ? { deployNowUrl: w.links.deployNow } : {}),
+  };
+}
+
+/** The buttons of a waiting push's chat message, in order: label, URL, whether it is the one to press. */
+function decisionButtons(r: PushResult): { label: string; url: string; primary: boolean }[] {
+  const l = r.waiting?.links;
+  if (!l) return [];
+  const approve = l.approve === l.deployNow ? [] : [{ label: 'Approve', url: l.approve, primary: true }];
+  const now = l.deployNow ? [{ label: 'Deploy now', url: l.deployNow, primary: approve.length === 0 }] : [];
+  return [...approve, ...now, { label: 'Reject', url: l.reject, primary: false }];
 }
 
 // ---- the formats ------------------------------------------------------------------------------
@@ -15755,6 +17103,43 @@ function chatMarkdown(r: PushResult, separator: string, d: ChatDialect): string 
   return cutToBytes(chatLines(r, d).join(separator), NOTIFY_LIMITS.maxChatBytes);
 }
 
+/** Feishu's card buttons open URLs ("jump"): a custom bot has no callback. */
+function feishuButtons(r: PushResult): unknown[] {
+  const buttons = decisionButtons(r);
+  if (!buttons.length) return [];
+  const actions = buttons.map((b) => ({
+    tag: 'button',
+    text: { tag: 'plain_text', content: b.label },
+    type: b.primary ? 'primary' : b.label === 'Reject' ? 'danger' : 'default',
+    url: b.url,
+  }));
+  return [{ tag: 'action', actions }];
+}
+
+// WeCom's template card documents its texts in characters: a title of at most 26, a description of 30, a
+// sub-title text of 112 (CJK characters are 3 UTF-8 bytes; the cut keeps whole characters).
+const WECOM_CARD_BYTES = { title: 78, desc: 90, text: 336 };
+
+/** WeCom's text_notice template card: the summary, and a jump (type 1: a URL) per button; the card opens the first. */
+function wecomCard(r: PushResult, buttons: { label: string; url: string }[]): unknown {
+  return {
+    msgtype: 'template_card',
+    template_card: {
+      card_type: 'text_notice',
+      main_title: {
+        title: cutToBytes(chatTitle(r), WECOM_CARD_BYTES.title),
+        desc: cutToBytes(r.detail, WECOM_CARD_BYTES.desc),
+      },
+      sub_title_text: cutToBytes(
+        chatLines(r, { ...MARKDOWN_DIALECT, bold: PLAIN_TEXT }).join('\n'),
+        WECOM_CARD_BYTES.text,
+      ),
+      jump_list: buttons.map((b) => ({ type: 1, title: b.label, url: b.url })),
+      card_action: { type: 1, url: buttons[0].url },
+    },
+  };
+}
+
 /** Base64 HMAC-SHA256, the signature DingTalk and Feishu ask for. */
 function hmacBase64(key: string, message: string): string {
   return createHmac('sha256', key).update(message).digest('base64');
@@ -15804,8 +17189,20 @@ const NOTIFY_FORMATS: Record<NotifyFormatName, NotifyFormat> = {
         signed.searchParams.set('sign', hmacBase64(secret, `${timestamp}\n${secret}`));
       }
       const text = `### ${chatTitle(r, MARKDOWN_DIALECT.text)}\n\n${chatMarkdown(r, '\n\n', MARKDOWN_DIALECT)}`;
-      const body = JSON.stringify({ msgtype: 'markdown', markdown: { title: chatTitle(r), text } });
-      return { url: signed, body, headers: JSON_HEADERS };
+      const buttons = decisionButtons(r);
+      // A robot cannot be called back: ActionCard buttons open the links (btnOrientation "1": side by side).
+      const message = buttons.length
+        ? {
+            msgtype: 'actionCard',
+            actionCard: {
+              title: chatTitle(r),
+              text,
+              btnOrientation: '1',
+              btns: buttons.map((b) => ({ title: b.label, actionURL: b.url })),
+            },
+          }
+        : { msgtype: 'markdown', markdown: { title: chatTitle(r), text } };
+      return { url: signed, body: JSON.stringify(message), headers: JSON_HEADERS };
     },
     refusal: codeRefusal('errcode'),
   },
@@ -15813,6 +17210,8 @@ const NOTIFY_FORMATS: Record<NotifyFormatName, NotifyFormat> = {
   wecom: {
     signs: false,
     request(r, url) {
+      const buttons = decisionButtons(r);
+      if (buttons.length) return { url, body: JSON.stringify(wecomCard(r, buttons)), headers: JSON_HEADERS };
       const content = `### ${chatTitle(r, MARKDOWN_DIALECT.text)}\n${chatMarkdown(r, '\n', MARKDOWN_DIALECT)}`;
       return { url, body: JSON.stringify({ msgtype: 'markdown', markdown: { content } }), headers: JSON_HEADERS };
     },
@@ -15828,7 +17227,7 @@ const NOTIFY_FORMATS: Record<NotifyFormatName, NotifyFormat> = {
       const template = r.outcome === 'failed' ? 'red' : r.outcome === 'succeeded' ? 'green' : 'grey';
       const card = {
         header: { title: { tag: 'plain_text', content: chatTitle(r) }, template },
-        elements: [{ tag: 'markdown', content: chatMarkdown(r, '\n', MARKDOWN_DIALECT) }],
+        elements: [{ tag: 'markdown', content: chatMarkdown(r, '\n', MARKDOWN_DIALECT) }, ...feishuButtons(r)],
       };
       return { url, body: JSON.stringify({ ...signature, msg_type: 'interactive', card }), headers: JSON_HEADERS };
     },
@@ -15841,7 +17240,15 @@ const NOTIFY_FORMATS: Record<NotifyFormatName, NotifyFormat> = {
       // `text` is the whole message too: what notifications show, and all that receivers which
       // take Slack's format without its blocks (Mattermost, Rocket.Chat) read.
       const text = `*${chatTitle(r, SLACK_DIALECT.text)}*\n${chatMarkdown(r, '\n', SLACK_DIALECT)}`;
-      const blocks = [{ type: 'section', text: { type: 'mrkdwn', text } }];
+      const buttons = decisionButtons(r).map((b) => ({
+        type: 'button',
+        text: { type: 'plain_text', text: b.label },
+        action_id: b.label.toLowerCase().replace(' ', '-'),
+        url: b.url,
+        style: b.primary ? 'primary' : b.label === 'Reject' ? 'danger' : undefined,
+      }));
+      const blocks: unknown[] = [{ type: 'section', text: { type: 'mrkdwn', text } }];
+      if (buttons.length) blocks.push({ type: 'actions', elements: buttons });
       return { url, body: JSON.stringify({ text, blocks }), headers: JSON_HEADERS };
     },
   },
@@ -16064,7 +17471,7 @@ export class Notifier implements ResultChannel {
 }
 
 // ================================================================================================
-// 38. deliveries page — what the last pushes did, on the admin listener (never the hook port): the records of the
+// 41. deliveries page — what the last pushes did, on the admin listener (never the hook port): the records of the
 //    result's DeliveryLog (the last -deliveries pushes, newest first, as far as each has got). /deliveries lists
 //    them (refreshing itself while a push is still running); /deliveries/<n> is one push's full report and pods;
 //    /deliveries.json and /deliveries/<n>.json carry the same as JSON (entries in the shape of NOTIFY_FORMAT=json).
@@ -16116,30 +17523,87 @@ function deliveryRow(d: Delivery): string {
     cell('Registry', escapeHtml(d.registry ?? '—')),
     cell('Workload / container', workload),
     cell('Image before → after', imageCell(d), 'image'),
-    cell('Decision', `<span class="tag">${escapeHtml(d.decision)}</span><br>${escapeHtml(d.detail)}`),
+    cell('Decision', `<span class="tag">${escapeHtml(d.decision)}</span><br>${escapeHtml(d.detail)}${replayForm(d)}`),
     cell('Rollout', rollout),
     cell('Notified', notificationsCell(d)),
     '</tr>',
   ].join('');
 }
 
+/** A form of the page: posted to `action`, with the name of who decides and the hidden fields given. */
+function decisionForm(action: string, fields: Record<string, string>, buttons: [string, string][]): string {
+  const hidden = Object.entries(fields)
+    .map(([k, v]) => `<input type="hidden" name="${k}" value="${escapeHtml(v)}">`)
+    .join('');
+  const pressed = buttons
+    .map(([value, label]) => `<button type="submit" name="action" value="${value}">${escapeHtml(label)}</button>`)
+    .join(' ');
+  return (
+    `<form method="post" action="${action}">${hidden}` +
+    `<input name="name" required maxlength="100" placeholder="your name" aria-label="your name"> ${pressed}</form>`
+  );
+}
+
+/** The waiting pushes with Approve and Reject (for the holder of the admin token). Pure. */
+function renderWaiting(pushes: readonly WaitingPush[]): string {
+  if (pushes.length === 0) return '';
+  const rows = pushes.map((w) => {
+    const key = `${w.target.namespace}/${w.target.kind}/${w.target.name}/${w.container}`;
+    const buttons: [string, string][] = w.entry.waitsFor === 'window' ? [] : [['approve', 'Approve']];
+    buttons.push(['reject', 'Reject']);
+    return [
+      `<tr class="running" id="w-${escapeHtml(w.entry.id)}">`,
+      cell('Received', escapeHtml(w.entry.receivedAt.slice(0, 19).replace('T', ' ') + ' UTC'), 'time'),
+      cell('Hook', escapeHtml(w.entry.hook)),
+      cell('Workload / container', `${escapeHtml(`${w.target.kind}/${w.target.name} / ${w.container}`)}<br>` +
+        `<span class="muted">${escapeHtml(w.target.namespace)}</span>`),
+      cell('Image', `<code>${escapeHtml(w.entry.image)}</code>`, 'image'),
+      cell('Waits for', `<span class="tag">waiting</span><br>${escapeHtml(waitingAction(w.entry))}`),
+      cell('Decide', decisionForm('deliveries/decide', { key, id: w.entry.id }, buttons)),
+      '</tr>',
+    ].join('');
+  });
+  const head = ['Received', 'Hook', 'Workload / container', 'Image', 'Waits for', 'Decide'];
+  return [
+    '<h2>Waiting</h2>',
+    `<table class="waiting"><thead><tr>${head.map((h) => `<th>${h}</th>`).join('')}</tr></thead><tbody>`,
+    rows.join('\n'),
+    '</tbody></table><h2>Recent pushes</h2>',
+  ].join('\n');
+}
+
+/** "Deploy again" for a past applied push (for the holder of the admin token). Pure. */
+function replayForm(d: Delivery): string {
+  if (d.state !== 'done' || !d.imageAfter || !d.workload || !d.namespace || !d.container) return '';
+  if (d.decision !== 'applied' && d.decision !== 'same image restarted') return '';
+  return `<br>${decisionForm('deliveries/replay', { seq: String(d.seq) }, [['replay', 'Deploy again']])}`;
+}
+
 /** /deliveries: the recent pushes, newest first. Pure. */
-function renderDeliveries(entries: readonly Delivery[], busy: boolean, now: Date): string {
+function renderDeliveries(
+  entries: readonly Delivery[],
+  busy: boolean,
+  now: Date,
+  pushes: readonly WaitingPush[] = [],
+): string {
   const head = ['Time', 'Hook', 'Request', 'Registry', 'Workload / container', 'Image before → after'];
   head.push('Decision', 'Rollout', 'Notified');
   const rows = entries.length
     ? entries.map(deliveryRow).join('\n')
     : `<tr><td colspan="${head.length}" class="muted">No push since the service started.</td></tr>`;
+  // A page with forms is not reloaded under the hand filling them in.
+  const refresh = busy && pushes.length === 0 ? DELIVERY_LIMITS.refreshSeconds : undefined;
   const body = [
     '<h1>Deliveries</h1>',
     `<p class="meta">${entries.length} most recent push(es), newest first · as of ${shownTime(now)}` +
-      `${busy ? ` · refreshing every ${DELIVERY_LIMITS.refreshSeconds} s while a push is running` : ''}` +
+      `${refresh ? ` · refreshing every ${refresh} s while a push is running` : ''}` +
       ' · <a href="deliveries.json">JSON</a></p>',
+    renderWaiting(pushes),
     `<table><thead><tr>${head.map((h) => `<th>${h}</th>`).join('')}</tr></thead><tbody>`,
     rows,
     '</tbody></table>',
   ].join('\n');
-  return pageShell('Deliveries — webhook', busy ? DELIVERY_LIMITS.refreshSeconds : undefined, body);
+  return pageShell('Deliveries — webhook', refresh, body);
 }
 
 /** /deliveries/<n>: one push, its full report and its pods. Pure. */
@@ -16198,11 +17662,47 @@ function deliveryDocument(d: Delivery): Record<string, unknown> {
 const PAGE_HEADERS = {
   'Content-Security-Policy': "default-src 'none'; style-src 'unsafe-inline'; frame-ancestors 'none'",
   'Cache-Control': 'no-store',
-  'Referrer-Policy': 'no-referrer',
+  // same-origin, not no-referrer: a browser then names this page's origin on the forms it posts (Approve,
+  // Reject, Deploy again), which the admin listener checks; no other site is told where the page lives.
+  'Referrer-Policy': 'same-origin',
 };
 
+/** What a decision from the page did: the page with its outcome. Pure. */
+function decidedPage(o: { status: number; title: string; detail: string; report?: string }): PageAnswer {
+  const body = [
+    '<p class="meta"><a href="../deliveries">← all deliveries</a></p>',
+    `<h1>${escapeHtml(o.title)}</h1><p>${escapeHtml(o.detail)}</p>`,
+    o.report ? `<pre>${escapeHtml(o.report)}</pre>` : '',
+  ].join('\n');
+  const headers = { ...PAGE_HEADERS, 'Content-Type': 'text/html; charset=utf-8' };
+  return { status: o.status, body: pageShell(`${o.title} — webhook`, undefined, body), headers };
+}
+
+/** The page's forms: Approve or Reject a waiting push, Deploy again a past one. */
+async function pageAction(
+  log: DeliveryLog,
+  approvals: ApprovalService,
+  pathname: string,
+  form: URLSearchParams,
+  remoteIp: string,
+): Promise<PageAnswer | undefined> {
+  if (pathname === '/deliveries/decide') return decidedPage(await approvals.adminAction(form, remoteIp));
+  if (pathname !== '/deliveries/replay') return undefined;
+  const d = log.get(Number(form.get('seq')));
+  const past = d && replayForm(d) !== '' ? d : undefined;
+  if (!past) return decidedPage({ status: 404, title: 'Not deployed', detail: 'No such past push on this page.' });
+  const push = {
+    hookId: past.hookId,
+    namespace: past.namespace!,
+    workload: past.workload!,
+    container: past.container!,
+    image: past.imageAfter!,
+  };
+  return decidedPage(await approvals.adminAction(form, remoteIp, push));
+}
+
 /** The deliveries pages for the admin listener (the http server's AdminPages). */
-export function deliveryPages(log: DeliveryLog, token: string): AdminPages {
+export function deliveryPages(log: DeliveryLog, token: string, approvals?: ApprovalService): AdminPages {
   const html = (body: string) => ({ body, contentType: 'text/html; charset=utf-8', headers: PAGE_HEADERS });
   const json = (value: unknown) => ({
     body: `${JSON.stringify(value, null, 1)}\n`,
@@ -16214,7 +17714,8 @@ export function deliveryPages(log: DeliveryLog, token: string): AdminPages {
     token,
     page(pathname) {
       const entries = log.list();
-      if (pathname === '/deliveries') return html(renderDeliveries(entries, log.busy(), new Date()));
+      const pushes = approvals?.list() ?? [];
+      if (pathname === '/deliveries') return html(renderDeliveries(entries, log.busy(), new Date(), pushes));
       if (pathname === '/deliveries.json')
         return json({ schema: 'webhook.deliveries/v1', deliveries: entries.map(deliveryDocument) });
       const one = /^\/deliveries\/(\d{1,9})(\.json)?$/.exec(pathname);
@@ -16222,11 +17723,12 @@ export function deliveryPages(log: DeliveryLog, token: string): AdminPages {
       if (!d) return undefined;
       return one![2] ? json(deliveryDocument(d)) : html(renderDelivery(d, log.busy([d])));
     },
+    ...(approvals ? { action: (p, form, ip) => pageAction(log, approvals, p, form, ip) } : {}),
   };
 }
 
 // ================================================================================================
-// 39. -validate & -print-rbac — the commands that read the hooks and exit: -validate describes every hook (its rule,
+// 42. -validate & -print-rbac — the commands that read the hooks and exit: -validate describes every hook (its rule,
 //    parameters, answer, upgrade and notifications) and says what is wrong, -print-rbac prints the least-privilege
 //    RBAC; both load the hooks exactly as the service does (hookLoadSettings).
 //    Exports: hookLoadSettings, printRbac, validate.
@@ -16469,8 +17971,28 @@ function describeUpgrade(hook: Hook, inserted: Set<string>): string[] {
     describePolicy(hook),
     describeOutsideChange(hook),
     ...describeSignature(hook),
+    ...describeApprovals(hook),
     ...describeNotifications(hook),
   ];
+}
+
+/** Whether a push waits for a person and for a change window (fixed at load), and what the workload may add. */
+function describeApprovals(hook: Hook): string[] {
+  const fixed = (name: string) => {
+    const value = upgradeInput(hook, name);
+    return typeof value === 'string' ? value : undefined;
+  };
+  const timeout = formatGoDuration(HOOK_SETTINGS.APPROVAL_TIMEOUT.parse(fixed('APPROVAL_TIMEOUT')));
+  const approval = HOOK_SETTINGS.REQUIRE_APPROVAL.parse(fixed('REQUIRE_APPROVAL'))
+    ? `required (REQUIRE_APPROVAL=true): a push waits up to ${timeout} for Approve or Reject`
+    : `not required (the annotation ${APPROVAL_ANNOTATION}: required asks for one on a workload)`;
+  const windows = HOOK_SETTINGS.DEPLOY_WINDOW.parse(fixed('DEPLOY_WINDOW'));
+  const override = HOOK_SETTINGS.APPROVAL_OVERRIDE.parse(fixed('APPROVAL_OVERRIDE'));
+  const window = windows
+    ? `${describeWindows(windows)}: a push outside waits and is applied when it opens` +
+      (override ? '; an approval link may deploy now (APPROVAL_OVERRIDE=true)' : '')
+    : `always open (the annotation ${WINDOW_ANNOTATION} sets one on a workload)`;
+  return [`approval: ${approval}`, `change window: ${window}`];
 }
 
 /** The keys a hook checks signatures with (VERIFY_SIGNATURE, fixed and read at load): fingerprints, never the keys. */
@@ -16642,7 +18164,7 @@ async function printRbac(o: Options, env: Record<string, string | undefined>): P
 }
 
 // ================================================================================================
-// 40. main — wires the chapters together; the only place with process-wide side effects (signals, pid file, listening
+// 43. main — wires the chapters together; the only place with process-wide side effects (signals, pid file, listening
 //    sockets, exit codes).
 //    Tests: test/image.test.ts, test/memory.test.ts, test/runner.test.ts, test/start.test.ts.
 // ================================================================================================
@@ -16659,6 +18181,7 @@ export async function main(argv: string[], env: Record<string, string | undefine
   try {
     o = parseCommandLine(argv, env);
     readAdminTokenFile(o);
+    readApprovalKeyFile(o);
   } catch (e) {
     if (!(e instanceof UsageError)) throw e;
     if (e.message) process.stderr.write(`${e.message}\n`);
@@ -16699,7 +18222,7 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
   const settings = hookLoadSettings(o, env);
   const upgrade = new UpgradeService(o.kubeconfig || undefined, env, o.rolloutFollowMs, log, o.applyDeadlineMs);
   const snapshot = loadInitialHooks(o, settings, log, upgrade);
-  if (!snapshot) return 1;
+  if (!snapshot || !approvalLinksReady(o, snapshot, upgrade, log)) return 1;
   const mailer = new Mailer(mailConfig(env, log), log, metrics, { max: o.maxMailsPerHook, windowMs: o.mailWindowMs });
   const store = new HookStore(settings, snapshot, log, metrics);
   const runner = new CommandRunner(o.maxConcurrentCommands, env, log, metrics, upgrade);
@@ -16707,12 +18230,14 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
   if (!notifier) return 1;
   const deliveries = new DeliveryLog(o.deliveries, (text) => log.scrub(text));
   const listener = new RolloutFollower(upgrade, log, new ResultDispatcher(deliveries, [mailer, notifier], metrics));
+  const approvals = new ApprovalService(o.approvalKey, upgrade, () => store.current.hooks, listener, log);
   const phase = { draining: false, shuttingDown: false };
   const handlerContext: HandlerContext = {
     options: o,
     store,
     runner,
-    listener,
+    listener: approvals,
+    approvals: o.approvalKey ? approvals : undefined,
     log,
     metrics,
     isShuttingDown: () => phase.shuttingDown,
@@ -16722,23 +18247,19 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
   const server = await openListener(o, handler, log);
   if (!server) return 1;
   server.on('clientError', (err: Error, socket: net.Socket) => answerClientError(handlerContext, err, socket));
-  const pages = o.deliveries > 0 ? deliveryPages(deliveries, o.adminToken) : undefined;
+  const pages = o.deliveries > 0 ? deliveryPages(deliveries, o.adminToken, approvals) : undefined;
   const adminServer = await openAdminListener(o, metrics, log, pages);
   if (adminServer === false) return 1;
   listener.resume(snapshot.hooks.values());
+  approvals.start();
   if (o.hotreload) store.watch();
-  const reloadOnSignal = (sig: string) => {
-    log.notice(`caught ${sig}, reloading hooks`);
-    store.reload(sig);
-  };
-  process.on('SIGHUP', () => reloadOnSignal('SIGHUP'));
-  process.on('SIGUSR1', () => reloadOnSignal('SIGUSR1'));
+  reloadOnSignals(store, log);
   return new Promise<number>((resolve) => {
     const shutdown = async (sig: string) => {
       if (phase.draining) return;
       await stopServing(o, log, sig, phase);
       adminServer?.close();
-      await stopService(o, { store, server, runner, upgrade, listener, mailer, notifier, log });
+      await stopService(o, { store, server, runner, upgrade, listener, approvals, mailer, notifier, log });
       log.notice('stopped');
       log.flush();
       resolve(0);
@@ -16746,6 +18267,27 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
     process.on('SIGTERM', () => void shutdown('SIGTERM'));
     process.on('SIGINT', () => void shutdown('SIGINT'));
   });
+}
+
+/** SIGHUP and SIGUSR1 reload the hooks. */
+function reloadOnSignals(store: HookStore, log: Logger): void {
+  const reloadOnSignal = (sig: string) => {
+    log.notice(`caught ${sig}, reloading hooks`);
+    store.reload(sig);
+  };
+  process.on('SIGHUP', () => reloadOnSignal('SIGHUP'));
+  process.on('SIGUSR1', () => reloadOnSignal('SIGUSR1'));
+}
+
+/**
+ * Approval links are signed with -approval-key-file and point at -public-url; without both, a hook that requires
+ * approvals cannot start (false, after saying why).
+ */
+function approvalLinksReady(o: Options, snapshot: Snapshot, upgrade: UpgradeService, log: Logger): boolean {
+  const problem = approvalHooksProblem(snapshot.hooks.values(), o.approvalKey !== undefined);
+  if (problem) log.error(problem);
+  else if (o.approvalKey) upgrade.useApprovals({ publicUrl: o.publicUrl, key: o.approvalKey });
+  return problem === undefined;
 }
 
 /**
@@ -16857,12 +18399,14 @@ async function stopService(
     runner: CommandRunner;
     upgrade: UpgradeService;
     listener: RolloutFollower;
+    approvals: ApprovalService;
     mailer: Mailer;
     notifier: Notifier;
     log: Logger;
   },
 ): Promise<void> {
   s.store.close();
+  s.approvals.stop();
   s.server.close();
   s.server.closeIdleConnections();
   const graceEnds = Date.now() + o.shutdownGraceMs;

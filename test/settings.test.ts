@@ -54,10 +54,13 @@ describe('what comes from the table', () => {
     const checks = fixedSettingChecks();
     assert.deepEqual(
       Object.keys(checks).toSorted(),
-      ['ALLOW_IMAGES', 'CLUSTER', 'CLUSTERS', 'NOTIFY_FORMAT', 'NOTIFY_ON_SKIP', 'NOTIFY_SECRET', 'NOTIFY_URL', 'ON_OUTSIDE_CHANGE', 'REGISTRY_HOST', 'REGISTRY_TOKEN_HOSTS', 'UPDATE_POLICY',
+      ['ALLOW_IMAGES', 'APPROVAL_OVERRIDE', 'APPROVAL_TIMEOUT', 'CLUSTER', 'CLUSTERS', 'DEPLOY_WINDOW', 'NOTIFY_FORMAT', 'NOTIFY_ON_SKIP',
+        'NOTIFY_SECRET', 'NOTIFY_URL', 'ON_OUTSIDE_CHANGE', 'REGISTRY_HOST', 'REGISTRY_TOKEN_HOSTS', 'REQUIRE_APPROVAL', 'UPDATE_POLICY',
         'VERIFY_SIGNATURE', 'VERIFY_SIGNATURE_ANNOTATIONS'],
     );
     assert.match(checks.VERIFY_SIGNATURE('cosign:/nonexistent/cosign.pub') ?? '', /^VERIFY_SIGNATURE item 1: the key file "\/nonexistent\/cosign\.pub" cannot be read/);
+    assert.match(checks.DEPLOY_WINDOW('Mon-Fri 09:00-18:00 Mars/Olympus') ?? '', /^DEPLOY_WINDOW ".*": range 1 .*is not an IANA time zone/);
+    assert.match(checks.REQUIRE_APPROVAL('perhaps') ?? '', /^REQUIRE_APPROVAL "perhaps" is not a boolean/);
     assert.match(checks.UPDATE_POLICY('newest') ?? '', /^UPDATE_POLICY "newest" is not a policy: not one of all, semver:<range>/);
     assert.equal(checks.UPDATE_POLICY('semver:^1.4'), undefined);
     assert.match(checks.NOTIFY_ON_SKIP('maybe') ?? '', /^NOTIFY_ON_SKIP "maybe" is not a boolean/);

@@ -117,6 +117,28 @@ describe('webhook -validate', () => {
   });
 });
 
+describe('approvals and change windows', () => {
+  test('-validate shows per hook whether a push waits for an approval and for a change window', () => {
+    const dir = makeTempDir('validate-approvals-');
+    const hook = (id: string, settings: Record<string, string>) => ({
+      id, 'execute-command': '/webhooks.sh',
+      'pass-environment-to-command': Object.entries(settings).map(([envname, name]) => ({ envname, source: 'string', name })),
+    });
+    fs.writeFileSync(path.join(dir, 'hooks.json'), JSON.stringify([
+      hook('plain', { APP_NS: 'prod', APP_WORKLOAD: 'deployment/web' }),
+      hook('guarded', { APP_NS: 'prod', APP_WORKLOAD: 'deployment/web', REQUIRE_APPROVAL: 'true', APPROVAL_TIMEOUT: '2h',
+        DEPLOY_WINDOW: 'Mon-Fri 09:00-18:00 Asia/Shanghai', APPROVAL_OVERRIDE: 'true' }),
+    ]));
+    const r = validate(['-hooks', path.join(dir, 'hooks.json')]);
+    assert.equal(r.code, 0, r.stderr);
+    const [plain, guarded] = r.stdout.split(/^hook "guarded"/m);
+    assert.match(plain, /approval: not required \(the annotation webhook\/approval: required asks for one on a workload\)/);
+    assert.match(plain, /change window: always open \(the annotation webhook\/window sets one on a workload\)/);
+    assert.match(guarded, /approval: required \(REQUIRE_APPROVAL=true\): a push waits up to 2h0m0s for Approve or Reject/);
+    assert.match(guarded, /change window: Mon-Fri 09:00-18:00 Asia\/Shanghai: a push outside waits and is applied when it opens; an approval link may deploy now \(APPROVAL_OVERRIDE=true\)/);
+  });
+});
+
 describe('/webhooks.sh where no such file exists', { skip: fs.existsSync('/webhooks.sh') ? '/webhooks.sh exists on this machine' : false }, () => {
   test('the example seed hook runs the bundled upgrade in-process (a Docker Hub test ping is acknowledged)', async () => {
     const wh = await startWebhook({ hooks: EXAMPLES, args: ['-template'], env: { HOOK_TOKEN: 'ping-token' } });

@@ -1,0 +1,432 @@
+/*
+ * Approvals and change windows through the built executable, on the real test cluster: a push that needs an
+ * approval answers 202 and changes nothing but its pending entry (webhook/pending); its notifications carry the
+ * links in each chat's documented shape (DingTalk ActionCard, Feishu card buttons, WeCom template card, Slack
+ * buttons, JSON approveUrl/rejectUrl) and in the mail; chromium opens the approve link, the form decides, the
+ * workload changes and the result is told; a reject, a used, expired or tampered link, a GET alone; a newer push
+ * replacing a waiting one; the replica that recorded a push killed and another approving it; a replica that starts
+ * later expiring what another left; change windows that open a few seconds after the push, and far from UTC; the
+ * deliveries page's waiting rows and "Deploy again" in chromium. Screenshots are kept in test-artifacts/
+ * (git-ignored); with UPDATE_DOCS_SCREENSHOTS=1 they also replace the ones docs/approvals.md shows.
+ */
+import assert from 'node:assert/strict';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import { approvalToken } from '../webhook.ts';
+import { browserOrSkip, type Browser } from './browser.ts';
+import { acrImage, acrPayload, clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor, namespacedGetter, removeNamespace } from './cluster/kube.ts';
+import { httpRequest, makeTempDir, spawnWebhook, startWebhook, waitFor, waitForOutput, type Webhook } from './harness.ts';
+import { readMail, serviceMailEnv, startMta, type Mta } from './mta.ts';
+import { startReceiver, type Receiver } from './receiver.ts';
+import { fixedSettings, upgradeHook } from './upgrade-hooks.ts';
+
+const REPO = path.join(import.meta.dirname, '..');
+const TOKEN = 'approvals-token-4c1e7b93a2';
+const KEY = 'approval-key-6f0d2a9c4b7e1f3a8d5c2b9e0a7f4c1d';
+const PUBLIC_URL = 'https://webhook.example.test';
+const FORMATS = ['json', 'dingtalk', 'wecom', 'feishu', 'slack'];
+
+/** A screenshot for test-artifacts/, and for docs/ when asked to refresh the documentation's. */
+function keepScreenshot(name: string, png: Buffer): void {
+  const artifacts = path.join(REPO, 'test-artifacts');
+  fs.mkdirSync(artifacts, { recursive: true });
+  fs.writeFileSync(path.join(artifacts, name), png);
+  if (process.env.UPDATE_DOCS_SCREENSHOTS === '1') fs.writeFileSync(path.join(REPO, 'docs', name), png);
+}
+
+const stopAll: Webhook[] = [];
+const stopStarted = () => Promise.all(stopAll.splice(0).map((w) => w.stop()));
+async function started(opts: Parameters<typeof startWebhook>[0]): Promise<Webhook> {
+  const w = await startWebhook({ metrics: true, ...opts });
+  stopAll.push(w);
+  return w;
+}
+
+function keyFile(content = KEY): string {
+  const file = path.join(makeTempDir('approval-key-'), 'key');
+  fs.writeFileSync(file, `${content}\n`);
+  return file;
+}
+
+describe('flags, loading and -validate', () => {
+  test('-public-url and -approval-key-file go together, a short key or a bad URL is refused; usage lists them', async () => {
+    const hooks = [upgradeHook('deploy', TOKEN)];
+    for (const [args, message] of [
+      [['-public-url', PUBLIC_URL], 'give -public-url and -approval-key-file together: approval links need both'],
+      [['-public-url', 'ftp://x', '-approval-key-file', keyFile()], 'invalid value "ftp://x" for flag -public-url: give the http(s) address'],
+      [['-public-url', `${PUBLIC_URL}?a=1`, '-approval-key-file', keyFile()], `invalid value "${PUBLIC_URL}?a=1" for flag -public-url`],
+      [['-public-url', PUBLIC_URL, '-approval-key-file', keyFile('short-key')], 'the key is 9 bytes; use at least 32 (openssl rand -hex 32)'],
+      [['-public-url', PUBLIC_URL, '-approval-key-file', keyFile('<approval-key>')], 'the file still holds a placeholder'],
+    ] as const) {
+      const s = await spawnWebhook({ hooks, args: [...args] });
+      assert.equal((await s.exited).code, 2, s.output());
+      assert.ok(s.stderr().includes(message), s.stderr());
+      assert.ok(!s.stderr().includes('short-key'), 'the key is never shown');
+      assert.match(s.stderr(), /-public-url string\n\s+the address people reach this service at/);
+      assert.match(s.stderr(), /-approval-key-file string\n\s+file holding the key that signs approval links/);
+    }
+  });
+
+  test('a hook that requires approvals does not start without links, saying how', async () => {
+    const s = await spawnWebhook({ hooks: [upgradeHook('deploy', TOKEN, { REQUIRE_APPROVAL: 'true' })] });
+    assert.equal((await s.exited).code, 1, s.output());
+    assert.match(s.output(), /hook "deploy" sets REQUIRE_APPROVAL=true, but approval links cannot be made: start the service with -public-url URL \(the address people reach it at\) and -approval-key-file FILE/);
+  });
+
+  test('a malformed window or approval setting is a load error naming file, line and field', async () => {
+    const dir = makeTempDir('approvals-load-');
+    const file = path.join(dir, 'hooks.json');
+    const hook = upgradeHook('deploy', TOKEN, { DEPLOY_WINDOW: 'Mon-Fri 09:00-18:00 Mars/Olympus' });
+    fs.writeFileSync(file, JSON.stringify([hook], null, 2));
+    const line = fs.readFileSync(file, 'utf8').split('\n').findIndex((l) => l.includes('Mars/Olympus')) + 1;
+    const s = await spawnWebhook({ hooks: file });
+    assert.equal((await s.exited).code, 1, s.output());
+    assert.ok(s.output().includes(`${file}:${line}`), s.output());
+    assert.match(s.output(), /pass-environment-to-command\[\d\]\.name: DEPLOY_WINDOW "Mon-Fri 09:00-18:00 Mars\/Olympus": range 1 "Mon-Fri 09:00-18:00 Mars\/Olympus": "Mars\/Olympus" is not an IANA time zone/);
+    fs.writeFileSync(file, JSON.stringify([{ ...hook, 'pass-environment-to-command': [
+      { envname: 'REQUIRE_APPROVAL', source: 'url', name: 'approve' }] }], null, 2));
+    const fromUrl = await spawnWebhook({ hooks: file });
+    assert.equal((await fromUrl.exited).code, 1);
+    assert.match(fromUrl.output(), /REQUIRE_APPROVAL must be fixed in the hook file \("source": "string"\)/);
+  });
+});
+
+const cluster = await clusterOrSkip();
+const browser: Browser | undefined = cluster ? await browserOrSkip() : undefined;
+
+/** The token of a link made for -public-url, to be opened on a replica's own port. */
+const linkPath = (link: string) => {
+  assert.ok(link.startsWith(`${PUBLIC_URL}/approval/`), link);
+  return link.slice(PUBLIC_URL.length);
+};
+
+describe('approvals and windows on the real cluster', () => {
+  const skip = !cluster ? 'no cluster' : false;
+  const ns = freshNamespaceName('approvals');
+  let kubectl: ReturnType<typeof kubectlFor>;
+  let get: (what: string) => Promise<any>;
+  let rx: Receiver;
+  let mta: Mta;
+  let a: Webhook;
+  let b: Webhook;
+  let hooksFile: string;
+  let key: string;
+  const args = () => ['-public-url', PUBLIC_URL, '-approval-key-file', key, '-rollout-follow', '0s'];
+  const push = (w: Webhook, hook: string, workload: string, tag: string) => {
+    const q = new URLSearchParams({ token: TOKEN, ns, workload: `deployment/${workload}`, container: 'app', repo_type: 'regionalregistry' });
+    return w.request(`/hooks/${hook}?${q}`, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: acrPayload(tag) });
+  };
+  const image = async (name: string) => containerImage(await get(`deployment/${name}`), 'app');
+  const pending = async (name: string) => {
+    const raw = (await get(`deployment/${name}`)).metadata.annotations?.['webhook/pending'];
+    return raw ? JSON.parse(raw) : {};
+  };
+  /** The JSON result posted for a request (or any result whose decision is given). */
+  const posted = (match: (d: any) => boolean, what: string) => waitFor(
+    () => rx.requests.filter((r) => r.url.startsWith('/json')).map((r) => JSON.parse(r.body)).find(match),
+    { timeoutMs: 60_000, what },
+  );
+
+  before(async () => {
+    if (skip) return;
+    kubectl = kubectlFor(cluster!);
+    get = namespacedGetter(kubectl, ns);
+    await kubectl(['create', 'namespace', ns]);
+    const names = ['web', 'other', 'kill', 'win', 'far', 'page', 'left'];
+    await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items:
+      names.map((n) => deployment(n, [{ name: 'app', image: acrImage('v1') }], { replicas: 1 })) }));
+    [rx, mta] = await Promise.all([startReceiver(), startMta()]);
+    key = keyFile();
+    const notify = {
+      NOTIFY_URL: FORMATS.map((f) => `${rx.base}/${f}`).join(' '),
+      NOTIFY_FORMAT: FORMATS.join(','),
+      MAIL_TO: 'ops@example.com',
+    };
+    hooksFile = path.join(makeTempDir('approvals-hooks-'), 'hooks.json');
+    fs.writeFileSync(hooksFile, JSON.stringify([
+      upgradeHook('deploy', TOKEN, { REQUIRE_APPROVAL: 'true', ...notify }),
+      upgradeHook('plain', TOKEN, { NOTIFY_URL: `${rx.base}/json` }),
+      // Reaches one workload: a replica that starts finds what waits there.
+      { ...upgradeHook('fixed', TOKEN), 'pass-environment-to-command': fixedSettings({
+        APP_NS: ns, APP_WORKLOAD: 'deployment/left', APP_CONTAINER: 'app', REQUIRE_APPROVAL: 'true', NOTIFY_URL: `${rx.base}/json` }) },
+    ]));
+    const env = { KUBECONFIG: cluster!.kubeconfigPath, NOTIFY_CACERT: Buffer.from(rx.certPem).toString('base64'), ...serviceMailEnv(mta) };
+    [a, b] = await Promise.all([0, 1].map(() => started({ hooks: hooksFile, args: args(), env })));
+  });
+  after(async () => {
+    await stopStarted();
+    await browser?.close();
+    await rx?.close();
+    await mta?.stop();
+    if (!skip) await removeNamespace(kubectl, ns);
+  });
+
+  let first: { approve: string; reject: string; request: string };
+
+  test('an approval-required push answers 202, changes nothing but its pending entry, and every message carries the links', { skip }, async () => {
+    const res = await push(a, 'deploy', 'web', 'v2');
+    assert.equal(res.status, 202, res.body);
+    assert.match(res.body, /action: +waiting for approval until \d{4}-\d\d-\d\dT[\d:.]+Z\n/);
+    assert.equal(await image('web'), acrImage('v1'));
+    const entry = (await pending('web')).app;
+    assert.deepEqual([entry.image, entry.waitsFor, entry.hook, entry.request], [acrImage('v2'), 'approval', 'deploy', res.headers['x-request-id']]);
+    const request = String(res.headers['x-request-id']);
+    const bodies = await waitFor(() => {
+      const got = Object.fromEntries(FORMATS.map((f) => [f, rx.requests.find((r) => r.url === `/${f}` && r.body.includes(entry.image.split(':')[0]))]));
+      return Object.values(got).every(Boolean) ? Object.fromEntries(Object.entries(got).map(([f, r]) => [f, JSON.parse(r!.body)])) : undefined;
+    }, { timeoutMs: 60_000, what: 'the five notifications' });
+    const json = bodies.json;
+    assert.deepEqual([json.decision, json.request_id, json.waiting.for], ['waiting', request, 'approval']);
+    const { approveUrl, rejectUrl } = json;
+    linkPath(approveUrl);
+    linkPath(rejectUrl);
+    assert.notEqual(approveUrl, rejectUrl);
+    // DingTalk: an ActionCard with independent buttons (title, actionURL).
+    assert.equal(bodies.dingtalk.msgtype, 'actionCard');
+    assert.deepEqual(bodies.dingtalk.actionCard.btns, [{ title: 'Approve', actionURL: approveUrl }, { title: 'Reject', actionURL: rejectUrl }]);
+    assert.equal(bodies.dingtalk.actionCard.btnOrientation, '1');
+    // Feishu: an interactive card whose action element holds buttons that open URLs.
+    assert.equal(bodies.feishu.msg_type, 'interactive');
+    const action = bodies.feishu.card.elements.find((e: any) => e.tag === 'action');
+    assert.deepEqual(action.actions.map((x: any) => [x.tag, x.text.content, x.type, x.url]),
+      [['button', 'Approve', 'primary', approveUrl], ['button', 'Reject', 'danger', rejectUrl]]);
+    // WeCom: a text_notice template card with URL jumps (type 1) and its required card_action.
+    assert.equal(bodies.wecom.msgtype, 'template_card');
+    assert.equal(bodies.wecom.template_card.card_type, 'text_notice');
+    assert.deepEqual(bodies.wecom.template_card.jump_list, [{ type: 1, title: 'Approve', url: approveUrl }, { type: 1, title: 'Reject', url: rejectUrl }]);
+    assert.deepEqual(bodies.wecom.template_card.card_action, { type: 1, url: approveUrl });
+    // Slack: an actions block of link buttons.
+    const actions = bodies.slack.blocks.find((x: any) => x.type === 'actions');
+    assert.deepEqual(actions.elements.map((x: any) => [x.type, x.text.text, x.style, x.url]),
+      [['button', 'Approve', 'primary', approveUrl], ['button', 'Reject', 'danger', rejectUrl]]);
+    const mail = await waitFor(async () => (await mta.messages()).map(readMail).find((m) => m.body.includes(approveUrl)), { timeoutMs: 60_000, what: 'the mail' });
+    assert.ok(mail.body.includes(`reject: ${rejectUrl}`), mail.body);
+    // The links are keys: never in a log line.
+    assert.ok(!a.output().includes(linkPath(approveUrl).split('/')[2]), 'the approve link is logged');
+    assert.ok(!`${a.output()}${b.output()}${JSON.stringify(bodies)}${mail.body}`.includes(KEY), 'the signing key is shown');
+    first = { approve: approveUrl, reject: rejectUrl, request };
+  });
+
+  test('a GET alone never approves; a tampered, expired or foreign link is refused', { skip }, async () => {
+    for (let i = 0; i < 3; i++) {
+      const page = await a.request(linkPath(first.approve));
+      assert.equal(page.status, 200);
+      assert.match(page.body, /<h1>Approve this push\?<\/h1>/);
+      assert.match(String(page.headers['content-security-policy']), /form-action 'self'/);
+      assert.equal(page.headers['referrer-policy'], 'no-referrer');
+      assert.equal((await a.request(linkPath(first.approve), { method: 'HEAD' })).status, 200);
+    }
+    assert.equal(await image('web'), acrImage('v1'));
+    assert.equal((await pending('web')).app.request, first.request);
+    const [body, signature] = linkPath(first.approve).slice('/approval/'.length).split('.');
+    const claims = JSON.parse(Buffer.from(body, 'base64url').toString());
+    const forged = Buffer.from(JSON.stringify({ ...claims, name: 'other' })).toString('base64url');
+    const tampered = await a.request(`/approval/${forged}.${signature}`, { method: 'POST', body: 'name=eve', headers: { 'Content-Type': 'application/x-www-form-urlencoded' } });
+    assert.equal(tampered.status, 403);
+    assert.match(tampered.body, /not signed by this service/);
+    const expired = approvalToken(Buffer.from(KEY), { ...claims, exp: Date.now() - 1000 });
+    const late = await a.request(`/approval/${expired}`, { method: 'POST', body: 'name=eve', headers: { 'Content-Type': 'application/x-www-form-urlencoded' } });
+    assert.equal(late.status, 410);
+    assert.match(late.body, /the link expired at/);
+    const other = approvalToken(Buffer.from(KEY.replace('a', 'b')), claims);
+    assert.equal((await a.request(`/approval/${other}`)).status, 403);
+    const noName = await a.request(linkPath(first.approve), { method: 'POST', body: 'name=', headers: { 'Content-Type': 'application/x-www-form-urlencoded' } });
+    assert.equal(noName.status, 400);
+    assert.match(noName.body, /Give your name/);
+    assert.equal(await image('web'), acrImage('v1'));
+  });
+
+  test('chromium opens the approve link, the form decides: the workload changes, the result is told; the link works once', { skip: skip || !browser ? 'no cluster or browser' : false }, async () => {
+    const page = await browser!.open(`${a.url}${linkPath(first.approve)}`);
+    await page.viewport(900, 700);
+    keepScreenshot('approval-confirmation.png', await page.screenshot());
+    const loads = page.loads();
+    await page.evaluate(`document.querySelector('input[name=name]').value = 'Li Lei'; document.querySelector('form button').click()`);
+    await waitFor(() => page.loads() > loads, { timeoutMs: 30_000, what: 'the form to be posted' });
+    assert.match(await page.evaluate<string>('document.querySelector("h1").textContent'), /^Approved$/);
+    await page.close();
+    await waitFor(async () => (await image('web')) === acrImage('v2'), { timeoutMs: 30_000, what: 'the approved image' });
+    assert.deepEqual(await pending('web'), {});
+    const told = await posted((d) => d.decision === 'applied' && d.workload === 'deployment/web', 'the approved result');
+    assert.match(told.report, /note: +approved by Li Lei \(127\.0\.0\.1, by link\)/);
+    const again = await a.request(linkPath(first.approve), { method: 'POST', body: 'name=again', headers: { 'Content-Type': 'application/x-www-form-urlencoded' } });
+    assert.equal(again.status, 410);
+    assert.match(again.body, /the link works once/);
+    assert.equal((await b.request(linkPath(first.reject))).status, 410, 'another replica finds nothing either');
+  });
+
+  test('a reject leaves the workload and is told; a newer push replaces a waiting one', { skip }, async () => {
+    const older = await push(a, 'deploy', 'other', 'v3');
+    assert.equal(older.status, 202);
+    const olderLinks = await posted((d) => d.request_id === older.headers['x-request-id'], 'the waiting v3');
+    const newer = await push(a, 'deploy', 'other', 'v4');
+    assert.equal(newer.status, 202);
+    assert.match(newer.body, new RegExp(`note: +the waiting push of ${acrImage('v3').replace(/[.]/g, '\\.')} \\(request ${older.headers['x-request-id']}, pushed at [^)]+\\) is superseded`));
+    const superseded = await posted((d) => d.request_id === older.headers['x-request-id'] && d.decision !== 'waiting', 'the older push reported');
+    assert.match(superseded.detail, new RegExp(`^superseded: a newer push, .*:v4 \\(request ${newer.headers['x-request-id']}\\), replaced it while it waited$`));
+    const gone = await a.request(linkPath(olderLinks.approveUrl), { method: 'POST', body: 'name=x', headers: { 'Content-Type': 'application/x-www-form-urlencoded' } });
+    assert.equal(gone.status, 410);
+    const newerLinks = await posted((d) => d.request_id === newer.headers['x-request-id'], 'the waiting v4');
+    const rejected = await b.request(linkPath(newerLinks.rejectUrl), { method: 'POST', body: 'name=Han+Meimei', headers: { 'Content-Type': 'application/x-www-form-urlencoded' } });
+    assert.equal(rejected.status, 200, rejected.body);
+    assert.match(rejected.body, /<h1 class="ok">Rejected<\/h1>/);
+    assert.equal(await image('other'), acrImage('v1'));
+    assert.deepEqual(await pending('other'), {});
+    const told = await posted((d) => d.decision === 'rejected' && d.workload === 'deployment/other', 'the rejection');
+    assert.match(told.detail, /rejected by Han Meimei \(127\.0\.0\.1, by link\)/);
+  });
+
+  test('an approved push goes through the same checks: a policy set meanwhile skips it, and it no longer waits', { skip }, async () => {
+    await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(deployment('policy', [{ name: 'app', image: acrImage('v1') }], { replicas: 1 })));
+    const res = await push(a, 'deploy', 'policy', 'v12');
+    assert.equal(res.status, 202);
+    const links = await posted((d) => d.request_id === res.headers['x-request-id'], 'the waiting v12');
+    await kubectl(['-n', ns, 'annotate', 'deployment/policy', 'webhook/policy=glob:release-*']);
+    const approved = await a.request(linkPath(links.approveUrl), { method: 'POST', body: 'name=Sun', headers: { 'Content-Type': 'application/x-www-form-urlencoded' } });
+    assert.equal(approved.status, 200, approved.body);
+    const told = await posted((d) => d.decision === 'skipped by policy' && d.workload === 'deployment/policy', 'the skipped approval');
+    assert.match(told.detail, /glob:release-\*/);
+    assert.equal(await image('policy'), acrImage('v1'));
+    assert.deepEqual(await pending('policy'), {}, 'decided: it waits no more');
+  });
+
+  test('the replica that recorded the pending push is killed; another approves it', { skip }, async () => {
+    const res = await push(a, 'deploy', 'kill', 'v5');
+    assert.equal(res.status, 202);
+    const links = await posted((d) => d.request_id === res.headers['x-request-id'], 'the waiting v5');
+    a.proc.kill('SIGKILL');
+    await a.exited;
+    const approved = await b.request(linkPath(links.approveUrl), { method: 'POST', body: 'name=Wang', headers: { 'Content-Type': 'application/x-www-form-urlencoded' } });
+    assert.equal(approved.status, 200, approved.body);
+    await waitFor(async () => (await image('kill')) === acrImage('v5'), { timeoutMs: 30_000, what: 'the image approved on b' });
+  });
+
+  test('a replica that starts finds what another left on the workloads its hooks reach: an expired push is told', { skip }, async () => {
+    const entry = {
+      id: 'left-1', hook: 'fixed', request: 'left-request', image: acrImage('v6'), push: 'sha256:x|t',
+      pushedAt: new Date(Date.now() - 3_600_000).toISOString(), timeFrom: 'payload', receivedAt: new Date(Date.now() - 3_600_000).toISOString(),
+      waitsFor: 'approval', until: new Date(Date.now() - 1000).toISOString(), decides: 'whoever opens its links',
+    };
+    await kubectl(['-n', ns, 'annotate', 'deployment/left', `webhook/pending=${JSON.stringify({ app: entry })}`]);
+    const env = { KUBECONFIG: cluster!.kubeconfigPath, NOTIFY_CACERT: Buffer.from(rx.certPem).toString('base64') };
+    const c = await started({ hooks: hooksFile, args: args(), env });
+    const told = await posted((d) => d.decision === 'expired' && d.workload === 'deployment/left', 'the expired push');
+    assert.match(told.detail, /expired: nobody decided by/);
+    assert.deepEqual(await pending('left'), {});
+    assert.equal(await image('left'), acrImage('v1'));
+    await c.stop();
+  });
+
+  test('a window that opens a few seconds after the push: it waits, then applies', { skip }, async () => {
+    // The next minute at least 8 s away: windows are given in minutes.
+    let opens = Math.ceil(Date.now() / 60_000) * 60_000;
+    if (opens - Date.now() < 8_000) opens += 60_000;
+    const hhmm = (ms: number) => new Date(ms).toISOString().slice(11, 16);
+    const window = `daily ${hhmm(opens)}-${hhmm(opens + 10 * 60_000)} UTC`;
+    const file = path.join(makeTempDir('approvals-window-'), 'hooks.json');
+    fs.writeFileSync(file, JSON.stringify([upgradeHook('win', TOKEN, { DEPLOY_WINDOW: window, NOTIFY_URL: `${rx.base}/json` })]));
+    const env = { KUBECONFIG: cluster!.kubeconfigPath, NOTIFY_CACERT: Buffer.from(rx.certPem).toString('base64') };
+    const w = await started({ hooks: file, args: args(), env });
+    const res = await push(w, 'win', 'win', 'v7');
+    assert.equal(res.status, 202, res.body);
+    assert.ok(res.body.includes(`action:`) && res.body.includes(`waiting for the change window ${window}, opens ${new Date(opens).toISOString()}`), res.body);
+    assert.equal(await image('win'), acrImage('v1'));
+    await waitFor(async () => (await image('win')) === acrImage('v7'), { timeoutMs: 90_000, what: 'the window to open and the push to apply' });
+    assert.ok(Date.now() >= opens, 'applied before the window opened');
+    const told = await posted((d) => d.decision === 'applied' && d.workload === 'deployment/win', 'the applied push');
+    assert.match(told.report, /note: +applied by the change window daily/);
+  });
+
+  test('outside a window in a zone far from UTC (Asia/Kathmandu, +05:45) the push waits for its local opening', { skip }, async () => {
+    // A window that opens two hours from now, written in Kathmandu's wall clock.
+    const opens = Math.ceil((Date.now() + 2 * 3_600_000) / 60_000) * 60_000;
+    const local = new Date(opens + (5 * 60 + 45) * 60_000).toISOString().slice(11, 16);
+    const end = new Date(opens + (5 * 60 + 45) * 60_000 + 30 * 60_000).toISOString().slice(11, 16);
+    const window = `daily ${local}-${end} Asia/Kathmandu`;
+    const q = new URLSearchParams({ token: TOKEN, ns, workload: 'deployment/far', container: 'app', repo_type: 'regionalregistry' });
+    await kubectl(['-n', ns, 'annotate', 'deployment/far', `webhook/window=${window}`]);
+    const res = await b.request(`/hooks/plain?${q}`, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: acrPayload('v8') });
+    assert.equal(res.status, 202, res.body);
+    assert.ok(res.body.includes(`waiting for the change window ${window}, opens ${new Date(opens).toISOString()}`), res.body);
+    assert.equal(await image('far'), acrImage('v1'));
+    assert.equal((await pending('far')).app.opensAt, new Date(opens).toISOString());
+    await kubectl(['-n', ns, 'annotate', 'deployment/far', 'webhook/window=Mon 09:00-10:00 Mars/Olympus', '--overwrite']);
+    const bad = await b.request(`/hooks/plain?${q}`, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: acrPayload('v9') });
+    assert.equal(bad.status, 500);
+    assert.match(bad.body, /annotation webhook\/window "Mon 09:00-10:00 Mars\/Olympus": range 1 .*"Mars\/Olympus" is not an IANA time zone/);
+  });
+
+  test('approved while the window is closed, a push waits for the window; "Deploy now" (APPROVAL_OVERRIDE) deploys it at once', { skip }, async () => {
+    // A window that opens in two hours: closed now.
+    const opens = new Date(Math.ceil((Date.now() + 2 * 3_600_000) / 60_000) * 60_000);
+    const window = `daily ${opens.toISOString().slice(11, 16)}-${new Date(opens.getTime() + 1_800_000).toISOString().slice(11, 16)} UTC`;
+    const file = path.join(makeTempDir('approvals-override-'), 'hooks.json');
+    fs.writeFileSync(file, JSON.stringify([upgradeHook('now', TOKEN, {
+      REQUIRE_APPROVAL: 'true', DEPLOY_WINDOW: window, APPROVAL_OVERRIDE: 'true', NOTIFY_URL: `${rx.base}/json` })]));
+    const env = { KUBECONFIG: cluster!.kubeconfigPath, NOTIFY_CACERT: Buffer.from(rx.certPem).toString('base64') };
+    const w = await started({ hooks: file, args: args(), env });
+    await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(deployment('now', [{ name: 'app', image: acrImage('v1') }], { replicas: 1 })));
+    const res = await push(w, 'now', 'now', 'v11');
+    assert.equal(res.status, 202, res.body);
+    assert.match(res.body, new RegExp(`waiting for approval until [^,]+, then for the change window ${window}, opens ${opens.toISOString()}`));
+    const waiting = await posted((d) => d.request_id === res.headers['x-request-id'], 'the waiting push');
+    assert.ok(waiting.approveUrl && waiting.rejectUrl && waiting.deployNowUrl, JSON.stringify(waiting));
+    const form = { method: 'POST', body: 'name=Zhao', headers: { 'Content-Type': 'application/x-www-form-urlencoded' } };
+    const approved = await w.request(linkPath(waiting.approveUrl), form);
+    assert.equal(approved.status, 200, approved.body);
+    assert.equal(await image('now'), acrImage('v1'), 'approved, but the window is closed');
+    const entry = (await pending('now')).app;
+    assert.deepEqual([entry.waitsFor, entry.approvedBy], ['window', 'Zhao (127.0.0.1, by link)']);
+    const told = await posted((d) => d.decision === 'approved' && d.workload === 'deployment/now', 'the approval told');
+    assert.equal((await w.request(linkPath(waiting.deployNowUrl), form)).status, 410, 'the first links were used up');
+    const now = await w.request(linkPath(told.deployNowUrl), form);
+    assert.equal(now.status, 200, now.body);
+    await waitFor(async () => (await image('now')) === acrImage('v11'), { timeoutMs: 30_000, what: 'the push deployed now' });
+  });
+
+  test('the deliveries page lists waiting pushes with Approve and Reject; "Deploy again" replays a past push; refused without the admin token', { skip: skip || !browser ? 'no cluster or browser' : false }, async () => {
+    const res = await push(b, 'deploy', 'page', 'v10');
+    assert.equal(res.status, 202);
+    const admin = Number(/serving deliveries on http:\/\/127\.0\.0\.1:(\d+)/.exec(await waitForOutput(b, /serving deliveries on/))![1]);
+    const page = await browser!.open(`http://127.0.0.1:${admin}/deliveries`);
+    await page.viewport(1400, 900);
+    await waitFor(async () => (await page.evaluate<number>(`document.querySelectorAll('table.waiting tbody tr').length`)) > 0
+      || (await page.goto(`http://127.0.0.1:${admin}/deliveries`), false), { timeoutMs: 30_000, what: 'the waiting row' });
+    keepScreenshot('approval-waiting.png', await page.screenshot());
+    const row = `[...document.querySelectorAll('table.waiting tbody tr')].find((r) => r.textContent.includes('deployment/page'))`;
+    const buttons = await page.evaluate<string[]>(`[...${row}.querySelectorAll('button')].map((b) => b.textContent)`);
+    assert.deepEqual(buttons, ['Approve', 'Reject']);
+    // The push waiting for its window only (deployment/far) may be rejected, not approved.
+    const far = `[...document.querySelectorAll('table.waiting tbody tr')].find((r) => r.textContent.includes('deployment/far'))`;
+    const farButtons = await page.evaluate<string[] | null>(`(${far}) ? [...${far}.querySelectorAll('button')].map((b) => b.textContent) : null`);
+    if (farButtons) assert.deepEqual(farButtons, ['Reject']);
+    let loads = page.loads();
+    await page.evaluate(`${row}.querySelector('input[name=name]').value = 'Ops Zhang'; ${row}.querySelector('button[value=approve]').click()`);
+    await waitFor(() => page.loads() > loads, { timeoutMs: 30_000, what: 'the approval to be posted' });
+    assert.equal(await page.evaluate<string>('document.querySelector("h1")?.textContent ?? document.body.innerText'), 'Approved');
+    await waitFor(async () => (await image('page')) === acrImage('v10'), { timeoutMs: 30_000, what: 'the approved image' });
+    // Deploy again: set the image back by hand, then replay the approved push from the page.
+    await kubectl(['-n', ns, 'set', 'image', 'deployment/page', `app=${acrImage('v1')}`]);
+    await page.goto(`http://127.0.0.1:${admin}/deliveries`);
+    const replayable = await waitFor(() => page.evaluate<number>(`document.querySelectorAll('form[action="deliveries/replay"]').length`), { what: 'a Deploy again button' });
+    assert.ok(replayable > 0);
+    loads = page.loads();
+    await page.evaluate(`(() => { const f = [...document.querySelectorAll('form[action="deliveries/replay"]')]
+      .find((f) => f.closest('tr').textContent.includes('deployment/page')); f.querySelector('input[name=name]').value = 'Ops Zhang'; f.querySelector('button').click(); })()`);
+    await waitFor(() => page.loads() > loads, { timeoutMs: 30_000, what: 'the replay to be posted' });
+    const replayed = await page.evaluate<string>('document.querySelector("pre").textContent');
+    assert.match(replayed, /note: +deployed again by Ops Zhang \(127\.0\.0\.1, admin token\)/);
+    await page.close();
+    // The page: the push's hold (ON_OUTSIDE_CHANGE=hold) still applies to a replay: the same checks.
+    assert.match(replayed, /action: +(image updated|none \(held)/);
+    // Without the admin token a replica that asks for one refuses the form.
+    const guarded = await started({ hooks: hooksFile, args: [...args(), '-admin-token', 'admin-token-81f2c9'], env: { KUBECONFIG: cluster!.kubeconfigPath } });
+    const guardedAdmin = Number(/serving deliveries on http:\/\/127\.0\.0\.1:(\d+)/.exec(await waitForOutput(guarded, /serving deliveries on/))![1]);
+    const refused = await httpRequest(guardedAdmin, '/deliveries/replay', { method: 'POST', body: 'seq=1&name=x', headers: { 'Content-Type': 'application/x-www-form-urlencoded' } });
+    assert.equal(refused.status, 401);
+    const elsewhere = await httpRequest(guardedAdmin, '/deliveries/decide', { method: 'POST', body: 'name=x', headers: {
+      'Content-Type': 'application/x-www-form-urlencoded', Authorization: 'Bearer admin-token-81f2c9', Origin: 'https://evil.example' } });
+    assert.equal(elsewhere.status, 403);
+  });
+});
