@@ -2910,8 +2910,8 @@ export function satisfiesRange(v: Version, range: SemverRange): boolean {
 //    withDeadline bounds any other wait (the SMTP client's socket steps). Scrubber takes known secrets out of text
 //    leaving the program, in every form an encoding may have given them (URL, base64, JSON, HTML). Used by the SMTP,
 //    Kubernetes and registry clients and the notifications.
-//    Exports: Attempt, clientTlsOptions, OutboundAnswer, OutboundError, outboundRequest, retryAfterSeconds, retrying,
-//    Scrubber, TokenBucket, withDeadline.
+//    Exports: Attempt, clientTlsOptions, OutboundAnswer, OutboundError, outboundRequest, RETRY_BACKOFF,
+//    retryAfterSeconds, retryDelay, retrying, Scrubber, TokenBucket, withDeadline.
 //    Tests: test/burst.test.ts, test/outbound.test.ts, test/upgrade.test.ts.
 // ================================================================================================
 
@@ -3981,9 +3981,10 @@ export async function sendWithRetry(
 //    are retried by the policy of the outbound-calls chapter (retrying) inside a bounded total time, and every call
 //    of one client waits its turn in one token bucket (client-go's QPS and burst). Failures become KubeErrors that
 //    name the verb and the resource, and for 403 the permission missing. The token is only ever put in the
-//    Authorization header.
+//    Authorization header. Watches are shared: one WATCH per collection (or object) and selector per client, resumed
+//    from the last resourceVersion seen, re-listed on 410 Gone, closed with its last subscriber (KubeClient.watch).
 //    Exports: credentialsFromEnvironment, describeResource, JsonPatchOperation, KubeClient, KubeError, ResourceRef.
-//    Tests: test/burst.test.ts, test/rollback.test.ts, test/upgrade.test.ts.
+//    Tests: test/burst.test.ts, test/rollback.test.ts, test/upgrade.test.ts, test/watch.test.ts.
 // ================================================================================================
 
 const KUBE_LIMITS = {
@@ -4054,7 +4055,7 @@ export interface ResourceRef {
   name?: string;
 }
 
-type KubeVerb = 'get' | 'list' | 'patch' | 'create' | 'delete';
+type KubeVerb = 'get' | 'list' | 'watch' | 'patch' | 'create' | 'delete';
 
 /** `deployments.apps "web" in namespace "prod"`: how kubectl and RBAC name a resource. */
 export function describeResource(r: ResourceRef): string {
@@ -4249,6 +4250,8 @@ interface KubeClientOptions {
   retryBudgetMs?: number;
   /** The bound on the request rate; by default requestsPerSecond and requestBurst of KUBE_LIMITS. */
   rate?: TokenBucket;
+  /** How long the API server keeps one watch open before it is resumed; by default WATCH_LIMITS.timeoutSeconds. */
+  watchTimeoutSeconds?: number;
 }
 
 export class KubeClient {
@@ -4260,6 +4263,10 @@ export class KubeClient {
   private readonly requestTimeoutMs: number;
   private readonly retryBudgetMs: number;
   private readonly rate: TokenBucket;
+  readonly watchTimeoutSeconds: number;
+  /** This client's shared watches by scope (each cluster's client has its own), and those refused until when. */
+  private readonly watches = new Map<string, SharedWatch>();
+  private readonly refusedWatches = new Map<string, { until: number; error: KubeError }>();
 
   constructor(credentials: KubeCredentials, options: KubeClientOptions = {}) {
     this.credentials = credentials;
@@ -4269,6 +4276,7 @@ export class KubeClient {
     this.requestTimeoutMs = options.requestTimeoutMs ?? KUBE_LIMITS.requestTimeoutMs;
     this.retryBudgetMs = options.retryBudgetMs ?? KUBE_LIMITS.retryBudgetMs;
     this.rate = options.rate ?? new TokenBucket(KUBE_LIMITS.requestsPerSecond, KUBE_LIMITS.requestBurst);
+    this.watchTimeoutSeconds = options.watchTimeoutSeconds ?? WATCH_LIMITS.timeoutSeconds;
     // One keep-alive agent per client: the TLS handshake is paid once, not on every call.
     const trust = {
       onlyCa: credentials.ca,
@@ -4327,9 +4335,89 @@ export class KubeClient {
     }
   }
 
-  /** Closes idle keep-alive connections. */
+  /** Closes the watches and idle keep-alive connections. */
   close(): void {
+    for (const w of this.watches.values()) w.close();
+    this.watches.clear();
     this.agent.destroy();
+  }
+
+  /**
+   * Subscribes to the changes of a collection (or of one object) from `resourceVersion` on (from a
+   * list when undefined), through the one WATCH this client shares among every subscriber of the
+   * same scope; the function returned unsubscribes, and the last to leave closes the watch. A
+   * watch refused (403) is remembered for WATCH_LIMITS.refusedMemoryMs: `failed` is called at once.
+   */
+  watch(scope: WatchScope, resourceVersion: string | undefined, subscriber: WatchSubscriber): () => void {
+    const key = watchKey(scope);
+    const refused = this.refusedWatches.get(key);
+    if (refused && refused.until > Date.now()) {
+      queueMicrotask(() => subscriber.failed(refused.error));
+      return () => undefined;
+    }
+    let shared = this.watches.get(key);
+    if (!shared) {
+      const created = new SharedWatch(this, scope, resourceVersion, (e) => {
+        if (this.watches.get(key) === created) this.watches.delete(key);
+        if (e.status !== 403) return;
+        this.refusedWatches.set(key, { until: Date.now() + WATCH_LIMITS.refusedMemoryMs, error: e });
+      });
+      this.watches.set(key, (shared = created));
+    }
+    const w = shared;
+    w.subscribers.add(subscriber);
+    return () => {
+      w.subscribers.delete(subscriber);
+      if (w.subscribers.size > 0) return;
+      w.close();
+      if (this.watches.get(key) === w) this.watches.delete(key);
+    };
+  }
+
+  /** The objects the running watch of this scope has seen by name (what a subscriber joining late starts from). */
+  watched(scope: WatchScope): ReadonlyMap<string, Record<string, unknown>> | undefined {
+    return this.watches.get(watchKey(scope))?.objects;
+  }
+
+  /** The scopes watched now and the requests each has made (watches, resumptions, re-lists). */
+  watchesOpen(): { scope: string; requests: number }[] {
+    return [...this.watches].map(([scope, w]) => ({ scope, requests: w.requests }));
+  }
+
+  /** One WATCH request, its turn taken like any call's: the streaming answer, or a KubeError for an error answer. */
+  async openWatch(
+    r: ResourceRef,
+    query: Record<string, string>,
+    onRequest: (req: http.ClientRequest) => void,
+  ): Promise<{ req: http.ClientRequest; res: http.IncomingMessage }> {
+    const turn = this.rate.reserve(this.retryBudgetMs);
+    if (turn === undefined) throw this.rateLimited('watch', r);
+    if (turn > 0) await sleep(turn);
+    const url = new URL(`${this.server}${resourcePath({ ...r, name: undefined })}?${new URLSearchParams(query)}`);
+    const headers: Record<string, string> = { Accept: 'application/json', 'User-Agent': `webhook/${VERSION}` };
+    const authorization = await this.authorization('watch', r);
+    if (authorization !== undefined) headers.Authorization = authorization;
+    return new Promise((resolve, reject) => {
+      const req = https.request(url, { method: 'GET', headers, agent: this.agent });
+      onRequest(req);
+      const timer = setTimeout(() => req.destroy(new Error('no answer')), this.requestTimeoutMs);
+      req.on('error', (e: NodeJS.ErrnoException) => {
+        clearTimeout(timer);
+        const why = `the API server ${this.server} did not answer (${e.code ?? e.message})`;
+        reject(new KubeError(`cannot watch ${describeResource(r)}: ${why}`, 0, e.code ?? 'ECONNRESET'));
+      });
+      req.on('response', (res) => {
+        clearTimeout(timer);
+        if (res.statusCode === 200) return resolve({ req, res });
+        const chunks: Buffer[] = [];
+        res.on('data', (c: Buffer) => chunks.push(c));
+        res.on('end', () => {
+          const answer = { status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(chunks).toString() };
+          reject(this.answerError('watch', r, answer));
+        });
+      });
+      req.end();
+    });
   }
 
   private async call<T>(
@@ -4537,6 +4625,223 @@ function forbiddenSubject(serverMessage: string): string {
 export type JsonPatchOperation =
   | { op: 'test' | 'add' | 'replace'; path: string; value: unknown }
   | { op: 'remove'; path: string };
+
+// ---- watches ----------------------------------------------------------------------------------
+
+const WATCH_LIMITS = {
+  // The API server ends a watch after timeoutSeconds; client-go's reflectors ask for 5 to 10
+  // minutes. The watch then goes on from the last resourceVersion seen: one request per shared
+  // watch every 5 minutes, whatever the number of follows it serves.
+  timeoutSeconds: 300,
+  // Nothing at all (not even a bookmark, which the API server sends about once a minute) for this
+  // long past the watch's own timeout: the connection is taken as dead and the watch resumed.
+  silenceMs: 360_000,
+  // A watch refused (403) is not asked for again for this long: its follows poll meanwhile, each
+  // without a refused request first; past it, a grant given since is used.
+  refusedMemoryMs: 10 * 60_000,
+};
+
+/** A change of one object of a watched collection. A re-list (after 410 Gone) sends every listed object as MODIFIED. */
+interface WatchEvent {
+  type: 'ADDED' | 'MODIFIED' | 'DELETED';
+  object: Record<string, unknown>;
+}
+
+/** What a subscriber of a watch is told. */
+interface WatchSubscriber {
+  event(e: WatchEvent): void;
+  /** The watch cannot go on (refused: 403 without the watch verb; the API is gone: 404): no more events come. */
+  failed(e: KubeError): void;
+}
+
+/** A watched collection: `ref` without a name is the namespace's collection, with one that object alone. */
+interface WatchScope {
+  ref: ResourceRef;
+  labelSelector?: string;
+}
+
+function watchQuery(scope: WatchScope): Record<string, string> {
+  const q: Record<string, string> = {};
+  if (scope.labelSelector) q.labelSelector = scope.labelSelector;
+  // A name is asked for as a field selector: RBAC grants it through resourceNames, as it does a get.
+  if (scope.ref.name !== undefined) q.fieldSelector = `metadata.name=${scope.ref.name}`;
+  return q;
+}
+
+const metaOf = (o: unknown, field: string): string | undefined => {
+  const meta = isObject(o) && isObject(o.metadata) ? o.metadata : {};
+  return typeof meta[field] === 'string' ? meta[field] : undefined;
+};
+
+/**
+ * One WATCH of a collection, shared by every subscriber of the same scope on one client: started
+ * at a resourceVersion (the caller's, from an answer it has; else from a list), resumed from the
+ * last resourceVersion seen (bookmarks on) when the API server ends it or the connection drops,
+ * with the outbound-calls backoff (retryDelay) between failed tries; re-listed on 410 Gone; ended
+ * for good on 401/403/404 (failed()) or when its last subscriber leaves (close()). The objects
+ * seen are kept by name (`objects`), so a subscriber that joins late reads the present state.
+ */
+class SharedWatch {
+  readonly subscribers = new Set<WatchSubscriber>();
+  readonly objects = new Map<string, Record<string, unknown>>();
+  /** Requests this watch made (watches and re-lists): tests and the metrics read it. */
+  requests = 0;
+  private resourceVersion: string | undefined;
+  private failures = 0;
+  private closed = false;
+  private stream?: http.ClientRequest;
+  private retryTimer?: NodeJS.Timeout;
+  private readonly client: KubeClient;
+  private readonly scope: WatchScope;
+  private readonly onFailed: (e: KubeError) => void;
+
+  constructor(
+    client: KubeClient,
+    scope: WatchScope,
+    resourceVersion: string | undefined,
+    onFailed: (e: KubeError) => void,
+  ) {
+    this.client = client;
+    this.scope = scope;
+    this.resourceVersion = resourceVersion;
+    this.onFailed = onFailed;
+    void this.connect();
+  }
+
+  close(): void {
+    this.closed = true;
+    clearTimeout(this.retryTimer);
+    this.stream?.destroy();
+  }
+
+  private deliver(e: WatchEvent): void {
+    const name = metaOf(e.object, 'name');
+    if (name !== undefined) {
+      if (e.type === 'DELETED') this.objects.delete(name);
+      else this.objects.set(name, e.object);
+    }
+    for (const s of [...this.subscribers]) s.event(e);
+  }
+
+  private fail(e: KubeError): void {
+    this.close();
+    this.onFailed(e);
+    for (const s of [...this.subscribers]) s.failed(e);
+  }
+
+  /** The next try after a failure, later each time (retryDelay's backoff; the budget is the watch's life). */
+  private retry(failure: { status?: number; code?: string; retryAfterSeconds?: number }): void {
+    if (this.closed) return;
+    const wait = retryDelay({ ...failure, transient: true }, this.failures++, Infinity) ?? RETRY_BACKOFF.maxMs;
+    this.retryTimer = setTimeout(() => void this.connect(), wait);
+  }
+
+  /** A list of the scope: its objects sent as MODIFIED, the watch then goes on from the list's resourceVersion. */
+  private async relist(): Promise<boolean> {
+    this.requests++;
+    try {
+      type List = { items?: Record<string, unknown>[]; metadata?: { resourceVersion?: string } };
+      const list = await this.client.list<List>(this.scope.ref, watchQuery(this.scope));
+      if (this.closed) return false;
+      this.resourceVersion = list.metadata?.resourceVersion;
+      for (const object of list.items ?? []) this.deliver({ type: 'MODIFIED', object });
+      return true;
+    } catch (e) {
+      const k = e instanceof KubeError ? e : new KubeError(String(e), 0, '');
+      if ([401, 403, 404].includes(k.status)) this.fail(k);
+      else this.retry({ status: k.status || undefined, code: k.reason });
+      return false;
+    }
+  }
+
+  private async connect(): Promise<void> {
+    if (this.closed) return;
+    if (this.resourceVersion === undefined && !(await this.relist())) return;
+    const query = {
+      ...watchQuery(this.scope),
+      watch: '1',
+      allowWatchBookmarks: 'true',
+      resourceVersion: this.resourceVersion ?? '',
+      timeoutSeconds: String(this.client.watchTimeoutSeconds),
+    };
+    this.requests++;
+    let opened: Awaited<ReturnType<KubeClient['openWatch']>>;
+    try {
+      opened = await this.client.openWatch(this.scope.ref, query, (req) => (this.stream = req));
+    } catch (e) {
+      if (e instanceof KubeError && e.status === 410) {
+        this.resourceVersion = undefined;
+        return void this.connect();
+      }
+      if (e instanceof KubeError && [401, 403, 404].includes(e.status)) return this.fail(e);
+      const k = e as KubeError;
+      return this.retry({ status: k.status || undefined, code: k.reason });
+    }
+    if (this.closed) return void opened.req.destroy();
+    this.read(opened.res, opened.req);
+  }
+
+  /** Reads the stream's lines (one event each) until it ends, then resumes. */
+  private read(res: http.IncomingMessage, req: http.ClientRequest): void {
+    let buffered = '';
+    let gone = false;
+    const silence = () => setTimeout(() => req.destroy(new Error('watch silent')), WATCH_LIMITS.silenceMs);
+    let timer = silence();
+    res.setEncoding('utf8');
+    res.on('data', (chunk: string) => {
+      clearTimeout(timer);
+      timer = silence();
+      buffered += chunk;
+      for (let nl = buffered.indexOf('\n'); nl >= 0 && !gone; nl = buffered.indexOf('\n')) {
+        const line = buffered.slice(0, nl);
+        buffered = buffered.slice(nl + 1);
+        gone = this.line(line) === 'gone';
+        if (gone) req.destroy();
+      }
+    });
+    let ended = false;
+    const end = (failed: boolean) => {
+      if (ended) return;
+      ended = true;
+      clearTimeout(timer);
+      if (this.closed) return;
+      if (gone) {
+        this.resourceVersion = undefined;
+        return void this.connect();
+      }
+      if (failed) return this.retry({ code: 'ECONNRESET' });
+      this.failures = 0;
+      void this.connect();
+    };
+    res.on('end', () => end(false));
+    res.on('error', () => end(true));
+    req.on('error', () => end(true));
+    req.on('close', () => end(!res.complete));
+  }
+
+  /** One line of the stream; 'gone' when the API server no longer has the resourceVersion (410). */
+  private line(text: string): 'gone' | undefined {
+    if (text.trim() === '') return undefined;
+    let e: { type?: string; object?: Record<string, unknown> };
+    try {
+      e = JSON.parse(text);
+    } catch {
+      return undefined;
+    }
+    const object = isObject(e.object) ? e.object : {};
+    if (e.type === 'ERROR') return object.code === 410 ? 'gone' : undefined;
+    const rv = metaOf(object, 'resourceVersion');
+    if (rv !== undefined) this.resourceVersion = rv;
+    this.failures = 0;
+    if (e.type === 'ADDED' || e.type === 'MODIFIED' || e.type === 'DELETED') this.deliver({ type: e.type, object });
+    return undefined;
+  }
+}
+
+/** The key of a shared watch: the collection (or one object of it) and the label selector. */
+function watchKey(scope: WatchScope): string {
+  return `${resourcePath({ ...scope.ref, name: undefined })}?${new URLSearchParams(watchQuery(scope))}`;
+}
 
 // ================================================================================================
 // 10. oci registry client — asks a registry which digest a tag points at (HEAD /v2/<repo>/manifests/<tag> over
@@ -10641,6 +10946,8 @@ export interface WorkloadTarget {
   uid?: string;
   /** metadata.generation after our patch: the rollout to follow. */
   generation?: number;
+  /** metadata.resourceVersion of our patch's answer: the rollout's follow watches from it on. */
+  resourceVersion?: string;
 }
 
 export function workloadResource(t: { kind: WorkloadKind; name?: string; namespace: string }): ResourceRef {
@@ -10991,6 +11298,12 @@ export interface FollowOptions {
   /** The image rolled out: only pods running it count as stuck (undefined: every pod). */
   image?: string;
   pollMs?: number;
+  /** The workload as the PATCH answered it: the follow watches from its resourceVersion on (else it polls). */
+  initial?: Record<string, unknown>;
+  /** Told when the follow polls because its watch was refused. */
+  warn?: (message: string) => void;
+  /** Told the workload as last seen when the follow ends (what the follow record is taken off with). */
+  seen?: (workload: Record<string, unknown>) => void;
   /** How long a new pod may be stuck before the rollout counts as failed. */
   stuckFailMs?: number;
   signal?: AbortSignal;
@@ -12975,11 +13288,14 @@ export function formatReport(r: UpgradeReport): string {
 
 // ================================================================================================
 // 30. rollout follow — follows a rollout by kubectl's rules until it completes, fails (a pod stuck in
-//    CrashLoopBackOff, ImagePullBackOff…) or ROLLOUT_TIMEOUT passes. A follow is recorded on the workload
-//    (FOLLOW_ANNOTATION) after the answer, so another replica resumes it after a restart, and only the replica that
-//    takes the record off reports its end (claimFollow).
+//    CrashLoopBackOff, ImagePullBackOff…) or ROLLOUT_TIMEOUT passes. The workload is watched (WorkloadFeed: the
+//    client's watch shared by the follows of a namespace and kind, from the PATCH answer's resourceVersion; a watch
+//    of the workload alone where RBAC names it; a GET per second, with one warning, where watch is refused). A
+//    follow is recorded on the workload (FOLLOW_ANNOTATION) after the answer, so another replica resumes it after a
+//    restart, and only the replica that takes the record off reports its end (claimFollow).
 //    Exports: claimFollow, followRollout, resumedReport, rolloutEvent.
-//    Tests: test/e2e.test.ts, test/replicas.test.ts, test/resume.test.ts, test/rolling.test.ts.
+//    Tests: test/e2e.test.ts, test/replicas.test.ts, test/resume.test.ts, test/rolling.test.ts,
+//    test/watch.test.ts.
 // ================================================================================================
 
 /**
@@ -13004,9 +13320,10 @@ export async function followRollout(
   const pollMs = Math.max(ROLLOUT_POLL_FLOOR_MS, options.pollMs ?? UPGRADE_LIMITS.rolloutPollMs);
   const stuckSince = new Map<string, number>();
   let podsCheckedAt = Date.now();
+  const feed = new WorkloadFeed(client, target, options.initial, options.warn);
   try {
     for (;;) {
-      const workload = await client.get<K8sObject>(workloadResource(target), { background: true });
+      const workload = await feed.current();
       const status = rolloutStatus(target.kind, workload);
       if (status.state === 'untracked') return { state: 'not tracked', detail: status.message, pods: [] };
       if (status.state !== 'waiting') {
@@ -13025,11 +13342,106 @@ export async function followRollout(
         const failed = await stuckTooLong(client, target, workload, options, stuckSince);
         if (failed) return failed;
       }
-      const wait = Math.max(ROLLOUT_POLL_FLOOR_MS, Math.min(pollMs, deadline - Date.now()));
-      await new Promise((resolve) => setTimeout(resolve, wait));
+      // Watching, the next look comes with the next change, or when the pods are due a look.
+      const next = feed.watching ? podsCheckedAt + UPGRADE_LIMITS.stuckPodCheckMs - Date.now() : pollMs;
+      await feed.changed(Math.max(ROLLOUT_POLL_FLOOR_MS, Math.min(next, deadline - Date.now())), options.signal);
     }
   } catch (e) {
     return { state: 'timed out', detail: `could not follow the rollout: ${(e as Error).message}`, pods: [] };
+  } finally {
+    const last = feed.close();
+    if (last) options.seen?.(last);
+  }
+}
+
+/**
+ * What a follow reads its workload through. With the object it starts from (the PATCH's answer),
+ * the watch this client shares among every follow of the namespace's workloads of that kind, from
+ * that object's resourceVersion on; when that watch is refused (RBAC that names the workloads), a
+ * watch of this workload alone; when that is refused too, a GET every poll, said once through
+ * `warn`. A watched object older than the one the follow starts from (a lower generation, which the
+ * shared watch may still deliver when it started earlier) is not taken: it could show the previous
+ * rollout complete.
+ */
+class WorkloadFeed {
+  private latest: K8sObject | undefined;
+  private deleted = false;
+  /** A change came since the last look (it may come while the follow lists pods). */
+  private fresh = false;
+  private readonly minGeneration: number;
+  private wake: (() => void) | undefined;
+  private unsubscribe: () => void = () => undefined;
+  private readonly client: KubeClient;
+  private readonly target: WorkloadTarget;
+  private readonly warn: ((message: string) => void) | undefined;
+  watching: boolean;
+
+  constructor(client: KubeClient, target: WorkloadTarget, initial?: K8sObject, warn?: (message: string) => void) {
+    this.client = client;
+    this.target = target;
+    this.warn = warn;
+    this.latest = initial;
+    this.minGeneration = Number(valueAt(initial, ['metadata', 'generation']) ?? target.generation ?? 0);
+    const rv = valueAt(initial, ['metadata', 'resourceVersion']) ?? target.resourceVersion;
+    this.watching = typeof rv === 'string';
+    if (typeof rv === 'string') this.subscribe(workloadResource({ ...target, name: undefined }), rv);
+  }
+
+  private subscribe(ref: ResourceRef, rv: string): void {
+    const scope = { ref };
+    const seen = this.client.watched(scope)?.get(this.target.name);
+    if (seen) this.take(seen);
+    this.unsubscribe = this.client.watch(scope, rv, {
+      event: (e) => {
+        if (valueAt(e.object, ['metadata', 'name']) !== this.target.name) return;
+        if (e.type === 'DELETED') this.deleted = true;
+        else this.take(e.object);
+        this.fresh = true;
+        this.wake?.();
+      },
+      failed: (e) => {
+        if (e.status === 403 && ref.name === undefined) return this.subscribe(workloadResource(this.target), rv);
+        this.watching = false;
+        this.warn?.(`rollouts are polled (a GET every second per follow) instead of watched: ${e.message}`);
+        this.wake?.();
+      },
+    });
+  }
+
+  private take(o: K8sObject): void {
+    if (Number(valueAt(o, ['metadata', 'generation']) ?? 0) >= this.minGeneration) this.latest = o;
+  }
+
+  /** The workload as last seen (watching), or as a GET answers now (polling). */
+  async current(): Promise<K8sObject> {
+    this.fresh = false;
+    if (!this.watching)
+      return (this.latest = await this.client.get<K8sObject>(workloadResource(this.target), { background: true }));
+    this.latest ??= await this.client.get<K8sObject>(workloadResource(this.target), { background: true });
+    if (this.deleted) throw new UpgradeError(`${describeResource(workloadResource(this.target))} was deleted`);
+    return this.latest;
+  }
+
+  /** Resolves after `ms`, at the workload's next change (watching), or when `signal` aborts. */
+  changed(ms: number, signal?: AbortSignal): Promise<void> {
+    if (this.fresh) return Promise.resolve();
+    return new Promise((resolve) => {
+      const done = () => {
+        clearTimeout(timer);
+        signal?.removeEventListener('abort', done);
+        this.wake = undefined;
+        resolve();
+      };
+      const timer = setTimeout(done, ms);
+      signal?.addEventListener('abort', done, { once: true });
+      this.wake = done;
+    });
+  }
+
+  /** Stops watching; the workload as last seen, if it was. */
+  close(): K8sObject | undefined {
+    this.unsubscribe();
+    return this.latest;
   }
 }
 
@@ -13110,7 +13522,9 @@ function followToRecord(
  * Takes this request's follow record off the workload with a PATCH that tests the value read: of
  * the replicas following one rollout, only the one whose PATCH applies reports its end.
  * 'superseded' when a newer push's follow replaced the record, 'gone' when another replica took it.
- * The workload as the PATCH returned it goes into `known`, so the next push need not read it again.
+ * The first try works on the copy in `known` (the follow's last sight of the workload): a stale one
+ * fails the PATCH's test, and the workload is read again. The workload as the PATCH returned it
+ * goes into `known`, so the next push need not read it again.
  */
 export async function claimFollow(
   client: KubeClient,
@@ -13119,9 +13533,12 @@ export async function claimFollow(
   requestId: string,
   known?: KnownWorkloads,
 ): Promise<'claimed' | 'superseded' | 'gone'> {
+  const key = `${target.namespace}/${target.kind}/${target.name}`;
   for (let attempt = 1; ; attempt++) {
-    const workload = await readWorkload(client, target);
+    const seen = attempt === 1 ? known?.get(key) : undefined;
+    const workload = seen ?? (await readWorkload(client, target));
     const { raw, entries } = readFollowRecords(workload);
+    if (seen && entries[container]?.request !== requestId) continue;
     if (!entries[container]) return 'gone';
     if (entries[container].request !== requestId) return 'superseded';
     const rest = Object.fromEntries(Object.entries(entries).filter(([name]) => name !== container));
@@ -13135,7 +13552,7 @@ export async function claimFollow(
     );
     try {
       const updated = await client.patch<K8sObject>(workloadResource(target), ops, UPGRADE_LIMITS.fieldManager);
-      known?.set(`${target.namespace}/${target.kind}/${target.name}`, updated);
+      known?.set(key, updated);
       return 'claimed';
     } catch (e) {
       if (!(e instanceof KubeError && e.status === 422) || attempt >= UPGRADE_LIMITS.maxPatchAttempts) throw e;
@@ -13529,10 +13946,15 @@ export function hookReach(hook: Hook): HookReach | undefined {
   }
 }
 
+/** The verbs on a workload whose rollout is followed: read, patched, and watched (list re-lists a watch). */
+const FOLLOWED_VERBS = ['get', 'patch', 'list', 'watch'];
+
 const yamlList = (items: string[]) => `[${items.map((i) => JSON.stringify(i)).join(', ')}]`;
 
 /**
- * The Role of one namespace: get/patch on the named workloads, and what the summary and Events need;
+ * The Role of one namespace: get/patch on the named workloads, and list/watch on them (a rollout is
+ * followed through a watch of the workload alone, a field selector on its name, which RBAC grants
+ * through resourceNames; list re-lists it when the watch has fallen behind); what the summary and Events need;
  * delete on pods only where a hook's rollback must delete stuck pods (forcedRollback).
  */
 function roleRules(workloads: Map<WorkloadKind, Set<string>>, secrets: Set<string>, deletePods: boolean): string[] {
@@ -13544,7 +13966,9 @@ function roleRules(workloads: Map<WorkloadKind, Set<string>>, secrets: Set<strin
   ];
   const kinds = (Object.keys(WORKLOAD_KINDS) as WorkloadKind[]).filter((k) => workloads.has(k));
   const lines = kinds.flatMap((k) =>
-    rule(kindSpec(k).group, kindSpec(k).resource, ['get', 'patch'], [...workloads.get(k)!].sort()),
+    rule(kindSpec(k).group, kindSpec(k).resource, kindSpec(k).hasRollout ? FOLLOWED_VERBS : ['get', 'patch'], [
+      ...workloads.get(k)!,
+    ].sort()),
   );
   const through = kinds.map((k) => kindSpec(k).podsOwnedThrough).find((t) => t !== undefined);
   if (through) lines.push(...rule(through.group, through.resource, ['list']));
@@ -13557,7 +13981,7 @@ function roleRules(workloads: Map<WorkloadKind, Set<string>>, secrets: Set<strin
 
 /**
  * A Role and a RoleBinding per namespace the hooks' upgrades reach, as YAML `kubectl apply -f -`
- * takes: get and patch on exactly the workloads named (resourceNames), list on the ReplicaSets and
+ * takes: get, patch, list and watch on exactly the workloads named (resourceNames), list on the ReplicaSets and
  * Pods the rollout summary reads, create on Events, delete on Pods where a hook that fixes
  * ROLLBACK_ON_FAILURE=true upgrades a StatefulSet (its forced rollback). Hooks whose workload a request chooses are
  * listed in a comment and returned: only a cluster-wide role serves them. Pure.
@@ -13756,6 +14180,8 @@ async function applyUpgrade(
   if (deps.eventAfterAnswer) report.afterAnswer = recording;
   else await recording;
   target.generation = numberAt(change.updated, ['metadata', 'generation']);
+  const patchedVersion = valueAt(change.updated, ['metadata', 'resourceVersion']);
+  target.resourceVersion = typeof patchedVersion === 'string' ? patchedVersion : undefined;
   await reportRollout(client, target, change.updated, s, report, deps);
 }
 
@@ -13781,7 +14207,7 @@ async function reportRollout(
     report.rollout = { state: 'progressing', detail: 'not waited for: ROLLOUT_TIMEOUT is 0', pods: [] };
   } else {
     const options = { timeoutMs: s.rolloutTimeoutMs, container: s.container, image: report.imageAfter };
-    report.rollout = await followRollout(client, target, options);
+    report.rollout = await followRollout(client, target, { ...options, initial: updated });
     const verdict = rolloutVerdict(report.rollout, s.rollbackOnFailure, s.rolloutTimeoutMs);
     if (verdict.error !== undefined) {
       report.result = 'failed';
@@ -14024,6 +14450,7 @@ export class UpgradeService implements InProcessCommand {
   private singleTry: KubeClient | undefined;
   private readonly queue = new WorkloadQueue();
   private readonly known = new KnownWorkloads();
+  private readonly warned = new Set<string>();
   /** Per hook (immutable within a snapshot): whether it fixes its workload, so its follows are recorded. */
   private readonly resumable = new WeakMap<Hook, boolean>();
   private readonly stopping = new AbortController();
@@ -14140,7 +14567,12 @@ export class UpgradeService implements InProcessCommand {
     const controller = new AbortController();
     const signal = AbortSignal.any([controller.signal, this.stopping.signal]);
     const container = report.container ?? '';
-    const options = { timeoutMs: followMs, container, image: report.imageAfter, signal, onProgress };
+    const options = {
+      ...{ timeoutMs: followMs, container, image: report.imageAfter, signal, onProgress },
+      initial: this.known.get(key),
+      warn: (message: string) => this.warnOnce(`${client.server} ${target.namespace} ${target.kind}`, message),
+      seen: (workload: Record<string, unknown>) => this.known.set(key, workload),
+    };
     const done = followRollout(client, target, options);
     this.following.set(key, { controller, done });
     const outcome = await done;
@@ -14157,6 +14589,13 @@ export class UpgradeService implements InProcessCommand {
       return { ...report, rollout: { state: 'progressing', detail: SUPERSEDED_FOLLOW, superseded: true, pods: [] } };
     if (claim !== 'claimed') return undefined;
     return this.ended({ ...report, rollout: outcome }, client, target, requestId);
+  }
+
+  /** A warning logged once per subject (a watch refused in a namespace) for the life of this service. */
+  private warnOnce(subject: string, message: string): void {
+    if (this.warned.has(subject)) return;
+    this.warned.add(subject);
+    this.log.warn(message);
   }
 
   /** Whether this replica reports the end of a follow recorded on the workload (see claimFollow). */
@@ -14241,6 +14680,7 @@ export class UpgradeService implements InProcessCommand {
       `[${f.request}] ${target.kind}/${target.name} in ${target.namespace}: resuming the rollout's follow`,
     );
     const report = resumedReport(target, container, f, workload, settings);
+    this.known.set(`${target.namespace}/${target.kind}/${target.name}`, workload);
     const remaining = Math.min(this.followMs, Math.max(1, Date.parse(f.deadline) - Date.now()));
     const follow: ResumedFollow = { hook: hook.id, request: f.request, mailTo: settings.mailTo };
     void this.follow(report, f.request, undefined, remaining).then(

@@ -275,7 +275,7 @@ describe('deploy/', { skip: cluster ? false : 'no cluster' }, () => {
     const rbac = await printRbac(hooksDir(filled), 'cattle-system/webhook');
     assert.match(rbac, /^#   hook "web": deployment\/web in namespace prod$/m);
     assert.match(rbac, /^kind: Role\nmetadata:\n  name: "webhook"\n  namespace: "prod"\n/m);
-    assert.match(rbac, /^  - apiGroups: \["apps"\]\n    resources: \["deployments"\]\n    resourceNames: \["web"\]\n    verbs: \["get", "patch"\]$/m);
+    assert.match(rbac, /^  - apiGroups: \["apps"\]\n    resources: \["deployments"\]\n    resourceNames: \["web"\]\n    verbs: \["get", "patch", "list", "watch"\]$/m);
     assert.match(rbac, /^subjects:\n  - kind: ServiceAccount\n    name: "webhook"\n    namespace: "cattle-system"$/m);
   });
 
