@@ -10774,8 +10774,9 @@ export const UPGRADE_LIMITS = {
   // patch; re-reading and re-planning a few times settles it, more means something is fighting us.
   maxPatchAttempts: 5,
   // Workloads whose last known state the service keeps, to patch without reading first: a few KiB
-  // each; beyond this many the oldest is forgotten (and read again when next pushed to).
-  maxKnownWorkloads: 1_000,
+  // each (a release of 2,000 workloads keeps some 20 MB); beyond this many the oldest is forgotten
+  // (and read again when next pushed to).
+  maxKnownWorkloads: 2_500,
   // Registries retry a delivery they think failed within seconds to a minute. A real new push of
   // the same tag carries a new digest or pushed_at, so it is not mistaken for a repeat.
   duplicateWindowMs: 60_000,
@@ -13337,13 +13338,16 @@ export async function followRollout(
         return { state: 'timed out', detail: `after ${formatGoDuration(options.timeoutMs)}: ${status.message}`, pods };
       }
       options.onProgress?.({ state: 'progressing', detail: status.message, pods: [] });
-      if (Date.now() - podsCheckedAt >= UPGRADE_LIMITS.stuckPodCheckMs) {
+      // Watching, a rollout whose workload changed since the last look is moving: its pods are looked
+      // at once it has been still for stuckPodCheckMs (stuck pods leave the workload's status still).
+      if (Date.now() - Math.max(podsCheckedAt, feed.changedAt) >= UPGRADE_LIMITS.stuckPodCheckMs) {
         podsCheckedAt = Date.now();
         const failed = await stuckTooLong(client, target, workload, options, stuckSince);
         if (failed) return failed;
       }
       // Watching, the next look comes with the next change, or when the pods are due a look.
-      const next = feed.watching ? podsCheckedAt + UPGRADE_LIMITS.stuckPodCheckMs - Date.now() : pollMs;
+      const still = Math.max(podsCheckedAt, feed.changedAt);
+      const next = feed.watching ? still + UPGRADE_LIMITS.stuckPodCheckMs - Date.now() : pollMs;
       await feed.changed(Math.max(ROLLOUT_POLL_FLOOR_MS, Math.min(next, deadline - Date.now())), options.signal);
     }
   } catch (e) {
@@ -13368,6 +13372,8 @@ class WorkloadFeed {
   private deleted = false;
   /** A change came since the last look (it may come while the follow lists pods). */
   private fresh = false;
+  /** When the workload last changed, as far as the watch has told (0: polling, or no change yet). */
+  changedAt = 0;
   private readonly minGeneration: number;
   private wake: (() => void) | undefined;
   private unsubscribe: () => void = () => undefined;
@@ -13409,7 +13415,9 @@ class WorkloadFeed {
   }
 
   private take(o: K8sObject): void {
-    if (Number(valueAt(o, ['metadata', 'generation']) ?? 0) >= this.minGeneration) this.latest = o;
+    if (Number(valueAt(o, ['metadata', 'generation']) ?? 0) < this.minGeneration) return;
+    this.latest = o;
+    this.changedAt = Date.now();
   }
 
   /** The workload as last seen (watching), or as a GET answers now (polling). */
@@ -14643,11 +14651,12 @@ export class UpgradeService implements InProcessCommand {
       const key = `${t.namespace}/${t.kind}/${t.name}`;
       served.set(key, { target: t, hooks: [...(served.get(key)?.hooks ?? []), hook] });
     }
-    for (const { target, hooks: servedHooks } of served.values()) {
+    const listed = await this.listServed(client, [...served.values()].map((s) => s.target));
+    for (const [key, { target, hooks: servedHooks }] of served) {
       const where = `${target.kind}/${target.name} in ${target.namespace}`;
       let workload: K8sObject;
       try {
-        workload = await readWorkload(client, target);
+        workload = listed.get(key) ?? (await readWorkload(client, target));
       } catch (e) {
         this.log.warn(`unfinished follows on ${where}: ${(e as Error).message}`);
         continue;
@@ -14664,6 +14673,37 @@ export class UpgradeService implements InProcessCommand {
         this.resumeOne({ ...target }, container, f, hook, workload, ended);
       }
     }
+  }
+
+  /**
+   * The served workloads of each namespace and kind that serves several, read with one LIST each
+   * instead of a GET each; what it finds also seeds the copies the first pushes are patched on
+   * (KnownWorkloads), so they need no read of their own. A refused LIST (RBAC that names the
+   * workloads) leaves them to their GETs.
+   */
+  private async listServed(client: KubeClient, targets: WorkloadTarget[]): Promise<Map<string, K8sObject>> {
+    const found = new Map<string, K8sObject>();
+    const groups = new Map<string, Set<string>>();
+    for (const t of targets) {
+      const group = `${t.namespace}/${t.kind}`;
+      groups.set(group, (groups.get(group) ?? new Set<string>()).add(t.name));
+    }
+    for (const [group, names] of groups) {
+      if (names.size < 2) continue;
+      const [namespace, kind] = group.split('/') as [string, WorkloadKind];
+      try {
+        const list = await client.list<{ items: K8sObject[] }>(workloadResource({ namespace, kind }));
+        for (const item of list.items) {
+          const name = String(valueAt(item, ['metadata', 'name']));
+          if (!names.has(name)) continue;
+          found.set(`${group}/${name}`, item);
+          this.known.set(`${group}/${name}`, item);
+        }
+      } catch {
+        /* each is read with a GET instead */
+      }
+    }
+    return found;
   }
 
   /** Follows one recorded rollout to its end (see resumeFollows), with the hook's settings. */
