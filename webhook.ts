@@ -4365,6 +4365,8 @@ export class KubeClient {
       this.watches.set(key, (shared = created));
     }
     const w = shared;
+    if (!w.coversFrom(resourceVersion)) queueMicrotask(() => subscriber.behind?.());
+    if (w.listed) queueMicrotask(() => subscriber.synced?.());
     w.subscribers.add(subscriber);
     return () => {
       w.subscribers.delete(subscriber);
@@ -4377,6 +4379,11 @@ export class KubeClient {
   /** The objects the running watch of this scope has seen by name (what a subscriber joining late starts from). */
   watched(scope: WatchScope): ReadonlyMap<string, Record<string, unknown>> | undefined {
     return this.watches.get(watchKey(scope))?.objects;
+  }
+
+  /** Whether the running watch of this scope has had its whole collection listed. */
+  watchSynced(scope: WatchScope): boolean {
+    return this.watches.get(watchKey(scope))?.listed === true;
   }
 
   /** The scopes watched now and the requests each has made (watches, resumptions, re-lists). */
@@ -4636,12 +4643,14 @@ const WATCH_LIMITS = {
   // Nothing at all (not even a bookmark, which the API server sends about once a minute) for this
   // long past the watch's own timeout: the connection is taken as dead and the watch resumed.
   silenceMs: 360_000,
+  // A watch that ends sooner than this was not a watch the API server kept open (a proxy cut it).
+  shortestMs: 1_000,
   // A watch refused (403) is not asked for again for this long: its follows poll meanwhile, each
   // without a refused request first; past it, a grant given since is used.
   refusedMemoryMs: 10 * 60_000,
 };
 
-/** A change of one object of a watched collection. A re-list (after 410 Gone) sends every listed object as MODIFIED. */
+/** A change of one object of a watched collection; a re-list sends every listed object as MODIFIED. */
 interface WatchEvent {
   type: 'ADDED' | 'MODIFIED' | 'DELETED';
   object: Record<string, unknown>;
@@ -4650,6 +4659,13 @@ interface WatchEvent {
 /** What a subscriber of a watch is told. */
 interface WatchSubscriber {
   event(e: WatchEvent): void;
+  /**
+   * The watch it joins started after the resourceVersion it asked for: changes in between were
+   * sent before it joined (`watched` has the objects as they are since), so it reads its object.
+   */
+  behind?(): void;
+  /** The watch has the whole collection (its first list is in `watched`): told once, at once if it had it. */
+  synced?(): void;
   /** The watch cannot go on (refused: 403 without the watch verb; the API is gone: 404): no more events come. */
   failed(e: KubeError): void;
 }
@@ -4686,7 +4702,11 @@ class SharedWatch {
   readonly objects = new Map<string, Record<string, unknown>>();
   /** Requests this watch made (watches and re-lists): tests and the metrics read it. */
   requests = 0;
+  /** Whether a list has given it the whole collection (it began with one). */
+  listed = false;
   private resourceVersion: string | undefined;
+  /** The resourceVersion the watch started at (after its first list, if it needed one). */
+  private startedAt: string | undefined;
   private failures = 0;
   private closed = false;
   private stream?: http.ClientRequest;
@@ -4695,17 +4715,23 @@ class SharedWatch {
   private readonly scope: WatchScope;
   private readonly onFailed: (e: KubeError) => void;
 
-  constructor(
-    client: KubeClient,
-    scope: WatchScope,
-    resourceVersion: string | undefined,
-    onFailed: (e: KubeError) => void,
-  ) {
+  constructor(client: KubeClient, scope: WatchScope, rv: string | undefined, onFailed: (e: KubeError) => void) {
     this.client = client;
     this.scope = scope;
-    this.resourceVersion = resourceVersion;
+    this.resourceVersion = this.startedAt = rv;
     this.onFailed = onFailed;
     void this.connect();
+  }
+
+  /**
+   * Whether every change after `rv` reaches a subscriber that joins now: the watch started at or
+   * before it. resourceVersions are etcd's revisions, compared as numbers; anything else is taken
+   * as not covered (the subscriber reads its object once: safe, one request).
+   */
+  coversFrom(rv: string | undefined): boolean {
+    if (rv === undefined || this.startedAt === undefined) return false;
+    if (!/^\d+$/.test(rv) || !/^\d+$/.test(this.startedAt)) return rv === this.startedAt;
+    return BigInt(this.startedAt) <= BigInt(rv);
   }
 
   close(): void {
@@ -4744,7 +4770,12 @@ class SharedWatch {
       const list = await this.client.list<List>(this.scope.ref, watchQuery(this.scope));
       if (this.closed) return false;
       this.resourceVersion = list.metadata?.resourceVersion;
+      this.startedAt ??= this.resourceVersion;
       for (const object of list.items ?? []) this.deliver({ type: 'MODIFIED', object });
+      if (!this.listed) {
+        this.listed = true;
+        for (const s of [...this.subscribers]) s.synced?.();
+      }
       return true;
     } catch (e) {
       const k = e instanceof KubeError ? e : new KubeError(String(e), 0, '');
@@ -4777,8 +4808,8 @@ class SharedWatch {
       const k = e as KubeError;
       return this.retry({ status: k.status || undefined, code: k.reason });
     }
-    if (this.closed) return void opened.req.destroy();
-    this.read(opened.res, opened.req);
+    if (this.closed) opened.req.destroy();
+    else this.read(opened.res, opened.req);
   }
 
   /** Reads the stream's lines (one event each) until it ends, then resumes. */
@@ -4800,17 +4831,14 @@ class SharedWatch {
       }
     });
     let ended = false;
+    const opened = Date.now();
     const end = (failed: boolean) => {
-      if (ended) return;
-      ended = true;
       clearTimeout(timer);
-      if (this.closed) return;
-      if (gone) {
-        this.resourceVersion = undefined;
-        return void this.connect();
-      }
-      if (failed) return this.retry({ code: 'ECONNRESET' });
-      this.failures = 0;
+      if (ended || this.closed) return void (ended = true);
+      ended = true;
+      if (gone) this.resourceVersion = undefined;
+      // A watch that ends at once, without error, is retried with the backoff too: never a busy loop.
+      if (!gone && (failed || Date.now() - opened < WATCH_LIMITS.shortestMs)) return this.retry({ code: 'ECONNRESET' });
       void this.connect();
     };
     res.on('end', () => end(false));
@@ -7170,11 +7198,14 @@ const RULE_TYPE_NAMES = Object.keys(RULE_TYPES);
 /**
  * Secrets are compared through keyed digests (a random per-process key, then SHA-256), so the
  * comparison takes the same time whatever the lengths and contents. A one-shot hash is half the
- * cost of an HMAC object, and this runs on every request.
+ * cost of an HMAC object, and this runs on every request. The key is made at its first use, in the
+ * running process: the executable starts from a snapshot of this file's evaluated top level
+ * (scripts/build.ts), which every process shares, so a key made there would be the same in all.
  */
-const COMPARE_KEY = randomBytes(32).toString('hex');
+let compareKey: string | undefined;
 function secretDigest(value: string): Buffer {
-  return hash('sha256', COMPARE_KEY + value, 'buffer');
+  compareKey ??= randomBytes(32).toString('hex');
+  return hash('sha256', compareKey + value, 'buffer');
 }
 
 /** A trigger-rule: exactly one of and, or, not, match. */
@@ -10757,7 +10788,7 @@ function problemOf(check: () => unknown): string | undefined {
 //    PlannedChange, planPatch, PodSummary, readWorkload, recordEventQuietly, recordWorkloadEvent, RollbackOutcome,
 //    RolloutOutcome, rolloutStatus, roundedToSeconds, STUCK_REASONS, summarizePod, UPGRADE_LIMITS, UpgradeDeps,
 //    UpgradeError, UpgradeReport, valueAt, whyNone, WORKLOAD_KINDS, WorkloadEvent, WorkloadKind, workloadPods,
-//    WorkloadQueue, workloadResource, WorkloadTarget.
+//    workloadPodsIn, WorkloadQueue, workloadResource, WorkloadTarget.
 //    Tests: test/decision.test.ts, test/e2e.test.ts, test/policy.test.ts, test/records.test.ts, test/rolling.test.ts,
 //    test/upgrade.test.ts.
 // ================================================================================================
@@ -10803,6 +10834,9 @@ export const UPGRADE_LIMITS = {
   // How often a follow lists the pods to see whether any is stuck: a list of pods (and of a
   // Deployment's ReplicaSets) costs more than the once-a-second GET of the workload.
   stuckPodCheckMs: 5_000,
+  // How long a follow waits for the shared watch of the pods to have listed them before it lists
+  // them itself for that look: a request's own deadline.
+  podWatchSyncMs: 10_000,
 };
 
 /**
@@ -11256,6 +11290,57 @@ export function labelSelector(selector: unknown): string {
 
 function ownedBy(obj: unknown, uids: Set<string>): boolean {
   return asArray(valueAt(obj, ['metadata', 'ownerReferences'])).some((o) => uids.has(String(valueAt(o, ['uid']))));
+}
+
+/** Whether an object's labels satisfy a selector (matchLabels and matchExpressions), as the API server decides. */
+function selectorMatches(selector: unknown, obj: unknown): boolean {
+  const labels = valueAt(obj, ['metadata', 'labels']);
+  const label = (k: string) => (isObject(labels) && typeof labels[k] === 'string' ? labels[k] : undefined);
+  const wanted = valueAt(selector, ['matchLabels']);
+  if (isObject(wanted) && Object.entries(wanted).some(([k, v]) => label(k) !== String(v))) return false;
+  return asArray(valueAt(selector, ['matchExpressions'])).every((e) => {
+    const value = label(String(valueAt(e, ['key'])));
+    const values = asArray(valueAt(e, ['values'])).map(String);
+    switch (valueAt(e, ['operator'])) {
+      case 'In':
+        return value !== undefined && values.includes(value);
+      case 'NotIn':
+        return value === undefined || !values.includes(value);
+      case 'Exists':
+        return value !== undefined;
+      case 'DoesNotExist':
+        return value === undefined;
+      default:
+        return false;
+    }
+  });
+}
+
+/**
+ * The workload's own pods among `pods` (a namespace's, from a watch), sorted by name: those its
+ * selector matches that it owns, directly or (a Deployment's) through the ReplicaSet its controller
+ * names `<deployment>-<pod-template-hash>`.
+ */
+export function workloadPodsIn(
+  pods: unknown[],
+  target: WorkloadTarget,
+  workload: K8sObject,
+  containerName: string,
+): PodSummary[] {
+  const selector = valueAt(workload, ['spec', 'selector']);
+  const uid = String(target.uid ?? valueAt(workload, ['metadata', 'uid']));
+  const owned = (p: unknown) =>
+    asArray(valueAt(p, ['metadata', 'ownerReferences'])).some(
+      (o) =>
+        String(valueAt(o, ['uid'])) === uid ||
+        (kindSpec(target.kind).podsOwnedThrough !== undefined &&
+          valueAt(o, ['kind']) === 'ReplicaSet' &&
+          valueAt(o, ['name']) === `${target.name}-${String(valueAt(p, ['metadata', 'labels', 'pod-template-hash']))}`),
+    );
+  return pods
+    .filter((p) => selectorMatches(selector, p) && owned(p))
+    .map((p) => summarizePod(p, containerName))
+    .sort((a, b) => a.name.localeCompare(b.name));
 }
 
 /** The workload's own pods (through its ReplicaSets, for a Deployment), sorted by name. */
@@ -13322,17 +13407,19 @@ export async function followRollout(
   const stuckSince = new Map<string, number>();
   let podsCheckedAt = Date.now();
   const feed = new WorkloadFeed(client, target, options.initial, options.warn);
+  const podStates = new PodStates(client, target);
+  const podsOf = (workload: K8sObject) => podStates.read(workload, options.container);
   try {
     for (;;) {
       const workload = await feed.current();
       const status = rolloutStatus(target.kind, workload);
       if (status.state === 'untracked') return { state: 'not tracked', detail: status.message, pods: [] };
       if (status.state !== 'waiting') {
-        const pods = await podsOrNone(client, target, workload, options.container);
+        const pods = await podsOf(workload);
         return { state: status.state === 'done' ? 'complete' : 'failed', detail: status.message, pods };
       }
       if (Date.now() >= deadline || options.signal?.aborted) {
-        const pods = await podsOrNone(client, target, workload, options.container);
+        const pods = await podsOf(workload);
         const stuck = stuckPods(pods, options.image);
         if (stuck.length > 0) return { state: 'failed', detail: `pods not ready: ${describeStuck(stuck)}`, pods };
         return { state: 'timed out', detail: `after ${formatGoDuration(options.timeoutMs)}: ${status.message}`, pods };
@@ -13342,7 +13429,8 @@ export async function followRollout(
       // at once it has been still for stuckPodCheckMs (stuck pods leave the workload's status still).
       if (Date.now() - Math.max(podsCheckedAt, feed.changedAt) >= UPGRADE_LIMITS.stuckPodCheckMs) {
         podsCheckedAt = Date.now();
-        const failed = await stuckTooLong(client, target, workload, options, stuckSince);
+        if (feed.watching) podStates.watch();
+        const failed = await stuckTooLong(await podsOf(workload), options, stuckSince);
         if (failed) return failed;
       }
       // Watching, the next look comes with the next change, or when the pods are due a look.
@@ -13353,8 +13441,56 @@ export async function followRollout(
   } catch (e) {
     return { state: 'timed out', detail: `could not follow the rollout: ${(e as Error).message}`, pods: [] };
   } finally {
+    podStates.close();
     const last = feed.close();
     if (last) options.seen?.(last);
+  }
+}
+
+/**
+ * A followed rollout's pods. Once the follow needs their states while the rollout is still
+ * (watch()), through the watch of the namespace's pods this client shares among every such
+ * follow (one list and one WATCH for a whole release, however many rollouts it has, where a
+ * selector's watch each would hold a connection per rollout); the rollout's own are picked out by
+ * its selector and owners (workloadPodsIn). Until then, and where that watch is refused, listed
+ * (workloadPods). The summary at the end reads the shared watch when another follow has it open.
+ */
+class PodStates {
+  private readonly client: KubeClient;
+  private readonly target: WorkloadTarget;
+  private readonly scope: { ref: ResourceRef };
+  private synced: Promise<boolean> | undefined;
+  private unsubscribe: () => void = () => undefined;
+
+  constructor(client: KubeClient, target: WorkloadTarget) {
+    this.client = client;
+    this.target = target;
+    this.scope = { ref: { group: '', version: 'v1', resource: 'pods', namespace: target.namespace } };
+  }
+
+  watch(): void {
+    this.synced ??= new Promise<boolean>((resolve) => {
+      this.unsubscribe = this.client.watch(this.scope, undefined, {
+        event: () => undefined,
+        synced: () => resolve(true),
+        failed: () => resolve(false),
+      });
+    });
+  }
+
+  async read(workload: K8sObject, container: string): Promise<PodSummary[]> {
+    // A list that does not come within a request's deadline leaves this look to a list of its own.
+    const late = new Promise<boolean>((resolve) => setTimeout(resolve, UPGRADE_LIMITS.podWatchSyncMs, false).unref());
+    if (this.synced && !(await Promise.race([this.synced, late])))
+      return podsOrNone(this.client, this.target, workload, container);
+    const seen = this.client.watched(this.scope);
+    if (seen && (this.synced || this.client.watchSynced(this.scope)))
+      return workloadPodsIn([...seen.values()], this.target, workload, container);
+    return podsOrNone(this.client, this.target, workload, container);
+  }
+
+  close(): void {
+    this.unsubscribe();
   }
 }
 
@@ -13403,6 +13539,10 @@ class WorkloadFeed {
         if (e.type === 'DELETED') this.deleted = true;
         else this.take(e.object);
         this.fresh = true;
+        this.wake?.();
+      },
+      behind: () => {
+        this.latest = undefined;
         this.wake?.();
       },
       failed: (e) => {
@@ -13470,14 +13610,11 @@ function describeStuck(stuck: PodSummary[]): string {
 }
 
 /** A failed outcome once a pod has been seen stuck for longer than the threshold; else undefined. */
-async function stuckTooLong(
-  client: KubeClient,
-  target: WorkloadTarget,
-  workload: K8sObject,
+function stuckTooLong(
+  pods: PodSummary[],
   options: FollowOptions,
   stuckSince: Map<string, number>,
-): Promise<RolloutOutcome | undefined> {
-  const pods = await podsOrNone(client, target, workload, options.container);
+): RolloutOutcome | undefined {
   const stuck = stuckPods(pods, options.image);
   const now = Date.now();
   for (const name of [...stuckSince.keys()]) if (!stuck.some((p) => p.name === name)) stuckSince.delete(name);
@@ -13981,7 +14118,7 @@ function roleRules(workloads: Map<WorkloadKind, Set<string>>, secrets: Set<strin
   const through = kinds.map((k) => kindSpec(k).podsOwnedThrough).find((t) => t !== undefined);
   if (through) lines.push(...rule(through.group, through.resource, ['list']));
   if (kinds.some((k) => kindSpec(k).hasRollout))
-    lines.push(...rule('', 'pods', deletePods ? ['list', 'delete'] : ['list']));
+    lines.push(...rule('', 'pods', deletePods ? ['list', 'watch', 'delete'] : ['list', 'watch']));
   // VERIFY_IMAGE reads the pull secrets the workloads name, and no other.
   if (secrets.size > 0) lines.push(...rule('', 'secrets', ['get'], [...secrets].sort()));
   return [...lines, ...rule('', 'events', ['create'])];

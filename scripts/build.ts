@@ -10,41 +10,56 @@ const dist = path.join(root, 'dist');
 fs.mkdirSync(dist, { recursive: true });
 
 const source = fs.readFileSync(path.join(root, 'webhook.ts'), 'utf8');
-fs.writeFileSync(path.join(dist, 'webhook.mjs'), builtinsOnDemand(stripTypeScriptTypes(source, { mode: 'strip' })));
+const script = path.join(dist, 'webhook-snapshot.cjs');
+fs.writeFileSync(script, snapshotScript(stripTypeScriptTypes(source, { mode: 'strip' })));
 
 /**
- * The start-up of the executable (`npm run bench:start`): an ES `import` of a built-in module
- * builds its namespace from every export, which runs the module's lazy getters (node:http's
- * WebSocket and fetch classes load undici: some 35 ms of CPU before the first line of the
- * service runs), while process.getBuiltinModule returns the module as it is. So each
- * `import … from 'node:…'` line becomes a constant read with process.getBuiltinModule, the same
- * objects under the same names; and the modules that only outbound TLS and -secure use (LAZY) are
- * loaded on first use, through a proxy, so a replica that serves plain HTTP answers before it has
- * loaded OpenSSL's side of Node. The source stays ordinary imports (for the type checker and tests).
+ * The executable starts from a V8 start-up snapshot (`npm run bench:start` measures it): the
+ * snapshot holds webhook.ts compiled and its top level evaluated (its tables, classes, regular
+ * expressions), so a process skips parsing and running some 15,000 lines before it reads its hooks.
+ * The stripped module becomes the script Node runs to build the snapshot:
+ *   - `export` goes (a snapshot's entry is a script, not a module; nothing imports the executable);
+ *   - each `import … from 'node:…'` becomes the same names read through process.getBuiltinModule
+ *     at their first use: a snapshot cannot hold some built-ins (node:http's parser binding), and
+ *     an ES import of node:http would also run its lazy getters (undici: ~35 ms of CPU). A
+ *     namespace import becomes a proxy that loads the module when a property is first read, a named
+ *     import a function that calls (or constructs) the export it names;
+ *   - the entry-point check becomes the function the process runs after the snapshot is loaded,
+ *     with the command line as the module would have seen it.
+ * Whatever the top level computes is shared by every process started from the executable, so it
+ * computes nothing per process (webhook.ts makes its per-process secrets at first use).
  */
-function builtinsOnDemand(js: string): string {
-  const LAZY = new Set(['node:https', 'node:tls']);
-  let lazyHelper = false;
-  const rewritten = js.replace(/^import (.+) from '(node:[a-z_/]+)';$/gm, (line, what: string, id: string) => {
-    if (what.startsWith('* as ')) {
-      const name = what.slice('* as '.length);
-      if (!LAZY.has(id)) return `const ${name} = process.getBuiltinModule('${id}');`;
-      lazyHelper = true;
-      return `const ${name} = builtinOnFirstUse('${id}');`;
-    }
-    if (!/^\{[\w\s,]*\}$/.test(what)) throw new Error(`scripts/build.ts: cannot rewrite the import line: ${line}`);
-    const names = what.replace(/\b(\w+) as (\w+)\b/g, '$1: $2');
-    return `const ${names} = process.getBuiltinModule('${id}');`;
-  });
-  const helper =
+function snapshotScript(js: string): string {
+  const lazyModule =
     'function builtinOnFirstUse(id) { let m; ' +
     'return new Proxy({}, { get: (_, k) => (m ??= process.getBuiltinModule(id))[k] }); }\n';
-  return lazyHelper ? helper + rewritten : rewritten;
+  const lazyExport = (id: string, name: string, as: string) =>
+    `function ${as}(...a) { const f = process.getBuiltinModule('${id}').${name}; ` +
+    'return new.target ? Reflect.construct(f, a) : f(...a); }';
+  let out = js.replace(/^import (.+) from '(node:[a-z0-9_/]+)';$/gm, (line, what: string, id: string) => {
+    if (what.startsWith('* as ')) return `const ${what.slice('* as '.length)} = builtinOnFirstUse('${id}');`;
+    if (!/^\{[\w\s,]*\}$/.test(what)) throw new Error(`scripts/build.ts: cannot rewrite the import line: ${line}`);
+    const names = what.slice(1, -1).split(',').map((n) => n.trim()).filter(Boolean);
+    return names.map((n) => lazyExport(id, n.split(/\s+as\s+/)[0], n.split(/\s+as\s+/).at(-1)!)).join('\n');
+  });
+  if (/^import /m.test(out)) throw new Error('scripts/build.ts: an import line is left that the snapshot cannot take');
+  out = out.replace(/^export /gm, '');
+  const entry = /^if \(isEntryPoint\(\)\) \{\n  main\(process\.argv\.slice\(2\), process\.env\)/m;
+  if (!entry.test(out)) throw new Error('scripts/build.ts: the entry point of webhook.ts is not where it was');
+  // In the executable process.argv is [executable, executable, ...arguments], as the module saw it.
+  out = out.replace(
+    entry,
+    "require('node:v8').startupSnapshot.setDeserializeMainFunction(() => {\n  main(process.argv.slice(2), process.env)",
+  );
+  out = out.replace(/\n\}\n*$/, '\n});\n');
+  if (out.includes('import.meta')) out = out.replaceAll('fileURLToPath(import.meta.url)', "''");
+  if (out.includes('import.meta')) throw new Error('scripts/build.ts: import.meta is left in the snapshot script');
+  return lazyModule + out;
 }
 
 const config = {
-  main: path.join(dist, 'webhook.mjs'),
-  mainFormat: 'module',
+  main: script,
+  useSnapshot: true,
   // Written beside the target and renamed over it: a running dist/webhook cannot be overwritten.
   output: path.join(dist, 'webhook.new'),
   disableExperimentalSEAWarning: true,

@@ -403,7 +403,7 @@ describe('deploy/', { skip: cluster ? false : 'no cluster' }, () => {
       const listed = role.rules.filter((r: any) => r.verbs.includes('list')).flatMap((r: any) => r.resources).sort();
       assert.deepEqual(listed, ['daemonsets', 'deployments', 'pods', 'replicasets', 'statefulsets'], 'list: followed workloads, replicasets, pods');
       const watched = role.rules.filter((r: any) => r.verbs.includes('watch')).flatMap((r: any) => r.resources).sort();
-      assert.deepEqual(watched, ['daemonsets', 'deployments', 'statefulsets'], 'watch only the workloads whose rollouts are followed');
+      assert.deepEqual(watched, ['daemonsets', 'deployments', 'pods', 'statefulsets'], 'watch the followed workloads and pods only');
     });
   });
 });
