@@ -13510,6 +13510,8 @@ class WorkloadFeed {
   private fresh = false;
   /** When the workload last changed, as far as the watch has told (0: polling, or no change yet). */
   changedAt = 0;
+  /** When the workload was last read with a GET while watching (started: the follow's start). */
+  private readAt = Date.now();
   private readonly minGeneration: number;
   private wake: (() => void) | undefined;
   private unsubscribe: () => void = () => undefined;
@@ -13560,9 +13562,17 @@ class WorkloadFeed {
     this.changedAt = Date.now();
   }
 
-  /** The workload as last seen (watching), or as a GET answers now (polling). */
+  /**
+   * The workload as last seen (watching), or as a GET answers now (polling). Watching, a workload
+   * that has not changed for UPGRADE_LIMITS.stuckPodFailMs is read again once: a watch that missed a
+   * change (a connection gone quiet) cannot hold a follow until its deadline.
+   */
   async current(): Promise<K8sObject> {
     this.fresh = false;
+    if (this.watching && Date.now() - Math.max(this.changedAt, this.readAt) >= UPGRADE_LIMITS.stuckPodFailMs) {
+      this.readAt = Date.now();
+      this.latest = undefined;
+    }
     if (!this.watching)
       return (this.latest = await this.client.get<K8sObject>(workloadResource(this.target), { background: true }));
     this.latest ??= await this.client.get<K8sObject>(workloadResource(this.target), { background: true });
@@ -13826,7 +13836,7 @@ export async function rollBackFailedRollout(
     const message =
       `container ${container}: rolled back to ${record.previous}: ${reason}${forcedText}; ` + whoAsked(deps);
     await recordEventQuietly(client, target, { type: 'Warning', reason: 'RolledBack', message }, now, report);
-    const rollout = await followRollback(client, target, container, record.previous, followMs, forced);
+    const rollout = await followRollback(client, target, container, record.previous, followMs, forced, patched);
     report.rollback = { reason, image: record.previous, rollout, ...(forced && { forced }) };
   } catch (e) {
     const why = e instanceof KubeError && e.status === 422 ? 'the workload changed meanwhile' : (e as Error).message;
@@ -13845,11 +13855,13 @@ async function followRollback(
   image: string,
   followMs: number,
   forced: ForcedRollback | undefined,
+  patched: K8sObject,
 ): Promise<RolloutOutcome> {
   if (forced && (forced.byHand.length > 0 || forced.why !== undefined))
     return { state: 'progressing', detail: 'not followed: it waits until the stuck pods are deleted', pods: [] };
   if (followMs <= 0) return { state: 'progressing', detail: 'not followed', pods: [] };
-  return followRollout(client, target, { timeoutMs: followMs, container, image });
+  // Followed from the rollback's own PATCH answer, not the push's.
+  return followRollout(client, target, { timeoutMs: followMs, container, image, initial: patched });
 }
 
 /**

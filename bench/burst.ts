@@ -365,9 +365,30 @@ function oldStackPath(): string {
 /** What set-up created, undone in reverse order at the end (KEEP_NAMESPACE=1 keeps it). */
 const cleanUps: (() => Promise<unknown>)[] = [];
 
+/**
+ * The test cluster's kwok nodes hold 110 pods each (a kubelet's default); a release of more pods
+ * than they hold gets a fake node of its own that holds them all (kwok keeps it Ready), removed
+ * at the end.
+ */
+async function roomFor(k: Kubectl, pods: number): Promise<void> {
+  const nodes = JSON.parse(await k(['get', 'nodes', '-o', 'json'])).items;
+  const room = nodes.reduce((sum: number, n: any) => sum + Number(n.status?.allocatable?.pods ?? 0), 0);
+  if (pods + 50 <= room) return;
+  const name = `bench-${ns}`;
+  const capacity = { cpu: '1000', memory: '4Ti', pods: String(pods + 100) };
+  await k(['create', '-f', '-'], JSON.stringify({
+    apiVersion: 'v1', kind: 'Node',
+    metadata: { name, annotations: { 'kwok.x-k8s.io/node': 'fake', 'node.alpha.kubernetes.io/ttl': '0' },
+      labels: { type: 'kwok', 'kubernetes.io/hostname': name, 'kubernetes.io/role': 'agent' } },
+    spec: {}, status: { allocatable: capacity, capacity },
+  }));
+  cleanUps.push(() => k(['delete', 'node', name, '--wait=false']));
+}
+
 async function setUp(k: Kubectl): Promise<{ ours: Stack; old: Stack }> {
   await k(['create', 'namespace', ns]);
   cleanUps.push(() => k(['delete', 'namespace', ns, '--wait=false']));
+  await roomFor(k, PUSHES * REPLICAS);
   const items = names.map((n) => deployment(n, [{ name: 'app', image: image(n, 'v0') }], { replicas: REPLICAS }));
   await k(['-n', ns, 'apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items }));
   const sa = await shippedServiceAccount(k, cluster!, ns, [path.join(ROOT, 'deploy', 'serviceaccount.yaml'), path.join(ROOT, 'deploy', 'rbac-cluster.yaml')], work);

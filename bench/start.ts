@@ -5,7 +5,7 @@
  * side in one run: BENCH_STARTS starts each (default 20), interleaved so a busy moment of the shared
  * machine weighs on all three alike; min and median printed. BENCH_IMAGE_ROOT, when set, adds the
  * container image's executable run from that unpacked root file system (`npm run image`, then
- * `node scripts/image.ts unpack DIR`; started with chroot, so it needs root).
+ * `node scripts/image.ts unpack dist/webhook-image.tar DIR`; started with chroot, so it needs root).
  *
  * The time is measured by the bench itself: from just before spawn() until the first 200 to a
  * `GET /` sent over a fresh connection every millisecond. On a shared machine that wall time
@@ -18,6 +18,7 @@ import * as http from 'node:http';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { adnanhBinary } from '../test/peer.ts';
+import { EXECUTABLE } from '../scripts/image.ts';
 import { cpuTime, freePort, HOOK_TOKEN, OURS, sleep, writeHooksFile } from './common.ts';
 
 const STARTS = Number(process.env.BENCH_STARTS ?? 20);
@@ -87,7 +88,7 @@ if (IMAGE_ROOT) {
     who: 'ours (image)',
     command: (port) => ({
       bin: 'chroot',
-      args: [IMAGE_ROOT, '/webhook', ...serverArgs(port).map((a) => (a === hooks ? '/tmp-bench-hooks.json' : a))],
+      args: [IMAGE_ROOT, EXECUTABLE, ...serverArgs(port).map((a) => (a === hooks ? '/tmp-bench-hooks.json' : a))],
     }),
   });
 }
