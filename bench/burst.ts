@@ -42,8 +42,11 @@ const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 1);
  * CPU each) needs far longer than RUN_TIMEOUT_MS; its figure is then the 200-push run's scaled.
  */
 const STACKS = (process.env.BENCH_STACKS ?? 'ours,old').split(',');
-/** How long the last push may take to be answered, and the rollouts to complete. */
-const RUN_TIMEOUT_MS = 10 * 60_000;
+/**
+ * How long the last push may take to be answered, and the rollouts to complete: the test cluster's
+ * controllers bring up about 4 pods a second, so a release of 2,000 takes some 10 minutes.
+ */
+const RUN_TIMEOUT_MS = Math.max(10 * 60_000, PUSHES * REPLICAS * 600);
 /** A watch event reaches the watcher within moments of the change; an answered push has changed. */
 const WATCH_DELAY_MS = 10_000;
 /** An account that has made no request for this long after its rollouts completed is done. */

@@ -9,6 +9,12 @@ const root = path.resolve(import.meta.dirname, '..');
 const dist = path.join(root, 'dist');
 fs.mkdirSync(dist, { recursive: true });
 
+/** The built-in modules a start-up snapshot can hold (see snapshotScript). */
+const SNAPSHOT_BUILTINS = [
+  'node:child_process', 'node:crypto', 'node:fs', 'node:fs/promises', 'node:net', 'node:os', 'node:path',
+  'node:sea', 'node:string_decoder', 'node:timers/promises', 'node:url', 'node:v8',
+];
+
 const source = fs.readFileSync(path.join(root, 'webhook.ts'), 'utf8');
 const script = path.join(dist, 'webhook-snapshot.cjs');
 fs.writeFileSync(script, snapshotScript(stripTypeScriptTypes(source, { mode: 'strip' })));
@@ -54,7 +60,10 @@ function snapshotScript(js: string): string {
   out = out.replace(/\n\}\n*$/, '\n});\n');
   if (out.includes('import.meta')) out = out.replaceAll('fileURLToPath(import.meta.url)', "''");
   if (out.includes('import.meta')) throw new Error('scripts/build.ts: import.meta is left in the snapshot script');
-  return lazyModule + out;
+  // The built-ins a snapshot can hold are loaded into it (their code compiled once, at build time);
+  // node:http, node:https and node:tls hold native bindings it cannot, and load at their first use.
+  const preload = SNAPSHOT_BUILTINS.map((id) => `process.getBuiltinModule('${id}');`).join(' ');
+  return `${lazyModule}${preload}\n${out}`;
 }
 
 const config = {
