@@ -71,7 +71,8 @@ const cluster = await clusterOrSkip();
 if (!cluster) process.exit(1);
 const kubectl = kubectlFor(cluster);
 const admin = loadKubeconfig(cluster.kubeconfigPath);
-const ns = freshNamespaceName('bench-burst');
+/** BENCH_NAMESPACE: a namespace a run left (KEEP_NAMESPACE=1), its Deployments set back to v0 and used again. */
+const ns = process.env.BENCH_NAMESPACE ?? freshNamespaceName('bench-burst');
 const work = fs.mkdtempSync(path.join(os.tmpdir(), 'bench-burst-'));
 const names = Array.from({ length: PUSHES }, (_, i) => `svc-${String(i).padStart(3, '0')}`);
 const image = (name: string, tag: string) => `registry.cn-hangzhou.aliyuncs.com/shop/${name}:${tag}`;
@@ -119,7 +120,21 @@ function payload(name: string, tag: string): string {
   });
 }
 
-function push(port: number, name: string, tag: string): Promise<{ status: number; body: string; at: number }> {
+/**
+ * A push as a registry delivers it: a 503 with Retry-After (every slot busy: more upgrades in
+ * flight than the service takes at once, 256) is sent again after that many seconds, as
+ * registries retry a failed delivery; `retries` counts them.
+ */
+async function deliver(port: number, name: string, tag: string): Promise<{ status: number; body: string; at: number; retries: number }> {
+  for (let retries = 0; ; retries++) {
+    const answer = await push(port, name, tag);
+    const wait = Number(/^Retry-After: (\d+)$/m.exec(answer.headers)?.[1]);
+    if (answer.status !== 503 || !(wait >= 0) || retries >= 20) return { ...answer, retries };
+    await sleep(wait * 1000);
+  }
+}
+
+function push(port: number, name: string, tag: string): Promise<{ status: number; body: string; at: number; headers: string }> {
   const query = new URLSearchParams({ token: HOOK_TOKEN, ns, workload: `deployment/${name}`, container: 'app', repo_type: 'regionalregistry' });
   const body = payload(name, tag);
   return new Promise((resolve) => {
@@ -127,9 +142,10 @@ function push(port: number, name: string, tag: string): Promise<{ status: number
     const req = http.request({ host: '127.0.0.1', port, path: `/hooks/${name}?${query}`, method: 'POST', agent: false, headers }, (res) => {
       const chunks: Buffer[] = [];
       res.on('data', (c: Buffer) => chunks.push(c));
-      res.on('end', () => resolve({ status: res.statusCode ?? 0, body: Buffer.concat(chunks).toString(), at: performance.now() }));
+      const headers = `Retry-After: ${res.headers['retry-after'] ?? ''}`;
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, body: Buffer.concat(chunks).toString(), at: performance.now(), headers }));
     });
-    req.on('error', (e) => resolve({ status: 0, body: e.message, at: performance.now() }));
+    req.on('error', (e) => resolve({ status: 0, body: e.message, at: performance.now(), headers: '' }));
     req.setTimeout(RUN_TIMEOUT_MS, () => req.destroy(new Error('no answer')));
     req.end(body);
   });
@@ -291,6 +307,8 @@ interface Stack {
 
 interface RunResult {
   patchedS: number;
+  /** Deliveries sent again after a 503 (all command slots busy), as a registry retries them. */
+  retried: number;
   answeredS: number;
   landed: number;
   requests: number;
@@ -329,7 +347,7 @@ async function measure(stack: Stack, server: Server, memory: MemoryPeak, tag: st
   const cpuBefore = cpuTime(pid);
   const watch = await watchPatched(tag);
   const t0 = performance.now();
-  const answers = await Promise.all(names.map((n) => push(server.port, n, tag)));
+  const answers = await Promise.all(names.map((n) => deliver(server.port, n, tag)));
   // Both stacks answer after their patch: what has not landed by now (and the watch's delay) never will.
   const patchedAt = await Promise.race([watch.done, sleep(WATCH_DELAY_MS).then(() => NaN)]);
   watch.stop();
@@ -341,6 +359,7 @@ async function measure(stack: Stack, server: Server, memory: MemoryPeak, tag: st
   const landed = (await deployments()).filter((d) => appImage(d) === image(d.metadata.name, tag)).length;
   return {
     patchedS: (patchedAt - t0) / 1000,
+    retried: answers.reduce((sum, a) => sum + a.retries, 0),
     answeredS: (Math.max(...answers.map((a) => a.at)) - t0) / 1000,
     landed,
     requests: after.dispatched - before.dispatched + after.rejected - before.rejected,
@@ -389,7 +408,7 @@ async function roomFor(k: Kubectl, pods: number): Promise<void> {
 }
 
 async function setUp(k: Kubectl): Promise<{ ours: Stack; old: Stack }> {
-  await k(['create', 'namespace', ns]);
+  if (!process.env.BENCH_NAMESPACE) await k(['create', 'namespace', ns]);
   cleanUps.push(() => k(['delete', 'namespace', ns, '--wait=false']));
   await roomFor(k, PUSHES * REPLICAS);
   const items = names.map((n) => deployment(n, [{ name: 'app', image: image(n, 'v0') }], { replicas: REPLICAS }));
@@ -409,7 +428,8 @@ async function setUp(k: Kubectl): Promise<{ ours: Stack; old: Stack }> {
   cleanUps.push(box.remove);
   const boxed = (who: 'ours' | 'adnanh', bin: string, hooks: string, env: Record<string, string>) => {
     const c = box.command(bin);
-    return startServer(who, c.bin, hooks, false, c.prefix, env);
+    // Every push of the release may be in flight at once (each waits its turn at the client's rate).
+    return startServer(who, c.bin, hooks, false, c.prefix, env, Math.max(1000, PUSHES));
   };
   const oursHooks = writeHooks(path.join(ROOT, 'webhooks.sh'));
   const oldHooks = writeHooks(path.join(ROOT, 'bench', 'old-webhooks.sh'));
