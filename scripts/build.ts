@@ -25,11 +25,11 @@ fs.writeFileSync(script, snapshotScript(stripTypeScriptTypes(source, { mode: 'st
  * expressions), so a process skips parsing and running some 15,000 lines before it reads its hooks.
  * The stripped module becomes the script Node runs to build the snapshot:
  *   - `export` goes (a snapshot's entry is a script, not a module; nothing imports the executable);
- *   - each `import … from 'node:…'` becomes the same names read through process.getBuiltinModule
- *     at their first use: a snapshot cannot hold some built-ins (node:http's parser binding), and
- *     an ES import of node:http would also run its lazy getters (undici: ~35 ms of CPU). A
- *     namespace import becomes a proxy that loads the module when a property is first read, a named
- *     import a function that calls (or constructs) the export it names;
+ *   - each `import … from 'node:…'` becomes the same names read through process.getBuiltinModule:
+ *     a snapshot cannot hold some built-ins (node:http's parser binding), and an ES import of
+ *     node:http would also run its lazy getters (undici: ~35 ms of CPU). A namespace import becomes
+ *     a proxy that loads the module when a property is first read, unless the snapshot holds the
+ *     module (SNAPSHOT_BUILTINS), which is then bound at once, as named imports of it are;
  *   - the entry-point check becomes the function the process runs after the snapshot is loaded,
  *     with the command line as the module would have seen it.
  * Whatever the top level computes is shared by every process started from the executable, so it
@@ -39,14 +39,13 @@ function snapshotScript(js: string): string {
   const lazyModule =
     'function builtinOnFirstUse(id) { let m; ' +
     'return new Proxy({}, { get: (_, k) => (m ??= process.getBuiltinModule(id))[k] }); }\n';
-  const lazyExport = (id: string, name: string, as: string) =>
-    `function ${as}(...a) { const f = process.getBuiltinModule('${id}').${name}; ` +
-    'return new.target ? Reflect.construct(f, a) : f(...a); }';
-  let out = js.replace(/^import (.+) from '(node:[a-z0-9_/]+)';$/gm, (line, what: string, id: string) => {
-    if (what.startsWith('* as ')) return `const ${what.slice('* as '.length)} = builtinOnFirstUse('${id}');`;
-    if (!/^\{[\w\s,]*\}$/.test(what)) throw new Error(`scripts/build.ts: cannot rewrite the import line: ${line}`);
-    const names = what.slice(1, -1).split(',').map((n) => n.trim()).filter(Boolean);
-    return names.map((n) => lazyExport(id, n.split(/\s+as\s+/)[0], n.split(/\s+as\s+/).at(-1)!)).join('\n');
+  let out = js.replace(/^import (\{[^}]*\}|\* as \w+) from '(node:[a-z0-9_/]+)';$/gm, (line, what: string, id: string) => {
+    const held = SNAPSHOT_BUILTINS.includes(id);
+    const name = what.startsWith('* as ') ? what.slice('* as '.length) : undefined;
+    if (name) return `const ${name} = ${held ? `process.getBuiltinModule('${id}')` : `builtinOnFirstUse('${id}')`};`;
+    // Named imports are bound at once: only modules the snapshot holds may be imported so.
+    if (!held) throw new Error(`scripts/build.ts: import ${id} as a namespace (\`* as\`), not by names: ${line}`);
+    return `const ${what.replace(/\b(\w+) as (\w+)\b/g, '$1: $2')} = process.getBuiltinModule('${id}');`;
   });
   if (/^import /m.test(out)) throw new Error('scripts/build.ts: an import line is left that the snapshot cannot take');
   out = out.replace(/^export /gm, '');
