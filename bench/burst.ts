@@ -395,9 +395,10 @@ const cleanUps: (() => Promise<unknown>)[] = [];
 async function roomFor(k: Kubectl, pods: number): Promise<void> {
   const nodes = JSON.parse(await k(['get', 'nodes', '-o', 'json'])).items;
   const room = nodes.reduce((sum: number, n: any) => sum + Number(n.status?.allocatable?.pods ?? 0), 0);
-  if (pods + 50 <= room) return;
+  // A rolling update surges: each Deployment's new pod runs beside its old one for a while.
+  if (2 * pods + 50 <= room) return;
   const name = `bench-${ns}`;
-  const capacity = { cpu: '1000', memory: '4Ti', pods: String(pods + 100) };
+  const capacity = { cpu: '1000', memory: '4Ti', pods: String(2 * pods + 100) };
   await k(['create', '-f', '-'], JSON.stringify({
     apiVersion: 'v1', kind: 'Node',
     metadata: { name, annotations: { 'kwok.x-k8s.io/node': 'fake', 'node.alpha.kubernetes.io/ttl': '0' },
