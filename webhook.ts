@@ -14826,9 +14826,9 @@ export class UpgradeService implements InProcessCommand {
 
   /**
    * The served workloads of each namespace and kind that serves several, read with one LIST each
-   * instead of a GET each; what it finds also seeds the copies the first pushes are patched on
-   * (KnownWorkloads), so they need no read of their own. A refused LIST (RBAC that names the
-   * workloads) leaves them to their GETs.
+   * instead of a GET each. (They do not seed the copies pushes are patched on: a policy set on a
+   * workload after the start would not be in them, and a patch tests the image, not the policy.)
+   * A refused LIST (RBAC that names the workloads) leaves them to their GETs.
    */
   private async listServed(client: KubeClient, targets: WorkloadTarget[]): Promise<Map<string, K8sObject>> {
     const found = new Map<string, K8sObject>();
@@ -14846,7 +14846,6 @@ export class UpgradeService implements InProcessCommand {
           const name = String(valueAt(item, ['metadata', 'name']));
           if (!names.has(name)) continue;
           found.set(`${group}/${name}`, item);
-          this.known.set(`${group}/${name}`, item);
         }
       } catch {
         /* each is read with a GET instead */
