@@ -2916,8 +2916,8 @@ export function satisfiesRange(v: Version, range: SemverRange): boolean {
 //    withDeadline bounds any other wait (the SMTP client's socket steps). Scrubber takes known secrets out of text
 //    leaving the program, in every form an encoding may have given them (URL, base64, JSON, HTML). Used by the SMTP,
 //    Kubernetes and registry clients and the notifications.
-//    Exports: Attempt, clientTlsOptions, OutboundAnswer, OutboundError, outboundRequest, retryAfterSeconds, retrying,
-//    Scrubber, TokenBucket, withDeadline.
+//    Exports: Attempt, clientTlsOptions, OutboundAnswer, OutboundError, outboundRequest, RETRY_BACKOFF,
+//    retryAfterSeconds, retryDelay, retrying, Scrubber, TokenBucket, withDeadline.
 //    Tests: test/burst.test.ts, test/outbound.test.ts, test/upgrade.test.ts.
 // ================================================================================================
 
@@ -3980,19 +3980,20 @@ export async function sendWithRetry(
 }
 
 // ================================================================================================
-// 9. kubernetes client — a small client for the Kubernetes REST API over node:https. Credentials
-//    (KubeCredentials) come from a kubeconfig's context (the kubeconfig chapter: a token, a token file, a client
-//    certificate, or a credential plugin asked before each request and renewed once after a 401) or, inside a pod,
-//    from the service account (the token is re-read on every request, so rotated tokens keep working). A server
-//    URL's path (Rancher's cluster proxy) is kept on every request; a proxy-url's connections tunnel with CONNECT.
-//    Every request is one outboundRequest under a total deadline; transient failures
-//    are retried by the policy of the outbound-calls chapter (retrying) inside a bounded total time, and every call
-//    of one client waits its turn in one token bucket (client-go's QPS and burst). Failures become KubeErrors that
-//    name the verb and the resource, and for 403 the permission missing. The token is only ever put in the
-//    Authorization header.
+// 9. kubernetes client — a small client for the Kubernetes REST API over node:https. Credentials (KubeCredentials) come
+//    from a kubeconfig's context (the kubeconfig chapter: a token, a token file, a client certificate, or a credential
+//    plugin asked before each request and renewed once after a 401) or, inside a pod, from the service account (the
+//    token is re-read on every request, so rotated tokens keep working). A server URL's path (Rancher's cluster proxy)
+//    is kept on every request; a proxy-url's connections tunnel with CONNECT. Every request is one outboundRequest
+//    under a total deadline; transient failures are retried by the policy of the outbound-calls chapter (retrying)
+//    inside a bounded total time, and every call of one client waits its turn in one token bucket (client-go's QPS and
+//    burst). Failures become KubeErrors that name the verb and the resource, and for 403 the permission missing. The
+//    token is only ever put in the Authorization header. Watches are shared (KubeClient.watch): one WATCH per
+//    collection or object and selector, resumed from the last resourceVersion, re-listed on 410, closed when unused.
 //    Exports: CredentialPlugin, describeResource, inClusterCredentials, JsonPatchOperation, KubeClient,
 //    KubeConfigError, KubeCredentials, KubeError, PluginCredential, ResourceRef.
-//    Tests: test/burst.test.ts, test/kubeconfig.test.ts, test/rollback.test.ts, test/upgrade.test.ts.
+//    Tests: test/burst.test.ts, test/kubeconfig.test.ts, test/rollback.test.ts, test/upgrade.test.ts,
+//    test/watch.test.ts.
 // ================================================================================================
 
 const KUBE_LIMITS = {
@@ -4087,7 +4088,7 @@ export interface ResourceRef {
   name?: string;
 }
 
-type KubeVerb = 'get' | 'list' | 'patch' | 'create' | 'delete';
+type KubeVerb = 'get' | 'list' | 'watch' | 'patch' | 'create' | 'delete';
 
 /** `deployments.apps "web" in namespace "prod"`: how kubectl and RBAC name a resource. */
 export function describeResource(r: ResourceRef): string {
@@ -4152,6 +4153,8 @@ interface KubeClientOptions {
   retryBudgetMs?: number;
   /** The bound on the request rate; by default requestsPerSecond and requestBurst of KUBE_LIMITS. */
   rate?: TokenBucket;
+  /** How long the API server keeps one watch open before it is resumed; by default WATCH_LIMITS.timeoutSeconds. */
+  watchTimeoutSeconds?: number;
 }
 
 export class KubeClient {
@@ -4165,6 +4168,10 @@ export class KubeClient {
   private readonly requestTimeoutMs: number;
   private readonly retryBudgetMs: number;
   private readonly rate: TokenBucket;
+  readonly watchTimeoutSeconds: number;
+  /** This client's shared watches by scope (each cluster's client has its own), and those refused until when. */
+  private readonly watches = new Map<string, SharedWatch>();
+  private readonly refusedWatches = new Map<string, { until: number; error: KubeError }>();
 
   constructor(credentials: KubeCredentials, options: KubeClientOptions = {}) {
     this.credentials = credentials;
@@ -4174,6 +4181,7 @@ export class KubeClient {
     this.requestTimeoutMs = options.requestTimeoutMs ?? KUBE_LIMITS.requestTimeoutMs;
     this.retryBudgetMs = options.retryBudgetMs ?? KUBE_LIMITS.retryBudgetMs;
     this.rate = options.rate ?? new TokenBucket(KUBE_LIMITS.requestsPerSecond, KUBE_LIMITS.requestBurst);
+    this.watchTimeoutSeconds = options.watchTimeoutSeconds ?? WATCH_LIMITS.timeoutSeconds;
     this.agent = kubeAgent(credentials, credentials.cert, credentials.key);
   }
 
@@ -4223,9 +4231,96 @@ export class KubeClient {
     }
   }
 
-  /** Closes idle keep-alive connections. */
+  /** Closes the watches and idle keep-alive connections. */
   close(): void {
+    for (const w of this.watches.values()) w.close();
+    this.watches.clear();
     this.agent.destroy();
+  }
+
+  /**
+   * Subscribes to the changes of a collection (or of one object) from `resourceVersion` on (from a
+   * list when undefined), through the one WATCH this client shares among every subscriber of the
+   * same scope; the function returned unsubscribes, and the last to leave closes the watch. A
+   * watch refused (403) is remembered for WATCH_LIMITS.refusedMemoryMs: `failed` is called at once.
+   */
+  watch(scope: WatchScope, resourceVersion: string | undefined, subscriber: WatchSubscriber): () => void {
+    const key = watchKey(scope);
+    const refused = this.refusedWatches.get(key);
+    if (refused && refused.until > Date.now()) {
+      queueMicrotask(() => subscriber.failed(refused.error));
+      return () => undefined;
+    }
+    let shared = this.watches.get(key);
+    if (!shared) {
+      const created = new SharedWatch(this, scope, resourceVersion, (e) => {
+        if (this.watches.get(key) === created) this.watches.delete(key);
+        if (e.status !== 403) return;
+        this.refusedWatches.set(key, { until: Date.now() + WATCH_LIMITS.refusedMemoryMs, error: e });
+      });
+      this.watches.set(key, (shared = created));
+    }
+    const w = shared;
+    if (!w.coversFrom(resourceVersion)) queueMicrotask(() => subscriber.behind?.());
+    if (w.listed) queueMicrotask(() => subscriber.synced?.());
+    w.subscribers.add(subscriber);
+    return () => {
+      w.subscribers.delete(subscriber);
+      if (w.subscribers.size > 0) return;
+      w.close();
+      if (this.watches.get(key) === w) this.watches.delete(key);
+    };
+  }
+
+  /** The objects the running watch of this scope has seen by name (what a subscriber joining late starts from). */
+  watched(scope: WatchScope): ReadonlyMap<string, Record<string, unknown>> | undefined {
+    return this.watches.get(watchKey(scope))?.objects;
+  }
+
+  /** Whether the running watch of this scope has had its whole collection listed. */
+  watchSynced(scope: WatchScope): boolean {
+    return this.watches.get(watchKey(scope))?.listed === true;
+  }
+
+  /** The scopes watched now and the requests each has made (watches, resumptions, re-lists). */
+  watchesOpen(): { scope: string; requests: number }[] {
+    return [...this.watches].map(([scope, w]) => ({ scope, requests: w.requests }));
+  }
+
+  /** One WATCH request, its turn taken like any call's: the streaming answer, or a KubeError for an error answer. */
+  async openWatch(
+    r: ResourceRef,
+    query: Record<string, string>,
+    onRequest: (req: http.ClientRequest) => void,
+  ): Promise<{ req: http.ClientRequest; res: http.IncomingMessage }> {
+    const turn = this.rate.reserve(this.retryBudgetMs);
+    if (turn === undefined) throw this.rateLimited('watch', r);
+    if (turn > 0) await sleep(turn);
+    const url = new URL(`${this.server}${resourcePath({ ...r, name: undefined })}?${new URLSearchParams(query)}`);
+    const headers: Record<string, string> = { Accept: 'application/json', 'User-Agent': `webhook/${VERSION}` };
+    const authorization = await this.authorization('watch', r);
+    if (authorization !== undefined) headers.Authorization = authorization;
+    return new Promise((resolve, reject) => {
+      const req = https.request(url, { method: 'GET', headers, agent: this.agent });
+      onRequest(req);
+      const timer = setTimeout(() => req.destroy(new Error('no answer')), this.requestTimeoutMs);
+      req.on('error', (e: NodeJS.ErrnoException) => {
+        clearTimeout(timer);
+        const why = `the API server ${this.server} did not answer (${e.code ?? e.message})`;
+        reject(new KubeError(`cannot watch ${describeResource(r)}: ${why}`, 0, e.code ?? 'ECONNRESET'));
+      });
+      req.on('response', (res) => {
+        clearTimeout(timer);
+        if (res.statusCode === 200) return resolve({ req, res });
+        const chunks: Buffer[] = [];
+        res.on('data', (c: Buffer) => chunks.push(c));
+        res.on('end', () => {
+          const answer = { status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(chunks).toString() };
+          reject(this.answerError('watch', r, answer));
+        });
+      });
+      req.end();
+    });
   }
 
   private async call<T>(
@@ -4434,7 +4529,7 @@ function kubeAgent(credentials: KubeCredentials, cert: Buffer | undefined, key: 
     verify: !credentials.insecureSkipTlsVerify,
   };
   const options = Object.assign(clientTlsOptions(new URL(credentials.server).hostname, trust), { keepAlive: true });
-  return credentials.proxyUrl ? new TunnelAgent(credentials.proxyUrl, options) : new https.Agent(options);
+  return credentials.proxyUrl ? tunnelAgent(credentials.proxyUrl, options) : new https.Agent(options);
 }
 
 const TUNNEL_LIMITS = {
@@ -4443,62 +4538,60 @@ const TUNNEL_LIMITS = {
 };
 
 /**
- * An agent whose connections go through an HTTP or HTTPS proxy (kubeconfig proxy-url): a CONNECT to
- * the API server's host and port, then TLS to the API server inside the tunnel, so the proxy sees
- * neither the requests nor the credentials. The proxy URL's user and password become its
- * Proxy-Authorization.
+ * An agent whose connections go through an HTTP or HTTPS proxy (kubeconfig proxy-url): a CONNECT to the API
+ * server's host and port, then TLS to the API server inside the tunnel, so the proxy sees neither the requests
+ * nor the credentials. The proxy URL's user and password become its Proxy-Authorization.
  */
-class TunnelAgent extends https.Agent {
-  private readonly proxy: URL;
+function tunnelAgent(proxy: URL, agentOptions: https.AgentOptions): https.Agent {
+  // An instance whose createConnection is replaced, not a subclass: a class extending https.Agent would load
+  // node:https when this file is evaluated, which the start-up snapshot cannot hold.
+  const agent = new https.Agent(agentOptions);
+  agent.createConnection = (options, done) => tunnelConnection(proxy, options, done);
+  return agent;
+}
 
-  constructor(proxy: URL, options: https.AgentOptions) {
-    super(options);
-    this.proxy = proxy;
-  }
-
-  override createConnection(
-    options: http.ClientRequestArgs,
-    done?: (err: Error | null, stream: Duplex) => void,
-  ): undefined {
-    const p = this.proxy;
-    const target = `${options.host}:${options.port}`;
-    const secure = p.protocol === 'https:';
-    const port = Number(p.port) || (secure ? 443 : 80);
-    const socket = secure
-      ? tls.connect({ host: p.hostname, port, servername: p.hostname })
-      : net.connect(port, p.hostname);
-    let settled = false;
-    const fail = (why: string) => {
-      socket.destroy();
-      if (!settled) done?.(Object.assign(new Error(`proxy ${p.host}: ${why}`), { code: 'EPROXY' }), socket);
-      settled = true;
-    };
-    socket.setTimeout(KUBE_LIMITS.requestTimeoutMs, () => fail(`no answer to CONNECT ${target}`));
-    socket.once('error', (e: NodeJS.ErrnoException) => fail(e.code ?? e.message));
-    socket.once(secure ? 'secureConnect' : 'connect', () => {
-      const auth = p.username
-        ? `Proxy-Authorization: Basic ${Buffer.from(
-            `${decodeURIComponent(p.username)}:` + `${decodeURIComponent(p.password)}`,
-          ).toString('base64')}\r\n`
-        : '';
-      socket.write(`CONNECT ${target} HTTP/1.1\r\nHost: ${target}\r\n${auth}\r\n`);
-    });
-    let answer = Buffer.alloc(0);
-    const read = (chunk: Buffer) => {
-      answer = Buffer.concat([answer, chunk]);
-      const end = answer.indexOf('\r\n\r\n');
-      if (end < 0) return answer.length > TUNNEL_LIMITS.maxAnswerBytes ? fail('answer to CONNECT too long') : undefined;
-      socket.off('data', read);
-      socket.setTimeout(0);
-      const status = answer.subarray(0, answer.indexOf('\r\n')).toString('latin1');
-      if (!/^HTTP\/1\.[01] 2\d\d /.test(`${status} `))
-        return fail(`CONNECT ${target} refused: ${status.slice(0, 100)}`);
-      settled = true;
-      done?.(null, tls.connect({ ...(options as tls.ConnectionOptions), socket }));
-    };
-    socket.on('data', read);
-    return undefined;
-  }
+function tunnelConnection(
+  p: URL,
+  options: http.ClientRequestArgs,
+  done?: (err: Error | null, stream: Duplex) => void,
+): undefined {
+  const target = `${options.host}:${options.port}`;
+  const secure = p.protocol === 'https:';
+  const port = Number(p.port) || (secure ? 443 : 80);
+  const socket = secure
+    ? tls.connect({ host: p.hostname, port, servername: p.hostname })
+    : net.connect(port, p.hostname);
+  let settled = false;
+  const fail = (why: string) => {
+    socket.destroy();
+    if (!settled) done?.(Object.assign(new Error(`proxy ${p.host}: ${why}`), { code: 'EPROXY' }), socket);
+    settled = true;
+  };
+  socket.setTimeout(KUBE_LIMITS.requestTimeoutMs, () => fail(`no answer to CONNECT ${target}`));
+  socket.once('error', (e: NodeJS.ErrnoException) => fail(e.code ?? e.message));
+  socket.once(secure ? 'secureConnect' : 'connect', () => {
+    const auth = p.username
+      ? `Proxy-Authorization: Basic ${Buffer.from(
+          `${decodeURIComponent(p.username)}:` + `${decodeURIComponent(p.password)}`,
+        ).toString('base64')}\r\n`
+      : '';
+    socket.write(`CONNECT ${target} HTTP/1.1\r\nHost: ${target}\r\n${auth}\r\n`);
+  });
+  let answer = Buffer.alloc(0);
+  const read = (chunk: Buffer) => {
+    answer = Buffer.concat([answer, chunk]);
+    const end = answer.indexOf('\r\n\r\n');
+    if (end < 0) return answer.length > TUNNEL_LIMITS.maxAnswerBytes ? fail('answer to CONNECT too long') : undefined;
+    socket.off('data', read);
+    socket.setTimeout(0);
+    const status = answer.subarray(0, answer.indexOf('\r\n')).toString('latin1');
+    if (!/^HTTP\/1\.[01] 2\d\d /.test(`${status} `))
+      return fail(`CONNECT ${target} refused: ${status.slice(0, 100)}`);
+    settled = true;
+    done?.(null, tls.connect({ ...(options as tls.ConnectionOptions), socket }));
+  };
+  socket.on('data', read);
+  return undefined;
 }
 
 /** The last failure of a call that is given up, with how many attempts it took and how long. */
@@ -4547,6 +4640,244 @@ export type JsonPatchOperation =
   | { op: 'test' | 'add' | 'replace'; path: string; value: unknown }
   | { op: 'remove'; path: string };
 
+// ---- watches ----------------------------------------------------------------------------------
+
+const WATCH_LIMITS = {
+  // The API server ends a watch after timeoutSeconds; client-go's reflectors ask for 5 to 10
+  // minutes. The watch then goes on from the last resourceVersion seen: one request per shared
+  // watch every 5 minutes, whatever the number of follows it serves.
+  timeoutSeconds: 300,
+  // Nothing at all (not even a bookmark, which the API server sends about once a minute) for this
+  // long past the watch's own timeout: the connection is taken as dead and the watch resumed.
+  silenceMs: 360_000,
+  // A watch that ends sooner than this was not a watch the API server kept open (a proxy cut it).
+  shortestMs: 1_000,
+  // A watch refused (403) is not asked for again for this long: its follows poll meanwhile, each
+  // without a refused request first; past it, a grant given since is used.
+  refusedMemoryMs: 10 * 60_000,
+};
+
+/** A change of one object of a watched collection; a re-list sends every listed object as MODIFIED. */
+interface WatchEvent {
+  type: 'ADDED' | 'MODIFIED' | 'DELETED';
+  object: Record<string, unknown>;
+}
+
+/** What a subscriber of a watch is told. */
+interface WatchSubscriber {
+  event(e: WatchEvent): void;
+  /**
+   * The watch it joins started after the resourceVersion it asked for: changes in between were
+   * sent before it joined (`watched` has the objects as they are since), so it reads its object.
+   */
+  behind?(): void;
+  /** The watch has the whole collection (its first list is in `watched`): told once, at once if it had it. */
+  synced?(): void;
+  /** The watch cannot go on (refused: 403 without the watch verb; the API is gone: 404): no more events come. */
+  failed(e: KubeError): void;
+}
+
+/** A watched collection: `ref` without a name is the namespace's collection, with one that object alone. */
+interface WatchScope {
+  ref: ResourceRef;
+  labelSelector?: string;
+}
+
+function watchQuery(scope: WatchScope): Record<string, string> {
+  const q: Record<string, string> = {};
+  if (scope.labelSelector) q.labelSelector = scope.labelSelector;
+  // A name is asked for as a field selector: RBAC grants it through resourceNames, as it does a get.
+  if (scope.ref.name !== undefined) q.fieldSelector = `metadata.name=${scope.ref.name}`;
+  return q;
+}
+
+const metaOf = (o: unknown, field: string): string | undefined => {
+  const meta = isObject(o) && isObject(o.metadata) ? o.metadata : {};
+  return typeof meta[field] === 'string' ? meta[field] : undefined;
+};
+
+/**
+ * One WATCH of a collection, shared by every subscriber of the same scope on one client: started
+ * at a resourceVersion (the caller's, from an answer it has; else from a list), resumed from the
+ * last resourceVersion seen (bookmarks on) when the API server ends it or the connection drops,
+ * with the outbound-calls backoff (retryDelay) between failed tries; re-listed on 410 Gone; ended
+ * for good on 401/403/404 (failed()) or when its last subscriber leaves (close()). The objects
+ * seen are kept by name (`objects`), so a subscriber that joins late reads the present state.
+ */
+class SharedWatch {
+  readonly subscribers = new Set<WatchSubscriber>();
+  readonly objects = new Map<string, Record<string, unknown>>();
+  /** Requests this watch made (watches and re-lists): tests and the metrics read it. */
+  requests = 0;
+  /** Whether a list has given it the whole collection (it began with one). */
+  listed = false;
+  private resourceVersion: string | undefined;
+  /** The resourceVersion the watch started at (after its first list, if it needed one). */
+  private startedAt: string | undefined;
+  private failures = 0;
+  private closed = false;
+  private stream?: http.ClientRequest;
+  private retryTimer?: NodeJS.Timeout;
+  private readonly client: KubeClient;
+  private readonly scope: WatchScope;
+  private readonly onFailed: (e: KubeError) => void;
+
+  constructor(client: KubeClient, scope: WatchScope, rv: string | undefined, onFailed: (e: KubeError) => void) {
+    this.client = client;
+    this.scope = scope;
+    this.resourceVersion = this.startedAt = rv;
+    this.onFailed = onFailed;
+    void this.connect();
+  }
+
+  /**
+   * Whether every change after `rv` reaches a subscriber that joins now: the watch started at or
+   * before it. resourceVersions are etcd's revisions, compared as numbers; anything else is taken
+   * as not covered (the subscriber reads its object once: safe, one request).
+   */
+  coversFrom(rv: string | undefined): boolean {
+    if (rv === undefined || this.startedAt === undefined) return false;
+    if (!/^\d+$/.test(rv) || !/^\d+$/.test(this.startedAt)) return rv === this.startedAt;
+    return BigInt(this.startedAt) <= BigInt(rv);
+  }
+
+  close(): void {
+    this.closed = true;
+    clearTimeout(this.retryTimer);
+    this.stream?.destroy();
+  }
+
+  private deliver(e: WatchEvent): void {
+    const name = metaOf(e.object, 'name');
+    if (name !== undefined) {
+      if (e.type === 'DELETED') this.objects.delete(name);
+      else this.objects.set(name, e.object);
+    }
+    for (const s of [...this.subscribers]) s.event(e);
+  }
+
+  private fail(e: KubeError): void {
+    this.close();
+    this.onFailed(e);
+    for (const s of [...this.subscribers]) s.failed(e);
+  }
+
+  /** The next try after a failure, later each time (retryDelay's backoff; the budget is the watch's life). */
+  private retry(failure: { status?: number; code?: string; retryAfterSeconds?: number }): void {
+    if (this.closed) return;
+    const wait = retryDelay({ ...failure, transient: true }, this.failures++, Infinity) ?? RETRY_BACKOFF.maxMs;
+    this.retryTimer = setTimeout(() => void this.connect(), wait);
+  }
+
+  /** A list of the scope: its objects sent as MODIFIED, the watch then goes on from the list's resourceVersion. */
+  private async relist(): Promise<boolean> {
+    this.requests++;
+    try {
+      type List = { items?: Record<string, unknown>[]; metadata?: { resourceVersion?: string } };
+      const list = await this.client.list<List>(this.scope.ref, watchQuery(this.scope));
+      if (this.closed) return false;
+      this.resourceVersion = list.metadata?.resourceVersion;
+      this.startedAt ??= this.resourceVersion;
+      for (const object of list.items ?? []) this.deliver({ type: 'MODIFIED', object });
+      if (!this.listed) {
+        this.listed = true;
+        for (const s of [...this.subscribers]) s.synced?.();
+      }
+      return true;
+    } catch (e) {
+      const k = e instanceof KubeError ? e : new KubeError(String(e), 0, '');
+      if ([401, 403, 404].includes(k.status)) this.fail(k);
+      else this.retry({ status: k.status || undefined, code: k.reason });
+      return false;
+    }
+  }
+
+  private async connect(): Promise<void> {
+    if (this.closed) return;
+    if (this.resourceVersion === undefined && !(await this.relist())) return;
+    const query = {
+      ...watchQuery(this.scope),
+      watch: '1',
+      allowWatchBookmarks: 'true',
+      resourceVersion: this.resourceVersion ?? '',
+      timeoutSeconds: String(this.client.watchTimeoutSeconds),
+    };
+    this.requests++;
+    let opened: Awaited<ReturnType<KubeClient['openWatch']>>;
+    try {
+      opened = await this.client.openWatch(this.scope.ref, query, (req) => (this.stream = req));
+    } catch (e) {
+      if (e instanceof KubeError && e.status === 410) {
+        this.resourceVersion = undefined;
+        return void this.connect();
+      }
+      if (e instanceof KubeError && [401, 403, 404].includes(e.status)) return this.fail(e);
+      const k = e as KubeError;
+      return this.retry({ status: k.status || undefined, code: k.reason });
+    }
+    if (this.closed) opened.req.destroy();
+    else this.read(opened.res, opened.req);
+  }
+
+  /** Reads the stream's lines (one event each) until it ends, then resumes. */
+  private read(res: http.IncomingMessage, req: http.ClientRequest): void {
+    let buffered = '';
+    let gone = false;
+    const silence = () => setTimeout(() => req.destroy(new Error('watch silent')), WATCH_LIMITS.silenceMs);
+    let timer = silence();
+    res.setEncoding('utf8');
+    res.on('data', (chunk: string) => {
+      clearTimeout(timer);
+      timer = silence();
+      buffered += chunk;
+      for (let nl = buffered.indexOf('\n'); nl >= 0 && !gone; nl = buffered.indexOf('\n')) {
+        const line = buffered.slice(0, nl);
+        buffered = buffered.slice(nl + 1);
+        gone = this.line(line) === 'gone';
+        if (gone) req.destroy();
+      }
+    });
+    let ended = false;
+    const opened = Date.now();
+    const end = (failed: boolean) => {
+      clearTimeout(timer);
+      if (ended || this.closed) return void (ended = true);
+      ended = true;
+      if (gone) this.resourceVersion = undefined;
+      // A watch that ends at once, without error, is retried with the backoff too: never a busy loop.
+      if (!gone && (failed || Date.now() - opened < WATCH_LIMITS.shortestMs)) return this.retry({ code: 'ECONNRESET' });
+      void this.connect();
+    };
+    res.on('end', () => end(false));
+    res.on('error', () => end(true));
+    req.on('error', () => end(true));
+    req.on('close', () => end(!res.complete));
+  }
+
+  /** One line of the stream; 'gone' when the API server no longer has the resourceVersion (410). */
+  private line(text: string): 'gone' | undefined {
+    if (text.trim() === '') return undefined;
+    let e: { type?: string; object?: Record<string, unknown> };
+    try {
+      e = JSON.parse(text);
+    } catch {
+      return undefined;
+    }
+    const object = isObject(e.object) ? e.object : {};
+    if (e.type === 'ERROR') return object.code === 410 ? 'gone' : undefined;
+    const rv = metaOf(object, 'resourceVersion');
+    if (rv !== undefined) this.resourceVersion = rv;
+    this.failures = 0;
+    if (e.type === 'ADDED' || e.type === 'MODIFIED' || e.type === 'DELETED') this.deliver({ type: e.type, object });
+    return undefined;
+  }
+}
+
+/** The key of a shared watch: the collection (or one object of it) and the label selector. */
+function watchKey(scope: WatchScope): string {
+  return `${resourcePath({ ...scope.ref, name: undefined })}?${new URLSearchParams(watchQuery(scope))}`;
+}
+
 // ================================================================================================
 // 10. kubeconfig — kubeconfig files read as kubectl reads them (client-go's clientcmd), and the credentials of one of
 //    their contexts. YAML or JSON; -kubeconfig is one file, KUBECONFIG a list merged by kubectl's rules (the first
@@ -4560,7 +4891,8 @@ export type JsonPatchOperation =
 //    names them; a plugin's bare command is looked up on PATH. Basic auth, auth-provider and impersonation are
 //    refused. Errors name the file, the context and the field, never a credential.
 //    Exports: credentialsFromEnvironment.
-//    Tests: test/burst.test.ts, test/kubeconfig.test.ts, test/rollback.test.ts, test/upgrade.test.ts.
+//    Tests: test/burst.test.ts, test/kubeconfig.test.ts, test/rollback.test.ts, test/upgrade.test.ts,
+//    test/watch.test.ts.
 // ================================================================================================
 
 const EXEC_LIMITS = {
@@ -7406,11 +7738,14 @@ const RULE_TYPE_NAMES = Object.keys(RULE_TYPES);
 /**
  * Secrets are compared through keyed digests (a random per-process key, then SHA-256), so the
  * comparison takes the same time whatever the lengths and contents. A one-shot hash is half the
- * cost of an HMAC object, and this runs on every request.
+ * cost of an HMAC object, and this runs on every request. The key is made at its first use, in the
+ * running process: the executable starts from a snapshot of this file's evaluated top level
+ * (scripts/build.ts), which every process shares, so a key made there would be the same in all.
  */
-const COMPARE_KEY = randomBytes(32).toString('hex');
+let compareKey: string | undefined;
 function secretDigest(value: string): Buffer {
-  return hash('sha256', COMPARE_KEY + value, 'buffer');
+  compareKey ??= randomBytes(32).toString('hex');
+  return hash('sha256', compareKey + value, 'buffer');
 }
 
 /** A trigger-rule: exactly one of and, or, not, match. */
@@ -11405,8 +11740,9 @@ export const UPGRADE_LIMITS = {
   // patch; re-reading and re-planning a few times settles it, more means something is fighting us.
   maxPatchAttempts: 5,
   // Workloads whose last known state the service keeps, to patch without reading first: a few KiB
-  // each; beyond this many the oldest is forgotten (and read again when next pushed to).
-  maxKnownWorkloads: 1_000,
+  // each (a release of 2,000 workloads keeps some 20 MB); beyond this many the oldest is forgotten
+  // (and read again when next pushed to).
+  maxKnownWorkloads: 2_500,
   // Registries retry a delivery they think failed within seconds to a minute. A real new push of
   // the same tag carries a new digest or pushed_at, so it is not mistaken for a repeat.
   duplicateWindowMs: 60_000,
@@ -11433,6 +11769,9 @@ export const UPGRADE_LIMITS = {
   // How often a follow lists the pods to see whether any is stuck: a list of pods (and of a
   // Deployment's ReplicaSets) costs more than the once-a-second GET of the workload.
   stuckPodCheckMs: 5_000,
+  // How long a follow waits for the shared watch of the pods to have listed them before it lists
+  // them itself for that look: a request's own deadline.
+  podWatchSyncMs: 10_000,
 };
 
 /**
@@ -11577,6 +11916,8 @@ export interface WorkloadTarget {
   uid?: string;
   /** metadata.generation after our patch: the rollout to follow. */
   generation?: number;
+  /** metadata.resourceVersion of our patch's answer: the rollout's follow watches from it on. */
+  resourceVersion?: string;
 }
 
 export function workloadResource(t: { kind: WorkloadKind; name?: string; namespace: string }): ResourceRef {
@@ -11927,6 +12268,12 @@ export interface FollowOptions {
   /** The image rolled out: only pods running it count as stuck (undefined: every pod). */
   image?: string;
   pollMs?: number;
+  /** The workload as the PATCH answered it: the follow watches from its resourceVersion on (else it polls). */
+  initial?: Record<string, unknown>;
+  /** Told when the follow polls because its watch was refused. */
+  warn?: (message: string) => void;
+  /** Told the workload as last seen when the follow ends (what the follow record is taken off with). */
+  seen?: (workload: Record<string, unknown>) => void;
   /** How long a new pod may be stuck before the rollout counts as failed. */
   stuckFailMs?: number;
   signal?: AbortSignal;
@@ -14251,11 +14598,14 @@ export function formatReport(r: UpgradeReport): string {
 
 // ================================================================================================
 // 32. rollout follow — follows a rollout by kubectl's rules until it completes, fails (a pod stuck in
-//    CrashLoopBackOff, ImagePullBackOff…) or ROLLOUT_TIMEOUT passes. A follow is recorded on the workload
-//    (FOLLOW_ANNOTATION) after the answer, so another replica resumes it after a restart, and only the replica that
-//    takes the record off reports its end (claimFollow).
+//    CrashLoopBackOff, ImagePullBackOff…) or ROLLOUT_TIMEOUT passes. The workload is watched (WorkloadFeed: the
+//    client's watch shared by the follows of a namespace and kind, from the PATCH answer's resourceVersion; a watch
+//    of the workload alone where RBAC names it; a GET per second, with one warning, where watch is refused). A
+//    follow is recorded on the workload (FOLLOW_ANNOTATION) after the answer, so another replica resumes it after a
+//    restart, and only the replica that takes the record off reports its end (claimFollow).
 //    Exports: claimFollow, followRollout, resumedReport, rolloutEvent.
-//    Tests: test/e2e.test.ts, test/replicas.test.ts, test/resume.test.ts, test/rolling.test.ts.
+//    Tests: test/e2e.test.ts, test/replicas.test.ts, test/resume.test.ts, test/rolling.test.ts,
+//    test/watch.test.ts.
 // ================================================================================================
 
 /**
@@ -14280,32 +14630,251 @@ export async function followRollout(
   const pollMs = Math.max(ROLLOUT_POLL_FLOOR_MS, options.pollMs ?? UPGRADE_LIMITS.rolloutPollMs);
   const stuckSince = new Map<string, number>();
   let podsCheckedAt = Date.now();
+  const feed = new WorkloadFeed(client, target, options.initial, options.warn);
+  const podStates = new PodStates(client, target);
+  const podsOf = (workload: K8sObject) => podStates.read(workload, options.container);
   try {
     for (;;) {
-      const workload = await client.get<K8sObject>(workloadResource(target), { background: true });
+      const workload = await feed.current();
       const status = rolloutStatus(target.kind, workload);
       if (status.state === 'untracked') return { state: 'not tracked', detail: status.message, pods: [] };
       if (status.state !== 'waiting') {
-        const pods = await podsOrNone(client, target, workload, options.container);
+        const pods = await podsOf(workload);
         return { state: status.state === 'done' ? 'complete' : 'failed', detail: status.message, pods };
       }
       if (Date.now() >= deadline || options.signal?.aborted) {
-        const pods = await podsOrNone(client, target, workload, options.container);
+        const pods = await podsOf(workload);
         const stuck = stuckPods(pods, options.image);
         if (stuck.length > 0) return { state: 'failed', detail: `pods not ready: ${describeStuck(stuck)}`, pods };
         return { state: 'timed out', detail: `after ${formatGoDuration(options.timeoutMs)}: ${status.message}`, pods };
       }
       options.onProgress?.({ state: 'progressing', detail: status.message, pods: [] });
-      if (Date.now() - podsCheckedAt >= UPGRADE_LIMITS.stuckPodCheckMs) {
+      // Watching, a rollout whose workload changed since the last look is moving: its pods are looked
+      // at once it has been still for stuckPodCheckMs (stuck pods leave the workload's status still).
+      if (Date.now() - Math.max(podsCheckedAt, feed.changedAt) >= UPGRADE_LIMITS.stuckPodCheckMs) {
         podsCheckedAt = Date.now();
-        const failed = await stuckTooLong(client, target, workload, options, stuckSince);
+        if (feed.watching) podStates.watch();
+        const failed = await stuckTooLong(await podsOf(workload), options, stuckSince);
         if (failed) return failed;
       }
-      const wait = Math.max(ROLLOUT_POLL_FLOOR_MS, Math.min(pollMs, deadline - Date.now()));
-      await new Promise((resolve) => setTimeout(resolve, wait));
+      // Watching, the next look comes with the next change, or when the pods are due a look.
+      const still = Math.max(podsCheckedAt, feed.changedAt);
+      const next = feed.watching ? still + UPGRADE_LIMITS.stuckPodCheckMs - Date.now() : pollMs;
+      await feed.changed(Math.max(ROLLOUT_POLL_FLOOR_MS, Math.min(next, deadline - Date.now())), options.signal);
     }
   } catch (e) {
     return { state: 'timed out', detail: `could not follow the rollout: ${(e as Error).message}`, pods: [] };
+  } finally {
+    podStates.close();
+    const last = feed.close();
+    if (last) options.seen?.(last);
+  }
+}
+
+/** Whether an object's labels satisfy a selector (matchLabels and matchExpressions), as the API server decides. */
+function selectorMatches(selector: unknown, obj: unknown): boolean {
+  const labels = valueAt(obj, ['metadata', 'labels']);
+  const label = (k: string) => (isObject(labels) && typeof labels[k] === 'string' ? labels[k] : undefined);
+  const wanted = valueAt(selector, ['matchLabels']);
+  if (isObject(wanted) && Object.entries(wanted).some(([k, v]) => label(k) !== String(v))) return false;
+  return asArray(valueAt(selector, ['matchExpressions'])).every((e) => {
+    const value = label(String(valueAt(e, ['key'])));
+    const values = asArray(valueAt(e, ['values'])).map(String);
+    switch (valueAt(e, ['operator'])) {
+      case 'In':
+        return value !== undefined && values.includes(value);
+      case 'NotIn':
+        return value === undefined || !values.includes(value);
+      case 'Exists':
+        return value !== undefined;
+      case 'DoesNotExist':
+        return value === undefined;
+      default:
+        return false;
+    }
+  });
+}
+
+/**
+ * The workload's own pods among `pods` (a namespace's, from a watch), sorted by name: those its
+ * selector matches that it owns, directly or (a Deployment's) through the ReplicaSet its controller
+ * names `<deployment>-<pod-template-hash>`.
+ */
+function workloadPodsIn(
+  pods: unknown[],
+  target: WorkloadTarget,
+  workload: K8sObject,
+  containerName: string,
+): PodSummary[] {
+  const selector = valueAt(workload, ['spec', 'selector']);
+  const uid = String(target.uid ?? valueAt(workload, ['metadata', 'uid']));
+  const owned = (p: unknown) =>
+    asArray(valueAt(p, ['metadata', 'ownerReferences'])).some(
+      (o) =>
+        String(valueAt(o, ['uid'])) === uid ||
+        (kindSpec(target.kind).podsOwnedThrough !== undefined &&
+          valueAt(o, ['kind']) === 'ReplicaSet' &&
+          valueAt(o, ['name']) === `${target.name}-${String(valueAt(p, ['metadata', 'labels', 'pod-template-hash']))}`),
+    );
+  return pods
+    .filter((p) => selectorMatches(selector, p) && owned(p))
+    .map((p) => summarizePod(p, containerName))
+    .sort((a, b) => a.name.localeCompare(b.name));
+}
+
+/**
+ * A followed rollout's pods. Once the follow needs their states while the rollout is still
+ * (watch()), through the watch of the namespace's pods this client shares among every such
+ * follow (one list and one WATCH for a whole release, however many rollouts it has, where a
+ * selector's watch each would hold a connection per rollout); the rollout's own are picked out by
+ * its selector and owners (workloadPodsIn). Until then, and where that watch is refused, listed
+ * (workloadPods). The summary at the end reads the shared watch when another follow has it open.
+ */
+class PodStates {
+  private readonly client: KubeClient;
+  private readonly target: WorkloadTarget;
+  private readonly scope: { ref: ResourceRef };
+  private synced: Promise<boolean> | undefined;
+  private unsubscribe: () => void = () => undefined;
+
+  constructor(client: KubeClient, target: WorkloadTarget) {
+    this.client = client;
+    this.target = target;
+    this.scope = { ref: { group: '', version: 'v1', resource: 'pods', namespace: target.namespace } };
+  }
+
+  watch(): void {
+    this.synced ??= new Promise<boolean>((resolve) => {
+      this.unsubscribe = this.client.watch(this.scope, undefined, {
+        event: () => undefined,
+        synced: () => resolve(true),
+        failed: () => resolve(false),
+      });
+    });
+  }
+
+  async read(workload: K8sObject, container: string): Promise<PodSummary[]> {
+    // A list that does not come within a request's deadline leaves this look to a list of its own.
+    const late = new Promise<boolean>((resolve) => setTimeout(resolve, UPGRADE_LIMITS.podWatchSyncMs, false).unref());
+    if (this.synced && !(await Promise.race([this.synced, late])))
+      return podsOrNone(this.client, this.target, workload, container);
+    const seen = this.client.watched(this.scope);
+    if (seen && (this.synced || this.client.watchSynced(this.scope)))
+      return workloadPodsIn([...seen.values()], this.target, workload, container);
+    return podsOrNone(this.client, this.target, workload, container);
+  }
+
+  close(): void {
+    this.unsubscribe();
+  }
+}
+
+/**
+ * What a follow reads its workload through. With the object it starts from (the PATCH's answer),
+ * the watch this client shares among every follow of the namespace's workloads of that kind, from
+ * that object's resourceVersion on; when that watch is refused (RBAC that names the workloads), a
+ * watch of this workload alone; when that is refused too, a GET every poll, said once through
+ * `warn`. A watched object older than the one the follow starts from (a lower generation, which the
+ * shared watch may still deliver when it started earlier) is not taken: it could show the previous
+ * rollout complete.
+ */
+class WorkloadFeed {
+  private latest: K8sObject | undefined;
+  private deleted = false;
+  /** A change came since the last look (it may come while the follow lists pods). */
+  private fresh = false;
+  /** When the workload last changed, as far as the watch has told (0: polling, or no change yet). */
+  changedAt = 0;
+  /** When the workload was last read with a GET while watching (started: the follow's start). */
+  private readAt = Date.now();
+  private readonly minGeneration: number;
+  private wake: (() => void) | undefined;
+  private unsubscribe: () => void = () => undefined;
+  private readonly client: KubeClient;
+  private readonly target: WorkloadTarget;
+  private readonly warn: ((message: string) => void) | undefined;
+  watching: boolean;
+
+  constructor(client: KubeClient, target: WorkloadTarget, initial?: K8sObject, warn?: (message: string) => void) {
+    this.client = client;
+    this.target = target;
+    this.warn = warn;
+    this.latest = initial;
+    this.minGeneration = Number(valueAt(initial, ['metadata', 'generation']) ?? target.generation ?? 0);
+    const rv = valueAt(initial, ['metadata', 'resourceVersion']) ?? target.resourceVersion;
+    this.watching = typeof rv === 'string';
+    if (typeof rv === 'string') this.subscribe(workloadResource({ ...target, name: undefined }), rv);
+  }
+
+  private subscribe(ref: ResourceRef, rv: string): void {
+    const scope = { ref };
+    const seen = this.client.watched(scope)?.get(this.target.name);
+    if (seen) this.take(seen);
+    this.unsubscribe = this.client.watch(scope, rv, {
+      event: (e) => {
+        if (valueAt(e.object, ['metadata', 'name']) !== this.target.name) return;
+        if (e.type === 'DELETED') this.deleted = true;
+        else this.take(e.object);
+        this.fresh = true;
+        this.wake?.();
+      },
+      behind: () => {
+        this.latest = undefined;
+        this.wake?.();
+      },
+      failed: (e) => {
+        if (e.status === 403 && ref.name === undefined) return this.subscribe(workloadResource(this.target), rv);
+        this.watching = false;
+        this.warn?.(`rollouts are polled (a GET every second per follow) instead of watched: ${e.message}`);
+        this.wake?.();
+      },
+    });
+  }
+
+  private take(o: K8sObject): void {
+    if (Number(valueAt(o, ['metadata', 'generation']) ?? 0) < this.minGeneration) return;
+    this.latest = o;
+    this.changedAt = Date.now();
+  }
+
+  /**
+   * The workload as last seen (watching), or as a GET answers now (polling). Watching, a workload
+   * that has not changed for UPGRADE_LIMITS.stuckPodFailMs is read again once: a watch that missed a
+   * change (a connection gone quiet) cannot hold a follow until its deadline.
+   */
+  async current(): Promise<K8sObject> {
+    this.fresh = false;
+    if (this.watching && Date.now() - Math.max(this.changedAt, this.readAt) >= UPGRADE_LIMITS.stuckPodFailMs) {
+      this.readAt = Date.now();
+      this.latest = undefined;
+    }
+    if (!this.watching)
+      return (this.latest = await this.client.get<K8sObject>(workloadResource(this.target), { background: true }));
+    this.latest ??= await this.client.get<K8sObject>(workloadResource(this.target), { background: true });
+    if (this.deleted) throw new UpgradeError(`${describeResource(workloadResource(this.target))} was deleted`);
+    return this.latest;
+  }
+
+  /** Resolves after `ms`, at the workload's next change (watching), or when `signal` aborts. */
+  changed(ms: number, signal?: AbortSignal): Promise<void> {
+    if (this.fresh) return Promise.resolve();
+    return new Promise((resolve) => {
+      const done = () => {
+        clearTimeout(timer);
+        signal?.removeEventListener('abort', done);
+        this.wake = undefined;
+        resolve();
+      };
+      const timer = setTimeout(done, ms);
+      signal?.addEventListener('abort', done, { once: true });
+      this.wake = done;
+    });
+  }
+
+  /** Stops watching; the workload as last seen, if it was. */
+  close(): K8sObject | undefined {
+    this.unsubscribe();
+    return this.latest;
   }
 }
 
@@ -14326,14 +14895,11 @@ function describeStuck(stuck: PodSummary[]): string {
 }
 
 /** A failed outcome once a pod has been seen stuck for longer than the threshold; else undefined. */
-async function stuckTooLong(
-  client: KubeClient,
-  target: WorkloadTarget,
-  workload: K8sObject,
+function stuckTooLong(
+  pods: PodSummary[],
   options: FollowOptions,
   stuckSince: Map<string, number>,
-): Promise<RolloutOutcome | undefined> {
-  const pods = await podsOrNone(client, target, workload, options.container);
+): RolloutOutcome | undefined {
   const stuck = stuckPods(pods, options.image);
   const now = Date.now();
   for (const name of [...stuckSince.keys()]) if (!stuck.some((p) => p.name === name)) stuckSince.delete(name);
@@ -14386,7 +14952,9 @@ function followToRecord(
  * Takes this request's follow record off the workload with a PATCH that tests the value read: of
  * the replicas following one rollout, only the one whose PATCH applies reports its end.
  * 'superseded' when a newer push's follow replaced the record, 'gone' when another replica took it.
- * The workload as the PATCH returned it goes into `known`, so the next push need not read it again.
+ * The first try works on the copy in `known` (the follow's last sight of the workload): a stale one
+ * fails the PATCH's test, and the workload is read again. The workload as the PATCH returned it
+ * goes into `known`, so the next push need not read it again.
  */
 export async function claimFollow(
   client: KubeClient,
@@ -14395,9 +14963,12 @@ export async function claimFollow(
   requestId: string,
   known?: KnownWorkloads,
 ): Promise<'claimed' | 'superseded' | 'gone'> {
+  const key = `${target.namespace}/${target.kind}/${target.name}`;
   for (let attempt = 1; ; attempt++) {
-    const workload = await readWorkload(client, target);
+    const seen = attempt === 1 ? known?.get(key) : undefined;
+    const workload = seen ?? (await readWorkload(client, target));
     const { raw, entries } = readFollowRecords(workload);
+    if (seen && entries[container]?.request !== requestId) continue;
     if (!entries[container]) return 'gone';
     if (entries[container].request !== requestId) return 'superseded';
     const rest = Object.fromEntries(Object.entries(entries).filter(([name]) => name !== container));
@@ -14411,7 +14982,7 @@ export async function claimFollow(
     );
     try {
       const updated = await client.patch<K8sObject>(workloadResource(target), ops, UPGRADE_LIMITS.fieldManager);
-      known?.set(`${target.namespace}/${target.kind}/${target.name}`, updated);
+      known?.set(key, updated);
       return 'claimed';
     } catch (e) {
       if (!(e instanceof KubeError && e.status === 422) || attempt >= UPGRADE_LIMITS.maxPatchAttempts) throw e;
@@ -14540,7 +15111,7 @@ export async function rollBackFailedRollout(
     const message =
       `container ${container}: rolled back to ${record.previous}: ${reason}${forcedText}; ` + whoAsked(deps);
     await recordEventQuietly(client, target, { type: 'Warning', reason: 'RolledBack', message }, now, report);
-    const rollout = await followRollback(client, target, container, record.previous, followMs, forced);
+    const rollout = await followRollback(client, target, container, record.previous, followMs, forced, patched);
     report.rollback = { reason, image: record.previous, rollout, ...(forced && { forced }) };
   } catch (e) {
     const why = e instanceof KubeError && e.status === 422 ? 'the workload changed meanwhile' : (e as Error).message;
@@ -14559,11 +15130,13 @@ async function followRollback(
   image: string,
   followMs: number,
   forced: ForcedRollback | undefined,
+  patched: K8sObject,
 ): Promise<RolloutOutcome> {
   if (forced && (forced.byHand.length > 0 || forced.why !== undefined))
     return { state: 'progressing', detail: 'not followed: it waits until the stuck pods are deleted', pods: [] };
   if (followMs <= 0) return { state: 'progressing', detail: 'not followed', pods: [] };
-  return followRollout(client, target, { timeoutMs: followMs, container, image });
+  // Followed from the rollback's own PATCH answer, not the push's.
+  return followRollout(client, target, { timeoutMs: followMs, container, image, initial: patched });
 }
 
 /**
@@ -14805,10 +15378,15 @@ export function hookReach(hook: Hook): HookReach | undefined {
   }
 }
 
+/** The verbs on a workload whose rollout is followed: read, patched, and watched (list re-lists a watch). */
+const FOLLOWED_VERBS = ['get', 'patch', 'list', 'watch'];
+
 const yamlList = (items: string[]) => `[${items.map((i) => JSON.stringify(i)).join(', ')}]`;
 
 /**
- * The Role of one namespace: get/patch on the named workloads, and what the summary and Events need;
+ * The Role of one namespace: get/patch on the named workloads, and list/watch on them (a rollout is
+ * followed through a watch of the workload alone, a field selector on its name, which RBAC grants
+ * through resourceNames; list re-lists it when the watch has fallen behind); what the summary and Events need;
  * delete on pods only where a hook's rollback must delete stuck pods (forcedRollback).
  */
 function roleRules(workloads: Map<WorkloadKind, Set<string>>, secrets: Set<string>, deletePods: boolean): string[] {
@@ -14820,12 +15398,14 @@ function roleRules(workloads: Map<WorkloadKind, Set<string>>, secrets: Set<strin
   ];
   const kinds = (Object.keys(WORKLOAD_KINDS) as WorkloadKind[]).filter((k) => workloads.has(k));
   const lines = kinds.flatMap((k) =>
-    rule(kindSpec(k).group, kindSpec(k).resource, ['get', 'patch'], [...workloads.get(k)!].sort()),
+    rule(kindSpec(k).group, kindSpec(k).resource, kindSpec(k).hasRollout ? FOLLOWED_VERBS : ['get', 'patch'], [
+      ...workloads.get(k)!,
+    ].sort()),
   );
   const through = kinds.map((k) => kindSpec(k).podsOwnedThrough).find((t) => t !== undefined);
   if (through) lines.push(...rule(through.group, through.resource, ['list']));
   if (kinds.some((k) => kindSpec(k).hasRollout))
-    lines.push(...rule('', 'pods', deletePods ? ['list', 'delete'] : ['list']));
+    lines.push(...rule('', 'pods', deletePods ? ['list', 'watch', 'delete'] : ['list', 'watch']));
   // VERIFY_IMAGE reads the pull secrets the workloads name, and no other.
   if (secrets.size > 0) lines.push(...rule('', 'secrets', ['get'], [...secrets].sort()));
   return [...lines, ...rule('', 'events', ['create'])];
@@ -14833,7 +15413,7 @@ function roleRules(workloads: Map<WorkloadKind, Set<string>>, secrets: Set<strin
 
 /**
  * A Role and a RoleBinding per namespace the hooks' upgrades reach, as YAML `kubectl apply -f -`
- * takes: get and patch on exactly the workloads named (resourceNames), list on the ReplicaSets and
+ * takes: get, patch, list and watch on exactly the workloads named (resourceNames), list on the ReplicaSets and
  * Pods the rollout summary reads, create on Events, delete on Pods where a hook that fixes
  * ROLLBACK_ON_FAILURE=true upgrades a StatefulSet (its forced rollback). Hooks whose workload a request chooses are
  * listed in a comment and returned: only a cluster-wide role serves them. Pure.
@@ -15069,6 +15649,8 @@ async function applyUpgrade(
   if (deps.eventAfterAnswer) report.afterAnswer = recording;
   else await recording;
   target.generation = numberAt(change.updated, ['metadata', 'generation']);
+  const patchedVersion = valueAt(change.updated, ['metadata', 'resourceVersion']);
+  target.resourceVersion = typeof patchedVersion === 'string' ? patchedVersion : undefined;
   await reportRollout(client, target, change.updated, s, report, deps);
 }
 
@@ -15094,7 +15676,7 @@ async function reportRollout(
     report.rollout = { state: 'progressing', detail: 'not waited for: ROLLOUT_TIMEOUT is 0', pods: [] };
   } else {
     const options = { timeoutMs: s.rolloutTimeoutMs, container: s.container, image: report.imageAfter };
-    report.rollout = await followRollout(client, target, options);
+    report.rollout = await followRollout(client, target, { ...options, initial: updated });
     const verdict = rolloutVerdict(report.rollout, s.rollbackOnFailure, s.rolloutTimeoutMs);
     if (verdict.error !== undefined) {
       report.result = 'failed';
@@ -15411,6 +15993,7 @@ export class UpgradeService implements InProcessCommand {
   private readonly queue = new WorkloadQueue();
   /** Per cluster (the hook's CLUSTER; '' for the default): clients, workloads seen, kept pushes. */
   private readonly lanes = new Map<string, ClusterLane>();
+  private readonly warned = new Set<string>();
   /** Per hook (immutable within a snapshot): whether it fixes its workload, so its follows are recorded. */
   private readonly resumable = new WeakMap<Hook, boolean>();
   private approvals: { publicUrl: string; key: Buffer } | undefined;
@@ -15601,12 +16184,18 @@ export class UpgradeService implements InProcessCommand {
     const client = lane.client();
     if (!client || !target || !report.changed || report.rollout?.state !== 'progressing' || followMs === 0)
       return report;
-    const key = `${report.cluster ?? ''}/${target.namespace}/${target.kind}/${target.name}`;
+    const knownKey = `${target.namespace}/${target.kind}/${target.name}`;
+    const key = `${report.cluster ?? ''}/${knownKey}`;
     this.following.get(key)?.controller.abort();
     const controller = new AbortController();
     const signal = AbortSignal.any([controller.signal, this.stopping.signal]);
     const container = report.container ?? '';
-    const options = { timeoutMs: followMs, container, image: report.imageAfter, signal, onProgress };
+    const options = {
+      ...{ timeoutMs: followMs, container, image: report.imageAfter, signal, onProgress },
+      initial: lane.known.get(knownKey),
+      warn: (message: string) => this.warnOnce(`${client.server} ${target.namespace} ${target.kind}`, message),
+      seen: (workload: Record<string, unknown>) => lane.known.set(knownKey, workload),
+    };
     const done = followRollout(client, target, options);
     this.following.set(key, { controller, done });
     const outcome = await done;
@@ -15623,6 +16212,13 @@ export class UpgradeService implements InProcessCommand {
       return { ...report, rollout: { state: 'progressing', detail: SUPERSEDED_FOLLOW, superseded: true, pods: [] } };
     if (claim !== 'claimed') return undefined;
     return this.ended({ ...report, rollout: outcome }, client, target, requestId);
+  }
+
+  /** A warning logged once per subject (a watch refused in a namespace) for the life of this service. */
+  private warnOnce(subject: string, message: string): void {
+    if (this.warned.has(subject)) return;
+    this.warned.add(subject);
+    this.log.warn(message);
   }
 
   /** Whether this replica reports the end of a follow recorded on the workload (see claimFollow). */
@@ -15672,13 +16268,20 @@ export class UpgradeService implements InProcessCommand {
         served.set(key, { target: t, cluster, hooks: [...(served.get(key)?.hooks ?? []), hook] });
       }
     }
+    // The served workloads of each cluster, read with one LIST per namespace and kind where several share one.
+    const listed = new Map<string, Map<string, K8sObject>>();
     for (const { target, hooks: servedHooks, cluster } of served.values()) {
       const client = this.lane(cluster).client();
       if (!client) continue;
       const where = `${target.kind}/${target.name} in ${target.namespace}${cluster ? ` (cluster ${cluster})` : ''}`;
+      if (!listed.has(cluster ?? '')) {
+        const targets = [...served.values()].filter((s) => s.cluster === cluster).map((s) => s.target);
+        listed.set(cluster ?? '', await this.listServed(client, targets));
+      }
+      const key = `${target.namespace}/${target.kind}/${target.name}`;
       let workload: K8sObject;
       try {
-        workload = await readWorkload(client, target);
+        workload = listed.get(cluster ?? '')?.get(key) ?? (await readWorkload(client, target));
       } catch (e) {
         this.log.warn(`unfinished follows on ${where}: ${(e as Error).message}`);
         continue;
@@ -15697,6 +16300,36 @@ export class UpgradeService implements InProcessCommand {
     }
   }
 
+  /**
+   * The served workloads of each namespace and kind that serves several, read with one LIST each
+   * instead of a GET each. (They do not seed the copies pushes are patched on: a policy set on a
+   * workload after the start would not be in them, and a patch tests the image, not the policy.)
+   * A refused LIST (RBAC that names the workloads) leaves them to their GETs.
+   */
+  private async listServed(client: KubeClient, targets: WorkloadTarget[]): Promise<Map<string, K8sObject>> {
+    const found = new Map<string, K8sObject>();
+    const groups = new Map<string, Set<string>>();
+    for (const t of targets) {
+      const group = `${t.namespace}/${t.kind}`;
+      groups.set(group, (groups.get(group) ?? new Set<string>()).add(t.name));
+    }
+    for (const [group, names] of groups) {
+      if (names.size < 2) continue;
+      const [namespace, kind] = group.split('/') as [string, WorkloadKind];
+      try {
+        const list = await client.list<{ items: K8sObject[] }>(workloadResource({ namespace, kind }));
+        for (const item of list.items) {
+          const name = String(valueAt(item, ['metadata', 'name']));
+          if (!names.has(name)) continue;
+          found.set(`${group}/${name}`, item);
+        }
+      } catch {
+        /* each is read with a GET instead */
+      }
+    }
+    return found;
+  }
+
   /** Follows one recorded rollout to its end (see resumeFollows), with the hook's settings. */
   private resumeOne(
     target: WorkloadTarget,
@@ -15713,6 +16346,7 @@ export class UpgradeService implements InProcessCommand {
     );
     const report = resumedReport(target, container, f, workload, settings);
     report.cluster = cluster;
+    this.lane(cluster).known.set(`${target.namespace}/${target.kind}/${target.name}`, workload);
     const remaining = Math.min(this.followMs, Math.max(1, Date.parse(f.deadline) - Date.now()));
     const follow: ResumedFollow = { hook: hook.id, request: f.request, mailTo: settings.mailTo };
     void this.follow(report, f.request, undefined, remaining).then(

@@ -225,11 +225,12 @@ export async function sanityCheck(label: string, port: number, sc: Scenario): Pr
 export async function startServer(
   who: 'ours' | 'adnanh', bin: string, hooksFile: string, verbose: boolean, prefix: string[] = [],
   env: Record<string, string> = {},
+  maxCommands = 1000,
 ): Promise<Server> {
   const port = await freePort();
   const args = [...prefix, '-hooks', hooksFile, '-template', '-ip', '127.0.0.1', '-port', String(port)];
   if (verbose) args.push('-verbose');
-  if (who === 'ours') args.push('-max-concurrent-commands', '1000');
+  if (who === 'ours') args.push('-max-concurrent-commands', String(maxCommands));
   const proc = spawn(bin, args, { stdio: ['ignore', 'ignore', 'ignore'], env: { ...process.env, ...env, HOOK_TOKEN } });
   let exited = false;
   proc.once('exit', () => (exited = true));

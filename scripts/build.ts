@@ -9,12 +9,65 @@ const root = path.resolve(import.meta.dirname, '..');
 const dist = path.join(root, 'dist');
 fs.mkdirSync(dist, { recursive: true });
 
+/** The built-in modules a start-up snapshot can hold (see snapshotScript). */
+const SNAPSHOT_BUILTINS = [
+  'node:child_process', 'node:crypto', 'node:fs', 'node:fs/promises', 'node:net', 'node:os', 'node:path',
+  'node:sea', 'node:string_decoder', 'node:timers/promises', 'node:url', 'node:v8',
+];
+
 const source = fs.readFileSync(path.join(root, 'webhook.ts'), 'utf8');
-fs.writeFileSync(path.join(dist, 'webhook.mjs'), stripTypeScriptTypes(source, { mode: 'strip' }));
+const script = path.join(dist, 'webhook-snapshot.cjs');
+fs.writeFileSync(script, snapshotScript(stripTypeScriptTypes(source, { mode: 'strip' })));
+
+/**
+ * The executable starts from a V8 start-up snapshot (`npm run bench:start` measures it): the
+ * snapshot holds webhook.ts compiled and its top level evaluated (its tables, classes, regular
+ * expressions), so a process skips parsing and running some 15,000 lines before it reads its hooks.
+ * The stripped module becomes the script Node runs to build the snapshot:
+ *   - `export` goes (a snapshot's entry is a script, not a module; nothing imports the executable);
+ *   - each `import … from 'node:…'` becomes the same names read through process.getBuiltinModule:
+ *     a snapshot cannot hold some built-ins (node:http's parser binding), and an ES import of
+ *     node:http would also run its lazy getters (undici: ~35 ms of CPU). A namespace import becomes
+ *     a proxy that loads the module when a property is first read, unless the snapshot holds the
+ *     module (SNAPSHOT_BUILTINS), which is then bound at once, as named imports of it are;
+ *   - the entry-point check becomes the function the process runs after the snapshot is loaded,
+ *     with the command line as the module would have seen it.
+ * Whatever the top level computes is shared by every process started from the executable, so it
+ * computes nothing per process (webhook.ts makes its per-process secrets at first use).
+ */
+function snapshotScript(js: string): string {
+  const lazyModule =
+    'function builtinOnFirstUse(id) { let m; ' +
+    'return new Proxy({}, { get: (_, k) => (m ??= process.getBuiltinModule(id))[k] }); }\n';
+  let out = js.replace(/^import (\{[^}]*\}|\* as \w+) from '(node:[a-z0-9_/]+)';$/gm, (line, what: string, id: string) => {
+    const held = SNAPSHOT_BUILTINS.includes(id);
+    const name = what.startsWith('* as ') ? what.slice('* as '.length) : undefined;
+    if (name) return `const ${name} = ${held ? `process.getBuiltinModule('${id}')` : `builtinOnFirstUse('${id}')`};`;
+    // Named imports are bound at once: only modules the snapshot holds may be imported so.
+    if (!held) throw new Error(`scripts/build.ts: import ${id} as a namespace (\`* as\`), not by names: ${line}`);
+    return `const ${what.replace(/\b(\w+) as (\w+)\b/g, '$1: $2')} = process.getBuiltinModule('${id}');`;
+  });
+  if (/^import /m.test(out)) throw new Error('scripts/build.ts: an import line is left that the snapshot cannot take');
+  out = out.replace(/^export /gm, '');
+  const entry = /^if \(isEntryPoint\(\)\) \{\n  main\(process\.argv\.slice\(2\), process\.env\)/m;
+  if (!entry.test(out)) throw new Error('scripts/build.ts: the entry point of webhook.ts is not where it was');
+  // In the executable process.argv is [executable, executable, ...arguments], as the module saw it.
+  out = out.replace(
+    entry,
+    "require('node:v8').startupSnapshot.setDeserializeMainFunction(() => {\n  main(process.argv.slice(2), process.env)",
+  );
+  out = out.replace(/\n\}\n*$/, '\n});\n');
+  if (out.includes('import.meta')) out = out.replaceAll('fileURLToPath(import.meta.url)', "''");
+  if (out.includes('import.meta')) throw new Error('scripts/build.ts: import.meta is left in the snapshot script');
+  // The built-ins a snapshot can hold are loaded into it (their code compiled once, at build time);
+  // node:http, node:https and node:tls hold native bindings it cannot, and load at their first use.
+  const preload = SNAPSHOT_BUILTINS.map((id) => `process.getBuiltinModule('${id}');`).join(' ');
+  return `${lazyModule}${preload}\n${out}`;
+}
 
 const config = {
-  main: path.join(dist, 'webhook.mjs'),
-  mainFormat: 'module',
+  main: script,
+  useSnapshot: true,
   // Written beside the target and renamed over it: a running dist/webhook cannot be overwritten.
   output: path.join(dist, 'webhook.new'),
   disableExperimentalSEAWarning: true,

@@ -275,7 +275,7 @@ describe('deploy/', { skip: cluster ? false : 'no cluster' }, () => {
     const rbac = await printRbac(hooksDir(filled), 'cattle-system/webhook');
     assert.match(rbac, /^#   hook "web": deployment\/web in namespace prod$/m);
     assert.match(rbac, /^kind: Role\nmetadata:\n  name: "webhook"\n  namespace: "prod"\n/m);
-    assert.match(rbac, /^  - apiGroups: \["apps"\]\n    resources: \["deployments"\]\n    resourceNames: \["web"\]\n    verbs: \["get", "patch"\]$/m);
+    assert.match(rbac, /^  - apiGroups: \["apps"\]\n    resources: \["deployments"\]\n    resourceNames: \["web"\]\n    verbs: \["get", "patch", "list", "watch"\]$/m);
     assert.match(rbac, /^subjects:\n  - kind: ServiceAccount\n    name: "webhook"\n    namespace: "cattle-system"$/m);
   });
 
@@ -400,7 +400,10 @@ describe('deploy/', { skip: cluster ? false : 'no cluster' }, () => {
       assert.deepEqual(binding.subjects, [{ kind: 'ServiceAccount', name: `webhook-${suffix}`, namespace: ns }]);
       assert.equal(binding.roleRef.name, `webhook-${suffix}`);
       const role = rendered.find((o) => o.kind === 'ClusterRole');
-      assert.deepEqual(role.rules.flatMap((r: any) => r.verbs).filter((v: string) => v === 'list').length, 2, 'list only replicasets and pods');
+      const listed = role.rules.filter((r: any) => r.verbs.includes('list')).flatMap((r: any) => r.resources).sort();
+      assert.deepEqual(listed, ['daemonsets', 'deployments', 'pods', 'replicasets', 'statefulsets'], 'list: followed workloads, replicasets, pods');
+      const watched = role.rules.filter((r: any) => r.verbs.includes('watch')).flatMap((r: any) => r.resources).sort();
+      assert.deepEqual(watched, ['daemonsets', 'deployments', 'pods', 'statefulsets'], 'watch the followed workloads and pods only');
     });
   });
 });

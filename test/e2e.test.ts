@@ -413,7 +413,7 @@ describe('pushes through the running executable, on a real cluster', { skip: clu
       asSa.request(`/hooks/${hook}?${new URLSearchParams({ token: TOKEN, ns, ...seedQuery({ workload }) })}`, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: acrPayload(tag) });
 
     test('it grants get and patch on the seed hook\'s workload only, and names the hooks whose workload the URL chooses', () => {
-      assert.match(printed.yaml, /^  - apiGroups: \["apps"\]\n    resources: \["deployments"\]\n    resourceNames: \["web"\]\n    verbs: \["get", "patch"\]$/m);
+      assert.match(printed.yaml, /^  - apiGroups: \["apps"\]\n    resources: \["deployments"\]\n    resourceNames: \["web"\]\n    verbs: \["get", "patch", "list", "watch"\]$/m);
       assert.equal(printed.yaml.match(/^kind: Role$/gm)?.length, 1);
       for (const id of ['any', 'pinned', 'tracked']) {
         assert.match(printed.yaml, new RegExp(`^#   hook "${id}": NOT COVERED: its namespace and workload come from the url parameter "ns" and the url parameter "workload", which no value rule pins$`, 'm'));

@@ -303,22 +303,22 @@ describe('a StatefulSet: the forced rollback deletes the stuck pods', { skip: cl
 
   test('-print-rbac grants delete on pods only for a StatefulSet hook that fixes ROLLBACK_ON_FAILURE=true', async () => {
     const podVerbs = async (yaml: string) => (await roleRules(kubectl, yaml)).find((r) => r.resources.includes('pods'))?.verbs;
-    assert.deepEqual(await podVerbs(withDelete), ['list', 'delete']);
+    assert.deepEqual(await podVerbs(withDelete), ['list', 'watch', 'delete']);
     assert.match(withDelete, /^#   hook "db": statefulset\/db in namespace \S+, delete on its stuck pods \(ROLLBACK_ON_FAILURE: forced rollback\)$/m);
-    assert.deepEqual(await podVerbs(withoutDelete), ['list']);
+    assert.deepEqual(await podVerbs(withoutDelete), ['list', 'watch']);
     // A Deployment with the setting is rolled back without deleting pods: no delete either.
     const deploymentHook = upgradeHook('web', TOKEN, { APP_NS: ns, APP_WORKLOAD: 'deployment/web', ROLLBACK_ON_FAILURE: 'true' });
-    assert.deepEqual(await podVerbs(await printRbac([deploymentHook], `${ns}/webhook`)), ['list']);
+    assert.deepEqual(await podVerbs(await printRbac([deploymentHook], `${ns}/webhook`)), ['list', 'watch']);
     // The setting from the URL is not fixed in the file: no delete.
     const fromUrl = upgradeHook('db', TOKEN, { APP_NS: ns, APP_WORKLOAD: 'statefulset/db' }) as any;
     fromUrl['pass-environment-to-command'].push({ envname: 'ROLLBACK_ON_FAILURE', source: 'url', name: 'rollback' });
-    assert.deepEqual(await podVerbs(await printRbac([fromUrl], `${ns}/webhook`)), ['list']);
+    assert.deepEqual(await podVerbs(await printRbac([fromUrl], `${ns}/webhook`)), ['list', 'watch']);
     // One such hook in a namespace is enough, and only that namespace gets it.
     const both = await printRbac([fixed('db', true), upgradeHook('web', TOKEN, { APP_NS: 'other', APP_WORKLOAD: 'statefulset/web' })], `${ns}/webhook`);
     const roles = both.split('---\n').filter((d) => d.startsWith('apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\n'));
     assert.equal(roles.length, 2);
-    assert.match(roles.find((r) => r.includes(`namespace: "${ns}"`))!, /resources: \["pods"\]\n    verbs: \["list", "delete"\]/);
-    assert.match(roles.find((r) => r.includes('namespace: "other"'))!, /resources: \["pods"\]\n    verbs: \["list"\]\n/);
+    assert.match(roles.find((r) => r.includes(`namespace: "${ns}"`))!, /resources: \["pods"\]\n    verbs: \["list", "watch", "delete"\]/);
+    assert.match(roles.find((r) => r.includes('namespace: "other"'))!, /resources: \["pods"\]\n    verbs: \["list", "watch"\]\n/);
   });
 
   test('a crash-looping push: set back, the stuck pods deleted, all replicas ready again; without delete, the mail names them', async () => {

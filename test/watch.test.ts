@@ -1,0 +1,182 @@
+/*
+ * Rollouts are followed by watching, on the real test cluster. The library: a watch the API server
+ * ends mid-follow (timeoutSeconds of 1 s while a paused Deployment holds the rollout open) is
+ * resumed, and the follow ends "complete" once the rollout is resumed; a follow that starts from a
+ * resourceVersion the API server no longer has (410 Gone) re-lists and ends right; the watch is
+ * shared by the follows of one namespace and closed when the last ends. The built executable: a
+ * ServiceAccount whose Role has no `watch` still follows every rollout to its end, by polling,
+ * with one warning; the Role `-print-rbac` prints (list and watch on the named workloads) follows
+ * without one. KubeClient's openWatch and list are counted by a subclass that calls them as they
+ * are: every request still goes to the real API server.
+ */
+import assert from 'node:assert/strict';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import { makeTempDir, startWebhook, waitFor, waitForOutput, type Webhook } from './harness.ts';
+import {
+  acrImage, acrPayload, clusterOrSkip, deployment, freshNamespaceName, kubectlFor, removeNamespace, type Kubectl,
+} from './cluster/kube.ts';
+import { upgradeHook } from './upgrade-hooks.ts';
+import { followRollout, KubeClient, loadKubeconfig, type ResourceRef } from '../webhook.ts';
+
+const TOKEN = 'watch-token-5c0e7a';
+const cluster = await clusterOrSkip();
+
+/** A KubeClient that counts its watch requests and lists (each still made for real). */
+class CountingClient extends KubeClient {
+  watchQueries: Record<string, string>[] = [];
+  lists = 0;
+  override openWatch(r: ResourceRef, query: Record<string, string>, onRequest: Parameters<KubeClient['openWatch']>[2]) {
+    this.watchQueries.push(query);
+    return super.openWatch(r, query, onRequest);
+  }
+  override list<T>(r: ResourceRef, query: Record<string, string> = {}): Promise<T> {
+    if (r.resource === 'deployments') this.lists++;
+    return super.list<T>(r, query);
+  }
+}
+
+/** Sets the app container's image as a push would and returns the workload as the PATCH answered it. */
+async function patchImage(kubectl: Kubectl, ns: string, name: string, tag: string): Promise<Record<string, any>> {
+  const patch = JSON.stringify([{ op: 'replace', path: '/spec/template/spec/containers/0/image', value: acrImage(tag) }]);
+  return JSON.parse(await kubectl(['-n', ns, 'patch', 'deployment', name, '--type=json', '-p', patch, '-o', 'json']));
+}
+
+describe('rollouts followed by watching', { skip: cluster ? false : 'no cluster' }, () => {
+  const ns = freshNamespaceName('watch');
+  const kubectl = kubectlFor(cluster!);
+  const target = (name: string) => ({ kind: 'deployment' as const, name, namespace: ns });
+
+  before(async () => {
+    await kubectl(['create', 'namespace', ns]);
+    for (const name of ['paused', 'gone', 'a', 'b']) {
+      await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(deployment(name, [{ name: 'app', image: acrImage('v1') }], { replicas: 1 })));
+    }
+    for (const name of ['paused', 'gone', 'a', 'b']) await kubectl(['-n', ns, 'rollout', 'status', `deployment/${name}`, '--timeout=90s']);
+  });
+  after(() => removeNamespace(kubectl, ns));
+
+  test('a watch the API server ends mid-follow is resumed from where it was; the follow ends complete', async () => {
+    const client = new CountingClient(loadKubeconfig(cluster!.kubeconfigPath), { watchTimeoutSeconds: 1 });
+    try {
+      await kubectl(['-n', ns, 'rollout', 'pause', 'deployment/paused']);
+      const initial = await patchImage(kubectl, ns, 'paused', 'v2');
+      const following = followRollout(client, target('paused'), { timeoutMs: 120_000, container: 'app', initial });
+      // Three watches: the first and two resumed after the API server ended them.
+      await waitFor(() => client.watchQueries.length >= 3, { timeoutMs: 30_000, what: 'the watch resumed twice' });
+      assert.equal(client.watchesOpen().length, 1, 'one shared watch');
+      const versions = client.watchQueries.map((q) => Number(q.resourceVersion));
+      assert.equal(versions[0], Number(initial.metadata.resourceVersion), 'started at the PATCH answer');
+      for (let i = 1; i < versions.length; i++) assert.ok(versions[i] >= versions[i - 1], `resumed from the last seen: ${versions}`);
+      assert.ok(client.watchQueries.every((q) => q.allowWatchBookmarks === 'true' && q.timeoutSeconds === '1'));
+      await kubectl(['-n', ns, 'rollout', 'resume', 'deployment/paused']);
+      const outcome = await following;
+      assert.equal(outcome.state, 'complete', outcome.detail);
+      assert.equal(client.lists, 0, 'no re-list was needed');
+      assert.deepEqual(client.watchesOpen(), [], 'closed with its last follow');
+    } finally {
+      client.close();
+    }
+  });
+
+  test('410 Gone: a follow from a resourceVersion the API server no longer has re-lists and ends right', async () => {
+    const client = new CountingClient(loadKubeconfig(cluster!.kubeconfigPath));
+    try {
+      const patched = await patchImage(kubectl, ns, 'gone', 'v2');
+      const initial = { ...patched, metadata: { ...patched.metadata, resourceVersion: '1' } };
+      const outcome = await followRollout(client, target('gone'), { timeoutMs: 120_000, container: 'app', initial });
+      assert.equal(outcome.state, 'complete', outcome.detail);
+      assert.ok(client.lists >= 1, 'the namespace was listed again');
+      assert.equal(client.watchQueries[0].resourceVersion, '1');
+      assert.ok(client.watchQueries.slice(1).some((q) => Number(q.resourceVersion) > Number(patched.metadata.resourceVersion)),
+        'the watch went on from the list');
+    } finally {
+      client.close();
+    }
+  });
+
+  test('the follows of one namespace share one watch', async () => {
+    const client = new CountingClient(loadKubeconfig(cluster!.kubeconfigPath));
+    try {
+      for (const name of ['a', 'b']) await kubectl(['-n', ns, 'rollout', 'pause', `deployment/${name}`]);
+      const [a, b] = [await patchImage(kubectl, ns, 'a', 'v2'), await patchImage(kubectl, ns, 'b', 'v2')];
+      const follows = [
+        followRollout(client, target('a'), { timeoutMs: 120_000, container: 'app', initial: a }),
+        followRollout(client, target('b'), { timeoutMs: 120_000, container: 'app', initial: b }),
+      ];
+      await waitFor(() => client.watchQueries.length >= 1, { timeoutMs: 10_000, what: 'the watch' });
+      for (const name of ['a', 'b']) await kubectl(['-n', ns, 'rollout', 'resume', `deployment/${name}`]);
+      const outcomes = await Promise.all(follows);
+      assert.deepEqual(outcomes.map((o) => o.state), ['complete', 'complete']);
+      assert.equal(client.watchQueries.length, 1, 'one WATCH for both follows');
+      assert.equal(client.watchQueries[0].fieldSelector, undefined, 'the namespace, not one workload');
+    } finally {
+      client.close();
+    }
+  });
+});
+
+describe('a Role without watch: the executable polls, with one warning', { skip: cluster ? false : 'no cluster' }, () => {
+  const ns = freshNamespaceName('nowatch');
+  const kubectl = kubectlFor(cluster!);
+  let wh: Webhook;
+  const dir = makeTempDir('watch-test-');
+
+  /** A ServiceAccount with these rules, and a JSON kubeconfig that authenticates as it. */
+  async function account(name: string, workloadVerbs: string[]): Promise<string> {
+    await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: [
+      { apiVersion: 'v1', kind: 'ServiceAccount', metadata: { name } },
+      { apiVersion: 'rbac.authorization.k8s.io/v1', kind: 'Role', metadata: { name }, rules: [
+        { apiGroups: ['apps'], resources: ['deployments'], resourceNames: ['web', 'api'], verbs: workloadVerbs },
+        { apiGroups: ['apps'], resources: ['replicasets'], verbs: ['list'] },
+        { apiGroups: [''], resources: ['pods'], verbs: ['list'] },
+        { apiGroups: [''], resources: ['events'], verbs: ['create'] },
+      ] },
+      { apiVersion: 'rbac.authorization.k8s.io/v1', kind: 'RoleBinding', metadata: { name },
+        roleRef: { apiGroup: 'rbac.authorization.k8s.io', kind: 'Role', name }, subjects: [{ kind: 'ServiceAccount', name, namespace: ns }] },
+    ] }));
+    const token = (await kubectl(['create', 'token', name, '-n', ns, '--duration=10m'])).trim();
+    const admin = JSON.parse(fs.readFileSync(cluster!.kubeconfigPath, 'utf8'));
+    const file = path.join(dir, `${name}.json`);
+    fs.writeFileSync(file, JSON.stringify({
+      'current-context': name, contexts: [{ name, context: { cluster: admin.clusters[0].name, user: name } }],
+      clusters: [admin.clusters[0]], users: [{ name, user: { token } }],
+    }));
+    return file;
+  }
+  const push = (name: string, tag: string) =>
+    wh.request(`/hooks/up?${new URLSearchParams({ token: TOKEN, ns, workload: `deployment/${name}`, container: 'app', repo_type: 'regionalregistry' })}`, {
+      method: 'POST', headers: { 'Content-Type': 'application/json' }, body: acrPayload(tag),
+    });
+
+  before(async () => {
+    await kubectl(['create', 'namespace', ns]);
+    for (const name of ['web', 'api']) {
+      await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(deployment(name, [{ name: 'app', image: acrImage('v1') }], { replicas: 1 })));
+    }
+  });
+  after(async () => {
+    await wh?.stop();
+    await removeNamespace(kubectl, ns);
+  });
+
+  test('get and patch only: both rollouts followed to complete by polling, one warning naming the missing verb', async () => {
+    const kubeconfig = await account('nowatch', ['get', 'patch']);
+    wh = await startWebhook({ hooks: [upgradeHook('up', TOKEN)], env: { KUBECONFIG: kubeconfig } });
+    for (const [name, tag] of [['web', 'v2'], ['api', 'v2']]) assert.equal((await push(name, tag)).status, 200);
+    for (const name of ['web', 'api']) await waitForOutput(wh, new RegExp(`deployment/${name} in ${ns}: rollout complete`), 90_000);
+    const warnings = wh.output().split('\n').filter((l) => /rollouts are polled/.test(l));
+    assert.equal(warnings.length, 1, wh.output());
+    assert.match(warnings[0], /cannot "watch" deployments\.apps "(web|api)"/);
+    await wh.stop();
+  });
+
+  test('the verbs -print-rbac grants (list and watch on the named workloads): followed by watching, no warning', async () => {
+    const kubeconfig = await account('named', ['get', 'patch', 'list', 'watch']);
+    wh = await startWebhook({ hooks: [upgradeHook('up', TOKEN)], env: { KUBECONFIG: kubeconfig } });
+    assert.equal((await push('web', 'v3')).status, 200);
+    await waitForOutput(wh, new RegExp(`deployment/web in ${ns}: rollout complete`), 90_000);
+    assert.doesNotMatch(wh.output(), /rollouts are polled/);
+  });
+});
