@@ -236,9 +236,16 @@ describe('charts/webhook on the cluster', { skip: helm && cluster ? false : 'no 
       const podLabels = (await getJson(['-n', ns, 'get', 'deployment', release])).spec.template.metadata.labels;
       const svc = await getJson(['-n', ns, 'get', 'service', release]);
       for (const [k, v] of Object.entries(svc.spec.selector)) assert.equal(podLabels[k], v, `selector ${k}`);
-      const slices = await getJson(['-n', ns, 'get', 'endpointslices', '-l', `kubernetes.io/service-name=${release}`]);
-      const endpoints = slices.items.flatMap((s: any) => s.endpoints ?? []).filter((e: any) => e.conditions?.ready);
-      // replicaCount's default: two replicas, both ready behind the Service.
+      // replicaCount's default: two replicas, both ready behind the Service. The EndpointSlice
+      // controller catches up with the pods' readiness after helm's --wait has seen the Deployment.
+      const readyEndpoints = async () => {
+        const slices = await getJson(['-n', ns, 'get', 'endpointslices', '-l', `kubernetes.io/service-name=${release}`]);
+        return { slices, endpoints: slices.items.flatMap((s: any) => s.endpoints ?? []).filter((e: any) => e.conditions?.ready) };
+      };
+      const { slices, endpoints } = await waitFor(async () => {
+        const found = await readyEndpoints();
+        return found.endpoints.length >= 2 && found;
+      }, { timeoutMs: 60_000, what: 'two ready endpoints behind the Service' });
       assert.equal(endpoints.length, 2, JSON.stringify(slices));
       assert.notEqual(endpoints[0].nodeName, endpoints[1].nodeName, 'spread one per node');
       assert.deepEqual(slices.items[0].ports.map((p: any) => [p.name, p.port]), [['http', 9000]]);
