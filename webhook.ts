@@ -12011,6 +12011,8 @@ export interface PlannedChange {
    * (undefined: it was absent), so that two replicas deciding on the same read cannot both write.
    */
   guarded?: Record<string, { value: string; read: string | undefined }>;
+  /** Workload annotations the patch only tests, as read (null: absent): what the decision was made on. */
+  tested?: Record<string, string | null>;
 }
 
 /** The JSON patch for a change to one container, guarded by tests of its name and image. Pure. */
@@ -12035,7 +12037,7 @@ export function planPatch(
       ...annotationOps(obj, [...template, 'metadata'], { 'kubectl.kubernetes.io/restartedAt': change.restartedAt }),
     );
   const values: Record<string, string> = { 'kubernetes.io/change-cause': change.changeCause };
-  const expect: Record<string, string | null> = {};
+  const expect: Record<string, string | null> = { ...change.tested };
   for (const [key, { value, read }] of Object.entries(change.guarded ?? {})) {
     values[key] = value;
     expect[key] = read ?? null;
@@ -14205,6 +14207,19 @@ export function futureTimeNote(kind: 'payload' | 'record', futureMs: number, now
 }
 
 /**
+ * The workload's policy annotations (webhook/policy and webhook/policy.<container>) as read, null when absent:
+ * a patch decided on a known copy tests them, since the copy may predate a policy annotated since.
+ */
+function policyAnnotationsAsRead(workload: K8sObject, container: string): Record<string, string | null> {
+  const read = (key: string) => {
+    const value = valueAt(workload, ['metadata', 'annotations', key]);
+    return typeof value === 'string' ? value : null;
+  };
+  const keys = [POLICY_ANNOTATION, `${POLICY_ANNOTATION}.${container}`];
+  return Object.fromEntries(keys.map((key) => [key, read(key)]));
+}
+
+/**
  * One plan and PATCH against `workload`. From a fresh read: the change, undefined when nothing is
  * to change, 'conflict' when the workload changed meanwhile, or 'no change' when its record shows
  * the push superseded or repeated (the report says so). From a known copy: the change, or
@@ -14252,7 +14267,8 @@ async function patchOnce(
   const lastPush = withPushRecord(records, s.container, newPushRecord(push, container.image, nowMs, deps));
   const written = { [LAST_PUSH_ANNOTATION]: { value: lastPush, read: raw }, ...wait.guarded };
   const guarded = { ...written, ...followToRecord(workload, s, nowMs, deps) };
-  const change = { ...plannedChange(sameImage, kindSpec(target.kind), s, ref, deps), guarded };
+  const tested = from === 'known' ? policyAnnotationsAsRead(workload, s.container) : undefined;
+  const change = { ...plannedChange(sameImage, kindSpec(target.kind), s, ref, deps), guarded, tested };
   const ops = planPatch(workload, target.kind, s.container, container, change);
   if (deps.abandon?.aborted) {
     decide(report, 'superseded', KEPT_SUPERSEDED, container.image);

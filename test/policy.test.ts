@@ -297,6 +297,12 @@ describe('update policies through the executable on the test cluster', { skip: c
     await applied('v2.0.0', { workload: 'plain' });
   });
 
+  test('a policy annotated after a push holds for the next push to the same replica, whose copy of the workload predates it', async () => {
+    await applied('v2.1.0', { workload: 'plain' });
+    await annotate('plain', 'webhook/policy=semver:^2');
+    await skipped('v3.0.0', /^none \(policy: v3\.0\.0 is outside semver:\^2 of deployment\/plain\)$/, { workload: 'plain' });
+  });
+
   test('two replicas agree: the same push is skipped by both, the same one taken by either', async () => {
     await annotate('web', 'webhook/policy=semver:^1');
     const running = containerImage(await get('web'), 'app');
