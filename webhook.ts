@@ -14207,15 +14207,15 @@ export function futureTimeNote(kind: 'payload' | 'record', futureMs: number, now
 }
 
 /**
- * The workload's policy annotations (webhook/policy and webhook/policy.<container>) as read, null when absent:
- * a patch decided on a known copy tests them, since the copy may predate a policy annotated since.
+ * Workload annotations as read, null when absent. A patch decided on a known copy tests the ones its decision was
+ * made on (the policy's, the approval's and the window's), since the copy may predate an annotation set since.
  */
-function policyAnnotationsAsRead(workload: K8sObject, container: string): Record<string, string | null> {
+function decisionAnnotations(workload: K8sObject, container: string): Record<string, string | null> {
+  const keys = [POLICY_ANNOTATION, `${POLICY_ANNOTATION}.${container}`, APPROVAL_ANNOTATION, WINDOW_ANNOTATION];
   const read = (key: string) => {
     const value = valueAt(workload, ['metadata', 'annotations', key]);
     return typeof value === 'string' ? value : null;
   };
-  const keys = [POLICY_ANNOTATION, `${POLICY_ANNOTATION}.${container}`];
   return Object.fromEntries(keys.map((key) => [key, read(key)]));
 }
 
@@ -14267,7 +14267,7 @@ async function patchOnce(
   const lastPush = withPushRecord(records, s.container, newPushRecord(push, container.image, nowMs, deps));
   const written = { [LAST_PUSH_ANNOTATION]: { value: lastPush, read: raw }, ...wait.guarded };
   const guarded = { ...written, ...followToRecord(workload, s, nowMs, deps) };
-  const tested = from === 'known' ? policyAnnotationsAsRead(workload, s.container) : undefined;
+  const tested = from === 'known' ? decisionAnnotations(workload, s.container) : undefined;
   const change = { ...plannedChange(sameImage, kindSpec(target.kind), s, ref, deps), guarded, tested };
   const ops = planPatch(workload, target.kind, s.container, container, change);
   if (deps.abandon?.aborted) {
