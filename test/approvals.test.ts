@@ -16,7 +16,7 @@ import { after, before, describe, test } from 'node:test';
 import { approvalToken } from '../webhook.ts';
 import { browserOrSkip, type Browser } from './browser.ts';
 import { acrImage, acrPayload, clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor, namespacedGetter, removeNamespace } from './cluster/kube.ts';
-import { httpRequest, makeTempDir, spawnWebhook, startWebhook, waitFor, waitForOutput, type Webhook } from './harness.ts';
+import { httpRequest, makeTempDir, spawnWebhook, waitFor, waitForOutput, webhookPool, type Webhook } from './harness.ts';
 import { readMail, serviceMailEnv, startMta, type Mta } from './mta.ts';
 import { startReceiver, type Receiver } from './receiver.ts';
 import { fixedSettings, upgradeHook } from './upgrade-hooks.ts';
@@ -35,13 +35,7 @@ function keepScreenshot(name: string, png: Buffer): void {
   if (process.env.UPDATE_DOCS_SCREENSHOTS === '1') fs.writeFileSync(path.join(REPO, 'docs', name), png);
 }
 
-const stopAll: Webhook[] = [];
-const stopStarted = () => Promise.all(stopAll.splice(0).map((w) => w.stop()));
-async function started(opts: Parameters<typeof startWebhook>[0]): Promise<Webhook> {
-  const w = await startWebhook({ metrics: true, ...opts });
-  stopAll.push(w);
-  return w;
-}
+const { start: started, stopAll: stopStarted } = webhookPool();
 
 function keyFile(content = KEY): string {
   const file = path.join(makeTempDir('approval-key-'), 'key');

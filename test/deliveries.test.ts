@@ -13,7 +13,7 @@ import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { browserOrSkip, type Browser, type Page } from './browser.ts';
 import { acrImage, acrPayload, clusterOrSkip, deployment, freshNamespaceName, kubectlFor, removeNamespace } from './cluster/kube.ts';
-import { freePort, httpRequest, makeTempDir, spawnWebhook, startWebhook, waitFor, waitForOutput, type Webhook } from './harness.ts';
+import { freePort, httpRequest, makeTempDir, spawnWebhook, startWebhook, waitFor, waitForOutput, webhookPool, type Webhook } from './harness.ts';
 import { startReceiver, type Receiver } from './receiver.ts';
 
 const REPO = path.join(import.meta.dirname, '..');
@@ -24,15 +24,7 @@ const NOTIFY_SECRET = 'SECdeliveries-7e4a1f03b2';
 const ROBOT_KEY = 'robot-key-93d0c5e2f8a1';
 const MAIL_PASSWORD = 'mail-pass-2f7c9e41a0';
 
-// Stopped by each suite's own after(): a file-level after() does not run when a name filter
-// leaves a suite's tests out, and a webhook left running keeps the test process alive.
-const stopAll: Webhook[] = [];
-const stopStarted = () => Promise.all(stopAll.splice(0).map((w) => w.stop()));
-async function started(opts: Parameters<typeof startWebhook>[0]): Promise<Webhook> {
-  const w = await startWebhook({ metrics: true, ...opts });
-  stopAll.push(w);
-  return w;
-}
+const { start: started, stopAll: stopStarted } = webhookPool();
 
 /** The admin listener's port, from the line the service logs. */
 async function adminPort(w: Webhook): Promise<number> {

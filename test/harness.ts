@@ -467,3 +467,18 @@ export function readRecord(dir: string): Recorded {
   return { argv: readArgv(dir), env: readEnv(dir), cwd: readCwd(dir) };
 }
 
+/**
+ * Webhooks a file starts (with metrics on) and stops from each suite's own after(): a file-level after() does not
+ * run when a name filter leaves a suite's tests out, and a webhook left running keeps the test process alive.
+ */
+export function webhookPool(): { start: typeof startWebhook; stopAll: () => Promise<unknown> } {
+  const running: Webhook[] = [];
+  return {
+    start: async (opts) => {
+      const w = await startWebhook({ metrics: true, ...opts });
+      running.push(w);
+      return w;
+    },
+    stopAll: () => Promise.all(running.splice(0).map((w) => w.stop())),
+  };
+}

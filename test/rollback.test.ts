@@ -17,7 +17,7 @@ import { after, before, describe, test } from 'node:test';
 import { defaultBinary, makeTempDir, startWebhook, waitFor, type Webhook } from './harness.ts';
 import { readMail, serviceMailEnv, startMta, type Mta } from './mta.ts';
 import {
-  acrImage, acrPayload, clusterOrSkip, containerImage, cronJob, daemonSet, deployment, freshNamespaceName,
+  accountKubeconfig, acrImage, acrPayload, clusterOrSkip, containerImage, cronJob, daemonSet, deployment, freshNamespaceName,
   kubectlFor, namespacedGetter, removeNamespace, statefulSet, type Kubectl,
 } from './cluster/kube.ts';
 import { upgradeHook } from './upgrade-hooks.ts';
@@ -263,14 +263,7 @@ describe('a StatefulSet: the forced rollback deletes the stuck pods', { skip: cl
   const serviceAccount = async (name: string, rbac: string) => {
     await kubectl(['-n', ns, 'create', 'serviceaccount', name]);
     await kubectl(['apply', '-f', '-'], rbac);
-    const token = (await kubectl(['create', 'token', name, '-n', ns, '--duration=30m'])).trim();
-    const admin = JSON.parse(fs.readFileSync(cluster!.kubeconfigPath, 'utf8'));
-    const file = path.join(dir, `${name}.json`);
-    fs.writeFileSync(file, JSON.stringify({
-      'current-context': name, contexts: [{ name, context: { cluster: admin.clusters[0].name, user: name } }],
-      clusters: [admin.clusters[0]], users: [{ name, user: { token } }],
-    }));
-    return file;
+    return accountKubeconfig(kubectl, cluster!, ns, name, path.join(dir, `${name}.json`), '30m');
   };
   let withDelete = '';
   let withoutDelete = '';

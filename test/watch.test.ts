@@ -10,12 +10,11 @@
  * are: every request still goes to the real API server.
  */
 import assert from 'node:assert/strict';
-import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { makeTempDir, startWebhook, waitFor, waitForOutput, type Webhook } from './harness.ts';
 import {
-  acrImage, acrPayload, clusterOrSkip, deployment, freshNamespaceName, kubectlFor, removeNamespace, type Kubectl,
+  accountKubeconfig, acrImage, acrPayload, clusterOrSkip, deployment, freshNamespaceName, kubectlFor, removeNamespace, type Kubectl,
 } from './cluster/kube.ts';
 import { upgradeHook } from './upgrade-hooks.ts';
 import { followRollout, KubeClient, loadKubeconfig, type ResourceRef } from '../webhook.ts';
@@ -136,14 +135,7 @@ describe('a Role without watch: the executable polls, with one warning', { skip:
       { apiVersion: 'rbac.authorization.k8s.io/v1', kind: 'RoleBinding', metadata: { name },
         roleRef: { apiGroup: 'rbac.authorization.k8s.io', kind: 'Role', name }, subjects: [{ kind: 'ServiceAccount', name, namespace: ns }] },
     ] }));
-    const token = (await kubectl(['create', 'token', name, '-n', ns, '--duration=10m'])).trim();
-    const admin = JSON.parse(fs.readFileSync(cluster!.kubeconfigPath, 'utf8'));
-    const file = path.join(dir, `${name}.json`);
-    fs.writeFileSync(file, JSON.stringify({
-      'current-context': name, contexts: [{ name, context: { cluster: admin.clusters[0].name, user: name } }],
-      clusters: [admin.clusters[0]], users: [{ name, user: { token } }],
-    }));
-    return file;
+    return accountKubeconfig(kubectl, cluster!, ns, name, path.join(dir, `${name}.json`), '10m');
   }
   const push = (name: string, tag: string) =>
     wh.request(`/hooks/up?${new URLSearchParams({ token: TOKEN, ns, workload: `deployment/${name}`, container: 'app', repo_type: 'regionalregistry' })}`, {

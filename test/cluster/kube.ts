@@ -275,3 +275,19 @@ export async function namespaceAdminAccount(kubectl: Kubectl, cluster: Cluster, 
   }));
   return { token, kubeconfig: file };
 }
+
+/**
+ * A JSON kubeconfig at `file` that authenticates to the test cluster with a token (valid for `duration`) of the
+ * ServiceAccount `name` in `namespace`, which the caller has created and bound.
+ */
+export async function accountKubeconfig(
+  kubectl: Kubectl, cluster: Cluster, namespace: string, name: string, file: string, duration: string,
+): Promise<string> {
+  const token = (await kubectl(['create', 'token', name, '-n', namespace, `--duration=${duration}`])).trim();
+  const admin = JSON.parse(fs.readFileSync(cluster.kubeconfigPath, 'utf8'));
+  fs.writeFileSync(file, JSON.stringify({
+    'current-context': name, contexts: [{ name, context: { cluster: admin.clusters[0].name, user: name } }],
+    clusters: [admin.clusters[0]], users: [{ name, user: { token } }],
+  }));
+  return file;
+}
