@@ -5347,16 +5347,33 @@ export function credentialsFromEnvironment(
 //    node:crypto under the keys given (parseCosignKeys: ECDSA P-256, Ed25519, RSA; Ed25519ph, which cosign signs
 //    with and node:crypto lacks, by hand after RFC 8032), and that it names the digest, the repository and the
 //    annotations required. No transparency log, no Fulcio: a keyless signature is refused.
-//    Exports: CosignKey, CosignSignatures, parseCosignKeys, readCosignSignatures, RegistryLogin, resolveManifestTag,
-//    verifyCosignSignatures.
+//    Exports: CosignKey, CosignSignatures, parseCosignKeys, readCosignSignatures, registryAway, RegistryLogin,
+//    resolveManifestTag, verifyCosignSignatures.
 //    Tests: test/outbound.test.ts, test/registry-e2e.test.ts, test/clouds.test.ts, test/cosign-verify.test.ts,
 //    test/signed-images.test.ts.
 // ================================================================================================
 
 // ---- verifying the pushed image on its registry (VERIFY_IMAGE) ------------------------------------
 
-/** A registry that refused or could not answer; the message says which and why. */
-class RegistryError extends Error {}
+/** A registry that refused or could not answer; the message says which and why, `status` the answer's when one came. */
+class RegistryError extends Error {
+  readonly status: number | undefined;
+  constructor(message: string, status?: number) {
+    super(message);
+    this.status = status;
+  }
+}
+
+/**
+ * Whether a registry call failed as a registry that is away does (no answer, a 5xx, a 429: what
+ * another try later could mend), rather than one that answered with a refusal (401, 404, a bad
+ * certificate, a digest that does not match). Pure.
+ */
+export function registryAway(e: unknown): boolean {
+  if (e instanceof OutboundError) return retryDelay({ verb: 'get', code: e.code }, 0, Infinity) !== undefined;
+  const status = e instanceof RegistryError ? e.status : undefined;
+  return status !== undefined && retryDelay({ verb: 'get', status }, 0, Infinity) !== undefined;
+}
 
 const VERIFY_LIMITS = {
   // A registry answers a HEAD of a manifest in milliseconds; a token service a little slower. The
@@ -5523,7 +5540,7 @@ async function authorizationFor(
   const answer = await registryRequest(url, 'GET', sent, registry.ca);
   const also = withheld === undefined ? '' : ` to an anonymous request (${withheld})`;
   if (answer.status !== 200)
-    throw new RegistryError(`the registry's token service ${url.host} answered ${answer.status}${also}`);
+    throw new RegistryError(`the registry's token service ${url.host} answered ${answer.status}${also}`, answer.status);
   let token: unknown;
   try {
     const parsed = JSON.parse(answer.body) as Record<string, unknown>;
@@ -5585,6 +5602,7 @@ export async function resolveManifestTag(
   if (answer.status !== 200 || typeof digest !== 'string')
     throw new RegistryError(
       `the registry answered ${answer.status}${typeof digest === 'string' ? '' : ' without a digest'}`,
+      answer.status,
     );
   return { digest, login: withheld ? undefined : login };
 }
@@ -5710,7 +5728,10 @@ class RepositoryReader {
     const answer = await this.get(`manifests/${encodeURIComponent(reference)}`, accept);
     if (answer.status === 404) return undefined;
     if (answer.status !== 200)
-      throw new RegistryError(`${this.where}: manifest ${reference}: the registry answered ${answer.status}`);
+      throw new RegistryError(
+        `${this.where}: manifest ${reference}: the registry answered ${answer.status}`,
+        answer.status,
+      );
     if (reference.startsWith('sha256:')) this.checkDigest(answer.bytes!, reference, `manifest ${reference}`);
     return this.json(answer.bytes!, `manifest ${reference}`);
   }
@@ -5719,7 +5740,7 @@ class RepositoryReader {
   async blob(digest: string): Promise<Buffer> {
     const answer = await this.get(`blobs/${digest}`, '*/*');
     if (answer.status !== 200)
-      throw new RegistryError(`${this.where}: blob ${digest}: the registry answered ${answer.status}`);
+      throw new RegistryError(`${this.where}: blob ${digest}: the registry answered ${answer.status}`, answer.status);
     this.checkDigest(answer.bytes!, digest, `blob ${digest}`);
     return answer.bytes!;
   }
@@ -5736,7 +5757,10 @@ class RepositoryReader {
         descriptors: asList(this.json(answer.bytes!, `the referrers of ${digest}`).manifests),
       };
     if (!REFERRERS_API_ABSENT.includes(answer.status))
-      throw new RegistryError(`${this.where}: the referrers of ${digest}: the registry answered ${answer.status}`);
+      throw new RegistryError(
+        `${this.where}: the referrers of ${digest}: the registry answered ${answer.status}`,
+        answer.status,
+      );
     const tag = digest.replace(':', '-');
     const index = await this.manifest(tag, OCI_INDEX);
     return { from: `the referrers tag ${tag}`, descriptors: asList(index?.manifests) };
@@ -12387,7 +12411,7 @@ export const DECISIONS = {
   'skipped by policy': { published: 'skipped by policy' },
   /** The push could not be applied: nothing is known to be written. */
   failed: { published: 'failed' },
-  /** The API server did not answer: the push is kept and applied when it does. */
+  /** The API server (or, under ON_REGISTRY_AWAY=keep, the registry) did not answer: kept, applied when it does. */
   kept: { published: 'no-op' },
   /** It waits on the workload (webhook/pending) for an approval or the change window: answered 202. */
   waiting: { published: 'waiting' },
@@ -12443,8 +12467,11 @@ export interface UpgradeReport {
   rollback?: RollbackOutcome;
   /** When the push was pushed (or received), as the newest-wins rule compares it. */
   pushedAtMs?: number;
-  /** The API server gave no answer within the client's retry budget (nothing is known to be written). */
-  unreachable?: boolean;
+  /**
+   * Who gave no answer, so that nothing is known to be written: the API server (within the client's
+   * retry budget), or the registry when the hook keeps such pushes (ON_REGISTRY_AWAY=keep).
+   */
+  unreachable?: 'the API server' | 'the registry';
   /** The payload (or REPO_TYPE) could not be read: nothing was asked of the cluster. */
   badInput?: boolean;
   /** A push kept while the API server is away (UpgradeService): resolves with its final report. */
@@ -12862,6 +12889,13 @@ export function deployWindowSetting(name: string, value: string): DeployWindow[]
   }
 }
 
+/** ON_REGISTRY_AWAY: fail (unset or blank) or keep, any case. */
+function registryAwaySetting(value: string | undefined): 'fail' | 'keep' {
+  const mode = (value?.trim() || 'fail').toLowerCase();
+  if (mode === 'fail' || mode === 'keep') return mode;
+  throw new UpgradeError(`ON_REGISTRY_AWAY ${showValue(value ?? '')} is not fail or keep`);
+}
+
 /** ON_OUTSIDE_CHANGE: hold (unset or blank) or follow, any case. */
 function outsideChangeSetting(value: string | undefined): 'hold' | 'follow' {
   const mode = (value?.trim() || 'hold').toLowerCase();
@@ -13195,6 +13229,16 @@ export const HOOK_SETTINGS = {
     meaning: 'Annotations a signature must carry (cosign sign -a key=value), for VERIFY_SIGNATURE.',
     parse: signatureAnnotationsSetting,
   }),
+  ON_REGISTRY_AWAY: setting({
+    type: 'fail or keep',
+    default: 'fail',
+    fixed: true,
+    validation: 'fail or keep (any case)',
+    meaning:
+      'When the registry cannot be reached for VERIFY_IMAGE or VERIFY_SIGNATURE: fail answers 500 and changes ' +
+      'nothing; keep answers 202 and applies the push once the registry answers (within -apply-deadline).',
+    parse: registryAwaySetting,
+  }),
   ON_OUTSIDE_CHANGE: setting({
     type: 'hold or follow',
     default: 'hold',
@@ -13423,10 +13467,11 @@ export const IMAGE_PIN_SETTINGS = fixedSettingChecks(['REGISTRY_HOST', 'ALLOW_IM
 //    image replaced (semver precedence, else push time). VERIFY_SIGNATURE (which implies VERIFY_IMAGE) then requires
 //    a cosign signature of the resolved digest valid under one of the hook's keys (checkSignature); an unsigned or
 //    wrongly signed digest is refused (SignatureRefusal, decided `refused: unsigned`, a Warning Event UpgradeRefused).
+//    A registry that does not answer fails the push closed, or under ON_REGISTRY_AWAY=keep has it kept (RegistryAway).
 //    Exports: decide, decidePush, decisionAction, FOLLOW_ANNOTATION, FollowRecord, FUTURE_PUSH_SKEW_MS, holdDecision,
 //    imageFieldPath, IncomingPush, knownContainer, newPushRecord, outsidePolicy, pinnedContainer, pullSecretNames,
-//    PushRecord, pushTime, readFollowRecords, readPushRecords, readSettings, SignatureRefusal, UpgradeSettings,
-//    verifiedRef, whoAsked, withPushRecord, workloadPodSpec.
+//    PushRecord, pushTime, readFollowRecords, readPushRecords, readSettings, RegistryAway, SignatureRefusal,
+//    UpgradeSettings, verifiedRef, whoAsked, withPushRecord, workloadPodSpec.
 //    Tests: test/decision.test.ts, test/hold.test.ts, test/records.test.ts, test/registry-e2e.test.ts,
 //    test/replicas.test.ts, test/upgrade.test.ts.
 // ================================================================================================
@@ -13797,6 +13842,8 @@ interface UpgradeSettings {
   onOutsideChange: 'hold' | 'follow';
   /** VERIFY_SIGNATURE (and its annotations): the keys one of which must have signed the digest deployed. */
   signature: { keys: CosignKey[]; annotations: Record<string, string> } | undefined;
+  /** ON_REGISTRY_AWAY: whether a push the registry cannot be asked about is kept (RegistryAway) or fails. */
+  onRegistryAway: 'fail' | 'keep';
   /** UPDATE_POLICY: the hook's update policy, which the workload's annotations override. */
   policy: UpdatePolicy;
   /** REQUIRE_APPROVAL, APPROVAL_TIMEOUT, DEPLOY_WINDOW, APPROVAL_OVERRIDE (the workload's annotations may add). */
@@ -13837,6 +13884,7 @@ function readSettings(env: Record<string, string | undefined>, report: UpgradeRe
     signature: keys.length > 0 ? { keys, annotations } : undefined,
     registryCa: read.REGISTRY_CA.parse(env.REGISTRY_CA),
     registryTokenHosts: read.REGISTRY_TOKEN_HOSTS.parse(env.REGISTRY_TOKEN_HOSTS),
+    onRegistryAway: read.ON_REGISTRY_AWAY.parse(env.ON_REGISTRY_AWAY),
     onOutsideChange: read.ON_OUTSIDE_CHANGE.parse(env.ON_OUTSIDE_CHANGE),
     policy: read.UPDATE_POLICY.parse(env.UPDATE_POLICY),
     requireApproval: read.REQUIRE_APPROVAL.parse(env.REQUIRE_APPROVAL),
@@ -14070,7 +14118,8 @@ async function verifiedRef(
       s.registryTokenHosts,
     ));
   } catch (e) {
-    throw new UpgradeError(`VERIFY_IMAGE: could not resolve ${where}: ${(e as Error).message}; nothing was changed`);
+    const message = `VERIFY_IMAGE: could not resolve ${where}: ${(e as Error).message}`;
+    throw registryFailure(s, e, `${message}; nothing was changed`);
   }
   if (resolved === undefined)
     throw new UpgradeError(
@@ -14090,6 +14139,17 @@ async function verifiedRef(
 
 /** A push VERIFY_SIGNATURE refused (unsigned, or not signed as required): its decision is `refused: unsigned`. */
 export class SignatureRefusal extends UpgradeError {}
+
+/** A push whose registry did not answer (registryAway) under ON_REGISTRY_AWAY=keep: kept, and tried again. */
+export class RegistryAway extends UpgradeError {}
+
+/**
+ * A registry call's failure as the push's: RegistryAway when the registry is away and the hook keeps
+ * such pushes; otherwise the push fails closed, nothing written.
+ */
+function registryFailure(s: UpgradeSettings, e: unknown, message: string): UpgradeError {
+  return registryAway(e) && s.onRegistryAway === 'keep' ? new RegistryAway(message) : new UpgradeError(message);
+}
 
 /** Where checkSignature looks, and what it reports to. */
 interface SignatureCheck {
@@ -14121,9 +14181,8 @@ async function checkSignature(c: SignatureCheck, digest: string | undefined): Pr
     try {
       found = await readCosignSignatures(registry, digest, c.loginFor);
     } catch (e) {
-      throw new UpgradeError(
-        `signature: could not read the signatures of ${image}: ${(e as Error).message}; nothing was changed`,
-      );
+      const message = `signature: could not read the signatures of ${image}: ${(e as Error).message}`;
+      throw registryFailure(c.s, e, `${message}; nothing was changed`);
     }
     const want = { digest, repository: `${c.host}/${c.repository}`, keys, annotations: c.s.signature!.annotations };
     const verdict = verifyCosignSignatures(found, want);
@@ -15569,7 +15628,8 @@ function failedUpgrade(report: UpgradeReport, e: unknown): void {
   report.badInput = e instanceof PayloadError || undefined;
   report.gone = e instanceof PendingGone || undefined;
   // No answer at all, or the server's own failure or throttling, to the end of the retry budget.
-  report.unreachable = e instanceof KubeError && (e.status === 0 || e.status === 429 || e.status >= 500);
+  const apiAway = e instanceof KubeError && (e.status === 0 || e.status === 429 || e.status >= 500);
+  report.unreachable = apiAway ? 'the API server' : e instanceof RegistryAway ? 'the registry' : undefined;
 }
 
 /**
@@ -15709,7 +15769,8 @@ type UpgradeResult = Awaited<ReturnType<typeof runUpgrade>>;
 // ================================================================================================
 // 36. the upgrade service — the upgrade as the command runner runs it (UpgradeService, its InProcessCommand): one
 //    client and one set of kept pushes per cluster (ClusterLane), one per-workload queue for every push, pushes the
-//    API server does not answer kept and applied when it answers (KeptPushes, answered 202), decided waiting pushes
+//    API server (or, under ON_REGISTRY_AWAY=keep, the registry) does not answer kept and applied when it answers
+//    (KeptPushes, answered 202), decided waiting pushes
 //    and pushes deployed again (runDecided), and the rollout follower that follows rollouts after the answer.
 //    Exports: hookClusters, ResultListener, ResumedFollow, RolloutFollower, UpgradeService.
 //    Tests: test/burst.test.ts, test/e2e.test.ts, test/outage.test.ts, test/rollback.test.ts, test/upgrade.test.ts.
@@ -15761,7 +15822,8 @@ interface KeptPush {
 }
 
 /**
- * Pushes the API server did not answer within the client's retry budget: kept (the newest per
+ * Pushes the API server did not answer within the client's retry budget, or whose registry did not
+ * answer under ON_REGISTRY_AWAY=keep: kept (the newest per
  * container, at most UPGRADE_LIMITS.maxKeptPushes), tried again every keptRetryMs until one applies
  * or its deadline (-apply-deadline) passes, and settled with the final report, which the log,
  * Event and mail then tell. Kept in memory: a replica that stops settles what it holds as failed.
@@ -15801,19 +15863,19 @@ class KeptPushes {
     const until = new Date(deadline).toISOString();
     let settle!: (report: UpgradeReport) => void;
     const pending = new Promise<UpgradeReport>((resolve) => (settle = resolve));
+    const who = r.unreachable ?? 'the API server';
     const report: UpgradeReport = {
       ...r,
       result: 'ok',
       error: undefined,
       decision: 'kept',
-      action: `waiting for the API server (${r.error}): kept, and applied when it answers until ${until}`,
+      action: `waiting for ${who} (${r.error}): kept, and applied when it answers until ${until}`,
       pending,
     };
     this.kept.set(key, { args, env, requestId, hook, report, deadline, settle, abandon: new AbortController() });
-    this.lastTryFailed = true;
-    this.log.warn(
-      `[${requestId}] ${reportWhere(r)}: the API server does not answer; push kept until ${until}`,
-    );
+    // A registry that is away says nothing of the API server, which has just answered this push's reads.
+    this.lastTryFailed = who === 'the API server';
+    this.log.warn(`[${requestId}] ${reportWhere(r)}: ${who} does not answer; push kept until ${until}`);
     if (!this.retrying) void this.retry();
     return { output: formatReport(report), exitCode: 0, report, accepted: true };
   }
@@ -15839,11 +15901,14 @@ class KeptPushes {
     }
   }
 
-  /** One more try of a kept push; false while the API server still does not answer. */
+  /**
+   * One more try of a kept push; false while the API server still does not answer (the other kept
+   * pushes then wait for the next round; a registry that is away holds back only its own pushes).
+   */
   private async retryOne(key: string, k: KeptPush): Promise<boolean> {
     const limit = formatGoDuration(this.deadlineMs);
     if (Date.now() >= k.deadline) {
-      this.fail(key, k, `the API server did not answer within -apply-deadline ${limit}`);
+      this.fail(key, k, `${k.report.unreachable ?? 'the API server'} did not answer within -apply-deadline ${limit}`);
       return true;
     }
     k.trying = true;
@@ -15854,23 +15919,27 @@ class KeptPushes {
       k.settle(result.report.changed ? result.report : superseded);
       return true;
     }
-    this.lastTryFailed = result.report.unreachable === true;
-    if (result.report.unreachable) {
-      const why = `the API server did not answer within -apply-deadline ${limit}: ${result.report.error}`;
+    const who = result.report.unreachable;
+    this.lastTryFailed = who === 'the API server';
+    if (who) {
+      const why = `${who} did not answer within -apply-deadline ${limit}: ${result.report.error}`;
       if (Date.now() >= k.deadline) this.fail(key, k, why);
-      return false;
+      return who !== 'the API server';
     }
     this.kept.delete(key);
     const r = result.report;
     const outcome = r.result === 'ok' ? r.action : `failed: ${r.error}`;
-    this.log.notice(`[${k.requestId}] ${reportWhere(r)}: the API server answered again; ${outcome}`);
+    this.log.notice(
+      `[${k.requestId}] ${reportWhere(r)}: ${k.report.unreachable ?? 'the API server'} answered again; ${outcome}`,
+    );
     k.settle(r);
     return true;
   }
 
   /** At shutdown: what is still kept is reported as not applied (in memory only, it would be lost). */
   stop(): void {
-    for (const [key, k] of [...this.kept]) this.fail(key, k, 'the service stopped before the API server answered');
+    for (const [key, k] of [...this.kept])
+      this.fail(key, k, `the service stopped before ${k.report.unreachable ?? 'the API server'} answered`);
   }
 
   private fail(key: string, k: KeptPush, why: string): void {

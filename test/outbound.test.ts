@@ -18,6 +18,7 @@ import {
   clientTlsOptions,
   OutboundError,
   outboundRequest,
+  registryAway,
   retryAfterSeconds,
   retryDelay,
   retrying,
@@ -110,6 +111,16 @@ describe('TLS trust', () => {
     assert.equal(clientTlsOptions('10.0.0.1', { servername: 'kubernetes' }).servername, 'kubernetes');
     assert.equal(clientTlsOptions('x.example').rejectUnauthorized, true);
     assert.equal(clientTlsOptions('x.example', { verify: false }).rejectUnauthorized, false);
+  });
+});
+
+describe('a registry that is away, as ON_REGISTRY_AWAY=keep keeps its pushes', () => {
+  test('no answer (refused, reset, timed out, unresolvable for now) is away; a bad certificate or an oversized answer is not', () => {
+    for (const code of ['ECONNREFUSED', 'ECONNRESET', 'ETIMEDOUT', 'EAI_AGAIN', 'EHOSTUNREACH'])
+      assert.equal(registryAway(new OutboundError(`connect ${code}`, code)), true, code);
+    for (const code of ['CERT_HAS_EXPIRED', 'DEPTH_ZERO_SELF_SIGNED_CERT', 'E2BIG', 'ERR_TLS_CERT_ALTNAME_INVALID'])
+      assert.equal(registryAway(new OutboundError(`failed ${code}`, code)), false, code);
+    assert.equal(registryAway(new Error('ECONNREFUSED')), false, 'only a failed call is judged');
   });
 });
 

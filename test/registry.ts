@@ -59,6 +59,10 @@ export interface Registry {
   tokensIssuedTo(): string[];
   /** Every request the token service received: its User-Agent and Authorization header (token auth). */
   tokenRequests(): { userAgent: string; authorization?: string }[];
+  /** Stops the registry process, keeping its storage and port: the registry is away until up(). */
+  down(): Promise<void>;
+  /** Starts the registry again, as it was, on the same port. */
+  up(): Promise<void>;
   stop(): Promise<void>;
 }
 
@@ -80,13 +84,10 @@ export async function startRegistry(opts: RegistryOptions = {}): Promise<Registr
     const port = await freePort();
     const config = join(dir, 'config.yml');
     writeFileSync(config, registryConfig({ dir, port, notify: opts.notify, certs, htpasswd, tokens }));
-    const child = spawn('docker-registry', ['serve', config], { stdio: ['ignore', 'pipe', 'pipe'] });
-    let output = '';
-    child.stdout!.setEncoding('utf8').on('data', (s: string) => (output += s));
-    child.stderr!.setEncoding('utf8').on('data', (s: string) => (output += s));
-    const up = await waitUntilListening(port, child, () => output);
-    if (up) return registryHandle({ dir, port, child, log: () => output, certs, auth: opts.auth, tokens });
-    lastFailure = output;
+    const { child, log } = serve(config);
+    const up = await waitUntilListening(port, child, log);
+    if (up) return registryHandle({ dir, port, config, child, log, certs, auth: opts.auth, tokens });
+    lastFailure = log();
     child.kill('SIGKILL');
     if (!/address already in use/i.test(output)) break;
   }
@@ -95,9 +96,28 @@ export async function startRegistry(opts: RegistryOptions = {}): Promise<Registr
   throw new Error(`startRegistry: docker-registry did not start:\n${lastFailure.split('\n').slice(-15).join('\n')}`);
 }
 
+/** docker-registry serving `config`, its output gathered (one log across restarts when `before` is given). */
+function serve(config: string, before = ''): { child: ChildProcess; log: () => string } {
+  const child = spawn('docker-registry', ['serve', config], { stdio: ['ignore', 'pipe', 'pipe'] });
+  let output = before;
+  child.stdout!.setEncoding('utf8').on('data', (s: string) => (output += s));
+  child.stderr!.setEncoding('utf8').on('data', (s: string) => (output += s));
+  return { child, log: () => output };
+}
+
+/** Ends a registry process: SIGTERM, then SIGKILL if it is still there after a while. */
+async function endProcess(child: ChildProcess): Promise<void> {
+  if (child.exitCode !== null || child.signalCode !== null) return;
+  const exited = new Promise((r) => child.on('close', r));
+  child.kill('SIGTERM');
+  await Promise.race([exited, sleep(5_000)]);
+  child.kill('SIGKILL');
+}
+
 function registryHandle(v: {
   dir: string;
   port: number;
+  config: string;
   child: ChildProcess;
   log: () => string;
   certs?: { caFile: string; caPem: string; certDir: string };
@@ -120,17 +140,20 @@ function registryHandle(v: {
         ...credArgs('src').map((a) => a.replace('--src-', '--')), `docker://${host}/${repoTag}`];
       await run('skopeo', args);
     },
-    log: v.log,
+    log: () => v.log(),
     tokensIssuedTo: () => [...(v.tokens?.issued ?? [])],
     tokenRequests: () => [...(v.tokens?.requests ?? [])],
+    down: () => endProcess(v.child),
+    async up() {
+      const again = serve(v.config, v.log());
+      v.child = again.child;
+      v.log = again.log;
+      if (!(await waitUntilListening(v.port, v.child, v.log)))
+        throw new Error(`registry.up: docker-registry did not start again on ${host}:\n${v.log().slice(-2000)}`);
+    },
     async stop() {
       v.tokens?.server.close();
-      if (v.child.exitCode === null && v.child.signalCode === null) {
-        const exited = new Promise((r) => v.child.on('close', r));
-        v.child.kill('SIGTERM');
-        await Promise.race([exited, sleep(5_000)]);
-        v.child.kill('SIGKILL');
-      }
+      await endProcess(v.child);
       rmSync(v.dir, { recursive: true, force: true });
     },
   };

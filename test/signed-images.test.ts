@@ -101,6 +101,15 @@ describe('VERIFY_SIGNATURE: cosign signatures on a real registry, through the ex
         request: { host, method: 'PUT' },
       }] }),
     });
+  /** The deliveries page's record of the push `res` answered, once it is done. */
+  const deliveryOf = async (res: { headers: Record<string, unknown> }, timeoutMs = 30_000) => {
+    const admin = Number(/serving deliveries on http:\/\/127\.0\.0\.1:(\d+)\/deliveries/.exec(await waitForOutput(wh, /serving deliveries on http:\/\/127\.0\.0\.1:\d+\/deliveries/))![1]);
+    const id = String(res.headers['x-request-id']);
+    return waitFor(async () => {
+      const d = JSON.parse((await httpRequest(admin, '/deliveries.json')).body).deliveries.find((x: any) => x.request_id === id);
+      return d?.state === 'done' ? d : undefined;
+    }, { timeoutMs, what: `the delivery of ${id}` });
+  };
   /** A push refused for its signature: 500 with the message, nothing on the workload changed. */
   const refused = async (tag: string, digest: string, why: RegExp, opts: Parameters<typeof post>[2] = {}) => {
     const before = await stateOf(opts.workload);
@@ -144,6 +153,8 @@ describe('VERIFY_SIGNATURE: cosign signatures on a real registry, through the ex
       hook('annotated', { VERIFY_SIGNATURE: `cosign:${fs.readFileSync(path.join(work, 'release.pub'), 'utf8')}`, VERIFY_SIGNATURE_ANNOTATIONS: 'pipeline=release' }),
       // Several keys, any one suffices: a file and PEM text.
       hook('anykey', { VERIFY_SIGNATURE: `cosign:${path.join(work, 'ed.pub')} cosign:${fs.readFileSync(path.join(work, 'rsa.pub'), 'utf8')}` }),
+      // A push the registry cannot be asked about waits for it (-apply-deadline, 10 minutes by default).
+      hook('patient', { VERIFY_SIGNATURE: `cosign:${path.join(work, 'release.pub')}`, ON_REGISTRY_AWAY: 'keep' }),
     ];
     oci = await ociRegistryOrSkip();
     if (oci) {
@@ -161,6 +172,7 @@ describe('VERIFY_SIGNATURE: cosign signatures on a real registry, through the ex
       withSecret(deployment('web', [{ name: 'app', image: image('v1') }], { replicas: 1 })),
       withSecret(deployment('annotated', [{ name: 'app', image: image('v1') }], { replicas: 1 })),
       withSecret(deployment('anykey', [{ name: 'app', image: image('v1') }], { replicas: 1 })),
+      withSecret(deployment('patient', [{ name: 'app', image: image('v1') }], { replicas: 1 })),
       ...(oci ? [deployment('referrers', [{ name: 'app', image: `${oci.host}/acme/web:v1` }], { replicas: 1 })] : []),
     ] }));
   });
@@ -189,12 +201,7 @@ describe('VERIFY_SIGNATURE: cosign signatures on a real registry, through the ex
     const events = async () => (JSON.parse(await kubectl(['-n', ns, 'get', 'events', '--field-selector', 'involvedObject.name=web,reason=UpgradeRefused', '-o', 'json'])).items as any[])
       .filter((e) => e.type === 'Warning' && e.message.includes(`acme/web@${digest} is not signed as VERIFY_SIGNATURE requires: no cosign signature`));
     await waitFor(async () => (await events()).length > 0, { timeoutMs: 30_000, what: 'the UpgradeRefused Event' });
-    const admin = Number(/serving deliveries on http:\/\/127\.0\.0\.1:(\d+)\/deliveries/.exec(await waitForOutput(wh, /serving deliveries on http:\/\/127\.0\.0\.1:\d+\/deliveries/))![1]);
-    const id = String(res.headers['x-request-id']);
-    const delivery = await waitFor(async () => {
-      const d = JSON.parse((await httpRequest(admin, '/deliveries.json')).body).deliveries.find((x: any) => x.request_id === id);
-      return d?.state === 'done' ? d : undefined;
-    }, { timeoutMs: 30_000, what: `the delivery of ${id}` });
+    const delivery = await deliveryOf(res);
     assert.equal(delivery.decision, 'refused: unsigned');
     assert.match(delivery.detail, new RegExp(`^signature: ${escape(registry.host)}/acme/web@${digest} is not signed`));
   });
@@ -324,6 +331,32 @@ describe('VERIFY_SIGNATURE: cosign signatures on a real registry, through the ex
     assert.equal(res.status, 500, res.body);
     assert.match(res.body, new RegExp(`^result: +failed: VERIFY_IMAGE: could not resolve ${escape(away)}/acme/web:v2: .*; nothing was changed$`, 'm'));
     assert.equal(await stateOf('away'), before);
+  });
+
+  test('ON_REGISTRY_AWAY=keep: a push the registry cannot be asked about is kept (202) and deployed, signature checked, once it answers', async () => {
+    const before = await stateOf('patient');
+    await registry.down();
+    let res: Awaited<ReturnType<typeof post>>;
+    try {
+      res = await post('v2', signedV2, { hook: 'patient', workload: 'patient' });
+      assert.equal(res.status, 202, res.body);
+      assert.match(res.body, new RegExp(`^action: +waiting for the registry \\(VERIFY_IMAGE: could not resolve ${escape(registry.host)}/acme/web:v2: ` +
+        '.*ECONNREFUSED.*\\): kept, and applied when it answers until \\d{4}-', 'm'));
+      assert.match(res.body, /^result: +ok$/m);
+      assert.equal(await stateOf('patient'), before, 'nothing written while the registry is away');
+      await waitForOutput(wh, new RegExp(`\\[${res.headers['x-request-id']}\\] .*: the registry does not answer; push kept until`));
+    } finally {
+      await registry.up();
+    }
+    const id = String(res.headers['x-request-id']);
+    // Kept pushes are tried again every 5 s: the first try after the registry is back deploys the signed digest.
+    await waitForOutput(wh, new RegExp(`\\[${id}\\] .*: the registry answered again; image updated`), 60_000);
+    assert.equal(await imageOf('patient'), `${image('v2')}@${signedV2}`);
+    const delivery = await deliveryOf(res);
+    assert.equal(delivery.decision, 'applied');
+    // Only a registry that is away keeps a push: an unsigned digest is refused at once under the same hook.
+    const unsigned = await pushImage('v9');
+    await refused('v9', unsigned, /no cosign signature \(looked at .*\)/, { hook: 'patient', workload: 'patient' });
   });
 
   test('the registry login and the key password never appear in the output', () => {
