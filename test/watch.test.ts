@@ -82,9 +82,14 @@ describe('rollouts followed by watching', { skip: cluster ? false : 'no cluster'
   test('410 Gone: a follow from a resourceVersion the API server no longer has re-lists and ends right', async () => {
     const client = new CountingClient(loadKubeconfig(cluster!.kubeconfigPath));
     try {
+      // Paused, so that the list cannot already show the rollout complete: the follow must watch on from it.
+      await kubectl(['-n', ns, 'rollout', 'pause', 'deployment/gone']);
       const patched = await patchImage(kubectl, ns, 'gone', 'v2');
       const initial = { ...patched, metadata: { ...patched.metadata, resourceVersion: '1' } };
-      const outcome = await followRollout(client, target('gone'), { timeoutMs: 120_000, container: 'app', initial });
+      const following = followRollout(client, target('gone'), { timeoutMs: 120_000, container: 'app', initial });
+      await waitFor(() => client.lists >= 1 && client.watchQueries.length >= 2, { timeoutMs: 30_000, what: 'the re-list and the watch after it' });
+      await kubectl(['-n', ns, 'rollout', 'resume', 'deployment/gone']);
+      const outcome = await following;
       assert.equal(outcome.state, 'complete', outcome.detail);
       assert.ok(client.lists >= 1, 'the namespace was listed again');
       assert.equal(client.watchQueries[0].resourceVersion, '1');
