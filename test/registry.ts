@@ -89,7 +89,7 @@ export async function startRegistry(opts: RegistryOptions = {}): Promise<Registr
     if (up) return registryHandle({ dir, port, config, child, log, certs, auth: opts.auth, tokens });
     lastFailure = log();
     child.kill('SIGKILL');
-    if (!/address already in use/i.test(output)) break;
+    if (!/address already in use/i.test(lastFailure)) break;
   }
   tokens?.server.close();
   rmSync(dir, { recursive: true, force: true });
