@@ -1980,6 +1980,153 @@ function goStringsOf(holder: object): Map<string, string> {
 }
 
 // ---------------------------------------------------------------------------------------------
+// JSON read directly. Most hook files are JSON, which the three stages read as YAML flow syntax;
+// on a cold start that costs some 2 ms per kilobyte (the stages run character by character in
+// V8's interpreter), the largest part of starting up (docs/results.md#start-up). readJson reads a
+// JSON document in one pass to exactly what the stages give for it: the same values, the same
+// LineMap, the same Go renderings (scalars are resolved by resolvePlain). Wherever YAML reads a
+// JSON text its own way or refuses it, it gives up (undefined) and the stages read the text: tabs
+// outside the outermost brackets, line breaks YAML has and JSON has not (U+0085, U+2028, U+2029),
+// control and non-BMP characters, a byte order mark, the escapes `\/` (yaml.v2 refuses it) and
+// `\u` of a surrogate, a key whose ':' is on a later line or over 1024 characters away (YAML's
+// simple-key limit), a repeated key, deep nesting, and anything that is not JSON (comments,
+// trailing commas, more documents).
+
+/** A double-quoted string without the escapes YAML reads otherwise (`\/`, `\u` of a surrogate): its content. */
+const JSON_STRING = String.raw`"((?:[^"\\\x00-\x1f]|\\["\\bfnrt]|\\u(?![dD][89a-fA-F])[0-9a-fA-F]{4})*)"`;
+/** A JSON number or word: a plain scalar to YAML. */
+const JSON_PLAIN = String.raw`(-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?|true|false|null)`;
+/** One token and the blanks before it: punctuation, a string or a plain scalar. */
+const JSON_TOKEN = new RegExp(String.raw`([ \t\n\r]*)(?:([[\]{},:])|${JSON_STRING}|${JSON_PLAIN})`, 'y');
+/** What YAML reads as JSON reads it: a collection with only spaces and line breaks before it (and after: atEnd). */
+const JSON_START = /^[ \n\r]*[[{]/;
+/** Characters the direct reader leaves to the stages (see above). */
+const NOT_DIRECT_JSON = /[^\t\n\r\x20-\x7e\u00a0-\u2027\u202a-\ud7ff\ue000-\ufefe\uff00-\ufffd]/;
+/** Nesting past this is left to the stages, which refuse it past MAX_DEPTH with the place. */
+const DIRECT_JSON_DEPTH = 100;
+/** libyaml's simple-key limit: a key's ':' at most this many characters after the key's start. */
+const SIMPLE_KEY_REACH = 1024;
+
+interface JsonToken {
+  /** '[', ']', '{', '}', ',', ':', '"' (a string) or 'plain'. */
+  kind: string;
+  /** A string's value (escapes decoded) or a plain scalar's text. */
+  text: string;
+  /** 1-based, as LineMap counts. */
+  line: number;
+  index: number;
+}
+
+/** Thrown inside DirectJsonReader when the stages must read the text instead. */
+const NOT_DIRECT = new Error('not read directly');
+
+class DirectJsonReader {
+  readonly lines: LineMap = new WeakMap();
+  private readonly text: string;
+  private pos = 0;
+  private line = 1;
+  private nodes = 0;
+
+  constructor(text: string) {
+    this.text = text;
+  }
+
+  token(): JsonToken {
+    JSON_TOKEN.lastIndex = this.pos;
+    const m = JSON_TOKEN.exec(this.text);
+    if (!m) throw NOT_DIRECT;
+    // Line breaks as YAML counts them: \n, \r\n and a lone \r.
+    const blanks = m[1];
+    for (let i = 0; i < blanks.length; i++) {
+      if (blanks[i] === '\n' || (blanks[i] === '\r' && blanks[i + 1] !== '\n')) this.line++;
+    }
+    const index = this.pos + m[1].length;
+    this.pos += m[0].length;
+    if (m[2] !== undefined) return { kind: m[2], text: m[2], line: this.line, index };
+    if (m[3] !== undefined) {
+      const text = m[3].includes('\\') ? (JSON.parse(`"${m[3]}"`) as string) : m[3];
+      return { kind: '"', text, line: this.line, index };
+    }
+    return { kind: 'plain', text: m[4], line: this.line, index };
+  }
+
+  /** The value that starts with token `t`, as Decoder.decode gives it. */
+  value(t: JsonToken, depth: number): Item {
+    if (++this.nodes > MAX_NODES || depth > DIRECT_JSON_DEPTH) throw NOT_DIRECT;
+    if (t.kind === '[') return { value: this.sequence(depth) };
+    if (t.kind === '{') return { value: this.mapping(depth) };
+    if (t.kind === '"') return { value: t.text };
+    if (t.kind !== 'plain') throw NOT_DIRECT;
+    const r = resolvePlain(t.text);
+    return { value: r.value, go: r.go };
+  }
+
+  private sequence(depth: number): unknown[] {
+    const array: unknown[] = [];
+    const lines = new Map<string, number>();
+    this.lines.set(array, lines);
+    let t = this.token();
+    if (t.kind === ']') return array;
+    for (;;) {
+      const key = String(array.length);
+      const item = this.value(t, depth + 1);
+      array.push(item.value);
+      lines.set(key, t.line);
+      if (item.go !== undefined) goStringsOf(array).set(key, item.go);
+      const after = this.token();
+      if (after.kind === ']') return array;
+      if (after.kind !== ',') throw NOT_DIRECT;
+      t = this.token();
+    }
+  }
+
+  private mapping(depth: number): object {
+    const object = {};
+    const lines = new Map<string, number>();
+    this.lines.set(object, lines);
+    let key = this.token();
+    if (key.kind === '}') return object;
+    for (;;) {
+      const colon = this.token();
+      const simpleKey = colon.line === key.line && colon.index - key.index <= SIMPLE_KEY_REACH;
+      if (key.kind !== '"' || colon.kind !== ':' || !simpleKey || lines.has(key.text)) throw NOT_DIRECT;
+      const item = this.value(this.token(), depth + 1);
+      // As the Decoder (and JSON.parse) does: an own data property, even for "__proto__".
+      Object.defineProperty(object, key.text, {
+        value: item.value,
+        writable: true,
+        enumerable: true,
+        configurable: true,
+      });
+      lines.set(key.text, key.line);
+      if (item.go !== undefined) goStringsOf(object).set(key.text, item.go);
+      const after = this.token();
+      if (after.kind === '}') return object;
+      if (after.kind !== ',') throw NOT_DIRECT;
+      key = this.token();
+    }
+  }
+
+  /** Only spaces and line breaks may follow the document. */
+  atEnd(): boolean {
+    return /^[ \n\r]*$/.test(this.text.slice(this.pos));
+  }
+}
+
+/** A JSON document read directly, as the stages would read it; undefined when the stages must read it. */
+export function readJson(text: string): { value: unknown; lines: LineMap } | undefined {
+  if (!JSON_START.test(text) || NOT_DIRECT_JSON.test(text)) return undefined;
+  const reader = new DirectJsonReader(text);
+  try {
+    const { value } = reader.value(reader.token(), 1);
+    return reader.atEnd() ? { value, lines: reader.lines } : undefined;
+  } catch (e) {
+    if (e === NOT_DIRECT) return undefined;
+    throw e;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // API
 
 /**
@@ -1987,6 +2134,11 @@ function goStringsOf(holder: object): Map<string, string> {
  * plain values: objects, arrays, strings, numbers, booleans and null. Throws YamlError.
  */
 export function parseYaml(text: string): { value: unknown; lines: LineMap } {
+  return readJson(text) ?? readYaml(text);
+}
+
+/** parseYaml through the three stages, whatever the text. */
+export function readYaml(text: string): { value: unknown; lines: LineMap } {
   const parser = new Parser(new Scanner(readChars(text)));
   const root = parser.parseFirstDocument();
   const decoder = new Decoder(parser.anchors);
@@ -18937,7 +19089,7 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
   process.on('exit', () => log.flush());
   const metrics = new Metrics();
   log.notice(`version ${VERSION} starting`);
-  log.info(memorySizing());
+  if (log.verbose) log.info(memorySizing()); // reads the cgroup's limit: only when it is shown
   const settings = hookLoadSettings(o, env);
   const upgrade = new UpgradeService(o.kubeconfig || undefined, env, o.rolloutFollowMs, log, o.applyDeadlineMs);
   const snapshot = loadInitialHooks(o, settings, log, upgrade);

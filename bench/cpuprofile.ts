@@ -58,7 +58,7 @@ export function summarise(file: string, top = 25): Summary {
     const seen = new Set<string>();
     for (let id: number | undefined = node.id; id !== undefined; id = parent.get(id)) {
       const cf = byId.get(id)!.callFrame;
-      if (!cf.url.endsWith('webhook.ts')) continue;
+      if (!/webhook(\.ts|-snapshot\.cjs)$/.test(cf.url)) continue;
       const ik = key(cf);
       if (seen.has(ik)) continue;
       seen.add(ik);

@@ -85,8 +85,14 @@ const config = {
   // so V8 collects before the kernel's OOM killer acts. (`--disable-sigusr1` would save the thread
   // that waits for SIGUSR1, but it blocks the signal, which adnanh uses to reload hooks; the
   // service's own SIGUSR1 handler keeps the inspector from starting.)
+  //
+  // A regular expression is compiled to machine code at its first use, not first to V8's regexp
+  // bytecode (tiered up to machine code after that use anyway): the bytecode compiler's peephole
+  // pass costs more than the machine code, about 3 ms at start-up for the one of node:net's
+  // listen() alone (`npm run bench:start`, docs/results.md#start-up).
   execArgv: [
     '--enable-experimental-regexp-engine',
+    '--no-regexp-tier-up',
     '--openssl-config=/nonexistent/webhook-openssl.cnf',
     '--max-semi-space-size=1',
     '--single-threaded',

@@ -13,7 +13,9 @@
 
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
-import { parseYaml, scalarAsGoString, YamlError } from '../webhook.ts';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { parseYaml, readJson, readYaml, scalarAsGoString, YamlError } from '../webhook.ts';
 import { adnanhSource } from './peer.ts';
 import { CORPUS_FILES, corpusCases, corpusName, type DocCase, ownCases, scalarCases, SEED_JSON, SEED_YAML }
   from './yaml/cases.ts';
@@ -326,5 +328,116 @@ describe('values', () => {
   });
   test('empty input, comments only, or an empty document are null', () => {
     for (const text of ['', '\n', '# x\n', '---\n', '--- ~\n']) assert.equal(parseYaml(text).value, null, text);
+  });
+});
+
+describe('JSON read directly (readJson)', () => {
+  type Reading = ReturnType<typeof readYaml>;
+  /** readJson's reading of `text` is the three stages' one: values, every line and every Go rendering. */
+  const assertSameReading = (text: string, direct: Reading) => {
+    const stages = readYaml(text);
+    assert.deepEqual(direct.value, stages.value);
+    const walk = (x: unknown, y: unknown, where: string): void => {
+      if (typeof x !== 'object' || x === null) return;
+      assert.deepEqual([...direct.lines.get(x)!], [...stages.lines.get(y as object)!], `lines of ${where}`);
+      const [a, b] = [x as Record<string, unknown>, y as Record<string, unknown>];
+      for (const k of Object.keys(a)) {
+        assert.equal(scalarAsGoString(a[k], a, k), scalarAsGoString(b[k], b, k), `Go text of ${where}.${k}`);
+        walk(a[k], b[k], `${where}.${k}`);
+      }
+    };
+    walk(direct.value, stages.value, '(top)');
+  };
+  /** parseYaml gives what the stages give: the same reading, or the same error. */
+  const assertLeftToStages = (text: string) => {
+    assert.equal(readJson(text), undefined, JSON.stringify(text.slice(0, 80)));
+    let stages: Reading | Error;
+    try {
+      stages = readYaml(text);
+    } catch (e) {
+      stages = e as Error;
+    }
+    if (stages instanceof Error) assert.throws(() => parseYaml(text), { message: stages.message });
+    else assert.deepEqual(parseYaml(text).value, stages.value);
+  };
+
+  test('reads every case it takes exactly as the three stages do', () => {
+    const cases = [...ownCases(), ...corpus.values()];
+    const direct = cases.flatMap((c) => readJson(c.yaml) ?? []);
+    cases.forEach((c) => ((reading) => reading && assertSameReading(c.yaml, reading))(readJson(c.yaml)));
+    assert.ok(direct.length >= 6, `only ${direct.length} of ${cases.length} cases were read directly`);
+  });
+
+  test('never takes a text the three stages refuse or read otherwise (JSON fuzz)', () => {
+    let state = 0x3c6ef372;
+    const random = (): number => {
+      state ^= state << 13;
+      state ^= state >>> 17;
+      state ^= state << 5;
+      return (state >>> 0) / 4294967296;
+    };
+    const pick = <T>(items: T[]): T => items[Math.floor(random() * items.length)];
+    const fragments = ['"', '\\', '\\/', '\\u00e9', '\\ud800', '\\x41', ':', ',', '[', ']', '{', '}', ' ', '\n',
+      '\r', '\t', '#', '-', '0', '1.5', 'e3', 'true', 'null', '---\n', '...', '\u2028', '\u00e9', '\x7f', '&a ', '*a',
+      '!!str ', '? ', '<<', '"k": ', '"k": 1, ', 'k'.repeat(1030)];
+    const seeds = [SEED_JSON, JSON.stringify(JSON.parse(SEED_JSON), null, 2), '{"a": [1, -0.5e1, "x"], "b": {"c": null}}'];
+    let direct = 0;
+    for (let i = 0; i < 3000; i++) {
+      const chars = Array.from(pick(seeds));
+      for (let k = Math.floor(random() * 3); k >= 0; k--) {
+        const at = Math.floor(random() * (chars.length + 1));
+        if (random() < 0.5) chars.splice(at, 0, pick(fragments));
+        else chars.splice(at, 1 + Math.floor(random() * 2));
+      }
+      const text = chars.join('');
+      const reading = readJson(text);
+      if (reading === undefined) continue;
+      direct++;
+      assertSameReading(text, reading); // readYaml throws if the stages refuse it
+    }
+    assert.ok(direct >= 300, `only ${direct} fuzzed texts were read directly`);
+  });
+
+  test('reads JSON hook files directly, however they are laid out', () => {
+    const root = path.resolve(import.meta.dirname, '..');
+    const files = ['examples/hooks/web.json', 'examples/hooks/echo.json', 'deploy/hooks/web.json'];
+    const rendered = files.map((f) =>
+      fs.readFileSync(path.join(root, f), 'utf8').replaceAll('{{ getenv \\"HOOK_TOKEN\\" }}', 'token-from-env'),
+    );
+    const seed = JSON.parse(SEED_JSON) as unknown;
+    const layouts = [SEED_JSON, ...[0, 2, 4, '\t'].map((indent) => JSON.stringify(seed, null, indent))];
+    const texts = [...rendered, ...layouts, ...layouts.map((t) => t.replaceAll('\n', '\r\n') + '\r\n')];
+    texts.push('{"n": [0, -0, 1.50, 1e3, -2E-2, 9007199254740993, 123456789012345678901234567890], "w": [true, null]}');
+    texts.push('{"s": "tab\\t \\"q\\" \\\\ \\u00e9 \\u0000 caf\u00e9 \u20ac", "__proto__": {"x": 1}, "": ""}\n');
+    for (const text of texts) {
+      const reading = readJson(text);
+      assert.ok(reading, `not read directly: ${JSON.stringify(text.slice(0, 80))}`);
+      assertSameReading(text, reading);
+    }
+  });
+
+  test('leaves to the three stages what YAML reads its own way or refuses', () => {
+    const texts = [
+      '\t[1]', // a tab before the document
+      '[1]\n\t', // and after it
+      '["a\\/b"]', // an escape yaml.v2 refuses
+      '["\\ud83d\\ude00"]', // surrogate escapes
+      '["\u2028"]', // a line break to YAML
+      '["\u0085"]',
+      '["\u007f"]', // a control character
+      '\ufeff[1]', // a byte order mark
+      '["\u{1F600}"]', // outside the BMP
+      '{"a"\n: 1}', // a key's ':' on a later line
+      `{"${'k'.repeat(1030)}": 1}`, // or past YAML's simple-key limit
+      '{"a": 1, "a": 2}', // a repeated key
+      '[1,]', // not JSON: a trailing comma,
+      '[1] # note', // a comment,
+      '[1]\n---\n[2]\n', // a second document,
+      '[a]', // a plain word,
+      '"top"', // a scalar document
+      '1',
+      `${'['.repeat(150)}${']'.repeat(150)}`, // nesting past the direct reader's limit
+    ];
+    for (const text of texts) assertLeftToStages(text);
   });
 });
