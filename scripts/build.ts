@@ -16,6 +16,9 @@ const SNAPSHOT_BUILTINS = [
 ];
 
 const source = fs.readFileSync(path.join(root, 'webhook.ts'), 'utf8');
+/** LIMITS.regexBacktracksBeforeFallback of webhook.ts, which serve() sets as a V8 flag (see execArgv). */
+const backtracks = /^  regexBacktracksBeforeFallback: ([\d_]+),$/m.exec(source)?.[1].replaceAll('_', '');
+if (!backtracks) throw new Error('scripts/build.ts: LIMITS.regexBacktracksBeforeFallback is not where it was in webhook.ts');
 const script = path.join(dist, 'webhook-snapshot.cjs');
 fs.writeFileSync(script, snapshotScript(stripTypeScriptTypes(source, { mode: 'strip' })));
 
@@ -90,8 +93,15 @@ const config = {
   // bytecode (tiered up to machine code after that use anyway): the bytecode compiler's peephole
   // pass costs more than the machine code, about 3 ms at start-up for the one of node:net's
   // listen() alone (`npm run bench:start`, docs/results.md#start-up).
+  //
+  // V8 takes the code cache of Node's own modules (compiled at build time, in the snapshot) only
+  // from a process whose V8 flags are those of the build: so the build runs with these options,
+  // and the ones serve() sets (the regexp fallback) are here too, with the same values; a flag
+  // that differs makes every built-in loaded after start-up (node:http, ...) compile from source.
   execArgv: [
     '--enable-experimental-regexp-engine',
+    '--enable-experimental-regexp-engine-on-excessive-backtracks',
+    `--regexp-backtracks-before-fallback=${backtracks}`,
     '--no-regexp-tier-up',
     '--openssl-config=/nonexistent/webhook-openssl.cnf',
     '--max-semi-space-size=1',
@@ -104,7 +114,7 @@ const config = {
   execArgvExtension: 'none',
 };
 fs.writeFileSync(path.join(dist, 'sea.json'), JSON.stringify(config, null, 2));
-execFileSync(process.execPath, ['--build-sea', path.join(dist, 'sea.json')], { stdio: 'inherit' });
+execFileSync(process.execPath, [...config.execArgv, '--build-sea', path.join(dist, 'sea.json')], { stdio: 'inherit' });
 const target = path.join(dist, 'webhook');
 fs.renameSync(config.output, target);
 console.log(`built ${path.relative(root, target)} (${(fs.statSync(target).size / 1e6).toFixed(0)} MB) with Node ${process.version}`);
