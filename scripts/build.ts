@@ -20,7 +20,18 @@ const source = fs.readFileSync(path.join(root, 'webhook.ts'), 'utf8');
 const backtracks = /^  regexBacktracksBeforeFallback: ([\d_]+),$/m.exec(source)?.[1].replaceAll('_', '');
 if (!backtracks) throw new Error('scripts/build.ts: LIMITS.regexBacktracksBeforeFallback is not where it was in webhook.ts');
 const script = path.join(dist, 'webhook-snapshot.cjs');
-fs.writeFileSync(script, snapshotScript(stripTypeScriptTypes(source, { mode: 'strip' })));
+fs.writeFileSync(script, snapshotScript(stripTypeScriptTypes(asciiOnly(source), { mode: 'strip' })));
+
+/**
+ * V8 keeps the script's text in the snapshot (functions are compiled at their first call), with two
+ * bytes per character if one character needs them. The few characters past ASCII in webhook.ts are
+ * in comments and string and template literals, where a \u escape means the same (not in String.raw,
+ * which would keep the escape: refused), so the text is kept with one byte each: 0.9 MB less heap.
+ */
+function asciiOnly(ts: string): string {
+  if (/String\.raw.*[^\x00-\x7f]/.test(ts)) throw new Error('scripts/build.ts: a String.raw template holds a non-ASCII character');
+  return ts.replace(/[^\x00-\x7f]/g, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`);
+}
 
 /**
  * The executable starts from a V8 start-up snapshot (`npm run bench:start` measures it): the
