@@ -9,16 +9,28 @@ const root = path.resolve(import.meta.dirname, '..');
 const dist = path.join(root, 'dist');
 fs.mkdirSync(dist, { recursive: true });
 
-/** The built-in modules a start-up snapshot can hold (see snapshotScript). */
+/**
+ * The built-in modules the start-up snapshot holds, loaded at build time (see snapshotScript): those
+ * a start loads before its first answer (node:child_process through node:net's listen()).
+ */
 const SNAPSHOT_BUILTINS = [
-  'node:child_process', 'node:crypto', 'node:fs', 'node:fs/promises', 'node:net', 'node:os', 'node:path',
-  'node:sea', 'node:string_decoder', 'node:timers/promises', 'node:url', 'node:v8',
+  'node:child_process', 'node:crypto', 'node:fs', 'node:net', 'node:path', 'node:sea', 'node:timers/promises',
+  'node:v8',
 ];
+/**
+ * Built-in modules the snapshot could hold but a start does not need before its first answer: they
+ * load at their first use, as each one held costs every start the time to deserialize it (these four:
+ * some 4 ms of the median of `npm run bench:start`). What webhook.ts imports from them by name must be
+ * functions or classes (see firstUseFunctions).
+ */
+const FIRST_USE_BUILTINS = ['node:fs/promises', 'node:os', 'node:string_decoder', 'node:url'];
 
 const source = fs.readFileSync(path.join(root, 'webhook.ts'), 'utf8');
 /** LIMITS.regexBacktracksBeforeFallback of webhook.ts, which serve() sets as a V8 flag (see execArgv). */
 const backtracks = /^  regexBacktracksBeforeFallback: ([\d_]+),$/m.exec(source)?.[1].replaceAll('_', '');
-if (!backtracks) throw new Error('scripts/build.ts: LIMITS.regexBacktracksBeforeFallback is not where it was in webhook.ts');
+if (!backtracks) {
+  throw new Error('scripts/build.ts: LIMITS.regexBacktracksBeforeFallback is not where it was in webhook.ts');
+}
 const script = path.join(dist, 'webhook-snapshot.cjs');
 fs.writeFileSync(script, snapshotScript(stripTypeScriptTypes(asciiOnly(source), { mode: 'strip' })));
 
@@ -29,7 +41,9 @@ fs.writeFileSync(script, snapshotScript(stripTypeScriptTypes(asciiOnly(source), 
  * which would keep the escape: refused), so the text is kept with one byte each: 0.9 MB less heap.
  */
 function asciiOnly(ts: string): string {
-  if (/String\.raw.*[^\x00-\x7f]/.test(ts)) throw new Error('scripts/build.ts: a String.raw template holds a non-ASCII character');
+  if (/String\.raw.*[^\x00-\x7f]/.test(ts)) {
+    throw new Error('scripts/build.ts: a String.raw template holds a non-ASCII character');
+  }
   return ts.replace(/[^\x00-\x7f]/g, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`);
 }
 
@@ -43,7 +57,8 @@ function asciiOnly(ts: string): string {
  *     a snapshot cannot hold some built-ins (node:http's parser binding), and an ES import of
  *     node:http would also run its lazy getters (undici: ~35 ms of CPU). A namespace import becomes
  *     a proxy that loads the module when a property is first read, unless the snapshot holds the
- *     module (SNAPSHOT_BUILTINS), which is then bound at once, as named imports of it are;
+ *     module (SNAPSHOT_BUILTINS), which is then bound at once, as named imports of it are; a named
+ *     import of a module loaded at first use (FIRST_USE_BUILTINS) becomes functions that load it;
  *   - the entry-point check becomes the function the process runs after the snapshot is loaded,
  *     with the command line as the module would have seen it.
  * Whatever the top level computes is shared by every process started from the executable, so it
@@ -57,6 +72,7 @@ function snapshotScript(js: string): string {
     const held = SNAPSHOT_BUILTINS.includes(id);
     const name = what.startsWith('* as ') ? what.slice('* as '.length) : undefined;
     if (name) return `const ${name} = ${held ? `process.getBuiltinModule('${id}')` : `builtinOnFirstUse('${id}')`};`;
+    if (!held && FIRST_USE_BUILTINS.includes(id)) return firstUseFunctions(what, id);
     // Named imports are bound at once: only modules the snapshot holds may be imported so.
     if (!held) throw new Error(`scripts/build.ts: import ${id} as a namespace (\`* as\`), not by names: ${line}`);
     return `const ${what.replace(/\b(\w+) as (\w+)\b/g, '$1: $2')} = process.getBuiltinModule('${id}');`;
@@ -73,10 +89,25 @@ function snapshotScript(js: string): string {
   out = out.replace(/\n\}\n*$/, '\n});\n');
   if (out.includes('import.meta')) out = out.replaceAll('fileURLToPath(import.meta.url)', "''");
   if (out.includes('import.meta')) throw new Error('scripts/build.ts: import.meta is left in the snapshot script');
-  // The built-ins a snapshot can hold are loaded into it (their code compiled once, at build time);
-  // node:http, node:https and node:tls hold native bindings it cannot, and load at their first use.
+  // The built-ins the snapshot holds are loaded into it (their code compiled once, at build time);
+  // node:http, node:https and node:tls hold native bindings it cannot, and load at their first use,
+  // as FIRST_USE_BUILTINS do.
   const preload = SNAPSHOT_BUILTINS.map((id) => `process.getBuiltinModule('${id}');`).join(' ');
   return `${lazyModule}${preload}\n${out}`;
+}
+
+/**
+ * `import { a, b as c } from 'node:x'` of a module loaded at first use: each name a function that
+ * loads the module at its first call and calls (or, with `new`, constructs) what the module exports.
+ */
+function firstUseFunctions(what: string, id: string): string {
+  const module = `firstUse_${id.replace(/\W/g, '_')}`;
+  const names = what.slice(1, -1).split(',').map((n) => n.trim()).filter((n) => n !== '');
+  const functions = names.map((n) => {
+    const [exported, local] = n.includes(' as ') ? n.split(/\s+as\s+/) : [n, n];
+    return `function ${local}(...a) { const f = ${module}.${exported}; return new.target ? new f(...a) : f(...a); }`;
+  });
+  return `const ${module} = builtinOnFirstUse('${id}'); ${functions.join(' ')}`;
 }
 
 const config = {
