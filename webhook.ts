@@ -1289,7 +1289,8 @@ class Scanner {
 //    1.1 booleans, Go integer syntax), aliases and `<<` merges the way yaml.v2 does, and map keys the way ghodss
 //    does. On purpose stricter than adnanh: a mapping may not repeat a key (a second "trigger-rule" would silently
 //    replace the first), aliases may not expand a document past a million nodes, nesting is limited, `!!binary` is
-//    refused. parseYaml also returns every key's line, for located errors.
+//    refused. parseYaml also returns every key's line, for located errors. A JSON document (most hook files) is read
+//    in one pass by readJson to exactly what the stages give, which read whatever it leaves them.
 //    Exports: parseYaml, scalarAsGoString.
 //    Tests: test/chart.test.ts, test/unit.test.ts, test/yaml-hooks.test.ts, test/yaml.test.ts.
 // ================================================================================================
