@@ -409,6 +409,7 @@ describe('JSON read directly (readJson)', () => {
     const layouts = [SEED_JSON, ...[0, 2, 4, '\t'].map((indent) => JSON.stringify(seed, null, indent))];
     const texts = [...rendered, ...layouts, ...layouts.map((t) => t.replaceAll('\n', '\r\n') + '\r\n')];
     texts.push('{"n": [0, -0, 1.50, 1e3, -2E-2, 9007199254740993, 123456789012345678901234567890], "w": [true, null]}');
+    texts.push(`{"${'k'.repeat(1022)}": 1}`); // the ':' 1024 characters after the key's start: YAML's limit
     texts.push('{"s": "tab\\t \\"q\\" \\\\ \\u00e9 \\u0000 caf\u00e9 \u20ac", "__proto__": {"x": 1}, "": ""}\n');
     for (const text of texts) {
       const reading = readJson(text);
@@ -429,7 +430,7 @@ describe('JSON read directly (readJson)', () => {
       '\ufeff[1]', // a byte order mark
       '["\u{1F600}"]', // outside the BMP
       '{"a"\n: 1}', // a key's ':' on a later line
-      `{"${'k'.repeat(1030)}": 1}`, // or past YAML's simple-key limit
+      `{"${'k'.repeat(1023)}": 1}`, // or past YAML's simple-key limit (1025 characters after the key's start)
       '{"a": 1, "a": 2}', // a repeated key
       '[1,]', // not JSON: a trailing comma,
       '[1] # note', // a comment,
