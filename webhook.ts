@@ -4142,9 +4142,11 @@ export async function sendWithRetry(
 //    inside a bounded total time, and every call of one client waits its turn in one token bucket (client-go's QPS and
 //    burst). Failures become KubeErrors that name the verb and the resource, and for 403 the permission missing. The
 //    token is only ever put in the Authorization header. Watches are shared (KubeClient.watch): one WATCH per
-//    collection or object and selector, resumed from the last resourceVersion, re-listed on 410, closed when unused.
+//    collection or object and selector, resumed from the last resourceVersion, re-listed (in pages) on 410, closed
+//    when unused; each keeps its objects trimmed to what its readers use and indexed (client-go's transform and
+//    indexers), and hands a change only to the subscribers of that object.
 //    Exports: CredentialPlugin, describeResource, inClusterCredentials, JsonPatchOperation, KubeClient,
-//    KubeConfigError, KubeCredentials, KubeError, PluginCredential, ResourceRef.
+//    KubeConfigError, KubeCredentials, KubeError, PluginCredential, ResourceRef, WatchScope.
 //    Tests: test/burst.test.ts, test/kubeconfig.test.ts, test/rollback.test.ts, test/upgrade.test.ts,
 //    test/watch.test.ts.
 // ================================================================================================
@@ -4416,10 +4418,9 @@ export class KubeClient {
     const w = shared;
     if (!w.coversFrom(resourceVersion)) queueMicrotask(() => subscriber.behind?.());
     if (w.listed) queueMicrotask(() => subscriber.synced?.());
-    w.subscribers.add(subscriber);
+    w.add(subscriber);
     return () => {
-      w.subscribers.delete(subscriber);
-      if (w.subscribers.size > 0) return;
+      if (w.remove(subscriber) > 0) return;
       w.close();
       if (this.watches.get(key) === w) this.watches.delete(key);
     };
@@ -4428,6 +4429,17 @@ export class KubeClient {
   /** The objects the running watch of this scope has seen by name (what a subscriber joining late starts from). */
   watched(scope: WatchScope): ReadonlyMap<string, Record<string, unknown>> | undefined {
     return this.watches.get(watchKey(scope))?.objects;
+  }
+
+  /** The objects the running watch of this scope has seen under one index key (scope.indexBy), by name. */
+  watchedBy(scope: WatchScope, key: string): ReadonlyMap<string, Record<string, unknown>> | undefined {
+    const w = this.watches.get(watchKey(scope));
+    return w && (w.indexed.get(key) ?? new Map());
+  }
+
+  /** When the running watch of this scope last heard from the API server (0: no such watch, or not yet). */
+  watchHeardAt(scope: WatchScope): number {
+    return this.watches.get(watchKey(scope))?.heardAt ?? 0;
   }
 
   /** Whether the running watch of this scope has had its whole collection listed. */
@@ -4808,6 +4820,9 @@ const WATCH_LIMITS = {
   // A watch refused (403) is not asked for again for this long: its follows poll meanwhile, each
   // without a refused request first; past it, a grant given since is used.
   refusedMemoryMs: 10 * 60_000,
+  // A (re-)list asks for this many objects a request, as client-go's reflectors do: the answer in
+  // memory at once stays a few MiB, however many pods a namespace has.
+  listPageSize: 500,
 };
 
 /** A change of one object of a watched collection; a re-list sends every listed object as MODIFIED. */
@@ -4818,7 +4833,10 @@ interface WatchEvent {
 
 /** What a subscriber of a watch is told. */
 interface WatchSubscriber {
-  event(e: WatchEvent): void;
+  /** Told only this object's changes (a follow's workload): the watch hands each change to its own subscribers. */
+  name?: string;
+  /** Told each change (of `name` only, when given); a subscriber that only reads `watched` has none. */
+  event?(e: WatchEvent): void;
   /**
    * The watch it joins started after the resourceVersion it asked for: changes in between were
    * sent before it joined (`watched` has the objects as they are since), so it reads its object.
@@ -4834,6 +4852,14 @@ interface WatchSubscriber {
 interface WatchScope {
   ref: ResourceRef;
   labelSelector?: string;
+  /**
+   * What is kept of each object, as client-go's informers' transform: a watch holds (and hands on) only the fields
+   * its readers use, so a namespace's thousands of pods cost a fraction of their size. One per scope (the first
+   * subscriber's).
+   */
+  keep?: (o: Record<string, unknown>) => Record<string, unknown>;
+  /** The index keys of an object, as client-go's indexers: watchedBy finds the objects under one key without a scan. */
+  indexBy?: (o: Record<string, unknown>) => string[];
 }
 
 function watchQuery(scope: WatchScope): Record<string, string> {
@@ -4859,11 +4885,18 @@ const metaOf = (o: unknown, field: string): string | undefined => {
  */
 class SharedWatch {
   readonly subscribers = new Set<WatchSubscriber>();
+  /** The subscribers told every change, and those told one object's changes, by its name. */
+  private readonly toldAll = new Set<WatchSubscriber>();
+  private readonly toldByName = new Map<string, Set<WatchSubscriber>>();
   readonly objects = new Map<string, Record<string, unknown>>();
+  /** The objects by index key (scope.indexBy), then by name. */
+  readonly indexed = new Map<string, Map<string, Record<string, unknown>>>();
   /** Requests this watch made (watches and re-lists): tests and the metrics read it. */
   requests = 0;
   /** Whether a list has given it the whole collection (it began with one). */
   listed = false;
+  /** When the API server last said anything on this watch (a change, a bookmark, a list): it is alive up to then. */
+  heardAt = 0;
   private resourceVersion: string | undefined;
   /** The resourceVersion the watch started at (after its first list, if it needed one). */
   private startedAt: string | undefined;
@@ -4900,13 +4933,39 @@ class SharedWatch {
     this.stream?.destroy();
   }
 
+  add(s: WatchSubscriber): void {
+    this.subscribers.add(s);
+    if (!s.event) return;
+    if (s.name === undefined) this.toldAll.add(s);
+    else this.toldByName.set(s.name, (this.toldByName.get(s.name) ?? new Set()).add(s));
+  }
+
+  /** Takes a subscriber off; how many are left. */
+  remove(s: WatchSubscriber): number {
+    this.subscribers.delete(s);
+    this.toldAll.delete(s);
+    const named = s.name === undefined ? undefined : this.toldByName.get(s.name);
+    if (named?.delete(s) && named.size === 0) this.toldByName.delete(s.name!);
+    return this.subscribers.size;
+  }
+
   private deliver(e: WatchEvent): void {
     const name = metaOf(e.object, 'name');
-    if (name !== undefined) {
-      if (e.type === 'DELETED') this.objects.delete(name);
-      else this.objects.set(name, e.object);
+    if (name !== undefined) this.store(name, e.type === 'DELETED' ? undefined : e.object);
+    for (const s of [...this.toldAll]) s.event?.(e);
+    for (const s of [...((name !== undefined && this.toldByName.get(name)) || [])]) s.event?.(e);
+  }
+
+  /** Keeps an object (undefined: takes it off), in `objects` and under its index keys. */
+  private store(name: string, object: Record<string, unknown> | undefined): void {
+    const keys = (o: Record<string, unknown> | undefined) => (o && this.scope.indexBy ? this.scope.indexBy(o) : []);
+    for (const key of keys(this.objects.get(name))) {
+      const under = this.indexed.get(key);
+      if (under?.delete(name) && under.size === 0) this.indexed.delete(key);
     }
-    for (const s of [...this.subscribers]) s.event(e);
+    if (object === undefined) return void this.objects.delete(name);
+    this.objects.set(name, object);
+    for (const key of keys(object)) this.indexed.set(key, (this.indexed.get(key) ?? new Map()).set(name, object));
   }
 
   private fail(e: KubeError): void {
@@ -4922,16 +4981,32 @@ class SharedWatch {
     this.retryTimer = setTimeout(() => void this.connect(), wait);
   }
 
-  /** A list of the scope: its objects sent as MODIFIED, the watch then goes on from the list's resourceVersion. */
+  /**
+   * A list of the scope, in pages (client-go's reflectors list 500 at a time: a namespace's thousands of pods are
+   * never one answer in memory): its objects sent as MODIFIED, those it no longer has as DELETED; the watch then
+   * goes on from the list's resourceVersion.
+   */
   private async relist(): Promise<boolean> {
-    this.requests++;
     try {
-      type List = { items?: Record<string, unknown>[]; metadata?: { resourceVersion?: string } };
-      const list = await this.client.list<List>(this.scope.ref, watchQuery(this.scope));
-      if (this.closed) return false;
-      this.resourceVersion = list.metadata?.resourceVersion;
+      type List = { items?: Record<string, unknown>[]; metadata?: { resourceVersion?: string; continue?: string } };
+      const listed = new Set<string>();
+      let page: List = {};
+      do {
+        this.requests++;
+        const query = { ...watchQuery(this.scope), limit: String(WATCH_LIMITS.listPageSize) };
+        const next = page.metadata?.continue;
+        page = await this.client.list<List>(this.scope.ref, next ? { ...query, continue: next } : query);
+        if (this.closed) return false;
+        for (const item of page.items ?? []) {
+          const object = this.scope.keep ? this.scope.keep(item) : item;
+          listed.add(metaOf(object, 'name') ?? '');
+          this.deliver({ type: 'MODIFIED', object });
+        }
+      } while (page.metadata?.continue);
+      for (const [name, object] of [...this.objects]) if (!listed.has(name)) this.deliver({ type: 'DELETED', object });
+      this.heardAt = Date.now();
+      this.resourceVersion = page.metadata?.resourceVersion;
       this.startedAt ??= this.resourceVersion;
-      for (const object of list.items ?? []) this.deliver({ type: 'MODIFIED', object });
       if (!this.listed) {
         this.listed = true;
         for (const s of [...this.subscribers]) s.synced?.();
@@ -5017,11 +5092,13 @@ class SharedWatch {
       return undefined;
     }
     const object = isObject(e.object) ? e.object : {};
+    this.heardAt = Date.now();
     if (e.type === 'ERROR') return object.code === 410 ? 'gone' : undefined;
     const rv = metaOf(object, 'resourceVersion');
     if (rv !== undefined) this.resourceVersion = rv;
     this.failures = 0;
-    if (e.type === 'ADDED' || e.type === 'MODIFIED' || e.type === 'DELETED') this.deliver({ type: e.type, object });
+    if (e.type === 'ADDED' || e.type === 'MODIFIED' || e.type === 'DELETED')
+      this.deliver({ type: e.type, object: this.scope.keep ? this.scope.keep(object) : object });
     return undefined;
   }
 }
@@ -11891,16 +11968,17 @@ export function readApprovalToken(
 //    resource, names, pod template, kubectl's rollout viewer, whether it has a rollout, how its pods are owned);
 //    parseWorkload reads APP_WORKLOAD (deployment, daemonset, statefulset, cronjob; any case, plurals, short names,
 //    kind.group) and locateContainer finds APP_CONTAINER (containers, then initContainers). rolloutStatus applies
-//    kubectl's rollout-status rules, summarizePod says how a pod is doing, Events are recorded on the workload, and
+//    kubectl's rollout-status rules, summarizePod says how a pod is doing (leanPod keeps what it reads), listWorkloads
+//    reads many of a namespace with one LIST, Events are recorded on the workload, and
 //    one WorkloadQueue per workload keeps its pushes in order. UpgradeReport is what one push did so far; UpgradeDeps
 //    is what an upgrade is given (client, clock, queue, the workloads it last saw).
 //    Exports: annotationOps, asArray, Decision, DECISIONS, DNS_LABEL, FollowOptions, ForcedRollback, K8sObject,
-//    KEPT_SUPERSEDED, KindSpec, kindSpec, KnownWorkloads, labelSelector, LAST_PUSH_ANNOTATION, locateContainer,
-//    LocatedContainer, missingContainerMessage, newReport, numberAt, orList, ownedBy, parseWorkload, PayloadError,
-//    PlannedChange, planPatch, PodSummary, readWorkload, recordEventQuietly, recordWorkloadEvent, RollbackOutcome,
-//    RolloutOutcome, rolloutStatus, roundedToSeconds, STUCK_REASONS, summarizePod, UPGRADE_LIMITS, UpgradeDeps,
-//    UpgradeError, UpgradeReport, valueAt, whyNone, WORKLOAD_KINDS, WorkloadEvent, WorkloadKind, workloadPods,
-//    WorkloadQueue, workloadResource, WorkloadTarget.
+//    KEPT_SUPERSEDED, KindSpec, kindSpec, KnownWorkloads, labelSelector, LAST_PUSH_ANNOTATION, leanPod,
+//    listWorkloads, locateContainer, LocatedContainer, missingContainerMessage, newReport, numberAt, orList, ownedBy,
+//    parseWorkload, PayloadError, PlannedChange, planPatch, PodSummary, readWorkload, recordEventQuietly,
+//    recordWorkloadEvent, RollbackOutcome, RolloutOutcome, rolloutStatus, roundedToSeconds, STUCK_REASONS,
+//    summarizePod, UPGRADE_LIMITS, UpgradeDeps, UpgradeError, UpgradeReport, valueAt, whyNone, withoutManagedFields,
+//    WORKLOAD_KINDS, WorkloadEvent, WorkloadKind, workloadPods, WorkloadQueue, workloadResource, WorkloadTarget.
 //    Tests: test/decision.test.ts, test/e2e.test.ts, test/policy.test.ts, test/records.test.ts, test/rolling.test.ts,
 //    test/upgrade.test.ts.
 // ================================================================================================
@@ -12374,6 +12452,45 @@ function asArray(v: unknown): unknown[] {
   return Array.isArray(v) ? v : [];
 }
 
+/**
+ * A pod reduced to what summarizePod and the ownership checks read (name, labels, owners, deletion, phase,
+ * conditions, containers' names, images and states): what a watch of a namespace's pods keeps of each. Pure.
+ */
+export function leanPod(pod: K8sObject): K8sObject {
+  const pick = (o: unknown, keys: string[]): Record<string, unknown> | undefined => {
+    if (!isObject(o)) return undefined;
+    const kept: Record<string, unknown> = {};
+    for (const k of keys) if (o[k] !== undefined) kept[k] = o[k];
+    return kept;
+  };
+  const each = (list: unknown, keep: (o: unknown) => unknown) => (Array.isArray(list) ? list.map(keep) : undefined);
+  const container = (c: unknown) => pick(c, ['name', 'image', 'imagePullPolicy']);
+  const containerStatus = (c: unknown) => ({
+    ...pick(c, ['name', 'ready', 'image', 'restartCount']),
+    state: {
+      waiting: pick(valueAt(c, ['state', 'waiting']), ['reason']),
+      terminated: pick(valueAt(c, ['state', 'terminated']), ['reason']),
+    },
+  });
+  const { metadata, spec, status } = pod;
+  return {
+    metadata: {
+      ...pick(metadata, ['name', 'namespace', 'uid', 'resourceVersion', 'labels', 'deletionTimestamp']),
+      ownerReferences: each(valueAt(metadata, ['ownerReferences']), (o) => pick(o, ['uid', 'kind', 'name'])),
+    },
+    spec: {
+      containers: each(valueAt(spec, ['containers']), container),
+      initContainers: each(valueAt(spec, ['initContainers']), container),
+    },
+    status: {
+      ...pick(status, ['phase']),
+      conditions: each(valueAt(status, ['conditions']), (c) => pick(c, ['type', 'status', 'reason'])),
+      containerStatuses: each(valueAt(status, ['containerStatuses']), containerStatus),
+      initContainerStatuses: each(valueAt(status, ['initContainerStatuses']), containerStatus),
+    },
+  };
+}
+
 /** matchLabels and matchExpressions as a labelSelector query value. */
 export function labelSelector(selector: unknown): string {
   const parts: string[] = [];
@@ -12712,12 +12829,24 @@ export class KnownWorkloads {
     return this.objects.get(key);
   }
 
+  /** Kept without its managedFields (withoutManagedFields): a hold decided on the copy reads the workload again. */
   set(key: string, obj: K8sObject | undefined): void {
     this.objects.delete(key);
     if (obj === undefined) return;
-    this.objects.set(key, obj);
+    this.objects.set(key, withoutManagedFields(obj));
     if (this.objects.size > UPGRADE_LIMITS.maxKnownWorkloads) this.objects.delete(this.objects.keys().next().value!);
   }
+}
+
+/**
+ * A copy of an object without metadata.managedFields, which is often half its size and read only by the hold step
+ * (holdDecision, on a fresh read: a copy without them sends a hold back to one). Pure.
+ */
+export function withoutManagedFields(obj: K8sObject): K8sObject {
+  const metadata = obj.metadata;
+  if (!isObject(metadata) || !('managedFields' in metadata)) return obj;
+  const { managedFields: _, ...rest } = metadata;
+  return { ...obj, metadata: rest };
 }
 
 /**
@@ -12731,6 +12860,34 @@ async function readWorkload(client: KubeClient, target: WorkloadTarget): Promise
     if (!(e instanceof KubeError && e.status === 404)) throw e;
     throw new UpgradeError(`${target.kind} "${target.name}" not found in namespace "${target.namespace}"`);
   }
+}
+
+/** Workloads a LIST asks for per request, as client-go's reflectors page: a release's 2,000 are 4 answers. */
+const WORKLOAD_LIST_PAGE = 500;
+
+/**
+ * The workloads named `names` of one namespace and kind, read with one LIST (in pages of WORKLOAD_LIST_PAGE, each
+ * page let go before the next) instead of a GET each: `each` is given every one found, without its managedFields. A
+ * refused LIST (RBAC that names the workloads) throws, and the caller reads them one by one.
+ */
+export async function listWorkloads(
+  client: KubeClient,
+  namespace: string,
+  kind: WorkloadKind,
+  names: ReadonlySet<string>,
+  each: (name: string, workload: K8sObject) => void,
+): Promise<void> {
+  type Page = { items?: K8sObject[]; metadata?: { continue?: string } };
+  let page: Page | undefined;
+  do {
+    const next = page?.metadata?.continue;
+    const query = { limit: String(WORKLOAD_LIST_PAGE), ...(next ? { continue: next } : {}) };
+    page = await client.list<Page>(workloadResource({ namespace, kind }), query);
+    for (const item of page.items ?? []) {
+      const name = String(valueAt(item, ['metadata', 'name']));
+      if (names.has(name)) each(name, withoutManagedFields(item));
+    }
+  } while (page.metadata?.continue);
 }
 
 function missingContainerMessage(podSpec: unknown, name: string, workload: string): string {
@@ -14858,7 +15015,7 @@ export async function followRollout(
   const pollMs = Math.max(ROLLOUT_POLL_FLOOR_MS, options.pollMs ?? UPGRADE_LIMITS.rolloutPollMs);
   const stuckSince = new Map<string, number>();
   let podsCheckedAt = Date.now();
-  const feed = new WorkloadFeed(client, target, options.initial, options.warn);
+  const feed = new WorkloadFeed(client, target, options);
   const podStates = new PodStates(client, target);
   const podsOf = (workload: K8sObject) => podStates.read(workload, options.container);
   try {
@@ -14951,30 +15108,45 @@ function workloadPodsIn(
 }
 
 /**
+ * The workloads a pod may belong to, by name (the pod watch's index): its owners, and for a pod owned by a
+ * ReplicaSet, the Deployment that names that ReplicaSet `<deployment>-<pod-template-hash>`. Pure.
+ */
+function podWorkloadNames(pod: K8sObject): string[] {
+  const hash = valueAt(pod, ['metadata', 'labels', 'pod-template-hash']);
+  return asArray(valueAt(pod, ['metadata', 'ownerReferences'])).flatMap((o) => {
+    const name = String(valueAt(o, ['name']));
+    const suffix = `-${String(hash)}`;
+    const viaSet = valueAt(o, ['kind']) === 'ReplicaSet' && typeof hash === 'string' && name.endsWith(suffix);
+    return viaSet ? [name, name.slice(0, -suffix.length)] : [name];
+  });
+}
+
+/**
  * A followed rollout's pods. Once the follow needs their states while the rollout is still
  * (watch()), through the watch of the namespace's pods this client shares among every such
  * follow (one list and one WATCH for a whole release, however many rollouts it has, where a
- * selector's watch each would hold a connection per rollout); the rollout's own are picked out by
- * its selector and owners (workloadPodsIn). Until then, and where that watch is refused, listed
- * (workloadPods). The summary at the end reads the shared watch when another follow has it open.
+ * selector's watch each would hold a connection per rollout), which keeps each pod lean (leanPod) and
+ * indexed by the workloads that may own it (podWorkloadNames); the rollout's own are picked out of its
+ * index entry by its selector and owners (workloadPodsIn). Until then, and where that watch is refused,
+ * listed (workloadPods). The summary at the end reads the shared watch when another follow has it open.
  */
 class PodStates {
   private readonly client: KubeClient;
   private readonly target: WorkloadTarget;
-  private readonly scope: { ref: ResourceRef };
+  private readonly scope: WatchScope;
   private synced: Promise<boolean> | undefined;
   private unsubscribe: () => void = () => undefined;
 
   constructor(client: KubeClient, target: WorkloadTarget) {
     this.client = client;
     this.target = target;
-    this.scope = { ref: { group: '', version: 'v1', resource: 'pods', namespace: target.namespace } };
+    const ref = { group: '', version: 'v1', resource: 'pods', namespace: target.namespace };
+    this.scope = { ref, keep: leanPod, indexBy: podWorkloadNames };
   }
 
   watch(): void {
     this.synced ??= new Promise<boolean>((resolve) => {
       this.unsubscribe = this.client.watch(this.scope, undefined, {
-        event: () => undefined,
         synced: () => resolve(true),
         failed: () => resolve(false),
       });
@@ -14986,7 +15158,7 @@ class PodStates {
     const late = new Promise<boolean>((resolve) => setTimeout(resolve, UPGRADE_LIMITS.podWatchSyncMs, false).unref());
     if (this.synced && !(await Promise.race([this.synced, late])))
       return podsOrNone(this.client, this.target, workload, container);
-    const seen = this.client.watched(this.scope);
+    const seen = this.client.watchedBy(this.scope, this.target.name);
     if (seen && (this.synced || this.client.watchSynced(this.scope)))
       return workloadPodsIn([...seen.values()], this.target, workload, container);
     return podsOrNone(this.client, this.target, workload, container);
@@ -15021,12 +15193,19 @@ class WorkloadFeed {
   private readonly client: KubeClient;
   private readonly target: WorkloadTarget;
   private readonly warn: ((message: string) => void) | undefined;
+  /** The watch subscribed to: the namespace's workloads of the kind, or this one alone. */
+  private scope: WatchScope | undefined;
   watching: boolean;
 
-  constructor(client: KubeClient, target: WorkloadTarget, initial?: K8sObject, warn?: (message: string) => void) {
+  /** How long a workload may stay unchanged, its watch unheard, before it is read again (the stuck-pod limit). */
+  private readonly quietMs: number;
+
+  constructor(client: KubeClient, target: WorkloadTarget, options: FollowOptions) {
+    const initial = options.initial;
     this.client = client;
     this.target = target;
-    this.warn = warn;
+    this.warn = options.warn;
+    this.quietMs = options.stuckFailMs ?? UPGRADE_LIMITS.stuckPodFailMs;
     this.latest = initial;
     this.minGeneration = Number(valueAt(initial, ['metadata', 'generation']) ?? target.generation ?? 0);
     const rv = valueAt(initial, ['metadata', 'resourceVersion']) ?? target.resourceVersion;
@@ -15035,10 +15214,11 @@ class WorkloadFeed {
   }
 
   private subscribe(ref: ResourceRef, rv: string): void {
-    const scope = { ref };
+    const scope = (this.scope = { ref, keep: withoutManagedFields });
     const seen = this.client.watched(scope)?.get(this.target.name);
     if (seen) this.take(seen);
     this.unsubscribe = this.client.watch(scope, rv, {
+      name: this.target.name,
       event: (e) => {
         if (valueAt(e.object, ['metadata', 'name']) !== this.target.name) return;
         if (e.type === 'DELETED') this.deleted = true;
@@ -15067,12 +15247,16 @@ class WorkloadFeed {
 
   /**
    * The workload as last seen (watching), or as a GET answers now (polling). Watching, a workload
-   * that has not changed for UPGRADE_LIMITS.stuckPodFailMs is read again once: a watch that missed a
-   * change (a connection gone quiet) cannot hold a follow until its deadline.
+   * that has not changed for the stuck-pod limit (quietMs) while the watch has not heard from the API
+   * server either (no change of another workload, no bookmark) is read again once: a watch that
+   * missed a change (a connection gone quiet) cannot hold a follow until its deadline. (A watch that
+   * is heard from delivers every change in order: a release's thousands of follows read nothing.)
    */
   async current(): Promise<K8sObject> {
     this.fresh = false;
-    if (this.watching && Date.now() - Math.max(this.changedAt, this.readAt) >= UPGRADE_LIMITS.stuckPodFailMs) {
+    const heardAt = this.scope ? this.client.watchHeardAt(this.scope) : 0;
+    const seenAt = Math.max(this.changedAt, this.readAt, heardAt);
+    if (this.watching && Date.now() - seenAt >= this.quietMs) {
       this.readAt = Date.now();
       this.latest = undefined;
     }
@@ -16514,7 +16698,7 @@ export class UpgradeService implements InProcessCommand {
       const where = `${target.kind}/${target.name} in ${target.namespace}${cluster ? ` (cluster ${cluster})` : ''}`;
       if (!listed.has(cluster ?? '')) {
         const targets = [...served.values()].filter((s) => s.cluster === cluster).map((s) => s.target);
-        listed.set(cluster ?? '', await this.listServed(client, targets));
+        listed.set(cluster ?? '', await this.listServed(client, targets, this.lane(cluster).known));
       }
       const key = `${target.namespace}/${target.kind}/${target.name}`;
       let workload: K8sObject;
@@ -16539,12 +16723,17 @@ export class UpgradeService implements InProcessCommand {
   }
 
   /**
-   * The served workloads of each namespace and kind that serves several, read with one LIST each
-   * instead of a GET each. (They do not seed the copies pushes are patched on: a policy set on a
-   * workload after the start would not be in them, and a patch tests the image, not the policy.)
-   * A refused LIST (RBAC that names the workloads) leaves them to their GETs.
+   * The served workloads of each namespace and kind that serves several, read with one LIST each (listWorkloads)
+   * instead of a GET each. What it finds also seeds the copies the first pushes are patched on
+   * (`known`), so they need no read of their own: a patch decided on a copy tests the image and the annotations
+   * its decision read (the policy, the approval, the window), and a copy that is stale is read again. A refused
+   * LIST (RBAC that names the workloads) leaves them to their GETs.
    */
-  private async listServed(client: KubeClient, targets: WorkloadTarget[]): Promise<Map<string, K8sObject>> {
+  private async listServed(
+    client: KubeClient,
+    targets: WorkloadTarget[],
+    known: KnownWorkloads,
+  ): Promise<Map<string, K8sObject>> {
     const found = new Map<string, K8sObject>();
     const groups = new Map<string, Set<string>>();
     for (const t of targets) {
@@ -16555,12 +16744,11 @@ export class UpgradeService implements InProcessCommand {
       if (names.size < 2) continue;
       const [namespace, kind] = group.split('/') as [string, WorkloadKind];
       try {
-        const list = await client.list<{ items: K8sObject[] }>(workloadResource({ namespace, kind }));
-        for (const item of list.items) {
-          const name = String(valueAt(item, ['metadata', 'name']));
-          if (!names.has(name)) continue;
-          found.set(`${group}/${name}`, item);
-        }
+        await listWorkloads(client, namespace, kind, names, (name, workload) => {
+          found.set(`${group}/${name}`, workload);
+          // A copy a push has made since (its PATCH's answer) is newer than the list.
+          if (!known.get(`${group}/${name}`)) known.set(`${group}/${name}`, workload);
+        });
       } catch {
         /* each is read with a GET instead */
       }
@@ -16733,14 +16921,16 @@ export class RolloutFollower implements CommandListener {
 //    second use, or a second replica, finds nothing to do). An approved push goes through the same path as a push
 //    (UpgradeService.runDecided); a rejected or expired one only loses its entry. The result goes to the command
 //    listener like a push's: recorded, followed, mailed and posted. A replica knows the waiting pushes its own
-//    answers recorded, and reads the workloads its hooks reach at start and every rescanMs for the others'.
+//    answers recorded, and reads the workloads its hooks reach (one LIST per namespace and kind) at start and every
+//    rescanMs for the others'.
 //    Exports: approvalHooksProblem, ApprovalService, WaitingPush.
 //    Tests: test/approvals.test.ts.
 // ================================================================================================
 
 const APPROVAL_LIMITS = {
   // Another replica's waiting pushes (one that stopped leaves them) are found within this long; a window's
-  // opening on one of them is acted on that late at worst. One GET per workload the hooks reach.
+  // opening on one of them is acted on that late at worst. One LIST per namespace and kind the hooks reach
+  // (a GET where they reach one workload there): a release's 2,000 workloads are 4 requests, not 2,000.
   rescanMs: 30_000,
   // Known waiting pushes are checked this often for an opened window or an expiry: in memory, no API call.
   tickMs: 1_000,
@@ -16933,7 +17123,7 @@ export class ApprovalService implements ApprovalPages, CommandListener {
     }
     for (const w of this.pushes.values())
       targets.set(`${w.target.namespace}/${w.target.kind}/${w.target.name}`, w.target);
-    for (const target of targets.values()) {
+    for (const target of await this.listed(client, targets)) {
       let workload: K8sObject;
       try {
         workload = await readWorkload(client, { ...target });
@@ -16945,6 +17135,35 @@ export class ApprovalService implements ApprovalPages, CommandListener {
       }
       this.learn(target, workload);
     }
+  }
+
+  /**
+   * The targets of each namespace and kind with several, read with one LIST (listWorkloads) and learnt from; the
+   * others (and those of a refused LIST), left to a GET each.
+   */
+  private async listed(client: KubeClient, targets: Map<string, WaitingPush['target']>) {
+    const groups = new Map<string, Map<string, WaitingPush['target']>>();
+    for (const t of targets.values()) {
+      const group = `${t.namespace}/${t.kind}`;
+      groups.set(group, (groups.get(group) ?? new Map()).set(t.name, t));
+    }
+    const rest: WaitingPush['target'][] = [];
+    for (const byName of groups.values()) {
+      const { namespace, kind } = byName.values().next().value!;
+      if (byName.size >= 2) {
+        try {
+          await listWorkloads(client, namespace, kind, new Set(byName.keys()), (name, workload) => {
+            this.learn(byName.get(name)!, workload);
+            byName.delete(name);
+          });
+        } catch {
+          /* read one by one */
+        }
+      }
+      // Those the list did not find are read one by one, which names what is missing.
+      rest.push(...byName.values());
+    }
+    return rest;
   }
 
   /** The waiting pushes of one workload as read: those of loaded hooks are known, the others forgotten. */

@@ -6,15 +6,19 @@
  * shared by the follows of one namespace and closed when the last ends. The built executable: a
  * ServiceAccount whose Role has no `watch` still follows every rollout to its end, by polling,
  * with one warning; the Role `-print-rbac` prints (list and watch on the named workloads) follows
- * without one. KubeClient's openWatch and list are counted by a subclass that calls them as they
- * are: every request still goes to the real API server.
+ * without one. What a release costs: the namespace's pods, watched for a still rollout, are kept
+ * lean and indexed by workload; a follow whose shared watch is heard from reads nothing, and reads
+ * its workload again once the watch has gone quiet; the first push to a workload served by a hook
+ * that fixes it is patched on the copy the start-up list made, without a read (a Role without
+ * `get` on Deployments proves it). KubeClient's openWatch, list and get are counted by a subclass
+ * that calls them as they are: every request still goes to the real API server.
  */
 import assert from 'node:assert/strict';
 import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { makeTempDir, startWebhook, waitFor, waitForOutput, type Webhook } from './harness.ts';
 import {
-  accountKubeconfig, acrImage, acrPayload, clusterOrSkip, deployment, freshNamespaceName, kubectlFor, removeNamespace, type Kubectl,
+  accountKubeconfig, acrImage, apiRequestCounter, acrPayload, clusterOrSkip, deployment, freshNamespaceName, kubectlFor, removeNamespace, type Kubectl,
 } from './cluster/kube.ts';
 import { upgradeHook } from './upgrade-hooks.ts';
 import { followRollout, KubeClient, loadKubeconfig, type ResourceRef } from '../webhook.ts';
@@ -22,10 +26,15 @@ import { followRollout, KubeClient, loadKubeconfig, type ResourceRef } from '../
 const TOKEN = 'watch-token-5c0e7a';
 const cluster = await clusterOrSkip();
 
-/** A KubeClient that counts its watch requests and lists (each still made for real). */
+/** A KubeClient that counts its watch requests, lists and reads of Deployments (each still made for real). */
 class CountingClient extends KubeClient {
   watchQueries: Record<string, string>[] = [];
   lists = 0;
+  gets = 0;
+  override get<T>(r: ResourceRef, o: { background?: boolean } = {}): Promise<T> {
+    if (r.resource === 'deployments') this.gets++;
+    return super.get<T>(r, o);
+  }
   override openWatch(r: ResourceRef, query: Record<string, string>, onRequest: Parameters<KubeClient['openWatch']>[2]) {
     this.watchQueries.push(query);
     return super.openWatch(r, query, onRequest);
@@ -46,13 +55,14 @@ describe('rollouts followed by watching', { skip: cluster ? false : 'no cluster'
   const ns = freshNamespaceName('watch');
   const kubectl = kubectlFor(cluster!);
   const target = (name: string) => ({ kind: 'deployment' as const, name, namespace: ns });
+  const WORKLOADS = ['paused', 'gone', 'a', 'b', 'lean', 'still', 'busy'];
 
   before(async () => {
     await kubectl(['create', 'namespace', ns]);
-    for (const name of ['paused', 'gone', 'a', 'b']) {
+    for (const name of WORKLOADS) {
       await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(deployment(name, [{ name: 'app', image: acrImage('v1') }], { replicas: 1 })));
     }
-    for (const name of ['paused', 'gone', 'a', 'b']) await kubectl(['-n', ns, 'rollout', 'status', `deployment/${name}`, '--timeout=90s']);
+    for (const name of WORKLOADS) await kubectl(['-n', ns, 'rollout', 'status', `deployment/${name}`, '--timeout=90s']);
   });
   after(() => removeNamespace(kubectl, ns));
 
@@ -119,6 +129,53 @@ describe('rollouts followed by watching', { skip: cluster ? false : 'no cluster'
       client.close();
     }
   });
+
+  test("a still rollout's pods come from the namespace's pod watch, which keeps each pod lean and indexed by workload", async () => {
+    const client = new CountingClient(loadKubeconfig(cluster!.kubeconfigPath));
+    const stop = new AbortController();
+    try {
+      await kubectl(['-n', ns, 'rollout', 'pause', 'deployment/lean']);
+      const initial = await patchImage(kubectl, ns, 'lean', 'v2');
+      const following = followRollout(client, target('lean'), { timeoutMs: 120_000, container: 'app', initial, signal: stop.signal });
+      const pods = { ref: { group: '', version: 'v1', resource: 'pods', namespace: ns } };
+      // The follow opens the pod watch once its rollout has been still for a while (5 s).
+      await waitFor(() => client.watchSynced(pods), { timeoutMs: 30_000, what: 'the pods watched' });
+      const own = [...client.watchedBy(pods, 'lean')!.values()] as any[];
+      assert.deepEqual(own.map((p) => p.metadata.name.startsWith('lean-')), [true], 'the paused rollout\'s one pod');
+      assert.ok(client.watched(pods)!.size >= WORKLOADS.length, 'every pod of the namespace is watched');
+      assert.equal(own[0].metadata.managedFields, undefined);
+      assert.deepEqual(Object.keys(own[0].spec.containers[0]).sort(), ['image', 'imagePullPolicy', 'name']);
+      assert.deepEqual(own[0].status.containerStatuses.map((c: any) => [c.name, c.ready]), [['app', true]]);
+      stop.abort();
+      const outcome = await following;
+      assert.deepEqual(outcome.pods.map((p) => [p.name, p.ready]), own.map((p) => [p.metadata.name, true]));
+    } finally {
+      stop.abort();
+      client.close();
+    }
+  });
+
+  test('a follow whose watch is heard from reads nothing more; once the watch goes quiet it reads its workload again', async () => {
+    const client = new CountingClient(loadKubeconfig(cluster!.kubeconfigPath));
+    const stop = new AbortController();
+    try {
+      await kubectl(['-n', ns, 'rollout', 'pause', 'deployment/still']);
+      const initial = await patchImage(kubectl, ns, 'still', 'v2');
+      const options = { timeoutMs: 120_000, container: 'app', initial, stuckFailMs: 2_000, signal: stop.signal };
+      const following = followRollout(client, target('still'), options);
+      // Another workload of the namespace changes, again and again, for three times the follow's limit of 2 s.
+      for (let i = 0, end = Date.now() + 6_000; Date.now() < end; i++) {
+        await kubectl(['-n', ns, 'annotate', '--overwrite', 'deployment/busy', `churn=${i}`]);
+      }
+      assert.equal(client.gets, 0, 'no read while the watch is heard from');
+      await waitFor(() => client.gets >= 1, { timeoutMs: 20_000, what: 'the workload read again once the watch is quiet' });
+      stop.abort();
+      assert.equal((await following).state, 'timed out');
+    } finally {
+      stop.abort();
+      client.close();
+    }
+  });
 });
 
 describe('a Role without watch: the executable polls, with one warning', { skip: cluster ? false : 'no cluster' }, () => {
@@ -175,5 +232,63 @@ describe('a Role without watch: the executable polls, with one warning', { skip:
     assert.equal((await push('web', 'v3')).status, 200);
     await waitForOutput(wh, new RegExp(`deployment/web in ${ns}: rollout complete`), 90_000);
     assert.doesNotMatch(wh.output(), /rollouts are polled/);
+  });
+});
+
+describe('the start-up list: a hook that fixes its workload patches it without a read', { skip: cluster ? false : 'no cluster' }, () => {
+  const ns = freshNamespaceName('seeded');
+  const kubectl = kubectlFor(cluster!);
+  const dir = makeTempDir('watch-seeded-');
+  let wh: Webhook | undefined;
+
+  /** The hook pinned to one Deployment of the namespace, as deploy/hooks/web.json is. */
+  const pinned = (name: string) => {
+    const hook = upgradeHook(name, TOKEN) as Record<string, unknown>;
+    const rule = (param: string, value: string) => ({ match: { type: 'value', value, parameter: { source: 'url', name: param } } });
+    hook['trigger-rule'] = { and: [rule('token', TOKEN), rule('ns', ns), rule('workload', `deployment/${name}`)] };
+    return hook;
+  };
+
+  before(async () => {
+    await kubectl(['create', 'namespace', ns]);
+    for (const name of ['web', 'api']) {
+      await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(deployment(name, [{ name: 'app', image: acrImage('v1') }], { replicas: 0 })));
+    }
+  });
+  after(async () => {
+    await wh?.stop();
+    await removeNamespace(kubectl, ns);
+  });
+
+  test('a Role with list, watch and patch but no get: the first push is applied on the copy the start-up list made', async () => {
+    const name = 'noget';
+    await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: [
+      { apiVersion: 'v1', kind: 'ServiceAccount', metadata: { name } },
+      { apiVersion: 'rbac.authorization.k8s.io/v1', kind: 'Role', metadata: { name }, rules: [
+        { apiGroups: ['apps'], resources: ['deployments'], verbs: ['list', 'watch', 'patch'] },
+        { apiGroups: ['apps'], resources: ['replicasets'], verbs: ['list'] },
+        { apiGroups: [''], resources: ['pods'], verbs: ['list', 'watch'] },
+        { apiGroups: [''], resources: ['events'], verbs: ['create'] },
+      ] },
+      { apiVersion: 'rbac.authorization.k8s.io/v1', kind: 'RoleBinding', metadata: { name },
+        roleRef: { apiGroup: 'rbac.authorization.k8s.io', kind: 'Role', name }, subjects: [{ kind: 'ServiceAccount', name, namespace: ns }] },
+    ] }));
+    const kubeconfig = await accountKubeconfig(kubectl, cluster!, ns, name, path.join(dir, `${name}.json`), '10m');
+    const counter = await apiRequestCounter(kubectl, ns, name, loadKubeconfig(kubeconfig));
+    try {
+      const before = await counter.count();
+      wh = await startWebhook({ hooks: [pinned('web'), pinned('api')], verbose: true, env: { KUBECONFIG: kubeconfig } });
+      // The start-up list of the served Deployments, before any push.
+      await waitFor(async () => (await counter.count()).dispatched > before.dispatched, { timeoutMs: 30_000, what: 'the start-up list' });
+      const query = new URLSearchParams({ token: TOKEN, ns, workload: 'deployment/web', container: 'app', repo_type: 'regionalregistry' });
+      const answer = await wh.request(`/hooks/web?${query}`, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: acrPayload('v2') });
+      assert.equal(answer.status, 200, answer.body);
+      assert.match(answer.body, /^action: +image updated$/m);
+      const image = await kubectl(['-n', ns, 'get', 'deployment/web', '-o', 'jsonpath={.spec.template.spec.containers[0].image}']);
+      assert.equal(image, acrImage('v2'));
+      assert.doesNotMatch(wh.output(), /cannot "get"/);
+    } finally {
+      await counter.remove();
+    }
   });
 });
