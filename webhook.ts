@@ -4134,19 +4134,18 @@ export async function sendWithRetry(
 
 // ================================================================================================
 // 9. kubernetes client — a small client for the Kubernetes REST API over node:https. Credentials (KubeCredentials) come
-//    from a kubeconfig's context (the kubeconfig chapter: a token, a token file, a client certificate, or a credential
-//    plugin asked before each request and renewed once after a 401) or, inside a pod, from the service account (the
-//    token is re-read on every request, so rotated tokens keep working). A server URL's path (Rancher's cluster proxy)
+//    from a kubeconfig's context or, inside a pod, from the service account (the kubeconfig chapter: a token, a token
+//    file re-read on every request so rotated tokens keep working, a client certificate, or a credential plugin asked
+//    before each request and renewed once after a 401). A server URL's path (Rancher's cluster proxy)
 //    is kept on every request; a proxy-url's connections tunnel with CONNECT. Every request is one outboundRequest
 //    under a total deadline; transient failures are retried by the policy of the outbound-calls chapter (retrying)
 //    inside a bounded total time, and every call of one client waits its turn in one token bucket (client-go's QPS and
 //    burst). Failures become KubeErrors that name the verb and the resource, and for 403 the permission missing. The
 //    token is only ever put in the Authorization header. Watches are shared (KubeClient.watch): one WATCH per
 //    collection or object and selector, resumed from the last resourceVersion, re-listed (in pages) on 410, closed
-//    when unused; each keeps its objects trimmed to what its readers use and indexed (client-go's transform and
-//    indexers), and hands a change only to the subscribers of that object.
-//    Exports: CredentialPlugin, describeResource, inClusterCredentials, JsonPatchOperation, KubeClient,
-//    KubeConfigError, KubeCredentials, KubeError, PluginCredential, ResourceRef, WatchScope.
+//    when unused, its objects trimmed and indexed (client-go's informers' transform and indexers).
+//    Exports: CredentialPlugin, describeResource, JsonPatchOperation, KubeClient, KubeConfigError, KubeCredentials,
+//    KubeError, PluginCredential, ResourceRef, WatchScope.
 //    Tests: test/burst.test.ts, test/kubeconfig.test.ts, test/rollback.test.ts, test/upgrade.test.ts,
 //    test/watch.test.ts.
 // ================================================================================================
@@ -4172,8 +4171,6 @@ const KUBE_LIMITS = {
   requestsPerSecond: 50,
   requestBurst: 100,
 };
-
-const SERVICE_ACCOUNT_DIR = '/var/run/secrets/kubernetes.io/serviceaccount';
 
 export interface KubeCredentials {
   /** https://host:port, possibly with a path prefix (Rancher's cluster proxy URLs have one). */
@@ -4257,50 +4254,6 @@ function resourcePath(r: ResourceRef): string {
   const name = r.name === undefined ? '' : `/${encodeURIComponent(r.name)}`;
   const namespace = r.namespace === '' ? '' : `/namespaces/${encodeURIComponent(r.namespace)}`;
   return `${base}${namespace}/${r.resource}${name}`;
-}
-
-/** Credentials of the pod's service account (the in-cluster configuration). */
-export function inClusterCredentials(
-  env: Record<string, string | undefined>,
-  dir: string = SERVICE_ACCOUNT_DIR,
-): KubeCredentials {
-  const host = env.KUBERNETES_SERVICE_HOST;
-  const port = env.KUBERNETES_SERVICE_PORT;
-  if (!host || !port) {
-    throw new KubeConfigError(
-      'no Kubernetes credentials: not running in a pod (KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT are not ' +
-        'set); outside a cluster use -kubeconfig or KUBECONFIG',
-    );
-  }
-  const tokenFile = path.join(dir, 'token');
-  const caFile = path.join(dir, 'ca.crt');
-  try {
-    fs.accessSync(tokenFile, fs.constants.R_OK);
-  } catch (e) {
-    throw new KubeConfigError(
-      `in-cluster credentials: cannot read ${tokenFile} (${(e as NodeJS.ErrnoException).code}): is ` +
-        `automountServiceAccountToken disabled for this pod?`,
-    );
-  }
-  let ca: Buffer;
-  try {
-    ca = fs.readFileSync(caFile);
-  } catch (e) {
-    throw new KubeConfigError(`in-cluster credentials: cannot read ${caFile} (${(e as NodeJS.ErrnoException).code})`);
-  }
-  let namespace: string | undefined;
-  try {
-    namespace = fs.readFileSync(path.join(dir, 'namespace'), 'utf8').trim() || undefined;
-  } catch {
-    namespace = undefined;
-  }
-  return {
-    server: `https://${host.includes(':') ? `[${host}]` : host}:${port}`,
-    ca,
-    tokenFile,
-    source: `the service account token ${tokenFile}`,
-    namespace,
-  };
 }
 
 interface KubeClientOptions {
@@ -4418,9 +4371,10 @@ export class KubeClient {
     const w = shared;
     if (!w.coversFrom(resourceVersion)) queueMicrotask(() => subscriber.behind?.());
     if (w.listed) queueMicrotask(() => subscriber.synced?.());
-    w.add(subscriber);
+    w.subscribers.add(subscriber);
     return () => {
-      if (w.remove(subscriber) > 0) return;
+      w.subscribers.delete(subscriber);
+      if (w.subscribers.size > 0) return;
       w.close();
       if (this.watches.get(key) === w) this.watches.delete(key);
     };
@@ -4437,7 +4391,7 @@ export class KubeClient {
     return w && (w.indexed.get(key) ?? new Map());
   }
 
-  /** When the running watch of this scope last heard from the API server (0: no such watch, or not yet). */
+  /** When the running watch of this scope last heard from the API server (0: none, or not yet). */
   watchHeardAt(scope: WatchScope): number {
     return this.watches.get(watchKey(scope))?.heardAt ?? 0;
   }
@@ -4820,8 +4774,7 @@ const WATCH_LIMITS = {
   // A watch refused (403) is not asked for again for this long: its follows poll meanwhile, each
   // without a refused request first; past it, a grant given since is used.
   refusedMemoryMs: 10 * 60_000,
-  // A (re-)list asks for this many objects a request, as client-go's reflectors do: the answer in
-  // memory at once stays a few MiB, however many pods a namespace has.
+  // Objects per request of a (re-)list, as client-go's reflectors: a few MiB in memory at once, however many pods.
   listPageSize: 500,
 };
 
@@ -4833,9 +4786,7 @@ interface WatchEvent {
 
 /** What a subscriber of a watch is told. */
 interface WatchSubscriber {
-  /** Told only this object's changes (a follow's workload): the watch hands each change to its own subscribers. */
-  name?: string;
-  /** Told each change (of `name` only, when given); a subscriber that only reads `watched` has none. */
+  /** Told each change; a subscriber that only reads `watched` has none. */
   event?(e: WatchEvent): void;
   /**
    * The watch it joins started after the resourceVersion it asked for: changes in between were
@@ -4852,11 +4803,7 @@ interface WatchSubscriber {
 interface WatchScope {
   ref: ResourceRef;
   labelSelector?: string;
-  /**
-   * What is kept of each object, as client-go's informers' transform: a watch holds (and hands on) only the fields
-   * its readers use, so a namespace's thousands of pods cost a fraction of their size. One per scope (the first
-   * subscriber's).
-   */
+  /** What is kept (and handed on) of each object, as client-go's informers' transform: what its readers use. */
   keep?: (o: Record<string, unknown>) => Record<string, unknown>;
   /** The index keys of an object, as client-go's indexers: watchedBy finds the objects under one key without a scan. */
   indexBy?: (o: Record<string, unknown>) => string[];
@@ -4885,9 +4832,6 @@ const metaOf = (o: unknown, field: string): string | undefined => {
  */
 class SharedWatch {
   readonly subscribers = new Set<WatchSubscriber>();
-  /** The subscribers told every change, and those told one object's changes, by its name. */
-  private readonly toldAll = new Set<WatchSubscriber>();
-  private readonly toldByName = new Map<string, Set<WatchSubscriber>>();
   readonly objects = new Map<string, Record<string, unknown>>();
   /** The objects by index key (scope.indexBy), then by name. */
   readonly indexed = new Map<string, Map<string, Record<string, unknown>>>();
@@ -4933,27 +4877,10 @@ class SharedWatch {
     this.stream?.destroy();
   }
 
-  add(s: WatchSubscriber): void {
-    this.subscribers.add(s);
-    if (!s.event) return;
-    if (s.name === undefined) this.toldAll.add(s);
-    else this.toldByName.set(s.name, (this.toldByName.get(s.name) ?? new Set()).add(s));
-  }
-
-  /** Takes a subscriber off; how many are left. */
-  remove(s: WatchSubscriber): number {
-    this.subscribers.delete(s);
-    this.toldAll.delete(s);
-    const named = s.name === undefined ? undefined : this.toldByName.get(s.name);
-    if (named?.delete(s) && named.size === 0) this.toldByName.delete(s.name!);
-    return this.subscribers.size;
-  }
-
   private deliver(e: WatchEvent): void {
     const name = metaOf(e.object, 'name');
     if (name !== undefined) this.store(name, e.type === 'DELETED' ? undefined : e.object);
-    for (const s of [...this.toldAll]) s.event?.(e);
-    for (const s of [...((name !== undefined && this.toldByName.get(name)) || [])]) s.event?.(e);
+    for (const s of [...this.subscribers]) s.event?.(e);
   }
 
   /** Keeps an object (undefined: takes it off), in `objects` and under its index keys. */
@@ -4981,11 +4908,7 @@ class SharedWatch {
     this.retryTimer = setTimeout(() => void this.connect(), wait);
   }
 
-  /**
-   * A list of the scope, in pages (client-go's reflectors list 500 at a time: a namespace's thousands of pods are
-   * never one answer in memory): its objects sent as MODIFIED, those it no longer has as DELETED; the watch then
-   * goes on from the list's resourceVersion.
-   */
+  /** A list of the scope in pages: its objects sent as MODIFIED, those gone as DELETED; the watch goes on from it. */
   private async relist(): Promise<boolean> {
     try {
       type List = { items?: Record<string, unknown>[]; metadata?: { resourceVersion?: string; continue?: string } };
@@ -5549,6 +5472,51 @@ function parseExecCredential(out: string, s: ExecSpec): { credential: PluginCred
   return { credential, expiresAt };
 }
 
+const SERVICE_ACCOUNT_DIR = '/var/run/secrets/kubernetes.io/serviceaccount';
+
+/** Credentials of the pod's service account (the in-cluster configuration). */
+export function inClusterCredentials(
+  env: Record<string, string | undefined>,
+  dir: string = SERVICE_ACCOUNT_DIR,
+): KubeCredentials {
+  const host = env.KUBERNETES_SERVICE_HOST;
+  const port = env.KUBERNETES_SERVICE_PORT;
+  if (!host || !port) {
+    throw new KubeConfigError(
+      'no Kubernetes credentials: not running in a pod (KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT are not ' +
+        'set); outside a cluster use -kubeconfig or KUBECONFIG',
+    );
+  }
+  const tokenFile = path.join(dir, 'token');
+  const caFile = path.join(dir, 'ca.crt');
+  try {
+    fs.accessSync(tokenFile, fs.constants.R_OK);
+  } catch (e) {
+    throw new KubeConfigError(
+      `in-cluster credentials: cannot read ${tokenFile} (${(e as NodeJS.ErrnoException).code}): is ` +
+        `automountServiceAccountToken disabled for this pod?`,
+    );
+  }
+  let ca: Buffer;
+  try {
+    ca = fs.readFileSync(caFile);
+  } catch (e) {
+    throw new KubeConfigError(`in-cluster credentials: cannot read ${caFile} (${(e as NodeJS.ErrnoException).code})`);
+  }
+  let namespace: string | undefined;
+  try {
+    namespace = fs.readFileSync(path.join(dir, 'namespace'), 'utf8').trim() || undefined;
+  } catch {
+    namespace = undefined;
+  }
+  return {
+    server: `https://${host.includes(':') ? `[${host}]` : host}:${port}`,
+    ca,
+    tokenFile,
+    source: `the service account token ${tokenFile}`,
+    namespace,
+  };
+}
 /** -kubeconfig, else KUBECONFIG, else the pod's service account; `context` names one (else the current one). */
 export function credentialsFromEnvironment(
   env: Record<string, string | undefined>,
@@ -11968,17 +11936,16 @@ export function readApprovalToken(
 //    resource, names, pod template, kubectl's rollout viewer, whether it has a rollout, how its pods are owned);
 //    parseWorkload reads APP_WORKLOAD (deployment, daemonset, statefulset, cronjob; any case, plurals, short names,
 //    kind.group) and locateContainer finds APP_CONTAINER (containers, then initContainers). rolloutStatus applies
-//    kubectl's rollout-status rules, summarizePod says how a pod is doing (leanPod keeps what it reads), listWorkloads
-//    reads many of a namespace with one LIST, Events are recorded on the workload, and
+//    kubectl's rollout-status rules, summarizePod says how a pod is doing, Events are recorded on the workload, and
 //    one WorkloadQueue per workload keeps its pushes in order. UpgradeReport is what one push did so far; UpgradeDeps
 //    is what an upgrade is given (client, clock, queue, the workloads it last saw).
 //    Exports: annotationOps, asArray, Decision, DECISIONS, DNS_LABEL, FollowOptions, ForcedRollback, K8sObject,
-//    KEPT_SUPERSEDED, KindSpec, kindSpec, KnownWorkloads, labelSelector, LAST_PUSH_ANNOTATION, leanPod,
-//    listWorkloads, locateContainer, LocatedContainer, missingContainerMessage, newReport, numberAt, orList, ownedBy,
-//    parseWorkload, PayloadError, PlannedChange, planPatch, PodSummary, readWorkload, recordEventQuietly,
-//    recordWorkloadEvent, RollbackOutcome, RolloutOutcome, rolloutStatus, roundedToSeconds, STUCK_REASONS,
-//    summarizePod, UPGRADE_LIMITS, UpgradeDeps, UpgradeError, UpgradeReport, valueAt, whyNone, withoutManagedFields,
-//    WORKLOAD_KINDS, WorkloadEvent, WorkloadKind, workloadPods, WorkloadQueue, workloadResource, WorkloadTarget.
+//    KEPT_SUPERSEDED, KindSpec, kindSpec, KnownWorkloads, labelSelector, LAST_PUSH_ANNOTATION, locateContainer,
+//    LocatedContainer, missingContainerMessage, newReport, numberAt, orList, ownedBy, parseWorkload, PayloadError,
+//    PlannedChange, planPatch, PodSummary, readWorkload, recordEventQuietly, recordWorkloadEvent, RollbackOutcome,
+//    RolloutOutcome, rolloutStatus, roundedToSeconds, STUCK_REASONS, summarizePod, UPGRADE_LIMITS, UpgradeDeps,
+//    UpgradeError, UpgradeReport, valueAt, whyNone, withoutManagedFields, WORKLOAD_KINDS, WorkloadEvent, WorkloadKind,
+//    workloadPods, WorkloadQueue, workloadResource, WorkloadTarget.
 //    Tests: test/decision.test.ts, test/e2e.test.ts, test/policy.test.ts, test/records.test.ts, test/rolling.test.ts,
 //    test/upgrade.test.ts.
 // ================================================================================================
@@ -12452,45 +12419,6 @@ function asArray(v: unknown): unknown[] {
   return Array.isArray(v) ? v : [];
 }
 
-/**
- * A pod reduced to what summarizePod and the ownership checks read (name, labels, owners, deletion, phase,
- * conditions, containers' names, images and states): what a watch of a namespace's pods keeps of each. Pure.
- */
-export function leanPod(pod: K8sObject): K8sObject {
-  const pick = (o: unknown, keys: string[]): Record<string, unknown> | undefined => {
-    if (!isObject(o)) return undefined;
-    const kept: Record<string, unknown> = {};
-    for (const k of keys) if (o[k] !== undefined) kept[k] = o[k];
-    return kept;
-  };
-  const each = (list: unknown, keep: (o: unknown) => unknown) => (Array.isArray(list) ? list.map(keep) : undefined);
-  const container = (c: unknown) => pick(c, ['name', 'image', 'imagePullPolicy']);
-  const containerStatus = (c: unknown) => ({
-    ...pick(c, ['name', 'ready', 'image', 'restartCount']),
-    state: {
-      waiting: pick(valueAt(c, ['state', 'waiting']), ['reason']),
-      terminated: pick(valueAt(c, ['state', 'terminated']), ['reason']),
-    },
-  });
-  const { metadata, spec, status } = pod;
-  return {
-    metadata: {
-      ...pick(metadata, ['name', 'namespace', 'uid', 'resourceVersion', 'labels', 'deletionTimestamp']),
-      ownerReferences: each(valueAt(metadata, ['ownerReferences']), (o) => pick(o, ['uid', 'kind', 'name'])),
-    },
-    spec: {
-      containers: each(valueAt(spec, ['containers']), container),
-      initContainers: each(valueAt(spec, ['initContainers']), container),
-    },
-    status: {
-      ...pick(status, ['phase']),
-      conditions: each(valueAt(status, ['conditions']), (c) => pick(c, ['type', 'status', 'reason'])),
-      containerStatuses: each(valueAt(status, ['containerStatuses']), containerStatus),
-      initContainerStatuses: each(valueAt(status, ['initContainerStatuses']), containerStatus),
-    },
-  };
-}
-
 /** matchLabels and matchExpressions as a labelSelector query value. */
 export function labelSelector(selector: unknown): string {
   const parts: string[] = [];
@@ -12860,34 +12788,6 @@ async function readWorkload(client: KubeClient, target: WorkloadTarget): Promise
     if (!(e instanceof KubeError && e.status === 404)) throw e;
     throw new UpgradeError(`${target.kind} "${target.name}" not found in namespace "${target.namespace}"`);
   }
-}
-
-/** Workloads a LIST asks for per request, as client-go's reflectors page: a release's 2,000 are 4 answers. */
-const WORKLOAD_LIST_PAGE = 500;
-
-/**
- * The workloads named `names` of one namespace and kind, read with one LIST (in pages of WORKLOAD_LIST_PAGE, each
- * page let go before the next) instead of a GET each: `each` is given every one found, without its managedFields. A
- * refused LIST (RBAC that names the workloads) throws, and the caller reads them one by one.
- */
-export async function listWorkloads(
-  client: KubeClient,
-  namespace: string,
-  kind: WorkloadKind,
-  names: ReadonlySet<string>,
-  each: (name: string, workload: K8sObject) => void,
-): Promise<void> {
-  type Page = { items?: K8sObject[]; metadata?: { continue?: string } };
-  let page: Page | undefined;
-  do {
-    const next = page?.metadata?.continue;
-    const query = { limit: String(WORKLOAD_LIST_PAGE), ...(next ? { continue: next } : {}) };
-    page = await client.list<Page>(workloadResource({ namespace, kind }), query);
-    for (const item of page.items ?? []) {
-      const name = String(valueAt(item, ['metadata', 'name']));
-      if (names.has(name)) each(name, withoutManagedFields(item));
-    }
-  } while (page.metadata?.continue);
 }
 
 function missingContainerMessage(podSpec: unknown, name: string, workload: string): string {
@@ -15108,6 +15008,45 @@ function workloadPodsIn(
 }
 
 /**
+ * A pod reduced to what summarizePod and the ownership checks read (name, labels, owners, deletion, phase,
+ * conditions, containers' names, images and states): what a watch of a namespace's pods keeps of each. Pure.
+ */
+function leanPod(pod: K8sObject): K8sObject {
+  const pick = (o: unknown, keys: string[]): Record<string, unknown> | undefined => {
+    if (!isObject(o)) return undefined;
+    const kept: Record<string, unknown> = {};
+    for (const k of keys) if (o[k] !== undefined) kept[k] = o[k];
+    return kept;
+  };
+  const each = (list: unknown, keep: (o: unknown) => unknown) => (Array.isArray(list) ? list.map(keep) : undefined);
+  const container = (c: unknown) => pick(c, ['name', 'image', 'imagePullPolicy']);
+  const containerStatus = (c: unknown) => ({
+    ...pick(c, ['name', 'ready', 'image', 'restartCount']),
+    state: {
+      waiting: pick(valueAt(c, ['state', 'waiting']), ['reason']),
+      terminated: pick(valueAt(c, ['state', 'terminated']), ['reason']),
+    },
+  });
+  const { metadata, spec, status } = pod;
+  return {
+    metadata: {
+      ...pick(metadata, ['name', 'namespace', 'uid', 'resourceVersion', 'labels', 'deletionTimestamp']),
+      ownerReferences: each(valueAt(metadata, ['ownerReferences']), (o) => pick(o, ['uid', 'kind', 'name'])),
+    },
+    spec: {
+      containers: each(valueAt(spec, ['containers']), container),
+      initContainers: each(valueAt(spec, ['initContainers']), container),
+    },
+    status: {
+      ...pick(status, ['phase']),
+      conditions: each(valueAt(status, ['conditions']), (c) => pick(c, ['type', 'status', 'reason'])),
+      containerStatuses: each(valueAt(status, ['containerStatuses']), containerStatus),
+      initContainerStatuses: each(valueAt(status, ['initContainerStatuses']), containerStatus),
+    },
+  };
+}
+
+/**
  * The workloads a pod may belong to, by name (the pod watch's index): its owners, and for a pod owned by a
  * ReplicaSet, the Deployment that names that ReplicaSet `<deployment>-<pod-template-hash>`. Pure.
  */
@@ -15218,7 +15157,6 @@ class WorkloadFeed {
     const seen = this.client.watched(scope)?.get(this.target.name);
     if (seen) this.take(seen);
     this.unsubscribe = this.client.watch(scope, rv, {
-      name: this.target.name,
       event: (e) => {
         if (valueAt(e.object, ['metadata', 'name']) !== this.target.name) return;
         if (e.type === 'DELETED') this.deleted = true;
@@ -16109,7 +16047,7 @@ type UpgradeResult = Awaited<ReturnType<typeof runUpgrade>>;
 //    API server (or, under ON_REGISTRY_AWAY=keep, the registry) does not answer kept and applied when it answers
 //    (KeptPushes, answered 202), decided waiting pushes
 //    and pushes deployed again (runDecided), and the rollout follower that follows rollouts after the answer.
-//    Exports: hookClusters, ResultListener, ResumedFollow, RolloutFollower, UpgradeService.
+//    Exports: hookClusters, listWorkloads, ResultListener, ResumedFollow, RolloutFollower, UpgradeService.
 //    Tests: test/burst.test.ts, test/e2e.test.ts, test/outage.test.ts, test/rollback.test.ts, test/upgrade.test.ts.
 // ================================================================================================
 
@@ -16138,6 +16076,34 @@ function isUpgradeEntryPoint(file: string): boolean {
   } catch {
     return false;
   }
+}
+
+/** Workloads a LIST asks for per request, as client-go's reflectors page: a release's 2,000 are 4 answers. */
+const WORKLOAD_LIST_PAGE = 500;
+
+/**
+ * The workloads named `names` of one namespace and kind, read with one LIST (in pages of WORKLOAD_LIST_PAGE, each
+ * page let go before the next) instead of a GET each: `each` is given every one found, without its managedFields. A
+ * refused LIST (RBAC that names the workloads) throws, and the caller reads them one by one.
+ */
+export async function listWorkloads(
+  client: KubeClient,
+  namespace: string,
+  kind: WorkloadKind,
+  names: ReadonlySet<string>,
+  each: (name: string, workload: K8sObject) => void,
+): Promise<void> {
+  type Page = { items?: K8sObject[]; metadata?: { continue?: string } };
+  let page: Page | undefined;
+  do {
+    const next = page?.metadata?.continue;
+    const query = { limit: String(WORKLOAD_LIST_PAGE), ...(next ? { continue: next } : {}) };
+    page = await client.list<Page>(workloadResource({ namespace, kind }), query);
+    for (const item of page.items ?? []) {
+      const name = String(valueAt(item, ['metadata', 'name']));
+      if (names.has(name)) each(name, withoutManagedFields(item));
+    }
+  } while (page.metadata?.continue);
 }
 
 const SUPERSEDED_FOLLOW = 'superseded by a later push to this workload, whose report follows the rollout';
