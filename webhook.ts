@@ -489,11 +489,14 @@ function isAllowedChar(c: string): boolean {
 
 /**
  * The input as code points with a '\0' sentinel, after refusing what libyaml's reader refuses.
- * libyaml counts columns in characters, hence code points rather than UTF-16 units.
+ * libyaml counts columns in characters, hence code points rather than UTF-16 units. A text without
+ * surrogate pairs is its own code points, read in place: an array of them costs 8 bytes a character
+ * (a 2,000-hook file's 4 MB would hold 32 MB, and twice that while the array grows).
  */
-function readChars(text: string): string[] {
+function readChars(text: string): ArrayLike<string> {
   const source = text.startsWith('\uFEFF') ? text.slice(1) : text;
-  const chars = Array.from(source === '' ? '\n' : source); // yaml.v2 reads an empty input as "\n"
+  const input = source === '' ? '\n' : source; // yaml.v2 reads an empty input as "\n"
+  const chars = /[\uD800-\uDBFF][\uDC00-\uDFFF]/.test(input) ? Array.from(input) : input;
   let line = 0;
   let column = 0;
   for (let i = 0; i < chars.length; i++) {
@@ -503,6 +506,7 @@ function readChars(text: string): string[] {
     line += lineEnds ? 1 : 0;
     column = lineEnds ? 0 : column + 1;
   }
+  if (typeof chars === 'string') return `${chars}\0`;
   chars.push('\0');
   return chars;
 }
@@ -547,7 +551,18 @@ interface Token {
 }
 
 function newToken(type: TokenType, start: Mark, end: Mark, value = '', suffix = '', style: ScalarStyle = ''): Token {
-  return { type, start, end, value, suffix, style };
+  return { type, start, end, value: flatString(value), suffix, style };
+}
+
+/**
+ * The string laid out flat. A scalar read a character at a time is, to V8, a rope of one piece per
+ * character (some 30 bytes each) until something reads it whole; converting it to a number is such a
+ * read, and V8 then keeps the text in one piece (as the flatstr package does). Without it, the node
+ * tree of a 2,000-hook file held some 60 MB of ropes until its values were decoded.
+ */
+function flatString(s: string): string {
+  if (s.length > 12) Number(s);
+  return s;
 }
 
 /** A place where a "key:" may turn out to have started (libyaml's simple key). */
@@ -614,7 +629,7 @@ const URI_CHARS = ";/?:@&=+$,.!~*'()[]%";
 // the same order (which matters: yaml.v2 stops right after the first document's end).
 
 class Scanner {
-  private readonly cs: string[];
+  private readonly cs: ArrayLike<string>;
   private pos = 0;
   private line = 0;
   private column = 0;
@@ -629,7 +644,7 @@ class Scanner {
   private readonly simpleKeys: SimpleKey[] = [];
   private flowLevel = 0;
 
-  constructor(chars: string[]) {
+  constructor(chars: ArrayLike<string>) {
     this.cs = chars;
   }
 
@@ -11992,7 +12007,7 @@ export const UPGRADE_LIMITS = {
   // Deployment's ReplicaSets) costs more than the once-a-second GET of the workload.
   stuckPodCheckMs: 5_000,
   // How long a follow waits for the shared watch of the pods to have listed them before it lists
-  // them itself for that look: a request's own deadline.
+  // them itself for its summary (a stuck-pod check waits for the next look instead): a request's own deadline.
   podWatchSyncMs: 10_000,
 };
 
@@ -14917,7 +14932,7 @@ export async function followRollout(
   let podsCheckedAt = Date.now();
   const feed = new WorkloadFeed(client, target, options);
   const podStates = new PodStates(client, target);
-  const podsOf = (workload: K8sObject) => podStates.read(workload, options.container);
+  const podsOf = (workload: K8sObject, listIfLate?: boolean) => podStates.read(workload, options.container, listIfLate);
   try {
     for (;;) {
       const workload = await feed.current();
@@ -14939,7 +14954,7 @@ export async function followRollout(
       if (Date.now() - Math.max(podsCheckedAt, feed.changedAt) >= UPGRADE_LIMITS.stuckPodCheckMs) {
         podsCheckedAt = Date.now();
         if (feed.watching) podStates.watch();
-        const failed = await stuckTooLong(await podsOf(workload), options, stuckSince);
+        const failed = await stuckTooLong(await podsOf(workload, false), options, stuckSince);
         if (failed) return failed;
       }
       // Watching, the next look comes with the next change, or when the pods are due a look.
@@ -15092,11 +15107,16 @@ class PodStates {
     });
   }
 
-  async read(workload: K8sObject, container: string): Promise<PodSummary[]> {
-    // A list that does not come within a request's deadline leaves this look to a list of its own.
-    const late = new Promise<boolean>((resolve) => setTimeout(resolve, UPGRADE_LIMITS.podWatchSyncMs, false).unref());
-    if (this.synced && !(await Promise.race([this.synced, late])))
-      return podsOrNone(this.client, this.target, workload, container);
+  /**
+   * The pods now. When the shared watch has not listed them within a request's deadline, the look is left to a
+   * list of its own (`listIfLate`: the summary at the end) or to the next look (a stuck-pod check: none are known
+   * yet; a release's thousands of follows listing at once would queue ahead of its pushes and bury the API server).
+   */
+  async read(workload: K8sObject, container: string, listIfLate = true): Promise<PodSummary[]> {
+    const late = new Promise<'late'>((resolve) => setTimeout(resolve, UPGRADE_LIMITS.podWatchSyncMs, 'late').unref());
+    const state = this.synced && (await Promise.race([this.synced, late]));
+    if (state === 'late' && !listIfLate) return [];
+    if (state === false || state === 'late') return podsOrNone(this.client, this.target, workload, container);
     const seen = this.client.watchedBy(this.scope, this.target.name);
     if (seen && (this.synced || this.client.watchSynced(this.scope)))
       return workloadPodsIn([...seen.values()], this.target, workload, container);

@@ -353,6 +353,13 @@ async function measure(stack: Stack, server: Server, memory: MemoryPeak, tag: st
   watch.stop();
   const bad = answers.filter((a) => !stack.landed(a));
   if (bad.length) console.error(`${stack.who}: ${bad.length} unexpected answers, e.g. ${bad[0].status} ${bad[0].body.slice(0, 300)}`);
+  // Each distinct outcome of them once, with how many had it: its `result:` line (ours) or last line (the old script's).
+  const why = new Map<string, number>();
+  for (const a of bad) {
+    const line = /^result: +(.*)$/m.exec(a.body)?.[1] ?? a.body.trim().split('\n').at(-1) ?? '';
+    why.set(line, (why.get(line) ?? 0) + 1);
+  }
+  for (const [line, n] of why) console.error(`  ${n} × ${line.slice(0, 400)}`);
   await rolledOut();
   const after = await quiet(stack.counter);
   const cpu = cpuTime(pid);
