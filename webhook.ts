@@ -15139,6 +15139,8 @@ class PodStates {
  */
 class WorkloadFeed {
   private latest: K8sObject | undefined;
+  /** The copy may have missed a change (the watch joined late, or has gone quiet): it is read again. */
+  private stale = false;
   private deleted = false;
   /** A change came since the last look (it may come while the follow lists pods). */
   private fresh = false;
@@ -15185,7 +15187,7 @@ class WorkloadFeed {
         this.wake?.();
       },
       behind: () => {
-        this.latest = undefined;
+        this.stale = true;
         this.wake?.();
       },
       failed: (e) => {
@@ -15200,6 +15202,7 @@ class WorkloadFeed {
   private take(o: K8sObject): void {
     if (Number(valueAt(o, ['metadata', 'generation']) ?? 0) < this.minGeneration) return;
     this.latest = o;
+    this.stale = false;
     this.changedAt = Date.now();
   }
 
@@ -15216,11 +15219,20 @@ class WorkloadFeed {
     const seenAt = Math.max(this.changedAt, this.readAt, heardAt);
     if (this.watching && Date.now() - seenAt >= this.quietMs) {
       this.readAt = Date.now();
-      this.latest = undefined;
+      this.stale = true;
     }
     if (!this.watching)
       return (this.latest = await this.client.get<K8sObject>(workloadResource(this.target), { background: true }));
-    this.latest ??= await this.client.get<K8sObject>(workloadResource(this.target), { background: true });
+    if (this.stale || !this.latest) {
+      try {
+        this.latest = await this.client.get<K8sObject>(workloadResource(this.target), { background: true });
+        this.stale = false;
+      } catch (e) {
+        // This client's own rate limit has no turn for the read now (a release's pushes come first): the
+        // copy in hand serves until the next look, which reads again. Anything else ends the follow.
+        if (!(this.latest && e instanceof KubeError && e.reason === 'ClientRateLimited')) throw e;
+      }
+    }
     if (this.deleted) throw new UpgradeError(`${describeResource(workloadResource(this.target))} was deleted`);
     return this.latest;
   }
