@@ -231,7 +231,10 @@ export async function startServer(
   const args = [...prefix, '-hooks', hooksFile, '-template', '-ip', '127.0.0.1', '-port', String(port)];
   if (verbose) args.push('-verbose');
   if (who === 'ours') args.push('-max-concurrent-commands', String(maxCommands));
-  const proc = spawn(bin, args, { stdio: ['ignore', 'ignore', 'ignore'], env: { ...process.env, ...env, HOOK_TOKEN } });
+  // BENCH_SERVER_LOG: the server's output appended to that file (to see what a run did), else dropped.
+  const log = process.env.BENCH_SERVER_LOG ? fs.openSync(process.env.BENCH_SERVER_LOG, 'a') : 'ignore';
+  const proc = spawn(bin, args, { stdio: ['ignore', log, log], env: { ...process.env, ...env, HOOK_TOKEN } });
+  if (typeof log === 'number') fs.closeSync(log);
   let exited = false;
   proc.once('exit', () => (exited = true));
   const deadline = Date.now() + 15_000;
