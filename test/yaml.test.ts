@@ -17,8 +17,9 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { parseYaml, readJson, readYaml, scalarAsGoString, YamlError } from '../webhook.ts';
 import { adnanhSource } from './peer.ts';
-import { CORPUS_FILES, corpusCases, corpusName, type DocCase, ownCases, scalarCases, SEED_JSON, SEED_YAML }
-  from './yaml/cases.ts';
+import {
+  CORPUS_FILES, corpusCases, corpusName, type DocCase, ownCases, scalarCases, seededRandom, SEED_JSON, SEED_YAML,
+} from './yaml/cases.ts';
 import { buildProbe, findGo, type GoDoc, readGolden, runProbe, sha256 } from './yaml/golden.ts';
 
 const CI = Boolean(process.env.CI);
@@ -369,14 +370,7 @@ describe('JSON read directly (readJson)', () => {
   });
 
   test('never takes a text the three stages refuse or read otherwise (JSON fuzz)', () => {
-    let state = 0x3c6ef372;
-    const random = (): number => {
-      state ^= state << 13;
-      state ^= state >>> 17;
-      state ^= state << 5;
-      return (state >>> 0) / 4294967296;
-    };
-    const pick = <T>(items: T[]): T => items[Math.floor(random() * items.length)];
+    const { random, pick } = seededRandom(0x3c6ef372);
     const fragments = ['"', '\\', '\\/', '\\u00e9', '\\ud800', '\\x41', ':', ',', '[', ']', '{', '}', ' ', '\n',
       '\r', '\t', '#', '-', '0', '1.5', 'e3', 'true', 'null', '---\n', '...', '\u2028', '\u00e9', '\x7f', '&a ', '*a',
       '!!str ', '? ', '<<', '"k": ', '"k": 1, ', 'k'.repeat(1030)];

@@ -342,19 +342,24 @@ const FRAGMENTS = [
   '! ', '"\\n"', 'k: v\n', '  - ', '- - ', 'x:y', 'http://h:1/p', '"', "'", '\\', '%YAML 1.1\n', '.inf', '-.5', '08',
 ];
 
-/**
- * Random documents from a fixed seed: YAML fragments thrown together, and the cases above with a
- * few characters inserted, deleted or replaced (by code point: a file cannot split a character).
- */
-function fuzzCases(base: DocCase[], count: number): DocCase[] {
-  let state = 0x2545f491;
+/** A xorshift generator from a fixed seed (the same numbers every run), and a pick of one item by it. */
+export function seededRandom(seed: number): { random: () => number; pick: <T>(items: T[]) => T } {
+  let state = seed;
   const random = (): number => {
     state ^= state << 13;
     state ^= state >>> 17;
     state ^= state << 5;
     return (state >>> 0) / 4294967296;
   };
-  const pick = <T>(items: T[]): T => items[Math.floor(random() * items.length)];
+  return { random, pick: <T>(items: T[]): T => items[Math.floor(random() * items.length)] };
+}
+
+/**
+ * Random documents from a fixed seed: YAML fragments thrown together, and the cases above with a
+ * few characters inserted, deleted or replaced (by code point: a file cannot split a character).
+ */
+function fuzzCases(base: DocCase[], count: number): DocCase[] {
+  const { random, pick } = seededRandom(0x2545f491);
   const texts = base.map((d) => d.yaml).filter((y) => y.length < 400);
   const soup = (): string => Array.from({ length: 1 + Math.floor(random() * 25) }, () => pick(FRAGMENTS)).join('');
   const mutate = (text: string): string => {
