@@ -421,7 +421,10 @@ async function setUp(k: Kubectl): Promise<{ ours: Stack; old: Stack }> {
   await roomFor(k, PUSHES * REPLICAS);
   const items = names.map((n) => deployment(n, [{ name: 'app', image: image(n, 'v0') }], { replicas: REPLICAS }));
   await k(['-n', ns, 'apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items }));
-  const sa = await shippedServiceAccount(k, cluster!, ns, [path.join(ROOT, 'deploy', 'serviceaccount.yaml'), path.join(ROOT, 'deploy', 'rbac-cluster.yaml')], work);
+  // The token outlives the whole run: setting up 2,000 Deployments and their rollouts take some 20 minutes.
+  const tokenDuration = `${Math.ceil((2 * RUN_TIMEOUT_MS) / 60_000) + 30}m`;
+  const sa = await shippedServiceAccount(k, cluster!, ns, [path.join(ROOT, 'deploy', 'serviceaccount.yaml'),
+    path.join(ROOT, 'deploy', 'rbac-cluster.yaml')], work, tokenDuration);
   cleanUps.push(sa.remove);
   const old = await namespaceAdminAccount(k, cluster!, ns, 'old-webhook', path.join(work, 'old-kubeconfig.json'));
   const oursCounter = await apiRequestCounter(k, ns, 'webhook', loadKubeconfig(sa.kubeconfig));

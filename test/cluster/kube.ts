@@ -110,9 +110,11 @@ export function pushedState(obj: any): string {
  * Applies deploy/ files (serviceaccount.yaml, and rbac-cluster.yaml for the cluster-wide option)
  * with the ServiceAccount in `namespace` and cluster-scoped objects renamed `webhook-<namespace>`
  * (so runs do not clash), and writes a JSON kubeconfig that authenticates with a token of that
- * ServiceAccount. `unbind` deletes the cluster binding; `remove` the cluster-scoped objects.
+ * ServiceAccount (valid for tokenDuration). `unbind` deletes the cluster binding; `remove` the cluster-scoped objects.
  */
-export async function shippedServiceAccount(kubectl: Kubectl, cluster: Cluster, namespace: string, rbacFiles: string[], dir: string) {
+export async function shippedServiceAccount(
+  kubectl: Kubectl, cluster: Cluster, namespace: string, rbacFiles: string[], dir: string, tokenDuration = '10m',
+) {
   // kubectl parses the YAML (we have no YAML parser): one pretty-printed JSON object per document.
   const parsed = await kubectl(['create', '--dry-run=client', '-o', 'json', ...rbacFiles.flatMap((f) => ['-f', f])]);
   const items: any[] = JSON.parse(`[${parsed.trim().replace(/\n}\n{/g, '\n},\n{')}]`);
@@ -126,7 +128,7 @@ export async function shippedServiceAccount(kubectl: Kubectl, cluster: Cluster, 
     }
   }
   await kubectl(['apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items }));
-  const token = (await kubectl(['create', 'token', 'webhook', '-n', namespace, '--duration=10m'])).trim();
+  const token = (await kubectl(['create', 'token', 'webhook', '-n', namespace, `--duration=${tokenDuration}`])).trim();
   const admin = JSON.parse(fs.readFileSync(cluster.kubeconfigPath, 'utf8'));
   const kubeconfig = path.join(dir, 'sa-kubeconfig.json');
   fs.writeFileSync(kubeconfig, JSON.stringify({
