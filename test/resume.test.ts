@@ -117,6 +117,7 @@ describe('a follow outlives the replica that started it', { skip: cluster ? fals
   });
 
   test('a push to another container of the workload supersedes a follow in the same replica, which takes its record off', async () => {
+    await mta.clear();
     await kubectl(['-n', ns, 'rollout', 'pause', 'deployment/pair']);
     const wh = started.find((w) => w.proc.exitCode === null && w.proc.signalCode === null)!;
     const pushPair = (container: string, tag: string) =>
@@ -129,6 +130,11 @@ describe('a follow outlives the replica that started it', { skip: cluster ? fals
     await waitFor(async () => Object.keys(JSON.parse((await getJson('deployment/pair')).metadata.annotations['webhook/follow'])).join() === 'side',
       { timeoutMs: 60_000, what: "the superseded follow's record to be taken off" });
     await kubectl(['-n', ns, 'rollout', 'resume', 'deployment/pair']);
+    // Both pushes are mailed (the first as superseded), and the next test counts mails from zero.
+    const mails = (await mta.waitForMessages(2, 90_000)).map((raw) => readMail(raw));
+    const superseded = mails.find((m) => m.subject.includes('deployment/pair-app'));
+    assert.match(superseded?.body ?? '', /^rollout: +progressing \(superseded by a later push/m);
+    assert.match(mails.find((m) => m.subject.includes('deployment/pair-side'))?.body ?? '', /^rollout: +complete/m);
   });
 
   test('forged follow records: resumed only for the hook that fixes the workload, mailed to that hook\'s MAIL_TO; the rest dropped with a warning', async () => {
