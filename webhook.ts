@@ -2060,7 +2060,9 @@ class DirectJsonReader {
     this.pos += m[0].length;
     if (m[2] !== undefined) return { kind: m[2], text: m[2], line: this.line, index };
     if (m[3] !== undefined) {
-      const text = m[3].includes('\\') ? (JSON.parse(`"${m[3]}"`) as string) : m[3];
+      // A match of 13 characters or more is, to V8, a slice that keeps the whole file alive as long as
+      // the value lives (the hooks do): such strings, and those with escapes, are made anew.
+      const text = m[3].length >= 13 || m[3].includes('\\') ? (JSON.parse(`"${m[3]}"`) as string) : m[3];
       return { kind: '"', text, line: this.line, index };
     }
     return { kind: 'plain', text: m[4], line: this.line, index };
@@ -3370,6 +3372,9 @@ export function outboundRequest(url: URL, o: OutboundRequest): Promise<OutboundA
       const done = () =>
         settle(() => {
           const bytes = Buffer.concat(chunks);
+          // A keep-alive TLS socket keeps the request it was opened for (and so this closure) for its
+          // whole life (node:https's session listener): the answer's pieces are let go here.
+          chunks.length = 0;
           resolve({ status: res.statusCode ?? 0, headers: res.headers, body: bytes.toString('utf8'), bytes });
         });
       res.on('data', (chunk: Buffer) => {
@@ -16148,6 +16153,8 @@ interface KeptPush {
   hook: Hook;
   /** The report answered (202), whose `pending` this push settles. */
   report: UpgradeReport;
+  /** What did not answer: the API server, or the registry (ON_REGISTRY_AWAY=keep). */
+  who: string;
   deadline: number;
   settle: (report: UpgradeReport) => void;
   /** Aborted when a newer push to the same container replaces this one. */
@@ -16207,7 +16214,7 @@ class KeptPushes {
       action: `waiting for ${who} (${r.error}): kept, and applied when it answers until ${until}`,
       pending,
     };
-    this.kept.set(key, { args, env, requestId, hook, report, deadline, settle, abandon: new AbortController() });
+    this.kept.set(key, { args, env, requestId, hook, report, who, deadline, settle, abandon: new AbortController() });
     // A registry that is away says nothing of the API server, which has just answered this push's reads.
     this.lastTryFailed = who === 'the API server';
     this.log.warn(`[${requestId}] ${reportWhere(r)}: ${who} does not answer; push kept until ${until}`);
@@ -16243,7 +16250,7 @@ class KeptPushes {
   private async retryOne(key: string, k: KeptPush): Promise<boolean> {
     const limit = formatGoDuration(this.deadlineMs);
     if (Date.now() >= k.deadline) {
-      this.fail(key, k, `${k.report.unreachable ?? 'the API server'} did not answer within -apply-deadline ${limit}`);
+      this.fail(key, k, `${k.who} did not answer within -apply-deadline ${limit}`);
       return true;
     }
     k.trying = true;
@@ -16264,9 +16271,7 @@ class KeptPushes {
     this.kept.delete(key);
     const r = result.report;
     const outcome = r.result === 'ok' ? r.action : `failed: ${r.error}`;
-    this.log.notice(
-      `[${k.requestId}] ${reportWhere(r)}: ${k.report.unreachable ?? 'the API server'} answered again; ${outcome}`,
-    );
+    this.log.notice(`[${k.requestId}] ${reportWhere(r)}: ${k.who} answered again; ${outcome}`);
     k.settle(r);
     return true;
   }
@@ -16274,7 +16279,7 @@ class KeptPushes {
   /** At shutdown: what is still kept is reported as not applied (in memory only, it would be lost). */
   stop(): void {
     for (const [key, k] of [...this.kept])
-      this.fail(key, k, `the service stopped before ${k.report.unreachable ?? 'the API server'} answered`);
+      this.fail(key, k, `the service stopped before ${k.who} answered`);
   }
 
   private fail(key: string, k: KeptPush, why: string): void {

@@ -19,6 +19,8 @@
  *     summed (RssAnon; RSS, which counts shared pages of the same binary once per process);
  *   - CPU time: ours; adnanh plus its reaped children.
  * Each stack runs in a CPU cgroup of its own limited to one CPU (see CPU_CGROUPS), as in a container.
+ * BENCH_MEMORY_MB=256 also puts ours in a memory cgroup with that limit, as deploy/ and the chart
+ * set it (V8 then sizes its heap to half of it); the run says whether the kernel's OOM killer acted.
  */
 import { spawnSync } from 'node:child_process';
 import * as fs from 'node:fs';
@@ -62,6 +64,10 @@ const SAMPLE_MS = 50;
  */
 const CPU_CGROUPS = '/sys/fs/cgroup/cpu';
 const CPUS = Number(process.env.BENCH_CPUS ?? 1);
+const MEMORY_CGROUPS = '/sys/fs/cgroup/memory';
+/** The shell moves itself into the cgroup whose cgroup.procs is $0 and exec()s the server there: children inherit it. */
+const JOIN_AND_EXEC = 'echo $$ > "$0" && exec "$@"';
+const MEMORY_MB = Number(process.env.BENCH_MEMORY_MB ?? 0);
 
 if (spawnSync('jq', ['--version']).error) {
   console.error('bench:burst needs jq for the old stack (bench/old-webhooks.sh): apt-get install -y jq');
@@ -271,8 +277,7 @@ function cpuBox(name: string): CpuBox {
   }
   const procs = path.join(dir, 'cgroup.procs');
   return {
-    // The shell moves itself into the cgroup and exec()s the server there: children inherit it.
-    command: (bin) => ({ bin: '/bin/sh', prefix: ['-c', 'echo $$ > "$0" && exec "$@"', procs, bin] }),
+    command: (bin) => ({ bin: '/bin/sh', prefix: ['-c', JOIN_AND_EXEC, procs, bin] }),
     async remove() {
       for (let i = 0; ; i++) {
         const left = fs.readFileSync(procs, 'utf8').split('\n').filter(Boolean).map(Number);
@@ -292,6 +297,27 @@ function cpuBox(name: string): CpuBox {
   };
 }
 
+/**
+ * A memory cgroup (v1) limited to MEMORY_MB, as a container's `limits.memory`: `command` joins it and
+ * exec()s; `oomKills` reads how often the kernel's OOM killer acted in it.
+ */
+interface MemoryBox {
+  command(bin: string): { bin: string; prefix: string[] };
+  oomKills(): number;
+  remove(): void;
+}
+
+function memoryBox(name: string): MemoryBox {
+  const dir = path.join(MEMORY_CGROUPS, `webhook-bench-${name}-${process.pid}`);
+  fs.mkdirSync(dir);
+  fs.writeFileSync(path.join(dir, 'memory.limit_in_bytes'), String(MEMORY_MB * 1024 * 1024));
+  return {
+    command: (bin) => ({ bin: '/bin/sh', prefix: ['-c', JOIN_AND_EXEC, path.join(dir, 'cgroup.procs'), bin] }),
+    oomKills: () => Number(/^oom_kill (\d+)$/m.exec(fs.readFileSync(path.join(dir, 'memory.oom_control'), 'utf8'))?.[1]),
+    remove: () => fs.rmdirSync(dir),
+  };
+}
+
 // ---------------------------------------------------------------------------------------------
 // One run
 // ---------------------------------------------------------------------------------------------
@@ -303,6 +329,8 @@ interface Stack {
   start(): Promise<Server>;
   counter: Counter;
   landed(answer: { status: number; body: string }): boolean;
+  /** BENCH_MEMORY_MB: how often the OOM killer has acted in the stack's memory cgroup. */
+  oomKills?: () => number;
 }
 
 interface RunResult {
@@ -437,10 +465,13 @@ async function setUp(k: Kubectl): Promise<{ ours: Stack; old: Stack }> {
   const adnanh = await adnanhBinary();
   const box = cpuBox(ns);
   cleanUps.push(box.remove);
+  const memory = MEMORY_MB > 0 ? memoryBox(ns) : undefined;
+  if (memory) cleanUps.push(async () => memory.remove());
   const boxed = (who: 'ours' | 'adnanh', bin: string, hooks: string, env: Record<string, string>) => {
-    const c = box.command(bin);
+    const m = who === 'ours' ? memory?.command(bin) : undefined;
+    const c = box.command(m?.bin ?? bin);
     // Every push of the release may be in flight at once (each waits its turn at the client's rate).
-    return startServer(who, c.bin, hooks, false, c.prefix, env, Math.max(1000, PUSHES));
+    return startServer(who, c.bin, hooks, false, [...c.prefix, ...(m?.prefix ?? [])], env, Math.max(1000, PUSHES));
   };
   const oursHooks = writeHooks(path.join(ROOT, 'webhooks.sh'));
   const oldHooks = writeHooks(path.join(ROOT, 'bench', 'old-webhooks.sh'));
@@ -450,6 +481,7 @@ async function setUp(k: Kubectl): Promise<{ ours: Stack; old: Stack }> {
       start: () => boxed('ours', OURS, oursHooks, { KUBECONFIG: sa.kubeconfig }),
       counter: oursCounter,
       landed: (a) => a.status === 200 && /^action: +image updated$/m.test(a.body),
+      oomKills: memory?.oomKills,
     },
     old: {
       who: 'old stack',
@@ -501,6 +533,7 @@ try {
       const r = await run(stack, `r${round}-${stack === ours ? 'ours' : 'old'}`);
       (stack === ours ? results.ours : results.old).push(r);
       console.error(`round ${round + 1}, ${stack.who}: ${JSON.stringify(r)}`);
+      if (stack.oomKills) console.error(`memory limit ${MEMORY_MB} MB: the OOM killer acted ${stack.oomKills()} time(s)`);
     }
   }
 } finally {
