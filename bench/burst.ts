@@ -478,7 +478,8 @@ async function setUp(k: Kubectl): Promise<{ ours: Stack; old: Stack }> {
   return {
     ours: {
       who: 'ours',
-      start: () => boxed('ours', OURS, oursHooks, { KUBECONFIG: sa.kubeconfig }),
+      // The image's environment (Dockerfile): malloc's setting included.
+      start: () => boxed('ours', OURS, oursHooks, { KUBECONFIG: sa.kubeconfig, MALLOC_MMAP_THRESHOLD_: '65536' }),
       counter: oursCounter,
       landed: (a) => a.status === 200 && /^action: +image updated$/m.test(a.body),
       oomKills: memory?.oomKills,

@@ -127,9 +127,12 @@ const config = {
   // request objects die there either way); no background compiler or GC threads and a V8 platform
   // pool of one (a 2-core pod gains nothing from them, each costs a thread and a malloc arena); the
   // old generation capped at half the memory the container may use (Node reads the cgroup limit),
-  // so V8 collects before the kernel's OOM killer acts. (`--disable-sigusr1` would save the thread
-  // that waits for SIGUSR1, but it blocks the signal, which adnanh uses to reload hooks; the
-  // service's own SIGUSR1 handler keeps the inspector from starting.)
+  // so V8 collects before the kernel's OOM killer acts; and V8's own memory-saving mode, which grows
+  // the heap by smaller steps than its default (that grows it to several times what is live when
+  // thousands of follows parse watch events: a 2,000-push release, docs/results.md#2000-workloads).
+  // (`--disable-sigusr1` would save the thread that waits for SIGUSR1, but it blocks the signal,
+  // which adnanh uses to reload hooks; the service's own SIGUSR1 handler keeps the inspector from
+  // starting.)
   //
   // A regular expression is compiled to machine code at its first use, not first to V8's regexp
   // bytecode (tiered up to machine code after that use anyway): the bytecode compiler's peephole
@@ -150,6 +153,7 @@ const config = {
     '--single-threaded',
     '--v8-pool-size=1',
     '--max-old-space-size-percentage=50',
+    '--optimize-for-size',
   ],
   // Nothing from outside extends them: NODE_OPTIONS (`--require`, `--import`, `--inspect`) is
   // ignored, and so is `--node-options`, so the environment cannot make the executable run code.

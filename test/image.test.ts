@@ -215,6 +215,7 @@ describe('the container image', { skip: missing ? `image tests skipped: ${missin
     assert.deepEqual(config.config.Entrypoint, [EXECUTABLE]);
     assert.deepEqual(config.config.Cmd, ['-hooks', '/etc/webhook/source', '-hotreload', '-verbose']);
     assert.equal(config.config.WorkingDir, '/');
+    assert.ok(config.config.Env?.includes('MALLOC_MMAP_THRESHOLD_=65536'), `Env: ${config.config.Env}`);
   });
 
   test('its root filesystem: the executable, the libraries it links, CA certificates, users, and nothing else', () => {
