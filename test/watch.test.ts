@@ -18,7 +18,8 @@ import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { makeTempDir, startWebhook, waitFor, waitForOutput, type Webhook } from './harness.ts';
 import {
-  accountKubeconfig, acrImage, apiRequestCounter, acrPayload, clusterOrSkip, deployment, freshNamespaceName, kubectlFor, removeNamespace, type Kubectl,
+  accountKubeconfig, acrImage, apiRequestCounter, acrPayload, clusterOrSkip, deployment, freshNamespaceName, kubectlFor,
+  removeNamespace, roleBoundAccount, type Kubectl,
 } from './cluster/kube.ts';
 import { upgradeHook } from './upgrade-hooks.ts';
 import { followRollout, KubeClient, loadKubeconfig, type ResourceRef } from '../webhook.ts';
@@ -130,13 +131,30 @@ describe('rollouts followed by watching', { skip: cluster ? false : 'no cluster'
     }
   });
 
-  test("a still rollout's pods come from the namespace's pod watch, which keeps each pod lean and indexed by workload", async () => {
+  /**
+   * A follow of `name`'s rollout to v2, paused, through a counting client; `body` gets the client, the
+   * follow and the controller that stops it (stopped, and the client closed, after `body`).
+   */
+  async function followPaused(
+    name: string,
+    options: { stuckFailMs?: number },
+    body: (client: CountingClient, following: ReturnType<typeof followRollout>, stop: AbortController) => Promise<void>,
+  ): Promise<void> {
     const client = new CountingClient(loadKubeconfig(cluster!.kubeconfigPath));
     const stop = new AbortController();
     try {
-      await kubectl(['-n', ns, 'rollout', 'pause', 'deployment/lean']);
-      const initial = await patchImage(kubectl, ns, 'lean', 'v2');
-      const following = followRollout(client, target('lean'), { timeoutMs: 120_000, container: 'app', initial, signal: stop.signal });
+      await kubectl(['-n', ns, 'rollout', 'pause', `deployment/${name}`]);
+      const initial = await patchImage(kubectl, ns, name, 'v2');
+      const follow = { timeoutMs: 120_000, container: 'app', initial, ...options, signal: stop.signal };
+      await body(client, followRollout(client, target(name), follow), stop);
+    } finally {
+      stop.abort();
+      client.close();
+    }
+  }
+
+  test("a still rollout's pods come from the namespace's pod watch, which keeps each pod lean and indexed by workload", () =>
+    followPaused('lean', {}, async (client, following, stop) => {
       const pods = { ref: { group: '', version: 'v1', resource: 'pods', namespace: ns } };
       // The follow opens the pod watch once its rollout has been still for a while (5 s).
       await waitFor(() => client.watchSynced(pods), { timeoutMs: 30_000, what: 'the pods watched' });
@@ -149,20 +167,10 @@ describe('rollouts followed by watching', { skip: cluster ? false : 'no cluster'
       stop.abort();
       const outcome = await following;
       assert.deepEqual(outcome.pods.map((p) => [p.name, p.ready]), own.map((p) => [p.metadata.name, true]));
-    } finally {
-      stop.abort();
-      client.close();
-    }
-  });
+    }));
 
-  test('a follow whose watch is heard from reads nothing more; once the watch goes quiet it reads its workload again', async () => {
-    const client = new CountingClient(loadKubeconfig(cluster!.kubeconfigPath));
-    const stop = new AbortController();
-    try {
-      await kubectl(['-n', ns, 'rollout', 'pause', 'deployment/still']);
-      const initial = await patchImage(kubectl, ns, 'still', 'v2');
-      const options = { timeoutMs: 120_000, container: 'app', initial, stuckFailMs: 2_000, signal: stop.signal };
-      const following = followRollout(client, target('still'), options);
+  test('a follow whose watch is heard from reads nothing more; once the watch goes quiet it reads its workload again', () =>
+    followPaused('still', { stuckFailMs: 2_000 }, async (client, following, stop) => {
       // Another workload of the namespace changes, again and again, for three times the follow's limit of 2 s.
       for (let i = 0, end = Date.now() + 6_000; Date.now() < end; i++) {
         await kubectl(['-n', ns, 'annotate', '--overwrite', 'deployment/busy', `churn=${i}`]);
@@ -171,12 +179,15 @@ describe('rollouts followed by watching', { skip: cluster ? false : 'no cluster'
       await waitFor(() => client.gets >= 1, { timeoutMs: 20_000, what: 'the workload read again once the watch is quiet' });
       stop.abort();
       assert.equal((await following).state, 'timed out');
-    } finally {
-      stop.abort();
-      client.close();
-    }
-  });
+    }));
 });
+
+/** The namespace, with Deployments web and api (container app at v1) of this many replicas. */
+async function webAndApi(kubectl: Kubectl, ns: string, replicas: number): Promise<void> {
+  await kubectl(['create', 'namespace', ns]);
+  for (const name of ['web', 'api'])
+    await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(deployment(name, [{ name: 'app', image: acrImage('v1') }], { replicas })));
+}
 
 describe('a Role without watch: the executable polls, with one warning', { skip: cluster ? false : 'no cluster' }, () => {
   const ns = freshNamespaceName('nowatch');
@@ -186,17 +197,12 @@ describe('a Role without watch: the executable polls, with one warning', { skip:
 
   /** A ServiceAccount with these rules, and a JSON kubeconfig that authenticates as it. */
   async function account(name: string, workloadVerbs: string[]): Promise<string> {
-    await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: [
-      { apiVersion: 'v1', kind: 'ServiceAccount', metadata: { name } },
-      { apiVersion: 'rbac.authorization.k8s.io/v1', kind: 'Role', metadata: { name }, rules: [
-        { apiGroups: ['apps'], resources: ['deployments'], resourceNames: ['web', 'api'], verbs: workloadVerbs },
-        { apiGroups: ['apps'], resources: ['replicasets'], verbs: ['list'] },
-        { apiGroups: [''], resources: ['pods'], verbs: ['list'] },
-        { apiGroups: [''], resources: ['events'], verbs: ['create'] },
-      ] },
-      { apiVersion: 'rbac.authorization.k8s.io/v1', kind: 'RoleBinding', metadata: { name },
-        roleRef: { apiGroup: 'rbac.authorization.k8s.io', kind: 'Role', name }, subjects: [{ kind: 'ServiceAccount', name, namespace: ns }] },
-    ] }));
+    await roleBoundAccount(kubectl, ns, name, [
+      { apiGroups: ['apps'], resources: ['deployments'], resourceNames: ['web', 'api'], verbs: workloadVerbs },
+      { apiGroups: ['apps'], resources: ['replicasets'], verbs: ['list'] },
+      { apiGroups: [''], resources: ['pods'], verbs: ['list'] },
+      { apiGroups: [''], resources: ['events'], verbs: ['create'] },
+    ]);
     return accountKubeconfig(kubectl, cluster!, ns, name, path.join(dir, `${name}.json`), '10m');
   }
   const push = (name: string, tag: string) =>
@@ -204,12 +210,7 @@ describe('a Role without watch: the executable polls, with one warning', { skip:
       method: 'POST', headers: { 'Content-Type': 'application/json' }, body: acrPayload(tag),
     });
 
-  before(async () => {
-    await kubectl(['create', 'namespace', ns]);
-    for (const name of ['web', 'api']) {
-      await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(deployment(name, [{ name: 'app', image: acrImage('v1') }], { replicas: 1 })));
-    }
-  });
+  before(() => webAndApi(kubectl, ns, 1));
   after(async () => {
     await wh?.stop();
     await removeNamespace(kubectl, ns);
@@ -249,12 +250,7 @@ describe('the start-up list: a hook that fixes its workload patches it without a
     return hook;
   };
 
-  before(async () => {
-    await kubectl(['create', 'namespace', ns]);
-    for (const name of ['web', 'api']) {
-      await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(deployment(name, [{ name: 'app', image: acrImage('v1') }], { replicas: 0 })));
-    }
-  });
+  before(() => webAndApi(kubectl, ns, 0));
   after(async () => {
     await wh?.stop();
     await removeNamespace(kubectl, ns);
@@ -262,17 +258,12 @@ describe('the start-up list: a hook that fixes its workload patches it without a
 
   test('a Role with list, watch and patch but no get: the first push is applied on the copy the start-up list made', async () => {
     const name = 'noget';
-    await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: [
-      { apiVersion: 'v1', kind: 'ServiceAccount', metadata: { name } },
-      { apiVersion: 'rbac.authorization.k8s.io/v1', kind: 'Role', metadata: { name }, rules: [
-        { apiGroups: ['apps'], resources: ['deployments'], verbs: ['list', 'watch', 'patch'] },
-        { apiGroups: ['apps'], resources: ['replicasets'], verbs: ['list'] },
-        { apiGroups: [''], resources: ['pods'], verbs: ['list', 'watch'] },
-        { apiGroups: [''], resources: ['events'], verbs: ['create'] },
-      ] },
-      { apiVersion: 'rbac.authorization.k8s.io/v1', kind: 'RoleBinding', metadata: { name },
-        roleRef: { apiGroup: 'rbac.authorization.k8s.io', kind: 'Role', name }, subjects: [{ kind: 'ServiceAccount', name, namespace: ns }] },
-    ] }));
+    await roleBoundAccount(kubectl, ns, name, [
+      { apiGroups: ['apps'], resources: ['deployments'], verbs: ['list', 'watch', 'patch'] },
+      { apiGroups: ['apps'], resources: ['replicasets'], verbs: ['list'] },
+      { apiGroups: [''], resources: ['pods'], verbs: ['list', 'watch'] },
+      { apiGroups: [''], resources: ['events'], verbs: ['create'] },
+    ]);
     const kubeconfig = await accountKubeconfig(kubectl, cluster!, ns, name, path.join(dir, `${name}.json`), '10m');
     const counter = await apiRequestCounter(kubectl, ns, name, loadKubeconfig(kubeconfig));
     try {

@@ -260,14 +260,7 @@ export async function apiRequestCounter(kubectl: Kubectl, namespace: string, ser
  * RoleBinding), and a JSON kubeconfig at `file` that authenticates with a token of it.
  */
 export async function namespaceAdminAccount(kubectl: Kubectl, cluster: Cluster, namespace: string, name: string, file: string) {
-  await kubectl(['-n', namespace, 'apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: [
-    { apiVersion: 'v1', kind: 'ServiceAccount', metadata: { name } },
-    { apiVersion: 'rbac.authorization.k8s.io/v1', kind: 'Role', metadata: { name },
-      rules: [{ apiGroups: ['*'], resources: ['*'], verbs: ['*'] }] },
-    { apiVersion: 'rbac.authorization.k8s.io/v1', kind: 'RoleBinding', metadata: { name },
-      roleRef: { apiGroup: 'rbac.authorization.k8s.io', kind: 'Role', name },
-      subjects: [{ kind: 'ServiceAccount', name, namespace }] },
-  ] }));
+  await roleBoundAccount(kubectl, namespace, name, [{ apiGroups: ['*'], resources: ['*'], verbs: ['*'] }]);
   const token = (await kubectl(['create', 'token', name, '-n', namespace, '--duration=1h'])).trim();
   const admin = JSON.parse(fs.readFileSync(cluster.kubeconfigPath, 'utf8'));
   fs.writeFileSync(file, JSON.stringify({
@@ -276,6 +269,17 @@ export async function namespaceAdminAccount(kubectl: Kubectl, cluster: Cluster, 
     clusters: [admin.clusters[0]], users: [{ name, user: { token } }],
   }));
   return { token, kubeconfig: file };
+}
+
+/** A ServiceAccount `name` in `namespace` bound to a Role of its own name with these rules. */
+export async function roleBoundAccount(kubectl: Kubectl, namespace: string, name: string, rules: object[]): Promise<void> {
+  await kubectl(['-n', namespace, 'apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: [
+    { apiVersion: 'v1', kind: 'ServiceAccount', metadata: { name } },
+    { apiVersion: 'rbac.authorization.k8s.io/v1', kind: 'Role', metadata: { name }, rules },
+    { apiVersion: 'rbac.authorization.k8s.io/v1', kind: 'RoleBinding', metadata: { name },
+      roleRef: { apiGroup: 'rbac.authorization.k8s.io', kind: 'Role', name },
+      subjects: [{ kind: 'ServiceAccount', name, namespace }] },
+  ] }));
 }
 
 /**
