@@ -5537,6 +5537,7 @@ export function inClusterCredentials(
     namespace,
   };
 }
+
 /** -kubeconfig, else KUBECONFIG, else the pod's service account; `context` names one (else the current one). */
 export function credentialsFromEnvironment(
   env: Record<string, string | undefined>,
@@ -16119,28 +16120,40 @@ function isUpgradeEntryPoint(file: string): boolean {
 const WORKLOAD_LIST_PAGE = 500;
 
 /**
- * The workloads named `names` of one namespace and kind, read with one LIST (in pages of WORKLOAD_LIST_PAGE, each
- * page let go before the next) instead of a GET each: `each` is given every one found, without its managedFields. A
- * refused LIST (RBAC that names the workloads) throws, and the caller reads them one by one.
+ * The workloads of `targets`, read with one LIST per namespace and kind that holds two or more of them (in pages of
+ * WORKLOAD_LIST_PAGE, each page let go before the next) instead of a GET each: `each` is given every target found and
+ * its workload, without its managedFields. A target alone in its namespace and kind, one a LIST did not find, and the
+ * targets of a refused LIST (RBAC that names the workloads) are not given: the caller reads them one by one.
  */
-export async function listWorkloads(
+export async function listWorkloads<T extends { namespace: string; kind: WorkloadKind; name: string }>(
   client: KubeClient,
-  namespace: string,
-  kind: WorkloadKind,
-  names: ReadonlySet<string>,
-  each: (name: string, workload: K8sObject) => void,
+  targets: Iterable<T>,
+  each: (target: T, workload: K8sObject) => void,
 ): Promise<void> {
+  const groups = new Map<string, Map<string, T>>();
+  for (const t of targets) {
+    const group = `${t.namespace}/${t.kind}`;
+    groups.set(group, (groups.get(group) ?? new Map<string, T>()).set(t.name, t));
+  }
   type Page = { items?: K8sObject[]; metadata?: { continue?: string } };
-  let page: Page | undefined;
-  do {
-    const next = page?.metadata?.continue;
-    const query = { limit: String(WORKLOAD_LIST_PAGE), ...(next ? { continue: next } : {}) };
-    page = await client.list<Page>(workloadResource({ namespace, kind }), query);
-    for (const item of page.items ?? []) {
-      const name = String(valueAt(item, ['metadata', 'name']));
-      if (names.has(name)) each(name, withoutManagedFields(item));
+  for (const byName of groups.values()) {
+    if (byName.size < 2) continue;
+    const { namespace, kind } = byName.values().next().value!;
+    let page: Page | undefined;
+    try {
+      do {
+        const next = page?.metadata?.continue;
+        const query = { limit: String(WORKLOAD_LIST_PAGE), ...(next ? { continue: next } : {}) };
+        page = await client.list<Page>(workloadResource({ namespace, kind }), query);
+        for (const item of page.items ?? []) {
+          const target = byName.get(String(valueAt(item, ['metadata', 'name'])));
+          if (target) each(target, withoutManagedFields(item));
+        }
+      } while (page.metadata?.continue);
+    } catch {
+      /* each is read with a GET instead */
     }
-  } while (page.metadata?.continue);
+  }
 }
 
 const SUPERSEDED_FOLLOW = 'superseded by a later push to this workload, whose report follows the rollout';
@@ -16738,24 +16751,12 @@ export class UpgradeService implements InProcessCommand {
     known: KnownWorkloads,
   ): Promise<Map<string, K8sObject>> {
     const found = new Map<string, K8sObject>();
-    const groups = new Map<string, Set<string>>();
-    for (const t of targets) {
-      const group = `${t.namespace}/${t.kind}`;
-      groups.set(group, (groups.get(group) ?? new Set<string>()).add(t.name));
-    }
-    for (const [group, names] of groups) {
-      if (names.size < 2) continue;
-      const [namespace, kind] = group.split('/') as [string, WorkloadKind];
-      try {
-        await listWorkloads(client, namespace, kind, names, (name, workload) => {
-          found.set(`${group}/${name}`, workload);
-          // A copy a push has made since (its PATCH's answer) is newer than the list.
-          if (!known.get(`${group}/${name}`)) known.set(`${group}/${name}`, workload);
-        });
-      } catch {
-        /* each is read with a GET instead */
-      }
-    }
+    await listWorkloads(client, targets, (t, workload) => {
+      const key = `${t.namespace}/${t.kind}/${t.name}`;
+      found.set(key, workload);
+      // A copy a push has made since (its PATCH's answer) is newer than the list.
+      if (!known.get(key)) known.set(key, workload);
+    });
     return found;
   }
 
@@ -17145,28 +17146,13 @@ export class ApprovalService implements ApprovalPages, CommandListener {
    * others (and those of a refused LIST), left to a GET each.
    */
   private async listed(client: KubeClient, targets: Map<string, WaitingPush['target']>) {
-    const groups = new Map<string, Map<string, WaitingPush['target']>>();
-    for (const t of targets.values()) {
-      const group = `${t.namespace}/${t.kind}`;
-      groups.set(group, (groups.get(group) ?? new Map()).set(t.name, t));
-    }
-    const rest: WaitingPush['target'][] = [];
-    for (const byName of groups.values()) {
-      const { namespace, kind } = byName.values().next().value!;
-      if (byName.size >= 2) {
-        try {
-          await listWorkloads(client, namespace, kind, new Set(byName.keys()), (name, workload) => {
-            this.learn(byName.get(name)!, workload);
-            byName.delete(name);
-          });
-        } catch {
-          /* read one by one */
-        }
-      }
-      // Those the list did not find are read one by one, which names what is missing.
-      rest.push(...byName.values());
-    }
-    return rest;
+    const found = new Set<WaitingPush['target']>();
+    await listWorkloads(client, targets.values(), (target, workload) => {
+      this.learn(target, workload);
+      found.add(target);
+    });
+    // Those the list did not find are read one by one, which names what is missing.
+    return [...targets.values()].filter((t) => !found.has(t));
   }
 
   /** The waiting pushes of one workload as read: those of loaded hooks are known, the others forgotten. */
