@@ -20,7 +20,7 @@ import { createHmac } from 'node:crypto';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { makeTempDir, startWebhook, waitFor, waitForOutput, type Webhook } from './harness.ts';
+import { makeTempDir, startWebhook, waitFor, waitForOutput, type Spawned, type Webhook } from './harness.ts';
 import { ociArchive, startRegistry, type Registry } from './registry.ts';
 import {
   clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor, namespacedGetter, pushedState,
@@ -351,14 +351,14 @@ describe('VERIFY_IMAGE against a real registry with token auth over TLS (the bea
   const kubectl = kubectlFor(cluster!);
   const LOGIN = { user: 'deployer', password: 'token-flow-password-5a90e2', token: true };
   let stopService: () => Promise<unknown>;
-  let output: () => string;
+  let service: Spawned;
   let registry: Registry;
 
   before(async () => {
     const work = makeTempDir('registry-token-');
     const started = await verifiedService(ns, work, LOGIN);
     ({ registry, stop: stopService } = started);
-    output = started.service.output;
+    service = started.service;
     const auth = Buffer.from(`${LOGIN.user}:${LOGIN.password}`).toString('base64');
     await kubectl(['create', 'namespace', ns]);
     await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: [
@@ -381,8 +381,10 @@ describe('VERIFY_IMAGE against a real registry with token auth over TLS (the bea
       const i = containerImage(JSON.parse(await kubectl(['-n', ns, 'get', 'deployment/web', '-o', 'json'])), 'app');
       return i?.startsWith(`${registry.host}/acme/web:v2@sha256:`) ? i : undefined;
     }, { timeoutMs: 60_000, what: 'the verified v2 push to land' });
-    assert.match(output(), new RegExp(`VERIFY_IMAGE: 127\\.0\\.0\\.1:\\d+/acme/web:v2 is ${image.split('@')[1]} on the registry \\(login from pull secret "tokencred"\\)`));
-    assert.ok(!output().includes(LOGIN.password), output());
+    // The log line of the answer comes after the PATCH the cluster shows.
+    const login = `VERIFY_IMAGE: 127\\.0\\.0\\.1:\\d+/acme/web:v2 is ${image.split('@')[1]} on the registry \\(login from pull secret "tokencred"\\)`;
+    await waitForOutput(service, new RegExp(login), 30_000);
+    assert.ok(!service.output().includes(LOGIN.password), service.output());
     // skopeo's push took tokens too; the verification's are the ones issued to the service.
     assert.ok(registry.tokensIssuedTo().some((ua) => ua.startsWith('webhook/')), registry.tokensIssuedTo().join(', '));
   });
@@ -392,14 +394,14 @@ describe('VERIFY_IMAGE against a real public registry over TLS (anonymous)', { s
   const ns = freshNamespaceName('registry-anon');
   const kubectl = kubectlFor(cluster!);
   let stopService: () => Promise<unknown>;
-  let output: () => string;
+  let service: Spawned;
   let registry: Registry;
 
   before(async () => {
     const work = makeTempDir('registry-anon-');
     const started = await verifiedService(ns, work);
     ({ registry, stop: stopService } = started);
-    output = started.service.output;
+    service = started.service;
     await kubectl(['create', 'namespace', ns]);
     // It names a pull secret that does not exist: a public registry must not need it.
     await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(deployment('web', [{ name: 'app', image: `${registry.host}/acme/web:v1` }], { replicas: 1 })));
@@ -418,7 +420,9 @@ describe('VERIFY_IMAGE against a real public registry over TLS (anonymous)', { s
       const i = containerImage(JSON.parse(await kubectl(['-n', ns, 'get', 'deployment/web', '-o', 'json'])), 'app');
       return i?.startsWith(`${registry.host}/acme/web:v2@sha256:`) ? i : undefined;
     }, { timeoutMs: 60_000, what: 'the verified v2 push to land' });
-    assert.match(output(), new RegExp(`note: +VERIFY_IMAGE: 127\\.0\\.0\\.1:\\d+/acme/web:v2 is ${image.split('@')[1]} on the registry\\n`));
+    // The log line of the answer comes after the PATCH the cluster shows.
+    const note = `note: +VERIFY_IMAGE: 127\\.0\\.0\\.1:\\d+/acme/web:v2 is ${image.split('@')[1]} on the registry\\n`;
+    await waitForOutput(service, new RegExp(note), 30_000);
   });
 });
 
