@@ -4170,7 +4170,7 @@ export async function sendWithRetry(
 //    test/watch.test.ts.
 // ================================================================================================
 
-const KUBE_LIMITS = {
+export const KUBE_LIMITS = {
   // A GET or PATCH answers in milliseconds; a loaded control plane takes seconds. Past 10 s the
   // connection is taken as hung and the request is tried again.
   requestTimeoutMs: 10_000,
@@ -4190,6 +4190,9 @@ const KUBE_LIMITS = {
   // queued before it, one per push or rollout in progress: 256 + 256 at 50/s is about 10 s).
   requestsPerSecond: 50,
   requestBurst: 100,
+  // Connections open at once for calls (watches have their own): each TLS connection holds some 100 KB, and a
+  // release's calls at a loaded API server opened about 150 for 600 pushes. At 50/s, 32 in flight is 0.6 s a call.
+  maxConnections: 32,
 };
 
 export interface KubeCredentials {
@@ -4291,6 +4294,8 @@ export class KubeClient {
   readonly namespace: string | undefined;
   private readonly credentials: KubeCredentials;
   private agent: https.Agent;
+  /** The connections of watches, which stay open: under the calls' bound, watches would leave no turn for calls. */
+  private watchAgent: https.Agent;
   /** The plugin's credential the current agent was made with (its client certificate), and the last one used. */
   private pluginCredential: PluginCredential | undefined;
   private readonly requestTimeoutMs: number;
@@ -4310,7 +4315,8 @@ export class KubeClient {
     this.retryBudgetMs = options.retryBudgetMs ?? KUBE_LIMITS.retryBudgetMs;
     this.rate = options.rate ?? new TokenBucket(KUBE_LIMITS.requestsPerSecond, KUBE_LIMITS.requestBurst);
     this.watchTimeoutSeconds = options.watchTimeoutSeconds ?? WATCH_LIMITS.timeoutSeconds;
-    this.agent = kubeAgent(credentials, credentials.cert, credentials.key);
+    this.agent = kubeAgent(credentials, credentials.cert, credentials.key, KUBE_LIMITS.maxConnections);
+    this.watchAgent = kubeAgent(credentials, credentials.cert, credentials.key);
   }
 
   /** `background`: a read that can wait (a rollout poll) yields to the others under load (takeAbove). */
@@ -4332,12 +4338,8 @@ export class KubeClient {
   }
 
   create<T>(r: ResourceRef, object: unknown): Promise<T> {
-    return this.call<T>(
-      'create',
-      'POST',
-      { ...r, name: undefined },
-      { body: JSON.stringify(object), contentType: 'application/json' },
-    );
+    const o = { body: JSON.stringify(object), contentType: 'application/json' };
+    return this.call<T>('create', 'POST', { ...r, name: undefined }, o);
   }
 
   /** Deletes the object only while it is still the one with this uid (a precondition; else 409). */
@@ -4364,6 +4366,7 @@ export class KubeClient {
     for (const w of this.watches.values()) w.close();
     this.watches.clear();
     this.agent.destroy();
+    this.watchAgent.destroy();
   }
 
   /**
@@ -4440,7 +4443,7 @@ export class KubeClient {
     const authorization = await this.authorization('watch', r);
     if (authorization !== undefined) headers.Authorization = authorization;
     return new Promise((resolve, reject) => {
-      const req = https.request(url, { method: 'GET', headers, agent: this.agent });
+      const req = https.request(url, { method: 'GET', headers, agent: this.watchAgent });
       onRequest(req);
       const timer = setTimeout(() => req.destroy(new Error('no answer')), this.requestTimeoutMs);
       req.on('error', (e: NodeJS.ErrnoException) => {
@@ -4582,7 +4585,9 @@ export class KubeClient {
     }
     if (c.cert && c.cert !== this.pluginCredential?.cert) {
       this.agent.destroy();
-      this.agent = kubeAgent(this.credentials, c.cert, c.key);
+      this.watchAgent.destroy();
+      this.agent = kubeAgent(this.credentials, c.cert, c.key, KUBE_LIMITS.maxConnections);
+      this.watchAgent = kubeAgent(this.credentials, c.cert, c.key);
     }
     this.pluginCredential = c;
     return c.token === undefined ? undefined : `Bearer ${c.token}`;
@@ -4658,16 +4663,12 @@ export class KubeClient {
   }
 }
 
-/** One keep-alive agent per client: the TLS handshake is paid once, not on every call. */
-function kubeAgent(credentials: KubeCredentials, cert: Buffer | undefined, key: Buffer | undefined): https.Agent {
-  const trust = {
-    onlyCa: credentials.ca,
-    cert,
-    key,
-    servername: credentials.tlsServerName,
-    verify: !credentials.insecureSkipTlsVerify,
-  };
-  const options = Object.assign(clientTlsOptions(new URL(credentials.server).hostname, trust), { keepAlive: true });
+/** A client's keep-alive agent (the TLS handshake paid once, not on every call), with at most `maxSockets` open. */
+function kubeAgent(credentials: KubeCredentials, cert?: Buffer, key?: Buffer, maxSockets = Infinity): https.Agent {
+  const { ca: onlyCa, tlsServerName: servername, insecureSkipTlsVerify } = credentials;
+  const trust = { onlyCa, cert, key, servername, verify: !insecureSkipTlsVerify };
+  const tls = clientTlsOptions(new URL(credentials.server).hostname, trust);
+  const options = Object.assign(tls, { keepAlive: true, maxSockets });
   return credentials.proxyUrl ? tunnelAgent(credentials.proxyUrl, options) : new https.Agent(options);
 }
 
@@ -8898,15 +8899,18 @@ export class CommandRunner {
     if (this.processes + this.inProcessRunning === 0) this.idleWaiters.splice(0).forEach((w) => w());
   }
 
-  /** The environment the hook's commands start from; a request that adds variables copies it first. */
+  /**
+   * The environment one request's command starts from: an object of its own for the variables the hook adds, whose
+   * prototype is the inherited environment, shared by every request (never written: a variable the hook sets is
+   * the request's own property). A follow keeps its command's environment until its mail goes, so a release's
+   * thousands of follows would otherwise each hold a copy of the service's whole environment. child_process takes
+   * inherited properties too, and every reader here reads variables by name.
+   */
   private inheritedFor(hook: Hook): Environment {
-    let env = this.inherited.get(hook.templateVariables);
-    if (!env)
-      this.inherited.set(
-        hook.templateVariables,
-        (env = Object.freeze(inheritedEnvironment(this.env, hook.templateVariables))),
-      );
-    return hook.env.length + hook.files.length > 0 ? { ...env } : env;
+    const key = hook.templateVariables;
+    let env = this.inherited.get(key);
+    if (!env) this.inherited.set(key, (env = inheritedEnvironment(this.env, key)));
+    return Object.create(env) as Environment;
   }
 
   /** Runs the hook's command for this request in the slot the caller took; released here. */
@@ -16503,7 +16507,7 @@ export class UpgradeService implements InProcessCommand {
     if (clusters.length === 0) return this.runOne(args, env, requestId, hook);
     const parts = await Promise.all(
       clusters.map(async (cluster) => {
-        const clusterEnv = { ...env, CLUSTER: cluster, CLUSTERS: undefined };
+        const clusterEnv: typeof env = Object.assign(Object.create(env), { CLUSTER: cluster, CLUSTERS: undefined });
         return { cluster, env: clusterEnv, ...(await this.runOne(args, clusterEnv, `${requestId}/${cluster}`, hook)) };
       }),
     );

@@ -9,13 +9,12 @@
  */
 import assert from 'node:assert/strict';
 import * as fs from 'node:fs';
-import * as net from 'node:net';
 import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { makeTempDir, startWebhook, waitForOutput, type Webhook } from './harness.ts';
 import { readMail, serviceMailEnv, startMta, type Mta } from './mta.ts';
 import {
-  acrImage, acrPayload, clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor, namespacedGetter,
+  acrImage, acrPayload, ApiServerProxy, clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor, namespacedGetter,
   removeNamespace,
 } from './cluster/kube.ts';
 import { upgradeHook } from './upgrade-hooks.ts';
@@ -23,46 +22,13 @@ import { upgradeHook } from './upgrade-hooks.ts';
 const TOKEN = 'outage-token-a93c5e';
 const cluster = await clusterOrSkip();
 
-/** A TCP proxy to the API server that the test can cut and restore. */
-class CuttableProxy {
-  port = 0;
-  private server: net.Server | undefined;
-  private readonly open = new Set<net.Socket>();
-  private readonly target: { host: string; port: number };
-
-  constructor(target: { host: string; port: number }) {
-    this.target = target;
-  }
-  async restore(): Promise<void> {
-    const server = net.createServer((client) => {
-      const upstream = net.connect(this.target.port, this.target.host);
-      for (const s of [client, upstream]) {
-        this.open.add(s);
-        s.on('close', () => this.open.delete(s));
-        s.on('error', () => { client.destroy(); upstream.destroy(); });
-      }
-      client.pipe(upstream).pipe(client);
-    });
-    await new Promise<void>((resolve, reject) => server.once('error', reject).listen(this.port, '127.0.0.1', resolve));
-    this.port = (server.address() as net.AddressInfo).port;
-    this.server = server;
-  }
-  async cut(): Promise<void> {
-    const server = this.server;
-    this.server = undefined;
-    const closed = server ? new Promise((resolve) => server.close(resolve)) : Promise.resolve();
-    for (const s of this.open) s.destroy();
-    await closed;
-  }
-}
-
 describe('pushes while the API server is away', { skip: cluster ? false : 'no cluster' }, () => {
   const ns = freshNamespaceName('outage');
   const kubectl = kubectlFor(cluster!);
   const getJson = namespacedGetter(kubectl, ns);
   const admin = JSON.parse(fs.readFileSync(cluster?.kubeconfigPath ?? '/dev/null', 'utf8') || '{}');
   const server = new URL(admin.clusters?.[0]?.cluster?.server ?? 'https://127.0.0.1:1');
-  const proxy = new CuttableProxy({ host: server.hostname, port: Number(server.port) });
+  const proxy = new ApiServerProxy(server);
   let mta: Mta;
   const started: Webhook[] = [];
   const start = async (applyDeadline: string) => {

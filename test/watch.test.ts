@@ -10,19 +10,21 @@
  * lean and indexed by workload; a follow whose shared watch is heard from reads nothing, and reads
  * its workload again once the watch has gone quiet; the first push to a workload served by a hook
  * that fixes it is patched on the copy the start-up list made, without a read (a Role without
- * `get` on Deployments proves it). KubeClient's openWatch, list and get are counted by a subclass
- * that calls them as they are: every request still goes to the real API server.
+ * `get` on Deployments proves it); a client's calls, however many at once, share a bounded set of
+ * connections (counted by a TCP proxy in front of the API server), and its watch has one of its own.
+ * KubeClient's openWatch, list and get are counted by a subclass that calls them as they are: every
+ * request still goes to the real API server.
  */
 import assert from 'node:assert/strict';
 import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { makeTempDir, startWebhook, waitFor, waitForOutput, type Webhook } from './harness.ts';
 import {
-  accountKubeconfig, acrImage, apiRequestCounter, acrPayload, clusterOrSkip, deployment, freshNamespaceName, kubectlFor,
+  accountKubeconfig, acrImage, apiRequestCounter, acrPayload, ApiServerProxy, clusterOrSkip, deployment, freshNamespaceName, kubectlFor,
   removeNamespace, roleBoundAccount, type Kubectl,
 } from './cluster/kube.ts';
 import { upgradeHook } from './upgrade-hooks.ts';
-import { followRollout, KubeClient, loadKubeconfig, type ResourceRef } from '../webhook.ts';
+import { followRollout, KUBE_LIMITS, KubeClient, loadKubeconfig, type ResourceRef } from '../webhook.ts';
 
 const TOKEN = 'watch-token-5c0e7a';
 const cluster = await clusterOrSkip();
@@ -56,7 +58,7 @@ describe('rollouts followed by watching', { skip: cluster ? false : 'no cluster'
   const ns = freshNamespaceName('watch');
   const kubectl = kubectlFor(cluster!);
   const target = (name: string) => ({ kind: 'deployment' as const, name, namespace: ns });
-  const WORKLOADS = ['paused', 'gone', 'a', 'b', 'lean', 'still', 'busy'];
+  const WORKLOADS = ['paused', 'gone', 'a', 'b', 'lean', 'still', 'busy', 'bounded'];
 
   before(async () => {
     await kubectl(['create', 'namespace', ns]);
@@ -180,6 +182,31 @@ describe('rollouts followed by watching', { skip: cluster ? false : 'no cluster'
       stop.abort();
       assert.equal((await following).state, 'timed out');
     }));
+
+  test("a client's calls share a bounded set of connections; a watch that stays open has one of its own", async () => {
+    const proxy = new ApiServerProxy(new URL(loadKubeconfig(cluster!.kubeconfigPath).server));
+    await proxy.restore();
+    const client = new KubeClient({ ...loadKubeconfig(cluster!.kubeconfigPath), server: `https://127.0.0.1:${proxy.port}` });
+    const stop = new AbortController();
+    try {
+      await kubectl(['-n', ns, 'rollout', 'pause', 'deployment/bounded']);
+      const initial = await patchImage(kubectl, ns, 'bounded', 'v2');
+      const following = followRollout(client, target('bounded'), { timeoutMs: 120_000, container: 'app', initial, signal: stop.signal });
+      await waitFor(() => proxy.peak >= 1, { timeoutMs: 10_000, what: 'the watch connected' });
+      // Three times the bound of calls at once, each its own GET of the workload, while the watch stays open.
+      const calls = KUBE_LIMITS.maxConnections * 3;
+      const ref = { group: 'apps', version: 'v1', resource: 'deployments', namespace: ns, name: 'bounded' };
+      const read = await Promise.all(Array.from({ length: calls }, () => client.get<any>(ref)));
+      assert.equal(read.filter((d) => d.metadata.name === 'bounded').length, calls, 'every call answered');
+      assert.ok(proxy.peak <= KUBE_LIMITS.maxConnections + 1, `${proxy.peak} connections at once`);
+      stop.abort();
+      assert.equal((await following).state, 'timed out');
+    } finally {
+      stop.abort();
+      client.close();
+      await proxy.cut();
+    }
+  });
 });
 
 /** The namespace, with Deployments web and api (container app at v1) of this many replicas. */

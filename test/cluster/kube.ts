@@ -6,6 +6,7 @@ import { execFile } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import * as fs from 'node:fs';
 import * as https from 'node:https';
+import * as net from 'node:net';
 import * as path from 'node:path';
 import { peerOrSkip } from '../harness.ts';
 import { ensureCluster } from './cluster.ts';
@@ -296,4 +297,42 @@ export async function accountKubeconfig(
     clusters: [admin.clusters[0]], users: [{ name, user: { token } }],
   }));
   return file;
+}
+
+/**
+ * A TCP proxy to the API server (its URL given), so that a test can cut it (its listener closed, so connections
+ * are refused, and the open ones dropped) and restore it on the same port, and count the connections made through
+ * it: `peak` is the most that were open at once.
+ */
+export class ApiServerProxy {
+  port = 0;
+  peak = 0;
+  private server: net.Server | undefined;
+  private readonly open = new Set<net.Socket>();
+  private readonly target: URL;
+
+  constructor(target: URL) {
+    this.target = target;
+  }
+  async restore(): Promise<void> {
+    const server = net.createServer((client) => {
+      const upstream = net.connect(Number(this.target.port), this.target.hostname);
+      this.open.add(client);
+      this.peak = Math.max(this.peak, this.open.size);
+      client.on('close', () => { this.open.delete(client); upstream.destroy(); });
+      upstream.on('close', () => client.destroy());
+      for (const s of [client, upstream]) s.on('error', () => s.destroy());
+      client.pipe(upstream).pipe(client);
+    });
+    await new Promise<void>((resolve, reject) => server.once('error', reject).listen(this.port, '127.0.0.1', resolve));
+    this.port = (server.address() as net.AddressInfo).port;
+    this.server = server;
+  }
+  async cut(): Promise<void> {
+    const server = this.server;
+    this.server = undefined;
+    const closed = server ? new Promise((resolve) => server.close(resolve)) : Promise.resolve();
+    for (const s of this.open) s.destroy();
+    await closed;
+  }
 }
