@@ -11965,11 +11965,11 @@ export function readApprovalToken(
 //    one WorkloadQueue per workload keeps its pushes in order. UpgradeReport is what one push did so far; UpgradeDeps
 //    is what an upgrade is given (client, clock, queue, the workloads it last saw).
 //    Exports: annotationOps, asArray, Decision, DECISIONS, DNS_LABEL, FollowOptions, ForcedRollback, K8sObject,
-//    KEPT_SUPERSEDED, KindSpec, kindSpec, KnownWorkloads, labelSelector, LAST_PUSH_ANNOTATION, locateContainer,
-//    LocatedContainer, missingContainerMessage, newReport, numberAt, orList, ownedBy, parseWorkload, PayloadError,
-//    PlannedChange, planPatch, PodSummary, readWorkload, recordEventQuietly, recordWorkloadEvent, RollbackOutcome,
-//    RolloutOutcome, rolloutStatus, roundedToSeconds, STUCK_REASONS, summarizePod, UPGRADE_LIMITS, UpgradeDeps,
-//    UpgradeError, UpgradeReport, valueAt, whyNone, withoutManagedFields, WORKLOAD_KINDS, WorkloadEvent, WorkloadKind,
+//    KEPT_SUPERSEDED, KindSpec, kindSpec, KnownWorkloads, labelSelector, LAST_PUSH_ANNOTATION, leanWorkload,
+//    locateContainer, LocatedContainer, missingContainerMessage, newReport, numberAt, orList, ownedBy, parseWorkload,
+//    PayloadError, PlannedChange, planPatch, PodSummary, readWorkload, recordEventQuietly, recordWorkloadEvent,
+//    RollbackOutcome, RolloutOutcome, rolloutStatus, roundedToSeconds, STUCK_REASONS, summarizePod, UPGRADE_LIMITS,
+//    UpgradeDeps, UpgradeError, UpgradeReport, valueAt, whyNone, WORKLOAD_KINDS, WorkloadEvent, WorkloadKind,
 //    workloadPods, WorkloadQueue, workloadResource, WorkloadTarget.
 //    Tests: test/decision.test.ts, test/e2e.test.ts, test/policy.test.ts, test/records.test.ts, test/rolling.test.ts,
 //    test/upgrade.test.ts.
@@ -12782,23 +12782,34 @@ export class KnownWorkloads {
     return this.objects.get(key);
   }
 
-  /** Kept without its managedFields (withoutManagedFields): a hold decided on the copy reads the workload again. */
+  /** Kept lean (leanWorkload): a hold decided on the copy reads the workload again. */
   set(key: string, obj: K8sObject | undefined): void {
     this.objects.delete(key);
     if (obj === undefined) return;
-    this.objects.set(key, withoutManagedFields(obj));
+    this.objects.set(key, leanWorkload(obj));
     if (this.objects.size > UPGRADE_LIMITS.maxKnownWorkloads) this.objects.delete(this.objects.keys().next().value!);
   }
 }
 
+/** kubectl apply's copy of the whole manifest, on every object it applied: nothing here reads it. */
+const LAST_APPLIED_ANNOTATION = 'kubectl.kubernetes.io/last-applied-configuration';
+
 /**
- * A copy of an object without metadata.managedFields, which is often half its size and read only by the hold step
- * (holdDecision, on a fresh read: a copy without them sends a hold back to one). Pure.
+ * A workload as the service keeps it (its copies, the watched ones): without metadata.managedFields, which is
+ * often half its size and read only by the hold step (holdDecision, on a fresh read: a copy without them sends a
+ * hold back to one), and without kubectl apply's last-applied-configuration annotation, the manifest once more.
+ * A patch sets annotations one by one, never the map whole, so nothing written comes from the copy's. Pure.
  */
-export function withoutManagedFields(obj: K8sObject): K8sObject {
+export function leanWorkload(obj: K8sObject): K8sObject {
   const metadata = obj.metadata;
-  if (!isObject(metadata) || !('managedFields' in metadata)) return obj;
-  const { managedFields: _, ...rest } = metadata;
+  if (!isObject(metadata)) return obj;
+  const { managedFields, ...rest } = metadata;
+  const annotations = isObject(rest.annotations) ? rest.annotations : {};
+  if (managedFields === undefined && !(LAST_APPLIED_ANNOTATION in annotations)) return obj;
+  if (LAST_APPLIED_ANNOTATION in annotations) {
+    const { [LAST_APPLIED_ANNOTATION]: _, ...kept } = annotations;
+    rest.annotations = kept;
+  }
   return { ...obj, metadata: rest };
 }
 
@@ -15185,7 +15196,7 @@ class WorkloadFeed {
   }
 
   private subscribe(ref: ResourceRef, rv: string): void {
-    const scope = (this.scope = { ref, keep: withoutManagedFields });
+    const scope = (this.scope = { ref, keep: leanWorkload });
     const seen = this.client.watched(scope)?.get(this.target.name);
     if (seen) this.take(seen);
     this.unsubscribe = this.client.watch(scope, rv, {
@@ -16151,7 +16162,7 @@ export async function listWorkloads<T extends { namespace: string; kind: Workloa
         page = await client.list<Page>(workloadResource({ namespace, kind }), query);
         for (const item of page.items ?? []) {
           const target = byName.get(String(valueAt(item, ['metadata', 'name'])));
-          if (target) each(target, withoutManagedFields(item));
+          if (target) each(target, leanWorkload(item));
         }
       } while (page.metadata?.continue);
     } catch {

@@ -15,7 +15,7 @@ import { fileURLToPath } from 'node:url';
 import {
   checkImagePin, compileHooksFile, IMAGE_PIN_SETTINGS, readImagePin, registryOf,
   composeImageRef, credentialsFromEnvironment, parsePushHeaders, REPO_TYPES, formatReport, inClusterCredentials, KubeClient, KubeConfigError, KubeError,
-  labelSelector, loadKubeconfig, normalizeImageRef, parsePushPayload, parseWorkload, planPatch, locateContainer, retryDelay,
+  labelSelector, leanWorkload, loadKubeconfig, normalizeImageRef, parsePushPayload, parseWorkload, planPatch, locateContainer, retryDelay,
   rolloutStatus, runUpgrade, summarizePod, validateImageRef, WorkloadQueue, decidePush, type UpgradeReport,
 } from '../webhook.ts';
 import {
@@ -448,6 +448,24 @@ describe('rollout status by kubectl rules', () => {
       status: { phase: 'Pending', conditions: [{ type: 'PodScheduled', status: 'False', reason: 'Unschedulable' }] } };
     assert.deepEqual(summarizePod(pending, 'app'), { name: 'web-2', phase: 'Pending', ready: false, image: 'a:2', restarts: 0, reason: 'Unschedulable' });
     assert.equal(summarizePod({ ...pod, metadata: { name: 'web-1', deletionTimestamp: '2030-01-01T00:00:00Z' } }, 'app').phase, 'Terminating');
+  });
+  test("a workload is kept without managedFields and kubectl apply's last-applied-configuration; the rest as it is", () => {
+    const applied = JSON.stringify({ kind: 'Deployment', metadata: { name: 'web' }, spec: { replicas: 3 } });
+    const read = {
+      metadata: {
+        name: 'web', generation: 4,
+        annotations: { 'kubectl.kubernetes.io/last-applied-configuration': applied, 'webhook/last-push': '{"tag":"v2"}' },
+        managedFields: [{ manager: 'kubectl', operation: 'Update' }],
+      },
+      spec: { replicas: 3 },
+    };
+    const before = JSON.stringify(read);
+    const lean = leanWorkload(read);
+    assert.deepEqual(lean, { metadata: { name: 'web', generation: 4, annotations: { 'webhook/last-push': '{"tag":"v2"}' } }, spec: { replicas: 3 } });
+    assert.equal(JSON.stringify(read), before, 'the object read is left as it was');
+    assert.equal(lean.spec, read.spec, 'what is kept is shared, not copied');
+    const already = { metadata: { name: 'api', annotations: { a: 'b' } } };
+    assert.equal(leanWorkload(already), already);
   });
 });
 
