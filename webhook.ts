@@ -4293,10 +4293,8 @@ export class KubeClient {
   readonly source: string;
   readonly namespace: string | undefined;
   private readonly credentials: KubeCredentials;
-  private agent: https.Agent;
-  /** The connections of watches, which stay open: under the calls' bound, watches would leave no turn for calls. */
-  private watchAgent: https.Agent;
-  /** The plugin's credential the current agent was made with (its client certificate), and the last one used. */
+  private agents: ReturnType<typeof kubeAgents>;
+  /** The plugin's credential the current agents were made with (its client certificate), and the last one used. */
   private pluginCredential: PluginCredential | undefined;
   private readonly requestTimeoutMs: number;
   private readonly retryBudgetMs: number;
@@ -4315,8 +4313,7 @@ export class KubeClient {
     this.retryBudgetMs = options.retryBudgetMs ?? KUBE_LIMITS.retryBudgetMs;
     this.rate = options.rate ?? new TokenBucket(KUBE_LIMITS.requestsPerSecond, KUBE_LIMITS.requestBurst);
     this.watchTimeoutSeconds = options.watchTimeoutSeconds ?? WATCH_LIMITS.timeoutSeconds;
-    this.agent = kubeAgent(credentials, credentials.cert, credentials.key, KUBE_LIMITS.maxConnections);
-    this.watchAgent = kubeAgent(credentials, credentials.cert, credentials.key);
+    this.agents = kubeAgents(credentials, credentials.cert, credentials.key);
   }
 
   /** `background`: a read that can wait (a rollout poll) yields to the others under load (takeAbove). */
@@ -4365,8 +4362,7 @@ export class KubeClient {
   close(): void {
     for (const w of this.watches.values()) w.close();
     this.watches.clear();
-    this.agent.destroy();
-    this.watchAgent.destroy();
+    for (const agent of Object.values(this.agents)) agent.destroy();
   }
 
   /**
@@ -4443,7 +4439,7 @@ export class KubeClient {
     const authorization = await this.authorization('watch', r);
     if (authorization !== undefined) headers.Authorization = authorization;
     return new Promise((resolve, reject) => {
-      const req = https.request(url, { method: 'GET', headers, agent: this.watchAgent });
+      const req = https.request(url, { method: 'GET', headers, agent: this.agents.watches });
       onRequest(req);
       const timer = setTimeout(() => req.destroy(new Error('no answer')), this.requestTimeoutMs);
       req.on('error', (e: NodeJS.ErrnoException) => {
@@ -4521,7 +4517,7 @@ export class KubeClient {
         body: o.body,
         deadlineMs: this.requestTimeoutMs,
         maxResponseBytes: KUBE_LIMITS.maxResponseBytes,
-        agent: this.agent,
+        agent: this.agents.calls,
       });
     } catch (e) {
       const code = (e as NodeJS.ErrnoException).code ?? '';
@@ -4584,10 +4580,8 @@ export class KubeClient {
       throw new KubeError(`cannot ${verb} ${describeResource(r)}: ${(e as Error).message}`, 401, 'CredentialPlugin');
     }
     if (c.cert && c.cert !== this.pluginCredential?.cert) {
-      this.agent.destroy();
-      this.watchAgent.destroy();
-      this.agent = kubeAgent(this.credentials, c.cert, c.key, KUBE_LIMITS.maxConnections);
-      this.watchAgent = kubeAgent(this.credentials, c.cert, c.key);
+      for (const agent of Object.values(this.agents)) agent.destroy();
+      this.agents = kubeAgents(this.credentials, c.cert, c.key);
     }
     this.pluginCredential = c;
     return c.token === undefined ? undefined : `Bearer ${c.token}`;
@@ -4663,13 +4657,19 @@ export class KubeClient {
   }
 }
 
-/** A client's keep-alive agent (the TLS handshake paid once, not on every call), with at most `maxSockets` open. */
-function kubeAgent(credentials: KubeCredentials, cert?: Buffer, key?: Buffer, maxSockets = Infinity): https.Agent {
+/**
+ * A client's keep-alive agents (a TLS handshake per connection, not per call): calls share at most maxConnections;
+ * watches, which stay open and would take every turn under that bound, have their own.
+ */
+function kubeAgents(credentials: KubeCredentials, cert?: Buffer, key?: Buffer) {
   const { ca: onlyCa, tlsServerName: servername, insecureSkipTlsVerify } = credentials;
   const trust = { onlyCa, cert, key, servername, verify: !insecureSkipTlsVerify };
-  const tls = clientTlsOptions(new URL(credentials.server).hostname, trust);
-  const options = Object.assign(tls, { keepAlive: true, maxSockets });
-  return credentials.proxyUrl ? tunnelAgent(credentials.proxyUrl, options) : new https.Agent(options);
+  const tls = () => clientTlsOptions(new URL(credentials.server).hostname, trust);
+  const agent = (maxSockets: number): https.Agent => {
+    const options = Object.assign(tls(), { keepAlive: true, maxSockets });
+    return credentials.proxyUrl ? tunnelAgent(credentials.proxyUrl, options) : new https.Agent(options);
+  };
+  return { calls: agent(KUBE_LIMITS.maxConnections), watches: agent(Infinity) };
 }
 
 const TUNNEL_LIMITS = {
@@ -12805,8 +12805,9 @@ export function leanWorkload(obj: K8sObject): K8sObject {
   if (!isObject(metadata)) return obj;
   const { managedFields, ...rest } = metadata;
   const annotations = isObject(rest.annotations) ? rest.annotations : {};
-  if (managedFields === undefined && !(LAST_APPLIED_ANNOTATION in annotations)) return obj;
-  if (LAST_APPLIED_ANNOTATION in annotations) {
+  const applied = LAST_APPLIED_ANNOTATION in annotations;
+  if (managedFields === undefined && !applied) return obj;
+  if (applied) {
     const { [LAST_APPLIED_ANNOTATION]: _, ...kept } = annotations;
     rest.annotations = kept;
   }
@@ -16137,7 +16138,7 @@ const WORKLOAD_LIST_PAGE = 500;
 /**
  * The workloads of `targets`, read with one LIST per namespace and kind that holds two or more of them (in pages of
  * WORKLOAD_LIST_PAGE, each page let go before the next) instead of a GET each: `each` is given every target found and
- * its workload, without its managedFields. A target alone in its namespace and kind, one a LIST did not find, and the
+ * its workload, kept lean (leanWorkload). A target alone in its namespace and kind, one a LIST did not find, and the
  * targets of a refused LIST (RBAC that names the workloads) are not given: the caller reads them one by one.
  */
 export async function listWorkloads<T extends { namespace: string; kind: WorkloadKind; name: string }>(

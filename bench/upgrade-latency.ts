@@ -21,7 +21,7 @@ import {
   clusterOrSkip, acrImage, acrPayload, deployment, freshNamespaceName, kubectlFor,
 } from '../test/cluster/kube.ts';
 import { makeTempDir, startWebhook } from '../test/harness.ts';
-import { FOLLOW_ANNOTATION, KubeClient, loadKubeconfig } from '../webhook.ts';
+import { FOLLOW_ANNOTATION, KubeClient, loadKubeconfig, rolloutStatus } from '../webhook.ts';
 
 const RUNS = Number(process.env.BENCH_RUNS ?? 20);
 const BACK_TO_BACK = process.env.BENCH_BACK_TO_BACK === '1';
@@ -82,8 +82,7 @@ async function rawPatch(tag: string): Promise<number> {
 async function quiet(name: string): Promise<void> {
   for (let tries = 0; ; tries++) {
     const d = await client.get<any>({ ...ref, name });
-    const complete = d.status?.observedGeneration >= d.metadata.generation &&
-      d.status?.updatedReplicas === d.spec.replicas && d.status?.availableReplicas === d.spec.replicas;
+    const complete = rolloutStatus('deployment', d).state === 'done';
     const follows = JSON.parse(d.metadata.annotations?.[FOLLOW_ANNOTATION] ?? '{}');
     if (complete && Object.keys(follows).length === 0) return;
     if (tries > 600) throw new Error(`deployment/${name} did not settle`);
