@@ -4390,10 +4390,9 @@ export class KubeClient {
     const w = shared;
     if (!w.coversFrom(resourceVersion)) queueMicrotask(() => subscriber.behind?.());
     if (w.listed) queueMicrotask(() => subscriber.synced?.());
-    w.subscribers.add(subscriber);
+    w.add(subscriber);
     return () => {
-      w.subscribers.delete(subscriber);
-      if (w.subscribers.size > 0) return;
+      if (w.remove(subscriber)) return;
       w.close();
       if (this.watches.get(key) === w) this.watches.delete(key);
     };
@@ -4600,60 +4599,29 @@ export class KubeClient {
     }
   }
 
-  /** The message for an HTTP error answer: verb, resource, and what to do about it. */
+  /** The error for an HTTP error answer: verb, resource, and what to do about it. */
   private answerError(verb: KubeVerb, r: ResourceRef, answer: OutboundAnswer): KubeError {
     const { serverMessage, reason, causes } = statusDetails(answer);
     const what = describeResource(r);
-    switch (answer.status) {
-      case 401:
-        return new KubeError(
-          `unauthorized: the API server rejected the credentials from ${this.source} (to ${verb} ${what}): the ` +
-            `token has expired or been revoked, or the client certificate is not trusted`,
-          401,
-          reason,
-        );
-      case 403: {
-        return new KubeError(
-          `forbidden: ${forbiddenSubject(serverMessage)} cannot "${verb}" ${what} — grant it with the RBAC that ` +
-            '`webhook -print-rbac` prints for the hooks',
-          403,
-          reason,
-        );
-      }
-      case 404:
-        return new KubeError(
-          r.name === undefined
-            ? `the API server has no ${r.group ? `${r.resource}.${r.group}` : r.resource} ` +
-              `(${r.group || 'core'}/${r.version}) API`
-            : `${what} not found`,
-          404,
-          reason,
-        );
-      case 409:
-        return new KubeError(`conflict: cannot ${verb} ${what}: ${serverMessage}`, 409, reason);
-      case 422:
-        return new KubeError(
-          `invalid: cannot ${verb} ${what}: ${causes.length ? causes.join('; ') : serverMessage}`,
-          422,
-          reason,
-          causes,
-        );
-      case 429:
-        return new KubeError(
-          `throttled: the API server answered 429 Too Many Requests to ${verb} ` +
-            `${what}${serverMessage ? ` (${serverMessage})` : ''}`,
-          429,
-          reason,
-        );
-      default:
-        return new KubeError(
-          `cannot ${verb} ${what}: HTTP ` +
-            `${answer.status}${reason ? ` ${reason}` : ''}${serverMessage ? `: ${serverMessage}` : ''}`,
-          answer.status,
-          reason,
-          causes,
-        );
-    }
+    const api = `${r.group ? `${r.resource}.${r.group}` : r.resource} (${r.group || 'core'}/${r.version})`;
+    const said = (before: string, after = '') => (serverMessage ? `${before}${serverMessage}${after}` : '');
+    const messages: Record<number, string> = {
+      401:
+        `unauthorized: the API server rejected the credentials from ${this.source} (to ${verb} ${what}): the ` +
+        'token has expired or been revoked, or the client certificate is not trusted',
+      403:
+        `forbidden: ${forbiddenSubject(serverMessage)} cannot "${verb}" ${what} — grant it with the RBAC that ` +
+        '`webhook -print-rbac` prints for the hooks',
+      404: r.name === undefined ? `the API server has no ${api} API` : `${what} not found`,
+      409: `conflict: cannot ${verb} ${what}: ${serverMessage}`,
+      422: `invalid: cannot ${verb} ${what}: ${causes.length ? causes.join('; ') : serverMessage}`,
+      429: `throttled: the API server answered 429 Too Many Requests to ${verb} ${what}${said(' (', ')')}`,
+    };
+    const known = messages[answer.status];
+    const other = `cannot ${verb} ${what}: HTTP ${answer.status}${reason ? ` ${reason}` : ''}${said(': ')}`;
+    // Field causes come with a 422, or with a status this client has no words of its own for.
+    const withCauses = known === undefined || answer.status === 422;
+    return new KubeError(known ?? other, answer.status, reason, withCauses ? causes : []);
   }
 }
 
@@ -4807,6 +4775,8 @@ interface WatchEvent {
 
 /** What a subscriber of a watch is told. */
 interface WatchSubscriber {
+  /** Told only the changes of the object of this name (a follow of one workload in a watched collection). */
+  name?: string;
   /** Told each change; a subscriber that only reads `watched` has none. */
   event?(e: WatchEvent): void;
   /**
@@ -4852,7 +4822,9 @@ const metaOf = (o: unknown, field: string): string | undefined => {
  * seen are kept by name (`objects`), so a subscriber that joins late reads the present state.
  */
 class SharedWatch {
-  readonly subscribers = new Set<WatchSubscriber>();
+  private readonly subscribers = new Set<WatchSubscriber>();
+  /** The subscribers by the name they follow (undefined: every object's changes). */
+  private readonly byName = new Map<string | undefined, Set<WatchSubscriber>>();
   readonly objects = new Map<string, Record<string, unknown>>();
   /** The objects by index key (scope.indexBy), then by name. */
   readonly indexed = new Map<string, Map<string, Record<string, unknown>>>();
@@ -4898,10 +4870,25 @@ class SharedWatch {
     this.stream?.destroy();
   }
 
+  add(s: WatchSubscriber): void {
+    this.subscribers.add(s);
+    this.byName.set(s.name, (this.byName.get(s.name) ?? new Set()).add(s));
+  }
+
+  /** Takes a subscriber off; whether any is left. */
+  remove(s: WatchSubscriber): boolean {
+    const named = this.byName.get(s.name);
+    if (named?.delete(s) && named.size === 0) this.byName.delete(s.name);
+    this.subscribers.delete(s);
+    return this.subscribers.size > 0;
+  }
+
+  /** A change, kept and told to the subscribers of every object's changes and to those of this one. */
   private deliver(e: WatchEvent): void {
     const name = metaOf(e.object, 'name');
     if (name !== undefined) this.store(name, e.type === 'DELETED' ? undefined : e.object);
-    for (const s of [...this.subscribers]) s.event?.(e);
+    const named = name === undefined ? [] : (this.byName.get(name) ?? []);
+    for (const s of [...(this.byName.get(undefined) ?? []), ...named]) s.event?.(e);
   }
 
   /** Keeps an object (undefined: takes it off), in `objects` and under its index keys. */
@@ -9754,6 +9741,10 @@ async function dispatch(cx: HandlerContext, ex: Exchange, hook: Hook, hookReq: H
   cx.listener.started?.(hook, hookReq);
   const running = cx.runner.run(hook, hookReq, slot);
   const told = running.then((r) => {
+    // What follows the command (a rollout followed for minutes, its record, its mail) needs neither the body nor
+    // the payload: a release's thousands of follows would each hold them.
+    hookReq.body = Buffer.alloc(0);
+    hookReq.payload = undefined;
     cx.listener.finished(hook, hookReq, r);
     return r;
   });
@@ -12521,7 +12512,7 @@ export interface FollowOptions {
   initial?: Record<string, unknown>;
   /** Told when the follow polls because its watch was refused. */
   warn?: (message: string) => void;
-  /** Told the workload as last seen when the follow ends (what the follow record is taken off with). */
+  /** Told the workload at each watched change, and as last seen at the end (the follow record is taken off with it). */
   seen?: (workload: Record<string, unknown>) => void;
   /** How long a new pod may be stuck before the rollout counts as failed. */
   stuckFailMs?: number;
@@ -15176,6 +15167,7 @@ class WorkloadFeed {
   private readonly client: KubeClient;
   private readonly target: WorkloadTarget;
   private readonly warn: ((message: string) => void) | undefined;
+  private readonly seen: FollowOptions['seen'];
   /** The watch subscribed to: the namespace's workloads of the kind, or this one alone. */
   private scope: WatchScope | undefined;
   watching: boolean;
@@ -15188,6 +15180,7 @@ class WorkloadFeed {
     this.client = client;
     this.target = target;
     this.warn = options.warn;
+    this.seen = options.seen;
     this.quietMs = options.stuckFailMs ?? UPGRADE_LIMITS.stuckPodFailMs;
     this.latest = initial;
     this.minGeneration = Number(valueAt(initial, ['metadata', 'generation']) ?? target.generation ?? 0);
@@ -15201,8 +15194,8 @@ class WorkloadFeed {
     const seen = this.client.watched(scope)?.get(this.target.name);
     if (seen) this.take(seen);
     this.unsubscribe = this.client.watch(scope, rv, {
+      name: this.target.name,
       event: (e) => {
-        if (valueAt(e.object, ['metadata', 'name']) !== this.target.name) return;
         if (e.type === 'DELETED') this.deleted = true;
         else this.take(e.object);
         this.fresh = true;
@@ -15224,6 +15217,7 @@ class WorkloadFeed {
   private take(o: K8sObject): void {
     if (Number(valueAt(o, ['metadata', 'generation']) ?? 0) < this.minGeneration) return;
     this.latest = o;
+    this.seen?.(o);
     this.stale = false;
     this.changedAt = Date.now();
   }
