@@ -8870,6 +8870,13 @@ export class CommandRunner {
    * Processes and in-process commands are bounded separately: the cap on processes bounds forks,
    * while an upgrade waiting behind its workload's earlier pushes costs only memory.
    */
+  /** Whether a command of this hook finds a slot now (none is taken): a busy answer can come before the body. */
+  hasRoom(hook: Hook): boolean {
+    const room = { inProcess: this.inProcessRunning < LIMITS.maxPendingUpgrades, process: this.processes < this.max };
+    if (room.inProcess === room.process) return room.process;
+    return resolveHookCommand(hook, this.env.PATH ?? '', this.inProcess).inProcess ? room.inProcess : room.process;
+  }
+
   tryAcquire(hook: Hook): Slot | undefined {
     const { resolved, inProcess } = resolveHookCommand(hook, this.env.PATH ?? '', this.inProcess);
     if (inProcess ? this.inProcessRunning >= LIMITS.maxPendingUpgrades : this.processes >= this.max) return undefined;
@@ -9574,6 +9581,8 @@ async function handleRequest(cx: HandlerContext, ex: Exchange): Promise<void> {
   const soft = hook.softSignatureFailures;
   const early = hook.rule ? evaluateRuleBeforeBody(hook.rule, hookReq, soft) : { ok: true };
   if (early && !satisfied(cx, ex, hook, early)) return notSatisfied();
+  // A command that would find every slot busy is answered so before its body is read, kept and parsed.
+  if (early && !cx.runner.hasRoom(hook)) return answerBusy(cx, ex, hook);
   const kept = await readRequestBody(ex, hook, hookReq, !early);
   // Signatures are checked on the raw bytes: a body is parsed only for a request they let through.
   const beforeParse = early ?? evaluateRuleBeforeParse(hook.rule!, hookReq, soft);
@@ -9731,11 +9740,7 @@ async function parseRequestBody(cx: HandlerContext, ex: Exchange, hook: Hook, ho
 /** Step 7, dispatch: a command slot, the command, and the answer adnanh gives for its outcome. */
 async function dispatch(cx: HandlerContext, ex: Exchange, hook: Hook, hookReq: HookRequest): Promise<void> {
   const slot = cx.runner.tryAcquire(hook);
-  if (!slot) {
-    cx.metrics.inc('webhook_commands_rejected_total', { hook: hook.id });
-    cx.log.error(`[${ex.id}] ${hook.id}: all command slots are busy; answering 503`);
-    return sendAnswer(cx, ex, 'busy');
-  }
+  if (!slot) return answerBusy(cx, ex, hook);
   cx.log.info(`[${ex.id}] ${hook.id} hook triggered successfully`);
   for (const [name, value] of hook.responseHeaders) ex.res.setHeader(name, value);
   cx.listener.started?.(hook, hookReq);
@@ -9759,6 +9764,12 @@ async function dispatch(cx: HandlerContext, ex: Exchange, hook: Hook, hookReq: H
   // A malformed push is the sender's to fix: 400 tells a registry not to send it again.
   const status = result.badInput ? { status: 400 } : {};
   return sendAnswer(cx, ex, 'commandFailed', hook.captureOutputOnError ? { ...status, body: result.output } : status);
+}
+
+function answerBusy(cx: HandlerContext, ex: Exchange, hook: Hook): void {
+  cx.metrics.inc('webhook_commands_rejected_total', { hook: hook.id });
+  cx.log.error(`[${ex.id}] ${hook.id}: all command slots are busy; answering 503`);
+  sendAnswer(cx, ex, 'busy');
 }
 
 /** The answer for an error a step threw, logged as adnanh logs it. */

@@ -53,6 +53,20 @@ function sendAndStall(port: number, partial: string): Promise<{ reply: string; m
   });
 }
 
+/** Writes `text` and resolves with the head of the first answer, without sending anything more. */
+function firstAnswer(port: number, text: string): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const sock = net.connect(port, '127.0.0.1', () => sock.write(text));
+    let reply = '';
+    sock.on('data', (d) => {
+      reply += d;
+      if (reply.includes('\r\n\r\n')) sock.destroy();
+    });
+    sock.on('error', reject);
+    sock.on('close', () => resolve(reply));
+  });
+}
+
 const stopAll: Webhook[] = [];
 after(async () => { await Promise.all(stopAll.map((w) => w.stop())); });
 async function started(opts: Parameters<typeof startWebhook>[0]): Promise<Webhook> {
@@ -366,16 +380,18 @@ describe('limits', () => {
     assert.match((await wh.metrics()).body, /webhook_command_timeouts_total\{hook="slow"\} 1/);
   });
 
-  test('when all command slots are busy, a triggered request gets 503 with Retry-After', async () => {
+  test('when all command slots are busy, a triggered request gets 503 with Retry-After, before its body is read', async () => {
     const dir = makeTempDir();
     const script = path.join(dir, 'wait.sh');
     fs.writeFileSync(script, `#!/bin/sh\nwhile [ ! -f ${dir}/go ]; do sleep 0.05; done\necho done\n`, { mode: 0o755 });
-    const wh = await started({ hooks: [{ id: 'w', 'execute-command': script, 'include-command-output-in-response': true }], args: ['-max-concurrent-commands', '2'], metrics: true });
+    const hook = { id: 'w', 'execute-command': script, 'include-command-output-in-response': true, 'pass-arguments-to-command': [{ source: 'entire-payload' }] };
+    const wh = await started({ hooks: [hook], args: ['-max-concurrent-commands', '2'], metrics: true });
     const first = [wh.request('/hooks/w', { method: 'POST' }), wh.request('/hooks/w', { method: 'POST' })];
     await waitFor(async () => ((await wh.metrics()).body.includes('webhook_commands_running 2') ? true : undefined), { what: 'two commands running' });
-    const third = await wh.request('/hooks/w', { method: 'POST' });
-    assert.equal(third.status, 503);
-    assert.equal(third.headers['retry-after'], '5');
+    // The hook uses the body, its rule (none) does not: the answer comes while the body is still unsent.
+    const third = await firstAnswer(wh.port, 'POST /hooks/w HTTP/1.1\r\nHost: x\r\nContent-Length: 20\r\n\r\n');
+    assert.match(third, /^HTTP\/1\.1 503 /);
+    assert.match(third, /\r\nretry-after: 5\r\n/i);
     fs.writeFileSync(path.join(dir, 'go'), '');
     for (const r of await Promise.all(first)) assert.deepEqual([r.status, r.body], [200, 'done\n']);
     assert.match((await wh.metrics()).body, /webhook_commands_rejected_total\{hook="w"\} 1/);
