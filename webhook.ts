@@ -15137,8 +15137,11 @@ class PodStates {
    * yet; a release's thousands of follows listing at once would queue ahead of its pushes and bury the API server).
    */
   async read(workload: K8sObject, container: string, listIfLate = true): Promise<PodSummary[]> {
-    const late = new Promise<'late'>((resolve) => setTimeout(resolve, UPGRADE_LIMITS.podWatchSyncMs, 'late').unref());
-    const state = this.synced && (await Promise.race([this.synced, late]));
+    // The wait's timer goes as soon as the race is decided: a follow looks every few seconds.
+    let timer: NodeJS.Timeout | undefined;
+    const late = () =>
+      new Promise<'late'>((resolve) => (timer = setTimeout(resolve, UPGRADE_LIMITS.podWatchSyncMs, 'late').unref()));
+    const state = this.synced && (await Promise.race([this.synced, late()]).finally(() => clearTimeout(timer)));
     if (state === 'late' && !listIfLate) return [];
     if (state === false || state === 'late') return podsOrNone(this.client, this.target, workload, container);
     const seen = this.client.watchedBy(this.scope, this.target.name);
