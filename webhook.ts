@@ -4763,8 +4763,9 @@ const WATCH_LIMITS = {
   // A watch refused (403) is not asked for again for this long: its follows poll meanwhile, each
   // without a refused request first; past it, a grant given since is used.
   refusedMemoryMs: 10 * 60_000,
-  // Objects per request of a (re-)list, as client-go's reflectors: a few MiB in memory at once, however many pods.
-  listPageSize: 500,
+  // Objects per request of a (re-)list: an answer costs some four times its size on its way, so a page of 100 pods
+  // or workloads is a couple of MiB at once, however many there are (pages of 500 were a 20 MB rise at 2,000).
+  listPageSize: 100,
 };
 
 /** A change of one object of a watched collection; a re-list sends every listed object as MODIFIED. */
@@ -16140,8 +16141,12 @@ function isUpgradeEntryPoint(file: string): boolean {
   }
 }
 
-/** Workloads a LIST asks for per request, as client-go's reflectors page: a release's 2,000 are 4 answers. */
-const WORKLOAD_LIST_PAGE = 500;
+/**
+ * Workloads a LIST asks for per request. An answer costs some four times its size on its way (the chunks read,
+ * their concatenation, the text, the parsed objects): 100 workloads of a few KiB are a couple of MiB at once, where
+ * pages of 500 made the approvals' rescan of a 2,000-workload release, every 30 s, a 20 MB rise of the peak.
+ */
+const WORKLOAD_LIST_PAGE = 100;
 
 /**
  * The workloads of `targets`, read with one LIST per namespace and kind that holds two or more of them (in pages of
@@ -16957,8 +16962,8 @@ export class RolloutFollower implements CommandListener {
 
 const APPROVAL_LIMITS = {
   // Another replica's waiting pushes (one that stopped leaves them) are found within this long; a window's
-  // opening on one of them is acted on that late at worst. One LIST per namespace and kind the hooks reach
-  // (a GET where they reach one workload there): a release's 2,000 workloads are 4 requests, not 2,000.
+  // opening on one of them is acted on that late at worst. One LIST (in pages) per namespace and kind the hooks reach
+  // (a GET where they reach one workload there): a release's 2,000 workloads are 20 requests, not 2,000.
   rescanMs: 30_000,
   // Known waiting pushes are checked this often for an opened window or an expiry: in memory, no API call.
   tickMs: 1_000,
