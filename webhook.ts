@@ -17059,6 +17059,13 @@ function deciderName(form: URLSearchParams | undefined): { name: string } | { pr
  * The waiting pushes and their decisions; also the http server's ApprovalPages, and a CommandListener in front
  * of the rollout follower that learns of the pushes this replica recorded as waiting.
  */
+/** A watch the approvals keep on one namespace and kind: the workloads it teaches, by name. */
+interface GroupWatch {
+  scope: WatchScope;
+  targets: Map<string, WaitingPush['target']>;
+  stop: () => void;
+}
+
 export class ApprovalService implements ApprovalPages, CommandListener {
   readonly prefix = APPROVAL_PATH;
   private readonly pushes = new Map<string, WaitingPush>();
@@ -17067,6 +17074,8 @@ export class ApprovalService implements ApprovalPages, CommandListener {
   /** Entry ids whose window or expiry failed to be acted on (the API server away): not before this time. */
   private readonly retryAt = new Map<string, number>();
   private readonly stopping = new AbortController();
+  /** The watch kept on each namespace and kind the hooks reach with several workloads, and its targets by name. */
+  private readonly watches = new Map<string, GroupWatch>();
   private readonly key: Buffer | undefined;
   private readonly upgrade: UpgradeService;
   private readonly hooks: () => ReadonlyMap<string, Hook>;
@@ -17137,7 +17146,11 @@ export class ApprovalService implements ApprovalPages, CommandListener {
     tick.unref();
     const rescan = setInterval(() => void this.rescan(), APPROVAL_LIMITS.rescanMs);
     rescan.unref();
-    this.stopping.signal.addEventListener('abort', () => (clearInterval(tick), clearInterval(rescan)));
+    this.stopping.signal.addEventListener('abort', () => {
+      clearInterval(tick);
+      clearInterval(rescan);
+      for (const w of this.watches.values()) w.stop();
+    });
     void this.rescan();
   }
 
@@ -17156,6 +17169,7 @@ export class ApprovalService implements ApprovalPages, CommandListener {
     }
     for (const w of this.pushes.values())
       targets.set(`${w.target.namespace}/${w.target.kind}/${w.target.name}`, w.target);
+    for (const key of this.watched(client, targets)) targets.delete(key);
     for (const target of await this.listed(client, targets)) {
       let workload: K8sObject;
       try {
@@ -17168,6 +17182,51 @@ export class ApprovalService implements ApprovalPages, CommandListener {
       }
       this.learn(target, workload);
     }
+  }
+
+  /**
+   * Keeps a watch on each namespace and kind with several targets (listed first; the one the follows there share):
+   * each change of a workload teaches its waiting pushes as it comes, so a rescan does not list them again, a
+   * release's thousands of workloads every rescanMs. Returns the keys of the targets so kept: those of a watch that
+   * has listed its workloads. Until then (the first rescan), and where the watch is refused or fails, the rescans
+   * list them (and the next one tries the watch again).
+   */
+  private watched(client: KubeClient, targets: Map<string, WaitingPush['target']>): string[] {
+    const groups = new Map<string, Map<string, WaitingPush['target']>>();
+    for (const t of targets.values()) {
+      const group = `${t.namespace}/${t.kind}`;
+      groups.set(group, (groups.get(group) ?? new Map<string, WaitingPush['target']>()).set(t.name, t));
+    }
+    for (const [group, w] of this.watches) {
+      if ((groups.get(group)?.size ?? 0) >= 2) continue;
+      w.stop();
+      this.watches.delete(group);
+    }
+    const kept: string[] = [];
+    for (const [group, byName] of groups) {
+      if (byName.size < 2 || this.stopping.signal.aborted) continue;
+      const w = this.watches.get(group) ?? this.watchGroup(client, group, byName);
+      w.targets = byName;
+      if (client.watchSynced(w.scope)) kept.push(...[...byName.keys()].map((name) => `${group}/${name}`));
+    }
+    return kept;
+  }
+
+  private watchGroup(client: KubeClient, group: string, targets: Map<string, WaitingPush['target']>): GroupWatch {
+    const { namespace, kind } = targets.values().next().value!;
+    const scope = { ref: workloadResource({ namespace, kind }), keep: leanWorkload };
+    const w: GroupWatch = { scope, targets, stop: () => undefined };
+    this.watches.set(group, w);
+    w.stop = client.watch(w.scope, undefined, {
+      event: (e) => {
+        const target = w.targets.get(String(valueAt(e.object, ['metadata', 'name'])));
+        if (target) this.learn(target, e.type === 'DELETED' ? {} : e.object);
+      },
+      failed: () => {
+        if (this.watches.get(group) === w) this.watches.delete(group);
+      },
+    });
+    return w;
   }
 
   /**
