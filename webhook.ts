@@ -4286,6 +4286,8 @@ interface KubeClientOptions {
   rate?: TokenBucket;
   /** How long the API server keeps one watch open before it is resumed; by default WATCH_LIMITS.timeoutSeconds. */
   watchTimeoutSeconds?: number;
+  /** Told each request sent (every try of a call, every WATCH): what the service counts in its metrics. */
+  onRequest?: (verb: KubeVerb) => void;
 }
 
 export class KubeClient {
@@ -4299,6 +4301,7 @@ export class KubeClient {
   private readonly requestTimeoutMs: number;
   private readonly retryBudgetMs: number;
   private readonly rate: TokenBucket;
+  private readonly onRequest: (verb: KubeVerb) => void;
   readonly watchTimeoutSeconds: number;
   /** This client's shared watches by scope (each cluster's client has its own), and those refused until when. */
   private readonly watches = new Map<string, SharedWatch>();
@@ -4313,6 +4316,7 @@ export class KubeClient {
     this.retryBudgetMs = options.retryBudgetMs ?? KUBE_LIMITS.retryBudgetMs;
     this.rate = options.rate ?? new TokenBucket(KUBE_LIMITS.requestsPerSecond, KUBE_LIMITS.requestBurst);
     this.watchTimeoutSeconds = options.watchTimeoutSeconds ?? WATCH_LIMITS.timeoutSeconds;
+    this.onRequest = options.onRequest ?? (() => undefined);
     this.agents = kubeAgents(credentials, credentials.cert, credentials.key);
   }
 
@@ -4437,6 +4441,7 @@ export class KubeClient {
     const headers: Record<string, string> = { Accept: 'application/json', 'User-Agent': `webhook/${VERSION}` };
     const authorization = await this.authorization('watch', r);
     if (authorization !== undefined) headers.Authorization = authorization;
+    this.onRequest('watch');
     return new Promise((resolve, reject) => {
       const req = https.request(url, { method: 'GET', headers, agent: this.agents.watches });
       onRequest(req);
@@ -4509,6 +4514,7 @@ export class KubeClient {
     if (authorization !== undefined) headers.Authorization = authorization;
     if (o.body !== undefined) headers['Content-Type'] = o.contentType ?? 'application/json';
     let answer: OutboundAnswer;
+    this.onRequest(verb);
     try {
       answer = await outboundRequest(url, {
         method,
@@ -7186,6 +7192,10 @@ const METRIC_HELP: Record<string, [string, string]> = {
   webhook_upgrades_total: [
     'counter',
     'Upgrade results once final, by hook, cluster (the kubeconfig context; "" for the default) and decision.',
+  ],
+  webhook_kubernetes_requests_total: [
+    'counter',
+    'Requests to the Kubernetes API server, every try and WATCH, by cluster ("" for the default) and verb.',
   ],
   webhook_notifications_total: [
     'counter',
@@ -16403,11 +16413,14 @@ class ClusterLane {
   private singleTry: KubeClient | undefined;
   readonly credentials: () => KubeCredentials;
   private readonly log: Logger;
+  /** Its clients' option that counts their requests in the metrics. */
+  private readonly counted: { onRequest: (verb: string) => void };
 
-  constructor(credentials: () => KubeCredentials, kept: KeptPushes, log: Logger) {
+  constructor(credentials: () => KubeCredentials, kept: KeptPushes, log: Logger, onRequest: (verb: string) => void) {
     this.credentials = credentials;
     this.kept = kept;
     this.log = log;
+    this.counted = { onRequest };
   }
 
   /** The shared client; undefined when there are no credentials (runUpgrade says why, per push). */
@@ -16416,7 +16429,7 @@ class ClusterLane {
       try {
         const credentials = this.credentials();
         for (const w of credentials.warnings ?? []) this.log.warn(w);
-        this.shared = new KubeClient(credentials);
+        this.shared = new KubeClient(credentials, this.counted);
       } catch {
         /* reported per upgrade */
       }
@@ -16426,7 +16439,8 @@ class ClusterLane {
 
   /** A client with the same credentials that tries each request once (no retry budget). */
   singleTryClient(): KubeClient | undefined {
-    if (!this.singleTry && this.client()) this.singleTry = new KubeClient(this.credentials(), { retryBudgetMs: 0 });
+    if (!this.singleTry && this.client())
+      this.singleTry = new KubeClient(this.credentials(), { retryBudgetMs: 0, ...this.counted });
     return this.singleTry;
   }
 }
@@ -16472,6 +16486,7 @@ export class UpgradeService implements InProcessCommand {
   private readonly followMs: number;
   private readonly log: Logger;
   private readonly applyDeadlineMs: number;
+  private readonly metrics: Metrics | undefined;
 
   /** applyDeadlineMs: how long a push the API server does not answer is kept (0: answered as failed). */
   constructor(
@@ -16480,12 +16495,14 @@ export class UpgradeService implements InProcessCommand {
     followMs: number,
     log: Logger,
     applyDeadlineMs = 0,
+    metrics?: Metrics,
   ) {
     this.kubeconfig = kubeconfig;
     this.env = env;
     this.followMs = followMs;
     this.log = log;
     this.applyDeadlineMs = applyDeadlineMs;
+    this.metrics = metrics;
   }
 
   /** The cluster's lane (CLUSTER; undefined: the service's default cluster), made on first use. */
@@ -16495,7 +16512,10 @@ export class UpgradeService implements InProcessCommand {
       const apply = (k: KeptPush) =>
         runUpgrade(k.args, k.env, { ...this.deps(k.requestId, k.hook, k.env), abandon: k.abandon.signal });
       const kept = new KeptPushes(apply, this.applyDeadlineMs, this.log, this.stopping.signal);
-      lane = new ClusterLane(() => credentialsFromEnvironment(this.env, this.kubeconfig, cluster), kept, this.log);
+      const credentials = () => credentialsFromEnvironment(this.env, this.kubeconfig, cluster);
+      const labels = (verb: string) => ({ cluster: cluster ?? '', verb });
+      const counted = (verb: string) => this.metrics?.inc('webhook_kubernetes_requests_total', labels(verb));
+      lane = new ClusterLane(credentials, kept, this.log, counted);
       this.lanes.set(cluster ?? '', lane);
     }
     return lane;
@@ -16954,8 +16974,8 @@ export class RolloutFollower implements CommandListener {
 //    second use, or a second replica, finds nothing to do). An approved push goes through the same path as a push
 //    (UpgradeService.runDecided); a rejected or expired one only loses its entry. The result goes to the command
 //    listener like a push's: recorded, followed, mailed and posted. A replica knows the waiting pushes its own
-//    answers recorded, and reads the workloads its hooks reach (one LIST per namespace and kind) at start and every
-//    rescanMs for the others'.
+//    answers recorded, and learns the others' from the workloads its hooks reach: a watch per namespace and kind
+//    (listed once, shared with the follows), or, where it has none, one LIST per namespace and kind every rescanMs.
 //    Exports: approvalHooksProblem, ApprovalService, WaitingPush.
 //    Tests: test/approvals.test.ts.
 // ================================================================================================
@@ -19388,7 +19408,8 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
   log.notice(`version ${VERSION} starting`);
   if (log.verbose) log.info(memorySizing()); // reads the cgroup's limit: only when it is shown
   const settings = hookLoadSettings(o, env);
-  const upgrade = new UpgradeService(o.kubeconfig || undefined, env, o.rolloutFollowMs, log, o.applyDeadlineMs);
+  const kubeconfig = o.kubeconfig || undefined;
+  const upgrade = new UpgradeService(kubeconfig, env, o.rolloutFollowMs, log, o.applyDeadlineMs, metrics);
   const snapshot = loadInitialHooks(o, settings, log, upgrade);
   if (!snapshot || !approvalLinksReady(o, snapshot, upgrade, log)) return 1;
   const mailer = new Mailer(mailConfig(env, log), log, metrics, { max: o.maxMailsPerHook, windowMs: o.mailWindowMs });

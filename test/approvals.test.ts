@@ -89,6 +89,16 @@ describe('flags, loading and -validate', () => {
 const cluster = await clusterOrSkip();
 const browser: Browser | undefined = cluster ? await browserOrSkip() : undefined;
 
+/** The annotation of an approval-required push another replica left for `hook`, expired an hour after it came. */
+function expiredEntry(id: string, hook: string, image: string): string {
+  const hourAgo = new Date(Date.now() - 3_600_000).toISOString();
+  const entry = {
+    id, hook, request: `${id}-request`, image, push: 'sha256:x|t', pushedAt: hourAgo, timeFrom: 'payload', receivedAt: hourAgo,
+    waitsFor: 'approval', until: new Date(Date.now() - 1000).toISOString(), decides: 'whoever opens its links',
+  };
+  return `webhook/pending=${JSON.stringify({ app: entry })}`;
+}
+
 /** The token of a link made for -public-url, to be opened on a replica's own port. */
 const linkPath = (link: string) => {
   assert.ok(link.startsWith(`${PUBLIC_URL}/approval/`), link);
@@ -297,12 +307,7 @@ describe('approvals and windows on the real cluster', () => {
   });
 
   test('a replica that starts finds what another left on the workloads its hooks reach: an expired push is told', { skip }, async () => {
-    const entry = {
-      id: 'left-1', hook: 'fixed', request: 'left-request', image: acrImage('v6'), push: 'sha256:x|t',
-      pushedAt: new Date(Date.now() - 3_600_000).toISOString(), timeFrom: 'payload', receivedAt: new Date(Date.now() - 3_600_000).toISOString(),
-      waitsFor: 'approval', until: new Date(Date.now() - 1000).toISOString(), decides: 'whoever opens its links',
-    };
-    await kubectl(['-n', ns, 'annotate', 'deployment/left', `webhook/pending=${JSON.stringify({ app: entry })}`]);
+    await kubectl(['-n', ns, 'annotate', 'deployment/left', expiredEntry('left-1', 'fixed', acrImage('v6'))]);
     const env = { KUBECONFIG: cluster!.kubeconfigPath, NOTIFY_CACERT: Buffer.from(rx.certPem).toString('base64') };
     const c = await started({ hooks: hooksFile, args: args(), env });
     const told = await posted((d) => d.decision === 'expired' && d.workload === 'deployment/left', 'the expired push');
@@ -434,5 +439,47 @@ describe('approvals and windows on the real cluster', () => {
     const elsewhere = await httpRequest(guardedAdmin, '/deliveries/decide', { method: 'POST', body: 'name=x', headers: {
       'Content-Type': 'application/x-www-form-urlencoded', Authorization: 'Bearer admin-token-81f2c9', Origin: 'https://evil.example' } });
     assert.equal(elsewhere.status, 403);
+  });
+});
+
+describe('the approvals keep a watch on the workloads their hooks reach', () => {
+  const skip = !cluster ? 'no cluster' : false;
+  const ns = freshNamespaceName('approvals-watch');
+  let kubectl: ReturnType<typeof kubectlFor>;
+  let rx: Receiver;
+  before(async () => {
+    if (skip) return;
+    kubectl = kubectlFor(cluster!);
+    await kubectl(['create', 'namespace', ns]);
+    await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items:
+      ['wx', 'wy'].map((n) => deployment(n, [{ name: 'app', image: acrImage('v1') }], { replicas: 1 })) }));
+    rx = await startReceiver();
+  });
+  after(async () => {
+    await stopStarted();
+    await rx?.close();
+    if (!skip) await removeNamespace(kubectl, ns);
+  });
+
+  test('what another replica leaves on them is learnt from the watch: no LIST after the first', { skip }, async () => {
+    const fixed = (id: string, workload: string) => ({ ...upgradeHook(id, TOKEN), 'pass-environment-to-command': fixedSettings({
+      APP_NS: ns, APP_WORKLOAD: `deployment/${workload}`, APP_CONTAINER: 'app', REQUIRE_APPROVAL: 'true', NOTIFY_URL: `${rx.base}/json` }) });
+    const env = { KUBECONFIG: cluster!.kubeconfigPath, NOTIFY_CACERT: Buffer.from(rx.certPem).toString('base64') };
+    const args = ['-public-url', PUBLIC_URL, '-approval-key-file', keyFile(), '-rollout-follow', '0s'];
+    const wh = await started({ hooks: [fixed('fx', 'wx'), fixed('fy', 'wy')], args, env, metrics: true });
+    const requests = async (verb: string) => {
+      const line = (await wh.metrics()).body.split('\n').find((l) => l.startsWith(`webhook_kubernetes_requests_total{cluster="",verb="${verb}"} `));
+      return Number(line?.slice(line.lastIndexOf(' ') + 1) ?? 0);
+    };
+    const told = (workload: string) => waitFor(() => rx.requests.map((r) => JSON.parse(r.body))
+      .find((d) => d.decision === 'expired' && d.workload === `deployment/${workload}`), { timeoutMs: 60_000, what: `${workload}'s expired push told` });
+    await kubectl(['-n', ns, 'annotate', 'deployment/wx', expiredEntry('wx-1', 'fx', acrImage('v2'))]);
+    await told('wx');
+    const listed = await requests('list');
+    assert.ok(listed >= 1 && (await requests('watch')) >= 1, 'listed once and watching');
+    // Learnt from the watch's event, not from a rescan's LIST (which came every 30 s).
+    await kubectl(['-n', ns, 'annotate', 'deployment/wy', expiredEntry('wy-1', 'fy', acrImage('v2'))]);
+    await told('wy');
+    assert.equal(await requests('list'), listed);
   });
 });
