@@ -4546,12 +4546,9 @@ export class KubeClient {
 
   /** A call that found no turn within its budget: more calls are queued than the rate clears in time. */
   private rateLimited(verb: KubeVerb, r: ResourceRef): KubeError {
-    return new KubeError(
-      `cannot ${verb} ${describeResource(r)}: this client's own rate limit (${this.rate.perSecond} requests/s, ` +
-        `burst ${this.rate.burst}) has no turn for it within ${formatGoDuration(this.retryBudgetMs)}`,
-      0,
-      'ClientRateLimited',
-    );
+    const limit = `this client's own rate limit (${this.rate.perSecond} requests/s, burst ${this.rate.burst})`;
+    const why = `${limit} has no turn for it within ${formatGoDuration(this.retryBudgetMs)}`;
+    return new KubeError(`cannot ${verb} ${describeResource(r)}: ${why}`, 0, 'ClientRateLimited');
   }
 
   /** The Authorization header value, or undefined for client-certificate credentials. */
@@ -4926,24 +4923,15 @@ class SharedWatch {
   /** A list of the scope in pages: its objects sent as MODIFIED, those gone as DELETED; the watch goes on from it. */
   private async relist(): Promise<boolean> {
     try {
-      type List = { items?: Record<string, unknown>[]; metadata?: { resourceVersion?: string; continue?: string } };
       const listed = new Set<string>();
-      let page: List = {};
+      let page: { next?: string; resourceVersion?: string } = {};
       do {
-        this.requests++;
-        const query = { ...watchQuery(this.scope), limit: String(WATCH_LIMITS.listPageSize) };
-        const next = page.metadata?.continue;
-        page = await this.client.list<List>(this.scope.ref, next ? { ...query, continue: next } : query);
+        page = await this.listPage(page.next, listed);
         if (this.closed) return false;
-        for (const item of page.items ?? []) {
-          const object = this.scope.keep ? this.scope.keep(item) : item;
-          listed.add(metaOf(object, 'name') ?? '');
-          this.deliver({ type: 'MODIFIED', object });
-        }
-      } while (page.metadata?.continue);
+      } while (page.next);
       for (const [name, object] of [...this.objects]) if (!listed.has(name)) this.deliver({ type: 'DELETED', object });
       this.heardAt = Date.now();
-      this.resourceVersion = page.metadata?.resourceVersion;
+      this.resourceVersion = page.resourceVersion;
       this.startedAt ??= this.resourceVersion;
       if (!this.listed) {
         this.listed = true;
@@ -4956,6 +4944,24 @@ class SharedWatch {
       else this.retry({ status: k.status || undefined, code: k.reason });
       return false;
     }
+  }
+
+  /**
+   * One page of a re-list, its objects kept (scope.keep) and sent as MODIFIED; what it says of the next. The page is
+   * let go before the next is asked for: a page held across that wait outlives the young generation.
+   */
+  private async listPage(next: string | undefined, listed: Set<string>) {
+    type List = { items?: Record<string, unknown>[]; metadata?: { resourceVersion?: string; continue?: string } };
+    this.requests++;
+    const query = { ...watchQuery(this.scope), limit: String(WATCH_LIMITS.listPageSize) };
+    const page = await this.client.list<List>(this.scope.ref, next ? { ...query, continue: next } : query);
+    if (this.closed) return {};
+    for (const item of page.items ?? []) {
+      const object = this.scope.keep ? this.scope.keep(item) : item;
+      listed.add(metaOf(object, 'name') ?? '');
+      this.deliver({ type: 'MODIFIED', object });
+    }
+    return { next: page.metadata?.continue, resourceVersion: page.metadata?.resourceVersion };
   }
 
   private async connect(): Promise<void> {
@@ -16175,20 +16181,25 @@ export async function listWorkloads<T extends { namespace: string; kind: Workloa
     groups.set(group, (groups.get(group) ?? new Map<string, T>()).set(t.name, t));
   }
   type Page = { items?: K8sObject[]; metadata?: { continue?: string } };
+  // A page is let go before the next is asked for: one held across that wait outlives the young generation.
+  const listPage = async (ref: ResourceRef, byName: Map<string, T>, next: string | undefined) => {
+    const query = { limit: String(WORKLOAD_LIST_PAGE), ...(next ? { continue: next } : {}) };
+    const page = await client.list<Page>(ref, query);
+    for (const item of page.items ?? []) {
+      const target = byName.get(String(valueAt(item, ['metadata', 'name'])));
+      if (target) each(target, leanWorkload(item));
+    }
+    return page.metadata?.continue;
+  };
   for (const byName of groups.values()) {
     if (byName.size < 2) continue;
     const { namespace, kind } = byName.values().next().value!;
-    let page: Page | undefined;
+    const ref = workloadResource({ namespace, kind });
+    let next: string | undefined;
     try {
       do {
-        const next = page?.metadata?.continue;
-        const query = { limit: String(WORKLOAD_LIST_PAGE), ...(next ? { continue: next } : {}) };
-        page = await client.list<Page>(workloadResource({ namespace, kind }), query);
-        for (const item of page.items ?? []) {
-          const target = byName.get(String(valueAt(item, ['metadata', 'name'])));
-          if (target) each(target, leanWorkload(item));
-        }
-      } while (page.metadata?.continue);
+        next = await listPage(ref, byName, next);
+      } while (next);
     } catch {
       /* each is read with a GET instead */
     }
