@@ -8882,11 +8882,6 @@ export class CommandRunner {
     this.inProcess = inProcess;
   }
 
-  /**
-   * Takes a slot for the hook's command; undefined when all are busy (the caller answers 503).
-   * Processes and in-process commands are bounded separately: the cap on processes bounds forks,
-   * while an upgrade waiting behind its workload's earlier pushes costs only memory.
-   */
   /** Whether a command of this hook finds a slot now (none is taken): a busy answer can come before the body. */
   hasRoom(hook: Hook): boolean {
     const room = { inProcess: this.inProcessRunning < LIMITS.maxPendingUpgrades, process: this.processes < this.max };
@@ -8894,6 +8889,11 @@ export class CommandRunner {
     return resolveHookCommand(hook, this.env.PATH ?? '', this.inProcess).inProcess ? room.inProcess : room.process;
   }
 
+  /**
+   * Takes a slot for the hook's command; undefined when all are busy (the caller answers 503).
+   * Processes and in-process commands are bounded separately: the cap on processes bounds forks,
+   * while an upgrade waiting behind its workload's earlier pushes costs only memory.
+   */
   tryAcquire(hook: Hook): Slot | undefined {
     const { resolved, inProcess } = resolveHookCommand(hook, this.env.PATH ?? '', this.inProcess);
     if (inProcess ? this.inProcessRunning >= LIMITS.maxPendingUpgrades : this.processes >= this.max) return undefined;
