@@ -129,10 +129,7 @@ const config = {
   // old generation capped at half the memory the container may use (Node reads the cgroup limit),
   // so V8 collects before the kernel's OOM killer acts; and V8's own memory-saving mode, which grows
   // the heap by smaller steps than its default (that grows it to several times what is live when
-  // thousands of follows parse watch events: a 2,000-push release, docs/results.md#2000-workloads);
-  // and a full GC's compaction moves at most 2 MB of objects at a time (V8 moves up to 12 MB in the GCs
-  // its memory reducer starts, 6 MB in those of the memory-saving mode): the pages they move to are
-  // taken before the ones they leave are given back, a rise of the peak of that much for a moment.
+  // thousands of follows parse watch events: a 2,000-push release, docs/results.md#2000-workloads).
   // (`--disable-sigusr1` would save the thread that waits for SIGUSR1, but it blocks the signal,
   // which adnanh uses to reload hooks; the service's own SIGUSR1 handler keeps the inspector from
   // starting.)
@@ -157,9 +154,6 @@ const config = {
     '--v8-pool-size=1',
     '--max-old-space-size-percentage=50',
     '--optimize-for-size',
-    '--compaction-max-evacuated-bytes-mb=2',
-    '--compaction-max-evacuated-bytes-mb-for-reduce-memory=2',
-    '--compaction-max-evacuated-bytes-mb-for-optimize-memory=2',
   ],
   // Nothing from outside extends them: NODE_OPTIONS (`--require`, `--import`, `--inspect`) is
   // ignored, and so is `--node-options`, so the environment cannot make the executable run code.
