@@ -16126,7 +16126,8 @@ type UpgradeResult = Awaited<ReturnType<typeof runUpgrade>>;
 //    API server (or, under ON_REGISTRY_AWAY=keep, the registry) does not answer kept and applied when it answers
 //    (KeptPushes, answered 202), decided waiting pushes
 //    and pushes deployed again (runDecided), and the rollout follower that follows rollouts after the answer.
-//    Exports: hookClusters, listWorkloads, ResultListener, ResumedFollow, RolloutFollower, UpgradeService.
+//    Exports: hookClusters, listWorkloads, ResultListener, ResumedFollow, RolloutFollower, UpgradeService,
+//    workloadGroups.
 //    Tests: test/burst.test.ts, test/e2e.test.ts, test/outage.test.ts, test/rollback.test.ts, test/upgrade.test.ts.
 // ================================================================================================
 
@@ -16164,6 +16165,16 @@ function isUpgradeEntryPoint(file: string): boolean {
  */
 const WORKLOAD_LIST_PAGE = 100;
 
+/** Targets by `<namespace>/<kind>`, then by name: what one LIST (or one watch) of a namespace's kind covers. */
+function workloadGroups<T extends { namespace: string; kind: WorkloadKind; name: string }>(targets: Iterable<T>) {
+  const groups = new Map<string, Map<string, T>>();
+  for (const t of targets) {
+    const group = `${t.namespace}/${t.kind}`;
+    groups.set(group, (groups.get(group) ?? new Map<string, T>()).set(t.name, t));
+  }
+  return groups;
+}
+
 /**
  * The workloads of `targets`, read with one LIST per namespace and kind that holds two or more of them (in pages of
  * WORKLOAD_LIST_PAGE, each page let go before the next) instead of a GET each: `each` is given every target found and
@@ -16175,11 +16186,7 @@ export async function listWorkloads<T extends { namespace: string; kind: Workloa
   targets: Iterable<T>,
   each: (target: T, workload: K8sObject) => void,
 ): Promise<void> {
-  const groups = new Map<string, Map<string, T>>();
-  for (const t of targets) {
-    const group = `${t.namespace}/${t.kind}`;
-    groups.set(group, (groups.get(group) ?? new Map<string, T>()).set(t.name, t));
-  }
+  const groups = workloadGroups(targets);
   type Page = { items?: K8sObject[]; metadata?: { continue?: string } };
   // A page is let go before the next is asked for: one held across that wait outlives the young generation.
   const listPage = async (ref: ResourceRef, byName: Map<string, T>, next: string | undefined) => {
@@ -17223,11 +17230,7 @@ export class ApprovalService implements ApprovalPages, CommandListener {
    * list them (and the next one tries the watch again).
    */
   private watched(client: KubeClient, targets: Map<string, WaitingPush['target']>): string[] {
-    const groups = new Map<string, Map<string, WaitingPush['target']>>();
-    for (const t of targets.values()) {
-      const group = `${t.namespace}/${t.kind}`;
-      groups.set(group, (groups.get(group) ?? new Map<string, WaitingPush['target']>()).set(t.name, t));
-    }
+    const groups = workloadGroups(targets.values());
     for (const [group, w] of this.watches) {
       if ((groups.get(group)?.size ?? 0) >= 2) continue;
       w.stop();
