@@ -9217,6 +9217,21 @@ interface Answer {
   body: string;
   headers?: Record<string, string>;
   closeConnection?: boolean;
+  /** A 503 that asks the client to come back: it carries Retry-After (retryAfter). */
+  retry?: boolean;
+}
+
+/**
+ * Retry-After of a 503 busy answer: 5 to 9 s, in turn. A release's burst is refused in hundreds at once, and
+ * registries that honour Retry-After would all come back on the same second, as one wave of connections that
+ * outgrows the young generation; spread, they come back a fifth at a time, as slots free up.
+ */
+const RETRY_AFTER = { seconds: 5, spread: 5 };
+let retryTurn = 0;
+function retryAfter(): string {
+  const seconds = RETRY_AFTER.seconds + retryTurn;
+  retryTurn = (retryTurn + 1) % RETRY_AFTER.spread;
+  return String(seconds);
 }
 
 const ANSWERS = {
@@ -9231,12 +9246,12 @@ const ANSWERS = {
   ruleError: { status: 500, body: 'Error occurred while evaluating hook rules.' },
   // The status is the hook's trigger-rule-mismatch-http-response-code.
   notSatisfied: { status: 200, body: 'Hook rules were not satisfied.' },
-  busy: { status: 503, body: 'Too many commands running; retry later.', headers: { 'Retry-After': '5' } },
+  busy: { status: 503, body: 'Too many commands running; retry later.', retry: true },
   // The body is left unread: the connection closes.
   bodyMemoryFull: {
     status: 503,
     body: 'Too many request bodies in memory; retry later.',
-    headers: { 'Retry-After': '5' },
+    retry: true,
     closeConnection: true,
   },
   // Status and body are the hook's success-http-response-code and response-message or output.
@@ -9991,6 +10006,7 @@ function sendAnswer(cx: HandlerContext, ex: Exchange, name: AnswerName, override
   }
   const entry: Answer = { ...ANSWERS[name], ...override };
   for (const [header, value] of Object.entries(entry.headers ?? {})) res.setHeader(header, value);
+  if (entry.retry) res.setHeader('Retry-After', retryAfter());
   if (!res.hasHeader('Content-Type')) res.setHeader('Content-Type', 'text/plain; charset=utf-8');
   res.setHeader('X-Content-Type-Options', 'nosniff');
   res.setHeader('Content-Length', Buffer.byteLength(entry.body));

@@ -380,7 +380,7 @@ describe('limits', () => {
     assert.match((await wh.metrics()).body, /webhook_command_timeouts_total\{hook="slow"\} 1/);
   });
 
-  test('when all command slots are busy, a triggered request gets 503 with Retry-After, before its body is read', async () => {
+  test('when all command slots are busy, a triggered request gets 503 with Retry-After (5 to 9 s in turn), before its body is read', async () => {
     const dir = makeTempDir();
     const script = path.join(dir, 'wait.sh');
     fs.writeFileSync(script, `#!/bin/sh\nwhile [ ! -f ${dir}/go ]; do sleep 0.05; done\necho done\n`, { mode: 0o755 });
@@ -392,9 +392,13 @@ describe('limits', () => {
     const third = await firstAnswer(wh.port, 'POST /hooks/w HTTP/1.1\r\nHost: x\r\nContent-Length: 20\r\n\r\n');
     assert.match(third, /^HTTP\/1\.1 503 /);
     assert.match(third, /\r\nretry-after: 5\r\n/i);
+    // Refused in turn, they are asked back over five seconds: a burst does not come back as one wave.
+    const waits: unknown[] = [];
+    for (let i = 0; i < 5; i++) waits.push((await wh.request('/hooks/w', { method: 'POST' })).headers['retry-after']);
+    assert.deepEqual(waits, ['6', '7', '8', '9', '5']);
     fs.writeFileSync(path.join(dir, 'go'), '');
     for (const r of await Promise.all(first)) assert.deepEqual([r.status, r.body], [200, 'done\n']);
-    assert.match((await wh.metrics()).body, /webhook_commands_rejected_total\{hook="w"\} 1/);
+    assert.match((await wh.metrics()).body, /webhook_commands_rejected_total\{hook="w"\} 6/);
   });
 
   test('a client that sends headers too slowly is disconnected after -read-header-timeout', async () => {
