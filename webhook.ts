@@ -7187,6 +7187,8 @@ const METRIC_HELP: Record<string, [string, string]> = {
     'Triggered requests refused with 503 because all command slots were busy.',
   ],
   webhook_commands_running: ['gauge', 'Hook commands running now.'],
+  webhook_bodies_parsed_total: ['counter', 'Request bodies parsed (their signatures and body-free rules passed).'],
+  webhook_bodies_refused_total: ['counter', 'Requests refused with 503 because -max-body-memory was full.'],
   webhook_command_duration_seconds: ['histogram', 'Wall time of hook commands.'],
   webhook_reloads_total: ['counter', 'Hook reloads by result (success, failure).'],
   webhook_config_last_reload_successful: ['gauge', '1 if the last reload succeeded, 0 if it was rejected.'],
