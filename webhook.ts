@@ -9224,9 +9224,10 @@ interface Answer {
 }
 
 /**
- * Retry-After of a 503 busy answer: 5 to 9 s, in turn. A release's burst is refused in hundreds at once, and
- * registries that honour Retry-After would all come back on the same second, as one wave of connections that
- * outgrows the young generation; spread, they come back a fifth at a time, as slots free up.
+ * Retry-After of a 503 that asks the client to come back (slots busy, body memory full): 5 to 9 s, in turn. A
+ * release's burst is refused in hundreds at once, and registries that honour Retry-After would all come back on
+ * the same second, as one wave of connections whose objects outlive the young generation; spread, they come back
+ * a fifth at a time, as slots free up.
  */
 const RETRY_AFTER = { seconds: 5, spread: 5 };
 let retryTurn = 0;
