@@ -8884,11 +8884,16 @@ export class CommandRunner {
     this.inProcess = inProcess;
   }
 
+  /** Whether a command run in-process (or else as a process) finds a slot now. */
+  private roomFor(inProcess: boolean): boolean {
+    return inProcess ? this.inProcessRunning < LIMITS.maxPendingUpgrades : this.processes < this.max;
+  }
+
   /** Whether a command of this hook finds a slot now (none is taken): a busy answer can come before the body. */
   hasRoom(hook: Hook): boolean {
-    const room = { inProcess: this.inProcessRunning < LIMITS.maxPendingUpgrades, process: this.processes < this.max };
-    if (room.inProcess === room.process) return room.process;
-    return resolveHookCommand(hook, this.env.PATH ?? '', this.inProcess).inProcess ? room.inProcess : room.process;
+    // The hook's command is resolved (a stat) only when that decides it: one kind has room and the other has none.
+    if (!this.inProcess || this.roomFor(true) === this.roomFor(false)) return this.roomFor(false);
+    return this.roomFor(resolveHookCommand(hook, this.env.PATH ?? '', this.inProcess).inProcess);
   }
 
   /**
@@ -8898,7 +8903,7 @@ export class CommandRunner {
    */
   tryAcquire(hook: Hook): Slot | undefined {
     const { resolved, inProcess } = resolveHookCommand(hook, this.env.PATH ?? '', this.inProcess);
-    if (inProcess ? this.inProcessRunning >= LIMITS.maxPendingUpgrades : this.processes >= this.max) return undefined;
+    if (!this.roomFor(inProcess)) return undefined;
     if (inProcess) this.inProcessRunning++;
     else this.processes++;
     this.metrics.setGauge('webhook_commands_running', {}, this.processes + this.inProcessRunning);
