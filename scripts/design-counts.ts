@@ -1,0 +1,92 @@
+/**
+ * Counts, in webhook.ts, the places where the upgrade's data design shows: how many sites write a
+ * decision, assign a field of a report, write an Event, parse a hook setting, and which functions
+ * take a raw environment of strings, plus the forms a delivery's record takes on its way from the
+ * upgrade to the page. The model chapter's aim is to bring each count down; this script is how a
+ * change to the design is measured before and after.
+ *
+ *   node scripts/design-counts.ts [webhook.ts]      # a table, one line per count
+ *   node scripts/design-counts.ts --json            # the same as JSON
+ *
+ * Comments and the insides of strings are blanked first (test/structure.ts's codeOnly), so only
+ * code is counted; each count names its pattern so that a reader can check it with grep.
+ */
+import { readFileSync } from 'node:fs';
+import { analyse, codeOnly, SOURCE } from '../test/structure.ts';
+
+interface Count {
+  what: string;
+  pattern: RegExp;
+  /** Lines a match must not sit on (a declaration is not a use). */
+  except?: RegExp;
+}
+
+const COUNTS: Count[] = [
+  { what: 'sites that write a decision (decide(…) calls)', pattern: /(?<![\w$.])decide\(/g, except: /function decide\(/ },
+  {
+    what: 'statements that assign a report field',
+    pattern: /\b(?:\w*\.)?report\.[\w$]+(?:\.[\w$]+)*\s*(?:\+|\?\?|\|\|)?=(?!=)|Object\.assign\(\s*(?:\w+\.)?report\b/g,
+  },
+  {
+    what: 'sites that write an Event',
+    pattern: /(?<![\w$.])(?:recordWorkloadEvent|recordEventQuietly)\(/g,
+    except: /function (?:recordWorkloadEvent|recordEventQuietly)\(/,
+  },
+  { what: 'sites that parse a hook setting (HOOK_SETTINGS.X.parse)', pattern: /HOOK_SETTINGS\.[\w$]+\.parse\b/g },
+];
+
+/** A parameter that is an environment of strings: `env: Record<string, string…>` or an alias of it. */
+const RAW_ENV_PARAMETER =
+  /\b\w*[eE]nv\??:\s*(?:Readonly<)?(?:Record<string, string(?: \| undefined)?>|Environment|NodeJS\.ProcessEnv|UpgradeInputs)/;
+/** The start of a function or method declaration, whose name is group 1. */
+const FUNCTION_START =
+  /^\s*(?:export\s+)?(?:(?:private|public|static|async|readonly)\s+)*(?:function\*?\s+)?([A-Za-z_$][\w$]*)\s*(?:<[^>]*>)?\(/;
+/** The types a delivery's record has been declared as, from the report to the page. */
+const RECORD_FORMS = ['UpgradeReport', 'UpgradeResult', 'MailJob', 'PushResult', 'Delivery'];
+
+function countMatches(code: string[], c: Count): { sites: number; chapters: Set<number> } {
+  const sections = analyse().sections;
+  const chapters = new Set<number>();
+  let sites = 0;
+  code.forEach((line, i) => {
+    if (c.except?.test(line)) return;
+    const found = line.match(c.pattern)?.length ?? 0;
+    if (!found) return;
+    sites += found;
+    const s = sections.find((x) => i >= x.start && i <= x.end);
+    if (s) chapters.add(s.number);
+  });
+  return { sites, chapters };
+}
+
+/** Functions whose parameter list (up to its closing parenthesis) has an environment parameter. */
+function rawEnvironmentFunctions(code: string[]): string[] {
+  const names: string[] = [];
+  for (let i = 0; i < code.length; i++) {
+    const m = FUNCTION_START.exec(code[i]);
+    if (!m || /^(if|for|while|switch|catch|return|await|new)$/.test(m[1])) continue;
+    let signature = code[i];
+    for (let j = i + 1; j < code.length && !/\)\s*(?::[^{=]*)?\{?\s*$/.test(signature) && j < i + 12; j++)
+      signature += code[j];
+    if (RAW_ENV_PARAMETER.test(signature.split(/\)\s*(?::|\{|$)/)[0])) names.push(`${m[1]}:${i + 1}`);
+  }
+  return names;
+}
+
+function recordForms(text: string): string[] {
+  return RECORD_FORMS.filter((name) => new RegExp(`^(?:export )?(?:interface|type) ${name}\\b`, 'm').test(text));
+}
+
+const file = process.argv.slice(2).find((a) => !a.startsWith('--')) ?? SOURCE;
+const text = readFileSync(file, 'utf8');
+const code = codeOnly(text).split('\n');
+const rows: { what: string; count: number; detail: string }[] = COUNTS.map((c) => {
+  const { sites, chapters } = countMatches(code, c);
+  return { what: c.what, count: sites, detail: `in ${chapters.size} chapters` };
+});
+const envFunctions = rawEnvironmentFunctions(code);
+rows.push({ what: 'functions taking a raw environment', count: envFunctions.length, detail: envFunctions.join(' ') });
+const forms = recordForms(text);
+rows.push({ what: "forms of a delivery's record", count: forms.length, detail: forms.join(' → ') });
+if (process.argv.includes('--json')) console.log(JSON.stringify(rows, null, 2));
+else for (const r of rows) console.log(`${String(r.count).padStart(4)}  ${r.what}  (${r.detail})`);
