@@ -13759,7 +13759,8 @@ export const IMAGE_PIN_SETTINGS = fixedSettingChecks(['REGISTRY_HOST', 'ALLOW_IM
 //    wrongly signed digest is refused (SignatureRefusal, decided `refused: unsigned`, a Warning Event UpgradeRefused).
 //    A registry that does not answer fails the push closed, or under ON_REGISTRY_AWAY=keep has it kept (RegistryAway).
 //    Exports: decide, decidePush, decisionAction, FOLLOW_ANNOTATION, FollowRecord, FUTURE_PUSH_SKEW_MS, holdDecision,
-//    imageFieldPath, IncomingPush, knownContainer, newPushRecord, outsidePolicy, pinnedContainer, pullSecretNames,
+//    imageFieldPath, IncomingPush, knownContainer, newPushRecord, outsidePolicy, pinnedContainer, plannedChange,
+//    pullSecretNames,
 //    PushRecord, pushTime, readFollowRecords, readPushRecords, readSettings, RegistryAway, SignatureRefusal,
 //    UpgradeSettings, verifiedRef, whoAsked, withPushRecord, workloadPodSpec.
 //    Tests: test/decision.test.ts, test/hold.test.ts, test/records.test.ts, test/registry-e2e.test.ts,
@@ -14566,6 +14567,26 @@ function decisionAnnotations(workload: K8sObject, container: string): Record<str
     return typeof value === 'string' ? value : null;
   };
   return Object.fromEntries(keys.map((key) => [key, read(key)]));
+}
+
+/** The follow record this change's PATCH writes, when the service follows the rollout after answering. */
+function followToRecord(
+  workload: K8sObject,
+  s: UpgradeSettings,
+  nowMs: number,
+  deps: UpgradeDeps,
+): Record<string, { value: string; read: string | undefined }> {
+  const after = deps.followAfter;
+  if (!after || s.rolloutTimeoutMs !== 0 || !kindSpec(s.workload.kind).hasRollout) return {};
+  const { raw, entries } = readFollowRecords(workload);
+  const record: FollowRecord = {
+    request: deps.requestId ?? '',
+    hook: deps.hookId ?? '',
+    deadline: new Date(nowMs + after.followMs).toISOString(),
+    ...(after.mailTo?.trim() ? { mailTo: after.mailTo.trim() } : {}),
+    ...(s.rollbackOnFailure ? { rollback: true } : {}),
+  };
+  return { [FOLLOW_ANNOTATION]: { value: JSON.stringify({ ...entries, [s.container]: record }), read: raw } };
 }
 
 /**
@@ -15379,26 +15400,6 @@ async function podsOrNone(
     // The summary is a courtesy: without list permission on pods the outcome still stands.
     return [];
   }
-}
-
-/** The follow record this change's PATCH writes, when the service follows the rollout after answering. */
-function followToRecord(
-  workload: K8sObject,
-  s: UpgradeSettings,
-  nowMs: number,
-  deps: UpgradeDeps,
-): Record<string, { value: string; read: string | undefined }> {
-  const after = deps.followAfter;
-  if (!after || s.rolloutTimeoutMs !== 0 || !kindSpec(s.workload.kind).hasRollout) return {};
-  const { raw, entries } = readFollowRecords(workload);
-  const record: FollowRecord = {
-    request: deps.requestId ?? '',
-    hook: deps.hookId ?? '',
-    deadline: new Date(nowMs + after.followMs).toISOString(),
-    ...(after.mailTo?.trim() ? { mailTo: after.mailTo.trim() } : {}),
-    ...(s.rollbackOnFailure ? { rollback: true } : {}),
-  };
-  return { [FOLLOW_ANNOTATION]: { value: JSON.stringify({ ...entries, [s.container]: record }), read: raw } };
 }
 
 /**
@@ -18957,7 +18958,7 @@ export function deliveryPages(log: DeliveryLog, token: string, approvals?: Appro
 // 42. -validate & -print-rbac — the commands that read the hooks and exit: -validate describes every hook (its rule,
 //    parameters, answer, upgrade and notifications) and says what is wrong, -print-rbac prints the least-privilege
 //    RBAC; both load the hooks exactly as the service does (hookLoadSettings).
-//    Exports: hookLoadSettings, printRbac, validate.
+//    Exports: commandWarnings, hookLoadSettings, printRbac, validate.
 //    Tests: test/deploy.test.ts, test/validate.test.ts.
 // ================================================================================================
 

@@ -101,11 +101,14 @@ describe('webhook.ts structure', () => {
     assert.match(code, /Snapshot/);
     const r = analyse(
       '// ' + '='.repeat(30) + '\n// 1. first — a.\n//    Exports: one.\n// ' + '='.repeat(30) + '\n' +
-        'export function one() { return two(); }\n' +
+        'export function one() { return [two(), { ...three() }, x.three]; }\n' +
         '// ' + '='.repeat(30) + '\n// 2. second — b.\n// ' + '='.repeat(30) + '\n' +
-        'export function two() { return one(); }\n',
+        'export function two() { return one(); }\nfunction three() { return {}; }\n',
     );
-    assert.deepEqual(r.forwardUses, ['section 1 (first) uses two of section 2 (second)']);
+    assert.deepEqual(r.forwardUses, [
+      'section 1 (first) uses two of section 2 (second)',
+      'section 1 (first) uses three of section 2 (second)',
+    ]);
     assert.deepEqual([...(r.offered.get(0) ?? [])], ['one']);
     const body = Array.from({ length: 70 }, (_, i) => `  const x${i} = ${i};`).join('\n');
     const wrapped = analyse(`export async function longOne(\n  a: string,\n): Promise<void> {\n${body}\n}\n`);

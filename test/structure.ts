@@ -197,7 +197,8 @@ export function analyse(text = fs.readFileSync(SOURCE, 'utf8')): Report {
   code.forEach((l, i) => {
     const here = sectionOf(i);
     if (here < 0) return;
-    for (const m of l.matchAll(/(?<![\w$.])[A-Za-z_$][\w$]*/g)) {
+    // A name after one dot is a member; after a spread's three dots it is a use.
+    for (const m of l.matchAll(/(?<![\w$])(?<!(?<!\.\.)\.)[A-Za-z_$][\w$]*/g)) {
       const home = declared.get(m[0]);
       if (home === undefined || home === here) continue;
       // A key in an object literal (`name: value`) or a member name is not a use of a top-level name.
