@@ -116,9 +116,10 @@ const VERSION = '0.1.0';
 // 1. reading text — small readers and writers every later chapter shares: TextCursor (a position in a text read by
 //    hand), JSON with every number kept as its literal text (JsonNumber, as Go's json.Number keeps it), XML read into
 //    a map the way adnanh's mxj library does, values quoted for messages (showValue: JSON-escaped and truncated,
-//    since payload values are untrusted), Go durations written the way Go prints them.
-//    Exports: formatGoDuration, isObject, JsonNumber, MONTHS, parseJsonKeepingNumbers, parseXml, previewValue,
-//    showValue, TextCursor.
+//    since payload values are untrusted) and lists of them cut to a line (listWithin), Go durations written the way
+//    Go prints them.
+//    Exports: formatGoDuration, isObject, JsonNumber, listWithin, MONTHS, parseJsonKeepingNumbers, parseXml,
+//    previewValue, showValue, TextCursor.
 //    Tests: test/unit.test.ts.
 // ================================================================================================
 
@@ -161,6 +162,27 @@ function previewValue(value: string): string {
   return value.length <= MAX_SHOWN_VALUE_LENGTH
     ? JSON.stringify(value)
     : `${JSON.stringify(value.slice(0, MAX_SHOWN_VALUE_LENGTH))}…`;
+}
+
+// A list built from payload data (why a batch's events were ignored, the images one delivery announced) is shown up
+// to this many characters: a reason is one line a person reads in an answer, a log line and the deliveries page,
+// whatever the payload holds (a 1 MiB body of empty events once made an 8.8 MB reason); the rest is counted.
+const MAX_LISTED_CHARS = 1024;
+
+/** Items joined by `separator` up to MAX_LISTED_CHARS, then `… and N more`. Pure. */
+export function listWithin(items: readonly string[], separator = ', '): string {
+  let text = '';
+  for (const [i, item] of items.entries()) {
+    const next = i === 0 ? item : `${text}${separator}${item}`;
+    if (next.length <= MAX_LISTED_CHARS) {
+      text = next;
+      continue;
+    }
+    const shown = i === 0 ? `${item.slice(0, MAX_LISTED_CHARS)}…` : text;
+    const rest = items.length - Math.max(i, 1);
+    return rest > 0 ? `${shown} … and ${rest} more` : shown;
+  }
+  return text;
 }
 
 /** A JSON number kept as its literal text ("1.50" stays "1.50"), as Go's json.Number does. */
@@ -10247,12 +10269,13 @@ async function openMetricsListener(
 //    required for Artifactory and Nexus); PIN_DIGEST (true: `repo:tag@sha256:…` when the payload carries the digest).
 //    Any missing or malformed field is an error naming the field; nothing is lower-cased or repaired.
 //    Exports: ACR_PUSH_TYPES, acrEndpointPrefix, acrHost, acrPush, azureRead, checkedRepository, ComposedRef,
-//    customRegistryAddress, distributionRead, domainProblem, fieldAt, ghcrRead, giteaRead, harborPush, harborRead,
-//    ImageRef, jfrogRead, MAX_IMAGE_NAME_LENGTH, nexusRead, parseBoolSetting, parsePushHeaders, parsePushPayload,
-//    PayloadFields, pushDataEvent, pushDataTestPing, PushEvent, PushHeaders, pushHost, quayRead, Reading,
-//    REFERENCE_GRAMMAR, Registry, RegistrySettings, repositoryPathProblem, splitImageAddress, stripSchemeAndSlashes,
-//    tagProblem, UpgradeInputs, webhookValidation.
-//    Tests: test/registries.test.ts, test/registry-e2e.test.ts, test/upgrade.test.ts, test/clouds.test.ts.
+//    customRegistryAddress, distributionRead, domainProblem, eventsRead, fieldAt, ghcrRead, giteaRead, harborPush,
+//    harborRead, ignoredEvents, ImageRef, jfrogRead, MAX_IMAGE_NAME_LENGTH, nexusRead, parseBoolSetting,
+//    parsePushHeaders, parsePushPayload, PayloadFields, pushDataEvent, pushDataTestPing, PushEvent, PushHeaders,
+//    pushHost, quayRead, Reading, REFERENCE_GRAMMAR, Registry, RegistrySettings, repositoryPathProblem,
+//    splitImageAddress, stripSchemeAndSlashes, tagProblem, UpgradeInputs, webhookValidation.
+//    Tests: test/registries.test.ts, test/registry-e2e.test.ts, test/upgrade.test.ts, test/clouds.test.ts,
+//    test/envelopes.test.ts.
 // ================================================================================================
 
 export interface UpgradeInputs {
@@ -10731,23 +10754,51 @@ function acrPush(p: PayloadFields, s: RegistrySettings, base: string): PushEvent
   };
 }
 
+// The events of one batch (a Distribution envelope, an Event Grid or CloudEvents batch) a reader looks at; the rest
+// are counted as not read. Event Grid sends at most 5,000 events in a batch (maxEventsPerBatch; one by default) and
+// Distribution one or a few per envelope, so a real delivery is read whole; a 1 MiB body holds 340,000 empty events,
+// each of which would otherwise cost a reading and a line of its reason.
+const MAX_BATCH_EVENTS = 5_000;
+
+/** How many of a batch's `total` events a reader looks at. */
+const eventsRead = (total: number) => Math.min(total, MAX_BATCH_EVENTS);
+
+/**
+ * Why a batch announces no push, in one line: a single event's reason, else each reason with its count, the events
+ * past MAX_BATCH_EVENTS counted as not read (`340000 events ignored: 5000 unknown action of a blob, 335000 not read
+ * …`), cut by listWithin. `reasons`: one per event read. Pure.
+ */
+function ignoredEvents(reasons: readonly string[], total: number): string {
+  if (total === 1 && reasons.length === 1) return reasons[0];
+  const counts = new Map<string, number>();
+  for (const reason of reasons) counts.set(reason, (counts.get(reason) ?? 0) + 1);
+  const counted = [...counts].map(([reason, n]) => `${n} ${reason}`);
+  const unread = total - reasons.length;
+  if (unread > 0) counted.push(`${unread} past the first ${MAX_BATCH_EVENTS} not read`);
+  return `${total} events ignored: ${listWithin(counted)}`;
+}
+
+/** A word from a payload (an event type, an action) as a reason shows it: as sent when plain and short, else quoted. */
+const shownWord = (word: string) => (/^[\w.:/-]{1,80}$/.test(word) ? word : showValue(word));
+
 /** Event Grid delivers a batch: a JSON array of events (Event Grid or CloudEvents schema). */
 function eventGridRead(p: PayloadFields, s: RegistrySettings): Reading {
   const pushes: PushEvent[] = [];
   const seen: string[] = [];
-  for (let i = 0; i < p.count(''); i++) {
+  for (let i = 0; i < eventsRead(p.count('')); i++) {
     const type = p.optional(`${i}.eventType`) ?? p.required(`${i}.type`, 'the event type');
     if (type === EVENT_GRID_VALIDATION) {
       const code = p.required(`${i}.data.validationCode`, 'the code Event Grid expects back');
       if (!VALIDATION_CODE.test(code)) throw new Error(`${i}.data.validationCode ${showValue(code)} is not a code`);
       return { answer: JSON.stringify({ validationResponse: code }), reason: 'Event Grid subscription validated' };
     }
-    seen.push(type);
+    seen.push(shownWord(type));
     if (!ACR_PUSH_TYPES.includes(type)) continue;
     const push = acrPush(p, s, `${i}.data`);
     if (!('noop' in push)) pushes.push(push);
   }
-  return pushes.length ? pushes : { noop: `no image push among the events (${seen.join(', ') || 'none'})` };
+  if (pushes.length) return pushes;
+  return { noop: `no image push among the events (${seen.length ? ignoredEvents(seen, p.count('')) : 'none'})` };
 }
 
 function azureRead(p: PayloadFields, s: RegistrySettings): Reading {
@@ -10767,16 +10818,15 @@ function distributionRead(p: PayloadFields, s: RegistrySettings): Reading {
   if (n === 0) throw new Error('events is missing or empty (the registry sends an envelope of events)');
   const pushes: PushEvent[] = [];
   const ignored: string[] = [];
-  for (let i = 0; i < n; i++) {
+  for (let i = 0; i < eventsRead(n); i++) {
     const e = `events.${i}`;
     const action = p.optional(`${e}.action`) ?? '';
     const mediaType = p.optional(`${e}.target.mediaType`) ?? '';
     const tag = p.optional(`${e}.target.tag`);
     const manifest = /manifest|image\.index/.test(mediaType);
     if (action !== 'push' || !manifest || tag === undefined) {
-      ignored.push(
-        `${action || 'unknown action'} of ${manifest ? (tag ? 'a manifest' : 'an untagged manifest') : 'a blob'}`,
-      );
+      const what = manifest ? (tag ? 'a manifest' : 'an untagged manifest') : 'a blob';
+      ignored.push(`${action ? shownWord(action) : 'unknown action'} of ${what}`);
       continue;
     }
     const host = pushHost(s, p.optional(`${e}.request.host`), `${e}.request.host`, 'the registry');
@@ -10791,7 +10841,8 @@ function distributionRead(p: PayloadFields, s: RegistrySettings): Reading {
       pushedAt: '',
     });
   }
-  return pushes.length ? pushes : { noop: `no push of a tagged manifest in the envelope (${ignored.join(', ')})` };
+  if (pushes.length) return pushes;
+  return { noop: `no push of a tagged manifest in the envelope (${ignoredEvents(ignored, n)})` };
 }
 
 /** JFrog Artifactory's Docker `pushed` event: at the root (legacy webhooks) or under data (platform webhooks). */
@@ -10908,7 +10959,8 @@ function customRegistryAddress(repoUrl: string): string {
 //    registry a hook's REPO_TYPE names, which comes last because it names every reader. REPO_TYPE=auto recognises a
 //    payload by its shape alone, each registry by fields no other sends (recognisedRepoType says which it chose).
 //    Exports: registryFor, REPO_TYPES, repoTypeSetting.
-//    Tests: test/registries.test.ts, test/registry-e2e.test.ts, test/upgrade.test.ts, test/clouds.test.ts.
+//    Tests: test/registries.test.ts, test/registry-e2e.test.ts, test/upgrade.test.ts, test/clouds.test.ts,
+//    test/envelopes.test.ts.
 // ================================================================================================
 
 /** A CloudEvents attribute of the event being read: its value, and where it was (a field, or a ce-* header). */
@@ -11149,14 +11201,14 @@ function cloudEventsBatchRead(p: PayloadFields, s: RegistrySettings): Reading {
   if (n === 0) throw new Error('the CloudEvents batch is empty (a JSON array of events)');
   const pushes: PushEvent[] = [];
   const others: string[] = [];
-  for (let i = 0; i < n; i++) {
+  for (let i = 0; i < eventsRead(n); i++) {
     const reading = cloudEventRead(p, s, {}, String(i));
     if (Array.isArray(reading)) pushes.push(...reading);
-    else if ('noop' in reading) others.push(`${i}: ${reading.noop}`);
+    else if ('noop' in reading) others.push(reading.noop);
     else if ('answer' in reading) return reading;
     else pushes.push(reading);
   }
-  return pushes.length ? pushes : { noop: `no image push in the CloudEvents batch (${others.join('; ')})` };
+  return pushes.length ? pushes : { noop: `no image push in the CloudEvents batch (${ignoredEvents(others, n)})` };
 }
 
 /** An Event Grid delivery: an array whose events are all Event Grid's (eventType, or a Microsoft or short type). */
@@ -16056,7 +16108,7 @@ async function candidateFor(
   const located = locateContainer(valueAt(workload, [...kindSpec(target.kind).template, 'spec']), s.container);
   const chosen = located ? chooseCandidate(s.container, located.image, candidates, s.pin) : candidates.at(-1)!;
   report.notes.push(
-    `the delivery announced ${candidates.length} images (${candidates.join(', ')}); ${chosen} is ` + `this container's`,
+    `the delivery announced ${candidates.length} images (${listWithin(candidates)}); ${chosen} is this container's`,
   );
   return chosen;
 }
@@ -17566,6 +17618,10 @@ const RESULT_LIMITS = {
   // plain command's output may be up to a MiB, which 200 entries of the deliveries page would hold
   // in memory. The mail and the log keep the whole output.
   maxReportChars: 64 * 1024,
+  // A result's detail (why: a refusal, a no-op's reason) is one line; each of the 200 entries keeps it, the page
+  // shows it in a table cell. Reasons built from payload data are cut to a KiB already (listWithin); this also
+  // bounds a long API or command error.
+  maxDetailChars: 4 * 1024,
 };
 
 /** How a push ended, as its mail's subject says it. */
@@ -17668,7 +17724,7 @@ export function pushResult(
     requestId: job.requestId,
     receivedAt,
     outcome: job.outcome,
-    ...decisionOf(job, report),
+    ...cutDetail(decisionOf(job, report)),
     registry: env.REPO_TYPE || undefined,
     cluster: report?.cluster ?? (env.CLUSTER?.trim() || undefined),
     namespace: report?.namespace ?? (env.APP_NS || undefined),
@@ -17692,6 +17748,13 @@ function waitingOf(w: NonNullable<UpgradeReport['waiting']>): NonNullable<PushRe
 function cutReport(text: string): string {
   const max = RESULT_LIMITS.maxReportChars;
   return text.length <= max ? text : `${text.slice(0, max)}\n[… ${text.length - max} more characters]\n`;
+}
+
+/** A decision with its detail cut as a report is, to maxDetailChars. Pure. */
+function cutDetail(d: { decision: string; detail: string }): { decision: string; detail: string } {
+  const max = RESULT_LIMITS.maxDetailChars;
+  if (d.detail.length <= max) return d;
+  return { decision: d.decision, detail: `${d.detail.slice(0, max)} [… ${d.detail.length - max} more characters]` };
 }
 
 /** One push on the page: its result so far, where it is, and how its notifications went. */

@@ -7,7 +7,7 @@ import {
   evaluateRule, evaluateRuleBeforeBody, extractSignatures, formatGoDuration, goJsonMarshal, goJsEscape, goQueryEscape, JsonNumber, lookupParameter,
   MultipartError, ParameterNotFound, parseCidr, parseCommandLine, parseGoDuration, parseJsonKeepingNumbers, parseMultipart,
   parsePayload, parseYaml, parseXml, redactUrl, renderTemplate, replaceParameter, UsageError, type HookRequest,
-  escapeControls, formatRbac, hookReach, inheritedEnvironment, parseListenAddress,
+  escapeControls, formatRbac, hookReach, inheritedEnvironment, parseListenAddress, listWithin,
 } from '../webhook.ts';
 
 describe('command line', () => {
@@ -358,5 +358,19 @@ describe('small guards', () => {
   test('inheritedEnvironment leaves out the service\'s own settings and what templates read', () => {
     const env = { PATH: '/bin', MAIL_PASSWORD: 'x', MAIL_TO: 'a@b', HOOK_TOKEN: 't', KUBECONFIG: 'k', CREDENTIALS_DIRECTORY: 'c', API_KEY: 'k', HOME: '/h' };
     assert.deepEqual(inheritedEnvironment(env, new Set(['API_KEY'])), { PATH: '/bin', HOME: '/h' });
+  });
+});
+
+describe('lists built from payload data', () => {
+  test('listWithin: joined up to a KiB, the rest counted; one long item cut', () => {
+    assert.equal(listWithin([]), '');
+    assert.equal(listWithin(['a', 'b']), 'a, b');
+    assert.equal(listWithin(['a', 'b'], '; '), 'a; b');
+    const items = Array.from({ length: 100 }, (_, i) => `item-${i}`.padEnd(50, '.'));
+    const shown = listWithin(items);
+    assert.ok(shown.length <= 1024 + 20, String(shown.length));
+    assert.match(shown, /^item-0\.+, item-1\.+, .*item-18\.+ … and 81 more$/);
+    assert.equal(listWithin(['x'.repeat(5000)]), `${'x'.repeat(1024)}…`);
+    assert.equal(listWithin(['x'.repeat(5000), 'y']), `${'x'.repeat(1024)}… … and 1 more`);
   });
 });
