@@ -9960,6 +9960,25 @@ async function postedAdminForm(pages: AdminPages, req: http.IncomingMessage, pat
 }
 
 /**
+ * Why a request to admin pages without -admin-token is refused, or undefined. They rest on the listener being
+ * loopback, which a browser reaches too: a site whose name resolves to 127.0.0.1 (DNS rebinding) is the origin of
+ * what answers there. So the Host must name this listener (its address or localhost, with its port), and a form
+ * come from its own page (its Origin, or Sec-Fetch-Site: same-origin where none is sent).
+ */
+function tokenlessAdminRefusal(req: http.IncomingMessage): string | undefined {
+  const host = req.headers.host ?? '';
+  const address = (req.socket.localAddress ?? '').replace(/^::ffff:(?=[\d.]+$)/i, '').toLowerCase();
+  const port = req.socket.localPort;
+  const names = [address.includes(':') ? `[${address}]` : address, 'localhost'].map((n) => `${n}:${port}`);
+  if (!names.includes(host.toLowerCase()) && !(port === 80 && names.includes(`${host.toLowerCase()}:80`)))
+    return `Forbidden: the Host ${showValue(host)} does not name this listener (${names.join(' or ')}).`;
+  const origin = req.headers.origin?.toLowerCase();
+  if (req.method !== 'POST' || origin === `http://${host.toLowerCase()}`) return undefined;
+  if (origin !== undefined || req.headers['sec-fetch-site'] !== 'same-origin')
+    return "Forbidden: a form is taken only from this listener's own page (Origin, or Sec-Fetch-Site: same-origin).";
+}
+
+/**
  * The admin listener (-metrics-listen): /metrics, and the deliveries pages when given. It is apart
  * from the hook port, so publishing the hooks (an Ingress, a NodePort) does not publish the hook
  * ids, request counts, failures and pushes these reveal.
@@ -9970,6 +9989,8 @@ function createMetricsHandler(metrics: Metrics, pages?: AdminPages): http.Reques
     const readable = req.method === 'GET' || req.method === 'HEAD';
     let entry: Answer = ANSWERS.pageNotFound;
     let contentType = 'text/plain; charset=utf-8';
+    const refused = pages?.token === '' ? tokenlessAdminRefusal(req) : undefined;
+    if (refused) return writeAdminAnswer(req, res, { status: 403, body: `${refused}\n` }, contentType);
     if (pages?.action && req.method === 'POST' && isAdminPagePath(pages, pathname)) {
       const acting: Answer | Promise<Answer> = adminAuthorized(pages, req)
         ? postedAdminForm(pages, req, pathname)

@@ -70,7 +70,7 @@ describe('the page on the admin listener, through the executable', () => {
     assert.deepEqual(JSON.parse((await httpRequest(port, '/deliveries/1.json')).body), doc.deliveries[0]);
     assert.equal((await httpRequest(port, '/deliveries/2')).status, 404);
     assert.equal((await httpRequest(port, '/deliveriesx')).status, 404);
-    assert.equal((await httpRequest(port, '/deliveries', { method: 'POST' })).status, 404);
+    assert.equal((await httpRequest(port, '/deliveries', { method: 'POST', headers: { Origin: `http://127.0.0.1:${port}` } })).status, 404);
   });
 
   test('-admin-token: asked for as a Basic password (any user) or a Bearer token; /metrics stays open for scrapers', async () => {
@@ -92,6 +92,49 @@ describe('the page on the admin listener, through the executable', () => {
     assert.equal((await httpRequest(port, '/deliveries', { headers: { Authorization: basic('anyone', ADMIN_TOKEN) } })).status, 200);
     assert.equal((await httpRequest(port, '/deliveries.json', { headers: { Authorization: `Bearer ${ADMIN_TOKEN}` } })).status, 200);
     assert.equal((await httpRequest(port, '/metrics')).status, 200);
+  });
+
+  test('without -admin-token (loopback): only a Host naming the listener is answered; a form needs its own Origin or Sec-Fetch-Site', async () => {
+    const w = await started({ hooks: [echoHook('echo')] });
+    const port = await adminPort(w);
+    const form = (headers: Record<string, string>) => httpRequest(port, '/deliveries/replay', {
+      method: 'POST', body: 'seq=99&name=x', headers: { 'Content-Type': 'application/x-www-form-urlencoded', ...headers },
+    });
+    for (const host of [`127.0.0.1:${port}`, `localhost:${port}`, `LOCALHOST:${port}`]) {
+      for (const p of ['/deliveries', '/deliveries.json', '/metrics']) assert.equal((await httpRequest(port, p, { headers: { Host: host } })).status, 200, `${host} ${p}`);
+    }
+    // DNS rebinding: a site whose name resolves to 127.0.0.1 is, to the browser, the origin of this listener.
+    for (const host of [`evil.example:${port}`, 'evil.example', `127.0.0.1:${port + 1}`, `localhost`, `127.0.0.1.evil.example:${port}`]) {
+      for (const p of ['/deliveries', '/deliveries.json', '/deliveries/1', '/metrics']) {
+        const res = await httpRequest(port, p, { headers: { Host: host } });
+        assert.equal(res.status, 403, `${host} ${p}`);
+        assert.equal(res.body, `Forbidden: the Host ${JSON.stringify(host)} does not name this listener (127.0.0.1:${port} or localhost:${port}).\n`);
+      }
+      const posted = await form({ Host: host, Origin: `http://${host}`, 'Sec-Fetch-Site': 'same-origin' });
+      assert.equal(posted.status, 403, `a form through ${host}`);
+    }
+    const noHost = await httpRequest(port, '/deliveries', { noHost: true });
+    assert.ok(noHost.status === 400 || noHost.status === 403, `no Host at all: ${noHost.status}`);
+    // A form with neither Origin nor Sec-Fetch-Site (a browser's form of old, or a script) is not taken.
+    const bare = await form({});
+    assert.equal(bare.status, 403);
+    assert.equal(bare.body, "Forbidden: a form is taken only from this listener's own page (Origin, or Sec-Fetch-Site: same-origin).\n");
+    assert.equal((await form({ Origin: 'null' })).status, 403);
+    assert.equal((await form({ Origin: 'http://evil.example' })).status, 403);
+    assert.equal((await form({ 'Sec-Fetch-Site': 'cross-site' })).status, 403);
+    assert.equal((await form({ 'Sec-Fetch-Site': 'same-site' })).status, 403);
+    // From its own page: taken (and answered: there is no push 99 to deploy again).
+    const ownPage: Record<string, string>[] = [{ Origin: `http://127.0.0.1:${port}` }, { 'Sec-Fetch-Site': 'same-origin' }, { Host: `localhost:${port}`, Origin: `http://localhost:${port}` }];
+    for (const headers of ownPage) {
+      const taken = await form(headers);
+      assert.equal(taken.status, 404, JSON.stringify(headers));
+      assert.match(taken.body, /No such past push on this page/);
+    }
+    // With -admin-token the listener may be reached by any name (a Service, a pod IP): the token guards it.
+    const guarded = await started({ hooks: [echoHook('echo')], args: ['-admin-token', ADMIN_TOKEN] });
+    const guardedPort = await adminPort(guarded);
+    const byName = await httpRequest(guardedPort, '/deliveries.json', { headers: { Host: 'webhook-admin.cattle-system.svc:9100', Authorization: `Bearer ${ADMIN_TOKEN}` } });
+    assert.equal(byName.status, 200);
   });
 
   test('the ring keeps the last -deliveries pushes, newest first; -deliveries 0 serves no page', async () => {
