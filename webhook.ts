@@ -5083,10 +5083,11 @@ function watchKey(scope: WatchScope): string {
 //    proxy-url) and its user: a client certificate, a token, a tokenFile (re-read on every request, and preferred to a
 //    token beside it, as client-go does), or an exec credential plugin run as client-go runs it
 //    (client.authentication.k8s.io/v1 or v1beta1, KUBERNETES_EXEC_INFO, never interactive, its env and args, its
-//    credential kept until its expirationTimestamp and renewed after a 401). Paths are relative to the file that
-//    names them; a plugin's bare command is looked up on PATH. Basic auth, auth-provider and impersonation are
-//    refused. Errors name the file, the context and the field, never a credential.
-//    Exports: credentialsFromEnvironment.
+//    credential kept until its expirationTimestamp and renewed after a 401), started from the environment the caller
+//    gives (ExecEnvironment), never this process's. Paths are relative to the file that names them; a plugin's bare
+//    command is looked up on PATH. Basic auth (a password in the server's URL too), auth-provider and impersonation
+//    are refused. Errors name the file, the context and the field, never a credential.
+//    Exports: credentialsFromEnvironment, ExecEnvironment.
 //    Tests: test/burst.test.ts, test/kubeconfig.test.ts, test/rollback.test.ts, test/upgrade.test.ts,
 //    test/watch.test.ts.
 // ================================================================================================
@@ -5099,7 +5100,22 @@ const EXEC_LIMITS = {
   maxOutputBytes: 1024 * 1024,
   // What of a failed plugin's standard error a message quotes: its last words, not its whole log.
   stderrChars: 300,
+  // A value shorter than this (a region, "1") is too likely an ordinary word to take out of what a plugin says.
+  minScrubbedChars: 6,
 };
+
+/**
+ * What exec credential plugins start from, instead of the service's whole environment: `env` (the caller's choice:
+ * the commands' environment, without the service's own secrets), to which each plugin's kubeconfig `env` is added;
+ * and `secrets`, values taken out of the standard error a message quotes (besides the kubeconfig `env` values).
+ */
+export interface ExecEnvironment {
+  env: Readonly<Record<string, string | undefined>>;
+  secrets: readonly string[];
+}
+
+/** Where no environment is given (a kubeconfig read by itself): a plugin inherits nothing of this process's. */
+const BARE_EXEC_ENVIRONMENT: ExecEnvironment = { env: {}, secrets: [] };
 
 /** One cluster, user or context entry, with the file that named it (paths in it are relative to that file). */
 interface KubeconfigEntry {
@@ -5187,15 +5203,19 @@ function readKubeconfigFile(file: string): Record<string, unknown> {
 }
 
 /** Credentials of one kubeconfig file's current context (or of `context`). */
-export function loadKubeconfig(file: string, context?: string): KubeCredentials {
-  return contextCredentials(readKubeconfig([file]), context);
+export function loadKubeconfig(file: string, context?: string, exec?: ExecEnvironment): KubeCredentials {
+  return contextCredentials(readKubeconfig([file]), context, exec);
 }
 
 /**
- * The credentials of a context: `name`, else the current context. Throws a KubeConfigError naming
- * the file, the context and the field.
+ * The credentials of a context: `name`, else the current context; its exec plugin starts from `exec`. Throws a
+ * KubeConfigError naming the file, the context and the field.
  */
-export function contextCredentials(config: Kubeconfig, name?: string): KubeCredentials {
+export function contextCredentials(
+  config: Kubeconfig,
+  name?: string,
+  exec: ExecEnvironment = BARE_EXEC_ENVIRONMENT,
+): KubeCredentials {
   const where = kubeconfigWhere(config.files);
   const contextName = name ?? config.currentContext;
   if (contextName === undefined)
@@ -5221,7 +5241,7 @@ export function contextCredentials(config: Kubeconfig, name?: string): KubeCrede
   const namespace = context.body.namespace;
   return {
     ...cluster,
-    ...userCredentials(userEntry.body, userEntry.where, path.dirname(path.resolve(userEntry.file)), cluster),
+    ...userCredentials(userEntry.body, userEntry.where, path.dirname(path.resolve(userEntry.file)), cluster, exec),
     source: `${where} (context ${JSON.stringify(contextName)}, user ${JSON.stringify(context.body.user)})`,
     namespace: typeof namespace === 'string' && namespace !== '' ? namespace : undefined,
   };
@@ -5237,6 +5257,12 @@ function clusterSettings(entry: KubeconfigEntry & { where: string }): ClusterSet
   const { body: cluster, where } = entry;
   const server = cluster.server;
   if (typeof server !== 'string' || server === '') throw new KubeConfigError(`${where}.server is missing`);
+  // Neither quoted nor kept: the URL is in every API error, and the password would be too.
+  if (/^[^/?#]*:\/\/[^/?#]*@/.test(server))
+    throw new KubeConfigError(
+      `${where}.server: a user name or password in the URL (user:password@host) is not accepted: the server's ` +
+        'address appears in every API error; give the user a token, a client certificate or an exec plugin',
+    );
   if (!server.startsWith('https://'))
     throw new KubeConfigError(`${where}.server ${JSON.stringify(server)}: only https:// API servers are supported`);
   const dir = path.dirname(path.resolve(entry.file));
@@ -5318,6 +5344,7 @@ function userCredentials(
   userWhere: string,
   dir: string,
   cluster: ClusterSettings,
+  exec: ExecEnvironment,
 ): Pick<KubeCredentials, 'token' | 'tokenFile' | 'cert' | 'key' | 'plugin'> {
   for (const [field, why] of Object.entries(REFUSED_USER_FIELDS))
     if (user[field] !== undefined) throw new KubeConfigError(`${userWhere}.${field}: ${why}`);
@@ -5326,7 +5353,7 @@ function userCredentials(
   if ((cert === undefined) !== (key === undefined))
     throw new KubeConfigError(`${userWhere}: client-certificate and client-key must be given together`);
   if (user.exec !== undefined) {
-    const plugin = new ExecPlugin(execSpec(user.exec, `${userWhere}.exec`, dir), cluster);
+    const plugin = new ExecPlugin(execSpec(user.exec, `${userWhere}.exec`, dir), cluster, exec);
     return { cert, key, plugin };
   }
   const token = typeof user.token === 'string' && user.token !== '' ? user.token : undefined;
@@ -5402,12 +5429,14 @@ function execSpec(exec: unknown, where: string, dir: string): ExecSpec {
 class ExecPlugin implements CredentialPlugin {
   private readonly spec: ExecSpec;
   private readonly cluster: ClusterSettings;
+  private readonly exec: ExecEnvironment;
   private cached: { credential: PluginCredential; expiresAt?: number } | undefined;
   private running: Promise<PluginCredential> | undefined;
 
-  constructor(spec: ExecSpec, cluster: ClusterSettings) {
+  constructor(spec: ExecSpec, cluster: ClusterSettings, exec: ExecEnvironment) {
     this.spec = spec;
     this.cluster = cluster;
+    this.exec = exec;
   }
 
   credential(): Promise<PluginCredential> {
@@ -5423,8 +5452,10 @@ class ExecPlugin implements CredentialPlugin {
 
   private async run(): Promise<PluginCredential> {
     const s = this.spec;
-    const env = { ...process.env, ...s.env, KUBERNETES_EXEC_INFO: JSON.stringify(this.execInfo()) };
-    const out = await runPlugin(s, env);
+    // As client-go does, but from the environment given, not this process's (HOOK_TOKEN, MAIL_PASSWORD…).
+    const env = { ...this.exec.env, ...s.env, KUBERNETES_EXEC_INFO: JSON.stringify(this.execInfo()) };
+    const secrets = [...this.exec.secrets, ...Object.values(s.env)];
+    const out = await runPlugin(s, env, new Scrubber(secrets.filter((v) => v.length >= EXEC_LIMITS.minScrubbedChars)));
     const parsed = parseExecCredential(out, s);
     this.cached = parsed;
     return parsed.credential;
@@ -5445,8 +5476,11 @@ class ExecPlugin implements CredentialPlugin {
   }
 }
 
-/** Runs the plugin with no standard input under a deadline: its standard output, or an error saying why. */
-function runPlugin(s: ExecSpec, env: NodeJS.ProcessEnv): Promise<string> {
+/**
+ * Runs the plugin with no standard input under a deadline: its standard output, or an error saying why, which quotes
+ * the last line of its standard error with `scrubber`'s secrets taken out.
+ */
+function runPlugin(s: ExecSpec, env: NodeJS.ProcessEnv, scrubber: Scrubber): Promise<string> {
   const name = `exec plugin ${JSON.stringify(s.command)} (${s.where})`;
   return new Promise((resolve, reject) => {
     const child = spawn(s.command, s.args, { env, stdio: ['ignore', 'pipe', 'pipe'], timeout: EXEC_LIMITS.timeoutMs });
@@ -5471,7 +5505,7 @@ function runPlugin(s: ExecSpec, env: NodeJS.ProcessEnv): Promise<string> {
       const why = signal
         ? `was stopped (${signal}${signal === 'SIGTERM' ? ', over its time limit' : ''})`
         : `exited ${code}`;
-      const said = err.trim().split('\n').at(-1)?.trim();
+      const said = scrubber.scrub(err).trim().split('\n').at(-1)?.trim();
       reject(new KubeConfigError(`${name} ${why}${said ? `: ${said}` : ''}`));
     });
   });
@@ -5561,14 +5595,18 @@ export function inClusterCredentials(
   };
 }
 
-/** -kubeconfig, else KUBECONFIG, else the pod's service account; `context` names one (else the current one). */
+/**
+ * -kubeconfig, else KUBECONFIG, else the pod's service account; `context` names one (else the current one); an
+ * exec plugin starts from `exec`.
+ */
 export function credentialsFromEnvironment(
   env: Record<string, string | undefined>,
   kubeconfigFlag?: string,
   context?: string,
+  exec?: ExecEnvironment,
 ): KubeCredentials {
   const files = kubeconfigFiles(env, kubeconfigFlag);
-  if (files) return contextCredentials(readKubeconfig(files), context);
+  if (files) return contextCredentials(readKubeconfig(files), context, exec);
   if (context !== undefined)
     throw new KubeConfigError(
       `no kubeconfig (neither -kubeconfig nor KUBECONFIG) to find the context ${JSON.stringify(context)} in; ` +
@@ -8760,8 +8798,9 @@ export class HookStore {
 //    own process group under a deadline and a cap on concurrent commands. Output is stdout and stderr combined in
 //    arrival order. A command that is an InProcessCommand's entry point (the bundled /webhooks.sh: the upgrade) is
 //    not started as a process: it runs in this process with the same inputs, output and exit status.
-//    Exports: CommandResult, CommandRunner, decodeBase64Strict, InProcessCommand, resolveHookCommand.
-//    Tests: test/compat.test.ts, test/runner.test.ts, test/unit.test.ts.
+//    A kubeconfig's exec credential plugins start from the same environment (execEnvironment).
+//    Exports: CommandResult, CommandRunner, decodeBase64Strict, execEnvironment, InProcessCommand, resolveHookCommand.
+//    Tests: test/compat.test.ts, test/runner.test.ts, test/unit.test.ts, test/kubeconfig.test.ts.
 // ================================================================================================
 
 type Environment = Record<string, string | undefined>;
@@ -8856,6 +8895,16 @@ export function inheritedEnvironment(env: Environment, templateVariables: Readon
     if (!serviceOnly && !templateVariables.has(name)) inherited[name] = value;
   }
   return inherited;
+}
+
+/**
+ * What a kubeconfig's exec credential plugins start from: the commands' environment (inheritedEnvironment), and the
+ * values withheld from it (the service's own secrets, the template's), taken out of what a plugin's error quotes.
+ */
+export function execEnvironment(env: Environment, templateVariables: ReadonlySet<string>): ExecEnvironment {
+  const inherited = inheritedEnvironment(env, templateVariables);
+  const withheld = Object.entries(env).filter(([name, value]) => value && !Object.hasOwn(inherited, name));
+  return { env: inherited, secrets: withheld.map(([, value]) => value!) };
 }
 
 /** A taken command slot: the command as resolved for this request, and which pool it came from. */
@@ -16068,7 +16117,8 @@ export async function runUpgrade(
 
 /** A client of the push's own (the upgrade mode; the service gives its own): its cluster's credentials. */
 function upgradeClient(env: Record<string, string | undefined>, deps: UpgradeDeps, cluster?: string): KubeClient {
-  return new KubeClient(deps.credentials?.() ?? credentialsFromEnvironment(env, deps.kubeconfig, cluster));
+  if (deps.credentials) return new KubeClient(deps.credentials());
+  return new KubeClient(credentialsFromEnvironment(env, deps.kubeconfig, cluster, execEnvironment(env, new Set())));
 }
 
 /** A failure thrown by a step, in the report: what failed, and whether anything is known to be written. */
@@ -16599,6 +16649,8 @@ export class UpgradeService implements InProcessCommand {
   private readonly following = new Map<string, { controller: AbortController; done: Promise<unknown> }>();
   private readonly kubeconfig: string | undefined;
   private readonly env: Record<string, string | undefined>;
+  /** The loaded hooks' template variables (useTemplateVariables): no exec plugin inherits them either. */
+  private templateVariables: () => ReadonlySet<string> = () => new Set();
   private readonly followMs: number;
   private readonly log: Logger;
   private readonly applyDeadlineMs: number;
@@ -16628,7 +16680,8 @@ export class UpgradeService implements InProcessCommand {
       const apply = (k: KeptPush) =>
         runUpgrade(k.args, k.env, { ...this.deps(k.requestId, k.hook, k.env), abandon: k.abandon.signal });
       const kept = new KeptPushes(apply, this.applyDeadlineMs, this.log, this.stopping.signal);
-      const credentials = () => credentialsFromEnvironment(this.env, this.kubeconfig, cluster);
+      const exec = () => execEnvironment(this.env, this.templateVariables());
+      const credentials = () => credentialsFromEnvironment(this.env, this.kubeconfig, cluster, exec());
       const labels = (verb: string) => ({ cluster: cluster ?? '', verb });
       const counted = (verb: string) => this.metrics?.inc('webhook_kubernetes_requests_total', labels(verb));
       lane = new ClusterLane(credentials, kept, this.log, counted);
@@ -16648,6 +16701,11 @@ export class UpgradeService implements InProcessCommand {
 
   handles(file: string): boolean {
     return isUpgradeEntryPoint(file);
+  }
+
+  /** The loaded hooks' template variables, read when a cluster's credentials are made (before any is: main). */
+  useTemplateVariables(current: () => ReadonlySet<string>): void {
+    this.templateVariables = current;
   }
 
   /** A push; with CLUSTERS, one push per cluster at once, each with its own result (FannedOut). */
@@ -19111,7 +19169,8 @@ async function checkCluster(
 ): Promise<{ line: string; ok: boolean }> {
   let client: KubeClient;
   try {
-    client = new KubeClient(credentialsFromEnvironment(env, kubeconfig, cluster), { retryBudgetMs: 0 });
+    const exec = execEnvironment(env, new Set());
+    client = new KubeClient(credentialsFromEnvironment(env, kubeconfig, cluster, exec), { retryBudgetMs: 0 });
   } catch (e) {
     return { line: `no credentials: ${(e as Error).message}`, ok: false };
   }
@@ -19391,7 +19450,7 @@ async function readPullSecrets(
   if (verifying.length === 0) return [];
   let client: KubeClient;
   try {
-    client = new KubeClient(credentialsFromEnvironment(env, kubeconfig, cluster));
+    client = new KubeClient(credentialsFromEnvironment(env, kubeconfig, cluster, execEnvironment(env, new Set())));
   } catch (e) {
     return verifying.map((r) => unreadNote(r, (e as Error).message));
   }
@@ -19537,6 +19596,7 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
   if (!snapshot || !approvalLinksReady(o, snapshot, upgrade, log)) return 1;
   const mailer = new Mailer(mailConfig(env, log), log, metrics, { max: o.maxMailsPerHook, windowMs: o.mailWindowMs });
   const store = new HookStore(settings, snapshot, log, metrics);
+  upgrade.useTemplateVariables(() => store.current.hooks.values().next().value?.templateVariables ?? new Set());
   const runner = new CommandRunner(o.maxConcurrentCommands, env, log, metrics, upgrade);
   const notifier = openNotifier(o, env, log, metrics);
   if (!notifier) return 1;

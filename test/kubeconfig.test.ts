@@ -15,8 +15,8 @@ import { after, before, describe, test } from 'node:test';
 import {
   contextCredentials, credentialsFromEnvironment, KubeClient, KubeConfigError, KubeError, loadKubeconfig, readKubeconfig,
 } from '../webhook.ts';
-import { makeTempDir } from './harness.ts';
-import { clusterOrSkip, freshNamespaceName, kubectlFor, namespaceAdminAccount, removeNamespace } from './cluster/kube.ts';
+import { makeTempDir, waitFor, webhookPool } from './harness.ts';
+import { acrPayload, clusterOrSkip, freshNamespaceName, kubectlFor, namespaceAdminAccount, removeNamespace } from './cluster/kube.ts';
 
 const cluster = await clusterOrSkip();
 const SECRET = `kc-secret-${randomBytes(6).toString('hex')}`;
@@ -118,6 +118,9 @@ describe('kubeconfig files', () => {
       [bad('v1.json', { exec: { apiVersion: 'client.authentication.k8s.io/v1', command: 'aws' } }), /users\["u"\]\.user\.exec\.interactiveMode: required/],
       [bad('always.json', { exec: { apiVersion: 'client.authentication.k8s.io/v1beta1', command: 'x', interactiveMode: 'Always' } }), /needs a terminal/],
       [write('broken.yaml', `users:\n- name: u\n  user: {token: ${SECRET}\n`), /not a YAML or JSON kubeconfig \(line \d+, column \d+\)/],
+      [bad('userinfo.json', { token: 'x' }, { server: `https://admin:${SECRET}@10.0.0.1:6443` }), /clusters\["k"\]\.cluster\.server: a user name or password in the URL \(user:password@host\) is not accepted/],
+      [bad('userinfo-http.json', { token: 'x' }, { server: `http://admin:${SECRET}@10.0.0.1` }), /clusters\["k"\]\.cluster\.server: a user name or password in the URL/],
+      [bad('user-only.json', { token: 'x' }, { server: `https://${SECRET}@10.0.0.1:6443/path` }), /cluster\.server: a user name or password in the URL/],
     ];
     for (const [file, expected] of cases) {
       assert.throws(() => loadKubeconfig(file), (e: Error) => {
@@ -308,5 +311,63 @@ describe('credentials that change, against the API server', { skip: cluster ? fa
     const cm = await client.get<{ metadata: { name: string } }>(resource);
     assert.equal(cm.metadata.name, 'kube-root-ca.crt');
     client.close();
+  });
+});
+
+describe('kubeconfig material through the executable', () => {
+  const { start, stopAll } = webhookPool();
+  after(stopAll);
+  const HOOK_TOKEN = `hook-token-${randomBytes(6).toString('hex')}`;
+  const WEB_TOKEN = `web-token-${randomBytes(6).toString('hex')}`;
+  const MAIL_PASSWORD = `mail-pass-${randomBytes(6).toString('hex')}`;
+  const KEY = `aws-secret-${randomBytes(6).toString('hex')}`;
+  const upgradeHook = {
+    id: 'web', 'execute-command': path.join(import.meta.dirname, '..', 'webhooks.sh'),
+    'include-command-output-in-response': true, 'include-command-output-in-response-on-error': true,
+    'pass-arguments-to-command': [{ source: 'entire-payload' }],
+    'pass-environment-to-command': [
+      { envname: 'APP_NS', source: 'string', name: 'prod' }, { envname: 'APP_WORKLOAD', source: 'string', name: 'deployment/web' },
+      { envname: 'APP_CONTAINER', source: 'string', name: 'app' }, { envname: 'REPO_TYPE', source: 'string', name: 'regionalregistry' },
+    ],
+    'trigger-rule': { match: { type: 'value', value: '{{ getenv "HOOK_TOKEN_WEB" }}', parameter: { source: 'url', name: 'token' } } },
+  };
+  const acr = acrPayload('v2');
+  const serve = (kubeconfig: string) => start({
+    hooks: [upgradeHook], args: ['-template'],
+    env: { KUBECONFIG: kubeconfig, HOOK_TOKEN, HOOK_TOKEN_WEB: WEB_TOKEN, MAIL_PASSWORD, MAIL_SMTP_HOST: 'smtp.invalid' },
+  });
+
+  test('a password in the server URL is refused, naming the field; the password is in no answer or log line', async () => {
+    const file = write('userinfo-exe.json', JSON.stringify({
+      'current-context': 'c', contexts: [{ name: 'c', context: { cluster: 'k', user: 'u' } }],
+      clusters: [{ name: 'k', cluster: { server: `https://admin:${SECRET}@127.0.0.1:1` } }], users: [{ name: 'u', user: { token: 'x' } }],
+    }));
+    const w = await serve(file);
+    const res = await w.request(`/hooks/web?token=${WEB_TOKEN}`, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: acr });
+    assert.equal(res.status, 500, res.body);
+    assert.match(res.body, /clusters\["k"\]\.cluster\.server: a user name or password in the URL \(user:password@host\) is not accepted/);
+    await waitFor(() => w.output().includes('finished handling web') || undefined, { what: 'the push to be logged' });
+    for (const text of [res.body, w.output()]) assert.ok(!text.includes(SECRET), text);
+  });
+
+  test('an exec plugin gets the commands\' environment plus its own env, never the service\'s secrets; its stderr is scrubbed', async () => {
+    const pluginDir = makeTempDir('exec-env-');
+    // A plugin that keeps its environment, then fails saying a secret it read elsewhere (a file of the service's).
+    fs.writeFileSync(path.join(pluginDir, 'leak'), `${MAIL_PASSWORD} ${HOOK_TOKEN} ${WEB_TOKEN}`);
+    const plugin = write('env-plugin.sh', `#!/bin/sh\nenv > "$PLUGIN_DIR/env"\necho "sts: denied for $AWS_SECRET_ACCESS_KEY ($(cat "$PLUGIN_DIR/leak"))" >&2\nexit 1\n`);
+    const file = execConfig('env-exe.json', 'https://127.0.0.1:1', undefined, plugin, { PLUGIN_DIR: pluginDir, AWS_SECRET_ACCESS_KEY: KEY });
+    const w = await serve(file);
+    const res = await w.request(`/hooks/web?token=${WEB_TOKEN}`, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: acr });
+    assert.equal(res.status, 500, res.body);
+    assert.match(res.body, /exec plugin ".*env-plugin\.sh" \(.*users\["u"\]\.user\.exec\) exited 1: sts: denied for \S+ \(\S+ \S+ \S+\)/);
+    const env = Object.fromEntries(fs.readFileSync(path.join(pluginDir, 'env'), 'utf8').trim().split('\n').map((l) => [l.slice(0, l.indexOf('=')), l.slice(l.indexOf('=') + 1)]));
+    for (const name of ['HOOK_TOKEN', 'HOOK_TOKEN_WEB', 'MAIL_PASSWORD', 'MAIL_SMTP_HOST', 'KUBECONFIG']) assert.equal(env[name], undefined, name);
+    assert.equal(env.AWS_SECRET_ACCESS_KEY, KEY, 'the kubeconfig\'s env');
+    assert.equal(env.PATH, process.env.PATH, 'the commands\' environment');
+    assert.match(env.KUBERNETES_EXEC_INFO, /"interactive":false/);
+    await waitFor(() => w.output().includes('finished handling web') || undefined, { what: 'the push to be logged' });
+    for (const text of [res.body, w.output()]) {
+      for (const secret of [KEY, MAIL_PASSWORD, HOOK_TOKEN, WEB_TOKEN]) assert.ok(!text.includes(secret), `${secret} in ${text}`);
+    }
   });
 });
