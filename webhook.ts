@@ -12109,7 +12109,9 @@ export function readApprovalToken(
   if (!body || !signature || extra !== undefined) return { refused: 'the link is not an approval link' };
   const expected = createHmac('sha256', key).update(body).digest();
   const given = Buffer.from(signature, 'base64url');
-  if (given.length !== expected.length || !timingSafeEqual(given, expected))
+  // Exactly as signed: Buffer.from skips what is not base64url, so `<link>!!` would decode as the link itself.
+  const exact = given.toString('base64url') === signature;
+  if (!exact || given.length !== expected.length || !timingSafeEqual(given, expected))
     return { refused: 'the link is not signed by this service (changed, or signed with another key)' };
   let claims: ApprovalClaims;
   try {
@@ -17240,13 +17242,37 @@ function outcomePage(o: DecisionOutcome): string {
   return pageShell(`${o.title} — webhook`, undefined, body);
 }
 
-/** The name the form gives, or why it cannot be recorded. Pure. */
+// What a name may not hold, as it is recorded (`Li Lei (10.0.3.7, by link)`) and shown in a log line, a mail, a
+// chat message, the page: control characters (C0, C1), line and paragraph separators, the bidirectional marks,
+// embeddings, overrides and isolates that would show the text around them in another order; and brackets of any
+// kind, since the address and the way the decision came follow the name in brackets: `Alice (10.0.0.9, admin
+// token)` would read as an attribution the service never made.
+const NAME_CONTROLS = /[\p{Cc}\p{Zl}\p{Zp}\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]/u;
+const NAME_BRACKETS = /[\p{Ps}\p{Pe}]/u;
+
+/** The name the form gives, or why it cannot be recorded (naming the character and where). Pure. */
 function deciderName(form: URLSearchParams | undefined): { name: string } | { problem: string } {
   const name = (form?.get('name') ?? '').trim();
   if (name === '') return { problem: 'Give your name: it is recorded with the decision.' };
-  if (name.length > APPROVAL_LIMITS.maxNameChars || /[\x00-\x1f\x7f]/.test(name))
-    return { problem: `A name has at most ${APPROVAL_LIMITS.maxNameChars} characters and no control characters.` };
+  if (name.length > APPROVAL_LIMITS.maxNameChars)
+    return { problem: `A name has at most ${APPROVAL_LIMITS.maxNameChars} characters (this one has ${name.length}).` };
+  if (NAME_CONTROLS.test(name)) {
+    const which = firstCharacter(name, NAME_CONTROLS);
+    return { problem: `A name may not hold control, line-separator or bidirectional characters (${which}).` };
+  }
+  if (NAME_BRACKETS.test(name)) {
+    const which = firstCharacter(name, NAME_BRACKETS);
+    return { problem: `A name may not hold brackets (${which}): what follows a name in brackets is the service's.` };
+  }
   return { name };
+}
+
+/** The first character of `text` that `re` matches, for a message: `"(" U+0028 at character 7`. Pure. */
+function firstCharacter(text: string, re: RegExp): string {
+  const chars = [...text];
+  const i = chars.findIndex((c) => re.test(c));
+  const code = `U+${chars[i].codePointAt(0)!.toString(16).toUpperCase().padStart(4, '0')}`;
+  return `${/[\p{L}\p{N}\p{P}\p{S}]/u.test(chars[i]) ? `"${chars[i]}" ` : ''}${code} at character ${i + 1}`;
 }
 
 /**

@@ -241,6 +241,45 @@ describe('approvals and windows on the real cluster', () => {
     assert.equal(await image('web'), acrImage('v1'));
   });
 
+  test('a link is taken only as it was signed: padding, stray or non-canonical characters get 403 and decide nothing', { skip }, async () => {
+    const link = linkPath(first.approve);
+    const signature = link.split('.')[1];
+    const alphabet = 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_';
+    // 32 bytes in 43 characters: the last one's two low bits are unused, so the next character decodes the same.
+    const sameBytes = `${link.slice(0, -1)}${alphabet[alphabet.indexOf(signature.at(-1)!) + 1]}`;
+    assert.deepEqual(Buffer.from(sameBytes.split('.')[1], 'base64url'), Buffer.from(signature, 'base64url'));
+    for (const variant of [`${link}!!`, `${link}=`, `${link}%21`, `${link}*`, `${link.slice(0, -5)}!${link.slice(-5)}`, sameBytes]) {
+      for (const method of ['GET', 'POST']) {
+        const res = await a.request(variant, { method, body: method === 'POST' ? 'name=eve' : undefined, headers: { 'Content-Type': 'application/x-www-form-urlencoded' } });
+        assert.equal(res.status, 403, `${method} ${variant}`);
+        assert.match(res.body, /not signed by this service/);
+      }
+    }
+    assert.equal(await image('web'), acrImage('v1'));
+    assert.equal((await pending('web')).app.request, first.request);
+  });
+
+  test('a name that would forge the attribution, reorder the text or break a line is refused (400), nothing decided', { skip }, async () => {
+    const cases: Array<[string, RegExp]> = [
+      ['Alice (10.0.0.9, admin token)', /may not hold brackets \(&quot;\(&quot; U\+0028 at character 7\): what follows a name in brackets is the service&#39;s\./],
+      ['Alice［admin token］', /may not hold brackets \(&quot;［&quot; U\+FF3B at character 6\)/],
+      ['Ali\u202Ece', /may not hold control, line-separator or bidirectional characters \(U\+202E at character 4\)/],
+      ['Bob\u2066x\u2069', /bidirectional characters \(U\+2066 at character 4\)/],
+      ['Eve\u200F', /bidirectional characters \(U\+200F at character 4\)/],
+      ['Line\u2028two', /\(U\+2028 at character 5\)/],
+      ['Para\u2029two', /\(U\+2029 at character 5\)/],
+      ['Next\u0085line', /\(U\+0085 at character 5\)/],
+      ['Tab\tname', /\(U\+0009 at character 4\)/],
+    ];
+    for (const [name, message] of cases) {
+      const res = await a.request(linkPath(first.approve), { method: 'POST', body: new URLSearchParams({ name }).toString(), headers: { 'Content-Type': 'application/x-www-form-urlencoded' } });
+      assert.equal(res.status, 400, JSON.stringify(name));
+      assert.match(res.body, message);
+    }
+    assert.equal(await image('web'), acrImage('v1'));
+    assert.equal((await pending('web')).app.request, first.request);
+  });
+
   test('chromium opens the approve link, the form decides: the workload changes, the result is told; the link works once', { skip: skip || !browser ? 'no cluster or browser' : false }, async () => {
     const page = await browser!.open(`${a.url}${linkPath(first.approve)}`);
     await page.viewport(900, 700);
