@@ -10683,6 +10683,16 @@ function checkedRepository(value: string, field: string): string {
   return value;
 }
 
+// The events of one batch (a Distribution envelope, an Event Grid or CloudEvents batch; also a Harbor event's
+// resources, a Quay push's tags) a reader looks at; the rest are counted as not read. Event Grid sends at most 5,000
+// events in a batch (maxEventsPerBatch; one by default) and Distribution one or a few per envelope, so a real
+// delivery is read whole; a 1 MiB body holds 340,000 empty events, each of which would otherwise cost a reading and
+// a line of its reason.
+const MAX_BATCH_EVENTS = 5_000;
+
+/** How many of a batch's `total` events a reader looks at. */
+const eventsRead = (total: number) => Math.min(total, MAX_BATCH_EVENTS);
+
 /**
  * Harbor's push (default format at event_data, CloudEvents format at data): one event per tagged resource.
  * `sender` names the registry in messages (TCR Enterprise sends Harbor's default format).
@@ -10690,7 +10700,7 @@ function checkedRepository(value: string, field: string): string {
 function harborPush(p: PayloadFields, s: RegistrySettings, base: string, pushedAt: string, sender = 'Harbor'): Reading {
   const pushes: PushEvent[] = [];
   const resources = fieldAt(base, 'resources');
-  for (let i = 0; i < p.count(resources); i++) {
+  for (let i = 0; i < eventsRead(p.count(resources)); i++) {
     const r = `${resources}.${i}`;
     const tag = p.optional(`${r}.tag`);
     // Pushed by digest, Harbor leaves the tag empty or (in its CloudEvents format) repeats the digest there.
@@ -10745,7 +10755,7 @@ function quayRead(p: PayloadFields, s: RegistrySettings): Reading {
   const names = Array.isArray(tags) ? tags : isObject(tags) ? Object.keys(tags) : undefined;
   if (names === undefined) throw new Error('updated_tags is missing (the tags pushed: a list, or an object)');
   if (names.length === 0) return { noop: 'updated_tags is empty: no tag was pushed' };
-  return names.map((tag, i) => {
+  return names.slice(0, eventsRead(names.length)).map((tag, i) => {
     if (typeof tag !== 'string') throw new Error(`updated_tags[${i}] must be a string, got ${typeName(tag)}`);
     return { host, repository, tag, tagField: 'updated_tags', digest: undefined, digestField: '', pushedAt: '' };
   });
@@ -10824,19 +10834,10 @@ function acrPush(p: PayloadFields, s: RegistrySettings, base: string): PushEvent
   };
 }
 
-// The events of one batch (a Distribution envelope, an Event Grid or CloudEvents batch) a reader looks at; the rest
-// are counted as not read. Event Grid sends at most 5,000 events in a batch (maxEventsPerBatch; one by default) and
-// Distribution one or a few per envelope, so a real delivery is read whole; a 1 MiB body holds 340,000 empty events,
-// each of which would otherwise cost a reading and a line of its reason.
-const MAX_BATCH_EVENTS = 5_000;
-
-/** How many of a batch's `total` events a reader looks at. */
-const eventsRead = (total: number) => Math.min(total, MAX_BATCH_EVENTS);
-
 /**
  * Why a batch announces no push, in one line: a single event's reason, else each reason with its count, the events
- * past MAX_BATCH_EVENTS counted as not read (`340000 events ignored: 5000 unknown action of a blob, 335000 not read
- * …`), cut by listWithin. `reasons`: one per event read. Pure.
+ * past MAX_BATCH_EVENTS counted as not read (`340000 events ignored: 5000 unknown action of a blob, 335000 past the
+ * first 5000 not read`), cut by listWithin. `reasons`: one per event read. Pure.
  */
 function ignoredEvents(reasons: readonly string[], total: number): string {
   if (total === 1 && reasons.length === 1) return reasons[0];

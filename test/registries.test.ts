@@ -119,3 +119,21 @@ describe('the headers argument', () => {
     assert.throws(() => parsePushHeaders('{'), /^Error: argument 2 is not JSON/);
   });
 });
+
+describe('batches are read up to their first 5,000 events', () => {
+  test('a Quay push of 20,000 tags and a Harbor event of 20,000 resources: 5,000 candidates each', () => {
+    const tags = Array.from({ length: 20_000 }, (_, i) => `t${i}`);
+    const quay = compose({ repository: 'org/app', docker_url: 'quay.io/org/app', updated_tags: tags }, { REPO_TYPE: 'quay' });
+    assert.equal(quay.kind === 'ref' && quay.candidates?.length, 5000, JSON.stringify(quay).slice(0, 300));
+    const harbor = fixture('harbor-push-artifact.json');
+    const resource = harbor.event_data.resources[0];
+    const many = { ...harbor, event_data: { ...harbor.event_data, resources: tags.map((tag) => ({ ...resource, tag, resource_url: resource.resource_url.replace(/:[^:]+$/, `:${tag}`) })) } };
+    const read = compose(many, { REPO_TYPE: 'harbor' });
+    assert.equal(read.kind === 'ref' && read.candidates?.length, 5000, JSON.stringify(read).slice(0, 300));
+  });
+  test('a Distribution envelope of pulls: counted by reason in one line', () => {
+    const pulls = Array.from({ length: 3 }, () => ({ action: 'pull', target: { mediaType: 'application/vnd.oci.image.manifest.v1+json', tag: 'v1' } }));
+    assert.equal(noopOf({ events: [...pulls, { action: 'push', target: { mediaType: 'application/octet-stream' } }] }, { REPO_TYPE: 'distribution' }),
+      'no push of a tagged manifest in the envelope (4 events ignored: 3 pull of a manifest, 1 push of a blob)');
+  });
+});
