@@ -8799,7 +8799,8 @@ export class HookStore {
 //    arrival order. A command that is an InProcessCommand's entry point (the bundled /webhooks.sh: the upgrade) is
 //    not started as a process: it runs in this process with the same inputs, output and exit status.
 //    A kubeconfig's exec credential plugins start from the same environment (execEnvironment).
-//    Exports: CommandResult, CommandRunner, decodeBase64Strict, execEnvironment, InProcessCommand, resolveHookCommand.
+//    Exports: CommandResult, CommandRunner, decodeBase64Strict, execEnvironment, inheritedEnvironment,
+//    InProcessCommand, resolveHookCommand.
 //    Tests: test/compat.test.ts, test/runner.test.ts, test/unit.test.ts, test/kubeconfig.test.ts.
 // ================================================================================================
 
@@ -11837,11 +11838,12 @@ function problemOf(check: () => unknown): string | undefined {
 //    parseDeployWindows; windowOpen says whether an instant is inside one and nextOpening when the next one opens,
 //    in the range's IANA zone through Intl (daylight saving time included; a range whose end is before its start
 //    crosses midnight). A push that must wait is recorded on the workload (PENDING_ANNOTATION, one PendingEntry per
-//    container); an approval link names one such entry by its id, the action and an expiry, signed with HMAC-SHA256
+//    container, sealed with a MAC over it and where it sits: sealPendingEntry, pendingEntrySealed); an approval link
+//    names one such entry by its id, hook and image, the action and an expiry, signed with HMAC-SHA256
 //    (approvalToken, readApprovalToken), so any replica holding the same key can check it.
 //    Exports: APPROVAL_PATH, ApprovalClaims, ApprovalLinks, approvalLinks, DeployWindow, describeWindows,
-//    nextOpening, parseDeployWindows, PENDING_ANNOTATION, PendingEntry, readApprovalToken, readPendingEntries,
-//    windowOpen.
+//    nextOpening, parseDeployWindows, PENDING_ANNOTATION, PendingEntry, pendingEntrySealed, readApprovalToken,
+//    readPendingEntries, sealPendingEntry, windowOpen.
 //    Tests: test/approvals.test.ts, test/windows.test.ts.
 // ================================================================================================
 
@@ -12032,6 +12034,49 @@ export interface PendingEntry {
   override?: boolean;
   /** Approved while the window was closed: by whom, from where, when. */
   approvedBy?: string;
+  /** The entry's MAC where it sits (pendingEntryMac), when the service signs links: anything else is not its own. */
+  mac?: string;
+}
+
+/** Where a pending entry sits; its MAC covers this, so an entry moved to another workload or container fails. */
+interface PendingPlace {
+  /** The hook's CLUSTER, undefined for the service's default cluster. */
+  cluster: string | undefined;
+  namespace: string;
+  kind: string;
+  name: string;
+  container: string;
+}
+
+/**
+ * A pending entry's MAC: HMAC-SHA256 with the links' key over a tag of its own (no link's text is one), where the
+ * entry sits and each of its fields but `mac`, names sorted (an entry a newer version wrote with more fields
+ * still verifies). Pure.
+ */
+export function pendingEntryMac(key: Buffer, place: PendingPlace, entry: PendingEntry): string {
+  const fields = Object.entries(entry)
+    .filter(([name]) => name !== 'mac')
+    .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
+  const where = [place.cluster ?? '', place.namespace, place.kind, place.name, place.container];
+  return createHmac('sha256', key).update(JSON.stringify([PENDING_ANNOTATION, where, fields])).digest('base64url');
+}
+
+/** The entry with its MAC where it sits; without a key (no links), as it is. Pure. */
+export function sealPendingEntry(key: Buffer | undefined, place: PendingPlace, entry: PendingEntry): PendingEntry {
+  return key ? { ...entry, mac: pendingEntryMac(key, place, entry) } : entry;
+}
+
+/**
+ * Whether an entry carries the MAC `key` gives it where it sits: exactly encoded, compared in constant time.
+ * Without a key nothing can be checked (an entry is then taken as written). Pure.
+ */
+export function pendingEntrySealed(key: Buffer | undefined, place: PendingPlace, entry: PendingEntry): boolean {
+  if (!key) return true;
+  if (typeof entry.mac !== 'string') return false;
+  const given = Buffer.from(entry.mac, 'base64url');
+  const expected = Buffer.from(pendingEntryMac(key, place, entry), 'base64url');
+  const exact = given.toString('base64url') === entry.mac;
+  return exact && given.length === expected.length && timingSafeEqual(given, expected);
 }
 
 /** The workload's pending entries: the annotation as read (for a patch's test) and parsed. Pure. */
@@ -12061,8 +12106,10 @@ export interface ApprovalClaims {
   kind: string;
   name: string;
   container: string;
-  /** The pending entry's id. */
+  /** The pending entry's id, its hook and image: a link decides that push only (another is refused). */
   id: string;
+  hook: string;
+  image: string;
   action: 'approve' | 'reject' | 'deploy-now';
   /** Expiry, epoch milliseconds. */
   exp: number;
@@ -14843,8 +14890,17 @@ interface WaitNeeds {
   closed: boolean;
 }
 
-/** The wait a push meets on this workload now; a malformed annotation throws, naming it. */
-function waitNeeds(workload: K8sObject, s: UpgradeSettings, decided: UpgradeDeps['decided'], nowMs: number): WaitNeeds {
+/**
+ * The wait a push meets on this workload now; a malformed annotation throws, naming it. A person's decision (or the
+ * admin's replay) clears the approval; a window's opening clears it only for the entry a person approved before.
+ */
+function waitNeeds(
+  workload: K8sObject,
+  s: UpgradeSettings,
+  decided: UpgradeDeps['decided'],
+  queued: PendingEntry | undefined,
+  nowMs: number,
+): WaitNeeds {
   const annotations = valueAt(workload, ['metadata', 'annotations']);
   const asked = isObject(annotations) ? annotations[APPROVAL_ANNOTATION] : undefined;
   if (asked !== undefined && asked !== 'required' && asked !== 'none')
@@ -14852,7 +14908,8 @@ function waitNeeds(workload: K8sObject, s: UpgradeSettings, decided: UpgradeDeps
   const windowText = isObject(annotations) ? annotations[WINDOW_ANNOTATION] : undefined;
   const windows =
     typeof windowText === 'string' ? deployWindowSetting(`annotation ${WINDOW_ANNOTATION}`, windowText) : s.windows;
-  const approval = (asked === 'required' || (asked === undefined && s.requireApproval)) && decided === undefined;
+  const approvedBefore = decided !== undefined && (decided.action !== 'window' || queued?.approvedBy !== undefined);
+  const approval = (asked === 'required' || (asked === undefined && s.requireApproval)) && !approvedBefore;
   const closed = windows !== undefined && decided?.action !== 'deploy-now' && !windowOpen(windows, nowMs);
   return { approval, windows, closed };
 }
@@ -14865,7 +14922,8 @@ type WaitOutcome = { guarded: PlannedChange['guarded'] } | 'no change' | 'confli
  * change window, is recorded on the workload (PENDING_ANNOTATION, written under a test of the value read, so any
  * replica can complete it and two cannot both write), answered 202 and told with the links that decide it. A newer
  * push replaces a waiting one (the older is superseded); an older one is superseded by it. A decided push
- * (deps.decided) completes only the entry it names, which the patch takes off: a second use finds nothing.
+ * (deps.decided) completes only the entry it names, which the patch takes off: a second use finds nothing. An entry
+ * whose MAC does not verify where it sits (forged, edited, or written before entries had one) counts as none.
  */
 async function waitStep(
   client: KubeClient,
@@ -14880,23 +14938,26 @@ async function waitStep(
   from: 'read' | 'known',
 ): Promise<WaitOutcome> {
   const { raw, entries } = readPendingEntries(workload);
-  const queued = entries[s.container];
+  const place = { ...target, cluster: report.cluster, container: s.container };
+  const found = entries[s.container];
+  const key = deps.approvals?.key;
+  const queued = found && pendingEntrySealed(key, place, found) ? found : undefined;
   const d = deps.decided;
-  if (from === 'known' && (queued || d?.id)) return 'stale';
+  if (from === 'known' && (found || d?.id)) return 'stale';
   if (d?.id !== undefined && queued?.id !== d.id)
     throw new PendingGone(
       'the waiting push was decided already, replaced by a newer push or expired; nothing was changed',
     );
-  const needs = waitNeeds(workload, s, d, nowMs);
+  const needs = waitNeeds(workload, s, d, queued, nowMs);
   const rest = Object.fromEntries(Object.entries(entries).filter(([c]) => c !== s.container));
   if (!needs.approval && !needs.closed) {
     if (d) report.notes.push(decidedNote(d, nowMs));
     else if (queued) report.notes.push(supersededNote((report.replaced = queued)));
-    return { guarded: queued ? { [PENDING_ANNOTATION]: { value: JSON.stringify(rest), read: raw } } : {} };
+    return { guarded: found ? { [PENDING_ANNOTATION]: { value: JSON.stringify(rest), read: raw } } : {} };
   }
   if (from === 'known') return 'stale';
   if (!d && queued && (await olderThanWaiting(queued, push, image, report))) return 'no change';
-  const entry = pendingEntry(s, push, needs, nowMs, d, deps);
+  const entry = sealPendingEntry(key, place, pendingEntry(s, push, needs, nowMs, d, deps, queued));
   const links = entryLinks(entry, target, s, needs, deps);
   const value = JSON.stringify({ ...rest, [s.container]: entry });
   const ops = annotationOps(
@@ -14913,7 +14974,7 @@ async function waitStep(
   }
   if (queued && !d) report.notes.push(supersededNote((report.replaced = queued)));
   report.waiting = { entry, ...(links ? { links } : {}) };
-  decide(report, d ? 'approved' : 'waiting', waitingAction(entry), image);
+  decide(report, entry.approvedBy !== undefined ? 'approved' : 'waiting', waitingAction(entry), image);
   const message = `container ${s.container}: ${push.image} ${waitingAction(entry)}; asked by ${whoAsked(deps)}`;
   await recordEventQuietly(
     client,
@@ -14964,7 +15025,10 @@ function pendingEntry(
   nowMs: number,
   d: UpgradeDeps['decided'],
   deps: UpgradeDeps,
+  queued: PendingEntry | undefined,
 ): PendingEntry {
+  // A window's opening approves nothing: only the approval a person gave the entry before carries over.
+  const approvedBy = d && d.action !== 'window' ? d.by : d ? queued?.approvedBy : undefined;
   const opensAt = needs.closed ? nextOpening(needs.windows!, nowMs) : undefined;
   const waitsFor = needs.approval ? (needs.closed ? 'approval and window' : 'approval') : 'window';
   const untilMs = (waitsFor === 'window' && opensAt !== undefined ? opensAt : nowMs) + s.approvalTimeoutMs;
@@ -14986,7 +15050,7 @@ function pendingEntry(
       ? 'whoever opens its links, or the admin token on the deliveries page'
       : 'the change window',
     ...(s.approvalOverride ? { override: true } : {}),
-    ...(d ? { approvedBy: d.by } : {}),
+    ...(approvedBy !== undefined ? { approvedBy } : {}),
   };
 }
 
@@ -15009,7 +15073,7 @@ function entryLinks(
   const links = approvalLinks(
     a.publicUrl,
     a.key,
-    { ...claims, id: entry.id, exp: Date.parse(entry.until) },
+    { ...claims, id: entry.id, hook: entry.hook, image: entry.image, exp: Date.parse(entry.until) },
     s.approvalOverride && needs.closed,
   );
   // Waiting for the window only: "deploy now" and reject are the choices.
@@ -16139,8 +16203,8 @@ function failedUpgrade(report: UpgradeReport, e: unknown): void {
 
 /**
  * A waiting push decided (approved, its window open) or a past push deployed again (deps.decided): the same
- * path as a push from its settings on (pin, policy, hold, newest wins, the waiting step, the patch), with the
- * image the push named. Never throws.
+ * path as a push from its settings on (pin, the registry and signature check as the hook asks now, policy, hold,
+ * newest wins, the waiting step, the patch), with the image the push named. Never throws.
  */
 async function runDecidedPush(
   push: IncomingPush,
@@ -16149,10 +16213,19 @@ async function runDecidedPush(
 ): Promise<UpgradeResult> {
   const report = newReport();
   try {
+    report.cluster = HOOK_SETTINGS.CLUSTER.parse(env.CLUSTER);
     const settings = readSettings(env, report);
     report.imageAfter = push.image;
     report.pushedAtMs = push.pushedAtMs;
-    const apply = () => applyUpgrade(deps.client, settings, push, report, deps);
+    const apply = async () => {
+      // What the push was checked against when it came may have changed since (a key, a tag moved), and an entry
+      // is only as good as who wrote it: the image is checked again before it is deployed.
+      const image = settings.verifyImage
+        ? await verifiedRef(deps.client, settings, push.image, undefined, report, deps)
+        : push.image;
+      report.imageAfter = image;
+      await applyUpgrade(deps.client, settings, { ...push, image }, report, deps);
+    };
     const key = `${settings.namespace}/${settings.workload.kind}/${settings.workload.name}`;
     await (deps.queue ? deps.queue.run(key, apply) : apply());
   } catch (e) {
@@ -16769,13 +16842,17 @@ export class UpgradeService implements InProcessCommand {
     this.approvals = approvals;
   }
 
-  /** A decided push's environment: the service's, the settings the hook fixes in its file, its workload. */
+  /**
+   * A decided push's environment: what a push's command inherits (inheritedEnvironment: never the service's
+   * MAIL_* and NOTIFY_*), the settings the hook fixes in its file, its workload.
+   */
   decidedEnv(
     hook: Hook,
     target: { namespace: string; kind: WorkloadKind; name: string },
     container: string,
   ): Record<string, string | undefined> {
-    const env: Record<string, string | undefined> = { ...this.env };
+    // A copy of its own: inheritedEnvironment makes a new object on each call.
+    const env: Record<string, string | undefined> = inheritedEnvironment(this.env, hook.templateVariables);
     for (const name of Object.keys(HOOK_SETTINGS)) env[name] = fixedInput(hook, name) ?? env[name];
     const workload = `${target.kind}/${target.name}`;
     return Object.assign(env, { APP_NS: target.namespace, APP_WORKLOAD: workload, APP_CONTAINER: container });
@@ -17176,6 +17253,30 @@ export interface WaitingPush {
   target: { namespace: string; kind: WorkloadKind; name: string };
   container: string;
   entry: PendingEntry;
+  /** The hook's CLUSTER it waits in; undefined: the service's default cluster. */
+  cluster?: string;
+}
+
+/**
+ * Why a pending entry is not used (dropped with a warning), or undefined: its MAC does not verify where it sits
+ * (sealed with the links' key), or its hook does not serve that workload, container or cluster. Pure.
+ */
+function pendingEntryProblem(key: Buffer | undefined, w: WaitingPush, hook: Hook): string | undefined {
+  const place = { ...w.target, cluster: w.cluster, container: w.container };
+  if (!pendingEntrySealed(key, place, w.entry))
+    return 'its MAC does not verify: it was not written here by this service (changed by hand, or by a version ' +
+      'before entries had one, or with another key)';
+  const reach = hookReach(hook)?.target;
+  const t = w.target;
+  if (reach && (reach.namespace !== t.namespace || reach.kind !== t.kind || reach.name !== t.name))
+    return `hook ${showValue(hook.id)} upgrades ${reach.kind}/${reach.name} in ${reach.namespace} only`;
+  const container = fixedInput(hook, 'APP_CONTAINER')?.trim();
+  if (container !== undefined && container !== w.container)
+    return `hook ${showValue(hook.id)} upgrades container ${container} only`;
+  const clusters = hookClusters(hook);
+  if (!clusters.includes(w.cluster))
+    return `hook ${showValue(hook.id)} upgrades ${clusters.map((c) => c ?? 'the default cluster').join(', ')} only`;
+  return undefined;
 }
 
 /** What a decision did, for the page that asked for it. */
@@ -17294,6 +17395,8 @@ export class ApprovalService implements ApprovalPages, CommandListener {
   private readonly acting = new Set<string>();
   /** Entry ids whose window or expiry failed to be acted on (the API server away): not before this time. */
   private readonly retryAt = new Map<string, number>();
+  /** Entries not used (pendingEntryProblem) that this replica is taking off: by workload, container and MAC. */
+  private readonly dropping = new Set<string>();
   private readonly stopping = new AbortController();
   /** The watch kept on each namespace and kind the hooks reach with several workloads, and its targets by name. */
   private readonly watches = new Map<string, GroupWatch>();
@@ -17460,13 +17563,46 @@ export class ApprovalService implements ApprovalPages, CommandListener {
     return [...targets.values()].filter((t) => !found.has(t));
   }
 
-  /** The waiting pushes of one workload as read: those of loaded hooks are known, the others forgotten. */
+  /**
+   * The waiting pushes of one workload as read: those of loaded hooks are known, the others forgotten; one that
+   * names a loaded hook but is not to be used (pendingEntryProblem) is taken off with a warning.
+   */
   private learn(target: WaitingPush['target'], workload: K8sObject): void {
     const { entries } = readPendingEntries(workload);
     const prefix = `${target.namespace}/${target.kind}/${target.name}/`;
     for (const key of this.pushes.keys()) if (key.startsWith(prefix)) this.pushes.delete(key);
-    for (const [container, entry] of Object.entries(entries))
-      if (this.hooks().has(entry.hook)) this.pushes.set(prefix + container, { target, container, entry });
+    for (const [container, entry] of Object.entries(entries)) {
+      const hook = this.hooks().get(entry.hook);
+      if (!hook) continue;
+      const w = { target, container, entry };
+      const problem = pendingEntryProblem(this.key, w, hook);
+      if (problem) void this.dropUntrusted(w, problem);
+      else this.pushes.set(prefix + container, w);
+    }
+  }
+
+  /**
+   * Takes an entry that is not to be used off the workload (a patch that tests the annotation read, so one
+   * replica does it), with a warning in the log and a Warning Event (UpgradeRefused) on the workload.
+   */
+  private async dropUntrusted(w: WaitingPush, problem: string): Promise<void> {
+    const client = this.upgrade.kube();
+    const id = `${waitingKey(w.target, w.container)}/${w.entry.mac ?? w.entry.id}`;
+    if (!client || this.dropping.has(id)) return;
+    this.dropping.add(id);
+    const where = `${w.target.kind}/${w.target.name} in ${w.target.namespace}`;
+    const what = `the waiting push of ${showValue(w.entry.image)} (hook ${showValue(w.entry.hook)})`;
+    try {
+      if (!(await this.takeOff(client, w))) return;
+      const message = `container ${w.container}: ${what} dropped, not deployed: ${problem}`;
+      this.log.warn(`${where}: ${message}`);
+      await recordWorkloadEvent(client, { ...w.target }, { type: 'Warning', reason: 'UpgradeRefused', message });
+    } catch (e) {
+      this.log.warn(`${where}: container ${w.container}: ${what} is not used (${problem}); not taken off: ` +
+        (e as Error).message);
+    } finally {
+      this.dropping.delete(id);
+    }
   }
 
   /** Acts on the known waiting pushes whose window opened or whose wait expired. */
@@ -17509,6 +17645,8 @@ export class ApprovalService implements ApprovalPages, CommandListener {
     const c = read.claims;
     const found = await this.find(c);
     if ('gone' in found) return page(410, outcomePage({ status: 410, title: 'Nothing to decide', detail: found.gone }));
+    if ('refused' in found)
+      return page(403, outcomePage({ status: 403, title: 'This link cannot be used', detail: found.refused }));
     if (method === 'GET') return page(200, confirmationPage(found.push, c.action, found.running));
     const who = deciderName(form);
     if ('problem' in who) return page(400, confirmationPage(found.push, c.action, found.running, who.problem));
@@ -17516,8 +17654,14 @@ export class ApprovalService implements ApprovalPages, CommandListener {
     return page(o.status, outcomePage(o));
   }
 
-  /** The push a link names, read from the workload now: gone once decided, replaced or expired. */
-  private async find(c: ApprovalClaims): Promise<{ push: WaitingPush; running: string } | { gone: string }> {
+  /**
+   * The push a link names, read from the workload now: gone once decided, replaced or expired, or when the entry
+   * is not to be used (pendingEntryProblem: the rescans take it off); refused when the link was made for another
+   * image or hook than the entry's.
+   */
+  private async find(
+    c: ApprovalClaims,
+  ): Promise<{ push: WaitingPush; running: string } | { gone: string } | { refused: string }> {
     const client = this.upgrade.kube();
     const target = { namespace: c.namespace, kind: c.kind as WorkloadKind, name: c.name };
     if (!client || !Object.hasOwn(WORKLOAD_KINDS, c.kind)) return { gone: 'the service cannot reach the cluster' };
@@ -17530,8 +17674,14 @@ export class ApprovalService implements ApprovalPages, CommandListener {
     const entry = readPendingEntries(workload).entries[c.container];
     if (entry?.id !== c.id)
       return { gone: 'This push was decided already, replaced by a newer push, or expired: the link works once.' };
+    const push = { target, container: c.container, entry };
+    const hook = this.hooks().get(entry.hook);
+    const problem = hook ? pendingEntryProblem(this.key, push, hook) : undefined;
+    if (problem) return { gone: `This push's entry on the workload is not used: ${problem}.` };
+    if (c.hook !== entry.hook || c.image !== entry.image)
+      return { refused: 'the link was made for another push (its image or hook is not the waiting one\'s)' };
     const running = locateContainer(workloadPodSpec(workload, target.kind), c.container)?.image ?? '(unknown)';
-    return { push: { target, container: c.container, entry }, running };
+    return { push, running };
   }
 
   /**
@@ -17553,7 +17703,10 @@ export class ApprovalService implements ApprovalPages, CommandListener {
   /** A decision: the push approved (the same path as a push) or its entry taken off, then the result told. */
   private async decide(w: WaitingPush, action: ApprovalClaims['action'] | 'expire' | 'window', by: string) {
     const hook = this.hooks().get(w.entry.hook);
-    if (!hook) return { status: 409, title: 'Not decided', detail: `the hook "${w.entry.hook}" is no longer loaded` };
+    if (!hook) {
+      this.forget(w);
+      return { status: 409, title: 'Not decided', detail: `the hook "${w.entry.hook}" is no longer loaded` };
+    }
     const requestId = randomUUID();
     if (action === 'reject' || action === 'expire') {
       const report = await this.dropEntry(w, action === 'reject' ? 'rejected' : 'expired', by);
@@ -17569,7 +17722,11 @@ export class ApprovalService implements ApprovalPages, CommandListener {
       push: e.push,
     };
     const r = await this.upgrade.runDecided(hook, w.target, w.container, push, { id: e.id, action, by }, requestId);
-    if (r.report.gone) return { status: 409, title: 'Nothing to decide', detail: r.report.error ?? '' };
+    // Gone from the workload: forgotten, not tried again on every tick until a rescan.
+    if (r.report.gone) {
+      this.forget(w);
+      return { status: 409, title: 'Nothing to decide', detail: r.report.error ?? '' };
+    }
     // Decided, but not applied (refused, skipped by policy, held, superseded): it no longer waits. Without an
     // answer from the API server it still does, and is tried again.
     const settled = !['waiting', 'approved'].includes(r.report.decision) && !r.report.changed;

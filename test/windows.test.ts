@@ -1,7 +1,8 @@
 /*
  * Change windows and approval links as pure functions: DEPLOY_WINDOW ranges read in their IANA zones
  * (far from UTC, across midnight, across daylight saving time), the next opening, malformed windows
- * named by range and field, and approval links that are signed, expire and cannot be changed.
+ * named by range and field, and approval links that are signed, expire and cannot be changed; pending entries
+ * whose MAC covers the entry and where it sits (workload, container, cluster).
  */
 import { test, describe } from 'node:test';
 import assert from 'node:assert/strict';
@@ -10,7 +11,10 @@ import {
   HOOK_SETTINGS,
   nextOpening,
   parseDeployWindows,
+  pendingEntryMac,
+  pendingEntrySealed,
   readApprovalToken,
+  sealPendingEntry,
   windowOpen,
 } from '../webhook.ts';
 
@@ -91,6 +95,8 @@ describe('approval links', () => {
     name: 'web',
     container: 'app',
     id: 'e1',
+    hook: 'deploy',
+    image: 'registry.example.com/acme/web:v2',
     action: 'approve' as const,
     exp: at('2026-11-26T00:00:00Z'),
   };
@@ -107,5 +113,40 @@ describe('approval links', () => {
     const late = readApprovalToken(key, token, at('2026-11-26T00:00:00Z'));
     assert.match((late as { refused: string }).refused, /expired at 2026-11-26T00:00:00.000Z/);
     assert.match((readApprovalToken(key, 'nonsense', 0) as { refused: string }).refused, /not an approval link/);
+  });
+});
+
+describe('pending entries carry a MAC over the entry and where it sits', () => {
+  const key = Buffer.alloc(32, 7);
+  const place = { cluster: undefined, namespace: 'apps', kind: 'deployment', name: 'web', container: 'app' };
+  const entry = {
+    id: 'e1', hook: 'deploy', request: 'r1', image: 'registry.example.com/acme/web:v2', push: 'sha256:x|t',
+    pushedAt: '2026-11-25T00:00:00.000Z', timeFrom: 'payload' as const, receivedAt: '2026-11-25T00:00:00.000Z',
+    waitsFor: 'approval' as const, until: '2026-11-26T00:00:00.000Z', decides: 'whoever opens its links',
+  };
+
+  test('a sealed entry verifies where it was sealed, and nowhere else; a changed field, key or encoding fails', () => {
+    const sealed = sealPendingEntry(key, place, entry);
+    assert.equal(sealed.mac, pendingEntryMac(key, place, entry));
+    assert.ok(pendingEntrySealed(key, place, sealed));
+    // The order of the fields as read back does not matter.
+    assert.ok(pendingEntrySealed(key, place, JSON.parse(JSON.stringify({ mac: sealed.mac, ...entry }))));
+    for (const [what, where] of [
+      ['another container', { ...place, container: 'sidecar' }],
+      ['another workload', { ...place, name: 'api' }],
+      ['another namespace', { ...place, namespace: 'prod' }],
+      ['another kind', { ...place, kind: 'statefulset' }],
+      ['another cluster', { ...place, cluster: 'b' }],
+    ] as const) assert.ok(!pendingEntrySealed(key, where, sealed), what);
+    for (const change of [{ image: 'evil.example.net/x/backdoor:1' }, { hook: 'api' }, { waitsFor: 'window' as const },
+      { approvedBy: 'nobody' }, { until: '2027-01-01T00:00:00.000Z' }])
+      assert.ok(!pendingEntrySealed(key, place, { ...sealed, ...change }), JSON.stringify(change));
+    assert.ok(!pendingEntrySealed(Buffer.alloc(32, 8), place, sealed), 'another key');
+    assert.ok(!pendingEntrySealed(key, place, entry), 'no MAC: an entry written before entries had one');
+    assert.ok(!pendingEntrySealed(key, place, { ...sealed, mac: `${sealed.mac}!!` }), 'a lenient encoding');
+    assert.ok(!pendingEntrySealed(key, place, { ...sealed, mac: `${sealed.mac}=` }), 'padding');
+    // Without a key (no links) there is nothing to check an entry with.
+    assert.deepEqual(sealPendingEntry(undefined, place, entry), entry);
+    assert.ok(pendingEntrySealed(undefined, place, entry));
   });
 });
