@@ -11844,7 +11844,7 @@ function problemOf(check: () => unknown): string | undefined {
 //    Exports: APPROVAL_PATH, ApprovalClaims, ApprovalLinks, approvalLinks, DeployWindow, describeWindows,
 //    nextOpening, parseDeployWindows, PENDING_ANNOTATION, PendingEntry, pendingEntrySealed, readApprovalToken,
 //    readPendingEntries, sealPendingEntry, windowOpen.
-//    Tests: test/approvals.test.ts, test/windows.test.ts.
+//    Tests: test/approvals.test.ts, test/signed-images.test.ts, test/windows.test.ts.
 // ================================================================================================
 
 /** One range of a change window: the weekdays it starts on (0 = Sunday), its minutes of the day, its zone. */
@@ -17279,6 +17279,12 @@ function pendingEntryProblem(key: Buffer | undefined, w: WaitingPush, hook: Hook
   return undefined;
 }
 
+/** The push a link names as read now, or why there is none to decide (`drop` takes an unused entry off). */
+type FoundPush =
+  | { push: WaitingPush; running: string }
+  | { gone: string; drop?: () => Promise<void> }
+  | { refused: string };
+
 /** What a decision did, for the page that asked for it. */
 interface DecisionOutcome {
   status: number;
@@ -17644,6 +17650,8 @@ export class ApprovalService implements ApprovalPages, CommandListener {
     }
     const c = read.claims;
     const found = await this.find(c);
+    // A POST on an entry that is not used takes it off (GET changes nothing; the rescans find it too).
+    if ('gone' in found && method === 'POST') await found.drop?.();
     if ('gone' in found) return page(410, outcomePage({ status: 410, title: 'Nothing to decide', detail: found.gone }));
     if ('refused' in found)
       return page(403, outcomePage({ status: 403, title: 'This link cannot be used', detail: found.refused }));
@@ -17656,12 +17664,10 @@ export class ApprovalService implements ApprovalPages, CommandListener {
 
   /**
    * The push a link names, read from the workload now: gone once decided, replaced or expired, or when the entry
-   * is not to be used (pendingEntryProblem: the rescans take it off); refused when the link was made for another
-   * image or hook than the entry's.
+   * is not to be used (pendingEntryProblem; `drop` takes it off); refused when the link was made for another image
+   * or hook than the entry's.
    */
-  private async find(
-    c: ApprovalClaims,
-  ): Promise<{ push: WaitingPush; running: string } | { gone: string } | { refused: string }> {
+  private async find(c: ApprovalClaims): Promise<FoundPush> {
     const client = this.upgrade.kube();
     const target = { namespace: c.namespace, kind: c.kind as WorkloadKind, name: c.name };
     if (!client || !Object.hasOwn(WORKLOAD_KINDS, c.kind)) return { gone: 'the service cannot reach the cluster' };
@@ -17677,7 +17683,8 @@ export class ApprovalService implements ApprovalPages, CommandListener {
     const push = { target, container: c.container, entry };
     const hook = this.hooks().get(entry.hook);
     const problem = hook ? pendingEntryProblem(this.key, push, hook) : undefined;
-    if (problem) return { gone: `This push's entry on the workload is not used: ${problem}.` };
+    const drop = () => this.dropUntrusted(push, problem!);
+    if (problem) return { gone: `This push's entry on the workload is not used: ${problem}.`, drop };
     if (c.hook !== entry.hook || c.image !== entry.image)
       return { refused: 'the link was made for another push (its image or hook is not the waiting one\'s)' };
     const running = locateContainer(workloadPodSpec(workload, target.kind), c.container)?.image ?? '(unknown)';

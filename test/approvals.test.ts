@@ -13,7 +13,7 @@ import assert from 'node:assert/strict';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { approvalToken } from '../webhook.ts';
+import { approvalToken, sealPendingEntry } from '../webhook.ts';
 import { browserOrSkip, type Browser } from './browser.ts';
 import { acrImage, acrPayload, clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor, namespacedGetter, removeNamespace } from './cluster/kube.ts';
 import { httpRequest, makeTempDir, spawnWebhook, waitFor, waitForOutput, webhookPool, type Webhook } from './harness.ts';
@@ -89,14 +89,18 @@ describe('flags, loading and -validate', () => {
 const cluster = await clusterOrSkip();
 const browser: Browser | undefined = cluster ? await browserOrSkip() : undefined;
 
-/** The annotation of an approval-required push another replica left for `hook`, expired an hour after it came. */
-function expiredEntry(id: string, hook: string, image: string): string {
+/**
+ * The annotation of an approval-required push another replica left for `hook` on deployment/<name> in `ns` (sealed
+ * with the key where it sits, as a replica writes it), expired an hour after it came.
+ */
+function expiredEntry(ns: string, name: string, id: string, hook: string, image: string): string {
   const hourAgo = new Date(Date.now() - 3_600_000).toISOString();
   const entry = {
-    id, hook, request: `${id}-request`, image, push: 'sha256:x|t', pushedAt: hourAgo, timeFrom: 'payload', receivedAt: hourAgo,
-    waitsFor: 'approval', until: new Date(Date.now() - 1000).toISOString(), decides: 'whoever opens its links',
+    id, hook, request: `${id}-request`, image, push: 'sha256:x|t', pushedAt: hourAgo, timeFrom: 'payload' as const, receivedAt: hourAgo,
+    waitsFor: 'approval' as const, until: new Date(Date.now() - 1000).toISOString(), decides: 'whoever opens its links',
   };
-  return `webhook/pending=${JSON.stringify({ app: entry })}`;
+  const place = { cluster: undefined, namespace: ns, kind: 'deployment', name, container: 'app' };
+  return `webhook/pending=${JSON.stringify({ app: sealPendingEntry(Buffer.from(KEY), place, entry) })}`;
 }
 
 /** The token of a link made for -public-url, to be opened on a replica's own port. */
@@ -346,7 +350,7 @@ describe('approvals and windows on the real cluster', () => {
   });
 
   test('a replica that starts finds what another left on the workloads its hooks reach: an expired push is told', { skip }, async () => {
-    await kubectl(['-n', ns, 'annotate', 'deployment/left', expiredEntry('left-1', 'fixed', acrImage('v6'))]);
+    await kubectl(['-n', ns, 'annotate', 'deployment/left', expiredEntry(ns, 'left', 'left-1', 'fixed', acrImage('v6'))]);
     const env = { KUBECONFIG: cluster!.kubeconfigPath, NOTIFY_CACERT: Buffer.from(rx.certPem).toString('base64') };
     const c = await started({ hooks: hooksFile, args: args(), env });
     const told = await posted((d) => d.decision === 'expired' && d.workload === 'deployment/left', 'the expired push');
@@ -481,6 +485,159 @@ describe('approvals and windows on the real cluster', () => {
   });
 });
 
+describe('pending entries are used only as this service wrote them', () => {
+  const skip = !cluster ? 'no cluster' : false;
+  const ns = freshNamespaceName('approvals-forged');
+  const form = { method: 'POST', body: 'name=Qian', headers: { 'Content-Type': 'application/x-www-form-urlencoded' } };
+  const evil = 'evil.example.net/x/backdoor:1';
+  let kubectl: ReturnType<typeof kubectlFor>;
+  let get: (what: string) => Promise<any>;
+  let rx: Receiver;
+  let w: Webhook;
+  let env: Record<string, string>;
+  const fixed = (id: string, settings: Record<string, string>) => ({ ...upgradeHook(id, TOKEN),
+    'pass-environment-to-command': fixedSettings({ APP_NS: ns, NOTIFY_URL: `${rx.base}/json`, ...settings }) });
+  const hooks = () => [
+    // The hook of deployment/api, whose pin lets it deploy evil.example.net/x/*.
+    fixed('api', { APP_WORKLOAD: 'deployment/api', APP_CONTAINER: 'app', ALLOW_IMAGES: 'evil.example.net/x/*' }),
+    // deployment/victim's own hook: the service reads that workload's pending entries.
+    fixed('victim', { APP_WORKLOAD: 'deployment/victim' }),
+    fixed('gate', { APP_WORKLOAD: 'deployment/gate', REQUIRE_APPROVAL: 'true', DEPLOY_WINDOW: 'daily 00:00-24:00 UTC' }),
+    // No NOTIFY_URL, MAIL_TO of its own: its pushes notify nobody, approved or not.
+    upgradeHook('quiet', TOKEN, { REQUIRE_APPROVAL: 'true' }),
+  ];
+  const place = (name: string, container: string) => ({ cluster: undefined, namespace: ns, kind: 'deployment', name, container });
+  /** An entry as a replica writes one, waiting for the window that opened a minute ago. */
+  const windowEntry = (id: string, hook: string, image: string) => {
+    const ago = new Date(Date.now() - 60_000).toISOString();
+    return { id, hook, request: `${id}-request`, image, push: `sha256:${id}|t`, pushedAt: ago, timeFrom: 'received' as const,
+      receivedAt: ago, waitsFor: 'window' as const, window: 'daily 00:00-24:00 UTC', opensAt: ago,
+      until: new Date(Date.now() + 3_600_000).toISOString(), decides: 'the change window' };
+  };
+  const annotate = (name: string, entries: object) =>
+    kubectl(['-n', ns, 'annotate', '--overwrite', `deployment/${name}`, `webhook/pending=${JSON.stringify(entries)}`]);
+  const pending = async (name: string) => JSON.parse((await get(`deployment/${name}`)).metadata.annotations?.['webhook/pending'] ?? '{}');
+  /** The Warning Events UpgradeRefused on deployment/<name> whose message includes `text`. */
+  const refusals = (name: string, text: string) => waitFor(async () => {
+    const list = JSON.parse(await kubectl(['-n', ns, 'get', 'events', '--field-selector', `involvedObject.name=${name},reason=UpgradeRefused`, '-o', 'json']));
+    const found = (list.items as any[]).filter((e) => e.type === 'Warning' && e.message.includes(text));
+    return found.length > 0 ? found : undefined;
+  }, { timeoutMs: 60_000, what: `the UpgradeRefused Event on ${name}: ${text}` });
+  /** The link a person would get for the entry waiting on deployment/<name>, made with the key. */
+  const link = (name: string, entry: any, claims: Record<string, unknown> = {}) => `/approval/${approvalToken(Buffer.from(KEY), {
+    namespace: ns, kind: 'deployment', name, container: 'app', id: entry.id, hook: entry.hook, image: entry.image,
+    action: 'approve', exp: Date.parse(entry.until), ...claims })}`;
+  const quietPush = async (name: string, tag: string) => {
+    const q = new URLSearchParams({ token: TOKEN, ns, workload: `deployment/${name}`, container: 'app', repo_type: 'regionalregistry' });
+    const res = await w.request(`/hooks/quiet?${q}`, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: acrPayload(tag) });
+    assert.equal(res.status, 202, res.body);
+    return (await pending(name)).app;
+  };
+
+  before(async () => {
+    if (skip) return;
+    kubectl = kubectlFor(cluster!);
+    get = namespacedGetter(kubectl, ns);
+    await kubectl(['create', 'namespace', ns]);
+    const two = [{ name: 'app', image: acrImage('v1') }, { name: 'sidecar', image: acrImage('v1') }];
+    await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: [
+      ...['api', 'gate', 'edited', 'bound', 'told'].map((n) => deployment(n, [{ name: 'app', image: acrImage('v1') }], { replicas: 1 })),
+      deployment('victim', two, { replicas: 1 })] }));
+    rx = await startReceiver();
+    const file = path.join(makeTempDir('approvals-forged-'), 'hooks.json');
+    fs.writeFileSync(file, JSON.stringify(hooks()));
+    // The service's own NOTIFY_URL is never a push's, approved or not (docs/notifications.md).
+    env = { KUBECONFIG: cluster!.kubeconfigPath, NOTIFY_CACERT: Buffer.from(rx.certPem).toString('base64'), NOTIFY_URL: `${rx.base}/service-env` };
+    w = await started({ hooks: file, args: ['-public-url', PUBLIC_URL, '-approval-key-file', keyFile(), '-rollout-follow', '0s', '-deliveries', '50'], env });
+  });
+  after(async () => {
+    await stopStarted();
+    await rx?.close();
+    if (!skip) await removeNamespace(kubectl, ns);
+  });
+
+  test('a forged entry naming another workload\'s hook is dropped with a warning and an Event, sealed or not; nothing is deployed', { skip }, async () => {
+    // Unsealed, as an editor writes one (or a version before entries had a MAC): the hook api, its pin, the sidecar.
+    await annotate('victim', { sidecar: windowEntry('forged-1', 'api', evil) });
+    const [unsealed] = await refusals('victim', 'its MAC does not verify');
+    assert.match(unsealed.message, /^container sidecar: the waiting push of "?evil\.example\.net\/x\/backdoor:1"? \(hook "?api"?\) dropped, not deployed: /);
+    assert.ok(w.output().includes(`deployment/victim in ${ns}: container sidecar: the waiting push of`), 'the warning is logged');
+    await waitFor(async () => Object.keys(await pending('victim')).length === 0, { timeoutMs: 30_000, what: 'the forged entry taken off' });
+    // Sealed with the key where it sits, but api upgrades deployment/api only.
+    await annotate('victim', { sidecar: sealPendingEntry(Buffer.from(KEY), place('victim', 'sidecar'), windowEntry('forged-2', 'api', evil)) });
+    await refusals('victim', `hook "api" upgrades deployment/api in ${ns} only`);
+    // Sealed for the sidecar, copied to the app container: the MAC names where it sits.
+    await annotate('api', { app: { ...sealPendingEntry(Buffer.from(KEY), place('api', 'sidecar'), windowEntry('forged-3', 'api', evil)) } });
+    await refusals('api', 'its MAC does not verify');
+    const victim = await get('deployment/victim');
+    assert.deepEqual([containerImage(victim, 'app'), containerImage(victim, 'sidecar')], [acrImage('v1'), acrImage('v1')]);
+    assert.equal(containerImage(await get('deployment/api'), 'app'), acrImage('v1'));
+  });
+
+  test('a window\'s opening does not clear a needed approval: the push waits for one', { skip }, async () => {
+    // An entry that waited for the window alone (sealed, as written before the hook required approvals).
+    await annotate('gate', { app: sealPendingEntry(Buffer.from(KEY), place('gate', 'app'), windowEntry('gate-1', 'gate', acrImage('v2'))) });
+    const entry = await waitFor(async () => {
+      const e = (await pending('gate')).app;
+      return e && e.id !== 'gate-1' ? e : undefined;
+    }, { timeoutMs: 60_000, what: 'the window decision' });
+    assert.deepEqual([entry.waitsFor, entry.image, entry.approvedBy], ['approval', acrImage('v2'), undefined]);
+    assert.equal(containerImage(await get('deployment/gate'), 'app'), acrImage('v1'), 'deployed with no approval');
+  });
+
+  test('an approval link binds the image and the hook; an entry edited under a live link is not deployed', { skip }, async () => {
+    const entry = await quietPush('bound', 'v3');
+    assert.ok(entry.mac, 'the entry is sealed');
+    for (const other of [{ image: evil }, { hook: 'api' }, { image: undefined, hook: undefined }]) {
+      const res = await w.request(link('bound', entry, other), form);
+      assert.equal(res.status, 403, `${JSON.stringify(other)}: ${res.body}`);
+      assert.match(res.body, /the link was made for another push/);
+    }
+    assert.equal(containerImage(await get('deployment/bound'), 'app'), acrImage('v1'));
+    // The entry's image rewritten by hand (to a tag nobody approved); the link the approver holds names the entry.
+    const edited = await quietPush('edited', 'v4');
+    await annotate('edited', { app: { ...edited, image: acrImage('v66') } });
+    const res = await w.request(link('edited', edited), form);
+    assert.equal(res.status, 410, res.body);
+    assert.match(res.body, /not used: its MAC does not verify/);
+    await refusals('edited', 'its MAC does not verify');
+    assert.equal(containerImage(await get('deployment/edited'), 'app'), acrImage('v1'));
+    assert.deepEqual(await pending('edited'), {});
+  });
+
+  test('an approved push notifies as its hook says, never the service\'s own NOTIFY_URL', { skip }, async () => {
+    const entry = await quietPush('told', 'v5');
+    const res = await w.request(link('told', entry), form);
+    assert.equal(res.status, 200, res.body);
+    assert.equal(containerImage(await get('deployment/told'), 'app'), acrImage('v5'));
+    const admin = Number(/serving deliveries on http:\/\/127\.0\.0\.1:(\d+)/.exec(await waitForOutput(w, /serving deliveries on/))![1]);
+    const delivery = await waitFor(async () => JSON.parse((await httpRequest(admin, '/deliveries.json')).body).deliveries
+      .find((d: any) => d.workload === 'deployment/told' && d.decision === 'applied' && d.state === 'done'), { timeoutMs: 30_000, what: 'the approved delivery' });
+    assert.deepEqual(delivery.notifications, [], 'no notification channel');
+    assert.deepEqual(rx.requests.filter((r) => r.url === '/service-env'), [], 'the service\'s NOTIFY_URL got the result');
+  });
+
+  test('an entry gone from the workload is forgotten, not tried again every second', { skip }, async () => {
+    // One workload alone: read once at start, then every 30 s (no watch), so what this replica knows gets stale.
+    await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(deployment('solo', [{ name: 'app', image: acrImage('v1') }, { name: 'side', image: acrImage('v1') }], { replicas: 1 })));
+    const file = path.join(makeTempDir('approvals-solo-'), 'hooks.json');
+    fs.writeFileSync(file, JSON.stringify([fixed('solo', { APP_WORKLOAD: 'deployment/solo' })]));
+    const opens = (ms: number, id: string, container: string) => sealPendingEntry(Buffer.from(KEY), place('solo', container),
+      { ...windowEntry(id, 'solo', acrImage('v6')), opensAt: new Date(Date.now() + ms).toISOString() });
+    const side = opens(16_000, 'solo-side', 'side');
+    await annotate('solo', { app: opens(10_000, 'solo-app', 'app'), side });
+    const solo = await started({ hooks: file, args: ['-public-url', PUBLIC_URL, '-approval-key-file', keyFile(), '-rollout-follow', '0s'], env });
+    const admin = Number(/serving deliveries on http:\/\/127\.0\.0\.1:(\d+)/.exec(await waitForOutput(solo, /serving deliveries on/))![1]);
+    await waitFor(async () => (await httpRequest(admin, '/deliveries')).body.includes('value="solo-app"'), { timeoutMs: 30_000, what: 'the entry learnt' });
+    // Taken off by someone else before its window: this replica still knows it until its next read.
+    await annotate('solo', { side });
+    await waitForOutput(solo, new RegExp(`\\] deployment/solo in ${ns}: image updated`), 60_000);
+    const tries = solo.output().split('\n').filter((l) => l.includes(`deployment/solo in ${ns}: the waiting push was decided already`));
+    assert.equal(tries.length, 1, tries.join('\n'));
+    await solo.stop();
+  });
+});
+
 describe('the approvals keep a watch on the workloads their hooks reach', () => {
   const skip = !cluster ? 'no cluster' : false;
   const ns = freshNamespaceName('approvals-watch');
@@ -512,12 +669,12 @@ describe('the approvals keep a watch on the workloads their hooks reach', () => 
     };
     const told = (workload: string) => waitFor(() => rx.requests.map((r) => JSON.parse(r.body))
       .find((d) => d.decision === 'expired' && d.workload === `deployment/${workload}`), { timeoutMs: 60_000, what: `${workload}'s expired push told` });
-    await kubectl(['-n', ns, 'annotate', 'deployment/wx', expiredEntry('wx-1', 'fx', acrImage('v2'))]);
+    await kubectl(['-n', ns, 'annotate', 'deployment/wx', expiredEntry(ns, 'wx', 'wx-1', 'fx', acrImage('v2'))]);
     await told('wx');
     const listed = await requests('list');
     assert.ok(listed >= 1 && (await requests('watch')) >= 1, 'listed once and watching');
     // Learnt from the watch's event, not from a rescan's LIST (which came every 30 s).
-    await kubectl(['-n', ns, 'annotate', 'deployment/wy', expiredEntry('wy-1', 'fy', acrImage('v2'))]);
+    await kubectl(['-n', ns, 'annotate', 'deployment/wy', expiredEntry(ns, 'wy', 'wy-1', 'fy', acrImage('v2'))]);
     await told('wy');
     assert.equal(await requests('list'), listed);
   });

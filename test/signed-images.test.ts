@@ -6,6 +6,8 @@
  * the rest. The envelopes are posted by the test once the signature is (or is not) in place, in the
  * registry's own shape: the registry's own notifications would race cosign.
  *
+ * An approved push whose entry names an unsigned digest is checked again, and refused.
+ *
  * The referrers way, both ways: cosign's --registry-referrers-mode=oci-1-1 against Distribution 2.8
  * (no referrers API: GET /v2/<repo>/referrers/<digest> is 404) stores the signature as a referrer and
  * lists it in the referrers tag schema's index (tag sha256-<hex>), which the service reads as the
@@ -29,6 +31,7 @@ import { ociRegistryOrSkip, type OciRegistry } from './oci-registry.ts';
 import { ociArchive, startRegistry, type Registry } from './registry.ts';
 import { clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor, pushedState, removeNamespace } from './cluster/kube.ts';
 import { fixedSettings, registryHook } from './upgrade-hooks.ts';
+import { approvalToken, sealPendingEntry } from '../webhook.ts';
 
 const run = promisify(execFile);
 const TOKEN = 'signed-images-token-3e81c0';
@@ -357,6 +360,40 @@ describe('VERIFY_SIGNATURE: cosign signatures on a real registry, through the ex
     // Only a registry that is away keeps a push: an unsigned digest is refused at once under the same hook.
     const unsigned = await pushImage('v9');
     await refused('v9', unsigned, /no cosign signature \(looked at .*\)/, { hook: 'patient', workload: 'patient' });
+  });
+
+  test('an approved push is checked again: an unsigned digest waiting under VERIFY_SIGNATURE and REQUIRE_APPROVAL is refused', async () => {
+    // An entry the signature check never saw (sealed with the key: as a replica writes one for a hook that did not
+    // verify signatures then), approved by a person through its link.
+    const approvalKey = 'signed-images-approval-key-0c5d1e7a9b3f2d8c';
+    const keyFile = path.join(work, 'approval-key');
+    fs.writeFileSync(keyFile, approvalKey);
+    const gated = registryHook('gated', { match: { type: 'value', value: TOKEN, parameter: { source: 'url', name: 'token' } } }, 'distribution') as Record<string, object[]>;
+    gated['pass-environment-to-command'].push(...fixedSettings({ REGISTRY_CA: caFile, VERIFY_SIGNATURE: `cosign:${path.join(work, 'release.pub')}`, REQUIRE_APPROVAL: 'true' }));
+    fs.writeFileSync(path.join(work, 'gated.json'), JSON.stringify([gated]));
+    const d: Record<string, any> = deployment('gated', [{ name: 'app', image: image('v1') }], { replicas: 1 });
+    d.spec.template.spec.imagePullSecrets = [{ name: 'regcred' }];
+    await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(d));
+    const svc = await startWebhook({ hooks: path.join(work, 'gated.json'), env: { KUBECONFIG: cluster!.kubeconfigPath },
+      args: ['-public-url', 'https://webhook.example.test', '-approval-key-file', keyFile, '-rollout-follow', '0s'] });
+    try {
+      const unsigned = await pushImage('v21');
+      const ref = `${image('v21')}@${unsigned}`;
+      const now = new Date().toISOString();
+      const until = new Date(Date.now() + 3_600_000).toISOString();
+      const entry = sealPendingEntry(Buffer.from(approvalKey), { cluster: undefined, namespace: ns, kind: 'deployment', name: 'gated', container: 'app' }, {
+        id: 'unchecked-1', hook: 'gated', request: 'unchecked-1', image: ref, push: `${unsigned}|${now}`, pushedAt: now,
+        timeFrom: 'payload', receivedAt: now, waitsFor: 'approval', until, decides: 'whoever opens its links' });
+      await kubectl(['-n', ns, 'annotate', 'deployment/gated', `webhook/pending=${JSON.stringify({ app: entry })}`]);
+      const token = approvalToken(Buffer.from(approvalKey), {
+        namespace: ns, kind: 'deployment', name: 'gated', container: 'app', id: entry.id, hook: 'gated', image: ref, action: 'approve', exp: Date.parse(until) });
+      const res = await svc.request(`/approval/${token}`, { method: 'POST', body: 'name=Qian', headers: { 'Content-Type': 'application/x-www-form-urlencoded' } });
+      assert.equal(res.status, 500, res.body);
+      assert.match(res.body, new RegExp(`signature: ${escape(`${registry.host}/acme/web@${unsigned}`)} is not signed as VERIFY_SIGNATURE requires: no cosign signature`));
+      assert.equal(await imageOf('gated'), image('v1'));
+    } finally {
+      await svc.stop();
+    }
   });
 
   test('the registry login and the key password never appear in the output', () => {
