@@ -17225,7 +17225,9 @@ export class RolloutFollower implements CommandListener {
 //    first: an approval link's confirmation page and its POST (GET never decides), the deliveries page's Approve,
 //    Reject and Deploy again, a change window's opening and an expiry. Each decision reads the workload, checks the
 //    pending entry the link names is still there, and completes it by a patch that tests the annotation it read (a
-//    second use, or a second replica, finds nothing to do). An approved push goes through the same path as a push
+//    second use, or a second replica, finds nothing to do). An entry is used only when its MAC verifies where it
+//    sits and its hook serves that workload, container and cluster (pendingEntryProblem); any other is taken off
+//    with a warning and a Warning Event. An approved push goes through the same path as a push
 //    (UpgradeService.runDecided); a rejected or expired one only loses its entry. The result goes to the command
 //    listener like a push's: recorded, followed, mailed and posted. A replica knows the waiting pushes its own
 //    answers recorded, and learns the others' from the workloads its hooks reach: a watch per namespace and kind
