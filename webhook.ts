@@ -11844,7 +11844,7 @@ function problemOf(check: () => unknown): string | undefined {
 //    Exports: APPROVAL_PATH, ApprovalClaims, ApprovalLinks, approvalLinks, DeployWindow, describeWindows,
 //    nextOpening, parseDeployWindows, PENDING_ANNOTATION, PendingEntry, pendingEntrySealed, readApprovalToken,
 //    readPendingEntries, sealPendingEntry, windowOpen.
-//    Tests: test/approvals.test.ts, test/signed-images.test.ts, test/windows.test.ts.
+//    Tests: test/approvals.test.ts, test/signed-images.test.ts, test/unit.test.ts, test/windows.test.ts.
 // ================================================================================================
 
 /** One range of a change window: the weekdays it starts on (0 = Sunday), its minutes of the day, its zone. */
@@ -17233,7 +17233,7 @@ export class RolloutFollower implements CommandListener {
 //    answers recorded, and learns the others' from the workloads its hooks reach: a watch per namespace and kind
 //    (listed once, shared with the follows), or, where it has none, one LIST per namespace and kind every rescanMs.
 //    Exports: approvalHooksProblem, ApprovalService, WaitingPush.
-//    Tests: test/approvals.test.ts.
+//    Tests: test/approvals.test.ts, test/unit.test.ts.
 // ================================================================================================
 
 const APPROVAL_LIMITS = {
@@ -17263,7 +17263,7 @@ export interface WaitingPush {
  * Why a pending entry is not used (dropped with a warning), or undefined: its MAC does not verify where it sits
  * (sealed with the links' key), or its hook does not serve that workload, container or cluster. Pure.
  */
-function pendingEntryProblem(key: Buffer | undefined, w: WaitingPush, hook: Hook): string | undefined {
+export function pendingEntryProblem(key: Buffer | undefined, w: WaitingPush, hook: Hook): string | undefined {
   const place = { ...w.target, cluster: w.cluster, container: w.container };
   if (!pendingEntrySealed(key, place, w.entry))
     return 'its MAC does not verify: it was not written here by this service (changed by hand, or by a version ' +

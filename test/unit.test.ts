@@ -7,7 +7,8 @@ import {
   evaluateRule, evaluateRuleBeforeBody, extractSignatures, formatGoDuration, goJsonMarshal, goJsEscape, goQueryEscape, JsonNumber, lookupParameter,
   MultipartError, ParameterNotFound, parseCidr, parseCommandLine, parseGoDuration, parseJsonKeepingNumbers, parseMultipart,
   parsePayload, parseYaml, parseXml, redactUrl, renderTemplate, replaceParameter, UsageError, type HookRequest,
-  escapeControls, formatRbac, hookReach, inheritedEnvironment, parseListenAddress, listWithin,
+  escapeControls, formatRbac, hookReach, inheritedEnvironment, parseListenAddress, listWithin, pendingEntryProblem,
+  sealPendingEntry,
 } from '../webhook.ts';
 
 describe('command line', () => {
@@ -342,6 +343,46 @@ describe('least privilege: what a hook can reach (-print-rbac)', () => {
     const podVerbs = Object.fromEntries(yaml.split('---\n').filter((d) => /^kind: Role$/m.test(d))
       .map((d) => [/namespace: "(\w+)"/.exec(d)![1], /resources: \["pods"\]\n    verbs: (.*)/.exec(d)![1]]));
     assert.deepEqual(podVerbs, { a: '["list", "watch", "delete"]', b: '["list", "watch"]', c: '["list", "watch"]', d: '["list", "watch"]', e: '["list", "watch"]' });
+  });
+});
+
+describe('pending entries: used only as sealed where they sit, for a hook that serves the place', () => {
+  const key = Buffer.alloc(32, 5);
+  const fixed = (id: string, settings: Record<string, string>) => ({ id, 'execute-command': '/webhooks.sh',
+    'pass-environment-to-command': Object.entries(settings).map(([envname, name]) => ({ envname, source: 'string', name })) });
+  const hooks = compileHooksFile('h.json', JSON.stringify([
+    fixed('api', { APP_NS: 'prod', APP_WORKLOAD: 'deployment/api', APP_CONTAINER: 'app' }),
+    fixed('any', {}),
+    fixed('far', { CLUSTER: 'b' }),
+    fixed('both', { CLUSTERS: 'a b' }),
+  ]), { commandTimeoutMs: 1000 }).hooks;
+  const [api, any, far, both] = hooks;
+  const entry = {
+    id: 'e1', hook: 'api', request: 'r1', image: 'registry.example.com/acme/web:v2', push: 'sha256:x|t',
+    pushedAt: '2026-11-25T00:00:00.000Z', timeFrom: 'payload' as const, receivedAt: '2026-11-25T00:00:00.000Z',
+    waitsFor: 'window' as const, until: '2026-11-26T00:00:00.000Z', decides: 'the change window',
+  };
+  /** The waiting push on deployment/<name> in prod, container <container>, cluster <cluster>, sealed there. */
+  const at = (name: string, container: string, cluster?: string, hook = 'api') => {
+    const target = { namespace: 'prod', kind: 'deployment' as const, name };
+    const sealed = sealPendingEntry(key, { ...target, cluster, container }, { ...entry, hook });
+    return { target, container, cluster, entry: sealed };
+  };
+  test('the hook\'s own workload, container and cluster; anything else is named', () => {
+    assert.equal(pendingEntryProblem(key, at('api', 'app'), api), undefined);
+    assert.equal(pendingEntryProblem(key, at('victim', 'sidecar'), api), 'hook "api" upgrades deployment/api in prod only');
+    assert.equal(pendingEntryProblem(key, at('api', 'sidecar'), api), 'hook "api" upgrades container app only');
+    assert.equal(pendingEntryProblem(key, at('api', 'app', 'b'), api), 'hook "api" upgrades the default cluster only');
+    assert.equal(pendingEntryProblem(key, at('victim', 'sidecar', undefined, 'any'), any), undefined);
+    assert.equal(pendingEntryProblem(key, at('web', 'app', undefined, 'far'), far), 'hook "far" upgrades b only');
+    assert.equal(pendingEntryProblem(key, at('web', 'app', 'b', 'far'), far), undefined);
+    assert.equal(pendingEntryProblem(key, at('web', 'app', 'a', 'both'), both), undefined);
+    const moved = { ...at('api', 'app'), container: 'sidecar' };
+    assert.match(pendingEntryProblem(key, moved, api)!, /^its MAC does not verify/);
+    assert.match(pendingEntryProblem(Buffer.alloc(32, 6), at('api', 'app'), api)!, /^its MAC does not verify/);
+    // Without a key (no links) only the hook's reach is checked.
+    assert.equal(pendingEntryProblem(undefined, { ...at('api', 'app'), entry }, api), undefined);
+    assert.equal(pendingEntryProblem(undefined, { ...at('victim', 'app'), entry }, api), 'hook "api" upgrades deployment/api in prod only');
   });
 });
 
