@@ -12184,7 +12184,7 @@ export function readApprovalToken(
 //    locateContainer, LocatedContainer, missingContainerMessage, newReport, numberAt, orList, ownedBy, parseWorkload,
 //    PayloadError, PlannedChange, planPatch, PodSummary, readWorkload, recordEventQuietly, recordWorkloadEvent,
 //    RollbackOutcome, RolloutOutcome, rolloutStatus, roundedToSeconds, STUCK_REASONS, summarizePod, UPGRADE_LIMITS,
-//    UpgradeDeps, UpgradeError, UpgradeReport, valueAt, whyNone, WORKLOAD_KINDS, WorkloadEvent, WorkloadKind,
+//    UpgradeDeps, UpgradeError, UpgradeReport, unchanged, valueAt, WORKLOAD_KINDS, WorkloadEvent, WorkloadKind,
 //    workloadPods, WorkloadQueue, workloadResource, WorkloadTarget.
 //    Tests: test/decision.test.ts, test/e2e.test.ts, test/policy.test.ts, test/records.test.ts, test/rolling.test.ts,
 //    test/upgrade.test.ts.
@@ -12244,7 +12244,7 @@ export const UPGRADE_LIMITS = {
 export const LAST_PUSH_ANNOTATION = 'webhook/last-push';
 
 /** The action of a push kept while the API server was away and replaced by a newer one (KeptPushes). */
-const KEPT_SUPERSEDED = 'none (superseded: a newer push to this container arrived while the API server was away)';
+const KEPT_SUPERSEDED = 'superseded: a newer push to this container arrived while the API server was away';
 
 interface KindSpec {
   kind: string;
@@ -12824,52 +12824,54 @@ export class WorkloadQueue {
 }
 
 /**
- * What became of a push, from one closed list. Every report of it (the answer, the log line, the Event,
- * the mail, the chat and JSON notifications, the deliveries page) renders this code; none reads an
- * outcome back from the action's text. `published` is the JSON document's "decision" (schema 1).
+ * What became of a push, from one closed list. Every report of it (the answer, the log line, the Event, the mail, the
+ * chat and JSON notifications, the deliveries page) renders this code and its reason as data. `published` is the JSON
+ * document's "decision" (schema 1); `action`, how the answer says it: the change, `none (<reason>)` or the reason.
  */
 export const DECISIONS = {
   /** The container's image was changed to the pushed one. */
-  applied: { published: 'applied' },
+  applied: { published: 'applied', action: 'change' },
   /** The same image again: the rollout was restarted so the tag is pulled again. */
-  're-pulled': { published: 'same image restarted' },
+  're-pulled': { published: 'same image restarted', action: 'change' },
   /** A newer push was applied already, or arrived while this one was kept. */
-  superseded: { published: 'no-op' },
+  superseded: { published: 'no-op', action: 'none' },
   /** The same push was applied already: a repeated notification. */
-  repeat: { published: 'no-op' },
+  repeat: { published: 'no-op', action: 'none' },
   /** Nothing to change: a test ping, a push by digest the container runs, a payload that names no image. */
-  'no-op': { published: 'no-op' },
+  'no-op': { published: 'no-op', action: 'none' },
   /** The image pin (or VERIFY_IMAGE) refused the push: nothing was written. */
-  refused: { published: 'refused' },
+  refused: { published: 'refused', action: 'none' },
   /** VERIFY_SIGNATURE refused the push: the digest has no cosign signature valid as required; nothing was written. */
-  'refused: unsigned': { published: 'refused: unsigned' },
+  'refused: unsigned': { published: 'refused: unsigned', action: 'none' },
   /** The container's image was changed outside webhook and the push is not newer (ON_OUTSIDE_CHANGE=hold). */
-  held: { published: 'held' },
+  held: { published: 'held', action: 'none' },
   /** The tag is outside the container's update policy (UPDATE_POLICY, webhook/policy): nothing was written. */
-  'skipped by policy': { published: 'skipped by policy' },
+  'skipped by policy': { published: 'skipped by policy', action: 'none' },
   /** The push could not be applied: nothing is known to be written. */
-  failed: { published: 'failed' },
+  failed: { published: 'failed', action: 'none' },
   /** The API server (or, under ON_REGISTRY_AWAY=keep, the registry) did not answer: kept, applied when it does. */
-  kept: { published: 'no-op' },
+  kept: { published: 'no-op', action: 'none' },
   /** It waits on the workload (webhook/pending) for an approval or the change window: answered 202. */
-  waiting: { published: 'waiting' },
+  waiting: { published: 'waiting', action: 'reason' },
   /** Approved while the change window is closed: it waits for the window. */
-  approved: { published: 'approved' },
+  approved: { published: 'approved', action: 'reason' },
   /** A person rejected the waiting push: only its pending entry was taken off. */
-  rejected: { published: 'rejected' },
+  rejected: { published: 'rejected', action: 'none' },
   /** Nobody decided before APPROVAL_TIMEOUT: its pending entry was taken off. */
-  expired: { published: 'expired' },
+  expired: { published: 'expired', action: 'none' },
 } as const;
 export type Decision = keyof typeof DECISIONS;
 
-/** Why a push changed nothing, from its action's text `none (<why>)`; any other action as it is. */
-export function whyNone(action: string): string {
-  return action.replace(/^none \((.*)\)$/, '$1');
+/** A push that changed nothing, as its report holds it: the action reads `none (<reason>)` or the reason. Pure. */
+export function unchanged(decision: Decision, reason: string): Pick<UpgradeReport, 'decision' | 'reason' | 'action'> {
+  return { decision, reason, action: DECISIONS[decision].action === 'reason' ? reason : `none (${reason})` };
 }
 
 export interface UpgradeReport {
   /** What became of the push; `action` is its text in the answer. */
   decision: Decision;
+  /** Why a push changed nothing, or what it waits for, as data (unchanged renders it as the action). */
+  reason?: string;
   namespace?: string;
   /** `deployment/web`, as given (canonical kind). */
   workload?: string;
@@ -12924,10 +12926,9 @@ export interface UpgradeReport {
   waiting?: { entry: PendingEntry; links?: ApprovalLinks };
 }
 
-
 /** The report of a push before anything is known of it: nothing changed (yet). */
 export function newReport(): UpgradeReport {
-  return { decision: 'no-op', action: 'none (nothing was changed)', changed: false, result: 'ok', notes: [] };
+  return { ...unchanged('no-op', 'nothing was changed'), changed: false, result: 'ok', notes: [] };
 }
 
 /** A rollback: the image returned to and its rollout, or why there was none. */
@@ -13930,7 +13931,7 @@ export const IMAGE_PIN_SETTINGS = fixedSettingChecks(['REGISTRY_HOST', 'ALLOW_IM
 //    a cosign signature of the resolved digest valid under one of the hook's keys (checkSignature); an unsigned or
 //    wrongly signed digest is refused (SignatureRefusal, decided `refused: unsigned`, a Warning Event UpgradeRefused).
 //    A registry that does not answer fails the push closed, or under ON_REGISTRY_AWAY=keep has it kept (RegistryAway).
-//    Exports: decide, decidePush, decisionAction, FOLLOW_ANNOTATION, FollowRecord, FUTURE_PUSH_SKEW_MS, holdDecision,
+//    Exports: decide, decidePush, decisionReason, FOLLOW_ANNOTATION, FollowRecord, FUTURE_PUSH_SKEW_MS, holdDecision,
 //    imageFieldPath, IncomingPush, knownContainer, newPushRecord, outsidePolicy, pinnedContainer, plannedChange,
 //    pullSecretNames,
 //    PushRecord, pushTime, readFollowRecords, readPushRecords, readSettings, RegistryAway, SignatureRefusal,
@@ -14089,26 +14090,24 @@ export function readFollowRecords(workload: unknown): {
   return readContainerAnnotation<FollowRecord>(workload, FOLLOW_ANNOTATION, ['request', 'hook', 'deadline']);
 }
 
-/** The report's action for a push that changes nothing because of the record. Pure. */
 /**
- * Records what became of a push that changed nothing: its decision, the action's text and, when the
+ * Records what became of a push that changed nothing: its decision and its reason (unchanged) and, when the
  * container was read, the image it runs as the image after (a push that was not applied did not
  * become the container's image).
  */
-export function decide(report: UpgradeReport, decision: Decision, action: string, running?: string): void {
-  report.decision = decision;
-  report.action = action;
+export function decide(report: UpgradeReport, decision: Decision, reason: string, running?: string): void {
+  Object.assign(report, unchanged(decision, reason));
   if (running !== undefined) report.imageAfter = running;
 }
 
-export function decisionAction(decision: PushDecision, nowMs: number): string {
-  if (decision.kind === 'apply') return 'image updated';
+/** Why a push the record holds off changes nothing: superseded by a newer push, or a repeat. Pure. */
+export function decisionReason(decision: Exclude<PushDecision, { kind: 'apply' }>, nowMs: number): string {
   const r = decision.record;
   if (decision.kind === 'superseded')
-    return `none (superseded: a newer push, ${r.image} pushed at ${r.pushedAt}, was applied already)`;
+    return `superseded: a newer push, ${r.image} pushed at ${r.pushedAt}, was applied already`;
   const ago = formatGoDuration(roundedToSeconds(nowMs - Date.parse(r.appliedAt)));
   const rolledBack = r.rolledBack ? ' and rolled back' : '';
-  return `none (the same push was applied ${ago} ago${rolledBack}: a repeated notification)`;
+  return `the same push was applied ${ago} ago${rolledBack}: a repeated notification`;
 }
 
 /** The annotation's new value: the records read with this container's replaced. Pure. */
@@ -14150,7 +14149,7 @@ interface ImageWriter {
 type HoldDecision =
   | { kind: 'none' }
   | { kind: 'newer'; note: string }
-  | { kind: 'held'; action: string }
+  | { kind: 'held'; reason: string }
   | { kind: 'malformed'; message: string };
 
 /**
@@ -14283,7 +14282,7 @@ export function holdDecision(
     byVersion === undefined
       ? `only a push pushed after that is applied (this one was pushed at ${pushedAt})`
       : `only a push newer than ${threshold} is applied`;
-  return { kind: 'held', action: `none (held: ${change}; ${only})` };
+  return { kind: 'held', reason: `held: ${change}; ${only}` };
 }
 
 // ---- the upgrade ------------------------------------------------------------------------------
@@ -14448,7 +14447,7 @@ async function outsidePolicy(
   };
   await recordEventQuietly(client, target, event, now(), report);
   if (!skipped) throw new UpgradeError(`${verdict.message}; nothing was changed`);
-  decide(report, 'skipped by policy', `none (${verdict.message})`, report.imageBefore);
+  decide(report, 'skipped by policy', verdict.message, report.imageBefore);
   return 'no change';
 }
 
@@ -14790,7 +14789,7 @@ async function patchOnce(
   const { raw, records } = readPushRecords(workload);
   const sameImage = normalizeImageRef(container.image) === normalizeImageRef(ref);
   if (sameImage && ref.includes('@')) {
-    if (from === 'read') decide(report, 'no-op', 'none (already running this digest)', container.image);
+    if (from === 'read') decide(report, 'no-op', 'already running this digest', container.image);
     return undefined;
   }
   if (await outsideChangeHolds(client, workload, target, s, container, push, nowMs, report, deps, from))
@@ -14801,7 +14800,7 @@ async function patchOnce(
   if (decision.kind !== 'apply') {
     // A known copy may hold an older record: the answer names the one on the workload now.
     if (from === 'known') return undefined;
-    decide(report, decision.kind, decisionAction(decision, nowMs), container.image);
+    decide(report, decision.kind, decisionReason(decision, nowMs), container.image);
     return 'no change';
   }
   const wait = await waitStep(client, workload, target, s, container.image, push, nowMs, report, deps, from);
@@ -14867,8 +14866,8 @@ async function outsideChangeHolds(
     await recordEventQuietly(client, target, event, now, report);
     throw new UpgradeError(hold.message);
   }
-  decide(report, 'held', hold.action, container.image);
-  const message = `container ${s.container}: ${push.image} ${whyNone(hold.action)}${asked}`;
+  decide(report, 'held', hold.reason, container.image);
+  const message = `container ${s.container}: ${push.image} ${hold.reason}${asked}`;
   await recordEventQuietly(client, target, { type: 'Warning', reason: 'UpgradeHeld', message }, now, report);
   return true;
 }
@@ -15004,14 +15003,14 @@ async function olderThanWaiting(queued: PendingEntry, push: IncomingPush, image:
     push.push !== '|' &&
     normalizeImageRef(queued.image) === normalizeImageRef(push.image)
   ) {
-    decide(report, 'repeat', `none (the same push is waiting already: ${waitingAction(queued)})`, image);
+    decide(report, 'repeat', `the same push is waiting already: ${waitingAction(queued)}`, image);
     return true;
   }
   if (queued.timeFrom !== push.timeFrom || push.pushedAtMs >= Date.parse(queued.pushedAt)) return false;
   decide(
     report,
     'superseded',
-    `none (superseded: a newer push, ${queued.image} pushed at ${queued.pushedAt}, is waiting)`,
+    `superseded: a newer push, ${queued.image} pushed at ${queued.pushedAt}, is waiting`,
     image,
   );
   return true;
@@ -16141,7 +16140,7 @@ export async function runUpgrade(
     const headers = pushHeaders(args[1]);
     const validation = webhookValidation(headers, args[0]);
     if (validation !== undefined) {
-      decide(report, 'no-op', `none (${validation})`);
+      decide(report, 'no-op', validation);
       return upgradeResult(report);
     }
     const parsed = parsePushPayload(args[0]);
@@ -16149,7 +16148,7 @@ export async function runUpgrade(
     const composed = composeImageRef(parsed.payload, env, headers);
     if (composed.kind === 'error') throw new PayloadError(composed.message);
     if (composed.kind === 'noop' || composed.kind === 'answer') {
-      decide(report, 'no-op', `none (${composed.reason})`);
+      decide(report, 'no-op', composed.reason);
       const result = upgradeResult(report);
       // A handshake's answer is the body its sender reads; the report still goes to the log and mail.
       return composed.kind === 'answer' ? { ...result, output: composed.body } : result;
@@ -16487,14 +16486,14 @@ class KeptPushes {
     const key = `${r.namespace}/${r.workload}/${r.container}`;
     const held = this.kept.get(key);
     if (held && (held.report.pushedAtMs ?? 0) > (r.pushedAtMs ?? 0)) {
-      const superseded = { decision: 'superseded', action: KEPT_SUPERSEDED } as const;
+      const superseded = unchanged('superseded', KEPT_SUPERSEDED);
       return upgradeResult({ ...r, result: 'ok', error: undefined, unreachable: undefined, ...superseded });
     }
     if (this.deadlineMs === 0 || this.stopping.aborted || (!held && this.kept.size >= UPGRADE_LIMITS.maxKeptPushes))
       return result;
     held?.abandon.abort();
     if (held && !held.trying)
-      held.settle({ ...held.report, pending: undefined, decision: 'superseded', action: KEPT_SUPERSEDED });
+      held.settle({ ...held.report, pending: undefined, ...unchanged('superseded', KEPT_SUPERSEDED) });
     const deadline = Date.now() + this.deadlineMs;
     const until = new Date(deadline).toISOString();
     let settle!: (report: UpgradeReport) => void;
@@ -16551,7 +16550,7 @@ class KeptPushes {
     const result = await this.apply(k).finally(() => (k.trying = false));
     if (this.kept.get(key) !== k) {
       // Replaced during the try: written before the newer push took over, or not at all.
-      const superseded = { ...k.report, pending: undefined, decision: 'superseded', action: KEPT_SUPERSEDED } as const;
+      const superseded = { ...k.report, pending: undefined, ...unchanged('superseded', KEPT_SUPERSEDED) };
       k.settle(result.report.changed ? result.report : superseded);
       return true;
     }
@@ -16579,8 +16578,7 @@ class KeptPushes {
   private fail(key: string, k: KeptPush, why: string): void {
     this.kept.delete(key);
     this.log.error(`[${k.requestId}] ${reportWhere(k.report)}: push not applied: ${why}`);
-    const failed = { decision: 'failed', action: 'none (not applied)', result: 'failed', error: why } as const;
-    k.settle({ ...k.report, pending: undefined, ...failed });
+    k.settle({ ...k.report, pending: undefined, ...unchanged('failed', 'not applied'), result: 'failed', error: why });
   }
 }
 
@@ -17463,7 +17461,7 @@ export class ApprovalService implements ApprovalPages, CommandListener {
     });
     const image = newer.waiting?.entry.image ?? newer.imageAfter;
     const why = `superseded: a newer push, ${image} (request ${by}), replaced it while it waited`;
-    decide(report, 'superseded', `none (${why})`);
+    decide(report, 'superseded', why);
     this.told(hook, older.request, report, this.upgrade.decidedEnv(hook, target, newer.container), 'Superseded');
   }
 
@@ -17837,7 +17835,7 @@ export class ApprovalService implements ApprovalPages, CommandListener {
       target: { ...w.target },
       pushedAtMs: Date.parse(e.pushedAt),
     });
-    decide(report, decision, `none (${why})`);
+    decide(report, decision, why);
     report.notes.push(
       `the push of ${e.image} (request ${e.request}) ${decision === 'rejected' ? 'was' : 'has'} ${why}`,
     );
@@ -17979,8 +17977,8 @@ function decisionOf(job: MailJob, report: UpgradeReport | undefined): { decision
   const decision = DECISIONS[report.decision].published;
   if (report.decision === 'refused' || report.decision === 'refused: unsigned' || report.decision === 'failed')
     return { decision, detail: report.error ?? '' };
-  // The detail of a push that changed nothing is why: the action's text is `none (<why>)`.
-  return { decision, detail: report.changed ? report.action : whyNone(report.action) };
+  // The detail of a push that changed nothing is its reason.
+  return { decision, detail: report.changed ? report.action : (report.reason ?? report.action) };
 }
 
 /** The result of a push from its job and report (final, or as known so far). Pure. */

@@ -19,10 +19,18 @@ interface Count {
   pattern: RegExp;
   /** Lines a match must not sit on (a declaration is not a use). */
   except?: RegExp;
+  /** Matched in the text with its strings (not only the code), comment lines left out. */
+  inStrings?: boolean;
 }
 
 const COUNTS: Count[] = [
   { what: 'sites that write a decision (decide(…) calls)', pattern: /(?<![\w$.])decide\(/g, except: /function decide\(/ },
+  {
+    what: "sites that write a reason as an action's prose (none (…)) or read it back (whyNone)",
+    pattern: /['`]none \(|(?<![\w$.])whyNone\(/g,
+    except: /function whyNone\(/,
+    inStrings: true,
+  },
   {
     what: 'statements that assign a report field',
     pattern: /\b(?:\w*\.)?report\.[\w$]+(?:\.[\w$]+)*\s*(?:\+|\?\?|\|\|)?=(?!=)|Object\.assign\(\s*(?:\w+\.)?report\b/g,
@@ -43,12 +51,16 @@ const FUNCTION_START =
   /^\s*(?:export\s+)?(?:(?:private|public|static|async|readonly)\s+)*(?:function\*?\s+)?([A-Za-z_$][\w$]*)\s*(?:<[^>]*>)?\(/;
 /** The types a delivery's record has been declared as, from the report to the page. */
 const RECORD_FORMS = ['UpgradeReport', 'UpgradeResult', 'MailJob', 'PushResult', 'Delivery'];
+/** A line of a comment, whose prose is not code. */
+const COMMENT_LINE = /^\s*(?:\/\/|\*|\/\*\*)/;
 
-function countMatches(code: string[], c: Count): { sites: number; chapters: Set<number> } {
-  const sections = analyse().sections;
+function countMatches(text: string, code: string[], c: Count): { sites: number; chapters: Set<number> } {
+  const sections = analyse(text).sections;
+  const lines = text.split('\n');
   const chapters = new Set<number>();
   let sites = 0;
-  code.forEach((line, i) => {
+  code.forEach((codeLine, i) => {
+    const line = c.inStrings ? (COMMENT_LINE.test(lines[i]) ? '' : lines[i]) : codeLine;
     if (c.except?.test(line)) return;
     const found = line.match(c.pattern)?.length ?? 0;
     if (!found) return;
@@ -81,7 +93,7 @@ const file = process.argv.slice(2).find((a) => !a.startsWith('--')) ?? SOURCE;
 const text = readFileSync(file, 'utf8');
 const code = codeOnly(text).split('\n');
 const rows: { what: string; count: number; detail: string }[] = COUNTS.map((c) => {
-  const { sites, chapters } = countMatches(code, c);
+  const { sites, chapters } = countMatches(text, code, c);
   return { what: c.what, count: sites, detail: `in ${chapters.size} chapters` };
 });
 const envFunctions = rawEnvironmentFunctions(code);

@@ -6,7 +6,7 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import {
-  decide, DECISIONS, pushResult, rollbackObstacle, rolloutVerdict, type PushRecord, type RolloutOutcome,
+  decide, DECISIONS, pushResult, rollbackObstacle, rolloutVerdict, unchanged, type PushRecord, type RolloutOutcome,
   type UpgradeReport,
 } from '../webhook.ts';
 
@@ -66,14 +66,15 @@ describe('the decision of a push', () => {
   const job = { hookId: 'web', requestId: 'r1', env: {}, outcome: 'succeeded' as const, detail: '', output: '' };
   const result = (report: UpgradeReport) => pushResult(job, report, new Date(0), (text) => text);
   const base = (): UpgradeReport => ({
-    decision: 'no-op', action: 'none (nothing was changed)', changed: false, result: 'ok', notes: [],
+    ...unchanged('no-op', 'nothing was changed'), changed: false, result: 'ok', notes: [],
     imageBefore: 'r.io/ns/app:v2', imageAfter: 'r.io/ns/app:v3',
   });
 
   test('a push that changes nothing shows the image the container runs, and why', () => {
     const report = base();
-    decide(report, 'repeat', 'none (the same push was applied 59s ago: a repeated notification)', 'r.io/ns/app:v1');
+    decide(report, 'repeat', 'the same push was applied 59s ago: a repeated notification', 'r.io/ns/app:v1');
     assert.equal(report.imageAfter, 'r.io/ns/app:v1');
+    assert.equal(report.action, 'none (the same push was applied 59s ago: a repeated notification)');
     assert.deepEqual([result(report).decision, result(report).detail],
       ['no-op', 'the same push was applied 59s ago: a repeated notification']);
   });
@@ -87,7 +88,7 @@ describe('the decision of a push', () => {
     });
     const unsigned = { ...base(), decision: 'refused: unsigned' as const, result: 'failed' as const, error: 'signature: x is not signed' };
     assert.deepEqual([result(unsigned).decision, result(unsigned).detail], ['refused: unsigned', 'signature: x is not signed']);
-    const skipped = { ...base(), decision: 'skipped by policy' as const, action: 'none (policy: v2.0.0 is outside semver:^1 of deployment/web)' };
+    const skipped = { ...base(), ...unchanged('skipped by policy', 'policy: v2.0.0 is outside semver:^1 of deployment/web') };
     assert.deepEqual([result(skipped).decision, result(skipped).detail], ['skipped by policy', 'policy: v2.0.0 is outside semver:^1 of deployment/web']);
     // The action's text once a failed rollout is rolled back does not make an applied push anything else.
     const rolledBack = { ...base(), decision: 'applied' as const, changed: true, action: 'image updated, then rolled back to x' };

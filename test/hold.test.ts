@@ -112,7 +112,7 @@ describe('holdDecision', () => {
     holdDecision(r, `${repo}:${running}`, fields, p, now, where);
   const fields = [created, status, setImage];
   const held = (running: string, by: string, time: string, only: string) =>
-    ({ kind: 'held', action: `none (held: deployment/web was set to ${repo}:${running} outside webhook by ${by} at ${at(time)}; ${only})` });
+    ({ kind: 'held', reason: `held: deployment/web was set to ${repo}:${running} outside webhook by ${by} at ${at(time)}; ${only}` });
 
   test('nothing changed outside: no record, the image the record applied, or after its rollback the image before', () => {
     assert.deepEqual(decide(undefined, 'v1.4.2', fields, push('v1.5.0')), { kind: 'none' });
@@ -157,7 +157,7 @@ describe('holdDecision', () => {
     assert.deepEqual(decide(record(), 'v1.4.2', shared, push('v1.5.0')), held('v1.4.2',
       'kubectl (kubectl rollout undo, apply --server-side or another kubectl call)', '00:40', `only a push newer than ${repo}:v1.5.0 is applied`));
     for (const [manager, shown] of [['helm', 'helm (Helm)'], ['argocd-controller', 'argocd-controller (Argo CD)'], ['rancher', 'rancher (Rancher)'], ['kubectl-edit', 'kubectl-edit (kubectl edit)'], ['kubectl-client-side-apply', 'kubectl-client-side-apply (kubectl apply)'], ['my-operator', 'my-operator']])
-      assert.match((decide(record(), 'v1.4.2', [{ ...setImage, manager }], push('v1.5.0')) as { action: string }).action, new RegExp(` by ${shown.replace(/[()]/g, '\\$&')} at `));
+      assert.match((decide(record(), 'v1.4.2', [{ ...setImage, manager }], push('v1.5.0')) as { reason: string }).reason, new RegExp(` by ${shown.replace(/[()]/g, '\\$&')} at `));
   });
 
   test('managedFields that cannot say who or when: not applied, and the message says why and what to do', () => {

@@ -10,7 +10,7 @@ import { startWebhook, type Webhook } from './harness.ts';
 import { acrImage, acrPayload, clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor } from './cluster/kube.ts';
 import { upgradeHook } from './upgrade-hooks.ts';
 import {
-  decidePush, decisionAction, formatRollback, FUTURE_PUSH_SKEW_MS, futureTimeNote, LAST_PUSH_ANNOTATION, locateContainer, planPatch, pushTime, readFollowRecords, readPushRecords,
+  decidePush, decisionReason, unchanged, formatRollback, FUTURE_PUSH_SKEW_MS, futureTimeNote, LAST_PUSH_ANNOTATION, locateContainer, planPatch, pushTime, readFollowRecords, readPushRecords,
   withPushRecord, type PushRecord,
 } from '../webhook.ts';
 
@@ -74,11 +74,19 @@ describe('decidePush', () => {
     assert.equal(decidePush(r, push({ push: '|', pushedAtMs: now + 2_000 }), now + 2_000).kind, 'apply');
   });
   test('the answers say what the record holds', () => {
-    assert.equal(decisionAction({ kind: 'superseded', record: record() }, now),
-      'none (superseded: a newer push, reg.example/shop/app:v2 pushed at 2024-05-20T10:41:07.000Z, was applied already)');
-    assert.equal(decisionAction({ kind: 'repeat', record: record() }, now), 'none (the same push was applied 1m0s ago: a repeated notification)');
-    assert.equal(decisionAction({ kind: 'repeat', record: record({ rolledBack: 'why' }) }, now),
-      'none (the same push was applied 1m0s ago and rolled back: a repeated notification)');
+    assert.equal(decisionReason({ kind: 'superseded', record: record() }, now),
+      'superseded: a newer push, reg.example/shop/app:v2 pushed at 2024-05-20T10:41:07.000Z, was applied already');
+    assert.equal(decisionReason({ kind: 'repeat', record: record() }, now), 'the same push was applied 1m0s ago: a repeated notification');
+    assert.equal(decisionReason({ kind: 'repeat', record: record({ rolledBack: 'why' }) }, now),
+      'the same push was applied 1m0s ago and rolled back: a repeated notification');
+  });
+  test("a decision's reason is data; the answer's action says it as the closed list of decisions says", () => {
+    assert.deepEqual(unchanged('repeat', 'a repeated notification'),
+      { decision: 'repeat', reason: 'a repeated notification', action: 'none (a repeated notification)' });
+    assert.deepEqual(unchanged('waiting', 'waiting for approval until 2024-05-21T10:41:07.000Z'), {
+      decision: 'waiting', reason: 'waiting for approval until 2024-05-21T10:41:07.000Z',
+      action: 'waiting for approval until 2024-05-21T10:41:07.000Z',
+    });
   });
 });
 
