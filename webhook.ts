@@ -12106,6 +12106,8 @@ export interface ApprovalClaims {
   kind: string;
   name: string;
   container: string;
+  /** The kubeconfig context (CLUSTER) whose workload holds the entry; absent: the service's default cluster. */
+  cluster?: string;
   /** The pending entry's id, its hook and image: a link decides that push only (another is refused). */
   id: string;
   hook: string;
@@ -14907,7 +14909,10 @@ function waitNeeds(
   const windowText = isObject(annotations) ? annotations[WINDOW_ANNOTATION] : undefined;
   const windows =
     typeof windowText === 'string' ? deployWindowSetting(`annotation ${WINDOW_ANNOTATION}`, windowText) : s.windows;
-  const approvedBefore = decided !== undefined && (decided.action !== 'window' || queued?.approvedBy !== undefined);
+  // A replay ("Deploy again") is a new push, asked for by the admin: it needs an approval like one.
+  const replay = decided?.action === 'replay';
+  const approvedBefore =
+    decided !== undefined && !replay && (decided.action !== 'window' || queued?.approvedBy !== undefined);
   const approval = (asked === 'required' || (asked === undefined && s.requireApproval)) && !approvedBefore;
   const closed = windows !== undefined && decided?.action !== 'deploy-now' && !windowOpen(windows, nowMs);
   return { approval, windows, closed };
@@ -14942,6 +14947,8 @@ async function waitStep(
   const key = deps.approvals?.key;
   const queued = found && pendingEntrySealed(key, place, found) ? found : undefined;
   const d = deps.decided;
+  // The decision of a waiting entry; a replay completes none and waits as a new push does.
+  const decided = d?.id !== undefined ? d : undefined;
   if (from === 'known' && (found || d?.id)) return 'stale';
   if (d?.id !== undefined && queued?.id !== d.id)
     throw new PendingGone(
@@ -14951,13 +14958,13 @@ async function waitStep(
   const rest = Object.fromEntries(Object.entries(entries).filter(([c]) => c !== s.container));
   if (!needs.approval && !needs.closed) {
     if (d) report.notes.push(decidedNote(d, nowMs));
-    else if (queued) report.notes.push(supersededNote((report.replaced = queued)));
+    if (queued && !decided) report.notes.push(supersededNote((report.replaced = queued)));
     return { guarded: found ? { [PENDING_ANNOTATION]: { value: JSON.stringify(rest), read: raw } } : {} };
   }
   if (from === 'known') return 'stale';
-  if (!d && queued && (await olderThanWaiting(queued, push, image, report))) return 'no change';
-  const entry = sealPendingEntry(key, place, pendingEntry(s, push, needs, nowMs, d, deps, queued));
-  const links = entryLinks(entry, target, s, needs, deps);
+  if (!decided && queued && (await olderThanWaiting(queued, push, image, report))) return 'no change';
+  const entry = sealPendingEntry(key, place, pendingEntry(s, push, needs, nowMs, decided, deps, queued));
+  const links = entryLinks(entry, { ...target, cluster: report.cluster }, s, needs, deps);
   const value = JSON.stringify({ ...rest, [s.container]: entry });
   const ops = annotationOps(
     workload,
@@ -14971,17 +14978,13 @@ async function waitStep(
     if (e instanceof KubeError && e.status === 422 && e.causes.length === 0) return 'conflict';
     throw e;
   }
-  if (queued && !d) report.notes.push(supersededNote((report.replaced = queued)));
+  if (queued && !decided) report.notes.push(supersededNote((report.replaced = queued)));
+  if (d && !decided) report.notes.push(`asked to deploy again by ${d.by} at ${new Date(nowMs).toISOString()}`);
   report.waiting = { entry, ...(links ? { links } : {}) };
   decide(report, entry.approvedBy !== undefined ? 'approved' : 'waiting', waitingAction(entry), image);
   const message = `container ${s.container}: ${push.image} ${waitingAction(entry)}; asked by ${whoAsked(deps)}`;
-  await recordEventQuietly(
-    client,
-    target,
-    { type: 'Normal', reason: 'UpgradeWaiting', message },
-    new Date(nowMs),
-    report,
-  );
+  const event: WorkloadEvent = { type: 'Normal', reason: 'UpgradeWaiting', message };
+  await recordEventQuietly(client, target, event, new Date(nowMs), report);
   return 'no change';
 }
 
@@ -15056,7 +15059,7 @@ function pendingEntry(
 /** The links of a waiting entry, when a person may decide it; an approval without -public-url is refused. */
 function entryLinks(
   entry: PendingEntry,
-  target: WorkloadTarget,
+  target: WorkloadTarget & { cluster: string | undefined },
   s: UpgradeSettings,
   needs: WaitNeeds,
   deps: UpgradeDeps,
@@ -15068,7 +15071,11 @@ function entryLinks(
         'nothing was changed',
     );
   if (!a || (!needs.approval && !(s.approvalOverride && needs.closed))) return undefined;
-  const claims = { namespace: target.namespace, kind: target.kind, name: target.name, container: s.container };
+  const claims = {
+    ...{ namespace: target.namespace, kind: target.kind, name: target.name, container: s.container },
+    // The cluster whose workload holds the entry: the link reads and decides it there.
+    ...(target.cluster !== undefined ? { cluster: target.cluster } : {}),
+  };
   const links = approvalLinks(
     a.publicUrl,
     a.key,
@@ -16212,25 +16219,50 @@ async function runDecidedPush(
 ): Promise<UpgradeResult> {
   const report = newReport();
   try {
-    report.cluster = HOOK_SETTINGS.CLUSTER.parse(env.CLUSTER);
+    const cluster = (report.cluster = HOOK_SETTINGS.CLUSTER.parse(env.CLUSTER));
     const settings = readSettings(env, report);
     report.imageAfter = push.image;
     report.pushedAtMs = push.pushedAtMs;
     const apply = async () => {
       // What the push was checked against when it came may have changed since (a key, a tag moved), and an entry
-      // is only as good as who wrote it: the image is checked again before it is deployed.
-      const image = settings.verifyImage
-        ? await verifiedRef(deps.client, settings, push.image, undefined, report, deps)
-        : push.image;
+      // is only as good as who wrote it: the image is checked again before it is deployed. A replay deploys a past
+      // digest on purpose: that digest's signature is checked, not where its tag points now.
+      const replay = deps.decided?.action === 'replay';
+      const image = !settings.verifyImage
+        ? push.image
+        : replay
+          ? await verifiedAgain(deps.client, settings, push.image, report, deps)
+          : await verifiedRef(deps.client, settings, push.image, undefined, report, deps);
       report.imageAfter = image;
       await applyUpgrade(deps.client, settings, { ...push, image }, report, deps);
     };
-    const key = `${settings.namespace}/${settings.workload.kind}/${settings.workload.name}`;
+    // The key a push to this workload queues under (runUpgrade's): the two never run at once.
+    const key = `${cluster ?? ''}/${settings.namespace}/${settings.workload.kind}/${settings.workload.name}`;
     await (deps.queue ? deps.queue.run(key, apply) : apply());
   } catch (e) {
     failedUpgrade(report, e);
   }
   return upgradeResult(report);
+}
+
+/**
+ * A past push's image under the hook's VERIFY_IMAGE and VERIFY_SIGNATURE as they are now: a reference pinned to a
+ * digest deploys that digest (its tag may have moved since), whose signature is checked; one without is resolved
+ * and checked as a push's (verifiedRef). A refusal throws, nothing written.
+ */
+async function verifiedAgain(
+  client: KubeClient,
+  s: UpgradeSettings,
+  ref: string,
+  report: UpgradeReport,
+  deps: UpgradeDeps,
+): Promise<string> {
+  const parsed = validateImageRef(ref);
+  if (!parsed.ok || parsed.ref.digest === undefined) return verifiedRef(client, s, ref, undefined, report, deps);
+  const { domain, path: repository, digest } = parsed.ref;
+  const pinned = `${domain === undefined ? '' : `${domain}/`}${repository}@${digest}`;
+  await verifiedRef(client, s, pinned, digest, report, deps);
+  return ref;
 }
 
 /** Argument 2, the request's headers when the hook passes them (entire-headers). */
@@ -16349,7 +16381,7 @@ type UpgradeResult = Awaited<ReturnType<typeof runUpgrade>>;
 //    API server (or, under ON_REGISTRY_AWAY=keep, the registry) does not answer kept and applied when it answers
 //    (KeptPushes, answered 202), decided waiting pushes
 //    and pushes deployed again (runDecided), and the rollout follower that follows rollouts after the answer.
-//    Exports: hookClusters, listWorkloads, ResultListener, ResumedFollow, RolloutFollower, UpgradeService,
+//    Exports: FannedOut, hookClusters, listWorkloads, ResultListener, ResumedFollow, RolloutFollower, UpgradeService,
 //    workloadGroups.
 //    Tests: test/burst.test.ts, test/e2e.test.ts, test/outage.test.ts, test/rollback.test.ts, test/upgrade.test.ts.
 // ================================================================================================
@@ -16686,7 +16718,7 @@ class ClusterLane {
 }
 
 /** A delivery fanned out to several clusters (CLUSTERS): each cluster's push with its own result. */
-class FannedOut {
+export class FannedOut {
   readonly parts: readonly (ServiceResult & { cluster: string; env: Record<string, string | undefined> })[];
   constructor(parts: FannedOut['parts']) {
     this.parts = parts;
@@ -16842,23 +16874,26 @@ export class UpgradeService implements InProcessCommand {
 
   /**
    * A decided push's environment: what a push's command inherits (inheritedEnvironment: never the service's
-   * MAIL_* and NOTIFY_*), the settings the hook fixes in its file, its workload.
+   * MAIL_* and NOTIFY_*), the settings the hook fixes in its file, its workload, and the one cluster it is in
+   * (CLUSTER; undefined: the default), which one of a CLUSTERS hook's.
    */
   decidedEnv(
     hook: Hook,
     target: { namespace: string; kind: WorkloadKind; name: string },
     container: string,
+    cluster: string | undefined,
   ): Record<string, string | undefined> {
     // A copy of its own: inheritedEnvironment makes a new object on each call.
     const env: Record<string, string | undefined> = inheritedEnvironment(this.env, hook.templateVariables);
     for (const name of Object.keys(HOOK_SETTINGS)) env[name] = fixedInput(hook, name) ?? env[name];
     const workload = `${target.kind}/${target.name}`;
-    return Object.assign(env, { APP_NS: target.namespace, APP_WORKLOAD: workload, APP_CONTAINER: container });
+    Object.assign(env, { APP_NS: target.namespace, APP_WORKLOAD: workload, APP_CONTAINER: container });
+    return Object.assign(env, { CLUSTER: cluster, CLUSTERS: undefined });
   }
 
-  /** The client of the service's default cluster, which the approvals read and write (undefined: no credentials). */
-  kube(): KubeClient | undefined {
-    return this.lane(undefined).client();
+  /** The client of a cluster (undefined: the default), which the approvals read and write; undefined without one. */
+  kube(cluster: string | undefined): KubeClient | undefined {
+    return this.lane(cluster).client();
   }
 
   /**
@@ -16872,8 +16907,9 @@ export class UpgradeService implements InProcessCommand {
     push: IncomingPush,
     decided: NonNullable<UpgradeDeps['decided']>,
     requestId: string,
+    cluster: string | undefined,
   ): Promise<UpgradeResult & { env: Record<string, string | undefined> }> {
-    const env = this.decidedEnv(hook, target, container);
+    const env = this.decidedEnv(hook, target, container, cluster);
     const client = this.laneOf(env)?.client();
     if (!client) throw new UpgradeError('no Kubernetes credentials');
     const deps = { ...this.deps(requestId, hook, env), client, decided, known: undefined };
@@ -17229,8 +17265,10 @@ export class RolloutFollower implements CommandListener {
 //    (UpgradeService.runDecided); a rejected or expired one only loses its entry. The result goes to the command
 //    listener like a push's: recorded, followed, mailed and posted. A replica knows the waiting pushes its own
 //    answers recorded, and learns the others' from the workloads its hooks reach: a watch per namespace and kind
-//    (listed once, shared with the follows), or, where it has none, one LIST per namespace and kind every rescanMs.
-//    Exports: approvalHooksProblem, ApprovalService, WaitingPush.
+//    (listed once, shared with the follows), or, where it has none, one LIST per namespace and kind every rescanMs;
+//    in each cluster its hooks name (a waiting push, its key and its links carry the cluster). A link once decided
+//    is remembered until it expires: used again, it is answered 410 without asking the API server.
+//    Exports: approvalHooksProblem, ApprovalService, WaitingPush, waitingKey.
 //    Tests: test/approvals.test.ts, test/unit.test.ts.
 // ================================================================================================
 
@@ -17246,15 +17284,18 @@ const APPROVAL_LIMITS = {
   // A window's opening or an expiry that could not be acted on (the API server away) is tried again this much
   // later, not on every tick.
   retryMs: 30_000,
+  // Decided entries remembered, so that their links, used again, cost no API call (until they expire, 24 h by
+  // default). Each is an id and a time, some 100 bytes: 1 MB at most, more than a day of a release's approvals.
+  // Past it the oldest is forgotten, and its link costs one read again.
+  rememberedDecisions: 10_000,
 };
 
-/** One waiting push as a replica knows it: where it waits, and its entry. */
+/** One waiting push as a replica knows it: where it waits (the cluster: undefined for the default), its entry. */
 export interface WaitingPush {
   target: { namespace: string; kind: WorkloadKind; name: string };
   container: string;
+  cluster: string | undefined;
   entry: PendingEntry;
-  /** The hook's CLUSTER it waits in; undefined: the service's default cluster. */
-  cluster?: string;
 }
 
 /**
@@ -17309,16 +17350,24 @@ const ACTION_WORDS: Record<ApprovalClaims['action'], { verb: string; button: str
   reject: { verb: 'Reject', button: 'Reject' },
 };
 
-function waitingKey(t: WaitingPush['target'], container: string): string {
-  return `${t.namespace}/${t.kind}/${t.name}/${container}`;
+/** A waiting push's key: its cluster, workload and container (one entry waits per container and cluster). */
+export function waitingKey(w: Pick<WaitingPush, 'target' | 'container' | 'cluster'>): string {
+  return JSON.stringify([w.cluster ?? '', w.target.namespace, w.target.kind, w.target.name, w.container]);
 }
+
+/** Where a waiting push is, for the log: `deployment/web in shop (cluster prod)`. */
+function waitingWhere(w: Pick<WaitingPush, 'target' | 'cluster'>): string {
+  return `${w.target.kind}/${w.target.name} in ${w.target.namespace}${w.cluster ? ` (cluster ${w.cluster})` : ''}`;
+}
+
+const USED_LINK = 'This push was decided already, replaced by a newer push, or expired: the link works once.';
 
 /** The page of a link: what it decides, and the form that decides it. Pure. */
 function confirmationPage(w: WaitingPush, action: ApprovalClaims['action'], running: string, problem = ''): string {
   const e = w.entry;
   const words = ACTION_WORDS[action];
   const rows: [string, string][] = [
-    ['Workload', `${w.target.kind}/${w.target.name} in ${w.target.namespace}, container ${w.container}`],
+    ['Workload', `${waitingWhere(w)}, container ${w.container}`],
     ['Image now', running],
     ['Image to deploy', e.image],
     ['Pushed', `${e.pushedAt} (${e.timeFrom === 'payload' ? 'by the registry' : 'received'})`],
@@ -17387,8 +17436,10 @@ function firstCharacter(text: string, re: RegExp): string {
  * The waiting pushes and their decisions; also the http server's ApprovalPages, and a CommandListener in front
  * of the rollout follower that learns of the pushes this replica recorded as waiting.
  */
-/** A watch the approvals keep on one namespace and kind: the workloads it teaches, by name. */
+/** A watch the approvals keep on one namespace and kind of a cluster: the workloads it teaches, by name. */
 interface GroupWatch {
+  cluster: string | undefined;
+  group: string;
   scope: WatchScope;
   targets: Map<string, WaitingPush['target']>;
   stop: () => void;
@@ -17403,8 +17454,10 @@ export class ApprovalService implements ApprovalPages, CommandListener {
   private readonly retryAt = new Map<string, number>();
   /** Entries not used (pendingEntryProblem) that this replica is taking off: by workload, container and MAC. */
   private readonly dropping = new Set<string>();
+  /** Entry ids known decided (taken off, or replaced), until their links expire: a link used again is 410 here. */
+  private readonly decided = new Map<string, number>();
   private readonly stopping = new AbortController();
-  /** The watch kept on each namespace and kind the hooks reach with several workloads, and its targets by name. */
+  /** The watch kept on each cluster's namespace and kind the hooks reach with several workloads (its targets). */
   private readonly watches = new Map<string, GroupWatch>();
   private readonly key: Buffer | undefined;
   private readonly upgrade: UpgradeService;
@@ -17431,17 +17484,24 @@ export class ApprovalService implements ApprovalPages, CommandListener {
   }
 
   finished(hook: Hook, req: HookRequest, r: CommandResult): void {
-    const report = r.report as UpgradeReport | undefined;
-    const t = report?.target;
-    if (t && report.container) {
-      const key = waitingKey(t, report.container);
-      if (report.waiting)
-        this.pushes.set(key, { target: { ...t }, container: report.container, entry: report.waiting.entry });
-      else if (report.changed || report.decision === 'rejected' || report.decision === 'expired')
-        this.pushes.delete(key);
-    }
+    // A delivery fanned out (CLUSTERS): each cluster's push, under its own request id.
+    const reports: [UpgradeReport | undefined, string][] =
+      r.report instanceof FannedOut
+        ? r.report.parts.map((p) => [p.report, `${req.id}/${p.cluster}`])
+        : [[r.report as UpgradeReport | undefined, req.id]];
+    for (const [report] of reports) this.noted(report);
     this.next.finished(hook, req, r);
-    if (report?.replaced) this.superseded(report, report.replaced, req.id);
+    for (const [report, id] of reports) if (report?.replaced) this.superseded(report, report.replaced, id);
+  }
+
+  /** What a push this replica answered did to the waiting push of its container. */
+  private noted(report: UpgradeReport | undefined): void {
+    const t = report?.target;
+    if (!t || !report.container) return;
+    const where = { target: { ...t }, container: report.container, cluster: report.cluster };
+    if (report.waiting) this.pushes.set(waitingKey(where), { ...where, entry: report.waiting.entry });
+    else if (report.changed || report.decision === 'rejected' || report.decision === 'expired')
+      this.pushes.delete(waitingKey(where));
   }
 
   /** The waiting push a newer one replaced, reported superseded under its own request id. */
@@ -17462,7 +17522,9 @@ export class ApprovalService implements ApprovalPages, CommandListener {
     const image = newer.waiting?.entry.image ?? newer.imageAfter;
     const why = `superseded: a newer push, ${image} (request ${by}), replaced it while it waited`;
     decide(report, 'superseded', why);
-    this.told(hook, older.request, report, this.upgrade.decidedEnv(hook, target, newer.container), 'Superseded');
+    report.cluster = newer.cluster;
+    const env = this.upgrade.decidedEnv(hook, target, newer.container, newer.cluster);
+    this.told(hook, older.request, report, env, 'Superseded');
   }
 
   /** The waiting pushes this replica knows of, oldest first (the deliveries page). */
@@ -17488,29 +17550,53 @@ export class ApprovalService implements ApprovalPages, CommandListener {
     this.stopping.abort();
   }
 
-  /** Reads the workloads the hooks reach (and those of the waiting pushes known) for their pending entries. */
+  /**
+   * Reads the workloads the hooks reach, in each cluster they name (and those of the waiting pushes known), for their
+   * pending entries.
+   */
   async rescan(): Promise<void> {
-    const client = this.upgrade.kube();
-    if (!client) return;
-    const targets = new Map<string, WaitingPush['target']>();
+    const clusters = this.targetsByCluster();
+    for (const [key, w] of this.watches)
+      if (!clusters.has(w.cluster ?? '')) {
+        w.stop();
+        this.watches.delete(key);
+      }
+    for (const [cluster, targets] of clusters) {
+      const client = this.upgrade.kube(cluster || undefined);
+      if (client) await this.rescanCluster(client, cluster || undefined, targets);
+    }
+  }
+
+  /** The workloads to read, by cluster ('' for the default) and then by `<namespace>/<kind>/<name>`. */
+  private targetsByCluster(): Map<string, Map<string, WaitingPush['target']>> {
+    const clusters = new Map<string, Map<string, WaitingPush['target']>>();
+    const add = (cluster: string | undefined, t: WaitingPush['target']) => {
+      const targets = clusters.get(cluster ?? '') ?? new Map<string, WaitingPush['target']>();
+      clusters.set(cluster ?? '', targets.set(`${t.namespace}/${t.kind}/${t.name}`, t));
+    };
     for (const hook of this.hooks().values()) {
       const t = hookReach(hook)?.target;
-      if (t) targets.set(`${t.namespace}/${t.kind}/${t.name}`, t);
+      if (t) for (const cluster of hookClusters(hook)) add(cluster, t);
     }
-    for (const w of this.pushes.values())
-      targets.set(`${w.target.namespace}/${w.target.kind}/${w.target.name}`, w.target);
-    for (const key of this.watched(client, targets)) targets.delete(key);
-    for (const target of await this.listed(client, targets)) {
+    for (const w of this.pushes.values()) add(w.cluster, w.target);
+    return clusters;
+  }
+
+  private async rescanCluster(
+    client: KubeClient,
+    cluster: string | undefined,
+    targets: Map<string, WaitingPush['target']>,
+  ): Promise<void> {
+    for (const key of this.watched(client, cluster, targets)) targets.delete(key);
+    for (const target of await this.listed(client, cluster, targets)) {
       let workload: K8sObject;
       try {
         workload = await readWorkload(client, { ...target });
       } catch (e) {
-        this.log.warn(
-          `waiting pushes on ${target.kind}/${target.name} in ${target.namespace}: ${(e as Error).message}`,
-        );
+        this.log.warn(`waiting pushes on ${waitingWhere({ target, cluster })}: ${(e as Error).message}`);
         continue;
       }
-      this.learn(target, workload);
+      this.learn(cluster, target, workload);
     }
   }
 
@@ -17521,35 +17607,37 @@ export class ApprovalService implements ApprovalPages, CommandListener {
    * has listed its workloads. Until then (the first rescan), and where the watch is refused or fails, the rescans
    * list them (and the next one tries the watch again).
    */
-  private watched(client: KubeClient, targets: Map<string, WaitingPush['target']>): string[] {
+  private watched(client: KubeClient, cluster: string | undefined, targets: Map<string, WaitingPush['target']>) {
     const groups = workloadGroups(targets.values());
-    for (const [group, w] of this.watches) {
-      if ((groups.get(group)?.size ?? 0) >= 2) continue;
+    for (const [key, w] of this.watches) {
+      if (w.cluster !== cluster || (groups.get(w.group)?.size ?? 0) >= 2) continue;
       w.stop();
-      this.watches.delete(group);
+      this.watches.delete(key);
     }
     const kept: string[] = [];
     for (const [group, byName] of groups) {
       if (byName.size < 2 || this.stopping.signal.aborted) continue;
-      const w = this.watches.get(group) ?? this.watchGroup(client, group, byName);
+      const w = this.watches.get(JSON.stringify([cluster ?? '', group])) ?? this.watchGroup(client, cluster, byName);
       w.targets = byName;
       if (client.watchSynced(w.scope)) kept.push(...[...byName.keys()].map((name) => `${group}/${name}`));
     }
     return kept;
   }
 
-  private watchGroup(client: KubeClient, group: string, targets: Map<string, WaitingPush['target']>): GroupWatch {
+  private watchGroup(client: KubeClient, cluster: string | undefined, targets: Map<string, WaitingPush['target']>) {
     const { namespace, kind } = targets.values().next().value!;
     const scope = { ref: workloadResource({ namespace, kind }), keep: leanWorkload };
-    const w: GroupWatch = { scope, targets, stop: () => undefined };
-    this.watches.set(group, w);
+    const group = `${namespace}/${kind}`;
+    const key = JSON.stringify([cluster ?? '', group]);
+    const w: GroupWatch = { cluster, group, scope, targets, stop: () => undefined };
+    this.watches.set(key, w);
     w.stop = client.watch(w.scope, undefined, {
       event: (e) => {
         const target = w.targets.get(String(valueAt(e.object, ['metadata', 'name'])));
-        if (target) this.learn(target, e.type === 'DELETED' ? {} : e.object);
+        if (target) this.learn(cluster, target, e.type === 'DELETED' ? {} : e.object);
       },
       failed: () => {
-        if (this.watches.get(group) === w) this.watches.delete(group);
+        if (this.watches.get(key) === w) this.watches.delete(key);
       },
     });
     return w;
@@ -17559,10 +17647,10 @@ export class ApprovalService implements ApprovalPages, CommandListener {
    * The targets of each namespace and kind with several, read with one LIST (listWorkloads) and learnt from; the
    * others (and those of a refused LIST), left to a GET each.
    */
-  private async listed(client: KubeClient, targets: Map<string, WaitingPush['target']>) {
+  private async listed(client: KubeClient, cluster: string | undefined, targets: Map<string, WaitingPush['target']>) {
     const found = new Set<WaitingPush['target']>();
     await listWorkloads(client, targets.values(), (target, workload) => {
-      this.learn(target, workload);
+      this.learn(cluster, target, workload);
       found.add(target);
     });
     // Those the list did not find are read one by one, which names what is missing.
@@ -17570,20 +17658,21 @@ export class ApprovalService implements ApprovalPages, CommandListener {
   }
 
   /**
-   * The waiting pushes of one workload as read: those of loaded hooks are known, the others forgotten; one that
-   * names a loaded hook but is not to be used (pendingEntryProblem) is taken off with a warning.
+   * The waiting pushes of one workload of a cluster as read: those of loaded hooks are known, the others forgotten;
+   * one that names a loaded hook but is not to be used there (pendingEntryProblem: not sealed there, or its hook
+   * does not serve that workload, container or cluster) is taken off with a warning.
    */
-  private learn(target: WaitingPush['target'], workload: K8sObject): void {
+  private learn(cluster: string | undefined, target: WaitingPush['target'], workload: K8sObject): void {
     const { entries } = readPendingEntries(workload);
-    const prefix = `${target.namespace}/${target.kind}/${target.name}/`;
-    for (const key of this.pushes.keys()) if (key.startsWith(prefix)) this.pushes.delete(key);
+    const here = waitingKey({ target, cluster, container: '' });
+    for (const [key, w] of this.pushes) if (waitingKey({ ...w, container: '' }) === here) this.pushes.delete(key);
     for (const [container, entry] of Object.entries(entries)) {
       const hook = this.hooks().get(entry.hook);
       if (!hook) continue;
-      const w = { target, container, entry };
+      const w = { target, container, cluster, entry };
       const problem = pendingEntryProblem(this.key, w, hook);
       if (problem) void this.dropUntrusted(w, problem);
-      else this.pushes.set(prefix + container, w);
+      else this.pushes.set(waitingKey(w), w);
     }
   }
 
@@ -17592,8 +17681,8 @@ export class ApprovalService implements ApprovalPages, CommandListener {
    * replica does it), with a warning in the log and a Warning Event (UpgradeRefused) on the workload.
    */
   private async dropUntrusted(w: WaitingPush, problem: string): Promise<void> {
-    const client = this.upgrade.kube();
-    const id = `${waitingKey(w.target, w.container)}/${w.entry.mac ?? w.entry.id}`;
+    const client = this.upgrade.kube(w.cluster);
+    const id = `${waitingKey(w)}/${w.entry.mac ?? w.entry.id}`;
     if (!client || this.dropping.has(id)) return;
     this.dropping.add(id);
     const where = `${w.target.kind}/${w.target.name} in ${w.target.namespace}`;
@@ -17626,7 +17715,7 @@ export class ApprovalService implements ApprovalPages, CommandListener {
   /** One decision of a waiting push, once per entry on this replica; the outcome is logged. */
   private async act(w: WaitingPush, action: 'expire' | 'window', by: string): Promise<void> {
     this.acting.add(w.entry.id);
-    const where = `${w.target.kind}/${w.target.name} in ${w.target.namespace}`;
+    const where = waitingWhere(w);
     try {
       const o = await this.decide(w, action, by);
       if (o.status === 409) this.log.info(`${where}: ${o.detail}`);
@@ -17649,7 +17738,8 @@ export class ApprovalService implements ApprovalPages, CommandListener {
       return page(status, outcomePage({ status, title: 'This link cannot be used', detail: read.refused }));
     }
     const c = read.claims;
-    const found = await this.find(c);
+    // Decided already, as this replica knows: no API call (a used link cannot make the service spend its quota).
+    const found = (this.decided.get(c.id) ?? 0) > Date.now() ? { gone: USED_LINK } : await this.find(c);
     // A POST on an entry that is not used takes it off (GET changes nothing; the rescans find it too).
     if ('gone' in found && method === 'POST') await found.drop?.();
     if ('gone' in found) return page(410, outcomePage({ status: 410, title: 'Nothing to decide', detail: found.gone }));
@@ -17668,7 +17758,7 @@ export class ApprovalService implements ApprovalPages, CommandListener {
    * or hook than the entry's.
    */
   private async find(c: ApprovalClaims): Promise<FoundPush> {
-    const client = this.upgrade.kube();
+    const client = this.upgrade.kube(c.cluster);
     const target = { namespace: c.namespace, kind: c.kind as WorkloadKind, name: c.name };
     if (!client || !Object.hasOwn(WORKLOAD_KINDS, c.kind)) return { gone: 'the service cannot reach the cluster' };
     let workload: K8sObject;
@@ -17678,9 +17768,12 @@ export class ApprovalService implements ApprovalPages, CommandListener {
       return { gone: (e as Error).message };
     }
     const entry = readPendingEntries(workload).entries[c.container];
-    if (entry?.id !== c.id)
-      return { gone: 'This push was decided already, replaced by a newer push, or expired: the link works once.' };
-    const push = { target, container: c.container, entry };
+    if (entry?.id !== c.id) {
+      // An entry's id is never written again: decided (here or elsewhere), replaced or expired, for good.
+      this.remember(c.id, c.exp);
+      return { gone: USED_LINK };
+    }
+    const push = { target, container: c.container, cluster: c.cluster, entry };
     const hook = this.hooks().get(entry.hook);
     const problem = hook ? pendingEntryProblem(this.key, push, hook) : undefined;
     const drop = () => this.dropUntrusted(push, problem!);
@@ -17714,11 +17807,14 @@ export class ApprovalService implements ApprovalPages, CommandListener {
       this.forget(w);
       return { status: 409, title: 'Not decided', detail: `the hook "${w.entry.hook}" is no longer loaded` };
     }
+    if (!hookClusters(hook).includes(w.cluster))
+      return { status: 409, title: 'Not decided', detail: `the hook "${hook.id}" no longer names ${clusterName(w)}` };
     const requestId = randomUUID();
     if (action === 'reject' || action === 'expire') {
       const report = await this.dropEntry(w, action === 'reject' ? 'rejected' : 'expired', by);
+      this.remember(w.entry.id, Date.parse(w.entry.until));
       if (!report) return { status: 409, title: 'Nothing to decide', detail: 'This push was decided already.' };
-      const env = this.upgrade.decidedEnv(hook, w.target, w.container);
+      const env = this.upgrade.decidedEnv(hook, w.target, w.container, w.cluster);
       return this.told(hook, requestId, report, env, action === 'reject' ? 'Rejected' : 'Expired');
     }
     const e = w.entry;
@@ -17728,31 +17824,44 @@ export class ApprovalService implements ApprovalPages, CommandListener {
       image: e.image,
       push: e.push,
     };
-    const r = await this.upgrade.runDecided(hook, w.target, w.container, push, { id: e.id, action, by }, requestId);
+    const decided = { id: e.id, action, by };
+    const r = await this.upgrade.runDecided(hook, w.target, w.container, push, decided, requestId, w.cluster);
     // Gone from the workload: forgotten, not tried again on every tick until a rescan.
     if (r.report.gone) {
       this.forget(w);
+      this.remember(e.id, Date.parse(e.until));
       return { status: 409, title: 'Nothing to decide', detail: r.report.error ?? '' };
     }
     // Decided, but not applied (refused, skipped by policy, held, superseded): it no longer waits. Without an
     // answer from the API server it still does, and is tried again.
     const settled = !['waiting', 'approved'].includes(r.report.decision) && !r.report.changed;
-    if (settled && !r.report.unreachable) await this.takeOff(this.upgrade.kube()!, w);
+    if (settled && !r.report.unreachable) await this.takeOff(this.upgrade.kube(w.cluster)!, w);
+    // Taken off, or (approved while the window is closed) written again under a new id.
+    if (r.report.changed || r.report.decision === 'approved' || (settled && !r.report.unreachable))
+      this.remember(e.id, Date.parse(e.until));
     this.forget(w);
     return this.told(hook, requestId, r.report, r.env, action === 'window' ? 'Applied' : 'Approved');
   }
 
-  /** "Deploy again": the past push's image through the same checks, requested by the admin. */
+  /**
+   * "Deploy again": the past push's image, in the cluster it went to, through the same checks as a push (the
+   * signature checked again, an approval and a window waited for), requested by the admin.
+   */
   private async replay(past: PastPush, by: string): Promise<DecisionOutcome> {
     const hook = this.hooks().get(past.hookId);
     if (!hook) return { status: 409, title: 'Not deployed', detail: `the hook "${past.hookId}" is no longer loaded` };
+    if (!hookClusters(hook).includes(past.cluster)) {
+      const detail = `the hook "${hook.id}" no longer names ${clusterName(past)}: nothing was deployed`;
+      return { status: 409, title: 'Not deployed', detail };
+    }
     const workload = parseWorkload(past.workload);
     const target = { namespace: past.namespace, ...workload };
     const now = Date.now();
     const push: IncomingPush = { pushedAtMs: now, timeFrom: 'received', image: past.image, push: `replay|${now}` };
     const requestId = randomUUID();
-    const r = await this.upgrade.runDecided(hook, target, past.container, push, { action: 'replay', by }, requestId);
-    return this.told(hook, requestId, r.report, r.env, 'Deployed again');
+    const decided = { action: 'replay', by } as const;
+    const r = await this.upgrade.runDecided(hook, target, past.container, push, decided, requestId, past.cluster);
+    return this.told(hook, requestId, r.report, r.env, r.report.waiting ? 'Waiting' : 'Deployed again');
   }
 
   /** The result of a decision goes where a push's goes (recorded, followed, mailed, posted); the page's outcome. */
@@ -17778,7 +17887,7 @@ export class ApprovalService implements ApprovalPages, CommandListener {
 
   /** Takes a pending entry off (rejected, expired) by a patch that tests the annotation read; undefined: gone. */
   private async dropEntry(w: WaitingPush, decision: 'rejected' | 'expired', by: string) {
-    const client = this.upgrade.kube();
+    const client = this.upgrade.kube(w.cluster);
     if (!client) throw new UpgradeError('no Kubernetes credentials');
     const workload = await this.takeOff(client, w);
     return workload && this.droppedReport(client, w, workload, decision, by);
@@ -17808,9 +17917,23 @@ export class ApprovalService implements ApprovalPages, CommandListener {
   }
 
   private forget(w: WaitingPush): undefined {
-    this.pushes.delete(waitingKey(w.target, w.container));
+    this.pushes.delete(waitingKey(w));
     this.retryAt.delete(w.entry.id);
     return undefined;
+  }
+
+  /**
+   * An entry known decided, until its links expire (rememberedDecisions at most: those expired go first, then the
+   * oldest, whose link then costs one read again).
+   */
+  private remember(id: string, untilMs: number): void {
+    const now = Date.now();
+    if (!(untilMs > now)) return;
+    if (this.decided.size >= APPROVAL_LIMITS.rememberedDecisions)
+      for (const [old, until] of this.decided) if (until <= now) this.decided.delete(old);
+    const oldest = this.decided.keys().next().value;
+    if (this.decided.size >= APPROVAL_LIMITS.rememberedDecisions && oldest !== undefined) this.decided.delete(oldest);
+    this.decided.set(id, untilMs);
   }
 
   /** The report of a rejected or expired push, recorded as an Event. */
@@ -17833,6 +17956,7 @@ export class ApprovalService implements ApprovalPages, CommandListener {
       imageBefore: running,
       imageAfter: running,
       target: { ...w.target },
+      cluster: w.cluster,
       pushedAtMs: Date.parse(e.pushedAt),
     });
     decide(report, decision, why);
@@ -17862,9 +17986,15 @@ export function approvalHooksProblem(hooks: Iterable<Hook>, linksOn: boolean): s
   return undefined;
 }
 
-/** A past push the deliveries page deploys again. */
+/** `cluster prod`, or `the default cluster`: a push's cluster, in a message. Pure. */
+function clusterName(w: { cluster: string | undefined }): string {
+  return w.cluster === undefined ? 'the default cluster' : `cluster ${showValue(w.cluster)}`;
+}
+
+/** A past push the deliveries page deploys again, in the cluster it went to (undefined: the default). */
 interface PastPush {
   hookId: string;
+  cluster: string | undefined;
   namespace: string;
   workload: string;
   container: string;
@@ -19108,7 +19238,7 @@ function decisionForm(action: string, fields: Record<string, string>, buttons: [
 function renderWaiting(pushes: readonly WaitingPush[]): string {
   if (pushes.length === 0) return '';
   const rows = pushes.map((w) => {
-    const key = `${w.target.namespace}/${w.target.kind}/${w.target.name}/${w.container}`;
+    const key = waitingKey(w);
     const buttons: [string, string][] = w.entry.waitsFor === 'window' ? [] : [['approve', 'Approve']];
     buttons.push(['reject', 'Reject']);
     return [
@@ -19116,7 +19246,8 @@ function renderWaiting(pushes: readonly WaitingPush[]): string {
       cell('Received', escapeHtml(w.entry.receivedAt.slice(0, 19).replace('T', ' ') + ' UTC'), 'time'),
       cell('Hook', escapeHtml(w.entry.hook)),
       cell('Workload / container', `${escapeHtml(`${w.target.kind}/${w.target.name} / ${w.container}`)}<br>` +
-        `<span class="muted">${escapeHtml(w.target.namespace)}</span>`),
+        `<span class="muted">${escapeHtml(w.target.namespace)}` +
+        `${w.cluster ? ` · cluster ${escapeHtml(w.cluster)}` : ''}</span>`),
       cell('Image', `<code>${escapeHtml(w.entry.image)}</code>`, 'image'),
       cell('Waits for', `<span class="tag">waiting</span><br>${escapeHtml(waitingAction(w.entry))}`),
       cell('Decide', decisionForm('deliveries/decide', { key, id: w.entry.id }, buttons)),
@@ -19253,6 +19384,7 @@ async function pageAction(
   if (!past) return decidedPage({ status: 404, title: 'Not deployed', detail: 'No such past push on this page.' });
   const push = {
     hookId: past.hookId,
+    cluster: past.cluster,
     namespace: past.namespace!,
     workload: past.workload!,
     container: past.container!,
