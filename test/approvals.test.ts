@@ -470,10 +470,10 @@ describe('approvals and windows on the real cluster', () => {
       .find((f) => f.closest('tr').textContent.includes('deployment/page')); f.querySelector('input[name=name]').value = 'Ops Zhang'; f.querySelector('button').click(); })()`);
     await waitFor(() => page.loads() > loads, { timeoutMs: 30_000, what: 'the replay to be posted' });
     const replayed = await page.evaluate<string>('document.querySelector("pre").textContent');
-    assert.match(replayed, /note: +deployed again by Ops Zhang \(127\.0\.0\.1, admin token\)/);
     await page.close();
-    // The page: the push's hold (ON_OUTSIDE_CHANGE=hold) still applies to a replay: the same checks.
-    assert.match(replayed, /action: +(image updated|none \(held)/);
+    // The replay goes through a push's checks: the hold (ON_OUTSIDE_CHANGE=hold), then the approval it waits for.
+    assert.match(replayed, /action: +(waiting for approval until|none \(held)/);
+    if (/action: +waiting/.test(replayed)) assert.match(replayed, /note: +asked to deploy again by Ops Zhang \(127\.0\.0\.1, admin token\)/);
     // Without the admin token a replica that asks for one refuses the form.
     const guarded = await started({ hooks: hooksFile, args: [...args(), '-admin-token', 'admin-token-81f2c9'], env: { KUBECONFIG: cluster!.kubeconfigPath } });
     const guardedAdmin = Number(/serving deliveries on http:\/\/127\.0\.0\.1:(\d+)/.exec(await waitForOutput(guarded, /serving deliveries on/))![1]);
@@ -635,6 +635,91 @@ describe('pending entries are used only as this service wrote them', () => {
     const tries = solo.output().split('\n').filter((l) => l.includes(`deployment/solo in ${ns}: the waiting push was decided already`));
     assert.equal(tries.length, 1, tries.join('\n'));
     await solo.stop();
+  });
+});
+
+describe('a decided link, and "Deploy again", on a replica of their own', () => {
+  const skip = !cluster ? 'no cluster' : false;
+  const ns = freshNamespaceName('approvals-again');
+  let kubectl: ReturnType<typeof kubectlFor>;
+  let get: (what: string) => Promise<any>;
+  let rx: Receiver;
+  let wh: Webhook;
+  const form = (name: string) => ({ method: 'POST', body: `name=${name}`, headers: { 'Content-Type': 'application/x-www-form-urlencoded' } });
+  const image = async (name: string) => containerImage(await get(`deployment/${name}`), 'app');
+  const push = (workload: string, tag: string) => wh.request(`/hooks/deploy?${new URLSearchParams({
+    token: TOKEN, ns, workload: `deployment/${workload}`, container: 'app', repo_type: 'regionalregistry' })}`,
+  { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: acrPayload(tag) });
+  const posted = (match: (d: any) => boolean, what: string) => waitFor(
+    () => rx.requests.map((r) => JSON.parse(r.body)).find(match), { timeoutMs: 60_000, what });
+  before(async () => {
+    if (skip) return;
+    kubectl = kubectlFor(cluster!);
+    get = namespacedGetter(kubectl, ns);
+    await kubectl(['create', 'namespace', ns]);
+    await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items:
+      ['reuse', 'again'].map((n) => deployment(n, [{ name: 'app', image: acrImage('v1') }], { replicas: 1 })) }));
+    rx = await startReceiver();
+    // Its hooks fix no workload: nothing is read in the background, so every API request is a push's or a link's.
+    wh = await started({
+      hooks: [upgradeHook('deploy', TOKEN, { REQUIRE_APPROVAL: 'true', NOTIFY_URL: `${rx.base}/json` })],
+      args: ['-public-url', PUBLIC_URL, '-approval-key-file', keyFile(), '-rollout-follow', '0s'],
+      env: { KUBECONFIG: cluster!.kubeconfigPath, NOTIFY_CACERT: Buffer.from(rx.certPem).toString('base64') },
+      metrics: true,
+    });
+  });
+  after(async () => {
+    await stopStarted();
+    await rx?.close();
+    if (!skip) await removeNamespace(kubectl, ns);
+  });
+
+  test('a link used again after its decision is answered 410 without a request to the API server', { skip }, async () => {
+    const requests = async () => (await wh.metrics()).body.split('\n').filter((l) => l.startsWith('webhook_kubernetes_requests_total{'))
+      .reduce((sum, l) => sum + Number(l.slice(l.lastIndexOf(' ') + 1)), 0);
+    const res = await push('reuse', 'v2');
+    assert.equal(res.status, 202, res.body);
+    const links = await posted((d) => d.request_id === res.headers['x-request-id'], 'the waiting push');
+    const approved = await wh.request(linkPath(links.approveUrl), form('Ops+Qian'));
+    assert.equal(approved.status, 200, approved.body);
+    await posted((d) => d.decision === 'applied' && d.workload === 'deployment/reuse', 'the approved result');
+    const before = await requests();
+    for (const link of [links.approveUrl, links.rejectUrl, links.approveUrl]) {
+      for (const opts of [form('Eve'), {}, form('Eve')]) {
+        const again = await wh.request(linkPath(link), opts);
+        assert.equal(again.status, 410, again.body);
+        assert.match(again.body, /the link works once/);
+      }
+    }
+    const after = await requests();
+    console.log(`# API requests: ${before} before nine uses of the decided links, ${after} after`);
+    assert.equal(after, before, 'a decided link costs no API request');
+    assert.equal(await image('reuse'), acrImage('v2'));
+  });
+
+  test('"Deploy again" of a hook that requires approvals waits for one, and is applied once approved', { skip }, async () => {
+    const res = await push('again', 'v3');
+    const links = await posted((d) => d.request_id === res.headers['x-request-id'], 'the waiting push');
+    assert.equal((await wh.request(linkPath(links.approveUrl), form('Ops+Sun'))).status, 200);
+    await waitFor(async () => (await image('again')) === acrImage('v3'), { what: 'the approved image' });
+    await kubectl(['-n', ns, 'set', 'image', 'deployment/again', `app=${acrImage('v1')}`]);
+    const admin = Number(/serving deliveries on http:\/\/127\.0\.0\.1:(\d+)/.exec(await waitForOutput(wh, /serving deliveries on/))![1]);
+    const past = await waitFor(async () => JSON.parse((await httpRequest(admin, '/deliveries.json')).body).deliveries
+      .find((d: any) => d.decision === 'applied' && d.workload === 'deployment/again' && d.state === 'done'), { what: 'the applied record' });
+    const replayed = await httpRequest(admin, '/deliveries/replay', { method: 'POST', body: `seq=${past.seq}&name=Ops+Zhou&action=replay`,
+      headers: { 'Content-Type': 'application/x-www-form-urlencoded', Origin: `http://127.0.0.1:${admin}` } });
+    assert.equal(replayed.status, 200, replayed.body);
+    assert.match(replayed.body, /<h1>Waiting<\/h1>/);
+    assert.match(replayed.body, /action: +waiting for approval until /);
+    assert.match(replayed.body, /note: +asked to deploy again by Ops Zhou \(127\.0\.0\.1, admin token\)/);
+    assert.equal(await image('again'), acrImage('v1'), 'nothing deployed before the approval');
+    const entry = JSON.parse((await get('deployment/again')).metadata.annotations['webhook/pending']).app;
+    assert.deepEqual([entry.image, entry.waitsFor, entry.approvedBy], [acrImage('v3'), 'approval', undefined]);
+    const waiting = await posted((d) => d.request_id === entry.request, 'the replay waiting, with its links');
+    const approved = await wh.request(linkPath(waiting.approveUrl), form('Ops+Sun'));
+    assert.equal(approved.status, 200, approved.body);
+    assert.match(approved.body, /note: +approved by Ops Sun \(127\.0\.0\.1, by link\)/);
+    assert.equal(await image('again'), acrImage('v3'));
   });
 });
 

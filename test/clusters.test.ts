@@ -20,7 +20,7 @@ import {
   type Cluster, type Kubectl,
 } from './cluster/kube.ts';
 import { ensureCluster } from './cluster/cluster.ts';
-import { upgradeHook } from './upgrade-hooks.ts';
+import { fixedSettings, upgradeHook } from './upgrade-hooks.ts';
 
 const TOKEN = 'clusters-token-5d1f0a';
 const RANCHER_TOKEN = 'kubeconfig-u-test:rancher-secret-7c2e';
@@ -220,6 +220,95 @@ describe('one process, several clusters', { skip: shared && second ? false : 'no
     assert.deepEqual(sections.map((t) => /^# ==== cluster (\S+): apply this section there with `kubectl --context \1 apply -f -`$/m.exec(t)?.[1]),
       ['prod', 'staging', 'away']);
     for (const t of sections) assert.ok(t.includes(`namespace: "${ns}"\n`), t);
+  });
+
+  /** Posts a form of the deliveries page (Deploy again) as the page itself would. */
+  const postForm = (port: number, action: string, fields: Record<string, string>) => httpRequest(port, action, {
+    method: 'POST', body: new URLSearchParams(fields).toString(),
+    headers: { 'Content-Type': 'application/x-www-form-urlencoded', Origin: `http://127.0.0.1:${port}` },
+  });
+  const deliveries = async (port: number) => JSON.parse((await httpRequest(port, '/deliveries.json')).body).deliveries as any[];
+
+  test('"Deploy again" on one cluster\'s delivery of a CLUSTERS hook deploys there; once the hook no longer names that cluster it is refused', async () => {
+    const wh = await start([prodConfig(), stagingConfig()], { CLUSTERS: 'staging prod' });
+    const port = await adminPort(wh);
+    assert.equal((await push(wh, 'v6')).status, 200);
+    assert.equal((await push(wh, 'v7')).status, 200);
+    const v6 = await waitFor(async () => (await deliveries(port)).find((d) => d.cluster === 'staging' && d.image_after === acrImage('v6') && d.state === 'done'),
+      { timeoutMs: 90_000, what: 'staging\'s record of v6' });
+    const replayed = await postForm(port, '/deliveries/replay', { seq: String(v6.seq), name: 'Ops Li', action: 'replay' });
+    assert.equal(replayed.status, 200, replayed.body);
+    assert.match(replayed.body, /cluster: +staging\n/);
+    assert.match(replayed.body, /note: +deployed again by Ops Li \(127\.0\.0\.1, admin token\)/);
+    assert.equal(containerImage(await getStaging('deployment/web'), 'app'), acrImage('v6'), 'the cluster of the delivery is the one deployed');
+    assert.equal(containerImage(await getProd('deployment/web'), 'app'), acrImage('v7'), 'the default cluster is left alone');
+    const record = await waitFor(async () => (await deliveries(port)).find((d) => d.decision === 'applied' && d.image_after === acrImage('v6') && d.seq > v6.seq),
+      { what: 'the replay\'s record' });
+    assert.equal(record.cluster, 'staging');
+    // The hook now names prod only: staging's delivery is not deployed again anywhere.
+    fs.writeFileSync(wh.hooksPath, JSON.stringify([upgradeHook('deploy', TOKEN, { CLUSTERS: 'prod' })]));
+    wh.proc.kill('SIGHUP');
+    await waitForOutput(wh, /reloaded 1 hook\(s\)/);
+    const stagingBefore = containerImage(await getStaging('deployment/web'), 'app');
+    await kubectlProd(['-n', ns, 'set', 'image', 'deployment/web', `app=${acrImage('v1')}`]);
+    const refused = await postForm(port, '/deliveries/replay', { seq: String(v6.seq), name: 'Ops Li', action: 'replay' });
+    assert.equal(refused.status, 409, refused.body);
+    assert.match(refused.body, /the hook &quot;deploy&quot; no longer names cluster &quot;staging&quot;: nothing was deployed/);
+    assert.equal(containerImage(await getStaging('deployment/web'), 'app'), stagingBefore);
+    assert.equal(containerImage(await getProd('deployment/web'), 'app'), acrImage('v1'));
+  });
+
+  test('a CLUSTERS hook\'s waiting pushes: one per cluster, listed, decided by link and expired in their own cluster', async () => {
+    const keyFile = path.join(dir, 'approval-key');
+    fs.writeFileSync(keyFile, 'clusters-approval-key-0d9c7e1b5a3f2e8d4c6b0a9f7e5d3c1b\n');
+    await Promise.all([kubectlProd, kubectlStaging].map((k) => k(['-n', ns, 'apply', '-f', '-'],
+      JSON.stringify(deployment('gate', [{ name: 'app', image: acrImage('v1') }], { replicas: 1 })))));
+    const hooks = [{ ...upgradeHook('gated', TOKEN), 'pass-environment-to-command': fixedSettings({
+      CLUSTERS: 'staging prod', APP_NS: ns, APP_WORKLOAD: 'deployment/gate', APP_CONTAINER: 'app', REPO_TYPE: 'regionalregistry', REQUIRE_APPROVAL: 'true' }) }];
+    const startGated = async () => {
+      const wh = await startWebhook({ hooks, metrics: true, env: { KUBECONFIG: [prodConfig(), stagingConfig()].join(path.delimiter) },
+        args: ['-rollout-follow', '0s', '-public-url', 'https://webhook.example.test', '-approval-key-file', keyFile] });
+      started.push(wh);
+      return wh;
+    };
+    const wh = await startGated();
+    const port = await adminPort(wh);
+    const res = await wh.request(`/hooks/gated?token=${TOKEN}`, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: acrPayload('v8') });
+    assert.equal(res.status, 202, res.body);
+    const pending = async (get: typeof getProd) => JSON.parse((await get('deployment/gate')).metadata.annotations?.['webhook/pending'] ?? '{}');
+    const [inProd, inStaging] = [(await pending(getProd)).app, (await pending(getStaging)).app];
+    assert.ok(inProd && inStaging && inProd.id !== inStaging.id, 'an entry waits in each cluster');
+    // Both are known here, each under its cluster: neither overwrites the other.
+    const page = (await httpRequest(port, '/deliveries')).body;
+    const waiting = page.slice(page.indexOf('<table class="waiting">'), page.indexOf('</table>', page.indexOf('<table class="waiting">')));
+    assert.equal(waiting.match(/<tr class="running"/g)?.length, 2, waiting);
+    assert.match(waiting, /cluster staging/);
+    assert.match(waiting, /cluster prod/);
+    const records = await waitFor(async () => {
+      const parts = (await deliveries(port)).filter((d) => d.decision === 'waiting' && d.approveUrl);
+      return parts.length === 2 ? parts : undefined;
+    }, { what: 'the two waiting records' });
+    const staging = records.find((d) => d.cluster === 'staging');
+    const approved = await wh.request(new URL(staging.approveUrl).pathname, {
+      method: 'POST', body: 'name=Ops+Wu', headers: { 'Content-Type': 'application/x-www-form-urlencoded' } });
+    assert.equal(approved.status, 200, approved.body);
+    assert.match(approved.body, /cluster: +staging\n/);
+    assert.equal(containerImage(await getStaging('deployment/gate'), 'app'), acrImage('v8'));
+    assert.equal(containerImage(await getProd('deployment/gate'), 'app'), acrImage('v1'), 'prod\'s push still waits');
+    assert.deepEqual(await pending(getStaging), {});
+    assert.equal((await pending(getProd)).app.id, inProd.id);
+    // An expired entry another replica left in staging: a replica that starts reads staging and expires it.
+    await wh.stop();
+    const hourAgo = new Date(Date.now() - 3_600_000).toISOString();
+    const expired = { id: 'gone-1', hook: 'gated', request: 'gone-1-request', image: acrImage('v9'), push: 'sha256:x|t', pushedAt: hourAgo,
+      timeFrom: 'payload', receivedAt: hourAgo, waitsFor: 'approval', until: new Date(Date.now() - 1000).toISOString(), decides: 'whoever opens its links' };
+    await kubectlStaging(['-n', ns, 'annotate', 'deployment/gate', `webhook/pending=${JSON.stringify({ app: expired })}`]);
+    const later = await startGated();
+    const told = await waitFor(async () => (await deliveries(await adminPort(later))).find((d) => d.decision === 'expired'),
+      { timeoutMs: 60_000, what: 'staging\'s expired push told' });
+    assert.equal(told.cluster, 'staging');
+    assert.deepEqual(await pending(getStaging), {});
+    assert.equal(containerImage(await getStaging('deployment/gate'), 'app'), acrImage('v8'));
   });
 
   describe('a server URL with a path (Rancher\'s cluster proxy)', () => {

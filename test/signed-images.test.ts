@@ -396,6 +396,37 @@ describe('VERIFY_SIGNATURE: cosign signatures on a real registry, through the ex
     }
   });
 
+  test('"Deploy again" checks the signature as the hook asks now: refused under another key, deployed again under the signing one', async () => {
+    const admin = Number(/serving deliveries on http:\/\/127\.0\.0\.1:(\d+)\/deliveries/.exec(await waitForOutput(wh, /serving deliveries on/))![1]);
+    const deliveries = async () => JSON.parse((await httpRequest(admin, '/deliveries.json')).body).deliveries as any[];
+    const past = (await deliveries()).find((d) => d.decision === 'applied' && d.workload === 'deployment/web' && d.image_after === `${image('v2')}@${signedV2}`);
+    assert.ok(past, 'the signed push of v2 is on the page');
+    const replay = () => httpRequest(admin, '/deliveries/replay', { method: 'POST', body: `seq=${past.seq}&name=Ops+Ma&action=replay`,
+      headers: { 'Content-Type': 'application/x-www-form-urlencoded', Origin: `http://127.0.0.1:${admin}` } });
+    const reload = async (text: string) => {
+      const reloads = wh.output().split('reloaded ').length;
+      fs.writeFileSync(path.join(work, 'hooks.json'), text);
+      wh.proc.kill('SIGHUP');
+      await waitFor(() => wh.output().split('reloaded ').length > reloads, { what: 'the hooks reloaded' });
+    };
+    const hooks = fs.readFileSync(path.join(work, 'hooks.json'), 'utf8');
+    await kubectl(['-n', ns, 'set', 'image', 'deployment/web', `app=${image('v1')}`]);
+    // The hook now trusts another key only: the past push is signed by a key it no longer names.
+    await reload(hooks.replaceAll(path.join(work, 'release.pub'), path.join(work, 'other.pub')));
+    try {
+      const refusedAgain = await replay();
+      assert.equal(refusedAgain.status, 500, refusedAgain.body);
+      assert.match(refusedAgain.body, new RegExp(`signature: ${escape(`${registry.host}/acme/web@${signedV2}`)} is not signed as VERIFY_SIGNATURE requires: .*not signed by a key VERIFY_SIGNATURE names`));
+      assert.equal(await imageOf(), image('v1'), 'nothing deployed');
+    } finally {
+      await reload(hooks);
+    }
+    const again = await replay();
+    assert.equal(again.status, 200, again.body);
+    assert.match(again.body, new RegExp(`note: +signature: ${escape(`${registry.host}/acme/web@${signedV2}`)} is signed by ECDSA P-256 key`));
+    assert.equal(await imageOf(), `${image('v2')}@${signedV2}`);
+  });
+
   test('the registry login and the key password never appear in the output', () => {
     for (const secret of [LOGIN.password, Buffer.from(`${LOGIN.user}:${LOGIN.password}`).toString('base64'), KEY_PASSWORD])
       assert.ok(!wh.output().includes(secret), 'a secret in the output');
