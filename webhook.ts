@@ -17561,10 +17561,13 @@ export class ApprovalService implements ApprovalPages, CommandListener {
         w.stop();
         this.watches.delete(key);
       }
-    for (const [cluster, targets] of clusters) {
-      const client = this.upgrade.kube(cluster || undefined);
-      if (client) await this.rescanCluster(client, cluster || undefined, targets);
-    }
+    // The clusters at once: one whose API server is away does not hold back the others' windows and expiries.
+    await Promise.all(
+      [...clusters].map(([cluster, targets]) => {
+        const client = this.upgrade.kube(cluster || undefined);
+        return client && this.rescanCluster(client, cluster || undefined, targets);
+      }),
+    );
   }
 
   /** The workloads to read, by cluster ('' for the default) and then by `<namespace>/<kind>/<name>`. */
