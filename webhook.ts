@@ -17269,7 +17269,7 @@ export class RolloutFollower implements CommandListener {
 //    in each cluster its hooks name (a waiting push, its key and its links carry the cluster). A link once decided
 //    is remembered until it expires: used again, it is answered 410 without asking the API server.
 //    Exports: approvalHooksProblem, ApprovalService, WaitingPush, waitingKey.
-//    Tests: test/approvals.test.ts, test/unit.test.ts.
+//    Tests: test/approvals.test.ts, test/clusters.test.ts, test/signed-images.test.ts, test/unit.test.ts.
 // ================================================================================================
 
 const APPROVAL_LIMITS = {

@@ -6,8 +6,10 @@
  * workload changes and the result is told; a reject, a used, expired or tampered link, a GET alone; a newer push
  * replacing a waiting one; the replica that recorded a push killed and another approving it; a replica that starts
  * later expiring what another left; change windows that open a few seconds after the push, and far from UTC; the
- * deliveries page's waiting rows and "Deploy again" in chromium. Screenshots are kept in test-artifacts/
- * (git-ignored); with UPDATE_DOCS_SCREENSHOTS=1 they also replace the ones docs/approvals.md shows.
+ * deliveries page's waiting rows and "Deploy again" in chromium; a decided link used again answered 410 without
+ * an API request (the metrics count them); "Deploy again" of a hook that requires approvals waiting for one.
+ * Screenshots are kept in test-artifacts/ (git-ignored); with UPDATE_DOCS_SCREENSHOTS=1 they also replace the ones
+ * docs/approvals.md shows.
  */
 import assert from 'node:assert/strict';
 import * as fs from 'node:fs';

@@ -6,7 +6,9 @@
  * one cluster's API server away, the delivery is answered 202 for it while the other is applied.
  * A Rancher-style path-prefix reverse proxy (a small node:https server here, taking a bearer token
  * and forwarding with the cluster's admin certificate, as Rancher's cluster proxy does) is
- * reached through a server URL with a path, which every request keeps.
+ * reached through a server URL with a path, which every request keeps. "Deploy again" deploys in the cluster of
+ * the record it is pressed on (refused once the hook no longer names it); a CLUSTERS hook's waiting pushes are one
+ * per cluster, listed, decided by link and expired in their own cluster.
  */
 import assert from 'node:assert/strict';
 import { execFileSync, spawnSync } from 'node:child_process';
