@@ -23,6 +23,7 @@ import {
 } from './cluster/kube.ts';
 import { ensureCluster } from './cluster/cluster.ts';
 import { fixedSettings, upgradeHook } from './upgrade-hooks.ts';
+import { sealPendingEntry } from '../webhook.ts';
 
 const TOKEN = 'clusters-token-5d1f0a';
 const RANCHER_TOKEN = 'kubeconfig-u-test:rancher-secret-7c2e';
@@ -263,8 +264,9 @@ describe('one process, several clusters', { skip: shared && second ? false : 'no
   });
 
   test('a CLUSTERS hook\'s waiting pushes: one per cluster, listed, decided by link and expired in their own cluster', async () => {
+    const key = 'clusters-approval-key-0d9c7e1b5a3f2e8d4c6b0a9f7e5d3c1b';
     const keyFile = path.join(dir, 'approval-key');
-    fs.writeFileSync(keyFile, 'clusters-approval-key-0d9c7e1b5a3f2e8d4c6b0a9f7e5d3c1b\n');
+    fs.writeFileSync(keyFile, `${key}\n`);
     await Promise.all([kubectlProd, kubectlStaging].map((k) => k(['-n', ns, 'apply', '-f', '-'],
       JSON.stringify(deployment('gate', [{ name: 'app', image: acrImage('v1') }], { replicas: 1 })))));
     const hooks = [{ ...upgradeHook('gated', TOKEN), 'pass-environment-to-command': fixedSettings({
@@ -305,8 +307,11 @@ describe('one process, several clusters', { skip: shared && second ? false : 'no
     await wh.stop();
     const hourAgo = new Date(Date.now() - 3_600_000).toISOString();
     const expired = { id: 'gone-1', hook: 'gated', request: 'gone-1-request', image: acrImage('v9'), push: 'sha256:x|t', pushedAt: hourAgo,
-      timeFrom: 'payload', receivedAt: hourAgo, waitsFor: 'approval', until: new Date(Date.now() - 1000).toISOString(), decides: 'whoever opens its links' };
-    await kubectlStaging(['-n', ns, 'annotate', '--overwrite', 'deployment/gate', `webhook/pending=${JSON.stringify({ app: expired })}`]);
+      timeFrom: 'payload' as const, receivedAt: hourAgo, waitsFor: 'approval' as const, until: new Date(Date.now() - 1000).toISOString(),
+      decides: 'whoever opens its links' };
+    // Sealed where it sits, as a replica writes one (an entry that is not is dropped, never told as expired).
+    const sealed = sealPendingEntry(Buffer.from(key), { cluster: 'staging', namespace: ns, kind: 'deployment', name: 'gate', container: 'app' }, expired);
+    await kubectlStaging(['-n', ns, 'annotate', '--overwrite', 'deployment/gate', `webhook/pending=${JSON.stringify({ app: sealed })}`]);
     const later = await startGated();
     const told = await waitFor(async () => (await deliveries(await adminPort(later))).find((d) => d.decision === 'expired'),
       { timeoutMs: 60_000, what: 'staging\'s expired push told' });
