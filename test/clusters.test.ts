@@ -348,11 +348,18 @@ describe('one process, several clusters', { skip: shared && second ? false : 'no
           answer.pipe(res);
         });
         out.on('error', () => res.destroy());
+        // The client gone (a watch given up, the service stopped), the request to the API server goes too: a watch
+        // left open there holds this process until the API server ends it, minutes later.
+        res.on('close', () => out.destroy());
         req.pipe(out);
       });
       return new Promise<void>((resolve) => proxy.listen(0, '127.0.0.1', resolve));
     });
-    after(() => new Promise<void>((resolve) => proxy.close(() => resolve())));
+    after(() => {
+      const closed = new Promise<void>((resolve) => proxy.close(() => resolve()));
+      proxy.closeAllConnections();
+      return closed;
+    });
 
     test('upgrades through it: every request keeps the path', async () => {
       const port = (proxy.address() as { port: number }).port;
