@@ -5088,8 +5088,8 @@ function watchKey(scope: WatchScope): string {
 //    command is looked up on PATH. Basic auth (a password in the server's URL too), auth-provider and impersonation
 //    are refused. Errors name the file, the context and the field, never a credential.
 //    Exports: credentialsFromEnvironment, ExecEnvironment.
-//    Tests: test/burst.test.ts, test/kubeconfig.test.ts, test/rollback.test.ts, test/upgrade.test.ts,
-//    test/watch.test.ts.
+//    Tests: test/burst.test.ts, test/clusters.test.ts, test/kubeconfig.test.ts, test/rollback.test.ts,
+//    test/upgrade.test.ts, test/watch.test.ts.
 // ================================================================================================
 
 const EXEC_LIMITS = {
@@ -19427,7 +19427,7 @@ export function deliveryPages(log: DeliveryLog, token: string, approvals?: Appro
 //    parameters, answer, upgrade and notifications) and says what is wrong, -print-rbac prints the least-privilege
 //    RBAC; both load the hooks exactly as the service does (hookLoadSettings).
 //    Exports: commandWarnings, hookLoadSettings, printRbac, validate.
-//    Tests: test/deploy.test.ts, test/validate.test.ts.
+//    Tests: test/clusters.test.ts, test/deploy.test.ts, test/validate.test.ts.
 // ================================================================================================
 
 /**

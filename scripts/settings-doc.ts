@@ -1,17 +1,16 @@
 /*
- * Writes the settings tables of docs/configuration.md (the part between its BEGIN and END markers)
- * from HOOK_SETTINGS, the one table of the settings of the upgrade, its mail and its notifications
- * (webhook.ts, chapter "hook settings"):
- *
- *   node scripts/settings-doc.ts
- *
- * test/settings.test.ts fails when the document and the table disagree.
+ * The settings tables of docs/configuration.md, written from HOOK_SETTINGS, the one table of the settings of the
+ * upgrade, its mail and its notifications (webhook.ts, chapter "hook settings"): one line per setting (its type,
+ * default, validation and meaning), and "In detail", what each hook setting does at length (SETTING_DETAILS
+ * below, which must name every hook setting of the table and nothing else). `node scripts/docs.ts` writes them
+ * with the other generated parts of the docs (running this file does the same);
+ * test/settings.test.ts and test/docs.test.ts fail when the document and the table disagree.
  */
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
-import { HOOK_SETTINGS, type HookSetting } from '../webhook.ts';
+import { HOOK_SETTINGS, REPO_TYPES, type HookSetting } from '../webhook.ts';
 
 /** A table cell: pipes escaped, so a value never splits the row. */
 function cell(text: string): string {
@@ -31,7 +30,7 @@ function rows(from: HookSetting<unknown>['from']): string[] {
 }
 
 export const CONFIGURATION = path.join(import.meta.dirname, '..', 'docs', 'configuration.md');
-export const BEGIN = '<!-- BEGIN settings: written from HOOK_SETTINGS by `node scripts/settings-doc.ts`; do not edit -->';
+export const BEGIN = '<!-- BEGIN settings: written from HOOK_SETTINGS by `node scripts/docs.ts`; do not edit -->';
 export const END = '<!-- END settings -->';
 
 /** The generated part of docs/configuration.md, markers included. */
@@ -52,12 +51,180 @@ export function settingsSection(): string {
     "### The service's environment",
     '',
     "The service's own environment (the Deployment's `env`); the MAIL_* values other than the port, the",
-    'TLS mode and the switches are base64, as the old image took them. A malformed one turns mail (or',
-    'the notifications, for NOTIFY_CACERT) off and is logged at start.',
+    'TLS mode and the switches are base64, as the old image took them. A malformed MAIL_* value turns',
+    'mail off and is logged at start (hooks keep working); a NOTIFY_CACERT that holds no certificate',
+    'stops the start-up (exit 1), naming it.',
     '',
     ...rows('service'),
     '',
     END,
+  ].join('\n');
+}
+
+/** The registries of REPO_TYPE that have a name besides their key: the three the old image knew, and auto. */
+const REPO_TYPE_NAMES: Record<string, string> = {
+  regionalregistry: 'Aliyun ACR',
+  publicregistry: 'Docker Hub',
+  custom: 'a build job',
+  auto: 'recognised from the payload',
+};
+
+const repoTypeList = REPO_TYPES.map((t) => (REPO_TYPE_NAMES[t] ? `\`${t}\` (${REPO_TYPE_NAMES[t]})` : `\`${t}\``)).join(', ');
+
+/**
+ * What each hook setting does, at length, for the "In detail" table (the tables above say it in one line).
+ * Markdown; links are relative to docs/. Every hook setting of HOOK_SETTINGS has one, and nothing else.
+ */
+export const SETTING_DETAILS: Record<string, string> = {
+  APP_NS:
+    'Namespace of the workload to upgrade. Also what `-print-rbac` reads (a literal, or a parameter a `value` rule pins).',
+  APP_WORKLOAD:
+    '`<kind>/<name>`: `deployment`, `daemonset`, `statefulset`, `cronjob`, case-insensitive, plurals and ' +
+    '`deploy`/`ds`/`sts`/`cj` too.',
+  APP_CONTAINER: "The container's exact name (containers, then init containers).",
+  CLUSTER:
+    'The kubeconfig context whose cluster the workload is in (the kubeconfig of `-kubeconfig` or ' +
+    '`KUBECONFIG`, read as kubectl reads it); unset, the current context, or the pod\'s service account. A request ' +
+    'never chooses a cluster. See [A hook names its cluster](clusters.md#a-hook-names-its-cluster).',
+  CLUSTERS:
+    'Several contexts, separated by spaces (at most 16): one delivery fanned out, the workload ' +
+    'upgraded in each cluster at once, each with its own result, record, rollout follow and Event; answered 200 ' +
+    'when every cluster applied it, 202 when one is kept. Not together with `CLUSTER`. See ' +
+    '[Several clusters](clusters.md).',
+  REPO_TYPE:
+    `How to read the payload: ${repoTypeList}. See [registries.md](registries.md).`,
+  NET_TYPE:
+    'ACR only: `vpc` → `registry-vpc.…`, `internal` → `registry-internal.…`. Not used when `REGISTRY_HOST` is set.',
+  REGISTRY_HOST:
+    '`host[:port]` that replaces the registry host of every push, whatever the `repo_type`: the ' +
+    'computed ACR host for `regionalregistry` (ACR Enterprise Edition `<instance>-registry[-vpc].<region>.cr.aliyuncs.com`, ' +
+    'Personal Edition `crpi-<id>[-vpc].<region>.personal.cr.aliyuncs.com`; `net_type` is then not used), Docker Hub ' +
+    'for `publicregistry` (a mirror of it), `repo_url` for `custom`; required for `jfrog` and `nexus`, and for ' +
+    '`harbor` when Harbor has no external URL. The image pin counts it as the container\'s own registry, so a hook ' +
+    'can move a workload to it (same repository path).',
+  PIN_DIGEST:
+    '`true`: when the payload carries the pushed digest (ACR, Harbor and Artifactory do), deploy `repo:tag@sha256:…`.',
+  UPDATE_POLICY:
+    'Which tags a push may deploy: `all`, `semver:<range>` (npm ranges: `^1.4`, `~1.4.2`, ' +
+    '`>=1.4.0 <2.0.0`, `1.x`), `major`, `minor`, `patch` (Keel\'s meaning, relative to the running version; the ' +
+    'semver policies never go down unless `,allow-downgrade` follows), `glob:<pattern>`, `regexp:<pattern>`. The ' +
+    'workload\'s annotations `webhook/policy` and `webhook/policy.<container>` override it. See ' +
+    '[policies.md](policies.md).',
+  ALLOW_IMAGES:
+    'Repositories the hook may deploy besides the container\'s own, space-separated: `host/path` ' +
+    '(exactly that repository), `host/path/*` (every repository under `host/path`, at any depth), `host/*` (every ' +
+    'repository of that registry). Docker Hub\'s may omit the host (`nginx` is `docker.io/library/nginx`, ' +
+    '`shopteam/*`). Compared like the pin: host case-insensitive, endpoints of one registry alike ' +
+    '(`registry.cn-hangzhou.aliyuncs.com/shop/*` also allows `registry-vpc.…/shop/x`). Tags and digests are never ' +
+    'named (they are always free); a `*` anywhere but a trailing `/*`, a tag, a bare host or an invalid name is a ' +
+    'load error naming file, line and field. Example: `{"envname": "ALLOW_IMAGES", "source": "string", "name": ' +
+    '"registry.cn-hangzhou.aliyuncs.com/shop/* nginx"}`.',
+  VERIFY_IMAGE:
+    '`true`: before the patch, ask the registry what the tag is (see [Verifying the pushed ' +
+    'image](registries.md#verifying-the-pushed-image-verify_image)) and deploy `repo:tag@sha256:…`; a missing tag ' +
+    'or another digest than the payload\'s is refused.',
+  REGISTRY_CA:
+    'With `VERIFY_IMAGE`: the CA (PEM text, or a PEM file\'s path) that signed a private registry\'s certificate, ' +
+    'trusted in addition to Node\'s default set (bundled roots, `NODE_EXTRA_CA_CERTS`), as `NOTIFY_CACERT` and ' +
+    '`MAIL_CACERT` are.',
+  REGISTRY_TOKEN_HOSTS:
+    'With `VERIFY_IMAGE`: token services, besides the registry\'s own host and the well-known ones ' +
+    '(see [where the pull secret\'s login goes](registries.md#where-the-pull-secrets-login-goes)), that may be given ' +
+    'the pull secret\'s login; host names separated by spaces, `*.example.com` for any sub-domain, no scheme, no port.',
+  VERIFY_SIGNATURE:
+    '`cosign:<key>` items separated by spaces, each the PEM text of public keys or a PEM file\'s path ' +
+    '(ECDSA P-256, Ed25519 or RSA, as `cosign generate-key-pair` writes `cosign.pub`): deploy only a digest with a ' +
+    'cosign signature valid under one of them, read offline from the registry. Implies `VERIFY_IMAGE`. A key that ' +
+    'is not one (a private key, another curve, a file that cannot be read) is a load error naming file, line and ' +
+    'field. See [Signed images](security.md#signed-images).',
+  VERIFY_SIGNATURE_ANNOTATIONS:
+    'With `VERIFY_SIGNATURE`: `key=value` items separated by spaces that a signature must carry ' +
+    '(`cosign sign -a key=value`), e.g. `pipeline=release`.',
+  ON_REGISTRY_AWAY:
+    'With `VERIFY_IMAGE` or `VERIFY_SIGNATURE`, when the registry cannot be reached: `fail` (the ' +
+    'default) answers 500 and changes nothing; `keep` answers 202, keeps the push and tries it again every 5 s (the ' +
+    'tag resolved and its signature checked anew), applying it once the registry answers, within ' +
+    '`-apply-deadline`. See [While the API server is away](upgrade.md#while-the-api-server-is-away).',
+  ON_OUTSIDE_CHANGE:
+    '`hold`: once the container\'s image was changed outside webhook (`kubectl set image`, ' +
+    '`kubectl rollout undo`, Helm, Argo CD, Rancher), a push is applied only when strictly newer than the image ' +
+    'replaced (semver, else pushed after the change), and otherwise answered `none (held: …)`; `follow`: every push ' +
+    'is applied, whoever changed the image. See [A change made outside webhook is ' +
+    'respected](upgrade.md#a-change-made-outside-webhook-is-respected).',
+  REQUIRE_APPROVAL:
+    '`true`: every push of the hook waits, recorded on the workload and answered 202, until a person ' +
+    'approves or rejects it through the links in its notifications or on the deliveries page; the annotation ' +
+    '`webhook/approval: required` asks the same of one workload. Needs `-public-url` and `-approval-key-file`. ' +
+    'See [Approvals and change windows](approvals.md).',
+  APPROVAL_TIMEOUT:
+    'How long a waiting push may wait (a Go duration of at least `1m`; default `24h`): then its ' +
+    'pending entry is taken off and it is reported `expired`.',
+  DEPLOY_WINDOW:
+    'One or more ranges separated by `;`, each `<days> <HH:MM>-<HH:MM> [<IANA zone>]` (e.g. ' +
+    '`Mon-Fri 09:00-18:00 Asia/Shanghai`): a push outside the window is answered 202 and applied when it opens. ' +
+    'The annotation `webhook/window` overrides it. See [Change windows](approvals.md#change-windows).',
+  APPROVAL_OVERRIDE:
+    '`true`: the approval of a push waiting for the change window may deploy it at once: its ' +
+    'notification also offers **Deploy now**. Needs `-public-url` and `-approval-key-file`.',
+  ROLLOUT_TIMEOUT:
+    'A Go duration (`60s`): the answer waits this long for the rollout and fails if it fails or does not finish. ' +
+    '`0`: the answer comes back once the patch is applied and the rollout is followed afterwards ' +
+    '(`-rollout-follow`).',
+  ROLLBACK_ON_FAILURE:
+    '`true`: a followed rollout that fails is rolled back to the image the container ran before the push (see ' +
+    '[Rollback](upgrade.md#rollback)); a StatefulSet\'s stuck pods are then deleted for its forced rollback, which ' +
+    'needs `delete` on pods: `-print-rbac` grants it only to hooks that fix the setting.',
+  MAIL_TO:
+    'Recipients of the result mail, comma-separated. Must come from the hook: a `MAIL_TO` in the service\'s own ' +
+    'environment is not passed on. Mail goes out only when the service has a mail server (`MAIL_SMTP_SERVER`, ' +
+    'below); without one, `-validate` warns for each hook that sets `MAIL_TO`. See [Mail](notifications.md#mail).',
+  NOTIFY_ON_SKIP:
+    '`false`: a push the update policy skipped is not mailed or posted (it is still on the ' +
+    'deliveries page and in the log). See [Skipped pushes](policies.md#skipped-pushes).',
+  NOTIFY_URL:
+    'One or more `https://` (or `http://`) URLs, separated by spaces or commas (at most 5). See ' +
+    '[notifications.md](notifications.md#chat-and-json-notifications).',
+  NOTIFY_FORMAT:
+    '`json`, `dingtalk`, `wecom`, `feishu` or `slack`: one for every URL, or one per URL, ' +
+    'comma-separated.',
+  NOTIFY_SECRET:
+    'Signs the requests: the JSON signature header, DingTalk\'s signed URL, Feishu\'s signed body. ' +
+    'One for every URL, or one per URL, space-separated. WeCom and Slack URLs sign nothing; a secret for them is ' +
+    'an error.',
+};
+
+export const DETAILS_BEGIN =
+  '<!-- BEGIN setting details: written from HOOK_SETTINGS and SETTING_DETAILS (scripts/settings-doc.ts) by ' +
+  '`node scripts/docs.ts`; do not edit -->';
+export const DETAILS_END = '<!-- END setting details -->';
+
+const fixedOf = (name: string): string => ((HOOK_SETTINGS as Record<string, HookSetting<unknown>>)[name].fixed ? 'yes' : 'no');
+
+/** The "In detail" table of docs/configuration.md, markers included; throws when it and HOOK_SETTINGS disagree. */
+export function settingDetailsSection(): string {
+  const hookSettings = (Object.entries(HOOK_SETTINGS) as [string, HookSetting<unknown>][])
+    .filter(([, s]) => s.from === 'hook')
+    .map(([name]) => name);
+  const missing = hookSettings.filter((n) => !Object.hasOwn(SETTING_DETAILS, n));
+  const extra = Object.keys(SETTING_DETAILS).filter((n) => !hookSettings.includes(n));
+  if (missing.length || extra.length)
+    throw new Error(
+      `scripts/settings-doc.ts: SETTING_DETAILS ${missing.length ? `lacks ${missing.join(', ')}` : ''}` +
+        `${missing.length && extra.length ? ' and ' : ''}${extra.length ? `names no hook setting: ${extra.join(', ')}` : ''}`,
+    );
+  return [
+    DETAILS_BEGIN,
+    '',
+    '### In detail',
+    '',
+    'Fixed: the hook must give it as `{"source": "string", …}`; a hooks file that takes it from the request, or',
+    'gives a value that fails its validation, is refused when it loads.',
+    '',
+    '| Variable | Fixed | Meaning |',
+    '|---|---|---|',
+    ...hookSettings.map((n) => `| \`${n}\` | ${fixedOf(n)} | ${cell(SETTING_DETAILS[n])} |`),
+    '',
+    DETAILS_END,
   ].join('\n');
 }
 
@@ -70,6 +237,7 @@ export function documentedSection(text = fs.readFileSync(CONFIGURATION, 'utf8'))
 }
 
 if (process.argv[1] === fileURLToPath(import.meta.url)) {
-  const text = fs.readFileSync(CONFIGURATION, 'utf8');
-  fs.writeFileSync(CONFIGURATION, text.replace(documentedSection(text), settingsSection()));
+  // Imported here, not above: scripts/docs.ts imports this file.
+  const { writeGeneratedParts } = await import('./docs.ts');
+  writeGeneratedParts();
 }

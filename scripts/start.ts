@@ -3,7 +3,7 @@
  * a ready-to-paste curl per registry type that upgrades a workload through it.
  *
  *   HOOK_TOKEN=change-me npm start                 # the project's local test cluster, a demo Deployment
- *   KUBECONFIG=kube.json HOOK_TOKEN=… npm start    # a cluster of yours: nothing is created
+ *   KUBECONFIG=~/.kube/config HOOK_TOKEN=… npm start    # a cluster of yours: nothing is created
  *   npm start -- -port 9001 -hooks my-hooks/       # any flag of the executable
  *
  * Without KUBECONFIG (and outside a pod) it starts the local test cluster of test/cluster (built
@@ -93,8 +93,8 @@ async function chooseCluster(o: Options, env: Env): Promise<{ kubeconfig?: strin
   } catch (e) {
     throw new Error(
       `the local test cluster could not start: ${(e as Error).message}\n` +
-        'It is built with Go from the Go module proxy the first time. Or set KUBECONFIG to a JSON kubeconfig ' +
-        '(kubectl config view --raw --minify --flatten -o json) to use a cluster of your own.',
+        'It is built with Go from the Go module proxy the first time. Or set KUBECONFIG to a kubeconfig ' +
+        '(YAML or JSON, as kubectl reads it: KUBECONFIG=~/.kube/config) to use a cluster of your own.',
     );
   }
 }

@@ -1,6 +1,6 @@
 /*
- * The cosign verifier as a pure function (chapter 10): simple-signing payloads signed here with keys
- * node:crypto makes (ECDSA P-256, Ed25519, RSA with PKCS#1 v1.5 and PSS), checked against the keys,
+ * The cosign verifier as a pure function (webhook.ts, chapter "oci registry client"): simple-signing
+ * payloads signed here with keys node:crypto makes (ECDSA P-256, Ed25519, RSA with PKCS#1 v1.5 and PSS), checked against the keys,
  * Ed25519ph (how cosign signs with an Ed25519 key) against RFC 8032's test vector,
  * the digest, the repository and the annotations required; and the keys a hook may name
  * (parseCosignKeys, VERIFY_SIGNATURE, VERIFY_SIGNATURE_ANNOTATIONS). Signatures made by the real

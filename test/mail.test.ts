@@ -1,5 +1,5 @@
-// Tests for the "smtp client & mail" section: configuration, composition (golden files), and SMTP
-// transactions against a real exim started by test/mta.ts. The exim tests fail, never skip, when
+// Tests for the chapters "smtp client" and "mail" of webhook.ts: configuration, composition (golden
+// files), and SMTP transactions against a real exim started by test/mta.ts. The exim tests fail, never skip, when
 // exim cannot be installed or started.
 
 import assert from 'node:assert/strict';

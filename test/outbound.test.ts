@@ -1,6 +1,6 @@
 /*
- * The outbound-call kit (chapter 6 of webhook.ts): the pure parts (retry policy, Retry-After, the
- * scrubber's encoded forms, TLS trust, which token hosts may be given a registry login), the request
+ * The outbound-call kit (webhook.ts, chapter "outbound calls"): the pure parts (retry policy,
+ * Retry-After, the scrubber's encoded forms, TLS trust, which token hosts may be given a registry login), the request
  * function against local HTTP servers (its total deadline, its size cap), and through the built
  * executable: a notification receiver that dribbles one byte a second ends at the total deadline
  * while the push's result is still reported, and a secret a template encoded (URL, HTML, JS, base64)

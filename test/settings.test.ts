@@ -1,6 +1,6 @@
 /*
  * HOOK_SETTINGS, the one table of the settings of the upgrade, its mail and its notifications:
- * the settings tables of docs/configuration.md are what scripts/settings-doc.ts writes from it, every setting the
+ * the settings tables of docs/configuration.md are what scripts/settings-doc.ts renders from it, every setting the
  * code reads is in it, the load-time check of fixed settings and -validate come from it, and its
  * parses keep the messages operators know.
  */
@@ -21,8 +21,8 @@ const entries = Object.entries(HOOK_SETTINGS) as [string, HookSetting<unknown>][
 const NOT_SETTINGS = ['KUBECONFIG', 'KUBERNETES_SERVICE_HOST', 'KUBERNETES_SERVICE_PORT', 'PATH', 'WEBHOOK_CMD'];
 
 describe('the settings table and its document', () => {
-  test("docs/configuration.md's settings tables are what scripts/settings-doc.ts writes from HOOK_SETTINGS", () => {
-    assert.equal(documentedSection(), settingsSection(), 'run: node scripts/settings-doc.ts');
+  test("docs/configuration.md's settings tables are what scripts/settings-doc.ts renders from HOOK_SETTINGS", () => {
+    assert.equal(documentedSection(), settingsSection(), 'run: node scripts/docs.ts');
   });
 
   test('every setting has one row with its type, default and meaning, and the document has no other', () => {

@@ -18,6 +18,8 @@ const report = analyse();
 const text = fs.readFileSync(SOURCE, 'utf8');
 const MAX_CHAPTER_LINES = 900;
 const MAX_MAIN_LINES = 350;
+// Test files that check no chapter of webhook.ts: the build, the docs, the shape of the file, the tests' processes.
+const OF_NO_CHAPTER = ['build.test.ts', 'docs.test.ts', 'exit-check.test.ts', 'structure.test.ts'];
 // The libraries the program writes by hand because it has no runtime dependencies.
 const LIBRARIES = [/json|text/, /yaml/, /template/, /regexp/, /outbound/, /smtp/, /kubernetes/, /registry/, /html/];
 
@@ -81,6 +83,12 @@ describe('webhook.ts structure', () => {
       for (const f of listed) assert.ok(fs.existsSync(path.join(import.meta.dirname, f)), `${s.title}: test/${f}`);
       for (const f of importing.get(s.title) ?? []) assert.ok(listed.includes(f), `${s.title}: ${f} imports from it`);
     }
+  });
+
+  test('every test file is named by a banner, but those that check the build, the docs, the shape and the tests', () => {
+    const named = new Set(report.sections.flatMap((s) => bannerTests(text, s)));
+    const files = fs.readdirSync(import.meta.dirname).filter((f) => f.endsWith('.test.ts'));
+    assert.deepEqual(files.filter((f) => !named.has(f) && !OF_NO_CHAPTER.includes(f)), []);
   });
 
   test('every export is used by a later section or by a test, a benchmark or a script', () => {
