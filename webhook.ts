@@ -19444,7 +19444,7 @@ async function validate(o: Options, env: Record<string, string | undefined>): Pr
     return 1;
   }
   const upgrade = new UpgradeService(undefined, env, 0, new Logger(false, false, () => undefined));
-  for (const w of [...snapshot.warnings, ...commandWarnings(snapshot, env, upgrade)])
+  for (const w of [...snapshot.warnings, ...commandWarnings(snapshot, env, upgrade), ...mailWarnings(snapshot, env)])
     process.stderr.write(`warning: ${w}\n`);
   process.stdout.write(describeHooks(snapshot, o, env.PATH ?? '', upgrade));
   if (snapshot.hooks.size === 0 && !o.nopanic) {
@@ -19534,6 +19534,21 @@ async function accessReview(
   const where = { group: 'authorization.k8s.io', version: 'v1', resource: 'selfsubjectaccessreviews', namespace: '' };
   const answer = await client.create<{ status?: { allowed?: boolean; reason?: string } }>(where, review);
   return { allowed: answer.status?.allowed === true, reason: answer.status?.reason || undefined };
+}
+
+/**
+ * The hooks that pass MAIL_TO while this environment gives the service no mail server (MAIL_SMTP_SERVER unset, or
+ * MAIL_* settings it refuses): mail is then off and their results are mailed to no one, which nothing else says.
+ */
+function mailWarnings(snapshot: Snapshot, env: Record<string, string | undefined>): string[] {
+  const mail = parseMailConfig(env);
+  if (mail.config) return [];
+  const why = env.MAIL_SMTP_SERVER?.trim()
+    ? `mail is off: ${mail.errors.join('; ')}`
+    : 'mail is off: MAIL_SMTP_SERVER is not set';
+  return [...snapshot.hooks.values()]
+    .filter((hook) => upgradeInput(hook, 'MAIL_TO') !== undefined)
+    .map((hook) => `${hook.file}: hook "${hook.id}": MAIL_TO is passed, but ${why}: no result will be mailed`);
 }
 
 /** The hooks whose command cannot be run now (checked again on each request, so only a warning). */

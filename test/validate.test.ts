@@ -13,6 +13,10 @@ import { defaultBinary, makeTempDir, REPO_ROOT, startWebhook, waitForOutput } fr
 
 const EXAMPLES = path.join(REPO_ROOT, 'examples', 'hooks');
 
+/** A mail server for the service's environment (its MAIL_* values are base64, as the old image's). */
+const b64 = (text: string) => Buffer.from(text).toString('base64');
+const MAIL_SERVER = { MAIL_SMTP_SERVER: b64('smtp.example.com'), MAIL_FROM: b64('webhook@example.com') };
+
 function validate(args: string[], env: Record<string, string | undefined> = {}) {
   const r = spawnSync(defaultBinary(), ['-validate', ...args], {
     env: { PATH: process.env.PATH, ...env } as NodeJS.ProcessEnv,
@@ -28,7 +32,7 @@ function deploySeedHook(): string {
 
 describe('webhook -validate', () => {
   test('the example hooks: each hook with what it accepts, runs and answers; the token is not shown', () => {
-    const r = validate(['-hooks', EXAMPLES, '-template'], { HOOK_TOKEN: 'tok' });
+    const r = validate(['-hooks', EXAMPLES, '-template'], { HOOK_TOKEN: 'tok', ...MAIL_SERVER });
     assert.equal(r.code, 0, r.stderr);
     assert.equal(r.stderr, '');
     assert.match(r.stdout, /^hook "echo" \(.*examples\/hooks\/echo\.json\)$/m);
@@ -90,10 +94,24 @@ describe('webhook -validate', () => {
       .replace('<container>', 'main')
       .replace('<mail-to>', 'ops@example.com');
     fs.writeFileSync(path.join(dir, 'web.json'), filled);
-    const r = validate(['-hooks', dir, '-template'], { HOOK_TOKEN: 'a-long-random-token' });
+    const r = validate(['-hooks', dir, '-template'], { HOOK_TOKEN: 'a-long-random-token', ...MAIL_SERVER });
     assert.equal(r.code, 0, r.stderr);
     assert.equal(r.stderr, '');
     assert.match(r.stdout, /namespace: shop\n +workload: statefulset\/db\n +container: main\n/);
+  });
+
+  test('a hook that passes MAIL_TO where the environment has no mail server (or a broken one) is warned about', () => {
+    const unset = validate(['-hooks', EXAMPLES, '-template'], { HOOK_TOKEN: 'tok' });
+    assert.equal(unset.code, 0, unset.stderr);
+    assert.equal(unset.stderr,
+      `warning: ${path.join(EXAMPLES, 'web.json')}: hook "web": MAIL_TO is passed, but mail is off: MAIL_SMTP_SERVER is not ` +
+        'set: no result will be mailed\n');
+    const password = 'not base64 at all!';
+    const broken = validate(['-hooks', EXAMPLES, '-template'], { HOOK_TOKEN: 'tok', ...MAIL_SERVER, MAIL_PASSWORD: password });
+    assert.equal(broken.code, 0, broken.stderr);
+    assert.match(broken.stderr, /^warning: .*hook "web": MAIL_TO is passed, but mail is off: MAIL_PASSWORD\b.*: no result will be mailed$/m);
+    assert.ok(!broken.stderr.includes(password), 'the value is never shown');
+    assert.doesNotMatch(broken.stderr, /hook "echo"/, 'a hook without MAIL_TO is not warned about');
   });
 
   test('other rule types and commands: regex, signatures (secret not shown), not/or, a missing command', () => {
