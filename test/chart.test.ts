@@ -6,7 +6,10 @@
  *   - for the same settings, the chart and deploy/ (kustomize) produce the same objects;
  *   - `helm template … | kubectl apply --dry-run=server` succeeds, in both RBAC modes;
  *   - the NetworkPolicy's namespaces are values (defaults: Rancher's kube-system for the ingress
- *     controller, cattle-monitoring-system for Prometheus); an empty list opens its port;
+ *     controller, ingress-nginx on RKE1 by one value; cattle-monitoring-system for Prometheus); an empty
+ *     list opens its port;
+ *   - an Ingress for the hooks, off by default, with its class, host and TLS Secret from the values; the
+ *     notes give the URLs on its host and warn of an Ingress without TLS and of mailTo without a mail server;
  *   - `helm install --wait` into a fresh namespace rolls out on kwok's fake nodes; the API server
  *     accepts the NetworkPolicy as rendered; the installed pod starts with its admin token file on
  *     a metrics listener other hosts reach, and its deliveries page asks for that token; a push
@@ -138,6 +141,29 @@ describe('charts/webhook', { skip: helm ? false : 'no helm' }, () => {
     assert.deepEqual(await policies({}), { 'web.json': [], 'api.json': [{ envname: 'UPDATE_POLICY', source: 'string', name: 'glob:release-*' }] });
   });
 
+  test('an Ingress for the hooks, off by default: its class, host, paths and TLS from the values; no host, no Ingress', async () => {
+    const ingress = async (values: object) => {
+      const out = await runHelm(['template', 'r', CHART, '--show-only', 'templates/ingress.yaml', '-f', writeValues(values)]);
+      return parseYaml(out).value as any;
+    };
+    await assert.rejects(ingress({}), /could not find template templates\/ingress\.yaml/);
+    const on = await ingress({ ingress: { enabled: true, className: 'nginx', host: 'webhook.example.com', tls: { secretName: 'webhook-tls' } } });
+    assert.equal(on.kind, 'Ingress');
+    assert.equal(on.metadata.name, 'r-webhook');
+    assert.deepEqual(on.spec, {
+      ingressClassName: 'nginx',
+      tls: [{ hosts: ['webhook.example.com'], secretName: 'webhook-tls' }],
+      rules: [{ host: 'webhook.example.com', http: { paths: [
+        { path: '/hooks/', pathType: 'Prefix', backend: { service: { name: 'r-webhook', port: { number: 9000 } } } },
+      ] } }],
+    });
+    const plain = await ingress({ ingress: { enabled: true, host: 'hooks.internal', annotations: { 'cert-manager.io/cluster-issuer': 'ca' } } });
+    assert.equal(plain.spec.ingressClassName, undefined, "no class: the cluster's default");
+    assert.equal(plain.spec.tls, undefined);
+    assert.deepEqual(plain.metadata.annotations, { 'cert-manager.io/cluster-issuer': 'ca' });
+    await assert.rejects(ingress({ ingress: { enabled: true } }), /ingress\.host is required with ingress\.enabled/);
+  });
+
   test("the NetworkPolicy: Rancher's namespaces by default, the operator's from the values, an empty list opens its port, off when disabled", async () => {
     const policy = async (values: object) => {
       const out = await runHelm(['template', 'r', CHART, '--show-only', 'templates/networkpolicy.yaml', '-f', writeValues(values)]);
@@ -152,6 +178,10 @@ describe('charts/webhook', { skip: helm ? false : 'no helm' }, () => {
     const chosen = await policy({ metrics: { port: 9200 }, networkPolicy: { hookFrom: [ns('ingress-nginx'), ns('builds')], metricsFrom: [ns('monitoring')] } });
     assert.deepEqual(namespaces(chosen), [[9000, ['ingress-nginx', 'builds']], [9200, ['monitoring']]]);
     assert.deepEqual(namespaces(await policy({ networkPolicy: { hookFrom: [] } })), [[9000, undefined], [9100, ['cattle-monitoring-system']]]);
+    // RKE1 runs its ingress-nginx in the namespace ingress-nginx: one value (a question of the form).
+    assert.deepEqual(namespaces(await policy({ networkPolicy: { ingressNamespace: 'ingress-nginx' } })),
+      [[9000, ['ingress-nginx']], [9100, ['cattle-monitoring-system']]]);
+    await assert.rejects(policy({ networkPolicy: { ingressNamespace: '' } }), /networkPolicy\.ingressNamespace is empty/);
     await assert.rejects(policy({ networkPolicy: { enabled: false } }), /could not find template templates\/networkpolicy\.yaml/);
   });
 });
@@ -210,14 +240,35 @@ describe('charts/webhook on the cluster', { skip: helm && cluster ? false : 'no 
     }
   });
 
+  test("the notes: each hook's URL on the Ingress's host; a warning for an Ingress without TLS and for mailTo without a mail server", async () => {
+    // helm install renders the notes; --dry-run=client still asks the cluster its version.
+    const notes = (values: object) => runHelm(['install', 'r', CHART, '-n', ns, '--dry-run=client', '-f', writeValues(values)]);
+    const hooks = [{ id: 'web', namespace: 'prod', workload: 'deployment/web', container: 'app', mailTo: 'ops@example.com' }];
+    const bare = await notes({ hooks });
+    assert.match(bare, /^ {2}https:\/\/<host>\/hooks\/web\?token=<HOOK_TOKEN_WEB>&ns=prod/m);
+    assert.match(bare, /set ingress\.enabled, ingress\.host and ingress\.tls\.secretName/);
+    assert.match(bare, /WARNING: hook\(s\) web set mailTo, but mail\.server is empty: mail is off and no result\nis mailed/);
+    const mailed = await notes({ hooks, mail: { server: 'smtp.example.com', from: 'webhook@example.com' },
+      ingress: { enabled: true, host: 'webhook.example.com', tls: { secretName: 'webhook-tls' } } });
+    assert.match(mailed, /^ {2}https:\/\/webhook\.example\.com\/hooks\/web\?token=<HOOK_TOKEN_WEB>&ns=prod/m);
+    assert.doesNotMatch(mailed, /WARNING/);
+    const clear = await notes({ hooks: [{ ...hooks[0], mailTo: '' }], ingress: { enabled: true, host: 'webhook.example.com' } });
+    assert.match(clear, /^ {2}http:\/\/webhook\.example\.com\/hooks\/web\?/m);
+    assert.match(clear, /WARNING: the Ingress for webhook\.example\.com has no ingress\.tls\.secretName/);
+    assert.doesNotMatch(clear, /set mailTo/);
+  });
+
   test('helm template | kubectl apply --dry-run=server succeeds, in both RBAC modes', async () => {
     for (const mode of ['namespaced', 'cluster']) {
-      const values = writeValues({ hooks: [{ namespace: appNs, workload: 'deployment/web', container: 'app' }], rbac: { mode }, podDisruptionBudget: { enabled: true } });
+      const values = writeValues({
+        hooks: [{ namespace: appNs, workload: 'deployment/web', container: 'app' }], rbac: { mode }, podDisruptionBudget: { enabled: true },
+        ingress: { enabled: true, className: 'nginx', host: 'webhook.example.com', tls: { secretName: 'webhook-tls' } },
+      });
       const rendered = await runHelm(['template', `${release}-dry`, CHART, '-n', ns, '-f', values]);
       const objects = (await parseManifests(rendered, kubectl)).map((o) => withNamespace(o, ns));
       const out = await kubectl(['apply', '--dry-run=server', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: objects }));
       const kinds = mode === 'cluster' ? ['clusterrole', 'clusterrolebinding'] : ['role', 'rolebinding'];
-      for (const kind of ['serviceaccount', 'secret', 'configmap', 'service', 'deployment', 'poddisruptionbudget', 'networkpolicy', ...kinds])
+      for (const kind of ['serviceaccount', 'secret', 'configmap', 'service', 'deployment', 'poddisruptionbudget', 'networkpolicy', 'ingress', ...kinds])
         assert.match(out, new RegExp(`^${kind}(\\.[a-z0-9.]+)?/\\S+ created \\(server dry run\\)$`, 'm'), out);
     }
   });
