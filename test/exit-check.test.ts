@@ -1,7 +1,8 @@
 /*
  * The check that a test file's process ends with its tests (test/exit-check.ts), run as `npm test`
- * runs it on two small test files: one that leaves a server, a client request and a child process
- * open, which is reported failed naming each, and one that closes what it opens, which passes.
+ * runs it on small test files: one that leaves a server, a client request and a child process open,
+ * which is reported failed naming each; ones that close what they open, which pass however long their
+ * after hooks take or a top-level await keeps them between two suites.
  */
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
@@ -49,7 +50,7 @@ test('a test file that leaves a watch, a server and a child process open is fail
   const run = await runTestFile(file);
   assert.notEqual(run.code, 0, run.output);
   assert.match(run.output, /✔ passes, and leaves things open/);
-  assert.match(run.output, /lingers\.test\.mjs: the process is still running 0\.5 s after its last test and after hook ended/);
+  assert.match(run.output, /lingers\.test\.mjs: the process is still running 0\.5 s after its tests and their after hooks ended/);
   assert.match(run.output, /- Server listening on 127\.0\.0\.1:\d+/);
   assert.match(run.output, /- Socket 127\.0\.0\.1:\d+ → 127\.0\.0\.1:\d+, carrying GET \/watch\?w=1/);
   const pid = /- child process (\d+): sleep 600/.exec(run.output)?.[1];
@@ -79,5 +80,23 @@ test('a test file that closes what it opens, in an after hook that takes longer 
   ].join('\n'));
   const run = await runTestFile(file);
   assert.equal(run.code, 0, run.output);
+  assert.doesNotMatch(run.output, /still running/);
+});
+
+test('a test file that awaits longer than the grace between two suites (a cluster being built) is not reported meanwhile', async () => {
+  const dir = makeTempDir('exit-check-');
+  const file = path.join(dir, 'awaits.test.mjs');
+  fs.writeFileSync(file, [
+    ...PRELUDE,
+    "test('before the await', () => {});",
+    // A slow set-up (the test cluster built on first use) between two suites. node:test runs the root's after
+    // hooks before it already: only the end of the file's evaluation says the tests ended.
+    "const { setTimeout: slowSetUp } = await import('node:timers/promises');",
+    `await slowSetUp(${GRACE_MS * 4});`,
+    "test('after the await', () => new Promise((resolve) => server.close(resolve)));",
+  ].join('\n'));
+  const run = await runTestFile(file);
+  assert.equal(run.code, 0, run.output);
+  assert.match(run.output, /✔ after the await/);
   assert.doesNotMatch(run.output, /still running/);
 });

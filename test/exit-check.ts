@@ -1,22 +1,28 @@
 /*
  * A test file's process ends with its tests. Imported by test/harness.ts and preloaded by `npm test`
  * (`node --import ./test/exit-check.ts --test …`), so every test file's process has it: once the
- * file's last test and its last `after` hook have ended, the process has EXIT_GRACE_MS to end on its
- * own. Still alive then, something the tests opened holds it (a socket, a server, a child process, a
- * timer): the check names each such handle on stderr, kills the child processes it finds and exits 1,
- * so the file is reported failed at once instead of holding `npm test` until the handle lets go
- * (a Kubernetes watch: up to ten minutes).
+ * file has been read to its end (top-level awaits included) and its last test, suite and `after` hook
+ * have ended, the process has EXIT_GRACE_MS to end on its own. Still alive then, something the tests
+ * opened holds it (a socket, a server, a child process): the check names each such handle on stderr,
+ * kills the child processes it finds and exits 1, so the file is reported failed at once instead of
+ * holding `npm test` until the handle lets go (a Kubernetes watch: up to ten minutes).
+ *
+ * When the tests have ended is read from node:test's own diagnostics channel (`tracing:node.test:start`
+ * and `…:end`, published for every test and suite and for the root, whose end follows the file's root
+ * `after` hooks), and from the test file's module having been evaluated: node:test runs the root's
+ * `after` hooks as soon as the tests known so far have ended, even while a top-level await (a test
+ * cluster being built) is still to add more.
  *
  * Nothing happens in a process that is not a test file: the runner's own process, a benchmark that
  * imports the harness.
  */
-import { AsyncResource } from 'node:async_hooks';
 import type { ChildProcess } from 'node:child_process';
+import { channel } from 'node:diagnostics_channel';
 import * as net from 'node:net';
-import { after } from 'node:test';
+import { pathToFileURL } from 'node:url';
 
 /**
- * How long a test file's process may live on after its last `after` hook. A few seconds: time for a
+ * How long a test file's process may live on after its tests, suites and hooks have ended. A few seconds: time for a
  * child's exit status or a closing socket's last callback to arrive on a loaded 2-core machine; a
  * handle still open past it is one the tests forgot, not one on its way out. EXIT_CHECK_GRACE_MS
  * overrides it (test/exit-check.test.ts, which checks the check, waits less).
@@ -25,7 +31,8 @@ export const EXIT_GRACE_MS = Number(process.env.EXIT_CHECK_GRACE_MS) || 10_000;
 
 /** Whether this process runs a test file: a child of `node --test`, or a `*.test.ts` run directly. */
 function isTestFile(): boolean {
-  return process.env.NODE_TEST_CONTEXT !== undefined || /\.test\.[cm]?[jt]s$/.test(process.argv[1] ?? '');
+  const main = process.argv[1] ?? '';
+  return main !== '' && (process.env.NODE_TEST_CONTEXT !== undefined || /\.test\.[cm]?[jt]s$/.test(main));
 }
 
 /** One handle in words: what it is and what it is connected to. */
@@ -60,7 +67,7 @@ export function openHandles(): unknown[] {
 /** The report of a process that outlived its tests. */
 export function lingeringReport(file: string, handles: unknown[], resources: string[]): string {
   const lines = [
-    `${file}: the process is still running ${EXIT_GRACE_MS / 1000} s after its last test and after hook ended;`,
+    `${file}: the process is still running ${EXIT_GRACE_MS / 1000} s after its tests and their after hooks ended;`,
     'these keep it alive (close each in an after hook):',
     ...handles.map((h) => `  - ${describeHandle(h)}`),
     `  all active resources: ${resources.join(', ') || 'none'}`,
@@ -75,17 +82,32 @@ function reportAndExit(): void {
   process.exit(1);
 }
 
-if (isTestFile()) {
-  // A hook registered here would run before the file's own root `after` hooks (it is registered
-  // first). So this one registers the watch when the after hooks start, from a scope outside every
-  // test: node:test then puts it on the root, after the file's hooks, and it runs last.
-  const outsideTests = new AsyncResource('exit-check');
-  after(() => {
-    outsideTests.runInAsyncScope(() =>
-      after(() => {
-        // Unref'd: it never holds the process itself, so it fires only when something else does.
-        setTimeout(reportAndExit, EXIT_GRACE_MS).unref();
-      }),
-    );
+/** How often the check looks whether the tests have ended; the timer is unref'd, so it never holds the process. */
+const CHECK_EVERY_MS = 1_000;
+
+/** Watches the tests of this process and reports it once it outlives them by EXIT_GRACE_MS. */
+function watchTests(): void {
+  const running = new Set<unknown>();
+  let evaluation: Promise<unknown> | undefined;
+  let evaluated = false;
+  let idleSince = Date.now();
+  channel('tracing:node.test:start').subscribe((test) => {
+    running.add(test);
+    // The first test runs while the file is being evaluated: importing it again waits for its evaluation to end.
+    evaluation ??= import(pathToFileURL(process.argv[1]).href)
+      .catch(() => undefined)
+      .finally(() => {
+        evaluated = true;
+        idleSince = Date.now();
+      });
   });
+  channel('tracing:node.test:end').subscribe((test) => {
+    running.delete(test);
+    idleSince = Date.now();
+  });
+  setInterval(() => {
+    if (evaluated && running.size === 0 && Date.now() - idleSince >= EXIT_GRACE_MS) reportAndExit();
+  }, CHECK_EVERY_MS).unref();
 }
+
+if (isTestFile()) watchTests();
