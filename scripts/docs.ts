@@ -16,7 +16,15 @@ import { fileURLToPath } from 'node:url';
 
 import { analyse, SOURCE } from '../test/structure.ts';
 import { DECISIONS } from '../webhook.ts';
-import { CONFIGURATION, DETAILS_BEGIN, DETAILS_END, BEGIN, END, settingDetailsSection, settingsSection } from './settings-doc.ts';
+import {
+  CONFIGURATION,
+  DETAILS_BEGIN,
+  DETAILS_END,
+  BEGIN,
+  END,
+  settingDetailsSection,
+  settingsSection,
+} from './settings-doc.ts';
 
 const DOCS = path.join(import.meta.dirname, '..', 'docs');
 
@@ -49,8 +57,9 @@ type DecisionCode = keyof typeof DECISIONS;
 /** Each decision code's meaning: the doc comment above its entry of DECISIONS in webhook.ts. */
 export function decisionMeanings(source = fs.readFileSync(SOURCE, 'utf8')): Map<string, string> {
   const start = source.indexOf('export const DECISIONS = {');
-  const stop = source.indexOf('\n} as const;', start);
-  if (start < 0 || stop < 0) throw new Error(`${SOURCE}: no "export const DECISIONS = { … } as const;"`);
+  const stop = source.indexOf('\n}', start);
+  if (start < 0 || stop < 0)
+    throw new Error(`${SOURCE}: no "export const DECISIONS = { … }" (its entries, each under its comment)`);
   const meanings = new Map<string, string>();
   for (const m of source.slice(start, stop).matchAll(/\/\*\*([^]*?)\*\/\s*(?:'([^']+)'|([\w$]+)):/g)) {
     meanings.set(m[2] ?? m[3], m[1].replace(/\s*\n\s*\*\s*/g, ' ').trim());
@@ -81,7 +90,9 @@ function publishedWords(): Map<string, DecisionCode[]> {
   }
   const twice = Object.keys(PUBLISHED_OUTSIDE_DECISIONS).filter((w) => words.has(w));
   if (twice.length)
-    throw new Error(`scripts/docs.ts: DECISIONS publishes ${twice.join(', ')}: take it out of PUBLISHED_OUTSIDE_DECISIONS`);
+    throw new Error(
+      `scripts/docs.ts: DECISIONS publishes ${twice.join(', ')}: take it out of PUBLISHED_OUTSIDE_DECISIONS`,
+    );
   return words;
 }
 
@@ -111,7 +122,10 @@ function codeTable(): string[] {
     '|---|---|---|',
     ...rows,
     ...(outside.length
-      ? ['', `Words chapter "the result" publishes as \`decision\` besides these, not yet codes of the list: ${outside.join(', ')}.`]
+      ? [
+          '',
+          `Words chapter "the result" publishes as \`decision\` besides these, not yet codes of the list: ${outside.join(', ')}.`,
+        ]
       : []),
   ];
 }
@@ -146,7 +160,11 @@ function chapterTables(): string[] {
       }),
     ];
   };
-  return [...table('Part I, libraries', 0, r.partTwo), '', ...table('Part II, the service', r.partTwo, r.sections.length)];
+  return [
+    ...table('Part I, libraries', 0, r.partTwo),
+    '',
+    ...table('Part II, the service', r.partTwo, r.sections.length),
+  ];
 }
 
 // ---- the parts, read and written ---------------------------------------------------------------
@@ -171,7 +189,10 @@ export function documentedPart(p: GeneratedPart, text = fs.readFileSync(p.file, 
 export function writeGeneratedParts(): void {
   for (const p of GENERATED_PARTS) {
     const text = fs.readFileSync(p.file, 'utf8');
-    fs.writeFileSync(p.file, text.replace(documentedPart(p, text), () => p.render()));
+    fs.writeFileSync(
+      p.file,
+      text.replace(documentedPart(p, text), () => p.render()),
+    );
   }
 }
 

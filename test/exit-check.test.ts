@@ -40,17 +40,23 @@ const PRELUDE = [
 test('a test file that leaves a watch, a server and a child process open is failed, naming each', async () => {
   const dir = makeTempDir('exit-check-');
   const file = path.join(dir, 'lingers.test.mjs');
-  fs.writeFileSync(file, [
-    ...PRELUDE,
-    "test('passes, and leaves things open', async () => {",
-    "  await new Promise((resolve) => http.get({ host: '127.0.0.1', port, path: '/watch?w=1' }, resolve));",
-    "  spawn('sleep', ['600'], { stdio: 'ignore' });",
-    '});',
-  ].join('\n'));
+  fs.writeFileSync(
+    file,
+    [
+      ...PRELUDE,
+      "test('passes, and leaves things open', async () => {",
+      "  await new Promise((resolve) => http.get({ host: '127.0.0.1', port, path: '/watch?w=1' }, resolve));",
+      "  spawn('sleep', ['600'], { stdio: 'ignore' });",
+      '});',
+    ].join('\n'),
+  );
   const run = await runTestFile(file);
   assert.notEqual(run.code, 0, run.output);
   assert.match(run.output, /✔ passes, and leaves things open/);
-  assert.match(run.output, /lingers\.test\.mjs: the process is still running 0\.5 s after its tests and their after hooks ended/);
+  assert.match(
+    run.output,
+    /lingers\.test\.mjs: the process is still running 0\.5 s after its tests and their after hooks ended/,
+  );
   assert.match(run.output, /- Server listening on 127\.0\.0\.1:\d+/);
   assert.match(run.output, /- Socket 127\.0\.0\.1:\d+ → 127\.0\.0\.1:\d+, carrying GET \/watch\?w=1/);
   const pid = /- child process (\d+): sleep 600/.exec(run.output)?.[1];
@@ -69,15 +75,18 @@ test('a test file that leaves a watch, a server and a child process open is fail
 test('a test file that closes what it opens, in an after hook that takes longer than the grace, passes', async () => {
   const dir = makeTempDir('exit-check-');
   const file = path.join(dir, 'closes.test.mjs');
-  fs.writeFileSync(file, [
-    ...PRELUDE,
-    // The file's own after hook runs after the check's first one: the grace starts when it has ended.
-    `after(() => new Promise((resolve) => setTimeout(() => server.close(resolve), ${GRACE_MS * 4})));`,
-    "test('passes', async () => {",
-    "  const agent = new http.Agent({ keepAlive: false });",
-    "  await new Promise((resolve) => http.get({ host: '127.0.0.1', port, agent }, (res) => { res.destroy(); resolve(); }));",
-    '});',
-  ].join('\n'));
+  fs.writeFileSync(
+    file,
+    [
+      ...PRELUDE,
+      // The file's own after hook runs after the check's first one: the grace starts when it has ended.
+      `after(() => new Promise((resolve) => setTimeout(() => server.close(resolve), ${GRACE_MS * 4})));`,
+      "test('passes', async () => {",
+      '  const agent = new http.Agent({ keepAlive: false });',
+      "  await new Promise((resolve) => http.get({ host: '127.0.0.1', port, agent }, (res) => { res.destroy(); resolve(); }));",
+      '});',
+    ].join('\n'),
+  );
   const run = await runTestFile(file);
   assert.equal(run.code, 0, run.output);
   assert.doesNotMatch(run.output, /still running/);
@@ -86,15 +95,18 @@ test('a test file that closes what it opens, in an after hook that takes longer 
 test('a test file that awaits longer than the grace between two suites (a cluster being built) is not reported meanwhile', async () => {
   const dir = makeTempDir('exit-check-');
   const file = path.join(dir, 'awaits.test.mjs');
-  fs.writeFileSync(file, [
-    ...PRELUDE,
-    "test('before the await', () => {});",
-    // A slow set-up (the test cluster built on first use) between two suites. node:test runs the root's after
-    // hooks before it already: only the end of the file's evaluation says the tests ended.
-    "const { setTimeout: slowSetUp } = await import('node:timers/promises');",
-    `await slowSetUp(${GRACE_MS * 4});`,
-    "test('after the await', () => new Promise((resolve) => server.close(resolve)));",
-  ].join('\n'));
+  fs.writeFileSync(
+    file,
+    [
+      ...PRELUDE,
+      "test('before the await', () => {});",
+      // A slow set-up (the test cluster built on first use) between two suites. node:test runs the root's after
+      // hooks before it already: only the end of the file's evaluation says the tests ended.
+      "const { setTimeout: slowSetUp } = await import('node:timers/promises');",
+      `await slowSetUp(${GRACE_MS * 4});`,
+      "test('after the await', () => new Promise((resolve) => server.close(resolve)));",
+    ].join('\n'),
+  );
   const run = await runTestFile(file);
   assert.equal(run.code, 0, run.output);
   assert.match(run.output, /✔ after the await/);
