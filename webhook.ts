@@ -11844,7 +11844,8 @@ function problemOf(check: () => unknown): string | undefined {
 //    Exports: APPROVAL_PATH, ApprovalClaims, ApprovalLinks, approvalLinks, DeployWindow, describeWindows,
 //    nextOpening, parseDeployWindows, PENDING_ANNOTATION, PendingEntry, pendingEntrySealed, readApprovalToken,
 //    readPendingEntries, sealPendingEntry, windowOpen.
-//    Tests: test/approvals.test.ts, test/signed-images.test.ts, test/unit.test.ts, test/windows.test.ts.
+//    Tests: test/approvals.test.ts, test/clusters.test.ts, test/signed-images.test.ts, test/unit.test.ts,
+//    test/windows.test.ts.
 // ================================================================================================
 
 /** One range of a change window: the weekdays it starts on (0 = Sunday), its minutes of the day, its zone. */
