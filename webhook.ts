@@ -11842,8 +11842,8 @@ function problemOf(check: () => unknown): string | undefined {
 //    names one such entry by its id, hook and image, the action and an expiry, signed with HMAC-SHA256
 //    (approvalToken, readApprovalToken), so any replica holding the same key can check it.
 //    Exports: APPROVAL_PATH, ApprovalClaims, ApprovalLinks, approvalLinks, DeployWindow, describeWindows,
-//    nextOpening, parseDeployWindows, PENDING_ANNOTATION, PendingEntry, pendingEntrySealed, readApprovalToken,
-//    readPendingEntries, sealPendingEntry, windowOpen.
+//    keptZoneFormats, nextOpening, parseDeployWindows, PENDING_ANNOTATION, PendingEntry, pendingEntrySealed,
+//    readApprovalToken, readPendingEntries, sealPendingEntry, windowOpen.
 //    Tests: test/approvals.test.ts, test/clusters.test.ts, test/signed-images.test.ts, test/unit.test.ts,
 //    test/windows.test.ts.
 // ================================================================================================
@@ -11888,22 +11888,33 @@ function parseWindowTime(text: string, isEnd: boolean): number {
   return minutes;
 }
 
-/** Whether Intl knows the IANA zone (Asia/Shanghai, UTC, America/New_York). */
-function knownZone(zone: string): boolean {
+/**
+ * The zone as Intl spells it (Asia/Shanghai for asia/SHANGHAI: Intl ignores case, so one zone has a great many
+ * spellings), or undefined when Intl does not know it.
+ */
+function canonicalZone(zone: string): string | undefined {
   try {
-    new Intl.DateTimeFormat('en-US', { timeZone: zone });
-    return true;
+    return new Intl.DateTimeFormat('en-US', { timeZone: zone }).resolvedOptions().timeZone;
   } catch {
-    return false;
+    return undefined;
   }
 }
 
+// A change window is one line an operator writes, like a policy (MAX_POLICY_LENGTH): a week's ranges in a few
+// zones fit easily. Longer is a mistake or an attack (an annotation may hold 256 KiB), refused before it is read.
+const MAX_WINDOW_LENGTH = 1024;
+// Ranges in one window: a different range for each day of the week, twice over, still fits.
+const MAX_WINDOW_RANGES = 16;
+
 /**
  * DEPLOY_WINDOW and webhook/window: ranges separated by `;`, each `<days> <HH:MM>-<HH:MM> [<IANA zone>]` (zone
- * UTC when left out). Throws an Error naming the range and what is wrong with it. Pure.
+ * UTC when left out), at most MAX_WINDOW_LENGTH characters and MAX_WINDOW_RANGES ranges. Throws an Error naming the
+ * range and what is wrong with it. A range's zone is kept as Intl spells it. Pure.
  */
 export function parseDeployWindows(text: string): DeployWindow[] {
+  if (text.length > MAX_WINDOW_LENGTH) throw new Error(`longer than ${MAX_WINDOW_LENGTH} characters (${text.length})`);
   const ranges = text.split(';').map((r) => r.trim());
+  if (ranges.length > MAX_WINDOW_RANGES) throw new Error(`more than ${MAX_WINDOW_RANGES} ranges (${ranges.length})`);
   if (ranges.every((r) => r === '')) throw new Error('no range given (e.g. "Mon-Fri 09:00-18:00 Asia/Shanghai")');
   return ranges.map((range, i) => {
     const where = `range ${i + 1} ${showValue(range)}`;
@@ -11918,8 +11929,10 @@ export function parseDeployWindows(text: string): DeployWindow[] {
       const start = parseWindowTime(from, false);
       const end = parseWindowTime(to, true);
       if (start === end) throw new Error(`${showValue(hours)} is empty: it starts where it ends`);
-      if (!knownZone(zone)) throw new Error(`${showValue(zone)} is not an IANA time zone (e.g. Asia/Shanghai, UTC)`);
-      return { days, start, end, zone, text: range };
+      const canonical = canonicalZone(zone);
+      if (canonical === undefined)
+        throw new Error(`${showValue(zone)} is not an IANA time zone (e.g. Asia/Shanghai, UTC)`);
+      return { days, start, end, zone: canonical, text: range };
     } catch (e) {
       throw new Error(`${where}: ${(e as Error).message}`);
     }
@@ -11931,22 +11944,35 @@ export function describeWindows(windows: DeployWindow[]): string {
   return windows.map((w) => w.text).join('; ');
 }
 
+// One formatter per zone in use, kept between pushes (making one costs far more than using it); each holds tens of
+// KiB. Windows name a handful of zones; past this many the one made longest ago goes.
+const MAX_ZONE_FORMATS = 64;
+
+/** The formatters wallClock keeps, by the zone as Intl spells it (canonicalZone), never as a window spells it. */
 const zoneFormats = new Map<string, Intl.DateTimeFormat>();
+
+/** How many zone formatters are kept (for tests: many spellings of one zone keep one). */
+export function keptZoneFormats(): number {
+  return zoneFormats.size;
+}
+
+/** The formatter of `zone`'s wall clock: kept by its canonical name, so a spelling of a kept zone adds none. */
+function zoneFormat(zone: string): Intl.DateTimeFormat {
+  const kept = zoneFormats.get(zone);
+  if (kept) return kept;
+  const options = { timeZone: zone, hourCycle: 'h23', weekday: 'short', year: 'numeric', minute: 'numeric' } as const;
+  const made = new Intl.DateTimeFormat('en-US', { ...options, month: 'numeric', day: 'numeric', hour: 'numeric' });
+  const canonical = made.resolvedOptions().timeZone;
+  const known = zoneFormats.get(canonical);
+  if (known) return known;
+  if (zoneFormats.size >= MAX_ZONE_FORMATS) zoneFormats.delete(zoneFormats.keys().next().value!);
+  zoneFormats.set(canonical, made);
+  return made;
+}
 
 /** The wall clock in `zone` at `ms`: year, month (1-12), day, weekday (0 = Sunday), minutes of the day. */
 function wallClock(ms: number, zone: string): { y: number; mo: number; d: number; weekday: number; minutes: number } {
-  let f = zoneFormats.get(zone);
-  if (!f) {
-    const options = { timeZone: zone, hourCycle: 'h23', weekday: 'short', year: 'numeric' } as const;
-    f = new Intl.DateTimeFormat('en-US', {
-      ...options,
-      month: 'numeric',
-      day: 'numeric',
-      hour: 'numeric',
-      minute: 'numeric',
-    });
-    zoneFormats.set(zone, f);
-  }
+  const f = zoneFormat(zone);
   const parts: Record<string, string> = {};
   for (const p of f.formatToParts(ms)) parts[p.type] = p.value;
   const weekday = WEEKDAYS.indexOf(parts.weekday.toLowerCase().slice(0, 3));

@@ -80,6 +80,11 @@ describe('flags, loading and -validate', () => {
     assert.equal((await s.exited).code, 1, s.output());
     assert.ok(s.output().includes(`${file}:${line}`), s.output());
     assert.match(s.output(), /pass-environment-to-command\[\d\]\.name: DEPLOY_WINDOW "Mon-Fri 09:00-18:00 Mars\/Olympus": range 1 "Mon-Fri 09:00-18:00 Mars\/Olympus": "Mars\/Olympus" is not an IANA time zone/);
+    const window = Array(17).fill('Sat 09:00-10:00 UTC').join(';');
+    fs.writeFileSync(file, JSON.stringify([upgradeHook('deploy', TOKEN, { DEPLOY_WINDOW: window })], null, 2));
+    const wide = await spawnWebhook({ hooks: file });
+    assert.equal((await wide.exited).code, 1, wide.output());
+    assert.match(wide.output(), /DEPLOY_WINDOW "Sat 09:00-10:00 UTC;[^"]*"… \(339 characters\): more than 16 ranges \(17\)/);
     fs.writeFileSync(file, JSON.stringify([{ ...hook, 'pass-environment-to-command': [
       { envname: 'REQUIRE_APPROVAL', source: 'url', name: 'approve' }] }], null, 2));
     const fromUrl = await spawnWebhook({ hooks: file });
@@ -143,7 +148,7 @@ describe('approvals and windows on the real cluster', () => {
     kubectl = kubectlFor(cluster!);
     get = namespacedGetter(kubectl, ns);
     await kubectl(['create', 'namespace', ns]);
-    const names = ['web', 'other', 'kill', 'win', 'far', 'page', 'left', 'late'];
+    const names = ['web', 'other', 'kill', 'win', 'far', 'page', 'left', 'late', 'wide'];
     await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items:
       names.map((n) => deployment(n, [{ name: 'app', image: acrImage('v1') }], { replicas: 1 })) }));
     [rx, mta] = await Promise.all([startReceiver(), startMta()]);
@@ -399,6 +404,32 @@ describe('approvals and windows on the real cluster', () => {
     const bad = await b.request(`/hooks/plain?${q}`, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: acrPayload('v9') });
     assert.equal(bad.status, 500);
     assert.match(bad.body, /annotation webhook\/window "Mon 09:00-10:00 Mars\/Olympus": range 1 .*"Mars\/Olympus" is not an IANA time zone/);
+  });
+
+  test('a window over 1,024 characters or 16 ranges is refused before it is read: 500 naming the annotation, nothing changed', { skip }, async () => {
+    const q = new URLSearchParams({ token: TOKEN, ns, workload: 'deployment/wide', container: 'app', repo_type: 'regionalregistry' });
+    const annotate = async (window: string) => {
+      // Too long for a command line: the merge patch goes in a file.
+      const file = path.join(makeTempDir('approvals-wide-'), 'patch.json');
+      fs.writeFileSync(file, JSON.stringify({ metadata: { annotations: { 'webhook/window': window } } }));
+      await kubectl(['-n', ns, 'patch', 'deployment/wide', '--type', 'merge', '--patch-file', file]);
+    };
+    // The issue's window: 5,000 ranges, each a different spelling of one zone (Intl ignores case), 245 KB.
+    const zone = 'America/Argentina/ComodRivadavia';
+    const spelling = (i: number) => [...zone].map((c, k) => ((i >> (k % 12)) & 1 ? c.toUpperCase() : c.toLowerCase())).join('');
+    const huge = Array.from({ length: 5000 }, (_, i) => `Mon-Sun 00:00-00:01 ${spelling(i)}`).join(';');
+    const many = Array(17).fill('Sat 09:00-10:00 UTC').join(';');
+    for (const [window, why] of [[huge, `longer than 1024 characters \\(${huge.length}\\)`], [many, 'more than 16 ranges \\(17\\)']]) {
+      await annotate(window);
+      const before = await get('deployment/wide');
+      const res = await b.request(`/hooks/plain?${q}`, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: acrPayload('v2') });
+      assert.equal(res.status, 500, res.body);
+      assert.match(res.body, new RegExp(`annotation webhook/window "[^"]*"… \\(${window.length} characters\\): ${why}|annotation webhook/window "[^"]*": ${why}`));
+      assert.ok(res.body.length < 8 * 1024, `the answer quotes the window cut: ${res.body.length} characters`);
+      const after = await get('deployment/wide');
+      assert.equal(after.metadata.resourceVersion, before.metadata.resourceVersion, 'nothing written');
+      assert.equal(await image('wide'), acrImage('v1'));
+    }
   });
 
   test('approvals required after a push hold the next push to the same replica, whose copy of the workload predates them', { skip }, async () => {

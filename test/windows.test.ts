@@ -9,6 +9,7 @@ import assert from 'node:assert/strict';
 import {
   approvalToken,
   HOOK_SETTINGS,
+  keptZoneFormats,
   nextOpening,
   parseDeployWindows,
   pendingEntryMac,
@@ -75,6 +76,34 @@ describe('change windows', () => {
       ['Mon-Fri', /expected "<days> <HH:MM>-<HH:MM> \[<zone>\]"/],
     ];
     for (const [text, message] of bad) assert.throws(() => parseDeployWindows(text), { message }, text);
+  });
+
+  test('a window is one line: over 1,024 characters or 16 ranges it is refused before any range is read', () => {
+    const range = 'Mon 09:00-10:00 UTC';
+    assert.equal(parseDeployWindows(Array(16).fill(range).join(';')).length, 16);
+    assert.throws(() => parseDeployWindows(Array(17).fill(range).join(';')), { message: 'more than 16 ranges (17)' });
+    // Past the length nothing is parsed: not even a first range that is wrong.
+    assert.throws(() => parseDeployWindows(`Funday 09:00-10:00 ${'x'.repeat(1024)}`), { message: /^longer than 1024 characters \(1043\)$/ });
+    assert.throws(() => HOOK_SETTINGS.DEPLOY_WINDOW.parse(`Mon 09:00-10:00 UTC;${' '.repeat(1010)}`),
+      { message: /^DEPLOY_WINDOW "Mon 09:00-10:00 UTC; *"… \(1030 characters\): longer than 1024 characters \(1030\)$/ });
+  });
+
+  test('a zone is kept as Intl spells it: many spellings of one zone keep one formatter', () => {
+    const spellings = ['America/Argentina/ComodRivadavia', 'america/argentina/comodrivadavia', 'AMERICA/ARGENTINA/COMODRIVADAVIA',
+      'aMeRiCa/ArGeNtInA/cOmOdRiVaDaViA', 'America/Catamarca'];
+    const monday = at('2026-11-23T13:30:00Z');
+    const before = keptZoneFormats();
+    for (const zone of spellings) {
+      const [w] = parseDeployWindows(`Mon 10:00-11:00 ${zone}`);
+      assert.equal(w.zone, 'America/Catamarca', zone);
+      assert.equal(w.text, `Mon 10:00-11:00 ${zone}`, 'messages show the window as written');
+      assert.ok(windowOpen([w], monday), zone);
+      assert.equal(nextOpening([w], monday + 3_600_000), at('2026-11-30T13:00:00Z'));
+    }
+    assert.ok(keptZoneFormats() <= before + 1, `${keptZoneFormats()} formatters kept after ${before}`);
+    // A window built by hand with another spelling still finds the kept one.
+    assert.ok(windowOpen([{ days: new Set([1]), start: 600, end: 660, zone: 'AMERICA/CATAMARCA', text: 'x' }], monday));
+    assert.ok(keptZoneFormats() <= before + 1);
   });
 
   test('DEPLOY_WINDOW and APPROVAL_TIMEOUT name the setting; unset means always open and 24h', () => {
