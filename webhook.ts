@@ -6325,7 +6325,10 @@ function signatureProblem(layer: CosignSignatureLayer, want: SignatureExpectatio
   for (const [name, value] of Object.entries(want.annotations)) {
     const has = optional[name];
     if (has === undefined) return `${by}, but without the annotation ${name}=${value}`;
-    if (String(has) !== value) return `${by}, but with the annotation ${name}=${showValue(String(has))}, not ${value}`;
+    // cosign writes each annotation as a string: 1, true or ["release"] is another value, not the one required.
+    if (typeof has !== 'string')
+      return `${by}, but with the annotation ${name}=${showValue(JSON.stringify(has))} (not a string), not ${value}`;
+    if (has !== value) return `${by}, but with the annotation ${name}=${showValue(has)}, not ${value}`;
   }
   return key;
 }

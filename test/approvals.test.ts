@@ -417,7 +417,7 @@ describe('approvals and windows on the real cluster', () => {
     // The issue's window: 5,000 ranges, each a different spelling of one zone (Intl ignores case), 245 KB.
     const zone = 'America/Argentina/ComodRivadavia';
     const spelling = (i: number) => [...zone].map((c, k) => ((i >> (k % 12)) & 1 ? c.toUpperCase() : c.toLowerCase())).join('');
-    const huge = Array.from({ length: 5000 }, (_, i) => `Mon-Sun 00:00-00:01 ${spelling(i)}`).join(';');
+    const huge = Array.from({ length: 5000 }, (_, i) => `Mon 00:00-00:01 ${spelling(i)}`).join(';');
     const many = Array(17).fill('Sat 09:00-10:00 UTC').join(';');
     for (const [window, why] of [[huge, `longer than 1024 characters \\(${huge.length}\\)`], [many, 'more than 16 ranges \\(17\\)']]) {
       await annotate(window);

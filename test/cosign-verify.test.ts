@@ -70,6 +70,15 @@ describe('verifyCosignSignatures', () => {
     assert.ok(verifyCosignSignatures(found(annotated), want(ec.pem, { pipeline: 'dev' })).ok);
   });
 
+  test('a required annotation is a string: ["release"], 1 and true are not "release", "1" and "true"', () => {
+    for (const [has, required, shown] of [[['release'], 'release', '["release"]'], [1, '1', '1'], [true, 'true', 'true']] as const) {
+      const l = layer(payload(DIGEST, REPO, { pipeline: has } as unknown as Record<string, string>), ec.privateKey);
+      assert.equal(problem(verifyCosignSignatures(found(l), want(ec.pem, { pipeline: required }))),
+        `tag sha256-x.sig, layer 1: signed by ${parseCosignKeys(ec.pem, 'test')[0].fingerprint}, ` +
+        `but with the annotation pipeline=${JSON.stringify(shown)} (not a string), not ${required}`);
+    }
+  });
+
   test('a payload changed after signing does not verify; one valid layer among bad ones is enough', () => {
     const good = layer(payload(), ec.privateKey);
     const tampered = { ...good, payload: payload(OTHER) };
