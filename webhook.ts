@@ -5621,14 +5621,16 @@ export function credentialsFromEnvironment(
 //    extra CA when given (each request one outboundRequest under a total deadline). The pull secret's login goes only
 //    to the registry's own host or a token host allowed (tokenHostAllowed: REGISTRY_TOKEN_HOSTS, the well-known
 //    registries'); a realm elsewhere is asked anonymously. A refusal is a RegistryError saying which and why. Cosign
-//    signatures, offline: readCosignSignatures reads a digest's signature layers where cosign stores them (the
-//    sha256-<hex>.sig tag; the OCI 1.1 referrers API, else the referrers tag schema's sha256-<hex> index), each blob
-//    checked against its digest; verifyCosignSignatures (pure) checks each simple-signing payload's signature with
-//    node:crypto under the keys given (parseCosignKeys: ECDSA P-256, Ed25519, RSA; Ed25519ph, which cosign signs
-//    with and node:crypto lacks, by hand after RFC 8032), and that it names the digest, the repository and the
-//    annotations required. No transparency log, no Fulcio: a keyless signature is refused.
-//    Exports: CosignKey, CosignSignatures, parseCosignKeys, readCosignSignatures, registryAway, RegistryLogin,
-//    resolveManifestTag, verifyCosignSignatures.
+//    signatures, offline: readCosignSignatures looks for a valid signature of a digest where cosign stores them (the
+//    sha256-<hex>.sig tag; the OCI 1.1 referrers API, else the referrers tag schema's sha256-<hex> index), each
+//    manifest and blob read once and checked against its digest, each signature checked as it arrives, stopping at
+//    the first valid one, within SIGNATURE_LIMITS (sizes, counts, one deadline); verifyCosignSignatures (pure)
+//    checks each simple-signing payload's signature with node:crypto under the keys given (parseCosignKeys: ECDSA
+//    P-256, Ed25519, RSA; Ed25519ph, which cosign signs with and node:crypto lacks, by hand after RFC 8032), and
+//    that it names the digest, the repository and the annotations required. No transparency log, no Fulcio: a
+//    keyless signature is refused.
+//    Exports: CosignKey, parseCosignKeys, readCosignSignatures, registryAway, RegistryLogin, resolveManifestTag,
+//    SignatureVerdict.
 //    Tests: test/outbound.test.ts, test/registry-e2e.test.ts, test/clouds.test.ts, test/cosign-verify.test.ts,
 //    test/signed-images.test.ts.
 // ================================================================================================
@@ -5890,14 +5892,27 @@ export async function resolveManifestTag(
 // ---- reading cosign signatures from the registry (VERIFY_SIGNATURE) -------------------------------
 
 const SIGNATURE_LIMITS = {
-  // A signature manifest, a referrers index or a simple-signing payload is a few KiB; a tag signed a
-  // thousand times is still under this. Anything larger is not one, and is refused rather than cut.
+  // A signature manifest or a referrers index is a few KiB; a tag signed a thousand times is still
+  // under this. Anything larger is not one, and is refused rather than cut.
   maxBodyBytes: 1024 * 1024,
   // A blob may be served from elsewhere (a bucket behind a CDN): a short chain of redirects, no loop.
   maxRedirects: 3,
-  // Signature manifests read for one digest, over the .sig tag and the referrers: more is a registry
-  // answering with junk, and each one costs requests.
+  // Signature manifests read for one digest, over the .sig tag and the referrers, each digest once; and the
+  // layers looked at in each: more is a registry answering with junk, and each one costs requests.
   maxManifests: 20,
+  // A simple-signing payload names a digest, a repository and a few annotations: a few hundred bytes. A layer
+  // whose payload is larger is not a signature, and is refused without being read past this.
+  maxPayloadBytes: 64 * 1024,
+  // Payload blobs read for one digest, each digest once, and their bytes together: a digest signed by
+  // a handful of keys and pipelines needs a handful.
+  maxPayloads: 20,
+  maxPayloadTotalBytes: 256 * 1024,
+  // Signatures (a payload and its signature) checked for one digest, each pair once: an Ed25519ph check
+  // is some milliseconds of the event loop, which is let go between two.
+  maxSignatures: 20,
+  // The whole check, every request and signature in it: a registry that is this slow is away (the push
+  // waits for it under ON_REGISTRY_AWAY=keep) rather than holding a request for each manifest and blob.
+  checkTimeoutMs: 30_000,
 };
 
 /** The annotation of a cosign signature layer that holds the base64 signature of the layer (its payload). */
@@ -5948,24 +5963,27 @@ class RepositoryReader {
   private readonly where: string;
   private readonly registry: RegistryRepository;
   private readonly loginFor: () => Promise<RegistryLogin | undefined>;
+  /** performance.now() past which no request starts and none goes on (SIGNATURE_LIMITS.checkTimeoutMs). */
+  private readonly expiresAt: number;
 
-  constructor(registry: RegistryRepository, loginFor: () => Promise<RegistryLogin | undefined>) {
+  constructor(registry: RegistryRepository, loginFor: () => Promise<RegistryLogin | undefined>, expiresAt: number) {
     this.registry = registry;
     this.loginFor = loginFor;
     this.where = `${registry.host}/${registry.repository}`;
+    this.expiresAt = expiresAt;
   }
 
   /** GET /v2/<repository>/<path>; the answer (404 included), after at most one challenge. */
-  async get(path: string, accept: string): Promise<OutboundAnswer> {
+  async get(path: string, accept: string, maxBytes = SIGNATURE_LIMITS.maxBodyBytes): Promise<OutboundAnswer> {
     const url = new URL(`https://${this.registry.host}/v2/${this.registry.repository}/${path}`);
-    let answer = await this.follow(url, accept);
+    let answer = await this.follow(url, accept, maxBytes);
     const challenge = answer.headers['www-authenticate'];
     if (answer.status === 401 && typeof challenge === 'string' && this.authorization === undefined) {
       this.login ??= await this.loginFor();
       const asked = await authorizationFor(challenge, this.login, this.registry);
       this.authorization = asked.authorization;
       this.withheld = asked.withheld;
-      answer = await this.follow(url, accept);
+      answer = await this.follow(url, accept, maxBytes);
     }
     if (answer.status === 401 || answer.status === 403) {
       const how = this.withheld
@@ -5979,7 +5997,7 @@ class RepositoryReader {
   }
 
   /** One GET, following redirects; the Authorization goes to the registry's own host only. */
-  private async follow(url: URL, accept: string): Promise<OutboundAnswer> {
+  private async follow(url: URL, accept: string, maxBytes: number): Promise<OutboundAnswer> {
     for (let hops = 0; ; hops++) {
       const own = url.host === this.registry.host;
       const headers: Record<string, string> = { Accept: accept };
@@ -5987,8 +6005,8 @@ class RepositoryReader {
       const answer = await outboundRequest(url, {
         method: 'GET',
         headers,
-        deadlineMs: VERIFY_LIMITS.requestTimeoutMs,
-        maxResponseBytes: SIGNATURE_LIMITS.maxBodyBytes,
+        deadlineMs: this.deadlineMs(),
+        maxResponseBytes: maxBytes,
         overLimit: 'fail',
         trust: { extraCa: this.registry.ca },
       });
@@ -6003,8 +6021,21 @@ class RepositoryReader {
     }
   }
 
-  /** A manifest by tag or digest (a digest is checked against the bytes), or undefined when the registry has none. */
-  async manifest(reference: string, accept = MANIFEST_TYPES): Promise<Record<string, unknown> | undefined> {
+  /** What is left of the check's time for one more request, at most a request's own; throws when none is. */
+  private deadlineMs(): number {
+    const left = Math.floor(this.expiresAt - performance.now());
+    if (left <= 0) throw signatureCheckTimeout();
+    return Math.min(VERIFY_LIMITS.requestTimeoutMs, left);
+  }
+
+  /**
+   * A manifest by tag or digest (a digest is checked against the bytes) and the digest of its bytes, or undefined
+   * when the registry has none.
+   */
+  async manifest(
+    reference: string,
+    accept = MANIFEST_TYPES,
+  ): Promise<{ json: Record<string, unknown>; digest: string } | undefined> {
     const answer = await this.get(`manifests/${encodeURIComponent(reference)}`, accept);
     if (answer.status === 404) return undefined;
     if (answer.status !== 200)
@@ -6012,13 +6043,14 @@ class RepositoryReader {
         `${this.where}: manifest ${reference}: the registry answered ${answer.status}`,
         answer.status,
       );
+    const digest = `sha256:${createHash('sha256').update(answer.bytes!).digest('hex')}`;
     if (reference.startsWith('sha256:')) this.checkDigest(answer.bytes!, reference, `manifest ${reference}`);
-    return this.json(answer.bytes!, `manifest ${reference}`);
+    return { json: this.json(answer.bytes!, `manifest ${reference}`), digest };
   }
 
-  /** A blob, checked against its digest. */
-  async blob(digest: string): Promise<Buffer> {
-    const answer = await this.get(`blobs/${digest}`, '*/*');
+  /** A blob of at most `maxBytes` (more fails the GET: OutboundError E2BIG), checked against its digest. */
+  async blob(digest: string, maxBytes: number): Promise<Buffer> {
+    const answer = await this.get(`blobs/${digest}`, '*/*', maxBytes);
     if (answer.status !== 200)
       throw new RegistryError(`${this.where}: blob ${digest}: the registry answered ${answer.status}`, answer.status);
     this.checkDigest(answer.bytes!, digest, `blob ${digest}`);
@@ -6043,7 +6075,7 @@ class RepositoryReader {
       );
     const tag = digest.replace(':', '-');
     const index = await this.manifest(tag, OCI_INDEX);
-    return { from: `the referrers tag ${tag}`, descriptors: asList(index?.manifests) };
+    return { from: `the referrers tag ${tag}`, descriptors: asList(index?.json.manifests) };
   }
 
   private checkDigest(bytes: Buffer, digest: string, what: string): void {
@@ -6073,53 +6105,144 @@ function annotationsOf(value: unknown): Record<string, string> {
   return Object.fromEntries(Object.entries(a).filter((e): e is [string, string] => typeof e[1] === 'string'));
 }
 
+/** The check ran out of SIGNATURE_LIMITS.checkTimeoutMs: as a request that got no answer, the registry is away. */
+function signatureCheckTimeout(): OutboundError {
+  const limit = formatGoDuration(SIGNATURE_LIMITS.checkTimeoutMs);
+  return new OutboundError(`the registry did not give the signatures within ${limit}`, 'ETIMEDOUT');
+}
+
+/** A signature's verdict: the key it is valid under and where it was found, or why no signature is. */
+export type SignatureVerdict = { ok: true; key: CosignKey; where: string } | { ok: false; problem: string };
+
 /**
- * The cosign signatures of `digest` in host/repository, the way cosign stores them: the layers of the
- * manifest at tag sha256-<hex>.sig, and of each referrer whose artifactType is a cosign signature
- * (OCI 1.1 referrers API, else the referrers tag schema). Sigstore bundles among the referrers are
- * named, not read. Throws a RegistryError when the registry refuses or answers with something else.
+ * Looks for a valid cosign signature of `want.digest` in host/repository, where cosign stores them: the layers of
+ * the manifest at tag sha256-<hex>.sig, then of each referrer whose artifactType is a cosign signature (OCI 1.1
+ * referrers API, else the referrers tag schema); Sigstore bundles among the referrers are named, not read. Each
+ * manifest and payload blob is read once (by digest), each signature checked once as it arrives, and the search
+ * stops at the first valid one, within SIGNATURE_LIMITS (payload size, count and bytes, signatures, one deadline
+ * for the whole check, which when passed is an OutboundError ETIMEDOUT: registryAway). Throws a RegistryError when
+ * the registry refuses or answers with something else.
  */
 export async function readCosignSignatures(
   registry: RegistryRepository,
-  digest: string,
+  want: SignatureExpectation,
   loginFor: () => Promise<RegistryLogin | undefined>,
-): Promise<CosignSignatures> {
-  if (!/^sha256:[0-9a-f]{64}$/.test(digest)) throw new RegistryError(`${showValue(digest)} is not a sha256 digest`);
-  const reader = new RepositoryReader(registry, loginFor);
-  const found: CosignSignatures = { layers: [], looked: [], bundles: [] };
-  const tag = `${digest.replace(':', '-')}.sig`;
-  found.looked.push(`tag ${tag}`);
-  const sig = await reader.manifest(tag);
-  if (sig) found.layers.push(...(await signatureLayers(reader, sig, `tag ${tag}`)));
-  const referrers = await reader.referrers(digest);
-  found.looked.push(referrers.from);
-  const cosign = referrers.descriptors.filter((d) => isObject(d) && d.artifactType === COSIGN_SIGNATURE_ARTIFACT);
-  for (const d of referrers.descriptors)
-    if (isObject(d) && typeof d.artifactType === 'string' && SIGSTORE_BUNDLE_ARTIFACT.test(d.artifactType))
-      found.bundles.push(String(d.digest));
-  for (const d of cosign.slice(0, SIGNATURE_LIMITS.maxManifests)) {
-    const ref = isObject(d) && typeof d.digest === 'string' ? d.digest : '';
-    if (!/^sha256:[0-9a-f]{64}$/.test(ref)) continue;
-    const manifest = await reader.manifest(ref);
-    if (manifest) found.layers.push(...(await signatureLayers(reader, manifest, `referrer ${ref}`)));
-  }
-  return found;
+): Promise<SignatureVerdict> {
+  if (!/^sha256:[0-9a-f]{64}$/.test(want.digest))
+    throw new RegistryError(`${showValue(want.digest)} is not a sha256 digest`);
+  const expiresAt = performance.now() + SIGNATURE_LIMITS.checkTimeoutMs;
+  const search = new SignatureSearch(new RepositoryReader(registry, loginFor, expiresAt), want);
+  return withDeadline(search.run(), SIGNATURE_LIMITS.checkTimeoutMs, signatureCheckTimeout).finally(() =>
+    search.stop(),
+  );
 }
 
-/** The layers of a signature manifest that carry a cosign signature, each with its payload blob. */
-async function signatureLayers(
-  reader: RepositoryReader,
-  manifest: Record<string, unknown>,
-  where: string,
-): Promise<CosignSignatureLayer[]> {
-  const layers: CosignSignatureLayer[] = [];
-  for (const [i, layer] of asList(manifest.layers).slice(0, SIGNATURE_LIMITS.maxManifests).entries()) {
-    const annotations = annotationsOf(layer);
-    if (annotations[COSIGN_SIGNATURE_ANNOTATION] === undefined || !isObject(layer)) continue;
-    if (typeof layer.digest !== 'string' || !/^sha256:[0-9a-f]{64}$/.test(layer.digest)) continue;
-    layers.push({ where: `${where}, layer ${i + 1}`, payload: await reader.blob(layer.digest), annotations });
+/** One search for a valid signature: what was read and checked so far, so nothing is read or checked twice. */
+class SignatureSearch {
+  private readonly reader: RepositoryReader;
+  private readonly want: SignatureExpectation;
+  private readonly found: Omit<CosignSignatures, 'layers'> = { looked: [], bundles: [] };
+  private readonly problems: string[] = [];
+  private readonly manifests = new Set<string>();
+  /** Payloads read, by blob digest (at most maxPayloadTotalBytes in all), or why one was not. */
+  private readonly payloads = new Map<string, Buffer | string>();
+  private payloadBytes = 0;
+  /** Signatures checked: the payload's digest and the signature. */
+  private readonly checked = new Set<string>();
+  /** Why the search stopped short of every layer listed, when it did. */
+  private cut: string | undefined;
+  private stopped = false;
+
+  constructor(reader: RepositoryReader, want: SignatureExpectation) {
+    this.reader = reader;
+    this.want = want;
   }
-  return layers;
+
+  /** The deadline passed: nothing more is read or checked. */
+  stop(): void {
+    this.stopped = true;
+  }
+
+  async run(): Promise<SignatureVerdict> {
+    const tag = `${this.want.digest.replace(':', '-')}.sig`;
+    this.found.looked.push(`tag ${tag}`);
+    const sig = await this.reader.manifest(tag);
+    const atTag = sig && (await this.manifest(sig, `tag ${tag}`));
+    if (atTag) return atTag;
+    const referrers = await this.reader.referrers(this.want.digest);
+    this.found.looked.push(referrers.from);
+    for (const d of referrers.descriptors)
+      if (isObject(d) && typeof d.artifactType === 'string' && SIGSTORE_BUNDLE_ARTIFACT.test(d.artifactType))
+        this.found.bundles.push(String(d.digest));
+    for (const d of referrers.descriptors) {
+      if (this.cut !== undefined || this.stopped) break;
+      if (!isObject(d) || d.artifactType !== COSIGN_SIGNATURE_ARTIFACT) continue;
+      const ref = typeof d.digest === 'string' ? d.digest : '';
+      if (!/^sha256:[0-9a-f]{64}$/.test(ref) || this.manifests.has(ref)) continue;
+      if (this.manifests.size >= SIGNATURE_LIMITS.maxManifests) {
+        this.cut ??= `more than ${SIGNATURE_LIMITS.maxManifests} signature manifests: the rest were not read`;
+        break;
+      }
+      const referrer = await this.reader.manifest(ref);
+      const atReferrer = referrer && (await this.manifest(referrer, `referrer ${ref}`));
+      if (atReferrer) return atReferrer;
+    }
+    if (this.cut) this.problems.push(this.cut);
+    return noValidSignature(this.problems, { layers: [], ...this.found });
+  }
+
+  /** The signature layers of one manifest, each checked as it is read: the first valid one, else undefined. */
+  private async manifest(
+    read: { json: Record<string, unknown>; digest: string },
+    where: string,
+  ): Promise<SignatureVerdict | undefined> {
+    if (this.manifests.has(read.digest)) return undefined;
+    this.manifests.add(read.digest);
+    for (const [i, layer] of asList(read.json.layers).slice(0, SIGNATURE_LIMITS.maxManifests).entries()) {
+      const annotations = annotationsOf(layer);
+      const signature = annotations[COSIGN_SIGNATURE_ANNOTATION];
+      if (signature === undefined || !isObject(layer)) continue;
+      if (typeof layer.digest !== 'string' || !/^sha256:[0-9a-f]{64}$/.test(layer.digest)) continue;
+      if (this.checked.has(`${layer.digest} ${signature}`)) continue;
+      if (this.stopped || this.cut) return undefined;
+      if (this.checked.size >= SIGNATURE_LIMITS.maxSignatures) {
+        this.cut = `more than ${SIGNATURE_LIMITS.maxSignatures} signatures: the rest were not checked`;
+        return undefined;
+      }
+      this.checked.add(`${layer.digest} ${signature}`);
+      const payload = await this.payload(layer.digest, layer.size);
+      const at = `${where}, layer ${i + 1}`;
+      const verdict =
+        typeof payload === 'string' ? payload : signatureProblem({ where: at, payload, annotations }, this.want);
+      if (typeof verdict !== 'string') return { ok: true, key: verdict, where: at };
+      this.problems.push(`${at}: ${verdict}`);
+      // A check holds the event loop; the requests and pushes waiting for it go first.
+      await new Promise((resolve) => setImmediate(resolve));
+    }
+    return undefined;
+  }
+
+  /** A layer's payload, read once per digest within the limits, or why it is not read. */
+  private async payload(digest: string, declared: unknown): Promise<Buffer | string> {
+    const kept = this.payloads.get(digest);
+    if (kept !== undefined) return kept;
+    const { maxPayloadBytes: max, maxPayloads, maxPayloadTotalBytes: maxTotal } = SIGNATURE_LIMITS;
+    let payload: Buffer | string;
+    if (typeof declared === 'number' && declared > max)
+      payload = `its payload is ${declared} bytes, more than a signing payload's ${max}: not read`;
+    else if (this.payloads.size >= maxPayloads || this.payloadBytes >= maxTotal)
+      payload = `not read: one digest's signatures get at most ${maxPayloads} payloads and ${maxTotal} bytes`;
+    else
+      try {
+        payload = await this.reader.blob(digest, max);
+        this.payloadBytes += payload.length;
+      } catch (e) {
+        if (!(e instanceof OutboundError && e.code === 'E2BIG')) throw e;
+        payload = `its payload is larger than a signing payload's ${max} bytes: refused`;
+      }
+    this.payloads.set(digest, payload);
+    return payload;
+  }
 }
 
 // ---- verifying cosign signatures (pure) -------------------------------------------------------------
@@ -6338,16 +6461,18 @@ function signatureProblem(layer: CosignSignatureLayer, want: SignatureExpectatio
  * names the digest and the repository and carries the annotations required; else why none is, one
  * reason per layer (or that there is none). Pure.
  */
-export function verifyCosignSignatures(
-  found: CosignSignatures,
-  want: SignatureExpectation,
-): { ok: true; key: CosignKey; where: string } | { ok: false; problem: string } {
+export function verifyCosignSignatures(found: CosignSignatures, want: SignatureExpectation): SignatureVerdict {
   const problems: string[] = [];
   for (const layer of found.layers) {
     const verdict = signatureProblem(layer, want);
     if (typeof verdict !== 'string') return { ok: true, key: verdict, where: layer.where };
     problems.push(`${layer.where}: ${verdict}`);
   }
+  return noValidSignature(problems, found);
+}
+
+/** The verdict when no layer is valid: each layer's problem, each bundle, or that there is none. Pure. */
+function noValidSignature(problems: string[], found: CosignSignatures): { ok: false; problem: string } {
   for (const bundle of found.bundles)
     problems.push(
       `referrer ${bundle}: a Sigstore bundle, not a simple-signing signature (sign with --new-bundle-format=false)`,
@@ -11845,8 +11970,8 @@ function problemOf(check: () => unknown): string | undefined {
 //    names one such entry by its id, hook and image, the action and an expiry, signed with HMAC-SHA256
 //    (approvalToken, readApprovalToken), so any replica holding the same key can check it.
 //    Exports: APPROVAL_PATH, ApprovalClaims, ApprovalLinks, approvalLinks, DeployWindow, describeWindows,
-//    keptZoneFormats, nextOpening, parseDeployWindows, PENDING_ANNOTATION, PendingEntry, pendingEntrySealed,
-//    readApprovalToken, readPendingEntries, sealPendingEntry, windowOpen.
+//    nextOpening, parseDeployWindows, PENDING_ANNOTATION, PendingEntry, pendingEntrySealed, readApprovalToken,
+//    readPendingEntries, sealPendingEntry, windowOpen.
 //    Tests: test/approvals.test.ts, test/clusters.test.ts, test/signed-images.test.ts, test/unit.test.ts,
 //    test/windows.test.ts.
 // ================================================================================================
@@ -14671,15 +14796,14 @@ async function checkSignature(c: SignatureCheck, digest: string | undefined): Pr
   let problem: string;
   if (digest === undefined) problem = 'the push names no digest, and without one no signature can be checked';
   else {
-    let found: CosignSignatures;
+    const want = { digest, repository: `${c.host}/${c.repository}`, keys, annotations: c.s.signature!.annotations };
+    let verdict: SignatureVerdict;
     try {
-      found = await readCosignSignatures(registry, digest, c.loginFor);
+      verdict = await readCosignSignatures(registry, want, c.loginFor);
     } catch (e) {
       const message = `signature: could not read the signatures of ${image}: ${(e as Error).message}`;
       throw registryFailure(c.s, e, `${message}; nothing was changed`);
     }
-    const want = { digest, repository: `${c.host}/${c.repository}`, keys, annotations: c.s.signature!.annotations };
-    const verdict = verifyCosignSignatures(found, want);
     if (verdict.ok) {
       c.report.notes.push(
         `signature: ${image} is signed by ${verdict.key.kind} key ${verdict.key.fingerprint} (${verdict.where})`,

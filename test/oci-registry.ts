@@ -11,6 +11,7 @@
 import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { readFileSync } from 'node:fs';
+import * as https from 'node:https';
 import { join } from 'node:path';
 import { binPath, buildInto, GO_ENV, goBuildWithProgress } from './cluster/cluster.ts';
 import { makeTempDir, peerOrSkip, waitFor } from './harness.ts';
@@ -49,6 +50,8 @@ export interface OciRegistry {
   caPem: string;
   /** A directory holding the CA as ca.crt, for skopeo's --dest-cert-dir. */
   certDir: string;
+  /** Every request the registry served so far, one line each ("GET /v2/acme/web/blobs/sha256:…"), as it logs them. */
+  requests(): string[];
   stop(): Promise<void>;
 }
 
@@ -67,6 +70,7 @@ export async function startOciRegistry(): Promise<OciRegistry> {
     host: `127.0.0.1:${port}`,
     caPem: certs.caPem,
     certDir: certs.certDir,
+    requests: () => [...output.matchAll(/^\S+ \S+ ((?:GET|HEAD|PUT|POST|PATCH|DELETE) \S+)/gm)].map((m) => m[1]),
     async stop() {
       if (child.exitCode !== null || child.signalCode !== null) return;
       const exited = new Promise((resolve) => child.on('close', resolve));
@@ -74,6 +78,39 @@ export async function startOciRegistry(): Promise<OciRegistry> {
       await exited;
     },
   };
+}
+
+/** One request to the registry over its TLS; the answer's status, headers and body. */
+function registryCall(reg: OciRegistry, method: string, path: string, body?: Buffer, type?: string) {
+  return new Promise<{ status: number; headers: Record<string, unknown>; body: string }>((resolve, reject) => {
+    const headers = type ? { 'Content-Type': type } : {};
+    const req = https.request(`https://${reg.host}${path}`, { method, ca: reg.caPem, headers }, (res) => {
+      let text = '';
+      res.setEncoding('utf8').on('data', (s: string) => (text += s));
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, headers: res.headers, body: text }));
+    });
+    req.on('error', reject);
+    req.end(body);
+  });
+}
+
+const sha256 = (bytes: Buffer) => `sha256:${createHash('sha256').update(bytes).digest('hex')}`;
+
+/** Uploads a blob in one request (POST …/blobs/uploads/?digest=); its digest. */
+export async function pushBlob(reg: OciRegistry, repository: string, bytes: Buffer): Promise<string> {
+  const digest = sha256(bytes);
+  const res = await registryCall(reg, 'POST', `/v2/${repository}/blobs/uploads/?digest=${digest}`, bytes, 'application/octet-stream');
+  if (res.status !== 201) throw new Error(`blob upload to ${repository}: ${res.status} ${res.body}`);
+  return digest;
+}
+
+/** PUTs a manifest (an OCI image manifest unless it says otherwise) at a tag or its digest; its digest. */
+export async function pushManifest(reg: OciRegistry, repository: string, manifest: Record<string, unknown>, tag?: string): Promise<string> {
+  const bytes = Buffer.from(JSON.stringify(manifest));
+  const type = String(manifest.mediaType ?? 'application/vnd.oci.image.manifest.v1+json');
+  const res = await registryCall(reg, 'PUT', `/v2/${repository}/manifests/${tag ?? sha256(bytes)}`, bytes, type);
+  if (res.status !== 201) throw new Error(`manifest PUT to ${repository}: ${res.status} ${res.body}`);
+  return sha256(bytes);
 }
 
 /** The registry, or undefined locally (with a loud message) when it cannot be built or started; in CI it fails. */

@@ -19,7 +19,7 @@
  */
 import assert from 'node:assert/strict';
 import { execFile, execFileSync } from 'node:child_process';
-import { createHash, createPublicKey, generateKeyPairSync } from 'node:crypto';
+import { createHash, createPrivateKey, createPublicKey, generateKeyPairSync, sign as signWith } from 'node:crypto';
 import * as fs from 'node:fs';
 import * as https from 'node:https';
 import * as path from 'node:path';
@@ -27,7 +27,7 @@ import { after, before, describe, test } from 'node:test';
 import { promisify } from 'node:util';
 import { defaultBinary, httpRequest, makeTempDir, startWebhook, waitFor, waitForOutput, type Webhook } from './harness.ts';
 import { cosignOrSkip } from './cosign.ts';
-import { ociRegistryOrSkip, type OciRegistry } from './oci-registry.ts';
+import { ociRegistryOrSkip, pushBlob, pushManifest, type OciRegistry } from './oci-registry.ts';
 import { ociArchive, startRegistry, type Registry } from './registry.ts';
 import { clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor, pushedState, removeNamespace } from './cluster/kube.ts';
 import { fixedSettings, registryHook } from './upgrade-hooks.ts';
@@ -95,12 +95,12 @@ describe('VERIFY_SIGNATURE: cosign signatures on a real registry, through the ex
       env: { ...process.env, COSIGN_PASSWORD: KEY_PASSWORD, COSIGN_EXPERIMENTAL: '1', SSL_CERT_FILE: at.ca, DOCKER_CONFIG: dockerConfig },
     });
   /** The registry's push envelope for acme/web:<tag> at <digest>, to the hook for deployment/<workload>. */
-  const post = (tag: string, digest: string, { hook = 'signed', workload = 'web', host = registry.host } = {}) => wh.request(
+  const post = (tag: string, digest: string, { hook = 'signed', workload = 'web', host = registry.host, repository = 'acme/web' } = {}) => wh.request(
     `/hooks/${hook}?${new URLSearchParams({ token: TOKEN, ns, workload: `deployment/${workload}`, container: 'app' })}`, {
       method: 'POST', headers: { 'Content-Type': 'application/vnd.docker.distribution.events.v1+json' },
       body: JSON.stringify({ events: [{
         action: 'push', timestamp: new Date().toISOString(),
-        target: { mediaType: 'application/vnd.oci.image.manifest.v1+json', repository: 'acme/web', tag, digest },
+        target: { mediaType: 'application/vnd.oci.image.manifest.v1+json', repository, tag, digest },
         request: { host, method: 'PUT' },
       }] }),
     });
@@ -164,6 +164,10 @@ describe('VERIFY_SIGNATURE: cosign signatures on a real registry, through the ex
       ociCa = path.join(work, 'oci-ca.pem');
       fs.writeFileSync(ociCa, oci.caPem);
       hooks.push(hook('referrers', { VERIFY_SIGNATURE: `cosign:${path.join(work, 'release.pub')}`, REGISTRY_CA: ociCa }));
+      // Signatures made here with the Ed25519 key (node:crypto), pushed as a registry pusher could shape them.
+      hooks.push(hook('flood', { VERIFY_SIGNATURE: `cosign:${path.join(work, 'ed.pub')}`, REGISTRY_CA: ociCa }));
+      hooks.push(hook('typed', { VERIFY_SIGNATURE: `cosign:${path.join(work, 'ed.pub')}`, REGISTRY_CA: ociCa,
+        VERIFY_SIGNATURE_ANNOTATIONS: 'pipeline=release' }));
     }
     fs.writeFileSync(path.join(work, 'hooks.json'), JSON.stringify(hooks));
     wh = await startWebhook({ hooks: path.join(work, 'hooks.json'), env: { KUBECONFIG: cluster!.kubeconfigPath }, metrics: true, args: ['-deliveries', '50'] });
@@ -176,7 +180,8 @@ describe('VERIFY_SIGNATURE: cosign signatures on a real registry, through the ex
       withSecret(deployment('annotated', [{ name: 'app', image: image('v1') }], { replicas: 1 })),
       withSecret(deployment('anykey', [{ name: 'app', image: image('v1') }], { replicas: 1 })),
       withSecret(deployment('patient', [{ name: 'app', image: image('v1') }], { replicas: 1 })),
-      ...(oci ? [deployment('referrers', [{ name: 'app', image: `${oci.host}/acme/web:v1` }], { replicas: 1 })] : []),
+      ...(oci ? ['referrers', 'flood', 'typed'].map((name) =>
+        deployment(name, [{ name: 'app', image: `${oci!.host}/acme/${name === 'referrers' ? 'web' : 'flood'}:v1` }], { replicas: 1 })) : []),
     ] }));
   });
   after(async () => {
@@ -260,6 +265,101 @@ describe('VERIFY_SIGNATURE: cosign signatures on a real registry, through the ex
     assert.equal(res.status, 200, res.body);
     assert.equal(await imageOf('referrers'), `${oci.host}/acme/web:v2@${digest}`);
     assert.match(res.body, /is signed by ECDSA P-256 key sha256:[0-9a-f]{64} \(referrer sha256:[0-9a-f]{64}, layer 1\)$/m);
+  });
+
+  describe('signatures shaped by whoever may push to the registry (go-containerregistry\'s registry, its requests counted)', () => {
+    const REPO = 'acme/flood';
+    const MANIFEST = 'application/vnd.oci.image.manifest.v1+json';
+    const descriptor = (mediaType: string, digest: string, size: number, annotations?: Record<string, string>) =>
+      ({ mediaType, digest, size, ...(annotations ? { annotations } : {}) });
+    /** A new image at acme/flood:<tag>; its digest. */
+    const newImage = async (tag: string) => {
+      const config = Buffer.from(JSON.stringify({ architecture: 'amd64', os: 'linux', rootfs: { type: 'layers', diff_ids: [] }, comment: `${tag} ${Date.now()}` }));
+      const c = await pushBlob(oci!, REPO, config);
+      return pushManifest(oci!, REPO, { schemaVersion: 2, mediaType: MANIFEST, config: descriptor('application/vnd.oci.image.config.v1+json', c, config.length), layers: [] }, tag);
+    };
+    /** cosign's simple-signing payload for acme/flood@<digest>, padded with spaces to `size` bytes when given. */
+    const payload = (digest: string, optional: unknown = null, size = 0) => Buffer.from(JSON.stringify({
+      critical: { identity: { 'docker-reference': `${oci!.host}/${REPO}` }, image: { 'docker-manifest-digest': digest }, type: 'cosign container image signature' },
+      optional }).padEnd(size));
+    /** A signature layer: the payload as a blob, signed by the hook's Ed25519 key (or over `signed` instead); `size` as declared. */
+    const layer = async (bytes: Buffer, signed = bytes, size = bytes.length) => {
+      const signature = signWith(null, signed, createPrivateKey(fs.readFileSync(path.join(work, 'ed-private.pem')))).toString('base64');
+      return descriptor('application/vnd.dev.cosign.simplesigning.v1+json', await pushBlob(oci!, REPO, bytes), size, { 'dev.cosignproject.cosign/signature': signature });
+    };
+    /** A signature manifest listing `layers`: at the .sig tag of `digest`, or as its referrer (cosign's artifactType, a subject). */
+    const signatures = async (digest: string, layers: object[], as: 'tag' | number) => {
+      const artifact = as === 'tag' ? 'application/vnd.oci.image.config.v1+json' : 'application/vnd.dev.cosign.artifact.sig.v1+json';
+      const config = await pushBlob(oci!, REPO, Buffer.from('{}'));
+      const subject = as === 'tag' ? {} : { subject: descriptor(MANIFEST, digest, 0), annotations: { copy: String(as) } };
+      return pushManifest(oci!, REPO, { schemaVersion: 2, mediaType: MANIFEST, config: descriptor(artifact, config, 2), layers, ...subject },
+        as === 'tag' ? `${digest.replace(':', '-')}.sig` : undefined);
+    };
+    /** The push of acme/flood:<tag> at `digest` to `hook`, and the registry requests it made. */
+    const pushed = async (tag: string, digest: string, hook = 'flood') => {
+      const mark = oci!.requests().length;
+      const res = await post(tag, digest, { hook, workload: hook, host: oci!.host, repository: REPO });
+      return { res, requests: oci!.requests().slice(mark) };
+    };
+    const gets = (requests: string[], what: string) => requests.filter((r) => r.startsWith(`GET /v2/${REPO}/${what}`)).length;
+
+    test('one blob listed 20 times in the .sig manifest and in each of 22 referrers is read once and checked once; 20 manifests at most', async (t) => {
+      if (!oci) return t.skip("go-containerregistry's registry could not be built or started");
+      const digest = await newImage('junk');
+      // Just under the payload cap, signed over something else: every copy would be read and checked in vain.
+      const junk = await layer(payload(digest, null, 60 * 1024), Buffer.from('another payload'));
+      await signatures(digest, Array(20).fill(junk), 'tag');
+      for (let i = 0; i < 22; i++) await signatures(digest, Array(20).fill(junk), i);
+      const before = await stateOf('flood');
+      const { res, requests } = await pushed('junk', digest);
+      assert.equal(res.status, 500, res.body);
+      assert.match(res.body, new RegExp(`is not signed as VERIFY_SIGNATURE requires: tag sha256-${digest.slice(7)}\\.sig, layer 1: not signed by a key ` +
+        'VERIFY_SIGNATURE names \\(sha256:[0-9a-f]{64}\\); more than 20 signature manifests: the rest were not read; nothing was changed$', 'm'));
+      assert.equal(gets(requests, `blobs/${junk.digest}`), 1, requests.join('\n'));
+      assert.equal(gets(requests, 'manifests/sha256%3A'), 19, 'the .sig manifest and 19 referrers: 20 manifests');
+      assert.ok(requests.length <= 25, `${requests.length} requests:\n${requests.join('\n')}`);
+      assert.equal(await stateOf('flood'), before);
+    });
+
+    test('a payload over 64 KiB is refused unread, whatever its descriptor says, even when validly signed', async (t) => {
+      if (!oci) return t.skip("go-containerregistry's registry could not be built or started");
+      const digest = await newImage('big');
+      const declared = await layer(payload(digest, null, 64 * 1024 + 1));
+      const hidden = await layer(payload(digest, null, 64 * 1024 + 2), undefined, 400);
+      await signatures(digest, [declared, hidden], 'tag');
+      const before = await stateOf('flood');
+      const { res, requests } = await pushed('big', digest);
+      assert.equal(res.status, 500, res.body);
+      assert.match(res.body, /\.sig, layer 1: its payload is 65537 bytes, more than a signing payload's 65536: not read; /);
+      assert.match(res.body, /\.sig, layer 2: its payload is larger than a signing payload's 65536 bytes: refused; nothing was changed$/m);
+      assert.equal(gets(requests, `blobs/${declared.digest}`), 0);
+      assert.equal(await stateOf('flood'), before);
+    });
+
+    test('the search stops at the first valid signature: one blob read, the referrers not asked', async (t) => {
+      if (!oci) return t.skip("go-containerregistry's registry could not be built or started");
+      const digest = await newImage('good');
+      const others = await Promise.all(Array.from({ length: 19 }, (_, i) => layer(payload(digest, { n: String(i) }), Buffer.from(`other ${i}`))));
+      await signatures(digest, [await layer(payload(digest)), ...others], 'tag');
+      await signatures(digest, others, 1);
+      const { res, requests } = await pushed('good', digest);
+      assert.equal(res.status, 200, res.body);
+      assert.equal(await imageOf('flood'), `${oci.host}/${REPO}:good@${digest}`);
+      assert.match(res.body, /is signed by Ed25519 key sha256:[0-9a-f]{64} \(tag sha256-[0-9a-f]{64}\.sig, layer 1\)$/m);
+      assert.equal(gets(requests, 'blobs/'), 1, requests.join('\n'));
+      assert.equal(gets(requests, 'referrers/'), 0);
+    });
+
+    test('a required annotation is a string: a payload saying ["release"] is not signed "release"', async (t) => {
+      if (!oci) return t.skip("go-containerregistry's registry could not be built or started");
+      const digest = await newImage('typed');
+      await signatures(digest, [await layer(payload(digest, { pipeline: ['release'] }))], 'tag');
+      const before = await stateOf('typed');
+      const { res } = await pushed('typed', digest, 'typed');
+      assert.equal(res.status, 500, res.body);
+      assert.match(res.body, /layer 1: signed by sha256:[0-9a-f]{64}, but with the annotation pipeline="\[\\"release\\"\]" \(not a string\), not release; /);
+      assert.equal(await stateOf('typed'), before);
+    });
   });
 
   test('VERIFY_SIGNATURE_ANNOTATIONS: a signature with the annotation required is deployed, one with another value refused', async () => {
