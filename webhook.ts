@@ -4688,7 +4688,9 @@ function tunnelConnection(
   options: http.ClientRequestArgs,
   done?: (err: Error | null, stream: Duplex) => void,
 ): undefined {
-  const target = `${options.host}:${options.port}`;
+  // An IPv6 address is bracketed in CONNECT's authority-form (RFC 9110 §9.3.6), as in a URL: [::1]:6443.
+  const host = String(options.host ?? '').replace(/^\[(.*)\]$/, '$1');
+  const target = `${net.isIP(host) === 6 ? `[${host}]` : host}:${options.port}`;
   const secure = p.protocol === 'https:';
   const port = Number(p.port) || (secure ? 443 : 80);
   const socket = secure
@@ -13281,6 +13283,35 @@ function patternPolicy(kind: 'glob' | 'regexp', pattern: string, text: string): 
  * lower-case; the whole is trimmed. Pure.
  */
 export function parsePolicy(value: string): UpdatePolicy {
+  const kept = compiledPolicies.get(value);
+  if (kept !== undefined) {
+    if ('problem' in kept) throw new Error(kept.problem);
+    return kept;
+  }
+  let compiled: UpdatePolicy | { problem: string };
+  try {
+    compiled = compilePolicy(value);
+  } catch (e) {
+    compiled = { problem: (e as Error).message };
+  }
+  if (value.length <= MAX_POLICY_LENGTH) {
+    if (compiledPolicies.size >= MAX_COMPILED_POLICIES) compiledPolicies.delete(compiledPolicies.keys().next().value!);
+    compiledPolicies.set(value, compiled);
+  }
+  if ('problem' in compiled) throw new Error(compiled.problem);
+  return compiled;
+}
+
+// A policy annotation is read on every push to its workload, and compiling a pattern can take a large part of a
+// second (the linear engine copies repeats): each text is compiled once. Past this many texts (a fleet's
+// policies are a few dozen), the one kept longest goes; each is at most MAX_POLICY_LENGTH characters.
+const MAX_COMPILED_POLICIES = 256;
+
+/** The policies compiled, by their text as written, or why the text is not a policy. */
+const compiledPolicies = new Map<string, UpdatePolicy | { problem: string }>();
+
+/** parsePolicy's work, uncached. */
+function compilePolicy(value: string): UpdatePolicy {
   if (value.length > MAX_POLICY_LENGTH)
     throw new Error(`longer than ${MAX_POLICY_LENGTH} characters (${value.length})`);
   const text = value.trim();

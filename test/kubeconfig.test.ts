@@ -132,6 +132,30 @@ describe('kubeconfig files', () => {
     }
   });
 
+  test('proxy-url: an IPv6 API server is named in brackets in the CONNECT, [::1]:6443, as RFC 9110 writes it', async () => {
+    const asked: Array<{ target: string; host: string | undefined }> = [];
+    const proxy = http.createServer((_req, res) => res.writeHead(405).end());
+    proxy.on('connect', (req: http.IncomingMessage, client: net.Socket) => {
+      asked.push({ target: req.url ?? '', host: req.headers.host });
+      client.end('HTTP/1.1 403 Forbidden\r\n\r\n');
+    });
+    await new Promise<void>((resolve) => proxy.listen(0, '127.0.0.1', resolve));
+    const file = write('proxied-v6.yaml', [
+      'current-context: c',
+      'contexts: [{name: c, context: {cluster: k, user: u}}]',
+      `clusters: [{name: k, cluster: {server: "https://[::1]:6443", proxy-url: "http://127.0.0.1:${(proxy.address() as net.AddressInfo).port}"}}]`,
+      'users: [{name: u, user: {token: t}}]',
+    ].join('\n'));
+    try {
+      const client = new KubeClient(loadKubeconfig(file), { retryBudgetMs: 0 });
+      await assert.rejects(client.get({ group: '', version: 'v1', resource: 'configmaps', namespace: 'default', name: 'x' }), /CONNECT \[::1\]:6443 refused: HTTP\/1\.1 403 Forbidden/);
+      assert.deepEqual(asked, [{ target: '[::1]:6443', host: '[::1]:6443' }]);
+      client.close();
+    } finally {
+      await new Promise((resolve) => proxy.close(resolve));
+    }
+  });
+
   test('insecure-skip-tls-verify is honoured with a warning; tokenFile beside a token wins', () => {
     fs.writeFileSync(path.join(dir, 'tok'), SECRET);
     const file = write('insecure.json', JSON.stringify({

@@ -50,6 +50,13 @@ describe('parsePolicy', () => {
     ];
     for (const [value, why] of cases) assert.throws(() => parsePolicy(value), why, value.slice(0, 40));
   });
+  test('a policy text is compiled once: the same text gives the same compiled policy, a malformed one the same error', () => {
+    const text = `regexp:^(${Array.from({ length: 40 }, (_, i) => `v${i}\\.[0-9]+`).join('|')})$`;
+    const first = parsePolicy(text);
+    assert.equal(parsePolicy(text), first);
+    assert.notEqual(parsePolicy(` ${text}`), first, 'another text is compiled on its own');
+    for (let i = 0; i < 2; i++) assert.throws(() => parsePolicy('regexp:('), /regexp: missing closing \)/);
+  });
   test('a catastrophic regexp runs in linear time (a bare backtracking engine takes minutes on this)', () => {
     const p = parsePolicy('regexp:^([a-z0-9]+-?)+$') as Extract<UpdatePolicy, { pattern: RegExp }>;
     assert.equal(p.pattern.test(`${'a'.repeat(120)}!`), false);
