@@ -4671,9 +4671,9 @@ const TUNNEL_LIMITS = {
 };
 
 /**
- * An agent whose connections go through an HTTP or HTTPS proxy (kubeconfig proxy-url): a CONNECT to the API
- * server's host and port, then TLS to the API server inside the tunnel, so the proxy sees neither the requests
- * nor the credentials. The proxy URL's user and password become its Proxy-Authorization.
+ * An agent whose connections go through an HTTP or HTTPS proxy (kubeconfig proxy-url): a CONNECT to the API server's
+ * host and port (an IPv6 address in brackets, RFC 9110 §9.3.6: [::1]:6443), then TLS to the API server inside the
+ * tunnel, so the proxy sees neither the requests nor the credentials. Its user and password: Proxy-Authorization.
  */
 function tunnelAgent(proxy: URL, agentOptions: https.AgentOptions): https.Agent {
   // An instance whose createConnection is replaced, not a subclass: a class extending https.Agent would load
@@ -4688,9 +4688,7 @@ function tunnelConnection(
   options: http.ClientRequestArgs,
   done?: (err: Error | null, stream: Duplex) => void,
 ): undefined {
-  // An IPv6 address is bracketed in CONNECT's authority-form (RFC 9110 §9.3.6), as in a URL: [::1]:6443.
-  const host = String(options.host ?? '').replace(/^\[(.*)\]$/, '$1');
-  const target = `${net.isIP(host) === 6 ? `[${host}]` : host}:${options.port}`;
+  const target = `${net.isIP(String(options.host)) === 6 ? `[${options.host}]` : options.host}:${options.port}`;
   const secure = p.protocol === 'https:';
   const port = Number(p.port) || (secure ? 443 : 80);
   const socket = secure

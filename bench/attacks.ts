@@ -1,0 +1,170 @@
+/*
+ * `node bench/attacks.ts [binary]`: issue 36's two attacks that took the pod down, against dist/webhook (or
+ * BENCH_OURS, or the binary given) in a memory cgroup limited to 256 MiB as deploy/ and the chart limit it, on the
+ * test cluster (XDG_CACHE_HOME as for the tests) and go-containerregistry's lab registry (test/oci-registry.ts).
+ *
+ * 1. window: one workload annotated webhook/window with 5,000 ranges (245 KB), each a different spelling of
+ *    America/Argentina/ComodRivadavia; pushed twice.
+ * 2. signatures: a digest whose .sig manifest lists one payload blob 20 times, plus 20 referrers each listing it
+ *    20 times, each signature over something else under the hook's Ed25519 key; pushed once with a blob just under
+ *    64 KiB, once with a 1 MiB blob (the old reader's blob cap).
+ *
+ * For each: VmRSS and RssAnon before and after, the peak (VmHWM, from /proc/<pid>/status), the longest GET /healthz
+ * answered while the pushes ran (asked every 50 ms), the answers, the registry requests, and whether the OOM killer
+ * acted in the cgroup. Needs root for the cgroup (v1, /sys/fs/cgroup/memory), as bench:burst does.
+ */
+import { generateKeyPairSync, sign, type KeyObject } from 'node:crypto';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { clusterOrSkip, deployment, acrPayload, freshNamespaceName, kubectlFor, removeNamespace } from '../test/cluster/kube.ts';
+import { httpRequest, makeTempDir, startWebhook, type Webhook } from '../test/harness.ts';
+import { pushBlob, pushManifest, startOciRegistry, type OciRegistry } from '../test/oci-registry.ts';
+import { fixedSettings, registryHook, upgradeHook } from '../test/upgrade-hooks.ts';
+import { OURS } from './common.ts';
+
+const BIN = process.argv[2] ?? OURS;
+const LIMIT_MB = 256;
+const TOKEN = 'bench-attacks-token-5d1c9e';
+const CGROUP = path.join('/sys/fs/cgroup/memory', `webhook-bench-attacks-${process.pid}`);
+
+/** VmRSS, RssAnon and VmHWM of a process, in MiB (NaN once it is gone). */
+function memory(pid: number): { rss: number; anon: number; hwm: number } {
+  let text = '';
+  try {
+    text = fs.readFileSync(`/proc/${pid}/status`, 'utf8');
+  } catch {
+    /* gone: NaN below */
+  }
+  const kb = (k: string) => Number(text.match(new RegExp(`^${k}:\\s+(\\d+) kB`, 'm'))?.[1] ?? NaN);
+  return { rss: kb('VmRSS') / 1024, anon: kb('RssAnon') / 1024, hwm: kb('VmHWM') / 1024 };
+}
+
+const oomKills = () => Number(/^oom_kill (\d+)$/m.exec(fs.readFileSync(path.join(CGROUP, 'memory.oom_control'), 'utf8'))?.[1]);
+
+/** The binary started in the cgroup: a shell joins it and exec()s the binary (same pid). */
+function inCgroup(): string {
+  fs.mkdirSync(CGROUP);
+  fs.writeFileSync(path.join(CGROUP, 'memory.limit_in_bytes'), String(LIMIT_MB * 1024 * 1024));
+  const script = path.join(makeTempDir('bench-attacks-'), 'webhook');
+  fs.writeFileSync(script, `#!/bin/sh\necho $$ > ${path.join(CGROUP, 'cgroup.procs')} && exec ${BIN} "$@"\n`, { mode: 0o755 });
+  return script;
+}
+
+/** `pushes`, one after another, with GET /healthz asked every 50 ms meanwhile: the answers and the longest GET. */
+async function underWatch(wh: Webhook, pushes: (() => Promise<{ status: number; body: string }>)[]) {
+  let done = false;
+  let longest = 0;
+  const watch = (async () => {
+    while (!done) {
+      const started = performance.now();
+      await httpRequest(wh.port, '/healthz').catch(() => undefined);
+      longest = Math.max(longest, performance.now() - started);
+      await new Promise((r) => setTimeout(r, 50));
+    }
+  })();
+  const answers: string[] = [];
+  for (const push of pushes) {
+    const res = await push().catch((e: Error) => ({ status: 0, body: `no answer: ${e.message}` }));
+    const result = (/^result: .*$/m.exec(res.body) ?? /^action: .*$/m.exec(res.body))?.[0] ?? res.body.slice(0, 200);
+    answers.push(`${res.status} ${result.slice(0, 160)}`);
+  }
+  done = true;
+  await watch;
+  return { answers, longestHealthzMs: Math.round(longest) };
+}
+
+function report(name: string, pid: number, before: ReturnType<typeof memory>, r: Awaited<ReturnType<typeof underWatch>>, extra = '') {
+  const after = memory(pid);
+  const f = (n: number) => (Number.isNaN(n) ? 'gone' : `${n.toFixed(0)} MB`);
+  console.log(`\n${name}${extra}`);
+  console.log(`  RSS ${f(before.rss)} → ${f(after.rss)}; RssAnon ${f(before.anon)} → ${f(after.anon)}; peak (VmHWM) ${f(after.hwm)}`);
+  console.log(`  longest GET /healthz meanwhile: ${r.longestHealthzMs} ms; OOM kills so far: ${oomKills()}`);
+  for (const a of r.answers) console.log(`  answer: ${a}`);
+}
+
+/** Attack 1: the 5,000-range window on one workload, pushed twice. */
+async function windowAttack(kubectl: ReturnType<typeof kubectlFor>, ns: string, wh: Webhook): Promise<void> {
+  const zone = 'America/Argentina/ComodRivadavia';
+  const spelling = (i: number) => [...zone].map((c, k) => ((i >> (k % 12)) & 1 ? c.toUpperCase() : c.toLowerCase())).join('');
+  const window = Array.from({ length: 5000 }, (_, i) => `Mon 00:00-00:01 ${spelling(i)}`).join(';');
+  const file = path.join(makeTempDir('bench-attacks-'), 'patch.json');
+  fs.writeFileSync(file, JSON.stringify({ metadata: { annotations: { 'webhook/window': window } } }));
+  await kubectl(['-n', ns, 'patch', 'deployment/wide', '--type', 'merge', '--patch-file', file]);
+  const q = new URLSearchParams({ token: TOKEN, ns, workload: 'deployment/wide', container: 'app', repo_type: 'regionalregistry' });
+  const push = (tag: string) => () => wh.request(`/hooks/plain?${q}`, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: acrPayload(tag) });
+  const pid = wh.proc.pid!;
+  const before = memory(pid);
+  report('1. window: 5,000 ranges (245 KB), each a spelling of one zone, pushed twice', pid, before, await underWatch(wh, [push('v2'), push('v3')]));
+}
+
+/** Attack 2: one payload blob listed 20 times in the .sig manifest and 20 times in each of 20 referrers. */
+async function signatureAttack(oci: OciRegistry, ns: string, wh: Webhook, key: KeyObject, size: number, tag: string) {
+  const repo = 'acme/flood';
+  const config = Buffer.from(JSON.stringify({ architecture: 'amd64', os: 'linux', rootfs: { type: 'layers', diff_ids: [] }, comment: tag }));
+  const configDigest = await pushBlob(oci, repo, config);
+  const MANIFEST = 'application/vnd.oci.image.manifest.v1+json';
+  const digest = await pushManifest(oci, repo, { schemaVersion: 2, mediaType: MANIFEST,
+    config: { mediaType: 'application/vnd.oci.image.config.v1+json', digest: configDigest, size: config.length }, layers: [] }, tag);
+  const payload = Buffer.from(JSON.stringify({ critical: { identity: { 'docker-reference': `${oci.host}/${repo}` },
+    image: { 'docker-manifest-digest': digest }, type: 'cosign container image signature' }, optional: null }).padEnd(size));
+  const layer = { mediaType: 'application/vnd.dev.cosign.simplesigning.v1+json', digest: await pushBlob(oci, repo, payload), size,
+    annotations: { 'dev.cosignproject.cosign/signature': sign(null, Buffer.from('another payload'), key).toString('base64') } };
+  const empty = await pushBlob(oci, repo, Buffer.from('{}'));
+  const sigConfig = (mediaType: string) => ({ mediaType, digest: empty, size: 2 });
+  await pushManifest(oci, repo, { schemaVersion: 2, mediaType: MANIFEST, config: sigConfig('application/vnd.oci.image.config.v1+json'),
+    layers: Array(20).fill(layer) }, `${digest.replace(':', '-')}.sig`);
+  for (let i = 0; i < 20; i++)
+    await pushManifest(oci, repo, { schemaVersion: 2, mediaType: MANIFEST, config: sigConfig('application/vnd.dev.cosign.artifact.sig.v1+json'),
+      layers: Array(20).fill(layer), subject: { mediaType: MANIFEST, digest, size: 0 }, annotations: { copy: String(i) } });
+  const mark = oci.requests().length;
+  const push = () => wh.request(`/hooks/flood?${new URLSearchParams({ token: TOKEN, ns, workload: 'deployment/flood', container: 'app' })}`, {
+    method: 'POST', headers: { 'Content-Type': 'application/vnd.docker.distribution.events.v1+json' },
+    body: JSON.stringify({ events: [{ action: 'push', timestamp: new Date().toISOString(),
+      target: { mediaType: MANIFEST, repository: repo, tag, digest }, request: { host: oci.host, method: 'PUT' } }] }),
+  });
+  const pid = wh.proc.pid!;
+  const before = memory(pid);
+  const r = await underWatch(wh, [push]);
+  const requests = oci.requests().slice(mark);
+  const blobs = requests.filter((q) => q.includes(`/blobs/${layer.digest}`)).length;
+  report(`2. signatures: a ${(size / 1024).toFixed(0)} KiB payload listed 20 times in the .sig manifest and in each of 20 referrers`, pid, before, r,
+    `\n  registry requests: ${requests.length}, of which GETs of the payload blob: ${blobs}`);
+}
+
+const cluster = await clusterOrSkip();
+if (!cluster) throw new Error('no test cluster (XDG_CACHE_HOME as for the tests)');
+const kubectl = kubectlFor(cluster);
+const ns = freshNamespaceName('attacks');
+const oci = await startOciRegistry();
+const work = makeTempDir('bench-attacks-');
+const { publicKey, privateKey } = generateKeyPairSync('ed25519');
+fs.writeFileSync(path.join(work, 'ed.pub'), publicKey.export({ type: 'spki', format: 'pem' }));
+fs.writeFileSync(path.join(work, 'oci-ca.pem'), oci.caPem);
+const flood = registryHook('flood', { match: { type: 'value', value: TOKEN, parameter: { source: 'url', name: 'token' } } }, 'distribution') as Record<string, object[]>;
+flood['pass-environment-to-command'].push(...fixedSettings({ VERIFY_SIGNATURE: `cosign:${path.join(work, 'ed.pub')}`, REGISTRY_CA: path.join(work, 'oci-ca.pem') }));
+const script = inCgroup();
+/** A fresh service in the cgroup for each attack, so one that kills it does not hide the next one's figures. */
+async function withService(attack: (wh: Webhook) => Promise<void>): Promise<void> {
+  const wh = await startWebhook({ bin: script, hooks: [upgradeHook('plain', TOKEN), flood], env: { KUBECONFIG: cluster!.kubeconfigPath },
+    args: ['-rollout-follow', '0s'] });
+  try {
+    await attack(wh);
+  } finally {
+    await wh.stop();
+  }
+}
+try {
+  await kubectl(['create', 'namespace', ns]);
+  await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: [
+    deployment('wide', [{ name: 'app', image: 'registry.cn-hangzhou.aliyuncs.com/shop/web-api:v1' }], { replicas: 1 }),
+    deployment('flood', [{ name: 'app', image: `${oci.host}/acme/flood:v1` }], { replicas: 1 }),
+  ] }));
+  console.log(`${BIN}, in a memory cgroup of ${LIMIT_MB} MiB`);
+  await withService((wh) => windowAttack(kubectl, ns, wh));
+  await withService((wh) => signatureAttack(oci, ns, wh, privateKey, 60 * 1024, 'small'));
+  await withService((wh) => signatureAttack(oci, ns, wh, privateKey, 1024 * 1024 - 1024, 'large'));
+} finally {
+  await oci.stop();
+  await removeNamespace(kubectl, ns);
+  fs.rmdirSync(CGROUP);
+}
