@@ -6002,13 +6002,18 @@ class RepositoryReader {
       const own = url.host === this.registry.host;
       const headers: Record<string, string> = { Accept: accept };
       if (own && this.authorization) headers.Authorization = this.authorization;
+      const deadlineMs = this.deadlineMs();
       const answer = await outboundRequest(url, {
         method: 'GET',
         headers,
-        deadlineMs: this.deadlineMs(),
+        deadlineMs,
         maxResponseBytes: maxBytes,
         overLimit: 'fail',
         trust: { extraCa: this.registry.ca },
+      }).catch((e: unknown) => {
+        // A request given what was left of the check, and out of it: the check is.
+        const cut = deadlineMs < VERIFY_LIMITS.requestTimeoutMs && e instanceof OutboundError && e.code === 'ETIMEDOUT';
+        throw cut ? signatureCheckTimeout() : e;
       });
       const location = answer.headers.location;
       if (answer.status < 300 || answer.status > 399 || typeof location !== 'string') return answer;

@@ -21,6 +21,7 @@ import assert from 'node:assert/strict';
 import { execFile, execFileSync } from 'node:child_process';
 import { createHash, createPrivateKey, createPublicKey, generateKeyPairSync, sign as signWith } from 'node:crypto';
 import * as fs from 'node:fs';
+import * as http from 'node:http';
 import * as https from 'node:https';
 import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
@@ -28,7 +29,7 @@ import { promisify } from 'node:util';
 import { defaultBinary, httpRequest, makeTempDir, startWebhook, waitFor, waitForOutput, type Webhook } from './harness.ts';
 import { cosignOrSkip } from './cosign.ts';
 import { ociRegistryOrSkip, pushBlob, pushManifest, type OciRegistry } from './oci-registry.ts';
-import { ociArchive, startRegistry, type Registry } from './registry.ts';
+import { makeCertificate, ociArchive, startRegistry, type Registry } from './registry.ts';
 import { clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor, pushedState, removeNamespace } from './cluster/kube.ts';
 import { fixedSettings, registryHook } from './upgrade-hooks.ts';
 import { approvalToken, sealPendingEntry } from '../webhook.ts';
@@ -348,6 +349,56 @@ describe('VERIFY_SIGNATURE: cosign signatures on a real registry, through the ex
       assert.match(res.body, /is signed by Ed25519 key sha256:[0-9a-f]{64} \(tag sha256-[0-9a-f]{64}\.sig, layer 1\)$/m);
       assert.equal(gets(requests, 'blobs/'), 1, requests.join('\n'));
       assert.equal(gets(requests, 'referrers/'), 0);
+    });
+
+    test('a registry slower than the check\'s 30 s in all is away: the push is kept (ON_REGISTRY_AWAY=keep), nothing changed', async (t) => {
+      if (!oci) return t.skip("go-containerregistry's registry could not be built or started");
+      // In front of the lab registry, each GET answered 8 s late: each request within its own 10 s, four past 30 s.
+      const certs = makeCertificate(makeTempDir('slow-registry-'));
+      const slow = https.createServer({ cert: fs.readFileSync(certs.certFile), key: fs.readFileSync(certs.keyFile) }, (req, res) => {
+        const forward = () => req.pipe(https.request(`https://${oci!.host}${req.url}`, { method: req.method, headers: req.headers, ca: oci!.caPem },
+          (answer) => (res.writeHead(answer.statusCode ?? 502, answer.headers), answer.pipe(res))).on('error', () => res.destroy()));
+        if (req.method === 'GET') setTimeout(forward, 8_000);
+        else forward();
+      });
+      await new Promise<void>((resolve) => slow.listen(0, '127.0.0.1', resolve));
+      const host = `127.0.0.1:${(slow.address() as import('node:net').AddressInfo).port}`;
+      const dir = makeTempDir('slow-hooks-');
+      fs.writeFileSync(path.join(dir, 'ca.pem'), certs.caPem);
+      const h = registryHook('slow', { match: { type: 'value', value: TOKEN, parameter: { source: 'url', name: 'token' } } }, 'distribution') as Record<string, object[]>;
+      h['pass-environment-to-command'].push(...fixedSettings({ VERIFY_SIGNATURE: `cosign:${path.join(work, 'ed.pub')}`,
+        REGISTRY_CA: path.join(dir, 'ca.pem'), ON_REGISTRY_AWAY: 'keep' }));
+      const own = await startWebhook({ hooks: [h], env: { KUBECONFIG: cluster!.kubeconfigPath } });
+      try {
+        await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(deployment('slow', [{ name: 'app', image: `${host}/${REPO}:v1` }], { replicas: 1 })));
+        const digest = await newImage('slow');
+        const junk = await layer(payload(digest), Buffer.from('another payload'));
+        await signatures(digest, [junk], 'tag');
+        await signatures(digest, [junk, await layer(payload(digest, { n: '1' }), Buffer.from('another'))], 1);
+        const before = await stateOf('slow');
+        const started = Date.now();
+        // The harness's requests give up after 30 s idle; this answer comes after the check's 30 s.
+        const res = await new Promise<{ status: number; body: string }>((resolve, reject) => {
+          const req = http.request({ host: '127.0.0.1', port: own.port, method: 'POST',
+            path: `/hooks/slow?${new URLSearchParams({ token: TOKEN, ns, workload: 'deployment/slow', container: 'app' })}`,
+            headers: { 'Content-Type': 'application/vnd.docker.distribution.events.v1+json' } }, (r) => {
+            let body = '';
+            r.setEncoding('utf8').on('data', (c: string) => (body += c)).on('end', () => resolve({ status: r.statusCode ?? 0, body }));
+          });
+          req.on('error', reject);
+          req.end(JSON.stringify({ events: [{ action: 'push', timestamp: new Date().toISOString(),
+            target: { mediaType: MANIFEST, repository: REPO, tag: 'slow', digest }, request: { host, method: 'PUT' } }] }));
+        });
+        assert.equal(res.status, 202, res.body);
+        assert.match(res.body, new RegExp(`^action: +waiting for the registry \\(signature: could not read the signatures of ${escape(`${host}/${REPO}@${digest}`)}: ` +
+          'the registry did not give the signatures within 30s.*\\): kept', 'm'));
+        assert.ok(Date.now() - started < 40_000, `answered after ${Date.now() - started} ms: one deadline for the whole check`);
+        assert.equal(await stateOf('slow'), before);
+      } finally {
+        await own.stop();
+        slow.closeAllConnections();
+        await new Promise((resolve) => slow.close(resolve));
+      }
     });
 
     test('a required annotation is a string: a payload saying ["release"] is not signed "release"', async (t) => {
