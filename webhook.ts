@@ -43,28 +43,29 @@
  *  19. commands ................... CommandResult, CommandRunner, decodeBase64Strict, InProcessCommand
  *  20. http server ................ AdminPages, allowedMethods, answerClientError, CommandListener
  *  21. listeners .................. openListener, openAdminListener, tlsOptions
- *  22. registry payloads .......... parsePushPayload, parsePushHeaders, PayloadFields, PushEvent
- *  23. cloud registry payloads .... REGISTRIES, REPO_TYPES, registryFor, recognisedRepoType
- *  24. image reference & pin ...... checkImagePin, chooseCandidate, composeImageRef, readImagePin
- *  25. change windows & approvals  nextOpening, parseDeployWindows, PendingEntry, approvalLinks
- *  26. workloads .................. WORKLOAD_KINDS, parseWorkload, locateContainer, rolloutStatus
- *  27. update policies ............ parsePolicy, policyDecision, POLICY_ANNOTATION
- *  28. hook settings .............. HOOK_SETTINGS, fixedSettingChecks
- *  29. upgrade decision ........... readSettings, decidePush, decide, holdDecision, verifiedRef
- *  30. the patch .................. patchOnce, patchUntilApplied
- *  31. the report ................. formatForcedRollback, formatReport, formatRollback, formatRollout
- *  32. rollout follow ............. claimFollow, followRollout, resumedReport, rolloutEvent
- *  33. rollback ................... rollBackFailedRollout
- *  34. least privilege ............ formatRbac, hookReach, HookReach, upgradeInput
- *  35. the upgrade ................ runUpgrade, runDecidedPush, upgradeResult
- *  36. the upgrade service ........ UpgradeService, RolloutFollower, hookClusters
- *  37. approvals .................. approvalHooksProblem, ApprovalService, WaitingPush
- *  38. the result ................. DeliveryLog, ResultDispatcher, pushResult, ResultChannel
- *  39. mail ....................... Mailer, parseMailConfig
- *  40. chat & json notifications .. Notifier, NOTIFY_FORMATS, resultDocument
- *  41. deliveries page ............ deliveryPages
- *  42. -validate & -print-rbac .... hookLoadSettings, validate
- *  43. main ....................... main
+ *  22. the model .................. ANNOTATIONS, LAST_PUSH_ANNOTATION, PENDING_ANNOTATION
+ *  23. registry payloads .......... parsePushPayload, parsePushHeaders, PayloadFields, PushEvent
+ *  24. cloud registry payloads .... REGISTRIES, REPO_TYPES, registryFor, recognisedRepoType
+ *  25. image reference & pin ...... checkImagePin, chooseCandidate, composeImageRef, readImagePin
+ *  26. change windows & approvals  nextOpening, parseDeployWindows, PendingEntry, approvalLinks
+ *  27. workloads .................. WORKLOAD_KINDS, parseWorkload, locateContainer, rolloutStatus
+ *  28. update policies ............ parsePolicy, policyDecision, POLICY_ANNOTATION
+ *  29. hook settings .............. HOOK_SETTINGS, fixedSettingChecks
+ *  30. upgrade decision ........... readSettings, decidePush, decide, holdDecision, verifiedRef
+ *  31. the patch .................. patchOnce, patchUntilApplied
+ *  32. the report ................. formatForcedRollback, formatReport, formatRollback, formatRollout
+ *  33. rollout follow ............. claimFollow, followRollout, resumedReport, rolloutEvent
+ *  34. rollback ................... rollBackFailedRollout
+ *  35. least privilege ............ formatRbac, hookReach, HookReach, upgradeInput
+ *  36. the upgrade ................ runUpgrade, runDecidedPush, upgradeResult
+ *  37. the upgrade service ........ UpgradeService, RolloutFollower, hookClusters
+ *  38. approvals .................. approvalHooksProblem, ApprovalService, WaitingPush
+ *  39. the result ................. DeliveryLog, ResultDispatcher, pushResult, ResultChannel
+ *  40. mail ....................... Mailer, parseMailConfig
+ *  41. chat & json notifications .. Notifier, NOTIFY_FORMATS, resultDocument
+ *  42. deliveries page ............ deliveryPages
+ *  43. -validate & -print-rbac .... hookLoadSettings, validate
+ *  44. main ....................... main
  *
  * Each banner's "Exports" lists the names later chapters use and "Tests" the test files that cover it
  * (test/structure.test.ts checks both).
@@ -10463,11 +10464,76 @@ async function openMetricsListener(
 }
 
 // ================================================================================================
-// 22. registry payloads — a registry's push notification (Aliyun ACR, Docker Hub, a build job, Harbor, Quay, GHCR,
+// 22. the model — what the upgrade keeps, declared before the chapters that read and write it: the workload
+//    annotations (ANNOTATIONS), the only state the service has. Those the service writes live on the workload they
+//    are about, each written in the same PATCH as what it records and guarded by a test of the value read, so that
+//    replicas and restarts agree with no store of their own; those an operator writes steer one workload. Anyone
+//    who may edit the workload can write any of them, so each is read as untrusted input. The docs' table of them
+//    is written from ANNOTATIONS (scripts/docs.ts).
+//    Exports: APPROVAL_ANNOTATION, FOLLOW_ANNOTATION, LAST_PUSH_ANNOTATION, PENDING_ANNOTATION, POLICY_ANNOTATION,
+//    WINDOW_ANNOTATION.
+//    Tests: test/records.test.ts, test/docs.test.ts.
+// ================================================================================================
+
+/** Every `webhook/*` annotation: its key, who writes it, and what it holds (docs/upgrade.md's table). */
+export const ANNOTATIONS = {
+  lastPush: {
+    key: 'webhook/last-push',
+    by: 'the service',
+    holds:
+      'Per container, the last push applied: its image and the one it replaced, its identity, when it was pushed ' +
+      'and applied, by which request, and whether it was rolled back. Newest wins, a repeat, a hold and a rollback ' +
+      'read it; it is written in the PATCH that sets the image.',
+  },
+  follow: {
+    key: 'webhook/follow',
+    by: 'the service',
+    holds:
+      'Per container, a rollout followed after the answer (request, hook, deadline, where its result goes), so ' +
+      'that another replica finishes the follow when this one is gone; the replica whose PATCH takes it off ' +
+      'reports the end.',
+  },
+  pending: {
+    key: 'webhook/pending',
+    by: 'the service',
+    holds:
+      'Per container, the push waiting for an approval or a change window, sealed (with -approval-key-file) with a ' +
+      'MAC over it and where it sits; any replica completes it, an entry that does not verify is dropped with a ' +
+      'warning.',
+  },
+  policy: {
+    key: 'webhook/policy',
+    by: 'an operator',
+    holds:
+      "The workload's update policy (which tags it takes), over the hook's UPDATE_POLICY; " +
+      '`webhook/policy.<container>` sets one container\'s.',
+  },
+  approval: {
+    key: 'webhook/approval',
+    by: 'an operator',
+    holds: '`required`: every push to the workload waits for a person; `none`: none does, whatever the hook asks.',
+  },
+  window: {
+    key: 'webhook/window',
+    by: 'an operator',
+    holds: "The workload's change window (as DEPLOY_WINDOW, which it overrides): pushes outside it wait for it.",
+  },
+} as const;
+
+/** The keys, as the chapters that read and write them name them. */
+export const LAST_PUSH_ANNOTATION = ANNOTATIONS.lastPush.key;
+export const FOLLOW_ANNOTATION = ANNOTATIONS.follow.key;
+export const PENDING_ANNOTATION = ANNOTATIONS.pending.key;
+export const POLICY_ANNOTATION = ANNOTATIONS.policy.key;
+export const APPROVAL_ANNOTATION = ANNOTATIONS.approval.key;
+export const WINDOW_ANNOTATION = ANNOTATIONS.window.key;
+
+// ================================================================================================
+// 23. registry payloads — a registry's push notification (Aliyun ACR, Docker Hub, a build job, Harbor, Quay, GHCR,
 //    Azure, CNCF Distribution, Artifactory, Nexus, Gitea, CloudEvents) read into PushEvents (host, repository, tag,
 //    digest, pushed-at), an acknowledged no-op (a pull, a test ping, a push by digest, a signature tag), or a
 //    handshake's answer (Event Grid's, CloudEvents' validation). Pure functions: no I/O, no clock. Each registry is
-//    one entry of REGISTRIES (chapter 23): its reader, and how REPO_TYPE=auto recognises it. The hook's environment
+//    one entry of REGISTRIES (next chapter): its reader, and how REPO_TYPE=auto recognises it. The hook's environment
 //    chooses the composition: REPO_TYPE (a key of REGISTRIES, any case, or auto); NET_TYPE (regionalregistry only:
 //    public, vpc or internal endpoint); REGISTRY_HOST (host[:port] replacing the registry host for every REPO_TYPE;
 //    required for Artifactory and Nexus); PIN_DIGEST (true: `repo:tag@sha256:…` when the payload carries the digest).
@@ -11156,7 +11222,7 @@ function customRegistryAddress(repoUrl: string): string {
 }
 
 // ================================================================================================
-// 23. cloud registry payloads — the clouds' own registries, whose pushes arrive as their event buses' events: AWS ECR
+// 24. cloud registry payloads — the clouds' own registries, whose pushes arrive as their event buses' events: AWS ECR
 //    (an EventBridge "ECR Image Action" event sent by an API destination, or its CloudEvents form), Google Artifact
 //    Registry (a Pub/Sub push envelope whose message.data is the base64 of {action, digest, tag}), Tencent Cloud TCR
 //    Enterprise (its trigger sends Harbor's default format, pushImage, from a tencentcloudcr.com host); CloudEvents 1.0
@@ -11631,13 +11697,13 @@ function repoTypeSetting(value: string | undefined): string {
 }
 
 // ================================================================================================
-// 24. image reference & pin — composes the reference the cluster will pull (composeImageRef; chooseCandidate picks
+// 25. image reference & pin — composes the reference the cluster will pull (composeImageRef; chooseCandidate picks
 //    the container's among several), validates it against the OCI distribution reference grammar before anything is
 //    sent to Kubernetes, and applies the image pin (checkImagePin): whoever holds a hook's URL writes the payload, so
 //    a push may change only the tag and digest of the repository the container runs now. Endpoints of one registry
 //    count as the same (REGISTRY_ENDPOINTS), and so does the hook's REGISTRY_HOST; anything else needs ALLOW_IMAGES
 //    (`host/path`, `host/path/*`, `host/*`; Docker Hub's may omit the host). Both widen what a request may deploy, so
-//    HOOK_SETTINGS (chapter 28) has them refused at load unless they are fixed strings, and valid.
+//    HOOK_SETTINGS (hook settings) has them refused at load unless they are fixed strings, and valid.
 //    Exports: checkImagePin, chooseCandidate, composeImageRef, ImagePin, normalizeImageRef, problemOf, readImagePin,
 //    registryHostSetting, registryOf, validateImageRef.
 //    Tests: test/registries.test.ts, test/upgrade.test.ts, test/clouds.test.ts.
@@ -11966,7 +12032,7 @@ function problemOf(check: () => unknown): string | undefined {
 }
 
 // ================================================================================================
-// 25. change windows & approval links — when a push may go out, as pure functions. A change window
+// 26. change windows & approval links — when a push may go out, as pure functions. A change window
 //    (DEPLOY_WINDOW, annotation webhook/window) is one or more ranges `Mon-Fri 09:00-18:00 Asia/Shanghai`, read by
 //    parseDeployWindows; windowOpen says whether an instant is inside one and nextOpening when the next one opens,
 //    in the range's IANA zone through Intl (daylight saving time included; a range whose end is before its start
@@ -11975,7 +12041,7 @@ function problemOf(check: () => unknown): string | undefined {
 //    names one such entry by its id, hook and image, the action and an expiry, signed with HMAC-SHA256
 //    (approvalToken, readApprovalToken), so any replica holding the same key can check it.
 //    Exports: APPROVAL_PATH, ApprovalClaims, ApprovalLinks, approvalLinks, DeployWindow, describeWindows,
-//    nextOpening, parseDeployWindows, PENDING_ANNOTATION, PendingEntry, pendingEntrySealed, readApprovalToken,
+//    nextOpening, parseDeployWindows, PendingEntry, pendingEntrySealed, readApprovalToken,
 //    readPendingEntries, sealPendingEntry, windowOpen.
 //    Tests: test/approvals.test.ts, test/clusters.test.ts, test/signed-images.test.ts, test/unit.test.ts,
 //    test/windows.test.ts.
@@ -12166,9 +12232,6 @@ export function nextOpening(windows: DeployWindow[], fromMs: number): number {
 
 // ---- pending pushes and approval links ----------------------------------------------------------
 
-/** The workload annotation that holds, per container, the push waiting for an approval or a window. */
-export const PENDING_ANNOTATION = 'webhook/pending';
-
 /** A push that waits, as recorded on the workload: any replica can complete it. */
 export interface PendingEntry {
   /** Random: names this entry in its links; taken off with the entry, so a link works once. */
@@ -12334,7 +12397,7 @@ export function readApprovalToken(
 }
 
 // ================================================================================================
-// 26. workloads — what the upgrade knows of Kubernetes workloads. Each kind is one entry of WORKLOAD_KINDS (API
+// 27. workloads — what the upgrade knows of Kubernetes workloads. Each kind is one entry of WORKLOAD_KINDS (API
 //    resource, names, pod template, kubectl's rollout viewer, whether it has a rollout, how its pods are owned);
 //    parseWorkload reads APP_WORKLOAD (deployment, daemonset, statefulset, cronjob; any case, plurals, short names,
 //    kind.group) and locateContainer finds APP_CONTAINER (containers, then initContainers). rolloutStatus applies
@@ -12342,7 +12405,7 @@ export function readApprovalToken(
 //    one WorkloadQueue per workload keeps its pushes in order. UpgradeReport is what one push did so far; UpgradeDeps
 //    is what an upgrade is given (client, clock, queue, the workloads it last saw).
 //    Exports: annotationOps, asArray, Decision, DECISIONS, DNS_LABEL, FollowOptions, ForcedRollback, K8sObject,
-//    KEPT_SUPERSEDED, KindSpec, kindSpec, KnownWorkloads, labelSelector, LAST_PUSH_ANNOTATION, leanWorkload,
+//    KEPT_SUPERSEDED, KindSpec, kindSpec, KnownWorkloads, labelSelector, leanWorkload,
 //    locateContainer, LocatedContainer, missingContainerMessage, newReport, numberAt, orList, ownedBy, parseWorkload,
 //    PayloadError, PlannedChange, planPatch, PodSummary, readWorkload, recordEventQuietly, recordWorkloadEvent,
 //    RollbackOutcome, RolloutOutcome, rolloutStatus, roundedToSeconds, STUCK_REASONS, summarizePod, UPGRADE_LIMITS,
@@ -12397,13 +12460,6 @@ export const UPGRADE_LIMITS = {
   // them itself for its summary (a stuck-pod check waits for the next look instead): a request's own deadline.
   podWatchSyncMs: 10_000,
 };
-
-/**
- * The workload annotation that records, per container, the last push applied to it (a JSON
- * object of PushRecords keyed by container name). It is written in the same PATCH as the image,
- * guarded by a `test` of the value read, so every replica and every restart agrees on it.
- */
-export const LAST_PUSH_ANNOTATION = 'webhook/last-push';
 
 /** The action of a push kept while the API server was away and replaced by a newer one (KeptPushes). */
 const KEPT_SUPERSEDED = 'superseded: a newer push to this container arrived while the API server was away';
@@ -13234,18 +13290,15 @@ async function recordEventQuietly(
 }
 
 // ================================================================================================
-// 27. update policies — which tags a workload takes. The hook setting UPDATE_POLICY gives a hook's policy; the
+// 28. update policies — which tags a workload takes. The hook setting UPDATE_POLICY gives a hook's policy; the
 //    workload's annotation webhook/policy overrides it, and webhook/policy.<container> overrides both for one
 //    container. parsePolicy reads a value (all, semver:<range>, major, minor, patch, glob:<pattern>,
 //    regexp:<pattern>; the semver ones never go down unless `,allow-downgrade` follows); policyDecision, pure, says
 //    whether a push is within the policy in effect, why not, or what is wrong with an annotation. A push by digest
 //    alone names no tag and is outside no policy.
-//    Exports: parsePolicy, POLICY_ANNOTATION, policyDecision, PolicyVerdict, tagOf, UpdatePolicy.
+//    Exports: parsePolicy, policyDecision, PolicyVerdict, tagOf, UpdatePolicy.
 //    Tests: test/policy.test.ts.
 // ================================================================================================
-
-/** The workload's policy; `webhook/policy.<container>` sets one container's. */
-export const POLICY_ANNOTATION = 'webhook/policy';
 
 // A policy is one line an operator writes; longer is a mistake, and is not read further (an
 // annotation may hold 256 KiB).
@@ -13423,7 +13476,7 @@ export function policyDecision(
 }
 
 // ================================================================================================
-// 28. hook settings — HOOK_SETTINGS, the one table of the settings of the upgrade, its mail and its notifications:
+// 29. hook settings — HOOK_SETTINGS, the one table of the settings of the upgrade, its mail and its notifications:
 //    each one's source (the hook, or the service's own environment), type, default, whether a hook must give it as a
 //    fixed string (checked at load: fixedSettingChecks), whether it holds a key, its validation, its meaning, and its
 //    parse, which is the only reader of its text and throws the message operators know. The settings tables of
@@ -14105,7 +14158,7 @@ export function fixedSettingChecks(names?: HookSettingName[]): HookSettingChecks
 export const IMAGE_PIN_SETTINGS = fixedSettingChecks(['REGISTRY_HOST', 'ALLOW_IMAGES']);
 
 // ================================================================================================
-// 29. upgrade decision — whether and what a push may change, before anything is written. The hook's upgrade
+// 30. upgrade decision — whether and what a push may change, before anything is written. The hook's upgrade
 //    settings are read once (readSettings: APP_NS, APP_WORKLOAD, APP_CONTAINER, ROLLOUT_TIMEOUT, ROLLBACK_ON_FAILURE,
 //    VERIFY_IMAGE, REGISTRY_CA, REGISTRY_TOKEN_HOSTS and the image pin's); the push is checked against the
 //    container's current image (a refusal changes nothing, fails, is logged and recorded as a Warning Event);
@@ -14122,7 +14175,7 @@ export const IMAGE_PIN_SETTINGS = fixedSettingChecks(['REGISTRY_HOST', 'ALLOW_IM
 //    a cosign signature of the resolved digest valid under one of the hook's keys (checkSignature); an unsigned or
 //    wrongly signed digest is refused (SignatureRefusal, decided `refused: unsigned`, a Warning Event UpgradeRefused).
 //    A registry that does not answer fails the push closed, or under ON_REGISTRY_AWAY=keep has it kept (RegistryAway).
-//    Exports: decide, decidePush, decisionReason, FOLLOW_ANNOTATION, FollowRecord, FUTURE_PUSH_SKEW_MS, holdDecision,
+//    Exports: decide, decidePush, decisionReason, FollowRecord, FUTURE_PUSH_SKEW_MS, holdDecision,
 //    imageFieldPath, IncomingPush, knownContainer, newPushRecord, outsidePolicy, pinnedContainer, plannedChange,
 //    pullSecretNames,
 //    PushRecord, pushTime, readFollowRecords, readPushRecords, readSettings, RegistryAway, SignatureRefusal,
@@ -14249,13 +14302,6 @@ export function decidePush(recorded: PushRecord | undefined, push: IncomingPush,
   if (comparable && push.pushedAtMs < Date.parse(recorded.pushedAt)) return { kind: 'superseded', record: recorded };
   return { kind: 'apply' };
 }
-
-/**
- * The workload annotation that records, per container, a rollout being followed after the answer,
- * so that another replica can finish the follow when this one is gone, and the one whose PATCH
- * takes the record off (claimFollow) is the only one to report the end.
- */
-export const FOLLOW_ANNOTATION = 'webhook/follow';
 
 /** What a replica needs to finish another's follow. */
 export interface FollowRecord {
@@ -14859,7 +14905,7 @@ async function checkSignature(c: SignatureCheck, digest: string | undefined): Pr
 }
 
 // ================================================================================================
-// 30. the patch — the change is one JSON patch (fieldManager=webhook) that first tests the container's name and
+// 31. the patch — the change is one JSON patch (fieldManager=webhook) that first tests the container's name and
 //    current image, so a concurrent edit fails the patch instead of being overwritten; on such a failure the workload
 //    is read again and the patch re-planned. A different image replaces only that container's image; the same image
 //    restarts the rollout the way `kubectl rollout restart` does, plus imagePullPolicy: Always; a reference pinned to
@@ -14870,8 +14916,7 @@ async function checkSignature(c: SignatureCheck, digest: string | undefined): Pr
 //    webhook/approval) or comes outside its change window (DEPLOY_WINDOW, annotation webhook/window) is recorded on
 //    the workload (webhook/pending, written under a test), answered 202 and recorded as an UpgradeWaiting Event; a
 //    decided push completes its entry in the same patch that changes the image.
-//    Exports: APPROVAL_ANNOTATION, futureTimeNote, patchOnce, patchUntilApplied, PendingGone, WINDOW_ANNOTATION,
-//    waitingAction.
+//    Exports: futureTimeNote, patchOnce, patchUntilApplied, PendingGone, waitingAction.
 //    Tests: test/e2e.test.ts, test/records.test.ts, test/replicas.test.ts, test/upgrade.test.ts.
 // ================================================================================================
 
@@ -15063,10 +15108,6 @@ async function outsideChangeHolds(
 }
 
 // ---- the waiting step: an approval, a change window -------------------------------------------
-
-/** The workload annotations that ask one workload for an approval or give it a change window. */
-export const APPROVAL_ANNOTATION = 'webhook/approval';
-export const WINDOW_ANNOTATION = 'webhook/window';
 
 /** A decision whose pending entry is no longer on the workload: decided already, replaced or expired. */
 export class PendingGone extends UpgradeError {}
@@ -15284,7 +15325,7 @@ export function waitingAction(e: PendingEntry): string {
 }
 
 // ================================================================================================
-// 31. the report — the answer of one push, one "label: value" per line, values aligned, always in this order, lines
+// 32. the report — the answer of one push, one "label: value" per line, values aligned, always in this order, lines
 //    whose value is unknown left out: workload, container, image before, image after, action (image updated | rollout
 //    restarted (same image re-pulled) | none (<why>)), result (ok | failed: <message>), rollout (progressing |
 //    complete | failed | timed out | not tracked), one line per pod, rollback, notes. Exit status 0 when the result
@@ -15366,7 +15407,7 @@ export function formatReport(r: UpgradeReport): string {
 }
 
 // ================================================================================================
-// 32. rollout follow — follows a rollout by kubectl's rules until it completes, fails (a pod stuck in
+// 33. rollout follow — follows a rollout by kubectl's rules until it completes, fails (a pod stuck in
 //    CrashLoopBackOff, ImagePullBackOff…) or ROLLOUT_TIMEOUT passes. The workload is watched (WorkloadFeed: the
 //    client's watch shared by the follows of a namespace and kind, from the PATCH answer's resourceVersion; a watch
 //    of the workload alone where RBAC names it; a GET per second, with one warning, where watch is refused). A
@@ -15893,7 +15934,7 @@ export function rolloutEvent(outcome: RolloutOutcome, container: string): Worklo
 }
 
 // ================================================================================================
-// 33. rollback — ROLLBACK_ON_FAILURE=true: a followed rollout that fails is set back to the image before the push,
+// 34. rollback — ROLLBACK_ON_FAILURE=true: a followed rollout that fails is set back to the image before the push,
 //    with the same tested patch, and that rollout is followed too. A StatefulSet (RollingUpdate) does not replace a
 //    pod stuck on the bad image by itself, so its "forced rollback" deletes, once the controller has observed the
 //    template set back, the pods it owns that still run the image rolled back from and are not ready (uid
@@ -16114,7 +16155,7 @@ export function rollbackObstacle(
 }
 
 // ================================================================================================
-// 34. least privilege — -print-rbac: the Roles and RoleBindings the hooks need, worked out from the hooks themselves
+// 35. least privilege — -print-rbac: the Roles and RoleBindings the hooks need, worked out from the hooks themselves
 //    (namespace, kind and name when the hook fixes them; `resourceNames` wherever it can), so the service account
 //    gets nothing it does not use.
 //    Exports: fixedInput, fixedTrue, formatRbac, hookReach, HookReach, upgradeInput.
@@ -16308,7 +16349,7 @@ export function formatRbac(reaches: HookReach[], serviceAccount: string, hooksPa
 }
 
 // ================================================================================================
-// 35. the upgrade — the job /webhooks.sh exists for, as named steps: read the settings, compose the image, decide,
+// 36. the upgrade — the job /webhooks.sh exists for, as named steps: read the settings, compose the image, decide,
 //    patch, record the Event, follow the rollout and roll back when asked, report. UpgradeService is the command
 //    runner's InProcessCommand: one client, one per-workload queue and one set of kept pushes for every push. A push
 //    the API server does not answer is kept and applied when it answers (KeptPushes, answered 202); a waiting push,
@@ -16564,7 +16605,7 @@ async function reportRollout(
 type UpgradeResult = Awaited<ReturnType<typeof runUpgrade>>;
 
 // ================================================================================================
-// 36. the upgrade service — the upgrade as the command runner runs it (UpgradeService, its InProcessCommand): one
+// 37. the upgrade service — the upgrade as the command runner runs it (UpgradeService, its InProcessCommand): one
 //    client and one set of kept pushes per cluster (ClusterLane), one per-workload queue for every push, pushes the
 //    API server (or, under ON_REGISTRY_AWAY=keep, the registry) does not answer kept and applied when it answers
 //    (KeptPushes, answered 202), decided waiting pushes
@@ -17443,7 +17484,7 @@ export class RolloutFollower implements CommandListener {
 }
 
 // ================================================================================================
-// 37. approvals — completes the pushes that wait (the patch chapter's waiting step) on whichever replica acts
+// 38. approvals — completes the pushes that wait (the patch chapter's waiting step) on whichever replica acts
 //    first: an approval link's confirmation page and its POST (GET never decides), the deliveries page's Approve,
 //    Reject and Deploy again, a change window's opening and an expiry. Each decision reads the workload, checks the
 //    pending entry the link names is still there, and completes it by a patch that tests the annotation it read (a
@@ -18194,7 +18235,7 @@ interface PastPush {
 
 
 // ================================================================================================
-// 38. the result — one record per push (Delivery, in the DeliveryLog): made when its request comes in, completed
+// 39. the result — one record per push (Delivery, in the DeliveryLog): made when its request comes in, completed
 //    as the rollout follower hands on the answer, the rollout's progress and its end, and once final sent to each
 //    ResultChannel in order (the mail, then the chat and JSON receivers), whose outcomes are recorded on it. What
 //    became of the push is its upgrade report's decision (DECISIONS), published as pushResult says; the channels
@@ -18540,7 +18581,7 @@ export class ResultDispatcher implements ResultListener {
 }
 
 // ================================================================================================
-// 39. mail — mails a hook's result through the server the MAIL_* variables describe (parseMailConfig; MAIL_TO names
+// 40. mail — mails a hook's result through the server the MAIL_* variables describe (parseMailConfig; MAIL_TO names
 //    the recipients): one mail per push after its rollout's end, at most -max-mails-per-hook per -mail-window, the
 //    rest summed up in one mail. The Mailer is the result's first ResultChannel.
 //    Exports: Mailer, parseMailConfig.
@@ -18806,7 +18847,7 @@ function summaryMail(hookId: string, window: MailWindow, cap: MailCap): { subjec
 }
 
 // ================================================================================================
-// 40. chat & json notifications — a hook's result posted, at the moment its mail goes (after the rollout's end, in
+// 41. chat & json notifications — a hook's result posted, at the moment its mail goes (after the rollout's end, in
 //    the background), to each URL of NOTIFY_URL, in the body NOTIFY_FORMAT names: json (our own document, versioned
 //    by its "schema" field, signed in a header with NOTIFY_SECRET), dingtalk (markdown; NOTIFY_SECRET signs the URL),
 //    wecom (markdown), feishu (a card; NOTIFY_SECRET signs the body) or slack (mrkdwn). Each format is one entry of
@@ -19352,7 +19393,7 @@ export class Notifier implements ResultChannel {
 }
 
 // ================================================================================================
-// 41. deliveries page — what the last pushes did, on the admin listener (never the hook port): the records of the
+// 42. deliveries page — what the last pushes did, on the admin listener (never the hook port): the records of the
 //    result's DeliveryLog (the last -deliveries pushes, newest first, as far as each has got). /deliveries lists
 //    them (refreshing itself while a push is still running); /deliveries/<n> is one push's full report and pods;
 //    /deliveries.json and /deliveries/<n>.json carry the same as JSON (entries in the shape of NOTIFY_FORMAT=json).
@@ -19611,7 +19652,7 @@ export function deliveryPages(log: DeliveryLog, token: string, approvals?: Appro
 }
 
 // ================================================================================================
-// 42. -validate & -print-rbac — the commands that read the hooks and exit: -validate describes every hook (its rule,
+// 43. -validate & -print-rbac — the commands that read the hooks and exit: -validate describes every hook (its rule,
 //    parameters, answer, upgrade and notifications) and says what is wrong, -print-rbac prints the least-privilege
 //    RBAC; both load the hooks exactly as the service does (hookLoadSettings).
 //    Exports: commandWarnings, hookLoadSettings, printRbac, validate.
@@ -20063,7 +20104,7 @@ async function printRbac(o: Options, env: Record<string, string | undefined>): P
 }
 
 // ================================================================================================
-// 43. main — wires the chapters together; the only place with process-wide side effects (signals, pid file, listening
+// 44. main — wires the chapters together; the only place with process-wide side effects (signals, pid file, listening
 //    sockets, exit codes).
 //    Tests: test/image.test.ts, test/memory.test.ts, test/runner.test.ts, test/start.test.ts.
 // ================================================================================================

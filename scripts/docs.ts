@@ -7,7 +7,8 @@
  *   - docs/configuration.md: the settings tables and "In detail" (HOOK_SETTINGS, scripts/settings-doc.ts);
  *   - docs/notifications.md: the words `decision` takes (DECISIONS, each meaning the comment above its entry);
  *   - docs/development.md: the decision codes (DECISIONS) and the chapters of webhook.ts (its section banners
- *     and the table of contents in its header, as test/structure.ts reads them).
+ *     and the table of contents in its header, as test/structure.ts reads them);
+ *   - docs/upgrade.md: the annotations on a workload (ANNOTATIONS).
  * test/docs.test.ts fails when a page holds another text than this writes.
  */
 import * as fs from 'node:fs';
@@ -15,7 +16,7 @@ import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 import { analyse, SOURCE } from '../test/structure.ts';
-import { DECISIONS } from '../webhook.ts';
+import { ANNOTATIONS, DECISIONS } from '../webhook.ts';
 import {
   CONFIGURATION,
   DETAILS_BEGIN,
@@ -130,6 +131,14 @@ function codeTable(): string[] {
   ];
 }
 
+// ---- the annotations ---------------------------------------------------------------------------
+
+/** docs/upgrade.md: every annotation the service reads or writes, who writes it, what it holds. */
+function annotationTable(): string[] {
+  const rows = Object.values(ANNOTATIONS).map((a) => `| \`${a.key}\` | ${a.by} | ${cell(a.holds)} |`);
+  return ['| Annotation | Written by | What it holds |', '|---|---|---|', ...rows];
+}
+
 // ---- the chapters ------------------------------------------------------------------------------
 
 /** Chapter number → the names its entry in webhook.ts's table of contents gives (` *  13. title ..... names`). */
@@ -175,6 +184,7 @@ export const GENERATED_PARTS: GeneratedPart[] = [
   part(path.join(DOCS, 'notifications.md'), 'decisions', 'DECISIONS (webhook.ts)', publishedTable),
   part(path.join(DOCS, 'development.md'), 'decision codes', 'DECISIONS (webhook.ts)', codeTable),
   part(path.join(DOCS, 'development.md'), 'chapters', "webhook.ts's banners and table of contents", chapterTables),
+  part(path.join(DOCS, 'upgrade.md'), 'annotations', 'ANNOTATIONS (webhook.ts)', annotationTable),
 ];
 
 /** A part as its page holds it now, markers included. */
