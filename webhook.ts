@@ -49,7 +49,7 @@
  *  25. image reference & pin ...... checkImagePin, chooseCandidate, composeImageRef, readImagePin
  *  26. change windows & approvals  nextOpening, parseDeployWindows, PendingEntry, approvalLinks
  *  27. workloads .................. WORKLOAD_KINDS, parseWorkload, locateContainer, rolloutStatus
- *  28. update policies ............ parsePolicy, policyDecision, POLICY_ANNOTATION
+ *  28. update policies ............ parsePolicy, policyDecision, UpdatePolicy
  *  29. hook settings .............. HOOK_SETTINGS, fixedSettingChecks
  *  30. upgrade decision ........... readSettings, decidePush, decide, holdDecision, verifiedRef
  *  31. the patch .................. patchOnce, patchUntilApplied
