@@ -12401,16 +12401,15 @@ export function readApprovalToken(
 //    resource, names, pod template, kubectl's rollout viewer, whether it has a rollout, how its pods are owned);
 //    parseWorkload reads APP_WORKLOAD (deployment, daemonset, statefulset, cronjob; any case, plurals, short names,
 //    kind.group) and locateContainer finds APP_CONTAINER (containers, then initContainers). rolloutStatus applies
-//    kubectl's rollout-status rules, summarizePod says how a pod is doing, Events are recorded on the workload, and
-//    one WorkloadQueue per workload keeps its pushes in order. UpgradeReport is what one push did so far; UpgradeDeps
+//    kubectl's rollout-status rules, summarizePod says how a pod is doing, and one WorkloadQueue per workload keeps
+//    its pushes in order. UpgradeReport is what one push did so far; UpgradeDeps
 //    is what an upgrade is given (client, clock, queue, the workloads it last saw).
 //    Exports: annotationOps, asArray, Decision, DECISIONS, DNS_LABEL, FollowOptions, ForcedRollback, K8sObject,
 //    KEPT_SUPERSEDED, KindSpec, kindSpec, KnownWorkloads, labelSelector, leanWorkload,
 //    locateContainer, LocatedContainer, missingContainerMessage, newReport, numberAt, orList, ownedBy, parseWorkload,
-//    PayloadError, PlannedChange, planPatch, PodSummary, readWorkload, recordEventQuietly, recordWorkloadEvent,
-//    RollbackOutcome, RolloutOutcome, rolloutStatus, roundedToSeconds, STUCK_REASONS, summarizePod, UPGRADE_LIMITS,
-//    UpgradeDeps, UpgradeError, UpgradeReport, unchanged, valueAt, WORKLOAD_KINDS, WorkloadEvent, WorkloadKind,
-//    workloadPods, WorkloadQueue, workloadResource, WorkloadTarget.
+//    PayloadError, PlannedChange, planPatch, PodSummary, readWorkload, RollbackOutcome, RolloutOutcome, rolloutStatus,
+//    roundedToSeconds, STUCK_REASONS, summarizePod, UPGRADE_LIMITS, UpgradeDeps, UpgradeError, UpgradeReport,
+//    unchanged, valueAt, WORKLOAD_KINDS, WorkloadKind, workloadPods, WorkloadQueue, workloadResource, WorkloadTarget.
 //    Tests: test/decision.test.ts, test/e2e.test.ts, test/policy.test.ts, test/records.test.ts, test/rolling.test.ts,
 //    test/upgrade.test.ts.
 // ================================================================================================
@@ -12965,56 +12964,6 @@ export interface FollowOptions {
 
 const roundedToSeconds = (ms: number) => Math.max(0, Math.round(ms / 1000)) * 1000;
 
-// ---- events -----------------------------------------------------------------------------------
-
-export interface WorkloadEvent {
-  type: 'Normal' | 'Warning';
-  /**
-   * UpperCamelCase: ImageUpdated, RolloutRestarted, RolloutComplete, RolloutFailed, UpgradeFailed,
-   * UpgradeRefused (the image pin), UpgradeHeld (a change made outside webhook holds the push).
-   */
-  reason: string;
-  message: string;
-}
-
-/** Records a core/v1 Event on the workload (what `kubectl describe` and `kubectl events` show). */
-export async function recordWorkloadEvent(
-  client: KubeClient,
-  target: WorkloadTarget,
-  event: WorkloadEvent,
-  now: Date = new Date(),
-): Promise<void> {
-  const spec = kindSpec(target.kind);
-  const time = now.toISOString().replace(/\.\d{3}Z$/, 'Z');
-  const message =
-    event.message.length > UPGRADE_LIMITS.maxEventMessageLength
-      ? `${event.message.slice(0, UPGRADE_LIMITS.maxEventMessageLength - 1)}…`
-      : event.message;
-  await client.create(
-    { group: '', version: 'v1', resource: 'events', namespace: target.namespace },
-    {
-      apiVersion: 'v1',
-      kind: 'Event',
-      // client-go's recorder names events <object>.<unique suffix> too.
-      metadata: { name: `${target.name}.${randomBytes(8).toString('hex')}`, namespace: target.namespace },
-      involvedObject: {
-        apiVersion: `${spec.group}/${spec.version}`,
-        kind: spec.kind,
-        name: target.name,
-        namespace: target.namespace,
-        uid: target.uid,
-      },
-      reason: event.reason,
-      message,
-      type: event.type,
-      source: { component: UPGRADE_LIMITS.fieldManager },
-      firstTimestamp: time,
-      lastTimestamp: time,
-      count: 1,
-    },
-  );
-}
-
 // ---- ordering and duplicates ------------------------------------------------------------------
 
 /**
@@ -13269,24 +13218,6 @@ function missingContainerMessage(podSpec: unknown, name: string, workload: strin
     ...(inits.length ? [`init containers: ${inits.join(', ')}`] : []),
   ];
   return `container "${name}" not found in ${workload} (${lists.join('; ')})`;
-}
-
-async function recordEventQuietly(
-  client: KubeClient,
-  target: WorkloadTarget,
-  event: WorkloadEvent,
-  now: Date,
-  report: UpgradeReport,
-): Promise<string | undefined> {
-  try {
-    await recordWorkloadEvent(client, target, event, now);
-    return undefined;
-  } catch (e) {
-    // The change stands without its Event; say so rather than fail the upgrade.
-    const note = `event not recorded: ${(e as Error).message}`;
-    report.notes.push(note);
-    return note;
-  }
 }
 
 // ================================================================================================
@@ -14175,11 +14106,12 @@ export const IMAGE_PIN_SETTINGS = fixedSettingChecks(['REGISTRY_HOST', 'ALLOW_IM
 //    a cosign signature of the resolved digest valid under one of the hook's keys (checkSignature); an unsigned or
 //    wrongly signed digest is refused (SignatureRefusal, decided `refused: unsigned`, a Warning Event UpgradeRefused).
 //    A registry that does not answer fails the push closed, or under ON_REGISTRY_AWAY=keep has it kept (RegistryAway).
+//    The Events a push writes on its workload are recorded here (recordWorkloadEvent, recordEventQuietly).
 //    Exports: decide, decidePush, decisionReason, FollowRecord, FUTURE_PUSH_SKEW_MS, holdDecision,
 //    imageFieldPath, IncomingPush, knownContainer, newPushRecord, outsidePolicy, pinnedContainer, plannedChange,
-//    pullSecretNames,
-//    PushRecord, pushTime, readFollowRecords, readPushRecords, readSettings, RegistryAway, SignatureRefusal,
-//    UpgradeSettings, verifiedRef, whoAsked, withPushRecord, workloadPodSpec.
+//    pullSecretNames, PushRecord, pushTime, readFollowRecords, readPushRecords, readSettings, recordEventQuietly,
+//    recordWorkloadEvent, RegistryAway, SignatureRefusal, UpgradeSettings, verifiedRef, whoAsked, withPushRecord,
+//    WorkloadEvent, workloadPodSpec.
 //    Tests: test/decision.test.ts, test/hold.test.ts, test/records.test.ts, test/registry-e2e.test.ts,
 //    test/replicas.test.ts, test/upgrade.test.ts.
 // ================================================================================================
@@ -14350,6 +14282,75 @@ export function decisionReason(decision: Exclude<PushDecision, { kind: 'apply' }
 /** The annotation's new value: the records read with this container's replaced. Pure. */
 export function withPushRecord(records: Record<string, PushRecord>, container: string, record: PushRecord): string {
   return JSON.stringify({ ...records, [container]: record });
+}
+
+// ---- the Events of a push ---------------------------------------------------------------------
+
+export interface WorkloadEvent {
+  type: 'Normal' | 'Warning';
+  /**
+   * UpperCamelCase: ImageUpdated, RolloutRestarted, RolloutComplete, RolloutFailed, UpgradeFailed,
+   * UpgradeRefused (the image pin), UpgradeHeld (a change made outside webhook holds the push).
+   */
+  reason: string;
+  message: string;
+}
+
+/** Records a core/v1 Event on the workload (what `kubectl describe` and `kubectl events` show). */
+export async function recordWorkloadEvent(
+  client: KubeClient,
+  target: WorkloadTarget,
+  event: WorkloadEvent,
+  now: Date = new Date(),
+): Promise<void> {
+  const spec = kindSpec(target.kind);
+  const time = now.toISOString().replace(/\.\d{3}Z$/, 'Z');
+  const message =
+    event.message.length > UPGRADE_LIMITS.maxEventMessageLength
+      ? `${event.message.slice(0, UPGRADE_LIMITS.maxEventMessageLength - 1)}…`
+      : event.message;
+  await client.create(
+    { group: '', version: 'v1', resource: 'events', namespace: target.namespace },
+    {
+      apiVersion: 'v1',
+      kind: 'Event',
+      // client-go's recorder names events <object>.<unique suffix> too.
+      metadata: { name: `${target.name}.${randomBytes(8).toString('hex')}`, namespace: target.namespace },
+      involvedObject: {
+        apiVersion: `${spec.group}/${spec.version}`,
+        kind: spec.kind,
+        name: target.name,
+        namespace: target.namespace,
+        uid: target.uid,
+      },
+      reason: event.reason,
+      message,
+      type: event.type,
+      source: { component: UPGRADE_LIMITS.fieldManager },
+      firstTimestamp: time,
+      lastTimestamp: time,
+      count: 1,
+    },
+  );
+}
+
+/** Records a push's Event; one that cannot be recorded is a note on its report (the change stands without it). */
+async function recordEventQuietly(
+  client: KubeClient,
+  target: WorkloadTarget,
+  event: WorkloadEvent,
+  now: Date,
+  report: UpgradeReport,
+): Promise<string | undefined> {
+  try {
+    await recordWorkloadEvent(client, target, event, now);
+    return undefined;
+  } catch (e) {
+    // The change stands without its Event; say so rather than fail the upgrade.
+    const note = `event not recorded: ${(e as Error).message}`;
+    report.notes.push(note);
+    return note;
+  }
 }
 
 // ---- changes made outside the service ---------------------------------------------------------
