@@ -12407,9 +12407,10 @@ export function readApprovalToken(
 //    Exports: annotationOps, asArray, Decision, DECISIONS, DNS_LABEL, FollowOptions, ForcedRollback, K8sObject,
 //    KEPT_SUPERSEDED, KindSpec, kindSpec, KnownWorkloads, labelSelector, leanWorkload,
 //    locateContainer, LocatedContainer, missingContainerMessage, newReport, numberAt, orList, ownedBy, parseWorkload,
-//    PayloadError, PlannedChange, planPatch, PodSummary, readWorkload, RollbackOutcome, RolloutOutcome, rolloutStatus,
-//    roundedToSeconds, STUCK_REASONS, summarizePod, UPGRADE_LIMITS, UpgradeDeps, UpgradeError, UpgradeReport,
-//    unchanged, valueAt, WORKLOAD_KINDS, WorkloadKind, workloadPods, WorkloadQueue, workloadResource, WorkloadTarget.
+//    PayloadError, PlannedChange, planPatch, PodSummary, PublishedDecision, readWorkload, RollbackOutcome,
+//    RolloutOutcome, rolloutStatus, roundedToSeconds, STUCK_REASONS, summarizePod, UPGRADE_LIMITS, UpgradeDeps,
+//    UpgradeError, UpgradeReport, unchanged, valueAt, WORKLOAD_KINDS, WorkloadKind, workloadPods, WorkloadQueue,
+//    workloadResource, WorkloadTarget.
 //    Tests: test/decision.test.ts, test/e2e.test.ts, test/policy.test.ts, test/records.test.ts, test/rolling.test.ts,
 //    test/upgrade.test.ts.
 // ================================================================================================
@@ -13026,8 +13027,21 @@ export const DECISIONS = {
   rejected: { published: 'rejected', action: 'none' },
   /** Nobody decided before APPROVAL_TIMEOUT: its pending entry was taken off. */
   expired: { published: 'expired', action: 'none' },
+  /**
+   * An applied push whose rollout a later push to the same workload took over following: that push's record tells
+   * how the rollout ended.
+   */
+  'taken over': { published: 'superseded', action: 'change' },
+  /** A delivery to several clusters (CLUSTERS): each cluster's push is a record of its own. */
+  'fanned out': { published: 'fanned out', action: 'none' },
+  /** A hook whose command is not the upgrade ran and exited 0 (a command that fails is `failed`). */
+  ran: { published: 'ran', action: 'none' },
+  /** Not finished yet (the deliveries page only). */
+  running: { published: 'running', action: 'none' },
 } as const;
 export type Decision = keyof typeof DECISIONS;
+/** A word the deliveries page and the result document publish as `decision`: only ever one of DECISIONS'. */
+export type PublishedDecision = (typeof DECISIONS)[Decision]['published'];
 
 /** A push that changed nothing, as its report holds it: the action reads `none (<reason>)` or the reason. Pure. */
 export function unchanged(decision: Decision, reason: string): Pick<UpgradeReport, 'decision' | 'reason' | 'action'> {
@@ -18314,8 +18328,8 @@ export interface PushResult {
   receivedAt: Date;
   finishedAt?: Date;
   outcome?: Outcome;
-  /** applied | same image restarted | superseded | refused | skipped by policy | held | no-op | failed | ran */
-  decision: string;
+  /** One of the closed list's words (DECISIONS' `published`). */
+  decision: PublishedDecision;
   detail: string;
   registry?: string;
   /** The hook's CLUSTER (a kubeconfig context); undefined: the service's default cluster. */
@@ -18333,10 +18347,15 @@ export interface PushResult {
   waiting?: { for: string; until: string; opensAt?: string; window?: string; links?: ApprovalLinks };
 }
 
+/** A push's published word and its detail. */
+type PublishedResult = { decision: PublishedDecision; detail: string };
+
 /** What a push decided, from its upgrade report (or, for another command, its exit status). */
-function decisionOf(job: MailJob, report: UpgradeReport | undefined): { decision: string; detail: string } {
-  if (!report) return { decision: job.outcome === 'failed' ? 'failed' : 'ran', detail: job.detail };
-  if (report.rollout?.superseded) return { decision: 'superseded', detail: report.rollout.detail };
+function decisionOf(job: MailJob, report: UpgradeReport | undefined): PublishedResult {
+  const code = job.outcome === 'failed' ? 'failed' : 'ran';
+  if (!report) return { decision: DECISIONS[code].published, detail: job.detail };
+  // The report stays the applied push's; what is published is that its rollout was taken over.
+  if (report.rollout?.superseded) return { decision: DECISIONS['taken over'].published, detail: report.rollout.detail };
   const decision = DECISIONS[report.decision].published;
   if (report.decision === 'refused' || report.decision === 'refused: unsigned' || report.decision === 'failed')
     return { decision, detail: report.error ?? '' };
@@ -18384,7 +18403,7 @@ function cutReport(text: string): string {
 }
 
 /** A decision with its detail cut as a report is, to maxDetailChars. Pure. */
-function cutDetail(d: { decision: string; detail: string }): { decision: string; detail: string } {
+function cutDetail(d: PublishedResult): PublishedResult {
   const max = RESULT_LIMITS.maxDetailChars;
   if (d.detail.length <= max) return d;
   return { decision: d.decision, detail: `${d.detail.slice(0, max)} [… ${d.detail.length - max} more characters]` };
@@ -18440,7 +18459,7 @@ export class DeliveryLog {
       hookId,
       requestId: req.id,
       receivedAt: new Date(),
-      decision: 'running',
+      decision: DECISIONS.running.published,
       detail: 'the command is running',
       state: 'running',
       pods: [],
@@ -18490,7 +18509,7 @@ export class DeliveryLog {
     this.inFlight.delete(req);
     const job = { ...mailJob(hook, req, r, undefined), outcome: r.ok ? ('succeeded' as const) : ('failed' as const) };
     Object.assign(d, pushResult(job, undefined, d.receivedAt, this.scrub), {
-      decision: 'fanned out',
+      decision: DECISIONS['fanned out'].published,
       detail: `to ${requests.length} clusters: ${requests.join(', ')}`,
       finishedAt: new Date(),
       state: 'done',

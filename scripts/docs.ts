@@ -71,29 +71,12 @@ export function decisionMeanings(source = fs.readFileSync(SOURCE, 'utf8')): Map<
   return meanings;
 }
 
-/**
- * Words the deliveries page and the result document publish as `decision` that are not a DECISIONS code's
- * (chapter "the result" makes them). Issue 35 closes the list; a word listed here that a DECISIONS entry
- * publishes is an error, so this list empties as the table takes them over.
- */
-const PUBLISHED_OUTSIDE_DECISIONS: Record<string, string> = {
-  superseded: 'A later push to the same workload took over following the rollout.',
-  'fanned out': "A delivery to several clusters (CLUSTERS): each cluster's push is a record of its own.",
-  ran: 'A hook whose command is not the upgrade ran and exited 0 (a command that fails is `failed`).',
-  running: 'Not finished yet (the deliveries page only).',
-};
-
 /** Published word → the codes that publish it, in the order of DECISIONS. */
 function publishedWords(): Map<string, DecisionCode[]> {
   const words = new Map<string, DecisionCode[]>();
   for (const [code, d] of Object.entries(DECISIONS) as [DecisionCode, { published: string }][]) {
     (words.get(d.published) ?? words.set(d.published, []).get(d.published)!).push(code);
   }
-  const twice = Object.keys(PUBLISHED_OUTSIDE_DECISIONS).filter((w) => words.has(w));
-  if (twice.length)
-    throw new Error(
-      `scripts/docs.ts: DECISIONS publishes ${twice.join(', ')}: take it out of PUBLISHED_OUTSIDE_DECISIONS`,
-    );
   return words;
 }
 
@@ -107,8 +90,7 @@ function publishedTable(): string[] {
       codes.length === 1 ? meanings.get(codes[0])! : codes.map((c) => `\`${c}\`: ${meanings.get(c)}`).join(' ');
     return `| \`${word}\` | ${cell(meaning)} |`;
   });
-  const outside = Object.entries(PUBLISHED_OUTSIDE_DECISIONS).map(([w, meaning]) => `| \`${w}\` | ${cell(meaning)} |`);
-  return ['| `decision` | What it means |', '|---|---|', ...rows, ...outside];
+  return ['| `decision` | What it means |', '|---|---|', ...rows];
 }
 
 /** docs/development.md: the closed list of decision codes. */
@@ -117,18 +99,7 @@ function codeTable(): string[] {
   const rows = (Object.entries(DECISIONS) as [DecisionCode, { published: string }][]).map(
     ([code, d]) => `| \`${code}\` | \`${d.published}\` | ${cell(meanings.get(code)!)} |`,
   );
-  const outside = Object.keys(PUBLISHED_OUTSIDE_DECISIONS).map((w) => `\`${w}\``);
-  return [
-    '| Code | Published as | Meaning |',
-    '|---|---|---|',
-    ...rows,
-    ...(outside.length
-      ? [
-          '',
-          `Words chapter "the result" publishes as \`decision\` besides these, not yet codes of the list: ${outside.join(', ')}.`,
-        ]
-      : []),
-  ];
+  return ['| Code | Published as | Meaning |', '|---|---|---|', ...rows];
 }
 
 // ---- the annotations ---------------------------------------------------------------------------
