@@ -15953,8 +15953,9 @@ export function rolloutEvent(outcome: RolloutOutcome, container: string): Worklo
 //    with the same tested patch, and that rollout is followed too. A StatefulSet (RollingUpdate) does not replace a
 //    pod stuck on the bad image by itself, so its "forced rollback" deletes, once the controller has observed the
 //    template set back, the pods it owns that still run the image rolled back from and are not ready (uid
-//    precondition); a refusal names the pods to delete by hand.
-//    Exports: rollBackFailedRollout, rolloutVerdict.
+//    precondition); a refusal names the pods to delete by hand. applyRolloutEnd is the one place a followed
+//    rollout's end is applied to its push (its verdict, its Event, the rollback), by the upgrade and the service.
+//    Exports: applyRolloutEnd.
 //    Tests: test/decision.test.ts, test/rollback.test.ts.
 // ================================================================================================
 
@@ -16127,6 +16128,55 @@ export function rolloutVerdict(
   if (outcome.state !== 'timed out') return { rollBack: false };
   const within = timeoutMs === undefined ? '' : ` within ${formatGoDuration(timeoutMs)}`;
   return { error: `the rollout did not complete${within} (see rollout)`, rollBack: false };
+}
+
+/** How a caller applies the end of a push's followed rollout (applyRolloutEnd). */
+interface RolloutEnd {
+  /** The hook's ROLLBACK_ON_FAILURE: a failed rollout is rolled back. */
+  rollbackOnFailure: boolean;
+  /**
+   * The bound a timed-out rollout's error names ("did not complete within 5m0s"), or undefined to name none. The
+   * in-line upgrade followed for the hook's ROLLOUT_TIMEOUT and names it; the service followed for -rollout-follow,
+   * or for what a resumed follow had left of it, which is not a setting of the hook, so it names none.
+   */
+  timeoutMs?: number;
+  /** How long the rollback's own rollout is followed. */
+  rollbackFollowMs: number;
+  /** The clock and who asked, as the rollback's Event and record say it. */
+  deps: Pick<UpgradeDeps, 'now' | 'requestId' | 'hookId'>;
+  /**
+   * Told when the rollout's Event could not be recorded. The service logs it, with the request's id, beside the
+   * rollout's end it logs; left out, it is a note on the report (recordEventQuietly), as in the in-line upgrade,
+   * whose answer lists the report's notes and is not written yet.
+   */
+  eventFailed?: (message: string) => void;
+}
+
+/**
+ * The one place a followed rollout's end is applied to its push: its verdict (rolloutVerdict: a failed or timed-out
+ * rollout fails the push), its Event (RolloutComplete, RolloutFailed, RolloutTimedOut), and under
+ * ROLLBACK_ON_FAILURE the rollback of a failed one. The in-line upgrade and the service's follow both end here.
+ */
+export async function applyRolloutEnd(
+  client: KubeClient,
+  target: WorkloadTarget,
+  report: UpgradeReport,
+  outcome: RolloutOutcome,
+  end: RolloutEnd,
+): Promise<void> {
+  report.rollout = outcome;
+  const verdict = rolloutVerdict(outcome, end.rollbackOnFailure, end.timeoutMs);
+  if (verdict.error !== undefined) {
+    report.result = 'failed';
+    report.error = verdict.error;
+  }
+  const event = rolloutEvent(outcome, report.container ?? '');
+  const now = (end.deps.now ?? (() => new Date()))();
+  const told = end.eventFailed;
+  const failed = (e: Error) => told?.(`event not recorded: ${e.message}`);
+  if (event && told) await recordWorkloadEvent(client, target, event, now).catch(failed);
+  else if (event) await recordEventQuietly(client, target, event, now, report);
+  if (verdict.rollBack) await rollBackFailedRollout(client, target, report, end.rollbackFollowMs, end.deps);
 }
 
 /**
@@ -16595,7 +16645,6 @@ async function reportRollout(
   report: UpgradeReport,
   deps: UpgradeDeps,
 ): Promise<void> {
-  const now = deps.now ?? (() => new Date());
   const spec = kindSpec(target.kind);
   if (!spec.hasRollout) {
     report.rollout = { state: 'not tracked', detail: spec.rollout(updated).message, pods: [] };
@@ -16605,15 +16654,9 @@ async function reportRollout(
     report.rollout = { state: 'progressing', detail: 'not waited for: ROLLOUT_TIMEOUT is 0', pods: [] };
   } else {
     const options = { timeoutMs: s.rolloutTimeoutMs, container: s.container, image: report.imageAfter };
-    report.rollout = await followRollout(client, target, { ...options, initial: updated });
-    const verdict = rolloutVerdict(report.rollout, s.rollbackOnFailure, s.rolloutTimeoutMs);
-    if (verdict.error !== undefined) {
-      report.result = 'failed';
-      report.error = verdict.error;
-    }
-    const event = rolloutEvent(report.rollout, s.container);
-    if (event) await recordEventQuietly(client, target, event, now(), report);
-    if (verdict.rollBack) await rollBackFailedRollout(client, target, report, s.rolloutTimeoutMs, deps);
+    const outcome = await followRollout(client, target, { ...options, initial: updated });
+    const end = { rollbackOnFailure: s.rollbackOnFailure, timeoutMs: s.rolloutTimeoutMs, deps };
+    await applyRolloutEnd(client, target, report, outcome, { ...end, rollbackFollowMs: s.rolloutTimeoutMs });
   }
 }
 
@@ -17374,17 +17417,12 @@ export class UpgradeService implements InProcessCommand {
     requestId: string,
   ): Promise<UpgradeReport> {
     const outcome = updated.rollout!;
-    const verdict = rolloutVerdict(outcome, updated.rollbackOnFailure === true);
-    if (verdict.error !== undefined) {
-      updated.result = 'failed';
-      updated.error = verdict.error;
-    }
-    const event = rolloutEvent(outcome, updated.container ?? '');
-    if (event)
-      await recordWorkloadEvent(client, target, event).catch((e: Error) =>
-        this.log.error(`[${requestId}] event not recorded: ${e.message}`),
-      );
-    if (verdict.rollBack) await rollBackFailedRollout(client, target, updated, this.followMs, { requestId });
+    await applyRolloutEnd(client, target, updated, outcome, {
+      rollbackOnFailure: updated.rollbackOnFailure === true,
+      rollbackFollowMs: this.followMs,
+      deps: { requestId },
+      eventFailed: (message) => this.log.error(`[${requestId}] ${message}`),
+    });
     const rollback = updated.rollback ? `; ${formatRollback(updated.rollback)}` : '';
     const where = reportWhere(updated);
     const line = `[${requestId}] ${where}: rollout ${formatRollout(outcome)}${rollback}`;
