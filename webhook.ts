@@ -12401,16 +12401,16 @@ export function readApprovalToken(
 //    resource, names, pod template, kubectl's rollout viewer, whether it has a rollout, how its pods are owned);
 //    parseWorkload reads APP_WORKLOAD (deployment, daemonset, statefulset, cronjob; any case, plurals, short names,
 //    kind.group) and locateContainer finds APP_CONTAINER (containers, then initContainers). rolloutStatus applies
-//    kubectl's rollout-status rules, summarizePod says how a pod is doing, and one WorkloadQueue per workload keeps
-//    its pushes in order. UpgradeReport is what one push did so far; UpgradeDeps
+//    kubectl's rollout-status rules, summarizePod says how a pod is doing, Events are recorded on the workload, and
+//    one WorkloadQueue per workload keeps its pushes in order. UpgradeReport is what one push did so far; UpgradeDeps
 //    is what an upgrade is given (client, clock, queue, the workloads it last saw).
 //    Exports: annotationOps, asArray, Decision, DECISIONS, DNS_LABEL, FollowOptions, ForcedRollback, K8sObject,
 //    KEPT_SUPERSEDED, KindSpec, kindSpec, KnownWorkloads, labelSelector, leanWorkload,
 //    locateContainer, LocatedContainer, missingContainerMessage, newReport, numberAt, orList, ownedBy, parseWorkload,
-//    PayloadError, PlannedChange, planPatch, PodSummary, PublishedDecision, readWorkload, RollbackOutcome,
-//    RolloutOutcome, rolloutStatus, roundedToSeconds, STUCK_REASONS, summarizePod, UPGRADE_LIMITS, UpgradeDeps,
-//    UpgradeError, UpgradeReport, unchanged, valueAt, WORKLOAD_KINDS, WorkloadKind, workloadPods, WorkloadQueue,
-//    workloadResource, WorkloadTarget.
+//    PayloadError, PlannedChange, planPatch, PodSummary, PublishedDecision, readWorkload, recordWorkloadEvent,
+//    RollbackOutcome, RolloutOutcome, rolloutStatus, roundedToSeconds, STUCK_REASONS, summarizePod, UPGRADE_LIMITS,
+//    UpgradeDeps, UpgradeError, UpgradeReport, unchanged, valueAt, WORKLOAD_KINDS, WorkloadEvent, WorkloadKind,
+//    workloadPods, WorkloadQueue, workloadResource, WorkloadTarget.
 //    Tests: test/decision.test.ts, test/e2e.test.ts, test/policy.test.ts, test/records.test.ts, test/rolling.test.ts,
 //    test/upgrade.test.ts.
 // ================================================================================================
@@ -12965,6 +12965,53 @@ export interface FollowOptions {
 
 const roundedToSeconds = (ms: number) => Math.max(0, Math.round(ms / 1000)) * 1000;
 
+// ---- events -----------------------------------------------------------------------------------
+
+export interface WorkloadEvent {
+  type: 'Normal' | 'Warning';
+  /** UpperCamelCase, one of PUSH_EVENTS' reasons. */
+  reason: string;
+  message: string;
+}
+
+/** Records a core/v1 Event on the workload (what `kubectl describe` and `kubectl events` show). */
+export async function recordWorkloadEvent(
+  client: KubeClient,
+  target: WorkloadTarget,
+  event: WorkloadEvent,
+  now: Date = new Date(),
+): Promise<void> {
+  const spec = kindSpec(target.kind);
+  const time = now.toISOString().replace(/\.\d{3}Z$/, 'Z');
+  const message =
+    event.message.length > UPGRADE_LIMITS.maxEventMessageLength
+      ? `${event.message.slice(0, UPGRADE_LIMITS.maxEventMessageLength - 1)}…`
+      : event.message;
+  await client.create(
+    { group: '', version: 'v1', resource: 'events', namespace: target.namespace },
+    {
+      apiVersion: 'v1',
+      kind: 'Event',
+      // client-go's recorder names events <object>.<unique suffix> too.
+      metadata: { name: `${target.name}.${randomBytes(8).toString('hex')}`, namespace: target.namespace },
+      involvedObject: {
+        apiVersion: `${spec.group}/${spec.version}`,
+        kind: spec.kind,
+        name: target.name,
+        namespace: target.namespace,
+        uid: target.uid,
+      },
+      reason: event.reason,
+      message,
+      type: event.type,
+      source: { component: UPGRADE_LIMITS.fieldManager },
+      firstTimestamp: time,
+      lastTimestamp: time,
+      count: 1,
+    },
+  );
+}
+
 // ---- ordering and duplicates ------------------------------------------------------------------
 
 /**
@@ -13027,10 +13074,7 @@ export const DECISIONS = {
   rejected: { published: 'rejected', action: 'none' },
   /** Nobody decided before APPROVAL_TIMEOUT: its pending entry was taken off. */
   expired: { published: 'expired', action: 'none' },
-  /**
-   * An applied push whose rollout a later push to the same workload took over following: that push's record tells
-   * how the rollout ended.
-   */
+  /** An applied push whose rollout a later push took over following: the later one's record tells how it ended. */
   'taken over': { published: 'superseded', action: 'change' },
   /** A delivery to several clusters (CLUSTERS): each cluster's push is a record of its own. */
   'fanned out': { published: 'fanned out', action: 'none' },
@@ -14120,12 +14164,13 @@ export const IMAGE_PIN_SETTINGS = fixedSettingChecks(['REGISTRY_HOST', 'ALLOW_IM
 //    a cosign signature of the resolved digest valid under one of the hook's keys (checkSignature); an unsigned or
 //    wrongly signed digest is refused (SignatureRefusal, decided `refused: unsigned`, a Warning Event UpgradeRefused).
 //    A registry that does not answer fails the push closed, or under ON_REGISTRY_AWAY=keep has it kept (RegistryAway).
-//    The Events a push writes on its workload are recorded here (recordWorkloadEvent, recordEventQuietly).
+//    Every Event a push writes on its workload is rendered by pushEvent from one table (PUSH_EVENTS: its type, reason
+//    and message, from the push's decision and facts) and recorded by recordEventQuietly.
 //    Exports: decide, decidePush, decisionReason, FollowRecord, FUTURE_PUSH_SKEW_MS, holdDecision,
 //    imageFieldPath, IncomingPush, knownContainer, newPushRecord, outsidePolicy, pinnedContainer, plannedChange,
-//    pullSecretNames, PushRecord, pushTime, readFollowRecords, readPushRecords, readSettings, recordEventQuietly,
-//    recordWorkloadEvent, RegistryAway, SignatureRefusal, UpgradeSettings, verifiedRef, whoAsked, withPushRecord,
-//    WorkloadEvent, workloadPodSpec.
+//    pullSecretNames, PushRecord, pushEvent, pushTime, readFollowRecords, readPushRecords, readSettings,
+//    recordEventQuietly, RegistryAway, SignatureRefusal, UpgradeSettings, verifiedRef, whoAsked, withPushRecord,
+//    workloadPodSpec.
 //    Tests: test/decision.test.ts, test/hold.test.ts, test/records.test.ts, test/registry-e2e.test.ts,
 //    test/replicas.test.ts, test/upgrade.test.ts.
 // ================================================================================================
@@ -14300,52 +14345,90 @@ export function withPushRecord(records: Record<string, PushRecord>, container: s
 
 // ---- the Events of a push ---------------------------------------------------------------------
 
-export interface WorkloadEvent {
-  type: 'Normal' | 'Warning';
-  /**
-   * UpperCamelCase: ImageUpdated, RolloutRestarted, RolloutComplete, RolloutFailed, UpgradeFailed,
-   * UpgradeRefused (the image pin), UpgradeHeld (a change made outside webhook holds the push).
-   */
-  reason: string;
-  message: string;
+/** What an Event of a push is made of: each entry of PUSH_EVENTS picks the facts its message tells. */
+interface EventFacts {
+  container: string;
+  /** The image the push brings (for RolledBack, the image returned to; for a rollout, unused). */
+  image: string;
+  /** The image the container ran before the push. */
+  before: string;
+  /** Why, as data: a refusal, a hold's or a rollback's reason, what a push waits for, a rollout's detail. */
+  why: string;
+  /** Who asked for the push (whoAsked). */
+  asked: string;
+  /** The hook a waiting push names. */
+  hook: string;
+  /** A rollout's pods: the first five not ready are named. */
+  pods: PodSummary[];
+}
+type Facts<K extends keyof EventFacts> = Pick<EventFacts, K>;
+
+/** The first pods of a rollout that are not ready, as an Event names them: ` (web-1 ErrImagePull, …)`. Pure. */
+function podsNotReady(pods: PodSummary[]): string {
+  const stuck = pods.filter((p) => !p.ready).slice(0, 5);
+  return stuck.length ? ` (${stuck.map((p) => `${p.name} ${p.reason ?? 'not ready'}`).join(', ')})` : '';
 }
 
-/** Records a core/v1 Event on the workload (what `kubectl describe` and `kubectl events` show). */
-export async function recordWorkloadEvent(
-  client: KubeClient,
-  target: WorkloadTarget,
-  event: WorkloadEvent,
-  now: Date = new Date(),
-): Promise<void> {
-  const spec = kindSpec(target.kind);
-  const time = now.toISOString().replace(/\.\d{3}Z$/, 'Z');
-  const message =
-    event.message.length > UPGRADE_LIMITS.maxEventMessageLength
-      ? `${event.message.slice(0, UPGRADE_LIMITS.maxEventMessageLength - 1)}…`
-      : event.message;
-  await client.create(
-    { group: '', version: 'v1', resource: 'events', namespace: target.namespace },
-    {
-      apiVersion: 'v1',
-      kind: 'Event',
-      // client-go's recorder names events <object>.<unique suffix> too.
-      metadata: { name: `${target.name}.${randomBytes(8).toString('hex')}`, namespace: target.namespace },
-      involvedObject: {
-        apiVersion: `${spec.group}/${spec.version}`,
-        kind: spec.kind,
-        name: target.name,
-        namespace: target.namespace,
-        uid: target.uid,
-      },
-      reason: event.reason,
-      message,
-      type: event.type,
-      source: { component: UPGRADE_LIMITS.fieldManager },
-      firstTimestamp: time,
-      lastTimestamp: time,
-      count: 1,
-    },
-  );
+/**
+ * Every Event a push writes on its workload, by what it tells: its type, its reason and how its message reads from
+ * the push's decision and report (pushEvent renders one). Operators and tests read these words: they do not change.
+ */
+const PUSH_EVENTS = {
+  /** The container's image was changed to the pushed one (decision applied). */
+  applied: { type: 'Normal', reason: 'ImageUpdated', message: (f: Facts<'container' | 'before' | 'image' | 'asked'>) =>
+    `container ${f.container}: image ${f.before} → ${f.image}; asked by ${f.asked}` },
+  /** The same image again: its rollout restarted (decision re-pulled). */
+  're-pulled': { type: 'Normal', reason: 'RolloutRestarted', message: (f: Facts<'container' | 'image' | 'asked'>) =>
+    `container ${f.container}: ${f.image} pulled again (same image, rollout restarted); asked by ${f.asked}` },
+  /** A change made outside webhook holds the push (decision held). */
+  held: { type: 'Warning', reason: 'UpgradeHeld', message: (f: Facts<'container' | 'image' | 'why' | 'asked'>) =>
+    `container ${f.container}: ${f.image} ${f.why}; asked by ${f.asked}` },
+  /** The push waits on the workload for an approval or the change window (decision waiting or approved). */
+  waiting: { type: 'Normal', reason: 'UpgradeWaiting', message: (f: Facts<'container' | 'image' | 'why' | 'asked'>) =>
+    `container ${f.container}: ${f.image} ${f.why}; asked by ${f.asked}` },
+  /** The update policy does not take the tag (decision skipped by policy). */
+  'skipped by policy': { type: 'Normal', reason: 'UpgradeSkipped', message: (f: Facts<'why' | 'asked'>) =>
+    `${f.why}; asked by ${f.asked}` },
+  /** The image pin or VERIFY_SIGNATURE refused the push (decision refused, refused: unsigned). */
+  refused: { type: 'Warning', reason: 'UpgradeRefused', message: (f: Facts<'why' | 'asked'>) =>
+    `${f.why}; asked by ${f.asked}` },
+  /** Not applied: no such container, a malformed policy, an outside change of unknown origin (decision failed). */
+  failed: { type: 'Warning', reason: 'UpgradeFailed', message: (f: Facts<'why' | 'asked'>) =>
+    `${f.why}; asked by ${f.asked}` },
+  /** A pending entry not to be used (untrusted, or its hook gone) was taken off the workload. */
+  dropped: { type: 'Warning', reason: 'UpgradeRefused', message: (f: Facts<'container' | 'image' | 'hook' | 'why'>) =>
+    `container ${f.container}: the waiting push of ${showValue(f.image)} (hook ${showValue(f.hook)}) dropped, ` +
+    `not deployed: ${f.why}` },
+  /** A person rejected the waiting push (decision rejected). */
+  rejected: { type: 'Normal', reason: 'UpgradeRejected', message: (f: Facts<'container' | 'image' | 'why'>) =>
+    `container ${f.container}: ${f.image} not deployed: ${f.why}` },
+  /** Nobody decided the waiting push in time (decision expired). */
+  expired: { type: 'Normal', reason: 'UpgradeExpired', message: (f: Facts<'container' | 'image' | 'why'>) =>
+    `container ${f.container}: ${f.image} not deployed: ${f.why}` },
+  /** ROLLBACK_ON_FAILURE set a failed rollout back to the image before the push. */
+  'rolled back': { type: 'Warning', reason: 'RolledBack',
+    message: (f: Facts<'container' | 'image' | 'why' | 'asked'>) =>
+      `container ${f.container}: rolled back to ${f.image}: ${f.why}; ${f.asked}` },
+  /** The change's rollout completed. */
+  'rollout complete': { type: 'Normal', reason: 'RolloutComplete', message: (f: Facts<'container' | 'why'>) =>
+    `container ${f.container}: rollout complete: ${f.why}` },
+  /** The change's rollout failed. */
+  'rollout failed': { type: 'Warning', reason: 'RolloutFailed', message: (f: Facts<'container' | 'why' | 'pods'>) =>
+    `container ${f.container}: rollout failed: ${f.why}${podsNotReady(f.pods)}` },
+  /** The change's rollout did not complete in the time it was followed. */
+  'rollout timed out': { type: 'Warning', reason: 'RolloutTimedOut',
+    message: (f: Facts<'container' | 'why' | 'pods'>) =>
+      `container ${f.container}: rollout timed out ${f.why}${podsNotReady(f.pods)}` },
+} as const;
+type PushEventKind = keyof typeof PUSH_EVENTS;
+
+/** The Event of a push, rendered from its facts by PUSH_EVENTS: the one place an Event's words are made. Pure. */
+export function pushEvent<K extends PushEventKind>(
+  kind: K,
+  facts: Parameters<(typeof PUSH_EVENTS)[K]['message']>[0],
+): WorkloadEvent {
+  const e = PUSH_EVENTS[kind];
+  return { type: e.type, reason: e.reason, message: (e.message as (f: typeof facts) => string)(facts) };
 }
 
 /** Records a push's Event; one that cannot be recorded is a note on its report (the change stands without it). */
@@ -14659,17 +14742,17 @@ async function pinnedContainer(
   const now = deps.now ?? (() => new Date());
   const podSpec = valueAt(workload, [...kindSpec(target.kind).template, 'spec']);
   const located = locateContainer(podSpec, s.container);
-  const refuse = async (reason: string, message: string): Promise<never> => {
-    const event: WorkloadEvent = { type: 'Warning', reason, message: `${message}; asked by ${whoAsked(deps)}` };
+  const refuse = async (kind: 'failed' | 'refused', message: string): Promise<never> => {
+    const event = pushEvent(kind, { why: message, asked: whoAsked(deps) });
     await recordEventQuietly(client, target, event, now(), report);
     throw new UpgradeError(message);
   };
-  if (!located) return refuse('UpgradeFailed', missingContainerMessage(podSpec, s.container, report.workload!));
+  if (!located) return refuse('failed', missingContainerMessage(podSpec, s.container, report.workload!));
   report.imageBefore = located.image;
   const pin = checkImagePin(s.container, located.image, ref, s.pin);
   if (!pin.allowed) {
     report.refused = true;
-    return refuse('UpgradeRefused', pin.message);
+    return refuse('refused', pin.message);
   }
   if (pin.note !== undefined && !report.notes.includes(pin.note)) report.notes.push(pin.note);
   return located;
@@ -14692,11 +14775,7 @@ async function outsidePolicy(
   if (from === 'known') return undefined;
   const now = deps.now ?? (() => new Date());
   const skipped = verdict.kind === 'skipped';
-  const event: WorkloadEvent = {
-    type: skipped ? 'Normal' : 'Warning',
-    reason: skipped ? 'UpgradeSkipped' : 'UpgradeFailed',
-    message: `${verdict.message}; asked by ${whoAsked(deps)}`,
-  };
+  const event = pushEvent(skipped ? 'skipped by policy' : 'failed', { why: verdict.message, asked: whoAsked(deps) });
   await recordEventQuietly(client, target, event, now(), report);
   if (!skipped) throw new UpgradeError(`${verdict.message}; nothing was changed`);
   decide(report, 'skipped by policy', verdict.message, report.imageBefore);
@@ -14910,11 +14989,7 @@ async function checkSignature(c: SignatureCheck, digest: string | undefined): Pr
   const message = `signature: ${image} is not signed as VERIFY_SIGNATURE requires: ${problem}`;
   c.report.refused = true;
   const target: WorkloadTarget = { ...c.s.workload, namespace: c.s.namespace };
-  const event: WorkloadEvent = {
-    type: 'Warning',
-    reason: 'UpgradeRefused',
-    message: `${message}; asked by ${whoAsked(c.deps)}`,
-  };
+  const event = pushEvent('refused', { why: message, asked: whoAsked(c.deps) });
   await recordEventQuietly(c.client, target, event, now(), c.report);
   throw new SignatureRefusal(`${message}; nothing was changed`);
 }
@@ -15110,15 +15185,14 @@ async function outsideChangeHolds(
   }
   if (from === 'known') return true;
   const now = new Date(nowMs);
-  const asked = `; asked by ${whoAsked(deps)}`;
+  const asked = whoAsked(deps);
   if (hold.kind === 'malformed') {
-    const event: WorkloadEvent = { type: 'Warning', reason: 'UpgradeFailed', message: hold.message + asked };
-    await recordEventQuietly(client, target, event, now, report);
+    await recordEventQuietly(client, target, pushEvent('failed', { why: hold.message, asked }), now, report);
     throw new UpgradeError(hold.message);
   }
   decide(report, 'held', hold.reason, container.image);
-  const message = `container ${s.container}: ${push.image} ${hold.reason}${asked}`;
-  await recordEventQuietly(client, target, { type: 'Warning', reason: 'UpgradeHeld', message }, now, report);
+  const event = pushEvent('held', { container: s.container, image: push.image, why: hold.reason, asked });
+  await recordEventQuietly(client, target, event, now, report);
   return true;
 }
 
@@ -15226,8 +15300,8 @@ async function waitStep(
   if (d && !decided) report.notes.push(`asked to deploy again by ${d.by} at ${new Date(nowMs).toISOString()}`);
   report.waiting = { entry, ...(links ? { links } : {}) };
   decide(report, entry.approvedBy !== undefined ? 'approved' : 'waiting', waitingAction(entry), image);
-  const message = `container ${s.container}: ${push.image} ${waitingAction(entry)}; asked by ${whoAsked(deps)}`;
-  const event: WorkloadEvent = { type: 'Normal', reason: 'UpgradeWaiting', message };
+  const facts = { container: s.container, image: push.image, why: waitingAction(entry), asked: whoAsked(deps) };
+  const event = pushEvent('waiting', facts);
   await recordEventQuietly(client, target, event, new Date(nowMs), report);
   return 'no change';
 }
@@ -15919,30 +15993,14 @@ function resumedReport(
 
 /** The Event that records a followed rollout's end, if it ended. Pure. */
 export function rolloutEvent(outcome: RolloutOutcome, container: string): WorkloadEvent | undefined {
-  const stuck = outcome.pods
-    .filter((p) => !p.ready)
-    .slice(0, 5)
-    .map((p) => `${p.name} ${p.reason ?? 'not ready'}`);
-  const pods = stuck.length ? ` (${stuck.join(', ')})` : '';
+  const facts = { container, why: outcome.detail, pods: outcome.pods };
   switch (outcome.state) {
     case 'complete':
-      return {
-        type: 'Normal',
-        reason: 'RolloutComplete',
-        message: `container ${container}: rollout complete: ${outcome.detail}`,
-      };
+      return pushEvent('rollout complete', facts);
     case 'failed':
-      return {
-        type: 'Warning',
-        reason: 'RolloutFailed',
-        message: `container ${container}: rollout failed: ${outcome.detail}${pods}`,
-      };
+      return pushEvent('rollout failed', facts);
     case 'timed out':
-      return {
-        type: 'Warning',
-        reason: 'RolloutTimedOut',
-        message: `container ${container}: rollout timed out ${outcome.detail}${pods}`,
-      };
+      return pushEvent('rollout timed out', facts);
     default:
       return undefined;
   }
@@ -16002,9 +16060,8 @@ export async function rollBackFailedRollout(
       ? await forceRollback(client, target, patched, container, record.image)
       : undefined;
     const forcedText = forced ? `; ${formatForcedRollback(forced)}` : '';
-    const message =
-      `container ${container}: rolled back to ${record.previous}: ${reason}${forcedText}; ` + whoAsked(deps);
-    await recordEventQuietly(client, target, { type: 'Warning', reason: 'RolledBack', message }, now, report);
+    const facts = { container, image: record.previous, why: `${reason}${forcedText}`, asked: whoAsked(deps) };
+    await recordEventQuietly(client, target, pushEvent('rolled back', facts), now, report);
     const rollout = await followRollback(client, target, container, record.previous, followMs, forced, patched);
     report.rollback = { reason, image: record.previous, rollout, ...(forced && { forced }) };
   } catch (e) {
@@ -16614,17 +16671,8 @@ async function applyUpgrade(
   report.followRecorded = change.followRecorded;
   report.decision = change.sameImage ? 're-pulled' : 'applied';
   report.action = change.sameImage ? kindSpec(target.kind).sameImageAction : 'image updated';
-  const eventMessage = change.sameImage
-    ? `container ${s.container}: ${ref} pulled again (same image, rollout restarted); asked by ${whoAsked(deps)}`
-    : `container ${s.container}: image ${change.before} → ${ref}; asked by ${whoAsked(deps)}`;
-  const reason = change.sameImage ? 'RolloutRestarted' : 'ImageUpdated';
-  const recording = recordEventQuietly(
-    client,
-    target,
-    { type: 'Normal', reason, message: eventMessage },
-    now(),
-    report,
-  );
+  const facts = { container: s.container, before: change.before, image: ref, asked: whoAsked(deps) };
+  const recording = recordEventQuietly(client, target, pushEvent(report.decision, facts), now(), report);
   if (deps.eventAfterAnswer) report.afterAnswer = recording;
   else await recording;
   target.generation = numberAt(change.updated, ['metadata', 'generation']);
@@ -17974,9 +18022,10 @@ export class ApprovalService implements ApprovalPages, CommandListener {
     const what = `the waiting push of ${showValue(w.entry.image)} (hook ${showValue(w.entry.hook)})`;
     try {
       if (!(await this.takeOff(client, w))) return;
-      const message = `container ${w.container}: ${what} dropped, not deployed: ${problem}`;
-      this.log.warn(`${where}: ${message}`);
-      await recordWorkloadEvent(client, { ...w.target }, { type: 'Warning', reason: 'UpgradeRefused', message });
+      const facts = { container: w.container, image: w.entry.image, hook: w.entry.hook, why: problem };
+      const event = pushEvent('dropped', facts);
+      this.log.warn(`${where}: ${event.message}`);
+      await recordWorkloadEvent(client, { ...w.target }, event);
     } catch (e) {
       this.log.warn(`${where}: container ${w.container}: ${what} is not used (${problem}); not taken off: ` +
         (e as Error).message);
@@ -18248,9 +18297,8 @@ export class ApprovalService implements ApprovalPages, CommandListener {
     report.notes.push(
       `the push of ${e.image} (request ${e.request}) ${decision === 'rejected' ? 'was' : 'has'} ${why}`,
     );
-    const reason = decision === 'rejected' ? 'UpgradeRejected' : 'UpgradeExpired';
-    const message = `container ${w.container}: ${e.image} not deployed: ${why}`;
-    await recordEventQuietly(client, { ...w.target }, { type: 'Normal', reason, message }, new Date(), report);
+    const event = pushEvent(decision, { container: w.container, image: e.image, why });
+    await recordEventQuietly(client, { ...w.target }, event, new Date(), report);
     return report;
   }
 }

@@ -6,8 +6,8 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import {
-  decide, DECISIONS, pushResult, rollbackObstacle, rolloutVerdict, unchanged, type PushRecord, type RolloutOutcome,
-  type UpgradeReport,
+  decide, DECISIONS, pushEvent, pushResult, rollbackObstacle, rolloutEvent, rolloutVerdict, unchanged, type PushRecord,
+  type RolloutOutcome, type UpgradeReport,
 } from '../webhook.ts';
 
 const rollout = (state: RolloutOutcome['state']): RolloutOutcome => ({ state, detail: state, pods: [] });
@@ -104,5 +104,48 @@ describe('the decision of a push', () => {
       rollout: { state: 'progressing' as const, detail: 'superseded by a later push', superseded: true as const, pods: [] },
     };
     assert.equal(result(taken).decision, 'superseded');
+  });
+});
+
+describe('the Event of a push', () => {
+  // Operators and the cluster suites read these words: each is the text the Event had before PUSH_EVENTS wrote it.
+  const asked = 'hook "web", request r1';
+  const push = { container: 'app', image: 'r.io/ns/app:v3', asked };
+  const cases: [ReturnType<typeof pushEvent>, string, string, string][] = [
+    [pushEvent('applied', { ...push, before: 'r.io/ns/app:v2' }), 'Normal', 'ImageUpdated',
+      'container app: image r.io/ns/app:v2 → r.io/ns/app:v3; asked by hook "web", request r1'],
+    [pushEvent('re-pulled', push), 'Normal', 'RolloutRestarted',
+      'container app: r.io/ns/app:v3 pulled again (same image, rollout restarted); asked by hook "web", request r1'],
+    [pushEvent('held', { ...push, why: 'is held: x' }), 'Warning', 'UpgradeHeld',
+      'container app: r.io/ns/app:v3 is held: x; asked by hook "web", request r1'],
+    [pushEvent('waiting', { ...push, why: 'waits for an approval' }), 'Normal', 'UpgradeWaiting',
+      'container app: r.io/ns/app:v3 waits for an approval; asked by hook "web", request r1'],
+    [pushEvent('skipped by policy', { why: 'policy: no', asked }), 'Normal', 'UpgradeSkipped',
+      'policy: no; asked by hook "web", request r1'],
+    [pushEvent('refused', { why: 'image pin: no', asked }), 'Warning', 'UpgradeRefused',
+      'image pin: no; asked by hook "web", request r1'],
+    [pushEvent('failed', { why: 'container "x" not found', asked }), 'Warning', 'UpgradeFailed',
+      'container "x" not found; asked by hook "web", request r1'],
+    [pushEvent('dropped', { container: 'app', image: 'r.io/ns/app:v3', hook: 'web', why: 'its seal is wrong' }),
+      'Warning', 'UpgradeRefused',
+      'container app: the waiting push of "r.io/ns/app:v3" (hook "web") dropped, not deployed: its seal is wrong'],
+    [pushEvent('rejected', { container: 'app', image: 'r.io/ns/app:v3', why: 'rejected by li at t' }),
+      'Normal', 'UpgradeRejected', 'container app: r.io/ns/app:v3 not deployed: rejected by li at t'],
+    [pushEvent('expired', { container: 'app', image: 'r.io/ns/app:v3', why: 'expired: nobody decided by t' }),
+      'Normal', 'UpgradeExpired', 'container app: r.io/ns/app:v3 not deployed: expired: nobody decided by t'],
+    [pushEvent('rolled back', { container: 'app', image: 'r.io/ns/app:v2', why: 'the rollout failed', asked }),
+      'Warning', 'RolledBack', 'container app: rolled back to r.io/ns/app:v2: the rollout failed; hook "web", request r1'],
+  ];
+  for (const [event, type, reason, message] of cases)
+    test(reason, () => assert.deepEqual(event, { type, reason, message }));
+
+  test('a rollout\'s end names the first five pods not ready', () => {
+    const pods = [1, 2, 3, 4, 5, 6].map((i) => ({ name: `web-${i}`, ready: i === 1, reason: i === 2 ? undefined : 'ErrImagePull' }));
+    const end = (state: RolloutOutcome['state']) => rolloutEvent({ state, detail: 'd', pods } as RolloutOutcome, 'app');
+    assert.deepEqual(end('complete'), { type: 'Normal', reason: 'RolloutComplete', message: 'container app: rollout complete: d' });
+    const stuck = ' (web-2 not ready, web-3 ErrImagePull, web-4 ErrImagePull, web-5 ErrImagePull, web-6 ErrImagePull)';
+    assert.deepEqual(end('failed'), { type: 'Warning', reason: 'RolloutFailed', message: `container app: rollout failed: d${stuck}` });
+    assert.deepEqual(end('timed out'), { type: 'Warning', reason: 'RolloutTimedOut', message: `container app: rollout timed out d${stuck}` });
+    assert.equal(end('progressing'), undefined);
   });
 });
