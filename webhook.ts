@@ -15503,7 +15503,7 @@ export function formatReport(r: UpgradeReport): string {
 //    follow is recorded on the workload (FOLLOW_ANNOTATION) after the answer, so another replica resumes it after a
 //    restart, and only the replica that takes the record off reports its end (claimFollow).
 //    Exports: claimFollow, followRollout, resumedReport, rolloutEvent.
-//    Tests: test/e2e.test.ts, test/replicas.test.ts, test/resume.test.ts, test/rolling.test.ts,
+//    Tests: test/decision.test.ts, test/e2e.test.ts, test/replicas.test.ts, test/resume.test.ts, test/rolling.test.ts,
 //    test/watch.test.ts.
 // ================================================================================================
 
