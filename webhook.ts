@@ -14373,36 +14373,36 @@ function podsNotReady(pods: PodSummary[]): string {
  * Every Event a push writes on its workload, by what it tells: its type, its reason and how its message reads from
  * the push's decision and report (pushEvent renders one). Operators and tests read these words: they do not change.
  */
-const PUSH_EVENTS = {
-  /** The container's image was changed to the pushed one (decision applied). */
+export const PUSH_EVENTS = {
+  /** The container's image was changed to the pushed one (decision `applied`). */
   applied: { type: 'Normal', reason: 'ImageUpdated', message: (f: Facts<'container' | 'before' | 'image' | 'asked'>) =>
     `container ${f.container}: image ${f.before} → ${f.image}; asked by ${f.asked}` },
-  /** The same image again: its rollout restarted (decision re-pulled). */
+  /** The same image again: its rollout restarted (decision `re-pulled`). */
   're-pulled': { type: 'Normal', reason: 'RolloutRestarted', message: (f: Facts<'container' | 'image' | 'asked'>) =>
     `container ${f.container}: ${f.image} pulled again (same image, rollout restarted); asked by ${f.asked}` },
-  /** A change made outside webhook holds the push (decision held). */
+  /** A change made outside webhook holds the push (decision `held`). */
   held: { type: 'Warning', reason: 'UpgradeHeld', message: (f: Facts<'container' | 'image' | 'why' | 'asked'>) =>
     `container ${f.container}: ${f.image} ${f.why}; asked by ${f.asked}` },
-  /** The push waits on the workload for an approval or the change window (decision waiting or approved). */
+  /** The push waits on the workload for an approval or the change window (`waiting`, `approved`). */
   waiting: { type: 'Normal', reason: 'UpgradeWaiting', message: (f: Facts<'container' | 'image' | 'why' | 'asked'>) =>
     `container ${f.container}: ${f.image} ${f.why}; asked by ${f.asked}` },
-  /** The update policy does not take the tag (decision skipped by policy). */
+  /** The update policy does not take the tag (decision `skipped by policy`). */
   'skipped by policy': { type: 'Normal', reason: 'UpgradeSkipped', message: (f: Facts<'why' | 'asked'>) =>
     `${f.why}; asked by ${f.asked}` },
-  /** The image pin or VERIFY_SIGNATURE refused the push (decision refused, refused: unsigned). */
+  /** The image pin or VERIFY_SIGNATURE refused the push (`refused`, `refused: unsigned`). */
   refused: { type: 'Warning', reason: 'UpgradeRefused', message: (f: Facts<'why' | 'asked'>) =>
     `${f.why}; asked by ${f.asked}` },
-  /** Not applied: no such container, a malformed policy, an outside change of unknown origin (decision failed). */
+  /** Not applied: no such container, a malformed policy, an outside change of unknown origin (`failed`). */
   failed: { type: 'Warning', reason: 'UpgradeFailed', message: (f: Facts<'why' | 'asked'>) =>
     `${f.why}; asked by ${f.asked}` },
-  /** A pending entry not to be used (untrusted, or its hook gone) was taken off the workload. */
+  /** A waiting push dropped, not deployed: its entry was not written by this service, or its hook no longer fits. */
   dropped: { type: 'Warning', reason: 'UpgradeRefused', message: (f: Facts<'container' | 'image' | 'hook' | 'why'>) =>
     `container ${f.container}: the waiting push of ${showValue(f.image)} (hook ${showValue(f.hook)}) dropped, ` +
     `not deployed: ${f.why}` },
-  /** A person rejected the waiting push (decision rejected). */
+  /** A person rejected the waiting push (decision `rejected`). */
   rejected: { type: 'Normal', reason: 'UpgradeRejected', message: (f: Facts<'container' | 'image' | 'why'>) =>
     `container ${f.container}: ${f.image} not deployed: ${f.why}` },
-  /** Nobody decided the waiting push in time (decision expired). */
+  /** Nobody decided the waiting push in time (decision `expired`). */
   expired: { type: 'Normal', reason: 'UpgradeExpired', message: (f: Facts<'container' | 'image' | 'why'>) =>
     `container ${f.container}: ${f.image} not deployed: ${f.why}` },
   /** ROLLBACK_ON_FAILURE set a failed rollout back to the image before the push. */

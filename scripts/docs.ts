@@ -8,7 +8,7 @@
  *   - docs/notifications.md: the words `decision` takes (DECISIONS, each meaning the comment above its entry);
  *   - docs/development.md: the decision codes (DECISIONS) and the chapters of webhook.ts (its section banners
  *     and the table of contents in its header, as test/structure.ts reads them);
- *   - docs/upgrade.md: the annotations on a workload (ANNOTATIONS).
+ *   - docs/upgrade.md: the Events a push writes on its workload (PUSH_EVENTS, each meaning the comment above it).
  * test/docs.test.ts fails when a page holds another text than this writes.
  */
 import * as fs from 'node:fs';
@@ -16,7 +16,7 @@ import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 import { analyse, SOURCE } from '../test/structure.ts';
-import { ANNOTATIONS, DECISIONS } from '../webhook.ts';
+import { DECISIONS, PUSH_EVENTS } from '../webhook.ts';
 import {
   CONFIGURATION,
   DETAILS_BEGIN,
@@ -55,20 +55,24 @@ function part(file: string, name: string, from: string, body: () => string[]): G
 
 type DecisionCode = keyof typeof DECISIONS;
 
-/** Each decision code's meaning: the doc comment above its entry of DECISIONS in webhook.ts. */
-export function decisionMeanings(source = fs.readFileSync(SOURCE, 'utf8')): Map<string, string> {
-  const start = source.indexOf('export const DECISIONS = {');
+/** Each entry's meaning in one of webhook.ts's tables (`export const <table> = { … }`): the doc comment above it. */
+function entryComments(source: string, table: string, keys: string[]): Map<string, string> {
+  const start = source.indexOf(`export const ${table} = {`);
   const stop = source.indexOf('\n}', start);
   if (start < 0 || stop < 0)
-    throw new Error(`${SOURCE}: no "export const DECISIONS = { … }" (its entries, each under its comment)`);
+    throw new Error(`${SOURCE}: no "export const ${table} = { … }" (its entries, each under its comment)`);
   const meanings = new Map<string, string>();
   for (const m of source.slice(start, stop).matchAll(/\/\*\*([^]*?)\*\/\s*(?:'([^']+)'|([\w$]+)):/g)) {
     meanings.set(m[2] ?? m[3], m[1].replace(/\s*\n\s*\*\s*/g, ' ').trim());
   }
-  const codes = Object.keys(DECISIONS);
-  const without = codes.filter((c) => !meanings.get(c));
-  if (without.length) throw new Error(`${SOURCE}: DECISIONS: no comment above ${without.join(', ')}`);
+  const without = keys.filter((c) => !meanings.get(c));
+  if (without.length) throw new Error(`${SOURCE}: ${table}: no comment above ${without.join(', ')}`);
   return meanings;
+}
+
+/** Each decision code's meaning: the doc comment above its entry of DECISIONS in webhook.ts. */
+export function decisionMeanings(source = fs.readFileSync(SOURCE, 'utf8')): Map<string, string> {
+  return entryComments(source, 'DECISIONS', Object.keys(DECISIONS));
 }
 
 /** Published word → the codes that publish it, in the order of DECISIONS. */
@@ -102,12 +106,18 @@ function codeTable(): string[] {
   return ['| Code | Published as | Meaning |', '|---|---|---|', ...rows];
 }
 
-// ---- the annotations ---------------------------------------------------------------------------
+// ---- the Events ----------------------------------------------------------------------------------
 
-/** docs/upgrade.md: every annotation the service reads or writes, who writes it, what it holds. */
-function annotationTable(): string[] {
-  const rows = Object.values(ANNOTATIONS).map((a) => `| \`${a.key}\` | ${a.by} | ${cell(a.holds)} |`);
-  return ['| Annotation | Written by | What it holds |', '|---|---|---|', ...rows];
+/** docs/upgrade.md: every Event a push writes on its workload, by reason, with when (PUSH_EVENTS' comments). */
+function eventsTable(): string[] {
+  const meanings = entryComments(fs.readFileSync(SOURCE, 'utf8'), 'PUSH_EVENTS', Object.keys(PUSH_EVENTS));
+  const reasons = new Map<string, { type: string; when: string[] }>();
+  for (const [kind, e] of Object.entries(PUSH_EVENTS)) {
+    const row = reasons.get(e.reason) ?? reasons.set(e.reason, { type: e.type, when: [] }).get(e.reason)!;
+    row.when.push(meanings.get(kind)!);
+  }
+  const rows = [...reasons].map(([reason, r]) => `| \`${reason}\` | ${r.type} | ${cell(r.when.join(' '))} |`);
+  return ['| `reason` | `type` | When |', '|---|---|---|', ...rows];
 }
 
 // ---- the chapters ------------------------------------------------------------------------------
@@ -154,6 +164,7 @@ export const GENERATED_PARTS: GeneratedPart[] = [
   { file: CONFIGURATION, begin: DETAILS_BEGIN, end: DETAILS_END, render: settingDetailsSection },
   part(path.join(DOCS, 'notifications.md'), 'decisions', 'DECISIONS (webhook.ts)', publishedTable),
   part(path.join(DOCS, 'development.md'), 'decision codes', 'DECISIONS (webhook.ts)', codeTable),
+  part(path.join(DOCS, 'upgrade.md'), 'events', 'PUSH_EVENTS (webhook.ts)', eventsTable),
   part(path.join(DOCS, 'development.md'), 'chapters', "webhook.ts's banners and table of contents", chapterTables),
   part(path.join(DOCS, 'upgrade.md'), 'annotations', 'ANNOTATIONS (webhook.ts)', annotationTable),
 ];
