@@ -14431,13 +14431,16 @@ export function pushEvent<K extends PushEventKind>(
   return { type: e.type, reason: e.reason, message: (e.message as (f: typeof facts) => string)(facts) };
 }
 
-/** Records a push's Event; one that cannot be recorded is a note on its report (the change stands without it). */
+/**
+ * Records a push's Event; one that cannot be recorded is a note on its report, or told to `told` when that is a
+ * function (the change stands without it).
+ */
 async function recordEventQuietly(
   client: KubeClient,
   target: WorkloadTarget,
   event: WorkloadEvent,
   now: Date,
-  report: UpgradeReport,
+  told: UpgradeReport | ((note: string) => void),
 ): Promise<string | undefined> {
   try {
     await recordWorkloadEvent(client, target, event, now);
@@ -14445,7 +14448,8 @@ async function recordEventQuietly(
   } catch (e) {
     // The change stands without its Event; say so rather than fail the upgrade.
     const note = `event not recorded: ${(e as Error).message}`;
-    report.notes.push(note);
+    if (typeof told === 'function') told(note);
+    else told.notes.push(note);
     return note;
   }
 }
@@ -16203,8 +16207,8 @@ interface RolloutEnd {
   deps: Pick<UpgradeDeps, 'now' | 'requestId' | 'hookId'>;
   /**
    * Told when the rollout's Event could not be recorded. The service logs it, with the request's id, beside the
-   * rollout's end it logs; left out, it is a note on the report (recordEventQuietly), as in the in-line upgrade,
-   * whose answer lists the report's notes and is not written yet.
+   * rollout's end it logs; left out, it is a note on the report, as in the in-line upgrade, whose answer lists the
+   * report's notes and is not written yet.
    */
   eventFailed?: (message: string) => void;
 }
@@ -16229,10 +16233,7 @@ export async function applyRolloutEnd(
   }
   const event = rolloutEvent(outcome, report.container ?? '');
   const now = (end.deps.now ?? (() => new Date()))();
-  const told = end.eventFailed;
-  const failed = (e: Error) => told?.(`event not recorded: ${e.message}`);
-  if (event && told) await recordWorkloadEvent(client, target, event, now).catch(failed);
-  else if (event) await recordEventQuietly(client, target, event, now, report);
+  if (event) await recordEventQuietly(client, target, event, now, end.eventFailed ?? report);
   if (verdict.rollBack) await rollBackFailedRollout(client, target, report, end.rollbackFollowMs, end.deps);
 }
 
