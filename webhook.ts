@@ -14165,7 +14165,7 @@ export const IMAGE_PIN_SETTINGS = fixedSettingChecks(['REGISTRY_HOST', 'ALLOW_IM
 //    wrongly signed digest is refused (SignatureRefusal, decided `refused: unsigned`, a Warning Event UpgradeRefused).
 //    A registry that does not answer fails the push closed, or under ON_REGISTRY_AWAY=keep has it kept (RegistryAway).
 //    Every Event a push writes on its workload is rendered by pushEvent from one table (PUSH_EVENTS: its type, reason
-//    and message, from the push's decision and facts) and recorded by recordEventQuietly.
+//    and message, from the push's decision and facts); recordEventQuietly records one without failing the push.
 //    Exports: decide, decidePush, decisionReason, FollowRecord, FUTURE_PUSH_SKEW_MS, holdDecision,
 //    imageFieldPath, IncomingPush, knownContainer, newPushRecord, outsidePolicy, pinnedContainer, plannedChange,
 //    pullSecretNames, PushRecord, pushEvent, pushTime, readFollowRecords, readPushRecords, readSettings,
