@@ -8,7 +8,8 @@
  *   - docs/notifications.md: the words `decision` takes (DECISIONS, each meaning the comment above its entry);
  *   - docs/development.md: the decision codes (DECISIONS) and the chapters of webhook.ts (its section banners
  *     and the table of contents in its header, as test/structure.ts reads them);
- *   - docs/upgrade.md: the Events a push writes on its workload (PUSH_EVENTS, each meaning the comment above it).
+ *   - docs/upgrade.md: the Events a push writes on its workload (PUSH_EVENTS, each meaning the comment above it)
+ *     and the annotations on a workload (ANNOTATIONS).
  * test/docs.test.ts fails when a page holds another text than this writes.
  */
 import * as fs from 'node:fs';
@@ -16,7 +17,7 @@ import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 import { analyse, SOURCE } from '../test/structure.ts';
-import { DECISIONS, PUSH_EVENTS } from '../webhook.ts';
+import { ANNOTATIONS, DECISIONS, PUSH_EVENTS } from '../webhook.ts';
 import {
   CONFIGURATION,
   DETAILS_BEGIN,
@@ -104,6 +105,14 @@ function codeTable(): string[] {
     ([code, d]) => `| \`${code}\` | \`${d.published}\` | ${cell(meanings.get(code)!)} |`,
   );
   return ['| Code | Published as | Meaning |', '|---|---|---|', ...rows];
+}
+
+// ---- the annotations ---------------------------------------------------------------------------
+
+/** docs/upgrade.md: every annotation the service reads or writes, who writes it, what it holds. */
+function annotationTable(): string[] {
+  const rows = Object.values(ANNOTATIONS).map((a) => `| \`${a.key}\` | ${a.by} | ${cell(a.holds)} |`);
+  return ['| Annotation | Written by | What it holds |', '|---|---|---|', ...rows];
 }
 
 // ---- the Events ----------------------------------------------------------------------------------
