@@ -43,7 +43,7 @@
  *  19. commands ................... CommandResult, CommandRunner, decodeBase64Strict, InProcessCommand
  *  20. http server ................ AdminPages, allowedMethods, answerClientError, CommandListener
  *  21. listeners .................. openListener, openAdminListener, tlsOptions
- *  22. the model .................. ANNOTATIONS, LAST_PUSH_ANNOTATION, PENDING_ANNOTATION
+ *  22. the model .................. DECISIONS, ANNOTATIONS, PENDING_ANNOTATION
  *  23. registry payloads .......... parsePushPayload, parsePushHeaders, PayloadFields, PushEvent
  *  24. cloud registry payloads .... REGISTRIES, REPO_TYPES, registryFor, recognisedRepoType
  *  25. image reference & pin ...... checkImagePin, chooseCandidate, composeImageRef, readImagePin
@@ -10464,15 +10464,16 @@ async function openMetricsListener(
 }
 
 // ================================================================================================
-// 22. the model — what the upgrade keeps, declared before the chapters that read and write it: the workload
+// 22. the model — the upgrade's vocabulary, declared before the chapters that use it: the closed list of what can
+//    become of a push (DECISIONS: its code, the word published for it, how the answer says it), and the workload
 //    annotations (ANNOTATIONS), the only state the service has. Those the service writes live on the workload they
 //    are about, each written in the same PATCH as what it records and guarded by a test of the value read, so that
 //    replicas and restarts agree with no store of their own; those an operator writes steer one workload. Anyone
 //    who may edit the workload can write any of them, so each is read as untrusted input. The docs' table of them
 //    is written from ANNOTATIONS (scripts/docs.ts).
-//    Exports: APPROVAL_ANNOTATION, FOLLOW_ANNOTATION, LAST_PUSH_ANNOTATION, PENDING_ANNOTATION, POLICY_ANNOTATION,
-//    WINDOW_ANNOTATION.
-//    Tests: test/records.test.ts, test/docs.test.ts.
+//    Exports: APPROVAL_ANNOTATION, Decision, DECISIONS, FOLLOW_ANNOTATION, LAST_PUSH_ANNOTATION, PENDING_ANNOTATION,
+//    POLICY_ANNOTATION, PublishedDecision, WINDOW_ANNOTATION.
+//    Tests: test/decision.test.ts, test/docs.test.ts, test/policy.test.ts, test/records.test.ts.
 // ================================================================================================
 
 /** Every `webhook/*` annotation: its key, who writes it, and what it holds (docs/upgrade.md's table). */
@@ -10527,6 +10528,55 @@ export const PENDING_ANNOTATION = ANNOTATIONS.pending.key;
 export const POLICY_ANNOTATION = ANNOTATIONS.policy.key;
 export const APPROVAL_ANNOTATION = ANNOTATIONS.approval.key;
 export const WINDOW_ANNOTATION = ANNOTATIONS.window.key;
+
+/**
+ * What became of a push, from one closed list. Every report of it (the answer, the log line, the Event, the mail, the
+ * chat and JSON notifications, the deliveries page) renders this code and its reason as data. `published` is the JSON
+ * document's "decision" (schema 1); `action`, how the answer says it: the change, `none (<reason>)` or the reason.
+ */
+export const DECISIONS = {
+  /** The container's image was changed to the pushed one. */
+  applied: { published: 'applied', action: 'change' },
+  /** The same image again: the rollout was restarted so the tag is pulled again. */
+  're-pulled': { published: 'same image restarted', action: 'change' },
+  /** A newer push was applied already, or arrived while this one was kept. */
+  superseded: { published: 'no-op', action: 'none' },
+  /** The same push was applied already: a repeated notification. */
+  repeat: { published: 'no-op', action: 'none' },
+  /** Nothing to change: a test ping, a push by digest the container runs, a payload that names no image. */
+  'no-op': { published: 'no-op', action: 'none' },
+  /** The image pin (or VERIFY_IMAGE) refused the push: nothing was written. */
+  refused: { published: 'refused', action: 'none' },
+  /** VERIFY_SIGNATURE refused the push: the digest has no cosign signature valid as required; nothing was written. */
+  'refused: unsigned': { published: 'refused: unsigned', action: 'none' },
+  /** The container's image was changed outside webhook and the push is not newer (ON_OUTSIDE_CHANGE=hold). */
+  held: { published: 'held', action: 'none' },
+  /** The tag is outside the container's update policy (UPDATE_POLICY, webhook/policy): nothing was written. */
+  'skipped by policy': { published: 'skipped by policy', action: 'none' },
+  /** The push could not be applied: nothing is known to be written. */
+  failed: { published: 'failed', action: 'none' },
+  /** The API server (or, under ON_REGISTRY_AWAY=keep, the registry) did not answer: kept, applied when it does. */
+  kept: { published: 'no-op', action: 'none' },
+  /** It waits on the workload (webhook/pending) for an approval or the change window: answered 202. */
+  waiting: { published: 'waiting', action: 'reason' },
+  /** Approved while the change window is closed: it waits for the window. */
+  approved: { published: 'approved', action: 'reason' },
+  /** A person rejected the waiting push: only its pending entry was taken off. */
+  rejected: { published: 'rejected', action: 'none' },
+  /** Nobody decided before APPROVAL_TIMEOUT: its pending entry was taken off. */
+  expired: { published: 'expired', action: 'none' },
+  /** An applied push whose rollout a later push took over following: the later one's record tells how it ended. */
+  'taken over': { published: 'superseded', action: 'change' },
+  /** A delivery to several clusters (CLUSTERS): each cluster's push is a record of its own. */
+  'fanned out': { published: 'fanned out', action: 'none' },
+  /** A hook whose command is not the upgrade ran and exited 0 (a command that fails is `failed`). */
+  ran: { published: 'ran', action: 'none' },
+  /** Not finished yet (the deliveries page only). */
+  running: { published: 'running', action: 'none' },
+} as const;
+export type Decision = keyof typeof DECISIONS;
+/** A word the deliveries page and the result document publish as `decision`: only ever one of DECISIONS'. */
+export type PublishedDecision = (typeof DECISIONS)[Decision]['published'];
 
 // ================================================================================================
 // 23. registry payloads — a registry's push notification (Aliyun ACR, Docker Hub, a build job, Harbor, Quay, GHCR,
@@ -12404,10 +12454,10 @@ export function readApprovalToken(
 //    kubectl's rollout-status rules, summarizePod says how a pod is doing, Events are recorded on the workload, and
 //    one WorkloadQueue per workload keeps its pushes in order. UpgradeReport is what one push did so far; UpgradeDeps
 //    is what an upgrade is given (client, clock, queue, the workloads it last saw).
-//    Exports: annotationOps, asArray, Decision, DECISIONS, DNS_LABEL, FollowOptions, ForcedRollback, K8sObject,
+//    Exports: annotationOps, asArray, DNS_LABEL, FollowOptions, ForcedRollback, K8sObject,
 //    KEPT_SUPERSEDED, KindSpec, kindSpec, KnownWorkloads, labelSelector, leanWorkload,
 //    locateContainer, LocatedContainer, missingContainerMessage, newReport, numberAt, orList, ownedBy, parseWorkload,
-//    PayloadError, PlannedChange, planPatch, PodSummary, PublishedDecision, readWorkload, recordWorkloadEvent,
+//    PayloadError, PlannedChange, planPatch, PodSummary, readWorkload, recordWorkloadEvent,
 //    RollbackOutcome, RolloutOutcome, rolloutStatus, roundedToSeconds, STUCK_REASONS, summarizePod, UPGRADE_LIMITS,
 //    UpgradeDeps, UpgradeError, UpgradeReport, unchanged, valueAt, WORKLOAD_KINDS, WorkloadEvent, WorkloadKind,
 //    workloadPods, WorkloadQueue, workloadResource, WorkloadTarget.
@@ -13037,55 +13087,6 @@ export class WorkloadQueue {
     return result;
   }
 }
-
-/**
- * What became of a push, from one closed list. Every report of it (the answer, the log line, the Event, the mail, the
- * chat and JSON notifications, the deliveries page) renders this code and its reason as data. `published` is the JSON
- * document's "decision" (schema 1); `action`, how the answer says it: the change, `none (<reason>)` or the reason.
- */
-export const DECISIONS = {
-  /** The container's image was changed to the pushed one. */
-  applied: { published: 'applied', action: 'change' },
-  /** The same image again: the rollout was restarted so the tag is pulled again. */
-  're-pulled': { published: 'same image restarted', action: 'change' },
-  /** A newer push was applied already, or arrived while this one was kept. */
-  superseded: { published: 'no-op', action: 'none' },
-  /** The same push was applied already: a repeated notification. */
-  repeat: { published: 'no-op', action: 'none' },
-  /** Nothing to change: a test ping, a push by digest the container runs, a payload that names no image. */
-  'no-op': { published: 'no-op', action: 'none' },
-  /** The image pin (or VERIFY_IMAGE) refused the push: nothing was written. */
-  refused: { published: 'refused', action: 'none' },
-  /** VERIFY_SIGNATURE refused the push: the digest has no cosign signature valid as required; nothing was written. */
-  'refused: unsigned': { published: 'refused: unsigned', action: 'none' },
-  /** The container's image was changed outside webhook and the push is not newer (ON_OUTSIDE_CHANGE=hold). */
-  held: { published: 'held', action: 'none' },
-  /** The tag is outside the container's update policy (UPDATE_POLICY, webhook/policy): nothing was written. */
-  'skipped by policy': { published: 'skipped by policy', action: 'none' },
-  /** The push could not be applied: nothing is known to be written. */
-  failed: { published: 'failed', action: 'none' },
-  /** The API server (or, under ON_REGISTRY_AWAY=keep, the registry) did not answer: kept, applied when it does. */
-  kept: { published: 'no-op', action: 'none' },
-  /** It waits on the workload (webhook/pending) for an approval or the change window: answered 202. */
-  waiting: { published: 'waiting', action: 'reason' },
-  /** Approved while the change window is closed: it waits for the window. */
-  approved: { published: 'approved', action: 'reason' },
-  /** A person rejected the waiting push: only its pending entry was taken off. */
-  rejected: { published: 'rejected', action: 'none' },
-  /** Nobody decided before APPROVAL_TIMEOUT: its pending entry was taken off. */
-  expired: { published: 'expired', action: 'none' },
-  /** An applied push whose rollout a later push took over following: the later one's record tells how it ended. */
-  'taken over': { published: 'superseded', action: 'change' },
-  /** A delivery to several clusters (CLUSTERS): each cluster's push is a record of its own. */
-  'fanned out': { published: 'fanned out', action: 'none' },
-  /** A hook whose command is not the upgrade ran and exited 0 (a command that fails is `failed`). */
-  ran: { published: 'ran', action: 'none' },
-  /** Not finished yet (the deliveries page only). */
-  running: { published: 'running', action: 'none' },
-} as const;
-export type Decision = keyof typeof DECISIONS;
-/** A word the deliveries page and the result document publish as `decision`: only ever one of DECISIONS'. */
-export type PublishedDecision = (typeof DECISIONS)[Decision]['published'];
 
 /** A push that changed nothing, as its report holds it: the action reads `none (<reason>)` or the reason. Pure. */
 export function unchanged(decision: Decision, reason: string): Pick<UpgradeReport, 'decision' | 'reason' | 'action'> {
