@@ -85,6 +85,14 @@ function rawEnvironmentFunctions(code: string[]): string[] {
   return names;
 }
 
+/** Settings whose text is parsed at more than one site (`HOOK_SETTINGS.X.parse`, or `read.X.parse` in readSettings). */
+function settingsParsedTwice(code: string[]): string[] {
+  const sites = new Map<string, number>();
+  for (const line of code)
+    for (const m of line.matchAll(/\b(?:HOOK_SETTINGS|read)\.([A-Z_]+)\.parse\b/g)) sites.set(m[1], (sites.get(m[1]) ?? 0) + 1);
+  return [...sites].filter(([, n]) => n > 1).map(([name, n]) => `${name}×${n}`);
+}
+
 function recordForms(text: string): string[] {
   return RECORD_FORMS.filter((name) => new RegExp(`^(?:export )?(?:interface|type) ${name}\\b`, 'm').test(text));
 }
@@ -98,6 +106,8 @@ const rows: { what: string; count: number; detail: string }[] = COUNTS.map((c) =
 });
 const envFunctions = rawEnvironmentFunctions(code);
 rows.push({ what: 'functions taking a raw environment', count: envFunctions.length, detail: envFunctions.join(' ') });
+const twice = settingsParsedTwice(code);
+rows.push({ what: 'settings parsed at more than one site', count: twice.length, detail: twice.join(' ') });
 const forms = recordForms(text);
 rows.push({ what: "forms of a delivery's record", count: forms.length, detail: forms.join(' → ') });
 if (process.argv.includes('--json')) console.log(JSON.stringify(rows, null, 2));
