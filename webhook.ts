@@ -10583,27 +10583,34 @@ export type PublishedDecision = (typeof DECISIONS)[Decision]['published'];
 //    Azure, CNCF Distribution, Artifactory, Nexus, Gitea, CloudEvents) read into PushEvents (host, repository, tag,
 //    digest, pushed-at), an acknowledged no-op (a pull, a test ping, a push by digest, a signature tag), or a
 //    handshake's answer (Event Grid's, CloudEvents' validation). Pure functions: no I/O, no clock. Each registry is
-//    one entry of REGISTRIES (next chapter): its reader, and how REPO_TYPE=auto recognises it. The hook's environment
-//    chooses the composition: REPO_TYPE (a key of REGISTRIES, any case, or auto); NET_TYPE (regionalregistry only:
-//    public, vpc or internal endpoint); REGISTRY_HOST (host[:port] replacing the registry host for every REPO_TYPE;
-//    required for Artifactory and Nexus); PIN_DIGEST (true: `repo:tag@sha256:…` when the payload carries the digest).
+//    one entry of REGISTRIES (next chapter): its reader, and how REPO_TYPE=auto recognises it. The hook's settings
+//    (PushReading, read once at a push's boundary) choose the composition: REPO_TYPE (a key of REGISTRIES, any case,
+//    or auto); NET_TYPE (regionalregistry only: public, vpc or internal endpoint); REGISTRY_HOST (host[:port]
+//    replacing the registry host for every REPO_TYPE; required for Artifactory and Nexus); PIN_DIGEST (true:
+//    `repo:tag@sha256:…` when the payload carries the digest).
 //    Any missing or malformed field is an error naming the field; nothing is lower-cased or repaired.
 //    Exports: ACR_PUSH_TYPES, acrEndpointPrefix, acrHost, acrPush, azureRead, checkedRepository, ComposedRef,
 //    customRegistryAddress, distributionRead, domainProblem, eventsRead, fieldAt, ghcrRead, giteaRead, harborPush,
 //    harborRead, ignoredEvents, ImageRef, jfrogRead, MAX_IMAGE_NAME_LENGTH, nexusRead, parseBoolSetting,
 //    parsePushHeaders, parsePushPayload, PayloadFields, pushDataEvent, pushDataTestPing, PushEvent, PushHeaders,
-//    pushHost, quayRead, Reading, REFERENCE_GRAMMAR, Registry, RegistrySettings, repositoryPathProblem,
-//    splitImageAddress, stripSchemeAndSlashes, tagProblem, UpgradeInputs, webhookValidation.
+//    pushHost, PushReading, quayRead, Reading, REFERENCE_GRAMMAR, Registry, RegistrySettings, repositoryPathProblem,
+//    splitImageAddress, stripSchemeAndSlashes, tagProblem, webhookValidation.
 //    Tests: test/registries.test.ts, test/registry-e2e.test.ts, test/upgrade.test.ts, test/clouds.test.ts,
 //    test/envelopes.test.ts.
 // ================================================================================================
 
-export interface UpgradeInputs {
-  REPO_TYPE?: string;
-  NET_TYPE?: string;
-  REGISTRY_HOST?: string;
-  PIN_DIGEST?: string;
-  ALLOW_IMAGES?: string;
+/**
+ * How a push's payload is read: the hook's REPO_TYPE, NET_TYPE, REGISTRY_HOST and PIN_DIGEST, read once at the push's
+ * boundary (chapter 29's readHookConfig). REPO_TYPE and NET_TYPE stay text: auto needs the payload, and NET_TYPE is
+ * read for regionalregistry only, so each is checked where a payload is read, as it always was.
+ */
+export interface PushReading {
+  repoType: string | undefined;
+  netType: string | undefined;
+  /** REGISTRY_HOST, validated: when set, the host of every push. */
+  registryHost: string | undefined;
+  /** PIN_DIGEST, or why it is not a boolean: refused when a push is composed (a ping or a handshake never was). */
+  pinDigest: boolean | Error;
 }
 
 export type ComposedRef =
@@ -11754,8 +11761,8 @@ function repoTypeSetting(value: string | undefined): string {
 //    count as the same (REGISTRY_ENDPOINTS), and so does the hook's REGISTRY_HOST; anything else needs ALLOW_IMAGES
 //    (`host/path`, `host/path/*`, `host/*`; Docker Hub's may omit the host). Both widen what a request may deploy, so
 //    HOOK_SETTINGS (hook settings) has them refused at load unless they are fixed strings, and valid.
-//    Exports: checkImagePin, chooseCandidate, composeImageRef, ImagePin, normalizeImageRef, problemOf, readImagePin,
-//    registryHostSetting, registryOf, validateImageRef.
+//    Exports: allowedImages, checkImagePin, chooseCandidate, composeImageRef, imagePin, ImagePin, normalizeImageRef,
+//    problemOf, readImagePin, registryHostSetting, registryOf, validateImageRef.
 //    Tests: test/registries.test.ts, test/upgrade.test.ts, test/clouds.test.ts.
 // ================================================================================================
 
@@ -11763,31 +11770,31 @@ function repoTypeSetting(value: string | undefined): string {
  * The image reference a push announces, a no-op (a test ping, another kind of event), an answer to
  * a handshake, or an error naming the field. `headers` are the request's (argument 2), when passed.
  */
-export function composeImageRef(body: unknown, env: UpgradeInputs, headers: PushHeaders = {}): ComposedRef {
+export function composeImageRef(body: unknown, reading: PushReading, headers: PushHeaders = {}): ComposedRef {
   // Through a hook's entire-payload a JSON array body arrives as {"root": [...]}, as adnanh passes it.
   const payload = isObject(body) && Object.keys(body).length === 1 && Array.isArray(body.root) ? body.root : body;
   try {
     if (!isObject(payload) && !Array.isArray(payload))
       return { kind: 'error', message: `payload is not a JSON object (got ${typeName(payload)})` };
     const fields = new PayloadFields(payload);
-    const registry = registryFor(env.REPO_TYPE, fields, headers);
+    const registry = registryFor(reading.repoType, fields, headers);
     if (Array.isArray(payload) && !registry.batches)
       return { kind: 'error', message: `payload is not a JSON object (got ${typeName(payload)})` };
     const ping = registry.testPing?.(fields);
     if (ping !== undefined) return { kind: 'noop', reason: ping };
-    const registryHost = registryHostSetting(env.REGISTRY_HOST);
-    return composeReading(registry.read(fields, { registryHost, netType: env.NET_TYPE }, headers), env);
+    const { registryHost, netType } = reading;
+    return composeReading(registry.read(fields, { registryHost, netType }, headers), reading);
   } catch (e) {
     return { kind: 'error', message: (e as Error).message };
   }
 }
 
 /** One reading → one ComposedRef: several pushes become one reference with candidates. */
-function composeReading(reading: Reading, env: UpgradeInputs): ComposedRef {
-  if ('noop' in reading) return { kind: 'noop', reason: reading.noop };
-  if ('answer' in reading) return { kind: 'answer', body: reading.answer, reason: reading.reason };
-  if (!Array.isArray(reading)) return composeFromPush(reading, env);
-  const composed = newestPerRepository(reading).map((push) => composeFromPush(push, env));
+function composeReading(read: Reading, settings: PushReading): ComposedRef {
+  if ('noop' in read) return { kind: 'noop', reason: read.noop };
+  if ('answer' in read) return { kind: 'answer', body: read.answer, reason: read.reason };
+  if (!Array.isArray(read)) return composeFromPush(read, settings);
+  const composed = newestPerRepository(read).map((push) => composeFromPush(push, settings));
   const failed = composed.find((c) => c.kind === 'error');
   if (failed) return failed;
   const refs = composed.filter((c) => c.kind === 'ref');
@@ -11848,7 +11855,7 @@ function registryHostSetting(value: string | undefined): string | undefined {
 const SIGNATURE_TAG = /^sha256-[a-f0-9]{64}\.(?:sig|att|sbom)$/;
 
 /** Registry-independent: the reference from a push, pinned to its digest when PIN_DIGEST asks. */
-function composeFromPush(push: PushEvent, env: UpgradeInputs): ComposedRef {
+function composeFromPush(push: PushEvent, reading: PushReading): ComposedRef {
   // cosign stores signatures, attestations and SBOMs as tags of the image's repository.
   if (SIGNATURE_TAG.test(push.tag))
     return { kind: 'noop', reason: `tag ${showValue(push.tag)} is a signature, attestation or SBOM, not an image` };
@@ -11863,7 +11870,8 @@ function composeFromPush(push: PushEvent, env: UpgradeInputs): ComposedRef {
   }
   const notes: string[] = [];
   let ref = `${name}:${push.tag}`;
-  if (parseBoolSetting('PIN_DIGEST', env.PIN_DIGEST)) {
+  if (reading.pinDigest instanceof Error) throw reading.pinDigest;
+  if (reading.pinDigest) {
     if (push.digest === undefined)
       notes.push(`PIN_DIGEST is true but the payload carries no ${push.digestField}: the tag is used unpinned`);
     else if (!REFERENCE_GRAMMAR.digest.test(push.digest)) {
@@ -12026,14 +12034,19 @@ export interface ImagePin {
   allowImages: ImagePattern[];
 }
 
-/** The pin's settings from the hook's environment; throws an Error naming a malformed one. */
-export function readImagePin(env: UpgradeInputs): ImagePin {
-  const host = registryHostSetting(env.REGISTRY_HOST);
-  const patterns = (env.ALLOW_IMAGES ?? '').split(/\s+/).filter((p) => p !== '');
-  return {
-    registryHost: host === undefined ? undefined : registryOf(host),
-    allowImages: patterns.map(parseImagePattern),
-  };
+/** The pin of a validated REGISTRY_HOST (registryHostSetting) and ALLOW_IMAGES's patterns (allowedImages). */
+export function imagePin(registryHost: string | undefined, allowImages: ImagePattern[] = []): ImagePin {
+  return { registryHost: registryHost === undefined ? undefined : registryOf(registryHost), allowImages };
+}
+
+/** ALLOW_IMAGES: patterns separated by spaces; throws an Error naming a malformed one. */
+export function allowedImages(value: string | undefined): ImagePattern[] {
+  return (value ?? '').split(/\s+/).filter((p) => p !== '').map(parseImagePattern);
+}
+
+/** The pin from the texts of REGISTRY_HOST and ALLOW_IMAGES; throws an Error naming a malformed one. */
+export function readImagePin(registryHost?: string, allowImages?: string): ImagePin {
+  return imagePin(registryHostSetting(registryHost), allowedImages(allowImages));
 }
 
 type PinDecision = { allowed: true; note?: string } | { allowed: false; message: string };
@@ -12090,9 +12103,9 @@ function problemOf(check: () => unknown): string | undefined {
 //    container, sealed with a MAC over it and where it sits: sealPendingEntry, pendingEntrySealed); an approval link
 //    names one such entry by its id, hook and image, the action and an expiry, signed with HMAC-SHA256
 //    (approvalToken, readApprovalToken), so any replica holding the same key can check it.
-//    Exports: APPROVAL_PATH, ApprovalClaims, ApprovalLinks, approvalLinks, DeployWindow, describeWindows,
-//    nextOpening, parseDeployWindows, PendingEntry, pendingEntrySealed, readApprovalToken,
-//    readPendingEntries, sealPendingEntry, windowOpen.
+//    Exports: APPROVAL_PATH, ApprovalClaims, approvalLinks, ApprovalLinks, DeployWindow, describeWindows, nextOpening,
+//    parseDeployWindows, PendingEntry, pendingEntrySealed, readApprovalToken, readPendingEntries, sealPendingEntry,
+//    windowOpen.
 //    Tests: test/approvals.test.ts, test/clusters.test.ts, test/signed-images.test.ts, test/unit.test.ts,
 //    test/windows.test.ts.
 // ================================================================================================
@@ -12454,13 +12467,12 @@ export function readApprovalToken(
 //    kubectl's rollout-status rules, summarizePod says how a pod is doing, Events are recorded on the workload, and
 //    one WorkloadQueue per workload keeps its pushes in order. UpgradeReport is what one push did so far; UpgradeDeps
 //    is what an upgrade is given (client, clock, queue, the workloads it last saw).
-//    Exports: annotationOps, asArray, DNS_LABEL, FollowOptions, ForcedRollback, K8sObject,
-//    KEPT_SUPERSEDED, KindSpec, kindSpec, KnownWorkloads, labelSelector, leanWorkload,
-//    locateContainer, LocatedContainer, missingContainerMessage, newReport, numberAt, orList, ownedBy, parseWorkload,
-//    PayloadError, PlannedChange, planPatch, PodSummary, readWorkload, recordWorkloadEvent,
-//    RollbackOutcome, RolloutOutcome, rolloutStatus, roundedToSeconds, STUCK_REASONS, summarizePod, UPGRADE_LIMITS,
-//    UpgradeDeps, UpgradeError, UpgradeReport, unchanged, valueAt, WORKLOAD_KINDS, WorkloadEvent, WorkloadKind,
-//    workloadPods, WorkloadQueue, workloadResource, WorkloadTarget.
+//    Exports: annotationOps, asArray, DNS_LABEL, FollowOptions, ForcedRollback, K8sObject, KEPT_SUPERSEDED, kindSpec,
+//    KindSpec, KnownWorkloads, labelSelector, leanWorkload, locateContainer, LocatedContainer, missingContainerMessage,
+//    newReport, numberAt, orList, ownedBy, parseWorkload, PayloadError, PlannedChange, planPatch, PodSummary,
+//    readWorkload, recordWorkloadEvent, RollbackOutcome, RolloutOutcome, rolloutStatus, roundedToSeconds,
+//    STUCK_REASONS, summarizePod, unchanged, UPGRADE_LIMITS, UpgradeDeps, UpgradeError, UpgradeReport, valueAt,
+//    WORKLOAD_KINDS, WorkloadEvent, WorkloadKind, workloadPods, WorkloadQueue, workloadResource, WorkloadTarget.
 //    Tests: test/decision.test.ts, test/e2e.test.ts, test/policy.test.ts, test/records.test.ts, test/rolling.test.ts,
 //    test/upgrade.test.ts.
 // ================================================================================================
@@ -13882,7 +13894,7 @@ export const HOOK_SETTINGS = {
     fixed: true,
     validation: "space-separated host/path, host/path/* or host/*; Docker Hub's may omit the host",
     meaning: 'Repositories a push may set besides the one the container runs (the image pin).',
-    parse: (value: string | undefined) => readImagePin({ ALLOW_IMAGES: value }).allowImages,
+    parse: allowedImages,
   }),
   VERIFY_IMAGE: setting({
     type: 'boolean',
@@ -14149,8 +14161,9 @@ export const IMAGE_PIN_SETTINGS = fixedSettingChecks(['REGISTRY_HOST', 'ALLOW_IM
 
 // ================================================================================================
 // 30. upgrade decision — whether and what a push may change, before anything is written. The hook's upgrade
-//    settings are read once (readSettings: APP_NS, APP_WORKLOAD, APP_CONTAINER, ROLLOUT_TIMEOUT, ROLLBACK_ON_FAILURE,
-//    VERIFY_IMAGE, REGISTRY_CA, REGISTRY_TOKEN_HOSTS and the image pin's); the push is checked against the
+//    settings are read once, at a push's boundary (readHookConfig: CLUSTER, APP_NS, APP_WORKLOAD, APP_CONTAINER,
+//    ROLLOUT_TIMEOUT, ROLLBACK_ON_FAILURE, VERIFY_IMAGE, REGISTRY_CA, REGISTRY_TOKEN_HOSTS, the image pin's, and how
+//    the payload is read: PushReading); the push is checked against the
 //    container's current image (a refusal changes nothing, fails, is logged and recorded as a Warning Event);
 //    several replicas agree through the workload: LAST_PUSH_ANNOTATION records when each container's last push was
 //    pushed, what it applied and the image before, so decidePush lets the newest push win and recognises a repeat
@@ -14167,13 +14180,12 @@ export const IMAGE_PIN_SETTINGS = fixedSettingChecks(['REGISTRY_HOST', 'ALLOW_IM
 //    A registry that does not answer fails the push closed, or under ON_REGISTRY_AWAY=keep has it kept (RegistryAway).
 //    Every Event a push writes on its workload is rendered by pushEvent from one table (PUSH_EVENTS: its type, reason
 //    and message, from the push's decision and facts); recordEventQuietly records one without failing the push.
-//    Exports: decide, decidePush, decisionReason, FollowRecord, FUTURE_PUSH_SKEW_MS, holdDecision,
-//    imageFieldPath, IncomingPush, knownContainer, newPushRecord, outsidePolicy, pinnedContainer, plannedChange,
-//    pullSecretNames, PushRecord, pushEvent, pushTime, readFollowRecords, readPushRecords, readSettings,
-//    recordEventQuietly, RegistryAway, SignatureRefusal, UpgradeSettings, verifiedRef, whoAsked, withPushRecord,
-//    workloadPodSpec.
-//    Tests: test/decision.test.ts, test/hold.test.ts, test/records.test.ts, test/registry-e2e.test.ts,
-//    test/replicas.test.ts, test/upgrade.test.ts.
+//    Exports: decide, decidePush, decisionReason, FollowRecord, FUTURE_PUSH_SKEW_MS, holdDecision, imageFieldPath,
+//    IncomingPush, knownContainer, newPushRecord, outsidePolicy, pinnedContainer, plannedChange, pullSecretNames,
+//    pushEvent, PushRecord, pushTime, readFollowRecords, readHookConfig, readPushRecords, recordEventQuietly,
+//    RegistryAway, SignatureRefusal, UpgradeSettings, verifiedRef, whoAsked, withPushRecord, workloadPodSpec.
+//    Tests: test/clouds.test.ts, test/decision.test.ts, test/hold.test.ts, test/records.test.ts,
+//    test/registries.test.ts, test/registry-e2e.test.ts, test/replicas.test.ts, test/upgrade.test.ts.
 // ================================================================================================
 
 /** One container's last applied push, as recorded in LAST_PUSH_ANNOTATION. */
@@ -14655,8 +14667,47 @@ interface UpgradeSettings {
   approvalOverride: boolean;
 }
 
+/**
+ * Every setting one push's upgrade reads, parsed once from the hook's environment at the push's boundary: the
+ * workload, the checks and the decision's settings (UpgradeSettings), its cluster, and how its payload is read.
+ */
+interface HookConfig extends UpgradeSettings {
+  /** CLUSTER: a context of the service's kubeconfig; undefined: the default cluster. */
+  cluster: string | undefined;
+  reading: PushReading;
+}
+
+/**
+ * A push's HookConfig from the hook's environment, each setting read by its HOOK_SETTINGS entry, in the order their
+ * errors are reported; what is known before an error (the cluster, the workload) is in the report.
+ */
+export function readHookConfig(env: Record<string, string | undefined>, report: UpgradeReport): HookConfig {
+  const cluster = (report.cluster = HOOK_SETTINGS.CLUSTER.parse(env.CLUSTER));
+  const { registryHost, ...settings } = readSettings(env, report);
+  return { ...settings, cluster, reading: pushReadingOf(env, registryHost) };
+}
+
+/** How a push's payload is read, from the hook's environment alone (a reader's tests; a push: readHookConfig). */
+export function readPushReading(env: Record<string, string | undefined>): PushReading {
+  return pushReadingOf(env, HOOK_SETTINGS.REGISTRY_HOST.parse(env.REGISTRY_HOST));
+}
+
+/** REPO_TYPE and NET_TYPE as given (PushReading says why), REGISTRY_HOST as validated, PIN_DIGEST or its Error. */
+function pushReadingOf(env: Record<string, string | undefined>, registryHost: string | undefined): PushReading {
+  let pinDigest: boolean | Error;
+  try {
+    pinDigest = HOOK_SETTINGS.PIN_DIGEST.parse(env.PIN_DIGEST);
+  } catch (e) {
+    pinDigest = e as Error;
+  }
+  return { repoType: env.REPO_TYPE, netType: env.NET_TYPE, registryHost, pinDigest };
+}
+
 /** The upgrade's settings, each read by its HOOK_SETTINGS entry, in the order their errors are reported. */
-function readSettings(env: Record<string, string | undefined>, report: UpgradeReport): UpgradeSettings {
+function readSettings(
+  env: Record<string, string | undefined>,
+  report: UpgradeReport,
+): UpgradeSettings & { registryHost: string | undefined } {
   const read = HOOK_SETTINGS;
   const namespace = read.APP_NS.parse(env.APP_NS);
   report.namespace = namespace;
@@ -14668,7 +14719,8 @@ function readSettings(env: Record<string, string | undefined>, report: UpgradeRe
   const rollback = read.ROLLBACK_ON_FAILURE.parse(env.ROLLBACK_ON_FAILURE);
   report.rollbackOnFailure = rollback || undefined;
   // A malformed pin setting (REGISTRY_HOST, ALLOW_IMAGES) refuses every push, before the cluster is asked anything.
-  const pin = readImagePin(env);
+  const registryHost = read.REGISTRY_HOST.parse(env.REGISTRY_HOST);
+  const pin = imagePin(registryHost, read.ALLOW_IMAGES.parse(env.ALLOW_IMAGES));
   report.imagePin = pin;
   const keys = read.VERIFY_SIGNATURE.parse(env.VERIFY_SIGNATURE);
   const annotations = read.VERIFY_SIGNATURE_ANNOTATIONS.parse(env.VERIFY_SIGNATURE_ANNOTATIONS);
@@ -14680,6 +14732,7 @@ function readSettings(env: Record<string, string | undefined>, report: UpgradeRe
     container,
     rolloutTimeoutMs,
     pin,
+    registryHost,
     rollbackOnFailure: rollback,
     // A signature is checked on the digest the registry has for the tag: VERIFY_SIGNATURE implies VERIFY_IMAGE.
     verifyImage: read.VERIFY_IMAGE.parse(env.VERIFY_IMAGE) || keys.length > 0,
@@ -16254,7 +16307,7 @@ function rollbackPinObstacle(
     report.container ?? '',
     located.image,
     record.previous,
-    report.imagePin ?? readImagePin({}),
+    report.imagePin ?? imagePin(undefined),
   );
   return pin.allowed ? undefined : `the image before the push is refused by the image pin: ${pin.message}`;
 }
@@ -16495,8 +16548,8 @@ export async function runUpgrade(
   let ownClient: KubeClient | undefined;
   try {
     // Everything up to queue.run is synchronous, so tasks are queued in the order calls arrive.
-    const cluster = (report.cluster = HOOK_SETTINGS.CLUSTER.parse(env.CLUSTER));
-    const settings = readSettings(env, report);
+    const settings = readHookConfig(env, report);
+    const cluster = settings.cluster;
     const headers = pushHeaders(args[1]);
     const validation = webhookValidation(headers, args[0]);
     if (validation !== undefined) {
@@ -16505,7 +16558,7 @@ export async function runUpgrade(
     }
     const parsed = parsePushPayload(args[0]);
     if (parsed.kind === 'error') throw new PayloadError(parsed.message);
-    const composed = composeImageRef(parsed.payload, env, headers);
+    const composed = composeImageRef(parsed.payload, settings.reading, headers);
     if (composed.kind === 'error') throw new PayloadError(composed.message);
     if (composed.kind === 'noop' || composed.kind === 'answer') {
       decide(report, 'no-op', composed.reason);
@@ -16572,8 +16625,8 @@ async function runDecidedPush(
 ): Promise<UpgradeResult> {
   const report = newReport();
   try {
-    const cluster = (report.cluster = HOOK_SETTINGS.CLUSTER.parse(env.CLUSTER));
-    const settings = readSettings(env, report);
+    const settings = readHookConfig(env, report);
+    const cluster = settings.cluster;
     report.imageAfter = push.image;
     report.pushedAtMs = push.pushedAtMs;
     const apply = async () => {
@@ -16990,16 +17043,13 @@ function followRecordProblem(
 function resumeSettings(hook: Hook): { mailTo: string | undefined; rollbackOnFailure: boolean; imagePin: ImagePin } {
   const mailTo = fixedInput(hook, 'MAIL_TO')?.trim() || undefined;
   const rollbackOnFailure = fixedTrue(hook, 'ROLLBACK_ON_FAILURE');
-  let imagePin: ImagePin;
+  let pin: ImagePin;
   try {
-    imagePin = readImagePin({
-      REGISTRY_HOST: fixedInput(hook, 'REGISTRY_HOST'),
-      ALLOW_IMAGES: fixedInput(hook, 'ALLOW_IMAGES'),
-    });
+    pin = readImagePin(fixedInput(hook, 'REGISTRY_HOST'), fixedInput(hook, 'ALLOW_IMAGES'));
   } catch {
-    imagePin = readImagePin({});
+    pin = imagePin(undefined);
   }
-  return { mailTo, rollbackOnFailure, imagePin };
+  return { mailTo, rollbackOnFailure, imagePin: pin };
 }
 
 /** `deployment/web in prod`, and its cluster when the hook names one: how the log names a push's workload. */
@@ -17600,7 +17650,7 @@ export class RolloutFollower implements CommandListener {
 //    (listed once, shared with the follows), or, where it has none, one LIST per namespace and kind every rescanMs;
 //    in each cluster its hooks name (a waiting push, its key and its links carry the cluster). A link once decided
 //    is remembered until it expires: used again, it is answered 410 without asking the API server.
-//    Exports: approvalHooksProblem, ApprovalService, WaitingPush, waitingKey.
+//    Exports: approvalHooksProblem, ApprovalService, waitingKey, WaitingPush.
 //    Tests: test/approvals.test.ts, test/clusters.test.ts, test/signed-images.test.ts, test/unit.test.ts.
 // ================================================================================================
 

@@ -11,7 +11,7 @@ import assert from 'node:assert/strict';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { cloudLoginNeeds, composeImageRef, recognisedRepoType, REPO_TYPES } from '../webhook.ts';
+import { cloudLoginNeeds, composeImageRef, readPushReading, recognisedRepoType, REPO_TYPES } from '../webhook.ts';
 import { makeTempDir, startWebhook, type Webhook } from './harness.ts';
 import {
   clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor, namespacedGetter, pushedState,
@@ -26,7 +26,7 @@ const base64 = (value: unknown) => Buffer.from(typeof value === 'string' ? value
 const pubSub = (data: unknown) => ({ ...fixture('gar-pubsub-insert.json'), message: { ...fixture('gar-pubsub-insert.json').message, data: base64(data) } });
 const ECR_REF = '123456789012.dkr.ecr.us-west-2.amazonaws.com/my-repository-name';
 const GAR_REF = 'us-east1-docker.pkg.dev/my-project/my-repo/hello-world';
-const compose = (payload: unknown, type: string) => composeImageRef(payload, { REPO_TYPE: type });
+const compose = (payload: unknown, type: string) => composeImageRef(payload, readPushReading({ REPO_TYPE: type }));
 
 // Which REPO_TYPE each fixture is the sender's own payload of, by its file name.
 const OWN_TYPE: [RegExp, string][] = [

@@ -6,12 +6,12 @@ import assert from 'node:assert/strict';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { describe, test } from 'node:test';
-import { chooseCandidate, composeImageRef, parsePushHeaders, readImagePin, REPO_TYPES } from '../webhook.ts';
+import { chooseCandidate, composeImageRef, parsePushHeaders, readImagePin, readPushReading, REPO_TYPES } from '../webhook.ts';
 
 const FIXTURES = path.join(import.meta.dirname, 'fixtures', 'upgrade');
 const fixture = (name: string) => JSON.parse(fs.readFileSync(path.join(FIXTURES, name), 'utf8'));
 const compose = (payload: unknown, env: Record<string, string>, headers: Record<string, string> = {}) =>
-  composeImageRef(payload, env, headers);
+  composeImageRef(payload, readPushReading(env), headers);
 const errorOf = (payload: unknown, env: Record<string, string>, headers?: Record<string, string>) => {
   const r = compose(payload, env, headers);
   assert.equal(r.kind, 'error', JSON.stringify(r));
@@ -97,7 +97,7 @@ describe('registry quirks', () => {
 });
 
 describe('several images in one delivery', () => {
-  const pin = readImagePin({});
+  const pin = readImagePin();
   const candidates = ['quay.io/shop/web:latest', 'quay.io/shop/web:v1.0', 'quay.io/shop/api:v1.0'];
   test('the container\'s own repository and tag first, then its repository, then what the pin allows', () => {
     assert.equal(chooseCandidate('app', 'quay.io/shop/web:latest', candidates, pin), 'quay.io/shop/web:latest');
@@ -105,7 +105,7 @@ describe('several images in one delivery', () => {
     assert.equal(chooseCandidate('app', 'quay.io/shop/api:v0.9', candidates, pin), 'quay.io/shop/api:v1.0');
     // Nothing fits: the last, which the pin then refuses with its own message.
     assert.equal(chooseCandidate('app', 'quay.io/other/x:1', candidates, pin), 'quay.io/shop/api:v1.0');
-    const widened = readImagePin({ ALLOW_IMAGES: 'quay.io/shop/web' });
+    const widened = readImagePin(undefined, 'quay.io/shop/web');
     assert.equal(chooseCandidate('app', 'quay.io/other/x:1', candidates, widened), 'quay.io/shop/web:latest');
   });
 });

@@ -14,7 +14,7 @@ import { after, before, describe, test } from 'node:test';
 import { fileURLToPath } from 'node:url';
 import {
   checkImagePin, compileHooksFile, IMAGE_PIN_SETTINGS, readImagePin, registryOf,
-  composeImageRef, credentialsFromEnvironment, parsePushHeaders, REPO_TYPES, formatReport, inClusterCredentials, KubeClient, KubeConfigError, KubeError,
+  composeImageRef, readPushReading, credentialsFromEnvironment, parsePushHeaders, REPO_TYPES, formatReport, inClusterCredentials, KubeClient, KubeConfigError, KubeError,
   labelSelector, leanWorkload, loadKubeconfig, normalizeImageRef, parsePushPayload, parseWorkload, planPatch, locateContainer, retryDelay,
   rolloutStatus, runUpgrade, summarizePod, validateImageRef, WorkloadQueue, decidePush, type UpgradeReport,
 } from '../webhook.ts';
@@ -42,7 +42,7 @@ describe('registry payloads → image reference', () => {
       assert.equal(parsed.kind, 'payload');
       // Headers arrive as the hook's entire-headers passes them: Go-canonical names, JSON.
       const headers = parsePushHeaders(c.headers ? JSON.stringify(c.headers) : undefined);
-      const got = composeImageRef(parsed.kind === 'payload' ? parsed.payload : undefined, c.env, headers);
+      const got = composeImageRef(parsed.kind === 'payload' ? parsed.payload : undefined, readPushReading(c.env), headers);
       if (c.ref !== undefined) {
         assert.equal(got.kind, 'ref', JSON.stringify(got));
         if (got.kind === 'ref') {
@@ -74,7 +74,7 @@ describe('registry payloads → image reference', () => {
     push_data: { digest: over.digest ?? `sha256:${'a'.repeat(64)}`, pushed_at: '2024-05-20 10:41:07', tag: over.tag ?? 'v1' },
     repository: { name: over.name ?? 'app', namespace: 'ns', region: over.region ?? 'cn-hangzhou', repo_full_name: over.full ?? 'ns/app' },
   });
-  const compose = (payload: unknown, env: Record<string, string> = { REPO_TYPE: 'regionalregistry' }) => composeImageRef(payload, env);
+  const compose = (payload: unknown, env: Record<string, string> = { REPO_TYPE: 'regionalregistry' }) => composeImageRef(payload, readPushReading(env));
   const errorOf = (payload: unknown, env?: Record<string, string>) => {
     const r = compose(payload, env);
     assert.equal(r.kind, 'error', JSON.stringify(r));
@@ -104,7 +104,7 @@ describe('registry payloads → image reference', () => {
     assert.match(errorOf({ push_data: { tag: 'v1' }, repository: { name: 'a', namespace: 'b' } }, { REPO_TYPE: 'publicregistry' }), /^repository\.repo_name is missing/);
     assert.match(errorOf({ push_data: { tag: 'v1' }, repository: { name: 'a', namespace: 'b' } }, { REPO_TYPE: 'custom' }), /^repository\.repo_url is missing/);
     assert.match(errorOf({ push_data: { tag: 'v1' }, repository: { name: 'a', namespace: 'b', repo_url: 'https://bad host/' } }, { REPO_TYPE: 'custom' }), /^repository\.repo_url "https:\/\/bad host\/" does not start with a valid registry host/);
-    assert.match(errorOf(acr({}), { REPO_TYPE: 'regionalregistry', REGISTRY_HOST: 'not a host' }), /^REGISTRY_HOST "not a host" is not a valid registry host/);
+    assert.throws(() => readPushReading({ REPO_TYPE: 'regionalregistry', REGISTRY_HOST: 'not a host' }), /^Error: REGISTRY_HOST "not a host" is not a valid registry host/);
     assert.match(errorOf([1]), /^payload is not a JSON object \(got an array\)$/);
   });
   test('test pings are no-ops, whatever the registry', () => {
@@ -143,7 +143,7 @@ describe('registry payloads → image reference', () => {
 
 describe('the image pin', () => {
   const pin = (current: string, pushed: string, settings: Record<string, string> = {}) =>
-    checkImagePin('app', current, pushed, readImagePin(settings));
+    checkImagePin('app', current, pushed, readImagePin(settings.REGISTRY_HOST, settings.ALLOW_IMAGES));
   const allowed = (current: string, pushed: string, settings?: Record<string, string>) => {
     const d = pin(current, pushed, settings);
     assert.equal(d.allowed, true, `${current} → ${pushed}: ${JSON.stringify(d)}`);
@@ -221,11 +221,11 @@ describe('the image pin', () => {
   test('REGISTRY_HOST applies to every repo_type: a Docker Hub push cannot leave the hook\'s registry', () => {
     const hub = JSON.parse(fixture('dockerhub-push.json'));
     const env = { REPO_TYPE: 'publicregistry', REGISTRY_HOST: 'registry.cn-hangzhou.aliyuncs.com' };
-    const composed = composeImageRef(hub, env);
+    const composed = composeImageRef(hub, readPushReading(env));
     assert.equal(composed.kind === 'ref' && composed.ref, 'registry.cn-hangzhou.aliyuncs.com/shopteam/web-api:v2.3.1');
     refused('registry.cn-hangzhou.aliyuncs.com/shop/web-api:v1', composed.kind === 'ref' ? composed.ref : '', env);
     const custom = { push_data: { tag: 'pwn' }, repository: { repo_url: 'evil.example:5000', namespace: 'shop', name: 'web-api' } };
-    const viaCustom = composeImageRef(custom, { REPO_TYPE: 'custom', REGISTRY_HOST: 'registry.cn-hangzhou.aliyuncs.com' });
+    const viaCustom = composeImageRef(custom, readPushReading({ REPO_TYPE: 'custom', REGISTRY_HOST: 'registry.cn-hangzhou.aliyuncs.com' }));
     assert.equal(viaCustom.kind === 'ref' && viaCustom.ref, 'registry.cn-hangzhou.aliyuncs.com/shop/web-api:pwn');
   });
 
@@ -247,7 +247,7 @@ describe('the image pin', () => {
 
   test('ALLOW_IMAGES patterns are validated, naming the pattern', () => {
     const problem = (value: string) => {
-      assert.throws(() => readImagePin({ ALLOW_IMAGES: value }), Error);
+      assert.throws(() => readImagePin(undefined, value), Error);
       return IMAGE_PIN_SETTINGS.ALLOW_IMAGES(value);
     };
     assert.match(problem('*') ?? '', /^ALLOW_IMAGES pattern "\*" has a "\*" that is not a trailing "\/\*"/);
