@@ -51,7 +51,7 @@
  *  27. workloads .................. WORKLOAD_KINDS, parseWorkload, locateContainer, rolloutStatus
  *  28. update policies ............ parsePolicy, policyDecision, UpdatePolicy
  *  29. hook settings .............. HOOK_SETTINGS, fixedSettingChecks
- *  30. upgrade decision ........... readSettings, decidePush, decide, holdDecision, verifiedRef
+ *  30. upgrade decision ........... readHookConfig, HookConfig, decidePush, decide, holdDecision, verifiedRef
  *  31. the patch .................. patchOnce, patchUntilApplied
  *  32. the report ................. formatForcedRollback, formatReport, formatRollback, formatRollout
  *  33. rollout follow ............. claimFollow, followRollout, resumedReport, rolloutEvent
@@ -14180,10 +14180,11 @@ export const IMAGE_PIN_SETTINGS = fixedSettingChecks(['REGISTRY_HOST', 'ALLOW_IM
 //    A registry that does not answer fails the push closed, or under ON_REGISTRY_AWAY=keep has it kept (RegistryAway).
 //    Every Event a push writes on its workload is rendered by pushEvent from one table (PUSH_EVENTS: its type, reason
 //    and message, from the push's decision and facts); recordEventQuietly records one without failing the push.
-//    Exports: decide, decidePush, decisionReason, FollowRecord, FUTURE_PUSH_SKEW_MS, holdDecision, imageFieldPath,
-//    IncomingPush, knownContainer, newPushRecord, outsidePolicy, pinnedContainer, plannedChange, pullSecretNames,
-//    pushEvent, PushRecord, pushTime, readFollowRecords, readHookConfig, readPushRecords, recordEventQuietly,
-//    RegistryAway, SignatureRefusal, UpgradeSettings, verifiedRef, whoAsked, withPushRecord, workloadPodSpec.
+//    Exports: configuredReport, decide, decidePush, decisionReason, FollowRecord, FUTURE_PUSH_SKEW_MS, holdDecision,
+//    HookConfig, imageFieldPath, IncomingPush, knownContainer, newPushRecord, outsidePolicy, pinnedContainer,
+//    plannedChange, pullSecretNames, pushEvent, PushRecord, pushTime, readFollowRecords, readHookConfig,
+//    readPushRecords, recordEventQuietly, RegistryAway, SignatureRefusal, UpgradeSettings, verifiedRef, whoAsked,
+//    withPushRecord, workloadPodSpec.
 //    Tests: test/clouds.test.ts, test/decision.test.ts, test/hold.test.ts, test/records.test.ts,
 //    test/registries.test.ts, test/registry-e2e.test.ts, test/replicas.test.ts, test/upgrade.test.ts.
 // ================================================================================================
@@ -14671,10 +14672,12 @@ interface UpgradeSettings {
  * Every setting one push's upgrade reads, parsed once from the hook's environment at the push's boundary: the
  * workload, the checks and the decision's settings (UpgradeSettings), its cluster, and how its payload is read.
  */
-interface HookConfig extends UpgradeSettings {
+export interface HookConfig extends UpgradeSettings {
   /** CLUSTER: a context of the service's kubeconfig; undefined: the default cluster. */
   cluster: string | undefined;
   reading: PushReading;
+  /** MAIL_TO as given: the mail checks it when it writes (resultMail); a follow left to resume names it. */
+  mailTo: string | undefined;
 }
 
 /**
@@ -14684,7 +14687,19 @@ interface HookConfig extends UpgradeSettings {
 export function readHookConfig(env: Record<string, string | undefined>, report: UpgradeReport): HookConfig {
   const cluster = (report.cluster = HOOK_SETTINGS.CLUSTER.parse(env.CLUSTER));
   const { registryHost, ...settings } = readSettings(env, report);
-  return { ...settings, cluster, reading: pushReadingOf(env, registryHost) };
+  return { ...settings, cluster, reading: pushReadingOf(env, registryHost), mailTo: env.MAIL_TO };
+}
+
+/** A push's new report once its HookConfig is read: what readHookConfig tells a report, in the same order. */
+export function configuredReport(config: HookConfig): UpgradeReport {
+  return Object.assign(newReport(), {
+    cluster: config.cluster,
+    namespace: config.namespace,
+    workload: `${config.workload.kind}/${config.workload.name}`,
+    container: config.container,
+    rollbackOnFailure: config.rollbackOnFailure || undefined,
+    imagePin: config.pin,
+  });
 }
 
 /** How a push's payload is read, from the hook's environment alone (a reader's tests; a push: readHookConfig). */
@@ -16530,8 +16545,10 @@ export function formatRbac(reaches: HookReach[], serviceAccount: string, hooksPa
 //    patch, record the Event, follow the rollout and roll back when asked, report. UpgradeService is the command
 //    runner's InProcessCommand: one client, one per-workload queue and one set of kept pushes for every push. A push
 //    the API server does not answer is kept and applied when it answers (KeptPushes, answered 202); a waiting push,
-//    once decided, and a past push deployed again take the same path from the settings on (runDecided).
-//    Exports: runDecidedPush, runUpgrade, upgradeResult, UpgradeResult.
+//    once decided, and a past push deployed again take the same path from the settings on (runDecided). Each
+//    boundary reads the hook's environment once into a HookConfig (readHookConfig): the process (runUpgrade), an HTTP
+//    delivery to one cluster (runOne), a decided push (runDecided); a kept push is tried again with the one it kept.
+//    Exports: failedUpgrade, runDecidedPush, runPush, runUpgrade, upgradeResult, UpgradeResult.
 //    Tests: test/burst.test.ts, test/e2e.test.ts, test/outage.test.ts, test/rollback.test.ts, test/upgrade.test.ts.
 // ================================================================================================
 
@@ -16545,11 +16562,32 @@ export async function runUpgrade(
   deps: UpgradeDeps = {},
 ): Promise<{ output: string; exitCode: number; report: UpgradeReport }> {
   const report = newReport();
+  let config: HookConfig;
+  try {
+    config = readHookConfig(env, report);
+  } catch (e) {
+    failedUpgrade(report, e);
+    return upgradeResult(report);
+  }
+  // The push's cluster's credentials from this process's environment, unless the caller gives its own.
+  const own = () => credentialsFromEnvironment(env, deps.kubeconfig, config.cluster, execEnvironment(env, new Set()));
+  return runPush(args, config, { ...deps, credentials: deps.credentials ?? own });
+}
+
+/**
+ * A push whose HookConfig its boundary has read (runUpgrade, the service's runOne, a kept push tried again):
+ * argument 1 the payload, argument 2 the request's headers. Never throws.
+ */
+export async function runPush(
+  args: string[],
+  settings: HookConfig,
+  deps: UpgradeDeps,
+): Promise<{ output: string; exitCode: number; report: UpgradeReport }> {
+  const report = configuredReport(settings);
+  const cluster = settings.cluster;
   let ownClient: KubeClient | undefined;
   try {
     // Everything up to queue.run is synchronous, so tasks are queued in the order calls arrive.
-    const settings = readHookConfig(env, report);
-    const cluster = settings.cluster;
     const headers = pushHeaders(args[1]);
     const validation = webhookValidation(headers, args[0]);
     if (validation !== undefined) {
@@ -16573,7 +16611,7 @@ export async function runUpgrade(
     if (time.future !== undefined) report.notes.push(futureTimeNote('payload', time.future, time.ms));
     const push: IncomingPush = { pushedAtMs: time.ms, timeFrom: time.from, image: composed.ref, push: composed.pushId };
     report.pushedAtMs = time.ms;
-    const client = deps.client ?? (ownClient = upgradeClient(env, deps, cluster));
+    const client = deps.client ?? (ownClient = upgradeClient(deps));
     const workloadKey = `${cluster ?? ''}/${settings.namespace}/${settings.workload.kind}/${settings.workload.name}`;
     const apply = async () => {
       if (deps.abandon?.aborted) {
@@ -16595,13 +16633,13 @@ export async function runUpgrade(
 }
 
 /** A client of the push's own (the upgrade mode; the service gives its own): its cluster's credentials. */
-function upgradeClient(env: Record<string, string | undefined>, deps: UpgradeDeps, cluster?: string): KubeClient {
-  if (deps.credentials) return new KubeClient(deps.credentials());
-  return new KubeClient(credentialsFromEnvironment(env, deps.kubeconfig, cluster, execEnvironment(env, new Set())));
+function upgradeClient(deps: UpgradeDeps): KubeClient {
+  if (!deps.credentials) throw new UpgradeError('no Kubernetes credentials');
+  return new KubeClient(deps.credentials());
 }
 
 /** A failure thrown by a step, in the report: what failed, and whether anything is known to be written. */
-function failedUpgrade(report: UpgradeReport, e: unknown): void {
+export function failedUpgrade(report: UpgradeReport, e: unknown): void {
   report.result = 'failed';
   report.error = (e as Error).message;
   if (!report.changed)
@@ -16620,13 +16658,12 @@ function failedUpgrade(report: UpgradeReport, e: unknown): void {
  */
 async function runDecidedPush(
   push: IncomingPush,
-  env: Record<string, string | undefined>,
+  settings: HookConfig,
   deps: UpgradeDeps & { client: KubeClient },
 ): Promise<UpgradeResult> {
-  const report = newReport();
+  const report = configuredReport(settings);
+  const cluster = settings.cluster;
   try {
-    const settings = readHookConfig(env, report);
-    const cluster = settings.cluster;
     report.imageAfter = push.image;
     report.pushedAtMs = push.pushedAtMs;
     const apply = async () => {
@@ -16863,7 +16900,7 @@ const SUPERSEDED_FOLLOW = 'superseded by a later push to this workload, whose re
 /** A push kept while the API server does not answer. */
 interface KeptPush {
   args: string[];
-  env: Record<string, string | undefined>;
+  config: HookConfig;
   requestId: string;
   hook: Hook;
   /** The report answered (202), whose `pending` this push settles. */
@@ -16903,7 +16940,7 @@ class KeptPushes {
   }
 
   /** The answer for a push the API server did not answer: kept (202), superseded, or failed as it is. */
-  keep(args: string[], env: Record<string, string | undefined>, requestId: string, hook: Hook, result: UpgradeResult) {
+  keep(args: string[], config: HookConfig, requestId: string, hook: Hook, result: UpgradeResult) {
     const r = result.report;
     const key = `${r.namespace}/${r.workload}/${r.container}`;
     const held = this.kept.get(key);
@@ -16929,7 +16966,8 @@ class KeptPushes {
       action: `waiting for ${who} (${r.error}): kept, and applied when it answers until ${until}`,
       pending,
     };
-    this.kept.set(key, { args, env, requestId, hook, report, who, deadline, settle, abandon: new AbortController() });
+    const abandon = new AbortController();
+    this.kept.set(key, { args, config, requestId, hook, report, who, deadline, settle, abandon });
     // A registry that is away says nothing of the API server, which has just answered this push's reads.
     this.lastTryFailed = who === 'the API server';
     this.log.warn(`[${requestId}] ${reportWhere(r)}: ${who} does not answer; push kept until ${until}`);
@@ -17170,8 +17208,9 @@ export class UpgradeService implements InProcessCommand {
   private lane(cluster: string | undefined): ClusterLane {
     let lane = this.lanes.get(cluster ?? '');
     if (!lane) {
+      // A kept push tried again: its HookConfig as its boundary read it.
       const apply = (k: KeptPush) =>
-        runUpgrade(k.args, k.env, { ...this.deps(k.requestId, k.hook, k.env), abandon: k.abandon.signal });
+        runPush(k.args, k.config, { ...this.deps(k.requestId, k.hook, k.config), abandon: k.abandon.signal });
       const kept = new KeptPushes(apply, this.applyDeadlineMs, this.log, this.stopping.signal);
       const exec = () => execEnvironment(this.env, this.templateVariables());
       const credentials = () => credentialsFromEnvironment(this.env, this.kubeconfig, cluster, exec());
@@ -17183,10 +17222,10 @@ export class UpgradeService implements InProcessCommand {
     return lane;
   }
 
-  /** The lane of a push's CLUSTER; a malformed one gets none (runUpgrade refuses the push before any call). */
-  private laneOf(env: Record<string, string | undefined>): ClusterLane | undefined {
+  /** The lane of a decided push's cluster; a malformed name gets none (the push is then refused: no client). */
+  private laneOf(cluster: string | undefined): ClusterLane | undefined {
     try {
-      return this.lane(HOOK_SETTINGS.CLUSTER.parse(env.CLUSTER));
+      return this.lane(HOOK_SETTINGS.CLUSTER.parse(cluster));
     } catch {
       return undefined;
     }
@@ -17232,24 +17271,32 @@ export class UpgradeService implements InProcessCommand {
     };
   }
 
+  /** An HTTP delivery's push to one cluster: its boundary, where the hook's environment becomes its HookConfig. */
   private async runOne(
     args: string[],
     env: Record<string, string | undefined>,
     requestId: string,
     hook: Hook,
   ): Promise<ServiceResult> {
-    const hookId = hook.id;
-    const deps = this.deps(requestId, hook, env);
-    const lane = this.laneOf(env);
+    const report = newReport();
+    let config: HookConfig;
+    try {
+      config = readHookConfig(env, report);
+    } catch (e) {
+      failedUpgrade(report, e);
+      return upgradeResult(report);
+    }
+    const deps = this.deps(requestId, hook, config);
+    const lane = this.lane(config.cluster);
     // While the API server is known to be away, one try: a push is kept (202) without waiting
     // through the retry budget, which would outlast many a registry's delivery timeout.
-    if (lane?.kept.away()) deps.client = lane.singleTryClient() ?? deps.client;
-    const result = await runUpgrade(args, env, deps);
+    if (lane.kept.away()) deps.client = lane.singleTryClient() ?? deps.client;
+    const result = await runPush(args, config, deps);
     const r = result.report;
     // Logged whatever the verbosity: someone tried to deploy a repository the hook does not allow.
     if (r.refused)
-      this.log.error(`[${requestId}] hook ${hookId}: push to ${reportWhere(r)} refused: ${r.error}`);
-    if (r.unreachable && lane) return lane.kept.keep(args, env, requestId, hook, result);
+      this.log.error(`[${requestId}] hook ${hook.id}: push to ${reportWhere(r)} refused: ${r.error}`);
+    if (r.unreachable) return lane.kept.keep(args, config, requestId, hook, result);
     if (r.decision === 'waiting' || r.decision === 'approved') return { ...result, accepted: true };
     return r.badInput ? { ...result, badInput: true } : result;
   }
@@ -17297,30 +17344,38 @@ export class UpgradeService implements InProcessCommand {
     cluster: string | undefined,
   ): Promise<UpgradeResult & { env: Record<string, string | undefined> }> {
     const env = this.decidedEnv(hook, target, container, cluster);
-    const client = this.laneOf(env)?.client();
+    const client = this.laneOf(env.CLUSTER)?.client();
     if (!client) throw new UpgradeError('no Kubernetes credentials');
-    const deps = { ...this.deps(requestId, hook, env), client, decided, known: undefined };
-    return { ...(await runDecidedPush(push, env, deps)), env };
+    const report = newReport();
+    let config: HookConfig;
+    try {
+      config = readHookConfig(env, report);
+    } catch (e) {
+      failedUpgrade(report, e);
+      return { ...upgradeResult(report), env };
+    }
+    const deps = { ...this.deps(requestId, hook, config), client, decided, known: undefined };
+    return { ...(await runDecidedPush(push, config, deps)), env };
   }
 
   /**
    * A follow is recorded on the workload only where a replica starting next would find it: the hook
    * fixes the workload (hookReach). Otherwise this replica reports the rollout's end, even at shutdown.
    */
-  private deps(requestId: string, hook: Hook, env: Record<string, string | undefined>): UpgradeDeps {
+  private deps(requestId: string, hook: Hook, config: HookConfig): UpgradeDeps {
     let resumable = this.resumable.get(hook);
     if (resumable === undefined) this.resumable.set(hook, (resumable = hookReach(hook)?.target !== undefined));
-    const lane = this.laneOf(env);
+    const lane = this.lane(config.cluster);
     return {
-      client: lane?.client(),
+      client: lane.client(),
       kubeconfig: this.kubeconfig,
-      credentials: lane?.credentials,
+      credentials: lane.credentials,
       requestId,
       hookId: hook.id,
       queue: this.queue,
       eventAfterAnswer: true,
       known: lane?.known,
-      followAfter: this.followMs > 0 && resumable ? { followMs: this.followMs, mailTo: env.MAIL_TO } : undefined,
+      followAfter: this.followMs > 0 && resumable ? { followMs: this.followMs, mailTo: config.mailTo } : undefined,
       approvals: this.approvals,
     };
   }
