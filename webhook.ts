@@ -18447,8 +18447,10 @@ interface PastPush {
 //    as the rollout follower hands on the answer, the rollout's progress and its end, and once final sent to each
 //    ResultChannel in order (the mail, then the chat and JSON receivers), whose outcomes are recorded on it. What
 //    became of the push is its upgrade report's decision (DECISIONS), published as pushResult says; the channels
-//    and the deliveries page render the record, none reads an outcome back from text.
-//    Exports: Delivery, DeliveryLog, MailJob, PushResult, ResultChannel, ResultDispatcher, SendOutcome.
+//    and the deliveries page render the record, none reads an outcome back from text. The hook settings a result is
+//    told with (ResultSettings) are read from the command's environment once, when its job is made (resultSettings),
+//    or, for a follow resumed from its record, from the record and the report.
+//    Exports: Delivery, DeliveryLog, MailJob, NotifyTexts, PushResult, ResultChannel, ResultDispatcher, SendOutcome.
 //    Tests: test/decision.test.ts, test/deliveries.test.ts, test/mail.test.ts, test/notify.test.ts,
 //    test/resume.test.ts.
 // ================================================================================================
@@ -18473,19 +18475,72 @@ export interface SendOutcome {
   detail: string;
 }
 
-/** A finished command as every channel gets it: which hook and request, its environment and result. */
+/** A finished command as every channel gets it: which hook and request, the settings its result reads, its result. */
 export interface MailJob {
   hookId: string;
   requestId: string;
-  env: Readonly<Record<string, string | undefined>>;
+  settings: ResultSettings;
   outcome: Outcome;
   detail: string;
   output: string;
 }
 
+/**
+ * The hook settings a command's result is told with, read from the command's environment once, when its job is
+ * made (resultSettings): any hook's command, not only an upgrade, has its result mailed and posted. Each setting
+ * the channels check is kept as given, so that a wrong one fails its channel, never the push.
+ */
+interface ResultSettings {
+  /** REPO_TYPE, CLUSTER (trimmed), APP_NS, APP_WORKLOAD, APP_CONTAINER when set: where the push went. */
+  repoType: string | undefined;
+  cluster: string | undefined;
+  namespace: string | undefined;
+  workload: string | undefined;
+  container: string | undefined;
+  /** MAIL_TO as given when set: the mail parses it (Mailer.notify). */
+  mailTo: string | undefined;
+  /** NOTIFY_ON_SKIP: whether a push the update policy skipped goes to the channels. */
+  notifyOnSkip: boolean;
+  /** NOTIFY_URL, NOTIFY_FORMAT and NOTIFY_SECRET as given: the notifications check them (notifyTargets). */
+  notify: NotifyTexts;
+}
+
+/** The notification settings as a hook passes them, for notifyTargets to check. */
+export interface NotifyTexts {
+  url?: string;
+  format?: string;
+  secret?: string;
+}
+
+/** A command's ResultSettings from its environment: the boundary of a result, as readHookConfig is of a push. */
+export function resultSettings(env: Readonly<Record<string, string | undefined>>): ResultSettings {
+  return {
+    repoType: env.REPO_TYPE || undefined,
+    cluster: env.CLUSTER?.trim() || undefined,
+    namespace: env.APP_NS || undefined,
+    workload: env.APP_WORKLOAD || undefined,
+    container: env.APP_CONTAINER || undefined,
+    mailTo: env.MAIL_TO || undefined,
+    notifyOnSkip: notifyOnSkip(env.NOTIFY_ON_SKIP),
+    notify: { url: env.NOTIFY_URL, format: env.NOTIFY_FORMAT, secret: env.NOTIFY_SECRET },
+  };
+}
+
+/**
+ * NOTIFY_ON_SKIP: whether a push the update policy skipped goes to the channels. A value the load let through
+ * (it is fixed in the file, so checked there) is read as its default.
+ */
+function notifyOnSkip(value: string | undefined): boolean {
+  try {
+    return HOOK_SETTINGS.NOTIFY_ON_SKIP.parse(value);
+  } catch {
+    return true;
+  }
+}
+
 /** The mail for a finished command: an upgrade's report speaks for it, else its exit status. */
 function mailJob(hook: Hook, req: HookRequest, r: CommandResult, report: UpgradeReport | undefined): MailJob {
-  const job = { hookId: hook.id, requestId: req.id, env: r.env };
+  const job = { hookId: hook.id, requestId: req.id, settings: resultSettings(r.env) };
   if (!report) {
     return {
       ...job,
@@ -18494,16 +18549,11 @@ function mailJob(hook: Hook, req: HookRequest, r: CommandResult, report: Upgrade
       output: r.output,
     };
   }
-  return reportMailJob(hook.id, req.id, r.env, report);
+  return reportMailJob(hook.id, req.id, job.settings, report);
 }
 
 /** The mail for an upgrade's report. Pure. */
-function reportMailJob(
-  hookId: string,
-  requestId: string,
-  env: Readonly<Record<string, string | undefined>>,
-  report: UpgradeReport,
-): MailJob {
+function reportMailJob(hookId: string, requestId: string, settings: ResultSettings, report: UpgradeReport): MailJob {
   const outcome = report.result !== 'ok' ? 'failed' : report.changed ? 'succeeded' : 'no change';
   const links = report.waiting?.links;
   // The links go to the mail and the page, never to the log.
@@ -18511,7 +18561,7 @@ function reportMailJob(
     ? `\napprove: ${links.approve}\nreject: ${links.reject}\n` +
       (links.deployNow ? `deploy now: ${links.deployNow}\n` : '')
     : '';
-  return { hookId, requestId, env, outcome, detail: report.action, output: formatReport(report) + decide };
+  return { hookId, requestId, settings, outcome, detail: report.action, output: formatReport(report) + decide };
 }
 
 /** A push's result as the deliveries page and the notifications tell it. */
@@ -18563,18 +18613,18 @@ export function pushResult(
   receivedAt: Date,
   scrub: (text: string) => string,
 ): PushResult {
-  const env = job.env;
+  const s = job.settings;
   return {
     hookId: job.hookId,
     requestId: job.requestId,
     receivedAt,
     outcome: job.outcome,
     ...cutDetail(decisionOf(job, report)),
-    registry: env.REPO_TYPE || undefined,
-    cluster: report?.cluster ?? (env.CLUSTER?.trim() || undefined),
-    namespace: report?.namespace ?? (env.APP_NS || undefined),
-    workload: report?.workload ?? (env.APP_WORKLOAD || undefined),
-    container: report?.container ?? (env.APP_CONTAINER || undefined),
+    registry: s.repoType,
+    cluster: report?.cluster ?? s.cluster,
+    namespace: report?.namespace ?? s.namespace,
+    workload: report?.workload ?? s.workload,
+    container: report?.container ?? s.container,
     imageBefore: report?.imageBefore,
     imageAfter: report?.imageAfter,
     rollout: report?.rollout && { state: report.rollout.state, detail: report.rollout.detail },
@@ -18722,17 +18772,6 @@ export class DeliveryLog {
   }
 }
 
-/**
- * NOTIFY_ON_SKIP: whether a push the update policy skipped goes to the channels. A value the load let through
- * (it is fixed in the file, so checked there) is read as its default.
- */
-function notifyOnSkip(env: Readonly<Record<string, string | undefined>>): boolean {
-  try {
-    return HOOK_SETTINGS.NOTIFY_ON_SKIP.parse(env.NOTIFY_ON_SKIP);
-  } catch {
-    return true;
-  }
-}
 
 /**
  * The result of every push, step by step as the rollout follower hands it on: recorded in the
@@ -18767,7 +18806,7 @@ export class ResultDispatcher implements ResultListener {
     const d = this.log.settled(req, job, report);
     const labels = { hook: hook.id, cluster: d.cluster ?? '', decision: d.decision };
     if (report) this.metrics?.inc('webhook_upgrades_total', labels);
-    if (report?.decision === 'skipped by policy' && !notifyOnSkip(job.env)) return;
+    if (report?.decision === 'skipped by policy' && !job.settings.notifyOnSkip) return;
     for (const channel of this.channels) this.log.sending(d, channel.deliver(d, job));
   }
 
@@ -18781,13 +18820,13 @@ export class ResultDispatcher implements ResultListener {
 
   /** A follow another replica left, ended here: its result goes to the channels (it has no page entry). */
   resumed(report: UpgradeReport, follow: ResumedFollow): void {
-    const env = {
-      APP_NS: report.namespace,
-      APP_WORKLOAD: report.workload,
-      APP_CONTAINER: report.container,
-      MAIL_TO: follow.mailTo,
+    // Its boundary: what the follow record and the report say, and no notification settings (as it always had).
+    const settings: ResultSettings = {
+      ...{ repoType: undefined, cluster: undefined, notifyOnSkip: true, notify: {} },
+      ...{ namespace: report.namespace, workload: report.workload, container: report.container },
+      mailTo: follow.mailTo || undefined,
     };
-    const job = reportMailJob(follow.hook, follow.request, env, report);
+    const job = reportMailJob(follow.hook, follow.request, settings, report);
     const result = pushResult(job, report, new Date(), (text) => text);
     for (const channel of this.channels) channel.deliver(result, job);
   }
@@ -18863,12 +18902,12 @@ const MAIL_RETRY_BACKOFF_MS = 2_000;
  * on it) and adds the outcome: "Webhooks通知: prod-deployment/web-app 更新结果: succeeded".
  */
 function resultMail(job: MailJob): { subject: string; body: string } {
-  const { APP_NS: ns, APP_WORKLOAD: workload, APP_CONTAINER: container } = job.env;
+  const { namespace: ns, workload, container, cluster } = job.settings;
   const target = ns && workload && container ? `${ns}-${workload}-${container}` : job.hookId;
   const lines = [
     `hook: ${job.hookId}`,
     `request: ${job.requestId}`,
-    ...(job.env.CLUSTER?.trim() ? [`cluster: ${job.env.CLUSTER.trim()}`] : []),
+    ...(cluster ? [`cluster: ${cluster}`] : []),
     ...(ns ? [`namespace: ${ns}`] : []),
     ...(workload ? [`workload: ${workload}`] : []),
     ...(container ? [`container: ${container}`] : []),
@@ -18937,7 +18976,7 @@ export class Mailer implements ResultChannel {
 
   /** Mails the result when the hook passes MAIL_TO (and mail is configured): resolves with how it went. */
   notify(job: MailJob): Promise<SendOutcome> | undefined {
-    const mailTo = job.env.MAIL_TO;
+    const mailTo = job.settings.mailTo;
     if (!this.config || !mailTo) return undefined;
     let to: string[];
     let mail: { subject: string; body: string };
@@ -19039,7 +19078,7 @@ export class Mailer implements ResultChannel {
 
 /** One held-back result in a summary: request, target, outcome. */
 function summaryLine(job: MailJob): string {
-  const { APP_NS: ns, APP_WORKLOAD: workload, APP_CONTAINER: container } = job.env;
+  const { namespace: ns, workload, container } = job.settings;
   const target = ns && workload && container ? ` ${ns}-${workload}-${container}:` : '';
   return `request ${job.requestId}:${target} ${job.outcome} (${job.detail})`;
 }
@@ -19406,12 +19445,12 @@ function perUrl<T>(values: T[], n: number, name: string): T[] {
   return values;
 }
 
-/** A hook's receivers from its environment; throws (without a secret in the message) when it is wrong. */
-export function notifyTargets(env: Readonly<Record<string, string | undefined>>): NotifyTarget[] {
-  if (!env.NOTIFY_URL?.trim()) return [];
-  const urls = HOOK_SETTINGS.NOTIFY_URL.parse(env.NOTIFY_URL);
-  const formats = perUrl(HOOK_SETTINGS.NOTIFY_FORMAT.parse(env.NOTIFY_FORMAT), urls.length, 'NOTIFY_FORMAT');
-  const secrets = perUrl(HOOK_SETTINGS.NOTIFY_SECRET.parse(env.NOTIFY_SECRET), urls.length, 'NOTIFY_SECRET');
+/** A hook's receivers from its settings as given; throws (without a secret in the message) when they are wrong. */
+export function notifyTargets(texts: NotifyTexts): NotifyTarget[] {
+  if (!texts.url?.trim()) return [];
+  const urls = HOOK_SETTINGS.NOTIFY_URL.parse(texts.url);
+  const formats = perUrl(HOOK_SETTINGS.NOTIFY_FORMAT.parse(texts.format), urls.length, 'NOTIFY_FORMAT');
+  const secrets = perUrl(HOOK_SETTINGS.NOTIFY_SECRET.parse(texts.secret), urls.length, 'NOTIFY_SECRET');
   return urls.map((url, i) => {
     if (secrets[i] && !NOTIFY_FORMATS[formats[i]].signs)
       throw new Error(`NOTIFY_SECRET is set, but ${formats[i]} (URL ${i + 1}) does not sign its requests`);
@@ -19499,22 +19538,19 @@ export class Notifier implements ResultChannel {
 
   /** The result channel: the hook's NOTIFY_URL receivers. */
   deliver(result: PushResult, job: MailJob): { channel: string; done: Promise<SendOutcome> }[] {
-    return this.notify(result, job.env);
+    return this.notify(result, job.settings.notify);
   }
 
   /**
    * Posts the result to each of the hook's receivers; returns each one's channel (format and host)
    * with the promise of how it went. No receivers, no entries.
    */
-  notify(
-    r: PushResult,
-    env: Readonly<Record<string, string | undefined>>,
-  ): { channel: string; done: Promise<SendOutcome> }[] {
+  notify(r: PushResult, texts: NotifyTexts): { channel: string; done: Promise<SendOutcome> }[] {
     let targets: NotifyTarget[];
     try {
-      targets = notifyTargets(env);
+      targets = notifyTargets(texts);
     } catch (e) {
-      const why = this.scrubbed((e as Error).message, env);
+      const why = this.scrubbed((e as Error).message, texts);
       this.log.error(`[${r.requestId}] notifications for hook ${r.hookId} not sent: ${why}`);
       this.metrics.inc('webhook_notifications_total', { format: 'unknown', result: 'failed' });
       return [{ channel: 'notify', done: Promise.resolve({ state: 'failed', detail: why }) }];
@@ -19528,7 +19564,7 @@ export class Notifier implements ResultChannel {
         const detail = `not sent: hook ${r.hookId} reached ${this.cap.max} per ${formatGoDuration(this.cap.windowMs)}`;
         return { channel, done: Promise.resolve({ state: 'held' as const, detail }) };
       }
-      const done = this.send(r, t, env).finally(() => this.pending.delete(done));
+      const done = this.send(r, t, texts).finally(() => this.pending.delete(done));
       this.pending.add(done);
       return { channel, done };
     });
@@ -19555,11 +19591,7 @@ export class Notifier implements ResultChannel {
     return false;
   }
 
-  private async send(
-    r: PushResult,
-    t: NotifyTarget,
-    env: Readonly<Record<string, string | undefined>>,
-  ): Promise<SendOutcome> {
+  private async send(r: PushResult, t: NotifyTarget, texts: NotifyTexts): Promise<SendOutcome> {
     const where = `${t.format} notification to ${shownTarget(t.url)}`;
     const format = NOTIFY_FORMATS[t.format];
     const policy = { budgetMs: NOTIFY_LIMITS.retryBudgetMs, attempts: NOTIFY_LIMITS.attempts, backoff: this.backoff };
@@ -19580,15 +19612,15 @@ export class Notifier implements ResultChannel {
       this.log.info(`[${r.requestId}] ${where} sent`);
       return { state: 'sent', detail: `attempt ${sent.attempts}` };
     }
-    const why = this.scrubbed(`${sent.error.message} (after ${sent.attempts} attempt(s))`, env, t);
+    const why = this.scrubbed(`${sent.error.message} (after ${sent.attempts} attempt(s))`, texts, t);
     this.metrics.inc('webhook_notifications_total', { format: t.format, result: 'failed' });
     this.log.error(`[${r.requestId}] ${where} not sent: ${why}`);
     return { state: 'failed', detail: why };
   }
 
   /** A message with the hook's notification secrets and URLs (but their hosts) taken out. */
-  private scrubbed(text: string, env: Readonly<Record<string, string | undefined>>, t?: NotifyTarget): string {
-    const secrets = [...(env.NOTIFY_SECRET ?? '').split(/\s+/), ...(env.NOTIFY_URL ?? '').split(/[\s,]+/)];
+  private scrubbed(text: string, texts: NotifyTexts, t?: NotifyTarget): string {
+    const secrets = [...(texts.secret ?? '').split(/\s+/), ...(texts.url ?? '').split(/[\s,]+/)];
     if (t) secrets.push(t.url.href, `${t.url.pathname}${t.url.search}`, t.secret ?? '');
     // Shorter pieces (an empty path "/") are not secrets, and would take ordinary text out.
     return new Scrubber(
@@ -20199,9 +20231,9 @@ function describeNotifications(hook: Hook): string[] {
     return typeof value === 'string' ? value : undefined;
   };
   if (fixed('NOTIFY_URL') === undefined) return [];
-  const names = ['NOTIFY_URL', 'NOTIFY_FORMAT', 'NOTIFY_SECRET'];
   try {
-    const targets = notifyTargets(Object.fromEntries(names.map((n) => [n, fixed(n)])));
+    const texts = { url: fixed('NOTIFY_URL'), format: fixed('NOTIFY_FORMAT'), secret: fixed('NOTIFY_SECRET') };
+    const targets = notifyTargets(texts);
     return [`notify: ${targets.map((t) => `${t.format} ${t.url.host}${t.secret ? ' (signed)' : ''}`).join(', ')}`];
   } catch (e) {
     return [`notify: none will be sent: ${(e as Error).message}`];

@@ -6,8 +6,8 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import {
-  decide, DECISIONS, pushEvent, pushResult, rollbackObstacle, rolloutEvent, rolloutVerdict, unchanged, type PushRecord,
-  type RolloutOutcome, type UpgradeReport,
+  decide, DECISIONS, pushEvent, pushResult, resultSettings, rollbackObstacle, rolloutEvent, rolloutVerdict, unchanged,
+  type PushRecord, type RolloutOutcome, type UpgradeReport,
 } from '../webhook.ts';
 
 const rollout = (state: RolloutOutcome['state']): RolloutOutcome => ({ state, detail: state, pods: [] });
@@ -63,7 +63,7 @@ describe('why a failed rollout is not rolled back', () => {
 });
 
 describe('the decision of a push', () => {
-  const job = { hookId: 'web', requestId: 'r1', env: {}, outcome: 'succeeded' as const, detail: '', output: '' };
+  const job = { hookId: 'web', requestId: 'r1', settings: resultSettings({}), outcome: 'succeeded' as const, detail: '', output: '' };
   const result = (report: UpgradeReport) => pushResult(job, report, new Date(0), (text) => text);
   const base = (): UpgradeReport => ({
     ...unchanged('no-op', 'nothing was changed'), changed: false, result: 'ok', notes: [],
