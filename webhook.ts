@@ -17344,7 +17344,7 @@ export class UpgradeService implements InProcessCommand {
     cluster: string | undefined,
   ): Promise<UpgradeResult & { env: Record<string, string | undefined> }> {
     const env = this.decidedEnv(hook, target, container, cluster);
-    const client = this.laneOf(env.CLUSTER)?.client();
+    const client = this.laneOf(cluster)?.client();
     if (!client) throw new UpgradeError('no Kubernetes credentials');
     const report = newReport();
     let config: HookConfig;

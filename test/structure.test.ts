@@ -11,10 +11,32 @@ import * as path from 'node:path';
 import * as os from 'node:os';
 import {
   analyse, bannerTests, bareSleeps, codeOnly, IMPORTERS, MAX_FUNCTION_LINES, MAX_LINE_WIDTH, MIN_WALL_CLOCK_BOUND_MS,
-  repeatedBlocks, REPEAT_LINES, REPEAT_PLACES, shortWallClockBounds, SOURCE, testsImporting,
+  environmentReaders, repeatedBlocks, REPEAT_LINES, REPEAT_PLACES, shortWallClockBounds, SOURCE, testsImporting,
 } from './structure.ts';
 
 const report = analyse();
+/**
+ * The functions that read an environment of strings (`env.X`, `env[…]`: environmentReaders), and why each may.
+ * A push's hook settings are read once, at its boundary, into a HookConfig; what runs after takes that.
+ */
+const ENVIRONMENT_READERS = {
+  // The service's own environment, at start-up and in the libraries given one (templates, kubeconfig, PATH).
+  service: [
+    'applyTemplateFunction', 'kubeconfigFiles', 'execSpec', 'inClusterCredentials', 'parseCommandLine',
+    'checkHookSettings', 'templateEnvironment', 'CommandRunner.hasRoom', 'CommandRunner.tryAcquire',
+    'CommandRunner.resolveInputs', 'validate', 'mailWarnings', 'commandWarnings', 'openNotifier',
+    'parseMailConfig',
+  ],
+  // A push's boundaries: the hook's environment read into a HookConfig (readHookConfig and its parts), the process
+  // (/webhooks.sh: runUpgrade, which hands its environment to readHookConfig), an HTTP delivery (UpgradeService.run, fanned out per cluster, then runOne), and a
+  // decided push (UpgradeService.decidedEnv, which runDecided hands to readHookConfig).
+  boundaries: [
+    'readHookConfig', 'readSettings', 'readPushReading', 'pushReadingOf', 'UpgradeService.run',
+    'UpgradeService.decidedEnv',
+  ],
+  // A command's result: every hook's command (not only an upgrade) has its environment read into ResultSettings.
+  results: ['resultSettings'],
+};
 const text = fs.readFileSync(SOURCE, 'utf8');
 const MAX_CHAPTER_LINES = 900;
 const MAX_MAIN_LINES = 350;
@@ -103,10 +125,21 @@ describe('webhook.ts structure', () => {
     assert.deepEqual(unused, []);
   });
 
+  test("an environment is read only by the functions ENVIRONMENT_READERS names: after a push's boundary, none", () => {
+    const readers = environmentReaders();
+    const named = Object.values(ENVIRONMENT_READERS).flat();
+    const unnamed = [...readers].filter(([f]) => !named.includes(f)).map(([f, lines]) => `${f} (line ${lines[0]})`);
+    assert.deepEqual(unnamed, [], 'read an environment: take the HookConfig, or be a boundary named in the list');
+    assert.deepEqual(named.filter((f) => !readers.has(f)), [], 'named, but no longer reading an environment');
+  });
+
   test('the measuring tool sees through comments, strings and regular expressions', () => {
     const code = codeOnly("const a = 'Logger'; // Metrics\nconst b = /Hook/; const c = `x ${Snapshot} y`;");
     assert.doesNotMatch(code, /Logger|Metrics|Hook/);
     assert.match(code, /Snapshot/);
+    const readers = environmentReaders('class A {\n  m(env) {\n    return env.X;\n  }\n}\nfunction f(hook) {\n' +
+      '  return hook.env.length + env["Y"];\n}\n');
+    assert.deepEqual([...readers], [['A.m', [3]], ['f', [7]]]);
     const r = analyse(
       '// ' + '='.repeat(30) + '\n// 1. first — a.\n//    Exports: one.\n// ' + '='.repeat(30) + '\n' +
         'export function one() { return [two(), { ...three() }, x.three]; }\n' +

@@ -307,3 +307,39 @@ export function repeatedBlocks(dir = TEST_DIR): string[] {
   }
   return [...places].filter(([, at]) => at.length >= REPEAT_PLACES).map(([key, at]) => `${key.split('\n')[0]} (${at.join(', ')})`);
 }
+
+// ---- where an environment is read ----------------------------------------------------------------
+
+/**
+ * A read of an environment of strings: `env.NAME`, `env[…]` (also `this.env.…`, `job.env.…`); a hook's `hook.env`
+ * is its list of parameters, not an environment.
+ */
+const ENVIRONMENT_READ = /(?<![\w$])(?<!\bhook\.)env(?:\.[A-Za-z_$]|\[)/g;
+const TOP_FUNCTION = /^(?:export\s+)?(?:async\s+)?(?:function\*?\s+([\w$]+)|const\s+([\w$]+)\s*=.*=>)/;
+const TOP_CLASS = /^(?:export\s+)?(?:abstract\s+)?class\s+([\w$]+)/;
+const METHOD = /^ {2}(?:(?:private|public|protected|static|async|readonly|get|set)\s+)*([A-Za-z_$#][\w$]*)\s*(?:<[^>]*>)?\(/;
+
+/**
+ * Each function or method (`Class.method`) of webhook.ts that reads an environment, with the lines it does so on:
+ * after a push's boundary the hook's settings are a typed HookConfig, and only the boundaries read an environment.
+ */
+export function environmentReaders(text = fs.readFileSync(SOURCE, 'utf8')): Map<string, number[]> {
+  const code = codeOnly(text).split('\n');
+  const readers = new Map<string, number[]>();
+  let cls: string | undefined;
+  let fn: string | undefined;
+  code.forEach((l, i) => {
+    const top = TOP_FUNCTION.exec(l);
+    const klass = TOP_CLASS.exec(l);
+    if (klass) [cls, fn] = [klass[1], undefined];
+    else if (top) [cls, fn] = [undefined, top[1] ?? top[2]];
+    else if (/^\S/.test(l) && !/^[})\]]/.test(l)) [cls, fn] = [undefined, undefined];
+    else if (cls && METHOD.test(l) && !/^\s+(?:if|for|while|switch|catch|return)\b/.test(l))
+      fn = `${cls}.${METHOD.exec(l)![1]}`;
+    const reads = l.match(ENVIRONMENT_READ)?.length ?? 0;
+    if (!reads) return;
+    const name = fn ?? (cls ? `${cls} (a field)` : '(top level)');
+    readers.set(name, [...(readers.get(name) ?? []), i + 1]);
+  });
+  return readers;
+}
