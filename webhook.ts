@@ -121,7 +121,7 @@ const VERSION = '0.1.0';
 //    Go prints them.
 //    Exports: formatGoDuration, isObject, JsonNumber, listWithin, MONTHS, parseJsonKeepingNumbers, parseXml,
 //    previewValue, showValue, TextCursor.
-//    Tests: test/unit.test.ts.
+//    Tests: test/unit.test.ts, test/upgrade.test.ts.
 // ================================================================================================
 
 export function formatGoDuration(ms: number): string {
@@ -7675,9 +7675,9 @@ function editDistance(a: string, b: string): number {
 // 16. requests — turns an HTTP request into the structures hook parameters address: headers (Go-canonical names),
 //    query, payload (from JSON, form, XML or multipart bodies) and the raw body, with adnanh's dotted-path lookup and
 //    Go's JSON serialisation; compileParam reads how a hook names a value of the request.
-//    Exports: applyJsonParameters, compileParam, firstValues, headersFromRaw, HookRequest, isParsedContentType,
-//    MultipartError, Param, ParameterNotFound, paramReadsBody, parsePayload, resolveParameter.
-//    Tests: test/adnanh-suite.test.ts, test/compat.test.ts, test/unit.test.ts.
+//    Exports: applyJsonParameters, asMarshalled, compileParam, firstValues, headersFromRaw, HookRequest,
+//    isParsedContentType, MultipartError, Param, ParameterNotFound, paramReadsBody, parsePayload, resolveParameter.
+//    Tests: test/adnanh-suite.test.ts, test/compat.test.ts, test/unit.test.ts, test/upgrade.test.ts.
 // ================================================================================================
 
 export interface HookRequest {
@@ -7907,6 +7907,27 @@ export function goJsonMarshal(value: unknown): string {
       .join(',') +
     '}'
   );
+}
+
+/**
+ * What JSON.parse(goJsonMarshal(value)) reads back, without the text: numbers as JSON reads them, strings well
+ * formed, an object's keys in Go's sorted order, each an own property (`__proto__` too). The in-process command is
+ * given a request's entire payload so, as a command reads its argument. Pure; throws on a number JSON cannot write.
+ */
+export function asMarshalled(value: unknown): unknown {
+  if (value === null || value === undefined) return null;
+  if (value instanceof JsonNumber) return JSON.parse(value.text);
+  if (typeof value === 'string') return value.toWellFormed();
+  if (typeof value === 'number') return JSON.parse(String(value));
+  if (typeof value === 'boolean') return value;
+  if (Array.isArray(value)) return value.map(asMarshalled);
+  const map = value as Record<string, unknown>;
+  const out: Record<string, unknown> = {};
+  for (const k of Object.keys(map).sort()) {
+    const property = { value: asMarshalled(map[k]), enumerable: true, writable: true, configurable: true };
+    Object.defineProperty(out, k.toWellFormed(), property);
+  }
+  return out;
 }
 
 /** A looked-up value as the string adnanh would pass on (objects as JSON, null as "<nil>"). */
@@ -8971,11 +8992,13 @@ export interface InProcessCommand {
   readonly command: string;
   /** Whether a resolved execute-command is this command's entry point. */
   handles(file: string): boolean;
+  /** payload: argument 1 when the hook passes the request's entire payload, as its JSON value (asMarshalled). */
   run(
     args: string[],
     env: Environment,
     requestId: string,
     hook: Hook,
+    payload?: { value: unknown },
   ): Promise<{ output: string; exitCode: number; report: unknown; accepted?: boolean; badInput?: boolean }>;
 }
 
@@ -9063,6 +9086,17 @@ interface CommandInputs {
   env: Environment;
   envNames: string[];
   tempFiles: string[];
+  /** An in-process command's argument 1 when it is the request's entire payload: its JSON value, no text made. */
+  payload?: { value: unknown };
+}
+
+/** A request's entire payload as its JSON value (asMarshalled); undefined when JSON could not write it. */
+function payloadValue(payload: unknown): { value: unknown } | undefined {
+  try {
+    return { value: asMarshalled(payload) };
+  } catch {
+    return undefined;
+  }
 }
 
 export class CommandRunner {
@@ -9182,7 +9216,7 @@ export class CommandRunner {
         this.log.error(`${tag} use 'pass-arguments-to-command' to specify args for '${hook.command.split(/\s+/)[0]}'`);
       return { output: '', env: inputs.env, ok: false, exitCode: null, timedOut: false, error: resolved.error };
     }
-    await this.resolveInputs(hook, req, inputs);
+    await this.resolveInputs(hook, req, inputs, slot.inProcess);
     const how = slot.inProcess ? `${this.inProcess!.name}, in-process` : resolved.path;
     const env = inputs.envNames.join(', ') || '(none added)';
     this.log.info(
@@ -9199,9 +9233,12 @@ export class CommandRunner {
   }
 
   /** Arguments, environment variables and temp files from the hook's parameters, as adnanh does. */
-  private async resolveInputs(hook: Hook, req: HookRequest, inputs: CommandInputs): Promise<void> {
+  private async resolveInputs(hook: Hook, req: HookRequest, inputs: CommandInputs, inProcess: boolean): Promise<void> {
     const tag = `[${req.id}]`;
-    inputs.args = hook.args.map((p) => {
+    inputs.payload = inProcess && hook.args[0]?.source === 'entire-payload' ? payloadValue(req.payload) : undefined;
+    inputs.args = hook.args.map((p, i) => {
+      // The in-process command reads the payload itself: no JSON text is written for it to parse again.
+      if (i === 0 && inputs.payload) return '';
       try {
         return resolveParameter(p, req);
       } catch (e) {
@@ -9253,7 +9290,7 @@ export class CommandRunner {
     hook: Hook,
   ): Promise<CommandResult> {
     const env = inputs.env;
-    const running = this.inProcess!.run(inputs.args, env, requestId, hook);
+    const running = this.inProcess!.run(inputs.args, env, requestId, hook, inputs.payload);
     // This only stops the answer from waiting longer than the hook allows.
     const timedOut =
       timeoutMs > 0
@@ -10592,9 +10629,10 @@ export type PublishedDecision = (typeof DECISIONS)[Decision]['published'];
 //    Exports: ACR_PUSH_TYPES, acrEndpointPrefix, acrHost, acrPush, azureRead, checkedRepository, ComposedRef,
 //    customRegistryAddress, distributionRead, domainProblem, eventsRead, fieldAt, ghcrRead, giteaRead, harborPush,
 //    harborRead, ignoredEvents, ImageRef, jfrogRead, MAX_IMAGE_NAME_LENGTH, nexusRead, parseBoolSetting,
-//    parsePushHeaders, parsePushPayload, PayloadFields, pushDataEvent, pushDataTestPing, PushEvent, PushHeaders,
-//    pushHost, PushReading, quayRead, Reading, REFERENCE_GRAMMAR, Registry, RegistrySettings, repositoryPathProblem,
-//    splitImageAddress, stripSchemeAndSlashes, tagProblem, webhookValidation.
+//    parsePushHeaders, parsePushPayload, PayloadArgument, PayloadFields, pushDataEvent, pushDataTestPing, PushEvent,
+//    PushHeaders, pushHost, pushPayload, PushReading, quayRead, Reading, REFERENCE_GRAMMAR, Registry,
+//    RegistrySettings, repositoryPathProblem, splitImageAddress, stripSchemeAndSlashes, tagProblem,
+//    webhookValidation.
 //    Tests: test/registries.test.ts, test/registry-e2e.test.ts, test/upgrade.test.ts, test/clouds.test.ts,
 //    test/envelopes.test.ts.
 // ================================================================================================
@@ -10677,6 +10715,16 @@ export function parsePushPayload(
   } catch (e) {
     return { kind: 'error', message: `payload is not JSON: ${(e as Error).message}` };
   }
+  return pushPayload(value);
+}
+
+/**
+ * Argument 1 as its JSON value: the in-process command is given a request's entire payload so (asMarshalled), a
+ * process parses its text (parsePushPayload). Refused as parsePushPayload refuses it.
+ */
+export function pushPayload(
+  value: unknown,
+): { kind: 'payload'; payload: Record<string, unknown> | unknown[] } | { kind: 'error'; message: string } {
   // Through the runner, an entire-payload of null means the request body did not parse.
   if (value === null)
     return {
@@ -10694,15 +10742,21 @@ export function parsePushPayload(
 /** Request headers as the hook passes them (argument 2, its entire-headers), by lower-case name. */
 export type PushHeaders = Record<string, string>;
 
+/** Argument 1: its text (a process's, or a parameter other than the entire payload), or the payload's JSON value. */
+export type PayloadArgument = { text: string | undefined } | { value: unknown };
+
 /**
  * The CloudEvents webhook validation handshake (abuse protection), as Azure Event Grid sends it for
  * its CloudEvents schema: an OPTIONS request with WebHook-Request-Origin and no body. It is answered
  * by the hook (http-methods with OPTIONS, a WebHook-Allowed-Origin response header); the upgrade
  * only acknowledges it. The reason, or undefined for any other request.
  */
-export function webhookValidation(headers: PushHeaders, payloadText: string | undefined): string | undefined {
+export function webhookValidation(headers: PushHeaders, payload: PayloadArgument): string | undefined {
   const origin = headers['webhook-request-origin'];
-  const empty = payloadText === undefined || ['', 'null', '{}'].includes(payloadText.trim());
+  const empty =
+    'value' in payload
+      ? payload.value === null || (isObject(payload.value) && Object.keys(payload.value).length === 0)
+      : payload.text === undefined || ['', 'null', '{}'].includes(payload.text.trim());
   if (origin === undefined || !empty) return undefined;
   return `CloudEvents webhook validation from ${showValue(origin)}: the hook's WebHook-Allowed-Origin answers it`;
 }
@@ -16548,7 +16602,7 @@ export function formatRbac(reaches: HookReach[], serviceAccount: string, hooksPa
 //    once decided, and a past push deployed again take the same path from the settings on (runDecided). Each
 //    boundary reads the hook's environment once into a HookConfig (readHookConfig): the process (runUpgrade), an HTTP
 //    delivery to one cluster (runOne), a decided push (runDecided); a kept push is tried again with the one it kept.
-//    Exports: failedUpgrade, runDecidedPush, runPush, runUpgrade, upgradeResult, UpgradeResult.
+//    Exports: failedPush, runDecidedPush, runPush, runUpgrade, upgradeResult, UpgradeResult.
 //    Tests: test/burst.test.ts, test/e2e.test.ts, test/outage.test.ts, test/rollback.test.ts, test/upgrade.test.ts.
 // ================================================================================================
 
@@ -16566,8 +16620,7 @@ export async function runUpgrade(
   try {
     config = readHookConfig(env, report);
   } catch (e) {
-    failedUpgrade(report, e);
-    return upgradeResult(report);
+    return failedPush(report, e);
   }
   // The push's cluster's credentials from this process's environment, unless the caller gives its own.
   const own = () => credentialsFromEnvironment(env, deps.kubeconfig, config.cluster, execEnvironment(env, new Set()));
@@ -16576,12 +16629,14 @@ export async function runUpgrade(
 
 /**
  * A push whose HookConfig its boundary has read (runUpgrade, the service's runOne, a kept push tried again):
- * argument 1 the payload, argument 2 the request's headers. Never throws.
+ * argument 1 the payload (its text, or in-process the request's payload itself), argument 2 the request's headers.
+ * Never throws.
  */
 export async function runPush(
   args: string[],
   settings: HookConfig,
   deps: UpgradeDeps,
+  payload: PayloadArgument = { text: args[0] },
 ): Promise<{ output: string; exitCode: number; report: UpgradeReport }> {
   const report = configuredReport(settings);
   const cluster = settings.cluster;
@@ -16589,12 +16644,12 @@ export async function runPush(
   try {
     // Everything up to queue.run is synchronous, so tasks are queued in the order calls arrive.
     const headers = pushHeaders(args[1]);
-    const validation = webhookValidation(headers, args[0]);
+    const validation = webhookValidation(headers, payload);
     if (validation !== undefined) {
       decide(report, 'no-op', validation);
       return upgradeResult(report);
     }
-    const parsed = parsePushPayload(args[0]);
+    const parsed = 'value' in payload ? pushPayload(payload.value) : parsePushPayload(payload.text);
     if (parsed.kind === 'error') throw new PayloadError(parsed.message);
     const composed = composeImageRef(parsed.payload, settings.reading, headers);
     if (composed.kind === 'error') throw new PayloadError(composed.message);
@@ -16638,8 +16693,14 @@ function upgradeClient(deps: UpgradeDeps): KubeClient {
   return new KubeClient(deps.credentials());
 }
 
+/** The result of a push refused before it began (a boundary's HookConfig did not read): failedUpgrade's. */
+export function failedPush(report: UpgradeReport, e: unknown): UpgradeResult {
+  failedUpgrade(report, e);
+  return upgradeResult(report);
+}
+
 /** A failure thrown by a step, in the report: what failed, and whether anything is known to be written. */
-export function failedUpgrade(report: UpgradeReport, e: unknown): void {
+function failedUpgrade(report: UpgradeReport, e: unknown): void {
   report.result = 'failed';
   report.error = (e as Error).message;
   if (!report.changed)
@@ -16900,6 +16961,7 @@ const SUPERSEDED_FOLLOW = 'superseded by a later push to this workload, whose re
 /** A push kept while the API server does not answer. */
 interface KeptPush {
   args: string[];
+  payload: PayloadArgument;
   config: HookConfig;
   requestId: string;
   hook: Hook;
@@ -16940,7 +17002,7 @@ class KeptPushes {
   }
 
   /** The answer for a push the API server did not answer: kept (202), superseded, or failed as it is. */
-  keep(args: string[], config: HookConfig, requestId: string, hook: Hook, result: UpgradeResult) {
+  keep(push: Pick<KeptPush, 'args' | 'payload' | 'config' | 'requestId' | 'hook'>, result: UpgradeResult) {
     const r = result.report;
     const key = `${r.namespace}/${r.workload}/${r.container}`;
     const held = this.kept.get(key);
@@ -16967,10 +17029,10 @@ class KeptPushes {
       pending,
     };
     const abandon = new AbortController();
-    this.kept.set(key, { args, config, requestId, hook, report, who, deadline, settle, abandon });
+    this.kept.set(key, { ...push, report, who, deadline, settle, abandon });
     // A registry that is away says nothing of the API server, which has just answered this push's reads.
     this.lastTryFailed = who === 'the API server';
-    this.log.warn(`[${requestId}] ${reportWhere(r)}: ${who} does not answer; push kept until ${until}`);
+    this.log.warn(`[${push.requestId}] ${reportWhere(r)}: ${who} does not answer; push kept until ${until}`);
     if (!this.retrying) void this.retry();
     return { output: formatReport(report), exitCode: 0, report, accepted: true };
   }
@@ -17209,8 +17271,10 @@ export class UpgradeService implements InProcessCommand {
     let lane = this.lanes.get(cluster ?? '');
     if (!lane) {
       // A kept push tried again: its HookConfig as its boundary read it.
-      const apply = (k: KeptPush) =>
-        runPush(k.args, k.config, { ...this.deps(k.requestId, k.hook, k.config), abandon: k.abandon.signal });
+      const apply = (k: KeptPush) => {
+        const deps = { ...this.deps(k.requestId, k.hook, k.config), abandon: k.abandon.signal };
+        return runPush(k.args, k.config, deps, k.payload);
+      };
       const kept = new KeptPushes(apply, this.applyDeadlineMs, this.log, this.stopping.signal);
       const exec = () => execEnvironment(this.env, this.templateVariables());
       const credentials = () => credentialsFromEnvironment(this.env, this.kubeconfig, cluster, exec());
@@ -17246,7 +17310,9 @@ export class UpgradeService implements InProcessCommand {
     env: Record<string, string | undefined>,
     requestId: string,
     hook: Hook,
+    value?: { value: unknown },
   ): Promise<ServiceResult | { output: string; exitCode: number; report: FannedOut; accepted?: boolean }> {
+    const payload: PayloadArgument = value ?? { text: args[0] };
     let clusters: string[];
     try {
       clusters = HOOK_SETTINGS.CLUSTERS.parse(env.CLUSTERS);
@@ -17255,11 +17321,12 @@ export class UpgradeService implements InProcessCommand {
       const report = { ...newReport(), decision: 'failed' as const, result: 'failed' as const };
       return { ...upgradeResult({ ...report, error: (e as Error).message }), badInput: true };
     }
-    if (clusters.length === 0) return this.runOne(args, env, requestId, hook);
+    if (clusters.length === 0) return this.runOne(args, payload, env, requestId, hook);
     const parts = await Promise.all(
       clusters.map(async (cluster) => {
         const clusterEnv: typeof env = Object.assign(Object.create(env), { CLUSTER: cluster, CLUSTERS: undefined });
-        return { cluster, env: clusterEnv, ...(await this.runOne(args, clusterEnv, `${requestId}/${cluster}`, hook)) };
+        const one = await this.runOne(args, payload, clusterEnv, `${requestId}/${cluster}`, hook);
+        return { cluster, env: clusterEnv, ...one };
       }),
     );
     return {
@@ -17274,6 +17341,7 @@ export class UpgradeService implements InProcessCommand {
   /** An HTTP delivery's push to one cluster: its boundary, where the hook's environment becomes its HookConfig. */
   private async runOne(
     args: string[],
+    payload: PayloadArgument,
     env: Record<string, string | undefined>,
     requestId: string,
     hook: Hook,
@@ -17283,20 +17351,19 @@ export class UpgradeService implements InProcessCommand {
     try {
       config = readHookConfig(env, report);
     } catch (e) {
-      failedUpgrade(report, e);
-      return upgradeResult(report);
+      return failedPush(report, e);
     }
     const deps = this.deps(requestId, hook, config);
     const lane = this.lane(config.cluster);
     // While the API server is known to be away, one try: a push is kept (202) without waiting
     // through the retry budget, which would outlast many a registry's delivery timeout.
     if (lane.kept.away()) deps.client = lane.singleTryClient() ?? deps.client;
-    const result = await runPush(args, config, deps);
+    const result = await runPush(args, config, deps, payload);
     const r = result.report;
     // Logged whatever the verbosity: someone tried to deploy a repository the hook does not allow.
     if (r.refused)
       this.log.error(`[${requestId}] hook ${hook.id}: push to ${reportWhere(r)} refused: ${r.error}`);
-    if (r.unreachable) return lane.kept.keep(args, config, requestId, hook, result);
+    if (r.unreachable) return lane.kept.keep({ args, payload, config, requestId, hook }, result);
     if (r.decision === 'waiting' || r.decision === 'approved') return { ...result, accepted: true };
     return r.badInput ? { ...result, badInput: true } : result;
   }
@@ -17351,8 +17418,7 @@ export class UpgradeService implements InProcessCommand {
     try {
       config = readHookConfig(env, report);
     } catch (e) {
-      failedUpgrade(report, e);
-      return { ...upgradeResult(report), env };
+      return { ...failedPush(report, e), env };
     }
     const deps = { ...this.deps(requestId, hook, config), client, decided, known: undefined };
     return { ...(await runDecidedPush(push, config, deps)), env };

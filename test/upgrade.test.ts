@@ -17,6 +17,7 @@ import {
   composeImageRef, readPushReading, credentialsFromEnvironment, parsePushHeaders, REPO_TYPES, formatReport, inClusterCredentials, KubeClient, KubeConfigError, KubeError,
   labelSelector, leanWorkload, loadKubeconfig, normalizeImageRef, parsePushPayload, parseWorkload, planPatch, locateContainer, retryDelay,
   rolloutStatus, runUpgrade, summarizePod, validateImageRef, WorkloadQueue, decidePush, type UpgradeReport,
+  asMarshalled, goJsonMarshal, parseJsonKeepingNumbers, pushPayload, webhookValidation,
 } from '../webhook.ts';
 import {
   acrImage, acrPayload, apfThrottle, clusterOrSkip, containerImage, cronJob, daemonSet, deployment,
@@ -138,6 +139,25 @@ describe('registry payloads → image reference', () => {
     assert.match((parsePushPayload('{"push_data":') as { message: string }).message, /^payload is not JSON: /);
     assert.match((parsePushPayload('tag=v1') as { message: string }).message, /^payload is not JSON: /);
     assert.deepEqual(parsePushPayload('"x"'), { kind: 'error', message: 'payload is not a JSON object (got a string)' });
+  });
+});
+
+describe('the in-process payload: its JSON value, as the text a process is given reads back', () => {
+  const values: unknown[] = [
+    parseJsonKeepingNumbers('{"b": 1.50, "a": [1e400, -0, 12345678901234567890], "__proto__": {"x": "\\ud800"}}'),
+    parseJsonKeepingNumbers('{"push_data": {"tag": "v1", "pushed_at": "2024-05-20 10:41:07"}, "repository": {}}'),
+    { z: ['<&>', '\u2028'], 10: true, 2: false, a: undefined }, null, undefined, {}, [], 'text', Buffer.from('ab'),
+  ];
+  test('the same value, keys in the same order, and the same answer to every check of argument 1', () => {
+    for (const value of values) {
+      const text = goJsonMarshal(value);
+      const read = asMarshalled(value);
+      assert.deepEqual(read, JSON.parse(text), text);
+      assert.equal(JSON.stringify(read), JSON.stringify(JSON.parse(text)), text);
+      assert.deepEqual(pushPayload(read), parsePushPayload(text), text);
+      const headers = { 'webhook-request-origin': 'eventgrid.azure.net' };
+      assert.equal(webhookValidation(headers, { value: read }), webhookValidation(headers, { text }), text);
+    }
   });
 });
 
