@@ -18604,6 +18604,18 @@ function notifyOnSkip(value: string | undefined): boolean {
   }
 }
 
+/**
+ * A resumed follow's ResultSettings, its boundary: what its record (MAIL_TO) and its report say, and no
+ * notification settings, as a resumed follow has always been told.
+ */
+function resumedSettings(report: UpgradeReport, follow: ResumedFollow): ResultSettings {
+  return {
+    ...{ repoType: undefined, cluster: undefined, notifyOnSkip: true, notify: {} },
+    ...{ namespace: report.namespace, workload: report.workload, container: report.container },
+    mailTo: follow.mailTo || undefined,
+  };
+}
+
 /** The mail for a finished command: an upgrade's report speaks for it, else its exit status. */
 function mailJob(hook: Hook, req: HookRequest, r: CommandResult, report: UpgradeReport | undefined): MailJob {
   const job = { hookId: hook.id, requestId: req.id, settings: resultSettings(r.env) };
@@ -18886,13 +18898,7 @@ export class ResultDispatcher implements ResultListener {
 
   /** A follow another replica left, ended here: its result goes to the channels (it has no page entry). */
   resumed(report: UpgradeReport, follow: ResumedFollow): void {
-    // Its boundary: what the follow record and the report say, and no notification settings (as it always had).
-    const settings: ResultSettings = {
-      ...{ repoType: undefined, cluster: undefined, notifyOnSkip: true, notify: {} },
-      ...{ namespace: report.namespace, workload: report.workload, container: report.container },
-      mailTo: follow.mailTo || undefined,
-    };
-    const job = reportMailJob(follow.hook, follow.request, settings, report);
+    const job = reportMailJob(follow.hook, follow.request, resumedSettings(report, follow), report);
     const result = pushResult(job, report, new Date(), (text) => text);
     for (const channel of this.channels) channel.deliver(result, job);
   }
