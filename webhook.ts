@@ -10630,9 +10630,8 @@ export type PublishedDecision = (typeof DECISIONS)[Decision]['published'];
 //    customRegistryAddress, distributionRead, domainProblem, eventsRead, fieldAt, ghcrRead, giteaRead, harborPush,
 //    harborRead, ignoredEvents, ImageRef, jfrogRead, MAX_IMAGE_NAME_LENGTH, nexusRead, parseBoolSetting,
 //    parsePushHeaders, parsePushPayload, PayloadArgument, PayloadFields, pushDataEvent, pushDataTestPing, PushEvent,
-//    PushHeaders, pushHost, pushPayload, PushReading, quayRead, Reading, REFERENCE_GRAMMAR, Registry,
-//    RegistrySettings, repositoryPathProblem, splitImageAddress, stripSchemeAndSlashes, tagProblem,
-//    webhookValidation.
+//    PushHeaders, pushHost, pushPayload, PushReading, quayRead, Reading, REFERENCE_GRAMMAR, Registry, RegistrySettings,
+//    repositoryPathProblem, splitImageAddress, stripSchemeAndSlashes, tagProblem, webhookValidation.
 //    Tests: test/registries.test.ts, test/registry-e2e.test.ts, test/upgrade.test.ts, test/clouds.test.ts,
 //    test/envelopes.test.ts.
 // ================================================================================================
@@ -13536,11 +13535,13 @@ export function policyDecision(
 //    each one's source (the hook, or the service's own environment), type, default, whether a hook must give it as a
 //    fixed string (checked at load: fixedSettingChecks), whether it holds a key, its validation, its meaning, and its
 //    parse, which is the only reader of its text and throws the message operators know. The settings tables of
-//    docs/configuration.md are written from it (scripts/settings-doc.ts), and -validate describes hooks from it.
-//    Exports: deployWindowSetting, fixedSettingChecks, HOOK_SETTINGS, HookSetting, HookSettingName, notifyCa,
-//    NotifyFormatName.
-//    Tests: test/cosign-verify.test.ts, test/hold.test.ts, test/mail.test.ts, test/policy.test.ts,
-//    test/settings.test.ts, test/upgrade.test.ts, test/windows.test.ts.
+//    docs/configuration.md are written from it (scripts/settings-doc.ts), and -validate describes hooks from it. A
+//    push's boundary reads its hook's settings once, into a typed HookConfig (readHookConfig: the workload, the
+//    checks, the decision's settings, its cluster, how its payload is read); nothing after the boundary reads them.
+//    Exports: configuredReport, deployWindowSetting, fixedSettingChecks, HOOK_SETTINGS, HookConfig, HookSetting,
+//    HookSettingName, notifyCa, NotifyFormatName, readHookConfig, UpgradeSettings.
+//    Tests: test/clouds.test.ts, test/cosign-verify.test.ts, test/hold.test.ts, test/mail.test.ts, test/policy.test.ts,
+//    test/registries.test.ts, test/settings.test.ts, test/upgrade.test.ts, test/windows.test.ts.
 // ================================================================================================
 
 /**
@@ -14213,11 +14214,135 @@ export function fixedSettingChecks(names?: HookSettingName[]): HookSettingChecks
 /** The image pin's settings: what a hook must fix to widen the repositories a push may set. */
 export const IMAGE_PIN_SETTINGS = fixedSettingChecks(['REGISTRY_HOST', 'ALLOW_IMAGES']);
 
+// ---- a push's settings, read once ------------------------------------------------------------
+
+interface UpgradeSettings {
+  namespace: string;
+  workload: { kind: WorkloadKind; name: string };
+  container: string;
+  rolloutTimeoutMs: number;
+  pin: ImagePin;
+  /** VERIFY_IMAGE: resolve the tag on the registry and deploy the digest it has. */
+  verifyImage: boolean;
+  /** REGISTRY_CA: the CA that signed the registry's certificate (PEM). */
+  registryCa: string | undefined;
+  /** REGISTRY_TOKEN_HOSTS: token services besides the registry's own host that may be given its login. */
+  registryTokenHosts: string[];
+  rollbackOnFailure: boolean;
+  /** ON_OUTSIDE_CHANGE: whether a change made outside webhook holds older pushes off. */
+  onOutsideChange: 'hold' | 'follow';
+  /** VERIFY_SIGNATURE (and its annotations): the keys one of which must have signed the digest deployed. */
+  signature: { keys: CosignKey[]; annotations: Record<string, string> } | undefined;
+  /** ON_REGISTRY_AWAY: whether a push the registry cannot be asked about is kept (RegistryAway) or fails. */
+  onRegistryAway: 'fail' | 'keep';
+  /** UPDATE_POLICY: the hook's update policy, which the workload's annotations override. */
+  policy: UpdatePolicy;
+  /** REQUIRE_APPROVAL, APPROVAL_TIMEOUT, DEPLOY_WINDOW, APPROVAL_OVERRIDE (the workload's annotations may add). */
+  requireApproval: boolean;
+  approvalTimeoutMs: number;
+  windows: DeployWindow[] | undefined;
+  approvalOverride: boolean;
+}
+
+/**
+ * Every setting one push's upgrade reads, parsed once from the hook's environment at the push's boundary: the
+ * workload, the checks and the decision's settings (UpgradeSettings), its cluster, and how its payload is read.
+ */
+export interface HookConfig extends UpgradeSettings {
+  /** CLUSTER: a context of the service's kubeconfig; undefined: the default cluster. */
+  cluster: string | undefined;
+  reading: PushReading;
+  /** MAIL_TO as given: the mail checks it when it writes (resultMail); a follow left to resume names it. */
+  mailTo: string | undefined;
+}
+
+/**
+ * A push's HookConfig from the hook's environment, each setting read by its HOOK_SETTINGS entry, in the order their
+ * errors are reported; what is known before an error (the cluster, the workload) is in the report.
+ */
+export function readHookConfig(env: Record<string, string | undefined>, report: UpgradeReport): HookConfig {
+  const cluster = (report.cluster = HOOK_SETTINGS.CLUSTER.parse(env.CLUSTER));
+  const { registryHost, ...settings } = readSettings(env, report);
+  return { ...settings, cluster, reading: pushReadingOf(env, registryHost), mailTo: env.MAIL_TO };
+}
+
+/** A push's new report once its HookConfig is read: what readHookConfig tells a report, in the same order. */
+export function configuredReport(config: HookConfig): UpgradeReport {
+  return Object.assign(newReport(), {
+    cluster: config.cluster,
+    namespace: config.namespace,
+    workload: `${config.workload.kind}/${config.workload.name}`,
+    container: config.container,
+    rollbackOnFailure: config.rollbackOnFailure || undefined,
+    imagePin: config.pin,
+  });
+}
+
+/** How a push's payload is read, from the hook's environment alone (a reader's tests; a push: readHookConfig). */
+export function readPushReading(env: Record<string, string | undefined>): PushReading {
+  return pushReadingOf(env, HOOK_SETTINGS.REGISTRY_HOST.parse(env.REGISTRY_HOST));
+}
+
+/** REPO_TYPE and NET_TYPE as given (PushReading says why), REGISTRY_HOST as validated, PIN_DIGEST or its Error. */
+function pushReadingOf(env: Record<string, string | undefined>, registryHost: string | undefined): PushReading {
+  let pinDigest: boolean | Error;
+  try {
+    pinDigest = HOOK_SETTINGS.PIN_DIGEST.parse(env.PIN_DIGEST);
+  } catch (e) {
+    pinDigest = e as Error;
+  }
+  return { repoType: env.REPO_TYPE, netType: env.NET_TYPE, registryHost, pinDigest };
+}
+
+/** The upgrade's settings, each read by its HOOK_SETTINGS entry, in the order their errors are reported. */
+function readSettings(
+  env: Record<string, string | undefined>,
+  report: UpgradeReport,
+): UpgradeSettings & { registryHost: string | undefined } {
+  const read = HOOK_SETTINGS;
+  const namespace = read.APP_NS.parse(env.APP_NS);
+  report.namespace = namespace;
+  const workload = read.APP_WORKLOAD.parse(env.APP_WORKLOAD);
+  report.workload = `${workload.kind}/${workload.name}`;
+  const container = read.APP_CONTAINER.parse(env.APP_CONTAINER);
+  report.container = container;
+  const rolloutTimeoutMs = read.ROLLOUT_TIMEOUT.parse(env.ROLLOUT_TIMEOUT);
+  const rollback = read.ROLLBACK_ON_FAILURE.parse(env.ROLLBACK_ON_FAILURE);
+  report.rollbackOnFailure = rollback || undefined;
+  // A malformed pin setting (REGISTRY_HOST, ALLOW_IMAGES) refuses every push, before the cluster is asked anything.
+  const registryHost = read.REGISTRY_HOST.parse(env.REGISTRY_HOST);
+  const pin = imagePin(registryHost, read.ALLOW_IMAGES.parse(env.ALLOW_IMAGES));
+  report.imagePin = pin;
+  const keys = read.VERIFY_SIGNATURE.parse(env.VERIFY_SIGNATURE);
+  const annotations = read.VERIFY_SIGNATURE_ANNOTATIONS.parse(env.VERIFY_SIGNATURE_ANNOTATIONS);
+  if (keys.length === 0 && Object.keys(annotations).length > 0)
+    throw new UpgradeError('VERIFY_SIGNATURE_ANNOTATIONS is set but VERIFY_SIGNATURE names no key to check them with');
+  return {
+    namespace,
+    workload,
+    container,
+    rolloutTimeoutMs,
+    pin,
+    registryHost,
+    rollbackOnFailure: rollback,
+    // A signature is checked on the digest the registry has for the tag: VERIFY_SIGNATURE implies VERIFY_IMAGE.
+    verifyImage: read.VERIFY_IMAGE.parse(env.VERIFY_IMAGE) || keys.length > 0,
+    signature: keys.length > 0 ? { keys, annotations } : undefined,
+    registryCa: read.REGISTRY_CA.parse(env.REGISTRY_CA),
+    registryTokenHosts: read.REGISTRY_TOKEN_HOSTS.parse(env.REGISTRY_TOKEN_HOSTS),
+    onRegistryAway: read.ON_REGISTRY_AWAY.parse(env.ON_REGISTRY_AWAY),
+    onOutsideChange: read.ON_OUTSIDE_CHANGE.parse(env.ON_OUTSIDE_CHANGE),
+    policy: read.UPDATE_POLICY.parse(env.UPDATE_POLICY),
+    requireApproval: read.REQUIRE_APPROVAL.parse(env.REQUIRE_APPROVAL),
+    approvalTimeoutMs: read.APPROVAL_TIMEOUT.parse(env.APPROVAL_TIMEOUT),
+    windows: read.DEPLOY_WINDOW.parse(env.DEPLOY_WINDOW),
+    approvalOverride: read.APPROVAL_OVERRIDE.parse(env.APPROVAL_OVERRIDE),
+  };
+}
+
 // ================================================================================================
-// 30. upgrade decision — whether and what a push may change, before anything is written. The hook's upgrade
-//    settings are read once, at a push's boundary (readHookConfig: CLUSTER, APP_NS, APP_WORKLOAD, APP_CONTAINER,
-//    ROLLOUT_TIMEOUT, ROLLBACK_ON_FAILURE, VERIFY_IMAGE, REGISTRY_CA, REGISTRY_TOKEN_HOSTS, the image pin's, and how
-//    the payload is read: PushReading); the push is checked against the
+// 30. upgrade decision — whether and what a push may change, before anything is written, from the push's
+//    HookConfig (read once at its boundary, previous chapter); the push is checked against the
 //    container's current image (a refusal changes nothing, fails, is logged and recorded as a Warning Event);
 //    several replicas agree through the workload: LAST_PUSH_ANNOTATION records when each container's last push was
 //    pushed, what it applied and the image before, so decidePush lets the newest push win and recognises a repeat
@@ -14234,11 +14359,10 @@ export const IMAGE_PIN_SETTINGS = fixedSettingChecks(['REGISTRY_HOST', 'ALLOW_IM
 //    A registry that does not answer fails the push closed, or under ON_REGISTRY_AWAY=keep has it kept (RegistryAway).
 //    Every Event a push writes on its workload is rendered by pushEvent from one table (PUSH_EVENTS: its type, reason
 //    and message, from the push's decision and facts); recordEventQuietly records one without failing the push.
-//    Exports: configuredReport, decide, decidePush, decisionReason, FollowRecord, FUTURE_PUSH_SKEW_MS, holdDecision,
-//    HookConfig, imageFieldPath, IncomingPush, knownContainer, newPushRecord, outsidePolicy, pinnedContainer,
-//    plannedChange, pullSecretNames, pushEvent, PushRecord, pushTime, readFollowRecords, readHookConfig,
-//    readPushRecords, recordEventQuietly, RegistryAway, SignatureRefusal, UpgradeSettings, verifiedRef, whoAsked,
-//    withPushRecord, workloadPodSpec.
+//    Exports: decide, decidePush, decisionReason, FollowRecord, FUTURE_PUSH_SKEW_MS, holdDecision, imageFieldPath,
+//    IncomingPush, knownContainer, newPushRecord, outsidePolicy, pinnedContainer, plannedChange, pullSecretNames,
+//    pushEvent, PushRecord, pushTime, readFollowRecords, readPushRecords, recordEventQuietly, RegistryAway,
+//    SignatureRefusal, verifiedRef, whoAsked, withPushRecord, workloadPodSpec.
 //    Tests: test/clouds.test.ts, test/decision.test.ts, test/hold.test.ts, test/records.test.ts,
 //    test/registries.test.ts, test/registry-e2e.test.ts, test/replicas.test.ts, test/upgrade.test.ts.
 // ================================================================================================
@@ -14693,130 +14817,6 @@ export function holdDecision(
 }
 
 // ---- the upgrade ------------------------------------------------------------------------------
-
-interface UpgradeSettings {
-  namespace: string;
-  workload: { kind: WorkloadKind; name: string };
-  container: string;
-  rolloutTimeoutMs: number;
-  pin: ImagePin;
-  /** VERIFY_IMAGE: resolve the tag on the registry and deploy the digest it has. */
-  verifyImage: boolean;
-  /** REGISTRY_CA: the CA that signed the registry's certificate (PEM). */
-  registryCa: string | undefined;
-  /** REGISTRY_TOKEN_HOSTS: token services besides the registry's own host that may be given its login. */
-  registryTokenHosts: string[];
-  rollbackOnFailure: boolean;
-  /** ON_OUTSIDE_CHANGE: whether a change made outside webhook holds older pushes off. */
-  onOutsideChange: 'hold' | 'follow';
-  /** VERIFY_SIGNATURE (and its annotations): the keys one of which must have signed the digest deployed. */
-  signature: { keys: CosignKey[]; annotations: Record<string, string> } | undefined;
-  /** ON_REGISTRY_AWAY: whether a push the registry cannot be asked about is kept (RegistryAway) or fails. */
-  onRegistryAway: 'fail' | 'keep';
-  /** UPDATE_POLICY: the hook's update policy, which the workload's annotations override. */
-  policy: UpdatePolicy;
-  /** REQUIRE_APPROVAL, APPROVAL_TIMEOUT, DEPLOY_WINDOW, APPROVAL_OVERRIDE (the workload's annotations may add). */
-  requireApproval: boolean;
-  approvalTimeoutMs: number;
-  windows: DeployWindow[] | undefined;
-  approvalOverride: boolean;
-}
-
-/**
- * Every setting one push's upgrade reads, parsed once from the hook's environment at the push's boundary: the
- * workload, the checks and the decision's settings (UpgradeSettings), its cluster, and how its payload is read.
- */
-export interface HookConfig extends UpgradeSettings {
-  /** CLUSTER: a context of the service's kubeconfig; undefined: the default cluster. */
-  cluster: string | undefined;
-  reading: PushReading;
-  /** MAIL_TO as given: the mail checks it when it writes (resultMail); a follow left to resume names it. */
-  mailTo: string | undefined;
-}
-
-/**
- * A push's HookConfig from the hook's environment, each setting read by its HOOK_SETTINGS entry, in the order their
- * errors are reported; what is known before an error (the cluster, the workload) is in the report.
- */
-export function readHookConfig(env: Record<string, string | undefined>, report: UpgradeReport): HookConfig {
-  const cluster = (report.cluster = HOOK_SETTINGS.CLUSTER.parse(env.CLUSTER));
-  const { registryHost, ...settings } = readSettings(env, report);
-  return { ...settings, cluster, reading: pushReadingOf(env, registryHost), mailTo: env.MAIL_TO };
-}
-
-/** A push's new report once its HookConfig is read: what readHookConfig tells a report, in the same order. */
-export function configuredReport(config: HookConfig): UpgradeReport {
-  return Object.assign(newReport(), {
-    cluster: config.cluster,
-    namespace: config.namespace,
-    workload: `${config.workload.kind}/${config.workload.name}`,
-    container: config.container,
-    rollbackOnFailure: config.rollbackOnFailure || undefined,
-    imagePin: config.pin,
-  });
-}
-
-/** How a push's payload is read, from the hook's environment alone (a reader's tests; a push: readHookConfig). */
-export function readPushReading(env: Record<string, string | undefined>): PushReading {
-  return pushReadingOf(env, HOOK_SETTINGS.REGISTRY_HOST.parse(env.REGISTRY_HOST));
-}
-
-/** REPO_TYPE and NET_TYPE as given (PushReading says why), REGISTRY_HOST as validated, PIN_DIGEST or its Error. */
-function pushReadingOf(env: Record<string, string | undefined>, registryHost: string | undefined): PushReading {
-  let pinDigest: boolean | Error;
-  try {
-    pinDigest = HOOK_SETTINGS.PIN_DIGEST.parse(env.PIN_DIGEST);
-  } catch (e) {
-    pinDigest = e as Error;
-  }
-  return { repoType: env.REPO_TYPE, netType: env.NET_TYPE, registryHost, pinDigest };
-}
-
-/** The upgrade's settings, each read by its HOOK_SETTINGS entry, in the order their errors are reported. */
-function readSettings(
-  env: Record<string, string | undefined>,
-  report: UpgradeReport,
-): UpgradeSettings & { registryHost: string | undefined } {
-  const read = HOOK_SETTINGS;
-  const namespace = read.APP_NS.parse(env.APP_NS);
-  report.namespace = namespace;
-  const workload = read.APP_WORKLOAD.parse(env.APP_WORKLOAD);
-  report.workload = `${workload.kind}/${workload.name}`;
-  const container = read.APP_CONTAINER.parse(env.APP_CONTAINER);
-  report.container = container;
-  const rolloutTimeoutMs = read.ROLLOUT_TIMEOUT.parse(env.ROLLOUT_TIMEOUT);
-  const rollback = read.ROLLBACK_ON_FAILURE.parse(env.ROLLBACK_ON_FAILURE);
-  report.rollbackOnFailure = rollback || undefined;
-  // A malformed pin setting (REGISTRY_HOST, ALLOW_IMAGES) refuses every push, before the cluster is asked anything.
-  const registryHost = read.REGISTRY_HOST.parse(env.REGISTRY_HOST);
-  const pin = imagePin(registryHost, read.ALLOW_IMAGES.parse(env.ALLOW_IMAGES));
-  report.imagePin = pin;
-  const keys = read.VERIFY_SIGNATURE.parse(env.VERIFY_SIGNATURE);
-  const annotations = read.VERIFY_SIGNATURE_ANNOTATIONS.parse(env.VERIFY_SIGNATURE_ANNOTATIONS);
-  if (keys.length === 0 && Object.keys(annotations).length > 0)
-    throw new UpgradeError('VERIFY_SIGNATURE_ANNOTATIONS is set but VERIFY_SIGNATURE names no key to check them with');
-  return {
-    namespace,
-    workload,
-    container,
-    rolloutTimeoutMs,
-    pin,
-    registryHost,
-    rollbackOnFailure: rollback,
-    // A signature is checked on the digest the registry has for the tag: VERIFY_SIGNATURE implies VERIFY_IMAGE.
-    verifyImage: read.VERIFY_IMAGE.parse(env.VERIFY_IMAGE) || keys.length > 0,
-    signature: keys.length > 0 ? { keys, annotations } : undefined,
-    registryCa: read.REGISTRY_CA.parse(env.REGISTRY_CA),
-    registryTokenHosts: read.REGISTRY_TOKEN_HOSTS.parse(env.REGISTRY_TOKEN_HOSTS),
-    onRegistryAway: read.ON_REGISTRY_AWAY.parse(env.ON_REGISTRY_AWAY),
-    onOutsideChange: read.ON_OUTSIDE_CHANGE.parse(env.ON_OUTSIDE_CHANGE),
-    policy: read.UPDATE_POLICY.parse(env.UPDATE_POLICY),
-    requireApproval: read.REQUIRE_APPROVAL.parse(env.REQUIRE_APPROVAL),
-    approvalTimeoutMs: read.APPROVAL_TIMEOUT.parse(env.APPROVAL_TIMEOUT),
-    windows: read.DEPLOY_WINDOW.parse(env.DEPLOY_WINDOW),
-    approvalOverride: read.APPROVAL_OVERRIDE.parse(env.APPROVAL_OVERRIDE),
-  };
-}
 
 function whoAsked(deps: UpgradeDeps): string {
   const parts = [
