@@ -40,6 +40,12 @@ const COUNTS: Count[] = [
     pattern: /(?<![\w$.])(?:recordWorkloadEvent|recordEventQuietly)\(/g,
     except: /function (?:recordWorkloadEvent|recordEventQuietly)\(/,
   },
+  {
+    what: "sites that name an Event's reason (compose an Event), PUSH_EVENTS' entries left out",
+    pattern: /'(?:Upgrade|Rollout)[A-Z]\w*'|'(?:ImageUpdated|RolledBack)'/g,
+    except: /^  (?:[\w$]+|'[^']+'): \{ type:/,
+    inStrings: true,
+  },
   { what: 'sites that parse a hook setting (HOOK_SETTINGS.X.parse)', pattern: /HOOK_SETTINGS\.[\w$]+\.parse\b/g },
 ];
 
