@@ -16602,7 +16602,7 @@ export function formatRbac(reaches: HookReach[], serviceAccount: string, hooksPa
 //    once decided, and a past push deployed again take the same path from the settings on (runDecided). Each
 //    boundary reads the hook's environment once into a HookConfig (readHookConfig): the process (runUpgrade), an HTTP
 //    delivery to one cluster (runOne), a decided push (runDecided); a kept push is tried again with the one it kept.
-//    Exports: failedPush, runDecidedPush, runPush, runUpgrade, upgradeResult, UpgradeResult.
+//    Exports: failedPush, readAtBoundary, runDecidedPush, runPush, runUpgrade, upgradeResult, UpgradeResult.
 //    Tests: test/burst.test.ts, test/e2e.test.ts, test/outage.test.ts, test/rollback.test.ts, test/upgrade.test.ts.
 // ================================================================================================
 
@@ -16615,13 +16615,9 @@ export async function runUpgrade(
   env: Record<string, string | undefined>,
   deps: UpgradeDeps = {},
 ): Promise<{ output: string; exitCode: number; report: UpgradeReport }> {
-  const report = newReport();
-  let config: HookConfig;
-  try {
-    config = readHookConfig(env, report);
-  } catch (e) {
-    return failedPush(report, e);
-  }
+  const read = readAtBoundary(env);
+  if ('failed' in read) return read.failed;
+  const { config } = read;
   // The push's cluster's credentials from this process's environment, unless the caller gives its own.
   const own = () => credentialsFromEnvironment(env, deps.kubeconfig, config.cluster, execEnvironment(env, new Set()));
   return runPush(args, config, { ...deps, credentials: deps.credentials ?? own });
@@ -16691,6 +16687,18 @@ export async function runPush(
 function upgradeClient(deps: UpgradeDeps): KubeClient {
   if (!deps.credentials) throw new UpgradeError('no Kubernetes credentials');
   return new KubeClient(deps.credentials());
+}
+
+/** A push's boundary: the hook's environment read once into its HookConfig, or the failed result saying why not. */
+export function readAtBoundary(
+  env: Record<string, string | undefined>,
+): { config: HookConfig } | { failed: UpgradeResult } {
+  const report = newReport();
+  try {
+    return { config: readHookConfig(env, report) };
+  } catch (e) {
+    return { failed: failedPush(report, e) };
+  }
 }
 
 /** The result of a push refused before it began (a boundary's HookConfig did not read): failedUpgrade's. */
@@ -17346,13 +17354,9 @@ export class UpgradeService implements InProcessCommand {
     requestId: string,
     hook: Hook,
   ): Promise<ServiceResult> {
-    const report = newReport();
-    let config: HookConfig;
-    try {
-      config = readHookConfig(env, report);
-    } catch (e) {
-      return failedPush(report, e);
-    }
+    const read = readAtBoundary(env);
+    if ('failed' in read) return read.failed;
+    const { config } = read;
     const deps = this.deps(requestId, hook, config);
     const lane = this.lane(config.cluster);
     // While the API server is known to be away, one try: a push is kept (202) without waiting
