@@ -8742,6 +8742,8 @@ export interface Snapshot {
   warnings: string[];
   /** Hash of the files' contents: a reload that finds the same bytes changes nothing. */
   digest: string;
+  /** The service's environment variables the files' templates read (each hook's templateVariables). */
+  templateVariables: ReadonlySet<string>;
 }
 
 export interface LoadSettings {
@@ -8843,6 +8845,7 @@ export function loadSnapshot(settings: LoadSettings): Snapshot {
     secrets: scrubbed,
     inserted,
     redactedParams: redacted,
+    templateVariables,
     warnings,
     digest: digest.digest('hex'),
   };
@@ -15409,7 +15412,7 @@ async function waitStep(
   if (from === 'known') return 'stale';
   if (!decided && queued && (await olderThanWaiting(queued, push, image, report))) return 'no change';
   const entry = sealPendingEntry(key, place, pendingEntry(s, push, needs, nowMs, decided, deps, queued));
-  const links = entryLinks(entry, { ...target, cluster: report.cluster }, s, needs, deps);
+  const links = entryLinks(entry, place, s, needs, deps);
   const value = JSON.stringify({ ...rest, [s.container]: entry });
   const ops = annotationOps(
     workload,
@@ -16602,7 +16605,7 @@ export function formatRbac(reaches: HookReach[], serviceAccount: string, hooksPa
 //    once decided, and a past push deployed again take the same path from the settings on (runDecided). Each
 //    boundary reads the hook's environment once into a HookConfig (readHookConfig): the process (runUpgrade), an HTTP
 //    delivery to one cluster (runOne), a decided push (runDecided); a kept push is tried again with the one it kept.
-//    Exports: failedPush, readAtBoundary, runDecidedPush, runPush, runUpgrade, upgradeResult, UpgradeResult.
+//    Exports: readAtBoundary, runDecidedPush, runPush, runUpgrade, upgradeResult, UpgradeResult.
 //    Tests: test/burst.test.ts, test/e2e.test.ts, test/outage.test.ts, test/rollback.test.ts, test/upgrade.test.ts.
 // ================================================================================================
 
@@ -16702,7 +16705,7 @@ export function readAtBoundary(
 }
 
 /** The result of a push refused before it began (a boundary's HookConfig did not read): failedUpgrade's. */
-export function failedPush(report: UpgradeReport, e: unknown): UpgradeResult {
+function failedPush(report: UpgradeReport, e: unknown): UpgradeResult {
   failedUpgrade(report, e);
   return upgradeResult(report);
 }
@@ -17417,15 +17420,10 @@ export class UpgradeService implements InProcessCommand {
     const env = this.decidedEnv(hook, target, container, cluster);
     const client = this.laneOf(cluster)?.client();
     if (!client) throw new UpgradeError('no Kubernetes credentials');
-    const report = newReport();
-    let config: HookConfig;
-    try {
-      config = readHookConfig(env, report);
-    } catch (e) {
-      return { ...failedPush(report, e), env };
-    }
-    const deps = { ...this.deps(requestId, hook, config), client, decided, known: undefined };
-    return { ...(await runDecidedPush(push, config, deps)), env };
+    const read = readAtBoundary(env);
+    if ('failed' in read) return { ...read.failed, env };
+    const deps = { ...this.deps(requestId, hook, read.config), client, decided, known: undefined };
+    return { ...(await runDecidedPush(push, read.config, deps)), env };
   }
 
   /**
@@ -18195,7 +18193,7 @@ export class ApprovalService implements ApprovalPages, CommandListener {
     const id = `${waitingKey(w)}/${w.entry.mac ?? w.entry.id}`;
     if (!client || this.dropping.has(id)) return;
     this.dropping.add(id);
-    const where = `${w.target.kind}/${w.target.name} in ${w.target.namespace}`;
+    const where = waitingWhere(w);
     const what = `the waiting push of ${showValue(w.entry.image)} (hook ${showValue(w.entry.hook)})`;
     try {
       if (!(await this.takeOff(client, w))) return;
@@ -20487,7 +20485,7 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
   if (!snapshot || !approvalLinksReady(o, snapshot, upgrade, log)) return 1;
   const mailer = new Mailer(mailConfig(env, log), log, metrics, { max: o.maxMailsPerHook, windowMs: o.mailWindowMs });
   const store = new HookStore(settings, snapshot, log, metrics);
-  upgrade.useTemplateVariables(() => store.current.hooks.values().next().value?.templateVariables ?? new Set());
+  upgrade.useTemplateVariables(() => store.current.templateVariables);
   const runner = new CommandRunner(o.maxConcurrentCommands, env, log, metrics, upgrade);
   const notifier = openNotifier(o, env, log, metrics);
   if (!notifier) return 1;
