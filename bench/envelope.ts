@@ -10,7 +10,7 @@
 
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import { httpRequest, startWebhook, waitForOutput, type Webhook } from '../test/harness.ts';
+import { adminPort, httpRequest, startWebhook } from '../test/harness.ts';
 
 const BYTES = Number(process.env.BENCH_ENVELOPE_BYTES ?? 1024 * 1024);
 const ROUNDS = Number(process.env.BENCH_ENVELOPE_ROUNDS ?? 3);
@@ -52,11 +52,6 @@ function memory(pid: number): { rss: number; hwm: number } {
   const text = fs.readFileSync(`/proc/${pid}/status`, 'utf8');
   const kb = (k: string) => Number(text.match(new RegExp(`^${k}:\\s+(\\d+) kB`, 'm'))?.[1] ?? NaN);
   return { rss: kb('VmRSS') / 1024, hwm: kb('VmHWM') / 1024 };
-}
-
-async function adminPort(w: Webhook): Promise<number> {
-  const re = /serving deliveries on http:\/\/127\.0\.0\.1:(\d+)\/deliveries/;
-  return Number(re.exec(await waitForOutput(w, re))![1]);
 }
 
 async function measure(name: string): Promise<void> {

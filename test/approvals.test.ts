@@ -18,7 +18,9 @@ import { after, before, describe, test } from 'node:test';
 import { approvalToken, sealPendingEntry } from '../webhook.ts';
 import { browserOrSkip, type Browser } from './browser.ts';
 import { acrImage, acrPayload, clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor, namespacedGetter, removeNamespace } from './cluster/kube.ts';
-import { httpRequest, makeTempDir, spawnWebhook, waitFor, waitForOutput, webhookPool, type Webhook } from './harness.ts';
+import {
+  adminPort, httpRequest, makeTempDir, spawnWebhook, waitFor, waitForOutput, type Webhook, webhookPool,
+} from './harness.ts';
 import { readMail, serviceMailEnv, startMta, type Mta } from './mta.ts';
 import { startReceiver, type Receiver } from './receiver.ts';
 import { fixedSettings, upgradeHook } from './upgrade-hooks.ts';
@@ -475,7 +477,7 @@ describe('approvals and windows on the real cluster', () => {
   test('the deliveries page lists waiting pushes with Approve and Reject; "Deploy again" replays a past push; refused without the admin token', { skip: skip || !browser ? 'no cluster or browser' : false }, async () => {
     const res = await push(b, 'deploy', 'page', 'v10');
     assert.equal(res.status, 202);
-    const admin = Number(/serving deliveries on http:\/\/127\.0\.0\.1:(\d+)/.exec(await waitForOutput(b, /serving deliveries on/))![1]);
+    const admin = await adminPort(b);
     const page = await browser!.open(`http://127.0.0.1:${admin}/deliveries`);
     await page.viewport(1400, 900);
     await waitFor(async () => (await page.evaluate<number>(`document.querySelectorAll('table.waiting tbody tr').length`)) > 0
@@ -509,7 +511,7 @@ describe('approvals and windows on the real cluster', () => {
     if (/action: +waiting/.test(replayed)) assert.match(replayed, /note: +asked to deploy again by Ops Zhang \(127\.0\.0\.1, admin token\)/);
     // Without the admin token a replica that asks for one refuses the form.
     const guarded = await started({ hooks: hooksFile, args: [...args(), '-admin-token', 'admin-token-81f2c9'], env: { KUBECONFIG: cluster!.kubeconfigPath } });
-    const guardedAdmin = Number(/serving deliveries on http:\/\/127\.0\.0\.1:(\d+)/.exec(await waitForOutput(guarded, /serving deliveries on/))![1]);
+    const guardedAdmin = await adminPort(guarded);
     const refused = await httpRequest(guardedAdmin, '/deliveries/replay', { method: 'POST', body: 'seq=1&name=x', headers: { 'Content-Type': 'application/x-www-form-urlencoded' } });
     assert.equal(refused.status, 401);
     const elsewhere = await httpRequest(guardedAdmin, '/deliveries/decide', { method: 'POST', body: 'name=x', headers: {
@@ -643,7 +645,7 @@ describe('pending entries are used only as this service wrote them', () => {
     const res = await w.request(link('told', entry), form);
     assert.equal(res.status, 200, res.body);
     assert.equal(containerImage(await get('deployment/told'), 'app'), acrImage('v5'));
-    const admin = Number(/serving deliveries on http:\/\/127\.0\.0\.1:(\d+)/.exec(await waitForOutput(w, /serving deliveries on/))![1]);
+    const admin = await adminPort(w);
     const delivery = await waitFor(async () => JSON.parse((await httpRequest(admin, '/deliveries.json')).body).deliveries
       .find((d: any) => d.workload === 'deployment/told' && d.decision === 'applied' && d.state === 'done'), { timeoutMs: 30_000, what: 'the approved delivery' });
     assert.deepEqual(delivery.notifications, [], 'no notification channel');
@@ -660,7 +662,7 @@ describe('pending entries are used only as this service wrote them', () => {
     const side = opens(16_000, 'solo-side', 'side');
     await annotate('solo', { app: opens(10_000, 'solo-app', 'app'), side });
     const solo = await started({ hooks: file, args: ['-public-url', PUBLIC_URL, '-approval-key-file', keyFile(), '-rollout-follow', '0s'], env });
-    const admin = Number(/serving deliveries on http:\/\/127\.0\.0\.1:(\d+)/.exec(await waitForOutput(solo, /serving deliveries on/))![1]);
+    const admin = await adminPort(solo);
     await waitFor(async () => (await httpRequest(admin, '/deliveries')).body.includes('value="solo-app"'), { timeoutMs: 30_000, what: 'the entry learnt' });
     // Taken off by someone else before its window: this replica still knows it until its next read.
     await annotate('solo', { side });
@@ -736,7 +738,7 @@ describe('a decided link, and "Deploy again", on a replica of their own', () => 
     assert.equal((await wh.request(linkPath(links.approveUrl), form('Ops+Sun'))).status, 200);
     await waitFor(async () => (await image('again')) === acrImage('v3'), { what: 'the approved image' });
     await kubectl(['-n', ns, 'set', 'image', 'deployment/again', `app=${acrImage('v1')}`]);
-    const admin = Number(/serving deliveries on http:\/\/127\.0\.0\.1:(\d+)/.exec(await waitForOutput(wh, /serving deliveries on/))![1]);
+    const admin = await adminPort(wh);
     const past = await waitFor(async () => JSON.parse((await httpRequest(admin, '/deliveries.json')).body).deliveries
       .find((d: any) => d.decision === 'applied' && d.workload === 'deployment/again' && d.state === 'done'), { what: 'the applied record' });
     const replayed = await httpRequest(admin, '/deliveries/replay', { method: 'POST', body: `seq=${past.seq}&name=Ops+Zhou&action=replay`,

@@ -16,7 +16,9 @@ import * as fs from 'node:fs';
 import * as https from 'node:https';
 import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { defaultBinary, freePort, httpRequest, makeTempDir, startWebhook, waitFor, waitForOutput, type Webhook } from './harness.ts';
+import {
+  adminPort, defaultBinary, freePort, httpRequest, makeTempDir, startWebhook, waitFor, waitForOutput, type Webhook,
+} from './harness.ts';
 import {
   acrImage, acrPayload, clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor, namespacedGetter, removeNamespace,
   type Cluster, type Kubectl,
@@ -59,12 +61,6 @@ async function webIn(kubectl: Kubectl, ns: string): Promise<void> {
   await kubectl(['create', 'namespace', ns]);
   await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(deployment('web', [{ name: 'app', image: acrImage('v1') }], { replicas: 1 })));
   await kubectl(['-n', ns, 'rollout', 'status', 'deployment/web', '--timeout=90s']);
-}
-
-/** The admin listener's port, from the line the service logs. */
-async function adminPort(w: Webhook): Promise<number> {
-  const re = /serving deliveries on http:\/\/127\.0\.0\.1:(\d+)\/deliveries/;
-  return Number(re.exec(await waitForOutput(w, re))![1]);
 }
 
 describe('one process, several clusters', { skip: shared && second ? false : 'no clusters' }, () => {

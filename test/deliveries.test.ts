@@ -13,7 +13,9 @@ import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { browserOrSkip, type Browser, type Page } from './browser.ts';
 import { acrImage, acrPayload, clusterOrSkip, deployment, freshNamespaceName, kubectlFor, removeNamespace } from './cluster/kube.ts';
-import { freePort, httpRequest, makeTempDir, spawnWebhook, startWebhook, waitFor, waitForOutput, webhookPool, type Webhook } from './harness.ts';
+import {
+  adminPort, freePort, httpRequest, makeTempDir, spawnWebhook, startWebhook, waitFor, waitForOutput, type Webhook, webhookPool,
+} from './harness.ts';
 import { startReceiver, type Receiver } from './receiver.ts';
 
 const REPO = path.join(import.meta.dirname, '..');
@@ -25,12 +27,6 @@ const ROBOT_KEY = 'robot-key-93d0c5e2f8a1';
 const MAIL_PASSWORD = 'mail-pass-2f7c9e41a0';
 
 const { start: started, stopAll: stopStarted } = webhookPool();
-
-/** The admin listener's port, from the line the service logs. */
-async function adminPort(w: Webhook): Promise<number> {
-  const re = /serving deliveries on http:\/\/127\.0\.0\.1:(\d+)\/deliveries/;
-  return Number(re.exec(await waitForOutput(w, re))![1]);
-}
 
 const echoHook = (id: string, more: object = {}) => ({
   id, 'execute-command': '/bin/echo', 'pass-arguments-to-command': [{ source: 'string', name: 'done' }],

@@ -8,7 +8,7 @@
 import assert from 'node:assert/strict';
 import * as path from 'node:path';
 import { after, describe, test } from 'node:test';
-import { httpRequest, waitFor, waitForOutput, webhookPool, type Webhook } from './harness.ts';
+import { adminPort, httpRequest, waitFor, webhookPool } from './harness.ts';
 
 const { start, stopAll } = webhookPool();
 const ONE_MIB = 1024 * 1024;
@@ -33,11 +33,6 @@ const hook = {
 /** As many copies of `event` as fill a 1 MiB body (less room for an envelope), as a JSON array's text. */
 const filled = (event: object) => JSON.stringify(Array(Math.floor((ONE_MIB - 64) / (JSON.stringify(event).length + 1))).fill(event));
 const countOf = (batch: string) => JSON.parse(batch).length as number;
-
-async function adminPort(w: Webhook): Promise<number> {
-  const re = /serving deliveries on http:\/\/127\.0\.0\.1:(\d+)\/deliveries/;
-  return Number(re.exec(await waitForOutput(w, re))![1]);
-}
 
 /**
  * POSTs `body` as `repoType`; asserts the answer, the request's log lines and its delivery (page and JSON) are each

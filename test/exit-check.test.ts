@@ -15,8 +15,22 @@ const CHECK = path.join(import.meta.dirname, 'exit-check.ts');
 /** The grace the runs below get: short, since here the lingering is on purpose. */
 const GRACE_MS = 500;
 
-/** `node --import test/exit-check.ts --test <file>`, as npm test runs each file: its exit code and output. */
-function runTestFile(file: string): Promise<{ code: number | null; output: string }> {
+const PRELUDE = [
+  "import { after, test } from 'node:test';",
+  "import * as http from 'node:http';",
+  "import { spawn } from 'node:child_process';",
+  "const server = http.createServer((req, res) => { res.writeHead(200); res.write('event'); });",
+  "await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));",
+  'const port = server.address().port;',
+];
+
+/**
+ * A test file of PRELUDE and `lines`, named `name`, run as npm test runs each file (`node --import
+ * test/exit-check.ts --test <file>`): its exit code and output.
+ */
+function runTestFile(name: string, lines: string[]): Promise<{ code: number | null; output: string }> {
+  const file = path.join(makeTempDir('exit-check-'), name);
+  fs.writeFileSync(file, [...PRELUDE, ...lines].join('\n'));
   // Without this process's NODE_TEST_CONTEXT, which would make the run a test file of this one.
   const { NODE_TEST_CONTEXT: _, ...env } = process.env;
   const child = spawn(process.execPath, ['--import', CHECK, '--test', file], {
@@ -28,29 +42,13 @@ function runTestFile(file: string): Promise<{ code: number | null; output: strin
   return new Promise((resolve) => child.on('close', (code) => resolve({ code, output })));
 }
 
-const PRELUDE = [
-  "import { after, test } from 'node:test';",
-  "import * as http from 'node:http';",
-  "import { spawn } from 'node:child_process';",
-  "const server = http.createServer((req, res) => { res.writeHead(200); res.write('event'); });",
-  "await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));",
-  'const port = server.address().port;',
-];
-
 test('a test file that leaves a watch, a server and a child process open is failed, naming each', async () => {
-  const dir = makeTempDir('exit-check-');
-  const file = path.join(dir, 'lingers.test.mjs');
-  fs.writeFileSync(
-    file,
-    [
-      ...PRELUDE,
-      "test('passes, and leaves things open', async () => {",
-      "  await new Promise((resolve) => http.get({ host: '127.0.0.1', port, path: '/watch?w=1' }, resolve));",
-      "  spawn('sleep', ['600'], { stdio: 'ignore' });",
-      '});',
-    ].join('\n'),
-  );
-  const run = await runTestFile(file);
+  const run = await runTestFile('lingers.test.mjs', [
+    "test('passes, and leaves things open', async () => {",
+    "  await new Promise((resolve) => http.get({ host: '127.0.0.1', port, path: '/watch?w=1' }, resolve));",
+    "  spawn('sleep', ['600'], { stdio: 'ignore' });",
+    '});',
+  ]);
   assert.notEqual(run.code, 0, run.output);
   assert.match(run.output, /✔ passes, and leaves things open/);
   assert.match(
@@ -73,41 +71,27 @@ test('a test file that leaves a watch, a server and a child process open is fail
 });
 
 test('a test file that closes what it opens, in an after hook that takes longer than the grace, passes', async () => {
-  const dir = makeTempDir('exit-check-');
-  const file = path.join(dir, 'closes.test.mjs');
-  fs.writeFileSync(
-    file,
-    [
-      ...PRELUDE,
-      // The file's own after hook runs after the check's first one: the grace starts when it has ended.
-      `after(() => new Promise((resolve) => setTimeout(() => server.close(resolve), ${GRACE_MS * 4})));`,
-      "test('passes', async () => {",
-      '  const agent = new http.Agent({ keepAlive: false });',
-      "  await new Promise((resolve) => http.get({ host: '127.0.0.1', port, agent }, (res) => { res.destroy(); resolve(); }));",
-      '});',
-    ].join('\n'),
-  );
-  const run = await runTestFile(file);
+  const run = await runTestFile('closes.test.mjs', [
+    // The file's own after hook runs after the check's first one: the grace starts when it has ended.
+    `after(() => new Promise((resolve) => setTimeout(() => server.close(resolve), ${GRACE_MS * 4})));`,
+    "test('passes', async () => {",
+    '  const agent = new http.Agent({ keepAlive: false });',
+    "  await new Promise((resolve) => http.get({ host: '127.0.0.1', port, agent }, (res) => { res.destroy(); resolve(); }));",
+    '});',
+  ]);
   assert.equal(run.code, 0, run.output);
   assert.doesNotMatch(run.output, /still running/);
 });
 
 test('a test file that awaits longer than the grace between two suites (a cluster being built) is not reported meanwhile', async () => {
-  const dir = makeTempDir('exit-check-');
-  const file = path.join(dir, 'awaits.test.mjs');
-  fs.writeFileSync(
-    file,
-    [
-      ...PRELUDE,
-      "test('before the await', () => {});",
-      // A slow set-up (the test cluster built on first use) between two suites. node:test runs the root's after
-      // hooks before it already: only the end of the file's evaluation says the tests ended.
-      "const { setTimeout: slowSetUp } = await import('node:timers/promises');",
-      `await slowSetUp(${GRACE_MS * 4});`,
-      "test('after the await', () => new Promise((resolve) => server.close(resolve)));",
-    ].join('\n'),
-  );
-  const run = await runTestFile(file);
+  const run = await runTestFile('awaits.test.mjs', [
+    "test('before the await', () => {});",
+    // A slow set-up (the test cluster built on first use) between two suites. node:test runs the root's after
+    // hooks before it already: only the end of the file's evaluation says the tests ended.
+    "const { setTimeout: slowSetUp } = await import('node:timers/promises');",
+    `await slowSetUp(${GRACE_MS * 4});`,
+    "test('after the await', () => new Promise((resolve) => server.close(resolve)));",
+  ]);
   assert.equal(run.code, 0, run.output);
   assert.match(run.output, /✔ after the await/);
   assert.doesNotMatch(run.output, /still running/);

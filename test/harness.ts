@@ -331,6 +331,12 @@ export function waitForOutput(s: Spawned, needle: string | RegExp, timeoutMs = 5
   return waitFor(() => (hit() ? s.output() : undefined), { timeoutMs, what: `output matching ${needle}` });
 }
 
+/** The admin listener's port, from the line the service logs when it starts serving the deliveries pages. */
+export async function adminPort(s: Spawned): Promise<number> {
+  const re = /serving deliveries on http:\/\/127\.0\.0\.1:(\d+)\/deliveries/;
+  return Number(re.exec(await waitForOutput(s, re))![1]);
+}
+
 /**
  * The log lines of the request that got `res` (by its X-Request-Id), read once the server has
  * answered and logged a later request (`GET /healthz`): by then it has logged all it did for the

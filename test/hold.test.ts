@@ -12,7 +12,7 @@ import { spawnSync } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { defaultBinary, httpRequest, makeTempDir, startWebhook, waitForOutput, type Webhook } from './harness.ts';
+import { adminPort, defaultBinary, httpRequest, makeTempDir, startWebhook, type Webhook } from './harness.ts';
 import {
   acrImage, acrPayload, clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor, namespacedGetter,
   pushedState, removeNamespace,
@@ -254,7 +254,7 @@ describe('a change made outside webhook, through the executable and the cluster'
       `asked by hook "deploy", request ${again.headers['x-request-id']}$`);
     assert.ok(events.some((e: any) => message.test(e.message)), JSON.stringify(events.map((e: any) => e.message)));
 
-    const admin = Number(/serving deliveries on http:\/\/127\.0\.0\.1:(\d+)\/deliveries/.exec(await waitForOutput(wh, /serving deliveries on http:\/\/127\.0\.0\.1:(\d+)/))![1]);
+    const admin = await adminPort(wh);
     const page = JSON.parse((await httpRequest(admin, '/deliveries.json')).body);
     const shown = page.deliveries.find((d: any) => d.request_id === again.headers['x-request-id']);
     assert.equal(shown.decision, 'held');

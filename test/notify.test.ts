@@ -12,7 +12,9 @@ import { createHmac } from 'node:crypto';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { defaultBinary, httpRequest, makeTempDir, spawnWebhook, startWebhook, waitFor, waitForOutput, type Webhook } from './harness.ts';
+import {
+  adminPort, defaultBinary, httpRequest, makeTempDir, spawnWebhook, startWebhook, waitFor, waitForOutput, type Webhook,
+} from './harness.ts';
 import { startReceiver, type Receiver } from './receiver.ts';
 
 const SECRET = 'SECnotify-3f9a2c7e51d04b8a';
@@ -50,12 +52,6 @@ async function started(hooks: object[], rx: Receiver, args: string[] = []): Prom
   });
   stopAll.push(w);
   return w;
-}
-
-/** The admin listener's port, from the line the service logs. */
-async function adminPort(w: Webhook): Promise<number> {
-  const out = await waitForOutput(w, /serving deliveries on http:\/\/127\.0\.0\.1:(\d+)\/deliveries/);
-  return Number(/serving deliveries on http:\/\/127\.0\.0\.1:(\d+)\/deliveries/.exec(out)![1]);
 }
 
 async function push(w: Webhook, hook: string): Promise<{ status: number; requestId: string; body: string }> {

@@ -13,7 +13,7 @@ import type * as net from 'node:net';
 import * as path from 'node:path';
 import { after, describe, test } from 'node:test';
 import * as tls from 'node:tls';
-import { httpRequest, makeTempDir, startWebhook, waitFor, waitForOutput, type Webhook } from './harness.ts';
+import { adminPort, httpRequest, makeTempDir, startWebhook, waitFor, type Webhook } from './harness.ts';
 import {
   clientTlsOptions,
   OutboundError,
@@ -228,10 +228,10 @@ describe('through the executable', () => {
     const res = await w.request('/hooks/dribbled', { method: 'POST' });
     assert.deepEqual([res.status, res.body], [200, 'done\n']);
     const requestId = String(res.headers['x-request-id']);
-    const logged = /serving deliveries on http:\/\/127\.0\.0\.1:(\d+)\/deliveries/.exec(await waitForOutput(w, /serving deliveries on http:\/\/127\.0\.0\.1:\d+/))!;
+    const admin = await adminPort(w);
     // Three attempts of 10 s each, and the backoff between them: the page says how it ended.
     const entry = await waitFor(async () => {
-      const doc = JSON.parse((await httpRequest(Number(logged[1]), '/deliveries.json')).body);
+      const doc = JSON.parse((await httpRequest(admin, '/deliveries.json')).body);
       const d = doc.deliveries.find((x: any) => x.request_id === requestId);
       return d?.notifications.every((n: any) => n.state !== 'pending') ? d : undefined;
     }, { timeoutMs: 120_000, what: 'the notification to the dribbling receiver to end' });

@@ -9,7 +9,7 @@ import { spawnSync } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { defaultBinary, httpRequest, makeTempDir, startWebhook, waitFor, waitForOutput, type Webhook } from './harness.ts';
+import { adminPort, defaultBinary, httpRequest, makeTempDir, startWebhook, waitFor, type Webhook } from './harness.ts';
 import { startReceiver, type Receiver } from './receiver.ts';
 import { acrImage, acrPayload, clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor, pushedState } from './cluster/kube.ts';
 import { TARGET_FROM_URL, upgradeHook } from './upgrade-hooks.ts';
@@ -200,8 +200,6 @@ describe('update policies through the executable on the test cluster', { skip: c
     assert.equal(containerImage(await get(opts.workload ?? 'web'), opts.container ?? 'app'), acrImage(tag));
     return res;
   };
-  const adminPort = async (w: Webhook) =>
-    Number(/serving deliveries on http:\/\/127\.0\.0\.1:(\d+)\/deliveries/.exec(await waitForOutput(w, /serving deliveries on http:\/\/127\.0\.0\.1:\d+\/deliveries/))![1]);
   const settledDelivery = async (w: Webhook, requestId: string) => {
     const port = await adminPort(w);
     return waitFor(async () => {

@@ -26,7 +26,9 @@ import * as https from 'node:https';
 import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { promisify } from 'node:util';
-import { defaultBinary, httpRequest, makeTempDir, startWebhook, waitFor, waitForOutput, type Webhook } from './harness.ts';
+import {
+  adminPort, defaultBinary, httpRequest, makeTempDir, startWebhook, waitFor, waitForOutput, type Webhook,
+} from './harness.ts';
 import { cosignOrSkip } from './cosign.ts';
 import { ociRegistryOrSkip, pushBlob, pushManifest, type OciRegistry } from './oci-registry.ts';
 import { makeCertificate, ociArchive, startRegistry, type Registry } from './registry.ts';
@@ -107,7 +109,7 @@ describe('VERIFY_SIGNATURE: cosign signatures on a real registry, through the ex
     });
   /** The deliveries page's record of the push `res` answered, once it is done. */
   const deliveryOf = async (res: { headers: Record<string, unknown> }, timeoutMs = 30_000) => {
-    const admin = Number(/serving deliveries on http:\/\/127\.0\.0\.1:(\d+)\/deliveries/.exec(await waitForOutput(wh, /serving deliveries on http:\/\/127\.0\.0\.1:\d+\/deliveries/))![1]);
+    const admin = await adminPort(wh);
     const id = String(res.headers['x-request-id']);
     return waitFor(async () => {
       const d = JSON.parse((await httpRequest(admin, '/deliveries.json')).body).deliveries.find((x: any) => x.request_id === id);
@@ -548,7 +550,7 @@ describe('VERIFY_SIGNATURE: cosign signatures on a real registry, through the ex
   });
 
   test('"Deploy again" checks the signature as the hook asks now: refused under another key, deployed again under the signing one', async () => {
-    const admin = Number(/serving deliveries on http:\/\/127\.0\.0\.1:(\d+)\/deliveries/.exec(await waitForOutput(wh, /serving deliveries on/))![1]);
+    const admin = await adminPort(wh);
     const deliveries = async () => JSON.parse((await httpRequest(admin, '/deliveries.json')).body).deliveries as any[];
     const past = (await deliveries()).find((d) => d.decision === 'applied' && d.workload === 'deployment/web' && d.image_after === `${image('v2')}@${signedV2}`);
     assert.ok(past, 'the signed push of v2 is on the page');
