@@ -9,13 +9,14 @@
  * mailed when the hook passes MAIL_TO.
  *
  * Chapters, in order. Part I holds the libraries the program needs and has no dependency for; they use
- * nothing of the service. Part II is the service, in the order a push travels: main (43) opens the
+ * nothing of the service. Part II is the service, in the order a push travels: main (45) opens the
  * listeners (21) with the http server's handler (20), which uses the request, rule and hook chapters
- * above it and hands the command to the runner (19), whose in-process command is the upgrade (22-36).
- * After the answer the result travels on in order too: the approvals (37) learn of waiting pushes and decide
- * them, the rollout follower (36) follows the rollout and
- * hands each step to the result (38), which records it and, once final, sends it to the mail (39) and
- * the chat and JSON receivers (40); the deliveries page (41) renders the records. No chapter uses a name a later one
+ * above it and hands the command to the runner (19), whose in-process command is the upgrade (22-38): the
+ * model (22) names its vocabulary, a boundary builds the push, the decision (31) decides it, the executor (32)
+ * carries it out. After the answer the result travels on in order too: the approvals (39) learn of waiting pushes
+ * and decide them, the rollout follower (38) follows the rollout and
+ * hands each step to the result (40), which records it and, once final, sends it to the mail (41) and
+ * the chat and JSON receivers (42); the deliveries page (43) renders the records. No chapter uses a name a later one
  * defines; where an earlier chapter hands work on, it declares the small interface it needs
  * (InProcessCommand, CommandListener, AdminPages, ApprovalPages, ResultListener, ResultChannel, HookSettingChecks)
  * and main() wires the later chapter in.
@@ -51,21 +52,22 @@
  *  27. workloads .................. WORKLOAD_KINDS, parseWorkload, locateContainer, rolloutStatus
  *  28. update policies ............ parsePolicy, policyDecision, UpdatePolicy
  *  29. hook settings .............. HOOK_SETTINGS, fixedSettingChecks
- *  30. upgrade decision ........... readHookConfig, HookConfig, decidePush, decide, holdDecision, verifiedRef
- *  31. the patch .................. patchOnce, patchUntilApplied
- *  32. the report ................. formatForcedRollback, formatReport, formatRollback, formatRollout
- *  33. rollout follow ............. claimFollow, followRollout, resumedReport, rolloutEvent
- *  34. rollback ................... rollBackFailedRollout
- *  35. least privilege ............ formatRbac, hookReach, HookReach, upgradeInput
- *  36. the upgrade ................ runUpgrade, runDecidedPush, upgradeResult
- *  37. the upgrade service ........ UpgradeService, RolloutFollower, hookClusters
- *  38. approvals .................. approvalHooksProblem, ApprovalService, WaitingPush
- *  39. the result ................. DeliveryLog, ResultDispatcher, pushResult, ResultChannel
- *  40. mail ....................... Mailer, parseMailConfig
- *  41. chat & json notifications .. Notifier, NOTIFY_FORMATS, resultDocument
- *  42. deliveries page ............ deliveryPages
- *  43. -validate & -print-rbac .... hookLoadSettings, validate
- *  44. main ....................... main
+ *  30. upgrade decision ........... decidePush, holdDecision, pushEvent, readPushRecords, verifiedRef
+ *  31. the decision ............... decide, Decision, DecisionInput, waitingAction
+ *  32. the cluster executor ....... carryOut, recordDecision
+ *  33. the report ................. formatForcedRollback, formatReport, formatRollback, formatRollout
+ *  34. rollout follow ............. claimFollow, followRollout, resumedReport, rolloutEvent
+ *  35. rollback ................... rollBackFailedRollout
+ *  36. least privilege ............ formatRbac, hookReach, HookReach, upgradeInput
+ *  37. the upgrade ................ runUpgrade, runDecidedPush, upgradeResult
+ *  38. the upgrade service ........ UpgradeService, RolloutFollower, hookClusters
+ *  39. approvals .................. approvalHooksProblem, ApprovalService, WaitingPush
+ *  40. the result ................. DeliveryLog, ResultDispatcher, pushResult, ResultChannel
+ *  41. mail ....................... Mailer, parseMailConfig
+ *  42. chat & json notifications .. Notifier, NOTIFY_FORMATS, resultDocument
+ *  43. deliveries page ............ deliveryPages
+ *  44. -validate & -print-rbac .... hookLoadSettings, validate
+ *  45. main ....................... main
  *
  * Each banner's "Exports" lists the names later chapters use and "Tests" the test files that cover it
  * (test/structure.test.ts checks both).
@@ -10511,8 +10513,8 @@ async function openMetricsListener(
 //    replicas and restarts agree with no store of their own; those an operator writes steer one workload. Anyone
 //    who may edit the workload can write any of them, so each is read as untrusted input. The docs' table of them
 //    is written from ANNOTATIONS (scripts/docs.ts).
-//    Exports: APPROVAL_ANNOTATION, Decision, DECISIONS, FOLLOW_ANNOTATION, LAST_PUSH_ANNOTATION, PENDING_ANNOTATION,
-//    POLICY_ANNOTATION, PublishedDecision, WINDOW_ANNOTATION.
+//    Exports: APPROVAL_ANNOTATION, DecisionCode, DECISIONS, FOLLOW_ANNOTATION, LAST_PUSH_ANNOTATION,
+//    PENDING_ANNOTATION, POLICY_ANNOTATION, PublishedDecision, WINDOW_ANNOTATION.
 //    Tests: test/decision.test.ts, test/docs.test.ts, test/policy.test.ts, test/records.test.ts.
 // ================================================================================================
 
@@ -10614,9 +10616,9 @@ export const DECISIONS = {
   /** Not finished yet (the deliveries page only). */
   running: { published: 'running', action: 'none' },
 } as const;
-export type Decision = keyof typeof DECISIONS;
+export type DecisionCode = keyof typeof DECISIONS;
 /** A word the deliveries page and the result document publish as `decision`: only ever one of DECISIONS'. */
-export type PublishedDecision = (typeof DECISIONS)[Decision]['published'];
+export type PublishedDecision = (typeof DECISIONS)[DecisionCode]['published'];
 
 // ================================================================================================
 // 23. registry payloads — a registry's push notification (Aliyun ACR, Docker Hub, a build job, Harbor, Quay, GHCR,
@@ -12524,7 +12526,7 @@ export function readApprovalToken(
 //    one WorkloadQueue per workload keeps its pushes in order. UpgradeReport is what one push did so far; UpgradeDeps
 //    is what an upgrade is given (client, clock, queue, the workloads it last saw).
 //    Exports: annotationOps, asArray, DNS_LABEL, FollowOptions, ForcedRollback, K8sObject, KEPT_SUPERSEDED, kindSpec,
-//    KindSpec, KnownWorkloads, labelSelector, leanWorkload, locateContainer, LocatedContainer, missingContainerMessage,
+//    KnownWorkloads, labelSelector, leanWorkload, locateContainer, LocatedContainer, missingContainerMessage,
 //    newReport, numberAt, orList, ownedBy, parseWorkload, PayloadError, PlannedChange, planPatch, PodSummary,
 //    readWorkload, recordWorkloadEvent, RollbackOutcome, RolloutOutcome, rolloutStatus, roundedToSeconds,
 //    STUCK_REASONS, summarizePod, unchanged, UPGRADE_LIMITS, UpgradeDeps, UpgradeError, UpgradeReport, valueAt,
@@ -13157,13 +13159,16 @@ export class WorkloadQueue {
 }
 
 /** A push that changed nothing, as its report holds it: the action reads `none (<reason>)` or the reason. Pure. */
-export function unchanged(decision: Decision, reason: string): Pick<UpgradeReport, 'decision' | 'reason' | 'action'> {
+export function unchanged(
+  decision: DecisionCode,
+  reason: string,
+): Pick<UpgradeReport, 'decision' | 'reason' | 'action'> {
   return { decision, reason, action: DECISIONS[decision].action === 'reason' ? reason : `none (${reason})` };
 }
 
 export interface UpgradeReport {
   /** What became of the push; `action` is its text in the answer. */
-  decision: Decision;
+  decision: DecisionCode;
   /** Why a push changed nothing, or what it waits for, as data (unchanged renders it as the action). */
   reason?: string;
   namespace?: string;
@@ -13354,7 +13359,7 @@ function missingContainerMessage(podSpec: unknown, name: string, workload: strin
 //    regexp:<pattern>; the semver ones never go down unless `,allow-downgrade` follows); policyDecision, pure, says
 //    whether a push is within the policy in effect, why not, or what is wrong with an annotation. A push by digest
 //    alone names no tag and is outside no policy.
-//    Exports: parsePolicy, policyDecision, PolicyVerdict, tagOf, UpdatePolicy.
+//    Exports: parsePolicy, policyDecision, tagOf, UpdatePolicy.
 //    Tests: test/policy.test.ts.
 // ================================================================================================
 
@@ -13449,7 +13454,7 @@ function compilePolicy(value: string): UpdatePolicy {
 }
 
 /** The policy of a push: allowed, skipped (why), or a malformed annotation (what is wrong). */
-export type PolicyVerdict =
+type PolicyVerdict =
   | { kind: 'allowed' }
   | { kind: 'skipped'; message: string }
   | { kind: 'malformed'; message: string };
@@ -13543,8 +13548,9 @@ export function policyDecision(
 //    checks, the decision's settings, its cluster, how its payload is read); nothing after the boundary reads them.
 //    Exports: configuredReport, deployWindowSetting, fixedSettingChecks, HOOK_SETTINGS, HookConfig, HookSetting,
 //    HookSettingName, notifyCa, NotifyFormatName, readHookConfig, UpgradeSettings.
-//    Tests: test/clouds.test.ts, test/cosign-verify.test.ts, test/hold.test.ts, test/mail.test.ts, test/policy.test.ts,
-//    test/registries.test.ts, test/settings.test.ts, test/upgrade.test.ts, test/windows.test.ts.
+//    Tests: test/clouds.test.ts, test/cosign-verify.test.ts, test/decision.test.ts, test/hold.test.ts,
+//    test/mail.test.ts, test/policy.test.ts, test/registries.test.ts, test/settings.test.ts, test/upgrade.test.ts,
+//    test/windows.test.ts.
 // ================================================================================================
 
 /**
@@ -14352,8 +14358,8 @@ function readSettings(
 //    across replicas and restarts (a push time from the future counts as the time received). VERIFY_IMAGE=true
 //    resolves the tag on its registry with the login of the workload's first imagePullSecret that names the host, and
 //    deploys `repo:tag@<digest>`; a tag the registry lacks or a different digest is refused. What became of a push
-//    that changes nothing is recorded by decide. The steps, in the order the patch takes them: the pin, the update
-//    policy (policyDecision, its own chapter; outsidePolicy answers a skip), the hold, newest wins. A container whose
+//    that changes nothing is written into its report by recordUnchanged. The decision (next chapter) takes the steps
+//    in order: the pin, the update policy (policyDecision, its own chapter), the hold, newest wins. A container whose
 //    image is not the one the record says webhook last applied was changed outside it: holdDecision
 //    (ON_OUTSIDE_CHANGE=hold) reads who and when from managedFields and holds every push not strictly newer than the
 //    image replaced (semver precedence, else push time). VERIFY_SIGNATURE (which implies VERIFY_IMAGE) then requires
@@ -14362,10 +14368,10 @@ function readSettings(
 //    A registry that does not answer fails the push closed, or under ON_REGISTRY_AWAY=keep has it kept (RegistryAway).
 //    Every Event a push writes on its workload is rendered by pushEvent from one table (PUSH_EVENTS: its type, reason
 //    and message, from the push's decision and facts); recordEventQuietly records one without failing the push.
-//    Exports: decide, decidePush, decisionReason, FollowRecord, FUTURE_PUSH_SKEW_MS, holdDecision, imageFieldPath,
-//    IncomingPush, knownContainer, newPushRecord, outsidePolicy, pinnedContainer, plannedChange, pullSecretNames,
-//    pushEvent, PushRecord, pushTime, readFollowRecords, readPushRecords, recordEventQuietly, RegistryAway,
-//    SignatureRefusal, verifiedRef, whoAsked, withPushRecord, workloadPodSpec.
+//    Exports: decidePush, decisionReason, FollowRecord, FUTURE_PUSH_SKEW_MS, holdDecision, imageFieldPath,
+//    IncomingPush, newPushRecord, pullSecretNames, pushEvent, PushRecord, pushTime, readFollowRecords, readPushRecords,
+//    recordEventQuietly, recordUnchanged, RegistryAway, SignatureRefusal, verifiedRef, whoAsked, withPushRecord,
+//    workloadPodSpec.
 //    Tests: test/clouds.test.ts, test/decision.test.ts, test/hold.test.ts, test/records.test.ts,
 //    test/registries.test.ts, test/registry-e2e.test.ts, test/replicas.test.ts, test/upgrade.test.ts.
 // ================================================================================================
@@ -14518,7 +14524,7 @@ export function readFollowRecords(workload: unknown): {
  * container was read, the image it runs as the image after (a push that was not applied did not
  * become the container's image).
  */
-export function decide(report: UpgradeReport, decision: Decision, reason: string, running?: string): void {
+export function recordUnchanged(report: UpgradeReport, decision: DecisionCode, reason: string, running?: string): void {
   Object.assign(report, unchanged(decision, reason));
   if (running !== undefined) report.imageAfter = running;
 }
@@ -14821,15 +14827,16 @@ export function holdDecision(
 
 // ---- the upgrade ------------------------------------------------------------------------------
 
-function whoAsked(deps: UpgradeDeps): string {
+function whoAsked(by: { hookId?: string; requestId?: string }): string {
   const parts = [
-    deps.hookId ? `hook ${JSON.stringify(deps.hookId)}` : '',
-    deps.requestId ? `request ${deps.requestId}` : '',
+    by.hookId ? `hook ${JSON.stringify(by.hookId)}` : '',
+    by.requestId ? `request ${by.requestId}` : '',
   ].filter(Boolean);
   return parts.length ? parts.join(', ') : 'an image push';
 }
 
-function newPushRecord(push: IncomingPush, previous: string, nowMs: number, deps: UpgradeDeps): PushRecord {
+/** The record of a push applied now: LAST_PUSH_ANNOTATION's entry for its container. Pure. */
+function newPushRecord(push: IncomingPush, previous: string, nowMs: number, requestId: string | undefined): PushRecord {
   return {
     pushedAt: new Date(push.pushedAtMs).toISOString(),
     timeFrom: push.timeFrom,
@@ -14837,100 +14844,7 @@ function newPushRecord(push: IncomingPush, previous: string, nowMs: number, deps
     push: push.push,
     previous,
     appliedAt: new Date(nowMs).toISOString(),
-    ...(deps.requestId ? { request: deps.requestId } : {}),
-  };
-}
-
-/** The container in a known copy, when the image pin allows the push there; else undefined. */
-function knownContainer(
-  workload: K8sObject,
-  target: WorkloadTarget,
-  s: UpgradeSettings,
-  ref: string,
-  report: UpgradeReport,
-): LocatedContainer | undefined {
-  const located = locateContainer(valueAt(workload, [...kindSpec(target.kind).template, 'spec']), s.container);
-  const pin = located ? checkImagePin(s.container, located.image, ref, s.pin) : undefined;
-  if (!located || !pin?.allowed) return undefined;
-  if (pin.note !== undefined && !report.notes.includes(pin.note)) report.notes.push(pin.note);
-  return located;
-}
-
-/**
- * The container to change, once the image pin has allowed the push. A missing container, or a
- * push the pin refuses, is recorded as a Warning Event and thrown: nothing is written.
- */
-async function pinnedContainer(
-  client: KubeClient,
-  target: WorkloadTarget,
-  workload: K8sObject,
-  s: UpgradeSettings,
-  ref: string,
-  report: UpgradeReport,
-  deps: UpgradeDeps,
-): Promise<LocatedContainer> {
-  const now = deps.now ?? (() => new Date());
-  const podSpec = valueAt(workload, [...kindSpec(target.kind).template, 'spec']);
-  const located = locateContainer(podSpec, s.container);
-  const refuse = async (kind: 'failed' | 'refused', message: string): Promise<never> => {
-    const event = pushEvent(kind, { why: message, asked: whoAsked(deps) });
-    await recordEventQuietly(client, target, event, now(), report);
-    throw new UpgradeError(message);
-  };
-  if (!located) return refuse('failed', missingContainerMessage(podSpec, s.container, report.workload!));
-  report.imageBefore = located.image;
-  const pin = checkImagePin(s.container, located.image, ref, s.pin);
-  if (!pin.allowed) {
-    report.refused = true;
-    return refuse('refused', pin.message);
-  }
-  if (pin.note !== undefined && !report.notes.includes(pin.note)) report.notes.push(pin.note);
-  return located;
-}
-
-/**
- * A push the update policy does not take (policyDecision), on a fresh read: recorded as an Event, UpgradeSkipped,
- * and decided `skipped by policy` (nothing is written); or a malformed policy annotation, recorded as a Warning
- * Event and thrown.
- */
-async function outsidePolicy(
-  client: KubeClient,
-  target: WorkloadTarget,
-  verdict: Exclude<PolicyVerdict, { kind: 'allowed' }>,
-  report: UpgradeReport,
-  deps: UpgradeDeps,
-  from: 'read' | 'known',
-): Promise<'no change' | undefined> {
-  // A known copy may be stale: the verdict is reached again on the workload as it is now.
-  if (from === 'known') return undefined;
-  const now = deps.now ?? (() => new Date());
-  const skipped = verdict.kind === 'skipped';
-  const event = pushEvent(skipped ? 'skipped by policy' : 'failed', { why: verdict.message, asked: whoAsked(deps) });
-  await recordEventQuietly(client, target, event, now(), report);
-  if (!skipped) throw new UpgradeError(`${verdict.message}; nothing was changed`);
-  decide(report, 'skipped by policy', verdict.message, report.imageBefore);
-  return 'no change';
-}
-
-/** The change a push makes: the new image, or for the same image a restart that pulls it again. */
-function plannedChange(
-  sameImage: boolean,
-  spec: KindSpec,
-  s: UpgradeSettings,
-  ref: string,
-  deps: UpgradeDeps,
-): PlannedChange {
-  const now = deps.now ?? (() => new Date());
-  if (!sameImage) return { image: ref, changeCause: `webhook: set ${s.container} image to ${ref} (${whoAsked(deps)})` };
-  return {
-    pullAlways: true,
-    // A CronJob has no rollout to restart: Always makes its next run pull the tag again.
-    restartedAt: spec.hasRollout
-      ? now()
-          .toISOString()
-          .replace(/\.\d{3}Z$/, 'Z')
-      : undefined,
-    changeCause: `webhook: restart ${s.container} to re-pull ${ref} (${whoAsked(deps)})`,
+    ...(requestId ? { request: requestId } : {}),
   };
 }
 
@@ -15125,49 +15039,301 @@ async function checkSignature(c: SignatureCheck, digest: string | undefined): Pr
 }
 
 // ================================================================================================
-// 31. the patch — the change is one JSON patch (fieldManager=webhook) that first tests the container's name and
-//    current image, so a concurrent edit fails the patch instead of being overwritten; on such a failure the workload
-//    is read again and the patch re-planned. A different image replaces only that container's image; the same image
-//    restarts the rollout the way `kubectl rollout restart` does, plus imagePullPolicy: Always; a reference pinned to
-//    the same digest changes nothing. The same patch sets kubernetes.io/change-cause and the push record under a
-//    `test` of the value read. A push time or record from the future is named in the report (futureTimeNote). A push
-//    held off by a change made outside webhook (holdDecision) is recorded as an UpgradeHeld Event, nothing written.
-//    The waiting step comes last, after newest wins: a push that needs an approval (REQUIRE_APPROVAL, annotation
-//    webhook/approval) or comes outside its change window (DEPLOY_WINDOW, annotation webhook/window) is recorded on
-//    the workload (webhook/pending, written under a test), answered 202 and recorded as an UpgradeWaiting Event; a
-//    decided push completes its entry in the same patch that changes the image.
-//    Exports: futureTimeNote, patchOnce, patchUntilApplied, PendingGone, waitingAction.
-//    Tests: test/e2e.test.ts, test/records.test.ts, test/replicas.test.ts, test/upgrade.test.ts.
+// 31. the decision — what one push does to one workload, decided by one pure function: decide(push, its hook's
+//    settings, the workload as read, now) → Decision, a value from the closed list (DECISIONS) carrying its reason
+//    as data and, for what is written, the planned change, its Event and the pending entry. The registry's facts
+//    (the digest a tag resolves to, a signature) are established before it (previous chapter) and arrive in the
+//    push's image. The steps, each a pure function that decides or lets the push on: the image pin, the update
+//    policy (policyDecision), a digest already running, a change made outside webhook (holdDecision, under
+//    ON_OUTSIDE_CHANGE=hold), newest wins (decidePush, over LAST_PUSH_ANNOTATION), then the waiting step: a push
+//    that needs an approval (REQUIRE_APPROVAL, annotation webhook/approval) or comes outside its change window
+//    (DEPLOY_WINDOW, annotation webhook/window) waits on the workload (PENDING_ANNOTATION, sealed with the approval
+//    key), with the links that decide it; a newer push replaces a waiting one, an older one is superseded by it; a
+//    decided push completes only the entry it names. What passes every step is applied: one JSON patch
+//    (fieldManager=webhook) that tests the container's name and current image, so a concurrent edit fails it
+//    instead of being overwritten; a different image replaces only that container's image, the same image restarts
+//    the rollout as `kubectl rollout restart` does (plus imagePullPolicy: Always), and the same patch sets
+//    kubernetes.io/change-cause, the push record and, when the service follows the rollout after answering, the
+//    follow record, each under a `test` of the value read. A copy of the workload kept from an earlier push is just
+//    another workload as read: the executor (next chapter) decides which decisions it takes on one.
+//    Exports: decide, Decision, DecisionInput, futureTimeNote, PendingGone, waitingAction.
+//    Tests: test/decision.test.ts, test/e2e.test.ts, test/records.test.ts, test/replicas.test.ts,
+//    test/upgrade.test.ts.
 // ================================================================================================
 
-/** A change made: the workload as the PATCH returned it, the image it replaced, the record written. */
-interface AppliedChange {
-  updated: K8sObject;
-  before: string;
-  sameImage: boolean;
-  lastPush: string;
-  followRecorded: boolean;
+/** Everything the decision of one push on one workload depends on: a value, so that deciding is pure. */
+export interface DecisionInput {
+  push: IncomingPush;
+  /** The hook's settings, read once at the push's boundary. */
+  config: UpgradeSettings;
+  target: WorkloadTarget;
+  /** The kubeconfig context the workload is in (undefined: the service's default). */
+  cluster: string | undefined;
+  /** The workload as read, or the copy last seen of it. */
+  workload: K8sObject;
+  nowMs: number;
+  /** The request that brought the push and the hook it came through: its records and Events name them. */
+  requestId?: string;
+  hookId?: string;
+  decided?: UpgradeDeps['decided'];
+  approvals?: UpgradeDeps['approvals'];
+  followAfter?: UpgradeDeps['followAfter'];
+  /** The id a pending entry written now gets (the caller draws it: decide itself draws nothing). */
+  entryId: string;
 }
 
-/** Reads and patches until the patch applies (or nothing is to change); retries a failed `test`. */
-async function patchUntilApplied(
-  client: KubeClient,
-  target: WorkloadTarget,
-  s: UpgradeSettings,
-  push: IncomingPush,
-  report: UpgradeReport,
-  deps: UpgradeDeps,
-): Promise<AppliedChange | undefined> {
-  for (let attempt = 1; ; attempt++) {
-    const workload = await readWorkload(client, target);
-    const result = await patchOnce(client, workload, target, s, push, report, deps, 'read');
-    if (result === 'no change') return undefined;
-    if (result !== 'conflict') return result;
-    if (attempt >= UPGRADE_LIMITS.maxPatchAttempts) {
-      const what = describeResource(workloadResource(target));
-      throw new UpgradeError(`${what} kept changing while it was patched (${attempt} attempts); try again`);
+/** What every decision carries: the notes its answer adds, the image the container runs, a waiting push replaced. */
+interface DecidedFacts {
+  notes: string[];
+  /** The container's image as read (undefined when there is no such container). */
+  before?: string;
+  /** The push that waited on this container and that this one replaces (it is reported superseded). */
+  replaced?: PendingEntry;
+}
+
+/**
+ * What becomes of one push on one workload: a code of the closed list (DECISIONS), its reason as data, and what
+ * the executor writes for it. `refused` and `failed` write nothing but their Event, and fail the push.
+ */
+export type Decision = DecidedFacts &
+  (
+    | {
+        code: 'applied' | 're-pulled';
+        before: string;
+        container: LocatedContainer;
+        /** The patch planned: image or restart, change-cause, and the annotations written under a test. */
+        change: PlannedChange;
+        lastPush: string;
+        followRecorded: boolean;
+        event: WorkloadEvent;
+      }
+    | {
+        code: 'waiting' | 'approved';
+        reason: string;
+        entry: PendingEntry;
+        links?: ApprovalLinks;
+        /** PENDING_ANNOTATION's new text, and its text as read (the patch's test). */
+        pending: { value: string; read: string | undefined };
+        event: WorkloadEvent;
+      }
+    | { code: 'held' | 'skipped by policy'; reason: string; event: WorkloadEvent }
+    | { code: 'no-op' | 'repeat' | 'superseded'; reason: string }
+    | { code: 'refused' | 'failed'; reason: string; event?: WorkloadEvent; gone?: boolean }
+  );
+
+/** A decided push whose pending entry is no longer on the workload: decided already, replaced or expired. */
+export class PendingGone extends UpgradeError {}
+
+/**
+ * The decision of one push on one workload, step by step: the pin, the update policy, a digest already running, a
+ * change made outside webhook, newest wins, the waiting step; what passes them all is applied. Pure.
+ */
+export function decide(input: DecisionInput): Decision {
+  const notes: string[] = [];
+  const container = pinStep(input, notes);
+  if ('code' in container) return container;
+  const facts: DecidedFacts = { notes, before: container.image };
+  const decided =
+    policyStep(input, facts) ??
+    sameDigestStep(input, facts) ??
+    holdStep(input, facts) ??
+    newestStep(input, facts) ??
+    waitStep(input, facts);
+  return 'code' in decided ? decided : applyStep(input, container, facts, decided);
+}
+
+/** `deployment/web`: the workload as messages name it. */
+function workloadName(t: WorkloadTarget): string {
+  return `${t.kind}/${t.name}`;
+}
+
+/** The container the push is for, when the image pin lets the push there; else the decision refusing it. Pure. */
+function pinStep(input: DecisionInput, notes: string[]): LocatedContainer | Decision {
+  const { config: s, target, push } = input;
+  const podSpec = workloadPodSpec(input.workload, target.kind);
+  const located = locateContainer(podSpec, s.container);
+  const asked = whoAsked(input);
+  if (!located) {
+    const reason = missingContainerMessage(podSpec, s.container, workloadName(target));
+    return { code: 'failed', reason, notes, event: pushEvent('failed', { why: reason, asked }) };
+  }
+  const pin = checkImagePin(s.container, located.image, push.image, s.pin);
+  if (!pin.allowed) {
+    const event = pushEvent('refused', { why: pin.message, asked });
+    return { code: 'refused', reason: pin.message, notes, before: located.image, event };
+  }
+  if (pin.note !== undefined) notes.push(pin.note);
+  return located;
+}
+
+/** A tag the update policy does not take: skipped, with an Event; a malformed policy annotation fails. Pure. */
+function policyStep(input: DecisionInput, facts: DecidedFacts): Decision | undefined {
+  const { config: s, push } = input;
+  const name = workloadName(input.target);
+  const verdict = policyDecision(s.policy, input.workload, s.container, facts.before!, push.image, name);
+  if (verdict.kind === 'allowed') return undefined;
+  const asked = whoAsked(input);
+  const event = pushEvent(verdict.kind === 'skipped' ? 'skipped by policy' : 'failed', { why: verdict.message, asked });
+  if (verdict.kind === 'skipped') return { ...facts, code: 'skipped by policy', reason: verdict.message, event };
+  return { ...facts, code: 'failed', reason: `${verdict.message}; nothing was changed`, event };
+}
+
+/** A push by digest of the digest the container runs changes nothing. Pure. */
+function sameDigestStep(input: DecisionInput, facts: DecidedFacts): Decision | undefined {
+  const ref = input.push.image;
+  if (!ref.includes('@') || normalizeImageRef(facts.before!) !== normalizeImageRef(ref)) return undefined;
+  return { ...facts, code: 'no-op', reason: 'already running this digest' };
+}
+
+/**
+ * The hold step (holdDecision, under ON_OUTSIDE_CHANGE=hold): a change made outside webhook holds the push off,
+ * with an UpgradeHeld Event; managedFields that cannot say who changed the image fail the push. Pure.
+ */
+function holdStep(input: DecisionInput, facts: DecidedFacts): Decision | undefined {
+  const { config: s, target, workload, push } = input;
+  if (s.onOutsideChange === 'follow') return undefined;
+  const podSpec = workloadPodSpec(workload, target.kind);
+  const at = {
+    workload: workloadName(target),
+    container: s.container,
+    fieldPath: imageFieldPath(target.kind, locateContainer(podSpec, s.container)!.list, s.container),
+  };
+  const record = readPushRecords(workload).records[s.container];
+  const managed = valueAt(workload, ['metadata', 'managedFields']);
+  const hold = holdDecision(record, facts.before!, managed, push, input.nowMs, at);
+  const asked = whoAsked(input);
+  switch (hold.kind) {
+    case 'none':
+      return undefined;
+    case 'newer':
+      facts.notes.push(hold.note);
+      return undefined;
+    case 'malformed': {
+      const event = pushEvent('failed', { why: hold.message, asked });
+      return { ...facts, code: 'failed', reason: hold.message, event };
+    }
+    case 'held': {
+      const event = pushEvent('held', { container: s.container, image: push.image, why: hold.reason, asked });
+      return { ...facts, code: 'held', reason: hold.reason, event };
     }
   }
+}
+
+/** Newest wins (decidePush): a push older than the one recorded is superseded, the same one a repeat. Pure. */
+function newestStep(input: DecisionInput, facts: DecidedFacts): Decision | undefined {
+  const record = readPushRecords(input.workload).records[input.config.container];
+  const newest = decidePush(record, input.push, input.nowMs);
+  if (newest.kind !== 'apply') return { ...facts, code: newest.kind, reason: decisionReason(newest, input.nowMs) };
+  const future = newest.replacesFuture;
+  if (future) facts.notes.push(futureTimeNote('record', Date.parse(future.pushedAt), input.nowMs, future.image));
+  return undefined;
+}
+
+/** What the waiting step lets through: the pending entries the patch writes back, and the waiting push replaced. */
+interface WaitPassed {
+  guarded: PlannedChange['guarded'];
+  replaced?: PendingEntry;
+}
+
+/**
+ * The waiting step, after newest wins and before the patch: a push that needs an approval, or comes outside the
+ * change window, waits on the workload (a pending entry, sealed where it sits, so any replica completes it) with
+ * the links that decide it. A newer push replaces a waiting one; an older one (or the same again) is superseded (or
+ * a repeat). A decided push completes only the entry it names, which the patch takes off, so a second use finds
+ * nothing. An entry whose MAC does not verify where it sits counts as none. Pure.
+ */
+function waitStep(input: DecisionInput, facts: DecidedFacts): Decision | WaitPassed {
+  const { config: s, workload, nowMs } = input;
+  const { raw, entries } = readPendingEntries(workload);
+  const place = { ...input.target, cluster: input.cluster, container: s.container };
+  const found = entries[s.container];
+  const key = input.approvals?.key;
+  const queued = found && pendingEntrySealed(key, place, found) ? found : undefined;
+  const d = input.decided;
+  // The decision of a waiting entry; a replay completes none and waits as a new push does.
+  const decided = d?.id !== undefined ? d : undefined;
+  const failed = (reason: string, gone?: boolean): Decision => ({ ...facts, code: 'failed', reason, gone });
+  if (decided && queued?.id !== decided.id)
+    return failed(
+      'the waiting push was decided already, replaced by a newer push or expired; nothing was changed',
+      true,
+    );
+  let needs: WaitNeeds;
+  try {
+    needs = waitNeeds(workload, s, d, queued, nowMs);
+  } catch (e) {
+    return failed((e as Error).message);
+  }
+  const replaced = queued && !decided ? queued : undefined;
+  const rest = JSON.stringify(Object.fromEntries(Object.entries(entries).filter(([c]) => c !== s.container)));
+  if (!needs.approval && !needs.closed) {
+    if (d) facts.notes.push(decidedNote(d, nowMs));
+    if (replaced) facts.notes.push(supersededNote(replaced));
+    return { guarded: found ? { [PENDING_ANNOTATION]: { value: rest, read: raw } } : {}, replaced };
+  }
+  if (replaced) {
+    const older = olderThanWaiting(replaced, input.push, facts);
+    if (older) return older;
+  }
+  const entry = sealPendingEntry(key, place, pendingEntry(input, needs, queued));
+  const links = entryLinks(entry, place, s, needs, input.approvals);
+  if (typeof links === 'string') return failed(links);
+  if (replaced) facts.notes.push(supersededNote(replaced));
+  if (d && !decided) facts.notes.push(`asked to deploy again by ${d.by} at ${new Date(nowMs).toISOString()}`);
+  const reason = waitingAction(entry);
+  const pending = { value: JSON.stringify({ ...JSON.parse(rest), [s.container]: entry }), read: raw };
+  const told = { container: s.container, image: input.push.image, why: reason, asked: whoAsked(input) };
+  const event = pushEvent('waiting', told);
+  const code = entry.approvedBy !== undefined ? 'approved' : 'waiting';
+  return { ...facts, code, reason, entry, ...(links ? { links } : {}), pending, replaced, event };
+}
+
+/** What passes every step: the patch that sets the image (or restarts the rollout) and records the push. Pure. */
+function applyStep(input: DecisionInput, container: LocatedContainer, facts: DecidedFacts, wait: WaitPassed): Decision {
+  const { config: s, workload, push, nowMs } = input;
+  const before = container.image;
+  const { raw, records } = readPushRecords(workload);
+  const sameImage = normalizeImageRef(before) === normalizeImageRef(push.image);
+  const lastPush = withPushRecord(records, s.container, newPushRecord(push, before, nowMs, input.requestId));
+  const follow = followToRecord(input);
+  const guarded = { [LAST_PUSH_ANNOTATION]: { value: lastPush, read: raw }, ...wait.guarded, ...follow };
+  const change = { ...plannedChange(input, sameImage), guarded };
+  const code = sameImage ? 're-pulled' : 'applied';
+  const told = { container: s.container, before, image: push.image, asked: whoAsked(input) };
+  const event = pushEvent(code, told);
+  const followRecorded = FOLLOW_ANNOTATION in follow;
+  return { ...facts, code, before, container, change, lastPush, followRecorded, event, replaced: wait.replaced };
+}
+
+/** The change a push makes: the new image, or for the same image a restart that pulls it again. Pure. */
+function plannedChange(input: DecisionInput, sameImage: boolean): PlannedChange {
+  const { config: s, push } = input;
+  const asked = whoAsked(input);
+  if (!sameImage)
+    return { image: push.image, changeCause: `webhook: set ${s.container} image to ${push.image} (${asked})` };
+  return {
+    pullAlways: true,
+    // A CronJob has no rollout to restart: Always makes its next run pull the tag again.
+    restartedAt: kindSpec(input.target.kind).hasRollout
+      ? new Date(input.nowMs).toISOString().replace(/\.\d{3}Z$/, 'Z')
+      : undefined,
+    changeCause: `webhook: restart ${s.container} to re-pull ${push.image} (${asked})`,
+  };
+}
+
+/** The follow record this change's PATCH writes, when the service follows the rollout after answering. Pure. */
+function followToRecord(input: DecisionInput): Record<string, { value: string; read: string | undefined }> {
+  const { config: s, followAfter: after } = input;
+  if (!after || s.rolloutTimeoutMs !== 0 || !kindSpec(s.workload.kind).hasRollout) return {};
+  const { raw, entries } = readFollowRecords(input.workload);
+  const record: FollowRecord = {
+    request: input.requestId ?? '',
+    hook: input.hookId ?? '',
+    deadline: new Date(input.nowMs + after.followMs).toISOString(),
+    ...(after.mailTo?.trim() ? { mailTo: after.mailTo.trim() } : {}),
+    ...(s.rollbackOnFailure ? { rollback: true } : {}),
+  };
+  return { [FOLLOW_ANNOTATION]: { value: JSON.stringify({ ...entries, [s.container]: record }), read: raw } };
 }
 
 /** The report's note for a push time or record from the future (FUTURE_PUSH_SKEW_MS). Pure. */
@@ -15182,154 +15348,7 @@ export function futureTimeNote(kind: 'payload' | 'record', futureMs: number, now
         'it holds no push off and is replaced';
 }
 
-/**
- * Workload annotations as read, null when absent. A patch decided on a known copy tests the ones its decision was
- * made on (the policy's, the approval's and the window's), since the copy may predate an annotation set since.
- */
-function decisionAnnotations(workload: K8sObject, container: string): Record<string, string | null> {
-  const keys = [POLICY_ANNOTATION, `${POLICY_ANNOTATION}.${container}`, APPROVAL_ANNOTATION, WINDOW_ANNOTATION];
-  const read = (key: string) => {
-    const value = valueAt(workload, ['metadata', 'annotations', key]);
-    return typeof value === 'string' ? value : null;
-  };
-  return Object.fromEntries(keys.map((key) => [key, read(key)]));
-}
-
-/** The follow record this change's PATCH writes, when the service follows the rollout after answering. */
-function followToRecord(
-  workload: K8sObject,
-  s: UpgradeSettings,
-  nowMs: number,
-  deps: UpgradeDeps,
-): Record<string, { value: string; read: string | undefined }> {
-  const after = deps.followAfter;
-  if (!after || s.rolloutTimeoutMs !== 0 || !kindSpec(s.workload.kind).hasRollout) return {};
-  const { raw, entries } = readFollowRecords(workload);
-  const record: FollowRecord = {
-    request: deps.requestId ?? '',
-    hook: deps.hookId ?? '',
-    deadline: new Date(nowMs + after.followMs).toISOString(),
-    ...(after.mailTo?.trim() ? { mailTo: after.mailTo.trim() } : {}),
-    ...(s.rollbackOnFailure ? { rollback: true } : {}),
-  };
-  return { [FOLLOW_ANNOTATION]: { value: JSON.stringify({ ...entries, [s.container]: record }), read: raw } };
-}
-
-/**
- * One plan and PATCH against `workload`. From a fresh read: the change, undefined when nothing is
- * to change, 'conflict' when the workload changed meanwhile, or 'no change' when its record shows
- * the push superseded or repeated (the report says so). From a known copy: the change, or
- * undefined for anything else (the caller then reads the workload).
- */
-async function patchOnce(
-  client: KubeClient,
-  workload: K8sObject,
-  target: WorkloadTarget,
-  s: UpgradeSettings,
-  push: IncomingPush,
-  report: UpgradeReport,
-  deps: UpgradeDeps,
-  from: 'read' | 'known',
-): Promise<AppliedChange | 'conflict' | 'no change' | undefined> {
-  const ref = push.image;
-  report.target = Object.assign(target, { uid: String(valueAt(workload, ['metadata', 'uid'])) });
-  const located = from === 'known' ? knownContainer(workload, target, s, ref, report) : undefined;
-  if (from === 'known' && !located) return undefined;
-  // Checked on every read: a retry is planned against the image the container has then.
-  const container = located ?? (await pinnedContainer(client, target, workload, s, ref, report, deps));
-  report.imageBefore = container.image;
-  const policy = policyDecision(s.policy, workload, s.container, container.image, ref, report.workload!);
-  if (policy.kind !== 'allowed') return outsidePolicy(client, target, policy, report, deps, from);
-  const nowMs = (deps.now ?? (() => new Date()))().getTime();
-  const { raw, records } = readPushRecords(workload);
-  const sameImage = normalizeImageRef(container.image) === normalizeImageRef(ref);
-  if (sameImage && ref.includes('@')) {
-    if (from === 'read') decide(report, 'no-op', 'already running this digest', container.image);
-    return undefined;
-  }
-  if (await outsideChangeHolds(client, workload, target, s, container, push, nowMs, report, deps, from))
-    return from === 'known' ? undefined : 'no change';
-  const decision = decidePush(records[s.container], push, nowMs);
-  const future = decision.kind === 'apply' ? decision.replacesFuture : undefined;
-  if (future) report.notes.push(futureTimeNote('record', Date.parse(future.pushedAt), nowMs, future.image));
-  if (decision.kind !== 'apply') {
-    // A known copy may hold an older record: the answer names the one on the workload now.
-    if (from === 'known') return undefined;
-    decide(report, decision.kind, decisionReason(decision, nowMs), container.image);
-    return 'no change';
-  }
-  const wait = await waitStep(client, workload, target, s, container.image, push, nowMs, report, deps, from);
-  if (typeof wait === 'string') return wait === 'stale' ? undefined : wait;
-  const lastPush = withPushRecord(records, s.container, newPushRecord(push, container.image, nowMs, deps));
-  const written = { [LAST_PUSH_ANNOTATION]: { value: lastPush, read: raw }, ...wait.guarded };
-  const guarded = { ...written, ...followToRecord(workload, s, nowMs, deps) };
-  const tested = from === 'known' ? decisionAnnotations(workload, s.container) : undefined;
-  const change = { ...plannedChange(sameImage, kindSpec(target.kind), s, ref, deps), guarded, tested };
-  const ops = planPatch(workload, target.kind, s.container, container, change);
-  if (deps.abandon?.aborted) {
-    decide(report, 'superseded', KEPT_SUPERSEDED, container.image);
-    return 'no change';
-  }
-  try {
-    const updated = await client.patch<K8sObject>(workloadResource(target), ops, UPGRADE_LIMITS.fieldManager);
-    return { updated, before: container.image, sameImage, lastPush, followRecorded: FOLLOW_ANNOTATION in guarded };
-  } catch (e) {
-    if (!(e instanceof KubeError && e.status === 422)) throw e;
-    if (from === 'known') return undefined;
-    // A 422 without field causes is a failed `test`: the workload changed since we read it.
-    if (e.causes.length === 0) return 'conflict';
-    throw e;
-  }
-}
-
-/**
- * The hold step (holdDecision, under ON_OUTSIDE_CHANGE=hold): whether a change made outside webhook
- * holds this push off. A held push is decided and recorded as an UpgradeHeld Event; managedFields
- * that cannot say who changed the image fail the push (UpgradeFailed), nothing written. On a known
- * copy, anything but a push that may go on is left to a fresh read.
- */
-async function outsideChangeHolds(
-  client: KubeClient,
-  workload: K8sObject,
-  target: WorkloadTarget,
-  s: UpgradeSettings,
-  container: LocatedContainer,
-  push: IncomingPush,
-  nowMs: number,
-  report: UpgradeReport,
-  deps: UpgradeDeps,
-  from: 'read' | 'known',
-): Promise<boolean> {
-  if (s.onOutsideChange === 'follow') return false;
-  const at = {
-    workload: `${target.kind}/${target.name}`,
-    container: s.container,
-    fieldPath: imageFieldPath(target.kind, container.list, s.container),
-  };
-  const record = readPushRecords(workload).records[s.container];
-  const hold = holdDecision(record, container.image, valueAt(workload, ['metadata', 'managedFields']), push, nowMs, at);
-  if (hold.kind === 'none') return false;
-  if (hold.kind === 'newer') {
-    if (!report.notes.includes(hold.note)) report.notes.push(hold.note);
-    return false;
-  }
-  if (from === 'known') return true;
-  const now = new Date(nowMs);
-  const asked = whoAsked(deps);
-  if (hold.kind === 'malformed') {
-    await recordEventQuietly(client, target, pushEvent('failed', { why: hold.message, asked }), now, report);
-    throw new UpgradeError(hold.message);
-  }
-  decide(report, 'held', hold.reason, container.image);
-  const event = pushEvent('held', { container: s.container, image: push.image, why: hold.reason, asked });
-  await recordEventQuietly(client, target, event, now, report);
-  return true;
-}
-
-// ---- the waiting step: an approval, a change window -------------------------------------------
-
-/** A decision whose pending entry is no longer on the workload: decided already, replaced or expired. */
-export class PendingGone extends UpgradeError {}
+// ---- the waiting step's parts ------------------------------------------------------------------
 
 /** What a push waits for before the patch, or nothing: the hook's settings with the workload's annotations. */
 interface WaitNeeds {
@@ -15338,7 +15357,6 @@ interface WaitNeeds {
   /** The window is closed now (and no "deploy now" overrides it). */
   closed: boolean;
 }
-
 /**
  * The wait a push meets on this workload now; a malformed annotation throws, naming it. A person's decision (or the
  * admin's replay) clears the approval; a window's opening clears it only for the entry a person approved before.
@@ -15366,75 +15384,6 @@ function waitNeeds(
   return { approval, windows, closed };
 }
 
-/** What the waiting step lets through: the annotations the patch writes with the change (the entry taken off). */
-type WaitOutcome = { guarded: PlannedChange['guarded'] } | 'no change' | 'conflict' | 'stale';
-
-/**
- * The waiting step, after newest wins and before the patch. A push that needs an approval, or comes outside the
- * change window, is recorded on the workload (PENDING_ANNOTATION, written under a test of the value read, so any
- * replica can complete it and two cannot both write), answered 202 and told with the links that decide it. A newer
- * push replaces a waiting one (the older is superseded); an older one is superseded by it. A decided push
- * (deps.decided) completes only the entry it names, which the patch takes off: a second use finds nothing. An entry
- * whose MAC does not verify where it sits (forged, edited, or written before entries had one) counts as none.
- */
-async function waitStep(
-  client: KubeClient,
-  workload: K8sObject,
-  target: WorkloadTarget,
-  s: UpgradeSettings,
-  image: string,
-  push: IncomingPush,
-  nowMs: number,
-  report: UpgradeReport,
-  deps: UpgradeDeps,
-  from: 'read' | 'known',
-): Promise<WaitOutcome> {
-  const { raw, entries } = readPendingEntries(workload);
-  const place = { ...target, cluster: report.cluster, container: s.container };
-  const found = entries[s.container];
-  const key = deps.approvals?.key;
-  const queued = found && pendingEntrySealed(key, place, found) ? found : undefined;
-  const d = deps.decided;
-  // The decision of a waiting entry; a replay completes none and waits as a new push does.
-  const decided = d?.id !== undefined ? d : undefined;
-  if (from === 'known' && (found || d?.id)) return 'stale';
-  if (d?.id !== undefined && queued?.id !== d.id)
-    throw new PendingGone(
-      'the waiting push was decided already, replaced by a newer push or expired; nothing was changed',
-    );
-  const needs = waitNeeds(workload, s, d, queued, nowMs);
-  const rest = Object.fromEntries(Object.entries(entries).filter(([c]) => c !== s.container));
-  if (!needs.approval && !needs.closed) {
-    if (d) report.notes.push(decidedNote(d, nowMs));
-    if (queued && !decided) report.notes.push(supersededNote((report.replaced = queued)));
-    return { guarded: found ? { [PENDING_ANNOTATION]: { value: JSON.stringify(rest), read: raw } } : {} };
-  }
-  if (from === 'known') return 'stale';
-  if (!decided && queued && (await olderThanWaiting(queued, push, image, report))) return 'no change';
-  const entry = sealPendingEntry(key, place, pendingEntry(s, push, needs, nowMs, decided, deps, queued));
-  const links = entryLinks(entry, place, s, needs, deps);
-  const value = JSON.stringify({ ...rest, [s.container]: entry });
-  const ops = annotationOps(
-    workload,
-    ['metadata'],
-    { [PENDING_ANNOTATION]: value },
-    { [PENDING_ANNOTATION]: raw ?? null },
-  );
-  try {
-    await client.patch(workloadResource(target), ops, UPGRADE_LIMITS.fieldManager);
-  } catch (e) {
-    if (e instanceof KubeError && e.status === 422 && e.causes.length === 0) return 'conflict';
-    throw e;
-  }
-  if (queued && !decided) report.notes.push(supersededNote((report.replaced = queued)));
-  if (d && !decided) report.notes.push(`asked to deploy again by ${d.by} at ${new Date(nowMs).toISOString()}`);
-  report.waiting = { entry, ...(links ? { links } : {}) };
-  decide(report, entry.approvedBy !== undefined ? 'approved' : 'waiting', waitingAction(entry), image);
-  const facts = { container: s.container, image: push.image, why: waitingAction(entry), asked: whoAsked(deps) };
-  const event = pushEvent('waiting', facts);
-  await recordEventQuietly(client, target, event, new Date(nowMs), report);
-  return 'no change';
-}
 
 /** Who decided a push, and when: `approved by Li Lei (10.0.3.7, by link) at 2026-…`. Pure. */
 function decidedNote(d: NonNullable<UpgradeDeps['decided']>, nowMs: number): string {
@@ -15447,36 +15396,19 @@ function supersededNote(queued: PendingEntry): string {
   return `the waiting push of ${queued.image} (request ${queued.request}, pushed at ${queued.pushedAt}) is superseded`;
 }
 
-/** A push older than (or the same as) the one waiting: decided superseded (or repeat), nothing written. */
-async function olderThanWaiting(queued: PendingEntry, push: IncomingPush, image: string, report: UpgradeReport) {
-  if (
-    queued.push === push.push &&
-    push.push !== '|' &&
-    normalizeImageRef(queued.image) === normalizeImageRef(push.image)
-  ) {
-    decide(report, 'repeat', `the same push is waiting already: ${waitingAction(queued)}`, image);
-    return true;
-  }
-  if (queued.timeFrom !== push.timeFrom || push.pushedAtMs >= Date.parse(queued.pushedAt)) return false;
-  decide(
-    report,
-    'superseded',
-    `superseded: a newer push, ${queued.image} pushed at ${queued.pushedAt}, is waiting`,
-    image,
-  );
-  return true;
+/** A push older than (or the same as) the one waiting: superseded (or a repeat), nothing written. Pure. */
+function olderThanWaiting(queued: PendingEntry, push: IncomingPush, facts: DecidedFacts): Decision | undefined {
+  const same =
+    queued.push === push.push && push.push !== '|' && normalizeImageRef(queued.image) === normalizeImageRef(push.image);
+  if (same) return { ...facts, code: 'repeat', reason: `the same push is waiting already: ${waitingAction(queued)}` };
+  if (queued.timeFrom !== push.timeFrom || push.pushedAtMs >= Date.parse(queued.pushedAt)) return undefined;
+  const reason = `superseded: a newer push, ${queued.image} pushed at ${queued.pushedAt}, is waiting`;
+  return { ...facts, code: 'superseded', reason };
 }
 
-/** The entry a waiting push leaves on the workload. */
-function pendingEntry(
-  s: UpgradeSettings,
-  push: IncomingPush,
-  needs: WaitNeeds,
-  nowMs: number,
-  d: UpgradeDeps['decided'],
-  deps: UpgradeDeps,
-  queued: PendingEntry | undefined,
-): PendingEntry {
+/** The entry a waiting push leaves on the workload. Pure. */
+function pendingEntry(input: DecisionInput, needs: WaitNeeds, queued: PendingEntry | undefined): PendingEntry {
+  const { config: s, push, nowMs, decided: d } = input;
   // A window's opening approves nothing: only the approval a person gave the entry before carries over.
   const approvedBy = d && d.action !== 'window' ? d.by : d ? queued?.approvedBy : undefined;
   const opensAt = needs.closed ? nextOpening(needs.windows!, nowMs) : undefined;
@@ -15484,9 +15416,9 @@ function pendingEntry(
   const untilMs = (waitsFor === 'window' && opensAt !== undefined ? opensAt : nowMs) + s.approvalTimeoutMs;
   const iso = (ms: number) => new Date(ms).toISOString();
   return {
-    id: randomUUID(),
-    hook: deps.hookId ?? '',
-    request: deps.requestId ?? '',
+    id: input.entryId,
+    hook: input.hookId ?? '',
+    request: input.requestId ?? '',
     image: push.image,
     push: push.push,
     pushedAt: iso(push.pushedAtMs),
@@ -15504,19 +15436,21 @@ function pendingEntry(
   };
 }
 
-/** The links of a waiting entry, when a person may decide it; an approval without -public-url is refused. */
+/**
+ * The links of a waiting entry, when a person may decide it; for a push that needs an approval while the service
+ * has no -public-url, the reason it cannot wait. Pure.
+ */
 function entryLinks(
   entry: PendingEntry,
   target: WorkloadTarget & { cluster: string | undefined },
   s: UpgradeSettings,
   needs: WaitNeeds,
-  deps: UpgradeDeps,
-) {
-  const a = deps.approvals;
+  a: UpgradeDeps['approvals'],
+): ApprovalLinks | undefined | string {
   if (needs.approval && !a)
-    throw new UpgradeError(
+    return (
       'the push needs an approval, but the service was started without -public-url and -approval-key-file; ' +
-        'nothing was changed',
+      'nothing was changed'
     );
   if (!a || (!needs.approval && !(s.approvalOverride && needs.closed))) return undefined;
   const claims = {
@@ -15544,7 +15478,159 @@ export function waitingAction(e: PendingEntry): string {
 }
 
 // ================================================================================================
-// 32. the report — the answer of one push, one "label: value" per line, values aligned, always in this order, lines
+// 32. the cluster executor — carries out what decide (previous chapter) concluded, on the workload in its cluster,
+//    and writes it into the push's report (recordDecision, the one place a decision reaches a report): the guarded
+//    PATCH of an applied push, the pending entry of a waiting one, the Event of each. A PATCH whose `test` fails
+//    (the workload changed since it was read) has the workload read again and the push decided again on it, up to
+//    UPGRADE_LIMITS.maxPatchAttempts times. A copy of the workload kept from an earlier push (KnownWorkloads) saves
+//    the read that would precede every PATCH: only a plain apply is carried out on it, its patch also testing the
+//    annotations the decision read (policy, approval, window); any other decision is reached again on the workload
+//    as it is now. Another way to carry a decision out (a commit to Git) is an executor beside this one.
+//    Exports: carryOut.
+//    Tests: test/e2e.test.ts, test/records.test.ts, test/replicas.test.ts, test/upgrade.test.ts.
+// ================================================================================================
+
+/** A push as the executor is given it: its decision's input, but for what each attempt reads and draws. */
+type PushToCarryOut = Omit<DecisionInput, 'workload' | 'nowMs' | 'entryId'>;
+
+/**
+ * Decides the push on its workload and carries the decision out; a conflict has the workload read and the push
+ * decided again. The workload as the PATCH returned it, or undefined when nothing was changed; a refused or failed
+ * push throws (its Event recorded), nothing written.
+ */
+export async function carryOut(
+  client: KubeClient,
+  push: PushToCarryOut,
+  report: UpgradeReport,
+  deps: UpgradeDeps,
+): Promise<K8sObject | undefined> {
+  const { target } = push;
+  const key = `${target.namespace}/${target.kind}/${target.name}`;
+  const now = deps.now ?? (() => new Date());
+  let copy = deps.known?.get(key);
+  for (let reads = 0; ; ) {
+    const workload = copy ?? (await readWorkload(client, target));
+    if (!copy) reads++;
+    const decision = decide({ ...push, workload, nowMs: now().getTime(), entryId: randomUUID() });
+    // A copy may be stale: anything but a plain apply is decided again on the workload as it is now.
+    const onCopy = copy !== undefined;
+    copy = undefined;
+    if (onCopy && !plainApply(decision, push)) continue;
+    const done = await execute(client, { ...push, workload }, decision, report, deps, onCopy);
+    if (done !== 'conflict') {
+      deps.known?.set(key, done);
+      return done;
+    }
+    if (!onCopy && reads >= UPGRADE_LIMITS.maxPatchAttempts) {
+      const what = describeResource(workloadResource(target));
+      throw new UpgradeError(`${what} kept changing while it was patched (${reads} attempts); try again`);
+    }
+  }
+}
+
+/** An apply that completes no pending entry and takes none off: the only decision carried out on a copy. Pure. */
+function plainApply(d: Decision, push: PushToCarryOut): boolean {
+  if (d.code !== 'applied' && d.code !== 're-pulled') return false;
+  return push.decided?.id === undefined && !(PENDING_ANNOTATION in (d.change.guarded ?? {}));
+}
+
+/**
+ * Workload annotations as read, null when absent. A patch decided on a copy tests the ones its decision was made on
+ * (the policy's, the approval's and the window's), since the copy may predate an annotation set since. Pure.
+ */
+function decisionAnnotations(workload: K8sObject, container: string): Record<string, string | null> {
+  const keys = [POLICY_ANNOTATION, `${POLICY_ANNOTATION}.${container}`, APPROVAL_ANNOTATION, WINDOW_ANNOTATION];
+  const read = (key: string) => {
+    const value = valueAt(workload, ['metadata', 'annotations', key]);
+    return typeof value === 'string' ? value : null;
+  };
+  return Object.fromEntries(keys.map((key) => [key, read(key)]));
+}
+
+/** One decision carried out on the workload it was made on: what the PATCH returned, or 'conflict'. */
+async function execute(
+  client: KubeClient,
+  on: PushToCarryOut & { workload: K8sObject },
+  d: Decision,
+  report: UpgradeReport,
+  deps: UpgradeDeps,
+  onCopy: boolean,
+): Promise<K8sObject | undefined | 'conflict'> {
+  const { target, workload } = on;
+  report.target = Object.assign(target, { uid: String(valueAt(workload, ['metadata', 'uid'])) });
+  const now = (deps.now ?? (() => new Date()))();
+  if (d.code === 'applied' || d.code === 're-pulled') {
+    if (deps.abandon?.aborted) {
+      recordUnchanged(report, 'superseded', KEPT_SUPERSEDED, d.before);
+      return undefined;
+    }
+    const tested = onCopy ? decisionAnnotations(workload, on.config.container) : undefined;
+    const ops = planPatch(workload, target.kind, on.config.container, d.container, { ...d.change, tested });
+    const updated = await guardedPatch(client, target, ops, onCopy);
+    if (updated === 'conflict') return updated;
+    recordDecision(report, d, target.kind);
+    const recording = recordEventQuietly(client, target, d.event, now, report);
+    if (deps.eventAfterAnswer) report.afterAnswer = recording;
+    else await recording;
+    return updated;
+  }
+  if (d.code === 'waiting' || d.code === 'approved') {
+    const written = { [PENDING_ANNOTATION]: d.pending.value };
+    const ops = annotationOps(workload, ['metadata'], written, { [PENDING_ANNOTATION]: d.pending.read ?? null });
+    if ((await guardedPatch(client, target, ops, false)) === 'conflict') return 'conflict';
+  }
+  if ('event' in d && d.event) await recordEventQuietly(client, target, d.event, now, report);
+  recordDecision(report, d, target.kind);
+  if (d.code === 'refused' || d.code === 'failed')
+    throw d.gone ? new PendingGone(d.reason) : new UpgradeError(d.reason);
+  return undefined;
+}
+
+/**
+ * A PATCH under its tests: what it returned, or 'conflict' when a test failed (a 422 without field causes: the
+ * workload changed since it was read; on a copy, any 422).
+ */
+async function guardedPatch(
+  client: KubeClient,
+  target: WorkloadTarget,
+  ops: JsonPatchOperation[],
+  onCopy: boolean,
+): Promise<K8sObject | 'conflict'> {
+  try {
+    return await client.patch<K8sObject>(workloadResource(target), ops, UPGRADE_LIMITS.fieldManager);
+  } catch (e) {
+    if (e instanceof KubeError && e.status === 422 && (onCopy || e.causes.length === 0)) return 'conflict';
+    throw e;
+  }
+}
+
+/**
+ * Writes a decision into the push's report: its code and reason, the image the container runs, its notes, what
+ * was written. A refusal or failure leaves the decision to the failure it is thrown as (failedUpgrade).
+ */
+function recordDecision(report: UpgradeReport, d: Decision, kind: WorkloadKind): void {
+  for (const note of d.notes) if (!report.notes.includes(note)) report.notes.push(note);
+  if (d.before !== undefined) report.imageBefore = d.before;
+  if (d.replaced) report.replaced = d.replaced;
+  switch (d.code) {
+    case 'applied':
+    case 're-pulled':
+      report.decision = d.code;
+      report.action = d.code === 're-pulled' ? kindSpec(kind).sameImageAction : 'image updated';
+      Object.assign(report, { changed: true, lastPush: d.lastPush, followRecorded: d.followRecorded });
+      return;
+    case 'refused':
+    case 'failed':
+      if (d.code === 'refused') report.refused = true;
+      return;
+    case 'waiting':
+    case 'approved':
+      report.waiting = { entry: d.entry, ...(d.links ? { links: d.links } : {}) };
+  }
+  recordUnchanged(report, d.code, d.reason, d.before);
+}
+// ================================================================================================
+// 33. the report — the answer of one push, one "label: value" per line, values aligned, always in this order, lines
 //    whose value is unknown left out: workload, container, image before, image after, action (image updated | rollout
 //    restarted (same image re-pulled) | none (<why>)), result (ok | failed: <message>), rollout (progressing |
 //    complete | failed | timed out | not tracked), one line per pod, rollback, notes. Exit status 0 when the result
@@ -15626,7 +15712,7 @@ export function formatReport(r: UpgradeReport): string {
 }
 
 // ================================================================================================
-// 33. rollout follow — follows a rollout by kubectl's rules until it completes, fails (a pod stuck in
+// 34. rollout follow — follows a rollout by kubectl's rules until it completes, fails (a pod stuck in
 //    CrashLoopBackOff, ImagePullBackOff…) or ROLLOUT_TIMEOUT passes. The workload is watched (WorkloadFeed: the
 //    client's watch shared by the follows of a namespace and kind, from the PATCH answer's resourceVersion; a watch
 //    of the workload alone where RBAC names it; a GET per second, with one warning, where watch is refused). A
@@ -16137,7 +16223,7 @@ export function rolloutEvent(outcome: RolloutOutcome, container: string): Worklo
 }
 
 // ================================================================================================
-// 34. rollback — ROLLBACK_ON_FAILURE=true: a followed rollout that fails is set back to the image before the push,
+// 35. rollback — ROLLBACK_ON_FAILURE=true: a followed rollout that fails is set back to the image before the push,
 //    with the same tested patch, and that rollout is followed too. A StatefulSet (RollingUpdate) does not replace a
 //    pod stuck on the bad image by itself, so its "forced rollback" deletes, once the controller has observed the
 //    template set back, the pods it owns that still run the image rolled back from and are not ready (uid
@@ -16404,7 +16490,7 @@ export function rollbackObstacle(
 }
 
 // ================================================================================================
-// 35. least privilege — -print-rbac: the Roles and RoleBindings the hooks need, worked out from the hooks themselves
+// 36. least privilege — -print-rbac: the Roles and RoleBindings the hooks need, worked out from the hooks themselves
 //    (namespace, kind and name when the hook fixes them; `resourceNames` wherever it can), so the service account
 //    gets nothing it does not use.
 //    Exports: fixedInput, fixedTrue, formatRbac, hookReach, HookReach, upgradeInput.
@@ -16598,7 +16684,7 @@ export function formatRbac(reaches: HookReach[], serviceAccount: string, hooksPa
 }
 
 // ================================================================================================
-// 36. the upgrade — the job /webhooks.sh exists for, as named steps: read the settings, compose the image, decide,
+// 37. the upgrade — the job /webhooks.sh exists for, as named steps: read the settings, compose the image, decide,
 //    patch, record the Event, follow the rollout and roll back when asked, report. UpgradeService is the command
 //    runner's InProcessCommand: one client, one per-workload queue and one set of kept pushes for every push. A push
 //    the API server does not answer is kept and applied when it answers (KeptPushes, answered 202); a waiting push,
@@ -16645,7 +16731,7 @@ export async function runPush(
     const headers = pushHeaders(args[1]);
     const validation = webhookValidation(headers, payload);
     if (validation !== undefined) {
-      decide(report, 'no-op', validation);
+      recordUnchanged(report, 'no-op', validation);
       return upgradeResult(report);
     }
     const parsed = 'value' in payload ? pushPayload(payload.value) : parsePushPayload(payload.text);
@@ -16653,7 +16739,7 @@ export async function runPush(
     const composed = composeImageRef(parsed.payload, settings.reading, headers);
     if (composed.kind === 'error') throw new PayloadError(composed.message);
     if (composed.kind === 'noop' || composed.kind === 'answer') {
-      decide(report, 'no-op', composed.reason);
+      recordUnchanged(report, 'no-op', composed.reason);
       const result = upgradeResult(report);
       // A handshake's answer is the body its sender reads; the report still goes to the log and mail.
       return composed.kind === 'answer' ? { ...result, output: composed.body } : result;
@@ -16669,7 +16755,7 @@ export async function runPush(
     const workloadKey = `${cluster ?? ''}/${settings.namespace}/${settings.workload.kind}/${settings.workload.name}`;
     const apply = async () => {
       if (deps.abandon?.aborted) {
-        decide(report, 'superseded', KEPT_SUPERSEDED);
+        recordUnchanged(report, 'superseded', KEPT_SUPERSEDED);
         return;
       }
       let ref = composed.candidates ? await candidateFor(client, settings, composed.candidates, report) : composed.ref;
@@ -16810,6 +16896,7 @@ function upgradeResult(report: UpgradeReport): { output: string; exitCode: numbe
   return { output: formatReport(report), exitCode: report.result === 'ok' ? 0 : 1, report };
 }
 
+/** The push decided and carried out on its workload (carryOut), then its rollout followed as the hook asks. */
 async function applyUpgrade(
   client: KubeClient,
   s: UpgradeSettings,
@@ -16817,32 +16904,15 @@ async function applyUpgrade(
   report: UpgradeReport,
   deps: UpgradeDeps,
 ): Promise<void> {
-  const now = deps.now ?? (() => new Date());
-  const ref = push.image;
   const target: WorkloadTarget = { ...s.workload, namespace: s.namespace };
-  const key = `${target.namespace}/${target.kind}/${target.name}`;
-  // A copy from an earlier push may be stale: only a patch (whose tests fail on a stale copy)
-  // is decided on it; a refusal or a no-op is decided again on the workload as it is now.
-  const known = deps.known?.get(key);
-  const applied = known ? await patchOnce(client, known, target, s, push, report, deps, 'known') : undefined;
-  const change =
-    (applied === 'conflict' || applied === 'no change' ? undefined : applied) ??
-    (await patchUntilApplied(client, target, s, push, report, deps));
-  deps.known?.set(key, change?.updated);
-  if (!change) return;
-  report.changed = true;
-  report.lastPush = change.lastPush;
-  report.followRecorded = change.followRecorded;
-  report.decision = change.sameImage ? 're-pulled' : 'applied';
-  report.action = change.sameImage ? kindSpec(target.kind).sameImageAction : 'image updated';
-  const facts = { container: s.container, before: change.before, image: ref, asked: whoAsked(deps) };
-  const recording = recordEventQuietly(client, target, pushEvent(report.decision, facts), now(), report);
-  if (deps.eventAfterAnswer) report.afterAnswer = recording;
-  else await recording;
-  target.generation = numberAt(change.updated, ['metadata', 'generation']);
-  const patchedVersion = valueAt(change.updated, ['metadata', 'resourceVersion']);
+  const { requestId, hookId, decided, approvals, followAfter } = deps;
+  const asked = { requestId, hookId, decided, approvals, followAfter };
+  const updated = await carryOut(client, { push, config: s, target, cluster: report.cluster, ...asked }, report, deps);
+  if (!updated) return;
+  target.generation = numberAt(updated, ['metadata', 'generation']);
+  const patchedVersion = valueAt(updated, ['metadata', 'resourceVersion']);
   target.resourceVersion = typeof patchedVersion === 'string' ? patchedVersion : undefined;
-  await reportRollout(client, target, change.updated, s, report, deps);
+  await reportRollout(client, target, updated, s, report, deps);
 }
 
 /**
@@ -16875,7 +16945,7 @@ async function reportRollout(
 type UpgradeResult = Awaited<ReturnType<typeof runUpgrade>>;
 
 // ================================================================================================
-// 37. the upgrade service — the upgrade as the command runner runs it (UpgradeService, its InProcessCommand): one
+// 38. the upgrade service — the upgrade as the command runner runs it (UpgradeService, its InProcessCommand): one
 //    client and one set of kept pushes per cluster (ClusterLane), one per-workload queue for every push, pushes the
 //    API server (or, under ON_REGISTRY_AWAY=keep, the registry) does not answer kept and applied when it answers
 //    (KeptPushes, answered 202), decided waiting pushes
@@ -17760,7 +17830,7 @@ export class RolloutFollower implements CommandListener {
 }
 
 // ================================================================================================
-// 38. approvals — completes the pushes that wait (the patch chapter's waiting step) on whichever replica acts
+// 39. approvals — completes the pushes that wait (the patch chapter's waiting step) on whichever replica acts
 //    first: an approval link's confirmation page and its POST (GET never decides), the deliveries page's Approve,
 //    Reject and Deploy again, a change window's opening and an expiry. Each decision reads the workload, checks the
 //    pending entry the link names is still there, and completes it by a patch that tests the annotation it read (a
@@ -18026,7 +18096,7 @@ export class ApprovalService implements ApprovalPages, CommandListener {
     });
     const image = newer.waiting?.entry.image ?? newer.imageAfter;
     const why = `superseded: a newer push, ${image} (request ${by}), replaced it while it waited`;
-    decide(report, 'superseded', why);
+    recordUnchanged(report, 'superseded', why);
     report.cluster = newer.cluster;
     const env = this.upgrade.decidedEnv(hook, target, newer.container, newer.cluster);
     this.told(hook, older.request, report, env, 'Superseded');
@@ -18468,7 +18538,7 @@ export class ApprovalService implements ApprovalPages, CommandListener {
       cluster: w.cluster,
       pushedAtMs: Date.parse(e.pushedAt),
     });
-    decide(report, decision, why);
+    recordUnchanged(report, decision, why);
     report.notes.push(
       `the push of ${e.image} (request ${e.request}) ${decision === 'rejected' ? 'was' : 'has'} ${why}`,
     );
@@ -18511,7 +18581,7 @@ interface PastPush {
 
 
 // ================================================================================================
-// 39. the result — one record per push (Delivery, in the DeliveryLog): made when its request comes in, completed
+// 40. the result — one record per push (Delivery, in the DeliveryLog): made when its request comes in, completed
 //    as the rollout follower hands on the answer, the rollout's progress and its end, and once final sent to each
 //    ResultChannel in order (the mail, then the chat and JSON receivers), whose outcomes are recorded on it. What
 //    became of the push is its upgrade report's decision (DECISIONS), published as pushResult says; the channels
@@ -18907,7 +18977,7 @@ export class ResultDispatcher implements ResultListener {
 }
 
 // ================================================================================================
-// 40. mail — mails a hook's result through the server the MAIL_* variables describe (parseMailConfig; MAIL_TO names
+// 41. mail — mails a hook's result through the server the MAIL_* variables describe (parseMailConfig; MAIL_TO names
 //    the recipients): one mail per push after its rollout's end, at most -max-mails-per-hook per -mail-window, the
 //    rest summed up in one mail. The Mailer is the result's first ResultChannel.
 //    Exports: Mailer, parseMailConfig.
@@ -19173,7 +19243,7 @@ function summaryMail(hookId: string, window: MailWindow, cap: MailCap): { subjec
 }
 
 // ================================================================================================
-// 41. chat & json notifications — a hook's result posted, at the moment its mail goes (after the rollout's end, in
+// 42. chat & json notifications — a hook's result posted, at the moment its mail goes (after the rollout's end, in
 //    the background), to each URL of NOTIFY_URL, in the body NOTIFY_FORMAT names: json (our own document, versioned
 //    by its "schema" field, signed in a header with NOTIFY_SECRET), dingtalk (markdown; NOTIFY_SECRET signs the URL),
 //    wecom (markdown), feishu (a card; NOTIFY_SECRET signs the body) or slack (mrkdwn). Each format is one entry of
@@ -19712,7 +19782,7 @@ export class Notifier implements ResultChannel {
 }
 
 // ================================================================================================
-// 42. deliveries page — what the last pushes did, on the admin listener (never the hook port): the records of the
+// 43. deliveries page — what the last pushes did, on the admin listener (never the hook port): the records of the
 //    result's DeliveryLog (the last -deliveries pushes, newest first, as far as each has got). /deliveries lists
 //    them (refreshing itself while a push is still running); /deliveries/<n> is one push's full report and pods;
 //    /deliveries.json and /deliveries/<n>.json carry the same as JSON (entries in the shape of NOTIFY_FORMAT=json).
@@ -19971,7 +20041,7 @@ export function deliveryPages(log: DeliveryLog, token: string, approvals?: Appro
 }
 
 // ================================================================================================
-// 43. -validate & -print-rbac — the commands that read the hooks and exit: -validate describes every hook (its rule,
+// 44. -validate & -print-rbac — the commands that read the hooks and exit: -validate describes every hook (its rule,
 //    parameters, answer, upgrade and notifications) and says what is wrong, -print-rbac prints the least-privilege
 //    RBAC; both load the hooks exactly as the service does (hookLoadSettings).
 //    Exports: commandWarnings, hookLoadSettings, printRbac, validate.
@@ -20423,7 +20493,7 @@ async function printRbac(o: Options, env: Record<string, string | undefined>): P
 }
 
 // ================================================================================================
-// 44. main — wires the chapters together; the only place with process-wide side effects (signals, pid file, listening
+// 45. main — wires the chapters together; the only place with process-wide side effects (signals, pid file, listening
 //    sockets, exit codes).
 //    Tests: test/image.test.ts, test/memory.test.ts, test/runner.test.ts, test/start.test.ts.
 // ================================================================================================

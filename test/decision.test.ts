@@ -6,8 +6,9 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import {
-  decide, DECISIONS, pushEvent, pushResult, resultSettings, rollbackObstacle, rolloutEvent, rolloutVerdict, unchanged,
-  type PushRecord, type RolloutOutcome, type UpgradeReport,
+  decide, DECISIONS, newReport, pushEvent, pushResult, readHookConfig, recordUnchanged, resultSettings, rollbackObstacle,
+  rolloutEvent, rolloutVerdict, unchanged,
+  type Decision, type DecisionInput, type IncomingPush, type PushRecord, type RolloutOutcome, type UpgradeReport,
 } from '../webhook.ts';
 
 const rollout = (state: RolloutOutcome['state']): RolloutOutcome => ({ state, detail: state, pods: [] });
@@ -72,7 +73,7 @@ describe('the decision of a push', () => {
 
   test('a push that changes nothing shows the image the container runs, and why', () => {
     const report = base();
-    decide(report, 'repeat', 'the same push was applied 59s ago: a repeated notification', 'r.io/ns/app:v1');
+    recordUnchanged(report, 'repeat', 'the same push was applied 59s ago: a repeated notification', 'r.io/ns/app:v1');
     assert.equal(report.imageAfter, 'r.io/ns/app:v1');
     assert.equal(report.action, 'none (the same push was applied 59s ago: a repeated notification)');
     assert.deepEqual([result(report).decision, result(report).detail],
@@ -147,5 +148,104 @@ describe('the Event of a push', () => {
     assert.deepEqual(end('failed'), { type: 'Warning', reason: 'RolloutFailed', message: `container app: rollout failed: d${stuck}` });
     assert.deepEqual(end('timed out'), { type: 'Warning', reason: 'RolloutTimedOut', message: `container app: rollout timed out d${stuck}` });
     assert.equal(end('progressing'), undefined);
+  });
+});
+
+describe('the decision of one push on one workload (decide): each step, as a table', () => {
+  const NOW = Date.parse('2026-11-27T12:00:00Z');
+  const config = (env: Record<string, string> = {}) =>
+    readHookConfig({ APP_NS: 'shop', APP_WORKLOAD: 'deployment/web', APP_CONTAINER: 'app', ...env }, newReport());
+  const workload = (image: string, annotations: Record<string, string> = {}, managedFields: unknown[] = []) => ({
+    apiVersion: 'apps/v1', kind: 'Deployment',
+    metadata: { name: 'web', namespace: 'shop', uid: 'u-1', annotations, managedFields },
+    spec: { template: { spec: { containers: [{ name: 'app', image }] } } },
+  });
+  const push = (image: string, pushedAt = '2026-11-27T11:59:00Z', id = 'sha256:ab|'): IncomingPush =>
+    ({ image, push: id, pushedAtMs: Date.parse(pushedAt), timeFrom: 'payload' });
+  const input = (p: IncomingPush, w: object, env: Record<string, string> = {}, more: Partial<DecisionInput> = {}): DecisionInput => ({
+    push: p, config: config(env), target: { kind: 'deployment' as const, name: 'web', namespace: 'shop' },
+    cluster: undefined, workload: w as Record<string, unknown>, nowMs: NOW, requestId: 'req-1', hookId: 'deploy', entryId: 'entry-1', ...more,
+  });
+  const record = (image: string, pushedAt: string, id = 'sha256:00|') => JSON.stringify({
+    app: { pushedAt, timeFrom: 'payload', image, push: id, previous: 'r.io/shop/web:v0', appliedAt: pushedAt },
+  });
+  const approvals = { publicUrl: 'https://webhook.example.test', key: Buffer.alloc(32, 7) };
+  const kubectlSet = { manager: 'kubectl-set', operation: 'Update', time: '2026-11-27T11:30:00Z',
+    fieldsV1: { 'f:spec': { 'f:template': { 'f:spec': { 'f:containers': { 'k:{"name":"app"}': { 'f:image': {} } } } } } } };
+
+  // [what, input, code, reason (a pattern), Event reason or undefined]
+  const cases: [string, DecisionInput, Decision['code'], RegExp, string | undefined][] = [
+    ['no such container', input(push('r.io/shop/web:v2'), { ...workload('x'), spec: { template: { spec: { containers: [] } } } }),
+      'failed', /container "app" not found/, 'UpgradeFailed'],
+    ['the pin refuses another repository', input(push('evil.io/shop/web:v2'), workload('r.io/shop/web:v1')),
+      'refused', /evil\.io/, 'UpgradeRefused'],
+    ['a tag outside the policy', input(push('r.io/shop/web:v2.0.0'), workload('r.io/shop/web:v1.2.3'), { UPDATE_POLICY: 'patch' }),
+      'skipped by policy', /^policy: v2\.0\.0 is outside patch/, 'UpgradeSkipped'],
+    ['a malformed policy annotation', input(push('r.io/shop/web:v2'), workload('r.io/shop/web:v1', { 'webhook/policy': 'semver:>>1' })),
+      'failed', /webhook\/policy.*nothing was changed$/, 'UpgradeFailed'],
+    ['the digest it runs', input(push(`r.io/shop/web@sha256:${'a'.repeat(64)}`), workload(`r.io/shop/web@sha256:${'a'.repeat(64)}`)),
+      'no-op', /^already running this digest$/, undefined],
+    ['a change made outside webhook, not newer', input(push('r.io/shop/web:v0.9.5', '2026-11-27T11:00:00Z'),
+      workload('r.io/shop/web:v0.9.0', { 'webhook/last-push': record('r.io/shop/web:v1.0.0', '2026-11-27T10:00:00Z') }, [kubectlSet])),
+      'held', /^held: deployment\/web was set to r\.io\/shop\/web:v0\.9\.0 outside webhook by kubectl-set/, 'UpgradeHeld'],
+    ['an older push than the recorded one', input(push('r.io/shop/web:v2', '2026-11-27T10:00:00Z'),
+      workload('r.io/shop/web:v3', { 'webhook/last-push': record('r.io/shop/web:v3', '2026-11-27T11:00:00Z') })),
+      'superseded', /^superseded: a newer push, r\.io\/shop\/web:v3/, undefined],
+    ['the recorded push again', input(push('r.io/shop/web:v3', '2026-11-27T11:00:00Z', 'sha256:00|'),
+      workload('r.io/shop/web:v3', { 'webhook/last-push': record('r.io/shop/web:v3', '2026-11-27T11:00:00Z') })),
+      'repeat', /^the same push was applied 1h0m0s ago/, undefined],
+    ['an approval needed, no links to ask with', input(push('r.io/shop/web:v2'), workload('r.io/shop/web:v1'), { REQUIRE_APPROVAL: 'true' }),
+      'failed', /started without -public-url/, undefined],
+    ['an approval needed', input(push('r.io/shop/web:v2'), workload('r.io/shop/web:v1'), { REQUIRE_APPROVAL: 'true' }, { approvals }),
+      'waiting', /^waiting for approval until 2026-11-28T12:00:00\.000Z$/, 'UpgradeWaiting'],
+    ['a decided push whose entry is gone', input(push('r.io/shop/web:v2'), workload('r.io/shop/web:v1'), {},
+      { approvals, decided: { id: 'gone-1', action: 'approve', by: 'Li Lei' } }), 'failed', /decided already/, undefined],
+    ['a new image', input(push('r.io/shop/web:v2'), workload('r.io/shop/web:v1')), 'applied', /./, 'ImageUpdated'],
+    ['the same tag again', input(push('r.io/shop/web:v1'), workload('r.io/shop/web:v1')), 're-pulled', /./, 'RolloutRestarted'],
+  ];
+  for (const [what, given, code, reason, event] of cases)
+    test(`${what}: ${code}`, () => {
+      const d = decide(given);
+      assert.equal(d.code, code, JSON.stringify(d));
+      if ('reason' in d) assert.match(d.reason, reason);
+      assert.equal('event' in d ? d.event?.reason : undefined, event);
+    });
+
+  test('what an apply plans: the image, the change-cause, the record under a test of the value read', () => {
+    const before = record('r.io/shop/web:v1', '2026-11-27T10:00:00Z');
+    const d = decide(input(push('r.io/shop/web:v2'), workload('r.io/shop/web:v1', { 'webhook/last-push': before })));
+    assert.equal(d.code, 'applied');
+    if (d.code !== 'applied') return;
+    assert.equal(d.change.image, 'r.io/shop/web:v2');
+    assert.equal(d.change.changeCause, 'webhook: set app image to r.io/shop/web:v2 (hook "deploy", request req-1)');
+    assert.equal(d.change.guarded!['webhook/last-push'].read, before);
+    assert.deepEqual(JSON.parse(d.lastPush).app, {
+      pushedAt: '2026-11-27T11:59:00.000Z', timeFrom: 'payload', image: 'r.io/shop/web:v2', push: 'sha256:ab|',
+      previous: 'r.io/shop/web:v1', appliedAt: '2026-11-27T12:00:00.000Z', request: 'req-1',
+    });
+    assert.equal(d.event.message, 'container app: image r.io/shop/web:v1 → r.io/shop/web:v2; asked by hook "deploy", request req-1');
+  });
+
+  test('what a wait plans: the sealed entry under the id drawn by the caller, its links, the annotation written', () => {
+    const d = decide(input(push('r.io/shop/web:v2'), workload('r.io/shop/web:v1'), { REQUIRE_APPROVAL: 'true' }, { approvals }));
+    assert.equal(d.code, 'waiting');
+    if (d.code !== 'waiting') return;
+    assert.equal(d.entry.id, 'entry-1');
+    assert.ok(d.entry.mac, 'sealed with the approval key');
+    assert.deepEqual(JSON.parse(d.pending.value), { app: d.entry });
+    assert.equal(d.pending.read, undefined);
+    assert.ok(d.links?.approve.startsWith('https://webhook.example.test/'), JSON.stringify(d.links));
+  });
+
+  test('deciding is pure: the same input, frozen, gives the same decision twice', () => {
+    const freeze = <T>(o: T): T => {
+      if (o && typeof o === 'object' && !Buffer.isBuffer(o)) for (const v of Object.values(o)) freeze(v);
+      return Buffer.isBuffer(o) ? o : Object.freeze(o);
+    };
+    for (const [, given] of cases) {
+      const frozen = freeze(structuredClone({ ...given, approvals: undefined }));
+      const withKey = { ...frozen, approvals: given.approvals };
+      assert.deepEqual(decide(withKey), decide(withKey));
+    }
   });
 });
