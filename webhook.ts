@@ -15275,7 +15275,7 @@ function waitStep(input: DecisionInput, facts: DecidedFacts): Decision | WaitPas
     const older = olderThanWaiting(replaced, input.push, facts);
     if (older) return older;
   }
-  const entry = sealPendingEntry(key, place, pendingEntry(input, needs, queued));
+  const entry = sealPendingEntry(key, place, pendingEntry(input, needs, decided, queued));
   const links = entryLinks(entry, place, s, needs, input.approvals);
   if (typeof links === 'string') return failed(links);
   if (replaced) facts.notes.push(supersededNote(replaced));
@@ -15406,9 +15406,14 @@ function olderThanWaiting(queued: PendingEntry, push: IncomingPush, facts: Decid
   return { ...facts, code: 'superseded', reason };
 }
 
-/** The entry a waiting push leaves on the workload. Pure. */
-function pendingEntry(input: DecisionInput, needs: WaitNeeds, queued: PendingEntry | undefined): PendingEntry {
-  const { config: s, push, nowMs, decided: d } = input;
+/** The entry a waiting push leaves on the workload; `d`, the decision of the entry it completes (not a replay). Pure. */
+function pendingEntry(
+  input: DecisionInput,
+  needs: WaitNeeds,
+  d: DecisionInput['decided'],
+  queued: PendingEntry | undefined,
+): PendingEntry {
+  const { config: s, push, nowMs } = input;
   // A window's opening approves nothing: only the approval a person gave the entry before carries over.
   const approvedBy = d && d.action !== 'window' ? d.by : d ? queued?.approvedBy : undefined;
   const opensAt = needs.closed ? nextOpening(needs.windows!, nowMs) : undefined;

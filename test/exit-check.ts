@@ -18,6 +18,7 @@
  */
 import type { ChildProcess } from 'node:child_process';
 import { channel } from 'node:diagnostics_channel';
+import { realpathSync } from 'node:fs';
 import * as net from 'node:net';
 import { pathToFileURL } from 'node:url';
 
@@ -94,7 +95,8 @@ function watchTests(): void {
   channel('tracing:node.test:start').subscribe((test) => {
     running.add(test);
     // The first test runs while the file is being evaluated: importing it again waits for its evaluation to end.
-    evaluation ??= import(pathToFileURL(process.argv[1]).href)
+    // Node loaded it by its real path: by another (a symlink on the way) it would be a second module, run again.
+    evaluation ??= import(pathToFileURL(realpathSync(process.argv[1])).href)
       .catch(() => undefined)
       .finally(() => {
         evaluated = true;
