@@ -8966,7 +8966,8 @@ export class HookStore {
 
 type Environment = Record<string, string | undefined>;
 
-export interface CommandResult {
+/** A command's result; `R`, what the in-process command reports besides its output (the upgrade: its report). */
+export interface CommandResult<R = unknown> {
   output: string;
   /** The environment the command ran with (or would have). */
   env: Readonly<Environment>;
@@ -8976,7 +8977,7 @@ export interface CommandResult {
   /** Why the command could not start, or how it ended when not by exit 0. */
   error?: string;
   /** What an in-process command reported besides its output; only its CommandListener reads it. */
-  report?: unknown;
+  report?: R;
   /** An in-process command took the work but finishes it later: the answer is 202 Accepted. */
   accepted?: boolean;
   /** An in-process command refused its input as malformed: the answer is 400 Bad Request, not 500. */
@@ -8987,7 +8988,7 @@ export interface CommandResult {
  * A command that runs inside this process instead of as a child: the same arguments and
  * environment in, the same output and exit status out, plus a report of its own.
  */
-export interface InProcessCommand {
+export interface InProcessCommand<R = unknown> {
   /** What the log calls it. */
   readonly name: string;
   /**
@@ -9004,7 +9005,7 @@ export interface InProcessCommand {
     requestId: string,
     hook: Hook,
     payload?: { value: unknown },
-  ): Promise<{ output: string; exitCode: number; report: unknown; accepted?: boolean; badInput?: boolean }>;
+  ): Promise<{ output: string; exitCode: number; report: R | undefined; accepted?: boolean; badInput?: boolean }>;
 }
 
 /** Go's exec.LookPath on adnanh's candidate; returns the path or the error text Go would print. */
@@ -9104,7 +9105,7 @@ function payloadValue(payload: unknown): { value: unknown } | undefined {
   }
 }
 
-export class CommandRunner {
+export class CommandRunner<R = unknown> {
   private processes = 0;
   private inProcessRunning = 0;
   private readonly children = new Set<ChildProcess>();
@@ -9115,13 +9116,13 @@ export class CommandRunner {
   private readonly inherited = new WeakMap<ReadonlySet<string>, Readonly<Environment>>();
   private readonly log: Logger;
   private readonly metrics: Metrics;
-  private readonly inProcess: InProcessCommand | undefined;
+  private readonly inProcess: InProcessCommand<R> | undefined;
 
   /**
    * `env` is the service's environment: the PATH commands are found on, and what they inherit less
    * the service's own settings (inheritedEnvironment).
    */
-  constructor(max: number, env: Environment, log: Logger, metrics: Metrics, inProcess?: InProcessCommand) {
+  constructor(max: number, env: Environment, log: Logger, metrics: Metrics, inProcess?: InProcessCommand<R>) {
     this.max = max;
     this.env = env;
     this.log = log;
@@ -9177,13 +9178,13 @@ export class CommandRunner {
   }
 
   /** Runs the hook's command for this request in the slot the caller took; released here. */
-  async run(hook: Hook, req: HookRequest, slot: Slot): Promise<CommandResult> {
+  async run(hook: Hook, req: HookRequest, slot: Slot): Promise<CommandResult<R>> {
     const started = process.hrtime.bigint();
     const tag = `[${req.id}]`;
     const inputs: CommandInputs = { args: [], env: this.inheritedFor(hook), envNames: [], tempFiles: [] };
     try {
       const result = await this.start(hook, req, slot, inputs).catch(
-        (e: Error): CommandResult => ({
+        (e: Error): CommandResult<R> => ({
           output: '',
           env: inputs.env,
           ok: false,
@@ -9212,7 +9213,7 @@ export class CommandRunner {
     }
   }
 
-  private async start(hook: Hook, req: HookRequest, slot: Slot, inputs: CommandInputs): Promise<CommandResult> {
+  private async start(hook: Hook, req: HookRequest, slot: Slot, inputs: CommandInputs): Promise<CommandResult<R>> {
     const tag = `[${req.id}]`;
     const resolved = slot.resolved;
     if (!resolved.path) {
@@ -9293,7 +9294,7 @@ export class CommandRunner {
     timeoutMs: number,
     requestId: string,
     hook: Hook,
-  ): Promise<CommandResult> {
+  ): Promise<CommandResult<R>> {
     const env = inputs.env;
     const running = this.inProcess!.run(inputs.args, env, requestId, hook, inputs.payload);
     // This only stops the answer from waiting longer than the hook allows.
@@ -9332,7 +9333,7 @@ export class CommandRunner {
     cwd: string,
     timeoutMs: number,
     tag: string,
-  ): Promise<CommandResult> {
+  ): Promise<CommandResult<never>> {
     const env = inputs.env;
     return new Promise((resolve) => {
       let child: ChildProcess;
@@ -9528,16 +9529,16 @@ const ANSWERS = {
 type AnswerName = keyof typeof ANSWERS;
 
 /** Told of every command as it starts and when it has finished: the answer never waits for what it does. */
-export interface CommandListener {
+export interface CommandListener<R = unknown> {
   started?(hook: Hook, req: HookRequest): void;
-  finished(hook: Hook, req: HookRequest, result: CommandResult): void;
+  finished(hook: Hook, req: HookRequest, result: CommandResult<R>): void;
 }
 
-export interface HandlerContext {
+export interface HandlerContext<R = unknown> {
   options: Options;
   store: { current: Snapshot };
-  runner: CommandRunner;
-  listener: CommandListener;
+  runner: CommandRunner<R>;
+  listener: CommandListener<R>;
   log: Logger;
   metrics: Metrics;
   isShuttingDown(): boolean;
@@ -9740,7 +9741,7 @@ function remoteAddress(socket: net.Socket): { ip: string; addr: string } {
   return { ip, addr: net.isIPv6(ip) ? `[${ip}]:${port}` : `${ip}:${port}` };
 }
 
-export function createHandler(cx: HandlerContext): (req: http.IncomingMessage, res: http.ServerResponse) => void {
+export function createHandler<R>(cx: HandlerContext<R>): (req: http.IncomingMessage, res: http.ServerResponse) => void {
   const o = cx.options;
   const memory = new BodyMemory(o.maxBodyMemoryBytes);
   const shared = { memory, parser: new ParseTurns(), queueTimeoutMs: o.bodyQueueTimeoutMs };
@@ -15406,7 +15407,7 @@ function olderThanWaiting(queued: PendingEntry, push: IncomingPush, facts: Decid
   return { ...facts, code: 'superseded', reason };
 }
 
-/** The entry a waiting push leaves on the workload; `d`, the decision of the entry it completes (not a replay). Pure. */
+/** The entry a waiting push leaves; `d`, the decision of the entry it completes (not a replay's). Pure. */
 function pendingEntry(
   input: DecisionInput,
   needs: WaitNeeds,
@@ -16955,8 +16956,8 @@ type UpgradeResult = Awaited<ReturnType<typeof runUpgrade>>;
 //    API server (or, under ON_REGISTRY_AWAY=keep, the registry) does not answer kept and applied when it answers
 //    (KeptPushes, answered 202), decided waiting pushes
 //    and pushes deployed again (runDecided), and the rollout follower that follows rollouts after the answer.
-//    Exports: FannedOut, hookClusters, listWorkloads, ResultListener, ResumedFollow, RolloutFollower, UpgradeService,
-//    workloadGroups.
+//    Exports: FannedOut, hookClusters, listWorkloads, ResultListener, ResumedFollow, RolloutFollower, UpgradeOutput,
+//    UpgradeService, workloadGroups.
 //    Tests: test/burst.test.ts, test/e2e.test.ts, test/outage.test.ts, test/rollback.test.ts, test/upgrade.test.ts.
 // ================================================================================================
 
@@ -17298,6 +17299,9 @@ export class FannedOut {
   }
 }
 
+/** What the upgrade reports on a command's result: one push's report, or a delivery fanned out to several clusters. */
+export type UpgradeOutput = UpgradeReport | FannedOut;
+
 /** The clusters a hook's pushes go to, as it fixes them (CLUSTER or CLUSTERS); [undefined]: the default. */
 export function hookClusters(hook: Hook): (string | undefined)[] {
   try {
@@ -17313,7 +17317,7 @@ export function hookClusters(hook: Hook): (string | undefined)[] {
  * pushes (ordering and duplicate coalescing need to see every push), and rollouts followed after
  * the answer has gone, so the final outcome reaches the log, an Event and the mail.
  */
-export class UpgradeService implements InProcessCommand {
+export class UpgradeService implements InProcessCommand<UpgradeOutput> {
   readonly name = 'the upgrade';
   readonly command = UPGRADE_COMMAND;
   private readonly queue = new WorkloadQueue();
@@ -17746,16 +17750,16 @@ export class UpgradeService implements InProcessCommand {
  */
 export interface ResultListener {
   started(hook: Hook, req: HookRequest): void;
-  answered(hook: Hook, req: HookRequest, r: CommandResult, report: UpgradeReport | undefined): void;
+  answered(hook: Hook, req: HookRequest, r: CommandResult<UpgradeOutput>, report: UpgradeReport | undefined): void;
   progressed(req: HookRequest, rollout: RolloutOutcome): void;
   /** The final result: the command's, or the upgrade's once its rollout has ended. */
-  settled(hook: Hook, req: HookRequest, r: CommandResult, report: UpgradeReport | undefined): void;
+  settled(hook: Hook, req: HookRequest, r: CommandResult<UpgradeOutput>, report: UpgradeReport | undefined): void;
   /** The rollout's end is reported by another replica (or the next to start): nothing is sent from here. */
   handedOver(req: HookRequest, detail: string): void;
   /** A follow another replica left, ended here. */
   resumed(report: UpgradeReport, follow: ResumedFollow): void;
   /** The request fanned out to several clusters, each now a request of its own (`requests`): its record is done. */
-  fannedOut(hook: Hook, req: HookRequest, r: CommandResult, requests: string[]): void;
+  fannedOut(hook: Hook, req: HookRequest, r: CommandResult<UpgradeOutput>, requests: string[]): void;
 }
 
 const FOLLOW_HANDED_OVER = "left to another replica of the webhook, which reports the rollout's end";
@@ -17765,7 +17769,7 @@ const FOLLOW_HANDED_OVER = "left to another replica of the webhook, which report
  * answer (UpgradeService.follow), and each step is handed on to the result; any other command's
  * result is final at once.
  */
-export class RolloutFollower implements CommandListener {
+export class RolloutFollower implements CommandListener<UpgradeOutput> {
   private readonly upgrade: UpgradeService;
   private readonly log: Logger;
   private readonly next: ResultListener;
@@ -17782,10 +17786,9 @@ export class RolloutFollower implements CommandListener {
     this.next.started(hook, req);
   }
 
-  finished(hook: Hook, req: HookRequest, r: CommandResult): void {
+  finished(hook: Hook, req: HookRequest, r: CommandResult<UpgradeOutput>): void {
     if (r.report instanceof FannedOut) return this.fannedOut(hook, req, r, r.report);
-    // Only the upgrade (through UpgradeService) puts a report on a result.
-    const report = r.report as UpgradeReport | undefined;
+    const report = r.report;
     this.next.answered(hook, req, r, report);
     if (!report) return this.next.settled(hook, req, r, undefined);
     const progressed = (p: RolloutOutcome) => this.next.progressed(req, p);
@@ -17807,7 +17810,7 @@ export class RolloutFollower implements CommandListener {
    * CLUSTERS: each cluster's push goes on as a request of its own (`<request>/<cluster>`), with its own
    * record, follow, Event, mail and notifications; the delivery's record says where it went.
    */
-  private fannedOut(hook: Hook, req: HookRequest, r: CommandResult, f: FannedOut): void {
+  private fannedOut(hook: Hook, req: HookRequest, r: CommandResult<UpgradeOutput>, f: FannedOut): void {
     const requests = f.parts.map((p) => `${req.id}/${p.cluster}`);
     this.next.fannedOut(hook, req, r, requests);
     f.parts.forEach((p, i) => {
@@ -18025,7 +18028,7 @@ interface GroupWatch {
   stop: () => void;
 }
 
-export class ApprovalService implements ApprovalPages, CommandListener {
+export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOutput> {
   readonly prefix = APPROVAL_PATH;
   private readonly pushes = new Map<string, WaitingPush>();
   /** Entry ids a decision is working on here: the tick does not start a second one. */
@@ -18042,14 +18045,14 @@ export class ApprovalService implements ApprovalPages, CommandListener {
   private readonly key: Buffer | undefined;
   private readonly upgrade: UpgradeService;
   private readonly hooks: () => ReadonlyMap<string, Hook>;
-  private readonly next: CommandListener;
+  private readonly next: CommandListener<UpgradeOutput>;
   private readonly log: Logger;
 
   constructor(
     key: Buffer | undefined,
     upgrade: UpgradeService,
     hooks: () => ReadonlyMap<string, Hook>,
-    next: CommandListener,
+    next: CommandListener<UpgradeOutput>,
     log: Logger,
   ) {
     this.key = key;
@@ -18063,12 +18066,12 @@ export class ApprovalService implements ApprovalPages, CommandListener {
     this.next.started?.(hook, req);
   }
 
-  finished(hook: Hook, req: HookRequest, r: CommandResult): void {
+  finished(hook: Hook, req: HookRequest, r: CommandResult<UpgradeOutput>): void {
     // A delivery fanned out (CLUSTERS): each cluster's push, under its own request id.
     const reports: [UpgradeReport | undefined, string][] =
       r.report instanceof FannedOut
         ? r.report.parts.map((p) => [p.report, `${req.id}/${p.cluster}`])
-        : [[r.report as UpgradeReport | undefined, req.id]];
+        : [[r.report, req.id]];
     for (const [report] of reports) this.noted(report);
     this.next.finished(hook, req, r);
     for (const [report, id] of reports) if (report?.replaced) this.superseded(report, report.replaced, id);
@@ -18871,7 +18874,7 @@ export class DeliveryLog {
     return d;
   }
 
-  answered(hook: Hook, req: HookRequest, r: CommandResult, report: UpgradeReport | undefined): void {
+  answered(hook: Hook, req: HookRequest, r: CommandResult<UpgradeOutput>, report: UpgradeReport | undefined): void {
     const d = this.inFlight.get(req) ?? this.open(hook.id, req);
     Object.assign(d, pushResult(mailJob(hook, req, r, report), report, d.receivedAt, this.scrub));
     // Final only once settled: the rollout may still fail.
@@ -18902,7 +18905,7 @@ export class DeliveryLog {
   }
 
   /** A delivery fanned out to several clusters: its record shows the whole answer and the requests it became. */
-  fannedOut(hook: Hook, req: HookRequest, r: CommandResult, requests: string[]): void {
+  fannedOut(hook: Hook, req: HookRequest, r: CommandResult<UpgradeOutput>, requests: string[]): void {
     const d = this.inFlight.get(req) ?? this.open(hook.id, req);
     this.inFlight.delete(req);
     const job = { ...mailJob(hook, req, r, undefined), outcome: r.ok ? ('succeeded' as const) : ('failed' as const) };
@@ -18948,7 +18951,7 @@ export class ResultDispatcher implements ResultListener {
     this.log.started(hook, req);
   }
 
-  answered(hook: Hook, req: HookRequest, r: CommandResult, report: UpgradeReport | undefined): void {
+  answered(hook: Hook, req: HookRequest, r: CommandResult<UpgradeOutput>, report: UpgradeReport | undefined): void {
     this.log.answered(hook, req, r, report);
   }
 
@@ -18956,7 +18959,7 @@ export class ResultDispatcher implements ResultListener {
     this.log.progressed(req, rollout);
   }
 
-  settled(hook: Hook, req: HookRequest, r: CommandResult, report: UpgradeReport | undefined): void {
+  settled(hook: Hook, req: HookRequest, r: CommandResult<UpgradeOutput>, report: UpgradeReport | undefined): void {
     const job = mailJob(hook, req, r, report);
     const d = this.log.settled(req, job, report);
     const labels = { hook: hook.id, cluster: d.cluster ?? '', decision: d.decision };
@@ -18969,7 +18972,7 @@ export class ResultDispatcher implements ResultListener {
     this.log.handedOver(req, detail);
   }
 
-  fannedOut(hook: Hook, req: HookRequest, r: CommandResult, requests: string[]): void {
+  fannedOut(hook: Hook, req: HookRequest, r: CommandResult<UpgradeOutput>, requests: string[]): void {
     this.log.fannedOut(hook, req, r, requests);
   }
 
@@ -20561,7 +20564,7 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
   const mailer = new Mailer(mailConfig(env, log), log, metrics, { max: o.maxMailsPerHook, windowMs: o.mailWindowMs });
   const store = new HookStore(settings, snapshot, log, metrics);
   upgrade.useTemplateVariables(() => store.current.templateVariables);
-  const runner = new CommandRunner(o.maxConcurrentCommands, env, log, metrics, upgrade);
+  const runner = new CommandRunner<UpgradeOutput>(o.maxConcurrentCommands, env, log, metrics, upgrade);
   const notifier = openNotifier(o, env, log, metrics);
   if (!notifier) return 1;
   const deliveries = new DeliveryLog(o.deliveries, (text) => log.scrub(text));
