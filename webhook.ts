@@ -18596,7 +18596,7 @@ interface PastPush {
 //    and the deliveries page render the record, none reads an outcome back from text. The hook settings a result is
 //    told with (ResultSettings) are read from the command's environment once, when its job is made (resultSettings),
 //    or, for a follow resumed from its record, from the record and the report.
-//    Exports: Delivery, DeliveryLog, MailJob, NotifyTexts, PushResult, ResultChannel, ResultDispatcher, SendOutcome.
+//    Exports: Delivery, DeliveryLog, NotifyTexts, ResultChannel, ResultDispatcher, SendOutcome.
 //    Tests: test/decision.test.ts, test/deliveries.test.ts, test/mail.test.ts, test/notify.test.ts,
 //    test/resume.test.ts.
 // ================================================================================================
@@ -18621,22 +18621,12 @@ export interface SendOutcome {
   detail: string;
 }
 
-/** A finished command as every channel gets it: which hook and request, the settings its result reads, its result. */
-export interface MailJob {
-  hookId: string;
-  requestId: string;
-  settings: ResultSettings;
-  outcome: Outcome;
-  detail: string;
-  output: string;
-}
-
 /**
  * The hook settings a command's result is told with, read from the command's environment once, when its job is
  * made (resultSettings): any hook's command, not only an upgrade, has its result mailed and posted. Each setting
  * the channels check is kept as given, so that a wrong one fails its channel, never the push.
  */
-interface ResultSettings {
+export interface ResultSettings {
   /** REPO_TYPE, CLUSTER (trimmed), APP_NS, APP_WORKLOAD, APP_CONTAINER when set: where the push went. */
   repoType: string | undefined;
   cluster: string | undefined;
@@ -18696,34 +18686,39 @@ function resumedSettings(report: UpgradeReport, follow: ResumedFollow): ResultSe
   };
 }
 
-/** The mail for a finished command: an upgrade's report speaks for it, else its exit status. */
-function mailJob(hook: Hook, req: HookRequest, r: CommandResult, report: UpgradeReport | undefined): MailJob {
-  const job = { hookId: hook.id, requestId: req.id, settings: resultSettings(r.env) };
-  if (!report) {
-    return {
-      ...job,
-      outcome: r.ok ? 'succeeded' : 'failed',
-      detail: r.ok ? 'exit status 0' : (r.error ?? 'failed'),
-      output: r.output,
-    };
+/** A command's result as its record reads it: its output and how it ended (none for a follow resumed here). */
+type Ended = Pick<CommandResult, 'ok' | 'error' | 'output'> | undefined;
+
+/** How a finished command ended, and how its answer said it: an upgrade's report speaks, else its exit status. */
+function outcomeOf(r: Ended, report: UpgradeReport | undefined): { outcome: Outcome; action: string } {
+  if (report) {
+    const outcome = report.result !== 'ok' ? 'failed' : report.changed ? 'succeeded' : 'no change';
+    return { outcome, action: report.action };
   }
-  return reportMailJob(hook.id, req.id, job.settings, report);
+  return { outcome: r?.ok ? 'succeeded' : 'failed', action: r?.ok ? 'exit status 0' : (r?.error ?? 'failed') };
 }
 
-/** The mail for an upgrade's report. Pure. */
-function reportMailJob(hookId: string, requestId: string, settings: ResultSettings, report: UpgradeReport): MailJob {
-  const outcome = report.result !== 'ok' ? 'failed' : report.changed ? 'succeeded' : 'no change';
+/** The whole text of a result (the mail's body): the upgrade's report with the links that decide a waiting push. */
+function resultText(r: Ended, report: UpgradeReport | undefined): string {
+  if (!report) return r?.output ?? '';
   const links = report.waiting?.links;
   // The links go to the mail and the page, never to the log.
   const decide = links
     ? `\napprove: ${links.approve}\nreject: ${links.reject}\n` +
       (links.deployNow ? `deploy now: ${links.deployNow}\n` : '')
     : '';
-  return { hookId, requestId, settings, outcome, detail: report.action, output: formatReport(report) + decide };
+  return formatReport(report) + decide;
 }
 
-/** A push's result as the deliveries page and the notifications tell it. */
-export interface PushResult {
+/**
+ * The one record of a push: where it went, what became of it, its rollout, and how its result was sent. The answer's
+ * report, the deliveries page, /deliveries.json, the mail and the chat and JSON notifications all render it.
+ */
+export interface Delivery {
+  seq: number;
+  /** running: the command; following: the rollout, after the answer; done: the result is final. */
+  state: 'running' | 'following' | 'done';
+  notifications: { channel: string; state: 'pending' | SendOutcome['state']; detail: string }[];
   hookId: string;
   requestId: string;
   receivedAt: Date;
@@ -18732,6 +18727,10 @@ export interface PushResult {
   /** One of the closed list's words (DECISIONS' `published`). */
   decision: PublishedDecision;
   detail: string;
+  /** How the answer said it (`image updated`, `none (<reason>)`), or a command's exit status: the mail's words. */
+  action: string;
+  /** The hook settings its result is told with: where it goes, and the names the hook gave. */
+  settings: ResultSettings;
   registry?: string;
   /** The hook's CLUSTER (a kubeconfig context); undefined: the service's default cluster. */
   cluster?: string;
@@ -18742,19 +18741,22 @@ export interface PushResult {
   imageAfter?: string;
   rollout?: { state: string; detail: string };
   pods: PodSummary[];
-  /** The upgrade's report (or the command's output), scrubbed of known secrets. */
+  /** The upgrade's report (or the command's output), scrubbed of known secrets, cut to maxReportChars. */
   report: string;
   /** A push that waits: for what, until when, and the links that decide it (when a person may). */
   waiting?: { for: string; until: string; opensAt?: string; window?: string; links?: ApprovalLinks };
 }
 
+/** What a finished command (or a follow resumed here) tells its record; the rest is the page's. */
+type DeliveryFacts = Omit<Delivery, 'seq' | 'state' | 'notifications'>;
+
 /** A push's published word and its detail. */
 type PublishedResult = { decision: PublishedDecision; detail: string };
 
 /** What a push decided, from its upgrade report (or, for another command, its exit status). */
-function decisionOf(job: MailJob, report: UpgradeReport | undefined): PublishedResult {
-  const code = job.outcome === 'failed' ? 'failed' : 'ran';
-  if (!report) return { decision: DECISIONS[code].published, detail: job.detail };
+function decisionOf(outcome: Outcome, action: string, report: UpgradeReport | undefined): PublishedResult {
+  const code = outcome === 'failed' ? 'failed' : 'ran';
+  if (!report) return { decision: DECISIONS[code].published, detail: action };
   // The report stays the applied push's; what is published is that its rollout was taken over.
   if (report.rollout?.superseded) return { decision: DECISIONS['taken over'].published, detail: report.rollout.detail };
   const decision = DECISIONS[report.decision].published;
@@ -18764,20 +18766,29 @@ function decisionOf(job: MailJob, report: UpgradeReport | undefined): PublishedR
   return { decision, detail: report.changed ? report.action : (report.reason ?? report.action) };
 }
 
-/** The result of a push from its job and report (final, or as known so far). Pure. */
-export function pushResult(
-  job: MailJob,
+/** Which push a record is of: its hook, its request, the settings its result is told with. */
+interface RecordOf {
+  hookId: string;
+  requestId: string;
+  settings: ResultSettings;
+}
+
+/** A push's record from its command's result and report (final, or as known so far). Pure. */
+export function deliveryFacts(
+  of: RecordOf,
+  r: Ended,
   report: UpgradeReport | undefined,
   receivedAt: Date,
   scrub: (text: string) => string,
-): PushResult {
-  const s = job.settings;
+): DeliveryFacts {
+  const s = of.settings;
+  const { outcome, action } = outcomeOf(r, report);
   return {
-    hookId: job.hookId,
-    requestId: job.requestId,
+    ...of,
     receivedAt,
-    outcome: job.outcome,
-    ...cutDetail(decisionOf(job, report)),
+    outcome,
+    action,
+    ...cutDetail(decisionOf(outcome, action, report)),
     registry: s.repoType,
     cluster: report?.cluster ?? s.cluster,
     namespace: report?.namespace ?? s.namespace,
@@ -18787,13 +18798,13 @@ export function pushResult(
     imageAfter: report?.imageAfter,
     rollout: report?.rollout && { state: report.rollout.state, detail: report.rollout.detail },
     pods: report?.rollout?.pods ?? [],
-    report: cutReport(scrub(job.output)),
+    report: cutReport(scrub(resultText(r, report))),
     ...(report?.waiting ? { waiting: waitingOf(report.waiting) } : {}),
   };
 }
 
 /** What the result tells of a waiting push. Pure. */
-function waitingOf(w: NonNullable<UpgradeReport['waiting']>): NonNullable<PushResult['waiting']> {
+function waitingOf(w: NonNullable<UpgradeReport['waiting']>): NonNullable<Delivery['waiting']> {
   const e = w.entry;
   return { for: e.waitsFor, until: e.until, opensAt: e.opensAt, window: e.window, links: w.links };
 }
@@ -18810,18 +18821,13 @@ function cutDetail(d: PublishedResult): PublishedResult {
   return { decision: d.decision, detail: `${d.detail.slice(0, max)} [… ${d.detail.length - max} more characters]` };
 }
 
-/** One push on the page: its result so far, where it is, and how its notifications went. */
-export interface Delivery extends PushResult {
-  seq: number;
-  /** running: the command; following: the rollout, after the answer; done: the result is final. */
-  state: 'running' | 'following' | 'done';
-  notifications: { channel: string; state: 'pending' | SendOutcome['state']; detail: string }[];
-}
-
 /** Where a result goes once it is final: the mail, the chat and JSON receivers. */
 export interface ResultChannel {
-  /** Sends the result; returns each channel used (its name) with the promise of how it went. */
-  deliver(result: PushResult, job: MailJob): { channel: string; done: Promise<SendOutcome> }[];
+  /**
+   * Sends the record's result; `text`, its whole report (scrubbed, not cut), for the mail. Returns each channel used
+   * (its name) with the promise of how it went.
+   */
+  deliver(d: Delivery, text: string): { channel: string; done: Promise<SendOutcome> }[];
 }
 
 /**
@@ -18851,32 +18857,40 @@ export class DeliveryLog {
   }
 
   started(hook: Hook, req: HookRequest): void {
-    this.open(hook.id, req);
+    this.open(hook.id, req.id, req);
   }
 
-  private open(hookId: string, req: HookRequest): Delivery {
+  /** A new record, on the page unless it keeps none; in flight until final when it has a request. */
+  private open(hookId: string, requestId: string, req?: HookRequest): Delivery {
     const d: Delivery = {
       seq: ++this.seq,
       hookId,
-      requestId: req.id,
+      requestId,
       receivedAt: new Date(),
       decision: DECISIONS.running.published,
       detail: 'the command is running',
+      action: 'running',
+      settings: resultSettings({}),
       state: 'running',
       pods: [],
       report: '',
       notifications: [],
     };
-    this.inFlight.set(req, d);
+    if (req) this.inFlight.set(req, d);
     if (this.size === 0) return d;
     this.entries.unshift(d);
     if (this.entries.length > this.size) this.entries.pop();
     return d;
   }
 
-  answered(hook: Hook, req: HookRequest, r: CommandResult<UpgradeOutput>, report: UpgradeReport | undefined): void {
-    const d = this.inFlight.get(req) ?? this.open(hook.id, req);
-    Object.assign(d, pushResult(mailJob(hook, req, r, report), report, d.receivedAt, this.scrub));
+  /** Which push a command's result is of: its hook, request and result settings (read from its environment). */
+  private recordOf(hook: Hook, req: HookRequest, r: CommandResult): RecordOf {
+    return { hookId: hook.id, requestId: req.id, settings: resultSettings(r.env) };
+  }
+
+  answered(hook: Hook, req: HookRequest, r: CommandResult, report: UpgradeReport | undefined): void {
+    const d = this.inFlight.get(req) ?? this.open(hook.id, req.id, req);
+    Object.assign(d, deliveryFacts(this.recordOf(hook, req, r), r, report, d.receivedAt, this.scrub));
     // Final only once settled: the rollout may still fail.
     d.outcome = undefined;
     d.state = report?.rollout?.state === 'progressing' && report.changed ? 'following' : 'running';
@@ -18887,12 +18901,24 @@ export class DeliveryLog {
     if (d) d.rollout = { state: rollout.state, detail: rollout.detail };
   }
 
-  /** The final record of a push. */
-  settled(req: HookRequest, job: MailJob, report: UpgradeReport | undefined): Delivery {
-    const d = this.inFlight.get(req) ?? this.open(job.hookId, req);
+  /** The final record of a push, and its whole text for the mail. */
+  settled(hook: Hook, req: HookRequest, r: CommandResult, report: UpgradeReport | undefined): Final {
+    const d = this.inFlight.get(req) ?? this.open(hook.id, req.id, req);
     this.inFlight.delete(req);
-    const final = { finishedAt: new Date(), state: 'done' as const };
-    return Object.assign(d, pushResult(job, report, d.receivedAt, this.scrub), final);
+    return this.final(d, this.recordOf(hook, req, r), r, report);
+  }
+
+  /** The final record of a follow another replica left and this one ended: on the page like any other. */
+  resumed(report: UpgradeReport, follow: ResumedFollow): Final {
+    const d = this.open(follow.hook, follow.request);
+    const of = { hookId: follow.hook, requestId: follow.request, settings: resumedSettings(report, follow) };
+    return this.final(d, of, undefined, report);
+  }
+
+  private final(d: Delivery, of: RecordOf, r: Ended, report: UpgradeReport | undefined): Final {
+    const done = { finishedAt: new Date(), state: 'done' as const };
+    Object.assign(d, deliveryFacts(of, r, report, d.receivedAt, this.scrub), done);
+    return { record: d, text: this.scrub(resultText(r, report)) };
   }
 
   /** How each channel the final record went to did, as it becomes known. */
@@ -18905,11 +18931,10 @@ export class DeliveryLog {
   }
 
   /** A delivery fanned out to several clusters: its record shows the whole answer and the requests it became. */
-  fannedOut(hook: Hook, req: HookRequest, r: CommandResult<UpgradeOutput>, requests: string[]): void {
-    const d = this.inFlight.get(req) ?? this.open(hook.id, req);
+  fannedOut(hook: Hook, req: HookRequest, r: CommandResult, requests: string[]): void {
+    const d = this.inFlight.get(req) ?? this.open(hook.id, req.id, req);
     this.inFlight.delete(req);
-    const job = { ...mailJob(hook, req, r, undefined), outcome: r.ok ? ('succeeded' as const) : ('failed' as const) };
-    Object.assign(d, pushResult(job, undefined, d.receivedAt, this.scrub), {
+    Object.assign(d, deliveryFacts(this.recordOf(hook, req, r), r, undefined, d.receivedAt, this.scrub), {
       decision: DECISIONS['fanned out'].published,
       detail: `to ${requests.length} clusters: ${requests.join(', ')}`,
       finishedAt: new Date(),
@@ -18930,6 +18955,11 @@ export class DeliveryLog {
   }
 }
 
+/** A push's final record, and its whole text (scrubbed, not cut) for the mail. */
+interface Final {
+  record: Delivery;
+  text: string;
+}
 
 /**
  * The result of every push, step by step as the rollout follower hands it on: recorded in the
@@ -18951,7 +18981,7 @@ export class ResultDispatcher implements ResultListener {
     this.log.started(hook, req);
   }
 
-  answered(hook: Hook, req: HookRequest, r: CommandResult<UpgradeOutput>, report: UpgradeReport | undefined): void {
+  answered(hook: Hook, req: HookRequest, r: CommandResult, report: UpgradeReport | undefined): void {
     this.log.answered(hook, req, r, report);
   }
 
@@ -18959,28 +18989,31 @@ export class ResultDispatcher implements ResultListener {
     this.log.progressed(req, rollout);
   }
 
-  settled(hook: Hook, req: HookRequest, r: CommandResult<UpgradeOutput>, report: UpgradeReport | undefined): void {
-    const job = mailJob(hook, req, r, report);
-    const d = this.log.settled(req, job, report);
+  settled(hook: Hook, req: HookRequest, r: CommandResult, report: UpgradeReport | undefined): void {
+    const final = this.log.settled(hook, req, r, report);
+    const d = final.record;
     const labels = { hook: hook.id, cluster: d.cluster ?? '', decision: d.decision };
     if (report) this.metrics?.inc('webhook_upgrades_total', labels);
-    if (report?.decision === 'skipped by policy' && !job.settings.notifyOnSkip) return;
-    for (const channel of this.channels) this.log.sending(d, channel.deliver(d, job));
+    this.send(final, report);
   }
 
   handedOver(req: HookRequest, detail: string): void {
     this.log.handedOver(req, detail);
   }
 
-  fannedOut(hook: Hook, req: HookRequest, r: CommandResult<UpgradeOutput>, requests: string[]): void {
+  fannedOut(hook: Hook, req: HookRequest, r: CommandResult, requests: string[]): void {
     this.log.fannedOut(hook, req, r, requests);
   }
 
-  /** A follow another replica left, ended here: its result goes to the channels (it has no page entry). */
+  /** A follow another replica left, ended here: recorded and sent as every push's result is. */
   resumed(report: UpgradeReport, follow: ResumedFollow): void {
-    const job = reportMailJob(follow.hook, follow.request, resumedSettings(report, follow), report);
-    const result = pushResult(job, report, new Date(), (text) => text);
-    for (const channel of this.channels) channel.deliver(result, job);
+    this.send(this.log.resumed(report, follow), report);
+  }
+
+  /** A final record to each channel in order, unless the hook keeps a skipped push quiet (NOTIFY_ON_SKIP). */
+  private send(final: Final, report: UpgradeReport | undefined): void {
+    if (report?.decision === 'skipped by policy' && !final.record.settings.notifyOnSkip) return;
+    for (const channel of this.channels) this.log.sending(final.record, channel.deliver(final.record, final.text));
   }
 }
 
@@ -19053,21 +19086,21 @@ const MAIL_RETRY_BACKOFF_MS = 2_000;
  * Subject and body of a result mail. The subject keeps the old image's wording (operators filter
  * on it) and adds the outcome: "Webhooks通知: prod-deployment/web-app 更新结果: succeeded".
  */
-function resultMail(job: MailJob): { subject: string; body: string } {
-  const { namespace: ns, workload, container, cluster } = job.settings;
-  const target = ns && workload && container ? `${ns}-${workload}-${container}` : job.hookId;
+function resultMail(d: Delivery, text: string): { subject: string; body: string } {
+  const { namespace: ns, workload, container, cluster } = d.settings;
+  const target = ns && workload && container ? `${ns}-${workload}-${container}` : d.hookId;
   const lines = [
-    `hook: ${job.hookId}`,
-    `request: ${job.requestId}`,
+    `hook: ${d.hookId}`,
+    `request: ${d.requestId}`,
     ...(cluster ? [`cluster: ${cluster}`] : []),
     ...(ns ? [`namespace: ${ns}`] : []),
     ...(workload ? [`workload: ${workload}`] : []),
     ...(container ? [`container: ${container}`] : []),
-    `outcome: ${job.outcome} (${job.detail})`,
+    `outcome: ${d.outcome} (${d.action})`,
     '',
-    job.output,
+    text,
   ];
-  return { subject: `Webhooks通知: ${target} 更新结果: ${job.outcome}`, body: lines.join('\n') };
+  return { subject: `Webhooks通知: ${target} 更新结果: ${d.outcome}`, body: lines.join('\n') };
 }
 
 /** How many result mails one hook may send in one window; what goes beyond is summarised. */
@@ -19121,25 +19154,25 @@ export class Mailer implements ResultChannel {
   }
 
   /** The result channel: the mail, when the hook passes MAIL_TO and mail is configured. */
-  deliver(_result: PushResult, job: MailJob): { channel: string; done: Promise<SendOutcome> }[] {
-    const done = this.notify(job);
+  deliver(d: Delivery, text: string): { channel: string; done: Promise<SendOutcome> }[] {
+    const done = this.notify(d, text);
     return done ? [{ channel: 'mail', done }] : [];
   }
 
   /** Mails the result when the hook passes MAIL_TO (and mail is configured): resolves with how it went. */
-  notify(job: MailJob): Promise<SendOutcome> | undefined {
-    const mailTo = job.settings.mailTo;
+  notify(d: Delivery, text: string): Promise<SendOutcome> | undefined {
+    const mailTo = d.settings.mailTo;
     if (!this.config || !mailTo) return undefined;
     let to: string[];
     let mail: { subject: string; body: string };
     try {
       to = HOOK_SETTINGS.MAIL_TO.parse(mailTo);
-      mail = resultMail(job);
+      mail = resultMail(d, text);
     } catch (e) {
-      this.failed(job.requestId, job.hookId, (e as Error).message);
+      this.failed(d.requestId, d.hookId, (e as Error).message);
       return Promise.resolve({ state: 'failed', detail: (e as Error).message });
     }
-    if (this.withinCap(job, to)) return this.send(job.requestId, job.hookId, to, mail);
+    if (this.withinCap(d, to)) return this.send(d.requestId, d.hookId, to, mail);
     return Promise.resolve({
       state: 'held',
       detail: "beyond the per-hook cap: in the summary mail at the window's end",
@@ -19147,8 +19180,8 @@ export class Mailer implements ResultChannel {
   }
 
   /** Counts the mail against its hook's window; false when it is held back for the summary. */
-  private withinCap(job: MailJob, to: string[]): boolean {
-    const key = `${job.hookId}\n${to.join(',')}`;
+  private withinCap(d: Delivery, to: string[]): boolean {
+    const key = `${d.hookId}\n${to.join(',')}`;
     let window = this.windows.get(key);
     if (!window) {
       const timer = setTimeout(() => this.closeWindow(key), this.cap.windowMs);
@@ -19161,11 +19194,11 @@ export class Mailer implements ResultChannel {
     }
     if (window.heldCount === 0)
       this.log.warn(
-        `[${job.requestId}] hook ${job.hookId} sent ${this.cap.max} mail(s) to ${to.join(', ')} within ` +
+        `[${d.requestId}] hook ${d.hookId} sent ${this.cap.max} mail(s) to ${to.join(', ')} within ` +
           `${formatGoDuration(this.cap.windowMs)}; further results go into one summary mail when that time is up`,
       );
     window.heldCount++;
-    if (window.held.length < MAX_SUMMARY_LINES) window.held.push(summaryLine(job));
+    if (window.held.length < MAX_SUMMARY_LINES) window.held.push(summaryLine(d));
     this.metrics.inc('webhook_mails_total', { result: 'summarized' });
     return false;
   }
@@ -19229,10 +19262,10 @@ export class Mailer implements ResultChannel {
 }
 
 /** One held-back result in a summary: request, target, outcome. */
-function summaryLine(job: MailJob): string {
-  const { namespace: ns, workload, container } = job.settings;
+function summaryLine(d: Delivery): string {
+  const { namespace: ns, workload, container } = d.settings;
   const target = ns && workload && container ? ` ${ns}-${workload}-${container}:` : '';
-  return `request ${job.requestId}:${target} ${job.outcome} (${job.detail})`;
+  return `request ${d.requestId}:${target} ${d.outcome} (${d.action})`;
 }
 
 /** The mail for the results a window held back. Pure. */
@@ -19284,7 +19317,7 @@ const NOTIFY_LIMITS = {
 };
 
 /** The documented JSON form of a result (NOTIFY_FORMAT=json, and each entry of /deliveries.json). */
-export function resultDocument(r: PushResult, extra: Record<string, unknown> = {}): Record<string, unknown> {
+export function resultDocument(r: Delivery, extra: Record<string, unknown> = {}): Record<string, unknown> {
   return {
     schema: 'webhook.result/v1',
     hook: r.hookId,
@@ -19311,7 +19344,7 @@ export function resultDocument(r: PushResult, extra: Record<string, unknown> = {
 }
 
 /** A waiting push in the JSON document: what it waits for, and approveUrl/rejectUrl for any other system. */
-function waitingDocument(w: NonNullable<PushResult['waiting']>): Record<string, unknown> {
+function waitingDocument(w: NonNullable<Delivery['waiting']>): Record<string, unknown> {
   return {
     waiting: { for: w.for, until: w.until, opens_at: w.opensAt ?? null, window: w.window ?? null },
     ...(w.links ? { approveUrl: w.links.approve, rejectUrl: w.links.reject } : {}),
@@ -19320,7 +19353,7 @@ function waitingDocument(w: NonNullable<PushResult['waiting']>): Record<string, 
 }
 
 /** The buttons of a waiting push's chat message, in order: label, URL, whether it is the one to press. */
-function decisionButtons(r: PushResult): { label: string; url: string; primary: boolean }[] {
+function decisionButtons(r: Delivery): { label: string; url: string; primary: boolean }[] {
   const l = r.waiting?.links;
   if (!l) return [];
   const approve = l.approve === l.deployNow ? [] : [{ label: 'Approve', url: l.approve, primary: true }];
@@ -19340,7 +19373,7 @@ interface NotifyRequest {
 interface NotifyFormat {
   /** Whether NOTIFY_SECRET means something to it (signs its requests). */
   signs: boolean;
-  request(r: PushResult, url: URL, secret: string | undefined, now: Date): NotifyRequest;
+  request(r: Delivery, url: URL, secret: string | undefined, now: Date): NotifyRequest;
   /** Why the receiver's 2xx answer still says no (DingTalk, WeCom and Feishu answer 200 with a code). */
   refusal?(answer: string): string | undefined;
 }
@@ -19393,13 +19426,13 @@ const SLACK_DIALECT: ChatDialect = {
 const PLAIN_TEXT = (value: string) => value.replace(/[\r\n\u2028\u2029]+/g, ' ');
 
 /** The title every chat message starts with: the mail's subject, which DingTalk keywords can match. */
-function chatTitle(r: PushResult, text: (value: string) => string = PLAIN_TEXT): string {
+function chatTitle(r: Delivery, text: (value: string) => string = PLAIN_TEXT): string {
   const target = r.namespace && r.workload && r.container ? `${r.namespace}-${r.workload}-${r.container}` : r.hookId;
   return `Webhooks通知: ${text(target)} 更新结果: ${r.outcome ?? 'running'}`;
 }
 
 /** The summary lines of a chat message in its dialect, every value from the request made inert. */
-function chatLines(r: PushResult, d: ChatDialect): string[] {
+function chatLines(r: Delivery, d: ChatDialect): string[] {
   const { bold, text: t } = d;
   const lines = [`${bold('hook')} ${t(r.hookId)} · ${bold('request')} ${t(r.requestId)}`];
   if (r.workload)
@@ -19425,12 +19458,12 @@ function cutToBytes(text: string, max: number): string {
   return `${cut} …`;
 }
 
-function chatMarkdown(r: PushResult, separator: string, d: ChatDialect): string {
+function chatMarkdown(r: Delivery, separator: string, d: ChatDialect): string {
   return cutToBytes(chatLines(r, d).join(separator), NOTIFY_LIMITS.maxChatBytes);
 }
 
 /** Feishu's card buttons open URLs ("jump"): a custom bot has no callback. */
-function feishuButtons(r: PushResult): unknown[] {
+function feishuButtons(r: Delivery): unknown[] {
   const buttons = decisionButtons(r);
   if (!buttons.length) return [];
   const actions = buttons.map((b) => ({
@@ -19447,7 +19480,7 @@ function feishuButtons(r: PushResult): unknown[] {
 const WECOM_CARD_BYTES = { title: 78, desc: 90, text: 336 };
 
 /** WeCom's text_notice template card: the summary, and a jump (type 1: a URL) per button; the card opens the first. */
-function wecomCard(r: PushResult, buttons: { label: string; url: string }[]): unknown {
+function wecomCard(r: Delivery, buttons: { label: string; url: string }[]): unknown {
   return {
     msgtype: 'template_card',
     template_card: {
@@ -19689,15 +19722,15 @@ export class Notifier implements ResultChannel {
   }
 
   /** The result channel: the hook's NOTIFY_URL receivers. */
-  deliver(result: PushResult, job: MailJob): { channel: string; done: Promise<SendOutcome> }[] {
-    return this.notify(result, job.settings.notify);
+  deliver(d: Delivery): { channel: string; done: Promise<SendOutcome> }[] {
+    return this.notify(d, d.settings.notify);
   }
 
   /**
    * Posts the result to each of the hook's receivers; returns each one's channel (format and host)
    * with the promise of how it went. No receivers, no entries.
    */
-  notify(r: PushResult, texts: NotifyTexts): { channel: string; done: Promise<SendOutcome> }[] {
+  notify(r: Delivery, texts: NotifyTexts): { channel: string; done: Promise<SendOutcome> }[] {
     let targets: NotifyTarget[];
     try {
       targets = notifyTargets(texts);
@@ -19723,7 +19756,7 @@ export class Notifier implements ResultChannel {
   }
 
   /** Counts the result against its hook's window; false when the hook is over its cap. */
-  private withinCap(r: PushResult): boolean {
+  private withinCap(r: Delivery): boolean {
     const now = Date.now();
     let window = this.windows.get(r.hookId);
     if (!window || now >= window.ends) {
@@ -19743,7 +19776,7 @@ export class Notifier implements ResultChannel {
     return false;
   }
 
-  private async send(r: PushResult, t: NotifyTarget, texts: NotifyTexts): Promise<SendOutcome> {
+  private async send(r: Delivery, t: NotifyTarget, texts: NotifyTexts): Promise<SendOutcome> {
     const where = `${t.format} notification to ${shownTarget(t.url)}`;
     const format = NOTIFY_FORMATS[t.format];
     const policy = { budgetMs: NOTIFY_LIMITS.retryBudgetMs, attempts: NOTIFY_LIMITS.attempts, backoff: this.backoff };

@@ -6,7 +6,7 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import {
-  decide, DECISIONS, newReport, pushEvent, pushResult, readHookConfig, recordUnchanged, resultSettings, rollbackObstacle,
+  decide, DECISIONS, deliveryFacts, newReport, pushEvent, readHookConfig, recordUnchanged, resultSettings, rollbackObstacle,
   rolloutEvent, rolloutVerdict, unchanged,
   type Decision, type DecisionInput, type IncomingPush, type PushRecord, type RolloutOutcome, type UpgradeReport,
 } from '../webhook.ts';
@@ -64,8 +64,8 @@ describe('why a failed rollout is not rolled back', () => {
 });
 
 describe('the decision of a push', () => {
-  const job = { hookId: 'web', requestId: 'r1', settings: resultSettings({}), outcome: 'succeeded' as const, detail: '', output: '' };
-  const result = (report: UpgradeReport) => pushResult(job, report, new Date(0), (text) => text);
+  const of = { hookId: 'web', requestId: 'r1', settings: resultSettings({}) };
+  const result = (report: UpgradeReport) => deliveryFacts(of, undefined, report, new Date(0), (text) => text);
   const base = (): UpgradeReport => ({
     ...unchanged('no-op', 'nothing was changed'), changed: false, result: 'ok', notes: [],
     imageBefore: 'r.io/ns/app:v2', imageAfter: 'r.io/ns/app:v3',

@@ -8,7 +8,7 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
-import { startWebhook, waitFor, waitForOutput, type Webhook } from './harness.ts';
+import { adminPort, httpRequest, startWebhook, waitFor, waitForOutput, type Webhook } from './harness.ts';
 import { readMail, serviceMailEnv, startMta, type Mta } from './mta.ts';
 import {
   acrImage, acrPayload, clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor, namespacedGetter,
@@ -36,6 +36,7 @@ describe('a follow outlives the replica that started it', { skip: cluster ? fals
   const start = async () => {
     const wh = await startWebhook({
       hooks: [pinnedHook(ns), pairHook(ns)],
+      metrics: true,
       env: {
         KUBECONFIG: cluster!.kubeconfigPath,
         ...serviceMailEnv(mta),
@@ -86,6 +87,13 @@ describe('a follow outlives the replica that started it', { skip: cluster ? fals
     await waitFor(() => (sent.test(b.output()) && c.output().includes(yielded)) || (sent.test(c.output()) && b.output().includes(yielded)),
       { timeoutMs: 60_000, what: 'one replica to mail and the other to find the record taken' });
     assert.equal((await mta.messages()).length, 1, 'exactly one mail');
+    // The replica that ended the follow keeps its record like any push's: on its deliveries page, final.
+    const mailer = sent.test(b.output()) ? b : c;
+    const page = JSON.parse((await httpRequest(await adminPort(mailer), '/deliveries.json')).body);
+    const resumed = page.deliveries.find((x: { request_id: string }) => x.request_id === request);
+    assert.ok(resumed, `the resumed follow is on the page: ${JSON.stringify(page)}`);
+    assert.deepEqual([resumed.hook, resumed.decision, resumed.outcome, resumed.rollout.state, resumed.workload],
+      ['slow', 'applied', 'succeeded', 'complete', 'deployment/slow']);
     const mail = readMail(raw);
     assert.equal(mail.subject, `Webhooks通知: ${ns}-deployment/slow-app 更新结果: succeeded`);
     assert.match(mail.body, new RegExp(`^request: ${request}$`, 'm'));
