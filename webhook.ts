@@ -15057,26 +15057,36 @@ async function checkSignature(c: SignatureCheck, digest: string | undefined): Pr
 //    kubernetes.io/change-cause, the push record and, when the service follows the rollout after answering, the
 //    follow record, each under a `test` of the value read. A copy of the workload kept from an earlier push is just
 //    another workload as read: the executor (next chapter) decides which decisions it takes on one.
-//    Exports: decide, Decision, DecisionInput, futureTimeNote, PendingGone, waitingAction.
+//    Exports: decide, Decision, DecisionInput, futureTimeNote, PendingGone, Push, waitingAction.
 //    Tests: test/decision.test.ts, test/e2e.test.ts, test/records.test.ts, test/replicas.test.ts,
 //    test/upgrade.test.ts.
 // ================================================================================================
 
-/** Everything the decision of one push on one workload depends on: a value, so that deciding is pure. */
-export interface DecisionInput {
-  push: IncomingPush;
-  /** The hook's settings, read once at the push's boundary. */
-  config: UpgradeSettings;
+/**
+ * One push, as each source of pushes builds it at its boundary (a registry's notification over HTTP or as its own
+ * process, an approval's decision, a replay from the page, a kept push tried again): the image it brings and when it
+ * was pushed (IncomingPush, what newest wins compares), the workload it is for, and who asked.
+ */
+export interface Push extends IncomingPush {
   target: WorkloadTarget;
   /** The kubeconfig context the workload is in (undefined: the service's default). */
   cluster: string | undefined;
-  /** The workload as read, or the copy last seen of it. */
-  workload: K8sObject;
-  nowMs: number;
   /** The request that brought the push and the hook it came through: its records and Events name them. */
   requestId?: string;
   hookId?: string;
+  /** A waiting push decided, or a past push deployed again: the entry it completes and who decided. */
   decided?: UpgradeDeps['decided'];
+}
+
+/** Everything the decision of one push on one workload depends on: a value, so that deciding is pure. */
+export interface DecisionInput {
+  push: Push;
+  /** The hook's settings, read once at the push's boundary. */
+  config: UpgradeSettings;
+  /** The workload as read, or the copy last seen of it. */
+  workload: K8sObject;
+  nowMs: number;
+  /** What signs a waiting push's links, and where the service follows a rollout after answering. */
   approvals?: UpgradeDeps['approvals'];
   followAfter?: UpgradeDeps['followAfter'];
   /** The id a pending entry written now gets (the caller draws it: decide itself draws nothing). */
@@ -15150,10 +15160,11 @@ function workloadName(t: WorkloadTarget): string {
 
 /** The container the push is for, when the image pin lets the push there; else the decision refusing it. Pure. */
 function pinStep(input: DecisionInput, notes: string[]): LocatedContainer | Decision {
-  const { config: s, target, push } = input;
+  const { config: s, push } = input;
+  const target = push.target;
   const podSpec = workloadPodSpec(input.workload, target.kind);
   const located = locateContainer(podSpec, s.container);
-  const asked = whoAsked(input);
+  const asked = whoAsked(input.push);
   if (!located) {
     const reason = missingContainerMessage(podSpec, s.container, workloadName(target));
     return { code: 'failed', reason, notes, event: pushEvent('failed', { why: reason, asked }) };
@@ -15170,10 +15181,10 @@ function pinStep(input: DecisionInput, notes: string[]): LocatedContainer | Deci
 /** A tag the update policy does not take: skipped, with an Event; a malformed policy annotation fails. Pure. */
 function policyStep(input: DecisionInput, facts: DecidedFacts): Decision | undefined {
   const { config: s, push } = input;
-  const name = workloadName(input.target);
+  const name = workloadName(input.push.target);
   const verdict = policyDecision(s.policy, input.workload, s.container, facts.before!, push.image, name);
   if (verdict.kind === 'allowed') return undefined;
-  const asked = whoAsked(input);
+  const asked = whoAsked(input.push);
   const event = pushEvent(verdict.kind === 'skipped' ? 'skipped by policy' : 'failed', { why: verdict.message, asked });
   if (verdict.kind === 'skipped') return { ...facts, code: 'skipped by policy', reason: verdict.message, event };
   return { ...facts, code: 'failed', reason: `${verdict.message}; nothing was changed`, event };
@@ -15191,7 +15202,8 @@ function sameDigestStep(input: DecisionInput, facts: DecidedFacts): Decision | u
  * with an UpgradeHeld Event; managedFields that cannot say who changed the image fail the push. Pure.
  */
 function holdStep(input: DecisionInput, facts: DecidedFacts): Decision | undefined {
-  const { config: s, target, workload, push } = input;
+  const { config: s, workload, push } = input;
+  const target = push.target;
   if (s.onOutsideChange === 'follow') return undefined;
   const podSpec = workloadPodSpec(workload, target.kind);
   const at = {
@@ -15202,7 +15214,7 @@ function holdStep(input: DecisionInput, facts: DecidedFacts): Decision | undefin
   const record = readPushRecords(workload).records[s.container];
   const managed = valueAt(workload, ['metadata', 'managedFields']);
   const hold = holdDecision(record, facts.before!, managed, push, input.nowMs, at);
-  const asked = whoAsked(input);
+  const asked = whoAsked(input.push);
   switch (hold.kind) {
     case 'none':
       return undefined;
@@ -15246,11 +15258,11 @@ interface WaitPassed {
 function waitStep(input: DecisionInput, facts: DecidedFacts): Decision | WaitPassed {
   const { config: s, workload, nowMs } = input;
   const { raw, entries } = readPendingEntries(workload);
-  const place = { ...input.target, cluster: input.cluster, container: s.container };
+  const place = { ...input.push.target, cluster: input.push.cluster, container: s.container };
   const found = entries[s.container];
   const key = input.approvals?.key;
   const queued = found && pendingEntrySealed(key, place, found) ? found : undefined;
-  const d = input.decided;
+  const d = input.push.decided;
   // The decision of a waiting entry; a replay completes none and waits as a new push does.
   const decided = d?.id !== undefined ? d : undefined;
   const failed = (reason: string, gone?: boolean): Decision => ({ ...facts, code: 'failed', reason, gone });
@@ -15283,7 +15295,7 @@ function waitStep(input: DecisionInput, facts: DecidedFacts): Decision | WaitPas
   if (d && !decided) facts.notes.push(`asked to deploy again by ${d.by} at ${new Date(nowMs).toISOString()}`);
   const reason = waitingAction(entry);
   const pending = { value: JSON.stringify({ ...JSON.parse(rest), [s.container]: entry }), read: raw };
-  const told = { container: s.container, image: input.push.image, why: reason, asked: whoAsked(input) };
+  const told = { container: s.container, image: input.push.image, why: reason, asked: whoAsked(input.push) };
   const event = pushEvent('waiting', told);
   const code = entry.approvedBy !== undefined ? 'approved' : 'waiting';
   return { ...facts, code, reason, entry, ...(links ? { links } : {}), pending, replaced, event };
@@ -15295,12 +15307,12 @@ function applyStep(input: DecisionInput, container: LocatedContainer, facts: Dec
   const before = container.image;
   const { raw, records } = readPushRecords(workload);
   const sameImage = normalizeImageRef(before) === normalizeImageRef(push.image);
-  const lastPush = withPushRecord(records, s.container, newPushRecord(push, before, nowMs, input.requestId));
+  const lastPush = withPushRecord(records, s.container, newPushRecord(push, before, nowMs, push.requestId));
   const follow = followToRecord(input);
   const guarded = { [LAST_PUSH_ANNOTATION]: { value: lastPush, read: raw }, ...wait.guarded, ...follow };
   const change = { ...plannedChange(input, sameImage), guarded };
   const code = sameImage ? 're-pulled' : 'applied';
-  const told = { container: s.container, before, image: push.image, asked: whoAsked(input) };
+  const told = { container: s.container, before, image: push.image, asked: whoAsked(input.push) };
   const event = pushEvent(code, told);
   const followRecorded = FOLLOW_ANNOTATION in follow;
   return { ...facts, code, before, container, change, lastPush, followRecorded, event, replaced: wait.replaced };
@@ -15309,13 +15321,13 @@ function applyStep(input: DecisionInput, container: LocatedContainer, facts: Dec
 /** The change a push makes: the new image, or for the same image a restart that pulls it again. Pure. */
 function plannedChange(input: DecisionInput, sameImage: boolean): PlannedChange {
   const { config: s, push } = input;
-  const asked = whoAsked(input);
+  const asked = whoAsked(input.push);
   if (!sameImage)
     return { image: push.image, changeCause: `webhook: set ${s.container} image to ${push.image} (${asked})` };
   return {
     pullAlways: true,
     // A CronJob has no rollout to restart: Always makes its next run pull the tag again.
-    restartedAt: kindSpec(input.target.kind).hasRollout
+    restartedAt: kindSpec(push.target.kind).hasRollout
       ? new Date(input.nowMs).toISOString().replace(/\.\d{3}Z$/, 'Z')
       : undefined,
     changeCause: `webhook: restart ${s.container} to re-pull ${push.image} (${asked})`,
@@ -15328,8 +15340,8 @@ function followToRecord(input: DecisionInput): Record<string, { value: string; r
   if (!after || s.rolloutTimeoutMs !== 0 || !kindSpec(s.workload.kind).hasRollout) return {};
   const { raw, entries } = readFollowRecords(input.workload);
   const record: FollowRecord = {
-    request: input.requestId ?? '',
-    hook: input.hookId ?? '',
+    request: input.push.requestId ?? '',
+    hook: input.push.hookId ?? '',
     deadline: new Date(input.nowMs + after.followMs).toISOString(),
     ...(after.mailTo?.trim() ? { mailTo: after.mailTo.trim() } : {}),
     ...(s.rollbackOnFailure ? { rollback: true } : {}),
@@ -15411,7 +15423,7 @@ function olderThanWaiting(queued: PendingEntry, push: IncomingPush, facts: Decid
 function pendingEntry(
   input: DecisionInput,
   needs: WaitNeeds,
-  d: DecisionInput['decided'],
+  d: Push['decided'],
   queued: PendingEntry | undefined,
 ): PendingEntry {
   const { config: s, push, nowMs } = input;
@@ -15423,8 +15435,8 @@ function pendingEntry(
   const iso = (ms: number) => new Date(ms).toISOString();
   return {
     id: input.entryId,
-    hook: input.hookId ?? '',
-    request: input.requestId ?? '',
+    hook: push.hookId ?? '',
+    request: push.requestId ?? '',
     image: push.image,
     push: push.push,
     pushedAt: iso(push.pushedAtMs),
@@ -15506,23 +15518,23 @@ type PushToCarryOut = Omit<DecisionInput, 'workload' | 'nowMs' | 'entryId'>;
  */
 export async function carryOut(
   client: KubeClient,
-  push: PushToCarryOut,
+  given: PushToCarryOut,
   report: UpgradeReport,
   deps: UpgradeDeps,
 ): Promise<K8sObject | undefined> {
-  const { target } = push;
+  const target = given.push.target;
   const key = `${target.namespace}/${target.kind}/${target.name}`;
   const now = deps.now ?? (() => new Date());
   let copy = deps.known?.get(key);
   for (let reads = 0; ; ) {
     const workload = copy ?? (await readWorkload(client, target));
     if (!copy) reads++;
-    const decision = decide({ ...push, workload, nowMs: now().getTime(), entryId: randomUUID() });
+    const decision = decide({ ...given, workload, nowMs: now().getTime(), entryId: randomUUID() });
     // A copy may be stale: anything but a plain apply is decided again on the workload as it is now.
     const onCopy = copy !== undefined;
     copy = undefined;
-    if (onCopy && !plainApply(decision, push)) continue;
-    const done = await execute(client, { ...push, workload }, decision, report, deps, onCopy);
+    if (onCopy && !plainApply(decision, given)) continue;
+    const done = await execute(client, { ...given, workload }, decision, report, deps, onCopy);
     if (done !== 'conflict') {
       deps.known?.set(key, done);
       return done;
@@ -15537,7 +15549,7 @@ export async function carryOut(
 /** An apply that completes no pending entry and takes none off: the only decision carried out on a copy. Pure. */
 function plainApply(d: Decision, push: PushToCarryOut): boolean {
   if (d.code !== 'applied' && d.code !== 're-pulled') return false;
-  return push.decided?.id === undefined && !(PENDING_ANNOTATION in (d.change.guarded ?? {}));
+  return push.push.decided?.id === undefined && !(PENDING_ANNOTATION in (d.change.guarded ?? {}));
 }
 
 /**
@@ -15562,7 +15574,8 @@ async function execute(
   deps: UpgradeDeps,
   onCopy: boolean,
 ): Promise<K8sObject | undefined | 'conflict'> {
-  const { target, workload } = on;
+  const { workload } = on;
+  const target = on.push.target;
   report.target = Object.assign(target, { uid: String(valueAt(workload, ['metadata', 'uid'])) });
   const now = (deps.now ?? (() => new Date()))();
   if (d.code === 'applied' || d.code === 're-pulled') {
@@ -16755,7 +16768,8 @@ export async function runPush(
     // When it arrived, before any wait: the push's time when its payload names none.
     const time = pushTime(composed.pushedAt, (deps.now ?? (() => new Date()))());
     if (time.future !== undefined) report.notes.push(futureTimeNote('payload', time.future, time.ms));
-    const push: IncomingPush = { pushedAtMs: time.ms, timeFrom: time.from, image: composed.ref, push: composed.pushId };
+    const incoming = { pushedAtMs: time.ms, timeFrom: time.from, image: composed.ref, push: composed.pushId };
+    const push = builtPush(incoming, settings, deps);
     report.pushedAtMs = time.ms;
     const client = deps.client ?? (ownClient = upgradeClient(deps));
     const workloadKey = `${cluster ?? ''}/${settings.namespace}/${settings.workload.kind}/${settings.workload.name}`;
@@ -16821,12 +16835,13 @@ function failedUpgrade(report: UpgradeReport, e: unknown): void {
  * newest wins, the waiting step, the patch), with the image the push named. Never throws.
  */
 async function runDecidedPush(
-  push: IncomingPush,
+  incoming: IncomingPush,
   settings: HookConfig,
   deps: UpgradeDeps & { client: KubeClient },
 ): Promise<UpgradeResult> {
   const report = configuredReport(settings);
   const cluster = settings.cluster;
+  const push = builtPush(incoming, settings, deps);
   try {
     report.imageAfter = push.image;
     report.pushedAtMs = push.pushedAtMs;
@@ -16902,18 +16917,27 @@ function upgradeResult(report: UpgradeReport): { output: string; exitCode: numbe
   return { output: formatReport(report), exitCode: report.result === 'ok' ? 0 : 1, report };
 }
 
+/**
+ * A push's boundary builds its Push once: what the registry (or the entry decided) says of the image, the workload the
+ * hook's settings name, and who asked. Pure.
+ */
+function builtPush(incoming: IncomingPush, settings: HookConfig, deps: UpgradeDeps): Push {
+  const target: WorkloadTarget = { ...settings.workload, namespace: settings.namespace };
+  const { requestId, hookId, decided } = deps;
+  return { ...incoming, target, cluster: settings.cluster, requestId, hookId, decided };
+}
+
 /** The push decided and carried out on its workload (carryOut), then its rollout followed as the hook asks. */
 async function applyUpgrade(
   client: KubeClient,
   s: UpgradeSettings,
-  push: IncomingPush,
+  push: Push,
   report: UpgradeReport,
   deps: UpgradeDeps,
 ): Promise<void> {
-  const target: WorkloadTarget = { ...s.workload, namespace: s.namespace };
-  const { requestId, hookId, decided, approvals, followAfter } = deps;
-  const asked = { requestId, hookId, decided, approvals, followAfter };
-  const updated = await carryOut(client, { push, config: s, target, cluster: report.cluster, ...asked }, report, deps);
+  const { target } = push;
+  const given = { push, config: s, approvals: deps.approvals, followAfter: deps.followAfter };
+  const updated = await carryOut(client, given, report, deps);
   if (!updated) return;
   target.generation = numberAt(updated, ['metadata', 'generation']);
   const patchedVersion = valueAt(updated, ['metadata', 'resourceVersion']);

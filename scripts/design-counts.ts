@@ -24,7 +24,12 @@ interface Count {
 }
 
 const COUNTS: Count[] = [
-  { what: 'sites that write a decision (decide(…) calls)', pattern: /(?<![\w$.])decide\(/g, except: /function decide\(/ },
+  {
+    // decide(report, …) wrote a decision into a report until the decision became a value (decide(input) returns it).
+    what: 'sites that write a decision into a report (recordUnchanged, recordDecision; decide(report, …) before)',
+    pattern: /(?<![\w$.])(?:recordUnchanged|recordDecision)\(|(?<![\w$.])decide\(\s*report\b/g,
+    except: /function (?:recordUnchanged|recordDecision|decide)\(/,
+  },
   {
     what: "sites that write a reason as an action's prose (none (…)) or read it back (whyNone)",
     pattern: /['`]none \(|(?<![\w$.])whyNone\(/g,

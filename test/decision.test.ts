@@ -8,7 +8,7 @@ import { describe, test } from 'node:test';
 import {
   decide, DECISIONS, deliveryFacts, newReport, pushEvent, readHookConfig, recordUnchanged, resultSettings, rollbackObstacle,
   rolloutEvent, rolloutVerdict, unchanged,
-  type Decision, type DecisionInput, type IncomingPush, type PushRecord, type RolloutOutcome, type UpgradeReport,
+  type Decision, type DecisionInput, type Push, type PushRecord, type RolloutOutcome, type UpgradeReport,
 } from '../webhook.ts';
 
 const rollout = (state: RolloutOutcome['state']): RolloutOutcome => ({ state, detail: state, pods: [] });
@@ -160,11 +160,13 @@ describe('the decision of one push on one workload (decide): each step, as a tab
     metadata: { name: 'web', namespace: 'shop', uid: 'u-1', annotations, managedFields },
     spec: { template: { spec: { containers: [{ name: 'app', image }] } } },
   });
-  const push = (image: string, pushedAt = '2026-11-27T11:59:00Z', id = 'sha256:ab|'): IncomingPush =>
-    ({ image, push: id, pushedAtMs: Date.parse(pushedAt), timeFrom: 'payload' });
-  const input = (p: IncomingPush, w: object, env: Record<string, string> = {}, more: Partial<DecisionInput> = {}): DecisionInput => ({
-    push: p, config: config(env), target: { kind: 'deployment' as const, name: 'web', namespace: 'shop' },
-    cluster: undefined, workload: w as Record<string, unknown>, nowMs: NOW, requestId: 'req-1', hookId: 'deploy', entryId: 'entry-1', ...more,
+  const target = { kind: 'deployment' as const, name: 'web', namespace: 'shop' };
+  const push = (image: string, pushedAt = '2026-11-27T11:59:00Z', id = 'sha256:ab|', more: Partial<Push> = {}): Push => ({
+    image, push: id, pushedAtMs: Date.parse(pushedAt), timeFrom: 'payload', target, cluster: undefined,
+    requestId: 'req-1', hookId: 'deploy', ...more,
+  });
+  const input = (p: Push, w: object, env: Record<string, string> = {}, more: Partial<DecisionInput> = {}): DecisionInput => ({
+    push: p, config: config(env), workload: w as Record<string, unknown>, nowMs: NOW, entryId: 'entry-1', ...more,
   });
   const record = (image: string, pushedAt: string, id = 'sha256:00|') => JSON.stringify({
     app: { pushedAt, timeFrom: 'payload', image, push: id, previous: 'r.io/shop/web:v0', appliedAt: pushedAt },
@@ -198,8 +200,9 @@ describe('the decision of one push on one workload (decide): each step, as a tab
       'failed', /started without -public-url/, undefined],
     ['an approval needed', input(push('r.io/shop/web:v2'), workload('r.io/shop/web:v1'), { REQUIRE_APPROVAL: 'true' }, { approvals }),
       'waiting', /^waiting for approval until 2026-11-28T12:00:00\.000Z$/, 'UpgradeWaiting'],
-    ['a decided push whose entry is gone', input(push('r.io/shop/web:v2'), workload('r.io/shop/web:v1'), {},
-      { approvals, decided: { id: 'gone-1', action: 'approve', by: 'Li Lei' } }), 'failed', /decided already/, undefined],
+    ['a decided push whose entry is gone', input(push('r.io/shop/web:v2', undefined, undefined,
+      { decided: { id: 'gone-1', action: 'approve', by: 'Li Lei' } }), workload('r.io/shop/web:v1'), {}, { approvals }),
+      'failed', /decided already/, undefined],
     ['a new image', input(push('r.io/shop/web:v2'), workload('r.io/shop/web:v1')), 'applied', /./, 'ImageUpdated'],
     ['the same tag again', input(push('r.io/shop/web:v1'), workload('r.io/shop/web:v1')), 're-pulled', /./, 'RolloutRestarted'],
   ];
