@@ -19685,19 +19685,27 @@ function codeRefusal(...fields: string[]): (answer: string) => string | undefine
 // Custom bot: https://open.feishu.cn/open-apis/bot/v2/hook/…, and Lark's at https://open.larksuite.com/open-apis/bot/
 // v2/hook/… (https://open.larksuite.com/document/client-docs/bot-v3/add-custom-bot); with "签名校验" (signature
 // verification), timestamp (s) and sign = base64(HMAC-SHA256(key "timestamp\nsecret", empty message)) join the body.
-const FEISHU_FORMAT: NotifyFormat = {
-  signs: true,
-  request(r, { url, secret }, now) {
-    const timestamp = String(Math.floor(now.getTime() / 1000));
-    const signature = secret ? { timestamp, sign: hmacBase64(`${timestamp}\n${secret}`, '') } : {};
-    const template = r.outcome === 'failed' ? 'red' : r.outcome === 'succeeded' ? 'green' : 'grey';
-    const card = {
-      header: { title: { tag: 'plain_text', content: chatTitle(r) }, template },
-      elements: [{ tag: 'markdown', content: chatMarkdown(r, '\n', MARKDOWN_DIALECT) }, ...feishuButtons(r)],
-    };
-    return { url, body: JSON.stringify({ ...signature, msg_type: 'interactive', card }), headers: JSON_HEADERS };
-  },
-  refusal: codeRefusal('code', 'StatusCode'),
+function feishuFormat(dialect: ChatDialect): NotifyFormat {
+  return {
+    signs: true,
+    request(r, { url, secret }, now) {
+      const timestamp = String(Math.floor(now.getTime() / 1000));
+      const signature = secret ? { timestamp, sign: hmacBase64(`${timestamp}\n${secret}`, '') } : {};
+      const template = r.outcome === 'failed' ? 'red' : r.outcome === 'succeeded' ? 'green' : 'grey';
+      const card = {
+        header: { title: { tag: 'plain_text', content: chatTitle(r) }, template },
+        elements: [{ tag: 'markdown', content: chatMarkdown(r, '\n', dialect) }, ...feishuButtons(r)],
+      };
+      return { url, body: JSON.stringify({ ...signature, msg_type: 'interactive', card }), headers: JSON_HEADERS };
+    },
+    refusal: codeRefusal('code', 'StatusCode'),
+  };
+}
+
+/** Lark's card markdown keeps emphasis, code and strike-through out of a request's text too (Teams' set). */
+const LARK_DIALECT: ChatDialect = {
+  bold: MARKDOWN_DIALECT.bold,
+  text: (value) => chatInert(value).replace(/[[\]<>&*_~`|]/g, (c) => EMPHASIS_INERT[c]),
 };
 
 /** A body posted as JSON, unsigned. */
@@ -19760,7 +19768,7 @@ const NOTIFY_FORMATS: Record<NotifyFormatName, NotifyFormat> = {
     },
     refusal: codeRefusal('errcode'),
   },
-  feishu: FEISHU_FORMAT,
+  feishu: feishuFormat(MARKDOWN_DIALECT),
   // Incoming webhook: https://hooks.slack.com/services/…; `text` is the notification's fallback.
   slack: {
     signs: false,
@@ -19812,7 +19820,7 @@ const NOTIFY_FORMATS: Record<NotifyFormatName, NotifyFormat> = {
       return typeof wait === 'number' && wait >= 0 ? wait : undefined;
     },
   },
-  lark: FEISHU_FORMAT,
+  lark: feishuFormat(LARK_DIALECT),
 };
 
 // ---- settings ---------------------------------------------------------------------------------
