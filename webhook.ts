@@ -19708,6 +19708,11 @@ const LARK_DIALECT: ChatDialect = {
   text: (value) => chatInert(value).replace(/[[\]<>&*_~`|]/g, (c) => EMPHASIS_INERT[c]),
 };
 
+/** The request of a result to one receiver, in its format, signed as of `now`. Pure. */
+export function notifyRequest(r: PushResult, target: NotifyTarget, now = new Date()): NotifyRequest {
+  return NOTIFY_FORMATS[target.format].request(r, target, now);
+}
+
 /** A body posted as JSON, unsigned. */
 function jsonPost(url: URL, message: unknown): NotifyRequest {
   return { url, body: JSON.stringify(message), headers: JSON_HEADERS };
@@ -20026,7 +20031,7 @@ export class Notifier implements ResultChannel {
     const policy = { budgetMs: NOTIFY_LIMITS.retryBudgetMs, attempts: NOTIFY_LIMITS.attempts, backoff: this.backoff };
     const sent = await retrying<string, NotifyFailure>(policy, async () => {
       try {
-        const answer = await postOnce(format.request(r, t, new Date()), this.ca);
+        const answer = await postOnce(notifyRequest(r, t), this.ca);
         const refusal = format.refusal?.(answer);
         if (refusal) throw new NotifyFailure(`refused: ${refusal}`, false);
         return { ok: true, value: answer };
