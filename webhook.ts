@@ -19693,7 +19693,11 @@ function feishuFormat(dialect: ChatDialect): NotifyFormat {
       const signature = secret ? { timestamp, sign: hmacBase64(`${timestamp}\n${secret}`, '') } : {};
       const template = r.outcome === 'failed' ? 'red' : r.outcome === 'succeeded' ? 'green' : 'grey';
       const card = {
-        header: { title: { tag: 'plain_text', content: chatTitle(r) }, template },
+        // Its body may be 20 KB at most: a title from a long request is cut like the others'.
+        header: {
+          title: { tag: 'plain_text', content: fitted(chatTitle(r), CHAT_LIMITS.titleChars, PLAIN_TEXT) },
+          template,
+        },
         elements: [{ tag: 'markdown', content: chatMarkdown(r, '\n', dialect) }, ...feishuButtons(r)],
       };
       return { url, body: JSON.stringify({ ...signature, msg_type: 'interactive', card }), headers: JSON_HEADERS };
