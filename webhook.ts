@@ -13576,7 +13576,18 @@ export interface HookSetting<T> {
 }
 
 /** The formats NOTIFY_FORMAT may name, in the order messages list them; each is one NOTIFY_FORMATS entry. */
-const NOTIFY_FORMAT_NAMES = ['json', 'dingtalk', 'wecom', 'feishu', 'slack'] as const;
+const NOTIFY_FORMAT_NAMES = [
+  'json',
+  'dingtalk',
+  'wecom',
+  'feishu',
+  'slack',
+  'teams',
+  'discord',
+  'googlechat',
+  'telegram',
+  'lark',
+] as const;
 export type NotifyFormatName = (typeof NOTIFY_FORMAT_NAMES)[number];
 
 // One hook posting to more places than this is a mistake in its file.
@@ -13846,6 +13857,21 @@ function notifyFormats(value: string | undefined): NotifyFormatName[] {
   return formats.map((f) => (f || 'json') as NotifyFormatName);
 }
 
+// A Telegram chat: its numeric id (groups and channels negative), or a public channel's @username
+// (5 to 32 letters, digits and underscores), as the Bot API's chat_id takes it.
+const TELEGRAM_CHAT = /^(?:-?\d{1,20}|@[A-Za-z][A-Za-z0-9_]{4,31})$/;
+
+/** NOTIFY_TELEGRAM_CHAT: chat ids separated by spaces or commas; unset is none, blank is refused. */
+function telegramChats(value: string | undefined): string[] {
+  if (value === undefined) return [];
+  const chats = value.split(/[\s,]+/).filter((c) => c !== '');
+  if (chats.length === 0) throw new Error('NOTIFY_TELEGRAM_CHAT is empty');
+  for (const c of chats)
+    if (!TELEGRAM_CHAT.test(c))
+      throw new Error(`NOTIFY_TELEGRAM_CHAT ${showValue(c)} is not a chat id (an integer) or a @channelusername`);
+  return chats;
+}
+
 /** NOTIFY_CACERT (PEM, or base64 of PEM) as CAs trusted besides Node's own; throws when it is neither. */
 export function notifyCa(value: string | undefined): string[] | undefined {
   if (!value?.trim()) return undefined;
@@ -14112,9 +14138,18 @@ export const HOOK_SETTINGS = {
     fixed: true,
     secret: true,
     validation: 'one for every URL, or one per URL (space-separated); only for formats that sign',
-    meaning: 'Signs the posts: json (a header), dingtalk (the URL), feishu (the body).',
+    meaning: 'Signs the posts: json (a header), dingtalk (the URL), feishu and lark (the body).',
     parse: (value: string | undefined): (string | undefined)[] =>
       value?.trim() ? value.trim().split(/\s+/) : [undefined],
+  }),
+  NOTIFY_TELEGRAM_CHAT: setting({
+    type: 'list of chat ids',
+    fixed: true,
+    validation:
+      'an integer chat id (groups and channels are negative) or @channelusername; one for every telegram URL, ' +
+      'or one per telegram URL (space-separated)',
+    meaning: "The chat NOTIFY_FORMAT=telegram posts in (the Bot API's chat_id).",
+    parse: telegramChats,
   }),
   // -- the service's own environment
   NOTIFY_CACERT: setting({
@@ -18661,7 +18696,7 @@ export interface ResultSettings {
   mailTo: string | undefined;
   /** NOTIFY_ON_SKIP: whether a push the update policy skipped goes to the channels. */
   notifyOnSkip: boolean;
-  /** NOTIFY_URL, NOTIFY_FORMAT and NOTIFY_SECRET as given: the notifications check them (notifyTargets). */
+  /** NOTIFY_URL, NOTIFY_FORMAT, NOTIFY_SECRET, NOTIFY_TELEGRAM_CHAT as given: the notifications check them. */
   notify: NotifyTexts;
 }
 
@@ -18670,6 +18705,7 @@ export interface NotifyTexts {
   url?: string;
   format?: string;
   secret?: string;
+  telegramChat?: string;
 }
 
 /** A command's ResultSettings from its environment: the boundary of a result, as readHookConfig is of a push. */
@@ -18682,7 +18718,10 @@ export function resultSettings(env: Readonly<Record<string, string | undefined>>
     container: env.APP_CONTAINER || undefined,
     mailTo: env.MAIL_TO || undefined,
     notifyOnSkip: notifyOnSkip(env.NOTIFY_ON_SKIP),
-    notify: { url: env.NOTIFY_URL, format: env.NOTIFY_FORMAT, secret: env.NOTIFY_SECRET },
+    notify: {
+      ...{ url: env.NOTIFY_URL, format: env.NOTIFY_FORMAT, secret: env.NOTIFY_SECRET },
+      telegramChat: env.NOTIFY_TELEGRAM_CHAT,
+    },
   };
 }
 
@@ -19311,12 +19350,17 @@ function summaryMail(hookId: string, window: MailWindow, cap: MailCap): { subjec
 // 42. chat & json notifications — a hook's result posted, at the moment its mail goes (after the rollout's end, in
 //    the background), to each URL of NOTIFY_URL, in the body NOTIFY_FORMAT names: json (our own document, versioned
 //    by its "schema" field, signed in a header with NOTIFY_SECRET), dingtalk (markdown; NOTIFY_SECRET signs the URL),
-//    wecom (markdown), feishu (a card; NOTIFY_SECRET signs the body) or slack (mrkdwn). Each format is one entry of
-//    NOTIFY_FORMATS: its body, how it signs, how its receiver says no. Every request is one outboundRequest under a
-//    total deadline (a receiver that dribbles its answer cannot hold a result); transient failures are retried a few
-//    times by the outbound-calls chapter's policy (a Retry-After honoured); one hook sends at most
-//    -max-notifications-per-hook per -notify-window. The chat URLs carry their robot's key, so nothing shows more of
-//    a URL than its host. NOTIFY_CACERT adds a CA (PEM, or base64 of it) to the ones trusted for https.
+//    wecom (markdown), feishu and lark (a card; NOTIFY_SECRET signs the body), slack (mrkdwn), teams (an Adaptive
+//    Card for a Workflows webhook), discord (an embed), googlechat (a cardsV2 card) or telegram (the Bot API's
+//    sendMessage, in HTML, to NOTIFY_TELEGRAM_CHAT). Each format is one entry of NOTIFY_FORMATS: its body, how it
+//    signs, how its receiver says no and when to try again; a waiting push's message carries its approval links as
+//    buttons (as links in Discord). Every message is fitted within its vendor's documented limits (a cut value says
+//    so), and no text that came with a request is markup there. Every request is one outboundRequest under a total
+//    deadline (a receiver that dribbles its answer cannot hold a result); transient failures are retried a few times
+//    by the outbound-calls chapter's policy (a Retry-After, or the retry_after of Discord's and Telegram's answers,
+//    honoured); one hook sends at most -max-notifications-per-hook per -notify-window. The chat URLs carry their
+//    robot's key (Telegram's its bot token), so nothing shows more of a URL than its host. NOTIFY_CACERT adds a CA
+//    (PEM, or base64 of it) to the ones trusted for https.
 //    Exports: Notifier, notifyTargets, resultDocument.
 //    Tests: test/decision.test.ts, test/notify.test.ts.
 // ================================================================================================
@@ -19339,6 +19383,32 @@ const NOTIFY_LIMITS = {
   // the chat message is the summary, cut at this many bytes; the full report is on the page.
   maxChatBytes: 3_000,
 };
+
+/**
+ * The documented limits of the newer chats, each fitted as its vendor measures it (characters, or the bytes of the
+ * JSON sent); characters are counted in UTF-16 units, never fewer than the vendor's. A message's facts share what
+ * is left after its fixed parts; a value that does not fit is cut and says so (CUT_NOTE).
+ */
+const CHAT_LIMITS = {
+  // Every card's title: Discord's embed title is at most 256 characters; the others have no more room in a header.
+  titleChars: 256,
+  // Teams: a message is at most 28 KB ("Create Incoming Webhooks"; the Workflows post-card action says the same).
+  // The facts get 16 KB of it: the title, three links of about 1 KB and the card's frame fit in the rest.
+  teamsFactBytes: 16_000,
+  // Discord ("Embed Limits"): a field's value at most 1,024 characters; an embed's title, description and fields
+  // at most 6,000 characters together.
+  discordFieldChars: 1_024,
+  discordEmbedChars: 6_000,
+  // Google Chat: a message, text and cards, at most 32,000 bytes ("Send a message using the Google Chat API"). The
+  // facts get 24,000 bytes; the buttons' links and the card's frame fit in the rest.
+  googleChatFactBytes: 24_000,
+  // Telegram: sendMessage's text is 1-4,096 characters after entities parsing; its tags are not counted, but this
+  // counts the entities (&lt;) the escaped text holds, so a message always fits.
+  telegramTextChars: 4_096,
+};
+
+/** What a value cut to fit says at its end. */
+const CUT_NOTE = ' … (cut)';
 
 /** The documented JSON form of a result (NOTIFY_FORMAT=json, and each entry of /deliveries.json). */
 export function resultDocument(r: Delivery, extra: Record<string, unknown> = {}): Record<string, unknown> {
@@ -19385,6 +19455,13 @@ function decisionButtons(r: Delivery): { label: string; url: string; primary: bo
   return [...approve, ...now, { label: 'Reject', url: l.reject, primary: false }];
 }
 
+/** The colour a card shows its result in: green succeeded, red failed, amber waiting for a person or a window. */
+function resultColour(r: Delivery): 'green' | 'red' | 'amber' | 'grey' {
+  if (r.outcome === 'failed') return 'red';
+  if (r.waiting) return 'amber';
+  return r.outcome === 'succeeded' ? 'green' : 'grey';
+}
+
 // ---- the formats ------------------------------------------------------------------------------
 
 /** One request to a receiver. */
@@ -19397,9 +19474,11 @@ interface NotifyRequest {
 interface NotifyFormat {
   /** Whether NOTIFY_SECRET means something to it (signs its requests). */
   signs: boolean;
-  request(r: Delivery, url: URL, secret: string | undefined, now: Date): NotifyRequest;
+  request(r: Delivery, target: NotifyTarget, now: Date): NotifyRequest;
   /** Why the receiver's 2xx answer still says no (DingTalk, WeCom and Feishu answer 200 with a code). */
   refusal?(answer: string): string | undefined;
+  /** The wait, in seconds, a 429's body asks for (Discord's and Telegram's), over its Retry-After header. */
+  bodyRetryAfter?(answer: string): number | undefined;
 }
 
 const JSON_HEADERS = { 'Content-Type': 'application/json; charset=utf-8' };
@@ -19455,21 +19534,34 @@ function chatTitle(r: Delivery, text: (value: string) => string = PLAIN_TEXT): s
   return `Webhooks通知: ${text(target)} 更新结果: ${r.outcome ?? 'running'}`;
 }
 
+/** One fact of a result: its label (ours) and its value as the record has it (from the request, in part). */
+interface ChatFact {
+  name: string;
+  value: string;
+}
+
+/** The facts every chat message tells, in order: the one delivery record, rendered by each format. Pure. */
+function chatFacts(r: Delivery): ChatFact[] {
+  const facts = [
+    { name: 'hook', value: r.hookId },
+    { name: 'request', value: r.requestId },
+  ];
+  if (r.workload) {
+    const where = `${r.namespace ? ` in ${r.namespace}` : ''}, container ${r.container ?? 'undefined'}`;
+    facts.push({ name: 'workload', value: `${r.workload}${where}${r.cluster ? `, cluster ${r.cluster}` : ''}` });
+  }
+  if (r.imageAfter) facts.push({ name: 'image', value: `${r.imageBefore ?? '?'} → ${r.imageAfter}` });
+  facts.push({ name: 'decision', value: `${r.decision}${r.detail ? ` (${r.detail})` : ''}` });
+  if (r.rollout) facts.push({ name: 'rollout', value: `${r.rollout.state}: ${r.rollout.detail}` });
+  const ready = r.pods.filter((p) => p.ready).length;
+  if (r.pods.length) facts.push({ name: 'pods', value: `${ready} of ${r.pods.length} ready` });
+  return facts;
+}
+
 /** The summary lines of a chat message in its dialect, every value from the request made inert. */
 function chatLines(r: Delivery, d: ChatDialect): string[] {
-  const { bold, text: t } = d;
-  const lines = [`${bold('hook')} ${t(r.hookId)} · ${bold('request')} ${t(r.requestId)}`];
-  if (r.workload)
-    lines.push(
-      `${bold('workload')} ${t(r.workload)}${r.namespace ? ` in ${t(r.namespace)}` : ''}, ` +
-        `container ${t(r.container ?? 'undefined')}${r.cluster ? `, cluster ${t(r.cluster)}` : ''}`,
-    );
-  if (r.imageAfter) lines.push(`${bold('image')} ${t(r.imageBefore ?? '?')} → ${t(r.imageAfter)}`);
-  lines.push(`${bold('decision')} ${t(r.decision)}${r.detail ? ` (${t(r.detail)})` : ''}`);
-  if (r.rollout) lines.push(`${bold('rollout')} ${t(r.rollout.state)}: ${t(r.rollout.detail)}`);
-  const ready = r.pods.filter((p) => p.ready).length;
-  if (r.pods.length) lines.push(`${bold('pods')} ${ready} of ${r.pods.length} ready`);
-  return lines;
+  const [hook, request, ...rest] = chatFacts(r).map((f) => `${d.bold(f.name)} ${d.text(f.value)}`);
+  return [`${hook} · ${request}`, ...rest];
 }
 
 /** Text cut to at most `max` UTF-8 bytes, on a character boundary, marked when cut. */
@@ -19523,6 +19615,186 @@ function wecomCard(r: Delivery, buttons: { label: string; url: string }[]): unkn
   };
 }
 
+// ---- teams, discord, googlechat, telegram: dialects and limits ----------------------------------
+
+/** The characters that open the markup of Teams' and Discord's markdown, in full-width forms that mean nothing. */
+const EMPHASIS_INERT: Record<string, string> = {
+  ...MARKDOWN_INERT,
+  ...{ '*': '＊', _: '＿', '~': '～', '`': '｀', '|': '｜' },
+};
+
+/** A value whose start a markdown reads as a list item, a heading or a quote gets a zero-width space first. */
+function lineStartInert(value: string): string {
+  return value.replace(/^(?=[-+*#>]|\d+[.)])/, '\u200B');
+}
+
+/**
+ * Teams' Adaptive Card markdown (a CommonMark subset: bold, italic, lists, links; HTML is shown as text, a mention
+ * needs an entity the card does not carry): brackets, tags, emphasis and code in full-width forms.
+ */
+const TEAMS_TEXT = (value: string) =>
+  lineStartInert(chatInert(value)).replace(/[[\]<>&*_~`|]/g, (c) => EMPHASIS_INERT[c]);
+
+/** Discord's markdown as Teams', and its mentions: @everyone and @here broken by a zero-width space after the @. */
+const DISCORD_TEXT = (value: string) => TEAMS_TEXT(value).replaceAll('@', '@\u200B');
+
+/** The HTML of Google Chat's card text and Telegram's parse mode: &, < and > as entities, as both document. */
+const HTML_TEXT_ESCAPES: Record<string, string> = { '&': '&amp;', '<': '&lt;', '>': '&gt;' };
+const HTML_TEXT = (value: string) => chatInert(value).replace(/[&<>]/g, (c) => HTML_TEXT_ESCAPES[c]);
+
+/**
+ * Telegram finds links, @mentions, #hashtags and $cashtags in a message by itself, but never inside code: each value
+ * is code. A title is bold, so a zero-width space after each sign (and dot) keeps its names from being links.
+ */
+const TELEGRAM_TEXT = (value: string) => `<code>${HTML_TEXT(value)}</code>`;
+const TELEGRAM_TITLE = (value: string) => HTML_TEXT(value.replace(/[@#$.]/g, '$&\u200B'));
+
+/** The size of a text in the JSON body: its UTF-8 bytes, escapes included. */
+const jsonBytes = (text: string) => Buffer.byteLength(JSON.stringify(text)) - 2;
+
+/**
+ * `raw` in a dialect (`text`), at most `max` by `measure`: whole, or its longest prefix that fits with CUT_NOTE
+ * after it. A dialect only grows with its input, so the prefix is found by halving. Pure.
+ */
+function fitted(raw: string, max: number, text: (value: string) => string, measure = (s: string) => s.length): string {
+  const whole = text(raw);
+  if (measure(whole) <= max) return whole;
+  const chars = [...raw];
+  const fits = (n: number) => measure(text(chars.slice(0, n).join('')) + CUT_NOTE) <= max;
+  let [lo, hi] = [0, chars.length - 1];
+  while (lo < hi) {
+    const mid = Math.ceil((lo + hi) / 2);
+    if (fits(mid)) lo = mid;
+    else hi = mid - 1;
+  }
+  return text(chars.slice(0, lo).join('')) + CUT_NOTE;
+}
+
+/**
+ * Facts in a dialect, at most `budget` in all and `each` apiece: a value shorter than its share leaves the rest to
+ * the others, so only the longest are cut. Pure.
+ */
+function fittedFacts(
+  facts: ChatFact[],
+  budget: number,
+  text: (value: string) => string,
+  measure = (s: string) => s.length,
+  each = Infinity,
+): ChatFact[] {
+  const sizes = facts.map((f, i) => ({ i, size: measure(text(f.value)) })).sort((a, b) => a.size - b.size);
+  const out = [...facts];
+  let left = budget;
+  sizes.forEach(({ i, size }, k) => {
+    const share = Math.min(each, Math.floor(left / (sizes.length - k)));
+    const value = size <= share ? text(facts[i].value) : fitted(facts[i].value, share, text, measure);
+    out[i] = { name: facts[i].name, value };
+    left -= measure(value);
+  });
+  return out;
+}
+
+/** A JSON answer as an object, or undefined when it is not one. */
+function answerObject(answer: string): Record<string, unknown> | undefined {
+  try {
+    const parsed: unknown = JSON.parse(answer);
+    return isObject(parsed) ? parsed : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+const TEAMS_COLOURS = { green: 'Good', red: 'Attention', amber: 'Warning', grey: 'Default' } as const;
+
+/**
+ * A Teams Workflows message (the flow "When a Teams webhook request is received", or the template "Send webhook
+ * alerts to a channel", posts its card): an Adaptive Card with the title, a FactSet and an Action.OpenUrl per button.
+ */
+function teamsMessage(r: Delivery): unknown {
+  const facts = fittedFacts(chatFacts(r), CHAT_LIMITS.teamsFactBytes, TEAMS_TEXT, jsonBytes);
+  const actions = decisionButtons(r).map((b) => ({
+    ...{ type: 'Action.OpenUrl', title: b.label, url: b.url },
+    ...(b.primary ? { style: 'positive' } : b.label === 'Reject' ? { style: 'destructive' } : {}),
+  }));
+  const title = fitted(chatTitle(r), CHAT_LIMITS.titleChars, TEAMS_TEXT);
+  const card = {
+    ...{ $schema: 'http://adaptivecards.io/schemas/adaptive-card.json', type: 'AdaptiveCard', version: '1.4' },
+    body: [
+      {
+        type: 'TextBlock',
+        text: title,
+        weight: 'Bolder',
+        size: 'Medium',
+        wrap: true,
+        color: TEAMS_COLOURS[resultColour(r)],
+      },
+      { type: 'FactSet', facts: facts.map((f) => ({ title: f.name, value: f.value })) },
+    ],
+    ...(actions.length ? { actions } : {}),
+  };
+  const attachment = { contentType: 'application/vnd.microsoft.card.adaptive', contentUrl: null, content: card };
+  return { type: 'message', attachments: [attachment] };
+}
+
+const DISCORD_COLOURS = { green: 0x2e7d32, red: 0xc62828, amber: 0xf9a825, grey: 0x757575 };
+
+/**
+ * A Discord webhook message: one embed, coloured by the result, a field per fact. A webhook that no application
+ * owns cannot carry buttons, so the links are Markdown links in the description; no mention is parsed at all.
+ */
+function discordMessage(r: Delivery): unknown {
+  const description = decisionButtons(r)
+    .map((b) => {
+      const link = `[${b.label}](${b.url.replace(/[()]/g, (c) => (c === '(' ? '%28' : '%29'))})`;
+      return b.primary ? `**${link}**` : link;
+    })
+    .join(' · ');
+  const title = fitted(chatTitle(r), CHAT_LIMITS.titleChars, DISCORD_TEXT);
+  const names = chatFacts(r).reduce((n, f) => n + f.name.length, 0);
+  const budget = CHAT_LIMITS.discordEmbedChars - title.length - description.length - names;
+  const facts = fittedFacts(chatFacts(r), budget, DISCORD_TEXT, undefined, CHAT_LIMITS.discordFieldChars);
+  const embed = {
+    ...{ title, color: DISCORD_COLOURS[resultColour(r)] },
+    ...(description ? { description } : {}),
+    fields: facts.map((f) => ({ name: f.name, value: f.value || '-' })),
+    timestamp: (r.finishedAt ?? r.receivedAt).toISOString(),
+  };
+  return { allowed_mentions: { parse: [] }, embeds: [embed] };
+}
+
+/**
+ * A Google Chat incoming-webhook message: one cardsV2 card, its header the title (plain text) and the decision, a
+ * decoratedText per fact (its text HTML), and a buttonList of openLink buttons.
+ */
+function googleChatMessage(r: Delivery): unknown {
+  const facts = fittedFacts(chatFacts(r), CHAT_LIMITS.googleChatFactBytes, HTML_TEXT, jsonBytes);
+  const widgets = facts.map((f) => ({ decoratedText: { topLabel: f.name, text: f.value, wrapText: true } }));
+  const buttons = decisionButtons(r).map((b) => ({ text: b.label, onClick: { openLink: { url: b.url } } }));
+  const header = { title: fitted(chatTitle(r), CHAT_LIMITS.titleChars, MARKDOWN_DIALECT.text), subtitle: r.decision };
+  const sections = [{ widgets }, ...(buttons.length ? [{ widgets: [{ buttonList: { buttons } }] }] : [])];
+  return { cardsV2: [{ cardId: 'result', card: { header, sections } }] };
+}
+
+/** The Bot API's sendMessage: the title and a line per fact in HTML, and an inline keyboard of URL buttons. */
+function telegramMessage(r: Delivery, chat: string): unknown {
+  const title = fitted(chatTitle(r), CHAT_LIMITS.titleChars, TELEGRAM_TITLE);
+  // The tags are not counted (the entities they make are); each line's label, space and new line are.
+  const labels = chatFacts(r).reduce((n, f) => n + f.name.length + 2, 0);
+  const facts = fittedFacts(chatFacts(r), CHAT_LIMITS.telegramTextChars - title.length - labels, TELEGRAM_TEXT);
+  const text = [`<b>${title}</b>`, ...facts.map((f) => `<b>${f.name}</b> ${f.value}`)].join('\n');
+  const buttons = decisionButtons(r).map((b) => ({ text: b.label, url: b.url }));
+  return {
+    ...{ chat_id: chat, text, parse_mode: 'HTML', link_preview_options: { is_disabled: true } },
+    ...(buttons.length ? { reply_markup: { inline_keyboard: [buttons] } } : {}),
+  };
+}
+
+/** The Bot API's answer says no unless its "ok" is true. */
+function telegramRefusal(answer: string): string | undefined {
+  const o = answerObject(answer);
+  if (o?.ok === true) return undefined;
+  return o ? `${String(o.description ?? 'ok is not true').slice(0, 200)}` : 'the answer is not JSON';
+}
+
 /** Base64 HMAC-SHA256, the signature DingTalk and Feishu ask for. */
 function hmacBase64(key: string, message: string): string {
   return createHmac('sha256', key).update(message).digest('base64');
@@ -19545,10 +19817,50 @@ function codeRefusal(...fields: string[]): (answer: string) => string | undefine
   };
 }
 
+// Custom bot: https://open.feishu.cn/open-apis/bot/v2/hook/…, and Lark's at https://open.larksuite.com/open-apis/bot/
+// v2/hook/… (https://open.larksuite.com/document/client-docs/bot-v3/add-custom-bot); with "签名校验" (signature
+// verification), timestamp (s) and sign = base64(HMAC-SHA256(key "timestamp\nsecret", empty message)) join the body.
+function feishuFormat(dialect: ChatDialect): NotifyFormat {
+  return {
+    signs: true,
+    request(r, { url, secret }, now) {
+      const timestamp = String(Math.floor(now.getTime() / 1000));
+      const signature = secret ? { timestamp, sign: hmacBase64(`${timestamp}\n${secret}`, '') } : {};
+      const template = r.outcome === 'failed' ? 'red' : r.outcome === 'succeeded' ? 'green' : 'grey';
+      const card = {
+        // Its body may be 20 KB at most: a title from a long request is cut like the others'.
+        header: {
+          title: { tag: 'plain_text', content: fitted(chatTitle(r), CHAT_LIMITS.titleChars, PLAIN_TEXT) },
+          template,
+        },
+        elements: [{ tag: 'markdown', content: chatMarkdown(r, '\n', dialect) }, ...feishuButtons(r)],
+      };
+      return { url, body: JSON.stringify({ ...signature, msg_type: 'interactive', card }), headers: JSON_HEADERS };
+    },
+    refusal: codeRefusal('code', 'StatusCode'),
+  };
+}
+
+/** Lark's card markdown keeps emphasis, code and strike-through out of a request's text too (Teams' set). */
+const LARK_DIALECT: ChatDialect = {
+  bold: MARKDOWN_DIALECT.bold,
+  text: (value) => chatInert(value).replace(/[[\]<>&*_~`|]/g, (c) => EMPHASIS_INERT[c]),
+};
+
+/** The request of a result to one receiver, in its format, signed as of `now`. Pure. */
+export function notifyRequest(r: Delivery, target: NotifyTarget, now = new Date()): NotifyRequest {
+  return NOTIFY_FORMATS[target.format].request(r, target, now);
+}
+
+/** A body posted as JSON, unsigned. */
+function jsonPost(url: URL, message: unknown): NotifyRequest {
+  return { url, body: JSON.stringify(message), headers: JSON_HEADERS };
+}
+
 const NOTIFY_FORMATS: Record<NotifyFormatName, NotifyFormat> = {
   json: {
     signs: true,
-    request(r, url, secret) {
+    request(r, { url, secret }) {
       const body = JSON.stringify(resultDocument(r));
       const headers: Record<string, string> = {
         ...JSON_HEADERS,
@@ -19564,7 +19876,7 @@ const NOTIFY_FORMATS: Record<NotifyFormatName, NotifyFormat> = {
   // and sign = base64(HMAC-SHA256(key secret, "timestamp\nsecret")) join the query.
   dingtalk: {
     signs: true,
-    request(r, url, secret, now) {
+    request(r, { url, secret }, now) {
       const signed = new URL(url);
       if (secret) {
         const timestamp = String(now.getTime());
@@ -19592,7 +19904,7 @@ const NOTIFY_FORMATS: Record<NotifyFormatName, NotifyFormat> = {
   // Group robot: https://qyapi.weixin.qq.com/cgi-bin/webhook/send?key=…; markdown content ≤ 4096 bytes.
   wecom: {
     signs: false,
-    request(r, url) {
+    request(r, { url }) {
       const buttons = decisionButtons(r);
       if (buttons.length) return { url, body: JSON.stringify(wecomCard(r, buttons)), headers: JSON_HEADERS };
       const content = `### ${chatTitle(r, MARKDOWN_DIALECT.text)}\n${chatMarkdown(r, '\n', MARKDOWN_DIALECT)}`;
@@ -19600,26 +19912,11 @@ const NOTIFY_FORMATS: Record<NotifyFormatName, NotifyFormat> = {
     },
     refusal: codeRefusal('errcode'),
   },
-  // Custom bot: https://open.feishu.cn/open-apis/bot/v2/hook/…; with "签名校验", timestamp (s) and
-  // sign = base64(HMAC-SHA256(key "timestamp\nsecret", empty message)) join the body.
-  feishu: {
-    signs: true,
-    request(r, url, secret, now) {
-      const timestamp = String(Math.floor(now.getTime() / 1000));
-      const signature = secret ? { timestamp, sign: hmacBase64(`${timestamp}\n${secret}`, '') } : {};
-      const template = r.outcome === 'failed' ? 'red' : r.outcome === 'succeeded' ? 'green' : 'grey';
-      const card = {
-        header: { title: { tag: 'plain_text', content: chatTitle(r) }, template },
-        elements: [{ tag: 'markdown', content: chatMarkdown(r, '\n', MARKDOWN_DIALECT) }, ...feishuButtons(r)],
-      };
-      return { url, body: JSON.stringify({ ...signature, msg_type: 'interactive', card }), headers: JSON_HEADERS };
-    },
-    refusal: codeRefusal('code', 'StatusCode'),
-  },
+  feishu: feishuFormat(MARKDOWN_DIALECT),
   // Incoming webhook: https://hooks.slack.com/services/…; `text` is the notification's fallback.
   slack: {
     signs: false,
-    request(r, url) {
+    request(r, { url }) {
       // `text` is the whole message too: what notifications show, and all that receivers which
       // take Slack's format without its blocks (Mattermost, Rocket.Chat) read.
       const text = `*${chatTitle(r, SLACK_DIALECT.text)}*\n${chatMarkdown(r, '\n', SLACK_DIALECT)}`;
@@ -19635,6 +19932,39 @@ const NOTIFY_FORMATS: Record<NotifyFormatName, NotifyFormat> = {
       return { url, body: JSON.stringify({ text, blocks }), headers: JSON_HEADERS };
     },
   },
+  // A Workflows webhook (the Office 365 connectors are retired): https://learn.microsoft.com/en-us/microsoftteams/
+  // platform/webhooks-and-connectors/how-to/add-incoming-webhook; the card: https://adaptivecards.io/explorer/.
+  // The flow answers 202 Accepted.
+  teams: { signs: false, request: (r, { url }) => jsonPost(url, teamsMessage(r)) },
+  // Execute Webhook: https://discord.com/developers/docs/resources/webhook#execute-webhook (embed limits:
+  // https://discord.com/developers/docs/resources/message#embed-object-embed-limits); answers 204. A 429's body
+  // holds retry_after in seconds (https://discord.com/developers/docs/topics/rate-limits).
+  discord: {
+    signs: false,
+    request: (r, { url }) => jsonPost(url, discordMessage(r)),
+    bodyRetryAfter: (answer) => {
+      const wait = answerObject(answer)?.retry_after;
+      return typeof wait === 'number' && wait >= 0 ? wait : undefined;
+    },
+  },
+  // Incoming webhook: https://developers.google.com/workspace/chat/quickstart/webhooks; the card:
+  // https://developers.google.com/workspace/chat/api/reference/rest/v1/cards, its text's HTML:
+  // https://developers.google.com/workspace/chat/format-messages.
+  googlechat: { signs: false, request: (r, { url }) => jsonPost(url, googleChatMessage(r)) },
+  // The Bot API's sendMessage (https://core.telegram.org/bots/api#sendmessage) at https://api.telegram.org/bot<token>/
+  // sendMessage or a Bot API server of one's own; HTML: https://core.telegram.org/bots/api#html-style. Every answer
+  // has "ok"; a 429's parameters.retry_after is the wait in seconds (ResponseParameters).
+  telegram: {
+    signs: false,
+    request: (r, { url, chat }) => jsonPost(url, telegramMessage(r, chat ?? '')),
+    refusal: telegramRefusal,
+    bodyRetryAfter: (answer) => {
+      const parameters = answerObject(answer)?.parameters;
+      const wait = isObject(parameters) ? parameters.retry_after : undefined;
+      return typeof wait === 'number' && wait >= 0 ? wait : undefined;
+    },
+  },
+  lark: feishuFormat(LARK_DIALECT),
 };
 
 // ---- settings ---------------------------------------------------------------------------------
@@ -19644,7 +19974,15 @@ interface NotifyTarget {
   url: URL;
   format: NotifyFormatName;
   secret?: string;
+  /** The Telegram chat a telegram target posts in (NOTIFY_TELEGRAM_CHAT). */
+  chat?: string;
 }
+
+/**
+ * The bot<token> segment of a Bot API URL, before its method: the token is the bot's key, as the rest of a chat URL
+ * is its robot's. Any host may serve it (a Bot API server of one's own, a relay).
+ */
+const TELEGRAM_SEND_PATH = /\/bot(\d+:[\w-]+)\/sendMessage$/i;
 
 /** Broadcasts a one-value list to `n`, or checks that it has `n` values. */
 function perUrl<T>(values: T[], n: number, name: string): T[] {
@@ -19660,11 +19998,34 @@ export function notifyTargets(texts: NotifyTexts): NotifyTarget[] {
   const urls = HOOK_SETTINGS.NOTIFY_URL.parse(texts.url);
   const formats = perUrl(HOOK_SETTINGS.NOTIFY_FORMAT.parse(texts.format), urls.length, 'NOTIFY_FORMAT');
   const secrets = perUrl(HOOK_SETTINGS.NOTIFY_SECRET.parse(texts.secret), urls.length, 'NOTIFY_SECRET');
+  const chats = telegramChatsOf(urls, formats, texts.telegramChat);
   return urls.map((url, i) => {
     if (secrets[i] && !NOTIFY_FORMATS[formats[i]].signs)
       throw new Error(`NOTIFY_SECRET is set, but ${formats[i]} (URL ${i + 1}) does not sign its requests`);
-    return { url, format: formats[i], secret: secrets[i] };
+    return { url, format: formats[i], secret: secrets[i], ...(chats.has(i) ? { chat: chats.get(i) } : {}) };
   });
+}
+
+/**
+ * The chat of each telegram URL (by its index): NOTIFY_TELEGRAM_CHAT's one chat for all, or one per telegram URL in
+ * order. Throws when a telegram URL is not a Bot API sendMessage URL, or the chats do not match the URLs.
+ */
+function telegramChatsOf(urls: URL[], formats: NotifyFormatName[], text: string | undefined): Map<number, string> {
+  const chats = HOOK_SETTINGS.NOTIFY_TELEGRAM_CHAT.parse(text);
+  const telegram = formats.flatMap((f, i) => (f === 'telegram' ? [i] : []));
+  if (telegram.length === 0) {
+    if (chats.length) throw new Error('NOTIFY_TELEGRAM_CHAT is set, but no NOTIFY_URL is telegram');
+    return new Map();
+  }
+  for (const i of telegram)
+    if (!TELEGRAM_SEND_PATH.test(urls[i].pathname))
+      throw new Error(
+        `NOTIFY_URL item ${i + 1} (telegram) is not a Bot API URL: https://<host>/bot<token>/sendMessage`,
+      );
+  if (chats.length === 0)
+    throw new Error(`NOTIFY_FORMAT telegram (URL ${telegram[0] + 1}) needs NOTIFY_TELEGRAM_CHAT: the chat to post in`);
+  const each = perUrl(chats, telegram.length, 'NOTIFY_TELEGRAM_CHAT');
+  return new Map(telegram.map((i, k) => [i, each[k]]));
 }
 
 // ---- sending ----------------------------------------------------------------------------------
@@ -19673,6 +20034,8 @@ export function notifyTargets(texts: NotifyTexts): NotifyTarget[] {
 class NotifyFailure extends Error {
   readonly transient: boolean;
   retryAfterSeconds?: number;
+  /** A 429's body, where Discord and Telegram say how long to wait. */
+  throttled?: string;
   constructor(message: string, transient: boolean) {
     super(message);
     this.transient = transient;
@@ -19708,6 +20071,7 @@ async function postOnce(request: NotifyRequest, ca: string[] | undefined): Promi
   const transient = answer.status >= 500 || answer.status === 429 || answer.status === 408;
   const failure = new NotifyFailure(`HTTP ${answer.status}: ${JSON.stringify(answer.body.slice(0, 200))}`, transient);
   failure.retryAfterSeconds = retryAfterSeconds(answer.headers['retry-after']);
+  if (answer.status === 429) failure.throttled = answer.body;
   throw failure;
 }
 
@@ -19806,13 +20170,15 @@ export class Notifier implements ResultChannel {
     const policy = { budgetMs: NOTIFY_LIMITS.retryBudgetMs, attempts: NOTIFY_LIMITS.attempts, backoff: this.backoff };
     const sent = await retrying<string, NotifyFailure>(policy, async () => {
       try {
-        const answer = await postOnce(format.request(r, t.url, t.secret, new Date()), this.ca);
+        const answer = await postOnce(notifyRequest(r, t), this.ca);
         const refusal = format.refusal?.(answer);
         if (refusal) throw new NotifyFailure(`refused: ${refusal}`, false);
         return { ok: true, value: answer };
       } catch (e) {
         const failure = e instanceof NotifyFailure ? e : new NotifyFailure((e as Error).message, false);
-        const { transient, retryAfterSeconds } = failure;
+        const { transient, throttled } = failure;
+        const retryAfterSeconds =
+          (throttled !== undefined ? format.bodyRetryAfter?.(throttled) : undefined) ?? failure.retryAfterSeconds;
         return { ok: false, failure: { transient, retryAfterSeconds }, error: failure };
       }
     });
@@ -19827,9 +20193,11 @@ export class Notifier implements ResultChannel {
     return { state: 'failed', detail: why };
   }
 
-  /** A message with the hook's notification secrets and URLs (but their hosts) taken out. */
+  /** A message with the hook's notification secrets and URLs (but their hosts), and bot tokens alone, taken out. */
   private scrubbed(text: string, texts: NotifyTexts, t?: NotifyTarget): string {
-    const secrets = [...(texts.secret ?? '').split(/\s+/), ...(texts.url ?? '').split(/[\s,]+/)];
+    const urls = (texts.url ?? '').split(/[\s,]+/);
+    const tokens = urls.map((u) => TELEGRAM_SEND_PATH.exec(URL.parse(u)?.pathname ?? '')?.[1] ?? '');
+    const secrets = [...(texts.secret ?? '').split(/\s+/), ...urls, ...tokens, ...tokens.map(encodeURIComponent)];
     if (t) secrets.push(t.url.href, `${t.url.pathname}${t.url.search}`, t.secret ?? '');
     // Shorter pieces (an empty path "/") are not secrets, and would take ordinary text out.
     return new Scrubber(
@@ -20442,8 +20810,10 @@ function describeNotifications(hook: Hook): string[] {
   if (fixed('NOTIFY_URL') === undefined) return [];
   try {
     const texts = { url: fixed('NOTIFY_URL'), format: fixed('NOTIFY_FORMAT'), secret: fixed('NOTIFY_SECRET') };
-    const targets = notifyTargets(texts);
-    return [`notify: ${targets.map((t) => `${t.format} ${t.url.host}${t.secret ? ' (signed)' : ''}`).join(', ')}`];
+    const targets = notifyTargets({ ...texts, telegramChat: fixed('NOTIFY_TELEGRAM_CHAT') });
+    const shown = (t: (typeof targets)[number]) =>
+      `${t.format} ${t.url.host}${t.chat ? ` (chat ${t.chat})` : ''}${t.secret ? ' (signed)' : ''}`;
+    return [`notify: ${targets.map(shown).join(', ')}`];
   } catch (e) {
     return [`notify: none will be sent: ${(e as Error).message}`];
   }
@@ -20740,7 +21110,7 @@ function openNotifier(
     log.error(`notifications: ${(e as Error).message}`);
     return undefined;
   }
-  for (const name of ['NOTIFY_URL', 'NOTIFY_FORMAT', 'NOTIFY_SECRET'])
+  for (const name of ['NOTIFY_URL', 'NOTIFY_FORMAT', 'NOTIFY_SECRET', 'NOTIFY_TELEGRAM_CHAT'])
     if (env[name] !== undefined)
       log.warn(`${name} in the service's environment is not used: a hook passes it (pass-environment-to-command)`);
   return new Notifier(log, metrics, { max: o.maxNotificationsPerHook, windowMs: o.notifyWindowMs }, ca);

@@ -185,12 +185,16 @@ export const SETTING_DETAILS: Record<string, string> = {
     'One or more `https://` (or `http://`) URLs, separated by spaces or commas (at most 5). See ' +
     '[notifications.md](notifications.md#chat-and-json-notifications).',
   NOTIFY_FORMAT:
-    '`json`, `dingtalk`, `wecom`, `feishu` or `slack`: one for every URL, or one per URL, ' +
-    'comma-separated.',
+    '`json`, `dingtalk`, `wecom`, `feishu`, `slack`, `teams`, `discord`, `googlechat`, `telegram` or `lark`: one ' +
+    'for every URL, or one per URL, comma-separated. See [the formats](notifications.md#chat-and-json-notifications).',
   NOTIFY_SECRET:
-    'Signs the requests: the JSON signature header, DingTalk\'s signed URL, Feishu\'s signed body. ' +
-    'One for every URL, or one per URL, space-separated. WeCom and Slack URLs sign nothing; a secret for them is ' +
+    'Signs the requests: the JSON signature header, DingTalk\'s signed URL, Feishu\'s and Lark\'s signed body. ' +
+    'One for every URL, or one per URL, space-separated. The other formats sign nothing; a secret for them is ' +
     'an error.',
+  NOTIFY_TELEGRAM_CHAT:
+    'The chat a `telegram` URL posts in: its numeric id (groups and channels are negative, `-100…`) or a public ' +
+    'channel\'s `@username`. One for every `telegram` URL, or one per `telegram` URL in order. Required with ' +
+    '`NOTIFY_FORMAT=telegram`; an error without it. See [Telegram](notifications.md#telegram--notify_formattelegram).',
 };
 
 export const DETAILS_BEGIN =

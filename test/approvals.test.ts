@@ -3,7 +3,9 @@
  * approval answers 202 and changes nothing but its pending entry (webhook/pending); its notifications carry the
  * links in each chat's documented shape (DingTalk ActionCard, Feishu card buttons, WeCom template card, Slack
  * buttons, JSON approveUrl/rejectUrl) and in the mail; chromium opens the approve link, the form decides, the
- * workload changes and the result is told; a reject, a used, expired or tampered link, a GET alone; a newer push
+ * workload changes and the result is told; Teams, Discord, Google Chat, Telegram and Lark carry the three links
+ * (Approve, Deploy now, Reject) in the shape test/chat-shapes.ts checks, chromium approves from Teams' card and
+ * deploys now from Telegram's keyboard, and a push the image pin refuses is told in each; a reject, a used, expired or tampered link, a GET alone; a newer push
  * replacing a waiting one; the replica that recorded a push killed and another approving it; a replica that starts
  * later expiring what another left; change windows that open a few seconds after the push, and far from UTC; the
  * deliveries page's waiting rows and "Deploy again" in chromium; a decided link used again answered 410 without
@@ -17,6 +19,7 @@ import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { approvalToken, sealPendingEntry } from '../webhook.ts';
 import { browserOrSkip, type Browser } from './browser.ts';
+import { type Button, CHAT_SHAPES, formatOf, NEW_FORMATS, vendorAnswer } from './chat-shapes.ts';
 import { acrImage, acrPayload, clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor, namespacedGetter, removeNamespace } from './cluster/kube.ts';
 import {
   adminPort, httpRequest, makeTempDir, spawnWebhook, waitFor, waitForOutput, type Webhook, webhookPool,
@@ -30,6 +33,8 @@ const TOKEN = 'approvals-token-4c1e7b93a2';
 const KEY = 'approval-key-6f0d2a9c4b7e1f3a8d5c2b9e0a7f4c1d';
 const PUBLIC_URL = 'https://webhook.example.test';
 const FORMATS = ['json', 'dingtalk', 'wecom', 'feishu', 'slack'];
+// The other chats go to a hook of their own: a hook posts to at most 5 URLs.
+const CHAT_FORMATS = NEW_FORMATS;
 
 /** A screenshot for test-artifacts/, and for docs/ when asked to refresh the documentation's. */
 function keepScreenshot(name: string, png: Buffer): void {
@@ -112,6 +117,12 @@ function expiredEntry(ns: string, name: string, id: string, hook: string, image:
   return `webhook/pending=${JSON.stringify({ app: sealPendingEntry(Buffer.from(KEY), place, entry) })}`;
 }
 
+/** A daily change window (UTC) that opens `ms` from now, on the minute, for half an hour: closed until then. */
+function windowOpeningIn(ms: number): string {
+  const opens = new Date(Math.ceil((Date.now() + ms) / 60_000) * 60_000);
+  return `daily ${opens.toISOString().slice(11, 16)}-${new Date(opens.getTime() + 1_800_000).toISOString().slice(11, 16)} UTC`;
+}
+
 /** The token of a link made for -public-url, to be opened on a replica's own port. */
 const linkPath = (link: string) => {
   assert.ok(link.startsWith(`${PUBLIC_URL}/approval/`), link);
@@ -150,10 +161,12 @@ describe('approvals and windows on the real cluster', () => {
     kubectl = kubectlFor(cluster!);
     get = namespacedGetter(kubectl, ns);
     await kubectl(['create', 'namespace', ns]);
-    const names = ['web', 'other', 'kill', 'win', 'far', 'page', 'left', 'late', 'wide'];
+    const names = ['web', 'other', 'kill', 'win', 'far', 'page', 'left', 'late', 'wide', 'chats'];
     await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items:
       names.map((n) => deployment(n, [{ name: 'app', image: acrImage('v1') }], { replicas: 1 })) }));
     [rx, mta] = await Promise.all([startReceiver(), startMta()]);
+    // The newer chats' receivers check each message as their vendors do, and answer as they do.
+    rx.answerFor = (r) => vendorAnswer(r);
     key = keyFile();
     const notify = {
       NOTIFY_URL: FORMATS.map((f) => `${rx.base}/${f}`).join(' '),
@@ -164,6 +177,12 @@ describe('approvals and windows on the real cluster', () => {
     fs.writeFileSync(hooksFile, JSON.stringify([
       upgradeHook('deploy', TOKEN, { REQUIRE_APPROVAL: 'true', ...notify }),
       upgradeHook('plain', TOKEN, { NOTIFY_URL: `${rx.base}/json` }),
+      // Approval, a window closed for two hours, and "Deploy now": a waiting push's three links.
+      upgradeHook('chats', TOKEN, {
+        NOTIFY_URL: CHAT_FORMATS.map((f) => `${rx.base}/chats${CHAT_SHAPES[f].path}`).join(' '),
+        NOTIFY_FORMAT: CHAT_FORMATS.join(','), NOTIFY_TELEGRAM_CHAT: '-1001234567890',
+        REQUIRE_APPROVAL: 'true', APPROVAL_OVERRIDE: 'true', DEPLOY_WINDOW: windowOpeningIn(2 * 3_600_000),
+      }),
       // Reaches one workload: a replica that starts finds what waits there.
       { ...upgradeHook('fixed', TOKEN), 'pass-environment-to-command': fixedSettings({
         APP_NS: ns, APP_WORKLOAD: 'deployment/left', APP_CONTAINER: 'app', REQUIRE_APPROVAL: 'true', NOTIFY_URL: `${rx.base}/json` }) },
@@ -310,6 +329,62 @@ describe('approvals and windows on the real cluster', () => {
     assert.equal(again.status, 410);
     assert.match(again.body, /the link works once/);
     assert.equal((await b.request(linkPath(first.reject))).status, 410, 'another replica finds nothing either');
+  });
+
+  /** The message each of the newer chats was sent for one push (its body parsed), once all five are in. */
+  const chatMessages = (match: (text: string) => boolean, what: string) => waitFor(() => {
+    const found = CHAT_FORMATS.map((f) => rx.requests.filter((r) => r.url.startsWith('/chats/') && formatOf(r) === f)
+      .map((r) => ({ r, body: JSON.parse(r.body) })).find(({ body }) => match(CHAT_SHAPES[f].texts(body).join('\n'))));
+    return found.every(Boolean) ? Object.fromEntries(CHAT_FORMATS.map((f, i) => [f, found[i]!])) : undefined;
+  }, { timeoutMs: 60_000, what });
+  /** Opens a link in chromium and decides it under `name`, as a person does. */
+  const decideInChromium = async (link: string, name: string) => {
+    const page = await browser!.open(`${a.url}${linkPath(link)}`);
+    const loads = page.loads();
+    await page.evaluate(`document.querySelector('input[name=name]').value = ${JSON.stringify(name)}; document.querySelector('form button').click()`);
+    await waitFor(() => page.loads() > loads, { timeoutMs: 30_000, what: 'the form to be posted' });
+    const heading = await page.evaluate<string>('document.querySelector("h1")?.textContent ?? ""');
+    await page.close();
+    return heading;
+  };
+
+  test('teams, discord, googlechat, telegram and lark carry a waiting push\'s three links as documented; chromium approves from Teams\' card, then deploys now from Telegram\'s keyboard', { skip: skip || !browser ? 'no cluster or browser' : false }, async () => {
+    const res = await push(a, 'chats', 'chats', 'v13');
+    assert.equal(res.status, 202, res.body);
+    const waiting = await chatMessages((text) => text.includes(String(res.headers['x-request-id'])), 'the five waiting messages');
+    let links: Button[] | undefined;
+    for (const f of CHAT_FORMATS) {
+      const { r, body } = waiting[f];
+      assert.deepEqual(CHAT_SHAPES[f].problems(body, r), [], f);
+      const buttons = CHAT_SHAPES[f].buttons(body);
+      assert.deepEqual(buttons.map((b) => b.label), ['Approve', 'Deploy now', 'Reject'], f);
+      for (const b of buttons) linkPath(b.url);
+      links ??= buttons;
+      assert.deepEqual(buttons, links, `${f}: the links every other chat carries`);
+    }
+    // The window is closed: approved from Teams' card, the push waits for it.
+    assert.match(await decideInChromium(CHAT_SHAPES.teams.buttons(waiting.teams.body)[0].url, 'Chen Jie'), /Approved/);
+    await waitFor(async () => (await pending('chats')).app?.waitsFor === 'window', { timeoutMs: 30_000, what: 'the approved push waiting for its window' });
+    assert.equal(await image('chats'), acrImage('v1'));
+    const approved = await chatMessages((text) => /\bapproved\b/.test(text) && text.includes('deployment/chats'), 'the five approved messages');
+    for (const f of CHAT_FORMATS) assert.deepEqual(CHAT_SHAPES[f].buttons(approved[f].body).map((b) => b.label), ['Deploy now', 'Reject'], f);
+    await decideInChromium(CHAT_SHAPES.telegram.buttons(approved.telegram.body)[0].url, 'Chen Jie');
+    await waitFor(async () => (await image('chats')) === acrImage('v13'), { timeoutMs: 30_000, what: 'the push deployed now' });
+  });
+
+  test('a push the image pin refuses is told in each of the newer chats, in its documented shape, without links', { skip }, async () => {
+    const q = new URLSearchParams({ token: TOKEN, ns, workload: 'deployment/chats', container: 'app', repo_type: 'regionalregistry' });
+    const res = await a.request(`/hooks/chats?${q}`, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: acrPayload('v14', 'other/thing') });
+    const refused = await chatMessages((text) => text.includes(String(res.headers['x-request-id'])), 'the five refusals');
+    for (const f of CHAT_FORMATS) {
+      const { r, body } = refused[f];
+      assert.deepEqual(CHAT_SHAPES[f].problems(body, r), [], f);
+      assert.match(CHAT_SHAPES[f].texts(body).join('\n'), /refused/, f);
+      assert.deepEqual(CHAT_SHAPES[f].buttons(body), [], f);
+    }
+    assert.equal(refused.discord.body.embeds[0].color, 0xc62828);
+    assert.equal(refused.teams.body.attachments[0].content.body[0].color, 'Attention');
+    assert.equal(await image('chats'), acrImage('v13'));
   });
 
   test('a reject leaves the workload and is told; a newer push replaces a waiting one', { skip }, async () => {

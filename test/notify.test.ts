@@ -2,8 +2,11 @@
  * NOTIFY_URL notifications through the built executable over real HTTP, to a local HTTPS receiver
  * (test/receiver.ts: a self-signed certificate made with openssl, trusted through NOTIFY_CACERT):
  * the exact body of each format (json, dingtalk, wecom, feishu, slack) as its platform documents
- * it, the signatures (the JSON header's HMAC, DingTalk's signed URL, Feishu's signed body), the
- * timing (after the command, never holding the answer), retries, refusals, the per-hook cap, the
+ * it; teams, discord, googlechat, telegram and lark each to a receiver that checks the message against
+ * its vendor's documented shape and limits and answers as the vendor does (test/chat-shapes.ts), a
+ * tag and repository full of markup arriving inert, Discord's and Telegram's 429 retry_after
+ * honoured, the Telegram bot token kept out of every log line, page and answer; the signatures
+ * (the JSON header's HMAC, DingTalk's signed URL, Feishu's signed body), the timing (after the command, never holding the answer), retries, refusals, the per-hook cap, the
  * metric, and bad settings refused at load with the file and field named.
  */
 import assert from 'node:assert/strict';
@@ -15,7 +18,10 @@ import { after, before, describe, test } from 'node:test';
 import {
   adminPort, defaultBinary, httpRequest, makeTempDir, spawnWebhook, startWebhook, waitFor, waitForOutput, type Webhook,
 } from './harness.ts';
+import { notifyRequest, resultSettings } from '../webhook.ts';
+import { CHAT_SHAPES, formatOf, NEW_FORMATS, type NewFormat, telegramShown, vendorAnswer } from './chat-shapes.ts';
 import { startReceiver, type Receiver } from './receiver.ts';
+import { upgradeHook } from './upgrade-hooks.ts';
 
 const SECRET = 'SECnotify-3f9a2c7e51d04b8a';
 const ROBOT_KEY = 'robotkey-6d1e0f9c2b7a4e53';
@@ -302,8 +308,8 @@ describe('bad settings are refused with the place named, and nothing starts', ()
   };
 
   test('an unknown NOTIFY_FORMAT, a NOTIFY_URL that is not http(s), one the request could choose', async () => {
-    let r = await refusedAtLoad([chatHook('x', { NOTIFY_URL: 'https://example.test/x', NOTIFY_FORMAT: 'teams' })]);
-    assert.match(r.output, /hook "x": pass-environment-to-command\[5\]\.name: NOTIFY_FORMAT "teams" is not one of json, dingtalk, wecom, feishu or slack/);
+    let r = await refusedAtLoad([chatHook('x', { NOTIFY_URL: 'https://example.test/x', NOTIFY_FORMAT: 'hipchat' })]);
+    assert.match(r.output, /hook "x": pass-environment-to-command\[5\]\.name: NOTIFY_FORMAT "hipchat" is not one of json, dingtalk, wecom, feishu, slack, teams, discord, googlechat, telegram or lark/);
     r = await refusedAtLoad([chatHook('x', { NOTIFY_URL: `ftp://example.test/${ROBOT_KEY}` })]);
     assert.match(r.output, /pass-environment-to-command\[4\]\.name: NOTIFY_URL item 1 is not an http or https URL \(ftp:\)/);
     assert.ok(!r.output.includes(ROBOT_KEY), r.output);
@@ -437,5 +443,221 @@ describe('request-derived text is made inert in each chat format (no link, image
     assert.equal(body.blocks[0].text.text, body.text);
     assert.match(body.text, /&lt;!channel&gt; &lt;@U024BE7LH&gt; &lt;at id=all&gt;&lt;\/at&gt;/);
     assert.match(body.text, /&amp;lt;b&amp;gt;/);
+  });
+});
+
+describe('teams, discord, googlechat, telegram and lark: each message as its vendor documents it', () => {
+  const LARK_SECRET = 'lark-secret-0d93b1f2c7';
+  const CHAT = '-1001234567890';
+  // A tag and a repository full of each chat's markup: HTML, emphasis, a javascript: link, mentions of everyone.
+  const HOSTILE = '<b>**bold**</b>[x](javascript:alert(1))@everyone<users/all>';
+  let rx: Receiver;
+  let w: Webhook;
+  const larkSecrets: Record<string, string> = {};
+  /** A hook's receiver: the format's documented path after a prefix naming the hook. */
+  const notifyEnv = (f: NewFormat, prefix: string): Record<string, string> => {
+    const url = `${rx.base}/${prefix}${CHAT_SHAPES[f].path}`;
+    if (f === 'lark') larkSecrets[new URL(url).pathname] = LARK_SECRET;
+    return {
+      NOTIFY_URL: url, NOTIFY_FORMAT: f,
+      ...(f === 'lark' ? { NOTIFY_SECRET: LARK_SECRET } : {}), ...(f === 'telegram' ? { NOTIFY_TELEGRAM_CHAT: CHAT } : {}),
+    };
+  };
+  /** An ACR push whose payload the upgrade refuses (400) before it reads the cluster. */
+  const refusedPush = (hook: string, tag: string, repo: string) => {
+    const q = new URLSearchParams({ token: TOKEN, ns: 'prod', workload: 'deployment/web', container: 'app', repo_type: 'regionalregistry' });
+    const payload = { push_data: { digest: `sha256:${'a'.repeat(64)}`, pushed_at: new Date().toISOString(), tag }, repository: { name: 'web', namespace: 'shop', region: 'cn-hangzhou', repo_full_name: repo, repo_type: 'PRIVATE' } };
+    return w.request(`/hooks/${hook}?${q}`, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(payload) });
+  };
+  /** The message a hook's notification posted (its body parsed), once the vendor took it. */
+  const taken = async (prefix: string, requestId: string) => {
+    const d = await settledDelivery(w, requestId);
+    assert.equal(d.notifications[0].state, 'sent', `${prefix}: ${d.notifications[0].detail}`);
+    const r = rx.requests.filter((x) => x.url.startsWith(`/${prefix}/`)).at(-1)!;
+    return JSON.parse(r.body);
+  };
+
+  before(async () => {
+    rx = await startReceiver();
+    rx.answerFor = (r) => vendorAnswer(r, larkSecrets);
+    w = await startWebhook({
+      hooks: NEW_FORMATS.flatMap((f) => [
+        chatHook(`result-${f}`, notifyEnv(f, `result-${f}`)),
+        upgradeHook(`refused-${f}`, TOKEN, notifyEnv(f, `refused-${f}`)),
+      ]),
+      metrics: true, args: ['-deliveries', '50'],
+      env: { NOTIFY_CACERT: Buffer.from(rx.certPem).toString('base64'), KUBECONFIG: '/nonexistent/kubeconfig' },
+    });
+    stopAll.push(w);
+  });
+  after(async () => {
+    await stopStarted();
+    await rx.close();
+  });
+
+  test('a result: the vendor takes each message (fields, types, buttons, lengths, size), which tells the facts of the record', async () => {
+    for (const f of NEW_FORMATS) {
+      const { requestId, status } = await push(w, `result-${f}`);
+      assert.equal(status, 200);
+      const body = await taken(`result-${f}`, requestId);
+      const text = CHAT_SHAPES[f].texts(body).join('\n');
+      for (const fact of [`result-${f}`, requestId, 'deployment/web in prod, container app', 'ran (exit status 0)'])
+        assert.ok(text.includes(fact), `${f}: ${fact} in ${text}`);
+      assert.deepEqual(CHAT_SHAPES[f].buttons(body), [], `${f}: a result has no buttons`);
+    }
+    const bodies = Object.fromEntries(NEW_FORMATS.map((f) => [f, JSON.parse(rx.requests.find((r) => r.url.startsWith(`/result-${f}/`))!.body)]));
+    assert.deepEqual(bodies.teams.attachments[0].content.body[0], { type: 'TextBlock', text: TITLE, weight: 'Bolder', size: 'Medium', wrap: true, color: 'Good' });
+    assert.deepEqual(bodies.teams.attachments[0].content.body[1].facts.map((x: any) => x.title), ['hook', 'request', 'workload', 'decision']);
+    assert.deepEqual([bodies.discord.embeds[0].title, bodies.discord.embeds[0].color, bodies.discord.allowed_mentions], [TITLE, 0x2e7d32, { parse: [] }]);
+    assert.deepEqual(bodies.googlechat.cardsV2[0].card.header, { title: TITLE, subtitle: 'ran' });
+    assert.deepEqual([bodies.telegram.chat_id, bodies.telegram.parse_mode, bodies.telegram.link_preview_options], [CHAT, 'HTML', { is_disabled: true }]);
+    assert.match(bodies.telegram.text, /^<b>Webhooks通知: prod-deployment\/web-app 更新结果: succeeded<\/b>\n<b>hook<\/b> <code>result-telegram<\/code>\n/);
+    assert.equal(bodies.lark.card.header.template, 'green');
+    assert.equal(bodies.lark.sign, createHmac('sha256', `${bodies.lark.timestamp}\n${LARK_SECRET}`).update('').digest('base64'));
+    assert.ok(rx.requests.filter((r) => r.url.startsWith('/result-lark/')).every((r) => r.url.endsWith('/open-apis/bot/v2/hook/lark-hook-6a0e')));
+  });
+
+  test('a refused push whose tag, then repository, is full of each chat\'s markup: every message says failed, and the markup arrives inert', async () => {
+    const tagged = Object.fromEntries(await Promise.all(NEW_FORMATS.map(async (f) => [f, await refusedPush(`refused-${f}`, `v2${HOSTILE}`, 'shop/web')])));
+    for (const f of NEW_FORMATS) assert.equal(tagged[f].status, 400, tagged[f].body);
+    const named = Object.fromEntries(await Promise.all(NEW_FORMATS.map(async (f) => [f, await refusedPush(`refused-${f}`, 'v2', `shop/web${HOSTILE}`)])));
+    for (const f of NEW_FORMATS) {
+      for (const res of [tagged[f], named[f]]) {
+        const body = await taken(`refused-${f}`, String(res.headers['x-request-id']));
+        const text = CHAT_SHAPES[f].texts(body).join('\n');
+        assert.match(text, /failed/, `${f}: the decision`);
+        assert.match(text, /javascript/, `${f}: the text is still shown`);
+        assert.match(text, /everyone/, `${f}: the text is still shown`);
+        assertChatInert(f, text);
+      }
+    }
+    const last = (f: string) => JSON.parse(rx.requests.filter((r) => r.url.startsWith(`/refused-${f}/`)).at(-1)!.body);
+    assert.equal(last('discord').embeds[0].color, 0xc62828);
+    assert.equal(last('teams').attachments[0].content.body[0].color, 'Attention');
+    assert.equal(last('lark').card.header.template, 'red');
+  });
+
+  /** No markup of the chat's own from the request's text: what each would render, checked where it would. */
+  function assertChatInert(f: NewFormat, text: string): void {
+    const live: Record<NewFormat, string[]> = {
+      teams: ['<', '**bold**', '[x]', '](', '_'],
+      discord: ['<', '**bold**', '[x]', '](', '@everyone'],
+      googlechat: ['<'],
+      telegram: ['<a', '<users', '<b>*'],
+      lark: ['<', '**bold**', '[x]', '](', '<at'],
+    };
+    for (const markup of live[f]) assert.ok(!text.includes(markup), `${f}: ${JSON.stringify(markup)} is live in ${JSON.stringify(text)}`);
+    if (f === 'telegram') {
+      assert.deepEqual(telegramShown(text).problems, []);
+      assert.deepEqual([...new Set([...text.matchAll(/<\/?([a-z-]+)/g)].map((m) => m[1]))].sort(), ['b', 'code'], 'only our tags');
+      assert.ok(!text.replace(/<code>[^<]*<\/code>/g, '').includes('@everyone'), 'a mention outside code');
+    }
+  }
+
+  test('a value too long for a chat is cut, saying so; every message stays within its vendor\'s limits', () => {
+    // What a request could put in a result at most, every character one that its chats escape.
+    const long = (n: number) => '<&>*_@[]'.repeat(n / 8);
+    const result = {
+      seq: 1, state: 'done' as const, notifications: [], action: 'none', settings: resultSettings({}),
+      hookId: 'long', requestId: 'r-long', receivedAt: new Date(), finishedAt: new Date(), outcome: 'failed' as const,
+      decision: 'failed' as const, detail: long(4096), registry: 'regionalregistry', cluster: long(256), namespace: long(64),
+      workload: `deployment/${long(2048)}`, container: long(8192), imageBefore: `r.example/${long(2048)}`, imageAfter: `r.example/${long(2048)}`,
+      rollout: { state: 'failed', detail: long(4096) }, pods: [{ name: 'p', ready: false, phase: 'Pending' }] as any, report: '',
+      waiting: { for: 'approval', until: '', links: { approve: `https://w.example/approval/${'a'.repeat(900)}`, reject: `https://w.example/approval/${'b'.repeat(900)}`, deployNow: `https://w.example/approval/${'c'.repeat(900)}` } },
+    };
+    for (const f of NEW_FORMATS) {
+      const target = { url: new URL(`https://chat.example/x${CHAT_SHAPES[f].path}`), format: f, chat: CHAT, secret: f === 'lark' ? LARK_SECRET : undefined };
+      const request = notifyRequest(result, target);
+      const body = JSON.parse(request.body);
+      const received = { method: 'POST', url: `${request.url.pathname}${request.url.search}`, headers: {}, body: request.body, at: 0 };
+      assert.deepEqual(CHAT_SHAPES[f].problems(body, received, f === 'lark' ? LARK_SECRET : undefined), [], f);
+      assert.equal(CHAT_SHAPES[f].buttons(body).length, 3, `${f}: its three buttons`);
+      assert.match(CHAT_SHAPES[f].texts(body).join('\n'), / … \(cut\)/, `${f}: a cut says so`);
+    }
+  });
+
+  test('Discord\'s and Telegram\'s 429 with retry_after in its body: the next try waits that long, not the backoff', async () => {
+    const throttled: Record<string, boolean> = {};
+    const previous = rx.answerFor;
+    rx.answerFor = (r) => {
+      const f = formatOf(r);
+      if (!r.url.startsWith('/result-') || (f !== 'discord' && f !== 'telegram') || throttled[f]) return previous!(r);
+      throttled[f] = true;
+      return f === 'discord'
+        ? { status: 429, body: '{"message":"You are being rate limited.","retry_after":5.5,"global":false}' }
+        : { status: 429, body: '{"ok":false,"error_code":429,"description":"Too Many Requests: retry after 6","parameters":{"retry_after":6}}' };
+    };
+    try {
+      const sent = await Promise.all(['discord', 'telegram'].map(async (f) => {
+        const before = rx.requests.length;
+        const { requestId } = await push(w, `result-${f}`);
+        const d = await settledDelivery(w, requestId);
+        return { f, d, tries: rx.requests.slice(before).filter((r) => r.url.startsWith(`/result-${f}/`)) };
+      }));
+      for (const { f, d, tries } of sent) {
+        assert.deepEqual(d.notifications.map((n: any) => [n.state, n.detail]), [['sent', 'attempt 2']], f);
+        const waited = tries[1].at - tries[0].at;
+        // The backoff alone would try again after 2 s; the answer asked for 5.5 s (Discord) and 6 s (Telegram).
+        assert.ok(waited >= (f === 'discord' ? 5_500 : 6_000), `${f} tried again after ${waited} ms`);
+      }
+    } finally {
+      rx.answerFor = previous;
+    }
+  });
+});
+
+describe('the Telegram bot token is a secret', () => {
+  const TELEGRAM_PATH = '/bot4839574812:AAFq-telegram-token_x9/sendMessage';
+  const BOT_TOKEN = '4839574812:AAFq-telegram-token_x9';
+  after(stopStarted);
+
+  test('never in a log line, the deliveries page, an answer or -validate, even when the Bot API\'s answer repeats it', async () => {
+    const rx = await startReceiver({ status: 401, body: JSON.stringify({ ok: false, error_code: 401, description: `Unauthorized: bot${BOT_TOKEN} is revoked (token ${BOT_TOKEN}, ${encodeURIComponent(BOT_TOKEN)})` }) });
+    try {
+      const env = { NOTIFY_URL: `${rx.base}${TELEGRAM_PATH}`, NOTIFY_FORMAT: 'telegram', NOTIFY_TELEGRAM_CHAT: '@release_channel' };
+      const w = await started([chatHook('tg', env)], rx, ['-verbose']);
+      const res = await push(w, 'tg');
+      const d = await settledDelivery(w, res.requestId);
+      assert.deepEqual([d.notifications[0].channel, d.notifications[0].state], [`telegram 127.0.0.1:${rx.port}`, 'failed']);
+      assert.match(d.notifications[0].detail, /^HTTP 401: .*Unauthorized: bot\[redacted\] is revoked \(token \[redacted\], \[redacted\]\).* \(after 1 attempt\(s\)\)$/);
+      assert.equal(rx.requests.length, 1, 'a 401 is final');
+      assert.equal(JSON.parse(rx.requests[0].body).chat_id, '@release_channel');
+      await waitForOutput(w, /telegram notification to 127\.0\.0\.1:\d+ not sent: HTTP 401/);
+      const admin = await adminPort(w);
+      const page = (await httpRequest(admin, '/deliveries')).body + (await httpRequest(admin, '/deliveries.json')).body;
+      const dir = makeTempDir('notify-telegram-');
+      fs.writeFileSync(path.join(dir, 'hooks.json'), JSON.stringify([upgradeHook('tg', TOKEN, env)]));
+      const validated = spawnSync(defaultBinary(), ['-validate', '-hooks', path.join(dir, 'hooks.json')], { encoding: 'utf8', env: { PATH: process.env.PATH } });
+      assert.equal(validated.status, 0, validated.stderr);
+      assert.match(validated.stdout, /^ +notify: telegram 127\.0\.0\.1:\d+ \(chat @release_channel\)$/m);
+      for (const [where, text] of [['log', w.output()], ['page', page], ['answer', res.body], ['-validate', validated.stdout + validated.stderr]])
+        for (const secret of [BOT_TOKEN, '4839574812', 'AAFq-telegram-token_x9', encodeURIComponent(BOT_TOKEN)])
+          assert.ok(!text.includes(secret), `the ${where} shows ${secret}`);
+    } finally {
+      await rx.close();
+    }
+  });
+
+  test('what a telegram receiver needs: NOTIFY_TELEGRAM_CHAT (an id or @channel, checked at load) and a /bot<token>/sendMessage URL', async () => {
+    const dir = makeTempDir('notify-telegram-bad-');
+    const file = path.join(dir, 'hooks.json');
+    fs.writeFileSync(file, JSON.stringify([chatHook('x', { NOTIFY_URL: `https://api.telegram.org${TELEGRAM_PATH}`, NOTIFY_FORMAT: 'telegram', NOTIFY_TELEGRAM_CHAT: 'ops room' })]));
+    const s = await spawnWebhook({ hooks: file });
+    assert.notEqual((await s.exited).code, 0);
+    assert.match(s.output(), /pass-environment-to-command\[6\]\.name: NOTIFY_TELEGRAM_CHAT "ops" is not a chat id \(an integer\) or a @channelusername/);
+    const cases: [Record<string, string>, string][] = [
+      [{ NOTIFY_URL: `https://api.telegram.org${TELEGRAM_PATH}`, NOTIFY_FORMAT: 'telegram' }, 'NOTIFY_FORMAT telegram (URL 1) needs NOTIFY_TELEGRAM_CHAT: the chat to post in'],
+      [{ NOTIFY_URL: `https://api.telegram.org/bot${BOT_TOKEN}/getMe`, NOTIFY_FORMAT: 'telegram', NOTIFY_TELEGRAM_CHAT: '-100' }, 'NOTIFY_URL item 1 (telegram) is not a Bot API URL: https://<host>/bot<token>/sendMessage'],
+      [{ NOTIFY_URL: 'https://hooks.slack.com/services/x', NOTIFY_FORMAT: 'slack', NOTIFY_TELEGRAM_CHAT: '-100' }, 'NOTIFY_TELEGRAM_CHAT is set, but no NOTIFY_URL is telegram'],
+      [{ NOTIFY_URL: `https://a.example${TELEGRAM_PATH} https://b.example${TELEGRAM_PATH}`, NOTIFY_FORMAT: 'telegram', NOTIFY_TELEGRAM_CHAT: '-1 -2 -3' }, 'NOTIFY_TELEGRAM_CHAT has 3 values for 2 URLs: give one, or one per URL'],
+      [{ NOTIFY_URL: 'https://x.example/workflows/1', NOTIFY_FORMAT: 'teams', NOTIFY_SECRET: 'sig-secret' }, 'NOTIFY_SECRET is set, but teams (URL 1) does not sign its requests'],
+      [{ NOTIFY_URL: `https://a.example${TELEGRAM_PATH},https://discord.com/api/webhooks/1/t`, NOTIFY_FORMAT: 'telegram,discord', NOTIFY_TELEGRAM_CHAT: '@ops_channel' }, ''],
+    ];
+    fs.writeFileSync(file, JSON.stringify(cases.map(([env], i) => upgradeHook(`h${i}`, TOKEN, env))));
+    const r = spawnSync(defaultBinary(), ['-validate', '-hooks', file], { encoding: 'utf8', env: { PATH: process.env.PATH } });
+    assert.equal(r.status, 0, r.stderr);
+    for (const [, message] of cases.slice(0, -1)) assert.ok(r.stdout.includes(`notify: none will be sent: ${message}`), `${message}\n${r.stdout}`);
+    assert.match(r.stdout, /^ +notify: telegram a\.example \(chat @ops_channel\), discord discord\.com$/m);
+    assert.ok(!r.stdout.includes(BOT_TOKEN), r.stdout);
   });
 });

@@ -21,6 +21,8 @@ export interface Received {
   url: string;
   headers: Record<string, string | string[] | undefined>;
   body: string;
+  /** When it arrived (Date.now()). */
+  at: number;
 }
 
 export interface Answer {
@@ -38,6 +40,8 @@ export interface Receiver {
   requests: Received[];
   /** Answers for the next requests, in order; when empty, `defaultAnswer`. */
   answers: Answer[];
+  /** The answer to a request when none is queued: by default `defaultAnswer`, a test may answer by the request. */
+  answerFor?: (r: Received) => Answer | undefined;
   defaultAnswer: Answer;
   /** Requests whose answer has been sent. */
   answered: number;
@@ -73,8 +77,9 @@ export async function startReceiver(defaultAnswer: Answer = { status: 200, body:
     const chunks: Buffer[] = [];
     req.on('data', (c: Buffer) => chunks.push(c));
     req.on('end', async () => {
-      rx.requests.push({ method: req.method ?? '', url: req.url ?? '', headers: req.headers, body: Buffer.concat(chunks).toString('utf8') });
-      const answer = rx.answers.shift() ?? rx.defaultAnswer;
+      const received = { method: req.method ?? '', url: req.url ?? '', headers: req.headers, body: Buffer.concat(chunks).toString('utf8'), at: Date.now() };
+      rx.requests.push(received);
+      const answer = rx.answers.shift() ?? rx.answerFor?.(received) ?? rx.defaultAnswer;
       await answer.hold;
       res.writeHead(answer.status ?? 200, { 'Content-Type': 'application/json' });
       res.end(answer.body ?? '');

@@ -55,7 +55,7 @@ describe('what comes from the table', () => {
     assert.deepEqual(
       Object.keys(checks).toSorted(),
       ['ALLOW_IMAGES', 'APPROVAL_OVERRIDE', 'APPROVAL_TIMEOUT', 'CLUSTER', 'CLUSTERS', 'DEPLOY_WINDOW', 'NOTIFY_FORMAT', 'NOTIFY_ON_SKIP',
-        'NOTIFY_SECRET', 'NOTIFY_URL', 'ON_OUTSIDE_CHANGE', 'ON_REGISTRY_AWAY', 'REGISTRY_HOST', 'REGISTRY_TOKEN_HOSTS', 'REQUIRE_APPROVAL', 'UPDATE_POLICY',
+        'NOTIFY_SECRET', 'NOTIFY_TELEGRAM_CHAT', 'NOTIFY_URL', 'ON_OUTSIDE_CHANGE', 'ON_REGISTRY_AWAY', 'REGISTRY_HOST', 'REGISTRY_TOKEN_HOSTS', 'REQUIRE_APPROVAL', 'UPDATE_POLICY',
         'VERIFY_SIGNATURE', 'VERIFY_SIGNATURE_ANNOTATIONS'],
     );
     assert.match(checks.VERIFY_SIGNATURE('cosign:/nonexistent/cosign.pub') ?? '', /^VERIFY_SIGNATURE item 1: the key file "\/nonexistent\/cosign\.pub" cannot be read/);
@@ -67,6 +67,8 @@ describe('what comes from the table', () => {
     assert.match(checks.REGISTRY_TOKEN_HOSTS('https://auth.example.com') ?? '', /^REGISTRY_TOKEN_HOSTS item 1 .* is not a host name/);
     assert.equal(checks.NOTIFY_URL(''), 'NOTIFY_URL is empty');
     assert.equal(checks.NOTIFY_SECRET('anything'), undefined);
+    assert.equal(checks.NOTIFY_TELEGRAM_CHAT('-1001234567890 @release_ops'), undefined);
+    assert.match(checks.NOTIFY_TELEGRAM_CHAT('ops room') ?? '', /^NOTIFY_TELEGRAM_CHAT "ops" is not a chat id \(an integer\) or a @channelusername/);
     assert.match(checks.REGISTRY_HOST('not a host') ?? '', /^REGISTRY_HOST "not a host" is not a valid registry host/);
     assert.match(checks.CLUSTER('staging prod') ?? '', /^CLUSTER names one context \(2 given; several clusters are CLUSTERS\)/);
     assert.equal(checks.CLUSTERS('staging prod'), undefined);
