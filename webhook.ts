@@ -13382,7 +13382,7 @@ function missingContainerMessage(podSpec: unknown, name: string, workload: strin
 //    PROMOTE_CHECK), read by the settings table (next chapter) and carried out by the promotion.
 //    Exports: CONTEXT_NAME, MAX_CLUSTERS, MAX_STAGES, parsePolicy, parseStages, policyDecision, promoteAfterSetting,
 //    promoteCheckSetting, StageTarget, tagOf, UpdatePolicy.
-//    Tests: test/policy.test.ts, test/settings.test.ts.
+//    Tests: test/policy.test.ts, test/promotion.test.ts, test/settings.test.ts.
 // ================================================================================================
 
 // A policy is one line an operator writes; longer is a mistake, and is not read further (an
