@@ -18051,7 +18051,7 @@ export class RolloutFollower implements CommandListener<UpgradeOutput> {
 //    workload (PROMOTION_ANNOTATION) in the PATCH that starts the soak; the replica whose PATCH takes the record off
 //    promotes it, so a chain goes on exactly once whichever replica is left (one that starts picks the records up).
 //    A newer push to a stage replaces the record there (newest wins): the older chain stops where it had not gone.
-//    Exports: PromotionChain, promotionChain, Promotions.
+//    Exports: PromotionChain, promotionChain, Promotions, SoakingPush.
 //    Tests: test/promotion.test.ts, test/settings.test.ts.
 // ================================================================================================
 
@@ -18234,6 +18234,18 @@ interface Soak {
   hook: Hook;
   chain: PromotionChain;
   timer?: ReturnType<typeof setTimeout>;
+}
+
+/** A soak as the deliveries page shows it: where, what, from which stage to which, until when. */
+export interface SoakingPush {
+  key: string;
+  hook: string;
+  request: string;
+  where: string;
+  image: string;
+  from: string;
+  to: string;
+  until: string;
 }
 
 /** The key of one soak: one per container of a stage's workload (a newer push's soak replaces the older one). */
@@ -18524,6 +18536,31 @@ export class Promotions implements ResultListener {
     }
   }
 
+  /** The soaks waited out here, for the deliveries page. */
+  list(): SoakingPush[] {
+    return [...this.soaks].map(([key, { place, record: r, hook, chain }]) => ({
+      ...{ key, hook: hook.id, request: r.request, where: placeName(place), image: r.image, until: r.until },
+      ...{ from: stageName(chain.stages[r.stage]), to: stageName(chain.stages[r.stage + 1]) },
+    }));
+  }
+
+  /**
+   * "Promote now" (the deliveries page, behind its admin token and Origin check): the rest of the soak is skipped;
+   * the stage is still checked (the same image, complete, no restart, PROMOTE_CHECK), and the next stage's policy,
+   * approval and change window still apply.
+   */
+  async promoteNow(key: string, by: string): Promise<{ status: number; title: string; detail: string }> {
+    const soak = this.soaks.get(key);
+    const gone = 'No push soaks there now: promoted, stopped or superseded.';
+    if (!soak) return { status: 409, title: 'Not promoted', detail: gone };
+    clearTimeout(soak.timer);
+    const to = stageName(soak.chain.stages[soak.record.stage + 1]);
+    this.log.notice(`[${soak.record.request}] ${placeName(soak.place)}: promote now, by ${by}: the rest of the soak ` +
+      `(until ${soak.record.until}) is skipped`);
+    await this.endSoak(key, soak);
+    return { status: 200, title: 'Promoted', detail: `${soak.record.image} goes to ${to}: its result is on the page.` };
+  }
+
   /** At shutdown: soaks are left on their workloads, for the replica that starts next. */
   stop(): void {
     this.stopped = true;
@@ -18546,7 +18583,7 @@ export class Promotions implements ResultListener {
 //    (listed once, shared with the follows), or, where it has none, one LIST per namespace and kind every rescanMs;
 //    in each cluster its hooks name (a waiting push, its key and its links carry the cluster). A link once decided
 //    is remembered until it expires: used again, it is answered 410 without asking the API server.
-//    Exports: approvalHooksProblem, ApprovalService, waitingKey, WaitingPush.
+//    Exports: approvalHooksProblem, ApprovalService, deciderName, waitingKey, WaitingPush.
 //    Tests: test/approvals.test.ts, test/clusters.test.ts, test/signed-images.test.ts, test/unit.test.ts.
 // ================================================================================================
 
@@ -20953,6 +20990,29 @@ function renderWaiting(pushes: readonly WaitingPush[]): string {
   ].join('\n');
 }
 
+/** CLUSTERS stages: the pushes soaking in a stage before the next, with "Promote now". Pure. */
+function renderSoaking(soaks: readonly SoakingPush[]): string {
+  if (soaks.length === 0) return '';
+  const rows = soaks.map((s) =>
+    [
+      '<tr class="running">',
+      cell('Request', `<code>${escapeHtml(s.request)}</code><br><span class="muted">${escapeHtml(s.hook)}</span>`),
+      cell('Workload', escapeHtml(s.where)),
+      cell('Image', `<code>${escapeHtml(s.image)}</code>`, 'image'),
+      cell('Stage', `<span class="tag">soaking</span><br>${escapeHtml(`in ${s.from} until ${s.until}, then ${s.to}`)}`),
+      cell('Promote', decisionForm('deliveries/promote', { key: s.key }, [['promote', 'Promote now']])),
+      '</tr>',
+    ].join(''),
+  );
+  const head = ['Request', 'Workload', 'Image', 'Stage', 'Promote'];
+  return [
+    '<h2>Soaking before the next stage</h2>',
+    `<table class="soaking"><thead><tr>${head.map((h) => `<th>${h}</th>`).join('')}</tr></thead><tbody>`,
+    rows.join('\n'),
+    '</tbody></table>',
+  ].join('\n');
+}
+
 /** "Deploy again" for a past applied push (for the holder of the admin token). Pure. */
 function replayForm(d: Delivery): string {
   if (d.state !== 'done' || !d.imageAfter || !d.workload || !d.namespace || !d.container) return '';
@@ -20966,6 +21026,7 @@ function renderDeliveries(
   busy: boolean,
   now: Date,
   pushes: readonly WaitingPush[] = [],
+  soaks: readonly SoakingPush[] = [],
 ): string {
   const head = ['Time', 'Hook', 'Request', 'Registry', 'Workload / container', 'Image before → after'];
   head.push('Decision', 'Rollout', 'Notified');
@@ -20973,12 +21034,13 @@ function renderDeliveries(
     ? entries.map(deliveryRow).join('\n')
     : `<tr><td colspan="${head.length}" class="muted">No push since the service started.</td></tr>`;
   // A page with forms is not reloaded under the hand filling them in.
-  const refresh = busy && pushes.length === 0 ? DELIVERY_LIMITS.refreshSeconds : undefined;
+  const refresh = busy && pushes.length === 0 && soaks.length === 0 ? DELIVERY_LIMITS.refreshSeconds : undefined;
   const body = [
     '<h1>Deliveries</h1>',
     `<p class="meta">${entries.length} most recent push(es), newest first · as of ${shownTime(now)}` +
       `${refresh ? ` · refreshing every ${refresh} s while a push is running` : ''}` +
       ' · <a href="deliveries.json">JSON</a></p>',
+    renderSoaking(soaks),
     renderWaiting(pushes),
     `<table><thead><tr>${head.map((h) => `<th>${h}</th>`).join('')}</tr></thead><tbody>`,
     rows,
@@ -21063,11 +21125,13 @@ function decidedPage(o: { status: number; title: string; detail: string; report?
 async function pageAction(
   log: DeliveryLog,
   approvals: ApprovalService,
+  promotions: Promotions | undefined,
   pathname: string,
   form: URLSearchParams,
   remoteIp: string,
 ): Promise<PageAnswer | undefined> {
   if (pathname === '/deliveries/decide') return decidedPage(await approvals.adminAction(form, remoteIp));
+  if (pathname === '/deliveries/promote') return decidedPage(await promoteNow(promotions, form, remoteIp));
   if (pathname !== '/deliveries/replay') return undefined;
   const d = log.get(Number(form.get('seq')));
   const past = d && replayForm(d) !== '' ? d : undefined;
@@ -21083,8 +21147,21 @@ async function pageAction(
   return decidedPage(await approvals.adminAction(form, remoteIp, push));
 }
 
+/** "Promote now" from the page: the name given checked as a decision's, then the soak skipped (Promotions). */
+async function promoteNow(promotions: Promotions | undefined, form: URLSearchParams, remoteIp: string) {
+  const who = deciderName(form);
+  if ('problem' in who) return { status: 400, title: 'Not promoted', detail: who.problem };
+  if (!promotions) return { status: 404, title: 'Not promoted', detail: 'No push soaks here.' };
+  return promotions.promoteNow(form.get('key') ?? '', `${who.name} (${remoteIp}, admin token)`);
+}
+
 /** The deliveries pages for the admin listener (the http server's AdminPages). */
-export function deliveryPages(log: DeliveryLog, token: string, approvals?: ApprovalService): AdminPages {
+export function deliveryPages(
+  log: DeliveryLog,
+  token: string,
+  approvals?: ApprovalService,
+  promotions?: Promotions,
+): AdminPages {
   const html = (body: string) => ({ body, contentType: 'text/html; charset=utf-8', headers: PAGE_HEADERS });
   const json = (value: unknown) => ({
     body: `${JSON.stringify(value, null, 1)}\n`,
@@ -21097,7 +21174,8 @@ export function deliveryPages(log: DeliveryLog, token: string, approvals?: Appro
     page(pathname) {
       const entries = log.list();
       const pushes = approvals?.list() ?? [];
-      if (pathname === '/deliveries') return html(renderDeliveries(entries, log.busy(), new Date(), pushes));
+      const soaks = promotions?.list() ?? [];
+      if (pathname === '/deliveries') return html(renderDeliveries(entries, log.busy(), new Date(), pushes, soaks));
       if (pathname === '/deliveries.json')
         return json({ schema: 'webhook.deliveries/v1', deliveries: entries.map(deliveryDocument) });
       const one = /^\/deliveries\/(\d{1,9})(\.json)?$/.exec(pathname);
@@ -21105,7 +21183,7 @@ export function deliveryPages(log: DeliveryLog, token: string, approvals?: Appro
       if (!d) return undefined;
       return one![2] ? json(deliveryDocument(d)) : html(renderDelivery(d, log.busy([d])));
     },
-    ...(approvals ? { action: (p, form, ip) => pageAction(log, approvals, p, form, ip) } : {}),
+    ...(approvals ? { action: (p, form, ip) => pageAction(log, approvals, promotions, p, form, ip) } : {}),
   };
 }
 
@@ -21661,7 +21739,7 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
   const server = await openListener(o, handler, log);
   if (!server) return 1;
   server.on('clientError', (err: Error, socket: net.Socket) => answerClientError(handlerContext, err, socket));
-  const pages = o.deliveries > 0 ? deliveryPages(deliveries, o.adminToken, approvals) : undefined;
+  const pages = o.deliveries > 0 ? deliveryPages(deliveries, o.adminToken, approvals, promotions) : undefined;
   const adminServer = await openAdminListener(o, metrics, log, pages);
   if (adminServer === false) return 1;
   listener.resume(snapshot.hooks.values());

@@ -202,9 +202,10 @@ describe('staging > prod on two clusters', { skip: shared && second && registry 
     started.push(wh);
     return wh;
   };
-  const push = (wh: Webhook, workload: string, tag: string) =>
+  /** A push of `tag` as the registry announces it: with the digest it has for the tag. */
+  const push = (wh: Webhook, workload: string, tag: string, digest: string) =>
     wh.request(`/hooks/chain?${new URLSearchParams({ token: TOKEN, workload: `deployment/${workload}` })}`, {
-      method: 'POST', headers: { 'Content-Type': 'application/json' }, body: acrPayload(tag, REPO),
+      method: 'POST', headers: { 'Content-Type': 'application/json' }, body: acrPayload(tag, REPO, { digest }),
     });
   const imageIn = async (get: typeof getProd, workload: string) => containerImage(await get(`deployment/${workload}`), 'app');
 
@@ -224,7 +225,7 @@ describe('staging > prod on two clusters', { skip: shared && second && registry 
     await workloadIn('web');
     const ran = await publish('v2');
     const wh = await start({ PROMOTE_CHECK: '' });
-    const res = await push(wh, 'web', 'v2');
+    const res = await push(wh, 'web', 'v2', ran);
     console.log(`# the answer (HTTP ${res.status}):\n${res.body}`);
     assert.equal(res.status, 200, res.body);
     assert.match(res.body, /^cluster: +staging$/m);
@@ -262,7 +263,7 @@ describe('staging > prod on two clusters', { skip: shared && second && registry 
     await policyInForce(kubectlStaging, ns, image('broken-probe'));
     const broken = await publish('broken1');
     const wh = await start({ ROLLBACK_ON_FAILURE: 'true' });
-    const res = await push(wh, 'crashy', 'broken1');
+    const res = await push(wh, 'crashy', 'broken1', broken);
     assert.match(res.body, /^cluster: +staging$/m);
     await waitForOutput(wh, /deployment\/crashy in .* \(cluster staging\): chain stopped at staging: its rollout failed and was rolled back.*; not promoted to prod/, CHAIN_TIMEOUT_MS);
     assert.notEqual(await imageIn(getStaging, 'crashy'), `${image('broken1')}@${broken}`, 'rolled back in staging');
@@ -274,9 +275,9 @@ describe('staging > prod on two clusters', { skip: shared && second && registry 
     await workloadIn('checked');
     const check = await checkServer(makeTempDir('promotion-check-'), 500);
     closers.push(check.close);
-    await publish('v4');
+    const checked = await publish('v4');
     const wh = await start({ PROMOTE_AFTER: '0s', PROMOTE_CHECK: check.url }, { NODE_EXTRA_CA_CERTS: check.caFile });
-    await push(wh, 'checked', 'v4');
+    await push(wh, 'checked', 'v4', checked);
     const line = await waitForOutput(wh, /deployment\/checked in .* \(cluster staging\): chain stopped at staging: PROMOTE_CHECK https:\/\/127\.0\.0\.1:\d+\/healthz answered 500 \(3 tries\); not promoted to prod/, CHAIN_TIMEOUT_MS);
     assert.ok(line);
     assert.equal(check.asked.length, 3, 'asked a few times, with backoff');
@@ -289,7 +290,7 @@ describe('staging > prod on two clusters', { skip: shared && second && registry 
     const keyFile = path.join(dir, 'approval-key');
     fs.writeFileSync(keyFile, 'promotion-approval-key-5e2d8c1f0b7a6e4d3c2b1a0f9e8d7c6b\n');
     const wh = await start({ PROMOTE_AFTER: '0s' }, {}, ['-public-url', 'https://webhook.example.test', '-approval-key-file', keyFile]);
-    await push(wh, 'gated', 'v5');
+    await push(wh, 'gated', 'v5', ran);
     await waitForOutput(wh, /\/prod\] deployment\/gated in .* \(cluster prod\): promoted to prod after \d+s healthy in staging: waiting for an approval/, CHAIN_TIMEOUT_MS);
     assert.equal(await imageIn(getProd, 'gated'), image('v1'), 'nothing applied before the approval');
     const port = await adminPort(wh);
@@ -304,12 +305,12 @@ describe('staging > prod on two clusters', { skip: shared && second && registry 
 
   test('a newer push during the soak supersedes the older chain: prod gets the newer one only', async () => {
     await workloadIn('busy');
-    await publish('v6');
+    const older = await publish('v6');
     const newer = await publish('v7');
     const wh = await start({});
-    await push(wh, 'busy', 'v6');
+    await push(wh, 'busy', 'v6', older);
     await waitForOutput(wh, /deployment\/busy in .* \(cluster staging\): rollout complete; .*:v6@.* goes to prod/, 90_000);
-    await push(wh, 'busy', 'v7');
+    await push(wh, 'busy', 'v7', newer);
     await waitForOutput(wh, /deployment\/busy in .* \(cluster staging\): chain superseded by request/, 90_000);
     await waitForOutput(wh, /deployment\/busy in .* \(cluster prod\): promoted to prod after \d+s healthy in staging: image updated/, CHAIN_TIMEOUT_MS);
     assert.equal(await imageIn(getProd, 'busy'), `${image('v7')}@${newer}`);
