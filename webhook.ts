@@ -21131,7 +21131,7 @@ async function pageAction(
   remoteIp: string,
 ): Promise<PageAnswer | undefined> {
   if (pathname === '/deliveries/decide') return decidedPage(await approvals.adminAction(form, remoteIp));
-  if (pathname === '/deliveries/promote') return decidedPage(await promoteNow(promotions, form, remoteIp));
+  if (pathname === '/deliveries/promote') return decidedPage(await pagePromotion(promotions, form, remoteIp));
   if (pathname !== '/deliveries/replay') return undefined;
   const d = log.get(Number(form.get('seq')));
   const past = d && replayForm(d) !== '' ? d : undefined;
@@ -21148,7 +21148,7 @@ async function pageAction(
 }
 
 /** "Promote now" from the page: the name given checked as a decision's, then the soak skipped (Promotions). */
-async function promoteNow(promotions: Promotions | undefined, form: URLSearchParams, remoteIp: string) {
+async function pagePromotion(promotions: Promotions | undefined, form: URLSearchParams, remoteIp: string) {
   const who = deciderName(form);
   if ('problem' in who) return { status: 400, title: 'Not promoted', detail: who.problem };
   if (!promotions) return { status: 404, title: 'Not promoted', detail: 'No push soaks here.' };
