@@ -18184,7 +18184,11 @@ function soakProblem(workload: K8sObject, p: SoakPlace, r: PromotionRecord): str
   if (record?.rolledBack) return `its rollout was rolled back (${record.rolledBack})`;
   const running = locateContainer(workloadPodSpec(workload, p.target.kind), p.container)?.image;
   if (running !== r.image) return `superseded: the container runs ${running ?? 'nothing'} now, not ${r.image}`;
-  const status = rolloutStatus(p.target.kind, workload);
+  // The soak's own record bumps a Deployment's generation (annotations count) before its controller has looked: the
+  // image is compared above, so the status is read as of the generation the controller has seen.
+  const observed = valueAt(workload, ['status', 'observedGeneration']);
+  const metadata = { ...(workload.metadata as object), generation: observed };
+  const status = rolloutStatus(p.target.kind, typeof observed === 'number' ? { ...workload, metadata } : workload);
   if (status.state !== 'done' && status.state !== 'untracked') return `its rollout is not complete: ${status.message}`;
   return undefined;
 }
@@ -18207,8 +18211,8 @@ async function promoteCheck(url: URL): Promise<string | undefined> {
 }
 /** Why a push applied to a stage goes no further, from its final report; undefined: it soaks. Pure. */
 function stageStop(report: UpgradeReport): string | undefined {
-  if (report.result !== 'ok') return `it failed: ${report.error ?? report.action}`;
   if (report.rollback) return `its rollout failed and was rolled back: ${formatRollback(report.rollback)}`;
+  if (report.result !== 'ok') return `it failed: ${report.error ?? report.action}`;
   const rollout = report.rollout;
   if (rollout && rollout.state !== 'complete' && rollout.state !== 'not tracked')
     return rollout.state === 'progressing'
@@ -18464,8 +18468,10 @@ export class Promotions implements ResultListener {
         requestId,
         t.cluster,
       );
-      this.count(hook, chain, r.stage + 1, promotionOutcome(report));
-      const line = `[${requestId}] ${reportWhere(report)}: promoted ${decided.by}: ${report.action}`;
+      const outcome = promotionOutcome(report);
+      this.count(hook, chain, r.stage + 1, outcome);
+      const said = outcome === 'promoted' ? 'promoted' : 'promotion';
+      const line = `[${requestId}] ${reportWhere(report)}: ${said} ${decided.by}: ${report.action}`;
       if (report.result === 'ok') this.log.notice(line);
       else this.log.error(line);
       this.tell(hook, requestId, report, env);

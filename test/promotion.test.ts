@@ -194,7 +194,7 @@ describe('staging > prod on two clusters', { skip: shared && second && registry 
     const hooks = [{ ...upgradeHook('chain', TOKEN), 'pass-environment-to-command': [
       { envname: 'APP_WORKLOAD', source: 'url', name: 'workload' },
       ...fixedSettings({ APP_NS: ns, APP_CONTAINER: 'app', REPO_TYPE: 'regionalregistry', REGISTRY_HOST: registry!.host,
-        REGISTRY_CA: caFile, VERIFY_IMAGE: 'true', ROLLOUT_TIMEOUT: '60s', CLUSTERS: 'staging > prod', PROMOTE_AFTER: SOAK,
+        REGISTRY_CA: caFile, VERIFY_IMAGE: 'true', CLUSTERS: 'staging > prod', PROMOTE_AFTER: SOAK,
         ...settings }),
     ] }];
     const wh = await startWebhook({ hooks, metrics: true, args: ['-rollout-follow', '60s', ...args],
@@ -207,6 +207,9 @@ describe('staging > prod on two clusters', { skip: shared && second && registry 
     wh.request(`/hooks/chain?${new URLSearchParams({ token: TOKEN, workload: `deployment/${workload}` })}`, {
       method: 'POST', headers: { 'Content-Type': 'application/json' }, body: acrPayload(tag, REPO, { digest }),
     });
+  /** A line of the service's log; on a timeout, the error carries the end of its output. */
+  const logLine = (wh: Webhook, line: RegExp, timeoutMs = CHAIN_TIMEOUT_MS) => waitForOutput(wh, line, timeoutMs)
+    .catch((e: Error) => { throw new Error(`${e.message}\n--- the service's output, its end:\n${wh.output().slice(-6000)}`); });
   const imageIn = async (get: typeof getProd, workload: string) => containerImage(await get(`deployment/${workload}`), 'app');
 
   before(async () => {
@@ -233,11 +236,11 @@ describe('staging > prod on two clusters', { skip: shared && second && registry 
     assert.equal(await imageIn(getStaging, 'web'), `${image('v2')}@${ran}`);
     assert.equal(await imageIn(getProd, 'web'), image('v1'));
     // During the soak the tag moves on the registry (no notification): prod must still get what ran.
-    await waitForOutput(wh, /deployment\/web in .* \(cluster staging\): rollout complete; .* goes to prod once healthy for 8s/, 90_000);
+    await logLine(wh, /deployment\/web in .* \(cluster staging\): rollout complete; .* goes to prod once healthy for 8s/);
     const moved = await publish('v2');
     assert.notEqual(moved, ran);
     assert.equal(await imageIn(getProd, 'web'), image('v1'), 'nothing reaches prod during the soak');
-    const line = await waitForOutput(wh, /\/prod\] deployment\/web in .* \(cluster prod\): promoted to prod after \d+s healthy in staging: image updated/, CHAIN_TIMEOUT_MS);
+    const line = await logLine(wh, /\/prod\] deployment\/web in .* \(cluster prod\): promoted to prod after \d+s healthy in staging: image updated/);
     console.log(`# the promotion's log lines:\n${wh.output().split('\n').filter((l) => /soak|promot|chain/.test(l)).join('\n')}`);
     assert.ok(line);
     assert.equal(await imageIn(getProd, 'web'), `${image('v2')}@${ran}`, 'prod runs the staging digest, not where the tag points now');
@@ -265,7 +268,7 @@ describe('staging > prod on two clusters', { skip: shared && second && registry 
     const wh = await start({ ROLLBACK_ON_FAILURE: 'true' });
     const res = await push(wh, 'crashy', 'broken1', broken);
     assert.match(res.body, /^cluster: +staging$/m);
-    await waitForOutput(wh, /deployment\/crashy in .* \(cluster staging\): chain stopped at staging: its rollout failed and was rolled back.*; not promoted to prod/, CHAIN_TIMEOUT_MS);
+    await logLine(wh, /deployment\/crashy in .* \(cluster staging\): chain stopped at staging: its rollout failed and was rolled back.*; not promoted to prod/);
     assert.notEqual(await imageIn(getStaging, 'crashy'), `${image('broken1')}@${broken}`, 'rolled back in staging');
     assert.equal(await imageIn(getProd, 'crashy'), image('v1'), 'never reached prod');
     assert.match((await wh.metrics()).body, /webhook_promotions_total\{hook="chain",from="staging",to="prod",outcome="stopped"\} 1/);
@@ -278,7 +281,7 @@ describe('staging > prod on two clusters', { skip: shared && second && registry 
     const checked = await publish('v4');
     const wh = await start({ PROMOTE_AFTER: '0s', PROMOTE_CHECK: check.url }, { NODE_EXTRA_CA_CERTS: check.caFile });
     await push(wh, 'checked', 'v4', checked);
-    const line = await waitForOutput(wh, /deployment\/checked in .* \(cluster staging\): chain stopped at staging: PROMOTE_CHECK https:\/\/127\.0\.0\.1:\d+\/healthz answered 500 \(3 tries\); not promoted to prod/, CHAIN_TIMEOUT_MS);
+    const line = await logLine(wh, /deployment\/checked in .* \(cluster staging\): chain stopped at staging: PROMOTE_CHECK https:\/\/127\.0\.0\.1:\d+\/healthz answered 500 \(3 tries\); not promoted to prod/);
     assert.ok(line);
     assert.equal(check.asked.length, 3, 'asked a few times, with backoff');
     assert.equal(await imageIn(getProd, 'checked'), image('v1'));
@@ -291,7 +294,7 @@ describe('staging > prod on two clusters', { skip: shared && second && registry 
     fs.writeFileSync(keyFile, 'promotion-approval-key-5e2d8c1f0b7a6e4d3c2b1a0f9e8d7c6b\n');
     const wh = await start({ PROMOTE_AFTER: '0s' }, {}, ['-public-url', 'https://webhook.example.test', '-approval-key-file', keyFile]);
     await push(wh, 'gated', 'v5', ran);
-    await waitForOutput(wh, /\/prod\] deployment\/gated in .* \(cluster prod\): promoted to prod after \d+s healthy in staging: waiting for an approval/, CHAIN_TIMEOUT_MS);
+    await logLine(wh, /\/prod\] deployment\/gated in .* \(cluster prod\): promotion to prod after \d+s healthy in staging: waiting for approval until/);
     assert.equal(await imageIn(getProd, 'gated'), image('v1'), 'nothing applied before the approval');
     const port = await adminPort(wh);
     const waiting = await waitFor(async () => JSON.parse((await httpRequest(port, '/deliveries.json')).body).deliveries
@@ -309,10 +312,10 @@ describe('staging > prod on two clusters', { skip: shared && second && registry 
     const newer = await publish('v7');
     const wh = await start({});
     await push(wh, 'busy', 'v6', older);
-    await waitForOutput(wh, /deployment\/busy in .* \(cluster staging\): rollout complete; .*:v6@.* goes to prod/, 90_000);
+    await logLine(wh, /deployment\/busy in .* \(cluster staging\): rollout complete; .*:v6@.* goes to prod/);
     await push(wh, 'busy', 'v7', newer);
-    await waitForOutput(wh, /deployment\/busy in .* \(cluster staging\): chain superseded by request/, 90_000);
-    await waitForOutput(wh, /deployment\/busy in .* \(cluster prod\): promoted to prod after \d+s healthy in staging: image updated/, CHAIN_TIMEOUT_MS);
+    await logLine(wh, /deployment\/busy in .* \(cluster staging\): chain superseded by request/);
+    await logLine(wh, /deployment\/busy in .* \(cluster prod\): promoted to prod after \d+s healthy in staging: image updated/);
     assert.equal(await imageIn(getProd, 'busy'), `${image('v7')}@${newer}`);
     assert.doesNotMatch(wh.output(), /deployment\/busy in .* \(cluster prod\): promoted .*:v6@/, 'the older chain never reached prod');
   });
