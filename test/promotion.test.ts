@@ -89,6 +89,21 @@ describe('bad stage settings: a load error naming file, hook and field; -validat
     });
   }
 
+  test('-validate -check-clusters checks every stage: a stage naming an unknown context fails the check, naming it', () => {
+    const kubeconfig = path.join(dir, 'kubeconfig.json');
+    fs.writeFileSync(kubeconfig, JSON.stringify({ apiVersion: 'v1', kind: 'Config', 'current-context': 'staging',
+      contexts: [{ name: 'staging', context: { cluster: 'staging', user: 'staging' } }],
+      clusters: [{ name: 'staging', cluster: { server: 'https://127.0.0.1:1' } }],
+      users: [{ name: 'staging', user: { token: 'not-a-real-token-4417' } }] }), { mode: 0o600 });
+    const file = path.join(dir, 'hooks.json');
+    fs.writeFileSync(file, JSON.stringify([upgradeHook('chain', TOKEN, { APP_NS: 'shop', APP_WORKLOAD: 'deployment/web', CLUSTERS: 'staging > nowhere' })]));
+    const r = runToExit(['-validate', '-check-clusters', '-hooks', file], { KUBECONFIG: kubeconfig });
+    assert.equal(r.code, 1, r.stdout + r.stderr);
+    assert.match(r.stdout, /^ {2}hook "chain", cluster staging: unreachable: /m);
+    assert.match(r.stdout, /^ {2}hook "chain", cluster nowhere: no credentials: .*contexts: no entry named "nowhere"/m);
+    assert.doesNotMatch(r.stdout + r.stderr, /not-a-real-token-4417/);
+  });
+
   test('-validate prints the chain, what a promotion waits for, and how the next stage decides', () => {
     const r = validate({ CLUSTERS: 'staging/shop-staging > prod-eu prod-us', PROMOTE_AFTER: '10m', PROMOTE_CHECK: 'https://health.example.com/ok' });
     assert.equal(r.code, 0, r.stderr);
@@ -99,6 +114,8 @@ describe('bad stage settings: a load error naming file, hook and field; -validat
 const shared = await clusterOrSkip();
 const second: Cluster | undefined = shared ? await ensureCluster(SECOND_CLUSTER) : undefined;
 const registry: OciRegistry | undefined = shared && second ? await ociRegistryOrSkip() : undefined;
+// At the file's end, whichever of its tests ran: the registry is a process of its own.
+after(() => registry?.stop());
 
 /** A cluster's admin kubeconfig with its context renamed, so two can sit in one KUBECONFIG list. */
 function renamedKubeconfig(c: Cluster, context: string, file: string): string {
@@ -191,8 +208,10 @@ describe('staging > prod on two clusters', { skip: shared && second && registry 
     }));
   };
   const start = async (settings: Record<string, string>, env: Record<string, string> = {}, args: string[] = []) => {
+    // A hook that fixes its workload (APP_WORKLOAD in settings) is one whose soaks a replica that starts picks up.
+    const workload = settings.APP_WORKLOAD ? [] : [{ envname: 'APP_WORKLOAD', source: 'url', name: 'workload' }];
     const hooks = [{ ...upgradeHook('chain', TOKEN), 'pass-environment-to-command': [
-      { envname: 'APP_WORKLOAD', source: 'url', name: 'workload' },
+      ...workload,
       ...fixedSettings({ APP_NS: ns, APP_CONTAINER: 'app', REPO_TYPE: 'regionalregistry', REGISTRY_HOST: registry!.host,
         REGISTRY_CA: caFile, VERIFY_IMAGE: 'true', CLUSTERS: 'staging > prod', PROMOTE_AFTER: SOAK,
         ...settings }),
@@ -219,7 +238,6 @@ describe('staging > prod on two clusters', { skip: shared && second && registry 
   after(async () => {
     await Promise.all(started.map((w) => w.stop()));
     await Promise.all(closers.map((c) => c()));
-    await registry?.stop();
     await Promise.all([removeNamespace(kubectlProd, ns), removeNamespace(kubectlStaging, ns)]);
     fs.rmSync(dir, { recursive: true, force: true });
   });
@@ -252,6 +270,7 @@ describe('staging > prod on two clusters', { skip: shared && second && registry 
       return doc.deliveries.find((d: any) => d.cluster === 'prod' && d.rollout?.state === 'complete');
     }, { timeoutMs: 90_000, what: 'prod\'s record, its rollout complete' });
     assert.equal(prodRecord.decision, 'applied');
+    assert.match(JSON.stringify(prodRecord), /promoted to prod after \d+s healthy in staging/, 'its record (and so its mail and chat) says so');
     assert.match(prodRecord.request_id, /\/prod$/);
     const metrics = (await wh.metrics()).body;
     assert.match(metrics, /webhook_promotions_total\{hook="chain",from="staging",to="prod",outcome="promoted"\} 1/);
@@ -318,5 +337,52 @@ describe('staging > prod on two clusters', { skip: shared && second && registry 
     await logLine(wh, /deployment\/busy in .* \(cluster prod\): promoted to prod after \d+s healthy in staging: image updated/);
     assert.equal(await imageIn(getProd, 'busy'), `${image('v7')}@${newer}`);
     assert.doesNotMatch(wh.output(), /deployment\/busy in .* \(cluster prod\): promoted .*:v6@/, 'the older chain never reached prod');
+  });
+
+  test('"Promote now" on the deliveries page skips the soak, behind the admin token and the page\'s Origin check', async () => {
+    await workloadIn('hurried');
+    const ran = await publish('v8');
+    const adminToken = 'promotion-admin-token-61f0c2';
+    const wh = await start({ PROMOTE_AFTER: '1h' }, {}, ['-admin-token', adminToken]);
+    await push(wh, 'hurried', 'v8', ran);
+    await logLine(wh, /deployment\/hurried in .* \(cluster staging\): rollout complete; .* goes to prod once healthy for 1h0m0s/);
+    const port = await adminPort(wh);
+    const auth = { Authorization: `Bearer ${adminToken}` };
+    const page = (await httpRequest(port, '/deliveries', { headers: auth })).body;
+    assert.match(page, /<h2>Soaking before the next stage<\/h2>/);
+    const key = /<form method="post" action="deliveries\/promote"><input type="hidden" name="key" value="([^"]+)">/.exec(page)?.[1];
+    assert.ok(key, page);
+    const form = (headers: Record<string, string>) => httpRequest(port, '/deliveries/promote', {
+      method: 'POST', body: new URLSearchParams({ key: key.replaceAll('&#x2F;', '/').replaceAll('&#47;', '/'), name: 'Ops Li', action: 'promote' }).toString(),
+      headers: { 'Content-Type': 'application/x-www-form-urlencoded', ...headers },
+    });
+    assert.equal((await form({ Origin: `http://127.0.0.1:${port}` })).status, 401, 'no token: refused');
+    assert.equal((await form({ ...auth, Origin: 'https://evil.example' })).status, 403, 'another origin: refused');
+    assert.equal(await imageIn(getProd, 'hurried'), image('v1'), 'refused forms changed nothing');
+    const promoted = await form({ ...auth, Origin: `http://127.0.0.1:${port}` });
+    assert.equal(promoted.status, 200, promoted.body);
+    assert.match(promoted.body, /<h1>Promoted<\/h1>/);
+    await logLine(wh, /deployment\/hurried in .* \(cluster staging\): promote now, by Ops Li \(127\.0\.0\.1, admin token\): the rest of the soak/);
+    await logLine(wh, /\/prod\] deployment\/hurried in .* \(cluster prod\): promoted to prod after \d+s healthy in staging: image updated/);
+    assert.equal(await imageIn(getProd, 'hurried'), `${image('v8')}@${ran}`);
+  });
+
+  test('a replica killed during the soak: the one that starts next promotes, once', async () => {
+    await workloadIn('kept');
+    const ran = await publish('v9');
+    const settings = { APP_WORKLOAD: 'deployment/kept' };
+    const first = await start(settings);
+    await push(first, 'kept', 'v9', ran);
+    await logLine(first, /deployment\/kept in .* \(cluster staging\): rollout complete; .* goes to prod once healthy for 8s/);
+    first.proc.kill('SIGKILL');
+    await first.exited;
+    const record = JSON.parse((await getStaging('deployment/kept')).metadata.annotations['webhook/promotion']);
+    assert.equal(record.app.image, `${image('v9')}@${ran}`, 'the soak is recorded on the workload');
+    const second = await start(settings);
+    await logLine(second, /deployment\/kept in .* \(cluster staging\): resuming the soak before prod/);
+    await logLine(second, /\/prod\] deployment\/kept in .* \(cluster prod\): promoted to prod after \d+s healthy in staging: image updated/);
+    assert.equal(await imageIn(getProd, 'kept'), `${image('v9')}@${ran}`);
+    assert.match((await second.metrics()).body, /webhook_promotions_total\{hook="chain",from="staging",to="prod",outcome="promoted"\} 1\n/);
+    assert.equal(second.output().match(/promoted to prod after/g)?.length, 1, 'promoted once');
   });
 });
