@@ -25,6 +25,7 @@ import { ensureCluster } from './cluster/cluster.ts';
 import { fixedSettings, upgradeHook } from './upgrade-hooks.ts';
 import { ociRegistryOrSkip, pushBlob, pushManifest, type OciRegistry } from './oci-registry.ts';
 import { makeCertificate } from './registry.ts';
+import { browserOrSkip, type Browser } from './browser.ts';
 import { parseStages } from '../webhook.ts';
 
 const TOKEN = 'promotion-token-3b9e1c';
@@ -114,8 +115,20 @@ describe('bad stage settings: a load error naming file, hook and field; -validat
 const shared = await clusterOrSkip();
 const second: Cluster | undefined = shared ? await ensureCluster(SECOND_CLUSTER) : undefined;
 const registry: OciRegistry | undefined = shared && second ? await ociRegistryOrSkip() : undefined;
-// At the file's end, whichever of its tests ran: the registry is a process of its own.
-after(() => registry?.stop());
+const browser: Browser | undefined = registry ? await browserOrSkip() : undefined;
+// At the file's end, whichever of its tests ran: the registry and the browser are processes of their own.
+after(async () => {
+  await registry?.stop();
+  await browser?.close();
+});
+
+/** A screenshot kept in test-artifacts/ (and, with UPDATE_DOCS_SCREENSHOTS=1, in docs/ for the page's docs). */
+function keepScreenshot(name: string, png: Buffer): void {
+  const root = path.join(import.meta.dirname, '..');
+  fs.mkdirSync(path.join(root, 'test-artifacts'), { recursive: true });
+  fs.writeFileSync(path.join(root, 'test-artifacts', name), png);
+  if (process.env.UPDATE_DOCS_SCREENSHOTS === '1') fs.writeFileSync(path.join(root, 'docs', name), png);
+}
 
 /** A cluster's admin kubeconfig with its context renamed, so two can sit in one KUBECONFIG list. */
 function renamedKubeconfig(c: Cluster, context: string, file: string): string {
@@ -384,5 +397,32 @@ describe('staging > prod on two clusters', { skip: shared && second && registry 
     assert.equal(await imageIn(getProd, 'kept'), `${image('v9')}@${ran}`);
     assert.match((await second.metrics()).body, /webhook_promotions_total\{hook="chain",from="staging",to="prod",outcome="promoted"\} 1\n/);
     assert.equal(second.output().match(/promoted to prod after/g)?.length, 1, 'promoted once');
+  });
+
+  test('chromium: the page shows the soaking push; "Promote now" promotes it; the chain is a row per stage', { skip: browser ? false : 'no browser' }, async () => {
+    await workloadIn('shown');
+    const ran = await publish('v10');
+    const wh = await start({ PROMOTE_AFTER: '1h' });
+    await push(wh, 'shown', 'v10', ran);
+    await logLine(wh, /deployment\/shown in .* \(cluster staging\): rollout complete; .* goes to prod once healthy for 1h0m0s/);
+    const admin = await adminPort(wh);
+    const page = await browser!.open(`http://127.0.0.1:${admin}/deliveries`);
+    await page.viewport(1400, 900);
+    assert.equal(await page.evaluate<number>(`document.querySelectorAll('table.soaking tbody tr').length`), 1);
+    keepScreenshot('promotion-soaking.png', await page.screenshot());
+    const loads = page.loads();
+    await page.evaluate(`document.querySelector('table.soaking input[name=name]').value = 'Ops Li'; document.querySelector('table.soaking button').click()`);
+    await waitFor(() => page.loads() > loads, { timeoutMs: 30_000, what: 'the form to be posted' });
+    assert.match(await page.evaluate<string>('document.querySelector("h1").textContent'), /^Promoted$/);
+    await logLine(wh, /\/prod\] deployment\/shown in .* \(cluster prod\): promoted to prod after \d+s healthy in staging: image updated/);
+    assert.equal(await imageIn(getProd, 'shown'), `${image('v10')}@${ran}`);
+    await waitFor(async () => JSON.parse((await httpRequest(admin, '/deliveries.json')).body).deliveries
+      .some((d: any) => d.cluster === 'prod' && d.state === 'done'), { timeoutMs: 90_000, what: 'prod\'s record, done' });
+    await page.goto(`http://127.0.0.1:${admin}/deliveries`);
+    const rows = await page.evaluate<string[]>(`[...document.querySelectorAll('tbody tr')].map((r) => r.textContent)`);
+    assert.ok(rows.some((r) => /\/staging/.test(r) && /applied/.test(r)), rows.join('\n'));
+    assert.ok(rows.some((r) => /\/prod/.test(r) && /applied/.test(r)), rows.join('\n'));
+    keepScreenshot('promotion-chain.png', await page.screenshot());
+    await page.close();
   });
 });
