@@ -18327,8 +18327,13 @@ export class Promotions implements ResultListener {
     if (!chain || !report.target || report.container === undefined || this.stopped) return;
     const index = stageOfReport(chain, report.cluster, report.namespace);
     if (index < 0) return;
-    if (index > 0 && !this.promoted.delete(requestId) && ['rejected', 'expired'].includes(report.decision))
+    // A promotion that waited in this stage, decided since (here, or on the replica a person reached): a rejection
+    // or an expiry ends the chain here.
+    if (index > 0 && !this.promoted.delete(requestId) && ['rejected', 'expired'].includes(report.decision)) {
       this.count(hook, chain, index, promotionOutcome(report));
+      const stopped = `chain stopped at ${stageName(chain.stages[index])}: the push was ${report.decision}`;
+      this.log.error(`[${requestId}] ${reportWhere(report)}: ${stopped}`);
+    }
     if (index === chain.stages.length - 1 || !report.changed || report.rollout?.superseded) return;
     const target = { ...report.target };
     const place: SoakPlace = { cluster: report.cluster, target, container: report.container };
