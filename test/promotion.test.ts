@@ -26,6 +26,7 @@ import { fixedSettings, upgradeHook } from './upgrade-hooks.ts';
 import { ociRegistryOrSkip, pushBlob, pushManifest, type OciRegistry } from './oci-registry.ts';
 import { makeCertificate } from './registry.ts';
 import { browserOrSkip, type Browser } from './browser.ts';
+import { readMail, serviceMailEnv, startMta } from './mta.ts';
 import { parseStages } from '../webhook.ts';
 
 const TOKEN = 'promotion-token-3b9e1c';
@@ -380,23 +381,32 @@ describe('staging > prod on two clusters', { skip: shared && second && registry 
     assert.equal(await imageIn(getProd, 'hurried'), `${image('v8')}@${ran}`);
   });
 
-  test('a replica killed during the soak: the one that starts next promotes, once', async () => {
+  test('a replica killed during the soak: the one that starts next promotes, once (one mail)', async () => {
     await workloadIn('kept');
     const ran = await publish('v9');
-    const settings = { APP_WORKLOAD: 'deployment/kept' };
-    const first = await start(settings);
+    const mta = await startMta();
+    closers.push(() => mta.stop());
+    const settings = { APP_WORKLOAD: 'deployment/kept', MAIL_TO: 'release@example.com' };
+    const mailEnv = serviceMailEnv(mta);
+    const first = await start(settings, mailEnv);
     await push(first, 'kept', 'v9', ran);
     await logLine(first, /deployment\/kept in .* \(cluster staging\): rollout complete; .* goes to prod once healthy for 8s/);
     first.proc.kill('SIGKILL');
     await first.exited;
     const record = JSON.parse((await getStaging('deployment/kept')).metadata.annotations['webhook/promotion']);
     assert.equal(record.app.image, `${image('v9')}@${ran}`, 'the soak is recorded on the workload');
-    const second = await start(settings);
+    const second = await start(settings, mailEnv);
     await logLine(second, /deployment\/kept in .* \(cluster staging\): resuming the soak before prod/);
     await logLine(second, /\/prod\] deployment\/kept in .* \(cluster prod\): promoted to prod after \d+s healthy in staging: image updated/);
     assert.equal(await imageIn(getProd, 'kept'), `${image('v9')}@${ran}`);
     assert.match((await second.metrics()).body, /webhook_promotions_total\{hook="chain",from="staging",to="prod",outcome="promoted"\} 1\n/);
     assert.equal(second.output().match(/promoted to prod after/g)?.length, 1, 'promoted once');
+    const promotedMails = async () => (await mta.messages()).map(readMail).filter((m) => /promoted to prod after \d+s healthy in staging/.test(m.body));
+    const [mail] = await waitFor(async () => ((await promotedMails()).length > 0 ? promotedMails() : undefined),
+      { timeoutMs: 60_000, what: 'the mail of the promotion' });
+    console.log(`# the promotion's mail: ${mail.subject}\n${mail.body.slice(0, 1500)}`);
+    assert.match(mail.body, /cluster: +prod/);
+    assert.equal((await promotedMails()).length, 1, 'one mail');
   });
 
   test('chromium: the page shows the soaking push; "Promote now" promotes it; the chain is a row per stage', { skip: browser ? false : 'no browser' }, async () => {
