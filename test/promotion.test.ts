@@ -435,4 +435,36 @@ describe('staging > prod on two clusters', { skip: shared && second && registry 
     keepScreenshot('promotion-chain.png', await page.screenshot());
     await page.close();
   });
+
+  test('a promotion rejected in prod stops the chain there, said and counted', async () => {
+    await workloadIn('refused', { prod: { 'webhook/approval': 'required' } });
+    const ran = await publish('v11');
+    const keyFile = path.join(dir, 'approval-key');
+    fs.writeFileSync(keyFile, 'promotion-approval-key-5e2d8c1f0b7a6e4d3c2b1a0f9e8d7c6b\n');
+    const wh = await start({ PROMOTE_AFTER: '0s' }, {}, ['-public-url', 'https://webhook.example.test', '-approval-key-file', keyFile]);
+    await push(wh, 'refused', 'v11', ran);
+    const port = await adminPort(wh);
+    const waiting = await waitFor(async () => JSON.parse((await httpRequest(port, '/deliveries.json')).body).deliveries
+      .find((d: any) => d.cluster === 'prod' && d.decision === 'waiting' && d.rejectUrl), { timeoutMs: CHAIN_TIMEOUT_MS, what: 'prod\'s waiting record' });
+    const rejected = await wh.request(new URL(waiting.rejectUrl).pathname, {
+      method: 'POST', body: 'name=Ops+Wu', headers: { 'Content-Type': 'application/x-www-form-urlencoded' } });
+    assert.equal(rejected.status, 200, rejected.body);
+    await logLine(wh, /deployment\/refused in .* \(cluster prod\): chain stopped at prod: the push was rejected/);
+    assert.equal(await imageIn(getProd, 'refused'), image('v1'));
+    assert.match((await wh.metrics()).body, /webhook_promotions_total\{hook="chain",from="staging",to="prod",outcome="rejected"\} 1/);
+  });
+
+  test('a stage names its own namespace: staging > prod/<another namespace>', async () => {
+    const other = freshNamespaceName('promotion-prod');
+    await kubectlProd(['create', 'namespace', other]);
+    closers.push(() => removeNamespace(kubectlProd, other));
+    await kubectlProd(['-n', other, 'apply', '-f', '-'], JSON.stringify(deployment('moved', [{ name: 'app', image: image('v1') }], { replicas: 1 })));
+    await kubectlStaging(['-n', ns, 'apply', '-f', '-'], JSON.stringify(deployment('moved', [{ name: 'app', image: image('v1') }], { replicas: 1 })));
+    const ran = await publish('v12');
+    const wh = await start({ PROMOTE_AFTER: '0s', CLUSTERS: `staging > prod/${other}` });
+    await push(wh, 'moved', 'v12', ran);
+    await logLine(wh, new RegExp(`/prod\\] deployment/moved in ${other} \\(cluster prod\\): promoted to prod after \\d+s healthy in staging: image updated`));
+    const moved = namespacedGetter(kubectlProd, other);
+    assert.equal(await imageIn(moved, 'moved'), `${image('v12')}@${ran}`);
+  });
 });
