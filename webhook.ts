@@ -18422,14 +18422,19 @@ export class Promotions implements ResultListener {
       const workload = await readWorkload(client, p.target);
       if (readPromotionRecords(workload).entries[p.container]?.request !== r.request)
         return this.log.info(`[${r.request}] ${placeName(p)}: promoted by another replica, or superseded`);
-      let problem = soakProblem(workload, p, r);
+      // The hook as loaded now: reloaded without this chain (or a stage after this one), it promotes no further.
+      const current = this.hooks().get(hook.id);
+      const now = current && promotionChain(current);
+      const ends = !now || now.stages.length <= r.stage + 1;
+      let problem = ends ? `hook "${hook.id}" has no stage after it now` : undefined;
+      problem ??= soakProblem(workload, p, r);
       const restarts = problem ? 0 : await restartsOf(client, p, workload, r.image);
       if (!problem && restarts > r.restarts) problem = `its pods restarted ${restarts - r.restarts} time(s)`;
       if (!problem && chain.check) problem = await promoteCheck(chain.check);
       if (!(await writePromotionRecord(client, p, undefined, (f) => f?.request === r.request)))
         return this.log.info(`[${r.request}] ${placeName(p)}: promoted by another replica`);
       if (problem) return this.chainStopped(hook, chain, r.stage, r.request, p, problem);
-      await this.promote(soak, workload);
+      await this.promote({ ...soak, hook: current!, chain: now! }, workload);
     } catch (e) {
       this.log.error(
         `[${r.request}] ${placeName(p)}: the soak's end could not be read or written: ` +
