@@ -21239,6 +21239,20 @@ async function validate(o: Options, env: Record<string, string | undefined>): Pr
   return checked.ok ? 0 : 1;
 }
 
+/**
+ * Where a hook's pushes go: each cluster it names, with its reach there (CLUSTERS stages: a stage that names a
+ * namespace reaches the workload in that namespace).
+ */
+function hookPlaces(hook: Hook, reach: HookReach) {
+  const chain = promotionChain(hook);
+  const places = chain ? chain.stages.flat() : hookClusters(hook).map((cluster) => ({ cluster, namespace: undefined }));
+  return places.map(({ cluster, namespace }) => ({
+    cluster,
+    namespace,
+    reach: namespace && reach.target ? { ...reach, target: { ...reach.target, namespace } } : reach,
+  }));
+}
+
 /** The verbs an upgrade needs on its workload, asked of each cluster by -check-clusters. */
 const CHECKED_VERBS = ['get', 'patch'];
 
@@ -21258,10 +21272,11 @@ async function checkClusters(
   for (const hook of snapshot.hooks.values()) {
     const reach = hookReach(hook);
     if (!reach) continue;
-    for (const cluster of hookClusters(hook)) {
-      const checked = await checkCluster(reach, cluster, o.kubeconfig || undefined, env);
+    for (const { cluster, reach: there, namespace } of hookPlaces(hook, reach)) {
+      const checked = await checkCluster(there, cluster, o.kubeconfig || undefined, env);
       ok &&= checked.ok;
-      lines.push(`  hook "${hook.id}", cluster ${cluster ?? '(the default)'}: ${checked.line}`);
+      const where = `cluster ${cluster ?? '(the default)'}${namespace ? ` (namespace ${namespace})` : ''}`;
+      lines.push(`  hook "${hook.id}", ${where}: ${checked.line}`);
     }
   }
   return { lines, ok };
@@ -21620,7 +21635,8 @@ function reachesByCluster(snapshot: Snapshot): Map<string | undefined, HookReach
   for (const hook of snapshot.hooks.values()) {
     const reach = hookReach(hook);
     if (!reach) continue;
-    for (const cluster of hookClusters(hook)) byCluster.set(cluster, [...(byCluster.get(cluster) ?? []), reach]);
+    for (const { cluster, reach: there } of hookPlaces(hook, reach))
+      byCluster.set(cluster, [...(byCluster.get(cluster) ?? []), there]);
   }
   return byCluster;
 }

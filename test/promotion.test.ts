@@ -106,6 +106,18 @@ describe('bad stage settings: a load error naming file, hook and field; -validat
     assert.doesNotMatch(r.stdout + r.stderr, /not-a-real-token-4417/);
   });
 
+  test('-print-rbac: each stage\'s Role is in the namespace that stage names, in its own cluster\'s section', () => {
+    const file = path.join(dir, 'hooks.json');
+    fs.writeFileSync(file, JSON.stringify([upgradeHook('chain', TOKEN, { APP_NS: 'shop', APP_WORKLOAD: 'deployment/web', CLUSTERS: 'staging/shop-staging > prod' })]));
+    const r = runToExit(['-print-rbac', '-hooks', file]);
+    assert.equal(r.code, 0, r.stderr);
+    const sections = r.stdout.split(/^---\n(?=# ==== cluster)/m);
+    assert.deepEqual(sections.map((t) => /^# ==== cluster (\S+):/m.exec(t)?.[1]), ['staging', 'prod']);
+    assert.match(sections[0], /^ {2}namespace: "shop-staging"$/m);
+    assert.doesNotMatch(sections[0], /^ {2}namespace: "shop"$/m);
+    assert.match(sections[1], /^ {2}namespace: "shop"$/m);
+  });
+
   test('-validate prints the chain, what a promotion waits for, and how the next stage decides', () => {
     const r = validate({ CLUSTERS: 'staging/shop-staging > prod-eu prod-us', PROMOTE_AFTER: '10m', PROMOTE_CHECK: 'https://health.example.com/ok' });
     assert.equal(r.code, 0, r.stderr);
