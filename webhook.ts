@@ -9,14 +9,15 @@
  * mailed when the hook passes MAIL_TO.
  *
  * Chapters, in order. Part I holds the libraries the program needs and has no dependency for; they use
- * nothing of the service. Part II is the service, in the order a push travels: main (45) opens the
+ * nothing of the service. Part II is the service, in the order a push travels: main (46) opens the
  * listeners (21) with the http server's handler (20), which uses the request, rule and hook chapters
  * above it and hands the command to the runner (19), whose in-process command is the upgrade (22-38): the
  * model (22) names its vocabulary, a boundary builds the push, the decision (31) decides it, the executor (32)
- * carries it out. After the answer the result travels on in order too: the approvals (39) learn of waiting pushes
- * and decide them, the rollout follower (38) follows the rollout and
- * hands each step to the result (40), which records it and, once final, sends it to the mail (41) and
- * the chat and JSON receivers (42); the deliveries page (43) renders the records. No chapter uses a name a later one
+ * carries it out. After the answer the result travels on in order too: the approvals (40) learn of waiting pushes
+ * and decide them, the rollout follower (38) follows the rollout and hands each step on: to the promotion (39),
+ * which takes a push from one stage to the next, and to the result (41), which records it and, once final,
+ * sends it to the mail (42) and
+ * the chat and JSON receivers (43); the deliveries page (44) renders the records. No chapter uses a name a later one
  * defines; where an earlier chapter hands work on, it declares the small interface it needs
  * (InProcessCommand, CommandListener, AdminPages, ApprovalPages, ResultListener, ResultChannel, HookSettingChecks)
  * and main() wires the later chapter in.
@@ -50,7 +51,7 @@
  *  25. image reference & pin ...... checkImagePin, chooseCandidate, composeImageRef, readImagePin
  *  26. change windows & approvals  nextOpening, parseDeployWindows, PendingEntry, approvalLinks
  *  27. workloads .................. WORKLOAD_KINDS, parseWorkload, locateContainer, rolloutStatus
- *  28. update policies ............ parsePolicy, policyDecision, UpdatePolicy
+ *  28. update policies & stages ... parsePolicy, policyDecision, UpdatePolicy, parseStages
  *  29. hook settings .............. HOOK_SETTINGS, fixedSettingChecks
  *  30. upgrade decision ........... decidePush, holdDecision, pushEvent, readPushRecords, verifiedRef
  *  31. the decision ............... decide, Decision, DecisionInput, waitingAction
@@ -61,13 +62,14 @@
  *  36. least privilege ............ formatRbac, hookReach, HookReach, upgradeInput
  *  37. the upgrade ................ runUpgrade, runDecidedPush, upgradeResult
  *  38. the upgrade service ........ UpgradeService, RolloutFollower, hookClusters
- *  39. approvals .................. approvalHooksProblem, ApprovalService, WaitingPush
- *  40. the result ................. DeliveryLog, ResultDispatcher, pushResult, ResultChannel
- *  41. mail ....................... Mailer, parseMailConfig
- *  42. chat & json notifications .. Notifier, NOTIFY_FORMATS, resultDocument
- *  43. deliveries page ............ deliveryPages
- *  44. -validate & -print-rbac .... hookLoadSettings, validate
- *  45. main ....................... main
+ *  39. promotion .................. Promotions, promotionChain
+ *  40. approvals .................. approvalHooksProblem, ApprovalService, WaitingPush
+ *  41. the result ................. DeliveryLog, ResultDispatcher, pushResult, ResultChannel
+ *  42. mail ....................... Mailer, parseMailConfig
+ *  43. chat & json notifications .. Notifier, NOTIFY_FORMATS, resultDocument
+ *  44. deliveries page ............ deliveryPages
+ *  45. -validate & -print-rbac .... hookLoadSettings, validate
+ *  46. main ....................... main
  *
  * Each banner's "Exports" lists the names later chapters use and "Tests" the test files that cover it
  * (test/structure.test.ts checks both).
@@ -7401,6 +7403,11 @@ const METRIC_HELP: Record<string, [string, string]> = {
     'counter',
     'Requests to the Kubernetes API server, every try and WATCH, by cluster ("" for the default) and verb.',
   ],
+  webhook_promotions_total: [
+    'counter',
+    'CLUSTERS stages: promotions by hook, from and to stage, and outcome (promoted, waiting, superseded, stopped, ' +
+      'rejected, expired).',
+  ],
   webhook_notifications_total: [
     'counter',
     'NOTIFY_URL notifications by format and result (sent, failed after retries, capped: beyond the per-hook cap).',
@@ -10515,7 +10522,7 @@ async function openMetricsListener(
 //    who may edit the workload can write any of them, so each is read as untrusted input. The docs' table of them
 //    is written from ANNOTATIONS (scripts/docs.ts).
 //    Exports: APPROVAL_ANNOTATION, DecisionCode, DECISIONS, FOLLOW_ANNOTATION, LAST_PUSH_ANNOTATION,
-//    PENDING_ANNOTATION, POLICY_ANNOTATION, PublishedDecision, WINDOW_ANNOTATION.
+//    PENDING_ANNOTATION, POLICY_ANNOTATION, PROMOTION_ANNOTATION, PublishedDecision, WINDOW_ANNOTATION.
 //    Tests: test/decision.test.ts, test/docs.test.ts, test/policy.test.ts, test/records.test.ts.
 // ================================================================================================
 
@@ -10545,6 +10552,14 @@ export const ANNOTATIONS = {
       'MAC over it and where it sits; any replica completes it, an entry that does not verify is dropped with a ' +
       'warning.',
   },
+  promotion: {
+    key: 'webhook/promotion',
+    by: 'the service',
+    holds:
+      'Per container, on a stage of CLUSTERS stages: the push soaking there before it is promoted to the next stage ' +
+      '(its digest, request and hook, from which stage, healthy since, promoted after); the replica whose PATCH ' +
+      'takes it off promotes it, so a chain goes on once whichever replica is left.',
+  },
   policy: {
     key: 'webhook/policy',
     by: 'an operator',
@@ -10568,6 +10583,7 @@ export const ANNOTATIONS = {
 export const LAST_PUSH_ANNOTATION = ANNOTATIONS.lastPush.key;
 export const FOLLOW_ANNOTATION = ANNOTATIONS.follow.key;
 export const PENDING_ANNOTATION = ANNOTATIONS.pending.key;
+export const PROMOTION_ANNOTATION = ANNOTATIONS.promotion.key;
 export const POLICY_ANNOTATION = ANNOTATIONS.policy.key;
 export const APPROVAL_ANNOTATION = ANNOTATIONS.approval.key;
 export const WINDOW_ANNOTATION = ANNOTATIONS.window.key;
@@ -13286,8 +13302,10 @@ export interface UpgradeDeps {
   /**
    * A waiting push decided (a link, the deliveries page, its window opening) or a past push deployed again: the
    * pending entry `id` it completes (taken off in the same patch, so a second use finds nothing) and who decided.
+   * A promotion (CLUSTERS stages) is a new push of the digest that ran in the stage before: `by` says `to <stage>
+   * after <soak> healthy in <stage>`.
    */
-  decided?: { id?: string; action: 'approve' | 'deploy-now' | 'window' | 'replay'; by: string };
+  decided?: { id?: string; action: 'approve' | 'deploy-now' | 'window' | 'replay' | 'promote'; by: string };
 }
 
 /** The last state seen of each workload, by namespace/kind/name; the oldest beyond a bound is dropped. */
@@ -13354,14 +13372,17 @@ function missingContainerMessage(podSpec: unknown, name: string, workload: strin
 }
 
 // ================================================================================================
-// 28. update policies — which tags a workload takes. The hook setting UPDATE_POLICY gives a hook's policy; the
-//    workload's annotation webhook/policy overrides it, and webhook/policy.<container> overrides both for one
+// 28. update policies & stages — which tags a workload takes. The hook setting UPDATE_POLICY gives a hook's policy;
+//    the workload's annotation webhook/policy overrides it, and webhook/policy.<container> overrides both for one
 //    container. parsePolicy reads a value (all, semver:<range>, major, minor, patch, glob:<pattern>,
 //    regexp:<pattern>; the semver ones never go down unless `,allow-downgrade` follows); policyDecision, pure, says
 //    whether a push is within the policy in effect, why not, or what is wrong with an annotation. A push by digest
-//    alone names no tag and is outside no policy.
-//    Exports: parsePolicy, policyDecision, tagOf, UpdatePolicy.
-//    Tests: test/policy.test.ts.
+//    alone names no tag and is outside no policy. And in which order a hook's clusters take a push: CLUSTERS stages
+//    (parseStages, `staging > prod`), and how long and what a stage's push must pass before the next (PROMOTE_AFTER,
+//    PROMOTE_CHECK), read by the settings table (next chapter) and carried out by the promotion.
+//    Exports: CONTEXT_NAME, MAX_CLUSTERS, MAX_STAGES, parsePolicy, parseStages, policyDecision, promoteAfterSetting,
+//    promoteCheckSetting, StageTarget, tagOf, UpdatePolicy.
+//    Tests: test/policy.test.ts, test/promotion.test.ts, test/settings.test.ts.
 // ================================================================================================
 
 // A policy is one line an operator writes; longer is a mistake, and is not read further (an
@@ -13539,6 +13560,102 @@ export function policyDecision(
   return why === undefined ? { kind: 'allowed' } : outside(why);
 }
 
+// ---- CLUSTERS stages: the order a hook's clusters take a push (the promotion chapter) --------------
+
+// A push fanned out waits for every cluster's answer; a delivery to more clusters than this is a
+// mistake in the hooks file (one per region and stage is a handful).
+const MAX_CLUSTERS = 16;
+// kubeconfig context names are free text; these bounds keep them readable in logs and labels.
+const CONTEXT_NAME = /^[^\s\p{Cc}]{1,253}$/u;
+
+/** One cluster of a stage (CLUSTERS with `>`): its context, and its namespace there (undefined: the push's). */
+export interface StageTarget {
+  cluster: string;
+  namespace: string | undefined;
+}
+
+// A chain longer than this is a mistake in the hooks file: dev, test, staging and production are four.
+const MAX_STAGES = 8;
+
+/**
+ * CLUSTERS as stages: `staging > prod-eu prod-us` is two, each promoted to after the one before it (a value without
+ * `>` is one stage, today's fan-out); a stage's item may name a namespace there, `staging/shop-staging`. Throws,
+ * naming the stage and item, on a stage with no cluster (`a > > b`), a malformed name, a cluster twice in a stage.
+ */
+export function parseStages(value: string | undefined): StageTarget[][] {
+  const text = (value ?? '').trim();
+  if (!text.includes('>')) {
+    const names = [...new Set(text.split(/\s+/).filter((n) => n !== ''))];
+    for (const n of names)
+      if (!CONTEXT_NAME.test(n)) throw new UpgradeError(`CLUSTERS ${showValue(n)} is not a kubeconfig context name`);
+    if (names.length > MAX_CLUSTERS)
+      throw new UpgradeError(`CLUSTERS names ${names.length} contexts, more than ${MAX_CLUSTERS}`);
+    return names.length > 0 ? [names.map((cluster) => ({ cluster, namespace: undefined }))] : [];
+  }
+  const parts = text.split('>');
+  if (parts.length > MAX_STAGES)
+    throw new UpgradeError(`CLUSTERS ${showValue(text)} has ${parts.length} stages, more than ${MAX_STAGES}`);
+  const stages = parts.map((part, i) => stageOf(part, i + 1, text));
+  const total = stages.reduce((n, stage) => n + stage.length, 0);
+  if (total > MAX_CLUSTERS) throw new UpgradeError(`CLUSTERS names ${total} clusters, more than ${MAX_CLUSTERS}`);
+  return stages;
+}
+
+/** One stage of CLUSTERS (parseStages): its items, `context` or `context/namespace`. */
+function stageOf(part: string, n: number, text: string): StageTarget[] {
+  const items = part.split(/\s+/).filter((item) => item !== '');
+  if (items.length === 0)
+    throw new UpgradeError(
+      `CLUSTERS ${showValue(text)}: stage ${n} names no cluster (stages are separated by one ">")`,
+    );
+  const stage = items.map((item) => {
+    const slash = item.lastIndexOf('/');
+    const cluster = slash < 0 ? item : item.slice(0, slash);
+    const namespace = slash < 0 ? undefined : item.slice(slash + 1);
+    if (!CONTEXT_NAME.test(cluster))
+      throw new UpgradeError(`CLUSTERS stage ${n}: ${showValue(item)} is not a kubeconfig context name`);
+    if (namespace !== undefined && !DNS_LABEL.test(namespace))
+      throw new UpgradeError(`CLUSTERS stage ${n}: ${showValue(item)} names no valid namespace after its "/"`);
+    return { cluster, namespace };
+  });
+  const clusters = stage.map((t) => t.cluster);
+  const twice = clusters.find((c, i) => clusters.indexOf(c) !== i);
+  if (twice !== undefined) throw new UpgradeError(`CLUSTERS stage ${n} names cluster ${showValue(twice)} twice`);
+  return stage;
+}
+
+// A soak longer than a week is a release train, not a soak: a push that waited that long is stale.
+const MAX_PROMOTE_AFTER_MS = 7 * 24 * 3_600_000;
+
+/** PROMOTE_AFTER: a Go duration from 0 to MAX_PROMOTE_AFTER_MS; unset or blank is 0 (promoted once rolled out). */
+function promoteAfterSetting(value: string | undefined): number {
+  if (!value?.trim()) return 0;
+  let ms: number;
+  try {
+    ms = parseGoDuration(value.trim());
+  } catch {
+    throw new UpgradeError(`PROMOTE_AFTER ${showValue(value)} is not a duration of 0 or more (e.g. 0s, 10m, 1h)`);
+  }
+  if (ms > MAX_PROMOTE_AFTER_MS) throw new UpgradeError(`PROMOTE_AFTER ${showValue(value)} is more than 168h`);
+  return ms;
+}
+
+/** PROMOTE_CHECK: an https URL with no user or password in it (it is logged); unset or blank is none. */
+function promoteCheckSetting(value: string | undefined): URL | undefined {
+  if (!value?.trim()) return undefined;
+  let url: URL;
+  try {
+    url = new URL(value.trim());
+  } catch {
+    throw new UpgradeError(`PROMOTE_CHECK ${showValue(value)} is not a URL`);
+  }
+  if (url.protocol !== 'https:')
+    throw new UpgradeError(`PROMOTE_CHECK ${showValue(value)} is not an https URL (${url.protocol})`);
+  if (url.username !== '' || url.password !== '')
+    throw new UpgradeError('PROMOTE_CHECK carries a user or password: the check URL is logged; put no secret in it');
+  return url;
+}
+
 // ================================================================================================
 // 29. hook settings — HOOK_SETTINGS, the one table of the settings of the upgrade, its mail and its notifications:
 //    each one's source (the hook, or the service's own environment), type, default, whether a hook must give it as a
@@ -13598,11 +13715,6 @@ function setting<T>(row: Partial<HookSetting<T>> & Pick<HookSetting<T>, 'type' |
   return { from: 'hook' as const, default: 'unset', fixed: false, secret: false, ...row };
 }
 
-// A push fanned out waits for every cluster's answer; a delivery to more clusters than this is a
-// mistake in the hooks file (one per region and stage is a handful).
-const MAX_CLUSTERS = 16;
-// kubeconfig context names are free text; these bounds keep them readable in logs and labels.
-const CONTEXT_NAME = /^[^\s\p{Cc}]{1,253}$/u;
 
 /** CLUSTER (at most 1) and CLUSTERS: context names separated by spaces; unset or blank is none. */
 function clusterNames(name: string, value: string | undefined, max: number): string[] {
@@ -13932,9 +14044,33 @@ export const HOOK_SETTINGS = {
     type: 'kubeconfig contexts',
     default: 'unset (one cluster: CLUSTER)',
     fixed: true,
-    validation: `context names separated by spaces, at most ${MAX_CLUSTERS}; not with CLUSTER`,
-    meaning: 'Several clusters, each upgraded by the same push: each its own result, record, follow and Event.',
-    parse: (value: string | undefined) => clusterNames('CLUSTERS', value, MAX_CLUSTERS),
+    validation:
+      `context names separated by spaces, at most ${MAX_CLUSTERS}; stages separated by ">" (at most ${MAX_STAGES}), ` +
+      'an item may be context/namespace; not with CLUSTER',
+    meaning:
+      'Several clusters, each upgraded by the same push: each its own result, record, follow and Event. With ">", ' +
+      'stages: a push goes to the first, and the digest that ran there to the next once it is healthy (PROMOTE_AFTER).',
+    parse: (value: string | undefined) => [...new Set(parseStages(value).flat().map((t) => t.cluster))],
+  }),
+  PROMOTE_AFTER: setting({
+    type: 'Go duration',
+    default: '0s',
+    fixed: true,
+    validation: '0 or more, at most 168h',
+    meaning:
+      'CLUSTERS stages: how long a stage\'s rollout must stay healthy (complete, no restart, not rolled back) before ' +
+      'the digest that ran there is pushed to the next stage.',
+    parse: promoteAfterSetting,
+  }),
+  PROMOTE_CHECK: setting({
+    type: 'https URL',
+    default: 'unset (no check)',
+    fixed: true,
+    validation: 'an https URL, with no user or password',
+    meaning:
+      'CLUSTERS stages: asked (GET) after the soak, before promoting; anything but a 2xx, after a few tries, stops ' +
+      'the chain.',
+    parse: promoteCheckSetting,
   }),
   // -- reading the push
   REPO_TYPE: setting({
@@ -14405,9 +14541,9 @@ function readSettings(
 //    Every Event a push writes on its workload is rendered by pushEvent from one table (PUSH_EVENTS: its type, reason
 //    and message, from the push's decision and facts); recordEventQuietly records one without failing the push.
 //    Exports: decidePush, decisionReason, FollowRecord, FUTURE_PUSH_SKEW_MS, holdDecision, imageFieldPath,
-//    IncomingPush, newPushRecord, pullSecretNames, pushEvent, PushRecord, pushTime, readFollowRecords, readPushRecords,
-//    recordEventQuietly, recordUnchanged, RegistryAway, SignatureRefusal, verifiedRef, whoAsked, withPushRecord,
-//    workloadPodSpec.
+//    IncomingPush, newPushRecord, pullSecretNames, pushEvent, PushRecord, pushTime, readContainerAnnotation,
+//    readFollowRecords, readPushRecords, recordEventQuietly, recordUnchanged, RegistryAway, SignatureRefusal,
+//    verifiedRef, whoAsked, withPushRecord, workloadPodSpec.
 //    Tests: test/clouds.test.ts, test/decision.test.ts, test/hold.test.ts, test/records.test.ts,
 //    test/registries.test.ts, test/registry-e2e.test.ts, test/replicas.test.ts, test/upgrade.test.ts.
 // ================================================================================================
@@ -15327,7 +15463,8 @@ function waitStep(input: DecisionInput, facts: DecidedFacts): Decision | WaitPas
   const links = entryLinks(entry, place, s, needs, input.approvals);
   if (typeof links === 'string') return failed(links);
   if (replaced) facts.notes.push(supersededNote(replaced));
-  if (d && !decided) facts.notes.push(`asked to deploy again by ${d.by} at ${new Date(nowMs).toISOString()}`);
+  const asked = d?.action === 'promote' ? `waiting to be promoted ${d.by}` : `asked to deploy again by ${d?.by}`;
+  if (d && !decided) facts.notes.push(`${asked} at ${new Date(nowMs).toISOString()}`);
   const reason = waitingAction(entry);
   const pending = { value: JSON.stringify({ ...JSON.parse(rest), [s.container]: entry }), read: raw };
   const told = { container: s.container, image: input.push.image, why: reason, asked: whoAsked(input.push) };
@@ -15423,8 +15560,9 @@ function waitNeeds(
   const windowText = isObject(annotations) ? annotations[WINDOW_ANNOTATION] : undefined;
   const windows =
     typeof windowText === 'string' ? deployWindowSetting(`annotation ${WINDOW_ANNOTATION}`, windowText) : s.windows;
-  // A replay ("Deploy again") is a new push, asked for by the admin: it needs an approval like one.
-  const replay = decided?.action === 'replay';
+  // A replay ("Deploy again") is a new push, asked for by the admin, a promotion one the chain asks for: each needs
+  // an approval like one.
+  const replay = decided?.action === 'replay' || decided?.action === 'promote';
   const approvedBefore =
     decided !== undefined && !replay && (decided.action !== 'window' || queued?.approvedBy !== undefined);
   const approval = (asked === 'required' || (asked === undefined && s.requireApproval)) && !approvedBefore;
@@ -15435,6 +15573,7 @@ function waitNeeds(
 
 /** Who decided a push, and when: `approved by Li Lei (10.0.3.7, by link) at 2026-…`. Pure. */
 function decidedNote(d: NonNullable<UpgradeDeps['decided']>, nowMs: number): string {
+  if (d.action === 'promote') return `promoted ${d.by} at ${new Date(nowMs).toISOString()}`;
   const verb = d.action === 'replay' ? 'deployed again' : d.action === 'window' ? 'applied' : 'approved';
   return `${verb} by ${d.by} at ${new Date(nowMs).toISOString()}`;
 }
@@ -16884,7 +17023,8 @@ async function runDecidedPush(
       // What the push was checked against when it came may have changed since (a key, a tag moved), and an entry
       // is only as good as who wrote it: the image is checked again before it is deployed. A replay deploys a past
       // digest on purpose: that digest's signature is checked, not where its tag points now.
-      const replay = deps.decided?.action === 'replay';
+      // A promotion, too, deploys the digest that ran in the stage before, never where its tag points now.
+      const replay = deps.decided?.action === 'replay' || deps.decided?.action === 'promote';
       const image = !settings.verifyImage
         ? push.image
         : replay
@@ -17015,8 +17155,8 @@ type UpgradeResult = Awaited<ReturnType<typeof runUpgrade>>;
 //    API server (or, under ON_REGISTRY_AWAY=keep, the registry) does not answer kept and applied when it answers
 //    (KeptPushes, answered 202), decided waiting pushes
 //    and pushes deployed again (runDecided), and the rollout follower that follows rollouts after the answer.
-//    Exports: FannedOut, hookClusters, listWorkloads, ResultListener, ResumedFollow, RolloutFollower, UpgradeOutput,
-//    UpgradeService, workloadGroups.
+//    Exports: FannedOut, hookClusters, listWorkloads, reportWhere, ResultListener, ResumedFollow, RolloutFollower,
+//    UpgradeOutput, UpgradeService, workloadGroups.
 //    Tests: test/burst.test.ts, test/e2e.test.ts, test/outage.test.ts, test/rollback.test.ts, test/upgrade.test.ts.
 // ================================================================================================
 
@@ -17453,7 +17593,10 @@ export class UpgradeService implements InProcessCommand<UpgradeOutput> {
     this.templateVariables = current;
   }
 
-  /** A push; with CLUSTERS, one push per cluster at once, each with its own result (FannedOut). */
+  /**
+   * A push; with CLUSTERS, one push per cluster at once, each with its own result (FannedOut). CLUSTERS stages: the
+   * first stage's clusters only (each in its namespace, where the stage names one); the promotion does the rest.
+   */
   async run(
     args: string[],
     env: Record<string, string | undefined>,
@@ -17462,9 +17605,9 @@ export class UpgradeService implements InProcessCommand<UpgradeOutput> {
     value?: { value: unknown },
   ): Promise<ServiceResult | { output: string; exitCode: number; report: FannedOut; accepted?: boolean }> {
     const payload: PayloadArgument = value ?? { text: args[0] };
-    let clusters: string[];
+    let clusters: StageTarget[];
     try {
-      clusters = HOOK_SETTINGS.CLUSTERS.parse(env.CLUSTERS);
+      clusters = parseStages(env.CLUSTERS)[0] ?? [];
       if (clusters.length > 0 && env.CLUSTER?.trim()) throw new UpgradeError('CLUSTER and CLUSTERS are both set');
     } catch (e) {
       const report = { ...newReport(), decision: 'failed' as const, result: 'failed' as const };
@@ -17472,8 +17615,9 @@ export class UpgradeService implements InProcessCommand<UpgradeOutput> {
     }
     if (clusters.length === 0) return this.runOne(args, payload, env, requestId, hook);
     const parts = await Promise.all(
-      clusters.map(async (cluster) => {
-        const clusterEnv: typeof env = Object.assign(Object.create(env), { CLUSTER: cluster, CLUSTERS: undefined });
+      clusters.map(async ({ cluster, namespace }) => {
+        const where = { CLUSTER: cluster, CLUSTERS: undefined, ...(namespace && { APP_NS: namespace }) };
+        const clusterEnv: typeof env = Object.assign(Object.create(env), where);
         const one = await this.runOne(args, payload, clusterEnv, `${requestId}/${cluster}`, hook);
         return { cluster, env: clusterEnv, ...one };
       }),
@@ -17897,7 +18041,552 @@ export class RolloutFollower implements CommandListener<UpgradeOutput> {
 }
 
 // ================================================================================================
-// 39. approvals — completes the pushes that wait (the patch chapter's waiting step) on whichever replica acts
+// 39. promotion — CLUSTERS stages (`staging > prod`): a push goes to the first stage only (the upgrade service);
+//    the digest that ran there goes on to the next stage once that stage's rollout is complete and has stayed
+//    healthy for PROMOTE_AFTER (the same image running, not rolled back, no restart since), and PROMOTE_CHECK, when
+//    the hook names one, has answered 2xx. A promotion is a source of pushes like an approval: a Push of that digest
+//    (pinned, whatever its tag points at now) with the push's own identity and time, through the next stage's own
+//    decision path (runDecided: its policy, hold, newest wins, approval and change window); its result goes where
+//    a push's goes, and a stage after it goes on the same way. The push soaking is recorded on the stage's
+//    workload (PROMOTION_ANNOTATION) in the PATCH that starts the soak; the replica whose PATCH takes the record off
+//    promotes it, so a chain goes on exactly once whichever replica is left (one that starts picks the records up).
+//    A newer push to a stage replaces the record there (newest wins): the older chain stops where it had not gone.
+//    Exports: PromotionChain, promotionChain, Promotions, SoakingPush.
+//    Tests: test/promotion.test.ts, test/settings.test.ts.
+// ================================================================================================
+
+const PROMOTION_LIMITS = {
+  // PROMOTE_CHECK: each try's whole call (connect, answer, body); a health endpoint answers well within it.
+  checkDeadlineMs: 10_000,
+  // PROMOTE_CHECK: a few tries, for a check endpoint behind a load balancer that is restarting, all within the budget.
+  checkAttempts: 3,
+  checkBudgetMs: 30_000,
+  // Only the status counts: the body is read no further than this.
+  checkMaxBytes: 4_096,
+  // A soak's end that could not read or write its workload (the API server away) is tried again this much later.
+  retryMs: 30_000,
+};
+
+/** A hook's stages and what a promotion waits for: read from the settings it fixes (checked at load). */
+export interface PromotionChain {
+  stages: StageTarget[][];
+  afterMs: number;
+  check: URL | undefined;
+}
+
+/** The hook's chain, when its CLUSTERS has stages (two or more); undefined otherwise. */
+export function promotionChain(hook: Hook): PromotionChain | undefined {
+  try {
+    const stages = parseStages(fixedInput(hook, 'CLUSTERS'));
+    if (stages.length < 2) return undefined;
+    const afterMs = HOOK_SETTINGS.PROMOTE_AFTER.parse(fixedInput(hook, 'PROMOTE_AFTER'));
+    return { stages, afterMs, check: HOOK_SETTINGS.PROMOTE_CHECK.parse(fixedInput(hook, 'PROMOTE_CHECK')) };
+  } catch {
+    return undefined;
+  }
+}
+
+/** `staging`, or `prod-eu, prod-us`: how logs and notes name a stage. */
+function stageName(stage: StageTarget[]): string {
+  return stage.map((t) => (t.namespace ? `${t.cluster}/${t.namespace}` : t.cluster)).join(', ');
+}
+
+/** The stage a push's report is of: its cluster, in the namespace the stage names (if it names one); -1: none. */
+function stageOfReport(chain: PromotionChain, cluster: string | undefined, namespace: string | undefined): number {
+  return chain.stages.findIndex((s) =>
+    s.some((t) => t.cluster === cluster && (t.namespace ?? namespace) === namespace),
+  );
+}
+
+/** One push soaking on a stage's workload, per container (PROMOTION_ANNOTATION). */
+interface PromotionRecord {
+  hook: string;
+  /** The request of the push in this stage; the next stage's push is `<request's first part>/<cluster>`. */
+  request: string;
+  /** The reference deployed, pinned to the digest that runs. */
+  image: string;
+  /** The namespace a stage that names none deploys to: the push's own. */
+  namespace: string;
+  /** The stage (its index in CLUSTERS) the push soaks in. */
+  stage: number;
+  since: string;
+  until: string;
+  /** Restarts of the pods running the image when the soak began. */
+  restarts: number;
+}
+
+/** The promotion records on a workload, by container; malformed ones are dropped. */
+function readPromotionRecords(workload: unknown) {
+  const fields = ['hook', 'request', 'image', 'namespace', 'since', 'until'];
+  return readContainerAnnotation<PromotionRecord>(workload, PROMOTION_ANNOTATION, fields);
+}
+
+/** A reference pinned to a digest (`repo:tag@sha256:…`, `repo@sha256:…`); undefined when it names a tag only. */
+function pinnedDigest(image: string | undefined): string | undefined {
+  const parsed = image === undefined ? undefined : validateImageRef(image);
+  return parsed?.ok && parsed.ref.digest !== undefined ? image : undefined;
+}
+
+/** Where one soak sits: the stage's workload and container, in its cluster. */
+interface SoakPlace {
+  cluster: string | undefined;
+  target: WorkloadTarget;
+  container: string;
+}
+
+/** `deployment/web in shop (cluster staging)`: how the log names a stage's workload. */
+function placeName(p: SoakPlace): string {
+  return `${p.target.kind}/${p.target.name} in ${p.target.namespace}${p.cluster ? ` (cluster ${p.cluster})` : ''}`;
+}
+
+/**
+ * Writes (`record`) or takes off (undefined) one container's promotion record, testing the annotation as read:
+ * false when another replica changed it first (the caller reads again), or when the record there is not `expect`.
+ */
+async function writePromotionRecord(
+  client: KubeClient,
+  p: SoakPlace,
+  record: PromotionRecord | undefined,
+  expect: (found: PromotionRecord | undefined) => boolean,
+): Promise<boolean> {
+  for (let attempt = 1; ; attempt++) {
+    const workload = await readWorkload(client, p.target);
+    const { raw, entries } = readPromotionRecords(workload);
+    if (!expect(entries[p.container])) return false;
+    const rest = Object.fromEntries(Object.entries(entries).filter(([c]) => c !== p.container));
+    const value = JSON.stringify(record ? { ...rest, [p.container]: record } : rest);
+    const ops = annotationOps(
+      workload,
+      ['metadata'],
+      { [PROMOTION_ANNOTATION]: value },
+      {
+        [PROMOTION_ANNOTATION]: raw ?? null,
+      },
+    );
+    try {
+      await client.patch<K8sObject>(workloadResource(p.target), ops, UPGRADE_LIMITS.fieldManager);
+      return true;
+    } catch (e) {
+      if (!(e instanceof KubeError && e.status === 422) || attempt >= UPGRADE_LIMITS.maxPatchAttempts) throw e;
+    }
+  }
+}
+
+/** Restarts of the pods that run the image, summed: a soak that ends with more than it began with was not healthy. */
+async function restartsOf(client: KubeClient, p: SoakPlace, workload: K8sObject, image: string): Promise<number> {
+  const pods = await workloadPods(client, p.target, workload, p.container);
+  return pods.filter((pod) => pod.image === image).reduce((n, pod) => n + pod.restarts, 0);
+}
+
+/** Why the stage's workload is not healthy with the image soaking there, or undefined when it is. Pure. */
+function soakProblem(workload: K8sObject, p: SoakPlace, r: PromotionRecord): string | undefined {
+  const record = readPushRecords(workload).records[p.container];
+  if (record?.rolledBack) return `its rollout was rolled back (${record.rolledBack})`;
+  const running = locateContainer(workloadPodSpec(workload, p.target.kind), p.container)?.image;
+  if (running !== r.image) return `superseded: the container runs ${running ?? 'nothing'} now, not ${r.image}`;
+  // The soak's own record bumps a Deployment's generation (annotations count) before its controller has looked: the
+  // image is compared above, so the status is read as of the generation the controller has seen.
+  const observed = valueAt(workload, ['status', 'observedGeneration']);
+  const metadata = { ...(workload.metadata as object), generation: observed };
+  const status = rolloutStatus(p.target.kind, typeof observed === 'number' ? { ...workload, metadata } : workload);
+  if (status.state !== 'done' && status.state !== 'untracked') return `its rollout is not complete: ${status.message}`;
+  return undefined;
+}
+
+/** PROMOTE_CHECK asked: undefined when it answered 2xx, else why not (after its tries). */
+async function promoteCheck(url: URL): Promise<string | undefined> {
+  const L = PROMOTION_LIMITS;
+  const request = { method: 'GET', deadlineMs: L.checkDeadlineMs, maxResponseBytes: L.checkMaxBytes };
+  const tried = await retrying<number, string>({ budgetMs: L.checkBudgetMs, attempts: L.checkAttempts }, async () => {
+    try {
+      const answer = await outboundRequest(url, { ...request, overLimit: 'cut' });
+      if (answer.status >= 200 && answer.status < 300) return { ok: true, value: answer.status };
+      return { ok: false, failure: { status: answer.status }, error: `answered ${answer.status}` };
+    } catch (e) {
+      const error = e as OutboundError;
+      return { ok: false, failure: { code: error.code }, error: error.message };
+    }
+  });
+  return tried.ok ? undefined : `PROMOTE_CHECK ${url.origin}${url.pathname} ${tried.error} (${tried.attempts} tries)`;
+}
+/** Why a push applied to a stage goes no further, from its final report; undefined: it soaks. Pure. */
+function stageStop(report: UpgradeReport): string | undefined {
+  if (report.rollback) return `its rollout failed and was rolled back: ${formatRollback(report.rollback)}`;
+  if (report.result !== 'ok') return `it failed: ${report.error ?? report.action}`;
+  const rollout = report.rollout;
+  if (rollout && rollout.state !== 'complete' && rollout.state !== 'not tracked')
+    return rollout.state === 'progressing'
+      ? `its rollout was not followed to its end (${rollout.detail}): set ROLLOUT_TIMEOUT or -rollout-follow`
+      : `its rollout ${rollout.state}: ${rollout.detail}`;
+  if (!pinnedDigest(report.imageAfter))
+    return `no digest is known of what runs (${report.imageAfter}): set PIN_DIGEST=true or VERIFY_IMAGE=true`;
+  return undefined;
+}
+
+/** What a promotion's push came to, as webhook_promotions_total counts it. Pure. */
+function promotionOutcome(report: UpgradeReport): string {
+  if (report.changed) return 'promoted';
+  if (report.decision === 'waiting' || report.decision === 'approved') return 'waiting';
+  if (report.decision === 'superseded' || report.decision === 'repeat') return 'superseded';
+  return report.decision === 'rejected' || report.decision === 'expired' ? report.decision : 'stopped';
+}
+
+/** A soak this replica waits out: where, its record, the hook and chain it belongs to, and its timer. */
+interface Soak {
+  place: SoakPlace;
+  record: PromotionRecord;
+  hook: Hook;
+  chain: PromotionChain;
+  timer?: ReturnType<typeof setTimeout>;
+}
+
+/** A soak as the deliveries page shows it: where, what, from which stage to which, until when. */
+export interface SoakingPush {
+  key: string;
+  hook: string;
+  request: string;
+  where: string;
+  image: string;
+  from: string;
+  to: string;
+  until: string;
+}
+
+/** The key of one soak: one per container of a stage's workload (a newer push's soak replaces the older one). */
+function soakKey(p: SoakPlace): string {
+  return `${p.cluster ?? ''}/${p.target.namespace}/${p.target.kind}/${p.target.name}/${p.container}`;
+}
+
+/**
+ * The chains of the hooks whose CLUSTERS has stages. It sits between the rollout follower and the result (a
+ * ResultListener that hands everything on): a push's final result on a stage starts its soak there; a soak's end
+ * promotes the digest to the next stage (UpgradeService.runDecided), whose result goes back through the rollout
+ * follower (`useListener`) like an approved push's, and on to the next stage when there is one.
+ */
+export class Promotions implements ResultListener {
+  private readonly soaks = new Map<string, Soak>();
+  /** The requests of this replica's promotions: their outcome is counted when they are made, not again. */
+  private readonly promoted = new Set<string>();
+  private readonly upgrade: UpgradeService;
+  private readonly hooks: () => ReadonlyMap<string, Hook>;
+  private readonly log: Logger;
+  private readonly next: ResultListener;
+  private readonly metrics: Metrics | undefined;
+  private listener: CommandListener<UpgradeOutput> | undefined;
+  private stopped = false;
+
+  constructor(
+    upgrade: UpgradeService,
+    hooks: () => ReadonlyMap<string, Hook>,
+    log: Logger,
+    next: ResultListener,
+    metrics?: Metrics,
+  ) {
+    this.upgrade = upgrade;
+    this.hooks = hooks;
+    this.log = log;
+    this.next = next;
+    this.metrics = metrics;
+  }
+
+  /** Where a promotion's result goes: the rollout follower, which follows its rollout and hands it back here. */
+  useListener(listener: CommandListener<UpgradeOutput>): void {
+    this.listener = listener;
+  }
+
+  started(hook: Hook, req: HookRequest): void {
+    this.next.started(hook, req);
+  }
+  answered(hook: Hook, req: HookRequest, r: CommandResult<UpgradeOutput>, report: UpgradeReport | undefined): void {
+    this.next.answered(hook, req, r, report);
+  }
+  progressed(req: HookRequest, rollout: RolloutOutcome): void {
+    this.next.progressed(req, rollout);
+  }
+  handedOver(req: HookRequest, detail: string): void {
+    this.next.handedOver(req, detail);
+  }
+  fannedOut(hook: Hook, req: HookRequest, r: CommandResult<UpgradeOutput>, requests: string[]): void {
+    this.next.fannedOut(hook, req, r, requests);
+  }
+
+  settled(hook: Hook, req: HookRequest, r: CommandResult<UpgradeOutput>, report: UpgradeReport | undefined): void {
+    this.next.settled(hook, req, r, report);
+    if (report) this.onFinal(hook, req.id, report);
+  }
+
+  resumed(report: UpgradeReport, follow: ResumedFollow): void {
+    this.next.resumed(report, follow);
+    const hook = this.hooks().get(follow.hook);
+    if (hook) this.onFinal(hook, follow.request, report);
+  }
+
+  /** A push's final result: on a stage of a chain, its soak starts there, or the chain stops there, said why. */
+  private onFinal(hook: Hook, requestId: string, report: UpgradeReport): void {
+    const chain = promotionChain(hook);
+    if (!chain || !report.target || report.container === undefined || this.stopped) return;
+    const index = stageOfReport(chain, report.cluster, report.namespace);
+    if (index < 0) return;
+    // A promotion that waited in this stage, decided since (here, or on the replica a person reached): a rejection
+    // or an expiry ends the chain here.
+    if (index > 0 && !this.promoted.delete(requestId) && ['rejected', 'expired'].includes(report.decision)) {
+      this.count(hook, chain, index, promotionOutcome(report));
+      const stopped = `chain stopped at ${stageName(chain.stages[index])}: the push was ${report.decision}`;
+      this.log.error(`[${requestId}] ${reportWhere(report)}: ${stopped}`);
+    }
+    if (index === chain.stages.length - 1 || !report.changed || report.rollout?.superseded) return;
+    const target = { ...report.target };
+    const place: SoakPlace = { cluster: report.cluster, target, container: report.container };
+    const stop = stageStop(report);
+    if (stop) return this.chainStopped(hook, chain, index, requestId, place, stop);
+    void this.startSoak(hook, chain, index, requestId, place, report.imageAfter!).catch((e: Error) =>
+      this.chainStopped(hook, chain, index, requestId, place, `its soak could not be recorded: ${e.message}`),
+    );
+  }
+
+  /** The chain stops at a stage: logged as an error (someone expects the next stage to get it) and counted. */
+  private chainStopped(hook: Hook, c: PromotionChain, index: number, requestId: string, p: SoakPlace, why: string) {
+    const next = stageName(c.stages[index + 1]);
+    this.log.error(
+      `[${requestId}] ${placeName(p)}: chain stopped at ${stageName(c.stages[index])}: ${why}; ` +
+        `not promoted to ${next}`,
+    );
+    this.count(hook, c, index + 1, 'stopped');
+  }
+
+  private count(hook: Hook, chain: PromotionChain, to: number, outcome: string): void {
+    const labels = { hook: hook.id, from: stageName(chain.stages[to - 1]), to: stageName(chain.stages[to]), outcome };
+    this.metrics?.inc('webhook_promotions_total', labels);
+  }
+
+  /** The soak starts: recorded on the stage's workload (the record another replica finds), then waited out here. */
+  private async startSoak(
+    hook: Hook,
+    chain: PromotionChain,
+    index: number,
+    requestId: string,
+    p: SoakPlace,
+    image: string,
+  ): Promise<void> {
+    const client = this.upgrade.kube(p.cluster);
+    if (!client) throw new UpgradeError('no Kubernetes credentials');
+    const workload = await readWorkload(client, p.target);
+    const nowMs = Date.now();
+    const own = chain.stages[index].find((t) => t.cluster === p.cluster)?.namespace;
+    const namespace = own === undefined ? p.target.namespace : (fixedInput(hook, 'APP_NS') ?? p.target.namespace);
+    const record: PromotionRecord = {
+      ...{ hook: hook.id, request: requestId, image, namespace, stage: index },
+      since: new Date(nowMs).toISOString(),
+      until: new Date(nowMs + chain.afterMs).toISOString(),
+      restarts: await restartsOf(client, p, workload, image),
+    };
+    await writePromotionRecord(client, p, record, () => true);
+    const next = stageName(chain.stages[index + 1]);
+    const soak = formatGoDuration(chain.afterMs);
+    this.log.info(
+      `[${requestId}] ${placeName(p)}: rollout complete; ${image} goes to ${next} once healthy for ${soak}` +
+        ` (at ${record.until})${chain.check ? ` and PROMOTE_CHECK answers 2xx` : ''}`,
+    );
+    this.schedule({ place: p, record, hook, chain });
+  }
+
+  /** Waits a soak out (a newer one on the same container replaces it: that chain goes no further here). */
+  private schedule(soak: Soak, delayMs = Date.parse(soak.record.until) - Date.now()): void {
+    const key = soakKey(soak.place);
+    const older = this.soaks.get(key);
+    if (older && older !== soak) {
+      clearTimeout(older.timer);
+      if (older.record.request !== soak.record.request) {
+        this.log.notice(
+          `[${older.record.request}] ${placeName(older.place)}: chain superseded by request ` +
+            `${soak.record.request}: not promoted further`,
+        );
+        this.count(older.hook, older.chain, older.record.stage + 1, 'superseded');
+      }
+    }
+    soak.timer = setTimeout(() => void this.endSoak(key, soak), Math.max(0, delayMs));
+    this.soaks.set(key, soak);
+  }
+
+  /**
+   * A soak's end: the record still this push's, the stage still healthy with it, PROMOTE_CHECK answering 2xx; the
+   * record taken off (the one replica whose PATCH does promotes) and the digest pushed to the next stage.
+   */
+  private async endSoak(key: string, soak: Soak): Promise<void> {
+    if (this.soaks.get(key) === soak) this.soaks.delete(key);
+    if (this.stopped) return;
+    const { place: p, record: r, hook, chain } = soak;
+    const client = this.upgrade.kube(p.cluster);
+    try {
+      if (!client) throw new UpgradeError('no Kubernetes credentials');
+      const workload = await readWorkload(client, p.target);
+      if (readPromotionRecords(workload).entries[p.container]?.request !== r.request)
+        return this.log.info(`[${r.request}] ${placeName(p)}: promoted by another replica, or superseded`);
+      // The hook as loaded now: reloaded without this chain (or a stage after this one), it promotes no further.
+      const current = this.hooks().get(hook.id);
+      const now = current && promotionChain(current);
+      const ends = !now || now.stages.length <= r.stage + 1;
+      let problem = ends ? `hook "${hook.id}" has no stage after it now` : undefined;
+      problem ??= soakProblem(workload, p, r);
+      const restarts = problem ? 0 : await restartsOf(client, p, workload, r.image);
+      if (!problem && restarts > r.restarts) problem = `its pods restarted ${restarts - r.restarts} time(s)`;
+      if (!problem && chain.check) problem = await promoteCheck(chain.check);
+      if (!(await writePromotionRecord(client, p, undefined, (f) => f?.request === r.request)))
+        return this.log.info(`[${r.request}] ${placeName(p)}: promoted by another replica`);
+      if (problem) return this.chainStopped(hook, chain, r.stage, r.request, p, problem);
+      await this.promote({ ...soak, hook: current!, chain: now! }, workload);
+    } catch (e) {
+      this.log.error(
+        `[${r.request}] ${placeName(p)}: the soak's end could not be read or written: ` +
+          `${(e as Error).message}; tried again in ${formatGoDuration(PROMOTION_LIMITS.retryMs)}`,
+      );
+      if (!this.soaks.has(key)) this.schedule(soak, PROMOTION_LIMITS.retryMs);
+    }
+  }
+
+  /** The digest that ran, pushed to each cluster of the next stage at once: the push's identity and time, kept. */
+  private async promote(soak: Soak, workload: K8sObject): Promise<void> {
+    const { record: r, chain, place } = soak;
+    const pushed = readPushRecords(workload).records[place.container];
+    const push: IncomingPush = {
+      image: r.image,
+      pushedAtMs: pushed?.image === r.image ? Date.parse(pushed.pushedAt) : Date.parse(r.since),
+      timeFrom: pushed?.image === r.image ? pushed.timeFrom : 'received',
+      push: pushed?.image === r.image ? pushed.push : `promotion|${r.request}`,
+    };
+    const soaked = formatGoDuration(roundedToSeconds(Date.now() - Date.parse(r.since)));
+    const from = stageName(chain.stages[r.stage]);
+    await Promise.all(
+      chain.stages[r.stage + 1].map((t) => this.promoteTo(soak, t, push, `after ${soaked} healthy ` + `in ${from}`)),
+    );
+  }
+
+  /** One cluster of the next stage: the promoted push decided there, told as a push's result, counted. */
+  private async promoteTo(soak: Soak, t: StageTarget, push: IncomingPush, after: string): Promise<void> {
+    const { record: r, hook, chain, place } = soak;
+    const target = { namespace: t.namespace ?? r.namespace, kind: place.target.kind, name: place.target.name };
+    const requestId = `${r.request.split('/')[0]}/${t.cluster}`;
+    const decided = { action: 'promote', by: `to ${t.cluster} ${after}` } as const;
+    this.promoted.add(requestId);
+    try {
+      const { report, env } = await this.upgrade.runDecided(
+        hook,
+        target,
+        place.container,
+        push,
+        decided,
+        requestId,
+        t.cluster,
+      );
+      const outcome = promotionOutcome(report);
+      this.count(hook, chain, r.stage + 1, outcome);
+      const said = outcome === 'promoted' ? 'promoted' : 'promotion';
+      const line = `[${requestId}] ${reportWhere(report)}: ${said} ${decided.by}: ${report.action}`;
+      if (report.result === 'ok') this.log.notice(line);
+      else this.log.error(line);
+      this.tell(hook, requestId, report, env);
+    } catch (e) {
+      this.promoted.delete(requestId);
+      this.chainStopped(
+        hook,
+        chain,
+        r.stage,
+        r.request,
+        place,
+        `not promoted to ${t.cluster}: ${(e as Error).message}`,
+      );
+    }
+  }
+
+  /** A promotion's result goes where a push's goes: the rollout follower follows it, then back here and on. */
+  private tell(hook: Hook, id: string, report: UpgradeReport, env: Record<string, string | undefined>): void {
+    const req: HookRequest = {
+      ...{ id, method: 'POST', remoteAddr: '', remoteIp: '', headers: {}, query: {} },
+      ...{ payload: undefined, body: Buffer.alloc(0) },
+    };
+    const ok = report.result === 'ok';
+    const result = { output: formatReport(report), env, ok, exitCode: ok ? 0 : 1, timedOut: false, report };
+    this.listener?.started?.(hook, req);
+    this.listener?.finished(hook, req, result);
+  }
+
+  /**
+   * At start: the soaks other replicas recorded on the stages of the hooks this one serves (those that fix their
+   * workload) and did not finish are waited out here; the one replica whose PATCH takes a record off promotes it.
+   */
+  async resume(hooks: Iterable<Hook>): Promise<void> {
+    // Each stage's failure is logged where it happens (resumeStage): this never rejects.
+    for (const hook of hooks) {
+      const chain = promotionChain(hook);
+      const fixed = hookReach(hook)?.target;
+      if (!chain || !fixed) continue;
+      for (const [index, stage] of chain.stages.slice(0, -1).entries())
+        for (const t of stage) await this.resumeStage(hook, chain, index, t, fixed);
+    }
+  }
+
+  private async resumeStage(
+    hook: Hook,
+    chain: PromotionChain,
+    index: number,
+    t: StageTarget,
+    fixed: HookReach['target'] & {},
+  ) {
+    const target: WorkloadTarget = { ...fixed, namespace: t.namespace ?? fixed.namespace };
+    const client = this.upgrade.kube(t.cluster);
+    try {
+      if (!client) throw new UpgradeError('no Kubernetes credentials');
+      const { entries } = readPromotionRecords(await readWorkload(client, target));
+      for (const [container, record] of Object.entries(entries)) {
+        const place = { cluster: t.cluster, target, container };
+        if (record.hook !== hook.id || record.stage !== index || this.soaks.has(soakKey(place))) continue;
+        this.log.notice(
+          `[${record.request}] ${placeName(place)}: resuming the soak before ${stageName(chain.stages[index + 1])}`,
+        );
+        this.schedule({ place, record, hook, chain });
+      }
+    } catch (e) {
+      this.log.warn(
+        `unfinished promotions on ${placeName({ cluster: t.cluster, target, container: '' })}: ` + (e as Error).message,
+      );
+    }
+  }
+
+  /** The soaks waited out here, for the deliveries page. */
+  list(): SoakingPush[] {
+    return [...this.soaks].map(([key, { place, record: r, hook, chain }]) => ({
+      ...{ key, hook: hook.id, request: r.request, where: placeName(place), image: r.image, until: r.until },
+      ...{ from: stageName(chain.stages[r.stage]), to: stageName(chain.stages[r.stage + 1]) },
+    }));
+  }
+
+  /**
+   * "Promote now" (the deliveries page, behind its admin token and Origin check): the rest of the soak is skipped;
+   * the stage is still checked (the same image, complete, no restart, PROMOTE_CHECK), and the next stage's policy,
+   * approval and change window still apply.
+   */
+  async promoteNow(key: string, by: string): Promise<{ status: number; title: string; detail: string }> {
+    const soak = this.soaks.get(key);
+    const gone = 'No push soaks there now: promoted, stopped or superseded.';
+    if (!soak) return { status: 409, title: 'Not promoted', detail: gone };
+    clearTimeout(soak.timer);
+    const to = stageName(soak.chain.stages[soak.record.stage + 1]);
+    this.log.notice(`[${soak.record.request}] ${placeName(soak.place)}: promote now, by ${by}: the rest of the soak ` +
+      `(until ${soak.record.until}) is skipped`);
+    await this.endSoak(key, soak);
+    return { status: 200, title: 'Promoted', detail: `${soak.record.image} goes to ${to}: its result is on the page.` };
+  }
+
+  /** At shutdown: soaks are left on their workloads, for the replica that starts next. */
+  stop(): void {
+    this.stopped = true;
+    for (const soak of this.soaks.values()) clearTimeout(soak.timer);
+    this.soaks.clear();
+  }
+}
+
+// ================================================================================================
+// 40. approvals — completes the pushes that wait (the patch chapter's waiting step) on whichever replica acts
 //    first: an approval link's confirmation page and its POST (GET never decides), the deliveries page's Approve,
 //    Reject and Deploy again, a change window's opening and an expiry. Each decision reads the workload, checks the
 //    pending entry the link names is still there, and completes it by a patch that tests the annotation it read (a
@@ -17910,7 +18599,7 @@ export class RolloutFollower implements CommandListener<UpgradeOutput> {
 //    (listed once, shared with the follows), or, where it has none, one LIST per namespace and kind every rescanMs;
 //    in each cluster its hooks name (a waiting push, its key and its links carry the cluster). A link once decided
 //    is remembered until it expires: used again, it is answered 410 without asking the API server.
-//    Exports: approvalHooksProblem, ApprovalService, waitingKey, WaitingPush.
+//    Exports: approvalHooksProblem, ApprovalService, deciderName, waitingKey, WaitingPush.
 //    Tests: test/approvals.test.ts, test/clusters.test.ts, test/signed-images.test.ts, test/unit.test.ts.
 // ================================================================================================
 
@@ -18648,7 +19337,7 @@ interface PastPush {
 
 
 // ================================================================================================
-// 40. the result — one record per push (Delivery, in the DeliveryLog): made when its request comes in, completed
+// 41. the result — one record per push (Delivery, in the DeliveryLog): made when its request comes in, completed
 //    as the rollout follower hands on the answer, the rollout's progress and its end, and once final sent to each
 //    ResultChannel in order (the mail, then the chat and JSON receivers), whose outcomes are recorded on it. What
 //    became of the push is its upgrade report's decision (DECISIONS), published as pushResult says; the channels
@@ -19081,7 +19770,7 @@ export class ResultDispatcher implements ResultListener {
 }
 
 // ================================================================================================
-// 41. mail — mails a hook's result through the server the MAIL_* variables describe (parseMailConfig; MAIL_TO names
+// 42. mail — mails a hook's result through the server the MAIL_* variables describe (parseMailConfig; MAIL_TO names
 //    the recipients): one mail per push after its rollout's end, at most -max-mails-per-hook per -mail-window, the
 //    rest summed up in one mail. The Mailer is the result's first ResultChannel.
 //    Exports: Mailer, parseMailConfig.
@@ -19347,7 +20036,7 @@ function summaryMail(hookId: string, window: MailWindow, cap: MailCap): { subjec
 }
 
 // ================================================================================================
-// 42. chat & json notifications — a hook's result posted, at the moment its mail goes (after the rollout's end, in
+// 43. chat & json notifications — a hook's result posted, at the moment its mail goes (after the rollout's end, in
 //    the background), to each URL of NOTIFY_URL, in the body NOTIFY_FORMAT names: json (our own document, versioned
 //    by its "schema" field, signed in a header with NOTIFY_SECRET), dingtalk (markdown; NOTIFY_SECRET signs the URL),
 //    wecom (markdown), feishu and lark (a card; NOTIFY_SECRET signs the body), slack (mrkdwn), teams (an Adaptive
@@ -20215,7 +20904,7 @@ export class Notifier implements ResultChannel {
 }
 
 // ================================================================================================
-// 43. deliveries page — what the last pushes did, on the admin listener (never the hook port): the records of the
+// 44. deliveries page — what the last pushes did, on the admin listener (never the hook port): the records of the
 //    result's DeliveryLog (the last -deliveries pushes, newest first, as far as each has got). /deliveries lists
 //    them (refreshing itself while a push is still running); /deliveries/<n> is one push's full report and pods;
 //    /deliveries.json and /deliveries/<n>.json carry the same as JSON (entries in the shape of NOTIFY_FORMAT=json).
@@ -20317,6 +21006,29 @@ function renderWaiting(pushes: readonly WaitingPush[]): string {
   ].join('\n');
 }
 
+/** CLUSTERS stages: the pushes soaking in a stage before the next, with "Promote now". Pure. */
+function renderSoaking(soaks: readonly SoakingPush[]): string {
+  if (soaks.length === 0) return '';
+  const rows = soaks.map((s) =>
+    [
+      '<tr class="running">',
+      cell('Request', `<code>${escapeHtml(s.request)}</code><br><span class="muted">${escapeHtml(s.hook)}</span>`),
+      cell('Workload', escapeHtml(s.where)),
+      cell('Image', `<code>${escapeHtml(s.image)}</code>`, 'image'),
+      cell('Stage', `<span class="tag">soaking</span><br>${escapeHtml(`in ${s.from} until ${s.until}, then ${s.to}`)}`),
+      cell('Promote', decisionForm('deliveries/promote', { key: s.key }, [['promote', 'Promote now']])),
+      '</tr>',
+    ].join(''),
+  );
+  const head = ['Request', 'Workload', 'Image', 'Stage', 'Promote'];
+  return [
+    '<h2>Soaking before the next stage</h2>',
+    `<table class="soaking"><thead><tr>${head.map((h) => `<th>${h}</th>`).join('')}</tr></thead><tbody>`,
+    rows.join('\n'),
+    '</tbody></table>',
+  ].join('\n');
+}
+
 /** "Deploy again" for a past applied push (for the holder of the admin token). Pure. */
 function replayForm(d: Delivery): string {
   if (d.state !== 'done' || !d.imageAfter || !d.workload || !d.namespace || !d.container) return '';
@@ -20330,6 +21042,7 @@ function renderDeliveries(
   busy: boolean,
   now: Date,
   pushes: readonly WaitingPush[] = [],
+  soaks: readonly SoakingPush[] = [],
 ): string {
   const head = ['Time', 'Hook', 'Request', 'Registry', 'Workload / container', 'Image before → after'];
   head.push('Decision', 'Rollout', 'Notified');
@@ -20337,12 +21050,13 @@ function renderDeliveries(
     ? entries.map(deliveryRow).join('\n')
     : `<tr><td colspan="${head.length}" class="muted">No push since the service started.</td></tr>`;
   // A page with forms is not reloaded under the hand filling them in.
-  const refresh = busy && pushes.length === 0 ? DELIVERY_LIMITS.refreshSeconds : undefined;
+  const refresh = busy && pushes.length === 0 && soaks.length === 0 ? DELIVERY_LIMITS.refreshSeconds : undefined;
   const body = [
     '<h1>Deliveries</h1>',
     `<p class="meta">${entries.length} most recent push(es), newest first · as of ${shownTime(now)}` +
       `${refresh ? ` · refreshing every ${refresh} s while a push is running` : ''}` +
       ' · <a href="deliveries.json">JSON</a></p>',
+    renderSoaking(soaks),
     renderWaiting(pushes),
     `<table><thead><tr>${head.map((h) => `<th>${h}</th>`).join('')}</tr></thead><tbody>`,
     rows,
@@ -20427,11 +21141,13 @@ function decidedPage(o: { status: number; title: string; detail: string; report?
 async function pageAction(
   log: DeliveryLog,
   approvals: ApprovalService,
+  promotions: Promotions | undefined,
   pathname: string,
   form: URLSearchParams,
   remoteIp: string,
 ): Promise<PageAnswer | undefined> {
   if (pathname === '/deliveries/decide') return decidedPage(await approvals.adminAction(form, remoteIp));
+  if (pathname === '/deliveries/promote') return decidedPage(await pagePromotion(promotions, form, remoteIp));
   if (pathname !== '/deliveries/replay') return undefined;
   const d = log.get(Number(form.get('seq')));
   const past = d && replayForm(d) !== '' ? d : undefined;
@@ -20447,8 +21163,21 @@ async function pageAction(
   return decidedPage(await approvals.adminAction(form, remoteIp, push));
 }
 
+/** "Promote now" from the page: the name given checked as a decision's, then the soak skipped (Promotions). */
+async function pagePromotion(promotions: Promotions | undefined, form: URLSearchParams, remoteIp: string) {
+  const who = deciderName(form);
+  if ('problem' in who) return { status: 400, title: 'Not promoted', detail: who.problem };
+  if (!promotions) return { status: 404, title: 'Not promoted', detail: 'No push soaks here.' };
+  return promotions.promoteNow(form.get('key') ?? '', `${who.name} (${remoteIp}, admin token)`);
+}
+
 /** The deliveries pages for the admin listener (the http server's AdminPages). */
-export function deliveryPages(log: DeliveryLog, token: string, approvals?: ApprovalService): AdminPages {
+export function deliveryPages(
+  log: DeliveryLog,
+  token: string,
+  approvals?: ApprovalService,
+  promotions?: Promotions,
+): AdminPages {
   const html = (body: string) => ({ body, contentType: 'text/html; charset=utf-8', headers: PAGE_HEADERS });
   const json = (value: unknown) => ({
     body: `${JSON.stringify(value, null, 1)}\n`,
@@ -20461,7 +21190,8 @@ export function deliveryPages(log: DeliveryLog, token: string, approvals?: Appro
     page(pathname) {
       const entries = log.list();
       const pushes = approvals?.list() ?? [];
-      if (pathname === '/deliveries') return html(renderDeliveries(entries, log.busy(), new Date(), pushes));
+      const soaks = promotions?.list() ?? [];
+      if (pathname === '/deliveries') return html(renderDeliveries(entries, log.busy(), new Date(), pushes, soaks));
       if (pathname === '/deliveries.json')
         return json({ schema: 'webhook.deliveries/v1', deliveries: entries.map(deliveryDocument) });
       const one = /^\/deliveries\/(\d{1,9})(\.json)?$/.exec(pathname);
@@ -20469,12 +21199,12 @@ export function deliveryPages(log: DeliveryLog, token: string, approvals?: Appro
       if (!d) return undefined;
       return one![2] ? json(deliveryDocument(d)) : html(renderDelivery(d, log.busy([d])));
     },
-    ...(approvals ? { action: (p, form, ip) => pageAction(log, approvals, p, form, ip) } : {}),
+    ...(approvals ? { action: (p, form, ip) => pageAction(log, approvals, promotions, p, form, ip) } : {}),
   };
 }
 
 // ================================================================================================
-// 44. -validate & -print-rbac — the commands that read the hooks and exit: -validate describes every hook (its rule,
+// 45. -validate & -print-rbac — the commands that read the hooks and exit: -validate describes every hook (its rule,
 //    parameters, answer, upgrade and notifications) and says what is wrong, -print-rbac prints the least-privilege
 //    RBAC; both load the hooks exactly as the service does (hookLoadSettings).
 //    Exports: commandWarnings, hookLoadSettings, printRbac, validate.
@@ -20509,6 +21239,20 @@ async function validate(o: Options, env: Record<string, string | undefined>): Pr
   return checked.ok ? 0 : 1;
 }
 
+/**
+ * Where a hook's pushes go: each cluster it names, with its reach there (CLUSTERS stages: a stage that names a
+ * namespace reaches the workload in that namespace).
+ */
+function hookPlaces(hook: Hook, reach: HookReach) {
+  const chain = promotionChain(hook);
+  const places = chain ? chain.stages.flat() : hookClusters(hook).map((cluster) => ({ cluster, namespace: undefined }));
+  return places.map(({ cluster, namespace }) => ({
+    cluster,
+    namespace,
+    reach: namespace && reach.target ? { ...reach, target: { ...reach.target, namespace } } : reach,
+  }));
+}
+
 /** The verbs an upgrade needs on its workload, asked of each cluster by -check-clusters. */
 const CHECKED_VERBS = ['get', 'patch'];
 
@@ -20528,10 +21272,11 @@ async function checkClusters(
   for (const hook of snapshot.hooks.values()) {
     const reach = hookReach(hook);
     if (!reach) continue;
-    for (const cluster of hookClusters(hook)) {
-      const checked = await checkCluster(reach, cluster, o.kubeconfig || undefined, env);
+    for (const { cluster, reach: there, namespace } of hookPlaces(hook, reach)) {
+      const checked = await checkCluster(there, cluster, o.kubeconfig || undefined, env);
       ok &&= checked.ok;
-      lines.push(`  hook "${hook.id}", cluster ${cluster ?? '(the default)'}: ${checked.line}`);
+      const where = `cluster ${cluster ?? '(the default)'}${namespace ? ` (namespace ${namespace})` : ''}`;
+      lines.push(`  hook "${hook.id}", ${where}: ${checked.line}`);
     }
   }
   return { lines, ok };
@@ -20778,9 +21523,22 @@ function describeSignature(hook: Hook): string[] {
 
 /** Which clusters the hook's pushes go to, when it names them (a context of the kubeconfig each). */
 function describeClusters(hook: Hook): string[] {
+  const chain = promotionChain(hook);
+  if (chain) return [describeChain(chain)];
   const clusters = hookClusters(hook);
   if (clusters.length > 1) return [`clusters: ${clusters.join(', ')} (CLUSTERS: each push upgrades each)`];
   return clusters[0] === undefined ? [] : [`cluster: ${clusters[0]} (a kubeconfig context)`];
+}
+
+/** CLUSTERS stages: the chain, what a promotion waits for, and how the next stage decides. */
+function describeChain(chain: PromotionChain): string {
+  const stages = chain.stages.map((s) => s.map((t) => (t.namespace ? `${t.cluster}/${t.namespace}` : t.cluster)));
+  const check = chain.check ? ` and PROMOTE_CHECK ${chain.check.origin}${chain.check.pathname} answers 2xx` : '';
+  return (
+    `stages: ${stages.map((s) => s.join(' ')).join(' > ')} (CLUSTERS: a push goes to ${stages[0].join(', ')}; ` +
+    `its digest to the next stage once healthy for ${formatGoDuration(chain.afterMs)}${check}, ` +
+    "through that stage's policy, approval and window)"
+  );
 }
 
 /** What a push meets once the container's image was changed outside webhook (ON_OUTSIDE_CHANGE, fixed at load). */
@@ -20877,7 +21635,8 @@ function reachesByCluster(snapshot: Snapshot): Map<string | undefined, HookReach
   for (const hook of snapshot.hooks.values()) {
     const reach = hookReach(hook);
     if (!reach) continue;
-    for (const cluster of hookClusters(hook)) byCluster.set(cluster, [...(byCluster.get(cluster) ?? []), reach]);
+    for (const { cluster, reach: there } of hookPlaces(hook, reach))
+      byCluster.set(cluster, [...(byCluster.get(cluster) ?? []), there]);
   }
   return byCluster;
 }
@@ -20928,7 +21687,7 @@ async function printRbac(o: Options, env: Record<string, string | undefined>): P
 }
 
 // ================================================================================================
-// 45. main — wires the chapters together; the only place with process-wide side effects (signals, pid file, listening
+// 46. main — wires the chapters together; the only place with process-wide side effects (signals, pid file, listening
 //    sockets, exit codes).
 //    Tests: test/image.test.ts, test/memory.test.ts, test/runner.test.ts, test/start.test.ts.
 // ================================================================================================
@@ -20994,8 +21753,7 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
   const runner = new CommandRunner<UpgradeOutput>(o.maxConcurrentCommands, env, log, metrics, upgrade);
   const notifier = openNotifier(o, env, log, metrics);
   if (!notifier) return 1;
-  const deliveries = new DeliveryLog(o.deliveries, (text) => log.scrub(text));
-  const listener = new RolloutFollower(upgrade, log, new ResultDispatcher(deliveries, [mailer, notifier], metrics));
+  const { deliveries, promotions, listener } = resultPath(o, upgrade, store, log, [mailer, notifier], metrics);
   const approvals = new ApprovalService(o.approvalKey, upgrade, () => store.current.hooks, listener, log);
   const phase = { draining: false, shuttingDown: false };
   const handlerContext: HandlerContext = {
@@ -21013,10 +21771,11 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
   const server = await openListener(o, handler, log);
   if (!server) return 1;
   server.on('clientError', (err: Error, socket: net.Socket) => answerClientError(handlerContext, err, socket));
-  const pages = o.deliveries > 0 ? deliveryPages(deliveries, o.adminToken, approvals) : undefined;
+  const pages = o.deliveries > 0 ? deliveryPages(deliveries, o.adminToken, approvals, promotions) : undefined;
   const adminServer = await openAdminListener(o, metrics, log, pages);
   if (adminServer === false) return 1;
   listener.resume(snapshot.hooks.values());
+  void promotions.resume(snapshot.hooks.values());
   approvals.start();
   if (o.hotreload) store.watch();
   reloadOnSignals(store, log);
@@ -21025,7 +21784,7 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
       if (phase.draining) return;
       await stopServing(o, log, sig, phase);
       adminServer?.close();
-      await stopService(o, { store, server, runner, upgrade, listener, approvals, mailer, notifier, log });
+      await stopService(o, { store, server, runner, upgrade, listener, approvals, promotions, mailer, notifier, log });
       log.notice('stopped');
       log.flush();
       resolve(0);
@@ -21033,6 +21792,26 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
     process.on('SIGTERM', () => void shutdown('SIGTERM'));
     process.on('SIGINT', () => void shutdown('SIGINT'));
   });
+}
+
+/**
+ * What a command's result goes through after its answer: the rollout follower, then the promotion (CLUSTERS stages:
+ * a stage's final result starts its soak there), then the result; a promotion's push comes back through the follower.
+ */
+function resultPath(
+  o: Options,
+  upgrade: UpgradeService,
+  store: HookStore,
+  log: Logger,
+  channels: ResultChannel[],
+  metrics: Metrics,
+): { deliveries: DeliveryLog; promotions: Promotions; listener: RolloutFollower } {
+  const deliveries = new DeliveryLog(o.deliveries, (text) => log.scrub(text));
+  const dispatcher = new ResultDispatcher(deliveries, channels, metrics);
+  const promotions = new Promotions(upgrade, () => store.current.hooks, log, dispatcher, metrics);
+  const listener = new RolloutFollower(upgrade, log, promotions);
+  promotions.useListener(listener);
+  return { deliveries, promotions, listener };
 }
 
 /** SIGHUP and SIGUSR1 reload the hooks. */
@@ -21166,6 +21945,7 @@ async function stopService(
     upgrade: UpgradeService;
     listener: RolloutFollower;
     approvals: ApprovalService;
+    promotions: Promotions;
     mailer: Mailer;
     notifier: Notifier;
     log: Logger;
@@ -21173,6 +21953,7 @@ async function stopService(
 ): Promise<void> {
   s.store.close();
   s.approvals.stop();
+  s.promotions.stop();
   s.server.close();
   s.server.closeIdleConnections();
   const graceEnds = Date.now() + o.shutdownGraceMs;

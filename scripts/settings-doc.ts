@@ -90,7 +90,18 @@ export const SETTING_DETAILS: Record<string, string> = {
     'Several contexts, separated by spaces (at most 16): one delivery fanned out, the workload ' +
     'upgraded in each cluster at once, each with its own result, record, rollout follow and Event; answered 200 ' +
     'when every cluster applied it, 202 when one is kept. Not together with `CLUSTER`. See ' +
-    '[Several clusters](clusters.md).',
+    '[Several clusters](clusters.md). With `>` between them, stages (at most 8): `staging > prod-eu prod-us` ' +
+    'applies a push to `staging` only, and the digest that ran there to `prod-eu` and `prod-us` once it stayed ' +
+    'healthy for `PROMOTE_AFTER`; an item may name a namespace, `staging/shop-staging`. See ' +
+    '[Promotion](promotion.md).',
+  PROMOTE_AFTER:
+    'CLUSTERS stages: how long a stage\'s rollout must stay healthy (complete, the same image, no pod restart, not ' +
+    'rolled back) before the digest that ran there is pushed to the next stage. A Go duration, `0s` (the default: ' +
+    'as soon as the rollout completes) to `168h`. See [Promotion](promotion.md).',
+  PROMOTE_CHECK:
+    'CLUSTERS stages: an `https` URL asked with a GET once the soak has passed; anything but a 2xx (after 3 tries ' +
+    'with backoff, 10 s each, 30 s in all) stops the chain at that stage. No user or password in it: it is logged. ' +
+    'See [Promotion](promotion.md).',
   REPO_TYPE:
     `How to read the payload: ${repoTypeList}. See [registries.md](registries.md).`,
   NET_TYPE:

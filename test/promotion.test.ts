@@ -1,0 +1,482 @@
+/*
+ * Promotion: CLUSTERS stages (`staging > prod`). A push goes to the first stage only; once its rollout there is
+ * complete and has stayed healthy for PROMOTE_AFTER (and PROMOTE_CHECK answers 2xx), the digest that ran there (not
+ * its tag, which the registry may have moved meanwhile) is pushed to the next stage through that stage's own
+ * decision path. Two real test clusters (the shared one and a second beside it, as in clusters.test.ts) are the
+ * stages; a real registry (test/oci-registry.ts) resolves the tag to the digest staging runs (VERIFY_IMAGE) and has
+ * the tag moved during the soak. A crash-looping image rolls back in staging and goes no further; a check that
+ * answers 500 stops the chain; a prod that requires approval waits and an approval through the link promotes; a
+ * newer push during the soak supersedes the older chain. Bad settings are load errors naming file, hook and field.
+ */
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import * as fs from 'node:fs';
+import * as https from 'node:https';
+import * as path from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import {
+  adminPort, defaultBinary, httpRequest, makeTempDir, startWebhook, waitFor, waitForOutput, type Webhook,
+} from './harness.ts';
+import {
+  acrPayload, clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor, namespacedGetter, removeNamespace,
+  type Cluster, type Kubectl,
+} from './cluster/kube.ts';
+import { ensureCluster } from './cluster/cluster.ts';
+import { fixedSettings, upgradeHook } from './upgrade-hooks.ts';
+import { ociRegistryOrSkip, pushBlob, pushManifest, type OciRegistry } from './oci-registry.ts';
+import { makeCertificate } from './registry.ts';
+import { browserOrSkip, type Browser } from './browser.ts';
+import { readMail, serviceMailEnv, startMta } from './mta.ts';
+import { parseStages } from '../webhook.ts';
+
+const TOKEN = 'promotion-token-3b9e1c';
+const SECOND_CLUSTER = 'webhook-test-b';
+const REPO = 'shop/web-api';
+/** The soak the cluster tests ask for: long enough to move the tag and push again within it. */
+const SOAK = '8s';
+/** A promotion's whole way (rollout in staging, soak, rollout in prod) on a loaded machine. */
+const CHAIN_TIMEOUT_MS = 120_000;
+
+describe('CLUSTERS stages, as read', () => {
+  test('stages, clusters promoted to together, a namespace per stage', () => {
+    assert.deepEqual(parseStages('staging > prod'), [
+      [{ cluster: 'staging', namespace: undefined }], [{ cluster: 'prod', namespace: undefined }],
+    ]);
+    assert.deepEqual(parseStages(' staging>prod-eu  prod-us ').map((s) => s.map((t) => t.cluster)), [['staging'], ['prod-eu', 'prod-us']]);
+    assert.deepEqual(parseStages('staging/shop-staging > prod/shop'), [
+      [{ cluster: 'staging', namespace: 'shop-staging' }], [{ cluster: 'prod', namespace: 'shop' }],
+    ]);
+    // Without ">", one stage: today's fan-out, duplicates kept once.
+    assert.deepEqual(parseStages('a b a'), [[{ cluster: 'a', namespace: undefined }, { cluster: 'b', namespace: undefined }]]);
+    assert.deepEqual(parseStages(undefined), []);
+  });
+
+  test('what is wrong is named: an empty stage, a bad namespace, a cluster twice in a stage, too many stages', () => {
+    assert.throws(() => parseStages('a > > b'), { message: 'CLUSTERS "a > > b": stage 2 names no cluster (stages are separated by one ">")' });
+    assert.throws(() => parseStages('> prod'), /stage 1 names no cluster/);
+    assert.throws(() => parseStages('staging/Shop > prod'), { message: 'CLUSTERS stage 1: "staging/Shop" names no valid namespace after its "/"' });
+    assert.throws(() => parseStages('staging > prod prod'), { message: 'CLUSTERS stage 2 names cluster "prod" twice' });
+    assert.throws(() => parseStages('a>b>c>d>e>f>g>h>i'), /has 9 stages, more than 8/);
+  });
+});
+
+/** The executable run to its exit. */
+function runToExit(args: string[], env: Record<string, string> = {}) {
+  const r = spawnSync(defaultBinary(), args, { env: { PATH: process.env.PATH, ...env }, encoding: 'utf8' });
+  return { code: r.status, stdout: r.stdout, stderr: r.stderr };
+}
+
+describe('bad stage settings: a load error naming file, hook and field; -validate prints the chain', () => {
+  const dir = makeTempDir('promotion-validate-');
+  after(() => fs.rmSync(dir, { recursive: true, force: true }));
+  const validate = (settings: Record<string, string>) => {
+    const file = path.join(dir, 'hooks.json');
+    fs.writeFileSync(file, JSON.stringify([upgradeHook('chain', TOKEN, settings)], null, 1));
+    return { file, ...runToExit(['-validate', '-hooks', file]) };
+  };
+
+  for (const [settings, message] of [
+    [{ CLUSTERS: 'a > > b' }, 'CLUSTERS "a > > b": stage 2 names no cluster \\(stages are separated by one ">"\\)'],
+    [{ CLUSTERS: 'a > b', PROMOTE_AFTER: '-1s' }, 'PROMOTE_AFTER "-1s" is not a duration of 0 or more \\(e\\.g\\. 0s, 10m, 1h\\)'],
+    [{ CLUSTERS: 'a > b', PROMOTE_CHECK: 'file:///etc/passwd' }, 'PROMOTE_CHECK "file:///etc/passwd" is not an https URL \\(file:\\)'],
+    [{ CLUSTERS: 'a > b', PROMOTE_CHECK: 'http://health.example.com/ok' }, 'PROMOTE_CHECK "http://health\\.example\\.com/ok" is not an https URL \\(http:\\)'],
+    [{ CLUSTERS: 'a > b', PROMOTE_CHECK: 'https://ops:hunter2@health.example.com/' }, 'PROMOTE_CHECK carries a user or password'],
+  ] as const) {
+    test(`${Object.entries(settings).map(([k, v]) => `${k}=${v}`).join(' ')}: refused at load`, () => {
+      const r = validate(settings);
+      assert.equal(r.code, 1, r.stdout);
+      const field = `pass-environment-to-command\\[\\d+\\]\\.name`;
+      assert.match(r.stderr, new RegExp(`^error: ${r.file.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}:\\d+: hook "chain": ${field}: ${message}`, 'm'));
+      assert.doesNotMatch(r.stderr + r.stdout, /hunter2/);
+    });
+  }
+
+  test('-validate -check-clusters checks every stage: a stage naming an unknown context fails the check, naming it', () => {
+    const kubeconfig = path.join(dir, 'kubeconfig.json');
+    fs.writeFileSync(kubeconfig, JSON.stringify({ apiVersion: 'v1', kind: 'Config', 'current-context': 'staging',
+      contexts: [{ name: 'staging', context: { cluster: 'staging', user: 'staging' } }],
+      clusters: [{ name: 'staging', cluster: { server: 'https://127.0.0.1:1' } }],
+      users: [{ name: 'staging', user: { token: 'not-a-real-token-4417' } }] }), { mode: 0o600 });
+    const file = path.join(dir, 'hooks.json');
+    fs.writeFileSync(file, JSON.stringify([upgradeHook('chain', TOKEN, { APP_NS: 'shop', APP_WORKLOAD: 'deployment/web', CLUSTERS: 'staging > nowhere' })]));
+    const r = runToExit(['-validate', '-check-clusters', '-hooks', file], { KUBECONFIG: kubeconfig });
+    assert.equal(r.code, 1, r.stdout + r.stderr);
+    assert.match(r.stdout, /^ {2}hook "chain", cluster staging: unreachable: /m);
+    assert.match(r.stdout, /^ {2}hook "chain", cluster nowhere: no credentials: .*contexts: no entry named "nowhere"/m);
+    assert.doesNotMatch(r.stdout + r.stderr, /not-a-real-token-4417/);
+  });
+
+  test('-print-rbac: each stage\'s Role is in the namespace that stage names, in its own cluster\'s section', () => {
+    const file = path.join(dir, 'hooks.json');
+    fs.writeFileSync(file, JSON.stringify([upgradeHook('chain', TOKEN, { APP_NS: 'shop', APP_WORKLOAD: 'deployment/web', CLUSTERS: 'staging/shop-staging > prod' })]));
+    const r = runToExit(['-print-rbac', '-hooks', file]);
+    assert.equal(r.code, 0, r.stderr);
+    const sections = r.stdout.split(/^---\n(?=# ==== cluster)/m);
+    assert.deepEqual(sections.map((t) => /^# ==== cluster (\S+):/m.exec(t)?.[1]), ['staging', 'prod']);
+    assert.match(sections[0], /^ {2}namespace: "shop-staging"$/m);
+    assert.doesNotMatch(sections[0], /^ {2}namespace: "shop"$/m);
+    assert.match(sections[1], /^ {2}namespace: "shop"$/m);
+  });
+
+  test('-validate prints the chain, what a promotion waits for, and how the next stage decides', () => {
+    const r = validate({ CLUSTERS: 'staging/shop-staging > prod-eu prod-us', PROMOTE_AFTER: '10m', PROMOTE_CHECK: 'https://health.example.com/ok' });
+    assert.equal(r.code, 0, r.stderr);
+    assert.match(r.stdout, /^ {2}upgrades: +stages: staging\/shop-staging > prod-eu prod-us \(CLUSTERS: a push goes to staging\/shop-staging; its digest to the next stage once healthy for 10m0s and PROMOTE_CHECK https:\/\/health\.example\.com\/ok answers 2xx, through that stage's policy, approval and window\)$/m);
+  });
+});
+
+const shared = await clusterOrSkip();
+const second: Cluster | undefined = shared ? await ensureCluster(SECOND_CLUSTER) : undefined;
+const registry: OciRegistry | undefined = shared && second ? await ociRegistryOrSkip() : undefined;
+const browser: Browser | undefined = registry ? await browserOrSkip() : undefined;
+// At the file's end, whichever of its tests ran: the registry and the browser are processes of their own.
+after(async () => {
+  await registry?.stop();
+  await browser?.close();
+});
+
+/** A screenshot kept in test-artifacts/ (and, with UPDATE_DOCS_SCREENSHOTS=1, in docs/ for the page's docs). */
+function keepScreenshot(name: string, png: Buffer): void {
+  const root = path.join(import.meta.dirname, '..');
+  fs.mkdirSync(path.join(root, 'test-artifacts'), { recursive: true });
+  fs.writeFileSync(path.join(root, 'test-artifacts', name), png);
+  if (process.env.UPDATE_DOCS_SCREENSHOTS === '1') fs.writeFileSync(path.join(root, 'docs', name), png);
+}
+
+/** A cluster's admin kubeconfig with its context renamed, so two can sit in one KUBECONFIG list. */
+function renamedKubeconfig(c: Cluster, context: string, file: string): string {
+  const admin = JSON.parse(fs.readFileSync(c.kubeconfigPath, 'utf8'));
+  fs.writeFileSync(file, JSON.stringify({
+    apiVersion: 'v1', kind: 'Config', 'current-context': context,
+    contexts: [{ name: context, context: { cluster: context, user: context } }],
+    clusters: [{ name: context, cluster: admin.clusters[0].cluster }],
+    users: [{ name: context, user: admin.users[0].user }],
+  }), { mode: 0o600 });
+  return file;
+}
+
+/** The admission policy that makes pods of `:broken…` images crash-loop, in one namespace (rollback.test.ts's). */
+function crashLoopPolicy(name: string, ns: string): object[] {
+  return [
+    {
+      apiVersion: 'admissionregistration.k8s.io/v1', kind: 'MutatingAdmissionPolicy', metadata: { name },
+      spec: {
+        matchConstraints: {
+          namespaceSelector: { matchLabels: { 'kubernetes.io/metadata.name': ns } },
+          resourceRules: [{ apiGroups: [''], apiVersions: ['v1'], operations: ['CREATE'], resources: ['pods'] }],
+        },
+        matchConditions: [{ name: 'broken-image', expression: "object.spec.containers.exists(c, c.image.matches(':broken[^/]*$'))" }],
+        failurePolicy: 'Fail',
+        reinvocationPolicy: 'Never',
+        mutations: [{
+          patchType: 'ApplyConfiguration',
+          applyConfiguration: { expression: 'Object{metadata: Object.metadata{labels: {"webhook-test/unready": "true"}}}' },
+        }],
+      },
+    },
+    { apiVersion: 'admissionregistration.k8s.io/v1', kind: 'MutatingAdmissionPolicyBinding', metadata: { name }, spec: { policyName: name } },
+  ];
+}
+
+/** Waits until the API server applies the policy: a server-side dry run of a `:broken` pod gets the label. */
+async function policyInForce(kubectl: Kubectl, ns: string, brokenImage: string): Promise<void> {
+  const probe = { apiVersion: 'v1', kind: 'Pod', metadata: { name: 'probe', namespace: ns }, spec: { containers: [{ name: 'app', image: brokenImage }] } };
+  await waitFor(async () => {
+    const pod = JSON.parse(await kubectl(['create', '--dry-run=server', '-o', 'json', '-f', '-'], JSON.stringify(probe)));
+    return pod.metadata.labels?.['webhook-test/unready'] === 'true';
+  }, { timeoutMs: 60_000, what: 'the admission policy to label pods of :broken images' });
+}
+
+/** An https server answering every GET with `status`, trusted by the executable through NODE_EXTRA_CA_CERTS. */
+async function checkServer(dir: string, status: number) {
+  const certs = makeCertificate(dir);
+  const asked: string[] = [];
+  const server = https.createServer({ cert: fs.readFileSync(certs.certFile), key: fs.readFileSync(certs.keyFile) }, (req, res) => {
+    asked.push(`${req.method} ${req.url}`);
+    res.writeHead(status).end(status === 200 ? 'ok' : 'not healthy');
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const port = (server.address() as { port: number }).port;
+  return { url: `https://127.0.0.1:${port}/healthz`, caFile: certs.caFile, asked, close: () => new Promise((r) => server.close(r)) };
+}
+
+describe('staging > prod on two clusters', { skip: shared && second && registry ? false : 'no clusters or registry' }, () => {
+  const ns = freshNamespaceName('promotion');
+  const kubectlProd = kubectlFor(shared!);
+  const kubectlStaging = kubectlFor(second!);
+  const getProd = namespacedGetter(kubectlProd, ns);
+  const getStaging = namespacedGetter(kubectlStaging, ns);
+  const dir = makeTempDir('promotion-');
+  const started: Webhook[] = [];
+  const closers: (() => Promise<unknown>)[] = [];
+  const image = (tagOrDigest: string) => `${registry!.host}/${REPO}${tagOrDigest.startsWith('sha256:') ? '@' : ':'}${tagOrDigest}`;
+  const kubeconfigs = () => [renamedKubeconfig(shared!, 'prod', path.join(dir, 'prod.json')),
+    renamedKubeconfig(second!, 'staging', path.join(dir, 'staging.json'))].join(path.delimiter);
+  const caFile = path.join(dir, 'registry-ca.pem');
+
+  /** An image of its own content at `tag` on the registry: its digest. */
+  let built = 0;
+  const publish = async (tag: string) => {
+    const config = Buffer.from(JSON.stringify({ architecture: 'amd64', os: 'linux', build: ++built, tag }));
+    const digest = await pushBlob(registry!, REPO, config);
+    return pushManifest(registry!, REPO, {
+      schemaVersion: 2, mediaType: 'application/vnd.oci.image.manifest.v1+json',
+      config: { mediaType: 'application/vnd.oci.image.config.v1+json', digest, size: config.length }, layers: [],
+    }, tag);
+  };
+  /** A Deployment of its own in both clusters, rolled out on :v1. */
+  const workloadIn = async (name: string, annotations: { prod?: Record<string, string> } = {}) => {
+    await Promise.all([kubectlProd, kubectlStaging].map(async (k) => {
+      const d: any = deployment(name, [{ name: 'app', image: image('v1') }], { replicas: 1 });
+      if (k === kubectlProd && annotations.prod) d.metadata.annotations = { ...d.metadata.annotations, ...annotations.prod };
+      await k(['-n', ns, 'apply', '-f', '-'], JSON.stringify(d));
+      await k(['-n', ns, 'rollout', 'status', `deployment/${name}`, '--timeout=90s']);
+    }));
+  };
+  const start = async (settings: Record<string, string>, env: Record<string, string> = {}, args: string[] = []) => {
+    // A hook that fixes its workload (APP_WORKLOAD in settings) is one whose soaks a replica that starts picks up.
+    const workload = settings.APP_WORKLOAD ? [] : [{ envname: 'APP_WORKLOAD', source: 'url', name: 'workload' }];
+    const hooks = [{ ...upgradeHook('chain', TOKEN), 'pass-environment-to-command': [
+      ...workload,
+      ...fixedSettings({ APP_NS: ns, APP_CONTAINER: 'app', REPO_TYPE: 'regionalregistry', REGISTRY_HOST: registry!.host,
+        REGISTRY_CA: caFile, VERIFY_IMAGE: 'true', CLUSTERS: 'staging > prod', PROMOTE_AFTER: SOAK,
+        ...settings }),
+    ] }];
+    const wh = await startWebhook({ hooks, metrics: true, args: ['-rollout-follow', '60s', ...args],
+      env: { KUBECONFIG: kubeconfigs(), ...env } });
+    started.push(wh);
+    return wh;
+  };
+  /** A push of `tag` as the registry announces it: with the digest it has for the tag. */
+  const push = (wh: Webhook, workload: string, tag: string, digest: string) =>
+    wh.request(`/hooks/chain?${new URLSearchParams({ token: TOKEN, workload: `deployment/${workload}` })}`, {
+      method: 'POST', headers: { 'Content-Type': 'application/json' }, body: acrPayload(tag, REPO, { digest }),
+    });
+  /** A line of the service's log; on a timeout, the error carries the end of its output. */
+  const logLine = (wh: Webhook, line: RegExp, timeoutMs = CHAIN_TIMEOUT_MS) => waitForOutput(wh, line, timeoutMs)
+    .catch((e: Error) => { throw new Error(`${e.message}\n--- the service's output, its end:\n${wh.output().slice(-6000)}`); });
+  const imageIn = async (get: typeof getProd, workload: string) => containerImage(await get(`deployment/${workload}`), 'app');
+
+  before(async () => {
+    fs.writeFileSync(caFile, registry!.caPem);
+    await Promise.all([kubectlProd, kubectlStaging].map((k) => k(['create', 'namespace', ns])));
+  });
+  after(async () => {
+    await Promise.all(started.map((w) => w.stop()));
+    await Promise.all(closers.map((c) => c()));
+    await Promise.all([removeNamespace(kubectlProd, ns), removeNamespace(kubectlStaging, ns)]);
+    fs.rmSync(dir, { recursive: true, force: true });
+  });
+
+  test('a push applies to staging only; after the soak prod runs the digest that ran in staging, though the tag moved', async () => {
+    await workloadIn('web');
+    const ran = await publish('v2');
+    const wh = await start({ PROMOTE_CHECK: '' });
+    const res = await push(wh, 'web', 'v2', ran);
+    console.log(`# the answer (HTTP ${res.status}):\n${res.body}`);
+    assert.equal(res.status, 200, res.body);
+    assert.match(res.body, /^cluster: +staging$/m);
+    assert.doesNotMatch(res.body, /^cluster: +prod$/m, 'prod is not pushed to at once');
+    assert.equal(await imageIn(getStaging, 'web'), `${image('v2')}@${ran}`);
+    assert.equal(await imageIn(getProd, 'web'), image('v1'));
+    // During the soak the tag moves on the registry (no notification): prod must still get what ran.
+    await logLine(wh, /deployment\/web in .* \(cluster staging\): rollout complete; .* goes to prod once healthy for 8s/);
+    const moved = await publish('v2');
+    assert.notEqual(moved, ran);
+    assert.equal(await imageIn(getProd, 'web'), image('v1'), 'nothing reaches prod during the soak');
+    const line = await logLine(wh, /\/prod\] deployment\/web in .* \(cluster prod\): promoted to prod after \d+s healthy in staging: image updated/);
+    console.log(`# the promotion's log lines:\n${wh.output().split('\n').filter((l) => /soak|promot|chain/.test(l)).join('\n')}`);
+    assert.ok(line);
+    assert.equal(await imageIn(getProd, 'web'), `${image('v2')}@${ran}`, 'prod runs the staging digest, not where the tag points now');
+    const record = JSON.parse((await getStaging('deployment/web')).metadata.annotations?.['webhook/promotion'] ?? '{}');
+    assert.deepEqual(record, {}, 'the soak record is taken off once promoted');
+    const port = await adminPort(wh);
+    const prodRecord = await waitFor(async () => {
+      const doc = JSON.parse((await httpRequest(port, '/deliveries.json')).body);
+      return doc.deliveries.find((d: any) => d.cluster === 'prod' && d.rollout?.state === 'complete');
+    }, { timeoutMs: 90_000, what: 'prod\'s record, its rollout complete' });
+    assert.equal(prodRecord.decision, 'applied');
+    assert.match(JSON.stringify(prodRecord), /promoted to prod after \d+s healthy in staging/, 'its record (and so its mail and chat) says so');
+    assert.match(prodRecord.request_id, /\/prod$/);
+    const metrics = (await wh.metrics()).body;
+    assert.match(metrics, /webhook_promotions_total\{hook="chain",from="staging",to="prod",outcome="promoted"\} 1/);
+  });
+
+  test('a crash-looping image rolls back in staging and never reaches prod', async () => {
+    await workloadIn('crashy');
+    // Pods of `:broken…` images crash-loop in staging (as in rollback.test.ts), as a broken build would.
+    const policy = `webhook-test-crashloop-${ns}`;
+    await kubectlStaging(['apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: crashLoopPolicy(policy, ns) }));
+    closers.push(() => kubectlStaging(['delete', 'mutatingadmissionpolicybinding,mutatingadmissionpolicy', policy, '--ignore-not-found']));
+    await policyInForce(kubectlStaging, ns, image('broken-probe'));
+    const broken = await publish('broken1');
+    const wh = await start({ ROLLBACK_ON_FAILURE: 'true' });
+    const res = await push(wh, 'crashy', 'broken1', broken);
+    assert.match(res.body, /^cluster: +staging$/m);
+    await logLine(wh, /deployment\/crashy in .* \(cluster staging\): chain stopped at staging: its rollout failed and was rolled back.*; not promoted to prod/);
+    assert.notEqual(await imageIn(getStaging, 'crashy'), `${image('broken1')}@${broken}`, 'rolled back in staging');
+    assert.equal(await imageIn(getProd, 'crashy'), image('v1'), 'never reached prod');
+    assert.match((await wh.metrics()).body, /webhook_promotions_total\{hook="chain",from="staging",to="prod",outcome="stopped"\} 1/);
+  });
+
+  test('a PROMOTE_CHECK answering 500 stops the chain at staging', async () => {
+    await workloadIn('checked');
+    const check = await checkServer(makeTempDir('promotion-check-'), 500);
+    closers.push(check.close);
+    const checked = await publish('v4');
+    const wh = await start({ PROMOTE_AFTER: '0s', PROMOTE_CHECK: check.url }, { NODE_EXTRA_CA_CERTS: check.caFile });
+    await push(wh, 'checked', 'v4', checked);
+    const line = await logLine(wh, /deployment\/checked in .* \(cluster staging\): chain stopped at staging: PROMOTE_CHECK https:\/\/127\.0\.0\.1:\d+\/healthz answered 500 \(3 tries\); not promoted to prod/);
+    assert.ok(line);
+    assert.equal(check.asked.length, 3, 'asked a few times, with backoff');
+    assert.equal(await imageIn(getProd, 'checked'), image('v1'));
+  });
+
+  test('a prod that requires approval waits for it; an approval through the link promotes', async () => {
+    await workloadIn('gated', { prod: { 'webhook/approval': 'required' } });
+    const ran = await publish('v5');
+    const keyFile = path.join(dir, 'approval-key');
+    fs.writeFileSync(keyFile, 'promotion-approval-key-5e2d8c1f0b7a6e4d3c2b1a0f9e8d7c6b\n');
+    const wh = await start({ PROMOTE_AFTER: '0s' }, {}, ['-public-url', 'https://webhook.example.test', '-approval-key-file', keyFile]);
+    await push(wh, 'gated', 'v5', ran);
+    await logLine(wh, /\/prod\] deployment\/gated in .* \(cluster prod\): promotion to prod after \d+s healthy in staging: waiting for approval until/);
+    assert.equal(await imageIn(getProd, 'gated'), image('v1'), 'nothing applied before the approval');
+    const port = await adminPort(wh);
+    const waiting = await waitFor(async () => JSON.parse((await httpRequest(port, '/deliveries.json')).body).deliveries
+      .find((d: any) => d.cluster === 'prod' && d.decision === 'waiting' && d.approveUrl), { what: 'prod\'s waiting record' });
+    assert.match(JSON.stringify(waiting), /waiting to be promoted to prod after \d+s healthy in staging/);
+    const approved = await wh.request(new URL(waiting.approveUrl).pathname, {
+      method: 'POST', body: 'name=Ops+Wu', headers: { 'Content-Type': 'application/x-www-form-urlencoded' } });
+    assert.equal(approved.status, 200, approved.body);
+    assert.equal(await imageIn(getProd, 'gated'), `${image('v5')}@${ran}`, 'the approved promotion deploys the staging digest');
+  });
+
+  test('a newer push during the soak supersedes the older chain: prod gets the newer one only', async () => {
+    await workloadIn('busy');
+    const older = await publish('v6');
+    const newer = await publish('v7');
+    const wh = await start({});
+    await push(wh, 'busy', 'v6', older);
+    await logLine(wh, /deployment\/busy in .* \(cluster staging\): rollout complete; .*:v6@.* goes to prod/);
+    await push(wh, 'busy', 'v7', newer);
+    await logLine(wh, /deployment\/busy in .* \(cluster staging\): chain superseded by request/);
+    await logLine(wh, /deployment\/busy in .* \(cluster prod\): promoted to prod after \d+s healthy in staging: image updated/);
+    assert.equal(await imageIn(getProd, 'busy'), `${image('v7')}@${newer}`);
+    assert.doesNotMatch(wh.output(), /deployment\/busy in .* \(cluster prod\): promoted .*:v6@/, 'the older chain never reached prod');
+  });
+
+  test('"Promote now" on the deliveries page skips the soak, behind the admin token and the page\'s Origin check', async () => {
+    await workloadIn('hurried');
+    const ran = await publish('v8');
+    const adminToken = 'promotion-admin-token-61f0c2';
+    const wh = await start({ PROMOTE_AFTER: '1h' }, {}, ['-admin-token', adminToken]);
+    await push(wh, 'hurried', 'v8', ran);
+    await logLine(wh, /deployment\/hurried in .* \(cluster staging\): rollout complete; .* goes to prod once healthy for 1h0m0s/);
+    const port = await adminPort(wh);
+    const auth = { Authorization: `Bearer ${adminToken}` };
+    const page = (await httpRequest(port, '/deliveries', { headers: auth })).body;
+    assert.match(page, /<h2>Soaking before the next stage<\/h2>/);
+    const key = /<form method="post" action="deliveries\/promote"><input type="hidden" name="key" value="([^"]+)">/.exec(page)?.[1];
+    assert.ok(key, page);
+    const form = (headers: Record<string, string>) => httpRequest(port, '/deliveries/promote', {
+      method: 'POST', body: new URLSearchParams({ key: key.replaceAll('&#x2F;', '/').replaceAll('&#47;', '/'), name: 'Ops Li', action: 'promote' }).toString(),
+      headers: { 'Content-Type': 'application/x-www-form-urlencoded', ...headers },
+    });
+    assert.equal((await form({ Origin: `http://127.0.0.1:${port}` })).status, 401, 'no token: refused');
+    assert.equal((await form({ ...auth, Origin: 'https://evil.example' })).status, 403, 'another origin: refused');
+    assert.equal(await imageIn(getProd, 'hurried'), image('v1'), 'refused forms changed nothing');
+    const promoted = await form({ ...auth, Origin: `http://127.0.0.1:${port}` });
+    assert.equal(promoted.status, 200, promoted.body);
+    assert.match(promoted.body, /<h1>Promoted<\/h1>/);
+    await logLine(wh, /deployment\/hurried in .* \(cluster staging\): promote now, by Ops Li \(127\.0\.0\.1, admin token\): the rest of the soak/);
+    await logLine(wh, /\/prod\] deployment\/hurried in .* \(cluster prod\): promoted to prod after \d+s healthy in staging: image updated/);
+    assert.equal(await imageIn(getProd, 'hurried'), `${image('v8')}@${ran}`);
+  });
+
+  test('a replica killed during the soak: the one that starts next promotes, once (one mail)', async () => {
+    await workloadIn('kept');
+    const ran = await publish('v9');
+    const mta = await startMta();
+    closers.push(() => mta.stop());
+    const settings = { APP_WORKLOAD: 'deployment/kept', MAIL_TO: 'release@example.com' };
+    const mailEnv = serviceMailEnv(mta);
+    const first = await start(settings, mailEnv);
+    await push(first, 'kept', 'v9', ran);
+    await logLine(first, /deployment\/kept in .* \(cluster staging\): rollout complete; .* goes to prod once healthy for 8s/);
+    first.proc.kill('SIGKILL');
+    await first.exited;
+    const record = JSON.parse((await getStaging('deployment/kept')).metadata.annotations['webhook/promotion']);
+    assert.equal(record.app.image, `${image('v9')}@${ran}`, 'the soak is recorded on the workload');
+    const second = await start(settings, mailEnv);
+    await logLine(second, /deployment\/kept in .* \(cluster staging\): resuming the soak before prod/);
+    await logLine(second, /\/prod\] deployment\/kept in .* \(cluster prod\): promoted to prod after \d+s healthy in staging: image updated/);
+    assert.equal(await imageIn(getProd, 'kept'), `${image('v9')}@${ran}`);
+    assert.match((await second.metrics()).body, /webhook_promotions_total\{hook="chain",from="staging",to="prod",outcome="promoted"\} 1\n/);
+    assert.equal(second.output().match(/promoted to prod after/g)?.length, 1, 'promoted once');
+    const promotedMails = async () => (await mta.messages()).map(readMail).filter((m) => /promoted to prod after \d+s healthy in staging/.test(m.body));
+    const [mail] = await waitFor(async () => ((await promotedMails()).length > 0 ? promotedMails() : undefined),
+      { timeoutMs: 60_000, what: 'the mail of the promotion' });
+    console.log(`# the promotion's mail: ${mail.subject}\n${mail.body.slice(0, 1500)}`);
+    assert.match(mail.body, /cluster: +prod/);
+    assert.equal((await promotedMails()).length, 1, 'one mail');
+  });
+
+  test('chromium: the page shows the soaking push; "Promote now" promotes it; the chain is a row per stage', { skip: browser ? false : 'no browser' }, async () => {
+    await workloadIn('shown');
+    const ran = await publish('v10');
+    const wh = await start({ PROMOTE_AFTER: '1h' });
+    await push(wh, 'shown', 'v10', ran);
+    await logLine(wh, /deployment\/shown in .* \(cluster staging\): rollout complete; .* goes to prod once healthy for 1h0m0s/);
+    const admin = await adminPort(wh);
+    const page = await browser!.open(`http://127.0.0.1:${admin}/deliveries`);
+    await page.viewport(1400, 900);
+    assert.equal(await page.evaluate<number>(`document.querySelectorAll('table.soaking tbody tr').length`), 1);
+    keepScreenshot('promotion-soaking.png', await page.screenshot());
+    const loads = page.loads();
+    await page.evaluate(`document.querySelector('table.soaking input[name=name]').value = 'Ops Li'; document.querySelector('table.soaking button').click()`);
+    await waitFor(() => page.loads() > loads, { timeoutMs: 30_000, what: 'the form to be posted' });
+    assert.match(await page.evaluate<string>('document.querySelector("h1").textContent'), /^Promoted$/);
+    await logLine(wh, /\/prod\] deployment\/shown in .* \(cluster prod\): promoted to prod after \d+s healthy in staging: image updated/);
+    assert.equal(await imageIn(getProd, 'shown'), `${image('v10')}@${ran}`);
+    await waitFor(async () => JSON.parse((await httpRequest(admin, '/deliveries.json')).body).deliveries
+      .some((d: any) => d.cluster === 'prod' && d.state === 'done'), { timeoutMs: 90_000, what: 'prod\'s record, done' });
+    await page.goto(`http://127.0.0.1:${admin}/deliveries`);
+    const rows = await page.evaluate<string[]>(`[...document.querySelectorAll('tbody tr')].map((r) => r.textContent)`);
+    assert.ok(rows.some((r) => /\/staging/.test(r) && /applied/.test(r)), rows.join('\n'));
+    assert.ok(rows.some((r) => /\/prod/.test(r) && /applied/.test(r)), rows.join('\n'));
+    keepScreenshot('promotion-chain.png', await page.screenshot());
+    await page.close();
+  });
+
+  test('a promotion rejected in prod stops the chain there, said and counted', async () => {
+    await workloadIn('refused', { prod: { 'webhook/approval': 'required' } });
+    const ran = await publish('v11');
+    const keyFile = path.join(dir, 'approval-key');
+    fs.writeFileSync(keyFile, 'promotion-approval-key-5e2d8c1f0b7a6e4d3c2b1a0f9e8d7c6b\n');
+    const wh = await start({ PROMOTE_AFTER: '0s' }, {}, ['-public-url', 'https://webhook.example.test', '-approval-key-file', keyFile]);
+    await push(wh, 'refused', 'v11', ran);
+    const port = await adminPort(wh);
+    const waiting = await waitFor(async () => JSON.parse((await httpRequest(port, '/deliveries.json')).body).deliveries
+      .find((d: any) => d.cluster === 'prod' && d.decision === 'waiting' && d.rejectUrl), { timeoutMs: CHAIN_TIMEOUT_MS, what: 'prod\'s waiting record' });
+    const rejected = await wh.request(new URL(waiting.rejectUrl).pathname, {
+      method: 'POST', body: 'name=Ops+Wu', headers: { 'Content-Type': 'application/x-www-form-urlencoded' } });
+    assert.equal(rejected.status, 200, rejected.body);
+    await logLine(wh, /deployment\/refused in .* \(cluster prod\): chain stopped at prod: the push was rejected/);
+    assert.equal(await imageIn(getProd, 'refused'), image('v1'));
+    assert.match((await wh.metrics()).body, /webhook_promotions_total\{hook="chain",from="staging",to="prod",outcome="rejected"\} 1/);
+  });
+
+  test('a stage names its own namespace: staging > prod/<another namespace>', async () => {
+    const other = freshNamespaceName('promotion-prod');
+    await kubectlProd(['create', 'namespace', other]);
+    closers.push(() => removeNamespace(kubectlProd, other));
+    await kubectlProd(['-n', other, 'apply', '-f', '-'], JSON.stringify(deployment('moved', [{ name: 'app', image: image('v1') }], { replicas: 1 })));
+    await kubectlStaging(['-n', ns, 'apply', '-f', '-'], JSON.stringify(deployment('moved', [{ name: 'app', image: image('v1') }], { replicas: 1 })));
+    const ran = await publish('v12');
+    const wh = await start({ PROMOTE_AFTER: '0s', CLUSTERS: `staging > prod/${other}` });
+    await push(wh, 'moved', 'v12', ran);
+    await logLine(wh, new RegExp(`/prod\\] deployment/moved in ${other} \\(cluster prod\\): promoted to prod after \\d+s healthy in staging: image updated`));
+    const moved = namespacedGetter(kubectlProd, other);
+    assert.equal(await imageIn(moved, 'moved'), `${image('v12')}@${ran}`);
+  });
+});
