@@ -1,0 +1,273 @@
+/*
+ * The registry watch through the executable, on the test cluster, against real registries (Debian's
+ * docker-registry over TLS, test/registry.ts) that send no notification: workloads annotated webhook/poll and
+ * webhook/hook take what is pushed. A semver workload takes a new 1.x tag and not a 2.x; a `latest` pushed again
+ * is deployed at its new digest, pinned; a tag pushed while the service was stopped is deployed after it starts;
+ * two workloads on one repository share one tag listing per interval (counted in the registry's own log); a
+ * registry answering 429 with Retry-After is not asked again before that time; an unreachable registry is a
+ * warning; a watch and a notification of the same push give one rollout; bad annotations are Warning Events.
+ * Every wait is for an event (an image, a log line, a metric), within a bound of several intervals.
+ */
+import assert from 'node:assert/strict';
+import * as fs from 'node:fs';
+import * as https from 'node:https';
+import type { AddressInfo } from 'node:net';
+import * as path from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import {
+  freePort, httpRequest, makeTempDir, spawnWebhook, waitFor, waitForOutput, type Spawned,
+} from './harness.ts';
+import { makeCertificate, ociArchive, startRegistry, type Registry } from './registry.ts';
+import {
+  clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor, namespacedGetter, removeNamespace,
+} from './cluster/kube.ts';
+import { registryHook, upgradeHook } from './upgrade-hooks.ts';
+import { newestAllowedTag, nextTagPage, parsePolicy, pollInterval } from '../webhook.ts';
+
+const cluster = await clusterOrSkip();
+const TOKEN = 'registry-watch-token-81be';
+const NOTIFY_AUTH = 'Bearer registry-watch-notify-3f0a';
+// A look every 10 s (the shortest interval allowed); a change is deployed within a few of them.
+const INTERVAL = '10s';
+const WITHIN = 90_000;
+
+/** The digest host/repo:tag has now (HEAD, as the watch asks), trusting the registry's CA. */
+function digestOf(registry: Registry, repoTag: string): Promise<string> {
+  const [repo, tag] = repoTag.split(':');
+  return new Promise((resolve, reject) => {
+    const req = https.request(`https://${registry.host}/v2/${repo}/manifests/${tag}`, {
+      method: 'HEAD', ca: registry.caPem,
+      headers: { Accept: 'application/vnd.oci.image.manifest.v1+json, application/vnd.oci.image.index.v1+json' },
+    }, (res) => {
+      res.resume();
+      const d = res.headers['docker-content-digest'];
+      if (typeof d === 'string') resolve(d);
+      else reject(new Error(`no digest for ${repoTag}: ${res.statusCode}`));
+    });
+    req.on('error', reject);
+    req.end();
+  });
+}
+
+/** A TLS server that answers every request 429 with Retry-After, and keeps when each came. */
+async function rateLimited(dir: string, retryAfterSeconds: number) {
+  const certs = makeCertificate(dir);
+  const seen: number[] = [];
+  const server = https.createServer({ cert: fs.readFileSync(certs.certFile), key: fs.readFileSync(certs.keyFile) }, (_req, res) => {
+    seen.push(Date.now());
+    res.writeHead(429, { 'Retry-After': String(retryAfterSeconds), 'Content-Type': 'application/json' });
+    res.end('{"errors":[{"code":"TOOMANYREQUESTS"}]}');
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  return { host: `127.0.0.1:${(server.address() as AddressInfo).port}`, caPem: certs.caPem, seen, close: () => server.close() };
+}
+
+describe('the registry watch through the executable', { skip: cluster ? false : 'no cluster' }, () => {
+  const ns = freshNamespaceName('registry-watch');
+  const kubectl = kubectlFor(cluster!);
+  const getJson = namespacedGetter(kubectl, ns);
+  let work: string;
+  let quiet: Registry;
+  let notifying: Registry;
+  let limited: Awaited<ReturnType<typeof rateLimited>>;
+  let service: Spawned;
+  let port: number;
+  let hooksFile: string;
+  let env: Record<string, string>;
+
+  const image = async (name: string) => containerImage(await getJson(`deployment/${name}`), 'app');
+  const annotated = (name: string, img: string, annotations: Record<string, string>) => {
+    const d = deployment(name, [{ name: 'app', image: img }], { replicas: 1 }) as { metadata: Record<string, unknown> };
+    d.metadata.annotations = annotations;
+    return d;
+  };
+  const watched = (hook = 'watch', more: Record<string, string> = {}) =>
+    ({ 'webhook/poll': INTERVAL, 'webhook/hook': hook, ...more });
+  const start = async () => {
+    service = await spawnWebhook({ hooks: hooksFile, env, metrics: true }, port);
+    await waitFor(async () => (await httpRequest(port, '/').catch(() => undefined))?.status === 200,
+      { timeoutMs: 15_000, what: 'the service' });
+  };
+  const stop = async () => {
+    service.proc.kill('SIGTERM');
+    await service.exited;
+  };
+  const metric = async (pattern: RegExp) => {
+    const m = /serving metrics on http:\/\/127\.0\.0\.1:(\d+)\/metrics/.exec(service.output());
+    if (!m) return 0;
+    const text = (await httpRequest(Number(m[1]), '/metrics').catch(() => undefined))?.body ?? '';
+    return text.split('\n').filter((l) => pattern.test(l)).reduce((sum, l) => sum + Number(l.split(' ').at(-1)), 0);
+  };
+  const events = async (name: string, reason: string) => {
+    const list = JSON.parse(await kubectl(['-n', ns, 'get', 'events', '--field-selector',
+      `involvedObject.name=${name},reason=${reason}`, '-o', 'json']));
+    return (list.items as { message: string }[]).map((e) => e.message);
+  };
+
+  before(async () => {
+    work = makeTempDir('registry-watch-');
+    port = await freePort();
+    quiet = await startRegistry({ tls: true });
+    const query = new URLSearchParams({ ns, workload: 'deployment/both', container: 'app', token: TOKEN });
+    notifying = await startRegistry({
+      tls: true, notify: { url: `http://127.0.0.1:${port}/hooks/notified?${query}`, headers: { Authorization: NOTIFY_AUTH } },
+    });
+    limited = await rateLimited(makeTempDir('registry-watch-429-'), 40);
+    const ca = (name: string, pem: string) => {
+      fs.writeFileSync(path.join(work, name), pem);
+      return path.join(work, name);
+    };
+    const notifiedHook = registryHook('notified', { match: { type: 'value', value: NOTIFY_AUTH,
+      parameter: { source: 'header', name: 'Authorization' } } }, 'distribution') as Record<string, object[]>;
+    notifiedHook['pass-environment-to-command'].push({ envname: 'REGISTRY_CA', source: 'string', name: ca('notifying.pem', notifying.caPem!) });
+    hooksFile = path.join(work, 'hooks.json');
+    fs.writeFileSync(hooksFile, JSON.stringify([
+      upgradeHook('watch', TOKEN, { REGISTRY_CA: ca('quiet.pem', quiet.caPem!) }),
+      upgradeHook('limited', TOKEN, { REGISTRY_CA: ca('limited.pem', limited.caPem) }),
+      notifiedHook,
+    ]));
+    env = { KUBECONFIG: cluster!.kubeconfigPath };
+    for (const [repo, tag] of [['acme/semver', '1.0.0'], ['acme/latest', 'latest'], ['acme/shared', '1.0.0'], ['acme/both', 'latest']]) {
+      await (repo === 'acme/both' ? notifying : quiet).push(ociArchive(work, `${repo} ${tag}`).path, `${repo}:${tag}`);
+    }
+    const latest = await digestOf(quiet, 'acme/latest:latest');
+    const both = await digestOf(notifying, 'acme/both:latest');
+    await kubectl(['create', 'namespace', ns]);
+    await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: [
+      annotated('semver', `${quiet.host}/acme/semver:1.0.0`, watched('watch', { 'webhook/policy': 'semver:^1' })),
+      annotated('latest', `${quiet.host}/acme/latest:latest@${latest}`, watched()),
+      annotated('twin-a', `${quiet.host}/acme/shared:1.0.0`, watched('watch', { 'webhook/policy': 'minor' })),
+      annotated('twin-b', `${quiet.host}/acme/shared:1.0.0`, watched('watch', { 'webhook/policy': 'minor' })),
+      annotated('limited', `${limited.host}/acme/slow:1.0.0`, watched('limited', { 'webhook/policy': 'minor' })),
+      annotated('gone', `127.0.0.1:${await freePort()}/acme/gone:1.0.0`, watched()),
+      annotated('both', `${notifying.host}/acme/both:latest@${both}`, watched('notified')),
+      annotated('bad-ms', `${quiet.host}/acme/semver:1.0.0`, { 'webhook/poll': '1ms', 'webhook/hook': 'watch' }),
+      annotated('bad-forever', `${quiet.host}/acme/semver:1.0.0`, { 'webhook/poll': 'forever', 'webhook/hook': 'watch' }),
+      annotated('bad-hook', `${quiet.host}/acme/semver:1.0.0`, { 'webhook/poll': INTERVAL, 'webhook/hook': 'nope' }),
+      annotated('no-hook', `${quiet.host}/acme/semver:1.0.0`, { 'webhook/poll': INTERVAL }),
+    ] }));
+    await start();
+  });
+
+  after(async () => {
+    if (process.env.WATCH_TEST_LOG) fs.writeFileSync(process.env.WATCH_TEST_LOG, service.output() + '\n----\n' + quiet.log());
+    if (service && service.proc.exitCode === null) await stop();
+    await quiet?.stop();
+    await notifying?.stop();
+    limited?.close();
+    await removeNamespace(kubectl, ns);
+  });
+
+  test('a semver workload takes a new 1.x tag and not a 2.x', async () => {
+    await quiet.push(ociArchive(work, 'semver 2.0.0').path, 'acme/semver:2.0.0');
+    await quiet.push(ociArchive(work, 'semver 1.1.0').path, 'acme/semver:1.1.0');
+    const digest = await digestOf(quiet, 'acme/semver:1.1.0');
+    await waitFor(async () => (await image('semver')) === `${quiet.host}/acme/semver:1.1.0@${digest}`,
+      { timeoutMs: WITHIN, what: 'the watch to deploy 1.1.0' });
+    // Once the watch has seen the workload at 1.1.0, nothing above it is allowed: 2.0.0 stays out.
+    await waitForOutput(service, new RegExp(`deployment/semver in ${ns}, container app: no tag above`), WITHIN);
+    assert.equal(await image('semver'), `${quiet.host}/acme/semver:1.1.0@${digest}`);
+    assert.equal((await events('semver', 'ImageUpdated')).length, 1);
+  });
+
+  test('latest pushed again is deployed at its new digest, pinned', async () => {
+    await quiet.push(ociArchive(work, 'latest again').path, 'acme/latest:latest');
+    const digest = await digestOf(quiet, 'acme/latest:latest');
+    await waitFor(async () => (await image('latest')) === `${quiet.host}/acme/latest:latest@${digest}`,
+      { timeoutMs: WITHIN, what: 'the new digest of latest' });
+  });
+
+  test('bad annotations are Warning Events, and nothing is changed', async () => {
+    for (const [name, why] of [
+      ['bad-ms', /not watched: annotation webhook\/poll "1ms" is outside 10s to 24h/],
+      ['bad-forever', /not watched: annotation webhook\/poll "forever" is not a Go duration/],
+      ['bad-hook', /not watched: annotation webhook\/hook: no hook is named "nope"/],
+      ['no-hook', /not watched: annotation webhook\/poll names no hook: annotate webhook\/hook/],
+    ] as const) {
+      const found = await waitFor(async () => (await events(name, 'RegistryWatchRefused')).find((m) => why.test(m)),
+        { timeoutMs: WITHIN, what: `the Warning Event of ${name}` });
+      assert.ok(found);
+      assert.equal(await image(name), `${quiet.host}/acme/semver:1.0.0`);
+    }
+  });
+
+  test('two workloads on one repository: one tag listing per interval', async () => {
+    const looks = () => metric(new RegExp(`^webhook_registry_watch_looks_total\\{repository="${quiet.host}/acme/shared"`));
+    const listings = () => quiet.log().split('\n').filter((l) => l.includes('/v2/acme/shared/tags/list') && /response completed/.test(l)).length;
+    const from = { looks: await looks(), listings: listings() };
+    await waitFor(async () => (await looks()) - from.looks >= 8, { timeoutMs: WITHIN, what: 'eight looks of acme/shared' });
+    const made = { looks: (await looks()) - from.looks, listings: listings() - from.listings };
+    // Two workloads, each looking once an interval: one listing serves both looks of an interval.
+    assert.ok(made.listings <= Math.ceil(made.looks / 2) + 1, JSON.stringify(made));
+    assert.ok(made.listings >= 2, JSON.stringify(made));
+  });
+
+  test('a registry answering 429 with Retry-After is not asked again before that time', async () => {
+    await waitFor(() => limited.seen.length > 0, { timeoutMs: WITHIN, what: 'the first request' });
+    const first = limited.seen[0];
+    const looks = () => metric(/^webhook_registry_watch_looks_total\{repository="127\.0\.0\.1:\d+\/acme\/slow",result="not asked"/);
+    await waitFor(async () => (await looks()) >= 2, { timeoutMs: WITHIN, what: 'two looks not asked' });
+    assert.ok(limited.seen.every((t) => t === first || t >= first + 40_000), JSON.stringify(limited.seen));
+    assert.match(service.output(), /acme\/slow: its tag list: the registry answered 429; 127\.0\.0\.1:\d+ is not asked again before/);
+  });
+
+  test('an unreachable registry is a warning, not a crash', async () => {
+    await waitForOutput(service, new RegExp(`deployment/gone in ${ns}, container app: failed: `), WITHIN);
+    assert.equal((await httpRequest(port, '/')).status, 200);
+    assert.equal(service.proc.exitCode, null);
+  });
+
+  test('a watch and a notification of the same push give one rollout', async () => {
+    // The registry delivers the notification of the first push once the service answers: wait until it has.
+    const rollouts = async () => (await events('both', 'ImageUpdated')).length + (await events('both', 'RolloutRestarted')).length;
+    await waitForOutput(service, /POST \/hooks\/notified\?[^"]*" 200/, WITHIN);
+    await waitFor(async () => (await rollouts()) > 0, { timeoutMs: WITHIN, what: 'the first push deployed' });
+    const before = await rollouts();
+    await notifying.push(ociArchive(work, 'both again').path, 'acme/both:latest');
+    const digest = await digestOf(notifying, 'acme/both:latest');
+    await waitFor(async () => (await rollouts()) > before, { timeoutMs: WITHIN, what: 'the push to be deployed' });
+    // The watch has looked at it since (or did first): its look says the push was delivered already.
+    const looked = new RegExp(`deployment/both in ${ns}, container app: (?:.*delivered already|.*acme/both:latest is still ${digest})`);
+    await waitForOutput(service, looked, WITHIN);
+    assert.equal(await rollouts(), before + 1, (await events('both', 'ImageUpdated')).join('\n'));
+  });
+
+  test('a tag pushed while the service was stopped is deployed after it starts', async () => {
+    await stop();
+    await quiet.push(ociArchive(work, 'semver 1.2.0').path, 'acme/semver:1.2.0');
+    const digest = await digestOf(quiet, 'acme/semver:1.2.0');
+    await start();
+    await waitFor(async () => (await image('semver')) === `${quiet.host}/acme/semver:1.2.0@${digest}`,
+      { timeoutMs: WITHIN, what: 'the catch-up to deploy 1.2.0' });
+  });
+});
+
+describe('the registry watch, pure parts', () => {
+  test('an interval is a Go duration from 10s to 24h; anything else is refused naming where it was written', () => {
+    assert.equal(pollInterval('30s', 'annotation webhook/poll'), 30_000);
+    assert.equal(pollInterval(' '), undefined);
+    assert.throws(() => pollInterval('1ms', 'annotation webhook/poll'), /^Error: annotation webhook\/poll "1ms" is outside 10s to 24h/);
+    assert.throws(() => pollInterval('forever'), /POLL_INTERVAL "forever" is not a Go duration/);
+    assert.throws(() => pollInterval('25h'), /outside 10s to 24h/);
+  });
+
+  test('the next page of a tag list is followed on the registry itself only', () => {
+    assert.equal(nextTagPage('</v2/acme/web/tags/list?n=2&last=b>; rel="next"', 'acme/web', 'r:5000'), 'n=2&last=b');
+    assert.equal(nextTagPage('<https://r:5000/v2/acme/web/tags/list?last=b>; rel="next"', 'acme/web', 'r:5000'), 'last=b');
+    assert.equal(nextTagPage('<https://evil:5000/v2/acme/web/tags/list?last=b>; rel="next"', 'acme/web', 'r:5000'), undefined);
+    assert.equal(nextTagPage('</v2/other/tags/list?last=b>; rel="next"', 'acme/web', 'r:5000'), undefined);
+    assert.equal(nextTagPage(undefined, 'acme/web', 'r:5000'), undefined);
+  });
+
+  test('a semver policy takes the highest tag it allows above the running one, never one outside it', () => {
+    const tags = ['1.0.0', '1.2.0', '1.10.1', '2.0.0', 'latest', '1.11.0-rc.1', '0.9.0'];
+    const take = (policy: string, running: string) =>
+      newestAllowedTag(tags, parsePolicy(policy), {}, 'app', `r.io/acme/web:${running}`, 'deployment/web');
+    assert.equal(take('semver:^1', '1.0.0'), '1.10.1');
+    assert.equal(take('major', '1.0.0'), '2.0.0');
+    assert.equal(take('patch', '1.2.0'), undefined);
+    assert.equal(take('minor', '2.0.0'), undefined);
+    const annotated = { metadata: { annotations: { 'webhook/policy': 'semver:~1.2' } } };
+    assert.equal(newestAllowedTag(tags, parsePolicy('all'), annotated, 'app', 'r.io/acme/web:1.2.0', 'deployment/web'), undefined);
+  });
+});
