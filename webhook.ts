@@ -18753,8 +18753,10 @@ const POLL_ANNOTATION = 'webhook/poll';
 const HOOK_ANNOTATION = 'webhook/hook';
 
 const POLL_LIMITS = {
-  // Annotations added or taken off are found within this long: one LIST (in pages) per kind and cluster.
-  rescanMs: 30_000,
+  // Annotations added or taken off are found within this long: one LIST (in pages) per kind and cluster, every
+  // namespace. Rare, since a cluster's workloads are many and annotations change seldom; what a look deploys, and
+  // what another source deployed, the watch learns at once (it reads the workload before it hands a push over).
+  rescanMs: 5 * 60_000,
   // The first looks after the start are spread over this long (at most one interval): a replica watching 2,000
   // workloads does not send 2,000 requests in its first second.
   catchUpSpreadMs: 10_000,
@@ -19046,7 +19048,10 @@ export class RegistryWatch {
       } while (next);
     } catch (e) {
       const where = cluster ? ` in cluster ${cluster}` : '';
-      this.log.warn(`registry watch: the ${kind}s${where} could not be listed: ${(e as Error).message}`);
+      // Once per cluster and kind: RBAC that names the workloads refuses the LIST on every rescan.
+      if (this.told.get(`${cluster ?? ''}//${kind}`) !== 'unlisted')
+        this.log.warn(`registry watch: the ${kind}s${where} could not be listed: ${(e as Error).message}`);
+      this.told.set(`${cluster ?? ''}//${kind}`, 'unlisted');
     }
   }
 
@@ -19221,6 +19226,7 @@ export class RegistryWatch {
     const running = locateContainer(workloadPodSpec(now, w.target.kind), w.container)?.image;
     if (running === undefined) return false;
     const record = readPushRecords(now).records[w.container];
+    Object.assign(w, { image: running, facts: { ...w.facts, record } });
     return running.endsWith(`@${digest}`) || recordedDigest(record, running) === digest;
   }
 
@@ -19293,6 +19299,8 @@ export class RegistryWatch {
     const r = await this.upgrade.runDecided(hook, w.target, w.container, push, undefined, requestId, w.cluster);
     r.report.notes.unshift(`registry watch (every ${formatGoDuration(w.intervalMs)}, ${w.from}): ${why}`);
     if (!r.report.unreachable) w.handed = image;
+    // What the container runs now: the next look compares with it, not with the listing.
+    if (r.report.changed) Object.assign(w, { image, facts: { ...w.facts, record: undefined } });
     const req: HookRequest = {
       ...{ id: requestId, method: 'POST', remoteAddr: '', remoteIp: '', headers: {}, query: {} },
       ...{ payload: undefined, body: Buffer.alloc(0) },
