@@ -18743,7 +18743,7 @@ interface PastPush {
 //    repository and tag per interval, shared by every workload and cluster; a token bucket per registry host; a 429's
 //    Retry-After (else a backoff) honoured per host; the pull secret, REGISTRY_CA and REGISTRY_TOKEN_HOSTS as
 //    VERIFY_IMAGE uses them. A bad annotation is a Warning Event (RegistryWatchRefused), once, and no watch.
-//    Exports: RegistryWatch.
+//    Exports: HOOK_ANNOTATION, POLL_ANNOTATION, RegistryWatch, WatchedWorkload.
 //    Tests: test/registry-watch.test.ts.
 // ================================================================================================
 
@@ -18777,7 +18777,7 @@ const POLL_LIMITS = {
 };
 
 /** One workload and container a replica watches, as -validate and the deliveries page show it. */
-interface WatchedWorkload {
+export interface WatchedWorkload {
   cluster: string | undefined;
   target: { namespace: string; kind: WorkloadKind; name: string; uid?: string };
   container: string;
@@ -21067,6 +21067,7 @@ function renderDeliveries(
   busy: boolean,
   now: Date,
   pushes: readonly WaitingPush[] = [],
+  watched: readonly WatchedWorkload[] = [],
 ): string {
   const head = ['Time', 'Hook', 'Request', 'Registry', 'Workload / container', 'Image before → after'];
   head.push('Decision', 'Rollout', 'Notified');
@@ -21084,8 +21085,33 @@ function renderDeliveries(
     `<table><thead><tr>${head.map((h) => `<th>${h}</th>`).join('')}</tr></thead><tbody>`,
     rows,
     '</tbody></table>',
+    renderWatched(watched),
   ].join('\n');
   return pageShell('Deliveries — webhook', refresh, body);
+}
+
+/** The registry watch's workloads: where, what they run, how often, when last looked at and what it found. Pure. */
+function renderWatched(watched: readonly WatchedWorkload[]): string {
+  if (watched.length === 0) return '';
+  const head = ['Workload / container', 'Image', 'Every', 'Hook', 'Last looked at', 'Found'];
+  const rows = watched.map((w) => {
+    const where = `${w.target.kind}/${w.target.name} in ${w.target.namespace}${w.cluster ? ` (${w.cluster})` : ''}`;
+    const cells = [
+      `${where}, ${w.container}`,
+      w.image,
+      `${formatGoDuration(w.intervalMs)} (${w.from})`,
+      w.hook,
+      w.lastLookAt === undefined ? 'not yet' : shownTime(new Date(w.lastLookAt)),
+      w.lastResult ?? '—',
+    ];
+    return `<tr>${cells.map((c) => `<td>${escapeHtml(c)}</td>`).join('')}</tr>`;
+  });
+  return [
+    `<h2>Registry watch</h2><p class="meta">${watched.length} workload container(s) watched</p>`,
+    `<table><thead><tr>${head.map((h) => `<th>${h}</th>`).join('')}</tr></thead><tbody>`,
+    ...rows,
+    '</tbody></table>',
+  ].join('\n');
 }
 
 /** /deliveries/<n>: one push, its full report and its pods. Pure. */
@@ -21185,7 +21211,12 @@ async function pageAction(
 }
 
 /** The deliveries pages for the admin listener (the http server's AdminPages). */
-export function deliveryPages(log: DeliveryLog, token: string, approvals?: ApprovalService): AdminPages {
+export function deliveryPages(
+  log: DeliveryLog,
+  token: string,
+  approvals?: ApprovalService,
+  watch?: RegistryWatch,
+): AdminPages {
   const html = (body: string) => ({ body, contentType: 'text/html; charset=utf-8', headers: PAGE_HEADERS });
   const json = (value: unknown) => ({
     body: `${JSON.stringify(value, null, 1)}\n`,
@@ -21198,7 +21229,9 @@ export function deliveryPages(log: DeliveryLog, token: string, approvals?: Appro
     page(pathname) {
       const entries = log.list();
       const pushes = approvals?.list() ?? [];
-      if (pathname === '/deliveries') return html(renderDeliveries(entries, log.busy(), new Date(), pushes));
+      const watched = watch?.list() ?? [];
+      if (pathname === '/deliveries') return html(renderDeliveries(entries, log.busy(), new Date(), pushes, watched));
+      if (pathname === '/deliveries/watched.json') return json({ schema: 'webhook.watched/v1', watched });
       if (pathname === '/deliveries.json')
         return json({ schema: 'webhook.deliveries/v1', deliveries: entries.map(deliveryDocument) });
       const one = /^\/deliveries\/(\d{1,9})(\.json)?$/.exec(pathname);
@@ -21469,6 +21502,7 @@ function describeUpgrade(hook: Hook, inserted: Set<string>): string[] {
     input('MAIL_TO', 'mail to'),
     describePolicy(hook),
     describeOutsideChange(hook),
+    describeRegistryWatch(hook),
     ...describeSignature(hook),
     ...describeApprovals(hook),
     ...describeNotifications(hook),
@@ -21521,6 +21555,19 @@ function describeClusters(hook: Hook): string[] {
 }
 
 /** What a push meets once the container's image was changed outside webhook (ON_OUTSIDE_CHANGE, fixed at load). */
+/** What the registry watch does with the hook: its POLL_INTERVAL for the workload it fixes, or the annotations. */
+function describeRegistryWatch(hook: Hook): string {
+  const interval = HOOK_SETTINGS.POLL_INTERVAL.parse(fixedInput(hook, 'POLL_INTERVAL'));
+  const t = hookReach(hook)?.target;
+  const annotated =
+    `workloads annotated ${POLL_ANNOTATION} and ${HOOK_ANNOTATION}: ${hook.id} are watched with its settings`;
+  if (interval === undefined) return `registry watch: ${annotated}`;
+  const every = `every ${formatGoDuration(interval)} (POLL_INTERVAL)`;
+  return t
+    ? `registry watch: ${t.kind}/${t.name} in ${t.namespace} ${every}; ${annotated}`
+    : `registry watch: POLL_INTERVAL is set but the hook fixes no workload, so only ${annotated}`;
+}
+
 function describeOutsideChange(hook: Hook): string {
   const value = upgradeInput(hook, 'ON_OUTSIDE_CHANGE');
   const mode = HOOK_SETTINGS.ON_OUTSIDE_CHANGE.parse(typeof value === 'string' ? value : undefined);
@@ -21750,12 +21797,12 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
   const server = await openListener(o, handler, log);
   if (!server) return 1;
   server.on('clientError', (err: Error, socket: net.Socket) => answerClientError(handlerContext, err, socket));
-  const pages = o.deliveries > 0 ? deliveryPages(deliveries, o.adminToken, approvals) : undefined;
+  const watch = new RegistryWatch(upgrade, () => store.current.hooks, approvals, log, metrics).start();
+  const pages = o.deliveries > 0 ? deliveryPages(deliveries, o.adminToken, approvals, watch) : undefined;
   const adminServer = await openAdminListener(o, metrics, log, pages);
   if (adminServer === false) return 1;
   listener.resume(snapshot.hooks.values());
   approvals.start();
-  const watch = new RegistryWatch(upgrade, () => store.current.hooks, approvals, log, metrics).start();
   reloadOnSignals(o, store, log);
   return new Promise<number>((resolve) => {
     const shutdown = async (sig: string) => {

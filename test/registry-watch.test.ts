@@ -9,13 +9,14 @@
  * Every wait is for an event (an image, a log line, a metric), within a bound of several intervals.
  */
 import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as https from 'node:https';
 import type { AddressInfo } from 'node:net';
 import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import {
-  freePort, httpRequest, makeTempDir, spawnWebhook, waitFor, waitForOutput, type Spawned,
+  defaultBinary, freePort, httpRequest, makeTempDir, spawnWebhook, waitFor, waitForOutput, type Spawned,
 } from './harness.ts';
 import { makeCertificate, ociArchive, startRegistry, type Registry } from './registry.ts';
 import {
@@ -92,10 +93,12 @@ describe('the registry watch through the executable', { skip: cluster ? false : 
     service.proc.kill('SIGTERM');
     await service.exited;
   };
-  const metric = async (pattern: RegExp) => {
+  const admin = async (page: string) => {
     const m = /serving metrics on http:\/\/127\.0\.0\.1:(\d+)\/metrics/.exec(service.output());
-    if (!m) return 0;
-    const text = (await httpRequest(Number(m[1]), '/metrics').catch(() => undefined))?.body ?? '';
+    return m ? (await httpRequest(Number(m[1]), page).catch(() => undefined))?.body ?? '' : '';
+  };
+  const metric = async (pattern: RegExp) => {
+    const text = await admin('/metrics');
     return text.split('\n').filter((l) => pattern.test(l)).reduce((sum, l) => sum + Number(l.split(' ').at(-1)), 0);
   };
   const events = async (name: string, reason: string) => {
@@ -168,6 +171,21 @@ describe('the registry watch through the executable', { skip: cluster ? false : 
     await waitForOutput(service, new RegExp(`deployment/semver in ${ns}, container app: no tag above`), WITHIN);
     assert.equal(await image('semver'), `${quiet.host}/acme/semver:1.1.0@${digest}`);
     assert.equal((await events('semver', 'ImageUpdated')).length, 1);
+  });
+
+  test('the deliveries page lists what is watched, how often, when last looked at, and the watch\'s delivery', async () => {
+    const doc = JSON.parse(await admin('/deliveries/watched.json'));
+    const semver = doc.watched.find((w: { target: { name: string } }) => w.target.name === 'semver');
+    assert.equal(semver.intervalMs, 10_000);
+    assert.equal(semver.hook, 'watch');
+    assert.equal(semver.from, 'annotation webhook/poll');
+    assert.ok(semver.lastLookAt > 0, JSON.stringify(semver));
+    assert.ok(!doc.watched.some((w: { target: { name: string } }) => w.target.name.startsWith('bad-')));
+    const page = await admin('/deliveries');
+    assert.match(page, /<h2>Registry watch<\/h2>/);
+    assert.match(page, new RegExp(`deployment/semver in ${ns}, app</td><td>[^<]*</td><td>10s \\(annotation webhook/poll\\)</td><td>watch</td>`));
+    const deliveries = JSON.parse(await admin('/deliveries.json')).deliveries as { workload: string; decision: string }[];
+    assert.ok(deliveries.some((d) => d.workload === 'deployment/semver' && d.decision === 'applied'), JSON.stringify(deliveries));
   });
 
   test('latest pushed again is deployed at its new digest, pinned', async () => {
@@ -243,6 +261,23 @@ describe('the registry watch through the executable', { skip: cluster ? false : 
 });
 
 describe('the registry watch, pure parts', () => {
+  test('-validate says what each hook watches, and refuses a POLL_INTERVAL under 10s', () => {
+    const dir = makeTempDir('registry-watch-validate-');
+    const file = path.join(dir, 'hooks.json');
+    const fixed = (id: string, every: string) => ({ ...upgradeHook(id, TOKEN), 'pass-environment-to-command': [
+      { envname: 'APP_NS', source: 'string', name: 'shop' }, { envname: 'APP_WORKLOAD', source: 'string', name: 'deployment/web' },
+      { envname: 'POLL_INTERVAL', source: 'string', name: every }] });
+    fs.writeFileSync(file, JSON.stringify([fixed('fixed', '1m'), upgradeHook('open', TOKEN)]));
+    const ok = spawnSync(defaultBinary(), ['-validate', '-hooks', file], { encoding: 'utf8', env: { PATH: process.env.PATH } });
+    assert.equal(ok.status, 0, ok.stderr);
+    assert.match(ok.stdout, /registry watch: deployment\/web in shop every 1m0s \(POLL_INTERVAL\); workloads annotated webhook\/poll and webhook\/hook: fixed are watched/);
+    assert.match(ok.stdout, /registry watch: workloads annotated webhook\/poll and webhook\/hook: open are watched with its settings/);
+    fs.writeFileSync(file, JSON.stringify([fixed('fast', '5s')]));
+    const bad = spawnSync(defaultBinary(), ['-validate', '-hooks', file], { encoding: 'utf8', env: { PATH: process.env.PATH } });
+    assert.notEqual(bad.status, 0);
+    assert.match(bad.stderr, /POLL_INTERVAL "5s" is outside 10s to 24h0m0s/);
+  });
+
   test('an interval is a Go duration from 10s to 24h; anything else is refused naming where it was written', () => {
     assert.equal(pollInterval('30s', 'annotation webhook/poll'), 30_000);
     assert.equal(pollInterval(' '), undefined);
