@@ -19170,6 +19170,7 @@ export class RegistryWatch {
       const found = ['semver', 'major', 'minor', 'patch'].includes(effect.policy.kind)
         ? await this.newerTag(w, reader, { host, repository, name }, effect.policy, workload)
         : await this.movedTag(w, reader, { host, repository, name, tag, pinned });
+      this.resting.delete(host);
       if ('nothing' in found) return found.nothing;
       return await this.handOver(w, hook, found.image, found.digest, found.why);
     } catch (e) {

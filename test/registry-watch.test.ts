@@ -31,6 +31,13 @@ const NOTIFY_AUTH = 'Bearer registry-watch-notify-3f0a';
 // A look every 10 s (the shortest interval allowed); a change is deployed within a few of them.
 const INTERVAL = '10s';
 const WITHIN = 90_000;
+const LOGIN = { user: 'watcher', password: 'registry-watch-password-6c2e' };
+
+/** A Deployment whose pods pull with the secret `pull`. */
+function withPullSecret(d: object) {
+  (d as { spec: { template: { spec: Record<string, unknown> } } }).spec.template.spec.imagePullSecrets = [{ name: 'pull' }];
+  return d;
+}
 
 /** The digest host/repo:tag has now (HEAD, as the watch asks), trusting the registry's CA. */
 function digestOf(registry: Registry, repoTag: string): Promise<string> {
@@ -50,11 +57,30 @@ function digestOf(registry: Registry, repoTag: string): Promise<string> {
   });
 }
 
-/** A TLS server that answers every request 429 with Retry-After, and keeps when each came. */
-async function rateLimited(dir: string, retryAfterSeconds: number) {
-  const certs = makeCertificate(dir);
+/**
+ * A TLS server standing in for a registry that misbehaves: every request 429 with Retry-After (`/v2/acme/slow/`),
+ * a tag list of 10,001 tags (`acme/many`), one of 50 MB (`acme/huge`); it keeps when each request came.
+ */
+async function misbehaving(retryAfterSeconds: number) {
+  const certs = makeCertificate(makeTempDir('registry-watch-fake-'));
   const seen: number[] = [];
-  const server = https.createServer({ cert: fs.readFileSync(certs.certFile), key: fs.readFileSync(certs.keyFile) }, (_req, res) => {
+  const server = https.createServer({ cert: fs.readFileSync(certs.certFile), key: fs.readFileSync(certs.keyFile) }, (req, res) => {
+    if (req.url?.startsWith('/v2/acme/many/')) {
+      const tags = Array.from({ length: 10_001 }, (_, i) => `1.0.${i}`);
+      return void res.writeHead(200, { 'Content-Type': 'application/json' }).end(JSON.stringify({ name: 'acme/many', tags }));
+    }
+    if (req.url?.startsWith('/v2/acme/huge/')) {
+      res.writeHead(200, { 'Content-Type': 'application/json' });
+      const chunk = Buffer.alloc(1024 * 1024, 0x20);
+      let sent = 0;
+      const more = () => {
+        while (sent < 50 && res.write(chunk)) sent++;
+        if (sent >= 50) res.end();
+      };
+      res.on('drain', () => { sent++; more(); });
+      res.on('close', () => (sent = 50));
+      return more();
+    }
     seen.push(Date.now());
     res.writeHead(429, { 'Retry-After': String(retryAfterSeconds), 'Content-Type': 'application/json' });
     res.end('{"errors":[{"code":"TOOMANYREQUESTS"}]}');
@@ -70,7 +96,9 @@ describe('the registry watch through the executable', { skip: cluster ? false : 
   let work: string;
   let quiet: Registry;
   let notifying: Registry;
-  let limited: Awaited<ReturnType<typeof rateLimited>>;
+  let locked: Registry;
+  let limited: Awaited<ReturnType<typeof misbehaving>>;
+  let oversized: Awaited<ReturnType<typeof misbehaving>>;
   let service: Spawned;
   let port: number;
   let hooksFile: string;
@@ -111,11 +139,14 @@ describe('the registry watch through the executable', { skip: cluster ? false : 
     work = makeTempDir('registry-watch-');
     port = await freePort();
     quiet = await startRegistry({ tls: true });
+    locked = await startRegistry({ tls: true, auth: LOGIN });
     const query = new URLSearchParams({ ns, workload: 'deployment/both', container: 'app', token: TOKEN });
     notifying = await startRegistry({
       tls: true, notify: { url: `http://127.0.0.1:${port}/hooks/notified?${query}`, headers: { Authorization: NOTIFY_AUTH } },
     });
-    limited = await rateLimited(makeTempDir('registry-watch-429-'), 40);
+    limited = await misbehaving(40);
+    // Another host: the 429s of the first leave this one alone.
+    oversized = await misbehaving(40);
     const ca = (name: string, pem: string) => {
       fs.writeFileSync(path.join(work, name), pem);
       return path.join(work, name);
@@ -125,16 +156,20 @@ describe('the registry watch through the executable', { skip: cluster ? false : 
     notifiedHook['pass-environment-to-command'].push({ envname: 'REGISTRY_CA', source: 'string', name: ca('notifying.pem', notifying.caPem!) });
     hooksFile = path.join(work, 'hooks.json');
     fs.writeFileSync(hooksFile, JSON.stringify([
-      upgradeHook('watch', TOKEN, { REGISTRY_CA: ca('quiet.pem', quiet.caPem!) }),
-      upgradeHook('limited', TOKEN, { REGISTRY_CA: ca('limited.pem', limited.caPem) }),
+      upgradeHook('watch', TOKEN, { REGISTRY_CA: ca('quiet.pem', quiet.caPem! + locked.caPem!) }),
+      upgradeHook('fixed', TOKEN, { APP_NS: ns, APP_WORKLOAD: 'deployment/fixed', APP_CONTAINER: 'app', POLL_INTERVAL: INTERVAL,
+        REGISTRY_CA: path.join(work, 'quiet.pem') }),
+      upgradeHook('limited', TOKEN, { REGISTRY_CA: ca('limited.pem', limited.caPem + oversized.caPem) }),
       notifiedHook,
     ]));
     env = { KUBECONFIG: cluster!.kubeconfigPath };
-    for (const [repo, tag] of [['acme/semver', '1.0.0'], ['acme/latest', 'latest'], ['acme/shared', '1.0.0'], ['acme/both', 'latest']]) {
+    await locked.push(ociArchive(work, 'private 1.0.0').path, 'acme/private:1.0.0');
+    for (const [repo, tag] of [['acme/semver', '1.0.0'], ['acme/latest', 'latest'], ['acme/shared', '1.0.0'], ['acme/both', 'latest'], ['acme/fixed', 'latest']]) {
       await (repo === 'acme/both' ? notifying : quiet).push(ociArchive(work, `${repo} ${tag}`).path, `${repo}:${tag}`);
     }
     const latest = await digestOf(quiet, 'acme/latest:latest');
     const both = await digestOf(notifying, 'acme/both:latest');
+    const fixed = await digestOf(quiet, 'acme/fixed:latest');
     await kubectl(['create', 'namespace', ns]);
     await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: [
       annotated('semver', `${quiet.host}/acme/semver:1.0.0`, watched('watch', { 'webhook/policy': 'semver:^1' })),
@@ -142,7 +177,13 @@ describe('the registry watch through the executable', { skip: cluster ? false : 
       annotated('twin-a', `${quiet.host}/acme/shared:1.0.0`, watched('watch', { 'webhook/policy': 'minor' })),
       annotated('twin-b', `${quiet.host}/acme/shared:1.0.0`, watched('watch', { 'webhook/policy': 'minor' })),
       annotated('limited', `${limited.host}/acme/slow:1.0.0`, watched('limited', { 'webhook/policy': 'minor' })),
+      annotated('many', `${oversized.host}/acme/many:1.0.0`, watched('limited', { 'webhook/policy': 'minor' })),
+      annotated('huge', `${oversized.host}/acme/huge:1.0.0`, watched('limited', { 'webhook/policy': 'minor' })),
       annotated('gone', `127.0.0.1:${await freePort()}/acme/gone:1.0.0`, watched()),
+      { apiVersion: 'v1', kind: 'Secret', metadata: { name: 'pull' }, type: 'kubernetes.io/dockerconfigjson', data: {
+        '.dockerconfigjson': Buffer.from(JSON.stringify({ auths: { [locked.host]: { username: LOGIN.user, password: LOGIN.password } } })).toString('base64') } },
+      withPullSecret(annotated('private', `${locked.host}/acme/private:1.0.0`, watched('watch', { 'webhook/policy': 'minor' }))),
+      annotated('fixed', `${quiet.host}/acme/fixed:latest@${fixed}`, {}),
       annotated('both', `${notifying.host}/acme/both:latest@${both}`, watched('notified')),
       annotated('bad-ms', `${quiet.host}/acme/semver:1.0.0`, { 'webhook/poll': '1ms', 'webhook/hook': 'watch' }),
       annotated('bad-forever', `${quiet.host}/acme/semver:1.0.0`, { 'webhook/poll': 'forever', 'webhook/hook': 'watch' }),
@@ -153,11 +194,12 @@ describe('the registry watch through the executable', { skip: cluster ? false : 
   });
 
   after(async () => {
-    if (process.env.WATCH_TEST_LOG) fs.writeFileSync(process.env.WATCH_TEST_LOG, service.output() + '\n----\n' + quiet.log());
     if (service && service.proc.exitCode === null) await stop();
     await quiet?.stop();
     await notifying?.stop();
+    await locked?.stop();
     limited?.close();
+    oversized?.close();
     await removeNamespace(kubectl, ns);
   });
 
@@ -195,6 +237,24 @@ describe('the registry watch through the executable', { skip: cluster ? false : 
       { timeoutMs: WITHIN, what: 'the new digest of latest' });
   });
 
+  test('a registry that asks for a login is read with the workload\'s pull secret, which never appears in the log', async () => {
+    await locked.push(ociArchive(work, 'private 1.1.0').path, 'acme/private:1.1.0');
+    await waitFor(async () => (await image('private'))?.startsWith(`${locked.host}/acme/private:1.1.0@sha256:`),
+      { timeoutMs: WITHIN, what: 'the watch to deploy 1.1.0 with the pull secret' });
+    assert.ok(!service.output().includes(LOGIN.password));
+  });
+
+  test('a hook that fixes its workload watches it every POLL_INTERVAL, with no annotation', async () => {
+    await quiet.push(ociArchive(work, 'fixed again').path, 'acme/fixed:latest');
+    const digest = await digestOf(quiet, 'acme/fixed:latest');
+    await waitFor(async () => (await image('fixed')) === `${quiet.host}/acme/fixed:latest@${digest}`,
+      { timeoutMs: WITHIN, what: 'the new digest of fixed' });
+    const doc = JSON.parse(await admin('/deliveries/watched.json'));
+    const entry = doc.watched.find((w: { target: { name: string } }) => w.target.name === 'fixed');
+    assert.equal(entry.from, 'POLL_INTERVAL of hook "fixed"');
+    assert.equal(entry.hook, 'fixed');
+  });
+
   test('bad annotations are Warning Events, and nothing is changed', async () => {
     for (const [name, why] of [
       ['bad-ms', /not watched: annotation webhook\/poll "1ms" is outside 10s to 24h/],
@@ -227,6 +287,13 @@ describe('the registry watch through the executable', { skip: cluster ? false : 
     await waitFor(async () => (await looks()) >= 2, { timeoutMs: WITHIN, what: 'two looks not asked' });
     assert.ok(limited.seen.every((t) => t === first || t >= first + 40_000), JSON.stringify(limited.seen));
     assert.match(service.output(), /acme\/slow: its tag list: the registry answered 429; 127\.0\.0\.1:\d+ is not asked again before/);
+  });
+
+  test('a tag list of 10,000 tags or of 50 MB is refused, naming the limit, and nothing is changed', async () => {
+    await waitForOutput(service, /acme\/many: more than 5000 tags: refused, none read/, WITHIN);
+    await waitForOutput(service, /acme\/huge: a page of its tag list is larger than 1048576 bytes: refused/, WITHIN);
+    assert.equal(await image('many'), `${oversized.host}/acme/many:1.0.0`);
+    assert.equal(await image('huge'), `${oversized.host}/acme/huge:1.0.0`);
   });
 
   test('an unreachable registry is a warning, not a crash', async () => {
