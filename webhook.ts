@@ -18735,8 +18735,9 @@ interface PastPush {
 //    with POLL_INTERVAL fixes) has its repository looked at every interval, and once soon after the start (spread
 //    out), so a push made while the service was away, or on a registry that cannot call, is found. What a look finds
 //    is a push like a notification's (its identity the digest, `sha256:…|`): under a semver policy (semver:, major,
-//    minor, patch) the highest tag the policy allows above the running one; under any other the running tag's own
-//    digest when it moved, pinned (`repo:tag@sha256:…`). It goes through UpgradeService.runDecided, the same path as
+//    minor, patch) the highest tag the policy allows above the running one; under glob:/regexp: the matching tag built
+//    last (config `created`, of at most 20 candidates); under all the running tag's own digest when it moved; each
+//    pinned (`repo:tag@sha256:…`). It goes through UpgradeService.runDecided, the same path as
 //    any push (pin, policy, hold, newest wins, signature, approval and window), with the settings of the hook the
 //    annotation webhook/hook names (else the hook of the container's last-push record), and its result to the command
 //    listener as a push's: recorded, followed, mailed, posted. Gentle on registries: one tag listing and one HEAD per
@@ -18774,6 +18775,13 @@ const POLL_LIMITS = {
   freshShare: 0.9,
   // Workloads watched at most (each some hundred bytes and a timer); past it the others are refused with a warning.
   maxWatched: 20_000,
+  // glob: and regexp: take the newest build among at most this many matching tags (the highest by name, numbers
+  // compared as numbers): each new digest costs a manifest and a config blob, Kargo's discovery limit is 20.
+  maxCandidates: 20,
+  // Creation times kept by digest (a digest's never changes): some 100 bytes each.
+  maxCreatedKept: 10_000,
+  // An image config is a few KiB (its history, labels); larger is not one.
+  maxConfigBytes: 1024 * 1024,
 };
 
 /** One workload and container a replica watches, as -validate and the deliveries page show it. */
@@ -18962,6 +18970,8 @@ export class RegistryWatch {
   /** Per registry host: not asked before `until` (a 429), and the backoff a 429 without Retry-After doubles. */
   private readonly resting = new Map<string, { until: number; backoffMs: number }>();
   private readonly buckets = new Map<string, TokenBucket>();
+  /** When each digest's image was built (its config's `created`; null: it says none), read once. */
+  private readonly created = new Map<string, number | null>();
   private readonly stopping = new AbortController();
   private rescanTimer: NodeJS.Timeout | undefined;
   private readonly upgrade: UpgradeService;
@@ -19167,9 +19177,13 @@ export class RegistryWatch {
     const effect = policyInEffect(workload, w.container, config.policy, `${w.target.kind}/${w.target.name}`);
     if ('malformed' in effect) return `failed: ${effect.malformed}`;
     try {
-      const found = ['semver', 'major', 'minor', 'patch'].includes(effect.policy.kind)
-        ? await this.newerTag(w, reader, { host, repository, name }, effect.policy, workload)
-        : await this.movedTag(w, reader, { host, repository, name, tag, pinned });
+      const repo = { host, repository, name, tag, pinned };
+      const kind = effect.policy.kind;
+      const found = ['semver', 'major', 'minor', 'patch'].includes(kind)
+        ? await this.newerTag(w, reader, repo, effect.policy, workload)
+        : kind === 'glob' || kind === 'regexp'
+          ? await this.newestBuilt(w, reader, repo, effect.policy, workload)
+          : await this.movedTag(w, reader, repo);
       this.resting.delete(host);
       if ('nothing' in found) return found.nothing;
       return await this.handOver(w, hook, found.image, found.digest, found.why);
@@ -19196,6 +19210,65 @@ export class RegistryWatch {
     if (digest === undefined) return { nothing: `${best} was listed and is gone` };
     const why = `${where} has ${best} (${digest}), the highest of ${tags.length} tags ${policy.text} allows`;
     return { image: `${repo.name}:${best}@${digest}`, digest, why };
+  }
+
+  /**
+   * Under glob: or regexp:: of the matching tags (at most maxCandidates, the highest by name), the one whose image
+   * was built last (its config's `created`), when it is newer than the running one.
+   */
+  private async newestBuilt(
+    w: WatchState,
+    reader: () => RepositoryReader,
+    repo: { host: string; repository: string; name: string; tag: string; pinned: string | undefined },
+    policy: UpdatePolicy,
+    workload: unknown,
+  ): Promise<{ image: string; digest: string; why: string } | { nothing: string }> {
+    const where = `${repo.host}/${repo.repository}`;
+    const list = () => this.throttled(repo.host, () => listTags(reader(), repo));
+    const tags = await this.shared(this.listings, where, w.intervalMs, list);
+    const name = `${w.target.kind}/${w.target.name}`;
+    const allowed = (t: string) =>
+      policyDecision(policy, workload, w.container, w.image, `${repo.name}:${t}`, name).kind === 'allowed';
+    const matching = tags.filter(allowed).sort((a, b) => b.localeCompare(a, 'en', { numeric: true }));
+    let best: { tag: string; digest: string; created: number } | undefined;
+    for (const tag of matching.slice(0, POLL_LIMITS.maxCandidates)) {
+      const digest = await this.digestOf(w, reader, repo.host, `${where}:${tag}`, tag);
+      const created = digest === undefined ? undefined : await this.createdAt(reader, repo.host, digest);
+      if (digest && created !== undefined && (!best || created > best.created)) best = { tag, digest, created };
+    }
+    if (!best) return { nothing: `none of ${matching.length} tags ${policy.text} allows says when it was built` };
+    const running =
+      repo.pinned ??
+      recordedDigest(w.facts.record, w.image) ??
+      (await this.digestOf(w, reader, repo.host, `${where}:${repo.tag}`, repo.tag));
+    const ranAt = running === undefined ? undefined : await this.createdAt(reader, repo.host, running);
+    const built = new Date(best.created).toISOString();
+    if (best.digest === running || (ranAt !== undefined && best.created <= ranAt))
+      return { nothing: `the newest build ${policy.text} allows runs already (${best.tag}, built ${built})` };
+    const why = `${where}:${best.tag} (${best.digest}), built ${built}, is the newest build ${policy.text} allows`;
+    return { image: `${repo.name}:${best.tag}@${best.digest}`, digest: best.digest, why };
+  }
+
+  /**
+   * When a digest's image was built: its config's `created` (through an index's first manifest), read once per
+   * digest and kept; undefined when it says none.
+   */
+  private async createdAt(reader: () => RepositoryReader, host: string, digest: string): Promise<number | undefined> {
+    if (this.created.has(digest)) return this.created.get(digest) ?? undefined;
+    const r = reader();
+    let manifest = await this.throttled(host, () => r.manifest(digest));
+    const first = valueAt(asList(manifest?.json.manifests)[0], ['digest']);
+    if (typeof first === 'string') manifest = await this.throttled(host, () => r.manifest(first));
+    const config = valueAt(manifest?.json, ['config', 'digest']);
+    let created: number | undefined;
+    if (typeof config === 'string') {
+      const blob = await this.throttled(host, () => r.blob(config, POLL_LIMITS.maxConfigBytes));
+      const text = valueAt(JSON.parse(blob.toString('utf8')), ['created']);
+      created = typeof text === 'string' && Number.isFinite(Date.parse(text)) ? Date.parse(text) : undefined;
+    }
+    if (this.created.size >= POLL_LIMITS.maxCreatedKept) this.created.delete(this.created.keys().next().value!);
+    this.created.set(digest, created ?? null);
+    return created;
   }
 
   /** Under any other policy: the running tag's digest, when it is not the one running. */

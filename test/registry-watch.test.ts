@@ -164,12 +164,15 @@ describe('the registry watch through the executable', { skip: cluster ? false : 
     ]));
     env = { KUBECONFIG: cluster!.kubeconfigPath };
     await locked.push(ociArchive(work, 'private 1.0.0').path, 'acme/private:1.0.0');
+    for (const [tag, day] of [['main-1', '01'], ['main-2', '02'], ['other-9', '09']])
+      await quiet.push(ociArchive(work, `builds ${tag}`, undefined, { created: `2026-01-${day}T00:00:00Z` }).path, `acme/builds:${tag}`);
     for (const [repo, tag] of [['acme/semver', '1.0.0'], ['acme/latest', 'latest'], ['acme/shared', '1.0.0'], ['acme/both', 'latest'], ['acme/fixed', 'latest']]) {
       await (repo === 'acme/both' ? notifying : quiet).push(ociArchive(work, `${repo} ${tag}`).path, `${repo}:${tag}`);
     }
     const latest = await digestOf(quiet, 'acme/latest:latest');
     const both = await digestOf(notifying, 'acme/both:latest');
     const fixed = await digestOf(quiet, 'acme/fixed:latest');
+    const builds = await digestOf(quiet, 'acme/builds:main-2');
     await kubectl(['create', 'namespace', ns]);
     await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: [
       annotated('semver', `${quiet.host}/acme/semver:1.0.0`, watched('watch', { 'webhook/policy': 'semver:^1' })),
@@ -184,6 +187,7 @@ describe('the registry watch through the executable', { skip: cluster ? false : 
         '.dockerconfigjson': Buffer.from(JSON.stringify({ auths: { [locked.host]: { username: LOGIN.user, password: LOGIN.password } } })).toString('base64') } },
       withPullSecret(annotated('private', `${locked.host}/acme/private:1.0.0`, watched('watch', { 'webhook/policy': 'minor' }))),
       annotated('fixed', `${quiet.host}/acme/fixed:latest@${fixed}`, {}),
+      annotated('builds', `${quiet.host}/acme/builds:main-2@${builds}`, watched('watch', { 'webhook/policy': 'glob:main-*' })),
       annotated('both', `${notifying.host}/acme/both:latest@${both}`, watched('notified')),
       annotated('bad-ms', `${quiet.host}/acme/semver:1.0.0`, { 'webhook/poll': '1ms', 'webhook/hook': 'watch' }),
       annotated('bad-forever', `${quiet.host}/acme/semver:1.0.0`, { 'webhook/poll': 'forever', 'webhook/hook': 'watch' }),
@@ -253,6 +257,16 @@ describe('the registry watch through the executable', { skip: cluster ? false : 
     const entry = doc.watched.find((w: { target: { name: string } }) => w.target.name === 'fixed');
     assert.equal(entry.from, 'POLL_INTERVAL of hook "fixed"');
     assert.equal(entry.hook, 'fixed');
+  });
+
+  test('a glob policy takes the newest build among the matching tags, by creation time, not by name', async () => {
+    // main-0 sorts first by name and was built last; main-3 sorts last and was built before it; other-9 does not match.
+    await quiet.push(ociArchive(work, 'builds main-3', undefined, { created: '2026-01-03T00:00:00Z' }).path, 'acme/builds:main-3');
+    await quiet.push(ociArchive(work, 'builds main-0', undefined, { created: '2026-01-04T00:00:00Z' }).path, 'acme/builds:main-0');
+    const digest = await digestOf(quiet, 'acme/builds:main-0');
+    await waitFor(async () => (await image('builds')) === `${quiet.host}/acme/builds:main-0@${digest}`,
+      { timeoutMs: WITHIN, what: 'the newest build main-0' });
+    await waitForOutput(service, new RegExp(`deployment/builds in ${ns}, container app: the newest build glob:main-\\* allows runs already \\(main-0`), WITHIN);
   });
 
   test('bad annotations are Warning Events, and nothing is changed', async () => {
