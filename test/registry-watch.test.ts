@@ -316,11 +316,17 @@ describe('the registry watch through the executable', { skip: cluster ? false : 
     assert.equal(service.proc.exitCode, null);
   });
 
-  test('a watch and a notification of the same push give one rollout', async () => {
+  test('a watch and a notification of the same push give one rollout and one delivery (what is mailed and posted)', async () => {
     // The registry delivers the notification of the first push once the service answers: wait until it has.
     const rollouts = async () => (await events('both', 'ImageUpdated')).length + (await events('both', 'RolloutRestarted')).length;
     await waitForOutput(service, /POST \/hooks\/notified\?[^"]*" 200/, WITHIN);
     await waitFor(async () => (await rollouts()) > 0, { timeoutMs: WITHIN, what: 'the first push deployed' });
+    // What is mailed and posted is one per delivery: those of this workload since the push that named an image (a
+    // notification's blobs name none; a watch's look that handed the push over again would).
+    type Doc = { workload: string; received_at: string; image_after: string | null };
+    const since = new Date().toISOString();
+    const delivered = async () => (JSON.parse(await admin('/deliveries.json')).deliveries as Doc[])
+      .filter((d) => d.workload === 'deployment/both' && d.received_at >= since && d.image_after !== null).length;
     const before = await rollouts();
     await notifying.push(ociArchive(work, 'both again').path, 'acme/both:latest');
     const digest = await digestOf(notifying, 'acme/both:latest');
@@ -329,6 +335,7 @@ describe('the registry watch through the executable', { skip: cluster ? false : 
     const looked = new RegExp(`deployment/both in ${ns}, container app: (?:.*delivered already|.*acme/both:latest is still ${digest})`);
     await waitForOutput(service, looked, WITHIN);
     assert.equal(await rollouts(), before + 1, (await events('both', 'ImageUpdated')).join('\n'));
+    assert.equal(await delivered(), 1, await admin('/deliveries.json'));
   });
 
   test('a tag pushed while the service was stopped is deployed after it starts', async () => {
