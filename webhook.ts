@@ -19201,7 +19201,7 @@ export class RegistryWatch {
     workload: unknown,
   ): Promise<{ image: string; digest: string; why: string } | { nothing: string }> {
     const where = `${repo.host}/${repo.repository}`;
-    const list = () => this.throttled(repo.host, () => listTags(reader(), repo));
+    const list = () => this.throttled(repo.host, () => listTags(reader(), repo), w.intervalMs);
     const tags = await this.shared(this.listings, where, w.intervalMs, list);
     const name = `${w.target.kind}/${w.target.name}`;
     const best = newestAllowedTag(tags, policy, workload, w.container, w.image, name);
@@ -19224,7 +19224,7 @@ export class RegistryWatch {
     workload: unknown,
   ): Promise<{ image: string; digest: string; why: string } | { nothing: string }> {
     const where = `${repo.host}/${repo.repository}`;
-    const list = () => this.throttled(repo.host, () => listTags(reader(), repo));
+    const list = () => this.throttled(repo.host, () => listTags(reader(), repo), w.intervalMs);
     const tags = await this.shared(this.listings, where, w.intervalMs, list);
     const name = `${w.target.kind}/${w.target.name}`;
     const allowed = (t: string) =>
@@ -19256,13 +19256,14 @@ export class RegistryWatch {
   private async createdAt(reader: () => RepositoryReader, host: string, digest: string): Promise<number | undefined> {
     if (this.created.has(digest)) return this.created.get(digest) ?? undefined;
     const r = reader();
-    let manifest = await this.throttled(host, () => r.manifest(digest));
+    const wait = POLL_LIMITS.lookTimeoutMs;
+    let manifest = await this.throttled(host, () => r.manifest(digest), wait);
     const first = valueAt(asList(manifest?.json.manifests)[0], ['digest']);
-    if (typeof first === 'string') manifest = await this.throttled(host, () => r.manifest(first));
+    if (typeof first === 'string') manifest = await this.throttled(host, () => r.manifest(first), wait);
     const config = valueAt(manifest?.json, ['config', 'digest']);
     let created: number | undefined;
     if (typeof config === 'string') {
-      const blob = await this.throttled(host, () => r.blob(config, POLL_LIMITS.maxConfigBytes));
+      const blob = await this.throttled(host, () => r.blob(config, POLL_LIMITS.maxConfigBytes), wait);
       const text = valueAt(JSON.parse(blob.toString('utf8')), ['created']);
       created = typeof text === 'string' && Number.isFinite(Date.parse(text)) ? Date.parse(text) : undefined;
     }
@@ -19312,7 +19313,7 @@ export class RegistryWatch {
     where: string,
     tag: string,
   ): Promise<string | undefined> {
-    const head = () => this.throttled(host, () => tagDigest(reader(), where, tag));
+    const head = () => this.throttled(host, () => tagDigest(reader(), where, tag), w.intervalMs);
     return this.shared(this.digests, where, w.intervalMs, head);
   }
 
@@ -19334,12 +19335,15 @@ export class RegistryWatch {
     return entry.answer;
   }
 
-  /** A request to `host` once its token bucket lets it (POLL_LIMITS.perSecond). */
-  private async throttled<T>(host: string, request: () => Promise<T>): Promise<T> {
+  /**
+   * A request to `host` once its token bucket lets it (POLL_LIMITS.perSecond): a look waits up to its interval for
+   * its turn (the catch-up of a fleet on one registry queues), and its request's deadline starts after the wait.
+   */
+  private async throttled<T>(host: string, request: () => Promise<T>, maxWaitMs: number): Promise<T> {
     let bucket = this.buckets.get(host);
     if (!bucket) this.buckets.set(host, (bucket = new TokenBucket(POLL_LIMITS.perSecond, POLL_LIMITS.burst)));
-    const wait = bucket.reserve(POLL_LIMITS.lookTimeoutMs);
-    if (wait === undefined) throw new RegistryError(`more requests for ${host} are waiting than it is sent in a look`);
+    const wait = bucket.reserve(maxWaitMs);
+    if (wait === undefined) throw new RegistryError(`more requests for ${host} wait than it is sent in an interval`);
     if (wait > 0) await sleep(wait, undefined, { signal: this.stopping.signal });
     return request();
   }

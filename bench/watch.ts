@@ -41,7 +41,11 @@ const registry = await startRegistry({ tls: true });
 const archive = ociArchive(work, 'bench').path;
 const repos = Array.from({ length: REPOS }, (_, i) => `bench/r${i}`);
 for (let i = 0; i < repos.length; i += PUSHES_AT_ONCE)
-  await Promise.all(repos.slice(i, i + PUSHES_AT_ONCE).flatMap((r) => [registry.push(archive, `${r}:1.0.0`), registry.push(archive, `${r}:latest`)]));
+  await Promise.all(repos.slice(i, i + PUSHES_AT_ONCE).map(async (r) => {
+    // One repository's two tags one after the other: two uploads of one blob at once race in the registry.
+    await registry.push(archive, `${r}:1.0.0`);
+    await registry.push(archive, `${r}:latest`);
+  }));
 const ns = freshNamespaceName('bench-watch');
 await kubectl(['create', 'namespace', ns]);
 const items = Array.from({ length: WORKLOADS }, (_, i) => {
