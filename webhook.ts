@@ -18758,6 +18758,8 @@ const POLL_LIMITS = {
   // namespace. Rare, since a cluster's workloads are many and annotations change seldom; what a look deploys, and
   // what another source deployed, the watch learns at once (it reads the workload before it hands a push over).
   rescanMs: 5 * 60_000,
+  // A rescan whose LIST failed (the API server busy or away) is tried again this much later, not a rescan later.
+  rescanRetryMs: 30_000,
   // The first looks after the start are spread over this long (at most one interval): a replica watching 2,000
   // workloads does not send 2,000 requests in its first second.
   catchUpSpreadMs: 10_000,
@@ -19002,8 +19004,9 @@ export class RegistryWatch {
   /** Finds the watched workloads now (each then looked at once soon: the catch-up), and again every rescanMs. */
   start(): this {
     const round = async () => {
-      await this.scan().catch((e: Error) => this.log.error(`registry watch: ${e.message}`));
-      if (!this.stopping.signal.aborted) this.rescanTimer = setTimeout(round, POLL_LIMITS.rescanMs).unref();
+      const listed = await this.scan().catch((e: Error) => void this.log.error(`registry watch: ${e.message}`));
+      const next = listed ? POLL_LIMITS.rescanMs : POLL_LIMITS.rescanRetryMs;
+      if (!this.stopping.signal.aborted) this.rescanTimer = setTimeout(round, next).unref();
     };
     void round();
     return this;
@@ -19015,20 +19018,22 @@ export class RegistryWatch {
     for (const w of this.watched.values()) clearTimeout(w.timer);
   }
 
-  /** The clusters the hooks name, and in each the workloads of every kind that ask for a watch. */
-  private async scan(): Promise<void> {
+  /** The workloads of every kind that ask for a watch, in each cluster the hooks name; false: a LIST failed. */
+  private async scan(): Promise<boolean> {
     const hooks = this.hooks();
     const clusters = new Set<string | undefined>();
     for (const hook of hooks.values()) if (hookReach(hook)) for (const c of hookClusters(hook)) clusters.add(c);
     const seen = new Set<string>();
+    let listed = true;
     for (const cluster of clusters) {
       const client = this.upgrade.kube(cluster);
       if (!client) continue;
       for (const kind of Object.keys(WORKLOAD_KINDS) as WorkloadKind[])
-        await this.listKind(client, cluster, kind, hooks, seen);
+        listed = (await this.listKind(client, cluster, kind, hooks, seen)) && listed;
     }
     for (const [key, w] of this.watched)
-      if (!seen.has(key)) {
+      // What a failed LIST did not show is kept: it is not known to be gone.
+      if (!seen.has(key) && listed) {
         clearTimeout(w.timer);
         this.watched.delete(key);
         this.log.info(`registry watch: ${this.where(w)} is no longer watched`);
@@ -19037,16 +19042,17 @@ export class RegistryWatch {
     const oldest = Date.now() - POLL_INTERVAL_RANGE.maxMs;
     for (const cache of [this.listings, this.digests])
       for (const [key, shared] of cache) if (shared.at < oldest) cache.delete(key);
+    return listed;
   }
 
-  /** One kind's workloads in a cluster, every namespace, in pages (listWorkloads' page size); each looked at. */
+  /** One kind's workloads in a cluster, every namespace, in pages (listWorkloads' page size); false: not listed. */
   private async listKind(
     client: KubeClient,
     cluster: string | undefined,
     kind: WorkloadKind,
     hooks: ReadonlyMap<string, Hook>,
     seen: Set<string>,
-  ): Promise<void> {
+  ): Promise<boolean> {
     type Page = { items?: K8sObject[]; metadata?: { continue?: string } };
     let next: string | undefined;
     try {
@@ -19056,12 +19062,15 @@ export class RegistryWatch {
         for (const item of page.items ?? []) await this.found(client, cluster, kind, item, hooks, seen);
         next = page.metadata?.continue;
       } while (next);
+      return true;
     } catch (e) {
       const where = cluster ? ` in cluster ${cluster}` : '';
       // Once per cluster and kind: RBAC that names the workloads refuses the LIST on every rescan.
       if (this.told.get(`${cluster ?? ''}//${kind}`) !== 'unlisted')
         this.log.warn(`registry watch: the ${kind}s${where} could not be listed: ${(e as Error).message}`);
       this.told.set(`${cluster ?? ''}//${kind}`, 'unlisted');
+      // Refused (RBAC that names the workloads): as listed as it will get; anything else is tried again soon.
+      return e instanceof KubeError && (e.status === 403 || e.status === 404);
     }
   }
 

@@ -63,7 +63,7 @@ const service = await spawnWebhook({ hooks: [upgradeHook('watch', 'bench-watch-t
 try {
   const logged = await waitFor(() => /serving metrics on http:\/\/127\.0\.0\.1:(\d+)\/metrics/.exec(service.output()) ?? undefined, { timeoutMs: 30_000, what: "the metrics listener" });
   const metricsPort = Number(logged[1]);
-  await waitFor(async () => (await httpRequest(metricsPort, '/metrics')).body.includes(`webhook_registry_watched ${WORKLOADS}`), { timeoutMs: 300_000, what: `${WORKLOADS} workloads watched` });
+  await waitFor(async () => (await httpRequest(metricsPort, '/metrics')).body.includes(`webhook_registry_watched ${WORKLOADS}`), { timeoutMs: 120_000, what: `${WORKLOADS} workloads watched` });
   // The catch-up (every workload once within 10 s of the start), then one interval more, before measuring.
   await sleep(INTERVAL_MS + 10_000);
   const count = () => {
@@ -84,6 +84,9 @@ try {
     `| Keel (documented: a job per image, nothing shared) | — | ${WORKLOADS} (one HEAD or GET per workload) | — | — |`,
     '',
   ].join('\n'));
+} catch (e) {
+  process.stderr.write(`${service.output().split('\n').filter((l) => /registry watch|error|warning/.test(l)).slice(-20).join('\n')}\n`);
+  throw e;
 } finally {
   service.proc.kill('SIGTERM');
   await service.exited;
