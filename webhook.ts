@@ -9,15 +9,15 @@
  * mailed when the hook passes MAIL_TO.
  *
  * Chapters, in order. Part I holds the libraries the program needs and has no dependency for; they use
- * nothing of the service. Part II is the service, in the order a push travels: main (46) opens the
+ * nothing of the service. Part II is the service, in the order a push travels: main (47) opens the
  * listeners (21) with the http server's handler (20), which uses the request, rule and hook chapters
  * above it and hands the command to the runner (19), whose in-process command is the upgrade (22-38): the
  * model (22) names its vocabulary, a boundary builds the push, the decision (31) decides it, the executor (32)
  * carries it out. After the answer the result travels on in order too: the approvals (40) learn of waiting pushes
- * and decide them, the rollout follower (38) follows the rollout and hands each step on: to the promotion (39),
- * which takes a push from one stage to the next, and to the result (41), which records it and, once final,
- * sends it to the mail (42) and
- * the chat and JSON receivers (43); the deliveries page (44) renders the records. No chapter uses a name a later one
+ * and decide them, the registry watch (41) finds pushes no registry told of, the rollout follower (38) follows the
+ * rollout and hands each step on: to the promotion (39), which takes a push from one stage to the next, and to the
+ * result (42), which records it and, once final, sends it to the mail (43) and
+ * the chat and JSON receivers (44); the deliveries page (45) renders the records. No chapter uses a name a later one
  * defines; where an earlier chapter hands work on, it declares the small interface it needs
  * (InProcessCommand, CommandListener, AdminPages, ApprovalPages, ResultListener, ResultChannel, HookSettingChecks)
  * and main() wires the later chapter in.
@@ -64,12 +64,13 @@
  *  38. the upgrade service ........ UpgradeService, RolloutFollower, hookClusters
  *  39. promotion .................. Promotions, promotionChain
  *  40. approvals .................. approvalHooksProblem, ApprovalService, WaitingPush
- *  41. the result ................. DeliveryLog, ResultDispatcher, pushResult, ResultChannel
- *  42. mail ....................... Mailer, parseMailConfig
- *  43. chat & json notifications .. Notifier, NOTIFY_FORMATS, resultDocument
- *  44. deliveries page ............ deliveryPages
- *  45. -validate & -print-rbac .... hookLoadSettings, validate
- *  46. main ....................... main
+ *  41. registry watch ............. RegistryWatch, newestAllowedTag, nextTagPage, listTags
+ *  42. the result ................. DeliveryLog, ResultDispatcher, deliveryFacts, ResultChannel
+ *  43. mail ....................... Mailer, parseMailConfig
+ *  44. chat & json notifications .. Notifier, NOTIFY_FORMATS, resultDocument
+ *  45. deliveries page ............ deliveryPages
+ *  46. -validate & -print-rbac .... hookLoadSettings, validate
+ *  47. main ....................... main
  *
  * Each banner's "Exports" lists the names later chapters use and "Tests" the test files that cover it
  * (test/structure.test.ts checks both).
@@ -5634,8 +5635,8 @@ export function credentialsFromEnvironment(
 //    P-256, Ed25519, RSA; Ed25519ph, which cosign signs with and node:crypto lacks, by hand after RFC 8032), and
 //    that it names the digest, the repository and the annotations required. No transparency log, no Fulcio: a
 //    keyless signature is refused.
-//    Exports: CosignKey, parseCosignKeys, readCosignSignatures, registryAway, RegistryLogin, resolveManifestTag,
-//    SignatureVerdict.
+//    Exports: asList, CosignKey, MANIFEST_TYPES, parseCosignKeys, readCosignSignatures, registryAway, RegistryError,
+//    RegistryLogin, RepositoryReader, resolveManifestTag, SignatureVerdict.
 //    Tests: test/outbound.test.ts, test/registry-e2e.test.ts, test/clouds.test.ts, test/cosign-verify.test.ts,
 //    test/signed-images.test.ts.
 // ================================================================================================
@@ -5643,11 +5644,14 @@ export function credentialsFromEnvironment(
 // ---- verifying the pushed image on its registry (VERIFY_IMAGE) ------------------------------------
 
 /** A registry that refused or could not answer; the message says which and why, `status` the answer's when one came. */
-class RegistryError extends Error {
+export class RegistryError extends Error {
   readonly status: number | undefined;
-  constructor(message: string, status?: number) {
+  /** A 429's or 503's Retry-After, in seconds, when it said one. */
+  readonly retryAfterSeconds: number | undefined;
+  constructor(message: string, status?: number, retryAfterSeconds?: number) {
     super(message);
     this.status = status;
+    this.retryAfterSeconds = retryAfterSeconds;
   }
 }
 
@@ -5970,25 +5974,38 @@ class RepositoryReader {
   private readonly loginFor: () => Promise<RegistryLogin | undefined>;
   /** performance.now() past which no request starts and none goes on (SIGNATURE_LIMITS.checkTimeoutMs). */
   private readonly expiresAt: number;
+  /** Told of every answer (the verb, and the status or the failure's code): the registry watch's metrics. */
+  private readonly counted: ((verb: string, code: string) => void) | undefined;
 
-  constructor(registry: RegistryRepository, loginFor: () => Promise<RegistryLogin | undefined>, expiresAt: number) {
+  constructor(
+    registry: RegistryRepository,
+    loginFor: () => Promise<RegistryLogin | undefined>,
+    expiresAt: number,
+    counted?: (verb: string, code: string) => void,
+  ) {
     this.registry = registry;
     this.loginFor = loginFor;
     this.where = `${registry.host}/${registry.repository}`;
     this.expiresAt = expiresAt;
+    this.counted = counted;
   }
 
-  /** GET /v2/<repository>/<path>; the answer (404 included), after at most one challenge. */
-  async get(path: string, accept: string, maxBytes = SIGNATURE_LIMITS.maxBodyBytes): Promise<OutboundAnswer> {
+  /** GET (or HEAD) /v2/<repository>/<path>; the answer (404 included), after at most one challenge. */
+  async get(
+    path: string,
+    accept: string,
+    maxBytes = SIGNATURE_LIMITS.maxBodyBytes,
+    method = 'GET',
+  ): Promise<OutboundAnswer> {
     const url = new URL(`https://${this.registry.host}/v2/${this.registry.repository}/${path}`);
-    let answer = await this.follow(url, accept, maxBytes);
+    let answer = await this.follow(url, accept, maxBytes, method);
     const challenge = answer.headers['www-authenticate'];
     if (answer.status === 401 && typeof challenge === 'string' && this.authorization === undefined) {
       this.login ??= await this.loginFor();
       const asked = await authorizationFor(challenge, this.login, this.registry);
       this.authorization = asked.authorization;
       this.withheld = asked.withheld;
-      answer = await this.follow(url, accept, maxBytes);
+      answer = await this.follow(url, accept, maxBytes, method);
     }
     if (answer.status === 401 || answer.status === 403) {
       const how = this.withheld
@@ -6001,25 +6018,30 @@ class RepositoryReader {
     return answer;
   }
 
-  /** One GET, following redirects; the Authorization goes to the registry's own host only. */
-  private async follow(url: URL, accept: string, maxBytes: number): Promise<OutboundAnswer> {
+  /** One GET (or HEAD), following redirects; the Authorization goes to the registry's own host only. */
+  private async follow(url: URL, accept: string, maxBytes: number, method = 'GET'): Promise<OutboundAnswer> {
     for (let hops = 0; ; hops++) {
       const own = url.host === this.registry.host;
       const headers: Record<string, string> = { Accept: accept };
       if (own && this.authorization) headers.Authorization = this.authorization;
       const deadlineMs = this.deadlineMs();
       const answer = await outboundRequest(url, {
-        method: 'GET',
+        method,
         headers,
         deadlineMs,
         maxResponseBytes: maxBytes,
         overLimit: 'fail',
         trust: { extraCa: this.registry.ca },
-      }).catch((e: unknown) => {
-        // A request given what was left of the check, and out of it: the check is.
-        const cut = deadlineMs < VERIFY_LIMITS.requestTimeoutMs && e instanceof OutboundError && e.code === 'ETIMEDOUT';
-        throw cut ? signatureCheckTimeout() : e;
-      });
+      }).then(
+        (a) => (this.counted?.(method, String(a.status)), a),
+        (e: unknown) => {
+          this.counted?.(method, e instanceof OutboundError ? e.code || 'error' : 'error');
+          // A request given what was left of the check, and out of it: the check is.
+          const cut =
+            deadlineMs < VERIFY_LIMITS.requestTimeoutMs && e instanceof OutboundError && e.code === 'ETIMEDOUT';
+          throw cut ? signatureCheckTimeout() : e;
+        },
+      );
       const location = answer.headers.location;
       if (answer.status < 300 || answer.status > 399 || typeof location !== 'string') return answer;
       if (hops >= SIGNATURE_LIMITS.maxRedirects)
@@ -7407,6 +7429,15 @@ const METRIC_HELP: Record<string, [string, string]> = {
     'counter',
     'CLUSTERS stages: promotions by hook, from and to stage, and outcome (promoted, waiting, superseded, stopped, ' +
       'rejected, expired).',
+  ],
+  webhook_registry_requests_total: [
+    'counter',
+    'Requests of the registry watch to registries, by registry host, verb (GET, HEAD) and code (status or error).',
+  ],
+  webhook_registry_watched: ['gauge', 'Workload containers the registry watch looks at.'],
+  webhook_registry_watch_looks_total: [
+    'counter',
+    'Looks of the registry watch, by repository and result (looked; not asked: its host asked for a pause; failed).',
   ],
   webhook_notifications_total: [
     'counter',
@@ -13380,9 +13411,10 @@ function missingContainerMessage(podSpec: unknown, name: string, workload: strin
 //    alone names no tag and is outside no policy. And in which order a hook's clusters take a push: CLUSTERS stages
 //    (parseStages, `staging > prod`), and how long and what a stage's push must pass before the next (PROMOTE_AFTER,
 //    PROMOTE_CHECK), read by the settings table (next chapter) and carried out by the promotion.
-//    Exports: CONTEXT_NAME, MAX_CLUSTERS, MAX_STAGES, parsePolicy, parseStages, policyDecision, promoteAfterSetting,
-//    promoteCheckSetting, StageTarget, tagOf, UpdatePolicy.
-//    Tests: test/policy.test.ts, test/promotion.test.ts, test/settings.test.ts.
+//    Exports: CONTEXT_NAME, MAX_CLUSTERS, MAX_STAGES, parsePolicy, parseStages, policyDecision, policyInEffect,
+//    promoteAfterSetting, promoteCheckSetting, StageTarget, tagOf, UpdatePolicy.
+//    Tests: test/policy.test.ts, test/promotion.test.ts, test/registry-watch.test.ts,
+//    test/settings.test.ts.
 // ================================================================================================
 
 // A policy is one line an operator writes; longer is a mistake, and is not read further (an
@@ -13665,10 +13697,10 @@ function promoteCheckSetting(value: string | undefined): URL | undefined {
 //    push's boundary reads its hook's settings once, into a typed HookConfig (readHookConfig: the workload, the
 //    checks, the decision's settings, its cluster, how its payload is read); nothing after the boundary reads them.
 //    Exports: configuredReport, deployWindowSetting, fixedSettingChecks, HOOK_SETTINGS, HookConfig, HookSetting,
-//    HookSettingName, notifyCa, NotifyFormatName, readHookConfig, UpgradeSettings.
+//    HookSettingName, notifyCa, NotifyFormatName, POLL_INTERVAL_RANGE, pollInterval, readHookConfig, UpgradeSettings.
 //    Tests: test/clouds.test.ts, test/cosign-verify.test.ts, test/decision.test.ts, test/hold.test.ts,
-//    test/mail.test.ts, test/policy.test.ts, test/registries.test.ts, test/settings.test.ts, test/upgrade.test.ts,
-//    test/windows.test.ts.
+//    test/mail.test.ts, test/policy.test.ts, test/registries.test.ts, test/registry-watch.test.ts,
+//    test/settings.test.ts, test/upgrade.test.ts, test/windows.test.ts.
 // ================================================================================================
 
 /**
@@ -13791,6 +13823,35 @@ function registryAwaySetting(value: string | undefined): 'fail' | 'keep' {
   const mode = (value?.trim() || 'fail').toLowerCase();
   if (mode === 'fail' || mode === 'keep') return mode;
   throw new UpgradeError(`ON_REGISTRY_AWAY ${showValue(value ?? '')} is not fail or keep`);
+}
+
+/**
+ * How often a registry watch may look at a workload's repository. Peers default to a minute (Keel) to five (Kargo);
+ * under 10 s a fleet on one registry is a rate limit hit (Quay refuses frequent listings, flux image-reflector #585),
+ * and past a day a watch is a typo for one that never looks.
+ */
+const POLL_INTERVAL_RANGE = { minMs: 10_000, maxMs: 24 * 3_600_000 };
+
+/**
+ * A registry watch's interval (POLL_INTERVAL, the annotation webhook/poll): a Go duration within
+ * POLL_INTERVAL_RANGE; undefined when unset or blank. `name` says where it was written, for the message. Pure.
+ */
+export function pollInterval(value: string | undefined, name = 'POLL_INTERVAL'): number | undefined {
+  const text = value?.trim() ?? '';
+  if (text === '') return undefined;
+  let ms: number;
+  try {
+    ms = parseGoDuration(text);
+  } catch {
+    throw new UpgradeError(`${name} ${showValue(value!)} is not a Go duration (e.g. 30s, 5m, 1h)`);
+  }
+  const { minMs, maxMs } = POLL_INTERVAL_RANGE;
+  if (ms < minMs || ms > maxMs)
+    throw new UpgradeError(
+      `${name} ${showValue(value!)} is outside ${formatGoDuration(minMs)} to ${formatGoDuration(maxMs)}: a ` +
+        `registry is not asked more often than every ${formatGoDuration(minMs)}`,
+    );
+  return ms;
 }
 
 /** ON_OUTSIDE_CHANGE: hold (unset or blank) or follow, any case. */
@@ -14236,6 +14297,16 @@ export const HOOK_SETTINGS = {
     meaning: 'A followed rollout that fails is rolled back to the image the container ran before the push.',
     parse: (value: string | undefined) => parseBoolSetting('ROLLBACK_ON_FAILURE', value, 'true or false'),
   }),
+  POLL_INTERVAL: setting({
+    type: 'duration',
+    default: 'unset (no registry watch)',
+    fixed: true,
+    validation: 'a Go duration from 10s to 24h: 30s, 5m, 1h',
+    meaning:
+      'A hook whose workload is fixed watches its registry this often, as the annotation webhook/poll asks for ' +
+      'one workload: a new tag its update policy allows, or its tag moved to another digest, is deployed.',
+    parse: (value: string | undefined) => pollInterval(value),
+  }),
   // -- telling people
   MAIL_TO: setting({
     type: 'list of addresses',
@@ -14543,7 +14614,7 @@ function readSettings(
 //    Exports: decidePush, decisionReason, FollowRecord, FUTURE_PUSH_SKEW_MS, holdDecision, imageFieldPath,
 //    IncomingPush, newPushRecord, pullSecretNames, pushEvent, PushRecord, pushTime, readContainerAnnotation,
 //    readFollowRecords, readPushRecords, recordEventQuietly, recordUnchanged, RegistryAway, SignatureRefusal,
-//    verifiedRef, whoAsked, withPushRecord, workloadPodSpec.
+//    verifiedRef, whoAsked, withPushRecord, workloadLogin, workloadPodSpec.
 //    Tests: test/clouds.test.ts, test/decision.test.ts, test/hold.test.ts, test/records.test.ts,
 //    test/registries.test.ts, test/registry-e2e.test.ts, test/replicas.test.ts, test/upgrade.test.ts.
 // ================================================================================================
@@ -14561,6 +14632,8 @@ export interface PushRecord {
   previous: string;
   appliedAt: string;
   request?: string;
+  /** The hook it came through: the hook whose settings a registry watch of the workload takes by default. */
+  hook?: string;
   /** Set once a failed rollout of it was rolled back: why. */
   rolledBack?: string;
 }
@@ -14655,7 +14728,11 @@ export function readPushRecords(workload: unknown): { raw: string | undefined; r
  */
 export function decidePush(recorded: PushRecord | undefined, push: IncomingPush, nowMs: number): PushDecision {
   if (!recorded) return { kind: 'apply' };
-  const samePush = recorded.push === push.push && normalizeImageRef(recorded.image) === normalizeImageRef(push.image);
+  // A push named by its digest is that digest whether or not the reference was pinned to it (a registry watch pins
+  // what a notification of the same push may not): the same push either way.
+  const byDigest = /^sha256:[a-f0-9]{64}\|/.test(push.push);
+  const unpinned = (ref: string) => normalizeImageRef(byDigest ? ref.split('@')[0] : ref);
+  const samePush = recorded.push === push.push && unpinned(recorded.image) === unpinned(push.image);
   const identified = push.push !== '|';
   if (samePush && (identified || nowMs - Date.parse(recorded.appliedAt) < UPGRADE_LIMITS.duplicateWindowMs))
     return { kind: 'repeat', record: recorded };
@@ -15008,7 +15085,12 @@ function whoAsked(by: { hookId?: string; requestId?: string }): string {
 }
 
 /** The record of a push applied now: LAST_PUSH_ANNOTATION's entry for its container. Pure. */
-function newPushRecord(push: IncomingPush, previous: string, nowMs: number, requestId: string | undefined): PushRecord {
+function newPushRecord(
+  push: IncomingPush & { hookId?: string },
+  previous: string,
+  nowMs: number,
+  requestId: string | undefined,
+): PushRecord {
   return {
     pushedAt: new Date(push.pushedAtMs).toISOString(),
     timeFrom: push.timeFrom,
@@ -15017,6 +15099,7 @@ function newPushRecord(push: IncomingPush, previous: string, nowMs: number, requ
     previous,
     appliedAt: new Date(nowMs).toISOString(),
     ...(requestId ? { request: requestId } : {}),
+    ...(push.hookId ? { hook: push.hookId } : {}),
   };
 }
 
@@ -17156,7 +17239,7 @@ type UpgradeResult = Awaited<ReturnType<typeof runUpgrade>>;
 //    (KeptPushes, answered 202), decided waiting pushes
 //    and pushes deployed again (runDecided), and the rollout follower that follows rollouts after the answer.
 //    Exports: FannedOut, hookClusters, listWorkloads, reportWhere, ResultListener, ResumedFollow, RolloutFollower,
-//    UpgradeOutput, UpgradeService, workloadGroups.
+//    UpgradeOutput, UpgradeService, WORKLOAD_LIST_PAGE, workloadGroups.
 //    Tests: test/burst.test.ts, test/e2e.test.ts, test/outage.test.ts, test/rollback.test.ts, test/upgrade.test.ts.
 // ================================================================================================
 
@@ -17688,14 +17771,15 @@ export class UpgradeService implements InProcessCommand<UpgradeOutput> {
 
   /**
    * A waiting push decided, or a past push deployed again (runDecidedPush), with the hook's settings as they are
-   * now: those it fixes in its file, and the workload and container of the push.
+   * now: those it fixes in its file, and the workload and container of the push. Without `decided`: a push a
+   * registry watch found, decided as a notification's.
    */
   async runDecided(
     hook: Hook,
     target: { namespace: string; kind: WorkloadKind; name: string },
     container: string,
     push: IncomingPush,
-    decided: NonNullable<UpgradeDeps['decided']>,
+    decided: UpgradeDeps['decided'],
     requestId: string,
     cluster: string | undefined,
   ): Promise<UpgradeResult & { env: Record<string, string | undefined> }> {
@@ -18051,7 +18135,7 @@ export class RolloutFollower implements CommandListener<UpgradeOutput> {
 //    workload (PROMOTION_ANNOTATION) in the PATCH that starts the soak; the replica whose PATCH takes the record off
 //    promotes it, so a chain goes on exactly once whichever replica is left (one that starts picks the records up).
 //    A newer push to a stage replaces the record there (newest wins): the older chain stops where it had not gone.
-//    Exports: PromotionChain, promotionChain, Promotions, SoakingPush.
+//    Exports: promotionChain, PromotionChain, Promotions, SoakingPush.
 //    Tests: test/promotion.test.ts, test/settings.test.ts.
 // ================================================================================================
 
@@ -19337,7 +19421,748 @@ interface PastPush {
 
 
 // ================================================================================================
-// 41. the result — one record per push (Delivery, in the DeliveryLog): made when its request comes in, completed
+// 41. registry watch — pushes no registry announced. A workload annotated webhook/poll: <interval> (or the one a hook
+//    with POLL_INTERVAL fixes) has its repository looked at every interval, and once soon after the start (spread
+//    out), so a push made while the service was away, or on a registry that cannot call, is found. What a look finds
+//    is a push like a notification's (its identity the digest, `sha256:…|`): under a semver policy (semver:, major,
+//    minor, patch) the highest tag the policy allows above the running one; under glob:/regexp: the matching tag built
+//    last (config `created`, of at most 20 candidates); under all the running tag's own digest when it moved; each
+//    pinned (`repo:tag@sha256:…`). It goes through UpgradeService.runDecided, the same path as
+//    any push (pin, policy, hold, newest wins, signature, approval and window), with the settings of the hook the
+//    annotation webhook/hook names (else the hook of the container's last-push record), and its result to the command
+//    listener as a push's: recorded, followed, mailed, posted. Gentle on registries: one tag listing and one HEAD per
+//    repository and tag per interval, shared by every workload and cluster; a token bucket per registry host; a 429's
+//    Retry-After (else a backoff) honoured per host; the pull secret, REGISTRY_CA and REGISTRY_TOKEN_HOSTS as
+//    VERIFY_IMAGE uses them. A bad annotation is a Warning Event (RegistryWatchRefused), once, and no watch.
+//    Exports: HOOK_ANNOTATION, POLL_ANNOTATION, RegistryWatch, WatchedWorkload.
+//    Tests: test/registry-watch.test.ts.
+// ================================================================================================
+
+/** The annotation that asks for a registry watch of a workload: a Go duration, at least 10s. */
+const POLL_ANNOTATION = 'webhook/poll';
+/** The annotation naming the hook whose settings a watch of the workload takes. */
+const HOOK_ANNOTATION = 'webhook/hook';
+
+const POLL_LIMITS = {
+  // Annotations added or taken off are found within this long: one LIST (in pages) per kind and cluster, every
+  // namespace. Rare, since a cluster's workloads are many and annotations change seldom; what a look deploys, and
+  // what another source deployed, the watch learns at once (it reads the workload before it hands a push over).
+  rescanMs: 5 * 60_000,
+  // A rescan whose LIST failed (the API server busy or away) is tried again this much later, not a rescan later.
+  rescanRetryMs: 30_000,
+  // The first looks after the start are spread over this long (at most one interval): a replica watching 2,000
+  // workloads does not send 2,000 requests in its first second.
+  catchUpSpreadMs: 10_000,
+  // One look: the listing's pages and a HEAD, each request within its own deadline, all within this.
+  lookTimeoutMs: 30_000,
+  // Requests per second to one registry host, and the burst: Argo CD Image Updater's default limit is 20/s; a
+  // quarter of it leaves room for the nodes' pulls and the notifications' VERIFY_IMAGE.
+  perSecond: 5,
+  burst: 10,
+  // A 429 without a Retry-After: the host is left alone this long, doubling to maxBackoffMs while it goes on.
+  backoffMs: 30_000,
+  maxBackoffMs: 15 * 60_000,
+  // An answer serves another workload's look while younger than this share of that workload's interval: two
+  // workloads on one repository looking seconds apart make one listing, and each interval still lists anew.
+  freshShare: 0.9,
+  // Workloads watched at most (each some hundred bytes and a timer); past it the others are refused with a warning.
+  maxWatched: 20_000,
+  // glob: and regexp: take the newest build among at most this many matching tags (the highest by name, numbers
+  // compared as numbers): each new digest costs a manifest and a config blob, Kargo's discovery limit is 20.
+  maxCandidates: 20,
+  // Creation times kept by digest (a digest's never changes): some 100 bytes each.
+  maxCreatedKept: 10_000,
+  // An image config is a few KiB (its history, labels); larger is not one.
+  maxConfigBytes: 1024 * 1024,
+};
+
+/** One workload and container a replica watches, as -validate and the deliveries page show it. */
+export interface WatchedWorkload {
+  cluster: string | undefined;
+  target: { namespace: string; kind: WorkloadKind; name: string; uid?: string };
+  container: string;
+  hook: string;
+  intervalMs: number;
+  /** Where the interval was asked for: the annotation, or the hook's POLL_INTERVAL. */
+  from: string;
+  /** The container's image as last listed. */
+  image: string;
+  lastLookAt?: number;
+  lastResult?: string;
+}
+
+/** What a look needs of the workload besides its image, kept from the last listing (not the whole object). */
+interface WatchFacts {
+  /** The policy annotations (webhook/policy, webhook/policy.<container>): policyDecision reads them. */
+  annotations: Record<string, string>;
+  record: PushRecord | undefined;
+  pullSecrets: string[];
+}
+
+interface WatchState extends WatchedWorkload {
+  key: string;
+  facts: WatchFacts;
+  timer?: NodeJS.Timeout;
+  /** The image last handed to the upgrade: not handed again (its decision is on record already). */
+  handed?: string;
+  /** The digest the running tag had at the first look, when nothing said which digest runs. */
+  baseline?: string;
+}
+
+/** An answer shared by the looks of one interval: when it was asked, and the answer. */
+interface SharedAnswer<T> {
+  at: number;
+  answer: Promise<T>;
+}
+
+/** A workload found with its watch settings, or why it is not watched. */
+type WatchOf = { watch: Omit<WatchState, 'key'> } | { problem: string };
+
+/**
+ * The tag a semver-ordered policy takes from `tags`: the highest version above the running one that the policy in
+ * effect allows (policyDecision, the decision's own test); undefined when none is. Pure.
+ */
+export function newestAllowedTag(
+  tags: readonly string[],
+  policy: UpdatePolicy,
+  workload: unknown,
+  container: string,
+  running: string,
+  name: string,
+): string | undefined {
+  const runningTag = tagOf(running);
+  const now = runningTag === undefined ? undefined : parseVersion(runningTag);
+  const base = running.split('@')[0].replace(/:[^:/]*$/, '');
+  let best: { tag: string; version: Version } | undefined;
+  for (const tag of tags) {
+    const version = parseVersion(tag);
+    if (!version || (now && compareVersions(version, now) <= 0)) continue;
+    if (best && compareVersions(version, best.version) <= 0) continue;
+    if (policyDecision(policy, workload, container, running, `${base}:${tag}`, name).kind === 'allowed')
+      best = { tag, version };
+  }
+  return best?.tag;
+}
+
+/** The digest a push record says runs for `image` (the same repository and tag), when its push names one. Pure. */
+function recordedDigest(record: PushRecord | undefined, image: string): string | undefined {
+  if (!record) return undefined;
+  const digest = /^(sha256:[a-f0-9]{64})\|/.exec(record.push)?.[1];
+  const unpinned = (ref: string) => normalizeImageRef(ref.split('@')[0]);
+  return digest && unpinned(record.image) === unpinned(image) ? digest : undefined;
+}
+
+// ---- the registry's answers: a tag's digest, a repository's tags --------------------------------
+
+/**
+ * How much of a tag list is read. A registry's list comes whole in memory (it is JSON): these bound what one
+ * repository can cost, the way Flux and Argo CD Image Updater do not (image-reflector #931: library/node's 9,000).
+ */
+const TAG_LIST_LIMITS = {
+  // Distribution serves up to 1,000 a page when asked (n=); some registries cap lower and say so by a Link.
+  pageSize: 1_000,
+  // Five full pages: a repository a release process tags this often is listed as it is; beyond, the watch would
+  // read (and keep for an interval) megabytes per repository per interval, so it refuses instead.
+  maxPages: 5,
+  maxTags: 5_000,
+  // A page of 1,000 tags of 128 characters is some 130 KB of JSON: one of 1 MiB is not a tag list.
+  maxPageBytes: 1024 * 1024,
+};
+
+/** A tag as the distribution grammar spells one. */
+const TAG_GRAMMAR = /^[\w][\w.-]{0,127}$/;
+
+/**
+ * The query of a tag list's next page from its Link header (`</v2/<name>/tags/list?n=…&last=…>; rel="next"`), or
+ * undefined when there is none. A link to another path or host is not followed (a registry's answer names no
+ * other place to send its login to). Pure.
+ */
+export function nextTagPage(link: string | string[] | undefined, repository: string, host: string): string | undefined {
+  const m = /<([^>]*)>\s*;\s*rel="?next"?/.exec(String(link ?? ''));
+  if (!m) return undefined;
+  let url: URL;
+  try {
+    url = new URL(m[1], 'https://registry.invalid');
+  } catch {
+    return undefined;
+  }
+  const own = /^[a-z][a-z0-9+.-]*:/i.test(m[1]) ? url.protocol === 'https:' && url.host === host : true;
+  return own && url.pathname === `/v2/${repository}/tags/list` && url.search ? url.search.slice(1) : undefined;
+}
+
+/** A registry's answer that is not the one asked for: its status, and a 429's or 503's Retry-After. */
+function refusedAnswer(where: string, what: string, answer: OutboundAnswer): RegistryError {
+  const after = retryAfterSeconds(answer.headers['retry-after']);
+  return new RegistryError(`${where}: ${what}: the registry answered ${answer.status}`, answer.status, after);
+}
+
+/**
+ * The digest a tag points at now (HEAD of its manifest, which Docker Hub does not count as a pull), undefined when
+ * the registry has no such tag. A 429 or any other refusal is a RegistryError with its status.
+ */
+async function tagDigest(reader: RepositoryReader, where: string, tag: string): Promise<string | undefined> {
+  const answer = await reader.get(`manifests/${encodeURIComponent(tag)}`, MANIFEST_TYPES, 0, 'HEAD');
+  if (answer.status === 404) return undefined;
+  const digest = answer.headers['docker-content-digest'];
+  if (answer.status !== 200 || typeof digest !== 'string' || !/^sha256:[a-f0-9]{64}$/.test(digest))
+    throw refusedAnswer(where, `tag ${tag}`, answer);
+  return digest;
+}
+
+/** One page of a tag list: its answer, a page over TAG_LIST_LIMITS.maxPageBytes refused with a RegistryError. */
+function tagPage(reader: RepositoryReader, where: string, query: string): Promise<OutboundAnswer> {
+  return reader.get(`tags/list?${query}`, 'application/json', TAG_LIST_LIMITS.maxPageBytes).catch((e: unknown) => {
+    if (!(e instanceof OutboundError && e.code === 'E2BIG')) throw e;
+    const most = TAG_LIST_LIMITS.maxPageBytes;
+    throw new RegistryError(`${where}: a page of its tag list is larger than ${most} bytes: refused`);
+  });
+}
+
+/**
+ * A repository's tags (GET tags/list, TAG_LIST_LIMITS.pageSize a page, the next page from the Link header), in the
+ * registry's order. More than TAG_LIST_LIMITS.maxTags tags, more pages than maxPages or a page larger than
+ * maxPageBytes is refused whole (a RegistryError saying which): what is read stays bounded.
+ */
+async function listTags(reader: RepositoryReader, repo: { host: string; repository: string }): Promise<string[]> {
+  const where = `${repo.host}/${repo.repository}`;
+  const tags: string[] = [];
+  let query = `n=${TAG_LIST_LIMITS.pageSize}`;
+  for (let page = 1; ; page++) {
+    const answer = await tagPage(reader, where, query);
+    if (answer.status === 404) throw new RegistryError(`${where}: the registry has no such repository`, 404);
+    if (answer.status !== 200) throw refusedAnswer(where, 'its tag list', answer);
+    let listed: unknown;
+    try {
+      listed = JSON.parse(answer.body);
+    } catch {
+      throw new RegistryError(`${where}: its tag list is not JSON`);
+    }
+    for (const tag of asList(valueAt(listed, ['tags'])))
+      if (typeof tag === 'string' && TAG_GRAMMAR.test(tag)) tags.push(tag);
+    if (tags.length > TAG_LIST_LIMITS.maxTags)
+      throw new RegistryError(`${where}: more than ${TAG_LIST_LIMITS.maxTags} tags: refused, none read`);
+    const next = nextTagPage(answer.headers.link, repo.repository, repo.host);
+    if (next === undefined) return tags;
+    if (page >= TAG_LIST_LIMITS.maxPages)
+      throw new RegistryError(`${where}: its tag list has more than ${TAG_LIST_LIMITS.maxPages} pages: refused`);
+    query = next;
+  }
+}
+
+/**
+ * The registry watch of one replica: finds the watched workloads (rescan), looks at each one's repository every
+ * interval, and hands what is new to the upgrade. Started by main, stopped at shutdown.
+ */
+export class RegistryWatch {
+  private readonly watched = new Map<string, WatchState>();
+  /** Per workload: the problem last told by a Warning Event, so a rescan does not tell it again. */
+  private readonly told = new Map<string, string>();
+  private readonly listings = new Map<string, SharedAnswer<string[]>>();
+  private readonly digests = new Map<string, SharedAnswer<string | undefined>>();
+  /** Per registry host: not asked before `until` (a 429), and the backoff a 429 without Retry-After doubles. */
+  private readonly resting = new Map<string, { until: number; backoffMs: number }>();
+  private readonly buckets = new Map<string, TokenBucket>();
+  /** When each digest's image was built (its config's `created`; null: it says none), read once. */
+  private readonly created = new Map<string, number | null>();
+  private readonly stopping = new AbortController();
+  private rescanTimer: NodeJS.Timeout | undefined;
+  private readonly upgrade: UpgradeService;
+  private readonly hooks: () => ReadonlyMap<string, Hook>;
+  private readonly next: CommandListener<UpgradeOutput>;
+  private readonly log: Logger;
+  private readonly metrics: Metrics | undefined;
+
+  constructor(
+    upgrade: UpgradeService,
+    hooks: () => ReadonlyMap<string, Hook>,
+    next: CommandListener<UpgradeOutput>,
+    log: Logger,
+    metrics?: Metrics,
+  ) {
+    this.upgrade = upgrade;
+    this.hooks = hooks;
+    this.next = next;
+    this.log = log;
+    this.metrics = metrics;
+  }
+
+  /** The workloads watched now, for -validate's and the page's listing. */
+  list(): WatchedWorkload[] {
+    return [...this.watched.values()].map(({ key: _k, facts: _f, timer: _t, handed: _h, baseline: _b, ...w }) => w);
+  }
+
+  /** Finds the watched workloads now (each then looked at once soon: the catch-up), and again every rescanMs. */
+  start(): this {
+    const round = async () => {
+      const listed = await this.scan().catch((e: Error) => void this.log.error(`registry watch: ${e.message}`));
+      const next = listed ? POLL_LIMITS.rescanMs : POLL_LIMITS.rescanRetryMs;
+      if (!this.stopping.signal.aborted) this.rescanTimer = setTimeout(round, next).unref();
+    };
+    void round();
+    return this;
+  }
+
+  stop(): void {
+    this.stopping.abort();
+    clearTimeout(this.rescanTimer);
+    for (const w of this.watched.values()) clearTimeout(w.timer);
+  }
+
+  /** The workloads of every kind that ask for a watch, in each cluster the hooks name; false: a LIST failed. */
+  private async scan(): Promise<boolean> {
+    const hooks = this.hooks();
+    const clusters = new Set<string | undefined>();
+    for (const hook of hooks.values()) if (hookReach(hook)) for (const c of hookClusters(hook)) clusters.add(c);
+    const seen = new Set<string>();
+    let listed = true;
+    for (const cluster of clusters) {
+      const client = this.upgrade.kube(cluster);
+      if (!client) continue;
+      for (const kind of Object.keys(WORKLOAD_KINDS) as WorkloadKind[])
+        listed = (await this.listKind(client, cluster, kind, hooks, seen)) && listed;
+    }
+    for (const [key, w] of this.watched)
+      // What a failed LIST did not show is kept: it is not known to be gone.
+      if (!seen.has(key) && listed) {
+        clearTimeout(w.timer);
+        this.watched.delete(key);
+        this.log.info(`registry watch: ${this.where(w)} is no longer watched`);
+      }
+    this.metrics?.setGauge('webhook_registry_watched', {}, this.watched.size);
+    const oldest = Date.now() - POLL_INTERVAL_RANGE.maxMs;
+    for (const cache of [this.listings, this.digests])
+      for (const [key, shared] of cache) if (shared.at < oldest) cache.delete(key);
+    return listed;
+  }
+
+  /** One kind's workloads in a cluster, every namespace, in pages (listWorkloads' page size); false: not listed. */
+  private async listKind(
+    client: KubeClient,
+    cluster: string | undefined,
+    kind: WorkloadKind,
+    hooks: ReadonlyMap<string, Hook>,
+    seen: Set<string>,
+  ): Promise<boolean> {
+    type Page = { items?: K8sObject[]; metadata?: { continue?: string } };
+    let next: string | undefined;
+    try {
+      do {
+        const query = { limit: String(WORKLOAD_LIST_PAGE), ...(next ? { continue: next } : {}) };
+        const page = await client.list<Page>(workloadResource({ kind, namespace: '' }), query);
+        for (const item of page.items ?? []) await this.found(client, cluster, kind, item, hooks, seen);
+        next = page.metadata?.continue;
+      } while (next);
+      return true;
+    } catch (e) {
+      const where = cluster ? ` in cluster ${cluster}` : '';
+      // Once per cluster and kind: RBAC that names the workloads refuses the LIST on every rescan.
+      if (this.told.get(`${cluster ?? ''}//${kind}`) !== 'unlisted')
+        this.log.warn(`registry watch: the ${kind}s${where} could not be listed: ${(e as Error).message}`);
+      this.told.set(`${cluster ?? ''}//${kind}`, 'unlisted');
+      // Refused (RBAC that names the workloads): as listed as it will get; anything else is tried again soon.
+      return e instanceof KubeError && (e.status === 403 || e.status === 404);
+    }
+  }
+
+  /** A workload listed: watched as it asks, or told (once, by a Warning Event) why not. */
+  private async found(
+    client: KubeClient,
+    cluster: string | undefined,
+    kind: WorkloadKind,
+    item: K8sObject,
+    hooks: ReadonlyMap<string, Hook>,
+    seen: Set<string>,
+  ): Promise<void> {
+    const namespace = String(valueAt(item, ['metadata', 'namespace']));
+    const name = String(valueAt(item, ['metadata', 'name']));
+    const uid = valueAt(item, ['metadata', 'uid']);
+    const target = { namespace, kind, name, ...(typeof uid === 'string' ? { uid } : {}) };
+    const at = `${cluster ?? ''}/${namespace}/${kind}/${name}`;
+    const of = watchOf(item, target, cluster, hooks);
+    if (of === undefined) return void this.told.delete(at);
+    if ('problem' in of) return this.tell(client, at, target, of.problem);
+    this.told.delete(at);
+    const key = `${at}/${of.watch.container}`;
+    seen.add(key);
+    const had = this.watched.get(key);
+    if (!had && this.watched.size >= POLL_LIMITS.maxWatched)
+      return this.tell(client, at, target, `more than ${POLL_LIMITS.maxWatched} workloads are watched`);
+    if (had) {
+      // Brought up to date where it is: its timer's look is of this very entry.
+      const interval = had.intervalMs;
+      Object.assign(had, of.watch);
+      if (had.intervalMs !== interval) {
+        clearTimeout(had.timer);
+        this.schedule(had, had.intervalMs);
+      }
+      return;
+    }
+    const w: WatchState = { ...of.watch, key };
+    this.watched.set(key, w);
+    this.log.info(`registry watch: ${this.where(w)}: ${w.image} every ${formatGoDuration(w.intervalMs)}`);
+    this.schedule(w, Math.floor(Math.random() * Math.min(POLL_LIMITS.catchUpSpreadMs, w.intervalMs)));
+  }
+
+  /** Why a workload asking for a watch is not watched: logged and recorded as a Warning Event, once per problem. */
+  private async tell(client: KubeClient, at: string, target: WorkloadTarget, problem: string): Promise<void> {
+    if (this.told.get(at) === problem) return;
+    this.told.set(at, problem);
+    const where = `${target.kind}/${target.name} in ${target.namespace}`;
+    this.log.warn(`registry watch: ${where} is not watched: ${problem}`);
+    const message = `not watched: ${problem}`;
+    const event: WorkloadEvent = { type: 'Warning', reason: 'RegistryWatchRefused', message };
+    await recordWorkloadEvent(client, target, event).catch((e: Error) =>
+      this.log.error(`registry watch: ${where}: its Event could not be recorded: ${e.message}`),
+    );
+  }
+
+  private schedule(w: WatchState, delayMs: number): void {
+    if (this.stopping.signal.aborted) return;
+    w.timer = setTimeout(() => void this.look(w), delayMs).unref();
+  }
+
+  private where(w: WatchedWorkload): string {
+    const cluster = w.cluster ? ` (cluster ${w.cluster})` : '';
+    return `${w.target.kind}/${w.target.name} in ${w.target.namespace}${cluster}, container ${w.container}`;
+  }
+
+  /** One look at a workload's repository; the next is an interval later, whatever this one found. */
+  private async look(w: WatchState): Promise<void> {
+    if (this.stopping.signal.aborted || this.watched.get(w.key) !== w) return;
+    let result: string;
+    try {
+      result = await this.lookOnce(w);
+    } catch (e) {
+      result = `failed: ${(e as Error).message}`;
+    }
+    if (result !== w.lastResult) {
+      const line = `registry watch: ${this.where(w)}: ${result}`;
+      if (result.startsWith('failed')) this.log.warn(line);
+      else this.log.info(line);
+    }
+    Object.assign(w, { lastLookAt: Date.now(), lastResult: result });
+    const repository = w.image.split('@')[0].replace(/:[^:/]*$/, '');
+    const outcome = result.startsWith('failed') ? 'failed' : result.startsWith('not asked') ? 'not asked' : 'looked';
+    this.metrics?.inc('webhook_registry_watch_looks_total', { repository, result: outcome });
+    clearTimeout(w.timer);
+    if (this.watched.get(w.key) === w) this.schedule(w, w.intervalMs);
+  }
+
+  /** What a look found (a line for the log and the page); a new image is handed to the upgrade. */
+  private async lookOnce(w: WatchState): Promise<string> {
+    const hook = this.hooks().get(w.hook);
+    const client = this.upgrade.kube(w.cluster);
+    if (!hook || !client) return `failed: the hook "${w.hook}" is no longer loaded, or its cluster has no client`;
+    const env = this.upgrade.decidedEnv(hook, w.target, w.container, w.cluster);
+    const read = readAtBoundary(env);
+    if ('failed' in read) return `failed: the hook's settings: ${read.failed.report.error}`;
+    const config = read.config;
+    const parsed = validateImageRef(w.image);
+    if (!parsed.ok) return `failed: ${parsed.message}`;
+    const { domain, path: repository, tag, digest: pinned } = parsed.ref;
+    if (tag === undefined) return 'the container runs a digest without a tag: there is no tag to watch';
+    const host = domain === undefined || registryOf(domain) === 'docker.io' ? 'registry-1.docker.io' : domain;
+    const resting = this.resting.get(host);
+    if (resting && resting.until > Date.now())
+      return `not asked: ${host} asked to be left alone until ${new Date(resting.until).toISOString()}`;
+    const name = `${domain === undefined ? '' : `${domain}/`}${repository}`;
+    const registry = { host, repository, ca: config.registryCa, tokenHosts: config.registryTokenHosts };
+    const loginFor = () => workloadLogin(client, w.target.namespace, w.facts.pullSecrets, host);
+    const counted = (verb: string, code: string) =>
+      this.metrics?.inc('webhook_registry_requests_total', { registry: host, verb, code });
+    const reader = () =>
+      new RepositoryReader(registry, loginFor, performance.now() + POLL_LIMITS.lookTimeoutMs, counted);
+    const workload = { metadata: { annotations: w.facts.annotations } };
+    const effect = policyInEffect(workload, w.container, config.policy, `${w.target.kind}/${w.target.name}`);
+    if ('malformed' in effect) return `failed: ${effect.malformed}`;
+    try {
+      const repo = { host, repository, name, tag, pinned };
+      const kind = effect.policy.kind;
+      const found = ['semver', 'major', 'minor', 'patch'].includes(kind)
+        ? await this.newerTag(w, reader, repo, effect.policy, workload)
+        : kind === 'glob' || kind === 'regexp'
+          ? await this.newestBuilt(w, reader, repo, effect.policy, workload)
+          : await this.movedTag(w, reader, repo);
+      this.resting.delete(host);
+      if ('nothing' in found) return found.nothing;
+      return await this.handOver(w, hook, found.image, found.digest, found.why);
+    } catch (e) {
+      return `failed: ${this.rested(host, e)}`;
+    }
+  }
+
+  /** Under a semver-ordered policy: the highest tag it allows above the running one, at its digest. */
+  private async newerTag(
+    w: WatchState,
+    reader: () => RepositoryReader,
+    repo: { host: string; repository: string; name: string },
+    policy: UpdatePolicy,
+    workload: unknown,
+  ): Promise<{ image: string; digest: string; why: string } | { nothing: string }> {
+    const where = `${repo.host}/${repo.repository}`;
+    const list = () => this.throttled(repo.host, () => listTags(reader(), repo), w.intervalMs);
+    const tags = await this.shared(this.listings, where, w.intervalMs, list);
+    const name = `${w.target.kind}/${w.target.name}`;
+    const best = newestAllowedTag(tags, policy, workload, w.container, w.image, name);
+    if (best === undefined) return { nothing: `no tag above the running one that ${policy.text} allows` };
+    const digest = await this.digestOf(w, reader, repo.host, `${where}:${best}`, best);
+    if (digest === undefined) return { nothing: `${best} was listed and is gone` };
+    const why = `${where} has ${best} (${digest}), the highest of ${tags.length} tags ${policy.text} allows`;
+    return { image: `${repo.name}:${best}@${digest}`, digest, why };
+  }
+
+  /**
+   * Under glob: or regexp:: of the matching tags (at most maxCandidates, the highest by name), the one whose image
+   * was built last (its config's `created`), when it is newer than the running one.
+   */
+  private async newestBuilt(
+    w: WatchState,
+    reader: () => RepositoryReader,
+    repo: { host: string; repository: string; name: string; tag: string; pinned: string | undefined },
+    policy: UpdatePolicy,
+    workload: unknown,
+  ): Promise<{ image: string; digest: string; why: string } | { nothing: string }> {
+    const where = `${repo.host}/${repo.repository}`;
+    const list = () => this.throttled(repo.host, () => listTags(reader(), repo), w.intervalMs);
+    const tags = await this.shared(this.listings, where, w.intervalMs, list);
+    const name = `${w.target.kind}/${w.target.name}`;
+    const allowed = (t: string) =>
+      policyDecision(policy, workload, w.container, w.image, `${repo.name}:${t}`, name).kind === 'allowed';
+    const matching = tags.filter(allowed).sort((a, b) => b.localeCompare(a, 'en', { numeric: true }));
+    let best: { tag: string; digest: string; created: number } | undefined;
+    for (const tag of matching.slice(0, POLL_LIMITS.maxCandidates)) {
+      const digest = await this.digestOf(w, reader, repo.host, `${where}:${tag}`, tag);
+      const created = digest === undefined ? undefined : await this.createdAt(reader, repo.host, digest);
+      if (digest && created !== undefined && (!best || created > best.created)) best = { tag, digest, created };
+    }
+    if (!best) return { nothing: `none of ${matching.length} tags ${policy.text} allows says when it was built` };
+    const running =
+      repo.pinned ??
+      recordedDigest(w.facts.record, w.image) ??
+      (await this.digestOf(w, reader, repo.host, `${where}:${repo.tag}`, repo.tag));
+    const ranAt = running === undefined ? undefined : await this.createdAt(reader, repo.host, running);
+    const built = new Date(best.created).toISOString();
+    if (best.digest === running || (ranAt !== undefined && best.created <= ranAt))
+      return { nothing: `the newest build ${policy.text} allows runs already (${best.tag}, built ${built})` };
+    const why = `${where}:${best.tag} (${best.digest}), built ${built}, is the newest build ${policy.text} allows`;
+    return { image: `${repo.name}:${best.tag}@${best.digest}`, digest: best.digest, why };
+  }
+
+  /**
+   * When a digest's image was built: its config's `created` (through an index's first manifest), read once per
+   * digest and kept; undefined when it says none.
+   */
+  private async createdAt(reader: () => RepositoryReader, host: string, digest: string): Promise<number | undefined> {
+    if (this.created.has(digest)) return this.created.get(digest) ?? undefined;
+    const r = reader();
+    const wait = POLL_LIMITS.lookTimeoutMs;
+    let manifest = await this.throttled(host, () => r.manifest(digest), wait);
+    const first = valueAt(asList(manifest?.json.manifests)[0], ['digest']);
+    if (typeof first === 'string') manifest = await this.throttled(host, () => r.manifest(first), wait);
+    const config = valueAt(manifest?.json, ['config', 'digest']);
+    let created: number | undefined;
+    if (typeof config === 'string') {
+      const blob = await this.throttled(host, () => r.blob(config, POLL_LIMITS.maxConfigBytes), wait);
+      const text = valueAt(JSON.parse(blob.toString('utf8')), ['created']);
+      created = typeof text === 'string' && Number.isFinite(Date.parse(text)) ? Date.parse(text) : undefined;
+    }
+    if (this.created.size >= POLL_LIMITS.maxCreatedKept) this.created.delete(this.created.keys().next().value!);
+    this.created.set(digest, created ?? null);
+    return created;
+  }
+
+  /** Under any other policy: the running tag's digest, when it is not the one running. */
+  private async movedTag(
+    w: WatchState,
+    reader: () => RepositoryReader,
+    repo: { host: string; repository: string; name: string; tag: string; pinned: string | undefined },
+  ): Promise<{ image: string; digest: string; why: string } | { nothing: string }> {
+    const where = `${repo.host}/${repo.repository}:${repo.tag}`;
+    const digest = await this.digestOf(w, reader, repo.host, where, repo.tag);
+    if (digest === undefined) return { nothing: `the registry has no tag ${repo.tag}` };
+    const running = repo.pinned ?? recordedDigest(w.facts.record, w.image) ?? w.baseline;
+    if (running === undefined) {
+      w.baseline = digest;
+      return { nothing: `${where} is ${digest}; nothing says which digest runs, so this one is taken as running` };
+    }
+    if (digest === running) return { nothing: `${where} is still ${digest}` };
+    return { image: `${repo.name}:${repo.tag}@${digest}`, digest, why: `${where} moved to ${digest}` };
+  }
+
+  /**
+   * Whether the workload as it is now (read again: the listing may be a rescan old) runs `digest` already, or
+   * recorded its push: what another source delivered since is not handed over a second time.
+   */
+  private async delivered(w: WatchState, digest: string): Promise<boolean> {
+    const client = this.upgrade.kube(w.cluster);
+    if (!client) return false;
+    const now = await readWorkload(client, { ...w.target });
+    const running = locateContainer(workloadPodSpec(now, w.target.kind), w.container)?.image;
+    if (running === undefined) return false;
+    const record = readPushRecords(now).records[w.container];
+    Object.assign(w, { image: running, facts: { ...w.facts, record } });
+    return running.endsWith(`@${digest}`) || recordedDigest(record, running) === digest;
+  }
+
+  /** A tag's digest by HEAD, shared by the looks of one interval. */
+  private digestOf(
+    w: WatchState,
+    reader: () => RepositoryReader,
+    host: string,
+    where: string,
+    tag: string,
+  ): Promise<string | undefined> {
+    const head = () => this.throttled(host, () => tagDigest(reader(), where, tag), w.intervalMs);
+    return this.shared(this.digests, where, w.intervalMs, head);
+  }
+
+  /**
+   * An answer another look of this interval asked for already (younger than freshShare of `intervalMs`), or a new
+   * one; a failed answer is not kept.
+   */
+  private shared<T>(
+    cache: Map<string, SharedAnswer<T>>,
+    key: string,
+    intervalMs: number,
+    ask: () => Promise<T>,
+  ): Promise<T> {
+    const had = cache.get(key);
+    if (had && Date.now() - had.at < intervalMs * POLL_LIMITS.freshShare) return had.answer;
+    const entry = { at: Date.now(), answer: ask() };
+    cache.set(key, entry);
+    entry.answer.catch(() => cache.get(key) === entry && cache.delete(key));
+    return entry.answer;
+  }
+
+  /**
+   * A request to `host` once its token bucket lets it (POLL_LIMITS.perSecond): a look waits up to its interval for
+   * its turn (the catch-up of a fleet on one registry queues), and its request's deadline starts after the wait.
+   */
+  private async throttled<T>(host: string, request: () => Promise<T>, maxWaitMs: number): Promise<T> {
+    let bucket = this.buckets.get(host);
+    if (!bucket) this.buckets.set(host, (bucket = new TokenBucket(POLL_LIMITS.perSecond, POLL_LIMITS.burst)));
+    const wait = bucket.reserve(maxWaitMs);
+    if (wait === undefined) throw new RegistryError(`more requests for ${host} wait than it is sent in an interval`);
+    if (wait > 0) await sleep(wait, undefined, { signal: this.stopping.signal });
+    return request();
+  }
+
+  /** A failure's message; a 429 leaves its host alone for its Retry-After, else for a backoff that doubles. */
+  private rested(host: string, e: unknown): string {
+    if (e instanceof RegistryError && e.status === 429) {
+      const before = this.resting.get(host);
+      const backoffMs = Math.min(POLL_LIMITS.maxBackoffMs, before ? before.backoffMs * 2 : POLL_LIMITS.backoffMs);
+      const waitMs = e.retryAfterSeconds !== undefined ? e.retryAfterSeconds * 1000 : backoffMs;
+      const until = Date.now() + Math.min(waitMs, POLL_INTERVAL_RANGE.maxMs);
+      this.resting.set(host, { until, backoffMs });
+      return `${(e as Error).message}; ${host} is not asked again before ${new Date(until).toISOString()}`;
+    }
+    if (!(e instanceof RegistryError) || e.status !== undefined) this.resting.delete(host);
+    return (e as Error).message;
+  }
+
+  /**
+   * The push a look found, through the same path as any push (runDecided), its result to the command listener as a
+   * push's. What was decided is not handed again; a push the API server did not answer is, at the next look.
+   */
+  private async handOver(w: WatchState, hook: Hook, image: string, digest: string, why: string): Promise<string> {
+    if (w.handed === image) return `${image}: decided already (${why})`;
+    if (await this.delivered(w, digest)) {
+      w.handed = image;
+      return `${image}: delivered already (a notification of the same push, or a replica's watch)`;
+    }
+    const push: IncomingPush = { pushedAtMs: Date.now(), timeFrom: 'received', image, push: `${digest}|` };
+    const requestId = randomUUID();
+    const r = await this.upgrade.runDecided(hook, w.target, w.container, push, undefined, requestId, w.cluster);
+    r.report.notes.unshift(`registry watch (every ${formatGoDuration(w.intervalMs)}, ${w.from}): ${why}`);
+    if (!r.report.unreachable) w.handed = image;
+    // What the container runs now: the next look compares with it, not with the listing.
+    if (r.report.changed) Object.assign(w, { image, facts: { ...w.facts, record: undefined } });
+    const req: HookRequest = {
+      ...{ id: requestId, method: 'POST', remoteAddr: '', remoteIp: '', headers: {}, query: {} },
+      ...{ payload: undefined, body: Buffer.alloc(0) },
+    };
+    const ok = r.report.result === 'ok';
+    this.next.started?.(hook, req);
+    this.next.finished(hook, req, {
+      ...{ output: formatReport(r.report), env: r.env, ok, exitCode: ok ? 0 : 1, timedOut: false },
+      report: r.report,
+    });
+    this.log.notice(`[${requestId}] registry watch: ${this.where(w)}: ${image}: ${r.report.action}`);
+    return `${image}: ${r.report.decision} (${why})`;
+  }
+}
+
+/**
+ * Whether a listed workload asks for a watch and with which settings: undefined when it asks for none, else its
+ * watch, or the problem that stops it (a bad interval, no hook or one that does not reach it, no container).
+ */
+function watchOf(
+  item: K8sObject,
+  target: WatchedWorkload['target'],
+  cluster: string | undefined,
+  hooks: ReadonlyMap<string, Hook>,
+): WatchOf | undefined {
+  const annotations = valueAt(item, ['metadata', 'annotations']);
+  const read = (key: string) => (isObject(annotations) && typeof annotations[key] === 'string' ? annotations[key] : '');
+  const poll = read(POLL_ANNOTATION);
+  const fixing = [...hooks.values()].find((h) => fixesTarget(h, target, cluster) && fixedInput(h, 'POLL_INTERVAL'));
+  if (poll === '' && !fixing) return undefined;
+  const { records } = readPushRecords(item);
+  const named = read(HOOK_ANNOTATION).trim();
+  const recorded = Object.values(records).find((r) => r.hook && hooks.has(r.hook))?.hook;
+  const hookId = named || (poll === '' ? fixing?.id : undefined) || recorded;
+  if (named && !hooks.has(named))
+    return { problem: `annotation ${HOOK_ANNOTATION}: no hook is named ${showValue(named)}` };
+  if (!hookId)
+    return {
+      problem:
+        `annotation ${POLL_ANNOTATION} names no hook: annotate ${HOOK_ANNOTATION}: <hook id> (no push record ` +
+        'names the hook that last deployed it)',
+    };
+  const hook = hooks.get(hookId)!;
+  let intervalMs: number | undefined;
+  try {
+    const asked = poll !== '' ? pollInterval(poll, `annotation ${POLL_ANNOTATION}`) : undefined;
+    intervalMs = asked ?? pollInterval(fixedInput(hook, 'POLL_INTERVAL'));
+  } catch (e) {
+    return { problem: (e as Error).message };
+  }
+  if (intervalMs === undefined) return { problem: `hook ${showValue(hook.id)} sets no POLL_INTERVAL` };
+  const reach = hookReach(hook);
+  const t = reach?.target;
+  if (!reach || (t && (t.namespace !== target.namespace || t.kind !== target.kind || t.name !== target.name)))
+    return { problem: `hook ${showValue(hook.id)} does not upgrade this workload` };
+  if (!hookClusters(hook).includes(cluster)) return { problem: `hook ${showValue(hook.id)} names another cluster` };
+  const podSpec = workloadPodSpec(item, target.kind);
+  const names = asArray(valueAt(podSpec, ['containers'])).map((c) => String(valueAt(c, ['name'])));
+  const container =
+    fixedInput(hook, 'APP_CONTAINER')?.trim() ??
+    Object.keys(records).find((c) => records[c].hook === hook.id) ??
+    (names.length === 1 ? names[0] : undefined);
+  if (container === undefined)
+    return { problem: `hook ${showValue(hook.id)} fixes no APP_CONTAINER and the workload has several containers` };
+  const located = locateContainer(podSpec, container);
+  if (!located) return { problem: `the workload has no container ${showValue(container)}` };
+  const policyKeys = [POLICY_ANNOTATION, `${POLICY_ANNOTATION}.${container}`];
+  const facts: WatchFacts = {
+    annotations: Object.fromEntries(policyKeys.filter((k) => read(k) !== '').map((k) => [k, read(k)])),
+    record: records[container],
+    pullSecrets: pullSecretNames(podSpec),
+  };
+  const from = poll !== '' ? `annotation ${POLL_ANNOTATION}` : `POLL_INTERVAL of hook "${hook.id}"`;
+  return { watch: { cluster, target, container, hook: hook.id, intervalMs, from, image: located.image, facts } };
+}
+
+/** Whether a hook fixes this very workload (its namespace, kind and name) in this cluster. */
+function fixesTarget(hook: Hook, target: WatchedWorkload['target'], cluster: string | undefined): boolean {
+  const t = hookReach(hook)?.target;
+  return t !== undefined && t.namespace === target.namespace && t.kind === target.kind && t.name === target.name &&
+    hookClusters(hook).includes(cluster);
+}
+
+// ================================================================================================
+// 42. the result — one record per push (Delivery, in the DeliveryLog): made when its request comes in, completed
 //    as the rollout follower hands on the answer, the rollout's progress and its end, and once final sent to each
 //    ResultChannel in order (the mail, then the chat and JSON receivers), whose outcomes are recorded on it. What
 //    became of the push is its upgrade report's decision (DECISIONS), published as pushResult says; the channels
@@ -19770,7 +20595,7 @@ export class ResultDispatcher implements ResultListener {
 }
 
 // ================================================================================================
-// 42. mail — mails a hook's result through the server the MAIL_* variables describe (parseMailConfig; MAIL_TO names
+// 43. mail — mails a hook's result through the server the MAIL_* variables describe (parseMailConfig; MAIL_TO names
 //    the recipients): one mail per push after its rollout's end, at most -max-mails-per-hook per -mail-window, the
 //    rest summed up in one mail. The Mailer is the result's first ResultChannel.
 //    Exports: Mailer, parseMailConfig.
@@ -20036,7 +20861,7 @@ function summaryMail(hookId: string, window: MailWindow, cap: MailCap): { subjec
 }
 
 // ================================================================================================
-// 43. chat & json notifications — a hook's result posted, at the moment its mail goes (after the rollout's end, in
+// 44. chat & json notifications — a hook's result posted, at the moment its mail goes (after the rollout's end, in
 //    the background), to each URL of NOTIFY_URL, in the body NOTIFY_FORMAT names: json (our own document, versioned
 //    by its "schema" field, signed in a header with NOTIFY_SECRET), dingtalk (markdown; NOTIFY_SECRET signs the URL),
 //    wecom (markdown), feishu and lark (a card; NOTIFY_SECRET signs the body), slack (mrkdwn), teams (an Adaptive
@@ -20904,7 +21729,7 @@ export class Notifier implements ResultChannel {
 }
 
 // ================================================================================================
-// 44. deliveries page — what the last pushes did, on the admin listener (never the hook port): the records of the
+// 45. deliveries page — what the last pushes did, on the admin listener (never the hook port): the records of the
 //    result's DeliveryLog (the last -deliveries pushes, newest first, as far as each has got). /deliveries lists
 //    them (refreshing itself while a push is still running); /deliveries/<n> is one push's full report and pods;
 //    /deliveries.json and /deliveries/<n>.json carry the same as JSON (entries in the shape of NOTIFY_FORMAT=json).
@@ -21043,6 +21868,7 @@ function renderDeliveries(
   now: Date,
   pushes: readonly WaitingPush[] = [],
   soaks: readonly SoakingPush[] = [],
+  watched: readonly WatchedWorkload[] = [],
 ): string {
   const head = ['Time', 'Hook', 'Request', 'Registry', 'Workload / container', 'Image before → after'];
   head.push('Decision', 'Rollout', 'Notified');
@@ -21061,8 +21887,33 @@ function renderDeliveries(
     `<table><thead><tr>${head.map((h) => `<th>${h}</th>`).join('')}</tr></thead><tbody>`,
     rows,
     '</tbody></table>',
+    renderWatched(watched),
   ].join('\n');
   return pageShell('Deliveries — webhook', refresh, body);
+}
+
+/** The registry watch's workloads: where, what they run, how often, when last looked at and what it found. Pure. */
+function renderWatched(watched: readonly WatchedWorkload[]): string {
+  if (watched.length === 0) return '';
+  const head = ['Workload / container', 'Image', 'Every', 'Hook', 'Last looked at', 'Found'];
+  const rows = watched.map((w) => {
+    const where = `${w.target.kind}/${w.target.name} in ${w.target.namespace}${w.cluster ? ` (${w.cluster})` : ''}`;
+    const cells = [
+      `${where}, ${w.container}`,
+      w.image,
+      `${formatGoDuration(w.intervalMs)} (${w.from})`,
+      w.hook,
+      w.lastLookAt === undefined ? 'not yet' : shownTime(new Date(w.lastLookAt)),
+      w.lastResult ?? '—',
+    ];
+    return `<tr>${cells.map((c) => `<td>${escapeHtml(c)}</td>`).join('')}</tr>`;
+  });
+  return [
+    `<h2>Registry watch</h2><p class="meta">${watched.length} workload container(s) watched</p>`,
+    `<table><thead><tr>${head.map((h) => `<th>${h}</th>`).join('')}</tr></thead><tbody>`,
+    ...rows,
+    '</tbody></table>',
+  ].join('\n');
 }
 
 /** /deliveries/<n>: one push, its full report and its pods. Pure. */
@@ -21177,6 +22028,7 @@ export function deliveryPages(
   token: string,
   approvals?: ApprovalService,
   promotions?: Promotions,
+  watch?: RegistryWatch,
 ): AdminPages {
   const html = (body: string) => ({ body, contentType: 'text/html; charset=utf-8', headers: PAGE_HEADERS });
   const json = (value: unknown) => ({
@@ -21191,7 +22043,10 @@ export function deliveryPages(
       const entries = log.list();
       const pushes = approvals?.list() ?? [];
       const soaks = promotions?.list() ?? [];
-      if (pathname === '/deliveries') return html(renderDeliveries(entries, log.busy(), new Date(), pushes, soaks));
+      const watched = watch?.list() ?? [];
+      const now = new Date();
+      if (pathname === '/deliveries') return html(renderDeliveries(entries, log.busy(), now, pushes, soaks, watched));
+      if (pathname === '/deliveries/watched.json') return json({ schema: 'webhook.watched/v1', watched });
       if (pathname === '/deliveries.json')
         return json({ schema: 'webhook.deliveries/v1', deliveries: entries.map(deliveryDocument) });
       const one = /^\/deliveries\/(\d{1,9})(\.json)?$/.exec(pathname);
@@ -21204,7 +22059,7 @@ export function deliveryPages(
 }
 
 // ================================================================================================
-// 45. -validate & -print-rbac — the commands that read the hooks and exit: -validate describes every hook (its rule,
+// 46. -validate & -print-rbac — the commands that read the hooks and exit: -validate describes every hook (its rule,
 //    parameters, answer, upgrade and notifications) and says what is wrong, -print-rbac prints the least-privilege
 //    RBAC; both load the hooks exactly as the service does (hookLoadSettings).
 //    Exports: commandWarnings, hookLoadSettings, printRbac, validate.
@@ -21477,6 +22332,7 @@ function describeUpgrade(hook: Hook, inserted: Set<string>): string[] {
     input('MAIL_TO', 'mail to'),
     describePolicy(hook),
     describeOutsideChange(hook),
+    describeRegistryWatch(hook),
     ...describeSignature(hook),
     ...describeApprovals(hook),
     ...describeNotifications(hook),
@@ -21542,6 +22398,19 @@ function describeChain(chain: PromotionChain): string {
 }
 
 /** What a push meets once the container's image was changed outside webhook (ON_OUTSIDE_CHANGE, fixed at load). */
+/** What the registry watch does with the hook: its POLL_INTERVAL for the workload it fixes, or the annotations. */
+function describeRegistryWatch(hook: Hook): string {
+  const interval = HOOK_SETTINGS.POLL_INTERVAL.parse(fixedInput(hook, 'POLL_INTERVAL'));
+  const t = hookReach(hook)?.target;
+  const annotated =
+    `workloads annotated ${POLL_ANNOTATION} and ${HOOK_ANNOTATION}: ${hook.id} are watched with its settings`;
+  if (interval === undefined) return `registry watch: ${annotated}`;
+  const every = `every ${formatGoDuration(interval)} (POLL_INTERVAL)`;
+  return t
+    ? `registry watch: ${t.kind}/${t.name} in ${t.namespace} ${every}; ${annotated}`
+    : `registry watch: POLL_INTERVAL is set but the hook fixes no workload, so only ${annotated}`;
+}
+
 function describeOutsideChange(hook: Hook): string {
   const value = upgradeInput(hook, 'ON_OUTSIDE_CHANGE');
   const mode = HOOK_SETTINGS.ON_OUTSIDE_CHANGE.parse(typeof value === 'string' ? value : undefined);
@@ -21687,7 +22556,7 @@ async function printRbac(o: Options, env: Record<string, string | undefined>): P
 }
 
 // ================================================================================================
-// 46. main — wires the chapters together; the only place with process-wide side effects (signals, pid file, listening
+// 47. main — wires the chapters together; the only place with process-wide side effects (signals, pid file, listening
 //    sockets, exit codes).
 //    Tests: test/image.test.ts, test/memory.test.ts, test/runner.test.ts, test/start.test.ts.
 // ================================================================================================
@@ -21733,9 +22602,14 @@ function memorySizing(): string {
 }
 
 /** The service: hooks loaded, the pieces wired, the port open, until SIGTERM or SIGINT. */
-async function serve(o: Options, env: Record<string, string | undefined>): Promise<number> {
+/** A regexp that backtracks too much falls back to V8's linear-time engine (hook rules run in linear time). */
+function linearTimeRegexps(): void {
   setFlagsFromString('--enable-experimental-regexp-engine-on-excessive-backtracks');
   setFlagsFromString(`--regexp-backtracks-before-fallback=${LIMITS.regexBacktracksBeforeFallback}`);
+}
+
+async function serve(o: Options, env: Record<string, string | undefined>): Promise<number> {
+  linearTimeRegexps();
   const log = openLog(o);
   if (!log) return 1;
   process.on('exit', () => log.flush());
@@ -21771,20 +22645,21 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
   const server = await openListener(o, handler, log);
   if (!server) return 1;
   server.on('clientError', (err: Error, socket: net.Socket) => answerClientError(handlerContext, err, socket));
-  const pages = o.deliveries > 0 ? deliveryPages(deliveries, o.adminToken, approvals, promotions) : undefined;
+  const watch = new RegistryWatch(upgrade, () => store.current.hooks, approvals, log, metrics).start();
+  const pages = o.deliveries > 0 ? deliveryPages(deliveries, o.adminToken, approvals, promotions, watch) : undefined;
   const adminServer = await openAdminListener(o, metrics, log, pages);
   if (adminServer === false) return 1;
   listener.resume(snapshot.hooks.values());
   void promotions.resume(snapshot.hooks.values());
   approvals.start();
-  if (o.hotreload) store.watch();
-  reloadOnSignals(store, log);
+  reloadOnSignals(o, store, log);
   return new Promise<number>((resolve) => {
     const shutdown = async (sig: string) => {
       if (phase.draining) return;
       await stopServing(o, log, sig, phase);
       adminServer?.close();
-      await stopService(o, { store, server, runner, upgrade, listener, approvals, promotions, mailer, notifier, log });
+      const stopped = { store, server, runner, upgrade, listener, approvals, promotions, watch, mailer, notifier, log };
+      await stopService(o, stopped);
       log.notice('stopped');
       log.flush();
       resolve(0);
@@ -21814,8 +22689,9 @@ function resultPath(
   return { deliveries, promotions, listener };
 }
 
-/** SIGHUP and SIGUSR1 reload the hooks. */
-function reloadOnSignals(store: HookStore, log: Logger): void {
+/** SIGHUP and SIGUSR1 reload the hooks, and so does a change of their files under -hotreload. */
+function reloadOnSignals(o: Options, store: HookStore, log: Logger): void {
+  if (o.hotreload) store.watch();
   const reloadOnSignal = (sig: string) => {
     log.notice(`caught ${sig}, reloading hooks`);
     store.reload(sig);
@@ -21946,6 +22822,7 @@ async function stopService(
     listener: RolloutFollower;
     approvals: ApprovalService;
     promotions: Promotions;
+    watch: RegistryWatch;
     mailer: Mailer;
     notifier: Notifier;
     log: Logger;
@@ -21954,6 +22831,7 @@ async function stopService(
   s.store.close();
   s.approvals.stop();
   s.promotions.stop();
+  s.watch.stop();
   s.server.close();
   s.server.closeIdleConnections();
   const graceEnds = Date.now() + o.shutdownGraceMs;

@@ -156,6 +156,11 @@ export const SETTING_DETAILS: Record<string, string> = {
     'default) answers 500 and changes nothing; `keep` answers 202, keeps the push and tries it again every 5 s (the ' +
     'tag resolved and its signature checked anew), applying it once the registry answers, within ' +
     '`-apply-deadline`. See [While the API server is away](upgrade.md#while-the-api-server-is-away).',
+  POLL_INTERVAL:
+    'A hook that fixes its workload (`APP_NS`, `APP_WORKLOAD`) watches that workload\'s registry this often: a new ' +
+    'tag its update policy allows, or its tag moved to another digest, is deployed as a push would be. The ' +
+    'annotation `webhook/poll` asks the same of one workload. See [Registries that cannot ' +
+    'call](registries.md#registries-that-cannot-call).',
   ON_OUTSIDE_CHANGE:
     '`hold`: once the container\'s image was changed outside webhook (`kubectl set image`, ' +
     '`kubectl rollout undo`, Helm, Argo CD, Rancher), a push is applied only when strictly newer than the image ' +

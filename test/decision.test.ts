@@ -224,7 +224,7 @@ describe('the decision of one push on one workload (decide): each step, as a tab
     assert.equal(d.change.guarded!['webhook/last-push'].read, before);
     assert.deepEqual(JSON.parse(d.lastPush).app, {
       pushedAt: '2026-11-27T11:59:00.000Z', timeFrom: 'payload', image: 'r.io/shop/web:v2', push: 'sha256:ab|',
-      previous: 'r.io/shop/web:v1', appliedAt: '2026-11-27T12:00:00.000Z', request: 'req-1',
+      previous: 'r.io/shop/web:v1', appliedAt: '2026-11-27T12:00:00.000Z', request: 'req-1', hook: 'deploy',
     });
     assert.equal(d.event.message, 'container app: image r.io/shop/web:v1 → r.io/shop/web:v2; asked by hook "deploy", request req-1');
   });

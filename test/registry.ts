@@ -285,7 +285,12 @@ export interface OciArchive {
  * A tiny OCI image whose one layer holds `content` (so each call with other content is a new image),
  * or, with `platforms`, an index of one such image per platform. Written as an OCI layout, then tarred.
  */
-export function ociArchive(dir: string, content: string, platforms?: { os: string; architecture: string }[]): OciArchive {
+export function ociArchive(
+  dir: string,
+  content: string,
+  platforms?: { os: string; architecture: string }[],
+  o: { created?: string } = {},
+): OciArchive {
   const layout = mkdtempSync(join(dir, 'oci-'));
   mkdirSync(join(layout, 'blobs', 'sha256'), { recursive: true });
   const blob = (data: Buffer | string) => {
@@ -296,7 +301,7 @@ export function ociArchive(dir: string, content: string, platforms?: { os: strin
   };
   const image = (platform: { os: string; architecture: string }) => {
     const layer = blob(layerTar(dir, `${content} ${platform.os}/${platform.architecture}\n`));
-    const config = blob(JSON.stringify({ ...platform, rootfs: { type: 'layers', diff_ids: [layer.digest] }, config: {} }));
+    const config = blob(JSON.stringify({ ...(o.created ? { created: o.created } : {}), ...platform, rootfs: { type: 'layers', diff_ids: [layer.digest] }, config: {} }));
     const manifest = JSON.stringify({
       schemaVersion: 2,
       mediaType: 'application/vnd.oci.image.manifest.v1+json',

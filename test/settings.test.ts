@@ -55,7 +55,7 @@ describe('what comes from the table', () => {
     assert.deepEqual(
       Object.keys(checks).toSorted(),
       ['ALLOW_IMAGES', 'APPROVAL_OVERRIDE', 'APPROVAL_TIMEOUT', 'CLUSTER', 'CLUSTERS', 'DEPLOY_WINDOW', 'NOTIFY_FORMAT', 'NOTIFY_ON_SKIP',
-        'NOTIFY_SECRET', 'NOTIFY_TELEGRAM_CHAT', 'NOTIFY_URL', 'ON_OUTSIDE_CHANGE', 'ON_REGISTRY_AWAY', 'PROMOTE_AFTER', 'PROMOTE_CHECK', 'REGISTRY_HOST', 'REGISTRY_TOKEN_HOSTS', 'REQUIRE_APPROVAL', 'UPDATE_POLICY',
+        'NOTIFY_SECRET', 'NOTIFY_TELEGRAM_CHAT', 'NOTIFY_URL', 'ON_OUTSIDE_CHANGE', 'ON_REGISTRY_AWAY', 'POLL_INTERVAL', 'PROMOTE_AFTER', 'PROMOTE_CHECK', 'REGISTRY_HOST', 'REGISTRY_TOKEN_HOSTS', 'REQUIRE_APPROVAL', 'UPDATE_POLICY',
         'VERIFY_SIGNATURE', 'VERIFY_SIGNATURE_ANNOTATIONS'],
     );
     assert.match(checks.VERIFY_SIGNATURE('cosign:/nonexistent/cosign.pub') ?? '', /^VERIFY_SIGNATURE item 1: the key file "\/nonexistent\/cosign\.pub" cannot be read/);
@@ -73,6 +73,8 @@ describe('what comes from the table', () => {
     assert.match(checks.CLUSTER('staging prod') ?? '', /^CLUSTER names one context \(2 given; several clusters are CLUSTERS\)/);
     assert.equal(checks.CLUSTERS('staging prod'), undefined);
     assert.match(checks.ON_REGISTRY_AWAY('wait') ?? '', /^ON_REGISTRY_AWAY "wait" is not fail or keep/);
+    assert.match(checks.POLL_INTERVAL('5s') ?? '', /^POLL_INTERVAL "5s" is outside 10s to 24h0m0s/);
+    assert.equal(checks.POLL_INTERVAL('1m'), undefined);
     assert.equal(HOOK_SETTINGS.ON_REGISTRY_AWAY.parse(' KEEP '), 'keep');
     assert.equal(HOOK_SETTINGS.ON_REGISTRY_AWAY.parse(undefined), 'fail');
     assert.deepEqual(HOOK_SETTINGS.CLUSTERS.parse(' staging  prod staging '), ['staging', 'prod']);

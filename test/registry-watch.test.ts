@@ -1,0 +1,396 @@
+/*
+ * The registry watch through the executable, on the test cluster, against real registries (Debian's
+ * docker-registry over TLS, test/registry.ts) that send no notification: workloads annotated webhook/poll and
+ * webhook/hook take what is pushed. A semver workload takes a new 1.x tag and not a 2.x; a `latest` pushed again
+ * is deployed at its new digest, pinned; a tag pushed while the service was stopped is deployed after it starts;
+ * two workloads on one repository share one tag listing per interval (counted in the registry's own log); a
+ * registry answering 429 with Retry-After is not asked again before that time; an unreachable registry is a
+ * warning; a watch and a notification of the same push give one rollout; bad annotations are Warning Events.
+ * Every wait is for an event (an image, a log line, a metric), within a bound of several intervals.
+ */
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import * as fs from 'node:fs';
+import * as https from 'node:https';
+import type { AddressInfo } from 'node:net';
+import * as path from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import {
+  defaultBinary, freePort, httpRequest, makeTempDir, spawnWebhook, waitFor, waitForOutput, type Spawned,
+} from './harness.ts';
+import { makeCertificate, ociArchive, startRegistry, type Registry } from './registry.ts';
+import {
+  clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor, namespacedGetter, removeNamespace,
+} from './cluster/kube.ts';
+import { registryHook, upgradeHook } from './upgrade-hooks.ts';
+import { newestAllowedTag, nextTagPage, parsePolicy, pollInterval } from '../webhook.ts';
+
+const cluster = await clusterOrSkip();
+const TOKEN = 'registry-watch-token-81be';
+const NOTIFY_AUTH = 'Bearer registry-watch-notify-3f0a';
+// A look every 10 s (the shortest interval allowed); a change is deployed within a few of them.
+const INTERVAL = '10s';
+const WITHIN = 90_000;
+const LOGIN = { user: 'watcher', password: 'registry-watch-password-6c2e' };
+
+/** A Deployment whose pods pull with the secret `pull`. */
+function withPullSecret(d: object) {
+  (d as { spec: { template: { spec: Record<string, unknown> } } }).spec.template.spec.imagePullSecrets = [{ name: 'pull' }];
+  return d;
+}
+
+/** The digest host/repo:tag has now (HEAD, as the watch asks), trusting the registry's CA. */
+function digestOf(registry: Registry, repoTag: string): Promise<string> {
+  const [repo, tag] = repoTag.split(':');
+  return new Promise((resolve, reject) => {
+    const req = https.request(`https://${registry.host}/v2/${repo}/manifests/${tag}`, {
+      method: 'HEAD', ca: registry.caPem,
+      headers: { Accept: 'application/vnd.oci.image.manifest.v1+json, application/vnd.oci.image.index.v1+json' },
+    }, (res) => {
+      res.resume();
+      const d = res.headers['docker-content-digest'];
+      if (typeof d === 'string') resolve(d);
+      else reject(new Error(`no digest for ${repoTag}: ${res.statusCode}`));
+    });
+    req.on('error', reject);
+    req.end();
+  });
+}
+
+/**
+ * A TLS server standing in for a registry that misbehaves: every request 429 with Retry-After (`/v2/acme/slow/`),
+ * a tag list of 10,001 tags (`acme/many`), one of 50 MB (`acme/huge`); it keeps when each request came.
+ */
+async function misbehaving(retryAfterSeconds: number) {
+  const certs = makeCertificate(makeTempDir('registry-watch-fake-'));
+  const seen: number[] = [];
+  const server = https.createServer({ cert: fs.readFileSync(certs.certFile), key: fs.readFileSync(certs.keyFile) }, (req, res) => {
+    if (req.url?.startsWith('/v2/acme/many/')) {
+      const tags = Array.from({ length: 10_001 }, (_, i) => `1.0.${i}`);
+      return void res.writeHead(200, { 'Content-Type': 'application/json' }).end(JSON.stringify({ name: 'acme/many', tags }));
+    }
+    if (req.url?.startsWith('/v2/acme/huge/')) {
+      res.writeHead(200, { 'Content-Type': 'application/json' });
+      const chunk = Buffer.alloc(1024 * 1024, 0x20);
+      let sent = 0;
+      const more = () => {
+        while (sent < 50 && res.write(chunk)) sent++;
+        if (sent >= 50) res.end();
+      };
+      res.on('drain', () => { sent++; more(); });
+      res.on('close', () => (sent = 50));
+      return more();
+    }
+    seen.push(Date.now());
+    res.writeHead(429, { 'Retry-After': String(retryAfterSeconds), 'Content-Type': 'application/json' });
+    res.end('{"errors":[{"code":"TOOMANYREQUESTS"}]}');
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  return { host: `127.0.0.1:${(server.address() as AddressInfo).port}`, caPem: certs.caPem, seen, close: () => server.close() };
+}
+
+describe('the registry watch through the executable', { skip: cluster ? false : 'no cluster' }, () => {
+  const ns = freshNamespaceName('registry-watch');
+  const kubectl = kubectlFor(cluster!);
+  const getJson = namespacedGetter(kubectl, ns);
+  let work: string;
+  let quiet: Registry;
+  let notifying: Registry;
+  let locked: Registry;
+  let limited: Awaited<ReturnType<typeof misbehaving>>;
+  let oversized: Awaited<ReturnType<typeof misbehaving>>;
+  let service: Spawned;
+  let port: number;
+  let hooksFile: string;
+  let env: Record<string, string>;
+
+  const image = async (name: string) => containerImage(await getJson(`deployment/${name}`), 'app');
+  const annotated = (name: string, img: string, annotations: Record<string, string>) => {
+    const d = deployment(name, [{ name: 'app', image: img }], { replicas: 1 }) as { metadata: Record<string, unknown> };
+    d.metadata.annotations = annotations;
+    return d;
+  };
+  const watched = (hook = 'watch', more: Record<string, string> = {}) =>
+    ({ 'webhook/poll': INTERVAL, 'webhook/hook': hook, ...more });
+  const start = async () => {
+    service = await spawnWebhook({ hooks: hooksFile, env, metrics: true }, port);
+    await waitFor(async () => (await httpRequest(port, '/').catch(() => undefined))?.status === 200,
+      { timeoutMs: 15_000, what: 'the service' });
+  };
+  const stop = async () => {
+    service.proc.kill('SIGTERM');
+    await service.exited;
+  };
+  const admin = async (page: string) => {
+    const m = /serving metrics on http:\/\/127\.0\.0\.1:(\d+)\/metrics/.exec(service.output());
+    return m ? (await httpRequest(Number(m[1]), page).catch(() => undefined))?.body ?? '' : '';
+  };
+  const metric = async (pattern: RegExp) => {
+    const text = await admin('/metrics');
+    return text.split('\n').filter((l) => pattern.test(l)).reduce((sum, l) => sum + Number(l.split(' ').at(-1)), 0);
+  };
+  const events = async (name: string, reason: string) => {
+    const list = JSON.parse(await kubectl(['-n', ns, 'get', 'events', '--field-selector',
+      `involvedObject.name=${name},reason=${reason}`, '-o', 'json']));
+    return (list.items as { message: string }[]).map((e) => e.message);
+  };
+
+  before(async () => {
+    work = makeTempDir('registry-watch-');
+    port = await freePort();
+    quiet = await startRegistry({ tls: true });
+    locked = await startRegistry({ tls: true, auth: LOGIN });
+    const query = new URLSearchParams({ ns, workload: 'deployment/both', container: 'app', token: TOKEN });
+    notifying = await startRegistry({
+      tls: true, notify: { url: `http://127.0.0.1:${port}/hooks/notified?${query}`, headers: { Authorization: NOTIFY_AUTH } },
+    });
+    limited = await misbehaving(40);
+    // Another host: the 429s of the first leave this one alone.
+    oversized = await misbehaving(40);
+    const ca = (name: string, pem: string) => {
+      fs.writeFileSync(path.join(work, name), pem);
+      return path.join(work, name);
+    };
+    const notifiedHook = registryHook('notified', { match: { type: 'value', value: NOTIFY_AUTH,
+      parameter: { source: 'header', name: 'Authorization' } } }, 'distribution') as Record<string, object[]>;
+    notifiedHook['pass-environment-to-command'].push({ envname: 'REGISTRY_CA', source: 'string', name: ca('notifying.pem', notifying.caPem!) });
+    hooksFile = path.join(work, 'hooks.json');
+    fs.writeFileSync(hooksFile, JSON.stringify([
+      upgradeHook('watch', TOKEN, { REGISTRY_CA: ca('quiet.pem', quiet.caPem! + locked.caPem!) }),
+      upgradeHook('fixed', TOKEN, { APP_NS: ns, APP_WORKLOAD: 'deployment/fixed', APP_CONTAINER: 'app', POLL_INTERVAL: INTERVAL,
+        REGISTRY_CA: path.join(work, 'quiet.pem') }),
+      upgradeHook('limited', TOKEN, { REGISTRY_CA: ca('limited.pem', limited.caPem + oversized.caPem) }),
+      notifiedHook,
+    ]));
+    env = { KUBECONFIG: cluster!.kubeconfigPath };
+    await locked.push(ociArchive(work, 'private 1.0.0').path, 'acme/private:1.0.0');
+    for (const [tag, day] of [['main-1', '01'], ['main-2', '02'], ['other-9', '09']])
+      await quiet.push(ociArchive(work, `builds ${tag}`, undefined, { created: `2026-01-${day}T00:00:00Z` }).path, `acme/builds:${tag}`);
+    for (const [repo, tag] of [['acme/semver', '1.0.0'], ['acme/latest', 'latest'], ['acme/shared', '1.0.0'], ['acme/both', 'latest'], ['acme/fixed', 'latest']]) {
+      await (repo === 'acme/both' ? notifying : quiet).push(ociArchive(work, `${repo} ${tag}`).path, `${repo}:${tag}`);
+    }
+    const latest = await digestOf(quiet, 'acme/latest:latest');
+    const both = await digestOf(notifying, 'acme/both:latest');
+    const fixed = await digestOf(quiet, 'acme/fixed:latest');
+    const builds = await digestOf(quiet, 'acme/builds:main-2');
+    await kubectl(['create', 'namespace', ns]);
+    await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: [
+      annotated('semver', `${quiet.host}/acme/semver:1.0.0`, watched('watch', { 'webhook/policy': 'semver:^1' })),
+      annotated('latest', `${quiet.host}/acme/latest:latest@${latest}`, watched()),
+      annotated('twin-a', `${quiet.host}/acme/shared:1.0.0`, watched('watch', { 'webhook/policy': 'minor' })),
+      annotated('twin-b', `${quiet.host}/acme/shared:1.0.0`, watched('watch', { 'webhook/policy': 'minor' })),
+      annotated('limited', `${limited.host}/acme/slow:1.0.0`, watched('limited', { 'webhook/policy': 'minor' })),
+      annotated('many', `${oversized.host}/acme/many:1.0.0`, watched('limited', { 'webhook/policy': 'minor' })),
+      annotated('huge', `${oversized.host}/acme/huge:1.0.0`, watched('limited', { 'webhook/policy': 'minor' })),
+      annotated('gone', `127.0.0.1:${await freePort()}/acme/gone:1.0.0`, watched()),
+      { apiVersion: 'v1', kind: 'Secret', metadata: { name: 'pull' }, type: 'kubernetes.io/dockerconfigjson', data: {
+        '.dockerconfigjson': Buffer.from(JSON.stringify({ auths: { [locked.host]: { username: LOGIN.user, password: LOGIN.password } } })).toString('base64') } },
+      withPullSecret(annotated('private', `${locked.host}/acme/private:1.0.0`, watched('watch', { 'webhook/policy': 'minor' }))),
+      annotated('fixed', `${quiet.host}/acme/fixed:latest@${fixed}`, {}),
+      annotated('builds', `${quiet.host}/acme/builds:main-2@${builds}`, watched('watch', { 'webhook/policy': 'glob:main-*' })),
+      annotated('both', `${notifying.host}/acme/both:latest@${both}`, watched('notified')),
+      annotated('bad-ms', `${quiet.host}/acme/semver:1.0.0`, { 'webhook/poll': '1ms', 'webhook/hook': 'watch' }),
+      annotated('bad-forever', `${quiet.host}/acme/semver:1.0.0`, { 'webhook/poll': 'forever', 'webhook/hook': 'watch' }),
+      annotated('bad-hook', `${quiet.host}/acme/semver:1.0.0`, { 'webhook/poll': INTERVAL, 'webhook/hook': 'nope' }),
+      annotated('no-hook', `${quiet.host}/acme/semver:1.0.0`, { 'webhook/poll': INTERVAL }),
+    ] }));
+    await start();
+  });
+
+  after(async () => {
+    if (service && service.proc.exitCode === null) await stop();
+    await quiet?.stop();
+    await notifying?.stop();
+    await locked?.stop();
+    limited?.close();
+    oversized?.close();
+    await removeNamespace(kubectl, ns);
+  });
+
+  test('a semver workload takes a new 1.x tag and not a 2.x', async () => {
+    await quiet.push(ociArchive(work, 'semver 2.0.0').path, 'acme/semver:2.0.0');
+    await quiet.push(ociArchive(work, 'semver 1.1.0').path, 'acme/semver:1.1.0');
+    const digest = await digestOf(quiet, 'acme/semver:1.1.0');
+    await waitFor(async () => (await image('semver')) === `${quiet.host}/acme/semver:1.1.0@${digest}`,
+      { timeoutMs: WITHIN, what: 'the watch to deploy 1.1.0' });
+    // Once the watch has seen the workload at 1.1.0, nothing above it is allowed: 2.0.0 stays out.
+    await waitForOutput(service, new RegExp(`deployment/semver in ${ns}, container app: no tag above`), WITHIN);
+    assert.equal(await image('semver'), `${quiet.host}/acme/semver:1.1.0@${digest}`);
+    assert.equal((await events('semver', 'ImageUpdated')).length, 1);
+  });
+
+  test('the deliveries page lists what is watched, how often, when last looked at, and the watch\'s delivery', async () => {
+    const doc = JSON.parse(await admin('/deliveries/watched.json'));
+    const semver = doc.watched.find((w: { target: { name: string } }) => w.target.name === 'semver');
+    assert.equal(semver.intervalMs, 10_000);
+    assert.equal(semver.hook, 'watch');
+    assert.equal(semver.from, 'annotation webhook/poll');
+    assert.ok(semver.lastLookAt > 0, JSON.stringify(semver));
+    assert.ok(!doc.watched.some((w: { target: { name: string } }) => w.target.name.startsWith('bad-')));
+    const page = await admin('/deliveries');
+    assert.match(page, /<h2>Registry watch<\/h2>/);
+    assert.match(page, new RegExp(`deployment/semver in ${ns}, app</td><td>[^<]*</td><td>10s \\(annotation webhook/poll\\)</td><td>watch</td>`));
+    const deliveries = JSON.parse(await admin('/deliveries.json')).deliveries as { workload: string; decision: string }[];
+    assert.ok(deliveries.some((d) => d.workload === 'deployment/semver' && d.decision === 'applied'), JSON.stringify(deliveries));
+  });
+
+  test('latest pushed again is deployed at its new digest, pinned', async () => {
+    await quiet.push(ociArchive(work, 'latest again').path, 'acme/latest:latest');
+    const digest = await digestOf(quiet, 'acme/latest:latest');
+    await waitFor(async () => (await image('latest')) === `${quiet.host}/acme/latest:latest@${digest}`,
+      { timeoutMs: WITHIN, what: 'the new digest of latest' });
+  });
+
+  test('a registry that asks for a login is read with the workload\'s pull secret, which never appears in the log', async () => {
+    await locked.push(ociArchive(work, 'private 1.1.0').path, 'acme/private:1.1.0');
+    await waitFor(async () => (await image('private'))?.startsWith(`${locked.host}/acme/private:1.1.0@sha256:`),
+      { timeoutMs: WITHIN, what: 'the watch to deploy 1.1.0 with the pull secret' });
+    assert.ok(!service.output().includes(LOGIN.password));
+  });
+
+  test('a hook that fixes its workload watches it every POLL_INTERVAL, with no annotation', async () => {
+    await quiet.push(ociArchive(work, 'fixed again').path, 'acme/fixed:latest');
+    const digest = await digestOf(quiet, 'acme/fixed:latest');
+    await waitFor(async () => (await image('fixed')) === `${quiet.host}/acme/fixed:latest@${digest}`,
+      { timeoutMs: WITHIN, what: 'the new digest of fixed' });
+    const doc = JSON.parse(await admin('/deliveries/watched.json'));
+    const entry = doc.watched.find((w: { target: { name: string } }) => w.target.name === 'fixed');
+    assert.equal(entry.from, 'POLL_INTERVAL of hook "fixed"');
+    assert.equal(entry.hook, 'fixed');
+  });
+
+  test('a glob policy takes the newest build among the matching tags, by creation time, not by name', async () => {
+    // main-0 sorts first by name and was built last; main-3 sorts last and was built before it; other-9 does not match.
+    await quiet.push(ociArchive(work, 'builds main-3', undefined, { created: '2026-01-03T00:00:00Z' }).path, 'acme/builds:main-3');
+    await quiet.push(ociArchive(work, 'builds main-0', undefined, { created: '2026-01-04T00:00:00Z' }).path, 'acme/builds:main-0');
+    const digest = await digestOf(quiet, 'acme/builds:main-0');
+    await waitFor(async () => (await image('builds')) === `${quiet.host}/acme/builds:main-0@${digest}`,
+      { timeoutMs: WITHIN, what: 'the newest build main-0' });
+    await waitForOutput(service, new RegExp(`deployment/builds in ${ns}, container app: the newest build glob:main-\\* allows runs already \\(main-0`), WITHIN);
+  });
+
+  test('bad annotations are Warning Events, and nothing is changed', async () => {
+    for (const [name, why] of [
+      ['bad-ms', /not watched: annotation webhook\/poll "1ms" is outside 10s to 24h/],
+      ['bad-forever', /not watched: annotation webhook\/poll "forever" is not a Go duration/],
+      ['bad-hook', /not watched: annotation webhook\/hook: no hook is named "nope"/],
+      ['no-hook', /not watched: annotation webhook\/poll names no hook: annotate webhook\/hook/],
+    ] as const) {
+      const found = await waitFor(async () => (await events(name, 'RegistryWatchRefused')).find((m) => why.test(m)),
+        { timeoutMs: WITHIN, what: `the Warning Event of ${name}` });
+      assert.ok(found);
+      assert.equal(await image(name), `${quiet.host}/acme/semver:1.0.0`);
+    }
+  });
+
+  test('two workloads on one repository: one tag listing per interval', async () => {
+    const looks = () => metric(new RegExp(`^webhook_registry_watch_looks_total\\{repository="${quiet.host}/acme/shared"`));
+    const listings = () => quiet.log().split('\n').filter((l) => l.includes('/v2/acme/shared/tags/list') && /response completed/.test(l)).length;
+    const from = { looks: await looks(), listings: listings() };
+    await waitFor(async () => (await looks()) - from.looks >= 8, { timeoutMs: WITHIN, what: 'eight looks of acme/shared' });
+    const made = { looks: (await looks()) - from.looks, listings: listings() - from.listings };
+    // Two workloads, each looking once an interval: one listing serves both looks of an interval.
+    assert.ok(made.listings <= Math.ceil(made.looks / 2) + 1, JSON.stringify(made));
+    assert.ok(made.listings >= 2, JSON.stringify(made));
+  });
+
+  test('a registry answering 429 with Retry-After is not asked again before that time', async () => {
+    await waitFor(() => limited.seen.length > 0, { timeoutMs: WITHIN, what: 'the first request' });
+    const first = limited.seen[0];
+    const looks = () => metric(/^webhook_registry_watch_looks_total\{repository="127\.0\.0\.1:\d+\/acme\/slow",result="not asked"/);
+    await waitFor(async () => (await looks()) >= 2, { timeoutMs: WITHIN, what: 'two looks not asked' });
+    assert.ok(limited.seen.every((t) => t === first || t >= first + 40_000), JSON.stringify(limited.seen));
+    assert.match(service.output(), /acme\/slow: its tag list: the registry answered 429; 127\.0\.0\.1:\d+ is not asked again before/);
+  });
+
+  test('a tag list of 10,000 tags or of 50 MB is refused, naming the limit, and nothing is changed', async () => {
+    await waitForOutput(service, /acme\/many: more than 5000 tags: refused, none read/, WITHIN);
+    await waitForOutput(service, /acme\/huge: a page of its tag list is larger than 1048576 bytes: refused/, WITHIN);
+    assert.equal(await image('many'), `${oversized.host}/acme/many:1.0.0`);
+    assert.equal(await image('huge'), `${oversized.host}/acme/huge:1.0.0`);
+  });
+
+  test('an unreachable registry is a warning, not a crash', async () => {
+    await waitForOutput(service, new RegExp(`deployment/gone in ${ns}, container app: failed: `), WITHIN);
+    assert.equal((await httpRequest(port, '/')).status, 200);
+    assert.equal(service.proc.exitCode, null);
+  });
+
+  test('a watch and a notification of the same push give one rollout and one delivery (what is mailed and posted)', async () => {
+    // The registry delivers the notification of the first push once the service answers: wait until it has.
+    const rollouts = async () => (await events('both', 'ImageUpdated')).length + (await events('both', 'RolloutRestarted')).length;
+    await waitForOutput(service, /POST \/hooks\/notified\?[^"]*" 200/, WITHIN);
+    await waitFor(async () => (await rollouts()) > 0, { timeoutMs: WITHIN, what: 'the first push deployed' });
+    // What is mailed and posted is one per delivery: those of this workload since the push that named an image (a
+    // notification's blobs name none; a watch's look that handed the push over again would).
+    type Doc = { workload: string; received_at: string; image_after: string | null };
+    const since = new Date().toISOString();
+    const delivered = async () => (JSON.parse(await admin('/deliveries.json')).deliveries as Doc[])
+      .filter((d) => d.workload === 'deployment/both' && d.received_at >= since && d.image_after !== null).length;
+    const before = await rollouts();
+    await notifying.push(ociArchive(work, 'both again').path, 'acme/both:latest');
+    const digest = await digestOf(notifying, 'acme/both:latest');
+    await waitFor(async () => (await rollouts()) > before, { timeoutMs: WITHIN, what: 'the push to be deployed' });
+    // The watch has looked at it since (or did first): its look says the push was delivered already.
+    const looked = new RegExp(`deployment/both in ${ns}, container app: (?:.*delivered already|.*acme/both:latest is still ${digest})`);
+    await waitForOutput(service, looked, WITHIN);
+    assert.equal(await rollouts(), before + 1, (await events('both', 'ImageUpdated')).join('\n'));
+    assert.equal(await delivered(), 1, await admin('/deliveries.json'));
+  });
+
+  test('a tag pushed while the service was stopped is deployed after it starts', async () => {
+    await stop();
+    await quiet.push(ociArchive(work, 'semver 1.2.0').path, 'acme/semver:1.2.0');
+    const digest = await digestOf(quiet, 'acme/semver:1.2.0');
+    await start();
+    await waitFor(async () => (await image('semver')) === `${quiet.host}/acme/semver:1.2.0@${digest}`,
+      { timeoutMs: WITHIN, what: 'the catch-up to deploy 1.2.0' });
+  });
+});
+
+describe('the registry watch, pure parts', () => {
+  test('-validate says what each hook watches, and refuses a POLL_INTERVAL under 10s', () => {
+    const dir = makeTempDir('registry-watch-validate-');
+    const file = path.join(dir, 'hooks.json');
+    const fixed = (id: string, every: string) => ({ ...upgradeHook(id, TOKEN), 'pass-environment-to-command': [
+      { envname: 'APP_NS', source: 'string', name: 'shop' }, { envname: 'APP_WORKLOAD', source: 'string', name: 'deployment/web' },
+      { envname: 'POLL_INTERVAL', source: 'string', name: every }] });
+    fs.writeFileSync(file, JSON.stringify([fixed('fixed', '1m'), upgradeHook('open', TOKEN)]));
+    const ok = spawnSync(defaultBinary(), ['-validate', '-hooks', file], { encoding: 'utf8', env: { PATH: process.env.PATH } });
+    assert.equal(ok.status, 0, ok.stderr);
+    assert.match(ok.stdout, /registry watch: deployment\/web in shop every 1m0s \(POLL_INTERVAL\); workloads annotated webhook\/poll and webhook\/hook: fixed are watched/);
+    assert.match(ok.stdout, /registry watch: workloads annotated webhook\/poll and webhook\/hook: open are watched with its settings/);
+    fs.writeFileSync(file, JSON.stringify([fixed('fast', '5s')]));
+    const bad = spawnSync(defaultBinary(), ['-validate', '-hooks', file], { encoding: 'utf8', env: { PATH: process.env.PATH } });
+    assert.notEqual(bad.status, 0);
+    assert.match(bad.stderr, /POLL_INTERVAL "5s" is outside 10s to 24h0m0s/);
+  });
+
+  test('an interval is a Go duration from 10s to 24h; anything else is refused naming where it was written', () => {
+    assert.equal(pollInterval('30s', 'annotation webhook/poll'), 30_000);
+    assert.equal(pollInterval(' '), undefined);
+    assert.throws(() => pollInterval('1ms', 'annotation webhook/poll'), /^Error: annotation webhook\/poll "1ms" is outside 10s to 24h/);
+    assert.throws(() => pollInterval('forever'), /POLL_INTERVAL "forever" is not a Go duration/);
+    assert.throws(() => pollInterval('25h'), /outside 10s to 24h/);
+  });
+
+  test('the next page of a tag list is followed on the registry itself only', () => {
+    assert.equal(nextTagPage('</v2/acme/web/tags/list?n=2&last=b>; rel="next"', 'acme/web', 'r:5000'), 'n=2&last=b');
+    assert.equal(nextTagPage('<https://r:5000/v2/acme/web/tags/list?last=b>; rel="next"', 'acme/web', 'r:5000'), 'last=b');
+    assert.equal(nextTagPage('<https://evil:5000/v2/acme/web/tags/list?last=b>; rel="next"', 'acme/web', 'r:5000'), undefined);
+    assert.equal(nextTagPage('</v2/other/tags/list?last=b>; rel="next"', 'acme/web', 'r:5000'), undefined);
+    assert.equal(nextTagPage(undefined, 'acme/web', 'r:5000'), undefined);
+  });
+
+  test('a semver policy takes the highest tag it allows above the running one, never one outside it', () => {
+    const tags = ['1.0.0', '1.2.0', '1.10.1', '2.0.0', 'latest', '1.11.0-rc.1', '0.9.0'];
+    const take = (policy: string, running: string) =>
+      newestAllowedTag(tags, parsePolicy(policy), {}, 'app', `r.io/acme/web:${running}`, 'deployment/web');
+    assert.equal(take('semver:^1', '1.0.0'), '1.10.1');
+    assert.equal(take('major', '1.0.0'), '2.0.0');
+    assert.equal(take('patch', '1.2.0'), undefined);
+    assert.equal(take('minor', '2.0.0'), undefined);
+    const annotated = { metadata: { annotations: { 'webhook/policy': 'semver:~1.2' } } };
+    assert.equal(newestAllowedTag(tags, parsePolicy('all'), annotated, 'app', 'r.io/acme/web:1.2.0', 'deployment/web'), undefined);
+  });
+});
