@@ -6788,7 +6788,7 @@ const PACK_TYPES: Record<number, GitObjectType> = { 1: 'commit', 2: 'tree', 3: '
 type GitObjectType = 'commit' | 'tree' | 'blob' | 'tag';
 
 /** An object read from a pack: its type and content, by id. */
-export interface GitObject {
+interface GitObject {
   type: GitObjectType;
   data: Buffer;
 }
@@ -6817,7 +6817,8 @@ function inflateAt(pack: Buffer, at: number, size: number, what: string): { data
     throw new GitError(`${what}: an object of ${size} bytes is larger than ${GIT_LIMITS.maxObjectBytes}`);
   try {
     const options = { info: true, maxOutputLength: size + 1 };
-    const inflated = zlib.inflateSync(pack.subarray(at), options) as unknown as { buffer: Buffer; engine: zlib.Inflate };
+    type Inflated = { buffer: Buffer; engine: zlib.Inflate };
+    const inflated = zlib.inflateSync(pack.subarray(at), options) as unknown as Inflated;
     const { buffer, engine } = inflated;
     if (buffer.length !== size) throw new Error(`${buffer.length} bytes where the header says ${size}`);
     return { data: buffer, end: at + engine.bytesWritten };
@@ -6966,7 +6967,7 @@ function resolvedPack(entries: PackEntry[], what: string, known: Map<string, Git
 // ---- trees and commits --------------------------------------------------------------------------
 
 /** One entry of a tree, in the order the tree holds them. */
-export interface TreeEntry {
+interface TreeEntry {
   mode: string;
   name: string;
   id: string;
@@ -7111,7 +7112,7 @@ export function writePack(objects: { type: GitObjectType; data: Buffer }[]): Buf
 }
 
 /** What a commit says of itself: its message and who made it when. */
-export interface GitCommitText {
+interface GitCommitText {
   message: string;
   /** `Name <email>` */
   author: string;
@@ -14310,9 +14311,9 @@ export function policyDecision(
 //    checks, the decision's settings, its cluster, how its payload is read); nothing after the boundary reads them.
 //    Exports: configuredReport, deployWindowSetting, fixedSettingChecks, HOOK_SETTINGS, HookConfig, HookSetting,
 //    HookSettingName, notifyCa, NotifyFormatName, readHookConfig, UpgradeSettings.
-//    Tests: test/clouds.test.ts, test/cosign-verify.test.ts, test/decision.test.ts, test/hold.test.ts,
-//    test/mail.test.ts, test/policy.test.ts, test/registries.test.ts, test/settings.test.ts, test/upgrade.test.ts,
-//    test/windows.test.ts.
+//    Tests: test/clouds.test.ts, test/cosign-verify.test.ts, test/decision.test.ts, test/git.test.ts,
+//    test/hold.test.ts, test/mail.test.ts, test/policy.test.ts, test/registries.test.ts, test/settings.test.ts,
+//    test/upgrade.test.ts, test/windows.test.ts.
 // ================================================================================================
 
 /**
@@ -16573,7 +16574,8 @@ function locatedPairs(scanner: Scanner): [LocatedNode, LocatedNode][] {
   const pairs: [LocatedNode, LocatedNode][] = [];
   for (;;) {
     const t = scanner.peek();
-    if (t.type === 'block-end' || t.type === 'flow-mapping-end' || t.type === 'stream-end') {
+    if (t.type === 'stream-end') failAt(t.start, 'the text ends inside a mapping');
+    if (t.type === 'block-end' || t.type === 'flow-mapping-end') {
       scanner.skipToken();
       return pairs;
     }
@@ -16603,7 +16605,8 @@ function locatedItems(scanner: Scanner, indentless: boolean): LocatedNode[] {
   for (;;) {
     const t = scanner.peek();
     if (indentless && t.type !== 'block-entry') return items;
-    if (t.type === 'block-end' || t.type === 'flow-sequence-end' || t.type === 'stream-end') {
+    if (t.type === 'stream-end') failAt(t.start, 'the text ends inside a list');
+    if (t.type === 'block-end' || t.type === 'flow-sequence-end') {
       scanner.skipToken();
       return items;
     }
@@ -16632,8 +16635,8 @@ function scalarText(node: LocatedNode | undefined): string | undefined {
 
 /** A YAML scalar's new text in the style the old one had: plain while it stays a plain string, else quoted. Pure. */
 function scalarInStyle(old: LocatedNode & { kind: 'scalar' }, value: string): string {
-  if (old.style === 'single-quoted') return `'${value.replace(/'/g, "''")}'`;
-  if (old.style === 'double-quoted') return JSON.stringify(value);
+  if (old.style === 'single') return `'${value.replace(/'/g, "''")}'`;
+  if (old.style === 'double') return JSON.stringify(value);
   const plain =
     /^[A-Za-z0-9_][A-Za-z0-9_./@:+-]*$/.test(value) &&
     !/: |:$/.test(value) &&
@@ -16748,8 +16751,8 @@ function kustomizationChanges(e: GitEdit, docs: LocatedNode[], ref: ImageRef): T
     const node = locatedValue(entry, key);
     if (node) return replacedScalar(e, `images[name=${repo}].${key}`, node, value);
     const name = locatedValue(entry, 'name') as LocatedNode & { kind: 'scalar' };
-    const indent = ' '.repeat(entry.column);
-    return { start: name.end, end: name.end, text: `\n${indent}${key}: ${scalarInStyle(plainScalar, value)}` };
+    const at = lineEnd(e.text, name.end);
+    return { start: at, end: at, text: `\n${' '.repeat(entry.column)}${key}: ${scalarInStyle(plainScalar, value)}` };
   });
 }
 
@@ -16763,11 +16766,16 @@ function addedImageEntry(e: GitEdit, images: LocatedNode & { kind: 'seq' }, repo
   const keys = ' '.repeat(keyColumn);
   const field = ([k, v]: [string, string]) => `${keys}${k}: ${scalarInStyle(plainScalar, v)}`;
   const lines = [`${dash}- name: ${scalarInStyle(plainScalar, repo)}`, ...wanted.map(field)];
-  const end = lastIndex(images);
-  const chars = Array.from(e.text);
-  let at = end;
-  while (at < chars.length && chars[at] !== '\n') at++;
+  const at = lineEnd(e.text, lastIndex(images));
   return { start: at, end: at, text: `\n${lines.join('\n')}` };
+}
+
+/** Where the line holding character `index` ends (before its line feed), in code points. */
+function lineEnd(text: string, index: number): number {
+  const chars = Array.from(text.startsWith('\uFEFF') ? text.slice(1) : text);
+  let at = index;
+  while (at < chars.length && chars[at] !== '\n') at++;
+  return at;
 }
 
 /** The past-last character of a node's last scalar. */
@@ -16848,7 +16856,7 @@ async function committedEdit(git: GitSettings, push: Push, s: UpgradeSettings, b
     } catch (e) {
       if (e instanceof GitError && e.kind === 'moved' && attempt < GIT_PUSH_ATTEMPTS) continue;
       const why = e instanceof GitError && e.kind === 'moved' ? ` (the branch kept moving: ${attempt} attempts)` : '';
-      throw new UpgradeError(scrub.scrub(`Git write-back to ${git.remote.url.href}: ${(e as Error).message}${why}`));
+      throw new UpgradeError(scrub.scrub(`Git write-back: ${(e as Error).message}${why}`));
     }
   }
 }

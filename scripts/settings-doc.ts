@@ -178,6 +178,25 @@ export const SETTING_DETAILS: Record<string, string> = {
     'Recipients of the result mail, comma-separated. Must come from the hook: a `MAIL_TO` in the service\'s own ' +
     'environment is not passed on. Mail goes out only when the service has a mail server (`MAIL_SMTP_SERVER`, ' +
     'below); without one, `-validate` warns for each hook that sets `MAIL_TO`. See [Mail](notifications.md#mail).',
+  GIT_REPO:
+    'The Git repository (`https://`; `http://` only for a loopback host) that a GitOps tool (Fleet, Argo CD, Flux) ' +
+    'deploys the workload from. Set, an applied push is committed there instead of patched: the decision is made ' +
+    'on the workload as read, exactly as without it, and the answer says `committed <sha> to <branch> of <repo>`. ' +
+    'See [gitops.md](gitops.md).',
+  GIT_BRANCH: 'The branch commits go to (default `main`); a branch moved by someone else is fetched again and the edit made again.',
+  GIT_PATH:
+    'The file edited, relative to the repository root: a `kustomization.yaml` (its `images:` entry named as the ' +
+    "pushed repository: `newTag`, `digest` when pinned; added when missing), a Helm values file (with `GIT_FIELD`), or " +
+    "a manifest (the document of the hook's kind and name, its container's `image`). Only that scalar's text changes.",
+  GIT_FIELD:
+    "A Helm values file's tag field (`image.tag`); a `repository` (and `registry`) beside it must name the pushed " +
+    'repository, or the push is refused.',
+  GIT_TOKEN:
+    'The token: from the environment through `-template`, or the path of a file holding it (starting with `/`). ' +
+    'Sent as basic auth; never logged or answered.',
+  GIT_USERNAME: "Basic auth's user: `x-access-token` (GitHub app tokens; GitLab and Gitea accept it), `oauth2` for GitLab.",
+  GIT_CA: "The CA that signed the Git server's certificate (PEM or a file), added to the system's.",
+  GIT_AUTHOR: 'The author and committer of the commits, `Name <email>`.',
   NOTIFY_ON_SKIP:
     '`false`: a push the update policy skipped is not mailed or posted (it is still on the ' +
     'deliveries page and in the log). See [Skipped pushes](policies.md#skipped-pushes).',

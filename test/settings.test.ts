@@ -54,7 +54,8 @@ describe('what comes from the table', () => {
     const checks = fixedSettingChecks();
     assert.deepEqual(
       Object.keys(checks).toSorted(),
-      ['ALLOW_IMAGES', 'APPROVAL_OVERRIDE', 'APPROVAL_TIMEOUT', 'CLUSTER', 'CLUSTERS', 'DEPLOY_WINDOW', 'NOTIFY_FORMAT', 'NOTIFY_ON_SKIP',
+      ['ALLOW_IMAGES', 'APPROVAL_OVERRIDE', 'APPROVAL_TIMEOUT', 'CLUSTER', 'CLUSTERS', 'DEPLOY_WINDOW',
+        'GIT_AUTHOR', 'GIT_BRANCH', 'GIT_CA', 'GIT_FIELD', 'GIT_PATH', 'GIT_REPO', 'GIT_TOKEN', 'GIT_USERNAME', 'NOTIFY_FORMAT', 'NOTIFY_ON_SKIP',
         'NOTIFY_SECRET', 'NOTIFY_TELEGRAM_CHAT', 'NOTIFY_URL', 'ON_OUTSIDE_CHANGE', 'ON_REGISTRY_AWAY', 'REGISTRY_HOST', 'REGISTRY_TOKEN_HOSTS', 'REQUIRE_APPROVAL', 'UPDATE_POLICY',
         'VERIFY_SIGNATURE', 'VERIFY_SIGNATURE_ANNOTATIONS'],
     );
@@ -73,6 +74,8 @@ describe('what comes from the table', () => {
     assert.match(checks.CLUSTER('staging prod') ?? '', /^CLUSTER names one context \(2 given; several clusters are CLUSTERS\)/);
     assert.equal(checks.CLUSTERS('staging prod'), undefined);
     assert.match(checks.ON_REGISTRY_AWAY('wait') ?? '', /^ON_REGISTRY_AWAY "wait" is not fail or keep/);
+    assert.match(checks.GIT_REPO('http://git.example/deploy.git') ?? '', /^GIT_REPO "http:\/\/git\.example\/deploy\.git" is not https:\/\//);
+    assert.match(checks.GIT_TOKEN('/nonexistent/token') ?? '', /^GIT_TOKEN: the token file "\/nonexistent\/token" cannot be read/);
     assert.equal(HOOK_SETTINGS.ON_REGISTRY_AWAY.parse(' KEEP '), 'keep');
     assert.equal(HOOK_SETTINGS.ON_REGISTRY_AWAY.parse(undefined), 'fail');
     assert.deepEqual(HOOK_SETTINGS.CLUSTERS.parse(' staging  prod staging '), ['staging', 'prod']);
