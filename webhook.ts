@@ -6558,7 +6558,7 @@ function pageShell(title: string, refreshSeconds: number | undefined, body: stri
 //    in an undeltified pack (writePack), and receive-pack updates the branch only if it still points at the head
 //    read (compare-and-set); its report-status is read, and a refusal carries the server's own message (a
 //    pre-receive hook's). The token is sent as HTTP basic auth and never appears in an error.
-//    Exports: fetchGitFile, gitAuthor, gitBranchName, gitCa, gitFieldPath, gitFilePath, GitError,
+//    Exports: fetchGitFile, gitAuthor, gitBranchName, gitCa, gitFieldPath, GitFile, gitFilePath, GitError,
 //    gitRepoUrl, GitSettings, gitSettings, gitToken, gitUsername, pushGitCommit.
 //    Tests: test/git.test.ts.
 // ================================================================================================
@@ -6661,7 +6661,10 @@ function gitRequest(
   if (o.body) headers['Content-Length'] = String(o.body.length);
   const tls = client === https ? clientTlsOptions(url.hostname, { extraCa: remote.ca }) : {};
   return new Promise((resolve, reject) => {
-    const req = client.request(url, { method: o.body ? 'POST' : 'GET', headers: { ...headers, ...o.headers }, ...tls });
+    // A connection of its own (agent: false): a kept-alive socket the server closed while a pack was being read
+    // would fail the next request with ECONNRESET, and a push is a handful of requests minutes apart at most.
+    const options = { method: o.body ? 'POST' : 'GET', headers: { ...headers, ...o.headers }, agent: false, ...tls };
+    const req = client.request(url, options);
     const fail = (why: string) => {
       req.destroy();
       reject(new GitError(`${remote.url.href} ${service.split('?')[0]}: ${why}`));
@@ -7052,6 +7055,8 @@ function commitTree(commit: GitObject | undefined, id: string): string {
 /** A file as read from the branch head: the head, the objects fetched (trees), the file's blob and its text. */
 export interface GitFile {
   head: string;
+  /** The head commit's message: the trailers of the push it carried, if webhook made it. */
+  headMessage: string;
   objects: Map<string, GitObject>;
   tree: string;
   path: string[];
@@ -7083,7 +7088,9 @@ export async function fetchGitFile(remote: GitRemote, branch: string, filePath: 
     file = readPack(fetchedPack(answer, blobWhat), blobWhat).get(blob);
   }
   if (!file || file.type !== 'blob') throw new GitError(`${filePath}: the blob ${blob} was not in the server's pack`);
-  return { head, objects, tree, path: parts, blob, content: file.data };
+  const commit = objects.get(head)!.data.toString('utf8');
+  const headMessage = commit.slice(commit.indexOf('\n\n') + 2);
+  return { head, headMessage, objects, tree, path: parts, blob, content: file.data };
 }
 
 /** A pack of whole objects (no deltas): the push's new blob, trees and commit. Pure. */
@@ -16835,24 +16842,46 @@ function commitMessage(push: Push, s: UpgradeSettings, before: string | undefine
 }
 
 /**
- * Fetches the file, edits it and pushes the commit, again on a moved branch: the commit's id, or undefined when
- * the file already names the image. Errors are UpgradeErrors scrubbed of the token.
+ * When the branch's head commit is webhook's for the same container, with a push newer than this one (another
+ * replica committed it meanwhile): why this push is superseded. Newest wins in Git as on the workload. Pure.
  */
-async function committedEdit(git: GitSettings, push: Push, s: UpgradeSettings, before: string | undefined) {
+function newerCommittedPush(file: GitFile, push: Push, container: string): string | undefined {
+  const t = push.target;
+  const trailer = (name: string) => new RegExp(`^${name}: (.+)$`, 'm').exec(file.headMessage)?.[1];
+  if (trailer('Webhook-Workload') !== `${t.namespace}/${t.kind}/${t.name}/${container}`) return undefined;
+  const pushedAt = Date.parse(trailer('Webhook-Pushed-At') ?? '');
+  if (!(pushedAt > push.pushedAtMs)) return undefined;
+  const image = trailer('Webhook-Image') ?? 'an image';
+  const when = new Date(pushedAt).toISOString();
+  return `superseded by the commit ${file.head.slice(0, 7)} of ${image}, pushed at ${when}, after this push`;
+}
+
+/**
+ * Fetches the file, edits it and pushes the commit, again on a moved branch: the commit's id, or that the file
+ * already names the image, or that a newer push is committed. Errors are UpgradeErrors scrubbed of the token.
+ */
+async function committedEdit(
+  git: GitSettings,
+  push: Push,
+  s: UpgradeSettings,
+  before: string | undefined,
+): Promise<{ commit: string } | { unchanged: true } | { superseded: string }> {
   const scrub = new Scrubber([git.remote.token]);
   for (let attempt = 1; ; attempt++) {
     try {
       const file = await fetchGitFile(git.remote, git.branch, git.path);
       if (file.content.length > MAX_GIT_FILE_BYTES)
         throw new UpgradeError(`${git.path}: ${file.content.length} bytes, more than ${MAX_GIT_FILE_BYTES}`);
+      const newer = newerCommittedPush(file, push, s.container);
+      if (newer !== undefined) return { superseded: newer };
       const text = new TextDecoder('utf-8', { fatal: false }).decode(file.content);
       const edit = { file: git.path, text, target: push.target, container: s.container, image: push.image };
       const next = editGitFile({ ...edit, field: git.field });
-      if (next === text) return undefined;
+      if (next === text) return { unchanged: true };
       const message = commitMessage(push, s, before);
       const whenSeconds = Math.floor(Date.now() / 1000);
       const commit = { message, author: git.author, whenSeconds };
-      return await pushGitCommit(git.remote, git.branch, file, Buffer.from(next), commit);
+      return { commit: await pushGitCommit(git.remote, git.branch, file, Buffer.from(next), commit) };
     } catch (e) {
       if (e instanceof GitError && e.kind === 'moved' && attempt < GIT_PUSH_ATTEMPTS) continue;
       const why = e instanceof GitError && e.kind === 'moved' ? ` (the branch kept moving: ${attempt} attempts)` : '';
@@ -16882,14 +16911,15 @@ export async function commitOut(
     return;
   }
   report.target = Object.assign(target, { uid: String(valueAt(workload, ['metadata', 'uid'])) });
-  const commit = await committedEdit(git, given.push, given.config, decision.before);
+  const done = await committedEdit(git, given.push, given.config, decision.before);
   const where = `${git.branch} of ${git.remote.url.href}`;
-  if (commit === undefined) {
+  if ('superseded' in done) return recordUnchanged(report, 'superseded', done.superseded, decision.before);
+  if ('unchanged' in done) {
     recordUnchanged(report, 'no-op', `${git.path} on ${where} already names ${given.push.image}`, decision.before);
     return;
   }
   recordDecision(report, { ...decision, followRecorded: false }, target.kind);
-  report.action = `committed ${commit.slice(0, 7)} to ${where}`;
+  report.action = `committed ${done.commit.slice(0, 7)} to ${where}`;
   const detail = 'committed to Git: the GitOps tool deploying the branch applies it';
   report.rollout = { state: 'not tracked', detail, pods: [] };
 }

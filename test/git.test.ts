@@ -226,6 +226,20 @@ describe('the smart-HTTP client against git http-backend', () => {
       git(bare, ['config', 'uploadpack.allowFilter', 'true']);
     }
   });
+  test('a tree 10,000 entries wide is read and rewritten', async () => {
+    const files: Record<string, string> = { 'apps/web.yaml': MANIFEST };
+    for (let i = 0; i < 10_000; i++) files[`wide/app-${i}.yaml`] = `n: ${i}\n`;
+    makeRepository(root, 'wide', files, 1);
+    const wide = remote({ url: new URL(`${server.base}/wide.git`) });
+    const file = await fetchGitFile(wide, 'main', 'wide/app-9999.yaml');
+    assert.equal(file.content.toString(), 'n: 9999\n');
+    const text = { message: 'edit\n', author: 'webhook <webhook@localhost>', whenSeconds: 1_700_000_000 };
+    await pushGitCommit(wide, 'main', file, Buffer.from('n: 10000\n'), text);
+    const bareWide = path.join(root, 'wide.git');
+    assert.equal(git(bareWide, ['show', 'main:wide/app-9999.yaml']), 'n: 10000\n');
+    assert.equal(git(bareWide, ['ls-tree', 'main:wide']).trim().split('\n').length, 10_000);
+    assert.equal(git(bareWide, ['fsck', '--strict']), '');
+  });
   test('a wrong token: the server\'s refusal, named, without the token', async () => {
     const e = await fetchGitFile(remote({ token: 'wrong-token-77' }), 'main', 'apps/web.yaml').catch((x) => x);
     assert.ok(e instanceof GitError);
@@ -294,20 +308,21 @@ describe('an applied push committed to Git through the executable', { skip: clus
   const noGit = makeTempDir('no-git-path-');
   let server: GitServer;
   let wh: Webhook;
+  let second: Webhook;
   let bare: string;
   const manifest = MANIFEST.replace(/reg\.example\/shop\/app:v1/, acrImage('v1')).replace('namespace: shop', `namespace: ${ns}`);
   const kustomization = `images:\n  - name: ${acrImage('v1').split(':v1')[0]}\n    newTag: v1 # by webhook\n`;
   const values = `image:\n  repository: ${acrImage('v1').split(':v1')[0]}\n  tag: v1\n`;
-  const push = (hook: string, tag: string) =>
-    wh.request(`/hooks/${hook}?${new URLSearchParams({ token: HOOK_TOKEN, ns, workload: 'deployment/web', container: 'app', repo_type: 'regionalregistry' })}`, {
-      method: 'POST', headers: { 'Content-Type': 'application/json' }, body: acrPayload(tag),
+  const push = (hook: string, tag: string, pushedAt = new Date(), replica = () => wh) =>
+    replica().request(`/hooks/${hook}?${new URLSearchParams({ token: HOOK_TOKEN, ns, workload: 'deployment/web', container: 'app', repo_type: 'regionalregistry' })}`, {
+      method: 'POST', headers: { 'Content-Type': 'application/json' }, body: acrPayload(tag, undefined, { pushed_at: pushedAt.toISOString() }),
     });
   const actionOf = (body: string) => /^action: +(.*)$/m.exec(body)?.[1];
   const runningImage = async () => containerImage(JSON.parse(await kubectl(['-n', ns, 'get', 'deployment/web', '-o', 'json'])), 'app');
 
   before(async () => {
     fs.writeFileSync(tokenFile, `${GIT_TOKEN}\n`);
-    bare = makeRepository(root, 'deploy', { 'apps/web.yaml': manifest, 'overlays/prod/kustomization.yaml': kustomization, 'chart/values.yaml': values });
+    bare = makeRepository(root, 'deploy', { 'apps/web.yaml': manifest, 'overlays/prod/kustomization.yaml': kustomization, 'chart/values.yaml': values, 'logo.yaml': 'GIF89a\0\0\x01' });
     server = await startGitServer(root, 'x-access-token', GIT_TOKEN);
     await kubectl(['create', 'namespace', ns]);
     await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(deployment('web', [{ name: 'app', image: acrImage('v1') }], { replicas: 1 })));
@@ -317,11 +332,15 @@ describe('an applied push committed to Git through the executable', { skip: clus
       upgradeHook('kustomize', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'overlays/prod/kustomization.yaml', GIT_TOKEN: tokenFile }),
       upgradeHook('helm', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'chart/values.yaml', GIT_FIELD: 'image.tag', GIT_TOKEN: tokenFile, GIT_AUTHOR: 'Deploy Bot <deploy@example.com>' }),
       upgradeHook('wrong', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'apps/web.yaml', GIT_TOKEN: 'not-the-token-3e9' }),
+      upgradeHook('binary', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'logo.yaml', GIT_TOKEN: tokenFile }),
+      upgradeHook('big', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'big.yaml', GIT_TOKEN: tokenFile }),
     ];
-    wh = await startWebhook({ hooks, env: { KUBECONFIG: cluster!.kubeconfigPath, PATH: noGit } });
+    const env = { KUBECONFIG: cluster!.kubeconfigPath, PATH: noGit };
+    [wh, second] = await Promise.all([startWebhook({ hooks, env }), startWebhook({ hooks, env })]);
   });
   after(async () => {
     await wh?.stop();
+    await second?.stop();
     await server?.close();
     await removeNamespace(kubectl, ns);
   });
@@ -400,5 +419,55 @@ describe('an applied push committed to Git through the executable', { skip: clus
       assert.doesNotMatch(text, /not-the-token-3e9/);
     }
   });
-});
 
+  test('newest wins in Git: an older push after a newer commit is superseded; two replicas at once lose no commit', async () => {
+    const now = Date.now();
+    const newer = await push('manifest', 'v21', new Date(now));
+    assert.match(actionOf(newer.body) ?? newer.body, /^committed /);
+    const head = git(bare, ['rev-parse', 'main']).trim();
+    const older = await push('manifest', 'v20', new Date(now - 60_000));
+    assert.equal(older.status, 200, older.body);
+    assert.match(actionOf(older.body) ?? older.body, new RegExp(`^none \\(superseded by the commit ${head.slice(0, 7)} of .*:v21, pushed at `));
+    assert.equal(git(bare, ['rev-parse', 'main']).trim(), head, 'nothing committed');
+    const before = Number(git(bare, ['rev-list', '--count', 'main']).trim());
+    const [a, b] = await Promise.all([push('manifest', 'v30', new Date(now + 1_000)), push('manifest', 'v31', new Date(now + 2_000), () => second)]);
+    assert.match(actionOf(b.body) ?? b.body, /^committed /, b.body);
+    assert.match(actionOf(a.body) ?? a.body, /^(committed |none \(superseded by the commit )/, a.body);
+    assert.match(git(bare, ['show', 'main:apps/web.yaml']), /:v31'/, 'the newest push is in the file');
+    const commits = Number(git(bare, ['rev-list', '--count', 'main']).trim()) - before;
+    assert.equal(commits, /^committed /.test(actionOf(a.body) ?? '') ? 2 : 1, 'every committed push is in the history');
+    assert.equal(git(bare, ['fsck', '--strict', '--no-dangling']), '');
+  });
+
+  test('bad input: a binary file, a 50 MB file, a server answering garbage: a clear error, nothing written', async () => {
+    const head = git(bare, ['rev-parse', 'main']).trim();
+    // Later than the pushes the tests before committed, so that none is superseded by them.
+    const later = new Date(Date.now() + 10_000);
+    const binary = await push('binary', 'v40', later);
+    assert.equal(binary.status, 500, binary.body);
+    assert.match(binary.body, /^result: +failed: Git write-back: logo\.yaml: a binary file, not YAML$/m);
+    const work = path.join(root, 'deploy-work');
+    git(work, ['pull', '-q', bare, 'main']);
+    fs.writeFileSync(path.join(work, 'big.yaml'), Buffer.alloc(50 * 1024 * 1024, 'a'));
+    git(work, ['add', 'big.yaml']);
+    git(work, ['commit', '-qm', 'a big file']);
+    git(work, ['push', '-q', bare, 'main']);
+    const bigHead = git(bare, ['rev-parse', 'main']).trim();
+    const big = await push('big', 'v41', later);
+    assert.equal(big.status, 500, big.body);
+    assert.match(big.body, /^result: +failed: Git write-back: .*fetch of big\.yaml: an object of 52428800 bytes is larger than 8388608$/m);
+    const peak = Number(/^VmHWM:\s+(\d+) kB$/m.exec(fs.readFileSync(`/proc/${wh.proc.pid}/status`, 'utf8'))![1]) * 1024;
+    assert.ok(peak < 300 * 1024 * 1024, `the service's peak memory stayed bounded (${Math.round(peak / 1048576)} MiB)`);
+    server.answer = (p, body) => (p.endsWith('/git-upload-pack') ? Buffer.from('HTTP/1.1 502 Bad Gateway') : body);
+    try {
+      const garbage = await push('manifest', 'v42', later);
+      assert.equal(garbage.status, 500, garbage.body);
+      assert.match(garbage.body, /^result: +failed: Git write-back: .*ls-refs: not the git protocol \("HTTP" at byte 0 is not a pkt-line length\)$/m);
+    } finally {
+      server.answer = undefined;
+    }
+    assert.notEqual(head, bigHead);
+    assert.equal(git(bare, ['rev-parse', 'main']).trim(), bigHead, 'nothing committed');
+    assert.equal(await runningImage(), acrImage('v1'), 'nothing patched');
+  });
+});
