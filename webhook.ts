@@ -91,8 +91,8 @@
 
 import { spawn, type ChildProcess } from 'node:child_process';
 import {
-  constants as cryptoConstants, createHash, createHmac, createPublicKey, hash, type KeyObject, randomBytes, randomUUID,
-  timingSafeEqual, verify as cryptoVerify, X509Certificate,
+  constants as cryptoConstants, createHash, createHmac, createPrivateKey, createPublicKey, hash, type KeyObject,
+  randomBytes, randomUUID, sign as cryptoSign, timingSafeEqual, verify as cryptoVerify, X509Certificate,
 } from 'node:crypto';
 import * as fs from 'node:fs';
 import * as fsp from 'node:fs/promises';
@@ -6559,7 +6559,7 @@ function pageShell(title: string, refreshSeconds: number | undefined, body: stri
 //    read (compare-and-set); its report-status is read, and a refusal carries the server's own message (a
 //    pre-receive hook's). The token is sent as HTTP basic auth and never appears in an error.
 //    Exports: fetchGitFile, gitAuthor, gitBranchName, gitCa, gitFieldPath, GitFile, gitFilePath, GitError,
-//    gitRepoUrl, GitSettings, gitSettings, gitToken, gitUsername, pushGitCommit.
+//    gitRepoUrl, GitSettings, gitSettings, gitToken, gitUsername, pushGitCommit, readSshSigningKey.
 //    Tests: test/git.test.ts.
 // ================================================================================================
 
@@ -7121,6 +7121,8 @@ export function writePack(objects: { type: GitObjectType; data: Buffer }[]): Buf
 /** What a commit says of itself: its message and who made it when. */
 interface GitCommitText {
   message: string;
+  /** GIT_SIGNING_KEY: the commit is signed as git's gpg.format=ssh signs it. */
+  signingKey?: SshSigningKey;
   /** `Name <email>` */
   author: string;
   whenSeconds: number;
@@ -7140,7 +7142,8 @@ export async function pushGitCommit(
   const blobId = gitObjectId('blob', content);
   const { root, trees } = replaceInTree(file.objects, file.tree, file.path, blobId);
   const who = `${text.author} ${text.whenSeconds} +0000`;
-  const commit = Buffer.from(`tree ${root}\nparent ${file.head}\nauthor ${who}\ncommitter ${who}\n\n${text.message}`);
+  const unsigned = Buffer.from(`tree ${root}\nparent ${file.head}\nauthor ${who}\ncommitter ${who}\n\n${text.message}`);
+  const commit = text.signingKey ? signedCommit(unsigned, text.signingKey) : unsigned;
   const commitId = gitObjectId('commit', commit);
   const pack = writePack([
     { type: 'commit', data: commit },
@@ -7196,6 +7199,106 @@ function reportStatus(body: Buffer, what: string): { lines: string[]; messages: 
   const lines = parsePktLines(Buffer.concat(data), what).filter((p) => typeof p !== 'string').map(pktText);
   return { lines, messages: messages.map((m) => m.slice(0, 500)).slice(0, 20) };
 }
+
+// ---- signed commits ---------------------------------------------------------------------------------
+
+/** An ed25519 key read from an unencrypted OpenSSH private key file, and its public key in SSH wire form. */
+interface SshSigningKey {
+  key: KeyObject;
+  publicBlob: Buffer;
+}
+
+/** An SSH wire `string`: its length (uint32) then its bytes. Pure. */
+function sshString(data: string | Buffer): Buffer {
+  const bytes = typeof data === 'string' ? Buffer.from(data) : data;
+  const length = Buffer.alloc(4);
+  length.writeUInt32BE(bytes.length);
+  return Buffer.concat([length, bytes]);
+}
+
+/**
+ * An unencrypted OpenSSH ed25519 private key (`ssh-keygen -t ed25519 -N ''`, PROTOCOL.key): PEM text, or the path
+ * of a file holding it. Errors name `where` and never show the key.
+ */
+export function readSshSigningKey(value: string | undefined, where = 'GIT_SIGNING_KEY'): SshSigningKey | undefined {
+  const text = value?.trim() ?? '';
+  if (text === '') return undefined;
+  let pem = text;
+  if (!text.includes('-----BEGIN')) {
+    try {
+      pem = fs.readFileSync(text, 'utf8');
+    } catch (e) {
+      throw new GitError(`${where}: the key file ${showValue(text)} cannot be read: ${(e as Error).message}`);
+    }
+  }
+  const body = /-----BEGIN OPENSSH PRIVATE KEY-----([\s\S]*?)-----END OPENSSH PRIVATE KEY-----/.exec(pem)?.[1];
+  if (body === undefined) throw new GitError(`${where}: not an OpenSSH private key (ssh-keygen -t ed25519)`);
+  const bytes = Buffer.from(body.replace(/\s+/g, ''), 'base64');
+  let at = 0;
+  const next = () => {
+    if (at + 4 > bytes.length) throw new GitError(`${where}: a malformed OpenSSH private key`);
+    const length = bytes.readUInt32BE(at);
+    if (at + 4 + length > bytes.length) throw new GitError(`${where}: a malformed OpenSSH private key`);
+    at += 4 + length;
+    return bytes.subarray(at - length, at);
+  };
+  const magic = 'openssh-key-v1\0';
+  if (bytes.toString('latin1', 0, magic.length) !== magic) throw new GitError(`${where}: not an OpenSSH private key`);
+  at = magic.length;
+  if (next().toString() !== 'none')
+    throw new GitError(`${where}: the key is encrypted (ssh-keygen -p -N '' removes it)`);
+  next();
+  next();
+  at += 4;
+  next();
+  const secret = next();
+  return sshEd25519Key(secret, where);
+}
+
+/** The private section of an OpenSSH key: two equal check numbers, then one ed25519 key. */
+function sshEd25519Key(secret: Buffer, where: string): SshSigningKey {
+  let at = 8;
+  const next = () => {
+    const length = secret.readUInt32BE(at);
+    at += 4 + length;
+    return secret.subarray(at - length, at);
+  };
+  try {
+    if (secret.readUInt32BE(0) !== secret.readUInt32BE(4)) throw new Error('check numbers differ');
+    const type = next().toString();
+    if (type !== 'ssh-ed25519') throw new GitError(`${where}: a ${type} key; only ssh-ed25519 signs commits here`);
+    const pub = next();
+    const seed = next().subarray(0, 32);
+    const jwk = { kty: 'OKP', crv: 'Ed25519', d: seed.toString('base64url'), x: pub.toString('base64url') };
+    const key = createPrivateKey({ key: jwk, format: 'jwk' });
+    return { key, publicBlob: Buffer.concat([sshString('ssh-ed25519'), sshString(pub)]) };
+  } catch (e) {
+    if (e instanceof GitError) throw e;
+    throw new GitError(`${where}: a malformed OpenSSH private key`);
+  }
+}
+
+/** An armored SSH signature (PROTOCOL.sshsig, namespace `git`, SHA-512) of `message`, as git's gpg.format=ssh. */
+function sshSignature(message: Buffer, k: SshSigningKey): string {
+  const digest = createHash('sha512').update(message).digest();
+  const fields = [sshString('git'), sshString(''), sshString('sha512')];
+  const signed = Buffer.concat([Buffer.from('SSHSIG'), ...fields, sshString(digest)]);
+  const signature = Buffer.concat([sshString('ssh-ed25519'), sshString(cryptoSign(null, signed, k.key))]);
+  const version = Buffer.from([0, 0, 0, 1]);
+  const key = sshString(k.publicBlob);
+  const blob = Buffer.concat([Buffer.from('SSHSIG'), version, key, ...fields, sshString(signature)]);
+  const lines = blob.toString('base64').match(/.{1,70}/g) ?? [];
+  return ['-----BEGIN SSH SIGNATURE-----', ...lines, '-----END SSH SIGNATURE-----'].join('\n');
+}
+
+/** A commit's bytes with its signature as the `gpgsig` header (after committer), as `git commit -S` writes. Pure. */
+function signedCommit(commit: Buffer, k: SshSigningKey): Buffer {
+  const text = commit.toString('utf8');
+  const end = text.indexOf('\n\n');
+  const header = `gpgsig ${sshSignature(commit, k).split('\n').join('\n ')}`;
+  return Buffer.from(`${text.slice(0, end)}\n${header}${text.slice(end)}`);
+}
+
 // ---- what a write-back is given ---------------------------------------------------------------------
 
 /** Where an applied push is committed: the repository, its branch, the file and field edited, the author. */
@@ -7208,6 +7311,8 @@ export interface GitSettings {
   field: string | undefined;
   /** `Name <email>`, the commits' author and committer. */
   author: string;
+  /** The key that signs each commit (SSH ed25519), or undefined: unsigned. */
+  signingKey?: SshSigningKey;
 }
 
 /** A repository's URL: https (http only for a loopback host), without credentials, query or fragment. */
@@ -14908,6 +15013,10 @@ export const HOOK_SETTINGS = {
     ...{ type: 'PEM or file path', fixed: true, parse: gitCa, validation: 'PEM text, or the path of a PEM file' },
     meaning: "The CA that signed GIT_REPO's certificate, added to the system's.",
   }),
+  GIT_SIGNING_KEY: setting({
+    ...{ type: 'PEM or file path', fixed: true, secret: true, parse: readSshSigningKey, default: 'unsigned' },
+    ...{ validation: 'an unencrypted OpenSSH ed25519 private key', meaning: 'Signs each commit (gpg.format=ssh).' },
+  }),
   GIT_AUTHOR: setting({
     ...{ type: 'Name <email>', default: 'webhook <webhook@localhost>', fixed: true, parse: gitAuthor },
     ...{ validation: 'Name <email>', meaning: "The commits' author and committer." },
@@ -15147,15 +15256,14 @@ function pushReadingOf(env: Record<string, string | undefined>, registryHost: st
 
 /** The hook's Git write-back, or undefined without GIT_REPO; GIT_PATH and GIT_TOKEN are then required. */
 function readGitSettings(env: Record<string, string | undefined>): GitSettings | undefined {
-  const read = HOOK_SETTINGS;
-  const url = read.GIT_REPO.parse(env.GIT_REPO);
+  type Parsed<N extends HookSettingName> = ReturnType<(typeof HOOK_SETTINGS)[N]['parse']>;
+  const read = <N extends HookSettingName>(n: N) => (HOOK_SETTINGS[n] as HookSetting<Parsed<N>>).parse(env[n]);
+  const url = read('GIT_REPO');
   if (url === undefined) return undefined;
-  const remote = { url, username: read.GIT_USERNAME.parse(env.GIT_USERNAME), ca: read.GIT_CA.parse(env.GIT_CA) };
-  const [path, token, field] = [read.GIT_PATH, read.GIT_TOKEN, read.GIT_FIELD].map((r, i) =>
-    r.parse([env.GIT_PATH, env.GIT_TOKEN, env.GIT_FIELD][i]),
-  );
-  const [branch, author] = [read.GIT_BRANCH.parse(env.GIT_BRANCH), read.GIT_AUTHOR.parse(env.GIT_AUTHOR)];
-  return gitSettings({ remote, token, branch, path, field, author });
+  const [path, token, field] = [read('GIT_PATH'), read('GIT_TOKEN'), read('GIT_FIELD')];
+  const remote = { url, username: read('GIT_USERNAME'), ca: read('GIT_CA') };
+  const [branch, author, signingKey] = [read('GIT_BRANCH'), read('GIT_AUTHOR'), read('GIT_SIGNING_KEY')];
+  return gitSettings({ remote, token, branch, path, field, author, signingKey });
 }
 
 /** The upgrade's settings, each read by its HOOK_SETTINGS entry, in the order their errors are reported. */
@@ -16880,7 +16988,7 @@ async function committedEdit(
       if (next === text) return { unchanged: true };
       const message = commitMessage(push, s, before);
       const whenSeconds = Math.floor(Date.now() / 1000);
-      const commit = { message, author: git.author, whenSeconds };
+      const commit = { message, author: git.author, whenSeconds, signingKey: git.signingKey };
       return { commit: await pushGitCommit(git.remote, git.branch, file, Buffer.from(next), commit) };
     } catch (e) {
       if (e instanceof GitError && e.kind === 'moved' && attempt < GIT_PUSH_ATTEMPTS) continue;

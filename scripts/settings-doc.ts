@@ -197,6 +197,9 @@ export const SETTING_DETAILS: Record<string, string> = {
   GIT_USERNAME: "Basic auth's user: `x-access-token` (GitHub app tokens; GitLab and Gitea accept it), `oauth2` for GitLab.",
   GIT_CA: "The CA that signed the Git server's certificate (PEM or a file), added to the system's.",
   GIT_AUTHOR: 'The author and committer of the commits, `Name <email>`.',
+  GIT_SIGNING_KEY:
+    'An unencrypted OpenSSH ed25519 private key (PEM text or a file) that signs each commit as `git commit -S` with ' +
+    '`gpg.format=ssh` does; `git verify-commit` accepts it with an allowed-signers file naming its public key.',
   NOTIFY_ON_SKIP:
     '`false`: a push the update policy skipped is not mailed or posted (it is still on the ' +
     'deliveries page and in the log). See [Skipped pushes](policies.md#skipped-pushes).',

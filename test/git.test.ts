@@ -16,7 +16,7 @@ import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import {
   editGitFile, fetchGitFile, gitObjectId, GitError, HOOK_SETTINGS, locatedYaml, parsePktLines, pktLine,
-  pushGitCommit, readPack, readTree, replaceInTree, writePack, type GitEdit, type GitFile, type GitRemote,
+  pushGitCommit, readPack, readSshSigningKey, readTree, replaceInTree, writePack, type GitEdit, type GitFile, type GitRemote,
 } from '../webhook.ts';
 import { git, makeRepository, startGitServer, type GitServer } from './git-server.ts';
 import { makeTempDir, startWebhook, type Webhook } from './harness.ts';
@@ -240,6 +240,25 @@ describe('the smart-HTTP client against git http-backend', () => {
     assert.equal(git(bareWide, ['ls-tree', 'main:wide']).trim().split('\n').length, 10_000);
     assert.equal(git(bareWide, ['fsck', '--strict']), '');
   });
+  test('a commit signed with GIT_SIGNING_KEY (SSH ed25519) is accepted by git verify-commit', async () => {
+    const key = path.join(root, 'signing');
+    execFileSync('ssh-keygen', ['-q', '-t', 'ed25519', '-N', '', '-C', 'webhook', '-f', key]);
+    const allowed = path.join(root, 'allowed_signers');
+    fs.writeFileSync(allowed, `webhook@localhost ${fs.readFileSync(`${key}.pub`, 'utf8')}`);
+    const signingKey = readSshSigningKey(key)!;
+    assert.deepEqual(readSshSigningKey(fs.readFileSync(key, 'utf8'))!.publicBlob, signingKey.publicBlob);
+    const file = await fetchGitFile(remote(), 'main', 'apps/web.yaml');
+    const text = { message: 'signed\n', author: 'webhook <webhook@localhost>', whenSeconds: 1_700_000_100, signingKey };
+    const id = await pushGitCommit(remote(), 'main', file, Buffer.from(edit({ image: 'reg.example/shop/app:v9' })), text);
+    const verified = execFileSync('git', ['-c', 'gpg.format=ssh', '-c', `gpg.ssh.allowedSignersFile=${allowed}`, 'verify-commit', '-v', id],
+      { cwd: bare, encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
+    assert.match(git(bare, ['cat-file', 'commit', id]), /^gpgsig -----BEGIN SSH SIGNATURE-----$/m);
+    assert.equal(typeof verified, 'string');
+    assert.equal(git(bare, ['fsck', '--strict']), '');
+    execFileSync('ssh-keygen', ['-q', '-t', 'ed25519', '-N', 'passphrase', '-f', `${key}-locked`]);
+    assert.throws(() => readSshSigningKey(`${key}-locked`), /^Error: GIT_SIGNING_KEY: the key is encrypted/);
+    assert.throws(() => readSshSigningKey('/nonexistent/key'), /GIT_SIGNING_KEY: the key file "\/nonexistent\/key" cannot be read/);
+  });
   test('a wrong token: the server\'s refusal, named, without the token', async () => {
     const e = await fetchGitFile(remote({ token: 'wrong-token-77' }), 'main', 'apps/web.yaml').catch((x) => x);
     assert.ok(e instanceof GitError);
@@ -265,6 +284,7 @@ describe('the smart-HTTP client against git http-backend', () => {
   });
   test('a 50 MB file at the path: refused by its size, memory bounded', async () => {
     const work = path.join(root, 'deploy-work');
+    git(work, ['pull', '-q', bare, 'main']);
     fs.writeFileSync(path.join(work, 'big.yaml'), Buffer.alloc(50 * 1024 * 1024, 'a'));
     git(work, ['add', 'big.yaml']);
     git(work, ['commit', '-qm', 'a big file']);
@@ -306,6 +326,7 @@ describe('an applied push committed to Git through the executable', { skip: clus
   const GIT_TOKEN = 'ghp-e2e-secret-5d0f2a7c';
   const tokenFile = path.join(root, 'git-token');
   const noGit = makeTempDir('no-git-path-');
+  const signingKey = path.join(root, 'signing-key');
   let server: GitServer;
   let wh: Webhook;
   let second: Webhook;
@@ -322,6 +343,7 @@ describe('an applied push committed to Git through the executable', { skip: clus
 
   before(async () => {
     fs.writeFileSync(tokenFile, `${GIT_TOKEN}\n`);
+    execFileSync('ssh-keygen', ['-q', '-t', 'ed25519', '-N', '', '-C', 'webhook', '-f', signingKey]);
     bare = makeRepository(root, 'deploy', { 'apps/web.yaml': manifest, 'overlays/prod/kustomization.yaml': kustomization, 'chart/values.yaml': values, 'logo.yaml': 'GIF89a\0\0\x01' });
     server = await startGitServer(root, 'x-access-token', GIT_TOKEN);
     await kubectl(['create', 'namespace', ns]);
@@ -334,6 +356,7 @@ describe('an applied push committed to Git through the executable', { skip: clus
       upgradeHook('wrong', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'apps/web.yaml', GIT_TOKEN: 'not-the-token-3e9' }),
       upgradeHook('binary', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'logo.yaml', GIT_TOKEN: tokenFile }),
       upgradeHook('big', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'big.yaml', GIT_TOKEN: tokenFile }),
+      upgradeHook('signed', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'apps/web.yaml', GIT_TOKEN: tokenFile, GIT_SIGNING_KEY: signingKey }),
     ];
     const env = { KUBECONFIG: cluster!.kubeconfigPath, PATH: noGit };
     [wh, second] = await Promise.all([startWebhook({ hooks, env }), startWebhook({ hooks, env })]);
@@ -364,6 +387,15 @@ describe('an applied push committed to Git through the executable', { skip: clus
     assert.match(message, /^Webhook-Asked-By: hook "manifest", request /m);
     assert.equal(await runningImage(), acrImage('v1'), 'the cluster is not patched');
     console.log(git(bare, ['show', '--stat', head]));
+  });
+  test('a signed commit (GIT_SIGNING_KEY): git verify-commit accepts it', async () => {
+    const res = await push('signed', 'v2s');
+    assert.match(actionOf(res.body) ?? res.body, /^committed [0-9a-f]{7} to main of /, res.body);
+    const allowed = path.join(root, 'allowed_signers');
+    fs.writeFileSync(allowed, `webhook@localhost ${fs.readFileSync(`${signingKey}.pub`, 'utf8')}`);
+    const out = execFileSync('git', ['-c', 'gpg.format=ssh', '-c', `gpg.ssh.allowedSignersFile=${allowed}`, 'verify-commit', 'main'],
+      { cwd: bare, encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
+    assert.equal(out, '');
   });
   test('a kustomization entry updated, a Helm values field set', async () => {
     const res = await push('kustomize', 'v3');
