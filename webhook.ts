@@ -6559,7 +6559,8 @@ function pageShell(title: string, refreshSeconds: number | undefined, body: stri
 //    read (compare-and-set); its report-status is read, and a refusal carries the server's own message (a
 //    pre-receive hook's). The token is sent as HTTP basic auth and never appears in an error.
 //    Exports: fetchGitFile, gitAuthor, gitBranchName, gitCa, gitFieldPath, GitFile, gitFilePath, GitError,
-//    gitRepoUrl, GitSettings, gitSettings, gitToken, gitUsername, pushGitCommit, readSshSigningKey.
+//    gitopsOwnerMode, gitRepoUrl, GitSettings, gitSettingsRead, gitToken, gitUsername, pushGitCommit,
+//    readSshSigningKey.
 //    Tests: test/git.test.ts.
 // ================================================================================================
 
@@ -7404,8 +7405,29 @@ export function gitAuthor(value: string | undefined): string {
   return author;
 }
 
+/** ON_GITOPS_OWNER: refuse (unset or blank) or patch, any case. */
+export function gitopsOwnerMode(value: string | undefined): 'refuse' | 'patch' {
+  const mode = (value?.trim() || 'refuse').toLowerCase();
+  if (mode === 'refuse' || mode === 'patch') return mode;
+  throw new GitError(`ON_GITOPS_OWNER ${showValue(value ?? '')} is not refuse or patch`);
+}
+
+/**
+ * A write-back's settings, each GIT_* setting read by `read` (its parse in the settings table, which gives what this
+ * chapter's parse functions give); undefined without GIT_REPO.
+ */
+export function gitSettingsRead(read: (name: string) => unknown): GitSettings | undefined {
+  const url = read('GIT_REPO') as URL | undefined;
+  if (url === undefined) return undefined;
+  const text = (name: string) => read(name) as string | undefined;
+  const remote = { url, username: text('GIT_USERNAME') ?? 'x-access-token', ca: text('GIT_CA') };
+  const signingKey = read('GIT_SIGNING_KEY') as SshSigningKey | undefined;
+  const [path, token, field, branch] = [text('GIT_PATH'), text('GIT_TOKEN'), text('GIT_FIELD'), text('GIT_BRANCH')];
+  return gitSettings({ remote, token, path, field, branch: branch ?? 'main', author: text('GIT_AUTHOR')!, signingKey });
+}
+
 /** A write-back's settings once each is read: the file and the token are required. */
-export function gitSettings(
+function gitSettings(
   s: Omit<GitSettings, 'path' | 'remote'> & {
     remote: Omit<GitRemote, 'token'>;
     token: string | undefined;
@@ -14983,8 +15005,7 @@ export const HOOK_SETTINGS = {
     parse: (value: string | undefined) => (value ? parseRecipients(value) : []),
   }),
   GIT_REPO: setting({
-    ...{ type: 'URL', default: 'unset: an applied push patches the workload', fixed: true, parse: gitRepoUrl },
-    validation: 'an https:// URL (http:// only for a loopback host), without credentials',
+    ...{ type: 'URL', default: 'unset: patched', fixed: true, parse: gitRepoUrl, validation: 'an https:// URL' },
     meaning: 'The Git repository a GitOps tool deploys from: an applied push is committed there instead of patched.',
   }),
   GIT_BRANCH: setting({
@@ -14992,8 +15013,7 @@ export const HOOK_SETTINGS = {
     ...{ validation: 'a branch name (git check-ref-format)', meaning: 'The branch GIT_REPO commits go to.' },
   }),
   GIT_PATH: setting({
-    ...{ type: 'path', fixed: true, parse: gitFilePath },
-    validation: "a path relative to the repository's root, without . or .. segments",
+    ...{ type: 'path', fixed: true, parse: gitFilePath, validation: "relative to the repository's root, no .." },
     meaning: 'The file edited: a kustomization.yaml, a Helm values file (GIT_FIELD) or a manifest of the workload.',
   }),
   GIT_FIELD: setting({
@@ -15001,9 +15021,13 @@ export const HOOK_SETTINGS = {
     meaning: "A Helm values file's tag field; a sibling repository (and registry) must name the pushed repository.",
   }),
   GIT_TOKEN: setting({
-    ...{ type: 'secret', fixed: true, secret: true, parse: gitToken },
-    validation: 'the token (from the environment through -template), or the path of a file holding it',
+    ...{ type: 'secret', fixed: true, secret: true, parse: gitToken, validation: 'the token, or a file holding it' },
     meaning: 'The token sent as the password of HTTP basic auth to GIT_REPO (contents: write on the repository).',
+  }),
+  ON_GITOPS_OWNER: setting({
+    ...{ type: 'refuse or patch', default: 'refuse', fixed: true, parse: gitopsOwnerMode },
+    validation: 'refuse or patch (any case)',
+    meaning: 'Without GIT_REPO, whether a workload Argo CD, Flux or Fleet deploys is patched (their sync undoes it).',
   }),
   GIT_USERNAME: setting({
     ...{ type: 'text', default: 'x-access-token', fixed: true, parse: gitUsername, validation: 'text without a colon' },
@@ -15200,8 +15224,9 @@ interface UpgradeSettings {
   approvalTimeoutMs: number;
   windows: DeployWindow[] | undefined;
   approvalOverride: boolean;
-  /** GIT_REPO and the rest: an applied push is committed to Git (commitOut) instead of patched. */
+  /** GIT_REPO and the rest: an applied push is committed to Git (commitOut); without, ON_GITOPS_OWNER. */
   git: GitSettings | undefined;
+  onGitopsOwner: 'refuse' | 'patch';
 }
 
 /**
@@ -15256,14 +15281,7 @@ function pushReadingOf(env: Record<string, string | undefined>, registryHost: st
 
 /** The hook's Git write-back, or undefined without GIT_REPO; GIT_PATH and GIT_TOKEN are then required. */
 function readGitSettings(env: Record<string, string | undefined>): GitSettings | undefined {
-  type Parsed<N extends HookSettingName> = ReturnType<(typeof HOOK_SETTINGS)[N]['parse']>;
-  const read = <N extends HookSettingName>(n: N) => (HOOK_SETTINGS[n] as HookSetting<Parsed<N>>).parse(env[n]);
-  const url = read('GIT_REPO');
-  if (url === undefined) return undefined;
-  const [path, token, field] = [read('GIT_PATH'), read('GIT_TOKEN'), read('GIT_FIELD')];
-  const remote = { url, username: read('GIT_USERNAME'), ca: read('GIT_CA') };
-  const [branch, author, signingKey] = [read('GIT_BRANCH'), read('GIT_AUTHOR'), read('GIT_SIGNING_KEY')];
-  return gitSettings({ remote, token, branch, path, field, author, signingKey });
+  return gitSettingsRead((name) => (HOOK_SETTINGS[name as HookSettingName] as HookSetting<unknown>).parse(env[name]));
 }
 
 /** The upgrade's settings, each read by its HOOK_SETTINGS entry, in the order their errors are reported. */
@@ -15310,6 +15328,7 @@ function readSettings(
     windows: read.DEPLOY_WINDOW.parse(env.DEPLOY_WINDOW),
     approvalOverride: read.APPROVAL_OVERRIDE.parse(env.APPROVAL_OVERRIDE),
     git: readGitSettings(env),
+    onGitopsOwner: read.ON_GITOPS_OWNER.parse(env.ON_GITOPS_OWNER),
   };
 }
 
@@ -16621,7 +16640,7 @@ export function recordDecision(report: UpgradeReport, d: Decision, kind: Workloa
 //    its message and trailers, and pushed with that head as the expected value. A branch that moved in between is
 //    fetched again and the edit made again on its new head, up to GIT_PUSH_ATTEMPTS times. Nothing is written to
 //    the cluster: the GitOps tool applies the commit.
-//    Exports: commitOut.
+//    Exports: commitOut, refuseGitopsOwned.
 //    Tests: test/git.test.ts.
 // ================================================================================================
 
@@ -17031,6 +17050,70 @@ export async function commitOut(
   const detail = 'committed to Git: the GitOps tool deploying the branch applies it';
   report.rollout = { state: 'not tracked', detail, pods: [] };
 }
+// ---- a workload a GitOps tool owns -------------------------------------------------------------------
+
+/** The labels, annotations and field managers by which each GitOps tool marks what it deploys. */
+const GITOPS_MARKS: { tool: string; labels: string[]; annotations: string[]; managers: RegExp }[] = [
+  {
+    tool: 'Argo CD',
+    labels: ['argocd.argoproj.io/instance'],
+    annotations: ['argocd.argoproj.io/tracking-id'],
+    managers: /^argocd-(controller|application-controller)$/,
+  },
+  {
+    tool: 'Flux',
+    labels: ['kustomize.toolkit.fluxcd.io/name', 'helm.toolkit.fluxcd.io/name'],
+    annotations: [],
+    managers: /^(kustomize-controller|helm-controller)$/,
+  },
+  { tool: 'Fleet', labels: ['objectset.rio.cattle.io/hash'], annotations: [], managers: /^fleet-agent/ },
+];
+
+/** Which GitOps tool deploys the workload, and by what mark: undefined when none does. Pure. */
+export function gitopsOwner(workload: K8sObject): string | undefined {
+  const labels = valueAt(workload, ['metadata', 'labels']);
+  const annotations = valueAt(workload, ['metadata', 'annotations']);
+  const fields = asArray(valueAt(workload, ['metadata', 'managedFields']));
+  const managers = fields.map((f) => String(valueAt(f, ['manager'])));
+  for (const mark of GITOPS_MARKS) {
+    const label = mark.labels.find((l) => isObject(labels) && l in labels);
+    if (label) return `${mark.tool} (label ${label})`;
+    const annotation = mark.annotations.find((a) => isObject(annotations) && a in annotations);
+    if (annotation) return `${mark.tool} (annotation ${annotation})`;
+    const manager = managers.find((m) => mark.managers.test(m));
+    if (manager) return `${mark.tool} (field manager ${manager})`;
+  }
+  return undefined;
+}
+
+/**
+ * Under ON_GITOPS_OWNER=refuse, a push whose decision would patch a workload a GitOps tool deploys is refused:
+ * the tool's next sync would undo the PATCH. The workload read is kept for the cluster executor (deps.known), so
+ * it costs no read of its own.
+ */
+export async function refuseGitopsOwned(
+  client: KubeClient,
+  given: PushToCarryOut,
+  report: UpgradeReport,
+  deps: UpgradeDeps,
+): Promise<void> {
+  const target = given.push.target;
+  const key = `${target.namespace}/${target.kind}/${target.name}`;
+  const workload = deps.known?.get(key) ?? (await readWorkload(client, target));
+  deps.known?.set(key, workload);
+  const owner = gitopsOwner(workload);
+  if (owner === undefined) return;
+  const now = (deps.now ?? (() => new Date()))().getTime();
+  const decision = decide({ ...given, workload, nowMs: now, entryId: randomUUID() });
+  if (decision.code !== 'applied' && decision.code !== 're-pulled') return;
+  report.refused = true;
+  report.imageBefore = decision.before;
+  throw new UpgradeError(
+    `${target.kind}/${target.name} is deployed by ${owner}: its next sync would undo a PATCH. Set GIT_REPO (with ` +
+      'GIT_PATH and GIT_TOKEN) to commit the image where it reads it, or ON_GITOPS_OWNER=patch to patch anyway',
+  );
+}
+
 // ================================================================================================
 // 35. the report — the answer of one push, one "label: value" per line, values aligned, always in this order, lines
 //    whose value is unknown left out: workload, container, image before, image after, action (image updated | rollout
@@ -18321,6 +18404,7 @@ async function applyUpgrade(
   const { target } = push;
   const given = { push, config: s, approvals: deps.approvals, followAfter: deps.followAfter };
   if (s.git) return commitOut(client, given, report, deps, s.git);
+  if (s.onGitopsOwner === 'refuse') await refuseGitopsOwned(client, given, report, deps);
   const updated = await carryOut(client, given, report, deps);
   if (!updated) return;
   target.generation = numberAt(updated, ['metadata', 'generation']);

@@ -197,6 +197,10 @@ export const SETTING_DETAILS: Record<string, string> = {
   GIT_USERNAME: "Basic auth's user: `x-access-token` (GitHub app tokens; GitLab and Gitea accept it), `oauth2` for GitLab.",
   GIT_CA: "The CA that signed the Git server's certificate (PEM or a file), added to the system's.",
   GIT_AUTHOR: 'The author and committer of the commits, `Name <email>`.',
+  ON_GITOPS_OWNER:
+    "Without `GIT_REPO`: `refuse` (the default) answers a push whose decision would patch a workload Argo CD, Flux " +
+    "or Fleet deploys (their labels, annotations and field managers) with a refusal naming the tool, since its next " +
+    'sync would undo the PATCH; `patch` patches it anyway. See [gitops.md](gitops.md).',
   GIT_SIGNING_KEY:
     'An unencrypted OpenSSH ed25519 private key (PEM text or a file) that signs each commit as `git commit -S` with ' +
     '`gpg.format=ssh` does; `git verify-commit` accepts it with an allowed-signers file naming its public key.',

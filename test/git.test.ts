@@ -15,7 +15,7 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import {
-  editGitFile, fetchGitFile, gitObjectId, GitError, HOOK_SETTINGS, locatedYaml, parsePktLines, pktLine,
+  editGitFile, fetchGitFile, gitObjectId, gitopsOwner, GitError, HOOK_SETTINGS, locatedYaml, parsePktLines, pktLine,
   pushGitCommit, readPack, readSshSigningKey, readTree, replaceInTree, writePack, type GitEdit, type GitFile, type GitRemote,
 } from '../webhook.ts';
 import { git, makeRepository, startGitServer, type GitServer } from './git-server.ts';
@@ -66,6 +66,21 @@ const changedLines = (before: string, after: string) => {
   const b = after.split('\n');
   return b.map((line, i) => [a[i], line]).filter(([x, y]) => x !== y);
 };
+
+describe('a workload a GitOps tool owns', () => {
+  test("Argo CD's, Flux's and Fleet's marks are recognised; Helm's own labels are not", () => {
+    const meta = (metadata: object) => ({ metadata });
+    assert.equal(gitopsOwner(meta({ annotations: { 'argocd.argoproj.io/tracking-id': 'web:apps/Deployment:shop/web' } })),
+      'Argo CD (annotation argocd.argoproj.io/tracking-id)');
+    assert.equal(gitopsOwner(meta({ managedFields: [{ manager: 'kubectl' }, { manager: 'argocd-controller' }] })), 'Argo CD (field manager argocd-controller)');
+    assert.equal(gitopsOwner(meta({ labels: { 'helm.toolkit.fluxcd.io/name': 'web' } })), 'Flux (label helm.toolkit.fluxcd.io/name)');
+    assert.equal(gitopsOwner(meta({ managedFields: [{ manager: 'kustomize-controller' }] })), 'Flux (field manager kustomize-controller)');
+    assert.equal(gitopsOwner(meta({ labels: { 'objectset.rio.cattle.io/hash': 'abc' } })), 'Fleet (label objectset.rio.cattle.io/hash)');
+    assert.equal(gitopsOwner(meta({ labels: { 'app.kubernetes.io/instance': 'web', 'app.kubernetes.io/managed-by': 'Helm' } })), undefined);
+    assert.equal(HOOK_SETTINGS.ON_GITOPS_OWNER.parse(undefined), 'refuse');
+    assert.throws(() => HOOK_SETTINGS.ON_GITOPS_OWNER.parse('ignore'), /ON_GITOPS_OWNER "ignore" is not refuse or patch/);
+  });
+});
 
 describe('pkt-lines', () => {
   test('a line, a flush, a delimiter; garbage and a cut line are errors naming the answer', () => {
@@ -334,8 +349,8 @@ describe('an applied push committed to Git through the executable', { skip: clus
   const manifest = MANIFEST.replace(/reg\.example\/shop\/app:v1/, acrImage('v1')).replace('namespace: shop', `namespace: ${ns}`);
   const kustomization = `images:\n  - name: ${acrImage('v1').split(':v1')[0]}\n    newTag: v1 # by webhook\n`;
   const values = `image:\n  repository: ${acrImage('v1').split(':v1')[0]}\n  tag: v1\n`;
-  const push = (hook: string, tag: string, pushedAt = new Date(), replica = () => wh) =>
-    replica().request(`/hooks/${hook}?${new URLSearchParams({ token: HOOK_TOKEN, ns, workload: 'deployment/web', container: 'app', repo_type: 'regionalregistry' })}`, {
+  const push = (hook: string, tag: string, pushedAt = new Date(), replica = () => wh, workload = 'deployment/web') =>
+    replica().request(`/hooks/${hook}?${new URLSearchParams({ token: HOOK_TOKEN, ns, workload, container: 'app', repo_type: 'regionalregistry' })}`, {
       method: 'POST', headers: { 'Content-Type': 'application/json' }, body: acrPayload(tag, undefined, { pushed_at: pushedAt.toISOString() }),
     });
   const actionOf = (body: string) => /^action: +(.*)$/m.exec(body)?.[1];
@@ -348,6 +363,11 @@ describe('an applied push committed to Git through the executable', { skip: clus
     server = await startGitServer(root, 'x-access-token', GIT_TOKEN);
     await kubectl(['create', 'namespace', ns]);
     await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(deployment('web', [{ name: 'app', image: acrImage('v1') }], { replicas: 1 })));
+    const flux = deployment('flux-web', [{ name: 'app', image: acrImage('v1') }], { replicas: 1 });
+    Object.assign(flux.metadata, { labels: { 'kustomize.toolkit.fluxcd.io/name': 'apps' } });
+    await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(flux));
+    const argo = deployment('argo-web', [{ name: 'app', image: acrImage('v1') }], { replicas: 1 });
+    await kubectl(['-n', ns, 'apply', '--server-side', '--field-manager=argocd-controller', '-f', '-'], JSON.stringify(argo));
     const repo = `${server.base}/deploy.git`;
     const hooks = [
       upgradeHook('manifest', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'apps/web.yaml', GIT_TOKEN: tokenFile }),
@@ -356,6 +376,8 @@ describe('an applied push committed to Git through the executable', { skip: clus
       upgradeHook('wrong', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'apps/web.yaml', GIT_TOKEN: 'not-the-token-3e9' }),
       upgradeHook('binary', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'logo.yaml', GIT_TOKEN: tokenFile }),
       upgradeHook('big', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'big.yaml', GIT_TOKEN: tokenFile }),
+      upgradeHook('cluster', HOOK_TOKEN),
+      upgradeHook('patch-anyway', HOOK_TOKEN, { ON_GITOPS_OWNER: 'patch' }),
       upgradeHook('signed', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'apps/web.yaml', GIT_TOKEN: tokenFile, GIT_SIGNING_KEY: signingKey }),
     ];
     const env = { KUBECONFIG: cluster!.kubeconfigPath, PATH: noGit };
@@ -501,5 +523,19 @@ describe('an applied push committed to Git through the executable', { skip: clus
     assert.notEqual(head, bigHead);
     assert.equal(git(bare, ['rev-parse', 'main']).trim(), bigHead, 'nothing committed');
     assert.equal(await runningImage(), acrImage('v1'), 'nothing patched');
+  });
+
+  test('without GIT_REPO, a workload Flux or Argo CD deploys is refused, naming the tool; ON_GITOPS_OWNER=patch patches it', async () => {
+    const later = new Date(Date.now() + 20_000);
+    const flux = await push('cluster', 'v50', later, () => wh, 'deployment/flux-web');
+    assert.equal(flux.status, 500, flux.body);
+    assert.match(flux.body, /^result: +failed: deployment\/flux-web is deployed by Flux \(label kustomize\.toolkit\.fluxcd\.io\/name\): its next sync would undo a PATCH\. Set GIT_REPO/m);
+    const argo = await push('cluster', 'v50', later, () => wh, 'deployment/argo-web');
+    assert.match(argo.body, /deployment\/argo-web is deployed by Argo CD \(field manager argocd-controller\)/);
+    const get = async (name: string) => containerImage(JSON.parse(await kubectl(['-n', ns, 'get', `deployment/${name}`, '-o', 'json'])), 'app');
+    assert.equal(await get('flux-web'), acrImage('v1'), 'nothing patched');
+    const patched = await push('patch-anyway', 'v51', later, () => wh, 'deployment/flux-web');
+    assert.equal(actionOf(patched.body), 'image updated', patched.body);
+    assert.equal(await get('flux-web'), acrImage('v51'));
   });
 });
