@@ -17052,36 +17052,26 @@ export async function commitOut(
 }
 // ---- a workload a GitOps tool owns -------------------------------------------------------------------
 
-/** The labels, annotations and field managers by which each GitOps tool marks what it deploys. */
-const GITOPS_MARKS: { tool: string; labels: string[]; annotations: string[]; managers: RegExp }[] = [
-  {
-    tool: 'Argo CD',
-    labels: ['argocd.argoproj.io/instance'],
-    annotations: ['argocd.argoproj.io/tracking-id'],
-    managers: /^argocd-(controller|application-controller)$/,
-  },
-  {
-    tool: 'Flux',
-    labels: ['kustomize.toolkit.fluxcd.io/name', 'helm.toolkit.fluxcd.io/name'],
-    annotations: [],
-    managers: /^(kustomize-controller|helm-controller)$/,
-  },
-  { tool: 'Fleet', labels: ['objectset.rio.cattle.io/hash'], annotations: [], managers: /^fleet-agent/ },
+/**
+ * The labels and annotations by which each GitOps tool marks what it deploys. Not its field managers: a copy of
+ * the workload (KnownWorkloads) is kept without managedFields, and a push must be judged alike on a copy and on a
+ * read.
+ */
+const GITOPS_MARKS: { tool: string; labels: string[]; annotations: string[] }[] = [
+  { tool: 'Argo CD', labels: ['argocd.argoproj.io/instance'], annotations: ['argocd.argoproj.io/tracking-id'] },
+  { tool: 'Flux', labels: ['kustomize.toolkit.fluxcd.io/name', 'helm.toolkit.fluxcd.io/name'], annotations: [] },
+  { tool: 'Fleet', labels: ['objectset.rio.cattle.io/hash'], annotations: [] },
 ];
 
 /** Which GitOps tool deploys the workload, and by what mark: undefined when none does. Pure. */
 export function gitopsOwner(workload: K8sObject): string | undefined {
   const labels = valueAt(workload, ['metadata', 'labels']);
   const annotations = valueAt(workload, ['metadata', 'annotations']);
-  const fields = asArray(valueAt(workload, ['metadata', 'managedFields']));
-  const managers = fields.map((f) => String(valueAt(f, ['manager'])));
   for (const mark of GITOPS_MARKS) {
     const label = mark.labels.find((l) => isObject(labels) && l in labels);
     if (label) return `${mark.tool} (label ${label})`;
     const annotation = mark.annotations.find((a) => isObject(annotations) && a in annotations);
     if (annotation) return `${mark.tool} (annotation ${annotation})`;
-    const manager = managers.find((m) => mark.managers.test(m));
-    if (manager) return `${mark.tool} (field manager ${manager})`;
   }
   return undefined;
 }

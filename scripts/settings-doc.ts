@@ -199,7 +199,7 @@ export const SETTING_DETAILS: Record<string, string> = {
   GIT_AUTHOR: 'The author and committer of the commits, `Name <email>`.',
   ON_GITOPS_OWNER:
     "Without `GIT_REPO`: `refuse` (the default) answers a push whose decision would patch a workload Argo CD, Flux " +
-    "or Fleet deploys (their labels, annotations and field managers) with a refusal naming the tool, since its next " +
+    "or Fleet deploys (their labels and annotations) with a refusal naming the tool, since its next " +
     'sync would undo the PATCH; `patch` patches it anyway. See [gitops.md](gitops.md).',
   GIT_SIGNING_KEY:
     'An unencrypted OpenSSH ed25519 private key (PEM text or a file) that signs each commit as `git commit -S` with ' +

@@ -68,13 +68,12 @@ const changedLines = (before: string, after: string) => {
 };
 
 describe('a workload a GitOps tool owns', () => {
-  test("Argo CD's, Flux's and Fleet's marks are recognised; Helm's own labels are not", () => {
+  test("Argo CD's, Flux's and Fleet's labels and annotations are recognised; Helm's own labels are not", () => {
     const meta = (metadata: object) => ({ metadata });
     assert.equal(gitopsOwner(meta({ annotations: { 'argocd.argoproj.io/tracking-id': 'web:apps/Deployment:shop/web' } })),
       'Argo CD (annotation argocd.argoproj.io/tracking-id)');
-    assert.equal(gitopsOwner(meta({ managedFields: [{ manager: 'kubectl' }, { manager: 'argocd-controller' }] })), 'Argo CD (field manager argocd-controller)');
     assert.equal(gitopsOwner(meta({ labels: { 'helm.toolkit.fluxcd.io/name': 'web' } })), 'Flux (label helm.toolkit.fluxcd.io/name)');
-    assert.equal(gitopsOwner(meta({ managedFields: [{ manager: 'kustomize-controller' }] })), 'Flux (field manager kustomize-controller)');
+    assert.equal(gitopsOwner(meta({ managedFields: [{ manager: 'kustomize-controller' }] })), undefined, 'a copy has no managedFields');
     assert.equal(gitopsOwner(meta({ labels: { 'objectset.rio.cattle.io/hash': 'abc' } })), 'Fleet (label objectset.rio.cattle.io/hash)');
     assert.equal(gitopsOwner(meta({ labels: { 'app.kubernetes.io/instance': 'web', 'app.kubernetes.io/managed-by': 'Helm' } })), undefined);
     assert.equal(HOOK_SETTINGS.ON_GITOPS_OWNER.parse(undefined), 'refuse');
@@ -367,7 +366,8 @@ describe('an applied push committed to Git through the executable', { skip: clus
     Object.assign(flux.metadata, { labels: { 'kustomize.toolkit.fluxcd.io/name': 'apps' } });
     await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(flux));
     const argo = deployment('argo-web', [{ name: 'app', image: acrImage('v1') }], { replicas: 1 });
-    await kubectl(['-n', ns, 'apply', '--server-side', '--field-manager=argocd-controller', '-f', '-'], JSON.stringify(argo));
+    Object.assign(argo.metadata, { annotations: { 'argocd.argoproj.io/tracking-id': 'web:apps/Deployment:shop/argo-web' } });
+    await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(argo));
     const repo = `${server.base}/deploy.git`;
     const hooks = [
       upgradeHook('manifest', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'apps/web.yaml', GIT_TOKEN: tokenFile }),
@@ -531,7 +531,9 @@ describe('an applied push committed to Git through the executable', { skip: clus
     assert.equal(flux.status, 500, flux.body);
     assert.match(flux.body, /^result: +failed: deployment\/flux-web is deployed by Flux \(label kustomize\.toolkit\.fluxcd\.io\/name\): its next sync would undo a PATCH\. Set GIT_REPO/m);
     const argo = await push('cluster', 'v50', later, () => wh, 'deployment/argo-web');
-    assert.match(argo.body, /deployment\/argo-web is deployed by Argo CD \(field manager argocd-controller\)/);
+    assert.match(argo.body, /deployment\/argo-web is deployed by Argo CD \(annotation argocd\.argoproj\.io\/tracking-id\)/);
+    const again = await push('cluster', 'v52', later, () => wh, 'deployment/argo-web');
+    assert.match(again.body, /is deployed by Argo CD/, 'refused again, on the copy the service keeps');
     const get = async (name: string) => containerImage(JSON.parse(await kubectl(['-n', ns, 'get', `deployment/${name}`, '-o', 'json'])), 'app');
     assert.equal(await get('flux-web'), acrImage('v1'), 'nothing patched');
     const patched = await push('patch-anyway', 'v51', later, () => wh, 'deployment/flux-web');
