@@ -17038,7 +17038,11 @@ export async function commitOut(
     return;
   }
   report.target = Object.assign(target, { uid: String(valueAt(workload, ['metadata', 'uid'])) });
-  const done = await committedEdit(git, given.push, given.config, decision.before);
+  // One commit at a time per branch in this process: pushes racing each other for it would only move it under each
+  // other's compare-and-set. Other replicas and automations still may, which a moved branch's retry absorbs.
+  const commit = () => committedEdit(git, given.push, given.config, decision.before);
+  const branch = `git ${git.remote.url.href}#${git.branch}`;
+  const done = await (deps.queue ? deps.queue.run(branch, commit) : commit());
   const where = `${git.branch} of ${git.remote.url.href}`;
   if ('superseded' in done) return recordUnchanged(report, 'superseded', done.superseded, decision.before);
   if ('unchanged' in done) {
