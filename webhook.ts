@@ -9,14 +9,14 @@
  * mailed when the hook passes MAIL_TO.
  *
  * Chapters, in order. Part I holds the libraries the program needs and has no dependency for; they use
- * nothing of the service. Part II is the service, in the order a push travels: main (47) opens the
- * listeners (22) with the http server's handler (21), which uses the request, rule and hook chapters
- * above it and hands the command to the runner (20), whose in-process command is the upgrade (23-40): the
- * model (23) names its vocabulary, a boundary builds the push, the decision (32) decides it, an executor carries it
- * out (33 on the cluster, 34 as a commit to Git). After the answer the result travels on in order too: the approvals
- * (41) learn of waiting pushes and decide them, the rollout follower (40) follows the rollout and
- * hands each step to the result (42), which records it and, once final, sends it to the mail (43) and
- * the chat and JSON receivers (44); the deliveries page (45) renders the records. No chapter uses a name a later one
+ * nothing of the service. Part II is the service, in the order a push travels: main (48) opens the
+ * listeners (23) with the http server's handler (22), which uses the request, rule and hook chapters
+ * above it and hands the command to the runner (21), whose in-process command is the upgrade (24-41): the
+ * model (24) names its vocabulary, a boundary builds the push, the decision (33) decides it, an executor carries it
+ * out (34 on the cluster, 35 as a commit to Git). After the answer the result travels on in order too: the approvals
+ * (42) learn of waiting pushes and decide them, the rollout follower (41) follows the rollout and
+ * hands each step to the result (43), which records it and, once final, sends it to the mail (44) and
+ * the chat and JSON receivers (45); the deliveries page (46) renders the records. No chapter uses a name a later one
  * defines; where an earlier chapter hands work on, it declares the small interface it needs
  * (InProcessCommand, CommandListener, AdminPages, ApprovalPages, ResultListener, ResultChannel, HookSettingChecks)
  * and main() wires the later chapter in.
@@ -34,42 +34,43 @@
  *  10. kubeconfig ................. contextCredentials, credentialsFromEnvironment, readKubeconfig
  *  11. oci registry client ........ RegistryLogin, resolveManifestTag, readCosignSignatures, verifyCosignSignatures
  *  12. html ....................... cell, escapeHtml, pageShell, shownTime
- *  13. git smart http ............. fetchGitFile, GitRemote, pushGitCommit, readPack
+ *  13. ssh signatures ............. readSshSigningKey, sshSignature, SshSigningKey
+ *  14. git smart http ............. fetchGitFile, GitRemote, pushGitCommit, readPack
  * Part II — the service
- *  14. command line & settings .... LIMITS, Options, parseCommandLine, parseGoBool
- *  15. logging & metrics .......... escapeControls, Logger, Metrics
- *  16. hook files ................. CompileSinks, ConfigError, FieldReader, Fields
- *  17. requests ................... applyJsonParameters, compileParam, firstValues, headersFromRaw
- *  18. trigger rules .............. compileRule, evaluateRule, evaluateRuleBeforeBody, Match
- *  19. hooks & reload ............. Hook, HookSettingChecks, HookStore, LoadSettings
- *  20. commands ................... CommandResult, CommandRunner, decodeBase64Strict, InProcessCommand
- *  21. http server ................ AdminPages, allowedMethods, answerClientError, CommandListener
- *  22. listeners .................. openListener, openAdminListener, tlsOptions
- *  23. the model .................. DECISIONS, ANNOTATIONS, PENDING_ANNOTATION
- *  24. registry payloads .......... parsePushPayload, parsePushHeaders, PayloadFields, PushEvent
- *  25. cloud registry payloads .... REGISTRIES, REPO_TYPES, registryFor, recognisedRepoType
- *  26. image reference & pin ...... checkImagePin, chooseCandidate, composeImageRef, readImagePin
- *  27. change windows & approvals  nextOpening, parseDeployWindows, PendingEntry, approvalLinks
- *  28. workloads .................. WORKLOAD_KINDS, parseWorkload, locateContainer, rolloutStatus
- *  29. update policies ............ parsePolicy, policyDecision, UpdatePolicy
- *  30. hook settings .............. HOOK_SETTINGS, fixedSettingChecks
- *  31. upgrade decision ........... decidePush, holdDecision, pushEvent, readPushRecords, verifiedRef
- *  32. the decision ............... decide, Decision, DecisionInput, waitingAction
- *  33. the cluster executor ....... carryOut, recordDecision
- *  34. the git executor ........... commitOut, editGitFile, locatedYaml
- *  35. the report ................. formatForcedRollback, formatReport, formatRollback, formatRollout
- *  36. rollout follow ............. claimFollow, followRollout, resumedReport, rolloutEvent
- *  37. rollback ................... rollBackFailedRollout
- *  38. least privilege ............ formatRbac, hookReach, HookReach, upgradeInput
- *  39. the upgrade ................ runUpgrade, runDecidedPush, upgradeResult
- *  40. the upgrade service ........ UpgradeService, RolloutFollower, hookClusters
- *  41. approvals .................. approvalHooksProblem, ApprovalService, WaitingPush
- *  42. the result ................. DeliveryLog, ResultDispatcher, pushResult, ResultChannel
- *  43. mail ....................... Mailer, parseMailConfig
- *  44. chat & json notifications .. Notifier, NOTIFY_FORMATS, resultDocument
- *  45. deliveries page ............ deliveryPages
- *  46. -validate & -print-rbac .... hookLoadSettings, validate
- *  47. main ....................... main
+ *  15. command line & settings .... LIMITS, Options, parseCommandLine, parseGoBool
+ *  16. logging & metrics .......... escapeControls, Logger, Metrics
+ *  17. hook files ................. CompileSinks, ConfigError, FieldReader, Fields
+ *  18. requests ................... applyJsonParameters, compileParam, firstValues, headersFromRaw
+ *  19. trigger rules .............. compileRule, evaluateRule, evaluateRuleBeforeBody, Match
+ *  20. hooks & reload ............. Hook, HookSettingChecks, HookStore, LoadSettings
+ *  21. commands ................... CommandResult, CommandRunner, decodeBase64Strict, InProcessCommand
+ *  22. http server ................ AdminPages, allowedMethods, answerClientError, CommandListener
+ *  23. listeners .................. openListener, openAdminListener, tlsOptions
+ *  24. the model .................. DECISIONS, ANNOTATIONS, PENDING_ANNOTATION
+ *  25. registry payloads .......... parsePushPayload, parsePushHeaders, PayloadFields, PushEvent
+ *  26. cloud registry payloads .... REGISTRIES, REPO_TYPES, registryFor, recognisedRepoType
+ *  27. image reference & pin ...... checkImagePin, chooseCandidate, composeImageRef, readImagePin
+ *  28. change windows & approvals  nextOpening, parseDeployWindows, PendingEntry, approvalLinks
+ *  29. workloads .................. WORKLOAD_KINDS, parseWorkload, locateContainer, rolloutStatus
+ *  30. update policies ............ parsePolicy, policyDecision, UpdatePolicy
+ *  31. hook settings .............. HOOK_SETTINGS, fixedSettingChecks
+ *  32. upgrade decision ........... decidePush, holdDecision, pushEvent, readPushRecords, verifiedRef
+ *  33. the decision ............... decide, Decision, DecisionInput, waitingAction
+ *  34. the cluster executor ....... carryOut, recordDecision
+ *  35. the git executor ........... commitOut, editGitFile, locatedYaml
+ *  36. the report ................. formatForcedRollback, formatReport, formatRollback, formatRollout
+ *  37. rollout follow ............. claimFollow, followRollout, resumedReport, rolloutEvent
+ *  38. rollback ................... rollBackFailedRollout
+ *  39. least privilege ............ formatRbac, hookReach, HookReach, upgradeInput
+ *  40. the upgrade ................ runUpgrade, runDecidedPush, upgradeResult
+ *  41. the upgrade service ........ UpgradeService, RolloutFollower, hookClusters
+ *  42. approvals .................. approvalHooksProblem, ApprovalService, WaitingPush
+ *  43. the result ................. DeliveryLog, ResultDispatcher, pushResult, ResultChannel
+ *  44. mail ....................... Mailer, parseMailConfig
+ *  45. chat & json notifications .. Notifier, NOTIFY_FORMATS, resultDocument
+ *  46. deliveries page ............ deliveryPages
+ *  47. -validate & -print-rbac .... hookLoadSettings, validate
+ *  48. main ....................... main
  *
  * Each banner's "Exports" lists the names later chapters use and "Tests" the test files that cover it
  * (test/structure.test.ts checks both).
@@ -6548,7 +6549,108 @@ function pageShell(title: string, refreshSeconds: number | undefined, body: stri
 
 
 // ================================================================================================
-// 13. git smart http — writing to a Git repository with no git program and no clone on disk: git's smart HTTP
+// 13. ssh signatures — what signs a commit as git does with gpg.format=ssh: an ed25519 key read from an unencrypted
+//    OpenSSH private key file (PROTOCOL.key; the key never appears in an error), and an armored SSH signature of a
+//    message (PROTOCOL.sshsig, namespace `git`, SHA-512) that `git verify-commit` and `ssh-keygen -Y verify` accept.
+//    Exports: readSshSigningKey, sshSignature, SshSigningKey.
+//    Tests: test/git.test.ts.
+// ================================================================================================
+
+/** A key that cannot be read or used; its message names the setting and never shows the key. */
+class SshKeyError extends Error {}
+
+/** An ed25519 key read from an unencrypted OpenSSH private key file, and its public key in SSH wire form. */
+export interface SshSigningKey {
+  key: KeyObject;
+  publicBlob: Buffer;
+}
+
+/** An SSH wire `string`: its length (uint32) then its bytes. Pure. */
+function sshString(data: string | Buffer): Buffer {
+  const bytes = typeof data === 'string' ? Buffer.from(data) : data;
+  const length = Buffer.alloc(4);
+  length.writeUInt32BE(bytes.length);
+  return Buffer.concat([length, bytes]);
+}
+
+/**
+ * An unencrypted OpenSSH ed25519 private key (`ssh-keygen -t ed25519 -N ''`, PROTOCOL.key): PEM text, or the path
+ * of a file holding it. Errors name `where` and never show the key.
+ */
+export function readSshSigningKey(value: string | undefined, where = 'GIT_SIGNING_KEY'): SshSigningKey | undefined {
+  const text = value?.trim() ?? '';
+  if (text === '') return undefined;
+  let pem = text;
+  if (!text.includes('-----BEGIN')) {
+    try {
+      pem = fs.readFileSync(text, 'utf8');
+    } catch (e) {
+      throw new SshKeyError(`${where}: the key file ${showValue(text)} cannot be read: ${(e as Error).message}`);
+    }
+  }
+  const body = /-----BEGIN OPENSSH PRIVATE KEY-----([\s\S]*?)-----END OPENSSH PRIVATE KEY-----/.exec(pem)?.[1];
+  if (body === undefined) throw new SshKeyError(`${where}: not an OpenSSH private key (ssh-keygen -t ed25519)`);
+  const bytes = Buffer.from(body.replace(/\s+/g, ''), 'base64');
+  let at = 0;
+  const next = () => {
+    if (at + 4 > bytes.length) throw new SshKeyError(`${where}: a malformed OpenSSH private key`);
+    const length = bytes.readUInt32BE(at);
+    if (at + 4 + length > bytes.length) throw new SshKeyError(`${where}: a malformed OpenSSH private key`);
+    at += 4 + length;
+    return bytes.subarray(at - length, at);
+  };
+  const magic = 'openssh-key-v1\0';
+  if (bytes.toString('latin1', 0, magic.length) !== magic)
+    throw new SshKeyError(`${where}: not an OpenSSH private key`);
+  at = magic.length;
+  if (next().toString() !== 'none')
+    throw new SshKeyError(`${where}: the key is encrypted (ssh-keygen -p -N '' removes it)`);
+  next();
+  next();
+  at += 4;
+  next();
+  const secret = next();
+  return sshEd25519Key(secret, where);
+}
+
+/** The private section of an OpenSSH key: two equal check numbers, then one ed25519 key. */
+function sshEd25519Key(secret: Buffer, where: string): SshSigningKey {
+  let at = 8;
+  const next = () => {
+    const length = secret.readUInt32BE(at);
+    at += 4 + length;
+    return secret.subarray(at - length, at);
+  };
+  try {
+    if (secret.readUInt32BE(0) !== secret.readUInt32BE(4)) throw new Error('check numbers differ');
+    const type = next().toString();
+    if (type !== 'ssh-ed25519') throw new SshKeyError(`${where}: a ${type} key; only ssh-ed25519 signs commits here`);
+    const pub = next();
+    const seed = next().subarray(0, 32);
+    const jwk = { kty: 'OKP', crv: 'Ed25519', d: seed.toString('base64url'), x: pub.toString('base64url') };
+    const key = createPrivateKey({ key: jwk, format: 'jwk' });
+    return { key, publicBlob: Buffer.concat([sshString('ssh-ed25519'), sshString(pub)]) };
+  } catch (e) {
+    if (e instanceof SshKeyError) throw e;
+    throw new SshKeyError(`${where}: a malformed OpenSSH private key`);
+  }
+}
+
+/** An armored SSH signature (PROTOCOL.sshsig, namespace `git`, SHA-512) of `message`, as git's gpg.format=ssh. */
+export function sshSignature(message: Buffer, k: SshSigningKey): string {
+  const digest = createHash('sha512').update(message).digest();
+  const fields = [sshString('git'), sshString(''), sshString('sha512')];
+  const signed = Buffer.concat([Buffer.from('SSHSIG'), ...fields, sshString(digest)]);
+  const signature = Buffer.concat([sshString('ssh-ed25519'), sshString(cryptoSign(null, signed, k.key))]);
+  const version = Buffer.from([0, 0, 0, 1]);
+  const key = sshString(k.publicBlob);
+  const blob = Buffer.concat([Buffer.from('SSHSIG'), version, key, ...fields, sshString(signature)]);
+  const lines = blob.toString('base64').match(/.{1,70}/g) ?? [];
+  return ['-----BEGIN SSH SIGNATURE-----', ...lines, '-----END SSH SIGNATURE-----'].join('\n');
+}
+
+// ================================================================================================
+// 14. git smart http — writing to a Git repository with no git program and no clone on disk: git's smart HTTP
 //    protocol (gitprotocol-http, gitprotocol-v2, gitprotocol-pack) on node:https, node:zlib and node:crypto. A
 //    session discovers the branch head (ls-refs), fetches the head commit shallow (depth 1) with its trees and,
 //    where the server allows filters, without the blobs (filter blob:none), then fetches the one blob the edit
@@ -6559,8 +6661,7 @@ function pageShell(title: string, refreshSeconds: number | undefined, body: stri
 //    read (compare-and-set); its report-status is read, and a refusal carries the server's own message (a
 //    pre-receive hook's). The token is sent as HTTP basic auth and never appears in an error.
 //    Exports: fetchGitFile, gitAuthor, gitBranchName, gitCa, gitFieldPath, GitFile, gitFilePath, GitError,
-//    gitopsOwnerMode, gitRepoUrl, GitSettings, gitSettingsRead, gitToken, gitUsername, pushGitCommit,
-//    readSshSigningKey.
+//    gitopsOwnerMode, gitRepoUrl, GitSettings, gitSettingsRead, gitToken, gitUsername, pushGitCommit.
 //    Tests: test/git.test.ts.
 // ================================================================================================
 
@@ -7201,97 +7302,6 @@ function reportStatus(body: Buffer, what: string): { lines: string[]; messages: 
   return { lines, messages: messages.map((m) => m.slice(0, 500)).slice(0, 20) };
 }
 
-// ---- signed commits ---------------------------------------------------------------------------------
-
-/** An ed25519 key read from an unencrypted OpenSSH private key file, and its public key in SSH wire form. */
-interface SshSigningKey {
-  key: KeyObject;
-  publicBlob: Buffer;
-}
-
-/** An SSH wire `string`: its length (uint32) then its bytes. Pure. */
-function sshString(data: string | Buffer): Buffer {
-  const bytes = typeof data === 'string' ? Buffer.from(data) : data;
-  const length = Buffer.alloc(4);
-  length.writeUInt32BE(bytes.length);
-  return Buffer.concat([length, bytes]);
-}
-
-/**
- * An unencrypted OpenSSH ed25519 private key (`ssh-keygen -t ed25519 -N ''`, PROTOCOL.key): PEM text, or the path
- * of a file holding it. Errors name `where` and never show the key.
- */
-export function readSshSigningKey(value: string | undefined, where = 'GIT_SIGNING_KEY'): SshSigningKey | undefined {
-  const text = value?.trim() ?? '';
-  if (text === '') return undefined;
-  let pem = text;
-  if (!text.includes('-----BEGIN')) {
-    try {
-      pem = fs.readFileSync(text, 'utf8');
-    } catch (e) {
-      throw new GitError(`${where}: the key file ${showValue(text)} cannot be read: ${(e as Error).message}`);
-    }
-  }
-  const body = /-----BEGIN OPENSSH PRIVATE KEY-----([\s\S]*?)-----END OPENSSH PRIVATE KEY-----/.exec(pem)?.[1];
-  if (body === undefined) throw new GitError(`${where}: not an OpenSSH private key (ssh-keygen -t ed25519)`);
-  const bytes = Buffer.from(body.replace(/\s+/g, ''), 'base64');
-  let at = 0;
-  const next = () => {
-    if (at + 4 > bytes.length) throw new GitError(`${where}: a malformed OpenSSH private key`);
-    const length = bytes.readUInt32BE(at);
-    if (at + 4 + length > bytes.length) throw new GitError(`${where}: a malformed OpenSSH private key`);
-    at += 4 + length;
-    return bytes.subarray(at - length, at);
-  };
-  const magic = 'openssh-key-v1\0';
-  if (bytes.toString('latin1', 0, magic.length) !== magic) throw new GitError(`${where}: not an OpenSSH private key`);
-  at = magic.length;
-  if (next().toString() !== 'none')
-    throw new GitError(`${where}: the key is encrypted (ssh-keygen -p -N '' removes it)`);
-  next();
-  next();
-  at += 4;
-  next();
-  const secret = next();
-  return sshEd25519Key(secret, where);
-}
-
-/** The private section of an OpenSSH key: two equal check numbers, then one ed25519 key. */
-function sshEd25519Key(secret: Buffer, where: string): SshSigningKey {
-  let at = 8;
-  const next = () => {
-    const length = secret.readUInt32BE(at);
-    at += 4 + length;
-    return secret.subarray(at - length, at);
-  };
-  try {
-    if (secret.readUInt32BE(0) !== secret.readUInt32BE(4)) throw new Error('check numbers differ');
-    const type = next().toString();
-    if (type !== 'ssh-ed25519') throw new GitError(`${where}: a ${type} key; only ssh-ed25519 signs commits here`);
-    const pub = next();
-    const seed = next().subarray(0, 32);
-    const jwk = { kty: 'OKP', crv: 'Ed25519', d: seed.toString('base64url'), x: pub.toString('base64url') };
-    const key = createPrivateKey({ key: jwk, format: 'jwk' });
-    return { key, publicBlob: Buffer.concat([sshString('ssh-ed25519'), sshString(pub)]) };
-  } catch (e) {
-    if (e instanceof GitError) throw e;
-    throw new GitError(`${where}: a malformed OpenSSH private key`);
-  }
-}
-
-/** An armored SSH signature (PROTOCOL.sshsig, namespace `git`, SHA-512) of `message`, as git's gpg.format=ssh. */
-function sshSignature(message: Buffer, k: SshSigningKey): string {
-  const digest = createHash('sha512').update(message).digest();
-  const fields = [sshString('git'), sshString(''), sshString('sha512')];
-  const signed = Buffer.concat([Buffer.from('SSHSIG'), ...fields, sshString(digest)]);
-  const signature = Buffer.concat([sshString('ssh-ed25519'), sshString(cryptoSign(null, signed, k.key))]);
-  const version = Buffer.from([0, 0, 0, 1]);
-  const key = sshString(k.publicBlob);
-  const blob = Buffer.concat([Buffer.from('SSHSIG'), version, key, ...fields, sshString(signature)]);
-  const lines = blob.toString('base64').match(/.{1,70}/g) ?? [];
-  return ['-----BEGIN SSH SIGNATURE-----', ...lines, '-----END SSH SIGNATURE-----'].join('\n');
-}
-
 /** A commit's bytes with its signature as the `gpgsig` header (after committer), as `git commit -S` writes. Pure. */
 function signedCommit(commit: Buffer, k: SshSigningKey): Buffer {
   const text = commit.toString('utf8');
@@ -7446,7 +7456,7 @@ function gitSettings(
 // ################################################################################################
 
 // ================================================================================================
-// 14. command line & settings — the adnanh/webhook command line in Go `flag` syntax (parseCommandLine, usage), Go's
+// 15. command line & settings — the adnanh/webhook command line in Go `flag` syntax (parseCommandLine, usage), Go's
 //    durations and booleans, and our safety limits (LIMITS), each with why it has that value.
 //    Exports: LIMITS, Options, parseCommandLine, parseGoBool, parseGoDuration, parseListenAddress, PLACEHOLDER,
 //    readAdminTokenFile, readApprovalKeyFile, usage, UsageError.
@@ -8171,7 +8181,7 @@ export function usage(): string {
 }
 
 // ================================================================================================
-// 15. logging & metrics — log lines in adnanh's shape ("[webhook] 2006/01/02 15:04:05 …"), errors always, the rest
+// 16. logging & metrics — log lines in adnanh's shape ("[webhook] 2006/01/02 15:04:05 …"), errors always, the rest
 //    with -verbose/-debug, every line scrubbed of known secrets; counters, gauges and histograms rendered in the
 //    Prometheus text format.
 //    Exports: escapeControls, Logger, Metrics.
@@ -8372,7 +8382,7 @@ export class Metrics {
 }
 
 // ================================================================================================
-// 16. hook files — the reading every compiler below shares. A hooks file is rendered as a Go template when -template
+// 17. hook files — the reading every compiler below shares. A hooks file is rendered as a Go template when -template
 //    asks, read as YAML (duplicate keys are errors; every key's line is kept), and then read through Fields: unknown
 //    keys and wrong types are errors that name file, line, hook and field path (`hooks/web.json:12: hook "web":
 //    trigger-rule.and[2]: …`).
@@ -8570,7 +8580,7 @@ function editDistance(a: string, b: string): number {
 }
 
 // ================================================================================================
-// 17. requests — turns an HTTP request into the structures hook parameters address: headers (Go-canonical names),
+// 18. requests — turns an HTTP request into the structures hook parameters address: headers (Go-canonical names),
 //    query, payload (from JSON, form, XML or multipart bodies) and the raw body, with adnanh's dotted-path lookup and
 //    Go's JSON serialisation; compileParam reads how a hook names a value of the request.
 //    Exports: applyJsonParameters, asMarshalled, compileParam, firstValues, headersFromRaw, HookRequest,
@@ -8951,7 +8961,7 @@ export function compileParam(reader: FieldReader, value: unknown, at: Place, fil
 }
 
 // ================================================================================================
-// 18. trigger rules — one table, RULE_TYPES, holds each match type side by side: its fields, whether it compares a
+// 19. trigger rules — one table, RULE_TYPES, holds each match type side by side: its fields, whether it compares a
 //    request parameter, whether it reads the headers or the body, which field holds a secret, how it compiles and how
 //    it tests a request. and/or/not combine matches with adnanh's semantics: a missing parameter makes a match false
 //    (inside `or` it is passed over, inside `and` the rule fails); a bad signature is an evaluation error unless the
@@ -9400,7 +9410,7 @@ export function cidrContains(cidr: Cidr, addr: string): boolean {
 }
 
 // ================================================================================================
-// 19. hooks & reload — a hooks file's text (already templated) compiled into hooks, once, so the request path only
+// 20. hooks & reload — a hooks file's text (already templated) compiled into hooks, once, so the request path only
 //    evaluates: the hook's fields read in one list, its parameters and trigger rule compiled, and the hook settings
 //    a hook must fix (those HOOK_SETTINGS marks fixed) checked through the HookSettingChecks main() hands
 //    over. Every -hooks path (a file, or a directory of *.json, *.yaml and *.yml files merged in name order) becomes
@@ -9849,7 +9859,7 @@ export class HookStore {
 }
 
 // ================================================================================================
-// 20. commands — resolves execute-command as adnanh does (absolute; else relative to command-working-directory, never
+// 21. commands — resolves execute-command as adnanh does (absolute; else relative to command-working-directory, never
 //    searched on PATH then; else on PATH), passes arguments, environment and temp files, and runs the command in its
 //    own process group under a deadline and a cap on concurrent commands. Output is stdout and stderr combined in
 //    arrival order. A command that is an InProcessCommand's entry point (the bundled /webhooks.sh: the upgrade) is
@@ -10348,7 +10358,7 @@ export function decodeBase64Strict(text: string): Buffer {
 }
 
 // ================================================================================================
-// 21. http server — routes `/`, `/healthz` and `/<urlprefix>/<id>` and answers with adnanh's exact strings. A hook
+// 22. http server — routes `/`, `/healthz` and `/<urlprefix>/<id>` and answers with adnanh's exact strings. A hook
 //    request is a list of steps: route, admit, prepare (all but the body), evaluate what the rule can decide without
 //    the body, read the body if the hook uses it, evaluate the rest, dispatch, answer. A body is never kept when it
 //    is not used, and one left unread is dropped as it arrives, within the size and idle limits. Every outcome is one
@@ -11248,7 +11258,7 @@ function closeWithoutReset(ex: Exchange, draining: () => boolean): () => void {
 }
 
 // ================================================================================================
-// 22. listeners — the sockets the service serves on: the hook port (TCP, or a unix socket with -socket; TLS with
+// 23. listeners — the sockets the service serves on: the hook port (TCP, or a unix socket with -socket; TLS with
 //    -secure, in Go's cipher-suite names, from -cert and -key, re-read on SIGHUP), and the admin listener of
 //    -metrics-listen, which serves /metrics and the deliveries pages and is never the hook port.
 //    Exports: GO_CIPHER_SUITES, openAdminListener, openListener.
@@ -11403,7 +11413,7 @@ async function openMetricsListener(
 }
 
 // ================================================================================================
-// 23. the model — the upgrade's vocabulary, declared before the chapters that use it: the closed list of what can
+// 24. the model — the upgrade's vocabulary, declared before the chapters that use it: the closed list of what can
 //    become of a push (DECISIONS: its code, the word published for it, how the answer says it), and the workload
 //    annotations (ANNOTATIONS), the only state the service has. Those the service writes live on the workload they
 //    are about, each written in the same PATCH as what it records and guarded by a test of the value read, so that
@@ -11518,7 +11528,7 @@ export type DecisionCode = keyof typeof DECISIONS;
 export type PublishedDecision = (typeof DECISIONS)[DecisionCode]['published'];
 
 // ================================================================================================
-// 24. registry payloads — a registry's push notification (Aliyun ACR, Docker Hub, a build job, Harbor, Quay, GHCR,
+// 25. registry payloads — a registry's push notification (Aliyun ACR, Docker Hub, a build job, Harbor, Quay, GHCR,
 //    Azure, CNCF Distribution, Artifactory, Nexus, Gitea, CloudEvents) read into PushEvents (host, repository, tag,
 //    digest, pushed-at), an acknowledged no-op (a pull, a test ping, a push by digest, a signature tag), or a
 //    handshake's answer (Event Grid's, CloudEvents' validation). Pure functions: no I/O, no clock. Each registry is
@@ -11540,7 +11550,7 @@ export type PublishedDecision = (typeof DECISIONS)[DecisionCode]['published'];
 
 /**
  * How a push's payload is read: the hook's REPO_TYPE, NET_TYPE, REGISTRY_HOST and PIN_DIGEST, read once at the push's
- * boundary (chapter 30's readHookConfig). REPO_TYPE and NET_TYPE stay text: auto needs the payload, and NET_TYPE is
+ * boundary (chapter 31's readHookConfig). REPO_TYPE and NET_TYPE stay text: auto needs the payload, and NET_TYPE is
  * read for regionalregistry only, so each is checked where a payload is read, as it always was.
  */
 export interface PushReading {
@@ -12234,7 +12244,7 @@ function customRegistryAddress(repoUrl: string): string {
 }
 
 // ================================================================================================
-// 25. cloud registry payloads — the clouds' own registries, whose pushes arrive as their event buses' events: AWS ECR
+// 26. cloud registry payloads — the clouds' own registries, whose pushes arrive as their event buses' events: AWS ECR
 //    (an EventBridge "ECR Image Action" event sent by an API destination, or its CloudEvents form), Google Artifact
 //    Registry (a Pub/Sub push envelope whose message.data is the base64 of {action, digest, tag}), Tencent Cloud TCR
 //    Enterprise (its trigger sends Harbor's default format, pushImage, from a tencentcloudcr.com host); CloudEvents 1.0
@@ -12709,7 +12719,7 @@ function repoTypeSetting(value: string | undefined): string {
 }
 
 // ================================================================================================
-// 26. image reference & pin — composes the reference the cluster will pull (composeImageRef; chooseCandidate picks
+// 27. image reference & pin — composes the reference the cluster will pull (composeImageRef; chooseCandidate picks
 //    the container's among several), validates it against the OCI distribution reference grammar before anything is
 //    sent to Kubernetes, and applies the image pin (checkImagePin): whoever holds a hook's URL writes the payload, so
 //    a push may change only the tag and digest of the repository the container runs now. Endpoints of one registry
@@ -13050,7 +13060,7 @@ function problemOf(check: () => unknown): string | undefined {
 }
 
 // ================================================================================================
-// 27. change windows & approval links — when a push may go out, as pure functions. A change window
+// 28. change windows & approval links — when a push may go out, as pure functions. A change window
 //    (DEPLOY_WINDOW, annotation webhook/window) is one or more ranges `Mon-Fri 09:00-18:00 Asia/Shanghai`, read by
 //    parseDeployWindows; windowOpen says whether an instant is inside one and nextOpening when the next one opens,
 //    in the range's IANA zone through Intl (daylight saving time included; a range whose end is before its start
@@ -13415,7 +13425,7 @@ export function readApprovalToken(
 }
 
 // ================================================================================================
-// 28. workloads — what the upgrade knows of Kubernetes workloads. Each kind is one entry of WORKLOAD_KINDS (API
+// 29. workloads — what the upgrade knows of Kubernetes workloads. Each kind is one entry of WORKLOAD_KINDS (API
 //    resource, names, pod template, kubectl's rollout viewer, whether it has a rollout, how its pods are owned);
 //    parseWorkload reads APP_WORKLOAD (deployment, daemonset, statefulset, cronjob; any case, plurals, short names,
 //    kind.group) and locateContainer finds APP_CONTAINER (containers, then initContainers). rolloutStatus applies
@@ -14250,7 +14260,7 @@ function missingContainerMessage(podSpec: unknown, name: string, workload: strin
 }
 
 // ================================================================================================
-// 29. update policies — which tags a workload takes. The hook setting UPDATE_POLICY gives a hook's policy; the
+// 30. update policies — which tags a workload takes. The hook setting UPDATE_POLICY gives a hook's policy; the
 //    workload's annotation webhook/policy overrides it, and webhook/policy.<container> overrides both for one
 //    container. parsePolicy reads a value (all, semver:<range>, major, minor, patch, glob:<pattern>,
 //    regexp:<pattern>; the semver ones never go down unless `,allow-downgrade` follows); policyDecision, pure, says
@@ -14436,7 +14446,7 @@ export function policyDecision(
 }
 
 // ================================================================================================
-// 30. hook settings — HOOK_SETTINGS, the one table of the settings of the upgrade, its mail and its notifications:
+// 31. hook settings — HOOK_SETTINGS, the one table of the settings of the upgrade, its mail and its notifications:
 //    each one's source (the hook, or the service's own environment), type, default, whether a hook must give it as a
 //    fixed string (checked at load: fixedSettingChecks), whether it holds a key, its validation, its meaning, and its
 //    parse, which is the only reader of its text and throws the message operators know. The settings tables of
@@ -15182,7 +15192,7 @@ export const HOOK_SETTINGS = {
 export type HookSettingName = keyof typeof HOOK_SETTINGS;
 
 /**
- * The load-time checks of the settings a hook must fix in its file (chapter 19's HookSettingChecks,
+ * The load-time checks of the settings a hook must fix in its file (chapter 20's HookSettingChecks,
  * handed over by main()): every `fixed` entry, or those of `names`.
  */
 export function fixedSettingChecks(names?: HookSettingName[]): HookSettingChecks {
@@ -15333,7 +15343,7 @@ function readSettings(
 }
 
 // ================================================================================================
-// 31. upgrade decision — whether and what a push may change, before anything is written, from the push's
+// 32. upgrade decision — whether and what a push may change, before anything is written, from the push's
 //    HookConfig (read once at its boundary, previous chapter); the push is checked against the
 //    container's current image (a refusal changes nothing, fails, is logged and recorded as a Warning Event);
 //    several replicas agree through the workload: LAST_PUSH_ANNOTATION records when each container's last push was
@@ -16022,7 +16032,7 @@ async function checkSignature(c: SignatureCheck, digest: string | undefined): Pr
 }
 
 // ================================================================================================
-// 32. the decision — what one push does to one workload, decided by one pure function: decide(push, its hook's
+// 33. the decision — what one push does to one workload, decided by one pure function: decide(push, its hook's
 //    settings, the workload as read, now) → Decision, a value from the closed list (DECISIONS) carrying its reason
 //    as data and, for what is written, the planned change, its Event and the pending entry. The registry's facts
 //    (the digest a tag resolves to, a signature) are established before it (previous chapter) and arrive in the
@@ -16478,7 +16488,7 @@ export function waitingAction(e: PendingEntry): string {
 }
 
 // ================================================================================================
-// 33. the cluster executor — carries out what decide (previous chapter) concluded, on the workload in its cluster,
+// 34. the cluster executor — carries out what decide (previous chapter) concluded, on the workload in its cluster,
 //    and writes it into the push's report (recordDecision, the one place a decision reaches a report): the guarded
 //    PATCH of an applied push, the pending entry of a waiting one, the Event of each. A PATCH whose `test` fails
 //    (the workload changed since it was read) has the workload read again and the push decided again on it, up to
@@ -16631,7 +16641,7 @@ export function recordDecision(report: UpgradeReport, d: Decision, kind: Workloa
   recordUnchanged(report, d.code, d.reason, d.before);
 }
 // ================================================================================================
-// 34. the git executor — carries an applied push out as a commit to the Git repository a GitOps tool (Fleet, Argo
+// 35. the git executor — carries an applied push out as a commit to the Git repository a GitOps tool (Fleet, Argo
 //    CD, Flux) deploys from, for a hook with GIT_REPO: the workload is read and the push decided as always
 //    (decide); a decision that writes nothing to the image (waiting, held, skipped…) is the cluster executor's. An
 //    applied push is written into the file at GIT_PATH by changing the text of one scalar (editGitFile: a
@@ -17109,7 +17119,7 @@ export async function refuseGitopsOwned(
 }
 
 // ================================================================================================
-// 35. the report — the answer of one push, one "label: value" per line, values aligned, always in this order, lines
+// 36. the report — the answer of one push, one "label: value" per line, values aligned, always in this order, lines
 //    whose value is unknown left out: workload, container, image before, image after, action (image updated | rollout
 //    restarted (same image re-pulled) | none (<why>)), result (ok | failed: <message>), rollout (progressing |
 //    complete | failed | timed out | not tracked), one line per pod, rollback, notes. Exit status 0 when the result
@@ -17191,7 +17201,7 @@ export function formatReport(r: UpgradeReport): string {
 }
 
 // ================================================================================================
-// 36. rollout follow — follows a rollout by kubectl's rules until it completes, fails (a pod stuck in
+// 37. rollout follow — follows a rollout by kubectl's rules until it completes, fails (a pod stuck in
 //    CrashLoopBackOff, ImagePullBackOff…) or ROLLOUT_TIMEOUT passes. The workload is watched (WorkloadFeed: the
 //    client's watch shared by the follows of a namespace and kind, from the PATCH answer's resourceVersion; a watch
 //    of the workload alone where RBAC names it; a GET per second, with one warning, where watch is refused). A
@@ -17702,7 +17712,7 @@ export function rolloutEvent(outcome: RolloutOutcome, container: string): Worklo
 }
 
 // ================================================================================================
-// 37. rollback — ROLLBACK_ON_FAILURE=true: a followed rollout that fails is set back to the image before the push,
+// 38. rollback — ROLLBACK_ON_FAILURE=true: a followed rollout that fails is set back to the image before the push,
 //    with the same tested patch, and that rollout is followed too. A StatefulSet (RollingUpdate) does not replace a
 //    pod stuck on the bad image by itself, so its "forced rollback" deletes, once the controller has observed the
 //    template set back, the pods it owns that still run the image rolled back from and are not ready (uid
@@ -17969,7 +17979,7 @@ export function rollbackObstacle(
 }
 
 // ================================================================================================
-// 38. least privilege — -print-rbac: the Roles and RoleBindings the hooks need, worked out from the hooks themselves
+// 39. least privilege — -print-rbac: the Roles and RoleBindings the hooks need, worked out from the hooks themselves
 //    (namespace, kind and name when the hook fixes them; `resourceNames` wherever it can), so the service account
 //    gets nothing it does not use.
 //    Exports: fixedInput, fixedTrue, formatRbac, hookReach, HookReach, upgradeInput.
@@ -18163,7 +18173,7 @@ export function formatRbac(reaches: HookReach[], serviceAccount: string, hooksPa
 }
 
 // ================================================================================================
-// 39. the upgrade — the job /webhooks.sh exists for, as named steps: read the settings, compose the image, decide,
+// 40. the upgrade — the job /webhooks.sh exists for, as named steps: read the settings, compose the image, decide,
 //    patch, record the Event, follow the rollout and roll back when asked, report. UpgradeService is the command
 //    runner's InProcessCommand: one client, one per-workload queue and one set of kept pushes for every push. A push
 //    the API server does not answer is kept and applied when it answers (KeptPushes, answered 202); a waiting push,
@@ -18437,7 +18447,7 @@ async function reportRollout(
 type UpgradeResult = Awaited<ReturnType<typeof runUpgrade>>;
 
 // ================================================================================================
-// 40. the upgrade service — the upgrade as the command runner runs it (UpgradeService, its InProcessCommand): one
+// 41. the upgrade service — the upgrade as the command runner runs it (UpgradeService, its InProcessCommand): one
 //    client and one set of kept pushes per cluster (ClusterLane), one per-workload queue for every push, pushes the
 //    API server (or, under ON_REGISTRY_AWAY=keep, the registry) does not answer kept and applied when it answers
 //    (KeptPushes, answered 202), decided waiting pushes
@@ -19324,7 +19334,7 @@ export class RolloutFollower implements CommandListener<UpgradeOutput> {
 }
 
 // ================================================================================================
-// 41. approvals — completes the pushes that wait (the patch chapter's waiting step) on whichever replica acts
+// 42. approvals — completes the pushes that wait (the patch chapter's waiting step) on whichever replica acts
 //    first: an approval link's confirmation page and its POST (GET never decides), the deliveries page's Approve,
 //    Reject and Deploy again, a change window's opening and an expiry. Each decision reads the workload, checks the
 //    pending entry the link names is still there, and completes it by a patch that tests the annotation it read (a
@@ -20075,7 +20085,7 @@ interface PastPush {
 
 
 // ================================================================================================
-// 42. the result — one record per push (Delivery, in the DeliveryLog): made when its request comes in, completed
+// 43. the result — one record per push (Delivery, in the DeliveryLog): made when its request comes in, completed
 //    as the rollout follower hands on the answer, the rollout's progress and its end, and once final sent to each
 //    ResultChannel in order (the mail, then the chat and JSON receivers), whose outcomes are recorded on it. What
 //    became of the push is its upgrade report's decision (DECISIONS), published as pushResult says; the channels
@@ -20508,7 +20518,7 @@ export class ResultDispatcher implements ResultListener {
 }
 
 // ================================================================================================
-// 43. mail — mails a hook's result through the server the MAIL_* variables describe (parseMailConfig; MAIL_TO names
+// 44. mail — mails a hook's result through the server the MAIL_* variables describe (parseMailConfig; MAIL_TO names
 //    the recipients): one mail per push after its rollout's end, at most -max-mails-per-hook per -mail-window, the
 //    rest summed up in one mail. The Mailer is the result's first ResultChannel.
 //    Exports: Mailer, parseMailConfig.
@@ -20774,7 +20784,7 @@ function summaryMail(hookId: string, window: MailWindow, cap: MailCap): { subjec
 }
 
 // ================================================================================================
-// 44. chat & json notifications — a hook's result posted, at the moment its mail goes (after the rollout's end, in
+// 45. chat & json notifications — a hook's result posted, at the moment its mail goes (after the rollout's end, in
 //    the background), to each URL of NOTIFY_URL, in the body NOTIFY_FORMAT names: json (our own document, versioned
 //    by its "schema" field, signed in a header with NOTIFY_SECRET), dingtalk (markdown; NOTIFY_SECRET signs the URL),
 //    wecom (markdown), feishu and lark (a card; NOTIFY_SECRET signs the body), slack (mrkdwn), teams (an Adaptive
@@ -21642,7 +21652,7 @@ export class Notifier implements ResultChannel {
 }
 
 // ================================================================================================
-// 45. deliveries page — what the last pushes did, on the admin listener (never the hook port): the records of the
+// 46. deliveries page — what the last pushes did, on the admin listener (never the hook port): the records of the
 //    result's DeliveryLog (the last -deliveries pushes, newest first, as far as each has got). /deliveries lists
 //    them (refreshing itself while a push is still running); /deliveries/<n> is one push's full report and pods;
 //    /deliveries.json and /deliveries/<n>.json carry the same as JSON (entries in the shape of NOTIFY_FORMAT=json).
@@ -21901,7 +21911,7 @@ export function deliveryPages(log: DeliveryLog, token: string, approvals?: Appro
 }
 
 // ================================================================================================
-// 46. -validate & -print-rbac — the commands that read the hooks and exit: -validate describes every hook (its rule,
+// 47. -validate & -print-rbac — the commands that read the hooks and exit: -validate describes every hook (its rule,
 //    parameters, answer, upgrade and notifications) and says what is wrong, -print-rbac prints the least-privilege
 //    RBAC; both load the hooks exactly as the service does (hookLoadSettings).
 //    Exports: commandWarnings, hookLoadSettings, printRbac, validate.
@@ -22355,7 +22365,7 @@ async function printRbac(o: Options, env: Record<string, string | undefined>): P
 }
 
 // ================================================================================================
-// 47. main — wires the chapters together; the only place with process-wide side effects (signals, pid file, listening
+// 48. main — wires the chapters together; the only place with process-wide side effects (signals, pid file, listening
 //    sockets, exit codes).
 //    Tests: test/image.test.ts, test/memory.test.ts, test/runner.test.ts, test/start.test.ts.
 // ================================================================================================
