@@ -6660,7 +6660,7 @@ export function sshSignature(message: Buffer, k: SshSigningKey): string {
 //    in an undeltified pack (writePack), and receive-pack updates the branch only if it still points at the head
 //    read (compare-and-set); its report-status is read, and a refusal carries the server's own message (a
 //    pre-receive hook's). The token is sent as HTTP basic auth and never appears in an error.
-//    Exports: fetchGitFile, gitAuthor, gitBranchName, gitCa, gitFieldPath, GitFile, gitFilePath, GitError,
+//    Exports: fetchGitFiles, gitAuthor, gitBranchName, gitCa, gitFieldPath, gitFilePath, GitError, GitHead,
 //    gitopsOwnerMode, gitRepoUrl, GitSettings, gitSettingsRead, gitToken, gitUsername, pushGitCommit.
 //    Tests: test/git.test.ts.
 // ================================================================================================
@@ -7102,25 +7102,32 @@ function writeTree(entries: TreeEntry[]): Buffer {
 }
 
 /**
- * The trees from the root to `file` with the file's entry given the id `blob`: the new trees (root first) and the
- * new root's id; the old entry's mode is kept. Pure.
+ * The trees from the root with each changed file's entry given its new blob id (changes: path → id): the new trees
+ * and the new root's id; entries keep their order and mode. Pure.
  */
 export function replaceInTree(
   objects: Map<string, GitObject>,
   rootTree: string,
-  file: string[],
-  blob: string,
+  changes: Map<string, string>,
 ): { root: string; trees: Buffer[] } {
-  const chain = treeChain(objects, rootTree, file);
-  let id = blob;
+  const parents = (p: string) => p.split('/').slice(0, -1).map((_, i, all) => all.slice(0, i + 1).join('/'));
+  const dirs = new Set([...changes.keys()].flatMap(parents));
   const trees: Buffer[] = [];
-  for (let i = chain.length - 1; i >= 0; i--) {
-    const entries = chain[i].entries.map((e) => (e.name === file[i] ? { ...e, id } : e));
+  const rewrite = (id: string, prefix: string): string => {
+    const tree = objects.get(id);
+    if (!tree || tree.type !== 'tree')
+      throw new GitError(`${prefix || 'the root'}: the tree ${id} was not in the pack`);
+    const entries = readTree(tree.data, prefix || 'the root').map((e) => {
+      const at = prefix === '' ? e.name : `${prefix}/${e.name}`;
+      const blob = changes.get(at);
+      if (blob !== undefined) return { ...e, id: blob };
+      return dirs.has(at) && e.mode === '40000' ? { ...e, id: rewrite(e.id, at) } : e;
+    });
     const data = writeTree(entries);
-    trees.unshift(data);
-    id = gitObjectId('tree', data);
-  }
-  return { root: id, trees };
+    trees.push(data);
+    return gitObjectId('tree', data);
+  };
+  return { root: rewrite(rootTree, ''), trees };
 }
 
 /** The trees from the root along `file`'s directories, each with its entries. */
@@ -7154,23 +7161,22 @@ function commitTree(commit: GitObject | undefined, id: string): string {
 
 // ---- a file read, a commit pushed ------------------------------------------------------------------
 
-/** A file as read from the branch head: the head, the objects fetched (trees), the file's blob and its text. */
-export interface GitFile {
+/** The branch's head as read: its commit and message, the trees fetched, and each file asked for (or its error). */
+export interface GitHead {
   head: string;
-  /** The head commit's message: the trailers of the push it carried, if webhook made it. */
+  /** The head commit's message: the trailers of the pushes it carried, if webhook made it. */
   headMessage: string;
   objects: Map<string, GitObject>;
   tree: string;
-  path: string[];
-  blob: string;
-  content: Buffer;
+  files: Map<string, Buffer | GitError>;
 }
 
 /**
- * The file at `filePath` on the branch's head: ls-refs, a shallow fetch of the head (without blobs where the
- * server allows filters), then the file's blob by its id. Four requests; no clone.
+ * The files at `paths` on the branch's head: ls-refs, a shallow fetch of the head (without blobs where the server
+ * allows filters), then the files' blobs by their ids. Four requests, whatever the number of files; no clone. A
+ * file that cannot be read (missing, a directory, too large) is its GitError in `files`, the others are read.
  */
-export async function fetchGitFile(remote: GitRemote, branch: string, filePath: string): Promise<GitFile> {
+export async function fetchGitFiles(remote: GitRemote, branch: string, paths: string[]): Promise<GitHead> {
   const caps = await v2Capabilities(remote);
   if (!caps.has('fetch')) throw new GitError(`${remote.url.href}: the server offers no fetch command`);
   const filters = /\bfilter\b/.test(caps.get('fetch') ?? '');
@@ -7179,20 +7185,68 @@ export async function fetchGitFile(remote: GitRemote, branch: string, filePath: 
   const args = [`want ${head}`, 'deepen 1', 'no-progress', ...(filters ? ['filter blob:none'] : []), 'done'];
   const objects = readPack(fetchedPack(await uploadPack(remote, 'fetch', args, GIT_LIMITS.maxPackBytes), what), what);
   const tree = commitTree(objects.get(head), head);
-  const parts = filePath.split('/').filter((p) => p !== '');
+  const files = new Map<string, Buffer | GitError>();
+  const blobs = new Map<string, string>();
+  for (const p of paths) {
+    try {
+      blobs.set(p, blobAt(objects, tree, p));
+    } catch (e) {
+      if (!(e instanceof GitError)) throw e;
+      files.set(p, e);
+    }
+  }
+  const failed = await fetchBlobs(remote, objects, blobs);
+  for (const [p, id] of blobs) {
+    const blob = objects.get(id);
+    const missing = () => failed.get(id) ?? new GitError(`${p}: the blob ${id} was not sent`);
+    files.set(p, blob?.type === 'blob' ? blob.data : missing());
+  }
+  const commit = objects.get(head)!.data.toString('utf8');
+  return { head, headMessage: commit.slice(commit.indexOf('\n\n') + 2), objects, tree, files };
+}
+
+/** The blob id of the file at `filePath` in the tree. */
+function blobAt(objects: Map<string, GitObject>, tree: string, filePath: string): string {
+  const parts = filePath.split('/');
   if (parts.length > GIT_LIMITS.maxPathDepth) throw new GitError(`${filePath}: deeper than ${GIT_LIMITS.maxPathDepth}`);
   const chain = treeChain(objects, tree, parts);
-  const blob = chain[chain.length - 1].entries.find((e) => e.name === parts[parts.length - 1])!.id;
-  let file = objects.get(blob);
-  if (!file) {
-    const blobWhat = `${remote.url.href} fetch of ${filePath}`;
-    const answer = await uploadPack(remote, 'fetch', [`want ${blob}`, 'no-progress', 'done'], GIT_LIMITS.maxPackBytes);
-    file = readPack(fetchedPack(answer, blobWhat), blobWhat).get(blob);
+  return chain[chain.length - 1].entries.find((e) => e.name === parts[parts.length - 1])!.id;
+}
+
+/**
+ * The blobs (path → id) not fetched yet, added to `objects`: in one request, or, when that fails (a blob too large),
+ * one request each, so that one file's failure is its own. The failures by blob id.
+ */
+async function fetchBlobs(remote: GitRemote, objects: Map<string, GitObject>, blobs: Map<string, string>) {
+  const ids = [...new Set(blobs.values())].filter((id) => !objects.has(id));
+  const named = (id: string) => [...blobs].filter(([, b]) => b === id).map(([p]) => p).join(', ');
+  const fetch = async (want: string[]) => {
+    const what = `${remote.url.href} fetch of ${want.map(named).join(', ')}`;
+    const answer = await uploadPack(remote, 'fetch', [...want.map((id) => `want ${id}`), 'no-progress', 'done'],
+      GIT_LIMITS.maxPackBytes);
+    for (const [id, o] of readPack(fetchedPack(answer, what), what)) objects.set(id, o);
+  };
+  const failed = new Map<string, GitError>();
+  if (ids.length === 0) return failed;
+  try {
+    await fetch(ids);
+  } catch (e) {
+    if (!(e instanceof GitError)) throw e;
+    for (const id of ids)
+      await (ids.length === 1 ? Promise.reject(e) : fetch([id])).catch((one: unknown) => {
+        if (!(one instanceof GitError)) throw one;
+        failed.set(id, one);
+      });
   }
-  if (!file || file.type !== 'blob') throw new GitError(`${filePath}: the blob ${blob} was not in the server's pack`);
-  const commit = objects.get(head)!.data.toString('utf8');
-  const headMessage = commit.slice(commit.indexOf('\n\n') + 2);
-  return { head, headMessage, objects, tree, path: parts, blob, content: file.data };
+  return failed;
+}
+
+/** One file as read from the branch head (fetchGitFiles for one path); its error thrown. */
+export async function fetchGitFile(remote: GitRemote, branch: string, filePath: string) {
+  const read = await fetchGitFiles(remote, branch, [filePath]);
+  const content = read.files.get(filePath)!;
+  if (content instanceof GitError) throw content;
+  return { ...read, content };
 }
 
 /** A pack of whole objects (no deltas): the push's new blob, trees and commit. Pure. */
@@ -7231,28 +7285,29 @@ interface GitCommitText {
 }
 
 /**
- * The file's new content committed on top of the head read and pushed with that head as the expected value:
- * the new commit's id. A branch moved since is a GitError of kind 'moved'; a refusal carries the server's message.
+ * The files' new contents (path → content) committed on top of the head read and pushed with that head as the
+ * expected value: the new commit's id. A branch moved since is a GitError of kind 'moved'; a refusal carries the
+ * server's message.
  */
 export async function pushGitCommit(
   remote: GitRemote,
   branch: string,
-  file: GitFile,
-  content: Buffer,
+  read: GitHead,
+  contents: Map<string, Buffer>,
   text: GitCommitText,
 ): Promise<string> {
-  const blobId = gitObjectId('blob', content);
-  const { root, trees } = replaceInTree(file.objects, file.tree, file.path, blobId);
+  const blobs = [...contents].map(([p, data]) => ({ p, data, id: gitObjectId('blob', data) }));
+  const { root, trees } = replaceInTree(read.objects, read.tree, new Map(blobs.map((b) => [b.p, b.id])));
   const who = `${text.author} ${text.whenSeconds} +0000`;
-  const unsigned = Buffer.from(`tree ${root}\nparent ${file.head}\nauthor ${who}\ncommitter ${who}\n\n${text.message}`);
+  const unsigned = Buffer.from(`tree ${root}\nparent ${read.head}\nauthor ${who}\ncommitter ${who}\n\n${text.message}`);
   const commit = text.signingKey ? signedCommit(unsigned, text.signingKey) : unsigned;
   const commitId = gitObjectId('commit', commit);
   const pack = writePack([
     { type: 'commit', data: commit },
     ...trees.map((data) => ({ type: 'tree' as const, data })),
-    { type: 'blob', data: content },
+    ...blobs.map(({ data }) => ({ type: 'blob' as const, data })),
   ]);
-  await receivePack(remote, branch, file.head, commitId, pack);
+  await receivePack(remote, branch, read.head, commitId, pack);
   return commitId;
 }
 
@@ -14048,6 +14103,43 @@ export async function recordWorkloadEvent(
  */
 export class WorkloadQueue {
   private readonly tails = new Map<string, Promise<unknown>>();
+  private readonly waiting = new Map<string, BatchEntry<unknown, unknown>[]>();
+
+  /**
+   * Runs `item` in one call of `run` with the items queued for `key` in the same turn or while an earlier call for
+   * it was running (at most `max` a call, in arrival order): one commit for the pushes waiting for a branch.
+   * `run` answers each item's result, in order; if it throws, every item of that call fails with its error.
+   */
+  batch<I, O>(key: string, item: I, run: (items: I[]) => Promise<O[]>, max: number): Promise<O> {
+    return new Promise<O>((resolve, reject) => {
+      const entry = { item, resolve, reject } as BatchEntry<unknown, unknown>;
+      const waiting = this.waiting.get(key);
+      if (waiting) return void waiting.push(entry);
+      const list = [entry];
+      this.waiting.set(key, list);
+      void this.drain(key, list, run as (items: unknown[]) => Promise<unknown[]>, max);
+    });
+  }
+
+  private async drain(
+    key: string,
+    list: BatchEntry<unknown, unknown>[],
+    run: (items: unknown[]) => Promise<unknown[]>,
+    max: number,
+  ): Promise<void> {
+    // Items arriving in this turn (a burst of deliveries) join the first call.
+    await new Promise((next) => setImmediate(next));
+    while (list.length > 0) {
+      const taken = list.splice(0, max);
+      try {
+        const results = await run(taken.map((w) => w.item));
+        taken.forEach((w, i) => w.resolve(results[i]));
+      } catch (e) {
+        for (const w of taken) w.reject(e);
+      }
+    }
+    this.waiting.delete(key);
+  }
 
   /** Queues task behind every task queued earlier for key; call it in arrival order. */
   run<T>(key: string, task: () => Promise<T>): Promise<T> {
@@ -14063,6 +14155,13 @@ export class WorkloadQueue {
     });
     return result;
   }
+}
+
+/** An item waiting for its batch (WorkloadQueue.batch), and how its result reaches it. */
+interface BatchEntry<I, O> {
+  item: I;
+  resolve(result: O): void;
+  reject(error: unknown): void;
 }
 
 /** A push that changed nothing, as its report holds it: the action reads `none (<reason>)` or the reason. Pure. */
@@ -16957,80 +17056,154 @@ function helmChanges(e: GitEdit, docs: LocatedNode[], ref: ImageRef): TextChange
 
 // ---- the commit -------------------------------------------------------------------------------------
 
-/** The commit's message: what was deployed where, and the push in trailers (image, digest, registry, who asked). */
-function commitMessage(push: Push, s: UpgradeSettings, before: string | undefined): string {
+/** One push's edit as its branch's batch commits it: the push, its hook's settings, the image it replaces. */
+interface PushEdit {
+  git: GitSettings;
+  push: Push;
+  config: UpgradeSettings;
+  before: string | undefined;
+}
+
+/** What became of one push's edit in its batch. */
+type EditOutcome = { commit: string } | { unchanged: true } | { superseded: string } | { error: Error };
+
+// Pushes committed together at most: one commit per push waiting, in a burst, would make the last wait for every
+// commit before it; a commit of more than this many images is not read by anyone.
+const MAX_GIT_BATCH = 50;
+
+/** `registry/app:v2 to shop/deployment/web`: one push in a commit's message. */
+function deployed(e: PushEdit): string {
+  const t = e.push.target;
+  return `${e.push.image} to ${t.namespace}/${t.kind}/${t.name}`;
+}
+
+/** The trailers of one push: image, digest, registry, workload, push time, who asked (newest wins reads them). */
+function pushTrailers(e: PushEdit): string[] {
+  const { push, config } = e;
   const t = push.target;
   const parsed = validateImageRef(push.image);
   const ref = parsed.ok ? parsed.ref : undefined;
   return [
-    `Deploy ${push.image} to ${t.namespace}/${t.kind}/${t.name}`,
-    '',
-    `The registry pushed ${push.image}; container ${s.container} of ${t.kind}/${t.name} in ${t.namespace} ` +
-      `ran ${before ?? 'nothing yet'}.`,
-    '',
     `Webhook-Image: ${push.image}`,
     ...(ref?.digest ? [`Webhook-Digest: ${ref.digest}`] : []),
     `Webhook-Registry: ${ref?.domain ?? 'docker.io'}`,
-    `Webhook-Workload: ${t.namespace}/${t.kind}/${t.name}/${s.container}`,
+    `Webhook-Workload: ${t.namespace}/${t.kind}/${t.name}/${config.container}`,
     `Webhook-Pushed-At: ${new Date(push.pushedAtMs).toISOString()}`,
     `Webhook-Asked-By: ${whoAsked(push) || 'the upgrade command'}`,
-    '',
-  ].join('\n');
+  ];
+}
+
+/** The commit's message: what was deployed where, and each push in trailers. Pure. */
+function commitMessage(edits: PushEdit[]): string {
+  const [first] = edits;
+  const t = first.push.target;
+  const pushed = `The registry pushed ${first.push.image}; container ${first.config.container}`;
+  const ran = `${pushed} of ${t.kind}/${t.name} in ${t.namespace} ran ${first.before ?? 'nothing yet'}.`;
+  const head =
+    edits.length === 1
+      ? [`Deploy ${deployed(first)}`, '', ran]
+      : [`Deploy ${edits.length} images`, '', ...edits.map((e) => `- ${deployed(e)}`)];
+  return [...head, '', ...edits.flatMap(pushTrailers), ''].join('\n');
 }
 
 /**
- * When the branch's head commit is webhook's for the same container, with a push newer than this one (another
- * replica committed it meanwhile): why this push is superseded. Newest wins in Git as on the workload. Pure.
+ * When the branch's head commit is webhook's and carries a push for the same container newer than this one
+ * (another replica committed it meanwhile): why this push is superseded. Newest wins in Git as on the workload.
+ * Pure.
  */
-function newerCommittedPush(file: GitFile, push: Push, container: string): string | undefined {
-  const t = push.target;
-  const trailer = (name: string) => new RegExp(`^${name}: (.+)$`, 'm').exec(file.headMessage)?.[1];
-  if (trailer('Webhook-Workload') !== `${t.namespace}/${t.kind}/${t.name}/${container}`) return undefined;
-  const pushedAt = Date.parse(trailer('Webhook-Pushed-At') ?? '');
-  if (!(pushedAt > push.pushedAtMs)) return undefined;
-  const image = trailer('Webhook-Image') ?? 'an image';
-  const when = new Date(pushedAt).toISOString();
-  return `superseded by the commit ${file.head.slice(0, 7)} of ${image}, pushed at ${when}, after this push`;
+function newerCommittedPush(read: GitHead, e: PushEdit): string | undefined {
+  const t = e.push.target;
+  const workload = `${t.namespace}/${t.kind}/${t.name}/${e.config.container}`;
+  let image = '';
+  let newest: { image: string; at: number } | undefined;
+  let mine = false;
+  for (const line of read.headMessage.split('\n')) {
+    const [name, value] = [line.slice(0, line.indexOf(': ')), line.slice(line.indexOf(': ') + 2)];
+    if (name === 'Webhook-Image') [image, mine] = [value, false];
+    else if (name === 'Webhook-Workload') mine = value === workload;
+    else if (name === 'Webhook-Pushed-At' && mine && Date.parse(value) > (newest?.at ?? e.push.pushedAtMs))
+      newest = { image, at: Date.parse(value) };
+  }
+  if (newest === undefined) return undefined;
+  const when = new Date(newest.at).toISOString();
+  return `superseded by the commit ${read.head.slice(0, 7)} of ${newest.image}, pushed at ${when}, after this push`;
+}
+
+/** One edit made on the texts read (texts: the files changed so far in this batch), or what became of it. */
+function appliedEdit(read: GitHead, texts: Map<string, string>, e: PushEdit): EditOutcome | 'applied' {
+  const newer = newerCommittedPush(read, e);
+  if (newer !== undefined) return { superseded: newer };
+  const { path: file, field } = e.git;
+  try {
+    const content = read.files.get(file)!;
+    if (content instanceof GitError) throw content;
+    if (content.length > MAX_GIT_FILE_BYTES)
+      throw new UpgradeError(`${file}: ${content.length} bytes, more than ${MAX_GIT_FILE_BYTES}`);
+    const text = texts.get(file) ?? new TextDecoder().decode(content);
+    const { target, image } = e.push;
+    const next = editGitFile({ file, text, target, container: e.config.container, image, field });
+    if (next === text) return { unchanged: true };
+    texts.set(file, next);
+    return 'applied';
+  } catch (err) {
+    const why = new Scrubber([e.git.remote.token]).scrub(`Git write-back: ${(err as Error).message}`);
+    return { error: new UpgradeError(why) };
+  }
+}
+
+/** Of pushes for one container in a batch, only the newest is written: the others are superseded by it. Pure. */
+function newestInBatch(edits: PushEdit[]): (string | undefined)[] {
+  const key = ({ push: { target: t }, config }: PushEdit) => [t.namespace, t.kind, t.name, config.container].join('/');
+  return edits.map((e) => {
+    const newer = edits.find((o) => o !== e && key(o) === key(e) && o.push.pushedAtMs > e.push.pushedAtMs);
+    return newer && `superseded by ${newer.push.image}, pushed after it and committed with it`;
+  });
 }
 
 /**
- * Fetches the file, edits it and pushes the commit, again on a moved branch: the commit's id, or that the file
- * already names the image, or that a newer push is committed. Errors are UpgradeErrors scrubbed of the token.
+ * The edits of one batch (pushes waiting for one branch with the same credentials) made on the branch's head and
+ * pushed as one commit; again on a moved branch, up to GIT_PUSH_ATTEMPTS times. Each edit's outcome, in order;
+ * errors are UpgradeErrors scrubbed of the token.
  */
-async function committedEdit(
-  git: GitSettings,
-  push: Push,
-  s: UpgradeSettings,
-  before: string | undefined,
-): Promise<{ commit: string } | { unchanged: true } | { superseded: string }> {
-  const scrub = new Scrubber([git.remote.token]);
+async function committedEdits(edits: PushEdit[]): Promise<EditOutcome[]> {
+  const { remote, branch, author, signingKey } = edits[0].git;
+  const superseded = newestInBatch(edits);
   for (let attempt = 1; ; attempt++) {
     try {
-      const file = await fetchGitFile(git.remote, git.branch, git.path);
-      if (file.content.length > MAX_GIT_FILE_BYTES)
-        throw new UpgradeError(`${git.path}: ${file.content.length} bytes, more than ${MAX_GIT_FILE_BYTES}`);
-      const newer = newerCommittedPush(file, push, s.container);
-      if (newer !== undefined) return { superseded: newer };
-      const text = new TextDecoder('utf-8', { fatal: false }).decode(file.content);
-      const edit = { file: git.path, text, target: push.target, container: s.container, image: push.image };
-      const next = editGitFile({ ...edit, field: git.field });
-      if (next === text) return { unchanged: true };
-      const message = commitMessage(push, s, before);
-      const whenSeconds = Math.floor(Date.now() / 1000);
-      const commit = { message, author: git.author, whenSeconds, signingKey: git.signingKey };
-      return { commit: await pushGitCommit(git.remote, git.branch, file, Buffer.from(next), commit) };
+      const read = await fetchGitFiles(remote, branch, [...new Set(edits.map((e) => e.git.path))]);
+      const texts = new Map<string, string>();
+      const outcomes = edits.map((e, i) => {
+        const newer = superseded[i];
+        return newer !== undefined ? { superseded: newer } : appliedEdit(read, texts, e);
+      });
+      const applied = edits.filter((_, i) => outcomes[i] === 'applied');
+      if (applied.length === 0) return outcomes as EditOutcome[];
+      const contents = new Map([...texts].map(([p, text]) => [p, Buffer.from(text)]));
+      const text = { message: commitMessage(applied), author, whenSeconds: Math.floor(Date.now() / 1000), signingKey };
+      const commit = await pushGitCommit(remote, branch, read, contents, text);
+      return outcomes.map((o) => (o === 'applied' ? { commit } : o));
     } catch (e) {
       if (e instanceof GitError && e.kind === 'moved' && attempt < GIT_PUSH_ATTEMPTS) continue;
       const why = e instanceof GitError && e.kind === 'moved' ? ` (the branch kept moving: ${attempt} attempts)` : '';
-      throw new UpgradeError(scrub.scrub(`Git write-back: ${(e as Error).message}${why}`));
+      const message = new Scrubber([remote.token]).scrub(`Git write-back: ${(e as Error).message}${why}`);
+      const error = new UpgradeError(message);
+      return edits.map(() => ({ error }));
     }
   }
 }
 
+/** Pushes batched together share the repository, branch, credentials, author and signing key: a digest of them. */
+function batchKey(git: GitSettings): string {
+  const key = git.signingKey?.publicBlob.toString('base64') ?? '';
+  const parts = [git.remote.url.href, git.branch, git.remote.username, git.remote.token, git.author, key];
+  return `git ${createHash('sha256').update(JSON.stringify(parts)).digest('hex')}`;
+}
+
 /**
  * The git executor: decides the push on its workload as read (decide) and carries an applied push out as a commit
- * on the hook's branch; any other decision is the cluster executor's (carryOut). Writes the decision into the
- * report (recordDecision); the answer's action names the commit. A failure throws, nothing written anywhere.
+ * on the hook's branch, together with the pushes waiting for the same branch (deps.queue's batch); any other
+ * decision is the cluster executor's (carryOut). Writes the decision into the report (recordDecision); the
+ * answer's action names the commit. A failure throws, nothing written anywhere.
  */
 export async function commitOut(
   client: KubeClient,
@@ -17048,12 +17221,12 @@ export async function commitOut(
     return;
   }
   report.target = Object.assign(target, { uid: String(valueAt(workload, ['metadata', 'uid'])) });
-  // One commit at a time per branch in this process: pushes racing each other for it would only move it under each
-  // other's compare-and-set. Other replicas and automations still may, which a moved branch's retry absorbs.
-  const commit = () => committedEdit(git, given.push, given.config, decision.before);
-  const branch = `git ${git.remote.url.href}#${git.branch}`;
-  const done = await (deps.queue ? deps.queue.run(branch, commit) : commit());
+  const edit: PushEdit = { git, push: given.push, config: given.config, before: decision.before };
+  const done = deps.queue
+    ? await deps.queue.batch(batchKey(git), edit, committedEdits, MAX_GIT_BATCH)
+    : (await committedEdits([edit]))[0];
   const where = `${git.branch} of ${git.remote.url.href}`;
+  if ('error' in done) throw done.error;
   if ('superseded' in done) return recordUnchanged(report, 'superseded', done.superseded, decision.before);
   if ('unchanged' in done) {
     recordUnchanged(report, 'no-op', `${git.path} on ${where} already names ${given.push.image}`, decision.before);
@@ -17064,6 +17237,7 @@ export async function commitOut(
   const detail = 'committed to Git: the GitOps tool deploying the branch applies it';
   report.rollout = { state: 'not tracked', detail, pods: [] };
 }
+
 // ---- a workload a GitOps tool owns -------------------------------------------------------------------
 
 /**

@@ -15,8 +15,8 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import {
-  editGitFile, fetchGitFile, gitObjectId, gitopsOwner, GitError, HOOK_SETTINGS, locatedYaml, parsePktLines, pktLine,
-  pushGitCommit, readPack, readSshSigningKey, readTree, replaceInTree, writePack, type GitEdit, type GitFile, type GitRemote,
+  editGitFile, fetchGitFile, fetchGitFiles, gitObjectId, gitopsOwner, GitError, HOOK_SETTINGS, locatedYaml, parsePktLines, pktLine,
+  pushGitCommit, readPack, readSshSigningKey, readTree, replaceInTree, writePack, type GitEdit, type GitRemote,
 } from '../webhook.ts';
 import { git, makeRepository, startGitServer, type GitServer } from './git-server.ts';
 import { makeTempDir, startWebhook, type Webhook } from './harness.ts';
@@ -137,7 +137,7 @@ describe('packs and trees, checked against git', () => {
     const entries = readTree(read.get(head)!.data, 'root');
     assert.deepEqual(entries.map((e) => e.name), ['dir0', 'dir1', 'dir2', 'dir3']);
     const blobId = git(bare, ['hash-object', '-w', '--stdin'], 'new\n').trim();
-    const { root: newRoot, trees } = replaceInTree(read, head, ['dir1', 'file1.yaml'], blobId);
+    const { root: newRoot, trees } = replaceInTree(read, head, new Map([['dir1/file1.yaml', blobId]]));
     for (const t of trees) git(bare, ['hash-object', '-w', '-t', 'tree', '--stdin'], t);
     assert.equal(git(bare, ['rev-parse', `${newRoot}:dir1/file1.yaml`]).trim(), blobId);
     assert.equal(git(bare, ['rev-parse', `${newRoot}:dir2`]).trim(), git(bare, ['rev-parse', 'HEAD:dir2']).trim());
@@ -230,7 +230,7 @@ describe('the smart-HTTP client against git http-backend', () => {
     const file = await fetchGitFile(remote(), 'main', 'apps/web.yaml');
     assert.equal(file.head, head);
     assert.equal(file.content.toString(), MANIFEST);
-    assert.ok(![...file.objects.values()].some((o) => o.type === 'blob'), 'no blob came with the trees');
+    assert.equal([...file.objects.values()].filter((o) => o.type === 'blob').length, 1, 'only the file\'s blob was fetched');
     git(bare, ['config', 'uploadpack.allowFilter', 'false']);
     try {
       const whole = await fetchGitFile(remote(), 'main', 'apps/web.yaml');
@@ -248,7 +248,7 @@ describe('the smart-HTTP client against git http-backend', () => {
     const file = await fetchGitFile(wide, 'main', 'wide/app-9999.yaml');
     assert.equal(file.content.toString(), 'n: 9999\n');
     const text = { message: 'edit\n', author: 'webhook <webhook@localhost>', whenSeconds: 1_700_000_000 };
-    await pushGitCommit(wide, 'main', file, Buffer.from('n: 10000\n'), text);
+    await pushGitCommit(wide, 'main', file, new Map([['wide/app-9999.yaml', Buffer.from('n: 10000\n')]]), text);
     const bareWide = path.join(root, 'wide.git');
     assert.equal(git(bareWide, ['show', 'main:wide/app-9999.yaml']), 'n: 10000\n');
     assert.equal(git(bareWide, ['ls-tree', 'main:wide']).trim().split('\n').length, 10_000);
@@ -263,7 +263,7 @@ describe('the smart-HTTP client against git http-backend', () => {
     assert.deepEqual(readSshSigningKey(fs.readFileSync(key, 'utf8'))!.publicBlob, signingKey.publicBlob);
     const file = await fetchGitFile(remote(), 'main', 'apps/web.yaml');
     const text = { message: 'signed\n', author: 'webhook <webhook@localhost>', whenSeconds: 1_700_000_100, signingKey };
-    const id = await pushGitCommit(remote(), 'main', file, Buffer.from(edit({ image: 'reg.example/shop/app:v9' })), text);
+    const id = await pushGitCommit(remote(), 'main', file, new Map([['apps/web.yaml', Buffer.from(edit({ image: 'reg.example/shop/app:v9' }))]]), text);
     const verified = execFileSync('git', ['-c', 'gpg.format=ssh', '-c', `gpg.ssh.allowedSignersFile=${allowed}`, 'verify-commit', '-v', id],
       { cwd: bare, encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
     assert.match(git(bare, ['cat-file', 'commit', id]), /^gpgsig -----BEGIN SSH SIGNATURE-----$/m);
@@ -272,6 +272,12 @@ describe('the smart-HTTP client against git http-backend', () => {
     execFileSync('ssh-keygen', ['-q', '-t', 'ed25519', '-N', 'passphrase', '-f', `${key}-locked`]);
     assert.throws(() => readSshSigningKey(`${key}-locked`), /^Error: GIT_SIGNING_KEY: the key is encrypted/);
     assert.throws(() => readSshSigningKey('/nonexistent/key'), /GIT_SIGNING_KEY: the key file "\/nonexistent\/key" cannot be read/);
+  });
+  test('several files read at once: each file\'s failure is its own', async () => {
+    const read = await fetchGitFiles(remote(), 'main', ['apps/web.yaml', 'apps/nothing.yaml', 'apps']);
+    assert.equal(read.files.get('apps/web.yaml')?.toString().includes('kind: Deployment'), true);
+    assert.match(String(read.files.get('apps/nothing.yaml')), /no "nothing\.yaml" in apps/);
+    assert.match(String(read.files.get('apps')), /apps: not a file/);
   });
   test('a wrong token: the server\'s refusal, named, without the token', async () => {
     const e = await fetchGitFile(remote({ token: 'wrong-token-77' }), 'main', 'apps/web.yaml').catch((x) => x);
@@ -308,9 +314,9 @@ describe('the smart-HTTP client against git http-backend', () => {
     assert.ok(process.memoryUsage().rss - heap < 200 * 1024 * 1024, 'memory stayed bounded');
   });
   test('a commit pushed with the head read as expected value; a moved branch is reported as moved; a pre-receive refusal carries its message', async () => {
-    const file: GitFile = await fetchGitFile(remote(), 'main', 'apps/web.yaml');
+    const file = await fetchGitFile(remote(), 'main', 'apps/web.yaml');
     const text = { message: 'deploy v2\n', author: 'webhook <webhook@localhost>', whenSeconds: 1_700_000_000 };
-    const next = Buffer.from(edit({}));
+    const next = new Map([['apps/web.yaml', Buffer.from(edit({}))]]);
     const id = await pushGitCommit(remote(), 'main', file, next, text);
     assert.equal(git(bare, ['rev-parse', 'main']).trim(), id);
     assert.equal(git(bare, ['rev-parse', 'main^']).trim(), file.head);
@@ -320,7 +326,7 @@ describe('the smart-HTTP client against git http-backend', () => {
     fs.writeFileSync(path.join(bare, 'hooks', 'pre-receive'), '#!/bin/sh\necho "branch main is protected: open a merge request" >&2\nexit 1\n', { mode: 0o755 });
     try {
       const fresh = await fetchGitFile(remote(), 'main', 'apps/web.yaml');
-      const refused = await pushGitCommit(remote(), 'main', fresh, Buffer.from(edit({ image: 'reg.example/shop/app:v3' })), text).catch((e) => e);
+      const refused = await pushGitCommit(remote(), 'main', fresh, new Map([['apps/web.yaml', Buffer.from(edit({ image: 'reg.example/shop/app:v3' }))]]), text).catch((e) => e);
       assert.ok(refused instanceof GitError && refused.kind === 'refused', String(refused));
       assert.match(refused.message, /the server refused the push to main: pre-receive hook declined; the server said: branch main is protected: open a merge request/);
       assert.equal(git(bare, ['rev-parse', 'main']).trim(), id, 'nothing changed');
