@@ -13485,7 +13485,8 @@ export function readApprovalToken(
 //    parseWorkload reads APP_WORKLOAD (deployment, daemonset, statefulset, cronjob; any case, plurals, short names,
 //    kind.group) and locateContainer finds APP_CONTAINER (containers, then initContainers). rolloutStatus applies
 //    kubectl's rollout-status rules, summarizePod says how a pod is doing, Events are recorded on the workload, and
-//    one WorkloadQueue per workload keeps its pushes in order. UpgradeReport is what one push did so far; UpgradeDeps
+//    one WorkloadQueue per workload keeps its pushes in order (and batches what waits for one key: the pushes for
+//    one Git branch, committed together). UpgradeReport is what one push did so far; UpgradeDeps
 //    is what an upgrade is given (client, clock, queue, the workloads it last saw).
 //    Exports: annotationOps, asArray, DNS_LABEL, FollowOptions, ForcedRollback, K8sObject, KEPT_SUPERSEDED, kindSpec,
 //    KnownWorkloads, labelSelector, leanWorkload, locateContainer, LocatedContainer, missingContainerMessage,
@@ -13493,8 +13494,8 @@ export function readApprovalToken(
 //    readWorkload, recordWorkloadEvent, RollbackOutcome, RolloutOutcome, rolloutStatus, roundedToSeconds,
 //    STUCK_REASONS, summarizePod, unchanged, UPGRADE_LIMITS, UpgradeDeps, UpgradeError, UpgradeReport, valueAt,
 //    WORKLOAD_KINDS, WorkloadEvent, WorkloadKind, workloadPods, WorkloadQueue, workloadResource, WorkloadTarget.
-//    Tests: test/decision.test.ts, test/e2e.test.ts, test/policy.test.ts, test/records.test.ts, test/rolling.test.ts,
-//    test/upgrade.test.ts.
+//    Tests: test/decision.test.ts, test/e2e.test.ts, test/git.test.ts, test/policy.test.ts, test/records.test.ts,
+//    test/rolling.test.ts, test/upgrade.test.ts.
 // ================================================================================================
 
 export const UPGRADE_LIMITS = {

@@ -16,7 +16,7 @@ import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import {
   editGitFile, fetchGitFile, fetchGitFiles, gitObjectId, gitopsOwner, GitError, HOOK_SETTINGS, locatedYaml, parsePktLines, pktLine,
-  pushGitCommit, readPack, readSshSigningKey, readTree, replaceInTree, writePack, type GitEdit, type GitRemote,
+  pushGitCommit, WorkloadQueue, readPack, readSshSigningKey, readTree, replaceInTree, writePack, type GitEdit, type GitRemote,
 } from '../webhook.ts';
 import { git, makeRepository, startGitServer, type GitServer } from './git-server.ts';
 import { makeTempDir, startWebhook, type Webhook } from './harness.ts';
@@ -78,6 +78,29 @@ describe('a workload a GitOps tool owns', () => {
     assert.equal(gitopsOwner(meta({ labels: { 'app.kubernetes.io/instance': 'web', 'app.kubernetes.io/managed-by': 'Helm' } })), undefined);
     assert.equal(HOOK_SETTINGS.ON_GITOPS_OWNER.parse(undefined), 'refuse');
     assert.throws(() => HOOK_SETTINGS.ON_GITOPS_OWNER.parse('ignore'), /ON_GITOPS_OWNER "ignore" is not refuse or patch/);
+  });
+});
+
+describe('pushes waiting for one branch are committed together (WorkloadQueue.batch)', () => {
+  test('items of one turn make one call; those arriving during a call the next; at most max a call; a throw fails its items', async () => {
+    const queue = new WorkloadQueue();
+    const calls: number[][] = [];
+    let release!: () => void;
+    const gate = new Promise<void>((r) => (release = r));
+    const run = async (items: number[]) => {
+      calls.push(items);
+      if (calls.length === 1) await gate;
+      return items.map((i) => i * 10);
+    };
+    const first = [1, 2, 3].map((i) => queue.batch('main', i, run, 4));
+    await new Promise((r) => setImmediate(r));
+    const later = [4, 5, 6, 7, 8, 9].map((i) => queue.batch('main', i, run, 4));
+    const other = queue.batch('other', 100, run, 4);
+    release();
+    assert.deepEqual(await Promise.all([...first, ...later, other]), [10, 20, 30, 40, 50, 60, 70, 80, 90, 1000]);
+    assert.deepEqual(calls.toSorted((a, b) => a[0] - b[0]), [[1, 2, 3], [4, 5, 6, 7], [8, 9], [100]]);
+    const failing = queue.batch('main', 1, async () => { throw new Error('the branch is protected'); }, 4);
+    await assert.rejects(failing, /the branch is protected/);
   });
 });
 
