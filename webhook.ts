@@ -7379,6 +7379,8 @@ export interface GitSettings {
   author: string;
   /** The key that signs each commit (SSH ed25519), or undefined: unsigned. */
   signingKey?: SshSigningKey;
+  /** How long the service waits after answering for the GitOps tool to apply a commit (0: not waited for). */
+  syncTimeoutMs: number;
 }
 
 /** A repository's URL: https (http only for a loopback host), without credentials, query or fragment. */
@@ -7488,7 +7490,9 @@ export function gitSettingsRead(read: (name: string) => unknown): GitSettings | 
   const remote = { url, username: text('GIT_USERNAME') ?? 'x-access-token', ca: text('GIT_CA') };
   const signingKey = read('GIT_SIGNING_KEY') as SshSigningKey | undefined;
   const [path, token, field, branch] = [text('GIT_PATH'), text('GIT_TOKEN'), text('GIT_FIELD'), text('GIT_BRANCH')];
-  return gitSettings({ remote, token, path, field, branch: branch ?? 'main', author: text('GIT_AUTHOR')!, signingKey });
+  const syncTimeoutMs = (read('GIT_SYNC_TIMEOUT') as number | undefined) ?? 0;
+  const author = text('GIT_AUTHOR')!;
+  return gitSettings({ remote, token, path, field, branch: branch ?? 'main', author, signingKey, syncTimeoutMs });
 }
 
 /** A write-back's settings once each is read: the file and the token are required. */
@@ -7513,8 +7517,8 @@ function gitSettings(
 // ================================================================================================
 // 15. command line & settings — the adnanh/webhook command line in Go `flag` syntax (parseCommandLine, usage), Go's
 //    durations and booleans, and our safety limits (LIMITS), each with why it has that value.
-//    Exports: LIMITS, Options, parseCommandLine, parseGoBool, parseGoDuration, parseListenAddress, PLACEHOLDER,
-//    readAdminTokenFile, readApprovalKeyFile, usage, UsageError.
+//    Exports: durationSetting, LIMITS, Options, parseCommandLine, parseGoBool, parseGoDuration, parseListenAddress,
+//    PLACEHOLDER, readAdminTokenFile, readApprovalKeyFile, usage, UsageError.
 //    Tests: test/runner.test.ts, test/unit.test.ts.
 // ================================================================================================
 
@@ -7958,6 +7962,15 @@ const FLAGS: Record<string, FlagSpec> = {
 };
 
 export class UsageError extends Error {}
+
+/** A setting's Go duration in milliseconds, or an error naming the setting and its value. */
+export function durationSetting(name: string, value: string): number {
+  try {
+    return parseGoDuration(value.trim());
+  } catch {
+    throw new UsageError(`${name} ${showValue(value)} is not a duration (e.g. 0, 90s, 10m)`);
+  }
+}
 
 /** Parses a Go duration ("1h2m3.5s", "300ms"); returns milliseconds, or throws. */
 export function parseGoDuration(text: string): number {
@@ -14104,7 +14117,7 @@ export async function recordWorkloadEvent(
  */
 export class WorkloadQueue {
   private readonly tails = new Map<string, Promise<unknown>>();
-  private readonly waiting = new Map<string, BatchEntry<unknown, unknown>[]>();
+  private readonly batched = new Map<string, BatchEntry<unknown, unknown>[]>();
 
   /**
    * Runs `item` in one call of `run` with the items queued for `key` in the same turn or while an earlier call for
@@ -14114,10 +14127,10 @@ export class WorkloadQueue {
   batch<I, O>(key: string, item: I, run: (items: I[]) => Promise<O[]>, max: number): Promise<O> {
     return new Promise<O>((resolve, reject) => {
       const entry = { item, resolve, reject } as BatchEntry<unknown, unknown>;
-      const waiting = this.waiting.get(key);
-      if (waiting) return void waiting.push(entry);
+      const queued = this.batched.get(key);
+      if (queued) return void queued.push(entry);
       const list = [entry];
-      this.waiting.set(key, list);
+      this.batched.set(key, list);
       void this.drain(key, list, run as (items: unknown[]) => Promise<unknown[]>, max);
     });
   }
@@ -14139,7 +14152,7 @@ export class WorkloadQueue {
         for (const w of taken) w.reject(e);
       }
     }
-    this.waiting.delete(key);
+    this.batched.delete(key);
   }
 
   /** Queues task behind every task queued earlier for key; call it in arrival order. */
@@ -15151,6 +15164,11 @@ export const HOOK_SETTINGS = {
     ...{ type: 'PEM or file path', fixed: true, secret: true, parse: readSshSigningKey, default: 'unsigned' },
     ...{ validation: 'an unencrypted OpenSSH ed25519 private key', meaning: 'Signs each commit (gpg.format=ssh).' },
   }),
+  GIT_SYNC_TIMEOUT: setting({
+    ...{ type: 'duration', default: '10m', fixed: true, validation: 'a Go duration (0: not waited for)' },
+    meaning: 'After answering, how long the service waits for the GitOps tool to apply a commit (then follows it).',
+    parse: (value: string | undefined) => (value?.trim() ? durationSetting('GIT_SYNC_TIMEOUT', value) : 600_000),
+  }),
   GIT_AUTHOR: setting({
     ...{ type: 'Name <email>', default: 'webhook <webhook@localhost>', fixed: true, parse: gitAuthor },
     ...{ validation: 'Name <email>', meaning: "The commits' author and committer." },
@@ -15389,11 +15407,6 @@ function pushReadingOf(env: Record<string, string | undefined>, registryHost: st
   return { repoType: env.REPO_TYPE, netType: env.NET_TYPE, registryHost, pinDigest };
 }
 
-/** The hook's Git write-back, or undefined without GIT_REPO; GIT_PATH and GIT_TOKEN are then required. */
-function readGitSettings(env: Record<string, string | undefined>): GitSettings | undefined {
-  return gitSettingsRead((name) => (HOOK_SETTINGS[name as HookSettingName] as HookSetting<unknown>).parse(env[name]));
-}
-
 /** The upgrade's settings, each read by its HOOK_SETTINGS entry, in the order their errors are reported. */
 function readSettings(
   env: Record<string, string | undefined>,
@@ -15437,7 +15450,7 @@ function readSettings(
     approvalTimeoutMs: read.APPROVAL_TIMEOUT.parse(env.APPROVAL_TIMEOUT),
     windows: read.DEPLOY_WINDOW.parse(env.DEPLOY_WINDOW),
     approvalOverride: read.APPROVAL_OVERRIDE.parse(env.APPROVAL_OVERRIDE),
-    git: readGitSettings(env),
+    git: gitSettingsRead((name) => (read[name as HookSettingName] as HookSetting<unknown>).parse(env[name])),
     onGitopsOwner: read.ON_GITOPS_OWNER.parse(env.ON_GITOPS_OWNER),
   };
 }
@@ -17237,6 +17250,54 @@ export async function commitOut(
   report.action = `committed ${done.commit.slice(0, 7)} to ${where}`;
   const detail = 'committed to Git: the GitOps tool deploying the branch applies it';
   report.rollout = { state: 'not tracked', detail, pods: [] };
+  // The service carries a push on after its answer (eventAfterAnswer): it waits there for the sync, then follows.
+  if (git.syncTimeoutMs === 0 || !deps.eventAfterAnswer) return;
+  const synced = `${detail}; waited for up to ${formatGoDuration(git.syncTimeoutMs)}, then followed`;
+  report.rollout = { state: 'progressing', detail: synced, pods: [] };
+  report.afterAnswer = awaitGitSync(client, { ...given, report, deps, commit: done.commit }, git.syncTimeoutMs);
+}
+
+// A workload waited for after a commit is read this often: the GitOps tool applies within its own poll
+// (Argo CD 3 minutes, Flux and Fleet their interval), so a read every 2 s costs little and reports promptly.
+const GIT_SYNC_POLL_MS = 2_000;
+
+/**
+ * After the answer: waits until the workload's container runs the committed image (the GitOps tool applied the
+ * commit), then leaves the rollout to the service's follow with the workload as read (deps.known), noting who
+ * applied it (the newest field manager) and how long it took. Past the timeout the rollout is reported timed out.
+ */
+async function awaitGitSync(
+  client: KubeClient,
+  on: PushToCarryOut & { report: UpgradeReport; deps: UpgradeDeps; commit: string },
+  timeoutMs: number,
+): Promise<undefined> {
+  const { push, config, report, deps } = on;
+  const started = Date.now();
+  const key = `${push.target.namespace}/${push.target.kind}/${push.target.name}`;
+  for (;;) {
+    const workload = await readWorkload(client, push.target).catch(() => undefined);
+    const podSpec = workload && valueAt(workload, [...kindSpec(push.target.kind).template, 'spec']);
+    if (workload && locateContainer(podSpec, config.container)?.image === push.image) {
+      deps.known?.set(key, workload);
+      const seconds = Math.round((Date.now() - started) / 1000);
+      report.notes.push(`commit ${on.commit.slice(0, 7)} applied after ${seconds}s by ${newestManager(workload)}`);
+      return undefined;
+    }
+    if (Date.now() - started >= timeoutMs) {
+      const detail = `commit ${on.commit.slice(0, 7)} not applied within ${formatGoDuration(timeoutMs)}`;
+      report.rollout = { state: 'timed out', detail, pods: [] };
+      return undefined;
+    }
+    // Unreferenced: a service stopping is not held open by a push waiting for its GitOps tool.
+    await new Promise((next) => setTimeout(next, GIT_SYNC_POLL_MS).unref());
+  }
+}
+
+/** The field manager that wrote the workload last (managedFields' newest time): who applied the commit. Pure. */
+function newestManager(workload: K8sObject): string {
+  const fields = asArray(valueAt(workload, ['metadata', 'managedFields']));
+  const newest = fields.toSorted((a, b) => String(valueAt(b, ['time'])).localeCompare(String(valueAt(a, ['time']))))[0];
+  return newest === undefined ? 'an unknown manager' : `manager ${String(valueAt(newest, ['manager']))}`;
 }
 
 // ---- a workload a GitOps tool owns -------------------------------------------------------------------

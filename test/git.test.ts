@@ -19,7 +19,7 @@ import {
   pushGitCommit, WorkloadQueue, readPack, readSshSigningKey, readTree, replaceInTree, writePack, type GitEdit, type GitRemote,
 } from '../webhook.ts';
 import { git, makeRepository, startGitServer, type GitServer } from './git-server.ts';
-import { makeTempDir, startWebhook, type Webhook } from './harness.ts';
+import { adminPort, httpRequest, makeTempDir, startWebhook, waitFor, type Webhook } from './harness.ts';
 import { acrImage, acrPayload, clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor, removeNamespace } from './cluster/kube.ts';
 import { upgradeHook } from './upgrade-hooks.ts';
 
@@ -405,12 +405,14 @@ describe('an applied push committed to Git through the executable', { skip: clus
       upgradeHook('wrong', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'apps/web.yaml', GIT_TOKEN: 'not-the-token-3e9' }),
       upgradeHook('binary', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'logo.yaml', GIT_TOKEN: tokenFile }),
       upgradeHook('big', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'big.yaml', GIT_TOKEN: tokenFile }),
+      upgradeHook('synced', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'apps/web.yaml', GIT_TOKEN: tokenFile, GIT_SYNC_TIMEOUT: '2m' }),
       upgradeHook('cluster', HOOK_TOKEN),
       upgradeHook('patch-anyway', HOOK_TOKEN, { ON_GITOPS_OWNER: 'patch' }),
       upgradeHook('signed', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'apps/web.yaml', GIT_TOKEN: tokenFile, GIT_SIGNING_KEY: signingKey }),
     ];
     const env = { KUBECONFIG: cluster!.kubeconfigPath, PATH: noGit };
-    [wh, second] = await Promise.all([startWebhook({ hooks, env }), startWebhook({ hooks, env })]);
+    const args = ['-deliveries', '50'];
+    [wh, second] = await Promise.all([0, 1].map(() => startWebhook({ hooks, env, args, metrics: true })));
   });
   after(async () => {
     await wh?.stop();
@@ -568,5 +570,26 @@ describe('an applied push committed to Git through the executable', { skip: clus
     const patched = await push('patch-anyway', 'v51', later, () => wh, 'deployment/flux-web');
     assert.equal(actionOf(patched.body), 'image updated', patched.body);
     assert.equal(await get('flux-web'), acrImage('v51'));
+  });
+
+  test('GIT_SYNC_TIMEOUT: after the answer, the service waits for the GitOps tool to apply the commit, then follows and reports the rollout', async () => {
+    const later = new Date(Date.now() + 30_000);
+    const res = await push('synced', 'v60', later);
+    assert.match(actionOf(res.body) ?? res.body, /^committed [0-9a-f]{7} to main of /, res.body);
+    assert.match(res.body, /^rollout: +progressing \(committed to Git: the GitOps tool deploying the branch applies it; waited for up to 2m0s, then followed\)$/m);
+    const commit = git(bare, ['rev-parse', '--short=7', 'main']).trim();
+    // The GitOps tool: applies the committed image, as Argo CD's controller would.
+    const committed = /image: '([^']+)'/.exec(git(bare, ['show', 'main:apps/web.yaml']))![1];
+    assert.equal(committed, acrImage('v60'));
+    await kubectl(['-n', ns, 'set', 'image', 'deployment/web', `app=${committed}`, '--field-manager=argocd-controller']);
+    const port = await adminPort(wh);
+    const id = String(res.headers['x-request-id']);
+    const done = await waitFor(async () => {
+      const d = JSON.parse((await httpRequest(port, '/deliveries.json')).body).deliveries.find((x: any) => x.request_id === id);
+      return d?.state === 'done' ? d : undefined;
+    }, { timeoutMs: 60_000, what: 'the synced rollout reported' });
+    assert.equal(done.rollout.state, 'complete', JSON.stringify(done));
+    assert.ok(done.pods.every((p: any) => p.image === acrImage('v60')), 'the pods run the committed image');
+    assert.match(done.report, new RegExp(`note: +commit ${commit} applied after \\d+s by manager argocd-controller`));
   });
 });

@@ -31,7 +31,7 @@ const ENVIRONMENT_READERS = {
   // (/webhooks.sh: runUpgrade, which hands its environment to readHookConfig), an HTTP delivery (UpgradeService.run, fanned out per cluster, then runOne), and a
   // decided push (UpgradeService.decidedEnv, which runDecided hands to readHookConfig).
   boundaries: [
-    'readHookConfig', 'readSettings', 'readGitSettings', 'readPushReading', 'pushReadingOf', 'UpgradeService.run',
+    'readHookConfig', 'readSettings', 'readPushReading', 'pushReadingOf', 'UpgradeService.run',
     'UpgradeService.decidedEnv',
   ],
   // A command's result: every hook's command (not only an upgrade) has its environment read into ResultSettings.
