@@ -15128,7 +15128,8 @@ export const HOOK_SETTINGS = {
     parse: (value: string | undefined) => (value ? parseRecipients(value) : []),
   }),
   GIT_REPO: setting({
-    ...{ type: 'URL', default: 'unset: patched', fixed: true, parse: gitRepoUrl, validation: 'an https:// URL' },
+    ...{ type: 'URL', default: 'patched, not committed', fixed: true, parse: gitRepoUrl },
+    validation: 'an https:// URL (http:// only for a loopback host), without credentials',
     meaning: 'The Git repository a GitOps tool deploys from: an applied push is committed there instead of patched.',
   }),
   GIT_BRANCH: setting({
