@@ -6653,13 +6653,14 @@ export function sshSignature(message: Buffer, k: SshSigningKey): string {
 // 14. git smart http — writing to a Git repository with no git program and no clone on disk: git's smart HTTP
 //    protocol (gitprotocol-http, gitprotocol-v2, gitprotocol-pack) on node:https, node:zlib and node:crypto. A
 //    session discovers the branch head (ls-refs), fetches the head commit shallow (depth 1) with its trees and,
-//    where the server allows filters, without the blobs (filter blob:none), then fetches the one blob the edit
-//    reads by its id. The pack reader (readPack) resolves OFS_DELTA and REF_DELTA objects and checks the pack's
+//    where the server allows filters, without the blobs (filter blob:none), then fetches the blobs of the files
+//    edited by their ids (fetchGitFiles). The pack reader (readPack) resolves OFS_DELTA and REF_DELTA objects and checks the pack's
 //    checksum; everything it reads is bounded (GIT_LIMITS), and a truncated pack or an answer that is not the
 //    protocol is a GitError saying so. New objects (blob, trees, commit) get their SHA-1 ids (gitObjectId), travel
 //    in an undeltified pack (writePack), and receive-pack updates the branch only if it still points at the head
 //    read (compare-and-set); its report-status is read, and a refusal carries the server's own message (a
-//    pre-receive hook's). The token is sent as HTTP basic auth and never appears in an error.
+//    pre-receive hook's). The token is sent as HTTP basic auth and never appears in an error. The GIT_* settings'
+//    parse functions (GitSettings) and ON_GITOPS_OWNER's end the chapter; commits are signed with chapter 13's keys.
 //    Exports: fetchGitFiles, gitAuthor, gitBranchName, gitCa, gitFieldPath, gitFilePath, GitError, GitHead,
 //    gitopsOwnerMode, gitRepoUrl, GitSettings, gitSettingsRead, gitToken, gitUsername, pushGitCommit.
 //    Tests: test/git.test.ts.
@@ -16762,14 +16763,17 @@ export function recordDecision(report: UpgradeReport, d: Decision, kind: Workloa
 //    Kubernetes manifest's container image, a kustomization's images entry, a Helm values field named by
 //    GIT_FIELD), so comments, order, quoting and indentation stay; committed on the branch head with the push in
 //    its message and trailers, and pushed with that head as the expected value. A branch that moved in between is
-//    fetched again and the edit made again on its new head, up to GIT_PUSH_ATTEMPTS times. Nothing is written to
-//    the cluster: the GitOps tool applies the commit.
+//    fetched again and the edit made again on its new head, up to GIT_PUSH_ATTEMPTS times; pushes waiting for one
+//    branch are committed together (WorkloadQueue.batch), and newest wins by the head commit's trailers. Nothing
+//    is written to the cluster: the GitOps tool applies the commit, which the service waits for after answering
+//    (GIT_SYNC_TIMEOUT) before the rollout is followed. Without GIT_REPO, a push that would patch a workload a
+//    GitOps tool deploys is refused (refuseGitopsOwned, ON_GITOPS_OWNER).
 //    Exports: commitOut, refuseGitopsOwned.
 //    Tests: test/git.test.ts.
 // ================================================================================================
 
 // A push racing others for one branch (replicas, other automations) fetches and commits again this many times:
-// each attempt is four requests, and a branch taking more than this many commits within seconds is a storm.
+// each attempt is six requests, and a branch taking more than this many commits within seconds is a storm.
 const GIT_PUSH_ATTEMPTS = 5;
 // A file larger than this is not a manifest, a kustomization or a values file a person edits.
 const MAX_GIT_FILE_BYTES = 1024 * 1024;
