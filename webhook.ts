@@ -6654,12 +6654,12 @@ export function sshSignature(message: Buffer, k: SshSigningKey): string {
 //    protocol (gitprotocol-http, gitprotocol-v2, gitprotocol-pack) on node:https, node:zlib and node:crypto. A
 //    session discovers the branch head (ls-refs), fetches the head commit shallow (depth 1) with its trees and,
 //    where the server allows filters, without the blobs (filter blob:none), then fetches the blobs of the files
-//    edited by their ids (fetchGitFiles). The pack reader (readPack) resolves OFS_DELTA and REF_DELTA objects and checks the pack's
-//    checksum; everything it reads is bounded (GIT_LIMITS), and a truncated pack or an answer that is not the
-//    protocol is a GitError saying so. New objects (blob, trees, commit) get their SHA-1 ids (gitObjectId), travel
-//    in an undeltified pack (writePack), and receive-pack updates the branch only if it still points at the head
-//    read (compare-and-set); its report-status is read, and a refusal carries the server's own message (a
-//    pre-receive hook's). The token is sent as HTTP basic auth and never appears in an error. The GIT_* settings'
+//    edited by their ids (fetchGitFiles). The pack reader (readPack) resolves OFS_DELTA and REF_DELTA objects and
+//    checks the pack's checksum; everything it reads is bounded (GIT_LIMITS), and a truncated pack or an answer that
+//    is not the protocol is a GitError saying so. New objects (blob, trees, commit) get their SHA-1 ids
+//    (gitObjectId), travel in an undeltified pack (writePack), and receive-pack updates the branch only if it still
+//    points at the head read (compare-and-set); its report-status is read, and a refusal carries the server's own
+//    message (a pre-receive hook's). The token is sent as HTTP basic auth and never appears in an error. The GIT_* settings'
 //    parse functions (GitSettings) and ON_GITOPS_OWNER's end the chapter; chapter 13's keys sign commits.
 //    Exports: fetchGitFiles, gitAuthor, gitBranchName, gitCa, gitFieldPath, gitFilePath, GitError, GitHead,
 //    gitopsOwnerMode, gitRepoUrl, GitSettings, gitSettingsRead, gitToken, gitUsername, pushGitCommit.
