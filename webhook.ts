@@ -6659,8 +6659,8 @@ export function sshSignature(message: Buffer, k: SshSigningKey): string {
 //    is not the protocol is a GitError saying so. New objects (blob, trees, commit) get their SHA-1 ids
 //    (gitObjectId), travel in an undeltified pack (writePack), and receive-pack updates the branch only if it still
 //    points at the head read (compare-and-set); its report-status is read, and a refusal carries the server's own
-//    message (a pre-receive hook's). The token is sent as HTTP basic auth and never appears in an error. The GIT_* settings'
-//    parse functions (GitSettings) and ON_GITOPS_OWNER's end the chapter; chapter 13's keys sign commits.
+//    message (a pre-receive hook's). The token is sent as HTTP basic auth and never appears in an error. The GIT_*
+//    settings' parse functions (GitSettings) and ON_GITOPS_OWNER's end the chapter; chapter 13's keys sign commits.
 //    Exports: fetchGitFiles, gitAuthor, gitBranchName, gitCa, gitFieldPath, gitFilePath, GitError, GitHead,
 //    gitopsOwnerMode, gitRepoUrl, GitSettings, gitSettingsRead, gitToken, gitUsername, pushGitCommit.
 //    Tests: test/git.test.ts.
