@@ -14225,6 +14225,8 @@ export interface UpgradeReport {
   imagePin?: ImagePin;
   /** What became of a failed rollout under ROLLBACK_ON_FAILURE. */
   rollback?: RollbackOutcome;
+  /** A push committed to Git (the git executor): the rollback commits the revert there, and says what became of it. */
+  revertInGit?: (reason: string) => Promise<RollbackOutcome>;
   /** When the push was pushed (or received), as the newest-wins rule compares it. */
   pushedAtMs?: number;
   /**
@@ -17081,6 +17083,8 @@ interface PushEdit {
   push: Push;
   config: UpgradeSettings;
   before: string | undefined;
+  /** A failed rollout's revert: why (the commit's message says so). */
+  revert?: string;
 }
 
 /** What became of one push's edit in its batch. */
@@ -17118,8 +17122,9 @@ function commitMessage(edits: PushEdit[]): string {
   const t = first.push.target;
   const pushed = `The registry pushed ${first.push.image}; container ${first.config.container}`;
   const ran = `${pushed} of ${t.kind}/${t.name} in ${t.namespace} ran ${first.before ?? 'nothing yet'}.`;
-  const head =
-    edits.length === 1
+  const head = first.revert
+    ? [`Revert to ${deployed(first)}`, '', `ROLLBACK_ON_FAILURE: ${first.revert}.`]
+    : edits.length === 1
       ? [`Deploy ${deployed(first)}`, '', ran]
       : [`Deploy ${edits.length} images`, '', ...edits.map((e) => `- ${deployed(e)}`)];
   return [...head, '', ...edits.flatMap(pushTrailers), ''].join('\n');
@@ -17255,11 +17260,29 @@ export async function commitOut(
   report.action = `committed ${done.commit.slice(0, 7)} to ${where}`;
   const detail = 'committed to Git: the GitOps tool deploying the branch applies it';
   report.rollout = { state: 'not tracked', detail, pods: [] };
+  const previous = { ...edit, push: { ...edit.push, image: decision.before } };
+  if (given.config.rollbackOnFailure) report.revertInGit = (why) => committedRevert(previous, why, where);
   // The service carries a push on after its answer (eventAfterAnswer): it waits there for the sync, then follows.
   if (git.syncTimeoutMs === 0 || !deps.eventAfterAnswer) return;
   const synced = `${detail}; waited for up to ${formatGoDuration(git.syncTimeoutMs)}, then followed`;
   report.rollout = { state: 'progressing', detail: synced, pods: [] };
   report.afterAnswer = awaitGitSync(client, { ...given, report, deps, commit: done.commit }, git.syncTimeoutMs);
+}
+
+/**
+ * A failed rollout's revert, committed as a push of the image before it would be (newer than the push it reverts,
+ * so newest wins keeps it): what the rollback report says of it. Its rollout is the GitOps tool's to apply.
+ */
+async function committedRevert(edit: PushEdit, reason: string, where: string): Promise<RollbackOutcome> {
+  // Later than the push it reverts, whose time may be a little ahead of this clock (a registry's).
+  const pushedAtMs = Math.max(Date.now(), edit.push.pushedAtMs + 1);
+  const revert = { ...edit, push: { ...edit.push, pushedAtMs }, revert: reason };
+  const [done] = await committedEdits([revert]);
+  const image = revert.push.image;
+  if ('error' in done) return { reason, notDone: `the revert was not committed: ${done.error.message}` };
+  const committed = 'commit' in done && `${reason}; the revert committed as ${done.commit.slice(0, 7)} to ${where}`;
+  if (committed) return { reason: committed, image };
+  return { reason, notDone: 'superseded' in done ? done.superseded : `the file already names ${image}` };
 }
 
 // A workload waited for after a commit is read this often: the GitOps tool applies within its own poll
@@ -17981,6 +18004,7 @@ export async function rollBackFailedRollout(
   const stuck = (report.rollout?.pods ?? []).filter((p) => !p.ready).slice(0, 5);
   const podStates = stuck.length ? ` (${stuck.map((p) => `${p.name} ${p.reason ?? 'not ready'}`).join(', ')})` : '';
   const reason = `the rollout of ${report.imageAfter} failed: ${report.rollout?.detail ?? 'unknown'}${podStates}`;
+  if (report.revertInGit) return void (report.rollback = await report.revertInGit(reason));
   try {
     const workload = await readWorkload(client, target);
     const { raw, records } = readPushRecords(workload);

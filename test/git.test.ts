@@ -406,6 +406,7 @@ describe('an applied push committed to Git through the executable', { skip: clus
       upgradeHook('binary', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'logo.yaml', GIT_TOKEN: tokenFile }),
       upgradeHook('big', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'big.yaml', GIT_TOKEN: tokenFile }),
       upgradeHook('synced', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'apps/web.yaml', GIT_TOKEN: tokenFile, GIT_SYNC_TIMEOUT: '2m' }),
+      upgradeHook('revert', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'apps/web.yaml', GIT_TOKEN: tokenFile, GIT_SYNC_TIMEOUT: '2m', ROLLBACK_ON_FAILURE: 'true' }),
       upgradeHook('cluster', HOOK_TOKEN),
       upgradeHook('patch-anyway', HOOK_TOKEN, { ON_GITOPS_OWNER: 'patch' }),
       upgradeHook('signed', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'apps/web.yaml', GIT_TOKEN: tokenFile, GIT_SIGNING_KEY: signingKey }),
@@ -415,6 +416,7 @@ describe('an applied push committed to Git through the executable', { skip: clus
     [wh, second] = await Promise.all([0, 1].map(() => startWebhook({ hooks, env, args, metrics: true })));
   });
   after(async () => {
+    await kubectl(['delete', 'mutatingadmissionpolicybinding,mutatingadmissionpolicy', `webhook-test-crashloop-${ns}`]).catch(() => undefined);
     await wh?.stop();
     await second?.stop();
     await server?.close();
@@ -591,5 +593,40 @@ describe('an applied push committed to Git through the executable', { skip: clus
     assert.equal(done.rollout.state, 'complete', JSON.stringify(done));
     assert.ok(done.pods.every((p: any) => p.image === acrImage('v60')), 'the pods run the committed image');
     assert.match(done.report, new RegExp(`note: +commit ${commit} applied after \\d+s by manager argocd-controller`));
+  });
+
+  test('ROLLBACK_ON_FAILURE: a failed rollout of a commit is reverted by a commit, not a PATCH', async () => {
+    // As test/rollback.test.ts does: pods of `:broken…` images are labelled to crash-loop (kwok's stage) in this namespace.
+    const name = `webhook-test-crashloop-${ns}`;
+    await kubectl(['apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: [
+      { apiVersion: 'admissionregistration.k8s.io/v1', kind: 'MutatingAdmissionPolicy', metadata: { name }, spec: {
+        matchConstraints: {
+          namespaceSelector: { matchLabels: { 'kubernetes.io/metadata.name': ns } },
+          resourceRules: [{ apiGroups: [''], apiVersions: ['v1'], operations: ['CREATE'], resources: ['pods'] }],
+        },
+        matchConditions: [{ name: 'broken-image', expression: "object.spec.containers.exists(c, c.image.matches(':broken[^/]*$'))" }],
+        failurePolicy: 'Fail', reinvocationPolicy: 'Never',
+        mutations: [{ patchType: 'ApplyConfiguration', applyConfiguration: { expression: 'Object{metadata: Object.metadata{labels: {"webhook-test/unready": "true"}}}' } }],
+      } },
+      { apiVersion: 'admissionregistration.k8s.io/v1', kind: 'MutatingAdmissionPolicyBinding', metadata: { name }, spec: { policyName: name } },
+    ] }));
+    const probe = { apiVersion: 'v1', kind: 'Pod', metadata: { name: 'probe', namespace: ns }, spec: { containers: [{ name: 'app', image: acrImage('broken-probe') }] } };
+    await waitFor(async () => JSON.parse(await kubectl(['create', '--dry-run=server', '-o', 'json', '-f', '-'], JSON.stringify(probe))).metadata.labels?.['webhook-test/unready'] === 'true',
+      { timeoutMs: 60_000, what: 'the admission policy in force' });
+    const running = await runningImage();
+    const res = await push('revert', 'broken1', new Date(Date.now() + 40_000));
+    assert.match(actionOf(res.body) ?? res.body, /^committed [0-9a-f]{7} to main of /, res.body);
+    await kubectl(['-n', ns, 'set', 'image', 'deployment/web', `app=${acrImage('broken1')}`, '--field-manager=argocd-controller']);
+    const port = await adminPort(wh);
+    const id = String(res.headers['x-request-id']);
+    const done = await waitFor(async () => {
+      const d = JSON.parse((await httpRequest(port, '/deliveries.json')).body).deliveries.find((x: any) => x.request_id === id);
+      return d?.state === 'done' ? d : undefined;
+    }, { timeoutMs: 120_000, what: 'the failed rollout reported' });
+    const head = git(bare, ['rev-parse', '--short=7', 'main']).trim();
+    assert.match(done.report, new RegExp(`^rollback: +rolled back to ${running!.replace(/\./g, '\\.')}: the rollout of \\S+:broken1 failed: .*; the revert committed as ${head} to main of `, 'm'), done.report);
+    assert.match(git(bare, ['log', '-1', '--format=%s', 'main']), new RegExp(`^Revert to ${running!.replace(/\./g, '\\.')} to `));
+    assert.match(git(bare, ['show', 'main:apps/web.yaml']), new RegExp(`image: '${running!.replace(/\./g, '\\.')}'`));
+    assert.equal(await runningImage(), acrImage('broken1'), 'the cluster is not patched back: the GitOps tool applies the revert');
   });
 });
