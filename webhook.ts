@@ -17356,8 +17356,8 @@ export function gitopsOwner(workload: K8sObject): string | undefined {
 
 /**
  * Under ON_GITOPS_OWNER=refuse, a push whose decision would patch a workload a GitOps tool deploys is refused:
- * the tool's next sync would undo the PATCH. The workload read is kept for the cluster executor (deps.known), so
- * it costs no read of its own.
+ * the tool's next sync would undo the PATCH. It reads the service's copy of the workload (deps.known) when it has
+ * one, else the workload; what it reads is not handed to the cluster executor as a copy, which decides afresh.
  */
 export async function refuseGitopsOwned(
   client: KubeClient,
@@ -17368,7 +17368,6 @@ export async function refuseGitopsOwned(
   const target = given.push.target;
   const key = `${target.namespace}/${target.kind}/${target.name}`;
   const workload = deps.known?.get(key) ?? (await readWorkload(client, target));
-  deps.known?.set(key, workload);
   const owner = gitopsOwner(workload);
   if (owner === undefined) return;
   const now = (deps.now ?? (() => new Date()))().getTime();
