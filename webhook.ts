@@ -9,15 +9,15 @@
  * mailed when the hook passes MAIL_TO.
  *
  * Chapters, in order. Part I holds the libraries the program needs and has no dependency for; they use
- * nothing of the service. Part II is the service, in the order a push travels: main (47) opens the
- * listeners (21) with the http server's handler (20), which uses the request, rule and hook chapters
- * above it and hands the command to the runner (19), whose in-process command is the upgrade (22-38): the
- * model (22) names its vocabulary, a boundary builds the push, the decision (31) decides it, the executor (32)
- * carries it out. After the answer the result travels on in order too: the approvals (40) learn of waiting pushes
- * and decide them, the registry watch (41) finds pushes no registry told of, the rollout follower (38) follows the
- * rollout and hands each step on: to the promotion (39), which takes a push from one stage to the next, and to the
- * result (42), which records it and, once final, sends it to the mail (43) and
- * the chat and JSON receivers (44); the deliveries page (45) renders the records. No chapter uses a name a later one
+ * nothing of the service. Part II is the service, in the order a push travels: main (51) opens the
+ * listeners (23) with the http server's handler (22), which uses the request, rule and hook chapters
+ * above it and hands the command to the runner (21), whose in-process command is the upgrade (24-42): the
+ * model (24) names its vocabulary, a boundary builds the push, the decision (34) decides it, an executor carries it
+ * out (35 on the cluster, 36 as a commit to Git). After the answer the result travels on in order too: the approvals
+ * (44) learn of waiting pushes and decide them, the registry watch (45) finds pushes no registry told of, the rollout
+ * follower (42) follows the rollout and hands each step on: to the promotion (43), which takes a push from one stage
+ * to the next, and to the result (46), which records it and, once final, sends it to the mail (47) and
+ * the chat and JSON receivers (48); the deliveries page (49) renders the records. No chapter uses a name a later one
  * defines; where an earlier chapter hands work on, it declares the small interface it needs
  * (InProcessCommand, CommandListener, AdminPages, ApprovalPages, ResultListener, ResultChannel, HookSettingChecks)
  * and main() wires the later chapter in.
@@ -35,42 +35,46 @@
  *  10. kubeconfig ................. contextCredentials, credentialsFromEnvironment, readKubeconfig
  *  11. oci registry client ........ RegistryLogin, resolveManifestTag, readCosignSignatures, verifyCosignSignatures
  *  12. html ....................... cell, escapeHtml, pageShell, shownTime
+ *  13. ssh signatures ............. readSshSigningKey, sshSignature, SshSigningKey
+ *  14. git smart http ............. fetchGitFile, GitRemote, pushGitCommit, readPack
  * Part II — the service
- *  13. command line & settings .... LIMITS, Options, parseCommandLine, parseGoBool
- *  14. logging & metrics .......... escapeControls, Logger, Metrics
- *  15. hook files ................. CompileSinks, ConfigError, FieldReader, Fields
- *  16. requests ................... applyJsonParameters, compileParam, firstValues, headersFromRaw
- *  17. trigger rules .............. compileRule, evaluateRule, evaluateRuleBeforeBody, Match
- *  18. hooks & reload ............. Hook, HookSettingChecks, HookStore, LoadSettings
- *  19. commands ................... CommandResult, CommandRunner, decodeBase64Strict, InProcessCommand
- *  20. http server ................ AdminPages, allowedMethods, answerClientError, CommandListener
- *  21. listeners .................. openListener, openAdminListener, tlsOptions
- *  22. the model .................. DECISIONS, ANNOTATIONS, PENDING_ANNOTATION
- *  23. registry payloads .......... parsePushPayload, parsePushHeaders, PayloadFields, PushEvent
- *  24. cloud registry payloads .... REGISTRIES, REPO_TYPES, registryFor, recognisedRepoType
- *  25. image reference & pin ...... checkImagePin, chooseCandidate, composeImageRef, readImagePin
- *  26. change windows & approvals  nextOpening, parseDeployWindows, PendingEntry, approvalLinks
- *  27. workloads .................. WORKLOAD_KINDS, parseWorkload, locateContainer, rolloutStatus
- *  28. update policies & stages ... parsePolicy, policyDecision, UpdatePolicy, parseStages
- *  29. hook settings .............. HOOK_SETTINGS, fixedSettingChecks
- *  30. upgrade decision ........... decidePush, holdDecision, pushEvent, readPushRecords, verifiedRef
- *  31. the decision ............... decide, Decision, DecisionInput, waitingAction
- *  32. the cluster executor ....... carryOut, recordDecision
- *  33. the report ................. formatForcedRollback, formatReport, formatRollback, formatRollout
- *  34. rollout follow ............. claimFollow, followRollout, resumedReport, rolloutEvent
- *  35. rollback ................... rollBackFailedRollout
- *  36. least privilege ............ formatRbac, hookReach, HookReach, upgradeInput
- *  37. the upgrade ................ runUpgrade, runDecidedPush, upgradeResult
- *  38. the upgrade service ........ UpgradeService, RolloutFollower, hookClusters
- *  39. promotion .................. Promotions, promotionChain
- *  40. approvals .................. approvalHooksProblem, ApprovalService, WaitingPush
- *  41. registry watch ............. RegistryWatch, newestAllowedTag, nextTagPage, listTags
- *  42. the result ................. DeliveryLog, ResultDispatcher, deliveryFacts, ResultChannel
- *  43. mail ....................... Mailer, parseMailConfig
- *  44. chat & json notifications .. Notifier, NOTIFY_FORMATS, resultDocument
- *  45. deliveries page ............ deliveryPages
- *  46. -validate & -print-rbac .... hookLoadSettings, validate
- *  47. main ....................... main
+ *  15. command line & settings .... LIMITS, Options, parseCommandLine, parseGoBool
+ *  16. logging & metrics .......... escapeControls, Logger, Metrics
+ *  17. hook files ................. CompileSinks, ConfigError, FieldReader, Fields
+ *  18. requests ................... applyJsonParameters, compileParam, firstValues, headersFromRaw
+ *  19. trigger rules .............. compileRule, evaluateRule, evaluateRuleBeforeBody, Match
+ *  20. hooks & reload ............. Hook, HookSettingChecks, HookStore, LoadSettings
+ *  21. commands ................... CommandResult, CommandRunner, decodeBase64Strict, InProcessCommand
+ *  22. http server ................ AdminPages, allowedMethods, answerClientError, CommandListener
+ *  23. listeners .................. openListener, openAdminListener, tlsOptions
+ *  24. the model .................. DECISIONS, ANNOTATIONS, PENDING_ANNOTATION
+ *  25. registry payloads .......... parsePushPayload, parsePushHeaders, PayloadFields, PushEvent
+ *  26. cloud registry payloads .... REGISTRIES, REPO_TYPES, registryFor, recognisedRepoType
+ *  27. image reference & pin ...... checkImagePin, chooseCandidate, composeImageRef, readImagePin
+ *  28. change windows & approval links  nextOpening, parseDeployWindows, PendingEntry, approvalLinks
+ *  29. workloads .................. WORKLOAD_KINDS, parseWorkload, locateContainer, rolloutStatus
+ *  30. update policies & stages ... parsePolicy, policyDecision, UpdatePolicy, parseStages
+ *  31. setting values ............. deployWindowSetting, notifyCa, parseRecipients, pollInterval
+ *  32. hook settings .............. HOOK_SETTINGS, fixedSettingChecks
+ *  33. upgrade decision ........... decidePush, holdDecision, pushEvent, readPushRecords, verifiedRef
+ *  34. the decision ............... decide, Decision, DecisionInput, waitingAction
+ *  35. the cluster executor ....... carryOut, recordDecision
+ *  36. the git executor ........... commitOut, editGitFile, locatedYaml
+ *  37. the report ................. formatForcedRollback, formatReport, formatRollback, formatRollout
+ *  38. rollout follow ............. claimFollow, followRollout, resumedReport, rolloutEvent
+ *  39. rollback ................... rollBackFailedRollout
+ *  40. least privilege ............ formatRbac, hookReach, HookReach, upgradeInput
+ *  41. the upgrade ................ runUpgrade, runDecidedPush, upgradeResult
+ *  42. the upgrade service ........ UpgradeService, RolloutFollower, hookClusters
+ *  43. promotion .................. Promotions, promotionChain
+ *  44. approvals .................. approvalHooksProblem, ApprovalService, WaitingPush
+ *  45. registry watch ............. RegistryWatch, newestAllowedTag, nextTagPage, listTags
+ *  46. the result ................. DeliveryLog, ResultDispatcher, deliveryFacts, ResultChannel
+ *  47. mail ....................... Mailer, parseMailConfig
+ *  48. chat & json notifications .. Notifier, NOTIFY_FORMATS, resultDocument
+ *  49. deliveries page ............ deliveryPages
+ *  50. -validate & -print-rbac .... hookLoadSettings, validate
+ *  51. main ....................... main
  *
  * Each banner's "Exports" lists the names later chapters use and "Tests" the test files that cover it
  * (test/structure.test.ts checks both).
@@ -92,8 +96,8 @@
 
 import { spawn, type ChildProcess } from 'node:child_process';
 import {
-  constants as cryptoConstants, createHash, createHmac, createPublicKey, hash, type KeyObject, randomBytes, randomUUID,
-  timingSafeEqual, verify as cryptoVerify, X509Certificate,
+  constants as cryptoConstants, createHash, createHmac, createPrivateKey, createPublicKey, hash, type KeyObject,
+  randomBytes, randomUUID, sign as cryptoSign, timingSafeEqual, verify as cryptoVerify, X509Certificate,
 } from 'node:crypto';
 import * as fs from 'node:fs';
 import * as fsp from 'node:fs/promises';
@@ -109,6 +113,7 @@ import { StringDecoder } from 'node:string_decoder';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { fileURLToPath } from 'node:url';
 import { getHeapStatistics, setFlagsFromString } from 'node:v8';
+import * as zlib from 'node:zlib';
 
 const VERSION = '0.1.0';
 
@@ -6568,16 +6573,978 @@ function pageShell(title: string, refreshSeconds: number | undefined, body: stri
 }
 
 
+// ================================================================================================
+// 13. ssh signatures — what signs a commit as git does with gpg.format=ssh: an ed25519 key read from an unencrypted
+//    OpenSSH private key file (PROTOCOL.key; the key never appears in an error), and an armored SSH signature of a
+//    message (PROTOCOL.sshsig, namespace `git`, SHA-512) that `git verify-commit` and `ssh-keygen -Y verify` accept.
+//    Exports: readSshSigningKey, sshSignature, SshSigningKey.
+//    Tests: test/git.test.ts.
+// ================================================================================================
+
+/** A key that cannot be read or used; its message names the setting and never shows the key. */
+class SshKeyError extends Error {}
+
+/** An ed25519 key read from an unencrypted OpenSSH private key file, and its public key in SSH wire form. */
+export interface SshSigningKey {
+  key: KeyObject;
+  publicBlob: Buffer;
+}
+
+/** An SSH wire `string`: its length (uint32) then its bytes. Pure. */
+function sshString(data: string | Buffer): Buffer {
+  const bytes = typeof data === 'string' ? Buffer.from(data) : data;
+  const length = Buffer.alloc(4);
+  length.writeUInt32BE(bytes.length);
+  return Buffer.concat([length, bytes]);
+}
+
+/**
+ * An unencrypted OpenSSH ed25519 private key (`ssh-keygen -t ed25519 -N ''`, PROTOCOL.key): PEM text, or the path
+ * of a file holding it. Errors name `where` and never show the key.
+ */
+export function readSshSigningKey(value: string | undefined, where = 'GIT_SIGNING_KEY'): SshSigningKey | undefined {
+  const text = value?.trim() ?? '';
+  if (text === '') return undefined;
+  let pem = text;
+  if (!text.includes('-----BEGIN')) {
+    try {
+      pem = fs.readFileSync(text, 'utf8');
+    } catch (e) {
+      throw new SshKeyError(`${where}: the key file ${showValue(text)} cannot be read: ${(e as Error).message}`);
+    }
+  }
+  const body = /-----BEGIN OPENSSH PRIVATE KEY-----([\s\S]*?)-----END OPENSSH PRIVATE KEY-----/.exec(pem)?.[1];
+  if (body === undefined) throw new SshKeyError(`${where}: not an OpenSSH private key (ssh-keygen -t ed25519)`);
+  const bytes = Buffer.from(body.replace(/\s+/g, ''), 'base64');
+  let at = 0;
+  const next = () => {
+    if (at + 4 > bytes.length) throw new SshKeyError(`${where}: a malformed OpenSSH private key`);
+    const length = bytes.readUInt32BE(at);
+    if (at + 4 + length > bytes.length) throw new SshKeyError(`${where}: a malformed OpenSSH private key`);
+    at += 4 + length;
+    return bytes.subarray(at - length, at);
+  };
+  const magic = 'openssh-key-v1\0';
+  if (bytes.toString('latin1', 0, magic.length) !== magic)
+    throw new SshKeyError(`${where}: not an OpenSSH private key`);
+  at = magic.length;
+  if (next().toString() !== 'none')
+    throw new SshKeyError(`${where}: the key is encrypted (ssh-keygen -p -N '' removes it)`);
+  next();
+  next();
+  at += 4;
+  next();
+  const secret = next();
+  return sshEd25519Key(secret, where);
+}
+
+/** The private section of an OpenSSH key: two equal check numbers, then one ed25519 key. */
+function sshEd25519Key(secret: Buffer, where: string): SshSigningKey {
+  let at = 8;
+  const next = () => {
+    const length = secret.readUInt32BE(at);
+    at += 4 + length;
+    return secret.subarray(at - length, at);
+  };
+  try {
+    if (secret.readUInt32BE(0) !== secret.readUInt32BE(4)) throw new Error('check numbers differ');
+    const type = next().toString();
+    if (type !== 'ssh-ed25519') throw new SshKeyError(`${where}: a ${type} key; only ssh-ed25519 signs commits here`);
+    const pub = next();
+    const seed = next().subarray(0, 32);
+    const jwk = { kty: 'OKP', crv: 'Ed25519', d: seed.toString('base64url'), x: pub.toString('base64url') };
+    const key = createPrivateKey({ key: jwk, format: 'jwk' });
+    return { key, publicBlob: Buffer.concat([sshString('ssh-ed25519'), sshString(pub)]) };
+  } catch (e) {
+    if (e instanceof SshKeyError) throw e;
+    throw new SshKeyError(`${where}: a malformed OpenSSH private key`);
+  }
+}
+
+/** An armored SSH signature (PROTOCOL.sshsig, namespace `git`, SHA-512) of `message`, as git's gpg.format=ssh. */
+export function sshSignature(message: Buffer, k: SshSigningKey): string {
+  const digest = createHash('sha512').update(message).digest();
+  const fields = [sshString('git'), sshString(''), sshString('sha512')];
+  const signed = Buffer.concat([Buffer.from('SSHSIG'), ...fields, sshString(digest)]);
+  const signature = Buffer.concat([sshString('ssh-ed25519'), sshString(cryptoSign(null, signed, k.key))]);
+  const version = Buffer.from([0, 0, 0, 1]);
+  const key = sshString(k.publicBlob);
+  const blob = Buffer.concat([Buffer.from('SSHSIG'), version, key, ...fields, sshString(signature)]);
+  const lines = blob.toString('base64').match(/.{1,70}/g) ?? [];
+  return ['-----BEGIN SSH SIGNATURE-----', ...lines, '-----END SSH SIGNATURE-----'].join('\n');
+}
+
+// ================================================================================================
+// 14. git smart http — writing to a Git repository with no git program and no clone on disk: git's smart HTTP
+//    protocol (gitprotocol-http, gitprotocol-v2, gitprotocol-pack) on node:https, node:zlib and node:crypto. A
+//    session discovers the branch head (ls-refs), fetches the head commit shallow (depth 1) with its trees and,
+//    where the server allows filters, without the blobs (filter blob:none), then fetches the blobs of the files
+//    edited by their ids (fetchGitFiles). The pack reader (readPack) resolves OFS_DELTA and REF_DELTA objects and
+//    checks the pack's checksum; everything it reads is bounded (GIT_LIMITS), and a truncated pack or an answer that
+//    is not the protocol is a GitError saying so. New objects (blob, trees, commit) get their SHA-1 ids
+//    (gitObjectId), travel in an undeltified pack (writePack), and receive-pack updates the branch only if it still
+//    points at the head read (compare-and-set); its report-status is read, and a refusal carries the server's own
+//    message (a pre-receive hook's). The token is sent as HTTP basic auth and never appears in an error. The GIT_*
+//    settings' parse functions (GitSettings) and ON_GITOPS_OWNER's end the chapter; chapter 13's keys sign commits.
+//    Exports: fetchGitFiles, gitAuthor, gitBranchName, gitCa, GitError, gitFieldPath, gitFilePath, GitHead,
+//    gitopsOwnerMode, gitRepoUrl, GitSettings, gitSettingsRead, gitToken, gitUsername, pushGitCommit.
+//    Tests: test/git.test.ts.
+// ================================================================================================
+
+/** A repository reached over smart HTTP, and who the service is to it. */
+export interface GitRemote {
+  /** The repository's URL (https:, or http: on a loopback host), without credentials. */
+  url: URL;
+  username: string;
+  /** The token (or password) sent as basic auth; never shown. */
+  token: string;
+  /** A private CA that signed the server's certificate (PEM). */
+  ca: string | undefined;
+}
+
+/** A failure of the protocol, the server's refusal, or a limit; its message never holds the token. */
+export class GitError extends Error {
+  /** 'moved': the branch no longer points at the head read, so the caller may fetch again. */
+  readonly kind: 'failed' | 'refused' | 'moved';
+  constructor(message: string, kind: GitError['kind'] = 'failed') {
+    super(message);
+    this.kind = kind;
+  }
+}
+
+const GIT_LIMITS = {
+  // A depth-1 pack without blobs is the head's trees; 64 MiB holds trees of well over 100,000 files, and a
+  // server sending more than that for one file's edit is not answering what was asked.
+  maxPackBytes: 64 * 1024 * 1024,
+  // One object inflated: a manifest, a kustomization or a values file is kilobytes; 8 MiB leaves room for a tree
+  // of 100,000 entries while keeping a hostile object from taking the heap.
+  maxObjectBytes: 8 * 1024 * 1024,
+  // Objects in one pack: a depth-1 tree walk of a large monorepo; more is not a shallow fetch.
+  maxPackObjects: 500_000,
+  // Entries in one tree: wider than any directory a GitOps repository has (10,000 manifests side by side fit).
+  maxTreeEntries: 100_000,
+  // Directories from the root to GIT_PATH.
+  maxPathDepth: 64,
+  // The ref advertisement and report-status answers are lines of refs: a few MiB covers repositories with
+  // hundreds of thousands of refs.
+  maxAdvertisementBytes: 8 * 1024 * 1024,
+  // Every request, connection to last byte: a pack of 64 MiB over a slow link, or a pre-receive hook's checks.
+  deadlineMs: 120_000,
+  // A delta chain longer than git's own default --depth (50) times a few: a pack deeper than this is hostile.
+  maxDeltaDepth: 1_000,
+} as const;
+
+const GIT_AGENT = `agent=webhook/${VERSION}`;
+
+/** One pkt-line: four hex digits of length (counting themselves), then the data. Pure. */
+export function pktLine(data: string | Buffer): Buffer {
+  const body = typeof data === 'string' ? Buffer.from(data) : data;
+  if (body.length + 4 > 65520) throw new GitError('a pkt-line longer than 65520 bytes');
+  return Buffer.concat([Buffer.from((body.length + 4).toString(16).padStart(4, '0')), body]);
+}
+const FLUSH = Buffer.from('0000');
+const DELIM = Buffer.from('0001');
+
+/** A pkt-line read: its data, or a flush (0000), delimiter (0001) or response-end (0002) packet. */
+type Pkt = Buffer | 'flush' | 'delim' | 'end';
+
+/** The pkt-lines of an answer; `what` names the answer in errors (a length that is not hex, a cut line). Pure. */
+export function parsePktLines(bytes: Buffer, what: string): Pkt[] {
+  const out: Pkt[] = [];
+  for (let at = 0; at < bytes.length; ) {
+    const head = bytes.toString('latin1', at, at + 4);
+    if (!/^[0-9a-f]{4}$/.test(head))
+      throw new GitError(`${what}: not the git protocol (${showValue(head)} at byte ${at} is not a pkt-line length)`);
+    const length = parseInt(head, 16);
+    if (length < 4) {
+      out.push(length === 0 ? 'flush' : length === 1 ? 'delim' : 'end');
+      at += 4;
+      continue;
+    }
+    if (at + length > bytes.length) throw new GitError(`${what}: the answer is cut off inside a pkt-line`);
+    out.push(bytes.subarray(at + 4, at + length));
+    at += length;
+  }
+  return out;
+}
+
+/** A pkt-line's text without its line feed. */
+function pktText(p: Pkt): string {
+  return typeof p === 'string' ? '' : p.toString('utf8').replace(/\n$/, '');
+}
+
+// ---- requests -----------------------------------------------------------------------------------
+
+/** One request to the repository: the answer's status and body, read up to `max` bytes under the deadline. */
+function gitRequest(
+  remote: GitRemote,
+  service: string,
+  o: { body?: Buffer; headers?: Record<string, string>; max: number },
+): Promise<{ status: number; body: Buffer; type: string }> {
+  const base = remote.url.href.replace(/\/+$/, '');
+  const url = new URL(`${base}/${service}`);
+  const client = url.protocol === 'http:' ? http : https;
+  const auth = Buffer.from(`${remote.username}:${remote.token}`).toString('base64');
+  const headers: Record<string, string> = { 'User-Agent': `git/webhook-${VERSION}`, Authorization: `Basic ${auth}` };
+  if (o.body) headers['Content-Length'] = String(o.body.length);
+  const tls = client === https ? clientTlsOptions(url.hostname, { extraCa: remote.ca }) : {};
+  return new Promise((resolve, reject) => {
+    // A connection of its own (agent: false): a kept-alive socket the server closed while a pack was being read
+    // would fail the next request with ECONNRESET, and a push is a handful of requests minutes apart at most.
+    const options = { method: o.body ? 'POST' : 'GET', headers: { ...headers, ...o.headers }, agent: false, ...tls };
+    const req = client.request(url, options);
+    const fail = (why: string) => {
+      req.destroy();
+      reject(new GitError(`${remote.url.href} ${service.split('?')[0]}: ${why}`));
+    };
+    const timer = setTimeout(() => fail(`no complete answer within ${formatGoDuration(GIT_LIMITS.deadlineMs)}`),
+      GIT_LIMITS.deadlineMs);
+    req.on('error', (e) => {
+      clearTimeout(timer);
+      reject(new GitError(`${remote.url.href}: ${e.message}`));
+    });
+    req.on('response', (res) => {
+      const chunks: Buffer[] = [];
+      let size = 0;
+      res.on('data', (chunk: Buffer) => {
+        size += chunk.length;
+        if (size > o.max) {
+          clearTimeout(timer);
+          fail(`the answer is larger than ${o.max} bytes`);
+        } else chunks.push(chunk);
+      });
+      res.on('end', () => {
+        clearTimeout(timer);
+        const type = String(res.headers['content-type'] ?? '');
+        resolve({ status: res.statusCode ?? 0, body: Buffer.concat(chunks), type });
+      });
+      res.on('error', (e) => {
+        clearTimeout(timer);
+        reject(new GitError(`${remote.url.href}: ${e.message}`));
+      });
+    });
+    req.end(o.body);
+  });
+}
+
+/** The answer's status judged: 401/403 are the credentials (the server's text, cut), anything else not 200 fails. */
+function checkedAnswer(remote: GitRemote, what: string, a: { status: number; body: Buffer }): Buffer {
+  if (a.status === 200) return a.body;
+  const text = a.body.toString('utf8', 0, 300).replace(/\s+/g, ' ').trim();
+  const said = text === '' ? '' : `: ${showValue(text)}`;
+  if (a.status === 401 || a.status === 403)
+    throw new GitError(
+      `${remote.url.href} ${what}: the server refused the credentials of ${showValue(remote.username)} ` +
+        `(HTTP ${a.status}${said}); check GIT_TOKEN and its scopes`,
+      'refused',
+    );
+  throw new GitError(`${remote.url.href} ${what}: HTTP ${a.status}${said}`);
+}
+
+/** A protocol v2 command to upload-pack: the command, its capabilities, a delimiter, its arguments, a flush. */
+function v2Command(command: string, args: string[]): Buffer {
+  return Buffer.concat([
+    pktLine(`command=${command}\n`),
+    pktLine(`${GIT_AGENT}\n`),
+    DELIM,
+    ...args.map((a) => pktLine(`${a}\n`)),
+    FLUSH,
+  ]);
+}
+
+/** Sends a v2 command to git-upload-pack; its answer's bytes. */
+async function uploadPack(remote: GitRemote, command: string, args: string[], max: number): Promise<Buffer> {
+  const headers = {
+    'Content-Type': 'application/x-git-upload-pack-request',
+    Accept: 'application/x-git-upload-pack-result',
+    'Git-Protocol': 'version=2',
+  };
+  const answer = await gitRequest(remote, 'git-upload-pack', { body: v2Command(command, args), headers, max });
+  return checkedAnswer(remote, command, answer);
+}
+
+/** The server's protocol v2 capabilities (info/refs with Git-Protocol: version=2); a v0 server is refused. */
+async function v2Capabilities(remote: GitRemote): Promise<Map<string, string>> {
+  const answer = await gitRequest(remote, 'info/refs?service=git-upload-pack', {
+    headers: { 'Git-Protocol': 'version=2' },
+    max: GIT_LIMITS.maxAdvertisementBytes,
+  });
+  const lines = parsePktLines(checkedAnswer(remote, 'info/refs', answer), `${remote.url.href} info/refs`)
+    .filter((p) => typeof p !== 'string')
+    .map(pktText)
+    .filter((l) => !l.startsWith('# service='));
+  if (lines[0] !== 'version 2')
+    throw new GitError(`${remote.url.href}: the server does not speak git protocol version 2 (it answered v0/v1)`);
+  return new Map(lines.slice(1).map((l) => [l.split('=')[0], l.slice(l.indexOf('=') + 1)]));
+}
+
+/** The commit `refs/heads/<branch>` points at (ls-refs); a missing branch is an error naming it. */
+async function branchHead(remote: GitRemote, branch: string): Promise<string> {
+  const ref = `refs/heads/${branch}`;
+  const body = await uploadPack(remote, 'ls-refs', [`ref-prefix ${ref}`], GIT_LIMITS.maxAdvertisementBytes);
+  for (const p of parsePktLines(body, `${remote.url.href} ls-refs`)) {
+    const [oid, name] = pktText(p).split(' ');
+    if (name === ref && /^[0-9a-f]{40}$/.test(oid)) return oid;
+  }
+  throw new GitError(`${remote.url.href}: there is no branch ${showValue(branch)}`);
+}
+
+/**
+ * The pack of a v2 fetch's answer: its sections read (acknowledgments, shallow-info, packfile), the packfile's
+ * side-band demultiplexed (band 1 the pack, 2 progress, 3 the server's fatal error). Pure.
+ */
+function fetchedPack(body: Buffer, what: string): Buffer {
+  const parts: Buffer[] = [];
+  let section = '';
+  for (const p of parsePktLines(body, what)) {
+    if (typeof p === 'string') continue;
+    if (section !== 'packfile') {
+      const line = pktText(p);
+      if (line === 'packfile' || line === 'shallow-info' || line === 'acknowledgments' || line === 'wanted-refs')
+        section = line;
+      else if (line.startsWith('ERR ')) throw new GitError(`${what}: the server said ${showValue(line.slice(4))}`);
+      continue;
+    }
+    const band = p[0];
+    if (band === 1) parts.push(p.subarray(1));
+    else if (band === 3) throw new GitError(`${what}: the server said ${showValue(p.toString('utf8', 1).trim())}`);
+  }
+  if (section !== 'packfile') throw new GitError(`${what}: the answer holds no pack`);
+  return Buffer.concat(parts);
+}
+
+// ---- the pack reader ----------------------------------------------------------------------------
+
+const PACK_TYPES: Record<number, GitObjectType> = { 1: 'commit', 2: 'tree', 3: 'blob', 4: 'tag' };
+type GitObjectType = 'commit' | 'tree' | 'blob' | 'tag';
+
+/** An object read from a pack: its type and content, by id. */
+interface GitObject {
+  type: GitObjectType;
+  data: Buffer;
+}
+
+/** The SHA-1 object id of `<type> <size>\0<content>`. Pure. */
+export function gitObjectId(type: GitObjectType, data: Buffer): string {
+  return createHash('sha1').update(`${type} ${data.length}\0`).update(data).digest('hex');
+}
+
+/** One entry's header: its type number, its size, and where its data starts. Pure. */
+function packEntryHeader(pack: Buffer, at: number, what: string): { type: number; size: number; at: number } {
+  let byte = pack[at++];
+  const type = (byte >> 4) & 7;
+  let size = byte & 15;
+  for (let shift = 4; byte & 0x80; shift += 7) {
+    if (at >= pack.length || shift > 35) throw new GitError(`${what}: the pack is truncated or malformed`);
+    byte = pack[at++];
+    size += (byte & 0x7f) * 2 ** shift;
+  }
+  return { type, size, at };
+}
+
+/** zlib data at `at` inflated to exactly `size` bytes (at most maxObjectBytes), and where it ended. */
+function inflateAt(pack: Buffer, at: number, size: number, what: string): { data: Buffer; end: number } {
+  if (size > GIT_LIMITS.maxObjectBytes)
+    throw new GitError(`${what}: an object of ${size} bytes is larger than ${GIT_LIMITS.maxObjectBytes}`);
+  try {
+    const options = { info: true, maxOutputLength: size + 1 };
+    type Inflated = { buffer: Buffer; engine: zlib.Inflate };
+    const inflated = zlib.inflateSync(pack.subarray(at), options) as unknown as Inflated;
+    const { buffer, engine } = inflated;
+    if (buffer.length !== size) throw new Error(`${buffer.length} bytes where the header says ${size}`);
+    return { data: buffer, end: at + engine.bytesWritten };
+  } catch (e) {
+    throw new GitError(`${what}: the pack is truncated or malformed at byte ${at} (${(e as Error).message})`);
+  }
+}
+
+/** A delta applied to its base (gitformat-pack: source and target sizes, then copy and insert steps). Pure. */
+function applyDelta(base: Buffer, delta: Buffer, what: string): Buffer {
+  let at = 0;
+  const varint = () => {
+    let value = 0;
+    for (let shift = 0; ; shift += 7) {
+      if (at >= delta.length || shift > 35) throw new GitError(`${what}: a malformed delta`);
+      const byte = delta[at++];
+      value += (byte & 0x7f) * 2 ** shift;
+      if (!(byte & 0x80)) return value;
+    }
+  };
+  if (varint() !== base.length) throw new GitError(`${what}: a delta for a base of another size`);
+  const size = varint();
+  if (size > GIT_LIMITS.maxObjectBytes) throw new GitError(`${what}: a delta result larger than the object limit`);
+  const out = Buffer.alloc(size);
+  let written = 0;
+  while (at < delta.length) {
+    const op = delta[at++];
+    if (op & 0x80) {
+      let offset = 0;
+      let length = 0;
+      for (let i = 0; i < 4; i++) if (op & (1 << i)) offset += delta[at++] * 2 ** (8 * i);
+      for (let i = 0; i < 3; i++) if (op & (16 << i)) length += delta[at++] * 2 ** (8 * i);
+      if (length === 0) length = 0x10000;
+      if (offset + length > base.length || written + length > size) throw new GitError(`${what}: a delta out of range`);
+      base.copy(out, written, offset, offset + length);
+      written += length;
+    } else if (op > 0) {
+      if (at + op > delta.length || written + op > size) throw new GitError(`${what}: a delta out of range`);
+      delta.copy(out, written, at, at + op);
+      at += op;
+      written += op;
+    } else throw new GitError(`${what}: a delta with a reserved instruction`);
+  }
+  if (written !== size) throw new GitError(`${what}: a delta shorter than its result`);
+  return out;
+}
+
+/** A pack entry as read: a whole object, or a delta on a base named by offset or by id. */
+type PackEntry = { offset: number } & (
+  | { object: GitObject }
+  | { delta: Buffer; baseOffset: number }
+  | { delta: Buffer; baseId: string }
+);
+
+/**
+ * The objects of a pack by id: its header and checksum checked, its deltas (OFS_DELTA, REF_DELTA) resolved against
+ * objects of the pack or of `known`. Bounded by GIT_LIMITS; a truncated or malformed pack is a GitError. Pure.
+ */
+export function readPack(pack: Buffer, what: string, known = new Map<string, GitObject>()): Map<string, GitObject> {
+  if (pack.length < 32 || pack.toString('latin1', 0, 4) !== 'PACK')
+    throw new GitError(`${what}: not a pack (${pack.length} bytes, no PACK signature)`);
+  const version = pack.readUInt32BE(4);
+  const count = pack.readUInt32BE(8);
+  if (version !== 2 && version !== 3) throw new GitError(`${what}: pack version ${version} is not 2 or 3`);
+  if (count > GIT_LIMITS.maxPackObjects)
+    throw new GitError(`${what}: a pack of ${count} objects, more than ${GIT_LIMITS.maxPackObjects}`);
+  const sum = createHash('sha1').update(pack.subarray(0, pack.length - 20)).digest();
+  if (!sum.equals(pack.subarray(pack.length - 20)))
+    throw new GitError(`${what}: the pack is truncated (its checksum does not match)`);
+  const entries: PackEntry[] = [];
+  let at = 12;
+  for (let i = 0; i < count; i++) {
+    if (at >= pack.length - 20) throw new GitError(`${what}: the pack is truncated (${i} of ${count} objects)`);
+    const entry = readPackEntry(pack, at, what);
+    entries.push(entry.entry);
+    at = entry.end;
+  }
+  if (at !== pack.length - 20) throw new GitError(`${what}: ${pack.length - 20 - at} bytes after the last object`);
+  return resolvedPack(entries, what, known);
+}
+
+/** The entry at `at` and where the next begins. Pure. */
+function readPackEntry(pack: Buffer, start: number, what: string): { entry: PackEntry; end: number } {
+  const header = packEntryHeader(pack, start, what);
+  let at = header.at;
+  if (header.type === 6) {
+    let byte = pack[at++];
+    let back = byte & 0x7f;
+    while (byte & 0x80) {
+      if (at >= pack.length || back > 2 ** 40) throw new GitError(`${what}: a malformed OFS_DELTA offset`);
+      byte = pack[at++];
+      back = (back + 1) * 128 + (byte & 0x7f);
+    }
+    const inflated = inflateAt(pack, at, header.size, what);
+    return { entry: { offset: start, delta: inflated.data, baseOffset: start - back }, end: inflated.end };
+  }
+  if (header.type === 7) {
+    const baseId = pack.toString('hex', at, at + 20);
+    const inflated = inflateAt(pack, at + 20, header.size, what);
+    return { entry: { offset: start, delta: inflated.data, baseId }, end: inflated.end };
+  }
+  const type = PACK_TYPES[header.type];
+  if (type === undefined) throw new GitError(`${what}: an object of unknown type ${header.type} at byte ${start}`);
+  const inflated = inflateAt(pack, at, header.size, what);
+  return { entry: { offset: start, object: { type, data: inflated.data } }, end: inflated.end };
+}
+
+/** The entries' objects, deltas applied to their bases (in any order, each chain at most maxDeltaDepth). Pure. */
+function resolvedPack(entries: PackEntry[], what: string, known: Map<string, GitObject>): Map<string, GitObject> {
+  const byOffset = new Map(entries.map((e) => [e.offset, e]));
+  const resolved = new Map<number, GitObject>();
+  const objects = new Map<string, GitObject>();
+  const resolve = (e: PackEntry, depth: number): GitObject => {
+    const done = resolved.get(e.offset);
+    if (done) return done;
+    if (depth > GIT_LIMITS.maxDeltaDepth)
+      throw new GitError(`${what}: a delta chain deeper than ${GIT_LIMITS.maxDeltaDepth}`);
+    let object: GitObject;
+    if ('object' in e) object = e.object;
+    else {
+      const base = 'baseOffset' in e ? byOffset.get(e.baseOffset) : undefined;
+      const baseObject = base ? resolve(base, depth + 1) : 'baseId' in e ? baseById(e.baseId, depth) : undefined;
+      if (!baseObject) throw new GitError(`${what}: a delta at byte ${e.offset} whose base is not in the pack`);
+      object = { type: baseObject.type, data: applyDelta(baseObject.data, e.delta, what) };
+    }
+    resolved.set(e.offset, object);
+    objects.set(gitObjectId(object.type, object.data), object);
+    return object;
+  };
+  const baseById = (id: string, depth: number): GitObject | undefined => {
+    const inPack = objects.get(id) ?? known.get(id);
+    if (inPack) return inPack;
+    // A REF_DELTA's base may come later in the pack: whole objects are resolved first, so only a delta's remains.
+    for (const e of entries)
+      if (!resolved.has(e.offset) && !('object' in e)) {
+        resolve(e, depth + 1);
+        if (objects.has(id)) return objects.get(id);
+      }
+    return undefined;
+  };
+  for (const e of entries) if ('object' in e) resolve(e, 0);
+  for (const e of entries) resolve(e, 0);
+  return objects;
+}
+
+// ---- trees and commits --------------------------------------------------------------------------
+
+/** One entry of a tree, in the order the tree holds them. */
+interface TreeEntry {
+  mode: string;
+  name: string;
+  id: string;
+}
+
+/** A tree's entries (`<mode> <name>\0<20-byte id>`), at most maxTreeEntries. Pure. */
+export function readTree(data: Buffer, what: string): TreeEntry[] {
+  const entries: TreeEntry[] = [];
+  for (let at = 0; at < data.length; ) {
+    const space = data.indexOf(0x20, at);
+    const nul = data.indexOf(0, space + 1);
+    if (space < 0 || nul < 0 || nul + 21 > data.length) throw new GitError(`${what}: a malformed tree`);
+    entries.push({ mode: data.toString('latin1', at, space), name: data.toString('utf8', space + 1, nul),
+      id: data.toString('hex', nul + 1, nul + 21) });
+    if (entries.length > GIT_LIMITS.maxTreeEntries)
+      throw new GitError(`${what}: a tree of more than ${GIT_LIMITS.maxTreeEntries} entries`);
+    at = nul + 21;
+  }
+  return entries;
+}
+
+/** A tree's bytes from its entries, in the order given (an edit keeps the tree's own order). Pure. */
+function writeTree(entries: TreeEntry[]): Buffer {
+  return Buffer.concat(
+    entries.map((e) => Buffer.concat([Buffer.from(`${e.mode} ${e.name}\0`), Buffer.from(e.id, 'hex')])),
+  );
+}
+
+/**
+ * The trees from the root with each changed file's entry given its new blob id (changes: path → id): the new trees
+ * and the new root's id; entries keep their order and mode. Pure.
+ */
+export function replaceInTree(
+  objects: Map<string, GitObject>,
+  rootTree: string,
+  changes: Map<string, string>,
+): { root: string; trees: Buffer[] } {
+  const parents = (p: string) => p.split('/').slice(0, -1).map((_, i, all) => all.slice(0, i + 1).join('/'));
+  const dirs = new Set([...changes.keys()].flatMap(parents));
+  const trees: Buffer[] = [];
+  const rewrite = (id: string, prefix: string): string => {
+    const tree = objects.get(id);
+    if (!tree || tree.type !== 'tree')
+      throw new GitError(`${prefix || 'the root'}: the tree ${id} was not in the pack`);
+    const entries = readTree(tree.data, prefix || 'the root').map((e) => {
+      const at = prefix === '' ? e.name : `${prefix}/${e.name}`;
+      const blob = changes.get(at);
+      if (blob !== undefined) return { ...e, id: blob };
+      return dirs.has(at) && e.mode === '40000' ? { ...e, id: rewrite(e.id, at) } : e;
+    });
+    const data = writeTree(entries);
+    trees.push(data);
+    return gitObjectId('tree', data);
+  };
+  return { root: rewrite(rootTree, ''), trees };
+}
+
+/** The trees from the root along `file`'s directories, each with its entries. */
+function treeChain(objects: Map<string, GitObject>, root: string, file: string[]): { entries: TreeEntry[] }[] {
+  const chain: { entries: TreeEntry[] }[] = [];
+  let id = root;
+  for (let i = 0; i < file.length; i++) {
+    const tree = objects.get(id);
+    const where = file.slice(0, i).join('/') || 'the root';
+    if (!tree || tree.type !== 'tree') throw new GitError(`${where}: the tree ${id} was not in the server's pack`);
+    const entries = readTree(tree.data, where);
+    chain.push({ entries });
+    const entry = entries.find((e) => e.name === file[i]);
+    if (!entry) throw new GitError(`${file.join('/')}: no ${showValue(file[i])} in ${where}`);
+    const last = i === file.length - 1;
+    if (last && entry.mode !== '100644' && entry.mode !== '100755')
+      throw new GitError(`${file.join('/')}: not a file (mode ${entry.mode})`);
+    if (!last && entry.mode !== '40000')
+      throw new GitError(`${file.join('/')}: ${file.slice(0, i + 1).join('/')} is not a directory`);
+    id = entry.id;
+  }
+  return chain;
+}
+
+/** A commit's tree id and its header lines. Pure. */
+function commitTree(commit: GitObject | undefined, id: string): string {
+  const tree = commit?.type === 'commit' ? /^tree ([0-9a-f]{40})\n/.exec(commit.data.toString('utf8')) : null;
+  if (!tree) throw new GitError(`the commit ${id} was not in the server's pack`);
+  return tree[1];
+}
+
+// ---- a file read, a commit pushed ------------------------------------------------------------------
+
+/** The branch's head as read: its commit and message, the trees fetched, and each file asked for (or its error). */
+export interface GitHead {
+  head: string;
+  /** The head commit's message: the trailers of the pushes it carried, if webhook made it. */
+  headMessage: string;
+  objects: Map<string, GitObject>;
+  tree: string;
+  files: Map<string, Buffer | GitError>;
+}
+
+/**
+ * The files at `paths` on the branch's head: ls-refs, a shallow fetch of the head (without blobs where the server
+ * allows filters), then the files' blobs by their ids. Four requests, whatever the number of files; no clone. A
+ * file that cannot be read (missing, a directory, too large) is its GitError in `files`, the others are read.
+ */
+export async function fetchGitFiles(remote: GitRemote, branch: string, paths: string[]): Promise<GitHead> {
+  const caps = await v2Capabilities(remote);
+  if (!caps.has('fetch')) throw new GitError(`${remote.url.href}: the server offers no fetch command`);
+  const filters = /\bfilter\b/.test(caps.get('fetch') ?? '');
+  const head = await branchHead(remote, branch);
+  const what = `${remote.url.href} fetch of ${branch}`;
+  const args = [`want ${head}`, 'deepen 1', 'no-progress', ...(filters ? ['filter blob:none'] : []), 'done'];
+  const objects = readPack(fetchedPack(await uploadPack(remote, 'fetch', args, GIT_LIMITS.maxPackBytes), what), what);
+  const tree = commitTree(objects.get(head), head);
+  const files = new Map<string, Buffer | GitError>();
+  const blobs = new Map<string, string>();
+  for (const p of paths) {
+    try {
+      blobs.set(p, blobAt(objects, tree, p));
+    } catch (e) {
+      if (!(e instanceof GitError)) throw e;
+      files.set(p, e);
+    }
+  }
+  const failed = await fetchBlobs(remote, objects, blobs);
+  for (const [p, id] of blobs) {
+    const blob = objects.get(id);
+    const missing = () => failed.get(id) ?? new GitError(`${p}: the blob ${id} was not sent`);
+    files.set(p, blob?.type === 'blob' ? blob.data : missing());
+  }
+  const commit = objects.get(head)!.data.toString('utf8');
+  return { head, headMessage: commit.slice(commit.indexOf('\n\n') + 2), objects, tree, files };
+}
+
+/** The blob id of the file at `filePath` in the tree. */
+function blobAt(objects: Map<string, GitObject>, tree: string, filePath: string): string {
+  const parts = filePath.split('/');
+  if (parts.length > GIT_LIMITS.maxPathDepth) throw new GitError(`${filePath}: deeper than ${GIT_LIMITS.maxPathDepth}`);
+  const chain = treeChain(objects, tree, parts);
+  return chain[chain.length - 1].entries.find((e) => e.name === parts[parts.length - 1])!.id;
+}
+
+/**
+ * The blobs (path → id) not fetched yet, added to `objects`: in one request, or, when that fails (a blob too large),
+ * one request each, so that one file's failure is its own. The failures by blob id.
+ */
+async function fetchBlobs(remote: GitRemote, objects: Map<string, GitObject>, blobs: Map<string, string>) {
+  const ids = [...new Set(blobs.values())].filter((id) => !objects.has(id));
+  const named = (id: string) => [...blobs].filter(([, b]) => b === id).map(([p]) => p).join(', ');
+  const fetch = async (want: string[]) => {
+    const what = `${remote.url.href} fetch of ${want.map(named).join(', ')}`;
+    const answer = await uploadPack(remote, 'fetch', [...want.map((id) => `want ${id}`), 'no-progress', 'done'],
+      GIT_LIMITS.maxPackBytes);
+    for (const [id, o] of readPack(fetchedPack(answer, what), what)) objects.set(id, o);
+  };
+  const failed = new Map<string, GitError>();
+  if (ids.length === 0) return failed;
+  try {
+    await fetch(ids);
+  } catch (e) {
+    if (!(e instanceof GitError)) throw e;
+    for (const id of ids)
+      await (ids.length === 1 ? Promise.reject(e) : fetch([id])).catch((one: unknown) => {
+        if (!(one instanceof GitError)) throw one;
+        failed.set(id, one);
+      });
+  }
+  return failed;
+}
+
+/** One file as read from the branch head (fetchGitFiles for one path); its error thrown. */
+export async function fetchGitFile(remote: GitRemote, branch: string, filePath: string) {
+  const read = await fetchGitFiles(remote, branch, [filePath]);
+  const content = read.files.get(filePath)!;
+  if (content instanceof GitError) throw content;
+  return { ...read, content };
+}
+
+/** A pack of whole objects (no deltas): the push's new blob, trees and commit. Pure. */
+export function writePack(objects: { type: GitObjectType; data: Buffer }[]): Buffer {
+  const numbers: Record<GitObjectType, number> = { commit: 1, tree: 2, blob: 3, tag: 4 };
+  const header = Buffer.alloc(12);
+  header.write('PACK', 0, 'latin1');
+  header.writeUInt32BE(2, 4);
+  header.writeUInt32BE(objects.length, 8);
+  const parts = [header];
+  for (const o of objects) {
+    const bytes: number[] = [];
+    let size = o.data.length;
+    let byte = (numbers[o.type] << 4) | (size & 15);
+    size = Math.floor(size / 16);
+    while (size > 0) {
+      bytes.push(byte | 0x80);
+      byte = size & 0x7f;
+      size = Math.floor(size / 128);
+    }
+    bytes.push(byte);
+    parts.push(Buffer.from(bytes), zlib.deflateSync(o.data));
+  }
+  const body = Buffer.concat(parts);
+  return Buffer.concat([body, createHash('sha1').update(body).digest()]);
+}
+
+/** What a commit says of itself: its message and who made it when. */
+interface GitCommitText {
+  message: string;
+  /** GIT_SIGNING_KEY: the commit is signed as git's gpg.format=ssh signs it. */
+  signingKey?: SshSigningKey;
+  /** `Name <email>` */
+  author: string;
+  whenSeconds: number;
+}
+
+/**
+ * The files' new contents (path → content) committed on top of the head read and pushed with that head as the
+ * expected value: the new commit's id. A branch moved since is a GitError of kind 'moved'; a refusal carries the
+ * server's message.
+ */
+export async function pushGitCommit(
+  remote: GitRemote,
+  branch: string,
+  read: GitHead,
+  contents: Map<string, Buffer>,
+  text: GitCommitText,
+): Promise<string> {
+  const blobs = [...contents].map(([p, data]) => ({ p, data, id: gitObjectId('blob', data) }));
+  const { root, trees } = replaceInTree(read.objects, read.tree, new Map(blobs.map((b) => [b.p, b.id])));
+  const who = `${text.author} ${text.whenSeconds} +0000`;
+  const unsigned = Buffer.from(`tree ${root}\nparent ${read.head}\nauthor ${who}\ncommitter ${who}\n\n${text.message}`);
+  const commit = text.signingKey ? signedCommit(unsigned, text.signingKey) : unsigned;
+  const commitId = gitObjectId('commit', commit);
+  const pack = writePack([
+    { type: 'commit', data: commit },
+    ...trees.map((data) => ({ type: 'tree' as const, data })),
+    ...blobs.map(({ data }) => ({ type: 'blob' as const, data })),
+  ]);
+  await receivePack(remote, branch, read.head, commitId, pack);
+  return commitId;
+}
+
+/** Pushes `pack` moving the branch from `old` to `next`; throws what the server's report-status says. */
+async function receivePack(remote: GitRemote, branch: string, old: string, next: string, pack: Buffer): Promise<void> {
+  const ref = `refs/heads/${branch}`;
+  const advertised = await gitRequest(remote, 'info/refs?service=git-receive-pack', {
+    max: GIT_LIMITS.maxAdvertisementBytes,
+  });
+  checkedAnswer(remote, 'info/refs (push)', advertised);
+  const command = pktLine(`${old} ${next} ${ref}\0report-status side-band-64k ${GIT_AGENT}\n`);
+  const headers = {
+    'Content-Type': 'application/x-git-receive-pack-request',
+    Accept: 'application/x-git-receive-pack-result',
+  };
+  const body = Buffer.concat([command, FLUSH, pack]);
+  const answer = await gitRequest(remote, 'git-receive-pack', { body, headers, max: GIT_LIMITS.maxAdvertisementBytes });
+  const report = reportStatus(checkedAnswer(remote, 'git-receive-pack', answer), `${remote.url.href} push`);
+  const refused = report.lines.find((l) => l.startsWith('ng '));
+  const said = report.messages.length > 0 ? `; the server said: ${report.messages.join(' / ')}` : '';
+  if (report.lines[0] !== 'unpack ok')
+    throw new GitError(
+      `${remote.url.href}: the server could not store the push (${report.lines[0] ?? 'no report'})${said}`,
+    );
+  if (refused) {
+    const reason = refused.slice(3 + ref.length + 1);
+    const moved = /failed to update ref|failed to lock|cannot lock ref|stale info|fetch first|non-fast-forward/;
+    const kind = moved.test(reason) ? 'moved' : 'refused';
+    throw new GitError(`${remote.url.href}: the server refused the push to ${branch}: ${reason}${said}`, kind);
+  }
+  if (!report.lines.includes(`ok ${ref}`))
+    throw new GitError(`${remote.url.href}: no report of ${ref} in the push's answer`);
+}
+
+/** report-status inside side-band-64k: its lines (band 1) and the server's messages (band 2, band 3). Pure. */
+function reportStatus(body: Buffer, what: string): { lines: string[]; messages: string[] } {
+  const data: Buffer[] = [];
+  const messages: string[] = [];
+  for (const p of parsePktLines(body, what)) {
+    if (typeof p === 'string') continue;
+    if (p[0] === 1) data.push(p.subarray(1));
+    else if (p[0] === 2 || p[0] === 3)
+      messages.push(...p.toString('utf8', 1).split(/[\r\n]+/).map((l) => l.trim()).filter((l) => l !== ''));
+    else throw new GitError(`${what}: not a side-band answer`);
+  }
+  const lines = parsePktLines(Buffer.concat(data), what).filter((p) => typeof p !== 'string').map(pktText);
+  return { lines, messages: messages.map((m) => m.slice(0, 500)).slice(0, 20) };
+}
+
+/** A commit's bytes with its signature as the `gpgsig` header (after committer), as `git commit -S` writes. Pure. */
+function signedCommit(commit: Buffer, k: SshSigningKey): Buffer {
+  const text = commit.toString('utf8');
+  const end = text.indexOf('\n\n');
+  const header = `gpgsig ${sshSignature(commit, k).split('\n').join('\n ')}`;
+  return Buffer.from(`${text.slice(0, end)}\n${header}${text.slice(end)}`);
+}
+
+// ---- what a write-back is given ---------------------------------------------------------------------
+
+/** Where an applied push is committed: the repository, its branch, the file and field edited, the author. */
+export interface GitSettings {
+  remote: GitRemote;
+  branch: string;
+  /** The file edited, relative to the repository's root. */
+  path: string;
+  /** A Helm values file's tag field (dotted), or undefined for a manifest or kustomization. */
+  field: string | undefined;
+  /** `Name <email>`, the commits' author and committer. */
+  author: string;
+  /** The key that signs each commit (SSH ed25519), or undefined: unsigned. */
+  signingKey?: SshSigningKey;
+  /** How long the service waits after answering for the GitOps tool to apply a commit (0: not waited for). */
+  syncTimeoutMs: number;
+}
+
+/** A repository's URL: https (http only for a loopback host), without credentials, query or fragment. */
+export function gitRepoUrl(value: string | undefined): URL | undefined {
+  const text = value?.trim() ?? '';
+  if (text === '') return undefined;
+  let url: URL;
+  try {
+    url = new URL(text);
+  } catch {
+    throw new GitError(`GIT_REPO ${showValue(text)} is not a URL (e.g. https://github.com/org/deploy.git)`);
+  }
+  const loopback = /^(localhost|127(\.\d{1,3}){3}|\[::1\])$/.test(url.hostname);
+  if (url.protocol !== 'https:' && !(url.protocol === 'http:' && loopback))
+    throw new GitError(`GIT_REPO ${showValue(text)} is not https:// (http:// only for a loopback host)`);
+  if (url.username !== '' || url.password !== '')
+    throw new GitError('GIT_REPO holds credentials: give the token as GIT_TOKEN, the user as GIT_USERNAME');
+  if (url.search !== '' || url.hash !== '') throw new GitError(`GIT_REPO ${showValue(text)} has a query or fragment`);
+  return url;
+}
+
+/** A branch name as git check-ref-format takes it; unset is main. */
+export function gitBranchName(value: string | undefined): string {
+  const branch = value?.trim() || 'main';
+  const bad = /(^|\/)\.|\.\.|[\x00-\x20\x7f~^:?*[\\]|\/$|\.lock$|\.$|@\{|^@$|\/\//.test(branch);
+  if (bad || branch.startsWith('-') || branch.length > 200)
+    throw new GitError(`GIT_BRANCH ${showValue(branch)} is not a branch name`);
+  return branch;
+}
+
+/** A path relative to the repository's root, without `.`, `..`, `.git` or empty segments. */
+export function gitFilePath(value: string | undefined): string | undefined {
+  const p = value?.trim() ?? '';
+  if (p === '') return undefined;
+  const bad = p.split('/').some((s) => s === '' || s === '.' || s === '..' || s.toLowerCase() === '.git');
+  if (bad || p.length > 1024)
+    throw new GitError(`GIT_PATH ${showValue(p)} is not a path relative to the repository's root (e.g. apps/web.yaml)`);
+  return p;
+}
+
+/** A dotted path of YAML keys (image.tag). */
+export function gitFieldPath(value: string | undefined): string | undefined {
+  const field = value?.trim() ?? '';
+  if (field === '') return undefined;
+  if (!/^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$/.test(field))
+    throw new GitError(`GIT_FIELD ${showValue(field)} is not a dotted path of keys (e.g. image.tag)`);
+  return field;
+}
+
+/** The token itself, or (starting with /) the path of a file holding it. Never shown. */
+export function gitToken(value: string | undefined): string | undefined {
+  const text = value?.trim() ?? '';
+  if (text === '') return undefined;
+  if (!text.startsWith('/')) return text;
+  let token: string;
+  try {
+    token = fs.readFileSync(text, 'utf8').trim();
+  } catch (e) {
+    throw new GitError(`GIT_TOKEN: the token file ${showValue(text)} cannot be read: ${(e as Error).message}`);
+  }
+  if (token === '') throw new GitError(`GIT_TOKEN: the token file ${showValue(text)} is empty`);
+  return token;
+}
+
+/** Basic auth's user: no colon; unset is x-access-token (GitHub's app tokens need it, GitLab and Gitea take it). */
+export function gitUsername(value: string | undefined): string {
+  const user = value?.trim() || 'x-access-token';
+  if (/[:\r\n]/.test(user)) throw new GitError(`GIT_USERNAME ${showValue(user)} holds a colon or a line break`);
+  return user;
+}
+
+/** A private CA: PEM text, or the path of a PEM file. */
+export function gitCa(value: string | undefined): string | undefined {
+  const text = value?.trim() ?? '';
+  if (text === '') return undefined;
+  if (text.includes('-----BEGIN')) return text;
+  try {
+    return fs.readFileSync(text, 'utf8');
+  } catch (e) {
+    throw new GitError(`GIT_CA ${showValue(text)} is neither PEM nor a readable file: ${(e as Error).message}`);
+  }
+}
+
+/** `Name <email>`; unset is webhook <webhook@localhost>. */
+export function gitAuthor(value: string | undefined): string {
+  const author = value?.trim() || 'webhook <webhook@localhost>';
+  if (!/^[^<>\n\r\0]+ <[^<>\s@]+@[^<>\s]+>$/.test(author))
+    throw new GitError(`GIT_AUTHOR ${showValue(author)} is not "Name <email>"`);
+  return author;
+}
+
+/** ON_GITOPS_OWNER: refuse (unset or blank) or patch, any case. */
+export function gitopsOwnerMode(value: string | undefined): 'refuse' | 'patch' {
+  const mode = (value?.trim() || 'refuse').toLowerCase();
+  if (mode === 'refuse' || mode === 'patch') return mode;
+  throw new GitError(`ON_GITOPS_OWNER ${showValue(value ?? '')} is not refuse or patch`);
+}
+
+/**
+ * A write-back's settings, each GIT_* setting read by `read` (its parse in the settings table, which gives what this
+ * chapter's parse functions give); undefined without GIT_REPO.
+ */
+export function gitSettingsRead(read: (name: string) => unknown): GitSettings | undefined {
+  const url = read('GIT_REPO') as URL | undefined;
+  if (url === undefined) return undefined;
+  const text = (name: string) => read(name) as string | undefined;
+  const remote = { url, username: text('GIT_USERNAME') ?? 'x-access-token', ca: text('GIT_CA') };
+  const signingKey = read('GIT_SIGNING_KEY') as SshSigningKey | undefined;
+  const [path, token, field, branch] = [text('GIT_PATH'), text('GIT_TOKEN'), text('GIT_FIELD'), text('GIT_BRANCH')];
+  const syncTimeoutMs = (read('GIT_SYNC_TIMEOUT') as number | undefined) ?? 0;
+  const author = text('GIT_AUTHOR')!;
+  return gitSettings({ remote, token, path, field, branch: branch ?? 'main', author, signingKey, syncTimeoutMs });
+}
+
+/** A write-back's settings once each is read: the file and the token are required. */
+function gitSettings(
+  s: Omit<GitSettings, 'path' | 'remote'> & {
+    remote: Omit<GitRemote, 'token'>;
+    token: string | undefined;
+    path: string | undefined;
+  },
+): GitSettings {
+  if (s.path === undefined) throw new GitError('GIT_REPO is set but GIT_PATH names no file to edit');
+  if (s.token === undefined) throw new GitError('GIT_REPO is set but GIT_TOKEN is not: a push needs a token');
+  const { token, remote, ...rest } = s;
+  return { ...rest, path: s.path, remote: { ...remote, token } };
+}
+
 // ################################################################################################
 // Part II — the service, in the order a push travels: from the command line to the answer, the upgrade, its
 // rollout and its result.
 // ################################################################################################
 
 // ================================================================================================
-// 13. command line & settings — the adnanh/webhook command line in Go `flag` syntax (parseCommandLine, usage), Go's
+// 15. command line & settings — the adnanh/webhook command line in Go `flag` syntax (parseCommandLine, usage), Go's
 //    durations and booleans, and our safety limits (LIMITS), each with why it has that value.
-//    Exports: LIMITS, Options, parseCommandLine, parseGoBool, parseGoDuration, parseListenAddress, PLACEHOLDER,
-//    readAdminTokenFile, readApprovalKeyFile, usage, UsageError.
+//    Exports: durationSetting, LIMITS, Options, parseCommandLine, parseGoBool, parseGoDuration, parseListenAddress,
+//    PLACEHOLDER, readAdminTokenFile, readApprovalKeyFile, usage, UsageError.
 //    Tests: test/runner.test.ts, test/unit.test.ts.
 // ================================================================================================
 
@@ -7022,6 +7989,15 @@ const FLAGS: Record<string, FlagSpec> = {
 
 export class UsageError extends Error {}
 
+/** A setting's Go duration in milliseconds, or an error naming the setting and its value. */
+export function durationSetting(name: string, value: string): number {
+  try {
+    return parseGoDuration(value.trim());
+  } catch {
+    throw new UsageError(`${name} ${showValue(value)} is not a duration (e.g. 0, 90s, 10m)`);
+  }
+}
+
 /** Parses a Go duration ("1h2m3.5s", "300ms"); returns milliseconds, or throws. */
 export function parseGoDuration(text: string): number {
   const units: Record<string, number> = { ns: 1e-6, us: 1e-3, µs: 1e-3, ms: 1, s: 1000, m: 60_000, h: 3_600_000 };
@@ -7299,7 +8275,7 @@ export function usage(): string {
 }
 
 // ================================================================================================
-// 14. logging & metrics — log lines in adnanh's shape ("[webhook] 2006/01/02 15:04:05 …"), errors always, the rest
+// 16. logging & metrics — log lines in adnanh's shape ("[webhook] 2006/01/02 15:04:05 …"), errors always, the rest
 //    with -verbose/-debug, every line scrubbed of known secrets; counters, gauges and histograms rendered in the
 //    Prometheus text format.
 //    Exports: escapeControls, Logger, Metrics.
@@ -7514,7 +8490,7 @@ export class Metrics {
 }
 
 // ================================================================================================
-// 15. hook files — the reading every compiler below shares. A hooks file is rendered as a Go template when -template
+// 17. hook files — the reading every compiler below shares. A hooks file is rendered as a Go template when -template
 //    asks, read as YAML (duplicate keys are errors; every key's line is kept), and then read through Fields: unknown
 //    keys and wrong types are errors that name file, line, hook and field path (`hooks/web.json:12: hook "web":
 //    trigger-rule.and[2]: …`).
@@ -7712,7 +8688,7 @@ function editDistance(a: string, b: string): number {
 }
 
 // ================================================================================================
-// 16. requests — turns an HTTP request into the structures hook parameters address: headers (Go-canonical names),
+// 18. requests — turns an HTTP request into the structures hook parameters address: headers (Go-canonical names),
 //    query, payload (from JSON, form, XML or multipart bodies) and the raw body, with adnanh's dotted-path lookup and
 //    Go's JSON serialisation; compileParam reads how a hook names a value of the request.
 //    Exports: applyJsonParameters, asMarshalled, compileParam, firstValues, headersFromRaw, HookRequest,
@@ -8093,7 +9069,7 @@ export function compileParam(reader: FieldReader, value: unknown, at: Place, fil
 }
 
 // ================================================================================================
-// 17. trigger rules — one table, RULE_TYPES, holds each match type side by side: its fields, whether it compares a
+// 19. trigger rules — one table, RULE_TYPES, holds each match type side by side: its fields, whether it compares a
 //    request parameter, whether it reads the headers or the body, which field holds a secret, how it compiles and how
 //    it tests a request. and/or/not combine matches with adnanh's semantics: a missing parameter makes a match false
 //    (inside `or` it is passed over, inside `and` the rule fails); a bad signature is an evaluation error unless the
@@ -8542,7 +9518,7 @@ export function cidrContains(cidr: Cidr, addr: string): boolean {
 }
 
 // ================================================================================================
-// 18. hooks & reload — a hooks file's text (already templated) compiled into hooks, once, so the request path only
+// 20. hooks & reload — a hooks file's text (already templated) compiled into hooks, once, so the request path only
 //    evaluates: the hook's fields read in one list, its parameters and trigger rule compiled, and the hook settings
 //    a hook must fix (those HOOK_SETTINGS marks fixed) checked through the HookSettingChecks main() hands
 //    over. Every -hooks path (a file, or a directory of *.json, *.yaml and *.yml files merged in name order) becomes
@@ -8991,7 +9967,7 @@ export class HookStore {
 }
 
 // ================================================================================================
-// 19. commands — resolves execute-command as adnanh does (absolute; else relative to command-working-directory, never
+// 21. commands — resolves execute-command as adnanh does (absolute; else relative to command-working-directory, never
 //    searched on PATH then; else on PATH), passes arguments, environment and temp files, and runs the command in its
 //    own process group under a deadline and a cap on concurrent commands. Output is stdout and stderr combined in
 //    arrival order. A command that is an InProcessCommand's entry point (the bundled /webhooks.sh: the upgrade) is
@@ -9490,7 +10466,7 @@ export function decodeBase64Strict(text: string): Buffer {
 }
 
 // ================================================================================================
-// 20. http server — routes `/`, `/healthz` and `/<urlprefix>/<id>` and answers with adnanh's exact strings. A hook
+// 22. http server — routes `/`, `/healthz` and `/<urlprefix>/<id>` and answers with adnanh's exact strings. A hook
 //    request is a list of steps: route, admit, prepare (all but the body), evaluate what the rule can decide without
 //    the body, read the body if the hook uses it, evaluate the rest, dispatch, answer. A body is never kept when it
 //    is not used, and one left unread is dropped as it arrives, within the size and idle limits. Every outcome is one
@@ -10390,7 +11366,7 @@ function closeWithoutReset(ex: Exchange, draining: () => boolean): () => void {
 }
 
 // ================================================================================================
-// 21. listeners — the sockets the service serves on: the hook port (TCP, or a unix socket with -socket; TLS with
+// 23. listeners — the sockets the service serves on: the hook port (TCP, or a unix socket with -socket; TLS with
 //    -secure, in Go's cipher-suite names, from -cert and -key, re-read on SIGHUP), and the admin listener of
 //    -metrics-listen, which serves /metrics and the deliveries pages and is never the hook port.
 //    Exports: GO_CIPHER_SUITES, openAdminListener, openListener.
@@ -10545,7 +11521,7 @@ async function openMetricsListener(
 }
 
 // ================================================================================================
-// 22. the model — the upgrade's vocabulary, declared before the chapters that use it: the closed list of what can
+// 24. the model — the upgrade's vocabulary, declared before the chapters that use it: the closed list of what can
 //    become of a push (DECISIONS: its code, the word published for it, how the answer says it), and the workload
 //    annotations (ANNOTATIONS), the only state the service has. Those the service writes live on the workload they
 //    are about, each written in the same PATCH as what it records and guarded by a test of the value read, so that
@@ -10669,7 +11645,7 @@ export type DecisionCode = keyof typeof DECISIONS;
 export type PublishedDecision = (typeof DECISIONS)[DecisionCode]['published'];
 
 // ================================================================================================
-// 23. registry payloads — a registry's push notification (Aliyun ACR, Docker Hub, a build job, Harbor, Quay, GHCR,
+// 25. registry payloads — a registry's push notification (Aliyun ACR, Docker Hub, a build job, Harbor, Quay, GHCR,
 //    Azure, CNCF Distribution, Artifactory, Nexus, Gitea, CloudEvents) read into PushEvents (host, repository, tag,
 //    digest, pushed-at), an acknowledged no-op (a pull, a test ping, a push by digest, a signature tag), or a
 //    handshake's answer (Event Grid's, CloudEvents' validation). Pure functions: no I/O, no clock. Each registry is
@@ -10691,7 +11667,7 @@ export type PublishedDecision = (typeof DECISIONS)[DecisionCode]['published'];
 
 /**
  * How a push's payload is read: the hook's REPO_TYPE, NET_TYPE, REGISTRY_HOST and PIN_DIGEST, read once at the push's
- * boundary (chapter 29's readHookConfig). REPO_TYPE and NET_TYPE stay text: auto needs the payload, and NET_TYPE is
+ * boundary (chapter 31's readHookConfig). REPO_TYPE and NET_TYPE stay text: auto needs the payload, and NET_TYPE is
  * read for regionalregistry only, so each is checked where a payload is read, as it always was.
  */
 export interface PushReading {
@@ -11385,7 +12361,7 @@ function customRegistryAddress(repoUrl: string): string {
 }
 
 // ================================================================================================
-// 24. cloud registry payloads — the clouds' own registries, whose pushes arrive as their event buses' events: AWS ECR
+// 26. cloud registry payloads — the clouds' own registries, whose pushes arrive as their event buses' events: AWS ECR
 //    (an EventBridge "ECR Image Action" event sent by an API destination, or its CloudEvents form), Google Artifact
 //    Registry (a Pub/Sub push envelope whose message.data is the base64 of {action, digest, tag}), Tencent Cloud TCR
 //    Enterprise (its trigger sends Harbor's default format, pushImage, from a tencentcloudcr.com host); CloudEvents 1.0
@@ -11860,7 +12836,7 @@ function repoTypeSetting(value: string | undefined): string {
 }
 
 // ================================================================================================
-// 25. image reference & pin — composes the reference the cluster will pull (composeImageRef; chooseCandidate picks
+// 27. image reference & pin — composes the reference the cluster will pull (composeImageRef; chooseCandidate picks
 //    the container's among several), validates it against the OCI distribution reference grammar before anything is
 //    sent to Kubernetes, and applies the image pin (checkImagePin): whoever holds a hook's URL writes the payload, so
 //    a push may change only the tag and digest of the repository the container runs now. Endpoints of one registry
@@ -12201,7 +13177,7 @@ function problemOf(check: () => unknown): string | undefined {
 }
 
 // ================================================================================================
-// 26. change windows & approval links — when a push may go out, as pure functions. A change window
+// 28. change windows & approval links — when a push may go out, as pure functions. A change window
 //    (DEPLOY_WINDOW, annotation webhook/window) is one or more ranges `Mon-Fri 09:00-18:00 Asia/Shanghai`, read by
 //    parseDeployWindows; windowOpen says whether an instant is inside one and nextOpening when the next one opens,
 //    in the range's IANA zone through Intl (daylight saving time included; a range whose end is before its start
@@ -12566,12 +13542,13 @@ export function readApprovalToken(
 }
 
 // ================================================================================================
-// 27. workloads — what the upgrade knows of Kubernetes workloads. Each kind is one entry of WORKLOAD_KINDS (API
+// 29. workloads — what the upgrade knows of Kubernetes workloads. Each kind is one entry of WORKLOAD_KINDS (API
 //    resource, names, pod template, kubectl's rollout viewer, whether it has a rollout, how its pods are owned);
 //    parseWorkload reads APP_WORKLOAD (deployment, daemonset, statefulset, cronjob; any case, plurals, short names,
 //    kind.group) and locateContainer finds APP_CONTAINER (containers, then initContainers). rolloutStatus applies
 //    kubectl's rollout-status rules, summarizePod says how a pod is doing, Events are recorded on the workload, and
-//    one WorkloadQueue per workload keeps its pushes in order. UpgradeReport is what one push did so far; UpgradeDeps
+//    one WorkloadQueue per workload keeps its pushes in order (and batches what waits for one key: the pushes for
+//    one Git branch, committed together). UpgradeReport is what one push did so far; UpgradeDeps
 //    is what an upgrade is given (client, clock, queue, the workloads it last saw).
 //    Exports: annotationOps, asArray, DNS_LABEL, FollowOptions, ForcedRollback, K8sObject, KEPT_SUPERSEDED, kindSpec,
 //    KnownWorkloads, labelSelector, leanWorkload, locateContainer, LocatedContainer, missingContainerMessage,
@@ -12579,8 +13556,8 @@ export function readApprovalToken(
 //    readWorkload, recordWorkloadEvent, RollbackOutcome, RolloutOutcome, rolloutStatus, roundedToSeconds,
 //    STUCK_REASONS, summarizePod, unchanged, UPGRADE_LIMITS, UpgradeDeps, UpgradeError, UpgradeReport, valueAt,
 //    WORKLOAD_KINDS, WorkloadEvent, WorkloadKind, workloadPods, WorkloadQueue, workloadResource, WorkloadTarget.
-//    Tests: test/decision.test.ts, test/e2e.test.ts, test/policy.test.ts, test/records.test.ts, test/rolling.test.ts,
-//    test/upgrade.test.ts.
+//    Tests: test/decision.test.ts, test/e2e.test.ts, test/git.test.ts, test/policy.test.ts, test/records.test.ts,
+//    test/rolling.test.ts, test/upgrade.test.ts.
 // ================================================================================================
 
 export const UPGRADE_LIMITS = {
@@ -13189,6 +14166,43 @@ export async function recordWorkloadEvent(
  */
 export class WorkloadQueue {
   private readonly tails = new Map<string, Promise<unknown>>();
+  private readonly batched = new Map<string, BatchEntry<unknown, unknown>[]>();
+
+  /**
+   * Runs `item` in one call of `run` with the items queued for `key` in the same turn or while an earlier call for
+   * it was running (at most `max` a call, in arrival order): one commit for the pushes waiting for a branch.
+   * `run` answers each item's result, in order; if it throws, every item of that call fails with its error.
+   */
+  batch<I, O>(key: string, item: I, run: (items: I[]) => Promise<O[]>, max: number): Promise<O> {
+    return new Promise<O>((resolve, reject) => {
+      const entry = { item, resolve, reject } as BatchEntry<unknown, unknown>;
+      const queued = this.batched.get(key);
+      if (queued) return void queued.push(entry);
+      const list = [entry];
+      this.batched.set(key, list);
+      void this.drain(key, list, run as (items: unknown[]) => Promise<unknown[]>, max);
+    });
+  }
+
+  private async drain(
+    key: string,
+    list: BatchEntry<unknown, unknown>[],
+    run: (items: unknown[]) => Promise<unknown[]>,
+    max: number,
+  ): Promise<void> {
+    // Items arriving in this turn (a burst of deliveries) join the first call.
+    await new Promise((next) => setImmediate(next));
+    while (list.length > 0) {
+      const taken = list.splice(0, max);
+      try {
+        const results = await run(taken.map((w) => w.item));
+        taken.forEach((w, i) => w.resolve(results[i]));
+      } catch (e) {
+        for (const w of taken) w.reject(e);
+      }
+    }
+    this.batched.delete(key);
+  }
 
   /** Queues task behind every task queued earlier for key; call it in arrival order. */
   run<T>(key: string, task: () => Promise<T>): Promise<T> {
@@ -13204,6 +14218,13 @@ export class WorkloadQueue {
     });
     return result;
   }
+}
+
+/** An item waiting for its batch (WorkloadQueue.batch), and how its result reaches it. */
+interface BatchEntry<I, O> {
+  item: I;
+  resolve(result: O): void;
+  reject(error: unknown): void;
 }
 
 /** A push that changed nothing, as its report holds it: the action reads `none (<reason>)` or the reason. Pure. */
@@ -13252,6 +14273,8 @@ export interface UpgradeReport {
   imagePin?: ImagePin;
   /** What became of a failed rollout under ROLLBACK_ON_FAILURE. */
   rollback?: RollbackOutcome;
+  /** A push committed to Git (the git executor): the rollback commits the revert there, and says what became of it. */
+  revertInGit?: (reason: string) => Promise<RollbackOutcome>;
   /** When the push was pushed (or received), as the newest-wins rule compares it. */
   pushedAtMs?: number;
   /**
@@ -13403,7 +14426,7 @@ function missingContainerMessage(podSpec: unknown, name: string, workload: strin
 }
 
 // ================================================================================================
-// 28. update policies & stages — which tags a workload takes. The hook setting UPDATE_POLICY gives a hook's policy;
+// 30. update policies & stages — which tags a workload takes. The hook setting UPDATE_POLICY gives a hook's policy;
 //    the workload's annotation webhook/policy overrides it, and webhook/policy.<container> overrides both for one
 //    container. parsePolicy reads a value (all, semver:<range>, major, minor, patch, glob:<pattern>,
 //    regexp:<pattern>; the semver ones never go down unless `,allow-downgrade` follows); policyDecision, pure, says
@@ -13689,40 +14712,17 @@ function promoteCheckSetting(value: string | undefined): URL | undefined {
 }
 
 // ================================================================================================
-// 29. hook settings — HOOK_SETTINGS, the one table of the settings of the upgrade, its mail and its notifications:
-//    each one's source (the hook, or the service's own environment), type, default, whether a hook must give it as a
-//    fixed string (checked at load: fixedSettingChecks), whether it holds a key, its validation, its meaning, and its
-//    parse, which is the only reader of its text and throws the message operators know. The settings tables of
-//    docs/configuration.md are written from it (scripts/settings-doc.ts), and -validate describes hooks from it. A
-//    push's boundary reads its hook's settings once, into a typed HookConfig (readHookConfig: the workload, the
-//    checks, the decision's settings, its cluster, how its payload is read); nothing after the boundary reads them.
-//    Exports: configuredReport, deployWindowSetting, fixedSettingChecks, HOOK_SETTINGS, HookConfig, HookSetting,
-//    HookSettingName, notifyCa, NotifyFormatName, POLL_INTERVAL_RANGE, pollInterval, readHookConfig, UpgradeSettings.
-//    Tests: test/clouds.test.ts, test/cosign-verify.test.ts, test/decision.test.ts, test/hold.test.ts,
-//    test/mail.test.ts, test/policy.test.ts, test/registries.test.ts, test/registry-watch.test.ts,
-//    test/settings.test.ts, test/upgrade.test.ts, test/windows.test.ts.
+// 31. setting values — how each hook setting's text reads: the parse functions of HOOK_SETTINGS' rows (next
+//    chapter), each the only reader of its setting's text, returning the typed value (its default when unset) or
+//    throwing the message operators know, naming the setting and what is wrong; and the limits a setting's text is
+//    read within (how many notification URLs and clusters, an approval's timeout, a poll's interval).
+//    Exports: approvalTimeoutSetting, clusterNames, deployWindowSetting, dnsLabelSetting, mailBase64, mailBoolean,
+//    mailPort, mailTlsMode, MAX_NOTIFY_URLS, NOTIFY_FORMAT_NAMES, notifyCa, NotifyFormatName, notifyFormats,
+//    notifyUrls, outsideChangeSetting, parseRecipients, POLL_INTERVAL_RANGE, pollInterval, registryAwaySetting,
+//    registryCa, registryTokenHosts, rolloutTimeoutSetting, signatureAnnotationsSetting, signatureKeysSetting,
+//    telegramChats, updatePolicySetting.
+//    Tests: test/mail.test.ts, test/registry-watch.test.ts, test/settings.test.ts.
 // ================================================================================================
-
-/**
- * One setting of the upgrade, its mail and its notifications: an environment variable a hook passes
- * to /webhooks.sh (pass-environment-to-command), or, `from: 'service'`, one of the service's own. Its
- * parse is the only reader of its text: it returns the typed value (the default when unset) or
- * throws an Error whose message names the setting and what is wrong. `fixed`: the setting widens what
- * a request may do, so a hook must give it as a fixed string, checked at every load (HookSettingChecks).
- * `secret`: the value holds a key, so -validate never shows it. The settings tables of
- * docs/configuration.md are written from this table (scripts/settings-doc.ts); test/settings.test.ts
- * checks that they agree.
- */
-export interface HookSetting<T> {
-  from: 'hook' | 'service';
-  type: string;
-  default: string;
-  fixed: boolean;
-  secret: boolean;
-  validation: string;
-  meaning: string;
-  parse(value: string | undefined): T;
-}
 
 /** The formats NOTIFY_FORMAT may name, in the order messages list them; each is one NOTIFY_FORMATS entry. */
 const NOTIFY_FORMAT_NAMES = [
@@ -13742,10 +14742,6 @@ export type NotifyFormatName = (typeof NOTIFY_FORMAT_NAMES)[number];
 // One hook posting to more places than this is a mistake in its file.
 const MAX_NOTIFY_URLS = 5;
 
-/** A hook setting with its defaults filled in: most are per hook, not fixed, not secret. */
-function setting<T>(row: Partial<HookSetting<T>> & Pick<HookSetting<T>, 'type' | 'validation' | 'meaning' | 'parse'>) {
-  return { from: 'hook' as const, default: 'unset', fixed: false, secret: false, ...row };
-}
 
 
 /** CLUSTER (at most 1) and CLUSTERS: context names separated by spaces; unset or blank is none. */
@@ -14065,6 +15061,47 @@ function updatePolicySetting(value: string | undefined): UpdatePolicy {
   }
 }
 
+// ================================================================================================
+// 32. hook settings — HOOK_SETTINGS, the one table of the settings of the upgrade, its mail and its notifications:
+//    each one's source (the hook, or the service's own environment), type, default, whether a hook must give it as a
+//    fixed string (checked at load: fixedSettingChecks), whether it holds a key, its validation, its meaning, and its
+//    parse, which is the only reader of its text and throws the message operators know. The settings tables of
+//    docs/configuration.md are written from it (scripts/settings-doc.ts), and -validate describes hooks from it. A
+//    push's boundary reads its hook's settings once, into a typed HookConfig (readHookConfig: the workload, the
+//    checks, the decision's settings, its cluster, how its payload is read); nothing after the boundary reads them.
+//    Exports: configuredReport, fixedSettingChecks, HOOK_SETTINGS, HookConfig, HookSetting, HookSettingName,
+//    readHookConfig, UpgradeSettings.
+//    Tests: test/clouds.test.ts, test/cosign-verify.test.ts, test/decision.test.ts, test/git.test.ts,
+//    test/hold.test.ts, test/mail.test.ts, test/policy.test.ts, test/registries.test.ts, test/registry-watch.test.ts,
+//    test/settings.test.ts, test/upgrade.test.ts, test/windows.test.ts.
+// ================================================================================================
+
+/**
+ * One setting of the upgrade, its mail and its notifications: an environment variable a hook passes
+ * to /webhooks.sh (pass-environment-to-command), or, `from: 'service'`, one of the service's own. Its
+ * parse is the only reader of its text: it returns the typed value (the default when unset) or
+ * throws an Error whose message names the setting and what is wrong. `fixed`: the setting widens what
+ * a request may do, so a hook must give it as a fixed string, checked at every load (HookSettingChecks).
+ * `secret`: the value holds a key, so -validate never shows it. The settings tables of
+ * docs/configuration.md are written from this table (scripts/settings-doc.ts); test/settings.test.ts
+ * checks that they agree.
+ */
+export interface HookSetting<T> {
+  from: 'hook' | 'service';
+  type: string;
+  default: string;
+  fixed: boolean;
+  secret: boolean;
+  validation: string;
+  meaning: string;
+  parse(value: string | undefined): T;
+}
+
+/** A hook setting with its defaults filled in: most are per hook, not fixed, not secret. */
+function setting<T>(row: Partial<HookSetting<T>> & Pick<HookSetting<T>, 'type' | 'validation' | 'meaning' | 'parse'>) {
+  return { from: 'hook' as const, default: 'unset', fixed: false, secret: false, ...row };
+}
+
 /**
  * Every setting of the upgrade, the mail and the notifications: the one place each is parsed and
  * described. Adding a setting is one entry here, its reader, and a line the doc generator writes.
@@ -14315,6 +15352,53 @@ export const HOOK_SETTINGS = {
     meaning: 'Who is mailed the result (through the MAIL_* server of the service).',
     parse: (value: string | undefined) => (value ? parseRecipients(value) : []),
   }),
+  GIT_REPO: setting({
+    ...{ type: 'URL', default: 'patched, not committed', fixed: true, parse: gitRepoUrl },
+    validation: 'an https:// URL (http:// only for a loopback host), without credentials',
+    meaning: 'The Git repository a GitOps tool deploys from: an applied push is committed there instead of patched.',
+  }),
+  GIT_BRANCH: setting({
+    ...{ type: 'branch name', default: 'main', fixed: true, parse: gitBranchName },
+    ...{ validation: 'a branch name (git check-ref-format)', meaning: 'The branch GIT_REPO commits go to.' },
+  }),
+  GIT_PATH: setting({
+    ...{ type: 'path', fixed: true, parse: gitFilePath, validation: "relative to the repository's root, no .." },
+    meaning: 'The file edited: a kustomization.yaml, a Helm values file (GIT_FIELD) or a manifest of the workload.',
+  }),
+  GIT_FIELD: setting({
+    ...{ type: 'dotted path', fixed: true, parse: gitFieldPath, validation: 'keys separated by dots, e.g. image.tag' },
+    meaning: "A Helm values file's tag field; a sibling repository (and registry) must name the pushed repository.",
+  }),
+  GIT_TOKEN: setting({
+    ...{ type: 'secret', fixed: true, secret: true, parse: gitToken, validation: 'the token, or a file holding it' },
+    meaning: 'The token sent as the password of HTTP basic auth to GIT_REPO (contents: write on the repository).',
+  }),
+  ON_GITOPS_OWNER: setting({
+    ...{ type: 'refuse or patch', default: 'refuse', fixed: true, parse: gitopsOwnerMode },
+    validation: 'refuse or patch (any case)',
+    meaning: 'Without GIT_REPO, whether a workload Argo CD, Flux or Fleet deploys is patched (their sync undoes it).',
+  }),
+  GIT_USERNAME: setting({
+    ...{ type: 'text', default: 'x-access-token', fixed: true, parse: gitUsername, validation: 'text without a colon' },
+    meaning: "The user of GIT_REPO's basic auth (GitLab: oauth2 or any; Gitea: the token's owner).",
+  }),
+  GIT_CA: setting({
+    ...{ type: 'PEM or file path', fixed: true, parse: gitCa, validation: 'PEM text, or the path of a PEM file' },
+    meaning: "The CA that signed GIT_REPO's certificate, added to the system's.",
+  }),
+  GIT_SIGNING_KEY: setting({
+    ...{ type: 'PEM or file path', fixed: true, secret: true, parse: readSshSigningKey, default: 'unsigned' },
+    ...{ validation: 'an unencrypted OpenSSH ed25519 private key', meaning: 'Signs each commit (gpg.format=ssh).' },
+  }),
+  GIT_SYNC_TIMEOUT: setting({
+    ...{ type: 'duration', default: '10m', fixed: true, validation: 'a Go duration (0: not waited for)' },
+    meaning: 'After answering, how long the service waits for the GitOps tool to apply a commit (then follows it).',
+    parse: (value: string | undefined) => (value?.trim() ? durationSetting('GIT_SYNC_TIMEOUT', value) : 600_000),
+  }),
+  GIT_AUTHOR: setting({
+    ...{ type: 'Name <email>', default: 'webhook <webhook@localhost>', fixed: true, parse: gitAuthor },
+    ...{ validation: 'Name <email>', meaning: "The commits' author and committer." },
+  }),
   NOTIFY_ON_SKIP: setting({
     type: 'boolean',
     default: 'true',
@@ -14452,7 +15536,7 @@ export const HOOK_SETTINGS = {
 export type HookSettingName = keyof typeof HOOK_SETTINGS;
 
 /**
- * The load-time checks of the settings a hook must fix in its file (chapter 18's HookSettingChecks,
+ * The load-time checks of the settings a hook must fix in its file (chapter 20's HookSettingChecks,
  * handed over by main()): every `fixed` entry, or those of `names`.
  */
 export function fixedSettingChecks(names?: HookSettingName[]): HookSettingChecks {
@@ -14494,6 +15578,9 @@ interface UpgradeSettings {
   approvalTimeoutMs: number;
   windows: DeployWindow[] | undefined;
   approvalOverride: boolean;
+  /** GIT_REPO and the rest: an applied push is committed to Git (commitOut); without, ON_GITOPS_OWNER. */
+  git: GitSettings | undefined;
+  onGitopsOwner: 'refuse' | 'patch';
 }
 
 /**
@@ -14589,11 +15676,13 @@ function readSettings(
     approvalTimeoutMs: read.APPROVAL_TIMEOUT.parse(env.APPROVAL_TIMEOUT),
     windows: read.DEPLOY_WINDOW.parse(env.DEPLOY_WINDOW),
     approvalOverride: read.APPROVAL_OVERRIDE.parse(env.APPROVAL_OVERRIDE),
+    git: gitSettingsRead((name) => (read[name as HookSettingName] as HookSetting<unknown>).parse(env[name])),
+    onGitopsOwner: read.ON_GITOPS_OWNER.parse(env.ON_GITOPS_OWNER),
   };
 }
 
 // ================================================================================================
-// 30. upgrade decision — whether and what a push may change, before anything is written, from the push's
+// 33. upgrade decision — whether and what a push may change, before anything is written, from the push's
 //    HookConfig (read once at its boundary, previous chapter); the push is checked against the
 //    container's current image (a refusal changes nothing, fails, is logged and recorded as a Warning Event);
 //    several replicas agree through the workload: LAST_PUSH_ANNOTATION records when each container's last push was
@@ -15294,7 +16383,7 @@ async function checkSignature(c: SignatureCheck, digest: string | undefined): Pr
 }
 
 // ================================================================================================
-// 31. the decision — what one push does to one workload, decided by one pure function: decide(push, its hook's
+// 34. the decision — what one push does to one workload, decided by one pure function: decide(push, its hook's
 //    settings, the workload as read, now) → Decision, a value from the closed list (DECISIONS) carrying its reason
 //    as data and, for what is written, the planned change, its Event and the pending entry. The registry's facts
 //    (the digest a tag resolves to, a signature) are established before it (previous chapter) and arrive in the
@@ -15753,7 +16842,7 @@ export function waitingAction(e: PendingEntry): string {
 }
 
 // ================================================================================================
-// 32. the cluster executor — carries out what decide (previous chapter) concluded, on the workload in its cluster,
+// 35. the cluster executor — carries out what decide (previous chapter) concluded, on the workload in its cluster,
 //    and writes it into the push's report (recordDecision, the one place a decision reaches a report): the guarded
 //    PATCH of an applied push, the pending entry of a waiting one, the Event of each. A PATCH whose `test` fails
 //    (the workload changed since it was read) has the workload read again and the push decided again on it, up to
@@ -15761,12 +16850,12 @@ export function waitingAction(e: PendingEntry): string {
 //    the read that would precede every PATCH: only a plain apply is carried out on it, its patch also testing the
 //    annotations the decision read (policy, approval, window); any other decision is reached again on the workload
 //    as it is now. Another way to carry a decision out (a commit to Git) is an executor beside this one.
-//    Exports: carryOut.
+//    Exports: carryOut, PushToCarryOut, recordDecision.
 //    Tests: test/e2e.test.ts, test/records.test.ts, test/replicas.test.ts, test/upgrade.test.ts.
 // ================================================================================================
 
 /** A push as the executor is given it: its decision's input, but for what each attempt reads and draws. */
-type PushToCarryOut = Omit<DecisionInput, 'workload' | 'nowMs' | 'entryId'>;
+export type PushToCarryOut = Omit<DecisionInput, 'workload' | 'nowMs' | 'entryId'>;
 
 /**
  * Decides the push on its workload and carries the decision out; a conflict has the workload read and the push
@@ -15884,7 +16973,7 @@ async function guardedPatch(
  * Writes a decision into the push's report: its code and reason, the image the container runs, its notes, what
  * was written. A refusal or failure leaves the decision to the failure it is thrown as (failedUpgrade).
  */
-function recordDecision(report: UpgradeReport, d: Decision, kind: WorkloadKind): void {
+export function recordDecision(report: UpgradeReport, d: Decision, kind: WorkloadKind): void {
   for (const note of d.notes) if (!report.notes.includes(note)) report.notes.push(note);
   if (d.before !== undefined) report.imageBefore = d.before;
   if (d.replaced) report.replaced = d.replaced;
@@ -15906,7 +16995,631 @@ function recordDecision(report: UpgradeReport, d: Decision, kind: WorkloadKind):
   recordUnchanged(report, d.code, d.reason, d.before);
 }
 // ================================================================================================
-// 33. the report — the answer of one push, one "label: value" per line, values aligned, always in this order, lines
+// 36. the git executor — carries an applied push out as a commit to the Git repository a GitOps tool (Fleet, Argo
+//    CD, Flux) deploys from, for a hook with GIT_REPO: the workload is read and the push decided as always
+//    (decide); a decision that writes nothing to the image (waiting, held, skipped…) is the cluster executor's. An
+//    applied push is written into the file at GIT_PATH by changing the text of one scalar (editGitFile: a
+//    Kubernetes manifest's container image, a kustomization's images entry, a Helm values field named by
+//    GIT_FIELD), so comments, order, quoting and indentation stay; committed on the branch head with the push in
+//    its message and trailers, and pushed with that head as the expected value. A branch that moved in between is
+//    fetched again and the edit made again on its new head, up to GIT_PUSH_ATTEMPTS times; pushes waiting for one
+//    branch are committed together (WorkloadQueue.batch), and newest wins by the head commit's trailers. Nothing
+//    is written to the cluster: the GitOps tool applies the commit, which the service waits for after answering
+//    (GIT_SYNC_TIMEOUT) before the rollout is followed. Without GIT_REPO, a push that would patch a workload a
+//    GitOps tool deploys is refused (refuseGitopsOwned, ON_GITOPS_OWNER).
+//    Exports: commitOut, refuseGitopsOwned.
+//    Tests: test/git.test.ts.
+// ================================================================================================
+
+// A push racing others for one branch (replicas, other automations) fetches and commits again this many times:
+// each attempt is six requests, and a branch taking more than this many commits within seconds is a storm.
+const GIT_PUSH_ATTEMPTS = 5;
+// A file larger than this is not a manifest, a kustomization or a values file a person edits.
+const MAX_GIT_FILE_BYTES = 1024 * 1024;
+
+/** A YAML node with where its text is: a scalar's first and past-last character (code points from the start). */
+type LocatedNode =
+  | { kind: 'scalar'; value: string; start: number; end: number; style: string; line: number; column: number }
+  | { kind: 'map'; pairs: [LocatedNode, LocatedNode][]; line: number; column: number; flow: boolean }
+  | { kind: 'seq'; items: LocatedNode[]; line: number; column: number; flow: boolean }
+  | { kind: 'other'; line: number; column: number };
+
+const NODE_STARTS = new Set<TokenType>([
+  'scalar', 'alias', 'anchor', 'tag', 'block-mapping-start', 'block-sequence-start', 'flow-mapping-start',
+  'flow-sequence-start',
+]);
+
+/** Every document of a YAML stream (the chapter 2 scanner's tokens) as located nodes; a YamlError when malformed. */
+export function locatedYaml(text: string): LocatedNode[] {
+  const scanner = new Scanner(readChars(text));
+  const docs: LocatedNode[] = [];
+  for (let t = scanner.peek(); t.type !== 'stream-end'; t = scanner.peek()) {
+    if (NODE_STARTS.has(t.type)) docs.push(locatedNode(scanner, false));
+    else scanner.skipToken();
+  }
+  return docs;
+}
+
+/** The node the scanner is at (anchors and tags skipped); `valueOf`: a mapping value, where `- a` may start. */
+function locatedNode(scanner: Scanner, valueOf: boolean): LocatedNode {
+  let t = scanner.peek();
+  while (t.type === 'anchor' || t.type === 'tag') {
+    scanner.skipToken();
+    t = scanner.peek();
+  }
+  const at = { line: t.start.line, column: t.start.column };
+  if (t.type === 'scalar') {
+    scanner.skipToken();
+    return { kind: 'scalar', value: t.value, start: t.start.index, end: t.end.index, style: t.style, ...at };
+  }
+  if (t.type === 'block-mapping-start' || t.type === 'flow-mapping-start') {
+    scanner.skipToken();
+    return { kind: 'map', pairs: locatedPairs(scanner), ...at, flow: t.type === 'flow-mapping-start' };
+  }
+  if (t.type === 'block-sequence-start' || t.type === 'flow-sequence-start' || (valueOf && t.type === 'block-entry')) {
+    if (t.type !== 'block-entry') scanner.skipToken();
+    const indentless = t.type === 'block-entry';
+    return { kind: 'seq', items: locatedItems(scanner, indentless), ...at, flow: t.type === 'flow-sequence-start' };
+  }
+  if (t.type === 'alias') scanner.skipToken();
+  return { kind: 'other', ...at };
+}
+
+/** An empty value: a zero-width scalar where its text would go. */
+function emptyAt(mark: Mark): LocatedNode {
+  return { kind: 'scalar', value: '', start: mark.index, end: mark.index, style: 'empty', line: mark.line,
+    column: mark.column };
+}
+
+function locatedPairs(scanner: Scanner): [LocatedNode, LocatedNode][] {
+  const pairs: [LocatedNode, LocatedNode][] = [];
+  for (;;) {
+    const t = scanner.peek();
+    if (t.type === 'stream-end') failAt(t.start, 'the text ends inside a mapping');
+    if (t.type === 'block-end' || t.type === 'flow-mapping-end') {
+      scanner.skipToken();
+      return pairs;
+    }
+    if (t.type === 'flow-entry') {
+      scanner.skipToken();
+      continue;
+    }
+    let key: LocatedNode = emptyAt(t.start);
+    if (t.type === 'key') {
+      scanner.skipToken();
+      if (NODE_STARTS.has(scanner.peek().type)) key = locatedNode(scanner, false);
+    } else if (t.type !== 'value') throw new YamlError(t.start.line + 1, t.start.column + 1, 'unexpected token');
+    let value: LocatedNode = emptyAt(scanner.peek().start);
+    if (scanner.peek().type === 'value') {
+      const colon = scanner.peek();
+      scanner.skipToken();
+      const next = scanner.peek();
+      const some = NODE_STARTS.has(next.type) || next.type === 'block-entry';
+      value = some ? locatedNode(scanner, true) : emptyAt(colon.end);
+    }
+    pairs.push([key, value]);
+  }
+}
+
+function locatedItems(scanner: Scanner, indentless: boolean): LocatedNode[] {
+  const items: LocatedNode[] = [];
+  for (;;) {
+    const t = scanner.peek();
+    if (indentless && t.type !== 'block-entry') return items;
+    if (t.type === 'stream-end') failAt(t.start, 'the text ends inside a list');
+    if (t.type === 'block-end' || t.type === 'flow-sequence-end') {
+      scanner.skipToken();
+      return items;
+    }
+    if (t.type === 'flow-entry') {
+      scanner.skipToken();
+      continue;
+    }
+    if (t.type === 'block-entry') {
+      scanner.skipToken();
+      items.push(NODE_STARTS.has(scanner.peek().type) ? locatedNode(scanner, false) : emptyAt(t.end));
+      continue;
+    }
+    items.push(locatedNode(scanner, false));
+  }
+}
+
+/** The value of `key` in a mapping node, undefined when it has none. */
+function locatedValue(node: LocatedNode | undefined, key: string): LocatedNode | undefined {
+  if (node?.kind !== 'map') return undefined;
+  return node.pairs.find(([k]) => k.kind === 'scalar' && k.value === key)?.[1];
+}
+
+function scalarText(node: LocatedNode | undefined): string | undefined {
+  return node?.kind === 'scalar' ? node.value : undefined;
+}
+
+/** A YAML scalar's new text in the style the old one had: plain while it stays a plain string, else quoted. Pure. */
+function scalarInStyle(old: LocatedNode & { kind: 'scalar' }, value: string): string {
+  if (old.style === 'single') return `'${value.replace(/'/g, "''")}'`;
+  if (old.style === 'double') return JSON.stringify(value);
+  const plain =
+    /^[A-Za-z0-9_][A-Za-z0-9_./@:+-]*$/.test(value) &&
+    !/: |:$/.test(value) &&
+    !/^[-+]?(\.?[0-9]|\.(inf|nan))/i.test(value) &&
+    !/^(true|false|yes|no|on|off|y|n|null|~)$/i.test(value);
+  const text = plain ? value : JSON.stringify(value);
+  return old.style === 'empty' ? ` ${text}` : text;
+}
+
+/** What editGitFile is given: the file's text, the workload and container, and the image pushed. */
+export interface GitEdit {
+  file: string;
+  text: string;
+  target: WorkloadTarget;
+  container: string;
+  image: string;
+  /** GIT_FIELD: the dotted path of a Helm values file's tag field. */
+  field: string | undefined;
+}
+
+/** Replacements of scalars' text, applied from the end so earlier positions stay right. Pure. */
+type TextChange = { start: number; end: number; text: string };
+
+function applyChanges(text: string, changes: TextChange[]): string {
+  const chars = Array.from(text.startsWith('\uFEFF') ? text.slice(1) : text);
+  const bom = text.startsWith('\uFEFF') ? '\uFEFF' : '';
+  for (const c of [...changes].sort((a, b) => b.start - a.start)) chars.splice(c.start, c.end - c.start, c.text);
+  return bom + chars.join('');
+}
+
+/**
+ * The file's text with the pushed image written where the file keeps it: a kustomization's images entry, a Helm
+ * values field (GIT_FIELD), or the container's image in the workload's manifest. Only that scalar's text changes
+ * (or, in a kustomization without an entry for the image, an entry is added). An UpgradeError naming the file, the
+ * path and what is missing when the place is not found; nothing is written then. Pure.
+ */
+export function editGitFile(e: GitEdit): string {
+  if (e.text.includes('\0')) throw new UpgradeError(`${e.file}: a binary file, not YAML`);
+  const parsed = validateImageRef(e.image);
+  if (!parsed.ok) throw new UpgradeError(parsed.message);
+  let docs: LocatedNode[];
+  try {
+    docs = locatedYaml(e.text);
+  } catch (err) {
+    throw new UpgradeError(`${e.file}: not YAML: ${(err as Error).message}`);
+  }
+  const base = path.basename(e.file).toLowerCase();
+  if (e.field !== undefined) return applyChanges(e.text, helmChanges(e, docs, parsed.ref));
+  if (base === 'kustomization.yaml' || base === 'kustomization.yml')
+    return applyChanges(e.text, kustomizationChanges(e, docs, parsed.ref));
+  return applyChanges(e.text, manifestChanges(e, docs));
+}
+
+/** A scalar's replacement, or an error when the node there is not a scalar. */
+function replacedScalar(e: GitEdit, where: string, node: LocatedNode, value: string): TextChange {
+  if (node.kind !== 'scalar' || node.style === 'literal' || node.style === 'folded')
+    throw new UpgradeError(`${e.file}: ${where} (line ${node.line + 1}) is not a one-line scalar to edit`);
+  return { start: node.start, end: node.end, text: scalarInStyle(node, value) };
+}
+
+/** The container's `image` in the document of the workload's kind and name. */
+function manifestChanges(e: GitEdit, docs: LocatedNode[]): TextChange[] {
+  const spec = kindSpec(e.target.kind);
+  const named = (d: LocatedNode) => scalarText(locatedValue(locatedValue(d, 'metadata'), 'name')) === e.target.name;
+  const doc = docs.find((d) => scalarText(locatedValue(d, 'kind')) === spec.kind && named(d));
+  const workload = `${spec.kind} ${showValue(e.target.name)}`;
+  if (!doc) throw new UpgradeError(`${e.file}: no document of kind ${spec.kind} named ${showValue(e.target.name)}`);
+  let podSpec: LocatedNode | undefined = doc;
+  for (const key of [...spec.template, 'spec']) podSpec = locatedValue(podSpec, key);
+  const where = [...spec.template, 'spec'].join('.');
+  for (const list of ['containers', 'initContainers']) {
+    const containers = locatedValue(podSpec, list);
+    if (containers?.kind !== 'seq') continue;
+    for (const [i, c] of containers.items.entries()) {
+      if (scalarText(locatedValue(c, 'name')) !== e.container) continue;
+      const image = locatedValue(c, 'image');
+      if (!image) throw new UpgradeError(`${e.file}: ${workload}: ${where}.${list}[${i}] has no image`);
+      return [replacedScalar(e, `${where}.${list}[${i}].image`, image, e.image)];
+    }
+  }
+  throw new UpgradeError(`${e.file}: ${workload}: no container ${showValue(e.container)} in ${where}.containers`);
+}
+
+/** `registry/path` of a reference, as a kustomization's images[].name or a values file names it. */
+function imageRepository(ref: ImageRef): string {
+  return ref.domain === undefined ? ref.path : `${ref.domain}/${ref.path}`;
+}
+
+/** The images entry named as the image's repository: newTag (and digest when pinned) set, or an entry added. */
+function kustomizationChanges(e: GitEdit, docs: LocatedNode[], ref: ImageRef): TextChange[] {
+  const repo = imageRepository(ref);
+  const tag = ref.tag ?? 'latest';
+  const root = docs[0];
+  if (root !== undefined && root.kind !== 'map') throw new UpgradeError(`${e.file}: the document is not a mapping`);
+  const images = locatedValue(root, 'images');
+  const wanted: [string, string][] = [['newTag', tag]];
+  if (ref.digest) wanted.push(['digest', ref.digest]);
+  if (images === undefined || (images.kind === 'scalar' && images.value === '')) {
+    const lines = wanted.map(([k, v]) => `  ${k}: ${scalarInStyle(plainScalar, v)}\n`).join('');
+    const entry = `- name: ${scalarInStyle(plainScalar, repo)}\n${lines}`;
+    const addition = `${images === undefined ? 'images:\n' : '\n'}${entry}`;
+    const at = images === undefined ? Array.from(e.text).length : (images as { end: number }).end;
+    const lead = images === undefined && e.text !== '' && !e.text.endsWith('\n') ? '\n' : '';
+    return [{ start: at, end: at, text: lead + (images === undefined ? addition : addition.replace(/\n$/, '')) }];
+  }
+  if (images.kind !== 'seq' || images.flow) throw new UpgradeError(`${e.file}: images is not a block list`);
+  const entry = images.items.find((i) => scalarText(locatedValue(i, 'name')) === repo);
+  if (entry === undefined) return [addedImageEntry(e, images, repo, wanted)];
+  if (entry.kind !== 'map' || entry.flow)
+    throw new UpgradeError(`${e.file}: images entry ${showValue(repo)} is not a block mapping`);
+  return wanted.map(([key, value]) => {
+    const node = locatedValue(entry, key);
+    if (node) return replacedScalar(e, `images[name=${repo}].${key}`, node, value);
+    const name = locatedValue(entry, 'name') as LocatedNode & { kind: 'scalar' };
+    const at = lineEnd(e.text, name.end);
+    return { start: at, end: at, text: `\n${' '.repeat(entry.column)}${key}: ${scalarInStyle(plainScalar, value)}` };
+  });
+}
+
+const plainScalar = { kind: 'scalar', value: '', start: 0, end: 0, style: 'plain', line: 0, column: 0 } as const;
+
+/** A new images entry after the last one, indented as the first one is. */
+function addedImageEntry(e: GitEdit, images: LocatedNode & { kind: 'seq' }, repo: string, wanted: [string, string][]) {
+  const first = images.items[0];
+  const keyColumn = first?.column ?? images.column + 2;
+  const dash = ' '.repeat(Math.max(0, keyColumn - 2));
+  const keys = ' '.repeat(keyColumn);
+  const field = ([k, v]: [string, string]) => `${keys}${k}: ${scalarInStyle(plainScalar, v)}`;
+  const lines = [`${dash}- name: ${scalarInStyle(plainScalar, repo)}`, ...wanted.map(field)];
+  const at = lineEnd(e.text, lastIndex(images));
+  return { start: at, end: at, text: `\n${lines.join('\n')}` };
+}
+
+/** Where the line holding character `index` ends (before its line feed), in code points. */
+function lineEnd(text: string, index: number): number {
+  const chars = Array.from(text.startsWith('\uFEFF') ? text.slice(1) : text);
+  let at = index;
+  while (at < chars.length && chars[at] !== '\n') at++;
+  return at;
+}
+
+/** The past-last character of a node's last scalar. */
+function lastIndex(node: LocatedNode): number {
+  if (node.kind === 'scalar') return node.end;
+  if (node.kind === 'map') return node.pairs.length ? lastIndex(node.pairs[node.pairs.length - 1][1]) : 0;
+  if (node.kind === 'seq') return node.items.length ? lastIndex(node.items[node.items.length - 1]) : 0;
+  return 0;
+}
+
+/** GIT_FIELD's scalar set to the pushed tag; a sibling `repository` must name the pushed repository. */
+function helmChanges(e: GitEdit, docs: LocatedNode[], ref: ImageRef): TextChange[] {
+  const keys = e.field!.split('.');
+  let parent: LocatedNode | undefined = docs[0];
+  for (const [i, key] of keys.slice(0, -1).entries()) {
+    parent = locatedValue(parent, key);
+    if (parent === undefined)
+      throw new UpgradeError(`${e.file}: GIT_FIELD ${e.field}: no ${keys.slice(0, i + 1).join('.')}`);
+  }
+  const field = locatedValue(parent, keys[keys.length - 1]);
+  if (field === undefined) throw new UpgradeError(`${e.file}: GIT_FIELD ${e.field}: no ${e.field}`);
+  const repository = scalarText(locatedValue(parent, 'repository'));
+  if (repository !== undefined) {
+    const registry = scalarText(locatedValue(parent, 'registry'));
+    const named = registry ? `${registry}/${repository}` : repository;
+    const pushed = imageRepository(ref);
+    if (named !== pushed && !pushed.endsWith(`/${named}`) && named !== ref.path)
+      throw new UpgradeError(
+        `${e.file}: ${keys.slice(0, -1).concat('repository').join('.')} names ${showValue(named)}, not the pushed ` +
+          `repository ${showValue(pushed)}: the push is refused`,
+      );
+  }
+  return [replacedScalar(e, e.field!, field, ref.tag ?? 'latest')];
+}
+
+// ---- the commit -------------------------------------------------------------------------------------
+
+/** One push's edit as its branch's batch commits it: the push, its hook's settings, the image it replaces. */
+interface PushEdit {
+  git: GitSettings;
+  push: Push;
+  config: UpgradeSettings;
+  before: string | undefined;
+  /** A failed rollout's revert: why (the commit's message says so). */
+  revert?: string;
+}
+
+/** What became of one push's edit in its batch. */
+type EditOutcome = { commit: string } | { unchanged: true } | { superseded: string } | { error: Error };
+
+// Pushes committed together at most: one commit per push waiting, in a burst, would make the last wait for every
+// commit before it; a commit of more than this many images is not read by anyone.
+const MAX_GIT_BATCH = 50;
+
+/** `registry/app:v2 to shop/deployment/web`: one push in a commit's message. */
+function deployed(e: PushEdit): string {
+  const t = e.push.target;
+  return `${e.push.image} to ${t.namespace}/${t.kind}/${t.name}`;
+}
+
+/** The trailers of one push: image, digest, registry, workload, push time, who asked (newest wins reads them). */
+function pushTrailers(e: PushEdit): string[] {
+  const { push, config } = e;
+  const t = push.target;
+  const parsed = validateImageRef(push.image);
+  const ref = parsed.ok ? parsed.ref : undefined;
+  return [
+    `Webhook-Image: ${push.image}`,
+    ...(ref?.digest ? [`Webhook-Digest: ${ref.digest}`] : []),
+    `Webhook-Registry: ${ref?.domain ?? 'docker.io'}`,
+    `Webhook-Workload: ${t.namespace}/${t.kind}/${t.name}/${config.container}`,
+    `Webhook-Pushed-At: ${new Date(push.pushedAtMs).toISOString()}`,
+    `Webhook-Asked-By: ${whoAsked(push) || 'the upgrade command'}`,
+  ];
+}
+
+/** The commit's message: what was deployed where, and each push in trailers. Pure. */
+function commitMessage(edits: PushEdit[]): string {
+  const [first] = edits;
+  const t = first.push.target;
+  const pushed = `The registry pushed ${first.push.image}; container ${first.config.container}`;
+  const ran = `${pushed} of ${t.kind}/${t.name} in ${t.namespace} ran ${first.before ?? 'nothing yet'}.`;
+  const head = first.revert
+    ? [`Revert to ${deployed(first)}`, '', `ROLLBACK_ON_FAILURE: ${first.revert}.`]
+    : edits.length === 1
+      ? [`Deploy ${deployed(first)}`, '', ran]
+      : [`Deploy ${edits.length} images`, '', ...edits.map((e) => `- ${deployed(e)}`)];
+  return [...head, '', ...edits.flatMap(pushTrailers), ''].join('\n');
+}
+
+/**
+ * When the branch's head commit is webhook's and carries a push for the same container newer than this one
+ * (another replica committed it meanwhile): why this push is superseded. Newest wins in Git as on the workload.
+ * Pure.
+ */
+function newerCommittedPush(read: GitHead, e: PushEdit): string | undefined {
+  const t = e.push.target;
+  const workload = `${t.namespace}/${t.kind}/${t.name}/${e.config.container}`;
+  let image = '';
+  let newest: { image: string; at: number } | undefined;
+  let mine = false;
+  for (const line of read.headMessage.split('\n')) {
+    const [name, value] = [line.slice(0, line.indexOf(': ')), line.slice(line.indexOf(': ') + 2)];
+    if (name === 'Webhook-Image') [image, mine] = [value, false];
+    else if (name === 'Webhook-Workload') mine = value === workload;
+    else if (name === 'Webhook-Pushed-At' && mine && Date.parse(value) > (newest?.at ?? e.push.pushedAtMs))
+      newest = { image, at: Date.parse(value) };
+  }
+  if (newest === undefined) return undefined;
+  const when = new Date(newest.at).toISOString();
+  return `superseded by the commit ${read.head.slice(0, 7)} of ${newest.image}, pushed at ${when}, after this push`;
+}
+
+/** One edit made on the texts read (texts: the files changed so far in this batch), or what became of it. */
+function appliedEdit(read: GitHead, texts: Map<string, string>, e: PushEdit): EditOutcome | 'applied' {
+  const newer = newerCommittedPush(read, e);
+  if (newer !== undefined) return { superseded: newer };
+  const { path: file, field } = e.git;
+  try {
+    const content = read.files.get(file)!;
+    if (content instanceof GitError) throw content;
+    if (content.length > MAX_GIT_FILE_BYTES)
+      throw new UpgradeError(`${file}: ${content.length} bytes, more than ${MAX_GIT_FILE_BYTES}`);
+    const text = texts.get(file) ?? new TextDecoder().decode(content);
+    const { target, image } = e.push;
+    const next = editGitFile({ file, text, target, container: e.config.container, image, field });
+    if (next === text) return { unchanged: true };
+    texts.set(file, next);
+    return 'applied';
+  } catch (err) {
+    const why = new Scrubber([e.git.remote.token]).scrub(`Git write-back: ${(err as Error).message}`);
+    return { error: new UpgradeError(why) };
+  }
+}
+
+/** Of pushes for one container in a batch, only the newest is written: the others are superseded by it. Pure. */
+function newestInBatch(edits: PushEdit[]): (string | undefined)[] {
+  const key = ({ push: { target: t }, config }: PushEdit) => [t.namespace, t.kind, t.name, config.container].join('/');
+  return edits.map((e) => {
+    const newer = edits.find((o) => o !== e && key(o) === key(e) && o.push.pushedAtMs > e.push.pushedAtMs);
+    return newer && `superseded by ${newer.push.image}, pushed after it and committed with it`;
+  });
+}
+
+/**
+ * The edits of one batch (pushes waiting for one branch with the same credentials) made on the branch's head and
+ * pushed as one commit; again on a moved branch, up to GIT_PUSH_ATTEMPTS times. Each edit's outcome, in order;
+ * errors are UpgradeErrors scrubbed of the token.
+ */
+async function committedEdits(edits: PushEdit[]): Promise<EditOutcome[]> {
+  const { remote, branch, author, signingKey } = edits[0].git;
+  const superseded = newestInBatch(edits);
+  for (let attempt = 1; ; attempt++) {
+    try {
+      const read = await fetchGitFiles(remote, branch, [...new Set(edits.map((e) => e.git.path))]);
+      const texts = new Map<string, string>();
+      const outcomes = edits.map((e, i) => {
+        const newer = superseded[i];
+        return newer !== undefined ? { superseded: newer } : appliedEdit(read, texts, e);
+      });
+      const applied = edits.filter((_, i) => outcomes[i] === 'applied');
+      if (applied.length === 0) return outcomes as EditOutcome[];
+      const contents = new Map([...texts].map(([p, text]) => [p, Buffer.from(text)]));
+      const text = { message: commitMessage(applied), author, whenSeconds: Math.floor(Date.now() / 1000), signingKey };
+      const commit = await pushGitCommit(remote, branch, read, contents, text);
+      return outcomes.map((o) => (o === 'applied' ? { commit } : o));
+    } catch (e) {
+      if (e instanceof GitError && e.kind === 'moved' && attempt < GIT_PUSH_ATTEMPTS) continue;
+      const why = e instanceof GitError && e.kind === 'moved' ? ` (the branch kept moving: ${attempt} attempts)` : '';
+      const message = new Scrubber([remote.token]).scrub(`Git write-back: ${(e as Error).message}${why}`);
+      const error = new UpgradeError(message);
+      return edits.map(() => ({ error }));
+    }
+  }
+}
+
+/** Pushes batched together share the repository, branch, credentials, author and signing key: a digest of them. */
+function batchKey(git: GitSettings): string {
+  const key = git.signingKey?.publicBlob.toString('base64') ?? '';
+  const parts = [git.remote.url.href, git.branch, git.remote.username, git.remote.token, git.author, key];
+  return `git ${createHash('sha256').update(JSON.stringify(parts)).digest('hex')}`;
+}
+
+/**
+ * The git executor: decides the push on its workload as read (decide) and carries an applied push out as a commit
+ * on the hook's branch, together with the pushes waiting for the same branch (deps.queue's batch); any other
+ * decision is the cluster executor's (carryOut). Writes the decision into the report (recordDecision); the
+ * answer's action names the commit. A failure throws, nothing written anywhere.
+ */
+export async function commitOut(
+  client: KubeClient,
+  given: PushToCarryOut,
+  report: UpgradeReport,
+  deps: UpgradeDeps,
+  git: GitSettings,
+): Promise<void> {
+  const target = given.push.target;
+  const workload = await readWorkload(client, target);
+  const now = (deps.now ?? (() => new Date()))();
+  const decision = decide({ ...given, workload, nowMs: now.getTime(), entryId: randomUUID() });
+  if (decision.code !== 'applied' && decision.code !== 're-pulled') {
+    await carryOut(client, given, report, deps);
+    return;
+  }
+  report.target = Object.assign(target, { uid: String(valueAt(workload, ['metadata', 'uid'])) });
+  const edit: PushEdit = { git, push: given.push, config: given.config, before: decision.before };
+  const done = deps.queue
+    ? await deps.queue.batch(batchKey(git), edit, committedEdits, MAX_GIT_BATCH)
+    : (await committedEdits([edit]))[0];
+  const where = `${git.branch} of ${git.remote.url.href}`;
+  if ('error' in done) throw done.error;
+  if ('superseded' in done) return recordUnchanged(report, 'superseded', done.superseded, decision.before);
+  if ('unchanged' in done) {
+    recordUnchanged(report, 'no-op', `${git.path} on ${where} already names ${given.push.image}`, decision.before);
+    return;
+  }
+  recordDecision(report, { ...decision, followRecorded: false }, target.kind);
+  report.action = `committed ${done.commit.slice(0, 7)} to ${where}`;
+  const detail = 'committed to Git: the GitOps tool deploying the branch applies it';
+  report.rollout = { state: 'not tracked', detail, pods: [] };
+  const previous = { ...edit, push: { ...edit.push, image: decision.before } };
+  if (given.config.rollbackOnFailure) report.revertInGit = (why) => committedRevert(previous, why, where);
+  // The service carries a push on after its answer (eventAfterAnswer): it waits there for the sync, then follows.
+  if (git.syncTimeoutMs === 0 || !deps.eventAfterAnswer) return;
+  const synced = `${detail}; waited for up to ${formatGoDuration(git.syncTimeoutMs)}, then followed`;
+  report.rollout = { state: 'progressing', detail: synced, pods: [] };
+  report.afterAnswer = awaitGitSync(client, { ...given, report, deps, commit: done.commit }, git.syncTimeoutMs);
+}
+
+/**
+ * A failed rollout's revert, committed as a push of the image before it would be (newer than the push it reverts,
+ * so newest wins keeps it): what the rollback report says of it. Its rollout is the GitOps tool's to apply.
+ */
+async function committedRevert(edit: PushEdit, reason: string, where: string): Promise<RollbackOutcome> {
+  // Later than the push it reverts, whose time may be a little ahead of this clock (a registry's).
+  const pushedAtMs = Math.max(Date.now(), edit.push.pushedAtMs + 1);
+  const revert = { ...edit, push: { ...edit.push, pushedAtMs }, revert: reason };
+  const [done] = await committedEdits([revert]);
+  const image = revert.push.image;
+  if ('error' in done) return { reason, notDone: `the revert was not committed: ${done.error.message}` };
+  const committed = 'commit' in done && `${reason}; the revert committed as ${done.commit.slice(0, 7)} to ${where}`;
+  if (committed) return { reason: committed, image };
+  return { reason, notDone: 'superseded' in done ? done.superseded : `the file already names ${image}` };
+}
+
+// A workload waited for after a commit is read this often: the GitOps tool applies within its own poll
+// (Argo CD 3 minutes, Flux and Fleet their interval), so a read every 2 s costs little and reports promptly.
+const GIT_SYNC_POLL_MS = 2_000;
+
+/**
+ * After the answer: waits until the workload's container runs the committed image (the GitOps tool applied the
+ * commit), then leaves the rollout to the service's follow with the workload as read (deps.known), noting who
+ * applied it (the newest field manager) and how long it took. Past the timeout the rollout is reported timed out.
+ */
+async function awaitGitSync(
+  client: KubeClient,
+  on: PushToCarryOut & { report: UpgradeReport; deps: UpgradeDeps; commit: string },
+  timeoutMs: number,
+): Promise<undefined> {
+  const { push, config, report, deps } = on;
+  const started = Date.now();
+  const key = `${push.target.namespace}/${push.target.kind}/${push.target.name}`;
+  for (;;) {
+    const workload = await readWorkload(client, push.target).catch(() => undefined);
+    const podSpec = workload && valueAt(workload, [...kindSpec(push.target.kind).template, 'spec']);
+    if (workload && locateContainer(podSpec, config.container)?.image === push.image) {
+      deps.known?.set(key, workload);
+      const seconds = Math.round((Date.now() - started) / 1000);
+      report.notes.push(`commit ${on.commit.slice(0, 7)} applied after ${seconds}s by ${newestManager(workload)}`);
+      return undefined;
+    }
+    if (Date.now() - started >= timeoutMs) {
+      const detail = `commit ${on.commit.slice(0, 7)} not applied within ${formatGoDuration(timeoutMs)}`;
+      report.rollout = { state: 'timed out', detail, pods: [] };
+      return undefined;
+    }
+    // Unreferenced: a service stopping is not held open by a push waiting for its GitOps tool.
+    await new Promise((next) => setTimeout(next, GIT_SYNC_POLL_MS).unref());
+  }
+}
+
+/** The field manager that wrote the workload last (managedFields' newest time): who applied the commit. Pure. */
+function newestManager(workload: K8sObject): string {
+  const fields = asArray(valueAt(workload, ['metadata', 'managedFields']));
+  const newest = fields.toSorted((a, b) => String(valueAt(b, ['time'])).localeCompare(String(valueAt(a, ['time']))))[0];
+  return newest === undefined ? 'an unknown manager' : `manager ${String(valueAt(newest, ['manager']))}`;
+}
+
+// ---- a workload a GitOps tool owns -------------------------------------------------------------------
+
+/**
+ * The labels and annotations by which each GitOps tool marks what it deploys. Not its field managers: a copy of
+ * the workload (KnownWorkloads) is kept without managedFields, and a push must be judged alike on a copy and on a
+ * read.
+ */
+const GITOPS_MARKS: { tool: string; labels: string[]; annotations: string[] }[] = [
+  { tool: 'Argo CD', labels: ['argocd.argoproj.io/instance'], annotations: ['argocd.argoproj.io/tracking-id'] },
+  { tool: 'Flux', labels: ['kustomize.toolkit.fluxcd.io/name', 'helm.toolkit.fluxcd.io/name'], annotations: [] },
+  { tool: 'Fleet', labels: ['objectset.rio.cattle.io/hash'], annotations: [] },
+];
+
+/** Which GitOps tool deploys the workload, and by what mark: undefined when none does. Pure. */
+export function gitopsOwner(workload: K8sObject): string | undefined {
+  const labels = valueAt(workload, ['metadata', 'labels']);
+  const annotations = valueAt(workload, ['metadata', 'annotations']);
+  for (const mark of GITOPS_MARKS) {
+    const label = mark.labels.find((l) => isObject(labels) && l in labels);
+    if (label) return `${mark.tool} (label ${label})`;
+    const annotation = mark.annotations.find((a) => isObject(annotations) && a in annotations);
+    if (annotation) return `${mark.tool} (annotation ${annotation})`;
+  }
+  return undefined;
+}
+
+/**
+ * Under ON_GITOPS_OWNER=refuse, a push whose decision would patch a workload a GitOps tool deploys is refused:
+ * the tool's next sync would undo the PATCH. It reads the service's copy of the workload (deps.known) when it has
+ * one, else the workload; what it reads is not handed to the cluster executor as a copy, which decides afresh.
+ */
+export async function refuseGitopsOwned(
+  client: KubeClient,
+  given: PushToCarryOut,
+  report: UpgradeReport,
+  deps: UpgradeDeps,
+): Promise<void> {
+  const target = given.push.target;
+  const key = `${target.namespace}/${target.kind}/${target.name}`;
+  const workload = deps.known?.get(key) ?? (await readWorkload(client, target));
+  const owner = gitopsOwner(workload);
+  if (owner === undefined) return;
+  const now = (deps.now ?? (() => new Date()))().getTime();
+  const decision = decide({ ...given, workload, nowMs: now, entryId: randomUUID() });
+  if (decision.code !== 'applied' && decision.code !== 're-pulled') return;
+  report.refused = true;
+  report.imageBefore = decision.before;
+  throw new UpgradeError(
+    `${target.kind}/${target.name} is deployed by ${owner}: its next sync would undo a PATCH. Set GIT_REPO (with ` +
+      'GIT_PATH and GIT_TOKEN) to commit the image where it reads it, or ON_GITOPS_OWNER=patch to patch anyway',
+  );
+}
+
+// ================================================================================================
+// 37. the report — the answer of one push, one "label: value" per line, values aligned, always in this order, lines
 //    whose value is unknown left out: workload, container, image before, image after, action (image updated | rollout
 //    restarted (same image re-pulled) | none (<why>)), result (ok | failed: <message>), rollout (progressing |
 //    complete | failed | timed out | not tracked), one line per pod, rollback, notes. Exit status 0 when the result
@@ -15988,7 +17701,7 @@ export function formatReport(r: UpgradeReport): string {
 }
 
 // ================================================================================================
-// 34. rollout follow — follows a rollout by kubectl's rules until it completes, fails (a pod stuck in
+// 38. rollout follow — follows a rollout by kubectl's rules until it completes, fails (a pod stuck in
 //    CrashLoopBackOff, ImagePullBackOff…) or ROLLOUT_TIMEOUT passes. The workload is watched (WorkloadFeed: the
 //    client's watch shared by the follows of a namespace and kind, from the PATCH answer's resourceVersion; a watch
 //    of the workload alone where RBAC names it; a GET per second, with one warning, where watch is refused). A
@@ -16499,7 +18212,7 @@ export function rolloutEvent(outcome: RolloutOutcome, container: string): Worklo
 }
 
 // ================================================================================================
-// 35. rollback — ROLLBACK_ON_FAILURE=true: a followed rollout that fails is set back to the image before the push,
+// 39. rollback — ROLLBACK_ON_FAILURE=true: a followed rollout that fails is set back to the image before the push,
 //    with the same tested patch, and that rollout is followed too. A StatefulSet (RollingUpdate) does not replace a
 //    pod stuck on the bad image by itself, so its "forced rollback" deletes, once the controller has observed the
 //    template set back, the pods it owns that still run the image rolled back from and are not ready (uid
@@ -16527,6 +18240,7 @@ export async function rollBackFailedRollout(
   const stuck = (report.rollout?.pods ?? []).filter((p) => !p.ready).slice(0, 5);
   const podStates = stuck.length ? ` (${stuck.map((p) => `${p.name} ${p.reason ?? 'not ready'}`).join(', ')})` : '';
   const reason = `the rollout of ${report.imageAfter} failed: ${report.rollout?.detail ?? 'unknown'}${podStates}`;
+  if (report.revertInGit) return void (report.rollback = await report.revertInGit(reason));
   try {
     const workload = await readWorkload(client, target);
     const { raw, records } = readPushRecords(workload);
@@ -16766,7 +18480,7 @@ export function rollbackObstacle(
 }
 
 // ================================================================================================
-// 36. least privilege — -print-rbac: the Roles and RoleBindings the hooks need, worked out from the hooks themselves
+// 40. least privilege — -print-rbac: the Roles and RoleBindings the hooks need, worked out from the hooks themselves
 //    (namespace, kind and name when the hook fixes them; `resourceNames` wherever it can), so the service account
 //    gets nothing it does not use.
 //    Exports: fixedInput, fixedTrue, formatRbac, hookReach, HookReach, upgradeInput.
@@ -16960,7 +18674,7 @@ export function formatRbac(reaches: HookReach[], serviceAccount: string, hooksPa
 }
 
 // ================================================================================================
-// 37. the upgrade — the job /webhooks.sh exists for, as named steps: read the settings, compose the image, decide,
+// 41. the upgrade — the job /webhooks.sh exists for, as named steps: read the settings, compose the image, decide,
 //    patch, record the Event, follow the rollout and roll back when asked, report. UpgradeService is the command
 //    runner's InProcessCommand: one client, one per-workload queue and one set of kept pushes for every push. A push
 //    the API server does not answer is kept and applied when it answers (KeptPushes, answered 202); a waiting push,
@@ -17195,6 +18909,8 @@ async function applyUpgrade(
 ): Promise<void> {
   const { target } = push;
   const given = { push, config: s, approvals: deps.approvals, followAfter: deps.followAfter };
+  if (s.git) return commitOut(client, given, report, deps, s.git);
+  if (s.onGitopsOwner === 'refuse') await refuseGitopsOwned(client, given, report, deps);
   const updated = await carryOut(client, given, report, deps);
   if (!updated) return;
   target.generation = numberAt(updated, ['metadata', 'generation']);
@@ -17233,7 +18949,7 @@ async function reportRollout(
 type UpgradeResult = Awaited<ReturnType<typeof runUpgrade>>;
 
 // ================================================================================================
-// 38. the upgrade service — the upgrade as the command runner runs it (UpgradeService, its InProcessCommand): one
+// 42. the upgrade service — the upgrade as the command runner runs it (UpgradeService, its InProcessCommand): one
 //    client and one set of kept pushes per cluster (ClusterLane), one per-workload queue for every push, pushes the
 //    API server (or, under ON_REGISTRY_AWAY=keep, the registry) does not answer kept and applied when it answers
 //    (KeptPushes, answered 202), decided waiting pushes
@@ -18125,7 +19841,7 @@ export class RolloutFollower implements CommandListener<UpgradeOutput> {
 }
 
 // ================================================================================================
-// 39. promotion — CLUSTERS stages (`staging > prod`): a push goes to the first stage only (the upgrade service);
+// 43. promotion — CLUSTERS stages (`staging > prod`): a push goes to the first stage only (the upgrade service);
 //    the digest that ran there goes on to the next stage once that stage's rollout is complete and has stayed
 //    healthy for PROMOTE_AFTER (the same image running, not rolled back, no restart since), and PROMOTE_CHECK, when
 //    the hook names one, has answered 2xx. A promotion is a source of pushes like an approval: a Push of that digest
@@ -18670,7 +20386,7 @@ export class Promotions implements ResultListener {
 }
 
 // ================================================================================================
-// 40. approvals — completes the pushes that wait (the patch chapter's waiting step) on whichever replica acts
+// 44. approvals — completes the pushes that wait (the patch chapter's waiting step) on whichever replica acts
 //    first: an approval link's confirmation page and its POST (GET never decides), the deliveries page's Approve,
 //    Reject and Deploy again, a change window's opening and an expiry. Each decision reads the workload, checks the
 //    pending entry the link names is still there, and completes it by a patch that tests the annotation it read (a
@@ -19421,7 +21137,7 @@ interface PastPush {
 
 
 // ================================================================================================
-// 41. registry watch — pushes no registry announced. A workload annotated webhook/poll: <interval> (or the one a hook
+// 45. registry watch — pushes no registry announced. A workload annotated webhook/poll: <interval> (or the one a hook
 //    with POLL_INTERVAL fixes) has its repository looked at every interval, and once soon after the start (spread
 //    out), so a push made while the service was away, or on a registry that cannot call, is found. What a look finds
 //    is a push like a notification's (its identity the digest, `sha256:…|`): under a semver policy (semver:, major,
@@ -20162,7 +21878,7 @@ function fixesTarget(hook: Hook, target: WatchedWorkload['target'], cluster: str
 }
 
 // ================================================================================================
-// 42. the result — one record per push (Delivery, in the DeliveryLog): made when its request comes in, completed
+// 46. the result — one record per push (Delivery, in the DeliveryLog): made when its request comes in, completed
 //    as the rollout follower hands on the answer, the rollout's progress and its end, and once final sent to each
 //    ResultChannel in order (the mail, then the chat and JSON receivers), whose outcomes are recorded on it. What
 //    became of the push is its upgrade report's decision (DECISIONS), published as pushResult says; the channels
@@ -20595,7 +22311,7 @@ export class ResultDispatcher implements ResultListener {
 }
 
 // ================================================================================================
-// 43. mail — mails a hook's result through the server the MAIL_* variables describe (parseMailConfig; MAIL_TO names
+// 47. mail — mails a hook's result through the server the MAIL_* variables describe (parseMailConfig; MAIL_TO names
 //    the recipients): one mail per push after its rollout's end, at most -max-mails-per-hook per -mail-window, the
 //    rest summed up in one mail. The Mailer is the result's first ResultChannel.
 //    Exports: Mailer, parseMailConfig.
@@ -20861,7 +22577,7 @@ function summaryMail(hookId: string, window: MailWindow, cap: MailCap): { subjec
 }
 
 // ================================================================================================
-// 44. chat & json notifications — a hook's result posted, at the moment its mail goes (after the rollout's end, in
+// 48. chat & json notifications — a hook's result posted, at the moment its mail goes (after the rollout's end, in
 //    the background), to each URL of NOTIFY_URL, in the body NOTIFY_FORMAT names: json (our own document, versioned
 //    by its "schema" field, signed in a header with NOTIFY_SECRET), dingtalk (markdown; NOTIFY_SECRET signs the URL),
 //    wecom (markdown), feishu and lark (a card; NOTIFY_SECRET signs the body), slack (mrkdwn), teams (an Adaptive
@@ -21729,7 +23445,7 @@ export class Notifier implements ResultChannel {
 }
 
 // ================================================================================================
-// 45. deliveries page — what the last pushes did, on the admin listener (never the hook port): the records of the
+// 49. deliveries page — what the last pushes did, on the admin listener (never the hook port): the records of the
 //    result's DeliveryLog (the last -deliveries pushes, newest first, as far as each has got). /deliveries lists
 //    them (refreshing itself while a push is still running); /deliveries/<n> is one push's full report and pods;
 //    /deliveries.json and /deliveries/<n>.json carry the same as JSON (entries in the shape of NOTIFY_FORMAT=json).
@@ -22059,7 +23775,7 @@ export function deliveryPages(
 }
 
 // ================================================================================================
-// 46. -validate & -print-rbac — the commands that read the hooks and exit: -validate describes every hook (its rule,
+// 50. -validate & -print-rbac — the commands that read the hooks and exit: -validate describes every hook (its rule,
 //    parameters, answer, upgrade and notifications) and says what is wrong, -print-rbac prints the least-privilege
 //    RBAC; both load the hooks exactly as the service does (hookLoadSettings).
 //    Exports: commandWarnings, hookLoadSettings, printRbac, validate.
@@ -22556,7 +24272,7 @@ async function printRbac(o: Options, env: Record<string, string | undefined>): P
 }
 
 // ================================================================================================
-// 47. main — wires the chapters together; the only place with process-wide side effects (signals, pid file, listening
+// 51. main — wires the chapters together; the only place with process-wide side effects (signals, pid file, listening
 //    sockets, exit codes).
 //    Tests: test/image.test.ts, test/memory.test.ts, test/runner.test.ts, test/start.test.ts.
 // ================================================================================================

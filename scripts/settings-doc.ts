@@ -194,6 +194,36 @@ export const SETTING_DETAILS: Record<string, string> = {
     'Recipients of the result mail, comma-separated. Must come from the hook: a `MAIL_TO` in the service\'s own ' +
     'environment is not passed on. Mail goes out only when the service has a mail server (`MAIL_SMTP_SERVER`, ' +
     'below); without one, `-validate` warns for each hook that sets `MAIL_TO`. See [Mail](notifications.md#mail).',
+  GIT_REPO:
+    'The Git repository (`https://`; `http://` only for a loopback host) that a GitOps tool (Fleet, Argo CD, Flux) ' +
+    'deploys the workload from. Set, an applied push is committed there instead of patched: the decision is made ' +
+    'on the workload as read, exactly as without it, and the answer says `committed <sha> to <branch> of <repo>`. ' +
+    'See [gitops.md](gitops.md).',
+  GIT_BRANCH: 'The branch commits go to (default `main`); a branch moved by someone else is fetched again and the edit made again.',
+  GIT_PATH:
+    'The file edited, relative to the repository root: a `kustomization.yaml` (its `images:` entry named as the ' +
+    "pushed repository: `newTag`, `digest` when pinned; added when missing), a Helm values file (with `GIT_FIELD`), or " +
+    "a manifest (the document of the hook's kind and name, its container's `image`). Only that scalar's text changes.",
+  GIT_FIELD:
+    "A Helm values file's tag field (`image.tag`); a `repository` (and `registry`) beside it must name the pushed " +
+    'repository, or the push is refused.',
+  GIT_TOKEN:
+    'The token: from the environment through `-template`, or the path of a file holding it (starting with `/`). ' +
+    'Sent as basic auth; never logged or answered.',
+  GIT_USERNAME: "Basic auth's user: `x-access-token` (GitHub app tokens; GitLab and Gitea accept it), `oauth2` for GitLab.",
+  GIT_CA: "The CA that signed the Git server's certificate (PEM or a file), added to the system's.",
+  GIT_SYNC_TIMEOUT:
+    'After a commit is answered, how long the service waits for the GitOps tool to apply it (the workload runs the ' +
+    'committed image; read every 2 s); then the rollout is followed as after a PATCH (`-rollout-follow`) and its ' +
+    'result reported with who applied it and when. Past it, the rollout is reported timed out. `0`: not waited for.',
+  GIT_AUTHOR: 'The author and committer of the commits, `Name <email>`.',
+  ON_GITOPS_OWNER:
+    "Without `GIT_REPO`: `refuse` (the default) answers a push whose decision would patch a workload Argo CD, Flux " +
+    "or Fleet deploys (their labels and annotations) with a refusal naming the tool, since its next " +
+    'sync would undo the PATCH; `patch` patches it anyway. See [gitops.md](gitops.md).',
+  GIT_SIGNING_KEY:
+    'An unencrypted OpenSSH ed25519 private key (PEM text or a file) that signs each commit as `git commit -S` with ' +
+    '`gpg.format=ssh` does; `git verify-commit` accepts it with an allowed-signers file naming its public key.',
   NOTIFY_ON_SKIP:
     '`false`: a push the update policy skipped is not mailed or posted (it is still on the ' +
     'deliveries page and in the log). See [Skipped pushes](policies.md#skipped-pushes).',

@@ -1,0 +1,632 @@
+/*
+ * Git write-back without a git program. The pure parts against git's own output: pkt-lines, packs git wrote (OFS
+ * and REF deltas), packs and trees this file writes checked by git, the edit of one YAML scalar in a manifest, a
+ * kustomization and a Helm values file. Then the smart-HTTP client against git's own `git http-backend` (a CGI
+ * behind test/git-server.ts, basic auth, a history packed by `git gc --aggressive`): a fetch with and without
+ * filters, a refusal, a wrong token, garbage and a truncated pack, a 50 MB file. Then through the built
+ * executable, with no git on its PATH, on the test cluster: an applied push committed instead of patched (checked
+ * with git: one commit, parent the old head, only the image line changed, `git fsck --strict` clean), a
+ * kustomization and a Helm values file, a commit made by a pre-receive hook between the read and the push, a push
+ * refused by a pre-receive hook and a wrong token (a clear error, nothing changed, no token in the answer or log).
+ */
+import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import {
+  editGitFile, fetchGitFile, fetchGitFiles, gitObjectId, gitopsOwner, GitError, HOOK_SETTINGS, locatedYaml, parsePktLines, pktLine,
+  pushGitCommit, WorkloadQueue, readPack, readSshSigningKey, readTree, replaceInTree, writePack, type GitEdit, type GitRemote,
+} from '../webhook.ts';
+import { git, makeRepository, startGitServer, type GitServer } from './git-server.ts';
+import { adminPort, httpRequest, makeTempDir, startWebhook, waitFor, type Webhook } from './harness.ts';
+import { acrImage, acrPayload, clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor, removeNamespace } from './cluster/kube.ts';
+import { upgradeHook } from './upgrade-hooks.ts';
+
+const MANIFEST = `# the web app: its image is written by webhook
+apiVersion: v1
+kind: Service
+metadata:
+  name: web
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: web   # the workload
+  namespace: shop
+spec:
+  template:
+    spec:
+      initContainers:
+        - name: app
+          image: "reg.example/shop/init:v1"
+      containers:
+        - name: sidecar
+          image: reg.example/shop/proxy:v9
+        - name: app
+          # pinned by CI
+          image: 'reg.example/shop/app:v1'   # keep this comment
+          ports: [{ containerPort: 80 }]
+`;
+
+const edit = (over: Partial<GitEdit>): string =>
+  editGitFile({
+    file: 'apps/web.yaml',
+    text: MANIFEST,
+    target: { kind: 'deployment', name: 'web', namespace: 'shop' },
+    container: 'app',
+    image: 'reg.example/shop/app:v2',
+    field: undefined,
+    ...over,
+  });
+
+/** The lines of `after` that differ from `before` (same number of lines). */
+const changedLines = (before: string, after: string) => {
+  const a = before.split('\n');
+  const b = after.split('\n');
+  return b.map((line, i) => [a[i], line]).filter(([x, y]) => x !== y);
+};
+
+describe('a workload a GitOps tool owns', () => {
+  test("Argo CD's, Flux's and Fleet's labels and annotations are recognised; Helm's own labels are not", () => {
+    const meta = (metadata: object) => ({ metadata });
+    assert.equal(gitopsOwner(meta({ annotations: { 'argocd.argoproj.io/tracking-id': 'web:apps/Deployment:shop/web' } })),
+      'Argo CD (annotation argocd.argoproj.io/tracking-id)');
+    assert.equal(gitopsOwner(meta({ labels: { 'helm.toolkit.fluxcd.io/name': 'web' } })), 'Flux (label helm.toolkit.fluxcd.io/name)');
+    assert.equal(gitopsOwner(meta({ managedFields: [{ manager: 'kustomize-controller' }] })), undefined, 'a copy has no managedFields');
+    assert.equal(gitopsOwner(meta({ labels: { 'objectset.rio.cattle.io/hash': 'abc' } })), 'Fleet (label objectset.rio.cattle.io/hash)');
+    assert.equal(gitopsOwner(meta({ labels: { 'app.kubernetes.io/instance': 'web', 'app.kubernetes.io/managed-by': 'Helm' } })), undefined);
+    assert.equal(HOOK_SETTINGS.ON_GITOPS_OWNER.parse(undefined), 'refuse');
+    assert.throws(() => HOOK_SETTINGS.ON_GITOPS_OWNER.parse('ignore'), /ON_GITOPS_OWNER "ignore" is not refuse or patch/);
+  });
+});
+
+describe('pushes waiting for one branch are committed together (WorkloadQueue.batch)', () => {
+  test('items of one turn make one call; those arriving during a call the next; at most max a call; a throw fails its items', async () => {
+    const queue = new WorkloadQueue();
+    const calls: number[][] = [];
+    let release!: () => void;
+    const gate = new Promise<void>((r) => (release = r));
+    const run = async (items: number[]) => {
+      calls.push(items);
+      if (calls.length === 1) await gate;
+      return items.map((i) => i * 10);
+    };
+    const first = [1, 2, 3].map((i) => queue.batch('main', i, run, 4));
+    await new Promise((r) => setImmediate(r));
+    const later = [4, 5, 6, 7, 8, 9].map((i) => queue.batch('main', i, run, 4));
+    const other = queue.batch('other', 100, run, 4);
+    release();
+    assert.deepEqual(await Promise.all([...first, ...later, other]), [10, 20, 30, 40, 50, 60, 70, 80, 90, 1000]);
+    assert.deepEqual(calls.toSorted((a, b) => a[0] - b[0]), [[1, 2, 3], [4, 5, 6, 7], [8, 9], [100]]);
+    const failing = queue.batch('main', 1, async () => { throw new Error('the branch is protected'); }, 4);
+    await assert.rejects(failing, /the branch is protected/);
+  });
+});
+
+describe('pkt-lines', () => {
+  test('a line, a flush, a delimiter; garbage and a cut line are errors naming the answer', () => {
+    const bytes = Buffer.concat([pktLine('version 2\n'), Buffer.from('0000'), pktLine('x'), Buffer.from('0001')]);
+    const lines = parsePktLines(bytes, 'info/refs');
+    assert.deepEqual(lines.map((l) => (typeof l === 'string' ? l : l.toString())), ['version 2\n', 'flush', 'x', 'delim']);
+    assert.throws(() => parsePktLines(Buffer.from('<html>'), 'info/refs'), /info\/refs: not the git protocol \("<htm"/);
+    assert.throws(() => parsePktLines(Buffer.from('0010abc'), 'fetch'), /fetch: the answer is cut off inside a pkt-line/);
+  });
+});
+
+describe('packs and trees, checked against git', () => {
+  const root = makeTempDir('git-pack-');
+  const files: Record<string, string> = {};
+  for (let i = 0; i < 20; i++) files[`dir${i % 4}/file${i}.yaml`] = `name: file${i}\n${'line of text\n'.repeat(50)}`;
+  const bare = makeRepository(root, 'packs', files, 8);
+  const objects = git(bare, ['cat-file', '--batch-all-objects', '--batch-check=%(objectname)']).trim().split('\n').sort();
+  const packOf = (ofs: boolean) => {
+    const list = git(bare, ['rev-list', '--objects', '--all']);
+    return execFileSync('git', ['pack-objects', '--stdout', '--window=50', ...(ofs ? ['--delta-base-offset'] : [])], { cwd: bare, input: list, maxBuffer: 64 << 20 });
+  };
+  const deltaTypes = (pack: Buffer) => {
+    const index = path.join(root, `check-${Math.random()}.pack`);
+    fs.writeFileSync(index, pack);
+    git(root, ['index-pack', index]);
+    return git(root, ['verify-pack', '-v', index]);
+  };
+
+  test('a pack with OFS_DELTA objects (git gc --aggressive, --delta-base-offset) reads to every object git has', () => {
+    const pack = packOf(true);
+    assert.match(deltaTypes(pack), /chain length = [1-9]/, 'the pack holds deltas');
+    const read = readPack(pack, 'test pack');
+    assert.deepEqual([...read.keys()].sort(), objects);
+    for (const [id, o] of read) assert.equal(gitObjectId(o.type, o.data), id);
+  });
+  test('a pack with REF_DELTA objects (no --delta-base-offset) reads the same', () => {
+    const pack = packOf(false);
+    assert.deepEqual([...readPack(pack, 'test pack').keys()].sort(), objects);
+  });
+  test('a truncated pack, garbage and a corrupt object are clear errors', () => {
+    const pack = packOf(true);
+    assert.throws(() => readPack(pack.subarray(0, pack.length - 1000), 'fetch'), /fetch: the pack is truncated/);
+    assert.throws(() => readPack(Buffer.from('<html>not a pack</html> and more bytes than 32'), 'fetch'), /fetch: not a pack/);
+    const corrupt = Buffer.from(pack);
+    corrupt[40] ^= 0xff;
+    assert.throws(() => readPack(corrupt, 'fetch'), /fetch: the pack is truncated \(its checksum does not match\)/);
+  });
+  test('a pack written here is indexed by git; a tree rewritten here has the id git gives it', () => {
+    const blob = Buffer.from('hello\n');
+    const pack = writePack([{ type: 'blob', data: blob }]);
+    assert.match(deltaTypes(pack), new RegExp(gitObjectId('blob', blob)));
+    assert.equal(gitObjectId('blob', blob), git(root, ['hash-object', '--stdin'], 'hello\n').trim());
+    const read = readPack(packOf(true), 'pack');
+    const head = git(bare, ['rev-parse', 'HEAD^{tree}']).trim();
+    const entries = readTree(read.get(head)!.data, 'root');
+    assert.deepEqual(entries.map((e) => e.name), ['dir0', 'dir1', 'dir2', 'dir3']);
+    const blobId = git(bare, ['hash-object', '-w', '--stdin'], 'new\n').trim();
+    const { root: newRoot, trees } = replaceInTree(read, head, new Map([['dir1/file1.yaml', blobId]]));
+    for (const t of trees) git(bare, ['hash-object', '-w', '-t', 'tree', '--stdin'], t);
+    assert.equal(git(bare, ['rev-parse', `${newRoot}:dir1/file1.yaml`]).trim(), blobId);
+    assert.equal(git(bare, ['rev-parse', `${newRoot}:dir2`]).trim(), git(bare, ['rev-parse', 'HEAD:dir2']).trim());
+  });
+});
+
+describe('the edit of one scalar', () => {
+  test('a manifest: the container of that name in the document of that kind and name; comments and quoting kept', () => {
+    const out = edit({});
+    assert.deepEqual(changedLines(MANIFEST, out), [
+      ["          image: 'reg.example/shop/app:v1'   # keep this comment", "          image: 'reg.example/shop/app:v2'   # keep this comment"],
+    ]);
+    assert.deepEqual(changedLines(MANIFEST, edit({ container: 'sidecar' })), [
+      ['          image: reg.example/shop/proxy:v9', '          image: reg.example/shop/app:v2'],
+    ]);
+  });
+  test('what is missing is named: the document, the container, the image', () => {
+    assert.throws(() => edit({ target: { kind: 'deployment', name: 'api', namespace: 'shop' } }), /^Error: apps\/web\.yaml: no document of kind Deployment named "api"$/);
+    assert.throws(() => edit({ container: 'db' }), /apps\/web\.yaml: Deployment "web": no container "db" in spec\.template\.spec\.containers/);
+    assert.throws(() => edit({ text: MANIFEST.replace("image: 'reg.example/shop/app:v1'   # keep this comment", 'imagePullPolicy: Always') }), /spec\.template\.spec\.containers\[1\] has no image/);
+    assert.throws(() => edit({ text: 'a\0b' }), /apps\/web\.yaml: a binary file, not YAML/);
+    assert.throws(() => edit({ text: 'a: [' }), /apps\/web\.yaml: not YAML: line/);
+  });
+  const kustomization = `# overlay for production
+resources:
+  - ../../base
+images:
+  - name: reg.example/shop/other
+    newTag: "1.0"
+  - name: reg.example/shop/app   # the app
+    newTag: v1
+`;
+  const kedit = (text: string, image = 'reg.example/shop/app:v2') => edit({ file: 'overlays/prod/kustomization.yaml', text, image });
+  test('a kustomization: the entry named as the repository gets newTag, and digest when pinned; one is added when missing', () => {
+    assert.deepEqual(changedLines(kustomization, kedit(kustomization)), [['    newTag: v1', '    newTag: v2']]);
+    const digest = `sha256:${'a'.repeat(64)}`;
+    assert.equal(kedit(kustomization, `reg.example/shop/app:v3@${digest}`),
+      kustomization.replace('newTag: v1', 'newTag: v3').replace('- name: reg.example/shop/app   # the app', `- name: reg.example/shop/app   # the app\n    digest: ${digest}`));
+    assert.equal(kedit(kustomization, 'reg.example/shop/new:1.10'), `${kustomization}  - name: reg.example/shop/new\n    newTag: "1.10"\n`);
+    assert.equal(kedit('resources:\n- a.yaml\n'), 'resources:\n- a.yaml\nimages:\n- name: reg.example/shop/app\n  newTag: v2\n');
+    const parsed = locatedYaml(kedit(kustomization, 'reg.example/shop/new:1.10'));
+    assert.equal(parsed.length, 1);
+  });
+  const values = `# values for the web chart
+replicaCount: 2
+image:
+  registry: reg.example
+  repository: shop/app
+  tag: "v1"   # set by webhook
+  pullPolicy: IfNotPresent
+`;
+  test('a Helm values file: GIT_FIELD names the tag field; a repository beside it must be the pushed one', () => {
+    assert.deepEqual(changedLines(values, edit({ file: 'values.yaml', text: values, field: 'image.tag' })), [
+      ['  tag: "v1"   # set by webhook', '  tag: "v2"   # set by webhook'],
+    ]);
+    assert.throws(() => edit({ file: 'values.yaml', text: values, field: 'image.tag', image: 'reg.example/shop/evil:v2' }),
+      /values\.yaml: image\.repository names "reg\.example\/shop\/app", not the pushed repository "reg\.example\/shop\/evil": the push is refused/);
+    assert.throws(() => edit({ file: 'values.yaml', text: values, field: 'app.image.tag' }), /values\.yaml: GIT_FIELD app\.image\.tag: no app$/);
+    assert.throws(() => edit({ file: 'values.yaml', text: values, field: 'image.digest' }), /values\.yaml: GIT_FIELD image\.digest: no image\.digest$/);
+  });
+  test('GIT_* settings are checked: https only (http for loopback), no credentials in the URL, a relative path', () => {
+    assert.equal(HOOK_SETTINGS.GIT_REPO.parse('https://git.example/org/deploy.git')?.href, 'https://git.example/org/deploy.git');
+    assert.equal(HOOK_SETTINGS.GIT_REPO.parse('http://127.0.0.1:3000/deploy.git')?.host, '127.0.0.1:3000');
+    assert.throws(() => HOOK_SETTINGS.GIT_REPO.parse('http://git.example/deploy.git'), /GIT_REPO "http:\/\/git\.example\/deploy\.git" is not https:\/\/ \(http:\/\/ only for a loopback host\)/);
+    assert.throws(() => HOOK_SETTINGS.GIT_REPO.parse('https://bot:tok@git.example/x.git'), /GIT_REPO holds credentials/);
+    assert.throws(() => HOOK_SETTINGS.GIT_PATH.parse('../etc/passwd'), /GIT_PATH "\.\.\/etc\/passwd" is not a path relative/);
+    assert.throws(() => HOOK_SETTINGS.GIT_BRANCH.parse('main..x'), /GIT_BRANCH "main\.\.x" is not a branch name/);
+    assert.equal(HOOK_SETTINGS.GIT_BRANCH.parse(undefined), 'main');
+    assert.equal(HOOK_SETTINGS.GIT_USERNAME.parse(''), 'x-access-token');
+    assert.equal(HOOK_SETTINGS.GIT_AUTHOR.parse(undefined), 'webhook <webhook@localhost>');
+    assert.equal(HOOK_SETTINGS.GIT_TOKEN.secret, true);
+  });
+});
+
+describe('the smart-HTTP client against git http-backend', () => {
+  const root = makeTempDir('git-http-');
+  const TOKEN = 'glpat-client-3b7e1c55';
+  let server: GitServer;
+  let bare: string;
+  const remote = (over: Partial<GitRemote> = {}): GitRemote =>
+    ({ url: new URL(`${server.base}/deploy.git`), username: 'bot', token: TOKEN, ca: undefined, ...over });
+  before(async () => {
+    bare = makeRepository(root, 'deploy', { 'apps/web.yaml': MANIFEST, 'big/notes.txt': 'x\n'.repeat(1000) });
+    server = await startGitServer(root, 'bot', TOKEN);
+  });
+  after(() => server.close());
+
+  test('the file read with filter blob:none is the head\'s; without filters the whole depth-1 pack is read', async () => {
+    const head = git(bare, ['rev-parse', 'main']).trim();
+    const file = await fetchGitFile(remote(), 'main', 'apps/web.yaml');
+    assert.equal(file.head, head);
+    assert.equal(file.content.toString(), MANIFEST);
+    assert.equal([...file.objects.values()].filter((o) => o.type === 'blob').length, 1, 'only the file\'s blob was fetched');
+    git(bare, ['config', 'uploadpack.allowFilter', 'false']);
+    try {
+      const whole = await fetchGitFile(remote(), 'main', 'apps/web.yaml');
+      assert.equal(whole.content.toString(), MANIFEST);
+      assert.ok([...whole.objects.values()].some((o) => o.type === 'blob'));
+    } finally {
+      git(bare, ['config', 'uploadpack.allowFilter', 'true']);
+    }
+  });
+  test('a tree 10,000 entries wide is read and rewritten', async () => {
+    const files: Record<string, string> = { 'apps/web.yaml': MANIFEST };
+    for (let i = 0; i < 10_000; i++) files[`wide/app-${i}.yaml`] = `n: ${i}\n`;
+    makeRepository(root, 'wide', files, 1);
+    const wide = remote({ url: new URL(`${server.base}/wide.git`) });
+    const file = await fetchGitFile(wide, 'main', 'wide/app-9999.yaml');
+    assert.equal(file.content.toString(), 'n: 9999\n');
+    const text = { message: 'edit\n', author: 'webhook <webhook@localhost>', whenSeconds: 1_700_000_000 };
+    await pushGitCommit(wide, 'main', file, new Map([['wide/app-9999.yaml', Buffer.from('n: 10000\n')]]), text);
+    const bareWide = path.join(root, 'wide.git');
+    assert.equal(git(bareWide, ['show', 'main:wide/app-9999.yaml']), 'n: 10000\n');
+    assert.equal(git(bareWide, ['ls-tree', 'main:wide']).trim().split('\n').length, 10_000);
+    assert.equal(git(bareWide, ['fsck', '--strict']), '');
+  });
+  test('a commit signed with GIT_SIGNING_KEY (SSH ed25519) is accepted by git verify-commit', async () => {
+    const key = path.join(root, 'signing');
+    execFileSync('ssh-keygen', ['-q', '-t', 'ed25519', '-N', '', '-C', 'webhook', '-f', key]);
+    const allowed = path.join(root, 'allowed_signers');
+    fs.writeFileSync(allowed, `webhook@localhost ${fs.readFileSync(`${key}.pub`, 'utf8')}`);
+    const signingKey = readSshSigningKey(key)!;
+    assert.deepEqual(readSshSigningKey(fs.readFileSync(key, 'utf8'))!.publicBlob, signingKey.publicBlob);
+    const file = await fetchGitFile(remote(), 'main', 'apps/web.yaml');
+    const text = { message: 'signed\n', author: 'webhook <webhook@localhost>', whenSeconds: 1_700_000_100, signingKey };
+    const id = await pushGitCommit(remote(), 'main', file, new Map([['apps/web.yaml', Buffer.from(edit({ image: 'reg.example/shop/app:v9' }))]]), text);
+    const verified = execFileSync('git', ['-c', 'gpg.format=ssh', '-c', `gpg.ssh.allowedSignersFile=${allowed}`, 'verify-commit', '-v', id],
+      { cwd: bare, encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
+    assert.match(git(bare, ['cat-file', 'commit', id]), /^gpgsig -----BEGIN SSH SIGNATURE-----$/m);
+    assert.equal(typeof verified, 'string');
+    assert.equal(git(bare, ['fsck', '--strict']), '');
+    execFileSync('ssh-keygen', ['-q', '-t', 'ed25519', '-N', 'passphrase', '-f', `${key}-locked`]);
+    assert.throws(() => readSshSigningKey(`${key}-locked`), /^Error: GIT_SIGNING_KEY: the key is encrypted/);
+    assert.throws(() => readSshSigningKey('/nonexistent/key'), /GIT_SIGNING_KEY: the key file "\/nonexistent\/key" cannot be read/);
+  });
+  test('several files read at once: each file\'s failure is its own', async () => {
+    const read = await fetchGitFiles(remote(), 'main', ['apps/web.yaml', 'apps/nothing.yaml', 'apps']);
+    assert.equal(read.files.get('apps/web.yaml')?.toString().includes('kind: Deployment'), true);
+    assert.match(String(read.files.get('apps/nothing.yaml')), /no "nothing\.yaml" in apps/);
+    assert.match(String(read.files.get('apps')), /apps: not a file/);
+  });
+  test('a wrong token: the server\'s refusal, named, without the token', async () => {
+    const e = await fetchGitFile(remote({ token: 'wrong-token-77' }), 'main', 'apps/web.yaml').catch((x) => x);
+    assert.ok(e instanceof GitError);
+    assert.match(e.message, /the server refused the credentials of "bot" \(HTTP 401: "Authentication failed"\); check GIT_TOKEN/);
+    assert.doesNotMatch(e.message, /wrong-token-77/);
+  });
+  test('a missing branch, a missing file, a directory are named', async () => {
+    await assert.rejects(fetchGitFile(remote(), 'prod', 'apps/web.yaml'), /there is no branch "prod"/);
+    await assert.rejects(fetchGitFile(remote(), 'main', 'apps/api.yaml'), /apps\/api\.yaml: no "api\.yaml" in apps/);
+    await assert.rejects(fetchGitFile(remote(), 'main', 'apps'), /apps: not a file \(mode 40000\)/);
+  });
+  test('garbage and a truncated pack from the server are clear errors', async () => {
+    const uploadPack = (p: string) => p.startsWith('/deploy.git/git-upload-pack');
+    try {
+      server.answer = (p, body) => (uploadPack(p) ? Buffer.from('<html>proxy error</html>') : body);
+      await assert.rejects(fetchGitFile(remote(), 'main', 'apps/web.yaml'), /ls-refs: not the git protocol \("<htm" at byte 0/);
+      let posts = 0;
+      server.answer = (p, body) => (uploadPack(p) && ++posts === 2 ? body.subarray(0, body.length - 200) : body);
+      await assert.rejects(fetchGitFile(remote(), 'main', 'apps/web.yaml'), /fetch of main: (the answer is cut off inside a pkt-line|the pack is truncated)/);
+    } finally {
+      server.answer = undefined;
+    }
+  });
+  test('a 50 MB file at the path: refused by its size, memory bounded', async () => {
+    const work = path.join(root, 'deploy-work');
+    git(work, ['pull', '-q', bare, 'main']);
+    fs.writeFileSync(path.join(work, 'big.yaml'), Buffer.alloc(50 * 1024 * 1024, 'a'));
+    git(work, ['add', 'big.yaml']);
+    git(work, ['commit', '-qm', 'a big file']);
+    git(work, ['push', '-q', bare, 'main']);
+    const heap = process.memoryUsage().rss;
+    await assert.rejects(fetchGitFile(remote(), 'main', 'big.yaml'), /an object of 52428800 bytes is larger than 8388608/);
+    assert.ok(process.memoryUsage().rss - heap < 200 * 1024 * 1024, 'memory stayed bounded');
+  });
+  test('a commit pushed with the head read as expected value; a moved branch is reported as moved; a pre-receive refusal carries its message', async () => {
+    const file = await fetchGitFile(remote(), 'main', 'apps/web.yaml');
+    const text = { message: 'deploy v2\n', author: 'webhook <webhook@localhost>', whenSeconds: 1_700_000_000 };
+    const next = new Map([['apps/web.yaml', Buffer.from(edit({}))]]);
+    const id = await pushGitCommit(remote(), 'main', file, next, text);
+    assert.equal(git(bare, ['rev-parse', 'main']).trim(), id);
+    assert.equal(git(bare, ['rev-parse', 'main^']).trim(), file.head);
+    assert.equal(git(bare, ['fsck', '--strict']), '');
+    const again = await pushGitCommit(remote(), 'main', file, next, text).catch((e) => e);
+    assert.ok(again instanceof GitError && again.kind === 'moved', String(again));
+    fs.writeFileSync(path.join(bare, 'hooks', 'pre-receive'), '#!/bin/sh\necho "branch main is protected: open a merge request" >&2\nexit 1\n', { mode: 0o755 });
+    try {
+      const fresh = await fetchGitFile(remote(), 'main', 'apps/web.yaml');
+      const refused = await pushGitCommit(remote(), 'main', fresh, new Map([['apps/web.yaml', Buffer.from(edit({ image: 'reg.example/shop/app:v3' }))]]), text).catch((e) => e);
+      assert.ok(refused instanceof GitError && refused.kind === 'refused', String(refused));
+      assert.match(refused.message, /the server refused the push to main: pre-receive hook declined; the server said: branch main is protected: open a merge request/);
+      assert.equal(git(bare, ['rev-parse', 'main']).trim(), id, 'nothing changed');
+    } finally {
+      fs.rmSync(path.join(bare, 'hooks', 'pre-receive'));
+    }
+  });
+});
+
+const cluster = await clusterOrSkip();
+
+describe('an applied push committed to Git through the executable', { skip: cluster ? false : 'no cluster' }, () => {
+  const kubectl = kubectlFor(cluster!);
+  const ns = freshNamespaceName('git');
+  const root = makeTempDir('git-e2e-');
+  const HOOK_TOKEN = 'git-hook-token-91ac';
+  const GIT_TOKEN = 'ghp-e2e-secret-5d0f2a7c';
+  const tokenFile = path.join(root, 'git-token');
+  const noGit = makeTempDir('no-git-path-');
+  const signingKey = path.join(root, 'signing-key');
+  let server: GitServer;
+  let wh: Webhook;
+  let second: Webhook;
+  let bare: string;
+  const manifest = MANIFEST.replace(/reg\.example\/shop\/app:v1/, acrImage('v1')).replace('namespace: shop', `namespace: ${ns}`);
+  const kustomization = `images:\n  - name: ${acrImage('v1').split(':v1')[0]}\n    newTag: v1 # by webhook\n`;
+  const values = `image:\n  repository: ${acrImage('v1').split(':v1')[0]}\n  tag: v1\n`;
+  const push = (hook: string, tag: string, pushedAt = new Date(), replica = () => wh, workload = 'deployment/web') =>
+    replica().request(`/hooks/${hook}?${new URLSearchParams({ token: HOOK_TOKEN, ns, workload, container: 'app', repo_type: 'regionalregistry' })}`, {
+      method: 'POST', headers: { 'Content-Type': 'application/json' }, body: acrPayload(tag, undefined, { pushed_at: pushedAt.toISOString() }),
+    });
+  const actionOf = (body: string) => /^action: +(.*)$/m.exec(body)?.[1];
+  const runningImage = async () => containerImage(JSON.parse(await kubectl(['-n', ns, 'get', 'deployment/web', '-o', 'json'])), 'app');
+
+  before(async () => {
+    fs.writeFileSync(tokenFile, `${GIT_TOKEN}\n`);
+    execFileSync('ssh-keygen', ['-q', '-t', 'ed25519', '-N', '', '-C', 'webhook', '-f', signingKey]);
+    bare = makeRepository(root, 'deploy', { 'apps/web.yaml': manifest, 'overlays/prod/kustomization.yaml': kustomization, 'chart/values.yaml': values, 'logo.yaml': 'GIF89a\0\0\x01' });
+    server = await startGitServer(root, 'x-access-token', GIT_TOKEN);
+    await kubectl(['create', 'namespace', ns]);
+    await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(deployment('web', [{ name: 'app', image: acrImage('v1') }], { replicas: 1 })));
+    const flux = deployment('flux-web', [{ name: 'app', image: acrImage('v1') }], { replicas: 1 });
+    Object.assign(flux.metadata, { labels: { 'kustomize.toolkit.fluxcd.io/name': 'apps' } });
+    await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(flux));
+    const argo = deployment('argo-web', [{ name: 'app', image: acrImage('v1') }], { replicas: 1 });
+    Object.assign(argo.metadata, { annotations: { 'argocd.argoproj.io/tracking-id': 'web:apps/Deployment:shop/argo-web' } });
+    await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(argo));
+    const repo = `${server.base}/deploy.git`;
+    const hooks = [
+      upgradeHook('manifest', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'apps/web.yaml', GIT_TOKEN: tokenFile }),
+      upgradeHook('kustomize', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'overlays/prod/kustomization.yaml', GIT_TOKEN: tokenFile }),
+      upgradeHook('helm', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'chart/values.yaml', GIT_FIELD: 'image.tag', GIT_TOKEN: tokenFile, GIT_AUTHOR: 'Deploy Bot <deploy@example.com>' }),
+      upgradeHook('wrong', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'apps/web.yaml', GIT_TOKEN: 'not-the-token-3e9' }),
+      upgradeHook('binary', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'logo.yaml', GIT_TOKEN: tokenFile }),
+      upgradeHook('big', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'big.yaml', GIT_TOKEN: tokenFile }),
+      upgradeHook('synced', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'apps/web.yaml', GIT_TOKEN: tokenFile, GIT_SYNC_TIMEOUT: '2m' }),
+      upgradeHook('revert', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'apps/web.yaml', GIT_TOKEN: tokenFile, GIT_SYNC_TIMEOUT: '2m', ROLLBACK_ON_FAILURE: 'true' }),
+      upgradeHook('cluster', HOOK_TOKEN),
+      upgradeHook('patch-anyway', HOOK_TOKEN, { ON_GITOPS_OWNER: 'patch' }),
+      upgradeHook('signed', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'apps/web.yaml', GIT_TOKEN: tokenFile, GIT_SIGNING_KEY: signingKey }),
+    ];
+    const env = { KUBECONFIG: cluster!.kubeconfigPath, PATH: noGit };
+    const args = ['-deliveries', '50'];
+    [wh, second] = await Promise.all([0, 1].map(() => startWebhook({ hooks, env, args, metrics: true })));
+  });
+  after(async () => {
+    await kubectl(['delete', 'mutatingadmissionpolicybinding,mutatingadmissionpolicy', `webhook-test-crashloop-${ns}`]).catch(() => undefined);
+    await wh?.stop();
+    await second?.stop();
+    await server?.close();
+    await removeNamespace(kubectl, ns);
+  });
+
+  test('a manifest: one commit on the old head, only the image line changed, fsck clean; the workload unchanged', async () => {
+    const old = git(bare, ['rev-parse', 'main']).trim();
+    const res = await push('manifest', 'v2');
+    assert.equal(res.status, 200, res.body);
+    const head = git(bare, ['rev-parse', 'main']).trim();
+    assert.equal(actionOf(res.body), `committed ${head.slice(0, 7)} to main of ${server.base}/deploy.git`);
+    assert.equal(git(bare, ['rev-parse', 'main^']).trim(), old);
+    const diff = git(bare, ['diff', '-U0', old, head]);
+    assert.deepEqual(diff.split('\n').filter((l) => /^[-+] /.test(l)), [
+      `-          image: '${acrImage('v1')}'   # keep this comment`,
+      `+          image: '${acrImage('v2')}'   # keep this comment`,
+    ]);
+    assert.equal(git(bare, ['fsck', '--strict']), '');
+    const message = git(bare, ['log', '-1', '--format=%an <%ae>%n%B', head]);
+    assert.match(message, /^webhook <webhook@localhost>\nDeploy .*:v2 to .*\/deployment\/web/);
+    assert.match(message, /^Webhook-Image: .*:v2$/m);
+    assert.match(message, /^Webhook-Asked-By: hook "manifest", request /m);
+    assert.equal(await runningImage(), acrImage('v1'), 'the cluster is not patched');
+    console.log(git(bare, ['show', '--stat', head]));
+  });
+  test('a signed commit (GIT_SIGNING_KEY): git verify-commit accepts it', async () => {
+    const res = await push('signed', 'v2s');
+    assert.match(actionOf(res.body) ?? res.body, /^committed [0-9a-f]{7} to main of /, res.body);
+    const allowed = path.join(root, 'allowed_signers');
+    fs.writeFileSync(allowed, `webhook@localhost ${fs.readFileSync(`${signingKey}.pub`, 'utf8')}`);
+    const out = execFileSync('git', ['-c', 'gpg.format=ssh', '-c', `gpg.ssh.allowedSignersFile=${allowed}`, 'verify-commit', 'main'],
+      { cwd: bare, encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
+    assert.equal(out, '');
+  });
+  test('a kustomization entry updated, a Helm values field set', async () => {
+    const res = await push('kustomize', 'v3');
+    assert.match(actionOf(res.body) ?? res.body, /^committed [0-9a-f]{7} to main of /);
+    assert.equal(git(bare, ['show', 'main:overlays/prod/kustomization.yaml']), kustomization.replace('newTag: v1', 'newTag: v3'));
+    const helm = await push('helm', 'v4');
+    assert.match(actionOf(helm.body) ?? helm.body, /^committed [0-9a-f]{7} to main of /);
+    assert.equal(git(bare, ['show', 'main:chart/values.yaml']), values.replace('tag: v1', 'tag: v4'));
+    assert.equal(git(bare, ['log', '-1', '--format=%an <%ae>', 'main']).trim(), 'Deploy Bot <deploy@example.com>');
+  });
+  test('a commit made by the server between the read and the push: the push is made again on it, both kept', async () => {
+    const work = path.join(root, 'deploy-work');
+    git(work, ['pull', '-q', bare, 'main']);
+    fs.writeFileSync(path.join(work, 'README.md'), 'someone else\'s change\n');
+    git(work, ['add', 'README.md']);
+    git(work, ['commit', '-qm', 'a concurrent change']);
+    const theirs = git(work, ['rev-parse', 'HEAD']).trim();
+    git(work, ['push', '-q', bare, `${theirs}:refs/pending/theirs`]);
+    const marker = path.join(root, 'raced');
+    const hook = `#!/bin/sh\nif [ ! -e ${marker} ]; then touch ${marker}; unset GIT_QUARANTINE_PATH GIT_OBJECT_DIRECTORY GIT_ALTERNATE_OBJECT_DIRECTORIES; git update-ref refs/heads/main ${theirs}; fi\nexit 0\n`;
+    fs.writeFileSync(path.join(bare, 'hooks', 'pre-receive'), hook, { mode: 0o755 });
+    try {
+      const res = await push('manifest', 'v5');
+      assert.match(actionOf(res.body) ?? res.body, /^committed [0-9a-f]{7} to main of /, res.body);
+      assert.ok(fs.existsSync(marker), 'the hook raced the push');
+      assert.equal(git(bare, ['rev-parse', 'main^']).trim(), theirs, 'the commit sits on the concurrent one');
+      assert.equal(git(bare, ['show', 'main:README.md']), 'someone else\'s change\n');
+      assert.match(git(bare, ['show', 'main:apps/web.yaml']), /:v5'/);
+      // The first attempt's commit, received but refused by the ref's compare-and-set, is left dangling.
+      assert.equal(git(bare, ['fsck', '--strict', '--no-dangling']), '');
+    } finally {
+      fs.rmSync(path.join(bare, 'hooks', 'pre-receive'));
+    }
+  });
+  test('a push refused by a pre-receive hook, and a wrong token: a clear error, nothing changed, no token shown', async () => {
+    const head = git(bare, ['rev-parse', 'main']).trim();
+    fs.writeFileSync(path.join(bare, 'hooks', 'pre-receive'), '#!/bin/sh\necho "main is protected: use a merge request" >&2\nexit 1\n', { mode: 0o755 });
+    try {
+      const res = await push('manifest', 'v6');
+      assert.equal(res.status, 500, res.body);
+      assert.match(res.body, /pre-receive hook declined; the server said: main is protected: use a merge request/);
+      assert.match(res.body, /^action: +none \(nothing was changed\)\nresult: +failed: Git write-back: http:\/\/127\.0\.0\.1:\d+\/deploy\.git: the server refused the push to main/m);
+    } finally {
+      fs.rmSync(path.join(bare, 'hooks', 'pre-receive'));
+    }
+    const wrong = await push('wrong', 'v7');
+    assert.equal(wrong.status, 500, wrong.body);
+    assert.match(wrong.body, /the server refused the credentials of "x-access-token" \(HTTP 401/);
+    assert.equal(git(bare, ['rev-parse', 'main']).trim(), head, 'nothing committed');
+    assert.equal(await runningImage(), acrImage('v1'), 'nothing patched');
+    for (const text of [wrong.body, wh.output()]) {
+      assert.doesNotMatch(text, new RegExp(GIT_TOKEN));
+      assert.doesNotMatch(text, /not-the-token-3e9/);
+    }
+  });
+
+  test('newest wins in Git: an older push after a newer commit is superseded; two replicas at once lose no commit', async () => {
+    const now = Date.now();
+    const newer = await push('manifest', 'v21', new Date(now));
+    assert.match(actionOf(newer.body) ?? newer.body, /^committed /);
+    const head = git(bare, ['rev-parse', 'main']).trim();
+    const older = await push('manifest', 'v20', new Date(now - 60_000));
+    assert.equal(older.status, 200, older.body);
+    assert.match(actionOf(older.body) ?? older.body, new RegExp(`^none \\(superseded by the commit ${head.slice(0, 7)} of .*:v21, pushed at `));
+    assert.equal(git(bare, ['rev-parse', 'main']).trim(), head, 'nothing committed');
+    const before = Number(git(bare, ['rev-list', '--count', 'main']).trim());
+    const [a, b] = await Promise.all([push('manifest', 'v30', new Date(now + 1_000)), push('manifest', 'v31', new Date(now + 2_000), () => second)]);
+    assert.match(actionOf(b.body) ?? b.body, /^committed /, b.body);
+    assert.match(actionOf(a.body) ?? a.body, /^(committed |none \(superseded by the commit )/, a.body);
+    assert.match(git(bare, ['show', 'main:apps/web.yaml']), /:v31'/, 'the newest push is in the file');
+    const commits = Number(git(bare, ['rev-list', '--count', 'main']).trim()) - before;
+    assert.equal(commits, /^committed /.test(actionOf(a.body) ?? '') ? 2 : 1, 'every committed push is in the history');
+    assert.equal(git(bare, ['fsck', '--strict', '--no-dangling']), '');
+  });
+
+  test('bad input: a binary file, a 50 MB file, a server answering garbage: a clear error, nothing written', async () => {
+    const head = git(bare, ['rev-parse', 'main']).trim();
+    // Later than the pushes the tests before committed, so that none is superseded by them.
+    const later = new Date(Date.now() + 10_000);
+    const binary = await push('binary', 'v40', later);
+    assert.equal(binary.status, 500, binary.body);
+    assert.match(binary.body, /^result: +failed: Git write-back: logo\.yaml: a binary file, not YAML$/m);
+    const work = path.join(root, 'deploy-work');
+    git(work, ['pull', '-q', bare, 'main']);
+    fs.writeFileSync(path.join(work, 'big.yaml'), Buffer.alloc(50 * 1024 * 1024, 'a'));
+    git(work, ['add', 'big.yaml']);
+    git(work, ['commit', '-qm', 'a big file']);
+    git(work, ['push', '-q', bare, 'main']);
+    const bigHead = git(bare, ['rev-parse', 'main']).trim();
+    const big = await push('big', 'v41', later);
+    assert.equal(big.status, 500, big.body);
+    assert.match(big.body, /^result: +failed: Git write-back: .*fetch of big\.yaml: an object of 52428800 bytes is larger than 8388608$/m);
+    const peak = Number(/^VmHWM:\s+(\d+) kB$/m.exec(fs.readFileSync(`/proc/${wh.proc.pid}/status`, 'utf8'))![1]) * 1024;
+    assert.ok(peak < 300 * 1024 * 1024, `the service's peak memory stayed bounded (${Math.round(peak / 1048576)} MiB)`);
+    server.answer = (p, body) => (p.endsWith('/git-upload-pack') ? Buffer.from('HTTP/1.1 502 Bad Gateway') : body);
+    try {
+      const garbage = await push('manifest', 'v42', later);
+      assert.equal(garbage.status, 500, garbage.body);
+      assert.match(garbage.body, /^result: +failed: Git write-back: .*ls-refs: not the git protocol \("HTTP" at byte 0 is not a pkt-line length\)$/m);
+    } finally {
+      server.answer = undefined;
+    }
+    assert.notEqual(head, bigHead);
+    assert.equal(git(bare, ['rev-parse', 'main']).trim(), bigHead, 'nothing committed');
+    assert.equal(await runningImage(), acrImage('v1'), 'nothing patched');
+  });
+
+  test('without GIT_REPO, a workload Flux or Argo CD deploys is refused, naming the tool; ON_GITOPS_OWNER=patch patches it', async () => {
+    const later = new Date(Date.now() + 20_000);
+    const flux = await push('cluster', 'v50', later, () => wh, 'deployment/flux-web');
+    assert.equal(flux.status, 500, flux.body);
+    assert.match(flux.body, /^result: +failed: deployment\/flux-web is deployed by Flux \(label kustomize\.toolkit\.fluxcd\.io\/name\): its next sync would undo a PATCH\. Set GIT_REPO/m);
+    const argo = await push('cluster', 'v50', later, () => wh, 'deployment/argo-web');
+    assert.match(argo.body, /deployment\/argo-web is deployed by Argo CD \(annotation argocd\.argoproj\.io\/tracking-id\)/);
+    const again = await push('cluster', 'v52', later, () => wh, 'deployment/argo-web');
+    assert.match(again.body, /is deployed by Argo CD/, 'refused again, on the copy the service keeps');
+    const get = async (name: string) => containerImage(JSON.parse(await kubectl(['-n', ns, 'get', `deployment/${name}`, '-o', 'json'])), 'app');
+    assert.equal(await get('flux-web'), acrImage('v1'), 'nothing patched');
+    const patched = await push('patch-anyway', 'v51', later, () => wh, 'deployment/flux-web');
+    assert.equal(actionOf(patched.body), 'image updated', patched.body);
+    assert.equal(await get('flux-web'), acrImage('v51'));
+  });
+
+  test('GIT_SYNC_TIMEOUT: after the answer, the service waits for the GitOps tool to apply the commit, then follows and reports the rollout', async () => {
+    const later = new Date(Date.now() + 30_000);
+    const res = await push('synced', 'v60', later);
+    assert.match(actionOf(res.body) ?? res.body, /^committed [0-9a-f]{7} to main of /, res.body);
+    assert.match(res.body, /^rollout: +progressing \(committed to Git: the GitOps tool deploying the branch applies it; waited for up to 2m0s, then followed\)$/m);
+    const commit = git(bare, ['rev-parse', '--short=7', 'main']).trim();
+    // The GitOps tool: applies the committed image, as Argo CD's controller would.
+    const committed = /image: '([^']+)'/.exec(git(bare, ['show', 'main:apps/web.yaml']))![1];
+    assert.equal(committed, acrImage('v60'));
+    await kubectl(['-n', ns, 'set', 'image', 'deployment/web', `app=${committed}`, '--field-manager=argocd-controller']);
+    const port = await adminPort(wh);
+    const id = String(res.headers['x-request-id']);
+    const done = await waitFor(async () => {
+      const d = JSON.parse((await httpRequest(port, '/deliveries.json')).body).deliveries.find((x: any) => x.request_id === id);
+      return d?.state === 'done' ? d : undefined;
+    }, { timeoutMs: 60_000, what: 'the synced rollout reported' });
+    assert.equal(done.rollout.state, 'complete', JSON.stringify(done));
+    assert.ok(done.pods.every((p: any) => p.image === acrImage('v60')), 'the pods run the committed image');
+    assert.match(done.report, new RegExp(`note: +commit ${commit} applied after \\d+s by manager argocd-controller`));
+  });
+
+  test('ROLLBACK_ON_FAILURE: a failed rollout of a commit is reverted by a commit, not a PATCH', async () => {
+    // As test/rollback.test.ts does: pods of `:broken…` images are labelled to crash-loop (kwok's stage) in this namespace.
+    const name = `webhook-test-crashloop-${ns}`;
+    await kubectl(['apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: [
+      { apiVersion: 'admissionregistration.k8s.io/v1', kind: 'MutatingAdmissionPolicy', metadata: { name }, spec: {
+        matchConstraints: {
+          namespaceSelector: { matchLabels: { 'kubernetes.io/metadata.name': ns } },
+          resourceRules: [{ apiGroups: [''], apiVersions: ['v1'], operations: ['CREATE'], resources: ['pods'] }],
+        },
+        matchConditions: [{ name: 'broken-image', expression: "object.spec.containers.exists(c, c.image.matches(':broken[^/]*$'))" }],
+        failurePolicy: 'Fail', reinvocationPolicy: 'Never',
+        mutations: [{ patchType: 'ApplyConfiguration', applyConfiguration: { expression: 'Object{metadata: Object.metadata{labels: {"webhook-test/unready": "true"}}}' } }],
+      } },
+      { apiVersion: 'admissionregistration.k8s.io/v1', kind: 'MutatingAdmissionPolicyBinding', metadata: { name }, spec: { policyName: name } },
+    ] }));
+    const probe = { apiVersion: 'v1', kind: 'Pod', metadata: { name: 'probe', namespace: ns }, spec: { containers: [{ name: 'app', image: acrImage('broken-probe') }] } };
+    await waitFor(async () => JSON.parse(await kubectl(['create', '--dry-run=server', '-o', 'json', '-f', '-'], JSON.stringify(probe))).metadata.labels?.['webhook-test/unready'] === 'true',
+      { timeoutMs: 60_000, what: 'the admission policy in force' });
+    const running = await runningImage();
+    const res = await push('revert', 'broken1', new Date(Date.now() + 40_000));
+    assert.match(actionOf(res.body) ?? res.body, /^committed [0-9a-f]{7} to main of /, res.body);
+    await kubectl(['-n', ns, 'set', 'image', 'deployment/web', `app=${acrImage('broken1')}`, '--field-manager=argocd-controller']);
+    const port = await adminPort(wh);
+    const id = String(res.headers['x-request-id']);
+    const done = await waitFor(async () => {
+      const d = JSON.parse((await httpRequest(port, '/deliveries.json')).body).deliveries.find((x: any) => x.request_id === id);
+      return d?.state === 'done' ? d : undefined;
+    }, { timeoutMs: 120_000, what: 'the failed rollout reported' });
+    const head = git(bare, ['rev-parse', '--short=7', 'main']).trim();
+    assert.match(done.report, new RegExp(`^rollback: +rolled back to ${running!.replace(/\./g, '\\.')}: the rollout of \\S+:broken1 failed: .*; the revert committed as ${head} to main of `, 'm'), done.report);
+    assert.match(git(bare, ['log', '-1', '--format=%s', 'main']), new RegExp(`^Revert to ${running!.replace(/\./g, '\\.')} to `));
+    assert.match(git(bare, ['show', 'main:apps/web.yaml']), new RegExp(`image: '${running!.replace(/\./g, '\\.')}'`));
+    assert.equal(await runningImage(), acrImage('broken1'), 'the cluster is not patched back: the GitOps tool applies the revert');
+  });
+});
