@@ -23,6 +23,16 @@ import { adminPort, httpRequest, makeTempDir, startWebhook, waitFor, type Webhoo
 import { acrImage, acrPayload, clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor, removeNamespace } from './cluster/kube.ts';
 import { upgradeHook } from './upgrade-hooks.ts';
 
+/** A 50 MB file committed to `bare`'s main through its working copy `<root>/deploy-work`. */
+function commitBigFile(root: string, bare: string): void {
+  const work = path.join(root, 'deploy-work');
+  git(work, ['pull', '-q', bare, 'main']);
+  fs.writeFileSync(path.join(work, 'big.yaml'), Buffer.alloc(50 * 1024 * 1024, 'a'));
+  git(work, ['add', 'big.yaml']);
+  git(work, ['commit', '-qm', 'a big file']);
+  git(work, ['push', '-q', bare, 'main']);
+}
+
 const MANIFEST = `# the web app: its image is written by webhook
 apiVersion: v1
 kind: Service
@@ -326,12 +336,7 @@ describe('the smart-HTTP client against git http-backend', () => {
     }
   });
   test('a 50 MB file at the path: refused by its size, memory bounded', async () => {
-    const work = path.join(root, 'deploy-work');
-    git(work, ['pull', '-q', bare, 'main']);
-    fs.writeFileSync(path.join(work, 'big.yaml'), Buffer.alloc(50 * 1024 * 1024, 'a'));
-    git(work, ['add', 'big.yaml']);
-    git(work, ['commit', '-qm', 'a big file']);
-    git(work, ['push', '-q', bare, 'main']);
+    commitBigFile(root, bare);
     const heap = process.memoryUsage().rss;
     await assert.rejects(fetchGitFile(remote(), 'main', 'big.yaml'), /an object of 52428800 bytes is larger than 8388608/);
     assert.ok(process.memoryUsage().rss - heap < 200 * 1024 * 1024, 'memory stayed bounded');
@@ -533,12 +538,7 @@ describe('an applied push committed to Git through the executable', { skip: clus
     const binary = await push('binary', 'v40', later);
     assert.equal(binary.status, 500, binary.body);
     assert.match(binary.body, /^result: +failed: Git write-back: logo\.yaml: a binary file, not YAML$/m);
-    const work = path.join(root, 'deploy-work');
-    git(work, ['pull', '-q', bare, 'main']);
-    fs.writeFileSync(path.join(work, 'big.yaml'), Buffer.alloc(50 * 1024 * 1024, 'a'));
-    git(work, ['add', 'big.yaml']);
-    git(work, ['commit', '-qm', 'a big file']);
-    git(work, ['push', '-q', bare, 'main']);
+    commitBigFile(root, bare);
     const bigHead = git(bare, ['rev-parse', 'main']).trim();
     const big = await push('big', 'v41', later);
     assert.equal(big.status, 500, big.body);
