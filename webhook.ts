@@ -18052,7 +18052,7 @@ export class RolloutFollower implements CommandListener<UpgradeOutput> {
 //    promotes it, so a chain goes on exactly once whichever replica is left (one that starts picks the records up).
 //    A newer push to a stage replaces the record there (newest wins): the older chain stops where it had not gone.
 //    Exports: PromotionChain, promotionChain, Promotions, SoakingPush.
-//    Tests: test/promotion.test.ts, test/settings.test.ts.
+//    Tests: test/promotion.test.ts.
 // ================================================================================================
 
 const PROMOTION_LIMITS = {
