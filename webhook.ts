@@ -19851,7 +19851,7 @@ export class RolloutFollower implements CommandListener<UpgradeOutput> {
 //    workload (PROMOTION_ANNOTATION) in the PATCH that starts the soak; the replica whose PATCH takes the record off
 //    promotes it, so a chain goes on exactly once whichever replica is left (one that starts picks the records up).
 //    A newer push to a stage replaces the record there (newest wins): the older chain stops where it had not gone.
-//    Exports: promotionChain, PromotionChain, Promotions, SoakingPush.
+//    Exports: promotionChain, PromotionChain, PromotionOutcome, Promotions, SoakingPush.
 //    Tests: test/promotion.test.ts, test/settings.test.ts.
 // ================================================================================================
 
@@ -19865,6 +19865,9 @@ const PROMOTION_LIMITS = {
   checkMaxBytes: 4_096,
   // A soak's end that could not read or write its workload (the API server away) is tried again this much later.
   retryMs: 30_000,
+  // The chains' last outcomes the deliveries page shows (promoted, stopped and why…): a release's worth, some
+  // 300 bytes each; the records of the pushes themselves are the deliveries' own.
+  recentOutcomes: 50,
 };
 
 /** A hook's stages and what a promotion waits for: read from the settings it fixes (checked at load). */
@@ -20052,6 +20055,17 @@ export interface SoakingPush {
   until: string;
 }
 
+/** What became of one promotion, as the deliveries page shows it: from and to which stage, and why. */
+export interface PromotionOutcome {
+  at: Date;
+  request: string;
+  where: string;
+  from: string;
+  to: string;
+  outcome: string;
+  why: string;
+}
+
 /** The key of one soak: one per container of a stage's workload (a newer push's soak replaces the older one). */
 function soakKey(p: SoakPlace): string {
   return `${p.cluster ?? ''}/${p.target.namespace}/${p.target.kind}/${p.target.name}/${p.container}`;
@@ -20065,6 +20079,8 @@ function soakKey(p: SoakPlace): string {
  */
 export class Promotions implements ResultListener {
   private readonly soaks = new Map<string, Soak>();
+  /** The last outcomes, newest first (PROMOTION_LIMITS.recentOutcomes). */
+  private readonly outcomes: PromotionOutcome[] = [];
   /** The requests of this replica's promotions: their outcome is counted when they are made, not again. */
   private readonly promoted = new Set<string>();
   private readonly upgrade: UpgradeService;
@@ -20130,8 +20146,9 @@ export class Promotions implements ResultListener {
     // A promotion that waited in this stage, decided since (here, or on the replica a person reached): a rejection
     // or an expiry ends the chain here.
     if (index > 0 && !this.promoted.delete(requestId) && ['rejected', 'expired'].includes(report.decision)) {
-      this.count(hook, chain, index, promotionOutcome(report));
-      const stopped = `chain stopped at ${stageName(chain.stages[index])}: the push was ${report.decision}`;
+      const why = `the push was ${report.decision}`;
+      this.count(hook, chain, index, promotionOutcome(report), { request: requestId, where: reportWhere(report), why });
+      const stopped = `chain stopped at ${stageName(chain.stages[index])}: ${why}`;
       this.log.error(`[${requestId}] ${reportWhere(report)}: ${stopped}`);
     }
     if (index === chain.stages.length - 1 || !report.changed || report.rollout?.superseded) return;
@@ -20151,12 +20168,16 @@ export class Promotions implements ResultListener {
       `[${requestId}] ${placeName(p)}: chain stopped at ${stageName(c.stages[index])}: ${why}; ` +
         `not promoted to ${next}`,
     );
-    this.count(hook, c, index + 1, 'stopped');
+    this.count(hook, c, index + 1, 'stopped', { request: requestId, where: placeName(p), why });
   }
 
-  private count(hook: Hook, chain: PromotionChain, to: number, outcome: string): void {
+  /** An outcome counted (webhook_promotions_total) and kept for the page. */
+  private count(hook: Hook, chain: PromotionChain, to: number, outcome: string, seen: Omit<PromotionOutcome, 'at' |
+    'from' | 'to' | 'outcome'>): void {
     const labels = { hook: hook.id, from: stageName(chain.stages[to - 1]), to: stageName(chain.stages[to]), outcome };
     this.metrics?.inc('webhook_promotions_total', labels);
+    this.outcomes.unshift({ at: new Date(), ...seen, from: labels.from, to: labels.to, outcome });
+    this.outcomes.length = Math.min(this.outcomes.length, PROMOTION_LIMITS.recentOutcomes);
   }
 
   /** The soak starts: recorded on the stage's workload (the record another replica finds), then waited out here. */
@@ -20201,7 +20222,9 @@ export class Promotions implements ResultListener {
           `[${older.record.request}] ${placeName(older.place)}: chain superseded by request ` +
             `${soak.record.request}: not promoted further`,
         );
-        this.count(older.hook, older.chain, older.record.stage + 1, 'superseded');
+        const why = `superseded by request ${soak.record.request}`;
+        const seen = { request: older.record.request, where: placeName(older.place), why };
+        this.count(older.hook, older.chain, older.record.stage + 1, 'superseded', seen);
       }
     }
     soak.timer = setTimeout(() => void this.endSoak(key, soak), Math.max(0, delayMs));
@@ -20279,7 +20302,8 @@ export class Promotions implements ResultListener {
         t.cluster,
       );
       const outcome = promotionOutcome(report);
-      this.count(hook, chain, r.stage + 1, outcome);
+      const seen = { request: requestId, where: reportWhere(report), why: decided.by };
+      this.count(hook, chain, r.stage + 1, outcome, seen);
       const said = outcome === 'promoted' ? 'promoted' : 'promotion';
       const line = `[${requestId}] ${reportWhere(report)}: ${said} ${decided.by}: ${report.action}`;
       if (report.result === 'ok') this.log.notice(line);
@@ -20350,6 +20374,11 @@ export class Promotions implements ResultListener {
         `unfinished promotions on ${placeName({ cluster: t.cluster, target, container: '' })}: ` + (e as Error).message,
       );
     }
+  }
+
+  /** The chains' last outcomes here, newest first, for the deliveries page. */
+  recent(): readonly PromotionOutcome[] {
+    return this.outcomes;
   }
 
   /** The soaks waited out here, for the deliveries page. */
@@ -23548,8 +23577,8 @@ function renderWaiting(pushes: readonly WaitingPush[]): string {
 }
 
 /** CLUSTERS stages: the pushes soaking in a stage before the next, with "Promote now". Pure. */
-function renderSoaking(soaks: readonly SoakingPush[]): string {
-  if (soaks.length === 0) return '';
+function renderSoaking(soaks: readonly SoakingPush[], outcomes: readonly PromotionOutcome[], last: boolean): string {
+  if (soaks.length === 0 && outcomes.length === 0) return '';
   const rows = soaks.map((s) =>
     [
       '<tr class="running">',
@@ -23561,12 +23590,25 @@ function renderSoaking(soaks: readonly SoakingPush[]): string {
       '</tr>',
     ].join(''),
   );
+  const ended = outcomes.map((o) =>
+    [
+      `<tr class="${o.outcome === 'promoted' ? 'ok' : o.outcome === 'waiting' ? 'running' : 'failed'}">`,
+      cell('Request', `<code>${escapeHtml(o.request)}</code><br><span class="muted">${shownTime(o.at)}</span>`),
+      cell('Workload', escapeHtml(o.where)),
+      cell('Image', '—'),
+      cell('Stage', `<span class="tag">${escapeHtml(o.outcome)}</span><br>${escapeHtml(`${o.from} → ${o.to}`)}: ` +
+        escapeHtml(o.why)),
+      cell('Promote', '—'),
+      '</tr>',
+    ].join(''),
+  );
   const head = ['Request', 'Workload', 'Image', 'Stage', 'Promote'];
   return [
-    '<h2>Soaking before the next stage</h2>',
+    '<h2>Promotions</h2>',
     `<table class="soaking"><thead><tr>${head.map((h) => `<th>${h}</th>`).join('')}</tr></thead><tbody>`,
-    rows.join('\n'),
-    '</tbody></table>',
+    [...rows, ...ended].join('\n'),
+    // The table of pushes follows: named, as after the waiting pushes' table, when none follows this one.
+    `</tbody></table>${last ? '<h2>Recent pushes</h2>' : ''}`,
   ].join('\n');
 }
 
@@ -23584,6 +23626,7 @@ function renderDeliveries(
   now: Date,
   pushes: readonly WaitingPush[] = [],
   soaks: readonly SoakingPush[] = [],
+  outcomes: readonly PromotionOutcome[] = [],
   watched: readonly WatchedWorkload[] = [],
 ): string {
   const head = ['Time', 'Hook', 'Request', 'Registry', 'Workload / container', 'Image before → after'];
@@ -23598,7 +23641,7 @@ function renderDeliveries(
     `<p class="meta">${entries.length} most recent push(es), newest first · as of ${shownTime(now)}` +
       `${refresh ? ` · refreshing every ${refresh} s while a push is running` : ''}` +
       ' · <a href="deliveries.json">JSON</a></p>',
-    renderSoaking(soaks),
+    renderSoaking(soaks, outcomes, pushes.length === 0),
     renderWaiting(pushes),
     `<table><thead><tr>${head.map((h) => `<th>${h}</th>`).join('')}</tr></thead><tbody>`,
     rows,
@@ -23759,9 +23802,11 @@ export function deliveryPages(
       const entries = log.list();
       const pushes = approvals?.list() ?? [];
       const soaks = promotions?.list() ?? [];
+      const outcomes = promotions?.recent() ?? [];
       const watched = watch?.list() ?? [];
       const now = new Date();
-      if (pathname === '/deliveries') return html(renderDeliveries(entries, log.busy(), now, pushes, soaks, watched));
+      if (pathname === '/deliveries')
+        return html(renderDeliveries(entries, log.busy(), now, pushes, soaks, outcomes, watched));
       if (pathname === '/deliveries/watched.json') return json({ schema: 'webhook.watched/v1', watched });
       if (pathname === '/deliveries.json')
         return json({ schema: 'webhook.deliveries/v1', deliveries: entries.map(deliveryDocument) });

@@ -317,6 +317,9 @@ describe('staging > prod on two clusters', { skip: shared && second && registry 
     assert.notEqual(await imageIn(getStaging, 'crashy'), `${image('broken1')}@${broken}`, 'rolled back in staging');
     assert.equal(await imageIn(getProd, 'crashy'), image('v1'), 'never reached prod');
     assert.match((await wh.metrics()).body, /webhook_promotions_total\{hook="chain",from="staging",to="prod",outcome="stopped"\} 1/);
+    // The page says where the chain stopped, and why.
+    const page = (await httpRequest(await adminPort(wh), '/deliveries')).body;
+    assert.match(page, /<span class="tag">stopped<\/span><br>staging → prod: its rollout failed and was rolled back/);
   });
 
   test('a PROMOTE_CHECK answering 500 stops the chain at staging', async () => {
@@ -375,7 +378,8 @@ describe('staging > prod on two clusters', { skip: shared && second && registry 
     const port = await adminPort(wh);
     const auth = { Authorization: `Bearer ${adminToken}` };
     const page = (await httpRequest(port, '/deliveries', { headers: auth })).body;
-    assert.match(page, /<h2>Soaking before the next stage<\/h2>/);
+    assert.match(page, /<h2>Promotions<\/h2>/);
+    assert.match(page, /<span class="tag">soaking<\/span><br>in staging until [^<]+, then prod/);
     const key = /<form method="post" action="deliveries\/promote"><input type="hidden" name="key" value="([^"]+)">/.exec(page)?.[1];
     assert.ok(key, page);
     const form = (headers: Record<string, string>) => httpRequest(port, '/deliveries/promote', {
@@ -444,6 +448,8 @@ describe('staging > prod on two clusters', { skip: shared && second && registry 
     const rows = await page.evaluate<string[]>(`[...document.querySelectorAll('tbody tr')].map((r) => r.textContent)`);
     assert.ok(rows.some((r) => /\/staging/.test(r) && /applied/.test(r)), rows.join('\n'));
     assert.ok(rows.some((r) => /\/prod/.test(r) && /applied/.test(r)), rows.join('\n'));
+    assert.match(await page.evaluate<string>(`document.querySelector('table.soaking').textContent`),
+      /promotedstaging → prod: to prod after \d+s healthy in staging/);
     keepScreenshot('promotion-chain.png', await page.screenshot());
     await page.close();
   });
