@@ -187,17 +187,27 @@ export async function apfThrottle(kubectl: Kubectl, namespace: string, serviceAc
   }
   return {
     async hold(): Promise<() => void> {
-      const held = https.request(`${caller.server}/api/v1/namespaces/${namespace}/events`, {
-        method: 'POST', ca: caller.ca, headers: { Authorization: `Bearer ${caller.token}`, 'Content-Type': 'application/json', 'Content-Length': '4096' },
-      });
-      // Released by destroying it: the error that follows is the point.
-      held.on('error', () => undefined);
-      held.write('{');
-      for (let i = 0; (await probe()).status !== 429; i++) {
-        if (i === 100) throw new Error(`priority level ${name}: the held request did not take the seat`);
-        await new Promise((resolve) => setTimeout(resolve, 100));
+      // A probe that reaches the API server before the held request takes the seat for a moment, and the held
+      // request is then rejected (answered 429, so it holds nothing): it is made again, a few times.
+      for (let attempt = 1; attempt <= 5; attempt++) {
+        const held = https.request(`${caller.server}/api/v1/namespaces/${namespace}/events`, {
+          method: 'POST', ca: caller.ca, headers: { Authorization: `Bearer ${caller.token}`, 'Content-Type': 'application/json', 'Content-Length': '4096' },
+        });
+        let answered = false;
+        held.on('response', (res) => {
+          answered = true;
+          res.resume();
+        });
+        // Released by destroying it: the error that follows is the point.
+        held.on('error', () => undefined);
+        held.write('{');
+        for (let i = 0; i < 100 && !answered; i++) {
+          if ((await probe()).status === 429 && !answered) return () => held.destroy();
+          await new Promise((resolve) => setTimeout(resolve, 100));
+        }
+        held.destroy();
       }
-      return () => held.destroy();
+      throw new Error(`priority level ${name}: the held request did not take the seat in 5 tries`);
     },
     /** How many requests the priority level has rejected so far. */
     async rejected(): Promise<number> {
