@@ -18,7 +18,7 @@ import {
   adminPort, defaultBinary, httpRequest, makeTempDir, startWebhook, waitFor, waitForOutput, type Webhook,
 } from './harness.ts';
 import {
-  acrPayload, clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor, namespacedGetter, removeNamespace,
+  acrPayload, clusterOrSkip, containerImage, crashLoopPolicy, deployment, freshNamespaceName, kubectlFor, namespacedGetter, removeNamespace,
   type Cluster, type Kubectl,
 } from './cluster/kube.ts';
 import { ensureCluster } from './cluster/cluster.ts';
@@ -153,29 +153,6 @@ function renamedKubeconfig(c: Cluster, context: string, file: string): string {
     users: [{ name: context, user: admin.users[0].user }],
   }), { mode: 0o600 });
   return file;
-}
-
-/** The admission policy that makes pods of `:broken…` images crash-loop, in one namespace (rollback.test.ts's). */
-function crashLoopPolicy(name: string, ns: string): object[] {
-  return [
-    {
-      apiVersion: 'admissionregistration.k8s.io/v1', kind: 'MutatingAdmissionPolicy', metadata: { name },
-      spec: {
-        matchConstraints: {
-          namespaceSelector: { matchLabels: { 'kubernetes.io/metadata.name': ns } },
-          resourceRules: [{ apiGroups: [''], apiVersions: ['v1'], operations: ['CREATE'], resources: ['pods'] }],
-        },
-        matchConditions: [{ name: 'broken-image', expression: "object.spec.containers.exists(c, c.image.matches(':broken[^/]*$'))" }],
-        failurePolicy: 'Fail',
-        reinvocationPolicy: 'Never',
-        mutations: [{
-          patchType: 'ApplyConfiguration',
-          applyConfiguration: { expression: 'Object{metadata: Object.metadata{labels: {"webhook-test/unready": "true"}}}' },
-        }],
-      },
-    },
-    { apiVersion: 'admissionregistration.k8s.io/v1', kind: 'MutatingAdmissionPolicyBinding', metadata: { name }, spec: { policyName: name } },
-  ];
 }
 
 /** Waits until the API server applies the policy: a server-side dry run of a `:broken` pod gets the label. */

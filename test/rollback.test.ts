@@ -17,7 +17,7 @@ import { after, before, describe, test } from 'node:test';
 import { defaultBinary, makeTempDir, startWebhook, waitFor, type Webhook } from './harness.ts';
 import { readMail, serviceMailEnv, startMta, type Mta } from './mta.ts';
 import {
-  accountKubeconfig, acrImage, acrPayload, clusterOrSkip, containerImage, cronJob, daemonSet, deployment, freshNamespaceName,
+  accountKubeconfig, acrImage, acrPayload, clusterOrSkip, containerImage, crashLoopPolicy, cronJob, daemonSet, deployment, freshNamespaceName,
   kubectlFor, namespacedGetter, removeNamespace, statefulSet, type Kubectl,
 } from './cluster/kube.ts';
 import { upgradeHook } from './upgrade-hooks.ts';
@@ -25,29 +25,6 @@ import { KubeClient, loadKubeconfig, rollBackFailedRollout, runUpgrade } from '.
 
 const TOKEN = 'rollback-token-77d0e2';
 const cluster = await clusterOrSkip();
-
-/** The admission policy that makes pods of `:broken…` images crash-loop, in one namespace. */
-function crashLoopPolicy(name: string, ns: string): object[] {
-  return [
-    {
-      apiVersion: 'admissionregistration.k8s.io/v1', kind: 'MutatingAdmissionPolicy', metadata: { name },
-      spec: {
-        matchConstraints: {
-          namespaceSelector: { matchLabels: { 'kubernetes.io/metadata.name': ns } },
-          resourceRules: [{ apiGroups: [''], apiVersions: ['v1'], operations: ['CREATE'], resources: ['pods'] }],
-        },
-        matchConditions: [{ name: 'broken-image', expression: "object.spec.containers.exists(c, c.image.matches(':broken[^/]*$'))" }],
-        failurePolicy: 'Fail',
-        reinvocationPolicy: 'Never',
-        mutations: [{
-          patchType: 'ApplyConfiguration',
-          applyConfiguration: { expression: 'Object{metadata: Object.metadata{labels: {"webhook-test/unready": "true"}}}' },
-        }],
-      },
-    },
-    { apiVersion: 'admissionregistration.k8s.io/v1', kind: 'MutatingAdmissionPolicyBinding', metadata: { name }, spec: { policyName: name } },
-  ];
-}
 
 /**
  * Waits for the admission policy to be in force (the API server applies it once its informers have it):

@@ -346,3 +346,26 @@ export class ApiServerProxy {
     await closed;
   }
 }
+
+/** The admission policy that makes pods of `:broken…` images crash-loop, in one namespace (rollback, promotion). */
+export function crashLoopPolicy(name: string, ns: string): object[] {
+  return [
+    {
+      apiVersion: 'admissionregistration.k8s.io/v1', kind: 'MutatingAdmissionPolicy', metadata: { name },
+      spec: {
+        matchConstraints: {
+          namespaceSelector: { matchLabels: { 'kubernetes.io/metadata.name': ns } },
+          resourceRules: [{ apiGroups: [''], apiVersions: ['v1'], operations: ['CREATE'], resources: ['pods'] }],
+        },
+        matchConditions: [{ name: 'broken-image', expression: "object.spec.containers.exists(c, c.image.matches(':broken[^/]*$'))" }],
+        failurePolicy: 'Fail',
+        reinvocationPolicy: 'Never',
+        mutations: [{
+          patchType: 'ApplyConfiguration',
+          applyConfiguration: { expression: 'Object{metadata: Object.metadata{labels: {"webhook-test/unready": "true"}}}' },
+        }],
+      },
+    },
+    { apiVersion: 'admissionregistration.k8s.io/v1', kind: 'MutatingAdmissionPolicyBinding', metadata: { name }, spec: { policyName: name } },
+  ];
+}
