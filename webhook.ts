@@ -9,10 +9,11 @@
  * mailed when the hook passes MAIL_TO.
  *
  * Chapters, in order. Part I holds the libraries the program needs and has no dependency for; they use
- * nothing of the service. Part II is the service, in the order a push travels: main (51) opens the
- * listeners (23) with the http server's handler (22), which uses the request, rule and hook chapters
- * above it and hands the command to the runner (21), whose in-process command is the upgrade (24-42): the
- * model (24) names its vocabulary, a boundary builds the push, the decision (34) decides it, an executor carries it
+ * nothing of the service. Part II is the service: it opens with its model (15), the values every later chapter
+ * works with (a push, a hook's settings, a decision, the record of a delivery, the annotations, the limits), then
+ * follows the order a push travels: main (51) opens the listeners (24) with the http server's handler (23), which
+ * uses the request, rule and hook chapters above it and hands the command to the runner (22), whose in-process
+ * command is the upgrade (25-42): a boundary builds the push, the decision (34) decides it, an executor carries it
  * out (35 on the cluster, 36 as a commit to Git). After the answer the result travels on in order too: the approvals
  * (44) learn of waiting pushes and decide them, the registry watch (45) finds pushes no registry told of, the rollout
  * follower (42) follows the rollout and hands each step on: to the promotion (43), which takes a push from one stage
@@ -38,26 +39,26 @@
  *  13. ssh signatures ............. readSshSigningKey, sshSignature, SshSigningKey
  *  14. git smart http ............. fetchGitFile, GitRemote, pushGitCommit, readPack
  * Part II — the service
- *  15. command line & settings .... LIMITS, Options, parseCommandLine, parseGoBool
- *  16. logging & metrics .......... escapeControls, Logger, Metrics
- *  17. hook files ................. CompileSinks, ConfigError, FieldReader, Fields
- *  18. requests ................... applyJsonParameters, compileParam, firstValues, headersFromRaw
- *  19. trigger rules .............. compileRule, evaluateRule, evaluateRuleBeforeBody, Match
- *  20. hooks & reload ............. Hook, HookSettingChecks, HookStore, LoadSettings
- *  21. commands ................... CommandResult, CommandRunner, decodeBase64Strict, InProcessCommand
- *  22. http server ................ AdminPages, allowedMethods, answerClientError, CommandListener
- *  23. listeners .................. openListener, openAdminListener, tlsOptions
- *  24. the model .................. DECISIONS, ANNOTATIONS, PENDING_ANNOTATION
+ *  15. the model .................. Push, HookConfig, Decision, Delivery, DECISIONS, ANNOTATIONS, LIMITS
+ *  16. command line & settings .... Options, parseCommandLine, parseGoBool, usage
+ *  17. logging & metrics .......... escapeControls, Logger, Metrics
+ *  18. hook files ................. CompileSinks, ConfigError, FieldReader, Fields
+ *  19. requests ................... applyJsonParameters, compileParam, firstValues, headersFromRaw
+ *  20. trigger rules .............. compileRule, evaluateRule, evaluateRuleBeforeBody, Match
+ *  21. hooks & reload ............. Hook, HookSettingChecks, HookStore, LoadSettings
+ *  22. commands ................... CommandResult, CommandRunner, decodeBase64Strict, InProcessCommand
+ *  23. http server ................ AdminPages, allowedMethods, answerClientError, CommandListener
+ *  24. listeners .................. openListener, openAdminListener, tlsOptions
  *  25. registry payloads .......... parsePushPayload, parsePushHeaders, PayloadFields, PushEvent
  *  26. cloud registry payloads .... REGISTRIES, REPO_TYPES, registryFor, recognisedRepoType
  *  27. image reference & pin ...... checkImagePin, chooseCandidate, composeImageRef, readImagePin
- *  28. change windows & approval links  nextOpening, parseDeployWindows, PendingEntry, approvalLinks
+ *  28. change windows & approval links  nextOpening, parseDeployWindows, sealPendingEntry, approvalLinks
  *  29. workloads .................. WORKLOAD_KINDS, parseWorkload, locateContainer, rolloutStatus
- *  30. update policies & stages ... parsePolicy, policyDecision, UpdatePolicy, parseStages
+ *  30. update policies & stages ... parsePolicy, policyDecision, policyInEffect, parseStages
  *  31. setting values ............. deployWindowSetting, notifyCa, parseRecipients, pollInterval
  *  32. hook settings .............. HOOK_SETTINGS, fixedSettingChecks
  *  33. upgrade decision ........... decidePush, holdDecision, pushEvent, readPushRecords, verifiedRef
- *  34. the decision ............... decide, Decision, DecisionInput, waitingAction
+ *  34. the decision ............... decide, futureTimeNote, waitingAction
  *  35. the cluster executor ....... carryOut, recordDecision
  *  36. the git executor ........... commitOut, editGitFile, locatedYaml
  *  37. the report ................. formatForcedRollback, formatReport, formatRollback, formatRollout
@@ -116,7 +117,6 @@ import { getHeapStatistics, setFlagsFromString } from 'node:v8';
 import * as zlib from 'node:zlib';
 
 const VERSION = '0.1.0';
-
 
 // ################################################################################################
 // Part I — libraries: general code written by hand because the program has no runtime dependencies.
@@ -6572,7 +6572,6 @@ function pageShell(title: string, refreshSeconds: number | undefined, body: stri
   ].join('\n');
 }
 
-
 // ================================================================================================
 // 13. ssh signatures — what signs a commit as git does with gpg.format=ssh: an ed25519 key read from an unencrypted
 //    OpenSSH private key file (PROTOCOL.key; the key never appears in an error), and an armored SSH signature of a
@@ -7541,9 +7540,901 @@ function gitSettings(
 // ################################################################################################
 
 // ================================================================================================
-// 15. command line & settings — the adnanh/webhook command line in Go `flag` syntax (parseCommandLine, usage), Go's
+// 15. the model — what the service works with, declared before the code that uses it, as a library declares its
+//    API: a push (Push: the image a registry brought and when, the workload it is for, in which cluster, who
+//    asked), a hook's settings read once at the push's boundary (HookConfig), what can become of a push (DECISIONS,
+//    the closed list every report renders, and Decision: a union over its codes, each with its reason as data and,
+//    for what is written, the planned change, its Event and the pending entry), the one record of a delivery
+//    (Delivery), the workload annotations (ANNOTATIONS), and the service's limits (LIMITS), each with why it is what
+//    it is. The annotations are the only state the service has: those it writes live on the workload they are
+//    about, each written in the same PATCH as what it records and guarded by a test of the value read, so that
+//    replicas and restarts agree with no store of their own; those an operator writes steer one workload. Anyone
+//    who may edit the workload can write any of them, so each is read as untrusted input. The docs' tables of
+//    settings, decisions and annotations are written from these tables (scripts/docs.ts).
+//    Exports: APPROVAL_ANNOTATION, ApprovalLinks, ApprovalSigning, DecidedBy, DecidedFacts, Decision, DecisionCode,
+//    DecisionInput, DECISIONS, Delivery, DeployWindow, FOLLOW_ANNOTATION, FollowAfter, HOOK_ANNOTATION, HookConfig,
+//    ImagePattern, ImagePin, IncomingPush, K8sObject, LAST_PUSH_ANNOTATION, LIMITS, LocatedContainer, NotifyTexts,
+//    Outcome, PENDING_ANNOTATION, PendingEntry, PlannedChange, PodSummary, POLICY_ANNOTATION, POLL_ANNOTATION,
+//    PROMOTION_ANNOTATION, PublishedDecision, Push, PushReading, ResultSettings, SendOutcome, UpdatePolicy,
+//    UpgradeSettings, WINDOW_ANNOTATION, WorkloadEvent, WorkloadKind, WorkloadTarget.
+//    Tests: test/decision.test.ts, test/docs.test.ts, test/hold.test.ts, test/policy.test.ts, test/records.test.ts.
+// ================================================================================================
+
+// ---- a push -------------------------------------------------------------------------------------
+
+/**
+ * One push, as each source of pushes builds it at its boundary (a registry's notification over HTTP or as its own
+ * process, an approval's decision, a replay from the page, a kept push tried again): the image it brings and when it
+ * was pushed (IncomingPush, what newest wins compares), the workload it is for, and who asked.
+ */
+export interface Push extends IncomingPush {
+  target: WorkloadTarget;
+  /** The kubeconfig context the workload is in (undefined: the service's default). */
+  cluster: string | undefined;
+  /** The request that brought the push and the hook it came through: its records and Events name them. */
+  requestId?: string;
+  hookId?: string;
+  /** A waiting push decided, or a past push deployed again: the entry it completes and who decided. */
+  decided?: DecidedBy;
+}
+
+/** A push as the newest-wins rule sees it. */
+export interface IncomingPush {
+  pushedAtMs: number;
+  timeFrom: 'payload' | 'received';
+  image: string;
+  push: string;
+}
+
+/** The workload an upgrade acts on; uid and generation are known once it has been read. */
+export interface WorkloadTarget {
+  kind: WorkloadKind;
+  name: string;
+  namespace: string;
+  uid?: string;
+  /** metadata.generation after our patch: the rollout to follow. */
+  generation?: number;
+  /** metadata.resourceVersion of our patch's answer: the rollout's follow watches from it on. */
+  resourceVersion?: string;
+}
+
+/** The workload kinds an upgrade can change (WORKLOAD_KINDS says how each is read and rolled out). */
+export type WorkloadKind = 'deployment' | 'daemonset' | 'statefulset' | 'cronjob';
+
+/**
+ * A waiting push decided (a link, the deliveries page, its window opening) or a past push deployed again: the
+ * pending entry `id` it completes (taken off in the same patch, so a second use finds nothing) and who decided.
+ * A promotion (CLUSTERS stages) is a new push of the digest that ran in the stage before: `by` says `to <stage>
+ * after <soak> healthy in <stage>`.
+ */
+export interface DecidedBy {
+  id?: string;
+  action: 'approve' | 'deploy-now' | 'window' | 'replay' | 'promote';
+  by: string;
+}
+
+// ---- a hook's settings, parsed once -------------------------------------------------------------
+
+/**
+ * Every setting one push's upgrade reads, parsed once from the hook's environment at the push's boundary: the
+ * workload, the checks and the decision's settings (UpgradeSettings), its cluster, and how its payload is read.
+ */
+export interface HookConfig extends UpgradeSettings {
+  /** CLUSTER: a context of the service's kubeconfig; undefined: the default cluster. */
+  cluster: string | undefined;
+  reading: PushReading;
+  /** MAIL_TO as given: the mail checks it when it writes (resultMail); a follow left to resume names it. */
+  mailTo: string | undefined;
+}
+
+interface UpgradeSettings {
+  namespace: string;
+  workload: { kind: WorkloadKind; name: string };
+  container: string;
+  rolloutTimeoutMs: number;
+  pin: ImagePin;
+  /** VERIFY_IMAGE: resolve the tag on the registry and deploy the digest it has. */
+  verifyImage: boolean;
+  /** REGISTRY_CA: the CA that signed the registry's certificate (PEM). */
+  registryCa: string | undefined;
+  /** REGISTRY_TOKEN_HOSTS: token services besides the registry's own host that may be given its login. */
+  registryTokenHosts: string[];
+  rollbackOnFailure: boolean;
+  /** ON_OUTSIDE_CHANGE: whether a change made outside webhook holds older pushes off. */
+  onOutsideChange: 'hold' | 'follow';
+  /** VERIFY_SIGNATURE (and its annotations): the keys one of which must have signed the digest deployed. */
+  signature: { keys: CosignKey[]; annotations: Record<string, string> } | undefined;
+  /** ON_REGISTRY_AWAY: whether a push the registry cannot be asked about is kept (RegistryAway) or fails. */
+  onRegistryAway: 'fail' | 'keep';
+  /** UPDATE_POLICY: the hook's update policy, which the workload's annotations override. */
+  policy: UpdatePolicy;
+  /** REQUIRE_APPROVAL, APPROVAL_TIMEOUT, DEPLOY_WINDOW, APPROVAL_OVERRIDE (the workload's annotations may add). */
+  requireApproval: boolean;
+  approvalTimeoutMs: number;
+  windows: DeployWindow[] | undefined;
+  approvalOverride: boolean;
+  /** GIT_REPO and the rest: an applied push is committed to Git (commitOut); without, ON_GITOPS_OWNER. */
+  git: GitSettings | undefined;
+  onGitopsOwner: 'refuse' | 'patch';
+}
+
+/**
+ * How a push's payload is read: the hook's REPO_TYPE, NET_TYPE, REGISTRY_HOST and PIN_DIGEST, read once at the push's
+ * boundary (chapter 31's readHookConfig). REPO_TYPE and NET_TYPE stay text: auto needs the payload, and NET_TYPE is
+ * read for regionalregistry only, so each is checked where a payload is read, as it always was.
+ */
+export interface PushReading {
+  repoType: string | undefined;
+  netType: string | undefined;
+  /** REGISTRY_HOST, validated: when set, the host of every push. */
+  registryHost: string | undefined;
+  /** PIN_DIGEST, or why it is not a boolean: refused when a push is composed (a ping or a handshake never was). */
+  pinDigest: boolean | Error;
+}
+
+/** What the pin allows besides the container's own repository: the hook's REGISTRY_HOST and ALLOW_IMAGES. */
+export interface ImagePin {
+  /** REGISTRY_HOST's registry: it counts as the registry of every container. */
+  registryHost: string | undefined;
+  allowImages: ImagePattern[];
+}
+
+/** One ALLOW_IMAGES entry: a repository, or every repository under a prefix (a trailing `/*`). */
+interface ImagePattern {
+  text: string;
+  registry: string;
+  /** The repository's path, or the prefix's ("" for a whole registry). */
+  path: string;
+  under: boolean;
+}
+
+/** A policy as parsed: `text` is the value as written, for messages. */
+export type UpdatePolicy = { text: string } & (
+  | { kind: 'all' }
+  | { kind: 'semver'; range: SemverRange; allowDowngrade: boolean }
+  | { kind: 'major' | 'minor' | 'patch'; allowDowngrade: boolean }
+  | { kind: 'glob' | 'regexp'; pattern: RegExp }
+);
+
+/** One range of a change window: the weekdays it starts on (0 = Sunday), its minutes of the day, its zone. */
+export interface DeployWindow {
+  days: Set<number>;
+  /** Minutes after local midnight; `end` <= `start` crosses midnight into the next day. */
+  start: number;
+  end: number;
+  zone: string;
+  text: string;
+}
+
+/**
+ * The hook settings a command's result is told with, read from the command's environment once, when its job is
+ * made (resultSettings): any hook's command, not only an upgrade, has its result mailed and posted. Each setting
+ * the channels check is kept as given, so that a wrong one fails its channel, never the push.
+ */
+export interface ResultSettings {
+  /** REPO_TYPE, CLUSTER (trimmed), APP_NS, APP_WORKLOAD, APP_CONTAINER when set: where the push went. */
+  repoType: string | undefined;
+  cluster: string | undefined;
+  namespace: string | undefined;
+  workload: string | undefined;
+  container: string | undefined;
+  /** MAIL_TO as given when set: the mail parses it (Mailer.notify). */
+  mailTo: string | undefined;
+  /** NOTIFY_ON_SKIP: whether a push the update policy skipped goes to the channels. */
+  notifyOnSkip: boolean;
+  /** NOTIFY_URL, NOTIFY_FORMAT, NOTIFY_SECRET, NOTIFY_TELEGRAM_CHAT as given: the notifications check them. */
+  notify: NotifyTexts;
+}
+
+/** The notification settings as a hook passes them, for notifyTargets to check. */
+export interface NotifyTexts {
+  url?: string;
+  format?: string;
+  secret?: string;
+  telegramChat?: string;
+}
+
+// ---- what becomes of a push: the decision -------------------------------------------------------
+
+/**
+ * What became of a push, from one closed list. Every report of it (the answer, the log line, the Event, the mail, the
+ * chat and JSON notifications, the deliveries page) renders this code and its reason as data. `published` is the JSON
+ * document's "decision" (schema 1); `action`, how the answer says it: the change, `none (<reason>)` or the reason.
+ */
+export const DECISIONS = {
+  /** The container's image was changed to the pushed one. */
+  applied: { published: 'applied', action: 'change' },
+  /** The same image again: the rollout was restarted so the tag is pulled again. */
+  're-pulled': { published: 'same image restarted', action: 'change' },
+  /** A newer push was applied already, or arrived while this one was kept. */
+  superseded: { published: 'no-op', action: 'none' },
+  /** The same push was applied already: a repeated notification. */
+  repeat: { published: 'no-op', action: 'none' },
+  /** Nothing to change: a test ping, a push by digest the container runs, a payload that names no image. */
+  'no-op': { published: 'no-op', action: 'none' },
+  /** The image pin (or VERIFY_IMAGE) refused the push: nothing was written. */
+  refused: { published: 'refused', action: 'none' },
+  /** VERIFY_SIGNATURE refused the push: the digest has no cosign signature valid as required; nothing was written. */
+  'refused: unsigned': { published: 'refused: unsigned', action: 'none' },
+  /** The container's image was changed outside webhook and the push is not newer (ON_OUTSIDE_CHANGE=hold). */
+  held: { published: 'held', action: 'none' },
+  /** The tag is outside the container's update policy (UPDATE_POLICY, webhook/policy): nothing was written. */
+  'skipped by policy': { published: 'skipped by policy', action: 'none' },
+  /** The push could not be applied: nothing is known to be written. */
+  failed: { published: 'failed', action: 'none' },
+  /** The API server (or, under ON_REGISTRY_AWAY=keep, the registry) did not answer: kept, applied when it does. */
+  kept: { published: 'no-op', action: 'none' },
+  /** It waits on the workload (webhook/pending) for an approval or the change window: answered 202. */
+  waiting: { published: 'waiting', action: 'reason' },
+  /** Approved while the change window is closed: it waits for the window. */
+  approved: { published: 'approved', action: 'reason' },
+  /** A person rejected the waiting push: only its pending entry was taken off. */
+  rejected: { published: 'rejected', action: 'none' },
+  /** Nobody decided before APPROVAL_TIMEOUT: its pending entry was taken off. */
+  expired: { published: 'expired', action: 'none' },
+  /** An applied push whose rollout a later push took over following: the later one's record tells how it ended. */
+  'taken over': { published: 'superseded', action: 'change' },
+  /** A delivery to several clusters (CLUSTERS): each cluster's push is a record of its own. */
+  'fanned out': { published: 'fanned out', action: 'none' },
+  /** A hook whose command is not the upgrade ran and exited 0 (a command that fails is `failed`). */
+  ran: { published: 'ran', action: 'none' },
+  /** Not finished yet (the deliveries page only). */
+  running: { published: 'running', action: 'none' },
+} as const;
+
+export type DecisionCode = keyof typeof DECISIONS;
+
+/** A word the deliveries page and the result document publish as `decision`: only ever one of DECISIONS'. */
+export type PublishedDecision = (typeof DECISIONS)[DecisionCode]['published'];
+
+/** Everything the decision of one push on one workload depends on: a value, so that deciding is pure. */
+export interface DecisionInput {
+  push: Push;
+  /** The hook's settings, read once at the push's boundary. */
+  config: UpgradeSettings;
+  /** The workload as read, or the copy last seen of it. */
+  workload: K8sObject;
+  nowMs: number;
+  /** What signs a waiting push's links, and where the service follows a rollout after answering. */
+  approvals?: ApprovalSigning;
+  followAfter?: FollowAfter;
+  /** The id a pending entry written now gets (the caller draws it: decide itself draws nothing). */
+  entryId: string;
+}
+
+/**
+ * The service follows the rollout after answering for followMs: the PATCH records that on the workload
+ * (FOLLOW_ANNOTATION), with the hook's MAIL_TO, so another replica can finish it.
+ */
+export interface FollowAfter {
+  followMs: number;
+  mailTo?: string;
+}
+
+/** The service's -public-url and -approval-key-file: what signs the links of a push that waits for approval. */
+export interface ApprovalSigning {
+  publicUrl: string;
+  key: Buffer;
+}
+
+type K8sObject = Record<string, unknown>;
+
+/**
+ * What becomes of one push on one workload: a code of the closed list (DECISIONS), its reason as data, and what
+ * the executor writes for it. `refused` and `failed` write nothing but their Event, and fail the push.
+ */
+export type Decision = DecidedFacts &
+  (
+    | {
+        code: 'applied' | 're-pulled';
+        before: string;
+        container: LocatedContainer;
+        /** The patch planned: image or restart, change-cause, and the annotations written under a test. */
+        change: PlannedChange;
+        lastPush: string;
+        followRecorded: boolean;
+        event: WorkloadEvent;
+      }
+    | {
+        code: 'waiting' | 'approved';
+        reason: string;
+        entry: PendingEntry;
+        links?: ApprovalLinks;
+        /** PENDING_ANNOTATION's new text, and its text as read (the patch's test). */
+        pending: { value: string; read: string | undefined };
+        event: WorkloadEvent;
+      }
+    | { code: 'held' | 'skipped by policy'; reason: string; event: WorkloadEvent }
+    | { code: 'no-op' | 'repeat' | 'superseded'; reason: string }
+    | { code: 'refused' | 'failed'; reason: string; event?: WorkloadEvent; gone?: boolean }
+  );
+
+/** What every decision carries: the notes its answer adds, the image the container runs, a waiting push replaced. */
+interface DecidedFacts {
+  notes: string[];
+  /** The container's image as read (undefined when there is no such container). */
+  before?: string;
+  /** The push that waited on this container and that this one replaces (it is reported superseded). */
+  replaced?: PendingEntry;
+}
+
+interface LocatedContainer {
+  list: 'containers' | 'initContainers';
+  index: number;
+  image: string;
+  pullPolicy: string | undefined;
+}
+
+export interface PlannedChange {
+  /** The new image, or undefined to keep it (a restart). */
+  image?: string;
+  /** Set imagePullPolicy: Always on the container. */
+  pullAlways?: boolean;
+  /** RFC 3339 time for kubectl.kubernetes.io/restartedAt on the pod template. */
+  restartedAt?: string;
+  changeCause: string;
+  /**
+   * Workload annotations written under a test: per key, the value to write and the value read
+   * (undefined: it was absent), so that two replicas deciding on the same read cannot both write.
+   */
+  guarded?: Record<string, { value: string; read: string | undefined }>;
+  /** Workload annotations the patch only tests, as read (null: absent): what the decision was made on. */
+  tested?: Record<string, string | null>;
+}
+
+export interface WorkloadEvent {
+  type: 'Normal' | 'Warning';
+  /** UpperCamelCase, one of PUSH_EVENTS' reasons. */
+  reason: string;
+  message: string;
+}
+
+/** A push that waits, as recorded on the workload: any replica can complete it. */
+export interface PendingEntry {
+  /** Random: names this entry in its links; taken off with the entry, so a link works once. */
+  id: string;
+  hook: string;
+  request: string;
+  image: string;
+  /** The registry's identity of the push (digest|pushed_at) and its time, as the newest-wins rule compares them. */
+  push: string;
+  pushedAt: string;
+  timeFrom: 'payload' | 'received';
+  receivedAt: string;
+  /** What it waits for: an approval, the change window, or both. */
+  waitsFor: 'approval' | 'window' | 'approval and window';
+  window?: string;
+  /** ISO 8601: when the window opens (waiting for a window). */
+  opensAt?: string;
+  /** ISO 8601: when the push expires (APPROVAL_TIMEOUT after it was received). */
+  until: string;
+  /** Who may decide: whoever holds a link, or the admin token on the deliveries page. */
+  decides: string;
+  /** An approval link may deploy at once, outside the window (APPROVAL_OVERRIDE). */
+  override?: boolean;
+  /** Approved while the window was closed: by whom, from where, when. */
+  approvedBy?: string;
+  /** The entry's MAC where it sits (pendingEntryMac), when the service signs links: anything else is not its own. */
+  mac?: string;
+}
+
+/** The links of a waiting push's notifications: each names the pending entry, one action, its expiry. */
+export interface ApprovalLinks {
+  approve: string;
+  reject: string;
+  /** Approve and deploy at once, outside the change window (APPROVAL_OVERRIDE). */
+  deployNow?: string;
+}
+
+// ---- the record of a delivery -------------------------------------------------------------------
+
+/**
+ * The one record of a push: where it went, what became of it, its rollout, and how its result was sent. The answer's
+ * report, the deliveries page, /deliveries.json, the mail and the chat and JSON notifications all render it.
+ */
+export interface Delivery {
+  seq: number;
+  /** running: the command; following: the rollout, after the answer; done: the result is final. */
+  state: 'running' | 'following' | 'done';
+  notifications: { channel: string; state: 'pending' | SendOutcome['state']; detail: string }[];
+  hookId: string;
+  requestId: string;
+  receivedAt: Date;
+  finishedAt?: Date;
+  outcome?: Outcome;
+  /** One of the closed list's words (DECISIONS' `published`). */
+  decision: PublishedDecision;
+  detail: string;
+  /** How the answer said it (`image updated`, `none (<reason>)`), or a command's exit status: the mail's words. */
+  action: string;
+  /** The hook settings its result is told with: where it goes, and the names the hook gave. */
+  settings: ResultSettings;
+  registry?: string;
+  /** The hook's CLUSTER (a kubeconfig context); undefined: the service's default cluster. */
+  cluster?: string;
+  namespace?: string;
+  workload?: string;
+  container?: string;
+  imageBefore?: string;
+  imageAfter?: string;
+  rollout?: { state: string; detail: string };
+  pods: PodSummary[];
+  /** The upgrade's report (or the command's output), scrubbed of known secrets, cut to maxReportChars. */
+  report: string;
+  /** A push that waits: for what, until when, and the links that decide it (when a person may). */
+  waiting?: { for: string; until: string; opensAt?: string; window?: string; links?: ApprovalLinks };
+}
+
+/** How a push ended, as its mail's subject says it. */
+type Outcome = 'succeeded' | 'failed' | 'no change';
+
+/** How a result's mail or notification went: sent, failed (after retries), or held back by a cap. */
+export interface SendOutcome {
+  state: 'sent' | 'failed' | 'held';
+  detail: string;
+}
+
+export interface PodSummary {
+  name: string;
+  /** The pod's phase, or Terminating while it is being deleted. */
+  phase: string;
+  ready: boolean;
+  /** The named container's image and restarts (the first container's when it has no such one). */
+  image: string;
+  restarts: number;
+  /** A waiting or terminated reason of a container that is not ready (CrashLoopBackOff…). */
+  reason?: string;
+}
+
+// ---- the state: annotations on the workloads ----------------------------------------------------
+
+/** Every `webhook/*` annotation: its key, who writes it, and what it holds (docs/upgrade.md's table). */
+export const ANNOTATIONS = {
+  lastPush: {
+    key: 'webhook/last-push',
+    by: 'the service',
+    holds:
+      'Per container, the last push applied: its image and the one it replaced, its identity, when it was pushed ' +
+      'and applied, by which request, and whether it was rolled back. Newest wins, a repeat, a hold and a rollback ' +
+      'read it; it is written in the PATCH that sets the image.',
+  },
+  follow: {
+    key: 'webhook/follow',
+    by: 'the service',
+    holds:
+      'Per container, a rollout followed after the answer (request, hook, deadline, where its result goes), so ' +
+      'that another replica finishes the follow when this one is gone; the replica whose PATCH takes it off ' +
+      'reports the end.',
+  },
+  pending: {
+    key: 'webhook/pending',
+    by: 'the service',
+    holds:
+      'Per container, the push waiting for an approval or a change window, sealed (with -approval-key-file) with a ' +
+      'MAC over it and where it sits; any replica completes it, an entry that does not verify is dropped with a ' +
+      'warning.',
+  },
+  promotion: {
+    key: 'webhook/promotion',
+    by: 'the service',
+    holds:
+      'Per container, on a stage of CLUSTERS stages: the push soaking there before it is promoted to the next stage ' +
+      '(its digest, request and hook, from which stage, healthy since, promoted after); the replica whose PATCH ' +
+      'takes it off promotes it, so a chain goes on once whichever replica is left.',
+  },
+  policy: {
+    key: 'webhook/policy',
+    by: 'an operator',
+    holds:
+      "The workload's update policy (which tags it takes), over the hook's UPDATE_POLICY; " +
+      '`webhook/policy.<container>` sets one container\'s.',
+  },
+  approval: {
+    key: 'webhook/approval',
+    by: 'an operator',
+    holds: '`required`: every push to the workload waits for a person; `none`: none does, whatever the hook asks.',
+  },
+  window: {
+    key: 'webhook/window',
+    by: 'an operator',
+    holds: "The workload's change window (as DEPLOY_WINDOW, which it overrides): pushes outside it wait for it.",
+  },
+  poll: {
+    key: 'webhook/poll',
+    by: 'an operator',
+    holds:
+      'How often the registry is looked at for a push to the workload (a Go duration, 10s to 24h): the registry ' +
+      'watch deploys what it finds as a push.',
+  },
+  hook: {
+    key: 'webhook/hook',
+    by: 'an operator',
+    holds: "The hook whose settings a watch of the workload (webhook/poll) takes; else the last push's hook.",
+  },
+} as const;
+
+/** The keys, as the chapters that read and write them name them. */
+export const LAST_PUSH_ANNOTATION = ANNOTATIONS.lastPush.key;
+
+export const FOLLOW_ANNOTATION = ANNOTATIONS.follow.key;
+
+export const PENDING_ANNOTATION = ANNOTATIONS.pending.key;
+
+export const PROMOTION_ANNOTATION = ANNOTATIONS.promotion.key;
+
+export const POLICY_ANNOTATION = ANNOTATIONS.policy.key;
+
+export const APPROVAL_ANNOTATION = ANNOTATIONS.approval.key;
+
+export const WINDOW_ANNOTATION = ANNOTATIONS.window.key;
+
+export const POLL_ANNOTATION = ANNOTATIONS.poll.key;
+
+export const HOOK_ANNOTATION = ANNOTATIONS.hook.key;
+
+// ---- the limits ---------------------------------------------------------------------------------
+
+// Defaults for the limits adnanh lacks. Each is a flag; the comment says why this value.
+export const LIMITS = {
+  // Registry payloads are a few KiB; Docker Hub's carries the repository's README, which Docker
+  // Hub caps at 25,000 characters: 300 KiB even were every one a \uXXXX surrogate pair, a few
+  // tens of KiB in practice. 1 MiB fits it with room to spare, and bounds what a request can cost.
+  maxBodyBytes: 1024 * 1024,
+  // Slowloris protection: a client gets this long to send its headers, and then the whole request.
+  readHeaderTimeoutMs: 10_000,
+  readTimeoutMs: 60_000,
+  // A body that stops arriving holds a connection (and whatever was received) for nothing. A
+  // registry sends its payload in one go; 30 s without a byte is a stalled or hostile client.
+  bodyIdleTimeoutMs: 30_000,
+  // Request bodies held in memory at once, process-wide, from the first byte read until their
+  // request (and its command) is done. A kept body costs many times its size on its way (its text,
+  // the parsed payload, the command's argument, the upgrade's own reading of it: ~15× for a 1 MiB
+  // payload through the upgrade), so 8 MiB keeps a burst of the largest pushes well under the
+  // manifests' 256 Mi limit, while registry payloads of a few KiB fit by the thousand.
+  maxBodyMemoryBytes: 8 * 1024 * 1024,
+  // A request whose body does not fit waits, unread (its client held by TCP), this long for room
+  // before 503 with Retry-After: a burst of large pushes is served in turn, and a registry that
+  // gives up after 10 s (GitHub) still gets an answer.
+  bodyQueueTimeoutMs: 5_000,
+  // Each connection is a file descriptor. Idle connections cost little (8,000 are served), yet a
+  // flood of slow clients must not use up the descriptors commands, outbound calls and hook
+  // files need: connections past this many are closed as they arrive.
+  maxConnections: 10_000,
+  // An upgrade with rollout tracking takes minutes at most; a command still running after
+  // 10 minutes is stuck, and it holds one of the command slots.
+  commandTimeoutMs: 10 * 60_000,
+  // Each command is a process (or an in-process upgrade); 16 at once covers bursts from a
+  // registry pushing many tags while capping fork storms.
+  maxConcurrentCommands: 16,
+  // A connection closed while its client may still be sending a body (an answer that did not need
+  // it) stays open this long at most, so that the client reads the answer before the reset that
+  // closing on unread input causes. The answer is sent first, so an event-driven client has it
+  // within a round trip; Go's server waits 500 ms.
+  closeLingerMs: 2_000,
+  // Kubernetes gives a pod 30 s between SIGTERM and SIGKILL by default; stay under that.
+  shutdownGraceMs: 25_000,
+  // A command's combined output is kept in memory for the response and the log; beyond this the
+  // rest is dropped with a marker, so a chatty command cannot exhaust memory.
+  maxCommandOutputBytes: 1024 * 1024,
+  // In-process upgrades waiting for their workload's earlier pushes: each is a small closure, so
+  // a generous bound covers any registry's burst while a flood still gets 503.
+  maxPendingUpgrades: 256,
+  // At shutdown, pending mails get at least this long even when commands used the whole grace.
+  minMailFlushMs: 3_000,
+  // A form posted to the admin pages is a few hundred bytes: a browser sends it at once.
+  adminFormTimeoutMs: 10_000,
+  // After the grace period a command gets SIGTERM, then this long before SIGKILL.
+  killAfterTermMs: 3_000,
+  // Reload debounce: editors and ConfigMap updates produce bursts of events; wait for quiet.
+  reloadDebounceMs: 150,
+  // Values shorter than this are too likely to be ordinary words to scrub from log lines
+  // (the access log redacts compared parameters whatever their length).
+  minScrubbedSecretLength: 6,
+  // Hook regexes run on V8's linear-time engine outright (compileGoRegex); the program's own
+  // patterns fall back to it after this many backtracks, should one ever meet input that makes
+  // it backtrack badly.
+  regexBacktracksBeforeFallback: 10_000,
+  // Result mails one hook sends to the same recipients per window. A person reads a handful of
+  // upgrade reports at a time; a burst beyond that (a build pushing many tags, a leaked URL called
+  // in a loop) would bury them and use up the SMTP account's sending quota, so the rest of the
+  // window's results go out as one summary mail when the window closes.
+  maxMailsPerHook: 5,
+  mailWindowMs: 10 * 60_000,
+  // The deliveries page: the last pushes an operator asks about are today's, a few dozen at most;
+  // an upgrade's entry is a few KiB (its report and pod lines), so 200 stay around a MiB (a plain
+  // command's output is cut at 64 KiB for the page: 13 MiB at worst).
+  deliveries: 200,
+  maxDeliveries: 10_000,
+  // Chat and JSON notifications one hook sends per window. A chat group reads more than a mailbox
+  // (one line per push), yet a build pushing many tags would still bury it, and chat services
+  // throttle a robot that posts too often (DingTalk: 20 a minute); the rest are recorded, not sent.
+  maxNotificationsPerHook: 20,
+  notifyWindowMs: 10 * 60_000,
+  // A rule decided before its body is parsed tries every outcome of the matches that read the parsed payload: three
+  // each (passes, fails, its parameter missing). Rules name a handful; past this many, the body is parsed and the rule
+  // evaluated as usual.
+  maxUndecidedMatches: 6,
+  // Bodies are parsed in turns of the event loop, at most this many bytes a turn (one body however large): the new
+  // reader parses 256 KiB in a few milliseconds, so between turns the server goes on answering (GET /, other hooks)
+  // whatever the number of bodies waiting.
+  parseTurnBytes: 256 * 1024,
+  // The events of one batch (a Distribution envelope, an Event Grid or CloudEvents batch; also a Harbor event's
+  // resources, a Quay push's tags) a reader looks at; the rest are counted as not read. Event Grid sends at most 5,000
+  // events in a batch (maxEventsPerBatch; one by default) and Distribution one or a few per envelope, so a real
+  // delivery is read whole; a 1 MiB body holds 340,000 empty events, each of which would otherwise cost a reading and a
+  // line of its reason.
+  maxBatchEvents: 5_000,
+  // A flood of connections past -max-connections is logged once per this long, not once per connection.
+  droppedConnectionsLogMs: 10_000,
+  // The upgrade: reading, patching and following one workload.
+  upgrade: {
+    // One GET per second while following a rollout: cheap for the API server, and as quick to
+    // notice the end as a person watching `kubectl rollout status`.
+    rolloutPollMs: 1_000,
+    // A DaemonSet on hundreds of nodes would bury the answer (and the mail) in pod lines.
+    maxPodLines: 20,
+    // The pods listed for the summary; a workload with more is summarised from the first ones.
+    podListLimit: 500,
+    // A failed precondition means someone else edited the workload between our read and our
+    // patch; re-reading and re-planning a few times settles it, more means something is fighting us.
+    maxPatchAttempts: 5,
+    // Workloads whose last known state the service keeps, to patch without reading first: a few KiB
+    // each (a release of 2,000 workloads keeps some 20 MB); beyond this many the oldest is forgotten
+    // (and read again when next pushed to).
+    maxKnownWorkloads: 2_500,
+    // Registries retry a delivery they think failed within seconds to a minute. A real new push of
+    // the same tag carries a new digest or pushed_at, so it is not mistaken for a repeat.
+    duplicateWindowMs: 60_000,
+    // events.k8s.io caps an event's note at 1 KiB; stay within it through the core API too.
+    maxEventMessageLength: 1024,
+    // The field manager and event source: `kubectl get -o yaml --show-managed-fields` shows it.
+    fieldManager: 'webhook',
+    // Pushes kept while the API server does not answer (one per container, newest wins): a release
+    // of a hundred services during an outage. Each holds its payload: a few KiB (Docker Hub's, with
+    // its README, up to ~300 KiB), at most -max-body-size; beyond this many, pushes are answered as
+    // failed (500), as without keeping.
+    maxKeptPushes: 100,
+    // While pushes are kept, the API server is tried again this often (each try may itself take the
+    // client's 20 s retry budget when it still does not answer).
+    keptRetryMs: 5_000,
+    // A new pod stuck this long in CrashLoopBackOff, ImagePullBackOff or the like fails the rollout
+    // before its deadline: the kubelet's back-off (10 s, doubling) has by then restarted or pulled
+    // again two or three times, and a Deployment's own progress deadline (600 s by default), a
+    // DaemonSet's or StatefulSet's (none) would leave a broken image running far longer.
+    stuckPodFailMs: 30_000,
+    // A forced rollback deletes stuck pods only once the StatefulSet controller has seen the template
+    // set back (else it could recreate them broken); it does so within a second or two, unless it is down.
+    rollbackObservedMs: 30_000,
+    // How often a follow lists the pods to see whether any is stuck: a list of pods (and of a
+    // Deployment's ReplicaSets) costs more than the once-a-second GET of the workload.
+    stuckPodCheckMs: 5_000,
+    // How long a follow waits for the shared watch of the pods to have listed them before it lists
+    // them itself for its summary (a stuck-pod check waits for the next look instead): a request's own deadline.
+    podWatchSyncMs: 10_000,
+    // A registry's clock may run a little ahead of ours; more than this is a push from the future, which would make
+    // every real push after it look older ("superseded") until that time came.
+    futurePushSkewMs: 5 * 60_000,
+    // The shortest wait between two reads of a rollout, whatever the caller asks: a timeout that is not a number, or
+    // one about to end, never turns following into a busy loop against the API server.
+    rolloutPollFloorMs: 250,
+    // Workloads a LIST asks for per request. An answer costs some four times its size on its way (the chunks read,
+    // their concatenation, the text, the parsed objects): 100 workloads of a few KiB are a couple of MiB at once, where
+    // pages of 500 made the approvals' rescan of a 2,000-workload release, every 30 s, a 20 MB rise of the peak.
+    workloadListPage: 100,
+  },
+  // Update policies (UPDATE_POLICY, webhook/policy).
+  policy: {
+    // A policy is one line an operator writes; longer is a mistake, and is not read further (an annotation may hold 256
+    // KiB).
+    maxLength: 1024,
+    // A policy annotation is read on every push to its workload, and compiling a pattern can take a large part of a
+    // second (the linear engine copies repeats): each text is compiled once. Past this many texts (a fleet's policies
+    // are a few dozen), the one kept longest goes; each is at most LIMITS.policy.maxLength characters.
+    maxCompiled: 256,
+  },
+  // Change windows (DEPLOY_WINDOW, webhook/window).
+  window: {
+    // A change window is one line an operator writes, like a policy (LIMITS.policy.maxLength): a week's ranges in a few
+    // zones fit easily. Longer is a mistake or an attack (an annotation may hold 256 KiB), refused before it is read.
+    maxLength: 1024,
+    // Ranges in one window: a different range for each day of the week, twice over, still fits.
+    maxRanges: 16,
+    // One formatter per zone in use, kept between pushes (making one costs far more than using it); each holds tens of
+    // KiB. Windows name a handful of zones; past this many the one made longest ago goes.
+    maxZoneFormats: 64,
+  },
+  // CLUSTERS and its stages.
+  stages: {
+    // A push fanned out waits for every cluster's answer; a delivery to more clusters than this is a mistake in the
+    // hooks file (one per region and stage is a handful).
+    maxClusters: 16,
+    // A chain longer than this is a mistake in the hooks file: dev, test, staging and production are four.
+    maxStages: 8,
+  },
+  // Promotion from one stage to the next (PROMOTE_AFTER, PROMOTE_CHECK).
+  promotion: {
+    // PROMOTE_CHECK: each try's whole call (connect, answer, body); a health endpoint answers well within it.
+    checkDeadlineMs: 10_000,
+    // PROMOTE_CHECK: a few tries, for a check endpoint behind a load balancer that is restarting, all within the
+    // budget.
+    checkAttempts: 3,
+    checkBudgetMs: 30_000,
+    // Only the status counts: the body is read no further than this.
+    checkMaxBytes: 4_096,
+    // A soak's end that could not read or write its workload (the API server away) is tried again this much later.
+    retryMs: 30_000,
+    // The chains' last outcomes the deliveries page shows (promoted, stopped and why…): a release's worth, some
+    // 300 bytes each; the records of the pushes themselves are the deliveries' own.
+    recentOutcomes: 50,
+    // A soak longer than a week is a release train, not a soak: a push that waited that long is stale.
+    maxSoakMs: 7 * 24 * 3_600_000,
+  },
+  // Approvals: links, forms, pending pushes.
+  approval: {
+    // Another replica's waiting pushes (one that stopped leaves them) are found within this long; a window's
+    // opening on one of them is acted on that late at worst. One LIST (in pages) per namespace and kind the hooks reach
+    // (a GET where they reach one workload there): a release's 2,000 workloads are 20 requests, not 2,000.
+    rescanMs: 30_000,
+    // Known waiting pushes are checked this often for an opened window or an expiry: in memory, no API call.
+    tickMs: 1_000,
+    // A name in the form is a person's name or handle.
+    maxNameChars: 100,
+    // A window's opening or an expiry that could not be acted on (the API server away) is tried again this much
+    // later, not on every tick.
+    retryMs: 30_000,
+    // Decided entries remembered, so that their links, used again, cost no API call (until they expire, 24 h by
+    // default). Each is an id and a time, some 100 bytes: 1 MB at most, more than a day of a release's approvals.
+    // Past it the oldest is forgotten, and its link costs one read again.
+    rememberedDecisions: 10_000,
+    // A signing key shorter than SHA-256's block of output could be guessed more easily than the links forged.
+    minKeyBytes: 32,
+    // A confirmation form holds a name and a button: more is not a form of ours.
+    maxFormBytes: 4096,
+    // A push may wait at most this long by default: a working day and a night for someone to answer.
+    defaultTimeoutMs: 24 * 3_600_000,
+    // Shorter than this, a link expires before anyone could open it.
+    minTimeoutMs: 60_000,
+  },
+  // The registry watch (webhook/poll, POLL_INTERVAL).
+  poll: {
+    // Annotations added or taken off are found within this long: one LIST (in pages) per kind and cluster, every
+    // namespace. Rare, since a cluster's workloads are many and annotations change seldom; what a look deploys, and
+    // what another source deployed, the watch learns at once (it reads the workload before it hands a push over).
+    rescanMs: 5 * 60_000,
+    // A rescan whose LIST failed (the API server busy or away) is tried again this much later, not a rescan later.
+    rescanRetryMs: 30_000,
+    // The first looks after the start are spread over this long (at most one interval): a replica watching 2,000
+    // workloads does not send 2,000 requests in its first second.
+    catchUpSpreadMs: 10_000,
+    // One look: the listing's pages and a HEAD, each request within its own deadline, all within this.
+    lookTimeoutMs: 30_000,
+    // Requests per second to one registry host, and the burst: Argo CD Image Updater's default limit is 20/s; a
+    // quarter of it leaves room for the nodes' pulls and the notifications' VERIFY_IMAGE.
+    perSecond: 5,
+    burst: 10,
+    // A 429 without a Retry-After: the host is left alone this long, doubling to maxBackoffMs while it goes on.
+    backoffMs: 30_000,
+    maxBackoffMs: 15 * 60_000,
+    // An answer serves another workload's look while younger than this share of that workload's interval: two
+    // workloads on one repository looking seconds apart make one listing, and each interval still lists anew.
+    freshShare: 0.9,
+    // Workloads watched at most (each some hundred bytes and a timer); past it the others are refused with a warning.
+    maxWatched: 20_000,
+    // glob: and regexp: take the newest build among at most this many matching tags (the highest by name, numbers
+    // compared as numbers): each new digest costs a manifest and a config blob, Kargo's discovery limit is 20.
+    maxCandidates: 20,
+    // Creation times kept by digest (a digest's never changes): some 100 bytes each.
+    maxCreatedKept: 10_000,
+    // An image config is a few KiB (its history, labels); larger is not one.
+    maxConfigBytes: 1024 * 1024,
+    // How often a registry watch may look at a workload's repository. Peers default to a minute (Keel) to five (Kargo);
+    // under 10 s a fleet on one registry is a rate limit hit (Quay refuses frequent listings, flux image-reflector
+    // #585), and past a day a watch is a typo for one that never looks.
+    interval: { minMs: 10_000, maxMs: 24 * 3_600_000 },
+  },
+  // How much of a tag list is read. A registry's list comes whole in memory (it is JSON): these bound what one
+  // repository can cost.
+  tagList: {
+    // How much of a tag list is read. A registry's list comes whole in memory (it is JSON): these bound what one
+    // repository can cost, the way Flux and Argo CD Image Updater do not (image-reflector #931: library/node's 9,000).
+    // Distribution serves up to 1,000 a page when asked (n=); some registries cap lower and say so by a Link.
+    pageSize: 1_000,
+    // Five full pages: a repository a release process tags this often is listed as it is; beyond, the watch would
+    // read (and keep for an interval) megabytes per repository per interval, so it refuses instead.
+    maxPages: 5,
+    maxTags: 5_000,
+    // A page of 1,000 tags of 128 characters is some 130 KB of JSON: one of 1 MiB is not a tag list.
+    maxPageBytes: 1024 * 1024,
+  },
+  // Git write-back (GIT_REPO).
+  git: {
+    // A push racing others for one branch (replicas, other automations) fetches and commits again this many times: each
+    // attempt is six requests, and a branch taking more than this many commits within seconds is a storm.
+    pushAttempts: 5,
+    // A file larger than this is not a manifest, a kustomization or a values file a person edits.
+    maxFileBytes: 1024 * 1024,
+    // Pushes committed together at most: one commit per push waiting, in a burst, would make the last wait for every
+    // commit before it; a commit of more than this many images is not read by anyone.
+    maxBatch: 50,
+    // A workload waited for after a commit is read this often: the GitOps tool applies within its own poll (Argo CD 3
+    // minutes, Flux and Fleet their interval), so a read every 2 s costs little and reports promptly.
+    syncPollMs: 2_000,
+  },
+  // The result: records of pushes and their reports.
+  result: {
+    // The report a result carries (the page, the JSON document): an upgrade's is under a few KiB; a
+    // plain command's output may be up to a MiB, which 200 entries of the deliveries page would hold
+    // in memory. The mail and the log keep the whole output.
+    maxReportChars: 64 * 1024,
+    // A result's detail (why: a refusal, a no-op's reason) is one line; each of the 200 entries keeps it, the page
+    // shows it in a table cell. Reasons built from payload data are cut to a KiB already (listWithin); this also
+    // bounds a long API or command error.
+    maxDetailChars: 4 * 1024,
+  },
+  // Result mails.
+  mail: {
+    // Three tries over about six seconds ride out a restarting relay or greylisting's first refusal without keeping a
+    // mail (or a shutdown that flushes it) waiting for long.
+    attempts: 3,
+    retryBackoffMs: 2_000,
+    // A summary lists this many held results one per line and counts the rest, so a flood of calls cannot grow one mail
+    // (or the memory holding it) without bound.
+    maxSummaryLines: 100,
+  },
+  // Chat and JSON notifications.
+  notify: {
+    // A chat service answers a robot within a second; a request not wholly answered after 10 s (its
+    // connection, its answer's headers and body together) is hung, or held open by a receiver that
+    // dribbles its answer.
+    requestTimeoutMs: 10_000,
+    // Three tries over about six seconds ride out a restarting receiver or a brief throttle, like mail.
+    attempts: 3,
+    backoffMs: 2_000,
+    maxBackoffMs: 8_000,
+    // A Retry-After longer than what is left of this is not waited for: a result a minute late is
+    // still news, one held longer keeps a shutdown waiting (flush).
+    retryBudgetMs: 60_000,
+    // Robots answer a line of JSON; more is not an answer we can use.
+    maxResponseBytes: 64 * 1024,
+    // WeCom's markdown content is limited to 4096 bytes and Slack's section text to 3000 characters:
+    // the chat message is the summary, cut at this many bytes; the full report is on the page.
+    maxChatBytes: 3_000,
+    // One hook posting to more places than this is a mistake in its file.
+    maxUrls: 5,
+  },
+  // Chat messages' shapes.
+  chat: {
+    // The documented limits of the newer chats, each fitted as its vendor measures it (characters, or the bytes of the
+    // JSON sent); characters are counted in UTF-16 units, never fewer than the vendor's. A message's facts share what
+    // is left after its fixed parts; a value that does not fit is cut and says so (CUT_NOTE).
+    // Every card's title: Discord's embed title is at most 256 characters; the others have no more room in a header.
+    titleChars: 256,
+    // Teams: a message is at most 28 KB ("Create Incoming Webhooks"; the Workflows post-card action says the same).
+    // The facts get 16 KB of it: the title, three links of about 1 KB and the card's frame fit in the rest.
+    teamsFactBytes: 16_000,
+    // Discord ("Embed Limits"): a field's value at most 1,024 characters; an embed's title, description and fields
+    // at most 6,000 characters together.
+    discordFieldChars: 1_024,
+    discordEmbedChars: 6_000,
+    // Google Chat: a message, text and cards, at most 32,000 bytes ("Send a message using the Google Chat API"). The
+    // facts get 24,000 bytes; the buttons' links and the card's frame fit in the rest.
+    googleChatFactBytes: 24_000,
+    // Telegram: sendMessage's text is 1-4,096 characters after entities parsing; its tags are not counted, but this
+    // counts the entities (&lt;) the escaped text holds, so a message always fits.
+    telegramTextChars: 4_096,
+  },
+  // The deliveries page.
+  delivery: {
+    // Seconds between the page's own reloads while a push is running: a rollout takes seconds to
+    // minutes, and a phone on a slow line still gets a page in between.
+    refreshSeconds: 3,
+  },
+};
+
+// ================================================================================================
+// 16. command line & settings — the adnanh/webhook command line in Go `flag` syntax (parseCommandLine, usage), Go's
 //    durations and booleans, and our safety limits (LIMITS), each with why it has that value.
-//    Exports: durationSetting, LIMITS, Options, parseCommandLine, parseGoBool, parseGoDuration, parseListenAddress,
+//    Exports: durationSetting, Options, parseCommandLine, parseGoBool, parseGoDuration, parseListenAddress,
 //    PLACEHOLDER, readAdminTokenFile, readApprovalKeyFile, usage, UsageError.
 //    Tests: test/runner.test.ts, test/unit.test.ts.
 // ================================================================================================
@@ -7627,84 +8518,6 @@ interface FlagSpec {
   help: string;
   def: string;
 }
-
-// Defaults for the limits adnanh lacks. Each is a flag; the comment says why this value.
-export const LIMITS = {
-  // Registry payloads are a few KiB; Docker Hub's carries the repository's README, which Docker
-  // Hub caps at 25,000 characters: 300 KiB even were every one a \uXXXX surrogate pair, a few
-  // tens of KiB in practice. 1 MiB fits it with room to spare, and bounds what a request can cost.
-  maxBodyBytes: 1024 * 1024,
-  // Slowloris protection: a client gets this long to send its headers, and then the whole request.
-  readHeaderTimeoutMs: 10_000,
-  readTimeoutMs: 60_000,
-  // A body that stops arriving holds a connection (and whatever was received) for nothing. A
-  // registry sends its payload in one go; 30 s without a byte is a stalled or hostile client.
-  bodyIdleTimeoutMs: 30_000,
-  // Request bodies held in memory at once, process-wide, from the first byte read until their
-  // request (and its command) is done. A kept body costs many times its size on its way (its text,
-  // the parsed payload, the command's argument, the upgrade's own reading of it: ~15× for a 1 MiB
-  // payload through the upgrade), so 8 MiB keeps a burst of the largest pushes well under the
-  // manifests' 256 Mi limit, while registry payloads of a few KiB fit by the thousand.
-  maxBodyMemoryBytes: 8 * 1024 * 1024,
-  // A request whose body does not fit waits, unread (its client held by TCP), this long for room
-  // before 503 with Retry-After: a burst of large pushes is served in turn, and a registry that
-  // gives up after 10 s (GitHub) still gets an answer.
-  bodyQueueTimeoutMs: 5_000,
-  // Each connection is a file descriptor. Idle connections cost little (8,000 are served), yet a
-  // flood of slow clients must not use up the descriptors commands, outbound calls and hook
-  // files need: connections past this many are closed as they arrive.
-  maxConnections: 10_000,
-  // An upgrade with rollout tracking takes minutes at most; a command still running after
-  // 10 minutes is stuck, and it holds one of the command slots.
-  commandTimeoutMs: 10 * 60_000,
-  // Each command is a process (or an in-process upgrade); 16 at once covers bursts from a
-  // registry pushing many tags while capping fork storms.
-  maxConcurrentCommands: 16,
-  // A connection closed while its client may still be sending a body (an answer that did not need
-  // it) stays open this long at most, so that the client reads the answer before the reset that
-  // closing on unread input causes. The answer is sent first, so an event-driven client has it
-  // within a round trip; Go's server waits 500 ms.
-  closeLingerMs: 2_000,
-  // Kubernetes gives a pod 30 s between SIGTERM and SIGKILL by default; stay under that.
-  shutdownGraceMs: 25_000,
-  // A command's combined output is kept in memory for the response and the log; beyond this the
-  // rest is dropped with a marker, so a chatty command cannot exhaust memory.
-  maxCommandOutputBytes: 1024 * 1024,
-  // In-process upgrades waiting for their workload's earlier pushes: each is a small closure, so
-  // a generous bound covers any registry's burst while a flood still gets 503.
-  maxPendingUpgrades: 256,
-  // At shutdown, pending mails get at least this long even when commands used the whole grace.
-  minMailFlushMs: 3_000,
-  // A form posted to the admin pages is a few hundred bytes: a browser sends it at once.
-  adminFormTimeoutMs: 10_000,
-  // After the grace period a command gets SIGTERM, then this long before SIGKILL.
-  killAfterTermMs: 3_000,
-  // Reload debounce: editors and ConfigMap updates produce bursts of events; wait for quiet.
-  reloadDebounceMs: 150,
-  // Values shorter than this are too likely to be ordinary words to scrub from log lines
-  // (the access log redacts compared parameters whatever their length).
-  minScrubbedSecretLength: 6,
-  // Hook regexes run on V8's linear-time engine outright (compileGoRegex); the program's own
-  // patterns fall back to it after this many backtracks, should one ever meet input that makes
-  // it backtrack badly.
-  regexBacktracksBeforeFallback: 10_000,
-  // Result mails one hook sends to the same recipients per window. A person reads a handful of
-  // upgrade reports at a time; a burst beyond that (a build pushing many tags, a leaked URL called
-  // in a loop) would bury them and use up the SMTP account's sending quota, so the rest of the
-  // window's results go out as one summary mail when the window closes.
-  maxMailsPerHook: 5,
-  mailWindowMs: 10 * 60_000,
-  // The deliveries page: the last pushes an operator asks about are today's, a few dozen at most;
-  // an upgrade's entry is a few KiB (its report and pod lines), so 200 stay around a MiB (a plain
-  // command's output is cut at 64 KiB for the page: 13 MiB at worst).
-  deliveries: 200,
-  maxDeliveries: 10_000,
-  // Chat and JSON notifications one hook sends per window. A chat group reads more than a mailbox
-  // (one line per push), yet a build pushing many tags would still bury it, and chat services
-  // throttle a robot that posts too often (DingTalk: 20 a minute); the rest are recorded, not sent.
-  maxNotificationsPerHook: 20,
-  notifyWindowMs: 10 * 60_000,
-};
 
 const FLAGS: Record<string, FlagSpec> = {
   hooks: {
@@ -8205,12 +9018,9 @@ function checkPublicUrl(text: string): void {
     );
 }
 
-// A signing key shorter than SHA-256's block of output could be guessed more easily than the links forged.
-const MIN_APPROVAL_KEY_BYTES = 32;
-
 /**
  * -approval-key-file: the key that signs approval links (one trailing newline ignored), kept as -approvalKey.
- * Throws a UsageError naming the file when it cannot be read, is shorter than MIN_APPROVAL_KEY_BYTES or still
+ * Throws a UsageError naming the file when it cannot be read, is shorter than LIMITS.approval.minKeyBytes or still
  * holds a placeholder; -public-url and -approval-key-file go together.
  */
 export function readApprovalKeyFile(o: Options): void {
@@ -8226,9 +9036,9 @@ export function readApprovalKeyFile(o: Options): void {
   }
   if (key.at(-1) === 0x0a) key = key.subarray(0, -1);
   if (PLACEHOLDER.test(key.toString('latin1'))) throw new UsageError(`${where}: the file still holds a placeholder`);
-  if (key.length < MIN_APPROVAL_KEY_BYTES)
+  if (key.length < LIMITS.approval.minKeyBytes)
     throw new UsageError(
-      `${where}: the key is ${key.length} bytes; use at least ${MIN_APPROVAL_KEY_BYTES} (openssl rand -hex 32)`,
+      `${where}: the key is ${key.length} bytes; use at least ${LIMITS.approval.minKeyBytes} (openssl rand -hex 32)`,
     );
   o.approvalKey = key;
 }
@@ -8275,7 +9085,7 @@ export function usage(): string {
 }
 
 // ================================================================================================
-// 16. logging & metrics — log lines in adnanh's shape ("[webhook] 2006/01/02 15:04:05 …"), errors always, the rest
+// 17. logging & metrics — log lines in adnanh's shape ("[webhook] 2006/01/02 15:04:05 …"), errors always, the rest
 //    with -verbose/-debug, every line scrubbed of known secrets; counters, gauges and histograms rendered in the
 //    Prometheus text format.
 //    Exports: escapeControls, Logger, Metrics.
@@ -8490,7 +9300,7 @@ export class Metrics {
 }
 
 // ================================================================================================
-// 17. hook files — the reading every compiler below shares. A hooks file is rendered as a Go template when -template
+// 18. hook files — the reading every compiler below shares. A hooks file is rendered as a Go template when -template
 //    asks, read as YAML (duplicate keys are errors; every key's line is kept), and then read through Fields: unknown
 //    keys and wrong types are errors that name file, line, hook and field path (`hooks/web.json:12: hook "web":
 //    trigger-rule.and[2]: …`).
@@ -8688,7 +9498,7 @@ function editDistance(a: string, b: string): number {
 }
 
 // ================================================================================================
-// 18. requests — turns an HTTP request into the structures hook parameters address: headers (Go-canonical names),
+// 19. requests — turns an HTTP request into the structures hook parameters address: headers (Go-canonical names),
 //    query, payload (from JSON, form, XML or multipart bodies) and the raw body, with adnanh's dotted-path lookup and
 //    Go's JSON serialisation; compileParam reads how a hook names a value of the request.
 //    Exports: applyJsonParameters, asMarshalled, compileParam, firstValues, headersFromRaw, HookRequest,
@@ -9069,7 +9879,7 @@ export function compileParam(reader: FieldReader, value: unknown, at: Place, fil
 }
 
 // ================================================================================================
-// 19. trigger rules — one table, RULE_TYPES, holds each match type side by side: its fields, whether it compares a
+// 20. trigger rules — one table, RULE_TYPES, holds each match type side by side: its fields, whether it compares a
 //    request parameter, whether it reads the headers or the body, which field holds a secret, how it compiles and how
 //    it tests a request. and/or/not combine matches with adnanh's semantics: a missing parameter makes a match false
 //    (inside `or` it is passed over, inside `and` the rule fails); a bad signature is an evaluation error unless the
@@ -9291,7 +10101,6 @@ function readSecret(m: Fields, key: string): string {
   return secret;
 }
 
-
 /** Every match of a rule, depth first. */
 export function ruleMatches(rule: Rule | undefined): Match[] {
   if (!rule) return [];
@@ -9330,11 +10139,6 @@ export function evaluateRuleBeforeBody(
   });
 }
 
-// A rule decided before its body is parsed tries every outcome of the matches that read the parsed
-// payload: three each (passes, fails, its parameter missing). Rules name a handful; past this many,
-// the body is parsed and the rule evaluated as usual.
-const MAX_UNDECIDED_MATCHES = 6;
-
 /**
  * The rule once the raw body is in, before it is parsed: signatures are checked on the raw bytes,
  * and the matches that read the parsed payload are undecided. A result comes back when it does
@@ -9355,7 +10159,7 @@ export function evaluateRuleBeforeParse(
   // Without a signature the raw body decides nothing new: the rule is evaluated in order once parsed, as adnanh
   // does (a missing payload parameter it reaches first is logged).
   const signed = matches.some((m) => m.readsBody && !(m.param && paramReadsBody(m.param)));
-  if (undecided.length > (signed ? MAX_UNDECIDED_MATCHES : 0)) return undefined;
+  if (undecided.length > (signed ? LIMITS.maxUndecidedMatches : 0)) return undefined;
   const known = new Map<Match, RuleResult>();
   const decided = (m: Match) => known.get(m) ?? known.set(m, evaluateMatch(m, req, now)).get(m)!;
   const outcomes = (m: Match): RuleResult[] => [
@@ -9518,7 +10322,7 @@ export function cidrContains(cidr: Cidr, addr: string): boolean {
 }
 
 // ================================================================================================
-// 20. hooks & reload — a hooks file's text (already templated) compiled into hooks, once, so the request path only
+// 21. hooks & reload — a hooks file's text (already templated) compiled into hooks, once, so the request path only
 //    evaluates: the hook's fields read in one list, its parameters and trigger rule compiled, and the hook settings
 //    a hook must fix (those HOOK_SETTINGS marks fixed) checked through the HookSettingChecks main() hands
 //    over. Every -hooks path (a file, or a directory of *.json, *.yaml and *.yml files merged in name order) becomes
@@ -9745,7 +10549,6 @@ function commandTimeout(h: Fields): number | undefined {
   }
 }
 
-
 export interface Snapshot {
   hooks: Map<string, Hook>;
   files: string[];
@@ -9967,7 +10770,7 @@ export class HookStore {
 }
 
 // ================================================================================================
-// 21. commands — resolves execute-command as adnanh does (absolute; else relative to command-working-directory, never
+// 22. commands — resolves execute-command as adnanh does (absolute; else relative to command-working-directory, never
 //    searched on PATH then; else on PATH), passes arguments, environment and temp files, and runs the command in its
 //    own process group under a deadline and a cap on concurrent commands. Output is stdout and stderr combined in
 //    arrival order. A command that is an InProcessCommand's entry point (the bundled /webhooks.sh: the upgrade) is
@@ -10466,7 +11269,7 @@ export function decodeBase64Strict(text: string): Buffer {
 }
 
 // ================================================================================================
-// 22. http server — routes `/`, `/healthz` and `/<urlprefix>/<id>` and answers with adnanh's exact strings. A hook
+// 23. http server — routes `/`, `/healthz` and `/<urlprefix>/<id>` and answers with adnanh's exact strings. A hook
 //    request is a list of steps: route, admit, prepare (all but the body), evaluate what the rule can decide without
 //    the body, read the body if the hook uses it, evaluate the rest, dispatch, answer. A body is never kept when it
 //    is not used, and one left unread is dropped as it arrives, within the size and idle limits. Every outcome is one
@@ -10629,11 +11432,6 @@ class BodyMemory {
   }
 }
 
-// Bodies are parsed in turns of the event loop, at most this many bytes a turn (one body however
-// large): the new reader parses 256 KiB in a few milliseconds, so between turns the server goes
-// on answering (GET /, other hooks) whatever the number of bodies waiting.
-const PARSE_TURN_BYTES = 256 * 1024;
-
 /** Parses bodies one turn at a time, process-wide, so that parsing never holds the event loop for long. */
 class ParseTurns {
   private readonly jobs: { bytes: number; run: () => void }[] = [];
@@ -10660,7 +11458,7 @@ class ParseTurns {
       const job = this.jobs.shift()!;
       spent += job.bytes;
       job.run();
-    } while (this.jobs.length > 0 && spent + this.jobs[0].bytes <= PARSE_TURN_BYTES);
+    } while (this.jobs.length > 0 && spent + this.jobs[0].bytes <= LIMITS.parseTurnBytes);
     this.schedule();
   }
 }
@@ -11126,9 +11924,6 @@ export interface ApprovalPages {
   ): Promise<PageAnswer>;
 }
 
-// A confirmation form holds a name and a button: more is not a form of ours.
-const MAX_APPROVAL_FORM_BYTES = 4096;
-
 /** A small url-encoded form body, or undefined when it is larger than `max` or does not arrive in time. */
 async function readSmallForm(
   req: http.IncomingMessage,
@@ -11160,7 +11955,7 @@ async function answerApproval(cx: HandlerContext, ex: Exchange, pages: ApprovalP
   let form: URLSearchParams | undefined;
   if (ex.method === 'POST') {
     ex.bodyTaken = true;
-    form = await readSmallForm(ex.req, MAX_APPROVAL_FORM_BYTES, cx.options.bodyIdleTimeoutMs);
+    form = await readSmallForm(ex.req, LIMITS.approval.maxFormBytes, cx.options.bodyIdleTimeoutMs);
     if (!form) return sendAnswer(cx, ex, 'bodyTooLarge');
   }
   const page = await pages.answer(ex.method === 'POST' ? 'POST' : 'GET', token, form, ex.remote.ip);
@@ -11194,7 +11989,7 @@ async function postedAdminForm(pages: AdminPages, req: http.IncomingMessage, pat
   const origin = req.headers.origin;
   if (origin !== undefined && origin !== `http://${req.headers.host}` && origin !== `https://${req.headers.host}`)
     return { status: 403, body: 'Forbidden: the form was posted from another site.' };
-  const form = await readSmallForm(req, MAX_APPROVAL_FORM_BYTES, LIMITS.adminFormTimeoutMs);
+  const form = await readSmallForm(req, LIMITS.approval.maxFormBytes, LIMITS.adminFormTimeoutMs);
   if (!form) return ANSWERS.bodyTooLarge;
   const page = await pages.action!(pathname, form, remoteAddress(req.socket).ip);
   return page ?? ANSWERS.pageNotFound;
@@ -11366,7 +12161,7 @@ function closeWithoutReset(ex: Exchange, draining: () => boolean): () => void {
 }
 
 // ================================================================================================
-// 23. listeners — the sockets the service serves on: the hook port (TCP, or a unix socket with -socket; TLS with
+// 24. listeners — the sockets the service serves on: the hook port (TCP, or a unix socket with -socket; TLS with
 //    -secure, in Go's cipher-suite names, from -cert and -key, re-read on SIGHUP), and the admin listener of
 //    -metrics-listen, which serves /metrics and the deliveries pages and is never the hook port.
 //    Exports: GO_CIPHER_SUITES, openAdminListener, openListener.
@@ -11463,9 +12258,6 @@ async function openListener(o: Options, handler: http.RequestListener, log: Logg
   return server;
 }
 
-// A flood of connections past -max-connections is logged once per this long, not once per connection.
-const DROPPED_CONNECTIONS_LOG_INTERVAL_MS = 10_000;
-
 /** At most `max` connections at once (-max-connections): Node closes each one past it as it arrives. */
 function limitConnections(server: net.Server, max: number, log: Logger): void {
   server.maxConnections = max;
@@ -11474,7 +12266,7 @@ function limitConnections(server: net.Server, max: number, log: Logger): void {
   server.on('drop', () => {
     dropped++;
     if (Date.now() < quietUntil) return;
-    quietUntil = Date.now() + DROPPED_CONNECTIONS_LOG_INTERVAL_MS;
+    quietUntil = Date.now() + LIMITS.droppedConnectionsLogMs;
     log.error(`-max-connections ${max} reached: closed a new connection (${dropped} so far)`);
   });
 }
@@ -11521,130 +12313,6 @@ async function openMetricsListener(
 }
 
 // ================================================================================================
-// 24. the model — the upgrade's vocabulary, declared before the chapters that use it: the closed list of what can
-//    become of a push (DECISIONS: its code, the word published for it, how the answer says it), and the workload
-//    annotations (ANNOTATIONS), the only state the service has. Those the service writes live on the workload they
-//    are about, each written in the same PATCH as what it records and guarded by a test of the value read, so that
-//    replicas and restarts agree with no store of their own; those an operator writes steer one workload. Anyone
-//    who may edit the workload can write any of them, so each is read as untrusted input. The docs' table of them
-//    is written from ANNOTATIONS (scripts/docs.ts).
-//    Exports: APPROVAL_ANNOTATION, DecisionCode, DECISIONS, FOLLOW_ANNOTATION, LAST_PUSH_ANNOTATION,
-//    PENDING_ANNOTATION, POLICY_ANNOTATION, PROMOTION_ANNOTATION, PublishedDecision, WINDOW_ANNOTATION.
-//    Tests: test/decision.test.ts, test/docs.test.ts, test/policy.test.ts, test/records.test.ts.
-// ================================================================================================
-
-/** Every `webhook/*` annotation: its key, who writes it, and what it holds (docs/upgrade.md's table). */
-export const ANNOTATIONS = {
-  lastPush: {
-    key: 'webhook/last-push',
-    by: 'the service',
-    holds:
-      'Per container, the last push applied: its image and the one it replaced, its identity, when it was pushed ' +
-      'and applied, by which request, and whether it was rolled back. Newest wins, a repeat, a hold and a rollback ' +
-      'read it; it is written in the PATCH that sets the image.',
-  },
-  follow: {
-    key: 'webhook/follow',
-    by: 'the service',
-    holds:
-      'Per container, a rollout followed after the answer (request, hook, deadline, where its result goes), so ' +
-      'that another replica finishes the follow when this one is gone; the replica whose PATCH takes it off ' +
-      'reports the end.',
-  },
-  pending: {
-    key: 'webhook/pending',
-    by: 'the service',
-    holds:
-      'Per container, the push waiting for an approval or a change window, sealed (with -approval-key-file) with a ' +
-      'MAC over it and where it sits; any replica completes it, an entry that does not verify is dropped with a ' +
-      'warning.',
-  },
-  promotion: {
-    key: 'webhook/promotion',
-    by: 'the service',
-    holds:
-      'Per container, on a stage of CLUSTERS stages: the push soaking there before it is promoted to the next stage ' +
-      '(its digest, request and hook, from which stage, healthy since, promoted after); the replica whose PATCH ' +
-      'takes it off promotes it, so a chain goes on once whichever replica is left.',
-  },
-  policy: {
-    key: 'webhook/policy',
-    by: 'an operator',
-    holds:
-      "The workload's update policy (which tags it takes), over the hook's UPDATE_POLICY; " +
-      '`webhook/policy.<container>` sets one container\'s.',
-  },
-  approval: {
-    key: 'webhook/approval',
-    by: 'an operator',
-    holds: '`required`: every push to the workload waits for a person; `none`: none does, whatever the hook asks.',
-  },
-  window: {
-    key: 'webhook/window',
-    by: 'an operator',
-    holds: "The workload's change window (as DEPLOY_WINDOW, which it overrides): pushes outside it wait for it.",
-  },
-} as const;
-
-/** The keys, as the chapters that read and write them name them. */
-export const LAST_PUSH_ANNOTATION = ANNOTATIONS.lastPush.key;
-export const FOLLOW_ANNOTATION = ANNOTATIONS.follow.key;
-export const PENDING_ANNOTATION = ANNOTATIONS.pending.key;
-export const PROMOTION_ANNOTATION = ANNOTATIONS.promotion.key;
-export const POLICY_ANNOTATION = ANNOTATIONS.policy.key;
-export const APPROVAL_ANNOTATION = ANNOTATIONS.approval.key;
-export const WINDOW_ANNOTATION = ANNOTATIONS.window.key;
-
-/**
- * What became of a push, from one closed list. Every report of it (the answer, the log line, the Event, the mail, the
- * chat and JSON notifications, the deliveries page) renders this code and its reason as data. `published` is the JSON
- * document's "decision" (schema 1); `action`, how the answer says it: the change, `none (<reason>)` or the reason.
- */
-export const DECISIONS = {
-  /** The container's image was changed to the pushed one. */
-  applied: { published: 'applied', action: 'change' },
-  /** The same image again: the rollout was restarted so the tag is pulled again. */
-  're-pulled': { published: 'same image restarted', action: 'change' },
-  /** A newer push was applied already, or arrived while this one was kept. */
-  superseded: { published: 'no-op', action: 'none' },
-  /** The same push was applied already: a repeated notification. */
-  repeat: { published: 'no-op', action: 'none' },
-  /** Nothing to change: a test ping, a push by digest the container runs, a payload that names no image. */
-  'no-op': { published: 'no-op', action: 'none' },
-  /** The image pin (or VERIFY_IMAGE) refused the push: nothing was written. */
-  refused: { published: 'refused', action: 'none' },
-  /** VERIFY_SIGNATURE refused the push: the digest has no cosign signature valid as required; nothing was written. */
-  'refused: unsigned': { published: 'refused: unsigned', action: 'none' },
-  /** The container's image was changed outside webhook and the push is not newer (ON_OUTSIDE_CHANGE=hold). */
-  held: { published: 'held', action: 'none' },
-  /** The tag is outside the container's update policy (UPDATE_POLICY, webhook/policy): nothing was written. */
-  'skipped by policy': { published: 'skipped by policy', action: 'none' },
-  /** The push could not be applied: nothing is known to be written. */
-  failed: { published: 'failed', action: 'none' },
-  /** The API server (or, under ON_REGISTRY_AWAY=keep, the registry) did not answer: kept, applied when it does. */
-  kept: { published: 'no-op', action: 'none' },
-  /** It waits on the workload (webhook/pending) for an approval or the change window: answered 202. */
-  waiting: { published: 'waiting', action: 'reason' },
-  /** Approved while the change window is closed: it waits for the window. */
-  approved: { published: 'approved', action: 'reason' },
-  /** A person rejected the waiting push: only its pending entry was taken off. */
-  rejected: { published: 'rejected', action: 'none' },
-  /** Nobody decided before APPROVAL_TIMEOUT: its pending entry was taken off. */
-  expired: { published: 'expired', action: 'none' },
-  /** An applied push whose rollout a later push took over following: the later one's record tells how it ended. */
-  'taken over': { published: 'superseded', action: 'change' },
-  /** A delivery to several clusters (CLUSTERS): each cluster's push is a record of its own. */
-  'fanned out': { published: 'fanned out', action: 'none' },
-  /** A hook whose command is not the upgrade ran and exited 0 (a command that fails is `failed`). */
-  ran: { published: 'ran', action: 'none' },
-  /** Not finished yet (the deliveries page only). */
-  running: { published: 'running', action: 'none' },
-} as const;
-export type DecisionCode = keyof typeof DECISIONS;
-/** A word the deliveries page and the result document publish as `decision`: only ever one of DECISIONS'. */
-export type PublishedDecision = (typeof DECISIONS)[DecisionCode]['published'];
-
-// ================================================================================================
 // 25. registry payloads — a registry's push notification (Aliyun ACR, Docker Hub, a build job, Harbor, Quay, GHCR,
 //    Azure, CNCF Distribution, Artifactory, Nexus, Gitea, CloudEvents) read into PushEvents (host, repository, tag,
 //    digest, pushed-at), an acknowledged no-op (a pull, a test ping, a push by digest, a signature tag), or a
@@ -11659,25 +12327,11 @@ export type PublishedDecision = (typeof DECISIONS)[DecisionCode]['published'];
 //    customRegistryAddress, distributionRead, domainProblem, eventsRead, fieldAt, ghcrRead, giteaRead, harborPush,
 //    harborRead, ignoredEvents, ImageRef, jfrogRead, MAX_IMAGE_NAME_LENGTH, nexusRead, parseBoolSetting,
 //    parsePushHeaders, parsePushPayload, PayloadArgument, PayloadFields, pushDataEvent, pushDataTestPing, PushEvent,
-//    PushHeaders, pushHost, pushPayload, PushReading, quayRead, Reading, REFERENCE_GRAMMAR, Registry, RegistrySettings,
+//    PushHeaders, pushHost, pushPayload, quayRead, Reading, REFERENCE_GRAMMAR, Registry, RegistrySettings,
 //    repositoryPathProblem, splitImageAddress, stripSchemeAndSlashes, tagProblem, webhookValidation.
 //    Tests: test/registries.test.ts, test/registry-e2e.test.ts, test/upgrade.test.ts, test/clouds.test.ts,
 //    test/envelopes.test.ts.
 // ================================================================================================
-
-/**
- * How a push's payload is read: the hook's REPO_TYPE, NET_TYPE, REGISTRY_HOST and PIN_DIGEST, read once at the push's
- * boundary (chapter 31's readHookConfig). REPO_TYPE and NET_TYPE stay text: auto needs the payload, and NET_TYPE is
- * read for regionalregistry only, so each is checked where a payload is read, as it always was.
- */
-export interface PushReading {
-  repoType: string | undefined;
-  netType: string | undefined;
-  /** REGISTRY_HOST, validated: when set, the host of every push. */
-  registryHost: string | undefined;
-  /** PIN_DIGEST, or why it is not a boolean: refused when a push is composed (a ping or a handshake never was). */
-  pinDigest: boolean | Error;
-}
 
 export type ComposedRef =
   /**
@@ -12022,15 +12676,8 @@ function checkedRepository(value: string, field: string): string {
   return value;
 }
 
-// The events of one batch (a Distribution envelope, an Event Grid or CloudEvents batch; also a Harbor event's
-// resources, a Quay push's tags) a reader looks at; the rest are counted as not read. Event Grid sends at most 5,000
-// events in a batch (maxEventsPerBatch; one by default) and Distribution one or a few per envelope, so a real
-// delivery is read whole; a 1 MiB body holds 340,000 empty events, each of which would otherwise cost a reading and
-// a line of its reason.
-const MAX_BATCH_EVENTS = 5_000;
-
 /** How many of a batch's `total` events a reader looks at. */
-const eventsRead = (total: number) => Math.min(total, MAX_BATCH_EVENTS);
+const eventsRead = (total: number) => Math.min(total, LIMITS.maxBatchEvents);
 
 /**
  * Harbor's push (default format at event_data, CloudEvents format at data): one event per tagged resource.
@@ -12174,8 +12821,8 @@ function acrPush(p: PayloadFields, s: RegistrySettings, base: string): PushEvent
 }
 
 /**
- * Why a batch announces no push, in one line: a single event's reason, else each reason with its count, the events
- * past MAX_BATCH_EVENTS counted as not read (`340000 events ignored: 5000 unknown action of a blob, 335000 past the
+ * Why a batch announces no push, in one line: a single event's reason, else each reason with its count, the events past
+ * LIMITS.maxBatchEvents counted as not read (`340000 events ignored: 5000 unknown action of a blob, 335000 past the
  * first 5000 not read`), cut by listWithin. `reasons`: one per event read. Pure.
  */
 function ignoredEvents(reasons: readonly string[], total: number): string {
@@ -12184,7 +12831,7 @@ function ignoredEvents(reasons: readonly string[], total: number): string {
   for (const reason of reasons) counts.set(reason, (counts.get(reason) ?? 0) + 1);
   const counted = [...counts].map(([reason, n]) => `${n} ${reason}`);
   const unread = total - reasons.length;
-  if (unread > 0) counted.push(`${unread} past the first ${MAX_BATCH_EVENTS} not read`);
+  if (unread > 0) counted.push(`${unread} past the first ${LIMITS.maxBatchEvents} not read`);
   return `${total} events ignored: ${listWithin(counted)}`;
 }
 
@@ -12843,8 +13490,8 @@ function repoTypeSetting(value: string | undefined): string {
 //    count as the same (REGISTRY_ENDPOINTS), and so does the hook's REGISTRY_HOST; anything else needs ALLOW_IMAGES
 //    (`host/path`, `host/path/*`, `host/*`; Docker Hub's may omit the host). Both widen what a request may deploy, so
 //    HOOK_SETTINGS (hook settings) has them refused at load unless they are fixed strings, and valid.
-//    Exports: allowedImages, checkImagePin, chooseCandidate, composeImageRef, imagePin, ImagePin, normalizeImageRef,
-//    problemOf, readImagePin, registryHostSetting, registryOf, validateImageRef.
+//    Exports: allowedImages, checkImagePin, chooseCandidate, composeImageRef, imagePin, normalizeImageRef, problemOf,
+//    readImagePin, registryHostSetting, registryOf, validateImageRef.
 //    Tests: test/registries.test.ts, test/upgrade.test.ts, test/clouds.test.ts.
 // ================================================================================================
 
@@ -13065,15 +13712,6 @@ function repositoryOf(ref: { domain: string | undefined; path: string }): Reposi
 
 const showRepository = (r: Repository) => showValue(`${r.registry}/${r.path}`);
 
-/** One ALLOW_IMAGES entry: a repository, or every repository under a prefix (a trailing `/*`). */
-interface ImagePattern {
-  text: string;
-  registry: string;
-  /** The repository's path, or the prefix's ("" for a whole registry). */
-  path: string;
-  under: boolean;
-}
-
 /** Parses one ALLOW_IMAGES pattern; throws an Error naming the setting and the pattern. */
 function parseImagePattern(text: string): ImagePattern {
   const problem = (why: string) => new Error(`ALLOW_IMAGES pattern ${showValue(text)} ${why}`);
@@ -13107,13 +13745,6 @@ function parseImagePattern(text: string): ImagePattern {
 function patternMatches(p: ImagePattern, r: Repository): boolean {
   if (p.registry !== r.registry) return false;
   return !p.under ? r.path === p.path : p.path === '' || r.path.startsWith(`${p.path}/`);
-}
-
-/** What the pin allows besides the container's own repository: the hook's REGISTRY_HOST and ALLOW_IMAGES. */
-export interface ImagePin {
-  /** REGISTRY_HOST's registry: it counts as the registry of every container. */
-  registryHost: string | undefined;
-  allowImages: ImagePattern[];
 }
 
 /** The pin of a validated REGISTRY_HOST (registryHostSetting) and ALLOW_IMAGES's patterns (allowedImages). */
@@ -13185,22 +13816,11 @@ function problemOf(check: () => unknown): string | undefined {
 //    container, sealed with a MAC over it and where it sits: sealPendingEntry, pendingEntrySealed); an approval link
 //    names one such entry by its id, hook and image, the action and an expiry, signed with HMAC-SHA256
 //    (approvalToken, readApprovalToken), so any replica holding the same key can check it.
-//    Exports: APPROVAL_PATH, ApprovalClaims, approvalLinks, ApprovalLinks, DeployWindow, describeWindows, nextOpening,
-//    parseDeployWindows, PendingEntry, pendingEntrySealed, readApprovalToken, readPendingEntries, sealPendingEntry,
-//    windowOpen.
+//    Exports: APPROVAL_PATH, ApprovalClaims, approvalLinks, describeWindows, nextOpening, parseDeployWindows,
+//    pendingEntrySealed, readApprovalToken, readPendingEntries, sealPendingEntry, windowOpen.
 //    Tests: test/approvals.test.ts, test/clusters.test.ts, test/signed-images.test.ts, test/unit.test.ts,
 //    test/windows.test.ts.
 // ================================================================================================
-
-/** One range of a change window: the weekdays it starts on (0 = Sunday), its minutes of the day, its zone. */
-export interface DeployWindow {
-  days: Set<number>;
-  /** Minutes after local midnight; `end` <= `start` crosses midnight into the next day. */
-  start: number;
-  end: number;
-  zone: string;
-  text: string;
-}
 
 const WEEKDAYS = ['sun', 'mon', 'tue', 'wed', 'thu', 'fri', 'sat'];
 
@@ -13244,21 +13864,17 @@ function canonicalZone(zone: string): string | undefined {
   }
 }
 
-// A change window is one line an operator writes, like a policy (MAX_POLICY_LENGTH): a week's ranges in a few
-// zones fit easily. Longer is a mistake or an attack (an annotation may hold 256 KiB), refused before it is read.
-const MAX_WINDOW_LENGTH = 1024;
-// Ranges in one window: a different range for each day of the week, twice over, still fits.
-const MAX_WINDOW_RANGES = 16;
-
 /**
- * DEPLOY_WINDOW and webhook/window: ranges separated by `;`, each `<days> <HH:MM>-<HH:MM> [<IANA zone>]` (zone
- * UTC when left out), at most MAX_WINDOW_LENGTH characters and MAX_WINDOW_RANGES ranges. Throws an Error naming the
+ * DEPLOY_WINDOW and webhook/window: ranges separated by `;`, each `<days> <HH:MM>-<HH:MM> [<IANA zone>]` (zone UTC when
+ * left out), at most LIMITS.window.maxLength characters and LIMITS.window.maxRanges ranges. Throws an Error naming the
  * range and what is wrong with it. A range's zone is kept as Intl spells it. Pure.
  */
 export function parseDeployWindows(text: string): DeployWindow[] {
-  if (text.length > MAX_WINDOW_LENGTH) throw new Error(`longer than ${MAX_WINDOW_LENGTH} characters (${text.length})`);
+  if (text.length > LIMITS.window.maxLength)
+    throw new Error(`longer than ${LIMITS.window.maxLength} characters (${text.length})`);
   const ranges = text.split(';').map((r) => r.trim());
-  if (ranges.length > MAX_WINDOW_RANGES) throw new Error(`more than ${MAX_WINDOW_RANGES} ranges (${ranges.length})`);
+  if (ranges.length > LIMITS.window.maxRanges)
+    throw new Error(`more than ${LIMITS.window.maxRanges} ranges (${ranges.length})`);
   if (ranges.every((r) => r === '')) throw new Error('no range given (e.g. "Mon-Fri 09:00-18:00 Asia/Shanghai")');
   return ranges.map((range, i) => {
     const where = `range ${i + 1} ${showValue(range)}`;
@@ -13288,10 +13904,6 @@ export function describeWindows(windows: DeployWindow[]): string {
   return windows.map((w) => w.text).join('; ');
 }
 
-// One formatter per zone in use, kept between pushes (making one costs far more than using it); each holds tens of
-// KiB. Windows name a handful of zones; past this many the one made longest ago goes.
-const MAX_ZONE_FORMATS = 64;
-
 /** The formatters wallClock keeps, by the zone as Intl spells it (canonicalZone), never as a window spells it. */
 const zoneFormats = new Map<string, Intl.DateTimeFormat>();
 
@@ -13309,7 +13921,7 @@ function zoneFormat(zone: string): Intl.DateTimeFormat {
   const canonical = made.resolvedOptions().timeZone;
   const known = zoneFormats.get(canonical);
   if (known) return known;
-  if (zoneFormats.size >= MAX_ZONE_FORMATS) zoneFormats.delete(zoneFormats.keys().next().value!);
+  if (zoneFormats.size >= LIMITS.window.maxZoneFormats) zoneFormats.delete(zoneFormats.keys().next().value!);
   zoneFormats.set(canonical, made);
   return made;
 }
@@ -13376,35 +13988,6 @@ export function nextOpening(windows: DeployWindow[], fromMs: number): number {
 }
 
 // ---- pending pushes and approval links ----------------------------------------------------------
-
-/** A push that waits, as recorded on the workload: any replica can complete it. */
-export interface PendingEntry {
-  /** Random: names this entry in its links; taken off with the entry, so a link works once. */
-  id: string;
-  hook: string;
-  request: string;
-  image: string;
-  /** The registry's identity of the push (digest|pushed_at) and its time, as the newest-wins rule compares them. */
-  push: string;
-  pushedAt: string;
-  timeFrom: 'payload' | 'received';
-  receivedAt: string;
-  /** What it waits for: an approval, the change window, or both. */
-  waitsFor: 'approval' | 'window' | 'approval and window';
-  window?: string;
-  /** ISO 8601: when the window opens (waiting for a window). */
-  opensAt?: string;
-  /** ISO 8601: when the push expires (APPROVAL_TIMEOUT after it was received). */
-  until: string;
-  /** Who may decide: whoever holds a link, or the admin token on the deliveries page. */
-  decides: string;
-  /** An approval link may deploy at once, outside the window (APPROVAL_OVERRIDE). */
-  override?: boolean;
-  /** Approved while the window was closed: by whom, from where, when. */
-  approvedBy?: string;
-  /** The entry's MAC where it sits (pendingEntryMac), when the service signs links: anything else is not its own. */
-  mac?: string;
-}
 
 /** Where a pending entry sits; its MAC covers this, so an entry moved to another workload or container fails. */
 interface PendingPlace {
@@ -13485,14 +14068,6 @@ export interface ApprovalClaims {
   exp: number;
 }
 
-/** The links of a waiting push's notifications: each names the pending entry, one action, its expiry. */
-export interface ApprovalLinks {
-  approve: string;
-  reject: string;
-  /** Approve and deploy at once, outside the change window (APPROVAL_OVERRIDE). */
-  deployNow?: string;
-}
-
 /** The path approval links are served under on the hook port. */
 export const APPROVAL_PATH = '/approval/';
 
@@ -13550,61 +14125,14 @@ export function readApprovalToken(
 //    one WorkloadQueue per workload keeps its pushes in order (and batches what waits for one key: the pushes for
 //    one Git branch, committed together). UpgradeReport is what one push did so far; UpgradeDeps
 //    is what an upgrade is given (client, clock, queue, the workloads it last saw).
-//    Exports: annotationOps, asArray, DNS_LABEL, FollowOptions, ForcedRollback, K8sObject, KEPT_SUPERSEDED, kindSpec,
-//    KnownWorkloads, labelSelector, leanWorkload, locateContainer, LocatedContainer, missingContainerMessage,
-//    newReport, numberAt, orList, ownedBy, parseWorkload, PayloadError, PlannedChange, planPatch, PodSummary,
-//    readWorkload, recordWorkloadEvent, RollbackOutcome, RolloutOutcome, rolloutStatus, roundedToSeconds,
-//    STUCK_REASONS, summarizePod, unchanged, UPGRADE_LIMITS, UpgradeDeps, UpgradeError, UpgradeReport, valueAt,
-//    WORKLOAD_KINDS, WorkloadEvent, WorkloadKind, workloadPods, WorkloadQueue, workloadResource, WorkloadTarget.
+//    Exports: annotationOps, asArray, DNS_LABEL, FollowOptions, ForcedRollback, KEPT_SUPERSEDED, kindSpec,
+//    KnownWorkloads, labelSelector, leanWorkload, locateContainer, missingContainerMessage, newReport, numberAt,
+//    orList, ownedBy, parseWorkload, PayloadError, planPatch, readWorkload, recordWorkloadEvent, RollbackOutcome,
+//    RolloutOutcome, rolloutStatus, roundedToSeconds, STUCK_REASONS, summarizePod, unchanged, UpgradeDeps,
+//    UpgradeError, UpgradeReport, valueAt, WORKLOAD_KINDS, workloadPods, WorkloadQueue, workloadResource.
 //    Tests: test/decision.test.ts, test/e2e.test.ts, test/git.test.ts, test/policy.test.ts, test/records.test.ts,
 //    test/rolling.test.ts, test/upgrade.test.ts.
 // ================================================================================================
-
-export const UPGRADE_LIMITS = {
-  // One GET per second while following a rollout: cheap for the API server, and as quick to
-  // notice the end as a person watching `kubectl rollout status`.
-  rolloutPollMs: 1_000,
-  // A DaemonSet on hundreds of nodes would bury the answer (and the mail) in pod lines.
-  maxPodLines: 20,
-  // The pods listed for the summary; a workload with more is summarised from the first ones.
-  podListLimit: 500,
-  // A failed precondition means someone else edited the workload between our read and our
-  // patch; re-reading and re-planning a few times settles it, more means something is fighting us.
-  maxPatchAttempts: 5,
-  // Workloads whose last known state the service keeps, to patch without reading first: a few KiB
-  // each (a release of 2,000 workloads keeps some 20 MB); beyond this many the oldest is forgotten
-  // (and read again when next pushed to).
-  maxKnownWorkloads: 2_500,
-  // Registries retry a delivery they think failed within seconds to a minute. A real new push of
-  // the same tag carries a new digest or pushed_at, so it is not mistaken for a repeat.
-  duplicateWindowMs: 60_000,
-  // events.k8s.io caps an event's note at 1 KiB; stay within it through the core API too.
-  maxEventMessageLength: 1024,
-  // The field manager and event source: `kubectl get -o yaml --show-managed-fields` shows it.
-  fieldManager: 'webhook',
-  // Pushes kept while the API server does not answer (one per container, newest wins): a release
-  // of a hundred services during an outage. Each holds its payload: a few KiB (Docker Hub's, with
-  // its README, up to ~300 KiB), at most -max-body-size; beyond this many, pushes are answered as
-  // failed (500), as without keeping.
-  maxKeptPushes: 100,
-  // While pushes are kept, the API server is tried again this often (each try may itself take the
-  // client's 20 s retry budget when it still does not answer).
-  keptRetryMs: 5_000,
-  // A new pod stuck this long in CrashLoopBackOff, ImagePullBackOff or the like fails the rollout
-  // before its deadline: the kubelet's back-off (10 s, doubling) has by then restarted or pulled
-  // again two or three times, and a Deployment's own progress deadline (600 s by default), a
-  // DaemonSet's or StatefulSet's (none) would leave a broken image running far longer.
-  stuckPodFailMs: 30_000,
-  // A forced rollback deletes stuck pods only once the StatefulSet controller has seen the template
-  // set back (else it could recreate them broken); it does so within a second or two, unless it is down.
-  rollbackObservedMs: 30_000,
-  // How often a follow lists the pods to see whether any is stuck: a list of pods (and of a
-  // Deployment's ReplicaSets) costs more than the once-a-second GET of the workload.
-  stuckPodCheckMs: 5_000,
-  // How long a follow waits for the shared watch of the pods to have listed them before it lists
-  // them itself for its summary (a stuck-pod check waits for the next look instead): a request's own deadline.
-  podWatchSyncMs: 10_000,
-};
 
 /** The action of a push kept while the API server was away and replaced by a newer one (KeptPushes). */
 const KEPT_SUPERSEDED = 'superseded: a newer push to this container arrived while the API server was away';
@@ -13635,7 +14163,7 @@ interface KindSpec {
 
 const RESTARTED = 'rollout restarted (same image re-pulled)';
 
-/** The workload kinds an upgrade can change. Adding one is one entry here. */
+/** The workload kinds an upgrade can change. Adding one is one entry here and its name in WorkloadKind. */
 const WORKLOAD_KINDS = {
   deployment: {
     kind: 'Deployment',
@@ -13683,9 +14211,7 @@ const WORKLOAD_KINDS = {
     rollout: () => ({ state: 'untracked', message: 'cronjob: the next run uses the new image' }),
     sameImageAction: 'next run re-pulls the image (same image; imagePullPolicy: Always)',
   },
-} satisfies Record<string, KindSpec>;
-
-export type WorkloadKind = keyof typeof WORKLOAD_KINDS;
+} satisfies Record<WorkloadKind, KindSpec>;
 
 function kindSpec(kind: WorkloadKind): KindSpec {
   return WORKLOAD_KINDS[kind];
@@ -13733,24 +14259,10 @@ export function parseWorkload(text: string | undefined): { kind: WorkloadKind; n
   );
 }
 
-/** The workload an upgrade acts on; uid and generation are known once it has been read. */
-export interface WorkloadTarget {
-  kind: WorkloadKind;
-  name: string;
-  namespace: string;
-  uid?: string;
-  /** metadata.generation after our patch: the rollout to follow. */
-  generation?: number;
-  /** metadata.resourceVersion of our patch's answer: the rollout's follow watches from it on. */
-  resourceVersion?: string;
-}
-
 export function workloadResource(t: { kind: WorkloadKind; name?: string; namespace: string }): ResourceRef {
   const spec = kindSpec(t.kind);
   return { group: spec.group, version: spec.version, resource: spec.resource, namespace: t.namespace, name: t.name };
 }
-
-type K8sObject = Record<string, unknown>;
 
 function valueAt(obj: unknown, segments: string[]): unknown {
   let v = obj;
@@ -13760,13 +14272,6 @@ function valueAt(obj: unknown, segments: string[]): unknown {
 
 function pointer(segments: (string | number)[]): string {
   return segments.map((s) => `/${String(s).replace(/~/g, '~0').replace(/\//g, '~1')}`).join('');
-}
-
-interface LocatedContainer {
-  list: 'containers' | 'initContainers';
-  index: number;
-  image: string;
-  pullPolicy: string | undefined;
 }
 
 function containerNames(podSpec: unknown, list: string): string[] {
@@ -13821,23 +14326,6 @@ function annotationOps(
     ...Object.entries(expect).map(([key, value]): JsonPatchOperation => ({ op: 'test', path: at(key), value })),
     ...Object.entries(values).map(([key, value]): JsonPatchOperation => ({ op: 'add', path: at(key), value })),
   ];
-}
-
-export interface PlannedChange {
-  /** The new image, or undefined to keep it (a restart). */
-  image?: string;
-  /** Set imagePullPolicy: Always on the container. */
-  pullAlways?: boolean;
-  /** RFC 3339 time for kubectl.kubernetes.io/restartedAt on the pod template. */
-  restartedAt?: string;
-  changeCause: string;
-  /**
-   * Workload annotations written under a test: per key, the value to write and the value read
-   * (undefined: it was absent), so that two replicas deciding on the same read cannot both write.
-   */
-  guarded?: Record<string, { value: string; read: string | undefined }>;
-  /** Workload annotations the patch only tests, as read (null: absent): what the decision was made on. */
-  tested?: Record<string, string | null>;
 }
 
 /** The JSON patch for a change to one container, guarded by tests of its name and image. Pure. */
@@ -13954,18 +14442,6 @@ function statefulSetRollout(obj: unknown): RolloutStatus {
 
 // ---- pods -------------------------------------------------------------------------------------
 
-export interface PodSummary {
-  name: string;
-  /** The pod's phase, or Terminating while it is being deleted. */
-  phase: string;
-  ready: boolean;
-  /** The named container's image and restarts (the first container's when it has no such one). */
-  image: string;
-  restarts: number;
-  /** A waiting or terminated reason of a container that is not ready (CrashLoopBackOff…). */
-  reason?: string;
-}
-
 /** Reasons that mean a pod will not become ready without a change: the rollout has failed. */
 const STUCK_REASONS = [
   'CrashLoopBackOff',
@@ -14063,7 +14539,7 @@ async function workloadPods(
 ): Promise<PodSummary[]> {
   const selector = labelSelector(valueAt(workload, ['spec', 'selector']));
   const owners = new Set<string>([String(target.uid ?? valueAt(workload, ['metadata', 'uid']))]);
-  const query = { labelSelector: selector, limit: String(UPGRADE_LIMITS.podListLimit) };
+  const query = { labelSelector: selector, limit: String(LIMITS.upgrade.podListLimit) };
   const through = kindSpec(target.kind).podsOwnedThrough;
   if (through) {
     const sets = await client.list<{ items: unknown[] }>({ ...through, namespace: target.namespace }, query);
@@ -14112,13 +14588,6 @@ const roundedToSeconds = (ms: number) => Math.max(0, Math.round(ms / 1000)) * 10
 
 // ---- events -----------------------------------------------------------------------------------
 
-export interface WorkloadEvent {
-  type: 'Normal' | 'Warning';
-  /** UpperCamelCase, one of PUSH_EVENTS' reasons. */
-  reason: string;
-  message: string;
-}
-
 /** Records a core/v1 Event on the workload (what `kubectl describe` and `kubectl events` show). */
 export async function recordWorkloadEvent(
   client: KubeClient,
@@ -14129,8 +14598,8 @@ export async function recordWorkloadEvent(
   const spec = kindSpec(target.kind);
   const time = now.toISOString().replace(/\.\d{3}Z$/, 'Z');
   const message =
-    event.message.length > UPGRADE_LIMITS.maxEventMessageLength
-      ? `${event.message.slice(0, UPGRADE_LIMITS.maxEventMessageLength - 1)}…`
+    event.message.length > LIMITS.upgrade.maxEventMessageLength
+      ? `${event.message.slice(0, LIMITS.upgrade.maxEventMessageLength - 1)}…`
       : event.message;
   await client.create(
     { group: '', version: 'v1', resource: 'events', namespace: target.namespace },
@@ -14149,7 +14618,7 @@ export async function recordWorkloadEvent(
       reason: event.reason,
       message,
       type: event.type,
-      source: { component: UPGRADE_LIMITS.fieldManager },
+      source: { component: LIMITS.upgrade.fieldManager },
       firstTimestamp: time,
       lastTimestamp: time,
       count: 1,
@@ -14344,22 +14813,11 @@ export interface UpgradeDeps {
    * is then read again. Saves the GET that would otherwise precede every PATCH.
    */
   known?: KnownWorkloads;
-  /**
-   * The service follows the rollout after answering for followMs: the PATCH records that on the
-   * workload (FOLLOW_ANNOTATION), with the hook's MAIL_TO, so another replica can finish it.
-   */
-  followAfter?: { followMs: number; mailTo?: string };
+  followAfter?: FollowAfter;
   /** A kept push replaced by a newer one (KeptPushes): if not written yet, it is not written at all. */
   abandon?: AbortSignal;
-  /** The service's -public-url and -approval-key-file: what signs the links of a push that waits for approval. */
-  approvals?: { publicUrl: string; key: Buffer };
-  /**
-   * A waiting push decided (a link, the deliveries page, its window opening) or a past push deployed again: the
-   * pending entry `id` it completes (taken off in the same patch, so a second use finds nothing) and who decided.
-   * A promotion (CLUSTERS stages) is a new push of the digest that ran in the stage before: `by` says `to <stage>
-   * after <soak> healthy in <stage>`.
-   */
-  decided?: { id?: string; action: 'approve' | 'deploy-now' | 'window' | 'replay' | 'promote'; by: string };
+  approvals?: ApprovalSigning;
+  decided?: DecidedBy;
 }
 
 /** The last state seen of each workload, by namespace/kind/name; the oldest beyond a bound is dropped. */
@@ -14375,7 +14833,7 @@ export class KnownWorkloads {
     this.objects.delete(key);
     if (obj === undefined) return;
     this.objects.set(key, leanWorkload(obj));
-    if (this.objects.size > UPGRADE_LIMITS.maxKnownWorkloads) this.objects.delete(this.objects.keys().next().value!);
+    if (this.objects.size > LIMITS.upgrade.maxKnownWorkloads) this.objects.delete(this.objects.keys().next().value!);
   }
 }
 
@@ -14434,25 +14892,13 @@ function missingContainerMessage(podSpec: unknown, name: string, workload: strin
 //    alone names no tag and is outside no policy. And in which order a hook's clusters take a push: CLUSTERS stages
 //    (parseStages, `staging > prod`), and how long and what a stage's push must pass before the next (PROMOTE_AFTER,
 //    PROMOTE_CHECK), read by the settings table (next chapter) and carried out by the promotion.
-//    Exports: CONTEXT_NAME, MAX_CLUSTERS, MAX_STAGES, parsePolicy, parseStages, policyDecision, policyInEffect,
-//    promoteAfterSetting, promoteCheckSetting, StageTarget, tagOf, UpdatePolicy.
+//    Exports: CONTEXT_NAME, parsePolicy, parseStages, policyDecision, policyInEffect, promoteAfterSetting,
+//    promoteCheckSetting, StageTarget, tagOf.
 //    Tests: test/policy.test.ts, test/promotion.test.ts, test/registry-watch.test.ts,
 //    test/settings.test.ts.
 // ================================================================================================
 
-// A policy is one line an operator writes; longer is a mistake, and is not read further (an
-// annotation may hold 256 KiB).
-const MAX_POLICY_LENGTH = 1024;
-
 const ALLOW_DOWNGRADE = ',allow-downgrade';
-
-/** A policy as parsed: `text` is the value as written, for messages. */
-export type UpdatePolicy = { text: string } & (
-  | { kind: 'all' }
-  | { kind: 'semver'; range: SemverRange; allowDowngrade: boolean }
-  | { kind: 'major' | 'minor' | 'patch'; allowDowngrade: boolean }
-  | { kind: 'glob' | 'regexp'; pattern: RegExp }
-);
 
 const POLICY_FORMS =
   'all, semver:<range>, major, minor, patch (each of these four optionally followed by ",allow-downgrade"), ' +
@@ -14490,26 +14936,22 @@ export function parsePolicy(value: string): UpdatePolicy {
   } catch (e) {
     compiled = { problem: (e as Error).message };
   }
-  if (value.length <= MAX_POLICY_LENGTH) {
-    if (compiledPolicies.size >= MAX_COMPILED_POLICIES) compiledPolicies.delete(compiledPolicies.keys().next().value!);
+  if (value.length <= LIMITS.policy.maxLength) {
+    if (compiledPolicies.size >= LIMITS.policy.maxCompiled)
+      compiledPolicies.delete(compiledPolicies.keys().next().value!);
     compiledPolicies.set(value, compiled);
   }
   if ('problem' in compiled) throw new Error(compiled.problem);
   return compiled;
 }
 
-// A policy annotation is read on every push to its workload, and compiling a pattern can take a large part of a
-// second (the linear engine copies repeats): each text is compiled once. Past this many texts (a fleet's
-// policies are a few dozen), the one kept longest goes; each is at most MAX_POLICY_LENGTH characters.
-const MAX_COMPILED_POLICIES = 256;
-
 /** The policies compiled, by their text as written, or why the text is not a policy. */
 const compiledPolicies = new Map<string, UpdatePolicy | { problem: string }>();
 
 /** parsePolicy's work, uncached. */
 function compilePolicy(value: string): UpdatePolicy {
-  if (value.length > MAX_POLICY_LENGTH)
-    throw new Error(`longer than ${MAX_POLICY_LENGTH} characters (${value.length})`);
+  if (value.length > LIMITS.policy.maxLength)
+    throw new Error(`longer than ${LIMITS.policy.maxLength} characters (${value.length})`);
   const text = value.trim();
   if (text === '') throw new Error(`empty; use one of ${POLICY_FORMS}`);
   if (text === 'all') return { text, kind: 'all' };
@@ -14617,9 +15059,6 @@ export function policyDecision(
 
 // ---- CLUSTERS stages: the order a hook's clusters take a push (the promotion chapter) --------------
 
-// A push fanned out waits for every cluster's answer; a delivery to more clusters than this is a
-// mistake in the hooks file (one per region and stage is a handful).
-const MAX_CLUSTERS = 16;
 // kubeconfig context names are free text; these bounds keep them readable in logs and labels.
 const CONTEXT_NAME = /^[^\s\p{Cc}]{1,253}$/u;
 
@@ -14628,9 +15067,6 @@ export interface StageTarget {
   cluster: string;
   namespace: string | undefined;
 }
-
-// A chain longer than this is a mistake in the hooks file: dev, test, staging and production are four.
-const MAX_STAGES = 8;
 
 /**
  * CLUSTERS as stages: `staging > prod-eu prod-us` is two, each promoted to after the one before it (a value without
@@ -14643,16 +15079,19 @@ export function parseStages(value: string | undefined): StageTarget[][] {
     const names = [...new Set(text.split(/\s+/).filter((n) => n !== ''))];
     for (const n of names)
       if (!CONTEXT_NAME.test(n)) throw new UpgradeError(`CLUSTERS ${showValue(n)} is not a kubeconfig context name`);
-    if (names.length > MAX_CLUSTERS)
-      throw new UpgradeError(`CLUSTERS names ${names.length} contexts, more than ${MAX_CLUSTERS}`);
+    if (names.length > LIMITS.stages.maxClusters)
+      throw new UpgradeError(`CLUSTERS names ${names.length} contexts, more than ${LIMITS.stages.maxClusters}`);
     return names.length > 0 ? [names.map((cluster) => ({ cluster, namespace: undefined }))] : [];
   }
   const parts = text.split('>');
-  if (parts.length > MAX_STAGES)
-    throw new UpgradeError(`CLUSTERS ${showValue(text)} has ${parts.length} stages, more than ${MAX_STAGES}`);
+  if (parts.length > LIMITS.stages.maxStages)
+    throw new UpgradeError(
+      `CLUSTERS ${showValue(text)} has ${parts.length} stages, more than ${LIMITS.stages.maxStages}`,
+    );
   const stages = parts.map((part, i) => stageOf(part, i + 1, text));
   const total = stages.reduce((n, stage) => n + stage.length, 0);
-  if (total > MAX_CLUSTERS) throw new UpgradeError(`CLUSTERS names ${total} clusters, more than ${MAX_CLUSTERS}`);
+  if (total > LIMITS.stages.maxClusters)
+    throw new UpgradeError(`CLUSTERS names ${total} clusters, more than ${LIMITS.stages.maxClusters}`);
   return stages;
 }
 
@@ -14679,10 +15118,9 @@ function stageOf(part: string, n: number, text: string): StageTarget[] {
   return stage;
 }
 
-// A soak longer than a week is a release train, not a soak: a push that waited that long is stale.
-const MAX_PROMOTE_AFTER_MS = 7 * 24 * 3_600_000;
-
-/** PROMOTE_AFTER: a Go duration from 0 to MAX_PROMOTE_AFTER_MS; unset or blank is 0 (promoted once rolled out). */
+/**
+ * PROMOTE_AFTER: a Go duration from 0 to LIMITS.promotion.maxSoakMs; unset or blank is 0 (promoted once rolled out).
+ */
 function promoteAfterSetting(value: string | undefined): number {
   if (!value?.trim()) return 0;
   let ms: number;
@@ -14691,7 +15129,7 @@ function promoteAfterSetting(value: string | undefined): number {
   } catch {
     throw new UpgradeError(`PROMOTE_AFTER ${showValue(value)} is not a duration of 0 or more (e.g. 0s, 10m, 1h)`);
   }
-  if (ms > MAX_PROMOTE_AFTER_MS) throw new UpgradeError(`PROMOTE_AFTER ${showValue(value)} is more than 168h`);
+  if (ms > LIMITS.promotion.maxSoakMs) throw new UpgradeError(`PROMOTE_AFTER ${showValue(value)} is more than 168h`);
   return ms;
 }
 
@@ -14717,10 +15155,9 @@ function promoteCheckSetting(value: string | undefined): URL | undefined {
 //    throwing the message operators know, naming the setting and what is wrong; and the limits a setting's text is
 //    read within (how many notification URLs and clusters, an approval's timeout, a poll's interval).
 //    Exports: approvalTimeoutSetting, clusterNames, deployWindowSetting, dnsLabelSetting, mailBase64, mailBoolean,
-//    mailPort, mailTlsMode, MAX_NOTIFY_URLS, NOTIFY_FORMAT_NAMES, notifyCa, NotifyFormatName, notifyFormats,
-//    notifyUrls, outsideChangeSetting, parseRecipients, POLL_INTERVAL_RANGE, pollInterval, registryAwaySetting,
-//    registryCa, registryTokenHosts, rolloutTimeoutSetting, signatureAnnotationsSetting, signatureKeysSetting,
-//    telegramChats, updatePolicySetting.
+//    mailPort, mailTlsMode, NOTIFY_FORMAT_NAMES, notifyCa, NotifyFormatName, notifyFormats, notifyUrls,
+//    outsideChangeSetting, parseRecipients, pollInterval, registryAwaySetting, registryCa, registryTokenHosts,
+//    rolloutTimeoutSetting, signatureAnnotationsSetting, signatureKeysSetting, telegramChats, updatePolicySetting.
 //    Tests: test/mail.test.ts, test/registry-watch.test.ts, test/settings.test.ts.
 // ================================================================================================
 
@@ -14738,11 +15175,6 @@ const NOTIFY_FORMAT_NAMES = [
   'lark',
 ] as const;
 export type NotifyFormatName = (typeof NOTIFY_FORMAT_NAMES)[number];
-
-// One hook posting to more places than this is a mistake in its file.
-const MAX_NOTIFY_URLS = 5;
-
-
 
 /** CLUSTER (at most 1) and CLUSTERS: context names separated by spaces; unset or blank is none. */
 function clusterNames(name: string, value: string | undefined, max: number): string[] {
@@ -14787,21 +15219,16 @@ function rolloutTimeoutSetting(value: string | undefined): number {
   }
 }
 
-// A push may wait at most this long by default: a working day and a night for someone to answer.
-const DEFAULT_APPROVAL_TIMEOUT_MS = 24 * 3_600_000;
-// Shorter than this, a link expires before anyone could open it.
-const MIN_APPROVAL_TIMEOUT_MS = 60_000;
-
-/** APPROVAL_TIMEOUT: a Go duration of at least MIN_APPROVAL_TIMEOUT_MS; unset or blank is 24h. */
+/** APPROVAL_TIMEOUT: a Go duration of at least LIMITS.approval.minTimeoutMs; unset or blank is 24h. */
 function approvalTimeoutSetting(value: string | undefined): number {
-  if (!value?.trim()) return DEFAULT_APPROVAL_TIMEOUT_MS;
+  if (!value?.trim()) return LIMITS.approval.defaultTimeoutMs;
   let ms: number;
   try {
     ms = parseGoDuration(value.trim());
   } catch {
     throw new UpgradeError(`APPROVAL_TIMEOUT ${showValue(value)} is not a duration (e.g. 30m, 24h)`);
   }
-  if (ms < MIN_APPROVAL_TIMEOUT_MS) throw new UpgradeError(`APPROVAL_TIMEOUT ${showValue(value)} is less than 1m`);
+  if (ms < LIMITS.approval.minTimeoutMs) throw new UpgradeError(`APPROVAL_TIMEOUT ${showValue(value)} is less than 1m`);
   return ms;
 }
 
@@ -14822,15 +15249,8 @@ function registryAwaySetting(value: string | undefined): 'fail' | 'keep' {
 }
 
 /**
- * How often a registry watch may look at a workload's repository. Peers default to a minute (Keel) to five (Kargo);
- * under 10 s a fleet on one registry is a rate limit hit (Quay refuses frequent listings, flux image-reflector #585),
- * and past a day a watch is a typo for one that never looks.
- */
-const POLL_INTERVAL_RANGE = { minMs: 10_000, maxMs: 24 * 3_600_000 };
-
-/**
  * A registry watch's interval (POLL_INTERVAL, the annotation webhook/poll): a Go duration within
- * POLL_INTERVAL_RANGE; undefined when unset or blank. `name` says where it was written, for the message. Pure.
+ * LIMITS.poll.interval; undefined when unset or blank. `name` says where it was written, for the message. Pure.
  */
 export function pollInterval(value: string | undefined, name = 'POLL_INTERVAL'): number | undefined {
   const text = value?.trim() ?? '';
@@ -14841,7 +15261,7 @@ export function pollInterval(value: string | undefined, name = 'POLL_INTERVAL'):
   } catch {
     throw new UpgradeError(`${name} ${showValue(value!)} is not a Go duration (e.g. 30s, 5m, 1h)`);
   }
-  const { minMs, maxMs } = POLL_INTERVAL_RANGE;
+  const { minMs, maxMs } = LIMITS.poll.interval;
   if (ms < minMs || ms > maxMs)
     throw new UpgradeError(
       `${name} ${showValue(value!)} is outside ${formatGoDuration(minMs)} to ${formatGoDuration(maxMs)}: a ` +
@@ -15002,8 +15422,8 @@ function notifyUrls(value: string | undefined): URL[] {
   if (value === undefined) return [];
   const items = value.split(/[\s,]+/).filter((u) => u !== '');
   if (items.length === 0) throw new Error('NOTIFY_URL is empty');
-  if (items.length > MAX_NOTIFY_URLS)
-    throw new Error(`NOTIFY_URL lists ${items.length} URLs; at most ${MAX_NOTIFY_URLS}`);
+  if (items.length > LIMITS.notify.maxUrls)
+    throw new Error(`NOTIFY_URL lists ${items.length} URLs; at most ${LIMITS.notify.maxUrls}`);
   return items.map((item, i) => {
     let url: URL;
     try {
@@ -15069,8 +15489,7 @@ function updatePolicySetting(value: string | undefined): UpdatePolicy {
 //    docs/configuration.md are written from it (scripts/settings-doc.ts), and -validate describes hooks from it. A
 //    push's boundary reads its hook's settings once, into a typed HookConfig (readHookConfig: the workload, the
 //    checks, the decision's settings, its cluster, how its payload is read); nothing after the boundary reads them.
-//    Exports: configuredReport, fixedSettingChecks, HOOK_SETTINGS, HookConfig, HookSetting, HookSettingName,
-//    readHookConfig, UpgradeSettings.
+//    Exports: configuredReport, fixedSettingChecks, HOOK_SETTINGS, HookSetting, HookSettingName, readHookConfig.
 //    Tests: test/clouds.test.ts, test/cosign-verify.test.ts, test/decision.test.ts, test/git.test.ts,
 //    test/hold.test.ts, test/mail.test.ts, test/policy.test.ts, test/registries.test.ts, test/registry-watch.test.ts,
 //    test/settings.test.ts, test/upgrade.test.ts, test/windows.test.ts.
@@ -15143,8 +15562,8 @@ export const HOOK_SETTINGS = {
     default: 'unset (one cluster: CLUSTER)',
     fixed: true,
     validation:
-      `context names separated by spaces, at most ${MAX_CLUSTERS}; stages separated by ">" (at most ${MAX_STAGES}), ` +
-      'an item may be context/namespace; not with CLUSTER',
+      `context names separated by spaces, at most ${LIMITS.stages.maxClusters}; stages separated by ">" ` +
+      `(at most ${LIMITS.stages.maxStages}), an item may be context/namespace; not with CLUSTER`,
     meaning:
       'Several clusters, each upgraded by the same push: each its own result, record, follow and Event. With ">", ' +
       'stages: a push goes to the first, and the digest that ran there to the next once it is healthy (PROMOTE_AFTER).',
@@ -15412,7 +15831,7 @@ export const HOOK_SETTINGS = {
     default: 'no notification',
     fixed: true,
     secret: true,
-    validation: `http or https URLs separated by spaces or commas, at most ${MAX_NOTIFY_URLS}`,
+    validation: `http or https URLs separated by spaces or commas, at most ${LIMITS.notify.maxUrls}`,
     meaning: 'Where the result is posted (chat robots, a JSON receiver).',
     parse: notifyUrls,
   }),
@@ -15552,49 +15971,6 @@ export const IMAGE_PIN_SETTINGS = fixedSettingChecks(['REGISTRY_HOST', 'ALLOW_IM
 
 // ---- a push's settings, read once ------------------------------------------------------------
 
-interface UpgradeSettings {
-  namespace: string;
-  workload: { kind: WorkloadKind; name: string };
-  container: string;
-  rolloutTimeoutMs: number;
-  pin: ImagePin;
-  /** VERIFY_IMAGE: resolve the tag on the registry and deploy the digest it has. */
-  verifyImage: boolean;
-  /** REGISTRY_CA: the CA that signed the registry's certificate (PEM). */
-  registryCa: string | undefined;
-  /** REGISTRY_TOKEN_HOSTS: token services besides the registry's own host that may be given its login. */
-  registryTokenHosts: string[];
-  rollbackOnFailure: boolean;
-  /** ON_OUTSIDE_CHANGE: whether a change made outside webhook holds older pushes off. */
-  onOutsideChange: 'hold' | 'follow';
-  /** VERIFY_SIGNATURE (and its annotations): the keys one of which must have signed the digest deployed. */
-  signature: { keys: CosignKey[]; annotations: Record<string, string> } | undefined;
-  /** ON_REGISTRY_AWAY: whether a push the registry cannot be asked about is kept (RegistryAway) or fails. */
-  onRegistryAway: 'fail' | 'keep';
-  /** UPDATE_POLICY: the hook's update policy, which the workload's annotations override. */
-  policy: UpdatePolicy;
-  /** REQUIRE_APPROVAL, APPROVAL_TIMEOUT, DEPLOY_WINDOW, APPROVAL_OVERRIDE (the workload's annotations may add). */
-  requireApproval: boolean;
-  approvalTimeoutMs: number;
-  windows: DeployWindow[] | undefined;
-  approvalOverride: boolean;
-  /** GIT_REPO and the rest: an applied push is committed to Git (commitOut); without, ON_GITOPS_OWNER. */
-  git: GitSettings | undefined;
-  onGitopsOwner: 'refuse' | 'patch';
-}
-
-/**
- * Every setting one push's upgrade reads, parsed once from the hook's environment at the push's boundary: the
- * workload, the checks and the decision's settings (UpgradeSettings), its cluster, and how its payload is read.
- */
-export interface HookConfig extends UpgradeSettings {
-  /** CLUSTER: a context of the service's kubeconfig; undefined: the default cluster. */
-  cluster: string | undefined;
-  reading: PushReading;
-  /** MAIL_TO as given: the mail checks it when it writes (resultMail); a follow left to resume names it. */
-  mailTo: string | undefined;
-}
-
 /**
  * A push's HookConfig from the hook's environment, each setting read by its HOOK_SETTINGS entry, in the order their
  * errors are reported; what is known before an error (the cluster, the workload) is in the report.
@@ -15700,10 +16076,10 @@ function readSettings(
 //    A registry that does not answer fails the push closed, or under ON_REGISTRY_AWAY=keep has it kept (RegistryAway).
 //    Every Event a push writes on its workload is rendered by pushEvent from one table (PUSH_EVENTS: its type, reason
 //    and message, from the push's decision and facts); recordEventQuietly records one without failing the push.
-//    Exports: decidePush, decisionReason, FollowRecord, FUTURE_PUSH_SKEW_MS, holdDecision, imageFieldPath,
-//    IncomingPush, newPushRecord, pullSecretNames, pushEvent, PushRecord, pushTime, readContainerAnnotation,
-//    readFollowRecords, readPushRecords, recordEventQuietly, recordUnchanged, RegistryAway, SignatureRefusal,
-//    verifiedRef, whoAsked, withPushRecord, workloadLogin, workloadPodSpec.
+//    Exports: decidePush, decisionReason, FollowRecord, holdDecision, imageFieldPath, newPushRecord, pullSecretNames,
+//    pushEvent, PushRecord, pushTime, readContainerAnnotation, readFollowRecords, readPushRecords, recordEventQuietly,
+//    recordUnchanged, RegistryAway, SignatureRefusal, verifiedRef, whoAsked, withPushRecord, workloadLogin,
+//    workloadPodSpec.
 //    Tests: test/clouds.test.ts, test/decision.test.ts, test/hold.test.ts, test/records.test.ts,
 //    test/registries.test.ts, test/registry-e2e.test.ts, test/replicas.test.ts, test/upgrade.test.ts.
 // ================================================================================================
@@ -15727,27 +16103,15 @@ export interface PushRecord {
   rolledBack?: string;
 }
 
-/** A push as the newest-wins rule sees it. */
-export interface IncomingPush {
-  pushedAtMs: number;
-  timeFrom: 'payload' | 'received';
-  image: string;
-  push: string;
-}
-
 type PushDecision =
   | { kind: 'apply'; replacesFuture?: PushRecord }
   | { kind: 'repeat'; record: PushRecord }
   | { kind: 'superseded'; record: PushRecord };
 
-// A registry's clock may run a little ahead of ours; more than this is a push from the future, which would
-// make every real push after it look older ("superseded") until that time came.
-export const FUTURE_PUSH_SKEW_MS = 5 * 60_000;
-
 /**
  * When a push was pushed: the payload's time (Docker Hub's epoch seconds; ISO 8601; ACR's
  * "YYYY-MM-DD HH:MM:SS", which names no zone and is read as UTC), else the time it was received.
- * A payload time more than FUTURE_PUSH_SKEW_MS after receipt is replaced by the time received
+ * A payload time more than LIMITS.upgrade.futurePushSkewMs after receipt is replaced by the time received
  * (`future` keeps what the payload said, for the report). Pure.
  */
 export function pushTime(
@@ -15767,7 +16131,7 @@ export function pushTime(
   }
   const received = receivedAt.getTime();
   if (!Number.isFinite(ms) || ms <= 0) return { ms: received, from: 'received' };
-  if (ms > received + FUTURE_PUSH_SKEW_MS) return { ms: received, from: 'received', future: ms };
+  if (ms > received + LIMITS.upgrade.futurePushSkewMs) return { ms: received, from: 'received', future: ms };
   return { ms, from: 'payload' };
 }
 
@@ -15811,7 +16175,7 @@ export function readPushRecords(workload: unknown): { raw: string | undefined; r
  * Newest push wins: a push older than the recorded one is superseded; the recorded push itself
  * again is a repeat (a registry's retry). A push whose payload carries neither digest nor time
  * cannot be told from a new push of the same tag, so it counts as a repeat only within
- * UPGRADE_LIMITS.duplicateWindowMs of being applied. Equal times apply in arrival order, and so do
+ * LIMITS.upgrade.duplicateWindowMs of being applied. Equal times apply in arrival order, and so do
  * a payload's time and a receipt time: a registry's clock or zone (ACR names none) need not agree
  * with ours, and a push must not be held off by another clock's hours. Pure.
  */
@@ -15823,11 +16187,12 @@ export function decidePush(recorded: PushRecord | undefined, push: IncomingPush,
   const unpinned = (ref: string) => normalizeImageRef(byDigest ? ref.split('@')[0] : ref);
   const samePush = recorded.push === push.push && unpinned(recorded.image) === unpinned(push.image);
   const identified = push.push !== '|';
-  if (samePush && (identified || nowMs - Date.parse(recorded.appliedAt) < UPGRADE_LIMITS.duplicateWindowMs))
+  if (samePush && (identified || nowMs - Date.parse(recorded.appliedAt) < LIMITS.upgrade.duplicateWindowMs))
     return { kind: 'repeat', record: recorded };
-  // A record from the future (written before FUTURE_PUSH_SKEW_MS was enforced, or by hand) holds
+  // A record from the future (written before LIMITS.upgrade.futurePushSkewMs was enforced, or by hand) holds
   // nothing off: it is replaced, and the caller says so.
-  if (Date.parse(recorded.pushedAt) > nowMs + FUTURE_PUSH_SKEW_MS) return { kind: 'apply', replacesFuture: recorded };
+  if (Date.parse(recorded.pushedAt) > nowMs + LIMITS.upgrade.futurePushSkewMs)
+    return { kind: 'apply', replacesFuture: recorded };
   const comparable = push.timeFrom === (recorded.timeFrom ?? 'payload');
   if (comparable && push.pushedAtMs < Date.parse(recorded.pushedAt)) return { kind: 'superseded', record: recorded };
   return { kind: 'apply' };
@@ -16134,11 +16499,11 @@ export function holdDecision(
       'deploys it anyway); nothing was changed',
   });
   if ('problem' in found) return malformed(found.problem);
-  if (found.writers.some((w) => w.manager === UPGRADE_LIMITS.fieldManager)) return { kind: 'none' };
+  if (found.writers.some((w) => w.manager === LIMITS.upgrade.fieldManager)) return { kind: 'none' };
   const writer = found.writers.sort((a, b) => Date.parse(a.time) - Date.parse(b.time)).at(-1);
   if (!writer) return malformed('metadata.managedFields names no owner of its image');
   const changedMs = Date.parse(writer.time);
-  if (changedMs > nowMs + FUTURE_PUSH_SKEW_MS)
+  if (changedMs > nowMs + LIMITS.upgrade.futurePushSkewMs)
     return malformed(`metadata.managedFields[${writer.index}].time ${writer.time} is in the future`);
   const replacedTag = tagOf(applied) ?? '';
   const newerSet = (compareSemverTags(tagOf(running) ?? '', replacedTag) ?? 0) > 0;
@@ -16400,80 +16765,10 @@ async function checkSignature(c: SignatureCheck, digest: string | undefined): Pr
 //    kubernetes.io/change-cause, the push record and, when the service follows the rollout after answering, the
 //    follow record, each under a `test` of the value read. A copy of the workload kept from an earlier push is just
 //    another workload as read: the executor (next chapter) decides which decisions it takes on one.
-//    Exports: decide, Decision, DecisionInput, futureTimeNote, PendingGone, Push, waitingAction.
+//    Exports: decide, futureTimeNote, PendingGone, waitingAction.
 //    Tests: test/decision.test.ts, test/e2e.test.ts, test/records.test.ts, test/replicas.test.ts,
 //    test/upgrade.test.ts.
 // ================================================================================================
-
-/**
- * One push, as each source of pushes builds it at its boundary (a registry's notification over HTTP or as its own
- * process, an approval's decision, a replay from the page, a kept push tried again): the image it brings and when it
- * was pushed (IncomingPush, what newest wins compares), the workload it is for, and who asked.
- */
-export interface Push extends IncomingPush {
-  target: WorkloadTarget;
-  /** The kubeconfig context the workload is in (undefined: the service's default). */
-  cluster: string | undefined;
-  /** The request that brought the push and the hook it came through: its records and Events name them. */
-  requestId?: string;
-  hookId?: string;
-  /** A waiting push decided, or a past push deployed again: the entry it completes and who decided. */
-  decided?: UpgradeDeps['decided'];
-}
-
-/** Everything the decision of one push on one workload depends on: a value, so that deciding is pure. */
-export interface DecisionInput {
-  push: Push;
-  /** The hook's settings, read once at the push's boundary. */
-  config: UpgradeSettings;
-  /** The workload as read, or the copy last seen of it. */
-  workload: K8sObject;
-  nowMs: number;
-  /** What signs a waiting push's links, and where the service follows a rollout after answering. */
-  approvals?: UpgradeDeps['approvals'];
-  followAfter?: UpgradeDeps['followAfter'];
-  /** The id a pending entry written now gets (the caller draws it: decide itself draws nothing). */
-  entryId: string;
-}
-
-/** What every decision carries: the notes its answer adds, the image the container runs, a waiting push replaced. */
-interface DecidedFacts {
-  notes: string[];
-  /** The container's image as read (undefined when there is no such container). */
-  before?: string;
-  /** The push that waited on this container and that this one replaces (it is reported superseded). */
-  replaced?: PendingEntry;
-}
-
-/**
- * What becomes of one push on one workload: a code of the closed list (DECISIONS), its reason as data, and what
- * the executor writes for it. `refused` and `failed` write nothing but their Event, and fail the push.
- */
-export type Decision = DecidedFacts &
-  (
-    | {
-        code: 'applied' | 're-pulled';
-        before: string;
-        container: LocatedContainer;
-        /** The patch planned: image or restart, change-cause, and the annotations written under a test. */
-        change: PlannedChange;
-        lastPush: string;
-        followRecorded: boolean;
-        event: WorkloadEvent;
-      }
-    | {
-        code: 'waiting' | 'approved';
-        reason: string;
-        entry: PendingEntry;
-        links?: ApprovalLinks;
-        /** PENDING_ANNOTATION's new text, and its text as read (the patch's test). */
-        pending: { value: string; read: string | undefined };
-        event: WorkloadEvent;
-      }
-    | { code: 'held' | 'skipped by policy'; reason: string; event: WorkloadEvent }
-    | { code: 'no-op' | 'repeat' | 'superseded'; reason: string }
-    | { code: 'refused' | 'failed'; reason: string; event?: WorkloadEvent; gone?: boolean }
-  );
 
 /** A decided push whose pending entry is no longer on the workload: decided already, replaced or expired. */
 export class PendingGone extends UpgradeError {}
@@ -16693,9 +16988,9 @@ function followToRecord(input: DecisionInput): Record<string, { value: string; r
   return { [FOLLOW_ANNOTATION]: { value: JSON.stringify({ ...entries, [s.container]: record }), read: raw } };
 }
 
-/** The report's note for a push time or record from the future (FUTURE_PUSH_SKEW_MS). Pure. */
+/** The report's note for a push time or record from the future (LIMITS.upgrade.futurePushSkewMs). Pure. */
 export function futureTimeNote(kind: 'payload' | 'record', futureMs: number, nowMs: number, image?: string): string {
-  const skew = formatGoDuration(FUTURE_PUSH_SKEW_MS);
+  const skew = formatGoDuration(LIMITS.upgrade.futurePushSkewMs);
   const when = new Date(futureMs).toISOString();
   const ahead = formatGoDuration(roundedToSeconds(futureMs - nowMs));
   return kind === 'payload'
@@ -16721,7 +17016,7 @@ interface WaitNeeds {
 function waitNeeds(
   workload: K8sObject,
   s: UpgradeSettings,
-  decided: UpgradeDeps['decided'],
+  decided: DecidedBy | undefined,
   queued: PendingEntry | undefined,
   nowMs: number,
 ): WaitNeeds {
@@ -16742,9 +17037,8 @@ function waitNeeds(
   return { approval, windows, closed };
 }
 
-
 /** Who decided a push, and when: `approved by Li Lei (10.0.3.7, by link) at 2026-…`. Pure. */
-function decidedNote(d: NonNullable<UpgradeDeps['decided']>, nowMs: number): string {
+function decidedNote(d: DecidedBy, nowMs: number): string {
   if (d.action === 'promote') return `promoted ${d.by} at ${new Date(nowMs).toISOString()}`;
   const verb = d.action === 'replay' ? 'deployed again' : d.action === 'window' ? 'applied' : 'approved';
   return `${verb} by ${d.by} at ${new Date(nowMs).toISOString()}`;
@@ -16809,7 +17103,7 @@ function entryLinks(
   target: WorkloadTarget & { cluster: string | undefined },
   s: UpgradeSettings,
   needs: WaitNeeds,
-  a: UpgradeDeps['approvals'],
+  a: ApprovalSigning | undefined,
 ): ApprovalLinks | undefined | string {
   if (needs.approval && !a)
     return (
@@ -16846,7 +17140,7 @@ export function waitingAction(e: PendingEntry): string {
 //    and writes it into the push's report (recordDecision, the one place a decision reaches a report): the guarded
 //    PATCH of an applied push, the pending entry of a waiting one, the Event of each. A PATCH whose `test` fails
 //    (the workload changed since it was read) has the workload read again and the push decided again on it, up to
-//    UPGRADE_LIMITS.maxPatchAttempts times. A copy of the workload kept from an earlier push (KnownWorkloads) saves
+//    LIMITS.upgrade.maxPatchAttempts times. A copy of the workload kept from an earlier push (KnownWorkloads) saves
 //    the read that would precede every PATCH: only a plain apply is carried out on it, its patch also testing the
 //    annotations the decision read (policy, approval, window); any other decision is reached again on the workload
 //    as it is now. Another way to carry a decision out (a commit to Git) is an executor beside this one.
@@ -16885,7 +17179,7 @@ export async function carryOut(
       deps.known?.set(key, done);
       return done;
     }
-    if (!onCopy && reads >= UPGRADE_LIMITS.maxPatchAttempts) {
+    if (!onCopy && reads >= LIMITS.upgrade.maxPatchAttempts) {
       const what = describeResource(workloadResource(target));
       throw new UpgradeError(`${what} kept changing while it was patched (${reads} attempts); try again`);
     }
@@ -16962,7 +17256,7 @@ async function guardedPatch(
   onCopy: boolean,
 ): Promise<K8sObject | 'conflict'> {
   try {
-    return await client.patch<K8sObject>(workloadResource(target), ops, UPGRADE_LIMITS.fieldManager);
+    return await client.patch<K8sObject>(workloadResource(target), ops, LIMITS.upgrade.fieldManager);
   } catch (e) {
     if (e instanceof KubeError && e.status === 422 && (onCopy || e.causes.length === 0)) return 'conflict';
     throw e;
@@ -17002,7 +17296,7 @@ export function recordDecision(report: UpgradeReport, d: Decision, kind: Workloa
 //    Kubernetes manifest's container image, a kustomization's images entry, a Helm values field named by
 //    GIT_FIELD), so comments, order, quoting and indentation stay; committed on the branch head with the push in
 //    its message and trailers, and pushed with that head as the expected value. A branch that moved in between is
-//    fetched again and the edit made again on its new head, up to GIT_PUSH_ATTEMPTS times; pushes waiting for one
+//    fetched again and the edit made again on its new head, up to LIMITS.git.pushAttempts times; pushes waiting for one
 //    branch are committed together (WorkloadQueue.batch), and newest wins by the head commit's trailers. Nothing
 //    is written to the cluster: the GitOps tool applies the commit, which the service waits for after answering
 //    (GIT_SYNC_TIMEOUT) before the rollout is followed. Without GIT_REPO, a push that would patch a workload a
@@ -17010,12 +17304,6 @@ export function recordDecision(report: UpgradeReport, d: Decision, kind: Workloa
 //    Exports: commitOut, refuseGitopsOwned.
 //    Tests: test/git.test.ts.
 // ================================================================================================
-
-// A push racing others for one branch (replicas, other automations) fetches and commits again this many times:
-// each attempt is six requests, and a branch taking more than this many commits within seconds is a storm.
-const GIT_PUSH_ATTEMPTS = 5;
-// A file larger than this is not a manifest, a kustomization or a values file a person edits.
-const MAX_GIT_FILE_BYTES = 1024 * 1024;
 
 /** A YAML node with where its text is: a scalar's first and past-last character (code points from the start). */
 type LocatedNode =
@@ -17327,10 +17615,6 @@ interface PushEdit {
 /** What became of one push's edit in its batch. */
 type EditOutcome = { commit: string } | { unchanged: true } | { superseded: string } | { error: Error };
 
-// Pushes committed together at most: one commit per push waiting, in a burst, would make the last wait for every
-// commit before it; a commit of more than this many images is not read by anyone.
-const MAX_GIT_BATCH = 50;
-
 /** `registry/app:v2 to shop/deployment/web`: one push in a commit's message. */
 function deployed(e: PushEdit): string {
   const t = e.push.target;
@@ -17398,8 +17682,8 @@ function appliedEdit(read: GitHead, texts: Map<string, string>, e: PushEdit): Ed
   try {
     const content = read.files.get(file)!;
     if (content instanceof GitError) throw content;
-    if (content.length > MAX_GIT_FILE_BYTES)
-      throw new UpgradeError(`${file}: ${content.length} bytes, more than ${MAX_GIT_FILE_BYTES}`);
+    if (content.length > LIMITS.git.maxFileBytes)
+      throw new UpgradeError(`${file}: ${content.length} bytes, more than ${LIMITS.git.maxFileBytes}`);
     const text = texts.get(file) ?? new TextDecoder().decode(content);
     const { target, image } = e.push;
     const next = editGitFile({ file, text, target, container: e.config.container, image, field });
@@ -17423,7 +17707,7 @@ function newestInBatch(edits: PushEdit[]): (string | undefined)[] {
 
 /**
  * The edits of one batch (pushes waiting for one branch with the same credentials) made on the branch's head and
- * pushed as one commit; again on a moved branch, up to GIT_PUSH_ATTEMPTS times. Each edit's outcome, in order;
+ * pushed as one commit; again on a moved branch, up to LIMITS.git.pushAttempts times. Each edit's outcome, in order;
  * errors are UpgradeErrors scrubbed of the token.
  */
 async function committedEdits(edits: PushEdit[]): Promise<EditOutcome[]> {
@@ -17444,7 +17728,7 @@ async function committedEdits(edits: PushEdit[]): Promise<EditOutcome[]> {
       const commit = await pushGitCommit(remote, branch, read, contents, text);
       return outcomes.map((o) => (o === 'applied' ? { commit } : o));
     } catch (e) {
-      if (e instanceof GitError && e.kind === 'moved' && attempt < GIT_PUSH_ATTEMPTS) continue;
+      if (e instanceof GitError && e.kind === 'moved' && attempt < LIMITS.git.pushAttempts) continue;
       const why = e instanceof GitError && e.kind === 'moved' ? ` (the branch kept moving: ${attempt} attempts)` : '';
       const message = new Scrubber([remote.token]).scrub(`Git write-back: ${(e as Error).message}${why}`);
       const error = new UpgradeError(message);
@@ -17484,7 +17768,7 @@ export async function commitOut(
   report.target = Object.assign(target, { uid: String(valueAt(workload, ['metadata', 'uid'])) });
   const edit: PushEdit = { git, push: given.push, config: given.config, before: decision.before };
   const done = deps.queue
-    ? await deps.queue.batch(batchKey(git), edit, committedEdits, MAX_GIT_BATCH)
+    ? await deps.queue.batch(batchKey(git), edit, committedEdits, LIMITS.git.maxBatch)
     : (await committedEdits([edit]))[0];
   const where = `${git.branch} of ${git.remote.url.href}`;
   if ('error' in done) throw done.error;
@@ -17522,10 +17806,6 @@ async function committedRevert(edit: PushEdit, reason: string, where: string): P
   return { reason, notDone: 'superseded' in done ? done.superseded : `the file already names ${image}` };
 }
 
-// A workload waited for after a commit is read this often: the GitOps tool applies within its own poll
-// (Argo CD 3 minutes, Flux and Fleet their interval), so a read every 2 s costs little and reports promptly.
-const GIT_SYNC_POLL_MS = 2_000;
-
 /**
  * After the answer: waits until the workload's container runs the committed image (the GitOps tool applied the
  * commit), then leaves the rollout to the service's follow with the workload as read (deps.known), noting who
@@ -17554,7 +17834,7 @@ async function awaitGitSync(
       return undefined;
     }
     // Unreferenced: a service stopping is not held open by a push waiting for its GitOps tool.
-    await new Promise((next) => setTimeout(next, GIT_SYNC_POLL_MS).unref());
+    await new Promise((next) => setTimeout(next, LIMITS.git.syncPollMs).unref());
   }
 }
 
@@ -17691,9 +17971,9 @@ export function formatReport(r: UpgradeReport): string {
   lines.push(reportLine('result', r.result === 'ok' ? 'ok' : `failed: ${r.error ?? 'unknown error'}`));
   if (r.rollout) {
     lines.push(reportLine('rollout', formatRollout(r.rollout)));
-    for (const p of r.rollout.pods.slice(0, UPGRADE_LIMITS.maxPodLines)) lines.push(formatPod(p));
-    if (r.rollout.pods.length > UPGRADE_LIMITS.maxPodLines)
-      lines.push(reportLine('pods', `${r.rollout.pods.length - UPGRADE_LIMITS.maxPodLines} more not shown`));
+    for (const p of r.rollout.pods.slice(0, LIMITS.upgrade.maxPodLines)) lines.push(formatPod(p));
+    if (r.rollout.pods.length > LIMITS.upgrade.maxPodLines)
+      lines.push(reportLine('pods', `${r.rollout.pods.length - LIMITS.upgrade.maxPodLines} more not shown`));
   }
   if (r.rollback) lines.push(reportLine('rollback', formatRollback(r.rollback)));
   for (const n of r.notes) lines.push(reportLine('note', n));
@@ -17713,15 +17993,9 @@ export function formatReport(r: UpgradeReport): string {
 // ================================================================================================
 
 /**
- * The shortest wait between two reads of a rollout, whatever the caller asks: a timeout that is
- * not a number, or one about to end, never turns following into a busy loop against the API server.
- */
-const ROLLOUT_POLL_FLOOR_MS = 250;
-
-/**
  * Follows a workload's rollout by kubectl's rules until it completes, fails (a Deployment's
  * ProgressDeadlineExceeded, or a new pod stuck in a reason such as CrashLoopBackOff or
- * ImagePullBackOff for UPGRADE_LIMITS.stuckPodFailMs) or the time is up; at the deadline, stuck
+ * ImagePullBackOff for LIMITS.upgrade.stuckPodFailMs) or the time is up; at the deadline, stuck
  * pods make it "failed", otherwise "timed out". Can run after the HTTP answer has gone; never
  * throws (an API failure becomes the outcome's detail).
  */
@@ -17731,7 +18005,7 @@ export async function followRollout(
   options: FollowOptions,
 ): Promise<RolloutOutcome> {
   const deadline = Date.now() + (Number.isFinite(options.timeoutMs) ? Math.max(0, options.timeoutMs) : 0);
-  const pollMs = Math.max(ROLLOUT_POLL_FLOOR_MS, options.pollMs ?? UPGRADE_LIMITS.rolloutPollMs);
+  const pollMs = Math.max(LIMITS.upgrade.rolloutPollFloorMs, options.pollMs ?? LIMITS.upgrade.rolloutPollMs);
   const stuckSince = new Map<string, number>();
   let podsCheckedAt = Date.now();
   const feed = new WorkloadFeed(client, target, options);
@@ -17755,7 +18029,7 @@ export async function followRollout(
       options.onProgress?.({ state: 'progressing', detail: status.message, pods: [] });
       // Watching, a rollout whose workload changed since the last look is moving: its pods are looked
       // at once it has been still for stuckPodCheckMs (stuck pods leave the workload's status still).
-      if (Date.now() - Math.max(podsCheckedAt, feed.changedAt) >= UPGRADE_LIMITS.stuckPodCheckMs) {
+      if (Date.now() - Math.max(podsCheckedAt, feed.changedAt) >= LIMITS.upgrade.stuckPodCheckMs) {
         podsCheckedAt = Date.now();
         if (feed.watching) podStates.watch();
         const failed = await stuckTooLong(await podsOf(workload, false), options, stuckSince);
@@ -17763,8 +18037,11 @@ export async function followRollout(
       }
       // Watching, the next look comes with the next change, or when the pods are due a look.
       const still = Math.max(podsCheckedAt, feed.changedAt);
-      const next = feed.watching ? still + UPGRADE_LIMITS.stuckPodCheckMs - Date.now() : pollMs;
-      await feed.changed(Math.max(ROLLOUT_POLL_FLOOR_MS, Math.min(next, deadline - Date.now())), options.signal);
+      const next = feed.watching ? still + LIMITS.upgrade.stuckPodCheckMs - Date.now() : pollMs;
+      await feed.changed(
+        Math.max(LIMITS.upgrade.rolloutPollFloorMs, Math.min(next, deadline - Date.now())),
+        options.signal,
+      );
     }
   } catch (e) {
     return { state: 'timed out', detail: `could not follow the rollout: ${(e as Error).message}`, pods: [] };
@@ -17920,7 +18197,7 @@ class PodStates {
     // The wait's timer goes as soon as the race is decided: a follow looks every few seconds.
     let timer: NodeJS.Timeout | undefined;
     const late = () =>
-      new Promise<'late'>((resolve) => (timer = setTimeout(resolve, UPGRADE_LIMITS.podWatchSyncMs, 'late').unref()));
+      new Promise<'late'>((resolve) => (timer = setTimeout(resolve, LIMITS.upgrade.podWatchSyncMs, 'late').unref()));
     const state = this.synced && (await Promise.race([this.synced, late()]).finally(() => clearTimeout(timer)));
     if (state === 'late' && !listIfLate) return [];
     if (state === false || state === 'late') return podsOrNone(this.client, this.target, workload, container);
@@ -17975,7 +18252,7 @@ class WorkloadFeed {
     this.target = target;
     this.warn = options.warn;
     this.seen = options.seen;
-    this.quietMs = options.stuckFailMs ?? UPGRADE_LIMITS.stuckPodFailMs;
+    this.quietMs = options.stuckFailMs ?? LIMITS.upgrade.stuckPodFailMs;
     this.latest = initial;
     this.minGeneration = Number(valueAt(initial, ['metadata', 'generation']) ?? target.generation ?? 0);
     const rv = valueAt(initial, ['metadata', 'resourceVersion']) ?? target.resourceVersion;
@@ -18096,7 +18373,7 @@ function stuckTooLong(
   const now = Date.now();
   for (const name of [...stuckSince.keys()]) if (!stuck.some((p) => p.name === name)) stuckSince.delete(name);
   for (const p of stuck) if (!stuckSince.has(p.name)) stuckSince.set(p.name, now);
-  const limit = options.stuckFailMs ?? UPGRADE_LIMITS.stuckPodFailMs;
+  const limit = options.stuckFailMs ?? LIMITS.upgrade.stuckPodFailMs;
   const longest = Math.max(0, ...[...stuckSince.values()].map((t) => now - t));
   if (stuck.length === 0 || longest < limit) return undefined;
   return {
@@ -18153,11 +18430,11 @@ export async function claimFollow(
       },
     );
     try {
-      const updated = await client.patch<K8sObject>(workloadResource(target), ops, UPGRADE_LIMITS.fieldManager);
+      const updated = await client.patch<K8sObject>(workloadResource(target), ops, LIMITS.upgrade.fieldManager);
       known?.set(key, updated);
       return 'claimed';
     } catch (e) {
-      if (!(e instanceof KubeError && e.status === 422) || attempt >= UPGRADE_LIMITS.maxPatchAttempts) throw e;
+      if (!(e instanceof KubeError && e.status === 422) || attempt >= LIMITS.upgrade.maxPatchAttempts) throw e;
     }
   }
 }
@@ -18259,7 +18536,7 @@ export async function rollBackFailedRollout(
       guarded: { [LAST_PUSH_ANNOTATION]: { value: rolledBack, read: raw } },
     };
     const ops = planPatch(workload, target.kind, container, located, change);
-    const patched = await client.patch<K8sObject>(workloadResource(target), ops, UPGRADE_LIMITS.fieldManager);
+    const patched = await client.patch<K8sObject>(workloadResource(target), ops, LIMITS.upgrade.fieldManager);
     report.lastPush = rolledBack;
     report.action = `${report.action}, then rolled back to ${record.previous}`;
     const forced = kindSpec(target.kind).forcedRollback
@@ -18336,17 +18613,17 @@ async function forceRollback(
 
 /** The workload once its controller has observed the rollback's generation; throws past the limit. */
 async function rollbackObserved(client: KubeClient, target: WorkloadTarget, rolledBack: K8sObject): Promise<K8sObject> {
-  const deadline = Date.now() + UPGRADE_LIMITS.rollbackObservedMs;
+  const deadline = Date.now() + LIMITS.upgrade.rollbackObservedMs;
   const generation = numberAt(rolledBack, ['metadata', 'generation']);
   let workload = rolledBack;
   while (numberAt(workload, ['status', 'observedGeneration']) < generation) {
     if (Date.now() >= deadline) {
       throw new UpgradeError(
         `the ${target.kind} controller did not observe the rollback within ` +
-          formatGoDuration(UPGRADE_LIMITS.rollbackObservedMs),
+          formatGoDuration(LIMITS.upgrade.rollbackObservedMs),
       );
     }
-    await sleep(UPGRADE_LIMITS.rolloutPollMs);
+    await sleep(LIMITS.upgrade.rolloutPollMs);
     workload = await client.get<K8sObject>(workloadResource(target));
   }
   return workload;
@@ -18955,7 +19232,7 @@ type UpgradeResult = Awaited<ReturnType<typeof runUpgrade>>;
 //    (KeptPushes, answered 202), decided waiting pushes
 //    and pushes deployed again (runDecided), and the rollout follower that follows rollouts after the answer.
 //    Exports: FannedOut, hookClusters, listWorkloads, reportWhere, ResultListener, ResumedFollow, RolloutFollower,
-//    UpgradeOutput, UpgradeService, WORKLOAD_LIST_PAGE, workloadGroups.
+//    UpgradeOutput, UpgradeService, workloadGroups.
 //    Tests: test/burst.test.ts, test/e2e.test.ts, test/outage.test.ts, test/rollback.test.ts, test/upgrade.test.ts.
 // ================================================================================================
 
@@ -18986,13 +19263,6 @@ function isUpgradeEntryPoint(file: string): boolean {
   }
 }
 
-/**
- * Workloads a LIST asks for per request. An answer costs some four times its size on its way (the chunks read,
- * their concatenation, the text, the parsed objects): 100 workloads of a few KiB are a couple of MiB at once, where
- * pages of 500 made the approvals' rescan of a 2,000-workload release, every 30 s, a 20 MB rise of the peak.
- */
-const WORKLOAD_LIST_PAGE = 100;
-
 /** Targets by `<namespace>/<kind>`, then by name: what one LIST (or one watch) of a namespace's kind covers. */
 function workloadGroups<T extends { namespace: string; kind: WorkloadKind; name: string }>(targets: Iterable<T>) {
   const groups = new Map<string, Map<string, T>>();
@@ -19005,9 +19275,10 @@ function workloadGroups<T extends { namespace: string; kind: WorkloadKind; name:
 
 /**
  * The workloads of `targets`, read with one LIST per namespace and kind that holds two or more of them (in pages of
- * WORKLOAD_LIST_PAGE, each page let go before the next) instead of a GET each: `each` is given every target found and
- * its workload, kept lean (leanWorkload). A target alone in its namespace and kind, one a LIST did not find, and the
- * targets of a refused LIST (RBAC that names the workloads) are not given: the caller reads them one by one.
+ * LIMITS.upgrade.workloadListPage, each page let go before the next) instead of a GET each: `each` is given every
+ * target found and its workload, kept lean (leanWorkload). A target alone in its namespace and kind, one a LIST did not
+ * find, and the targets of a refused LIST (RBAC that names the workloads) are not given: the caller reads them one by
+ * one.
  */
 export async function listWorkloads<T extends { namespace: string; kind: WorkloadKind; name: string }>(
   client: KubeClient,
@@ -19018,7 +19289,7 @@ export async function listWorkloads<T extends { namespace: string; kind: Workloa
   type Page = { items?: K8sObject[]; metadata?: { continue?: string } };
   // A page is let go before the next is asked for: one held across that wait outlives the young generation.
   const listPage = async (ref: ResourceRef, byName: Map<string, T>, next: string | undefined) => {
-    const query = { limit: String(WORKLOAD_LIST_PAGE), ...(next ? { continue: next } : {}) };
+    const query = { limit: String(LIMITS.upgrade.workloadListPage), ...(next ? { continue: next } : {}) };
     const page = await client.list<Page>(ref, query);
     for (const item of page.items ?? []) {
       const target = byName.get(String(valueAt(item, ['metadata', 'name'])));
@@ -19065,7 +19336,7 @@ interface KeptPush {
 /**
  * Pushes the API server did not answer within the client's retry budget, or whose registry did not
  * answer under ON_REGISTRY_AWAY=keep: kept (the newest per
- * container, at most UPGRADE_LIMITS.maxKeptPushes), tried again every keptRetryMs until one applies
+ * container, at most LIMITS.upgrade.maxKeptPushes), tried again every keptRetryMs until one applies
  * or its deadline (-apply-deadline) passes, and settled with the final report, which the log,
  * Event and mail then tell. Kept in memory: a replica that stops settles what it holds as failed.
  */
@@ -19095,7 +19366,7 @@ class KeptPushes {
       const superseded = unchanged('superseded', KEPT_SUPERSEDED);
       return upgradeResult({ ...r, result: 'ok', error: undefined, unreachable: undefined, ...superseded });
     }
-    if (this.deadlineMs === 0 || this.stopping.aborted || (!held && this.kept.size >= UPGRADE_LIMITS.maxKeptPushes))
+    if (this.deadlineMs === 0 || this.stopping.aborted || (!held && this.kept.size >= LIMITS.upgrade.maxKeptPushes))
       return result;
     held?.abandon.abort();
     if (held && !held.trying)
@@ -19132,7 +19403,7 @@ class KeptPushes {
     this.retrying = true;
     try {
       while (this.kept.size > 0 && !this.stopping.aborted) {
-        await sleep(UPGRADE_LIMITS.keptRetryMs, undefined, { signal: this.stopping }).catch(() => undefined);
+        await sleep(LIMITS.upgrade.keptRetryMs, undefined, { signal: this.stopping }).catch(() => undefined);
         for (const [key, k] of [...this.kept]) {
           if (this.stopping.aborted || !(await this.retryOne(key, k))) break;
         }
@@ -19495,7 +19766,7 @@ export class UpgradeService implements InProcessCommand<UpgradeOutput> {
     target: { namespace: string; kind: WorkloadKind; name: string },
     container: string,
     push: IncomingPush,
-    decided: UpgradeDeps['decided'],
+    decided: DecidedBy | undefined,
     requestId: string,
     cluster: string | undefined,
   ): Promise<UpgradeResult & { env: Record<string, string | undefined> }> {
@@ -19855,21 +20126,6 @@ export class RolloutFollower implements CommandListener<UpgradeOutput> {
 //    Tests: test/promotion.test.ts, test/settings.test.ts.
 // ================================================================================================
 
-const PROMOTION_LIMITS = {
-  // PROMOTE_CHECK: each try's whole call (connect, answer, body); a health endpoint answers well within it.
-  checkDeadlineMs: 10_000,
-  // PROMOTE_CHECK: a few tries, for a check endpoint behind a load balancer that is restarting, all within the budget.
-  checkAttempts: 3,
-  checkBudgetMs: 30_000,
-  // Only the status counts: the body is read no further than this.
-  checkMaxBytes: 4_096,
-  // A soak's end that could not read or write its workload (the API server away) is tried again this much later.
-  retryMs: 30_000,
-  // The chains' last outcomes the deliveries page shows (promoted, stopped and why…): a release's worth, some
-  // 300 bytes each; the records of the pushes themselves are the deliveries' own.
-  recentOutcomes: 50,
-};
-
 /** A hook's stages and what a promotion waits for: read from the settings it fixes (checked at load). */
 export interface PromotionChain {
   stages: StageTarget[][];
@@ -19967,10 +20223,10 @@ async function writePromotionRecord(
       },
     );
     try {
-      await client.patch<K8sObject>(workloadResource(p.target), ops, UPGRADE_LIMITS.fieldManager);
+      await client.patch<K8sObject>(workloadResource(p.target), ops, LIMITS.upgrade.fieldManager);
       return true;
     } catch (e) {
-      if (!(e instanceof KubeError && e.status === 422) || attempt >= UPGRADE_LIMITS.maxPatchAttempts) throw e;
+      if (!(e instanceof KubeError && e.status === 422) || attempt >= LIMITS.upgrade.maxPatchAttempts) throw e;
     }
   }
 }
@@ -19998,7 +20254,7 @@ function soakProblem(workload: K8sObject, p: SoakPlace, r: PromotionRecord): str
 
 /** PROMOTE_CHECK asked: undefined when it answered 2xx, else why not (after its tries). */
 async function promoteCheck(url: URL): Promise<string | undefined> {
-  const L = PROMOTION_LIMITS;
+  const L = LIMITS.promotion;
   const request = { method: 'GET', deadlineMs: L.checkDeadlineMs, maxResponseBytes: L.checkMaxBytes };
   const tried = await retrying<number, string>({ budgetMs: L.checkBudgetMs, attempts: L.checkAttempts }, async () => {
     try {
@@ -20079,7 +20335,7 @@ function soakKey(p: SoakPlace): string {
  */
 export class Promotions implements ResultListener {
   private readonly soaks = new Map<string, Soak>();
-  /** The last outcomes, newest first (PROMOTION_LIMITS.recentOutcomes). */
+  /** The last outcomes, newest first (LIMITS.promotion.recentOutcomes). */
   private readonly outcomes: PromotionOutcome[] = [];
   /** The requests of this replica's promotions: their outcome is counted when they are made, not again. */
   private readonly promoted = new Set<string>();
@@ -20177,7 +20433,7 @@ export class Promotions implements ResultListener {
     const labels = { hook: hook.id, from: stageName(chain.stages[to - 1]), to: stageName(chain.stages[to]), outcome };
     this.metrics?.inc('webhook_promotions_total', labels);
     this.outcomes.unshift({ at: new Date(), ...seen, from: labels.from, to: labels.to, outcome });
-    this.outcomes.length = Math.min(this.outcomes.length, PROMOTION_LIMITS.recentOutcomes);
+    this.outcomes.length = Math.min(this.outcomes.length, LIMITS.promotion.recentOutcomes);
   }
 
   /** The soak starts: recorded on the stage's workload (the record another replica finds), then waited out here. */
@@ -20261,9 +20517,9 @@ export class Promotions implements ResultListener {
     } catch (e) {
       this.log.error(
         `[${r.request}] ${placeName(p)}: the soak's end could not be read or written: ` +
-          `${(e as Error).message}; tried again in ${formatGoDuration(PROMOTION_LIMITS.retryMs)}`,
+          `${(e as Error).message}; tried again in ${formatGoDuration(LIMITS.promotion.retryMs)}`,
       );
-      if (!this.soaks.has(key)) this.schedule(soak, PROMOTION_LIMITS.retryMs);
+      if (!this.soaks.has(key)) this.schedule(soak, LIMITS.promotion.retryMs);
     }
   }
 
@@ -20432,24 +20688,6 @@ export class Promotions implements ResultListener {
 //    Tests: test/approvals.test.ts, test/clusters.test.ts, test/signed-images.test.ts, test/unit.test.ts.
 // ================================================================================================
 
-const APPROVAL_LIMITS = {
-  // Another replica's waiting pushes (one that stopped leaves them) are found within this long; a window's
-  // opening on one of them is acted on that late at worst. One LIST (in pages) per namespace and kind the hooks reach
-  // (a GET where they reach one workload there): a release's 2,000 workloads are 20 requests, not 2,000.
-  rescanMs: 30_000,
-  // Known waiting pushes are checked this often for an opened window or an expiry: in memory, no API call.
-  tickMs: 1_000,
-  // A name in the form is a person's name or handle.
-  maxNameChars: 100,
-  // A window's opening or an expiry that could not be acted on (the API server away) is tried again this much
-  // later, not on every tick.
-  retryMs: 30_000,
-  // Decided entries remembered, so that their links, used again, cost no API call (until they expire, 24 h by
-  // default). Each is an id and a time, some 100 bytes: 1 MB at most, more than a day of a release's approvals.
-  // Past it the oldest is forgotten, and its link costs one read again.
-  rememberedDecisions: 10_000,
-};
-
 /** One waiting push as a replica knows it: where it waits (the cluster: undefined for the default), its entry. */
 export interface WaitingPush {
   target: { namespace: string; kind: WorkloadKind; name: string };
@@ -20542,7 +20780,7 @@ function confirmationPage(w: WaitingPush, action: ApprovalClaims['action'], runn
     '</tbody></table>',
     problem ? `<p class="failed"><span class="tag">${escapeHtml(problem)}</span></p>` : '',
     '<form method="post"><p><label>Your name (recorded with the decision)<br>',
-    `<input name="name" required maxlength="${APPROVAL_LIMITS.maxNameChars}" autocomplete="name"></label></p>`,
+    `<input name="name" required maxlength="${LIMITS.approval.maxNameChars}" autocomplete="name"></label></p>`,
     `<p><button type="submit">${escapeHtml(words.button)}</button></p></form>`,
   ].join('\n');
   return pageShell(`${words.verb} ${e.image} — webhook`, undefined, body);
@@ -20571,8 +20809,8 @@ const NAME_BRACKETS = /[\p{Ps}\p{Pe}]/u;
 function deciderName(form: URLSearchParams | undefined): { name: string } | { problem: string } {
   const name = (form?.get('name') ?? '').trim();
   if (name === '') return { problem: 'Give your name: it is recorded with the decision.' };
-  if (name.length > APPROVAL_LIMITS.maxNameChars)
-    return { problem: `A name has at most ${APPROVAL_LIMITS.maxNameChars} characters (this one has ${name.length}).` };
+  if (name.length > LIMITS.approval.maxNameChars)
+    return { problem: `A name has at most ${LIMITS.approval.maxNameChars} characters (this one has ${name.length}).` };
   if (NAME_CONTROLS.test(name)) {
     const which = firstCharacter(name, NAME_CONTROLS);
     return { problem: `A name may not hold control, line-separator or bidirectional characters (${which}).` };
@@ -20694,9 +20932,9 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
 
   /** At start: the waiting pushes on the workloads the hooks reach, then the clock that acts on them. */
   start(): void {
-    const tick = setInterval(() => this.tick(), APPROVAL_LIMITS.tickMs);
+    const tick = setInterval(() => this.tick(), LIMITS.approval.tickMs);
     tick.unref();
-    const rescan = setInterval(() => void this.rescan(), APPROVAL_LIMITS.rescanMs);
+    const rescan = setInterval(() => void this.rescan(), LIMITS.approval.rescanMs);
     rescan.unref();
     this.stopping.signal.addEventListener('abort', () => {
       clearInterval(tick);
@@ -20883,10 +21121,10 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
     try {
       const o = await this.decide(w, action, by);
       if (o.status === 409) this.log.info(`${where}: ${o.detail}`);
-      if (o.status >= 500) this.retryAt.set(w.entry.id, Date.now() + APPROVAL_LIMITS.retryMs);
+      if (o.status >= 500) this.retryAt.set(w.entry.id, Date.now() + LIMITS.approval.retryMs);
     } catch (e) {
-      this.log.error(`${where}: ${(e as Error).message}; tried again in ${formatGoDuration(APPROVAL_LIMITS.retryMs)}`);
-      this.retryAt.set(w.entry.id, Date.now() + APPROVAL_LIMITS.retryMs);
+      this.log.error(`${where}: ${(e as Error).message}; tried again in ${formatGoDuration(LIMITS.approval.retryMs)}`);
+      this.retryAt.set(w.entry.id, Date.now() + LIMITS.approval.retryMs);
     } finally {
       this.acting.delete(w.entry.id);
     }
@@ -21060,7 +21298,7 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
   /** Takes a pending entry off by a patch that tests the annotation read: the workload as read, undefined if gone. */
   private async takeOff(client: KubeClient, w: WaitingPush): Promise<K8sObject | undefined> {
     const target: WorkloadTarget = { ...w.target };
-    for (let attempt = 1; attempt <= UPGRADE_LIMITS.maxPatchAttempts; attempt++) {
+    for (let attempt = 1; attempt <= LIMITS.upgrade.maxPatchAttempts; attempt++) {
       const workload = await readWorkload(client, target);
       const { raw, entries } = readPendingEntries(workload);
       if (entries[w.container]?.id !== w.entry.id) return this.forget(w);
@@ -21069,7 +21307,7 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
         [PENDING_ANNOTATION]: raw ?? null,
       });
       try {
-        await client.patch(workloadResource(target), ops, UPGRADE_LIMITS.fieldManager);
+        await client.patch(workloadResource(target), ops, LIMITS.upgrade.fieldManager);
       } catch (e) {
         if (e instanceof KubeError && e.status === 422 && e.causes.length === 0) continue;
         throw e;
@@ -21093,10 +21331,10 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
   private remember(id: string, untilMs: number): void {
     const now = Date.now();
     if (!(untilMs > now)) return;
-    if (this.decided.size >= APPROVAL_LIMITS.rememberedDecisions)
+    if (this.decided.size >= LIMITS.approval.rememberedDecisions)
       for (const [old, until] of this.decided) if (until <= now) this.decided.delete(old);
     const oldest = this.decided.keys().next().value;
-    if (this.decided.size >= APPROVAL_LIMITS.rememberedDecisions && oldest !== undefined) this.decided.delete(oldest);
+    if (this.decided.size >= LIMITS.approval.rememberedDecisions && oldest !== undefined) this.decided.delete(oldest);
     this.decided.set(id, untilMs);
   }
 
@@ -21164,7 +21402,6 @@ interface PastPush {
   image: string;
 }
 
-
 // ================================================================================================
 // 45. registry watch — pushes no registry announced. A workload annotated webhook/poll: <interval> (or the one a hook
 //    with POLL_INTERVAL fixes) has its repository looked at every interval, and once soon after the start (spread
@@ -21179,47 +21416,9 @@ interface PastPush {
 //    repository and tag per interval, shared by every workload and cluster; a token bucket per registry host; a 429's
 //    Retry-After (else a backoff) honoured per host; the pull secret, REGISTRY_CA and REGISTRY_TOKEN_HOSTS as
 //    VERIFY_IMAGE uses them. A bad annotation is a Warning Event (RegistryWatchRefused), once, and no watch.
-//    Exports: HOOK_ANNOTATION, POLL_ANNOTATION, RegistryWatch, WatchedWorkload.
+//    Exports: RegistryWatch, WatchedWorkload.
 //    Tests: test/registry-watch.test.ts.
 // ================================================================================================
-
-/** The annotation that asks for a registry watch of a workload: a Go duration, at least 10s. */
-const POLL_ANNOTATION = 'webhook/poll';
-/** The annotation naming the hook whose settings a watch of the workload takes. */
-const HOOK_ANNOTATION = 'webhook/hook';
-
-const POLL_LIMITS = {
-  // Annotations added or taken off are found within this long: one LIST (in pages) per kind and cluster, every
-  // namespace. Rare, since a cluster's workloads are many and annotations change seldom; what a look deploys, and
-  // what another source deployed, the watch learns at once (it reads the workload before it hands a push over).
-  rescanMs: 5 * 60_000,
-  // A rescan whose LIST failed (the API server busy or away) is tried again this much later, not a rescan later.
-  rescanRetryMs: 30_000,
-  // The first looks after the start are spread over this long (at most one interval): a replica watching 2,000
-  // workloads does not send 2,000 requests in its first second.
-  catchUpSpreadMs: 10_000,
-  // One look: the listing's pages and a HEAD, each request within its own deadline, all within this.
-  lookTimeoutMs: 30_000,
-  // Requests per second to one registry host, and the burst: Argo CD Image Updater's default limit is 20/s; a
-  // quarter of it leaves room for the nodes' pulls and the notifications' VERIFY_IMAGE.
-  perSecond: 5,
-  burst: 10,
-  // A 429 without a Retry-After: the host is left alone this long, doubling to maxBackoffMs while it goes on.
-  backoffMs: 30_000,
-  maxBackoffMs: 15 * 60_000,
-  // An answer serves another workload's look while younger than this share of that workload's interval: two
-  // workloads on one repository looking seconds apart make one listing, and each interval still lists anew.
-  freshShare: 0.9,
-  // Workloads watched at most (each some hundred bytes and a timer); past it the others are refused with a warning.
-  maxWatched: 20_000,
-  // glob: and regexp: take the newest build among at most this many matching tags (the highest by name, numbers
-  // compared as numbers): each new digest costs a manifest and a config blob, Kargo's discovery limit is 20.
-  maxCandidates: 20,
-  // Creation times kept by digest (a digest's never changes): some 100 bytes each.
-  maxCreatedKept: 10_000,
-  // An image config is a few KiB (its history, labels); larger is not one.
-  maxConfigBytes: 1024 * 1024,
-};
 
 /** One workload and container a replica watches, as -validate and the deliveries page show it. */
 export interface WatchedWorkload {
@@ -21299,21 +21498,6 @@ function recordedDigest(record: PushRecord | undefined, image: string): string |
 
 // ---- the registry's answers: a tag's digest, a repository's tags --------------------------------
 
-/**
- * How much of a tag list is read. A registry's list comes whole in memory (it is JSON): these bound what one
- * repository can cost, the way Flux and Argo CD Image Updater do not (image-reflector #931: library/node's 9,000).
- */
-const TAG_LIST_LIMITS = {
-  // Distribution serves up to 1,000 a page when asked (n=); some registries cap lower and say so by a Link.
-  pageSize: 1_000,
-  // Five full pages: a repository a release process tags this often is listed as it is; beyond, the watch would
-  // read (and keep for an interval) megabytes per repository per interval, so it refuses instead.
-  maxPages: 5,
-  maxTags: 5_000,
-  // A page of 1,000 tags of 128 characters is some 130 KB of JSON: one of 1 MiB is not a tag list.
-  maxPageBytes: 1024 * 1024,
-};
-
 /** A tag as the distribution grammar spells one. */
 const TAG_GRAMMAR = /^[\w][\w.-]{0,127}$/;
 
@@ -21354,24 +21538,24 @@ async function tagDigest(reader: RepositoryReader, where: string, tag: string): 
   return digest;
 }
 
-/** One page of a tag list: its answer, a page over TAG_LIST_LIMITS.maxPageBytes refused with a RegistryError. */
+/** One page of a tag list: its answer, a page over LIMITS.tagList.maxPageBytes refused with a RegistryError. */
 function tagPage(reader: RepositoryReader, where: string, query: string): Promise<OutboundAnswer> {
-  return reader.get(`tags/list?${query}`, 'application/json', TAG_LIST_LIMITS.maxPageBytes).catch((e: unknown) => {
+  return reader.get(`tags/list?${query}`, 'application/json', LIMITS.tagList.maxPageBytes).catch((e: unknown) => {
     if (!(e instanceof OutboundError && e.code === 'E2BIG')) throw e;
-    const most = TAG_LIST_LIMITS.maxPageBytes;
+    const most = LIMITS.tagList.maxPageBytes;
     throw new RegistryError(`${where}: a page of its tag list is larger than ${most} bytes: refused`);
   });
 }
 
 /**
- * A repository's tags (GET tags/list, TAG_LIST_LIMITS.pageSize a page, the next page from the Link header), in the
- * registry's order. More than TAG_LIST_LIMITS.maxTags tags, more pages than maxPages or a page larger than
+ * A repository's tags (GET tags/list, LIMITS.tagList.pageSize a page, the next page from the Link header), in the
+ * registry's order. More than LIMITS.tagList.maxTags tags, more pages than maxPages or a page larger than
  * maxPageBytes is refused whole (a RegistryError saying which): what is read stays bounded.
  */
 async function listTags(reader: RepositoryReader, repo: { host: string; repository: string }): Promise<string[]> {
   const where = `${repo.host}/${repo.repository}`;
   const tags: string[] = [];
-  let query = `n=${TAG_LIST_LIMITS.pageSize}`;
+  let query = `n=${LIMITS.tagList.pageSize}`;
   for (let page = 1; ; page++) {
     const answer = await tagPage(reader, where, query);
     if (answer.status === 404) throw new RegistryError(`${where}: the registry has no such repository`, 404);
@@ -21384,12 +21568,12 @@ async function listTags(reader: RepositoryReader, repo: { host: string; reposito
     }
     for (const tag of asList(valueAt(listed, ['tags'])))
       if (typeof tag === 'string' && TAG_GRAMMAR.test(tag)) tags.push(tag);
-    if (tags.length > TAG_LIST_LIMITS.maxTags)
-      throw new RegistryError(`${where}: more than ${TAG_LIST_LIMITS.maxTags} tags: refused, none read`);
+    if (tags.length > LIMITS.tagList.maxTags)
+      throw new RegistryError(`${where}: more than ${LIMITS.tagList.maxTags} tags: refused, none read`);
     const next = nextTagPage(answer.headers.link, repo.repository, repo.host);
     if (next === undefined) return tags;
-    if (page >= TAG_LIST_LIMITS.maxPages)
-      throw new RegistryError(`${where}: its tag list has more than ${TAG_LIST_LIMITS.maxPages} pages: refused`);
+    if (page >= LIMITS.tagList.maxPages)
+      throw new RegistryError(`${where}: its tag list has more than ${LIMITS.tagList.maxPages} pages: refused`);
     query = next;
   }
 }
@@ -21440,7 +21624,7 @@ export class RegistryWatch {
   start(): this {
     const round = async () => {
       const listed = await this.scan().catch((e: Error) => void this.log.error(`registry watch: ${e.message}`));
-      const next = listed ? POLL_LIMITS.rescanMs : POLL_LIMITS.rescanRetryMs;
+      const next = listed ? LIMITS.poll.rescanMs : LIMITS.poll.rescanRetryMs;
       if (!this.stopping.signal.aborted) this.rescanTimer = setTimeout(round, next).unref();
     };
     void round();
@@ -21474,7 +21658,7 @@ export class RegistryWatch {
         this.log.info(`registry watch: ${this.where(w)} is no longer watched`);
       }
     this.metrics?.setGauge('webhook_registry_watched', {}, this.watched.size);
-    const oldest = Date.now() - POLL_INTERVAL_RANGE.maxMs;
+    const oldest = Date.now() - LIMITS.poll.interval.maxMs;
     for (const cache of [this.listings, this.digests])
       for (const [key, shared] of cache) if (shared.at < oldest) cache.delete(key);
     return listed;
@@ -21492,7 +21676,7 @@ export class RegistryWatch {
     let next: string | undefined;
     try {
       do {
-        const query = { limit: String(WORKLOAD_LIST_PAGE), ...(next ? { continue: next } : {}) };
+        const query = { limit: String(LIMITS.upgrade.workloadListPage), ...(next ? { continue: next } : {}) };
         const page = await client.list<Page>(workloadResource({ kind, namespace: '' }), query);
         for (const item of page.items ?? []) await this.found(client, cluster, kind, item, hooks, seen);
         next = page.metadata?.continue;
@@ -21530,8 +21714,8 @@ export class RegistryWatch {
     const key = `${at}/${of.watch.container}`;
     seen.add(key);
     const had = this.watched.get(key);
-    if (!had && this.watched.size >= POLL_LIMITS.maxWatched)
-      return this.tell(client, at, target, `more than ${POLL_LIMITS.maxWatched} workloads are watched`);
+    if (!had && this.watched.size >= LIMITS.poll.maxWatched)
+      return this.tell(client, at, target, `more than ${LIMITS.poll.maxWatched} workloads are watched`);
     if (had) {
       // Brought up to date where it is: its timer's look is of this very entry.
       const interval = had.intervalMs;
@@ -21545,7 +21729,7 @@ export class RegistryWatch {
     const w: WatchState = { ...of.watch, key };
     this.watched.set(key, w);
     this.log.info(`registry watch: ${this.where(w)}: ${w.image} every ${formatGoDuration(w.intervalMs)}`);
-    this.schedule(w, Math.floor(Math.random() * Math.min(POLL_LIMITS.catchUpSpreadMs, w.intervalMs)));
+    this.schedule(w, Math.floor(Math.random() * Math.min(LIMITS.poll.catchUpSpreadMs, w.intervalMs)));
   }
 
   /** Why a workload asking for a watch is not watched: logged and recorded as a Warning Event, once per problem. */
@@ -21616,7 +21800,7 @@ export class RegistryWatch {
     const counted = (verb: string, code: string) =>
       this.metrics?.inc('webhook_registry_requests_total', { registry: host, verb, code });
     const reader = () =>
-      new RepositoryReader(registry, loginFor, performance.now() + POLL_LIMITS.lookTimeoutMs, counted);
+      new RepositoryReader(registry, loginFor, performance.now() + LIMITS.poll.lookTimeoutMs, counted);
     const workload = { metadata: { annotations: w.facts.annotations } };
     const effect = policyInEffect(workload, w.container, config.policy, `${w.target.kind}/${w.target.name}`);
     if ('malformed' in effect) return `failed: ${effect.malformed}`;
@@ -21675,7 +21859,7 @@ export class RegistryWatch {
       policyDecision(policy, workload, w.container, w.image, `${repo.name}:${t}`, name).kind === 'allowed';
     const matching = tags.filter(allowed).sort((a, b) => b.localeCompare(a, 'en', { numeric: true }));
     let best: { tag: string; digest: string; created: number } | undefined;
-    for (const tag of matching.slice(0, POLL_LIMITS.maxCandidates)) {
+    for (const tag of matching.slice(0, LIMITS.poll.maxCandidates)) {
       const digest = await this.digestOf(w, reader, repo.host, `${where}:${tag}`, tag);
       const created = digest === undefined ? undefined : await this.createdAt(reader, repo.host, digest);
       if (digest && created !== undefined && (!best || created > best.created)) best = { tag, digest, created };
@@ -21700,18 +21884,18 @@ export class RegistryWatch {
   private async createdAt(reader: () => RepositoryReader, host: string, digest: string): Promise<number | undefined> {
     if (this.created.has(digest)) return this.created.get(digest) ?? undefined;
     const r = reader();
-    const wait = POLL_LIMITS.lookTimeoutMs;
+    const wait = LIMITS.poll.lookTimeoutMs;
     let manifest = await this.throttled(host, () => r.manifest(digest), wait);
     const first = valueAt(asList(manifest?.json.manifests)[0], ['digest']);
     if (typeof first === 'string') manifest = await this.throttled(host, () => r.manifest(first), wait);
     const config = valueAt(manifest?.json, ['config', 'digest']);
     let created: number | undefined;
     if (typeof config === 'string') {
-      const blob = await this.throttled(host, () => r.blob(config, POLL_LIMITS.maxConfigBytes), wait);
+      const blob = await this.throttled(host, () => r.blob(config, LIMITS.poll.maxConfigBytes), wait);
       const text = valueAt(JSON.parse(blob.toString('utf8')), ['created']);
       created = typeof text === 'string' && Number.isFinite(Date.parse(text)) ? Date.parse(text) : undefined;
     }
-    if (this.created.size >= POLL_LIMITS.maxCreatedKept) this.created.delete(this.created.keys().next().value!);
+    if (this.created.size >= LIMITS.poll.maxCreatedKept) this.created.delete(this.created.keys().next().value!);
     this.created.set(digest, created ?? null);
     return created;
   }
@@ -21772,7 +21956,7 @@ export class RegistryWatch {
     ask: () => Promise<T>,
   ): Promise<T> {
     const had = cache.get(key);
-    if (had && Date.now() - had.at < intervalMs * POLL_LIMITS.freshShare) return had.answer;
+    if (had && Date.now() - had.at < intervalMs * LIMITS.poll.freshShare) return had.answer;
     const entry = { at: Date.now(), answer: ask() };
     cache.set(key, entry);
     entry.answer.catch(() => cache.get(key) === entry && cache.delete(key));
@@ -21780,12 +21964,12 @@ export class RegistryWatch {
   }
 
   /**
-   * A request to `host` once its token bucket lets it (POLL_LIMITS.perSecond): a look waits up to its interval for
+   * A request to `host` once its token bucket lets it (LIMITS.poll.perSecond): a look waits up to its interval for
    * its turn (the catch-up of a fleet on one registry queues), and its request's deadline starts after the wait.
    */
   private async throttled<T>(host: string, request: () => Promise<T>, maxWaitMs: number): Promise<T> {
     let bucket = this.buckets.get(host);
-    if (!bucket) this.buckets.set(host, (bucket = new TokenBucket(POLL_LIMITS.perSecond, POLL_LIMITS.burst)));
+    if (!bucket) this.buckets.set(host, (bucket = new TokenBucket(LIMITS.poll.perSecond, LIMITS.poll.burst)));
     const wait = bucket.reserve(maxWaitMs);
     if (wait === undefined) throw new RegistryError(`more requests for ${host} wait than it is sent in an interval`);
     if (wait > 0) await sleep(wait, undefined, { signal: this.stopping.signal });
@@ -21796,9 +21980,9 @@ export class RegistryWatch {
   private rested(host: string, e: unknown): string {
     if (e instanceof RegistryError && e.status === 429) {
       const before = this.resting.get(host);
-      const backoffMs = Math.min(POLL_LIMITS.maxBackoffMs, before ? before.backoffMs * 2 : POLL_LIMITS.backoffMs);
+      const backoffMs = Math.min(LIMITS.poll.maxBackoffMs, before ? before.backoffMs * 2 : LIMITS.poll.backoffMs);
       const waitMs = e.retryAfterSeconds !== undefined ? e.retryAfterSeconds * 1000 : backoffMs;
-      const until = Date.now() + Math.min(waitMs, POLL_INTERVAL_RANGE.maxMs);
+      const until = Date.now() + Math.min(waitMs, LIMITS.poll.interval.maxMs);
       this.resting.set(host, { until, backoffMs });
       return `${(e as Error).message}; ${host} is not asked again before ${new Date(until).toISOString()}`;
     }
@@ -21914,58 +22098,10 @@ function fixesTarget(hook: Hook, target: WatchedWorkload['target'], cluster: str
 //    and the deliveries page render the record, none reads an outcome back from text. The hook settings a result is
 //    told with (ResultSettings) are read from the command's environment once, when its job is made (resultSettings),
 //    or, for a follow resumed from its record, from the record and the report.
-//    Exports: Delivery, DeliveryLog, NotifyTexts, ResultChannel, ResultDispatcher, SendOutcome.
+//    Exports: DeliveryLog, ResultChannel, ResultDispatcher.
 //    Tests: test/decision.test.ts, test/deliveries.test.ts, test/mail.test.ts, test/notify.test.ts,
 //    test/resume.test.ts.
 // ================================================================================================
-
-const RESULT_LIMITS = {
-  // The report a result carries (the page, the JSON document): an upgrade's is under a few KiB; a
-  // plain command's output may be up to a MiB, which 200 entries of the deliveries page would hold
-  // in memory. The mail and the log keep the whole output.
-  maxReportChars: 64 * 1024,
-  // A result's detail (why: a refusal, a no-op's reason) is one line; each of the 200 entries keeps it, the page
-  // shows it in a table cell. Reasons built from payload data are cut to a KiB already (listWithin); this also
-  // bounds a long API or command error.
-  maxDetailChars: 4 * 1024,
-};
-
-/** How a push ended, as its mail's subject says it. */
-type Outcome = 'succeeded' | 'failed' | 'no change';
-
-/** How a result's mail or notification went: sent, failed (after retries), or held back by a cap. */
-export interface SendOutcome {
-  state: 'sent' | 'failed' | 'held';
-  detail: string;
-}
-
-/**
- * The hook settings a command's result is told with, read from the command's environment once, when its job is
- * made (resultSettings): any hook's command, not only an upgrade, has its result mailed and posted. Each setting
- * the channels check is kept as given, so that a wrong one fails its channel, never the push.
- */
-export interface ResultSettings {
-  /** REPO_TYPE, CLUSTER (trimmed), APP_NS, APP_WORKLOAD, APP_CONTAINER when set: where the push went. */
-  repoType: string | undefined;
-  cluster: string | undefined;
-  namespace: string | undefined;
-  workload: string | undefined;
-  container: string | undefined;
-  /** MAIL_TO as given when set: the mail parses it (Mailer.notify). */
-  mailTo: string | undefined;
-  /** NOTIFY_ON_SKIP: whether a push the update policy skipped goes to the channels. */
-  notifyOnSkip: boolean;
-  /** NOTIFY_URL, NOTIFY_FORMAT, NOTIFY_SECRET, NOTIFY_TELEGRAM_CHAT as given: the notifications check them. */
-  notify: NotifyTexts;
-}
-
-/** The notification settings as a hook passes them, for notifyTargets to check. */
-export interface NotifyTexts {
-  url?: string;
-  format?: string;
-  secret?: string;
-  telegramChat?: string;
-}
 
 /** A command's ResultSettings from its environment: the boundary of a result, as readHookConfig is of a push. */
 export function resultSettings(env: Readonly<Record<string, string | undefined>>): ResultSettings {
@@ -22032,43 +22168,6 @@ function resultText(r: Ended, report: UpgradeReport | undefined): string {
   return formatReport(report) + decide;
 }
 
-/**
- * The one record of a push: where it went, what became of it, its rollout, and how its result was sent. The answer's
- * report, the deliveries page, /deliveries.json, the mail and the chat and JSON notifications all render it.
- */
-export interface Delivery {
-  seq: number;
-  /** running: the command; following: the rollout, after the answer; done: the result is final. */
-  state: 'running' | 'following' | 'done';
-  notifications: { channel: string; state: 'pending' | SendOutcome['state']; detail: string }[];
-  hookId: string;
-  requestId: string;
-  receivedAt: Date;
-  finishedAt?: Date;
-  outcome?: Outcome;
-  /** One of the closed list's words (DECISIONS' `published`). */
-  decision: PublishedDecision;
-  detail: string;
-  /** How the answer said it (`image updated`, `none (<reason>)`), or a command's exit status: the mail's words. */
-  action: string;
-  /** The hook settings its result is told with: where it goes, and the names the hook gave. */
-  settings: ResultSettings;
-  registry?: string;
-  /** The hook's CLUSTER (a kubeconfig context); undefined: the service's default cluster. */
-  cluster?: string;
-  namespace?: string;
-  workload?: string;
-  container?: string;
-  imageBefore?: string;
-  imageAfter?: string;
-  rollout?: { state: string; detail: string };
-  pods: PodSummary[];
-  /** The upgrade's report (or the command's output), scrubbed of known secrets, cut to maxReportChars. */
-  report: string;
-  /** A push that waits: for what, until when, and the links that decide it (when a person may). */
-  waiting?: { for: string; until: string; opensAt?: string; window?: string; links?: ApprovalLinks };
-}
-
 /** What a finished command (or a follow resumed here) tells its record; the rest is the page's. */
 type DeliveryFacts = Omit<Delivery, 'seq' | 'state' | 'notifications'>;
 
@@ -22132,13 +22231,13 @@ function waitingOf(w: NonNullable<UpgradeReport['waiting']>): NonNullable<Delive
 }
 
 function cutReport(text: string): string {
-  const max = RESULT_LIMITS.maxReportChars;
+  const max = LIMITS.result.maxReportChars;
   return text.length <= max ? text : `${text.slice(0, max)}\n[… ${text.length - max} more characters]\n`;
 }
 
 /** A decision with its detail cut as a report is, to maxDetailChars. Pure. */
 function cutDetail(d: PublishedResult): PublishedResult {
-  const max = RESULT_LIMITS.maxDetailChars;
+  const max = LIMITS.result.maxDetailChars;
   if (d.detail.length <= max) return d;
   return { decision: d.decision, detail: `${d.detail.slice(0, max)} [… ${d.detail.length - max} more characters]` };
 }
@@ -22399,11 +22498,6 @@ export function parseMailConfig(env: Readonly<Record<string, string | undefined>
 
 // ---- mailing a hook's result ----
 
-// Three tries over about six seconds ride out a restarting relay or greylisting's first refusal
-// without keeping a mail (or a shutdown that flushes it) waiting for long.
-const MAIL_ATTEMPTS = 3;
-const MAIL_RETRY_BACKOFF_MS = 2_000;
-
 /**
  * Subject and body of a result mail. The subject keeps the old image's wording (operators filter
  * on it) and adds the outcome: "Webhooks通知: prod-deployment/web-app 更新结果: succeeded".
@@ -22440,10 +22534,6 @@ interface MailWindow {
   heldCount: number;
   timer: NodeJS.Timeout;
 }
-
-// A summary lists this many held results one per line and counts the rest, so a flood of calls
-// cannot grow one mail (or the memory holding it) without bound.
-const MAX_SUMMARY_LINES = 100;
 
 /**
  * Sends result mails in the background: the HTTP answer never waits for SMTP. Transient failures
@@ -22520,7 +22610,7 @@ export class Mailer implements ResultChannel {
           `${formatGoDuration(this.cap.windowMs)}; further results go into one summary mail when that time is up`,
       );
     window.heldCount++;
-    if (window.held.length < MAX_SUMMARY_LINES) window.held.push(summaryLine(d));
+    if (window.held.length < LIMITS.mail.maxSummaryLines) window.held.push(summaryLine(d));
     this.metrics.inc('webhook_mails_total', { result: 'summarized' });
     return false;
   }
@@ -22557,7 +22647,7 @@ export class Mailer implements ResultChannel {
       return Promise.resolve({ state: 'failed', detail: (e as Error).message });
     }
     const options = { to, timeouts: this.timeouts };
-    const sending = sendWithRetry(config, message, options, MAIL_ATTEMPTS, MAIL_RETRY_BACKOFF_MS)
+    const sending = sendWithRetry(config, message, options, LIMITS.mail.attempts, LIMITS.mail.retryBackoffMs)
       .then((r): SendOutcome => {
         if (r.ok) {
           this.metrics.inc('webhook_mails_total', { result: 'sent' });
@@ -22623,48 +22713,6 @@ function summaryMail(hookId: string, window: MailWindow, cap: MailCap): { subjec
 //    Exports: Notifier, notifyTargets, resultDocument.
 //    Tests: test/decision.test.ts, test/notify.test.ts.
 // ================================================================================================
-
-const NOTIFY_LIMITS = {
-  // A chat service answers a robot within a second; a request not wholly answered after 10 s (its
-  // connection, its answer's headers and body together) is hung, or held open by a receiver that
-  // dribbles its answer.
-  requestTimeoutMs: 10_000,
-  // Three tries over about six seconds ride out a restarting receiver or a brief throttle, like mail.
-  attempts: 3,
-  backoffMs: 2_000,
-  maxBackoffMs: 8_000,
-  // A Retry-After longer than what is left of this is not waited for: a result a minute late is
-  // still news, one held longer keeps a shutdown waiting (flush).
-  retryBudgetMs: 60_000,
-  // Robots answer a line of JSON; more is not an answer we can use.
-  maxResponseBytes: 64 * 1024,
-  // WeCom's markdown content is limited to 4096 bytes and Slack's section text to 3000 characters:
-  // the chat message is the summary, cut at this many bytes; the full report is on the page.
-  maxChatBytes: 3_000,
-};
-
-/**
- * The documented limits of the newer chats, each fitted as its vendor measures it (characters, or the bytes of the
- * JSON sent); characters are counted in UTF-16 units, never fewer than the vendor's. A message's facts share what
- * is left after its fixed parts; a value that does not fit is cut and says so (CUT_NOTE).
- */
-const CHAT_LIMITS = {
-  // Every card's title: Discord's embed title is at most 256 characters; the others have no more room in a header.
-  titleChars: 256,
-  // Teams: a message is at most 28 KB ("Create Incoming Webhooks"; the Workflows post-card action says the same).
-  // The facts get 16 KB of it: the title, three links of about 1 KB and the card's frame fit in the rest.
-  teamsFactBytes: 16_000,
-  // Discord ("Embed Limits"): a field's value at most 1,024 characters; an embed's title, description and fields
-  // at most 6,000 characters together.
-  discordFieldChars: 1_024,
-  discordEmbedChars: 6_000,
-  // Google Chat: a message, text and cards, at most 32,000 bytes ("Send a message using the Google Chat API"). The
-  // facts get 24,000 bytes; the buttons' links and the card's frame fit in the rest.
-  googleChatFactBytes: 24_000,
-  // Telegram: sendMessage's text is 1-4,096 characters after entities parsing; its tags are not counted, but this
-  // counts the entities (&lt;) the escaped text holds, so a message always fits.
-  telegramTextChars: 4_096,
-};
 
 /** What a value cut to fit says at its end. */
 const CUT_NOTE = ' … (cut)';
@@ -22834,7 +22882,7 @@ function cutToBytes(text: string, max: number): string {
 }
 
 function chatMarkdown(r: Delivery, separator: string, d: ChatDialect): string {
-  return cutToBytes(chatLines(r, d).join(separator), NOTIFY_LIMITS.maxChatBytes);
+  return cutToBytes(chatLines(r, d).join(separator), LIMITS.notify.maxChatBytes);
 }
 
 /** Feishu's card buttons open URLs ("jump"): a custom bot has no callback. */
@@ -22969,12 +23017,12 @@ const TEAMS_COLOURS = { green: 'Good', red: 'Attention', amber: 'Warning', grey:
  * alerts to a channel", posts its card): an Adaptive Card with the title, a FactSet and an Action.OpenUrl per button.
  */
 function teamsMessage(r: Delivery): unknown {
-  const facts = fittedFacts(chatFacts(r), CHAT_LIMITS.teamsFactBytes, TEAMS_TEXT, jsonBytes);
+  const facts = fittedFacts(chatFacts(r), LIMITS.chat.teamsFactBytes, TEAMS_TEXT, jsonBytes);
   const actions = decisionButtons(r).map((b) => ({
     ...{ type: 'Action.OpenUrl', title: b.label, url: b.url },
     ...(b.primary ? { style: 'positive' } : b.label === 'Reject' ? { style: 'destructive' } : {}),
   }));
-  const title = fitted(chatTitle(r), CHAT_LIMITS.titleChars, TEAMS_TEXT);
+  const title = fitted(chatTitle(r), LIMITS.chat.titleChars, TEAMS_TEXT);
   const card = {
     ...{ $schema: 'http://adaptivecards.io/schemas/adaptive-card.json', type: 'AdaptiveCard', version: '1.4' },
     body: [
@@ -23007,10 +23055,10 @@ function discordMessage(r: Delivery): unknown {
       return b.primary ? `**${link}**` : link;
     })
     .join(' · ');
-  const title = fitted(chatTitle(r), CHAT_LIMITS.titleChars, DISCORD_TEXT);
+  const title = fitted(chatTitle(r), LIMITS.chat.titleChars, DISCORD_TEXT);
   const names = chatFacts(r).reduce((n, f) => n + f.name.length, 0);
-  const budget = CHAT_LIMITS.discordEmbedChars - title.length - description.length - names;
-  const facts = fittedFacts(chatFacts(r), budget, DISCORD_TEXT, undefined, CHAT_LIMITS.discordFieldChars);
+  const budget = LIMITS.chat.discordEmbedChars - title.length - description.length - names;
+  const facts = fittedFacts(chatFacts(r), budget, DISCORD_TEXT, undefined, LIMITS.chat.discordFieldChars);
   const embed = {
     ...{ title, color: DISCORD_COLOURS[resultColour(r)] },
     ...(description ? { description } : {}),
@@ -23025,20 +23073,20 @@ function discordMessage(r: Delivery): unknown {
  * decoratedText per fact (its text HTML), and a buttonList of openLink buttons.
  */
 function googleChatMessage(r: Delivery): unknown {
-  const facts = fittedFacts(chatFacts(r), CHAT_LIMITS.googleChatFactBytes, HTML_TEXT, jsonBytes);
+  const facts = fittedFacts(chatFacts(r), LIMITS.chat.googleChatFactBytes, HTML_TEXT, jsonBytes);
   const widgets = facts.map((f) => ({ decoratedText: { topLabel: f.name, text: f.value, wrapText: true } }));
   const buttons = decisionButtons(r).map((b) => ({ text: b.label, onClick: { openLink: { url: b.url } } }));
-  const header = { title: fitted(chatTitle(r), CHAT_LIMITS.titleChars, MARKDOWN_DIALECT.text), subtitle: r.decision };
+  const header = { title: fitted(chatTitle(r), LIMITS.chat.titleChars, MARKDOWN_DIALECT.text), subtitle: r.decision };
   const sections = [{ widgets }, ...(buttons.length ? [{ widgets: [{ buttonList: { buttons } }] }] : [])];
   return { cardsV2: [{ cardId: 'result', card: { header, sections } }] };
 }
 
 /** The Bot API's sendMessage: the title and a line per fact in HTML, and an inline keyboard of URL buttons. */
 function telegramMessage(r: Delivery, chat: string): unknown {
-  const title = fitted(chatTitle(r), CHAT_LIMITS.titleChars, TELEGRAM_TITLE);
+  const title = fitted(chatTitle(r), LIMITS.chat.titleChars, TELEGRAM_TITLE);
   // The tags are not counted (the entities they make are); each line's label, space and new line are.
   const labels = chatFacts(r).reduce((n, f) => n + f.name.length + 2, 0);
-  const facts = fittedFacts(chatFacts(r), CHAT_LIMITS.telegramTextChars - title.length - labels, TELEGRAM_TEXT);
+  const facts = fittedFacts(chatFacts(r), LIMITS.chat.telegramTextChars - title.length - labels, TELEGRAM_TEXT);
   const text = [`<b>${title}</b>`, ...facts.map((f) => `<b>${f.name}</b> ${f.value}`)].join('\n');
   const buttons = decisionButtons(r).map((b) => ({ text: b.label, url: b.url }));
   return {
@@ -23089,7 +23137,7 @@ function feishuFormat(dialect: ChatDialect): NotifyFormat {
       const card = {
         // Its body may be 20 KB at most: a title from a long request is cut like the others'.
         header: {
-          title: { tag: 'plain_text', content: fitted(chatTitle(r), CHAT_LIMITS.titleChars, PLAIN_TEXT) },
+          title: { tag: 'plain_text', content: fitted(chatTitle(r), LIMITS.chat.titleChars, PLAIN_TEXT) },
           template,
         },
         elements: [{ tag: 'markdown', content: chatMarkdown(r, '\n', dialect) }, ...feishuButtons(r)],
@@ -23309,8 +23357,8 @@ async function postOnce(request: NotifyRequest, ca: string[] | undefined): Promi
       method: 'POST',
       headers: request.headers,
       body: request.body,
-      deadlineMs: NOTIFY_LIMITS.requestTimeoutMs,
-      maxResponseBytes: NOTIFY_LIMITS.maxResponseBytes,
+      deadlineMs: LIMITS.notify.requestTimeoutMs,
+      maxResponseBytes: LIMITS.notify.maxResponseBytes,
       overLimit: 'cut',
       trust: { extraCa: ca },
     });
@@ -23341,7 +23389,7 @@ function shownTarget(url: URL): string {
 
 /**
  * Sends NOTIFY_URL notifications in the background: the answer never waits for them. Each goes
- * out NOTIFY_LIMITS.attempts times at most, backing off between tries; its end is logged and
+ * out LIMITS.notify.attempts times at most, backing off between tries; its end is logged and
  * counted (webhook_notifications_total). Each hook sends at most `cap.max` results per window;
  * the ones beyond are logged, counted and recorded as capped, not sent.
  */
@@ -23359,13 +23407,13 @@ export class Notifier implements ResultChannel {
     metrics: Metrics,
     cap: { max: number; windowMs: number },
     ca: string[] | undefined,
-    backoffMs = NOTIFY_LIMITS.backoffMs,
+    backoffMs = LIMITS.notify.backoffMs,
   ) {
     this.log = log;
     this.metrics = metrics;
     this.cap = cap;
     this.ca = ca;
-    this.backoff = { initialMs: backoffMs, maxMs: NOTIFY_LIMITS.maxBackoffMs };
+    this.backoff = { initialMs: backoffMs, maxMs: LIMITS.notify.maxBackoffMs };
   }
 
   /** The result channel: the hook's NOTIFY_URL receivers. */
@@ -23426,7 +23474,7 @@ export class Notifier implements ResultChannel {
   private async send(r: Delivery, t: NotifyTarget, texts: NotifyTexts): Promise<SendOutcome> {
     const where = `${t.format} notification to ${shownTarget(t.url)}`;
     const format = NOTIFY_FORMATS[t.format];
-    const policy = { budgetMs: NOTIFY_LIMITS.retryBudgetMs, attempts: NOTIFY_LIMITS.attempts, backoff: this.backoff };
+    const policy = { budgetMs: LIMITS.notify.retryBudgetMs, attempts: LIMITS.notify.attempts, backoff: this.backoff };
     const sent = await retrying<string, NotifyFailure>(policy, async () => {
       try {
         const answer = await postOnce(notifyRequest(r, t), this.ca);
@@ -23483,12 +23531,6 @@ export class Notifier implements ResultChannel {
 //    Exports: deliveryPages.
 //    Tests: test/deliveries.test.ts, test/notify.test.ts.
 // ================================================================================================
-
-const DELIVERY_LIMITS = {
-  // Seconds between the page's own reloads while a push is running: a rollout takes seconds to
-  // minutes, and a phone on a slow line still gets a page in between.
-  refreshSeconds: 3,
-};
 
 /** The colour class of a push: how it ended, or that it is still going. */
 function toneOf(d: Delivery): string {
@@ -23635,7 +23677,7 @@ function renderDeliveries(
     ? entries.map(deliveryRow).join('\n')
     : `<tr><td colspan="${head.length}" class="muted">No push since the service started.</td></tr>`;
   // A page with forms is not reloaded under the hand filling them in.
-  const refresh = busy && pushes.length === 0 && soaks.length === 0 ? DELIVERY_LIMITS.refreshSeconds : undefined;
+  const refresh = busy && pushes.length === 0 && soaks.length === 0 ? LIMITS.delivery.refreshSeconds : undefined;
   const body = [
     '<h1>Deliveries</h1>',
     `<p class="meta">${entries.length} most recent push(es), newest first · as of ${shownTime(now)}` +
@@ -23710,7 +23752,7 @@ function renderDelivery(d: Delivery, busy: boolean): string {
     `<th>Reason</th></tr></thead><tbody>${pods}</tbody></table>`,
     `<h2>Report</h2><pre>${escapeHtml(d.report || '(none yet)')}</pre>`,
   ].join('\n');
-  return pageShell(`Push ${d.seq} — webhook`, busy ? DELIVERY_LIMITS.refreshSeconds : undefined, body);
+  return pageShell(`Push ${d.seq} — webhook`, busy ? LIMITS.delivery.refreshSeconds : undefined, body);
 }
 
 function notificationDetails(d: Delivery): string {

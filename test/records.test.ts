@@ -10,7 +10,7 @@ import { startWebhook, type Webhook } from './harness.ts';
 import { acrImage, acrPayload, clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor } from './cluster/kube.ts';
 import { upgradeHook } from './upgrade-hooks.ts';
 import {
-  decidePush, decisionReason, unchanged, formatRollback, FUTURE_PUSH_SKEW_MS, futureTimeNote, LAST_PUSH_ANNOTATION, locateContainer, planPatch, pushTime, readFollowRecords, readPushRecords,
+  decidePush, decisionReason, unchanged, formatRollback, LIMITS, futureTimeNote, LAST_PUSH_ANNOTATION, locateContainer, planPatch, pushTime, readFollowRecords, readPushRecords,
   withPushRecord, type PushRecord,
 } from '../webhook.ts';
 
@@ -30,8 +30,8 @@ describe('pushTime', () => {
   });
   test('a payload time more than the skew after receipt is the time received, and says what it was', () => {
     const at = received.getTime();
-    assert.deepEqual(pushTime(String((at + FUTURE_PUSH_SKEW_MS) / 1000), received), { ms: at + FUTURE_PUSH_SKEW_MS, from: 'payload' }, 'a clock just ahead');
-    assert.deepEqual(pushTime(String((at + FUTURE_PUSH_SKEW_MS) / 1000 + 1), received), { ms: at, from: 'received', future: at + FUTURE_PUSH_SKEW_MS + 1000 });
+    assert.deepEqual(pushTime(String((at + LIMITS.upgrade.futurePushSkewMs) / 1000), received), { ms: at + LIMITS.upgrade.futurePushSkewMs, from: 'payload' }, 'a clock just ahead');
+    assert.deepEqual(pushTime(String((at + LIMITS.upgrade.futurePushSkewMs) / 1000 + 1), received), { ms: at, from: 'received', future: at + LIMITS.upgrade.futurePushSkewMs + 1000 });
     assert.deepEqual(pushTime('2099-01-01 00:00:00', received), { ms: at, from: 'received', future: Date.parse('2099-01-01T00:00:00Z') });
     assert.equal(futureTimeNote('payload', Date.parse('2030-01-01T01:00:00Z'), at),
       "the payload's push time 2030-01-01T01:00:00.000Z is 1h0m0s after it was received (more than 5m0s ahead): the time received is recorded instead");
@@ -62,7 +62,7 @@ describe('decidePush', () => {
     const future = record({ pushedAt: '2099-01-01T00:00:00.000Z' });
     assert.deepEqual(decidePush(future, push({ pushedAtMs: now, push: 'x|y' }), now), { kind: 'apply', replacesFuture: future });
     assert.deepEqual(decidePush(future, { ...push({ push: '|' }), timeFrom: 'received', pushedAtMs: now }, now), { kind: 'apply', replacesFuture: future });
-    const ahead = record({ pushedAt: new Date(now + FUTURE_PUSH_SKEW_MS).toISOString() });
+    const ahead = record({ pushedAt: new Date(now + LIMITS.upgrade.futurePushSkewMs).toISOString() });
     assert.equal(decidePush(ahead, push({ pushedAtMs: now, push: 'x|y' }), now).kind, 'superseded', 'within the skew: a clock ahead');
     assert.equal(decidePush(future, push({ push: future.push }), now).kind, 'repeat', 'the recorded push itself again');
     assert.equal(futureTimeNote('record', Date.parse(future.pushedAt), now, future.image),
