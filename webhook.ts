@@ -18760,7 +18760,7 @@ export function rollbackObstacle(
 // 40. least privilege — -print-rbac: the Roles and RoleBindings the hooks need, worked out from the hooks themselves
 //    (namespace, kind and name when the hook fixes them; `resourceNames` wherever it can), so the service account
 //    gets nothing it does not use.
-//    Exports: fixedInput, fixedTrue, formatRbac, hookReach, HookReach, upgradeInput.
+//    Exports: fixedInput, fixedSetting, fixedTrue, formatRbac, hookReach, HookReach, upgradeInput.
 //    Tests: test/chart.test.ts, test/deploy.test.ts, test/unit.test.ts.
 // ================================================================================================
 
@@ -18808,6 +18808,24 @@ function fixedInput(hook: Hook, envname: string): string | undefined {
   const v = upgradeInput(hook, envname);
   return typeof v === 'string' ? v : undefined;
 }
+
+/** What a hook setting's parse gives. */
+type HookSettingValue<K extends HookSettingName> = ReturnType<(typeof HOOK_SETTINGS)[K]['parse']>;
+
+/**
+ * A setting as the hook fixes it, parsed by its HOOK_SETTINGS entry once per loaded hook (a reload makes new Hook
+ * objects, and the load refused a fixed value that does not parse): -validate, the clusters a hook reaches, its
+ * promotion chain and its registry watch all read this one value. Unset or taken from the request: the default.
+ * A push reads its settings at its own boundary (readHookConfig), from the environment its request made.
+ */
+export function fixedSetting<K extends HookSettingName>(hook: Hook, name: K): HookSettingValue<K> {
+  let parsed = PARSED_FIXED_SETTINGS.get(hook);
+  if (!parsed) PARSED_FIXED_SETTINGS.set(hook, (parsed = new Map()));
+  if (!parsed.has(name)) parsed.set(name, HOOK_SETTINGS[name].parse(fixedInput(hook, name)));
+  return parsed.get(name) as HookSettingValue<K>;
+}
+// A memo keyed by the immutable Hook, so it goes with the hook's snapshot.
+const PARSED_FIXED_SETTINGS = new WeakMap<Hook, Map<HookSettingName, unknown>>();
 
 /** Whether the hook fixes a boolean input to true (ROLLBACK_ON_FAILURE, VERIFY_IMAGE); anything else is not. */
 function fixedTrue(hook: Hook, envname: string): boolean {
@@ -19574,8 +19592,8 @@ export type UpgradeOutput = UpgradeReport | FannedOut;
 /** The clusters a hook's pushes go to, as it fixes them (CLUSTER or CLUSTERS); [undefined]: the default. */
 export function hookClusters(hook: Hook): (string | undefined)[] {
   try {
-    const many = HOOK_SETTINGS.CLUSTERS.parse(fixedInput(hook, 'CLUSTERS'));
-    return many.length > 0 ? many : [HOOK_SETTINGS.CLUSTER.parse(fixedInput(hook, 'CLUSTER'))];
+    const many = fixedSetting(hook, 'CLUSTERS');
+    return many.length > 0 ? many : [fixedSetting(hook, 'CLUSTER')];
   } catch {
     return [undefined];
   }
@@ -19648,7 +19666,7 @@ export class UpgradeService implements InProcessCommand<UpgradeOutput> {
   /** The lane of a decided push's cluster; a malformed name gets none (the push is then refused: no client). */
   private laneOf(cluster: string | undefined): ClusterLane | undefined {
     try {
-      return this.lane(HOOK_SETTINGS.CLUSTER.parse(cluster));
+      return this.lane(clusterNames('the recorded cluster', cluster, 1)[0]);
     } catch {
       return undefined;
     }
@@ -20138,8 +20156,7 @@ export function promotionChain(hook: Hook): PromotionChain | undefined {
   try {
     const stages = parseStages(fixedInput(hook, 'CLUSTERS'));
     if (stages.length < 2) return undefined;
-    const afterMs = HOOK_SETTINGS.PROMOTE_AFTER.parse(fixedInput(hook, 'PROMOTE_AFTER'));
-    return { stages, afterMs, check: HOOK_SETTINGS.PROMOTE_CHECK.parse(fixedInput(hook, 'PROMOTE_CHECK')) };
+    return { stages, afterMs: fixedSetting(hook, 'PROMOTE_AFTER'), check: fixedSetting(hook, 'PROMOTE_CHECK') };
   } catch {
     return undefined;
   }
@@ -22053,7 +22070,7 @@ function watchOf(
   let intervalMs: number | undefined;
   try {
     const asked = poll !== '' ? pollInterval(poll, `annotation ${POLL_ANNOTATION}`) : undefined;
-    intervalMs = asked ?? pollInterval(fixedInput(hook, 'POLL_INTERVAL'));
+    intervalMs = asked ?? fixedSetting(hook, 'POLL_INTERVAL');
   } catch (e) {
     return { problem: (e as Error).message };
   }
@@ -24144,16 +24161,12 @@ function describeUpgrade(hook: Hook, inserted: Set<string>): string[] {
 
 /** Whether a push waits for a person and for a change window (fixed at load), and what the workload may add. */
 function describeApprovals(hook: Hook): string[] {
-  const fixed = (name: string) => {
-    const value = upgradeInput(hook, name);
-    return typeof value === 'string' ? value : undefined;
-  };
-  const timeout = formatGoDuration(HOOK_SETTINGS.APPROVAL_TIMEOUT.parse(fixed('APPROVAL_TIMEOUT')));
-  const approval = HOOK_SETTINGS.REQUIRE_APPROVAL.parse(fixed('REQUIRE_APPROVAL'))
+  const timeout = formatGoDuration(fixedSetting(hook, 'APPROVAL_TIMEOUT'));
+  const approval = fixedSetting(hook, 'REQUIRE_APPROVAL')
     ? `required (REQUIRE_APPROVAL=true): a push waits up to ${timeout} for Approve or Reject`
     : `not required (the annotation ${APPROVAL_ANNOTATION}: required asks for one on a workload)`;
-  const windows = HOOK_SETTINGS.DEPLOY_WINDOW.parse(fixed('DEPLOY_WINDOW'));
-  const override = HOOK_SETTINGS.APPROVAL_OVERRIDE.parse(fixed('APPROVAL_OVERRIDE'));
+  const windows = fixedSetting(hook, 'DEPLOY_WINDOW');
+  const override = fixedSetting(hook, 'APPROVAL_OVERRIDE');
   const window = windows
     ? `${describeWindows(windows)}: a push outside waits and is applied when it opens` +
       (override ? '; an approval link may deploy now (APPROVAL_OVERRIDE=true)' : '')
@@ -24163,15 +24176,9 @@ function describeApprovals(hook: Hook): string[] {
 
 /** The keys a hook checks signatures with (VERIFY_SIGNATURE, fixed and read at load): fingerprints, never the keys. */
 function describeSignature(hook: Hook): string[] {
-  const fixed = (envname: string) => {
-    const value = upgradeInput(hook, envname);
-    return typeof value === 'string' ? value : undefined;
-  };
-  if (!fixed('VERIFY_SIGNATURE')?.trim()) return [];
-  const keys = HOOK_SETTINGS.VERIFY_SIGNATURE.parse(fixed('VERIFY_SIGNATURE'));
-  const annotations = Object.entries(
-    HOOK_SETTINGS.VERIFY_SIGNATURE_ANNOTATIONS.parse(fixed('VERIFY_SIGNATURE_ANNOTATIONS')),
-  );
+  const keys = fixedSetting(hook, 'VERIFY_SIGNATURE');
+  if (keys.length === 0) return [];
+  const annotations = Object.entries(fixedSetting(hook, 'VERIFY_SIGNATURE_ANNOTATIONS'));
   return [
     `signatures: cosign, signed by any of ${keys.length} key${keys.length === 1 ? '' : 's'} ` +
       `(${keys.map((k) => `${k.kind} ${k.fingerprint}`).join(', ')})` +
@@ -24200,10 +24207,9 @@ function describeChain(chain: PromotionChain): string {
   );
 }
 
-/** What a push meets once the container's image was changed outside webhook (ON_OUTSIDE_CHANGE, fixed at load). */
 /** What the registry watch does with the hook: its POLL_INTERVAL for the workload it fixes, or the annotations. */
 function describeRegistryWatch(hook: Hook): string {
-  const interval = HOOK_SETTINGS.POLL_INTERVAL.parse(fixedInput(hook, 'POLL_INTERVAL'));
+  const interval = fixedSetting(hook, 'POLL_INTERVAL');
   const t = hookReach(hook)?.target;
   const annotated =
     `workloads annotated ${POLL_ANNOTATION} and ${HOOK_ANNOTATION}: ${hook.id} are watched with its settings`;
@@ -24214,9 +24220,10 @@ function describeRegistryWatch(hook: Hook): string {
     : `registry watch: POLL_INTERVAL is set but the hook fixes no workload, so only ${annotated}`;
 }
 
+/** What a push meets once the container's image was changed outside webhook (ON_OUTSIDE_CHANGE, fixed at load). */
 function describeOutsideChange(hook: Hook): string {
   const value = upgradeInput(hook, 'ON_OUTSIDE_CHANGE');
-  const mode = HOOK_SETTINGS.ON_OUTSIDE_CHANGE.parse(typeof value === 'string' ? value : undefined);
+  const mode = fixedSetting(hook, 'ON_OUTSIDE_CHANGE');
   const given = typeof value === 'string' ? `ON_OUTSIDE_CHANGE=${value}` : 'ON_OUTSIDE_CHANGE unset';
   return mode === 'hold'
     ? `outside changes: held (${given}): once the image is changed outside webhook, only a newer push is applied`
