@@ -22211,13 +22211,16 @@ interface RecordOf {
   settings: ResultSettings;
 }
 
-/** A push's record from its command's result and report (final, or as known so far). Pure. */
+/**
+ * A push's record from its command's result and report (final, or as known so far), with its whole text (the
+ * result's text, rendered and scrubbed once by the caller: the record keeps it cut, the mail whole). Pure.
+ */
 export function deliveryFacts(
   of: RecordOf,
   r: Ended,
   report: UpgradeReport | undefined,
   receivedAt: Date,
-  scrub: (text: string) => string,
+  text: string,
 ): DeliveryFacts {
   const s = of.settings;
   const { outcome, action } = outcomeOf(r, report);
@@ -22236,7 +22239,7 @@ export function deliveryFacts(
     imageAfter: report?.imageAfter,
     rollout: report?.rollout && { state: report.rollout.state, detail: report.rollout.detail },
     pods: report?.rollout?.pods ?? [],
-    report: cutReport(scrub(resultText(r, report))),
+    report: cutReport(text),
     ...(report?.waiting ? { waiting: waitingOf(report.waiting) } : {}),
   };
 }
@@ -22328,7 +22331,8 @@ export class DeliveryLog {
 
   answered(hook: Hook, req: HookRequest, r: CommandResult, report: UpgradeReport | undefined): void {
     const d = this.inFlight.get(req) ?? this.open(hook.id, req.id, req);
-    Object.assign(d, deliveryFacts(this.recordOf(hook, req, r), r, report, d.receivedAt, this.scrub));
+    const text = this.scrub(resultText(r, report));
+    Object.assign(d, deliveryFacts(this.recordOf(hook, req, r), r, report, d.receivedAt, text));
     // Final only once settled: the rollout may still fail.
     d.outcome = undefined;
     d.state = report?.rollout?.state === 'progressing' && report.changed ? 'following' : 'running';
@@ -22355,8 +22359,9 @@ export class DeliveryLog {
 
   private final(d: Delivery, of: RecordOf, r: Ended, report: UpgradeReport | undefined): Final {
     const done = { finishedAt: new Date(), state: 'done' as const };
-    Object.assign(d, deliveryFacts(of, r, report, d.receivedAt, this.scrub), done);
-    return { record: d, text: this.scrub(resultText(r, report)) };
+    const text = this.scrub(resultText(r, report));
+    Object.assign(d, deliveryFacts(of, r, report, d.receivedAt, text), done);
+    return { record: d, text };
   }
 
   /** How each channel the final record went to did, as it becomes known. */
@@ -22372,7 +22377,8 @@ export class DeliveryLog {
   fannedOut(hook: Hook, req: HookRequest, r: CommandResult, requests: string[]): void {
     const d = this.inFlight.get(req) ?? this.open(hook.id, req.id, req);
     this.inFlight.delete(req);
-    Object.assign(d, deliveryFacts(this.recordOf(hook, req, r), r, undefined, d.receivedAt, this.scrub), {
+    const text = this.scrub(resultText(r, undefined));
+    Object.assign(d, deliveryFacts(this.recordOf(hook, req, r), r, undefined, d.receivedAt, text), {
       decision: DECISIONS['fanned out'].published,
       detail: `to ${requests.length} clusters: ${requests.join(', ')}`,
       finishedAt: new Date(),

@@ -88,6 +88,8 @@ function rawEnvironmentFunctions(code: string[]): string[] {
   for (let i = 0; i < code.length; i++) {
     const m = FUNCTION_START.exec(code[i]);
     if (!m || /^(if|for|while|switch|catch|return|await|new)$/.test(m[1])) continue;
+    // A call on a line of its own (`f(env.X);`) is a statement, not a signature.
+    if (/;\s*$/.test(code[i])) continue;
     let signature = code[i];
     for (let j = i + 1; j < code.length && !/\)\s*(?::[^{=]*)?\{?\s*$/.test(signature) && j < i + 12; j++)
       signature += code[j];

@@ -65,7 +65,7 @@ describe('why a failed rollout is not rolled back', () => {
 
 describe('the decision of a push', () => {
   const of = { hookId: 'web', requestId: 'r1', settings: resultSettings({}) };
-  const result = (report: UpgradeReport) => deliveryFacts(of, undefined, report, new Date(0), (text) => text);
+  const result = (report: UpgradeReport) => deliveryFacts(of, undefined, report, new Date(0), '');
   const base = (): UpgradeReport => ({
     ...unchanged('no-op', 'nothing was changed'), changed: false, result: 'ok', notes: [],
     imageBefore: 'r.io/ns/app:v2', imageAfter: 'r.io/ns/app:v3',
