@@ -377,8 +377,10 @@ describe('kubeconfig material through the executable', () => {
   test('an exec plugin gets the commands\' environment plus its own env, never the service\'s secrets; its stderr is scrubbed', async () => {
     const pluginDir = makeTempDir('exec-env-');
     // A plugin that keeps its environment, then fails saying a secret it read elsewhere (a file of the service's).
+    // The service may run it again after answering (a later call of the push): each run replaces the file whole, so
+    // that the test never reads one half written.
     fs.writeFileSync(path.join(pluginDir, 'leak'), `${MAIL_PASSWORD} ${HOOK_TOKEN} ${WEB_TOKEN}`);
-    const plugin = write('env-plugin.sh', `#!/bin/sh\nenv > "$PLUGIN_DIR/env"\necho "sts: denied for $AWS_SECRET_ACCESS_KEY ($(cat "$PLUGIN_DIR/leak"))" >&2\nexit 1\n`);
+    const plugin = write('env-plugin.sh', `#!/bin/sh\nenv > "$PLUGIN_DIR/env.$$" && mv "$PLUGIN_DIR/env.$$" "$PLUGIN_DIR/env"\necho "sts: denied for $AWS_SECRET_ACCESS_KEY ($(cat "$PLUGIN_DIR/leak"))" >&2\nexit 1\n`);
     const file = execConfig('env-exe.json', 'https://127.0.0.1:1', undefined, plugin, { PLUGIN_DIR: pluginDir, AWS_SECRET_ACCESS_KEY: KEY });
     const w = await serve(file);
     const res = await w.request(`/hooks/web?token=${WEB_TOKEN}`, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: acr });
