@@ -7627,6 +7627,7 @@ export interface HookConfig extends UpgradeSettings {
   mailTo: string | undefined;
 }
 
+/** The settings the upgrade itself reads: the workload, the registry's checks, the decision's rules, Git. */
 interface UpgradeSettings {
   namespace: string;
   workload: { kind: WorkloadKind; name: string };
@@ -7660,7 +7661,7 @@ interface UpgradeSettings {
 
 /**
  * How a push's payload is read: the hook's REPO_TYPE, NET_TYPE, REGISTRY_HOST and PIN_DIGEST, read once at the push's
- * boundary (chapter 31's readHookConfig). REPO_TYPE and NET_TYPE stay text: auto needs the payload, and NET_TYPE is
+ * boundary (readHookConfig). REPO_TYPE and NET_TYPE stay text: auto needs the payload, and NET_TYPE is
  * read for regionalregistry only, so each is checked where a payload is read, as it always was.
  */
 export interface PushReading {
@@ -15955,7 +15956,7 @@ export const HOOK_SETTINGS = {
 export type HookSettingName = keyof typeof HOOK_SETTINGS;
 
 /**
- * The load-time checks of the settings a hook must fix in its file (chapter 20's HookSettingChecks,
+ * The load-time checks of the settings a hook must fix in its file (chapter "hooks & reload"'s HookSettingChecks,
  * handed over by main()): every `fixed` entry, or those of `names`.
  */
 export function fixedSettingChecks(names?: HookSettingName[]): HookSettingChecks {
