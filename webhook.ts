@@ -17019,10 +17019,13 @@ export function recordDecision(report: UpgradeReport, d: Decision, kind: Workloa
 //    GIT_FIELD), so comments, order, quoting and indentation stay; committed on the branch head with the push in
 //    its message and trailers, and pushed with that head as the expected value. A branch that moved in between is
 //    fetched again and the edit made again on its new head, up to GIT_PUSH_ATTEMPTS times; pushes waiting for one
-//    branch are committed together (WorkloadQueue.batch), and newest wins by the head commit's trailers. Nothing
-//    is written to the cluster: the GitOps tool applies the commit, which the service waits for after answering
-//    (GIT_SYNC_TIMEOUT) before the rollout is followed. Without GIT_REPO, a push that would patch a workload a
-//    GitOps tool deploys is refused (refuseGitopsOwned, ON_GITOPS_OWNER).
+//    branch are committed together (WorkloadQueue.batch), and newest wins by the head commit's trailers. The image
+//    is never written to the cluster: the GitOps tool applies the commit. The commit is recorded on the workload
+//    (its push record names it, a decided push's pending entry is taken off: one PATCH of annotations) and told in
+//    an ImageCommitted Event; the hold takes the images of a committed record as the service's own. After
+//    answering, the service watches the workload until the tool applied the commit (GIT_SYNC_TIMEOUT), names the
+//    tool by its field manager (gitopsApplier, GITOPS_MARKS), then follows the rollout. Without GIT_REPO, a push
+//    that would patch a workload a GitOps tool deploys is refused (refuseGitopsOwned, ON_GITOPS_OWNER).
 //    Exports: commitOut, refuseGitopsOwned.
 //    Tests: test/git.test.ts.
 // ================================================================================================
@@ -17613,14 +17616,56 @@ async function committedRevert(edit: PushEdit, reason: string, where: string): P
   return { reason, notDone: 'superseded' in done ? done.superseded : `the file already names ${image}` };
 }
 
-// A workload waited for after a commit is read this often: the GitOps tool applies within its own poll
-// (Argo CD 3 minutes, Flux and Fleet their interval), so a read every 2 s costs little and reports promptly.
+// A workload waited for after a commit is watched (the GitOps tool applies within its own poll: Argo CD 3 minutes,
+// Flux and Fleet their interval). Watching, it is read again at least this often all the same, so that a watch that
+// missed a change (a connection gone quiet) cannot hold the wait until GIT_SYNC_TIMEOUT.
+const GIT_SYNC_REREAD_MS = 30_000;
+// Where the watch is refused (RBAC without the watch verb), the workload is read this often instead: a read every
+// 2 s costs little and reports promptly.
 const GIT_SYNC_POLL_MS = 2_000;
 
 /**
+ * The changes of one workload, through the watch the client shares among every watcher of the namespace's
+ * workloads of its kind (the rollout follow's), or of the workload alone where RBAC names it (resourceNames);
+ * `next` resolves at the next change or after `ms`. Where both are refused, `watching` turns false.
+ */
+function workloadChanges(client: KubeClient, target: WorkloadTarget, rv: string | undefined) {
+  const state = { watching: true, changed: false, wake: undefined as (() => void) | undefined };
+  let close: () => void = () => undefined;
+  const changed = () => {
+    state.changed = true;
+    state.wake?.();
+  };
+  const subscribe = (ref: ResourceRef) => {
+    close = client.watch({ ref, keep: leanWorkload }, rv, {
+      ...{ name: target.name, event: changed, behind: changed },
+      failed: (e) => {
+        if (e.status === 403 && ref.name === undefined) return subscribe(workloadResource(target));
+        state.watching = false;
+        state.wake?.();
+      },
+    });
+  };
+  subscribe(workloadResource({ ...target, name: undefined }));
+  const next = (ms: number) =>
+    new Promise<void>((resolve) => {
+      const done = () => {
+        clearTimeout(timer);
+        Object.assign(state, { changed: false, wake: undefined });
+        resolve();
+      };
+      // Unreferenced: a service stopping is not held open by a push waiting for its GitOps tool.
+      const timer = setTimeout(done, state.changed ? 0 : ms).unref();
+      state.wake = done;
+    });
+  return { next, watching: () => state.watching, close: () => close() };
+}
+
+/**
  * After the answer: waits until the workload's container runs the committed image (the GitOps tool applied the
- * commit), then leaves the rollout to the service's follow with the workload as read (deps.known), noting who
- * applied it (the newest field manager) and how long it took. Past the timeout the rollout is reported timed out.
+ * commit), watching the workload, then leaves the rollout to the service's follow with the workload as read
+ * (deps.known), noting who applied it (gitopsApplier) and how long it took. Past the timeout the rollout is
+ * reported timed out.
  */
 async function awaitGitSync(
   client: KubeClient,
@@ -17630,23 +17675,30 @@ async function awaitGitSync(
   const { push, config, report, deps } = on;
   const started = Date.now();
   const key = `${push.target.namespace}/${push.target.kind}/${push.target.name}`;
-  for (;;) {
-    const workload = await readWorkload(client, push.target).catch(() => undefined);
-    const podSpec = workload && valueAt(workload, [...kindSpec(push.target.kind).template, 'spec']);
-    if (workload && locateContainer(podSpec, config.container)?.image === push.image) {
-      deps.known?.set(key, workload);
-      const seconds = Math.round((Date.now() - started) / 1000);
-      const by = gitopsApplier(workload, push.target.kind, config.container);
-      report.notes.push(`commit ${on.commit.slice(0, 7)} applied after ${seconds}s by ${by}`);
-      return undefined;
+  let changes: ReturnType<typeof workloadChanges> | undefined;
+  try {
+    for (;;) {
+      const workload = await readWorkload(client, push.target).catch(() => undefined);
+      const podSpec = workload && valueAt(workload, [...kindSpec(push.target.kind).template, 'spec']);
+      if (workload && locateContainer(podSpec, config.container)?.image === push.image) {
+        deps.known?.set(key, workload);
+        const seconds = Math.round((Date.now() - started) / 1000);
+        const by = gitopsApplier(workload, push.target.kind, config.container);
+        report.notes.push(`commit ${on.commit.slice(0, 7)} applied after ${seconds}s by ${by}`);
+        return undefined;
+      }
+      const left = timeoutMs - (Date.now() - started);
+      if (left <= 0) {
+        const detail = `commit ${on.commit.slice(0, 7)} not applied within ${formatGoDuration(timeoutMs)}`;
+        report.rollout = { state: 'timed out', detail, pods: [] };
+        return undefined;
+      }
+      const rv = valueAt(workload, ['metadata', 'resourceVersion']);
+      changes ??= workloadChanges(client, push.target, typeof rv === 'string' ? rv : undefined);
+      await changes.next(Math.min(left, changes.watching() ? GIT_SYNC_REREAD_MS : GIT_SYNC_POLL_MS));
     }
-    if (Date.now() - started >= timeoutMs) {
-      const detail = `commit ${on.commit.slice(0, 7)} not applied within ${formatGoDuration(timeoutMs)}`;
-      report.rollout = { state: 'timed out', detail, pods: [] };
-      return undefined;
-    }
-    // Unreferenced: a service stopping is not held open by a push waiting for its GitOps tool.
-    await new Promise((next) => setTimeout(next, GIT_SYNC_POLL_MS).unref());
+  } finally {
+    changes?.close();
   }
 }
 

@@ -398,6 +398,8 @@ const cluster = await clusterOrSkip();
 describe('an applied push committed to Git through the executable', { skip: cluster ? false : 'no cluster' }, () => {
   const kubectl = kubectlFor(cluster!);
   const ns = freshNamespaceName('git');
+  // Its own namespace: no rollout followed there opens the watch of its Deployments before the sync wait does.
+  const watchedNs = freshNamespaceName('git-watched');
   const root = makeTempDir('git-e2e-');
   const HOOK_TOKEN = 'git-hook-token-91ac';
   const GIT_TOKEN = 'ghp-e2e-secret-5d0f2a7c';
@@ -426,9 +428,11 @@ describe('an applied push committed to Git through the executable', { skip: clus
     fs.writeFileSync(tokenFile, `${GIT_TOKEN}\n`);
     execFileSync('ssh-keygen', ['-q', '-t', 'ed25519', '-N', '', '-C', 'webhook', '-f', signingKey]);
     bare = makeRepository(root, 'deploy', { 'apps/web.yaml': manifest, 'overlays/prod/kustomization.yaml': kustomization, 'chart/values.yaml': values, 'logo.yaml': 'GIF89a\0\0\x01',
-      'apps/held.yaml': manifestOf('held'), 'apps/gated.yaml': manifestOf('gated') });
+      'apps/held.yaml': manifestOf('held'), 'apps/gated.yaml': manifestOf('gated'), 'apps/watched.yaml': manifestOf('watched') });
     server = await startGitServer(root, 'x-access-token', GIT_TOKEN);
     await kubectl(['create', 'namespace', ns]);
+    await kubectl(['create', 'namespace', watchedNs]);
+    await kubectl(['-n', watchedNs, 'apply', '-f', '-'], JSON.stringify(deployment('watched', [{ name: 'app', image: acrImage('v1') }], { replicas: 1 })));
     for (const name of ['web', 'held', 'gated'])
       await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(deployment(name, [{ name: 'app', image: acrImage('v1') }], { replicas: 1 })));
     const flux = deployment('flux-web', [{ name: 'app', image: acrImage('v1') }], { replicas: 1 });
@@ -453,6 +457,7 @@ describe('an applied push committed to Git through the executable', { skip: clus
       upgradeHook('held-git', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'apps/held.yaml', GIT_TOKEN: tokenFile }),
       upgradeHook('approve', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'apps/gated.yaml', GIT_TOKEN: tokenFile, REQUIRE_APPROVAL: 'true' }),
       upgradeHook('wide', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'wide/web.yaml', GIT_TOKEN: tokenFile }),
+      upgradeHook('watched', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'apps/watched.yaml', GIT_TOKEN: tokenFile, GIT_SYNC_TIMEOUT: '2m' }),
     ];
     const env = { KUBECONFIG: cluster!.kubeconfigPath, PATH: noGit };
     const keyFile = path.join(root, 'approval-key');
@@ -466,6 +471,7 @@ describe('an applied push committed to Git through the executable', { skip: clus
     await second?.stop();
     await server?.close();
     await removeNamespace(kubectl, ns);
+    await removeNamespace(kubectl, watchedNs);
   });
 
   test('a manifest: one commit on the old head, only the image line changed, fsck clean; the workload unchanged', async () => {
@@ -724,6 +730,24 @@ describe('an applied push committed to Git through the executable', { skip: clus
     assert.equal(done.rollout.state, 'complete', JSON.stringify(done));
     assert.ok(done.pods.every((p: any) => p.image === acrImage('v60')), 'the pods run the committed image');
     assert.match(done.report, new RegExp(`note: +commit ${commit} applied after \\d+s by Argo CD \\(manager argocd-controller\\)`));
+  });
+
+  test('the wait for the sync watches the workload (no read every 2 s); Fleet applying the commit is named', async () => {
+    const watches = async () => Number(/^webhook_kubernetes_requests_total\{cluster="",verb="watch"\} (\d+)$/m.exec((await wh.metrics()).body)?.[1] ?? 0);
+    const before = await watches();
+    const q = new URLSearchParams({ token: HOOK_TOKEN, ns: watchedNs, workload: 'deployment/watched', container: 'app', repo_type: 'regionalregistry' });
+    const res = await wh.request(`/hooks/watched?${q}`, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: acrPayload('v70') });
+    assert.match(actionOf(res.body) ?? res.body, /^committed [0-9a-f]{7} to main of /, res.body);
+    await waitFor(async () => (await watches()) > before, { timeoutMs: 60_000, what: 'a WATCH of the Deployments the service waits on' });
+    await kubectl(['-n', watchedNs, 'set', 'image', 'deployment/watched', `app=${acrImage('v70')}`, '--field-manager=fleet-agent']);
+    const port = await adminPort(wh);
+    const id = String(res.headers['x-request-id']);
+    const done = await waitFor(async () => {
+      const d = JSON.parse((await httpRequest(port, '/deliveries.json')).body).deliveries.find((x: any) => x.request_id === id);
+      return d?.state === 'done' ? d : undefined;
+    }, { timeoutMs: 60_000, what: 'the synced rollout reported' });
+    assert.equal(done.rollout.state, 'complete', JSON.stringify(done));
+    assert.match(done.report, /note: +commit [0-9a-f]{7} applied after \d+s by Fleet \(manager fleet-agent\)/);
   });
 
   test('ROLLBACK_ON_FAILURE: a failed rollout of a commit is reverted by a commit, not a PATCH', async () => {
