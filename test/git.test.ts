@@ -7,7 +7,11 @@
  * executable, with no git on its PATH, on the test cluster: an applied push committed instead of patched (checked
  * with git: one commit, parent the old head, only the image line changed, `git fsck --strict` clean), a
  * kustomization and a Helm values file, a commit made by a pre-receive hook between the read and the push, a push
- * refused by a pre-receive hook and a wrong token (a clear error, nothing changed, no token in the answer or log).
+ * refused by a pre-receive hook and a wrong token (a clear error, nothing changed, no token in the answer or log),
+ * a tree 10,000 entries wide and a truncated pack; the commit recorded on the workload (its push record, an
+ * ImageCommitted Event, an approved push's pending entry taken off); under ON_OUTSIDE_CHANGE=hold, the test playing
+ * the GitOps tool is no outside change and a person's kubectl set image is; the wait for the sync watching the
+ * workload, and the tool that applied the commit named by its field manager.
  */
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
