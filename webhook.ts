@@ -7996,8 +7996,9 @@ export const ANNOTATIONS = {
     by: 'the service',
     holds:
       'Per container, the last push applied: its image and the one it replaced, its identity, when it was pushed ' +
-      'and applied, by which request, and whether it was rolled back. Newest wins, a repeat, a hold and a rollback ' +
-      'read it; it is written in the PATCH that sets the image.',
+      'and applied, by which request, and whether it was rolled back (or, with GIT_REPO, the commit that carries ' +
+      'it). Newest wins, a repeat, a hold and a rollback read it; it is written in the PATCH that sets the image, ' +
+      'or with GIT_REPO in one PATCH of annotations once the commit is pushed.',
   },
   follow: {
     key: 'webhook/follow',
@@ -8357,8 +8358,12 @@ export const LIMITS = {
     // Pushes committed together at most: one commit per push waiting, in a burst, would make the last wait for every
     // commit before it; a commit of more than this many images is not read by anyone.
     maxBatch: 50,
-    // A workload waited for after a commit is read this often: the GitOps tool applies within its own poll (Argo CD 3
-    // minutes, Flux and Fleet their interval), so a read every 2 s costs little and reports promptly.
+    // A workload waited for after a commit is watched (the GitOps tool applies within its own poll: Argo CD 3
+    // minutes, Flux and Fleet their interval). Watching, it is read again at least this often all the same, so that
+    // a watch that missed a change (a connection gone quiet) cannot hold the wait until GIT_SYNC_TIMEOUT.
+    syncRereadMs: 30_000,
+    // Where the watch is refused (RBAC without the watch verb), the workload is read this often instead: a read
+    // every 2 s costs little and reports promptly.
     syncPollMs: 2_000,
   },
   // The result: records of pushes and their reports.
@@ -13819,8 +13824,8 @@ function problemOf(check: () => unknown): string | undefined {
 //    (approvalToken, readApprovalToken), so any replica holding the same key can check it.
 //    Exports: APPROVAL_PATH, ApprovalClaims, approvalLinks, describeWindows, nextOpening, parseDeployWindows,
 //    pendingEntrySealed, readApprovalToken, readPendingEntries, sealPendingEntry, windowOpen.
-//    Tests: test/approvals.test.ts, test/clusters.test.ts, test/signed-images.test.ts, test/unit.test.ts,
-//    test/windows.test.ts.
+//    Tests: test/approvals.test.ts, test/clusters.test.ts, test/git.test.ts, test/signed-images.test.ts,
+//    test/unit.test.ts, test/windows.test.ts.
 // ================================================================================================
 
 const WEEKDAYS = ['sun', 'mon', 'tue', 'wed', 'thu', 'fri', 'sat'];
@@ -16077,11 +16082,11 @@ function readSettings(
 //    A registry that does not answer fails the push closed, or under ON_REGISTRY_AWAY=keep has it kept (RegistryAway).
 //    Every Event a push writes on its workload is rendered by pushEvent from one table (PUSH_EVENTS: its type, reason
 //    and message, from the push's decision and facts); recordEventQuietly records one without failing the push.
-//    Exports: decidePush, decisionReason, FollowRecord, holdDecision, imageFieldPath, newPushRecord, pullSecretNames,
-//    pushEvent, PushRecord, pushTime, readContainerAnnotation, readFollowRecords, readPushRecords, recordEventQuietly,
-//    recordUnchanged, RegistryAway, SignatureRefusal, verifiedRef, whoAsked, withPushRecord, workloadLogin,
-//    workloadPodSpec.
-//    Tests: test/clouds.test.ts, test/decision.test.ts, test/hold.test.ts, test/records.test.ts,
+//    Exports: decidePush, decisionReason, FollowRecord, holdDecision, imageFieldPath, imageWriters, newPushRecord,
+//    pullSecretNames, pushEvent, PushRecord, pushTime, readContainerAnnotation, readFollowRecords, readPushRecords,
+//    recordEventQuietly, recordUnchanged, RegistryAway, SignatureRefusal, verifiedRef, whoAsked, withPushRecord,
+//    workloadLogin, workloadPodSpec.
+//    Tests: test/clouds.test.ts, test/decision.test.ts, test/git.test.ts, test/hold.test.ts, test/records.test.ts,
 //    test/registries.test.ts, test/registry-e2e.test.ts, test/replicas.test.ts, test/upgrade.test.ts.
 // ================================================================================================
 
@@ -16102,6 +16107,11 @@ export interface PushRecord {
   hook?: string;
   /** Set once a failed rollout of it was rolled back: why. */
   rolledBack?: string;
+  /**
+   * Set when the push was committed to Git (GIT_REPO), not patched: the commit's id. Until the GitOps tool applies
+   * it the container still runs `previous`; neither image is a change made outside webhook.
+   */
+  commit?: string;
 }
 
 type PushDecision =
@@ -16236,11 +16246,12 @@ export function recordUnchanged(report: UpgradeReport, decision: DecisionCode, r
 /** Why a push the record holds off changes nothing: superseded by a newer push, or a repeat. Pure. */
 export function decisionReason(decision: Exclude<PushDecision, { kind: 'apply' }>, nowMs: number): string {
   const r = decision.record;
+  const done = r.commit ? `committed to Git (${r.commit.slice(0, 7)})` : 'applied';
   if (decision.kind === 'superseded')
-    return `superseded: a newer push, ${r.image} pushed at ${r.pushedAt}, was applied already`;
+    return `superseded: a newer push, ${r.image} pushed at ${r.pushedAt}, was ${done} already`;
   const ago = formatGoDuration(roundedToSeconds(nowMs - Date.parse(r.appliedAt)));
   const rolledBack = r.rolledBack ? ' and rolled back' : '';
-  return `the same push was applied ${ago} ago${rolledBack}: a repeated notification`;
+  return `the same push was ${done} ${ago} ago${rolledBack}: a repeated notification`;
 }
 
 /** The annotation's new value: the records read with this container's replaced. Pure. */
@@ -16265,6 +16276,8 @@ interface EventFacts {
   hook: string;
   /** A rollout's pods: the first five not ready are named. */
   pods: PodSummary[];
+  /** Where a push committed to Git went: `<short sha> to <branch> of <repository>`. */
+  commit: string;
 }
 type Facts<K extends keyof EventFacts> = Pick<EventFacts, K>;
 
@@ -16285,6 +16298,10 @@ export const PUSH_EVENTS = {
   /** The same image again: its rollout restarted (decision `re-pulled`). */
   're-pulled': { type: 'Normal', reason: 'RolloutRestarted', message: (f: Facts<'container' | 'image' | 'asked'>) =>
     `container ${f.container}: ${f.image} pulled again (same image, rollout restarted); asked by ${f.asked}` },
+  /** The push was committed to Git for the GitOps tool to apply (decision `applied`, GIT_REPO). */
+  committed: { type: 'Normal', reason: 'ImageCommitted',
+    message: (f: Facts<'container' | 'before' | 'image' | 'commit' | 'asked'>) =>
+      `container ${f.container}: image ${f.before} → ${f.image} committed as ${f.commit}; asked by ${f.asked}` },
   /** A change made outside webhook holds the push (decision `held`). */
   held: { type: 'Warning', reason: 'UpgradeHeld', message: (f: Facts<'container' | 'image' | 'why' | 'asked'>) =>
     `container ${f.container}: ${f.image} ${f.why}; asked by ${f.asked}` },
@@ -16478,8 +16495,10 @@ interface HoldTarget {
  * managedFields say who and when. A push is then applied only when strictly newer than the image
  * replaced (or the image set, when that is the newer version): by semver precedence when both tags
  * are versions, else when pushed after the change. An image last set by the service itself holds
- * nothing. Malformed managedFields, a writer's time from the future, or no writer at all: nothing
- * can be said of the change, and the push is not applied. Pure.
+ * nothing, and neither does a push the service committed to Git (the record names its commit): the
+ * container runs the image before it until the GitOps tool applies the commit, then the image committed,
+ * whichever field manager wrote it. Malformed managedFields, a writer's time from the future, or no
+ * writer at all: nothing can be said of the change, and the push is not applied. Pure.
  */
 export function holdDecision(
   record: PushRecord | undefined,
@@ -16491,6 +16510,7 @@ export function holdDecision(
 ): HoldDecision {
   const applied = record && (record.rolledBack ? record.previous : record.image);
   if (applied === undefined || normalizeImageRef(applied) === normalizeImageRef(running)) return { kind: 'none' };
+  if (record?.commit && normalizeImageRef(record.previous) === normalizeImageRef(running)) return { kind: 'none' };
   const found = imageWriters(managedFields, at.fieldPath);
   const malformed = (why: string): HoldDecision => ({
     kind: 'malformed',
@@ -17145,7 +17165,7 @@ export function waitingAction(e: PendingEntry): string {
 //    the read that would precede every PATCH: only a plain apply is carried out on it, its patch also testing the
 //    annotations the decision read (policy, approval, window); any other decision is reached again on the workload
 //    as it is now. Another way to carry a decision out (a commit to Git) is an executor beside this one.
-//    Exports: carryOut, PushToCarryOut, recordDecision.
+//    Exports: carryOut, guardedPatch, PushToCarryOut, recordDecision.
 //    Tests: test/e2e.test.ts, test/records.test.ts, test/replicas.test.ts, test/upgrade.test.ts.
 // ================================================================================================
 
@@ -17298,10 +17318,13 @@ export function recordDecision(report: UpgradeReport, d: Decision, kind: Workloa
 //    GIT_FIELD), so comments, order, quoting and indentation stay; committed on the branch head with the push in
 //    its message and trailers, and pushed with that head as the expected value. A branch that moved in between is
 //    fetched again and the edit made again on its new head, up to LIMITS.git.pushAttempts times; pushes waiting for one
-//    branch are committed together (WorkloadQueue.batch), and newest wins by the head commit's trailers. Nothing
-//    is written to the cluster: the GitOps tool applies the commit, which the service waits for after answering
-//    (GIT_SYNC_TIMEOUT) before the rollout is followed. Without GIT_REPO, a push that would patch a workload a
-//    GitOps tool deploys is refused (refuseGitopsOwned, ON_GITOPS_OWNER).
+//    branch are committed together (WorkloadQueue.batch), and newest wins by the head commit's trailers. The image
+//    is never written to the cluster: the GitOps tool applies the commit. The commit is recorded on the workload
+//    (its push record names it, a decided push's pending entry is taken off: one PATCH of annotations) and told in
+//    an ImageCommitted Event; the hold takes the images of a committed record as the service's own. After
+//    answering, the service watches the workload until the tool applied the commit (GIT_SYNC_TIMEOUT), names the
+//    tool by its field manager (gitopsApplier, GITOPS_MARKS), then follows the rollout. Without GIT_REPO, a push
+//    that would patch a workload a GitOps tool deploys is refused (refuseGitopsOwned, ON_GITOPS_OWNER).
 //    Exports: commitOut, refuseGitopsOwned.
 //    Tests: test/git.test.ts.
 // ================================================================================================
@@ -17749,7 +17772,8 @@ function batchKey(git: GitSettings): string {
  * The git executor: decides the push on its workload as read (decide) and carries an applied push out as a commit
  * on the hook's branch, together with the pushes waiting for the same branch (deps.queue's batch); any other
  * decision is the cluster executor's (carryOut). Writes the decision into the report (recordDecision); the
- * answer's action names the commit. A failure throws, nothing written anywhere.
+ * answer's action names the commit. The commit is recorded on the workload (recordCommit) and told in an
+ * ImageCommitted Event. A failure throws, nothing written anywhere.
  */
 export async function commitOut(
   client: KubeClient,
@@ -17779,16 +17803,90 @@ export async function commitOut(
     return;
   }
   recordDecision(report, { ...decision, followRecorded: false }, target.kind);
-  report.action = `committed ${done.commit.slice(0, 7)} to ${where}`;
-  const detail = 'committed to Git: the GitOps tool deploying the branch applies it';
-  report.rollout = { state: 'not tracked', detail, pods: [] };
+  const commit = `${done.commit.slice(0, 7)} to ${where}`;
+  report.action = `committed ${commit}`;
+  await recordCommit(client, { ...given, workload, decision, commit: done.commit }, report, deps);
+  const told = { container: given.config.container, before: decision.before, image: given.push.image, commit };
+  const event = pushEvent('committed', { ...told, asked: whoAsked(given.push) });
+  const recording = recordEventQuietly(client, target, event, now, report);
   const previous = { ...edit, push: { ...edit.push, image: decision.before } };
   if (given.config.rollbackOnFailure) report.revertInGit = (why) => committedRevert(previous, why, where);
-  // The service carries a push on after its answer (eventAfterAnswer): it waits there for the sync, then follows.
+  await afterCommit(client, { ...given, report, deps, commit: done.commit }, git, recording);
+}
+
+/**
+ * The rollout of a commit: the GitOps tool's to start. The service carries a push on after its answer
+ * (eventAfterAnswer): the commit's Event, then the wait for the sync (GIT_SYNC_TIMEOUT), then the follow.
+ */
+async function afterCommit(
+  client: KubeClient,
+  on: PushToCarryOut & { report: UpgradeReport; deps: UpgradeDeps; commit: string },
+  git: GitSettings,
+  recording: Promise<string | undefined>,
+): Promise<void> {
+  const { report, deps } = on;
+  const detail = 'committed to Git: the GitOps tool deploying the branch applies it';
+  report.rollout = { state: 'not tracked', detail, pods: [] };
+  if (!deps.eventAfterAnswer) await recording;
+  else report.afterAnswer = recording;
   if (git.syncTimeoutMs === 0 || !deps.eventAfterAnswer) return;
   const synced = `${detail}; waited for up to ${formatGoDuration(git.syncTimeoutMs)}, then followed`;
   report.rollout = { state: 'progressing', detail: synced, pods: [] };
-  report.afterAnswer = awaitGitSync(client, { ...given, report, deps, commit: done.commit }, git.syncTimeoutMs);
+  report.afterAnswer = recording.then(async (note) => {
+    await awaitGitSync(client, on, git.syncTimeoutMs);
+    return note;
+  });
+}
+
+/**
+ * What a committed push writes on its workload, under tests of the values read: its push record naming the
+ * commit (newest wins and the hold read it as they read a patched push's) and, for a waiting push now decided,
+ * its pending entry taken off. Never the image (the GitOps tool applies the commit) nor a follow record (this
+ * executor waits for the sync itself). Pure.
+ */
+function committedAnnotations(
+  d: Decision & { code: 'applied' | 're-pulled' },
+  container: string,
+  commit: string,
+): Record<string, { value: string; read: string | undefined }> {
+  const guarded = Object.entries(d.change.guarded ?? {}).filter(([key]) => key !== FOLLOW_ANNOTATION);
+  const records = JSON.parse(d.lastPush) as Record<string, PushRecord>;
+  const lastPush = withPushRecord(records, container, { ...records[container], commit });
+  const read = d.change.guarded?.[LAST_PUSH_ANNOTATION]?.read;
+  return { ...Object.fromEntries(guarded), [LAST_PUSH_ANNOTATION]: { value: lastPush, read } };
+}
+
+/**
+ * The commit recorded on the workload (committedAnnotations) in one guarded PATCH of its annotations; a workload
+ * changed since it was read is read and the push decided again (a newer push recorded meanwhile keeps its record),
+ * up to LIMITS.upgrade.maxPatchAttempts times. A record not written is a note: the commit stands.
+ */
+async function recordCommit(
+  client: KubeClient,
+  on: PushToCarryOut & { workload: K8sObject; decision: Decision; commit: string },
+  report: UpgradeReport,
+  deps: UpgradeDeps,
+): Promise<void> {
+  const target = on.push.target;
+  const key = `${target.namespace}/${target.kind}/${target.name}`;
+  let { workload, decision: d } = on;
+  const unrecorded = (why: string) => report.notes.push(`the commit is not recorded on the workload: ${why}`);
+  try {
+    for (let attempt = 1; ; attempt++) {
+      if (d.code !== 'applied' && d.code !== 're-pulled') return void unrecorded('reason' in d ? d.reason : d.code);
+      const guarded = committedAnnotations(d, on.config.container, on.commit);
+      const values = Object.fromEntries(Object.entries(guarded).map(([k, { value }]) => [k, value]));
+      const expect = Object.fromEntries(Object.entries(guarded).map(([k, { read }]) => [k, read ?? null]));
+      const updated = await guardedPatch(client, target, annotationOps(workload, ['metadata'], values, expect), false);
+      if (updated !== 'conflict') return void deps.known?.set(key, updated);
+      if (attempt >= LIMITS.upgrade.maxPatchAttempts) return void unrecorded(`it kept changing (${attempt} attempts)`);
+      workload = await readWorkload(client, target);
+      const nowMs = (deps.now ?? (() => new Date()))().getTime();
+      d = decide({ ...on, workload, nowMs, entryId: randomUUID() });
+    }
+  } catch (e) {
+    unrecorded((e as Error).message);
+  }
 }
 
 /**
@@ -17808,9 +17906,47 @@ async function committedRevert(edit: PushEdit, reason: string, where: string): P
 }
 
 /**
+ * The changes of one workload, through the watch the client shares among every watcher of the namespace's
+ * workloads of its kind (the rollout follow's), or of the workload alone where RBAC names it (resourceNames);
+ * `next` resolves at the next change or after `ms`. Where both are refused, `watching` turns false.
+ */
+function workloadChanges(client: KubeClient, target: WorkloadTarget, rv: string | undefined) {
+  const state = { watching: true, changed: false, wake: undefined as (() => void) | undefined };
+  let close: () => void = () => undefined;
+  const changed = () => {
+    state.changed = true;
+    state.wake?.();
+  };
+  const subscribe = (ref: ResourceRef) => {
+    close = client.watch({ ref, keep: leanWorkload }, rv, {
+      ...{ name: target.name, event: changed, behind: changed },
+      failed: (e) => {
+        if (e.status === 403 && ref.name === undefined) return subscribe(workloadResource(target));
+        state.watching = false;
+        state.wake?.();
+      },
+    });
+  };
+  subscribe(workloadResource({ ...target, name: undefined }));
+  const next = (ms: number) =>
+    new Promise<void>((resolve) => {
+      const done = () => {
+        clearTimeout(timer);
+        Object.assign(state, { changed: false, wake: undefined });
+        resolve();
+      };
+      // Unreferenced: a service stopping is not held open by a push waiting for its GitOps tool.
+      const timer = setTimeout(done, state.changed ? 0 : ms).unref();
+      state.wake = done;
+    });
+  return { next, watching: () => state.watching, close: () => close() };
+}
+
+/**
  * After the answer: waits until the workload's container runs the committed image (the GitOps tool applied the
- * commit), then leaves the rollout to the service's follow with the workload as read (deps.known), noting who
- * applied it (the newest field manager) and how long it took. Past the timeout the rollout is reported timed out.
+ * commit), watching the workload, then leaves the rollout to the service's follow with the workload as read
+ * (deps.known), noting who applied it (gitopsApplier) and how long it took. Past the timeout the rollout is
+ * reported timed out.
  */
 async function awaitGitSync(
   client: KubeClient,
@@ -17820,43 +17956,55 @@ async function awaitGitSync(
   const { push, config, report, deps } = on;
   const started = Date.now();
   const key = `${push.target.namespace}/${push.target.kind}/${push.target.name}`;
-  for (;;) {
-    const workload = await readWorkload(client, push.target).catch(() => undefined);
-    const podSpec = workload && valueAt(workload, [...kindSpec(push.target.kind).template, 'spec']);
-    if (workload && locateContainer(podSpec, config.container)?.image === push.image) {
-      deps.known?.set(key, workload);
-      const seconds = Math.round((Date.now() - started) / 1000);
-      report.notes.push(`commit ${on.commit.slice(0, 7)} applied after ${seconds}s by ${newestManager(workload)}`);
-      return undefined;
+  let changes: ReturnType<typeof workloadChanges> | undefined;
+  try {
+    for (;;) {
+      const workload = await readWorkload(client, push.target).catch(() => undefined);
+      const podSpec = workload && valueAt(workload, [...kindSpec(push.target.kind).template, 'spec']);
+      if (workload && locateContainer(podSpec, config.container)?.image === push.image) {
+        deps.known?.set(key, workload);
+        const seconds = Math.round((Date.now() - started) / 1000);
+        const by = gitopsApplier(workload, push.target.kind, config.container);
+        report.notes.push(`commit ${on.commit.slice(0, 7)} applied after ${seconds}s by ${by}`);
+        return undefined;
+      }
+      const left = timeoutMs - (Date.now() - started);
+      if (left <= 0) {
+        const detail = `commit ${on.commit.slice(0, 7)} not applied within ${formatGoDuration(timeoutMs)}`;
+        report.rollout = { state: 'timed out', detail, pods: [] };
+        return undefined;
+      }
+      const rv = valueAt(workload, ['metadata', 'resourceVersion']);
+      changes ??= workloadChanges(client, push.target, typeof rv === 'string' ? rv : undefined);
+      await changes.next(Math.min(left, changes.watching() ? LIMITS.git.syncRereadMs : LIMITS.git.syncPollMs));
     }
-    if (Date.now() - started >= timeoutMs) {
-      const detail = `commit ${on.commit.slice(0, 7)} not applied within ${formatGoDuration(timeoutMs)}`;
-      report.rollout = { state: 'timed out', detail, pods: [] };
-      return undefined;
-    }
-    // Unreferenced: a service stopping is not held open by a push waiting for its GitOps tool.
-    await new Promise((next) => setTimeout(next, LIMITS.git.syncPollMs).unref());
+  } finally {
+    changes?.close();
   }
-}
-
-/** The field manager that wrote the workload last (managedFields' newest time): who applied the commit. Pure. */
-function newestManager(workload: K8sObject): string {
-  const fields = asArray(valueAt(workload, ['metadata', 'managedFields']));
-  const newest = fields.toSorted((a, b) => String(valueAt(b, ['time'])).localeCompare(String(valueAt(a, ['time']))))[0];
-  return newest === undefined ? 'an unknown manager' : `manager ${String(valueAt(newest, ['manager']))}`;
 }
 
 // ---- a workload a GitOps tool owns -------------------------------------------------------------------
 
 /**
- * The labels and annotations by which each GitOps tool marks what it deploys. Not its field managers: a copy of
+ * Each GitOps tool: the labels and annotations by which it marks what it deploys, and the field managers it writes
+ * as (managedFields). The managers name who applied a commit (gitopsApplier), but do not tell an owner: a copy of
  * the workload (KnownWorkloads) is kept without managedFields, and a push must be judged alike on a copy and on a
  * read.
  */
-const GITOPS_MARKS: { tool: string; labels: string[]; annotations: string[] }[] = [
-  { tool: 'Argo CD', labels: ['argocd.argoproj.io/instance'], annotations: ['argocd.argoproj.io/tracking-id'] },
-  { tool: 'Flux', labels: ['kustomize.toolkit.fluxcd.io/name', 'helm.toolkit.fluxcd.io/name'], annotations: [] },
-  { tool: 'Fleet', labels: ['objectset.rio.cattle.io/hash'], annotations: [] },
+const GITOPS_MARKS: { tool: string; labels: string[]; annotations: string[]; managers: string[] }[] = [
+  {
+    tool: 'Argo CD',
+    labels: ['argocd.argoproj.io/instance'],
+    annotations: ['argocd.argoproj.io/tracking-id'],
+    managers: ['argocd-controller'],
+  },
+  {
+    tool: 'Flux',
+    labels: ['kustomize.toolkit.fluxcd.io/name', 'helm.toolkit.fluxcd.io/name'],
+    annotations: [],
+    managers: ['kustomize-controller', 'helm-controller'],
+  },
+  { tool: 'Fleet', labels: ['objectset.rio.cattle.io/hash'], annotations: [], managers: ['fleet-agent'] },
 ];
 
 /** Which GitOps tool deploys the workload, and by what mark: undefined when none does. Pure. */
@@ -17870,6 +18018,21 @@ export function gitopsOwner(workload: K8sObject): string | undefined {
     if (annotation) return `${mark.tool} (annotation ${annotation})`;
   }
   return undefined;
+}
+
+/**
+ * Who set the container's image last (of the managedFields entries that own it, the newest): the GitOps tool whose
+ * manager that is, as `Argo CD (manager argocd-controller)`, or `manager <name>` for any other. Pure.
+ */
+export function gitopsApplier(workload: K8sObject, kind: WorkloadKind, container: string): string {
+  const located = locateContainer(workloadPodSpec(workload, kind), container);
+  const managed = valueAt(workload, ['metadata', 'managedFields']);
+  const found = located && imageWriters(managed, imageFieldPath(kind, located.list, container));
+  const writers = found && 'writers' in found ? found.writers : [];
+  const newest = writers.toSorted((a, b) => Date.parse(b.time) - Date.parse(a.time))[0];
+  if (newest === undefined) return 'an unknown manager';
+  const tool = GITOPS_MARKS.find((m) => m.managers.includes(newest.manager))?.tool;
+  return tool ? `${tool} (manager ${newest.manager})` : `manager ${newest.manager}`;
 }
 
 /**

@@ -214,8 +214,9 @@ export const SETTING_DETAILS: Record<string, string> = {
   GIT_CA: "The CA that signed the Git server's certificate (PEM or a file), added to the system's.",
   GIT_SYNC_TIMEOUT:
     'After a commit is answered, how long the service waits for the GitOps tool to apply it (the workload runs the ' +
-    'committed image; read every 2 s); then the rollout is followed as after a PATCH (`-rollout-follow`) and its ' +
-    'result reported with who applied it and when. Past it, the rollout is reported timed out. `0`: not waited for.',
+    'committed image; watched, or read every 2 s where the watch is refused); then the rollout is followed as after ' +
+    'a PATCH (`-rollout-follow`) and its result reported with which tool applied it and when. Past it, the rollout ' +
+    'is reported timed out. `0`: not waited for.',
   GIT_AUTHOR: 'The author and committer of the commits, `Name <email>`.',
   ON_GITOPS_OWNER:
     "Without `GIT_REPO`: `refuse` (the default) answers a push whose decision would patch a workload Argo CD, Flux " +

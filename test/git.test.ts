@@ -7,7 +7,11 @@
  * executable, with no git on its PATH, on the test cluster: an applied push committed instead of patched (checked
  * with git: one commit, parent the old head, only the image line changed, `git fsck --strict` clean), a
  * kustomization and a Helm values file, a commit made by a pre-receive hook between the read and the push, a push
- * refused by a pre-receive hook and a wrong token (a clear error, nothing changed, no token in the answer or log).
+ * refused by a pre-receive hook and a wrong token (a clear error, nothing changed, no token in the answer or log),
+ * a tree 10,000 entries wide and a truncated pack; the commit recorded on the workload (its push record, an
+ * ImageCommitted Event, an approved push's pending entry taken off); under ON_OUTSIDE_CHANGE=hold, the test playing
+ * the GitOps tool is no outside change and a person's kubectl set image is; the wait for the sync watching the
+ * workload, and the tool that applied the commit named by its field manager.
  */
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
@@ -15,7 +19,7 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import {
-  editGitFile, fetchGitFile, fetchGitFiles, gitObjectId, gitopsOwner, GitError, HOOK_SETTINGS, locatedYaml, parsePktLines, pktLine,
+  approvalToken, editGitFile, fetchGitFile, fetchGitFiles, gitObjectId, gitopsApplier, gitopsOwner, GitError, holdDecision, imageFieldPath, HOOK_SETTINGS, locatedYaml, parsePktLines, pktLine,
   pushGitCommit, WorkloadQueue, readPack, readSshSigningKey, readTree, replaceInTree, writePack, type GitEdit, type GitRemote,
 } from '../webhook.ts';
 import { git, makeRepository, startGitServer, type GitServer } from './git-server.ts';
@@ -88,6 +92,35 @@ describe('a workload a GitOps tool owns', () => {
     assert.equal(gitopsOwner(meta({ labels: { 'app.kubernetes.io/instance': 'web', 'app.kubernetes.io/managed-by': 'Helm' } })), undefined);
     assert.equal(HOOK_SETTINGS.ON_GITOPS_OWNER.parse(undefined), 'refuse');
     assert.throws(() => HOOK_SETTINGS.ON_GITOPS_OWNER.parse('ignore'), /ON_GITOPS_OWNER "ignore" is not refuse or patch/);
+  });
+  /** A Deployment whose container app runs `image`, its image set last by `manager` (after kubectl's apply). */
+  const appliedBy = (manager: string, image = 'reg.example/shop/app:v2') => ({
+    metadata: { managedFields: [
+      { manager: 'kubectl-client-side-apply', operation: 'Update', time: '2026-11-27T10:00:00Z', fieldsV1: { 'f:metadata': {} } },
+      { manager, operation: 'Apply', time: '2026-11-27T09:00:00Z', fieldsV1: { 'f:spec': { 'f:template': { 'f:spec': { 'f:containers': {
+        'k:{"name":"app"}': { 'f:image': {} } } } } } } },
+    ] },
+    spec: { template: { spec: { containers: [{ name: 'app', image }] } } },
+  });
+  test("who applied a commit is named by the GitOps tool whose field manager set the image, from GITOPS_MARKS' managers", () => {
+    assert.equal(gitopsApplier(appliedBy('argocd-controller'), 'deployment', 'app'), 'Argo CD (manager argocd-controller)');
+    assert.equal(gitopsApplier(appliedBy('kustomize-controller'), 'deployment', 'app'), 'Flux (manager kustomize-controller)');
+    assert.equal(gitopsApplier(appliedBy('helm-controller'), 'deployment', 'app'), 'Flux (manager helm-controller)');
+    assert.equal(gitopsApplier(appliedBy('fleet-agent'), 'deployment', 'app'), 'Fleet (manager fleet-agent)');
+    assert.equal(gitopsApplier(appliedBy('kubectl-set'), 'deployment', 'app'), 'manager kubectl-set', 'not the newest entry: the owner of the image');
+    assert.equal(gitopsApplier({ spec: appliedBy('x').spec }, 'deployment', 'app'), 'an unknown manager');
+  });
+  test('a committed push on its record: the image before it and the image committed are not changes made outside webhook', () => {
+    const record = { pushedAt: '2026-11-27T08:00:00Z', timeFrom: 'payload' as const, image: 'reg.example/shop/app:v2', push: 'sha256:a|t',
+      previous: 'reg.example/shop/app:v1', appliedAt: '2026-11-27T08:00:01Z', commit: 'c0ffee'.padEnd(40, '0') };
+    const push = { image: 'reg.example/shop/app:build-7', pushedAtMs: Date.parse('2026-11-27T08:30:00Z'), timeFrom: 'payload' as const, push: 'sha256:b|t' };
+    const at = { workload: 'deployment/web', container: 'app', fieldPath: imageFieldPath('deployment', 'containers', 'app') };
+    const decideOn = (running: string, r: object = record) =>
+      holdDecision(r as typeof record, running, appliedBy('argocd-controller', running).metadata.managedFields, push, Date.parse('2026-11-27T12:00:00Z'), at).kind;
+    assert.equal(decideOn('reg.example/shop/app:v1'), 'none', 'not applied yet');
+    assert.equal(decideOn('reg.example/shop/app:v2'), 'none', 'applied by the GitOps tool');
+    assert.equal(decideOn('reg.example/shop/app:v0'), 'held', 'a change of its own');
+    assert.equal(decideOn('reg.example/shop/app:v1', { ...record, commit: undefined }), 'held', 'a patched push: its previous image is no longer ours');
   });
 });
 
@@ -369,6 +402,8 @@ const cluster = await clusterOrSkip();
 describe('an applied push committed to Git through the executable', { skip: cluster ? false : 'no cluster' }, () => {
   const kubectl = kubectlFor(cluster!);
   const ns = freshNamespaceName('git');
+  // Its own namespace: no rollout followed there opens the watch of its Deployments before the sync wait does.
+  const watchedNs = freshNamespaceName('git-watched');
   const root = makeTempDir('git-e2e-');
   const HOOK_TOKEN = 'git-hook-token-91ac';
   const GIT_TOKEN = 'ghp-e2e-secret-5d0f2a7c';
@@ -380,6 +415,10 @@ describe('an applied push committed to Git through the executable', { skip: clus
   let second: Webhook;
   let bare: string;
   const manifest = MANIFEST.replace(/reg\.example\/shop\/app:v1/, acrImage('v1')).replace('namespace: shop', `namespace: ${ns}`);
+  /** The manifest of deployment/<name> instead of deployment/web. */
+  const manifestOf = (name: string) => manifest.replace('name: web   # the workload', `name: ${name}`);
+  const APPROVAL_KEY = 'git-approval-key-0b8e5d2c7a9f4e1b6c3d8a5f2e7b4c91';
+  const PUBLIC_URL = 'https://webhook.example.test';
   const kustomization = `images:\n  - name: ${acrImage('v1').split(':v1')[0]}\n    newTag: v1 # by webhook\n`;
   const values = `image:\n  repository: ${acrImage('v1').split(':v1')[0]}\n  tag: v1\n`;
   const push = (hook: string, tag: string, pushedAt = new Date(), replica = () => wh, workload = 'deployment/web') =>
@@ -392,10 +431,14 @@ describe('an applied push committed to Git through the executable', { skip: clus
   before(async () => {
     fs.writeFileSync(tokenFile, `${GIT_TOKEN}\n`);
     execFileSync('ssh-keygen', ['-q', '-t', 'ed25519', '-N', '', '-C', 'webhook', '-f', signingKey]);
-    bare = makeRepository(root, 'deploy', { 'apps/web.yaml': manifest, 'overlays/prod/kustomization.yaml': kustomization, 'chart/values.yaml': values, 'logo.yaml': 'GIF89a\0\0\x01' });
+    bare = makeRepository(root, 'deploy', { 'apps/web.yaml': manifest, 'overlays/prod/kustomization.yaml': kustomization, 'chart/values.yaml': values, 'logo.yaml': 'GIF89a\0\0\x01',
+      'apps/held.yaml': manifestOf('held'), 'apps/gated.yaml': manifestOf('gated'), 'apps/watched.yaml': manifestOf('watched') });
     server = await startGitServer(root, 'x-access-token', GIT_TOKEN);
     await kubectl(['create', 'namespace', ns]);
-    await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(deployment('web', [{ name: 'app', image: acrImage('v1') }], { replicas: 1 })));
+    await kubectl(['create', 'namespace', watchedNs]);
+    await kubectl(['-n', watchedNs, 'apply', '-f', '-'], JSON.stringify(deployment('watched', [{ name: 'app', image: acrImage('v1') }], { replicas: 1 })));
+    for (const name of ['web', 'held', 'gated'])
+      await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(deployment(name, [{ name: 'app', image: acrImage('v1') }], { replicas: 1 })));
     const flux = deployment('flux-web', [{ name: 'app', image: acrImage('v1') }], { replicas: 1 });
     Object.assign(flux.metadata, { labels: { 'kustomize.toolkit.fluxcd.io/name': 'apps' } });
     await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(flux));
@@ -415,9 +458,15 @@ describe('an applied push committed to Git through the executable', { skip: clus
       upgradeHook('cluster', HOOK_TOKEN),
       upgradeHook('patch-anyway', HOOK_TOKEN, { ON_GITOPS_OWNER: 'patch' }),
       upgradeHook('signed', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'apps/web.yaml', GIT_TOKEN: tokenFile, GIT_SIGNING_KEY: signingKey }),
+      upgradeHook('held-git', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'apps/held.yaml', GIT_TOKEN: tokenFile }),
+      upgradeHook('approve', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'apps/gated.yaml', GIT_TOKEN: tokenFile, REQUIRE_APPROVAL: 'true' }),
+      upgradeHook('wide', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'wide/web.yaml', GIT_TOKEN: tokenFile }),
+      upgradeHook('watched', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'apps/watched.yaml', GIT_TOKEN: tokenFile, GIT_SYNC_TIMEOUT: '2m' }),
     ];
     const env = { KUBECONFIG: cluster!.kubeconfigPath, PATH: noGit };
-    const args = ['-deliveries', '50'];
+    const keyFile = path.join(root, 'approval-key');
+    fs.writeFileSync(keyFile, `${APPROVAL_KEY}\n`);
+    const args = ['-deliveries', '50', '-public-url', PUBLIC_URL, '-approval-key-file', keyFile];
     [wh, second] = await Promise.all([0, 1].map(() => startWebhook({ hooks, env, args, metrics: true })));
   });
   after(async () => {
@@ -426,6 +475,7 @@ describe('an applied push committed to Git through the executable', { skip: clus
     await second?.stop();
     await server?.close();
     await removeNamespace(kubectl, ns);
+    await removeNamespace(kubectl, watchedNs);
   });
 
   test('a manifest: one commit on the old head, only the image line changed, fsck clean; the workload unchanged', async () => {
@@ -519,16 +569,74 @@ describe('an applied push committed to Git through the executable', { skip: clus
     const head = git(bare, ['rev-parse', 'main']).trim();
     const older = await push('manifest', 'v20', new Date(now - 60_000));
     assert.equal(older.status, 200, older.body);
-    assert.match(actionOf(older.body) ?? older.body, new RegExp(`^none \\(superseded by the commit ${head.slice(0, 7)} of .*:v21, pushed at `));
+    // The workload's record names the commit: newest wins there before Git is asked.
+    assert.match(actionOf(older.body) ?? older.body, new RegExp(`^none \\(superseded: a newer push, .*:v21 pushed at \\S+, was committed to Git \\(${head.slice(0, 7)}\\) already\\)$`));
     assert.equal(git(bare, ['rev-parse', 'main']).trim(), head, 'nothing committed');
     const before = Number(git(bare, ['rev-list', '--count', 'main']).trim());
     const [a, b] = await Promise.all([push('manifest', 'v30', new Date(now + 1_000)), push('manifest', 'v31', new Date(now + 2_000), () => second)]);
     assert.match(actionOf(b.body) ?? b.body, /^committed /, b.body);
-    assert.match(actionOf(a.body) ?? a.body, /^(committed |none \(superseded by the commit )/, a.body);
+    assert.match(actionOf(a.body) ?? a.body, /^(committed |none \(superseded by the commit |none \(superseded: a newer push, .*:v31 )/, a.body);
     assert.match(git(bare, ['show', 'main:apps/web.yaml']), /:v31'/, 'the newest push is in the file');
     const commits = Number(git(bare, ['rev-list', '--count', 'main']).trim()) - before;
     assert.equal(commits, /^committed /.test(actionOf(a.body) ?? '') ? 2 : 1, 'every committed push is in the history');
     assert.equal(git(bare, ['fsck', '--strict', '--no-dangling']), '');
+  });
+
+  const re = (text: string) => text.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
+  /** The Events of `reason` on deployment/<name>, once one's message matches `message`. */
+  const eventsOn = (name: string, reason: string, message: RegExp) => waitFor(async () => {
+    const list = JSON.parse(await kubectl(['-n', ns, 'get', 'events', '--field-selector', `involvedObject.name=${name},reason=${reason}`, '-o', 'json']));
+    return (list.items as any[]).some((e) => message.test(e.message)) ? list.items as any[] : undefined;
+  }, { timeoutMs: 60_000, what: `the ${reason} Event on ${name} matching ${message}` });
+  const recordOf = async (name: string) =>
+    JSON.parse(JSON.parse(await kubectl(['-n', ns, 'get', `deployment/${name}`, '-o', 'json'])).metadata.annotations['webhook/last-push']).app;
+
+  test('under ON_OUTSIDE_CHANGE=hold, the GitOps tool applying a commit is no outside change; a person\'s kubectl set image holds', async () => {
+    const at = (seconds: number) => new Date(Date.now() - 600_000 + seconds * 1000);
+    const pushHeld = (hook: string, tag: string, seconds: number) => push(hook, tag, at(seconds), () => wh, 'deployment/held');
+    // Patched once before the workload moved to Git: its record names an image webhook set itself.
+    assert.equal(actionOf((await pushHeld('cluster', 'build-a', 0)).body), 'image updated');
+    const committed = await pushHeld('held-git', 'build-b', 10);
+    assert.match(actionOf(committed.body) ?? committed.body, /^committed /, committed.body);
+    const commit = git(bare, ['rev-parse', 'main']).trim();
+    assert.equal((await recordOf('held')).commit, commit, 'the record names the commit');
+    await eventsOn('held', 'ImageCommitted', new RegExp(`^container app: image ${re(acrImage('build-a'))} → ${re(acrImage('build-b'))} committed as ` +
+      `${commit.slice(0, 7)} to main of ${re(server.base)}/deploy\\.git; asked by hook "held-git", request ${committed.headers['x-request-id']}$`));
+    // The GitOps tool applies the commit, under its own field manager, after the pushes below were pushed.
+    await kubectl(['-n', ns, 'set', 'image', 'deployment/held', `app=${acrImage('build-b')}`, '--field-manager=argocd-controller']);
+    const next = await pushHeld('held-git', 'build-c', 20);
+    assert.match(actionOf(next.body) ?? next.body, /^committed /, next.body);
+    assert.doesNotMatch(next.body, /outside webhook/);
+    // Committed, not applied yet: the image before the commit is no outside change either.
+    const before = await pushHeld('held-git', 'build-d', 30);
+    assert.match(actionOf(before.body) ?? before.body, /^committed /, before.body);
+    assert.match(git(bare, ['show', 'main:apps/held.yaml']), new RegExp(`image: '${re(acrImage('build-d'))}'`));
+    await kubectl(['-n', ns, 'set', 'image', 'deployment/held', `app=${acrImage('build-h')}`]);
+    const head = git(bare, ['rev-parse', 'main']).trim();
+    const held = await pushHeld('held-git', 'build-e', 40);
+    assert.equal(held.status, 200, held.body);
+    assert.match(held.body, new RegExp(`^action: +none \\(held: deployment/held was set to ${re(acrImage('build-h'))} outside webhook by kubectl-set \\(kubectl set\\) at `, 'm'));
+    assert.equal(git(bare, ['rev-parse', 'main']).trim(), head, 'nothing committed');
+  });
+
+  test('a push that waited for approval, approved: committed, its pending entry taken off, the commit recorded and told in an Event', async () => {
+    const pendingOn = async () => JSON.parse(JSON.parse(await kubectl(['-n', ns, 'get', 'deployment/gated', '-o', 'json'])).metadata.annotations?.['webhook/pending'] ?? '{}');
+    const res = await push('approve', 'v2', new Date(), () => wh, 'deployment/gated');
+    assert.equal(res.status, 202, res.body);
+    const entry = (await pendingOn()).app;
+    assert.equal(entry.image, acrImage('v2'));
+    const link = `/approval/${approvalToken(Buffer.from(APPROVAL_KEY), { namespace: ns, kind: 'deployment', name: 'gated', container: 'app',
+      id: entry.id, hook: entry.hook, image: entry.image, action: 'approve', exp: Date.parse(entry.until) })}`;
+    const approved = await second.request(link, { method: 'POST', body: 'name=Li Lei', headers: { 'Content-Type': 'application/x-www-form-urlencoded' } });
+    assert.equal(approved.status, 200, approved.body);
+    await waitFor(async () => Object.keys(await pendingOn()).length === 0, { timeoutMs: 60_000, what: 'the pending entry taken off' });
+    const head = git(bare, ['rev-parse', 'main']).trim();
+    assert.match(git(bare, ['show', 'main:apps/gated.yaml']), new RegExp(`image: '${re(acrImage('v2'))}'`));
+    assert.match(git(bare, ['log', '-1', '--format=%B', 'main']), /^Webhook-Workload: .*\/deployment\/gated\/app$/m);
+    assert.equal((await recordOf('gated')).commit, head);
+    await eventsOn('gated', 'ImageCommitted', new RegExp(` committed as ${head.slice(0, 7)} to main of ${re(server.base)}/deploy\\.git; `));
+    const image = containerImage(JSON.parse(await kubectl(['-n', ns, 'get', 'deployment/gated', '-o', 'json'])), 'app');
+    assert.equal(image, acrImage('v1'), 'not patched: the GitOps tool applies the commit');
   });
 
   test('bad input: a binary file, a 50 MB file, a server answering garbage: a clear error, nothing written', async () => {
@@ -556,6 +664,39 @@ describe('an applied push committed to Git through the executable', { skip: clus
     assert.notEqual(head, bigHead);
     assert.equal(git(bare, ['rev-parse', 'main']).trim(), bigHead, 'nothing committed');
     assert.equal(await runningImage(), acrImage('v1'), 'nothing patched');
+  });
+
+  test('through the executable: a tree 10,000 entries wide is committed; a pack the server truncates is a clear error, nothing written', async () => {
+    const work = path.join(root, 'deploy-work');
+    git(work, ['pull', '-q', bare, 'main']);
+    fs.mkdirSync(path.join(work, 'wide'));
+    for (let i = 0; i < 10_000; i++) fs.writeFileSync(path.join(work, 'wide', `app-${i}.yaml`), `n: ${i}\n`);
+    fs.writeFileSync(path.join(work, 'wide', 'web.yaml'), manifest);
+    git(work, ['add', 'wide']);
+    git(work, ['commit', '-qm', 'a wide directory']);
+    git(work, ['push', '-q', bare, 'main']);
+    const later = new Date(Date.now() + 12_000);
+    const wide = await push('wide', 'v45', later);
+    assert.match(actionOf(wide.body) ?? wide.body, /^committed [0-9a-f]{7} to main of /, wide.body);
+    assert.deepEqual(git(bare, ['diff', '--stat', 'main^', 'main']).trim().split('\n').slice(0, 1).map((l) => l.trim()), ['wide/web.yaml | 2 +-']);
+    assert.equal(git(bare, ['ls-tree', 'main:wide']).trim().split('\n').length, 10_001);
+    assert.equal(git(bare, ['fsck', '--strict', '--no-dangling']), '');
+    const head = git(bare, ['rev-parse', 'main']).trim();
+    let posts = 0;
+    // The second upload-pack request is the fetch: its pack cut 200 bytes short.
+    server.answer = (p, body) => (p.endsWith('/git-upload-pack') && ++posts === 2 ? body.subarray(0, body.length - 200) : body);
+    try {
+      const cut = await push('wide', 'v46', new Date(later.getTime() + 1_000));
+      assert.equal(cut.status, 500, cut.body);
+      assert.match(cut.body, /^result: +failed: Git write-back: .*fetch of main: (the answer is cut off inside a pkt-line|the pack is truncated)/m);
+      assert.doesNotMatch(cut.body + wh.output(), new RegExp(GIT_TOKEN));
+    } finally {
+      server.answer = undefined;
+    }
+    assert.equal(git(bare, ['rev-parse', 'main']).trim(), head, 'nothing committed');
+    assert.equal(await runningImage(), acrImage('v1'), 'nothing patched');
+    const peak = Number(/^VmHWM:\s+(\d+) kB$/m.exec(fs.readFileSync(`/proc/${wh.proc.pid}/status`, 'utf8'))![1]) * 1024;
+    assert.ok(peak < 300 * 1024 * 1024, `the service's peak memory stayed bounded (${Math.round(peak / 1048576)} MiB)`);
   });
 
   test('without GIT_REPO, a workload Flux or Argo CD deploys is refused, naming the tool; ON_GITOPS_OWNER=patch patches it', async () => {
@@ -592,7 +733,25 @@ describe('an applied push committed to Git through the executable', { skip: clus
     }, { timeoutMs: 60_000, what: 'the synced rollout reported' });
     assert.equal(done.rollout.state, 'complete', JSON.stringify(done));
     assert.ok(done.pods.every((p: any) => p.image === acrImage('v60')), 'the pods run the committed image');
-    assert.match(done.report, new RegExp(`note: +commit ${commit} applied after \\d+s by manager argocd-controller`));
+    assert.match(done.report, new RegExp(`note: +commit ${commit} applied after \\d+s by Argo CD \\(manager argocd-controller\\)`));
+  });
+
+  test('the wait for the sync watches the workload (no read every 2 s); Fleet applying the commit is named', async () => {
+    const watches = async () => Number(/^webhook_kubernetes_requests_total\{cluster="",verb="watch"\} (\d+)$/m.exec((await wh.metrics()).body)?.[1] ?? 0);
+    const before = await watches();
+    const q = new URLSearchParams({ token: HOOK_TOKEN, ns: watchedNs, workload: 'deployment/watched', container: 'app', repo_type: 'regionalregistry' });
+    const res = await wh.request(`/hooks/watched?${q}`, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: acrPayload('v70') });
+    assert.match(actionOf(res.body) ?? res.body, /^committed [0-9a-f]{7} to main of /, res.body);
+    await waitFor(async () => (await watches()) > before, { timeoutMs: 60_000, what: 'a WATCH of the Deployments the service waits on' });
+    await kubectl(['-n', watchedNs, 'set', 'image', 'deployment/watched', `app=${acrImage('v70')}`, '--field-manager=fleet-agent']);
+    const port = await adminPort(wh);
+    const id = String(res.headers['x-request-id']);
+    const done = await waitFor(async () => {
+      const d = JSON.parse((await httpRequest(port, '/deliveries.json')).body).deliveries.find((x: any) => x.request_id === id);
+      return d?.state === 'done' ? d : undefined;
+    }, { timeoutMs: 60_000, what: 'the synced rollout reported' });
+    assert.equal(done.rollout.state, 'complete', JSON.stringify(done));
+    assert.match(done.report, /note: +commit [0-9a-f]{7} applied after \d+s by Fleet \(manager fleet-agent\)/);
   });
 
   test('ROLLBACK_ON_FAILURE: a failed rollout of a commit is reverted by a commit, not a PATCH', async () => {
