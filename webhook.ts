@@ -13964,6 +13964,8 @@ export interface PodSummary {
   restarts: number;
   /** A waiting or terminated reason of a container that is not ready (CrashLoopBackOff…). */
   reason?: string;
+  /** The digest the kubelet pulled for the container (its status imageID `…@sha256:…`), when it reports one. */
+  digest?: string;
 }
 
 /** Reasons that mean a pod will not become ready without a change: the rollout has failed. */
@@ -14015,7 +14017,17 @@ export function summarizePod(pod: unknown, containerName: string): PodSummary {
     image: String(valueAt(own, ['image']) ?? specContainer?.image ?? ''),
     restarts: numberAt(own, ['restartCount']),
     reason,
+    ...imageIdDigest(valueAt(own, ['imageID'])),
   };
+}
+
+/**
+ * The repository digest a container's imageID names (`docker-pullable://repo@sha256:…`, `repo@sha256:…`); a bare
+ * `sha256:…` is the image's config id under some runtimes, not a digest a registry serves: none. Pure.
+ */
+function imageIdDigest(imageId: unknown): { digest?: string } {
+  const digest = typeof imageId === 'string' ? /@(sha256:[0-9a-f]{64})$/.exec(imageId)?.[1] : undefined;
+  return digest ? { digest } : {};
 }
 
 function asArray(v: unknown): unknown[] {
@@ -14294,6 +14306,8 @@ export interface UpgradeReport {
   replaced?: PendingEntry;
   /** A push that waits on the workload: its pending entry and, for an approval, the links that decide it. */
   waiting?: { entry: PendingEntry; links?: ApprovalLinks };
+  /** A waiting push decided (approved, its window open): the request it waited as (a promotion's says so). */
+  waitedAs?: string;
 }
 
 /** The report of a push before anything is known of it: nothing changed (yet). */
@@ -19848,10 +19862,14 @@ export class RolloutFollower implements CommandListener<UpgradeOutput> {
 //    (pinned, whatever its tag points at now) with the push's own identity and time, through the next stage's own
 //    decision path (runDecided: its policy, hold, newest wins, approval and change window); its result goes where
 //    a push's goes, and a stage after it goes on the same way. The push soaking is recorded on the stage's
-//    workload (PROMOTION_ANNOTATION) in the PATCH that starts the soak; the replica whose PATCH takes the record off
-//    promotes it, so a chain goes on exactly once whichever replica is left (one that starts picks the records up).
-//    A newer push to a stage replaces the record there (newest wins): the older chain stops where it had not gone.
-//    Exports: promotionChain, PromotionChain, PromotionOutcome, Promotions, SoakingPush.
+//    workload (PROMOTION_ANNOTATION) in the PATCH that starts the soak. At its end a replica claims the record (a
+//    PATCH testing it as read marks it `promoting by <replica> since <time>`) and takes it off only once the next
+//    stage's decision is recorded; a claim older than PROMOTION_LIMITS.claimStaleMs is taken over by another replica
+//    (one that starts picks the records up), and the next stage's newest-wins rule makes a second decision a repeat,
+//    which is neither told nor counted. A push deployed by tag alone goes on pinned to the digest its pods pulled.
+//    A stop is a result of its own (mailed, posted). A newer push to a stage replaces the record there (newest
+//    wins): the older chain stops where it had not gone.
+//    Exports: promotionChain, PromotionChain, PromotionOutcome, Promotions, SoakingPush, stageNamespaces.
 //    Tests: test/promotion.test.ts, test/settings.test.ts.
 // ================================================================================================
 
@@ -19865,6 +19883,10 @@ const PROMOTION_LIMITS = {
   checkMaxBytes: 4_096,
   // A soak's end that could not read or write its workload (the API server away) is tried again this much later.
   retryMs: 30_000,
+  // A soak's end claimed by a replica that has recorded no decision in the next stage within this is taken over:
+  // that replica was killed, or lost the API server. Longer than PROMOTE_CHECK's whole budget (30 s) plus a
+  // decision's registry and API calls; a live replica taken over costs nothing (the second decision is a repeat).
+  claimStaleMs: 60_000,
   // The chains' last outcomes the deliveries page shows (promoted, stopped and why…): a release's worth, some
   // 300 bytes each; the records of the pushes themselves are the deliveries' own.
   recentOutcomes: 50,
@@ -19887,6 +19909,16 @@ export function promotionChain(hook: Hook): PromotionChain | undefined {
   } catch {
     return undefined;
   }
+}
+
+/**
+ * The namespaces a hook that fixes `own` (APP_NS) deploys to in `cluster`: `own`, or, for a hook with stages, the
+ * namespace each stage in that cluster names (`prod/shop`), `own` where it names none.
+ */
+export function stageNamespaces(hook: Hook, cluster: string | undefined, own: string): string[] {
+  const stages = promotionChain(hook)?.stages ?? [];
+  const named = stages.flat().filter((t) => t.cluster === cluster).map((t) => t.namespace ?? own);
+  return named.length > 0 ? [...new Set(named)] : [own];
 }
 
 /** `staging`, or `prod-eu, prod-us`: how logs and notes name a stage. */
@@ -19916,6 +19948,8 @@ interface PromotionRecord {
   until: string;
   /** Restarts of the pods running the image when the soak began. */
   restarts: number;
+  /** The replica promoting it, and since when: set at the soak's end, taken over once older than claimStaleMs. */
+  claim?: { by: string; at: string };
 }
 
 /** The promotion records on a workload, by container; malformed ones are dropped. */
@@ -20021,9 +20055,24 @@ function stageStop(report: UpgradeReport): string | undefined {
     return rollout.state === 'progressing'
       ? `its rollout was not followed to its end (${rollout.detail}): set ROLLOUT_TIMEOUT or -rollout-follow`
       : `its rollout ${rollout.state}: ${rollout.detail}`;
-  if (!pinnedDigest(report.imageAfter))
-    return `no digest is known of what runs (${report.imageAfter}): set PIN_DIGEST=true or VERIFY_IMAGE=true`;
   return undefined;
+}
+
+/**
+ * The reference that ran in a stage: `image` itself when pinned to a digest; a tag, pinned to the digest its ready
+ * pods report having pulled (status.containerStatuses[].imageID), all the same one; else why none is known. Pure.
+ */
+function ranReference(image: string, pods: PodSummary[]): { image: string } | { problem: string } {
+  if (pinnedDigest(image)) return { image };
+  const running = pods.filter((pod) => pod.ready && normalizeImageRef(pod.image) === normalizeImageRef(image));
+  const digests = [...new Set(running.map((pod) => pod.digest ?? ''))];
+  const unknown = `no digest is known of what runs (${image}):`;
+  const set = 'set PIN_DIGEST=true or VERIFY_IMAGE=true';
+  if (digests.length === 0) return { problem: `${unknown} no ready pod runs it; ${set}` };
+  if (digests.includes(''))
+    return { problem: `${unknown} its pods report no image digest (status.containerStatuses[].imageID); ${set}` };
+  if (digests.length > 1) return { problem: `${unknown} its pods pulled ${digests.join(' and ')}; ${set}` };
+  return { image: `${image}@${digests[0]}` };
 }
 
 /** What a promotion's push came to, as webhook_promotions_total counts it. Pure. */
@@ -20090,6 +20139,8 @@ export class Promotions implements ResultListener {
   private readonly metrics: Metrics | undefined;
   private listener: CommandListener<UpgradeOutput> | undefined;
   private stopped = false;
+  /** This replica, as its claims name it: the pod's name (the host's) and a random part for replicas on one host. */
+  private readonly replica = `${hostname()}/${randomUUID().slice(0, 8)}`;
 
   constructor(
     upgrade: UpgradeService,
@@ -20143,14 +20194,7 @@ export class Promotions implements ResultListener {
     if (!chain || !report.target || report.container === undefined || this.stopped) return;
     const index = stageOfReport(chain, report.cluster, report.namespace);
     if (index < 0) return;
-    // A promotion that waited in this stage, decided since (here, or on the replica a person reached): a rejection
-    // or an expiry ends the chain here.
-    if (index > 0 && !this.promoted.delete(requestId) && ['rejected', 'expired'].includes(report.decision)) {
-      const why = `the push was ${report.decision}`;
-      this.count(hook, chain, index, promotionOutcome(report), { request: requestId, where: reportWhere(report), why });
-      const stopped = `chain stopped at ${stageName(chain.stages[index])}: ${why}`;
-      this.log.error(`[${requestId}] ${reportWhere(report)}: ${stopped}`);
-    }
+    if (index > 0 && !this.promoted.delete(requestId)) this.decidedLater(hook, chain, index, requestId, report);
     if (index === chain.stages.length - 1 || !report.changed || report.rollout?.superseded) return;
     const target = { ...report.target };
     const place: SoakPlace = { cluster: report.cluster, target, container: report.container };
@@ -20161,14 +20205,45 @@ export class Promotions implements ResultListener {
     );
   }
 
-  /** The chain stops at a stage: logged as an error (someone expects the next stage to get it) and counted. */
-  private chainStopped(hook: Hook, c: PromotionChain, index: number, requestId: string, p: SoakPlace, why: string) {
+  /**
+   * A promotion that waited in a later stage, decided since (here, or on the replica a person reached): a rejection
+   * or an expiry ends the chain there; an approval (or the window's opening) that applied it counts as promoted.
+   */
+  private decidedLater(hook: Hook, chain: PromotionChain, index: number, requestId: string, report: UpgradeReport) {
+    const where = reportWhere(report);
+    if (['rejected', 'expired'].includes(report.decision)) {
+      const why = `the push was ${report.decision}`;
+      this.count(hook, chain, index, promotionOutcome(report), { request: requestId, where, why });
+      return this.log.error(`[${requestId}] ${where}: chain stopped at ${stageName(chain.stages[index])}: ${why}`);
+    }
+    // A promotion's request is `<request in the first stage>/<cluster>`; a push deployed again has one of its own.
+    const waited = report.waitedAs ?? '';
+    if (!report.changed || waited.split('/').length !== 2 || !waited.endsWith(`/${report.cluster}`)) return;
+    const decided = report.notes.find((n) => /^(approved|applied) by /.test(n)) ?? 'decided';
+    this.count(hook, chain, index, 'promoted', { request: requestId, where, why: `${waited} waited; ${decided}` });
+    this.log.notice(`[${requestId}] ${where}: promoted to ${report.cluster} (${waited} waited; ${decided})`);
+  }
+
+  /**
+   * The chain stops at a stage: logged as an error (someone expects the next stage to get it), counted, and told as
+   * a result of its own (`<request>/<next stage's cluster>`: recorded, mailed, posted) saying so and why.
+   */
+  private chainStopped(hook: Hook, c: PromotionChain, index: number, requestId: string, p: SoakPlace, why: string,
+    to = c.stages[index + 1][0].cluster) {
     const next = stageName(c.stages[index + 1]);
     this.log.error(
       `[${requestId}] ${placeName(p)}: chain stopped at ${stageName(c.stages[index])}: ${why}; ` +
         `not promoted to ${next}`,
     );
     this.count(hook, c, index + 1, 'stopped', { request: requestId, where: placeName(p), why });
+    const stopped = `promotion to ${next} stopped: ${why}`;
+    const report: UpgradeReport = {
+      ...{ ...newReport(), ...unchanged('failed', stopped), result: 'failed', error: stopped },
+      ...{ namespace: p.target.namespace, workload: `${p.target.kind}/${p.target.name}`, container: p.container },
+      ...{ target: p.target, cluster: p.cluster },
+    };
+    const env = this.upgrade.decidedEnv(hook, p.target, p.container, p.cluster);
+    this.tell(hook, `${requestId.split('/')[0]}/${to}`, report, env);
   }
 
   /** An outcome counted (webhook_promotions_total) and kept for the page. */
@@ -20232,32 +20307,31 @@ export class Promotions implements ResultListener {
   }
 
   /**
-   * A soak's end: the record still this push's, the stage still healthy with it, PROMOTE_CHECK answering 2xx; the
-   * record taken off (the one replica whose PATCH does promotes) and the digest pushed to the next stage.
+   * A soak's end: the record claimed here, the stage still healthy with the push, the digest that ran known,
+   * PROMOTE_CHECK answering 2xx; the digest pushed to the next stage, then the record taken off (a replica killed
+   * before that leaves its claim, which another takes over once stale).
    */
   private async endSoak(key: string, soak: Soak): Promise<void> {
     if (this.soaks.get(key) === soak) this.soaks.delete(key);
     if (this.stopped) return;
     const { place: p, record: r, hook, chain } = soak;
-    const client = this.upgrade.kube(p.cluster);
     try {
+      const client = this.upgrade.kube(p.cluster);
       if (!client) throw new UpgradeError('no Kubernetes credentials');
-      const workload = await readWorkload(client, p.target);
-      if (readPromotionRecords(workload).entries[p.container]?.request !== r.request)
-        return this.log.info(`[${r.request}] ${placeName(p)}: promoted by another replica, or superseded`);
+      const workload = await this.claimSoak(client, soak);
+      if (!workload) return;
       // The hook as loaded now: reloaded without this chain (or a stage after this one), it promotes no further.
       const current = this.hooks().get(hook.id);
       const now = current && promotionChain(current);
       const ends = !now || now.stages.length <= r.stage + 1;
-      let problem = ends ? `hook "${hook.id}" has no stage after it now` : undefined;
-      problem ??= soakProblem(workload, p, r);
-      const restarts = problem ? 0 : await restartsOf(client, p, workload, r.image);
-      if (!problem && restarts > r.restarts) problem = `its pods restarted ${restarts - r.restarts} time(s)`;
-      if (!problem && chain.check) problem = await promoteCheck(chain.check);
-      if (!(await writePromotionRecord(client, p, undefined, (f) => f?.request === r.request)))
-        return this.log.info(`[${r.request}] ${placeName(p)}: promoted by another replica`);
-      if (problem) return this.chainStopped(hook, chain, r.stage, r.request, p, problem);
-      await this.promote({ ...soak, hook: current!, chain: now! }, workload);
+      const last = { problem: `hook "${hook.id}" has no stage after it now` };
+      const end = ends ? last : await this.soakEnd(soak, workload);
+      if ('problem' in end) {
+        await this.release(client, soak);
+        return this.chainStopped(hook, chain, r.stage, r.request, p, end.problem);
+      }
+      await this.promote({ ...soak, hook: current!, chain: now! }, workload, end.image);
+      await this.release(client, soak);
     } catch (e) {
       this.log.error(
         `[${r.request}] ${placeName(p)}: the soak's end could not be read or written: ` +
@@ -20267,12 +20341,68 @@ export class Promotions implements ResultListener {
     }
   }
 
+  /**
+   * Claims a soak's end for this replica: its record marked `promoting by <replica> since <time>` by a PATCH that
+   * tests the record as read, so one replica promotes at a time. Another's claim younger than claimStaleMs stands:
+   * looked at again once stale (its replica may be killed before the next stage's decision is recorded). The
+   * workload as read; undefined when the record is gone (promoted, superseded) or another's claim stands.
+   */
+  private async claimSoak(client: KubeClient, soak: Soak): Promise<K8sObject | undefined> {
+    const { place: p, record: r } = soak;
+    for (let attempt = 1; ; attempt++) {
+      const workload = await readWorkload(client, p.target);
+      const found = readPromotionRecords(workload).entries[p.container];
+      if (found?.request !== r.request)
+        return void this.log.info(`[${r.request}] ${placeName(p)}: promoted by another replica, or superseded`);
+      const claim = isObject(found.claim) ? found.claim : undefined;
+      const ageMs = claim ? Date.now() - Date.parse(claim.at) : Infinity;
+      const whose = claim && `replica ${claim.by}, since ${claim.at}`;
+      if (claim && claim.by !== this.replica && ageMs < PROMOTION_LIMITS.claimStaleMs) {
+        const againMs = PROMOTION_LIMITS.claimStaleMs - ageMs;
+        this.log.info(`[${r.request}] ${placeName(p)}: being promoted by ${whose}; looked at again in ` +
+          formatGoDuration(roundedToSeconds(againMs)));
+        return void this.schedule({ ...soak, record: found }, againMs);
+      }
+      if (claim && claim.by !== this.replica)
+        this.log.notice(`[${r.request}] ${placeName(p)}: taking over the promotion claimed by ${whose}: ` +
+          `no decision was recorded in ${formatGoDuration(PROMOTION_LIMITS.claimStaleMs)}`);
+      const mine = { ...found, claim: { by: this.replica, at: new Date().toISOString() } };
+      const unchangedSince = (f: PromotionRecord | undefined) => JSON.stringify(f) === JSON.stringify(found);
+      if (await writePromotionRecord(client, p, mine, unchangedSince)) {
+        this.log.info(`[${r.request}] ${placeName(p)}: soak ended; promoting, claimed by replica ${this.replica}`);
+        return workload;
+      }
+      if (attempt >= UPGRADE_LIMITS.maxPatchAttempts) throw new UpgradeError('its record kept changing');
+    }
+  }
+
+  /** What a soak's end finds: the reference that ran, pinned to its digest, or why the chain stops there. */
+  private async soakEnd(soak: Soak, workload: K8sObject): Promise<{ image: string } | { problem: string }> {
+    const { place: p, record: r, chain } = soak;
+    const problem = soakProblem(workload, p, r);
+    if (problem) return { problem };
+    const pods = await workloadPods(this.upgrade.kube(p.cluster)!, p.target, workload, p.container);
+    const restarts = pods.filter((pod) => pod.image === r.image).reduce((n, pod) => n + pod.restarts, 0);
+    if (restarts > r.restarts) return { problem: `its pods restarted ${restarts - r.restarts} time(s)` };
+    const ran = ranReference(r.image, pods);
+    const failed = 'problem' in ran || !chain.check ? undefined : await promoteCheck(chain.check);
+    return failed ? { problem: failed } : ran;
+  }
+
+  /** The record taken off once the next stage's decision is recorded, unless another replica took the claim over. */
+  private async release(client: KubeClient, soak: Soak): Promise<void> {
+    const { place: p, record: r } = soak;
+    const mine = (f: PromotionRecord | undefined) => f?.request === r.request && f.claim?.by === this.replica;
+    if (!(await writePromotionRecord(client, p, undefined, mine)))
+      this.log.info(`[${r.request}] ${placeName(p)}: its promotion was taken over by another replica`);
+  }
+
   /** The digest that ran, pushed to each cluster of the next stage at once: the push's identity and time, kept. */
-  private async promote(soak: Soak, workload: K8sObject): Promise<void> {
+  private async promote(soak: Soak, workload: K8sObject, image: string): Promise<void> {
     const { record: r, chain, place } = soak;
     const pushed = readPushRecords(workload).records[place.container];
     const push: IncomingPush = {
-      image: r.image,
+      image,
       pushedAtMs: pushed?.image === r.image ? Date.parse(pushed.pushedAt) : Date.parse(r.since),
       timeFrom: pushed?.image === r.image ? pushed.timeFrom : 'received',
       push: pushed?.image === r.image ? pushed.push : `promotion|${r.request}`,
@@ -20301,6 +20431,11 @@ export class Promotions implements ResultListener {
         requestId,
         t.cluster,
       );
+      // Decided already, by the replica whose claim this one took over: told and counted there.
+      if (report.decision === 'repeat') {
+        this.promoted.delete(requestId);
+        return this.log.info(`[${requestId}] ${reportWhere(report)}: promoted there already: ${report.action}`);
+      }
       const outcome = promotionOutcome(report);
       const seen = { request: requestId, where: reportWhere(report), why: decided.by };
       this.count(hook, chain, r.stage + 1, outcome, seen);
@@ -20311,14 +20446,8 @@ export class Promotions implements ResultListener {
       this.tell(hook, requestId, report, env);
     } catch (e) {
       this.promoted.delete(requestId);
-      this.chainStopped(
-        hook,
-        chain,
-        r.stage,
-        r.request,
-        place,
-        `not promoted to ${t.cluster}: ${(e as Error).message}`,
-      );
+      const why = `its decision in ${t.cluster} failed: ${(e as Error).message}`;
+      this.chainStopped(hook, chain, r.stage, r.request, place, why, t.cluster);
     }
   }
 
@@ -20469,8 +20598,10 @@ export function pendingEntryProblem(key: Buffer | undefined, w: WaitingPush, hoo
       'before entries had one, or with another key)';
   const reach = hookReach(hook)?.target;
   const t = w.target;
-  if (reach && (reach.namespace !== t.namespace || reach.kind !== t.kind || reach.name !== t.name))
-    return `hook ${showValue(hook.id)} upgrades ${reach.kind}/${reach.name} in ${reach.namespace} only`;
+  // A stage of a chain may name a namespace of its own (`prod/shop`): a promotion waits there.
+  const namespaces = reach ? stageNamespaces(hook, w.cluster, reach.namespace) : [];
+  if (reach && (!namespaces.includes(t.namespace) || reach.kind !== t.kind || reach.name !== t.name))
+    return `hook ${showValue(hook.id)} upgrades ${reach.kind}/${reach.name} in ${namespaces.join(', ')} only`;
   const container = fixedInput(hook, 'APP_CONTAINER')?.trim();
   if (container !== undefined && container !== w.container)
     return `hook ${showValue(hook.id)} upgrades container ${container} only`;
@@ -20990,6 +21121,7 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
     };
     const decided = { id: e.id, action, by };
     const r = await this.upgrade.runDecided(hook, w.target, w.container, push, decided, requestId, w.cluster);
+    r.report.waitedAs = e.request;
     // Gone from the workload: forgotten, not tried again on every tick until a rescan.
     if (r.report.gone) {
       this.forget(w);
