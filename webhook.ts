@@ -20357,7 +20357,8 @@ export class Promotions implements ResultListener {
       const claim = isObject(found.claim) ? found.claim : undefined;
       const ageMs = claim ? Date.now() - Date.parse(claim.at) : Infinity;
       const whose = claim && `replica ${claim.by}, since ${claim.at}`;
-      if (claim && claim.by !== this.replica && ageMs < PROMOTION_LIMITS.claimStaleMs) {
+      // A claim dated ahead (clocks a little apart) stands as long; one far ahead is not a replica's: taken over.
+      if (claim && claim.by !== this.replica && Math.abs(ageMs) < PROMOTION_LIMITS.claimStaleMs) {
         const againMs = PROMOTION_LIMITS.claimStaleMs - ageMs;
         this.log.info(`[${r.request}] ${placeName(p)}: being promoted by ${whose}; looked at again in ` +
           formatGoDuration(roundedToSeconds(againMs)));
