@@ -12,6 +12,7 @@ import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as https from 'node:https';
+import * as net from 'node:net';
 import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import {
@@ -178,22 +179,34 @@ async function checkServer(dir: string, status: number) {
 }
 
 /**
- * An https check answering 200, but holding its first request unanswered until its asker goes away: the window
- * between a replica's claim of a soak's end and the next stage's decision, made observable (`held` resolves).
+ * A TCP proxy in front of an API server that, once `hold()` is called, lets no more bytes through to it (the
+ * replica's next request there never arrives; `held` resolves when one is tried) until `release()`: the window
+ * between a soak's end and the next stage's decision, made observable.
  */
-async function holdingCheckServer(dir: string) {
-  const certs = makeCertificate(dir);
-  let asked = 0;
+async function holdingProxy(server: string) {
+  const target = new URL(server);
+  const sockets = new Set<net.Socket>();
+  let holding = false;
   let heldNow: () => void = () => {};
   const held = new Promise<void>((resolve) => (heldNow = resolve));
-  const server = https.createServer({ cert: fs.readFileSync(certs.certFile), key: fs.readFileSync(certs.keyFile) }, (_req, res) => {
-    if (++asked === 1) return heldNow();
-    res.writeHead(200).end('ok');
+  const proxy = net.createServer((client) => {
+    const upstream = net.connect(Number(target.port), target.hostname);
+    for (const s of [client, upstream]) {
+      sockets.add(s);
+      s.on('error', () => {});
+      s.on('close', () => { sockets.delete(s); client.destroy(); upstream.destroy(); });
+    }
+    client.on('data', (chunk) => (holding ? heldNow() : upstream.write(chunk)));
+    upstream.pipe(client);
   });
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  const port = (server.address() as { port: number }).port;
-  const close = () => new Promise((r) => { server.closeAllConnections(); server.close(r); });
-  return { url: `https://127.0.0.1:${port}/healthz`, caFile: certs.caFile, held, asked: () => asked, close };
+  await new Promise<void>((resolve) => proxy.listen(0, '127.0.0.1', resolve));
+  const port = (proxy.address() as net.AddressInfo).port;
+  return {
+    server: `https://127.0.0.1:${port}`, held,
+    hold: () => { holding = true; },
+    release: () => { holding = false; },
+    close: () => new Promise((r) => { for (const s of sockets) s.destroy(); proxy.close(r); }),
+  };
 }
 
 describe('staging > prod on two clusters', { skip: shared && second && registry ? false : 'no clusters or registry' }, () => {
@@ -504,40 +517,52 @@ describe('staging > prod on two clusters', { skip: shared && second && registry 
     assert.equal(await imageIn(moved, 'moved'), `${image('v12')}@${ran}`);
   });
 
-  test('a replica killed after claiming the soak\'s end, before prod\'s decision: another takes the claim over and promotes, once (one mail)', async () => {
+  test('a replica killed after the soak\'s end, before prod\'s decision: another takes its claim over and promotes, once (one mail)', async () => {
     await workloadIn('claimed');
     const ran = await publish('v13');
     const mta = await startMta();
     closers.push(() => mta.stop());
-    // The check holds its first request: the first replica has claimed the soak's end and not yet decided in prod.
-    const check = await holdingCheckServer(makeTempDir('promotion-claim-'));
-    closers.push(check.close);
-    const settings = { APP_WORKLOAD: 'deployment/claimed', MAIL_TO: 'release@example.com', PROMOTE_AFTER: '0s', PROMOTE_CHECK: check.url };
-    const env = { ...serviceMailEnv(mta), NODE_EXTRA_CA_CERTS: check.caFile };
+    // Prod's API server behind a proxy that, once told, holds the replica's next request there: the replica has
+    // ended the soak and not yet decided in prod.
+    const admin = JSON.parse(fs.readFileSync(shared!.kubeconfigPath, 'utf8'));
+    const proxy = await holdingProxy(admin.clusters[0].cluster.server);
+    closers.push(proxy.close);
+    const prodFile = renamedKubeconfig(shared!, 'prod', path.join(dir, 'prod-proxied.json'));
+    const proxied = JSON.parse(fs.readFileSync(prodFile, 'utf8'));
+    proxied.clusters[0].cluster.server = proxy.server;
+    fs.writeFileSync(prodFile, JSON.stringify(proxied), { mode: 0o600 });
+    const env = { ...serviceMailEnv(mta), KUBECONFIG: [prodFile, renamedKubeconfig(second!, 'staging', path.join(dir, 'staging.json'))].join(path.delimiter) };
+    const settings = { APP_WORKLOAD: 'deployment/claimed', MAIL_TO: 'release@example.com', PROMOTE_AFTER: '0s' };
     const first = await start(settings, env);
+    proxy.hold();
     await push(first, 'claimed', 'v13', ran);
-    await logLine(first, /deployment\/claimed in .* \(cluster staging\): soak ended; promoting, claimed by replica /);
-    await check.held;
+    await proxy.held;
+    const recordOf = async () => (await getStaging('deployment/claimed')).metadata.annotations?.['webhook/promotion'];
+    const raw = await waitFor(async () => {
+      const found = await recordOf();
+      return found === undefined || found === '{}' || JSON.parse(found).app?.claim ? found ?? '{}' : undefined;
+    }, { timeoutMs: CHAIN_TIMEOUT_MS, what: 'the soak\'s end: its record claimed (or taken off)' });
     first.proc.kill('SIGKILL');
     await first.exited;
-    const record = JSON.parse((await getStaging('deployment/claimed')).metadata.annotations['webhook/promotion']);
-    assert.equal(record.app.image, `${image('v13')}@${ran}`, 'the claimed record is still on the workload');
-    assert.ok(record.app.claim?.by && record.app.claim?.at, JSON.stringify(record));
+    proxy.release();
+    const record = JSON.parse(raw);
+    assert.equal(record.app?.image, `${image('v13')}@${ran}`, `the record stays on the workload until prod's decision: ${raw}`);
+    assert.ok(record.app.claim.by && record.app.claim.at, raw);
+    assert.match(first.output(), /deployment\/claimed in .* \(cluster staging\): soak ended; promoting, claimed by replica /);
     assert.equal(await imageIn(getProd, 'claimed'), image('v1'), 'nothing decided in prod yet');
-    const second = await start(settings, env);
+    const taker = await start(settings, env);
     // The claim stands until it is stale (a minute): then this replica takes it over.
     const claimTimeoutMs = 180_000;
-    await logLine(second, /deployment\/claimed in .* \(cluster staging\): being promoted by replica .*; looked at again in/);
-    await logLine(second, /deployment\/claimed in .* \(cluster staging\): taking over the promotion claimed by replica /, claimTimeoutMs);
-    await logLine(second, /\/prod\] deployment\/claimed in .* \(cluster prod\): promoted to prod after \d+s healthy in staging: image updated/, claimTimeoutMs);
+    await logLine(taker, /deployment\/claimed in .* \(cluster staging\): being promoted by replica .*; looked at again in/);
+    await logLine(taker, /deployment\/claimed in .* \(cluster staging\): taking over the promotion claimed by replica /, claimTimeoutMs);
+    await logLine(taker, /\/prod\] deployment\/claimed in .* \(cluster prod\): promoted to prod after \d+s healthy in staging: image updated/, claimTimeoutMs);
     assert.equal(await imageIn(getProd, 'claimed'), `${image('v13')}@${ran}`);
-    assert.equal(second.output().match(/promoted to prod after/g)?.length, 1, 'promoted once');
-    assert.match((await second.metrics()).body, /webhook_promotions_total\{hook="chain",from="staging",to="prod",outcome="promoted"\} 1\n/);
+    assert.equal(taker.output().match(/promoted to prod after/g)?.length, 1, 'promoted once');
+    assert.match((await taker.metrics()).body, /webhook_promotions_total\{hook="chain",from="staging",to="prod",outcome="promoted"\} 1\n/);
     const promotedMails = async () => (await mta.messages()).map(readMail).filter((m) => /promoted to prod after \d+s healthy in staging/.test(m.body));
     await waitFor(async () => (await promotedMails()).length > 0, { timeoutMs: 90_000, what: 'the mail of the promotion' });
     assert.equal((await promotedMails()).length, 1, 'one mail');
-    await waitFor(async () => (await getStaging('deployment/claimed')).metadata.annotations?.['webhook/promotion'] === '{}',
-      { timeoutMs: 30_000, what: 'the record taken off once prod\'s decision is recorded' });
+    await waitFor(async () => (await recordOf()) === '{}', { timeoutMs: 30_000, what: 'the record taken off once prod\'s decision is recorded' });
   });
 
   /** Sets the imageID the kubelet reports once it has pulled an image (kwok reports none) on the workload's pods. */
