@@ -536,6 +536,7 @@ describe('staging > prod on two clusters', { skip: shared && second && registry 
     const first = await start(settings, env);
     proxy.hold();
     await push(first, 'claimed', 'v13', ran);
+    await logLine(first, /deployment\/claimed in .* \(cluster staging\): rollout complete; .* goes to prod once healthy for 0s/);
     await proxy.held;
     const recordOf = async () => (await getStaging('deployment/claimed')).metadata.annotations?.['webhook/promotion'];
     const raw = await waitFor(async () => {
@@ -555,11 +556,11 @@ describe('staging > prod on two clusters', { skip: shared && second && registry 
     const claimTimeoutMs = 180_000;
     await logLine(taker, /deployment\/claimed in .* \(cluster staging\): being promoted by replica .*; looked at again in/);
     await logLine(taker, /deployment\/claimed in .* \(cluster staging\): taking over the promotion claimed by replica /, claimTimeoutMs);
-    await logLine(taker, /\/prod\] deployment\/claimed in .* \(cluster prod\): promoted to prod after \d+s healthy in staging: image updated/, claimTimeoutMs);
+    await logLine(taker, /\/prod\] deployment\/claimed in .* \(cluster prod\): promoted to prod after [\dhms]+ healthy in staging: image updated/, claimTimeoutMs);
     assert.equal(await imageIn(getProd, 'claimed'), `${image('v13')}@${ran}`);
     assert.equal(taker.output().match(/promoted to prod after/g)?.length, 1, 'promoted once');
     assert.match((await taker.metrics()).body, /webhook_promotions_total\{hook="chain",from="staging",to="prod",outcome="promoted"\} 1\n/);
-    const promotedMails = async () => (await mta.messages()).map(readMail).filter((m) => /promoted to prod after \d+s healthy in staging/.test(m.body));
+    const promotedMails = async () => (await mta.messages()).map(readMail).filter((m) => /promoted to prod after [\dhms]+ healthy in staging/.test(m.body));
     await waitFor(async () => (await promotedMails()).length > 0, { timeoutMs: 90_000, what: 'the mail of the promotion' });
     assert.equal((await promotedMails()).length, 1, 'one mail');
     await waitFor(async () => (await recordOf()) === '{}', { timeoutMs: 30_000, what: 'the record taken off once prod\'s decision is recorded' });
