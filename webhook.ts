@@ -18497,7 +18497,7 @@ export function rollbackObstacle(
 // 40. least privilege — -print-rbac: the Roles and RoleBindings the hooks need, worked out from the hooks themselves
 //    (namespace, kind and name when the hook fixes them; `resourceNames` wherever it can), so the service account
 //    gets nothing it does not use.
-//    Exports: fixedInput, fixedTrue, formatRbac, hookReach, HookReach, upgradeInput.
+//    Exports: fixedInput, fixedTrue, formatRbac, hookReach, HookReach, stageNamespaces, upgradeInput.
 //    Tests: test/chart.test.ts, test/deploy.test.ts, test/unit.test.ts.
 // ================================================================================================
 
@@ -18593,6 +18593,22 @@ export function hookReach(hook: Hook): HookReach | undefined {
   } catch (e) {
     return { ...reach, open: (e as Error).message };
   }
+}
+
+/**
+ * The namespaces a hook that fixes `own` (APP_NS) deploys to in `cluster`: `own`, or, for a hook with stages, the
+ * namespace each stage in that cluster names (`prod/shop`: a promotion goes, waits and is followed there), `own`
+ * where it names none.
+ */
+export function stageNamespaces(hook: Hook, cluster: string | undefined, own: string): string[] {
+  let stages: StageTarget[][] = [];
+  try {
+    stages = parseStages(fixedInput(hook, 'CLUSTERS'));
+  } catch {
+    // Refused at load: such a hook is never served.
+  }
+  const named = stages.flat().filter((t) => t.cluster === cluster).map((t) => t.namespace ?? own);
+  return named.length > 0 ? [...new Set(named)] : [own];
 }
 
 /** The verbs on a workload whose rollout is followed: read, patched, and watched (list re-lists a watch). */
@@ -19642,12 +19658,14 @@ export class UpgradeService implements InProcessCommand<UpgradeOutput> {
       { target: { namespace: string; kind: WorkloadKind; name: string }; hooks: Hook[]; cluster?: string }
     >();
     for (const hook of hooks) {
-      const t = hookReach(hook)?.target;
-      if (!t) continue;
-      for (const cluster of hookClusters(hook)) {
-        const key = `${cluster ?? ''}/${t.namespace}/${t.kind}/${t.name}`;
-        served.set(key, { target: t, cluster, hooks: [...(served.get(key)?.hooks ?? []), hook] });
-      }
+      const fixed = hookReach(hook)?.target;
+      if (!fixed) continue;
+      for (const cluster of hookClusters(hook))
+        for (const namespace of stageNamespaces(hook, cluster, fixed.namespace)) {
+          const t = { ...fixed, namespace };
+          const key = `${cluster ?? ''}/${t.namespace}/${t.kind}/${t.name}`;
+          served.set(key, { target: t, cluster, hooks: [...(served.get(key)?.hooks ?? []), hook] });
+        }
     }
     // The served workloads of each cluster, read with one LIST per namespace and kind where several share one.
     const listed = new Map<string, Map<string, K8sObject>>();
@@ -19869,7 +19887,7 @@ export class RolloutFollower implements CommandListener<UpgradeOutput> {
 //    which is neither told nor counted. A push deployed by tag alone goes on pinned to the digest its pods pulled.
 //    A stop is a result of its own (mailed, posted). A newer push to a stage replaces the record there (newest
 //    wins): the older chain stops where it had not gone.
-//    Exports: promotionChain, PromotionChain, PromotionOutcome, Promotions, SoakingPush, stageNamespaces.
+//    Exports: promotionChain, PromotionChain, PromotionOutcome, Promotions, SoakingPush.
 //    Tests: test/promotion.test.ts, test/settings.test.ts.
 // ================================================================================================
 
@@ -19909,16 +19927,6 @@ export function promotionChain(hook: Hook): PromotionChain | undefined {
   } catch {
     return undefined;
   }
-}
-
-/**
- * The namespaces a hook that fixes `own` (APP_NS) deploys to in `cluster`: `own`, or, for a hook with stages, the
- * namespace each stage in that cluster names (`prod/shop`), `own` where it names none.
- */
-export function stageNamespaces(hook: Hook, cluster: string | undefined, own: string): string[] {
-  const stages = promotionChain(hook)?.stages ?? [];
-  const named = stages.flat().filter((t) => t.cluster === cluster).map((t) => t.namespace ?? own);
-  return named.length > 0 ? [...new Set(named)] : [own];
 }
 
 /** `staging`, or `prod-eu, prod-us`: how logs and notes name a stage. */
@@ -20871,7 +20879,9 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
     };
     for (const hook of this.hooks().values()) {
       const t = hookReach(hook)?.target;
-      if (t) for (const cluster of hookClusters(hook)) add(cluster, t);
+      if (!t) continue;
+      for (const cluster of hookClusters(hook))
+        for (const namespace of stageNamespaces(hook, cluster, t.namespace)) add(cluster, { ...t, namespace });
     }
     for (const w of this.pushes.values()) add(w.cluster, w.target);
     return clusters;

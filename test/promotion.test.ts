@@ -611,13 +611,22 @@ describe('staging > prod on two clusters', { skip: shared && second && registry 
     const ran = await publish('v16');
     const keyFile = path.join(dir, 'approval-key');
     fs.writeFileSync(keyFile, 'promotion-approval-key-5e2d8c1f0b7a6e4d3c2b1a0f9e8d7c6b\n');
-    const wh = await start({ PROMOTE_AFTER: '0s', CLUSTERS: `staging > prod/${other}`, APP_WORKLOAD: 'deployment/elsewhere' }, {},
-      ['-public-url', 'https://webhook.example.test', '-approval-key-file', keyFile]);
+    const settings = { PROMOTE_AFTER: '0s', CLUSTERS: `staging > prod/${other}`, APP_WORKLOAD: 'deployment/elsewhere' };
+    const args = ['-public-url', 'https://webhook.example.test', '-approval-key-file', keyFile];
+    const wh = await start(settings, {}, args);
     await push(wh, 'elsewhere', 'v16', ran);
     const port = await adminPort(wh);
     const waiting = await waitFor(async () => JSON.parse((await httpRequest(port, '/deliveries.json')).body).deliveries
       .find((d: any) => d.cluster === 'prod' && d.decision === 'waiting' && d.approveUrl), { timeoutMs: CHAIN_TIMEOUT_MS, what: 'prod\'s waiting record' });
-    const approved = await wh.request(new URL(waiting.approveUrl).pathname, {
+    // A replica that starts now finds the waiting promotion where the stage puts it (and would expire it there).
+    const later = await start(settings, {}, args);
+    const laterPort = await adminPort(later);
+    await waitFor(async () => {
+      const page = (await httpRequest(laterPort, '/deliveries')).body;
+      const table = /<table class="waiting">[\s\S]*?<\/table>/.exec(page)?.[0] ?? '';
+      return table.includes('elsewhere') && table.includes(other);
+    }, { timeoutMs: 60_000, what: 'the waiting promotion listed by a replica that started after it' });
+    const approved = await later.request(new URL(waiting.approveUrl).pathname, {
       method: 'POST', body: 'name=Ops+Wu', headers: { 'Content-Type': 'application/x-www-form-urlencoded' } });
     assert.equal(approved.status, 200, approved.body);
     assert.equal(await imageIn(namespacedGetter(kubectlProd, other), 'elsewhere'), `${image('v16')}@${ran}`);
