@@ -8,20 +8,19 @@
  * workload to the image the registry just pushed, over the Kubernetes API, and the result is
  * mailed when the hook passes MAIL_TO.
  *
- * Chapters, in order. Part I holds the libraries the program needs and has no dependency for; they use
- * nothing of the service. Part II is the service: it opens with its model (15), the values every later chapter
- * works with (a push, a hook's settings, a decision, the record of a delivery, the annotations, the limits), then
- * follows the order a push travels: main (51) opens the listeners (24) with the http server's handler (23), which
- * uses the request, rule and hook chapters above it and hands the command to the runner (22), whose in-process
- * command is the upgrade (25-42): a boundary builds the push, the decision (34) decides it, an executor carries it
- * out (35 on the cluster, 36 as a commit to Git). After the answer the result travels on in order too: the approvals
- * (44) learn of waiting pushes and decide them, the registry watch (45) finds pushes no registry told of, the rollout
- * follower (42) follows the rollout and hands each step on: to the promotion (43), which takes a push from one stage
- * to the next, and to the result (46), which records it and, once final, sends it to the mail (47) and
- * the chat and JSON receivers (48); the deliveries page (49) renders the records. No chapter uses a name a later one
- * defines; where an earlier chapter hands work on, it declares the small interface it needs
- * (InProcessCommand, CommandListener, AdminPages, ApprovalPages, ResultListener, ResultChannel, HookSettingChecks)
- * and main() wires the later chapter in.
+ * Chapters, in order. Part I holds the libraries the program needs and has no dependency for; they use nothing of the
+ * service. Part II is the service: it opens with its model (15), the values every later chapter works with (a push, a
+ * hook's settings, a decision, the record of a delivery, the annotations), and its limits (16), then follows the
+ * order a push travels: main (52) opens the listeners (25) with the http server's handler (24), which uses the
+ * request, rule and hook chapters above it and hands the command to the runner (23), whose in-process command is the
+ * upgrade (26-43): a boundary builds the push, the decision (35) decides it, an executor carries it out (36 on the
+ * cluster, 37 as a commit to Git). After the answer the result travels on in order too: the approvals (45) learn of
+ * waiting pushes and decide them, the registry watch (46) finds pushes no registry told of, the rollout follower (43)
+ * follows the rollout and hands each step on: to the promotion (44), which takes a push from one stage to the next,
+ * and to the result (47), which records it and, once final, sends it to the mail (48) and the chat and JSON receivers
+ * (49); the deliveries page (50) renders the records. No chapter uses a name a later one defines; where an earlier
+ * chapter hands work on, it declares the small interface it needs (InProcessCommand, CommandListener, AdminPages,
+ * ApprovalPages, ResultListener, ResultChannel, HookSettingChecks) and main() wires the later chapter in.
  *
  * Part I — libraries
  *   1. reading text ............... formatGoDuration, isObject, JsonNumber, MONTHS
@@ -39,43 +38,44 @@
  *  13. ssh signatures ............. readSshSigningKey, sshSignature, SshSigningKey
  *  14. git smart http ............. fetchGitFile, GitRemote, pushGitCommit, readPack
  * Part II — the service
- *  15. the model .................. Push, HookConfig, Decision, Delivery, DECISIONS, ANNOTATIONS, LIMITS
- *  16. command line & settings .... Options, parseCommandLine, parseGoBool, usage
- *  17. logging & metrics .......... escapeControls, Logger, Metrics
- *  18. hook files ................. CompileSinks, ConfigError, FieldReader, Fields
- *  19. requests ................... applyJsonParameters, compileParam, firstValues, headersFromRaw
- *  20. trigger rules .............. compileRule, evaluateRule, evaluateRuleBeforeBody, Match
- *  21. hooks & reload ............. Hook, HookSettingChecks, HookStore, LoadSettings
- *  22. commands ................... CommandResult, CommandRunner, decodeBase64Strict, InProcessCommand
- *  23. http server ................ AdminPages, allowedMethods, answerClientError, CommandListener
- *  24. listeners .................. openListener, openAdminListener, tlsOptions
- *  25. registry payloads .......... parsePushPayload, parsePushHeaders, PayloadFields, PushEvent
- *  26. cloud registry payloads .... REGISTRIES, REPO_TYPES, registryFor, recognisedRepoType
- *  27. image reference & pin ...... checkImagePin, chooseCandidate, composeImageRef, readImagePin
- *  28. change windows & approval links  nextOpening, parseDeployWindows, sealPendingEntry, approvalLinks
- *  29. workloads .................. WORKLOAD_KINDS, parseWorkload, locateContainer, rolloutStatus
- *  30. update policies & stages ... parsePolicy, policyDecision, policyInEffect, parseStages
- *  31. setting values ............. deployWindowSetting, notifyCa, parseRecipients, pollInterval
- *  32. hook settings .............. HOOK_SETTINGS, fixedSettingChecks
- *  33. upgrade decision ........... decidePush, holdDecision, pushEvent, readPushRecords, verifiedRef
- *  34. the decision ............... decide, futureTimeNote, waitingAction
- *  35. the cluster executor ....... carryOut, recordDecision
- *  36. the git executor ........... commitOut, editGitFile, locatedYaml
- *  37. the report ................. formatForcedRollback, formatReport, formatRollback, formatRollout
- *  38. rollout follow ............. claimFollow, followRollout, resumedReport, rolloutEvent
- *  39. rollback ................... rollBackFailedRollout
- *  40. least privilege ............ formatRbac, hookReach, HookReach, upgradeInput
- *  41. the upgrade ................ runUpgrade, runDecidedPush, upgradeResult
- *  42. the upgrade service ........ UpgradeService, RolloutFollower, hookClusters
- *  43. promotion .................. Promotions, promotionChain
- *  44. approvals .................. approvalHooksProblem, ApprovalService, WaitingPush
- *  45. registry watch ............. RegistryWatch, newestAllowedTag, nextTagPage, listTags
- *  46. the result ................. DeliveryLog, ResultDispatcher, deliveryFacts, ResultChannel
- *  47. mail ....................... Mailer, parseMailConfig
- *  48. chat & json notifications .. Notifier, NOTIFY_FORMATS, resultDocument
- *  49. deliveries page ............ deliveryPages
- *  50. -validate & -print-rbac .... hookLoadSettings, validate
- *  51. main ....................... main
+ *  15. the model .................. Push, HookConfig, Decision, Delivery, DECISIONS, ANNOTATIONS
+ *  16. limits ..................... LIMITS
+ *  17. command line & settings .... Options, parseCommandLine, parseGoBool, usage
+ *  18. logging & metrics .......... escapeControls, Logger, Metrics
+ *  19. hook files ................. CompileSinks, ConfigError, FieldReader, Fields
+ *  20. requests ................... applyJsonParameters, compileParam, firstValues, headersFromRaw
+ *  21. trigger rules .............. compileRule, evaluateRule, evaluateRuleBeforeBody, Match
+ *  22. hooks & reload ............. Hook, HookSettingChecks, HookStore, LoadSettings
+ *  23. commands ................... CommandResult, CommandRunner, decodeBase64Strict, InProcessCommand
+ *  24. http server ................ AdminPages, allowedMethods, answerClientError, CommandListener
+ *  25. listeners .................. openListener, openAdminListener, tlsOptions
+ *  26. registry payloads .......... parsePushPayload, parsePushHeaders, PayloadFields, PushEvent
+ *  27. cloud registry payloads .... REGISTRIES, REPO_TYPES, registryFor, recognisedRepoType
+ *  28. image reference & pin ...... checkImagePin, chooseCandidate, composeImageRef, readImagePin
+ *  29. change windows & approval links  nextOpening, parseDeployWindows, sealPendingEntry, approvalLinks
+ *  30. workloads .................. WORKLOAD_KINDS, parseWorkload, locateContainer, rolloutStatus
+ *  31. update policies & stages ... parsePolicy, policyDecision, policyInEffect, parseStages
+ *  32. setting values ............. deployWindowSetting, notifyCa, parseRecipients, pollInterval
+ *  33. hook settings .............. HOOK_SETTINGS, fixedSettingChecks
+ *  34. upgrade decision ........... decidePush, holdDecision, pushEvent, readPushRecords, verifiedRef
+ *  35. the decision ............... decide, futureTimeNote, waitingAction
+ *  36. the cluster executor ....... carryOut, recordDecision
+ *  37. the git executor ........... commitOut, editGitFile, locatedYaml
+ *  38. the report ................. formatForcedRollback, formatReport, formatRollback, formatRollout
+ *  39. rollout follow ............. claimFollow, followRollout, resumedReport, rolloutEvent
+ *  40. rollback ................... rollBackFailedRollout
+ *  41. least privilege ............ formatRbac, hookReach, HookReach, upgradeInput
+ *  42. the upgrade ................ runUpgrade, runDecidedPush, upgradeResult
+ *  43. the upgrade service ........ UpgradeService, RolloutFollower, hookClusters
+ *  44. promotion .................. Promotions, promotionChain
+ *  45. approvals .................. approvalHooksProblem, ApprovalService, WaitingPush
+ *  46. registry watch ............. RegistryWatch, newestAllowedTag, nextTagPage, listTags
+ *  47. the result ................. DeliveryLog, ResultDispatcher, deliveryFacts, ResultChannel
+ *  48. mail ....................... Mailer, parseMailConfig
+ *  49. chat & json notifications .. Notifier, NOTIFY_FORMATS, resultDocument
+ *  50. deliveries page ............ deliveryPages
+ *  51. -validate & -print-rbac .... hookLoadSettings, validate
+ *  52. main ....................... main
  *
  * Each banner's "Exports" lists the names later chapters use and "Tests" the test files that cover it
  * (test/structure.test.ts checks both).
@@ -7545,16 +7545,16 @@ function gitSettings(
 //    asked), a hook's settings read once at the push's boundary (HookConfig), what can become of a push (DECISIONS,
 //    the closed list every report renders, and Decision: a union over its codes, each with its reason as data and,
 //    for what is written, the planned change, its Event and the pending entry), the one record of a delivery
-//    (Delivery), the workload annotations (ANNOTATIONS), and the service's limits (LIMITS), each with why it is what
-//    it is. The annotations are the only state the service has: those it writes live on the workload they are
+//    (Delivery), and the workload annotations (ANNOTATIONS); the service's limits follow (LIMITS, next chapter).
+//    The annotations are the only state the service has: those it writes live on the workload they are
 //    about, each written in the same PATCH as what it records and guarded by a test of the value read, so that
 //    replicas and restarts agree with no store of their own; those an operator writes steer one workload. Anyone
 //    who may edit the workload can write any of them, so each is read as untrusted input. The docs' tables of
 //    settings, decisions and annotations are written from these tables (scripts/docs.ts).
 //    Exports: APPROVAL_ANNOTATION, ApprovalLinks, ApprovalSigning, DecidedBy, DecidedFacts, Decision, DecisionCode,
 //    DecisionInput, DECISIONS, Delivery, DeployWindow, FOLLOW_ANNOTATION, FollowAfter, HOOK_ANNOTATION, HookConfig,
-//    ImagePattern, ImagePin, IncomingPush, K8sObject, LAST_PUSH_ANNOTATION, LIMITS, LocatedContainer, NotifyTexts,
-//    Outcome, PENDING_ANNOTATION, PendingEntry, PlannedChange, PodSummary, POLICY_ANNOTATION, POLL_ANNOTATION,
+//    ImagePattern, ImagePin, IncomingPush, K8sObject, LAST_PUSH_ANNOTATION, LocatedContainer, NotifyTexts, Outcome,
+//    PENDING_ANNOTATION, PendingEntry, PlannedChange, PodSummary, POLICY_ANNOTATION, POLL_ANNOTATION,
 //    PROMOTION_ANNOTATION, PublishedDecision, Push, PushReading, ResultSettings, SendOutcome, UpdatePolicy,
 //    UpgradeSettings, WINDOW_ANNOTATION, WorkloadEvent, WorkloadKind, WorkloadTarget.
 //    Tests: test/decision.test.ts, test/docs.test.ts, test/hold.test.ts, test/policy.test.ts, test/records.test.ts.
@@ -7985,6 +7985,8 @@ export interface PodSummary {
   restarts: number;
   /** A waiting or terminated reason of a container that is not ready (CrashLoopBackOff…). */
   reason?: string;
+  /** The digest the kubelet pulled for the container (its status imageID `…@sha256:…`), when it reports one. */
+  digest?: string;
 }
 
 // ---- the state: annotations on the workloads ----------------------------------------------------
@@ -8074,9 +8076,18 @@ export const POLL_ANNOTATION = ANNOTATIONS.poll.key;
 
 export const HOOK_ANNOTATION = ANNOTATIONS.hook.key;
 
-// ---- the limits ---------------------------------------------------------------------------------
+// ================================================================================================
+// 16. limits — every limit and timeout of the service in one table (LIMITS), each with why it has its value: the
+//    request limits adnanh lacks, each the default of a flag (-max-body-size, -read-timeout, …), then by concern
+//    the fixed limits of the upgrade, update policies, change windows, stages and promotion, approvals, the
+//    registry watch, Git write-back, the result, mail, notifications and the deliveries page. The libraries of
+//    Part I keep their own (KUBE_LIMITS, GIT_LIMITS, …), since they use nothing of the service.
+//    Exports: LIMITS.
+//    Tests: test/records.test.ts, test/settings.test.ts.
+// ================================================================================================
 
-// Defaults for the limits adnanh lacks. Each is a flag; the comment says why this value.
+// The service's limits. The first ones are the defaults of the flags that set them (the limits adnanh lacks); the
+// groups after them are fixed. Each comment says why its value.
 export const LIMITS = {
   // Registry payloads are a few KiB; Docker Hub's carries the repository's README, which Docker
   // Hub caps at 25,000 characters: 300 KiB even were every one a \uXXXX surrogate pair, a few
@@ -8265,6 +8276,10 @@ export const LIMITS = {
     checkMaxBytes: 4_096,
     // A soak's end that could not read or write its workload (the API server away) is tried again this much later.
     retryMs: 30_000,
+    // A soak's end claimed by a replica that has recorded no decision in the next stage within this is taken over:
+    // that replica was killed, or lost the API server. Longer than PROMOTE_CHECK's whole budget (30 s) plus a
+    // decision's registry and API calls; a live replica taken over costs nothing (the second decision is a repeat).
+    claimStaleMs: 60_000,
     // The chains' last outcomes the deliveries page shows (promoted, stopped and why…): a release's worth, some
     // 300 bytes each; the records of the pushes themselves are the deliveries' own.
     recentOutcomes: 50,
@@ -8438,7 +8453,7 @@ export const LIMITS = {
 };
 
 // ================================================================================================
-// 16. command line & settings — the adnanh/webhook command line in Go `flag` syntax (parseCommandLine, usage), Go's
+// 17. command line & settings — the adnanh/webhook command line in Go `flag` syntax (parseCommandLine, usage), Go's
 //    durations and booleans, and our safety limits (LIMITS), each with why it has that value.
 //    Exports: durationSetting, Options, parseCommandLine, parseGoBool, parseGoDuration, parseListenAddress,
 //    PLACEHOLDER, readAdminTokenFile, readApprovalKeyFile, usage, UsageError.
@@ -9091,7 +9106,7 @@ export function usage(): string {
 }
 
 // ================================================================================================
-// 17. logging & metrics — log lines in adnanh's shape ("[webhook] 2006/01/02 15:04:05 …"), errors always, the rest
+// 18. logging & metrics — log lines in adnanh's shape ("[webhook] 2006/01/02 15:04:05 …"), errors always, the rest
 //    with -verbose/-debug, every line scrubbed of known secrets; counters, gauges and histograms rendered in the
 //    Prometheus text format.
 //    Exports: escapeControls, Logger, Metrics.
@@ -9306,7 +9321,7 @@ export class Metrics {
 }
 
 // ================================================================================================
-// 18. hook files — the reading every compiler below shares. A hooks file is rendered as a Go template when -template
+// 19. hook files — the reading every compiler below shares. A hooks file is rendered as a Go template when -template
 //    asks, read as YAML (duplicate keys are errors; every key's line is kept), and then read through Fields: unknown
 //    keys and wrong types are errors that name file, line, hook and field path (`hooks/web.json:12: hook "web":
 //    trigger-rule.and[2]: …`).
@@ -9504,7 +9519,7 @@ function editDistance(a: string, b: string): number {
 }
 
 // ================================================================================================
-// 19. requests — turns an HTTP request into the structures hook parameters address: headers (Go-canonical names),
+// 20. requests — turns an HTTP request into the structures hook parameters address: headers (Go-canonical names),
 //    query, payload (from JSON, form, XML or multipart bodies) and the raw body, with adnanh's dotted-path lookup and
 //    Go's JSON serialisation; compileParam reads how a hook names a value of the request.
 //    Exports: applyJsonParameters, asMarshalled, compileParam, firstValues, headersFromRaw, HookRequest,
@@ -9885,7 +9900,7 @@ export function compileParam(reader: FieldReader, value: unknown, at: Place, fil
 }
 
 // ================================================================================================
-// 20. trigger rules — one table, RULE_TYPES, holds each match type side by side: its fields, whether it compares a
+// 21. trigger rules — one table, RULE_TYPES, holds each match type side by side: its fields, whether it compares a
 //    request parameter, whether it reads the headers or the body, which field holds a secret, how it compiles and how
 //    it tests a request. and/or/not combine matches with adnanh's semantics: a missing parameter makes a match false
 //    (inside `or` it is passed over, inside `and` the rule fails); a bad signature is an evaluation error unless the
@@ -10328,7 +10343,7 @@ export function cidrContains(cidr: Cidr, addr: string): boolean {
 }
 
 // ================================================================================================
-// 21. hooks & reload — a hooks file's text (already templated) compiled into hooks, once, so the request path only
+// 22. hooks & reload — a hooks file's text (already templated) compiled into hooks, once, so the request path only
 //    evaluates: the hook's fields read in one list, its parameters and trigger rule compiled, and the hook settings
 //    a hook must fix (those HOOK_SETTINGS marks fixed) checked through the HookSettingChecks main() hands
 //    over. Every -hooks path (a file, or a directory of *.json, *.yaml and *.yml files merged in name order) becomes
@@ -10776,7 +10791,7 @@ export class HookStore {
 }
 
 // ================================================================================================
-// 22. commands — resolves execute-command as adnanh does (absolute; else relative to command-working-directory, never
+// 23. commands — resolves execute-command as adnanh does (absolute; else relative to command-working-directory, never
 //    searched on PATH then; else on PATH), passes arguments, environment and temp files, and runs the command in its
 //    own process group under a deadline and a cap on concurrent commands. Output is stdout and stderr combined in
 //    arrival order. A command that is an InProcessCommand's entry point (the bundled /webhooks.sh: the upgrade) is
@@ -11275,7 +11290,7 @@ export function decodeBase64Strict(text: string): Buffer {
 }
 
 // ================================================================================================
-// 23. http server — routes `/`, `/healthz` and `/<urlprefix>/<id>` and answers with adnanh's exact strings. A hook
+// 24. http server — routes `/`, `/healthz` and `/<urlprefix>/<id>` and answers with adnanh's exact strings. A hook
 //    request is a list of steps: route, admit, prepare (all but the body), evaluate what the rule can decide without
 //    the body, read the body if the hook uses it, evaluate the rest, dispatch, answer. A body is never kept when it
 //    is not used, and one left unread is dropped as it arrives, within the size and idle limits. Every outcome is one
@@ -12167,7 +12182,7 @@ function closeWithoutReset(ex: Exchange, draining: () => boolean): () => void {
 }
 
 // ================================================================================================
-// 24. listeners — the sockets the service serves on: the hook port (TCP, or a unix socket with -socket; TLS with
+// 25. listeners — the sockets the service serves on: the hook port (TCP, or a unix socket with -socket; TLS with
 //    -secure, in Go's cipher-suite names, from -cert and -key, re-read on SIGHUP), and the admin listener of
 //    -metrics-listen, which serves /metrics and the deliveries pages and is never the hook port.
 //    Exports: GO_CIPHER_SUITES, openAdminListener, openListener.
@@ -12319,7 +12334,7 @@ async function openMetricsListener(
 }
 
 // ================================================================================================
-// 25. registry payloads — a registry's push notification (Aliyun ACR, Docker Hub, a build job, Harbor, Quay, GHCR,
+// 26. registry payloads — a registry's push notification (Aliyun ACR, Docker Hub, a build job, Harbor, Quay, GHCR,
 //    Azure, CNCF Distribution, Artifactory, Nexus, Gitea, CloudEvents) read into PushEvents (host, repository, tag,
 //    digest, pushed-at), an acknowledged no-op (a pull, a test ping, a push by digest, a signature tag), or a
 //    handshake's answer (Event Grid's, CloudEvents' validation). Pure functions: no I/O, no clock. Each registry is
@@ -13014,7 +13029,7 @@ function customRegistryAddress(repoUrl: string): string {
 }
 
 // ================================================================================================
-// 26. cloud registry payloads — the clouds' own registries, whose pushes arrive as their event buses' events: AWS ECR
+// 27. cloud registry payloads — the clouds' own registries, whose pushes arrive as their event buses' events: AWS ECR
 //    (an EventBridge "ECR Image Action" event sent by an API destination, or its CloudEvents form), Google Artifact
 //    Registry (a Pub/Sub push envelope whose message.data is the base64 of {action, digest, tag}), Tencent Cloud TCR
 //    Enterprise (its trigger sends Harbor's default format, pushImage, from a tencentcloudcr.com host); CloudEvents 1.0
@@ -13489,7 +13504,7 @@ function repoTypeSetting(value: string | undefined): string {
 }
 
 // ================================================================================================
-// 27. image reference & pin — composes the reference the cluster will pull (composeImageRef; chooseCandidate picks
+// 28. image reference & pin — composes the reference the cluster will pull (composeImageRef; chooseCandidate picks
 //    the container's among several), validates it against the OCI distribution reference grammar before anything is
 //    sent to Kubernetes, and applies the image pin (checkImagePin): whoever holds a hook's URL writes the payload, so
 //    a push may change only the tag and digest of the repository the container runs now. Endpoints of one registry
@@ -13814,7 +13829,7 @@ function problemOf(check: () => unknown): string | undefined {
 }
 
 // ================================================================================================
-// 28. change windows & approval links — when a push may go out, as pure functions. A change window
+// 29. change windows & approval links — when a push may go out, as pure functions. A change window
 //    (DEPLOY_WINDOW, annotation webhook/window) is one or more ranges `Mon-Fri 09:00-18:00 Asia/Shanghai`, read by
 //    parseDeployWindows; windowOpen says whether an instant is inside one and nextOpening when the next one opens,
 //    in the range's IANA zone through Intl (daylight saving time included; a range whose end is before its start
@@ -14123,7 +14138,7 @@ export function readApprovalToken(
 }
 
 // ================================================================================================
-// 29. workloads — what the upgrade knows of Kubernetes workloads. Each kind is one entry of WORKLOAD_KINDS (API
+// 30. workloads — what the upgrade knows of Kubernetes workloads. Each kind is one entry of WORKLOAD_KINDS (API
 //    resource, names, pod template, kubectl's rollout viewer, whether it has a rollout, how its pods are owned);
 //    parseWorkload reads APP_WORKLOAD (deployment, daemonset, statefulset, cronjob; any case, plurals, short names,
 //    kind.group) and locateContainer finds APP_CONTAINER (containers, then initContainers). rolloutStatus applies
@@ -14497,7 +14512,17 @@ export function summarizePod(pod: unknown, containerName: string): PodSummary {
     image: String(valueAt(own, ['image']) ?? specContainer?.image ?? ''),
     restarts: numberAt(own, ['restartCount']),
     reason,
+    ...imageIdDigest(valueAt(own, ['imageID'])),
   };
+}
+
+/**
+ * The repository digest a container's imageID names (`docker-pullable://repo@sha256:…`, `repo@sha256:…`); a bare
+ * `sha256:…` is the image's config id under some runtimes, not a digest a registry serves: none. Pure.
+ */
+function imageIdDigest(imageId: unknown): { digest?: string } {
+  const digest = typeof imageId === 'string' ? /@(sha256:[0-9a-f]{64})$/.exec(imageId)?.[1] : undefined;
+  return digest ? { digest } : {};
 }
 
 function asArray(v: unknown): unknown[] {
@@ -14769,6 +14794,8 @@ export interface UpgradeReport {
   replaced?: PendingEntry;
   /** A push that waits on the workload: its pending entry and, for an approval, the links that decide it. */
   waiting?: { entry: PendingEntry; links?: ApprovalLinks };
+  /** A waiting push decided (approved, its window open): the request it waited as (a promotion's says so). */
+  waitedAs?: string;
 }
 
 /** The report of a push before anything is known of it: nothing changed (yet). */
@@ -14890,7 +14917,7 @@ function missingContainerMessage(podSpec: unknown, name: string, workload: strin
 }
 
 // ================================================================================================
-// 30. update policies & stages — which tags a workload takes. The hook setting UPDATE_POLICY gives a hook's policy;
+// 31. update policies & stages — which tags a workload takes. The hook setting UPDATE_POLICY gives a hook's policy;
 //    the workload's annotation webhook/policy overrides it, and webhook/policy.<container> overrides both for one
 //    container. parsePolicy reads a value (all, semver:<range>, major, minor, patch, glob:<pattern>,
 //    regexp:<pattern>; the semver ones never go down unless `,allow-downgrade` follows); policyDecision, pure, says
@@ -15156,7 +15183,7 @@ function promoteCheckSetting(value: string | undefined): URL | undefined {
 }
 
 // ================================================================================================
-// 31. setting values — how each hook setting's text reads: the parse functions of HOOK_SETTINGS' rows (next
+// 32. setting values — how each hook setting's text reads: the parse functions of HOOK_SETTINGS' rows (next
 //    chapter), each the only reader of its setting's text, returning the typed value (its default when unset) or
 //    throwing the message operators know, naming the setting and what is wrong; and the limits a setting's text is
 //    read within (how many notification URLs and clusters, an approval's timeout, a poll's interval).
@@ -15488,7 +15515,7 @@ function updatePolicySetting(value: string | undefined): UpdatePolicy {
 }
 
 // ================================================================================================
-// 32. hook settings — HOOK_SETTINGS, the one table of the settings of the upgrade, its mail and its notifications:
+// 33. hook settings — HOOK_SETTINGS, the one table of the settings of the upgrade, its mail and its notifications:
 //    each one's source (the hook, or the service's own environment), type, default, whether a hook must give it as a
 //    fixed string (checked at load: fixedSettingChecks), whether it holds a key, its validation, its meaning, and its
 //    parse, which is the only reader of its text and throws the message operators know. The settings tables of
@@ -16064,7 +16091,7 @@ function readSettings(
 }
 
 // ================================================================================================
-// 33. upgrade decision — whether and what a push may change, before anything is written, from the push's
+// 34. upgrade decision — whether and what a push may change, before anything is written, from the push's
 //    HookConfig (read once at its boundary, previous chapter); the push is checked against the
 //    container's current image (a refusal changes nothing, fails, is logged and recorded as a Warning Event);
 //    several replicas agree through the workload: LAST_PUSH_ANNOTATION records when each container's last push was
@@ -16769,7 +16796,7 @@ async function checkSignature(c: SignatureCheck, digest: string | undefined): Pr
 }
 
 // ================================================================================================
-// 34. the decision — what one push does to one workload, decided by one pure function: decide(push, its hook's
+// 35. the decision — what one push does to one workload, decided by one pure function: decide(push, its hook's
 //    settings, the workload as read, now) → Decision, a value from the closed list (DECISIONS) carrying its reason
 //    as data and, for what is written, the planned change, its Event and the pending entry. The registry's facts
 //    (the digest a tag resolves to, a signature) are established before it (previous chapter) and arrive in the
@@ -17157,7 +17184,7 @@ export function waitingAction(e: PendingEntry): string {
 }
 
 // ================================================================================================
-// 35. the cluster executor — carries out what decide (previous chapter) concluded, on the workload in its cluster,
+// 36. the cluster executor — carries out what decide (previous chapter) concluded, on the workload in its cluster,
 //    and writes it into the push's report (recordDecision, the one place a decision reaches a report): the guarded
 //    PATCH of an applied push, the pending entry of a waiting one, the Event of each. A PATCH whose `test` fails
 //    (the workload changed since it was read) has the workload read again and the push decided again on it, up to
@@ -17310,7 +17337,7 @@ export function recordDecision(report: UpgradeReport, d: Decision, kind: Workloa
   recordUnchanged(report, d.code, d.reason, d.before);
 }
 // ================================================================================================
-// 36. the git executor — carries an applied push out as a commit to the Git repository a GitOps tool (Fleet, Argo
+// 37. the git executor — carries an applied push out as a commit to the Git repository a GitOps tool (Fleet, Argo
 //    CD, Flux) deploys from, for a hook with GIT_REPO: the workload is read and the push decided as always
 //    (decide); a decision that writes nothing to the image (waiting, held, skipped…) is the cluster executor's. An
 //    applied push is written into the file at GIT_PATH by changing the text of one scalar (editGitFile: a
@@ -18063,7 +18090,7 @@ export async function refuseGitopsOwned(
 }
 
 // ================================================================================================
-// 37. the report — the answer of one push, one "label: value" per line, values aligned, always in this order, lines
+// 38. the report — the answer of one push, one "label: value" per line, values aligned, always in this order, lines
 //    whose value is unknown left out: workload, container, image before, image after, action (image updated | rollout
 //    restarted (same image re-pulled) | none (<why>)), result (ok | failed: <message>), rollout (progressing |
 //    complete | failed | timed out | not tracked), one line per pod, rollback, notes. Exit status 0 when the result
@@ -18145,7 +18172,7 @@ export function formatReport(r: UpgradeReport): string {
 }
 
 // ================================================================================================
-// 38. rollout follow — follows a rollout by kubectl's rules until it completes, fails (a pod stuck in
+// 39. rollout follow — follows a rollout by kubectl's rules until it completes, fails (a pod stuck in
 //    CrashLoopBackOff, ImagePullBackOff…) or ROLLOUT_TIMEOUT passes. The workload is watched (WorkloadFeed: the
 //    client's watch shared by the follows of a namespace and kind, from the PATCH answer's resourceVersion; a watch
 //    of the workload alone where RBAC names it; a GET per second, with one warning, where watch is refused). A
@@ -18653,7 +18680,7 @@ export function rolloutEvent(outcome: RolloutOutcome, container: string): Worklo
 }
 
 // ================================================================================================
-// 39. rollback — ROLLBACK_ON_FAILURE=true: a followed rollout that fails is set back to the image before the push,
+// 40. rollback — ROLLBACK_ON_FAILURE=true: a followed rollout that fails is set back to the image before the push,
 //    with the same tested patch, and that rollout is followed too. A StatefulSet (RollingUpdate) does not replace a
 //    pod stuck on the bad image by itself, so its "forced rollback" deletes, once the controller has observed the
 //    template set back, the pods it owns that still run the image rolled back from and are not ready (uid
@@ -18921,10 +18948,10 @@ export function rollbackObstacle(
 }
 
 // ================================================================================================
-// 40. least privilege — -print-rbac: the Roles and RoleBindings the hooks need, worked out from the hooks themselves
+// 41. least privilege — -print-rbac: the Roles and RoleBindings the hooks need, worked out from the hooks themselves
 //    (namespace, kind and name when the hook fixes them; `resourceNames` wherever it can), so the service account
 //    gets nothing it does not use.
-//    Exports: fixedInput, fixedSetting, fixedTrue, formatRbac, hookReach, HookReach, upgradeInput.
+//    Exports: fixedInput, fixedSetting, fixedTrue, formatRbac, hookReach, HookReach, stageNamespaces, upgradeInput.
 //    Tests: test/chart.test.ts, test/deploy.test.ts, test/unit.test.ts.
 // ================================================================================================
 
@@ -19040,6 +19067,22 @@ export function hookReach(hook: Hook): HookReach | undefined {
   }
 }
 
+/**
+ * The namespaces a hook that fixes `own` (APP_NS) deploys to in `cluster`: `own`, or, for a hook with stages, the
+ * namespace each stage in that cluster names (`prod/shop`: a promotion goes, waits and is followed there), `own`
+ * where it names none.
+ */
+export function stageNamespaces(hook: Hook, cluster: string | undefined, own: string): string[] {
+  let stages: StageTarget[][] = [];
+  try {
+    stages = parseStages(fixedInput(hook, 'CLUSTERS'));
+  } catch {
+    // Refused at load: such a hook is never served.
+  }
+  const named = stages.flat().filter((t) => t.cluster === cluster).map((t) => t.namespace ?? own);
+  return named.length > 0 ? [...new Set(named)] : [own];
+}
+
 /** The verbs on a workload whose rollout is followed: read, patched, and watched (list re-lists a watch). */
 const FOLLOWED_VERBS = ['get', 'patch', 'list', 'watch'];
 
@@ -19133,7 +19176,7 @@ export function formatRbac(reaches: HookReach[], serviceAccount: string, hooksPa
 }
 
 // ================================================================================================
-// 41. the upgrade — the job /webhooks.sh exists for, as named steps: read the settings, compose the image, decide,
+// 42. the upgrade — the job /webhooks.sh exists for, as named steps: read the settings, compose the image, decide,
 //    patch, record the Event, follow the rollout and roll back when asked, report. UpgradeService is the command
 //    runner's InProcessCommand: one client, one per-workload queue and one set of kept pushes for every push. A push
 //    the API server does not answer is kept and applied when it answers (KeptPushes, answered 202); a waiting push,
@@ -19408,7 +19451,7 @@ async function reportRollout(
 type UpgradeResult = Awaited<ReturnType<typeof runUpgrade>>;
 
 // ================================================================================================
-// 42. the upgrade service — the upgrade as the command runner runs it (UpgradeService, its InProcessCommand): one
+// 43. the upgrade service — the upgrade as the command runner runs it (UpgradeService, its InProcessCommand): one
 //    client and one set of kept pushes per cluster (ClusterLane), one per-workload queue for every push, pushes the
 //    API server (or, under ON_REGISTRY_AWAY=keep, the registry) does not answer kept and applied when it answers
 //    (KeptPushes, answered 202), decided waiting pushes
@@ -20081,12 +20124,14 @@ export class UpgradeService implements InProcessCommand<UpgradeOutput> {
       { target: { namespace: string; kind: WorkloadKind; name: string }; hooks: Hook[]; cluster?: string }
     >();
     for (const hook of hooks) {
-      const t = hookReach(hook)?.target;
-      if (!t) continue;
-      for (const cluster of hookClusters(hook)) {
-        const key = `${cluster ?? ''}/${t.namespace}/${t.kind}/${t.name}`;
-        served.set(key, { target: t, cluster, hooks: [...(served.get(key)?.hooks ?? []), hook] });
-      }
+      const fixed = hookReach(hook)?.target;
+      if (!fixed) continue;
+      for (const cluster of hookClusters(hook))
+        for (const namespace of stageNamespaces(hook, cluster, fixed.namespace)) {
+          const t = { ...fixed, namespace };
+          const key = `${cluster ?? ''}/${t.namespace}/${t.kind}/${t.name}`;
+          served.set(key, { target: t, cluster, hooks: [...(served.get(key)?.hooks ?? []), hook] });
+        }
     }
     // The served workloads of each cluster, read with one LIST per namespace and kind where several share one.
     const listed = new Map<string, Map<string, K8sObject>>();
@@ -20294,16 +20339,20 @@ export class RolloutFollower implements CommandListener<UpgradeOutput> {
 }
 
 // ================================================================================================
-// 43. promotion — CLUSTERS stages (`staging > prod`): a push goes to the first stage only (the upgrade service);
+// 44. promotion — CLUSTERS stages (`staging > prod`): a push goes to the first stage only (the upgrade service);
 //    the digest that ran there goes on to the next stage once that stage's rollout is complete and has stayed
 //    healthy for PROMOTE_AFTER (the same image running, not rolled back, no restart since), and PROMOTE_CHECK, when
 //    the hook names one, has answered 2xx. A promotion is a source of pushes like an approval: a Push of that digest
 //    (pinned, whatever its tag points at now) with the push's own identity and time, through the next stage's own
 //    decision path (runDecided: its policy, hold, newest wins, approval and change window); its result goes where
 //    a push's goes, and a stage after it goes on the same way. The push soaking is recorded on the stage's
-//    workload (PROMOTION_ANNOTATION) in the PATCH that starts the soak; the replica whose PATCH takes the record off
-//    promotes it, so a chain goes on exactly once whichever replica is left (one that starts picks the records up).
-//    A newer push to a stage replaces the record there (newest wins): the older chain stops where it had not gone.
+//    workload (PROMOTION_ANNOTATION) in the PATCH that starts the soak. At its end a replica claims the record (a
+//    PATCH testing it as read marks it `promoting by <replica> since <time>`) and takes it off only once the next
+//    stage's decision is recorded; a claim older than LIMITS.promotion.claimStaleMs is taken over by another replica
+//    (one that starts picks the records up), and the next stage's newest-wins rule makes a second decision a repeat,
+//    which is neither told nor counted. A push deployed by tag alone goes on pinned to the digest its pods pulled.
+//    A stop is a result of its own (mailed, posted). A newer push to a stage replaces the record there (newest
+//    wins): the older chain stops where it had not gone.
 //    Exports: promotionChain, PromotionChain, PromotionOutcome, Promotions, SoakingPush.
 //    Tests: test/promotion.test.ts, test/settings.test.ts.
 // ================================================================================================
@@ -20353,6 +20402,8 @@ interface PromotionRecord {
   until: string;
   /** Restarts of the pods running the image when the soak began. */
   restarts: number;
+  /** The replica promoting it, and since when: set at the soak's end, taken over once older than claimStaleMs. */
+  claim?: { by: string; at: string };
 }
 
 /** The promotion records on a workload, by container; malformed ones are dropped. */
@@ -20458,9 +20509,24 @@ function stageStop(report: UpgradeReport): string | undefined {
     return rollout.state === 'progressing'
       ? `its rollout was not followed to its end (${rollout.detail}): set ROLLOUT_TIMEOUT or -rollout-follow`
       : `its rollout ${rollout.state}: ${rollout.detail}`;
-  if (!pinnedDigest(report.imageAfter))
-    return `no digest is known of what runs (${report.imageAfter}): set PIN_DIGEST=true or VERIFY_IMAGE=true`;
   return undefined;
+}
+
+/**
+ * The reference that ran in a stage: `image` itself when pinned to a digest; a tag, pinned to the digest its ready
+ * pods report having pulled (status.containerStatuses[].imageID), all the same one; else why none is known. Pure.
+ */
+function ranReference(image: string, pods: PodSummary[]): { image: string } | { problem: string } {
+  if (pinnedDigest(image)) return { image };
+  const running = pods.filter((pod) => pod.ready && normalizeImageRef(pod.image) === normalizeImageRef(image));
+  const digests = [...new Set(running.map((pod) => pod.digest ?? ''))];
+  const unknown = `no digest is known of what runs (${image}):`;
+  const set = 'set PIN_DIGEST=true or VERIFY_IMAGE=true';
+  if (digests.length === 0) return { problem: `${unknown} no ready pod runs it; ${set}` };
+  if (digests.includes(''))
+    return { problem: `${unknown} its pods report no image digest (status.containerStatuses[].imageID); ${set}` };
+  if (digests.length > 1) return { problem: `${unknown} its pods pulled ${digests.join(' and ')}; ${set}` };
+  return { image: `${image}@${digests[0]}` };
 }
 
 /** What a promotion's push came to, as webhook_promotions_total counts it. Pure. */
@@ -20527,6 +20593,8 @@ export class Promotions implements ResultListener {
   private readonly metrics: Metrics | undefined;
   private listener: CommandListener<UpgradeOutput> | undefined;
   private stopped = false;
+  /** This replica, as its claims name it: the pod's name (the host's) and a random part for replicas on one host. */
+  private readonly replica = `${hostname()}/${randomUUID().slice(0, 8)}`;
 
   constructor(
     upgrade: UpgradeService,
@@ -20580,14 +20648,7 @@ export class Promotions implements ResultListener {
     if (!chain || !report.target || report.container === undefined || this.stopped) return;
     const index = stageOfReport(chain, report.cluster, report.namespace);
     if (index < 0) return;
-    // A promotion that waited in this stage, decided since (here, or on the replica a person reached): a rejection
-    // or an expiry ends the chain here.
-    if (index > 0 && !this.promoted.delete(requestId) && ['rejected', 'expired'].includes(report.decision)) {
-      const why = `the push was ${report.decision}`;
-      this.count(hook, chain, index, promotionOutcome(report), { request: requestId, where: reportWhere(report), why });
-      const stopped = `chain stopped at ${stageName(chain.stages[index])}: ${why}`;
-      this.log.error(`[${requestId}] ${reportWhere(report)}: ${stopped}`);
-    }
+    if (index > 0 && !this.promoted.delete(requestId)) this.decidedLater(hook, chain, index, requestId, report);
     if (index === chain.stages.length - 1 || !report.changed || report.rollout?.superseded) return;
     const target = { ...report.target };
     const place: SoakPlace = { cluster: report.cluster, target, container: report.container };
@@ -20598,14 +20659,45 @@ export class Promotions implements ResultListener {
     );
   }
 
-  /** The chain stops at a stage: logged as an error (someone expects the next stage to get it) and counted. */
-  private chainStopped(hook: Hook, c: PromotionChain, index: number, requestId: string, p: SoakPlace, why: string) {
+  /**
+   * A promotion that waited in a later stage, decided since (here, or on the replica a person reached): a rejection
+   * or an expiry ends the chain there; an approval (or the window's opening) that applied it counts as promoted.
+   */
+  private decidedLater(hook: Hook, chain: PromotionChain, index: number, requestId: string, report: UpgradeReport) {
+    const where = reportWhere(report);
+    if (['rejected', 'expired'].includes(report.decision)) {
+      const why = `the push was ${report.decision}`;
+      this.count(hook, chain, index, promotionOutcome(report), { request: requestId, where, why });
+      return this.log.error(`[${requestId}] ${where}: chain stopped at ${stageName(chain.stages[index])}: ${why}`);
+    }
+    // A promotion's request is `<request in the first stage>/<cluster>`; a push deployed again has one of its own.
+    const waited = report.waitedAs ?? '';
+    if (!report.changed || waited.split('/').length !== 2 || !waited.endsWith(`/${report.cluster}`)) return;
+    const decided = report.notes.find((n) => /^(approved|applied) by /.test(n)) ?? 'decided';
+    this.count(hook, chain, index, 'promoted', { request: requestId, where, why: `${waited} waited; ${decided}` });
+    this.log.notice(`[${requestId}] ${where}: promoted to ${report.cluster} (${waited} waited; ${decided})`);
+  }
+
+  /**
+   * The chain stops at a stage: logged as an error (someone expects the next stage to get it), counted, and told as
+   * a result of its own (`<request>/<next stage's cluster>`: recorded, mailed, posted) saying so and why.
+   */
+  private chainStopped(hook: Hook, c: PromotionChain, index: number, requestId: string, p: SoakPlace, why: string,
+    to = c.stages[index + 1][0].cluster) {
     const next = stageName(c.stages[index + 1]);
     this.log.error(
       `[${requestId}] ${placeName(p)}: chain stopped at ${stageName(c.stages[index])}: ${why}; ` +
         `not promoted to ${next}`,
     );
     this.count(hook, c, index + 1, 'stopped', { request: requestId, where: placeName(p), why });
+    const stopped = `promotion to ${next} stopped: ${why}`;
+    const report: UpgradeReport = {
+      ...{ ...newReport(), ...unchanged('failed', stopped), result: 'failed', error: stopped },
+      ...{ namespace: p.target.namespace, workload: `${p.target.kind}/${p.target.name}`, container: p.container },
+      ...{ target: p.target, cluster: p.cluster },
+    };
+    const env = this.upgrade.decidedEnv(hook, p.target, p.container, p.cluster);
+    this.tell(hook, `${requestId.split('/')[0]}/${to}`, report, env);
   }
 
   /** An outcome counted (webhook_promotions_total) and kept for the page. */
@@ -20669,32 +20761,31 @@ export class Promotions implements ResultListener {
   }
 
   /**
-   * A soak's end: the record still this push's, the stage still healthy with it, PROMOTE_CHECK answering 2xx; the
-   * record taken off (the one replica whose PATCH does promotes) and the digest pushed to the next stage.
+   * A soak's end: the record claimed here, the stage still healthy with the push, the digest that ran known,
+   * PROMOTE_CHECK answering 2xx; the digest pushed to the next stage, then the record taken off (a replica killed
+   * before that leaves its claim, which another takes over once stale).
    */
   private async endSoak(key: string, soak: Soak): Promise<void> {
     if (this.soaks.get(key) === soak) this.soaks.delete(key);
     if (this.stopped) return;
     const { place: p, record: r, hook, chain } = soak;
-    const client = this.upgrade.kube(p.cluster);
     try {
+      const client = this.upgrade.kube(p.cluster);
       if (!client) throw new UpgradeError('no Kubernetes credentials');
-      const workload = await readWorkload(client, p.target);
-      if (readPromotionRecords(workload).entries[p.container]?.request !== r.request)
-        return this.log.info(`[${r.request}] ${placeName(p)}: promoted by another replica, or superseded`);
+      const workload = await this.claimSoak(client, soak);
+      if (!workload) return;
       // The hook as loaded now: reloaded without this chain (or a stage after this one), it promotes no further.
       const current = this.hooks().get(hook.id);
       const now = current && promotionChain(current);
       const ends = !now || now.stages.length <= r.stage + 1;
-      let problem = ends ? `hook "${hook.id}" has no stage after it now` : undefined;
-      problem ??= soakProblem(workload, p, r);
-      const restarts = problem ? 0 : await restartsOf(client, p, workload, r.image);
-      if (!problem && restarts > r.restarts) problem = `its pods restarted ${restarts - r.restarts} time(s)`;
-      if (!problem && chain.check) problem = await promoteCheck(chain.check);
-      if (!(await writePromotionRecord(client, p, undefined, (f) => f?.request === r.request)))
-        return this.log.info(`[${r.request}] ${placeName(p)}: promoted by another replica`);
-      if (problem) return this.chainStopped(hook, chain, r.stage, r.request, p, problem);
-      await this.promote({ ...soak, hook: current!, chain: now! }, workload);
+      const last = { problem: `hook "${hook.id}" has no stage after it now` };
+      const end = ends ? last : await this.soakEnd(soak, workload);
+      if ('problem' in end) {
+        await this.release(client, soak);
+        return this.chainStopped(hook, chain, r.stage, r.request, p, end.problem);
+      }
+      await this.promote({ ...soak, hook: current!, chain: now! }, workload, end.image);
+      await this.release(client, soak);
     } catch (e) {
       this.log.error(
         `[${r.request}] ${placeName(p)}: the soak's end could not be read or written: ` +
@@ -20704,12 +20795,69 @@ export class Promotions implements ResultListener {
     }
   }
 
+  /**
+   * Claims a soak's end for this replica: its record marked `promoting by <replica> since <time>` by a PATCH that
+   * tests the record as read, so one replica promotes at a time. Another's claim younger than claimStaleMs stands:
+   * looked at again once stale (its replica may be killed before the next stage's decision is recorded). The
+   * workload as read; undefined when the record is gone (promoted, superseded) or another's claim stands.
+   */
+  private async claimSoak(client: KubeClient, soak: Soak): Promise<K8sObject | undefined> {
+    const { place: p, record: r } = soak;
+    for (let attempt = 1; ; attempt++) {
+      const workload = await readWorkload(client, p.target);
+      const found = readPromotionRecords(workload).entries[p.container];
+      if (found?.request !== r.request)
+        return void this.log.info(`[${r.request}] ${placeName(p)}: promoted by another replica, or superseded`);
+      const claim = isObject(found.claim) ? found.claim : undefined;
+      const ageMs = claim ? Date.now() - Date.parse(claim.at) : Infinity;
+      const whose = claim && `replica ${claim.by}, since ${claim.at}`;
+      // A claim dated ahead (clocks a little apart) stands as long; one far ahead is not a replica's: taken over.
+      if (claim && claim.by !== this.replica && Math.abs(ageMs) < LIMITS.promotion.claimStaleMs) {
+        const againMs = LIMITS.promotion.claimStaleMs - ageMs;
+        this.log.info(`[${r.request}] ${placeName(p)}: being promoted by ${whose}; looked at again in ` +
+          formatGoDuration(roundedToSeconds(againMs)));
+        return void this.schedule({ ...soak, record: found }, againMs);
+      }
+      if (claim && claim.by !== this.replica)
+        this.log.notice(`[${r.request}] ${placeName(p)}: taking over the promotion claimed by ${whose}: ` +
+          `no decision was recorded in ${formatGoDuration(LIMITS.promotion.claimStaleMs)}`);
+      const mine = { ...found, claim: { by: this.replica, at: new Date().toISOString() } };
+      const unchangedSince = (f: PromotionRecord | undefined) => JSON.stringify(f) === JSON.stringify(found);
+      if (await writePromotionRecord(client, p, mine, unchangedSince)) {
+        this.log.info(`[${r.request}] ${placeName(p)}: soak ended; promoting, claimed by replica ${this.replica}`);
+        return workload;
+      }
+      if (attempt >= LIMITS.upgrade.maxPatchAttempts) throw new UpgradeError('its record kept changing');
+    }
+  }
+
+  /** What a soak's end finds: the reference that ran, pinned to its digest, or why the chain stops there. */
+  private async soakEnd(soak: Soak, workload: K8sObject): Promise<{ image: string } | { problem: string }> {
+    const { place: p, record: r, chain } = soak;
+    const problem = soakProblem(workload, p, r);
+    if (problem) return { problem };
+    const pods = await workloadPods(this.upgrade.kube(p.cluster)!, p.target, workload, p.container);
+    const restarts = pods.filter((pod) => pod.image === r.image).reduce((n, pod) => n + pod.restarts, 0);
+    if (restarts > r.restarts) return { problem: `its pods restarted ${restarts - r.restarts} time(s)` };
+    const ran = ranReference(r.image, pods);
+    const failed = 'problem' in ran || !chain.check ? undefined : await promoteCheck(chain.check);
+    return failed ? { problem: failed } : ran;
+  }
+
+  /** The record taken off once the next stage's decision is recorded, unless another replica took the claim over. */
+  private async release(client: KubeClient, soak: Soak): Promise<void> {
+    const { place: p, record: r } = soak;
+    const mine = (f: PromotionRecord | undefined) => f?.request === r.request && f.claim?.by === this.replica;
+    if (!(await writePromotionRecord(client, p, undefined, mine)))
+      this.log.info(`[${r.request}] ${placeName(p)}: its promotion was taken over by another replica`);
+  }
+
   /** The digest that ran, pushed to each cluster of the next stage at once: the push's identity and time, kept. */
-  private async promote(soak: Soak, workload: K8sObject): Promise<void> {
+  private async promote(soak: Soak, workload: K8sObject, image: string): Promise<void> {
     const { record: r, chain, place } = soak;
     const pushed = readPushRecords(workload).records[place.container];
     const push: IncomingPush = {
-      image: r.image,
+      image,
       pushedAtMs: pushed?.image === r.image ? Date.parse(pushed.pushedAt) : Date.parse(r.since),
       timeFrom: pushed?.image === r.image ? pushed.timeFrom : 'received',
       push: pushed?.image === r.image ? pushed.push : `promotion|${r.request}`,
@@ -20738,6 +20886,11 @@ export class Promotions implements ResultListener {
         requestId,
         t.cluster,
       );
+      // Decided already, by the replica whose claim this one took over: told and counted there.
+      if (report.decision === 'repeat') {
+        this.promoted.delete(requestId);
+        return this.log.info(`[${requestId}] ${reportWhere(report)}: promoted there already: ${report.action}`);
+      }
       const outcome = promotionOutcome(report);
       const seen = { request: requestId, where: reportWhere(report), why: decided.by };
       this.count(hook, chain, r.stage + 1, outcome, seen);
@@ -20748,14 +20901,8 @@ export class Promotions implements ResultListener {
       this.tell(hook, requestId, report, env);
     } catch (e) {
       this.promoted.delete(requestId);
-      this.chainStopped(
-        hook,
-        chain,
-        r.stage,
-        r.request,
-        place,
-        `not promoted to ${t.cluster}: ${(e as Error).message}`,
-      );
+      const why = `its decision in ${t.cluster} failed: ${(e as Error).message}`;
+      this.chainStopped(hook, chain, r.stage, r.request, place, why, t.cluster);
     }
   }
 
@@ -20852,7 +20999,7 @@ export class Promotions implements ResultListener {
 }
 
 // ================================================================================================
-// 44. approvals — completes the pushes that wait (the patch chapter's waiting step) on whichever replica acts
+// 45. approvals — completes the pushes that wait (the patch chapter's waiting step) on whichever replica acts
 //    first: an approval link's confirmation page and its POST (GET never decides), the deliveries page's Approve,
 //    Reject and Deploy again, a change window's opening and an expiry. Each decision reads the workload, checks the
 //    pending entry the link names is still there, and completes it by a patch that tests the annotation it read (a
@@ -20888,8 +21035,10 @@ export function pendingEntryProblem(key: Buffer | undefined, w: WaitingPush, hoo
       'before entries had one, or with another key)';
   const reach = hookReach(hook)?.target;
   const t = w.target;
-  if (reach && (reach.namespace !== t.namespace || reach.kind !== t.kind || reach.name !== t.name))
-    return `hook ${showValue(hook.id)} upgrades ${reach.kind}/${reach.name} in ${reach.namespace} only`;
+  // A stage of a chain may name a namespace of its own (`prod/shop`): a promotion waits there.
+  const namespaces = reach ? stageNamespaces(hook, w.cluster, reach.namespace) : [];
+  if (reach && (!namespaces.includes(t.namespace) || reach.kind !== t.kind || reach.name !== t.name))
+    return `hook ${showValue(hook.id)} upgrades ${reach.kind}/${reach.name} in ${namespaces.join(', ')} only`;
   const container = fixedInput(hook, 'APP_CONTAINER')?.trim();
   if (container !== undefined && container !== w.container)
     return `hook ${showValue(hook.id)} upgrades container ${container} only`;
@@ -21158,7 +21307,9 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
     };
     for (const hook of this.hooks().values()) {
       const t = hookReach(hook)?.target;
-      if (t) for (const cluster of hookClusters(hook)) add(cluster, t);
+      if (!t) continue;
+      for (const cluster of hookClusters(hook))
+        for (const namespace of stageNamespaces(hook, cluster, t.namespace)) add(cluster, { ...t, namespace });
     }
     for (const w of this.pushes.values()) add(w.cluster, w.target);
     return clusters;
@@ -21409,6 +21560,7 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
     };
     const decided = { id: e.id, action, by };
     const r = await this.upgrade.runDecided(hook, w.target, w.container, push, decided, requestId, w.cluster);
+    r.report.waitedAs = e.request;
     // Gone from the workload: forgotten, not tried again on every tick until a rescan.
     if (r.report.gone) {
       this.forget(w);
@@ -21584,7 +21736,7 @@ interface PastPush {
 }
 
 // ================================================================================================
-// 45. registry watch — pushes no registry announced. A workload annotated webhook/poll: <interval> (or the one a hook
+// 46. registry watch — pushes no registry announced. A workload annotated webhook/poll: <interval> (or the one a hook
 //    with POLL_INTERVAL fixes) has its repository looked at every interval, and once soon after the start (spread
 //    out), so a push made while the service was away, or on a registry that cannot call, is found. What a look finds
 //    is a push like a notification's (its identity the digest, `sha256:…|`): under a semver policy (semver:, major,
@@ -22272,7 +22424,7 @@ function fixesTarget(hook: Hook, target: WatchedWorkload['target'], cluster: str
 }
 
 // ================================================================================================
-// 46. the result — one record per push (Delivery, in the DeliveryLog): made when its request comes in, completed
+// 47. the result — one record per push (Delivery, in the DeliveryLog): made when its request comes in, completed
 //    as the rollout follower hands on the answer, the rollout's progress and its end, and once final sent to each
 //    ResultChannel in order (the mail, then the chat and JSON receivers), whose outcomes are recorded on it. What
 //    became of the push is its upgrade report's decision (DECISIONS), published as pushResult says; the channels
@@ -22626,7 +22778,7 @@ export class ResultDispatcher implements ResultListener {
 }
 
 // ================================================================================================
-// 47. mail — mails a hook's result through the server the MAIL_* variables describe (parseMailConfig; MAIL_TO names
+// 48. mail — mails a hook's result through the server the MAIL_* variables describe (parseMailConfig; MAIL_TO names
 //    the recipients): one mail per push after its rollout's end, at most -max-mails-per-hook per -mail-window, the
 //    rest summed up in one mail. The Mailer is the result's first ResultChannel.
 //    Exports: Mailer, parseMailConfig.
@@ -22883,7 +23035,7 @@ function summaryMail(hookId: string, window: MailWindow, cap: MailCap): { subjec
 }
 
 // ================================================================================================
-// 48. chat & json notifications — a hook's result posted, at the moment its mail goes (after the rollout's end, in
+// 49. chat & json notifications — a hook's result posted, at the moment its mail goes (after the rollout's end, in
 //    the background), to each URL of NOTIFY_URL, in the body NOTIFY_FORMAT names: json (our own document, versioned
 //    by its "schema" field, signed in a header with NOTIFY_SECRET), dingtalk (markdown; NOTIFY_SECRET signs the URL),
 //    wecom (markdown), feishu and lark (a card; NOTIFY_SECRET signs the body), slack (mrkdwn), teams (an Adaptive
@@ -23709,7 +23861,7 @@ export class Notifier implements ResultChannel {
 }
 
 // ================================================================================================
-// 49. deliveries page — what the last pushes did, on the admin listener (never the hook port): the records of the
+// 50. deliveries page — what the last pushes did, on the admin listener (never the hook port): the records of the
 //    result's DeliveryLog (the last -deliveries pushes, newest first, as far as each has got). /deliveries lists
 //    them (refreshing itself while a push is still running); /deliveries/<n> is one push's full report and pods;
 //    /deliveries.json and /deliveries/<n>.json carry the same as JSON (entries in the shape of NOTIFY_FORMAT=json).
@@ -24049,7 +24201,7 @@ export function deliveryPages(
 }
 
 // ================================================================================================
-// 50. -validate & -print-rbac — the commands that read the hooks and exit: -validate describes every hook (its rule,
+// 51. -validate & -print-rbac — the commands that read the hooks and exit: -validate describes every hook (its rule,
 //    parameters, answer, upgrade and notifications) and says what is wrong, -print-rbac prints the least-privilege
 //    RBAC; both load the hooks exactly as the service does (hookLoadSettings).
 //    Exports: commandWarnings, hookLoadSettings, printRbac, validate.
@@ -24536,7 +24688,7 @@ async function printRbac(o: Options, env: Record<string, string | undefined>): P
 }
 
 // ================================================================================================
-// 51. main — wires the chapters together; the only place with process-wide side effects (signals, pid file, listening
+// 52. main — wires the chapters together; the only place with process-wide side effects (signals, pid file, listening
 //    sockets, exit codes).
 //    Tests: test/image.test.ts, test/memory.test.ts, test/runner.test.ts, test/start.test.ts.
 // ================================================================================================

@@ -12,6 +12,7 @@ import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as https from 'node:https';
+import * as net from 'node:net';
 import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import {
@@ -177,6 +178,37 @@ async function checkServer(dir: string, status: number) {
   return { url: `https://127.0.0.1:${port}/healthz`, caFile: certs.caFile, asked, close: () => new Promise((r) => server.close(r)) };
 }
 
+/**
+ * A TCP proxy in front of an API server that, once `hold()` is called, lets no more bytes through to it (the
+ * replica's next request there never arrives; `held` resolves when one is tried) until `release()`: the window
+ * between a soak's end and the next stage's decision, made observable.
+ */
+async function holdingProxy(server: string) {
+  const target = new URL(server);
+  const sockets = new Set<net.Socket>();
+  let holding = false;
+  let heldNow: () => void = () => {};
+  const held = new Promise<void>((resolve) => (heldNow = resolve));
+  const proxy = net.createServer((client) => {
+    const upstream = net.connect(Number(target.port), target.hostname);
+    for (const s of [client, upstream]) {
+      sockets.add(s);
+      s.on('error', () => {});
+      s.on('close', () => { sockets.delete(s); client.destroy(); upstream.destroy(); });
+    }
+    client.on('data', (chunk) => (holding ? heldNow() : upstream.write(chunk)));
+    upstream.pipe(client);
+  });
+  await new Promise<void>((resolve) => proxy.listen(0, '127.0.0.1', resolve));
+  const port = (proxy.address() as net.AddressInfo).port;
+  return {
+    server: `https://127.0.0.1:${port}`, held,
+    hold: () => { holding = true; },
+    release: () => { holding = false; },
+    close: () => new Promise((r) => { for (const s of sockets) s.destroy(); proxy.close(r); }),
+  };
+}
+
 describe('staging > prod on two clusters', { skip: shared && second && registry ? false : 'no clusters or registry' }, () => {
   const ns = freshNamespaceName('promotion');
   const kubectlProd = kubectlFor(shared!);
@@ -299,17 +331,33 @@ describe('staging > prod on two clusters', { skip: shared && second && registry 
     assert.match(page, /<span class="tag">stopped<\/span><br>staging → prod: its rollout failed and was rolled back/);
   });
 
-  test('a PROMOTE_CHECK answering 500 stops the chain at staging', async () => {
+  test('a PROMOTE_CHECK answering 500 stops the chain at staging, and the stop is mailed saying why', async () => {
     await workloadIn('checked');
     const check = await checkServer(makeTempDir('promotion-check-'), 500);
     closers.push(check.close);
+    const mta = await startMta();
+    closers.push(() => mta.stop());
     const checked = await publish('v4');
-    const wh = await start({ PROMOTE_AFTER: '0s', PROMOTE_CHECK: check.url }, { NODE_EXTRA_CA_CERTS: check.caFile });
+    const wh = await start({ PROMOTE_AFTER: '0s', PROMOTE_CHECK: check.url, MAIL_TO: 'release@example.com' },
+      { NODE_EXTRA_CA_CERTS: check.caFile, ...serviceMailEnv(mta) });
     await push(wh, 'checked', 'v4', checked);
     const line = await logLine(wh, /deployment\/checked in .* \(cluster staging\): chain stopped at staging: PROMOTE_CHECK https:\/\/127\.0\.0\.1:\d+\/healthz answered 500 \(3 tries\); not promoted to prod/);
     assert.ok(line);
     assert.equal(check.asked.length, 3, 'asked a few times, with backoff');
     assert.equal(await imageIn(getProd, 'checked'), image('v1'));
+    const stopped = /promotion to prod stopped: PROMOTE_CHECK https:\/\/127\.0\.0\.1:\d+\/healthz answered 500 \(3 tries\)/;
+    const stopMails = async () => (await mta.messages()).map(readMail).filter((m) => stopped.test(m.body));
+    const [mail] = await waitFor(async () => ((await stopMails()).length > 0 ? stopMails() : undefined),
+      { timeoutMs: 60_000, what: 'the mail of the chain\'s stop' });
+    console.log(`# the stop's mail: ${mail.subject}\n${mail.body.slice(0, 1200)}`);
+    assert.match(mail.subject, /fail/i);
+    assert.match(mail.body, /cluster: +staging/);
+    // The staging push's own result (applied, rollout complete) is mailed too, and goes on being one mail.
+    await waitFor(async () => (await mta.messages()).length >= 2, { timeoutMs: 60_000, what: 'the staging push\'s mail' });
+    assert.equal((await stopMails()).length, 1, 'one mail of the stop');
+    const doc = JSON.parse((await httpRequest(await adminPort(wh), '/deliveries.json')).body);
+    assert.ok(doc.deliveries.some((d: any) => /\/prod$/.test(d.request_id) && d.decision === 'failed' && stopped.test(JSON.stringify(d))),
+      'the stop is a record of its own on the page');
   });
 
   test('a prod that requires approval waits for it; an approval through the link promotes', async () => {
@@ -329,6 +377,12 @@ describe('staging > prod on two clusters', { skip: shared && second && registry 
       method: 'POST', body: 'name=Ops+Wu', headers: { 'Content-Type': 'application/x-www-form-urlencoded' } });
     assert.equal(approved.status, 200, approved.body);
     assert.equal(await imageIn(getProd, 'gated'), `${image('v5')}@${ran}`, 'the approved promotion deploys the staging digest');
+    // Counted as waiting when it waited, and as promoted once approved and applied: on /metrics and the page.
+    await waitFor(async () => /webhook_promotions_total\{hook="chain",from="staging",to="prod",outcome="promoted"\} 1\n/.test((await wh.metrics()).body),
+      { timeoutMs: CHAIN_TIMEOUT_MS, what: 'the approved promotion counted as promoted' });
+    assert.match((await wh.metrics()).body, /webhook_promotions_total\{hook="chain",from="staging",to="prod",outcome="waiting"\} 1\n/);
+    const page = (await httpRequest(port, '/deliveries')).body;
+    assert.match(page, /<span class="tag">promoted<\/span><br>staging → prod: [^<]*(\/|&#x2F;|&#47;)prod waited; approved by Ops Wu/);
   });
 
   test('a newer push during the soak supersedes the older chain: prod gets the newer one only', async () => {
@@ -461,5 +515,152 @@ describe('staging > prod on two clusters', { skip: shared && second && registry 
     await logLine(wh, new RegExp(`/prod\\] deployment/moved in ${other} \\(cluster prod\\): promoted to prod after \\d+s healthy in staging: image updated`));
     const moved = namespacedGetter(kubectlProd, other);
     assert.equal(await imageIn(moved, 'moved'), `${image('v12')}@${ran}`);
+  });
+
+  test('a replica killed after the soak\'s end, before prod\'s decision: another takes its claim over and promotes, once (one mail)', async () => {
+    await workloadIn('claimed');
+    const ran = await publish('v13');
+    const mta = await startMta();
+    closers.push(() => mta.stop());
+    // Prod's API server behind a proxy that, once told, holds the replica's next request there: the replica has
+    // ended the soak and not yet decided in prod.
+    const admin = JSON.parse(fs.readFileSync(shared!.kubeconfigPath, 'utf8'));
+    const proxy = await holdingProxy(admin.clusters[0].cluster.server);
+    closers.push(proxy.close);
+    const prodFile = renamedKubeconfig(shared!, 'prod', path.join(dir, 'prod-proxied.json'));
+    const proxied = JSON.parse(fs.readFileSync(prodFile, 'utf8'));
+    proxied.clusters[0].cluster.server = proxy.server;
+    fs.writeFileSync(prodFile, JSON.stringify(proxied), { mode: 0o600 });
+    const env = { ...serviceMailEnv(mta), KUBECONFIG: [prodFile, renamedKubeconfig(second!, 'staging', path.join(dir, 'staging.json'))].join(path.delimiter) };
+    const settings = { APP_WORKLOAD: 'deployment/claimed', MAIL_TO: 'release@example.com', PROMOTE_AFTER: '0s' };
+    const first = await start(settings, env);
+    proxy.hold();
+    await push(first, 'claimed', 'v13', ran);
+    await logLine(first, /deployment\/claimed in .* \(cluster staging\): rollout complete; .* goes to prod once healthy for 0s/);
+    await proxy.held;
+    const recordOf = async () => (await getStaging('deployment/claimed')).metadata.annotations?.['webhook/promotion'];
+    const raw = await waitFor(async () => {
+      const found = await recordOf();
+      return found === undefined || found === '{}' || JSON.parse(found).app?.claim ? found ?? '{}' : undefined;
+    }, { timeoutMs: CHAIN_TIMEOUT_MS, what: 'the soak\'s end: its record claimed (or taken off)' });
+    first.proc.kill('SIGKILL');
+    await first.exited;
+    proxy.release();
+    const record = JSON.parse(raw);
+    assert.equal(record.app?.image, `${image('v13')}@${ran}`, `the record stays on the workload until prod's decision: ${raw}`);
+    assert.ok(record.app.claim.by && record.app.claim.at, raw);
+    assert.match(first.output(), /deployment\/claimed in .* \(cluster staging\): soak ended; promoting, claimed by replica /);
+    assert.equal(await imageIn(getProd, 'claimed'), image('v1'), 'nothing decided in prod yet');
+    const taker = await start(settings, env);
+    // The claim stands until it is stale (a minute): then this replica takes it over.
+    const claimTimeoutMs = 180_000;
+    await logLine(taker, /deployment\/claimed in .* \(cluster staging\): being promoted by replica .*; looked at again in/);
+    await logLine(taker, /deployment\/claimed in .* \(cluster staging\): taking over the promotion claimed by replica /, claimTimeoutMs);
+    await logLine(taker, /\/prod\] deployment\/claimed in .* \(cluster prod\): promoted to prod after [\dhms]+ healthy in staging: image updated/, claimTimeoutMs);
+    assert.equal(await imageIn(getProd, 'claimed'), `${image('v13')}@${ran}`);
+    assert.equal(taker.output().match(/promoted to prod after/g)?.length, 1, 'promoted once');
+    assert.match((await taker.metrics()).body, /webhook_promotions_total\{hook="chain",from="staging",to="prod",outcome="promoted"\} 1\n/);
+    const promotedMails = async () => (await mta.messages()).map(readMail).filter((m) => /promoted to prod after [\dhms]+ healthy in staging/.test(m.body));
+    await waitFor(async () => (await promotedMails()).length > 0, { timeoutMs: 90_000, what: 'the mail of the promotion' });
+    assert.equal((await promotedMails()).length, 1, 'one mail');
+    await waitFor(async () => (await recordOf()) === '{}', { timeoutMs: 30_000, what: 'the record taken off once prod\'s decision is recorded' });
+  });
+
+  /** Sets the imageID the kubelet reports once it has pulled an image (kwok reports none) on the workload's pods. */
+  const reportPulled = async (kubectl: Kubectl, workload: string, imageId: string) => {
+    const pods = JSON.parse(await kubectl(['-n', ns, 'get', 'pods', '-l', `app=${workload}`, '-o', 'json'])).items;
+    assert.ok(pods.length > 0, `no pods of ${workload}`);
+    for (const pod of pods) {
+      const i = pod.status.containerStatuses.findIndex((c: any) => c.name === 'app');
+      const patch = [{ op: 'add', path: `/status/containerStatuses/${i}/imageID`, value: imageId }];
+      await kubectl(['-n', ns, 'patch', 'pod', pod.metadata.name, '--subresource=status', '--type=json', '-p', JSON.stringify(patch)]);
+    }
+  };
+
+  test('a push by tag alone (no VERIFY_IMAGE, no PIN_DIGEST): prod gets the digest staging\'s pods pulled', async () => {
+    await workloadIn('tagged');
+    const ran = await publish('v14');
+    const wh = await start({ VERIFY_IMAGE: 'false' });
+    await push(wh, 'tagged', 'v14', ran);
+    assert.equal(await imageIn(getStaging, 'tagged'), image('v14'), 'staging runs the tag');
+    await logLine(wh, /deployment\/tagged in .* \(cluster staging\): rollout complete; .*:v14 goes to prod once healthy for 8s/);
+    // What a kubelet reports once it has pulled the tag; kwok's pods report no imageID of their own.
+    await reportPulled(kubectlStaging, 'tagged', `${registry!.host}/${REPO}@${ran}`);
+    await publish('v14');
+    await logLine(wh, /\/prod\] deployment\/tagged in .* \(cluster prod\): promoted to prod after \d+s healthy in staging: image updated/);
+    assert.equal(await imageIn(getProd, 'tagged'), `${image('v14')}@${ran}`, 'prod runs the digest that ran, not where the tag points now');
+  });
+
+  test('a push by tag alone whose pods report no digest stops at staging, saying so', async () => {
+    await workloadIn('untold');
+    const ran = await publish('v15');
+    const wh = await start({ VERIFY_IMAGE: 'false', PROMOTE_AFTER: '0s' });
+    await push(wh, 'untold', 'v15', ran);
+    await logLine(wh, /deployment\/untold in .* \(cluster staging\): chain stopped at staging: no digest is known of what runs \(.*:v15\): its pods report no image digest \(status\.containerStatuses\[\]\.imageID\); set PIN_DIGEST=true or VERIFY_IMAGE=true; not promoted to prod/);
+    assert.equal(await imageIn(getProd, 'untold'), image('v1'));
+  });
+
+  test('a promotion waiting for approval in a stage\'s own namespace (staging > prod/<namespace>) is decided there', async () => {
+    const other = freshNamespaceName('promotion-gated');
+    await kubectlProd(['create', 'namespace', other]);
+    closers.push(() => removeNamespace(kubectlProd, other));
+    const gated: any = deployment('elsewhere', [{ name: 'app', image: image('v1') }], { replicas: 1 });
+    gated.metadata.annotations = { ...gated.metadata.annotations, 'webhook/approval': 'required' };
+    await kubectlProd(['-n', other, 'apply', '-f', '-'], JSON.stringify(gated));
+    await kubectlStaging(['-n', ns, 'apply', '-f', '-'], JSON.stringify(deployment('elsewhere', [{ name: 'app', image: image('v1') }], { replicas: 1 })));
+    const ran = await publish('v16');
+    const keyFile = path.join(dir, 'approval-key');
+    fs.writeFileSync(keyFile, 'promotion-approval-key-5e2d8c1f0b7a6e4d3c2b1a0f9e8d7c6b\n');
+    const settings = { PROMOTE_AFTER: '0s', CLUSTERS: `staging > prod/${other}`, APP_WORKLOAD: 'deployment/elsewhere' };
+    const args = ['-public-url', 'https://webhook.example.test', '-approval-key-file', keyFile];
+    const wh = await start(settings, {}, args);
+    await push(wh, 'elsewhere', 'v16', ran);
+    const port = await adminPort(wh);
+    const waiting = await waitFor(async () => JSON.parse((await httpRequest(port, '/deliveries.json')).body).deliveries
+      .find((d: any) => d.cluster === 'prod' && d.decision === 'waiting' && d.approveUrl), { timeoutMs: CHAIN_TIMEOUT_MS, what: 'prod\'s waiting record' });
+    // A replica that starts now finds the waiting promotion where the stage puts it (and would expire it there).
+    const later = await start(settings, {}, args);
+    const laterPort = await adminPort(later);
+    await waitFor(async () => {
+      const page = (await httpRequest(laterPort, '/deliveries')).body;
+      const table = /<table class="waiting">[\s\S]*?<\/table>/.exec(page)?.[0] ?? '';
+      return table.includes('elsewhere') && table.includes(other);
+    }, { timeoutMs: 60_000, what: 'the waiting promotion listed by a replica that started after it' });
+    const approved = await later.request(new URL(waiting.approveUrl).pathname, {
+      method: 'POST', body: 'name=Ops+Wu', headers: { 'Content-Type': 'application/x-www-form-urlencoded' } });
+    assert.equal(approved.status, 200, approved.body);
+    assert.equal(await imageIn(namespacedGetter(kubectlProd, other), 'elsewhere'), `${image('v16')}@${ran}`);
+  });
+
+  test('staging > prod-a/<ns> prod-b/<ns>: two clusters in the later stage, each promoted to as a cluster of its own', async () => {
+    // Two control planes only: prod-a and prod-b are two contexts of the shared one, each stage item in a namespace
+    // of its own, so the two targets are distinct workloads.
+    const [nsA, nsB] = [freshNamespaceName('promotion-a'), freshNamespaceName('promotion-b')];
+    for (const n of [nsA, nsB]) {
+      await kubectlProd(['create', 'namespace', n]);
+      closers.push(() => removeNamespace(kubectlProd, n));
+      await kubectlProd(['-n', n, 'apply', '-f', '-'], JSON.stringify(deployment('twin', [{ name: 'app', image: image('v1') }], { replicas: 1 })));
+    }
+    await kubectlStaging(['-n', ns, 'apply', '-f', '-'], JSON.stringify(deployment('twin', [{ name: 'app', image: image('v1') }], { replicas: 1 })));
+    const kubeconfig = [renamedKubeconfig(shared!, 'prod-a', path.join(dir, 'prod-a.json')),
+      renamedKubeconfig(shared!, 'prod-b', path.join(dir, 'prod-b.json')),
+      renamedKubeconfig(second!, 'staging', path.join(dir, 'staging.json'))].join(path.delimiter);
+    const ran = await publish('v17');
+    const wh = await start({ PROMOTE_AFTER: '0s', CLUSTERS: `staging > prod-a/${nsA} prod-b/${nsB}` }, { KUBECONFIG: kubeconfig });
+    const res = await push(wh, 'twin', 'v17', ran);
+    assert.match(res.body, /^cluster: +staging$/m);
+    for (const [cluster, n] of [['prod-a', nsA], ['prod-b', nsB]])
+      await logLine(wh, new RegExp(`/${cluster}\\] deployment/twin in ${n} \\(cluster ${cluster}\\): promoted to ${cluster} after \\d+s healthy in staging: image updated`));
+    for (const n of [nsA, nsB]) assert.equal(await imageIn(namespacedGetter(kubectlProd, n), 'twin'), `${image('v17')}@${ran}`);
+    const to = `prod-a/${nsA}, prod-b/${nsB}`;
+    assert.match((await wh.metrics()).body, new RegExp(`webhook_promotions_total\\{hook="chain",from="staging",to="${to}",outcome="promoted"\\} 2\n`));
+    const port = await adminPort(wh);
+    const records = await waitFor(async () => {
+      const found = JSON.parse((await httpRequest(port, '/deliveries.json')).body).deliveries
+        .filter((d: any) => ['prod-a', 'prod-b'].includes(d.cluster) && d.rollout?.state === 'complete');
+      return found.length === 2 ? found : undefined;
+    }, { timeoutMs: 90_000, what: 'a record per cluster of the later stage, its rollout complete' });
+    assert.deepEqual(records.map((d: any) => [d.cluster, d.namespace, d.request_id.split('/')[1]]).sort(),
+      [['prod-a', nsA, 'prod-a'], ['prod-b', nsB, 'prod-b']]);
   });
 });

@@ -384,6 +384,20 @@ describe('pending entries: used only as sealed where they sit, for a hook that s
     assert.equal(pendingEntryProblem(undefined, { ...at('api', 'app'), entry }, api), undefined);
     assert.equal(pendingEntryProblem(undefined, { ...at('victim', 'app'), entry }, api), 'hook "api" upgrades deployment/api in prod only');
   });
+  test('a hook with stages: a stage\'s own namespace in its cluster (a promotion waits there); no other', () => {
+    const [chain] = compileHooksFile('h.json', JSON.stringify([fixed('chain',
+      { APP_NS: 'prod', APP_WORKLOAD: 'deployment/api', APP_CONTAINER: 'app', CLUSTERS: 'staging > live/shop' })]),
+    { commandTimeoutMs: 1000 }).hooks;
+    const inNs = (namespace: string, cluster: string) => {
+      const target = { namespace, kind: 'deployment' as const, name: 'api' };
+      const sealed = sealPendingEntry(key, { ...target, cluster, container: 'app' }, { ...entry, hook: 'chain' });
+      return { target, container: 'app', cluster, entry: sealed };
+    };
+    assert.equal(pendingEntryProblem(key, inNs('shop', 'live'), chain), undefined);
+    assert.equal(pendingEntryProblem(key, inNs('prod', 'staging'), chain), undefined);
+    assert.equal(pendingEntryProblem(key, inNs('prod', 'live'), chain), 'hook "chain" upgrades deployment/api in shop only');
+    assert.equal(pendingEntryProblem(key, inNs('shop', 'staging'), chain), 'hook "chain" upgrades deployment/api in prod only');
+  });
 });
 
 describe('small guards', () => {

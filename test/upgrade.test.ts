@@ -469,6 +469,16 @@ describe('rollout status by kubectl rules', () => {
     assert.deepEqual(summarizePod(pending, 'app'), { name: 'web-2', phase: 'Pending', ready: false, image: 'a:2', restarts: 0, reason: 'Unschedulable' });
     assert.equal(summarizePod({ ...pod, metadata: { name: 'web-1', deletionTimestamp: '2030-01-01T00:00:00Z' } }, 'app').phase, 'Terminating');
   });
+  test('pod summary: the digest the kubelet pulled, from a repository imageID only', () => {
+    const digest = `sha256:${'ab'.repeat(32)}`;
+    const pod = (imageID: string) => ({ metadata: { name: 'web-1' }, spec: { containers: [{ name: 'app', image: 'r.example/a:2' }] },
+      status: { phase: 'Running', containerStatuses: [{ name: 'app', image: 'r.example/a:2', imageID, ready: true, restartCount: 0 }] } });
+    assert.equal(summarizePod(pod(`r.example/a@${digest}`), 'app').digest, digest);
+    assert.equal(summarizePod(pod(`docker-pullable://r.example/a@${digest}`), 'app').digest, digest);
+    // containerd and CRI-O may report the image's config id: not a digest a registry serves by that name.
+    assert.equal('digest' in summarizePod(pod(digest), 'app'), false);
+    assert.equal('digest' in summarizePod(pod(''), 'app'), false);
+  });
   test("a workload is kept without managedFields and kubectl apply's last-applied-configuration; the rest as it is", () => {
     const applied = JSON.stringify({ kind: 'Deployment', metadata: { name: 'web' }, spec: { replicas: 3 } });
     const read = {
