@@ -16700,6 +16700,9 @@ function signatureStep(input: DecisionInput, facts: DecidedFacts): Decision | un
     return refused(`${push.unsigned}, and none came within SIGNATURE_WAIT (by ${queued.until})`);
   }
   if (d !== undefined) return refused(push.unsigned);
+  // The digest waiting already, announced again (a registry's retry, a registry watch's look): it waits on as it is.
+  if (queued?.waitsFor === 'signature' && normalizeImageRef(queued.image) === normalizeImageRef(push.image))
+    return { ...facts, code: 'repeat', reason: `the same digest is waiting already: ${waitingAction(queued)}` };
   const older = queued && olderThanWaiting(queued, push, facts);
   if (older) return older;
   const entry = sealPendingEntry(key, place, signatureEntry(input));
@@ -24386,11 +24389,14 @@ function describeSignature(hook: Hook): string[] {
   const annotations = Object.entries(
     HOOK_SETTINGS.VERIFY_SIGNATURE_ANNOTATIONS.parse(fixed('VERIFY_SIGNATURE_ANNOTATIONS')),
   );
+  const waitMs = HOOK_SETTINGS.SIGNATURE_WAIT.parse(fixed('SIGNATURE_WAIT'));
   return [
     `signatures: cosign, signed by any of ${keys.length} key${keys.length === 1 ? '' : 's'} ` +
       `(${keys.map((k) => `${k.kind} ${k.fingerprint}`).join(', ')})` +
       (annotations.length ? `, with ${annotations.map(([k, v]) => `${k}=${v}`).join(' ')}` : '') +
-      '; the tag is resolved on its registry (VERIFY_IMAGE) and that digest deployed',
+      '; the tag is resolved on its registry (VERIFY_IMAGE) and that digest deployed; a digest not signed yet ' +
+      (waitMs > 0 ? `waits up to ${formatGoDuration(waitMs)} for its signature` : 'is refused at once') +
+      ' (SIGNATURE_WAIT)',
   ];
 }
 
