@@ -16478,10 +16478,13 @@ async function checkSignature(c: SignatureCheck, digest: string | undefined): Pr
 //    the rollout as `kubectl rollout restart` does (plus imagePullPolicy: Always), and the same patch sets
 //    kubernetes.io/change-cause, the push record and, when the service follows the rollout after answering, the
 //    follow record, each under a `test` of the value read. A copy of the workload kept from an earlier push is just
-//    another workload as read: the executor (next chapter) decides which decisions it takes on one.
+//    another workload as read: the executor (next chapter) decides which decisions it takes on one. Between newest
+//    wins and the waiting step, the signature step: a push whose digest has no signature yet (Push.unsigned, under
+//    SIGNATURE_WAIT) waits on the workload as an entry waiting for its signature (`waiting: signature`); looked at
+//    again (decided with action `signature`) it waits on as it was, or, its wait over, is refused: unsigned.
 //    Exports: decide, Decision, DecisionInput, futureTimeNote, PendingGone, Push, waitingAction.
 //    Tests: test/decision.test.ts, test/e2e.test.ts, test/records.test.ts, test/replicas.test.ts,
-//    test/upgrade.test.ts.
+//    test/signed-images.test.ts, test/upgrade.test.ts.
 // ================================================================================================
 
 /**
@@ -18842,8 +18845,11 @@ export function formatRbac(reaches: HookReach[], serviceAccount: string, hooksPa
 //    once decided, and a past push deployed again take the same path from the settings on (runDecided). Each
 //    boundary reads the hook's environment once into a HookConfig (readHookConfig): the process (runUpgrade), an HTTP
 //    delivery to one cluster (runOne), a decided push (runDecided); a kept push is tried again with the one it kept.
+//    A digest not signed yet (NotSignedYet) is a fact handed to the decision (signedOrNot), not a failure; the push
+//    of a cosign signature (tag sha256-<hex>.sig) changes nothing but names the digest it signs (signatureOf).
 //    Exports: readAtBoundary, runDecidedPush, runPush, runUpgrade, upgradeResult, UpgradeResult.
-//    Tests: test/burst.test.ts, test/e2e.test.ts, test/outage.test.ts, test/rollback.test.ts, test/upgrade.test.ts.
+//    Tests: test/burst.test.ts, test/e2e.test.ts, test/outage.test.ts, test/rollback.test.ts,
+//    test/signed-images.test.ts, test/upgrade.test.ts.
 // ================================================================================================
 
 /**
@@ -20625,7 +20631,11 @@ export class Promotions implements ResultListener {
 //    answers recorded, and learns the others' from the workloads its hooks reach: a watch per namespace and kind
 //    (listed once, shared with the follows), or, where it has none, one LIST per namespace and kind every rescanMs;
 //    in each cluster its hooks name (a waiting push, its key and its links carry the cluster). A link once decided
-//    is remembered until it expires: used again, it is answered 410 without asking the API server.
+//    is remembered until it expires: used again, it is answered 410 without asking the API server. A push waiting
+//    for its signature (VERIFY_SIGNATURE, SIGNATURE_WAIT) is decided by no person: it is looked at again (runDecided,
+//    action `signature`) when a delivery announces its signature (its sha256-<hex>.sig tag; the workload is read
+//    when this replica knows no push waiting there), at each look of a registry watch, every minute, and at its
+//    wait's end, when the decision refuses it; until then a look that finds no signature tells nothing.
 //    Exports: approvalHooksProblem, ApprovalService, deciderName, waitingKey, WaitingPush.
 //    Tests: test/approvals.test.ts, test/clusters.test.ts, test/signed-images.test.ts, test/unit.test.ts.
 // ================================================================================================
@@ -20881,6 +20891,14 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
     const w = this.pushes.get(waitingKey(where));
     if (w?.entry.waitsFor !== 'signature' || !w.entry.image.endsWith(`@${r.signatureOf}`)) return;
     if (!this.acting.has(w.entry.id)) await this.act(w, 'signature', `its signature's push, request ${requestId}`);
+  }
+
+  /**
+   * A workload the registry watch listed (every rescanMs of its own): its waiting pushes are learnt, so that a push
+   * another replica answered is looked at by the watch here, whatever workloads the hooks fix.
+   */
+  waitingListed(cluster: string | undefined, target: WaitingPush['target'], workload: K8sObject): void {
+    this.learn(cluster, { namespace: target.namespace, kind: target.kind, name: target.name }, workload);
   }
 
   /** A look of the registry watch at a workload: a push waiting there for its signature is looked at again. */
@@ -21430,9 +21448,11 @@ interface PastPush {
 //    listener as a push's: recorded, followed, mailed, posted. Gentle on registries: one tag listing and one HEAD per
 //    repository and tag per interval, shared by every workload and cluster; a token bucket per registry host; a 429's
 //    Retry-After (else a backoff) honoured per host; the pull secret, REGISTRY_CA and REGISTRY_TOKEN_HOSTS as
-//    VERIFY_IMAGE uses them. A bad annotation is a Warning Event (RegistryWatchRefused), once, and no watch.
+//    VERIFY_IMAGE uses them. A bad annotation is a Warning Event (RegistryWatchRefused), once, and no watch. The
+//    waiting pushes of a watched workload are learnt from the listing, and each look has one waiting there for its
+//    signature looked at again (the approvals').
 //    Exports: HOOK_ANNOTATION, POLL_ANNOTATION, RegistryWatch, WatchedWorkload.
-//    Tests: test/registry-watch.test.ts.
+//    Tests: test/registry-watch.test.ts, test/signed-images.test.ts.
 // ================================================================================================
 
 /** The annotation that asks for a registry watch of a workload: a Go duration, at least 10s. */
@@ -21507,7 +21527,8 @@ interface WatchState extends WatchedWorkload {
 }
 
 /** Where a watch's results go (the approvals): a push waiting for its signature is looked at again at each look. */
-type WatchListener = CommandListener<UpgradeOutput> & Partial<Pick<ApprovalService, 'signatureDue'>>;
+type WatchListener = CommandListener<UpgradeOutput> &
+  Partial<Pick<ApprovalService, 'signatureDue' | 'waitingListed'>>;
 
 /** An answer shared by the looks of one interval: when it was asked, and the answer. */
 interface SharedAnswer<T> {
@@ -21785,6 +21806,8 @@ export class RegistryWatch {
     this.told.delete(at);
     const key = `${at}/${of.watch.container}`;
     seen.add(key);
+    if (valueAt(item, ['metadata', 'annotations', PENDING_ANNOTATION]) !== undefined)
+      this.next.waitingListed?.(cluster, target, item);
     const had = this.watched.get(key);
     if (!had && this.watched.size >= POLL_LIMITS.maxWatched)
       return this.tell(client, at, target, `more than ${POLL_LIMITS.maxWatched} workloads are watched`);

@@ -108,8 +108,8 @@ describe('VERIFY_SIGNATURE: cosign signatures on a real registry, through the ex
       }] }),
     });
   /** The deliveries page's record of the push `res` answered, once it is done. */
-  const deliveryOf = async (res: { headers: Record<string, unknown> }, timeoutMs = 30_000) => {
-    const admin = await adminPort(wh);
+  const deliveryOf = async (res: { headers: Record<string, unknown> }, timeoutMs = 30_000, at = wh) => {
+    const admin = await adminPort(at);
     const id = String(res.headers['x-request-id']);
     return waitFor(async () => {
       const d = JSON.parse((await httpRequest(admin, '/deliveries.json')).body).deliveries.find((x: any) => x.request_id === id);
@@ -596,15 +596,15 @@ describe('VERIFY_SIGNATURE: cosign signatures on a real registry, through the ex
       return raw === undefined ? undefined : JSON.parse(raw).app;
     };
     /** The push of acme/web:<tag> at a digest not signed yet, to hook and deployment `workload`: kept waiting (202). */
-    const waiting = async (tag: string, digest: string, workload: string) => {
+    const waiting = async (tag: string, digest: string, workload: string, { hook = workload, via = wh } = {}) => {
       const before = await stateOf(workload);
-      const res = await post(tag, digest, { hook: workload, workload });
+      const res = await post(tag, digest, { hook, workload, via });
       assert.equal(res.status, 202, res.body);
       assert.match(res.body, /^action: +waiting for its signature until \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$/m);
       assert.equal(await stateOf(workload), before, 'nothing deployed while it waits');
       const entry = await pendingOf(workload);
       assert.deepEqual([entry?.waitsFor, entry?.image], ['signature', `${image(tag)}@${digest}`]);
-      const delivery = await deliveryOf(res);
+      const delivery = await deliveryOf(res, 30_000, via);
       assert.equal(delivery.decision, 'waiting: signature');
       assert.equal(delivery.waiting.for, 'signature');
       return res;
@@ -665,6 +665,38 @@ describe('VERIFY_SIGNATURE: cosign signatures on a real registry, through the ex
       const events = async () => (JSON.parse(await kubectl(['-n', ns, 'get', 'events', '--field-selector', 'involvedObject.name=brief,reason=UpgradeRefused', '-o', 'json'])).items as any[])
         .filter((e) => e.type === 'Warning' && e.message.includes(`acme/web@${digest} is not signed`) && e.message.includes('none came within SIGNATURE_WAIT'));
       await waitFor(async () => (await events()).length > 0, { timeoutMs: 30_000, what: 'the UpgradeRefused Event' });
+    });
+
+    test('a replica started since finds a push waiting on a watched workload, and deploys it at a look once signed', async () => {
+      // Hook "watching" (as "waits") is loaded only by these two replicas: the test's main service neither watches nor
+      // completes the push.
+      const hooksFile = path.join(work, 'watching.json');
+      const waits = JSON.parse(fs.readFileSync(path.join(work, 'hooks.json'), 'utf8')).find((h: any) => h.id === 'waits');
+      fs.writeFileSync(hooksFile, JSON.stringify([{ ...waits, id: 'watching' }]));
+      const d: Record<string, any> = deployment('watched', [{ name: 'app', image: image('v1') }], { replicas: 1 });
+      d.metadata.annotations = { 'webhook/poll': '10s', 'webhook/hook': 'watching' };
+      d.spec.template.spec.imagePullSecrets = [{ name: 'regcred' }];
+      await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(d));
+      const options = { hooks: hooksFile, env: { KUBECONFIG: cluster!.kubeconfigPath }, metrics: true, args: ['-deliveries', '50'] };
+      const digest = await pushImage('w10');
+      // The replica that answered the push is gone before it is signed; no signature's push is announced.
+      const answering = await startWebhook(options);
+      try {
+        await waiting('w10', digest, 'watched', { hook: 'watching', via: answering });
+      } finally {
+        await answering.stop();
+      }
+      await sign('release', digest);
+      const watcher = await startWebhook(options);
+      try {
+        // Within its first looks (every 10 s), well before the minute after which a known waiting push is looked at.
+        const applied = await recordOf(watcher, 'watched', 'applied', digest, 45_000);
+        assert.match(applied.report, /its signature was found \(the registry watch\)/);
+        assert.equal(await imageOf('watched'), `${image('w10')}@${digest}`);
+        assert.equal(await pendingOf('watched'), undefined, 'its entry is taken off');
+      } finally {
+        await watcher.stop();
+      }
     });
 
     test('under SIGNATURE_WAIT, a wrong key, a copied signature and a tag moved are refused at once (500), nothing kept waiting', async () => {
