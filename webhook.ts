@@ -21129,6 +21129,11 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
       else if (e.waitsFor === 'window' && e.opensAt && now >= Date.parse(e.opensAt))
         void this.act(w, 'window', `the change window ${e.window}`);
     }
+    // The looks planned for entries replaced since (by a newer push, or another replica's) go with them.
+    if (this.checkAt.size > 0) {
+      const live = new Set([...this.pushes.values()].map((w) => w.entry.id));
+      for (const id of this.checkAt.keys()) if (!live.has(id)) this.checkAt.delete(id);
+    }
   }
 
   /** A push waiting for its signature, looked at again every signatureRecheckMs and once its wait is over. */
@@ -21255,8 +21260,7 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
     };
     const decided = { id: e.id, action, by };
     const r = await this.upgrade.runDecided(hook, w.target, w.container, push, decided, requestId, w.cluster);
-    // Not signed yet, its wait not over: it waits on as it was, with nothing to tell.
-    if (action === 'signature' && r.report.decision === 'waiting: signature' && !r.report.changed)
+    if (action === 'signature' && this.waitsOn(w, r.report))
       return { status: 202, title: 'Waiting', detail: r.report.action };
     // Gone from the workload: forgotten, not tried again on every tick until a rescan.
     if (r.report.gone) {
@@ -21295,6 +21299,19 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
     const decided = { action: 'replay', by } as const;
     const r = await this.upgrade.runDecided(hook, target, past.container, push, decided, requestId, past.cluster);
     return this.told(hook, requestId, r.report, r.env, r.report.waiting ? 'Waiting' : 'Deployed again');
+  }
+
+  /**
+   * Whether a look at a push waiting for its signature leaves it waiting, with nothing to tell: not signed yet, its
+   * wait not over; or the look failed (the registry away, say) before its wait's end, and the next look tries again.
+   */
+  private waitsOn(w: WaitingPush, report: UpgradeReport): boolean {
+    if (report.changed) return false;
+    if (report.decision === 'waiting: signature') return true;
+    if (report.decision !== 'failed' || report.gone || Date.now() >= Date.parse(w.entry.until)) return false;
+    this.log.warn(`${waitingWhere(w)}: the push of ${w.entry.image} waiting for its signature: ${report.error}; ` +
+      'looked at again later');
+    return true;
   }
 
   /** The result of a decision goes where a push's goes (recorded, followed, mailed, posted); the page's outcome. */

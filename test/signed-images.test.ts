@@ -743,6 +743,28 @@ describe('VERIFY_SIGNATURE: cosign signatures on a real registry, through the ex
       assert.match(again.body, /^action: +none \(the same digest is waiting already: waiting for its signature until [^)]+\)$/m);
       assert.equal((await pendingOf('waits'))?.request, second.headers['x-request-id']);
     });
+
+    test('a look that fails within the wait (the registry away) leaves the push waiting; the next one deploys it', async () => {
+      const digest = await pushImage('w11');
+      await waiting('w11', digest, 'waits');
+      await sign('release', digest);
+      const tag = `${digest.replace(':', '-')}.sig`;
+      const announced = await digestOf(tag);
+      await registry.down();
+      try {
+        const sig = await post(tag, announced, { hook: 'waits', workload: 'waits' });
+        assert.equal(sig.status, 200, sig.body);
+        await waitForOutput(wh, new RegExp(`the push of ${escape(`${image('w11')}@${digest}`)} waiting for its signature: ` +
+          'signature: could not read the signatures .*; looked at again later'), 60_000);
+        assert.equal((await pendingOf('waits'))?.image, `${image('w11')}@${digest}`, 'still waiting');
+      } finally {
+        await registry.up();
+      }
+      await post(tag, announced, { hook: 'waits', workload: 'waits' });
+      const applied = await recordOf(wh, 'waits', 'applied', digest, 30_000);
+      assert.match(applied.report, /its signature was found \(its signature's push, request [0-9a-f-]+\)/);
+      assert.equal(await imageOf('waits'), `${image('w11')}@${digest}`);
+    });
   });
 
   test('the registry login and the key password never appear in the output', () => {
