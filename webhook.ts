@@ -20650,6 +20650,9 @@ const APPROVAL_LIMITS = {
   // A push waiting for its signature whose signature's push never comes (a registry that does not notify for it)
   // is looked at again this often, and at its wait's end: one signature read per waiting push per minute.
   signatureRecheckMs: 60_000,
+  // Deliveries announcing its signature look at a waiting push at most this often: whoever holds the hook's URL
+  // cannot have the service read the registry's signatures back to back.
+  signatureCueMs: 5_000,
   // A name in the form is a person's name or handle.
   maxNameChars: 100,
   // A window's opening or an expiry that could not be acted on (the API server away) is tried again this much
@@ -20828,6 +20831,8 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
   private readonly retryAt = new Map<string, number>();
   /** Entry ids of pushes waiting for their signature: when they are looked at again (signatureRecheckMs). */
   private readonly checkAt = new Map<string, number>();
+  /** Entry ids of pushes waiting for their signature: when a delivery announcing it last had one looked at. */
+  private readonly cuedAt = new Map<string, number>();
   /** Entries not used (pendingEntryProblem) that this replica is taking off: by workload, container and MAC. */
   private readonly dropping = new Set<string>();
   /** Entry ids known decided (taken off, or replaced), until their links expire: a link used again is 410 here. */
@@ -20890,7 +20895,12 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
       }
     const w = this.pushes.get(waitingKey(where));
     if (w?.entry.waitsFor !== 'signature' || !w.entry.image.endsWith(`@${r.signatureOf}`)) return;
-    if (!this.acting.has(w.entry.id)) await this.act(w, 'signature', `its signature's push, request ${requestId}`);
+    const now = Date.now();
+    const recent = now - (this.cuedAt.get(w.entry.id) ?? -Infinity) < APPROVAL_LIMITS.signatureCueMs;
+    if (this.acting.has(w.entry.id) || recent)
+      return this.log.info(`${waitingWhere(w)}: a signature's push, request ${requestId}: looked at a moment ago`);
+    this.cuedAt.set(w.entry.id, now);
+    await this.act(w, 'signature', `its signature's push, request ${requestId}`);
   }
 
   /**
@@ -21130,9 +21140,10 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
         void this.act(w, 'window', `the change window ${e.window}`);
     }
     // The looks planned for entries replaced since (by a newer push, or another replica's) go with them.
-    if (this.checkAt.size > 0) {
+    if (this.checkAt.size + this.cuedAt.size > 0) {
       const live = new Set([...this.pushes.values()].map((w) => w.entry.id));
-      for (const id of this.checkAt.keys()) if (!live.has(id)) this.checkAt.delete(id);
+      for (const looks of [this.checkAt, this.cuedAt])
+        for (const id of looks.keys()) if (!live.has(id)) looks.delete(id);
     }
   }
 
