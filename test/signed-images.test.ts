@@ -698,8 +698,12 @@ describe('VERIFY_SIGNATURE: cosign signatures on a real registry, through the ex
       }
     });
 
-    test('under SIGNATURE_WAIT, a wrong key, a copied signature and a tag moved are refused at once (500), nothing kept waiting', async () => {
-      const where = { hook: 'brief', workload: 'brief' };
+    test('under SIGNATURE_WAIT, a wrong key, a copied signature and a tag moved are refused at once (500), none kept waiting', async () => {
+      const where = { hook: 'waits', workload: 'waits' };
+      // The wait is in force (10 minutes): a digest not signed yet waits; what follows is refused at once, and
+      // leaves it waiting.
+      const unsigned = await pushImage('w3a');
+      await waiting('w3a', unsigned, 'waits');
       const wrong = await pushImage('w4');
       await sign('other', wrong);
       await refused('w4', wrong, new RegExp(`tag sha256-[0-9a-f]{64}\\.sig, layer 1: not signed by a key VERIFY_SIGNATURE names \\(${fingerprint(path.join(work, 'release.pub'))}\\)`), where);
@@ -715,7 +719,7 @@ describe('VERIFY_SIGNATURE: cosign signatures on a real registry, through the ex
       const late = await post('w6', signed, where);
       assert.equal(late.status, 500, late.body);
       assert.match(late.body, new RegExp(`failed: VERIFY_IMAGE: the payload announced ${signed} but the registry's .*acme/web:w6 is ${moved}; nothing was changed`));
-      assert.equal(await pendingOf('brief'), undefined, 'nothing waits');
+      assert.equal((await pendingOf('waits'))?.image, `${image('w3a')}@${unsigned}`, 'none of them kept waiting');
     });
 
     test('a signature by another key, announced for a waiting push, refuses it at once; a newer push replaces a waiting one', async () => {
