@@ -12948,13 +12948,21 @@ function registryHostSetting(value: string | undefined): string | undefined {
 }
 
 const SIGNATURE_TAG = /^sha256-[a-f0-9]{64}\.(?:sig|att|sbom)$/;
+// The OCI referrers tag schema: the index of a digest's referrers (cosign's signatures among them) on a registry
+// without the referrers API.
+const REFERRERS_TAG = /^sha256-[a-f0-9]{64}$/;
 
 /** Registry-independent: the reference from a push, pinned to its digest when PIN_DIGEST asks. */
 function composeFromPush(push: PushEvent, reading: PushReading): ComposedRef {
   // cosign stores signatures, attestations and SBOMs as tags of the image's repository.
-  if (SIGNATURE_TAG.test(push.tag)) {
-    const reason = `tag ${showValue(push.tag)} is a signature, attestation or SBOM, not an image`;
-    const signed = push.tag.endsWith('.sig') ? push.tag.slice(0, -'.sig'.length).replace('-', ':') : undefined;
+  if (SIGNATURE_TAG.test(push.tag) || REFERRERS_TAG.test(push.tag)) {
+    const referrers = REFERRERS_TAG.test(push.tag);
+    const reason = referrers
+      ? `tag ${showValue(push.tag)} is a referrers index (signatures and attestations of a digest), not an image`
+      : `tag ${showValue(push.tag)} is a signature, attestation or SBOM, not an image`;
+    // A signature's push, or its referrer's listed in the index: a push waiting for that signature is looked at.
+    const digest = push.tag.slice(0, 'sha256-'.length + 64).replace('-', ':');
+    const signed = referrers || push.tag.endsWith('.sig') ? digest : undefined;
     return { kind: 'noop', reason, ...(signed ? { signatureOf: signed } : {}) };
   }
   const tagIssue = tagProblem(push.tag);

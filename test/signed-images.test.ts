@@ -698,6 +698,21 @@ describe('VERIFY_SIGNATURE: cosign signatures on a real registry, through the ex
       }
     });
 
+    test('a signature stored as a referrer: the push of its referrers index (tag sha256-<hex>) deploys the waiting digest', async () => {
+      const digest = await pushImage('w12');
+      await waiting('w12', digest, 'waits');
+      await sign('release', digest, ['--registry-referrers-mode=oci-1-1']);
+      // Distribution 2.8 has no referrers API: cosign lists the signature in the referrers tag schema's index.
+      const index = digest.replace(':', '-');
+      const res = await post(index, await digestOf(index), { hook: 'waits', workload: 'waits' });
+      assert.equal(res.status, 200, res.body);
+      assert.match(res.body, /^action: +none \(tag "sha256-[0-9a-f]{64}" is a referrers index \(signatures and attestations of a digest\), not an image\)$/m);
+      const applied = await recordOf(wh, 'waits', 'applied', digest, 30_000);
+      assert.match(applied.report, /its signature was found \(its signature's push, request [0-9a-f-]+\)/);
+      assert.match(applied.report, /is signed by ECDSA P-256 key sha256:[0-9a-f]{64} \(referrer sha256:[0-9a-f]{64}, layer 1\)/);
+      assert.equal(await imageOf('waits'), `${image('w12')}@${digest}`);
+    });
+
     test('under SIGNATURE_WAIT, a wrong key, a copied signature and a tag moved are refused at once (500), none kept waiting', async () => {
       const where = { hook: 'waits', workload: 'waits' };
       // The wait is in force (10 minutes): a digest not signed yet waits; what follows is refused at once, and
