@@ -6148,8 +6148,13 @@ function signatureCheckTimeout(): OutboundError {
   return new OutboundError(`the registry did not give the signatures within ${limit}`, 'ETIMEDOUT');
 }
 
-/** A signature's verdict: the key it is valid under and where it was found, or why no signature is. */
-export type SignatureVerdict = { ok: true; key: CosignKey; where: string } | { ok: false; problem: string };
+/**
+ * A signature's verdict: the key it is valid under and where it was found, or why no signature is; `none` when
+ * nothing at all was found where cosign stores signatures (not signed yet, as opposed to signed wrongly).
+ */
+export type SignatureVerdict =
+  | { ok: true; key: CosignKey; where: string }
+  | { ok: false; problem: string; none?: true };
 
 /**
  * Looks for a valid cosign signature of `want.digest` in host/repository, where cosign stores them: the layers of
@@ -6509,13 +6514,13 @@ export function verifyCosignSignatures(found: CosignSignatures, want: SignatureE
 }
 
 /** The verdict when no layer is valid: each layer's problem, each bundle, or that there is none. Pure. */
-function noValidSignature(problems: string[], found: CosignSignatures): { ok: false; problem: string } {
+function noValidSignature(problems: string[], found: CosignSignatures): { ok: false; problem: string; none?: true } {
   for (const bundle of found.bundles)
     problems.push(
       `referrer ${bundle}: a Sigstore bundle, not a simple-signing signature (sign with --new-bundle-format=false)`,
     );
   if (problems.length === 0)
-    return { ok: false, problem: `no cosign signature (looked at ${found.looked.join(' and ')})` };
+    return { ok: false, problem: `no cosign signature (looked at ${found.looked.join(' and ')})`, none: true };
   return { ok: false, problem: problems.join('; ') };
 }
 // ================================================================================================
@@ -7576,6 +7581,8 @@ export interface Push extends IncomingPush {
   hookId?: string;
   /** A waiting push decided, or a past push deployed again: the entry it completes and who decided. */
   decided?: DecidedBy;
+  /** VERIFY_SIGNATURE found no signature of its digest yet (NotSignedYet, under SIGNATURE_WAIT): why, as refused. */
+  unsigned?: string;
 }
 
 /** A push as the newest-wins rule sees it. */
@@ -7609,7 +7616,7 @@ export type WorkloadKind = 'deployment' | 'daemonset' | 'statefulset' | 'cronjob
  */
 export interface DecidedBy {
   id?: string;
-  action: 'approve' | 'deploy-now' | 'window' | 'replay' | 'promote';
+  action: 'approve' | 'deploy-now' | 'window' | 'replay' | 'promote' | 'signature';
   by: string;
 }
 
@@ -7643,8 +7650,11 @@ interface UpgradeSettings {
   rollbackOnFailure: boolean;
   /** ON_OUTSIDE_CHANGE: whether a change made outside webhook holds older pushes off. */
   onOutsideChange: 'hold' | 'follow';
-  /** VERIFY_SIGNATURE (and its annotations): the keys one of which must have signed the digest deployed. */
-  signature: { keys: CosignKey[]; annotations: Record<string, string> } | undefined;
+  /**
+   * VERIFY_SIGNATURE (and its annotations): the keys one of which must have signed the digest deployed; waitMs
+   * (SIGNATURE_WAIT), how long a digest not signed yet waits for its signature (0: refused at once).
+   */
+  signature: { keys: CosignKey[]; annotations: Record<string, string>; waitMs: number } | undefined;
   /** ON_REGISTRY_AWAY: whether a push the registry cannot be asked about is kept (RegistryAway) or fails. */
   onRegistryAway: 'fail' | 'keep';
   /** UPDATE_POLICY: the hook's update policy, which the workload's annotations override. */
@@ -7767,6 +7777,12 @@ export const DECISIONS = {
   kept: { published: 'no-op', action: 'none' },
   /** It waits on the workload (webhook/pending) for an approval or the change window: answered 202. */
   waiting: { published: 'waiting', action: 'reason' },
+  /**
+   * VERIFY_SIGNATURE found no signature of the digest yet: it waits on the workload (webhook/pending) for
+   * SIGNATURE_WAIT, looked at again when the signature's push arrives, then deployed or refused (`refused: unsigned`):
+   * answered 202.
+   */
+  'waiting: signature': { published: 'waiting: signature', action: 'reason' },
   /** Approved while the change window is closed: it waits for the window. */
   approved: { published: 'approved', action: 'reason' },
   /** A person rejected the waiting push: only its pending entry was taken off. */
@@ -7837,17 +7853,18 @@ export type Decision = DecidedFacts &
         event: WorkloadEvent;
       }
     | {
-        code: 'waiting' | 'approved';
+        code: 'waiting' | 'approved' | 'waiting: signature';
         reason: string;
         entry: PendingEntry;
         links?: ApprovalLinks;
-        /** PENDING_ANNOTATION's new text, and its text as read (the patch's test). */
+        /** PENDING_ANNOTATION's new text, and its text as read (the patch's test); the same: nothing written. */
         pending: { value: string; read: string | undefined };
-        event: WorkloadEvent;
+        /** Absent for a push that goes on waiting, as it was, for its signature. */
+        event?: WorkloadEvent;
       }
     | { code: 'held' | 'skipped by policy'; reason: string; event: WorkloadEvent }
     | { code: 'no-op' | 'repeat' | 'superseded'; reason: string }
-    | { code: 'refused' | 'failed'; reason: string; event?: WorkloadEvent; gone?: boolean }
+    | { code: 'refused' | 'failed' | 'refused: unsigned'; reason: string; event?: WorkloadEvent; gone?: boolean }
   );
 
 /** What every decision carries: the notes its answer adds, the image the container runs, a waiting push replaced. */
@@ -7902,12 +7919,12 @@ export interface PendingEntry {
   pushedAt: string;
   timeFrom: 'payload' | 'received';
   receivedAt: string;
-  /** What it waits for: an approval, the change window, or both. */
-  waitsFor: 'approval' | 'window' | 'approval and window';
+  /** What it waits for: an approval, the change window, or both; or (VERIFY_SIGNATURE) its digest's signature. */
+  waitsFor: 'approval' | 'window' | 'approval and window' | 'signature';
   window?: string;
   /** ISO 8601: when the window opens (waiting for a window). */
   opensAt?: string;
-  /** ISO 8601: when the push expires (APPROVAL_TIMEOUT after it was received). */
+  /** ISO 8601: when the push expires (APPROVAL_TIMEOUT after it was received; a signature's, SIGNATURE_WAIT). */
   until: string;
   /** Who may decide: whoever holds a link, or the admin token on the deliveries page. */
   decides: string;
@@ -8014,9 +8031,9 @@ export const ANNOTATIONS = {
     key: 'webhook/pending',
     by: 'the service',
     holds:
-      'Per container, the push waiting for an approval or a change window, sealed (with -approval-key-file) with a ' +
-      'MAC over it and where it sits; any replica completes it, an entry that does not verify is dropped with a ' +
-      'warning.',
+      'Per container, the push waiting for an approval, a change window or its signature, sealed (with ' +
+      '-approval-key-file) with a MAC over it and where it sits; any replica completes it, an entry that does not ' +
+      'verify is dropped with a warning.',
   },
   promotion: {
     key: 'webhook/promotion',
@@ -8294,6 +8311,12 @@ export const LIMITS = {
     rescanMs: 30_000,
     // Known waiting pushes are checked this often for an opened window or an expiry: in memory, no API call.
     tickMs: 1_000,
+    // A push waiting for its signature whose signature's push never comes (a registry that does not notify for it)
+    // is looked at again this often, and at its wait's end: one signature read per waiting push per minute.
+    signatureRecheckMs: 60_000,
+    // Deliveries announcing its signature look at a waiting push at most this often: whoever holds the hook's URL
+    // cannot have the service read the registry's signatures back to back.
+    signatureCueMs: 5_000,
     // A name in the form is a person's name or handle.
     maxNameChars: 100,
     // A window's opening or an expiry that could not be acted on (the API server away) is tried again this much
@@ -8311,6 +8334,14 @@ export const LIMITS = {
     defaultTimeoutMs: 24 * 3_600_000,
     // Shorter than this, a link expires before anyone could open it.
     minTimeoutMs: 60_000,
+  },
+  // Signatures that arrive after their push (SIGNATURE_WAIT).
+  signature: {
+    // CI signs right after it pushes (cosign needs the pushed digest): minutes at most, even on a queued runner.
+    defaultWaitMs: 10 * 60_000,
+    // Shorter than this, the signing job has no time to run; longer than a day, a push nobody signed is forgotten work
+    // that keeps a pending entry (and a re-check of the registry) alive.
+    wait: { minMs: 10_000, maxMs: 24 * 3_600_000 },
   },
   // The registry watch (webhook/poll, POLL_INTERVAL).
   poll: {
@@ -8454,7 +8485,7 @@ export const LIMITS = {
 
 // ================================================================================================
 // 17. command line & settings — the adnanh/webhook command line in Go `flag` syntax (parseCommandLine, usage), Go's
-//    durations and booleans, and our safety limits (LIMITS), each with why it has that value.
+//    durations and booleans, and the flags that set our safety limits (their defaults are LIMITS').
 //    Exports: durationSetting, Options, parseCommandLine, parseGoBool, parseGoDuration, parseListenAddress,
 //    PLACEHOLDER, readAdminTokenFile, readApprovalKeyFile, usage, UsageError.
 //    Tests: test/runner.test.ts, test/unit.test.ts.
@@ -12372,7 +12403,8 @@ export type ComposedRef =
       candidates?: string[];
       digest?: string;
     }
-  | { kind: 'noop'; reason: string }
+  /** signatureOf: the digest a cosign signature's push (tag sha256-<hex>.sig) signs. */
+  | { kind: 'noop'; reason: string; signatureOf?: string }
   /** A handshake the sender expects answered with this exact body (Event Grid's validation). */
   | { kind: 'answer'; body: string; reason: string }
   | { kind: 'error'; message: string };
@@ -13603,12 +13635,23 @@ function registryHostSetting(value: string | undefined): string | undefined {
 }
 
 const SIGNATURE_TAG = /^sha256-[a-f0-9]{64}\.(?:sig|att|sbom)$/;
+// The OCI referrers tag schema: the index of a digest's referrers (cosign's signatures among them) on a registry
+// without the referrers API.
+const REFERRERS_TAG = /^sha256-[a-f0-9]{64}$/;
 
 /** Registry-independent: the reference from a push, pinned to its digest when PIN_DIGEST asks. */
 function composeFromPush(push: PushEvent, reading: PushReading): ComposedRef {
   // cosign stores signatures, attestations and SBOMs as tags of the image's repository.
-  if (SIGNATURE_TAG.test(push.tag))
-    return { kind: 'noop', reason: `tag ${showValue(push.tag)} is a signature, attestation or SBOM, not an image` };
+  if (SIGNATURE_TAG.test(push.tag) || REFERRERS_TAG.test(push.tag)) {
+    const referrers = REFERRERS_TAG.test(push.tag);
+    const reason = referrers
+      ? `tag ${showValue(push.tag)} is a referrers index (signatures and attestations of a digest), not an image`
+      : `tag ${showValue(push.tag)} is a signature, attestation or SBOM, not an image`;
+    // A signature's push, or its referrer's listed in the index: a push waiting for that signature is looked at.
+    const digest = push.tag.slice(0, 'sha256-'.length + 64).replace('-', ':');
+    const signed = referrers || push.tag.endsWith('.sig') ? digest : undefined;
+    return { kind: 'noop', reason, ...(signed ? { signatureOf: signed } : {}) };
+  }
   const tagIssue = tagProblem(push.tag);
   if (tagIssue) return { kind: 'error', message: `${push.tagField} ${previewValue(push.tag)} ${tagIssue}` };
   const name = push.host === undefined ? push.repository : `${push.host}/${push.repository}`;
@@ -14792,6 +14835,8 @@ export interface UpgradeReport {
   gone?: boolean;
   /** The push that waited on this container and that this one replaced (it is reported superseded). */
   replaced?: PendingEntry;
+  /** The digest whose cosign signature this delivery announced (its sha256-<hex>.sig tag): a waiting push's cue. */
+  signatureOf?: string;
   /** A push that waits on the workload: its pending entry and, for an approval, the links that decide it. */
   waiting?: { entry: PendingEntry; links?: ApprovalLinks };
   /** A waiting push decided (approved, its window open): the request it waited as (a promotion's says so). */
@@ -15186,11 +15231,13 @@ function promoteCheckSetting(value: string | undefined): URL | undefined {
 // 32. setting values — how each hook setting's text reads: the parse functions of HOOK_SETTINGS' rows (next
 //    chapter), each the only reader of its setting's text, returning the typed value (its default when unset) or
 //    throwing the message operators know, naming the setting and what is wrong; and the limits a setting's text is
-//    read within (how many notification URLs and clusters, an approval's timeout, a poll's interval).
+//    read within (how many notification URLs and clusters, an approval's timeout, a poll's interval, a signature's
+//    wait).
 //    Exports: approvalTimeoutSetting, clusterNames, deployWindowSetting, dnsLabelSetting, mailBase64, mailBoolean,
 //    mailPort, mailTlsMode, NOTIFY_FORMAT_NAMES, notifyCa, NotifyFormatName, notifyFormats, notifyUrls,
 //    outsideChangeSetting, parseRecipients, pollInterval, registryAwaySetting, registryCa, registryTokenHosts,
-//    rolloutTimeoutSetting, signatureAnnotationsSetting, signatureKeysSetting, telegramChats, updatePolicySetting.
+//    rolloutTimeoutSetting, signatureAnnotationsSetting, signatureKeysSetting, signatureWaitSetting, telegramChats,
+//    updatePolicySetting.
 //    Tests: test/mail.test.ts, test/registry-watch.test.ts, test/settings.test.ts.
 // ================================================================================================
 
@@ -15250,6 +15297,20 @@ function rolloutTimeoutSetting(value: string | undefined): number {
   } catch {
     throw new UpgradeError(`ROLLOUT_TIMEOUT ${showValue(value)} is not a duration (e.g. 0, 60s, 5m)`);
   }
+}
+
+/** SIGNATURE_WAIT: 0 (refused at once), or a Go duration within LIMITS.signature.wait; unset or blank is 10m. */
+function signatureWaitSetting(value: string | undefined): number {
+  if (!value?.trim()) return LIMITS.signature.defaultWaitMs;
+  let ms: number;
+  try {
+    ms = parseGoDuration(value.trim());
+  } catch {
+    throw new UpgradeError(`SIGNATURE_WAIT ${showValue(value)} is not a duration (e.g. 0, 30s, 10m)`);
+  }
+  if (ms !== 0 && (ms < LIMITS.signature.wait.minMs || ms > LIMITS.signature.wait.maxMs))
+    throw new UpgradeError(`SIGNATURE_WAIT ${showValue(value)} is not 0 nor between 10s and 24h`);
+  return ms;
 }
 
 /** APPROVAL_TIMEOUT: a Go duration of at least LIMITS.approval.minTimeoutMs; unset or blank is 24h. */
@@ -15715,6 +15776,17 @@ export const HOOK_SETTINGS = {
     meaning: 'Annotations a signature must carry (cosign sign -a key=value), for VERIFY_SIGNATURE.',
     parse: signatureAnnotationsSetting,
   }),
+  SIGNATURE_WAIT: setting({
+    type: 'duration',
+    default: '10m',
+    fixed: true,
+    validation: 'a Go duration: 0 (no wait), or 10s to 24h',
+    meaning:
+      'With VERIFY_SIGNATURE, a push whose digest has no signature yet (CI pushes, then signs) waits this long on ' +
+      "the workload (answered 202), looked at again when the signature's push arrives, then deployed or refused. " +
+      'A signature by another key, copied from another digest, or a tag moved is refused at once.',
+    parse: signatureWaitSetting,
+  }),
   ON_REGISTRY_AWAY: setting({
     type: 'fail or keep',
     default: 'fail',
@@ -16075,7 +16147,8 @@ function readSettings(
     rollbackOnFailure: rollback,
     // A signature is checked on the digest the registry has for the tag: VERIFY_SIGNATURE implies VERIFY_IMAGE.
     verifyImage: read.VERIFY_IMAGE.parse(env.VERIFY_IMAGE) || keys.length > 0,
-    signature: keys.length > 0 ? { keys, annotations } : undefined,
+    signature:
+      keys.length > 0 ? { keys, annotations, waitMs: read.SIGNATURE_WAIT.parse(env.SIGNATURE_WAIT) } : undefined,
     registryCa: read.REGISTRY_CA.parse(env.REGISTRY_CA),
     registryTokenHosts: read.REGISTRY_TOKEN_HOSTS.parse(env.REGISTRY_TOKEN_HOSTS),
     onRegistryAway: read.ON_REGISTRY_AWAY.parse(env.ON_REGISTRY_AWAY),
@@ -16105,14 +16178,16 @@ function readSettings(
 //    (ON_OUTSIDE_CHANGE=hold) reads who and when from managedFields and holds every push not strictly newer than the
 //    image replaced (semver precedence, else push time). VERIFY_SIGNATURE (which implies VERIFY_IMAGE) then requires
 //    a cosign signature of the resolved digest valid under one of the hook's keys (checkSignature); an unsigned or
-//    wrongly signed digest is refused (SignatureRefusal, decided `refused: unsigned`, a Warning Event UpgradeRefused).
-//    A registry that does not answer fails the push closed, or under ON_REGISTRY_AWAY=keep has it kept (RegistryAway).
+//    wrongly signed digest is refused (SignatureRefusal, decided `refused: unsigned`, a Warning Event UpgradeRefused);
+//    a digest with no signature at all, under SIGNATURE_WAIT, is not refused here but NotSignedYet, a fact the
+//    decision's signature step keeps waiting. A registry that does not answer fails the push closed, or under
+//    ON_REGISTRY_AWAY=keep has it kept (RegistryAway).
 //    Every Event a push writes on its workload is rendered by pushEvent from one table (PUSH_EVENTS: its type, reason
 //    and message, from the push's decision and facts); recordEventQuietly records one without failing the push.
 //    Exports: decidePush, decisionReason, FollowRecord, holdDecision, imageFieldPath, imageWriters, newPushRecord,
-//    pullSecretNames, pushEvent, PushRecord, pushTime, readContainerAnnotation, readFollowRecords, readPushRecords,
-//    recordEventQuietly, recordUnchanged, RegistryAway, SignatureRefusal, verifiedRef, whoAsked, withPushRecord,
-//    workloadLogin, workloadPodSpec.
+//    NotSignedYet, pullSecretNames, pushEvent, PushRecord, pushTime, readContainerAnnotation, readFollowRecords,
+//    readPushRecords, recordEventQuietly, recordUnchanged, RegistryAway, SignatureRefusal, verifiedRef, whoAsked,
+//    withPushRecord, workloadLogin, workloadPodSpec.
 //    Tests: test/clouds.test.ts, test/decision.test.ts, test/git.test.ts, test/hold.test.ts, test/records.test.ts,
 //    test/registries.test.ts, test/registry-e2e.test.ts, test/replicas.test.ts, test/upgrade.test.ts.
 // ================================================================================================
@@ -16696,7 +16771,8 @@ async function verifiedRef(
   const signed = { client, s, report, deps, host, repository, loginFor };
   if (tag === undefined) {
     // A push by digest alone deploys that digest: only its signature is left to check.
-    if (s.signature) await checkSignature(signed, digest);
+    const missing = s.signature && (await checkSignature(signed, digest));
+    if (missing) throw new NotSignedYet(missing, ref);
     return ref;
   }
   const where = `${host}/${repository}:${tag}`;
@@ -16727,12 +16803,26 @@ async function verifiedRef(
     `VERIFY_IMAGE: ${where} is ${resolved} on the registry` +
       (login ? ` (login from pull secret "${login.secret}")` : ''),
   );
-  if (s.signature) await checkSignature(signed, resolved);
-  return `${ref.split('@')[0]}@${resolved}`;
+  const pinned = `${ref.split('@')[0]}@${resolved}`;
+  const missing = s.signature && (await checkSignature(signed, resolved));
+  if (missing) throw new NotSignedYet(missing, pinned);
+  return pinned;
 }
 
 /** A push VERIFY_SIGNATURE refused (unsigned, or not signed as required): its decision is `refused: unsigned`. */
 export class SignatureRefusal extends UpgradeError {}
+
+/**
+ * A digest with no signature at all yet, under a hook whose SIGNATURE_WAIT lets it wait: not a refusal but a fact
+ * the decision takes (its signature step), with the image as verified (pinned to the digest).
+ */
+export class NotSignedYet extends UpgradeError {
+  readonly image: string;
+  constructor(message: string, image: string) {
+    super(message);
+    this.image = image;
+  }
+}
 
 /** A push whose registry did not answer (registryAway) under ON_REGISTRY_AWAY=keep: kept, and tried again. */
 export class RegistryAway extends UpgradeError {}
@@ -16761,9 +16851,11 @@ interface SignatureCheck {
  * registry (readCosignSignatures), valid under one of the hook's keys, naming that digest and its
  * repository and carrying the annotations required (verifyCosignSignatures). An unsigned or wrongly
  * signed digest is refused (SignatureRefusal) and recorded as a Warning Event UpgradeRefused; a
- * registry whose signatures cannot be read fails closed. Nothing is written either way.
+ * registry whose signatures cannot be read fails closed. Nothing is written either way. A digest with no
+ * signature at all, under a SIGNATURE_WAIT, is not refused here: why it is not signed yet is returned, for the
+ * decision to keep the push waiting.
  */
-async function checkSignature(c: SignatureCheck, digest: string | undefined): Promise<void> {
+async function checkSignature(c: SignatureCheck, digest: string | undefined): Promise<string | undefined> {
   const now = c.deps.now ?? (() => new Date());
   const image = `${c.host}/${c.repository}@${digest ?? '(no digest)'}`;
   const keys = c.s.signature!.keys;
@@ -16783,9 +16875,11 @@ async function checkSignature(c: SignatureCheck, digest: string | undefined): Pr
       c.report.notes.push(
         `signature: ${image} is signed by ${verdict.key.kind} key ${verdict.key.fingerprint} (${verdict.where})`,
       );
-      return;
+      return undefined;
     }
     problem = verdict.problem;
+    if (verdict.none && c.s.signature!.waitMs > 0)
+      return `signature: ${image} is not signed as VERIFY_SIGNATURE requires: ${problem}`;
   }
   const message = `signature: ${image} is not signed as VERIFY_SIGNATURE requires: ${problem}`;
   c.report.refused = true;
@@ -16812,10 +16906,13 @@ async function checkSignature(c: SignatureCheck, digest: string | undefined): Pr
 //    the rollout as `kubectl rollout restart` does (plus imagePullPolicy: Always), and the same patch sets
 //    kubernetes.io/change-cause, the push record and, when the service follows the rollout after answering, the
 //    follow record, each under a `test` of the value read. A copy of the workload kept from an earlier push is just
-//    another workload as read: the executor (next chapter) decides which decisions it takes on one.
+//    another workload as read: the executor (next chapter) decides which decisions it takes on one. Between newest
+//    wins and the waiting step, the signature step: a push whose digest has no signature yet (Push.unsigned, under
+//    SIGNATURE_WAIT) waits on the workload as an entry waiting for its signature (`waiting: signature`); looked at
+//    again (decided with action `signature`) it waits on as it was, or, its wait over, is refused: unsigned.
 //    Exports: decide, futureTimeNote, PendingGone, waitingAction.
 //    Tests: test/decision.test.ts, test/e2e.test.ts, test/records.test.ts, test/replicas.test.ts,
-//    test/upgrade.test.ts.
+//    test/signed-images.test.ts, test/upgrade.test.ts.
 // ================================================================================================
 
 /** A decided push whose pending entry is no longer on the workload: decided already, replaced or expired. */
@@ -16823,7 +16920,8 @@ export class PendingGone extends UpgradeError {}
 
 /**
  * The decision of one push on one workload, step by step: the pin, the update policy, a digest already running, a
- * change made outside webhook, newest wins, the waiting step; what passes them all is applied. Pure.
+ * change made outside webhook, newest wins, the signature step, the waiting step; what passes them all is applied.
+ * Pure.
  */
 export function decide(input: DecisionInput): Decision {
   const notes: string[] = [];
@@ -16835,6 +16933,7 @@ export function decide(input: DecisionInput): Decision {
     sameDigestStep(input, facts) ??
     holdStep(input, facts) ??
     newestStep(input, facts) ??
+    signatureStep(input, facts) ??
     waitStep(input, facts);
   return 'code' in decided ? decided : applyStep(input, container, facts, decided);
 }
@@ -16926,6 +17025,70 @@ function newestStep(input: DecisionInput, facts: DecidedFacts): Decision | undef
   const future = newest.replacesFuture;
   if (future) facts.notes.push(futureTimeNote('record', Date.parse(future.pushedAt), input.nowMs, future.image));
   return undefined;
+}
+
+/**
+ * The signature step (VERIFY_SIGNATURE under SIGNATURE_WAIT), for a push whose digest has no signature yet: it waits
+ * on the workload (a pending entry, as the waiting step's, waiting for its signature until SIGNATURE_WAIT is over),
+ * replacing a push waiting there (newest wins; an older push is superseded by it). Looked at again (decided with
+ * action `signature`, naming its entry), it goes on waiting as it is, or, its wait over, is refused: unsigned. Any
+ * other decided push (an approval, a replay, a promotion) is refused at once, as a signature signed wrongly. Pure.
+ */
+function signatureStep(input: DecisionInput, facts: DecidedFacts): Decision | undefined {
+  const { config: s, push, nowMs } = input;
+  if (push.unsigned === undefined) return undefined;
+  const { raw, entries } = readPendingEntries(input.workload);
+  const place = { ...push.target, cluster: push.cluster, container: s.container };
+  const found = entries[s.container];
+  const key = input.approvals?.key;
+  const queued = found && pendingEntrySealed(key, place, found) ? found : undefined;
+  const d = push.decided;
+  const refused = (reason: string): Decision => {
+    const event = pushEvent('refused', { why: reason, asked: whoAsked(push) });
+    return { ...facts, code: 'refused: unsigned', reason: `${reason}; nothing was changed`, event };
+  };
+  if (d?.action === 'signature') {
+    if (!queued || queued.id !== d.id)
+      return { ...facts, code: 'failed', reason: 'the push waiting for its signature was decided already, ' +
+        'replaced by a newer push or taken off; nothing was changed', gone: true };
+    if (nowMs < Date.parse(queued.until)) {
+      const pending = { value: raw!, read: raw };
+      return { ...facts, code: 'waiting: signature', reason: waitingAction(queued), entry: queued, pending };
+    }
+    return refused(`${push.unsigned}, and none came within SIGNATURE_WAIT (by ${queued.until})`);
+  }
+  if (d !== undefined) return refused(push.unsigned);
+  // The digest waiting already, announced again (a registry's retry, a registry watch's look): it waits on as it is.
+  if (queued?.waitsFor === 'signature' && normalizeImageRef(queued.image) === normalizeImageRef(push.image))
+    return { ...facts, code: 'repeat', reason: `the same digest is waiting already: ${waitingAction(queued)}` };
+  const older = queued && olderThanWaiting(queued, push, facts);
+  if (older) return older;
+  const entry = sealPendingEntry(key, place, signatureEntry(input));
+  const rest = Object.fromEntries(Object.entries(entries).filter(([c]) => c !== s.container));
+  if (queued) facts.notes.push(supersededNote(queued));
+  const reason = waitingAction(entry);
+  const pending = { value: JSON.stringify({ ...rest, [s.container]: entry }), read: raw };
+  const event = pushEvent('waiting', { container: s.container, image: push.image, why: reason, asked: whoAsked(push) });
+  return { ...facts, code: 'waiting: signature', reason, entry, pending, replaced: queued, event };
+}
+
+/** The entry of a push waiting for its signature: until SIGNATURE_WAIT is over, decided by its signature. Pure. */
+function signatureEntry(input: DecisionInput): PendingEntry {
+  const { config: s, push, nowMs } = input;
+  const iso = (ms: number) => new Date(ms).toISOString();
+  return {
+    id: input.entryId,
+    hook: push.hookId ?? '',
+    request: push.requestId ?? '',
+    image: push.image,
+    push: push.push,
+    pushedAt: iso(push.pushedAtMs),
+    timeFrom: push.timeFrom,
+    receivedAt: iso(nowMs),
+    waitsFor: 'signature',
+    until: iso(nowMs + s.signature!.waitMs),
+    decides: "its signature: the push of its signature, a look at the registry, the wait's end",
+  };
 }
 
 /** What the waiting step lets through: the pending entries the patch writes back, and the waiting push replaced. */
@@ -17078,16 +17241,23 @@ function waitNeeds(
   // A replay ("Deploy again") is a new push, asked for by the admin, a promotion one the chain asks for: each needs
   // an approval like one.
   const replay = decided?.action === 'replay' || decided?.action === 'promote';
+  // A window's opening or a signature's arrival approves nothing: only the approval a person gave before counts.
   const approvedBefore =
-    decided !== undefined && !replay && (decided.action !== 'window' || queued?.approvedBy !== undefined);
+    decided !== undefined && !replay && (!notPerson(decided) || queued?.approvedBy !== undefined);
   const approval = (asked === 'required' || (asked === undefined && s.requireApproval)) && !approvedBefore;
   const closed = windows !== undefined && decided?.action !== 'deploy-now' && !windowOpen(windows, nowMs);
   return { approval, windows, closed };
 }
 
+
+/** A decision no person made: a window's opening, a signature's arrival. Pure. */
+function notPerson(d: DecidedBy): boolean {
+  return d.action === 'window' || d.action === 'signature';
+}
 /** Who decided a push, and when: `approved by Li Lei (10.0.3.7, by link) at 2026-…`. Pure. */
 function decidedNote(d: DecidedBy, nowMs: number): string {
   if (d.action === 'promote') return `promoted ${d.by} at ${new Date(nowMs).toISOString()}`;
+  if (d.action === 'signature') return `its signature was found (${d.by}) at ${new Date(nowMs).toISOString()}`;
   const verb = d.action === 'replay' ? 'deployed again' : d.action === 'window' ? 'applied' : 'approved';
   return `${verb} by ${d.by} at ${new Date(nowMs).toISOString()}`;
 }
@@ -17116,7 +17286,7 @@ function pendingEntry(
 ): PendingEntry {
   const { config: s, push, nowMs } = input;
   // A window's opening approves nothing: only the approval a person gave the entry before carries over.
-  const approvedBy = d && d.action !== 'window' ? d.by : d ? queued?.approvedBy : undefined;
+  const approvedBy = d && !notPerson(d) ? d.by : d ? queued?.approvedBy : undefined;
   const opensAt = needs.closed ? nextOpening(needs.windows!, nowMs) : undefined;
   const waitsFor = needs.approval ? (needs.closed ? 'approval and window' : 'approval') : 'window';
   const untilMs = (waitsFor === 'window' && opensAt !== undefined ? opensAt : nowMs) + s.approvalTimeoutMs;
@@ -17180,6 +17350,7 @@ export function waitingAction(e: PendingEntry): string {
   if (e.waitsFor === 'window')
     return e.approvedBy ? `approved by ${e.approvedBy}; waiting for ${window}` : `waiting for ${window}`;
   if (e.waitsFor === 'approval') return `waiting for approval until ${e.until}`;
+  if (e.waitsFor === 'signature') return `waiting for its signature until ${e.until}`;
   return `waiting for approval until ${e.until}, then for ${window}`;
 }
 
@@ -17281,13 +17452,16 @@ async function execute(
     else await recording;
     return updated;
   }
-  if (d.code === 'waiting' || d.code === 'approved') {
+  const waits = d.code === 'waiting' || d.code === 'approved' || d.code === 'waiting: signature';
+  // A push that goes on waiting for its signature, as it was, writes nothing.
+  if (waits && d.pending.value !== d.pending.read) {
     const written = { [PENDING_ANNOTATION]: d.pending.value };
     const ops = annotationOps(workload, ['metadata'], written, { [PENDING_ANNOTATION]: d.pending.read ?? null });
     if ((await guardedPatch(client, target, ops, false)) === 'conflict') return 'conflict';
   }
   if ('event' in d && d.event) await recordEventQuietly(client, target, d.event, now, report);
   recordDecision(report, d, target.kind);
+  if (d.code === 'refused: unsigned') throw new SignatureRefusal(d.reason);
   if (d.code === 'refused' || d.code === 'failed')
     throw d.gone ? new PendingGone(d.reason) : new UpgradeError(d.reason);
   return undefined;
@@ -17327,11 +17501,13 @@ export function recordDecision(report: UpgradeReport, d: Decision, kind: Workloa
       Object.assign(report, { changed: true, lastPush: d.lastPush, followRecorded: d.followRecorded });
       return;
     case 'refused':
+    case 'refused: unsigned':
     case 'failed':
-      if (d.code === 'refused') report.refused = true;
+      if (d.code !== 'failed') report.refused = true;
       return;
     case 'waiting':
     case 'approved':
+    case 'waiting: signature':
       report.waiting = { entry: d.entry, ...(d.links ? { links: d.links } : {}) };
   }
   recordUnchanged(report, d.code, d.reason, d.before);
@@ -19183,8 +19359,11 @@ export function formatRbac(reaches: HookReach[], serviceAccount: string, hooksPa
 //    once decided, and a past push deployed again take the same path from the settings on (runDecided). Each
 //    boundary reads the hook's environment once into a HookConfig (readHookConfig): the process (runUpgrade), an HTTP
 //    delivery to one cluster (runOne), a decided push (runDecided); a kept push is tried again with the one it kept.
+//    A digest not signed yet (NotSignedYet) is a fact handed to the decision (signedOrNot), not a failure; the push
+//    of a cosign signature (tag sha256-<hex>.sig) changes nothing but names the digest it signs (signatureOf).
 //    Exports: readAtBoundary, runDecidedPush, runPush, runUpgrade, upgradeResult, UpgradeResult.
-//    Tests: test/burst.test.ts, test/e2e.test.ts, test/outage.test.ts, test/rollback.test.ts, test/upgrade.test.ts.
+//    Tests: test/burst.test.ts, test/e2e.test.ts, test/outage.test.ts, test/rollback.test.ts,
+//    test/signed-images.test.ts, test/upgrade.test.ts.
 // ================================================================================================
 
 /**
@@ -19232,6 +19411,8 @@ export async function runPush(
     if (composed.kind === 'error') throw new PayloadError(composed.message);
     if (composed.kind === 'noop' || composed.kind === 'answer') {
       recordUnchanged(report, 'no-op', composed.reason);
+      // A push waiting for this digest's signature (SIGNATURE_WAIT) is looked at again: the approvals take the cue.
+      if (composed.kind === 'noop' && settings.signature) report.signatureOf = composed.signatureOf;
       const result = upgradeResult(report);
       // A handshake's answer is the body its sender reads; the report still goes to the log and mail.
       return composed.kind === 'answer' ? { ...result, output: composed.body } : result;
@@ -19251,10 +19432,12 @@ export async function runPush(
         recordUnchanged(report, 'superseded', KEPT_SUPERSEDED);
         return;
       }
-      let ref = composed.candidates ? await candidateFor(client, settings, composed.candidates, report) : composed.ref;
-      if (settings.verifyImage) ref = await verifiedRef(client, settings, ref, composed.digest, report, deps);
-      report.imageAfter = ref;
-      await applyUpgrade(client, settings, { ...push, image: ref }, report, deps);
+      const ref = composed.candidates
+        ? await candidateFor(client, settings, composed.candidates, report)
+        : composed.ref;
+      const { image, unsigned } = await verifiedPush(client, settings, ref, composed.digest, report, deps);
+      report.imageAfter = image;
+      await applyUpgrade(client, settings, { ...push, image, unsigned }, report, deps);
     };
     await (deps.queue ? deps.queue.run(workloadKey, apply) : apply());
   } catch (e) {
@@ -19323,14 +19506,17 @@ async function runDecidedPush(
       // is only as good as who wrote it: the image is checked again before it is deployed. A replay deploys a past
       // digest on purpose: that digest's signature is checked, not where its tag points now.
       // A promotion, too, deploys the digest that ran in the stage before, never where its tag points now.
-      const replay = deps.decided?.action === 'replay' || deps.decided?.action === 'promote';
-      const image = !settings.verifyImage
-        ? push.image
-        : replay
-          ? await verifiedAgain(deps.client, settings, push.image, report, deps)
-          : await verifiedRef(deps.client, settings, push.image, undefined, report, deps);
+      // A push waiting for its signature is looked at again at the digest it was pushed at, as a replay is.
+      const again = ['replay', 'promote', 'signature'].includes(deps.decided?.action ?? '');
+      const { image, unsigned } = !settings.verifyImage
+        ? { image: push.image, unsigned: undefined }
+        : await signedOrNot(
+            again
+              ? verifiedAgain(deps.client, settings, push.image, report, deps)
+              : verifiedRef(deps.client, settings, push.image, undefined, report, deps),
+          );
       report.imageAfter = image;
-      await applyUpgrade(deps.client, settings, { ...push, image }, report, deps);
+      await applyUpgrade(deps.client, settings, { ...push, image, unsigned }, report, deps);
     };
     // The key a push to this workload queues under (runUpgrade's): the two never run at once.
     const key = `${cluster ?? ''}/${settings.namespace}/${settings.workload.kind}/${settings.workload.name}`;
@@ -19357,8 +19543,38 @@ async function verifiedAgain(
   if (!parsed.ok || parsed.ref.digest === undefined) return verifiedRef(client, s, ref, undefined, report, deps);
   const { domain, path: repository, digest } = parsed.ref;
   const pinned = `${domain === undefined ? '' : `${domain}/`}${repository}@${digest}`;
-  await verifiedRef(client, s, pinned, digest, report, deps);
+  try {
+    await verifiedRef(client, s, pinned, digest, report, deps);
+  } catch (e) {
+    throw e instanceof NotSignedYet ? new NotSignedYet(e.message, ref) : e;
+  }
   return ref;
+}
+
+/** A push's image as VERIFY_IMAGE and VERIFY_SIGNATURE verify it (verifiedRef), when the hook asks: signedOrNot's. */
+function verifiedPush(
+  client: KubeClient,
+  s: UpgradeSettings,
+  ref: string,
+  announced: string | undefined,
+  report: UpgradeReport,
+  deps: UpgradeDeps,
+): Promise<{ image: string; unsigned: string | undefined }> {
+  if (!s.verifyImage) return Promise.resolve({ image: ref, unsigned: undefined });
+  return signedOrNot(verifiedRef(client, s, ref, announced, report, deps));
+}
+
+/**
+ * The image VERIFY_IMAGE and VERIFY_SIGNATURE verified; for a digest not signed yet (NotSignedYet), the image and why
+ * it is not signed yet, a fact the decision's signature step takes. Any refusal is thrown.
+ */
+async function signedOrNot(verified: Promise<string>): Promise<{ image: string; unsigned: string | undefined }> {
+  try {
+    return { image: await verified, unsigned: undefined };
+  } catch (e) {
+    if (e instanceof NotSignedYet) return { image: e.image, unsigned: e.message };
+    throw e;
+  }
 }
 
 /** Argument 2, the request's headers when the hook passes them (entire-headers). */
@@ -19948,7 +20164,7 @@ export class UpgradeService implements InProcessCommand<UpgradeOutput> {
     if (r.refused)
       this.log.error(`[${requestId}] hook ${hook.id}: push to ${reportWhere(r)} refused: ${r.error}`);
     if (r.unreachable) return lane.kept.keep({ args, payload, config, requestId, hook }, result);
-    if (r.decision === 'waiting' || r.decision === 'approved') return { ...result, accepted: true };
+    if (['waiting', 'approved', 'waiting: signature'].includes(r.decision)) return { ...result, accepted: true };
     return r.badInput ? { ...result, badInput: true } : result;
   }
 
@@ -20532,7 +20748,7 @@ function ranReference(image: string, pods: PodSummary[]): { image: string } | { 
 /** What a promotion's push came to, as webhook_promotions_total counts it. Pure. */
 function promotionOutcome(report: UpgradeReport): string {
   if (report.changed) return 'promoted';
-  if (report.decision === 'waiting' || report.decision === 'approved') return 'waiting';
+  if (['waiting', 'approved', 'waiting: signature'].includes(report.decision)) return 'waiting';
   if (report.decision === 'superseded' || report.decision === 'repeat') return 'superseded';
   return report.decision === 'rejected' || report.decision === 'expired' ? report.decision : 'stopped';
 }
@@ -21011,7 +21227,11 @@ export class Promotions implements ResultListener {
 //    answers recorded, and learns the others' from the workloads its hooks reach: a watch per namespace and kind
 //    (listed once, shared with the follows), or, where it has none, one LIST per namespace and kind every rescanMs;
 //    in each cluster its hooks name (a waiting push, its key and its links carry the cluster). A link once decided
-//    is remembered until it expires: used again, it is answered 410 without asking the API server.
+//    is remembered until it expires: used again, it is answered 410 without asking the API server. A push waiting
+//    for its signature (VERIFY_SIGNATURE, SIGNATURE_WAIT) is decided by no person: it is looked at again (runDecided,
+//    action `signature`) when a delivery announces its signature (its sha256-<hex>.sig tag; the workload is read
+//    when this replica knows no push waiting there), at each look of a registry watch, every minute, and at its
+//    wait's end, when the decision refuses it; until then a look that finds no signature tells nothing.
 //    Exports: approvalHooksProblem, ApprovalService, deciderName, waitingKey, WaitingPush.
 //    Tests: test/approvals.test.ts, test/clusters.test.ts, test/signed-images.test.ts, test/unit.test.ts.
 // ================================================================================================
@@ -21053,6 +21273,9 @@ type FoundPush =
   | { push: WaitingPush; running: string }
   | { gone: string; drop?: () => Promise<void> }
   | { refused: string };
+
+/** What decides a waiting push: a person (a link, the page), its expiry, its window, its signature. */
+type WaitingDecision = ApprovalClaims['action'] | 'expire' | 'window' | 'signature';
 
 /** What a decision did, for the page that asked for it. */
 interface DecisionOutcome {
@@ -21180,6 +21403,10 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
   private readonly acting = new Set<string>();
   /** Entry ids whose window or expiry failed to be acted on (the API server away): not before this time. */
   private readonly retryAt = new Map<string, number>();
+  /** Entry ids of pushes waiting for their signature: when they are looked at again (signatureRecheckMs). */
+  private readonly checkAt = new Map<string, number>();
+  /** Entry ids of pushes waiting for their signature: when a delivery announcing it last had one looked at. */
+  private readonly cuedAt = new Map<string, number>();
   /** Entries not used (pendingEntryProblem) that this replica is taking off: by workload, container and MAC. */
   private readonly dropping = new Set<string>();
   /** Entry ids known decided (taken off, or replaced), until their links expire: a link used again is 410 here. */
@@ -21220,6 +21447,49 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
     for (const [report] of reports) this.noted(report);
     this.next.finished(hook, req, r);
     for (const [report, id] of reports) if (report?.replaced) this.superseded(report, report.replaced, id);
+    for (const [report, id] of reports) if (report?.signatureOf) void this.signatureArrived(report, id);
+  }
+
+  /**
+   * A delivery announced a signature (its sha256-<hex>.sig tag): the push waiting for that digest's signature on its
+   * workload and container is looked at again, on this replica even when another one answered the push (the
+   * workload is read when no waiting push is known there).
+   */
+  private async signatureArrived(r: UpgradeReport, requestId: string): Promise<void> {
+    if (!r.namespace || !r.workload || !r.container) return;
+    const target = { namespace: r.namespace, ...parseWorkload(r.workload) };
+    const where = { target, container: r.container, cluster: r.cluster };
+    const client = this.upgrade.kube(r.cluster);
+    if (!this.pushes.has(waitingKey(where)) && client)
+      try {
+        this.learn(r.cluster, target, await readWorkload(client, { ...target }));
+      } catch (e) {
+        this.log.warn(`${waitingWhere(where)}: a signature's push, request ${requestId}: ${(e as Error).message}`);
+        return;
+      }
+    const w = this.pushes.get(waitingKey(where));
+    if (w?.entry.waitsFor !== 'signature' || !w.entry.image.endsWith(`@${r.signatureOf}`)) return;
+    const now = Date.now();
+    const recent = now - (this.cuedAt.get(w.entry.id) ?? -Infinity) < LIMITS.approval.signatureCueMs;
+    if (this.acting.has(w.entry.id) || recent)
+      return this.log.info(`${waitingWhere(w)}: a signature's push, request ${requestId}: looked at a moment ago`);
+    this.cuedAt.set(w.entry.id, now);
+    await this.act(w, 'signature', `its signature's push, request ${requestId}`);
+  }
+
+  /**
+   * A workload the registry watch listed (every rescanMs of its own): its waiting pushes are learnt, so that a push
+   * another replica answered is looked at by the watch here, whatever workloads the hooks fix.
+   */
+  waitingListed(cluster: string | undefined, target: WaitingPush['target'], workload: K8sObject): void {
+    this.learn(cluster, { namespace: target.namespace, kind: target.kind, name: target.name }, workload);
+  }
+
+  /** A look of the registry watch at a workload: a push waiting there for its signature is looked at again. */
+  signatureDue(cluster: string | undefined, target: WaitingPush['target'], container: string): void {
+    const w = this.pushes.get(waitingKey({ target, container, cluster }));
+    if (w?.entry.waitsFor === 'signature' && !this.acting.has(w.entry.id))
+      void this.act(w, 'signature', 'the registry watch');
   }
 
   /** What a push this replica answered did to the waiting push of its container. */
@@ -21440,14 +21710,31 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
     for (const w of this.pushes.values()) {
       const e = w.entry;
       if (this.acting.has(e.id) || (this.retryAt.get(e.id) ?? 0) > now) continue;
-      if (now >= Date.parse(e.until)) void this.act(w, 'expire', 'nobody decided in time');
+      if (e.waitsFor === 'signature') this.signatureTick(w, now);
+      else if (now >= Date.parse(e.until)) void this.act(w, 'expire', 'nobody decided in time');
       else if (e.waitsFor === 'window' && e.opensAt && now >= Date.parse(e.opensAt))
         void this.act(w, 'window', `the change window ${e.window}`);
     }
+    // The looks planned for entries replaced since (by a newer push, or another replica's) go with them.
+    if (this.checkAt.size + this.cuedAt.size > 0) {
+      const live = new Set([...this.pushes.values()].map((w) => w.entry.id));
+      for (const looks of [this.checkAt, this.cuedAt])
+        for (const id of looks.keys()) if (!live.has(id)) looks.delete(id);
+    }
+  }
+
+  /** A push waiting for its signature, looked at again every signatureRecheckMs and once its wait is over. */
+  private signatureTick(w: WaitingPush, now: number): void {
+    const e = w.entry;
+    const until = Date.parse(e.until);
+    const due = this.checkAt.get(e.id) ?? Date.parse(e.receivedAt) + LIMITS.approval.signatureRecheckMs;
+    if (now < Math.min(due, until)) return;
+    this.checkAt.set(e.id, now + LIMITS.approval.signatureRecheckMs);
+    void this.act(w, 'signature', now >= until ? 'the end of its SIGNATURE_WAIT' : 'a look at the registry');
   }
 
   /** One decision of a waiting push, once per entry on this replica; the outcome is logged. */
-  private async act(w: WaitingPush, action: 'expire' | 'window', by: string): Promise<void> {
+  private async act(w: WaitingPush, action: 'expire' | 'window' | 'signature', by: string): Promise<void> {
     this.acting.add(w.entry.id);
     const where = waitingWhere(w);
     try {
@@ -21535,7 +21822,7 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
   }
 
   /** A decision: the push approved (the same path as a push) or its entry taken off, then the result told. */
-  private async decide(w: WaitingPush, action: ApprovalClaims['action'] | 'expire' | 'window', by: string) {
+  private async decide(w: WaitingPush, action: WaitingDecision, by: string) {
     const hook = this.hooks().get(w.entry.hook);
     if (!hook) {
       this.forget(w);
@@ -21561,6 +21848,8 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
     const decided = { id: e.id, action, by };
     const r = await this.upgrade.runDecided(hook, w.target, w.container, push, decided, requestId, w.cluster);
     r.report.waitedAs = e.request;
+    if (action === 'signature' && this.waitsOn(w, r.report))
+      return { status: 202, title: 'Waiting', detail: r.report.action };
     // Gone from the workload: forgotten, not tried again on every tick until a rescan.
     if (r.report.gone) {
       this.forget(w);
@@ -21569,13 +21858,14 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
     }
     // Decided, but not applied (refused, skipped by policy, held, superseded): it no longer waits. Without an
     // answer from the API server it still does, and is tried again.
-    const settled = !['waiting', 'approved'].includes(r.report.decision) && !r.report.changed;
+    const settled = !['waiting', 'approved', 'waiting: signature'].includes(r.report.decision) && !r.report.changed;
     if (settled && !r.report.unreachable) await this.takeOff(this.upgrade.kube(w.cluster)!, w);
     // Taken off, or (approved while the window is closed) written again under a new id.
     if (r.report.changed || r.report.decision === 'approved' || (settled && !r.report.unreachable))
       this.remember(e.id, Date.parse(e.until));
     this.forget(w);
-    return this.told(hook, requestId, r.report, r.env, action === 'window' ? 'Applied' : 'Approved');
+    const done = action === 'window' ? 'Applied' : action === 'signature' ? 'Signed' : 'Approved';
+    return this.told(hook, requestId, r.report, r.env, done);
   }
 
   /**
@@ -21597,6 +21887,19 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
     const decided = { action: 'replay', by } as const;
     const r = await this.upgrade.runDecided(hook, target, past.container, push, decided, requestId, past.cluster);
     return this.told(hook, requestId, r.report, r.env, r.report.waiting ? 'Waiting' : 'Deployed again');
+  }
+
+  /**
+   * Whether a look at a push waiting for its signature leaves it waiting, with nothing to tell: not signed yet, its
+   * wait not over; or the look failed (the registry away, say) before its wait's end, and the next look tries again.
+   */
+  private waitsOn(w: WaitingPush, report: UpgradeReport): boolean {
+    if (report.changed) return false;
+    if (report.decision === 'waiting: signature') return true;
+    if (report.decision !== 'failed' || report.gone || Date.now() >= Date.parse(w.entry.until)) return false;
+    this.log.warn(`${waitingWhere(w)}: the push of ${w.entry.image} waiting for its signature: ${report.error}; ` +
+      'looked at again later');
+    return true;
   }
 
   /** The result of a decision goes where a push's goes (recorded, followed, mailed, posted); the page's outcome. */
@@ -21654,6 +21957,7 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
   private forget(w: WaitingPush): undefined {
     this.pushes.delete(waitingKey(w));
     this.retryAt.delete(w.entry.id);
+    this.checkAt.delete(w.entry.id);
     return undefined;
   }
 
@@ -21748,9 +22052,11 @@ interface PastPush {
 //    listener as a push's: recorded, followed, mailed, posted. Gentle on registries: one tag listing and one HEAD per
 //    repository and tag per interval, shared by every workload and cluster; a token bucket per registry host; a 429's
 //    Retry-After (else a backoff) honoured per host; the pull secret, REGISTRY_CA and REGISTRY_TOKEN_HOSTS as
-//    VERIFY_IMAGE uses them. A bad annotation is a Warning Event (RegistryWatchRefused), once, and no watch.
+//    VERIFY_IMAGE uses them. A bad annotation is a Warning Event (RegistryWatchRefused), once, and no watch. The
+//    waiting pushes of a watched workload are learnt from the listing, and each look has one waiting there for its
+//    signature looked at again (the approvals').
 //    Exports: RegistryWatch, WatchedWorkload.
-//    Tests: test/registry-watch.test.ts.
+//    Tests: test/registry-watch.test.ts, test/signed-images.test.ts.
 // ================================================================================================
 
 /** One workload and container a replica watches, as -validate and the deliveries page show it. */
@@ -21785,6 +22091,10 @@ interface WatchState extends WatchedWorkload {
   /** The digest the running tag had at the first look, when nothing said which digest runs. */
   baseline?: string;
 }
+
+/** Where a watch's results go (the approvals): a push waiting for its signature is looked at again at each look. */
+type WatchListener = CommandListener<UpgradeOutput> &
+  Partial<Pick<ApprovalService, 'signatureDue' | 'waitingListed'>>;
 
 /** An answer shared by the looks of one interval: when it was asked, and the answer. */
 interface SharedAnswer<T> {
@@ -21930,14 +22240,15 @@ export class RegistryWatch {
   private rescanTimer: NodeJS.Timeout | undefined;
   private readonly upgrade: UpgradeService;
   private readonly hooks: () => ReadonlyMap<string, Hook>;
-  private readonly next: CommandListener<UpgradeOutput>;
+  /** Where results go; the approvals, whose pushes waiting for a signature each look has looked at again. */
+  private readonly next: WatchListener;
   private readonly log: Logger;
   private readonly metrics: Metrics | undefined;
 
   constructor(
     upgrade: UpgradeService,
     hooks: () => ReadonlyMap<string, Hook>,
-    next: CommandListener<UpgradeOutput>,
+    next: WatchListener,
     log: Logger,
     metrics?: Metrics,
   ) {
@@ -22046,6 +22357,8 @@ export class RegistryWatch {
     this.told.delete(at);
     const key = `${at}/${of.watch.container}`;
     seen.add(key);
+    if (valueAt(item, ['metadata', 'annotations', PENDING_ANNOTATION]) !== undefined)
+      this.next.waitingListed?.(cluster, target, item);
     const had = this.watched.get(key);
     if (!had && this.watched.size >= LIMITS.poll.maxWatched)
       return this.tell(client, at, target, `more than ${LIMITS.poll.maxWatched} workloads are watched`);
@@ -22103,6 +22416,7 @@ export class RegistryWatch {
       else this.log.info(line);
     }
     Object.assign(w, { lastLookAt: Date.now(), lastResult: result });
+    this.next.signatureDue?.(w.cluster, w.target, w.container);
     const repository = w.image.split('@')[0].replace(/:[^:/]*$/, '');
     const outcome = result.startsWith('failed') ? 'failed' : result.startsWith('not asked') ? 'not asked' : 'looked';
     this.metrics?.inc('webhook_registry_watch_looks_total', { repository, result: outcome });
@@ -23933,7 +24247,9 @@ function renderWaiting(pushes: readonly WaitingPush[]): string {
   if (pushes.length === 0) return '';
   const rows = pushes.map((w) => {
     const key = waitingKey(w);
-    const buttons: [string, string][] = w.entry.waitsFor === 'window' ? [] : [['approve', 'Approve']];
+    // A window's opening and a signature's arrival are no person's to approve; rejecting takes the push off.
+    const byPerson = !['window', 'signature'].includes(w.entry.waitsFor);
+    const buttons: [string, string][] = byPerson ? [['approve', 'Approve']] : [];
     buttons.push(['reject', 'Reject']);
     return [
       `<tr class="running" id="w-${escapeHtml(w.entry.id)}">`,
@@ -24501,11 +24817,14 @@ function describeSignature(hook: Hook): string[] {
   const keys = fixedSetting(hook, 'VERIFY_SIGNATURE');
   if (keys.length === 0) return [];
   const annotations = Object.entries(fixedSetting(hook, 'VERIFY_SIGNATURE_ANNOTATIONS'));
+  const waitMs = fixedSetting(hook, 'SIGNATURE_WAIT');
   return [
     `signatures: cosign, signed by any of ${keys.length} key${keys.length === 1 ? '' : 's'} ` +
       `(${keys.map((k) => `${k.kind} ${k.fingerprint}`).join(', ')})` +
       (annotations.length ? `, with ${annotations.map(([k, v]) => `${k}=${v}`).join(' ')}` : '') +
-      '; the tag is resolved on its registry (VERIFY_IMAGE) and that digest deployed',
+      '; the tag is resolved on its registry (VERIFY_IMAGE) and that digest deployed; a digest not signed yet ' +
+      (waitMs > 0 ? `waits up to ${formatGoDuration(waitMs)} for its signature` : 'is refused at once') +
+      ' (SIGNATURE_WAIT)',
   ];
 }
 

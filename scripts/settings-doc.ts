@@ -151,6 +151,14 @@ export const SETTING_DETAILS: Record<string, string> = {
   VERIFY_SIGNATURE_ANNOTATIONS:
     'With `VERIFY_SIGNATURE`: `key=value` items separated by spaces that a signature must carry ' +
     '(`cosign sign -a key=value`), e.g. `pipeline=release`.',
+  SIGNATURE_WAIT:
+    'With `VERIFY_SIGNATURE`: how long a push whose digest has no signature yet (CI pushes, then signs) waits for ' +
+    'it, answered 202 (`waiting for its signature until <time>`, decision `waiting: signature`). It is looked at ' +
+    "again when the signature's own push (tag `sha256-<hex>.sig`, or the referrers index `sha256-<hex>`) arrives, " +
+    'at each look of a registry watch, every ' +
+    'minute and when the wait ends; then deployed, or refused (`refused: unsigned`). `0` refuses at once; else ' +
+    '10s to 24h. A signature by another key, copied from another digest, or a tag moved is refused at once. See ' +
+    '[Signed images](security.md#signed-images).',
   ON_REGISTRY_AWAY:
     'With `VERIFY_IMAGE` or `VERIFY_SIGNATURE`, when the registry cannot be reached: `fail` (the ' +
     'default) answers 500 and changes nothing; `keep` answers 202, keeps the push and tries it again every 5 s (the ' +

@@ -4,6 +4,7 @@
 // decisions end to end.
 
 import assert from 'node:assert/strict';
+import { generateKeyPairSync } from 'node:crypto';
 import { describe, test } from 'node:test';
 import {
   decide, DECISIONS, deliveryFacts, newReport, pushEvent, readHookConfig, recordUnchanged, resultSettings, rollbackObstacle,
@@ -85,7 +86,7 @@ describe('the decision of a push', () => {
     assert.deepEqual(published, {
       applied: 'applied', 're-pulled': 'same image restarted', superseded: 'no-op', repeat: 'no-op', 'no-op': 'no-op',
       refused: 'refused', 'refused: unsigned': 'refused: unsigned', 'skipped by policy': 'skipped by policy', held: 'held',
-      failed: 'failed', kept: 'no-op', waiting: 'waiting', approved: 'approved', rejected: 'rejected', expired: 'expired',
+      failed: 'failed', kept: 'no-op', waiting: 'waiting', 'waiting: signature': 'waiting: signature', approved: 'approved', rejected: 'rejected', expired: 'expired',
       'taken over': 'superseded', 'fanned out': 'fanned out', ran: 'ran', running: 'running',
     });
     const unsigned = { ...base(), decision: 'refused: unsigned' as const, result: 'failed' as const, error: 'signature: x is not signed' };
@@ -238,6 +239,38 @@ describe('the decision of one push on one workload (decide): each step, as a tab
     assert.deepEqual(JSON.parse(d.pending.value), { app: d.entry });
     assert.equal(d.pending.read, undefined);
     assert.ok(d.links?.approve.startsWith('https://webhook.example.test/'), JSON.stringify(d.links));
+  });
+
+  test('the signature step: a digest not signed yet waits (SIGNATURE_WAIT), waits on as it was, then is refused', () => {
+    const { publicKey } = generateKeyPairSync('ec', { namedCurve: 'prime256v1' });
+    const env = { VERIFY_SIGNATURE: `cosign:${publicKey.export({ type: 'spki', format: 'pem' })}`, SIGNATURE_WAIT: '20s' };
+    const ref = `r.io/shop/web:v2@sha256:${'b'.repeat(64)}`;
+    const unsigned = `signature: r.io/shop/web@sha256:${'b'.repeat(64)} is not signed as VERIFY_SIGNATURE requires: no cosign signature`;
+    const first = decide(input(push(ref, undefined, undefined, { unsigned }), workload('r.io/shop/web:v1'), env));
+    assert.equal(first.code, 'waiting: signature', JSON.stringify(first));
+    if (first.code !== 'waiting: signature') return;
+    assert.equal(first.reason, 'waiting for its signature until 2026-11-27T12:00:20.000Z');
+    assert.deepEqual([first.entry.waitsFor, first.entry.image, first.event?.reason], ['signature', ref, 'UpgradeWaiting']);
+    const waited = workload('r.io/shop/web:v1', { 'webhook/pending': first.pending.value });
+    const again = (nowMs: number, more: Partial<Push>) =>
+      decide({ ...input(push(ref, undefined, undefined, more), waited, env), nowMs });
+    const looked = { id: 'entry-1', action: 'signature' as const, by: 'its signature\'s push' };
+    // Looked at again before its wait is over, not signed yet: it waits on as it was, nothing written, no Event.
+    const on = again(NOW + 10_000, { unsigned, decided: looked });
+    assert.equal(on.code, 'waiting: signature');
+    if (on.code === 'waiting: signature') assert.deepEqual([on.pending.value === on.pending.read, on.event], [true, undefined]);
+    const end = again(NOW + 20_000, { unsigned, decided: looked });
+    assert.equal(end.code, 'refused: unsigned');
+    if ('reason' in end)
+      assert.match(end.reason, /no cosign signature, and none came within SIGNATURE_WAIT \(by 2026-11-27T12:00:20\.000Z\); nothing was changed$/);
+    // A person's decision of a digest not signed never waits for it.
+    assert.equal(again(NOW + 10_000, { unsigned, decided: { ...looked, action: 'approve' } }).code, 'refused: unsigned');
+    // Signed by then: deployed, its entry taken off by the same patch.
+    const signed = again(NOW + 10_000, { decided: looked });
+    assert.equal(signed.code, 'applied');
+    if (signed.code === 'applied') assert.deepEqual(JSON.parse(signed.change.guarded!['webhook/pending'].value), {});
+    // The same digest announced again while it waits: a repeat, nothing written.
+    assert.equal(again(NOW + 10_000, { unsigned, push: 'sha256:cd|' }).code, 'repeat');
   });
 
   test('deciding is pure: the same input, frozen, gives the same decision twice', () => {

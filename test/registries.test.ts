@@ -48,6 +48,21 @@ describe('registry quirks', () => {
     payload.events[0].target.tag = `sha256-${'a'.repeat(64)}.sig`;
     assert.match(noopOf(payload, { REPO_TYPE: 'distribution' }), /is a signature, attestation or SBOM, not an image$/);
   });
+  test('a signature\'s push, or a referrers index\'s, names the digest it is of; an attestation\'s does not', () => {
+    const payload = fixture('distribution-push-manifest.json');
+    const signatureOf = (tag: string) => {
+      payload.events[0].target.tag = tag;
+      const r = compose(payload, { REPO_TYPE: 'distribution' });
+      assert.equal(r.kind, 'noop', JSON.stringify(r));
+      return r.kind === 'noop' ? r.signatureOf : 'not a no-op';
+    };
+    assert.equal(signatureOf(`sha256-${'a'.repeat(64)}.sig`), `sha256:${'a'.repeat(64)}`);
+    assert.equal(signatureOf(`sha256-${'b'.repeat(64)}`), `sha256:${'b'.repeat(64)}`);
+    assert.equal(signatureOf(`sha256-${'c'.repeat(64)}.att`), undefined);
+    assert.match(noopOf(payload, { REPO_TYPE: 'distribution' }), /is a signature, attestation or SBOM, not an image$/);
+    payload.events[0].target.tag = `sha256-${'b'.repeat(64)}`;
+    assert.match(noopOf(payload, { REPO_TYPE: 'distribution' }), /is a referrers index \(signatures and attestations of a digest\), not an image$/);
+  });
   test('Harbor events other than a push are no-ops; a push without resources is an error', () => {
     const pull = { ...fixture('harbor-push-artifact.json'), type: 'PULL_ARTIFACT' };
     assert.equal(noopOf(pull, { REPO_TYPE: 'harbor' }), 'Harbor event "PULL_ARTIFACT" is not a push (PUSH_ARTIFACT, or pushImage before Harbor 2.0)');

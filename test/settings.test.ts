@@ -56,7 +56,7 @@ describe('what comes from the table', () => {
       Object.keys(checks).toSorted(),
       ['ALLOW_IMAGES', 'APPROVAL_OVERRIDE', 'APPROVAL_TIMEOUT', 'CLUSTER', 'CLUSTERS', 'DEPLOY_WINDOW',
         'GIT_AUTHOR', 'GIT_BRANCH', 'GIT_CA', 'GIT_FIELD', 'GIT_PATH', 'GIT_REPO', 'GIT_SIGNING_KEY', 'GIT_SYNC_TIMEOUT', 'GIT_TOKEN', 'GIT_USERNAME', 'NOTIFY_FORMAT', 'NOTIFY_ON_SKIP',
-        'NOTIFY_SECRET', 'NOTIFY_TELEGRAM_CHAT', 'NOTIFY_URL', 'ON_GITOPS_OWNER', 'ON_OUTSIDE_CHANGE', 'ON_REGISTRY_AWAY', 'POLL_INTERVAL', 'PROMOTE_AFTER', 'PROMOTE_CHECK', 'REGISTRY_HOST', 'REGISTRY_TOKEN_HOSTS', 'REQUIRE_APPROVAL', 'UPDATE_POLICY',
+        'NOTIFY_SECRET', 'NOTIFY_TELEGRAM_CHAT', 'NOTIFY_URL', 'ON_GITOPS_OWNER', 'ON_OUTSIDE_CHANGE', 'ON_REGISTRY_AWAY', 'POLL_INTERVAL', 'PROMOTE_AFTER', 'PROMOTE_CHECK', 'REGISTRY_HOST', 'REGISTRY_TOKEN_HOSTS', 'REQUIRE_APPROVAL', 'SIGNATURE_WAIT', 'UPDATE_POLICY',
         'VERIFY_SIGNATURE', 'VERIFY_SIGNATURE_ANNOTATIONS'],
     );
     assert.match(checks.VERIFY_SIGNATURE('cosign:/nonexistent/cosign.pub') ?? '', /^VERIFY_SIGNATURE item 1: the key file "\/nonexistent\/cosign\.pub" cannot be read/);
@@ -76,6 +76,11 @@ describe('what comes from the table', () => {
     assert.match(checks.ON_REGISTRY_AWAY('wait') ?? '', /^ON_REGISTRY_AWAY "wait" is not fail or keep/);
     assert.match(checks.POLL_INTERVAL('5s') ?? '', /^POLL_INTERVAL "5s" is outside 10s to 24h0m0s/);
     assert.equal(checks.POLL_INTERVAL('1m'), undefined);
+    // SIGNATURE_WAIT: 0 (refused at once) or 10s to 24h; bad input names the setting and the range.
+    assert.match(checks.SIGNATURE_WAIT('1ms') ?? '', /^SIGNATURE_WAIT "1ms" is not 0 nor between 10s and 24h$/);
+    assert.match(checks.SIGNATURE_WAIT('25h') ?? '', /^SIGNATURE_WAIT "25h" is not 0 nor between 10s and 24h$/);
+    assert.match(checks.SIGNATURE_WAIT('forever') ?? '', /^SIGNATURE_WAIT "forever" is not a duration \(e\.g\. 0, 30s, 10m\)$/);
+    assert.deepEqual(['0', '20s', ' ', undefined].map((v) => HOOK_SETTINGS.SIGNATURE_WAIT.parse(v)), [0, 20_000, 600_000, 600_000]);
     assert.match(checks.GIT_REPO('http://git.example/deploy.git') ?? '', /^GIT_REPO "http:\/\/git\.example\/deploy\.git" is not https:\/\//);
     assert.match(checks.GIT_TOKEN('/nonexistent/token') ?? '', /^GIT_TOKEN: the token file "\/nonexistent\/token" cannot be read/);
     assert.equal(HOOK_SETTINGS.ON_REGISTRY_AWAY.parse(' KEEP '), 'keep');

@@ -98,7 +98,7 @@ describe('VERIFY_SIGNATURE: cosign signatures on a real registry, through the ex
       env: { ...process.env, COSIGN_PASSWORD: KEY_PASSWORD, COSIGN_EXPERIMENTAL: '1', SSL_CERT_FILE: at.ca, DOCKER_CONFIG: dockerConfig },
     });
   /** The registry's push envelope for acme/web:<tag> at <digest>, to the hook for deployment/<workload>. */
-  const post = (tag: string, digest: string, { hook = 'signed', workload = 'web', host = registry.host, repository = 'acme/web' } = {}) => wh.request(
+  const post = (tag: string, digest: string, { hook = 'signed', workload = 'web', host = registry.host, repository = 'acme/web', via = wh } = {}) => via.request(
     `/hooks/${hook}?${new URLSearchParams({ token: TOKEN, ns, workload: `deployment/${workload}`, container: 'app' })}`, {
       method: 'POST', headers: { 'Content-Type': 'application/vnd.docker.distribution.events.v1+json' },
       body: JSON.stringify({ events: [{
@@ -108,8 +108,8 @@ describe('VERIFY_SIGNATURE: cosign signatures on a real registry, through the ex
       }] }),
     });
   /** The deliveries page's record of the push `res` answered, once it is done. */
-  const deliveryOf = async (res: { headers: Record<string, unknown> }, timeoutMs = 30_000) => {
-    const admin = await adminPort(wh);
+  const deliveryOf = async (res: { headers: Record<string, unknown> }, timeoutMs = 30_000, at = wh) => {
+    const admin = await adminPort(at);
     const id = String(res.headers['x-request-id']);
     return waitFor(async () => {
       const d = JSON.parse((await httpRequest(admin, '/deliveries.json')).body).deliveries.find((x: any) => x.request_id === id);
@@ -155,18 +155,22 @@ describe('VERIFY_SIGNATURE: cosign signatures on a real registry, through the ex
       return h;
     };
     const hooks = [
-      hook('signed', { VERIFY_SIGNATURE: `cosign:${path.join(work, 'release.pub')}` }),
+      // SIGNATURE_WAIT=0: a digest not signed yet is refused at once, as before the wait.
+      hook('signed', { VERIFY_SIGNATURE: `cosign:${path.join(work, 'release.pub')}`, SIGNATURE_WAIT: '0' }),
       hook('annotated', { VERIFY_SIGNATURE: `cosign:${fs.readFileSync(path.join(work, 'release.pub'), 'utf8')}`, VERIFY_SIGNATURE_ANNOTATIONS: 'pipeline=release' }),
       // Several keys, any one suffices: a file and PEM text.
       hook('anykey', { VERIFY_SIGNATURE: `cosign:${path.join(work, 'ed.pub')} cosign:${fs.readFileSync(path.join(work, 'rsa.pub'), 'utf8')}` }),
       // A push the registry cannot be asked about waits for it (-apply-deadline, 10 minutes by default).
-      hook('patient', { VERIFY_SIGNATURE: `cosign:${path.join(work, 'release.pub')}`, ON_REGISTRY_AWAY: 'keep' }),
+      hook('patient', { VERIFY_SIGNATURE: `cosign:${path.join(work, 'release.pub')}`, ON_REGISTRY_AWAY: 'keep', SIGNATURE_WAIT: '0' }),
+      // A digest not signed yet waits for its signature: 10 minutes (the default), and 20 s.
+      hook('waits', { VERIFY_SIGNATURE: `cosign:${path.join(work, 'release.pub')}` }),
+      hook('brief', { VERIFY_SIGNATURE: `cosign:${path.join(work, 'release.pub')}`, SIGNATURE_WAIT: '20s' }),
     ];
     oci = await ociRegistryOrSkip();
     if (oci) {
       ociCa = path.join(work, 'oci-ca.pem');
       fs.writeFileSync(ociCa, oci.caPem);
-      hooks.push(hook('referrers', { VERIFY_SIGNATURE: `cosign:${path.join(work, 'release.pub')}`, REGISTRY_CA: ociCa }));
+      hooks.push(hook('referrers', { VERIFY_SIGNATURE: `cosign:${path.join(work, 'release.pub')}`, REGISTRY_CA: ociCa, SIGNATURE_WAIT: '0' }));
       // Signatures made here with the Ed25519 key (node:crypto), pushed as a registry pusher could shape them.
       hooks.push(hook('flood', { VERIFY_SIGNATURE: `cosign:${path.join(work, 'ed.pub')}`, REGISTRY_CA: ociCa }));
       hooks.push(hook('typed', { VERIFY_SIGNATURE: `cosign:${path.join(work, 'ed.pub')}`, REGISTRY_CA: ociCa,
@@ -183,6 +187,8 @@ describe('VERIFY_SIGNATURE: cosign signatures on a real registry, through the ex
       withSecret(deployment('annotated', [{ name: 'app', image: image('v1') }], { replicas: 1 })),
       withSecret(deployment('anykey', [{ name: 'app', image: image('v1') }], { replicas: 1 })),
       withSecret(deployment('patient', [{ name: 'app', image: image('v1') }], { replicas: 1 })),
+      withSecret(deployment('waits', [{ name: 'app', image: image('v1') }], { replicas: 1 })),
+      withSecret(deployment('brief', [{ name: 'app', image: image('v1') }], { replicas: 1 })),
       ...(oci ? ['referrers', 'flood', 'typed'].map((name) =>
         deployment(name, [{ name: 'app', image: `${oci!.host}/acme/${name === 'referrers' ? 'web' : 'flood'}:v1` }], { replicas: 1 })) : []),
     ] }));
@@ -447,6 +453,10 @@ describe('VERIFY_SIGNATURE: cosign signatures on a real registry, through the ex
     const fp = fingerprint(path.join(work, 'release.pub'));
     assert.match(out, new RegExp(`signatures: cosign, signed by any of 1 key \\(ECDSA P-256 ${fp}\\); the tag is resolved`));
     assert.match(out, new RegExp(`signatures: cosign, signed by any of 1 key \\(ECDSA P-256 ${fp}\\), with pipeline=release;`));
+    // SIGNATURE_WAIT: 10 minutes unless the hook says otherwise; 0 refuses a digest not signed yet at once.
+    assert.match(out, /digest deployed; a digest not signed yet waits up to 10m0s for its signature \(SIGNATURE_WAIT\)$/m);
+    assert.match(out, /digest deployed; a digest not signed yet waits up to 20s for its signature \(SIGNATURE_WAIT\)$/m);
+    assert.match(out, /digest deployed; a digest not signed yet is refused at once \(SIGNATURE_WAIT\)$/m);
     const body = fs.readFileSync(path.join(work, 'release.pub'), 'utf8').split('\n')[1];
     assert.ok(!out.includes(body), out);
     const bad = JSON.parse(fs.readFileSync(path.join(work, 'hooks.json'), 'utf8')).slice(0, 1);
@@ -578,6 +588,209 @@ describe('VERIFY_SIGNATURE: cosign signatures on a real registry, through the ex
     assert.equal(again.status, 200, again.body);
     assert.match(again.body, new RegExp(`note: +signature: ${escape(`${registry.host}/acme/web@${signedV2}`)} is signed by ECDSA P-256 key`));
     assert.equal(await imageOf(), `${image('v2')}@${signedV2}`);
+  });
+
+  describe('SIGNATURE_WAIT: a push made before its signature waits for it (CI pushes, then signs)', () => {
+    const pendingOf = async (workload: string) => {
+      const raw = JSON.parse(await kubectl(['-n', ns, 'get', `deployment/${workload}`, '-o', 'json'])).metadata.annotations?.['webhook/pending'];
+      return raw === undefined ? undefined : JSON.parse(raw).app;
+    };
+    /** The push of acme/web:<tag> at a digest not signed yet, to hook and deployment `workload`: kept waiting (202). */
+    const waiting = async (tag: string, digest: string, workload: string, { hook = workload, via = wh } = {}) => {
+      const before = await stateOf(workload);
+      const res = await post(tag, digest, { hook, workload, via });
+      assert.equal(res.status, 202, res.body);
+      assert.match(res.body, /^action: +waiting for its signature until \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$/m);
+      assert.equal(await stateOf(workload), before, 'nothing deployed while it waits');
+      const entry = await pendingOf(workload);
+      assert.deepEqual([entry?.waitsFor, entry?.image], ['signature', `${image(tag)}@${digest}`]);
+      const delivery = await deliveryOf(res, 30_000, via);
+      assert.equal(delivery.decision, 'waiting: signature');
+      assert.equal(delivery.waiting.for, 'signature');
+      return res;
+    };
+    /** What the registry announces once cosign stored the signature of `digest`: the push of its sha256-<hex>.sig tag. */
+    const postSignature = async (digest: string, workload: string, via = wh) => {
+      const tag = `${digest.replace(':', '-')}.sig`;
+      return post(tag, await digestOf(tag), { hook: workload, workload, via });
+    };
+    /** The record, on `at`'s deliveries page, of the push of `digest` to deployment/<workload> decided `decision`. */
+    const findRecord = async (at: Webhook, workload: string, decision: string, digest: string) =>
+      (JSON.parse((await httpRequest(await adminPort(at), '/deliveries.json')).body).deliveries as any[]).find((d) =>
+        d.state === 'done' && d.workload === `deployment/${workload}` && d.decision === decision && JSON.stringify(d).includes(digest));
+    const recordOf = (at: Webhook, workload: string, decision: string, digest: string, timeoutMs: number) =>
+      waitFor(() => findRecord(at, workload, decision, digest), { timeoutMs, what: `a record "${decision}" of ${digest} on deployment/${workload}` });
+
+    test('the signature\'s push deploys the waiting digest, on a replica that did not answer the push (started before it)', async () => {
+      // Another replica, which never saw the push: the waiting push lives on the workload, not in a replica's memory.
+      const other = await startWebhook({ hooks: path.join(work, 'hooks.json'), env: { KUBECONFIG: cluster!.kubeconfigPath }, metrics: true, args: ['-deliveries', '50'] });
+      try {
+        const digest = await pushImage('w1');
+        await waiting('w1', digest, 'waits');
+        await sign('release', digest);
+        const sig = await postSignature(digest, 'waits', other);
+        assert.equal(sig.status, 200, sig.body);
+        assert.match(sig.body, /^action: +none \(tag "sha256-[0-9a-f]{64}\.sig" is a signature, attestation or SBOM, not an image\)$/m);
+        // Well within the minute after which a waiting push is looked at again anyway: the signature's push did it.
+        const applied = await recordOf(other, 'waits', 'applied', digest, 30_000);
+        assert.match(applied.report, /its signature was found \(its signature's push, request [0-9a-f-]+\)/);
+        assert.match(applied.report, new RegExp(`signature: ${escape(`${registry.host}/acme/web@${digest}`)} is signed by ECDSA P-256 key`));
+        assert.equal(await imageOf('waits'), `${image('w1')}@${digest}`);
+        assert.equal(await pendingOf('waits'), undefined, 'its entry is taken off');
+      } finally {
+        await other.stop();
+      }
+    });
+
+    test('signed, but its signature never announced: deployed when its wait ends (SIGNATURE_WAIT=20s)', async () => {
+      const digest = await pushImage('w2');
+      await waiting('w2', digest, 'brief');
+      await sign('release', digest);
+      const applied = await recordOf(wh, 'brief', 'applied', digest, 90_000);
+      assert.match(applied.report, /its signature was found \(the end of its SIGNATURE_WAIT\)/);
+      assert.equal(await imageOf('brief'), `${image('w2')}@${digest}`);
+      assert.equal(await pendingOf('brief'), undefined, 'its entry is taken off');
+    });
+
+    test('never signed: refused (refused: unsigned) when its wait ends, its entry taken off, nothing deployed', async () => {
+      const digest = await pushImage('w3');
+      const before = await stateOf('brief');
+      await waiting('w3', digest, 'brief');
+      const refusal = await recordOf(wh, 'brief', 'refused: unsigned', digest, 90_000);
+      assert.match(refusal.detail, new RegExp(`^signature: ${escape(`${registry.host}/acme/web@${digest}`)} is not signed as VERIFY_SIGNATURE requires: ` +
+        'no cosign signature \\(looked at .*\\), and none came within SIGNATURE_WAIT \\(by \\d{4}-[^)]+\\); nothing was changed$'));
+      assert.equal(await stateOf('brief'), before);
+      assert.equal(await pendingOf('brief'), undefined, 'its entry is taken off');
+      const events = async () => (JSON.parse(await kubectl(['-n', ns, 'get', 'events', '--field-selector', 'involvedObject.name=brief,reason=UpgradeRefused', '-o', 'json'])).items as any[])
+        .filter((e) => e.type === 'Warning' && e.message.includes(`acme/web@${digest} is not signed`) && e.message.includes('none came within SIGNATURE_WAIT'));
+      await waitFor(async () => (await events()).length > 0, { timeoutMs: 30_000, what: 'the UpgradeRefused Event' });
+    });
+
+    test('a replica started since finds a push waiting on a watched workload, and deploys it at a look once signed', async () => {
+      // Hook "watching" (as "waits") is loaded only by these two replicas: the test's main service neither watches nor
+      // completes the push.
+      const hooksFile = path.join(work, 'watching.json');
+      const waits = JSON.parse(fs.readFileSync(path.join(work, 'hooks.json'), 'utf8')).find((h: any) => h.id === 'waits');
+      fs.writeFileSync(hooksFile, JSON.stringify([{ ...waits, id: 'watching' }]));
+      const d: Record<string, any> = deployment('watched', [{ name: 'app', image: image('v1') }], { replicas: 1 });
+      d.metadata.annotations = { 'webhook/poll': '10s', 'webhook/hook': 'watching' };
+      d.spec.template.spec.imagePullSecrets = [{ name: 'regcred' }];
+      await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(d));
+      const options = { hooks: hooksFile, env: { KUBECONFIG: cluster!.kubeconfigPath }, metrics: true, args: ['-deliveries', '50'] };
+      const digest = await pushImage('w10');
+      // The replica that answered the push is gone before it is signed; no signature's push is announced.
+      const answering = await startWebhook(options);
+      try {
+        await waiting('w10', digest, 'watched', { hook: 'watching', via: answering });
+      } finally {
+        await answering.stop();
+      }
+      await sign('release', digest);
+      const watcher = await startWebhook(options);
+      try {
+        // Within its first looks (every 10 s), well before the minute after which a known waiting push is looked at.
+        const applied = await recordOf(watcher, 'watched', 'applied', digest, 45_000);
+        assert.match(applied.report, /its signature was found \(the registry watch\)/);
+        assert.equal(await imageOf('watched'), `${image('w10')}@${digest}`);
+        assert.equal(await pendingOf('watched'), undefined, 'its entry is taken off');
+      } finally {
+        await watcher.stop();
+      }
+    });
+
+    test('a signature stored as a referrer: the push of its referrers index (tag sha256-<hex>) deploys the waiting digest', async () => {
+      const digest = await pushImage('w12');
+      await waiting('w12', digest, 'waits');
+      await sign('release', digest, ['--registry-referrers-mode=oci-1-1']);
+      // Distribution 2.8 has no referrers API: cosign lists the signature in the referrers tag schema's index.
+      const index = digest.replace(':', '-');
+      const res = await post(index, await digestOf(index), { hook: 'waits', workload: 'waits' });
+      assert.equal(res.status, 200, res.body);
+      assert.match(res.body, /^action: +none \(tag "sha256-[0-9a-f]{64}" is a referrers index \(signatures and attestations of a digest\), not an image\)$/m);
+      const applied = await recordOf(wh, 'waits', 'applied', digest, 30_000);
+      assert.match(applied.report, /its signature was found \(its signature's push, request [0-9a-f-]+\)/);
+      assert.match(applied.report, /is signed by ECDSA P-256 key sha256:[0-9a-f]{64} \(referrer sha256:[0-9a-f]{64}, layer 1\)/);
+      assert.equal(await imageOf('waits'), `${image('w12')}@${digest}`);
+    });
+
+    test('under SIGNATURE_WAIT, a wrong key, a copied signature and a tag moved are refused at once (500), none kept waiting', async () => {
+      const where = { hook: 'waits', workload: 'waits' };
+      // The wait is in force (10 minutes): a digest not signed yet waits; what follows is refused at once, and
+      // leaves it waiting.
+      const unsigned = await pushImage('w3a');
+      await waiting('w3a', unsigned, 'waits');
+      const wrong = await pushImage('w4');
+      await sign('other', wrong);
+      await refused('w4', wrong, new RegExp(`tag sha256-[0-9a-f]{64}\\.sig, layer 1: not signed by a key VERIFY_SIGNATURE names \\(${fingerprint(path.join(work, 'release.pub'))}\\)`), where);
+      const copied = await pushImage('w5');
+      const tag = (d: string) => `docker://${registry.host}/acme/web:${d.replace(':', '-')}.sig`;
+      const creds = `${LOGIN.user}:${LOGIN.password}`;
+      await run('skopeo', ['copy', '--quiet', '--src-cert-dir', certDir, '--dest-cert-dir', certDir, '--src-creds', creds, '--dest-creds', creds,
+        tag(signedV2), tag(copied)], { timeout: COSIGN_TIMEOUT_MS });
+      await refused('w5', copied, /tag sha256-[0-9a-f]{64}\.sig, layer 1: signed by sha256:[0-9a-f]{64}, but for "sha256:[0-9a-f]{64}", not this digest \(a signature copied from another image\)/, where);
+      const signed = await pushImage('w6');
+      await sign('release', signed);
+      const moved = await pushImage('w6');
+      const late = await post('w6', signed, where);
+      assert.equal(late.status, 500, late.body);
+      assert.match(late.body, new RegExp(`failed: VERIFY_IMAGE: the payload announced ${signed} but the registry's .*acme/web:w6 is ${moved}; nothing was changed`));
+      assert.equal((await pendingOf('waits'))?.image, `${image('w3a')}@${unsigned}`, 'none of them kept waiting');
+    });
+
+    test('a signature by another key, announced for a waiting push, refuses it at once; a newer push replaces a waiting one', async () => {
+      const digest = await pushImage('w7');
+      await waiting('w7', digest, 'waits');
+      await sign('other', digest);
+      await postSignature(digest, 'waits');
+      const refusal = await recordOf(wh, 'waits', 'refused: unsigned', digest, 30_000);
+      assert.match(refusal.detail, /layer 1: not signed by a key VERIFY_SIGNATURE names/);
+      assert.equal(await pendingOf('waits'), undefined, 'its entry is taken off');
+      // Newest wins: the push waiting for its signature is replaced by a newer one, and reported superseded.
+      const older = await pushImage('w8');
+      const first = await waiting('w8', older, 'waits');
+      const newer = await pushImage('w9');
+      const second = await waiting('w9', newer, 'waits');
+      assert.match(second.body, new RegExp(`^note: +the waiting push of ${escape(`${image('w8')}@${older}`)} \\(request ${first.headers['x-request-id']}, pushed at [^)]+\\) is superseded$`, 'm'));
+      // Published as schema 1 names a superseded push: no-op.
+      const superseded = await recordOf(wh, 'waits', 'no-op', newer, 30_000);
+      assert.equal(superseded.request_id, first.headers['x-request-id']);
+      assert.match(superseded.detail, new RegExp(`^superseded: a newer push, ${escape(`${image('w9')}@${newer}`)} \\(request ${second.headers['x-request-id']}\\), replaced it while it waited$`));
+      // The digest waiting, announced again (a registry's retry, a registry watch's look): it waits on as it is.
+      const again = await post('w9', newer, { hook: 'waits', workload: 'waits' });
+      assert.equal(again.status, 200, again.body);
+      assert.match(again.body, /^action: +none \(the same digest is waiting already: waiting for its signature until [^)]+\)$/m);
+      assert.equal((await pendingOf('waits'))?.request, second.headers['x-request-id']);
+    });
+
+    test('a look that fails within the wait (the registry away) leaves the push waiting; the next one deploys it', async () => {
+      const digest = await pushImage('w11');
+      await waiting('w11', digest, 'waits');
+      await sign('release', digest);
+      const tag = `${digest.replace(':', '-')}.sig`;
+      const announced = await digestOf(tag);
+      await registry.down();
+      try {
+        const sig = await post(tag, announced, { hook: 'waits', workload: 'waits' });
+        assert.equal(sig.status, 200, sig.body);
+        await waitForOutput(wh, new RegExp(`the push of ${escape(`${image('w11')}@${digest}`)} waiting for its signature: ` +
+          'signature: could not read the signatures .*; looked at again later'), 60_000);
+        assert.equal((await pendingOf('waits'))?.image, `${image('w11')}@${digest}`, 'still waiting');
+      } finally {
+        await registry.up();
+      }
+      // Announced again, as a registry retries (once a second here): one delivery within 5 s of the last look is
+      // acknowledged without another look, so the first few may find it looked at a moment ago.
+      let announcedAt = 0;
+      const applied = await waitFor(async () => {
+        if (Date.now() - announcedAt >= 1_000) {
+          announcedAt = Date.now();
+          assert.equal((await post(tag, announced, { hook: 'waits', workload: 'waits' })).status, 200);
+        }
+        return findRecord(wh, 'waits', 'applied', digest);
+      }, { timeoutMs: 30_000, what: `the deployment of ${digest} once its signature is announced again` });
+      assert.match(applied.report, /its signature was found \(its signature's push, request [0-9a-f-]+\)/);
+      assert.equal(await imageOf('waits'), `${image('w11')}@${digest}`);
+    });
   });
 
   test('the registry login and the key password never appear in the output', () => {
