@@ -5640,8 +5640,9 @@ export function credentialsFromEnvironment(
 //    P-256, Ed25519, RSA; Ed25519ph, which cosign signs with and node:crypto lacks, by hand after RFC 8032), and
 //    that it names the digest, the repository and the annotations required. No transparency log, no Fulcio: a
 //    keyless signature is refused.
-//    Exports: asList, CosignKey, MANIFEST_TYPES, parseCosignKeys, readCosignSignatures, registryAway, RegistryError,
-//    RegistryLogin, RepositoryReader, resolveManifestTag, SignatureVerdict.
+//    Exports: asList, CosignKey, MANIFEST_TYPES, parseCosignKeys, readCosignSignatures, RegistryRepository,
+//    registryAway, RegistryError, RegistryLogin, RepositoryReader, resolveManifestTag, SIGNATURE_LIMITS,
+//    SignatureVerdict.
 //    Tests: test/outbound.test.ts, test/registry-e2e.test.ts, test/clouds.test.ts, test/cosign-verify.test.ts,
 //    test/signed-images.test.ts.
 // ================================================================================================
@@ -11615,6 +11616,8 @@ export const DECISIONS = {
   refused: { published: 'refused', action: 'none' },
   /** VERIFY_SIGNATURE refused the push: the digest has no cosign signature valid as required; nothing was written. */
   'refused: unsigned': { published: 'refused: unsigned', action: 'none' },
+  /** The image index has no manifest for the platform of the nodes the workload can run on: nothing was written. */
+  'refused: platform': { published: 'refused: platform', action: 'none' },
   /** The container's image was changed outside webhook and the push is not newer (ON_OUTSIDE_CHANGE=hold). */
   held: { published: 'held', action: 'none' },
   /** The tag is outside the container's update policy (UPDATE_POLICY, webhook/policy): nothing was written. */
@@ -12842,10 +12845,11 @@ function repoTypeSetting(value: string | undefined): string {
 //    a push may change only the tag and digest of the repository the container runs now. Endpoints of one registry
 //    count as the same (REGISTRY_ENDPOINTS), and so does the hook's REGISTRY_HOST; anything else needs ALLOW_IMAGES
 //    (`host/path`, `host/path/*`, `host/*`; Docker Hub's may omit the host). Both widen what a request may deploy, so
-//    HOOK_SETTINGS (hook settings) has them refused at load unless they are fixed strings, and valid.
+//    HOOK_SETTINGS (hook settings) has them refused at load unless they are fixed strings, and valid. The platforms
+//    an image index offers (readIndexPlatforms; indexPlatforms, pure), which the platform check compares.
 //    Exports: allowedImages, checkImagePin, chooseCandidate, composeImageRef, imagePin, ImagePin, normalizeImageRef,
-//    problemOf, readImagePin, registryHostSetting, registryOf, validateImageRef.
-//    Tests: test/registries.test.ts, test/upgrade.test.ts, test/clouds.test.ts.
+//    problemOf, readImagePin, readIndexPlatforms, registryHostSetting, registryOf, validateImageRef.
+//    Tests: test/registries.test.ts, test/upgrade.test.ts, test/clouds.test.ts, test/platforms.test.ts.
 // ================================================================================================
 
 /**
@@ -13174,6 +13178,49 @@ function problemOf(check: () => unknown): string | undefined {
   } catch (e) {
     return (e as Error).message;
   }
+}
+
+// ---- the platforms an image index offers (the platform check) ---------------------------------------
+
+/** An OCI index's or Docker manifest list's type: what an image of several platforms is served as. */
+const INDEX_TYPES = [
+  'application/vnd.oci.image.index.v1+json',
+  'application/vnd.docker.distribution.manifest.list.v2+json',
+];
+
+/**
+ * The platforms (`os/architecture`, as the nodes' kubernetes.io/os and kubernetes.io/arch name them) an image
+ * index offers, sorted and each once; undefined when the manifest is not an index (a single image runs where it was
+ * built for, which its config says: not read). Entries of platform unknown/unknown (the attestations BuildKit adds)
+ * and entries naming none are no platform. Pure.
+ */
+export function indexPlatforms(manifest: Record<string, unknown>): string[] | undefined {
+  const type = manifest.mediaType;
+  if (!(typeof type === 'string' ? INDEX_TYPES.includes(type) : Array.isArray(manifest.manifests))) return undefined;
+  const offered = new Set<string>();
+  for (const entry of asList(manifest.manifests)) {
+    const platform = isObject(entry) && isObject(entry.platform) ? entry.platform : {};
+    const { os, architecture: arch } = platform;
+    if (typeof os === 'string' && typeof arch === 'string' && os !== 'unknown' && arch !== 'unknown')
+      offered.add(`${os}/${arch}`);
+  }
+  return [...offered].sort();
+}
+
+/**
+ * The platforms the image `digest` offers when it is an index (indexPlatforms), read from its registry (one GET of
+ * the manifest, checked against the digest, within SIGNATURE_LIMITS.checkTimeoutMs); undefined for a single image.
+ * Throws a RegistryError (or OutboundError) when the registry refuses, has no such manifest or does not answer.
+ */
+export async function readIndexPlatforms(
+  registry: RegistryRepository,
+  digest: string,
+  loginFor: () => Promise<RegistryLogin | undefined>,
+): Promise<string[] | undefined> {
+  const reader = new RepositoryReader(registry, loginFor, performance.now() + SIGNATURE_LIMITS.checkTimeoutMs);
+  const manifest = await reader.manifest(digest);
+  if (!manifest) throw new RegistryError(`${registry.host}/${registry.repository}: the registry has no ${digest}`, 404);
+  return indexPlatforms(manifest.json);
 }
 
 // ================================================================================================
@@ -13552,7 +13599,8 @@ export function readApprovalToken(
 //    is what an upgrade is given (client, clock, queue, the workloads it last saw).
 //    Exports: annotationOps, asArray, DNS_LABEL, FollowOptions, ForcedRollback, K8sObject, KEPT_SUPERSEDED, kindSpec,
 //    KnownWorkloads, labelSelector, leanWorkload, locateContainer, LocatedContainer, missingContainerMessage,
-//    newReport, numberAt, orList, ownedBy, parseWorkload, PayloadError, PlannedChange, planPatch, PodSummary,
+//    newReport, NodePlatformsRead, numberAt, orList, ownedBy, parseWorkload, PayloadError, PlannedChange, planPatch,
+//    PodSummary,
 //    readWorkload, recordWorkloadEvent, RollbackOutcome, RolloutOutcome, rolloutStatus, roundedToSeconds,
 //    STUCK_REASONS, summarizePod, unchanged, UPGRADE_LIMITS, UpgradeDeps, UpgradeError, UpgradeReport, valueAt,
 //    WORKLOAD_KINDS, WorkloadEvent, WorkloadKind, workloadPods, WorkloadQueue, workloadResource, WorkloadTarget.
@@ -14360,7 +14408,14 @@ export interface UpgradeDeps {
    * after <soak> healthy in <stage>`.
    */
   decided?: { id?: string; action: 'approve' | 'deploy-now' | 'window' | 'replay' | 'promote'; by: string };
+  /** The service's reader of the nodes' platforms (NodePlatforms: one cache, one warning per cluster). */
+  nodePlatforms?: { of(client: KubeClient, cluster: string | undefined, podSpec: unknown): Promise<NodePlatformsRead> };
+  /** A push a registry watch found: its index's platforms are checked even without VERIFY_IMAGE. */
+  watched?: boolean;
 }
+
+/** What the nodes a workload can run on run: their platforms (`linux/amd64`), or why they are not known. */
+export type NodePlatformsRead = { platforms: string[]; nodes: number } | { unknown: string; refused?: boolean };
 
 /** The last state seen of each workload, by namespace/kind/name; the oldest beyond a bound is dropped. */
 export class KnownWorkloads {
@@ -15698,14 +15753,17 @@ function readSettings(
 //    a cosign signature of the resolved digest valid under one of the hook's keys (checkSignature); an unsigned or
 //    wrongly signed digest is refused (SignatureRefusal, decided `refused: unsigned`, a Warning Event UpgradeRefused).
 //    A registry that does not answer fails the push closed, or under ON_REGISTRY_AWAY=keep has it kept (RegistryAway).
+//    Where the registry is asked anyway (VERIFY_IMAGE, VERIFY_SIGNATURE, a registry watch), platformFacts reads the
+//    platforms an image index offers and those of the nodes the workload can run on, for the platform step.
 //    Every Event a push writes on its workload is rendered by pushEvent from one table (PUSH_EVENTS: its type, reason
 //    and message, from the push's decision and facts); recordEventQuietly records one without failing the push.
 //    Exports: decidePush, decisionReason, FollowRecord, FUTURE_PUSH_SKEW_MS, holdDecision, imageFieldPath,
-//    IncomingPush, newPushRecord, pullSecretNames, pushEvent, PushRecord, pushTime, readContainerAnnotation,
-//    readFollowRecords, readPushRecords, recordEventQuietly, recordUnchanged, RegistryAway, SignatureRefusal,
-//    verifiedRef, whoAsked, withPushRecord, workloadLogin, workloadPodSpec.
-//    Tests: test/clouds.test.ts, test/decision.test.ts, test/hold.test.ts, test/records.test.ts,
-//    test/registries.test.ts, test/registry-e2e.test.ts, test/replicas.test.ts, test/upgrade.test.ts.
+//    IncomingPush, newPushRecord, NodePlatforms, PlatformFacts, platformFacts, pullSecretNames, pushEvent, PushRecord,
+//    pushTime, readContainerAnnotation, readFollowRecords, readPushRecords, recordEventQuietly, recordUnchanged,
+//    RegistryAway, SignatureRefusal, verifiedRef, whoAsked, withPushRecord, workloadLogin, workloadPodSpec.
+//    Tests: test/clouds.test.ts, test/decision.test.ts, test/hold.test.ts, test/platforms.test.ts,
+//    test/records.test.ts, test/registries.test.ts, test/registry-e2e.test.ts, test/replicas.test.ts,
+//    test/upgrade.test.ts.
 // ================================================================================================
 
 /** One container's last applied push, as recorded in LAST_PUSH_ANNOTATION. */
@@ -15928,7 +15986,7 @@ export const PUSH_EVENTS = {
   /** The update policy does not take the tag (decision `skipped by policy`). */
   'skipped by policy': { type: 'Normal', reason: 'UpgradeSkipped', message: (f: Facts<'why' | 'asked'>) =>
     `${f.why}; asked by ${f.asked}` },
-  /** The image pin or VERIFY_SIGNATURE refused the push (`refused`, `refused: unsigned`). */
+  /** The image pin, VERIFY_SIGNATURE or the platform check refused the push (`refused`, `refused: <why>`). */
   refused: { type: 'Warning', reason: 'UpgradeRefused', message: (f: Facts<'why' | 'asked'>) =>
     `${f.why}; asked by ${f.asked}` },
   /** Not applied: no such container, a malformed policy, an outside change of unknown origin (`failed`). */
@@ -16332,6 +16390,196 @@ function registryFailure(s: UpgradeSettings, e: unknown, message: string): Upgra
   return registryAway(e) && s.onRegistryAway === 'keep' ? new RegistryAway(message) : new UpgradeError(message);
 }
 
+// ---- the nodes a workload can run on, and their platforms -----------------------------------------
+
+const NODE_PLATFORM_LIMITS = {
+  // Nodes come and go over minutes (an autoscaler adds some), and a node's os and arch never change: what one
+  // LIST found serves the pushes of the next 30 s, so a release of many images costs one LIST per node selector.
+  cacheMs: 30_000,
+  // Node selectors remembered at once, per service: a cluster's workloads use a handful; past it the oldest goes.
+  maxCached: 256,
+  // One LIST page of nodes, each page let go before the next: a node object is some 5-20 KiB.
+  pageSize: 500,
+  // Pages at most: 5,000 nodes is Kubernetes's own limit for one cluster.
+  maxPages: 10,
+};
+
+
+/**
+ * Whether a node's labels (and name) satisfy a pod's required node affinity: one of its nodeSelectorTerms, each
+ * of whose matchExpressions (In, NotIn, Exists, DoesNotExist, Gt, Lt) and matchFields (metadata.name) holds; an
+ * empty term matches no node, as the scheduler has it. No terms: every node. Pure.
+ */
+export function nodeAffinityAllows(terms: unknown[], labels: Record<string, string>, name: string): boolean {
+  if (terms.length === 0) return true;
+  const expressionHolds = (e: unknown, value: (key: string) => string | undefined) => {
+    const key = String(valueAt(e, ['key']));
+    const values = asArray(valueAt(e, ['values'])).map(String);
+    const v = value(key);
+    switch (valueAt(e, ['operator'])) {
+      case 'In':
+        return v !== undefined && values.includes(v);
+      case 'NotIn':
+        return v === undefined || !values.includes(v);
+      case 'Exists':
+        return v !== undefined;
+      case 'DoesNotExist':
+        return v === undefined;
+      case 'Gt':
+      case 'Lt': {
+        const [n, bound] = [Number(v), Number(values[0])];
+        if (v === undefined || !Number.isInteger(n) || !Number.isInteger(bound)) return false;
+        return valueAt(e, ['operator']) === 'Gt' ? n > bound : n < bound;
+      }
+      default:
+        return false;
+    }
+  };
+  const label = (key: string) => labels[key];
+  const field = (key: string) => (key === 'metadata.name' ? name : undefined);
+  return terms.some((term) => {
+    const expressions = asArray(valueAt(term, ['matchExpressions']));
+    const fields = asArray(valueAt(term, ['matchFields']));
+    if (expressions.length + fields.length === 0) return false;
+    return expressions.every((e) => expressionHolds(e, label)) && fields.every((e) => expressionHolds(e, field));
+  });
+}
+
+/** The nodes a pod spec allows: its nodeSelector (as a label selector) and its required node affinity terms. Pure. */
+function nodeSelection(podSpec: unknown): { selector: string; terms: unknown[] } {
+  const nodeSelector = valueAt(podSpec, ['nodeSelector']);
+  const required = ['affinity', 'nodeAffinity', 'requiredDuringSchedulingIgnoredDuringExecution', 'nodeSelectorTerms'];
+  return {
+    selector: isObject(nodeSelector) ? labelSelector({ matchLabels: nodeSelector }) : '',
+    terms: asArray(valueAt(podSpec, required)),
+  };
+}
+
+/**
+ * The platforms of the nodes a workload can run on (kubernetes.io/os and kubernetes.io/arch of the nodes its
+ * nodeSelector and required node affinity allow): one LIST of the nodes (a label selector from the nodeSelector,
+ * in pages), kept NODE_PLATFORM_LIMITS.cacheMs per cluster and selection. A service account that may not list nodes
+ * (403) has the check skipped, with one warning per cluster, not a failure.
+ */
+export class NodePlatforms {
+  private readonly cache = new Map<string, { at: number; read: Promise<NodePlatformsRead> }>();
+  private readonly told = new Set<string>();
+  private readonly warn: ((message: string) => void) | undefined;
+
+  constructor(warn?: (message: string) => void) {
+    this.warn = warn;
+  }
+
+  of(client: KubeClient, cluster: string | undefined, podSpec: unknown): Promise<NodePlatformsRead> {
+    const selection = nodeSelection(podSpec);
+    const key = JSON.stringify([cluster ?? '', selection]);
+    const had = this.cache.get(key);
+    if (had && Date.now() - had.at < NODE_PLATFORM_LIMITS.cacheMs) return had.read;
+    const read = this.list(client, cluster, selection);
+    this.cache.delete(key);
+    this.cache.set(key, { at: Date.now(), read });
+    if (this.cache.size > NODE_PLATFORM_LIMITS.maxCached) this.cache.delete(this.cache.keys().next().value!);
+    // Only a refusal is kept: an API server that did not answer is asked again by the next push.
+    const forget = () => this.cache.get(key)?.read === read && this.cache.delete(key);
+    read.then((r) => 'unknown' in r && !r.refused && forget(), forget);
+    return read;
+  }
+
+  private async list(
+    client: KubeClient,
+    cluster: string | undefined,
+    selection: { selector: string; terms: unknown[] },
+  ): Promise<NodePlatformsRead> {
+    const platforms = new Set<string>();
+    let nodes = 0;
+    let next: string | undefined;
+    const resource = { group: '', version: 'v1', resource: 'nodes', namespace: '' };
+    try {
+      for (let page = 0; page === 0 || next; page++) {
+        if (page >= NODE_PLATFORM_LIMITS.maxPages)
+          return { unknown: `more than ${page * NODE_PLATFORM_LIMITS.pageSize} nodes: their platforms were not read` };
+        const query = { limit: String(NODE_PLATFORM_LIMITS.pageSize), ...(next ? { continue: next } : {}) };
+        const selected = selection.selector ? { ...query, labelSelector: selection.selector } : query;
+        const list = await client.list(resource, selected);
+        for (const node of asArray(valueAt(list, ['items']))) {
+          const labels = valueAt(node, ['metadata', 'labels']);
+          const named = isObject(labels) ? (labels as Record<string, string>) : {};
+          if (!nodeAffinityAllows(selection.terms, named, String(valueAt(node, ['metadata', 'name'])))) continue;
+          nodes++;
+          const [os, arch] = [named['kubernetes.io/os'], named['kubernetes.io/arch']];
+          if (typeof os === 'string' && typeof arch === 'string') platforms.add(`${os}/${arch}`);
+        }
+        const token = valueAt(list, ['metadata', 'continue']);
+        next = typeof token === 'string' && token !== '' ? token : undefined;
+      }
+    } catch (e) {
+      if (!(e instanceof KubeError)) throw e;
+      const where = cluster === undefined ? '' : ` in cluster ${cluster}`;
+      const why = `the nodes${where} could not be listed (${e.message}): the platform check is skipped`;
+      if (e.status === 403 && !this.told.has(cluster ?? '')) {
+        this.told.add(cluster ?? '');
+        this.warn?.(why);
+      }
+      return { unknown: why, ...(e.status === 403 ? { refused: true } : {}) };
+    }
+    return { platforms: [...platforms].sort(), nodes };
+  }
+}
+
+
+/**
+ * What the platform check (the decision's platform step) compares: the platforms an image index offers and those of
+ * the nodes the workload can run on.
+ */
+export interface PlatformFacts {
+  /** The index's digest, and the platforms (`os/architecture`) it has a manifest for. */
+  index: string;
+  offered: string[];
+  /** The platforms of the nodes the workload's nodeSelector and required node affinity allow. */
+  nodes: string[];
+}
+
+/**
+ * The platform check's facts for an image about to be deployed, pinned to its digest, read when the service asks the
+ * registry anyway (VERIFY_IMAGE, VERIFY_SIGNATURE, a registry watch): the index's manifest (readIndexPlatforms) and
+ * the nodes' platforms (NodePlatforms). Undefined when there is nothing to check: no digest, a single image (not an
+ * index), nodes that could not be listed or none the workload may run on (a note says so). The registry's failure is
+ * the push's, as VERIFY_IMAGE's: it fails closed or, under ON_REGISTRY_AWAY=keep, the push is kept.
+ */
+async function platformFacts(
+  client: KubeClient,
+  s: HookConfig,
+  ref: string,
+  report: UpgradeReport,
+  deps: UpgradeDeps,
+): Promise<PlatformFacts | undefined> {
+  const parsed = validateImageRef(ref);
+  if (!parsed.ok || parsed.ref.digest === undefined) return undefined;
+  const target: WorkloadTarget = { ...s.workload, namespace: s.namespace };
+  const podSpec = workloadPodSpec(await readWorkload(client, target), target.kind);
+  const located = locateContainer(podSpec, s.container);
+  // As VERIFY_IMAGE: the workload's login goes to no registry the image pin does not allow the push from.
+  if (!located || !checkImagePin(s.container, located.image, ref, s.pin).allowed) return undefined;
+  const { domain, path: repository, digest } = parsed.ref;
+  const host = domain === undefined || registryOf(domain) === 'docker.io' ? 'registry-1.docker.io' : domain;
+  const loginFor = () => workloadLogin(client, s.namespace, pullSecretNames(podSpec), host);
+  const registry = { host, repository, ca: s.registryCa, tokenHosts: s.registryTokenHosts };
+  let offered: string[] | undefined;
+  try {
+    offered = await readIndexPlatforms(registry, digest, loginFor);
+  } catch (e) {
+    const message = `platform: could not read ${host}/${repository}@${digest}: ${(e as Error).message}`;
+    throw registryFailure(s, e, `${message}; nothing was changed`);
+  }
+  if (offered === undefined) return undefined;
+  const nodes = await (deps.nodePlatforms ?? new NodePlatforms()).of(client, s.cluster, podSpec);
+  if ('unknown' in nodes) report.notes.push(`platform: ${nodes.unknown}`);
+  else if (nodes.platforms.length === 0)
+    report.notes.push(`platform: no node ${target.kind}/${target.name} can run on says its os and arch: not checked`);
+  else return { index: digest, offered, nodes: nodes.platforms };
+  return undefined;
+}
+
 /** Where checkSignature looks, and what it reports to. */
 interface SignatureCheck {
   client: KubeClient;
@@ -16384,25 +16632,26 @@ async function checkSignature(c: SignatureCheck, digest: string | undefined): Pr
 
 // ================================================================================================
 // 34. the decision — what one push does to one workload, decided by one pure function: decide(push, its hook's
-//    settings, the workload as read, now) → Decision, a value from the closed list (DECISIONS) carrying its reason
-//    as data and, for what is written, the planned change, its Event and the pending entry. The registry's facts
-//    (the digest a tag resolves to, a signature) are established before it (previous chapter) and arrive in the
-//    push's image. The steps, each a pure function that decides or lets the push on: the image pin, the update
-//    policy (policyDecision), a digest already running, a change made outside webhook (holdDecision, under
-//    ON_OUTSIDE_CHANGE=hold), newest wins (decidePush, over LAST_PUSH_ANNOTATION), then the waiting step: a push
-//    that needs an approval (REQUIRE_APPROVAL, annotation webhook/approval) or comes outside its change window
+//    settings, the workload as read, now) → Decision, a value from the closed list (DECISIONS) carrying its reason as
+//    data and, for what is written, the planned change, its Event and the pending entry. The registry's facts (the
+//    digest a tag resolves to, a signature) are established before it (previous chapter) and arrive in the push's image
+//    (and its platforms). The steps, each a pure function that decides or lets the push on: the image pin, the update
+//    policy (policyDecision), a digest already running, the platforms (an image index with no manifest for a platform
+//    the workload's nodes run: `refused: platform`), a change made outside webhook (holdDecision, under
+//    ON_OUTSIDE_CHANGE=hold), newest wins (decidePush, over LAST_PUSH_ANNOTATION), then the waiting step: a push that
+//    needs an approval (REQUIRE_APPROVAL, annotation webhook/approval) or comes outside its change window
 //    (DEPLOY_WINDOW, annotation webhook/window) waits on the workload (PENDING_ANNOTATION, sealed with the approval
 //    key), with the links that decide it; a newer push replaces a waiting one, an older one is superseded by it; a
 //    decided push completes only the entry it names. What passes every step is applied: one JSON patch
-//    (fieldManager=webhook) that tests the container's name and current image, so a concurrent edit fails it
-//    instead of being overwritten; a different image replaces only that container's image, the same image restarts
-//    the rollout as `kubectl rollout restart` does (plus imagePullPolicy: Always), and the same patch sets
-//    kubernetes.io/change-cause, the push record and, when the service follows the rollout after answering, the
-//    follow record, each under a `test` of the value read. A copy of the workload kept from an earlier push is just
-//    another workload as read: the executor (next chapter) decides which decisions it takes on one.
-//    Exports: decide, Decision, DecisionInput, futureTimeNote, PendingGone, Push, waitingAction.
-//    Tests: test/decision.test.ts, test/e2e.test.ts, test/records.test.ts, test/replicas.test.ts,
-//    test/upgrade.test.ts.
+//    (fieldManager=webhook) that tests the container's name and current image, so a concurrent edit fails it instead of
+//    being overwritten; a different image replaces only that container's image, the same image restarts the rollout as
+//    `kubectl rollout restart` does (plus imagePullPolicy: Always), and the same patch sets kubernetes.io/change-cause,
+//    the push record and, when the service follows the rollout after answering, the follow record, each under a `test`
+//    of the value read. A copy of the workload kept from an earlier push is just another workload as read: the executor
+//    (next chapter) decides which decisions it takes on one.
+//    Exports: decide, Decision, DecisionInput, futureTimeNote, PendingGone, PlatformRefusal, Push, waitingAction.
+//    Tests: test/decision.test.ts, test/e2e.test.ts, test/platforms.test.ts, test/records.test.ts,
+//    test/replicas.test.ts, test/upgrade.test.ts.
 // ================================================================================================
 
 /**
@@ -16419,6 +16668,8 @@ export interface Push extends IncomingPush {
   hookId?: string;
   /** A waiting push decided, or a past push deployed again: the entry it completes and who decided. */
   decided?: UpgradeDeps['decided'];
+  /** The platforms its image index offers and the workload's nodes run (platformFacts), when they were read. */
+  platforms?: PlatformFacts;
 }
 
 /** Everything the decision of one push on one workload depends on: a value, so that deciding is pure. */
@@ -16472,15 +16723,18 @@ export type Decision = DecidedFacts &
       }
     | { code: 'held' | 'skipped by policy'; reason: string; event: WorkloadEvent }
     | { code: 'no-op' | 'repeat' | 'superseded'; reason: string }
-    | { code: 'refused' | 'failed'; reason: string; event?: WorkloadEvent; gone?: boolean }
+    | { code: 'refused' | 'refused: platform' | 'failed'; reason: string; event?: WorkloadEvent; gone?: boolean }
   );
 
 /** A decided push whose pending entry is no longer on the workload: decided already, replaced or expired. */
 export class PendingGone extends UpgradeError {}
 
+/** A push whose image index has no manifest for the platform of the workload's nodes: `refused: platform`. */
+export class PlatformRefusal extends UpgradeError {}
+
 /**
- * The decision of one push on one workload, step by step: the pin, the update policy, a digest already running, a
- * change made outside webhook, newest wins, the waiting step; what passes them all is applied. Pure.
+ * The decision of one push on one workload, step by step: the pin, the update policy, a digest already running, the
+ * platforms, a change made outside webhook, newest wins, the waiting step; what passes them all is applied. Pure.
  */
 export function decide(input: DecisionInput): Decision {
   const notes: string[] = [];
@@ -16490,6 +16744,7 @@ export function decide(input: DecisionInput): Decision {
   const decided =
     policyStep(input, facts) ??
     sameDigestStep(input, facts) ??
+    platformStep(input, facts) ??
     holdStep(input, facts) ??
     newestStep(input, facts) ??
     waitStep(input, facts);
@@ -16538,6 +16793,22 @@ function sameDigestStep(input: DecisionInput, facts: DecidedFacts): Decision | u
   const ref = input.push.image;
   if (!ref.includes('@') || normalizeImageRef(facts.before!) !== normalizeImageRef(ref)) return undefined;
   return { ...facts, code: 'no-op', reason: 'already running this digest' };
+}
+
+/**
+ * The platform step: an image index (its platforms read before, platformFacts) with no manifest for a platform the
+ * workload's nodes run is refused, naming what is missing, with an UpgradeRefused Event. Pure.
+ */
+function platformStep(input: DecisionInput, facts: DecidedFacts): Decision | undefined {
+  const p = input.push.platforms;
+  const missing = p ? p.nodes.filter((n) => !p.offered.includes(n)) : [];
+  if (!p || missing.length === 0) return undefined;
+  const has = p.offered.length === 0 ? 'no platform' : `${p.offered.join(', ')} only`;
+  const reason =
+    `platform: the image index ${p.index} has ${has}; the nodes ${workloadName(input.push.target)} can run on ` +
+    `run ${p.nodes.join(', ')}: no manifest for ${missing.join(', ')}`;
+  const event = pushEvent('refused', { why: reason, asked: whoAsked(input.push) });
+  return { ...facts, code: 'refused: platform', reason, event };
 }
 
 /**
@@ -16946,6 +17217,7 @@ async function execute(
   }
   if ('event' in d && d.event) await recordEventQuietly(client, target, d.event, now, report);
   recordDecision(report, d, target.kind);
+  if (d.code === 'refused: platform') throw new PlatformRefusal(`${d.reason}; nothing was changed`);
   if (d.code === 'refused' || d.code === 'failed')
     throw d.gone ? new PendingGone(d.reason) : new UpgradeError(d.reason);
   return undefined;
@@ -16985,8 +17257,9 @@ export function recordDecision(report: UpgradeReport, d: Decision, kind: Workloa
       Object.assign(report, { changed: true, lastPush: d.lastPush, followRecorded: d.followRecorded });
       return;
     case 'refused':
+    case 'refused: platform':
     case 'failed':
-      if (d.code === 'refused') report.refused = true;
+      if (d.code !== 'failed') report.refused = true;
       return;
     case 'waiting':
     case 'approved':
@@ -18482,7 +18755,8 @@ export function rollbackObstacle(
 // ================================================================================================
 // 40. least privilege — -print-rbac: the Roles and RoleBindings the hooks need, worked out from the hooks themselves
 //    (namespace, kind and name when the hook fixes them; `resourceNames` wherever it can), so the service account
-//    gets nothing it does not use.
+//    gets nothing it does not use. Hooks that read the registry (VERIFY_IMAGE, POLL_INTERVAL) add one ClusterRole:
+//    list on nodes, for the platform check.
 //    Exports: fixedInput, fixedTrue, formatRbac, hookReach, HookReach, upgradeInput.
 //    Tests: test/chart.test.ts, test/deploy.test.ts, test/unit.test.ts.
 // ================================================================================================
@@ -18501,6 +18775,8 @@ export interface HookReach {
   pullSecrets?: string[];
   /** The hook fixes ROLLBACK_ON_FAILURE=true: a StatefulSet's rollback deletes its stuck pods. */
   rollbackOnFailure?: boolean;
+  /** It reads the registry (VERIFY_IMAGE, POLL_INTERVAL): the platform check lists the nodes (cluster-scoped). */
+  listsNodes?: boolean;
 }
 
 /** The matches every passing request satisfies: those reached from the rule's root through `and`. */
@@ -18569,12 +18845,14 @@ export function hookReach(hook: Hook): HookReach | undefined {
   // VERIFY_SIGNATURE implies VERIFY_IMAGE: the tag is resolved (and the signatures read) with the pull secret's login.
   const verifyImage = fixedTrue(hook, 'VERIFY_IMAGE') || (fixedInput(hook, 'VERIFY_SIGNATURE')?.trim() ?? '') !== '';
   const rollbackOnFailure = fixedTrue(hook, 'ROLLBACK_ON_FAILURE');
+  const listsNodes = verifyImage || (fixedInput(hook, 'POLL_INTERVAL')?.trim() ?? '') !== '';
   try {
     return {
       ...reach,
       target: { namespace: ns.value, ...parseWorkload(workload.value) },
       ...(verifyImage && { verifyImage }),
       ...(rollbackOnFailure && { rollbackOnFailure }),
+      ...(listsNodes && { listsNodes }),
     };
   } catch (e) {
     return { ...reach, open: (e as Error).message };
@@ -18670,7 +18948,42 @@ export function formatRbac(reaches: HookReach[], serviceAccount: string, hooksPa
     out.push(`  name: ${JSON.stringify(saName)}`, 'subjects:', '  - kind: ServiceAccount');
     out.push(`    name: ${JSON.stringify(saName)}`, `    namespace: ${JSON.stringify(saNamespace)}`);
   }
+  if (reaches.some((r) => r.target && r.listsNodes)) out.push(...nodesRole(saNamespace, saName));
   return `${out.join('\n')}\n`;
+}
+
+/**
+ * The platform check's one cluster-scoped grant: list on nodes, whose kubernetes.io/os and kubernetes.io/arch say
+ * which platforms an image index must offer (hooks that read the registry: VERIFY_IMAGE, VERIFY_SIGNATURE,
+ * POLL_INTERVAL). Without it the check is skipped with a warning. Pure.
+ */
+function nodesRole(saNamespace: string, saName: string): string[] {
+  const name = JSON.stringify(`${saName}-nodes`);
+  const head = (kind: string) => ['---', 'apiVersion: rbac.authorization.k8s.io/v1', `kind: ${kind}`, 'metadata:'];
+  return [
+    '# The platform check (VERIFY_IMAGE, VERIFY_SIGNATURE, POLL_INTERVAL): the platforms of the nodes a workload can',
+    '# run on (their kubernetes.io/os and kubernetes.io/arch labels) are read with list on nodes, cluster-scoped.',
+    ...head('ClusterRole'),
+    `  name: ${name}`,
+    '  labels:',
+    '    app.kubernetes.io/name: webhook',
+    'rules:',
+    '  - apiGroups: [""]',
+    '    resources: ["nodes"]',
+    '    verbs: ["list"]',
+    ...head('ClusterRoleBinding'),
+    `  name: ${name}`,
+    '  labels:',
+    '    app.kubernetes.io/name: webhook',
+    'roleRef:',
+    '  apiGroup: rbac.authorization.k8s.io',
+    '  kind: ClusterRole',
+    `  name: ${name}`,
+    'subjects:',
+    '  - kind: ServiceAccount',
+    `    name: ${JSON.stringify(saName)}`,
+    `    namespace: ${JSON.stringify(saNamespace)}`,
+  ];
 }
 
 // ================================================================================================
@@ -18752,7 +19065,8 @@ export async function runPush(
       let ref = composed.candidates ? await candidateFor(client, settings, composed.candidates, report) : composed.ref;
       if (settings.verifyImage) ref = await verifiedRef(client, settings, ref, composed.digest, report, deps);
       report.imageAfter = ref;
-      await applyUpgrade(client, settings, { ...push, image: ref }, report, deps);
+      const platforms = settings.verifyImage ? await platformFacts(client, settings, ref, report, deps) : undefined;
+      await applyUpgrade(client, settings, { ...push, image: ref, platforms }, report, deps);
     };
     await (deps.queue ? deps.queue.run(workloadKey, apply) : apply());
   } catch (e) {
@@ -18792,7 +19106,14 @@ function failedUpgrade(report: UpgradeReport, e: unknown): void {
   report.result = 'failed';
   report.error = (e as Error).message;
   if (!report.changed)
-    report.decision = e instanceof SignatureRefusal ? 'refused: unsigned' : report.refused ? 'refused' : 'failed';
+    report.decision =
+      e instanceof SignatureRefusal
+        ? 'refused: unsigned'
+        : e instanceof PlatformRefusal
+          ? 'refused: platform'
+          : report.refused
+            ? 'refused'
+            : 'failed';
   report.badInput = e instanceof PayloadError || undefined;
   report.gone = e instanceof PendingGone || undefined;
   // No answer at all, or the server's own failure or throttling, to the end of the retry budget.
@@ -18828,7 +19149,10 @@ async function runDecidedPush(
           ? await verifiedAgain(deps.client, settings, push.image, report, deps)
           : await verifiedRef(deps.client, settings, push.image, undefined, report, deps);
       report.imageAfter = image;
-      await applyUpgrade(deps.client, settings, { ...push, image }, report, deps);
+      // What the registry is asked about anyway has its platforms checked: VERIFY_IMAGE's digest, a watch's find.
+      const read = settings.verifyImage || deps.watched;
+      const platforms = read ? await platformFacts(deps.client, settings, image, report, deps) : undefined;
+      await applyUpgrade(deps.client, settings, { ...push, image, platforms }, report, deps);
     };
     // The key a push to this workload queues under (runUpgrade's): the two never run at once.
     const key = `${cluster ?? ''}/${settings.namespace}/${settings.workload.kind}/${settings.workload.name}`;
@@ -19336,6 +19660,8 @@ export class UpgradeService implements InProcessCommand<UpgradeOutput> {
   private readonly log: Logger;
   private readonly applyDeadlineMs: number;
   private readonly metrics: Metrics | undefined;
+  /** The nodes' platforms, shared by every push: a short cache, one warning when the nodes may not be listed. */
+  private nodePlatforms: NodePlatforms | undefined;
 
   /** applyDeadlineMs: how long a push the API server does not answer is kept (0: answered as failed). */
   constructor(
@@ -19498,13 +19824,14 @@ export class UpgradeService implements InProcessCommand<UpgradeOutput> {
     decided: UpgradeDeps['decided'],
     requestId: string,
     cluster: string | undefined,
+    watched?: boolean,
   ): Promise<UpgradeResult & { env: Record<string, string | undefined> }> {
     const env = this.decidedEnv(hook, target, container, cluster);
     const client = this.laneOf(cluster)?.client();
     if (!client) throw new UpgradeError('no Kubernetes credentials');
     const read = readAtBoundary(env);
     if ('failed' in read) return { ...read.failed, env };
-    const deps = { ...this.deps(requestId, hook, read.config), client, decided, known: undefined };
+    const deps = { ...this.deps(requestId, hook, read.config), client, decided, known: undefined, watched };
     return { ...(await runDecidedPush(push, read.config, deps)), env };
   }
 
@@ -19527,6 +19854,7 @@ export class UpgradeService implements InProcessCommand<UpgradeOutput> {
       known: lane?.known,
       followAfter: this.followMs > 0 && resumable ? { followMs: this.followMs, mailTo: config.mailTo } : undefined,
       approvals: this.approvals,
+      nodePlatforms: (this.nodePlatforms ??= new NodePlatforms((m) => this.log.warn(`platform check: ${m}`))),
     };
   }
 
@@ -21818,7 +22146,8 @@ export class RegistryWatch {
     }
     const push: IncomingPush = { pushedAtMs: Date.now(), timeFrom: 'received', image, push: `${digest}|` };
     const requestId = randomUUID();
-    const r = await this.upgrade.runDecided(hook, w.target, w.container, push, undefined, requestId, w.cluster);
+    const { target, container, cluster } = w;
+    const r = await this.upgrade.runDecided(hook, target, container, push, undefined, requestId, cluster, true);
     r.report.notes.unshift(`registry watch (every ${formatGoDuration(w.intervalMs)}, ${w.from}): ${why}`);
     if (!r.report.unreachable) w.handed = image;
     // What the container runs now: the next look compares with it, not with the listing.
@@ -22082,7 +22411,7 @@ function decisionOf(outcome: Outcome, action: string, report: UpgradeReport | un
   // The report stays the applied push's; what is published is that its rollout was taken over.
   if (report.rollout?.superseded) return { decision: DECISIONS['taken over'].published, detail: report.rollout.detail };
   const decision = DECISIONS[report.decision].published;
-  if (report.decision === 'refused' || report.decision === 'refused: unsigned' || report.decision === 'failed')
+  if (['refused', 'refused: unsigned', 'refused: platform', 'failed'].includes(report.decision))
     return { decision, detail: report.error ?? '' };
   // The detail of a push that changed nothing is its reason.
   return { decision, detail: report.changed ? report.action : (report.reason ?? report.action) };
