@@ -15986,7 +15986,10 @@ export const PUSH_EVENTS = {
   /** The update policy does not take the tag (decision `skipped by policy`). */
   'skipped by policy': { type: 'Normal', reason: 'UpgradeSkipped', message: (f: Facts<'why' | 'asked'>) =>
     `${f.why}; asked by ${f.asked}` },
-  /** The image pin, VERIFY_SIGNATURE or the platform check refused the push (`refused`, `refused: <why>`). */
+  /**
+   * The image pin, VERIFY_SIGNATURE or the platform check refused the push (`refused`, `refused: unsigned`,
+   * `refused: platform`).
+   */
   refused: { type: 'Warning', reason: 'UpgradeRefused', message: (f: Facts<'why' | 'asked'>) =>
     `${f.why}; asked by ${f.asked}` },
   /** Not applied: no such container, a malformed policy, an outside change of unknown origin (`failed`). */

@@ -84,7 +84,8 @@ describe('the decision of a push', () => {
     const published = Object.fromEntries(Object.entries(DECISIONS).map(([code, d]) => [code, d.published]));
     assert.deepEqual(published, {
       applied: 'applied', 're-pulled': 'same image restarted', superseded: 'no-op', repeat: 'no-op', 'no-op': 'no-op',
-      refused: 'refused', 'refused: unsigned': 'refused: unsigned', 'skipped by policy': 'skipped by policy', held: 'held',
+      refused: 'refused', 'refused: unsigned': 'refused: unsigned', 'refused: platform': 'refused: platform',
+      'skipped by policy': 'skipped by policy', held: 'held',
       failed: 'failed', kept: 'no-op', waiting: 'waiting', approved: 'approved', rejected: 'rejected', expired: 'expired',
       'taken over': 'superseded', 'fanned out': 'fanned out', ran: 'ran', running: 'running',
     });
