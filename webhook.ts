@@ -13190,9 +13190,9 @@ const INDEX_TYPES = [
 
 /**
  * The platforms (`os/architecture`, as the nodes' kubernetes.io/os and kubernetes.io/arch name them) an image
- * index offers, sorted and each once; undefined when the manifest is not an index (a single image runs where it was
- * built for, which its config says: not read). Entries of platform unknown/unknown (the attestations BuildKit adds)
- * and entries naming none are no platform. Pure.
+ * index offers, sorted and each once; undefined when the manifest is not an index (a single image's platform is in
+ * its config, which is not read). Entries of platform unknown/unknown (the attestations BuildKit adds) and entries
+ * naming none are no platform. Pure.
  */
 export function indexPlatforms(manifest: Record<string, unknown>): string[] | undefined {
   const type = manifest.mediaType;
@@ -14415,7 +14415,7 @@ export interface UpgradeDeps {
 }
 
 /** What the nodes a workload can run on run: their platforms (`linux/amd64`), or why they are not known. */
-export type NodePlatformsRead = { platforms: string[]; nodes: number } | { unknown: string; refused?: boolean };
+export type NodePlatformsRead = { platforms: string[] } | { unknown: string; refused?: boolean };
 
 /** The last state seen of each workload, by namespace/kind/name; the oldest beyond a bound is dropped. */
 export class KnownWorkloads {
@@ -16407,7 +16407,6 @@ const NODE_PLATFORM_LIMITS = {
   maxPages: 10,
 };
 
-
 /**
  * Whether a node's labels (and name) satisfy a pod's required node affinity: one of its nodeSelectorTerms, each
  * of whose matchExpressions (In, NotIn, Exists, DoesNotExist, Gt, Lt) and matchFields (metadata.name) holds; an
@@ -16494,7 +16493,6 @@ export class NodePlatforms {
     selection: { selector: string; terms: unknown[] },
   ): Promise<NodePlatformsRead> {
     const platforms = new Set<string>();
-    let nodes = 0;
     let next: string | undefined;
     const resource = { group: '', version: 'v1', resource: 'nodes', namespace: '' };
     try {
@@ -16508,7 +16506,6 @@ export class NodePlatforms {
           const labels = valueAt(node, ['metadata', 'labels']);
           const named = isObject(labels) ? (labels as Record<string, string>) : {};
           if (!nodeAffinityAllows(selection.terms, named, String(valueAt(node, ['metadata', 'name'])))) continue;
-          nodes++;
           const [os, arch] = [named['kubernetes.io/os'], named['kubernetes.io/arch']];
           if (typeof os === 'string' && typeof arch === 'string') platforms.add(`${os}/${arch}`);
         }
@@ -16525,10 +16522,9 @@ export class NodePlatforms {
       }
       return { unknown: why, ...(e.status === 403 ? { refused: true } : {}) };
     }
-    return { platforms: [...platforms].sort(), nodes };
+    return { platforms: [...platforms].sort() };
   }
 }
-
 
 /**
  * What the platform check (the decision's platform step) compares: the platforms an image index offers and those of
