@@ -11,14 +11,14 @@
  * Chapters, in order. Part I holds the libraries the program needs and has no dependency for; they use nothing of the
  * service. Part II is the service: it opens with its model (15), the values every later chapter works with (a push, a
  * hook's settings, a decision, the record of a delivery, the annotations), and its limits (16), then follows the
- * order a push travels: main (52) opens the listeners (25) with the http server's handler (24), which uses the
+ * order a push travels: main (53) opens the listeners (25) with the http server's handler (24), which uses the
  * request, rule and hook chapters above it and hands the command to the runner (23), whose in-process command is the
- * upgrade (26-43): a boundary builds the push, the decision (35) decides it, an executor carries it out (36 on the
- * cluster, 37 as a commit to Git). After the answer the result travels on in order too: the approvals (45) learn of
- * waiting pushes and decide them, the registry watch (46) finds pushes no registry told of, the rollout follower (43)
- * follows the rollout and hands each step on: to the promotion (44), which takes a push from one stage to the next,
- * and to the result (47), which records it and, once final, sends it to the mail (48) and the chat and JSON receivers
- * (49); the deliveries page (50) renders the records. No chapter uses a name a later one defines; where an earlier
+ * upgrade (26-44): a boundary builds the push, the decision (36) decides it, an executor carries it out (37 on the
+ * cluster, 38 as a commit to Git). After the answer the result travels on in order too: the approvals (46) learn of
+ * waiting pushes and decide them, the registry watch (47) finds pushes no registry told of, the rollout follower (44)
+ * follows the rollout and hands each step on: to the promotion (45), which takes a push from one stage to the next,
+ * and to the result (48), which records it and, once final, sends it to the mail (49) and the chat and JSON receivers
+ * (50); the deliveries page (51) renders the records. No chapter uses a name a later one defines; where an earlier
  * chapter hands work on, it declares the small interface it needs (InProcessCommand, CommandListener, AdminPages,
  * ApprovalPages, ResultListener, ResultChannel, HookSettingChecks) and main() wires the later chapter in.
  *
@@ -58,24 +58,25 @@
  *  32. setting values ............. deployWindowSetting, notifyCa, parseRecipients, pollInterval
  *  33. hook settings .............. HOOK_SETTINGS, fixedSettingChecks
  *  34. upgrade decision ........... decidePush, holdDecision, pushEvent, readPushRecords, verifiedRef
- *  35. the decision ............... decide, futureTimeNote, waitingAction
- *  36. the cluster executor ....... carryOut, recordDecision
- *  37. the git executor ........... commitOut, editGitFile, locatedYaml
- *  38. the report ................. formatForcedRollback, formatReport, formatRollback, formatRollout
- *  39. rollout follow ............. claimFollow, followRollout, resumedReport, rolloutEvent
- *  40. rollback ................... rollBackFailedRollout
- *  41. least privilege ............ formatRbac, hookReach, HookReach, upgradeInput
- *  42. the upgrade ................ runUpgrade, runDecidedPush, upgradeResult
- *  43. the upgrade service ........ UpgradeService, RolloutFollower, hookClusters
- *  44. promotion .................. Promotions, promotionChain
- *  45. approvals .................. approvalHooksProblem, ApprovalService, WaitingPush
- *  46. registry watch ............. RegistryWatch, newestAllowedTag, nextTagPage, listTags
- *  47. the result ................. DeliveryLog, ResultDispatcher, deliveryFacts, ResultChannel
- *  48. mail ....................... Mailer, parseMailConfig
- *  49. chat & json notifications .. Notifier, NOTIFY_FORMATS, resultDocument
- *  50. deliveries page ............ deliveryPages
- *  51. -validate & -print-rbac .... hookLoadSettings, validate
- *  52. main ....................... main
+ *  35. platforms .................. NodePlatforms, platformFacts, nodeAffinityAllows
+ *  36. the decision ............... decide, futureTimeNote, waitingAction
+ *  37. the cluster executor ....... carryOut, recordDecision
+ *  38. the git executor ........... commitOut, editGitFile, locatedYaml
+ *  39. the report ................. formatForcedRollback, formatReport, formatRollback, formatRollout
+ *  40. rollout follow ............. claimFollow, followRollout, resumedReport, rolloutEvent
+ *  41. rollback ................... rollBackFailedRollout
+ *  42. least privilege ............ formatRbac, hookReach, HookReach, upgradeInput
+ *  43. the upgrade ................ runUpgrade, runDecidedPush, upgradeResult
+ *  44. the upgrade service ........ UpgradeService, RolloutFollower, hookClusters
+ *  45. promotion .................. Promotions, promotionChain
+ *  46. approvals .................. approvalHooksProblem, ApprovalService, WaitingPush
+ *  47. registry watch ............. RegistryWatch, newestAllowedTag, nextTagPage, listTags
+ *  48. the result ................. DeliveryLog, ResultDispatcher, deliveryFacts, ResultChannel
+ *  49. mail ....................... Mailer, parseMailConfig
+ *  50. chat & json notifications .. Notifier, NOTIFY_FORMATS, resultDocument
+ *  51. deliveries page ............ deliveryPages
+ *  52. -validate & -print-rbac .... hookLoadSettings, validate
+ *  53. main ....................... main
  *
  * Each banner's "Exports" lists the names later chapters use and "Tests" the test files that cover it
  * (test/structure.test.ts checks both).
@@ -5641,7 +5642,7 @@ export function credentialsFromEnvironment(
 //    that it names the digest, the repository and the annotations required. No transparency log, no Fulcio: a
 //    keyless signature is refused.
 //    Exports: asList, CosignKey, MANIFEST_TYPES, parseCosignKeys, readCosignSignatures, registryAway, RegistryError,
-//    RegistryLogin, RepositoryReader, resolveManifestTag, SignatureVerdict.
+//    RegistryLogin, RegistryRepository, RepositoryReader, resolveManifestTag, SIGNATURE_LIMITS, SignatureVerdict.
 //    Tests: test/outbound.test.ts, test/registry-e2e.test.ts, test/clouds.test.ts, test/cosign-verify.test.ts,
 //    test/signed-images.test.ts.
 // ================================================================================================
@@ -7559,7 +7560,7 @@ function gitSettings(
 //    Exports: APPROVAL_ANNOTATION, ApprovalLinks, ApprovalSigning, DecidedBy, DecidedFacts, Decision, DecisionCode,
 //    DecisionInput, DECISIONS, Delivery, DeployWindow, FOLLOW_ANNOTATION, FollowAfter, HOOK_ANNOTATION, HookConfig,
 //    ImagePattern, ImagePin, IncomingPush, K8sObject, LAST_PUSH_ANNOTATION, LocatedContainer, NotifyTexts, Outcome,
-//    PENDING_ANNOTATION, PendingEntry, PlannedChange, PodSummary, POLICY_ANNOTATION, POLL_ANNOTATION,
+//    PENDING_ANNOTATION, PendingEntry, PlannedChange, PlatformFacts, PodSummary, POLICY_ANNOTATION, POLL_ANNOTATION,
 //    PROMOTION_ANNOTATION, PublishedDecision, Push, PushReading, ResultSettings, SendOutcome, UpdatePolicy,
 //    UpgradeSettings, WINDOW_ANNOTATION, WorkloadEvent, WorkloadKind, WorkloadTarget.
 //    Tests: test/decision.test.ts, test/docs.test.ts, test/hold.test.ts, test/policy.test.ts, test/records.test.ts.
@@ -7583,6 +7584,20 @@ export interface Push extends IncomingPush {
   decided?: DecidedBy;
   /** VERIFY_SIGNATURE found no signature of its digest yet (NotSignedYet, under SIGNATURE_WAIT): why, as refused. */
   unsigned?: string;
+  /** The platforms its image index offers and the workload's nodes run (platformFacts), when they were read. */
+  platforms?: PlatformFacts;
+}
+
+/**
+ * What the platform check (the decision's platform step) compares: the platforms an image index offers and those of
+ * the nodes the workload can run on.
+ */
+export interface PlatformFacts {
+  /** The index's digest, and the platforms (`os/architecture`) it has a manifest for. */
+  index: string;
+  offered: string[];
+  /** The platforms of the nodes the workload's nodeSelector and required node affinity allow. */
+  nodes: string[];
 }
 
 /** A push as the newest-wins rule sees it. */
@@ -7767,6 +7782,8 @@ export const DECISIONS = {
   refused: { published: 'refused', action: 'none' },
   /** VERIFY_SIGNATURE refused the push: the digest has no cosign signature valid as required; nothing was written. */
   'refused: unsigned': { published: 'refused: unsigned', action: 'none' },
+  /** The image index has no manifest for the platform of the nodes the workload can run on: nothing was written. */
+  'refused: platform': { published: 'refused: platform', action: 'none' },
   /** The container's image was changed outside webhook and the push is not newer (ON_OUTSIDE_CHANGE=hold). */
   held: { published: 'held', action: 'none' },
   /** The tag is outside the container's update policy (UPDATE_POLICY, webhook/policy): nothing was written. */
@@ -7864,7 +7881,12 @@ export type Decision = DecidedFacts &
       }
     | { code: 'held' | 'skipped by policy'; reason: string; event: WorkloadEvent }
     | { code: 'no-op' | 'repeat' | 'superseded'; reason: string }
-    | { code: 'refused' | 'failed' | 'refused: unsigned'; reason: string; event?: WorkloadEvent; gone?: boolean }
+    | {
+        code: 'refused' | 'failed' | 'refused: unsigned' | 'refused: platform';
+        reason: string;
+        event?: WorkloadEvent;
+        gone?: boolean;
+      }
   );
 
 /** What every decision carries: the notes its answer adds, the image the container runs, a waiting push replaced. */
@@ -8342,6 +8364,18 @@ export const LIMITS = {
     // Shorter than this, the signing job has no time to run; longer than a day, a push nobody signed is forgotten work
     // that keeps a pending entry (and a re-check of the registry) alive.
     wait: { minMs: 10_000, maxMs: 24 * 3_600_000 },
+  },
+  // The nodes a workload can run on, read for the platform check.
+  nodes: {
+    // Nodes come and go over minutes (an autoscaler adds some), and a node's os and arch never change: what one
+    // LIST found serves the pushes of the next 30 s, so a release of many images costs one LIST per node selector.
+    cacheMs: 30_000,
+    // Node selectors remembered at once, per service: a cluster's workloads use a handful; past it the oldest goes.
+    maxCached: 256,
+    // One LIST page of nodes, each page let go before the next: a node object is some 5-20 KiB.
+    pageSize: 500,
+    // Pages at most: 5,000 nodes is Kubernetes's own limit for one cluster.
+    maxPages: 10,
   },
   // The registry watch (webhook/poll, POLL_INTERVAL).
   poll: {
@@ -13542,10 +13576,11 @@ function repoTypeSetting(value: string | undefined): string {
 //    a push may change only the tag and digest of the repository the container runs now. Endpoints of one registry
 //    count as the same (REGISTRY_ENDPOINTS), and so does the hook's REGISTRY_HOST; anything else needs ALLOW_IMAGES
 //    (`host/path`, `host/path/*`, `host/*`; Docker Hub's may omit the host). Both widen what a request may deploy, so
-//    HOOK_SETTINGS (hook settings) has them refused at load unless they are fixed strings, and valid.
+//    HOOK_SETTINGS (hook settings) has them refused at load unless they are fixed strings, and valid. The platforms
+//    an image index offers (readIndexPlatforms; indexPlatforms, pure), which the platform check compares.
 //    Exports: allowedImages, checkImagePin, chooseCandidate, composeImageRef, imagePin, normalizeImageRef, problemOf,
-//    readImagePin, registryHostSetting, registryOf, validateImageRef.
-//    Tests: test/registries.test.ts, test/upgrade.test.ts, test/clouds.test.ts.
+//    readImagePin, readIndexPlatforms, registryHostSetting, registryOf, validateImageRef.
+//    Tests: test/registries.test.ts, test/upgrade.test.ts, test/clouds.test.ts, test/platforms.test.ts.
 // ================================================================================================
 
 /**
@@ -13871,6 +13906,49 @@ function problemOf(check: () => unknown): string | undefined {
   }
 }
 
+// ---- the platforms an image index offers (the platform check) ---------------------------------------
+
+/** An OCI index's or Docker manifest list's type: what an image of several platforms is served as. */
+const INDEX_TYPES = [
+  'application/vnd.oci.image.index.v1+json',
+  'application/vnd.docker.distribution.manifest.list.v2+json',
+];
+
+/**
+ * The platforms (`os/architecture`, as the nodes' kubernetes.io/os and kubernetes.io/arch name them) an image
+ * index offers, sorted and each once; undefined when the manifest is not an index (a single image's platform is in
+ * its config, which is not read). Entries of platform unknown/unknown (the attestations BuildKit adds) and entries
+ * naming none are no platform. Pure.
+ */
+export function indexPlatforms(manifest: Record<string, unknown>): string[] | undefined {
+  const type = manifest.mediaType;
+  if (!(typeof type === 'string' ? INDEX_TYPES.includes(type) : Array.isArray(manifest.manifests))) return undefined;
+  const offered = new Set<string>();
+  for (const entry of asList(manifest.manifests)) {
+    const platform = isObject(entry) && isObject(entry.platform) ? entry.platform : {};
+    const { os, architecture: arch } = platform;
+    if (typeof os === 'string' && typeof arch === 'string' && os !== 'unknown' && arch !== 'unknown')
+      offered.add(`${os}/${arch}`);
+  }
+  return [...offered].sort();
+}
+
+/**
+ * The platforms the image `digest` offers when it is an index (indexPlatforms), read from its registry (one GET of
+ * the manifest, checked against the digest, within SIGNATURE_LIMITS.checkTimeoutMs); undefined for a single image.
+ * Throws a RegistryError (or OutboundError) when the registry refuses, has no such manifest or does not answer.
+ */
+export async function readIndexPlatforms(
+  registry: RegistryRepository,
+  digest: string,
+  loginFor: () => Promise<RegistryLogin | undefined>,
+): Promise<string[] | undefined> {
+  const reader = new RepositoryReader(registry, loginFor, performance.now() + SIGNATURE_LIMITS.checkTimeoutMs);
+  const manifest = await reader.manifest(digest);
+  if (!manifest) throw new RegistryError(`${registry.host}/${registry.repository}: the registry has no ${digest}`, 404);
+  return indexPlatforms(manifest.json);
+}
+
 // ================================================================================================
 // 29. change windows & approval links — when a push may go out, as pure functions. A change window
 //    (DEPLOY_WINDOW, annotation webhook/window) is one or more ranges `Mon-Fri 09:00-18:00 Asia/Shanghai`, read by
@@ -14190,10 +14268,11 @@ export function readApprovalToken(
 //    one Git branch, committed together). UpgradeReport is what one push did so far; UpgradeDeps
 //    is what an upgrade is given (client, clock, queue, the workloads it last saw).
 //    Exports: annotationOps, asArray, DNS_LABEL, FollowOptions, ForcedRollback, KEPT_SUPERSEDED, kindSpec,
-//    KnownWorkloads, labelSelector, leanWorkload, locateContainer, missingContainerMessage, newReport, numberAt,
-//    orList, ownedBy, parseWorkload, PayloadError, planPatch, readWorkload, recordWorkloadEvent, RollbackOutcome,
-//    RolloutOutcome, rolloutStatus, roundedToSeconds, STUCK_REASONS, summarizePod, unchanged, UpgradeDeps,
-//    UpgradeError, UpgradeReport, valueAt, WORKLOAD_KINDS, workloadPods, WorkloadQueue, workloadResource.
+//    KnownWorkloads, labelSelector, leanWorkload, locateContainer, missingContainerMessage, newReport,
+//    NodePlatformsRead, numberAt, orList, ownedBy, parseWorkload, PayloadError, planPatch, readWorkload,
+//    recordWorkloadEvent, RollbackOutcome, RolloutOutcome, rolloutStatus, roundedToSeconds, STUCK_REASONS,
+//    summarizePod, unchanged, UpgradeDeps, UpgradeError, UpgradeReport, valueAt, WORKLOAD_KINDS, workloadPods,
+//    WorkloadQueue, workloadResource.
 //    Tests: test/decision.test.ts, test/e2e.test.ts, test/git.test.ts, test/policy.test.ts, test/records.test.ts,
 //    test/rolling.test.ts, test/upgrade.test.ts.
 // ================================================================================================
@@ -14896,7 +14975,14 @@ export interface UpgradeDeps {
   abandon?: AbortSignal;
   approvals?: ApprovalSigning;
   decided?: DecidedBy;
+  /** The service's reader of the nodes' platforms (NodePlatforms: one cache, one warning per cluster). */
+  nodePlatforms?: { of(client: KubeClient, cluster: string | undefined, podSpec: unknown): Promise<NodePlatformsRead> };
+  /** A push a registry watch found: its index's platforms are checked even without VERIFY_IMAGE. */
+  watched?: boolean;
 }
+
+/** What the nodes a workload can run on run: their platforms (`linux/amd64`), or why they are not known. */
+export type NodePlatformsRead = { platforms: string[] } | { unknown: string; refused?: boolean };
 
 /** The last state seen of each workload, by namespace/kind/name; the oldest beyond a bound is dropped. */
 export class KnownWorkloads {
@@ -16181,15 +16267,18 @@ function readSettings(
 //    wrongly signed digest is refused (SignatureRefusal, decided `refused: unsigned`, a Warning Event UpgradeRefused);
 //    a digest with no signature at all, under SIGNATURE_WAIT, is not refused here but NotSignedYet, a fact the
 //    decision's signature step keeps waiting. A registry that does not answer fails the push closed, or under
-//    ON_REGISTRY_AWAY=keep has it kept (RegistryAway).
+//    ON_REGISTRY_AWAY=keep has it kept (RegistryAway). Where the registry is asked anyway (VERIFY_IMAGE,
+//    VERIFY_SIGNATURE, a registry watch), platformFacts reads the platforms an image index offers and those of the
+//    nodes the workload can run on, for the platform step.
 //    Every Event a push writes on its workload is rendered by pushEvent from one table (PUSH_EVENTS: its type, reason
 //    and message, from the push's decision and facts); recordEventQuietly records one without failing the push.
 //    Exports: decidePush, decisionReason, FollowRecord, holdDecision, imageFieldPath, imageWriters, newPushRecord,
 //    NotSignedYet, pullSecretNames, pushEvent, PushRecord, pushTime, readContainerAnnotation, readFollowRecords,
-//    readPushRecords, recordEventQuietly, recordUnchanged, RegistryAway, SignatureRefusal, verifiedRef, whoAsked,
-//    withPushRecord, workloadLogin, workloadPodSpec.
-//    Tests: test/clouds.test.ts, test/decision.test.ts, test/git.test.ts, test/hold.test.ts, test/records.test.ts,
-//    test/registries.test.ts, test/registry-e2e.test.ts, test/replicas.test.ts, test/upgrade.test.ts.
+//    readPushRecords, recordEventQuietly, recordUnchanged, RegistryAway, registryFailure, SignatureRefusal,
+//    verifiedRef, whoAsked, withPushRecord, workloadLogin, workloadPodSpec.
+//    Tests: test/clouds.test.ts, test/decision.test.ts, test/git.test.ts, test/hold.test.ts, test/platforms.test.ts,
+//    test/records.test.ts, test/registries.test.ts, test/registry-e2e.test.ts, test/replicas.test.ts,
+//    test/upgrade.test.ts.
 // ================================================================================================
 
 /** One container's last applied push, as recorded in LAST_PUSH_ANNOTATION. */
@@ -16413,7 +16502,10 @@ export const PUSH_EVENTS = {
   /** The update policy does not take the tag (decision `skipped by policy`). */
   'skipped by policy': { type: 'Normal', reason: 'UpgradeSkipped', message: (f: Facts<'why' | 'asked'>) =>
     `${f.why}; asked by ${f.asked}` },
-  /** The image pin or VERIFY_SIGNATURE refused the push (`refused`, `refused: unsigned`). */
+  /**
+   * The image pin, VERIFY_SIGNATURE or the platform check refused the push (`refused`, `refused: unsigned`,
+   * `refused: platform`).
+   */
   refused: { type: 'Warning', reason: 'UpgradeRefused', message: (f: Facts<'why' | 'asked'>) =>
     `${f.why}; asked by ${f.asked}` },
   /** Not applied: no such container, a malformed policy, an outside change of unknown origin (`failed`). */
@@ -16890,38 +16982,214 @@ async function checkSignature(c: SignatureCheck, digest: string | undefined): Pr
 }
 
 // ================================================================================================
-// 35. the decision — what one push does to one workload, decided by one pure function: decide(push, its hook's
+// 35. platforms — the platform check's facts: the platforms (`os/architecture`) an image index offers and those of
+//    the nodes a workload can run on (its pod template's nodeSelector as a label selector on a LIST of nodes, and
+//    its required node affinity: nodeAffinityAllows), read only when the service asks the registry anyway
+//    (VERIFY_IMAGE, VERIFY_SIGNATURE, a registry watch's find): platformFacts. The nodes' platforms are kept briefly
+//    per cluster and selection (NodePlatforms); without `list` on nodes the check is skipped with one warning per
+//    cluster. The decision's platform step compares them.
+//    Exports: NodePlatforms, platformFacts.
+//    Tests: test/platforms.test.ts.
+// ================================================================================================
+
+/**
+ * Whether a node's labels (and name) satisfy a pod's required node affinity: one of its nodeSelectorTerms, each
+ * of whose matchExpressions (In, NotIn, Exists, DoesNotExist, Gt, Lt) and matchFields (metadata.name) holds; an
+ * empty term matches no node, as the scheduler has it. No terms: every node. Pure.
+ */
+export function nodeAffinityAllows(terms: unknown[], labels: Record<string, string>, name: string): boolean {
+  if (terms.length === 0) return true;
+  const expressionHolds = (e: unknown, value: (key: string) => string | undefined) => {
+    const key = String(valueAt(e, ['key']));
+    const values = asArray(valueAt(e, ['values'])).map(String);
+    const v = value(key);
+    switch (valueAt(e, ['operator'])) {
+      case 'In':
+        return v !== undefined && values.includes(v);
+      case 'NotIn':
+        return v === undefined || !values.includes(v);
+      case 'Exists':
+        return v !== undefined;
+      case 'DoesNotExist':
+        return v === undefined;
+      case 'Gt':
+      case 'Lt': {
+        const [n, bound] = [Number(v), Number(values[0])];
+        if (v === undefined || !Number.isInteger(n) || !Number.isInteger(bound)) return false;
+        return valueAt(e, ['operator']) === 'Gt' ? n > bound : n < bound;
+      }
+      default:
+        return false;
+    }
+  };
+  const label = (key: string) => labels[key];
+  const field = (key: string) => (key === 'metadata.name' ? name : undefined);
+  return terms.some((term) => {
+    const expressions = asArray(valueAt(term, ['matchExpressions']));
+    const fields = asArray(valueAt(term, ['matchFields']));
+    if (expressions.length + fields.length === 0) return false;
+    return expressions.every((e) => expressionHolds(e, label)) && fields.every((e) => expressionHolds(e, field));
+  });
+}
+
+/** The nodes a pod spec allows: its nodeSelector (as a label selector) and its required node affinity terms. Pure. */
+function nodeSelection(podSpec: unknown): { selector: string; terms: unknown[] } {
+  const nodeSelector = valueAt(podSpec, ['nodeSelector']);
+  const required = ['affinity', 'nodeAffinity', 'requiredDuringSchedulingIgnoredDuringExecution', 'nodeSelectorTerms'];
+  return {
+    selector: isObject(nodeSelector) ? labelSelector({ matchLabels: nodeSelector }) : '',
+    terms: asArray(valueAt(podSpec, required)),
+  };
+}
+
+/**
+ * The platforms of the nodes a workload can run on (kubernetes.io/os and kubernetes.io/arch of the nodes its
+ * nodeSelector and required node affinity allow): one LIST of the nodes (a label selector from the nodeSelector,
+ * in pages), kept LIMITS.nodes.cacheMs per cluster and selection. A service account that may not list nodes
+ * (403) has the check skipped, with one warning per cluster, not a failure.
+ */
+export class NodePlatforms {
+  private readonly cache = new Map<string, { at: number; read: Promise<NodePlatformsRead> }>();
+  private readonly told = new Set<string>();
+  private readonly warn: ((message: string) => void) | undefined;
+
+  constructor(warn?: (message: string) => void) {
+    this.warn = warn;
+  }
+
+  of(client: KubeClient, cluster: string | undefined, podSpec: unknown): Promise<NodePlatformsRead> {
+    const selection = nodeSelection(podSpec);
+    const key = JSON.stringify([cluster ?? '', selection]);
+    const had = this.cache.get(key);
+    if (had && Date.now() - had.at < LIMITS.nodes.cacheMs) return had.read;
+    const read = this.list(client, cluster, selection);
+    this.cache.delete(key);
+    this.cache.set(key, { at: Date.now(), read });
+    if (this.cache.size > LIMITS.nodes.maxCached) this.cache.delete(this.cache.keys().next().value!);
+    // Only a refusal is kept: an API server that did not answer is asked again by the next push.
+    const forget = () => this.cache.get(key)?.read === read && this.cache.delete(key);
+    read.then((r) => 'unknown' in r && !r.refused && forget(), forget);
+    return read;
+  }
+
+  private async list(
+    client: KubeClient,
+    cluster: string | undefined,
+    selection: { selector: string; terms: unknown[] },
+  ): Promise<NodePlatformsRead> {
+    const platforms = new Set<string>();
+    let next: string | undefined;
+    const resource = { group: '', version: 'v1', resource: 'nodes', namespace: '' };
+    try {
+      for (let page = 0; page === 0 || next; page++) {
+        if (page >= LIMITS.nodes.maxPages)
+          return { unknown: `more than ${page * LIMITS.nodes.pageSize} nodes: their platforms were not read` };
+        const query = { limit: String(LIMITS.nodes.pageSize), ...(next ? { continue: next } : {}) };
+        const selected = selection.selector ? { ...query, labelSelector: selection.selector } : query;
+        const list = await client.list(resource, selected);
+        for (const node of asArray(valueAt(list, ['items']))) {
+          const labels = valueAt(node, ['metadata', 'labels']);
+          const named = isObject(labels) ? (labels as Record<string, string>) : {};
+          if (!nodeAffinityAllows(selection.terms, named, String(valueAt(node, ['metadata', 'name'])))) continue;
+          const [os, arch] = [named['kubernetes.io/os'], named['kubernetes.io/arch']];
+          if (typeof os === 'string' && typeof arch === 'string') platforms.add(`${os}/${arch}`);
+        }
+        const token = valueAt(list, ['metadata', 'continue']);
+        next = typeof token === 'string' && token !== '' ? token : undefined;
+      }
+    } catch (e) {
+      if (!(e instanceof KubeError)) throw e;
+      const where = cluster === undefined ? '' : ` in cluster ${cluster}`;
+      const why = `the nodes${where} could not be listed (${e.message}): the platform check is skipped`;
+      if (e.status === 403 && !this.told.has(cluster ?? '')) {
+        this.told.add(cluster ?? '');
+        this.warn?.(why);
+      }
+      return { unknown: why, ...(e.status === 403 ? { refused: true } : {}) };
+    }
+    return { platforms: [...platforms].sort() };
+  }
+}
+
+/**
+ * The platform check's facts for an image about to be deployed, pinned to its digest, read when the service asks the
+ * registry anyway (VERIFY_IMAGE, VERIFY_SIGNATURE, a registry watch): the index's manifest (readIndexPlatforms) and
+ * the nodes' platforms (NodePlatforms). Undefined when there is nothing to check: no digest, a single image (not an
+ * index), nodes that could not be listed or none the workload may run on (a note says so). The registry's failure is
+ * the push's, as VERIFY_IMAGE's: it fails closed or, under ON_REGISTRY_AWAY=keep, the push is kept.
+ */
+async function platformFacts(
+  client: KubeClient,
+  s: HookConfig,
+  ref: string,
+  report: UpgradeReport,
+  deps: UpgradeDeps,
+): Promise<PlatformFacts | undefined> {
+  const parsed = validateImageRef(ref);
+  if (!parsed.ok || parsed.ref.digest === undefined) return undefined;
+  const target: WorkloadTarget = { ...s.workload, namespace: s.namespace };
+  const podSpec = workloadPodSpec(await readWorkload(client, target), target.kind);
+  const located = locateContainer(podSpec, s.container);
+  // As VERIFY_IMAGE: the workload's login goes to no registry the image pin does not allow the push from.
+  if (!located || !checkImagePin(s.container, located.image, ref, s.pin).allowed) return undefined;
+  const { domain, path: repository, digest } = parsed.ref;
+  const host = domain === undefined || registryOf(domain) === 'docker.io' ? 'registry-1.docker.io' : domain;
+  const loginFor = () => workloadLogin(client, s.namespace, pullSecretNames(podSpec), host);
+  const registry = { host, repository, ca: s.registryCa, tokenHosts: s.registryTokenHosts };
+  let offered: string[] | undefined;
+  try {
+    offered = await readIndexPlatforms(registry, digest, loginFor);
+  } catch (e) {
+    const message = `platform: could not read ${host}/${repository}@${digest}: ${(e as Error).message}`;
+    throw registryFailure(s, e, `${message}; nothing was changed`);
+  }
+  if (offered === undefined) return undefined;
+  const nodes = await (deps.nodePlatforms ?? new NodePlatforms()).of(client, s.cluster, podSpec);
+  if ('unknown' in nodes) report.notes.push(`platform: ${nodes.unknown}`);
+  else if (nodes.platforms.length === 0)
+    report.notes.push(`platform: no node ${target.kind}/${target.name} can run on says its os and arch: not checked`);
+  else return { index: digest, offered, nodes: nodes.platforms };
+  return undefined;
+}
+
+// ================================================================================================
+// 36. the decision — what one push does to one workload, decided by one pure function: decide(push, its hook's
 //    settings, the workload as read, now) → Decision, a value from the closed list (DECISIONS) carrying its reason
 //    as data and, for what is written, the planned change, its Event and the pending entry. The registry's facts
-//    (the digest a tag resolves to, a signature) are established before it (previous chapter) and arrive in the
-//    push's image. The steps, each a pure function that decides or lets the push on: the image pin, the update
-//    policy (policyDecision), a digest already running, a change made outside webhook (holdDecision, under
-//    ON_OUTSIDE_CHANGE=hold), newest wins (decidePush, over LAST_PUSH_ANNOTATION), then the waiting step: a push
-//    that needs an approval (REQUIRE_APPROVAL, annotation webhook/approval) or comes outside its change window
-//    (DEPLOY_WINDOW, annotation webhook/window) waits on the workload (PENDING_ANNOTATION, sealed with the approval
-//    key), with the links that decide it; a newer push replaces a waiting one, an older one is superseded by it; a
-//    decided push completes only the entry it names. What passes every step is applied: one JSON patch
-//    (fieldManager=webhook) that tests the container's name and current image, so a concurrent edit fails it
-//    instead of being overwritten; a different image replaces only that container's image, the same image restarts
-//    the rollout as `kubectl rollout restart` does (plus imagePullPolicy: Always), and the same patch sets
-//    kubernetes.io/change-cause, the push record and, when the service follows the rollout after answering, the
-//    follow record, each under a `test` of the value read. A copy of the workload kept from an earlier push is just
-//    another workload as read: the executor (next chapter) decides which decisions it takes on one. Between newest
-//    wins and the waiting step, the signature step: a push whose digest has no signature yet (Push.unsigned, under
-//    SIGNATURE_WAIT) waits on the workload as an entry waiting for its signature (`waiting: signature`); looked at
-//    again (decided with action `signature`) it waits on as it was, or, its wait over, is refused: unsigned.
-//    Exports: decide, futureTimeNote, PendingGone, waitingAction.
-//    Tests: test/decision.test.ts, test/e2e.test.ts, test/records.test.ts, test/replicas.test.ts,
-//    test/signed-images.test.ts, test/upgrade.test.ts.
+//    (the digest a tag resolves to, a signature, the platforms an index offers and the workload's nodes run) are
+//    established before it (previous chapter) and arrive in the push. The steps, each a pure function that decides
+//    or lets the push on: the image pin, the update policy (policyDecision), a digest already running, the
+//    platforms (an image index with no manifest for a platform the workload's nodes run: `refused: platform`), a
+//    change made outside webhook (holdDecision, under ON_OUTSIDE_CHANGE=hold), newest wins (decidePush, over
+//    LAST_PUSH_ANNOTATION), then the waiting step: a push that needs an approval (REQUIRE_APPROVAL, annotation
+//    webhook/approval) or comes outside its change window (DEPLOY_WINDOW, annotation webhook/window) waits on the
+//    workload (PENDING_ANNOTATION, sealed with the approval key), with the links that decide it; a newer push
+//    replaces a waiting one, an older one is superseded by it; a decided push completes only the entry it names.
+//    What passes every step is applied: one JSON patch (fieldManager=webhook) that tests the container's name and
+//    current image, so a concurrent edit fails it instead of being overwritten; a different image replaces only that
+//    container's image, the same image restarts the rollout as `kubectl rollout restart` does (plus
+//    imagePullPolicy: Always), and the same patch sets kubernetes.io/change-cause, the push record and, when the
+//    service follows the rollout after answering, the follow record, each under a `test` of the value read. A copy
+//    of the workload kept from an earlier push is just another workload as read: the executor (next chapter)
+//    decides which decisions it takes on one. Between newest wins and the waiting step, the signature step: a push
+//    whose digest has no signature yet (Push.unsigned, under SIGNATURE_WAIT) waits on the workload as an entry
+//    waiting for its signature (`waiting: signature`); looked at again (decided with action `signature`) it waits on
+//    as it was, or, its wait over, is refused: unsigned.
+//    Exports: decide, futureTimeNote, PendingGone, PlatformRefusal, waitingAction.
+//    Tests: test/decision.test.ts, test/e2e.test.ts, test/platforms.test.ts, test/records.test.ts,
+//    test/replicas.test.ts, test/signed-images.test.ts, test/upgrade.test.ts.
 // ================================================================================================
 
 /** A decided push whose pending entry is no longer on the workload: decided already, replaced or expired. */
 export class PendingGone extends UpgradeError {}
 
+/** A push whose image index has no manifest for the platform of the workload's nodes: `refused: platform`. */
+export class PlatformRefusal extends UpgradeError {}
+
 /**
- * The decision of one push on one workload, step by step: the pin, the update policy, a digest already running, a
- * change made outside webhook, newest wins, the signature step, the waiting step; what passes them all is applied.
- * Pure.
+ * The decision of one push on one workload, step by step: the pin, the update policy, a digest already running, the
+ * platforms, a change made outside webhook, newest wins, the signature step, the waiting step; what passes them all
+ * is applied. Pure.
  */
 export function decide(input: DecisionInput): Decision {
   const notes: string[] = [];
@@ -16931,6 +17199,7 @@ export function decide(input: DecisionInput): Decision {
   const decided =
     policyStep(input, facts) ??
     sameDigestStep(input, facts) ??
+    platformStep(input, facts) ??
     holdStep(input, facts) ??
     newestStep(input, facts) ??
     signatureStep(input, facts) ??
@@ -16980,6 +17249,22 @@ function sameDigestStep(input: DecisionInput, facts: DecidedFacts): Decision | u
   const ref = input.push.image;
   if (!ref.includes('@') || normalizeImageRef(facts.before!) !== normalizeImageRef(ref)) return undefined;
   return { ...facts, code: 'no-op', reason: 'already running this digest' };
+}
+
+/**
+ * The platform step: an image index (its platforms read before, platformFacts) with no manifest for a platform the
+ * workload's nodes run is refused, naming what is missing, with an UpgradeRefused Event. Pure.
+ */
+function platformStep(input: DecisionInput, facts: DecidedFacts): Decision | undefined {
+  const p = input.push.platforms;
+  const missing = p ? p.nodes.filter((n) => !p.offered.includes(n)) : [];
+  if (!p || missing.length === 0) return undefined;
+  const has = p.offered.length === 0 ? 'no platform' : `${p.offered.join(', ')} only`;
+  const reason =
+    `platform: the image index ${p.index} has ${has}; the nodes ${workloadName(input.push.target)} can run on ` +
+    `run ${p.nodes.join(', ')}: no manifest for ${missing.join(', ')}`;
+  const event = pushEvent('refused', { why: reason, asked: whoAsked(input.push) });
+  return { ...facts, code: 'refused: platform', reason, event };
 }
 
 /**
@@ -17355,7 +17640,7 @@ export function waitingAction(e: PendingEntry): string {
 }
 
 // ================================================================================================
-// 36. the cluster executor — carries out what decide (previous chapter) concluded, on the workload in its cluster,
+// 37. the cluster executor — carries out what decide (previous chapter) concluded, on the workload in its cluster,
 //    and writes it into the push's report (recordDecision, the one place a decision reaches a report): the guarded
 //    PATCH of an applied push, the pending entry of a waiting one, the Event of each. A PATCH whose `test` fails
 //    (the workload changed since it was read) has the workload read again and the push decided again on it, up to
@@ -17462,6 +17747,7 @@ async function execute(
   if ('event' in d && d.event) await recordEventQuietly(client, target, d.event, now, report);
   recordDecision(report, d, target.kind);
   if (d.code === 'refused: unsigned') throw new SignatureRefusal(d.reason);
+  if (d.code === 'refused: platform') throw new PlatformRefusal(`${d.reason}; nothing was changed`);
   if (d.code === 'refused' || d.code === 'failed')
     throw d.gone ? new PendingGone(d.reason) : new UpgradeError(d.reason);
   return undefined;
@@ -17502,6 +17788,7 @@ export function recordDecision(report: UpgradeReport, d: Decision, kind: Workloa
       return;
     case 'refused':
     case 'refused: unsigned':
+    case 'refused: platform':
     case 'failed':
       if (d.code !== 'failed') report.refused = true;
       return;
@@ -17513,7 +17800,7 @@ export function recordDecision(report: UpgradeReport, d: Decision, kind: Workloa
   recordUnchanged(report, d.code, d.reason, d.before);
 }
 // ================================================================================================
-// 37. the git executor — carries an applied push out as a commit to the Git repository a GitOps tool (Fleet, Argo
+// 38. the git executor — carries an applied push out as a commit to the Git repository a GitOps tool (Fleet, Argo
 //    CD, Flux) deploys from, for a hook with GIT_REPO: the workload is read and the push decided as always
 //    (decide); a decision that writes nothing to the image (waiting, held, skipped…) is the cluster executor's. An
 //    applied push is written into the file at GIT_PATH by changing the text of one scalar (editGitFile: a
@@ -18266,7 +18553,7 @@ export async function refuseGitopsOwned(
 }
 
 // ================================================================================================
-// 38. the report — the answer of one push, one "label: value" per line, values aligned, always in this order, lines
+// 39. the report — the answer of one push, one "label: value" per line, values aligned, always in this order, lines
 //    whose value is unknown left out: workload, container, image before, image after, action (image updated | rollout
 //    restarted (same image re-pulled) | none (<why>)), result (ok | failed: <message>), rollout (progressing |
 //    complete | failed | timed out | not tracked), one line per pod, rollback, notes. Exit status 0 when the result
@@ -18348,7 +18635,7 @@ export function formatReport(r: UpgradeReport): string {
 }
 
 // ================================================================================================
-// 39. rollout follow — follows a rollout by kubectl's rules until it completes, fails (a pod stuck in
+// 40. rollout follow — follows a rollout by kubectl's rules until it completes, fails (a pod stuck in
 //    CrashLoopBackOff, ImagePullBackOff…) or ROLLOUT_TIMEOUT passes. The workload is watched (WorkloadFeed: the
 //    client's watch shared by the follows of a namespace and kind, from the PATCH answer's resourceVersion; a watch
 //    of the workload alone where RBAC names it; a GET per second, with one warning, where watch is refused). A
@@ -18856,7 +19143,7 @@ export function rolloutEvent(outcome: RolloutOutcome, container: string): Worklo
 }
 
 // ================================================================================================
-// 40. rollback — ROLLBACK_ON_FAILURE=true: a followed rollout that fails is set back to the image before the push,
+// 41. rollback — ROLLBACK_ON_FAILURE=true: a followed rollout that fails is set back to the image before the push,
 //    with the same tested patch, and that rollout is followed too. A StatefulSet (RollingUpdate) does not replace a
 //    pod stuck on the bad image by itself, so its "forced rollback" deletes, once the controller has observed the
 //    template set back, the pods it owns that still run the image rolled back from and are not ready (uid
@@ -19124,9 +19411,10 @@ export function rollbackObstacle(
 }
 
 // ================================================================================================
-// 41. least privilege — -print-rbac: the Roles and RoleBindings the hooks need, worked out from the hooks themselves
+// 42. least privilege — -print-rbac: the Roles and RoleBindings the hooks need, worked out from the hooks themselves
 //    (namespace, kind and name when the hook fixes them; `resourceNames` wherever it can), so the service account
-//    gets nothing it does not use.
+//    gets nothing it does not use. Hooks that read the registry (VERIFY_IMAGE, POLL_INTERVAL) add one ClusterRole:
+//    list on nodes, for the platform check.
 //    Exports: fixedInput, fixedSetting, fixedTrue, formatRbac, hookReach, HookReach, stageNamespaces, upgradeInput.
 //    Tests: test/chart.test.ts, test/deploy.test.ts, test/unit.test.ts.
 // ================================================================================================
@@ -19145,6 +19433,8 @@ export interface HookReach {
   pullSecrets?: string[];
   /** The hook fixes ROLLBACK_ON_FAILURE=true: a StatefulSet's rollback deletes its stuck pods. */
   rollbackOnFailure?: boolean;
+  /** It reads the registry (VERIFY_IMAGE, POLL_INTERVAL): the platform check lists the nodes (cluster-scoped). */
+  listsNodes?: boolean;
 }
 
 /** The matches every passing request satisfies: those reached from the rule's root through `and`. */
@@ -19231,12 +19521,14 @@ export function hookReach(hook: Hook): HookReach | undefined {
   // VERIFY_SIGNATURE implies VERIFY_IMAGE: the tag is resolved (and the signatures read) with the pull secret's login.
   const verifyImage = fixedTrue(hook, 'VERIFY_IMAGE') || (fixedInput(hook, 'VERIFY_SIGNATURE')?.trim() ?? '') !== '';
   const rollbackOnFailure = fixedTrue(hook, 'ROLLBACK_ON_FAILURE');
+  const listsNodes = verifyImage || (fixedInput(hook, 'POLL_INTERVAL')?.trim() ?? '') !== '';
   try {
     return {
       ...reach,
       target: { namespace: ns.value, ...parseWorkload(workload.value) },
       ...(verifyImage && { verifyImage }),
       ...(rollbackOnFailure && { rollbackOnFailure }),
+      ...(listsNodes && { listsNodes }),
     };
   } catch (e) {
     return { ...reach, open: (e as Error).message };
@@ -19348,11 +19640,46 @@ export function formatRbac(reaches: HookReach[], serviceAccount: string, hooksPa
     out.push(`  name: ${JSON.stringify(saName)}`, 'subjects:', '  - kind: ServiceAccount');
     out.push(`    name: ${JSON.stringify(saName)}`, `    namespace: ${JSON.stringify(saNamespace)}`);
   }
+  if (reaches.some((r) => r.target && r.listsNodes)) out.push(...nodesRole(saNamespace, saName));
   return `${out.join('\n')}\n`;
 }
 
+/**
+ * The platform check's one cluster-scoped grant: list on nodes, whose kubernetes.io/os and kubernetes.io/arch say
+ * which platforms an image index must offer (hooks that read the registry: VERIFY_IMAGE, VERIFY_SIGNATURE,
+ * POLL_INTERVAL). Without it the check is skipped with a warning. Pure.
+ */
+function nodesRole(saNamespace: string, saName: string): string[] {
+  const name = JSON.stringify(`${saName}-nodes`);
+  const head = (kind: string) => ['---', 'apiVersion: rbac.authorization.k8s.io/v1', `kind: ${kind}`, 'metadata:'];
+  return [
+    '# The platform check (VERIFY_IMAGE, VERIFY_SIGNATURE, POLL_INTERVAL): the platforms of the nodes a workload can',
+    '# run on (their kubernetes.io/os and kubernetes.io/arch labels) are read with list on nodes, cluster-scoped.',
+    ...head('ClusterRole'),
+    `  name: ${name}`,
+    '  labels:',
+    '    app.kubernetes.io/name: webhook',
+    'rules:',
+    '  - apiGroups: [""]',
+    '    resources: ["nodes"]',
+    '    verbs: ["list"]',
+    ...head('ClusterRoleBinding'),
+    `  name: ${name}`,
+    '  labels:',
+    '    app.kubernetes.io/name: webhook',
+    'roleRef:',
+    '  apiGroup: rbac.authorization.k8s.io',
+    '  kind: ClusterRole',
+    `  name: ${name}`,
+    'subjects:',
+    '  - kind: ServiceAccount',
+    `    name: ${JSON.stringify(saName)}`,
+    `    namespace: ${JSON.stringify(saNamespace)}`,
+  ];
+}
+
 // ================================================================================================
-// 42. the upgrade — the job /webhooks.sh exists for, as named steps: read the settings, compose the image, decide,
+// 43. the upgrade — the job /webhooks.sh exists for, as named steps: read the settings, compose the image, decide,
 //    patch, record the Event, follow the rollout and roll back when asked, report. UpgradeService is the command
 //    runner's InProcessCommand: one client, one per-workload queue and one set of kept pushes for every push. A push
 //    the API server does not answer is kept and applied when it answers (KeptPushes, answered 202); a waiting push,
@@ -19437,7 +19764,8 @@ export async function runPush(
         : composed.ref;
       const { image, unsigned } = await verifiedPush(client, settings, ref, composed.digest, report, deps);
       report.imageAfter = image;
-      await applyUpgrade(client, settings, { ...push, image, unsigned }, report, deps);
+      const platforms = settings.verifyImage ? await platformFacts(client, settings, image, report, deps) : undefined;
+      await applyUpgrade(client, settings, { ...push, image, unsigned, platforms }, report, deps);
     };
     await (deps.queue ? deps.queue.run(workloadKey, apply) : apply());
   } catch (e) {
@@ -19477,7 +19805,14 @@ function failedUpgrade(report: UpgradeReport, e: unknown): void {
   report.result = 'failed';
   report.error = (e as Error).message;
   if (!report.changed)
-    report.decision = e instanceof SignatureRefusal ? 'refused: unsigned' : report.refused ? 'refused' : 'failed';
+    report.decision =
+      e instanceof SignatureRefusal
+        ? 'refused: unsigned'
+        : e instanceof PlatformRefusal
+          ? 'refused: platform'
+          : report.refused
+            ? 'refused'
+            : 'failed';
   report.badInput = e instanceof PayloadError || undefined;
   report.gone = e instanceof PendingGone || undefined;
   // No answer at all, or the server's own failure or throttling, to the end of the retry budget.
@@ -19516,7 +19851,10 @@ async function runDecidedPush(
               : verifiedRef(deps.client, settings, push.image, undefined, report, deps),
           );
       report.imageAfter = image;
-      await applyUpgrade(deps.client, settings, { ...push, image, unsigned }, report, deps);
+      // What the registry is asked about anyway has its platforms checked: VERIFY_IMAGE's digest, a watch's find.
+      const read = settings.verifyImage || deps.watched;
+      const platforms = read ? await platformFacts(deps.client, settings, image, report, deps) : undefined;
+      await applyUpgrade(deps.client, settings, { ...push, image, unsigned, platforms }, report, deps);
     };
     // The key a push to this workload queues under (runUpgrade's): the two never run at once.
     const key = `${cluster ?? ''}/${settings.namespace}/${settings.workload.kind}/${settings.workload.name}`;
@@ -19667,7 +20005,7 @@ async function reportRollout(
 type UpgradeResult = Awaited<ReturnType<typeof runUpgrade>>;
 
 // ================================================================================================
-// 43. the upgrade service — the upgrade as the command runner runs it (UpgradeService, its InProcessCommand): one
+// 44. the upgrade service — the upgrade as the command runner runs it (UpgradeService, its InProcessCommand): one
 //    client and one set of kept pushes per cluster (ClusterLane), one per-workload queue for every push, pushes the
 //    API server (or, under ON_REGISTRY_AWAY=keep, the registry) does not answer kept and applied when it answers
 //    (KeptPushes, answered 202), decided waiting pushes
@@ -20048,6 +20386,8 @@ export class UpgradeService implements InProcessCommand<UpgradeOutput> {
   private readonly log: Logger;
   private readonly applyDeadlineMs: number;
   private readonly metrics: Metrics | undefined;
+  /** The nodes' platforms, shared by every push: a short cache, one warning when the nodes may not be listed. */
+  private nodePlatforms: NodePlatforms | undefined;
 
   /** applyDeadlineMs: how long a push the API server does not answer is kept (0: answered as failed). */
   constructor(
@@ -20210,13 +20550,14 @@ export class UpgradeService implements InProcessCommand<UpgradeOutput> {
     decided: DecidedBy | undefined,
     requestId: string,
     cluster: string | undefined,
+    watched?: boolean,
   ): Promise<UpgradeResult & { env: Record<string, string | undefined> }> {
     const env = this.decidedEnv(hook, target, container, cluster);
     const client = this.laneOf(cluster)?.client();
     if (!client) throw new UpgradeError('no Kubernetes credentials');
     const read = readAtBoundary(env);
     if ('failed' in read) return { ...read.failed, env };
-    const deps = { ...this.deps(requestId, hook, read.config), client, decided, known: undefined };
+    const deps = { ...this.deps(requestId, hook, read.config), client, decided, known: undefined, watched };
     return { ...(await runDecidedPush(push, read.config, deps)), env };
   }
 
@@ -20239,6 +20580,7 @@ export class UpgradeService implements InProcessCommand<UpgradeOutput> {
       known: lane?.known,
       followAfter: this.followMs > 0 && resumable ? { followMs: this.followMs, mailTo: config.mailTo } : undefined,
       approvals: this.approvals,
+      nodePlatforms: (this.nodePlatforms ??= new NodePlatforms((m) => this.log.warn(`platform check: ${m}`))),
     };
   }
 
@@ -20555,7 +20897,7 @@ export class RolloutFollower implements CommandListener<UpgradeOutput> {
 }
 
 // ================================================================================================
-// 44. promotion — CLUSTERS stages (`staging > prod`): a push goes to the first stage only (the upgrade service);
+// 45. promotion — CLUSTERS stages (`staging > prod`): a push goes to the first stage only (the upgrade service);
 //    the digest that ran there goes on to the next stage once that stage's rollout is complete and has stayed
 //    healthy for PROMOTE_AFTER (the same image running, not rolled back, no restart since), and PROMOTE_CHECK, when
 //    the hook names one, has answered 2xx. A promotion is a source of pushes like an approval: a Push of that digest
@@ -21215,7 +21557,7 @@ export class Promotions implements ResultListener {
 }
 
 // ================================================================================================
-// 45. approvals — completes the pushes that wait (the patch chapter's waiting step) on whichever replica acts
+// 46. approvals — completes the pushes that wait (the patch chapter's waiting step) on whichever replica acts
 //    first: an approval link's confirmation page and its POST (GET never decides), the deliveries page's Approve,
 //    Reject and Deploy again, a change window's opening and an expiry. Each decision reads the workload, checks the
 //    pending entry the link names is still there, and completes it by a patch that tests the annotation it read (a
@@ -22040,7 +22382,7 @@ interface PastPush {
 }
 
 // ================================================================================================
-// 46. registry watch — pushes no registry announced. A workload annotated webhook/poll: <interval> (or the one a hook
+// 47. registry watch — pushes no registry announced. A workload annotated webhook/poll: <interval> (or the one a hook
 //    with POLL_INTERVAL fixes) has its repository looked at every interval, and once soon after the start (spread
 //    out), so a push made while the service was away, or on a registry that cannot call, is found. What a look finds
 //    is a push like a notification's (its identity the digest, `sha256:…|`): under a semver policy (semver:, major,
@@ -22649,7 +22991,8 @@ export class RegistryWatch {
     }
     const push: IncomingPush = { pushedAtMs: Date.now(), timeFrom: 'received', image, push: `${digest}|` };
     const requestId = randomUUID();
-    const r = await this.upgrade.runDecided(hook, w.target, w.container, push, undefined, requestId, w.cluster);
+    const { target, container, cluster } = w;
+    const r = await this.upgrade.runDecided(hook, target, container, push, undefined, requestId, cluster, true);
     r.report.notes.unshift(`registry watch (every ${formatGoDuration(w.intervalMs)}, ${w.from}): ${why}`);
     if (!r.report.unreachable) w.handed = image;
     // What the container runs now: the next look compares with it, not with the listing.
@@ -22738,7 +23081,7 @@ function fixesTarget(hook: Hook, target: WatchedWorkload['target'], cluster: str
 }
 
 // ================================================================================================
-// 47. the result — one record per push (Delivery, in the DeliveryLog): made when its request comes in, completed
+// 48. the result — one record per push (Delivery, in the DeliveryLog): made when its request comes in, completed
 //    as the rollout follower hands on the answer, the rollout's progress and its end, and once final sent to each
 //    ResultChannel in order (the mail, then the chat and JSON receivers), whose outcomes are recorded on it. What
 //    became of the push is its upgrade report's decision (DECISIONS), published as pushResult says; the channels
@@ -22828,7 +23171,7 @@ function decisionOf(outcome: Outcome, action: string, report: UpgradeReport | un
   // The report stays the applied push's; what is published is that its rollout was taken over.
   if (report.rollout?.superseded) return { decision: DECISIONS['taken over'].published, detail: report.rollout.detail };
   const decision = DECISIONS[report.decision].published;
-  if (report.decision === 'refused' || report.decision === 'refused: unsigned' || report.decision === 'failed')
+  if (['refused', 'refused: unsigned', 'refused: platform', 'failed'].includes(report.decision))
     return { decision, detail: report.error ?? '' };
   // The detail of a push that changed nothing is its reason.
   return { decision, detail: report.changed ? report.action : (report.reason ?? report.action) };
@@ -23092,7 +23435,7 @@ export class ResultDispatcher implements ResultListener {
 }
 
 // ================================================================================================
-// 48. mail — mails a hook's result through the server the MAIL_* variables describe (parseMailConfig; MAIL_TO names
+// 49. mail — mails a hook's result through the server the MAIL_* variables describe (parseMailConfig; MAIL_TO names
 //    the recipients): one mail per push after its rollout's end, at most -max-mails-per-hook per -mail-window, the
 //    rest summed up in one mail. The Mailer is the result's first ResultChannel.
 //    Exports: Mailer, parseMailConfig.
@@ -23349,7 +23692,7 @@ function summaryMail(hookId: string, window: MailWindow, cap: MailCap): { subjec
 }
 
 // ================================================================================================
-// 49. chat & json notifications — a hook's result posted, at the moment its mail goes (after the rollout's end, in
+// 50. chat & json notifications — a hook's result posted, at the moment its mail goes (after the rollout's end, in
 //    the background), to each URL of NOTIFY_URL, in the body NOTIFY_FORMAT names: json (our own document, versioned
 //    by its "schema" field, signed in a header with NOTIFY_SECRET), dingtalk (markdown; NOTIFY_SECRET signs the URL),
 //    wecom (markdown), feishu and lark (a card; NOTIFY_SECRET signs the body), slack (mrkdwn), teams (an Adaptive
@@ -24175,7 +24518,7 @@ export class Notifier implements ResultChannel {
 }
 
 // ================================================================================================
-// 50. deliveries page — what the last pushes did, on the admin listener (never the hook port): the records of the
+// 51. deliveries page — what the last pushes did, on the admin listener (never the hook port): the records of the
 //    result's DeliveryLog (the last -deliveries pushes, newest first, as far as each has got). /deliveries lists
 //    them (refreshing itself while a push is still running); /deliveries/<n> is one push's full report and pods;
 //    /deliveries.json and /deliveries/<n>.json carry the same as JSON (entries in the shape of NOTIFY_FORMAT=json).
@@ -24517,7 +24860,7 @@ export function deliveryPages(
 }
 
 // ================================================================================================
-// 51. -validate & -print-rbac — the commands that read the hooks and exit: -validate describes every hook (its rule,
+// 52. -validate & -print-rbac — the commands that read the hooks and exit: -validate describes every hook (its rule,
 //    parameters, answer, upgrade and notifications) and says what is wrong, -print-rbac prints the least-privilege
 //    RBAC; both load the hooks exactly as the service does (hookLoadSettings).
 //    Exports: commandWarnings, hookLoadSettings, printRbac, validate.
@@ -25007,7 +25350,7 @@ async function printRbac(o: Options, env: Record<string, string | undefined>): P
 }
 
 // ================================================================================================
-// 52. main — wires the chapters together; the only place with process-wide side effects (signals, pid file, listening
+// 53. main — wires the chapters together; the only place with process-wide side effects (signals, pid file, listening
 //    sockets, exit codes).
 //    Tests: test/image.test.ts, test/memory.test.ts, test/runner.test.ts, test/start.test.ts.
 // ================================================================================================

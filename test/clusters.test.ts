@@ -21,7 +21,7 @@ import {
 } from './harness.ts';
 import {
   acrImage, acrPayload, clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor, namespacedGetter, removeNamespace,
-  type Cluster, type Kubectl,
+  renamedKubeconfig, type Cluster, type Kubectl,
 } from './cluster/kube.ts';
 import { ensureCluster } from './cluster/cluster.ts';
 import { fixedSettings, upgradeHook } from './upgrade-hooks.ts';
@@ -35,18 +35,6 @@ const PREFIX = '/k8s/clusters/c-m-test1';
 
 const shared = await clusterOrSkip();
 const second: Cluster | undefined = shared ? await ensureCluster(SECOND_CLUSTER) : undefined;
-
-/** A cluster's admin kubeconfig with its context renamed, so two can sit in one KUBECONFIG list. */
-function renamedKubeconfig(c: Cluster, context: string, file: string, server?: string, token?: string): string {
-  const admin = JSON.parse(fs.readFileSync(c.kubeconfigPath, 'utf8'));
-  fs.writeFileSync(file, JSON.stringify({
-    apiVersion: 'v1', kind: 'Config', 'current-context': context,
-    contexts: [{ name: context, context: { cluster: context, user: context } }],
-    clusters: [{ name: context, cluster: { ...admin.clusters[0].cluster, ...(server && { server }) } }],
-    users: [{ name: context, user: token ? { token } : admin.users[0].user }],
-  }), { mode: 0o600 });
-  return file;
-}
 
 /** The executable run to its exit with these arguments and KUBECONFIG. */
 function runToExit(args: string[], kubeconfigs: string[]) {

@@ -85,8 +85,9 @@ describe('the decision of a push', () => {
     const published = Object.fromEntries(Object.entries(DECISIONS).map(([code, d]) => [code, d.published]));
     assert.deepEqual(published, {
       applied: 'applied', 're-pulled': 'same image restarted', superseded: 'no-op', repeat: 'no-op', 'no-op': 'no-op',
-      refused: 'refused', 'refused: unsigned': 'refused: unsigned', 'skipped by policy': 'skipped by policy', held: 'held',
-      failed: 'failed', kept: 'no-op', waiting: 'waiting', 'waiting: signature': 'waiting: signature', approved: 'approved', rejected: 'rejected', expired: 'expired',
+      refused: 'refused', 'refused: unsigned': 'refused: unsigned', 'refused: platform': 'refused: platform',
+      'skipped by policy': 'skipped by policy', held: 'held', failed: 'failed', kept: 'no-op', waiting: 'waiting',
+      'waiting: signature': 'waiting: signature', approved: 'approved', rejected: 'rejected', expired: 'expired',
       'taken over': 'superseded', 'fanned out': 'fanned out', ran: 'ran', running: 'running',
     });
     const unsigned = { ...base(), decision: 'refused: unsigned' as const, result: 'failed' as const, error: 'signature: x is not signed' };

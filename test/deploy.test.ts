@@ -401,7 +401,8 @@ describe('deploy/', { skip: cluster ? false : 'no cluster' }, () => {
       assert.equal(binding.roleRef.name, `webhook-${suffix}`);
       const role = rendered.find((o) => o.kind === 'ClusterRole');
       const listed = role.rules.filter((r: any) => r.verbs.includes('list')).flatMap((r: any) => r.resources).sort();
-      assert.deepEqual(listed, ['daemonsets', 'deployments', 'pods', 'replicasets', 'statefulsets'], 'list: followed workloads, replicasets, pods');
+      assert.deepEqual(listed, ['daemonsets', 'deployments', 'nodes', 'pods', 'replicasets', 'statefulsets'],
+        'list: followed workloads, replicasets, pods, and nodes (the platform check)');
       const watched = role.rules.filter((r: any) => r.verbs.includes('watch')).flatMap((r: any) => r.resources).sort();
       assert.deepEqual(watched, ['daemonsets', 'deployments', 'pods', 'statefulsets'], 'watch the followed workloads and pods only');
     });

@@ -20,7 +20,7 @@ import {
 } from './harness.ts';
 import {
   acrPayload, clusterOrSkip, containerImage, crashLoopPolicy, deployment, freshNamespaceName, kubectlFor, namespacedGetter, removeNamespace,
-  type Cluster, type Kubectl,
+  renamedKubeconfig, type Cluster, type Kubectl,
 } from './cluster/kube.ts';
 import { ensureCluster } from './cluster/cluster.ts';
 import { fixedSettings, upgradeHook } from './upgrade-hooks.ts';
@@ -142,18 +142,6 @@ function keepScreenshot(name: string, png: Buffer): void {
   fs.mkdirSync(path.join(root, 'test-artifacts'), { recursive: true });
   fs.writeFileSync(path.join(root, 'test-artifacts', name), png);
   if (process.env.UPDATE_DOCS_SCREENSHOTS === '1') fs.writeFileSync(path.join(root, 'docs', name), png);
-}
-
-/** A cluster's admin kubeconfig with its context renamed, so two can sit in one KUBECONFIG list. */
-function renamedKubeconfig(c: Cluster, context: string, file: string): string {
-  const admin = JSON.parse(fs.readFileSync(c.kubeconfigPath, 'utf8'));
-  fs.writeFileSync(file, JSON.stringify({
-    apiVersion: 'v1', kind: 'Config', 'current-context': context,
-    contexts: [{ name: context, context: { cluster: context, user: context } }],
-    clusters: [{ name: context, cluster: admin.clusters[0].cluster }],
-    users: [{ name: context, user: admin.users[0].user }],
-  }), { mode: 0o600 });
-  return file;
 }
 
 /** Waits until the API server applies the policy: a server-side dry run of a `:broken` pod gets the label. */

@@ -6,6 +6,8 @@
  * two workloads on one repository share one tag listing per interval (counted in the registry's own log); a
  * registry answering 429 with Retry-After is not asked again before that time; an unreachable registry is a
  * warning; a watch and a notification of the same push give one rollout; bad annotations are Warning Events.
+ * Two workloads in two clusters (the second test cluster, webhook-test-b, and a hook with CLUSTERS) share one tag
+ * listing per interval; a watch and a notification of the same push send one mail (counted at a real exim).
  * Every wait is for an event (an image, a log line, a metric), within a bound of several intervals.
  */
 import assert from 'node:assert/strict';
@@ -16,16 +18,22 @@ import type { AddressInfo } from 'node:net';
 import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import {
-  defaultBinary, freePort, httpRequest, makeTempDir, spawnWebhook, waitFor, waitForOutput, type Spawned,
+  adminPort, defaultBinary, freePort, httpRequest, makeTempDir, spawnWebhook, startWebhook, waitFor, waitForOutput,
+  type Spawned, type Webhook,
 } from './harness.ts';
 import { makeCertificate, ociArchive, startRegistry, type Registry } from './registry.ts';
 import {
   clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor, namespacedGetter, removeNamespace,
+  renamedKubeconfig, type Cluster,
 } from './cluster/kube.ts';
-import { registryHook, upgradeHook } from './upgrade-hooks.ts';
+import { ensureCluster } from './cluster/cluster.ts';
+import { readMail, serviceMailEnv, startMta, type Mta } from './mta.ts';
+import { fixedSettings, registryHook, upgradeHook } from './upgrade-hooks.ts';
 import { newestAllowedTag, nextTagPage, parsePolicy, pollInterval } from '../webhook.ts';
 
 const cluster = await clusterOrSkip();
+/** The second test cluster (test/clusters.test.ts starts it under the same name): a workload in each. */
+const second: Cluster | undefined = cluster ? await ensureCluster('webhook-test-b') : undefined;
 const TOKEN = 'registry-watch-token-81be';
 const NOTIFY_AUTH = 'Bearer registry-watch-notify-3f0a';
 // A look every 10 s (the shortest interval allowed); a change is deployed within a few of them.
@@ -345,6 +353,139 @@ describe('the registry watch through the executable', { skip: cluster ? false : 
     await start();
     await waitFor(async () => (await image('semver')) === `${quiet.host}/acme/semver:1.2.0@${digest}`,
       { timeoutMs: WITHIN, what: 'the catch-up to deploy 1.2.0' });
+  });
+});
+
+describe('the registry watch over two clusters', { skip: cluster && second ? false : 'no clusters' }, () => {
+  const ns = freshNamespaceName('registry-watch-two');
+  const kubectls = [kubectlFor(cluster!), kubectlFor(second!)];
+  let registry: Registry;
+  let service: Webhook;
+
+  before(async () => {
+    const work = makeTempDir('registry-watch-two-');
+    registry = await startRegistry({ tls: true });
+    const ca = path.join(work, 'registry.pem');
+    fs.writeFileSync(ca, registry.caPem!);
+    await registry.push(ociArchive(work, 'fleet 1.0.0').path, 'acme/fleet:1.0.0');
+    const fleet = deployment('fleet', [{ name: 'app', image: `${registry.host}/acme/fleet:1.0.0` }], { replicas: 1 }) as
+      { metadata: Record<string, unknown> };
+    fleet.metadata.annotations = { 'webhook/poll': INTERVAL, 'webhook/hook': 'fleet', 'webhook/policy': 'minor' };
+    for (const kubectl of kubectls) {
+      await kubectl(['create', 'namespace', ns]);
+      await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(fleet));
+    }
+    const kubeconfigs = [renamedKubeconfig(cluster!, 'prod', path.join(work, 'prod.json')),
+      renamedKubeconfig(second!, 'staging', path.join(work, 'staging.json'))];
+    service = await startWebhook({
+      hooks: [upgradeHook('fleet', TOKEN, { CLUSTERS: 'prod staging', REGISTRY_CA: ca })],
+      env: { KUBECONFIG: kubeconfigs.join(path.delimiter) }, metrics: true,
+    });
+  });
+  after(async () => {
+    await service?.stop();
+    await registry?.stop();
+    await Promise.all(kubectls.map((kubectl) => removeNamespace(kubectl, ns)));
+  });
+
+  test('two workloads in two clusters on one repository: one tag listing per interval', async () => {
+    const watched = async () => JSON.parse((await httpRequest(await adminPort(service), '/deliveries/watched.json')).body)
+      .watched.filter((w: { target: { name: string } }) => w.target.name === 'fleet').map((w: { cluster: string }) => w.cluster).sort();
+    await waitFor(async () => (await watched()).length === 2, { timeoutMs: WITHIN, what: 'the workload of each cluster watched' });
+    assert.deepEqual(await watched(), ['prod', 'staging']);
+    const looks = async () => (await service.metrics()).body.split('\n')
+      .filter((l) => l.startsWith(`webhook_registry_watch_looks_total{repository="${registry.host}/acme/fleet"`))
+      .reduce((sum, l) => sum + Number(l.split(' ').at(-1)), 0);
+    const listings = () => registry.log().split('\n')
+      .filter((l) => l.includes('/v2/acme/fleet/tags/list') && /response completed/.test(l)).length;
+    const from = { looks: await looks(), listings: listings() };
+    await waitFor(async () => (await looks()) - from.looks >= 8, { timeoutMs: WITHIN, what: 'eight looks of acme/fleet' });
+    const made = { looks: (await looks()) - from.looks, listings: listings() - from.listings };
+    // One workload in each cluster, each looking once an interval: one listing serves both looks of an interval.
+    assert.ok(made.listings <= Math.ceil(made.looks / 2) + 1, JSON.stringify(made));
+    assert.ok(made.listings >= 2, JSON.stringify(made));
+  });
+});
+
+describe('a watch and a notification of the same push, mailed', { skip: cluster ? false : 'no cluster' }, () => {
+  const ns = freshNamespaceName('registry-watch-mail');
+  const kubectl = kubectlFor(cluster!);
+  const auth = 'Bearer registry-watch-mail-9b27';
+  let work: string;
+  let registry: Registry;
+  let mta: Mta;
+  let service: Spawned;
+  let admin: number;
+
+  const events = async (reason: string) => (JSON.parse(await kubectl(['-n', ns, 'get', 'events', '--field-selector',
+    `involvedObject.name=mailed,reason=${reason}`, '-o', 'json'])).items as unknown[]).length;
+  const rollouts = async () => (await events('ImageUpdated')) + (await events('RolloutRestarted'));
+  type Doc = { state: string; notifications: { channel: string; state: string }[] };
+  /** Every delivery so far is done and its mail sent (or not): the MTA holds each mail sent (how many is returned). */
+  const settledMails = () => waitFor(async () => {
+    const all = JSON.parse((await httpRequest(admin, '/deliveries.json')).body).deliveries as Doc[];
+    const mails = all.flatMap((d) => d.notifications.filter((n) => n.channel.startsWith('mail')));
+    if (all.some((d) => d.state !== 'done') || mails.some((n) => n.state === 'pending' || n.state === 'held')) return undefined;
+    const delivered = await mta.messages();
+    return delivered.length >= mails.filter((n) => n.state === 'sent').length ? delivered.length : undefined;
+  }, { timeoutMs: WITHIN, what: 'every delivery done and its mail at the MTA' });
+
+  before(async () => {
+    work = makeTempDir('registry-watch-mail-');
+    mta = await startMta();
+    const port = await freePort();
+    const query = new URLSearchParams({ ns, workload: 'deployment/mailed', container: 'app', token: TOKEN });
+    registry = await startRegistry({ tls: true, notify: { url: `http://127.0.0.1:${port}/hooks/mailed?${query}`, headers: { Authorization: auth } } });
+    const ca = path.join(work, 'registry.pem');
+    fs.writeFileSync(ca, registry.caPem!);
+    const hook = registryHook('mailed', { match: { type: 'value', value: auth, parameter: { source: 'header', name: 'Authorization' } } },
+      'distribution') as Record<string, object[]>;
+    hook['pass-environment-to-command'].push(...fixedSettings({ REGISTRY_CA: ca, MAIL_TO: 'ops@example.com' }));
+    const hooks = path.join(work, 'hooks.json');
+    fs.writeFileSync(hooks, JSON.stringify([hook]));
+    await registry.push(ociArchive(work, 'mailed first').path, 'acme/mailed:latest');
+    const first = await digestOf(registry, 'acme/mailed:latest');
+    const mailed = deployment('mailed', [{ name: 'app', image: `${registry.host}/acme/mailed:latest@${first}` }], { replicas: 1 }) as
+      { metadata: Record<string, unknown> };
+    mailed.metadata.annotations = { 'webhook/poll': INTERVAL, 'webhook/hook': 'mailed' };
+    await kubectl(['create', 'namespace', ns]);
+    await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(mailed));
+    // The registry notifies of every blob pushed and manifest read, each a delivery mailed: none is summed up.
+    const args = ['-max-mails-per-hook', '1000'];
+    service = await spawnWebhook({ hooks, env: { KUBECONFIG: cluster!.kubeconfigPath, ...serviceMailEnv(mta) }, metrics: true, args }, port);
+    await waitFor(async () => (await httpRequest(port, '/').catch(() => undefined))?.status === 200,
+      { timeoutMs: 15_000, what: 'the service' });
+    admin = await adminPort(service);
+  });
+  after(async () => {
+    if (service && service.proc.exitCode === null) {
+      service.proc.kill('SIGTERM');
+      await service.exited;
+    }
+    await registry?.stop();
+    await mta?.stop();
+    await removeNamespace(kubectl, ns);
+  });
+
+  test('one rollout and one mail, counted at the MTA', async () => {
+    // The registry delivers the notification of the first push once the service answers; its mails come first.
+    await waitForOutput(service, /POST \/hooks\/mailed\?[^"]*" 200/, WITHIN);
+    await waitFor(async () => (await rollouts()) > 0, { timeoutMs: WITHIN, what: 'the first push deployed' });
+    const earlier = await settledMails();
+    const before = await rollouts();
+    await registry.push(ociArchive(work, 'mailed again').path, 'acme/mailed:latest');
+    const digest = await digestOf(registry, 'acme/mailed:latest');
+    await waitFor(async () => (await rollouts()) > before, { timeoutMs: WITHIN, what: 'the push to be deployed' });
+    // The watch has looked at it since (or did first): its look says the push was delivered already.
+    const looked = new RegExp(`deployment/mailed in ${ns}, container app: (?:.*delivered already|.*acme/mailed:latest is still ${digest})`);
+    await waitForOutput(service, looked, WITHIN);
+    // The mail of the change (sent once its rollout has ended), then every delivery's mail: one says a change.
+    const changed = (raw: string[]) => raw.slice(earlier).map(readMail).filter((m) => /^action:\s+(?!none)\S/m.test(m.body));
+    await waitFor(async () => changed(await mta.messages()).length > 0, { timeoutMs: WITHIN, what: 'the mail of the change' });
+    await settledMails();
+    const changes = changed(await mta.messages());
+    assert.equal(await rollouts(), before + 1);
+    assert.equal(changes.length, 1, changes.map((m) => `${m.subject}\n${m.body}`).join('\n---\n'));
   });
 });
 

@@ -310,6 +310,21 @@ export async function accountKubeconfig(
 }
 
 /**
+ * A cluster's admin kubeconfig with its context renamed, so two can sit in one KUBECONFIG list; `server` and `token`
+ * replace its server URL and its user's credentials.
+ */
+export function renamedKubeconfig(c: Cluster, context: string, file: string, server?: string, token?: string): string {
+  const admin = JSON.parse(fs.readFileSync(c.kubeconfigPath, 'utf8'));
+  fs.writeFileSync(file, JSON.stringify({
+    apiVersion: 'v1', kind: 'Config', 'current-context': context,
+    contexts: [{ name: context, context: { cluster: context, user: context } }],
+    clusters: [{ name: context, cluster: { ...admin.clusters[0].cluster, ...(server && { server }) } }],
+    users: [{ name: context, user: token ? { token } : admin.users[0].user }],
+  }), { mode: 0o600 });
+  return file;
+}
+
+/**
  * A TCP proxy to the API server (its URL given), so that a test can cut it (its listener closed, so connections
  * are refused, and the open ones dropped) and restore it on the same port, and count the connections made through
  * it: `peak` is the most that were open at once.
