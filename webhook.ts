@@ -20911,7 +20911,7 @@ export class RolloutFollower implements CommandListener<UpgradeOutput> {
 //    which is neither told nor counted. A push deployed by tag alone goes on pinned to the digest its pods pulled.
 //    A stop is a result of its own (mailed, posted). A newer push to a stage replaces the record there (newest
 //    wins): the older chain stops where it had not gone.
-//    Exports: promotionChain, PromotionChain, PromotionOutcome, Promotions, SoakingPush.
+//    Exports: pinnedDigest, promotionChain, PromotionChain, PromotionOutcome, Promotions, ranReference, SoakingPush.
 //    Tests: test/promotion.test.ts, test/settings.test.ts.
 // ================================================================================================
 
@@ -22396,7 +22396,9 @@ interface PastPush {
 //    Retry-After (else a backoff) honoured per host; the pull secret, REGISTRY_CA and REGISTRY_TOKEN_HOSTS as
 //    VERIFY_IMAGE uses them. A bad annotation is a Warning Event (RegistryWatchRefused), once, and no watch. The
 //    waiting pushes of a watched workload are learnt from the listing, and each look has one waiting there for its
-//    signature looked at again (the approvals').
+//    signature looked at again (the approvals'). A push found is not handed over when the workload runs it already:
+//    pinned to its digest, recorded with it, or (a notification that named no digest deployed the tag unpinned) its
+//    ready pods report having pulled it (status.containerStatuses[].imageID, one listing of its pods).
 //    Exports: RegistryWatch, WatchedWorkload.
 //    Tests: test/registry-watch.test.ts, test/signed-images.test.ts.
 // ================================================================================================
@@ -22908,18 +22910,48 @@ export class RegistryWatch {
   }
 
   /**
-   * Whether the workload as it is now (read again: the listing may be a rescan old) runs `digest` already, or
-   * recorded its push: what another source delivered since is not handed over a second time.
+   * Why the workload as it is now (read again: the listing may be a rescan old) runs `image` at `digest` already,
+   * or undefined when it does not: what another source delivered since is not handed over a second time. Its
+   * reference or push record names the digest; or it runs the tag unpinned (a notification that named no digest
+   * deployed it) and its pods report having pulled that digest (podsRun).
    */
-  private async delivered(w: WatchState, digest: string): Promise<boolean> {
+  private async delivered(w: WatchState, image: string, digest: string): Promise<string | undefined> {
     const client = this.upgrade.kube(w.cluster);
-    if (!client) return false;
+    if (!client) return undefined;
     const now = await readWorkload(client, { ...w.target });
     const running = locateContainer(workloadPodSpec(now, w.target.kind), w.container)?.image;
-    if (running === undefined) return false;
+    if (running === undefined) return undefined;
     const record = readPushRecords(now).records[w.container];
     Object.assign(w, { image: running, facts: { ...w.facts, record } });
-    return running.endsWith(`@${digest}`) || recordedDigest(record, running) === digest;
+    if (running.endsWith(`@${digest}`) || recordedDigest(record, running) === digest)
+      return "a notification of the same push, or a replica's watch";
+    const unpinned = (ref: string) => normalizeImageRef(ref.split('@')[0]);
+    if (pinnedDigest(running) || unpinned(running) !== unpinned(image)) return undefined;
+    return (await this.podsRun(client, w, now, running, digest))
+      ? `${running} runs unpinned and its pods report having pulled ${digest}: a notification of the same push`
+      : undefined;
+  }
+
+  /**
+   * Whether every ready pod of the workload that runs the tag `running` reports having pulled `digest` (its
+   * status.containerStatuses[].imageID, read as a promotion reads what ran: ranReference). One listing of its
+   * pods (workloadPods, as a rollout's), made only when a look would hand the tag's digest over; pods that report
+   * another digest or none, or a listing refused, say no.
+   */
+  private async podsRun(
+    client: KubeClient,
+    w: WatchState,
+    workload: K8sObject,
+    running: string,
+    digest: string,
+  ): Promise<boolean> {
+    try {
+      const ran = ranReference(running, await workloadPods(client, { ...w.target }, workload, w.container));
+      return 'image' in ran && ran.image === `${running}@${digest}`;
+    } catch (e) {
+      this.log.warn(`registry watch: ${this.where(w)}: its pods could not be listed: ${(e as Error).message}`);
+      return false;
+    }
   }
 
   /** A tag's digest by HEAD, shared by the looks of one interval. */
@@ -22985,9 +23017,10 @@ export class RegistryWatch {
    */
   private async handOver(w: WatchState, hook: Hook, image: string, digest: string, why: string): Promise<string> {
     if (w.handed === image) return `${image}: decided already (${why})`;
-    if (await this.delivered(w, digest)) {
+    const delivered = await this.delivered(w, image, digest);
+    if (delivered !== undefined) {
       w.handed = image;
-      return `${image}: delivered already (a notification of the same push, or a replica's watch)`;
+      return `${image}: delivered already (${delivered})`;
     }
     const push: IncomingPush = { pushedAtMs: Date.now(), timeFrom: 'received', image, push: `${digest}|` };
     const requestId = randomUUID();

@@ -20,7 +20,7 @@ import {
 } from './harness.ts';
 import {
   acrPayload, clusterOrSkip, containerImage, crashLoopPolicy, deployment, freshNamespaceName, kubectlFor, namespacedGetter, removeNamespace,
-  renamedKubeconfig, type Cluster, type Kubectl,
+  renamedKubeconfig, reportPulled, type Cluster, type Kubectl,
 } from './cluster/kube.ts';
 import { ensureCluster } from './cluster/cluster.ts';
 import { fixedSettings, upgradeHook } from './upgrade-hooks.ts';
@@ -554,17 +554,6 @@ describe('staging > prod on two clusters', { skip: shared && second && registry 
     await waitFor(async () => (await recordOf()) === '{}', { timeoutMs: 30_000, what: 'the record taken off once prod\'s decision is recorded' });
   });
 
-  /** Sets the imageID the kubelet reports once it has pulled an image (kwok reports none) on the workload's pods. */
-  const reportPulled = async (kubectl: Kubectl, workload: string, imageId: string) => {
-    const pods = JSON.parse(await kubectl(['-n', ns, 'get', 'pods', '-l', `app=${workload}`, '-o', 'json'])).items;
-    assert.ok(pods.length > 0, `no pods of ${workload}`);
-    for (const pod of pods) {
-      const i = pod.status.containerStatuses.findIndex((c: any) => c.name === 'app');
-      const patch = [{ op: 'add', path: `/status/containerStatuses/${i}/imageID`, value: imageId }];
-      await kubectl(['-n', ns, 'patch', 'pod', pod.metadata.name, '--subresource=status', '--type=json', '-p', JSON.stringify(patch)]);
-    }
-  };
-
   test('a push by tag alone (no VERIFY_IMAGE, no PIN_DIGEST): prod gets the digest staging\'s pods pulled', async () => {
     await workloadIn('tagged');
     const ran = await publish('v14');
@@ -573,7 +562,7 @@ describe('staging > prod on two clusters', { skip: shared && second && registry 
     assert.equal(await imageIn(getStaging, 'tagged'), image('v14'), 'staging runs the tag');
     await logLine(wh, /deployment\/tagged in .* \(cluster staging\): rollout complete; .*:v14 goes to prod once healthy for 8s/);
     // What a kubelet reports once it has pulled the tag; kwok's pods report no imageID of their own.
-    await reportPulled(kubectlStaging, 'tagged', `${registry!.host}/${REPO}@${ran}`);
+    await reportPulled(kubectlStaging, ns, 'tagged', `${registry!.host}/${REPO}@${ran}`);
     await publish('v14');
     await logLine(wh, /\/prod\] deployment\/tagged in .* \(cluster prod\): promoted to prod after \d+s healthy in staging: image updated/);
     assert.equal(await imageIn(getProd, 'tagged'), `${image('v14')}@${ran}`, 'prod runs the digest that ran, not where the tag points now');

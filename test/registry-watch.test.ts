@@ -5,7 +5,9 @@
  * is deployed at its new digest, pinned; a tag pushed while the service was stopped is deployed after it starts;
  * two workloads on one repository share one tag listing per interval (counted in the registry's own log); a
  * registry answering 429 with Retry-After is not asked again before that time; an unreachable registry is a
- * warning; a watch and a notification of the same push give one rollout; bad annotations are Warning Events.
+ * warning; a watch and a notification of the same push give one rollout, also when the notification names no
+ * digest and deploys the tag unpinned (the watch asks the pods which digest they pulled: the one it found, nothing
+ * more is rolled out; an older one, the found digest is deployed pinned); bad annotations are Warning Events.
  * Two workloads in two clusters (the second test cluster, webhook-test-b, and a hook with CLUSTERS) share one tag
  * listing per interval; a watch and a notification of the same push send one mail (counted at a real exim).
  * Every wait is for an event (an image, a log line, a metric), within a bound of several intervals.
@@ -24,7 +26,7 @@ import {
 import { makeCertificate, ociArchive, startRegistry, type Registry } from './registry.ts';
 import {
   clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor, namespacedGetter, removeNamespace,
-  renamedKubeconfig, type Cluster,
+  renamedKubeconfig, reportPulled, type Cluster,
 } from './cluster/kube.ts';
 import { ensureCluster } from './cluster/cluster.ts';
 import { readMail, serviceMailEnv, startMta, type Mta } from './mta.ts';
@@ -39,6 +41,9 @@ const NOTIFY_AUTH = 'Bearer registry-watch-notify-3f0a';
 // A look every 10 s (the shortest interval allowed); a change is deployed within a few of them.
 const INTERVAL = '10s';
 const WITHIN = 90_000;
+// The interval of the workloads a notification deploys to first: long enough for the push, the notification, its
+// rollout and the pods' report to fall between two looks, short enough for a look after them within WITHIN.
+const SLOW_INTERVAL = '30s';
 const LOGIN = { user: 'watcher', password: 'registry-watch-password-6c2e' };
 
 /** A Deployment whose pods pull with the secret `pull`. */
@@ -142,6 +147,31 @@ describe('the registry watch through the executable', { skip: cluster ? false : 
       `involvedObject.name=${name},reason=${reason}`, '-o', 'json']));
     return (list.items as { message: string }[]).map((e) => e.message);
   };
+  const rollouts = async (name: string) =>
+    (await events(name, 'ImageUpdated')).length + (await events(name, 'RolloutRestarted')).length;
+  type Look = { target: { name: string }; lastLookAt?: number; lastResult?: string };
+  /** The result of the watch's first look at `name` after `since` (ms), as /deliveries/watched.json shows it. */
+  const lookAfter = (name: string, since: number) => waitFor(async () => {
+    const text = await admin('/deliveries/watched.json');
+    const w = text ? (JSON.parse(text).watched as Look[]).find((l) => l.target.name === name) : undefined;
+    return w?.lastLookAt !== undefined && w.lastLookAt > since ? w : undefined;
+  }, { timeoutMs: WITHIN, what: `a look at ${name}` });
+  /** A build job's notification (repo_type custom) of `<quiet>/acme/<name>:latest`: a tag, and no digest. */
+  const notifyTag = async (name: string) => {
+    const query = new URLSearchParams({ token: TOKEN, ns, workload: `deployment/${name}`, container: 'app', repo_type: 'custom' });
+    const payload = { push_data: { tag: 'latest' }, repository: { repo_url: `https://${quiet.host}/`, namespace: 'acme', name } };
+    const res = await httpRequest(port, `/hooks/watch?${query}`, {
+      method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(payload) });
+    assert.equal(res.status, 200, res.body);
+  };
+  /** The workload's rollout is over: one pod, of its current template, ready, and no other left. */
+  const rolledOut = (name: string) => waitFor(async () => {
+    const d = await getJson(`deployment/${name}`);
+    const pods = JSON.parse(await kubectl(['-n', ns, 'get', 'pods', '-l', `app=${name}`, '-o', 'json'])).items;
+    const done = d.status?.observedGeneration >= d.metadata.generation && d.status?.updatedReplicas === 1 &&
+      d.status?.readyReplicas === 1 && d.status?.replicas === 1;
+    return done && pods.length === 1 && !pods[0].metadata.deletionTimestamp;
+  }, { timeoutMs: WITHIN, what: `the rollout of ${name}` });
 
   before(async () => {
     work = makeTempDir('registry-watch-');
@@ -174,7 +204,8 @@ describe('the registry watch through the executable', { skip: cluster ? false : 
     await locked.push(ociArchive(work, 'private 1.0.0').path, 'acme/private:1.0.0');
     for (const [tag, day] of [['main-1', '01'], ['main-2', '02'], ['other-9', '09']])
       await quiet.push(ociArchive(work, `builds ${tag}`, undefined, { created: `2026-01-${day}T00:00:00Z` }).path, `acme/builds:${tag}`);
-    for (const [repo, tag] of [['acme/semver', '1.0.0'], ['acme/latest', 'latest'], ['acme/shared', '1.0.0'], ['acme/both', 'latest'], ['acme/fixed', 'latest']]) {
+    for (const [repo, tag] of [['acme/semver', '1.0.0'], ['acme/latest', 'latest'], ['acme/shared', '1.0.0'], ['acme/both', 'latest'],
+      ['acme/fixed', 'latest'], ['acme/tagged', 'latest'], ['acme/stale', 'latest']]) {
       await (repo === 'acme/both' ? notifying : quiet).push(ociArchive(work, `${repo} ${tag}`).path, `${repo}:${tag}`);
     }
     const latest = await digestOf(quiet, 'acme/latest:latest');
@@ -197,6 +228,9 @@ describe('the registry watch through the executable', { skip: cluster ? false : 
       annotated('fixed', `${quiet.host}/acme/fixed:latest@${fixed}`, {}),
       annotated('builds', `${quiet.host}/acme/builds:main-2@${builds}`, watched('watch', { 'webhook/policy': 'glob:main-*' })),
       annotated('both', `${notifying.host}/acme/both:latest@${both}`, watched('notified')),
+      // Unpinned, as a notification that names no digest deploys a tag.
+      annotated('tagged', `${quiet.host}/acme/tagged:latest`, watched('watch', { 'webhook/poll': SLOW_INTERVAL })),
+      annotated('stale', `${quiet.host}/acme/stale:latest`, watched('watch', { 'webhook/poll': SLOW_INTERVAL })),
       annotated('bad-ms', `${quiet.host}/acme/semver:1.0.0`, { 'webhook/poll': '1ms', 'webhook/hook': 'watch' }),
       annotated('bad-forever', `${quiet.host}/acme/semver:1.0.0`, { 'webhook/poll': 'forever', 'webhook/hook': 'watch' }),
       annotated('bad-hook', `${quiet.host}/acme/semver:1.0.0`, { 'webhook/poll': INTERVAL, 'webhook/hook': 'nope' }),
@@ -344,6 +378,39 @@ describe('the registry watch through the executable', { skip: cluster ? false : 
     await waitForOutput(service, looked, WITHIN);
     assert.equal(await rollouts(), before + 1, (await events('both', 'ImageUpdated')).join('\n'));
     assert.equal(await delivered(), 1, await admin('/deliveries.json'));
+  });
+
+  /**
+   * `latest` pushed again and announced by a notification naming no digest, which deploys the tag unpinned (a
+   * restart); the kubelet (played here: kwok reports no imageID) reports the digest it pulled; then the watch looks.
+   */
+  const pushedAndNotified = async (name: string, pulled: (digest: string) => string) => {
+    // A look has just been made: the push, the notification, its rollout and the pods' report fall before the next.
+    const first = await lookAfter(name, 0);
+    await lookAfter(name, first.lastLookAt!);
+    const before = await rollouts(name);
+    await quiet.push(ociArchive(work, `${name} again`).path, `acme/${name}:latest`);
+    const digest = await digestOf(quiet, `acme/${name}:latest`);
+    await notifyTag(name);
+    await waitFor(async () => (await rollouts(name)) > before, { timeoutMs: WITHIN, what: 'the notification deployed' });
+    await rolledOut(name);
+    await reportPulled(kubectl, ns, name, `${quiet.host}/acme/${name}@${pulled(digest)}`);
+    return { before, digest, look: await lookAfter(name, Date.now()) };
+  };
+
+  test('a tag a notification deployed unpinned, whose pods report its digest, is not rolled out again by the watch', async () => {
+    const { before, digest, look } = await pushedAndNotified('tagged', (d) => d);
+    assert.match(look.lastResult!, new RegExp(`acme/tagged:latest@${digest}: delivered already \\(.*its pods report having pulled ${digest}`));
+    assert.equal(await image('tagged'), `${quiet.host}/acme/tagged:latest`);
+    assert.equal(await rollouts('tagged'), before + 1, (await events('tagged', 'ImageUpdated')).join('\n'));
+  });
+
+  test('a tag a notification deployed unpinned, whose pods report an older digest, is deployed pinned by the watch', async () => {
+    const old = await digestOf(quiet, 'acme/stale:latest');
+    // The node kept the image it had (imagePullPolicy IfNotPresent): its pods still run the older digest.
+    const { digest } = await pushedAndNotified('stale', () => old);
+    await waitFor(async () => (await image('stale')) === `${quiet.host}/acme/stale:latest@${digest}`,
+      { timeoutMs: WITHIN, what: 'the watch to deploy the new digest, pinned' });
   });
 
   test('a tag pushed while the service was stopped is deployed after it starts', async () => {

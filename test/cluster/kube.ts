@@ -43,6 +43,20 @@ export function namespacedGetter(kubectl: Kubectl, ns: string): (what: string) =
   return async (what) => JSON.parse(await kubectl(['-n', ns, 'get', what, '-o', 'json']));
 }
 
+/**
+ * Sets the imageID the kubelet reports once it has pulled an image (kwok reports none) on the container `app` of
+ * the pods labelled app=<workload> in `ns`: `<repo>@sha256:…`, what status.containerStatuses[].imageID says.
+ */
+export async function reportPulled(kubectl: Kubectl, ns: string, workload: string, imageId: string): Promise<void> {
+  const pods = JSON.parse(await kubectl(['-n', ns, 'get', 'pods', '-l', `app=${workload}`, '-o', 'json'])).items;
+  if (pods.length === 0) throw new Error(`no pods of ${workload}`);
+  for (const pod of pods) {
+    const i = pod.status.containerStatuses.findIndex((c: any) => c.name === 'app');
+    const patch = [{ op: 'add', path: `/status/containerStatuses/${i}/imageID`, value: imageId }];
+    await kubectl(['-n', ns, 'patch', 'pod', pod.metadata.name, '--subresource=status', '--type=json', '-p', JSON.stringify(patch)]);
+  }
+}
+
 export function freshNamespaceName(prefix: string): string {
   return `${prefix}-${randomBytes(4).toString('hex')}`;
 }
