@@ -22945,6 +22945,8 @@ export class RegistryWatch {
     running: string,
     digest: string,
   ): Promise<boolean> {
+    // A CronJob's pods belong to its Jobs, and the RBAC it is given lists none: no pod says what it runs.
+    if (!kindSpec(w.target.kind).hasRollout) return false;
     try {
       const ran = ranReference(running, await workloadPods(client, { ...w.target }, workload, w.container));
       return 'image' in ran && ran.image === `${running}@${digest}`;
