@@ -24,7 +24,7 @@ import {
 } from '../webhook.ts';
 import { git, makeRepository, startGitServer, type GitServer } from './git-server.ts';
 import { adminPort, httpRequest, makeTempDir, startWebhook, waitFor, type Webhook } from './harness.ts';
-import { acrImage, acrPayload, clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor, removeNamespace } from './cluster/kube.ts';
+import { acrImage, acrPayload, clusterOrSkip, containerImage, crashLoopPolicy, deployment, freshNamespaceName, kubectlFor, removeNamespace } from './cluster/kube.ts';
 import { upgradeHook } from './upgrade-hooks.ts';
 
 /** A 50 MB file committed to `bare`'s main through its working copy `<root>/deploy-work`. */
@@ -412,6 +412,15 @@ describe('an applied push committed to Git through the executable', { skip: clus
   const signingKey = path.join(root, 'signing-key');
   let server: GitServer;
   let wh: Webhook;
+  /** The deliveries page's record of the push `res` answered, once it is done (its rollout followed and reported). */
+  const reported = async (res: { headers: Record<string, unknown> }, timeoutMs: number, what: string) => {
+    const port = await adminPort(wh);
+    const id = String(res.headers['x-request-id']);
+    return waitFor(async () => {
+      const d = JSON.parse((await httpRequest(port, '/deliveries.json')).body).deliveries.find((x: any) => x.request_id === id);
+      return d?.state === 'done' ? d : undefined;
+    }, { timeoutMs, what });
+  };
   let second: Webhook;
   let bare: string;
   const manifest = MANIFEST.replace(/reg\.example\/shop\/app:v1/, acrImage('v1')).replace('namespace: shop', `namespace: ${ns}`);
@@ -725,12 +734,7 @@ describe('an applied push committed to Git through the executable', { skip: clus
     const committed = /image: '([^']+)'/.exec(git(bare, ['show', 'main:apps/web.yaml']))![1];
     assert.equal(committed, acrImage('v60'));
     await kubectl(['-n', ns, 'set', 'image', 'deployment/web', `app=${committed}`, '--field-manager=argocd-controller']);
-    const port = await adminPort(wh);
-    const id = String(res.headers['x-request-id']);
-    const done = await waitFor(async () => {
-      const d = JSON.parse((await httpRequest(port, '/deliveries.json')).body).deliveries.find((x: any) => x.request_id === id);
-      return d?.state === 'done' ? d : undefined;
-    }, { timeoutMs: 60_000, what: 'the synced rollout reported' });
+    const done = await reported(res, 60_000, 'the synced rollout reported');
     assert.equal(done.rollout.state, 'complete', JSON.stringify(done));
     assert.ok(done.pods.every((p: any) => p.image === acrImage('v60')), 'the pods run the committed image');
     assert.match(done.report, new RegExp(`note: +commit ${commit} applied after \\d+s by Argo CD \\(manager argocd-controller\\)`));
@@ -744,12 +748,7 @@ describe('an applied push committed to Git through the executable', { skip: clus
     assert.match(actionOf(res.body) ?? res.body, /^committed [0-9a-f]{7} to main of /, res.body);
     await waitFor(async () => (await watches()) > before, { timeoutMs: 60_000, what: 'a WATCH of the Deployments the service waits on' });
     await kubectl(['-n', watchedNs, 'set', 'image', 'deployment/watched', `app=${acrImage('v70')}`, '--field-manager=fleet-agent']);
-    const port = await adminPort(wh);
-    const id = String(res.headers['x-request-id']);
-    const done = await waitFor(async () => {
-      const d = JSON.parse((await httpRequest(port, '/deliveries.json')).body).deliveries.find((x: any) => x.request_id === id);
-      return d?.state === 'done' ? d : undefined;
-    }, { timeoutMs: 60_000, what: 'the synced rollout reported' });
+    const done = await reported(res, 60_000, 'the synced rollout reported');
     assert.equal(done.rollout.state, 'complete', JSON.stringify(done));
     assert.match(done.report, /note: +commit [0-9a-f]{7} applied after \d+s by Fleet \(manager fleet-agent\)/);
   });
@@ -757,18 +756,7 @@ describe('an applied push committed to Git through the executable', { skip: clus
   test('ROLLBACK_ON_FAILURE: a failed rollout of a commit is reverted by a commit, not a PATCH', async () => {
     // As test/rollback.test.ts does: pods of `:broken…` images are labelled to crash-loop (kwok's stage) in this namespace.
     const name = `webhook-test-crashloop-${ns}`;
-    await kubectl(['apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: [
-      { apiVersion: 'admissionregistration.k8s.io/v1', kind: 'MutatingAdmissionPolicy', metadata: { name }, spec: {
-        matchConstraints: {
-          namespaceSelector: { matchLabels: { 'kubernetes.io/metadata.name': ns } },
-          resourceRules: [{ apiGroups: [''], apiVersions: ['v1'], operations: ['CREATE'], resources: ['pods'] }],
-        },
-        matchConditions: [{ name: 'broken-image', expression: "object.spec.containers.exists(c, c.image.matches(':broken[^/]*$'))" }],
-        failurePolicy: 'Fail', reinvocationPolicy: 'Never',
-        mutations: [{ patchType: 'ApplyConfiguration', applyConfiguration: { expression: 'Object{metadata: Object.metadata{labels: {"webhook-test/unready": "true"}}}' } }],
-      } },
-      { apiVersion: 'admissionregistration.k8s.io/v1', kind: 'MutatingAdmissionPolicyBinding', metadata: { name }, spec: { policyName: name } },
-    ] }));
+    await kubectl(['apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: crashLoopPolicy(name, ns) }));
     const probe = { apiVersion: 'v1', kind: 'Pod', metadata: { name: 'probe', namespace: ns }, spec: { containers: [{ name: 'app', image: acrImage('broken-probe') }] } };
     await waitFor(async () => JSON.parse(await kubectl(['create', '--dry-run=server', '-o', 'json', '-f', '-'], JSON.stringify(probe))).metadata.labels?.['webhook-test/unready'] === 'true',
       { timeoutMs: 60_000, what: 'the admission policy in force' });
@@ -776,12 +764,7 @@ describe('an applied push committed to Git through the executable', { skip: clus
     const res = await push('revert', 'broken1', new Date(Date.now() + 40_000));
     assert.match(actionOf(res.body) ?? res.body, /^committed [0-9a-f]{7} to main of /, res.body);
     await kubectl(['-n', ns, 'set', 'image', 'deployment/web', `app=${acrImage('broken1')}`, '--field-manager=argocd-controller']);
-    const port = await adminPort(wh);
-    const id = String(res.headers['x-request-id']);
-    const done = await waitFor(async () => {
-      const d = JSON.parse((await httpRequest(port, '/deliveries.json')).body).deliveries.find((x: any) => x.request_id === id);
-      return d?.state === 'done' ? d : undefined;
-    }, { timeoutMs: 120_000, what: 'the failed rollout reported' });
+    const done = await reported(res, 120_000, 'the failed rollout reported');
     const head = git(bare, ['rev-parse', '--short=7', 'main']).trim();
     assert.match(done.report, new RegExp(`^rollback: +rolled back to ${running!.replace(/\./g, '\\.')}: the rollout of \\S+:broken1 failed: .*; the revert committed as ${head} to main of `, 'm'), done.report);
     assert.match(git(bare, ['log', '-1', '--format=%s', 'main']), new RegExp(`^Revert to ${running!.replace(/\./g, '\\.')} to `));
