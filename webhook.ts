@@ -17534,7 +17534,6 @@ function waitNeeds(
   return { approval, windows, closed };
 }
 
-
 /** A decision no person made: a window's opening, a signature's arrival. Pure. */
 function notPerson(d: DecidedBy): boolean {
   return d.action === 'window' || d.action === 'signature';
