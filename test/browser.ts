@@ -101,7 +101,13 @@ export function browserOrSkip(): Promise<Browser | undefined> {
 }
 
 async function openPage(port: number, url: string): Promise<Page> {
-  const target = (await (await fetch(`http://127.0.0.1:${port}/json/new?${url}`, { method: "PUT" })).json()) as { id: string; webSocketDebuggerUrl: string };
+  // The target opens on about:blank and is navigated once the protocol listens, so that the wait
+  // below is for the load of this navigation (its loaderId), never for the blank document a new
+  // target starts with (which is already "complete" and would pass a readyState check).
+  const target = (await (await fetch(`http://127.0.0.1:${port}/json/new?about:blank`, { method: 'PUT' })).json()) as {
+    id: string;
+    webSocketDebuggerUrl: string;
+  };
   const ws = new WebSocket(target.webSocketDebuggerUrl);
   await new Promise((resolve, reject) => {
     ws.addEventListener('open', resolve, { once: true });
@@ -110,11 +116,15 @@ async function openPage(port: number, url: string): Promise<Page> {
   let nextId = 0;
   let loads = 0;
   const waiting = new Map<number, { resolve: (v: any) => void; reject: (e: Error) => void }>();
+  // The loaders whose document fired its load event, and who waits for one: the event may arrive
+  // before Page.navigate's answer names the loader.
+  const loaded = new Set<string>();
   const loadWaiters: (() => void)[] = [];
   ws.addEventListener('message', (m) => {
     const msg = JSON.parse(String(m.data));
-    if (msg.method === 'Page.loadEventFired') {
-      loads++;
+    if (msg.method === 'Page.loadEventFired') loads++;
+    if (msg.method === 'Page.lifecycleEvent' && msg.params.name === 'load') {
+      loaded.add(msg.params.loaderId);
       for (const w of loadWaiters.splice(0)) w();
     }
     const w = msg.id !== undefined ? waiting.get(msg.id) : undefined;
@@ -136,16 +146,24 @@ async function openPage(port: number, url: string): Promise<Page> {
     waiting.set(id, { resolve: done(resolve), reject: done(reject) });
     ws.send(JSON.stringify({ id, method, params }));
   });
+  const loadOf = (loaderId: string, to: string): Promise<void> => {
+    let timer: NodeJS.Timeout | undefined;
+    const late = new Promise<never>((_, reject) => {
+      timer = setTimeout(() => reject(new Error(`${to} did not load within ${CALL_TIMEOUT_MS} ms`)), CALL_TIMEOUT_MS);
+    });
+    const seen = new Promise<void>((resolve) => {
+      const check = (): void => void (loaded.has(loaderId) ? resolve() : loadWaiters.push(check));
+      check();
+    });
+    return Promise.race([seen, late]).finally(() => clearTimeout(timer));
+  };
   await send('Page.enable');
+  await send('Page.setLifecycleEventsEnabled', { enabled: true });
   const page: Page = {
     async goto(to) {
-      const loaded = new Promise<void>((r) => loadWaiters.push(r));
-      await send('Page.navigate', { url: to });
-      let timer: NodeJS.Timeout | undefined;
-      const late = new Promise<never>((_, reject) => {
-        timer = setTimeout(() => reject(new Error(`${to} did not load within ${CALL_TIMEOUT_MS} ms`)), CALL_TIMEOUT_MS);
-      });
-      await Promise.race([loaded, late]).finally(() => clearTimeout(timer));
+      const r = await send('Page.navigate', { url: to });
+      if (r.errorText) throw new Error(`${to} did not load: ${r.errorText}`);
+      await loadOf(r.loaderId, to);
     },
     async evaluate(expression) {
       const r = await send('Runtime.evaluate', { expression, returnByValue: true });
@@ -165,7 +183,6 @@ async function openPage(port: number, url: string): Promise<Page> {
       await fetch(`http://127.0.0.1:${port}/json/close/${target.id}`, { signal: AbortSignal.timeout(5_000) }).catch(() => undefined);
     },
   };
-  // The first load (of `url`) may have happened before Page.enable: wait for a complete document.
-  await waitFor(async () => (await page.evaluate('document.readyState')) === 'complete', { what: `${url} to load` });
+  await page.goto(url);
   return page;
 }
