@@ -22,5 +22,5 @@ status=0
 end=$(date +%s)
 kill "$load" 2>/dev/null || true
 printf 'exit %s, %s s, commit %s\n' "$status" $((end - start)) "$(git -C "$dir/src" rev-parse --short HEAD)"
-grep -E '^# (tests|pass|fail|skipped|cancelled|duration_ms)' "$dir/run.log" || true
+grep -E '^(# |ℹ )(tests|pass|fail|skipped|cancelled|duration_ms)' "$dir/run.log" || true
 exit "$status"
