@@ -65,7 +65,7 @@
  *  39. the report ................. formatForcedRollback, formatReport, formatRollback, formatRollout
  *  40. rollout follow ............. claimFollow, followRollout, resumedReport, rolloutEvent
  *  41. rollback ................... rollBackFailedRollout
- *  42. least privilege ............ formatRbac, hookReach, HookReach, upgradeInput
+ *  42. least privilege & the gate  formatRbac, gateJob, hookReach, HookReach, upgradeInput
  *  43. the upgrade ................ runUpgrade, runDecidedPush, upgradeResult
  *  44. the upgrade service ........ UpgradeService, RolloutFollower, hookClusters
  *  45. promotion .................. Promotions, promotionChain
@@ -7954,6 +7954,8 @@ export interface PendingEntry {
   override?: boolean;
   /** Approved while the window was closed: by whom, from where, when. */
   approvedBy?: string;
+  /** A promotion's push waits here, in a later stage of its chain: deciding it goes on with the promotion. */
+  promoted?: boolean;
   /** The entry's MAC where it sits (pendingEntryMac), when the service signs links: anything else is not its own. */
   mac?: string;
 }
@@ -15319,11 +15321,11 @@ function promoteCheckSetting(value: string | undefined): URL | undefined {
 //    throwing the message operators know, naming the setting and what is wrong; and the limits a setting's text is
 //    read within (how many notification URLs and clusters, an approval's timeout, a poll's interval, a signature's
 //    wait).
-//    Exports: approvalTimeoutSetting, clusterNames, deployWindowSetting, dnsLabelSetting, mailBase64, mailBoolean,
-//    mailPort, mailTlsMode, NOTIFY_FORMAT_NAMES, notifyCa, NotifyFormatName, notifyFormats, notifyUrls,
-//    outsideChangeSetting, parseRecipients, pollInterval, registryAwaySetting, registryCa, registryTokenHosts,
-//    rolloutTimeoutSetting, signatureAnnotationsSetting, signatureKeysSetting, signatureWaitSetting, telegramChats,
-//    updatePolicySetting.
+//    Exports: annotationNamespacesSetting, approvalTimeoutSetting, clusterNames, deployWindowSetting, dnsLabelSetting,
+//    mailBase64, mailBoolean, mailPort, mailTlsMode, NOTIFY_FORMAT_NAMES, notifyCa, NotifyFormatName, notifyFormats,
+//    notifyUrls, outsideChangeSetting, parseRecipients, pollInterval, registryAwaySetting, registryCa,
+//    registryTokenHosts, rolloutTimeoutSetting, signatureAnnotationsSetting, signatureKeysSetting,
+//    signatureWaitSetting, telegramChats, updatePolicySetting.
 //    Tests: test/mail.test.ts, test/registry-watch.test.ts, test/settings.test.ts.
 // ================================================================================================
 
@@ -15362,6 +15364,22 @@ function trimmed(value: string | undefined): string {
 }
 
 /** APP_NS and APP_CONTAINER: required DNS labels; `what` is the name's kind, `parameter` the URL's. */
+/**
+ * ANNOTATION_NAMESPACES: the namespaces whose workloads may name the hook by annotation (webhook/hook), as names
+ * separated by spaces or commas, or `*` for every namespace; unset: none. A list, or 'any'.
+ */
+export function annotationNamespacesSetting(value: string | undefined): string[] | 'any' {
+  const names = [...new Set(trimmed(value).split(/[\s,]+/).filter((n) => n !== ''))];
+  if (names.length === 1 && names[0] === '*') return 'any';
+  for (const n of names)
+    if (!DNS_LABEL.test(n))
+      throw new UpgradeError(
+        `ANNOTATION_NAMESPACES ${showValue(n)} is not a namespace name (lower-case letters, digits and "-", at most ` +
+          '63), nor * alone (every namespace)',
+      );
+  return names;
+}
+
 function dnsLabelSetting(name: string, what: string, parameter: string) {
   return (value: string | undefined): string => {
     const label = trimmed(value);
@@ -15953,6 +15971,16 @@ export const HOOK_SETTINGS = {
       'A hook whose workload is fixed watches its registry this often, as the annotation webhook/poll asks for ' +
       'one workload: a new tag its update policy allows, or its tag moved to another digest, is deployed.',
     parse: (value: string | undefined) => pollInterval(value),
+  }),
+  ANNOTATION_NAMESPACES: setting({
+    type: 'namespace names, or *',
+    default: 'none (only a workload the hook fixes)',
+    fixed: true,
+    validation: 'namespace names separated by spaces or commas, or * alone (every namespace)',
+    meaning:
+      'The namespaces whose workloads may name this hook in the annotation webhook/hook (the registry watch) and ' +
+      'choose what the hook leaves to the request; within what it fixes (APP_NS, APP_WORKLOAD, CLUSTERS).',
+    parse: annotationNamespacesSetting,
   }),
   // -- telling people
   MAIL_TO: setting({
@@ -17593,6 +17621,7 @@ function pendingEntry(
       : 'the change window',
     ...(s.approvalOverride ? { override: true } : {}),
     ...(approvedBy !== undefined ? { approvedBy } : {}),
+    ...(d?.action === 'promote' || queued?.promoted ? { promoted: true } : {}),
   };
 }
 
@@ -19413,8 +19442,12 @@ export function rollbackObstacle(
 // 42. least privilege — -print-rbac: the Roles and RoleBindings the hooks need, worked out from the hooks themselves
 //    (namespace, kind and name when the hook fixes them; `resourceNames` wherever it can), so the service account
 //    gets nothing it does not use. Hooks that read the registry (VERIFY_IMAGE, POLL_INTERVAL) add one ClusterRole:
-//    list on nodes, for the platform check.
-//    Exports: fixedInput, fixedSetting, fixedTrue, formatRbac, hookReach, HookReach, stageNamespaces, upgradeInput.
+//    list on nodes, for the platform check. The same reach is the gate every push passes before it is decided,
+//    whatever brought it in (gateJob): what the hook fixes is a constraint; what it leaves to the request, only a
+//    request, a sealed record or a namespace ANNOTATION_NAMESPACES lists may choose; a chain is entered at its first
+//    stage only.
+//    Exports: fixedInput, fixedSetting, fixedTrue, formatRbac, gateJob, GateRefusal, hookReach, HookReach,
+//    JobAuthority, JobTarget, laterStage, stageNamespaces, upgradeInput.
 //    Tests: test/chart.test.ts, test/deploy.test.ts, test/unit.test.ts.
 // ================================================================================================
 
@@ -19548,6 +19581,116 @@ export function stageNamespaces(hook: Hook, cluster: string | undefined, own: st
   }
   const named = stages.flat().filter((t) => t.cluster === cluster).map((t) => t.namespace ?? own);
   return named.length > 0 ? [...new Set(named)] : [own];
+}
+
+// ---- the gate: who may deploy what where ------------------------------------------------------
+
+/**
+ * What brought a job in, which decides what it may choose of what its hook leaves to the request (gateJob): a
+ * request (the hook's token: what its URL names), a workload's annotation (webhook/hook: the registry watch), a
+ * record the service wrote on a workload and resumes (a pending entry, a past push, a follow), or the chain's own
+ * promotion to its next stage.
+ */
+type JobSource = 'request' | 'annotation' | 'record' | 'promotion';
+
+/** The authority a job carries: its source; for a record or a promotion, whether it is the service's own. */
+export interface JobAuthority {
+  source: JobSource;
+  /**
+   * The record is the service's own, so it carries the authority of the request that made it: its MAC verified with
+   * the approval key, or it is held in this replica's memory since that request (a soak begun here, a past push).
+   */
+  sealed?: boolean;
+  /** A promotion: the stage (its index in CLUSTERS) it enters. */
+  stage?: number;
+}
+
+/** Where a job deploys: its cluster (undefined: the service's default), workload and container. */
+export interface JobTarget {
+  cluster: string | undefined;
+  namespace: string;
+  kind: WorkloadKind;
+  name: string;
+  container: string;
+}
+
+/** What the gate refuses a job for, as a log line, an Event and the report say it. */
+export class GateRefusal extends UpgradeError {}
+
+/** `the default cluster`, `cluster "prod"`. Pure. */
+const clusterWord = (cluster: string | undefined) =>
+  cluster === undefined ? 'the default cluster' : `cluster ${showValue(cluster)}`;
+
+/**
+ * The hook's stages as it fixes them: CLUSTERS (one stage: a fan-out; two or more: a promotion chain), else its
+ * CLUSTER as one stage of one item; a message when the hook's setting does not parse (refused at load). Pure.
+ */
+function hookStages(hook: Hook): StageTarget[][] | string {
+  try {
+    const stages = parseStages(fixedInput(hook, 'CLUSTERS'));
+    return stages.length > 0 ? stages : [[{ cluster: fixedSetting(hook, 'CLUSTER') as string, namespace: undefined }]];
+  } catch (e) {
+    return (e as Error).message;
+  }
+}
+
+/** The first stage after the chain's first that has `cluster` (a promotion waits there); undefined: none. Pure. */
+export function laterStage(hook: Hook, cluster: string | undefined): number | undefined {
+  const stages = hookStages(hook);
+  if (typeof stages === 'string') return undefined;
+  const index = stages.findIndex((stage, i) => i > 0 && stage.some((t) => t.cluster === cluster));
+  return index < 0 ? undefined : index;
+}
+
+/**
+ * Why a job may not deploy where it asks, or undefined when it may: the gate every push passes before it is
+ * decided, whatever brought it in. What the hook fixes (CLUSTER, CLUSTERS and a stage's namespace, APP_NS,
+ * APP_WORKLOAD, APP_CONTAINER) is a constraint the target must meet, never a default a source overwrites. What it
+ * leaves to the request a request chooses, and a sealed record (made from a request that passed here); an
+ * annotation or an unsealed record chooses it only in a namespace ANNOTATION_NAMESPACES lists. A promotion chain
+ * is entered at its first stage only: a later stage is reached by the chain's own promotion. Pure.
+ */
+export function gateJob(hook: Hook, target: JobTarget, authority: JobAuthority): string | undefined {
+  const who = `hook ${showValue(hook.id)}`;
+  const stages = hookStages(hook);
+  if (typeof stages === 'string') return `${who}: ${stages}`;
+  const entered = stages[authority.source === 'promotion' ? (authority.stage ?? -1) : 0] ?? [];
+  const here = entered.filter((p) => p.cluster === target.cluster);
+  if (here.length === 0) {
+    if (authority.source !== 'promotion' && stages.flat().some((p) => p.cluster === target.cluster))
+      return (
+        `${who} is a promotion chain, entered at its first stage (${entered.map((p) => p.cluster).join(', ')}) ` +
+        `only: ${clusterWord(target.cluster)} is reached by the chain's promotion`
+      );
+    return `${who} does not deploy to ${clusterWord(target.cluster)}`;
+  }
+  const ns = pinnedInput(hook, 'APP_NS');
+  const own = ns && 'value' in ns ? ns.value.trim() : undefined;
+  const namespaces = here.map((p) => p.namespace ?? own);
+  const nsFixed = namespaces.every((n) => n !== undefined);
+  const there = `namespace ${namespaces.join(', ')} in ${clusterWord(target.cluster)}`;
+  if (nsFixed && !namespaces.includes(target.namespace)) return `${who} deploys to ${there}, not ${target.namespace}`;
+  const workload = fixedInput(hook, 'APP_WORKLOAD');
+  let fixed: { kind: WorkloadKind; name: string } | undefined;
+  try {
+    fixed = workload === undefined ? undefined : parseWorkload(workload);
+  } catch (e) {
+    return `${who}: ${(e as Error).message}`;
+  }
+  if (fixed && (fixed.kind !== target.kind || fixed.name !== target.name))
+    return `${who} deploys to ${fixed.kind}/${fixed.name}, not ${target.kind}/${target.name}`;
+  const container = fixedInput(hook, 'APP_CONTAINER')?.trim();
+  if (container && container !== target.container)
+    return `${who} deploys to container ${container}, not ${target.container}`;
+  if ((nsFixed && fixed) || authority.source === 'request' || authority.sealed) return undefined;
+  const listed = fixedSetting(hook, 'ANNOTATION_NAMESPACES');
+  if (listed === 'any' || listed.includes(target.namespace)) return undefined;
+  const open = nsFixed ? 'its workload' : 'its namespace and workload';
+  const by = authority.source === 'annotation' ? 'an annotation' : 'a record the service cannot verify (unsealed)';
+  return (
+    `${who} leaves ${open} to the request, and ${by} may choose them only in a namespace its ` +
+    `ANNOTATION_NAMESPACES lists (${listed.length > 0 ? listed.join(', ') : 'it lists none'}), not ${target.namespace}`
+  );
 }
 
 /** The verbs on a workload whose rollout is followed: read, patched, and watched (list re-lists a watch). */
@@ -19687,7 +19830,8 @@ function nodesRole(saNamespace: string, saName: string): string[] {
 //    delivery to one cluster (runOne), a decided push (runDecided); a kept push is tried again with the one it kept.
 //    A digest not signed yet (NotSignedYet) is a fact handed to the decision (signedOrNot), not a failure; the push
 //    of a cosign signature (tag sha256-<hex>.sig) changes nothing but names the digest it signs (signatureOf).
-//    Exports: readAtBoundary, runDecidedPush, runPush, runUpgrade, upgradeResult, UpgradeResult.
+//    Exports: readAtBoundary, refusedAtGate, reportWhere, runDecidedPush, runPush, runUpgrade, upgradeResult,
+//    UpgradeResult.
 //    Tests: test/burst.test.ts, test/e2e.test.ts, test/outage.test.ts, test/rollback.test.ts,
 //    test/signed-images.test.ts, test/upgrade.test.ts.
 // ================================================================================================
@@ -20003,13 +20147,42 @@ async function reportRollout(
 
 type UpgradeResult = Awaited<ReturnType<typeof runUpgrade>>;
 
+/** `deployment/web in prod`, and its cluster when the hook names one: how the log names a push's workload. */
+export function reportWhere(r: UpgradeReport): string {
+  return `${r.workload} in ${r.namespace}${r.cluster ? ` (cluster ${r.cluster})` : ''}`;
+}
+
+/**
+ * A job the gate refused (gateJob): nothing is written but a Warning Event (UpgradeRefused) on the workload it named,
+ * and an error logged whatever the verbosity (someone tried to deploy where the hook does not reach); its report
+ * says why, decision `refused`.
+ */
+export async function refusedAtGate(
+  client: KubeClient | undefined,
+  log: Logger,
+  asked: { hookId: string; requestId: string },
+  job: JobTarget,
+  image: string | undefined,
+  refusal: string,
+): Promise<UpgradeResult> {
+  const why = `refused: ${refusal}; nothing was changed`;
+  const target = { namespace: job.namespace, kind: job.kind, name: job.name };
+  const report = Object.assign(newReport(), { cluster: job.cluster, namespace: job.namespace, refused: true });
+  Object.assign(report, { workload: `${job.kind}/${job.name}`, container: job.container, imageAfter: image });
+  log.error(`[${asked.requestId}] hook ${asked.hookId}: push to ${reportWhere(report)} ${why}`);
+  const event = pushEvent('refused', { why, asked: whoAsked(asked) });
+  if (client) await recordEventQuietly(client, target, event, new Date(), report);
+  failedUpgrade(report, new GateRefusal(why));
+  return upgradeResult(report);
+}
+
 // ================================================================================================
 // 44. the upgrade service — the upgrade as the command runner runs it (UpgradeService, its InProcessCommand): one
 //    client and one set of kept pushes per cluster (ClusterLane), one per-workload queue for every push, pushes the
 //    API server (or, under ON_REGISTRY_AWAY=keep, the registry) does not answer kept and applied when it answers
 //    (KeptPushes, answered 202), decided waiting pushes
 //    and pushes deployed again (runDecided), and the rollout follower that follows rollouts after the answer.
-//    Exports: FannedOut, hookClusters, listWorkloads, reportWhere, ResultListener, ResumedFollow, RolloutFollower,
+//    Exports: FannedOut, hookClusters, listWorkloads, ResultListener, ResumedFollow, RolloutFollower,
 //    UpgradeOutput, UpgradeService, workloadGroups.
 //    Tests: test/burst.test.ts, test/e2e.test.ts, test/outage.test.ts, test/rollback.test.ts, test/upgrade.test.ts.
 // ================================================================================================
@@ -20286,11 +20459,6 @@ function resumeSettings(hook: Hook): { mailTo: string | undefined; rollbackOnFai
   return { mailTo, rollbackOnFailure, imagePin: pin };
 }
 
-/** `deployment/web in prod`, and its cluster when the hook names one: how the log names a push's workload. */
-function reportWhere(r: UpgradeReport): string {
-  return `${r.workload} in ${r.namespace}${r.cluster ? ` (cluster ${r.cluster})` : ''}`;
-}
-
 /** What the service answers for one push: the upgrade's result, kept (202) or refused as malformed (400). */
 type ServiceResult = UpgradeResult & { accepted?: boolean; badInput?: boolean };
 
@@ -20492,8 +20660,13 @@ export class UpgradeService implements InProcessCommand<UpgradeOutput> {
     const read = readAtBoundary(env);
     if ('failed' in read) return read.failed;
     const { config } = read;
-    const deps = this.deps(requestId, hook, config);
     const lane = this.lane(config.cluster);
+    const { cluster, namespace, workload, container } = config;
+    const job = { cluster, namespace, ...workload, container };
+    const refusal = gateJob(hook, job, { source: 'request' });
+    const asked = { hookId: hook.id, requestId };
+    if (refusal !== undefined) return refusedAtGate(lane.client(), this.log, asked, job, undefined, refusal);
+    const deps = this.deps(requestId, hook, config);
     // While the API server is known to be away, one try: a push is kept (202) without waiting
     // through the retry budget, which would outlast many a registry's delivery timeout.
     if (lane.kept.away()) deps.client = lane.singleTryClient() ?? deps.client;
@@ -20537,23 +20710,28 @@ export class UpgradeService implements InProcessCommand<UpgradeOutput> {
   }
 
   /**
-   * A waiting push decided, or a past push deployed again (runDecidedPush), with the hook's settings as they are
-   * now: those it fixes in its file, and the workload and container of the push. Without `decided`: a push a
-   * registry watch found, decided as a notification's.
+   * A job of a source other than a request (a waiting push decided, a past push deployed again, a push a registry
+   * watch found, a promotion to the next stage) through the gate (gateJob: what its authority may reach), then
+   * decided (runDecidedPush) with the hook's settings as they are now: those it fixes in its file, and the job's
+   * workload and container. Without `decided`: a push a registry watch found, decided as a notification's.
    */
   async runDecided(
     hook: Hook,
-    target: { namespace: string; kind: WorkloadKind; name: string },
-    container: string,
+    job: JobTarget,
+    authority: JobAuthority,
     push: IncomingPush,
     decided: DecidedBy | undefined,
     requestId: string,
-    cluster: string | undefined,
     watched?: boolean,
   ): Promise<UpgradeResult & { env: Record<string, string | undefined> }> {
-    const env = this.decidedEnv(hook, target, container, cluster);
-    const client = this.laneOf(cluster)?.client();
+    const target = { namespace: job.namespace, kind: job.kind, name: job.name };
+    const env = this.decidedEnv(hook, target, job.container, job.cluster);
+    const client = this.laneOf(job.cluster)?.client();
     if (!client) throw new UpgradeError('no Kubernetes credentials');
+    const refusal = gateJob(hook, job, authority);
+    const asked = { hookId: hook.id, requestId };
+    if (refusal !== undefined)
+      return { ...(await refusedAtGate(client, this.log, asked, job, push.image, refusal)), env };
     const read = readAtBoundary(env);
     if ('failed' in read) return { ...read.failed, env };
     const deps = { ...this.deps(requestId, hook, read.config), client, decided, known: undefined, watched };
@@ -21429,19 +21607,22 @@ export class Promotions implements ResultListener {
   /** One cluster of the next stage: the promoted push decided there, told as a push's result, counted. */
   private async promoteTo(soak: Soak, t: StageTarget, push: IncomingPush, after: string): Promise<void> {
     const { record: r, hook, chain, place } = soak;
-    const target = { namespace: t.namespace ?? r.namespace, kind: place.target.kind, name: place.target.name };
+    // The next stage's namespace is the hook's (the stage's, else its APP_NS); the push's own only where it leaves
+    // it to the request, from a soak this replica began (a resumed soak is one of a hook that fixes its workload).
+    const own = fixedInput(hook, 'APP_NS')?.trim();
+    const job = { ...place.target, namespace: t.namespace ?? own ?? r.namespace, cluster: t.cluster };
     const requestId = `${r.request.split('/')[0]}/${t.cluster}`;
     const decided = { action: 'promote', by: `to ${t.cluster} ${after}` } as const;
+    const authority = { source: 'promotion', stage: r.stage + 1, sealed: true } as const;
     this.promoted.add(requestId);
     try {
       const { report, env } = await this.upgrade.runDecided(
         hook,
-        target,
-        place.container,
+        { ...job, container: place.container },
+        authority,
         push,
         decided,
         requestId,
-        t.cluster,
       );
       // Decided already, by the replica whose claim this one took over: told and counted there.
       if (report.decision === 'repeat') {
@@ -21594,19 +21775,18 @@ export function pendingEntryProblem(key: Buffer | undefined, w: WaitingPush, hoo
   if (!pendingEntrySealed(key, place, w.entry))
     return 'its MAC does not verify: it was not written here by this service (changed by hand, or by a version ' +
       'before entries had one, or with another key)';
-  const reach = hookReach(hook)?.target;
-  const t = w.target;
-  // A stage of a chain may name a namespace of its own (`prod/shop`): a promotion waits there.
-  const namespaces = reach ? stageNamespaces(hook, w.cluster, reach.namespace) : [];
-  if (reach && (!namespaces.includes(t.namespace) || reach.kind !== t.kind || reach.name !== t.name))
-    return `hook ${showValue(hook.id)} upgrades ${reach.kind}/${reach.name} in ${namespaces.join(', ')} only`;
-  const container = fixedInput(hook, 'APP_CONTAINER')?.trim();
-  if (container !== undefined && container !== w.container)
-    return `hook ${showValue(hook.id)} upgrades container ${container} only`;
-  const clusters = hookClusters(hook);
-  if (!clusters.includes(w.cluster))
-    return `hook ${showValue(hook.id)} upgrades ${clusters.map((c) => c ?? 'the default cluster').join(', ')} only`;
-  return undefined;
+  return gateJob(hook, place, entryAuthority(key, hook, w));
+}
+
+/**
+ * The authority a pending entry carries: a promotion's, in the stage it waits in; else a record's, sealed when the
+ * service signs entries (an entry without a key is anyone's to write). Pure.
+ */
+function entryAuthority(key: Buffer | undefined, hook: Hook, w: WaitingPush): JobAuthority {
+  // Unsealed, `promoted` is anyone's to write: the entry is then a record, which enters the chain's first stage only.
+  if (w.entry.promoted && key !== undefined)
+    return { source: 'promotion', stage: laterStage(hook, w.cluster), sealed: true };
+  return { source: 'record', sealed: key !== undefined };
 }
 
 /** The push a link names as read now, or why there is none to decide (`drop` takes an unused entry off). */
@@ -22187,7 +22367,9 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
       push: e.push,
     };
     const decided = { id: e.id, action, by };
-    const r = await this.upgrade.runDecided(hook, w.target, w.container, push, decided, requestId, w.cluster);
+    const job = { ...w.target, cluster: w.cluster, container: w.container };
+    const authority = entryAuthority(this.key, hook, w);
+    const r = await this.upgrade.runDecided(hook, job, authority, push, decided, requestId);
     r.report.waitedAs = e.request;
     if (action === 'signature' && this.waitsOn(w, r.report))
       return { status: 202, title: 'Waiting', detail: r.report.action };
@@ -22226,7 +22408,9 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
     const push: IncomingPush = { pushedAtMs: now, timeFrom: 'received', image: past.image, push: `replay|${now}` };
     const requestId = randomUUID();
     const decided = { action: 'replay', by } as const;
-    const r = await this.upgrade.runDecided(hook, target, past.container, push, decided, requestId, past.cluster);
+    // The past push is this replica's own record of a push that passed the gate: it may name what that push named.
+    const job = { ...target, cluster: past.cluster, container: past.container };
+    const r = await this.upgrade.runDecided(hook, job, { source: 'record', sealed: true }, push, decided, requestId);
     return this.told(hook, requestId, r.report, r.env, r.report.waiting ? 'Waiting' : 'Deployed again');
   }
 
@@ -23025,8 +23209,8 @@ export class RegistryWatch {
     }
     const push: IncomingPush = { pushedAtMs: Date.now(), timeFrom: 'received', image, push: `${digest}|` };
     const requestId = randomUUID();
-    const { target, container, cluster } = w;
-    const r = await this.upgrade.runDecided(hook, target, container, push, undefined, requestId, cluster, true);
+    const job = { ...w.target, cluster: w.cluster, container: w.container };
+    const r = await this.upgrade.runDecided(hook, job, { source: 'annotation' }, push, undefined, requestId, true);
     r.report.notes.unshift(`registry watch (every ${formatGoDuration(w.intervalMs)}, ${w.from}): ${why}`);
     if (!r.report.unreachable) w.handed = image;
     // What the container runs now: the next look compares with it, not with the listing.
@@ -23063,15 +23247,13 @@ function watchOf(
   if (poll === '' && !fixing) return undefined;
   const { records } = readPushRecords(item);
   const named = read(HOOK_ANNOTATION).trim();
-  const recorded = Object.values(records).find((r) => r.hook && hooks.has(r.hook))?.hook;
-  const hookId = named || (poll === '' ? fixing?.id : undefined) || recorded;
+  // Never the hook of a push record alone: the record says who deployed, not who may.
+  const hookId = named || fixing?.id || [...hooks.values()].find((h) => fixesTarget(h, target, cluster))?.id;
   if (named && !hooks.has(named))
     return { problem: `annotation ${HOOK_ANNOTATION}: no hook is named ${showValue(named)}` };
   if (!hookId)
     return {
-      problem:
-        `annotation ${POLL_ANNOTATION} names no hook: annotate ${HOOK_ANNOTATION}: <hook id> (no push record ` +
-        'names the hook that last deployed it)',
+      problem: `annotation ${POLL_ANNOTATION} names no hook: annotate ${HOOK_ANNOTATION}: <hook id> (no hook fixes it)`,
     };
   const hook = hooks.get(hookId)!;
   let intervalMs: number | undefined;
@@ -23082,11 +23264,7 @@ function watchOf(
     return { problem: (e as Error).message };
   }
   if (intervalMs === undefined) return { problem: `hook ${showValue(hook.id)} sets no POLL_INTERVAL` };
-  const reach = hookReach(hook);
-  const t = reach?.target;
-  if (!reach || (t && (t.namespace !== target.namespace || t.kind !== target.kind || t.name !== target.name)))
-    return { problem: `hook ${showValue(hook.id)} does not upgrade this workload` };
-  if (!hookClusters(hook).includes(cluster)) return { problem: `hook ${showValue(hook.id)} names another cluster` };
+  if (!hookReach(hook)) return { problem: `hook ${showValue(hook.id)} does not upgrade workloads` };
   const podSpec = workloadPodSpec(item, target.kind);
   const names = asArray(valueAt(podSpec, ['containers'])).map((c) => String(valueAt(c, ['name'])));
   const container =
@@ -23095,6 +23273,8 @@ function watchOf(
     (names.length === 1 ? names[0] : undefined);
   if (container === undefined)
     return { problem: `hook ${showValue(hook.id)} fixes no APP_CONTAINER and the workload has several containers` };
+  const refusal = gateJob(hook, { ...target, cluster, container }, { source: 'annotation' });
+  if (refusal !== undefined) return { problem: refusal };
   const located = locateContainer(podSpec, container);
   if (!located) return { problem: `the workload has no container ${showValue(container)}` };
   const policyKeys = [POLICY_ANNOTATION, `${POLICY_ANNOTATION}.${container}`];
@@ -23107,11 +23287,15 @@ function watchOf(
   return { watch: { cluster, target, container, hook: hook.id, intervalMs, from, image: located.image, facts } };
 }
 
-/** Whether a hook fixes this very workload (its namespace, kind and name) in this cluster. */
+/**
+ * Whether a hook fixes this very workload (its namespace, kind and name) where a push enters it: in this cluster,
+ * of its chain's first stage.
+ */
 function fixesTarget(hook: Hook, target: WatchedWorkload['target'], cluster: string | undefined): boolean {
   const t = hookReach(hook)?.target;
-  return t !== undefined && t.namespace === target.namespace && t.kind === target.kind && t.name === target.name &&
-    hookClusters(hook).includes(cluster);
+  const container = fixedInput(hook, 'APP_CONTAINER')?.trim() ?? '';
+  return t !== undefined && t.kind === target.kind && t.name === target.name &&
+    gateJob(hook, { ...target, cluster, container }, { source: 'request' }) === undefined;
 }
 
 // ================================================================================================
@@ -25225,17 +25409,30 @@ function describeChain(chain: PromotionChain): string {
   );
 }
 
-/** What the registry watch does with the hook: its POLL_INTERVAL for the workload it fixes, or the annotations. */
+/**
+ * What the registry watch does with the hook: its POLL_INTERVAL for the workload it fixes, the workloads whose
+ * annotations may name it (the gate's rule for an annotation), and for a chain, the one stage it watches.
+ */
 function describeRegistryWatch(hook: Hook): string {
   const interval = fixedSetting(hook, 'POLL_INTERVAL');
   const t = hookReach(hook)?.target;
+  const listed = fixedSetting(hook, 'ANNOTATION_NAMESPACES');
+  const where = t ? 'the workload it fixes' : listed === 'any' ? 'any namespace' : listed.join(', ');
   const annotated =
-    `workloads annotated ${POLL_ANNOTATION} and ${HOOK_ANNOTATION}: ${hook.id} are watched with its settings`;
-  if (interval === undefined) return `registry watch: ${annotated}`;
+    where === ''
+      ? `no workload may name it in ${HOOK_ANNOTATION} (it leaves its workload to the request, and ` +
+        'ANNOTATION_NAMESPACES lists no namespace)'
+      : `workloads annotated ${POLL_ANNOTATION} and ${HOOK_ANNOTATION}: ${hook.id} are watched with its settings ` +
+        `(${t ? where : `in ${where}`})`;
+  const chain = promotionChain(hook);
+  const first = chain?.stages[0].map((s) => s.cluster).join(', ');
+  const staged = chain ? `; a promotion chain: watched in its first stage (${first}) only, later stages are ` +
+    'reached by its promotion' : '';
+  if (interval === undefined) return `registry watch: ${annotated}${staged}`;
   const every = `every ${formatGoDuration(interval)} (POLL_INTERVAL)`;
   return t
-    ? `registry watch: ${t.kind}/${t.name} in ${t.namespace} ${every}; ${annotated}`
-    : `registry watch: POLL_INTERVAL is set but the hook fixes no workload, so only ${annotated}`;
+    ? `registry watch: ${t.kind}/${t.name} in ${t.namespace} ${every}; ${annotated}${staged}`
+    : `registry watch: POLL_INTERVAL is set but the hook fixes no workload, so only ${annotated}${staged}`;
 }
 
 /** What a push meets once the container's image was changed outside webhook (ON_OUTSIDE_CHANGE, fixed at load). */

@@ -169,6 +169,12 @@ export const SETTING_DETAILS: Record<string, string> = {
     'tag its update policy allows, or its tag moved to another digest, is deployed as a push would be. The ' +
     'annotation `webhook/poll` asks the same of one workload. See [Registries that cannot ' +
     'call](registries.md#registries-that-cannot-call).',
+  ANNOTATION_NAMESPACES:
+    'The namespaces whose workloads may name this hook in the annotation `webhook/hook` (the registry watch), ' +
+    'separated by spaces or commas, or `*` for every namespace. Unset, only the workload the hook fixes (`APP_NS` ' +
+    'and `APP_WORKLOAD`) may: a hook that leaves its namespace or workload to the request is never reached by an ' +
+    'annotation unless it lists the namespace. It widens nothing the hook fixes (its namespace, workload, ' +
+    'container, clusters and stages stay constraints). See [The gate](security.md#the-gate-who-may-deploy-what-where).',
   ON_OUTSIDE_CHANGE:
     '`hold`: once the container\'s image was changed outside webhook (`kubectl set image`, ' +
     '`kubectl rollout undo`, Helm, Argo CD, Rancher), a push is applied only when strictly newer than the image ' +

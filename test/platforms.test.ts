@@ -95,7 +95,7 @@ describe('the platform check through the executable', { skip: cluster ? false : 
     verify['pass-environment-to-command'].push(...fixedSettings({ REGISTRY_CA: caFile, VERIFY_IMAGE: 'true' }));
     const plain = registryHook('plain', urlToken, 'distribution') as Record<string, object[]>;
     plain['pass-environment-to-command'].push(...fixedSettings({ REGISTRY_CA: caFile }));
-    const hooks = [verify, plain, upgradeHook('watch', TOKEN, { REGISTRY_CA: caFile })];
+    const hooks = [verify, plain, upgradeHook('watch', TOKEN, { REGISTRY_CA: caFile, ANNOTATION_NAMESPACES: ns })];
     fs.writeFileSync(path.join(work, 'hooks.json'), JSON.stringify(hooks));
     await registry.push(ociArchive(work, 'platforms v1').path, 'acme/multi:v1');
     await registry.push(ociArchive(work, 'watched v1').path, 'acme/watched:latest');

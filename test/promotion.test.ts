@@ -641,3 +641,64 @@ describe('staging > prod on two clusters', { skip: shared && second && registry 
       [['prod-a', nsA, 'prod-a'], ['prod-b', nsB, 'prod-b']]);
   });
 });
+
+describe('the gate: a registry watch enters a chain at its first stage only', { skip: shared && second && registry ? false : 'no clusters or registry' }, () => {
+  const ns = freshNamespaceName('promotion-watch');
+  const kubectlProd = kubectlFor(shared!);
+  const kubectlStaging = kubectlFor(second!);
+  const dir = makeTempDir('promotion-watch-');
+  let wh: Webhook | undefined;
+  const image = (ref: string) => `${registry!.host}/${REPO}${ref}`;
+  let built = 0;
+  const publish = async (tag: string) => {
+    const config = Buffer.from(JSON.stringify({ architecture: 'amd64', os: 'linux', build: ++built, tag, watch: true }));
+    const digest = await pushBlob(registry!, REPO, config);
+    return pushManifest(registry!, REPO, {
+      schemaVersion: 2, mediaType: 'application/vnd.oci.image.manifest.v1+json',
+      config: { mediaType: 'application/vnd.oci.image.config.v1+json', digest, size: config.length }, layers: [],
+    }, tag);
+  };
+  const imageIn = async (k: Kubectl, name: string) => containerImage(await namespacedGetter(k, ns)(`deployment/${name}`), 'app');
+  const events = async (k: Kubectl, name: string, reason: string) =>
+    (JSON.parse(await k(['-n', ns, 'get', 'events', '--field-selector', `involvedObject.name=${name},reason=${reason}`, '-o', 'json']))
+      .items as { type: string; message: string }[]);
+
+  before(() => Promise.all([kubectlProd, kubectlStaging].map((k) => k(['create', 'namespace', ns]))));
+  after(async () => {
+    await wh?.stop();
+    await Promise.all([removeNamespace(kubectlProd, ns), removeNamespace(kubectlStaging, ns)]);
+    fs.rmSync(dir, { recursive: true, force: true });
+  });
+
+  test('POLL_INTERVAL on a staging > prod hook patches staging first and prod only after the soak; webhook/poll on prod is refused', async () => {
+    const first = await publish('w1');
+    const pinned = image(`:w1@${first}`);
+    for (const k of [kubectlStaging, kubectlProd]) {
+      const d: any = deployment('watched', [{ name: 'app', image: pinned }], { replicas: 1 });
+      // On prod alone, a watch asked for by annotation: the chain is not entered there, whatever asks.
+      if (k === kubectlProd) d.metadata.annotations = { 'webhook/poll': '10s', 'webhook/hook': 'chain' };
+      await k(['-n', ns, 'apply', '-f', '-'], JSON.stringify(d));
+      await k(['-n', ns, 'rollout', 'status', 'deployment/watched', '--timeout=90s']);
+    }
+    const caFile = path.join(dir, 'registry-ca.pem');
+    fs.writeFileSync(caFile, registry!.caPem);
+    const hooks = [upgradeHook('chain', TOKEN, { APP_NS: ns, APP_WORKLOAD: 'deployment/watched', APP_CONTAINER: 'app',
+      REGISTRY_CA: caFile, CLUSTERS: 'staging > prod', PROMOTE_AFTER: SOAK, POLL_INTERVAL: '10s' })];
+    const kubeconfig = [renamedKubeconfig(shared!, 'prod', path.join(dir, 'prod.json')),
+      renamedKubeconfig(second!, 'staging', path.join(dir, 'staging.json'))].join(path.delimiter);
+    wh = await startWebhook({ hooks, metrics: true, args: ['-rollout-follow', '60s'], env: { KUBECONFIG: kubeconfig } });
+    const refused = await waitFor(async () => (await events(kubectlProd, 'watched', 'RegistryWatchRefused'))[0],
+      { timeoutMs: 60_000, what: 'the RegistryWatchRefused Event on prod' });
+    assert.equal(refused.type, 'Warning');
+    assert.match(refused.message, /^not watched: hook "chain" is a promotion chain, entered at its first stage \(staging\) only: cluster "prod" is reached by the chain's promotion$/);
+    assert.match(wh.output(), /registry watch: deployment\/watched in \S+ is not watched: hook "chain" is a promotion chain/);
+    const moved = await publish('w1');
+    await waitForOutput(wh, /deployment\/watched in \S+ \(cluster staging\): rollout complete; .* goes to prod once healthy for 8s/, CHAIN_TIMEOUT_MS);
+    assert.equal(await imageIn(kubectlStaging, 'watched'), image(`:w1@${moved}`));
+    assert.equal(await imageIn(kubectlProd, 'watched'), pinned, 'prod is not patched before the soak ends');
+    await waitForOutput(wh, /\/prod\] deployment\/watched in \S+ \(cluster prod\): promoted to prod after \d+s healthy in staging: image updated/, CHAIN_TIMEOUT_MS);
+    assert.equal(await imageIn(kubectlProd, 'watched'), image(`:w1@${moved}`));
+    // One look at the tag's move, in staging: prod was never watched, so nothing else patched it.
+    assert.equal((await events(kubectlProd, 'watched', 'ImageUpdated')).length, 1);
+  });
+});

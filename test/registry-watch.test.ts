@@ -24,6 +24,7 @@ import {
   type Spawned, type Webhook,
 } from './harness.ts';
 import { makeCertificate, ociArchive, startRegistry, type Registry } from './registry.ts';
+import { git, makeRepository, startGitServer, type GitServer } from './git-server.ts';
 import {
   clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor, namespacedGetter, removeNamespace,
   renamedKubeconfig, reportPulled, type Cluster,
@@ -192,12 +193,13 @@ describe('the registry watch through the executable', { skip: cluster ? false : 
     const notifiedHook = registryHook('notified', { match: { type: 'value', value: NOTIFY_AUTH,
       parameter: { source: 'header', name: 'Authorization' } } }, 'distribution') as Record<string, object[]>;
     notifiedHook['pass-environment-to-command'].push({ envname: 'REGISTRY_CA', source: 'string', name: ca('notifying.pem', notifying.caPem!) });
+    notifiedHook['pass-environment-to-command'].push({ envname: 'ANNOTATION_NAMESPACES', source: 'string', name: ns });
     hooksFile = path.join(work, 'hooks.json');
     fs.writeFileSync(hooksFile, JSON.stringify([
-      upgradeHook('watch', TOKEN, { REGISTRY_CA: ca('quiet.pem', quiet.caPem! + locked.caPem!) }),
+      upgradeHook('watch', TOKEN, { REGISTRY_CA: ca('quiet.pem', quiet.caPem! + locked.caPem!), ANNOTATION_NAMESPACES: ns }),
       upgradeHook('fixed', TOKEN, { APP_NS: ns, APP_WORKLOAD: 'deployment/fixed', APP_CONTAINER: 'app', POLL_INTERVAL: INTERVAL,
         REGISTRY_CA: path.join(work, 'quiet.pem') }),
-      upgradeHook('limited', TOKEN, { REGISTRY_CA: ca('limited.pem', limited.caPem + oversized.caPem) }),
+      upgradeHook('limited', TOKEN, { REGISTRY_CA: ca('limited.pem', limited.caPem + oversized.caPem), ANNOTATION_NAMESPACES: ns }),
       notifiedHook,
     ]));
     env = { KUBECONFIG: cluster!.kubeconfigPath };
@@ -445,7 +447,7 @@ describe('the registry watch over two clusters', { skip: cluster && second ? fal
     const kubeconfigs = [renamedKubeconfig(cluster!, 'prod', path.join(work, 'prod.json')),
       renamedKubeconfig(second!, 'staging', path.join(work, 'staging.json'))];
     service = await startWebhook({
-      hooks: [upgradeHook('fleet', TOKEN, { CLUSTERS: 'prod staging', REGISTRY_CA: ca })],
+      hooks: [upgradeHook('fleet', TOKEN, { CLUSTERS: 'prod staging', REGISTRY_CA: ca, ANNOTATION_NAMESPACES: ns })],
       env: { KUBECONFIG: kubeconfigs.join(path.delimiter) }, metrics: true,
     });
   });
@@ -507,7 +509,7 @@ describe('a watch and a notification of the same push, mailed', { skip: cluster 
     fs.writeFileSync(ca, registry.caPem!);
     const hook = registryHook('mailed', { match: { type: 'value', value: auth, parameter: { source: 'header', name: 'Authorization' } } },
       'distribution') as Record<string, object[]>;
-    hook['pass-environment-to-command'].push(...fixedSettings({ REGISTRY_CA: ca, MAIL_TO: 'ops@example.com' }));
+    hook['pass-environment-to-command'].push(...fixedSettings({ REGISTRY_CA: ca, MAIL_TO: 'ops@example.com', ANNOTATION_NAMESPACES: ns }));
     const hooks = path.join(work, 'hooks.json');
     fs.writeFileSync(hooks, JSON.stringify([hook]));
     await registry.push(ociArchive(work, 'mailed first').path, 'acme/mailed:latest');
@@ -553,6 +555,104 @@ describe('a watch and a notification of the same push, mailed', { skip: cluster 
     const changes = changed(await mta.messages());
     assert.equal(await rollouts(), before + 1);
     assert.equal(changes.length, 1, changes.map((m) => `${m.subject}\n${m.body}`).join('\n---\n'));
+  });
+});
+
+describe('the gate: an annotation cannot borrow another team\'s hook', { skip: cluster ? false : 'no cluster' }, () => {
+  const [nsA, nsB] = [freshNamespaceName('team-a'), freshNamespaceName('team-b')];
+  const kubectl = kubectlFor(cluster!);
+  const GIT_USER = 'x-access-token';
+  const GIT_TOKEN = 'team-a-git-token-5c0e91';
+  let work: string;
+  let registry: Registry;
+  let server: GitServer;
+  let bare: string;
+  let wh: Webhook;
+  const events = async (ns: string, name: string) =>
+    (JSON.parse(await kubectl(['-n', ns, 'get', 'events', '--field-selector', `involvedObject.name=${name},reason=RegistryWatchRefused`,
+      '-o', 'json'])).items as { type: string; message: string }[]);
+
+  before(async () => {
+    work = makeTempDir('registry-watch-gate-');
+    registry = await startRegistry({ tls: true });
+    for (const [repo, tag] of [['team-a/web', '1.0.0'], ['evil/backdoor', '1.0.0'], ['evil/backdoor', '1.0.1']])
+      await registry.push(ociArchive(work, `${repo} ${tag}`).path, `${repo}:${tag}`);
+    const caFile = path.join(work, 'ca.pem');
+    fs.writeFileSync(caFile, registry.caPem!);
+    const manifest = JSON.stringify(deployment('web', [{ name: 'app', image: `${registry.host}/team-a/web:1.0.0` }], { replicas: 1 }));
+    bare = makeRepository(work, 'team-a', { 'apps/web.yaml': manifest.replace('"metadata":{', `"metadata":{"namespace":"${nsA}",`) });
+    server = await startGitServer(work, GIT_USER, GIT_TOKEN);
+    const tokenFile = path.join(work, 'git-token');
+    fs.writeFileSync(tokenFile, GIT_TOKEN);
+    for (const ns of [nsA, nsB]) await kubectl(['create', 'namespace', ns]);
+    await kubectl(['-n', nsA, 'apply', '-f', '-'], manifest);
+    // Team B may edit its own namespace only: its workload asks for team A's hook, on a registry of its own.
+    const borrow = (name: string, hook: string) => {
+      const d = deployment(name, [{ name: 'app', image: `${registry.host}/evil/backdoor:1.0.0` }], { replicas: 1 }) as any;
+      d.metadata.annotations = { 'webhook/poll': INTERVAL, 'webhook/hook': hook, 'webhook/policy': 'semver:^1' };
+      return d;
+    };
+    await kubectl(['-n', nsB, 'apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List',
+      items: [borrow('web', 'team-a'), borrow('borrower', 'open')] }));
+    const hooks = [
+      // Team A's hook fixes its namespace and leaves the workload to the URL; it commits to team A's repository.
+      upgradeHook('team-a', TOKEN, { APP_NS: nsA, REGISTRY_CA: caFile, GIT_REPO: `${server.base}/team-a.git`,
+        GIT_PATH: 'apps/web.yaml', GIT_TOKEN: tokenFile }),
+      // An open hook (namespace and workload from the URL) that lists no ANNOTATION_NAMESPACES.
+      upgradeHook('open', TOKEN, { REGISTRY_CA: caFile }),
+    ];
+    wh = await startWebhook({ hooks, env: { KUBECONFIG: cluster!.kubeconfigPath }, metrics: true });
+  });
+  after(async () => {
+    await wh?.stop();
+    await server?.close();
+    await registry?.stop();
+    for (const ns of [nsA, nsB]) await removeNamespace(kubectl, ns);
+    fs.rmSync(work, { recursive: true, force: true });
+  });
+
+  test('a workload in team-b naming team-a\'s hook is not watched: no commit, no PATCH, a Warning Event and a log line', async () => {
+    const head = git(bare, ['rev-parse', 'main']).trim();
+    const [refused] = await waitFor(async () => {
+      const found = await events(nsB, 'web');
+      return found.length > 0 ? found : undefined;
+    }, { timeoutMs: WITHIN, what: 'the RegistryWatchRefused Event on team-b\'s workload' });
+    assert.equal(refused.type, 'Warning');
+    assert.equal(refused.message, `not watched: hook "team-a" deploys to namespace ${nsA} in the default cluster, not ${nsB}`);
+    await waitForOutput(wh, new RegExp(`registry watch: deployment/web in ${nsB} is not watched: hook "team-a" deploys to namespace ${nsA}`), WITHIN);
+    const [open] = await waitFor(async () => {
+      const found = await events(nsB, 'borrower');
+      return found.length > 0 ? found : undefined;
+    }, { timeoutMs: WITHIN, what: 'the RegistryWatchRefused Event naming the open hook' });
+    assert.equal(open.message, `not watched: hook "open" leaves its namespace and workload to the request, and an annotation ` +
+      `may choose them only in a namespace its ANNOTATION_NAMESPACES lists (it lists none), not ${nsB}`);
+    // Both were seen by the same scan: nothing of either is watched, listed or deployed.
+    const watched = JSON.parse((await httpRequest(await adminPort(wh), '/deliveries/watched.json')).body).watched as unknown[];
+    assert.deepEqual(watched, []);
+    assert.equal(git(bare, ['rev-parse', 'main']).trim(), head, 'nothing committed to team A\'s repository');
+    assert.equal(server.requests.length, 0, 'team A\'s Git server was not even asked');
+    for (const name of ['web', 'borrower'])
+      assert.equal(containerImage(JSON.parse(await kubectl(['-n', nsB, 'get', `deployment/${name}`, '-o', 'json'])), 'app'),
+        `${registry.host}/evil/backdoor:1.0.0`);
+    assert.equal(containerImage(JSON.parse(await kubectl(['-n', nsA, 'get', 'deployment/web', '-o', 'json'])), 'app'),
+      `${registry.host}/team-a/web:1.0.0`);
+    assert.doesNotMatch(wh.output(), new RegExp(GIT_TOKEN));
+  });
+
+  test('-validate says which workloads may name a hook by annotation', () => {
+    const file = path.join(work, 'validate.json');
+    fs.writeFileSync(file, JSON.stringify([upgradeHook('open', TOKEN), upgradeHook('listed', TOKEN, { ANNOTATION_NAMESPACES: `${nsB}, ${nsA}` }),
+      upgradeHook('pinned', TOKEN, { APP_NS: nsA, APP_WORKLOAD: 'deployment/web' })]));
+    const r = spawnSync(defaultBinary(), ['-validate', '-hooks', file], { encoding: 'utf8', env: { PATH: process.env.PATH } });
+    assert.equal(r.status, 0, r.stderr);
+    assert.match(r.stdout, /registry watch: no workload may name it in webhook\/hook \(it leaves its workload to the request, and ANNOTATION_NAMESPACES lists no namespace\)/);
+    assert.match(r.stdout, new RegExp(`webhook/hook: listed are watched with its settings \\(in ${nsB}, ${nsA}\\)`));
+    assert.match(r.stdout, /webhook\/hook: pinned are watched with its settings \(the workload it fixes\)/);
+    const bad = path.join(work, 'bad.json');
+    fs.writeFileSync(bad, JSON.stringify([upgradeHook('bad', TOKEN, { ANNOTATION_NAMESPACES: 'Team_B' })]));
+    const b = spawnSync(defaultBinary(), ['-validate', '-hooks', bad], { encoding: 'utf8', env: { PATH: process.env.PATH } });
+    assert.equal(b.status, 1);
+    assert.match(b.stderr, /hook "bad": pass-environment-to-command\[\d+\]\.name: ANNOTATION_NAMESPACES "Team_B" is not a namespace name/);
   });
 });
 

@@ -54,7 +54,7 @@ describe('what comes from the table', () => {
     const checks = fixedSettingChecks();
     assert.deepEqual(
       Object.keys(checks).toSorted(),
-      ['ALLOW_IMAGES', 'APPROVAL_OVERRIDE', 'APPROVAL_TIMEOUT', 'CLUSTER', 'CLUSTERS', 'DEPLOY_WINDOW',
+      ['ALLOW_IMAGES', 'ANNOTATION_NAMESPACES', 'APPROVAL_OVERRIDE', 'APPROVAL_TIMEOUT', 'CLUSTER', 'CLUSTERS', 'DEPLOY_WINDOW',
         'GIT_AUTHOR', 'GIT_BRANCH', 'GIT_CA', 'GIT_FIELD', 'GIT_PATH', 'GIT_REPO', 'GIT_SIGNING_KEY', 'GIT_SYNC_TIMEOUT', 'GIT_TOKEN', 'GIT_USERNAME', 'NOTIFY_FORMAT', 'NOTIFY_ON_SKIP',
         'NOTIFY_SECRET', 'NOTIFY_TELEGRAM_CHAT', 'NOTIFY_URL', 'ON_GITOPS_OWNER', 'ON_OUTSIDE_CHANGE', 'ON_REGISTRY_AWAY', 'POLL_INTERVAL', 'PROMOTE_AFTER', 'PROMOTE_CHECK', 'REGISTRY_HOST', 'REGISTRY_TOKEN_HOSTS', 'REQUIRE_APPROVAL', 'SIGNATURE_WAIT', 'UPDATE_POLICY',
         'VERIFY_SIGNATURE', 'VERIFY_SIGNATURE_ANNOTATIONS'],
@@ -76,6 +76,10 @@ describe('what comes from the table', () => {
     assert.match(checks.ON_REGISTRY_AWAY('wait') ?? '', /^ON_REGISTRY_AWAY "wait" is not fail or keep/);
     assert.match(checks.POLL_INTERVAL('5s') ?? '', /^POLL_INTERVAL "5s" is outside 10s to 24h0m0s/);
     assert.equal(checks.POLL_INTERVAL('1m'), undefined);
+    assert.match(checks.ANNOTATION_NAMESPACES('team-b Team_C') ?? '', /^ANNOTATION_NAMESPACES "Team_C" is not a namespace name/);
+    assert.deepEqual(['team-b, team-c', '*', undefined].map((v) => HOOK_SETTINGS.ANNOTATION_NAMESPACES.parse(v)),
+      [['team-b', 'team-c'], 'any', []]);
+    assert.match(checks.ANNOTATION_NAMESPACES('* team-a') ?? '', /^ANNOTATION_NAMESPACES "\*" is not a namespace name .*, nor \* alone/);
     // SIGNATURE_WAIT: 0 (refused at once) or 10s to 24h; bad input names the setting and the range.
     assert.match(checks.SIGNATURE_WAIT('1ms') ?? '', /^SIGNATURE_WAIT "1ms" is not 0 nor between 10s and 24h$/);
     assert.match(checks.SIGNATURE_WAIT('25h') ?? '', /^SIGNATURE_WAIT "25h" is not 0 nor between 10s and 24h$/);

@@ -58,6 +58,8 @@ describe('VERIFY_SIGNATURE: cosign signatures on a real registry, through the ex
   const kubectl = kubectlFor(cluster!);
   let registry: Registry;
   let wh: Webhook;
+  /** The flags that seal the entries the service writes on workloads (-approval-key-file, with -public-url). */
+  let sealing: string[] = [];
   let work: string;
   let caFile: string;
   let certDir: string;
@@ -177,7 +179,12 @@ describe('VERIFY_SIGNATURE: cosign signatures on a real registry, through the ex
         VERIFY_SIGNATURE_ANNOTATIONS: 'pipeline=release' }));
     }
     fs.writeFileSync(path.join(work, 'hooks.json'), JSON.stringify(hooks));
-    wh = await startWebhook({ hooks: path.join(work, 'hooks.json'), env: { KUBECONFIG: cluster!.kubeconfigPath }, metrics: true, args: ['-deliveries', '50'] });
+    // Entries (a push waiting for its signature) are sealed with the approval key: only a sealed entry of a hook
+    // that leaves its workload to the request is resumed.
+    fs.writeFileSync(path.join(work, 'entries-key'), 'signed-images-entries-key-4b1f9e0c7d2a6e3f');
+    sealing = ['-public-url', 'https://webhook.example.test', '-approval-key-file', path.join(work, 'entries-key')];
+    wh = await startWebhook({ hooks: path.join(work, 'hooks.json'), env: { KUBECONFIG: cluster!.kubeconfigPath }, metrics: true,
+      args: ['-deliveries', '50', ...sealing] });
     await kubectl(['create', 'namespace', ns]);
     const withSecret = (d: Record<string, any>) => ((d.spec.template.spec.imagePullSecrets = [{ name: 'regcred' }]), d);
     await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: [
@@ -623,7 +630,8 @@ describe('VERIFY_SIGNATURE: cosign signatures on a real registry, through the ex
 
     test('the signature\'s push deploys the waiting digest, on a replica that did not answer the push (started before it)', async () => {
       // Another replica, which never saw the push: the waiting push lives on the workload, not in a replica's memory.
-      const other = await startWebhook({ hooks: path.join(work, 'hooks.json'), env: { KUBECONFIG: cluster!.kubeconfigPath }, metrics: true, args: ['-deliveries', '50'] });
+      const other = await startWebhook({ hooks: path.join(work, 'hooks.json'), env: { KUBECONFIG: cluster!.kubeconfigPath }, metrics: true,
+        args: ['-deliveries', '50', ...sealing] });
       try {
         const digest = await pushImage('w1');
         await waiting('w1', digest, 'waits');
@@ -671,12 +679,15 @@ describe('VERIFY_SIGNATURE: cosign signatures on a real registry, through the ex
       // completes the push.
       const hooksFile = path.join(work, 'watching.json');
       const waits = JSON.parse(fs.readFileSync(path.join(work, 'hooks.json'), 'utf8')).find((h: any) => h.id === 'waits');
-      fs.writeFileSync(hooksFile, JSON.stringify([{ ...waits, id: 'watching' }]));
+      // Its workload names it by annotation (a watch): it lists the test's namespace as one whose workloads may.
+      const annotated = { ...waits, id: 'watching', 'pass-environment-to-command': [...waits['pass-environment-to-command'],
+        { envname: 'ANNOTATION_NAMESPACES', source: 'string', name: ns }] };
+      fs.writeFileSync(hooksFile, JSON.stringify([annotated]));
       const d: Record<string, any> = deployment('watched', [{ name: 'app', image: image('v1') }], { replicas: 1 });
       d.metadata.annotations = { 'webhook/poll': '10s', 'webhook/hook': 'watching' };
       d.spec.template.spec.imagePullSecrets = [{ name: 'regcred' }];
       await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(d));
-      const options = { hooks: hooksFile, env: { KUBECONFIG: cluster!.kubeconfigPath }, metrics: true, args: ['-deliveries', '50'] };
+      const options = { hooks: hooksFile, env: { KUBECONFIG: cluster!.kubeconfigPath }, metrics: true, args: ['-deliveries', '50', ...sealing] };
       const digest = await pushImage('w10');
       // The replica that answered the push is gone before it is signed; no signature's push is announced.
       const answering = await startWebhook(options);

@@ -8,7 +8,7 @@ import {
   MultipartError, ParameterNotFound, parseCidr, parseCommandLine, parseGoDuration, parseJsonKeepingNumbers, parseMultipart,
   parsePayload, parseYaml, parseXml, redactUrl, renderTemplate, replaceParameter, UsageError, type HookRequest,
   escapeControls, formatRbac, hookReach, inheritedEnvironment, parseListenAddress, listWithin, pendingEntryProblem,
-  sealPendingEntry,
+  sealPendingEntry, gateJob,
 } from '../webhook.ts';
 
 describe('command line', () => {
@@ -370,33 +370,89 @@ describe('pending entries: used only as sealed where they sit, for a hook that s
   };
   test('the hook\'s own workload, container and cluster; anything else is named', () => {
     assert.equal(pendingEntryProblem(key, at('api', 'app'), api), undefined);
-    assert.equal(pendingEntryProblem(key, at('victim', 'sidecar'), api), 'hook "api" upgrades deployment/api in prod only');
-    assert.equal(pendingEntryProblem(key, at('api', 'sidecar'), api), 'hook "api" upgrades container app only');
-    assert.equal(pendingEntryProblem(key, at('api', 'app', 'b'), api), 'hook "api" upgrades the default cluster only');
+    assert.equal(pendingEntryProblem(key, at('victim', 'sidecar'), api), 'hook "api" deploys to deployment/api, not deployment/victim');
+    assert.equal(pendingEntryProblem(key, at('api', 'sidecar'), api), 'hook "api" deploys to container app, not sidecar');
+    assert.equal(pendingEntryProblem(key, at('api', 'app', 'b'), api), 'hook "api" does not deploy to cluster "b"');
     assert.equal(pendingEntryProblem(key, at('victim', 'sidecar', undefined, 'any'), any), undefined);
-    assert.equal(pendingEntryProblem(key, at('web', 'app', undefined, 'far'), far), 'hook "far" upgrades b only');
+    assert.equal(pendingEntryProblem(key, at('web', 'app', undefined, 'far'), far), 'hook "far" does not deploy to the default cluster');
     assert.equal(pendingEntryProblem(key, at('web', 'app', 'b', 'far'), far), undefined);
     assert.equal(pendingEntryProblem(key, at('web', 'app', 'a', 'both'), both), undefined);
     const moved = { ...at('api', 'app'), container: 'sidecar' };
     assert.match(pendingEntryProblem(key, moved, api)!, /^its MAC does not verify/);
     assert.match(pendingEntryProblem(Buffer.alloc(32, 6), at('api', 'app'), api)!, /^its MAC does not verify/);
-    // Without a key (no links) only the hook's reach is checked.
+    // Without a key nothing is sealed: the hook's reach is checked, and what an open hook leaves to the request an
+    // unsealed entry does not choose.
     assert.equal(pendingEntryProblem(undefined, { ...at('api', 'app'), entry }, api), undefined);
-    assert.equal(pendingEntryProblem(undefined, { ...at('victim', 'app'), entry }, api), 'hook "api" upgrades deployment/api in prod only');
+    assert.equal(pendingEntryProblem(undefined, { ...at('victim', 'app'), entry }, api), 'hook "api" deploys to deployment/api, not deployment/victim');
+    assert.equal(pendingEntryProblem(undefined, { ...at('web', 'app'), entry: { ...entry, hook: 'any' } }, any),
+      'hook "any" leaves its namespace and workload to the request, and a record the service cannot verify (unsealed) ' +
+      'may choose them only in a namespace its ANNOTATION_NAMESPACES lists (it lists none), not prod');
   });
-  test('a hook with stages: a stage\'s own namespace in its cluster (a promotion waits there); no other', () => {
+  test('a hook with stages: a promotion waits in a later stage, in its own namespace; any other entry in the first', () => {
     const [chain] = compileHooksFile('h.json', JSON.stringify([fixed('chain',
       { APP_NS: 'prod', APP_WORKLOAD: 'deployment/api', APP_CONTAINER: 'app', CLUSTERS: 'staging > live/shop' })]),
     { commandTimeoutMs: 1000 }).hooks;
-    const inNs = (namespace: string, cluster: string) => {
+    const inNs = (namespace: string, cluster: string, promoted?: boolean, sealedWith: Buffer | undefined = key) => {
       const target = { namespace, kind: 'deployment' as const, name: 'api' };
-      const sealed = sealPendingEntry(key, { ...target, cluster, container: 'app' }, { ...entry, hook: 'chain' });
-      return { target, container: 'app', cluster, entry: sealed };
+      const written = { ...entry, hook: 'chain', ...(promoted ? { promoted } : {}) };
+      return { target, container: 'app', cluster, entry: sealPendingEntry(sealedWith, { ...target, cluster, container: 'app' }, written) };
     };
-    assert.equal(pendingEntryProblem(key, inNs('shop', 'live'), chain), undefined);
+    assert.equal(pendingEntryProblem(key, inNs('shop', 'live', true), chain), undefined);
     assert.equal(pendingEntryProblem(key, inNs('prod', 'staging'), chain), undefined);
-    assert.equal(pendingEntryProblem(key, inNs('prod', 'live'), chain), 'hook "chain" upgrades deployment/api in shop only');
-    assert.equal(pendingEntryProblem(key, inNs('shop', 'staging'), chain), 'hook "chain" upgrades deployment/api in prod only');
+    assert.equal(pendingEntryProblem(key, inNs('prod', 'live', true), chain), 'hook "chain" deploys to namespace shop in cluster "live", not prod');
+    assert.equal(pendingEntryProblem(key, inNs('shop', 'staging'), chain), 'hook "chain" deploys to namespace prod in cluster "staging", not shop');
+    // Not a promotion's (or, unsealed, anyone's to mark as one): the chain is entered at its first stage only.
+    const skipped = 'hook "chain" is a promotion chain, entered at its first stage (staging) only: cluster "live" is reached by the chain\'s promotion';
+    assert.equal(pendingEntryProblem(key, inNs('shop', 'live'), chain), skipped);
+    assert.equal(pendingEntryProblem(undefined, inNs('shop', 'live', true, undefined), chain), skipped);
+  });
+});
+
+describe('the gate: what a job of each source may reach', () => {
+  const hook = (id: string, settings: Record<string, string>, fromUrl: string[] = []) => ({ id, 'execute-command': '/webhooks.sh',
+    'pass-environment-to-command': [
+      ...fromUrl.map((envname) => ({ envname, source: 'url', name: envname.toLowerCase() })),
+      ...Object.entries(settings).map(([envname, name]) => ({ envname, source: 'string', name }))] });
+  const [teamA, open, listed, everywhere, chain] = compileHooksFile('h.json', JSON.stringify([
+    hook('team-a', { APP_NS: 'team-a' }, ['APP_WORKLOAD', 'APP_CONTAINER']),
+    hook('open', {}, ['APP_NS', 'APP_WORKLOAD', 'APP_CONTAINER']),
+    hook('listed', { ANNOTATION_NAMESPACES: 'team-b, team-c' }, ['APP_NS', 'APP_WORKLOAD', 'APP_CONTAINER']),
+    hook('everywhere', { ANNOTATION_NAMESPACES: '*' }, ['APP_NS', 'APP_WORKLOAD', 'APP_CONTAINER']),
+    hook('chain', { APP_NS: 'shop', APP_WORKLOAD: 'deployment/web', CLUSTERS: 'staging > prod-eu prod-us/shop-us' }),
+  ]), { commandTimeoutMs: 1000 }).hooks;
+  const at = (namespace: string, cluster?: string, name = 'web') => ({ cluster, namespace, kind: 'deployment' as const, name, container: 'app' });
+  const cases: [string, ReturnType<typeof gateJob>][] = [
+    [gateJob(teamA, at('team-a'), { source: 'request' }) ?? 'ok', 'ok'],
+    // What the hook fixes, no source overwrites.
+    [gateJob(teamA, at('team-b'), { source: 'annotation' })!, 'hook "team-a" deploys to namespace team-a in the default cluster, not team-b'],
+    [gateJob(teamA, at('team-b'), { source: 'record', sealed: true })!, 'hook "team-a" deploys to namespace team-a in the default cluster, not team-b'],
+    // What it leaves open: a request, or a sealed record; an annotation only where ANNOTATION_NAMESPACES says.
+    [gateJob(teamA, at('team-a'), { source: 'annotation' })!, 'hook "team-a" leaves its workload to the request, and an annotation may ' +
+      'choose them only in a namespace its ANNOTATION_NAMESPACES lists (it lists none), not team-a'],
+    [gateJob(open, at('team-b'), { source: 'request' }) ?? 'ok', 'ok'],
+    [gateJob(open, at('team-b'), { source: 'record', sealed: true }) ?? 'ok', 'ok'],
+    [gateJob(open, at('team-b'), { source: 'record' })!, 'hook "open" leaves its namespace and workload to the request, and a record the ' +
+      'service cannot verify (unsealed) may choose them only in a namespace its ANNOTATION_NAMESPACES lists (it lists none), not team-b'],
+    [gateJob(listed, at('team-c'), { source: 'annotation' }) ?? 'ok', 'ok'],
+    [gateJob(listed, at('team-a'), { source: 'annotation' })!, 'hook "listed" leaves its namespace and workload to the request, and an ' +
+      'annotation may choose them only in a namespace its ANNOTATION_NAMESPACES lists (team-b, team-c), not team-a'],
+    [gateJob(everywhere, at('kube-system'), { source: 'annotation' }) ?? 'ok', 'ok'],
+    [gateJob(open, at('team-b', 'prod'), { source: 'request' })!, 'hook "open" does not deploy to cluster "prod"'],
+    // A chain: entered at its first stage; a later stage by the chain's promotion, in the stage's namespace.
+    [gateJob(chain, at('shop', 'staging'), { source: 'annotation' }) ?? 'ok', 'ok'],
+    [gateJob(chain, at('shop', 'prod-eu'), { source: 'annotation' })!, 'hook "chain" is a promotion chain, entered at its first stage ' +
+      '(staging) only: cluster "prod-eu" is reached by the chain\'s promotion'],
+    [gateJob(chain, at('shop', 'prod-eu'), { source: 'record', sealed: true })!, 'hook "chain" is a promotion chain, entered at its first ' +
+      'stage (staging) only: cluster "prod-eu" is reached by the chain\'s promotion'],
+    [gateJob(chain, at('shop', 'prod-eu'), { source: 'promotion', stage: 1 }) ?? 'ok', 'ok'],
+    [gateJob(chain, at('shop-us', 'prod-us'), { source: 'promotion', stage: 1 }) ?? 'ok', 'ok'],
+    [gateJob(chain, at('payments', 'prod-eu'), { source: 'promotion', stage: 1, sealed: true })!,
+      'hook "chain" deploys to namespace shop in cluster "prod-eu", not payments'],
+    [gateJob(chain, at('shop', 'staging'), { source: 'promotion', stage: 1 })!, 'hook "chain" does not deploy to cluster "staging"'],
+    [gateJob(chain, at('shop', 'staging', 'api'), { source: 'request' })!, 'hook "chain" deploys to deployment/web, not deployment/api'],
+  ];
+  test('each source, each constraint: allowed, or refused naming why', () => {
+    for (const [got, want] of cases) assert.equal(got, want);
   });
 });
 
