@@ -13580,8 +13580,9 @@ function repoTypeSetting(value: string | undefined): string {
 //    (`host/path`, `host/path/*`, `host/*`; Docker Hub's may omit the host). Both widen what a request may deploy, so
 //    HOOK_SETTINGS (hook settings) has them refused at load unless they are fixed strings, and valid. The platforms
 //    an image index offers (readIndexPlatforms; indexPlatforms, pure), which the platform check compares.
-//    Exports: allowedImages, checkImagePin, chooseCandidate, composeImageRef, imagePin, normalizeImageRef, problemOf,
-//    readImagePin, readIndexPlatforms, registryHostSetting, registryOf, validateImageRef.
+//    Exports: allowedImages, checkImagePin, chooseCandidate, composeImageRef, imagePin, normalizeImageRef,
+//    patternMatches, problemOf, readImagePin, readIndexPlatforms, registryHostSetting, registryOf, repositoryOf,
+//    validateImageRef.
 //    Tests: test/registries.test.ts, test/upgrade.test.ts, test/clouds.test.ts, test/platforms.test.ts.
 // ================================================================================================
 
@@ -15974,7 +15975,7 @@ export const HOOK_SETTINGS = {
   }),
   ANNOTATION_NAMESPACES: setting({
     type: 'namespace names, or *',
-    default: 'none (only a workload the hook fixes)',
+    default: 'unset: only a workload the hook fixes',
     fixed: true,
     validation: 'namespace names separated by spaces or commas, or * alone (every namespace)',
     meaning:
@@ -17847,6 +17848,9 @@ export function recordDecision(report: UpgradeReport, d: Decision, kind: Workloa
 //    Tests: test/git.test.ts.
 // ================================================================================================
 
+/** The file refuses the push under the hook's image pin: what it deploys is another repository (decision refused). */
+class GitPinRefusal extends UpgradeError {}
+
 /** A YAML node with where its text is: a scalar's first and past-last character (code points from the start). */
 type LocatedNode =
   | { kind: 'scalar'; value: string; start: number; end: number; style: string; line: number; column: number }
@@ -17986,6 +17990,11 @@ export interface GitEdit {
   image: string;
   /** GIT_FIELD: the dotted path of a Helm values file's tag field. */
   field: string | undefined;
+  /**
+   * The hook's image pin, checked against what the file deploys (what the GitOps tool will apply), not against what
+   * the cluster runs (a hand edit there the tool would revert); a new kustomization images entry needs ALLOW_IMAGES.
+   */
+  pin?: ImagePin;
 }
 
 /** Replacements of scalars' text, applied from the end so earlier positions stay right. Pure. */
@@ -18028,13 +18037,34 @@ function replacedScalar(e: GitEdit, where: string, node: LocatedNode, value: str
   return { start: node.start, end: node.end, text: scalarInStyle(node, value) };
 }
 
-/** The container's `image` in the document of the workload's kind and name. */
+/**
+ * The container's `image` in the one document of the workload's kind, name and namespace: a document that names
+ * another namespace is another workload (a shared file holds team-a/web and team-b/web); one that names none is
+ * applied where its tool puts it, so it is taken as the workload's. Two documents that match are refused: the push
+ * would not know which one the tool applies.
+ */
 function manifestChanges(e: GitEdit, docs: LocatedNode[]): TextChange[] {
   const spec = kindSpec(e.target.kind);
-  const named = (d: LocatedNode) => scalarText(locatedValue(locatedValue(d, 'metadata'), 'name')) === e.target.name;
-  const doc = docs.find((d) => scalarText(locatedValue(d, 'kind')) === spec.kind && named(d));
+  const metadata = (d: LocatedNode) => locatedValue(d, 'metadata');
+  const named = (d: LocatedNode) => scalarText(locatedValue(metadata(d), 'name')) === e.target.name;
+  const ns = (d: LocatedNode) => scalarText(locatedValue(metadata(d), 'namespace'));
+  const matching = docs.filter((d) => scalarText(locatedValue(d, 'kind')) === spec.kind && named(d));
+  const here = matching.filter((d) => (ns(d) ?? e.target.namespace) === e.target.namespace);
   const workload = `${spec.kind} ${showValue(e.target.name)}`;
-  if (!doc) throw new UpgradeError(`${e.file}: no document of kind ${spec.kind} named ${showValue(e.target.name)}`);
+  if (here.length > 1)
+    throw new UpgradeError(
+      `${e.file}: ${here.length} documents of kind ${spec.kind} named ${showValue(e.target.name)} in namespace ` +
+        `${e.target.namespace} (lines ${here.map((d) => d.line + 1).join(', ')}): which one to edit is not known`,
+    );
+  const doc = here[0];
+  if (!doc) {
+    const elsewhere = matching.map((d) => ns(d)).filter((n) => n !== undefined);
+    const others = elsewhere.length > 0 ? ` (only in namespace ${elsewhere.join(', ')})` : '';
+    throw new UpgradeError(
+      `${e.file}: no document of kind ${spec.kind} named ${showValue(e.target.name)} in namespace ` +
+        `${e.target.namespace}${others}`,
+    );
+  }
   let podSpec: LocatedNode | undefined = doc;
   for (const key of [...spec.template, 'spec']) podSpec = locatedValue(podSpec, key);
   const where = [...spec.template, 'spec'].join('.');
@@ -18045,6 +18075,10 @@ function manifestChanges(e: GitEdit, docs: LocatedNode[]): TextChange[] {
       if (scalarText(locatedValue(c, 'name')) !== e.container) continue;
       const image = locatedValue(c, 'image');
       if (!image) throw new UpgradeError(`${e.file}: ${workload}: ${where}.${list}[${i}] has no image`);
+      const deployed = image.kind === 'scalar' ? image.value : '';
+      const pinned = e.pin ? checkImagePin(e.container, deployed, e.image, e.pin) : undefined;
+      if (pinned && !pinned.allowed)
+        throw new GitPinRefusal(`${e.file} deploys ${showValue(deployed)}: ${pinned.message}`);
       return [replacedScalar(e, `${where}.${list}[${i}].image`, image, e.image)];
     }
   }
@@ -18056,9 +18090,20 @@ function imageRepository(ref: ImageRef): string {
   return ref.domain === undefined ? ref.path : `${ref.domain}/${ref.path}`;
 }
 
-/** The images entry named as the image's repository: newTag (and digest when pinned) set, or an entry added. */
+/**
+ * The images entry named as the image's repository: newTag (and digest when pinned) set, or an entry added, which
+ * under the hook's pin only ALLOW_IMAGES allows (the file lists what the tool deploys).
+ */
 function kustomizationChanges(e: GitEdit, docs: LocatedNode[], ref: ImageRef): TextChange[] {
   const repo = imageRepository(ref);
+  const listed = (images: LocatedNode | undefined) =>
+    images?.kind === 'seq' && images.items.some((i) => scalarText(locatedValue(i, 'name')) === repo);
+  const allowed = (pin: ImagePin) => pin.allowImages.some((p) => patternMatches(p, repositoryOf(ref)));
+  if (e.pin && !listed(locatedValue(docs[0], 'images')) && !allowed(e.pin))
+    throw new GitPinRefusal(
+      `${e.file}: its images list no entry for ${showValue(repo)}, and a push adds one only for a repository the ` +
+        'hook setting ALLOW_IMAGES lists',
+    );
   const tag = ref.tag ?? 'latest';
   const root = docs[0];
   if (root !== undefined && root.kind !== 'map') throw new UpgradeError(`${e.file}: the document is not a mapping`);
@@ -18228,13 +18273,13 @@ function appliedEdit(read: GitHead, texts: Map<string, string>, e: PushEdit): Ed
       throw new UpgradeError(`${file}: ${content.length} bytes, more than ${LIMITS.git.maxFileBytes}`);
     const text = texts.get(file) ?? new TextDecoder().decode(content);
     const { target, image } = e.push;
-    const next = editGitFile({ file, text, target, container: e.config.container, image, field });
+    const next = editGitFile({ file, text, target, container: e.config.container, image, field, pin: e.config.pin });
     if (next === text) return { unchanged: true };
     texts.set(file, next);
     return 'applied';
   } catch (err) {
     const why = new Scrubber([e.git.remote.token]).scrub(`Git write-back: ${(err as Error).message}`);
-    return { error: new UpgradeError(why) };
+    return { error: err instanceof GitPinRefusal ? new GitPinRefusal(why) : new UpgradeError(why) };
   }
 }
 
@@ -18314,6 +18359,12 @@ export async function commitOut(
     ? await deps.queue.batch(batchKey(git), edit, committedEdits, LIMITS.git.maxBatch)
     : (await committedEdits([edit]))[0];
   const where = `${git.branch} of ${git.remote.url.href}`;
+  if ('error' in done && done.error instanceof GitPinRefusal) {
+    report.refused = true;
+    const why = `${done.error.message}; nothing was committed`;
+    const event = pushEvent('refused', { why, asked: whoAsked(given.push) });
+    await recordEventQuietly(client, target, event, now, report);
+  }
   if ('error' in done) throw done.error;
   if ('superseded' in done) return recordUnchanged(report, 'superseded', done.superseded, decision.before);
   if ('unchanged' in done) {
@@ -20684,6 +20735,8 @@ export class UpgradeService implements InProcessCommand<UpgradeOutput> {
   useApprovals(approvals: { publicUrl: string; key: Buffer }): void {
     this.approvals = approvals;
   }
+  /** The key that seals what the service records on workloads (-approval-key-file); undefined without one. */
+  readonly recordKey = (): Buffer | undefined => this.approvals?.key;
 
   /**
    * A decided push's environment: what a push's command inherits (inheritedEnvironment: never the service's
@@ -21139,6 +21192,29 @@ interface PromotionRecord {
   restarts: number;
   /** The replica promoting it, and since when: set at the soak's end, taken over once older than claimStaleMs. */
   claim?: { by: string; at: string };
+  /** HMAC with the approval key over the record but its claim, where it sits and the workload's uid. */
+  mac?: string;
+}
+
+/**
+ * A promotion record's MAC: HMAC-SHA256 with the approval key over a tag of its own, where it sits (cluster,
+ * namespace, kind, name, container and the workload's uid, so a record copied to a workload made again fails) and
+ * each of its fields but `claim` (a replica's, written at the soak's end) and `mac`, names sorted. Pure.
+ */
+function promotionRecordMac(key: Buffer, p: SoakPlace, uid: unknown, record: PromotionRecord): string {
+  const fields = Object.entries(record)
+    .filter(([name]) => name !== 'mac' && name !== 'claim')
+    .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
+  const where = [p.cluster ?? '', p.target.namespace, p.target.kind, p.target.name, p.container, String(uid ?? '')];
+  return createHmac('sha256', key).update(JSON.stringify([PROMOTION_ANNOTATION, where, fields])).digest('base64url');
+}
+
+/** Whether a record read from `workload` is the service's own: its MAC verifies there (constant time). Pure. */
+function promotionRecordSealed(key: Buffer, p: SoakPlace, workload: K8sObject, record: PromotionRecord): boolean {
+  if (typeof record.mac !== 'string') return false;
+  const expected = Buffer.from(promotionRecordMac(key, p, valueAt(workload, ['metadata', 'uid']), record));
+  const given = Buffer.from(record.mac);
+  return given.length === expected.length && timingSafeEqual(given, expected);
 }
 
 /** The promotion records on a workload, by container; malformed ones are dropped. */
@@ -21465,6 +21541,8 @@ export class Promotions implements ResultListener {
       until: new Date(nowMs + chain.afterMs).toISOString(),
       restarts: await restartsOf(client, p, workload, image),
     };
+    const key = this.upgrade.recordKey();
+    if (key) record.mac = promotionRecordMac(key, p, valueAt(workload, ['metadata', 'uid']), record);
     await writePromotionRecord(client, p, record, () => true);
     const next = stageName(chain.stages[index + 1]);
     const soak = formatGoDuration(chain.afterMs);
@@ -21543,6 +21621,9 @@ export class Promotions implements ResultListener {
       const found = readPromotionRecords(workload).entries[p.container];
       if (found?.request !== r.request)
         return void this.log.info(`[${r.request}] ${placeName(p)}: promoted by another replica, or superseded`);
+      const key = this.upgrade.recordKey();
+      if (key && !promotionRecordSealed(key, p, workload, found))
+        throw new UpgradeError(`its record on ${placeName(p)} is not the service's own (its MAC does not verify)`);
       const claim = isObject(found.claim) ? found.claim : undefined;
       const ageMs = claim ? Date.now() - Date.parse(claim.at) : Infinity;
       const whose = claim && `replica ${claim.by}, since ${claim.at}`;
@@ -21661,6 +21742,10 @@ export class Promotions implements ResultListener {
    * workload) and did not finish are waited out here; the one replica whose PATCH takes a record off promotes it.
    */
   async resume(hooks: Iterable<Hook>): Promise<void> {
+    if (!this.upgrade.recordKey() && [...hooks].some((h) => promotionChain(h) && hookReach(h)?.target))
+      this.log.warn('promotion: without -approval-key-file the soaks recorded on workloads are not resumed (the ' +
+        'service cannot tell the records it wrote from one written by hand): a replica stopped during a soak stops ' +
+        'its chain');
     // Each stage's failure is logged where it happens (resumeStage): this never rejects.
     for (const hook of hooks) {
       const chain = promotionChain(hook);
@@ -21682,10 +21767,16 @@ export class Promotions implements ResultListener {
     const client = this.upgrade.kube(t.cluster);
     try {
       if (!client) throw new UpgradeError('no Kubernetes credentials');
-      const { entries } = readPromotionRecords(await readWorkload(client, target));
+      const workload = await readWorkload(client, target);
+      const { entries } = readPromotionRecords(workload);
       for (const [container, record] of Object.entries(entries)) {
         const place = { cluster: t.cluster, target, container };
         if (record.hook !== hook.id || record.stage !== index || this.soaks.has(soakKey(place))) continue;
+        const refused = this.unsealed(workload, place, record);
+        if (refused) {
+          this.log.warn(`[${record.request}] ${placeName(place)}: the soak recorded there is not resumed: ${refused}`);
+          continue;
+        }
         this.log.notice(
           `[${record.request}] ${placeName(place)}: resuming the soak before ${stageName(chain.stages[index + 1])}`,
         );
@@ -21696,6 +21787,22 @@ export class Promotions implements ResultListener {
         `unfinished promotions on ${placeName({ cluster: t.cluster, target, container: '' })}: ` + (e as Error).message,
       );
     }
+  }
+
+  /**
+   * Why a promotion record read from a workload is not to be resumed: no key to tell the service's own records from
+   * one written by hand, or its MAC does not verify there (told by a Warning Event on the workload); undefined: it is.
+   */
+  private unsealed(workload: K8sObject, place: SoakPlace, record: PromotionRecord): string | undefined {
+    const key = this.upgrade.recordKey();
+    if (!key) return 'without -approval-key-file the service cannot tell its own records from one written by hand';
+    if (promotionRecordSealed(key, place, workload, record)) return undefined;
+    const why = `the promotion record of ${showValue(record.image)} is not the service's own (its MAC does not ` +
+      'verify: written or edited by hand, or copied from elsewhere): not promoted';
+    const event = pushEvent('refused', { why, asked: whoAsked({ hookId: record.hook, requestId: record.request }) });
+    const client = this.upgrade.kube(place.cluster);
+    if (client) void recordEventQuietly(client, place.target, event, new Date(), (note) => this.log.warn(note));
+    return why;
   }
 
   /** The chains' last outcomes here, newest first, for the deliveries page. */

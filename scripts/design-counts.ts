@@ -52,6 +52,17 @@ const COUNTS: Count[] = [
     inStrings: true,
   },
   { what: 'sites that parse a hook setting (HOOK_SETTINGS.X.parse)', pattern: /HOOK_SETTINGS\.[\w$]+\.parse\b/g },
+  {
+    // A source that is not a request making up the environment a request would have made (decidedEnv).
+    what: 'made-up environments (decidedEnv calls)',
+    pattern: /\bdecidedEnv\(/g,
+    except: /^\s*(?:private\s+)?decidedEnv\(/,
+  },
+  {
+    // A HookRequest built by a source that is not the HTTP boundary (prepareRequest's is the request itself).
+    what: 'made-up HookRequests (a request literal outside the HTTP boundary)',
+    pattern: /\bconst req: HookRequest = \{/g,
+  },
 ];
 
 /** A parameter that is an environment of strings: `env: Record<string, string…>` or an alias of it. */
@@ -98,6 +109,20 @@ function rawEnvironmentFunctions(code: string[]): string[] {
   return names;
 }
 
+/** Functions whose parameter list has a parameter named `report` (a report written by the function it is given to). */
+function reportParameterFunctions(code: string[]): string[] {
+  const names: string[] = [];
+  for (let i = 0; i < code.length; i++) {
+    const m = FUNCTION_START.exec(code[i]);
+    if (!m || /^(if|for|while|switch|catch|return|await|new)$/.test(m[1]) || /;\s*$/.test(code[i])) continue;
+    let signature = code[i];
+    for (let j = i + 1; j < code.length && !/\)\s*(?::[^{=]*)?\{?\s*$/.test(signature) && j < i + 12; j++)
+      signature += code[j];
+    if (/[(,]\s*report\??:/.test(signature.split(/\)\s*(?::|\{|$)/)[0])) names.push(`${m[1]}:${i + 1}`);
+  }
+  return names;
+}
+
 /** Settings whose text is parsed at more than one site (`HOOK_SETTINGS.X.parse`, or `read.X.parse` in readSettings). */
 function settingsParsedTwice(code: string[]): string[] {
   const sites = new Map<string, number>();
@@ -119,6 +144,8 @@ const rows: { what: string; count: number; detail: string }[] = COUNTS.map((c) =
 });
 const envFunctions = rawEnvironmentFunctions(code);
 rows.push({ what: 'functions taking a raw environment', count: envFunctions.length, detail: envFunctions.join(' ') });
+const reportFunctions = reportParameterFunctions(code);
+rows.push({ what: 'functions with a report parameter', count: reportFunctions.length, detail: reportFunctions.join(' ') });
 const twice = settingsParsedTwice(code);
 rows.push({ what: 'settings parsed at more than one site', count: twice.length, detail: twice.join(' ') });
 const forms = recordForms(text);

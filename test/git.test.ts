@@ -220,8 +220,24 @@ describe('the edit of one scalar', () => {
       ['          image: reg.example/shop/proxy:v9', '          image: reg.example/shop/app:v2'],
     ]);
   });
+  test('a shared file: the document of the workload\'s namespace (or of none); another team\'s is never edited, two matches are refused', () => {
+    const teamB = MANIFEST.replace('namespace: shop', 'namespace: team-b').replace(/^# the web app.*\n/, '');
+    const shared = `${MANIFEST}---\n${teamB.replace(/^apiVersion: v1\nkind: Service\nmetadata:\n  name: web\n---\n/, '')}`;
+    // The push for team-b/web edits team-b's document only: the second Deployment, not the first (shop's).
+    const out = edit({ text: shared, target: { kind: 'deployment', name: 'web', namespace: 'team-b' } });
+    const changed = changedLines(shared, out);
+    assert.equal(changed.length, 1);
+    assert.ok(out.indexOf("app:v2'") > out.indexOf('namespace: team-b'), 'the edit is in team-b\'s document');
+    assert.throws(() => edit({ target: { kind: 'deployment', name: 'web', namespace: 'team-c' } }),
+      /^Error: apps\/web\.yaml: no document of kind Deployment named "web" in namespace team-c \(only in namespace shop\)$/);
+    // A document that names no namespace is the workload's, where its tool applies it; two of them are refused.
+    const unnamed = MANIFEST.replace('  namespace: shop\n', '');
+    assert.equal(changedLines(unnamed, edit({ text: unnamed, target: { kind: 'deployment', name: 'web', namespace: 'any' } })).length, 1);
+    assert.throws(() => edit({ text: `${unnamed}---\n${unnamed}` }),
+      /^Error: apps\/web\.yaml: 2 documents of kind Deployment named "web" in namespace shop \(lines \d+, \d+\): which one to edit is not known$/);
+  });
   test('what is missing is named: the document, the container, the image', () => {
-    assert.throws(() => edit({ target: { kind: 'deployment', name: 'api', namespace: 'shop' } }), /^Error: apps\/web\.yaml: no document of kind Deployment named "api"$/);
+    assert.throws(() => edit({ target: { kind: 'deployment', name: 'api', namespace: 'shop' } }), /^Error: apps\/web\.yaml: no document of kind Deployment named "api" in namespace shop$/);
     assert.throws(() => edit({ container: 'db' }), /apps\/web\.yaml: Deployment "web": no container "db" in spec\.template\.spec\.containers/);
     assert.throws(() => edit({ text: MANIFEST.replace("image: 'reg.example/shop/app:v1'   # keep this comment", 'imagePullPolicy: Always') }), /spec\.template\.spec\.containers\[1\] has no image/);
     assert.throws(() => edit({ text: 'a\0b' }), /apps\/web\.yaml: a binary file, not YAML/);
@@ -441,12 +457,15 @@ describe('an applied push committed to Git through the executable', { skip: clus
     fs.writeFileSync(tokenFile, `${GIT_TOKEN}\n`);
     execFileSync('ssh-keygen', ['-q', '-t', 'ed25519', '-N', '', '-C', 'webhook', '-f', signingKey]);
     bare = makeRepository(root, 'deploy', { 'apps/web.yaml': manifest, 'overlays/prod/kustomization.yaml': kustomization, 'chart/values.yaml': values, 'logo.yaml': 'GIF89a\0\0\x01',
-      'apps/held.yaml': manifestOf('held'), 'apps/gated.yaml': manifestOf('gated'), 'apps/watched.yaml': manifestOf('watched') });
+      'apps/held.yaml': manifestOf('held'), 'apps/gated.yaml': manifestOf('gated'), 'apps/watched.yaml': manifestOf('watched'),
+      'apps/pinned.yaml': manifestOf('pinned') });
     server = await startGitServer(root, 'x-access-token', GIT_TOKEN);
     await kubectl(['create', 'namespace', ns]);
     await kubectl(['create', 'namespace', watchedNs]);
     await kubectl(['-n', watchedNs, 'apply', '-f', '-'], JSON.stringify(deployment('watched', [{ name: 'app', image: acrImage('v1') }], { replicas: 1 })));
-    for (const name of ['web', 'held', 'gated'])
+    // Another namespace's workload of the same name as the file's: a push for it is not written into ns's document.
+    await kubectl(['-n', watchedNs, 'apply', '-f', '-'], JSON.stringify(deployment('web', [{ name: 'app', image: acrImage('v1') }], { replicas: 1 })));
+    for (const name of ['web', 'held', 'gated', 'pinned'])
       await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(deployment(name, [{ name: 'app', image: acrImage('v1') }], { replicas: 1 })));
     const flux = deployment('flux-web', [{ name: 'app', image: acrImage('v1') }], { replicas: 1 });
     Object.assign(flux.metadata, { labels: { 'kustomize.toolkit.fluxcd.io/name': 'apps' } });
@@ -471,6 +490,7 @@ describe('an applied push committed to Git through the executable', { skip: clus
       upgradeHook('approve', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'apps/gated.yaml', GIT_TOKEN: tokenFile, REQUIRE_APPROVAL: 'true' }),
       upgradeHook('wide', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'wide/web.yaml', GIT_TOKEN: tokenFile }),
       upgradeHook('watched', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'apps/watched.yaml', GIT_TOKEN: tokenFile, GIT_SYNC_TIMEOUT: '2m' }),
+      upgradeHook('pinned-git', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'apps/pinned.yaml', GIT_TOKEN: tokenFile, ON_OUTSIDE_CHANGE: 'follow' }),
     ];
     const env = { KUBECONFIG: cluster!.kubeconfigPath, PATH: noGit };
     const keyFile = path.join(root, 'approval-key');
@@ -487,6 +507,25 @@ describe('an applied push committed to Git through the executable', { skip: clus
     await removeNamespace(kubectl, watchedNs);
   });
 
+  test('the file is what is checked: another namespace\'s document is never edited; a hand edit in the cluster does not pass the pin', async () => {
+    const old = git(bare, ['rev-parse', 'main']).trim();
+    // deployment/web in another namespace: apps/web.yaml holds only ns's web, which this push must not change.
+    const q = new URLSearchParams({ token: HOOK_TOKEN, ns: watchedNs, workload: 'deployment/web', container: 'app', repo_type: 'regionalregistry' });
+    const other = await wh.request(`/hooks/manifest?${q}`, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: acrPayload('v90') });
+    assert.equal(other.status, 500, other.body);
+    assert.match(other.body, new RegExp(`no document of kind Deployment named "web" in namespace ${watchedNs} \\(only in namespace ${ns}\\)`));
+    // A hand edit in the cluster (which the GitOps tool would revert) to another repository, then a push of it.
+    const evil = 'registry.cn-hangzhou.aliyuncs.com/evil/backdoor';
+    await kubectl(['-n', ns, 'set', 'image', 'deployment/pinned', `app=${evil}:1.0.0`]);
+    const res = await wh.request(`/hooks/pinned-git?${new URLSearchParams({ token: HOOK_TOKEN, ns, workload: 'deployment/pinned', container: 'app', repo_type: 'regionalregistry' })}`, {
+      method: 'POST', headers: { 'Content-Type': 'application/json' }, body: acrPayload('1.0.1', 'evil/backdoor') });
+    assert.equal(res.status, 500, res.body);
+    assert.match(res.body, new RegExp(`^result: +failed: Git write-back: apps/pinned\\.yaml deploys "${acrImage('v1').replace(/[.]/g, '\\.')}": image pin: container "app" runs repository .*shop/web-api, and the push names repository .*evil/backdoor`, 'm'));
+    assert.equal(git(bare, ['rev-parse', 'main']).trim(), old, 'nothing committed');
+    const events = JSON.parse(await kubectl(['-n', ns, 'get', 'events', '--field-selector', 'involvedObject.name=pinned,reason=UpgradeRefused', '-o', 'json'])).items;
+    assert.ok(events.some((e: any) => e.type === 'Warning' && e.message.includes('nothing was committed')), JSON.stringify(events));
+    assert.match(wh.output(), /hook pinned-git: push to deployment\/pinned in \S+ refused: Git write-back: apps\/pinned\.yaml deploys/);
+  });
   test('a manifest: one commit on the old head, only the image line changed, fsck clean; the workload unchanged', async () => {
     const old = git(bare, ['rev-parse', 'main']).trim();
     const res = await push('manifest', 'v2');

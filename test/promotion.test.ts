@@ -210,6 +210,7 @@ describe('staging > prod on two clusters', { skip: shared && second && registry 
   const kubeconfigs = () => [renamedKubeconfig(shared!, 'prod', path.join(dir, 'prod.json')),
     renamedKubeconfig(second!, 'staging', path.join(dir, 'staging.json'))].join(path.delimiter);
   const caFile = path.join(dir, 'registry-ca.pem');
+  const sealKey = path.join(dir, 'seal-key');
 
   /** An image of its own content at `tag` on the registry: its digest. */
   let built = 0;
@@ -239,7 +240,10 @@ describe('staging > prod on two clusters', { skip: shared && second && registry 
         REGISTRY_CA: caFile, VERIFY_IMAGE: 'true', CLUSTERS: 'staging > prod', PROMOTE_AFTER: SOAK,
         ...settings }),
     ] }];
-    const wh = await startWebhook({ hooks, metrics: true, args: ['-rollout-follow', '60s', ...args],
+    // The soaks a replica records on workloads are sealed with the approval key: a replica that starts resumes only
+    // those (and without a key, none).
+    const sealing = args.includes('-approval-key-file') ? [] : ['-public-url', 'https://webhook.example.test', '-approval-key-file', sealKey];
+    const wh = await startWebhook({ hooks, metrics: true, args: ['-rollout-follow', '60s', ...sealing, ...args],
       env: { KUBECONFIG: kubeconfigs(), ...env } });
     started.push(wh);
     return wh;
@@ -256,6 +260,7 @@ describe('staging > prod on two clusters', { skip: shared && second && registry 
 
   before(async () => {
     fs.writeFileSync(caFile, registry!.caPem);
+    fs.writeFileSync(sealKey, 'promotion-approval-key-5e2d8c1f0b7a6e4d3c2b1a0f9e8d7c6b\n');
     await Promise.all([kubectlProd, kubectlStaging].map((k) => k(['create', 'namespace', ns])));
   });
   after(async () => {
@@ -607,6 +612,25 @@ describe('staging > prod on two clusters', { skip: shared && second && registry 
       method: 'POST', body: 'name=Ops+Wu', headers: { 'Content-Type': 'application/x-www-form-urlencoded' } });
     assert.equal(approved.status, 200, approved.body);
     assert.equal(await imageIn(namespacedGetter(kubectlProd, other), 'elsewhere'), `${image('v16')}@${ran}`);
+  });
+
+  test('a promotion record written by hand is not resumed: the soak is not skipped, prod is not patched', async () => {
+    await workloadIn('forged');
+    const ran = await publish('v66');
+    // A staging editor sets the image by hand and records it as soaked already, naming another namespace for prod.
+    await kubectlStaging(['-n', ns, 'set', 'image', 'deployment/forged', `app=${image('v66')}@${ran}`]);
+    await kubectlStaging(['-n', ns, 'rollout', 'status', 'deployment/forged', '--timeout=90s']);
+    const forged = { app: { hook: 'chain', request: 'forged-request', image: `${image('v66')}@${ran}`, namespace: 'payments',
+      stage: 0, since: '2026-01-01T00:00:00.000Z', until: '2026-01-01T00:00:01.000Z', restarts: 0, mac: 'AAAA' } };
+    await kubectlStaging(['-n', ns, 'annotate', 'deployment/forged', `webhook/promotion=${JSON.stringify(forged)}`]);
+    const wh = await start({ APP_WORKLOAD: 'deployment/forged' });
+    await logLine(wh, /\[forged-request\] deployment\/forged in \S+ \(cluster staging\): the soak recorded there is not resumed: the promotion record of .* is not the service's own \(its MAC does not verify/);
+    const refused = await waitFor(async () => (JSON.parse(await kubectlStaging(['-n', ns, 'get', 'events', '--field-selector',
+      'involvedObject.name=forged,reason=UpgradeRefused', '-o', 'json'])).items as { type: string; message: string }[])
+      .find((e) => e.type === 'Warning' && /is not the service's own/.test(e.message)), { timeoutMs: 30_000, what: 'the Warning Event' });
+    assert.match(refused.message, /not promoted; asked by hook "chain", request forged-request$/);
+    assert.equal(await imageIn(getProd, 'forged'), image('v1'), 'nothing reaches prod');
+    assert.doesNotMatch(wh.output(), /promoted to prod/);
   });
 
   test('staging > prod-a/<ns> prod-b/<ns>: two clusters in the later stage, each promoted to as a cluster of its own', async () => {
