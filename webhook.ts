@@ -8094,7 +8094,9 @@ export const ANNOTATIONS = {
   hook: {
     key: 'webhook/hook',
     by: 'an operator',
-    holds: "The hook whose settings a watch of the workload (webhook/poll) takes; else the last push's hook.",
+    holds:
+      'The hook whose settings a watch of the workload (webhook/poll) takes: one that fixes the workload, or lists ' +
+      'its namespace in ANNOTATION_NAMESPACES.',
   },
 } as const;
 
