@@ -10466,6 +10466,15 @@ export interface Hook {
  */
 export type HookSettingChecks = Record<string, (value: string) => string | undefined>;
 
+/**
+ * A check of a compiled hook's settings together (what one setting allows given another), handed over by a later
+ * chapter as HookSettingChecks is: the setting to blame and why, or undefined.
+ */
+type HookCheck = (hook: Hook) => { envname: string; problem: string } | undefined;
+
+/** What compiling a hooks file is given besides its text: the default timeout and the later chapters' checks. */
+type CompileDefaults = { commandTimeoutMs: number; settingChecks?: HookSettingChecks; hookCheck?: HookCheck };
+
 /** What one hooks file contributes to a snapshot. */
 interface CompiledFile extends CompileSinks {
   hooks: Hook[];
@@ -10496,7 +10505,7 @@ const HOOK_FIELDS = [
 export function compileHooksFile(
   file: string,
   text: string,
-  defaults: { commandTimeoutMs: number; settingChecks?: HookSettingChecks },
+  defaults: CompileDefaults,
 ): CompiledFile {
   let doc: { value: unknown; lines: LineMap };
   try {
@@ -10528,7 +10537,7 @@ function compileHook(
   raw: unknown,
   reader: FieldReader,
   at: Place,
-  defaults: { commandTimeoutMs: number; settingChecks?: HookSettingChecks },
+  defaults: CompileDefaults,
 ): Hook {
   // Name the hook in every error, including those about fields that come before "id".
   const rawId = (raw as { id?: unknown } | null)?.id;
@@ -10566,6 +10575,7 @@ function compileHook(
     usesBody: false,
   };
   checkHookSettings(h, hook.env, defaults.settingChecks ?? {});
+  failTogether(h, hook.env, defaults.hookCheck?.(hook));
   const matches = ruleMatches(hook.rule);
   const everyParam = [
     ...hook.args,
@@ -10597,6 +10607,14 @@ function checkHookSettings(h: Fields, env: Param[], checks: HookSettingChecks): 
     const problem = checks[p.envname](p.name);
     if (problem !== undefined) item.fail('name', problem);
   });
+}
+
+/** A hook's settings refused together (a HookCheck's finding): the error is placed at the setting it blames. */
+function failTogether(h: Fields, passed: Param[], found: { envname: string; problem: string } | undefined): void {
+  if (!found) return;
+  const items = h.items('pass-environment-to-command');
+  const i = passed.findLastIndex((p) => p.envname === found.envname);
+  new Fields(h.reader, items[i].value as Record<string, unknown>, items[i].at.path).fail('name', found.problem);
 }
 
 /** adnanh answers 200 for a status code it does not know; so do we, and say so at load. */
@@ -10662,6 +10680,8 @@ export interface LoadSettings {
   commandTimeoutMs: number;
   /** Hook settings a hook must fix, checked at load (HOOK_SETTINGS' fixed entries, handed over by main()). */
   settingChecks?: HookSettingChecks;
+  /** Its settings checked together at load (what the gate refuses to serve: hookReachProblem). */
+  hookCheck?: HookCheck;
 }
 
 /** The files a hooks directory contributes: adnanh reads JSON and YAML alike. */
@@ -19500,7 +19520,7 @@ export function rollbackObstacle(
 //    request, a sealed record or a namespace ANNOTATION_NAMESPACES lists may choose; a chain is entered at its first
 //    stage only.
 //    Exports: fixedInput, fixedSetting, fixedTrue, formatRbac, gateJob, GateRefusal, hookReach, HookReach,
-//    JobAuthority, JobTarget, laterStage, stageNamespaces, upgradeInput.
+//    hookReachProblem, JobAuthority, JobTarget, laterStage, stageNamespaces, upgradeInput.
 //    Tests: test/chart.test.ts, test/deploy.test.ts, test/unit.test.ts.
 // ================================================================================================
 
@@ -19744,6 +19764,34 @@ export function gateJob(hook: Hook, target: JobTarget, authority: JobAuthority):
     `${who} leaves ${open} to the request, and ${by} may choose them only in a namespace its ` +
     `ANNOTATION_NAMESPACES lists (${listed.length > 0 ? listed.join(', ') : 'it lists none'}), not ${target.namespace}`
   );
+}
+
+/**
+ * What the gate refuses to serve at all, checked at load: a hook that writes to one Git file (GIT_PATH) while it
+ * leaves its namespace or workload to the request (anyone with its token could have any workload's push written
+ * into that file), and ANNOTATION_NAMESPACES naming a namespace the hook's APP_NS excludes. Pure.
+ */
+export function hookReachProblem(hook: Hook): { envname: string; problem: string } | undefined {
+  const reach = hookReach(hook);
+  if (fixedInput(hook, 'GIT_PATH') !== undefined && reach && reach.target === undefined)
+    return {
+      envname: 'GIT_PATH',
+      problem:
+        `GIT_PATH is one file, but ${reach.open ?? 'the hook leaves its workload to the request'}: a push for any ` +
+        'workload a request names would be written into it; fix APP_NS and APP_WORKLOAD (literals, or parameters a ' +
+        'value rule pins)',
+    };
+  const own = fixedInput(hook, 'APP_NS')?.trim();
+  const listed = fixedSetting(hook, 'ANNOTATION_NAMESPACES');
+  const others = listed === 'any' ? ['*'] : listed.filter((n) => own !== undefined && n !== own);
+  if (own !== undefined && others.length > 0)
+    return {
+      envname: 'ANNOTATION_NAMESPACES',
+      problem:
+        `ANNOTATION_NAMESPACES lists ${others.join(', ')}, but the hook fixes APP_NS ${showValue(own)}: it reaches ` +
+        'no other namespace',
+    };
+  return undefined;
 }
 
 /** The verbs on a workload whose rollout is followed: read, patched, and watched (list re-lists a watch). */
@@ -25588,6 +25636,7 @@ function hookLoadSettings(o: Options, env: Record<string, string | undefined>): 
     env,
     commandTimeoutMs: o.commandTimeoutMs,
     settingChecks: fixedSettingChecks(),
+    hookCheck: hookReachProblem,
   };
 }
 

@@ -62,7 +62,7 @@ async function run(label: string, historyMb: number): Promise<string> {
   const packed = git(bare, ['count-objects', '-vH']).match(/size-pack: (.*)/)?.[1] ?? '?';
   const server = await startGitServer(root, 'x-access-token', GIT_TOKEN);
   const repo = `${server.base}/deploy.git`;
-  const hooks = names.map((n) => upgradeHook(n, HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: `apps/${n}.yaml`, GIT_TOKEN }));
+  const hooks = names.map((n) => upgradeHook(n, HOOK_TOKEN, { APP_NS: ns, APP_WORKLOAD: `deployment/${n}`, GIT_REPO: repo, GIT_PATH: `apps/${n}.yaml`, GIT_TOKEN }));
   const wh = await startWebhook({ hooks, env: { KUBECONFIG: cluster!.kubeconfigPath, PATH: '/nonexistent' }, verbose: false });
   const before = Number(git(bare, ['rev-list', '--count', 'main']).trim());
   const started = Date.now();

@@ -475,22 +475,24 @@ describe('an applied push committed to Git through the executable', { skip: clus
     await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(argo));
     const repo = `${server.base}/deploy.git`;
     const hooks = [
-      upgradeHook('manifest', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'apps/web.yaml', GIT_TOKEN: tokenFile }),
-      upgradeHook('kustomize', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'overlays/prod/kustomization.yaml', GIT_TOKEN: tokenFile }),
-      upgradeHook('helm', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'chart/values.yaml', GIT_FIELD: 'image.tag', GIT_TOKEN: tokenFile, GIT_AUTHOR: 'Deploy Bot <deploy@example.com>' }),
-      upgradeHook('wrong', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'apps/web.yaml', GIT_TOKEN: 'not-the-token-3e9' }),
-      upgradeHook('binary', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'logo.yaml', GIT_TOKEN: tokenFile }),
-      upgradeHook('big', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'big.yaml', GIT_TOKEN: tokenFile }),
-      upgradeHook('synced', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'apps/web.yaml', GIT_TOKEN: tokenFile, GIT_SYNC_TIMEOUT: '2m' }),
-      upgradeHook('revert', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'apps/web.yaml', GIT_TOKEN: tokenFile, GIT_SYNC_TIMEOUT: '2m', ROLLBACK_ON_FAILURE: 'true' }),
+      upgradeHook('manifest', HOOK_TOKEN, { APP_NS: ns, APP_WORKLOAD: 'deployment/web', GIT_REPO: repo, GIT_PATH: 'apps/web.yaml', GIT_TOKEN: tokenFile }),
+      upgradeHook('kustomize', HOOK_TOKEN, { APP_NS: ns, APP_WORKLOAD: 'deployment/web', GIT_REPO: repo, GIT_PATH: 'overlays/prod/kustomization.yaml', GIT_TOKEN: tokenFile }),
+      upgradeHook('helm', HOOK_TOKEN, { APP_NS: ns, APP_WORKLOAD: 'deployment/web', GIT_REPO: repo, GIT_PATH: 'chart/values.yaml', GIT_FIELD: 'image.tag', GIT_TOKEN: tokenFile, GIT_AUTHOR: 'Deploy Bot <deploy@example.com>' }),
+      upgradeHook('wrong', HOOK_TOKEN, { APP_NS: ns, APP_WORKLOAD: 'deployment/web', GIT_REPO: repo, GIT_PATH: 'apps/web.yaml', GIT_TOKEN: 'not-the-token-3e9' }),
+      upgradeHook('binary', HOOK_TOKEN, { APP_NS: ns, APP_WORKLOAD: 'deployment/web', GIT_REPO: repo, GIT_PATH: 'logo.yaml', GIT_TOKEN: tokenFile }),
+      upgradeHook('big', HOOK_TOKEN, { APP_NS: ns, APP_WORKLOAD: 'deployment/web', GIT_REPO: repo, GIT_PATH: 'big.yaml', GIT_TOKEN: tokenFile }),
+      upgradeHook('synced', HOOK_TOKEN, { APP_NS: ns, APP_WORKLOAD: 'deployment/web', GIT_REPO: repo, GIT_PATH: 'apps/web.yaml', GIT_TOKEN: tokenFile, GIT_SYNC_TIMEOUT: '2m' }),
+      upgradeHook('revert', HOOK_TOKEN, { APP_NS: ns, APP_WORKLOAD: 'deployment/web', GIT_REPO: repo, GIT_PATH: 'apps/web.yaml', GIT_TOKEN: tokenFile, GIT_SYNC_TIMEOUT: '2m', ROLLBACK_ON_FAILURE: 'true' }),
       upgradeHook('cluster', HOOK_TOKEN),
       upgradeHook('patch-anyway', HOOK_TOKEN, { ON_GITOPS_OWNER: 'patch' }),
-      upgradeHook('signed', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'apps/web.yaml', GIT_TOKEN: tokenFile, GIT_SIGNING_KEY: signingKey }),
-      upgradeHook('held-git', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'apps/held.yaml', GIT_TOKEN: tokenFile }),
-      upgradeHook('approve', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'apps/gated.yaml', GIT_TOKEN: tokenFile, REQUIRE_APPROVAL: 'true' }),
-      upgradeHook('wide', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'wide/web.yaml', GIT_TOKEN: tokenFile }),
-      upgradeHook('watched', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'apps/watched.yaml', GIT_TOKEN: tokenFile, GIT_SYNC_TIMEOUT: '2m' }),
-      upgradeHook('pinned-git', HOOK_TOKEN, { GIT_REPO: repo, GIT_PATH: 'apps/pinned.yaml', GIT_TOKEN: tokenFile, ON_OUTSIDE_CHANGE: 'follow' }),
+      upgradeHook('signed', HOOK_TOKEN, { APP_NS: ns, APP_WORKLOAD: 'deployment/web', GIT_REPO: repo, GIT_PATH: 'apps/web.yaml', GIT_TOKEN: tokenFile, GIT_SIGNING_KEY: signingKey }),
+      upgradeHook('held-git', HOOK_TOKEN, { APP_NS: ns, APP_WORKLOAD: 'deployment/held', GIT_REPO: repo, GIT_PATH: 'apps/held.yaml', GIT_TOKEN: tokenFile }),
+      upgradeHook('approve', HOOK_TOKEN, { APP_NS: ns, APP_WORKLOAD: 'deployment/gated', GIT_REPO: repo, GIT_PATH: 'apps/gated.yaml', GIT_TOKEN: tokenFile, REQUIRE_APPROVAL: 'true' }),
+      upgradeHook('wide', HOOK_TOKEN, { APP_NS: ns, APP_WORKLOAD: 'deployment/web', GIT_REPO: repo, GIT_PATH: 'wide/web.yaml', GIT_TOKEN: tokenFile }),
+      upgradeHook('watched', HOOK_TOKEN, { APP_NS: watchedNs, APP_WORKLOAD: 'deployment/watched', GIT_REPO: repo, GIT_PATH: 'apps/watched.yaml', GIT_TOKEN: tokenFile, GIT_SYNC_TIMEOUT: '2m' }),
+      // A hook for another namespace's deployment/web whose GIT_PATH holds only ns's: its push edits nothing.
+      upgradeHook('other-ns', HOOK_TOKEN, { APP_NS: watchedNs, APP_WORKLOAD: 'deployment/web', GIT_REPO: repo, GIT_PATH: 'apps/web.yaml', GIT_TOKEN: tokenFile }),
+      upgradeHook('pinned-git', HOOK_TOKEN, { APP_NS: ns, APP_WORKLOAD: 'deployment/pinned', GIT_REPO: repo, GIT_PATH: 'apps/pinned.yaml', GIT_TOKEN: tokenFile, ON_OUTSIDE_CHANGE: 'follow' }),
     ];
     const env = { KUBECONFIG: cluster!.kubeconfigPath, PATH: noGit };
     const keyFile = path.join(root, 'approval-key');
@@ -511,7 +513,7 @@ describe('an applied push committed to Git through the executable', { skip: clus
     const old = git(bare, ['rev-parse', 'main']).trim();
     // deployment/web in another namespace: apps/web.yaml holds only ns's web, which this push must not change.
     const q = new URLSearchParams({ token: HOOK_TOKEN, ns: watchedNs, workload: 'deployment/web', container: 'app', repo_type: 'regionalregistry' });
-    const other = await wh.request(`/hooks/manifest?${q}`, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: acrPayload('v90') });
+    const other = await wh.request(`/hooks/other-ns?${q}`, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: acrPayload('v90') });
     assert.equal(other.status, 500, other.body);
     assert.match(other.body, new RegExp(`no document of kind Deployment named "web" in namespace ${watchedNs} \\(only in namespace ${ns}\\)`));
     // A hand edit in the cluster (which the GitOps tool would revert) to another repository, then a push of it.

@@ -595,9 +595,9 @@ describe('the gate: an annotation cannot borrow another team\'s hook', { skip: c
     await kubectl(['-n', nsB, 'apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List',
       items: [borrow('web', 'team-a'), borrow('borrower', 'open')] }));
     const hooks = [
-      // Team A's hook fixes its namespace and leaves the workload to the URL; it commits to team A's repository.
-      upgradeHook('team-a', TOKEN, { APP_NS: nsA, REGISTRY_CA: caFile, GIT_REPO: `${server.base}/team-a.git`,
-        GIT_PATH: 'apps/web.yaml', GIT_TOKEN: tokenFile }),
+      // Team A's hook fixes its workload (a hook that writes one Git file must) and commits to team A's repository.
+      upgradeHook('team-a', TOKEN, { APP_NS: nsA, APP_WORKLOAD: 'deployment/web', REGISTRY_CA: caFile,
+        GIT_REPO: `${server.base}/team-a.git`, GIT_PATH: 'apps/web.yaml', GIT_TOKEN: tokenFile }),
       // An open hook (namespace and workload from the URL) that lists no ANNOTATION_NAMESPACES.
       upgradeHook('open', TOKEN, { REGISTRY_CA: caFile }),
     ];
@@ -648,11 +648,20 @@ describe('the gate: an annotation cannot borrow another team\'s hook', { skip: c
     assert.match(r.stdout, /registry watch: no workload may name it in webhook\/hook \(it leaves its workload to the request, and ANNOTATION_NAMESPACES lists no namespace\)/);
     assert.match(r.stdout, new RegExp(`webhook/hook: listed are watched with its settings \\(in ${nsB}, ${nsA}\\)`));
     assert.match(r.stdout, /webhook\/hook: pinned are watched with its settings \(the workload it fixes\)/);
-    const bad = path.join(work, 'bad.json');
-    fs.writeFileSync(bad, JSON.stringify([upgradeHook('bad', TOKEN, { ANNOTATION_NAMESPACES: 'Team_B' })]));
-    const b = spawnSync(defaultBinary(), ['-validate', '-hooks', bad], { encoding: 'utf8', env: { PATH: process.env.PATH } });
-    assert.equal(b.status, 1);
-    assert.match(b.stderr, /hook "bad": pass-environment-to-command\[\d+\]\.name: ANNOTATION_NAMESPACES "Team_B" is not a namespace name/);
+    const refused = (hook: object) => {
+      const bad = path.join(work, 'bad.json');
+      fs.writeFileSync(bad, JSON.stringify([hook]));
+      const b = spawnSync(defaultBinary(), ['-validate', '-hooks', bad], { encoding: 'utf8', env: { PATH: process.env.PATH } });
+      assert.equal(b.status, 1, b.stdout);
+      return b.stderr;
+    };
+    assert.match(refused(upgradeHook('bad', TOKEN, { ANNOTATION_NAMESPACES: 'Team_B' })),
+      /hook "bad": pass-environment-to-command\[\d+\]\.name: ANNOTATION_NAMESPACES "Team_B" is not a namespace name/);
+    // What the gate would refuse to serve is refused at load, naming the setting.
+    assert.match(refused(upgradeHook('one-file', TOKEN, { APP_NS: nsA, GIT_REPO: 'https://git.example.com/deploy.git',
+      GIT_PATH: 'apps/web.yaml', GIT_TOKEN: 'token' })), /hook "one-file": pass-environment-to-command\[\d+\]\.name: GIT_PATH is one file, but its workload comes from the url parameter "workload", which no value rule pins: a push for any workload a request names would be written into it/);
+    assert.match(refused(upgradeHook('wider', TOKEN, { APP_NS: nsA, ANNOTATION_NAMESPACES: `${nsA} ${nsB}` })),
+      new RegExp(`hook "wider": pass-environment-to-command\\[\\d+\\]\\.name: ANNOTATION_NAMESPACES lists ${nsB}, but the hook fixes APP_NS "${nsA}": it reaches no other namespace`));
   });
 });
 
@@ -667,7 +676,8 @@ describe('the registry watch, pure parts', () => {
     const ok = spawnSync(defaultBinary(), ['-validate', '-hooks', file], { encoding: 'utf8', env: { PATH: process.env.PATH } });
     assert.equal(ok.status, 0, ok.stderr);
     assert.match(ok.stdout, /registry watch: deployment\/web in shop every 1m0s \(POLL_INTERVAL\); workloads annotated webhook\/poll and webhook\/hook: fixed are watched/);
-    assert.match(ok.stdout, /registry watch: workloads annotated webhook\/poll and webhook\/hook: open are watched with its settings/);
+    // An open hook is named by no annotation unless it lists the namespaces whose workloads may (the gate).
+    assert.match(ok.stdout, /registry watch: no workload may name it in webhook\/hook \(it leaves its workload to the request, and ANNOTATION_NAMESPACES lists no namespace\)/);
     fs.writeFileSync(file, JSON.stringify([fixed('fast', '5s')]));
     const bad = spawnSync(defaultBinary(), ['-validate', '-hooks', file], { encoding: 'utf8', env: { PATH: process.env.PATH } });
     assert.notEqual(bad.status, 0);
