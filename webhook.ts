@@ -17644,7 +17644,7 @@ function pendingEntry(
       : 'the change window',
     ...(s.approvalOverride ? { override: true } : {}),
     ...(approvedBy !== undefined ? { approvedBy } : {}),
-    ...(d?.action === 'promote' || queued?.promoted ? { promoted: true } : {}),
+    ...(push.decided?.action === 'promote' || queued?.promoted ? { promoted: true } : {}),
   };
 }
 
