@@ -349,9 +349,11 @@ describe('charts/webhook on the cluster', { skip: helm && cluster ? false : 'no 
       const afterUpgrade = await getJson(['-n', ns, 'get', 'deployment', release]);
       assert.equal(afterUpgrade.metadata.generation, before.metadata.generation, 'the pod template is unchanged: no restart');
       assert.equal(await token(), tokenBefore);
-      // The kubelet's update of the ConfigMap volume, which the running service watches.
+      // The kubelet's update of the ConfigMap volume, which the running service watches; marked first, so that a
+      // reload logged before is not taken for this one.
+      const mark = wh!.output().length;
       writeConfigMapVolume(hooksDir, (await getJson(['-n', ns, 'get', 'configmap', `${release}-hooks`])).data);
-      await waitForOutput(wh!, /reloaded 1 hook\(s\) from 1 file\(s\)/, 10_000);
+      await waitForOutput(wh!, /reloaded 1 hook\(s\) from 1 file\(s\)/, 10_000, mark);
       const q = (container: string) => `/hooks/web?token=${tokenBefore}&ns=${appNs}&workload=deployment/web&container=${container}&repo_type=regionalregistry`;
       const res = await push(q('sidecar'), acrPayload('v3'));
       assert.equal(res.status, 200, res.body);

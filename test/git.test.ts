@@ -457,7 +457,7 @@ describe('an applied push committed to Git through the executable', { skip: clus
     fs.writeFileSync(tokenFile, `${GIT_TOKEN}\n`);
     execFileSync('ssh-keygen', ['-q', '-t', 'ed25519', '-N', '', '-C', 'webhook', '-f', signingKey]);
     bare = makeRepository(root, 'deploy', { 'apps/web.yaml': manifest, 'overlays/prod/kustomization.yaml': kustomization, 'chart/values.yaml': values, 'logo.yaml': 'GIF89a\0\0\x01',
-      'apps/held.yaml': manifestOf('held'), 'apps/gated.yaml': manifestOf('gated'), 'apps/watched.yaml': manifestOf('watched'),
+      'apps/held.yaml': manifestOf('held'), 'apps/gated.yaml': manifestOf('gated'), 'apps/watched.yaml': manifestOf('watched').replace(`namespace: ${ns}`, `namespace: ${watchedNs}`),
       'apps/pinned.yaml': manifestOf('pinned') });
     server = await startGitServer(root, 'x-access-token', GIT_TOKEN);
     await kubectl(['create', 'namespace', ns]);
@@ -522,7 +522,7 @@ describe('an applied push committed to Git through the executable', { skip: clus
     const res = await wh.request(`/hooks/pinned-git?${new URLSearchParams({ token: HOOK_TOKEN, ns, workload: 'deployment/pinned', container: 'app', repo_type: 'regionalregistry' })}`, {
       method: 'POST', headers: { 'Content-Type': 'application/json' }, body: acrPayload('1.0.1', 'evil/backdoor') });
     assert.equal(res.status, 500, res.body);
-    assert.match(res.body, new RegExp(`^result: +failed: Git write-back: apps/pinned\\.yaml deploys "${acrImage('v1').replace(/[.]/g, '\\.')}": image pin: container "app" runs repository .*shop/web-api, and the push names repository .*evil/backdoor`, 'm'));
+    assert.match(res.body, new RegExp(`^result: +failed: Git write-back: apps/pinned\\.yaml deploys "${acrImage('v1').replace(/[.]/g, '\\.')}": image pin: container "app" runs repository ".*shop/web-api", and the push names repository ".*evil/backdoor"`, 'm'));
     assert.equal(git(bare, ['rev-parse', 'main']).trim(), old, 'nothing committed');
     const events = JSON.parse(await kubectl(['-n', ns, 'get', 'events', '--field-selector', 'involvedObject.name=pinned,reason=UpgradeRefused', '-o', 'json'])).items;
     assert.ok(events.some((e: any) => e.type === 'Warning' && e.message.includes('nothing was committed')), JSON.stringify(events));

@@ -331,8 +331,16 @@ async function stopProcess(s: Spawned): Promise<Exit> {
 }
 
 /** Waits until the output contains `needle` (string or pattern). */
-export function waitForOutput(s: Spawned, needle: string | RegExp, timeoutMs = 5_000): Promise<string> {
-  const hit = () => (typeof needle === 'string' ? s.output().includes(needle) : needle.test(s.output()));
+/**
+ * The output once it matches `needle`, looked for from the offset `from` on: a line an earlier event logged (a
+ * reload before this one) is not taken for the one awaited when the caller marks where it starts
+ * (`const from = s.output().length` before the action).
+ */
+export function waitForOutput(s: Spawned, needle: string | RegExp, timeoutMs = 5_000, from = 0): Promise<string> {
+  const hit = () => {
+    const text = s.output().slice(from);
+    return typeof needle === 'string' ? text.includes(needle) : needle.test(text);
+  };
   return waitFor(() => (hit() ? s.output() : undefined), { timeoutMs, what: `output matching ${needle}` });
 }
 
