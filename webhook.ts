@@ -21911,7 +21911,7 @@ export class Promotions implements ResultListener {
 //    action `signature`) when a delivery announces its signature (its sha256-<hex>.sig tag; the workload is read
 //    when this replica knows no push waiting there), at each look of a registry watch, every minute, and at its
 //    wait's end, when the decision refuses it; until then a look that finds no signature tells nothing.
-//    Exports: approvalHooksProblem, ApprovalService, deciderName, waitingKey, WaitingPush.
+//    Exports: approvalHooksProblem, ApprovalService, deciderName, unsealedEntriesWarnings, waitingKey, WaitingPush.
 //    Tests: test/approvals.test.ts, test/clusters.test.ts, test/signed-images.test.ts, test/unit.test.ts.
 // ================================================================================================
 
@@ -22704,6 +22704,25 @@ export function approvalHooksProblem(hooks: Iterable<Hook>, linksOn: boolean): s
           'with -public-url URL (the address people reach it at) and -approval-key-file FILE (the key that signs them)'
         );
   return undefined;
+}
+
+/**
+ * What a service without -approval-key-file cannot resume, said at start: a push waiting for its signature leaves an
+ * unsealed entry, which the gate does not resume for a hook that leaves its workload to the request (unless the
+ * namespace is one ANNOTATION_NAMESPACES lists). Pure.
+ */
+export function unsealedEntriesWarnings(hooks: Iterable<Hook>, keyed: boolean): string[] {
+  if (keyed) return [];
+  return [...hooks]
+    .filter((hook) => hookReach(hook) && hookReach(hook)?.target === undefined)
+    .filter((hook) => (fixedInput(hook, 'VERIFY_SIGNATURE')?.trim() ?? '') !== '')
+    .filter((hook) => HOOK_SETTINGS.SIGNATURE_WAIT.parse(fixedInput(hook, 'SIGNATURE_WAIT')) > 0)
+    .map(
+      (hook) =>
+        `hook ${JSON.stringify(hook.id)}: a push waiting for its signature (SIGNATURE_WAIT) is written unsealed ` +
+        'without -approval-key-file, and an unsealed entry of a hook that leaves its workload to the request is ' +
+        'not resumed: start the service with -public-url and -approval-key-file, or set SIGNATURE_WAIT=0',
+    );
 }
 
 /** `cluster prod`, or `the default cluster`: a push's cluster, in a message. Pure. */
@@ -25889,6 +25908,7 @@ function reloadOnSignals(o: Options, store: HookStore, log: Logger): void {
  */
 function approvalLinksReady(o: Options, snapshot: Snapshot, upgrade: UpgradeService, log: Logger): boolean {
   const problem = approvalHooksProblem(snapshot.hooks.values(), o.approvalKey !== undefined);
+  for (const line of unsealedEntriesWarnings(snapshot.hooks.values(), o.approvalKey !== undefined)) log.warn(line);
   if (problem) log.error(problem);
   else if (o.approvalKey) upgrade.useApprovals({ publicUrl: o.publicUrl, key: o.approvalKey });
   return problem === undefined;

@@ -8,7 +8,7 @@ import {
   MultipartError, ParameterNotFound, parseCidr, parseCommandLine, parseGoDuration, parseJsonKeepingNumbers, parseMultipart,
   parsePayload, parseYaml, parseXml, redactUrl, renderTemplate, replaceParameter, UsageError, type HookRequest,
   escapeControls, formatRbac, hookReach, inheritedEnvironment, parseListenAddress, listWithin, pendingEntryProblem,
-  sealPendingEntry, gateJob,
+  sealPendingEntry, gateJob, unsealedEntriesWarnings,
 } from '../webhook.ts';
 
 describe('command line', () => {
@@ -453,6 +453,18 @@ describe('the gate: what a job of each source may reach', () => {
   ];
   test('each source, each constraint: allowed, or refused naming why', () => {
     for (const [got, want] of cases) assert.equal(got, want);
+  });
+  test('without -approval-key-file the service says which hooks\' signature waits cannot be resumed', () => {
+    const signing = { VERIFY_SIGNATURE: 'cosign:-----BEGIN PUBLIC KEY-----\nMFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEWTu5wEt0MYvVpO7l5s5Tt3wM7yBZ8lAhb4gZv1o7l8kqT6yGQ7g0Zr6m4k3a8v6d2y1m0n9c7b5a4x3w2v1u0g==\n-----END PUBLIC KEY-----' };
+    const hooks = compileHooksFile('h.json', JSON.stringify([
+      hook('open-waits', signing, ['APP_NS', 'APP_WORKLOAD', 'APP_CONTAINER']),
+      hook('open-at-once', { ...signing, SIGNATURE_WAIT: '0' }, ['APP_NS', 'APP_WORKLOAD', 'APP_CONTAINER']),
+      hook('fixed-waits', { ...signing, APP_NS: 'shop', APP_WORKLOAD: 'deployment/web' }, ['APP_CONTAINER']),
+    ]), { commandTimeoutMs: 1000 }).hooks;
+    const lines = unsealedEntriesWarnings(hooks, false);
+    assert.deepEqual(lines.map((l) => /^hook "([\w-]+)"/.exec(l)?.[1]), ['open-waits']);
+    assert.match(lines[0], /is not resumed: start the service with -public-url and -approval-key-file, or set SIGNATURE_WAIT=0$/);
+    assert.deepEqual(unsealedEntriesWarnings(hooks, true), []);
   });
 });
 
