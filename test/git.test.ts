@@ -782,16 +782,21 @@ describe('an applied push committed to Git through the executable', { skip: clus
   });
 
   test('the wait for the sync watches the workload (no read every 2 s); Fleet applying the commit is named', async () => {
-    const watches = async () => Number(/^webhook_kubernetes_requests_total\{cluster="",verb="watch"\} (\d+)$/m.exec((await wh.metrics()).body)?.[1] ?? 0);
-    const before = await watches();
+    const count = async (verb: string) =>
+      Number(new RegExp(`^webhook_kubernetes_requests_total\\{cluster="",verb="${verb}"\\} (\\d+)$`, 'm').exec((await wh.metrics()).body)?.[1] ?? 0);
     const q = new URLSearchParams({ token: HOOK_TOKEN, ns: watchedNs, workload: 'deployment/watched', container: 'app', repo_type: 'regionalregistry' });
     const res = await wh.request(`/hooks/watched?${q}`, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: acrPayload('v70') });
     assert.match(actionOf(res.body) ?? res.body, /^committed [0-9a-f]{7} to main of /, res.body);
-    await waitFor(async () => (await watches()) > before, { timeoutMs: 60_000, what: 'a WATCH of the Deployments the service waits on' });
+    // The hook fixes its workload, so the service holds a WATCH of the Deployments of its namespace from the start
+    // (the approvals learn waiting pushes from it): the sync wait subscribes to it, it opens no second one.
+    await waitFor(async () => (await count('watch')) > 0, { timeoutMs: 60_000, what: 'a WATCH of the Deployments the service waits on' });
+    const reads = await count('get');
     await kubectl(['-n', watchedNs, 'set', 'image', 'deployment/watched', `app=${acrImage('v70')}`, '--field-manager=fleet-agent']);
     const done = await reported(res, 60_000, 'the synced rollout reported');
     assert.equal(done.rollout.state, 'complete', JSON.stringify(done));
     assert.match(done.report, /note: +commit [0-9a-f]{7} applied after \d+s by Fleet \(manager fleet-agent\)/);
+    // Woken by the watch's event: one read of the workload then, not one every 2 s while it waited.
+    assert.ok((await count('get')) - reads <= 3, `reads while waiting: ${(await count('get')) - reads}`);
   });
 
   test('ROLLBACK_ON_FAILURE: a failed rollout of a commit is reverted by a commit, not a PATCH', async () => {
