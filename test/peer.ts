@@ -31,8 +31,13 @@ export const ADNANH_MODULE = 'github.com/adnanh/webhook';
 /** The Debian package name and the version its source package carries. */
 const DEBIAN_PACKAGE = 'webhook';
 
+/**
+ * The test cache the cluster's binaries share (test/cluster/cluster.ts): `${XDG_CACHE_HOME:-~/.cache}/webhook-test`,
+ * or WEBHOOK_TEST_CACHE; one directory, so that emptying it makes a run cold.
+ */
 export function peerCacheRoot(): string {
-  return path.join(process.env.WEBHOOK_TEST_CACHE ?? path.join(os.homedir(), '.cache', 'webhook-test'));
+  const xdg = process.env.XDG_CACHE_HOME || path.join(os.homedir(), '.cache');
+  return process.env.WEBHOOK_TEST_CACHE ?? path.join(xdg, 'webhook-test');
 }
 
 function cacheDir(version: string): string {
