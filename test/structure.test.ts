@@ -11,7 +11,7 @@ import * as path from 'node:path';
 import * as os from 'node:os';
 import {
   analyse, bannerTests, bareSleeps, codeOnly, IMPORTERS, MAX_FUNCTION_LINES, MAX_LINE_WIDTH, MIN_WALL_CLOCK_BOUND_MS,
-  environmentReaders, repeatedBlocks, REPEAT_LINES, REPEAT_PLACES, shortWallClockBounds, SOURCE, testsImporting,
+  environmentReaders, functionsMatching, repeatedBlocks, REPEAT_LINES, REPEAT_PLACES, shortWallClockBounds, SOURCE, testsImporting,
 } from './structure.ts';
 
 const report = analyse();
@@ -131,6 +131,25 @@ describe('webhook.ts structure', () => {
     const unnamed = [...readers].filter(([f]) => !named.includes(f)).map(([f, lines]) => `${f} (line ${lines[0]})`);
     assert.deepEqual(unnamed, [], 'read an environment: take the HookConfig, or be a boundary named in the list');
     assert.deepEqual(named.filter((f) => !readers.has(f)), [], 'named, but no longer reading an environment');
+  });
+
+  test('every source reaches an executor through the gate: runDecidedPush only from runDecided, after gateJob', () => {
+    // The ways a push is carried out, and the only functions that may start one: a request's boundary (runOne, the
+    // process's runUpgrade, a push kept since either), and every other source through UpgradeService.runDecided.
+    const entries = { runPush: ['runUpgrade', 'UpgradeService.runOne', 'UpgradeService.lane'], runDecidedPush: ['UpgradeService.runDecided'] };
+    for (const [entry, allowed] of Object.entries(entries)) {
+      const callers = [...functionsMatching(new RegExp(`(?<![\\w$.])${entry}\\(`, 'g'))].map(([f]) => f);
+      assert.deepEqual(callers.filter((f) => f !== entry).sort(), allowed.sort(), `${entry} is called by`);
+    }
+    for (const gated of ['UpgradeService.runOne', 'UpgradeService.runDecided']) {
+      const lines = (name: string) => functionsMatching(new RegExp(`(?<![\\w$.])${name}\\(`, 'g')).get(gated) ?? [];
+      const [gate] = lines('gateJob');
+      assert.ok(gate !== undefined, `${gated} passes its job through gateJob`);
+      for (const entry of Object.keys(entries)) for (const at of lines(entry)) assert.ok(gate < at, `${gated}: gateJob before ${entry}`);
+    }
+    // No other source builds a decision's input and carries it out itself.
+    const executors = [...functionsMatching(/(?<![\w$.])(?:carryOut|commitOut)\(/g)].map(([f]) => f).sort();
+    assert.deepEqual(executors, ['applyUpgrade', 'carryOut', 'commitOut'].sort());
   });
 
   test('the measuring tool sees through comments, strings and regular expressions', () => {

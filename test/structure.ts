@@ -324,7 +324,19 @@ const METHOD = /^ {2}(?:(?:private|public|protected|static|async|readonly|get|se
  * after a push's boundary the hook's settings are a typed HookConfig, and only the boundaries read an environment.
  */
 export function environmentReaders(text = fs.readFileSync(SOURCE, 'utf8')): Map<string, number[]> {
-  const code = codeOnly(text).split('\n');
+  return functionsMatching(ENVIRONMENT_READ, text);
+}
+
+/** The last text functionsMatching read, as code lines: the checks ask it of one text several times. */
+let codeLines: { text: string; code: string[] } | undefined;
+
+/**
+ * Each function or method (`Class.method`) of webhook.ts whose code matches `pattern` (global), with the lines it
+ * does so on: who calls an executor, who reads an environment.
+ */
+export function functionsMatching(pattern: RegExp, text = fs.readFileSync(SOURCE, 'utf8')): Map<string, number[]> {
+  if (codeLines?.text !== text) codeLines = { text, code: codeOnly(text).split('\n') };
+  const code = codeLines.code;
   const readers = new Map<string, number[]>();
   let cls: string | undefined;
   let fn: string | undefined;
@@ -336,7 +348,7 @@ export function environmentReaders(text = fs.readFileSync(SOURCE, 'utf8')): Map<
     else if (/^\S/.test(l) && !/^[})\]]/.test(l)) [cls, fn] = [undefined, undefined];
     else if (cls && METHOD.test(l) && !/^\s+(?:if|for|while|switch|catch|return)\b/.test(l))
       fn = `${cls}.${METHOD.exec(l)![1]}`;
-    const reads = l.match(ENVIRONMENT_READ)?.length ?? 0;
+    const reads = l.match(pattern)?.length ?? 0;
     if (!reads) return;
     const name = fn ?? (cls ? `${cls} (a field)` : '(top level)');
     readers.set(name, [...(readers.get(name) ?? []), i + 1]);
