@@ -8578,6 +8578,8 @@ export interface Options {
   applyDeadlineMs: number;
   kubeconfig: string;
   rolloutFollowMs: number;
+  /** How long a replica's claim on a soak's end stands before another takes the promotion over. */
+  promotionClaimMs: number;
   /** host:port of the listener serving /metrics; '' serves none. */
   metricsListen: string;
   maxMailsPerHook: number;
@@ -8815,6 +8817,14 @@ const FLAGS: Record<string, FlagSpec> = {
     help:
       "after answering, how long an upgrade's rollout is followed for the log, an Event and the mail (0: not " +
       'followed)',
+  },
+  'promotion-claim-timeout': {
+    kind: 'duration',
+    key: 'promotionClaimMs',
+    def: formatGoDuration(LIMITS.promotion.claimStaleMs),
+    help:
+      "how long one replica's claim on a soak's end stands before another replica takes the promotion over (the " +
+      "claiming replica stopped before the next stage's decision was recorded)",
   },
   'metrics-listen': {
     kind: 'string',
@@ -21452,6 +21462,8 @@ export class Promotions implements ResultListener {
   private readonly log: Logger;
   private readonly next: ResultListener;
   private readonly metrics: Metrics | undefined;
+  /** How long another replica's claim on a soak's end stands (-promotion-claim-timeout). */
+  private readonly claimStaleMs: number;
   private listener: CommandListener<UpgradeOutput> | undefined;
   private stopped = false;
   /** This replica, as its claims name it: the pod's name (the host's) and a random part for replicas on one host. */
@@ -21463,12 +21475,14 @@ export class Promotions implements ResultListener {
     log: Logger,
     next: ResultListener,
     metrics?: Metrics,
+    claimStaleMs = LIMITS.promotion.claimStaleMs,
   ) {
     this.upgrade = upgrade;
     this.hooks = hooks;
     this.log = log;
     this.next = next;
     this.metrics = metrics;
+    this.claimStaleMs = claimStaleMs;
   }
 
   /** Where a promotion's result goes: the rollout follower, which follows its rollout and hands it back here. */
@@ -21678,15 +21692,15 @@ export class Promotions implements ResultListener {
       const ageMs = claim ? Date.now() - Date.parse(claim.at) : Infinity;
       const whose = claim && `replica ${claim.by}, since ${claim.at}`;
       // A claim dated ahead (clocks a little apart) stands as long; one far ahead is not a replica's: taken over.
-      if (claim && claim.by !== this.replica && Math.abs(ageMs) < LIMITS.promotion.claimStaleMs) {
-        const againMs = LIMITS.promotion.claimStaleMs - ageMs;
+      if (claim && claim.by !== this.replica && Math.abs(ageMs) < this.claimStaleMs) {
+        const againMs = this.claimStaleMs - ageMs;
         this.log.info(`[${r.request}] ${placeName(p)}: being promoted by ${whose}; looked at again in ` +
           formatGoDuration(roundedToSeconds(againMs)));
         return void this.schedule({ ...soak, record: found }, againMs);
       }
       if (claim && claim.by !== this.replica)
         this.log.notice(`[${r.request}] ${placeName(p)}: taking over the promotion claimed by ${whose}: ` +
-          `no decision was recorded in ${formatGoDuration(LIMITS.promotion.claimStaleMs)}`);
+          `no decision was recorded in ${formatGoDuration(this.claimStaleMs)}`);
       const mine = { ...found, claim: { by: this.replica, at: new Date().toISOString() } };
       const unchangedSince = (f: PromotionRecord | undefined) => JSON.stringify(f) === JSON.stringify(found);
       if (await writePromotionRecord(client, p, mine, unchangedSince)) {
@@ -25885,7 +25899,7 @@ function resultPath(
 ): { deliveries: DeliveryLog; promotions: Promotions; listener: RolloutFollower } {
   const deliveries = new DeliveryLog(o.deliveries, (text) => log.scrub(text));
   const dispatcher = new ResultDispatcher(deliveries, channels, metrics);
-  const promotions = new Promotions(upgrade, () => store.current.hooks, log, dispatcher, metrics);
+  const promotions = new Promotions(upgrade, () => store.current.hooks, log, dispatcher, metrics, o.promotionClaimMs);
   const listener = new RolloutFollower(upgrade, log, promotions);
   promotions.useListener(listener);
   return { deliveries, promotions, listener };

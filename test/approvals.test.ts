@@ -678,7 +678,7 @@ describe('pending entries are used only as this service wrote them', () => {
     await waitFor(async () => Object.keys(await pending('victim')).length === 0, { timeoutMs: 30_000, what: 'the forged entry taken off' });
     // Sealed with the key where it sits, but api upgrades deployment/api only.
     await annotate('victim', { sidecar: sealPendingEntry(Buffer.from(KEY), place('victim', 'sidecar'), windowEntry('forged-2', 'api', evil)) });
-    await refusals('victim', `hook "api" upgrades deployment/api in ${ns} only`);
+    await refusals('victim', 'hook "api" deploys to deployment/api, not deployment/victim');
     // Sealed for the sidecar, copied to the app container: the MAC names where it sits.
     await annotate('api', { app: { ...sealPendingEntry(Buffer.from(KEY), place('api', 'sidecar'), windowEntry('forged-3', 'api', evil)) } });
     await refusals('api', 'its MAC does not verify');
