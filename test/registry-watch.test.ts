@@ -593,11 +593,13 @@ describe('the gate: an annotation cannot borrow another team\'s hook', { skip: c
       return d;
     };
     await kubectl(['-n', nsB, 'apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List',
-      items: [borrow('web', 'team-a'), borrow('borrower', 'open')] }));
+      items: [borrow('web', 'team-a'), borrow('mailer', 'team-a-mail'), borrow('borrower', 'open')] }));
     const hooks = [
       // Team A's hook fixes its workload (a hook that writes one Git file must) and commits to team A's repository.
       upgradeHook('team-a', TOKEN, { APP_NS: nsA, APP_WORKLOAD: 'deployment/web', REGISTRY_CA: caFile,
         GIT_REPO: `${server.base}/team-a.git`, GIT_PATH: 'apps/web.yaml', GIT_TOKEN: tokenFile }),
+      // Team A's hook that fixes its namespace and leaves the workload to the URL (its mail and chat are team A's).
+      upgradeHook('team-a-mail', TOKEN, { APP_NS: nsA, REGISTRY_CA: caFile, MAIL_TO: 'team-a@example.com' }),
       // An open hook (namespace and workload from the URL) that lists no ANNOTATION_NAMESPACES.
       upgradeHook('open', TOKEN, { REGISTRY_CA: caFile }),
     ];
@@ -613,6 +615,12 @@ describe('the gate: an annotation cannot borrow another team\'s hook', { skip: c
 
   test('a workload in team-b naming team-a\'s hook is not watched: no commit, no PATCH, a Warning Event and a log line', async () => {
     const head = git(bare, ['rev-parse', 'main']).trim();
+    // Without Git: team A's hook fixes only its namespace; the annotation does not move it into team B's.
+    const [mailer] = await waitFor(async () => {
+      const found = await events(nsB, 'mailer');
+      return found.length > 0 ? found : undefined;
+    }, { timeoutMs: WITHIN, what: 'the RegistryWatchRefused Event on team-b\'s second workload' });
+    assert.equal(mailer.message, `not watched: hook "team-a-mail" deploys to namespace ${nsA} in the default cluster, not ${nsB}`);
     const [refused] = await waitFor(async () => {
       const found = await events(nsB, 'web');
       return found.length > 0 ? found : undefined;
@@ -631,7 +639,7 @@ describe('the gate: an annotation cannot borrow another team\'s hook', { skip: c
     assert.deepEqual(watched, []);
     assert.equal(git(bare, ['rev-parse', 'main']).trim(), head, 'nothing committed to team A\'s repository');
     assert.equal(server.requests.length, 0, 'team A\'s Git server was not even asked');
-    for (const name of ['web', 'borrower'])
+    for (const name of ['web', 'mailer', 'borrower'])
       assert.equal(containerImage(JSON.parse(await kubectl(['-n', nsB, 'get', `deployment/${name}`, '-o', 'json'])), 'app'),
         `${registry.host}/evil/backdoor:1.0.0`);
     assert.equal(containerImage(JSON.parse(await kubectl(['-n', nsA, 'get', 'deployment/web', '-o', 'json'])), 'app'),
