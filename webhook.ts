@@ -17866,10 +17866,12 @@ export function recordDecision(report: UpgradeReport, d: Decision, kind: Workloa
 //    (decide); a decision that writes nothing to the image (waiting, held, skipped…) is the cluster executor's. An
 //    applied push is written into the file at GIT_PATH by changing the text of one scalar (editGitFile: a
 //    Kubernetes manifest's container image, a kustomization's images entry, a Helm values field named by
-//    GIT_FIELD), so comments, order, quoting and indentation stay; committed on the branch head with the push in
-//    its message and trailers, and pushed with that head as the expected value. A branch that moved in between is
-//    fetched again and the edit made again on its new head, up to LIMITS.git.pushAttempts times; pushes waiting for one
-//    branch are committed together (WorkloadQueue.batch), and newest wins by the head commit's trailers. The image
+//    GIT_FIELD), so comments, order, quoting and indentation stay. The file is what the tool applies, so the image
+//    pin is checked against what it deploys (GitPinRefusal: `refused`), a manifest's document is the one of the
+//    workload's namespace too, and a kustomization gets a new images entry only for what ALLOW_IMAGES lists. It is
+//    committed on the branch head with the push in its message and trailers, and pushed with that head as the
+//    expected value. A branch that moved in between is fetched again and the edit made again on its new head, up to
+//    LIMITS.git.pushAttempts times; pushes waiting for one branch are committed together (WorkloadQueue.batch), and newest wins by the head commit's trailers. The image
 //    is never written to the cluster: the GitOps tool applies the commit. The commit is recorded on the workload
 //    (its push record names it, a decided push's pending entry is taken off: one PATCH of annotations) and told in
 //    an ImageCommitted Event; the hold takes the images of a committed record as the service's own. After
