@@ -17871,8 +17871,9 @@ export function recordDecision(report: UpgradeReport, d: Decision, kind: Workloa
 //    workload's namespace too, and a kustomization gets a new images entry only for what ALLOW_IMAGES lists. It is
 //    committed on the branch head with the push in its message and trailers, and pushed with that head as the
 //    expected value. A branch that moved in between is fetched again and the edit made again on its new head, up to
-//    LIMITS.git.pushAttempts times; pushes waiting for one branch are committed together (WorkloadQueue.batch), and newest wins by the head commit's trailers. The image
-//    is never written to the cluster: the GitOps tool applies the commit. The commit is recorded on the workload
+//    LIMITS.git.pushAttempts times; pushes waiting for one branch are committed together (WorkloadQueue.batch), and
+//    newest wins by the head commit's trailers. The image is never written to the cluster: the GitOps tool applies
+//    the commit. The commit is recorded on the workload
 //    (its push record names it, a decided push's pending entry is taken off: one PATCH of annotations) and told in
 //    an ImageCommitted Event; the hold takes the images of a committed record as the service's own. After
 //    answering, the service watches the workload until the tool applied the commit (GIT_SYNC_TIMEOUT), names the
