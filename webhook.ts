@@ -22733,7 +22733,7 @@ export function unsealedEntriesWarnings(hooks: Iterable<Hook>, keyed: boolean): 
   return [...hooks]
     .filter((hook) => hookReach(hook) && hookReach(hook)?.target === undefined)
     .filter((hook) => (fixedInput(hook, 'VERIFY_SIGNATURE')?.trim() ?? '') !== '')
-    .filter((hook) => HOOK_SETTINGS.SIGNATURE_WAIT.parse(fixedInput(hook, 'SIGNATURE_WAIT')) > 0)
+    .filter((hook) => fixedSetting(hook, 'SIGNATURE_WAIT') > 0)
     .map(
       (hook) =>
         `hook ${JSON.stringify(hook.id)}: a push waiting for its signature (SIGNATURE_WAIT) is written unsealed ` +
