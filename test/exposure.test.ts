@@ -171,8 +171,12 @@ describe('hook regexes run in linear time', () => {
       const rule = { match: { type: 'regex', regex, parameter: { source: 'url', name: 'x' } } };
       fs.writeFileSync(path.join(dir, 'hooks.json'), JSON.stringify([{ id: 'linear', 'execute-command': '/bin/true', 'trigger-rule': rule }], null, 2));
       const s = await spawnWebhook({ hooks: dir });
-      // A server that accepts the pattern starts serving instead of exiting.
-      const serving = waitForOutput(s, 'serving hooks on', 10_000).then(() => s.proc.kill('SIGKILL'), () => {});
+      // A server that accepts the pattern starts serving instead of exiting (it is then killed); one that refuses it
+      // exits, which ends the wait at once rather than at its deadline.
+      let exited = false;
+      void s.exited.then(() => (exited = true));
+      const serving = waitFor(() => exited || s.output().includes('serving hooks on'), { timeoutMs: 10_000, what: 'an exit or serving' })
+        .then(() => exited || s.proc.kill('SIGKILL'));
       assert.equal((await s.exited).code, 1, regex);
       await serving;
       assert.match(s.output(), /hooks\.json:\d+: hook "linear": trigger-rule\.match\.regex: invalid regular expression: /, regex);
