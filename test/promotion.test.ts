@@ -123,6 +123,10 @@ describe('bad stage settings: a load error naming file, hook and field; -validat
     const r = validate({ CLUSTERS: 'staging/shop-staging > prod-eu prod-us', PROMOTE_AFTER: '10m', PROMOTE_CHECK: 'https://health.example.com/ok' });
     assert.equal(r.code, 0, r.stderr);
     assert.match(r.stdout, /^ {2}upgrades: +stages: staging\/shop-staging > prod-eu prod-us \(CLUSTERS: a push goes to staging\/shop-staging; its digest to the next stage once healthy for 10m0s and PROMOTE_CHECK https:\/\/health\.example\.com\/ok answers 2xx, through that stage's policy, approval and window\)$/m);
+    // A chain with a watch: it is watched in its first stage only (the gate), which -validate says.
+    const watched = validate({ APP_NS: 'shop', APP_WORKLOAD: 'deployment/web', CLUSTERS: 'staging > prod', POLL_INTERVAL: '1m' });
+    assert.equal(watched.code, 0, watched.stderr);
+    assert.match(watched.stdout, /registry watch: deployment\/web in shop every 1m0s \(POLL_INTERVAL\); .*; a promotion chain: watched in its first stage \(staging\) only, later stages are reached by its promotion$/m);
   });
 });
 
