@@ -12,7 +12,7 @@ import { spawnSync } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { adminPort, defaultBinary, httpRequest, makeTempDir, startWebhook, type Webhook } from './harness.ts';
+import { adminPort, defaultBinary, httpRequest, makeTempDir, startWebhook, waitFor, type Webhook } from './harness.ts';
 import {
   acrImage, acrPayload, clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor, namespacedGetter,
   pushedState, removeNamespace,
@@ -288,19 +288,28 @@ describe('a change made outside webhook, through the executable and the cluster'
   test('managedFields that cannot say who changed the image: a clear failure, nothing changed', async () => {
     assert.match((await push('deploy', 'deployment/odd', acrPayload('v1.5.0'))).body, /^action: +image updated$/m);
     await kubectl(['-n', ns, 'set', 'image', 'deployment/odd', `app=${acrImage('v1.4.2')}`]);
-    // The API server keeps an entry whose time was taken off by hand.
+    // The API server keeps an entry whose time was taken off by hand. The entries are addressed by index, and the
+    // Deployment's controller writes its own as the rollout goes on (which may move them): the patch tests that the
+    // index still holds kubectl-set's entry, and is made again on the workload as read again until it holds.
     const setBy = async () => {
       const d = JSON.parse(await kubectl(['-n', ns, 'get', 'deployment/odd', '-o', 'json', '--show-managed-fields']));
-      return (d.metadata.managedFields as any[]).findIndex((f) => f.manager === 'kubectl-set');
+      const entries = d.metadata.managedFields as any[];
+      const index = entries.findIndex((f) => f.manager === 'kubectl-set');
+      return { index, timed: entries[index]?.time !== undefined };
     };
-    const remove = [{ op: 'remove', path: `/metadata/managedFields/${await setBy()}/time` }];
-    await kubectl(['-n', ns, 'patch', 'deployment/odd', '--type=json', '-p', JSON.stringify(remove)]);
-    const shownIndex = await setBy();
+    await waitFor(async () => {
+      const { index, timed } = await setBy();
+      if (!timed) return true;
+      const remove = [{ op: 'test', path: `/metadata/managedFields/${index}/manager`, value: 'kubectl-set' },
+        { op: 'remove', path: `/metadata/managedFields/${index}/time` }];
+      await kubectl(['-n', ns, 'patch', 'deployment/odd', '--type=json', '-p', JSON.stringify(remove)]).catch(() => undefined);
+      return !(await setBy()).timed;
+    }, { timeoutMs: 30_000, what: 'kubectl-set\'s managedFields entry without its time' });
     const before = pushedState(await getJson('deployment/odd'));
     const res = await push('deploy', 'deployment/odd', acrPayload('v1.6.0'));
     assert.equal(res.status, 500, res.body);
     assert.match(res.body, new RegExp(`^result: +failed: deployment/odd: container app runs ${re(acrImage('v1.4.2'))}, not ${re(acrImage('v1.5.0'))} as webhook ` +
-      `last set it, and metadata\\.managedFields\\[${shownIndex}\\] \\(manager "kubectl-set"\\) owns the image but records no time: who changed it ` +
+      'last set it, and metadata\\.managedFields\\[\\d+\\] \\(manager "kubectl-set"\\) owns the image but records no time: who changed it ' +
       'outside webhook, and when, is not known, so the push is not applied \\(ON_OUTSIDE_CHANGE=follow deploys it anyway\\); nothing was changed$', 'm'));
     assert.equal(pushedState(await getJson('deployment/odd')), before);
     const events = (await getJson('events')).items.filter((e: any) => e.involvedObject.name === 'odd' && e.reason === 'UpgradeFailed');
