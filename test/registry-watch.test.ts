@@ -545,8 +545,12 @@ describe('a watch and a notification of the same push, mailed', { skip: cluster 
     await registry.push(ociArchive(work, 'mailed again').path, 'acme/mailed:latest');
     const digest = await digestOf(registry, 'acme/mailed:latest');
     await waitFor(async () => (await rollouts()) > before, { timeoutMs: WITHIN, what: 'the push to be deployed' });
-    // The watch has looked at it since (or did first): its look says the push was delivered already.
-    const looked = new RegExp(`deployment/mailed in ${ns}, container app: (?:.*delivered already|.*acme/mailed:latest is still ${digest})`);
+    // The watch has looked at it since (or did first): its look says the push was delivered already, or (its look
+    // came while the notification's push was being applied, the two queued on the workload) that it was a repeat of
+    // it, decided already at the looks after.
+    const found = `${registry.host}/acme/mailed:latest@${digest}`.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
+    const looked = new RegExp(`deployment/mailed in ${ns}, container app: (?:.*delivered already|.*acme/mailed:latest is still ${digest}|` +
+      `${found}: (?:repeat|decided already) )`);
     await waitForOutput(service, looked, WITHIN);
     // The mail of the change (sent once its rollout has ended), then every delivery's mail: one says a change.
     const changed = (raw: string[]) => raw.slice(earlier).map(readMail).filter((m) => /^action:\s+(?!none)\S/m.test(m.body));
