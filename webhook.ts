@@ -13993,8 +13993,9 @@ export async function readIndexPlatforms(
 //    container, sealed with a MAC over it and where it sits: sealPendingEntry, pendingEntrySealed); an approval link
 //    names one such entry by its id, hook and image, the action and an expiry, signed with HMAC-SHA256
 //    (approvalToken, readApprovalToken), so any replica holding the same key can check it.
-//    Exports: APPROVAL_PATH, ApprovalClaims, approvalLinks, describeWindows, nextOpening, parseDeployWindows,
-//    pendingEntrySealed, readApprovalToken, readPendingEntries, sealPendingEntry, windowOpen.
+//    Exports: APPROVAL_PATH, ApprovalClaims, approvalLinks, describeWindows, macMatches, nextOpening,
+//    parseDeployWindows, pendingEntrySealed, readApprovalToken, readPendingEntries, recordMac, sealPendingEntry,
+//    windowOpen.
 //    Tests: test/approvals.test.ts, test/clusters.test.ts, test/git.test.ts, test/signed-images.test.ts,
 //    test/unit.test.ts, test/windows.test.ts.
 // ================================================================================================
@@ -14182,11 +14183,28 @@ interface PendingPlace {
  * still verifies). Pure.
  */
 export function pendingEntryMac(key: Buffer, place: PendingPlace, entry: PendingEntry): string {
-  const fields = Object.entries(entry)
-    .filter(([name]) => name !== 'mac')
-    .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
   const where = [place.cluster ?? '', place.namespace, place.kind, place.name, place.container];
-  return createHmac('sha256', key).update(JSON.stringify([PENDING_ANNOTATION, where, fields])).digest('base64url');
+  return recordMac(key, PENDING_ANNOTATION, where, entry, ['mac']);
+}
+
+/**
+ * The MAC of a record the service writes on a workload (a pending entry, a promotion record): HMAC-SHA256 with the
+ * approval key over the record's own tag (its annotation), where it sits, and each of its fields but those `left`
+ * out, names sorted (a record a newer version wrote with more fields still verifies). Pure.
+ */
+export function recordMac(key: Buffer, tag: string, where: string[], record: object, left: string[]): string {
+  const fields = Object.entries(record)
+    .filter(([name]) => !left.includes(name))
+    .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
+  return createHmac('sha256', key).update(JSON.stringify([tag, where, fields])).digest('base64url');
+}
+
+/** Whether `given` is exactly the base64url MAC `expected`: exactly encoded, compared in constant time. Pure. */
+export function macMatches(given: unknown, expected: string): boolean {
+  if (typeof given !== 'string') return false;
+  const bytes = Buffer.from(given, 'base64url');
+  const wanted = Buffer.from(expected, 'base64url');
+  return bytes.toString('base64url') === given && bytes.length === wanted.length && timingSafeEqual(bytes, wanted);
 }
 
 /** The entry with its MAC where it sits; without a key (no links), as it is. Pure. */
@@ -14199,12 +14217,7 @@ export function sealPendingEntry(key: Buffer | undefined, place: PendingPlace, e
  * Without a key nothing can be checked (an entry is then taken as written). Pure.
  */
 export function pendingEntrySealed(key: Buffer | undefined, place: PendingPlace, entry: PendingEntry): boolean {
-  if (!key) return true;
-  if (typeof entry.mac !== 'string') return false;
-  const given = Buffer.from(entry.mac, 'base64url');
-  const expected = Buffer.from(pendingEntryMac(key, place, entry), 'base64url');
-  const exact = given.toString('base64url') === entry.mac;
-  return exact && given.length === expected.length && timingSafeEqual(given, expected);
+  return !key || macMatches(entry.mac, pendingEntryMac(key, place, entry));
 }
 
 /** The workload's pending entries: the annotation as read (for a patch's test) and parsed. Pure. */
@@ -21260,24 +21273,18 @@ interface PromotionRecord {
 }
 
 /**
- * A promotion record's MAC: HMAC-SHA256 with the approval key over a tag of its own, where it sits (cluster,
- * namespace, kind, name, container and the workload's uid, so a record copied to a workload made again fails) and
- * each of its fields but `claim` (a replica's, written at the soak's end) and `mac`, names sorted. Pure.
+ * A promotion record's MAC (recordMac): where it sits is its cluster, namespace, kind, name, container and the
+ * workload's uid (a record copied to a workload made again fails); its `claim` (a replica's, written at the soak's
+ * end) is left out. Pure.
  */
 function promotionRecordMac(key: Buffer, p: SoakPlace, uid: unknown, record: PromotionRecord): string {
-  const fields = Object.entries(record)
-    .filter(([name]) => name !== 'mac' && name !== 'claim')
-    .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
   const where = [p.cluster ?? '', p.target.namespace, p.target.kind, p.target.name, p.container, String(uid ?? '')];
-  return createHmac('sha256', key).update(JSON.stringify([PROMOTION_ANNOTATION, where, fields])).digest('base64url');
+  return recordMac(key, PROMOTION_ANNOTATION, where, record, ['mac', 'claim']);
 }
 
-/** Whether a record read from `workload` is the service's own: its MAC verifies there (constant time). Pure. */
+/** Whether a record read from `workload` is the service's own: its MAC verifies there (macMatches). Pure. */
 function promotionRecordSealed(key: Buffer, p: SoakPlace, workload: K8sObject, record: PromotionRecord): boolean {
-  if (typeof record.mac !== 'string') return false;
-  const expected = Buffer.from(promotionRecordMac(key, p, valueAt(workload, ['metadata', 'uid']), record));
-  const given = Buffer.from(record.mac);
-  return given.length === expected.length && timingSafeEqual(given, expected);
+  return macMatches(record.mac, promotionRecordMac(key, p, valueAt(workload, ['metadata', 'uid']), record));
 }
 
 /** The promotion records on a workload, by container; malformed ones are dropped. */
