@@ -19545,7 +19545,7 @@ export function rollbackObstacle(
 //    whatever brought it in (gateJob): what the hook fixes is a constraint; what it leaves to the request, only a
 //    request, a sealed record or a namespace ANNOTATION_NAMESPACES lists may choose; a chain is entered at its first
 //    stage only.
-//    Exports: fixedInput, fixedSetting, fixedTrue, formatRbac, gateJob, GateRefusal, hookReach, HookReach,
+//    Exports: clusterWord, fixedInput, fixedSetting, fixedTrue, formatRbac, gateJob, GateRefusal, hookReach, HookReach,
 //    hookReachProblem, JobAuthority, JobTarget, laterStage, stageNamespaces, upgradeInput.
 //    Tests: test/chart.test.ts, test/deploy.test.ts, test/unit.test.ts.
 // ================================================================================================
@@ -19716,8 +19716,8 @@ export interface JobTarget {
 /** What the gate refuses a job for, as a log line, an Event and the report say it. */
 export class GateRefusal extends UpgradeError {}
 
-/** `the default cluster`, `cluster "prod"`. Pure. */
-const clusterWord = (cluster: string | undefined) =>
+/** `the default cluster`, `cluster "prod"`: a push's cluster, in a message. Pure. */
+export const clusterWord = (cluster: string | undefined) =>
   cluster === undefined ? 'the default cluster' : `cluster ${showValue(cluster)}`;
 
 /**
@@ -22530,8 +22530,10 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
       this.forget(w);
       return { status: 409, title: 'Not decided', detail: `the hook "${w.entry.hook}" is no longer loaded` };
     }
-    if (!hookClusters(hook).includes(w.cluster))
-      return { status: 409, title: 'Not decided', detail: `the hook "${hook.id}" no longer names ${clusterName(w)}` };
+    if (!hookClusters(hook).includes(w.cluster)) {
+      const detail = `the hook "${hook.id}" no longer names ${clusterWord(w.cluster)}`;
+      return { status: 409, title: 'Not decided', detail };
+    }
     const requestId = randomUUID();
     if (action === 'reject' || action === 'expire') {
       const report = await this.dropEntry(w, action === 'reject' ? 'rejected' : 'expired', by);
@@ -22580,7 +22582,7 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
     const hook = this.hooks().get(past.hookId);
     if (!hook) return { status: 409, title: 'Not deployed', detail: `the hook "${past.hookId}" is no longer loaded` };
     if (!hookClusters(hook).includes(past.cluster)) {
-      const detail = `the hook "${hook.id}" no longer names ${clusterName(past)}: nothing was deployed`;
+      const detail = `the hook "${hook.id}" no longer names ${clusterWord(past.cluster)}: nothing was deployed`;
       return { status: 409, title: 'Not deployed', detail };
     }
     const workload = parseWorkload(past.workload);
@@ -22749,10 +22751,6 @@ export function unsealedEntriesWarnings(hooks: Iterable<Hook>, keyed: boolean): 
     );
 }
 
-/** `cluster prod`, or `the default cluster`: a push's cluster, in a message. Pure. */
-function clusterName(w: { cluster: string | undefined }): string {
-  return w.cluster === undefined ? 'the default cluster' : `cluster ${showValue(w.cluster)}`;
-}
 
 /** A past push the deliveries page deploys again, in the cluster it went to (undefined: the default). */
 interface PastPush {
