@@ -19722,16 +19722,25 @@ export const clusterWord = (cluster: string | undefined) =>
 
 /**
  * The hook's stages as it fixes them: CLUSTERS (one stage: a fan-out; two or more: a promotion chain), else its
- * CLUSTER as one stage of one item; a message when the hook's setting does not parse (refused at load). Pure.
+ * CLUSTER as one stage of one item; a message when the hook's setting does not parse (refused at load). Read once
+ * per loaded hook: the gate asks it of every push.
  */
 function hookStages(hook: Hook): StageTarget[][] | string {
-  try {
-    const stages = parseStages(fixedInput(hook, 'CLUSTERS'));
-    return stages.length > 0 ? stages : [[{ cluster: fixedSetting(hook, 'CLUSTER') as string, namespace: undefined }]];
-  } catch (e) {
-    return (e as Error).message;
+  let stages = HOOK_STAGES.get(hook);
+  if (stages === undefined) {
+    try {
+      const parsed = parseStages(fixedInput(hook, 'CLUSTERS'));
+      const single = () => [[{ cluster: fixedSetting(hook, 'CLUSTER') as string, namespace: undefined }]];
+      stages = parsed.length > 0 ? parsed : single();
+    } catch (e) {
+      stages = (e as Error).message;
+    }
+    HOOK_STAGES.set(hook, stages);
   }
+  return stages;
 }
+// A memo keyed by the immutable Hook, as PARSED_FIXED_SETTINGS is, so it goes with the hook's snapshot.
+const HOOK_STAGES = new WeakMap<Hook, StageTarget[][] | string>();
 
 /** The first stage after the chain's first that has `cluster` (a promotion waits there); undefined: none. Pure. */
 export function laterStage(hook: Hook, cluster: string | undefined): number | undefined {
