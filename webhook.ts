@@ -15409,7 +15409,6 @@ function trimmed(value: string | undefined): string {
   return value?.trim() ?? '';
 }
 
-/** APP_NS and APP_CONTAINER: required DNS labels; `what` is the name's kind, `parameter` the URL's. */
 /**
  * ANNOTATION_NAMESPACES: the namespaces whose workloads may name the hook by annotation (webhook/hook), as names
  * separated by spaces or commas, or `*` for every namespace; unset: none. A list, or 'any'.
@@ -15426,6 +15425,7 @@ export function annotationNamespacesSetting(value: string | undefined): string[]
   return names;
 }
 
+/** APP_NS and APP_CONTAINER: required DNS labels; `what` is the name's kind, `parameter` the URL's. */
 function dnsLabelSetting(name: string, what: string, parameter: string) {
   return (value: string | undefined): string => {
     const label = trimmed(value);
@@ -18144,18 +18144,17 @@ function imageRepository(ref: ImageRef): string {
  */
 function kustomizationChanges(e: GitEdit, docs: LocatedNode[], ref: ImageRef): TextChange[] {
   const repo = imageRepository(ref);
-  const listed = (images: LocatedNode | undefined) =>
-    images?.kind === 'seq' && images.items.some((i) => scalarText(locatedValue(i, 'name')) === repo);
+  const root = docs[0];
+  const images = locatedValue(root, 'images');
+  const listed = images?.kind === 'seq' && images.items.some((i) => scalarText(locatedValue(i, 'name')) === repo);
   const allowed = (pin: ImagePin) => pin.allowImages.some((p) => patternMatches(p, repositoryOf(ref)));
-  if (e.pin && !listed(locatedValue(docs[0], 'images')) && !allowed(e.pin))
+  if (e.pin && !listed && !allowed(e.pin))
     throw new GitPinRefusal(
       `${e.file}: its images list no entry for ${showValue(repo)}, and a push adds one only for a repository the ` +
         'hook setting ALLOW_IMAGES lists',
     );
   const tag = ref.tag ?? 'latest';
-  const root = docs[0];
   if (root !== undefined && root.kind !== 'map') throw new UpgradeError(`${e.file}: the document is not a mapping`);
-  const images = locatedValue(root, 'images');
   const wanted: [string, string][] = [['newTag', tag]];
   if (ref.digest) wanted.push(['digest', ref.digest]);
   if (images === undefined || (images.kind === 'scalar' && images.value === '')) {
@@ -22749,7 +22748,10 @@ export function approvalHooksProblem(hooks: Iterable<Hook>, linksOn: boolean): s
 export function unsealedEntriesWarnings(hooks: Iterable<Hook>, keyed: boolean): string[] {
   if (keyed) return [];
   return [...hooks]
-    .filter((hook) => hookReach(hook) && hookReach(hook)?.target === undefined)
+    .filter((hook) => {
+      const reach = hookReach(hook);
+      return reach !== undefined && reach.target === undefined;
+    })
     .filter((hook) => (fixedInput(hook, 'VERIFY_SIGNATURE')?.trim() ?? '') !== '')
     .filter((hook) => fixedSetting(hook, 'SIGNATURE_WAIT') > 0)
     .map(
@@ -23450,12 +23452,13 @@ function watchOf(
   const annotations = valueAt(item, ['metadata', 'annotations']);
   const read = (key: string) => (isObject(annotations) && typeof annotations[key] === 'string' ? annotations[key] : '');
   const poll = read(POLL_ANNOTATION);
-  const fixing = [...hooks.values()].find((h) => fixesTarget(h, target, cluster) && fixedInput(h, 'POLL_INTERVAL'));
+  const fixers = [...hooks.values()].filter((h) => fixesTarget(h, target, cluster));
+  const fixing = fixers.find((h) => fixedInput(h, 'POLL_INTERVAL'));
   if (poll === '' && !fixing) return undefined;
   const { records } = readPushRecords(item);
   const named = read(HOOK_ANNOTATION).trim();
   // Never the hook of a push record alone: the record says who deployed, not who may.
-  const hookId = named || fixing?.id || [...hooks.values()].find((h) => fixesTarget(h, target, cluster))?.id;
+  const hookId = named || fixing?.id || fixers[0]?.id;
   if (named && !hooks.has(named))
     return { problem: `annotation ${HOOK_ANNOTATION}: no hook is named ${showValue(named)}` };
   if (!hookId)
