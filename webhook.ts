@@ -8415,8 +8415,9 @@ export const LIMITS = {
     maxConfigBytes: 1024 * 1024,
     // How often a registry watch may look at a workload's repository. Peers default to a minute (Keel) to five (Kargo);
     // under 10 s a fleet on one registry is a rate limit hit (Quay refuses frequent listings, flux image-reflector
-    // #585), and past a day a watch is a typo for one that never looks.
-    interval: { minMs: 10_000, maxMs: 24 * 3_600_000 },
+    // #585), and past a day a watch is a typo for one that never looks. -poll-min-interval moves the minimum: down to
+    // floorMs for a registry beside the service that no fleet shares (and for tests), up to keep teams' watches rare.
+    interval: { minMs: 10_000, maxMs: 24 * 3_600_000, floorMs: 1_000 },
   },
   // How much of a tag list is read. A registry's list comes whole in memory (it is JSON): these bound what one
   // repository can cost.
@@ -8580,6 +8581,8 @@ export interface Options {
   rolloutFollowMs: number;
   /** How long a replica's claim on a soak's end stands before another takes the promotion over. */
   promotionClaimMs: number;
+  /** The shortest registry watch interval a hook's POLL_INTERVAL or an annotation webhook/poll may ask for. */
+  pollMinIntervalMs: number;
   /** host:port of the listener serving /metrics; '' serves none. */
   metricsListen: string;
   maxMailsPerHook: number;
@@ -8598,6 +8601,8 @@ export interface Options {
   approvalKey?: Buffer;
   maxNotificationsPerHook: number;
   notifyWindowMs: number;
+  /** How long one chat or JSON notification may take, its answer's body included. */
+  notifyTimeoutMs: number;
   printRbac: boolean;
   /** `<namespace>/<name>` of the ServiceAccount -print-rbac binds. */
   rbacServiceAccount: string;
@@ -8826,6 +8831,14 @@ const FLAGS: Record<string, FlagSpec> = {
       "how long one replica's claim on a soak's end stands before another replica takes the promotion over (the " +
       "claiming replica stopped before the next stage's decision was recorded)",
   },
+  'poll-min-interval': {
+    kind: 'duration',
+    key: 'pollMinIntervalMs',
+    def: formatGoDuration(LIMITS.poll.interval.minMs),
+    help:
+      'the shortest registry watch interval a POLL_INTERVAL or an annotation webhook/poll may ask for (at least ' +
+      `${formatGoDuration(LIMITS.poll.interval.floorMs)}: lower only for a registry beside the service)`,
+  },
   'metrics-listen': {
     kind: 'string',
     key: 'metricsListen',
@@ -8885,6 +8898,14 @@ const FLAGS: Record<string, FlagSpec> = {
     key: 'notifyWindowMs',
     def: formatGoDuration(LIMITS.notifyWindowMs),
     help: 'the window -max-notifications-per-hook counts in',
+  },
+  'notify-timeout': {
+    kind: 'duration',
+    key: 'notifyTimeoutMs',
+    def: formatGoDuration(LIMITS.notify.requestTimeoutMs),
+    help:
+      'how long one try of a NOTIFY_URL notification may take (connection, answer and its body together); ' +
+      `${LIMITS.notify.attempts} tries at most`,
   },
   'print-rbac': {
     kind: 'bool',
@@ -9034,10 +9055,17 @@ export function parseCommandLine(argv: string[], env: Record<string, string | un
   if ((o.setuid !== 0) !== (o.setgid !== 0)) throw new UsageError('-setuid and -setgid must be used together');
   if (o.metricsListen !== '') parseListenAddress(o.metricsListen);
   if (o.maxMailsPerHook < 1) throw new UsageError('invalid value for flag -max-mails-per-hook: must be at least 1');
+  const { floorMs, maxMs } = LIMITS.poll.interval;
+  if (o.pollMinIntervalMs < floorMs || o.pollMinIntervalMs > maxMs)
+    throw new UsageError(
+      `invalid value for flag -poll-min-interval: must be between ${formatGoDuration(floorMs)} and ` +
+        formatGoDuration(maxMs),
+    );
   if (o.deliveries < 0 || o.deliveries > LIMITS.maxDeliveries)
     throw new UsageError(`invalid value for flag -deliveries: must be between 0 and ${LIMITS.maxDeliveries}`);
   if (o.maxNotificationsPerHook < 1)
     throw new UsageError('invalid value for flag -max-notifications-per-hook: must be at least 1');
+  if (o.notifyTimeoutMs <= 0) throw new UsageError('invalid value for flag -notify-timeout: must be more than 0s');
   if (/[\s\x00-\x1f\x7f]/.test(o.adminToken))
     throw new UsageError('invalid value for flag -admin-token: no spaces or control characters');
   if (o.adminToken && o.adminTokenFile) throw new UsageError('give -admin-token or -admin-token-file, not both');
@@ -15493,10 +15521,15 @@ function registryAwaySetting(value: string | undefined): 'fail' | 'keep' {
 }
 
 /**
- * A registry watch's interval (POLL_INTERVAL, the annotation webhook/poll): a Go duration within
- * LIMITS.poll.interval; undefined when unset or blank. `name` says where it was written, for the message. Pure.
+ * A registry watch's interval (POLL_INTERVAL, the annotation webhook/poll): a Go duration from `minMs` (the service's
+ * -poll-min-interval) to LIMITS.poll.interval.maxMs; undefined when unset or blank. `name` says where it was written,
+ * for the message. Pure.
  */
-export function pollInterval(value: string | undefined, name = 'POLL_INTERVAL'): number | undefined {
+export function pollInterval(
+  value: string | undefined,
+  name = 'POLL_INTERVAL',
+  minMs = LIMITS.poll.interval.minMs,
+): number | undefined {
   const text = value?.trim() ?? '';
   if (text === '') return undefined;
   let ms: number;
@@ -15505,7 +15538,7 @@ export function pollInterval(value: string | undefined, name = 'POLL_INTERVAL'):
   } catch {
     throw new UpgradeError(`${name} ${showValue(value!)} is not a Go duration (e.g. 30s, 5m, 1h)`);
   }
-  const { minMs, maxMs } = LIMITS.poll.interval;
+  const { maxMs } = LIMITS.poll.interval;
   if (ms < minMs || ms > maxMs)
     throw new UpgradeError(
       `${name} ${showValue(value!)} is outside ${formatGoDuration(minMs)} to ${formatGoDuration(maxMs)}: a ` +
@@ -16012,11 +16045,12 @@ export const HOOK_SETTINGS = {
     type: 'duration',
     default: 'unset (no registry watch)',
     fixed: true,
-    validation: 'a Go duration from 10s to 24h: 30s, 5m, 1h',
+    validation: 'a Go duration from 10s (-poll-min-interval) to 24h: 30s, 5m, 1h',
     meaning:
       'A hook whose workload is fixed watches its registry this often, as the annotation webhook/poll asks for ' +
       'one workload: a new tag its update policy allows, or its tag moved to another digest, is deployed.',
-    parse: (value: string | undefined) => pollInterval(value),
+    // The service's minimum (-poll-min-interval) is checked at load (hookLoadSettings); this, what any may allow.
+    parse: (value: string | undefined) => pollInterval(value, 'POLL_INTERVAL', LIMITS.poll.interval.floorMs),
   }),
   ANNOTATION_NAMESPACES: setting({
     type: 'namespace names, or *',
@@ -22980,6 +23014,8 @@ export class RegistryWatch {
   private readonly next: WatchListener;
   private readonly log: Logger;
   private readonly metrics: Metrics | undefined;
+  /** The shortest interval an annotation may ask for (-poll-min-interval). */
+  private readonly minIntervalMs: number;
 
   constructor(
     upgrade: UpgradeService,
@@ -22987,11 +23023,13 @@ export class RegistryWatch {
     next: WatchListener,
     log: Logger,
     metrics?: Metrics,
+    minIntervalMs = LIMITS.poll.interval.minMs,
   ) {
     this.upgrade = upgrade;
     this.hooks = hooks;
     this.next = next;
     this.log = log;
+    this.minIntervalMs = minIntervalMs;
     this.metrics = metrics;
   }
 
@@ -23087,7 +23125,7 @@ export class RegistryWatch {
     const uid = valueAt(item, ['metadata', 'uid']);
     const target = { namespace, kind, name, ...(typeof uid === 'string' ? { uid } : {}) };
     const at = `${cluster ?? ''}/${namespace}/${kind}/${name}`;
-    const of = watchOf(item, target, cluster, hooks);
+    const of = watchOf(item, target, cluster, hooks, this.minIntervalMs);
     if (of === undefined) return void this.told.delete(at);
     if ('problem' in of) return this.tell(client, at, target, of.problem);
     this.told.delete(at);
@@ -23448,6 +23486,7 @@ function watchOf(
   target: WatchedWorkload['target'],
   cluster: string | undefined,
   hooks: ReadonlyMap<string, Hook>,
+  minIntervalMs: number,
 ): WatchOf | undefined {
   const annotations = valueAt(item, ['metadata', 'annotations']);
   const read = (key: string) => (isObject(annotations) && typeof annotations[key] === 'string' ? annotations[key] : '');
@@ -23468,7 +23507,7 @@ function watchOf(
   const hook = hooks.get(hookId)!;
   let intervalMs: number | undefined;
   try {
-    const asked = poll !== '' ? pollInterval(poll, `annotation ${POLL_ANNOTATION}`) : undefined;
+    const asked = poll !== '' ? pollInterval(poll, `annotation ${POLL_ANNOTATION}`, minIntervalMs) : undefined;
     intervalMs = asked ?? fixedSetting(hook, 'POLL_INTERVAL');
   } catch (e) {
     return { problem: (e as Error).message };
@@ -24774,14 +24813,14 @@ class NotifyFailure extends Error {
 }
 
 /** One POST under its total deadline; resolves with the answer's body, or throws NotifyFailure. */
-async function postOnce(request: NotifyRequest, ca: string[] | undefined): Promise<string> {
+async function postOnce(request: NotifyRequest, ca: string[] | undefined, deadlineMs: number): Promise<string> {
   let answer: OutboundAnswer;
   try {
     answer = await outboundRequest(request.url, {
       method: 'POST',
       headers: request.headers,
       body: request.body,
-      deadlineMs: LIMITS.notify.requestTimeoutMs,
+      deadlineMs,
       maxResponseBytes: LIMITS.notify.maxResponseBytes,
       overLimit: 'cut',
       trust: { extraCa: ca },
@@ -24825,6 +24864,8 @@ export class Notifier implements ResultChannel {
   private readonly cap: { max: number; windowMs: number };
   private readonly ca: string[] | undefined;
   private readonly backoff: { initialMs: number; maxMs: number };
+  /** One attempt's deadline (-notify-timeout). */
+  private readonly deadlineMs: number;
 
   constructor(
     log: Logger,
@@ -24832,12 +24873,14 @@ export class Notifier implements ResultChannel {
     cap: { max: number; windowMs: number },
     ca: string[] | undefined,
     backoffMs = LIMITS.notify.backoffMs,
+    deadlineMs = LIMITS.notify.requestTimeoutMs,
   ) {
     this.log = log;
     this.metrics = metrics;
     this.cap = cap;
     this.ca = ca;
     this.backoff = { initialMs: backoffMs, maxMs: LIMITS.notify.maxBackoffMs };
+    this.deadlineMs = deadlineMs;
   }
 
   /** The result channel: the hook's NOTIFY_URL receivers. */
@@ -24901,7 +24944,7 @@ export class Notifier implements ResultChannel {
     const policy = { budgetMs: LIMITS.notify.retryBudgetMs, attempts: LIMITS.notify.attempts, backoff: this.backoff };
     const sent = await retrying<string, NotifyFailure>(policy, async () => {
       try {
-        const answer = await postOnce(notifyRequest(r, t), this.ca);
+        const answer = await postOnce(notifyRequest(r, t), this.ca, this.deadlineMs);
         const refusal = format.refusal?.(answer);
         if (refusal) throw new NotifyFailure(`refused: ${refusal}`, false);
         return { ok: true, value: answer };
@@ -25688,7 +25731,10 @@ function hookLoadSettings(o: Options, env: Record<string, string | undefined>): 
     template: o.template,
     env,
     commandTimeoutMs: o.commandTimeoutMs,
-    settingChecks: fixedSettingChecks(),
+    settingChecks: {
+      ...fixedSettingChecks(),
+      POLL_INTERVAL: (value) => problemOf(() => pollInterval(value, 'POLL_INTERVAL', o.pollMinIntervalMs)),
+    },
     hookCheck: hookReachProblem,
   };
 }
@@ -25848,7 +25894,6 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
   linearTimeRegexps();
   const log = openLog(o);
   if (!log) return 1;
-  process.on('exit', () => log.flush());
   const metrics = new Metrics();
   log.notice(`version ${VERSION} starting`);
   if (log.verbose) log.info(memorySizing()); // reads the cgroup's limit: only when it is shown
@@ -25881,7 +25926,8 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
   const server = await openListener(o, handler, log);
   if (!server) return 1;
   server.on('clientError', (err: Error, socket: net.Socket) => answerClientError(handlerContext, err, socket));
-  const watch = new RegistryWatch(upgrade, () => store.current.hooks, approvals, log, metrics).start();
+  const watch = new RegistryWatch(upgrade, () => store.current.hooks, approvals, log, metrics, o.pollMinIntervalMs);
+  watch.start();
   const pages = o.deliveries > 0 ? deliveryPages(deliveries, o.adminToken, approvals, promotions, watch) : undefined;
   const adminServer = await openAdminListener(o, metrics, log, pages);
   if (adminServer === false) return 1;
@@ -25969,7 +26015,10 @@ async function stopServing(
   );
 }
 
-/** The log: stderr, or -logfile opened for appending; undefined (after saying why) when it cannot be. */
+/**
+ * The log: stderr, or -logfile opened for appending, flushed when the process exits; undefined (after saying why)
+ * when it cannot be.
+ */
 function openLog(o: Options): Logger | undefined {
   // Written synchronously (stderr is synchronous for files and pipes on Linux): see Logger.flush.
   let logFd: number | undefined;
@@ -25982,6 +26031,7 @@ function openLog(o: Options): Logger | undefined {
   const log = new Logger(o.verbose, o.debug, (text) =>
     logFd === undefined ? process.stderr.write(text) : fs.writeSync(logFd, text),
   );
+  process.on('exit', () => log.flush());
   return log;
 }
 
@@ -26005,7 +26055,8 @@ function openNotifier(
   for (const name of ['NOTIFY_URL', 'NOTIFY_FORMAT', 'NOTIFY_SECRET', 'NOTIFY_TELEGRAM_CHAT'])
     if (env[name] !== undefined)
       log.warn(`${name} in the service's environment is not used: a hook passes it (pass-environment-to-command)`);
-  return new Notifier(log, metrics, { max: o.maxNotificationsPerHook, windowMs: o.notifyWindowMs }, ca);
+  const cap = { max: o.maxNotificationsPerHook, windowMs: o.notifyWindowMs };
+  return new Notifier(log, metrics, cap, ca, LIMITS.notify.backoffMs, o.notifyTimeoutMs);
 }
 
 /** The mail settings, or undefined (mail off), with what was wrong with them logged. */

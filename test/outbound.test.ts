@@ -223,21 +223,22 @@ describe('through the executable', () => {
       'pass-arguments-to-command': [{ source: 'string', name: 'done' }],
       'pass-environment-to-command': [{ envname: 'NOTIFY_URL', source: 'string', name: receiver.url('/robot').href }],
     };
-    const w = await startWebhook({ hooks: [hook], metrics: true, args: ['-deliveries', '10'] });
+    // Each try may take 3 s (-notify-timeout; 10 s by default), which the dribble outlasts.
+    const w = await startWebhook({ hooks: [hook], metrics: true, args: ['-deliveries', '10', '-notify-timeout', '3s'] });
     stopAll.push(w);
     const res = await w.request('/hooks/dribbled', { method: 'POST' });
     assert.deepEqual([res.status, res.body], [200, 'done\n']);
     const requestId = String(res.headers['x-request-id']);
     const admin = await adminPort(w);
-    // Three attempts of 10 s each, and the backoff between them: the page says how it ended.
+    // Three attempts of 3 s each, and the backoff between them: the page says how it ended.
     const entry = await waitFor(async () => {
       const doc = JSON.parse((await httpRequest(admin, '/deliveries.json')).body);
       const d = doc.deliveries.find((x: any) => x.request_id === requestId);
       return d?.notifications.every((n: any) => n.state !== 'pending') ? d : undefined;
     }, { timeoutMs: 120_000, what: 'the notification to the dribbling receiver to end' });
     assert.equal(entry.outcome, 'succeeded', 'the push itself is reported as it went');
-    assert.deepEqual(entry.notifications.map((n: any) => [n.state, n.detail]), [['failed', 'no complete answer within 10s (after 3 attempt(s))']]);
-    assert.match(w.output(), /json notification to 127\.0\.0\.1:\d+ not sent: no complete answer within 10s \(after 3 attempt\(s\)\)/);
+    assert.deepEqual(entry.notifications.map((n: any) => [n.state, n.detail]), [['failed', 'no complete answer within 3s (after 3 attempt(s))']]);
+    assert.match(w.output(), /json notification to 127\.0\.0\.1:\d+ not sent: no complete answer within 3s \(after 3 attempt\(s\)\)/);
     assert.equal(receiver.requests(), 3);
   });
 

@@ -103,7 +103,7 @@ describe('the platform check through the executable', { skip: cluster ? false : 
     await kubectl(['create', 'namespace', ns]);
     const app = (image: string) => [{ name: 'app', image }];
     const watched = deployment('watched', app(`${registry.host}/acme/watched:latest@${watchedAt}`), { replicas: 1 }) as any;
-    watched.metadata.annotations = { 'webhook/poll': '10s', 'webhook/hook': 'watch' };
+    watched.metadata.annotations = { 'webhook/poll': '2s', 'webhook/hook': 'watch' };
     // Its pods may run only on arm64 or s390x nodes, of which the cluster has none: nothing to check against.
     const elsewhere = deployment('elsewhere', app(`${registry.host}/acme/multi:v1`), { replicas: 1 }) as any;
     elsewhere.spec.template.spec.affinity = { nodeAffinity: { requiredDuringSchedulingIgnoredDuringExecution: {
@@ -114,7 +114,9 @@ describe('the platform check through the executable', { skip: cluster ? false : 
       ...['web', 'plain', 'unlisted'].map((name) => deployment(name, app(`${registry.host}/acme/multi:v1`), { replicas: 1 })),
       watched, elsewhere, picky,
     ] }));
-    wh = await startWebhook({ hooks: path.join(work, 'hooks.json'), env: { KUBECONFIG: cluster!.kubeconfigPath }, metrics: true });
+    // A look every 2 s: the registry is on this machine (-poll-min-interval).
+    wh = await startWebhook({ hooks: path.join(work, 'hooks.json'), env: { KUBECONFIG: cluster!.kubeconfigPath }, metrics: true,
+      args: ['-poll-min-interval', '1s'] });
   });
   after(async () => {
     await wh?.stop();
@@ -177,7 +179,8 @@ describe('the platform check through the executable', { skip: cluster ? false : 
   test('a service that may not list nodes skips the check, with one warning, and deploys', async () => {
     const kubeconfig = path.join(work, 'namespaced.json');
     await namespaceAdminAccount(kubectl, cluster!, ns, 'no-nodes', kubeconfig);
-    const limited = await startWebhook({ hooks: path.join(work, 'hooks.json'), env: { KUBECONFIG: kubeconfig } });
+    const limited = await startWebhook({ hooks: path.join(work, 'hooks.json'), env: { KUBECONFIG: kubeconfig },
+      args: ['-poll-min-interval', '1s'] });
     try {
       const digest = await digestOf('acme/multi:arm');
       const first = await post(limited, 'verify', 'unlisted', 'acme/multi:arm', digest);

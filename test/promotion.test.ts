@@ -705,17 +705,19 @@ describe('the gate: a registry watch enters a chain at its first stage only', { 
     for (const k of [kubectlStaging, kubectlProd]) {
       const d: any = deployment('watched', [{ name: 'app', image: pinned }], { replicas: 1 });
       // On prod alone, a watch asked for by annotation: the chain is not entered there, whatever asks.
-      if (k === kubectlProd) d.metadata.annotations = { 'webhook/poll': '10s', 'webhook/hook': 'chain' };
+      if (k === kubectlProd) d.metadata.annotations = { 'webhook/poll': '2s', 'webhook/hook': 'chain' };
       await k(['-n', ns, 'apply', '-f', '-'], JSON.stringify(d));
       await k(['-n', ns, 'rollout', 'status', 'deployment/watched', '--timeout=90s']);
     }
     const caFile = path.join(dir, 'registry-ca.pem');
     fs.writeFileSync(caFile, registry!.caPem);
     const hooks = [upgradeHook('chain', TOKEN, { APP_NS: ns, APP_WORKLOAD: 'deployment/watched', APP_CONTAINER: 'app',
-      REGISTRY_CA: caFile, CLUSTERS: 'staging > prod', PROMOTE_AFTER: SOAK, POLL_INTERVAL: '10s' })];
+      REGISTRY_CA: caFile, CLUSTERS: 'staging > prod', PROMOTE_AFTER: SOAK, POLL_INTERVAL: '2s' })];
     const kubeconfig = [renamedKubeconfig(shared!, 'prod', path.join(dir, 'prod.json')),
       renamedKubeconfig(second!, 'staging', path.join(dir, 'staging.json'))].join(path.delimiter);
-    wh = await startWebhook({ hooks, metrics: true, args: ['-rollout-follow', '60s'], env: { KUBECONFIG: kubeconfig } });
+    // A look every 2 s: the registry is on this machine (-poll-min-interval).
+    wh = await startWebhook({ hooks, metrics: true, args: ['-rollout-follow', '60s', '-poll-min-interval', '1s'],
+      env: { KUBECONFIG: kubeconfig } });
     // The Event this service records (another service watching the same cluster may record one of its own).
     const expected = 'not watched: hook "chain" is a promotion chain, entered at its first stage (staging) only: cluster "prod" is ' +
       'reached by the chain\'s promotion';

@@ -39,8 +39,13 @@ const cluster = await clusterOrSkip();
 const second: Cluster | undefined = cluster ? await ensureCluster('webhook-test-b') : undefined;
 const TOKEN = 'registry-watch-token-81be';
 const NOTIFY_AUTH = 'Bearer registry-watch-notify-3f0a';
-// A look every 10 s (the shortest interval allowed); a change is deployed within a few of them.
-const INTERVAL = '10s';
+// A look every 2 s (the service runs with -poll-min-interval 1s: the registries are on this machine); a change is
+// deployed within a few of them.
+const INTERVAL = '2s';
+const FAST = ['-poll-min-interval', '1s'];
+// The interval of two workloads on one repository, whose looks share a listing when they come within 90% of it of
+// each other: long enough that a look delayed on a loaded machine still falls in that share.
+const SHARED_INTERVAL = '5s';
 const WITHIN = 90_000;
 // The interval of the workloads a notification deploys to first: long enough for the push, the notification, its
 // rollout and the pods' report to fall between two looks, short enough for a look after them within WITHIN.
@@ -51,6 +56,17 @@ const LOGIN = { user: 'watcher', password: 'registry-watch-password-6c2e' };
 function withPullSecret(d: object) {
   (d as { spec: { template: { spec: Record<string, unknown> } } }).spec.template.spec.imagePullSecrets = [{ name: 'pull' }];
   return d;
+}
+
+/**
+ * What the watch logs at its look at a push a notification deployed: delivered already, or the tag still at its
+ * digest; or (the look came while the notification's push was being applied, the two queued on the workload) a repeat
+ * of it, decided already at the looks after. None deploys anything again.
+ */
+function lookedPast(ns: string, name: string, registry: Registry, digest: string): RegExp {
+  const found = `${registry.host}/acme/${name}:latest@${digest}`.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
+  return new RegExp(`deployment/${name} in ${ns}, container app: (?:.*delivered already|.*acme/${name}:latest is still ` +
+    `${digest}|${found}: (?:repeat|decided already) )`);
 }
 
 /** The digest host/repo:tag has now (HEAD, as the watch asks), trusting the registry's CA. */
@@ -127,7 +143,7 @@ describe('the registry watch through the executable', { skip: cluster ? false : 
   const watched = (hook = 'watch', more: Record<string, string> = {}) =>
     ({ 'webhook/poll': INTERVAL, 'webhook/hook': hook, ...more });
   const start = async () => {
-    service = await spawnWebhook({ hooks: hooksFile, env, metrics: true }, port);
+    service = await spawnWebhook({ hooks: hooksFile, env, metrics: true, args: FAST }, port);
     await waitFor(async () => (await httpRequest(port, '/').catch(() => undefined))?.status === 200,
       { timeoutMs: 15_000, what: 'the service' });
   };
@@ -218,8 +234,10 @@ describe('the registry watch through the executable', { skip: cluster ? false : 
     await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: [
       annotated('semver', `${quiet.host}/acme/semver:1.0.0`, watched('watch', { 'webhook/policy': 'semver:^1' })),
       annotated('latest', `${quiet.host}/acme/latest:latest@${latest}`, watched()),
-      annotated('twin-a', `${quiet.host}/acme/shared:1.0.0`, watched('watch', { 'webhook/policy': 'minor' })),
-      annotated('twin-b', `${quiet.host}/acme/shared:1.0.0`, watched('watch', { 'webhook/policy': 'minor' })),
+      annotated('twin-a', `${quiet.host}/acme/shared:1.0.0`,
+        watched('watch', { 'webhook/policy': 'minor', 'webhook/poll': SHARED_INTERVAL })),
+      annotated('twin-b', `${quiet.host}/acme/shared:1.0.0`,
+        watched('watch', { 'webhook/policy': 'minor', 'webhook/poll': SHARED_INTERVAL })),
       annotated('limited', `${limited.host}/acme/slow:1.0.0`, watched('limited', { 'webhook/policy': 'minor' })),
       annotated('many', `${oversized.host}/acme/many:1.0.0`, watched('limited', { 'webhook/policy': 'minor' })),
       annotated('huge', `${oversized.host}/acme/huge:1.0.0`, watched('limited', { 'webhook/policy': 'minor' })),
@@ -266,14 +284,14 @@ describe('the registry watch through the executable', { skip: cluster ? false : 
   test('the deliveries page lists what is watched, how often, when last looked at, and the watch\'s delivery', async () => {
     const doc = JSON.parse(await admin('/deliveries/watched.json'));
     const semver = doc.watched.find((w: { target: { name: string } }) => w.target.name === 'semver');
-    assert.equal(semver.intervalMs, 10_000);
+    assert.equal(semver.intervalMs, 2_000);
     assert.equal(semver.hook, 'watch');
     assert.equal(semver.from, 'annotation webhook/poll');
     assert.ok(semver.lastLookAt > 0, JSON.stringify(semver));
     assert.ok(!doc.watched.some((w: { target: { name: string } }) => w.target.name.startsWith('bad-')));
     const page = await admin('/deliveries');
     assert.match(page, /<h2>Registry watch<\/h2>/);
-    assert.match(page, new RegExp(`deployment/semver in ${ns}, app</td><td>[^<]*</td><td>10s \\(annotation webhook/poll\\)</td><td>watch</td>`));
+    assert.match(page, new RegExp(`deployment/semver in ${ns}, app</td><td>[^<]*</td><td>2s \\(annotation webhook/poll\\)</td><td>watch</td>`));
     const deliveries = JSON.parse(await admin('/deliveries.json')).deliveries as { workload: string; decision: string }[];
     assert.ok(deliveries.some((d) => d.workload === 'deployment/semver' && d.decision === 'applied'), JSON.stringify(deliveries));
   });
@@ -315,7 +333,7 @@ describe('the registry watch through the executable', { skip: cluster ? false : 
 
   test('bad annotations are Warning Events, and nothing is changed', async () => {
     for (const [name, why] of [
-      ['bad-ms', /not watched: annotation webhook\/poll "1ms" is outside 10s to 24h/],
+      ['bad-ms', /not watched: annotation webhook\/poll "1ms" is outside 1s to 24h/],
       ['bad-forever', /not watched: annotation webhook\/poll "forever" is not a Go duration/],
       ['bad-hook', /not watched: annotation webhook\/hook: no hook is named "nope"/],
       ['no-hook', /not watched: annotation webhook\/poll names no hook: annotate webhook\/hook/],
@@ -375,9 +393,8 @@ describe('the registry watch through the executable', { skip: cluster ? false : 
     await notifying.push(ociArchive(work, 'both again').path, 'acme/both:latest');
     const digest = await digestOf(notifying, 'acme/both:latest');
     await waitFor(async () => (await rollouts()) > before, { timeoutMs: WITHIN, what: 'the push to be deployed' });
-    // The watch has looked at it since (or did first): its look says the push was delivered already.
-    const looked = new RegExp(`deployment/both in ${ns}, container app: (?:.*delivered already|.*acme/both:latest is still ${digest})`);
-    await waitForOutput(service, looked, WITHIN);
+    // The watch has looked at it since (or did first).
+    await waitForOutput(service, lookedPast(ns, 'both', notifying, digest), WITHIN);
     assert.equal(await rollouts(), before + 1, (await events('both', 'ImageUpdated')).join('\n'));
     assert.equal(await delivered(), 1, await admin('/deliveries.json'));
   });
@@ -439,7 +456,7 @@ describe('the registry watch over two clusters', { skip: cluster && second ? fal
     await registry.push(ociArchive(work, 'fleet 1.0.0').path, 'acme/fleet:1.0.0');
     const fleet = deployment('fleet', [{ name: 'app', image: `${registry.host}/acme/fleet:1.0.0` }], { replicas: 1 }) as
       { metadata: Record<string, unknown> };
-    fleet.metadata.annotations = { 'webhook/poll': INTERVAL, 'webhook/hook': 'fleet', 'webhook/policy': 'minor' };
+    fleet.metadata.annotations = { 'webhook/poll': SHARED_INTERVAL, 'webhook/hook': 'fleet', 'webhook/policy': 'minor' };
     for (const kubectl of kubectls) {
       await kubectl(['create', 'namespace', ns]);
       await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(fleet));
@@ -448,7 +465,7 @@ describe('the registry watch over two clusters', { skip: cluster && second ? fal
       renamedKubeconfig(second!, 'staging', path.join(work, 'staging.json'))];
     service = await startWebhook({
       hooks: [upgradeHook('fleet', TOKEN, { CLUSTERS: 'prod staging', REGISTRY_CA: ca, ANNOTATION_NAMESPACES: ns })],
-      env: { KUBECONFIG: kubeconfigs.join(path.delimiter) }, metrics: true,
+      env: { KUBECONFIG: kubeconfigs.join(path.delimiter) }, metrics: true, args: FAST,
     });
   });
   after(async () => {
@@ -520,7 +537,7 @@ describe('a watch and a notification of the same push, mailed', { skip: cluster 
     await kubectl(['create', 'namespace', ns]);
     await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(mailed));
     // The registry notifies of every blob pushed and manifest read, each a delivery mailed: none is summed up.
-    const args = ['-max-mails-per-hook', '1000'];
+    const args = ['-max-mails-per-hook', '1000', ...FAST];
     service = await spawnWebhook({ hooks, env: { KUBECONFIG: cluster!.kubeconfigPath, ...serviceMailEnv(mta) }, metrics: true, args }, port);
     await waitFor(async () => (await httpRequest(port, '/').catch(() => undefined))?.status === 200,
       { timeoutMs: 15_000, what: 'the service' });
@@ -545,13 +562,8 @@ describe('a watch and a notification of the same push, mailed', { skip: cluster 
     await registry.push(ociArchive(work, 'mailed again').path, 'acme/mailed:latest');
     const digest = await digestOf(registry, 'acme/mailed:latest');
     await waitFor(async () => (await rollouts()) > before, { timeoutMs: WITHIN, what: 'the push to be deployed' });
-    // The watch has looked at it since (or did first): its look says the push was delivered already, or (its look
-    // came while the notification's push was being applied, the two queued on the workload) that it was a repeat of
-    // it, decided already at the looks after.
-    const found = `${registry.host}/acme/mailed:latest@${digest}`.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
-    const looked = new RegExp(`deployment/mailed in ${ns}, container app: (?:.*delivered already|.*acme/mailed:latest is still ${digest}|` +
-      `${found}: (?:repeat|decided already) )`);
-    await waitForOutput(service, looked, WITHIN);
+    // The watch has looked at it since (or did first).
+    await waitForOutput(service, lookedPast(ns, 'mailed', registry, digest), WITHIN);
     // The mail of the change (sent once its rollout has ended), then every delivery's mail: one says a change.
     const changed = (raw: string[]) => raw.slice(earlier).map(readMail).filter((m) => /^action:\s+(?!none)\S/m.test(m.body));
     await waitFor(async () => changed(await mta.messages()).length > 0, { timeoutMs: WITHIN, what: 'the mail of the change' });
@@ -607,7 +619,7 @@ describe('the gate: an annotation cannot borrow another team\'s hook', { skip: c
       // An open hook (namespace and workload from the URL) that lists no ANNOTATION_NAMESPACES.
       upgradeHook('open', TOKEN, { REGISTRY_CA: caFile }),
     ];
-    wh = await startWebhook({ hooks, env: { KUBECONFIG: cluster!.kubeconfigPath }, metrics: true });
+    wh = await startWebhook({ hooks, env: { KUBECONFIG: cluster!.kubeconfigPath }, metrics: true, args: FAST });
   });
   after(async () => {
     await wh?.stop();
@@ -685,6 +697,18 @@ describe('the registry watch, pure parts', () => {
     const bad = spawnSync(defaultBinary(), ['-validate', '-hooks', file], { encoding: 'utf8', env: { PATH: process.env.PATH } });
     assert.notEqual(bad.status, 0);
     assert.match(bad.stderr, /POLL_INTERVAL "5s" is outside 10s to 24h0m0s/);
+    // -poll-min-interval moves the minimum (a registry beside the service), not below 1s.
+    const lowered = spawnSync(defaultBinary(), ['-validate', '-poll-min-interval', '2s', '-hooks', file],
+      { encoding: 'utf8', env: { PATH: process.env.PATH } });
+    assert.equal(lowered.status, 0, lowered.stderr);
+    assert.match(lowered.stdout, /registry watch: deployment\/web in shop every 5s \(POLL_INTERVAL\)/);
+    const raised = spawnSync(defaultBinary(), ['-validate', '-poll-min-interval', '1m', '-hooks', file],
+      { encoding: 'utf8', env: { PATH: process.env.PATH } });
+    assert.match(raised.stderr, /POLL_INTERVAL "5s" is outside 1m0s to 24h0m0s/);
+    const floor = spawnSync(defaultBinary(), ['-validate', '-poll-min-interval', '500ms', '-hooks', file],
+      { encoding: 'utf8', env: { PATH: process.env.PATH } });
+    assert.equal(floor.status, 2);
+    assert.match(floor.stderr, /invalid value for flag -poll-min-interval: must be between 1s and 24h0m0s/);
   });
 
   test('an interval is a Go duration from 10s to 24h; anything else is refused naming where it was written', () => {
@@ -693,6 +717,8 @@ describe('the registry watch, pure parts', () => {
     assert.throws(() => pollInterval('1ms', 'annotation webhook/poll'), /^Error: annotation webhook\/poll "1ms" is outside 10s to 24h/);
     assert.throws(() => pollInterval('forever'), /POLL_INTERVAL "forever" is not a Go duration/);
     assert.throws(() => pollInterval('25h'), /outside 10s to 24h/);
+    assert.equal(pollInterval('2s', 'annotation webhook/poll', 1_000), 2_000);
+    assert.throws(() => pollInterval('30s', 'annotation webhook/poll', 60_000), /"30s" is outside 1m0s to 24h/);
   });
 
   test('the next page of a tag list is followed on the registry itself only', () => {

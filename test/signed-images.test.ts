@@ -684,10 +684,10 @@ describe('VERIFY_SIGNATURE: cosign signatures on a real registry, through the ex
         { envname: 'ANNOTATION_NAMESPACES', source: 'string', name: ns }] };
       fs.writeFileSync(hooksFile, JSON.stringify([annotated]));
       const d: Record<string, any> = deployment('watched', [{ name: 'app', image: image('v1') }], { replicas: 1 });
-      d.metadata.annotations = { 'webhook/poll': '10s', 'webhook/hook': 'watching' };
+      d.metadata.annotations = { 'webhook/poll': '2s', 'webhook/hook': 'watching' };
       d.spec.template.spec.imagePullSecrets = [{ name: 'regcred' }];
       await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(d));
-      const options = { hooks: hooksFile, env: { KUBECONFIG: cluster!.kubeconfigPath }, metrics: true, args: ['-deliveries', '50', ...sealing] };
+      const options = { hooks: hooksFile, env: { KUBECONFIG: cluster!.kubeconfigPath }, metrics: true, args: ['-deliveries', '50', '-poll-min-interval', '1s', ...sealing] };
       const digest = await pushImage('w10');
       // The replica that answered the push is gone before it is signed; no signature's push is announced.
       const answering = await startWebhook(options);
@@ -699,7 +699,7 @@ describe('VERIFY_SIGNATURE: cosign signatures on a real registry, through the ex
       await sign('release', digest);
       const watcher = await startWebhook(options);
       try {
-        // Within its first looks (every 10 s), well before the minute after which a known waiting push is looked at.
+        // Within its first looks (every 2 s), well before the minute after which a known waiting push is looked at.
         const applied = await recordOf(watcher, 'watched', 'applied', digest, 45_000);
         assert.match(applied.report, /its signature was found \(the registry watch\)/);
         assert.equal(await imageOf('watched'), `${image('w10')}@${digest}`);
