@@ -3118,10 +3118,13 @@ export function satisfiesRange(v: Version, range: SemverRange): boolean {
 //    bucket bounds one client's request rate, in arrival order, so that none starves. clientTlsOptions says how a
 //    server is trusted (extra CAs added to Node's default set, the verification switch, the server name);
 //    withDeadline bounds any other wait (the SMTP client's socket steps). Scrubber takes known secrets out of text
-//    leaving the program, in every form an encoding may have given them (URL, base64, JSON, HTML). Used by the SMTP,
-//    Kubernetes and registry clients and the notifications.
-//    Exports: Attempt, clientTlsOptions, OutboundAnswer, OutboundError, outboundRequest, RETRY_BACKOFF,
-//    retryAfterSeconds, retryDelay, retrying, Scrubber, TokenBucket, withDeadline.
+//    leaving the program, in every form an encoding may have given them (URL, base64, JSON, HTML); peerText quotes a
+//    server's answer with the secrets its request carried taken out before it is cut; tunnelAgent's connections go
+//    through an HTTP(S) proxy with CONNECT. Used by the SMTP, Kubernetes, registry and Git clients and the
+//    notifications.
+//    Exports: Attempt, clientTlsOptions, MAX_QUOTED_MESSAGE_CHARS, OutboundAnswer, OutboundError, outboundRequest,
+//    peerText, RETRY_BACKOFF, retryAfterSeconds, retryDelay, retrying, Scrubber, TokenBucket, tunnelAgent,
+//    withDeadline.
 //    Tests: test/burst.test.ts, test/outbound.test.ts, test/upgrade.test.ts.
 // ================================================================================================
 
@@ -3493,6 +3496,92 @@ export class Scrubber {
   scrub(text: string): string {
     return this.pattern === undefined ? text : text.replace(this.pattern, () => this.replacement);
   }
+}
+
+// An encoded form of a secret is at most this many times its length (a character of 3 UTF-8 bytes, URL-encoded).
+const MAX_FORM_GROWTH = 9;
+
+// A server's message quoted in an error (a Kubernetes Status message, each of its causes) is cut here: an admission
+// webhook's denial is some lines; past this it is not a message a person reads, and a hostile server could send
+// 32 MiB of one.
+export const MAX_QUOTED_MESSAGE_CHARS = 4096;
+
+/**
+ * A server's text as a message quotes it (an error's body, a Status message): the secrets its request carried, in
+ * each of their forms, taken out before it is cut to `maxChars`, so that no cut leaves part of one behind (a server
+ * that echoes the Authorization header). Only the head that can reach the cut is scrubbed. Pure.
+ */
+export function peerText(text: string, secrets: readonly (string | undefined)[], maxChars: number): string {
+  const known = secrets.filter((secret): secret is string => secret !== undefined && secret !== '');
+  if (known.length === 0) return text.slice(0, maxChars);
+  const reach = maxChars + MAX_FORM_GROWTH * Math.max(...known.map((secret) => secret.length));
+  return new Scrubber(known).scrub(text.slice(0, reach)).slice(0, maxChars);
+}
+
+// ---- a proxy's tunnel ---------------------------------------------------------------------------
+
+const TUNNEL_LIMITS = {
+  // A proxy's answer to CONNECT is a status line and a few headers; more is not such an answer.
+  maxAnswerBytes: 16 * 1024,
+  // A proxy answers CONNECT as the server behind it answers a request: past 10 s it is taken as hung.
+  connectTimeoutMs: 10_000,
+};
+
+/**
+ * An agent whose connections go through an HTTP or HTTPS proxy (kubeconfig proxy-url): a CONNECT to the API server's
+ * host and port (an IPv6 address in brackets, RFC 9110 §9.3.6: [::1]:6443), then TLS to the API server inside the
+ * tunnel, so the proxy sees neither the requests nor the credentials. Its user and password: Proxy-Authorization.
+ */
+function tunnelAgent(proxy: URL, agentOptions: https.AgentOptions): https.Agent {
+  // An instance whose createConnection is replaced, not a subclass: a class extending https.Agent would load
+  // node:https when this file is evaluated, which the start-up snapshot cannot hold.
+  const agent = new https.Agent(agentOptions);
+  agent.createConnection = (options, done) => tunnelConnection(proxy, options, done);
+  return agent;
+}
+
+function tunnelConnection(
+  p: URL,
+  options: http.ClientRequestArgs,
+  done?: (err: Error | null, stream: Duplex) => void,
+): undefined {
+  const target = `${net.isIP(String(options.host)) === 6 ? `[${options.host}]` : options.host}:${options.port}`;
+  const secure = p.protocol === 'https:';
+  const port = Number(p.port) || (secure ? 443 : 80);
+  const socket = secure
+    ? tls.connect({ host: p.hostname, port, servername: p.hostname })
+    : net.connect(port, p.hostname);
+  let settled = false;
+  const fail = (why: string) => {
+    socket.destroy();
+    if (!settled) done?.(Object.assign(new Error(`proxy ${p.host}: ${why}`), { code: 'EPROXY' }), socket);
+    settled = true;
+  };
+  socket.setTimeout(TUNNEL_LIMITS.connectTimeoutMs, () => fail(`no answer to CONNECT ${target}`));
+  socket.once('error', (e: NodeJS.ErrnoException) => fail(e.code ?? e.message));
+  socket.once(secure ? 'secureConnect' : 'connect', () => {
+    const auth = p.username
+      ? `Proxy-Authorization: Basic ${Buffer.from(
+          `${decodeURIComponent(p.username)}:` + `${decodeURIComponent(p.password)}`,
+        ).toString('base64')}\r\n`
+      : '';
+    socket.write(`CONNECT ${target} HTTP/1.1\r\nHost: ${target}\r\n${auth}\r\n`);
+  });
+  let answer = Buffer.alloc(0);
+  const read = (chunk: Buffer) => {
+    answer = Buffer.concat([answer, chunk]);
+    const end = answer.indexOf('\r\n\r\n');
+    if (end < 0) return answer.length > TUNNEL_LIMITS.maxAnswerBytes ? fail('answer to CONNECT too long') : undefined;
+    socket.off('data', read);
+    socket.setTimeout(0);
+    const status = answer.subarray(0, answer.indexOf('\r\n')).toString('latin1');
+    if (!/^HTTP\/1\.[01] 2\d\d /.test(`${status} `))
+      return fail(`CONNECT ${target} refused: ${status.slice(0, 100)}`);
+    settled = true;
+    done?.(null, tls.connect({ ...(options as tls.ConnectionOptions), socket }));
+  };
+  socket.on('data', read);
+  return undefined;
 }
 
 // ================================================================================================
@@ -4190,14 +4279,14 @@ export async function sendWithRetry(
 // 9. kubernetes client — a small client for the Kubernetes REST API over node:https. Credentials (KubeCredentials) come
 //    from a kubeconfig's context or, inside a pod, from the service account (the kubeconfig chapter: a token, a token
 //    file re-read on every request so rotated tokens keep working, a client certificate, or a credential plugin asked
-//    before each request and renewed once after a 401). A server URL's path (Rancher's cluster proxy)
-//    is kept on every request; a proxy-url's connections tunnel with CONNECT. Every request is one outboundRequest
-//    under a total deadline; transient failures are retried by the policy of the outbound-calls chapter (retrying)
-//    inside a bounded total time, and every call of one client waits its turn in one token bucket (client-go's QPS and
-//    burst). Failures become KubeErrors that name the verb and the resource, and for 403 the permission missing. The
-//    token is only ever put in the Authorization header. Watches are shared (KubeClient.watch): one WATCH per
-//    collection or object and selector, resumed from the last resourceVersion, re-listed (in pages) on 410, closed
-//    when unused, its objects trimmed and indexed (client-go's informers' transform and indexers).
+//    before each request and renewed once after a 401). A server URL's path (Rancher's cluster proxy) is kept on every
+//    request; a proxy-url's connections tunnel with CONNECT. Every request is one outboundRequest under a total
+//    deadline; transient failures are retried by the policy of the outbound-calls chapter (retrying) inside a bounded
+//    total time, and every call of one client waits its turn in one token bucket (client-go's QPS and burst). Failures
+//    become KubeErrors that name the verb and the resource, and for 403 the permission missing; what they quote of the
+//    server has the token taken out (peerText). The token is only ever put in the Authorization header. Watches are
+//    shared (KubeClient.watch): one WATCH per collection or object and selector, resumed from the last resourceVersion,
+//    re-listed (in pages) on 410, closed when unused, its objects trimmed and indexed as client-go's informers do.
 //    Exports: CredentialPlugin, describeResource, JsonPatchOperation, KubeClient, KubeConfigError, KubeCredentials,
 //    KubeError, PluginCredential, ResourceRef, WatchScope.
 //    Tests: test/burst.test.ts, test/kubeconfig.test.ts, test/rollback.test.ts, test/upgrade.test.ts,
@@ -4208,20 +4297,19 @@ export const KUBE_LIMITS = {
   // A GET or PATCH answers in milliseconds; a loaded control plane takes seconds. Past 10 s the
   // connection is taken as hung and the request is tried again.
   requestTimeoutMs: 10_000,
-  // An API server restart or leader failover, or a burst of throttling, clears within seconds.
-  // Retrying for up to 20 s rides that out while the push's HTTP answer still comes back within
-  // about half a minute (the worst case is this budget plus one request deadline).
+  // An API server restart or leader failover, or a burst of throttling, clears within seconds. Retrying for up to 20 s
+  // rides that out while the push's HTTP answer still comes back within about half a minute (the worst case is this
+  // budget plus one request deadline).
   retryBudgetMs: 20_000,
   // Answers we read are one object or a bounded list; anything larger is not an answer we asked for.
   maxResponseBytes: 32 * 1024 * 1024,
-  // The client's own bound on its request rate (client-go's QPS and burst), shared by every call
-  // of one client: reads, patches, Events and rollout polls of all pushes. client-go's defaults
-  // (5/s, burst 10) suit a controller's steady trickle; a monorepo release pushes hundreds of
-  // images at once, each costing a read, a patch and an Event before its answer. 50/s with a
-  // burst of 100 are kube-scheduler's own defaults, the busiest ordinary client of a cluster: a
-  // replica never asks more of the API server than the scheduler does, and 200 pushes land in
-  // about ten seconds, well inside each call's retry budget (a call waits at most for the calls
-  // queued before it, one per push or rollout in progress: 256 + 256 at 50/s is about 10 s).
+  // The client's own bound on its request rate (client-go's QPS and burst), shared by every call of one client: reads,
+  // patches, Events and rollout polls of all pushes. client-go's defaults (5/s, burst 10) suit a controller's steady
+  // trickle; a monorepo release pushes hundreds of images at once, each costing a read, a patch and an Event before
+  // its answer. 50/s with a burst of 100 are kube-scheduler's own defaults, the busiest ordinary client of a cluster:
+  // a replica never asks more of the API server than the scheduler does, and 200 pushes land in about ten seconds,
+  // well inside each call's retry budget (a call waits at most for the calls queued before it, one per push or
+  // rollout in progress: 256 + 256 at 50/s is about 10 s).
   requestsPerSecond: 50,
   requestBurst: 100,
   // Connections open at once for calls (watches have their own): each TLS connection holds some 100 KB, and a
@@ -4575,7 +4663,7 @@ export class KubeClient {
       status: answer.status,
       retryAfterSeconds: retryAfterSeconds(answer.headers['retry-after']),
     };
-    return { ok: false, failure, error: this.answerError(verb, r, answer) };
+    return { ok: false, failure, error: this.answerError(verb, r, answer, authorization) };
   }
 
   /** A call that found no turn within its budget: more calls are queued than the rate clears in time. */
@@ -4637,8 +4725,8 @@ export class KubeClient {
   }
 
   /** The error for an HTTP error answer: verb, resource, and what to do about it. */
-  private answerError(verb: KubeVerb, r: ResourceRef, answer: OutboundAnswer): KubeError {
-    const { serverMessage, reason, causes } = statusDetails(answer);
+  private answerError(verb: KubeVerb, r: ResourceRef, answer: OutboundAnswer, authorization?: string): KubeError {
+    const { serverMessage, reason, causes } = statusDetails(answer, [authorization?.replace(/^Bearer /, '')]);
     const what = describeResource(r);
     const api = `${r.group ? `${r.resource}.${r.group}` : r.resource} (${r.group || 'core'}/${r.version})`;
     const said = (before: string, after = '') => (serverMessage ? `${before}${serverMessage}${after}` : '');
@@ -4677,68 +4765,6 @@ function kubeAgents(credentials: KubeCredentials, cert?: Buffer, key?: Buffer) {
   return { calls: agent(KUBE_LIMITS.maxConnections), watches: agent(Infinity) };
 }
 
-const TUNNEL_LIMITS = {
-  // A proxy's answer to CONNECT is a status line and a few headers; more is not such an answer.
-  maxAnswerBytes: 16 * 1024,
-};
-
-/**
- * An agent whose connections go through an HTTP or HTTPS proxy (kubeconfig proxy-url): a CONNECT to the API server's
- * host and port (an IPv6 address in brackets, RFC 9110 §9.3.6: [::1]:6443), then TLS to the API server inside the
- * tunnel, so the proxy sees neither the requests nor the credentials. Its user and password: Proxy-Authorization.
- */
-function tunnelAgent(proxy: URL, agentOptions: https.AgentOptions): https.Agent {
-  // An instance whose createConnection is replaced, not a subclass: a class extending https.Agent would load
-  // node:https when this file is evaluated, which the start-up snapshot cannot hold.
-  const agent = new https.Agent(agentOptions);
-  agent.createConnection = (options, done) => tunnelConnection(proxy, options, done);
-  return agent;
-}
-
-function tunnelConnection(
-  p: URL,
-  options: http.ClientRequestArgs,
-  done?: (err: Error | null, stream: Duplex) => void,
-): undefined {
-  const target = `${net.isIP(String(options.host)) === 6 ? `[${options.host}]` : options.host}:${options.port}`;
-  const secure = p.protocol === 'https:';
-  const port = Number(p.port) || (secure ? 443 : 80);
-  const socket = secure
-    ? tls.connect({ host: p.hostname, port, servername: p.hostname })
-    : net.connect(port, p.hostname);
-  let settled = false;
-  const fail = (why: string) => {
-    socket.destroy();
-    if (!settled) done?.(Object.assign(new Error(`proxy ${p.host}: ${why}`), { code: 'EPROXY' }), socket);
-    settled = true;
-  };
-  socket.setTimeout(KUBE_LIMITS.requestTimeoutMs, () => fail(`no answer to CONNECT ${target}`));
-  socket.once('error', (e: NodeJS.ErrnoException) => fail(e.code ?? e.message));
-  socket.once(secure ? 'secureConnect' : 'connect', () => {
-    const auth = p.username
-      ? `Proxy-Authorization: Basic ${Buffer.from(
-          `${decodeURIComponent(p.username)}:` + `${decodeURIComponent(p.password)}`,
-        ).toString('base64')}\r\n`
-      : '';
-    socket.write(`CONNECT ${target} HTTP/1.1\r\nHost: ${target}\r\n${auth}\r\n`);
-  });
-  let answer = Buffer.alloc(0);
-  const read = (chunk: Buffer) => {
-    answer = Buffer.concat([answer, chunk]);
-    const end = answer.indexOf('\r\n\r\n');
-    if (end < 0) return answer.length > TUNNEL_LIMITS.maxAnswerBytes ? fail('answer to CONNECT too long') : undefined;
-    socket.off('data', read);
-    socket.setTimeout(0);
-    const status = answer.subarray(0, answer.indexOf('\r\n')).toString('latin1');
-    if (!/^HTTP\/1\.[01] 2\d\d /.test(`${status} `))
-      return fail(`CONNECT ${target} refused: ${status.slice(0, 100)}`);
-    settled = true;
-    done?.(null, tls.connect({ ...(options as tls.ConnectionOptions), socket }));
-  };
-  socket.on('data', read);
-  return undefined;
-}
-
 /** The last failure of a call that is given up, with how many attempts it took and how long. */
 function exhausted(e: KubeError, attempts: number, elapsedMs: number): KubeError {
   if (attempts <= 1) return e;
@@ -4751,7 +4777,10 @@ function exhausted(e: KubeError, attempts: number, elapsedMs: number): KubeError
 }
 
 /** What a Status answer says: its message (or the start of a non-Status body), reason and causes. */
-function statusDetails(answer: OutboundAnswer): { serverMessage: string; reason: string; causes: string[] } {
+function statusDetails(
+  answer: OutboundAnswer,
+  sent: (string | undefined)[],
+): { serverMessage: string; reason: string; causes: string[] } {
   let status: Record<string, unknown> = {};
   try {
     const parsed: unknown = JSON.parse(answer.body);
@@ -4763,11 +4792,14 @@ function statusDetails(answer: OutboundAnswer): { serverMessage: string; reason:
   const causes = Array.isArray(details.causes)
     ? details.causes.filter(isObject).map((c) => {
         const field = typeof c.field === 'string' ? `${c.field}: ` : '';
-        return `${field}${typeof c.message === 'string' ? c.message : ''}`;
+        return peerText(`${field}${typeof c.message === 'string' ? c.message : ''}`, sent, MAX_QUOTED_MESSAGE_CHARS);
       })
     : [];
   return {
-    serverMessage: typeof status.message === 'string' ? status.message : answer.body.slice(0, 200).trim(),
+    serverMessage:
+      typeof status.message === 'string'
+        ? peerText(status.message, sent, MAX_QUOTED_MESSAGE_CHARS)
+        : peerText(answer.body, sent, 200).trim(),
     reason: typeof status.reason === 'string' ? status.reason : '',
     causes,
   };
@@ -5641,8 +5673,9 @@ export function credentialsFromEnvironment(
 //    P-256, Ed25519, RSA; Ed25519ph, which cosign signs with and node:crypto lacks, by hand after RFC 8032), and
 //    that it names the digest, the repository and the annotations required. No transparency log, no Fulcio: a
 //    keyless signature is refused.
-//    Exports: asList, CosignKey, MANIFEST_TYPES, parseCosignKeys, readCosignSignatures, registryAway, RegistryError,
-//    RegistryLogin, RegistryRepository, RepositoryReader, resolveManifestTag, SIGNATURE_LIMITS, SignatureVerdict.
+//    Exports: asList, CosignKey, DOCKER_HUB_HOSTS, MANIFEST_TYPES, parseCosignKeys, readCosignSignatures, registryAway,
+//    RegistryError, RegistryLogin, RegistryRepository, RepositoryReader, resolveManifestTag, SIGNATURE_LIMITS,
+//    SignatureVerdict.
 //    Tests: test/outbound.test.ts, test/registry-e2e.test.ts, test/clouds.test.ts, test/cosign-verify.test.ts,
 //    test/signed-images.test.ts.
 // ================================================================================================
@@ -6835,7 +6868,8 @@ function gitRequest(
 /** The answer's status judged: 401/403 are the credentials (the server's text, cut), anything else not 200 fails. */
 function checkedAnswer(remote: GitRemote, what: string, a: { status: number; body: Buffer }): Buffer {
   if (a.status === 200) return a.body;
-  const text = a.body.toString('utf8', 0, 300).replace(/\s+/g, ' ').trim();
+  const sent = [remote.token, `${remote.username}:${remote.token}`];
+  const text = peerText(a.body.toString('utf8', 0, 64 * 1024), sent, 300).replace(/\s+/g, ' ').trim();
   const said = text === '' ? '' : `: ${showValue(text)}`;
   if (a.status === 401 || a.status === 403)
     throw new GitError(
@@ -8525,8 +8559,8 @@ export const LIMITS = {
 // ================================================================================================
 // 17. command line & settings — the adnanh/webhook command line in Go `flag` syntax (parseCommandLine, usage), Go's
 //    durations and booleans, and the flags that set our safety limits (their defaults are LIMITS').
-//    Exports: durationSetting, Options, parseCommandLine, parseGoBool, parseGoDuration, parseListenAddress,
-//    PLACEHOLDER, readAdminTokenFile, readApprovalKeyFile, usage, UsageError.
+//    Exports: durationSetting, LOOPBACK_HOST, Options, parseCommandLine, parseGoBool, parseGoDuration,
+//    parseListenAddress, PLACEHOLDER, readAdminTokenFile, readApprovalKeyFile, usage, UsageError.
 //    Tests: test/runner.test.ts, test/unit.test.ts.
 // ================================================================================================
 
@@ -16885,8 +16919,16 @@ function dockerConfigHost(key: string): string {
   return stripSchemeAndSlashes(key).split('/')[0].toLowerCase();
 }
 
+/**
+ * Whether a docker config's key names the registry `host`: the same host, or both Docker Hub, which `docker login`
+ * keys as https://index.docker.io/v1/ and which is asked at registry-1.docker.io. Pure.
+ */
+function sameLoginHost(key: string, host: string): boolean {
+  return key === host || (DOCKER_HUB_HOSTS.has(key) && DOCKER_HUB_HOSTS.has(host));
+}
+
 /** The login a pull secret holds for `host` (.dockerconfigjson or the older .dockercfg), if any. */
-function loginFromPullSecret(secret: unknown, host: string, name: string): RegistryLogin | undefined {
+export function loginFromPullSecret(secret: unknown, host: string, name: string): RegistryLogin | undefined {
   const data = valueAt(secret, ['data']);
   if (!isObject(data)) return undefined;
   const encoded = data['.dockerconfigjson'] ?? data['.dockercfg'];
@@ -16899,7 +16941,7 @@ function loginFromPullSecret(secret: unknown, host: string, name: string): Regis
   }
   const auths = isObject(config) && isObject(config.auths) ? config.auths : config;
   if (!isObject(auths)) return undefined;
-  const entry = Object.entries(auths).find(([key]) => dockerConfigHost(key) === host.toLowerCase())?.[1];
+  const entry = Object.entries(auths).find(([key]) => sameLoginHost(dockerConfigHost(key), host.toLowerCase()))?.[1];
   if (!isObject(entry)) return undefined;
   if (typeof entry.username === 'string' && typeof entry.password === 'string')
     return { user: entry.username, password: entry.password, secret: name };
@@ -18271,7 +18313,7 @@ function helmChanges(e: GitEdit, docs: LocatedNode[], ref: ImageRef): TextChange
 // ---- the commit -------------------------------------------------------------------------------------
 
 /** One push's edit as its branch's batch commits it: the push, its hook's settings, the image it replaces. */
-interface PushEdit {
+export interface PushEdit {
   git: GitSettings;
   push: Push;
   config: UpgradeSettings;
@@ -18283,10 +18325,19 @@ interface PushEdit {
 /** What became of one push's edit in its batch. */
 type EditOutcome = { commit: string } | { unchanged: true } | { superseded: string } | { error: Error };
 
+/**
+ * A value in a commit's message, on one line whatever it holds (quoted as JSON when it has a control or line
+ * separator character): the cluster's image is read from a workload, and a line break in it would add a trailer
+ * that newest wins reads back. Pure.
+ */
+function commitValue(value: string): string {
+  return /[\x00-\x1f\x7f\u2028\u2029]/.test(value) ? JSON.stringify(value) : value;
+}
+
 /** `registry/app:v2 to shop/deployment/web`: one push in a commit's message. */
 function deployed(e: PushEdit): string {
   const t = e.push.target;
-  return `${e.push.image} to ${t.namespace}/${t.kind}/${t.name}`;
+  return `${commitValue(e.push.image)} to ${t.namespace}/${t.kind}/${t.name}`;
 }
 
 /** The trailers of one push: image, digest, registry, workload, push time, who asked (newest wins reads them). */
@@ -18296,23 +18347,23 @@ function pushTrailers(e: PushEdit): string[] {
   const parsed = validateImageRef(push.image);
   const ref = parsed.ok ? parsed.ref : undefined;
   return [
-    `Webhook-Image: ${push.image}`,
+    `Webhook-Image: ${commitValue(push.image)}`,
     ...(ref?.digest ? [`Webhook-Digest: ${ref.digest}`] : []),
     `Webhook-Registry: ${ref?.domain ?? 'docker.io'}`,
     `Webhook-Workload: ${t.namespace}/${t.kind}/${t.name}/${config.container}`,
     `Webhook-Pushed-At: ${new Date(push.pushedAtMs).toISOString()}`,
-    `Webhook-Asked-By: ${whoAsked(push) || 'the upgrade command'}`,
+    `Webhook-Asked-By: ${commitValue(whoAsked(push) || 'the upgrade command')}`,
   ];
 }
 
-/** The commit's message: what was deployed where, and each push in trailers. Pure. */
-function commitMessage(edits: PushEdit[]): string {
+/** The commit's message: what was deployed where, and each push in trailers, each value on its line. Pure. */
+export function commitMessage(edits: PushEdit[]): string {
   const [first] = edits;
   const t = first.push.target;
-  const pushed = `The registry pushed ${first.push.image}; container ${first.config.container}`;
-  const ran = `${pushed} of ${t.kind}/${t.name} in ${t.namespace} ran ${first.before ?? 'nothing yet'}.`;
+  const pushed = `The registry pushed ${commitValue(first.push.image)}; container ${first.config.container}`;
+  const ran = `${pushed} of ${t.kind}/${t.name} in ${t.namespace} ran ${commitValue(first.before ?? 'nothing yet')}.`;
   const head = first.revert
-    ? [`Revert to ${deployed(first)}`, '', `ROLLBACK_ON_FAILURE: ${first.revert}.`]
+    ? [`Revert to ${deployed(first)}`, '', `ROLLBACK_ON_FAILURE: ${commitValue(first.revert)}.`]
     : edits.length === 1
       ? [`Deploy ${deployed(first)}`, '', ran]
       : [`Deploy ${edits.length} images`, '', ...edits.map((e) => `- ${deployed(e)}`)];
@@ -24772,6 +24823,12 @@ export function notifyTargets(texts: NotifyTexts): NotifyTarget[] {
   return urls.map((url, i) => {
     if (secrets[i] && !NOTIFY_FORMATS[formats[i]].signs)
       throw new Error(`NOTIFY_SECRET is set, but ${formats[i]} (URL ${i + 1}) does not sign its requests`);
+    // A chat's URL is its robot's key (Telegram's bot token, Slack's and Discord's webhook path, a query's key).
+    if (formats[i] !== 'json' && url.protocol === 'http:' && !LOOPBACK_HOST.test(url.hostname.replace(/^\[|\]$/g, '')))
+      throw new Error(
+        `NOTIFY_URL item ${i + 1} (${formats[i]}) is http://: its key would go in clear; use https:// (http:// only ` +
+          'for a loopback host)',
+      );
     return { url, format: formats[i], secret: secrets[i], ...(chats.has(i) ? { chat: chats.get(i) } : {}) };
   });
 }
@@ -24839,11 +24896,33 @@ async function postOnce(request: NotifyRequest, ca: string[] | undefined, deadli
   }
   if (answer.status >= 200 && answer.status < 300) return answer.body;
   const transient = answer.status >= 500 || answer.status === 429 || answer.status === 408;
-  const failure = new NotifyFailure(`HTTP ${answer.status}: ${JSON.stringify(answer.body.slice(0, 200))}`, transient);
+  const said = peerText(answer.body, notifyKeys(request), 200);
+  const failure = new NotifyFailure(`HTTP ${answer.status}: ${JSON.stringify(said)}`, transient);
   failure.retryAfterSeconds = retryAfterSeconds(answer.headers['retry-after']);
   if (answer.status === 429) failure.throttled = answer.body;
   throw failure;
 }
+
+/**
+ * What a receiver's answer must not quote back: the parts of its URL that are a robot's key (the path, its segments
+ * and the query's values; Telegram's bot token is a segment) and the headers sent (a signature, a secret), but the
+ * content type and the user agent.
+ */
+function notifyKeys(request: NotifyRequest): string[] {
+  const url = request.url;
+  const keyLike = (value: string) => value.length >= MIN_KEY_CHARS;
+  const segments = url.pathname.split('/').filter(keyLike);
+  const values = [...url.searchParams.values()].filter(keyLike);
+  const headers = Object.entries(request.headers)
+    .filter(([name, value]) => !/^(?:content-type|user-agent)$/i.test(name) && keyLike(value))
+    .map(([, value]) => value);
+  const bot = TELEGRAM_SEND_PATH.exec(url.pathname)?.[1];
+  return [url.pathname + url.search, ...segments, ...values, ...headers, ...(bot ? [bot] : [])];
+}
+
+// The parts of a receiver's URL taken for keys: the shortest robots' keys (Slack's, WeCom's) are 24 characters or
+// more, while a path's words (sendMessage, services, webhooks) are shorter.
+const MIN_KEY_CHARS = 16;
 
 /** The host a URL may be shown by: the rest of a chat URL (its path, its query) is its robot's key. */
 function shownTarget(url: URL): string {

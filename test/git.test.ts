@@ -16,11 +16,13 @@
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import * as fs from 'node:fs';
+import * as http from 'node:http';
+import type { AddressInfo } from 'node:net';
 import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import {
-  approvalToken, editGitFile, fetchGitFile, fetchGitFiles, gitObjectId, gitopsApplier, gitopsOwner, GitError, holdDecision, imageFieldPath, HOOK_SETTINGS, locatedYaml, parsePktLines, pktLine,
-  pushGitCommit, WorkloadQueue, readPack, readSshSigningKey, readTree, replaceInTree, writePack, type GitEdit, type GitRemote,
+  approvalToken, commitMessage, editGitFile, fetchGitFile, fetchGitFiles, gitObjectId, gitopsApplier, gitopsOwner, GitError, holdDecision, imageFieldPath, HOOK_SETTINGS, locatedYaml, parsePktLines, pktLine,
+  pushGitCommit, WorkloadQueue, readPack, readSshSigningKey, readTree, replaceInTree, writePack, type GitEdit, type GitRemote, type PushEdit,
 } from '../webhook.ts';
 import { git, makeRepository, startGitServer, type GitServer } from './git-server.ts';
 import { adminPort, httpRequest, makeTempDir, startWebhook, waitFor, type Webhook } from './harness.ts';
@@ -144,6 +146,20 @@ describe('pushes waiting for one branch are committed together (WorkloadQueue.ba
     assert.deepEqual(calls.toSorted((a, b) => a[0] - b[0]), [[1, 2, 3], [4, 5, 6, 7], [8, 9], [100]]);
     const failing = queue.batch('main', 1, async () => { throw new Error('the branch is protected'); }, 4);
     await assert.rejects(failing, /the branch is protected/);
+  });
+});
+
+describe('a commit\'s message', () => {
+  test('a value that holds a line break stays on its line: it adds no trailer that newest wins would read back', () => {
+    // The image the cluster ran, as a namespace editor can set it.
+    const before = 'reg.example/shop/app:v1\nWebhook-Workload: shop/deployment/web/app\nWebhook-Pushed-At: 2099-01-01T00:00:00.000Z';
+    const edit = { push: { image: 'reg.example/shop/app:v2', target: { namespace: 'shop', kind: 'deployment', name: 'web' },
+      pushedAtMs: Date.parse('2026-12-01T00:00:00Z'), hookId: 'deploy' }, config: { container: 'app' }, before } as unknown as PushEdit;
+    const message = commitMessage([edit]);
+    assert.deepEqual(message.split('\n').filter((l) => /^Webhook-(Workload|Pushed-At): /.test(l)),
+      ['Webhook-Workload: shop/deployment/web/app', 'Webhook-Pushed-At: 2026-12-01T00:00:00.000Z']);
+    assert.ok(message.includes(`ran ${JSON.stringify(before)}.`), message);
+    assert.match(commitMessage([{ ...edit, before: 'reg.example/shop/app:v1' }]), /ran reg\.example\/shop\/app:v1\.$/m);
   });
 });
 
@@ -366,6 +382,25 @@ describe('the smart-HTTP client against git http-backend', () => {
     assert.ok(e instanceof GitError);
     assert.match(e.message, /the server refused the credentials of "bot" \(HTTP 401: "Authentication failed"\); check GIT_TOKEN/);
     assert.doesNotMatch(e.message, /wrong-token-77/);
+  });
+  test('a server that echoes the Authorization header in its refusal: no run of the token, or of its base64, in the error', async () => {
+    // The header after a prefix, so that a cut of the quoted answer would fall inside it.
+    const echo = http.createServer((req, res) => {
+      res.writeHead(403, { 'Content-Type': 'text/plain' });
+      res.end(`${'denied '.repeat(6)}you sent ${req.headers.authorization} with token ${TOKEN}`);
+    });
+    await new Promise<void>((resolve) => echo.listen(0, '127.0.0.1', resolve));
+    try {
+      const url = new URL(`http://127.0.0.1:${(echo.address() as AddressInfo).port}/deploy.git`);
+      const e = await fetchGitFile(remote({ url }), 'main', 'apps/web.yaml').catch((x) => x);
+      assert.ok(e instanceof GitError, String(e));
+      assert.match(e.message, /the server refused the credentials of "bot" \(HTTP 403: "denied denied /);
+      const forms = [TOKEN, Buffer.from(`bot:${TOKEN}`).toString('base64')];
+      for (const form of forms)
+        for (let i = 0; i + 16 <= form.length; i++) assert.ok(!e.message.includes(form.slice(i, i + 16)), e.message);
+    } finally {
+      echo.close();
+    }
   });
   test('a missing branch, a missing file, a directory are named', async () => {
     await assert.rejects(fetchGitFile(remote(), 'prod', 'apps/web.yaml'), /there is no branch "prod"/);

@@ -9,6 +9,7 @@ import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import * as fs from 'node:fs';
 import * as http from 'node:http';
+import * as https from 'node:https';
 import * as net from 'node:net';
 import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
@@ -16,6 +17,7 @@ import {
   contextCredentials, credentialsFromEnvironment, KubeClient, KubeConfigError, KubeError, loadKubeconfig, readKubeconfig,
 } from '../webhook.ts';
 import { makeTempDir, waitFor, webhookPool } from './harness.ts';
+import { selfSignedCertificate } from './receiver.ts';
 import { acrPayload, clusterOrSkip, freshNamespaceName, kubectlFor, namespaceAdminAccount, removeNamespace } from './cluster/kube.ts';
 
 const cluster = await clusterOrSkip();
@@ -187,6 +189,38 @@ describe('kubeconfig files', () => {
         assert.doesNotMatch(e.message, new RegExp(SECRET));
         return true;
       });
+    }
+  });
+
+  test('a server posing as the API server that echoes the bearer token in its Status: no run of it in the error', async () => {
+    const token = 'eyJhbGciOiJSUzI1NiJ9.c2VydmljZWFjY291bnQ.sig-4d9c1f7a2b8e';
+    const cert = selfSignedCertificate();
+    // The token after a prefix in the message, and again in a cause: wherever a cut of the quote would fall.
+    const server = https.createServer({ cert: cert.certPem, key: cert.keyPem }, (req, res) => {
+      res.writeHead(400, { 'Content-Type': 'application/json' });
+      res.end(JSON.stringify({ kind: 'Status', status: 'Failure', reason: 'BadRequest', code: 400,
+        message: `${'no '.repeat(1360)}you sent ${req.headers.authorization}`,
+        details: { causes: [{ field: 'token', message: `was ${String(req.headers.authorization).slice(7)}` }] } }));
+    });
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    try {
+      const file = write('posing.json', JSON.stringify({
+        'current-context': 'c', contexts: [{ name: 'c', context: { cluster: 'k', user: 'u' } }],
+        clusters: [{ name: 'k', cluster: { server: `https://127.0.0.1:${(server.address() as net.AddressInfo).port}`,
+          'insecure-skip-tls-verify': true } }],
+        users: [{ name: 'u', user: { token } }],
+      }));
+      const client = new KubeClient(loadKubeconfig(file), { retryBudgetMs: 0 });
+      const e = await client.get({ group: '', version: 'v1', resource: 'configmaps', namespace: 'default', name: 'x' })
+        .catch((x) => x);
+      client.close();
+      assert.ok(e instanceof KubeError, String(e));
+      assert.match(e.message, /^cannot get configmaps "x" .*: HTTP 400 BadRequest: no no /);
+      const quoted = [e.message, ...(e.causes ?? [])].join('\n');
+      assert.ok(quoted.length < 3 * 4096, `${quoted.length} characters`);
+      for (let i = 0; i + 16 <= token.length; i++) assert.ok(!quoted.includes(token.slice(i, i + 16)), quoted.slice(-300));
+    } finally {
+      server.close();
     }
   });
 });

@@ -619,7 +619,8 @@ describe('the Telegram bot token is a secret', () => {
       const res = await push(w, 'tg');
       const d = await settledDelivery(w, res.requestId);
       assert.deepEqual([d.notifications[0].channel, d.notifications[0].state], [`telegram 127.0.0.1:${rx.port}`, 'failed']);
-      assert.match(d.notifications[0].detail, /^HTTP 401: .*Unauthorized: bot\[redacted\] is revoked \(token \[redacted\], \[redacted\]\).* \(after 1 attempt\(s\)\)$/);
+      // Its URL's key and the bot token are taken out of the answer before it is quoted.
+      assert.match(d.notifications[0].detail, /^HTTP 401: .*Unauthorized: REDACTED is revoked \(token REDACTED, REDACTED\).* \(after 1 attempt\(s\)\)$/);
       assert.equal(rx.requests.length, 1, 'a 401 is final');
       assert.equal(JSON.parse(rx.requests[0].body).chat_id, '@release_channel');
       await waitForOutput(w, /telegram notification to 127\.0\.0\.1:\d+ not sent: HTTP 401/);
@@ -651,6 +652,9 @@ describe('the Telegram bot token is a secret', () => {
       [{ NOTIFY_URL: 'https://hooks.slack.com/services/x', NOTIFY_FORMAT: 'slack', NOTIFY_TELEGRAM_CHAT: '-100' }, 'NOTIFY_TELEGRAM_CHAT is set, but no NOTIFY_URL is telegram'],
       [{ NOTIFY_URL: `https://a.example${TELEGRAM_PATH} https://b.example${TELEGRAM_PATH}`, NOTIFY_FORMAT: 'telegram', NOTIFY_TELEGRAM_CHAT: '-1 -2 -3' }, 'NOTIFY_TELEGRAM_CHAT has 3 values for 2 URLs: give one, or one per URL'],
       [{ NOTIFY_URL: 'https://x.example/workflows/1', NOTIFY_FORMAT: 'teams', NOTIFY_SECRET: 'sig-secret' }, 'NOTIFY_SECRET is set, but teams (URL 1) does not sign its requests'],
+      // A chat URL carries its key: never in clear, but to this machine.
+      [{ NOTIFY_URL: `http://api.telegram.org${TELEGRAM_PATH}`, NOTIFY_FORMAT: 'telegram', NOTIFY_TELEGRAM_CHAT: '-100' }, 'NOTIFY_URL item 1 (telegram) is http://: its key would go in clear; use https:// (http:// only for a loopback host)'],
+      [{ NOTIFY_URL: 'https://x.example/j http://hooks.slack.example/services/T/B/key', NOTIFY_FORMAT: 'json,slack' }, 'NOTIFY_URL item 2 (slack) is http://: its key would go in clear; use https:// (http:// only for a loopback host)'],
       [{ NOTIFY_URL: `https://a.example${TELEGRAM_PATH},https://discord.com/api/webhooks/1/t`, NOTIFY_FORMAT: 'telegram,discord', NOTIFY_TELEGRAM_CHAT: '@ops_channel' }, ''],
     ];
     fs.writeFileSync(file, JSON.stringify(cases.map(([env], i) => upgradeHook(`h${i}`, TOKEN, env))));

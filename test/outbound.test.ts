@@ -18,6 +18,7 @@ import {
   clientTlsOptions,
   OutboundError,
   outboundRequest,
+  peerText,
   registryAway,
   retryAfterSeconds,
   retryDelay,
@@ -27,6 +28,13 @@ import {
 } from '../webhook.ts';
 
 const b64 = (text: string) => Buffer.from(text, 'utf8').toString('base64');
+
+/** Whether `text` holds any run of `run` characters of `secret`, or of the base64 of `prefix` + `secret`. */
+function leaks(text: string, secret: string, prefix = '', run = 16): string | undefined {
+  for (const form of [secret, b64(`${prefix}${secret}`)])
+    for (let i = 0; i + run <= form.length; i++) if (text.includes(form.slice(i, i + run))) return form.slice(i, i + run);
+  return undefined;
+}
 
 describe('the retry policy', () => {
   test('a caller\'s own backoff and its own verdict on a failure', () => {
@@ -94,6 +102,23 @@ describe('the scrubber', () => {
     assert.equal(new Scrubber([]).scrub(text), text);
     assert.equal(new Scrubber([''], '[redacted]').scrub(text), text);
     assert.equal(new Scrubber(['acme/web'], '[redacted]').scrub(text), 'image after: registry.example.com/[redacted]:v2 (p@ss)');
+  });
+});
+
+describe('a server\'s answer quoted', () => {
+  const token = 'ghp_4f1c2b9e7d0a3c8b5e6f7a9d1c3b5e7f9a1c3d';
+
+  test('the secrets its request carried go before the cut, whichever side of it they fall on', () => {
+    for (let pad = 0; pad < 120; pad += 7) {
+      const echoed = `${'x'.repeat(pad)} you sent Authorization: Basic ${b64(`bot:${token}`)} and ${token} again`;
+      const quoted = peerText(echoed, [token, `bot:${token}`], 80);
+      assert.ok(quoted.length <= 80, quoted);
+      assert.equal(leaks(quoted, token, 'bot:'), undefined, `pad ${pad}: ${quoted}`);
+      // Cut first, then scrubbed, the same answer would leak.
+      if (pad === 0) assert.ok(leaks(new Scrubber([token]).scrub(echoed.slice(0, 80)), token, 'bot:'));
+    }
+    assert.equal(peerText('no such repository', [token], 80), 'no such repository');
+    assert.equal(peerText('a'.repeat(100), [undefined, ''], 10), 'a'.repeat(10));
   });
 });
 
@@ -240,6 +265,34 @@ describe('through the executable', () => {
     assert.deepEqual(entry.notifications.map((n: any) => [n.state, n.detail]), [['failed', 'no complete answer within 3s (after 3 attempt(s))']]);
     assert.match(w.output(), /json notification to 127\.0\.0\.1:\d+ not sent: no complete answer within 3s \(after 3 attempt\(s\)\)/);
     assert.equal(receiver.requests(), 3);
+  });
+
+  test('a receiver that quotes its URL (the robot\'s key) in an error answer: no part of the key in the log or on the page', async () => {
+    const key = 'k3y-7d2f9a4c1e8b6d3f0a2c4e6b8d1f3a5c7e9b2d4';
+    // The key after a prefix that puts it across the 200 characters an error answer is quoted to.
+    const receiver = await localServer((req, res) => {
+      res.writeHead(500, { 'Content-Type': 'text/plain' });
+      res.end(`${'e'.repeat(150)} no robot at ${req.url}`);
+    });
+    closers.push(receiver.close);
+    const hook = {
+      id: 'echoed', 'execute-command': '/bin/true',
+      'pass-environment-to-command': [{ envname: 'NOTIFY_URL', source: 'string', name: receiver.url(`/robot/${key}`).href }],
+    };
+    const w = await startWebhook({ hooks: [hook], metrics: true, args: ['-deliveries', '10', '-notify-timeout', '3s'] });
+    stopAll.push(w);
+    const res = await w.request('/hooks/echoed', { method: 'POST' });
+    assert.equal(res.status, 200);
+    const requestId = String(res.headers['x-request-id']);
+    const admin = await adminPort(w);
+    const page = await waitFor(async () => {
+      const text = (await httpRequest(admin, '/deliveries.json')).body;
+      const d = JSON.parse(text).deliveries.find((x: any) => x.request_id === requestId);
+      return d?.notifications.every((n: any) => n.state !== 'pending') ? text : undefined;
+    }, { timeoutMs: 60_000, what: 'the notification to the echoing receiver to end' });
+    assert.match(page, /HTTP 500: \\"e+ no robot at REDACTED\\"/);
+    for (const text of [page, w.output(), (await httpRequest(admin, '/deliveries')).body])
+      assert.equal(leaks(text, key), undefined, text.slice(0, 2000));
   });
 
   test('a secret a template encoded (urlquery, html, js) or a command base64-encoded is taken out of the answer and the log', async () => {

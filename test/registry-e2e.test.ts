@@ -27,6 +27,7 @@ import {
   removeNamespace,
 } from './cluster/kube.ts';
 import { registryHook } from './upgrade-hooks.ts';
+import { loginFromPullSecret } from '../webhook.ts';
 
 const REPO = path.join(import.meta.dirname, '..');
 const FIXTURES = path.join(REPO, 'test', 'fixtures', 'upgrade');
@@ -93,6 +94,22 @@ async function verifiedService(ns: string, work: string, auth?: { user: string; 
   const stop = async () => { s.proc.kill('SIGTERM'); return s.exited; };
   return { registry, service: s, port, stop };
 }
+
+describe('which login of a pull secret a registry gets', () => {
+  const secret = (auths: Record<string, unknown>) =>
+    ({ data: { '.dockerconfigjson': Buffer.from(JSON.stringify({ auths })).toString('base64') } });
+  const auth = (user: string, password: string) => ({ auth: Buffer.from(`${user}:${password}`).toString('base64') });
+
+  test('Docker Hub as docker login writes it (https://index.docker.io/v1/) serves registry-1.docker.io; no other host', () => {
+    const hub = secret({ 'https://index.docker.io/v1/': auth('hubuser', 'hub-pass') });
+    assert.deepEqual(loginFromPullSecret(hub, 'registry-1.docker.io', 'regcred'), { user: 'hubuser', password: 'hub-pass', secret: 'regcred' });
+    assert.equal(loginFromPullSecret(hub, 'ghcr.io', 'regcred'), undefined);
+    const own = secret({ 'https://reg.example.com/v2/': auth('u', 'p'), 'docker.io': auth('d', 'q') });
+    assert.equal(loginFromPullSecret(own, 'reg.example.com', 'x')?.user, 'u');
+    assert.equal(loginFromPullSecret(own, 'registry-1.docker.io', 'x')?.user, 'd');
+    assert.equal(loginFromPullSecret(own, 'evil.reg.example.com', 'x'), undefined);
+  });
+});
 
 describe('real registry events and registry payloads through the executable', { skip: cluster ? false : 'no cluster' }, () => {
   const ns = freshNamespaceName('registry-e2e');
