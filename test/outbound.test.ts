@@ -279,7 +279,7 @@ describe('through the executable', () => {
       id: 'echoed', 'execute-command': '/bin/true',
       'pass-environment-to-command': [{ envname: 'NOTIFY_URL', source: 'string', name: receiver.url(`/robot/${key}`).href }],
     };
-    const w = await startWebhook({ hooks: [hook], metrics: true, args: ['-deliveries', '10', '-notify-timeout', '3s'] });
+    const w = await startWebhook({ hooks: [hook], metrics: true, args: ['-deliveries', '10'] });
     stopAll.push(w);
     const res = await w.request('/hooks/echoed', { method: 'POST' });
     assert.equal(res.status, 200);
