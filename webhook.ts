@@ -6770,7 +6770,20 @@ const GIT_LIMITS = {
   deadlineMs: 120_000,
   // A delta chain longer than git's own default --depth (50) times a few: a pack deeper than this is hostile.
   maxDeltaDepth: 1_000,
+  // What one pack may inflate to in all, its deltas' results included: the trees of a large monorepo are some MiB,
+  // while 100 deltas of 130 bytes, each copying an 8 MiB base, would make 800 MB (under a 256 MiB pod).
+  maxInflatedBytes: 64 * 1024 * 1024,
 } as const;
+
+/** What is left of a pack's inflated budget (GIT_LIMITS.maxInflatedBytes), spent as objects are made. */
+type InflatedBudget = { left: number };
+
+/** Takes `bytes` from the budget before they are allocated; past it, the pack is refused naming the limit. */
+function spend(budget: InflatedBudget, bytes: number, what: string): void {
+  budget.left -= bytes;
+  if (budget.left < 0)
+    throw new GitError(`${what}: the pack inflates to more than ${GIT_LIMITS.maxInflatedBytes} bytes: refused`);
+}
 
 const GIT_AGENT = `agent=webhook/${VERSION}`;
 
@@ -6998,7 +7011,7 @@ function inflateAt(pack: Buffer, at: number, size: number, what: string): { data
 }
 
 /** A delta applied to its base (gitformat-pack: source and target sizes, then copy and insert steps). Pure. */
-function applyDelta(base: Buffer, delta: Buffer, what: string): Buffer {
+function applyDelta(base: Buffer, delta: Buffer, what: string, budget: InflatedBudget): Buffer {
   let at = 0;
   const varint = () => {
     let value = 0;
@@ -7012,6 +7025,7 @@ function applyDelta(base: Buffer, delta: Buffer, what: string): Buffer {
   if (varint() !== base.length) throw new GitError(`${what}: a delta for a base of another size`);
   const size = varint();
   if (size > GIT_LIMITS.maxObjectBytes) throw new GitError(`${what}: a delta result larger than the object limit`);
+  spend(budget, size, what);
   const out = Buffer.alloc(size);
   let written = 0;
   while (at < delta.length) {
@@ -7059,20 +7073,27 @@ export function readPack(pack: Buffer, what: string, known = new Map<string, Git
   if (!sum.equals(pack.subarray(pack.length - 20)))
     throw new GitError(`${what}: the pack is truncated (its checksum does not match)`);
   const entries: PackEntry[] = [];
+  const budget = { left: GIT_LIMITS.maxInflatedBytes };
   let at = 12;
   for (let i = 0; i < count; i++) {
     if (at >= pack.length - 20) throw new GitError(`${what}: the pack is truncated (${i} of ${count} objects)`);
-    const entry = readPackEntry(pack, at, what);
+    const entry = readPackEntry(pack, at, what, budget);
     entries.push(entry.entry);
     at = entry.end;
   }
   if (at !== pack.length - 20) throw new GitError(`${what}: ${pack.length - 20 - at} bytes after the last object`);
-  return resolvedPack(entries, what, known);
+  return resolvedPack(entries, what, known, budget);
 }
 
-/** The entry at `at` and where the next begins. Pure. */
-function readPackEntry(pack: Buffer, start: number, what: string): { entry: PackEntry; end: number } {
+/** The entry at `at` and where the next begins, its inflated size taken from the budget. */
+function readPackEntry(
+  pack: Buffer,
+  start: number,
+  what: string,
+  budget: InflatedBudget,
+): { entry: PackEntry; end: number } {
   const header = packEntryHeader(pack, start, what);
+  spend(budget, header.size, what);
   let at = header.at;
   if (header.type === 6) {
     let byte = pack[at++];
@@ -7097,7 +7118,12 @@ function readPackEntry(pack: Buffer, start: number, what: string): { entry: Pack
 }
 
 /** The entries' objects, deltas applied to their bases (in any order, each chain at most maxDeltaDepth). Pure. */
-function resolvedPack(entries: PackEntry[], what: string, known: Map<string, GitObject>): Map<string, GitObject> {
+function resolvedPack(
+  entries: PackEntry[],
+  what: string,
+  known: Map<string, GitObject>,
+  budget: InflatedBudget,
+): Map<string, GitObject> {
   const byOffset = new Map(entries.map((e) => [e.offset, e]));
   const resolved = new Map<number, GitObject>();
   const objects = new Map<string, GitObject>();
@@ -7112,7 +7138,7 @@ function resolvedPack(entries: PackEntry[], what: string, known: Map<string, Git
       const base = 'baseOffset' in e ? byOffset.get(e.baseOffset) : undefined;
       const baseObject = base ? resolve(base, depth + 1) : 'baseId' in e ? baseById(e.baseId, depth) : undefined;
       if (!baseObject) throw new GitError(`${what}: a delta at byte ${e.offset} whose base is not in the pack`);
-      object = { type: baseObject.type, data: applyDelta(baseObject.data, e.delta, what) };
+      object = { type: baseObject.type, data: applyDelta(baseObject.data, e.delta, what, budget) };
     }
     resolved.set(e.offset, object);
     objects.set(gitObjectId(object.type, object.data), object);

@@ -15,10 +15,12 @@
  */
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
+import { createHash } from 'node:crypto';
 import * as fs from 'node:fs';
 import * as http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import * as path from 'node:path';
+import * as zlib from 'node:zlib';
 import { after, before, describe, test } from 'node:test';
 import {
   approvalToken, commitMessage, editGitFile, fetchGitFile, fetchGitFiles, gitObjectId, gitopsApplier, gitopsOwner, GitError, holdDecision, imageFieldPath, HOOK_SETTINGS, locatedYaml, parsePktLines, pktLine,
@@ -200,6 +202,41 @@ describe('packs and trees, checked against git', () => {
   test('a pack with REF_DELTA objects (no --delta-base-offset) reads the same', () => {
     const pack = packOf(false);
     assert.deepEqual([...readPack(pack, 'test pack').keys()].sort(), objects);
+  });
+  test('a pack whose deltas inflate past 64 MiB in all (each copying an 8 MiB base) is refused before it is made', () => {
+    const varint = (n: number) => {
+      const bytes = [];
+      for (; n >= 0x80; n = Math.floor(n / 128)) bytes.push((n & 0x7f) | 0x80);
+      return [...bytes, n];
+    };
+    const header = (type: number, size: number) => {
+      const bytes = [(type << 4) | (size & 15) | (size >= 16 ? 0x80 : 0)];
+      for (size = Math.floor(size / 16); size > 0; size = Math.floor(size / 128)) bytes.push((size & 0x7f) | (size >= 128 ? 0x80 : 0));
+      return Buffer.from(bytes);
+    };
+    // An OFS_DELTA's distance back to its base, as git writes it (each further byte adds one before the shift).
+    const back = (n: number) => {
+      const bytes = [n & 0x7f];
+      for (n = Math.floor(n / 128); n > 0; n = Math.floor(n / 128)) bytes.unshift(0x80 | (--n & 0x7f));
+      return Buffer.from(bytes);
+    };
+    const MIB8 = 8 * 1024 * 1024;
+    // Source and target 8 MiB, one copy of 8 MiB from offset 0 (only the third size byte: 0x80).
+    const raw = Buffer.from([...varint(MIB8), ...varint(MIB8), 0xc0, 0x80]);
+    const delta = zlib.deflateSync(raw);
+    const parts = [Buffer.from('PACK\0\0\0\x02\0\0\0\x0b', 'latin1'), header(3, MIB8), zlib.deflateSync(Buffer.alloc(MIB8))];
+    const base = 12;
+    let at = parts.reduce((n, b) => n + b.length, 0);
+    for (let i = 0; i < 10; i++) {
+      const entry = Buffer.concat([header(6, raw.length), back(at - base), delta]);
+      parts.push(entry);
+      at += entry.length;
+    }
+    const body = Buffer.concat(parts);
+    const pack = Buffer.concat([body, createHash('sha1').update(body).digest()]);
+    assert.ok(pack.length < 64 * 1024, `${pack.length} bytes`);
+    assert.throws(() => readPack(pack, 'the fetch'), (e: Error) => e instanceof GitError &&
+      /^the fetch: the pack inflates to more than 67108864 bytes: refused$/.test(e.message));
   });
   test('a truncated pack, garbage and a corrupt object are clear errors', () => {
     const pack = packOf(true);
