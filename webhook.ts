@@ -6856,18 +6856,22 @@ function gitRequest(
     });
     req.on('response', (res) => {
       const chunks: Buffer[] = [];
+      // An answer of a known length is read into one buffer (node:http holds it to that length): no second copy.
+      const declared = Number(res.headers['content-length'] ?? NaN);
+      const whole = Number.isSafeInteger(declared) && declared <= o.max ? Buffer.allocUnsafe(declared) : undefined;
       let size = 0;
       res.on('data', (chunk: Buffer) => {
         size += chunk.length;
         if (size > o.max) {
           clearTimeout(timer);
           fail(`the answer is larger than ${o.max} bytes`);
-        } else chunks.push(chunk);
+        } else if (whole) chunk.copy(whole, size - chunk.length);
+        else chunks.push(chunk);
       });
       res.on('end', () => {
         clearTimeout(timer);
         const type = String(res.headers['content-type'] ?? '');
-        resolve({ status: res.statusCode ?? 0, body: Buffer.concat(chunks), type });
+        resolve({ status: res.statusCode ?? 0, body: whole ? whole.subarray(0, size) : Buffer.concat(chunks), type });
       });
       res.on('error', (e) => {
         clearTimeout(timer);
@@ -6943,10 +6947,11 @@ async function branchHead(remote: GitRemote, branch: string): Promise<string> {
 
 /**
  * The pack of a v2 fetch's answer: its sections read (acknowledgments, shallow-info, packfile), the packfile's
- * side-band demultiplexed (band 1 the pack, 2 progress, 3 the server's fatal error). Pure.
+ * side-band demultiplexed (band 1 the pack, 2 progress, 3 the server's fatal error). The pack is gathered in place,
+ * at the front of the answer (which the caller hands over): a 64 MiB answer is held once, not once more as its pack.
  */
 function fetchedPack(body: Buffer, what: string): Buffer {
-  const parts: Buffer[] = [];
+  let length = 0;
   let section = '';
   for (const p of parsePktLines(body, what)) {
     if (typeof p === 'string') continue;
@@ -6958,11 +6963,12 @@ function fetchedPack(body: Buffer, what: string): Buffer {
       continue;
     }
     const band = p[0];
-    if (band === 1) parts.push(p.subarray(1));
+    // Each line's data lies after where the pack gathered so far ends: moving it forward overwrites no line unread.
+    if (band === 1) length += p.copy(body, length, 1);
     else if (band === 3) throw new GitError(`${what}: the server said ${showValue(p.toString('utf8', 1).trim())}`);
   }
   if (section !== 'packfile') throw new GitError(`${what}: the answer holds no pack`);
-  return Buffer.concat(parts);
+  return body.subarray(0, length);
 }
 
 // ---- the pack reader ----------------------------------------------------------------------------
