@@ -8446,6 +8446,10 @@ export const LIMITS = {
     pageSize: 500,
     // Pages at most: 5,000 nodes is Kubernetes's own limit for one cluster.
     maxPages: 10,
+    // A required node affinity's terms, expressions and values together: written by hand they are a few, generated
+    // tens; 20,000 expressions (1.4 MB, under etcd's limit) against 1,000 nodes would block the service for seconds.
+    // Past it the platform check is skipped, with a note.
+    maxAffinityItems: 1_000,
   },
   // The registry watch (webhook/poll, POLL_INTERVAL).
   poll: {
@@ -17224,6 +17228,15 @@ function nodeSelection(podSpec: unknown): { selector: string; terms: unknown[] }
   };
 }
 
+/** A required node affinity's terms, expressions (and fields) and their values, counted. Pure. */
+function affinityItems(terms: unknown[]): number {
+  let items = terms.length;
+  for (const term of terms)
+    for (const e of [...asArray(valueAt(term, ['matchExpressions'])), ...asArray(valueAt(term, ['matchFields']))])
+      items += 1 + asArray(valueAt(e, ['values'])).length;
+  return items;
+}
+
 /**
  * The platforms of the nodes a workload can run on (kubernetes.io/os and kubernetes.io/arch of the nodes its
  * nodeSelector and required node affinity allow): one LIST of the nodes (a label selector from the nodeSelector,
@@ -17241,7 +17254,13 @@ export class NodePlatforms {
 
   of(client: KubeClient, cluster: string | undefined, podSpec: unknown): Promise<NodePlatformsRead> {
     const selection = nodeSelection(podSpec);
-    const key = JSON.stringify([cluster ?? '', selection]);
+    const items = affinityItems(selection.terms);
+    if (items > LIMITS.nodes.maxAffinityItems) {
+      const why = `the required node affinity has ${items} terms, expressions and values, more than `;
+      return Promise.resolve({ unknown: `${why}${LIMITS.nodes.maxAffinityItems}: the platform check is skipped` });
+    }
+    // Kept by a hash of the selection, not its text (a selector may be kilobytes).
+    const key = createHash('sha256').update(JSON.stringify([cluster ?? '', selection])).digest('base64url');
     const had = this.cache.get(key);
     if (had && Date.now() - had.at < LIMITS.nodes.cacheMs) return had.read;
     const read = this.list(client, cluster, selection);

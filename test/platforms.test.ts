@@ -108,11 +108,16 @@ describe('the platform check through the executable', { skip: cluster ? false : 
     const elsewhere = deployment('elsewhere', app(`${registry.host}/acme/multi:v1`), { replicas: 1 }) as any;
     elsewhere.spec.template.spec.affinity = { nodeAffinity: { requiredDuringSchedulingIgnoredDuringExecution: {
       nodeSelectorTerms: [{ matchExpressions: [{ key: 'kubernetes.io/arch', operator: 'In', values: ['arm64', 's390x'] }] }] } } };
+    // A required node affinity of 1,500 expressions (each allowing amd64, which every node is): past what is read.
+    const sprawling = deployment('sprawling', app(`${registry.host}/acme/multi:v1`), { replicas: 1 }) as any;
+    sprawling.spec.template.spec.affinity = { nodeAffinity: { requiredDuringSchedulingIgnoredDuringExecution: {
+      nodeSelectorTerms: [{ matchExpressions: Array.from({ length: 1_500 }, (_, i) =>
+        ({ key: i === 0 ? 'kubernetes.io/arch' : `x${i}.example.com/k`, operator: i === 0 ? 'In' : 'DoesNotExist', ...(i === 0 ? { values: ['amd64'] } : {}) })) }] } } };
     const picky = deployment('picky', app(`${registry.host}/acme/multi:v1`), { replicas: 1 }) as any;
     picky.spec.template.spec.nodeSelector = { 'kubernetes.io/os': 'linux', type: 'kwok' };
     await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: [
       ...['web', 'plain', 'unlisted'].map((name) => deployment(name, app(`${registry.host}/acme/multi:v1`), { replicas: 1 })),
-      watched, elsewhere, picky,
+      watched, elsewhere, picky, sprawling,
     ] }));
     // A look every 2 s: the registry is on this machine (-poll-min-interval).
     wh = await startWebhook({ hooks: path.join(work, 'hooks.json'), env: { KUBECONFIG: cluster!.kubeconfigPath }, metrics: true,
@@ -155,6 +160,14 @@ describe('the platform check through the executable', { skip: cluster ? false : 
     assert.equal(elsewhere.status, 200, elsewhere.body);
     assert.match(elsewhere.body, /^note: +platform: no node deployment\/elsewhere can run on says its os and arch: not checked$/m);
     assert.equal(await imageOf('elsewhere'), `${registry.host}/acme/multi:arm-only@${digest}`);
+  });
+
+  test('a node affinity larger than is read (1,500 expressions) skips the check with a note, not the event loop', async () => {
+    const digest = await pushIndex('acme/multi:arm-only', ['linux/arm64']);
+    const res = await post(wh, 'verify', 'sprawling', 'acme/multi:arm-only', digest);
+    assert.equal(res.status, 200, res.body);
+    assert.match(res.body, /^note: +platform: the required node affinity has 1502 terms, expressions and values, more than 1000: the platform check is skipped$/m);
+    assert.equal(await imageOf('sprawling'), `${registry.host}/acme/multi:arm-only@${digest}`);
   });
 
   test('a push the registry is not asked about (no VERIFY_IMAGE) is not checked', async () => {
