@@ -124,6 +124,9 @@ export function makeRepository(root: string, name: string, files: Record<string,
   const bare = path.join(root, `${name}.git`);
   fs.mkdirSync(work, { recursive: true });
   git(work, ['init', '-q', '-b', 'main']);
+  // No automatic gc: with thousands of loose objects a commit starts one in the background, which packs them away
+  // while the clone below copies them ("failed to copy file … No such file or directory").
+  git(work, ['config', 'gc.auto', '0']);
   for (let i = 0; i < commits; i++) {
     for (const [file, text] of Object.entries(files)) {
       fs.mkdirSync(path.dirname(path.join(work, file)), { recursive: true });
