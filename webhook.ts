@@ -6614,8 +6614,9 @@ function pageShell(title: string, refreshSeconds: number | undefined, body: stri
 // ================================================================================================
 // 13. ssh signatures — what signs a commit as git does with gpg.format=ssh: an ed25519 key read from an unencrypted
 //    OpenSSH private key file (PROTOCOL.key; the key never appears in an error), and an armored SSH signature of a
-//    message (PROTOCOL.sshsig, namespace `git`, SHA-512) that `git verify-commit` and `ssh-keygen -Y verify` accept.
-//    Exports: readSshSigningKey, sshSignature, SshSigningKey.
+//    message (PROTOCOL.sshsig, namespace `git`, SHA-512) that `git verify-commit` and `ssh-keygen -Y verify` accept,
+//    put in a commit as its gpgsig header (signedCommit).
+//    Exports: readSshSigningKey, signedCommit, SshSigningKey.
 //    Tests: test/git.test.ts.
 // ================================================================================================
 
@@ -6700,7 +6701,7 @@ function sshEd25519Key(secret: Buffer, where: string): SshSigningKey {
 }
 
 /** An armored SSH signature (PROTOCOL.sshsig, namespace `git`, SHA-512) of `message`, as git's gpg.format=ssh. */
-export function sshSignature(message: Buffer, k: SshSigningKey): string {
+function sshSignature(message: Buffer, k: SshSigningKey): string {
   const digest = createHash('sha512').update(message).digest();
   const fields = [sshString('git'), sshString(''), sshString('sha512')];
   const signed = Buffer.concat([Buffer.from('SSHSIG'), ...fields, sshString(digest)]);
@@ -6710,6 +6711,14 @@ export function sshSignature(message: Buffer, k: SshSigningKey): string {
   const blob = Buffer.concat([Buffer.from('SSHSIG'), version, key, ...fields, sshString(signature)]);
   const lines = blob.toString('base64').match(/.{1,70}/g) ?? [];
   return ['-----BEGIN SSH SIGNATURE-----', ...lines, '-----END SSH SIGNATURE-----'].join('\n');
+}
+
+/** A commit's bytes with its signature as the `gpgsig` header (after committer), as `git commit -S` writes. Pure. */
+function signedCommit(commit: Buffer, k: SshSigningKey): Buffer {
+  const text = commit.toString('utf8');
+  const end = text.indexOf('\n\n');
+  const header = `gpgsig ${sshSignature(commit, k).split('\n').join('\n ')}`;
+  return Buffer.from(`${text.slice(0, end)}\n${header}${text.slice(end)}`);
 }
 
 // ================================================================================================
@@ -6882,11 +6891,15 @@ function gitRequest(
   });
 }
 
+/** What a Git server's text must not quote back: the token, and the user:token its Basic header encodes. */
+function remoteSecrets(remote: GitRemote): string[] {
+  return [remote.token, `${remote.username}:${remote.token}`];
+}
+
 /** The answer's status judged: 401/403 are the credentials (the server's text, cut), anything else not 200 fails. */
 function checkedAnswer(remote: GitRemote, what: string, a: { status: number; body: Buffer }): Buffer {
   if (a.status === 200) return a.body;
-  const sent = [remote.token, `${remote.username}:${remote.token}`];
-  const text = peerText(a.body.toString('utf8', 0, 64 * 1024), sent, 300).replace(/\s+/g, ' ').trim();
+  const text = peerText(a.body.toString('utf8', 0, 64 * 1024), remoteSecrets(remote), 300).replace(/\s+/g, ' ').trim();
   const said = text === '' ? '' : `: ${showValue(text)}`;
   if (a.status === 401 || a.status === 403)
     throw new GitError(
@@ -6950,7 +6963,7 @@ async function branchHead(remote: GitRemote, branch: string): Promise<string> {
  * side-band demultiplexed (band 1 the pack, 2 progress, 3 the server's fatal error). The pack is gathered in place,
  * at the front of the answer (which the caller hands over): a 64 MiB answer is held once, not once more as its pack.
  */
-function fetchedPack(body: Buffer, what: string): Buffer {
+function fetchedPack(body: Buffer, what: string, sent: string[]): Buffer {
   let length = 0;
   let section = '';
   for (const p of parsePktLines(body, what)) {
@@ -6959,13 +6972,15 @@ function fetchedPack(body: Buffer, what: string): Buffer {
       const line = pktText(p);
       if (line === 'packfile' || line === 'shallow-info' || line === 'acknowledgments' || line === 'wanted-refs')
         section = line;
-      else if (line.startsWith('ERR ')) throw new GitError(`${what}: the server said ${showValue(line.slice(4))}`);
+      else if (line.startsWith('ERR '))
+        throw new GitError(`${what}: the server said ${showValue(peerText(line.slice(4), sent, 300))}`);
       continue;
     }
     const band = p[0];
     // Each line's data lies after where the pack gathered so far ends: moving it forward overwrites no line unread.
     if (band === 1) length += p.copy(body, length, 1);
-    else if (band === 3) throw new GitError(`${what}: the server said ${showValue(p.toString('utf8', 1).trim())}`);
+    else if (band === 3)
+      throw new GitError(`${what}: the server said ${showValue(peerText(p.toString('utf8', 1), sent, 300).trim())}`);
   }
   if (section !== 'packfile') throw new GitError(`${what}: the answer holds no pack`);
   return body.subarray(0, length);
@@ -7280,7 +7295,8 @@ export async function fetchGitFiles(remote: GitRemote, branch: string, paths: st
   const head = await branchHead(remote, branch);
   const what = `${remote.url.href} fetch of ${branch}`;
   const args = [`want ${head}`, 'deepen 1', 'no-progress', ...(filters ? ['filter blob:none'] : []), 'done'];
-  const objects = readPack(fetchedPack(await uploadPack(remote, 'fetch', args, GIT_LIMITS.maxPackBytes), what), what);
+  const answer = await uploadPack(remote, 'fetch', args, GIT_LIMITS.maxPackBytes);
+  const objects = readPack(fetchedPack(answer, what, remoteSecrets(remote)), what);
   const tree = commitTree(objects.get(head), head);
   const files = new Map<string, Buffer | GitError>();
   const blobs = new Map<string, string>();
@@ -7321,7 +7337,7 @@ async function fetchBlobs(remote: GitRemote, objects: Map<string, GitObject>, bl
     const what = `${remote.url.href} fetch of ${want.map(named).join(', ')}`;
     const answer = await uploadPack(remote, 'fetch', [...want.map((id) => `want ${id}`), 'no-progress', 'done'],
       GIT_LIMITS.maxPackBytes);
-    for (const [id, o] of readPack(fetchedPack(answer, what), what)) objects.set(id, o);
+    for (const [id, o] of readPack(fetchedPack(answer, what, remoteSecrets(remote)), what)) objects.set(id, o);
   };
   const failed = new Map<string, GitError>();
   if (ids.length === 0) return failed;
@@ -7422,7 +7438,8 @@ async function receivePack(remote: GitRemote, branch: string, old: string, next:
   };
   const body = Buffer.concat([command, FLUSH, pack]);
   const answer = await gitRequest(remote, 'git-receive-pack', { body, headers, max: GIT_LIMITS.maxAdvertisementBytes });
-  const report = reportStatus(checkedAnswer(remote, 'git-receive-pack', answer), `${remote.url.href} push`);
+  const what = `${remote.url.href} push`;
+  const report = reportStatus(checkedAnswer(remote, 'git-receive-pack', answer), what, remoteSecrets(remote));
   const refused = report.lines.find((l) => l.startsWith('ng '));
   const said = report.messages.length > 0 ? `; the server said: ${report.messages.join(' / ')}` : '';
   if (report.lines[0] !== 'unpack ok')
@@ -7440,7 +7457,7 @@ async function receivePack(remote: GitRemote, branch: string, old: string, next:
 }
 
 /** report-status inside side-band-64k: its lines (band 1) and the server's messages (band 2, band 3). Pure. */
-function reportStatus(body: Buffer, what: string): { lines: string[]; messages: string[] } {
+function reportStatus(body: Buffer, what: string, sent: string[]): { lines: string[]; messages: string[] } {
   const data: Buffer[] = [];
   const messages: string[] = [];
   for (const p of parsePktLines(body, what)) {
@@ -7451,15 +7468,7 @@ function reportStatus(body: Buffer, what: string): { lines: string[]; messages: 
     else throw new GitError(`${what}: not a side-band answer`);
   }
   const lines = parsePktLines(Buffer.concat(data), what).filter((p) => typeof p !== 'string').map(pktText);
-  return { lines, messages: messages.map((m) => m.slice(0, 500)).slice(0, 20) };
-}
-
-/** A commit's bytes with its signature as the `gpgsig` header (after committer), as `git commit -S` writes. Pure. */
-function signedCommit(commit: Buffer, k: SshSigningKey): Buffer {
-  const text = commit.toString('utf8');
-  const end = text.indexOf('\n\n');
-  const header = `gpgsig ${sshSignature(commit, k).split('\n').join('\n ')}`;
-  return Buffer.from(`${text.slice(0, end)}\n${header}${text.slice(end)}`);
+  return { lines, messages: messages.slice(0, 20).map((m) => peerText(m, sent, 500)) };
 }
 
 // ---- what a write-back is given ---------------------------------------------------------------------
