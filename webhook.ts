@@ -8485,6 +8485,9 @@ export const LIMITS = {
     freshShare: 0.9,
     // Workloads watched at most (each some hundred bytes and a timer); past it the others are refused with a warning.
     maxWatched: 20_000,
+    // Of them, in one namespace of one cluster (-max-watched-per-namespace): a namespace's editors cannot take every
+    // slot from the others (20 namespaces fill the service; a team's namespace holds tens of workloads).
+    maxWatchedPerNamespace: 1_000,
     // glob: and regexp: take the newest build among at most this many matching tags (the highest by name, numbers
     // compared as numbers): each new digest costs a manifest and a config blob, Kargo's discovery limit is 20.
     maxCandidates: 20,
@@ -8662,6 +8665,8 @@ export interface Options {
   promotionClaimMs: number;
   /** The shortest registry watch interval a hook's POLL_INTERVAL or an annotation webhook/poll may ask for. */
   pollMinIntervalMs: number;
+  /** Workloads the registry watch takes in one namespace of a cluster. */
+  maxWatchedPerNamespace: number;
   /** host:port of the listener serving /metrics; '' serves none. */
   metricsListen: string;
   maxMailsPerHook: number;
@@ -8918,6 +8923,14 @@ const FLAGS: Record<string, FlagSpec> = {
       'the shortest registry watch interval a POLL_INTERVAL or an annotation webhook/poll may ask for (at least ' +
       `${formatGoDuration(LIMITS.poll.interval.floorMs)}: lower only for a registry beside the service)`,
   },
+  'max-watched-per-namespace': {
+    kind: 'int',
+    key: 'maxWatchedPerNamespace',
+    def: String(LIMITS.poll.maxWatchedPerNamespace),
+    help:
+      `workloads the registry watch takes in one namespace of a cluster (of ${LIMITS.poll.maxWatched} in all); ` +
+      'those past it get a RegistryWatchRefused Event',
+  },
   'metrics-listen': {
     kind: 'string',
     key: 'metricsListen',
@@ -9090,6 +9103,18 @@ function splitMethods(value: string): string[] {
     .filter((m) => m !== '');
 }
 
+/** -poll-min-interval within LIMITS.poll.interval's floor and maximum; -max-watched-per-namespace at least 1. */
+function checkWatchLimits(o: Options): void {
+  const { floorMs, maxMs } = LIMITS.poll.interval;
+  if (o.pollMinIntervalMs < floorMs || o.pollMinIntervalMs > maxMs)
+    throw new UsageError(
+      `invalid value for flag -poll-min-interval: must be between ${formatGoDuration(floorMs)} and ` +
+        formatGoDuration(maxMs),
+    );
+  if (o.maxWatchedPerNamespace < 1)
+    throw new UsageError('invalid value for flag -max-watched-per-namespace: must be at least 1');
+}
+
 /**
  * Parses arguments the way Go's `flag` package does: `-f`, `--f`, `-f=v`, `-f v` (not for bools),
  * stopping at the first non-flag or `--`. `WEBHOOK_CMD` (the old image's way to add `-template`)
@@ -9134,12 +9159,7 @@ export function parseCommandLine(argv: string[], env: Record<string, string | un
   if ((o.setuid !== 0) !== (o.setgid !== 0)) throw new UsageError('-setuid and -setgid must be used together');
   if (o.metricsListen !== '') parseListenAddress(o.metricsListen);
   if (o.maxMailsPerHook < 1) throw new UsageError('invalid value for flag -max-mails-per-hook: must be at least 1');
-  const { floorMs, maxMs } = LIMITS.poll.interval;
-  if (o.pollMinIntervalMs < floorMs || o.pollMinIntervalMs > maxMs)
-    throw new UsageError(
-      `invalid value for flag -poll-min-interval: must be between ${formatGoDuration(floorMs)} and ` +
-        formatGoDuration(maxMs),
-    );
+  checkWatchLimits(o);
   if (o.deliveries < 0 || o.deliveries > LIMITS.maxDeliveries)
     throw new UsageError(`invalid value for flag -deliveries: must be between 0 and ${LIMITS.maxDeliveries}`);
   if (o.maxNotificationsPerHook < 1)
@@ -23108,6 +23128,8 @@ async function listTags(reader: RepositoryReader, repo: { host: string; reposito
  */
 export class RegistryWatch {
   private readonly watched = new Map<string, WatchState>();
+  /** Per cluster and namespace: how many of `watched` are there (LIMITS.poll.maxWatchedPerNamespace). */
+  private readonly perNamespace = new Map<string, number>();
   /** Per workload: the problem last told by a Warning Event, so a rescan does not tell it again. */
   private readonly told = new Map<string, string>();
   private readonly listings = new Map<string, SharedAnswer<string[]>>();
@@ -23127,6 +23149,8 @@ export class RegistryWatch {
   private readonly metrics: Metrics | undefined;
   /** The shortest interval an annotation may ask for (-poll-min-interval). */
   private readonly minIntervalMs: number;
+  /** Workloads watched at most in one namespace of a cluster (-max-watched-per-namespace). */
+  private readonly maxPerNamespace: number;
 
   constructor(
     upgrade: UpgradeService,
@@ -23134,13 +23158,17 @@ export class RegistryWatch {
     next: WatchListener,
     log: Logger,
     metrics?: Metrics,
-    minIntervalMs = LIMITS.poll.interval.minMs,
+    limits: { minIntervalMs: number; maxPerNamespace: number } = {
+      minIntervalMs: LIMITS.poll.interval.minMs,
+      maxPerNamespace: LIMITS.poll.maxWatchedPerNamespace,
+    },
   ) {
     this.upgrade = upgrade;
     this.hooks = hooks;
     this.next = next;
     this.log = log;
-    this.minIntervalMs = minIntervalMs;
+    this.minIntervalMs = limits.minIntervalMs;
+    this.maxPerNamespace = limits.maxPerNamespace;
     this.metrics = metrics;
   }
 
@@ -23184,6 +23212,7 @@ export class RegistryWatch {
       if (!seen.has(key) && listed) {
         clearTimeout(w.timer);
         this.watched.delete(key);
+        this.countIn(w, -1);
         this.log.info(`registry watch: ${this.where(w)} is no longer watched`);
       }
     this.metrics?.setGauge('webhook_registry_watched', {}, this.watched.size);
@@ -23247,6 +23276,11 @@ export class RegistryWatch {
     const had = this.watched.get(key);
     if (!had && this.watched.size >= LIMITS.poll.maxWatched)
       return this.tell(client, at, target, `more than ${LIMITS.poll.maxWatched} workloads are watched`);
+    const inNamespace = this.perNamespace.get(`${cluster ?? ''}/${namespace}`) ?? 0;
+    if (!had && inNamespace >= this.maxPerNamespace) {
+      const limit = `more than ${this.maxPerNamespace} workloads are watched in namespace ${namespace}`;
+      return this.tell(client, at, target, `${limit} (-max-watched-per-namespace)`);
+    }
     if (had) {
       // Brought up to date where it is: its timer's look is of this very entry.
       const interval = had.intervalMs;
@@ -23259,8 +23293,17 @@ export class RegistryWatch {
     }
     const w: WatchState = { ...of.watch, key };
     this.watched.set(key, w);
+    this.countIn(w, 1);
     this.log.info(`registry watch: ${this.where(w)}: ${w.image} every ${formatGoDuration(w.intervalMs)}`);
     this.schedule(w, Math.floor(Math.random() * Math.min(LIMITS.poll.catchUpSpreadMs, w.intervalMs)));
+  }
+
+  /** One more (or fewer) workload watched in its cluster's namespace. */
+  private countIn(w: WatchState, by: 1 | -1): void {
+    const at = `${w.cluster ?? ''}/${w.target.namespace}`;
+    const count = (this.perNamespace.get(at) ?? 0) + by;
+    if (count > 0) this.perNamespace.set(at, count);
+    else this.perNamespace.delete(at);
   }
 
   /** Why a workload asking for a watch is not watched: logged and recorded as a Warning Event, once per problem. */
@@ -26065,8 +26108,8 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
   const server = await openListener(o, handler, log);
   if (!server) return 1;
   server.on('clientError', (err: Error, socket: net.Socket) => answerClientError(handlerContext, err, socket));
-  const watch = new RegistryWatch(upgrade, () => store.current.hooks, approvals, log, metrics, o.pollMinIntervalMs);
-  watch.start();
+  const limits = { minIntervalMs: o.pollMinIntervalMs, maxPerNamespace: o.maxWatchedPerNamespace };
+  const watch = new RegistryWatch(upgrade, () => store.current.hooks, approvals, log, metrics, limits).start();
   const pages = o.deliveries > 0 ? deliveryPages(deliveries, o.adminToken, approvals, promotions, watch) : undefined;
   const adminServer = await openAdminListener(o, metrics, log, pages);
   if (adminServer === false) return 1;

@@ -680,6 +680,48 @@ describe('the gate: an annotation cannot borrow another team\'s hook', { skip: c
   });
 });
 
+describe('watch slots per namespace: one namespace cannot take them all', { skip: cluster ? false : 'no cluster' }, () => {
+  const [crowded, other] = [freshNamespaceName('crowded'), freshNamespaceName('uncrowded')];
+  const kubectl = kubectlFor(cluster!);
+  let wh: Webhook;
+
+  before(async () => {
+    // Nothing answers at this registry: each look fails, once a day; what is asserted is what is watched.
+    const d = (name: string) => {
+      const w = deployment(name, [{ name: 'app', image: '127.0.0.1:1/acme/crowd:1.0.0' }], { replicas: 0 }) as
+        { metadata: Record<string, unknown> };
+      w.metadata.annotations = { 'webhook/poll': '24h', 'webhook/hook': 'crowd' };
+      return w;
+    };
+    for (const [ns, names] of [[crowded, ['w-0', 'w-1', 'w-2']], [other, ['w-0']]] as const) {
+      await kubectl(['create', 'namespace', ns]);
+      await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: names.map(d) }));
+    }
+    const hooks = [upgradeHook('crowd', TOKEN, { ANNOTATION_NAMESPACES: `${crowded} ${other}` })];
+    wh = await startWebhook({ hooks, env: { KUBECONFIG: cluster!.kubeconfigPath }, metrics: true,
+      args: ['-max-watched-per-namespace', '2'] });
+  });
+  after(async () => {
+    await wh?.stop();
+    for (const ns of [crowded, other]) await removeNamespace(kubectl, ns);
+  });
+
+  test('past -max-watched-per-namespace a workload gets a RegistryWatchRefused Event naming the limit; another namespace is watched', async () => {
+    const message = `not watched: more than 2 workloads are watched in namespace ${crowded} (-max-watched-per-namespace)`;
+    const refused = async () => (JSON.parse(await kubectl(['-n', crowded, 'get', 'events', '--field-selector',
+      'reason=RegistryWatchRefused', '-o', 'json'])).items as { message: string; involvedObject: { name: string } }[])
+      .filter((e) => e.message === message).map((e) => e.involvedObject.name);
+    const names = await waitFor(async () => ((await refused()).length > 0 ? refused() : undefined),
+      { timeoutMs: WITHIN, what: `the RegistryWatchRefused Event in ${crowded}` });
+    assert.equal(names.length, 1, names.join(', '));
+    const watched = JSON.parse((await httpRequest(await adminPort(wh), '/deliveries/watched.json')).body)
+      .watched as { target: { namespace: string; name: string } }[];
+    const count = (ns: string) => watched.filter((w) => w.target.namespace === ns).length;
+    assert.deepEqual([count(crowded), count(other)], [2, 1], JSON.stringify(watched));
+    assert.ok(!watched.some((w) => w.target.namespace === crowded && w.target.name === names[0]));
+  });
+});
+
 describe('the registry watch, pure parts', () => {
   test('-validate says what each hook watches, and refuses a POLL_INTERVAL under 10s', () => {
     const dir = makeTempDir('registry-watch-validate-');
