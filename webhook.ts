@@ -8483,6 +8483,10 @@ export const LIMITS = {
     // An answer serves another workload's look while younger than this share of that workload's interval: two
     // workloads on one repository looking seconds apart make one listing, and each interval still lists anew.
     freshShare: 0.9,
+    // ... and at most this long: the looks that share a listing come seconds apart (the first looks are spread over
+    // 10 s, and each keeps its phase), while a tag list of 5,000 tags is some 0.7 MB that 300 repositories would
+    // hold for a day under 24 h intervals.
+    sharedKeepMs: 60_000,
     // Workloads watched at most (each some hundred bytes and a timer); past it the others are refused with a warning.
     maxWatched: 20_000,
     // Of them, in one namespace of one cluster (-max-watched-per-namespace): a namespace's editors cannot take every
@@ -22949,9 +22953,10 @@ interface PastPush {
 //    any push (pin, policy, hold, newest wins, signature, approval and window), with the settings of the hook the
 //    annotation webhook/hook names (else the hook of the container's last-push record), and its result to the command
 //    listener as a push's: recorded, followed, mailed, posted. Gentle on registries: one tag listing and one HEAD per
-//    repository and tag per interval, shared by every workload and cluster; a token bucket per registry host; a 429's
-//    Retry-After (else a backoff) honoured per host; the pull secret, REGISTRY_CA and REGISTRY_TOKEN_HOSTS as
-//    VERIFY_IMAGE uses them. A bad annotation is a Warning Event (RegistryWatchRefused), once, and no watch. The
+//    repository and tag per interval, shared by the workloads and clusters that look within a minute; a token bucket
+//    per registry host; a 429's Retry-After (else a backoff) honoured per host; the pull secret, REGISTRY_CA and
+//    REGISTRY_TOKEN_HOSTS as VERIFY_IMAGE uses them. A bad annotation is a Warning Event (RegistryWatchRefused), once,
+//    and no watch; past the slots of its namespace (-max-watched-per-namespace), or of all, the same. The
 //    waiting pushes of a watched workload are learnt from the listing, and each look has one waiting there for its
 //    signature looked at again (the approvals'). A push found is not handed over when the workload runs it already:
 //    pinned to its digest, recorded with it, or (a notification that named no digest deployed the tag unpinned) its
@@ -23216,9 +23221,6 @@ export class RegistryWatch {
         this.log.info(`registry watch: ${this.where(w)} is no longer watched`);
       }
     this.metrics?.setGauge('webhook_registry_watched', {}, this.watched.size);
-    const oldest = Date.now() - LIMITS.poll.interval.maxMs;
-    for (const cache of [this.listings, this.digests])
-      for (const [key, shared] of cache) if (shared.at < oldest) cache.delete(key);
     return listed;
   }
 
@@ -23553,8 +23555,9 @@ export class RegistryWatch {
   }
 
   /**
-   * An answer another look of this interval asked for already (younger than freshShare of `intervalMs`), or a new
-   * one; a failed answer is not kept.
+   * An answer another look of this interval asked for already (younger than freshShare of `intervalMs`, and than
+   * LIMITS.poll.sharedKeepMs), or a new one; an answer is let go when no look may share it any more, a failed one at
+   * once.
    */
   private shared<T>(
     cache: Map<string, SharedAnswer<T>>,
@@ -23562,11 +23565,15 @@ export class RegistryWatch {
     intervalMs: number,
     ask: () => Promise<T>,
   ): Promise<T> {
+    const keepMs = Math.min(intervalMs * LIMITS.poll.freshShare, LIMITS.poll.sharedKeepMs);
     const had = cache.get(key);
-    if (had && Date.now() - had.at < intervalMs * LIMITS.poll.freshShare) return had.answer;
+    if (had && Date.now() - had.at < keepMs) return had.answer;
     const entry = { at: Date.now(), answer: ask() };
     cache.set(key, entry);
-    entry.answer.catch(() => cache.get(key) === entry && cache.delete(key));
+    const forget = () => cache.get(key) === entry && cache.delete(key);
+    entry.answer.catch(forget);
+    // Let go once no look may share it: the answer (a whole tag list) is not held for the rest of a long interval.
+    setTimeout(forget, keepMs).unref();
     return entry.answer;
   }
 
