@@ -24425,11 +24425,15 @@ interface ChatDialect {
 }
 
 /**
- * A value on one line, with no bare URL left to link: "://" gets a zero-width space, which every
- * client shows as nothing but no autolinker takes for a URL. Pure.
+ * A value on one line, with no URL or domain name left to link: "://", and each "." before a letter, get a
+ * zero-width space, which every client shows as nothing but no autolinker takes for a URL (Slack, Teams, Google Chat
+ * and Lark link a bare host name such as approve-now.evil-example.com). Pure.
  */
 function chatInert(value: string): string {
-  return value.replace(/[\r\n\u2028\u2029]+/g, ' ').replaceAll('://', ':\u200B//');
+  return value
+    .replace(/[\r\n\u2028\u2029]+/g, ' ')
+    .replaceAll('://', ':\u200B//')
+    .replace(/\.(?=\p{L})/gu, '.\u200B');
 }
 
 /**

@@ -384,7 +384,7 @@ describe('request-derived text is made inert in each chat format (no link, image
   let w: Webhook;
   // What a token holder can put in the URL: a link, an image, mentions and tags of each chat, and a new line.
   const HOSTILE = 'app [click](https://evil.example/x) ![i](http://evil.example/p.png) <!channel> <@U024BE7LH> ' +
-    '<at id=all></at> <font color="red">x</font> &lt;b&gt;\n### injected';
+    '<at id=all></at> <font color="red">x</font> &lt;b&gt;\n### injected approve-now.evil-example.com';
   /** A hook whose workload and container come from the URL, as the seed hook's do. */
   const hostileHook = (id: string, env: Record<string, string>) => {
     const hook = chatHook(id, env) as any;
@@ -416,15 +416,17 @@ describe('request-derived text is made inert in each chat format (no link, image
     return JSON.parse(r.body);
   };
   const assertInert = (text: string, format: string) => {
-    for (const live of ['](', '[click]', '![', '<!channel>', '<@U024BE7LH>', '<at id=all>', '<font', '://', '\n### injected'])
+    for (const live of ['](', '[click]', '![', '<!channel>', '<@U024BE7LH>', '<at id=all>', '<font', '://', '\n### injected',
+      'evil.example', 'approve-now.evil-example.com'])
       assert.ok(!text.includes(live), `${format}: ${JSON.stringify(live)} is live in ${JSON.stringify(text)}`);
-    assert.match(text, /evil\.example/, `${format}: the text is still shown`);
+    // Shown as it was, but for the zero-width space after each "." that a bare host name would be linked by.
+    assert.match(text, /approve-now\.\u200Bevil-example\.\u200Bcom/, `${format}: the text is still shown`);
   };
 
   test('dingtalk and wecom: markdown with the request\'s brackets, tags and entities in full-width forms, on one line', async () => {
     const d = await markupOf('dingtalk', '/robot/send');
     assertInert(d.markdown.text, 'dingtalk');
-    assert.match(d.markdown.text, /container app ［click］\(https:\u200B\/\/evil\.example\/x\) !［i］/);
+    assert.match(d.markdown.text, /container app ［click］\(https:\u200B\/\/evil\.\u200Bexample\/x\) !［i］/);
     assert.ok(!d.markdown.title.includes('\n'), 'the title is one line');
     const c = (await markupOf('wecom', '/cgi-bin/webhook/send')).markdown.content;
     assertInert(c, 'wecom');
@@ -450,7 +452,7 @@ describe('teams, discord, googlechat, telegram and lark: each message as its ven
   const LARK_SECRET = 'lark-secret-0d93b1f2c7';
   const CHAT = '-1001234567890';
   // A tag and a repository full of each chat's markup: HTML, emphasis, a javascript: link, mentions of everyone.
-  const HOSTILE = '<b>**bold**</b>[x](javascript:alert(1))@everyone<users/all>';
+  const HOSTILE = '<b>**bold**</b>[x](javascript:alert(1))@everyone<users/all>approve-now.evil-example.com';
   let rx: Receiver;
   let w: Webhook;
   const larkSecrets: Record<string, string> = {};
@@ -546,7 +548,10 @@ describe('teams, discord, googlechat, telegram and lark: each message as its ven
       telegram: ['<a', '<users', '<b>*'],
       lark: ['<', '**bold**', '[x]', '](', '<at'],
     };
-    for (const markup of live[f]) assert.ok(!text.includes(markup), `${f}: ${JSON.stringify(markup)} is live in ${JSON.stringify(text)}`);
+    for (const markup of [...live[f], 'approve-now.evil-example.com'])
+      assert.ok(!text.includes(markup), `${f}: ${JSON.stringify(markup)} is live in ${JSON.stringify(text)}`);
+    // A bare host name (where it was not cut) is shown with a zero-width space after each ".": nothing links it.
+    assert.ok(!/approve-now\.(?!\u200B)|evil-example\.(?!\u200B)/.test(text), `${f}: a bare host name is live in ${JSON.stringify(text)}`);
     if (f === 'telegram') {
       assert.deepEqual(telegramShown(text).problems, []);
       assert.deepEqual([...new Set([...text.matchAll(/<\/?([a-z-]+)/g)].map((m) => m[1]))].sort(), ['b', 'code'], 'only our tags');
