@@ -7730,6 +7730,8 @@ interface UpgradeSettings {
   workload: { kind: WorkloadKind; name: string };
   container: string;
   rolloutTimeoutMs: number;
+  /** ROLLOUT_STUCK_TIMEOUT: how long a new pod may be stuck before a followed rollout fails. */
+  stuckPodMs: number;
   pin: ImagePin;
   /** VERIFY_IMAGE: resolve the tag on the registry and deploy the digest it has. */
   verifyImage: boolean;
@@ -15070,6 +15072,8 @@ export interface UpgradeReport {
   followRecorded?: boolean;
   /** The hook's ROLLBACK_ON_FAILURE: a failed rollout of this change is rolled back. */
   rollbackOnFailure?: boolean;
+  /** The hook's ROLLOUT_STUCK_TIMEOUT: how long a new pod may be stuck before the followed rollout fails. */
+  stuckPodMs?: number;
   /** The hook's image pin, which the image a rollback returns to must pass as a push would. */
   imagePin?: ImagePin;
   /** What became of a failed rollout under ROLLBACK_ON_FAILURE. */
@@ -15502,7 +15506,7 @@ function promoteCheckSetting(value: string | undefined): URL | undefined {
 //    mailBase64, mailBoolean, mailPort, mailTlsMode, NOTIFY_FORMAT_NAMES, notifyCa, NotifyFormatName, notifyFormats,
 //    notifyUrls, outsideChangeSetting, parseRecipients, pollInterval, registryAwaySetting, registryCa,
 //    registryTokenHosts, rolloutTimeoutSetting, signatureAnnotationsSetting, signatureKeysSetting,
-//    signatureWaitSetting, telegramChats, updatePolicySetting.
+//    signatureWaitSetting, stuckTimeoutSetting, telegramChats, updatePolicySetting.
 //    Tests: test/mail.test.ts, test/registry-watch.test.ts, test/settings.test.ts.
 // ================================================================================================
 
@@ -15578,6 +15582,20 @@ function rolloutTimeoutSetting(value: string | undefined): number {
   } catch {
     throw new UpgradeError(`ROLLOUT_TIMEOUT ${showValue(value)} is not a duration (e.g. 0, 60s, 5m)`);
   }
+}
+
+/** ROLLOUT_STUCK_TIMEOUT: a Go duration from 1 s to 1 h; unset or blank is LIMITS.upgrade.stuckPodFailMs. */
+function stuckTimeoutSetting(value: string | undefined): number {
+  if (!value?.trim()) return LIMITS.upgrade.stuckPodFailMs;
+  let ms: number;
+  try {
+    ms = parseGoDuration(value.trim());
+  } catch {
+    throw new UpgradeError(`ROLLOUT_STUCK_TIMEOUT ${showValue(value)} is not a duration (e.g. 10s, 30s, 2m)`);
+  }
+  if (ms < 1_000 || ms > 3_600_000)
+    throw new UpgradeError(`ROLLOUT_STUCK_TIMEOUT ${showValue(value)} is outside 1s to 1h`);
+  return ms;
 }
 
 /** SIGNATURE_WAIT: 0 (refused at once), or a Go duration within LIMITS.signature.wait; unset or blank is 10m. */
@@ -16137,6 +16155,16 @@ export const HOOK_SETTINGS = {
     meaning: 'How long the answer waits for the rollout; it fails if the rollout fails or does not finish.',
     parse: rolloutTimeoutSetting,
   }),
+  ROLLOUT_STUCK_TIMEOUT: setting({
+    type: 'duration',
+    default: '30s',
+    fixed: true,
+    validation: 'a Go duration from 1s to 1h: 10s, 30s, 2m',
+    meaning:
+      'How long a new pod may stay in CrashLoopBackOff, ImagePullBackOff or the like before the followed rollout ' +
+      'counts as failed (and, under ROLLBACK_ON_FAILURE, is rolled back).',
+    parse: stuckTimeoutSetting,
+  }),
   ROLLBACK_ON_FAILURE: setting({
     type: 'boolean',
     default: 'false',
@@ -16391,6 +16419,7 @@ export function configuredReport(config: HookConfig): UpgradeReport {
     workload: `${config.workload.kind}/${config.workload.name}`,
     container: config.container,
     rollbackOnFailure: config.rollbackOnFailure || undefined,
+    stuckPodMs: config.stuckPodMs,
     imagePin: config.pin,
   });
 }
@@ -16426,6 +16455,7 @@ function readSettings(
   const rolloutTimeoutMs = read.ROLLOUT_TIMEOUT.parse(env.ROLLOUT_TIMEOUT);
   const rollback = read.ROLLBACK_ON_FAILURE.parse(env.ROLLBACK_ON_FAILURE);
   report.rollbackOnFailure = rollback || undefined;
+  const stuckPodMs = (report.stuckPodMs = read.ROLLOUT_STUCK_TIMEOUT.parse(env.ROLLOUT_STUCK_TIMEOUT));
   // A malformed pin setting (REGISTRY_HOST, ALLOW_IMAGES) refuses every push, before the cluster is asked anything.
   const registryHost = read.REGISTRY_HOST.parse(env.REGISTRY_HOST);
   const pin = imagePin(registryHost, read.ALLOW_IMAGES.parse(env.ALLOW_IMAGES));
@@ -16442,6 +16472,7 @@ function readSettings(
     pin,
     registryHost,
     rollbackOnFailure: rollback,
+    stuckPodMs,
     // A signature is checked on the digest the registry has for the tag: VERIFY_SIGNATURE implies VERIFY_IMAGE.
     verifyImage: read.VERIFY_IMAGE.parse(env.VERIFY_IMAGE) || keys.length > 0,
     signature:
@@ -19397,7 +19428,7 @@ function resumedReport(
   container: string,
   f: FollowRecord,
   workload: K8sObject,
-  hook: { rollbackOnFailure: boolean; imagePin: ImagePin },
+  hook: { rollbackOnFailure: boolean; stuckPodMs: number; imagePin: ImagePin },
 ): UpgradeReport {
   const { raw, records } = readPushRecords(workload);
   const record = records[container]?.request === f.request ? records[container] : undefined;
@@ -19418,6 +19449,7 @@ function resumedReport(
     lastPush: record ? raw : undefined,
     followRecorded: true,
     rollbackOnFailure: hook.rollbackOnFailure || undefined,
+    stuckPodMs: hook.stuckPodMs,
     imagePin: hook.imagePin,
   };
 }
@@ -20443,7 +20475,7 @@ async function reportRollout(
     report.rollout = { state: 'progressing', detail: 'not waited for: ROLLOUT_TIMEOUT is 0', pods: [] };
   } else {
     const options = { timeoutMs: s.rolloutTimeoutMs, container: s.container, image: report.imageAfter };
-    const outcome = await followRollout(client, target, { ...options, initial: updated });
+    const outcome = await followRollout(client, target, { ...options, stuckFailMs: s.stuckPodMs, initial: updated });
     const end = { rollbackOnFailure: s.rollbackOnFailure, timeoutMs: s.rolloutTimeoutMs, deps };
     await applyRolloutEnd(client, target, report, outcome, { ...end, rollbackFollowMs: s.rolloutTimeoutMs });
   }
@@ -20751,16 +20783,17 @@ function followRecordProblem(
 }
 
 /** What a resumed follow takes from its hook as loaded now. The pin settings were checked at load. */
-function resumeSettings(hook: Hook): { mailTo: string | undefined; rollbackOnFailure: boolean; imagePin: ImagePin } {
+function resumeSettings(hook: Hook) {
   const mailTo = fixedInput(hook, 'MAIL_TO')?.trim() || undefined;
   const rollbackOnFailure = fixedTrue(hook, 'ROLLBACK_ON_FAILURE');
+  const stuckPodMs = fixedSetting(hook, 'ROLLOUT_STUCK_TIMEOUT');
   let pin: ImagePin;
   try {
     pin = readImagePin(fixedInput(hook, 'REGISTRY_HOST'), fixedInput(hook, 'ALLOW_IMAGES'));
   } catch {
     pin = imagePin(undefined);
   }
-  return { mailTo, rollbackOnFailure, imagePin: pin };
+  return { mailTo, rollbackOnFailure, stuckPodMs, imagePin: pin };
 }
 
 /** What the service answers for one push: the upgrade's result, kept (202) or refused as malformed (400). */
@@ -21096,7 +21129,7 @@ export class UpgradeService implements InProcessCommand<UpgradeOutput> {
     const container = report.container ?? '';
     const options = {
       ...{ timeoutMs: followMs, container, image: report.imageAfter, signal, onProgress },
-      initial: lane.known.get(knownKey),
+      ...{ stuckFailMs: report.stuckPodMs, initial: lane.known.get(knownKey) },
       warn: (message: string) => this.warnOnce(`${client.server} ${target.namespace} ${target.kind}`, message),
       seen: (workload: Record<string, unknown>) => lane.known.set(knownKey, workload),
     };

@@ -200,6 +200,10 @@ export const SETTING_DETAILS: Record<string, string> = {
     'A Go duration (`60s`): the answer waits this long for the rollout and fails if it fails or does not finish. ' +
     '`0`: the answer comes back once the patch is applied and the rollout is followed afterwards ' +
     '(`-rollout-follow`).',
+  ROLLOUT_STUCK_TIMEOUT:
+    'A Go duration from `1s` to `1h` (default `30s`): a new pod stuck this long (CrashLoopBackOff, ImagePullBackOff, ' +
+    'ErrImagePull, CreateContainerConfigError) fails the followed rollout, in the answer\'s wait, in the follow after ' +
+    'it and in a follow another replica resumes; under `ROLLBACK_ON_FAILURE` it is then rolled back.',
   ROLLBACK_ON_FAILURE:
     '`true`: a followed rollout that fails is rolled back to the image the container ran before the push (see ' +
     '[Rollback](upgrade.md#rollback)); a StatefulSet\'s stuck pods are then deleted for its forced rollback, which ' +

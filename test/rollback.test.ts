@@ -24,6 +24,9 @@ import { upgradeHook } from './upgrade-hooks.ts';
 import { KubeClient, loadKubeconfig, rollBackFailedRollout, runUpgrade } from '../webhook.ts';
 
 const TOKEN = 'rollback-token-77d0e2';
+// A pod stuck 10 s fails the rollout (ROLLOUT_STUCK_TIMEOUT; 30 s by default): the kubelet's back-off has restarted
+// kwok's crash-looping pods by then, and the tests wait a third as long.
+const STUCK = { ROLLOUT_STUCK_TIMEOUT: '10s' };
 const cluster = await clusterOrSkip();
 
 /**
@@ -67,8 +70,8 @@ describe('a failed rollout, with and without ROLLBACK_ON_FAILURE', { skip: clust
     mta = await startMta();
     wh = await startWebhook({
       hooks: [
-        upgradeHook('guarded', TOKEN, { ROLLBACK_ON_FAILURE: 'true', MAIL_TO: 'guarded@example.com' }),
-        upgradeHook('plain', TOKEN, { MAIL_TO: 'plain@example.com' }),
+        upgradeHook('guarded', TOKEN, { ROLLBACK_ON_FAILURE: 'true', MAIL_TO: 'guarded@example.com', ...STUCK }),
+        upgradeHook('plain', TOKEN, { MAIL_TO: 'plain@example.com', ...STUCK }),
       ],
       env: {
         KUBECONFIG: cluster!.kubeconfigPath,
@@ -86,7 +89,7 @@ describe('a failed rollout, with and without ROLLBACK_ON_FAILURE', { skip: clust
   test('a crash-looping push: rolled back with the setting (mail, log, Event say so), left in place without it', async () => {
     const broken = acrPayload('broken1');
     // With ROLLOUT_TIMEOUT the answer itself waits for the rollout, and so for the rollback.
-    const syncEnv = { APP_NS: ns, APP_WORKLOAD: 'deployment/synced', APP_CONTAINER: 'app', REPO_TYPE: 'regionalregistry', ROLLOUT_TIMEOUT: '3m', ROLLBACK_ON_FAILURE: 'true', KUBECONFIG: cluster!.kubeconfigPath };
+    const syncEnv = { APP_NS: ns, APP_WORKLOAD: 'deployment/synced', APP_CONTAINER: 'app', REPO_TYPE: 'regionalregistry', ROLLOUT_TIMEOUT: '3m', ROLLBACK_ON_FAILURE: 'true', KUBECONFIG: cluster!.kubeconfigPath, ...STUCK };
     const [guarded, plain, agent, synced] = await Promise.all([
       push('guarded', 'deployment/guarded', broken), push('plain', 'deployment/plain', acrPayload('broken1')), push('guarded', 'daemonset/agent', acrPayload('broken1')),
       runUpgrade([acrPayload('broken1')], syncEnv),
@@ -95,6 +98,9 @@ describe('a failed rollout, with and without ROLLBACK_ON_FAILURE', { skip: clust
     assert.match(synced.output, /^action: +image updated, then rolled back to \S+:v1$/m);
     assert.match(synced.output, /^result: +failed: the rollout failed \(see rollout\)$/m);
     assert.match(synced.output, /^rollout: +failed: pods not ready: synced-\S+ CrashLoopBackOff \(stuck for \d+s\)$/m);
+    // ROLLOUT_STUCK_TIMEOUT=10s, not the 30 s default: failed after 10 s stuck, at the look after.
+    const stuck = Number(/stuck for (\d+)s/.exec(synced.output)![1]);
+    assert.ok(stuck >= 10 && stuck < 30, synced.output);
     assert.match(synced.output, /^rollback: +rolled back to \S+:v1: the rollout of \S+:broken1 failed: .*; its rollout complete/m);
     assert.equal(containerImage(await getJson('deployment/synced'), 'app'), acrImage('v1'));
     for (const res of [guarded, plain, agent]) {
@@ -178,7 +184,7 @@ describe('a failed rollout, with and without ROLLBACK_ON_FAILURE', { skip: clust
     const follow = { app: { request: 'forged-rb', hook: 'pinned', deadline: new Date(Date.now() + 120_000).toISOString(), mailTo: 'attacker@evil.example' } };
     const lastPush = { app: { pushedAt: now, timeFrom: 'received', image: acrImage('broken5'), push: '|', previous: evil, appliedAt: now, request: 'forged-rb' } };
     await kubectl(['-n', ns, 'annotate', '--overwrite', 'deployment/forged', `webhook/follow=${JSON.stringify(follow)}`, `webhook/last-push=${JSON.stringify(lastPush)}`]);
-    const hook = upgradeHook('pinned', TOKEN, { ROLLBACK_ON_FAILURE: 'true', MAIL_TO: 'pinned@example.com' }) as Record<string, unknown>;
+    const hook = upgradeHook('pinned', TOKEN, { ROLLBACK_ON_FAILURE: 'true', MAIL_TO: 'pinned@example.com', ...STUCK }) as Record<string, unknown>;
     const rule = (name: string, value: string) => ({ match: { type: 'value', value, parameter: { source: 'url', name } } });
     hook['trigger-rule'] = { and: [rule('token', TOKEN), rule('ns', ns), rule('workload', 'deployment/forged'), rule('container', 'app')] };
     await mta.clear();
@@ -228,7 +234,7 @@ describe('a StatefulSet: the forced rollback deletes the stuck pods', { skip: cl
   const dir = makeTempDir('webhook-sts-');
   // Both hooks fix namespace, workload and ROLLBACK_ON_FAILURE in the file, as -print-rbac covers them.
   const fixed = (name: string, rollback: boolean) => upgradeHook(name, TOKEN, {
-    APP_NS: ns, APP_WORKLOAD: `statefulset/${name}`, MAIL_TO: `${name}@example.com`, ...(rollback ? { ROLLBACK_ON_FAILURE: 'true' } : {}),
+    APP_NS: ns, APP_WORKLOAD: `statefulset/${name}`, MAIL_TO: `${name}@example.com`, ...STUCK, ...(rollback ? { ROLLBACK_ON_FAILURE: 'true' } : {}),
   });
   let mta: Mta;
   const webhooks: Webhook[] = [];

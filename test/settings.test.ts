@@ -56,7 +56,7 @@ describe('what comes from the table', () => {
       Object.keys(checks).toSorted(),
       ['ALLOW_IMAGES', 'ANNOTATION_NAMESPACES', 'APPROVAL_OVERRIDE', 'APPROVAL_TIMEOUT', 'CLUSTER', 'CLUSTERS', 'DEPLOY_WINDOW',
         'GIT_AUTHOR', 'GIT_BRANCH', 'GIT_CA', 'GIT_FIELD', 'GIT_PATH', 'GIT_REPO', 'GIT_SIGNING_KEY', 'GIT_SYNC_TIMEOUT', 'GIT_TOKEN', 'GIT_USERNAME', 'NOTIFY_FORMAT', 'NOTIFY_ON_SKIP',
-        'NOTIFY_SECRET', 'NOTIFY_TELEGRAM_CHAT', 'NOTIFY_URL', 'ON_GITOPS_OWNER', 'ON_OUTSIDE_CHANGE', 'ON_REGISTRY_AWAY', 'POLL_INTERVAL', 'PROMOTE_AFTER', 'PROMOTE_CHECK', 'REGISTRY_HOST', 'REGISTRY_TOKEN_HOSTS', 'REQUIRE_APPROVAL', 'SIGNATURE_WAIT', 'UPDATE_POLICY',
+        'NOTIFY_SECRET', 'NOTIFY_TELEGRAM_CHAT', 'NOTIFY_URL', 'ON_GITOPS_OWNER', 'ON_OUTSIDE_CHANGE', 'ON_REGISTRY_AWAY', 'POLL_INTERVAL', 'PROMOTE_AFTER', 'PROMOTE_CHECK', 'REGISTRY_HOST', 'REGISTRY_TOKEN_HOSTS', 'REQUIRE_APPROVAL', 'ROLLOUT_STUCK_TIMEOUT', 'SIGNATURE_WAIT', 'UPDATE_POLICY',
         'VERIFY_SIGNATURE', 'VERIFY_SIGNATURE_ANNOTATIONS'],
     );
     assert.match(checks.VERIFY_SIGNATURE('cosign:/nonexistent/cosign.pub') ?? '', /^VERIFY_SIGNATURE item 1: the key file "\/nonexistent\/cosign\.pub" cannot be read/);
@@ -77,6 +77,9 @@ describe('what comes from the table', () => {
     // What any service may allow (-poll-min-interval's floor); the service's own minimum is checked at its load.
     assert.match(checks.POLL_INTERVAL('500ms') ?? '', /^POLL_INTERVAL "500ms" is outside 1s to 24h0m0s/);
     assert.equal(checks.POLL_INTERVAL('1m'), undefined);
+    assert.equal(checks.ROLLOUT_STUCK_TIMEOUT('10s'), undefined);
+    assert.match(checks.ROLLOUT_STUCK_TIMEOUT('0s') ?? '', /^ROLLOUT_STUCK_TIMEOUT "0s" is outside 1s to 1h/);
+    assert.match(checks.ROLLOUT_STUCK_TIMEOUT('soon') ?? '', /^ROLLOUT_STUCK_TIMEOUT "soon" is not a duration/);
     assert.match(checks.ANNOTATION_NAMESPACES('team-b Team_C') ?? '', /^ANNOTATION_NAMESPACES "Team_C" is not a namespace name/);
     assert.deepEqual(['team-b, team-c', '*', undefined].map((v) => HOOK_SETTINGS.ANNOTATION_NAMESPACES.parse(v)),
       [['team-b', 'team-c'], 'any', []]);
