@@ -15587,12 +15587,7 @@ function rolloutTimeoutSetting(value: string | undefined): number {
 /** ROLLOUT_STUCK_TIMEOUT: a Go duration from 1 s to 1 h; unset or blank is LIMITS.upgrade.stuckPodFailMs. */
 function stuckTimeoutSetting(value: string | undefined): number {
   if (!value?.trim()) return LIMITS.upgrade.stuckPodFailMs;
-  let ms: number;
-  try {
-    ms = parseGoDuration(value.trim());
-  } catch {
-    throw new UpgradeError(`ROLLOUT_STUCK_TIMEOUT ${showValue(value)} is not a duration (e.g. 10s, 30s, 2m)`);
-  }
+  const ms = durationSetting('ROLLOUT_STUCK_TIMEOUT', value);
   if (ms < 1_000 || ms > 3_600_000)
     throw new UpgradeError(`ROLLOUT_STUCK_TIMEOUT ${showValue(value)} is outside 1s to 1h`);
   return ms;
