@@ -8335,6 +8335,9 @@ export const LIMITS = {
     // again two or three times, and a Deployment's own progress deadline (600 s by default), a
     // DaemonSet's or StatefulSet's (none) would leave a broken image running far longer.
     stuckPodFailMs: 30_000,
+    // What a hook's ROLLOUT_STUCK_TIMEOUT may set it to: under a second every pod that is starting looks stuck; past
+    // an hour a broken image runs longer than any progress deadline would let it.
+    stuckPodFailRangeMs: { minMs: 1_000, maxMs: 3_600_000 },
     // A forced rollback deletes stuck pods only once the StatefulSet controller has seen the template
     // set back (else it could recreate them broken); it does so within a second or two, unless it is down.
     rollbackObservedMs: 30_000,
@@ -15588,8 +15591,11 @@ function rolloutTimeoutSetting(value: string | undefined): number {
 function stuckTimeoutSetting(value: string | undefined): number {
   if (!value?.trim()) return LIMITS.upgrade.stuckPodFailMs;
   const ms = durationSetting('ROLLOUT_STUCK_TIMEOUT', value);
-  if (ms < 1_000 || ms > 3_600_000)
-    throw new UpgradeError(`ROLLOUT_STUCK_TIMEOUT ${showValue(value)} is outside 1s to 1h`);
+  const { minMs, maxMs } = LIMITS.upgrade.stuckPodFailRangeMs;
+  if (ms < minMs || ms > maxMs) {
+    const range = `${formatGoDuration(minMs)} to ${formatGoDuration(maxMs)}`;
+    throw new UpgradeError(`ROLLOUT_STUCK_TIMEOUT ${showValue(value)} is outside ${range}`);
+  }
   return ms;
 }
 
@@ -22993,6 +22999,11 @@ interface PastPush {
 //    Tests: test/registry-watch.test.ts, test/signed-images.test.ts.
 // ================================================================================================
 
+/** Where the watch counts a workload against -max-watched-per-namespace: its cluster's namespace. Pure. */
+function namespaceKey(cluster: string | undefined, namespace: string): string {
+  return `${cluster ?? ''}/${namespace}`;
+}
+
 /** One workload and container a replica watches, as -validate and the deliveries page show it. */
 export interface WatchedWorkload {
   cluster: string | undefined;
@@ -23306,7 +23317,7 @@ export class RegistryWatch {
     const had = this.watched.get(key);
     if (!had && this.watched.size >= LIMITS.poll.maxWatched)
       return this.tell(client, at, target, `more than ${LIMITS.poll.maxWatched} workloads are watched`);
-    const inNamespace = this.perNamespace.get(`${cluster ?? ''}/${namespace}`) ?? 0;
+    const inNamespace = this.perNamespace.get(namespaceKey(cluster, namespace)) ?? 0;
     if (!had && inNamespace >= this.maxPerNamespace) {
       const limit = `more than ${this.maxPerNamespace} workloads are watched in namespace ${namespace}`;
       return this.tell(client, at, target, `${limit} (-max-watched-per-namespace)`);
@@ -23330,7 +23341,7 @@ export class RegistryWatch {
 
   /** One more (or fewer) workload watched in its cluster's namespace. */
   private countIn(w: WatchState, by: 1 | -1): void {
-    const at = `${w.cluster ?? ''}/${w.target.namespace}`;
+    const at = namespaceKey(w.cluster, w.target.namespace);
     const count = (this.perNamespace.get(at) ?? 0) + by;
     if (count > 0) this.perNamespace.set(at, count);
     else this.perNamespace.delete(at);
