@@ -53,6 +53,16 @@ process.on('exit', () => {
   }
 });
 
+/**
+ * The first run of `run` characters of `secret`, or of the base64 of `prefix` + `secret` (an Authorization: Basic
+ * value), that `text` holds; undefined when none: what a quote cut across a secret would leave.
+ */
+export function leaks(text: string, secret: string, prefix = '', run = 16): string | undefined {
+  for (const form of [secret, Buffer.from(`${prefix}${secret}`, 'utf8').toString('base64')])
+    for (let i = 0; i + run <= form.length; i++) if (text.includes(form.slice(i, i + run))) return form.slice(i, i + run);
+  return undefined;
+}
+
 export function makeTempDir(prefix = 'webhook-test-'): string {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), prefix));
   tempDirs.push(dir);

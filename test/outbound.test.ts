@@ -13,7 +13,7 @@ import type * as net from 'node:net';
 import * as path from 'node:path';
 import { after, describe, test } from 'node:test';
 import * as tls from 'node:tls';
-import { adminPort, httpRequest, makeTempDir, startWebhook, waitFor, type Webhook } from './harness.ts';
+import { adminPort, httpRequest, leaks, makeTempDir, startWebhook, waitFor, type Webhook } from './harness.ts';
 import {
   clientTlsOptions,
   OutboundError,
@@ -28,13 +28,6 @@ import {
 } from '../webhook.ts';
 
 const b64 = (text: string) => Buffer.from(text, 'utf8').toString('base64');
-
-/** Whether `text` holds any run of `run` characters of `secret`, or of the base64 of `prefix` + `secret`. */
-function leaks(text: string, secret: string, prefix = '', run = 16): string | undefined {
-  for (const form of [secret, b64(`${prefix}${secret}`)])
-    for (let i = 0; i + run <= form.length; i++) if (text.includes(form.slice(i, i + run))) return form.slice(i, i + run);
-  return undefined;
-}
 
 describe('the retry policy', () => {
   test('a caller\'s own backoff and its own verdict on a failure', () => {
