@@ -5131,7 +5131,7 @@ function watchKey(scope: WatchScope): string {
 //    gives (ExecEnvironment), never this process's. Paths are relative to the file that names them; a plugin's bare
 //    command is looked up on PATH. Basic auth (a password in the server's URL too), auth-provider and impersonation
 //    are refused. Errors name the file, the context and the field, never a credential.
-//    Exports: credentialsFromEnvironment, ExecEnvironment.
+//    Exports: credentialsFromEnvironment, ExecEnvironment, podNamespace.
 //    Tests: test/burst.test.ts, test/clusters.test.ts, test/kubeconfig.test.ts, test/rollback.test.ts,
 //    test/upgrade.test.ts, test/watch.test.ts.
 // ================================================================================================
@@ -5594,6 +5594,15 @@ function parseExecCredential(out: string, s: ExecSpec): { credential: PluginCred
 }
 
 const SERVICE_ACCOUNT_DIR = '/var/run/secrets/kubernetes.io/serviceaccount';
+
+/** The namespace of the pod the service runs in (its service account's), or undefined outside a pod. */
+export function podNamespace(dir: string = SERVICE_ACCOUNT_DIR): string | undefined {
+  try {
+    return fs.readFileSync(path.join(dir, 'namespace'), 'utf8').trim() || undefined;
+  } catch {
+    return undefined;
+  }
+}
 
 /** Credentials of the pod's service account (the in-cluster configuration). */
 export function inClusterCredentials(
@@ -7630,14 +7639,16 @@ function gitSettings(
 //    The annotations are the only state the service has: those it writes live on the workload they are
 //    about, each written in the same PATCH as what it records and guarded by a test of the value read, so that
 //    replicas and restarts agree with no store of their own; those an operator writes steer one workload. Anyone
-//    who may edit the workload can write any of them, so each is read as untrusted input. The docs' tables of
+//    who may edit the workload can write any of them, so each is read as untrusted input: a record the service
+//    resumes is sealed (a MAC), and a pending entry is also named in the RecordLedger, outside the workloads, while
+//    it is live (an entry put back after it was decided verifies, but is stale). The docs' tables of
 //    settings, decisions and annotations are written from these tables (scripts/docs.ts).
 //    Exports: APPROVAL_ANNOTATION, ApprovalLinks, ApprovalSigning, DecidedBy, DecidedFacts, Decision, DecisionCode,
 //    DecisionInput, DECISIONS, Delivery, DeployWindow, FOLLOW_ANNOTATION, FollowAfter, HOOK_ANNOTATION, HookConfig,
 //    ImagePattern, ImagePin, IncomingPush, K8sObject, LAST_PUSH_ANNOTATION, LocatedContainer, NotifyTexts, Outcome,
 //    PENDING_ANNOTATION, PendingEntry, PlannedChange, PlatformFacts, PodSummary, POLICY_ANNOTATION, POLL_ANNOTATION,
-//    PROMOTION_ANNOTATION, PublishedDecision, Push, PushReading, ResultSettings, SendOutcome, UpdatePolicy,
-//    UpgradeSettings, WINDOW_ANNOTATION, WorkloadEvent, WorkloadKind, WorkloadTarget.
+//    PROMOTION_ANNOTATION, PublishedDecision, Push, PushReading, RecordLedger, ResultSettings, SendOutcome,
+//    UpdatePolicy, UpgradeSettings, WINDOW_ANNOTATION, WorkloadEvent, WorkloadKind, WorkloadTarget.
 //    Tests: test/decision.test.ts, test/docs.test.ts, test/hold.test.ts, test/policy.test.ts, test/records.test.ts.
 // ================================================================================================
 
@@ -7926,6 +7937,24 @@ export interface FollowAfter {
 export interface ApprovalSigning {
   publicUrl: string;
   key: Buffer;
+  /** Where the service keeps which pending entry is live at each place (-record-store); undefined: nowhere. */
+  ledger?: RecordLedger;
+}
+
+/**
+ * Which sealed record is the live one at each place, kept where the workloads' editors cannot write (a ConfigMap in
+ * the service's own namespace): a MAC says a record is the service's own, the ledger that it is the newest.
+ */
+export interface RecordLedger {
+  /** `namespace/name`, for messages. */
+  readonly where: string;
+  /** The id of the record live at `place` under `tag` (its annotation), or undefined: none. */
+  live(tag: string, place: string[]): Promise<string | undefined>;
+  /**
+   * Names `id` the live record at `place` (undefined: none is); with `from`, only while `from` is the live one.
+   * Throws when the ledger cannot be written.
+   */
+  set(tag: string, place: string[], id: string | undefined, from?: string): Promise<void>;
 }
 
 type K8sObject = Record<string, unknown>;
@@ -8033,6 +8062,11 @@ export interface PendingEntry {
   approvedBy?: string;
   /** A promotion's push waits here, in a later stage of its chain: deciding it goes on with the promotion. */
   promoted?: boolean;
+  /**
+   * Its id is kept in the record ledger (-record-store) while it waits: it deploys only while the ledger names it
+   * there, so an entry put back on the workload after it was decided is stale.
+   */
+  stored?: boolean;
   /** The entry's MAC where it sits (pendingEntryMac), when the service signs links: anything else is not its own. */
   mac?: string;
 }
@@ -8432,6 +8466,12 @@ export const LIMITS = {
     // default). Each is an id and a time, some 100 bytes: 1 MB at most, more than a day of a release's approvals.
     // Past it the oldest is forgotten, and its link costs one read again.
     rememberedDecisions: 10_000,
+    // The record ledger (-record-store) names the live pending entry of each container that has one, some 80 bytes
+    // each: 10,000 fit a ConfigMap (1 MiB) with room. Past it the oldest is dropped: its push, waiting longest, is
+    // then stale and cannot be approved (it expires as it would).
+    ledgerEntries: 10_000,
+    // The ConfigMap's name in the service's own namespace when -record-store is `auto` in a pod.
+    ledgerName: 'webhook-records',
     // A signing key shorter than SHA-256's block of output could be guessed more easily than the links forged.
     minKeyBytes: 32,
     // A confirmation form holds a name and a button: more is not a form of ours.
@@ -8674,6 +8714,8 @@ export interface Options {
   promotionClaimMs: number;
   /** The shortest registry watch interval a hook's POLL_INTERVAL or an annotation webhook/poll may ask for. */
   pollMinIntervalMs: number;
+  /** The record ledger's ConfigMap: `namespace/name`, `auto` (in a pod, its namespace's) or `none`. */
+  recordStore: string;
   /** Workloads the registry watch takes in one namespace of a cluster. */
   maxWatchedPerNamespace: number;
   /** host:port of the listener serving /metrics; '' serves none. */
@@ -8988,6 +9030,15 @@ const FLAGS: Record<string, FlagSpec> = {
     def: '',
     help: 'file holding the key that signs approval links (a Secret mounted on every replica; at least 32 bytes)',
   },
+  'record-store': {
+    kind: 'string',
+    key: 'recordStore',
+    def: 'auto',
+    help:
+      'the ConfigMap (namespace/name) where the service keeps which waiting push is live on each workload, so that ' +
+      'an entry put back by hand after it was decided is not used again; auto: ' +
+      `${LIMITS.approval.ledgerName} in the pod's own namespace (none outside a pod); none: nowhere`,
+  },
   'max-notifications-per-hook': {
     kind: 'int',
     key: 'maxNotificationsPerHook',
@@ -9180,6 +9231,8 @@ export function parseCommandLine(argv: string[], env: Record<string, string | un
   const exposed = exposedDeliveries(o);
   if (exposed) throw new UsageError(exposed);
   if (o.publicUrl !== '') checkPublicUrl(o.publicUrl);
+  if (!['auto', 'none'].includes(o.recordStore) && !/^[a-z0-9-]+\/[a-z0-9.-]+$/.test(o.recordStore))
+    throw new UsageError(`invalid value "${o.recordStore}" for flag -record-store: use namespace/name, auto or none`);
   if (!/^[a-z0-9-]+\/[a-z0-9.-]+$/.test(o.rbacServiceAccount))
     throw new UsageError(`invalid value "${o.rbacServiceAccount}" for flag -rbac-service-account: use namespace/name`);
   return o;
@@ -14128,10 +14181,12 @@ export async function readIndexPlatforms(
 //    crosses midnight). A push that must wait is recorded on the workload (PENDING_ANNOTATION, one PendingEntry per
 //    container, sealed with a MAC over it and where it sits: sealPendingEntry, pendingEntrySealed); an approval link
 //    names one such entry by its id, hook and image, the action and an expiry, signed with HMAC-SHA256
-//    (approvalToken, readApprovalToken), so any replica holding the same key can check it.
-//    Exports: APPROVAL_PATH, ApprovalClaims, approvalLinks, describeWindows, macMatches, nextOpening,
-//    parseDeployWindows, pendingEntrySealed, readApprovalToken, readPendingEntries, recordMac, sealPendingEntry,
-//    windowOpen.
+//    (approvalToken, readApprovalToken), so any replica holding the same key can check it. Which entry is live at
+//    each place is kept apart from the workloads, in a ConfigMap of the service's own (ConfigMapLedger, -record-store):
+//    an entry put back after it was decided verifies, but the ledger no longer names it.
+//    Exports: APPROVAL_PATH, ApprovalClaims, approvalLinks, ConfigMapLedger, describeWindows, macMatches,
+//    nextOpening, parseDeployWindows, pendingEntrySealed, pendingWhere, readApprovalToken, readPendingEntries,
+//    recordMac, sealPendingEntry, windowOpen.
 //    Tests: test/approvals.test.ts, test/clusters.test.ts, test/git.test.ts, test/signed-images.test.ts,
 //    test/unit.test.ts, test/windows.test.ts.
 // ================================================================================================
@@ -14319,8 +14374,12 @@ interface PendingPlace {
  * still verifies). Pure.
  */
 export function pendingEntryMac(key: Buffer, place: PendingPlace, entry: PendingEntry): string {
-  const where = [place.cluster ?? '', place.namespace, place.kind, place.name, place.container];
-  return recordMac(key, PENDING_ANNOTATION, where, entry, ['mac']);
+  return recordMac(key, PENDING_ANNOTATION, pendingWhere(place), entry, ['mac']);
+}
+
+/** Where a pending entry sits, as its MAC and the ledger name it. Pure. */
+export function pendingWhere(place: PendingPlace): string[] {
+  return [place.cluster ?? '', place.namespace, place.kind, place.name, place.container];
 }
 
 /**
@@ -14375,6 +14434,107 @@ export function readPendingEntries(workload: unknown): {
     // Edited by hand into something else: nothing waits, and a patch's test still guards the value.
   }
   return { raw, entries };
+}
+
+// ---- the record ledger --------------------------------------------------------------------------
+
+/**
+ * The record ledger in a ConfigMap (-record-store): one data key per place (a hash of the record's tag and where it
+ * sits) holding the live record's id and when it was named. A write reads the ConfigMap and patches it under a test
+ * of the resourceVersion read, so two replicas' writes never lose each other's; it creates the ConfigMap when absent.
+ * Past LIMITS.approval.ledgerEntries the oldest keys go. Errors are the API server's (KubeError, naming the
+ * permission a 403 lacks).
+ */
+export class ConfigMapLedger implements RecordLedger {
+  readonly where: string;
+  private readonly ref: ResourceRef;
+  private readonly client: () => KubeClient | undefined;
+
+  constructor(client: () => KubeClient | undefined, namespace: string, name: string) {
+    this.client = client;
+    this.where = `${namespace}/${name}`;
+    this.ref = { group: '', version: 'v1', resource: 'configmaps', namespace, name };
+  }
+
+  async live(tag: string, place: string[]): Promise<string | undefined> {
+    return ledgerId((await this.read())?.data?.[ledgerKey(tag, place)]);
+  }
+
+  async set(tag: string, place: string[], id: string | undefined, from?: string): Promise<void> {
+    const key = ledgerKey(tag, place);
+    const value = id === undefined ? undefined : `${id} ${Date.now()}`;
+    for (let attempt = 1; attempt <= LIMITS.upgrade.maxPatchAttempts; attempt++) {
+      const map = await this.read();
+      const live = ledgerId(map?.data?.[key]);
+      if (live === id || (from !== undefined && live !== from)) return;
+      try {
+        if (!map) await this.kube().create(this.ref, ledgerMap(this.ref, { [key]: value! }));
+        else await this.kube().patch(this.ref, ledgerOps(map, key, value), LIMITS.upgrade.fieldManager);
+        return;
+      } catch (e) {
+        // Another replica's write between the read and this one (a failed test, or a create that lost): read again.
+        const raced = e instanceof KubeError && (e.status === 409 || (e.status === 422 && e.causes.length === 0));
+        if (!raced) throw e;
+      }
+    }
+    throw new Error(`the record ledger ${this.where} kept changing under ${LIMITS.upgrade.maxPatchAttempts} writes`);
+  }
+
+  private kube(): KubeClient {
+    const client = this.client();
+    if (!client) throw new Error(`the record ledger ${this.where}: no Kubernetes credentials`);
+    return client;
+  }
+
+  private async read(): Promise<{ metadata: { resourceVersion: string }; data?: Record<string, string> } | undefined> {
+    try {
+      return await this.kube().get(this.ref);
+    } catch (e) {
+      if (e instanceof KubeError && e.status === 404) return undefined;
+      throw e;
+    }
+  }
+}
+
+/** A place's data key in the ledger: a hash of the record's tag and where it sits (a ConfigMap key). Pure. */
+function ledgerKey(tag: string, place: string[]): string {
+  return `r-${createHash('sha256').update(JSON.stringify([tag, place])).digest('hex').slice(0, 40)}`;
+}
+
+/** The id a ledger value names (`<id> <epoch ms>`), or undefined. Pure. */
+function ledgerId(value: string | undefined): string | undefined {
+  return value === undefined ? undefined : value.split(' ')[0];
+}
+
+/** The ledger's ConfigMap, created with its first value. Pure. */
+function ledgerMap(ref: ResourceRef, data: Record<string, string>): K8sObject {
+  const metadata = { name: ref.name, namespace: ref.namespace, labels: { 'app.kubernetes.io/managed-by': 'webhook' } };
+  return { apiVersion: 'v1', kind: 'ConfigMap', metadata, data };
+}
+
+/**
+ * The patch that sets one key (undefined: takes it off) under a test of the resourceVersion read, taking off the
+ * oldest keys past LIMITS.approval.ledgerEntries. Pure.
+ */
+function ledgerOps(
+  map: { metadata: { resourceVersion: string }; data?: Record<string, string> },
+  key: string,
+  value: string | undefined,
+): JsonPatchOperation[] {
+  const read = map.metadata.resourceVersion;
+  const ops: JsonPatchOperation[] = [{ op: 'test', path: '/metadata/resourceVersion', value: read }];
+  const data = { ...map.data };
+  if (value === undefined) {
+    ops.push({ op: 'remove', path: `/data/${key}` });
+    return ops;
+  }
+  if (!map.data) ops.push({ op: 'add', path: '/data', value: {} });
+  ops.push({ op: 'add', path: `/data/${key}`, value });
+  delete data[key];
+  const byAge = Object.entries(data).sort(([, a], [, b]) => Number(a.split(' ')[1]) - Number(b.split(' ')[1]));
+  for (const [old] of byAge.slice(0, Math.max(0, byAge.length + 1 - LIMITS.approval.ledgerEntries)))
+    ops.push({ op: 'remove', path: `/data/${old}` });
+  return ops;
 }
 
 /** What one approval link names: one pending push, what to do with it, until when. */
@@ -17639,6 +17799,7 @@ function signatureEntry(input: DecisionInput): PendingEntry {
     waitsFor: 'signature',
     until: iso(nowMs + s.signature!.waitMs),
     decides: "its signature: the push of its signature, a look at the registry, the wait's end",
+    ...(input.approvals?.ledger ? { stored: true } : {}),
   };
 }
 
@@ -17860,6 +18021,7 @@ function pendingEntry(
     ...(s.approvalOverride ? { override: true } : {}),
     ...(approvedBy !== undefined ? { approvedBy } : {}),
     ...(push.decided?.action === 'promote' || queued?.promoted ? { promoted: true } : {}),
+    ...(input.approvals?.ledger ? { stored: true } : {}),
   };
 }
 
@@ -17997,6 +18159,8 @@ async function execute(
     const ops = planPatch(workload, target.kind, on.config.container, d.container, { ...d.change, tested });
     const updated = await guardedPatch(client, target, ops, onCopy);
     if (updated === 'conflict') return updated;
+    const untold = PENDING_ANNOTATION in (d.change.guarded ?? {}) ? await entryTakenOff(on) : undefined;
+    if (untold) report.notes.push(untold);
     recordDecision(report, d, target.kind);
     const recording = recordEventQuietly(client, target, d.event, now, report);
     if (deps.eventAfterAnswer) report.afterAnswer = recording;
@@ -18006,6 +18170,8 @@ async function execute(
   const waits = d.code === 'waiting' || d.code === 'approved' || d.code === 'waiting: signature';
   // A push that goes on waiting for its signature, as it was, writes nothing.
   if (waits && d.pending.value !== d.pending.read) {
+    // Named live in the ledger before it is written: an entry the ledger does not name is never deployed.
+    if (d.entry.stored) await on.approvals?.ledger?.set(PENDING_ANNOTATION, entryAt(on), d.entry.id);
     const written = { [PENDING_ANNOTATION]: d.pending.value };
     const ops = annotationOps(workload, ['metadata'], written, { [PENDING_ANNOTATION]: d.pending.read ?? null });
     if ((await guardedPatch(client, target, ops, false)) === 'conflict') return 'conflict';
@@ -18017,6 +18183,27 @@ async function execute(
   if (d.code === 'refused' || d.code === 'failed')
     throw d.gone ? new PendingGone(d.reason) : new UpgradeError(d.reason);
   return undefined;
+}
+
+/** Where the push's pending entry sits (pendingWhere). Pure. */
+function entryAt(on: PushToCarryOut): string[] {
+  return pendingWhere({ ...on.push.target, cluster: on.push.cluster, container: on.config.container });
+}
+
+/**
+ * The ledger told that the push's pending entry was taken off (applied, or replaced by the push applied); or, when
+ * it could not be told (the entry, put back by hand, would still be named live), the push's note saying so.
+ */
+async function entryTakenOff(on: PushToCarryOut & { workload: K8sObject }): Promise<string | undefined> {
+  const ledger = on.approvals?.ledger;
+  const taken = readPendingEntries(on.workload).entries[on.config.container];
+  try {
+    if (taken?.stored) await ledger?.set(PENDING_ANNOTATION, entryAt(on), undefined, taken.id);
+    return undefined;
+  } catch (e) {
+    return `the record ledger ${ledger!.where} was not told the waiting push was taken off ` +
+      `(${(e as Error).message}): its entry, put back on the workload, would be used again`;
+  }
 }
 
 /**
@@ -20879,7 +21066,7 @@ export class UpgradeService implements InProcessCommand<UpgradeOutput> {
   private readonly warned = new Set<string>();
   /** Per hook (immutable within a snapshot): whether it fixes its workload, so its follows are recorded. */
   private readonly resumable = new WeakMap<Hook, boolean>();
-  private approvals: { publicUrl: string; key: Buffer } | undefined;
+  private approvals: ApprovalSigning | undefined;
   private readonly stopping = new AbortController();
   /** One follow per workload: a newer push's follow supersedes the one before. */
   private readonly following = new Map<string, { controller: AbortController; done: Promise<unknown> }>();
@@ -21019,11 +21206,11 @@ export class UpgradeService implements InProcessCommand<UpgradeOutput> {
   }
 
   /** -public-url and the -approval-key-file's key: links for pushes that wait for an approval. */
-  useApprovals(approvals: { publicUrl: string; key: Buffer }): void {
+  useApprovals(approvals: ApprovalSigning): void {
     this.approvals = approvals;
   }
-  /** The key that seals what the service records on workloads (-approval-key-file); undefined without one. */
-  readonly recordKey = (): Buffer | undefined => this.approvals?.key;
+  /** The key that seals the records on workloads (-approval-key-file) and the ledger naming the live ones, if any. */
+  readonly signing = (): ApprovalSigning | undefined => this.approvals;
 
   /**
    * A decided push's environment: what a push's command inherits (inheritedEnvironment: never the service's
@@ -21273,9 +21460,8 @@ export class UpgradeService implements InProcessCommand<UpgradeOutput> {
     cluster?: string,
   ): void {
     const settings = resumeSettings(hook);
-    this.log.notice(
-      `[${f.request}] ${target.kind}/${target.name} in ${target.namespace}: resuming the rollout's follow`,
-    );
+    const where = `${target.kind}/${target.name} in ${target.namespace}`;
+    this.log.notice(`[${f.request}] ${where}: resuming the rollout's follow`);
     const report = resumedReport(target, container, f, workload, settings);
     report.cluster = cluster;
     this.lane(cluster).known.set(`${target.namespace}/${target.kind}/${target.name}`, workload);
@@ -21826,7 +22012,7 @@ export class Promotions implements ResultListener {
       until: new Date(nowMs + chain.afterMs).toISOString(),
       restarts: await restartsOf(client, p, workload, image),
     };
-    const key = this.upgrade.recordKey();
+    const key = this.upgrade.signing()?.key;
     if (key) record.mac = promotionRecordMac(key, p, valueAt(workload, ['metadata', 'uid']), record);
     await writePromotionRecord(client, p, record, () => true);
     const next = stageName(chain.stages[index + 1]);
@@ -21906,7 +22092,7 @@ export class Promotions implements ResultListener {
       const found = readPromotionRecords(workload).entries[p.container];
       if (found?.request !== r.request)
         return void this.log.info(`[${r.request}] ${placeName(p)}: promoted by another replica, or superseded`);
-      const key = this.upgrade.recordKey();
+      const key = this.upgrade.signing()?.key;
       if (key && !promotionRecordSealed(key, p, workload, found))
         throw new UpgradeError(`its record on ${placeName(p)} is not the service's own (its MAC does not verify)`);
       const claim = isObject(found.claim) ? found.claim : undefined;
@@ -22027,7 +22213,7 @@ export class Promotions implements ResultListener {
    * workload) and did not finish are waited out here; the one replica whose PATCH takes a record off promotes it.
    */
   async resume(hooks: Iterable<Hook>): Promise<void> {
-    if (!this.upgrade.recordKey() && [...hooks].some((h) => promotionChain(h) && hookReach(h)?.target))
+    if (!this.upgrade.signing()?.key && [...hooks].some((h) => promotionChain(h) && hookReach(h)?.target))
       this.log.warn('promotion: without -approval-key-file the soaks recorded on workloads are not resumed (the ' +
         'service cannot tell the records it wrote from one written by hand): a replica stopped during a soak stops ' +
         'its chain');
@@ -22079,7 +22265,7 @@ export class Promotions implements ResultListener {
    * one written by hand, or its MAC does not verify there (told by a Warning Event on the workload); undefined: it is.
    */
   private unsealed(workload: K8sObject, place: SoakPlace, record: PromotionRecord): string | undefined {
-    const key = this.upgrade.recordKey();
+    const key = this.upgrade.signing()?.key;
     if (!key) return 'without -approval-key-file the service cannot tell its own records from one written by hand';
     if (promotionRecordSealed(key, place, workload, record)) return undefined;
     const why = `the promotion record of ${showValue(record.image)} is not the service's own (its MAC does not ` +
@@ -22709,7 +22895,7 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
     }
     const push = { target, container: c.container, cluster: c.cluster, entry };
     const hook = this.hooks().get(entry.hook);
-    const problem = hook ? pendingEntryProblem(this.key, push, hook) : undefined;
+    const problem = hook ? (pendingEntryProblem(this.key, push, hook) ?? (await this.stale(push))) : undefined;
     const drop = () => this.dropUntrusted(push, problem!);
     if (problem) return { gone: `This push's entry on the workload is not used: ${problem}.`, drop };
     if (c.hook !== entry.hook || c.image !== entry.image)
@@ -22752,6 +22938,13 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
       if (!report) return { status: 409, title: 'Nothing to decide', detail: 'This push was decided already.' };
       const env = this.upgrade.decidedEnv(hook, w.target, w.container, w.cluster);
       return this.told(hook, requestId, report, env, action === 'reject' ? 'Rejected' : 'Expired');
+    }
+    const stale = await this.stale(w);
+    if (stale) {
+      await this.dropUntrusted(w, stale);
+      this.remember(w.entry.id, Date.parse(w.entry.until));
+      const detail = `This push's entry on the workload is not used: ${stale}.`;
+      return { status: 410, title: 'Nothing to decide', detail };
     }
     const e = w.entry;
     const push: IncomingPush = {
@@ -22850,6 +23043,21 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
     return workload && this.droppedReport(client, w, workload, decision, by);
   }
 
+  /**
+   * Why a waiting push is not to be deployed though sealed: the record ledger does not name its entry live where it
+   * sits (decided, replaced or taken off since it was written, and put back), or undefined. An entry written without
+   * a ledger (not `stored`) is taken as sealed only.
+   */
+  private async stale(w: WaitingPush): Promise<string | undefined> {
+    if (!w.entry.stored) return undefined;
+    const ledger = this.upgrade.signing()?.ledger;
+    if (!ledger) return 'it was written with a record ledger, and this service has none (-record-store)';
+    const live = await ledger.live(PENDING_ANNOTATION, pendingWhere({ ...w.target, ...w }));
+    if (live === w.entry.id) return undefined;
+    return `the record ledger ${ledger.where} does not name it live there: it was decided, replaced or taken off ` +
+      'since it was written (put back on the workload by hand?)';
+  }
+
   /** Takes a pending entry off by a patch that tests the annotation read: the workload as read, undefined if gone. */
   private async takeOff(client: KubeClient, w: WaitingPush): Promise<K8sObject | undefined> {
     const target: WorkloadTarget = { ...w.target };
@@ -22868,9 +23076,22 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
         throw e;
       }
       this.forget(w);
+      await this.untell(w);
       return workload;
     }
     return undefined;
+  }
+
+  /** The ledger told that an entry it names live was taken off; a failure is a warning (it would stay named). */
+  private async untell(w: WaitingPush): Promise<void> {
+    const ledger = this.upgrade.signing()?.ledger;
+    if (!ledger || !w.entry.stored) return;
+    try {
+      await ledger.set(PENDING_ANNOTATION, pendingWhere({ ...w.target, ...w }), undefined, w.entry.id);
+    } catch (e) {
+      this.log.warn(`${waitingWhere(w)}: the record ledger ${ledger.where} was not told the waiting push of ` +
+        `${w.entry.image} was taken off (${(e as Error).message}): its entry, put back on the workload, would be used`);
+    }
   }
 
   private forget(w: WaitingPush): undefined {
@@ -26222,8 +26443,28 @@ function approvalLinksReady(o: Options, snapshot: Snapshot, upgrade: UpgradeServ
   const problem = approvalHooksProblem(snapshot.hooks.values(), o.approvalKey !== undefined);
   for (const line of unsealedEntriesWarnings(snapshot.hooks.values(), o.approvalKey !== undefined)) log.warn(line);
   if (problem) log.error(problem);
-  else if (o.approvalKey) upgrade.useApprovals({ publicUrl: o.publicUrl, key: o.approvalKey });
+  else if (o.approvalKey)
+    upgrade.useApprovals({ publicUrl: o.publicUrl, key: o.approvalKey, ledger: openRecordLedger(o, upgrade, log) });
   return problem === undefined;
+}
+
+/**
+ * The record ledger -record-store names (`auto`: LIMITS.approval.ledgerName in the pod's own namespace), in the
+ * default cluster, read once at start so that a missing permission is said then; undefined (`none`, or `auto`
+ * outside a pod) after a warning of what is then left open.
+ */
+function openRecordLedger(o: Options, upgrade: UpgradeService, log: Logger): RecordLedger | undefined {
+  const pod = podNamespace();
+  const named = o.recordStore === 'auto' ? (pod ? `${pod}/${LIMITS.approval.ledgerName}` : undefined) : o.recordStore;
+  if (named === undefined || named === 'none') {
+    log.warn('approvals: no record ledger (-record-store): a waiting push\'s entry put back on its workload after it ' +
+      'was decided is used again by a replica that did not decide it, or after a restart');
+    return undefined;
+  }
+  const [namespace, name] = named.split('/');
+  const ledger = new ConfigMapLedger(() => upgrade.kube(undefined), namespace, name);
+  ledger.live('', []).catch((e: Error) => log.warn(`approvals: the record ledger ${named}: ${e.message}`));
+  return ledger;
 }
 
 /**

@@ -890,3 +890,78 @@ describe('the approvals keep a watch on the workloads their hooks reach', () => 
     assert.equal(await requests('list'), listed);
   });
 });
+
+describe('the record ledger: an entry put back on its workload after it was decided is stale', () => {
+  const skip = !cluster ? 'no cluster' : false;
+  const ns = freshNamespaceName('approvals-ledger');
+  const form = { method: 'POST', body: 'name=Zhao', headers: { 'Content-Type': 'application/x-www-form-urlencoded' } };
+  let kubectl: ReturnType<typeof kubectlFor>;
+  let get: (what: string) => Promise<any>;
+  let rx: Receiver;
+  let run: (() => Promise<Webhook>) | undefined;
+  const image = async () => containerImage(await get('deployment/back'), 'app');
+  const raw = async () => (await get('deployment/back')).metadata.annotations?.['webhook/pending'];
+  const ledger = async () => JSON.parse(await kubectl(['-n', ns, 'get', 'configmap', 'webhook-records', '-o', 'json'])).data ?? {};
+  const push = async (w: Webhook, tag: string) => {
+    const q = new URLSearchParams({ token: TOKEN, ns, workload: 'deployment/back', container: 'app', repo_type: 'regionalregistry' });
+    const res = await w.request(`/hooks/ask?${q}`, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: acrPayload(tag) });
+    assert.equal(res.status, 202, res.body);
+    return waitFor(() => rx.requests.map((r) => JSON.parse(r.body))
+      .find((d) => d.request_id === res.headers['x-request-id'] && d.approveUrl), { timeoutMs: 60_000, what: `the waiting ${tag}'s links` });
+  };
+
+  before(async () => {
+    if (skip) return;
+    kubectl = kubectlFor(cluster!);
+    get = namespacedGetter(kubectl, ns);
+    await kubectl(['create', 'namespace', ns]);
+    await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(deployment('back', [{ name: 'app', image: acrImage('v1') }], { replicas: 1 })));
+    rx = await startReceiver();
+    const env = { KUBECONFIG: cluster!.kubeconfigPath, NOTIFY_CACERT: Buffer.from(rx.certPem).toString('base64') };
+    const hooks = [upgradeHook('ask', TOKEN, { REQUIRE_APPROVAL: 'true', NOTIFY_URL: `${rx.base}/json` })];
+    // The ledger in the test's namespace, as a pod's own namespace holds it (-record-store auto).
+    const args = ['-public-url', PUBLIC_URL, '-approval-key-file', keyFile(), '-rollout-follow', '0s', '-record-store', `${ns}/webhook-records`];
+    run = () => started({ hooks, args, env });
+  });
+  after(async () => {
+    await stopStarted();
+    await rx?.close();
+    if (!skip) await removeNamespace(kubectl, ns);
+  });
+
+  test('rejected, then put back as it was: after a restart its approve link deploys nothing, with a warning and an Event', { skip }, async () => {
+    const a = await run!();
+    const links = await push(a, 'v2');
+    const entry = await raw();
+    assert.equal(Object.keys(await ledger()).length, 1, 'the waiting entry is named in the ledger');
+    const rejected = await a.request(linkPath(links.rejectUrl), form);
+    assert.equal(rejected.status, 200, rejected.body);
+    assert.deepEqual(await ledger(), {}, 'taken off: the ledger names nothing there');
+    // A workload editor puts the entry back byte for byte: its MAC verifies where it sits.
+    await kubectl(['-n', ns, 'annotate', '--overwrite', 'deployment/back', `webhook/pending=${entry}`]);
+    await a.stop();
+    const b = await run!();
+    const approved = await b.request(linkPath(links.approveUrl), form);
+    assert.equal(approved.status, 410, approved.body);
+    assert.match(approved.body, /the record ledger [\w.-]+\/webhook-records does not name it live there/);
+    const events = await waitFor(async () => {
+      const list = JSON.parse(await kubectl(['-n', ns, 'get', 'events', '--field-selector', 'involvedObject.name=back,reason=UpgradeRefused', '-o', 'json']));
+      return (list.items as any[]).find((e) => e.type === 'Warning' && e.message.includes('does not name it live'));
+    }, { timeoutMs: 60_000, what: 'the Warning Event of the stale entry' });
+    assert.match(events.message, /^container app: the waiting push of .*:v2"? \(hook "?ask"?\) dropped, not deployed: /);
+    assert.match(b.output(), /deployment\/back in [\w-]+: container app: the waiting push of .* dropped, not deployed: the record ledger/);
+    assert.equal(await image(), acrImage('v1'), 'nothing deployed');
+    assert.equal(await raw(), '{}', 'the stale entry is taken off');
+  });
+
+  test('a live entry survives a restart: another replica approves it, and the ledger lets it go', { skip }, async () => {
+    const a = await run!();
+    const links = await push(a, 'v3');
+    await a.stop();
+    const b = await run!();
+    const approved = await b.request(linkPath(links.approveUrl), form);
+    assert.equal(approved.status, 200, approved.body);
+    await waitFor(async () => (await image()) === acrImage('v3'), { timeoutMs: 30_000, what: 'v3 approved on the restarted replica' });
+    assert.deepEqual(await ledger(), {}, 'applied: the ledger names nothing there');
+  });
+});

@@ -101,11 +101,18 @@ describe('deploy/', { skip: cluster ? false : 'no cluster' }, () => {
     }
   });
 
-  test('renders the ServiceAccount, the hooks, the two secrets, the Deployment, its PodDisruptionBudget, the Service and the NetworkPolicy, in cattle-system; no cluster-wide role', () => {
+  test('renders the ServiceAccount, the hooks, the two secrets, the Deployment, its PodDisruptionBudget, the Service, the NetworkPolicy and the record ledger\'s Role, in cattle-system; no cluster-wide role', () => {
     assert.deepEqual(objects.map((o) => `${o.kind}/${o.metadata.name}`).sort(), [
-      'ConfigMap/webhook-hooks', 'Deployment/webhook', 'NetworkPolicy/webhook', 'PodDisruptionBudget/webhook', 'Secret/webhook-admin', 'Secret/webhook-env',
-      'Service/webhook', 'ServiceAccount/webhook',
+      'ConfigMap/webhook-hooks', 'Deployment/webhook', 'NetworkPolicy/webhook', 'PodDisruptionBudget/webhook', 'Role/webhook-records',
+      'RoleBinding/webhook-records', 'Secret/webhook-admin', 'Secret/webhook-env', 'Service/webhook', 'ServiceAccount/webhook',
     ]);
+    // The ledger's Role: its one ConfigMap, bound to the service's account (kustomize moved both into cattle-system).
+    const role = objects.find((o) => o.kind === 'Role');
+    assert.deepEqual(role.rules, [
+      { apiGroups: [''], resources: ['configmaps'], resourceNames: ['webhook-records'], verbs: ['get', 'patch'] },
+      { apiGroups: [''], resources: ['configmaps'], verbs: ['create'] },
+    ]);
+    assert.deepEqual(objects.find((o) => o.kind === 'RoleBinding').subjects, [{ kind: 'ServiceAccount', name: 'webhook', namespace: 'cattle-system' }]);
     for (const o of objects) assert.equal(o.metadata.namespace, 'cattle-system', `${o.kind} namespace`);
     // The ConfigMap is generated from deploy/hooks/, the files -print-rbac reads.
     assert.equal(find('ConfigMap').data['web.json'], fs.readFileSync(path.join(DEPLOY, 'hooks', 'web.json'), 'utf8'));
