@@ -8160,7 +8160,7 @@ export const ANNOTATIONS = {
     holds:
       'Per container, a rollout followed after the answer (request, hook, deadline, where its result goes), so ' +
       'that another replica finishes the follow when this one is gone; the replica whose PATCH takes it off ' +
-      'reports the end.',
+      'reports the end. Sealed (mac) with -approval-key-file: a replica resumes only its own.',
   },
   pending: {
     key: 'webhook/pending',
@@ -16675,10 +16675,12 @@ function readSettings(
 //    nodes the workload can run on, for the platform step.
 //    Every Event a push writes on its workload is rendered by pushEvent from one table (PUSH_EVENTS: its type, reason
 //    and message, from the push's decision and facts); recordEventQuietly records one without failing the push.
-//    Exports: decidePush, decisionReason, FollowRecord, holdDecision, imageFieldPath, imageWriters, newPushRecord,
-//    NotSignedYet, pullSecretNames, pushEvent, PushRecord, pushTime, readContainerAnnotation, readFollowRecords,
-//    readPushRecords, recordEventQuietly, recordUnchanged, RegistryAway, registryFailure, SignatureRefusal,
-//    verifiedRef, whoAsked, withPushRecord, workloadLogin, workloadPodSpec.
+//    A follow record is sealed as a pending entry is (followRecordMac), so a replica resumes only its own.
+//    Exports: decidePush, decisionReason, FollowRecord, followRecordMac, followRecordSealed, holdDecision,
+//    imageFieldPath, imageWriters, newPushRecord, NotSignedYet, pullSecretNames, pushEvent, PushRecord, pushTime,
+//    readContainerAnnotation, readFollowRecords, readPushRecords, RecordPlace, recordEventQuietly, recordUnchanged,
+//    RegistryAway, registryFailure, SignatureRefusal, verifiedRef, whoAsked, withPushRecord, workloadLogin,
+//    workloadPodSpec.
 //    Tests: test/clouds.test.ts, test/decision.test.ts, test/git.test.ts, test/hold.test.ts, test/platforms.test.ts,
 //    test/records.test.ts, test/registries.test.ts, test/registry-e2e.test.ts, test/replicas.test.ts,
 //    test/upgrade.test.ts.
@@ -16816,6 +16818,27 @@ export interface FollowRecord {
    */
   mailTo?: string;
   rollback?: boolean;
+  /** HMAC with the approval key over the record, where it sits and the workload's uid (followRecordMac). */
+  mac?: string;
+}
+
+/** A follow record's MAC (recordMac) where it sits: its cluster, workload, container, the workload's uid. Pure. */
+export function followRecordMac(key: Buffer, place: RecordPlace, workload: unknown, f: FollowRecord): string {
+  const { cluster, target: t, container } = place;
+  const where = [cluster ?? '', t.namespace, t.kind, t.name, container, String(valueAt(workload, ['metadata', 'uid']))];
+  return recordMac(key, FOLLOW_ANNOTATION, where, f, ['mac']);
+}
+
+/** Whether a follow record read from `workload` is the service's own: its MAC verifies there. Pure. */
+export function followRecordSealed(key: Buffer, place: RecordPlace, workload: unknown, f: FollowRecord): boolean {
+  return macMatches(f.mac, followRecordMac(key, place, workload, f));
+}
+
+/** Where a record sits on a workload: its cluster (undefined: the default), the workload, the container. */
+export interface RecordPlace {
+  cluster: string | undefined;
+  target: { namespace: string; kind: string; name: string };
+  container: string;
 }
 
 /** The workload's follow records; `dropped` names the entries that are not follow records. */
@@ -17908,6 +17931,9 @@ function followToRecord(input: DecisionInput): Record<string, { value: string; r
     ...(after.mailTo?.trim() ? { mailTo: after.mailTo.trim() } : {}),
     ...(s.rollbackOnFailure ? { rollback: true } : {}),
   };
+  const key = input.approvals?.key;
+  const place = { cluster: input.push.cluster, target: input.push.target, container: s.container };
+  if (key) record.mac = followRecordMac(key, place, input.workload, record);
   return { [FOLLOW_ANNOTATION]: { value: JSON.stringify({ ...entries, [s.container]: record }), read: raw } };
 }
 
@@ -19933,8 +19959,8 @@ export function rollbackObstacle(
 //    whatever brought it in (gateJob): what the hook fixes is a constraint; what it leaves to the request, only a
 //    request, a sealed record or a namespace ANNOTATION_NAMESPACES lists may choose; a chain is entered at its first
 //    stage only.
-//    Exports: clusterWord, fixedInput, fixedSetting, fixedTrue, formatRbac, gateJob, GateRefusal, hookReach, HookReach,
-//    hookReachProblem, JobAuthority, JobTarget, laterStage, stageNamespaces, upgradeInput.
+//    Exports: clusterWord, fixedInput, fixedSetting, fixedTrue, followRecordProblem, formatRbac, gateJob, GateRefusal,
+//    hookReach, HookReach, hookReachProblem, JobAuthority, JobTarget, laterStage, stageNamespaces, upgradeInput.
 //    Tests: test/chart.test.ts, test/deploy.test.ts, test/unit.test.ts.
 // ================================================================================================
 
@@ -20342,6 +20368,39 @@ function nodesRole(saNamespace: string, saName: string): string[] {
     `    name: ${JSON.stringify(saName)}`,
     `    namespace: ${JSON.stringify(saNamespace)}`,
   ];
+}
+
+// ---- the records a replica resumes ----------------------------------------------------------
+
+/** A request id as this service writes one (a UUID, or an X-Request-Id taken as it came): printable, bounded. */
+const RECORDED_REQUEST_ID = /^[\x21-\x7e]{1,256}$/;
+/** A follow record's deadline as followToRecord writes it (toISOString). */
+const RECORDED_DEADLINE = /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,3})?Z$/;
+
+/**
+ * Why a follow record on a workload is not resumed for the hook it names (found among the hooks that fix this
+ * workload, else undefined), or undefined when it is: with the approval key, one whose MAC does not verify where it
+ * sits (followRecordSealed) is not the service's own. Pure.
+ */
+export function followRecordProblem(
+  key: Buffer | undefined,
+  place: RecordPlace & { target: WorkloadTarget },
+  f: FollowRecord,
+  hook: Hook | undefined,
+  workload: K8sObject,
+): string | undefined {
+  const { container, target: { kind } } = place;
+  if (!hook) return `hook ${showValue(f.hook)} is not a hook this replica serves for this workload`;
+  if (key && !followRecordSealed(key, place, workload, f))
+    return "its MAC does not verify: it is not the service's own (written or edited by hand, or copied from elsewhere)";
+  const fixed = fixedInput(hook, 'APP_CONTAINER')?.trim();
+  if (fixed !== undefined && fixed !== container) return `hook ${showValue(hook.id)} upgrades container ${fixed} only`;
+  if (!DNS_LABEL.test(container) || !locateContainer(workloadPodSpec(workload, kind), container))
+    return 'the workload has no such container';
+  if (!RECORDED_REQUEST_ID.test(f.request)) return `request ${showValue(f.request)} is not a request id`;
+  if (!RECORDED_DEADLINE.test(f.deadline) || !Number.isFinite(Date.parse(f.deadline)))
+    return `deadline ${showValue(f.deadline)} is not a time`;
+  return undefined;
 }
 
 // ================================================================================================
@@ -20943,33 +21002,6 @@ interface ResumedFollow {
   mailTo: string | undefined;
 }
 
-/** A request id as this service writes one (a UUID, or an X-Request-Id taken as it came): printable, bounded. */
-const RECORDED_REQUEST_ID = /^[\x21-\x7e]{1,256}$/;
-/** A follow record's deadline as followToRecord writes it (toISOString). */
-const RECORDED_DEADLINE = /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,3})?Z$/;
-
-/**
- * Why a follow record on a workload is not resumed for the hook it names (found among the hooks
- * that fix this workload, else undefined), or undefined when it is. Pure.
- */
-function followRecordProblem(
-  container: string,
-  f: FollowRecord,
-  hook: Hook | undefined,
-  workload: K8sObject,
-  kind: WorkloadKind,
-): string | undefined {
-  if (!hook) return `hook ${showValue(f.hook)} is not a hook this replica serves for this workload`;
-  const fixed = fixedInput(hook, 'APP_CONTAINER')?.trim();
-  if (fixed !== undefined && fixed !== container) return `hook ${showValue(hook.id)} upgrades container ${fixed} only`;
-  if (!DNS_LABEL.test(container) || !locateContainer(workloadPodSpec(workload, kind), container))
-    return 'the workload has no such container';
-  if (!RECORDED_REQUEST_ID.test(f.request)) return `request ${showValue(f.request)} is not a request id`;
-  if (!RECORDED_DEADLINE.test(f.deadline) || !Number.isFinite(Date.parse(f.deadline)))
-    return `deadline ${showValue(f.deadline)} is not a time`;
-  return undefined;
-}
-
 /** What a resumed follow takes from its hook as loaded now. The pin settings were checked at load. */
 function resumeSettings(hook: Hook) {
   const mailTo = fixedInput(hook, 'MAIL_TO')?.trim() || undefined;
@@ -21417,7 +21449,8 @@ export class UpgradeService implements InProcessCommand<UpgradeOutput> {
       for (const name of dropped) this.log.warn(`${where}: follow record ${showValue(name)} dropped: malformed`);
       for (const [container, f] of Object.entries(entries)) {
         const hook = servedHooks.find((h) => h.id === f.hook);
-        const problem = followRecordProblem(container, f, hook, workload, target.kind);
+        const place = { cluster, target, container };
+        const problem = followRecordProblem(this.approvals?.key, place, f, hook, workload);
         if (problem || !hook) {
           this.log.warn(`${where}: follow record of container ${showValue(container)} dropped: ${problem}`);
           continue;
@@ -21665,6 +21698,8 @@ interface PromotionRecord {
   restarts: number;
   /** The replica promoting it, and since when: set at the soak's end, taken over once older than claimStaleMs. */
   claim?: { by: string; at: string };
+  /** Its request is named live in the record ledger while it soaks: resumed only while the ledger names it there. */
+  stored?: boolean;
   /** HMAC with the approval key over the record but its claim, where it sits and the workload's uid. */
   mac?: string;
 }
@@ -21675,8 +21710,12 @@ interface PromotionRecord {
  * end) is left out. Pure.
  */
 function promotionRecordMac(key: Buffer, p: SoakPlace, uid: unknown, record: PromotionRecord): string {
-  const where = [p.cluster ?? '', p.target.namespace, p.target.kind, p.target.name, p.container, String(uid ?? '')];
-  return recordMac(key, PROMOTION_ANNOTATION, where, record, ['mac', 'claim']);
+  return recordMac(key, PROMOTION_ANNOTATION, [...soakWhere(p), String(uid ?? '')], record, ['mac', 'claim']);
+}
+
+/** Where a soak sits, as its MAC (with the workload's uid) and the record ledger name it. Pure. */
+function soakWhere(p: SoakPlace): string[] {
+  return [p.cluster ?? '', p.target.namespace, p.target.kind, p.target.name, p.container];
 }
 
 /** Whether a record read from `workload` is the service's own: its MAC verifies there (macMatches). Pure. */
@@ -22012,8 +22051,11 @@ export class Promotions implements ResultListener {
       until: new Date(nowMs + chain.afterMs).toISOString(),
       restarts: await restartsOf(client, p, workload, image),
     };
-    const key = this.upgrade.signing()?.key;
-    if (key) record.mac = promotionRecordMac(key, p, valueAt(workload, ['metadata', 'uid']), record);
+    const signing = this.upgrade.signing();
+    if (signing?.ledger) record.stored = true;
+    if (signing) record.mac = promotionRecordMac(signing.key, p, valueAt(workload, ['metadata', 'uid']), record);
+    // Named live in the ledger before it is written: a record the ledger does not name is never resumed.
+    await signing?.ledger?.set(PROMOTION_ANNOTATION, soakWhere(p), record.request);
     await writePromotionRecord(client, p, record, () => true);
     const next = stageName(chain.stages[index + 1]);
     const soak = formatGoDuration(chain.afterMs);
@@ -22136,7 +22178,12 @@ export class Promotions implements ResultListener {
     const { place: p, record: r } = soak;
     const mine = (f: PromotionRecord | undefined) => f?.request === r.request && f.claim?.by === this.replica;
     if (!(await writePromotionRecord(client, p, undefined, mine)))
-      this.log.info(`[${r.request}] ${placeName(p)}: its promotion was taken over by another replica`);
+      return this.log.info(`[${r.request}] ${placeName(p)}: its promotion was taken over by another replica`);
+    const ledger = this.upgrade.signing()?.ledger;
+    if (r.stored)
+      await ledger?.set(PROMOTION_ANNOTATION, soakWhere(p), undefined, r.request).catch((e: Error) =>
+        this.log.warn(`[${r.request}] ${placeName(p)}: the record ledger ${ledger.where} was not told the soak's ` +
+          `record was taken off (${e.message}): the record, put back on the workload, would be resumed`));
   }
 
   /** The digest that ran, pushed to each cluster of the next stage at once: the push's identity and time, kept. */
@@ -22243,7 +22290,7 @@ export class Promotions implements ResultListener {
       for (const [container, record] of Object.entries(entries)) {
         const place = { cluster: t.cluster, target, container };
         if (record.hook !== hook.id || record.stage !== index || this.soaks.has(soakKey(place))) continue;
-        const refused = this.unsealed(workload, place, record);
+        const refused = await this.notOwn(workload, place, record);
         if (refused) {
           this.log.warn(`[${record.request}] ${placeName(place)}: the soak recorded there is not resumed: ${refused}`);
           continue;
@@ -22262,18 +22309,32 @@ export class Promotions implements ResultListener {
 
   /**
    * Why a promotion record read from a workload is not to be resumed: no key to tell the service's own records from
-   * one written by hand, or its MAC does not verify there (told by a Warning Event on the workload); undefined: it is.
+   * one written by hand, its MAC does not verify there, or the record ledger does not name it live there (put back
+   * after its promotion), each told by a Warning Event on the workload; undefined: it is resumed.
    */
-  private unsealed(workload: K8sObject, place: SoakPlace, record: PromotionRecord): string | undefined {
-    const key = this.upgrade.signing()?.key;
-    if (!key) return 'without -approval-key-file the service cannot tell its own records from one written by hand';
-    if (promotionRecordSealed(key, place, workload, record)) return undefined;
-    const why = `the promotion record of ${showValue(record.image)} is not the service's own (its MAC does not ` +
-      'verify: written or edited by hand, or copied from elsewhere): not promoted';
+  private async notOwn(workload: K8sObject, place: SoakPlace, record: PromotionRecord): Promise<string | undefined> {
+    const signing = this.upgrade.signing();
+    if (!signing) return 'without -approval-key-file the service cannot tell its own records from one written by hand';
+    const why = !promotionRecordSealed(signing.key, place, workload, record)
+      ? `the promotion record of ${showValue(record.image)} is not the service's own (its MAC does not verify: ` +
+        'written or edited by hand, or copied from elsewhere): not promoted'
+      : await this.stale(place, record);
+    if (why === undefined) return undefined;
     const event = pushEvent('refused', { why, asked: whoAsked({ hookId: record.hook, requestId: record.request }) });
     const client = this.upgrade.kube(place.cluster);
     if (client) void recordEventQuietly(client, place.target, event, new Date(), (note) => this.log.warn(note));
     return why;
+  }
+
+  /** Why a sealed record is stale: the ledger does not name its request live where it sits; undefined: it does. */
+  private async stale(place: SoakPlace, record: PromotionRecord): Promise<string | undefined> {
+    if (!record.stored) return undefined;
+    const ledger = this.upgrade.signing()?.ledger;
+    const live = ledger && (await ledger.live(PROMOTION_ANNOTATION, soakWhere(place)));
+    if (live === record.request) return undefined;
+    return `the promotion record of ${showValue(record.image)} is stale: ` + (ledger
+      ? `the record ledger ${ledger.where} does not name it live there (promoted or stopped since, and put back)`
+      : 'it was written with a record ledger, and this service has none (-record-store)') + ': not promoted';
   }
 
   /** The chains' last outcomes here, newest first, for the deliveries page. */

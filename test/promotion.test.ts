@@ -246,7 +246,9 @@ describe('staging > prod on two clusters', { skip: shared && second && registry 
     ] }];
     // The soaks a replica records on workloads are sealed with the approval key: a replica that starts resumes only
     // those (and without a key, none).
-    const sealing = args.includes('-approval-key-file') ? [] : ['-public-url', 'https://webhook.example.test', '-approval-key-file', sealKey];
+    // The record ledger in the test's namespace of the default cluster, as a pod's own namespace holds it.
+    const sealing = args.includes('-approval-key-file') ? [] : ['-public-url', 'https://webhook.example.test', '-approval-key-file', sealKey,
+      '-record-store', `${ns}/webhook-records`];
     const wh = await startWebhook({ hooks, metrics: true, args: ['-rollout-follow', '60s', ...sealing, ...args],
       env: { KUBECONFIG: kubeconfigs(), ...env } });
     started.push(wh);
@@ -529,7 +531,9 @@ describe('staging > prod on two clusters', { skip: shared && second && registry 
     const proxied = JSON.parse(fs.readFileSync(prodFile, 'utf8'));
     proxied.clusters[0].cluster.server = proxy.server;
     fs.writeFileSync(prodFile, JSON.stringify(proxied), { mode: 0o600 });
-    const env = { ...serviceMailEnv(mta), KUBECONFIG: [prodFile, renamedKubeconfig(second!, 'staging', path.join(dir, 'staging.json'))].join(path.delimiter) };
+    // Staging first: its context is the default cluster, which holds the record ledger, so that the request held is
+    // prod's decision, not the ledger's write at the soak's start.
+    const env = { ...serviceMailEnv(mta), KUBECONFIG: [renamedKubeconfig(second!, 'staging', path.join(dir, 'staging.json')), prodFile].join(path.delimiter) };
     const settings = { APP_WORKLOAD: 'deployment/claimed', MAIL_TO: 'release@example.com', PROMOTE_AFTER: '0s' };
     const first = await start(settings, env);
     proxy.hold();
@@ -637,6 +641,30 @@ describe('staging > prod on two clusters', { skip: shared && second && registry 
     assert.match(refused.message, /not promoted; asked by hook "chain", request forged-request$/);
     assert.equal(await imageIn(getProd, 'forged'), image('v1'), 'nothing reaches prod');
     assert.doesNotMatch(wh.output(), /promoted to prod/);
+  });
+
+  test('a promotion record put back after its promotion is stale: a replica that starts does not resume it', async () => {
+    await workloadIn('again');
+    const ran = await publish('v21');
+    const settings = { APP_WORKLOAD: 'deployment/again', PROMOTE_AFTER: '2s' };
+    const first = await start(settings);
+    await push(first, 'again', 'v21', ran);
+    await logLine(first, /deployment\/again in .* \(cluster staging\): rollout complete; .* goes to prod once healthy/);
+    const record = (await getStaging('deployment/again')).metadata.annotations['webhook/promotion'];
+    assert.equal(JSON.parse(record).app.stored, true, 'the soak is named in the ledger');
+    await logLine(first, /\/prod\] deployment\/again in .* \(cluster prod\): promoted to prod after/);
+    await waitFor(async () => (await getStaging('deployment/again')).metadata.annotations['webhook/promotion'] === '{}',
+      { timeoutMs: 30_000, what: 'the record taken off after the promotion' });
+    await first.stop();
+    // A staging editor puts the record back byte for byte: its MAC verifies where it sits.
+    await kubectlStaging(['-n', ns, 'annotate', '--overwrite', 'deployment/again', `webhook/promotion=${record}`]);
+    const second = await start(settings);
+    await logLine(second, /deployment\/again in \S+ \(cluster staging\): the soak recorded there is not resumed: the promotion record of .* is stale: the record ledger \S+\/webhook-records does not name it live there/);
+    const refused = await waitFor(async () => (JSON.parse(await kubectlStaging(['-n', ns, 'get', 'events', '--field-selector',
+      'involvedObject.name=again,reason=UpgradeRefused', '-o', 'json'])).items as { type: string; message: string }[])
+      .find((e) => e.type === 'Warning' && /is stale/.test(e.message)), { timeoutMs: 30_000, what: 'the Warning Event' });
+    assert.match(refused.message, /not promoted; asked by hook "chain", request \S+$/);
+    assert.doesNotMatch(second.output(), /resuming the soak/);
   });
 
   test('staging > prod-a/<ns> prod-b/<ns>: two clusters in the later stage, each promoted to as a cluster of its own', async () => {

@@ -7,6 +7,9 @@
  * test resumes it, so "mid-follow" is a state the test sets, not a moment it guesses.
  */
 import assert from 'node:assert/strict';
+import * as fs from 'node:fs';
+import * as os from 'node:os';
+import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { adminPort, httpRequest, startWebhook, waitFor, waitForOutput, type Webhook } from './harness.ts';
 import { readMail, serviceMailEnv, startMta, type Mta } from './mta.ts';
@@ -33,10 +36,11 @@ describe('a follow outlives the replica that started it', { skip: cluster ? fals
   const getJson = namespacedGetter(kubectl, ns);
   let mta: Mta;
   const started: Webhook[] = [];
-  const start = async () => {
+  const start = async (args: string[] = []) => {
     const wh = await startWebhook({
       hooks: [pinnedHook(ns), pairHook(ns)],
       metrics: true,
+      args,
       env: {
         KUBECONFIG: cluster!.kubeconfigPath,
         ...serviceMailEnv(mta),
@@ -176,6 +180,36 @@ describe('a follow outlives the replica that started it', { skip: cluster ? fals
     for (const request of ['forged-2', 'forged-3', 'forged-4']) assert.ok(!wh.output().includes(`[${request}] `), `${request} was resumed`);
     assert.doesNotMatch(wh.output(), /attacker@evil\.example/);
     assert.equal((await mta.messages()).length, 1, 'one mail, to the hook\'s recipients');
+  });
+
+  test('with -approval-key-file a follow record is sealed: a replica resumes the one a replica wrote, never one written by hand', async () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'resume-key-'));
+    fs.writeFileSync(path.join(dir, 'key'), 'resume-seal-key-8d2f4a6c1e9b3d5f7a0c2e4b6d8f1a3c\n');
+    const keyed = ['-public-url', 'https://webhook.example.test', '-approval-key-file', path.join(dir, 'key')];
+    await kubectl(['-n', ns, 'rollout', 'pause', 'deployment/slow']);
+    const first = await start(keyed);
+    const res = await push(first, 'v4');
+    assert.equal(res.status, 200, res.body);
+    const request = res.headers['x-request-id'];
+    const record = await waitFor(async () => JSON.parse((await getJson('deployment/slow')).metadata.annotations['webhook/follow'] ?? '{}').app,
+      { timeoutMs: 30_000, what: 'the follow record' });
+    assert.equal(record.request, request);
+    assert.match(record.mac, /^[\w-]{43}$/, 'sealed');
+    first.proc.kill('SIGKILL');
+    await first.exited;
+    const second = await start(keyed);
+    await waitForOutput(second, `[${request}] deployment/slow in ${ns}: resuming the rollout's follow`, 30_000);
+    await kubectl(['-n', ns, 'rollout', 'resume', 'deployment/slow']);
+    await waitFor(async () => JSON.parse((await getJson('deployment/slow')).metadata.annotations['webhook/follow']).app === undefined,
+      { timeoutMs: 90_000, what: 'the resumed follow to end' });
+    await second.stop();
+    // Written by hand, as anyone who may edit the workload can: no MAC, or the real one moved to another request.
+    const soon = new Date(Date.now() + 60_000).toISOString();
+    await kubectl(['-n', ns, 'annotate', '--overwrite', 'deployment/slow', `webhook/follow=${JSON.stringify({
+      app: { ...record, request: 'forged-6', deadline: soon } })}`]);
+    const third = await start(keyed);
+    await waitForOutput(third, `deployment/slow in ${ns}: follow record of container "app" dropped: its MAC does not verify`, 30_000);
+    assert.ok(!third.output().includes('[forged-6] '), 'the forged record is not resumed');
   });
 });
 
