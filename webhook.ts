@@ -7456,7 +7456,7 @@ async function receivePack(remote: GitRemote, branch: string, old: string, next:
       `${remote.url.href}: the server could not store the push (${report.lines[0] ?? 'no report'})${said}`,
     );
   if (refused) {
-    const reason = refused.slice(3 + ref.length + 1);
+    const reason = peerText(refused.slice(3 + ref.length + 1), remoteSecrets(remote), 500);
     const moved = /failed to update ref|failed to lock|cannot lock ref|stale info|fetch first|non-fast-forward/;
     const kind = moved.test(reason) ? 'moved' : 'refused';
     throw new GitError(`${remote.url.href}: the server refused the push to ${branch}: ${reason}${said}`, kind);
@@ -7465,19 +7465,22 @@ async function receivePack(remote: GitRemote, branch: string, old: string, next:
     throw new GitError(`${remote.url.href}: no report of ${ref} in the push's answer`);
 }
 
-/** report-status inside side-band-64k: its lines (band 1) and the server's messages (band 2, band 3). Pure. */
+/**
+ * report-status inside side-band-64k: its lines (band 1) and the server's messages (bands 2 and 3, each read whole
+ * before it is cut into lines: a server splits a line across packets, and a secret across two would pass the
+ * scrubber in halves). Pure.
+ */
 function reportStatus(body: Buffer, what: string, sent: string[]): { lines: string[]; messages: string[] } {
-  const data: Buffer[] = [];
-  const messages: string[] = [];
+  const bands: Buffer[][] = [[], [], [], []];
   for (const p of parsePktLines(body, what)) {
     if (typeof p === 'string') continue;
-    if (p[0] === 1) data.push(p.subarray(1));
-    else if (p[0] === 2 || p[0] === 3)
-      messages.push(...p.toString('utf8', 1).split(/[\r\n]+/).map((l) => l.trim()).filter((l) => l !== ''));
-    else throw new GitError(`${what}: not a side-band answer`);
+    if (p[0] < 1 || p[0] > 3) throw new GitError(`${what}: not a side-band answer`);
+    bands[p[0]].push(p.subarray(1));
   }
-  const lines = parsePktLines(Buffer.concat(data), what).filter((p) => typeof p !== 'string').map(pktText);
-  return { lines, messages: messages.slice(0, 20).map((m) => peerText(m, sent, 500)) };
+  const lines = parsePktLines(Buffer.concat(bands[1]), what).filter((p) => typeof p !== 'string').map(pktText);
+  const messages = [2, 3].flatMap((b) => Buffer.concat(bands[b]).toString('utf8').split(/[\r\n]+/));
+  const said = messages.map((l) => l.trim()).filter((l) => l !== '');
+  return { lines, messages: said.slice(0, 20).map((m) => peerText(m, sent, 500)) };
 }
 
 // ---- what a write-back is given ---------------------------------------------------------------------

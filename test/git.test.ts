@@ -460,6 +460,27 @@ describe('the smart-HTTP client against git http-backend', () => {
     await assert.rejects(fetchGitFile(remote(), 'main', 'big.yaml'), /an object of 52428800 bytes is larger than 8388608/);
     assert.ok(process.memoryUsage().rss - heap < 200 * 1024 * 1024, 'memory stayed bounded');
   });
+  test('a pre-receive hook that prints the token, its Basic base64 and a run of it across the quote\'s cut: none of them in the error', async () => {
+    const basic = Buffer.from(`bot:${TOKEN}`).toString('base64');
+    // 490 characters first: the 500-character cut of the quoted message would fall inside the token.
+    // And a line whose token would straddle two side-band packets were they read one by one.
+    const said = [`${'x'.repeat(490)}${TOKEN}`, `${'y'.repeat(120)}${TOKEN}`, `you sent Basic ${basic}`, `token ${TOKEN} is not allowed here`];
+    const script = `#!/bin/sh\n${said.map((l) => `echo '${l}' >&2`).join('\n')}\nexit 1\n`;
+    fs.writeFileSync(path.join(bare, 'hooks', 'pre-receive'), script, { mode: 0o755 });
+    try {
+      const file = await fetchGitFile(remote(), 'main', 'apps/web.yaml');
+      const next = new Map([['apps/web.yaml', Buffer.from(edit({ image: 'reg.example/shop/app:v4' }))]]);
+      const text = { message: 'deploy v4\n', author: 'webhook <webhook@localhost>', whenSeconds: 1_700_000_000 };
+      const refused = await pushGitCommit(remote(), 'main', file, next, text).catch((e) => e);
+      assert.ok(refused instanceof GitError && refused.kind === 'refused', String(refused));
+      assert.match(refused.message, /pre-receive hook declined; the server said: x{400}/);
+      assert.match(refused.message, /is not allowed here/, 'the rest of what the server said is quoted');
+      assert.equal(leaks(refused.message, TOKEN, 'bot:'), undefined, refused.message);
+      assert.doesNotMatch(refused.message, new RegExp(basic.slice(0, 12)));
+    } finally {
+      fs.rmSync(path.join(bare, 'hooks', 'pre-receive'));
+    }
+  });
   test('a commit pushed with the head read as expected value; a moved branch is reported as moved; a pre-receive refusal carries its message', async () => {
     const file = await fetchGitFile(remote(), 'main', 'apps/web.yaml');
     const text = { message: 'deploy v2\n', author: 'webhook <webhook@localhost>', whenSeconds: 1_700_000_000 };
