@@ -7467,8 +7467,7 @@ async function receivePack(remote: GitRemote, branch: string, old: string, next:
 
 /**
  * report-status inside side-band-64k: its lines (band 1) and the server's messages (bands 2 and 3, each read whole
- * before it is cut into lines: a server splits a line across packets, and a secret across two would pass the
- * scrubber in halves). Pure.
+ * before it is cut into lines: a line split across packets would pass the scrubber in halves). Pure.
  */
 function reportStatus(body: Buffer, what: string, sent: string[]): { lines: string[]; messages: string[] } {
   const bands: Buffer[][] = [[], [], [], []];
@@ -7478,9 +7477,8 @@ function reportStatus(body: Buffer, what: string, sent: string[]): { lines: stri
     bands[p[0]].push(p.subarray(1));
   }
   const lines = parsePktLines(Buffer.concat(bands[1]), what).filter((p) => typeof p !== 'string').map(pktText);
-  const messages = [2, 3].flatMap((b) => Buffer.concat(bands[b]).toString('utf8').split(/[\r\n]+/));
-  const said = messages.map((l) => l.trim()).filter((l) => l !== '');
-  return { lines, messages: said.slice(0, 20).map((m) => peerText(m, sent, 500)) };
+  const said = [2, 3].flatMap((b) => Buffer.concat(bands[b]).toString('utf8').split(/[\r\n]+/)).map((l) => l.trim());
+  return { lines, messages: said.filter((l) => l !== '').slice(0, 20).map((m) => peerText(m, sent, 500)) };
 }
 
 // ---- what a write-back is given ---------------------------------------------------------------------
