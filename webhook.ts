@@ -7768,6 +7768,8 @@ interface UpgradeSettings {
   approvalTimeoutMs: number;
   windows: DeployWindow[] | undefined;
   approvalOverride: boolean;
+  /** DRY_RUN: the push is decided and told as what it would do, and nothing is written (dryRunOut). */
+  dryRun: boolean;
   /** GIT_REPO and the rest: an applied push is committed to Git (commitOut); without, ON_GITOPS_OWNER. */
   git: GitSettings | undefined;
   onGitopsOwner: 'refuse' | 'patch';
@@ -8093,6 +8095,8 @@ export interface Delivery {
   notifications: { channel: string; state: 'pending' | SendOutcome['state']; detail: string }[];
   hookId: string;
   requestId: string;
+  /** Decided under DRY_RUN: what it says it would do was not done. */
+  dryRun?: boolean;
   receivedAt: Date;
   finishedAt?: Date;
   outcome?: Outcome;
@@ -11589,7 +11593,7 @@ export function decodeBase64Strict(text: string): Buffer {
 //    of their own (createMetricsHandler).
 //    Approval links (`/approval/<token>`) are answered by the ApprovalPages main() wires in (the approvals chapter).
 //    Exports: AdminPages, allowedMethods, answerClientError, ApprovalPages, CommandListener, createHandler,
-//    createMetricsHandler, HandlerContext, PageAnswer.
+//    createMetricsHandler, HandlerContext, PageAnswer, PushOrigin.
 //    Tests: test/adnanh-suite.test.ts, test/compat.test.ts, test/exposure.test.ts, test/runner.test.ts,
 //    test/unit.test.ts.
 // ================================================================================================
@@ -11655,10 +11659,18 @@ const ANSWERS = {
 
 type AnswerName = keyof typeof ANSWERS;
 
+/**
+ * What a result is of, as the result path keys and names it: a request (HookRequest), or a job another source of
+ * pushes brought in (an approval, the registry watch, a promotion), named by its request id.
+ */
+export interface PushOrigin {
+  readonly id: string;
+}
+
 /** Told of every command as it starts and when it has finished: the answer never waits for what it does. */
 export interface CommandListener<R = unknown> {
-  started?(hook: Hook, req: HookRequest): void;
-  finished(hook: Hook, req: HookRequest, result: CommandResult<R>): void;
+  started?(hook: Hook, req: PushOrigin): void;
+  finished(hook: Hook, req: PushOrigin, result: CommandResult<R>): void;
 }
 
 export interface HandlerContext<R = unknown> {
@@ -15225,6 +15237,8 @@ export interface UpgradeReport {
   target?: WorkloadTarget;
   /** Whether the image pin refused the push (error says why). */
   refused?: boolean;
+  /** Decided under DRY_RUN: told as what it would do, nothing written. */
+  dryRun?: boolean;
   /**
    * The change's Event, when it is recorded after the answer (UpgradeDeps.eventAfterAnswer):
    * resolves with the note saying it could not be, or undefined once it is recorded.
@@ -16309,6 +16323,17 @@ export const HOOK_SETTINGS = {
     meaning: 'The approval of a push waiting for the change window may deploy it at once ("Deploy now").',
     parse: (value: string | undefined) => parseBoolSetting('APPROVAL_OVERRIDE', value),
   }),
+  DRY_RUN: setting({
+    type: 'boolean',
+    default: 'false',
+    fixed: true,
+    validation: 'Go booleans: true, false, 1, 0, t, f (any case)',
+    meaning:
+      'Each push is decided exactly as it would be, and recorded, answered, mailed, posted and shown as what it ' +
+      'would do ("would set app\'s image to …; dry run"); nothing is written: no PATCH, no commit, no pending ' +
+      'entry, only an Event DryRun saying so.',
+    parse: (value: string | undefined) => parseBoolSetting('DRY_RUN', value),
+  }),
   // -- after the patch
   ROLLOUT_TIMEOUT: setting({
     type: 'duration',
@@ -16648,6 +16673,7 @@ function readSettings(
     approvalTimeoutMs: read.APPROVAL_TIMEOUT.parse(env.APPROVAL_TIMEOUT),
     windows: read.DEPLOY_WINDOW.parse(env.DEPLOY_WINDOW),
     approvalOverride: read.APPROVAL_OVERRIDE.parse(env.APPROVAL_OVERRIDE),
+    dryRun: read.DRY_RUN.parse(env.DRY_RUN),
     git: gitSettingsRead((name) => (read[name as HookSettingName] as HookSetting<unknown>).parse(env[name])),
     onGitopsOwner: read.ON_GITOPS_OWNER.parse(env.ON_GITOPS_OWNER),
   };
@@ -16896,6 +16922,8 @@ interface EventFacts {
   pods: PodSummary[];
   /** Where a push committed to Git went: `<short sha> to <branch> of <repository>`. */
   commit: string;
+  /** What a push decided under DRY_RUN would have done. */
+  would: string;
 }
 type Facts<K extends keyof EventFacts> = Pick<EventFacts, K>;
 
@@ -16948,6 +16976,9 @@ export const PUSH_EVENTS = {
   /** Nobody decided the waiting push in time (decision `expired`). */
   expired: { type: 'Normal', reason: 'UpgradeExpired', message: (f: Facts<'container' | 'image' | 'why'>) =>
     `container ${f.container}: ${f.image} not deployed: ${f.why}` },
+  /** A push decided under DRY_RUN: what it would have done; nothing was written. */
+  'dry run': { type: 'Normal', reason: 'DryRun', message: (f: Facts<'container' | 'would' | 'asked'>) =>
+    `container ${f.container}: dry run: ${f.would}; nothing was written (DRY_RUN); asked by ${f.asked}` },
   /** ROLLBACK_ON_FAILURE set a failed rollout back to the image before the push. */
   'rolled back': { type: 'Warning', reason: 'RolledBack',
     message: (f: Facts<'container' | 'image' | 'why' | 'asked'>) =>
@@ -18103,8 +18134,9 @@ export function waitingAction(e: PendingEntry): string {
 //    the read that would precede every PATCH: only a plain apply is carried out on it, its patch also testing the
 //    annotations the decision read (policy, approval, window); any other decision is reached again on the workload
 //    as it is now. Another way to carry a decision out (a commit to Git) is an executor beside this one.
-//    Exports: carryOut, guardedPatch, PushToCarryOut, recordDecision.
-//    Tests: test/e2e.test.ts, test/records.test.ts, test/replicas.test.ts, test/upgrade.test.ts.
+//    A third executor, for DRY_RUN, decides and tells and writes nothing but its Event (dryRunOut).
+//    Exports: carryOut, dryRunOut, guardedPatch, PushToCarryOut, recordDecision.
+//    Tests: test/dry-run.test.ts, test/e2e.test.ts, test/records.test.ts, test/replicas.test.ts, test/upgrade.test.ts.
 // ================================================================================================
 
 /** A push as the executor is given it: its decision's input, but for what each attempt reads and draws. */
@@ -18205,11 +18237,60 @@ async function execute(
   }
   if ('event' in d && d.event) await recordEventQuietly(client, target, d.event, now, report);
   recordDecision(report, d, target.kind);
+  failIfRefused(d);
+  return undefined;
+}
+
+/** A refused or failed decision fails its push: the error its code stands for. */
+function failIfRefused(d: Decision): void {
   if (d.code === 'refused: unsigned') throw new SignatureRefusal(d.reason);
   if (d.code === 'refused: platform') throw new PlatformRefusal(`${d.reason}; nothing was changed`);
   if (d.code === 'refused' || d.code === 'failed')
     throw d.gone ? new PendingGone(d.reason) : new UpgradeError(d.reason);
-  return undefined;
+}
+
+/**
+ * The dry-run executor (DRY_RUN): the push decided on its workload as it would be, and told as what it would do
+ * (`would set app's image to …; dry run`), in one Event DryRun; nothing else is written (no PATCH, no commit, no
+ * pending entry, so nothing is followed or waits). A refusal or failure fails the push as it would.
+ */
+export async function dryRunOut(
+  client: KubeClient,
+  given: PushToCarryOut,
+  report: UpgradeReport,
+  deps: UpgradeDeps,
+): Promise<void> {
+  const target = given.push.target;
+  const workload = await readWorkload(client, target);
+  const now = (deps.now ?? (() => new Date()))();
+  const d = decide({ ...given, workload, nowMs: now.getTime(), entryId: randomUUID() });
+  report.target = Object.assign(target, { uid: String(valueAt(workload, ['metadata', 'uid'])) });
+  report.dryRun = true;
+  const writes = ['applied', 're-pulled', 'waiting', 'approved', 'waiting: signature'].includes(d.code);
+  if (writes) {
+    for (const note of d.notes) if (!report.notes.includes(note)) report.notes.push(note);
+    Object.assign(report, { decision: d.code, imageBefore: d.before, imageAfter: d.before ?? report.imageAfter });
+    report.action = report.reason = `${wouldDo(d, given)}; dry run`;
+  } else recordDecision(report, d, target.kind);
+  const told = { container: given.config.container, would: writes ? wouldDo(d, given) : report.action };
+  const event = pushEvent('dry run', { ...told, asked: whoAsked(given.push) });
+  const recording = recordEventQuietly(client, target, event, now, report);
+  if (deps.eventAfterAnswer) report.afterAnswer = recording;
+  else await recording;
+  failIfRefused(d);
+}
+
+/** What a decision that writes would have done, said for a dry run. Pure. */
+function wouldDo(d: Decision, given: PushToCarryOut): string {
+  const { container, git } = given.config;
+  const image = given.push.image;
+  if (d.code === 'applied' || d.code === 're-pulled') {
+    if (git) return `would commit ${image} to ${git.path} on ${git.branch} of ${git.remote.url.href}`;
+    return d.code === 'applied'
+      ? `would set ${container}'s image to ${image}`
+      : `would restart ${container} to pull ${image} again`;
+  }
+  return `would wait: ${'reason' in d ? d.reason : d.code}`;
 }
 
 /** Where the push's pending entry sits (pendingWhere). Pure. */
@@ -19163,6 +19244,7 @@ export function formatReport(r: UpgradeReport): string {
   if (r.imageBefore !== undefined) lines.push(reportLine('image before', r.imageBefore));
   if (r.imageAfter !== undefined) lines.push(reportLine('image after', r.imageAfter));
   lines.push(reportLine('action', r.action));
+  if (r.dryRun) lines.push(reportLine('dry run', 'nothing was written (DRY_RUN=true)'));
   lines.push(reportLine('result', r.result === 'ok' ? 'ok' : `failed: ${r.error ?? 'unknown error'}`));
   if (r.rollout) {
     lines.push(reportLine('rollout', formatRollout(r.rollout)));
@@ -20692,6 +20774,7 @@ async function applyUpgrade(
 ): Promise<void> {
   const { target } = push;
   const given = { push, config: s, approvals: deps.approvals, followAfter: deps.followAfter };
+  if (s.dryRun) return dryRunOut(client, given, report, deps);
   if (s.git) return commitOut(client, given, report, deps, s.git);
   if (s.onGitopsOwner === 'refuse') await refuseGitopsOwned(client, given, report, deps);
   const updated = await carryOut(client, given, report, deps);
@@ -21545,17 +21628,17 @@ export class UpgradeService implements InProcessCommand<UpgradeOutput> {
  * rollout's progress, its end (or that another replica reports it). The result chapter implements it.
  */
 export interface ResultListener {
-  started(hook: Hook, req: HookRequest): void;
-  answered(hook: Hook, req: HookRequest, r: CommandResult<UpgradeOutput>, report: UpgradeReport | undefined): void;
-  progressed(req: HookRequest, rollout: RolloutOutcome): void;
+  started(hook: Hook, req: PushOrigin): void;
+  answered(hook: Hook, req: PushOrigin, r: CommandResult<UpgradeOutput>, report: UpgradeReport | undefined): void;
+  progressed(req: PushOrigin, rollout: RolloutOutcome): void;
   /** The final result: the command's, or the upgrade's once its rollout has ended. */
-  settled(hook: Hook, req: HookRequest, r: CommandResult<UpgradeOutput>, report: UpgradeReport | undefined): void;
+  settled(hook: Hook, req: PushOrigin, r: CommandResult<UpgradeOutput>, report: UpgradeReport | undefined): void;
   /** The rollout's end is reported by another replica (or the next to start): nothing is sent from here. */
-  handedOver(req: HookRequest, detail: string): void;
+  handedOver(req: PushOrigin, detail: string): void;
   /** A follow another replica left, ended here. */
   resumed(report: UpgradeReport, follow: ResumedFollow): void;
   /** The request fanned out to several clusters, each now a request of its own (`requests`): its record is done. */
-  fannedOut(hook: Hook, req: HookRequest, r: CommandResult<UpgradeOutput>, requests: string[]): void;
+  fannedOut(hook: Hook, req: PushOrigin, r: CommandResult<UpgradeOutput>, requests: string[]): void;
 }
 
 const FOLLOW_HANDED_OVER = "left to another replica of the webhook, which reports the rollout's end";
@@ -21578,11 +21661,11 @@ export class RolloutFollower implements CommandListener<UpgradeOutput> {
     this.next = next;
   }
 
-  started(hook: Hook, req: HookRequest): void {
+  started(hook: Hook, req: PushOrigin): void {
     this.next.started(hook, req);
   }
 
-  finished(hook: Hook, req: HookRequest, r: CommandResult<UpgradeOutput>): void {
+  finished(hook: Hook, req: PushOrigin, r: CommandResult<UpgradeOutput>): void {
     if (r.report instanceof FannedOut) return this.fannedOut(hook, req, r, r.report);
     const report = r.report;
     this.next.answered(hook, req, r, report);
@@ -21606,11 +21689,11 @@ export class RolloutFollower implements CommandListener<UpgradeOutput> {
    * CLUSTERS: each cluster's push goes on as a request of its own (`<request>/<cluster>`), with its own
    * record, follow, Event, mail and notifications; the delivery's record says where it went.
    */
-  private fannedOut(hook: Hook, req: HookRequest, r: CommandResult<UpgradeOutput>, f: FannedOut): void {
+  private fannedOut(hook: Hook, req: PushOrigin, r: CommandResult<UpgradeOutput>, f: FannedOut): void {
     const requests = f.parts.map((p) => `${req.id}/${p.cluster}`);
     this.next.fannedOut(hook, req, r, requests);
     f.parts.forEach((p, i) => {
-      const part: HookRequest = { ...req, id: requests[i] };
+      const part: PushOrigin = { id: requests[i] };
       const { cluster: _, env, ...result } = p;
       this.next.started(hook, part);
       this.finished(hook, part, { ...r, ...result, env, ok: p.exitCode === 0, exitCode: p.exitCode });
@@ -21937,23 +22020,23 @@ export class Promotions implements ResultListener {
     this.listener = listener;
   }
 
-  started(hook: Hook, req: HookRequest): void {
+  started(hook: Hook, req: PushOrigin): void {
     this.next.started(hook, req);
   }
-  answered(hook: Hook, req: HookRequest, r: CommandResult<UpgradeOutput>, report: UpgradeReport | undefined): void {
+  answered(hook: Hook, req: PushOrigin, r: CommandResult<UpgradeOutput>, report: UpgradeReport | undefined): void {
     this.next.answered(hook, req, r, report);
   }
-  progressed(req: HookRequest, rollout: RolloutOutcome): void {
+  progressed(req: PushOrigin, rollout: RolloutOutcome): void {
     this.next.progressed(req, rollout);
   }
-  handedOver(req: HookRequest, detail: string): void {
+  handedOver(req: PushOrigin, detail: string): void {
     this.next.handedOver(req, detail);
   }
-  fannedOut(hook: Hook, req: HookRequest, r: CommandResult<UpgradeOutput>, requests: string[]): void {
+  fannedOut(hook: Hook, req: PushOrigin, r: CommandResult<UpgradeOutput>, requests: string[]): void {
     this.next.fannedOut(hook, req, r, requests);
   }
 
-  settled(hook: Hook, req: HookRequest, r: CommandResult<UpgradeOutput>, report: UpgradeReport | undefined): void {
+  settled(hook: Hook, req: PushOrigin, r: CommandResult<UpgradeOutput>, report: UpgradeReport | undefined): void {
     this.next.settled(hook, req, r, report);
     if (report) this.onFinal(hook, req.id, report);
   }
@@ -22246,10 +22329,7 @@ export class Promotions implements ResultListener {
 
   /** A promotion's result goes where a push's goes: the rollout follower follows it, then back here and on. */
   private tell(hook: Hook, id: string, report: UpgradeReport, env: Record<string, string | undefined>): void {
-    const req: HookRequest = {
-      ...{ id, method: 'POST', remoteAddr: '', remoteIp: '', headers: {}, query: {} },
-      ...{ payload: undefined, body: Buffer.alloc(0) },
-    };
+    const req: PushOrigin = { id };
     const ok = report.result === 'ok';
     const result = { output: formatReport(report), env, ok, exitCode: ok ? 0 : 1, timedOut: false, report };
     this.listener?.started?.(hook, req);
@@ -22570,6 +22650,12 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
   private readonly cuedAt = new Map<string, number>();
   /** Entries not used (pendingEntryProblem) that this replica is taking off: by workload, container and MAC. */
   private readonly dropping = new Set<string>();
+  /**
+   * Without a key: the entries this replica wrote (the only ones it resumes; another's, or one before a restart, it
+   * cannot tell from one written by hand) and those it said it does not resume (said once).
+   */
+  private readonly own = new Set<string>();
+  private readonly unresumed = new Set<string>();
   /** Entry ids known decided (taken off, or replaced), until their links expire: a link used again is 410 here. */
   private readonly decided = new Map<string, number>();
   private readonly stopping = new AbortController();
@@ -22595,11 +22681,11 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
     this.log = log;
   }
 
-  started(hook: Hook, req: HookRequest): void {
+  started(hook: Hook, req: PushOrigin): void {
     this.next.started?.(hook, req);
   }
 
-  finished(hook: Hook, req: HookRequest, r: CommandResult<UpgradeOutput>): void {
+  finished(hook: Hook, req: PushOrigin, r: CommandResult<UpgradeOutput>): void {
     // A delivery fanned out (CLUSTERS): each cluster's push, under its own request id.
     const reports: [UpgradeReport | undefined, string][] =
       r.report instanceof FannedOut
@@ -22658,6 +22744,7 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
     const t = report?.target;
     if (!t || !report.container) return;
     const where = { target: { ...t }, container: report.container, cluster: report.cluster };
+    if (report.waiting && !this.key) boundedAdd(this.own, report.waiting.entry.id);
     if (report.waiting) this.pushes.set(waitingKey(where), { ...where, entry: report.waiting.entry });
     else if (report.changed || report.decision === 'rejected' || report.decision === 'expired')
       this.pushes.delete(waitingKey(where));
@@ -22836,8 +22923,19 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
       const w = { target, container, cluster, entry };
       const problem = pendingEntryProblem(this.key, w, hook);
       if (problem) void this.dropUntrusted(w, problem);
-      else this.pushes.set(waitingKey(w), w);
+      else if (this.resumes(entry)) this.pushes.set(waitingKey(w), w);
+      else if (!this.unresumed.has(entry.id)) {
+        boundedAdd(this.unresumed, entry.id);
+        const what = `the waiting push of ${showValue(entry.image)} (hook ${showValue(entry.hook)})`;
+        this.log.warn(`${waitingWhere(w)}: container ${container}: ${what} is not resumed here: without a key its ` +
+          `entry cannot be told from one written by hand (it expires at ${entry.until})`);
+      }
     }
+  }
+
+  /** Resumed here: with a key, an entry that passed its checks; without, one this replica wrote, or one expired. */
+  private resumes(entry: PendingEntry): boolean {
+    return this.key !== undefined || this.own.has(entry.id) || Date.now() >= Date.parse(entry.until);
   }
 
   /**
@@ -23078,16 +23176,7 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
 
   /** The result of a decision goes where a push's goes (recorded, followed, mailed, posted); the page's outcome. */
   private told(hook: Hook, id: string, report: UpgradeReport, env: Record<string, string | undefined>, done: string) {
-    const req: HookRequest = {
-      id,
-      method: 'POST',
-      remoteAddr: '',
-      remoteIp: '',
-      headers: {},
-      query: {},
-      payload: undefined,
-      body: Buffer.alloc(0),
-    };
+    const req: PushOrigin = { id };
     const output = formatReport(report);
     const ok = report.result === 'ok';
     this.started(hook, req);
@@ -23227,27 +23316,35 @@ export function approvalHooksProblem(hooks: Iterable<Hook>, linksOn: boolean): s
 }
 
 /**
- * What a service without -approval-key-file cannot resume, said at start: a push waiting for its signature leaves an
- * unsealed entry, which the gate does not resume for a hook that leaves its workload to the request (unless the
- * namespace is one ANNOTATION_NAMESPACES lists). Pure.
+ * What a service without -approval-key-file cannot resume, said at start for each hook whose pushes may wait (its
+ * DEPLOY_WINDOW, or SIGNATURE_WAIT under VERIFY_SIGNATURE): its entries are unsealed, so only the replica that
+ * wrote one applies it, while it runs (ApprovalService: another replica, or this one after a restart, cannot tell it
+ * from one written by hand, and lets it expire). Pure.
  */
 export function unsealedEntriesWarnings(hooks: Iterable<Hook>, keyed: boolean): string[] {
   if (keyed) return [];
+  const signs = (hook: Hook) =>
+    (fixedInput(hook, 'VERIFY_SIGNATURE')?.trim() ?? '') !== '' && fixedSetting(hook, 'SIGNATURE_WAIT') > 0;
+  const windowed = (hook: Hook) => (fixedInput(hook, 'DEPLOY_WINDOW')?.trim() ?? '') !== '';
   return [...hooks]
-    .filter((hook) => {
-      const reach = hookReach(hook);
-      return reach !== undefined && reach.target === undefined;
-    })
-    .filter((hook) => (fixedInput(hook, 'VERIFY_SIGNATURE')?.trim() ?? '') !== '')
-    .filter((hook) => fixedSetting(hook, 'SIGNATURE_WAIT') > 0)
+    .filter((hook) => signs(hook) || windowed(hook))
     .map(
       (hook) =>
-        `hook ${JSON.stringify(hook.id)}: a push waiting for its signature (SIGNATURE_WAIT) is written unsealed ` +
-        'without -approval-key-file, and an unsealed entry of a hook that leaves its workload to the request is ' +
-        'not resumed: start the service with -public-url and -approval-key-file, or set SIGNATURE_WAIT=0',
+        `hook ${JSON.stringify(hook.id)}: without -approval-key-file a push waiting for ` +
+        `${signs(hook) ? 'its signature (SIGNATURE_WAIT)' : 'its change window (DEPLOY_WINDOW)'} is written ` +
+        'unsealed, and applied only by the replica that wrote it while it runs: another replica, or this one after ' +
+        'a restart, does not resume it (it expires): start the service with -public-url and -approval-key-file' +
+        (signs(hook) ? ', or set SIGNATURE_WAIT=0' : ''),
     );
 }
 
+
+/** Adds `id`, first letting the oldest go once LIMITS.approval.rememberedDecisions are kept. */
+function boundedAdd(ids: Set<string>, id: string): void {
+  const oldest = ids.values().next().value;
+  if (ids.size >= LIMITS.approval.rememberedDecisions && oldest !== undefined) ids.delete(oldest);
+  ids.add(id);
+}
 
 /** A past push the deliveries page deploys again, in the cluster it went to (undefined: the default). */
 interface PastPush {
@@ -23945,10 +24042,7 @@ export class RegistryWatch {
     if (!r.report.unreachable) w.handed = image;
     // What the container runs now: the next look compares with it, not with the listing.
     if (r.report.changed) Object.assign(w, { image, facts: { ...w.facts, record: undefined } });
-    const req: HookRequest = {
-      ...{ id: requestId, method: 'POST', remoteAddr: '', remoteIp: '', headers: {}, query: {} },
-      ...{ payload: undefined, body: Buffer.alloc(0) },
-    };
+    const req: PushOrigin = { id: requestId };
     const ok = r.report.result === 'ok';
     this.next.started?.(hook, req);
     this.next.finished(hook, req, {
@@ -24164,6 +24258,7 @@ export function deliveryFacts(
     pods: report?.rollout?.pods ?? [],
     report: cutReport(text),
     ...(report?.waiting ? { waiting: waitingOf(report.waiting) } : {}),
+    ...(report?.dryRun ? { dryRun: true } : {}),
   };
 }
 
@@ -24201,7 +24296,7 @@ export interface ResultChannel {
  */
 export class DeliveryLog {
   private readonly entries: Delivery[] = [];
-  private readonly inFlight = new Map<HookRequest, Delivery>();
+  private readonly inFlight = new Map<PushOrigin, Delivery>();
   private seq = 0;
   private readonly size: number;
   private readonly scrub: (text: string) => string;
@@ -24220,12 +24315,12 @@ export class DeliveryLog {
     return this.entries.find((d) => d.seq === seq);
   }
 
-  started(hook: Hook, req: HookRequest): void {
+  started(hook: Hook, req: PushOrigin): void {
     this.open(hook.id, req.id, req);
   }
 
   /** A new record, on the page unless it keeps none; in flight until final when it has a request. */
-  private open(hookId: string, requestId: string, req?: HookRequest): Delivery {
+  private open(hookId: string, requestId: string, req?: PushOrigin): Delivery {
     const d: Delivery = {
       seq: ++this.seq,
       hookId,
@@ -24248,11 +24343,11 @@ export class DeliveryLog {
   }
 
   /** Which push a command's result is of: its hook, request and result settings (read from its environment). */
-  private recordOf(hook: Hook, req: HookRequest, r: CommandResult): RecordOf {
+  private recordOf(hook: Hook, req: PushOrigin, r: CommandResult): RecordOf {
     return { hookId: hook.id, requestId: req.id, settings: resultSettings(r.env) };
   }
 
-  answered(hook: Hook, req: HookRequest, r: CommandResult, report: UpgradeReport | undefined): void {
+  answered(hook: Hook, req: PushOrigin, r: CommandResult, report: UpgradeReport | undefined): void {
     const d = this.inFlight.get(req) ?? this.open(hook.id, req.id, req);
     const text = this.scrub(resultText(r, report));
     Object.assign(d, deliveryFacts(this.recordOf(hook, req, r), r, report, d.receivedAt, text));
@@ -24261,13 +24356,13 @@ export class DeliveryLog {
     d.state = report?.rollout?.state === 'progressing' && report.changed ? 'following' : 'running';
   }
 
-  progressed(req: HookRequest, rollout: RolloutOutcome): void {
+  progressed(req: PushOrigin, rollout: RolloutOutcome): void {
     const d = this.inFlight.get(req);
     if (d) d.rollout = { state: rollout.state, detail: rollout.detail };
   }
 
   /** The final record of a push, and its whole text for the mail. */
-  settled(hook: Hook, req: HookRequest, r: CommandResult, report: UpgradeReport | undefined): Final {
+  settled(hook: Hook, req: PushOrigin, r: CommandResult, report: UpgradeReport | undefined): Final {
     const d = this.inFlight.get(req) ?? this.open(hook.id, req.id, req);
     this.inFlight.delete(req);
     return this.final(d, this.recordOf(hook, req, r), r, report);
@@ -24297,7 +24392,7 @@ export class DeliveryLog {
   }
 
   /** A delivery fanned out to several clusters: its record shows the whole answer and the requests it became. */
-  fannedOut(hook: Hook, req: HookRequest, r: CommandResult, requests: string[]): void {
+  fannedOut(hook: Hook, req: PushOrigin, r: CommandResult, requests: string[]): void {
     const d = this.inFlight.get(req) ?? this.open(hook.id, req.id, req);
     this.inFlight.delete(req);
     const text = this.scrub(resultText(r, undefined));
@@ -24309,7 +24404,7 @@ export class DeliveryLog {
     });
   }
 
-  handedOver(req: HookRequest, detail: string): void {
+  handedOver(req: PushOrigin, detail: string): void {
     const d = this.inFlight.get(req);
     if (!d) return;
     this.inFlight.delete(req);
@@ -24344,19 +24439,19 @@ export class ResultDispatcher implements ResultListener {
     this.metrics = metrics;
   }
 
-  started(hook: Hook, req: HookRequest): void {
+  started(hook: Hook, req: PushOrigin): void {
     this.log.started(hook, req);
   }
 
-  answered(hook: Hook, req: HookRequest, r: CommandResult, report: UpgradeReport | undefined): void {
+  answered(hook: Hook, req: PushOrigin, r: CommandResult, report: UpgradeReport | undefined): void {
     this.log.answered(hook, req, r, report);
   }
 
-  progressed(req: HookRequest, rollout: RolloutOutcome): void {
+  progressed(req: PushOrigin, rollout: RolloutOutcome): void {
     this.log.progressed(req, rollout);
   }
 
-  settled(hook: Hook, req: HookRequest, r: CommandResult, report: UpgradeReport | undefined): void {
+  settled(hook: Hook, req: PushOrigin, r: CommandResult, report: UpgradeReport | undefined): void {
     const final = this.log.settled(hook, req, r, report);
     const d = final.record;
     const labels = { hook: hook.id, cluster: d.cluster ?? '', decision: d.decision };
@@ -24364,11 +24459,11 @@ export class ResultDispatcher implements ResultListener {
     this.send(final, report);
   }
 
-  handedOver(req: HookRequest, detail: string): void {
+  handedOver(req: PushOrigin, detail: string): void {
     this.log.handedOver(req, detail);
   }
 
-  fannedOut(hook: Hook, req: HookRequest, r: CommandResult, requests: string[]): void {
+  fannedOut(hook: Hook, req: PushOrigin, r: CommandResult, requests: string[]): void {
     this.log.fannedOut(hook, req, r, requests);
   }
 
@@ -24685,6 +24780,7 @@ export function resultDocument(r: Delivery, extra: Record<string, unknown> = {})
     rollout: r.rollout ?? null,
     pods: r.pods.map((p) => ({ ...p, reason: p.reason ?? null })),
     ...(r.waiting ? waitingDocument(r.waiting) : {}),
+    ...(r.dryRun ? { dry_run: true } : {}),
     ...extra,
     report: r.report,
   };
@@ -26123,6 +26219,7 @@ function describeUpgrade(hook: Hook, inserted: Set<string>): string[] {
     ...describeSignature(hook),
     ...describeApprovals(hook),
     ...describeNotifications(hook),
+    ...(fixedSetting(hook, 'DRY_RUN') ? ['dry run: each push is decided and told, nothing is written (DRY_RUN)'] : []),
   ];
 }
 

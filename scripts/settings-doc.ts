@@ -196,6 +196,12 @@ export const SETTING_DETAILS: Record<string, string> = {
   APPROVAL_OVERRIDE:
     '`true`: the approval of a push waiting for the change window may deploy it at once: its ' +
     'notification also offers **Deploy now**. Needs `-public-url` and `-approval-key-file`.',
+  DRY_RUN:
+    '`true`: each push is decided exactly as it would be (pin, signature, policy, hold, approval, window) and ' +
+    'told as what it would do, in the answer, the mail, the chat and JSON (`dry_run: true`) and on the deliveries ' +
+    'page: `would set app\'s image to …; dry run`. Nothing is written: no PATCH, no commit, no pending entry, no ' +
+    'rollout followed; one Event `DryRun` on the workload says what it would have done. `-validate` lists the ' +
+    'hook as a dry run. For trying a new hook, policy, chain or Git target on production first.',
   ROLLOUT_TIMEOUT:
     'A Go duration (`60s`): the answer waits this long for the rollout and fails if it fails or does not finish. ' +
     '`0`: the answer comes back once the patch is applied and the rollout is followed afterwards ' +

@@ -965,3 +965,38 @@ describe('the record ledger: an entry put back on its workload after it was deci
     assert.deepEqual(await ledger(), {}, 'applied: the ledger names nothing there');
   });
 });
+
+describe('without -approval-key-file a waiting push is resumed only by the replica that wrote it', () => {
+  const skip = !cluster ? 'no cluster' : false;
+  const ns = freshNamespaceName('approvals-keyless');
+  let kubectl: ReturnType<typeof kubectlFor>;
+  let get: (what: string) => Promise<any>;
+
+  before(async () => {
+    if (skip) return;
+    kubectl = kubectlFor(cluster!);
+    get = namespacedGetter(kubectl, ns);
+    await kubectl(['create', 'namespace', ns]);
+    await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(deployment('nokey', [{ name: 'app', image: acrImage('v1') }], { replicas: 1 })));
+  });
+  after(async () => {
+    await stopStarted();
+    if (!skip) await removeNamespace(kubectl, ns);
+  });
+
+  test('an entry it did not write (another replica\'s, or one written by hand) whose window opened is not deployed, and it says so at start', { skip }, async () => {
+    const ago = new Date(Date.now() - 60_000).toISOString();
+    // What an editor of the workload can write, and what another replica without a key writes: no MAC.
+    const entry = { id: 'nokey-1', hook: 'windowed', request: 'nokey-request', image: acrImage('v7'), push: 'sha256:x|t', pushedAt: ago,
+      timeFrom: 'received', receivedAt: ago, waitsFor: 'window', window: 'daily 00:00-24:00 UTC', opensAt: ago,
+      until: new Date(Date.now() + 3_600_000).toISOString(), decides: 'the change window' };
+    await kubectl(['-n', ns, 'annotate', 'deployment/nokey', `webhook/pending=${JSON.stringify({ app: entry })}`]);
+    const hook = { ...upgradeHook('windowed', TOKEN), 'pass-environment-to-command': fixedSettings({
+      APP_NS: ns, APP_WORKLOAD: 'deployment/nokey', APP_CONTAINER: 'app', DEPLOY_WINDOW: 'Mon-Fri 09:00-18:00 UTC' }) };
+    const w = await started({ hooks: [hook], args: ['-rollout-follow', '0s'], env: { KUBECONFIG: cluster!.kubeconfigPath } });
+    await waitForOutput(w, 'hook "windowed": without -approval-key-file a push waiting for its change window (DEPLOY_WINDOW) is written unsealed', 30_000);
+    await waitForOutput(w, `deployment/nokey in ${ns}: container app: the waiting push of "${acrImage('v7')}" (hook "windowed") is not resumed here: without a key its entry cannot be told from one written by hand`, 60_000);
+    assert.equal(containerImage(await get('deployment/nokey'), 'app'), acrImage('v1'), 'nothing deployed');
+    assert.equal(JSON.parse((await get('deployment/nokey')).metadata.annotations['webhook/pending']).app.id, 'nokey-1', 'left to expire');
+  });
+});

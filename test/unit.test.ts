@@ -454,16 +454,19 @@ describe('the gate: what a job of each source may reach', () => {
   test('each source, each constraint: allowed, or refused naming why', () => {
     for (const [got, want] of cases) assert.equal(got, want);
   });
-  test('without -approval-key-file the service says which hooks\' signature waits cannot be resumed', () => {
+  test('without -approval-key-file the service says which hooks\' waits (signature, window) only the replica that wrote them applies', () => {
     const signing = { VERIFY_SIGNATURE: 'cosign:-----BEGIN PUBLIC KEY-----\nMFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEWTu5wEt0MYvVpO7l5s5Tt3wM7yBZ8lAhb4gZv1o7l8kqT6yGQ7g0Zr6m4k3a8v6d2y1m0n9c7b5a4x3w2v1u0g==\n-----END PUBLIC KEY-----' };
     const hooks = compileHooksFile('h.json', JSON.stringify([
       hook('open-waits', signing, ['APP_NS', 'APP_WORKLOAD', 'APP_CONTAINER']),
       hook('open-at-once', { ...signing, SIGNATURE_WAIT: '0' }, ['APP_NS', 'APP_WORKLOAD', 'APP_CONTAINER']),
       hook('fixed-waits', { ...signing, APP_NS: 'shop', APP_WORKLOAD: 'deployment/web' }, ['APP_CONTAINER']),
+      hook('windowed', { DEPLOY_WINDOW: 'Mon-Fri 09:00-18:00 UTC' }, ['APP_NS', 'APP_WORKLOAD', 'APP_CONTAINER']),
+      hook('plain', {}, ['APP_NS', 'APP_WORKLOAD', 'APP_CONTAINER']),
     ]), { commandTimeoutMs: 1000 }).hooks;
     const lines = unsealedEntriesWarnings(hooks, false);
-    assert.deepEqual(lines.map((l) => /^hook "([\w-]+)"/.exec(l)?.[1]), ['open-waits']);
-    assert.match(lines[0], /is not resumed: start the service with -public-url and -approval-key-file, or set SIGNATURE_WAIT=0$/);
+    assert.deepEqual(lines.map((l) => /^hook "([\w-]+)"/.exec(l)?.[1]), ['open-waits', 'fixed-waits', 'windowed']);
+    assert.match(lines[0], /waiting for its signature \(SIGNATURE_WAIT\) is written unsealed, and applied only by the replica that wrote it while it runs: another replica, or this one after a restart, does not resume it \(it expires\): start the service with -public-url and -approval-key-file, or set SIGNATURE_WAIT=0$/);
+    assert.match(lines[2], /waiting for its change window \(DEPLOY_WINDOW\) is written unsealed, .* -approval-key-file$/);
     assert.deepEqual(unsealedEntriesWarnings(hooks, true), []);
   });
 });
