@@ -8527,6 +8527,14 @@ export const LIMITS = {
     // quarter of it leaves room for the nodes' pulls and the notifications' VERIFY_IMAGE.
     perSecond: 5,
     burst: 10,
+    // Requests per second to all registries together (-registry-watch-rate), the burst twice that: hosts are anyone's
+    // to name in an annotation, so a namespace that names a hundred cannot make the watch send 500 requests a second.
+    // 20/s lists a fleet of 2,000 workloads on one interval of under two minutes.
+    allPerSecond: 20,
+    // Tag listings kept to share between looks, in bytes of tags, all repositories together: past it a listing
+    // serves only the look that made it (each is at most 5,000 tags, some 0.7 MB), so what the watch holds stays
+    // this plus the listings being read, which the rate above bounds.
+    maxSharedListingBytes: 16 * 1024 * 1024,
     // A 429 without a Retry-After: the host is left alone this long, doubling to maxBackoffMs while it goes on.
     backoffMs: 30_000,
     maxBackoffMs: 15 * 60_000,
@@ -8662,7 +8670,7 @@ export const LIMITS = {
 // 17. command line & settings — the adnanh/webhook command line in Go `flag` syntax (parseCommandLine, usage), Go's
 //    durations and booleans, and the flags that set our safety limits (their defaults are LIMITS').
 //    Exports: durationSetting, LOOPBACK_HOST, Options, parseCommandLine, parseGoBool, parseGoDuration,
-//    parseListenAddress, PLACEHOLDER, readAdminTokenFile, readApprovalKeyFile, usage, UsageError.
+//    parseListenAddress, PLACEHOLDER, readAdminTokenFile, readApprovalKeyFile, usage, UsageError, watchLimits.
 //    Tests: test/runner.test.ts, test/unit.test.ts.
 // ================================================================================================
 
@@ -8723,6 +8731,8 @@ export interface Options {
   recordStore: string;
   /** Workloads the registry watch takes in one namespace of a cluster. */
   maxWatchedPerNamespace: number;
+  /** Requests per second the registry watch sends to all registries together. */
+  registryWatchRate: number;
   /** host:port of the listener serving /metrics; '' serves none. */
   metricsListen: string;
   maxMailsPerHook: number;
@@ -8987,6 +8997,14 @@ const FLAGS: Record<string, FlagSpec> = {
       `workloads the registry watch takes in one namespace of a cluster (of ${LIMITS.poll.maxWatched} in all); ` +
       'those past it get a RegistryWatchRefused Event',
   },
+  'registry-watch-rate': {
+    kind: 'int',
+    key: 'registryWatchRate',
+    def: String(LIMITS.poll.allPerSecond),
+    help:
+      `requests per second the registry watch sends to all registries together (each host also at most ` +
+      `${LIMITS.poll.perSecond}/s); a look waits its turn up to its interval`,
+  },
   'metrics-listen': {
     kind: 'string',
     key: 'metricsListen',
@@ -9178,6 +9196,13 @@ function checkWatchLimits(o: Options): void {
     );
   if (o.maxWatchedPerNamespace < 1)
     throw new UsageError('invalid value for flag -max-watched-per-namespace: must be at least 1');
+  if (o.registryWatchRate < 1) throw new UsageError('invalid value for flag -registry-watch-rate: must be at least 1');
+}
+
+/** The registry watch's limits the command line sets (-poll-min-interval, -max-watched-per-namespace, its rate). */
+export function watchLimits(o: Options): { minIntervalMs: number; maxPerNamespace: number; allPerSecond: number } {
+  const { pollMinIntervalMs: minIntervalMs, maxWatchedPerNamespace: maxPerNamespace, registryWatchRate } = o;
+  return { minIntervalMs, maxPerNamespace, allPerSecond: registryWatchRate };
 }
 
 /**
@@ -9515,6 +9540,11 @@ const METRIC_HELP: Record<string, [string, string]> = {
     'Requests of the registry watch to registries, by registry host, verb (GET, HEAD) and code (status or error).',
   ],
   webhook_registry_watched: ['gauge', 'Workload containers the registry watch looks at.'],
+  webhook_registry_watch_waits_total: [
+    'counter',
+    'Requests of the registry watch that waited their turn, by the limit that made them wait (host: its host\'s ' +
+      'rate; all registries: -registry-watch-rate).',
+  ],
   webhook_registry_watch_looks_total: [
     'counter',
     'Looks of the registry watch, by repository and result (looked; not asked: its host asked for a pause; failed).',
@@ -23379,6 +23409,11 @@ interface PastPush {
 //    Tests: test/registry-watch.test.ts, test/signed-images.test.ts.
 // ================================================================================================
 
+/** What a tag listing holds, in bytes: its tags' UTF-16 and each string's own overhead (some 16 bytes). Pure. */
+function listingBytes(tags: string[]): number {
+  return tags.reduce((n, t) => n + 2 * t.length + 16, 0);
+}
+
 /** Where the watch counts a workload against -max-watched-per-namespace: its cluster's namespace. Pure. */
 function namespaceKey(cluster: string | undefined, namespace: string): string {
   return `${cluster ?? ''}/${namespace}`;
@@ -23561,6 +23596,10 @@ export class RegistryWatch {
   /** Per registry host: not asked before `until` (a 429), and the backoff a 429 without Retry-After doubles. */
   private readonly resting = new Map<string, { until: number; backoffMs: number }>();
   private readonly buckets = new Map<string, TokenBucket>();
+  /** Every request to any registry (-registry-watch-rate), after its host's. */
+  private readonly everyHost: TokenBucket;
+  /** Bytes of the tag listings kept in `listings` (LIMITS.poll.maxSharedListingBytes). */
+  private sharedListingBytes = 0;
   /** When each digest's image was built (its config's `created`; null: it says none), read once. */
   private readonly created = new Map<string, number | null>();
   private readonly stopping = new AbortController();
@@ -23582,11 +23621,13 @@ export class RegistryWatch {
     next: WatchListener,
     log: Logger,
     metrics?: Metrics,
-    limits: { minIntervalMs: number; maxPerNamespace: number } = {
+    limits: { minIntervalMs: number; maxPerNamespace: number; allPerSecond?: number } = {
       minIntervalMs: LIMITS.poll.interval.minMs,
       maxPerNamespace: LIMITS.poll.maxWatchedPerNamespace,
     },
   ) {
+    const all = limits.allPerSecond ?? LIMITS.poll.allPerSecond;
+    this.everyHost = new TokenBucket(all, 2 * all);
     this.upgrade = upgrade;
     this.hooks = hooks;
     this.next = next;
@@ -23826,7 +23867,7 @@ export class RegistryWatch {
   ): Promise<{ image: string; digest: string; why: string } | { nothing: string }> {
     const where = `${repo.host}/${repo.repository}`;
     const list = () => this.throttled(repo.host, () => listTags(reader(), repo), w.intervalMs);
-    const tags = await this.shared(this.listings, where, w.intervalMs, list);
+    const tags = await this.shared(this.listings, where, w.intervalMs, list, listingBytes);
     const name = `${w.target.kind}/${w.target.name}`;
     const best = newestAllowedTag(tags, policy, workload, w.container, w.image, name);
     if (best === undefined) return { nothing: `no tag above the running one that ${policy.text} allows` };
@@ -23849,7 +23890,7 @@ export class RegistryWatch {
   ): Promise<{ image: string; digest: string; why: string } | { nothing: string }> {
     const where = `${repo.host}/${repo.repository}`;
     const list = () => this.throttled(repo.host, () => listTags(reader(), repo), w.intervalMs);
-    const tags = await this.shared(this.listings, where, w.intervalMs, list);
+    const tags = await this.shared(this.listings, where, w.intervalMs, list, listingBytes);
     const name = `${w.target.kind}/${w.target.name}`;
     const allowed = (t: string) =>
       policyDecision(policy, workload, w.container, w.image, `${repo.name}:${t}`, name).kind === 'allowed';
@@ -23983,29 +24024,46 @@ export class RegistryWatch {
     key: string,
     intervalMs: number,
     ask: () => Promise<T>,
+    weigh?: (answer: T) => number,
   ): Promise<T> {
     const keepMs = Math.min(intervalMs * LIMITS.poll.freshShare, LIMITS.poll.sharedKeepMs);
     const had = cache.get(key);
     if (had && Date.now() - had.at < keepMs) return had.answer;
     const entry = { at: Date.now(), answer: ask() };
     cache.set(key, entry);
-    const forget = () => cache.get(key) === entry && cache.delete(key);
-    entry.answer.catch(forget);
+    let bytes = 0;
+    const forget = () => {
+      if (cache.get(key) === entry) cache.delete(key);
+      this.sharedListingBytes -= bytes;
+      bytes = 0;
+    };
+    entry.answer.then((answer) => {
+      const weight = weigh?.(answer) ?? 0;
+      // Past the budget of what is kept to share, an answer serves its own look only.
+      if (this.sharedListingBytes + weight > LIMITS.poll.maxSharedListingBytes) return forget();
+      this.sharedListingBytes += bytes = weight;
+    }, forget);
     // Let go once no look may share it: the answer (a whole tag list) is not held for the rest of a long interval.
     setTimeout(forget, keepMs).unref();
     return entry.answer;
   }
 
   /**
-   * A request to `host` once its token bucket lets it (LIMITS.poll.perSecond): a look waits up to its interval for
-   * its turn (the catch-up of a fleet on one registry queues), and its request's deadline starts after the wait.
+   * A request to `host` once its token bucket (LIMITS.poll.perSecond) and the one of every host (-registry-watch-rate)
+   * let it: a look waits up to its interval for its turn (the catch-up of a fleet queues), and its request's deadline
+   * starts after the wait. Each wait is counted by the limit that made it.
    */
   private async throttled<T>(host: string, request: () => Promise<T>, maxWaitMs: number): Promise<T> {
     let bucket = this.buckets.get(host);
     if (!bucket) this.buckets.set(host, (bucket = new TokenBucket(LIMITS.poll.perSecond, LIMITS.poll.burst)));
     const wait = bucket.reserve(maxWaitMs);
     if (wait === undefined) throw new RegistryError(`more requests for ${host} wait than it is sent in an interval`);
-    if (wait > 0) await sleep(wait, undefined, { signal: this.stopping.signal });
+    const all = this.everyHost.reserve(maxWaitMs);
+    if (all === undefined)
+      throw new RegistryError('more requests wait than all registries are sent in an interval (-registry-watch-rate)');
+    if (Math.max(wait, all) > 0)
+      this.metrics?.inc('webhook_registry_watch_waits_total', { limit: all > wait ? 'all registries' : 'host' });
+    if (Math.max(wait, all) > 0) await sleep(Math.max(wait, all), undefined, { signal: this.stopping.signal });
     return request();
   }
 
@@ -26538,8 +26596,7 @@ async function serve(o: Options, env: Record<string, string | undefined>): Promi
   const server = await openListener(o, handler, log);
   if (!server) return 1;
   server.on('clientError', (err: Error, socket: net.Socket) => answerClientError(handlerContext, err, socket));
-  const limits = { minIntervalMs: o.pollMinIntervalMs, maxPerNamespace: o.maxWatchedPerNamespace };
-  const watch = new RegistryWatch(upgrade, () => store.current.hooks, approvals, log, metrics, limits).start();
+  const watch = new RegistryWatch(upgrade, () => store.current.hooks, approvals, log, metrics, watchLimits(o)).start();
   const pages = o.deliveries > 0 ? deliveryPages(deliveries, o.adminToken, approvals, promotions, watch) : undefined;
   const adminServer = await openAdminListener(o, metrics, log, pages);
   if (adminServer === false) return 1;

@@ -722,6 +722,41 @@ describe('watch slots per namespace: one namespace cannot take them all', { skip
   });
 });
 
+describe('one rate for all registries: an annotation naming many hosts cannot make the watch flood them', { skip: cluster ? false : 'no cluster' }, () => {
+  const ns = freshNamespaceName('many-hosts');
+  const kubectl = kubectlFor(cluster!);
+  const HOSTS = 24;
+  let wh: Webhook;
+
+  before(async () => {
+    // 24 hosts that refuse (127.0.0.<n>, port 1): each look is one request to a host of its own, failing at once.
+    const d = (n: number) => {
+      const w = deployment(`w-${n}`, [{ name: 'app', image: `127.0.0.${n + 1}:1/acme/many:1.0.0` }], { replicas: 0 }) as
+        { metadata: Record<string, unknown> };
+      w.metadata.annotations = { 'webhook/poll': '24h', 'webhook/hook': 'many' };
+      return w;
+    };
+    await kubectl(['create', 'namespace', ns]);
+    await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: Array.from({ length: HOSTS }, (_, n) => d(n)) }));
+    const hooks = [upgradeHook('many', TOKEN, { ANNOTATION_NAMESPACES: ns })];
+    wh = await startWebhook({ hooks, env: { KUBECONFIG: cluster!.kubeconfigPath }, metrics: true, args: ['-registry-watch-rate', '1'] });
+  });
+  after(async () => {
+    await wh?.stop();
+    await removeNamespace(kubectl, ns);
+  });
+
+  test('-registry-watch-rate 1: the first looks (spread over 10 s) wait for the rate across hosts, never for a host\'s own; every one is made', async () => {
+    const metric = async (prefix: string) => (await wh.metrics()).body.split('\n').filter((l) => l.startsWith(prefix))
+      .reduce((sum, l) => sum + Number(l.split(' ').at(-1)), 0);
+    const looks = () => metric('webhook_registry_watch_looks_total{repository="127.0.0.');
+    await waitFor(async () => (await looks()) >= HOSTS, { timeoutMs: WITHIN, what: `a look at each of the ${HOSTS} hosts` });
+    // 24 requests within 10 s, against 2 at once and 1 a second: at least a dozen waited for their turn.
+    assert.ok((await metric('webhook_registry_watch_waits_total{limit="all registries"}')) >= HOSTS / 2 - 2);
+    assert.equal(await metric('webhook_registry_watch_waits_total{limit="host"}'), 0, 'one request per host');
+  });
+});
+
 describe('the registry watch, pure parts', () => {
   test('-validate says what each hook watches, and refuses a POLL_INTERVAL under 10s', () => {
     const dir = makeTempDir('registry-watch-validate-');
