@@ -7639,8 +7639,8 @@ function gitSettings(
 //    (Delivery), and the workload annotations (ANNOTATIONS); the service's limits follow (LIMITS, next chapter).
 //    The annotations are the only state the service has: those it writes live on the workload they are
 //    about, each written in the same PATCH as what it records and guarded by a test of the value read, so that
-//    replicas and restarts agree with no store of their own; those an operator writes steer one workload. Anyone
-//    who may edit the workload can write any of them, so each is read as untrusted input: a record the service
+//    replicas and restarts agree (with one store of their own, below); those an operator writes steer one workload.
+//    Anyone who may edit the workload can write any of them, so each is read as untrusted input: a record the service
 //    resumes is sealed (a MAC), and a pending entry is also named in the RecordLedger, outside the workloads, while
 //    it is live (an entry put back after it was decided verifies, but is stale). The docs' tables of
 //    settings, decisions and annotations are written from these tables (scripts/docs.ts).
@@ -7951,8 +7951,8 @@ export interface ApprovalSigning {
 export interface RecordLedger {
   /** `namespace/name`, for messages. */
   readonly where: string;
-  /** The id of the record live at `place` under `tag` (its annotation), or undefined: none. */
-  live(tag: string, place: string[]): Promise<string | undefined>;
+  /** Whether `id` is the record live at `place` under `tag` (its annotation). */
+  names(tag: string, place: string[], id: string): Promise<boolean>;
   /**
    * Names `id` the live record at `place` (undefined: none is); with `from`, only while `from` is the live one.
    * Throws when the ledger cannot be written.
@@ -8471,10 +8471,10 @@ export const LIMITS = {
     // default). Each is an id and a time, some 100 bytes: 1 MB at most, more than a day of a release's approvals.
     // Past it the oldest is forgotten, and its link costs one read again.
     rememberedDecisions: 10_000,
-    // The record ledger (-record-store) names the live pending entry of each container that has one, some 80 bytes
-    // each: 10,000 fit a ConfigMap (1 MiB) with room. Past it the oldest is dropped: its push, waiting longest, is
-    // then stale and cannot be approved (it expires as it would).
-    ledgerEntries: 10_000,
+    // The record ledger (-record-store) names the live pending entry, or soak, of each container that has one, some
+    // 90 bytes each (a key, a hash of the id, a time): 5,000 fit a ConfigMap (1 MiB, metadata included) with room.
+    // Past it the oldest is dropped: its push, waiting longest, is then stale (an entry expires as it would).
+    ledgerEntries: 5_000,
     // The ConfigMap's name in the service's own namespace when -record-store is `auto` in a pod.
     ledgerName: 'webhook-records',
     // A signing key shorter than SHA-256's block of output could be guessed more easily than the links forged.
@@ -14483,10 +14483,10 @@ export function readPendingEntries(workload: unknown): {
 
 /**
  * The record ledger in a ConfigMap (-record-store): one data key per place (a hash of the record's tag and where it
- * sits) holding the live record's id and when it was named. A write reads the ConfigMap and patches it under a test
- * of the resourceVersion read, so two replicas' writes never lose each other's; it creates the ConfigMap when absent.
- * Past LIMITS.approval.ledgerEntries the oldest keys go. Errors are the API server's (KubeError, naming the
- * permission a 403 lacks).
+ * sits) holding a hash of the live record's id and when it was named. A write reads the ConfigMap and patches it
+ * under a test of the resourceVersion read, so two replicas' writes never lose each other's; it creates the
+ * ConfigMap when absent. Past LIMITS.approval.ledgerEntries the oldest keys go. Errors are the API server's
+ * (KubeError, naming the permission a 403 lacks).
  */
 export class ConfigMapLedger implements RecordLedger {
   readonly where: string;
@@ -14499,17 +14499,19 @@ export class ConfigMapLedger implements RecordLedger {
     this.ref = { group: '', version: 'v1', resource: 'configmaps', namespace, name };
   }
 
-  async live(tag: string, place: string[]): Promise<string | undefined> {
-    return ledgerId((await this.read())?.data?.[ledgerKey(tag, place)]);
+  async names(tag: string, place: string[], id: string): Promise<boolean> {
+    return ledgerId((await this.read())?.data?.[ledgerKey(tag, place)]) === ledgerHash(id);
   }
 
   async set(tag: string, place: string[], id: string | undefined, from?: string): Promise<void> {
     const key = ledgerKey(tag, place);
-    const value = id === undefined ? undefined : `${id} ${Date.now()}`;
+    const hash = id === undefined ? undefined : ledgerHash(id);
+    const was = from === undefined ? undefined : ledgerHash(from);
+    const value = hash === undefined ? undefined : `${hash} ${Date.now()}`;
     for (let attempt = 1; attempt <= LIMITS.upgrade.maxPatchAttempts; attempt++) {
       const map = await this.read();
       const live = ledgerId(map?.data?.[key]);
-      if (live === id || (from !== undefined && live !== from)) return;
+      if (live === hash || (was !== undefined && live !== was)) return;
       try {
         if (!map) await this.kube().create(this.ref, ledgerMap(this.ref, { [key]: value! }));
         else await this.kube().patch(this.ref, ledgerOps(map, key, value), LIMITS.upgrade.fieldManager);
@@ -14544,7 +14546,12 @@ function ledgerKey(tag: string, place: string[]): string {
   return `r-${createHash('sha256').update(JSON.stringify([tag, place])).digest('hex').slice(0, 40)}`;
 }
 
-/** The id a ledger value names (`<id> <epoch ms>`), or undefined. Pure. */
+/** How the ledger names a record's id: a hash of it, 22 characters whatever the id's length. Pure. */
+function ledgerHash(id: string): string {
+  return createHash('sha256').update(id).digest('base64url').slice(0, 22);
+}
+
+/** The id's hash a ledger value names (`<hash> <epoch ms>`), or undefined. Pure. */
 function ledgerId(value: string | undefined): string | undefined {
   return value === undefined ? undefined : value.split(' ')[0];
 }
@@ -18165,7 +18172,7 @@ export function waitingAction(e: PendingEntry): string {
 //    annotations the decision read (policy, approval, window); any other decision is reached again on the workload
 //    as it is now. Another way to carry a decision out (a commit to Git) is an executor beside this one.
 //    A third executor, for DRY_RUN, decides and tells and writes nothing but its Event (dryRunOut).
-//    Exports: carryOut, dryRunOut, guardedPatch, PushToCarryOut, recordDecision.
+//    Exports: carryOut, decidedOn, dryRunOut, guardedPatch, PushToCarryOut, recordDecision.
 //    Tests: test/dry-run.test.ts, test/e2e.test.ts, test/records.test.ts, test/replicas.test.ts, test/upgrade.test.ts.
 // ================================================================================================
 
@@ -18291,9 +18298,7 @@ export async function dryRunOut(
   deps: UpgradeDeps,
 ): Promise<void> {
   const target = given.push.target;
-  const workload = await readWorkload(client, target);
-  const now = (deps.now ?? (() => new Date()))();
-  const d = decide({ ...given, workload, nowMs: now.getTime(), entryId: randomUUID() });
+  const { workload, now, decision: d } = await decidedOn(client, given, deps);
   report.target = Object.assign(target, { uid: String(valueAt(workload, ['metadata', 'uid'])) });
   report.dryRun = true;
   const writes = ['applied', 're-pulled', 'waiting', 'approved', 'waiting: signature'].includes(d.code);
@@ -18308,6 +18313,17 @@ export async function dryRunOut(
   if (deps.eventAfterAnswer) report.afterAnswer = recording;
   else await recording;
   failIfRefused(d);
+}
+
+/** The push decided on its workload as read now (an executor that decides once, with no copy and no retry). */
+export async function decidedOn(
+  client: KubeClient,
+  given: PushToCarryOut,
+  deps: UpgradeDeps,
+): Promise<{ workload: K8sObject; now: Date; decision: Decision }> {
+  const workload = await readWorkload(client, given.push.target);
+  const now = (deps.now ?? (() => new Date()))();
+  return { workload, now, decision: decide({ ...given, workload, nowMs: now.getTime(), entryId: randomUUID() }) };
 }
 
 /** What a decision that writes would have done, said for a dry run. Pure. */
@@ -18919,9 +18935,7 @@ export async function commitOut(
   git: GitSettings,
 ): Promise<void> {
   const target = given.push.target;
-  const workload = await readWorkload(client, target);
-  const now = (deps.now ?? (() => new Date()))();
-  const decision = decide({ ...given, workload, nowMs: now.getTime(), entryId: randomUUID() });
+  const { workload, now, decision } = await decidedOn(client, given, deps);
   if (decision.code !== 'applied' && decision.code !== 're-pulled') {
     await carryOut(client, given, report, deps);
     return;
@@ -22441,8 +22455,7 @@ export class Promotions implements ResultListener {
   private async stale(place: SoakPlace, record: PromotionRecord): Promise<string | undefined> {
     if (!record.stored) return undefined;
     const ledger = this.upgrade.signing()?.ledger;
-    const live = ledger && (await ledger.live(PROMOTION_ANNOTATION, soakWhere(place)));
-    if (live === record.request) return undefined;
+    if (ledger && (await ledger.names(PROMOTION_ANNOTATION, soakWhere(place), record.request))) return undefined;
     return `the promotion record of ${showValue(record.image)} is stale: ` + (ledger
       ? `the record ledger ${ledger.where} does not name it live there (promoted or stopped since, and put back)`
       : 'it was written with a record ledger, and this service has none (-record-store)') + ': not promoted';
@@ -23233,8 +23246,7 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
     if (!w.entry.stored) return undefined;
     const ledger = this.upgrade.signing()?.ledger;
     if (!ledger) return 'it was written with a record ledger, and this service has none (-record-store)';
-    const live = await ledger.live(PENDING_ANNOTATION, pendingWhere({ ...w.target, ...w }));
-    if (live === w.entry.id) return undefined;
+    if (await ledger.names(PENDING_ANNOTATION, pendingWhere({ ...w.target, ...w }), w.entry.id)) return undefined;
     return `the record ledger ${ledger.where} does not name it live there: it was decided, replaced or taken off ` +
       'since it was written (put back on the workload by hand?)';
   }
@@ -26679,7 +26691,7 @@ function openRecordLedger(o: Options, upgrade: UpgradeService, log: Logger): Rec
   }
   const [namespace, name] = named.split('/');
   const ledger = new ConfigMapLedger(() => upgrade.kube(undefined), namespace, name);
-  ledger.live('', []).catch((e: Error) => log.warn(`approvals: the record ledger ${named}: ${e.message}`));
+  ledger.names('', [], '').catch((e: Error) => log.warn(`approvals: the record ledger ${named}: ${e.message}`));
   return ledger;
 }
 
