@@ -48,8 +48,9 @@ const FAST = ['-poll-min-interval', '1s'];
 const SHARED_INTERVAL = '5s';
 const WITHIN = 90_000;
 // The interval of the workloads a notification deploys to first: long enough for the push, the notification, its
-// rollout and the pods' report to fall between two looks, short enough for a look after them within WITHIN.
-const SLOW_INTERVAL = '30s';
+// rollout and the pods' report (about 1 s here, a few on a loaded machine) to fall between two looks; each of those
+// tests waits about two intervals.
+const SLOW_INTERVAL = '10s';
 const LOGIN = { user: 'watcher', password: 'registry-watch-password-6c2e' };
 
 /** A Deployment whose pods pull with the secret `pull`. */
