@@ -574,8 +574,9 @@ describe('an applied push committed to Git through the executable', { skip: clus
       upgradeHook('big', HOOK_TOKEN, { APP_NS: ns, APP_WORKLOAD: 'deployment/web', GIT_REPO: repo, GIT_PATH: 'big.yaml', GIT_TOKEN: tokenFile }),
       upgradeHook('synced', HOOK_TOKEN, { APP_NS: ns, APP_WORKLOAD: 'deployment/web', GIT_REPO: repo, GIT_PATH: 'apps/web.yaml', GIT_TOKEN: tokenFile, GIT_SYNC_TIMEOUT: '2m' }),
       upgradeHook('revert', HOOK_TOKEN, { APP_NS: ns, APP_WORKLOAD: 'deployment/web', GIT_REPO: repo, GIT_PATH: 'apps/web.yaml', GIT_TOKEN: tokenFile, GIT_SYNC_TIMEOUT: '2m', ROLLBACK_ON_FAILURE: 'true',
-        // A pod stuck 10 s fails the rollout (30 s by default): the test waits for the failure, not for the default.
-        ROLLOUT_STUCK_TIMEOUT: '10s' }),
+        // A pod stuck 5 s fails the rollout (30 s by default; only pods of :broken images are ever stuck here): the test
+        // waits for the failure, not for the default.
+        ROLLOUT_STUCK_TIMEOUT: '5s' }),
       upgradeHook('cluster', HOOK_TOKEN),
       upgradeHook('patch-anyway', HOOK_TOKEN, { ON_GITOPS_OWNER: 'patch' }),
       upgradeHook('signed', HOOK_TOKEN, { APP_NS: ns, APP_WORKLOAD: 'deployment/web', GIT_REPO: repo, GIT_PATH: 'apps/web.yaml', GIT_TOKEN: tokenFile, GIT_SIGNING_KEY: signingKey }),
