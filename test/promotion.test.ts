@@ -318,8 +318,8 @@ describe('staging > prod on two clusters', { skip: shared && second && registry 
     closers.push(() => kubectlStaging(['delete', 'mutatingadmissionpolicybinding,mutatingadmissionpolicy', policy, '--ignore-not-found']));
     await policyInForce(kubectlStaging, ns, image('broken-probe'));
     const broken = await publish('broken1');
-    // A pod stuck 10 s fails the stage's rollout (30 s by default).
-    const wh = await start({ ROLLBACK_ON_FAILURE: 'true', ROLLOUT_STUCK_TIMEOUT: '10s' });
+    // A pod stuck 5 s fails the stage's rollout (30 s by default): only pods of :broken images are ever stuck here.
+    const wh = await start({ ROLLBACK_ON_FAILURE: 'true', ROLLOUT_STUCK_TIMEOUT: '5s' });
     const res = await push(wh, 'crashy', 'broken1', broken);
     assert.match(res.body, /^cluster: +staging$/m);
     await logLine(wh, /deployment\/crashy in .* \(cluster staging\): chain stopped at staging: its rollout failed and was rolled back.*; not promoted to prod/);
