@@ -553,9 +553,10 @@ describe('staging > prod on two clusters', { skip: shared && second && registry 
     assert.ok(record.app.claim.by && record.app.claim.at, raw);
     assert.match(first.output(), /deployment\/claimed in .* \(cluster staging\): soak ended; promoting, claimed by replica /);
     assert.equal(await imageIn(getProd, 'claimed'), image('v1'), 'nothing decided in prod yet');
-    // The claim stands until it is stale (-promotion-claim-timeout, a minute by default; 30 s here, so the test
-    // waits for the takeover, not for a minute): then this replica takes it over.
-    const taker = await start(settings, env, ['-promotion-claim-timeout', '30s']);
+    // The claim stands until it is stale (-promotion-claim-timeout, a minute by default; 15 s here, so the test
+    // waits for the takeover, not for a minute; the claim is a couple of seconds old when this replica first looks
+    // at it): then this replica takes it over.
+    const taker = await start(settings, env, ['-promotion-claim-timeout', '15s']);
     const claimTimeoutMs = 180_000;
     await logLine(taker, /deployment\/claimed in .* \(cluster staging\): being promoted by replica .*; looked at again in/);
     await logLine(taker, /deployment\/claimed in .* \(cluster staging\): taking over the promotion claimed by replica /, claimTimeoutMs);
