@@ -8535,6 +8535,10 @@ export const LIMITS = {
     // serves only the look that made it (each is at most 5,000 tags, some 0.7 MB), so what the watch holds stays
     // this plus the listings being read, which the rate above bounds.
     maxSharedListingBytes: 16 * 1024 * 1024,
+    // Tag listings read at once, all registries together: each is up to 5,000 tags (some 1.5 MB of strings and pages
+    // while it is read and parsed), and on a busy CPU the listings the rate lets start would pile up (300 of them
+    // took a replica past its 256 MiB); four at once is some 6 MB, and a look waits for its turn.
+    listingsAtOnce: 4,
     // A 429 without a Retry-After: the host is left alone this long, doubling to maxBackoffMs while it goes on.
     backoffMs: 30_000,
     maxBackoffMs: 15 * 60_000,
@@ -23612,6 +23616,9 @@ export class RegistryWatch {
   private readonly everyHost: TokenBucket;
   /** Bytes of the tag listings kept in `listings` (LIMITS.poll.maxSharedListingBytes). */
   private sharedListingBytes = 0;
+  /** Tag listings being read now, and the looks waiting for their turn (LIMITS.poll.listingsAtOnce). */
+  private listingsNow = 0;
+  private readonly listingTurns: (() => void)[] = [];
   /** When each digest's image was built (its config's `created`; null: it says none), read once. */
   private readonly created = new Map<string, number | null>();
   private readonly stopping = new AbortController();
@@ -23878,7 +23885,7 @@ export class RegistryWatch {
     workload: unknown,
   ): Promise<{ image: string; digest: string; why: string } | { nothing: string }> {
     const where = `${repo.host}/${repo.repository}`;
-    const list = () => this.throttled(repo.host, () => listTags(reader(), repo), w.intervalMs);
+    const list = () => this.throttled(repo.host, () => this.inTurn(() => listTags(reader(), repo)), w.intervalMs);
     const tags = await this.shared(this.listings, where, w.intervalMs, list, listingBytes);
     const name = `${w.target.kind}/${w.target.name}`;
     const best = newestAllowedTag(tags, policy, workload, w.container, w.image, name);
@@ -23901,7 +23908,7 @@ export class RegistryWatch {
     workload: unknown,
   ): Promise<{ image: string; digest: string; why: string } | { nothing: string }> {
     const where = `${repo.host}/${repo.repository}`;
-    const list = () => this.throttled(repo.host, () => listTags(reader(), repo), w.intervalMs);
+    const list = () => this.throttled(repo.host, () => this.inTurn(() => listTags(reader(), repo)), w.intervalMs);
     const tags = await this.shared(this.listings, where, w.intervalMs, list, listingBytes);
     const name = `${w.target.kind}/${w.target.name}`;
     const allowed = (t: string) =>
@@ -24077,6 +24084,19 @@ export class RegistryWatch {
       this.metrics?.inc('webhook_registry_watch_waits_total', { limit: all > wait ? 'all registries' : 'host' });
     if (Math.max(wait, all) > 0) await sleep(Math.max(wait, all), undefined, { signal: this.stopping.signal });
     return request();
+  }
+
+  /** A tag listing read once fewer than LIMITS.poll.listingsAtOnce are being read; its turn is passed on after. */
+  private async inTurn<T>(read: () => Promise<T>): Promise<T> {
+    while (this.listingsNow >= LIMITS.poll.listingsAtOnce)
+      await new Promise<void>((turn) => this.listingTurns.push(turn));
+    this.listingsNow++;
+    try {
+      return await read();
+    } finally {
+      this.listingsNow--;
+      this.listingTurns.shift()?.();
+    }
   }
 
   /** A failure's message; a 429 leaves its host alone for its Retry-After, else for a backoff that doubles. */

@@ -8,16 +8,24 @@
  * 2. signatures: a digest whose .sig manifest lists one payload blob 20 times, plus 20 referrers each listing it
  *    20 times, each signature over something else under the hook's Ed25519 key; pushed once with a blob just under
  *    64 KiB, once with a 1 MiB blob (the old reader's blob cap).
+ * 3. watch (issue 46): 300 Deployments (replicas 0) annotated webhook/poll, each on a repository of its own with
+ *    5,000 tags of 120 characters (five pages of 1,000), on 30 registry hosts (TLS servers on loopback, ports of
+ *    their own): what the registry watch holds while it lists them all. Looked at until every repository was
+ *    listed once (webhook_registry_watch_looks_total), or two minutes.
  *
+ * BENCH_ATTACKS=window,signatures,watch picks some (all by default).
  * For each: VmRSS and RssAnon before and after, the peak (VmHWM, from /proc/<pid>/status), the longest GET /healthz
  * answered while the pushes ran (asked every 50 ms), the answers, the registry requests, and whether the OOM killer
  * acted in the cgroup. Needs root for the cgroup (v1, /sys/fs/cgroup/memory), as bench:burst does.
  */
 import { generateKeyPairSync, sign, type KeyObject } from 'node:crypto';
 import * as fs from 'node:fs';
+import * as https from 'node:https';
+import type { AddressInfo } from 'node:net';
 import * as path from 'node:path';
 import { clusterOrSkip, deployment, acrPayload, freshNamespaceName, kubectlFor, removeNamespace } from '../test/cluster/kube.ts';
-import { httpRequest, makeTempDir, startWebhook, type Webhook } from '../test/harness.ts';
+import { adminPort, httpRequest, makeTempDir, startWebhook, waitFor, type Webhook } from '../test/harness.ts';
+import { makeCertificate } from '../test/registry.ts';
 import { pushBlob, pushManifest, startOciRegistry, type OciRegistry } from '../test/oci-registry.ts';
 import { fixedSettings, registryHook, upgradeHook } from '../test/upgrade-hooks.ts';
 import { OURS } from './common.ts';
@@ -131,6 +139,55 @@ async function signatureAttack(oci: OciRegistry, ns: string, wh: Webhook, key: K
     `\n  registry requests: ${requests.length}, of which GETs of the payload blob: ${blobs}`);
 }
 
+/** `count` TLS servers on loopback, each a registry whose every repository lists 5,000 tags of 120 characters. */
+async function tagFloods(count: number, caFile: string, certs: { certFile: string; keyFile: string }) {
+  const tag = (i: number) => `1.0.${i}-${'x'.repeat(110)}`.slice(0, 120);
+  const page = (from: number) => JSON.stringify({ name: 'acme/r', tags: Array.from({ length: 1000 }, (_, i) => tag(from + i)) });
+  const servers: https.Server[] = [];
+  for (let i = 0; i < count; i++) {
+    const server = https.createServer({ cert: fs.readFileSync(certs.certFile), key: fs.readFileSync(certs.keyFile) }, (req, res) => {
+      const url = new URL(req.url ?? '/', 'https://x');
+      const last = Number(url.searchParams.get('last')?.split('.')[2]?.split('-')[0] ?? -1);
+      const from = last + 1;
+      const headers: Record<string, string> = { 'Content-Type': 'application/json' };
+      if (from + 1000 < 5000) headers.Link = `<${url.pathname}?n=1000&last=${encodeURIComponent(tag(from + 999))}>; rel="next"`;
+      if (!url.pathname.endsWith('/tags/list')) return void res.writeHead(404).end();
+      res.writeHead(200, headers).end(page(from));
+    });
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    servers.push(server);
+  }
+  return { hosts: servers.map((s) => `127.0.0.1:${(s.address() as AddressInfo).port}`), caFile,
+    close: () => servers.forEach((s) => s.close()) };
+}
+
+/** Attack 3's workloads, made before the service starts (its first scan finds them): 300, on 30 hosts. */
+async function watchedWorkloads(kubectl: ReturnType<typeof kubectlFor>, ns: string, hosts: string[]): Promise<void> {
+  const items = Array.from({ length: 300 }, (_, n) => {
+    const d = deployment(`w-${n}`, [{ name: 'app', image: `${hosts[n % hosts.length]}/acme/r${n}:1.0.0` }], { replicas: 0 }) as
+      { metadata: Record<string, unknown> };
+    d.metadata.annotations = { 'webhook/poll': '10s', 'webhook/hook': 'watched', 'webhook/policy': 'semver:^2' };
+    return d;
+  });
+  await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items }));
+}
+
+/** Attack 3: 300 watched workloads, each on a repository of 5,000 long tags, on 30 hosts. */
+async function watchAttack(wh: Webhook): Promise<void> {
+  const pid = wh.proc.pid!;
+  const before = memory(pid);
+  let peak = 0;
+  const sampler = setInterval(() => (peak = Math.max(peak, memory(pid).anon || 0)), 50);
+  const looks = async () => (await httpRequest(await adminPort(wh), '/metrics')).body.split('\n')
+    .filter((l) => l.startsWith('webhook_registry_watch_looks_total{')).reduce((n, l) => n + Number(l.split(' ').at(-1)), 0);
+  const started = performance.now();
+  const listed = await waitFor(async () => ((await looks().catch(() => 0)) >= 300 ? looks() : undefined), { timeoutMs: 120_000, what: '300 looks' })
+    .catch(() => looks().catch(() => NaN));
+  clearInterval(sampler);
+  const r = { answers: [`${listed} looks in ${((performance.now() - started) / 1000).toFixed(0)} s; peak RssAnon sampled: ${peak.toFixed(0)} MB`], longestHealthzMs: NaN };
+  report('3. watch: 300 workloads, each on a repository of 5,000 tags of 120 characters, on 30 hosts', pid, before, r);
+}
+
 const cluster = await clusterOrSkip();
 if (!cluster) throw new Error('no test cluster (XDG_CACHE_HOME as for the tests)');
 const kubectl = kubectlFor(cluster);
@@ -142,11 +199,13 @@ fs.writeFileSync(path.join(work, 'ed.pub'), publicKey.export({ type: 'spki', for
 fs.writeFileSync(path.join(work, 'oci-ca.pem'), oci.caPem);
 const flood = registryHook('flood', { match: { type: 'value', value: TOKEN, parameter: { source: 'url', name: 'token' } } }, 'distribution') as Record<string, object[]>;
 flood['pass-environment-to-command'].push(...fixedSettings({ VERIFY_SIGNATURE: `cosign:${path.join(work, 'ed.pub')}`, REGISTRY_CA: path.join(work, 'oci-ca.pem') }));
+const certs = makeCertificate(makeTempDir('bench-attacks-tls-'));
+const watched = upgradeHook('watched', TOKEN, { ANNOTATION_NAMESPACES: ns, REGISTRY_CA: certs.caFile });
 const script = inCgroup();
 /** A fresh service in the cgroup for each attack, so one that kills it does not hide the next one's figures. */
 async function withService(attack: (wh: Webhook) => Promise<void>): Promise<void> {
-  const wh = await startWebhook({ bin: script, hooks: [upgradeHook('plain', TOKEN), flood], env: { KUBECONFIG: cluster!.kubeconfigPath },
-    args: ['-rollout-follow', '0s'] });
+  const wh = await startWebhook({ bin: script, hooks: [upgradeHook('plain', TOKEN), flood, watched], env: { KUBECONFIG: cluster!.kubeconfigPath },
+    args: ['-rollout-follow', '0s'], metrics: true });
   try {
     await attack(wh);
   } finally {
@@ -160,9 +219,21 @@ try {
     deployment('flood', [{ name: 'app', image: `${oci.host}/acme/flood:v1` }], { replicas: 1 }),
   ] }));
   console.log(`${BIN}, in a memory cgroup of ${LIMIT_MB} MiB`);
-  await withService((wh) => windowAttack(kubectl, ns, wh));
-  await withService((wh) => signatureAttack(oci, ns, wh, privateKey, 60 * 1024, 'small'));
-  await withService((wh) => signatureAttack(oci, ns, wh, privateKey, 1024 * 1024 - 1024, 'large'));
+  const chosen = (process.env.BENCH_ATTACKS ?? 'window,signatures,watch').split(',');
+  if (chosen.includes('window')) await withService((wh) => windowAttack(kubectl, ns, wh));
+  if (chosen.includes('signatures')) {
+    await withService((wh) => signatureAttack(oci, ns, wh, privateKey, 60 * 1024, 'small'));
+    await withService((wh) => signatureAttack(oci, ns, wh, privateKey, 1024 * 1024 - 1024, 'large'));
+  }
+  if (chosen.includes('watch')) {
+    const floods = await tagFloods(30, certs.caFile, certs);
+    try {
+      await watchedWorkloads(kubectl, ns, floods.hosts);
+      await withService((wh) => watchAttack(wh));
+    } finally {
+      floods.close();
+    }
+  }
 } finally {
   await oci.stop();
   await removeNamespace(kubectl, ns);
