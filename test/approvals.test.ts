@@ -809,6 +809,9 @@ describe('a decided link, and "Deploy again", on a replica of their own', () => 
     const approved = await wh.request(linkPath(links.approveUrl), form('Ops+Qian'));
     assert.equal(approved.status, 200, approved.body);
     await posted((d) => d.decision === 'applied' && d.workload === 'deployment/reuse', 'the approved result');
+    // The result is posted before its Event is written (after the answer): the count starts once the Event is there.
+    await waitFor(async () => JSON.parse(await kubectl(['-n', ns, 'get', 'events', '--field-selector',
+      'involvedObject.name=reuse,reason=ImageUpdated', '-o', 'json'])).items.length > 0, { timeoutMs: 60_000, what: 'the ImageUpdated Event' });
     const before = await requests();
     for (const link of [links.approveUrl, links.rejectUrl, links.approveUrl]) {
       for (const opts of [form('Eve'), {}, form('Eve')]) {

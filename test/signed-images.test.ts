@@ -526,7 +526,8 @@ describe('VERIFY_SIGNATURE: cosign signatures on a real registry, through the ex
     // Kept pushes are tried again every 5 s: the first try after the registry is back deploys the signed digest.
     await waitForOutput(wh, new RegExp(`\\[${id}\\] .*: the registry answered again; image updated`), 60_000);
     assert.equal(await imageOf('patient'), `${image('v2')}@${signedV2}`);
-    const delivery = await deliveryOf(res);
+    // Done once its rollout is followed to the end: on a loaded machine that takes longer than the 30 s of a decision.
+    const delivery = await deliveryOf(res, 90_000);
     assert.equal(delivery.decision, 'applied');
     // Only a registry that is away keeps a push: an unsigned digest is refused at once under the same hook.
     const unsigned = await pushImage('v9');
