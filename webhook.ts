@@ -15352,6 +15352,8 @@ export interface ForcedRollback {
 
 export interface UpgradeDeps {
   client?: KubeClient;
+  /** Told the id of each pending entry this replica writes (without a key, the only ones it resumes). */
+  entryWritten?: (id: string) => void;
   /** The -kubeconfig flag, used when no client is given. */
   kubeconfig?: string;
   /** The service's credentials for the push's cluster, when no client is given (else read from the env). */
@@ -18272,6 +18274,7 @@ async function execute(
   if (waits && d.pending.value !== d.pending.read) {
     // Named live in the ledger before it is written: an entry the ledger does not name is never deployed.
     if (d.entry.stored) await on.approvals?.ledger?.set(PENDING_ANNOTATION, entryAt(on), d.entry.id);
+    deps.entryWritten?.(d.entry.id);
     const written = { [PENDING_ANNOTATION]: d.pending.value };
     const ops = annotationOps(workload, ['metadata'], written, { [PENDING_ANNOTATION]: d.pending.read ?? null });
     if ((await guardedPatch(client, target, ops, false)) === 'conflict') return 'conflict';
@@ -21373,6 +21376,9 @@ export class UpgradeService implements InProcessCommand<UpgradeOutput> {
   useApprovals(approvals: ApprovalSigning): void {
     this.approvals = approvals;
   }
+
+  /** Who is told of each pending entry a push writes (the approvals: without a key, the entries they resume). */
+  entryWritten: ((id: string) => void) | undefined;
   /** The key that seals the records on workloads (-approval-key-file) and the ledger naming the live ones, if any. */
   readonly signing = (): ApprovalSigning | undefined => this.approvals;
 
@@ -21448,6 +21454,7 @@ export class UpgradeService implements InProcessCommand<UpgradeOutput> {
       known: lane?.known,
       followAfter: this.followMs > 0 && resumable ? { followMs: this.followMs, mailTo: config.mailTo } : undefined,
       approvals: this.approvals,
+      entryWritten: this.entryWritten,
       nodePlatforms: (this.nodePlatforms ??= new NodePlatforms((m) => this.log.warn(`platform check: ${m}`))),
     };
   }
@@ -22723,6 +22730,7 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
   ) {
     this.key = key;
     this.upgrade = upgrade;
+    if (!key) upgrade.entryWritten = (id) => boundedAdd(this.own, id);
     this.hooks = hooks;
     this.next = next;
     this.log = log;
@@ -22791,7 +22799,6 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
     const t = report?.target;
     if (!t || !report.container) return;
     const where = { target: { ...t }, container: report.container, cluster: report.cluster };
-    if (report.waiting && !this.key) boundedAdd(this.own, report.waiting.entry.id);
     if (report.waiting) this.pushes.set(waitingKey(where), { ...where, entry: report.waiting.entry });
     else if (report.changed || report.decision === 'rejected' || report.decision === 'expired')
       this.pushes.delete(waitingKey(where));
