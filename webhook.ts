@@ -14503,6 +14503,11 @@ export class ConfigMapLedger implements RecordLedger {
     this.ref = { group: '', version: 'v1', resource: 'configmaps', namespace, name };
   }
 
+  /** Reads the ConfigMap once (absent is fine): a missing permission is said at start, not at the first push. */
+  async ready(): Promise<void> {
+    await this.read();
+  }
+
   async names(tag: string, place: string[], id: string): Promise<boolean> {
     return ledgerId((await this.read())?.data?.[ledgerKey(tag, place)]) === ledgerHash(id);
   }
@@ -18309,12 +18314,13 @@ export async function dryRunOut(
   report.target = Object.assign(target, { uid: String(valueAt(workload, ['metadata', 'uid'])) });
   report.dryRun = true;
   const writes = ['applied', 're-pulled', 'waiting', 'approved', 'waiting: signature'].includes(d.code);
-  if (writes) {
+  const would = writes ? wouldDo(d, given) : undefined;
+  if (would !== undefined) {
     for (const note of d.notes) if (!report.notes.includes(note)) report.notes.push(note);
     Object.assign(report, { decision: d.code, imageBefore: d.before, imageAfter: d.before ?? report.imageAfter });
-    report.action = report.reason = `${wouldDo(d, given)}; dry run`;
+    report.action = report.reason = `${would}; dry run`;
   } else recordDecision(report, d, target.kind);
-  const told = { container: given.config.container, would: writes ? wouldDo(d, given) : report.action };
+  const told = { container: given.config.container, would: would ?? report.action };
   const event = pushEvent('dry run', { ...told, asked: whoAsked(given.push) });
   const recording = recordEventQuietly(client, target, event, now, report);
   if (deps.eventAfterAnswer) report.afterAnswer = recording;
@@ -23082,7 +23088,7 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
     if (method === 'GET') return page(200, confirmationPage(found.push, c.action, found.running));
     const who = deciderName(form);
     if ('problem' in who) return page(400, confirmationPage(found.push, c.action, found.running, who.problem));
-    const o = await this.decide(found.push, c.action, `${who.name} (${remoteIp}, by link)`);
+    const o = await this.decide(found.push, c.action, `${who.name} (${remoteIp}, by link)`, true);
     return page(o.status, outcomePage(o));
   }
 
@@ -23134,8 +23140,8 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
     return this.decide(w, action, by);
   }
 
-  /** A decision: the push approved (the same path as a push) or its entry taken off, then the result told. */
-  private async decide(w: WaitingPush, action: WaitingDecision, by: string) {
+  /** A decision: the push approved (as a push is) or its entry taken off, then told; `fresh`: find asked the ledger. */
+  private async decide(w: WaitingPush, action: WaitingDecision, by: string, fresh = false) {
     const hook = this.hooks().get(w.entry.hook);
     if (!hook) {
       this.forget(w);
@@ -23153,7 +23159,7 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
       const env = this.upgrade.decidedEnv(hook, w.target, w.container, w.cluster);
       return this.told(hook, requestId, report, env, action === 'reject' ? 'Rejected' : 'Expired');
     }
-    const stale = await this.stale(w);
+    const stale = fresh ? undefined : await this.stale(w);
     if (stale) {
       await this.dropUntrusted(w, stale);
       this.remember(w.entry.id, Date.parse(w.entry.until));
@@ -24087,9 +24093,11 @@ export class RegistryWatch {
     const all = this.everyHost.reserve(maxWaitMs);
     if (all === undefined)
       throw new RegistryError('more requests wait than all registries are sent in an interval (-registry-watch-rate)');
-    if (Math.max(wait, all) > 0)
+    const delay = Math.max(wait, all);
+    if (delay > 0) {
       this.metrics?.inc('webhook_registry_watch_waits_total', { limit: all > wait ? 'all registries' : 'host' });
-    if (Math.max(wait, all) > 0) await sleep(Math.max(wait, all), undefined, { signal: this.stopping.signal });
+      await sleep(delay, undefined, { signal: this.stopping.signal });
+    }
     return request();
   }
 
@@ -26718,7 +26726,7 @@ function openRecordLedger(o: Options, upgrade: UpgradeService, log: Logger): Rec
   }
   const [namespace, name] = named.split('/');
   const ledger = new ConfigMapLedger(() => upgrade.kube(undefined), namespace, name);
-  ledger.names('', [], '').catch((e: Error) => log.warn(`approvals: the record ledger ${named}: ${e.message}`));
+  ledger.ready().catch((e: Error) => log.warn(`approvals: the record ledger ${named}: ${e.message}`));
   return ledger;
 }
 
