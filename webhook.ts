@@ -11134,8 +11134,10 @@ type Environment = Record<string, string | undefined>;
 /** A command's result; `R`, what the in-process command reports besides its output (the upgrade: its report). */
 export interface CommandResult<R = unknown> {
   output: string;
-  /** The environment the command ran with (or would have). */
-  env: Readonly<Environment>;
+  /** The environment the command ran with (or would have); a job of a source other than a request has none. */
+  env?: Readonly<Environment>;
+  /** A job of a source other than a request: the settings its result is told with (a command's: from `env`). */
+  settings?: ResultSettings;
   ok: boolean;
   exitCode: number | null;
   timedOut: boolean;
@@ -16109,12 +16111,14 @@ function updatePolicySetting(value: string | undefined): UpdatePolicy {
 //    fixed string (checked at load: fixedSettingChecks), whether it holds a key, its validation, its meaning, and its
 //    parse, which is the only reader of its text and throws the message operators know. The settings tables of
 //    docs/configuration.md are written from it (scripts/settings-doc.ts), and -validate describes hooks from it. A
-//    push's boundary reads its hook's settings once, into a typed HookConfig (readHookConfig: the workload, the
-//    checks, the decision's settings, its cluster, how its payload is read); nothing after the boundary reads them.
-//    Exports: configuredReport, fixedSettingChecks, HOOK_SETTINGS, HookSetting, HookSettingName, readHookConfig.
+//    push's boundary reads its hook's settings once, by name from its input (SettingInput: a request's environment, or
+//    a job's settings), into a typed HookConfig (readHookConfig: the workload, the checks, the decision's settings, its
+//    cluster, how its payload is read) and its result's ResultSettings (resultSettings); nothing after reads them.
+//    Exports: configuredReport, fixedSettingChecks, HOOK_SETTINGS, HookSetting, HookSettingName, HookSettingValue,
+//    readHookConfig, resultSettings, SettingInput, settingOf.
 //    Tests: test/clouds.test.ts, test/cosign-verify.test.ts, test/decision.test.ts, test/git.test.ts,
-//    test/hold.test.ts, test/mail.test.ts, test/policy.test.ts, test/registries.test.ts, test/registry-watch.test.ts,
-//    test/settings.test.ts, test/upgrade.test.ts, test/windows.test.ts.
+//    test/hold.test.ts, test/mail.test.ts, test/notify.test.ts, test/policy.test.ts, test/registries.test.ts,
+//    test/registry-watch.test.ts, test/settings.test.ts, test/upgrade.test.ts, test/windows.test.ts.
 // ================================================================================================
 
 /**
@@ -16637,13 +16641,59 @@ export const IMAGE_PIN_SETTINGS = fixedSettingChecks(['REGISTRY_HOST', 'ALLOW_IM
 // ---- a push's settings, read once ------------------------------------------------------------
 
 /**
- * A push's HookConfig from the hook's environment, each setting read by its HOOK_SETTINGS entry, in the order their
+ * Where a push's settings are read from, by name: the environment its request made (a hook's command: readAtBoundary),
+ * or the settings of a job from another source (UpgradeService.jobInput: its target, the hook's file, the service).
+ */
+export type SettingInput = (name: HookSettingName) => string | undefined;
+
+/** What a hook setting's parse gives. */
+export type HookSettingValue<K extends HookSettingName> = ReturnType<(typeof HOOK_SETTINGS)[K]['parse']>;
+
+/** A setting's value as its HOOK_SETTINGS entry reads its input (which throws the setting's own error). */
+export function settingOf<K extends HookSettingName>(input: SettingInput, name: K): HookSettingValue<K> {
+  return HOOK_SETTINGS[name].parse(input(name)) as HookSettingValue<K>;
+}
+
+/**
+ * A push's HookConfig from its settings' input, each setting read by its HOOK_SETTINGS entry, in the order their
  * errors are reported; what is known before an error (the cluster, the workload) is in the report.
  */
-export function readHookConfig(env: Record<string, string | undefined>, report: UpgradeReport): HookConfig {
-  const cluster = (report.cluster = HOOK_SETTINGS.CLUSTER.parse(env.CLUSTER));
-  const { registryHost, ...settings } = readSettings(env, report);
-  return { ...settings, cluster, reading: pushReadingOf(env, registryHost), mailTo: env.MAIL_TO };
+export function readHookConfig(input: SettingInput, report: UpgradeReport): HookConfig {
+  const cluster = (report.cluster = settingOf(input, 'CLUSTER'));
+  const { registryHost, ...settings } = readSettings(input, report);
+  return { ...settings, cluster, reading: pushReadingOf(input, registryHost), mailTo: input('MAIL_TO') };
+}
+
+/**
+ * A push's ResultSettings from its settings' input (a command's environment, a job's settings): the boundary of a
+ * result, as readHookConfig is of a push. Any hook's command, not only an upgrade, is told with these.
+ */
+export function resultSettings(input: SettingInput): ResultSettings {
+  return {
+    repoType: input('REPO_TYPE') || undefined,
+    cluster: input('CLUSTER')?.trim() || undefined,
+    namespace: input('APP_NS') || undefined,
+    workload: input('APP_WORKLOAD') || undefined,
+    container: input('APP_CONTAINER') || undefined,
+    mailTo: input('MAIL_TO') || undefined,
+    notifyOnSkip: notifyOnSkip(input('NOTIFY_ON_SKIP')),
+    notify: {
+      ...{ url: input('NOTIFY_URL'), format: input('NOTIFY_FORMAT'), secret: input('NOTIFY_SECRET') },
+      telegramChat: input('NOTIFY_TELEGRAM_CHAT'),
+    },
+  };
+}
+
+/**
+ * NOTIFY_ON_SKIP: whether a push the update policy skipped goes to the channels. A value the load let through
+ * (it is fixed in the file, so checked there) is read as its default.
+ */
+function notifyOnSkip(value: string | undefined): boolean {
+  try {
+    return HOOK_SETTINGS.NOTIFY_ON_SKIP.parse(value);
+  } catch {
+    return true;
+  }
 }
 
 /** A push's new report once its HookConfig is read: what readHookConfig tells a report, in the same order. */
@@ -16661,42 +16711,43 @@ export function configuredReport(config: HookConfig): UpgradeReport {
 
 /** How a push's payload is read, from the hook's environment alone (a reader's tests; a push: readHookConfig). */
 export function readPushReading(env: Record<string, string | undefined>): PushReading {
-  return pushReadingOf(env, HOOK_SETTINGS.REGISTRY_HOST.parse(env.REGISTRY_HOST));
+  const input: SettingInput = (name) => env[name];
+  return pushReadingOf(input, settingOf(input, 'REGISTRY_HOST'));
 }
 
 /** REPO_TYPE and NET_TYPE as given (PushReading says why), REGISTRY_HOST as validated, PIN_DIGEST or its Error. */
-function pushReadingOf(env: Record<string, string | undefined>, registryHost: string | undefined): PushReading {
+function pushReadingOf(input: SettingInput, registryHost: string | undefined): PushReading {
   let pinDigest: boolean | Error;
   try {
-    pinDigest = HOOK_SETTINGS.PIN_DIGEST.parse(env.PIN_DIGEST);
+    pinDigest = settingOf(input, 'PIN_DIGEST');
   } catch (e) {
     pinDigest = e as Error;
   }
-  return { repoType: env.REPO_TYPE, netType: env.NET_TYPE, registryHost, pinDigest };
+  return { repoType: input('REPO_TYPE'), netType: input('NET_TYPE'), registryHost, pinDigest };
 }
 
 /** The upgrade's settings, each read by its HOOK_SETTINGS entry, in the order their errors are reported. */
 function readSettings(
-  env: Record<string, string | undefined>,
+  input: SettingInput,
   report: UpgradeReport,
 ): UpgradeSettings & { registryHost: string | undefined } {
-  const read = HOOK_SETTINGS;
-  const namespace = read.APP_NS.parse(env.APP_NS);
+  const get = <K extends HookSettingName>(name: K) => settingOf(input, name);
+  const namespace = get('APP_NS');
   report.namespace = namespace;
-  const workload = read.APP_WORKLOAD.parse(env.APP_WORKLOAD);
+  const workload = get('APP_WORKLOAD');
   report.workload = `${workload.kind}/${workload.name}`;
-  const container = read.APP_CONTAINER.parse(env.APP_CONTAINER);
+  const container = get('APP_CONTAINER');
   report.container = container;
-  const rolloutTimeoutMs = read.ROLLOUT_TIMEOUT.parse(env.ROLLOUT_TIMEOUT);
-  const rollback = read.ROLLBACK_ON_FAILURE.parse(env.ROLLBACK_ON_FAILURE);
+  const rolloutTimeoutMs = get('ROLLOUT_TIMEOUT');
+  const rollback = get('ROLLBACK_ON_FAILURE');
   report.rollbackOnFailure = rollback || undefined;
-  const stuckPodMs = (report.stuckPodMs = read.ROLLOUT_STUCK_TIMEOUT.parse(env.ROLLOUT_STUCK_TIMEOUT));
+  const stuckPodMs = (report.stuckPodMs = get('ROLLOUT_STUCK_TIMEOUT'));
   // A malformed pin setting (REGISTRY_HOST, ALLOW_IMAGES) refuses every push, before the cluster is asked anything.
-  const registryHost = read.REGISTRY_HOST.parse(env.REGISTRY_HOST);
-  const pin = imagePin(registryHost, read.ALLOW_IMAGES.parse(env.ALLOW_IMAGES));
+  const registryHost = get('REGISTRY_HOST');
+  const pin = imagePin(registryHost, get('ALLOW_IMAGES'));
   report.imagePin = pin;
-  const keys = read.VERIFY_SIGNATURE.parse(env.VERIFY_SIGNATURE);
-  const annotations = read.VERIFY_SIGNATURE_ANNOTATIONS.parse(env.VERIFY_SIGNATURE_ANNOTATIONS);
+  const keys = get('VERIFY_SIGNATURE');
+  const annotations = get('VERIFY_SIGNATURE_ANNOTATIONS');
   if (keys.length === 0 && Object.keys(annotations).length > 0)
     throw new UpgradeError('VERIFY_SIGNATURE_ANNOTATIONS is set but VERIFY_SIGNATURE names no key to check them with');
   return {
@@ -16709,21 +16760,20 @@ function readSettings(
     rollbackOnFailure: rollback,
     stuckPodMs,
     // A signature is checked on the digest the registry has for the tag: VERIFY_SIGNATURE implies VERIFY_IMAGE.
-    verifyImage: read.VERIFY_IMAGE.parse(env.VERIFY_IMAGE) || keys.length > 0,
-    signature:
-      keys.length > 0 ? { keys, annotations, waitMs: read.SIGNATURE_WAIT.parse(env.SIGNATURE_WAIT) } : undefined,
-    registryCa: read.REGISTRY_CA.parse(env.REGISTRY_CA),
-    registryTokenHosts: read.REGISTRY_TOKEN_HOSTS.parse(env.REGISTRY_TOKEN_HOSTS),
-    onRegistryAway: read.ON_REGISTRY_AWAY.parse(env.ON_REGISTRY_AWAY),
-    onOutsideChange: read.ON_OUTSIDE_CHANGE.parse(env.ON_OUTSIDE_CHANGE),
-    policy: read.UPDATE_POLICY.parse(env.UPDATE_POLICY),
-    requireApproval: read.REQUIRE_APPROVAL.parse(env.REQUIRE_APPROVAL),
-    approvalTimeoutMs: read.APPROVAL_TIMEOUT.parse(env.APPROVAL_TIMEOUT),
-    windows: read.DEPLOY_WINDOW.parse(env.DEPLOY_WINDOW),
-    approvalOverride: read.APPROVAL_OVERRIDE.parse(env.APPROVAL_OVERRIDE),
-    dryRun: read.DRY_RUN.parse(env.DRY_RUN),
-    git: gitSettingsRead((name) => (read[name as HookSettingName] as HookSetting<unknown>).parse(env[name])),
-    onGitopsOwner: read.ON_GITOPS_OWNER.parse(env.ON_GITOPS_OWNER),
+    verifyImage: get('VERIFY_IMAGE') || keys.length > 0,
+    signature: keys.length > 0 ? { keys, annotations, waitMs: get('SIGNATURE_WAIT') } : undefined,
+    registryCa: get('REGISTRY_CA'),
+    registryTokenHosts: get('REGISTRY_TOKEN_HOSTS'),
+    onRegistryAway: get('ON_REGISTRY_AWAY'),
+    onOutsideChange: get('ON_OUTSIDE_CHANGE'),
+    policy: get('UPDATE_POLICY'),
+    requireApproval: get('REQUIRE_APPROVAL'),
+    approvalTimeoutMs: get('APPROVAL_TIMEOUT'),
+    windows: get('DEPLOY_WINDOW'),
+    approvalOverride: get('APPROVAL_OVERRIDE'),
+    dryRun: get('DRY_RUN'),
+    git: gitSettingsRead((name) => get(name as HookSettingName)),
+    onGitopsOwner: get('ON_GITOPS_OWNER'),
   };
 }
 
@@ -20100,7 +20150,8 @@ export function rollbackObstacle(
 //    request, a sealed record or a namespace ANNOTATION_NAMESPACES lists may choose; a chain is entered at its first
 //    stage only.
 //    Exports: clusterWord, fixedInput, fixedSetting, fixedTrue, followRecordProblem, formatRbac, gateJob, GateRefusal,
-//    hookReach, HookReach, hookReachProblem, JobAuthority, JobTarget, laterStage, stageNamespaces, upgradeInput.
+//    hookReach, HookReach, hookReachProblem, jobAt, JobAuthority, JobTarget, laterStage, stageNamespaces,
+//    upgradeInput.
 //    Tests: test/chart.test.ts, test/deploy.test.ts, test/unit.test.ts.
 // ================================================================================================
 
@@ -20151,9 +20202,6 @@ function fixedInput(hook: Hook, envname: string): string | undefined {
   return typeof v === 'string' ? v : undefined;
 }
 
-/** What a hook setting's parse gives. */
-type HookSettingValue<K extends HookSettingName> = ReturnType<(typeof HOOK_SETTINGS)[K]['parse']>;
-
 /**
  * A setting as the hook fixes it, parsed by its HOOK_SETTINGS entry once per loaded hook (a reload makes new Hook
  * objects, and the load refused a fixed value that does not parse): -validate, the clusters a hook reaches, its
@@ -20163,7 +20211,7 @@ type HookSettingValue<K extends HookSettingName> = ReturnType<(typeof HOOK_SETTI
 export function fixedSetting<K extends HookSettingName>(hook: Hook, name: K): HookSettingValue<K> {
   let parsed = PARSED_FIXED_SETTINGS.get(hook);
   if (!parsed) PARSED_FIXED_SETTINGS.set(hook, (parsed = new Map()));
-  if (!parsed.has(name)) parsed.set(name, HOOK_SETTINGS[name].parse(fixedInput(hook, name)));
+  if (!parsed.has(name)) parsed.set(name, settingOf((n) => fixedInput(hook, n), name));
   return parsed.get(name) as HookSettingValue<K>;
 }
 // A memo keyed by the immutable Hook, so it goes with the hook's snapshot.
@@ -20266,6 +20314,13 @@ export interface JobTarget {
   name: string;
   container: string;
 }
+
+/** The job's target at a place a record or a watch names (its workload, container and cluster). Pure. */
+export const jobAt = (p: { target: WorkloadTarget; container: string; cluster: string | undefined }): JobTarget => ({
+  ...p.target,
+  container: p.container,
+  cluster: p.cluster,
+});
 
 /** What the gate refuses a job for, as a log line, an Event and the report say it. */
 export class GateRefusal extends UpgradeError {}
@@ -20568,7 +20623,7 @@ export async function runUpgrade(
   env: Record<string, string | undefined>,
   deps: UpgradeDeps = {},
 ): Promise<{ output: string; exitCode: number; report: UpgradeReport }> {
-  const read = readAtBoundary(env);
+  const read = readAtBoundary((name) => env[name]);
   if ('failed' in read) return read.failed;
   const { config } = read;
   // The push's cluster's credentials from this process's environment, unless the caller gives its own.
@@ -20648,13 +20703,11 @@ function upgradeClient(deps: UpgradeDeps): KubeClient {
   return new KubeClient(deps.credentials());
 }
 
-/** A push's boundary: the hook's environment read once into its HookConfig, or the failed result saying why not. */
-export function readAtBoundary(
-  env: Record<string, string | undefined>,
-): { config: HookConfig } | { failed: UpgradeResult } {
+/** A push's boundary: its settings' input read once into its HookConfig, or the failed result saying why not. */
+export function readAtBoundary(input: SettingInput): { config: HookConfig } | { failed: UpgradeResult } {
   const report = newReport();
   try {
-    return { config: readHookConfig(env, report) };
+    return { config: readHookConfig(input, report) };
   } catch (e) {
     return { failed: failedPush(report, e) };
   }
@@ -21355,7 +21408,7 @@ export class UpgradeService implements InProcessCommand<UpgradeOutput> {
     requestId: string,
     hook: Hook,
   ): Promise<ServiceResult> {
-    const read = readAtBoundary(env);
+    const read = readAtBoundary((name) => env[name]);
     if ('failed' in read) return read.failed;
     const { config } = read;
     const lane = this.lane(config.cluster);
@@ -21389,23 +21442,33 @@ export class UpgradeService implements InProcessCommand<UpgradeOutput> {
   readonly signing = (): ApprovalSigning | undefined => this.approvals;
 
   /**
-   * A decided push's environment: what a push's command inherits (inheritedEnvironment: never the service's
-   * MAIL_* and NOTIFY_*), the settings the hook fixes in its file, its workload, and the one cluster it is in
-   * (CLUSTER; undefined: the default), which one of a CLUSTERS hook's.
+   * The settings of a job of a source other than a request (no request gives it any): its target (the workload, the
+   * container and the one cluster it is in, which one of a CLUSTERS hook's), else the hook's (hookSettings).
    */
-  decidedEnv(
-    hook: Hook,
-    target: { namespace: string; kind: WorkloadKind; name: string },
-    container: string,
-    cluster: string | undefined,
-  ): Record<string, string | undefined> {
-    // A copy of its own: inheritedEnvironment makes a new object on each call.
-    const env: Record<string, string | undefined> = inheritedEnvironment(this.env, hook.templateVariables);
-    for (const name of Object.keys(HOOK_SETTINGS)) env[name] = fixedInput(hook, name) ?? env[name];
-    const workload = `${target.kind}/${target.name}`;
-    Object.assign(env, { APP_NS: target.namespace, APP_WORKLOAD: workload, APP_CONTAINER: container });
-    return Object.assign(env, { CLUSTER: cluster, CLUSTERS: undefined });
+  jobInput(hook: Hook, job: JobTarget): SettingInput {
+    const target: Partial<Record<HookSettingName, string | undefined>> = {
+      ...{ APP_NS: job.namespace, APP_WORKLOAD: `${job.kind}/${job.name}`, APP_CONTAINER: job.container },
+      ...{ CLUSTER: job.cluster, CLUSTERS: undefined },
+    };
+    const settings = this.hookSettings(hook);
+    return (name) => (name in target ? target[name] : settings.get(name));
   }
+
+  /**
+   * A loaded hook's settings, once (a reload makes new Hook objects): those it fixes in its file, else what a push's
+   * command inherits from the service (inheritedEnvironment: never the service's MAIL_* and NOTIFY_*).
+   */
+  private hookSettings(hook: Hook): ReadonlyMap<HookSettingName, string | undefined> {
+    let settings = this.compiled.get(hook);
+    if (!settings) {
+      const inherited = inheritedEnvironment(this.env, hook.templateVariables);
+      const names = Object.keys(HOOK_SETTINGS) as HookSettingName[];
+      settings = new Map(names.map((name) => [name, fixedInput(hook, name) ?? inherited[name]]));
+      this.compiled.set(hook, settings);
+    }
+    return settings;
+  }
+  private readonly compiled = new WeakMap<Hook, ReadonlyMap<HookSettingName, string | undefined>>();
 
   /** The client of a cluster (undefined: the default), which the approvals read and write; undefined without one. */
   kube(cluster: string | undefined): KubeClient | undefined {
@@ -21426,19 +21489,19 @@ export class UpgradeService implements InProcessCommand<UpgradeOutput> {
     decided: DecidedBy | undefined,
     requestId: string,
     watched?: boolean,
-  ): Promise<UpgradeResult & { env: Record<string, string | undefined> }> {
-    const target = { namespace: job.namespace, kind: job.kind, name: job.name };
-    const env = this.decidedEnv(hook, target, job.container, job.cluster);
+  ): Promise<UpgradeResult & { settings: ResultSettings }> {
+    const input = this.jobInput(hook, job);
+    const settings = resultSettings(input);
     const client = this.laneOf(job.cluster)?.client();
     if (!client) throw new UpgradeError('no Kubernetes credentials');
     const refusal = gateJob(hook, job, authority);
     const asked = { hookId: hook.id, requestId };
     if (refusal !== undefined)
-      return { ...(await refusedAtGate(client, this.log, asked, job, push.image, refusal)), env };
-    const read = readAtBoundary(env);
-    if ('failed' in read) return { ...read.failed, env };
+      return { ...(await refusedAtGate(client, this.log, asked, job, push.image, refusal)), settings };
+    const read = readAtBoundary(input);
+    if ('failed' in read) return { ...read.failed, settings };
     const deps = { ...this.deps(requestId, hook, read.config), client, decided, known: undefined, watched };
-    return { ...(await runDecidedPush(push, read.config, deps)), env };
+    return { ...(await runDecidedPush(push, read.config, deps)), settings };
   }
 
   /**
@@ -22162,8 +22225,8 @@ export class Promotions implements ResultListener {
       ...{ namespace: p.target.namespace, workload: `${p.target.kind}/${p.target.name}`, container: p.container },
       ...{ target: p.target, cluster: p.cluster },
     };
-    const env = this.upgrade.decidedEnv(hook, p.target, p.container, p.cluster);
-    this.tell(hook, `${requestId.split('/')[0]}/${to}`, report, env);
+    const settings = resultSettings(this.upgrade.jobInput(hook, jobAt(p)));
+    this.tell(hook, `${requestId.split('/')[0]}/${to}`, report, settings);
   }
 
   /** An outcome counted (webhook_promotions_total) and kept for the page. */
@@ -22360,7 +22423,7 @@ export class Promotions implements ResultListener {
     const authority = { source: 'promotion', stage: r.stage + 1, sealed: true } as const;
     this.promoted.add(requestId);
     try {
-      const { report, env } = await this.upgrade.runDecided(
+      const { report, settings } = await this.upgrade.runDecided(
         hook,
         { ...job, container: place.container },
         authority,
@@ -22380,7 +22443,7 @@ export class Promotions implements ResultListener {
       const line = `[${requestId}] ${reportWhere(report)}: ${said} ${decided.by}: ${report.action}`;
       if (report.result === 'ok') this.log.notice(line);
       else this.log.error(line);
-      this.tell(hook, requestId, report, env);
+      this.tell(hook, requestId, report, settings);
     } catch (e) {
       this.promoted.delete(requestId);
       const why = `its decision in ${t.cluster} failed: ${(e as Error).message}`;
@@ -22389,10 +22452,10 @@ export class Promotions implements ResultListener {
   }
 
   /** A promotion's result goes where a push's goes: the rollout follower follows it, then back here and on. */
-  private tell(hook: Hook, id: string, report: UpgradeReport, env: Record<string, string | undefined>): void {
+  private tell(hook: Hook, id: string, report: UpgradeReport, settings: ResultSettings): void {
     const req: PushOrigin = { id };
     const ok = report.result === 'ok';
-    const result = { output: formatReport(report), env, ok, exitCode: ok ? 0 : 1, timedOut: false, report };
+    const result = { output: formatReport(report), settings, ok, exitCode: ok ? 0 : 1, timedOut: false, report };
     this.listener?.started?.(hook, req);
     this.listener?.finished(hook, req, result);
   }
@@ -22551,7 +22614,7 @@ export interface WaitingPush {
  * (sealed with the links' key), or its hook does not serve that workload, container or cluster. Pure.
  */
 export function pendingEntryProblem(key: Buffer | undefined, w: WaitingPush, hook: Hook): string | undefined {
-  const place = { ...w.target, cluster: w.cluster, container: w.container };
+  const place = jobAt(w);
   if (!pendingEntrySealed(key, place, w.entry))
     return 'its MAC does not verify: it was not written here by this service (changed by hand, or by a version ' +
       'before entries had one, or with another key)';
@@ -22815,7 +22878,6 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
     const hook = this.hooks().get(older.hook);
     const t = newer.target;
     if (!hook || !t || !newer.container) return;
-    const target = { namespace: t.namespace, kind: t.kind, name: t.name };
     const report = newReport();
     Object.assign(report, {
       namespace: newer.namespace,
@@ -22829,8 +22891,9 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
     const why = `superseded: a newer push, ${image} (request ${by}), replaced it while it waited`;
     recordUnchanged(report, 'superseded', why);
     report.cluster = newer.cluster;
-    const env = this.upgrade.decidedEnv(hook, target, newer.container, newer.cluster);
-    this.told(hook, older.request, report, env, 'Superseded');
+    const job = { ...{ namespace: t.namespace, kind: t.kind, name: t.name }, container: newer.container,
+      cluster: newer.cluster };
+    this.told(hook, older.request, report, resultSettings(this.upgrade.jobInput(hook, job)), 'Superseded');
   }
 
   /** The waiting pushes this replica knows of, oldest first (the deliveries page). */
@@ -23156,8 +23219,8 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
       const report = await this.dropEntry(w, action === 'reject' ? 'rejected' : 'expired', by);
       this.remember(w.entry.id, Date.parse(w.entry.until));
       if (!report) return { status: 409, title: 'Nothing to decide', detail: 'This push was decided already.' };
-      const env = this.upgrade.decidedEnv(hook, w.target, w.container, w.cluster);
-      return this.told(hook, requestId, report, env, action === 'reject' ? 'Rejected' : 'Expired');
+      const settings = resultSettings(this.upgrade.jobInput(hook, jobAt(w)));
+      return this.told(hook, requestId, report, settings, action === 'reject' ? 'Rejected' : 'Expired');
     }
     const stale = fresh ? undefined : await this.stale(w);
     if (stale) {
@@ -23174,7 +23237,7 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
       push: e.push,
     };
     const decided = { id: e.id, action, by };
-    const job = { ...w.target, cluster: w.cluster, container: w.container };
+    const job = jobAt(w);
     const authority = entryAuthority(this.key, hook, w);
     const r = await this.upgrade.runDecided(hook, job, authority, push, decided, requestId);
     r.report.waitedAs = e.request;
@@ -23195,7 +23258,7 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
       this.remember(e.id, Date.parse(e.until));
     this.forget(w);
     const done = action === 'window' ? 'Applied' : action === 'signature' ? 'Signed' : 'Approved';
-    return this.told(hook, requestId, r.report, r.env, done);
+    return this.told(hook, requestId, r.report, r.settings, done);
   }
 
   /**
@@ -23218,7 +23281,7 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
     // The past push is this replica's own record of a push that passed the gate: it may name what that push named.
     const job = { ...target, cluster: past.cluster, container: past.container };
     const r = await this.upgrade.runDecided(hook, job, { source: 'record', sealed: true }, push, decided, requestId);
-    return this.told(hook, requestId, r.report, r.env, r.report.waiting ? 'Waiting' : 'Deployed again');
+    return this.told(hook, requestId, r.report, r.settings, r.report.waiting ? 'Waiting' : 'Deployed again');
   }
 
   /**
@@ -23235,12 +23298,12 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
   }
 
   /** The result of a decision goes where a push's goes (recorded, followed, mailed, posted); the page's outcome. */
-  private told(hook: Hook, id: string, report: UpgradeReport, env: Record<string, string | undefined>, done: string) {
+  private told(hook: Hook, id: string, report: UpgradeReport, settings: ResultSettings, done: string) {
     const req: PushOrigin = { id };
     const output = formatReport(report);
     const ok = report.result === 'ok';
     this.started(hook, req);
-    this.finished(hook, req, { output, env, ok, exitCode: ok ? 0 : 1, timedOut: false, report });
+    this.finished(hook, req, { output, settings, ok, exitCode: ok ? 0 : 1, timedOut: false, report });
     this.log.notice(`[${id}] ${report.workload} in ${report.namespace}: ${report.action}`);
     const title = ok ? done : 'Failed';
     return { status: ok ? 200 : 500, title, detail: report.error ?? report.action, report: output };
@@ -23851,8 +23914,7 @@ export class RegistryWatch {
     const hook = this.hooks().get(w.hook);
     const client = this.upgrade.kube(w.cluster);
     if (!hook || !client) return `failed: the hook "${w.hook}" is no longer loaded, or its cluster has no client`;
-    const env = this.upgrade.decidedEnv(hook, w.target, w.container, w.cluster);
-    const read = readAtBoundary(env);
+    const read = readAtBoundary(this.upgrade.jobInput(hook, jobAt(w)));
     if ('failed' in read) return `failed: the hook's settings: ${read.failed.report.error}`;
     const config = read.config;
     const parsed = validateImageRef(w.image);
@@ -24141,7 +24203,7 @@ export class RegistryWatch {
     }
     const push: IncomingPush = { pushedAtMs: Date.now(), timeFrom: 'received', image, push: `${digest}|` };
     const requestId = randomUUID();
-    const job = { ...w.target, cluster: w.cluster, container: w.container };
+    const job = jobAt(w);
     const r = await this.upgrade.runDecided(hook, job, { source: 'annotation' }, push, undefined, requestId, true);
     r.report.notes.unshift(`registry watch (every ${formatGoDuration(w.intervalMs)}, ${w.from}): ${why}`);
     if (!r.report.unreachable) w.handed = image;
@@ -24151,7 +24213,7 @@ export class RegistryWatch {
     const ok = r.report.result === 'ok';
     this.next.started?.(hook, req);
     this.next.finished(hook, req, {
-      ...{ output: formatReport(r.report), env: r.env, ok, exitCode: ok ? 0 : 1, timedOut: false },
+      ...{ output: formatReport(r.report), settings: r.settings, ok, exitCode: ok ? 0 : 1, timedOut: false },
       report: r.report,
     });
     this.log.notice(`[${requestId}] registry watch: ${this.where(w)}: ${image}: ${r.report.action}`);
@@ -24235,41 +24297,13 @@ function fixesTarget(hook: Hook, target: WatchedWorkload['target'], cluster: str
 //    ResultChannel in order (the mail, then the chat and JSON receivers), whose outcomes are recorded on it. What
 //    became of the push is its upgrade report's decision (DECISIONS), published as pushResult says; the channels
 //    and the deliveries page render the record, none reads an outcome back from text. The hook settings a result is
-//    told with (ResultSettings) are read from the command's environment once, when its job is made (resultSettings),
-//    or, for a follow resumed from its record, from the record and the report.
+//    told with (ResultSettings) are read once, when its job is made (resultSettings, of the hook settings chapter):
+//    from the command's environment, or the job's settings; for a follow resumed from its record, from the record
+//    and the report.
 //    Exports: DeliveryLog, ResultChannel, ResultDispatcher.
 //    Tests: test/decision.test.ts, test/deliveries.test.ts, test/mail.test.ts, test/notify.test.ts,
 //    test/resume.test.ts.
 // ================================================================================================
-
-/** A command's ResultSettings from its environment: the boundary of a result, as readHookConfig is of a push. */
-export function resultSettings(env: Readonly<Record<string, string | undefined>>): ResultSettings {
-  return {
-    repoType: env.REPO_TYPE || undefined,
-    cluster: env.CLUSTER?.trim() || undefined,
-    namespace: env.APP_NS || undefined,
-    workload: env.APP_WORKLOAD || undefined,
-    container: env.APP_CONTAINER || undefined,
-    mailTo: env.MAIL_TO || undefined,
-    notifyOnSkip: notifyOnSkip(env.NOTIFY_ON_SKIP),
-    notify: {
-      ...{ url: env.NOTIFY_URL, format: env.NOTIFY_FORMAT, secret: env.NOTIFY_SECRET },
-      telegramChat: env.NOTIFY_TELEGRAM_CHAT,
-    },
-  };
-}
-
-/**
- * NOTIFY_ON_SKIP: whether a push the update policy skipped goes to the channels. A value the load let through
- * (it is fixed in the file, so checked there) is read as its default.
- */
-function notifyOnSkip(value: string | undefined): boolean {
-  try {
-    return HOOK_SETTINGS.NOTIFY_ON_SKIP.parse(value);
-  } catch {
-    return true;
-  }
-}
 
 /**
  * A resumed follow's ResultSettings, its boundary: what its record (MAIL_TO) and its report say, and no
@@ -24434,7 +24468,7 @@ export class DeliveryLog {
       decision: DECISIONS.running.published,
       detail: 'the command is running',
       action: 'running',
-      settings: resultSettings({}),
+      settings: resultSettings(() => undefined),
       state: 'running',
       pods: [],
       report: '',
@@ -24449,7 +24483,7 @@ export class DeliveryLog {
 
   /** Which push a command's result is of: its hook, request and result settings (read from its environment). */
   private recordOf(hook: Hook, req: PushOrigin, r: CommandResult): RecordOf {
-    return { hookId: hook.id, requestId: req.id, settings: resultSettings(r.env) };
+    return { hookId: hook.id, requestId: req.id, settings: r.settings ?? resultSettings((name) => r.env?.[name]) };
   }
 
   answered(hook: Hook, req: PushOrigin, r: CommandResult, report: UpgradeReport | undefined): void {

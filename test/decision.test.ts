@@ -65,7 +65,7 @@ describe('why a failed rollout is not rolled back', () => {
 });
 
 describe('the decision of a push', () => {
-  const of = { hookId: 'web', requestId: 'r1', settings: resultSettings({}) };
+  const of = { hookId: 'web', requestId: 'r1', settings: resultSettings(() => undefined) };
   const result = (report: UpgradeReport) => deliveryFacts(of, undefined, report, new Date(0), '');
   const base = (): UpgradeReport => ({
     ...unchanged('no-op', 'nothing was changed'), changed: false, result: 'ok', notes: [],
@@ -155,8 +155,10 @@ describe('the Event of a push', () => {
 
 describe('the decision of one push on one workload (decide): each step, as a table', () => {
   const NOW = Date.parse('2026-11-27T12:00:00Z');
-  const config = (env: Record<string, string> = {}) =>
-    readHookConfig({ APP_NS: 'shop', APP_WORKLOAD: 'deployment/web', APP_CONTAINER: 'app', ...env }, newReport());
+  const config = (env: Record<string, string> = {}) => {
+    const settings: Record<string, string> = { APP_NS: 'shop', APP_WORKLOAD: 'deployment/web', APP_CONTAINER: 'app', ...env };
+    return readHookConfig((name) => settings[name], newReport());
+  };
   const workload = (image: string, annotations: Record<string, string> = {}, managedFields: unknown[] = []) => ({
     apiVersion: 'apps/v1', kind: 'Deployment',
     metadata: { name: 'web', namespace: 'shop', uid: 'u-1', annotations, managedFields },

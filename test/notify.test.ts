@@ -563,7 +563,7 @@ describe('teams, discord, googlechat, telegram and lark: each message as its ven
     // What a request could put in a result at most, every character one that its chats escape.
     const long = (n: number) => '<&>*_@[]'.repeat(n / 8);
     const result = {
-      seq: 1, state: 'done' as const, notifications: [], action: 'none', settings: resultSettings({}),
+      seq: 1, state: 'done' as const, notifications: [], action: 'none', settings: resultSettings(() => undefined),
       hookId: 'long', requestId: 'r-long', receivedAt: new Date(), finishedAt: new Date(), outcome: 'failed' as const,
       decision: 'failed' as const, detail: long(4096), registry: 'regionalregistry', cluster: long(256), namespace: long(64),
       workload: `deployment/${long(2048)}`, container: long(8192), imageBefore: `r.example/${long(2048)}`, imageAfter: `r.example/${long(2048)}`,

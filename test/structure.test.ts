@@ -27,15 +27,16 @@ const ENVIRONMENT_READERS = {
     'CommandRunner.resolveInputs', 'validate', 'mailWarnings', 'commandWarnings', 'openNotifier',
     'parseMailConfig',
   ],
-  // A push's boundaries: the hook's environment read into a HookConfig (readHookConfig and its parts), the process
-  // (/webhooks.sh: runUpgrade, which hands its environment to readHookConfig), an HTTP delivery (UpgradeService.run, fanned out per cluster, then runOne), and a
-  // decided push (UpgradeService.decidedEnv, which runDecided hands to readHookConfig).
+  // A push's boundaries: its settings' input (SettingInput) read into a HookConfig (readHookConfig and its parts), made
+  // by the process (/webhooks.sh: runUpgrade, from its environment), an HTTP delivery (UpgradeService.run, fanned out
+  // per cluster, then runOne, from the command's environment), or a job of another source (UpgradeService.jobInput,
+  // which reads no environment: its target, then the hook's settings as fixedSetting and hookSettings compiled them).
   boundaries: [
-    'readHookConfig', 'readSettings', 'readPushReading', 'pushReadingOf', 'UpgradeService.run',
-    'UpgradeService.decidedEnv',
+    'settingOf', 'readHookConfig', 'readSettings', 'readPushReading', 'pushReadingOf', 'UpgradeService.run',
+    'UpgradeService.runOne', 'runUpgrade', 'fixedSetting',
   ],
-  // A command's result: every hook's command (not only an upgrade) has its environment read into ResultSettings.
-  results: ['resultSettings'],
+  // A result's settings: every hook's command (not only an upgrade) has its environment read into ResultSettings.
+  results: ['resultSettings', 'DeliveryLog.recordOf'],
 };
 const text = fs.readFileSync(SOURCE, 'utf8');
 const MAX_CHAPTER_LINES = 900;

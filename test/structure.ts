@@ -311,10 +311,12 @@ export function repeatedBlocks(dir = TEST_DIR): string[] {
 // ---- where an environment is read ----------------------------------------------------------------
 
 /**
- * A read of an environment of strings: `env.NAME`, `env[…]` (also `this.env.…`, `job.env.…`); a hook's `hook.env`
- * is its list of parameters, not an environment.
+ * A read of an environment of strings: `env.NAME`, `env[…]`, `env?.[…]` (also `this.env.…`, `job.env.…`); a hook's
+ * `hook.env` is its list of parameters, not an environment. A push's settings' input (SettingInput) read by name,
+ * `input('NAME')` or `settingOf(…)`, is one too.
  */
-const ENVIRONMENT_READ = /(?<![\w$])(?<!\bhook\.)env(?:\.[A-Za-z_$]|\[)/g;
+const ENVIRONMENT_READ =
+  /(?<![\w$])(?<!\bhook\.)env(?:\.[A-Za-z_$]|\[|\?\.\[)|(?<![\w$.])(?:input\((?:'[^']*'|name)\)|settingOf\()/g;
 const TOP_FUNCTION = /^(?:export\s+)?(?:async\s+)?(?:function\*?\s+([\w$]+)|const\s+([\w$]+)\s*=.*=>)/;
 const TOP_CLASS = /^(?:export\s+)?(?:abstract\s+)?class\s+([\w$]+)/;
 const METHOD = /^ {2}(?:(?:private|public|protected|static|async|readonly|get|set)\s+)*([A-Za-z_$#][\w$]*)\s*(?:<[^>]*>)?\(/;
