@@ -6735,15 +6735,16 @@ function signedCommit(commit: Buffer, k: SshSigningKey): Buffer {
 //    protocol (gitprotocol-http, gitprotocol-v2, gitprotocol-pack) on node:https, node:zlib and node:crypto. A
 //    session discovers the branch head (ls-refs), fetches the head commit shallow (depth 1) with its trees and,
 //    where the server allows filters, without the blobs (filter blob:none), then fetches the blobs of the files
-//    edited by their ids (fetchGitFiles). The pack reader (readPack) resolves OFS_DELTA and REF_DELTA objects and
-//    checks the pack's checksum; everything it reads is bounded (GIT_LIMITS), and a truncated pack or an answer that
+//    edited by their ids (fetchGitFiles). The pack reader (readPack) checks the pack's checksum and applies a delta
+//    (OFS_DELTA, REF_DELTA) only when an object asked for needs it (GitObjects: the head commit, the trees on the
+//    edited paths, the blobs); everything it reads is bounded (GIT_LIMITS), and a truncated pack or an answer that
 //    is not the protocol is a GitError saying so. New objects (blob, trees, commit) get their SHA-1 ids
 //    (gitObjectId), travel in an undeltified pack (writePack), and receive-pack updates the branch only if it still
 //    points at the head read (compare-and-set); its report-status is read, and a refusal carries the server's own
-//    message (a pre-receive hook's). The token is sent as HTTP basic auth and never appears in an error. The GIT_*
-//    settings' parse functions (GitSettings) and ON_GITOPS_OWNER's end the chapter; chapter 13's keys sign commits.
-//    Exports: fetchGitFiles, gitAuthor, gitBranchName, gitCa, GitError, gitFieldPath, gitFilePath, GitHead,
-//    gitopsOwnerMode, gitRepoUrl, GitSettings, gitSettingsRead, gitToken, gitUsername, pushGitCommit.
+//    message (a pre-receive hook's). The token is sent as HTTP basic auth and never appears in an error. What a
+//    write-back is given (GitSettings) ends the chapter (the GIT_* settings' parse functions are the setting values
+//    chapter's); chapter 13's keys sign commits.
+//    Exports: fetchGitFiles, GitError, GitHead, GitRemote, GitSettings, pushGitCommit.
 //    Tests: test/git.test.ts.
 // ================================================================================================
 
@@ -7088,10 +7089,11 @@ type PackEntry = { offset: number } & (
 );
 
 /**
- * The objects of a pack by id: its header and checksum checked, its deltas (OFS_DELTA, REF_DELTA) resolved against
- * objects of the pack or of `known`. Bounded by GIT_LIMITS; a truncated or malformed pack is a GitError. Pure.
+ * The objects of a pack by id: its header and checksum checked, every entry inflated, its deltas (OFS_DELTA,
+ * REF_DELTA, on bases in the pack) applied only when asked for (GitObjects). Bounded by GIT_LIMITS; a truncated or
+ * malformed pack is a GitError. Pure.
  */
-export function readPack(pack: Buffer, what: string, known = new Map<string, GitObject>()): Map<string, GitObject> {
+export function readPack(pack: Buffer, what: string): GitObjects {
   if (pack.length < 32 || pack.toString('latin1', 0, 4) !== 'PACK')
     throw new GitError(`${what}: not a pack (${pack.length} bytes, no PACK signature)`);
   const version = pack.readUInt32BE(4);
@@ -7112,7 +7114,7 @@ export function readPack(pack: Buffer, what: string, known = new Map<string, Git
     at = entry.end;
   }
   if (at !== pack.length - 20) throw new GitError(`${what}: ${pack.length - 20 - at} bytes after the last object`);
-  return resolvedPack(entries, what, known, budget);
+  return new GitObjects(new PackResolver(entries, what, budget));
 }
 
 /** The entry at `at` and where the next begins, its inflated size taken from the budget. */
@@ -7147,47 +7149,101 @@ function readPackEntry(
   return { entry: { offset: start, object: { type, data: inflated.data } }, end: inflated.end };
 }
 
-/** The entries' objects, deltas applied to their bases (in any order, each chain at most maxDeltaDepth). Pure. */
-function resolvedPack(
-  entries: PackEntry[],
-  what: string,
-  known: Map<string, GitObject>,
-  budget: InflatedBudget,
-): Map<string, GitObject> {
-  const byOffset = new Map(entries.map((e) => [e.offset, e]));
-  const resolved = new Map<number, GitObject>();
-  const objects = new Map<string, GitObject>();
-  const resolve = (e: PackEntry, depth: number): GitObject => {
-    const done = resolved.get(e.offset);
+/**
+ * Objects fetched, by id: those of each pack read (readPack), and of the packs of later fetches (add). A pack's
+ * whole objects are known at once; its deltas are applied only when an object asked for is not among those made
+ * (the head commit, the trees on an edited path, a blob), so what an edit never reads of a large repository's pack
+ * is never made.
+ */
+class GitObjects {
+  private readonly packs: PackResolver[];
+
+  constructor(...packs: PackResolver[]) {
+    this.packs = packs;
+  }
+
+  /** The object: one made already in any pack, else one a pack's deltas make (the latest fetch's first). */
+  get(id: string): GitObject | undefined {
+    for (const p of this.packs) if (p.made(id)) return p.made(id);
+    for (const p of this.packs) {
+      const found = p.find(id);
+      if (found) return found;
+    }
+    return undefined;
+  }
+
+  /** The objects of another read (a later fetch's pack), asked for after this one's. */
+  add(other: GitObjects): void {
+    this.packs.unshift(...other.packs);
+  }
+
+  /** How many deltas have been applied, of every pack. */
+  get deltasApplied(): number {
+    return this.packs.reduce((n, p) => n + p.applied, 0);
+  }
+
+  /** Every object, each delta applied (what git's own index of the pack lists). */
+  all(): Map<string, GitObject> {
+    return new Map(this.packs.flatMap((p) => [...p.all()]));
+  }
+}
+
+/** A pack's entries, resolved on demand: each delta applied to its base once, a chain at most maxDeltaDepth. */
+class PackResolver {
+  private readonly byOffset: Map<number, PackEntry>;
+  private readonly resolved = new Map<number, GitObject>();
+  private readonly objects = new Map<string, GitObject>();
+  /** The next entry a search for an object not made yet resolves. */
+  private next = 0;
+  /** Deltas applied. */
+  applied = 0;
+
+  private readonly entries: PackEntry[];
+  private readonly what: string;
+  private readonly budget: InflatedBudget;
+
+  constructor(entries: PackEntry[], what: string, budget: InflatedBudget) {
+    [this.entries, this.what, this.budget] = [entries, what, budget];
+    this.byOffset = new Map(entries.map((e) => [e.offset, e]));
+    for (const e of entries) if ('object' in e) this.resolve(e, 0);
+  }
+
+  /** The object with this id: among those made, else made by applying the pack's deltas in order until it is. */
+  find(id: string, depth = 0): GitObject | undefined {
+    // `next` moves on before each entry is resolved: a REF_DELTA's search for its base goes on from there.
+    while (!this.objects.has(id) && this.next < this.entries.length) this.resolve(this.entries[this.next++], depth + 1);
+    return this.objects.get(id);
+  }
+
+  /** The object with this id if made already (no delta applied to find it). */
+  made(id: string): GitObject | undefined {
+    return this.objects.get(id);
+  }
+
+  all(): Map<string, GitObject> {
+    for (const e of this.entries) this.resolve(e, 0);
+    return this.objects;
+  }
+
+  private resolve(e: PackEntry, depth: number): GitObject {
+    const done = this.resolved.get(e.offset);
     if (done) return done;
     if (depth > GIT_LIMITS.maxDeltaDepth)
-      throw new GitError(`${what}: a delta chain deeper than ${GIT_LIMITS.maxDeltaDepth}`);
+      throw new GitError(`${this.what}: a delta chain deeper than ${GIT_LIMITS.maxDeltaDepth}`);
     let object: GitObject;
     if ('object' in e) object = e.object;
     else {
-      const base = 'baseOffset' in e ? byOffset.get(e.baseOffset) : undefined;
-      const baseObject = base ? resolve(base, depth + 1) : 'baseId' in e ? baseById(e.baseId, depth) : undefined;
-      if (!baseObject) throw new GitError(`${what}: a delta at byte ${e.offset} whose base is not in the pack`);
-      object = { type: baseObject.type, data: applyDelta(baseObject.data, e.delta, what, budget) };
+      const base = 'baseOffset' in e ? this.byOffset.get(e.baseOffset) : undefined;
+      // A REF_DELTA's base may come later in the pack: found as any object is.
+      const baseObject = base ? this.resolve(base, depth + 1) : 'baseId' in e ? this.find(e.baseId, depth) : undefined;
+      if (!baseObject) throw new GitError(`${this.what}: a delta at byte ${e.offset} whose base is not in the pack`);
+      object = { type: baseObject.type, data: applyDelta(baseObject.data, e.delta, this.what, this.budget) };
+      this.applied++;
     }
-    resolved.set(e.offset, object);
-    objects.set(gitObjectId(object.type, object.data), object);
+    this.resolved.set(e.offset, object);
+    this.objects.set(gitObjectId(object.type, object.data), object);
     return object;
-  };
-  const baseById = (id: string, depth: number): GitObject | undefined => {
-    const inPack = objects.get(id) ?? known.get(id);
-    if (inPack) return inPack;
-    // A REF_DELTA's base may come later in the pack: whole objects are resolved first, so only a delta's remains.
-    for (const e of entries)
-      if (!resolved.has(e.offset) && !('object' in e)) {
-        resolve(e, depth + 1);
-        if (objects.has(id)) return objects.get(id);
-      }
-    return undefined;
-  };
-  for (const e of entries) if ('object' in e) resolve(e, 0);
-  for (const e of entries) resolve(e, 0);
-  return objects;
+  }
 }
 
 // ---- trees and commits --------------------------------------------------------------------------
@@ -7227,7 +7283,7 @@ function writeTree(entries: TreeEntry[]): Buffer {
  * and the new root's id; entries keep their order and mode. Pure.
  */
 export function replaceInTree(
-  objects: Map<string, GitObject>,
+  objects: GitObjects,
   rootTree: string,
   changes: Map<string, string>,
 ): { root: string; trees: Buffer[] } {
@@ -7252,7 +7308,7 @@ export function replaceInTree(
 }
 
 /** The trees from the root along `file`'s directories, each with its entries. */
-function treeChain(objects: Map<string, GitObject>, root: string, file: string[]): { entries: TreeEntry[] }[] {
+function treeChain(objects: GitObjects, root: string, file: string[]): { entries: TreeEntry[] }[] {
   const chain: { entries: TreeEntry[] }[] = [];
   let id = root;
   for (let i = 0; i < file.length; i++) {
@@ -7287,7 +7343,7 @@ export interface GitHead {
   head: string;
   /** The head commit's message: the trailers of the pushes it carried, if webhook made it. */
   headMessage: string;
-  objects: Map<string, GitObject>;
+  objects: GitObjects;
   tree: string;
   files: Map<string, Buffer | GitError>;
 }
@@ -7317,7 +7373,7 @@ export async function fetchGitFiles(remote: GitRemote, branch: string, paths: st
       files.set(p, e);
     }
   }
-  const failed = await fetchBlobs(remote, objects, blobs);
+  const failed = await fetchBlobs(remote, objects, blobs, filters);
   for (const [p, id] of blobs) {
     const blob = objects.get(id);
     const missing = () => failed.get(id) ?? new GitError(`${p}: the blob ${id} was not sent`);
@@ -7328,7 +7384,7 @@ export async function fetchGitFiles(remote: GitRemote, branch: string, paths: st
 }
 
 /** The blob id of the file at `filePath` in the tree. */
-function blobAt(objects: Map<string, GitObject>, tree: string, filePath: string): string {
+function blobAt(objects: GitObjects, tree: string, filePath: string): string {
   const parts = filePath.split('/');
   if (parts.length > GIT_LIMITS.maxPathDepth) throw new GitError(`${filePath}: deeper than ${GIT_LIMITS.maxPathDepth}`);
   const chain = treeChain(objects, tree, parts);
@@ -7339,14 +7395,15 @@ function blobAt(objects: Map<string, GitObject>, tree: string, filePath: string)
  * The blobs (path → id) not fetched yet, added to `objects`: in one request, or, when that fails (a blob too large),
  * one request each, so that one file's failure is its own. The failures by blob id.
  */
-async function fetchBlobs(remote: GitRemote, objects: Map<string, GitObject>, blobs: Map<string, string>) {
-  const ids = [...new Set(blobs.values())].filter((id) => !objects.has(id));
+async function fetchBlobs(remote: GitRemote, objects: GitObjects, blobs: Map<string, string>, filtered: boolean) {
+  // Fetched without blobs (filter blob:none), the pack has none to look for.
+  const ids = [...new Set(blobs.values())].filter((id) => filtered || !objects.get(id));
   const named = (id: string) => [...blobs].filter(([, b]) => b === id).map(([p]) => p).join(', ');
   const fetch = async (want: string[]) => {
     const what = `${remote.url.href} fetch of ${want.map(named).join(', ')}`;
     const answer = await uploadPack(remote, 'fetch', [...want.map((id) => `want ${id}`), 'no-progress', 'done'],
       GIT_LIMITS.maxPackBytes);
-    for (const [id, o] of readPack(fetchedPack(answer, what, remoteSecrets(remote)), what)) objects.set(id, o);
+    objects.add(readPack(fetchedPack(answer, what, remoteSecrets(remote)), what));
   };
   const failed = new Map<string, GitError>();
   if (ids.length === 0) return failed;
@@ -7497,132 +7554,6 @@ export interface GitSettings {
   signingKey?: SshSigningKey;
   /** How long the service waits after answering for the GitOps tool to apply a commit (0: not waited for). */
   syncTimeoutMs: number;
-}
-
-/** A repository's URL: https (http only for a loopback host), without credentials, query or fragment. */
-export function gitRepoUrl(value: string | undefined): URL | undefined {
-  const text = value?.trim() ?? '';
-  if (text === '') return undefined;
-  let url: URL;
-  try {
-    url = new URL(text);
-  } catch {
-    throw new GitError(`GIT_REPO ${showValue(text)} is not a URL (e.g. https://github.com/org/deploy.git)`);
-  }
-  const loopback = /^(localhost|127(\.\d{1,3}){3}|\[::1\])$/.test(url.hostname);
-  if (url.protocol !== 'https:' && !(url.protocol === 'http:' && loopback))
-    throw new GitError(`GIT_REPO ${showValue(text)} is not https:// (http:// only for a loopback host)`);
-  if (url.username !== '' || url.password !== '')
-    throw new GitError('GIT_REPO holds credentials: give the token as GIT_TOKEN, the user as GIT_USERNAME');
-  if (url.search !== '' || url.hash !== '') throw new GitError(`GIT_REPO ${showValue(text)} has a query or fragment`);
-  return url;
-}
-
-/** A branch name as git check-ref-format takes it; unset is main. */
-export function gitBranchName(value: string | undefined): string {
-  const branch = value?.trim() || 'main';
-  const bad = /(^|\/)\.|\.\.|[\x00-\x20\x7f~^:?*[\\]|\/$|\.lock$|\.$|@\{|^@$|\/\//.test(branch);
-  if (bad || branch.startsWith('-') || branch.length > 200)
-    throw new GitError(`GIT_BRANCH ${showValue(branch)} is not a branch name`);
-  return branch;
-}
-
-/** A path relative to the repository's root, without `.`, `..`, `.git` or empty segments. */
-export function gitFilePath(value: string | undefined): string | undefined {
-  const p = value?.trim() ?? '';
-  if (p === '') return undefined;
-  const bad = p.split('/').some((s) => s === '' || s === '.' || s === '..' || s.toLowerCase() === '.git');
-  if (bad || p.length > 1024)
-    throw new GitError(`GIT_PATH ${showValue(p)} is not a path relative to the repository's root (e.g. apps/web.yaml)`);
-  return p;
-}
-
-/** A dotted path of YAML keys (image.tag). */
-export function gitFieldPath(value: string | undefined): string | undefined {
-  const field = value?.trim() ?? '';
-  if (field === '') return undefined;
-  if (!/^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$/.test(field))
-    throw new GitError(`GIT_FIELD ${showValue(field)} is not a dotted path of keys (e.g. image.tag)`);
-  return field;
-}
-
-/** The token itself, or (starting with /) the path of a file holding it. Never shown. */
-export function gitToken(value: string | undefined): string | undefined {
-  const text = value?.trim() ?? '';
-  if (text === '') return undefined;
-  if (!text.startsWith('/')) return text;
-  let token: string;
-  try {
-    token = fs.readFileSync(text, 'utf8').trim();
-  } catch (e) {
-    throw new GitError(`GIT_TOKEN: the token file ${showValue(text)} cannot be read: ${(e as Error).message}`);
-  }
-  if (token === '') throw new GitError(`GIT_TOKEN: the token file ${showValue(text)} is empty`);
-  return token;
-}
-
-/** Basic auth's user: no colon; unset is x-access-token (GitHub's app tokens need it, GitLab and Gitea take it). */
-export function gitUsername(value: string | undefined): string {
-  const user = value?.trim() || 'x-access-token';
-  if (/[:\r\n]/.test(user)) throw new GitError(`GIT_USERNAME ${showValue(user)} holds a colon or a line break`);
-  return user;
-}
-
-/** A private CA: PEM text, or the path of a PEM file. */
-export function gitCa(value: string | undefined): string | undefined {
-  const text = value?.trim() ?? '';
-  if (text === '') return undefined;
-  if (text.includes('-----BEGIN')) return text;
-  try {
-    return fs.readFileSync(text, 'utf8');
-  } catch (e) {
-    throw new GitError(`GIT_CA ${showValue(text)} is neither PEM nor a readable file: ${(e as Error).message}`);
-  }
-}
-
-/** `Name <email>`; unset is webhook <webhook@localhost>. */
-export function gitAuthor(value: string | undefined): string {
-  const author = value?.trim() || 'webhook <webhook@localhost>';
-  if (!/^[^<>\n\r\0]+ <[^<>\s@]+@[^<>\s]+>$/.test(author))
-    throw new GitError(`GIT_AUTHOR ${showValue(author)} is not "Name <email>"`);
-  return author;
-}
-
-/** ON_GITOPS_OWNER: refuse (unset or blank) or patch, any case. */
-export function gitopsOwnerMode(value: string | undefined): 'refuse' | 'patch' {
-  const mode = (value?.trim() || 'refuse').toLowerCase();
-  if (mode === 'refuse' || mode === 'patch') return mode;
-  throw new GitError(`ON_GITOPS_OWNER ${showValue(value ?? '')} is not refuse or patch`);
-}
-
-/**
- * A write-back's settings, each GIT_* setting read by `read` (its parse in the settings table, which gives what this
- * chapter's parse functions give); undefined without GIT_REPO.
- */
-export function gitSettingsRead(read: (name: string) => unknown): GitSettings | undefined {
-  const url = read('GIT_REPO') as URL | undefined;
-  if (url === undefined) return undefined;
-  const text = (name: string) => read(name) as string | undefined;
-  const remote = { url, username: text('GIT_USERNAME') ?? 'x-access-token', ca: text('GIT_CA') };
-  const signingKey = read('GIT_SIGNING_KEY') as SshSigningKey | undefined;
-  const [path, token, field, branch] = [text('GIT_PATH'), text('GIT_TOKEN'), text('GIT_FIELD'), text('GIT_BRANCH')];
-  const syncTimeoutMs = (read('GIT_SYNC_TIMEOUT') as number | undefined) ?? 0;
-  const author = text('GIT_AUTHOR')!;
-  return gitSettings({ remote, token, path, field, branch: branch ?? 'main', author, signingKey, syncTimeoutMs });
-}
-
-/** A write-back's settings once each is read: the file and the token are required. */
-function gitSettings(
-  s: Omit<GitSettings, 'path' | 'remote'> & {
-    remote: Omit<GitRemote, 'token'>;
-    token: string | undefined;
-    path: string | undefined;
-  },
-): GitSettings {
-  if (s.path === undefined) throw new GitError('GIT_REPO is set but GIT_PATH names no file to edit');
-  if (s.token === undefined) throw new GitError('GIT_REPO is set but GIT_TOKEN is not: a push needs a token');
-  const { token, remote, ...rest } = s;
-  return { ...rest, path: s.path, remote: { ...remote, token } };
 }
 
 // ################################################################################################
@@ -15729,12 +15660,13 @@ function promoteCheckSetting(value: string | undefined): URL | undefined {
 //    chapter), each the only reader of its setting's text, returning the typed value (its default when unset) or
 //    throwing the message operators know, naming the setting and what is wrong; and the limits a setting's text is
 //    read within (how many notification URLs and clusters, an approval's timeout, a poll's interval, a signature's
-//    wait).
+//    wait). The GIT_* settings' and ON_GITOPS_OWNER's parse functions end it (gitSettingsRead: a write-back's).
 //    Exports: annotationNamespacesSetting, approvalTimeoutSetting, clusterNames, deployWindowSetting, dnsLabelSetting,
-//    mailBase64, mailBoolean, mailPort, mailTlsMode, NOTIFY_FORMAT_NAMES, notifyCa, NotifyFormatName, notifyFormats,
-//    notifyUrls, outsideChangeSetting, parseRecipients, pollInterval, registryAwaySetting, registryCa,
-//    registryTokenHosts, rolloutTimeoutSetting, signatureAnnotationsSetting, signatureKeysSetting,
-//    signatureWaitSetting, stuckTimeoutSetting, telegramChats, updatePolicySetting.
+//    gitAuthor, gitBranchName, gitCa, gitFieldPath, gitFilePath, gitopsOwnerMode, gitRepoUrl, gitSettingsRead,
+//    gitToken, gitUsername, mailBase64, mailBoolean, mailPort, mailTlsMode, NOTIFY_FORMAT_NAMES, notifyCa,
+//    NotifyFormatName, notifyFormats, notifyUrls, outsideChangeSetting, parseRecipients, pollInterval,
+//    registryAwaySetting, registryCa, registryTokenHosts, rolloutTimeoutSetting, signatureAnnotationsSetting,
+//    signatureKeysSetting, signatureWaitSetting, stuckTimeoutSetting, telegramChats, updatePolicySetting.
 //    Tests: test/mail.test.ts, test/registry-watch.test.ts, test/settings.test.ts.
 // ================================================================================================
 
@@ -16103,6 +16035,134 @@ function updatePolicySetting(value: string | undefined): UpdatePolicy {
   } catch (e) {
     throw new UpgradeError(`UPDATE_POLICY ${showValue(value)} is not a policy: ${(e as Error).message}`);
   }
+}
+
+// ---- GIT_* and ON_GITOPS_OWNER: what a write-back is given (GitSettings, of the Git chapter) -----------------
+
+/** A repository's URL: https (http only for a loopback host), without credentials, query or fragment. */
+export function gitRepoUrl(value: string | undefined): URL | undefined {
+  const text = value?.trim() ?? '';
+  if (text === '') return undefined;
+  let url: URL;
+  try {
+    url = new URL(text);
+  } catch {
+    throw new GitError(`GIT_REPO ${showValue(text)} is not a URL (e.g. https://github.com/org/deploy.git)`);
+  }
+  const loopback = /^(localhost|127(\.\d{1,3}){3}|\[::1\])$/.test(url.hostname);
+  if (url.protocol !== 'https:' && !(url.protocol === 'http:' && loopback))
+    throw new GitError(`GIT_REPO ${showValue(text)} is not https:// (http:// only for a loopback host)`);
+  if (url.username !== '' || url.password !== '')
+    throw new GitError('GIT_REPO holds credentials: give the token as GIT_TOKEN, the user as GIT_USERNAME');
+  if (url.search !== '' || url.hash !== '') throw new GitError(`GIT_REPO ${showValue(text)} has a query or fragment`);
+  return url;
+}
+
+/** A branch name as git check-ref-format takes it; unset is main. */
+export function gitBranchName(value: string | undefined): string {
+  const branch = value?.trim() || 'main';
+  const bad = /(^|\/)\.|\.\.|[\x00-\x20\x7f~^:?*[\\]|\/$|\.lock$|\.$|@\{|^@$|\/\//.test(branch);
+  if (bad || branch.startsWith('-') || branch.length > 200)
+    throw new GitError(`GIT_BRANCH ${showValue(branch)} is not a branch name`);
+  return branch;
+}
+
+/** A path relative to the repository's root, without `.`, `..`, `.git` or empty segments. */
+export function gitFilePath(value: string | undefined): string | undefined {
+  const p = value?.trim() ?? '';
+  if (p === '') return undefined;
+  const bad = p.split('/').some((s) => s === '' || s === '.' || s === '..' || s.toLowerCase() === '.git');
+  if (bad || p.length > 1024)
+    throw new GitError(`GIT_PATH ${showValue(p)} is not a path relative to the repository's root (e.g. apps/web.yaml)`);
+  return p;
+}
+
+/** A dotted path of YAML keys (image.tag). */
+export function gitFieldPath(value: string | undefined): string | undefined {
+  const field = value?.trim() ?? '';
+  if (field === '') return undefined;
+  if (!/^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$/.test(field))
+    throw new GitError(`GIT_FIELD ${showValue(field)} is not a dotted path of keys (e.g. image.tag)`);
+  return field;
+}
+
+/** The token itself, or (starting with /) the path of a file holding it. Never shown. */
+export function gitToken(value: string | undefined): string | undefined {
+  const text = value?.trim() ?? '';
+  if (text === '') return undefined;
+  if (!text.startsWith('/')) return text;
+  let token: string;
+  try {
+    token = fs.readFileSync(text, 'utf8').trim();
+  } catch (e) {
+    throw new GitError(`GIT_TOKEN: the token file ${showValue(text)} cannot be read: ${(e as Error).message}`);
+  }
+  if (token === '') throw new GitError(`GIT_TOKEN: the token file ${showValue(text)} is empty`);
+  return token;
+}
+
+/** Basic auth's user: no colon; unset is x-access-token (GitHub's app tokens need it, GitLab and Gitea take it). */
+export function gitUsername(value: string | undefined): string {
+  const user = value?.trim() || 'x-access-token';
+  if (/[:\r\n]/.test(user)) throw new GitError(`GIT_USERNAME ${showValue(user)} holds a colon or a line break`);
+  return user;
+}
+
+/** A private CA: PEM text, or the path of a PEM file. */
+export function gitCa(value: string | undefined): string | undefined {
+  const text = value?.trim() ?? '';
+  if (text === '') return undefined;
+  if (text.includes('-----BEGIN')) return text;
+  try {
+    return fs.readFileSync(text, 'utf8');
+  } catch (e) {
+    throw new GitError(`GIT_CA ${showValue(text)} is neither PEM nor a readable file: ${(e as Error).message}`);
+  }
+}
+
+/** `Name <email>`; unset is webhook <webhook@localhost>. */
+export function gitAuthor(value: string | undefined): string {
+  const author = value?.trim() || 'webhook <webhook@localhost>';
+  if (!/^[^<>\n\r\0]+ <[^<>\s@]+@[^<>\s]+>$/.test(author))
+    throw new GitError(`GIT_AUTHOR ${showValue(author)} is not "Name <email>"`);
+  return author;
+}
+
+/** ON_GITOPS_OWNER: refuse (unset or blank) or patch, any case. */
+export function gitopsOwnerMode(value: string | undefined): 'refuse' | 'patch' {
+  const mode = (value?.trim() || 'refuse').toLowerCase();
+  if (mode === 'refuse' || mode === 'patch') return mode;
+  throw new GitError(`ON_GITOPS_OWNER ${showValue(value ?? '')} is not refuse or patch`);
+}
+
+/**
+ * A write-back's settings, each GIT_* setting read by `read` (its parse in the settings table, which gives what this
+ * chapter's parse functions give); undefined without GIT_REPO.
+ */
+export function gitSettingsRead(read: (name: string) => unknown): GitSettings | undefined {
+  const url = read('GIT_REPO') as URL | undefined;
+  if (url === undefined) return undefined;
+  const text = (name: string) => read(name) as string | undefined;
+  const remote = { url, username: text('GIT_USERNAME') ?? 'x-access-token', ca: text('GIT_CA') };
+  const signingKey = read('GIT_SIGNING_KEY') as SshSigningKey | undefined;
+  const [path, token, field, branch] = [text('GIT_PATH'), text('GIT_TOKEN'), text('GIT_FIELD'), text('GIT_BRANCH')];
+  const syncTimeoutMs = (read('GIT_SYNC_TIMEOUT') as number | undefined) ?? 0;
+  const author = text('GIT_AUTHOR')!;
+  return gitSettings({ remote, token, path, field, branch: branch ?? 'main', author, signingKey, syncTimeoutMs });
+}
+
+/** A write-back's settings once each is read: the file and the token are required. */
+function gitSettings(
+  s: Omit<GitSettings, 'path' | 'remote'> & {
+    remote: Omit<GitRemote, 'token'>;
+    token: string | undefined;
+    path: string | undefined;
+  },
+): GitSettings {
+  if (s.path === undefined) throw new GitError('GIT_REPO is set but GIT_PATH names no file to edit');
+  if (s.token === undefined) throw new GitError('GIT_REPO is set but GIT_TOKEN is not: a push needs a token');
+  const { token, remote, ...rest } = s;
+  return { ...rest, path: s.path, remote: { ...remote, token } };
 }
 
 // ================================================================================================
@@ -23501,9 +23561,27 @@ interface PastPush {
 //    Tests: test/registry-watch.test.ts, test/signed-images.test.ts.
 // ================================================================================================
 
+/** A repository's tags as a look keeps them: those a policy could take (policyCouldTake), of `total` listed. */
+interface TagListing {
+  tags: string[];
+  total: number;
+}
+
 /** What a tag listing holds, in bytes: its tags' UTF-16 and each string's own overhead (some 16 bytes). Pure. */
-function listingBytes(tags: string[]): number {
-  return tags.reduce((n, t) => n + 2 * t.length + 16, 0);
+function listingBytes(listing: TagListing): number {
+  return listing.tags.reduce((n, t) => n + 2 * t.length + 16, 0);
+}
+
+/**
+ * Whether a policy could take a tag, whatever the workload runs: a match of glob:'s and regexp:'s pattern, a version
+ * in semver:'s range, any version for major, minor and patch. A listing keeps only these (the rest of a repository's
+ * tags are never held). Pure.
+ */
+function policyCouldTake(policy: UpdatePolicy, tag: string): boolean {
+  if (policy.kind === 'glob' || policy.kind === 'regexp') return policy.pattern.test(tag);
+  if (policy.kind === 'all') return true;
+  const version = parseVersion(tag);
+  return version !== undefined && (policy.kind !== 'semver' || satisfiesRange(version, policy.range));
 }
 
 /** Where the watch counts a workload against -max-watched-per-namespace: its cluster's namespace. Pure. */
@@ -23647,9 +23725,14 @@ function tagPage(reader: RepositoryReader, where: string, query: string): Promis
  * registry's order. More than LIMITS.tagList.maxTags tags, more pages than maxPages or a page larger than
  * maxPageBytes is refused whole (a RegistryError saying which): what is read stays bounded.
  */
-async function listTags(reader: RepositoryReader, repo: { host: string; repository: string }): Promise<string[]> {
+async function listTags(
+  reader: RepositoryReader,
+  repo: { host: string; repository: string },
+  keep: (tag: string) => boolean,
+): Promise<TagListing> {
   const where = `${repo.host}/${repo.repository}`;
   const tags: string[] = [];
+  let total = 0;
   let query = `n=${LIMITS.tagList.pageSize}`;
   for (let page = 1; ; page++) {
     const answer = await tagPage(reader, where, query);
@@ -23661,12 +23744,15 @@ async function listTags(reader: RepositoryReader, repo: { host: string; reposito
     } catch {
       throw new RegistryError(`${where}: its tag list is not JSON`);
     }
-    for (const tag of asList(valueAt(listed, ['tags'])))
-      if (typeof tag === 'string' && TAG_GRAMMAR.test(tag)) tags.push(tag);
-    if (tags.length > LIMITS.tagList.maxTags)
+    for (const tag of asList(valueAt(listed, ['tags']))) {
+      if (typeof tag !== 'string' || !TAG_GRAMMAR.test(tag)) continue;
+      total++;
+      if (keep(tag)) tags.push(tag);
+    }
+    if (total > LIMITS.tagList.maxTags)
       throw new RegistryError(`${where}: more than ${LIMITS.tagList.maxTags} tags: refused, none read`);
     const next = nextTagPage(answer.headers.link, repo.repository, repo.host);
-    if (next === undefined) return tags;
+    if (next === undefined) return { tags, total };
     if (page >= LIMITS.tagList.maxPages)
       throw new RegistryError(`${where}: its tag list has more than ${LIMITS.tagList.maxPages} pages: refused`);
     query = next;
@@ -23683,7 +23769,7 @@ export class RegistryWatch {
   private readonly perNamespace = new Map<string, number>();
   /** Per workload: the problem last told by a Warning Event, so a rescan does not tell it again. */
   private readonly told = new Map<string, string>();
-  private readonly listings = new Map<string, SharedAnswer<string[]>>();
+  private readonly listings = new Map<string, SharedAnswer<TagListing>>();
   private readonly digests = new Map<string, SharedAnswer<string | undefined>>();
   /** Per registry host: not asked before `until` (a 429), and the backoff a 429 without Retry-After doubles. */
   private readonly resting = new Map<string, { until: number; backoffMs: number }>();
@@ -23960,14 +24046,13 @@ export class RegistryWatch {
     workload: unknown,
   ): Promise<{ image: string; digest: string; why: string } | { nothing: string }> {
     const where = `${repo.host}/${repo.repository}`;
-    const list = () => this.throttled(repo.host, () => this.inTurn(() => listTags(reader(), repo)), w.intervalMs);
-    const tags = await this.shared(this.listings, where, w.intervalMs, list, listingBytes);
+    const { tags, total } = await this.listing(w, reader, repo, policy);
     const name = `${w.target.kind}/${w.target.name}`;
     const best = newestAllowedTag(tags, policy, workload, w.container, w.image, name);
     if (best === undefined) return { nothing: `no tag above the running one that ${policy.text} allows` };
     const digest = await this.digestOf(w, reader, repo.host, `${where}:${best}`, best);
     if (digest === undefined) return { nothing: `${best} was listed and is gone` };
-    const why = `${where} has ${best} (${digest}), the highest of ${tags.length} tags ${policy.text} allows`;
+    const why = `${where} has ${best} (${digest}), the highest of ${total} tags ${policy.text} allows`;
     return { image: `${repo.name}:${best}@${digest}`, digest, why };
   }
 
@@ -23983,8 +24068,7 @@ export class RegistryWatch {
     workload: unknown,
   ): Promise<{ image: string; digest: string; why: string } | { nothing: string }> {
     const where = `${repo.host}/${repo.repository}`;
-    const list = () => this.throttled(repo.host, () => this.inTurn(() => listTags(reader(), repo)), w.intervalMs);
-    const tags = await this.shared(this.listings, where, w.intervalMs, list, listingBytes);
+    const { tags } = await this.listing(w, reader, repo, policy);
     const name = `${w.target.kind}/${w.target.name}`;
     const allowed = (t: string) =>
       policyDecision(policy, workload, w.container, w.image, `${repo.name}:${t}`, name).kind === 'allowed';
@@ -24161,6 +24245,23 @@ export class RegistryWatch {
       await sleep(delay, undefined, { signal: this.stopping.signal });
     }
     return request();
+  }
+
+  /**
+   * The repository's tags that the policy could take (policyCouldTake), shared by the looks of this interval whose
+   * policies keep the same tags: one glob:, regexp: or semver: policy, or any of major, minor and patch.
+   */
+  private listing(
+    w: WatchState,
+    reader: () => RepositoryReader,
+    repo: { host: string; repository: string },
+    policy: UpdatePolicy,
+  ): Promise<TagListing> {
+    const keep = (tag: string) => policyCouldTake(policy, tag);
+    const list = () => this.inTurn(() => listTags(reader(), repo, keep));
+    const read = () => this.throttled(repo.host, list, w.intervalMs);
+    const kept = ['glob', 'regexp', 'semver'].includes(policy.kind) ? policy.text : 'versions';
+    return this.shared(this.listings, `${repo.host}/${repo.repository} ${kept}`, w.intervalMs, read, listingBytes);
   }
 
   /** A tag listing read once fewer than LIMITS.poll.listingsAtOnce are being read; its turn is passed on after. */

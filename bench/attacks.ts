@@ -13,7 +13,13 @@
  *    their own): what the registry watch holds while it lists them all. Looked at until every repository was
  *    listed once (webhook_registry_watch_looks_total), or two minutes.
  *
- * BENCH_ATTACKS=window,signatures,watch picks some (all by default).
+ * 4. pack (issue 46): a Git server (git http-backend, test/git-server.ts) whose fetch answer is a pack of 2 KB: a
+ *    64 KiB blob and 100 deltas on it, each 128 copy instructions making 8 MiB (800 MiB in all), for a push to a
+ *    GIT_REPO hook.
+ * 5. affinity (issue 46): 1,000 nodes, and a workload whose required node affinity has 20,000 `In` expressions
+ *    (some 1.3 MB), pushed twice to a VERIFY_IMAGE hook, whose platform check reads it against every node.
+ *
+ * BENCH_ATTACKS=window,signatures,watch,pack,affinity picks some (all by default).
  * For each: VmRSS and RssAnon before and after, the peak (VmHWM, from /proc/<pid>/status), the longest GET /healthz
  * answered while the pushes ran (asked every 50 ms), the answers, the registry requests, and whether the OOM killer
  * acted in the cgroup. Needs root for the cgroup (v1, /sys/fs/cgroup/memory), as bench:burst does.
@@ -26,6 +32,10 @@ import * as path from 'node:path';
 import { clusterOrSkip, deployment, acrPayload, freshNamespaceName, kubectlFor, removeNamespace } from '../test/cluster/kube.ts';
 import { adminPort, httpRequest, makeTempDir, startWebhook, waitFor, type Webhook } from '../test/harness.ts';
 import { makeCertificate } from '../test/registry.ts';
+import { makeRepository, startGitServer } from '../test/git-server.ts';
+import { deflateSync } from 'node:zlib';
+import { createHash } from 'node:crypto';
+import { pktLine } from '../webhook.ts';
 import { pushBlob, pushManifest, startOciRegistry, type OciRegistry } from '../test/oci-registry.ts';
 import { fixedSettings, registryHook, upgradeHook } from '../test/upgrade-hooks.ts';
 import { OURS } from './common.ts';
@@ -188,6 +198,86 @@ async function watchAttack(wh: Webhook): Promise<void> {
   report('3. watch: 300 workloads, each on a repository of 5,000 tags of 120 characters, on 30 hosts', pid, before, r);
 }
 
+/** A pack of one `baseBytes` blob and `deltas` OFS_DELTAs on it, each `copies` copies of its first 64 KiB. */
+function packBomb(baseBytes: number, deltas: number, copies: number): Buffer {
+  const size = (n: number) => {
+    const bytes = [];
+    for (; n >= 0x80; n = Math.floor(n / 128)) bytes.push((n & 0x7f) | 0x80);
+    return [...bytes, n];
+  };
+  const header = (type: number, n: number) => {
+    const bytes = [(type << 4) | (n & 15) | (n >= 16 ? 0x80 : 0)];
+    for (n = Math.floor(n / 16); n > 0; n = Math.floor(n / 128)) bytes.push((n & 0x7f) | (n >= 128 ? 0x80 : 0));
+    return Buffer.from(bytes);
+  };
+  const back = (n: number) => {
+    const bytes = [n & 0x7f];
+    for (n = Math.floor(n / 128); n > 0; n = Math.floor(n / 128)) bytes.unshift(0x80 | (--n & 0x7f));
+    return Buffer.from(bytes);
+  };
+  // 0x80 alone: copy 0x10000 bytes from offset 0.
+  const raw = Buffer.from([...size(baseBytes), ...size(copies * 0x10000), ...Array(copies).fill(0x80)]);
+  const delta = deflateSync(raw);
+  const count = Buffer.alloc(4);
+  count.writeUInt32BE(deltas + 1);
+  const parts = [Buffer.from('PACK\0\0\0\x02', 'latin1'), count, header(3, baseBytes), deflateSync(Buffer.alloc(baseBytes))];
+  let at = parts.reduce((n, b) => n + b.length, 0);
+  for (let i = 0; i < deltas; i++) {
+    const entry = Buffer.concat([header(6, raw.length), back(at - 12), delta]);
+    parts.push(entry);
+    at += entry.length;
+  }
+  const body = Buffer.concat(parts);
+  return Buffer.concat([body, createHash('sha1').update(body).digest()]);
+}
+
+/** Attack 4: the fetch's answer a pack bomb (2 KB, 800 MiB inflated), for a push to a GIT_REPO hook. */
+async function packAttack(wh: Webhook, server: Awaited<ReturnType<typeof startGitServer>>, ns: string): Promise<void> {
+  const pack = packBomb(0x10000, 100, 128);
+  const band = [];
+  for (let i = 0; i < pack.length; i += 65515) band.push(pktLine(Buffer.concat([Buffer.from([1]), pack.subarray(i, i + 65515)])));
+  const answer = Buffer.concat([pktLine('packfile\n'), ...band, Buffer.from('0000')]);
+  server.answer = (p, body) => (p.endsWith('/git-upload-pack') && body.includes('packfile\n') ? answer : body);
+  const q = new URLSearchParams({ token: TOKEN, ns, workload: 'deployment/wide', container: 'app', repo_type: 'regionalregistry' });
+  const push = () => wh.request(`/hooks/git?${q}`, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: acrPayload('v9') });
+  const pid = wh.proc.pid!;
+  const before = memory(pid);
+  report(`4. pack: a fetch answered with a pack of ${pack.length} bytes, 100 deltas of 8 MiB each on a 64 KiB blob`, pid, before, await underWatch(wh, [push]));
+}
+
+/** Attack 5's nodes and workload: 1,000 nodes, and `affine` with 20,000 `In` expressions in its node affinity. */
+async function affineWorkload(kubectl: ReturnType<typeof kubectlFor>, ns: string, image: string): Promise<string[]> {
+  const nodes = Array.from({ length: 1000 }, (_, i) => ({ apiVersion: 'v1', kind: 'Node',
+    metadata: { name: `bench-affinity-${i}`, labels: { 'kubernetes.io/os': 'linux', 'kubernetes.io/arch': 'amd64', 'kubernetes.io/hostname': `bench-affinity-${i}` } } }));
+  await kubectl(['apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: nodes }));
+  const d = deployment('affine', [{ name: 'app', image }], { replicas: 0 }) as { spec: { template: { spec: Record<string, unknown> } } };
+  const matchExpressions = Array.from({ length: 20_000 }, (_, i) => ({ key: `example.com/k${i}`, operator: 'In', values: [`v${i}`] }));
+  d.spec.template.spec.affinity = { nodeAffinity: { requiredDuringSchedulingIgnoredDuringExecution: { nodeSelectorTerms: [{ matchExpressions }] } } };
+  const file = path.join(makeTempDir('bench-attacks-'), 'affine.json');
+  fs.writeFileSync(file, JSON.stringify(d));
+  await kubectl(['-n', ns, 'apply', '--server-side', '-f', file]);
+  return nodes.map((n) => n.metadata.name);
+}
+
+/** Attack 5: a push to the affine workload, twice, through a VERIFY_IMAGE hook (the platform check). */
+async function affinityAttack(wh: Webhook, oci: OciRegistry, ns: string): Promise<void> {
+  const repo = 'acme/affine';
+  const push = (tag: string) => async () => {
+    const config = Buffer.from(JSON.stringify({ architecture: 'amd64', os: 'linux', rootfs: { type: 'layers', diff_ids: [] }, comment: tag }));
+    const MANIFEST = 'application/vnd.oci.image.manifest.v1+json';
+    const digest = await pushManifest(oci, repo, { schemaVersion: 2, mediaType: MANIFEST,
+      config: { mediaType: 'application/vnd.oci.image.config.v1+json', digest: await pushBlob(oci, repo, config), size: config.length }, layers: [] }, tag);
+    return wh.request(`/hooks/platforms?${new URLSearchParams({ token: TOKEN, ns, workload: 'deployment/affine', container: 'app' })}`, {
+      method: 'POST', headers: { 'Content-Type': 'application/vnd.docker.distribution.events.v1+json' },
+      body: JSON.stringify({ events: [{ action: 'push', timestamp: new Date().toISOString(),
+        target: { mediaType: MANIFEST, repository: repo, tag, digest }, request: { host: oci.host, method: 'PUT' } }] }),
+    });
+  };
+  const pid = wh.proc.pid!;
+  const before = memory(pid);
+  report('5. affinity: 20,000 `In` expressions in a required node affinity, 1,000 nodes, pushed twice', pid, before, await underWatch(wh, [push('a2'), push('a3')]));
+}
+
 const cluster = await clusterOrSkip();
 if (!cluster) throw new Error('no test cluster (XDG_CACHE_HOME as for the tests)');
 const kubectl = kubectlFor(cluster);
@@ -201,10 +291,18 @@ const flood = registryHook('flood', { match: { type: 'value', value: TOKEN, para
 flood['pass-environment-to-command'].push(...fixedSettings({ VERIFY_SIGNATURE: `cosign:${path.join(work, 'ed.pub')}`, REGISTRY_CA: path.join(work, 'oci-ca.pem') }));
 const certs = makeCertificate(makeTempDir('bench-attacks-tls-'));
 const watched = upgradeHook('watched', TOKEN, { ANNOTATION_NAMESPACES: ns, REGISTRY_CA: certs.caFile });
+const gitRoot = makeTempDir('bench-attacks-git-');
+const gitToken = 'bench-attacks-git-token-77a1';
+fs.writeFileSync(path.join(work, 'git-token'), gitToken);
+makeRepository(gitRoot, 'deploy', { 'apps/web.yaml': 'apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: wide\n' });
+const gitServer = await startGitServer(gitRoot, 'x-access-token', gitToken);
+const gitHook = upgradeHook('git', TOKEN, { GIT_REPO: `${gitServer.base}/deploy.git`, GIT_PATH: 'apps/web.yaml', GIT_TOKEN: path.join(work, 'git-token') });
+const platforms = registryHook('platforms', { match: { type: 'value', value: TOKEN, parameter: { source: 'url', name: 'token' } } }, 'distribution') as Record<string, object[]>;
+platforms['pass-environment-to-command'].push(...fixedSettings({ VERIFY_IMAGE: 'true', REGISTRY_CA: path.join(work, 'oci-ca.pem') }));
 const script = inCgroup();
 /** A fresh service in the cgroup for each attack, so one that kills it does not hide the next one's figures. */
 async function withService(attack: (wh: Webhook) => Promise<void>): Promise<void> {
-  const wh = await startWebhook({ bin: script, hooks: [upgradeHook('plain', TOKEN), flood, watched], env: { KUBECONFIG: cluster!.kubeconfigPath },
+  const wh = await startWebhook({ bin: script, hooks: [upgradeHook('plain', TOKEN), flood, watched, gitHook, platforms], env: { KUBECONFIG: cluster!.kubeconfigPath },
     args: ['-rollout-follow', '0s'], metrics: true });
   try {
     await attack(wh);
@@ -219,7 +317,7 @@ try {
     deployment('flood', [{ name: 'app', image: `${oci.host}/acme/flood:v1` }], { replicas: 1 }),
   ] }));
   console.log(`${BIN}, in a memory cgroup of ${LIMIT_MB} MiB`);
-  const chosen = (process.env.BENCH_ATTACKS ?? 'window,signatures,watch').split(',');
+  const chosen = (process.env.BENCH_ATTACKS ?? 'window,signatures,watch,pack,affinity').split(',');
   if (chosen.includes('window')) await withService((wh) => windowAttack(kubectl, ns, wh));
   if (chosen.includes('signatures')) {
     await withService((wh) => signatureAttack(oci, ns, wh, privateKey, 60 * 1024, 'small'));
@@ -234,7 +332,17 @@ try {
       floods.close();
     }
   }
+  if (chosen.includes('pack')) await withService((wh) => packAttack(wh, gitServer, ns));
+  if (chosen.includes('affinity')) {
+    const nodes = await affineWorkload(kubectl, ns, `${oci.host}/acme/affine:a1`);
+    try {
+      await withService((wh) => affinityAttack(wh, oci, ns));
+    } finally {
+      await kubectl(['delete', 'node', ...nodes, '--wait=false']);
+    }
+  }
 } finally {
+  await gitServer.close();
   await oci.stop();
   await removeNamespace(kubectl, ns);
   fs.rmdirSync(CGROUP);

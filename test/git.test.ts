@@ -195,13 +195,26 @@ describe('packs and trees, checked against git', () => {
   test('a pack with OFS_DELTA objects (git gc --aggressive, --delta-base-offset) reads to every object git has', () => {
     const pack = packOf(true);
     assert.match(deltaTypes(pack), /chain length = [1-9]/, 'the pack holds deltas');
-    const read = readPack(pack, 'test pack');
+    const read = readPack(pack, 'test pack').all();
     assert.deepEqual([...read.keys()].sort(), objects);
     for (const [id, o] of read) assert.equal(gitObjectId(o.type, o.data), id);
   });
   test('a pack with REF_DELTA objects (no --delta-base-offset) reads the same', () => {
     const pack = packOf(false);
-    assert.deepEqual([...readPack(pack, 'test pack').keys()].sort(), objects);
+    assert.deepEqual([...readPack(pack, 'test pack').all().keys()].sort(), objects);
+  });
+  test("of a pack's deltas only those the objects asked for need are applied (the head commit and its root tree)", () => {
+    const pack = packOf(true);
+    // verify-pack -v: a deltified object's line ends with its depth and its base's id.
+    const deltas = (deltaTypes(pack).match(/^[0-9a-f]{40} +\w+ +\d+ \d+ \d+ \d+ [0-9a-f]{40}$/gm) ?? []).length;
+    assert.ok(deltas > 0, 'the pack holds deltas');
+    const read = readPack(pack, 'test pack');
+    const [head, tree] = git(bare, ['rev-parse', 'HEAD', 'HEAD^{tree}']).trim().split('\n');
+    assert.equal(read.get(head)?.type, 'commit');
+    assert.equal(read.get(tree)?.type, 'tree');
+    assert.ok(read.deltasApplied < deltas, `${read.deltasApplied} of ${deltas} deltas applied`);
+    assert.equal(read.all().size, objects.length);
+    assert.equal(read.deltasApplied, deltas);
   });
   test('a pack whose deltas inflate past 64 MiB in all (each copying an 8 MiB base) is refused before it is made', () => {
     const varint = (n: number) => {
@@ -235,7 +248,9 @@ describe('packs and trees, checked against git', () => {
     const body = Buffer.concat(parts);
     const pack = Buffer.concat([body, createHash('sha1').update(body).digest()]);
     assert.ok(pack.length < 64 * 1024, `${pack.length} bytes`);
-    assert.throws(() => readPack(pack, 'the fetch'), (e: Error) => e instanceof GitError &&
+    // Read, its deltas not applied; looking for an object it does not hold applies them, and the budget refuses.
+    const read = readPack(pack, 'the fetch');
+    assert.throws(() => read.get('0'.repeat(40)), (e: Error) => e instanceof GitError &&
       /^the fetch: the pack inflates to more than 67108864 bytes: refused$/.test(e.message));
   });
   test('a truncated pack, garbage and a corrupt object are clear errors', () => {
@@ -365,12 +380,12 @@ describe('the smart-HTTP client against git http-backend', () => {
     const file = await fetchGitFile(remote(), 'main', 'apps/web.yaml');
     assert.equal(file.head, head);
     assert.equal(file.content.toString(), MANIFEST);
-    assert.equal([...file.objects.values()].filter((o) => o.type === 'blob').length, 1, 'only the file\'s blob was fetched');
+    assert.equal([...file.objects.all().values()].filter((o) => o.type === 'blob').length, 1, 'only the file\'s blob was fetched');
     git(bare, ['config', 'uploadpack.allowFilter', 'false']);
     try {
       const whole = await fetchGitFile(remote(), 'main', 'apps/web.yaml');
       assert.equal(whole.content.toString(), MANIFEST);
-      assert.ok([...whole.objects.values()].some((o) => o.type === 'blob'));
+      assert.ok([...whole.objects.all().values()].some((o) => o.type === 'blob'));
     } finally {
       git(bare, ['config', 'uploadpack.allowFilter', 'true']);
     }
