@@ -17,7 +17,8 @@
  *    64 KiB blob and 100 deltas on it, each 128 copy instructions making 8 MiB (800 MiB in all), for a push to a
  *    GIT_REPO hook.
  * 5. affinity (issue 46): 1,000 nodes, and a workload whose required node affinity has 20,000 `In` expressions
- *    (some 1.3 MB), pushed twice to a VERIFY_IMAGE hook, whose platform check reads it against every node.
+ *    (each holding on every node), pushed twice as an index (linux/amd64, linux/arm64) to a VERIFY_IMAGE hook,
+ *    whose platform check reads the affinity against every node.
  *
  * BENCH_ATTACKS=window,signatures,watch,pack,affinity picks some (all by default).
  * For each: VmRSS and RssAnon before and after, the peak (VmHWM, from /proc/<pid>/status), the longest GET /healthz
@@ -251,7 +252,8 @@ async function affineWorkload(kubectl: ReturnType<typeof kubectlFor>, ns: string
     metadata: { name: `bench-affinity-${i}`, labels: { 'kubernetes.io/os': 'linux', 'kubernetes.io/arch': 'amd64', 'kubernetes.io/hostname': `bench-affinity-${i}` } } }));
   await kubectl(['apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: nodes }));
   const d = deployment('affine', [{ name: 'app', image }], { replicas: 0 }) as { spec: { template: { spec: Record<string, unknown> } } };
-  const matchExpressions = Array.from({ length: 20_000 }, (_, i) => ({ key: `example.com/k${i}`, operator: 'In', values: [`v${i}`] }));
+  // Each holds on every node, so a check that reads them all evaluates 20,000 expressions per node.
+  const matchExpressions = Array.from({ length: 20_000 }, () => ({ key: 'kubernetes.io/os', operator: 'In', values: ['linux'] }));
   d.spec.template.spec.affinity = { nodeAffinity: { requiredDuringSchedulingIgnoredDuringExecution: { nodeSelectorTerms: [{ matchExpressions }] } } };
   const file = path.join(makeTempDir('bench-attacks-'), 'affine.json');
   fs.writeFileSync(file, JSON.stringify(d));
@@ -262,15 +264,23 @@ async function affineWorkload(kubectl: ReturnType<typeof kubectlFor>, ns: string
 /** Attack 5: a push to the affine workload, twice, through a VERIFY_IMAGE hook (the platform check). */
 async function affinityAttack(wh: Webhook, oci: OciRegistry, ns: string): Promise<void> {
   const repo = 'acme/affine';
+  const MANIFEST = 'application/vnd.oci.image.manifest.v1+json';
+  const INDEX = 'application/vnd.oci.image.index.v1+json';
+  /** An index of linux/amd64 and linux/arm64 images: the platform check reads the nodes only for an index. */
   const push = (tag: string) => async () => {
-    const config = Buffer.from(JSON.stringify({ architecture: 'amd64', os: 'linux', rootfs: { type: 'layers', diff_ids: [] }, comment: tag }));
-    const MANIFEST = 'application/vnd.oci.image.manifest.v1+json';
-    const digest = await pushManifest(oci, repo, { schemaVersion: 2, mediaType: MANIFEST,
-      config: { mediaType: 'application/vnd.oci.image.config.v1+json', digest: await pushBlob(oci, repo, config), size: config.length }, layers: [] }, tag);
+    const manifests = [];
+    for (const architecture of ['amd64', 'arm64']) {
+      const config = Buffer.from(JSON.stringify({ architecture, os: 'linux', rootfs: { type: 'layers', diff_ids: [] }, comment: tag }));
+      const m = { schemaVersion: 2, mediaType: MANIFEST,
+        config: { mediaType: 'application/vnd.oci.image.config.v1+json', digest: await pushBlob(oci, repo, config), size: config.length }, layers: [] };
+      const digest = await pushManifest(oci, repo, m);
+      manifests.push({ mediaType: MANIFEST, digest, size: Buffer.byteLength(JSON.stringify(m)), platform: { os: 'linux', architecture } });
+    }
+    const digest = await pushManifest(oci, repo, { schemaVersion: 2, mediaType: INDEX, manifests }, tag);
     return wh.request(`/hooks/platforms?${new URLSearchParams({ token: TOKEN, ns, workload: 'deployment/affine', container: 'app' })}`, {
       method: 'POST', headers: { 'Content-Type': 'application/vnd.docker.distribution.events.v1+json' },
       body: JSON.stringify({ events: [{ action: 'push', timestamp: new Date().toISOString(),
-        target: { mediaType: MANIFEST, repository: repo, tag, digest }, request: { host: oci.host, method: 'PUT' } }] }),
+        target: { mediaType: INDEX, repository: repo, tag, digest }, request: { host: oci.host, method: 'PUT' } }] }),
     });
   };
   const pid = wh.proc.pid!;
@@ -296,7 +306,7 @@ const gitToken = 'bench-attacks-git-token-77a1';
 fs.writeFileSync(path.join(work, 'git-token'), gitToken);
 makeRepository(gitRoot, 'deploy', { 'apps/web.yaml': 'apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: wide\n' });
 const gitServer = await startGitServer(gitRoot, 'x-access-token', gitToken);
-const gitHook = upgradeHook('git', TOKEN, { GIT_REPO: `${gitServer.base}/deploy.git`, GIT_PATH: 'apps/web.yaml', GIT_TOKEN: path.join(work, 'git-token') });
+const gitHook = upgradeHook('git', TOKEN, { APP_NS: ns, APP_WORKLOAD: 'deployment/wide', GIT_REPO: `${gitServer.base}/deploy.git`, GIT_PATH: 'apps/web.yaml', GIT_TOKEN: path.join(work, 'git-token') });
 const platforms = registryHook('platforms', { match: { type: 'value', value: TOKEN, parameter: { source: 'url', name: 'token' } } }, 'distribution') as Record<string, object[]>;
 platforms['pass-environment-to-command'].push(...fixedSettings({ VERIFY_IMAGE: 'true', REGISTRY_CA: path.join(work, 'oci-ca.pem') }));
 const script = inCgroup();
