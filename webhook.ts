@@ -24049,7 +24049,8 @@ export class RegistryWatch {
     const { tags, total } = await this.listing(w, reader, repo, policy);
     const name = `${w.target.kind}/${w.target.name}`;
     const best = newestAllowedTag(tags, policy, workload, w.container, w.image, name);
-    if (best === undefined) return { nothing: `no tag above the running one that ${policy.text} allows` };
+    const kept = `it could take ${tags.length} of the ${total} tags listed`;
+    if (best === undefined) return { nothing: `no tag above the running one that ${policy.text} allows (${kept})` };
     const digest = await this.digestOf(w, reader, repo.host, `${where}:${best}`, best);
     if (digest === undefined) return { nothing: `${best} was listed and is gone` };
     const why = `${where} has ${best} (${digest}), the highest of ${total} tags ${policy.text} allows`;
