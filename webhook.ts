@@ -60,7 +60,7 @@
  *  34. upgrade decision ........... decidePush, holdDecision, pushEvent, readPushRecords, verifiedRef
  *  35. platforms .................. NodePlatforms, platformFacts, nodeAffinityAllows
  *  36. the decision ............... decide, futureTimeNote, waitingAction
- *  37. the cluster executor ....... carryOut, recordDecision
+ *  37. the cluster executor ....... carryOut, ExecutorOutcome, recordOutcome
  *  38. the git executor ........... commitOut, editGitFile, locatedYaml
  *  39. the report ................. formatForcedRollback, formatReport, formatRollback, formatRollout
  *  40. rollout follow ............. claimFollow, followRollout, resumedReport, rolloutEvent
@@ -18285,15 +18285,17 @@ export function waitingAction(e: PendingEntry): string {
 
 // ================================================================================================
 // 37. the cluster executor — carries out what decide (previous chapter) concluded, on the workload in its cluster,
-//    and writes it into the push's report (recordDecision, the one place a decision reaches a report): the guarded
-//    PATCH of an applied push, the pending entry of a waiting one, the Event of each. A PATCH whose `test` fails
+//    and returns what it did as a value (ExecutorOutcome, as every executor does), which recordOutcome alone writes
+//    into the push's report: the guarded PATCH of an applied push, the pending entry of a waiting one, the Event of
+//    each. A PATCH whose `test` fails
 //    (the workload changed since it was read) has the workload read again and the push decided again on it, up to
 //    LIMITS.upgrade.maxPatchAttempts times. A copy of the workload kept from an earlier push (KnownWorkloads) saves
 //    the read that would precede every PATCH: only a plain apply is carried out on it, its patch also testing the
 //    annotations the decision read (policy, approval, window); any other decision is reached again on the workload
 //    as it is now. Another way to carry a decision out (a commit to Git) is an executor beside this one.
 //    A third executor, for DRY_RUN, decides and tells and writes nothing but its Event (dryRunOut).
-//    Exports: carryOut, decidedOn, dryRunOut, guardedPatch, PushToCarryOut, recordDecision.
+//    Exports: AfterAnswer, carryOut, decidedOn, dryRunOut, ExecutorOutcome, failIfRefused, guardedPatch, outcomeOn,
+//    PushToCarryOut, recordOutcome, targetOn.
 //    Tests: test/dry-run.test.ts, test/e2e.test.ts, test/records.test.ts, test/replicas.test.ts, test/upgrade.test.ts.
 // ================================================================================================
 
@@ -18301,16 +18303,100 @@ export function waitingAction(e: PendingEntry): string {
 export type PushToCarryOut = Omit<DecisionInput, 'workload' | 'nowMs' | 'entryId'>;
 
 /**
- * Decides the push on its workload and carries the decision out; a conflict has the workload read and the push
- * decided again. The workload as the PATCH returned it, or undefined when nothing was changed; a refused or failed
- * push throws (its Event recorded), nothing written.
+ * What an executor made of a push: the decision as carried out (decide's, or one the carrying out reached:
+ * superseded while kept, a file that names the image already), the workload it was carried out on, and what the
+ * carrying out adds to the answer. The push's report is written from it by recordOutcome alone; a refused or failed
+ * decision fails the push once it is recorded (failIfRefused).
  */
-export async function carryOut(
+export interface ExecutorOutcome {
+  decision: Decision;
+  /** The uid of the workload carried out on; undefined when none was read. */
+  uid: string | undefined;
+  /** A change applied in the cluster: the workload as its PATCH returned it, whose rollout is followed. */
+  updated?: K8sObject;
+  /** What the carrying out adds (an Event not recorded, the ledger not told, a commit not recorded on the workload). */
+  notes: string[];
+  /** How the answer says it when not as the decision does: a dry run's `would …`, a commit's `committed …`. */
+  action?: string;
+  /** Decided under DRY_RUN: `action` is what it would have done. */
+  dryRun?: boolean;
+  /** A commit's: the rollout is the GitOps tool's; under ROLLBACK_ON_FAILURE, a failed one is reverted in Git. */
+  rollout?: RolloutOutcome;
+  revertInGit?: (reason: string) => Promise<RollbackOutcome>;
+  /** What is known after the answer (UpgradeDeps.eventAfterAnswer): the Event's recording, a commit's sync. */
+  afterAnswer?: Promise<AfterAnswer>;
+}
+
+/** What a push's carrying out learns after its answer: an Event not recorded, a commit applied or not in time. */
+export interface AfterAnswer {
+  eventFailure?: string;
+  note?: string;
+  rollout?: RolloutOutcome;
+}
+
+/** An outcome of a decision carried out on `workload`, with the notes its carrying out gathered. */
+export function outcomeOn(workload: K8sObject | undefined, decision: Decision, rest: Partial<ExecutorOutcome> = {}) {
+  return { decision, uid: workload && uidOf(workload), notes: [], ...rest } satisfies ExecutorOutcome;
+}
+
+/** The workload's uid, as read. Pure. */
+const uidOf = (workload: K8sObject) => String(valueAt(workload, ['metadata', 'uid']));
+
+/** The push's target as carried out on `workload`: with its uid, which its Events name. Pure. */
+export const targetOn = (target: WorkloadTarget, workload: K8sObject): WorkloadTarget => ({
+  ...target,
+  uid: uidOf(workload),
+});
+
+/**
+ * Writes an executor's outcome into the push's report: the one writer of what was carried out (the decision, the
+ * workload's uid, the notes, what the answer says and what is known after it).
+ */
+export function recordOutcome(report: UpgradeReport, target: WorkloadTarget, o: ExecutorOutcome): void {
+  if (o.uid !== undefined) report.target = Object.assign(target, { uid: o.uid });
+  const d = o.decision;
+  if (o.dryRun && o.action !== undefined) {
+    for (const note of d.notes) if (!report.notes.includes(note)) report.notes.push(note);
+    Object.assign(report, { decision: d.code, imageBefore: d.before, imageAfter: d.before ?? report.imageAfter });
+    report.action = report.reason = o.action;
+  } else {
+    recordDecision(report, d, target.kind);
+    if (o.action !== undefined) report.action = o.action;
+  }
+  if (o.dryRun) report.dryRun = true;
+  report.notes.push(...o.notes.filter((n) => !report.notes.includes(n)));
+  if (o.rollout) report.rollout = o.rollout;
+  if (o.revertInGit) report.revertInGit = o.revertInGit;
+  report.afterAnswer = o.afterAnswer?.then((later) => {
+    for (const note of [later.eventFailure, later.note]) if (note) report.notes.push(note);
+    if (later.rollout) report.rollout = later.rollout;
+    return later.eventFailure;
+  });
+}
+
+/**
+ * The Event of a change recorded: awaited now, its failure a note, or told after the answer
+ * (UpgradeDeps.eventAfterAnswer). The change stands without its Event.
+ */
+async function eventRecorded(
   client: KubeClient,
-  given: PushToCarryOut,
-  report: UpgradeReport,
+  target: WorkloadTarget,
+  event: WorkloadEvent,
+  now: Date,
   deps: UpgradeDeps,
-): Promise<K8sObject | undefined> {
+): Promise<{ notes: string[]; afterAnswer?: Promise<AfterAnswer> }> {
+  const recording = recordEventQuietly(client, target, event, now, () => undefined);
+  if (deps.eventAfterAnswer) return { notes: [], afterAnswer: recording.then((eventFailure) => ({ eventFailure })) };
+  const failure = await recording;
+  return { notes: failure ? [failure] : [] };
+}
+
+/**
+ * Decides the push on its workload and carries the decision out; a conflict has the workload read and the push
+ * decided again. Its outcome: with the workload as the PATCH returned it when a change was applied; a refused or
+ * failed decision's Event recorded, nothing else written.
+ */
+export async function carryOut(client: KubeClient, given: PushToCarryOut, deps: UpgradeDeps): Promise<ExecutorOutcome> {
   const target = given.push.target;
   const key = `${target.namespace}/${target.kind}/${target.name}`;
   const now = deps.now ?? (() => new Date());
@@ -18323,9 +18409,9 @@ export async function carryOut(
     const onCopy = copy !== undefined;
     copy = undefined;
     if (onCopy && !plainApply(decision, given)) continue;
-    const done = await execute(client, { ...given, workload }, decision, report, deps, onCopy);
+    const done = await execute(client, { ...given, workload }, decision, deps, onCopy);
     if (done !== 'conflict') {
-      deps.known?.set(key, done);
+      deps.known?.set(key, done.updated);
       return done;
     }
     if (!onCopy && reads >= LIMITS.upgrade.maxPatchAttempts) {
@@ -18354,35 +18440,27 @@ function decisionAnnotations(workload: K8sObject, container: string): Record<str
   return Object.fromEntries(keys.map((key) => [key, read(key)]));
 }
 
-/** One decision carried out on the workload it was made on: what the PATCH returned, or 'conflict'. */
+/** One decision carried out on the workload it was made on: its outcome, or 'conflict'. */
 async function execute(
   client: KubeClient,
   on: PushToCarryOut & { workload: K8sObject },
   d: Decision,
-  report: UpgradeReport,
   deps: UpgradeDeps,
   onCopy: boolean,
-): Promise<K8sObject | undefined | 'conflict'> {
+): Promise<ExecutorOutcome | 'conflict'> {
   const { workload } = on;
-  const target = on.push.target;
-  report.target = Object.assign(target, { uid: String(valueAt(workload, ['metadata', 'uid'])) });
+  const target = targetOn(on.push.target, workload);
   const now = (deps.now ?? (() => new Date()))();
   if (d.code === 'applied' || d.code === 're-pulled') {
-    if (deps.abandon?.aborted) {
-      recordUnchanged(report, 'superseded', KEPT_SUPERSEDED, d.before);
-      return undefined;
-    }
+    if (deps.abandon?.aborted)
+      return outcomeOn(workload, { code: 'superseded', reason: KEPT_SUPERSEDED, notes: [], before: d.before });
     const tested = onCopy ? decisionAnnotations(workload, on.config.container) : undefined;
     const ops = planPatch(workload, target.kind, on.config.container, d.container, { ...d.change, tested });
     const updated = await guardedPatch(client, target, ops, onCopy);
     if (updated === 'conflict') return updated;
     const untold = PENDING_ANNOTATION in (d.change.guarded ?? {}) ? await entryTakenOff(on) : undefined;
-    if (untold) report.notes.push(untold);
-    recordDecision(report, d, target.kind);
-    const recording = recordEventQuietly(client, target, d.event, now, report);
-    if (deps.eventAfterAnswer) report.afterAnswer = recording;
-    else await recording;
-    return updated;
+    const recorded = await eventRecorded(client, target, d.event, now, deps);
+    return outcomeOn(workload, d, { updated, ...recorded, notes: [...(untold ? [untold] : []), ...recorded.notes] });
   }
   const waits = d.code === 'waiting' || d.code === 'approved' || d.code === 'waiting: signature';
   // A push that goes on waiting for its signature, as it was, writes nothing.
@@ -18394,14 +18472,13 @@ async function execute(
     const ops = annotationOps(workload, ['metadata'], written, { [PENDING_ANNOTATION]: d.pending.read ?? null });
     if ((await guardedPatch(client, target, ops, false)) === 'conflict') return 'conflict';
   }
-  if ('event' in d && d.event) await recordEventQuietly(client, target, d.event, now, report);
-  recordDecision(report, d, target.kind);
-  failIfRefused(d);
-  return undefined;
+  const notes: string[] = [];
+  if ('event' in d && d.event) await recordEventQuietly(client, target, d.event, now, (note) => notes.push(note));
+  return outcomeOn(workload, d, { notes });
 }
 
 /** A refused or failed decision fails its push: the error its code stands for. */
-function failIfRefused(d: Decision): void {
+export function failIfRefused(d: Decision): void {
   if (d.code === 'refused: unsigned') throw new SignatureRefusal(d.reason);
   if (d.code === 'refused: platform') throw new PlatformRefusal(`${d.reason}; nothing was changed`);
   if (d.code === 'refused' || d.code === 'failed')
@@ -18416,26 +18493,17 @@ function failIfRefused(d: Decision): void {
 export async function dryRunOut(
   client: KubeClient,
   given: PushToCarryOut,
-  report: UpgradeReport,
   deps: UpgradeDeps,
-): Promise<void> {
-  const target = given.push.target;
+): Promise<ExecutorOutcome> {
   const { workload, now, decision: d } = await decidedOn(client, given, deps);
-  report.target = Object.assign(target, { uid: String(valueAt(workload, ['metadata', 'uid'])) });
-  report.dryRun = true;
+  const target = targetOn(given.push.target, workload);
   const writes = ['applied', 're-pulled', 'waiting', 'approved', 'waiting: signature'].includes(d.code);
   const would = writes ? wouldDo(d, given) : undefined;
-  if (would !== undefined) {
-    for (const note of d.notes) if (!report.notes.includes(note)) report.notes.push(note);
-    Object.assign(report, { decision: d.code, imageBefore: d.before, imageAfter: d.before ?? report.imageAfter });
-    report.action = report.reason = `${would}; dry run`;
-  } else recordDecision(report, d, target.kind);
-  const told = { container: given.config.container, would: would ?? report.action };
+  const unchangedAction = 'reason' in d ? unchanged(d.code, d.reason).action : newReport().action;
+  const told = { container: given.config.container, would: would ?? unchangedAction };
   const event = pushEvent('dry run', { ...told, asked: whoAsked(given.push) });
-  const recording = recordEventQuietly(client, target, event, now, report);
-  if (deps.eventAfterAnswer) report.afterAnswer = recording;
-  else await recording;
-  failIfRefused(d);
+  const recorded = await eventRecorded(client, target, event, now, deps);
+  return outcomeOn(workload, d, { ...recorded, dryRun: true, action: would && `${would}; dry run` });
 }
 
 /** The push decided on its workload as read now (an executor that decides once, with no copy and no retry). */
@@ -18505,7 +18573,7 @@ async function guardedPatch(
  * Writes a decision into the push's report: its code and reason, the image the container runs, its notes, what
  * was written. A refusal or failure leaves the decision to the failure it is thrown as (failedUpgrade).
  */
-export function recordDecision(report: UpgradeReport, d: Decision, kind: WorkloadKind): void {
+function recordDecision(report: UpgradeReport, d: Decision, kind: WorkloadKind): void {
   for (const note of d.notes) if (!report.notes.includes(note)) report.notes.push(note);
   if (d.before !== undefined) report.imageBefore = d.before;
   if (d.replaced) report.replaced = d.replaced;
@@ -19046,51 +19114,49 @@ function batchKey(git: GitSettings): string {
 /**
  * The git executor: decides the push on its workload as read (decide) and carries an applied push out as a commit
  * on the hook's branch, together with the pushes waiting for the same branch (deps.queue's batch); any other
- * decision is the cluster executor's (carryOut). Writes the decision into the report (recordDecision); the
- * answer's action names the commit. The commit is recorded on the workload (recordCommit) and told in an
+ * decision is the cluster executor's (carryOut). Its outcome's action names the commit; a pin refused by the file is
+ * a `refused` outcome (its Event recorded). The commit is recorded on the workload (recordCommit) and told in an
  * ImageCommitted Event. A failure throws, nothing written anywhere.
  */
 export async function commitOut(
   client: KubeClient,
   given: PushToCarryOut,
-  report: UpgradeReport,
   deps: UpgradeDeps,
   git: GitSettings,
-): Promise<void> {
-  const target = given.push.target;
+): Promise<ExecutorOutcome> {
   const { workload, now, decision } = await decidedOn(client, given, deps);
-  if (decision.code !== 'applied' && decision.code !== 're-pulled') {
-    await carryOut(client, given, report, deps);
-    return;
-  }
-  report.target = Object.assign(target, { uid: String(valueAt(workload, ['metadata', 'uid'])) });
+  if (decision.code !== 'applied' && decision.code !== 're-pulled') return carryOut(client, given, deps);
+  const target = targetOn(given.push.target, workload);
   const edit: PushEdit = { git, push: given.push, config: given.config, before: decision.before };
   const done = deps.queue
     ? await deps.queue.batch(batchKey(git), edit, committedEdits, LIMITS.git.maxBatch)
     : (await committedEdits([edit]))[0];
   const where = `${git.branch} of ${git.remote.url.href}`;
+  const unchangedAs = (code: 'refused' | 'superseded' | 'no-op', reason: string, notes: string[] = []) =>
+    outcomeOn(workload, { code, reason, notes: [], before: decision.before }, { notes });
   if ('error' in done && done.error instanceof GitPinRefusal) {
-    report.refused = true;
     const why = `${done.error.message}; nothing was committed`;
     const event = pushEvent('refused', { why, asked: whoAsked(given.push) });
-    await recordEventQuietly(client, target, event, now, report);
+    const notes: string[] = [];
+    await recordEventQuietly(client, target, event, now, (note) => notes.push(note));
+    return unchangedAs('refused', done.error.message, notes);
   }
   if ('error' in done) throw done.error;
-  if ('superseded' in done) return recordUnchanged(report, 'superseded', done.superseded, decision.before);
-  if ('unchanged' in done) {
-    recordUnchanged(report, 'no-op', `${git.path} on ${where} already names ${given.push.image}`, decision.before);
-    return;
-  }
-  recordDecision(report, { ...decision, followRecorded: false }, target.kind);
+  if ('superseded' in done) return unchangedAs('superseded', done.superseded);
+  if ('unchanged' in done) return unchangedAs('no-op', `${git.path} on ${where} already names ${given.push.image}`);
   const commit = `${done.commit.slice(0, 7)} to ${where}`;
-  report.action = `committed ${commit}`;
-  await recordCommit(client, { ...given, workload, decision, commit: done.commit }, report, deps);
+  const notes = await recordCommit(client, { ...given, workload, decision, commit: done.commit }, deps);
   const told = { container: given.config.container, before: decision.before, image: given.push.image, commit };
   const event = pushEvent('committed', { ...told, asked: whoAsked(given.push) });
-  const recording = recordEventQuietly(client, target, event, now, report);
+  const recording = recordEventQuietly(client, target, event, now, () => undefined);
   const previous = { ...edit, push: { ...edit.push, image: decision.before } };
-  if (given.config.rollbackOnFailure) report.revertInGit = (why) => committedRevert(previous, why, where);
-  await afterCommit(client, { ...given, report, deps, commit: done.commit }, git, recording);
+  const revertInGit = given.config.rollbackOnFailure
+    ? (why: string) => committedRevert(previous, why, where)
+    : undefined;
+  const after = await afterCommit(client, { ...given, deps, commit: done.commit }, git, recording);
+  const applied = { ...decision, followRecorded: false };
+  return outcomeOn(workload, applied, { ...after, notes: [...notes, ...after.notes], action: `committed ${commit}`,
+    revertInGit });
 }
 
 /**
@@ -19099,22 +19165,22 @@ export async function commitOut(
  */
 async function afterCommit(
   client: KubeClient,
-  on: PushToCarryOut & { report: UpgradeReport; deps: UpgradeDeps; commit: string },
+  on: PushToCarryOut & { deps: UpgradeDeps; commit: string },
   git: GitSettings,
   recording: Promise<string | undefined>,
-): Promise<void> {
-  const { report, deps } = on;
+): Promise<Pick<ExecutorOutcome, 'rollout' | 'afterAnswer'> & { notes: string[] }> {
+  const { deps } = on;
   const detail = 'committed to Git: the GitOps tool deploying the branch applies it';
-  report.rollout = { state: 'not tracked', detail, pods: [] };
-  if (!deps.eventAfterAnswer) await recording;
-  else report.afterAnswer = recording;
-  if (git.syncTimeoutMs === 0 || !deps.eventAfterAnswer) return;
+  const untracked = { state: 'not tracked' as const, detail, pods: [] };
+  if (!deps.eventAfterAnswer) {
+    const failure = await recording;
+    return { rollout: untracked, notes: failure ? [failure] : [] };
+  }
+  const told = recording.then((eventFailure) => ({ eventFailure }));
+  if (git.syncTimeoutMs === 0) return { rollout: untracked, afterAnswer: told, notes: [] };
   const synced = `${detail}; waited for up to ${formatGoDuration(git.syncTimeoutMs)}, then followed`;
-  report.rollout = { state: 'progressing', detail: synced, pods: [] };
-  report.afterAnswer = recording.then(async (note) => {
-    await awaitGitSync(client, on, git.syncTimeoutMs);
-    return note;
-  });
+  const afterAnswer = told.then(async (t) => ({ ...t, ...(await awaitGitSync(client, on, git.syncTimeoutMs)) }));
+  return { rollout: { state: 'progressing', detail: synced, pods: [] }, afterAnswer, notes: [] };
 }
 
 /**
@@ -19143,28 +19209,30 @@ function committedAnnotations(
 async function recordCommit(
   client: KubeClient,
   on: PushToCarryOut & { workload: K8sObject; decision: Decision; commit: string },
-  report: UpgradeReport,
   deps: UpgradeDeps,
-): Promise<void> {
+): Promise<string[]> {
   const target = on.push.target;
   const key = `${target.namespace}/${target.kind}/${target.name}`;
   let { workload, decision: d } = on;
-  const unrecorded = (why: string) => report.notes.push(`the commit is not recorded on the workload: ${why}`);
+  const unrecorded = (why: string) => [`the commit is not recorded on the workload: ${why}`];
   try {
     for (let attempt = 1; ; attempt++) {
-      if (d.code !== 'applied' && d.code !== 're-pulled') return void unrecorded('reason' in d ? d.reason : d.code);
+      if (d.code !== 'applied' && d.code !== 're-pulled') return unrecorded('reason' in d ? d.reason : d.code);
       const guarded = committedAnnotations(d, on.config.container, on.commit);
       const values = Object.fromEntries(Object.entries(guarded).map(([k, { value }]) => [k, value]));
       const expect = Object.fromEntries(Object.entries(guarded).map(([k, { read }]) => [k, read ?? null]));
       const updated = await guardedPatch(client, target, annotationOps(workload, ['metadata'], values, expect), false);
-      if (updated !== 'conflict') return void deps.known?.set(key, updated);
-      if (attempt >= LIMITS.upgrade.maxPatchAttempts) return void unrecorded(`it kept changing (${attempt} attempts)`);
+      if (updated !== 'conflict') {
+        deps.known?.set(key, updated);
+        return [];
+      }
+      if (attempt >= LIMITS.upgrade.maxPatchAttempts) return unrecorded(`it kept changing (${attempt} attempts)`);
       workload = await readWorkload(client, target);
       const nowMs = (deps.now ?? (() => new Date()))().getTime();
       d = decide({ ...on, workload, nowMs, entryId: randomUUID() });
     }
   } catch (e) {
-    unrecorded((e as Error).message);
+    return unrecorded((e as Error).message);
   }
 }
 
@@ -19229,10 +19297,10 @@ function workloadChanges(client: KubeClient, target: WorkloadTarget, rv: string 
  */
 async function awaitGitSync(
   client: KubeClient,
-  on: PushToCarryOut & { report: UpgradeReport; deps: UpgradeDeps; commit: string },
+  on: PushToCarryOut & { deps: UpgradeDeps; commit: string },
   timeoutMs: number,
-): Promise<undefined> {
-  const { push, config, report, deps } = on;
+): Promise<Omit<AfterAnswer, 'eventFailure'>> {
+  const { push, config, deps } = on;
   const started = Date.now();
   const key = `${push.target.namespace}/${push.target.kind}/${push.target.name}`;
   let changes: ReturnType<typeof workloadChanges> | undefined;
@@ -19244,14 +19312,12 @@ async function awaitGitSync(
         deps.known?.set(key, workload);
         const seconds = Math.round((Date.now() - started) / 1000);
         const by = gitopsApplier(workload, push.target.kind, config.container);
-        report.notes.push(`commit ${on.commit.slice(0, 7)} applied after ${seconds}s by ${by}`);
-        return undefined;
+        return { note: `commit ${on.commit.slice(0, 7)} applied after ${seconds}s by ${by}` };
       }
       const left = timeoutMs - (Date.now() - started);
       if (left <= 0) {
         const detail = `commit ${on.commit.slice(0, 7)} not applied within ${formatGoDuration(timeoutMs)}`;
-        report.rollout = { state: 'timed out', detail, pods: [] };
-        return undefined;
+        return { rollout: { state: 'timed out', detail, pods: [] } };
       }
       const rv = valueAt(workload, ['metadata', 'resourceVersion']);
       changes ??= workloadChanges(client, push.target, typeof rv === 'string' ? rv : undefined);
@@ -19322,23 +19388,20 @@ export function gitopsApplier(workload: K8sObject, kind: WorkloadKind, container
 export async function refuseGitopsOwned(
   client: KubeClient,
   given: PushToCarryOut,
-  report: UpgradeReport,
   deps: UpgradeDeps,
-): Promise<void> {
+): Promise<ExecutorOutcome | undefined> {
   const target = given.push.target;
   const key = `${target.namespace}/${target.kind}/${target.name}`;
   const workload = deps.known?.get(key) ?? (await readWorkload(client, target));
   const owner = gitopsOwner(workload);
-  if (owner === undefined) return;
+  if (owner === undefined) return undefined;
   const now = (deps.now ?? (() => new Date()))().getTime();
   const decision = decide({ ...given, workload, nowMs: now, entryId: randomUUID() });
-  if (decision.code !== 'applied' && decision.code !== 're-pulled') return;
-  report.refused = true;
-  report.imageBefore = decision.before;
-  throw new UpgradeError(
+  if (decision.code !== 'applied' && decision.code !== 're-pulled') return undefined;
+  const reason =
     `${target.kind}/${target.name} is deployed by ${owner}: its next sync would undo a PATCH. Set GIT_REPO (with ` +
-      'GIT_PATH and GIT_TOKEN) to commit the image where it reads it, or ON_GITOPS_OWNER=patch to patch anyway',
-  );
+    'GIT_PATH and GIT_TOKEN) to commit the image where it reads it, or ON_GITOPS_OWNER=patch to patch anyway';
+  return { decision: { code: 'refused', reason, notes: [], before: decision.before }, uid: undefined, notes: [] };
 }
 
 // ================================================================================================
@@ -20944,10 +21007,16 @@ async function applyUpgrade(
 ): Promise<void> {
   const { target } = push;
   const given = { push, config: s, approvals: deps.approvals, followAfter: deps.followAfter };
-  if (s.dryRun) return dryRunOut(client, given, report, deps);
-  if (s.git) return commitOut(client, given, report, deps, s.git);
-  if (s.onGitopsOwner === 'refuse') await refuseGitopsOwned(client, given, report, deps);
-  const updated = await carryOut(client, given, report, deps);
+  // One executor for each way of carrying a push out; a workload a GitOps tool owns is refused before a PATCH.
+  const outcome = s.dryRun
+    ? await dryRunOut(client, given, deps)
+    : s.git
+      ? await commitOut(client, given, deps, s.git)
+      : ((s.onGitopsOwner === 'refuse' ? await refuseGitopsOwned(client, given, deps) : undefined) ??
+        (await carryOut(client, given, deps)));
+  recordOutcome(report, target, outcome);
+  failIfRefused(outcome.decision);
+  const updated = outcome.updated;
   if (!updated) return;
   target.generation = numberAt(updated, ['metadata', 'generation']);
   const patchedVersion = valueAt(updated, ['metadata', 'resourceVersion']);
