@@ -4383,13 +4383,16 @@ export interface ResourceRef {
   /** '' for a cluster-scoped resource (a SelfSubjectAccessReview). */
   namespace: string;
   name?: string;
+  /** A subresource of the named object (a pod's `log`). */
+  subresource?: string;
 }
 
 type KubeVerb = 'get' | 'list' | 'watch' | 'patch' | 'create' | 'delete';
 
 /** `deployments.apps "web" in namespace "prod"`: how kubectl and RBAC name a resource. */
 export function describeResource(r: ResourceRef): string {
-  const kind = r.group ? `${r.resource}.${r.group}` : r.resource;
+  const resource = r.subresource ? `${r.resource}/${r.subresource}` : r.resource;
+  const kind = r.group ? `${resource}.${r.group}` : resource;
   const where = r.namespace === '' ? '' : ` in namespace ${JSON.stringify(r.namespace)}`;
   return `${kind}${r.name === undefined ? '' : ` ${JSON.stringify(r.name)}`}${where}`;
 }
@@ -4398,7 +4401,8 @@ function resourcePath(r: ResourceRef): string {
   const base = r.group === '' ? `/api/${r.version}` : `/apis/${r.group}/${r.version}`;
   const name = r.name === undefined ? '' : `/${encodeURIComponent(r.name)}`;
   const namespace = r.namespace === '' ? '' : `/namespaces/${encodeURIComponent(r.namespace)}`;
-  return `${base}${namespace}/${r.resource}${name}`;
+  const sub = r.subresource && r.name !== undefined ? `/${r.subresource}` : '';
+  return `${base}${namespace}/${r.resource}${name}${sub}`;
 }
 
 interface KubeClientOptions {
@@ -4449,6 +4453,11 @@ export class KubeClient {
 
   list<T>(r: ResourceRef, query: Record<string, string> = {}): Promise<T> {
     return this.call<T>('list', 'GET', { ...r, name: undefined }, { query });
+  }
+
+  /** A subresource that answers text (a pod's log): the body as the API server sends it. */
+  text(r: ResourceRef, query: Record<string, string>): Promise<string> {
+    return this.call<string>('get', 'GET', r, { query, text: true });
   }
 
   /** A JSON patch (RFC 6902), recorded under fieldManager. */
@@ -4597,6 +4606,7 @@ export class KubeClient {
       contentType?: string;
       background?: boolean;
       renewed?: boolean;
+      text?: boolean;
     } = {},
   ): Promise<T> {
     const query = new URLSearchParams(o.query ?? {}).toString();
@@ -4629,9 +4639,9 @@ export class KubeClient {
     r: ResourceRef,
     url: URL,
     method: string,
-    o: { body?: string; contentType?: string },
+    o: { body?: string; contentType?: string; text?: boolean },
   ): Promise<Attempt<T, KubeError>> {
-    const headers: Record<string, string> = { Accept: 'application/json' };
+    const headers: Record<string, string> = { Accept: o.text ? 'text/plain, */*' : 'application/json' };
     const authorization = await this.authorization(verb, r);
     if (authorization !== undefined) headers.Authorization = authorization;
     if (o.body !== undefined) headers['Content-Type'] = o.contentType ?? 'application/json';
@@ -4657,7 +4667,8 @@ export class KubeClient {
         error: new KubeError(`cannot ${verb} ${describeResource(r)}: ${why}`, 0, code),
       };
     }
-    if (answer.status >= 200 && answer.status < 300) return { ok: true, value: this.parseAnswer<T>(verb, r, answer) };
+    if (answer.status >= 200 && answer.status < 300)
+      return { ok: true, value: o.text ? (answer.body as T) : this.parseAnswer<T>(verb, r, answer) };
     const failure = {
       verb,
       status: answer.status,
@@ -7578,10 +7589,11 @@ export interface GitSettings {
 //    Exports: APPROVAL_ANNOTATION, ApprovalLinks, ApprovalSigning, DecidedBy, DecidedFacts, Decision, DecisionCode,
 //    DecisionInput, DECISIONS, Delivery, DeployWindow, FOLLOW_ANNOTATION, FollowAfter, HOOK_ANNOTATION, HookConfig,
 //    ImagePattern, ImagePin, IncomingPush, K8sObject, LAST_PUSH_ANNOTATION, LocatedContainer, NotifyTexts, Outcome,
-//    PENDING_ANNOTATION, PendingEntry, PlannedChange, PlatformFacts, PodSummary, POLICY_ANNOTATION, POLL_ANNOTATION,
-//    PROMOTION_ANNOTATION, PublishedDecision, Push, PushReading, RecordLedger, ResultSettings, SendOutcome,
-//    UpdatePolicy, UpgradeSettings, WINDOW_ANNOTATION, WorkloadEvent, WorkloadKind, WorkloadTarget.
-//    Tests: test/decision.test.ts, test/docs.test.ts, test/hold.test.ts, test/policy.test.ts, test/records.test.ts.
+//    PENDING_ANNOTATION, PendingEntry, PlannedChange, PlatformFacts, PodFailure, PodSummary, POLICY_ANNOTATION,
+//    POLL_ANNOTATION, PROMOTION_ANNOTATION, PublishedDecision, Push, PushReading, RecordLedger, ResultSettings,
+//    SendOutcome, UpdatePolicy, UpgradeSettings, WINDOW_ANNOTATION, WorkloadEvent, WorkloadKind, WorkloadTarget.
+//    Tests: test/decision.test.ts, test/docs.test.ts, test/hold.test.ts, test/policy.test.ts, test/records.test.ts,
+//    test/upgrade.test.ts.
 // ================================================================================================
 
 // ---- a push -------------------------------------------------------------------------------------
@@ -8075,6 +8087,21 @@ export interface PodSummary {
   reason?: string;
   /** The digest the kubelet pulled for the container (its status imageID `…@sha256:…`), when it reports one. */
   digest?: string;
+  /** Why a pod that is not ready fails: its first failing container's last exit, pull error and log. */
+  failure?: PodFailure;
+}
+
+/** The first failing container of a pod that is not ready, as its status (and its log, when readable) tells. */
+export interface PodFailure {
+  container: string;
+  /** Its last termination (a crash loop's previous run): exit code, reason, its terminationMessagePath's text. */
+  lastExit?: { code: number; reason?: string; message?: string };
+  /** The last exit is a previous run's: the container waits to run again (its log is that run's). */
+  restarted?: boolean;
+  /** Why its image cannot be pulled (the kubelet's message for ErrImagePull, ImagePullBackOff…). */
+  pullError?: string;
+  /** Its log's last lines (the previous run's, for a crash loop), or why they could not be read; a failed rollout's. */
+  log?: { lines: string[] } | { unreadable: string };
 }
 
 // ---- the state: annotations on the workloads ----------------------------------------------------
@@ -8278,6 +8305,14 @@ export const LIMITS = {
     maxPodLines: 20,
     // The pods listed for the summary; a workload with more is summarised from the first ones.
     podListLimit: 500,
+    // A failed rollout's report tells why for this many of its failing pods (the first failing container of each:
+    // its last exit, its pull error, its log's last lines): a crash loop fails every new pod alike, and three
+    // show whether it is one pod or all of them without burying the mail.
+    failedPodsTold: 3,
+    // The last lines of a failing container's log, and the bytes they may take (the API server's tailLines and
+    // limitBytes): the stack trace's end or the error it died with, not the whole run.
+    podLogLines: 20,
+    podLogBytes: 4_096,
     // A failed precondition means someone else edited the workload between our read and our
     // patch; re-reading and re-planning a few times settles it, more means something is fighting us.
     maxPatchAttempts: 5,
@@ -8569,6 +8604,9 @@ export const LIMITS = {
     // WeCom's markdown content is limited to 4096 bytes and Slack's section text to 3000 characters:
     // the chat message is the summary, cut at this many bytes; the full report is on the page.
     maxChatBytes: 3_000,
+    // A failed rollout's chat quotes its first failing pod's last log lines: the error it died with; the mail and the
+    // page have the report's.
+    chatLogLines: 5,
     // One hook posting to more places than this is a mistake in its file.
     maxUrls: 5,
   },
@@ -8691,6 +8729,8 @@ export interface Options {
   printRbac: boolean;
   /** `<namespace>/<name>` of the ServiceAccount -print-rbac binds. */
   rbacServiceAccount: string;
+  /** -print-rbac also grants get on pods/log: a failed rollout's report quotes its failing containers' last lines. */
+  rbacPodLogs: boolean;
 }
 
 type FlagKind = 'bool' | 'string' | 'list' | 'int' | 'duration' | 'bytes';
@@ -9022,6 +9062,14 @@ const FLAGS: Record<string, FlagSpec> = {
     key: 'printRbac',
     def: 'false',
     help: 'print the Roles and RoleBindings the hooks need (get/patch on the workloads they name) as YAML, and quit',
+  },
+  'rbac-pod-logs': {
+    kind: 'bool',
+    key: 'rbacPodLogs',
+    def: 'false',
+    help:
+      'with -print-rbac, grant get on pods/log too: the report of a failed rollout quotes the last lines of its ' +
+      "failing containers' logs (which may hold what the application prints, so it is off by default)",
   },
   'rbac-service-account': {
     kind: 'string',
@@ -14599,13 +14647,14 @@ export function readApprovalToken(
 //    resource, names, pod template, kubectl's rollout viewer, whether it has a rollout, how its pods are owned);
 //    parseWorkload reads APP_WORKLOAD (deployment, daemonset, statefulset, cronjob; any case, plurals, short names,
 //    kind.group) and locateContainer finds APP_CONTAINER (containers, then initContainers). rolloutStatus applies
-//    kubectl's rollout-status rules, summarizePod says how a pod is doing, Events are recorded on the workload, and
+//    kubectl's rollout-status rules, summarizePod says how a pod is doing (and, failing, why), Events are recorded on
+//    the workload, and
 //    one WorkloadQueue per workload keeps its pushes in order (and batches what waits for one key: the pushes for
 //    one Git branch, committed together). UpgradeReport is what one push did so far; UpgradeDeps
 //    is what an upgrade is given (client, clock, queue, the workloads it last saw).
 //    Exports: annotationOps, asArray, DNS_LABEL, FollowOptions, ForcedRollback, KEPT_SUPERSEDED, kindSpec,
 //    KnownWorkloads, labelSelector, leanWorkload, locateContainer, missingContainerMessage, newReport,
-//    NodePlatformsRead, numberAt, orList, ownedBy, parseWorkload, PayloadError, planPatch, readWorkload,
+//    NodePlatformsRead, numberAt, orList, ownedBy, parseWorkload, PayloadError, planPatch, PULL_REASONS, readWorkload,
 //    recordWorkloadEvent, RollbackOutcome, RolloutOutcome, rolloutStatus, roundedToSeconds, STUCK_REASONS,
 //    summarizePod, unchanged, UpgradeDeps, UpgradeError, UpgradeReport, valueAt, WORKLOAD_KINDS, workloadPods,
 //    WorkloadQueue, workloadResource.
@@ -14933,7 +14982,11 @@ const STUCK_REASONS = [
   'RunContainerError',
 ];
 
-/** A pod reduced to what an operator needs; never env values, commands or messages. Pure. */
+/**
+ * A pod reduced to what an operator needs; never env values or commands. Of a pod that is not ready, its first
+ * failing container's last exit and pull error, the container's own words: what carries them is scrubbed of known
+ * secrets (the result's record, mail and chat). Pure.
+ */
 export function summarizePod(pod: unknown, containerName: string): PodSummary {
   const statuses = [
     ...asArray(valueAt(pod, ['status', 'initContainerStatuses'])),
@@ -14944,15 +14997,8 @@ export function summarizePod(pod: unknown, containerName: string): PodSummary {
     asArray(valueAt(pod, ['status', 'containerStatuses']))[0];
   const specContainer = locateContainer(valueAt(pod, ['spec']), containerName);
   const conditions = asArray(valueAt(pod, ['status', 'conditions']));
-  let reason: string | undefined;
-  for (const s of statuses) {
-    if (valueAt(s, ['ready']) === true) continue;
-    const r = valueAt(s, ['state', 'waiting', 'reason']) ?? valueAt(s, ['state', 'terminated', 'reason']);
-    if (typeof r === 'string' && r !== '') {
-      reason = r;
-      if (STUCK_REASONS.includes(r)) break;
-    }
-  }
+  const failing = failingContainer(statuses);
+  let reason = failing?.reason;
   // A pod that was never scheduled has no container statuses; its condition says why.
   const scheduled = conditions.find((c) => valueAt(c, ['type']) === 'PodScheduled');
   if (
@@ -14961,16 +15007,63 @@ export function summarizePod(pod: unknown, containerName: string): PodSummary {
     typeof valueAt(scheduled, ['reason']) === 'string'
   )
     reason = String(valueAt(scheduled, ['reason']));
+  const ready = conditions.some((c) => valueAt(c, ['type']) === 'Ready' && valueAt(c, ['status']) === 'True');
+  const failure = ready || !failing ? undefined : podFailure(failing.status);
+  const told = failure && (failure.lastExit || failure.pullError);
   return {
     name: String(valueAt(pod, ['metadata', 'name']) ?? ''),
     phase: valueAt(pod, ['metadata', 'deletionTimestamp'])
       ? 'Terminating'
       : String(valueAt(pod, ['status', 'phase']) ?? 'Unknown'),
-    ready: conditions.some((c) => valueAt(c, ['type']) === 'Ready' && valueAt(c, ['status']) === 'True'),
+    ready,
     image: String(valueAt(own, ['image']) ?? specContainer?.image ?? ''),
     restarts: numberAt(own, ['restartCount']),
     reason,
     ...imageIdDigest(valueAt(own, ['imageID'])),
+    ...(told && { failure }),
+  };
+}
+
+/** The first container status not ready for a reason, one of STUCK_REASONS first: the one that fails the pod. */
+function failingContainer(statuses: unknown[]): { status: unknown; reason: string } | undefined {
+  let found: { status: unknown; reason: string } | undefined;
+  for (const s of statuses) {
+    if (valueAt(s, ['ready']) === true) continue;
+    const r = valueAt(s, ['state', 'waiting', 'reason']) ?? valueAt(s, ['state', 'terminated', 'reason']);
+    if (typeof r !== 'string' || r === '') continue;
+    found = { status: s, reason: r };
+    if (STUCK_REASONS.includes(r)) break;
+  }
+  return found;
+}
+
+/** The reasons whose waiting message is the pull's error (the registry's answer, as the kubelet tells it). */
+const PULL_REASONS = ['ImagePullBackOff', 'ErrImagePull', 'InvalidImageName', 'ErrImageNeverPull'];
+
+/** What a failing container's status says of why: its last termination, or the current one, and its pull error. */
+function podFailure(status: unknown): PodFailure {
+  const current = valueAt(status, ['state', 'terminated']);
+  const ended = current ?? valueAt(status, ['lastState', 'terminated']);
+  // The kubelet keeps at most 4 KiB of a termination message; kept whole, so that the secrets the report is scrubbed
+  // of are taken out before any cut.
+  const text = (v: unknown) => (typeof v === 'string' ? v.trim().slice(0, MAX_QUOTED_MESSAGE_CHARS) : '');
+  const message = (v: unknown) => (text(v) !== '' ? { message: text(v) } : {});
+  const reason = valueAt(ended, ['reason']);
+  const waiting = valueAt(status, ['state', 'waiting', 'reason']);
+  const pullMessage = valueAt(status, ['state', 'waiting', 'message']);
+  return {
+    container: String(valueAt(status, ['name']) ?? ''),
+    ...(isObject(ended) && {
+      lastExit: {
+        code: numberAt(ended, ['exitCode']),
+        ...(typeof reason === 'string' && reason !== '' && { reason }),
+        ...message(valueAt(ended, ['message'])),
+      },
+      ...(current === undefined && { restarted: true }),
+    }),
+    ...(typeof waiting === 'string' &&
+      PULL_REASONS.includes(waiting) &&
+      text(pullMessage) !== '' && { pullError: text(pullMessage) }),
   };
 }
 
@@ -19408,10 +19501,11 @@ export async function refuseGitopsOwned(
 // 39. the report — the answer of one push, one "label: value" per line, values aligned, always in this order, lines
 //    whose value is unknown left out: workload, container, image before, image after, action (image updated | rollout
 //    restarted (same image re-pulled) | none (<why>)), result (ok | failed: <message>), rollout (progressing |
-//    complete | failed | timed out | not tracked), one line per pod, rollback, notes. Exit status 0 when the result
-//    is ok (a change made, or an acknowledged no-op), 1 otherwise.
-//    Exports: formatForcedRollback, formatReport, formatRollback, formatRollout.
-//    Tests: test/e2e.test.ts, test/records.test.ts, test/upgrade.test.ts.
+//    complete | failed | timed out | not tracked), one line per pod (for the first failing ones, why: the last exit,
+//    the pull error, the log's last lines), rollback, notes. Exit status 0 when the result is ok (a change made, or an
+//    acknowledged no-op), 1 otherwise.
+//    Exports: formatForcedRollback, formatReport, formatRollback, formatRollout, podFailureText, toldPods.
+//    Tests: test/e2e.test.ts, test/failure-report.test.ts, test/records.test.ts, test/upgrade.test.ts.
 // ================================================================================================
 
 /** What a forced rollback did, for the rollback line, the Event and the log. Pure. */
@@ -19450,11 +19544,34 @@ export function formatRollout(r: RolloutOutcome): string {
   }
 }
 
-function formatPod(p: PodSummary): string {
-  return (
+/** A pod's line; for a pod told of, why it fails (its last exit, pull error) and its log's last lines. Pure. */
+function formatPod(p: PodSummary, told: boolean): string[] {
+  const line =
     `pod ${p.name}: ${p.phase}, ${p.ready ? 'ready' : 'not ready'}, image ${p.image}, restarts ` +
-    `${p.restarts}${p.reason ? `, ${p.reason}` : ''}`
-  );
+    `${p.restarts}${p.reason ? `, ${p.reason}` : ''}`;
+  const f = told ? p.failure : undefined;
+  if (!f) return [line];
+  const log = f.log;
+  const of = `  log (container ${f.container}${f.restarted ? ', previous run' : ''})`;
+  if (!log) return [line + podFailureText(f)];
+  if ('unreadable' in log) return [line + podFailureText(f), `${of}: not readable: ${log.unreadable}`];
+  const lines = log.lines.length === 1 ? '1 line' : `last ${log.lines.length} lines`;
+  return [line + podFailureText(f), `${of}, ${lines}:`, ...log.lines.map((l) => `  | ${l}`)];
+}
+
+/** Why a pod fails, as its pod line ends: `; last exit 1 (Error): its message; pull error: …`. Pure. */
+export function podFailureText(f: PodFailure): string {
+  const oneLine = (text: string) => text.replace(/\s*\n\s*/g, ' ⏎ ');
+  const e = f.lastExit;
+  const exit = e
+    ? `; last exit ${e.code}${e.reason ? ` (${e.reason})` : ''}${e.message ? `: ${oneLine(e.message)}` : ''}`
+    : '';
+  return `${exit}${f.pullError ? `; pull error: ${oneLine(f.pullError)}` : ''}`;
+}
+
+/** The pods a report tells why they fail: the first failedPodsTold that have a failure. Pure. */
+export function toldPods(pods: PodSummary[]): Set<PodSummary> {
+  return new Set(pods.filter((p) => p.failure).slice(0, LIMITS.upgrade.failedPodsTold));
 }
 
 export function formatRollback(r: RollbackOutcome): string {
@@ -19478,7 +19595,8 @@ export function formatReport(r: UpgradeReport): string {
   lines.push(reportLine('result', r.result === 'ok' ? 'ok' : `failed: ${r.error ?? 'unknown error'}`));
   if (r.rollout) {
     lines.push(reportLine('rollout', formatRollout(r.rollout)));
-    for (const p of r.rollout.pods.slice(0, LIMITS.upgrade.maxPodLines)) lines.push(formatPod(p));
+    const told = toldPods(r.rollout.pods);
+    for (const p of r.rollout.pods.slice(0, LIMITS.upgrade.maxPodLines)) lines.push(...formatPod(p, told.has(p)));
     if (r.rollout.pods.length > LIMITS.upgrade.maxPodLines)
       lines.push(reportLine('pods', `${r.rollout.pods.length - LIMITS.upgrade.maxPodLines} more not shown`));
   }
@@ -19493,10 +19611,11 @@ export function formatReport(r: UpgradeReport): string {
 //    client's watch shared by the follows of a namespace and kind, from the PATCH answer's resourceVersion; a watch
 //    of the workload alone where RBAC names it; a GET per second, with one warning, where watch is refused). A
 //    follow is recorded on the workload (FOLLOW_ANNOTATION) after the answer, so another replica resumes it after a
-//    restart, and only the replica that takes the record off reports its end (claimFollow).
+//    restart, and only the replica that takes the record off reports its end (claimFollow). A rollout that fails
+//    reads the last lines of its first failing pods' logs, where pods/log is granted (withFailureLogs).
 //    Exports: claimFollow, followRollout, resumedReport, rolloutEvent.
-//    Tests: test/decision.test.ts, test/e2e.test.ts, test/replicas.test.ts, test/resume.test.ts, test/rolling.test.ts,
-//    test/watch.test.ts.
+//    Tests: test/decision.test.ts, test/e2e.test.ts, test/failure-report.test.ts, test/replicas.test.ts,
+//    test/resume.test.ts, test/rolling.test.ts, test/upgrade.test.ts, test/watch.test.ts.
 // ================================================================================================
 
 /**
@@ -19507,6 +19626,14 @@ export function formatReport(r: UpgradeReport): string {
  * throws (an API failure becomes the outcome's detail).
  */
 export async function followRollout(
+  client: KubeClient,
+  target: WorkloadTarget,
+  options: FollowOptions,
+): Promise<RolloutOutcome> {
+  return withFailureLogs(client, target.namespace, await followToEnd(client, target, options));
+}
+
+async function followToEnd(
   client: KubeClient,
   target: WorkloadTarget,
   options: FollowOptions,
@@ -19612,7 +19739,8 @@ function workloadPodsIn(
 
 /**
  * A pod reduced to what summarizePod and the ownership checks read (name, labels, owners, deletion, phase,
- * conditions, containers' names, images and states): what a watch of a namespace's pods keeps of each. Pure.
+ * conditions, containers' names, images, states and last terminations): what a watch of a namespace's pods keeps of
+ * each. Pure.
  */
 function leanPod(pod: K8sObject): K8sObject {
   const pick = (o: unknown, keys: string[]): Record<string, unknown> | undefined => {
@@ -19623,12 +19751,17 @@ function leanPod(pod: K8sObject): K8sObject {
   };
   const each = (list: unknown, keep: (o: unknown) => unknown) => (Array.isArray(list) ? list.map(keep) : undefined);
   const container = (c: unknown) => pick(c, ['name', 'image', 'imagePullPolicy']);
+  // A termination's message is kept (the kubelet keeps at most 4 KiB of it), a waiting one only as a pull's error.
+  const ended = (t: unknown) => pick(t, ['reason', 'exitCode', 'message']);
+  const pending = (w: unknown) =>
+    pick(w, PULL_REASONS.includes(String(valueAt(w, ['reason']))) ? ['reason', 'message'] : ['reason']);
   const containerStatus = (c: unknown) => ({
     ...pick(c, ['name', 'ready', 'image', 'restartCount']),
     state: {
-      waiting: pick(valueAt(c, ['state', 'waiting']), ['reason']),
-      terminated: pick(valueAt(c, ['state', 'terminated']), ['reason']),
+      waiting: pending(valueAt(c, ['state', 'waiting'])),
+      terminated: ended(valueAt(c, ['state', 'terminated'])),
     },
+    lastState: { terminated: ended(valueAt(c, ['lastState', 'terminated'])) },
   });
   const { metadata, spec, status } = pod;
   return {
@@ -19852,6 +19985,60 @@ class WorkloadFeed {
     this.unsubscribe();
     return this.latest;
   }
+}
+
+/**
+ * A rollout that failed or timed out, with the last lines of the log of each of its first failedPodsTold failing
+ * pods that ran (the previous run's, for a container waiting to run again), or why they could not be read. Never
+ * throws.
+ */
+async function withFailureLogs(
+  client: KubeClient,
+  namespace: string,
+  outcome: RolloutOutcome,
+): Promise<RolloutOutcome> {
+  if (outcome.state !== 'failed' && outcome.state !== 'timed out') return outcome;
+  const told = toldPods(outcome.pods);
+  const withLog = async (p: PodSummary): Promise<PodSummary> =>
+    told.has(p) && p.failure!.lastExit
+      ? { ...p, failure: { ...p.failure!, log: await lastLogLines(client, namespace, p.name, p.failure!) } }
+      : p;
+  return { ...outcome, pods: await Promise.all(outcome.pods.map(withLog)) };
+}
+
+/** A failing container's last log lines (tailLines, limitBytes), or why the API server would not give them. */
+async function lastLogLines(
+  client: KubeClient,
+  namespace: string,
+  pod: string,
+  f: PodFailure,
+): Promise<NonNullable<PodFailure['log']>> {
+  const ref = { group: '', version: 'v1', resource: 'pods', subresource: 'log', namespace, name: pod };
+  const query = {
+    container: f.container,
+    tailLines: String(LIMITS.upgrade.podLogLines),
+    limitBytes: String(LIMITS.upgrade.podLogBytes),
+    ...(f.restarted && { previous: 'true' }),
+  };
+  try {
+    return { lines: logTail(await client.text(ref, query)) };
+  } catch (e) {
+    if ((e as KubeError).status === 403)
+      return { unreadable: 'not granted get on pods/log (`webhook -print-rbac -rbac-pod-logs` grants it)' };
+    return { unreadable: (e as Error).message };
+  }
+}
+
+/**
+ * A log's last lines as the report shows them: a line the byte limit cut is left out (a secret cut in two would pass
+ * the scrubber in part), terminal escapes and control characters taken out. Pure.
+ */
+export function logTail(body: string): string[] {
+  const lines = body.split('\n');
+  if (lines.at(-1) === '' || Buffer.byteLength(body) >= LIMITS.upgrade.podLogBytes) lines.pop();
+  return lines
+    .map((l) => l.replace(/\x1b\[[0-9;?]*[ -\/]*[@-~]/g, '').replace(/[\x00-\x08\x0a-\x1f\x7f]/g, ''))
+    .slice(-LIMITS.upgrade.podLogLines);
 }
 
 /** The pods not ready for a reason that needs a change (optionally only those running `image`). */
@@ -20572,7 +20759,11 @@ const yamlList = (items: string[]) => `[${items.map((i) => JSON.stringify(i)).jo
  * through resourceNames; list re-lists it when the watch has fallen behind); what the summary and Events need;
  * delete on pods only where a hook's rollback must delete stuck pods (forcedRollback).
  */
-function roleRules(workloads: Map<WorkloadKind, Set<string>>, secrets: Set<string>, deletePods: boolean): string[] {
+function roleRules(
+  workloads: Map<WorkloadKind, Set<string>>,
+  secrets: Set<string>,
+  { deletePods, podLogs }: { deletePods: boolean; podLogs: boolean },
+): string[] {
   const rule = (group: string, resource: string, verbs: string[], names?: string[]) => [
     `  - apiGroups: ${yamlList([group])}`,
     `    resources: ${yamlList([resource])}`,
@@ -20589,6 +20780,8 @@ function roleRules(workloads: Map<WorkloadKind, Set<string>>, secrets: Set<strin
   if (through) lines.push(...rule(through.group, through.resource, ['list']));
   if (kinds.some((k) => kindSpec(k).hasRollout))
     lines.push(...rule('', 'pods', deletePods ? ['list', 'watch', 'delete'] : ['list', 'watch']));
+  // -rbac-pod-logs: a failed rollout's report quotes its failing containers' last log lines.
+  if (podLogs && kinds.some((k) => kindSpec(k).hasRollout)) lines.push(...rule('', 'pods/log', ['get']));
   // VERIFY_IMAGE reads the pull secrets the workloads name, and no other.
   if (secrets.size > 0) lines.push(...rule('', 'secrets', ['get'], [...secrets].sort()));
   return [...lines, ...rule('', 'events', ['create'])];
@@ -20601,7 +20794,12 @@ function roleRules(workloads: Map<WorkloadKind, Set<string>>, secrets: Set<strin
  * ROLLBACK_ON_FAILURE=true upgrades a StatefulSet (its forced rollback). Hooks whose workload a request chooses are
  * listed in a comment and returned: only a cluster-wide role serves them. Pure.
  */
-export function formatRbac(reaches: HookReach[], serviceAccount: string, hooksPaths: string[]): string {
+export function formatRbac(
+  reaches: HookReach[],
+  serviceAccount: string,
+  hooksPaths: string[],
+  podLogs = false,
+): string {
   const [saNamespace, saName] = serviceAccount.split('/');
   const byNamespace = new Map<string, Map<WorkloadKind, Set<string>>>();
   const secretsIn = new Map<string, Set<string>>();
@@ -20617,7 +20815,7 @@ export function formatRbac(reaches: HookReach[], serviceAccount: string, hooksPa
     for (const secret of pullSecrets ?? []) secrets.add(secret);
   }
   const out = [
-    `# Generated by \`webhook -print-rbac -hooks ${hooksPaths.join(' -hooks ')}\``,
+    `# Generated by \`webhook -print-rbac${podLogs ? ' -rbac-pod-logs' : ''} -hooks ${hooksPaths.join(' -hooks ')}\``,
     `# for the ServiceAccount ${serviceAccount}.`,
     '# Apply with `kubectl apply -f -`; generate again when a hook changes its namespace or workload.',
     ...reaches.map((r) =>
@@ -20644,7 +20842,7 @@ export function formatRbac(reaches: HookReach[], serviceAccount: string, hooksPa
     '    app.kubernetes.io/name: webhook',
   ];
   for (const [ns, workloads] of [...byNamespace].sort(([a], [b]) => a.localeCompare(b))) {
-    const rules = roleRules(workloads, secretsIn.get(ns) ?? new Set(), deletePodsIn.has(ns));
+    const rules = roleRules(workloads, secretsIn.get(ns) ?? new Set(), { deletePods: deletePodsIn.has(ns), podLogs });
     out.push(...metadata('Role', ns), 'rules:', ...rules);
     out.push(...metadata('RoleBinding', ns), 'roleRef:', '  apiGroup: rbac.authorization.k8s.io', '  kind: Role');
     out.push(`  name: ${JSON.stringify(saName)}`, 'subjects:', '  - kind: ServiceAccount');
@@ -24657,10 +24855,16 @@ export class DeliveryLog {
     return { hookId: hook.id, requestId: req.id, settings: r.settings ?? resultSettings((name) => r.env?.[name]) };
   }
 
+  /** A record's facts and its whole text, scrubbed: the report's, and the pods' failures (a container's own words). */
+  private facts(of: RecordOf, r: Ended, report: UpgradeReport | undefined, receivedAt: Date) {
+    const text = this.scrub(resultText(r, report));
+    const facts = deliveryFacts(of, r, report, receivedAt, text);
+    return { facts: { ...facts, pods: facts.pods.map((p) => scrubbedPod(p, this.scrub)) }, text };
+  }
+
   answered(hook: Hook, req: PushOrigin, r: CommandResult, report: UpgradeReport | undefined): void {
     const d = this.inFlight.get(req) ?? this.open(hook.id, req.id, req);
-    const text = this.scrub(resultText(r, report));
-    Object.assign(d, deliveryFacts(this.recordOf(hook, req, r), r, report, d.receivedAt, text));
+    Object.assign(d, this.facts(this.recordOf(hook, req, r), r, report, d.receivedAt).facts);
     // Final only once settled: the rollout may still fail.
     d.outcome = undefined;
     d.state = report?.rollout?.state === 'progressing' && report.changed ? 'following' : 'running';
@@ -24687,8 +24891,8 @@ export class DeliveryLog {
 
   private final(d: Delivery, of: RecordOf, r: Ended, report: UpgradeReport | undefined): Final {
     const done = { finishedAt: new Date(), state: 'done' as const };
-    const text = this.scrub(resultText(r, report));
-    Object.assign(d, deliveryFacts(of, r, report, d.receivedAt, text), done);
+    const { facts, text } = this.facts(of, r, report, d.receivedAt);
+    Object.assign(d, facts, done);
     return { record: d, text };
   }
 
@@ -24725,6 +24929,23 @@ export class DeliveryLog {
   busy(entries: readonly Delivery[] = this.entries): boolean {
     return entries.some((d) => d.state !== 'done' || d.notifications.some((n) => n.state === 'pending'));
   }
+}
+
+/** A pod with the texts of its failure (its container's message, pull error and log) scrubbed. Pure. */
+function scrubbedPod(p: PodSummary, scrub: (text: string) => string): PodSummary {
+  const f = p.failure;
+  if (!f) return p;
+  const log = f.log && ('lines' in f.log ? { lines: f.log.lines.map(scrub) } : { unreadable: scrub(f.log.unreadable) });
+  const message = f.lastExit?.message;
+  return {
+    ...p,
+    failure: {
+      ...f,
+      ...(message !== undefined && { lastExit: { ...f.lastExit!, message: scrub(message) } }),
+      ...(f.pullError !== undefined && { pullError: scrub(f.pullError) }),
+      ...(log && { log }),
+    },
+  };
 }
 
 /** A push's final record, and its whole text (scrubbed, not cut) for the mail. */
@@ -25088,12 +25309,25 @@ export function resultDocument(r: Delivery, extra: Record<string, unknown> = {})
     image_before: r.imageBefore ?? null,
     image_after: r.imageAfter ?? null,
     rollout: r.rollout ?? null,
-    pods: r.pods.map((p) => ({ ...p, reason: p.reason ?? null })),
+    pods: r.pods.map(podDocument),
     ...(r.waiting ? waitingDocument(r.waiting) : {}),
     ...(r.dryRun ? { dry_run: true } : {}),
     ...extra,
     report: r.report,
   };
+}
+
+/** A pod in the JSON document; a failing one's `failure` in the document's words (last_exit, pull_error, log). */
+function podDocument(p: PodSummary): Record<string, unknown> {
+  const { failure: f, ...pod } = p;
+  const log = f?.log && ('lines' in f.log ? { log: f.log.lines } : { log_unreadable: f.log.unreadable });
+  const failure = f && {
+    container: f.container,
+    ...(f.lastExit && { last_exit: { ...f.lastExit, previous_run: f.restarted === true } }),
+    ...(f.pullError !== undefined && { pull_error: f.pullError }),
+    ...log,
+  };
+  return { ...pod, reason: p.reason ?? null, ...(failure && { failure }) };
 }
 
 /** A waiting push in the JSON document: what it waits for, and approveUrl/rejectUrl for any other system. */
@@ -25218,6 +25452,20 @@ function chatFacts(r: Delivery): ChatFact[] {
   if (r.rollout) facts.push({ name: 'rollout', value: `${r.rollout.state}: ${r.rollout.detail}` });
   const ready = r.pods.filter((p) => p.ready).length;
   if (r.pods.length) facts.push({ name: 'pods', value: `${ready} of ${r.pods.length} ready` });
+  return [...facts, ...failureFacts(r.pods)];
+}
+
+/** Why a failed rollout's pods fail, as a chat tells it: each pod told of, and the first one's last log lines. */
+function failureFacts(pods: PodSummary[]): ChatFact[] {
+  const told = [...toldPods(pods)];
+  const facts = told.map((p) => ({
+    name: 'failed',
+    value: `${p.name} ${p.reason ?? ''}${podFailureText(p.failure!)}`,
+  }));
+  const log = told.map((p) => p.failure!.log).find((l) => l !== undefined);
+  if (log && 'lines' in log && log.lines.length > 0)
+    facts.push({ name: 'log', value: log.lines.slice(-LIMITS.notify.chatLogLines).join(' ⏎ ') });
+  else if (log && 'unreadable' in log) facts.push({ name: 'log', value: `not readable: ${log.unreadable}` });
   return facts;
 }
 
@@ -26737,12 +26985,14 @@ async function printRbac(o: Options, env: Record<string, string | undefined>): P
   const sections: string[] = [];
   for (const [cluster, inCluster] of byCluster) {
     unread.push(...(await readPullSecrets(inCluster, o.kubeconfig || undefined, env, cluster)));
-    const rbac = formatRbac(inCluster, o.rbacServiceAccount, o.hooks);
+    const rbac = formatRbac(inCluster, o.rbacServiceAccount, o.hooks, o.rbacPodLogs);
     // Hooks in several clusters: one section each, applied in its own cluster.
     const head = byCluster.size > 1 || cluster !== undefined ? clusterHeading(cluster) : '';
     sections.push(head + rbac);
   }
-  process.stdout.write(sections.length ? sections.join('---\n') : formatRbac([], o.rbacServiceAccount, o.hooks));
+  process.stdout.write(
+    sections.length ? sections.join('---\n') : formatRbac([], o.rbacServiceAccount, o.hooks, o.rbacPodLogs),
+  );
   const notes = [
     ...snapshot.warnings.map((w) => `warning: ${w}`),
     ...unread,

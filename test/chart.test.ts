@@ -211,12 +211,14 @@ describe('charts/webhook on the cluster', { skip: helm && cluster ? false : 'no 
   test('for the same settings, deploy/ (with -print-rbac or rbac-cluster.yaml) and the chart produce the same objects', async () => {
     const token = randomBytes(24).toString('hex');
     const adminToken = randomBytes(24).toString('hex');
-    for (const mode of ['namespaced', 'cluster']) {
+    // rbac.podLogs is -print-rbac -rbac-pod-logs: get on pods/log beside the Roles' other rules.
+    for (const [mode, podLogs] of [['namespaced', false], ['namespaced', true], ['cluster', false]] as const) {
       const overlay = filledDeploy(token, adminToken, mode === 'cluster');
       const fromDeploy = await parseManifests('', kubectl, overlay);
       if (mode === 'namespaced') {
         // deploy/'s Roles are what `webhook -print-rbac` prints for its hooks.
-        const rbac = execFileSync(defaultBinary(), ['-print-rbac', '-hooks', path.join(overlay, 'hooks'), '-template', '-rbac-service-account', 'cattle-system/webhook'], {
+        const logs = podLogs ? ['-rbac-pod-logs'] : [];
+        const rbac = execFileSync(defaultBinary(), ['-print-rbac', ...logs, '-hooks', path.join(overlay, 'hooks'), '-template', '-rbac-service-account', 'cattle-system/webhook'], {
           env: { PATH: process.env.PATH, HOOK_TOKEN: token }, encoding: 'utf8',
         });
         fromDeploy.push(...await parseManifests(rbac, kubectl));
@@ -227,7 +229,7 @@ describe('charts/webhook on the cluster', { skip: helm && cluster ? false : 'no 
         token: { perHook: false, value: token },
         adminToken: { value: adminToken },
         mail: { server: 'smtp.example.com', port: 465, from: 'webhook@example.com', password: 'the password', tlsCheck: true },
-        rbac: { mode },
+        rbac: { mode, podLogs },
       });
       const rendered = await runHelm(['template', 'webhook', CHART, '-n', 'cattle-system', '-f', values]);
       const fromChart = await parseManifests(rendered, kubectl);
@@ -235,6 +237,7 @@ describe('charts/webhook on the cluster', { skip: helm && cluster ? false : 'no 
       const [d, c] = [byName(fromDeploy.map((o) => withNamespace(o, 'cattle-system'))), byName(fromChart.map((o) => withNamespace(o, 'cattle-system')))];
       assert.deepEqual([...c.keys()].sort(), [...d.keys()].sort(), mode);
       assert.ok(d.has(mode === 'cluster' ? 'ClusterRole//webhook' : 'Role/prod/webhook'), mode);
+      assert.equal(JSON.stringify(c.get('Role/prod/webhook') ?? null).includes('pods/log'), podLogs, mode);
       for (const key of ['NetworkPolicy/cattle-system/webhook', 'Secret/cattle-system/webhook-admin']) assert.ok(d.has(key), `${mode}: ${key}`);
       for (const [key, object] of d) assert.deepEqual(c.get(key), object, `${mode}: ${key}`);
     }

@@ -248,7 +248,7 @@ describe('pushes through the running executable, on a real cluster', { skip: clu
     assert.equal(failed.status, 500, failed.body);
     assert.match(failed.body, /^result: +failed: the rollout failed \(see rollout\)$/m);
     assert.match(failed.body, /^rollout: +failed: ProgressDeadlineExceeded/m);
-    assert.match(failed.body, /^pod broken-\S+: Running, not ready, .*CrashLoopBackOff$/m);
+    assert.match(failed.body, /^pod broken-\S+: Running, not ready, .*CrashLoopBackOff; last exit 1 \(Error\)$/m);
   });
 
   test('20 concurrent pushes to one workload apply one after another and end on the last one received', async () => {

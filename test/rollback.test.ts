@@ -115,7 +115,7 @@ describe('a failed rollout, with and without ROLLBACK_ON_FAILURE', { skip: clust
     assert.equal(rolled.subject, `Webhooks通知: ${ns}-deployment/guarded-app 更新结果: failed`);
     assert.match(rolled.body, new RegExp(`^outcome: failed \\(image updated, then rolled back to ${acrImage('v1').replace(/\./g, '\\.')}\\)$`, 'm'));
     assert.match(rolled.body, /^rollout: +failed: pods not ready: guarded-\S+ CrashLoopBackOff \(stuck for \d+s\)$/m);
-    assert.match(rolled.body, /^pod guarded-\S+: Running, not ready, image \S+:broken1, restarts \d+, CrashLoopBackOff$/m);
+    assert.match(rolled.body, /^pod guarded-\S+: Running, not ready, image \S+:broken1, restarts \d+, CrashLoopBackOff; last exit 1 \(Error\)$/m);
     assert.match(rolled.body, new RegExp(`^rollback: +rolled back to ${acrImage('v1').replace(/\./g, '\\.')}: the rollout of \\S+:broken1 failed: pods not ready: .*CrashLoopBackOff.*; its rollout complete`, 'm'));
     assert.equal(containerImage(await getJson('deployment/guarded'), 'app'), acrImage('v1'));
     const record = JSON.parse((await getJson('deployment/guarded')).metadata.annotations['webhook/last-push']).app;

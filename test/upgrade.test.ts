@@ -16,7 +16,7 @@ import {
   checkImagePin, compileHooksFile, IMAGE_PIN_SETTINGS, readImagePin, registryOf,
   composeImageRef, readPushReading, credentialsFromEnvironment, parsePushHeaders, REPO_TYPES, formatReport, inClusterCredentials, KubeClient, KubeConfigError, KubeError,
   labelSelector, leanWorkload, loadKubeconfig, normalizeImageRef, parsePushPayload, parseWorkload, planPatch, locateContainer, retryDelay,
-  rolloutStatus, runUpgrade, summarizePod, validateImageRef, WorkloadQueue, decidePush, type UpgradeReport,
+  rolloutStatus, runUpgrade, summarizePod, logTail, type PodSummary, validateImageRef, WorkloadQueue, decidePush, type UpgradeReport,
   asMarshalled, goJsonMarshal, parseJsonKeepingNumbers, pushPayload, webhookValidation,
 } from '../webhook.ts';
 import {
@@ -469,6 +469,65 @@ describe('rollout status by kubectl rules', () => {
     assert.deepEqual(summarizePod(pending, 'app'), { name: 'web-2', phase: 'Pending', ready: false, image: 'a:2', restarts: 0, reason: 'Unschedulable' });
     assert.equal(summarizePod({ ...pod, metadata: { name: 'web-1', deletionTimestamp: '2030-01-01T00:00:00Z' } }, 'app').phase, 'Terminating');
   });
+  test("pod summary: a failing container's last exit (a crash loop's previous run) and pull error", () => {
+    const pod = (statuses: object[], ready = 'False') => ({ metadata: { name: 'web-1' }, spec: { containers: [{ name: 'app', image: 'a:2' }] },
+      status: { phase: 'Running', conditions: [{ type: 'Ready', status: ready }], containerStatuses: statuses } });
+    const crashing = { name: 'app', image: 'a:2', ready: false, restartCount: 4,
+      state: { waiting: { reason: 'CrashLoopBackOff', message: 'back-off 40s restarting failed container' } },
+      lastState: { terminated: { exitCode: 137, reason: 'OOMKilled', message: '  killed at 512Mi\n' } } };
+    assert.deepEqual(summarizePod(pod([crashing]), 'app').failure,
+      { container: 'app', lastExit: { code: 137, reason: 'OOMKilled', message: 'killed at 512Mi' }, restarted: true });
+    // A sidecar that fails is the one told, though the summary's image and restarts stay the named container's.
+    const sidecar = { name: 'proxy', image: 'p:1', ready: false, restartCount: 0,
+      state: { waiting: { reason: 'ImagePullBackOff', message: 'Back-off pulling image "p:1": not found' } } };
+    const both = summarizePod(pod([{ name: 'app', image: 'a:2', ready: true, restartCount: 0, state: { running: {} } }, sidecar]), 'app');
+    assert.deepEqual(both.failure, { container: 'proxy', pullError: 'Back-off pulling image "p:1": not found' });
+    assert.equal(both.reason, 'ImagePullBackOff');
+    // A container that has ended now (a Job's, an init container's): its own exit, not a previous run.
+    const ended = { name: 'app', image: 'a:2', ready: false, restartCount: 0, state: { terminated: { exitCode: 2, reason: 'Error' } } };
+    assert.deepEqual(summarizePod(pod([ended]), 'app').failure, { container: 'app', lastExit: { code: 2, reason: 'Error' } });
+    // A ready pod, or one waiting with nothing to say of why (ContainerCreating), has no failure.
+    assert.equal('failure' in summarizePod(pod([crashing], 'True'), 'app'), false);
+    const creating = { name: 'app', image: 'a:2', ready: false, restartCount: 0, state: { waiting: { reason: 'ContainerCreating' } } };
+    assert.equal('failure' in summarizePod(pod([creating]), 'app'), false);
+    // The message is kept whole up to the kubelet's own 4 KiB: the report's scrubber sees a secret before any cut.
+    const long = { ...crashing, lastState: { terminated: { exitCode: 1, message: 'x'.repeat(10_000) } } };
+    assert.equal(summarizePod(pod([long]), 'app').failure?.lastExit?.message?.length, 4096);
+  });
+  test('a log tail: the line the byte limit cut left out, terminal escapes and control characters taken out', () => {
+    assert.deepEqual(logTail('one\ntwo\n'), ['one', 'two']);
+    assert.deepEqual(logTail('\x1b[31mred\x1b[0m\tdone\r\n'), ['red\tdone']);
+    // A body of limitBytes ends inside a line: that line is not shown (a secret in it could be cut in two).
+    const full = `${'a'.repeat(100)}\n${'b'.repeat(4096 - 101)}`;
+    assert.deepEqual(logTail(full), ['a'.repeat(100)]);
+    assert.equal(logTail(Array.from({ length: 30 }, (_, i) => `line ${i}`).join('\n') + '\n').length, 20);
+  });
+  test('the report tells why for the first three failing pods: last exit, pull error, log lines or why not read', () => {
+    const failing = (n: number, failure: PodSummary['failure']): PodSummary =>
+      ({ name: `web-${n}`, phase: 'Running', ready: false, image: 'r.io/ns/app:v2', restarts: 2, reason: 'CrashLoopBackOff', failure });
+    const crash = { container: 'app', lastExit: { code: 1, reason: 'Error', message: 'boom\nat main.go:12' }, restarted: true };
+    const report: UpgradeReport = {
+      decision: 'applied', action: 'image updated', changed: true, result: 'failed', error: 'the rollout failed (see rollout)', notes: [],
+      rollout: { state: 'failed', detail: 'pods not ready', pods: [
+        { name: 'web-0', phase: 'Running', ready: true, image: 'r.io/ns/app:v1', restarts: 0 },
+        failing(1, { ...crash, log: { lines: ['starting', 'panic: boom'] } }),
+        failing(2, { ...crash, log: { unreadable: 'not granted get on pods/log' } }),
+        { ...failing(3, { container: 'proxy', pullError: 'not found' }), reason: 'ImagePullBackOff' },
+        failing(4, { ...crash, log: { lines: ['never shown'] } }),
+      ] },
+    };
+    assert.equal(formatReport(report).split('\n').slice(3, -1).join('\n'), [
+      'pod web-0: Running, ready, image r.io/ns/app:v1, restarts 0',
+      'pod web-1: Running, not ready, image r.io/ns/app:v2, restarts 2, CrashLoopBackOff; last exit 1 (Error): boom ⏎ at main.go:12',
+      '  log (container app, previous run), last 2 lines:',
+      '  | starting',
+      '  | panic: boom',
+      'pod web-2: Running, not ready, image r.io/ns/app:v2, restarts 2, CrashLoopBackOff; last exit 1 (Error): boom ⏎ at main.go:12',
+      '  log (container app, previous run): not readable: not granted get on pods/log',
+      'pod web-3: Running, not ready, image r.io/ns/app:v2, restarts 2, ImagePullBackOff; pull error: not found',
+      'pod web-4: Running, not ready, image r.io/ns/app:v2, restarts 2, CrashLoopBackOff',
+    ].join('\n'));
+  });
   test('pod summary: the digest the kubelet pulled, from a repository imageID only', () => {
     const digest = `sha256:${'ab'.repeat(32)}`;
     const pod = (imageID: string) => ({ metadata: { name: 'web-1' }, spec: { containers: [{ name: 'app', image: 'r.example/a:2' }] },
@@ -846,7 +905,7 @@ describe('upgrade on a real cluster', { skip: cluster ? false : 'no cluster' }, 
     assert.match(r.output, /^action: +image updated$/m);
     assert.match(r.output, /^result: +failed: the rollout failed \(see rollout\)$/m);
     assert.match(r.output, /^rollout: +failed: ProgressDeadlineExceeded: /m);
-    assert.match(r.output, /^pod broken-\S+: Running, not ready, image registry\.cn-hangzhou\.aliyuncs\.com\/shop\/web-api:v2, restarts 1, CrashLoopBackOff$/m);
+    assert.match(r.output, /^pod broken-\S+: Running, not ready, image registry\.cn-hangzhou\.aliyuncs\.com\/shop\/web-api:v2, restarts 1, CrashLoopBackOff; last exit 1 \(Error\)$/m);
     assert.ok((await events('broken')).some((e: any) => e.reason === 'RolloutFailed' && e.type === 'Warning'));
   });
 

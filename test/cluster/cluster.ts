@@ -53,6 +53,9 @@ function clusterFiles(name: string) {
     kubeconfig: join(dir, 'kubeconfig.yaml'),
     /** The stage file kwok-controller reads: a copy, so the running cluster never depends on a clone. */
     stageCopy: join(kwokWorkdir, `${name}-unready-stage.yaml`),
+    /** The log files the ClusterLogs document names. */
+    currentLog: join(kwokWorkdir, `${name}-container.log`),
+    previousLog: join(kwokWorkdir, `${name}-container-previous.log`),
     /**
      * kwokctl binds every component (etcd too, unauthenticated) to 0.0.0.0 by default, and v0.8.0 has
      * no flag or env var for it: only a KwokctlConfiguration document can set it.
@@ -73,6 +76,39 @@ options:
   bindAddress: 127.0.0.1
 `;
 const lockDir = join(cacheRoot, 'cluster.lock');
+
+/**
+ * What kwok-controller serves as every pod's container log (ClusterLogs, read through the API server's pods/log):
+ * the previous run's of a crash-looping container ends in an error that quotes this secret, which a test's hook holds.
+ */
+export const CRASH_LOG_SECRET = 'crash-log-secret-5f0c2a9e7d41';
+export const CRASH_LOG_PREVIOUS = [
+  'starting web-api v2',
+  `connecting to db://orders with token ${CRASH_LOG_SECRET}`,
+  'panic: database unreachable: dial tcp 10.0.0.7:5432: connect: connection refused',
+];
+const CURRENT_LOG = ['starting web-api'];
+
+/** Lines as the CRI log files kwok reads hold them (`<time> <stream> F <line>`). */
+function criLog(lines: string[]): string {
+  return lines.map((l, i) => `2026-01-01T00:00:0${i}.000000000Z ${l.startsWith('panic') ? 'stderr' : 'stdout'} F ${l}\n`).join('');
+}
+
+/** The ClusterLogs document kwok-controller reads beside the stages: every pod's log, and its previous run's. */
+function clusterLogs(f: ClusterFiles): string {
+  return [
+    'apiVersion: kwok.x-k8s.io/v1alpha1',
+    'kind: ClusterLogs',
+    'metadata:',
+    '  name: webhook-test-logs',
+    'spec:',
+    '  selector: {}',
+    '  logs:',
+    `  - logsFile: ${JSON.stringify(f.currentLog)}`,
+    `    previousLogsFile: ${JSON.stringify(f.previousLog)}`,
+    '',
+  ].join('\n');
+}
 
 export const kubeconfigPath = join(repoRoot, '.cache', 'cluster', 'kubeconfig.json');
 
@@ -317,7 +353,9 @@ async function clusterProblem(v: Versions, f: ClusterFiles): Promise<string | un
 async function kwokInputs(v: Versions, f: ClusterFiles): Promise<Array<{ path: string; content: string }>> {
   return [
     { path: f.kwokctlConfig, content: KWOKCTL_CONFIG },
-    { path: f.stageCopy, content: await readFile(stageSource, 'utf8') },
+    { path: f.stageCopy, content: `${await readFile(stageSource, 'utf8')}---\n${clusterLogs(f)}` },
+    { path: f.currentLog, content: criLog(CURRENT_LOG) },
+    { path: f.previousLog, content: criLog(CRASH_LOG_PREVIOUS) },
     { path: f.versionsRecord, content: `${JSON.stringify(v)}\n` },
   ];
 }
