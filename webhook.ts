@@ -58,7 +58,7 @@
  *  32. setting values ............. deployWindowSetting, notifyCa, parseRecipients, pollInterval
  *  33. hook settings .............. HOOK_SETTINGS, fixedSettingChecks
  *  34. upgrade decision ........... decidePush, holdDecision, pushEvent, readPushRecords, verifiedRef
- *  35. platforms .................. NodePlatforms, platformFacts, nodeAffinityAllows
+ *  35. platforms .................. NodePlatforms, registryFacts, nodeAffinityAllows
  *  36. the decision ............... decide, futureTimeNote, waitingAction
  *  37. the cluster executor ....... carryOut, ExecutorOutcome, recordOutcome
  *  38. the git executor ........... commitOut, editGitFile, locatedYaml
@@ -6028,7 +6028,7 @@ class RepositoryReader {
   private login: RegistryLogin | undefined;
   /** Why the login was not sent to the registry's token service, when it was not (tokenHostAllowed). */
   private withheld: string | undefined;
-  private readonly where: string;
+  readonly where: string;
   private readonly registry: RegistryRepository;
   private readonly loginFor: () => Promise<RegistryLogin | undefined>;
   /** performance.now() past which no request starts and none goes on (SIGNATURE_LIMITS.checkTimeoutMs). */
@@ -7588,10 +7588,11 @@ export interface GitSettings {
 //    settings, decisions and annotations are written from these tables (scripts/docs.ts).
 //    Exports: APPROVAL_ANNOTATION, ApprovalLinks, ApprovalSigning, DecidedBy, DecidedFacts, Decision, DecisionCode,
 //    DecisionInput, DECISIONS, Delivery, DeployWindow, FOLLOW_ANNOTATION, FollowAfter, HOOK_ANNOTATION, HookConfig,
-//    ImagePattern, ImagePin, IncomingPush, K8sObject, LAST_PUSH_ANNOTATION, LocatedContainer, NotifyTexts, Outcome,
-//    PENDING_ANNOTATION, PendingEntry, PlannedChange, PlatformFacts, PodFailure, PodSummary, POLICY_ANNOTATION,
-//    POLL_ANNOTATION, PROMOTION_ANNOTATION, PublishedDecision, Push, PushReading, RecordLedger, ResultSettings,
-//    SendOutcome, UpdatePolicy, UpgradeSettings, WINDOW_ANNOTATION, WorkloadEvent, WorkloadKind, WorkloadTarget.
+//    ImagePattern, ImagePin, IncomingPush, K8sObject, LAST_PUSH_ANNOTATION, LocatedContainer, MIN_AGE_ANNOTATION,
+//    NotifyTexts, Outcome, PENDING_ANNOTATION, PendingEntry, PlannedChange, PlatformFacts, PodFailure, PodSummary,
+//    POLICY_ANNOTATION, POLL_ANNOTATION, PROMOTION_ANNOTATION, PublishedDecision, Push, PushReading, RecordLedger,
+//    ResultSettings, SendOutcome, UpdatePolicy, UpgradeSettings, WAITING_DECISIONS, WINDOW_ANNOTATION, WorkloadEvent,
+//    WorkloadKind, WorkloadTarget.
 //    Tests: test/decision.test.ts, test/docs.test.ts, test/hold.test.ts, test/policy.test.ts, test/records.test.ts,
 //    test/upgrade.test.ts.
 // ================================================================================================
@@ -7614,7 +7615,7 @@ export interface Push extends IncomingPush {
   decided?: DecidedBy;
   /** VERIFY_SIGNATURE found no signature of its digest yet (NotSignedYet, under SIGNATURE_WAIT): why, as refused. */
   unsigned?: string;
-  /** The platforms its image index offers and the workload's nodes run (platformFacts), when they were read. */
+  /** The platforms its image index offers and the workload's nodes run (registryFacts), when they were read. */
   platforms?: PlatformFacts;
 }
 
@@ -7636,6 +7637,8 @@ export interface IncomingPush {
   timeFrom: 'payload' | 'received';
   image: string;
   push: string;
+  /** When its image was built (its config's `created`), where the registry was asked: its age counts from it. */
+  builtAtMs?: number;
 }
 
 /** The workload an upgrade acts on; uid and generation are known once it has been read. */
@@ -7661,7 +7664,7 @@ export type WorkloadKind = 'deployment' | 'daemonset' | 'statefulset' | 'cronjob
  */
 export interface DecidedBy {
   id?: string;
-  action: 'approve' | 'deploy-now' | 'window' | 'replay' | 'promote' | 'signature';
+  action: 'approve' | 'deploy-now' | 'window' | 'replay' | 'promote' | 'signature' | 'age';
   by: string;
 }
 
@@ -7711,6 +7714,8 @@ interface UpgradeSettings {
   approvalTimeoutMs: number;
   windows: DeployWindow[] | undefined;
   approvalOverride: boolean;
+  /** MIN_IMAGE_AGE: how old an image must be to be deployed (the workload's webhook/min-age overrides); 0: any. */
+  minImageAgeMs: number;
   /** DRY_RUN: the push is decided and told as what it would do, and nothing is written (dryRunOut). */
   dryRun: boolean;
   /** GIT_REPO and the rest: an applied push is committed to Git (commitOut); without, ON_GITOPS_OWNER. */
@@ -7834,6 +7839,11 @@ export const DECISIONS = {
    * answered 202.
    */
   'waiting: signature': { published: 'waiting: signature', action: 'reason' },
+  /**
+   * Younger than MIN_IMAGE_AGE (or webhook/min-age): it waits on the workload (webhook/pending) until it is old
+   * enough, then is decided again as a push would be: answered 202.
+   */
+  'waiting: age': { published: 'waiting: age', action: 'reason' },
   /** Approved while the change window is closed: it waits for the window. */
   approved: { published: 'approved', action: 'reason' },
   /** A person rejected the waiting push: only its pending entry was taken off. */
@@ -7851,6 +7861,9 @@ export const DECISIONS = {
 } as const;
 
 export type DecisionCode = keyof typeof DECISIONS;
+
+/** The decisions of a push that waits on the workload (a pending entry): answered 202, decided again later. */
+export const WAITING_DECISIONS: readonly DecisionCode[] = ['waiting', 'approved', 'waiting: signature', 'waiting: age'];
 
 /** A word the deliveries page and the result document publish as `decision`: only ever one of DECISIONS'. */
 export type PublishedDecision = (typeof DECISIONS)[DecisionCode]['published'];
@@ -7922,7 +7935,7 @@ export type Decision = DecidedFacts &
         event: WorkloadEvent;
       }
     | {
-        code: 'waiting' | 'approved' | 'waiting: signature';
+        code: 'waiting' | 'approved' | 'waiting: signature' | 'waiting: age';
         reason: string;
         entry: PendingEntry;
         links?: ApprovalLinks;
@@ -7993,11 +8006,16 @@ export interface PendingEntry {
   pushedAt: string;
   timeFrom: 'payload' | 'received';
   receivedAt: string;
-  /** What it waits for: an approval, the change window, or both; or (VERIFY_SIGNATURE) its digest's signature. */
-  waitsFor: 'approval' | 'window' | 'approval and window' | 'signature';
+  /**
+   * What it waits for: an approval, the change window, or both; (VERIFY_SIGNATURE) its digest's signature; or
+   * (MIN_IMAGE_AGE) its image to be old enough.
+   */
+  waitsFor: 'approval' | 'window' | 'approval and window' | 'signature' | 'age';
   window?: string;
-  /** ISO 8601: when the window opens (waiting for a window). */
+  /** ISO 8601: when the window opens (waiting for a window), or when the image is old enough (waiting for its age). */
   opensAt?: string;
+  /** ISO 8601: when its image was built, where the registry said (its age counts from it, else from pushedAt). */
+  builtAt?: string;
   /** ISO 8601: when the push expires (APPROVAL_TIMEOUT after it was received; a signature's, SIGNATURE_WAIT). */
   until: string;
   /** Who may decide: whoever holds a link, or the admin token on the deliveries page. */
@@ -8158,6 +8176,13 @@ export const ANNOTATIONS = {
     by: 'an operator',
     holds: "The workload's change window (as DEPLOY_WINDOW, which it overrides): pushes outside it wait for it.",
   },
+  minAge: {
+    key: 'webhook/min-age',
+    by: 'an operator',
+    holds:
+      "How old an image must be before the workload takes it (a Go duration, as MIN_IMAGE_AGE, which it overrides; " +
+      '0 takes any): a younger push waits until it is old enough.',
+  },
   poll: {
     key: 'webhook/poll',
     by: 'an operator',
@@ -8188,6 +8213,8 @@ export const POLICY_ANNOTATION = ANNOTATIONS.policy.key;
 export const APPROVAL_ANNOTATION = ANNOTATIONS.approval.key;
 
 export const WINDOW_ANNOTATION = ANNOTATIONS.window.key;
+
+export const MIN_AGE_ANNOTATION = ANNOTATIONS.minAge.key;
 
 export const POLL_ANNOTATION = ANNOTATIONS.poll.key;
 
@@ -8451,6 +8478,9 @@ export const LIMITS = {
     defaultTimeoutMs: 24 * 3_600_000,
     // Shorter than this, a link expires before anyone could open it.
     minTimeoutMs: 60_000,
+    // A minimum image age (MIN_IMAGE_AGE, webhook/min-age) longer than this holds back every release of an image
+    // that is maintained: a mistake in a number, not a cooldown (Renovate's and Dependabot's are days).
+    maxImageAgeMs: 90 * 24 * 3_600_000,
   },
   // Signatures that arrive after their push (SIGNATURE_WAIT).
   signature: {
@@ -13829,9 +13859,9 @@ function repoTypeSetting(value: string | undefined): string {
 //    (`host/path`, `host/path/*`, `host/*`; Docker Hub's may omit the host). Both widen what a request may deploy, so
 //    HOOK_SETTINGS (hook settings) has them refused at load unless they are fixed strings, and valid. The platforms
 //    an image index offers (readIndexPlatforms; indexPlatforms, pure), which the platform check compares.
-//    Exports: allowedImages, checkImagePin, chooseCandidate, composeImageRef, imagePin, normalizeImageRef,
-//    patternMatches, problemOf, readImagePin, readIndexPlatforms, registryHostSetting, registryOf, repositoryOf,
-//    validateImageRef.
+//    Exports: allowedImages, checkImagePin, chooseCandidate, composeImageRef, imageCreatedAt, imagePin,
+//    normalizeImageRef, patternMatches, problemOf, readImageCreated, readImagePin, readIndexPlatforms,
+//    registryHostSetting, registryOf, repositoryOf, validateImageRef.
 //    Tests: test/registries.test.ts, test/upgrade.test.ts, test/clouds.test.ts, test/platforms.test.ts.
 // ================================================================================================
 
@@ -14199,6 +14229,41 @@ export async function readIndexPlatforms(
   const manifest = await reader.manifest(digest);
   if (!manifest) throw new RegistryError(`${registry.host}/${registry.repository}: the registry has no ${digest}`, 404);
   return indexPlatforms(manifest.json);
+}
+
+/**
+ * When the image at `digest` was built: its config's `created` (through an index's first manifest), undefined when it
+ * says none. `step` runs each read (the registry watch's throttle).
+ */
+export async function imageCreatedAt(
+  reader: RepositoryReader,
+  digest: string,
+  step: <T>(reading: () => Promise<T>) => Promise<T> = (reading) => reading(),
+): Promise<number | undefined> {
+  const field = (o: unknown, name: string): unknown => (isObject(o) ? o[name] : undefined);
+  let manifest = await step(() => reader.manifest(digest));
+  const first = field(asList(manifest?.json.manifests)[0], 'digest');
+  if (typeof first === 'string') manifest = await step(() => reader.manifest(first));
+  const config = field(manifest?.json.config, 'digest');
+  if (typeof config !== 'string') return undefined;
+  const blob = await step(() => reader.blob(config, LIMITS.poll.maxConfigBytes));
+  let created: unknown;
+  try {
+    created = field(JSON.parse(blob.toString('utf8')), 'created');
+  } catch {
+    throw new RegistryError(`${reader.where}: the config ${config} is not JSON`);
+  }
+  return typeof created === 'string' && Number.isFinite(Date.parse(created)) ? Date.parse(created) : undefined;
+}
+
+/** When the image at `digest` was built (imageCreatedAt), read with the workload's login. */
+export function readImageCreated(
+  registry: RegistryRepository,
+  digest: string,
+  loginFor: () => Promise<RegistryLogin | undefined>,
+): Promise<number | undefined> {
+  const deadline = performance.now() + SIGNATURE_LIMITS.checkTimeoutMs;
+  return imageCreatedAt(new RepositoryReader(registry, loginFor, deadline), digest);
 }
 
 // ================================================================================================
@@ -15490,8 +15555,9 @@ function missingContainerMessage(podSpec: unknown, name: string, workload: strin
 //    whether a push is within the policy in effect, why not, or what is wrong with an annotation. A push by digest
 //    alone names no tag and is outside no policy. And in which order a hook's clusters take a push: CLUSTERS stages
 //    (parseStages, `staging > prod`), and how long and what a stage's push must pass before the next (PROMOTE_AFTER,
-//    PROMOTE_CHECK), read by the settings table (next chapter) and carried out by the promotion.
-//    Exports: CONTEXT_NAME, parsePolicy, parseStages, policyDecision, policyInEffect, promoteAfterSetting,
+//    PROMOTE_CHECK), read by the settings table (next chapter) and carried out by the promotion. A minimum image age
+//    (MIN_IMAGE_AGE, webhook/min-age) holds back tags too young: AgeCheck tells a registry watch's look which.
+//    Exports: AgeCheck, CONTEXT_NAME, parsePolicy, parseStages, policyDecision, policyInEffect, promoteAfterSetting,
 //    promoteCheckSetting, StageTarget, tagOf.
 //    Tests: test/policy.test.ts, test/promotion.test.ts, test/registry-watch.test.ts,
 //    test/settings.test.ts.
@@ -15748,6 +15814,43 @@ function promoteCheckSetting(value: string | undefined): URL | undefined {
   return url;
 }
 
+/**
+ * A look's minimum image age (MIN_IMAGE_AGE, webhook/min-age): whether a tag's image is old enough by its config's
+ * `created` (read once per digest, only under a minimum), and the tags passed over as too young, for its line.
+ */
+export class AgeCheck {
+  private readonly minMs: number;
+  private readonly created: (digest: string) => Promise<number | undefined>;
+  private readonly passed: string[] = [];
+
+  constructor(minMs: number, created: (digest: string) => Promise<number | undefined>) {
+    this.minMs = minMs;
+    this.created = created;
+  }
+
+  /** Whether an image built at `createdMs` is old enough; one too young is noted as passed over. */
+  oldEnough(what: string, createdMs: number): boolean {
+    if (this.minMs === 0 || Date.now() >= createdMs + this.minMs) return true;
+    const at = new Date(createdMs + this.minMs).toISOString();
+    this.passed.push(`${what} (built ${new Date(createdMs).toISOString()}, old enough at ${at})`);
+    return false;
+  }
+
+  /** A digest's build time where its config says one, or 'young'; an image that says none is left to the push. */
+  async of(what: string, digest: string): Promise<{ builtAtMs?: number } | 'young'> {
+    if (this.minMs === 0) return {};
+    const created = await this.created(digest);
+    if (created === undefined) return {};
+    return this.oldEnough(what, created) ? { builtAtMs: created } : 'young';
+  }
+
+  /** What the look's line says of the tags passed over: `; younger than 72h, passed over: …`; '' for none. */
+  passedOver(): string {
+    if (this.passed.length === 0) return '';
+    return `; younger than ${formatGoDuration(this.minMs)}, passed over: ${this.passed.join(', ')}`;
+  }
+}
+
 // ================================================================================================
 // 32. setting values — how each hook setting's text reads: the parse functions of HOOK_SETTINGS' rows (next
 //    chapter), each the only reader of its setting's text, returning the typed value (its default when unset) or
@@ -15756,8 +15859,8 @@ function promoteCheckSetting(value: string | undefined): URL | undefined {
 //    wait). The GIT_* settings' and ON_GITOPS_OWNER's parse functions end it (gitSettingsRead: a write-back's).
 //    Exports: annotationNamespacesSetting, approvalTimeoutSetting, clusterNames, deployWindowSetting, dnsLabelSetting,
 //    gitAuthor, gitBranchName, gitCa, gitFieldPath, gitFilePath, gitopsOwnerMode, gitRepoUrl, gitSettingsRead,
-//    gitToken, gitUsername, mailBase64, mailBoolean, mailPort, mailTlsMode, NOTIFY_FORMAT_NAMES, notifyCa,
-//    NotifyFormatName, notifyFormats, notifyUrls, outsideChangeSetting, parseRecipients, pollInterval,
+//    gitToken, gitUsername, mailBase64, mailBoolean, mailPort, mailTlsMode, minImageAgeSetting, NOTIFY_FORMAT_NAMES,
+//    notifyCa, NotifyFormatName, notifyFormats, notifyUrls, outsideChangeSetting, parseRecipients, pollInterval,
 //    registryAwaySetting, registryCa, registryTokenHosts, rolloutTimeoutSetting, signatureAnnotationsSetting,
 //    signatureKeysSetting, signatureWaitSetting, stuckTimeoutSetting, telegramChats, updatePolicySetting.
 //    Tests: test/mail.test.ts, test/registry-watch.test.ts, test/settings.test.ts.
@@ -15846,6 +15949,25 @@ function stuckTimeoutSetting(value: string | undefined): number {
     const range = `${formatGoDuration(minMs)} to ${formatGoDuration(maxMs)}`;
     throw new UpgradeError(`ROLLOUT_STUCK_TIMEOUT ${showValue(value)} is outside ${range}`);
   }
+  return ms;
+}
+
+/**
+ * MIN_IMAGE_AGE or the annotation webhook/min-age (`what` names it): 0 (any age), or a Go duration up to
+ * LIMITS.approval.maxImageAgeMs; unset or blank is 0.
+ */
+export function minImageAgeSetting(what: string, value: string | undefined): number {
+  if (!value?.trim()) return 0;
+  let ms: number;
+  try {
+    ms = parseGoDuration(value.trim());
+  } catch {
+    throw new UpgradeError(`${what} ${showValue(value)} is not a duration (e.g. 0, 12h, 72h)`);
+  }
+  if (ms < 0 || ms > LIMITS.approval.maxImageAgeMs)
+    throw new UpgradeError(
+      `${what} ${showValue(value)} is outside 0 to ${formatGoDuration(LIMITS.approval.maxImageAgeMs)}`,
+    );
   return ms;
 }
 
@@ -16520,6 +16642,17 @@ export const HOOK_SETTINGS = {
       'A push outside the window waits and is applied when it opens; the annotation webhook/window overrides it.',
     parse: (value: string | undefined) => (value?.trim() ? deployWindowSetting('DEPLOY_WINDOW', value) : undefined),
   }),
+  MIN_IMAGE_AGE: setting({
+    type: 'duration',
+    default: '0 (any age)',
+    fixed: true,
+    validation: 'a Go duration from 0 to 2160h: 12h, 72h, 168h',
+    meaning:
+      'A push whose image is younger than this (since it was built, where the registry is asked; else since it was ' +
+      'pushed) waits on the workload until it is old enough, then is deployed as any push; a newer push replaces ' +
+      'it, and the registry watch skips tags this young. The annotation webhook/min-age overrides it.',
+    parse: (value: string | undefined) => minImageAgeSetting('MIN_IMAGE_AGE', value),
+  }),
   APPROVAL_OVERRIDE: setting({
     type: 'boolean',
     default: 'false',
@@ -16924,6 +17057,7 @@ function readSettings(
     approvalTimeoutMs: get('APPROVAL_TIMEOUT'),
     windows: get('DEPLOY_WINDOW'),
     approvalOverride: get('APPROVAL_OVERRIDE'),
+    minImageAgeMs: get('MIN_IMAGE_AGE'),
     dryRun: get('DRY_RUN'),
     git: gitSettingsRead((name) => get(name as HookSettingName)),
     onGitopsOwner: get('ON_GITOPS_OWNER'),
@@ -16949,7 +17083,7 @@ function readSettings(
 //    a digest with no signature at all, under SIGNATURE_WAIT, is not refused here but NotSignedYet, a fact the
 //    decision's signature step keeps waiting. A registry that does not answer fails the push closed, or under
 //    ON_REGISTRY_AWAY=keep has it kept (RegistryAway). Where the registry is asked anyway (VERIFY_IMAGE,
-//    VERIFY_SIGNATURE, a registry watch), platformFacts reads the platforms an image index offers and those of the
+//    VERIFY_SIGNATURE, a registry watch), registryFacts reads the platforms an image index offers and those of the
 //    nodes the workload can run on, for the platform step.
 //    Every Event a push writes on its workload is rendered by pushEvent from one table (PUSH_EVENTS: its type, reason
 //    and message, from the push's decision and facts); recordEventQuietly records one without failing the push.
@@ -17702,10 +17836,11 @@ async function checkSignature(c: SignatureCheck, digest: string | undefined): Pr
 // 35. platforms — the platform check's facts: the platforms (`os/architecture`) an image index offers and those of
 //    the nodes a workload can run on (its pod template's nodeSelector as a label selector on a LIST of nodes, and
 //    its required node affinity: nodeAffinityAllows), read only when the service asks the registry anyway
-//    (VERIFY_IMAGE, VERIFY_SIGNATURE, a registry watch's find): platformFacts. The nodes' platforms are kept briefly
-//    per cluster and selection (NodePlatforms); without `list` on nodes the check is skipped with one warning per
-//    cluster. The decision's platform step compares them.
-//    Exports: NodePlatforms, platformFacts.
+//    (VERIFY_IMAGE, VERIFY_SIGNATURE, a registry watch's find): registryFacts, which under MIN_IMAGE_AGE also reads
+//    when the image was built. The nodes' platforms are kept briefly per cluster and selection (NodePlatforms);
+//    without `list` on nodes the check is skipped with one warning per cluster. The decision's platform step compares
+//    them.
+//    Exports: NodePlatforms, registryFacts.
 //    Tests: test/platforms.test.ts.
 // ================================================================================================
 
@@ -17844,43 +17979,65 @@ export class NodePlatforms {
 }
 
 /**
- * The platform check's facts for an image about to be deployed, pinned to its digest, read when the service asks the
- * registry anyway (VERIFY_IMAGE, VERIFY_SIGNATURE, a registry watch): the index's manifest (readIndexPlatforms) and
- * the nodes' platforms (NodePlatforms). Undefined when there is nothing to check: no digest, a single image (not an
- * index), nodes that could not be listed or none the workload may run on (a note says so). The registry's failure is
- * the push's, as VERIFY_IMAGE's: it fails closed or, under ON_REGISTRY_AWAY=keep, the push is kept.
+ * What the registry says of an image about to be deployed, pinned to its digest, read when the service asks the
+ * registry anyway (VERIFY_IMAGE, VERIFY_SIGNATURE, a registry watch): the platform check's facts (platformsOf), and,
+ * under the hook's MIN_IMAGE_AGE, when its image was built (its config's `created`; a registry watch's find says so
+ * itself). The registry's failure is the push's, as VERIFY_IMAGE's: it fails closed or, under ON_REGISTRY_AWAY=keep,
+ * the push is kept.
  */
-async function platformFacts(
+async function registryFacts(
   client: KubeClient,
   s: HookConfig,
-  ref: string,
+  push: Pick<IncomingPush, 'image' | 'builtAtMs'>,
   report: UpgradeReport,
   deps: UpgradeDeps,
-): Promise<PlatformFacts | undefined> {
-  const parsed = validateImageRef(ref);
-  if (!parsed.ok || parsed.ref.digest === undefined) return undefined;
+): Promise<{ platforms?: PlatformFacts; builtAtMs?: number }> {
+  const parsed = validateImageRef(push.image);
+  if (!parsed.ok || parsed.ref.digest === undefined) return {};
   const target: WorkloadTarget = { ...s.workload, namespace: s.namespace };
   const podSpec = workloadPodSpec(await readWorkload(client, target), target.kind);
   const located = locateContainer(podSpec, s.container);
   // As VERIFY_IMAGE: the workload's login goes to no registry the image pin does not allow the push from.
-  if (!located || !checkImagePin(s.container, located.image, ref, s.pin).allowed) return undefined;
+  if (!located || !checkImagePin(s.container, located.image, push.image, s.pin).allowed) return {};
   const { domain, path: repository, digest } = parsed.ref;
   const host = domain === undefined || registryOf(domain) === 'docker.io' ? 'registry-1.docker.io' : domain;
   const loginFor = () => workloadLogin(client, s.namespace, pullSecretNames(podSpec), host);
   const registry = { host, repository, ca: s.registryCa, tokenHosts: s.registryTokenHosts };
-  let offered: string[] | undefined;
-  try {
-    offered = await readIndexPlatforms(registry, digest, loginFor);
-  } catch (e) {
-    const message = `platform: could not read ${host}/${repository}@${digest}: ${(e as Error).message}`;
-    throw registryFailure(s, e, `${message}; nothing was changed`);
-  }
-  if (offered === undefined) return undefined;
+  const read = async <T>(what: string, reading: () => Promise<T>): Promise<T> => {
+    try {
+      return await reading();
+    } catch (e) {
+      const message = `${what}: could not read ${host}/${repository}@${digest}: ${(e as Error).message}`;
+      throw registryFailure(s, e, `${message}; nothing was changed`);
+    }
+  };
+  const offered = await read('platform', () => readIndexPlatforms(registry, digest, loginFor));
+  const platforms = offered && (await platformsOf(client, s, podSpec, { index: digest, offered }, report, deps));
+  const builtAtMs =
+    push.builtAtMs ??
+    (s.minImageAgeMs > 0 ? await read('MIN_IMAGE_AGE', () => readImageCreated(registry, digest, loginFor)) : undefined);
+  return { ...(platforms && { platforms }), ...(builtAtMs !== undefined && { builtAtMs }) };
+}
+
+/**
+ * The platform check's facts: the index's platforms and the nodes' (NodePlatforms); undefined when there is nothing
+ * to check: nodes that could not be listed or none the workload may run on (a note says so).
+ */
+async function platformsOf(
+  client: KubeClient,
+  s: HookConfig,
+  podSpec: unknown,
+  index: { index: string; offered: string[] },
+  report: UpgradeReport,
+  deps: UpgradeDeps,
+): Promise<PlatformFacts | undefined> {
   const nodes = await (deps.nodePlatforms ?? new NodePlatforms()).of(client, s.cluster, podSpec);
   if ('unknown' in nodes) report.notes.push(`platform: ${nodes.unknown}`);
   else if (nodes.platforms.length === 0)
-    report.notes.push(`platform: no node ${target.kind}/${target.name} can run on says its os and arch: not checked`);
-  else return { index: digest, offered, nodes: nodes.platforms };
+    report.notes.push(
+      `platform: no node ${s.workload.kind}/${s.workload.name} can run on says its os and arch: not checked`,
+    );
+  else return { ...index, nodes: nodes.platforms };
   return undefined;
 }
 
@@ -17906,8 +18063,10 @@ async function platformFacts(
 //    decides which decisions it takes on one. Between newest wins and the waiting step, the signature step: a push
 //    whose digest has no signature yet (Push.unsigned, under SIGNATURE_WAIT) waits on the workload as an entry
 //    waiting for its signature (`waiting: signature`); looked at again (decided with action `signature`) it waits on
-//    as it was, or, its wait over, is refused: unsigned.
-//    Exports: decide, futureTimeNote, PendingGone, PlatformRefusal, waitingAction.
+//    as it was, or, its wait over, is refused: unsigned. Then the age step: a push whose image is younger than
+//    MIN_IMAGE_AGE (webhook/min-age) waits on the workload until it is old enough (`waiting: age`), decided again then
+//    (action `age`) as any push.
+//    Exports: decide, futureTimeNote, minImageAge, PendingGone, PlatformRefusal, waitingAction.
 //    Tests: test/decision.test.ts, test/e2e.test.ts, test/platforms.test.ts, test/records.test.ts,
 //    test/replicas.test.ts, test/signed-images.test.ts, test/upgrade.test.ts.
 // ================================================================================================
@@ -17920,8 +18079,8 @@ export class PlatformRefusal extends UpgradeError {}
 
 /**
  * The decision of one push on one workload, step by step: the pin, the update policy, a digest already running, the
- * platforms, a change made outside webhook, newest wins, the signature step, the waiting step; what passes them all
- * is applied. Pure.
+ * platforms, a change made outside webhook, newest wins, the signature step, the age step, the waiting step; what
+ * passes them all is applied. Pure.
  */
 export function decide(input: DecisionInput): Decision {
   const notes: string[] = [];
@@ -17935,6 +18094,7 @@ export function decide(input: DecisionInput): Decision {
     holdStep(input, facts) ??
     newestStep(input, facts) ??
     signatureStep(input, facts) ??
+    ageStep(input, facts) ??
     waitStep(input, facts);
   return 'code' in decided ? decided : applyStep(input, container, facts, decided);
 }
@@ -17984,7 +18144,7 @@ function sameDigestStep(input: DecisionInput, facts: DecidedFacts): Decision | u
 }
 
 /**
- * The platform step: an image index (its platforms read before, platformFacts) with no manifest for a platform the
+ * The platform step: an image index (its platforms read before, registryFacts) with no manifest for a platform the
  * workload's nodes run is refused, naming what is missing, with an UpgradeRefused Event. Pure.
  */
 function platformStep(input: DecisionInput, facts: DecidedFacts): Decision | undefined {
@@ -18089,24 +18249,96 @@ function signatureStep(input: DecisionInput, facts: DecidedFacts): Decision | un
   return { ...facts, code: 'waiting: signature', reason, entry, pending, replaced: queued, event };
 }
 
-/** The entry of a push waiting for its signature: until SIGNATURE_WAIT is over, decided by its signature. Pure. */
-function signatureEntry(input: DecisionInput): PendingEntry {
-  const { config: s, push, nowMs } = input;
-  const iso = (ms: number) => new Date(ms).toISOString();
+/** What every pending entry says of its push: its id, hook and request, the push, when it was received. Pure. */
+function entryOfPush(input: DecisionInput): Omit<PendingEntry, 'waitsFor' | 'until' | 'decides'> {
+  const { push, nowMs } = input;
   return {
     id: input.entryId,
     hook: push.hookId ?? '',
     request: push.requestId ?? '',
     image: push.image,
     push: push.push,
-    pushedAt: iso(push.pushedAtMs),
+    pushedAt: isoTime(push.pushedAtMs),
     timeFrom: push.timeFrom,
-    receivedAt: iso(nowMs),
-    waitsFor: 'signature',
-    until: iso(nowMs + s.signature!.waitMs),
-    decides: "its signature: the push of its signature, a look at the registry, the wait's end",
+    receivedAt: isoTime(nowMs),
+    ...(push.builtAtMs !== undefined && { builtAt: isoTime(push.builtAtMs) }),
     ...(input.approvals?.ledger ? { stored: true } : {}),
   };
+}
+
+const isoTime = (ms: number) => new Date(ms).toISOString();
+
+/** The entry of a push waiting for its signature: until SIGNATURE_WAIT is over, decided by its signature. Pure. */
+function signatureEntry(input: DecisionInput): PendingEntry {
+  return {
+    ...entryOfPush(input),
+    waitsFor: 'signature',
+    until: isoTime(input.nowMs + input.config.signature!.waitMs),
+    decides: "its signature: the push of its signature, a look at the registry, the wait's end",
+  };
+}
+
+/**
+ * The minimum age of an image on this workload: its annotation webhook/min-age, else MIN_IMAGE_AGE; a malformed
+ * annotation throws, naming it. Pure.
+ */
+export function minImageAge(workload: unknown, s: UpgradeSettings): number {
+  const annotations = valueAt(workload, ['metadata', 'annotations']);
+  const text = isObject(annotations) ? annotations[MIN_AGE_ANNOTATION] : undefined;
+  return typeof text === 'string' ? minImageAgeSetting(`annotation ${MIN_AGE_ANNOTATION}`, text) : s.minImageAgeMs;
+}
+
+/**
+ * The age step (MIN_IMAGE_AGE, webhook/min-age), after the signature step: a push whose image is younger than the
+ * minimum (since it was built, where the registry said; else since it was pushed) waits on the workload until it is
+ * old enough (a pending entry, as the waiting step's), replacing a push waiting there (newest wins; an older push is
+ * superseded by it, the same again is a repeat). Decided again once old enough (action `age`), it goes on to the
+ * waiting step, which takes its entry off or has it wait there for an approval or the window. Pure.
+ */
+function ageStep(input: DecisionInput, facts: DecidedFacts): Decision | undefined {
+  const { config: s, push, nowMs } = input;
+  let minMs: number;
+  try {
+    minMs = minImageAge(input.workload, s);
+  } catch (e) {
+    return { ...facts, code: 'failed', reason: `${(e as Error).message}; nothing was changed` };
+  }
+  const { raw, entries } = readPendingEntries(input.workload);
+  const place = { ...push.target, cluster: push.cluster, container: s.container };
+  const found = entries[s.container];
+  const queued = found && pendingEntrySealed(input.approvals?.key, place, found) ? found : undefined;
+  const d = push.decided;
+  const ageing = queued?.waitsFor === 'age' && d === undefined ? queued : undefined;
+  const oldAtMs = (push.builtAtMs ?? push.pushedAtMs) + minMs;
+  if (minMs === 0 || nowMs >= oldAtMs) return ageing && olderThanWaiting(ageing, push, facts);
+  if (d?.action === 'age') {
+    if (!queued || queued.id !== d.id)
+      return { ...facts, code: 'failed', reason: 'the push waiting for its age was decided already, replaced by a ' +
+        'newer push or taken off; nothing was changed', gone: true };
+    // Looked at before its time (a replica's clock behind another's): it waits on as it is.
+    const pending = { value: raw!, read: raw };
+    return { ...facts, code: 'waiting: age', reason: waitingAction(queued), entry: queued, pending };
+  }
+  if (ageing && normalizeImageRef(ageing.image) === normalizeImageRef(push.image))
+    return { ...facts, code: 'repeat', reason: `the same image is waiting already: ${waitingAction(ageing)}` };
+  const older = queued && d === undefined ? olderThanWaiting(queued, push, facts) : undefined;
+  if (older) return older;
+  // A person's approval of a push that has since become too young (its workload's minimum raised) is kept.
+  const approvedBy = d && !notPerson(d) ? d.by : queued?.approvedBy;
+  const entry = sealPendingEntry(input.approvals?.key, place, {
+    ...entryOfPush(input),
+    waitsFor: 'age',
+    opensAt: isoTime(oldAtMs),
+    until: isoTime(oldAtMs + s.approvalTimeoutMs),
+    decides: `its age: ${formatGoDuration(minMs)} after it was ${push.builtAtMs !== undefined ? 'built' : 'pushed'}`,
+    ...(approvedBy !== undefined && { approvedBy }),
+  });
+  if (queued) facts.notes.push(supersededNote(queued));
+  const rest = Object.fromEntries(Object.entries(entries).filter(([c]) => c !== s.container));
+  const reason = waitingAction(entry);
+  const pending = { value: JSON.stringify({ ...rest, [s.container]: entry }), read: raw };
+  const event = pushEvent('waiting', { container: s.container, image: push.image, why: reason, asked: whoAsked(push) });
+  return { ...facts, code: 'waiting: age', reason, entry, pending, replaced: queued, event };
 }
 
 /** What the waiting step lets through: the pending entries the patch writes back, and the waiting push replaced. */
@@ -18272,12 +18504,13 @@ function waitNeeds(
 
 /** A decision no person made: a window's opening, a signature's arrival. Pure. */
 function notPerson(d: DecidedBy): boolean {
-  return d.action === 'window' || d.action === 'signature';
+  return d.action === 'window' || d.action === 'signature' || d.action === 'age';
 }
 /** Who decided a push, and when: `approved by Li Lei (10.0.3.7, by link) at 2026-…`. Pure. */
 function decidedNote(d: DecidedBy, nowMs: number): string {
   if (d.action === 'promote') return `promoted ${d.by} at ${new Date(nowMs).toISOString()}`;
   if (d.action === 'signature') return `its signature was found (${d.by}) at ${new Date(nowMs).toISOString()}`;
+  if (d.action === 'age') return `old enough (${d.by}) at ${new Date(nowMs).toISOString()}`;
   const verb = d.action === 'replay' ? 'deployed again' : d.action === 'window' ? 'applied' : 'approved';
   return `${verb} by ${d.by} at ${new Date(nowMs).toISOString()}`;
 }
@@ -18310,27 +18543,18 @@ function pendingEntry(
   const opensAt = needs.closed ? nextOpening(needs.windows!, nowMs) : undefined;
   const waitsFor = needs.approval ? (needs.closed ? 'approval and window' : 'approval') : 'window';
   const untilMs = (waitsFor === 'window' && opensAt !== undefined ? opensAt : nowMs) + s.approvalTimeoutMs;
-  const iso = (ms: number) => new Date(ms).toISOString();
   return {
-    id: input.entryId,
-    hook: push.hookId ?? '',
-    request: push.requestId ?? '',
-    image: push.image,
-    push: push.push,
-    pushedAt: iso(push.pushedAtMs),
-    timeFrom: push.timeFrom,
-    receivedAt: iso(nowMs),
+    ...entryOfPush(input),
     waitsFor,
     ...(needs.windows ? { window: describeWindows(needs.windows) } : {}),
-    ...(opensAt !== undefined && Number.isFinite(opensAt) ? { opensAt: iso(opensAt) } : {}),
-    until: iso(untilMs),
+    ...(opensAt !== undefined && Number.isFinite(opensAt) ? { opensAt: isoTime(opensAt) } : {}),
+    until: isoTime(untilMs),
     decides: needs.approval
       ? 'whoever opens its links, or the admin token on the deliveries page'
       : 'the change window',
     ...(s.approvalOverride ? { override: true } : {}),
     ...(approvedBy !== undefined ? { approvedBy } : {}),
     ...(push.decided?.action === 'promote' || queued?.promoted ? { promoted: true } : {}),
-    ...(input.approvals?.ledger ? { stored: true } : {}),
   };
 }
 
@@ -18373,6 +18597,7 @@ export function waitingAction(e: PendingEntry): string {
     return e.approvedBy ? `approved by ${e.approvedBy}; waiting for ${window}` : `waiting for ${window}`;
   if (e.waitsFor === 'approval') return `waiting for approval until ${e.until}`;
   if (e.waitsFor === 'signature') return `waiting for its signature until ${e.until}`;
+  if (e.waitsFor === 'age') return `waiting until ${e.opensAt}, when it is old enough (${e.decides})`;
   return `waiting for approval until ${e.until}, then for ${window}`;
 }
 
@@ -18522,10 +18747,14 @@ function plainApply(d: Decision, push: PushToCarryOut): boolean {
 
 /**
  * Workload annotations as read, null when absent. A patch decided on a copy tests the ones its decision was made on
- * (the policy's, the approval's and the window's), since the copy may predate an annotation set since. Pure.
+ * (the policy's, the approval's, the window's and the minimum age's), since the copy may predate an annotation set
+ * since. Pure.
  */
 function decisionAnnotations(workload: K8sObject, container: string): Record<string, string | null> {
-  const keys = [POLICY_ANNOTATION, `${POLICY_ANNOTATION}.${container}`, APPROVAL_ANNOTATION, WINDOW_ANNOTATION];
+  const keys = [
+    ...[POLICY_ANNOTATION, `${POLICY_ANNOTATION}.${container}`],
+    ...[APPROVAL_ANNOTATION, WINDOW_ANNOTATION, MIN_AGE_ANNOTATION],
+  ];
   const read = (key: string) => {
     const value = valueAt(workload, ['metadata', 'annotations', key]);
     return typeof value === 'string' ? value : null;
@@ -18555,7 +18784,7 @@ async function execute(
     const recorded = await eventRecorded(client, target, d.event, now, deps);
     return outcomeOn(workload, d, { updated, ...recorded, notes: [...(untold ? [untold] : []), ...recorded.notes] });
   }
-  const waits = d.code === 'waiting' || d.code === 'approved' || d.code === 'waiting: signature';
+  const waits = 'entry' in d;
   // A push that goes on waiting for its signature, as it was, writes nothing.
   if (waits && d.pending.value !== d.pending.read) {
     // Named live in the ledger before it is written: an entry the ledger does not name is never deployed.
@@ -18590,7 +18819,7 @@ export async function dryRunOut(
 ): Promise<ExecutorOutcome> {
   const { workload, now, decision: d } = await decidedOn(client, given, deps);
   const target = targetOn(given.push.target, workload);
-  const writes = ['applied', 're-pulled', 'waiting', 'approved', 'waiting: signature'].includes(d.code);
+  const writes = d.code === 'applied' || d.code === 're-pulled' || WAITING_DECISIONS.includes(d.code);
   const would = writes ? wouldDo(d, given) : undefined;
   const unchangedAction = 'reason' in d ? unchanged(d.code, d.reason).action : newReport().action;
   const told = { container: given.config.container, would: would ?? unchangedAction };
@@ -18686,6 +18915,7 @@ function recordDecision(report: UpgradeReport, d: Decision, kind: WorkloadKind):
     case 'waiting':
     case 'approved':
     case 'waiting: signature':
+    case 'waiting: age':
       report.waiting = { entry: d.entry, ...(d.links ? { links: d.links } : {}) };
   }
   recordUnchanged(report, d.code, d.reason, d.before);
@@ -21006,8 +21236,8 @@ export async function runPush(
         : composed.ref;
       const { image, unsigned } = await verifiedPush(client, settings, ref, composed.digest, report, deps);
       report.imageAfter = image;
-      const platforms = settings.verifyImage ? await platformFacts(client, settings, image, report, deps) : undefined;
-      await applyUpgrade(client, settings, { ...push, image, unsigned, platforms }, report, deps);
+      const facts = settings.verifyImage ? await registryFacts(client, settings, { image }, report, deps) : {};
+      await applyUpgrade(client, settings, { ...push, image, unsigned, ...facts }, report, deps);
     };
     await (deps.queue ? deps.queue.run(workloadKey, apply) : apply());
   } catch (e) {
@@ -21093,8 +21323,8 @@ async function runDecidedPush(
       report.imageAfter = image;
       // What the registry is asked about anyway has its platforms checked: VERIFY_IMAGE's digest, a watch's find.
       const read = settings.verifyImage || deps.watched;
-      const platforms = read ? await platformFacts(deps.client, settings, image, report, deps) : undefined;
-      await applyUpgrade(deps.client, settings, { ...push, image, unsigned, platforms }, report, deps);
+      const facts = read ? await registryFacts(deps.client, settings, { ...push, image }, report, deps) : {};
+      await applyUpgrade(deps.client, settings, { ...push, image, unsigned, ...facts }, report, deps);
     };
     // The key a push to this workload queues under (runUpgrade's): the two never run at once.
     const key = `${cluster ?? ''}/${settings.namespace}/${settings.workload.kind}/${settings.workload.name}`;
@@ -21754,7 +21984,7 @@ export class UpgradeService implements InProcessCommand<UpgradeOutput> {
     if (r.refused)
       this.log.error(`[${requestId}] hook ${hook.id}: push to ${reportWhere(r)} refused: ${r.error}`);
     if (r.unreachable) return lane.kept.keep({ args, payload, config, requestId, hook }, result);
-    if (['waiting', 'approved', 'waiting: signature'].includes(r.decision)) return { ...result, accepted: true };
+    if (WAITING_DECISIONS.includes(r.decision)) return { ...result, accepted: true };
     return r.badInput ? { ...result, badInput: true } : result;
   }
 
@@ -22384,7 +22614,7 @@ function ranReference(image: string, pods: PodSummary[]): { image: string } | { 
 /** What a promotion's push came to, as webhook_promotions_total counts it. Pure. */
 function promotionOutcome(report: UpgradeReport): string {
   if (report.changed) return 'promoted';
-  if (['waiting', 'approved', 'waiting: signature'].includes(report.decision)) return 'waiting';
+  if (WAITING_DECISIONS.includes(report.decision)) return 'waiting';
   if (report.decision === 'superseded' || report.decision === 'repeat') return 'superseded';
   return report.decision === 'rejected' || report.decision === 'expired' ? report.decision : 'stopped';
 }
@@ -22966,7 +23196,7 @@ type FoundPush =
   | { refused: string };
 
 /** What decides a waiting push: a person (a link, the page), its expiry, its window, its signature. */
-type WaitingDecision = ApprovalClaims['action'] | 'expire' | 'window' | 'signature';
+type WaitingDecision = ApprovalClaims['action'] | 'expire' | 'window' | 'signature' | 'age';
 
 /** What a decision did, for the page that asked for it. */
 interface DecisionOutcome {
@@ -23413,7 +23643,7 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
     }
   }
 
-  /** Acts on the known waiting pushes whose window opened or whose wait expired. */
+  /** Acts on the known waiting pushes whose window opened, whose image came of age, or whose wait expired. */
   private tick(): void {
     const now = Date.now();
     for (const w of this.pushes.values()) {
@@ -23423,6 +23653,7 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
       else if (now >= Date.parse(e.until)) void this.act(w, 'expire', 'nobody decided in time');
       else if (e.waitsFor === 'window' && e.opensAt && now >= Date.parse(e.opensAt))
         void this.act(w, 'window', `the change window ${e.window}`);
+      else if (e.waitsFor === 'age' && e.opensAt && now >= Date.parse(e.opensAt)) void this.act(w, 'age', e.decides);
     }
     // The looks planned for entries replaced since (by a newer push, or another replica's) go with them.
     if (this.checkAt.size + this.cuedAt.size > 0) {
@@ -23443,7 +23674,7 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
   }
 
   /** One decision of a waiting push, once per entry on this replica; the outcome is logged. */
-  private async act(w: WaitingPush, action: 'expire' | 'window' | 'signature', by: string): Promise<void> {
+  private async act(w: WaitingPush, action: 'expire' | 'window' | 'signature' | 'age', by: string): Promise<void> {
     this.acting.add(w.entry.id);
     const where = waitingWhere(w);
     try {
@@ -23557,12 +23788,9 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
       return { status: 410, title: 'Nothing to decide', detail };
     }
     const e = w.entry;
-    const push: IncomingPush = {
-      pushedAtMs: Date.parse(e.pushedAt),
-      timeFrom: e.timeFrom,
-      image: e.image,
-      push: e.push,
-    };
+    const pushedAtMs = Date.parse(e.pushedAt);
+    const push: IncomingPush = { pushedAtMs, timeFrom: e.timeFrom, image: e.image, push: e.push };
+    if (e.builtAt !== undefined) push.builtAtMs = Date.parse(e.builtAt);
     const decided = { id: e.id, action, by };
     const job = jobAt(w);
     const authority = entryAuthority(this.key, hook, w);
@@ -23578,7 +23806,7 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
     }
     // Decided, but not applied (refused, skipped by policy, held, superseded): it no longer waits. Without an
     // answer from the API server it still does, and is tried again.
-    const settled = !['waiting', 'approved', 'waiting: signature'].includes(r.report.decision) && !r.report.changed;
+    const settled = !WAITING_DECISIONS.includes(r.report.decision) && !r.report.changed;
     if (settled && !r.report.unreachable) await this.takeOff(this.upgrade.kube(w.cluster)!, w);
     // Taken off, or (approved while the window is closed) written again under a new id.
     if (r.report.changed || r.report.decision === 'approved' || (settled && !r.report.unreachable))
@@ -24030,6 +24258,14 @@ async function listTags(
  * The registry watch of one replica: finds the watched workloads (rescan), looks at each one's repository every
  * interval, and hands what is new to the upgrade. Started by main, stopped at shutdown.
  */
+/** What a look found to deploy: the image at its digest, why, and when it was built where the registry said. */
+interface WatchFound {
+  image: string;
+  digest: string;
+  why: string;
+  builtAtMs?: number;
+}
+
 export class RegistryWatch {
   private readonly watched = new Map<string, WatchState>();
   /** Per cluster and namespace: how many of `watched` are there (LIMITS.poll.maxWatchedPerNamespace). */
@@ -24288,17 +24524,24 @@ export class RegistryWatch {
     const workload = { metadata: { annotations: w.facts.annotations } };
     const effect = policyInEffect(workload, w.container, config.policy, `${w.target.kind}/${w.target.name}`);
     if ('malformed' in effect) return `failed: ${effect.malformed}`;
+    let minAgeMs: number;
+    try {
+      minAgeMs = minImageAge(workload, config);
+    } catch (e) {
+      return `failed: ${(e as Error).message}`;
+    }
     try {
       const repo = { host, repository, name, tag, pinned };
       const kind = effect.policy.kind;
+      const age = new AgeCheck(minAgeMs, (digest) => this.createdAt(reader, host, digest));
       const found = ['semver', 'major', 'minor', 'patch'].includes(kind)
-        ? await this.newerTag(w, reader, repo, effect.policy, workload)
+        ? await this.newerTag(w, reader, repo, effect.policy, workload, age)
         : kind === 'glob' || kind === 'regexp'
-          ? await this.newestBuilt(w, reader, repo, effect.policy, workload)
-          : await this.movedTag(w, reader, repo);
+          ? await this.newestBuilt(w, reader, repo, effect.policy, workload, age)
+          : await this.movedTag(w, reader, repo, age);
       this.resting.delete(host);
       if ('nothing' in found) return found.nothing;
-      return await this.handOver(w, hook, found.image, found.digest, found.why);
+      return await this.handOver(w, hook, found);
     } catch (e) {
       return `failed: ${this.rested(host, e)}`;
     }
@@ -24311,17 +24554,28 @@ export class RegistryWatch {
     repo: { host: string; repository: string; name: string },
     policy: UpdatePolicy,
     workload: unknown,
-  ): Promise<{ image: string; digest: string; why: string } | { nothing: string }> {
+    age: AgeCheck,
+  ): Promise<WatchFound | { nothing: string }> {
     const where = `${repo.host}/${repo.repository}`;
     const { tags, total } = await this.listing(w, reader, repo, policy);
     const name = `${w.target.kind}/${w.target.name}`;
-    const best = newestAllowedTag(tags, policy, workload, w.container, w.image, name);
     const kept = `it could take ${tags.length} of the ${total} tags listed`;
-    if (best === undefined) return { nothing: `no tag above the running one that ${policy.text} allows (${kept})` };
-    const digest = await this.digestOf(w, reader, repo.host, `${where}:${best}`, best);
-    if (digest === undefined) return { nothing: `${best} was listed and is gone` };
-    const why = `${where} has ${best} (${digest}), the highest of ${total} tags ${policy.text} allows`;
-    return { image: `${repo.name}:${best}@${digest}`, digest, why };
+    // Under a minimum age, the highest tag old enough: those too young are passed over (at most maxCandidates).
+    let left = tags;
+    for (let tried = 0; tried < LIMITS.poll.maxCandidates; tried++) {
+      const best = newestAllowedTag(left, policy, workload, w.container, w.image, name);
+      if (best === undefined) break;
+      const digest = await this.digestOf(w, reader, repo.host, `${where}:${best}`, best);
+      if (digest === undefined) return { nothing: `${best} was listed and is gone` };
+      const built = await age.of(`${where}:${best}`, digest);
+      if (built !== 'young') {
+        const highest = `the highest of ${total} tags ${policy.text} allows${age.passedOver()}`;
+        const why = `${where} has ${best} (${digest}), ${highest}`;
+        return { image: `${repo.name}:${best}@${digest}`, digest, why, ...built };
+      }
+      left = left.filter((t) => t !== best);
+    }
+    return { nothing: `no tag above the running one that ${policy.text} allows${age.passedOver()} (${kept})` };
   }
 
   /**
@@ -24334,7 +24588,8 @@ export class RegistryWatch {
     repo: { host: string; repository: string; name: string; tag: string; pinned: string | undefined },
     policy: UpdatePolicy,
     workload: unknown,
-  ): Promise<{ image: string; digest: string; why: string } | { nothing: string }> {
+    age: AgeCheck,
+  ): Promise<WatchFound | { nothing: string }> {
     const where = `${repo.host}/${repo.repository}`;
     const { tags } = await this.listing(w, reader, repo, policy);
     const name = `${w.target.kind}/${w.target.name}`;
@@ -24345,8 +24600,11 @@ export class RegistryWatch {
     for (const tag of matching.slice(0, LIMITS.poll.maxCandidates)) {
       const digest = await this.digestOf(w, reader, repo.host, `${where}:${tag}`, tag);
       const created = digest === undefined ? undefined : await this.createdAt(reader, repo.host, digest);
+      if (created !== undefined && !age.oldEnough(`${where}:${tag}`, created)) continue;
       if (digest && created !== undefined && (!best || created > best.created)) best = { tag, digest, created };
     }
+    if (!best && age.passedOver())
+      return { nothing: `no tag ${policy.text} allows is old enough${age.passedOver()}` };
     if (!best) return { nothing: `none of ${matching.length} tags ${policy.text} allows says when it was built` };
     const running =
       repo.pinned ??
@@ -24357,7 +24615,7 @@ export class RegistryWatch {
     if (best.digest === running || (ranAt !== undefined && best.created <= ranAt))
       return { nothing: `the newest build ${policy.text} allows runs already (${best.tag}, built ${built})` };
     const why = `${where}:${best.tag} (${best.digest}), built ${built}, is the newest build ${policy.text} allows`;
-    return { image: `${repo.name}:${best.tag}@${best.digest}`, digest: best.digest, why };
+    return { image: `${repo.name}:${best.tag}@${best.digest}`, digest: best.digest, why, builtAtMs: best.created };
   }
 
   /**
@@ -24366,18 +24624,9 @@ export class RegistryWatch {
    */
   private async createdAt(reader: () => RepositoryReader, host: string, digest: string): Promise<number | undefined> {
     if (this.created.has(digest)) return this.created.get(digest) ?? undefined;
-    const r = reader();
-    const wait = LIMITS.poll.lookTimeoutMs;
-    let manifest = await this.throttled(host, () => r.manifest(digest), wait);
-    const first = valueAt(asList(manifest?.json.manifests)[0], ['digest']);
-    if (typeof first === 'string') manifest = await this.throttled(host, () => r.manifest(first), wait);
-    const config = valueAt(manifest?.json, ['config', 'digest']);
-    let created: number | undefined;
-    if (typeof config === 'string') {
-      const blob = await this.throttled(host, () => r.blob(config, LIMITS.poll.maxConfigBytes), wait);
-      const text = valueAt(JSON.parse(blob.toString('utf8')), ['created']);
-      created = typeof text === 'string' && Number.isFinite(Date.parse(text)) ? Date.parse(text) : undefined;
-    }
+    const created = await imageCreatedAt(reader(), digest, (reading) =>
+      this.throttled(host, reading, LIMITS.poll.lookTimeoutMs),
+    );
     if (this.created.size >= LIMITS.poll.maxCreatedKept) this.created.delete(this.created.keys().next().value!);
     this.created.set(digest, created ?? null);
     return created;
@@ -24388,7 +24637,8 @@ export class RegistryWatch {
     w: WatchState,
     reader: () => RepositoryReader,
     repo: { host: string; repository: string; name: string; tag: string; pinned: string | undefined },
-  ): Promise<{ image: string; digest: string; why: string } | { nothing: string }> {
+    age: AgeCheck,
+  ): Promise<WatchFound | { nothing: string }> {
     const where = `${repo.host}/${repo.repository}:${repo.tag}`;
     const digest = await this.digestOf(w, reader, repo.host, where, repo.tag);
     if (digest === undefined) return { nothing: `the registry has no tag ${repo.tag}` };
@@ -24398,7 +24648,10 @@ export class RegistryWatch {
       return { nothing: `${where} is ${digest}; nothing says which digest runs, so this one is taken as running` };
     }
     if (digest === running) return { nothing: `${where} is still ${digest}` };
-    return { image: `${repo.name}:${repo.tag}@${digest}`, digest, why: `${where} moved to ${digest}` };
+    const built = await age.of(where, digest);
+    if (built === 'young') return { nothing: `${where} moved to ${digest}${age.passedOver()}` };
+    const why = `${where} moved to ${digest}${age.passedOver()}`;
+    return { image: `${repo.name}:${repo.tag}@${digest}`, digest, why, ...built };
   }
 
   /**
@@ -24563,14 +24816,18 @@ export class RegistryWatch {
    * The push a look found, through the same path as any push (runDecided), its result to the command listener as a
    * push's. What was decided is not handed again; a push the API server did not answer is, at the next look.
    */
-  private async handOver(w: WatchState, hook: Hook, image: string, digest: string, why: string): Promise<string> {
+  private async handOver(w: WatchState, hook: Hook, found: WatchFound): Promise<string> {
+    const { image, digest, why } = found;
     if (w.handed === image) return `${image}: decided already (${why})`;
     const delivered = await this.delivered(w, image, digest);
     if (delivered !== undefined) {
       w.handed = image;
       return `${image}: delivered already (${delivered})`;
     }
-    const push: IncomingPush = { pushedAtMs: Date.now(), timeFrom: 'received', image, push: `${digest}|` };
+    const push: IncomingPush = {
+      ...{ pushedAtMs: Date.now(), timeFrom: 'received', image, push: `${digest}|` },
+      ...(found.builtAtMs !== undefined && { builtAtMs: found.builtAtMs }),
+    };
     const requestId = randomUUID();
     const job = jobAt(w);
     const r = await this.upgrade.runDecided(hook, job, { source: 'annotation' }, push, undefined, requestId, true);
@@ -26231,7 +26488,7 @@ function renderWaiting(pushes: readonly WaitingPush[]): string {
   const rows = pushes.map((w) => {
     const key = waitingKey(w);
     // A window's opening and a signature's arrival are no person's to approve; rejecting takes the push off.
-    const byPerson = !['window', 'signature'].includes(w.entry.waitsFor);
+    const byPerson = !['window', 'signature', 'age'].includes(w.entry.waitsFor);
     const buttons: [string, string][] = byPerson ? [['approve', 'Approve']] : [];
     buttons.push(['reject', 'Reject']);
     return [
@@ -26793,7 +27050,11 @@ function describeApprovals(hook: Hook): string[] {
     ? `${describeWindows(windows)}: a push outside waits and is applied when it opens` +
       (override ? '; an approval link may deploy now (APPROVAL_OVERRIDE=true)' : '')
     : `always open (the annotation ${WINDOW_ANNOTATION} sets one on a workload)`;
-  return [`approval: ${approval}`, `change window: ${window}`];
+  const minAgeMs = fixedSetting(hook, 'MIN_IMAGE_AGE');
+  const age = minAgeMs
+    ? `${formatGoDuration(minAgeMs)} (MIN_IMAGE_AGE): a younger image waits until it is that old`
+    : `any (the annotation ${MIN_AGE_ANNOTATION} sets one on a workload)`;
+  return [`approval: ${approval}`, `change window: ${window}`, `minimum image age: ${age}`];
 }
 
 /** The keys a hook checks signatures with (VERIFY_SIGNATURE, fixed and read at load): fingerprints, never the keys. */

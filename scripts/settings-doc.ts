@@ -193,6 +193,14 @@ export const SETTING_DETAILS: Record<string, string> = {
     'One or more ranges separated by `;`, each `<days> <HH:MM>-<HH:MM> [<IANA zone>]` (e.g. ' +
     '`Mon-Fri 09:00-18:00 Asia/Shanghai`): a push outside the window is answered 202 and applied when it opens. ' +
     'The annotation `webhook/window` overrides it. See [Change windows](approvals.md#change-windows).',
+  MIN_IMAGE_AGE:
+    'How old an image must be before it is deployed, a Go duration (`72h`; `0`, the default, takes any; at most ' +
+    '`2160h`): a push whose image is younger waits on the workload, answered 202 (decision `waiting: age`), and is ' +
+    'deployed when it comes of age, by whichever replica sees it first, as any push would be then (an approval or a ' +
+    'change window may still hold it); a newer push replaces it. Its age counts from when the image was built (its ' +
+    "config's `created`) where the registry is asked (a registry watch, `VERIFY_IMAGE`), else from the push's time. " +
+    'A registry watch passes over tags this young until they are not. The annotation `webhook/min-age` overrides it. ' +
+    'See [A minimum image age](policies.md#a-minimum-image-age).',
   APPROVAL_OVERRIDE:
     '`true`: the approval of a push waiting for the change window may deploy it at once: its ' +
     'notification also offers **Deploy now**. Needs `-public-url` and `-approval-key-file`.',

@@ -87,7 +87,7 @@ describe('the decision of a push', () => {
       applied: 'applied', 're-pulled': 'same image restarted', superseded: 'no-op', repeat: 'no-op', 'no-op': 'no-op',
       refused: 'refused', 'refused: unsigned': 'refused: unsigned', 'refused: platform': 'refused: platform',
       'skipped by policy': 'skipped by policy', held: 'held', failed: 'failed', kept: 'no-op', waiting: 'waiting',
-      'waiting: signature': 'waiting: signature', approved: 'approved', rejected: 'rejected', expired: 'expired',
+      'waiting: signature': 'waiting: signature', 'waiting: age': 'waiting: age', approved: 'approved', rejected: 'rejected', expired: 'expired',
       'taken over': 'superseded', 'fanned out': 'fanned out', ran: 'ran', running: 'running',
     });
     const unsigned = { ...base(), decision: 'refused: unsigned' as const, result: 'failed' as const, error: 'signature: x is not signed' };
@@ -274,6 +274,50 @@ describe('the decision of one push on one workload (decide): each step, as a tab
     if (signed.code === 'applied') assert.deepEqual(JSON.parse(signed.change.guarded!['webhook/pending'].value), {});
     // The same digest announced again while it waits: a repeat, nothing written.
     assert.equal(again(NOW + 10_000, { unsigned, push: 'sha256:cd|' }).code, 'repeat');
+  });
+
+  test('the age step: a young image waits until it is old enough, by its build time, else its push time', () => {
+    const env = { MIN_IMAGE_AGE: '72h' };
+    // Pushed a minute ago, no build time known: old enough 72 h after the push.
+    const first = decide(input(push('r.io/shop/web:v2'), workload('r.io/shop/web:v1'), env, { approvals }));
+    assert.equal(first.code, 'waiting: age', JSON.stringify(first));
+    if (first.code !== 'waiting: age') return;
+    assert.equal(first.reason, 'waiting until 2026-11-30T11:59:00.000Z, when it is old enough (its age: 72h0m0s after it was pushed)');
+    assert.deepEqual([first.entry.waitsFor, first.entry.opensAt, first.event?.reason], ['age', '2026-11-30T11:59:00.000Z', 'UpgradeWaiting']);
+    assert.ok(first.entry.mac, 'sealed: its build time and opening cannot be edited into an earlier one');
+    // Built 3 days before it was pushed (the registry watch, VERIFY_IMAGE): old enough now.
+    const built = { builtAtMs: Date.parse('2026-11-24T11:00:00Z') };
+    assert.equal(decide(input(push('r.io/shop/web:v2', undefined, undefined, built), workload('r.io/shop/web:v1'), env)).code, 'applied');
+    // The workload's annotation overrides the hook's: 0 takes any age, a malformed one fails naming it.
+    assert.equal(decide(input(push('r.io/shop/web:v2'), workload('r.io/shop/web:v1', { 'webhook/min-age': '0' }), env)).code, 'applied');
+    const bad = decide(input(push('r.io/shop/web:v2'), workload('r.io/shop/web:v1', { 'webhook/min-age': 'soon' }), env));
+    assert.equal(bad.code, 'failed');
+    if ('reason' in bad) assert.match(bad.reason, /^annotation webhook\/min-age "soon" is not a duration/);
+    const waited = workload('r.io/shop/web:v1', { 'webhook/pending': first.pending.value });
+    const later = (p: Push, nowMs: number) => decide({ ...input(p, waited, env, { approvals }), nowMs });
+    // The same image again (a registry's retry): a repeat; an older push: superseded; a newer one replaces it.
+    assert.equal(later(push('r.io/shop/web:v2', undefined, 'sha256:cd|'), NOW + 1000).code, 'repeat');
+    assert.equal(later(push('r.io/shop/web:v1b', '2026-11-27T11:00:00Z'), NOW + 1000).code, 'superseded');
+    const newer = later(push('r.io/shop/web:v3', '2026-11-27T12:00:00Z'), NOW + 1000);
+    assert.equal(newer.code, 'waiting: age');
+    if (newer.code === 'waiting: age') assert.deepEqual([newer.entry.image, newer.replaced?.image], ['r.io/shop/web:v3', 'r.io/shop/web:v2']);
+    // Its time come, the service decides it (action age): applied, its entry taken off in the same patch.
+    const aged = { decided: { id: 'entry-1', action: 'age' as const, by: 'its age' } };
+    const early = later(push('r.io/shop/web:v2', undefined, undefined, aged), NOW + 3_600_000);
+    assert.equal(early.code, 'waiting: age');
+    if (early.code === 'waiting: age') assert.equal(early.pending.value, early.pending.read, 'looked at early: nothing written');
+    const due = later(push('r.io/shop/web:v2', undefined, undefined, aged), Date.parse('2026-11-30T11:59:00Z'));
+    assert.equal(due.code, 'applied', JSON.stringify(due));
+    if (due.code === 'applied') {
+      assert.deepEqual(JSON.parse(due.change.guarded!['webhook/pending'].value), {});
+      assert.match(due.notes.join('\n'), /^old enough \(its age\) at 2026-11-30T11:59:00\.000Z$/m);
+    }
+    // Come of age under a closed change window: it waits on, now for the window.
+    const closed = workload('r.io/shop/web:v1', { 'webhook/pending': first.pending.value, 'webhook/window': 'Sat 00:00-00:01 UTC' });
+    const windowed = decide({ ...input(push('r.io/shop/web:v2', undefined, undefined, aged), closed, env, { approvals }),
+      nowMs: Date.parse('2026-11-30T11:59:00Z') });
+    assert.equal(windowed.code, 'waiting', JSON.stringify(windowed));
+    if (windowed.code === 'waiting') assert.equal(windowed.entry.waitsFor, 'window');
   });
 
   test('deciding is pure: the same input, frozen, gives the same decision twice', () => {

@@ -55,7 +55,7 @@ describe('what comes from the table', () => {
     assert.deepEqual(
       Object.keys(checks).toSorted(),
       ['ALLOW_IMAGES', 'ANNOTATION_NAMESPACES', 'APPROVAL_OVERRIDE', 'APPROVAL_TIMEOUT', 'CLUSTER', 'CLUSTERS', 'DEPLOY_WINDOW', 'DRY_RUN',
-        'GIT_AUTHOR', 'GIT_BRANCH', 'GIT_CA', 'GIT_FIELD', 'GIT_PATH', 'GIT_REPO', 'GIT_SIGNING_KEY', 'GIT_SYNC_TIMEOUT', 'GIT_TOKEN', 'GIT_USERNAME', 'NOTIFY_FORMAT', 'NOTIFY_ON_SKIP',
+        'GIT_AUTHOR', 'GIT_BRANCH', 'GIT_CA', 'GIT_FIELD', 'GIT_PATH', 'GIT_REPO', 'GIT_SIGNING_KEY', 'GIT_SYNC_TIMEOUT', 'GIT_TOKEN', 'GIT_USERNAME', 'MIN_IMAGE_AGE', 'NOTIFY_FORMAT', 'NOTIFY_ON_SKIP',
         'NOTIFY_SECRET', 'NOTIFY_TELEGRAM_CHAT', 'NOTIFY_URL', 'ON_GITOPS_OWNER', 'ON_OUTSIDE_CHANGE', 'ON_REGISTRY_AWAY', 'POLL_INTERVAL', 'PROMOTE_AFTER', 'PROMOTE_CHECK', 'REGISTRY_HOST', 'REGISTRY_TOKEN_HOSTS', 'REQUIRE_APPROVAL', 'ROLLOUT_STUCK_TIMEOUT', 'SIGNATURE_WAIT', 'UPDATE_POLICY',
         'VERIFY_SIGNATURE', 'VERIFY_SIGNATURE_ANNOTATIONS'],
     );
@@ -64,6 +64,9 @@ describe('what comes from the table', () => {
     assert.match(checks.REQUIRE_APPROVAL('perhaps') ?? '', /^REQUIRE_APPROVAL "perhaps" is not a boolean/);
     assert.match(checks.UPDATE_POLICY('newest') ?? '', /^UPDATE_POLICY "newest" is not a policy: not one of all, semver:<range>/);
     assert.equal(checks.UPDATE_POLICY('semver:^1.4'), undefined);
+    assert.match(checks.MIN_IMAGE_AGE('3 days') ?? '', /^MIN_IMAGE_AGE "3 days" is not a duration \(e\.g\. 0, 12h, 72h\)/);
+    assert.match(checks.MIN_IMAGE_AGE('2200h') ?? '', /^MIN_IMAGE_AGE "2200h" is outside 0 to 2160h0m0s/);
+    assert.equal(checks.MIN_IMAGE_AGE('72h'), undefined);
     assert.match(checks.NOTIFY_ON_SKIP('maybe') ?? '', /^NOTIFY_ON_SKIP "maybe" is not a boolean/);
     assert.match(checks.REGISTRY_TOKEN_HOSTS('https://auth.example.com') ?? '', /^REGISTRY_TOKEN_HOSTS item 1 .* is not a host name/);
     assert.equal(checks.NOTIFY_URL(''), 'NOTIFY_URL is empty');
