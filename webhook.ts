@@ -18067,8 +18067,8 @@ async function platformsOf(
 //    MIN_IMAGE_AGE (webhook/min-age) waits on the workload until it is old enough (`waiting: age`), decided again then
 //    (action `age`) as any push.
 //    Exports: decide, futureTimeNote, minImageAge, PendingGone, PlatformRefusal, waitingAction.
-//    Tests: test/decision.test.ts, test/e2e.test.ts, test/platforms.test.ts, test/records.test.ts,
-//    test/replicas.test.ts, test/signed-images.test.ts, test/upgrade.test.ts.
+//    Tests: test/decision.test.ts, test/e2e.test.ts, test/min-age.test.ts, test/platforms.test.ts,
+//    test/records.test.ts, test/replicas.test.ts, test/signed-images.test.ts, test/upgrade.test.ts.
 // ================================================================================================
 
 /** A decided push whose pending entry is no longer on the workload: decided already, replaced or expired. */
@@ -24051,9 +24051,11 @@ interface PastPush {
 //    waiting pushes of a watched workload are learnt from the listing, and each look has one waiting there for its
 //    signature looked at again (the approvals'). A push found is not handed over when the workload runs it already:
 //    pinned to its digest, recorded with it, or (a notification that named no digest deployed the tag unpinned) its
-//    ready pods report having pulled it (status.containerStatuses[].imageID, one listing of its pods).
+//    ready pods report having pulled it (status.containerStatuses[].imageID, one listing of its pods). Under a
+//    minimum image age (MIN_IMAGE_AGE, webhook/min-age) a tag built more recently is passed over until it is old
+//    enough (AgeCheck): the highest tag old enough is taken meanwhile.
 //    Exports: RegistryWatch, WatchedWorkload.
-//    Tests: test/registry-watch.test.ts, test/signed-images.test.ts.
+//    Tests: test/min-age.test.ts, test/registry-watch.test.ts, test/signed-images.test.ts.
 // ================================================================================================
 
 /** A repository's tags as a look keeps them: those a policy could take (policyCouldTake), of `total` listed. */
@@ -24101,7 +24103,7 @@ export interface WatchedWorkload {
 
 /** What a look needs of the workload besides its image, kept from the last listing (not the whole object). */
 interface WatchFacts {
-  /** The policy annotations (webhook/policy, webhook/policy.<container>): policyDecision reads them. */
+  /** The policy annotations (webhook/policy, webhook/policy.<container>) and webhook/min-age: a look reads them. */
   annotations: Record<string, string>;
   record: PushRecord | undefined;
   pullSecrets: string[];
@@ -24896,7 +24898,7 @@ function watchOf(
   if (refusal !== undefined) return { problem: refusal };
   const located = locateContainer(podSpec, container);
   if (!located) return { problem: `the workload has no container ${showValue(container)}` };
-  const policyKeys = [POLICY_ANNOTATION, `${POLICY_ANNOTATION}.${container}`];
+  const policyKeys = [POLICY_ANNOTATION, `${POLICY_ANNOTATION}.${container}`, MIN_AGE_ANNOTATION];
   const facts: WatchFacts = {
     annotations: Object.fromEntries(policyKeys.filter((k) => read(k) !== '').map((k) => [k, read(k)])),
     record: records[container],
