@@ -43,14 +43,19 @@ describe('MIN_IMAGE_AGE: a young image waits until it is old enough', { skip: cl
       upgradeHook('aged', TOKEN, { APP_NS: ns, APP_WORKLOAD: 'deployment/web', APP_CONTAINER: 'app', REPO_TYPE: 'regionalregistry',
         MIN_IMAGE_AGE: AGE }),
       upgradeHook('watch', TOKEN, { REGISTRY_CA: ca, ANNOTATION_NAMESPACES: ns }),
+      upgradeHook('verified', TOKEN, { APP_NS: ns, APP_WORKLOAD: 'deployment/verified', APP_CONTAINER: 'app', REPO_TYPE: 'custom',
+        VERIFY_IMAGE: 'true', REGISTRY_CA: ca, MIN_IMAGE_AGE: AGE }),
     ]));
+    await registry.push(ociArchive(work, 'verified old', undefined, { created: '2026-01-01T00:00:00Z' }).path, 'acme/verified:old');
+    await registry.push(ociArchive(work, 'verified new', undefined, { created: new Date().toISOString() }).path, 'acme/verified:new');
     await registry.push(ociArchive(work, 'aged 1.0.0', undefined, { created: '2026-01-01T00:00:00Z' }).path, 'acme/aged:1.0.0');
     await kubectl(['create', 'namespace', ns]);
     const watched = deployment('watched', [{ name: 'app', image: `${registry.host}/acme/aged:1.0.0` }], { replicas: 1 });
     Object.assign(watched.metadata, { annotations: { 'webhook/poll': '2s', 'webhook/hook': 'watch', 'webhook/policy': 'semver:^1',
       'webhook/min-age': AGE } });
     await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: [
-      deployment('web', [{ name: 'app', image: acrImage('v1') }], { replicas: 1 }), watched] }));
+      deployment('web', [{ name: 'app', image: acrImage('v1') }], { replicas: 1 }), watched,
+      deployment('verified', [{ name: 'app', image: `${registry.host}/acme/verified:start` }], { replicas: 1 })] }));
     wh = await startWebhook({ hooks, args: ['-poll-min-interval', '1s'], env: { KUBECONFIG: cluster!.kubeconfigPath } });
   });
   after(async () => {
@@ -83,6 +88,25 @@ describe('MIN_IMAGE_AGE: a young image waits until it is old enough', { skip: cl
     const record = JSON.parse((await get('deployment/web')).metadata.annotations['webhook/last-push']).app;
     assert.equal(record.image, acrImage('v3'));
     assert.deepEqual(JSON.parse((await get('deployment/web')).metadata.annotations['webhook/pending'] ?? '{}'), {});
+  });
+
+  test('under VERIFY_IMAGE the age counts from when the image was built: an old build at once, a new one waits', async () => {
+    // A build job's notification names the tag only; the registry says the digest and, in its config, when it was built.
+    const notify = (tag: string) => wh.request(`/hooks/verified?${new URLSearchParams({ token: TOKEN })}`, {
+      method: 'POST', headers: { 'Content-Type': 'application/json' },
+      body: JSON.stringify({ push_data: { tag }, repository: { repo_url: `https://${registry.host}/`, namespace: 'acme', name: 'verified' } }),
+    });
+    const old = await notify('old');
+    assert.equal(old.status, 200, old.body);
+    assert.match(old.body, /^action: +image updated$/m);
+    assert.ok((await image('verified'))?.startsWith(`${registry.host}/acme/verified:old@sha256:`));
+    const young = await notify('new');
+    assert.equal(young.status, 202, young.body);
+    assert.match(young.body, /^action: +waiting until \S+Z, when it is old enough \(its age: 30s after it was built\)$/m);
+    const entry = JSON.parse((await get('deployment/verified')).metadata.annotations['webhook/pending']).app;
+    assert.match(entry.builtAt, /^\d{4}-\d\d-\d\dT/);
+    await waitFor(async () => (await image('verified'))?.startsWith(`${registry.host}/acme/verified:new@sha256:`),
+      { timeoutMs: WITHIN, what: 'the new build deployed once 30s old' });
   });
 
   test('a registry watch passes over a tag built moments ago, takes the highest old enough, then the young one', async () => {
