@@ -14713,10 +14713,9 @@ export function readApprovalToken(
 //    parseWorkload reads APP_WORKLOAD (deployment, daemonset, statefulset, cronjob; any case, plurals, short names,
 //    kind.group) and locateContainer finds APP_CONTAINER (containers, then initContainers). rolloutStatus applies
 //    kubectl's rollout-status rules, summarizePod says how a pod is doing (and, failing, why), Events are recorded on
-//    the workload, and
-//    one WorkloadQueue per workload keeps its pushes in order (and batches what waits for one key: the pushes for
-//    one Git branch, committed together). UpgradeReport is what one push did so far; UpgradeDeps
-//    is what an upgrade is given (client, clock, queue, the workloads it last saw).
+//    the workload, and one WorkloadQueue per workload keeps its pushes in order (and batches what waits for one key:
+//    the pushes for one Git branch, committed together). UpgradeReport is what one push did so far; UpgradeDeps is
+//    what an upgrade is given (client, clock, queue, the workloads it last saw).
 //    Exports: annotationOps, asArray, DNS_LABEL, FollowOptions, ForcedRollback, KEPT_SUPERSEDED, kindSpec,
 //    KnownWorkloads, labelSelector, leanWorkload, locateContainer, missingContainerMessage, newReport,
 //    NodePlatformsRead, numberAt, orList, ownedBy, parseWorkload, PayloadError, planPatch, PULL_REASONS, readWorkload,

@@ -47,7 +47,7 @@ describe('MIN_IMAGE_AGE: a young image waits until it is old enough', { skip: cl
         VERIFY_IMAGE: 'true', REGISTRY_CA: ca, MIN_IMAGE_AGE: AGE }),
     ]));
     await registry.push(ociArchive(work, 'verified old', undefined, { created: '2026-01-01T00:00:00Z' }).path, 'acme/verified:old');
-    await registry.push(ociArchive(work, 'verified new', undefined, { created: new Date().toISOString() }).path, 'acme/verified:new');
+
     await registry.push(ociArchive(work, 'aged 1.0.0', undefined, { created: '2026-01-01T00:00:00Z' }).path, 'acme/aged:1.0.0');
     await kubectl(['create', 'namespace', ns]);
     const watched = deployment('watched', [{ name: 'app', image: `${registry.host}/acme/aged:1.0.0` }], { replicas: 1 });
@@ -100,6 +100,7 @@ describe('MIN_IMAGE_AGE: a young image waits until it is old enough', { skip: cl
     assert.equal(old.status, 200, old.body);
     assert.match(old.body, /^action: +image updated$/m);
     assert.ok((await image('verified'))?.startsWith(`${registry.host}/acme/verified:old@sha256:`));
+    await registry.push(ociArchive(work, 'verified new', undefined, { created: new Date().toISOString() }).path, 'acme/verified:new');
     const young = await notify('new');
     assert.equal(young.status, 202, young.body);
     assert.match(young.body, /^action: +waiting until \S+Z, when it is old enough \(its age: 30s after it was built\)$/m);
