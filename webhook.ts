@@ -18011,7 +18011,9 @@ async function registryFacts(
     }
   };
   const offered = await read('platform', () => readIndexPlatforms(registry, digest, loginFor));
-  const platforms = offered && (await platformsOf(client, s, podSpec, { index: digest, offered }, report, deps));
+  const checked = offered && (await platformsOf(client, s, podSpec, { index: digest, offered }, deps));
+  if (typeof checked === 'string') report.notes.push(`platform: ${checked}`);
+  const platforms = typeof checked === 'string' ? undefined : checked;
   const builtAtMs =
     push.builtAtMs ??
     (s.minImageAgeMs > 0 ? await read('MIN_IMAGE_AGE', () => readImageCreated(registry, digest, loginFor)) : undefined);
@@ -18019,25 +18021,21 @@ async function registryFacts(
 }
 
 /**
- * The platform check's facts: the index's platforms and the nodes' (NodePlatforms); undefined when there is nothing
- * to check: nodes that could not be listed or none the workload may run on (a note says so).
+ * The platform check's facts: the index's platforms and the nodes' (NodePlatforms); or, when there is nothing to
+ * check (nodes that could not be listed, or none the workload may run on), the report's note saying so.
  */
 async function platformsOf(
   client: KubeClient,
   s: HookConfig,
   podSpec: unknown,
   index: { index: string; offered: string[] },
-  report: UpgradeReport,
   deps: UpgradeDeps,
-): Promise<PlatformFacts | undefined> {
+): Promise<PlatformFacts | string> {
   const nodes = await (deps.nodePlatforms ?? new NodePlatforms()).of(client, s.cluster, podSpec);
-  if ('unknown' in nodes) report.notes.push(`platform: ${nodes.unknown}`);
-  else if (nodes.platforms.length === 0)
-    report.notes.push(
-      `platform: no node ${s.workload.kind}/${s.workload.name} can run on says its os and arch: not checked`,
-    );
-  else return { ...index, nodes: nodes.platforms };
-  return undefined;
+  if ('unknown' in nodes) return nodes.unknown;
+  if (nodes.platforms.length === 0)
+    return `no node ${s.workload.kind}/${s.workload.name} can run on says its os and arch: not checked`;
+  return { ...index, nodes: nodes.platforms };
 }
 
 // ================================================================================================
@@ -25113,16 +25111,20 @@ export class DeliveryLog {
     return { hookId: hook.id, requestId: req.id, settings: r.settings ?? resultSettings((name) => r.env?.[name]) };
   }
 
-  /** A record's facts and its whole text, scrubbed: the report's, and the pods' failures (a container's own words). */
-  private facts(of: RecordOf, r: Ended, report: UpgradeReport | undefined, receivedAt: Date) {
+  /**
+   * Writes a result's facts into its record, scrubbed: the report's text, and the pods' failures (a container's own
+   * words); returns the whole text (scrubbed, not cut), for the mail.
+   */
+  private fill(d: Delivery, of: RecordOf, r: Ended, report: UpgradeReport | undefined): string {
     const text = this.scrub(resultText(r, report));
-    const facts = deliveryFacts(of, r, report, receivedAt, text);
-    return { facts: { ...facts, pods: facts.pods.map((p) => scrubbedPod(p, this.scrub)) }, text };
+    const facts = deliveryFacts(of, r, report, d.receivedAt, text);
+    Object.assign(d, facts, { pods: facts.pods.map((p) => scrubbedPod(p, this.scrub)) });
+    return text;
   }
 
   answered(hook: Hook, req: PushOrigin, r: CommandResult, report: UpgradeReport | undefined): void {
     const d = this.inFlight.get(req) ?? this.open(hook.id, req.id, req);
-    Object.assign(d, this.facts(this.recordOf(hook, req, r), r, report, d.receivedAt).facts);
+    this.fill(d, this.recordOf(hook, req, r), r, report);
     // Final only once settled: the rollout may still fail.
     d.outcome = undefined;
     d.state = report?.rollout?.state === 'progressing' && report.changed ? 'following' : 'running';
@@ -25137,20 +25139,19 @@ export class DeliveryLog {
   settled(hook: Hook, req: PushOrigin, r: CommandResult, report: UpgradeReport | undefined): Final {
     const d = this.inFlight.get(req) ?? this.open(hook.id, req.id, req);
     this.inFlight.delete(req);
-    return this.final(d, this.recordOf(hook, req, r), r, report);
+    return this.done(d, this.fill(d, this.recordOf(hook, req, r), r, report));
   }
 
   /** The final record of a follow another replica left and this one ended: on the page like any other. */
   resumed(report: UpgradeReport, follow: ResumedFollow): Final {
     const d = this.open(follow.hook, follow.request);
     const of = { hookId: follow.hook, requestId: follow.request, settings: resumedSettings(report, follow) };
-    return this.final(d, of, undefined, report);
+    return this.done(d, this.fill(d, of, undefined, report));
   }
 
-  private final(d: Delivery, of: RecordOf, r: Ended, report: UpgradeReport | undefined): Final {
-    const done = { finishedAt: new Date(), state: 'done' as const };
-    const { facts, text } = this.facts(of, r, report, d.receivedAt);
-    Object.assign(d, facts, done);
+  /** A record made final: done now, with its whole text for the mail. */
+  private done(d: Delivery, text: string): Final {
+    Object.assign(d, { finishedAt: new Date(), state: 'done' as const });
     return { record: d, text };
   }
 
