@@ -19796,9 +19796,14 @@ export function podFailureText(f: PodFailure): string {
   return `${exit}${f.pullError ? `; pull error: ${oneLine(f.pullError)}` : ''}`;
 }
 
-/** The pods a report tells why they fail: the first failedPodsTold that have a failure. Pure. */
-export function toldPods(pods: PodSummary[]): Set<PodSummary> {
-  return new Set(pods.filter((p) => p.failure).slice(0, LIMITS.upgrade.failedPodsTold));
+/**
+ * The pods a report tells why they fail: the first failedPodsTold that have a failure, those running the image rolled
+ * out first (the pods of the old one may have been failing before the push). Pure.
+ */
+export function toldPods(pods: PodSummary[], image: string | undefined): Set<PodSummary> {
+  const failing = pods.filter((p) => p.failure);
+  const runs = (p: PodSummary) => image !== undefined && normalizeImageRef(p.image) === normalizeImageRef(image);
+  return new Set([...failing.filter(runs), ...failing.filter((p) => !runs(p))].slice(0, LIMITS.upgrade.failedPodsTold));
 }
 
 export function formatRollback(r: RollbackOutcome): string {
@@ -19822,7 +19827,7 @@ export function formatReport(r: UpgradeReport): string {
   lines.push(reportLine('result', r.result === 'ok' ? 'ok' : `failed: ${r.error ?? 'unknown error'}`));
   if (r.rollout) {
     lines.push(reportLine('rollout', formatRollout(r.rollout)));
-    const told = toldPods(r.rollout.pods);
+    const told = toldPods(r.rollout.pods, r.imageAfter);
     for (const p of r.rollout.pods.slice(0, LIMITS.upgrade.maxPodLines)) lines.push(...formatPod(p, told.has(p)));
     if (r.rollout.pods.length > LIMITS.upgrade.maxPodLines)
       lines.push(reportLine('pods', `${r.rollout.pods.length - LIMITS.upgrade.maxPodLines} more not shown`));
@@ -19857,7 +19862,7 @@ export async function followRollout(
   target: WorkloadTarget,
   options: FollowOptions,
 ): Promise<RolloutOutcome> {
-  return withFailureLogs(client, target.namespace, await followToEnd(client, target, options));
+  return withFailureLogs(client, target.namespace, options.image, await followToEnd(client, target, options));
 }
 
 async function followToEnd(
@@ -20222,10 +20227,11 @@ class WorkloadFeed {
 async function withFailureLogs(
   client: KubeClient,
   namespace: string,
+  image: string | undefined,
   outcome: RolloutOutcome,
 ): Promise<RolloutOutcome> {
   if (outcome.state !== 'failed' && outcome.state !== 'timed out') return outcome;
-  const told = toldPods(outcome.pods);
+  const told = toldPods(outcome.pods, image);
   const withLog = async (p: PodSummary): Promise<PodSummary> =>
     told.has(p) && p.failure!.lastExit
       ? { ...p, failure: { ...p.failure!, log: await lastLogLines(client, namespace, p.name, p.failure!) } }
@@ -25711,12 +25717,12 @@ function chatFacts(r: Delivery): ChatFact[] {
   if (r.rollout) facts.push({ name: 'rollout', value: `${r.rollout.state}: ${r.rollout.detail}` });
   const ready = r.pods.filter((p) => p.ready).length;
   if (r.pods.length) facts.push({ name: 'pods', value: `${ready} of ${r.pods.length} ready` });
-  return [...facts, ...failureFacts(r.pods)];
+  return [...facts, ...failureFacts(r.pods, r.imageAfter)];
 }
 
 /** Why a failed rollout's pods fail, as a chat tells it: each pod told of, and the first one's last log lines. */
-function failureFacts(pods: PodSummary[]): ChatFact[] {
-  const told = [...toldPods(pods)];
+function failureFacts(pods: PodSummary[], image: string | undefined): ChatFact[] {
+  const told = [...toldPods(pods, image)];
   const facts = told.map((p) => ({
     name: 'failed',
     value: `${p.name} ${p.reason ?? ''}${podFailureText(p.failure!)}`,

@@ -527,6 +527,10 @@ describe('rollout status by kubectl rules', () => {
       'pod web-3: Running, not ready, image r.io/ns/app:v2, restarts 2, ImagePullBackOff; pull error: not found',
       'pod web-4: Running, not ready, image r.io/ns/app:v2, restarts 2, CrashLoopBackOff',
     ].join('\n'));
+    // The pods of the image rolled out are told first: an old pod failing since before the push comes after them.
+    const old = { ...failing(0, crash), image: 'r.io/ns/app:v1' };
+    const rolled: UpgradeReport = { ...report, imageAfter: 'r.io/ns/app:v2', rollout: { ...report.rollout!, pods: [old, ...report.rollout!.pods.slice(1)] } };
+    assert.match(formatReport(rolled), /^pod web-0: Running, not ready, image r\.io\/ns\/app:v1, restarts 2, CrashLoopBackOff$/m);
   });
   test('pod summary: the digest the kubelet pulled, from a repository imageID only', () => {
     const digest = `sha256:${'ab'.repeat(32)}`;
