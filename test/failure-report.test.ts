@@ -19,7 +19,7 @@ import { fixedSettings, upgradeHook } from './upgrade-hooks.ts';
 
 const cluster = await clusterOrSkip();
 
-describe('a failed rollout says why: last exit, pull error, the log\'s last lines', { skip: cluster ? false : 'no cluster' }, () => {
+describe('a failed rollout says why: the last exit and the log\'s last lines', { skip: cluster ? false : 'no cluster' }, () => {
   const kubectl = kubectlFor(cluster!);
   const ns = freshNamespaceName('failure-report');
   const dir = makeTempDir('failure-report-');
