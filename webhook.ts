@@ -18209,13 +18209,10 @@ function newestStep(input: DecisionInput, facts: DecidedFacts): Decision | undef
  * other decided push (an approval, a replay, a promotion) is refused at once, as a signature signed wrongly. Pure.
  */
 function signatureStep(input: DecisionInput, facts: DecidedFacts): Decision | undefined {
-  const { config: s, push, nowMs } = input;
+  const { push, nowMs } = input;
   if (push.unsigned === undefined) return undefined;
-  const { raw, entries } = readPendingEntries(input.workload);
-  const place = { ...push.target, cluster: push.cluster, container: s.container };
-  const found = entries[s.container];
-  const key = input.approvals?.key;
-  const queued = found && pendingEntrySealed(key, place, found) ? found : undefined;
+  const q = queuedEntry(input);
+  const { raw, place, queued } = q;
   const d = push.decided;
   const refused = (reason: string): Decision => {
     const event = pushEvent('refused', { why: reason, asked: whoAsked(push) });
@@ -18237,13 +18234,43 @@ function signatureStep(input: DecisionInput, facts: DecidedFacts): Decision | un
     return { ...facts, code: 'repeat', reason: `the same digest is waiting already: ${waitingAction(queued)}` };
   const older = queued && olderThanWaiting(queued, push, facts);
   if (older) return older;
-  const entry = sealPendingEntry(key, place, signatureEntry(input));
+  const entry = sealPendingEntry(input.approvals?.key, place, signatureEntry(input));
+  return waitsOnWorkload(input, facts, 'waiting: signature', entry, q);
+}
+
+/** The pending entries as read, where this push's would sit, and the one sealed there now (none if its MAC fails). */
+function queuedEntry(input: DecisionInput): QueuedEntry {
+  const { raw, entries } = readPendingEntries(input.workload);
+  const container = input.config.container;
+  const place = { ...input.push.target, cluster: input.push.cluster, container };
+  const found = entries[container];
+  const queued = found && pendingEntrySealed(input.approvals?.key, place, found) ? found : undefined;
+  return { raw, entries, place, queued };
+}
+
+type QueuedEntry = ReturnType<typeof readPendingEntries> & {
+  place: WorkloadTarget & { cluster: string | undefined; container: string };
+  queued: PendingEntry | undefined;
+};
+
+/**
+ * A push that waits on the workload as `entry` (sealed), in place of the entry `queuedEntry` read there: the
+ * annotation written under a test of its text as read, the replaced push noted, an UpgradeWaiting Event. Pure.
+ */
+function waitsOnWorkload(
+  input: DecisionInput,
+  facts: DecidedFacts,
+  code: 'waiting: signature' | 'waiting: age',
+  entry: PendingEntry,
+  { raw, entries, queued }: QueuedEntry,
+): Decision {
+  const { config: s, push } = input;
   const rest = Object.fromEntries(Object.entries(entries).filter(([c]) => c !== s.container));
   if (queued) facts.notes.push(supersededNote(queued));
   const reason = waitingAction(entry);
   const pending = { value: JSON.stringify({ ...rest, [s.container]: entry }), read: raw };
   const event = pushEvent('waiting', { container: s.container, image: push.image, why: reason, asked: whoAsked(push) });
-  return { ...facts, code: 'waiting: signature', reason, entry, pending, replaced: queued, event };
+  return { ...facts, code, reason, entry, pending, replaced: queued, event };
 }
 
 /** What every pending entry says of its push: its id, hook and request, the push, when it was received. Pure. */
@@ -18300,10 +18327,8 @@ function ageStep(input: DecisionInput, facts: DecidedFacts): Decision | undefine
   } catch (e) {
     return { ...facts, code: 'failed', reason: `${(e as Error).message}; nothing was changed` };
   }
-  const { raw, entries } = readPendingEntries(input.workload);
-  const place = { ...push.target, cluster: push.cluster, container: s.container };
-  const found = entries[s.container];
-  const queued = found && pendingEntrySealed(input.approvals?.key, place, found) ? found : undefined;
+  const q = queuedEntry(input);
+  const { raw, place, queued } = q;
   const d = push.decided;
   const ageing = queued?.waitsFor === 'age' && d === undefined ? queued : undefined;
   const oldAtMs = (push.builtAtMs ?? push.pushedAtMs) + minMs;
@@ -18330,12 +18355,7 @@ function ageStep(input: DecisionInput, facts: DecidedFacts): Decision | undefine
     decides: `its age: ${formatGoDuration(minMs)} after it was ${push.builtAtMs !== undefined ? 'built' : 'pushed'}`,
     ...(approvedBy !== undefined && { approvedBy }),
   });
-  if (queued) facts.notes.push(supersededNote(queued));
-  const rest = Object.fromEntries(Object.entries(entries).filter(([c]) => c !== s.container));
-  const reason = waitingAction(entry);
-  const pending = { value: JSON.stringify({ ...rest, [s.container]: entry }), read: raw };
-  const event = pushEvent('waiting', { container: s.container, image: push.image, why: reason, asked: whoAsked(push) });
-  return { ...facts, code: 'waiting: age', reason, entry, pending, replaced: queued, event };
+  return waitsOnWorkload(input, facts, 'waiting: age', entry, q);
 }
 
 /** What the waiting step lets through: the pending entries the patch writes back, and the waiting push replaced. */
@@ -18353,11 +18373,9 @@ interface WaitPassed {
  */
 function waitStep(input: DecisionInput, facts: DecidedFacts): Decision | WaitPassed {
   const { config: s, workload, nowMs } = input;
-  const { raw, entries } = readPendingEntries(workload);
-  const place = { ...input.push.target, cluster: input.push.cluster, container: s.container };
+  const { raw, entries, place, queued } = queuedEntry(input);
   const found = entries[s.container];
   const key = input.approvals?.key;
-  const queued = found && pendingEntrySealed(key, place, found) ? found : undefined;
   const d = input.push.decided;
   // The decision of a waiting entry; a replay completes none and waits as a new push does.
   const decided = d?.id !== undefined ? d : undefined;
