@@ -14716,12 +14716,12 @@ export function readApprovalToken(
 //    the workload, and one WorkloadQueue per workload keeps its pushes in order (and batches what waits for one key:
 //    the pushes for one Git branch, committed together). UpgradeReport is what one push did so far; UpgradeDeps is
 //    what an upgrade is given (client, clock, queue, the workloads it last saw).
-//    Exports: annotationOps, asArray, DNS_LABEL, FollowOptions, ForcedRollback, KEPT_SUPERSEDED, kindSpec,
+//    Exports: annotationOps, AppliedPush, asArray, DNS_LABEL, FollowOptions, ForcedRollback, KEPT_SUPERSEDED, kindSpec,
 //    KnownWorkloads, labelSelector, leanWorkload, locateContainer, missingContainerMessage, newReport,
 //    NodePlatformsRead, numberAt, orList, ownedBy, parseWorkload, PayloadError, planPatch, PULL_REASONS, readWorkload,
-//    recordWorkloadEvent, RollbackOutcome, RolloutOutcome, rolloutStatus, roundedToSeconds, STUCK_REASONS,
-//    summarizePod, unchanged, UpgradeDeps, UpgradeError, UpgradeReport, valueAt, WORKLOAD_KINDS, workloadPods,
-//    WorkloadQueue, workloadResource.
+//    recordWorkloadEvent, ReportView, RollbackOutcome, RolledBack, RolloutEnded, RolloutOutcome, rolloutStatus,
+//    roundedToSeconds, STUCK_REASONS, summarizePod, unchanged, UpgradeDeps, UpgradeError, UpgradeReport, valueAt,
+//    WORKLOAD_KINDS, workloadPods, WorkloadQueue, workloadResource.
 //    Tests: test/decision.test.ts, test/e2e.test.ts, test/git.test.ts, test/policy.test.ts, test/records.test.ts,
 //    test/rolling.test.ts, test/upgrade.test.ts.
 // ================================================================================================
@@ -15419,6 +15419,13 @@ export interface UpgradeReport {
   waitedAs?: string;
 }
 
+/**
+ * A push's report as a function that only reads it takes it: none of its fields, nor its notes, can be written. The
+ * steps that find something out return it; the report's few writers (recordUnchanged, recordDecision, recordOutcome,
+ * recordRolloutEnd, failedUpgrade) and the boundary that made it write it.
+ */
+export type ReportView = Readonly<Omit<UpgradeReport, 'notes'>> & { readonly notes: readonly string[] };
+
 /** The report of a push before anything is known of it: nothing changed (yet). */
 export function newReport(): UpgradeReport {
   return { ...unchanged('no-op', 'nothing was changed'), changed: false, result: 'ok', notes: [] };
@@ -15443,6 +15450,36 @@ export interface ForcedRollback {
   byHand: string[];
   /** Why pods are left to delete by hand (the first refusal, or why none could be looked at). */
   why?: string;
+}
+
+/**
+ * What a rollback (and a rollout's end) reads of the push it follows: its container, the image it applied and the
+ * push record it wrote, its revert in Git, the image pin the image returned to must pass, the failed rollout.
+ */
+export type AppliedPush = Pick<
+  ReportView,
+  'container' | 'imageAfter' | 'lastPush' | 'revertInGit' | 'imagePin' | 'rollout'
+>;
+
+/** What a rollback did, for its push's report (recordRolloutEnd writes it). */
+export interface RolledBack {
+  rollback: RollbackOutcome;
+  /** The push record as the rollback's PATCH wrote it (rolled back). */
+  lastPush?: string;
+  /** The image the container was set back to. */
+  image?: string;
+  /** The rollback's Event could not be recorded: the note saying so. */
+  notes: string[];
+}
+
+/** A followed rollout's end as its push's report takes it (recordRolloutEnd): the verdict's error, the rollback. */
+export interface RolloutEnded {
+  rollout: RolloutOutcome;
+  /** A failed or timed-out rollout fails the push: why. */
+  error?: string;
+  rolledBack?: RolledBack;
+  /** The rollout's Event could not be recorded: the note saying so (unless the caller was told, eventFailed). */
+  notes: string[];
 }
 
 export interface UpgradeDeps {
@@ -16389,7 +16426,7 @@ function gitSettings(
 //    a job's settings), into a typed HookConfig (readHookConfig: the workload, the checks, the decision's settings, its
 //    cluster, how its payload is read) and its result's ResultSettings (resultSettings); nothing after reads them.
 //    Exports: configuredReport, fixedSettingChecks, HOOK_SETTINGS, HookSetting, HookSettingName, HookSettingValue,
-//    readHookConfig, resultSettings, SettingInput, settingOf.
+//    KnownSoFar, readHookConfig, resultSettings, SettingInput, settingOf.
 //    Tests: test/clouds.test.ts, test/cosign-verify.test.ts, test/decision.test.ts, test/git.test.ts,
 //    test/hold.test.ts, test/mail.test.ts, test/notify.test.ts, test/policy.test.ts, test/registries.test.ts,
 //    test/registry-watch.test.ts, test/settings.test.ts, test/upgrade.test.ts, test/windows.test.ts.
@@ -16939,13 +16976,22 @@ export function settingOf<K extends HookSettingName>(input: SettingInput, name: 
   return HOOK_SETTINGS[name].parse(input(name)) as HookSettingValue<K>;
 }
 
+/** What a push's settings tell its report, as far as they were read before one failed (configuredReport's fields). */
+type KnownSoFar = Partial<
+  Pick<
+    UpgradeReport,
+    'cluster' | 'namespace' | 'workload' | 'container' | 'rollbackOnFailure' | 'stuckPodMs' | 'imagePin'
+  >
+>;
+
 /**
  * A push's HookConfig from its settings' input, each setting read by its HOOK_SETTINGS entry, in the order their
- * errors are reported; what is known before an error (the cluster, the workload) is in the report.
+ * errors are reported; what is known before an error (the cluster, the workload) is in `known`, for the failure's
+ * report (readAtBoundary).
  */
-export function readHookConfig(input: SettingInput, report: UpgradeReport): HookConfig {
-  const cluster = (report.cluster = settingOf(input, 'CLUSTER'));
-  const { registryHost, ...settings } = readSettings(input, report);
+export function readHookConfig(input: SettingInput, known: KnownSoFar = {}): HookConfig {
+  const cluster = (known.cluster = settingOf(input, 'CLUSTER'));
+  const { registryHost, ...settings } = readSettings(input, known);
   return { ...settings, cluster, reading: pushReadingOf(input, registryHost), mailTo: input('MAIL_TO') };
 }
 
@@ -17012,25 +17058,19 @@ function pushReadingOf(input: SettingInput, registryHost: string | undefined): P
 }
 
 /** The upgrade's settings, each read by its HOOK_SETTINGS entry, in the order their errors are reported. */
-function readSettings(
-  input: SettingInput,
-  report: UpgradeReport,
-): UpgradeSettings & { registryHost: string | undefined } {
+function readSettings(input: SettingInput, known: KnownSoFar): UpgradeSettings & { registryHost: string | undefined } {
   const get = <K extends HookSettingName>(name: K) => settingOf(input, name);
-  const namespace = get('APP_NS');
-  report.namespace = namespace;
+  const namespace = (known.namespace = get('APP_NS'));
   const workload = get('APP_WORKLOAD');
-  report.workload = `${workload.kind}/${workload.name}`;
-  const container = get('APP_CONTAINER');
-  report.container = container;
+  known.workload = `${workload.kind}/${workload.name}`;
+  const container = (known.container = get('APP_CONTAINER'));
   const rolloutTimeoutMs = get('ROLLOUT_TIMEOUT');
   const rollback = get('ROLLBACK_ON_FAILURE');
-  report.rollbackOnFailure = rollback || undefined;
-  const stuckPodMs = (report.stuckPodMs = get('ROLLOUT_STUCK_TIMEOUT'));
+  known.rollbackOnFailure = rollback || undefined;
+  const stuckPodMs = (known.stuckPodMs = get('ROLLOUT_STUCK_TIMEOUT'));
   // A malformed pin setting (REGISTRY_HOST, ALLOW_IMAGES) refuses every push, before the cluster is asked anything.
   const registryHost = get('REGISTRY_HOST');
-  const pin = imagePin(registryHost, get('ALLOW_IMAGES'));
-  report.imagePin = pin;
+  const pin = (known.imagePin = imagePin(registryHost, get('ALLOW_IMAGES')));
   const keys = get('VERIFY_SIGNATURE');
   const annotations = get('VERIFY_SIGNATURE_ANNOTATIONS');
   if (keys.length === 0 && Object.keys(annotations).length > 0)
@@ -17398,7 +17438,7 @@ async function recordEventQuietly(
   target: WorkloadTarget,
   event: WorkloadEvent,
   now: Date,
-  told: UpgradeReport | ((note: string) => void),
+  told: string[] | ((note: string) => void),
 ): Promise<string | undefined> {
   try {
     await recordWorkloadEvent(client, target, event, now);
@@ -17407,7 +17447,7 @@ async function recordEventQuietly(
     // The change stands without its Event; say so rather than fail the upgrade.
     const note = `event not recorded: ${(e as Error).message}`;
     if (typeof told === 'function') told(note);
-    else told.notes.push(note);
+    else told.push(note);
     return note;
   }
 }
@@ -17696,7 +17736,7 @@ async function verifiedRef(
   s: UpgradeSettings,
   ref: string,
   announced: string | undefined,
-  report: UpgradeReport,
+  notes: string[],
   deps: UpgradeDeps,
 ): Promise<string> {
   const target: WorkloadTarget = { ...s.workload, namespace: s.namespace };
@@ -17710,7 +17750,7 @@ async function verifiedRef(
   const digest = parsed.ref.digest ?? announced;
   const host = domain === undefined || registryOf(domain) === 'docker.io' ? 'registry-1.docker.io' : domain;
   const loginFor = () => workloadLogin(client, s.namespace, pullSecretNames(podSpec), host);
-  const signed = { client, s, report, deps, host, repository, loginFor };
+  const signed = { client, s, notes, deps, host, repository, loginFor };
   if (tag === undefined) {
     // A push by digest alone deploys that digest: only its signature is left to check.
     const missing = s.signature && (await checkSignature(signed, digest));
@@ -17741,7 +17781,7 @@ async function verifiedRef(
     throw new UpgradeError(
       `VERIFY_IMAGE: the payload announced ${digest} but the registry's ${where} is ${resolved}; nothing was changed`,
     );
-  report.notes.push(
+  notes.push(
     `VERIFY_IMAGE: ${where} is ${resolved} on the registry` +
       (login ? ` (login from pull secret "${login.secret}")` : ''),
   );
@@ -17777,11 +17817,11 @@ function registryFailure(s: UpgradeSettings, e: unknown, message: string): Upgra
   return registryAway(e) && s.onRegistryAway === 'keep' ? new RegistryAway(message) : new UpgradeError(message);
 }
 
-/** Where checkSignature looks, and what it reports to. */
+/** Where checkSignature looks, and the notes of the push's report it adds to. */
 interface SignatureCheck {
   client: KubeClient;
   s: UpgradeSettings;
-  report: UpgradeReport;
+  notes: string[];
   deps: UpgradeDeps;
   host: string;
   repository: string;
@@ -17814,7 +17854,7 @@ async function checkSignature(c: SignatureCheck, digest: string | undefined): Pr
       throw registryFailure(c.s, e, `${message}; nothing was changed`);
     }
     if (verdict.ok) {
-      c.report.notes.push(
+      c.notes.push(
         `signature: ${image} is signed by ${verdict.key.kind} key ${verdict.key.fingerprint} (${verdict.where})`,
       );
       return undefined;
@@ -17824,10 +17864,9 @@ async function checkSignature(c: SignatureCheck, digest: string | undefined): Pr
       return `signature: ${image} is not signed as VERIFY_SIGNATURE requires: ${problem}`;
   }
   const message = `signature: ${image} is not signed as VERIFY_SIGNATURE requires: ${problem}`;
-  c.report.refused = true;
   const target: WorkloadTarget = { ...c.s.workload, namespace: c.s.namespace };
   const event = pushEvent('refused', { why: message, asked: whoAsked(c.deps) });
-  await recordEventQuietly(c.client, target, event, now(), c.report);
+  await recordEventQuietly(c.client, target, event, now(), c.notes);
   throw new SignatureRefusal(`${message}; nothing was changed`);
 }
 
@@ -17988,7 +18027,7 @@ async function registryFacts(
   client: KubeClient,
   s: HookConfig,
   push: Pick<IncomingPush, 'image' | 'builtAtMs'>,
-  report: UpgradeReport,
+  notes: string[],
   deps: UpgradeDeps,
 ): Promise<{ platforms?: PlatformFacts; builtAtMs?: number }> {
   const parsed = validateImageRef(push.image);
@@ -18012,7 +18051,7 @@ async function registryFacts(
   };
   const offered = await read('platform', () => readIndexPlatforms(registry, digest, loginFor));
   const checked = offered && (await platformsOf(client, s, podSpec, { index: digest, offered }, deps));
-  if (typeof checked === 'string') report.notes.push(`platform: ${checked}`);
+  if (typeof checked === 'string') notes.push(`platform: ${checked}`);
   const platforms = typeof checked === 'string' ? undefined : checked;
   const builtAtMs =
     push.builtAtMs ??
@@ -18627,8 +18666,8 @@ export function waitingAction(e: PendingEntry): string {
 //    annotations the decision read (policy, approval, window); any other decision is reached again on the workload
 //    as it is now. Another way to carry a decision out (a commit to Git) is an executor beside this one.
 //    A third executor, for DRY_RUN, decides and tells and writes nothing but its Event (dryRunOut).
-//    Exports: AfterAnswer, carryOut, decidedOn, dryRunOut, ExecutorOutcome, failIfRefused, guardedPatch, outcomeOn,
-//    PushToCarryOut, recordOutcome, targetOn.
+//    Exports: AfterAnswer, Applied, carryOut, decidedOn, dryRunOut, ExecutorOutcome, failIfRefused, guardedPatch,
+//    outcomeOn, PushToCarryOut, recordOutcome, recordRolloutEnd, targetOn.
 //    Tests: test/dry-run.test.ts, test/e2e.test.ts, test/records.test.ts, test/replicas.test.ts, test/upgrade.test.ts.
 // ================================================================================================
 
@@ -18681,11 +18720,18 @@ export const targetOn = (target: WorkloadTarget, workload: K8sObject): WorkloadT
   uid: uidOf(workload),
 });
 
+/** What carrying a push out came to (applyUpgrade): the executor's outcome, and how the rollout it started ended. */
+export interface Applied {
+  outcome: ExecutorOutcome;
+  ended?: RolloutEnded;
+}
+
 /**
  * Writes an executor's outcome into the push's report: the one writer of what was carried out (the decision, the
- * workload's uid, the notes, what the answer says and what is known after it).
+ * workload's uid, the notes, what the answer says and what is known after it), then the rollout's end.
  */
-export function recordOutcome(report: UpgradeReport, target: WorkloadTarget, o: ExecutorOutcome): void {
+export function recordOutcome(report: UpgradeReport, target: WorkloadTarget, applied: Applied): void {
+  const o = applied.outcome;
   if (o.uid !== undefined) report.target = Object.assign(target, { uid: o.uid });
   const d = o.decision;
   if (o.dryRun && o.action !== undefined) {
@@ -18705,6 +18751,20 @@ export function recordOutcome(report: UpgradeReport, target: WorkloadTarget, o: 
     if (later.rollout) report.rollout = later.rollout;
     return later.eventFailure;
   });
+  if (applied.ended) recordRolloutEnd(report, applied.ended);
+}
+
+/** Writes a followed rollout's end (applyRolloutEnd) into its push's report: the one writer of what came after. */
+export function recordRolloutEnd(report: UpgradeReport, ended: RolloutEnded): void {
+  report.rollout = ended.rollout;
+  if (ended.error !== undefined) Object.assign(report, { result: 'failed', error: ended.error });
+  report.notes.push(...ended.notes);
+  const back = ended.rolledBack;
+  if (!back) return;
+  report.rollback = back.rollback;
+  report.notes.push(...back.notes);
+  if (back.lastPush !== undefined) report.lastPush = back.lastPush;
+  if (back.image !== undefined) report.action = `${report.action}, then rolled back to ${back.image}`;
 }
 
 /**
@@ -19832,7 +19892,7 @@ export function formatRollback(r: RollbackOutcome): string {
 }
 
 /** The report as the documented lines (see the section banner). Pure. */
-export function formatReport(r: UpgradeReport): string {
+export function formatReport(r: ReportView): string {
   const lines: string[] = [];
   if (r.cluster) lines.push(reportLine('cluster', r.cluster));
   if (r.workload)
@@ -20440,40 +20500,41 @@ export function rolloutEvent(outcome: RolloutOutcome, container: string): Worklo
 //    pod stuck on the bad image by itself, so its "forced rollback" deletes, once the controller has observed the
 //    template set back, the pods it owns that still run the image rolled back from and are not ready (uid
 //    precondition); a refusal names the pods to delete by hand. applyRolloutEnd is the one place a followed
-//    rollout's end is applied to its push (its verdict, its Event, the rollback), by the upgrade and the service.
+//    rollout's end is applied to its push (its verdict, its Event, the rollback), by the upgrade and the service:
+//    it returns what came of it, and recordRolloutEnd (of the cluster executor) writes that into the push's report.
 //    Exports: applyRolloutEnd.
 //    Tests: test/decision.test.ts, test/rollback.test.ts.
 // ================================================================================================
 
 /**
- * ROLLBACK_ON_FAILURE, after this push's rollout failed: sets the container back to the image it
- * ran before the push (the record's `previous`) and follows that rollout for up to followMs. The
- * PATCH tests that the record is still the one this push wrote and the container still runs its
- * image, so a newer push, or any edit since, is never overridden. Never throws: report.rollback
- * (and report.action, for the mail's outcome) say what happened.
+ * ROLLBACK_ON_FAILURE, after this push's rollout failed (`failed`, its report with the rollout's end): sets the
+ * container back to the image it ran before the push (the record's `previous`) and follows that rollout for up to
+ * followMs. The PATCH tests that the record is still the one this push wrote and the container still runs its
+ * image, so a newer push, or any edit since, is never overridden. Never throws: what it returns says what happened.
  */
 export async function rollBackFailedRollout(
   client: KubeClient,
   target: WorkloadTarget,
-  report: UpgradeReport,
+  failed: AppliedPush,
   followMs: number,
   deps: Pick<UpgradeDeps, 'now' | 'requestId' | 'hookId'>,
-): Promise<void> {
-  const container = report.container ?? '';
-  const stuck = (report.rollout?.pods ?? []).filter((p) => !p.ready).slice(0, 5);
+): Promise<RolledBack> {
+  const container = failed.container ?? '';
+  const stuck = (failed.rollout?.pods ?? []).filter((p) => !p.ready).slice(0, 5);
   const podStates = stuck.length ? ` (${stuck.map((p) => `${p.name} ${p.reason ?? 'not ready'}`).join(', ')})` : '';
-  const reason = `the rollout of ${report.imageAfter} failed: ${report.rollout?.detail ?? 'unknown'}${podStates}`;
-  if (report.revertInGit) return void (report.rollback = await report.revertInGit(reason));
+  const reason = `the rollout of ${failed.imageAfter} failed: ${failed.rollout?.detail ?? 'unknown'}${podStates}`;
+  if (failed.revertInGit) return { rollback: await failed.revertInGit(reason), notes: [] };
+  // Once the PATCH is in, the container runs the image before the push, whatever comes after.
+  let patchedTo: Pick<RolledBack, 'lastPush' | 'image'> = {};
+  const notes: string[] = [];
   try {
     const workload = await readWorkload(client, target);
     const { raw, records } = readPushRecords(workload);
     const record = records[container];
     const located = locateContainer(valueAt(workload, [...kindSpec(target.kind).template, 'spec']), container);
-    const notDone = rollbackObstacle(report, raw, record, located) ?? rollbackPinObstacle(report, record, located);
-    if (notDone || !record || !located) {
-      report.rollback = { reason, notDone: notDone ?? 'the push record is gone' };
-      return;
-    }
+    const notDone = rollbackObstacle(failed, raw, record, located) ?? rollbackPinObstacle(failed, record, located);
+    if (notDone || !record || !located)
+      return { rollback: { reason, notDone: notDone ?? 'the push record is gone' }, notes };
     const now = (deps.now ?? (() => new Date()))();
     const rolledBack = withPushRecord(records, container, { ...record, rolledBack: `${now.toISOString()}: ${reason}` });
     const change: PlannedChange = {
@@ -20483,19 +20544,19 @@ export async function rollBackFailedRollout(
     };
     const ops = planPatch(workload, target.kind, container, located, change);
     const patched = await client.patch<K8sObject>(workloadResource(target), ops, LIMITS.upgrade.fieldManager);
-    report.lastPush = rolledBack;
-    report.action = `${report.action}, then rolled back to ${record.previous}`;
+    patchedTo = { lastPush: rolledBack, image: record.previous };
     const forced = kindSpec(target.kind).forcedRollback
       ? await forceRollback(client, target, patched, container, record.image)
       : undefined;
     const forcedText = forced ? `; ${formatForcedRollback(forced)}` : '';
     const facts = { container, image: record.previous, why: `${reason}${forcedText}`, asked: whoAsked(deps) };
-    await recordEventQuietly(client, target, pushEvent('rolled back', facts), now, report);
+    await recordEventQuietly(client, target, pushEvent('rolled back', facts), now, notes);
     const rollout = await followRollback(client, target, container, record.previous, followMs, forced, patched);
-    report.rollback = { reason, image: record.previous, rollout, ...(forced && { forced }) };
+    const rollback = { reason, image: record.previous, rollout, ...(forced && { forced }) };
+    return { rollback, ...patchedTo, notes };
   } catch (e) {
     const why = e instanceof KubeError && e.status === 422 ? 'the workload changed meanwhile' : (e as Error).message;
-    report.rollback = { reason, notDone: `the rollback failed: ${why}` };
+    return { rollback: { reason, notDone: `the rollback failed: ${why}` }, ...patchedTo, notes };
   }
 }
 
@@ -20639,28 +20700,29 @@ interface RolloutEnd {
 }
 
 /**
- * The one place a followed rollout's end is applied to its push: its verdict (rolloutVerdict: a failed or timed-out
- * rollout fails the push), its Event (RolloutComplete, RolloutFailed, RolloutTimedOut), and under
- * ROLLBACK_ON_FAILURE the rollback of a failed one. The in-line upgrade and the service's follow both end here.
+ * The one place a followed rollout's end is applied to its push (`applied`, its report): its verdict
+ * (rolloutVerdict: a failed or timed-out rollout fails the push), its Event (RolloutComplete, RolloutFailed,
+ * RolloutTimedOut), and under ROLLBACK_ON_FAILURE the rollback of a failed one. The in-line upgrade and the service's
+ * follow both end here, and write what it returns into the push's report with recordRolloutEnd.
  */
 export async function applyRolloutEnd(
   client: KubeClient,
   target: WorkloadTarget,
-  report: UpgradeReport,
+  applied: AppliedPush,
   outcome: RolloutOutcome,
   end: RolloutEnd,
-): Promise<void> {
-  report.rollout = outcome;
+): Promise<RolloutEnded> {
   const verdict = rolloutVerdict(outcome, end.rollbackOnFailure, end.timeoutMs);
-  if (verdict.error !== undefined) {
-    report.result = 'failed';
-    report.error = verdict.error;
-  }
-  const event = rolloutEvent(outcome, report.container ?? '');
+  const ended: RolloutEnded = { rollout: outcome, notes: [] };
+  if (verdict.error !== undefined) ended.error = verdict.error;
+  const event = rolloutEvent(outcome, applied.container ?? '');
   const now = (end.deps.now ?? (() => new Date()))();
-  if (event) await recordEventQuietly(client, target, event, now, end.eventFailed ?? report);
-  if (verdict.rollBack) await rollBackFailedRollout(client, target, report, end.rollbackFollowMs, end.deps);
+  if (event) await recordEventQuietly(client, target, event, now, end.eventFailed ?? ended.notes);
+  if (!verdict.rollBack) return ended;
+  const failed = { ...applied, rollout: outcome };
+  return { ...ended, rolledBack: await rollBackFailedRollout(client, target, failed, end.rollbackFollowMs, end.deps) };
 }
+
 
 /**
  * Why the image a rollback would return to is refused, or undefined: it must pass the hook's image
@@ -20668,32 +20730,32 @@ export async function applyRolloutEnd(
  * may edit the workload can write). Pure.
  */
 function rollbackPinObstacle(
-  report: UpgradeReport,
+  applied: AppliedPush,
   record: PushRecord | undefined,
   located: LocatedContainer | undefined,
 ): string | undefined {
   if (!record || !located) return undefined;
   if (typeof record.previous !== 'string') return 'the push record names no image before the push';
   const pin = checkImagePin(
-    report.container ?? '',
+    applied.container ?? '',
     located.image,
     record.previous,
-    report.imagePin ?? imagePin(undefined),
+    applied.imagePin ?? imagePin(undefined),
   );
   return pin.allowed ? undefined : `the image before the push is refused by the image pin: ${pin.message}`;
 }
 
 /** Why a failed rollout cannot be rolled back, or undefined when it can. Pure. */
 export function rollbackObstacle(
-  report: UpgradeReport,
+  applied: AppliedPush,
   raw: string | undefined,
   record: PushRecord | undefined,
   located: LocatedContainer | undefined,
 ): string | undefined {
-  if (raw === undefined || record === undefined || report.lastPush === undefined)
+  if (raw === undefined || record === undefined || applied.lastPush === undefined)
     return 'the workload has no record of the push, so the image before it is not known';
-  if (raw !== report.lastPush)
-    return record.image !== report.imageAfter
+  if (raw !== applied.lastPush)
+    return record.image !== applied.imageAfter
       ? `a newer push (${record.image}, pushed at ${record.pushedAt}) was applied meanwhile`
       : 'the push record changed meanwhile';
   if (!located || located.image !== record.image) return 'the container was changed meanwhile';
@@ -21248,17 +21310,16 @@ export async function runPush(
     const client = deps.client ?? (ownClient = upgradeClient(deps));
     const workloadKey = `${cluster ?? ''}/${settings.namespace}/${settings.workload.kind}/${settings.workload.name}`;
     const apply = async () => {
-      if (deps.abandon?.aborted) {
-        recordUnchanged(report, 'superseded', KEPT_SUPERSEDED);
-        return;
-      }
-      const ref = composed.candidates
-        ? await candidateFor(client, settings, composed.candidates, report)
-        : composed.ref;
-      const { image, unsigned } = await verifiedPush(client, settings, ref, composed.digest, report, deps);
+      if (deps.abandon?.aborted) return recordUnchanged(report, 'superseded', KEPT_SUPERSEDED);
+      const chosen = composed.candidates && (await candidateFor(client, settings, composed.candidates));
+      if (chosen) report.notes.push(chosen.note);
+      const ref = chosen ? chosen.ref : composed.ref;
+      const { image, unsigned } = await verifiedPush(client, settings, ref, composed.digest, report.notes, deps);
       report.imageAfter = image;
-      const facts = settings.verifyImage ? await registryFacts(client, settings, { image }, report, deps) : {};
-      await applyUpgrade(client, settings, { ...push, image, unsigned, ...facts }, report, deps);
+      const facts = settings.verifyImage ? await registryFacts(client, settings, { image }, report.notes, deps) : {};
+      const applied = await applyUpgrade(client, settings, { ...push, image, unsigned, ...facts }, deps);
+      recordOutcome(report, push.target, applied);
+      failIfRefused(applied.outcome.decision);
     };
     await (deps.queue ? deps.queue.run(workloadKey, apply) : apply());
   } catch (e) {
@@ -21277,18 +21338,15 @@ function upgradeClient(deps: UpgradeDeps): KubeClient {
 
 /** A push's boundary: its settings' input read once into its HookConfig, or the failed result saying why not. */
 export function readAtBoundary(input: SettingInput): { config: HookConfig } | { failed: UpgradeResult } {
-  const report = newReport();
+  const known: KnownSoFar = {};
   try {
-    return { config: readHookConfig(input, report) };
+    return { config: readHookConfig(input, known) };
   } catch (e) {
-    return { failed: failedPush(report, e) };
+    // A push refused before it began: its report says what was known, and why it failed (failedUpgrade).
+    const report = Object.assign(newReport(), known);
+    failedUpgrade(report, e);
+    return { failed: upgradeResult(report) };
   }
-}
-
-/** The result of a push refused before it began (a boundary's HookConfig did not read): failedUpgrade's. */
-function failedPush(report: UpgradeReport, e: unknown): UpgradeResult {
-  failedUpgrade(report, e);
-  return upgradeResult(report);
 }
 
 /** A failure thrown by a step, in the report: what failed, and whether anything is known to be written. */
@@ -21304,6 +21362,7 @@ function failedUpgrade(report: UpgradeReport, e: unknown): void {
           : report.refused
             ? 'refused'
             : 'failed';
+  if (e instanceof SignatureRefusal) report.refused = true;
   report.badInput = e instanceof PayloadError || undefined;
   report.gone = e instanceof PendingGone || undefined;
   // No answer at all, or the server's own failure or throttling, to the end of the retry budget.
@@ -21338,14 +21397,16 @@ async function runDecidedPush(
         ? { image: push.image, unsigned: undefined }
         : await signedOrNot(
             again
-              ? verifiedAgain(deps.client, settings, push.image, report, deps)
-              : verifiedRef(deps.client, settings, push.image, undefined, report, deps),
+              ? verifiedAgain(deps.client, settings, push.image, report.notes, deps)
+              : verifiedRef(deps.client, settings, push.image, undefined, report.notes, deps),
           );
       report.imageAfter = image;
       // What the registry is asked about anyway has its platforms checked: VERIFY_IMAGE's digest, a watch's find.
       const read = settings.verifyImage || deps.watched;
-      const facts = read ? await registryFacts(deps.client, settings, { ...push, image }, report, deps) : {};
-      await applyUpgrade(deps.client, settings, { ...push, image, unsigned, ...facts }, report, deps);
+      const facts = read ? await registryFacts(deps.client, settings, { ...push, image }, report.notes, deps) : {};
+      const applied = await applyUpgrade(deps.client, settings, { ...push, image, unsigned, ...facts }, deps);
+      recordOutcome(report, push.target, applied);
+      failIfRefused(applied.outcome.decision);
     };
     // The key a push to this workload queues under (runUpgrade's): the two never run at once.
     const key = `${cluster ?? ''}/${settings.namespace}/${settings.workload.kind}/${settings.workload.name}`;
@@ -21365,15 +21426,15 @@ async function verifiedAgain(
   client: KubeClient,
   s: UpgradeSettings,
   ref: string,
-  report: UpgradeReport,
+  notes: string[],
   deps: UpgradeDeps,
 ): Promise<string> {
   const parsed = validateImageRef(ref);
-  if (!parsed.ok || parsed.ref.digest === undefined) return verifiedRef(client, s, ref, undefined, report, deps);
+  if (!parsed.ok || parsed.ref.digest === undefined) return verifiedRef(client, s, ref, undefined, notes, deps);
   const { domain, path: repository, digest } = parsed.ref;
   const pinned = `${domain === undefined ? '' : `${domain}/`}${repository}@${digest}`;
   try {
-    await verifiedRef(client, s, pinned, digest, report, deps);
+    await verifiedRef(client, s, pinned, digest, notes, deps);
   } catch (e) {
     throw e instanceof NotSignedYet ? new NotSignedYet(e.message, ref) : e;
   }
@@ -21386,11 +21447,11 @@ function verifiedPush(
   s: UpgradeSettings,
   ref: string,
   announced: string | undefined,
-  report: UpgradeReport,
+  notes: string[],
   deps: UpgradeDeps,
 ): Promise<{ image: string; unsigned: string | undefined }> {
   if (!s.verifyImage) return Promise.resolve({ image: ref, unsigned: undefined });
-  return signedOrNot(verifiedRef(client, s, ref, announced, report, deps));
+  return signedOrNot(verifiedRef(client, s, ref, announced, notes, deps));
 }
 
 /**
@@ -21415,25 +21476,26 @@ function pushHeaders(text: string | undefined): PushHeaders {
   }
 }
 
-/** Of the references one delivery announced, the one for this container (chooseCandidate), from the workload now. */
+/**
+ * Of the references one delivery announced, the one for this container (chooseCandidate), from the workload now, and
+ * the report's note saying so.
+ */
 async function candidateFor(
   client: KubeClient,
   s: UpgradeSettings,
   candidates: string[],
-  report: UpgradeReport,
-): Promise<string> {
+): Promise<{ ref: string; note: string }> {
   const target: WorkloadTarget = { ...s.workload, namespace: s.namespace };
   const workload = await readWorkload(client, target);
   const located = locateContainer(valueAt(workload, [...kindSpec(target.kind).template, 'spec']), s.container);
   const chosen = located ? chooseCandidate(s.container, located.image, candidates, s.pin) : candidates.at(-1)!;
-  report.notes.push(
-    `the delivery announced ${candidates.length} images (${listWithin(candidates)}); ${chosen} is this container's`,
-  );
-  return chosen;
+  const announced = `the delivery announced ${candidates.length} images (${listWithin(candidates)})`;
+  return { ref: chosen, note: `${announced}; ${chosen} is this container's` };
 }
 
-function upgradeResult(report: UpgradeReport): { output: string; exitCode: number; report: UpgradeReport } {
-  return { output: formatReport(report), exitCode: report.result === 'ok' ? 0 : 1, report };
+/** A push's report as its command's result: the report rendered as the output, and the exit status it means. */
+function upgradeResult<R extends ReportView>(done: R): { output: string; exitCode: number; report: R } {
+  return { output: formatReport(done), exitCode: done.result === 'ok' ? 0 : 1, report: done };
 }
 
 /**
@@ -21446,14 +21508,11 @@ function builtPush(incoming: IncomingPush, settings: HookConfig, deps: UpgradeDe
   return { ...incoming, target, cluster: settings.cluster, requestId, hookId, decided };
 }
 
-/** The push decided and carried out on its workload (carryOut), then its rollout followed as the hook asks. */
-async function applyUpgrade(
-  client: KubeClient,
-  s: UpgradeSettings,
-  push: Push,
-  report: UpgradeReport,
-  deps: UpgradeDeps,
-): Promise<void> {
+/**
+ * The push decided and carried out on its workload (carryOut), then its rollout followed as the hook asks: what the
+ * executor did and how the rollout ended, for the push's boundary to record (recordOutcome).
+ */
+async function applyUpgrade(client: KubeClient, s: UpgradeSettings, push: Push, deps: UpgradeDeps): Promise<Applied> {
   const { target } = push;
   const given = { push, config: s, approvals: deps.approvals, followAfter: deps.followAfter };
   // One executor for each way of carrying a push out; a workload a GitOps tool owns is refused before a PATCH.
@@ -21463,47 +21522,53 @@ async function applyUpgrade(
       ? await commitOut(client, given, deps, s.git)
       : ((s.onGitopsOwner === 'refuse' ? await refuseGitopsOwned(client, given, deps) : undefined) ??
         (await carryOut(client, given, deps)));
-  recordOutcome(report, target, outcome);
-  failIfRefused(outcome.decision);
   const updated = outcome.updated;
-  if (!updated) return;
+  if (!updated) return { outcome };
+  if (outcome.uid !== undefined) target.uid = outcome.uid;
   target.generation = numberAt(updated, ['metadata', 'generation']);
   const patchedVersion = valueAt(updated, ['metadata', 'resourceVersion']);
   target.resourceVersion = typeof patchedVersion === 'string' ? patchedVersion : undefined;
-  await reportRollout(client, target, updated, s, report, deps);
+  const applied = { container: s.container, imageAfter: push.image, imagePin: s.pin, ...outcomeFacts(outcome) };
+  return { outcome, ended: await rolloutOf(client, target, updated, s, applied, deps) };
+}
+
+/** What a rollback of an executor's change reads of it: the push record it wrote, and its revert in Git. */
+function outcomeFacts(o: ExecutorOutcome): AppliedPush {
+  const d = o.decision;
+  return { ...('lastPush' in d && { lastPush: d.lastPush }), ...(o.revertInGit && { revertInGit: o.revertInGit }) };
 }
 
 /**
  * The rollout a change started: not tracked, answered as progressing, or followed to its end (and
  * under ROLLBACK_ON_FAILURE, a failed one rolled back).
  */
-async function reportRollout(
+async function rolloutOf(
   client: KubeClient,
   target: WorkloadTarget,
   updated: K8sObject | undefined,
   s: UpgradeSettings,
-  report: UpgradeReport,
+  applied: AppliedPush,
   deps: UpgradeDeps,
-): Promise<void> {
+): Promise<RolloutEnded> {
   const spec = kindSpec(target.kind);
   if (!spec.hasRollout) {
-    report.rollout = { state: 'not tracked', detail: spec.rollout(updated).message, pods: [] };
-    if (s.rollbackOnFailure)
-      report.notes.push(`ROLLBACK_ON_FAILURE: a ${target.kind} has no rollout that could fail, so none is rolled back`);
-  } else if (s.rolloutTimeoutMs === 0) {
-    report.rollout = { state: 'progressing', detail: 'not waited for: ROLLOUT_TIMEOUT is 0', pods: [] };
-  } else {
-    const options = { timeoutMs: s.rolloutTimeoutMs, container: s.container, image: report.imageAfter };
-    const outcome = await followRollout(client, target, { ...options, stuckFailMs: s.stuckPodMs, initial: updated });
-    const end = { rollbackOnFailure: s.rollbackOnFailure, timeoutMs: s.rolloutTimeoutMs, deps };
-    await applyRolloutEnd(client, target, report, outcome, { ...end, rollbackFollowMs: s.rolloutTimeoutMs });
+    const notes = s.rollbackOnFailure
+      ? [`ROLLBACK_ON_FAILURE: a ${target.kind} has no rollout that could fail, so none is rolled back`]
+      : [];
+    return { rollout: { state: 'not tracked', detail: spec.rollout(updated).message, pods: [] }, notes };
   }
+  if (s.rolloutTimeoutMs === 0)
+    return { rollout: { state: 'progressing', detail: 'not waited for: ROLLOUT_TIMEOUT is 0', pods: [] }, notes: [] };
+  const options = { timeoutMs: s.rolloutTimeoutMs, container: s.container, image: applied.imageAfter };
+  const outcome = await followRollout(client, target, { ...options, stuckFailMs: s.stuckPodMs, initial: updated });
+  const end = { rollbackOnFailure: s.rollbackOnFailure, timeoutMs: s.rolloutTimeoutMs, deps };
+  return applyRolloutEnd(client, target, applied, outcome, { ...end, rollbackFollowMs: s.rolloutTimeoutMs });
 }
 
 type UpgradeResult = Awaited<ReturnType<typeof runUpgrade>>;
 
 /** `deployment/web in prod`, and its cluster when the hook names one: how the log names a push's workload. */
-export function reportWhere(r: UpgradeReport): string {
+export function reportWhere(r: ReportView): string {
   return `${r.workload} in ${r.namespace}${r.cluster ? ` (cluster ${r.cluster})` : ''}`;
 }
 
@@ -21526,7 +21591,7 @@ export async function refusedAtGate(
   Object.assign(report, { workload: `${job.kind}/${job.name}`, container: job.container, imageAfter: image });
   log.error(`[${asked.requestId}] hook ${asked.hookId}: push to ${reportWhere(report)} ${why}`);
   const event = pushEvent('refused', { why, asked: whoAsked(asked) });
-  if (client) await recordEventQuietly(client, target, event, new Date(), report);
+  if (client) await recordEventQuietly(client, target, event, new Date(), report.notes);
   failedUpgrade(report, new GateRefusal(why));
   return upgradeResult(report);
 }
@@ -21844,7 +21909,7 @@ export class FannedOut {
 }
 
 /** What the upgrade reports on a command's result: one push's report, or a delivery fanned out to several clusters. */
-export type UpgradeOutput = UpgradeReport | FannedOut;
+export type UpgradeOutput = ReportView | FannedOut;
 
 /** The clusters a hook's pushes go to, as it fixes them (CLUSTER or CLUSTERS); [undefined]: the default. */
 export function hookClusters(hook: Hook): (string | undefined)[] {
@@ -22113,29 +22178,29 @@ export class UpgradeService implements InProcessCommand<UpgradeOutput> {
    * is stopping and leaves the record for the replica that starts next.
    */
   async follow(
-    report: UpgradeReport,
+    answered: ReportView,
     requestId: string,
     onProgress?: (outcome: RolloutOutcome) => void,
     followMs = this.followMs,
-  ): Promise<UpgradeReport | undefined> {
+  ): Promise<ReportView | undefined> {
     // A push kept while the API server was away: its final report, once it has one.
-    if (report.pending) return this.follow(await report.pending, requestId, onProgress, followMs);
-    const eventFailure = await report.afterAnswer;
-    if (eventFailure) this.log.error(`[${requestId}] ${reportWhere(report)}: ${eventFailure}`);
-    const target = report.target;
-    const lane = this.lane(report.cluster);
+    if (answered.pending) return this.follow(await answered.pending, requestId, onProgress, followMs);
+    const eventFailure = await answered.afterAnswer;
+    if (eventFailure) this.log.error(`[${requestId}] ${reportWhere(answered)}: ${eventFailure}`);
+    const target = answered.target;
+    const lane = this.lane(answered.cluster);
     const client = lane.client();
-    if (!client || !target || !report.changed || report.rollout?.state !== 'progressing' || followMs === 0)
-      return report;
+    if (!client || !target || !answered.changed || answered.rollout?.state !== 'progressing' || followMs === 0)
+      return answered;
     const knownKey = `${target.namespace}/${target.kind}/${target.name}`;
-    const key = `${report.cluster ?? ''}/${knownKey}`;
+    const key = `${answered.cluster ?? ''}/${knownKey}`;
     this.following.get(key)?.controller.abort();
     const controller = new AbortController();
     const signal = AbortSignal.any([controller.signal, this.stopping.signal]);
-    const container = report.container ?? '';
+    const container = answered.container ?? '';
     const options = {
-      ...{ timeoutMs: followMs, container, image: report.imageAfter, signal, onProgress },
-      ...{ stuckFailMs: report.stuckPodMs, initial: lane.known.get(knownKey) },
+      ...{ timeoutMs: followMs, container, image: answered.imageAfter, signal, onProgress },
+      ...{ stuckFailMs: answered.stuckPodMs, initial: lane.known.get(knownKey) },
       warn: (message: string) => this.warnOnce(`${client.server} ${target.namespace} ${target.kind}`, message),
       seen: (workload: Record<string, unknown>) => lane.known.set(knownKey, workload),
     };
@@ -22146,15 +22211,15 @@ export class UpgradeService implements InProcessCommand<UpgradeOutput> {
     if (controller.signal.aborted) {
       // A later push to this workload is being followed now; its mail tells how the rollout ended.
       // (A push to another container of it leaves this one's record: taken off, it is not resumed.)
-      if (report.followRecorded)
-        await claimFollow(client, target, report.container ?? '', requestId, lane.known).catch(() => undefined);
-      return { ...report, rollout: { state: 'progressing', detail: SUPERSEDED_FOLLOW, superseded: true, pods: [] } };
+      if (answered.followRecorded)
+        await claimFollow(client, target, answered.container ?? '', requestId, lane.known).catch(() => undefined);
+      return { ...answered, rollout: { state: 'progressing', detail: SUPERSEDED_FOLLOW, superseded: true, pods: [] } };
     }
-    const claim = await this.claim(report, client, target, requestId);
+    const claim = await this.claim(answered, client, target, requestId);
     if (claim === 'superseded')
-      return { ...report, rollout: { state: 'progressing', detail: SUPERSEDED_FOLLOW, superseded: true, pods: [] } };
+      return { ...answered, rollout: { state: 'progressing', detail: SUPERSEDED_FOLLOW, superseded: true, pods: [] } };
     if (claim !== 'claimed') return undefined;
-    return this.ended({ ...report, rollout: outcome }, client, target, requestId);
+    return this.ended(answered, outcome, client, target, requestId);
   }
 
   /** A warning logged once per subject (a watch refused in a namespace) for the life of this service. */
@@ -22166,20 +22231,20 @@ export class UpgradeService implements InProcessCommand<UpgradeOutput> {
 
   /** Whether this replica reports the end of a follow recorded on the workload (see claimFollow). */
   private async claim(
-    report: UpgradeReport,
+    applied: ReportView,
     client: KubeClient,
     target: WorkloadTarget,
     requestId: string,
   ): Promise<'claimed' | 'superseded' | 'gone' | 'left'> {
-    if (!report.followRecorded) return 'claimed';
-    const where = `[${requestId}] ${reportWhere(report)}`;
+    if (!applied.followRecorded) return 'claimed';
+    const where = `[${requestId}] ${reportWhere(applied)}`;
     if (this.stopping.signal.aborted) {
       this.log.notice(`${where}: stopping; the rollout's follow is left to the replica that starts next`);
       return 'left';
     }
     try {
-      const known = this.lane(report.cluster).known;
-      const claim = await claimFollow(client, target, report.container ?? '', requestId, known);
+      const known = this.lane(applied.cluster).known;
+      const claim = await claimFollow(client, target, applied.container ?? '', requestId, known);
       if (claim === 'gone') this.log.info(`${where}: another replica reported the rollout's end`);
       return claim;
     } catch (e) {
@@ -22197,7 +22262,7 @@ export class UpgradeService implements InProcessCommand<UpgradeOutput> {
    * container, when the hook fixes one); mail recipients, the rollback setting and the image pin
    * are that hook's, never the record's. Any other record is dropped with a warning.
    */
-  async resumeFollows(hooks: Iterable<Hook>, ended: (report: UpgradeReport, follow: ResumedFollow) => void) {
+  async resumeFollows(hooks: Iterable<Hook>, ended: (final: ReportView, follow: ResumedFollow) => void) {
     if (this.followMs === 0) return;
     const served = new Map<
       string,
@@ -22275,7 +22340,7 @@ export class UpgradeService implements InProcessCommand<UpgradeOutput> {
     f: FollowRecord,
     hook: Hook,
     workload: K8sObject,
-    ended: (report: UpgradeReport, follow: ResumedFollow) => void,
+    ended: (final: ReportView, follow: ResumedFollow) => void,
     cluster?: string,
   ): void {
     const settings = resumeSettings(hook);
@@ -22294,18 +22359,21 @@ export class UpgradeService implements InProcessCommand<UpgradeOutput> {
 
   /** A followed rollout has ended: logged, recorded as an Event, and rolled back if it failed and the hook asks. */
   private async ended(
-    updated: UpgradeReport,
+    answered: ReportView,
+    outcome: RolloutOutcome,
     client: KubeClient,
     target: WorkloadTarget,
     requestId: string,
-  ): Promise<UpgradeReport> {
-    const outcome = updated.rollout!;
-    await applyRolloutEnd(client, target, updated, outcome, {
-      rollbackOnFailure: updated.rollbackOnFailure === true,
+  ): Promise<ReportView> {
+    const ended = await applyRolloutEnd(client, target, answered, outcome, {
+      rollbackOnFailure: answered.rollbackOnFailure === true,
       rollbackFollowMs: this.followMs,
       deps: { requestId },
       eventFailed: (message) => this.log.error(`[${requestId}] ${message}`),
     });
+    // The final report is a copy of the one answered, which the answer's record keeps as it was.
+    const updated = { ...answered, notes: [...answered.notes] };
+    recordRolloutEnd(updated, ended);
     const rollback = updated.rollback ? `; ${formatRollback(updated.rollback)}` : '';
     const where = reportWhere(updated);
     const line = `[${requestId}] ${where}: rollout ${formatRollout(outcome)}${rollback}`;
@@ -22331,14 +22399,14 @@ export class UpgradeService implements InProcessCommand<UpgradeOutput> {
  */
 export interface ResultListener {
   started(hook: Hook, req: PushOrigin): void;
-  answered(hook: Hook, req: PushOrigin, r: CommandResult<UpgradeOutput>, report: UpgradeReport | undefined): void;
+  answered(hook: Hook, req: PushOrigin, r: CommandResult<UpgradeOutput>, upgrade: ReportView | undefined): void;
   progressed(req: PushOrigin, rollout: RolloutOutcome): void;
   /** The final result: the command's, or the upgrade's once its rollout has ended. */
-  settled(hook: Hook, req: PushOrigin, r: CommandResult<UpgradeOutput>, report: UpgradeReport | undefined): void;
+  settled(hook: Hook, req: PushOrigin, r: CommandResult<UpgradeOutput>, upgrade: ReportView | undefined): void;
   /** The rollout's end is reported by another replica (or the next to start): nothing is sent from here. */
   handedOver(req: PushOrigin, detail: string): void;
   /** A follow another replica left, ended here. */
-  resumed(report: UpgradeReport, follow: ResumedFollow): void;
+  resumed(final: ReportView, follow: ResumedFollow): void;
   /** The request fanned out to several clusters, each now a request of its own (`requests`): its record is done. */
   fannedOut(hook: Hook, req: PushOrigin, r: CommandResult<UpgradeOutput>, requests: string[]): void;
 }
@@ -22604,10 +22672,10 @@ async function promoteCheck(url: URL): Promise<string | undefined> {
   return tried.ok ? undefined : `PROMOTE_CHECK ${url.origin}${url.pathname} ${tried.error} (${tried.attempts} tries)`;
 }
 /** Why a push applied to a stage goes no further, from its final report; undefined: it soaks. Pure. */
-function stageStop(report: UpgradeReport): string | undefined {
-  if (report.rollback) return `its rollout failed and was rolled back: ${formatRollback(report.rollback)}`;
-  if (report.result !== 'ok') return `it failed: ${report.error ?? report.action}`;
-  const rollout = report.rollout;
+function stageStop(final: ReportView): string | undefined {
+  if (final.rollback) return `its rollout failed and was rolled back: ${formatRollback(final.rollback)}`;
+  if (final.result !== 'ok') return `it failed: ${final.error ?? final.action}`;
+  const rollout = final.rollout;
   if (rollout && rollout.state !== 'complete' && rollout.state !== 'not tracked')
     return rollout.state === 'progressing'
       ? `its rollout was not followed to its end (${rollout.detail}): set ROLLOUT_TIMEOUT or -rollout-follow`
@@ -22633,11 +22701,11 @@ function ranReference(image: string, pods: PodSummary[]): { image: string } | { 
 }
 
 /** What a promotion's push came to, as webhook_promotions_total counts it. Pure. */
-function promotionOutcome(report: UpgradeReport): string {
-  if (report.changed) return 'promoted';
-  if (WAITING_DECISIONS.includes(report.decision)) return 'waiting';
-  if (report.decision === 'superseded' || report.decision === 'repeat') return 'superseded';
-  return report.decision === 'rejected' || report.decision === 'expired' ? report.decision : 'stopped';
+function promotionOutcome(final: ReportView): string {
+  if (final.changed) return 'promoted';
+  if (WAITING_DECISIONS.includes(final.decision)) return 'waiting';
+  if (final.decision === 'superseded' || final.decision === 'repeat') return 'superseded';
+  return final.decision === 'rejected' || final.decision === 'expired' ? final.decision : 'stopped';
 }
 
 /** A soak this replica waits out: where, its record, the hook and chain it belongs to, and its timer. */
@@ -22725,8 +22793,8 @@ export class Promotions implements ResultListener {
   started(hook: Hook, req: PushOrigin): void {
     this.next.started(hook, req);
   }
-  answered(hook: Hook, req: PushOrigin, r: CommandResult<UpgradeOutput>, report: UpgradeReport | undefined): void {
-    this.next.answered(hook, req, r, report);
+  answered(hook: Hook, req: PushOrigin, r: CommandResult<UpgradeOutput>, upgrade: ReportView | undefined): void {
+    this.next.answered(hook, req, r, upgrade);
   }
   progressed(req: PushOrigin, rollout: RolloutOutcome): void {
     this.next.progressed(req, rollout);
@@ -22738,30 +22806,30 @@ export class Promotions implements ResultListener {
     this.next.fannedOut(hook, req, r, requests);
   }
 
-  settled(hook: Hook, req: PushOrigin, r: CommandResult<UpgradeOutput>, report: UpgradeReport | undefined): void {
-    this.next.settled(hook, req, r, report);
-    if (report) this.onFinal(hook, req.id, report);
+  settled(hook: Hook, req: PushOrigin, r: CommandResult<UpgradeOutput>, upgrade: ReportView | undefined): void {
+    this.next.settled(hook, req, r, upgrade);
+    if (upgrade) this.onFinal(hook, req.id, upgrade);
   }
 
-  resumed(report: UpgradeReport, follow: ResumedFollow): void {
-    this.next.resumed(report, follow);
+  resumed(final: ReportView, follow: ResumedFollow): void {
+    this.next.resumed(final, follow);
     const hook = this.hooks().get(follow.hook);
-    if (hook) this.onFinal(hook, follow.request, report);
+    if (hook) this.onFinal(hook, follow.request, final);
   }
 
   /** A push's final result: on a stage of a chain, its soak starts there, or the chain stops there, said why. */
-  private onFinal(hook: Hook, requestId: string, report: UpgradeReport): void {
+  private onFinal(hook: Hook, requestId: string, final: ReportView): void {
     const chain = promotionChain(hook);
-    if (!chain || !report.target || report.container === undefined || this.stopped) return;
-    const index = stageOfReport(chain, report.cluster, report.namespace);
+    if (!chain || !final.target || final.container === undefined || this.stopped) return;
+    const index = stageOfReport(chain, final.cluster, final.namespace);
     if (index < 0) return;
-    if (index > 0 && !this.promoted.delete(requestId)) this.decidedLater(hook, chain, index, requestId, report);
-    if (index === chain.stages.length - 1 || !report.changed || report.rollout?.superseded) return;
-    const target = { ...report.target };
-    const place: SoakPlace = { cluster: report.cluster, target, container: report.container };
-    const stop = stageStop(report);
+    if (index > 0 && !this.promoted.delete(requestId)) this.decidedLater(hook, chain, index, requestId, final);
+    if (index === chain.stages.length - 1 || !final.changed || final.rollout?.superseded) return;
+    const target = { ...final.target };
+    const place: SoakPlace = { cluster: final.cluster, target, container: final.container };
+    const stop = stageStop(final);
     if (stop) return this.chainStopped(hook, chain, index, requestId, place, stop);
-    void this.startSoak(hook, chain, index, requestId, place, report.imageAfter!).catch((e: Error) =>
+    void this.startSoak(hook, chain, index, requestId, place, final.imageAfter!).catch((e: Error) =>
       this.chainStopped(hook, chain, index, requestId, place, `its soak could not be recorded: ${e.message}`),
     );
   }
@@ -22770,19 +22838,19 @@ export class Promotions implements ResultListener {
    * A promotion that waited in a later stage, decided since (here, or on the replica a person reached): a rejection
    * or an expiry ends the chain there; an approval (or the window's opening) that applied it counts as promoted.
    */
-  private decidedLater(hook: Hook, chain: PromotionChain, index: number, requestId: string, report: UpgradeReport) {
-    const where = reportWhere(report);
-    if (['rejected', 'expired'].includes(report.decision)) {
-      const why = `the push was ${report.decision}`;
-      this.count(hook, chain, index, promotionOutcome(report), { request: requestId, where, why });
+  private decidedLater(hook: Hook, chain: PromotionChain, index: number, requestId: string, final: ReportView) {
+    const where = reportWhere(final);
+    if (['rejected', 'expired'].includes(final.decision)) {
+      const why = `the push was ${final.decision}`;
+      this.count(hook, chain, index, promotionOutcome(final), { request: requestId, where, why });
       return this.log.error(`[${requestId}] ${where}: chain stopped at ${stageName(chain.stages[index])}: ${why}`);
     }
     // A promotion's request is `<request in the first stage>/<cluster>`; a push deployed again has one of its own.
-    const waited = report.waitedAs ?? '';
-    if (!report.changed || waited.split('/').length !== 2 || !waited.endsWith(`/${report.cluster}`)) return;
-    const decided = report.notes.find((n) => /^(approved|applied) by /.test(n)) ?? 'decided';
+    const waited = final.waitedAs ?? '';
+    if (!final.changed || waited.split('/').length !== 2 || !waited.endsWith(`/${final.cluster}`)) return;
+    const decided = final.notes.find((n) => /^(approved|applied) by /.test(n)) ?? 'decided';
     this.count(hook, chain, index, 'promoted', { request: requestId, where, why: `${waited} waited; ${decided}` });
-    this.log.notice(`[${requestId}] ${where}: promoted to ${report.cluster} (${waited} waited; ${decided})`);
+    this.log.notice(`[${requestId}] ${where}: promoted to ${final.cluster} (${waited} waited; ${decided})`);
   }
 
   /**
@@ -23030,10 +23098,10 @@ export class Promotions implements ResultListener {
   }
 
   /** A promotion's result goes where a push's goes: the rollout follower follows it, then back here and on. */
-  private tell(hook: Hook, id: string, report: UpgradeReport, settings: ResultSettings): void {
+  private tell(hook: Hook, id: string, done: ReportView, settings: ResultSettings): void {
     const req: PushOrigin = { id };
-    const ok = report.result === 'ok';
-    const result = { output: formatReport(report), settings, ok, exitCode: ok ? 0 : 1, timedOut: false, report };
+    const ok = done.result === 'ok';
+    const result = { output: formatReport(done), settings, ok, exitCode: ok ? 0 : 1, timedOut: false, report: done };
     this.listener?.started?.(hook, req);
     this.listener?.finished(hook, req, result);
   }
@@ -23389,7 +23457,7 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
 
   finished(hook: Hook, req: PushOrigin, r: CommandResult<UpgradeOutput>): void {
     // A delivery fanned out (CLUSTERS): each cluster's push, under its own request id.
-    const reports: [UpgradeReport | undefined, string][] =
+    const reports: [ReportView | undefined, string][] =
       r.report instanceof FannedOut
         ? r.report.parts.map((p) => [p.report, `${req.id}/${p.cluster}`])
         : [[r.report, req.id]];
@@ -23404,7 +23472,7 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
    * workload and container is looked at again, on this replica even when another one answered the push (the
    * workload is read when no waiting push is known there).
    */
-  private async signatureArrived(r: UpgradeReport, requestId: string): Promise<void> {
+  private async signatureArrived(r: ReportView, requestId: string): Promise<void> {
     if (!r.namespace || !r.workload || !r.container) return;
     const target = { namespace: r.namespace, ...parseWorkload(r.workload) };
     const where = { target, container: r.container, cluster: r.cluster };
@@ -23442,17 +23510,17 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
   }
 
   /** What a push this replica answered did to the waiting push of its container. */
-  private noted(report: UpgradeReport | undefined): void {
-    const t = report?.target;
-    if (!t || !report.container) return;
-    const where = { target: { ...t }, container: report.container, cluster: report.cluster };
-    if (report.waiting) this.pushes.set(waitingKey(where), { ...where, entry: report.waiting.entry });
-    else if (report.changed || report.decision === 'rejected' || report.decision === 'expired')
+  private noted(upgrade: ReportView | undefined): void {
+    const t = upgrade?.target;
+    if (!t || !upgrade.container) return;
+    const where = { target: { ...t }, container: upgrade.container, cluster: upgrade.cluster };
+    if (upgrade.waiting) this.pushes.set(waitingKey(where), { ...where, entry: upgrade.waiting.entry });
+    else if (upgrade.changed || upgrade.decision === 'rejected' || upgrade.decision === 'expired')
       this.pushes.delete(waitingKey(where));
   }
 
   /** The waiting push a newer one replaced, reported superseded under its own request id. */
-  private superseded(newer: UpgradeReport, older: PendingEntry, by: string): void {
+  private superseded(newer: ReportView, older: PendingEntry, by: string): void {
     const hook = this.hooks().get(older.hook);
     const t = newer.target;
     if (!hook || !t || !newer.container) return;
@@ -23864,25 +23932,25 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
    * Whether a look at a push waiting for its signature leaves it waiting, with nothing to tell: not signed yet, its
    * wait not over; or the look failed (the registry away, say) before its wait's end, and the next look tries again.
    */
-  private waitsOn(w: WaitingPush, report: UpgradeReport): boolean {
-    if (report.changed) return false;
-    if (report.decision === 'waiting: signature') return true;
-    if (report.decision !== 'failed' || report.gone || Date.now() >= Date.parse(w.entry.until)) return false;
-    this.log.warn(`${waitingWhere(w)}: the push of ${w.entry.image} waiting for its signature: ${report.error}; ` +
+  private waitsOn(w: WaitingPush, done: ReportView): boolean {
+    if (done.changed) return false;
+    if (done.decision === 'waiting: signature') return true;
+    if (done.decision !== 'failed' || done.gone || Date.now() >= Date.parse(w.entry.until)) return false;
+    this.log.warn(`${waitingWhere(w)}: the push of ${w.entry.image} waiting for its signature: ${done.error}; ` +
       'looked at again later');
     return true;
   }
 
   /** The result of a decision goes where a push's goes (recorded, followed, mailed, posted); the page's outcome. */
-  private told(hook: Hook, id: string, report: UpgradeReport, settings: ResultSettings, done: string) {
+  private told(hook: Hook, id: string, decided: ReportView, settings: ResultSettings, done: string) {
     const req: PushOrigin = { id };
-    const output = formatReport(report);
-    const ok = report.result === 'ok';
+    const output = formatReport(decided);
+    const ok = decided.result === 'ok';
     this.started(hook, req);
-    this.finished(hook, req, { output, settings, ok, exitCode: ok ? 0 : 1, timedOut: false, report });
-    this.log.notice(`[${id}] ${report.workload} in ${report.namespace}: ${report.action}`);
+    this.finished(hook, req, { output, settings, ok, exitCode: ok ? 0 : 1, timedOut: false, report: decided });
+    this.log.notice(`[${id}] ${decided.workload} in ${decided.namespace}: ${decided.action}`);
     const title = ok ? done : 'Failed';
-    return { status: ok ? 200 : 500, title, detail: report.error ?? report.action, report: output };
+    return { status: ok ? 200 : 500, title, detail: decided.error ?? decided.action, report: output };
   }
 
   /** Takes a pending entry off (rejected, expired) by a patch that tests the annotation read; undefined: gone. */
@@ -23992,7 +24060,7 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
       `the push of ${e.image} (request ${e.request}) ${decision === 'rejected' ? 'was' : 'has'} ${why}`,
     );
     const event = pushEvent(decision, { container: w.container, image: e.image, why });
-    await recordEventQuietly(client, { ...w.target }, event, new Date(), report);
+    await recordEventQuietly(client, { ...w.target }, event, new Date(), report.notes);
     return report;
   }
 }
@@ -24958,10 +25026,10 @@ function fixesTarget(hook: Hook, target: WatchedWorkload['target'], cluster: str
  * A resumed follow's ResultSettings, its boundary: what its record (MAIL_TO) and its report say, and no
  * notification settings, as a resumed follow has always been told.
  */
-function resumedSettings(report: UpgradeReport, follow: ResumedFollow): ResultSettings {
+function resumedSettings(final: ReportView, follow: ResumedFollow): ResultSettings {
   return {
     ...{ repoType: undefined, cluster: undefined, notifyOnSkip: true, notify: {} },
-    ...{ namespace: report.namespace, workload: report.workload, container: report.container },
+    ...{ namespace: final.namespace, workload: final.workload, container: final.container },
     mailTo: follow.mailTo || undefined,
   };
 }
@@ -24970,24 +25038,24 @@ function resumedSettings(report: UpgradeReport, follow: ResumedFollow): ResultSe
 type Ended = Pick<CommandResult, 'ok' | 'error' | 'output'> | undefined;
 
 /** How a finished command ended, and how its answer said it: an upgrade's report speaks, else its exit status. */
-function outcomeOf(r: Ended, report: UpgradeReport | undefined): { outcome: Outcome; action: string } {
-  if (report) {
-    const outcome = report.result !== 'ok' ? 'failed' : report.changed ? 'succeeded' : 'no change';
-    return { outcome, action: report.action };
+function outcomeOf(r: Ended, upgrade: ReportView | undefined): { outcome: Outcome; action: string } {
+  if (upgrade) {
+    const outcome = upgrade.result !== 'ok' ? 'failed' : upgrade.changed ? 'succeeded' : 'no change';
+    return { outcome, action: upgrade.action };
   }
   return { outcome: r?.ok ? 'succeeded' : 'failed', action: r?.ok ? 'exit status 0' : (r?.error ?? 'failed') };
 }
 
 /** The whole text of a result (the mail's body): the upgrade's report with the links that decide a waiting push. */
-function resultText(r: Ended, report: UpgradeReport | undefined): string {
-  if (!report) return r?.output ?? '';
-  const links = report.waiting?.links;
+function resultText(r: Ended, upgrade: ReportView | undefined): string {
+  if (!upgrade) return r?.output ?? '';
+  const links = upgrade.waiting?.links;
   // The links go to the mail and the page, never to the log.
   const decide = links
     ? `\napprove: ${links.approve}\nreject: ${links.reject}\n` +
       (links.deployNow ? `deploy now: ${links.deployNow}\n` : '')
     : '';
-  return formatReport(report) + decide;
+  return formatReport(upgrade) + decide;
 }
 
 /** What a finished command (or a follow resumed here) tells its record; the rest is the page's. */
@@ -24997,16 +25065,17 @@ type DeliveryFacts = Omit<Delivery, 'seq' | 'state' | 'notifications'>;
 type PublishedResult = { decision: PublishedDecision; detail: string };
 
 /** What a push decided, from its upgrade report (or, for another command, its exit status). */
-function decisionOf(outcome: Outcome, action: string, report: UpgradeReport | undefined): PublishedResult {
+function decisionOf(outcome: Outcome, action: string, upgrade: ReportView | undefined): PublishedResult {
   const code = outcome === 'failed' ? 'failed' : 'ran';
-  if (!report) return { decision: DECISIONS[code].published, detail: action };
+  if (!upgrade) return { decision: DECISIONS[code].published, detail: action };
   // The report stays the applied push's; what is published is that its rollout was taken over.
-  if (report.rollout?.superseded) return { decision: DECISIONS['taken over'].published, detail: report.rollout.detail };
-  const decision = DECISIONS[report.decision].published;
-  if (['refused', 'refused: unsigned', 'refused: platform', 'failed'].includes(report.decision))
-    return { decision, detail: report.error ?? '' };
+  const superseded = upgrade.rollout?.superseded && upgrade.rollout.detail;
+  if (superseded) return { decision: DECISIONS['taken over'].published, detail: superseded };
+  const decision = DECISIONS[upgrade.decision].published;
+  if (['refused', 'refused: unsigned', 'refused: platform', 'failed'].includes(upgrade.decision))
+    return { decision, detail: upgrade.error ?? '' };
   // The detail of a push that changed nothing is its reason.
-  return { decision, detail: report.changed ? report.action : (report.reason ?? report.action) };
+  return { decision, detail: upgrade.changed ? upgrade.action : (upgrade.reason ?? upgrade.action) };
 }
 
 /** Which push a record is of: its hook, its request, the settings its result is told with. */
@@ -25023,30 +25092,30 @@ interface RecordOf {
 export function deliveryFacts(
   of: RecordOf,
   r: Ended,
-  report: UpgradeReport | undefined,
+  upgrade: ReportView | undefined,
   receivedAt: Date,
   text: string,
 ): DeliveryFacts {
   const s = of.settings;
-  const { outcome, action } = outcomeOf(r, report);
+  const { outcome, action } = outcomeOf(r, upgrade);
   return {
     ...of,
     receivedAt,
     outcome,
     action,
-    ...cutDetail(decisionOf(outcome, action, report)),
+    ...cutDetail(decisionOf(outcome, action, upgrade)),
     registry: s.repoType,
-    cluster: report?.cluster ?? s.cluster,
-    namespace: report?.namespace ?? s.namespace,
-    workload: report?.workload ?? s.workload,
-    container: report?.container ?? s.container,
-    imageBefore: report?.imageBefore,
-    imageAfter: report?.imageAfter,
-    rollout: report?.rollout && { state: report.rollout.state, detail: report.rollout.detail },
-    pods: report?.rollout?.pods ?? [],
+    cluster: upgrade?.cluster ?? s.cluster,
+    namespace: upgrade?.namespace ?? s.namespace,
+    workload: upgrade?.workload ?? s.workload,
+    container: upgrade?.container ?? s.container,
+    imageBefore: upgrade?.imageBefore,
+    imageAfter: upgrade?.imageAfter,
+    rollout: upgrade?.rollout && { state: upgrade.rollout.state, detail: upgrade.rollout.detail },
+    pods: upgrade?.rollout?.pods ?? [],
     report: cutReport(text),
-    ...(report?.waiting ? { waiting: waitingOf(report.waiting) } : {}),
-    ...(report?.dryRun ? { dryRun: true } : {}),
+    ...(upgrade?.waiting ? { waiting: waitingOf(upgrade.waiting) } : {}),
+    ...(upgrade?.dryRun ? { dryRun: true } : {}),
   };
 }
 
@@ -25139,19 +25208,19 @@ export class DeliveryLog {
    * Writes a result's facts into its record, scrubbed: the report's text, and the pods' failures (a container's own
    * words); returns the whole text (scrubbed, not cut), for the mail.
    */
-  private fill(d: Delivery, of: RecordOf, r: Ended, report: UpgradeReport | undefined): string {
-    const text = this.scrub(resultText(r, report));
-    const facts = deliveryFacts(of, r, report, d.receivedAt, text);
+  private fill(d: Delivery, of: RecordOf, r: Ended, upgrade: ReportView | undefined): string {
+    const text = this.scrub(resultText(r, upgrade));
+    const facts = deliveryFacts(of, r, upgrade, d.receivedAt, text);
     Object.assign(d, facts, { pods: facts.pods.map((p) => scrubbedPod(p, this.scrub)) });
     return text;
   }
 
-  answered(hook: Hook, req: PushOrigin, r: CommandResult, report: UpgradeReport | undefined): void {
+  answered(hook: Hook, req: PushOrigin, r: CommandResult, upgrade: ReportView | undefined): void {
     const d = this.inFlight.get(req) ?? this.open(hook.id, req.id, req);
-    this.fill(d, this.recordOf(hook, req, r), r, report);
+    this.fill(d, this.recordOf(hook, req, r), r, upgrade);
     // Final only once settled: the rollout may still fail.
     d.outcome = undefined;
-    d.state = report?.rollout?.state === 'progressing' && report.changed ? 'following' : 'running';
+    d.state = upgrade?.rollout?.state === 'progressing' && upgrade.changed ? 'following' : 'running';
   }
 
   progressed(req: PushOrigin, rollout: RolloutOutcome): void {
@@ -25160,17 +25229,17 @@ export class DeliveryLog {
   }
 
   /** The final record of a push, and its whole text for the mail. */
-  settled(hook: Hook, req: PushOrigin, r: CommandResult, report: UpgradeReport | undefined): Final {
+  settled(hook: Hook, req: PushOrigin, r: CommandResult, upgrade: ReportView | undefined): Final {
     const d = this.inFlight.get(req) ?? this.open(hook.id, req.id, req);
     this.inFlight.delete(req);
-    return this.done(d, this.fill(d, this.recordOf(hook, req, r), r, report));
+    return this.done(d, this.fill(d, this.recordOf(hook, req, r), r, upgrade));
   }
 
   /** The final record of a follow another replica left and this one ended: on the page like any other. */
-  resumed(report: UpgradeReport, follow: ResumedFollow): Final {
+  resumed(final: ReportView, follow: ResumedFollow): Final {
     const d = this.open(follow.hook, follow.request);
-    const of = { hookId: follow.hook, requestId: follow.request, settings: resumedSettings(report, follow) };
-    return this.done(d, this.fill(d, of, undefined, report));
+    const of = { hookId: follow.hook, requestId: follow.request, settings: resumedSettings(final, follow) };
+    return this.done(d, this.fill(d, of, undefined, final));
   }
 
   /** A record made final: done now, with its whole text for the mail. */
@@ -25257,20 +25326,20 @@ export class ResultDispatcher implements ResultListener {
     this.log.started(hook, req);
   }
 
-  answered(hook: Hook, req: PushOrigin, r: CommandResult, report: UpgradeReport | undefined): void {
-    this.log.answered(hook, req, r, report);
+  answered(hook: Hook, req: PushOrigin, r: CommandResult, upgrade: ReportView | undefined): void {
+    this.log.answered(hook, req, r, upgrade);
   }
 
   progressed(req: PushOrigin, rollout: RolloutOutcome): void {
     this.log.progressed(req, rollout);
   }
 
-  settled(hook: Hook, req: PushOrigin, r: CommandResult, report: UpgradeReport | undefined): void {
-    const final = this.log.settled(hook, req, r, report);
+  settled(hook: Hook, req: PushOrigin, r: CommandResult, upgrade: ReportView | undefined): void {
+    const final = this.log.settled(hook, req, r, upgrade);
     const d = final.record;
     const labels = { hook: hook.id, cluster: d.cluster ?? '', decision: d.decision };
-    if (report) this.metrics?.inc('webhook_upgrades_total', labels);
-    this.send(final, report);
+    if (upgrade) this.metrics?.inc('webhook_upgrades_total', labels);
+    this.send(final, upgrade);
   }
 
   handedOver(req: PushOrigin, detail: string): void {
@@ -25282,13 +25351,13 @@ export class ResultDispatcher implements ResultListener {
   }
 
   /** A follow another replica left, ended here: recorded and sent as every push's result is. */
-  resumed(report: UpgradeReport, follow: ResumedFollow): void {
-    this.send(this.log.resumed(report, follow), report);
+  resumed(final: ReportView, follow: ResumedFollow): void {
+    this.send(this.log.resumed(final, follow), final);
   }
 
   /** A final record to each channel in order, unless the hook keeps a skipped push quiet (NOTIFY_ON_SKIP). */
-  private send(final: Final, report: UpgradeReport | undefined): void {
-    if (report?.decision === 'skipped by policy' && !final.record.settings.notifyOnSkip) return;
+  private send(final: Final, upgrade: ReportView | undefined): void {
+    if (upgrade?.decision === 'skipped by policy' && !final.record.settings.notifyOnSkip) return;
     for (const channel of this.channels) this.log.sending(final.record, channel.deliver(final.record, final.text));
   }
 }

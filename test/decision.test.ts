@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import { generateKeyPairSync } from 'node:crypto';
 import { describe, test } from 'node:test';
 import {
-  decide, DECISIONS, deliveryFacts, newReport, pushEvent, readHookConfig, recordUnchanged, resultSettings, rollbackObstacle,
+  decide, DECISIONS, deliveryFacts, pushEvent, readHookConfig, recordUnchanged, resultSettings, rollbackObstacle,
   rolloutEvent, rolloutVerdict, unchanged,
   type Decision, type DecisionInput, type Push, type PushRecord, type RolloutOutcome, type UpgradeReport,
 } from '../webhook.ts';
@@ -157,7 +157,7 @@ describe('the decision of one push on one workload (decide): each step, as a tab
   const NOW = Date.parse('2026-11-27T12:00:00Z');
   const config = (env: Record<string, string> = {}) => {
     const settings: Record<string, string> = { APP_NS: 'shop', APP_WORKLOAD: 'deployment/web', APP_CONTAINER: 'app', ...env };
-    return readHookConfig((name) => settings[name], newReport());
+    return readHookConfig((name) => settings[name]);
   };
   const workload = (image: string, annotations: Record<string, string> = {}, managedFields: unknown[] = []) => ({
     apiVersion: 'apps/v1', kind: 'Deployment',
