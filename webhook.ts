@@ -7587,12 +7587,12 @@ export interface GitSettings {
 //    it is live (an entry put back after it was decided verifies, but is stale). The docs' tables of
 //    settings, decisions and annotations are written from these tables (scripts/docs.ts).
 //    Exports: APPROVAL_ANNOTATION, ApprovalLinks, ApprovalSigning, DecidedBy, DecidedFacts, Decision, DecisionCode,
-//    DecisionInput, DECISIONS, Delivery, DeployWindow, FOLLOW_ANNOTATION, FollowAfter, HOOK_ANNOTATION, HookConfig,
-//    ImagePattern, ImagePin, IncomingPush, K8sObject, LAST_PUSH_ANNOTATION, LocatedContainer, MIN_AGE_ANNOTATION,
-//    NotifyTexts, Outcome, PENDING_ANNOTATION, PendingEntry, PlannedChange, PlatformFacts, PodFailure, PodSummary,
-//    POLICY_ANNOTATION, POLL_ANNOTATION, PROMOTION_ANNOTATION, PublishedDecision, Push, PushReading, RecordLedger,
-//    ResultSettings, SendOutcome, UpdatePolicy, UpgradeSettings, WAITING_DECISIONS, WINDOW_ANNOTATION, WorkloadEvent,
-//    WorkloadKind, WorkloadTarget.
+//    DecisionInput, DECISIONS, Delivery, DeployWindow, FOLLOW_ANNOTATION, FollowAfter, ForcedRollback, HOOK_ANNOTATION,
+//    HookConfig, ImagePattern, ImagePin, IncomingPush, K8sObject, LAST_PUSH_ANNOTATION, LocatedContainer,
+//    MIN_AGE_ANNOTATION, NO_RESULT_SETTINGS, NotifyTexts, Outcome, PENDING_ANNOTATION, PendingEntry, PlannedChange,
+//    PlatformFacts, PodFailure, PodSummary, POLICY_ANNOTATION, POLL_ANNOTATION, PROMOTION_ANNOTATION,
+//    PublishedDecision, Push, PushReading, RecordLedger, ResultSettings, RollbackOutcome, RolloutOutcome, SendOutcome,
+//    UpdatePolicy, UpgradeSettings, WAITING_DECISIONS, WINDOW_ANNOTATION, WorkloadEvent, WorkloadKind, WorkloadTarget.
 //    Tests: test/decision.test.ts, test/docs.test.ts, test/hold.test.ts, test/policy.test.ts, test/records.test.ts,
 //    test/upgrade.test.ts.
 // ================================================================================================
@@ -7666,6 +7666,8 @@ export interface DecidedBy {
   id?: string;
   action: 'approve' | 'deploy-now' | 'window' | 'replay' | 'promote' | 'signature' | 'age';
   by: string;
+  /** A waiting push decided: the request it waited as (its record says so: a promotion's is `<request>/<cluster>`). */
+  waitedAs?: string;
 }
 
 // ---- a hook's settings, parsed once -------------------------------------------------------------
@@ -7790,6 +7792,12 @@ export interface ResultSettings {
   /** NOTIFY_URL, NOTIFY_FORMAT, NOTIFY_SECRET, NOTIFY_TELEGRAM_CHAT as given: the notifications check them. */
   notify: NotifyTexts;
 }
+
+/** The settings of a result no hook setting tells: none set, a skipped push told (resultSettings' of no input). */
+export const NO_RESULT_SETTINGS: ResultSettings = Object.freeze({
+  ...{ repoType: undefined, cluster: undefined, namespace: undefined, workload: undefined, container: undefined },
+  ...{ mailTo: undefined, notifyOnSkip: true, notify: Object.freeze({}) },
+});
 
 /** The notification settings as a hook passes them, for notifyTargets to check. */
 export interface NotifyTexts {
@@ -8045,43 +8053,136 @@ export interface ApprovalLinks {
 
 // ---- the record of a delivery -------------------------------------------------------------------
 
+/** How a push's rollout went (followRollout), as its record says it. */
+export interface RolloutOutcome {
+  state: 'progressing' | 'complete' | 'failed' | 'timed out' | 'not tracked';
+  detail: string;
+  /** A later push to the workload took the rollout over; its report follows it. */
+  superseded?: true;
+  pods: PodSummary[];
+}
+
+/** A rollback: the image returned to and its rollout, or why there was none. */
+export interface RollbackOutcome {
+  /** Why it was rolled back: the failed rollout. */
+  reason: string;
+  image?: string;
+  rollout?: RolloutOutcome;
+  /** A StatefulSet's forced rollback: the stuck pods deleted, or left to delete by hand. */
+  forced?: ForcedRollback;
+  /** Why nothing was rolled back. */
+  notDone?: string;
+}
+
+/** A StatefulSet's forced rollback: the stuck pods deleted, and those left to delete by hand and why. */
+export interface ForcedRollback {
+  namespace: string;
+  deleted: string[];
+  byHand: string[];
+  /** Why pods are left to delete by hand (the first refusal, or why none could be looked at). */
+  why?: string;
+}
+
 /**
- * The one record of a push: where it went, what became of it, its rollout, and how its result was sent. The answer's
- * report, the deliveries page, /deliveries.json, the mail and the chat and JSON notifications all render it.
+ * The one record of a push, from its decision to the page: what became of it (the upgrade's report: its decision,
+ * why, what was changed, its rollout and rollback, its notes), where it went, and, as the delivery log keeps it, how
+ * its result was sent. The answer, the log line, the mail, the chat and JSON notifications, /deliveries.json and the
+ * deliveries page all render it. A push's record is made by its boundary (newReport, configuredReport), written only
+ * by the report's writers (recordUnchanged, recordDecision, recordOutcome, recordRolloutEnd, failedUpgrade), and
+ * taken into the delivery log's record (DeliveryLog.fill); every other function reads it as a ReportView.
  */
 export interface Delivery {
+  /**
+   * What became of the push (a code of DECISIONS; another command's record: `ran` or `failed`); `action` is its text
+   * in the answer, and `published(record)` the word its result is published with.
+   */
+  decision: DecisionCode;
+  /** Why a push changed nothing, or what it waits for, as data (unchanged renders it as the action). */
+  reason?: string;
+  namespace?: string;
+  /** `deployment/web`, as given (canonical kind). */
+  workload?: string;
+  container?: string;
+  imageBefore?: string;
+  imageAfter?: string;
+  /** image updated | rollout restarted (same image re-pulled) | none (<why>); another command's: its exit status. */
+  action: string;
+  /** Whether the workload was changed. */
+  changed: boolean;
+  result: 'ok' | 'failed';
+  error?: string;
+  rollout?: RolloutOutcome;
+  notes: string[];
+  /** The workload, for followRollout after the answer; set once the workload has been read. */
+  target?: WorkloadTarget;
+  /** Whether the image pin refused the push (error says why). */
+  refused?: boolean;
+  /** Decided under DRY_RUN: told as what it would do, nothing written. */
+  dryRun?: boolean;
+  /**
+   * The change's Event, when it is recorded after the answer (UpgradeDeps.eventAfterAnswer):
+   * resolves with the note saying it could not be, or undefined once it is recorded.
+   */
+  afterAnswer?: Promise<string | undefined>;
+  /** LAST_PUSH_ANNOTATION as this upgrade wrote it: a rollback first tests that it is unchanged. */
+  lastPush?: string;
+  /** Whether the change's PATCH recorded the follow after the answer on the workload (FOLLOW_ANNOTATION). */
+  followRecorded?: boolean;
+  /** The hook's ROLLBACK_ON_FAILURE: a failed rollout of this change is rolled back. */
+  rollbackOnFailure?: boolean;
+  /** The hook's ROLLOUT_STUCK_TIMEOUT: how long a new pod may be stuck before the followed rollout fails. */
+  stuckPodMs?: number;
+  /** The hook's image pin, which the image a rollback returns to must pass as a push would. */
+  imagePin?: ImagePin;
+  /** What became of a failed rollout under ROLLBACK_ON_FAILURE. */
+  rollback?: RollbackOutcome;
+  /** A push committed to Git (the git executor): the rollback commits the revert there, and says what became of it. */
+  revertInGit?: (reason: string) => Promise<RollbackOutcome>;
+  /** When the push was pushed (or received), as the newest-wins rule compares it. */
+  pushedAtMs?: number;
+  /**
+   * Who gave no answer, so that nothing is known to be written: the API server (within the client's
+   * retry budget), or the registry when the hook keeps such pushes (ON_REGISTRY_AWAY=keep).
+   */
+  unreachable?: 'the API server' | 'the registry';
+  /** The payload (or REPO_TYPE) could not be read: nothing was asked of the cluster. */
+  badInput?: boolean;
+  /** A push kept while the API server is away (UpgradeService): resolves with its final report. */
+  pending?: Promise<Delivery>;
+  /** The hook's CLUSTER: the kubeconfig context the workload is in (undefined: the service's default). */
+  cluster?: string;
+  /** A registry's handshake: the body its sender reads as the answer, instead of the report. */
+  answer?: string;
+  /** A decided push found its pending entry gone: another replica (or person) decided it first. */
+  gone?: boolean;
+  /** The push that waited on this container and that this one replaced (it is reported superseded). */
+  replaced?: PendingEntry;
+  /** The digest whose cosign signature this delivery announced (its sha256-<hex>.sig tag): a waiting push's cue. */
+  signatureOf?: string;
+  /** A push that waits on the workload: its pending entry and, for an approval, the links that decide it. */
+  waiting?: { entry: PendingEntry; links?: ApprovalLinks };
+  /** A waiting push decided (approved, its window open): the request it waited as (a promotion's says so). */
+  waitedAs?: string;
+  // ---- as the delivery log keeps it ----
   seq: number;
   /** running: the command; following: the rollout, after the answer; done: the result is final. */
   state: 'running' | 'following' | 'done';
   notifications: { channel: string; state: 'pending' | SendOutcome['state']; detail: string }[];
   hookId: string;
   requestId: string;
-  /** Decided under DRY_RUN: what it says it would do was not done. */
-  dryRun?: boolean;
   receivedAt: Date;
   finishedAt?: Date;
+  /** How it ended, as its mail's subject says it (once final). */
   outcome?: Outcome;
-  /** One of the closed list's words (DECISIONS' `published`). */
-  decision: PublishedDecision;
+  /** What the record publishes (`DECISIONS[decision].published`) is told with this: the reason, or the error. */
   detail: string;
-  /** How the answer said it (`image updated`, `none (<reason>)`), or a command's exit status: the mail's words. */
-  action: string;
   /** The hook settings its result is told with: where it goes, and the names the hook gave. */
   settings: ResultSettings;
   registry?: string;
-  /** The hook's CLUSTER (a kubeconfig context); undefined: the service's default cluster. */
-  cluster?: string;
-  namespace?: string;
-  workload?: string;
-  container?: string;
-  imageBefore?: string;
-  imageAfter?: string;
-  rollout?: { state: string; detail: string };
+  /** Its pods as the record shows them (their failures' texts scrubbed). */
   pods: PodSummary[];
-  /** The upgrade's report (or the command's output), scrubbed of known secrets, cut to maxReportChars. */
+  /** The report's text (or the command's output), scrubbed of known secrets, cut to maxReportChars. */
   report: string;
-  /** A push that waits: for what, until when, and the links that decide it (when a person may). */
-  waiting?: { for: string; until: string; opensAt?: string; window?: string; links?: ApprovalLinks };
 }
 
 /** How a push ended, as its mail's subject says it. */
@@ -11133,7 +11234,7 @@ export class HookStore {
 //    arrival order. A command that is an InProcessCommand's entry point (the bundled /webhooks.sh: the upgrade) is
 //    not started as a process: it runs in this process with the same inputs, output and exit status.
 //    A kubeconfig's exec credential plugins start from the same environment (execEnvironment).
-//    Exports: CommandResult, CommandRunner, decodeBase64Strict, execEnvironment, inheritedEnvironment,
+//    Exports: CommandResult, CommandRunner, decodeBase64Strict, execEnvironment, inheritedEnvironment, InProcessAnswer,
 //    InProcessCommand, resolveHookCommand.
 //    Tests: test/compat.test.ts, test/runner.test.ts, test/unit.test.ts, test/kubeconfig.test.ts.
 // ================================================================================================
@@ -11160,6 +11261,17 @@ export interface CommandResult<R = unknown> {
   badInput?: boolean;
 }
 
+/** What an in-process command answers: its output and exit status, as a process's, and its report. */
+export interface InProcessAnswer<R> {
+  output: string;
+  exitCode: number;
+  report: R;
+  /** It took the work but finishes it later: the answer is 202 Accepted. */
+  accepted?: boolean;
+  /** It refused its input as malformed: the answer is 400 Bad Request, not 500. */
+  badInput?: boolean;
+}
+
 /**
  * A command that runs inside this process instead of as a child: the same arguments and
  * environment in, the same output and exit status out, plus a report of its own.
@@ -11181,7 +11293,7 @@ export interface InProcessCommand<R = unknown> {
     requestId: string,
     hook: Hook,
     payload?: { value: unknown },
-  ): Promise<{ output: string; exitCode: number; report: R | undefined; accepted?: boolean; badInput?: boolean }>;
+  ): Promise<InProcessAnswer<R | undefined>>;
 }
 
 /** Go's exec.LookPath on adnanh's candidate; returns the path or the error text Go would print. */
@@ -14714,14 +14826,14 @@ export function readApprovalToken(
 //    kind.group) and locateContainer finds APP_CONTAINER (containers, then initContainers). rolloutStatus applies
 //    kubectl's rollout-status rules, summarizePod says how a pod is doing (and, failing, why), Events are recorded on
 //    the workload, and one WorkloadQueue per workload keeps its pushes in order (and batches what waits for one key:
-//    the pushes for one Git branch, committed together). UpgradeReport is what one push did so far; UpgradeDeps is
-//    what an upgrade is given (client, clock, queue, the workloads it last saw).
-//    Exports: annotationOps, AppliedPush, asArray, DNS_LABEL, FollowOptions, ForcedRollback, KEPT_SUPERSEDED, kindSpec,
-//    KnownWorkloads, labelSelector, leanWorkload, locateContainer, missingContainerMessage, newReport,
-//    NodePlatformsRead, numberAt, orList, ownedBy, parseWorkload, PayloadError, planPatch, PULL_REASONS, readWorkload,
-//    recordWorkloadEvent, ReportView, RollbackOutcome, RolledBack, RolloutEnded, RolloutOutcome, rolloutStatus,
-//    roundedToSeconds, STUCK_REASONS, summarizePod, unchanged, UpgradeDeps, UpgradeError, UpgradeReport, valueAt,
-//    WORKLOAD_KINDS, workloadPods, WorkloadQueue, workloadResource.
+//    the pushes for one Git branch, committed together). A push's record (the model's Delivery) starts here
+//    (newReport), a ReportView is how a function that only reads it takes it; UpgradeDeps is what an upgrade is given
+//    (client, clock, queue, the workloads it last saw).
+//    Exports: annotationOps, AppliedPush, asArray, DNS_LABEL, FollowOptions, KEPT_SUPERSEDED, kindSpec, KnownWorkloads,
+//    labelSelector, leanWorkload, locateContainer, missingContainerMessage, newReport, NodePlatformsRead, numberAt,
+//    orList, ownedBy, parseWorkload, PayloadError, planPatch, PULL_REASONS, readWorkload, recordWorkloadEvent,
+//    ReportView, RolledBack, RolloutEnded, rolloutStatus, roundedToSeconds, STUCK_REASONS, summarizePod, unchanged,
+//    UpgradeDeps, UpgradeError, valueAt, WORKLOAD_KINDS, workloadPods, WorkloadQueue, workloadResource.
 //    Tests: test/decision.test.ts, test/e2e.test.ts, test/git.test.ts, test/policy.test.ts, test/records.test.ts,
 //    test/rolling.test.ts, test/upgrade.test.ts.
 // ================================================================================================
@@ -15201,14 +15313,6 @@ async function workloadPods(
     .sort((a, b) => a.name.localeCompare(b.name));
 }
 
-export interface RolloutOutcome {
-  state: 'progressing' | 'complete' | 'failed' | 'timed out' | 'not tracked';
-  detail: string;
-  /** A later push to the workload took the rollout over; its report follows it. */
-  superseded?: true;
-  pods: PodSummary[];
-}
-
 export interface FollowOptions {
   /** How long to follow; 0 looks once. */
   timeoutMs: number;
@@ -15346,110 +15450,22 @@ interface BatchEntry<I, O> {
 export function unchanged(
   decision: DecisionCode,
   reason: string,
-): Pick<UpgradeReport, 'decision' | 'reason' | 'action'> {
+): Pick<Delivery, 'decision' | 'reason' | 'action'> {
   return { decision, reason, action: DECISIONS[decision].action === 'reason' ? reason : `none (${reason})` };
 }
 
-export interface UpgradeReport {
-  /** What became of the push; `action` is its text in the answer. */
-  decision: DecisionCode;
-  /** Why a push changed nothing, or what it waits for, as data (unchanged renders it as the action). */
-  reason?: string;
-  namespace?: string;
-  /** `deployment/web`, as given (canonical kind). */
-  workload?: string;
-  container?: string;
-  imageBefore?: string;
-  imageAfter?: string;
-  /** image updated | rollout restarted (same image re-pulled) | none (<why>) */
-  action: string;
-  /** Whether the workload was changed. */
-  changed: boolean;
-  result: 'ok' | 'failed';
-  error?: string;
-  rollout?: RolloutOutcome;
-  notes: string[];
-  /** The workload, for followRollout after the answer; set once the workload has been read. */
-  target?: WorkloadTarget;
-  /** Whether the image pin refused the push (error says why). */
-  refused?: boolean;
-  /** Decided under DRY_RUN: told as what it would do, nothing written. */
-  dryRun?: boolean;
-  /**
-   * The change's Event, when it is recorded after the answer (UpgradeDeps.eventAfterAnswer):
-   * resolves with the note saying it could not be, or undefined once it is recorded.
-   */
-  afterAnswer?: Promise<string | undefined>;
-  /** LAST_PUSH_ANNOTATION as this upgrade wrote it: a rollback first tests that it is unchanged. */
-  lastPush?: string;
-  /** Whether the change's PATCH recorded the follow after the answer on the workload (FOLLOW_ANNOTATION). */
-  followRecorded?: boolean;
-  /** The hook's ROLLBACK_ON_FAILURE: a failed rollout of this change is rolled back. */
-  rollbackOnFailure?: boolean;
-  /** The hook's ROLLOUT_STUCK_TIMEOUT: how long a new pod may be stuck before the followed rollout fails. */
-  stuckPodMs?: number;
-  /** The hook's image pin, which the image a rollback returns to must pass as a push would. */
-  imagePin?: ImagePin;
-  /** What became of a failed rollout under ROLLBACK_ON_FAILURE. */
-  rollback?: RollbackOutcome;
-  /** A push committed to Git (the git executor): the rollback commits the revert there, and says what became of it. */
-  revertInGit?: (reason: string) => Promise<RollbackOutcome>;
-  /** When the push was pushed (or received), as the newest-wins rule compares it. */
-  pushedAtMs?: number;
-  /**
-   * Who gave no answer, so that nothing is known to be written: the API server (within the client's
-   * retry budget), or the registry when the hook keeps such pushes (ON_REGISTRY_AWAY=keep).
-   */
-  unreachable?: 'the API server' | 'the registry';
-  /** The payload (or REPO_TYPE) could not be read: nothing was asked of the cluster. */
-  badInput?: boolean;
-  /** A push kept while the API server is away (UpgradeService): resolves with its final report. */
-  pending?: Promise<UpgradeReport>;
-  /** The hook's CLUSTER: the kubeconfig context the workload is in (undefined: the service's default). */
-  cluster?: string;
-  /** A decided push found its pending entry gone: another replica (or person) decided it first. */
-  gone?: boolean;
-  /** The push that waited on this container and that this one replaced (it is reported superseded). */
-  replaced?: PendingEntry;
-  /** The digest whose cosign signature this delivery announced (its sha256-<hex>.sig tag): a waiting push's cue. */
-  signatureOf?: string;
-  /** A push that waits on the workload: its pending entry and, for an approval, the links that decide it. */
-  waiting?: { entry: PendingEntry; links?: ApprovalLinks };
-  /** A waiting push decided (approved, its window open): the request it waited as (a promotion's says so). */
-  waitedAs?: string;
-}
-
 /**
- * A push's report as a function that only reads it takes it: none of its fields, nor its notes, can be written. The
- * steps that find something out return it; the report's few writers (recordUnchanged, recordDecision, recordOutcome,
- * recordRolloutEnd, failedUpgrade) and the boundary that made it write it.
+ * A push's report as a function that only reads it takes it: none of its fields, nor its notes, can be written. A
+ * step that finds something out returns it; only the report's writers (recordUnchanged, recordDecision,
+ * recordOutcome, recordRolloutEnd, failedUpgrade) and the boundary that made the report write it.
  */
-export type ReportView = Readonly<Omit<UpgradeReport, 'notes'>> & { readonly notes: readonly string[] };
+export type ReportView = Readonly<Omit<Delivery, 'notes'>> & { readonly notes: readonly string[] };
 
 /** The report of a push before anything is known of it: nothing changed (yet). */
-export function newReport(): UpgradeReport {
-  return { ...unchanged('no-op', 'nothing was changed'), changed: false, result: 'ok', notes: [] };
-}
-
-/** A rollback: the image returned to and its rollout, or why there was none. */
-export interface RollbackOutcome {
-  /** Why it was rolled back: the failed rollout. */
-  reason: string;
-  image?: string;
-  rollout?: RolloutOutcome;
-  /** A StatefulSet's forced rollback: the stuck pods deleted, or left to delete by hand. */
-  forced?: ForcedRollback;
-  /** Why nothing was rolled back. */
-  notDone?: string;
-}
-
-/** A StatefulSet's forced rollback: the stuck pods deleted, and those left to delete by hand and why. */
-export interface ForcedRollback {
-  namespace: string;
-  deleted: string[];
-  byHand: string[];
-  /** Why pods are left to delete by hand (the first refusal, or why none could be looked at). */
-  why?: string;
+export function newReport(): Delivery {
+  const page = { seq: 0, state: 'running' as const, notifications: [], receivedAt: new Date() };
+  const told = { hookId: '', requestId: '', detail: '', settings: NO_RESULT_SETTINGS, pods: [], report: '' };
+  return { ...unchanged('no-op', 'nothing was changed'), changed: false, result: 'ok', notes: [], ...page, ...told };
 }
 
 /**
@@ -15513,8 +15529,11 @@ export interface UpgradeDeps {
   decided?: DecidedBy;
   /** The service's reader of the nodes' platforms (NodePlatforms: one cache, one warning per cluster). */
   nodePlatforms?: { of(client: KubeClient, cluster: string | undefined, podSpec: unknown): Promise<NodePlatformsRead> };
-  /** A push a registry watch found: its index's platforms are checked even without VERIFY_IMAGE. */
-  watched?: boolean;
+  /**
+   * A push a registry watch found: the note its record opens with (what the watch found); its index's platforms are
+   * checked even without VERIFY_IMAGE.
+   */
+  watched?: string;
 }
 
 /** What the nodes a workload can run on run: their platforms (`linux/amd64`), or why they are not known. */
@@ -16979,7 +16998,7 @@ export function settingOf<K extends HookSettingName>(input: SettingInput, name: 
 /** What a push's settings tell its report, as far as they were read before one failed (configuredReport's fields). */
 type KnownSoFar = Partial<
   Pick<
-    UpgradeReport,
+    Delivery,
     'cluster' | 'namespace' | 'workload' | 'container' | 'rollbackOnFailure' | 'stuckPodMs' | 'imagePin'
   >
 >;
@@ -17028,7 +17047,7 @@ function notifyOnSkip(value: string | undefined): boolean {
 }
 
 /** A push's new report once its HookConfig is read: what readHookConfig tells a report, in the same order. */
-export function configuredReport(config: HookConfig): UpgradeReport {
+export function configuredReport(config: HookConfig): Delivery {
   return Object.assign(newReport(), {
     cluster: config.cluster,
     namespace: config.namespace,
@@ -17306,7 +17325,7 @@ export function readFollowRecords(workload: unknown): {
  * container was read, the image it runs as the image after (a push that was not applied did not
  * become the container's image).
  */
-export function recordUnchanged(report: UpgradeReport, decision: DecisionCode, reason: string, running?: string): void {
+export function recordUnchanged(report: Delivery, decision: DecisionCode, reason: string, running?: string): void {
   Object.assign(report, unchanged(decision, reason));
   if (running !== undefined) report.imageAfter = running;
 }
@@ -18730,7 +18749,7 @@ export interface Applied {
  * Writes an executor's outcome into the push's report: the one writer of what was carried out (the decision, the
  * workload's uid, the notes, what the answer says and what is known after it), then the rollout's end.
  */
-export function recordOutcome(report: UpgradeReport, target: WorkloadTarget, applied: Applied): void {
+export function recordOutcome(report: Delivery, target: WorkloadTarget, applied: Applied): void {
   const o = applied.outcome;
   if (o.uid !== undefined) report.target = Object.assign(target, { uid: o.uid });
   const d = o.decision;
@@ -18755,7 +18774,7 @@ export function recordOutcome(report: UpgradeReport, target: WorkloadTarget, app
 }
 
 /** Writes a followed rollout's end (applyRolloutEnd) into its push's report: the one writer of what came after. */
-export function recordRolloutEnd(report: UpgradeReport, ended: RolloutEnded): void {
+export function recordRolloutEnd(report: Delivery, ended: RolloutEnded): void {
   report.rollout = ended.rollout;
   if (ended.error !== undefined) Object.assign(report, { result: 'failed', error: ended.error });
   report.notes.push(...ended.notes);
@@ -18970,7 +18989,7 @@ async function guardedPatch(
  * Writes a decision into the push's report: its code and reason, the image the container runs, its notes, what
  * was written. A refusal or failure leaves the decision to the failure it is thrown as (failedUpgrade).
  */
-function recordDecision(report: UpgradeReport, d: Decision, kind: WorkloadKind): void {
+function recordDecision(report: Delivery, d: Decision, kind: WorkloadKind): void {
   for (const note of d.notes) if (!report.notes.includes(note)) report.notes.push(note);
   if (d.before !== undefined) report.imageBefore = d.before;
   if (d.replaced) report.replaced = d.replaced;
@@ -20454,11 +20473,12 @@ function resumedReport(
   f: FollowRecord,
   workload: K8sObject,
   hook: { rollbackOnFailure: boolean; stuckPodMs: number; imagePin: ImagePin },
-): UpgradeReport {
+): Delivery {
   const { raw, records } = readPushRecords(workload);
   const record = records[container]?.request === f.request ? records[container] : undefined;
   const same = record !== undefined && normalizeImageRef(record.previous) === normalizeImageRef(record.image);
   return {
+    ...newReport(),
     decision: same ? 're-pulled' : 'applied',
     namespace: target.namespace,
     workload: `${target.kind}/${target.name}`,
@@ -21242,8 +21262,8 @@ export function followRecordProblem(
 //    delivery to one cluster (runOne), a decided push (runDecided); a kept push is tried again with the one it kept.
 //    A digest not signed yet (NotSignedYet) is a fact handed to the decision (signedOrNot), not a failure; the push
 //    of a cosign signature (tag sha256-<hex>.sig) changes nothing but names the digest it signs (signatureOf).
-//    Exports: readAtBoundary, refusedAtGate, reportWhere, runDecidedPush, runPush, runUpgrade, upgradeResult,
-//    UpgradeResult.
+//    Exports: CommandAnswer, commandAnswer, readAtBoundary, refusedAtGate, reportWhere, runDecidedPush, runPush,
+//    runUpgrade.
 //    Tests: test/burst.test.ts, test/e2e.test.ts, test/outage.test.ts, test/rollback.test.ts,
 //    test/signed-images.test.ts, test/upgrade.test.ts.
 // ================================================================================================
@@ -21256,13 +21276,13 @@ export async function runUpgrade(
   args: string[],
   env: Record<string, string | undefined>,
   deps: UpgradeDeps = {},
-): Promise<{ output: string; exitCode: number; report: UpgradeReport }> {
+): Promise<CommandAnswer> {
   const read = readAtBoundary((name) => env[name]);
-  if ('failed' in read) return read.failed;
+  if ('failed' in read) return commandAnswer(read.failed);
   const { config } = read;
   // The push's cluster's credentials from this process's environment, unless the caller gives its own.
   const own = () => credentialsFromEnvironment(env, deps.kubeconfig, config.cluster, execEnvironment(env, new Set()));
-  return runPush(args, config, { ...deps, credentials: deps.credentials ?? own });
+  return commandAnswer(await runPush(args, config, { ...deps, credentials: deps.credentials ?? own }));
 }
 
 /**
@@ -21275,7 +21295,7 @@ export async function runPush(
   settings: HookConfig,
   deps: UpgradeDeps,
   payload: PayloadArgument = { text: args[0] },
-): Promise<{ output: string; exitCode: number; report: UpgradeReport }> {
+): Promise<Delivery> {
   const report = configuredReport(settings);
   const cluster = settings.cluster;
   let ownClient: KubeClient | undefined;
@@ -21285,7 +21305,7 @@ export async function runPush(
     const validation = webhookValidation(headers, payload);
     if (validation !== undefined) {
       recordUnchanged(report, 'no-op', validation);
-      return upgradeResult(report);
+      return report;
     }
     const parsed = 'value' in payload ? pushPayload(payload.value) : parsePushPayload(payload.text);
     if (parsed.kind === 'error') throw new PayloadError(parsed.message);
@@ -21295,9 +21315,9 @@ export async function runPush(
       recordUnchanged(report, 'no-op', composed.reason);
       // A push waiting for this digest's signature (SIGNATURE_WAIT) is looked at again: the approvals take the cue.
       if (composed.kind === 'noop' && settings.signature) report.signatureOf = composed.signatureOf;
-      const result = upgradeResult(report);
       // A handshake's answer is the body its sender reads; the report still goes to the log and mail.
-      return composed.kind === 'answer' ? { ...result, output: composed.body } : result;
+      if (composed.kind === 'answer') report.answer = composed.body;
+      return report;
     }
     report.imageAfter = composed.ref;
     report.notes.push(...composed.notes);
@@ -21327,7 +21347,7 @@ export async function runPush(
   } finally {
     ownClient?.close();
   }
-  return upgradeResult(report);
+  return report;
 }
 
 /** A client of the push's own (the upgrade mode; the service gives its own): its cluster's credentials. */
@@ -21337,7 +21357,7 @@ function upgradeClient(deps: UpgradeDeps): KubeClient {
 }
 
 /** A push's boundary: its settings' input read once into its HookConfig, or the failed result saying why not. */
-export function readAtBoundary(input: SettingInput): { config: HookConfig } | { failed: UpgradeResult } {
+export function readAtBoundary(input: SettingInput): { config: HookConfig } | { failed: Delivery } {
   const known: KnownSoFar = {};
   try {
     return { config: readHookConfig(input, known) };
@@ -21345,12 +21365,12 @@ export function readAtBoundary(input: SettingInput): { config: HookConfig } | { 
     // A push refused before it began: its report says what was known, and why it failed (failedUpgrade).
     const report = Object.assign(newReport(), known);
     failedUpgrade(report, e);
-    return { failed: upgradeResult(report) };
+    return { failed: report };
   }
 }
 
 /** A failure thrown by a step, in the report: what failed, and whether anything is known to be written. */
-function failedUpgrade(report: UpgradeReport, e: unknown): void {
+function failedUpgrade(report: Delivery, e: unknown): void {
   report.result = 'failed';
   report.error = (e as Error).message;
   if (!report.changed)
@@ -21379,7 +21399,7 @@ async function runDecidedPush(
   incoming: IncomingPush,
   settings: HookConfig,
   deps: UpgradeDeps & { client: KubeClient },
-): Promise<UpgradeResult> {
+): Promise<Delivery> {
   const report = configuredReport(settings);
   const cluster = settings.cluster;
   const push = builtPush(incoming, settings, deps);
@@ -21414,7 +21434,7 @@ async function runDecidedPush(
   } catch (e) {
     failedUpgrade(report, e);
   }
-  return upgradeResult(report);
+  return report;
 }
 
 /**
@@ -21493,9 +21513,18 @@ async function candidateFor(
   return { ref: chosen, note: `${announced}; ${chosen} is this container's` };
 }
 
-/** A push's report as its command's result: the report rendered as the output, and the exit status it means. */
-function upgradeResult<R extends ReportView>(done: R): { output: string; exitCode: number; report: R } {
-  return { output: formatReport(done), exitCode: done.result === 'ok' ? 0 : 1, report: done };
+/**
+ * A push's record as its command answers it (/webhooks.sh as a process, the upgrade as the runner's in-process
+ * command): the report rendered as the output (or a handshake's answer), the exit status it means, and, in-process,
+ * whether it was taken to finish later (202: kept, or waiting) or refused as malformed (400).
+ */
+function commandAnswer<R extends ReportView>(done: R): InProcessAnswer<R> {
+  const accepted = done.decision === 'kept' || WAITING_DECISIONS.includes(done.decision);
+  return {
+    ...{ output: done.answer ?? formatReport(done), exitCode: done.result === 'ok' ? 0 : 1, report: done },
+    ...(accepted && { accepted: true }),
+    ...(done.badInput && { badInput: true }),
+  };
 }
 
 /**
@@ -21565,7 +21594,8 @@ async function rolloutOf(
   return applyRolloutEnd(client, target, applied, outcome, { ...end, rollbackFollowMs: s.rolloutTimeoutMs });
 }
 
-type UpgradeResult = Awaited<ReturnType<typeof runUpgrade>>;
+/** How the upgrade answers as a command: its output and exit status, and its record (commandAnswer). */
+type CommandAnswer = InProcessAnswer<Delivery>;
 
 /** `deployment/web in prod`, and its cluster when the hook names one: how the log names a push's workload. */
 export function reportWhere(r: ReportView): string {
@@ -21584,7 +21614,7 @@ export async function refusedAtGate(
   job: JobTarget,
   image: string | undefined,
   refusal: string,
-): Promise<UpgradeResult> {
+): Promise<Delivery> {
   const why = `refused: ${refusal}; nothing was changed`;
   const target = { namespace: job.namespace, kind: job.kind, name: job.name };
   const report = Object.assign(newReport(), { cluster: job.cluster, namespace: job.namespace, refused: true });
@@ -21593,7 +21623,7 @@ export async function refusedAtGate(
   const event = pushEvent('refused', { why, asked: whoAsked(asked) });
   if (client) await recordEventQuietly(client, target, event, new Date(), report.notes);
   failedUpgrade(report, new GateRefusal(why));
-  return upgradeResult(report);
+  return report;
 }
 
 // ================================================================================================
@@ -21693,11 +21723,11 @@ interface KeptPush {
   requestId: string;
   hook: Hook;
   /** The report answered (202), whose `pending` this push settles. */
-  report: UpgradeReport;
+  report: Delivery;
   /** What did not answer: the API server, or the registry (ON_REGISTRY_AWAY=keep). */
   who: string;
   deadline: number;
-  settle: (report: UpgradeReport) => void;
+  settle: (report: Delivery) => void;
   /** Aborted when a newer push to the same container replaces this one. */
   abandon: AbortController;
   /** A try is running: a replacement then settles this push with what the try did. */
@@ -21716,12 +21746,12 @@ class KeptPushes {
   private retrying = false;
   /** The last try (or the push that started the keeping) got no answer from the API server. */
   private lastTryFailed = false;
-  private readonly apply: (k: KeptPush) => Promise<UpgradeResult>;
+  private readonly apply: (k: KeptPush) => Promise<Delivery>;
   private readonly deadlineMs: number;
   private readonly log: Logger;
   private readonly stopping: AbortSignal;
 
-  constructor(apply: (k: KeptPush) => Promise<UpgradeResult>, deadlineMs: number, log: Logger, stopping: AbortSignal) {
+  constructor(apply: (k: KeptPush) => Promise<Delivery>, deadlineMs: number, log: Logger, stopping: AbortSignal) {
     this.apply = apply;
     this.deadlineMs = deadlineMs;
     this.log = log;
@@ -21729,26 +21759,26 @@ class KeptPushes {
   }
 
   /** The answer for a push the API server did not answer: kept (202), superseded, or failed as it is. */
-  keep(push: Pick<KeptPush, 'args' | 'payload' | 'config' | 'requestId' | 'hook'>, result: UpgradeResult) {
-    const r = result.report;
+  keep<R extends ReportView>(push: Pick<KeptPush, 'args' | 'payload' | 'config' | 'requestId' | 'hook'>, r: R) {
     const key = `${r.namespace}/${r.workload}/${r.container}`;
     const held = this.kept.get(key);
     if (held && (held.report.pushedAtMs ?? 0) > (r.pushedAtMs ?? 0)) {
       const superseded = unchanged('superseded', KEPT_SUPERSEDED);
-      return upgradeResult({ ...r, result: 'ok', error: undefined, unreachable: undefined, ...superseded });
+      return { ...r, notes: [...r.notes], result: 'ok', error: undefined, unreachable: undefined, ...superseded };
     }
     if (this.deadlineMs === 0 || this.stopping.aborted || (!held && this.kept.size >= LIMITS.upgrade.maxKeptPushes))
-      return result;
+      return r;
     held?.abandon.abort();
     if (held && !held.trying)
       held.settle({ ...held.report, pending: undefined, ...unchanged('superseded', KEPT_SUPERSEDED) });
     const deadline = Date.now() + this.deadlineMs;
     const until = new Date(deadline).toISOString();
-    let settle!: (report: UpgradeReport) => void;
-    const pending = new Promise<UpgradeReport>((resolve) => (settle = resolve));
+    let settle!: (report: Delivery) => void;
+    const pending = new Promise<Delivery>((resolve) => (settle = resolve));
     const who = r.unreachable ?? 'the API server';
-    const report: UpgradeReport = {
+    const report: Delivery = {
       ...r,
+      notes: [...r.notes],
       result: 'ok',
       error: undefined,
       decision: 'kept',
@@ -21761,7 +21791,7 @@ class KeptPushes {
     this.lastTryFailed = who === 'the API server';
     this.log.warn(`[${push.requestId}] ${reportWhere(r)}: ${who} does not answer; push kept until ${until}`);
     if (!this.retrying) void this.retry();
-    return { output: formatReport(report), exitCode: 0, report, accepted: true };
+    return report;
   }
 
   /** Whether the API server is away as far as is known: pushes are kept and the last try failed. */
@@ -21796,22 +21826,21 @@ class KeptPushes {
       return true;
     }
     k.trying = true;
-    const result = await this.apply(k).finally(() => (k.trying = false));
+    const r = await this.apply(k).finally(() => (k.trying = false));
     if (this.kept.get(key) !== k) {
       // Replaced during the try: written before the newer push took over, or not at all.
       const superseded = { ...k.report, pending: undefined, ...unchanged('superseded', KEPT_SUPERSEDED) };
-      k.settle(result.report.changed ? result.report : superseded);
+      k.settle(r.changed ? r : superseded);
       return true;
     }
-    const who = result.report.unreachable;
+    const who = r.unreachable;
     this.lastTryFailed = who === 'the API server';
     if (who) {
-      const why = `${who} did not answer within -apply-deadline ${limit}: ${result.report.error}`;
+      const why = `${who} did not answer within -apply-deadline ${limit}: ${r.error}`;
       if (Date.now() >= k.deadline) this.fail(key, k, why);
       return who !== 'the API server';
     }
     this.kept.delete(key);
-    const r = result.report;
     const outcome = r.result === 'ok' ? r.action : `failed: ${r.error}`;
     this.log.notice(`[${k.requestId}] ${reportWhere(r)}: ${k.who} answered again; ${outcome}`);
     k.settle(r);
@@ -21853,8 +21882,6 @@ function resumeSettings(hook: Hook) {
   return { mailTo, rollbackOnFailure, stuckPodMs, imagePin: pin };
 }
 
-/** What the service answers for one push: the upgrade's result, kept (202) or refused as malformed (400). */
-type ServiceResult = UpgradeResult & { accepted?: boolean; badInput?: boolean };
 
 /**
  * What the service keeps per cluster: its client (made on first use, with its own token bucket: one
@@ -21902,7 +21929,7 @@ class ClusterLane {
 
 /** A delivery fanned out to several clusters (CLUSTERS): each cluster's push with its own result. */
 export class FannedOut {
-  readonly parts: readonly (ServiceResult & { cluster: string; env: Record<string, string | undefined> })[];
+  readonly parts: readonly { cluster: string; env: Record<string, string | undefined>; record: Delivery }[];
   constructor(parts: FannedOut['parts']) {
     this.parts = parts;
   }
@@ -22015,31 +22042,32 @@ export class UpgradeService implements InProcessCommand<UpgradeOutput> {
     requestId: string,
     hook: Hook,
     value?: { value: unknown },
-  ): Promise<ServiceResult | { output: string; exitCode: number; report: FannedOut; accepted?: boolean }> {
+  ): Promise<CommandAnswer | InProcessAnswer<FannedOut>> {
     const payload: PayloadArgument = value ?? { text: args[0] };
     let clusters: StageTarget[];
     try {
       clusters = parseStages(env.CLUSTERS)[0] ?? [];
       if (clusters.length > 0 && env.CLUSTER?.trim()) throw new UpgradeError('CLUSTER and CLUSTERS are both set');
     } catch (e) {
-      const report = { ...newReport(), decision: 'failed' as const, result: 'failed' as const };
-      return { ...upgradeResult({ ...report, error: (e as Error).message }), badInput: true };
+      const failed = { decision: 'failed' as const, result: 'failed' as const, error: (e as Error).message };
+      return commandAnswer({ ...newReport(), ...failed, badInput: true });
     }
-    if (clusters.length === 0) return this.runOne(args, payload, env, requestId, hook);
+    if (clusters.length === 0) return commandAnswer(await this.runOne(args, payload, env, requestId, hook));
     const parts = await Promise.all(
       clusters.map(async ({ cluster, namespace }) => {
         const where = { CLUSTER: cluster, CLUSTERS: undefined, ...(namespace && { APP_NS: namespace }) };
         const clusterEnv: typeof env = Object.assign(Object.create(env), where);
-        const one = await this.runOne(args, payload, clusterEnv, `${requestId}/${cluster}`, hook);
-        return { cluster, env: clusterEnv, ...one };
+        const record = await this.runOne(args, payload, clusterEnv, `${requestId}/${cluster}`, hook);
+        return { cluster, env: clusterEnv, record };
       }),
     );
+    const answers = parts.map((p) => commandAnswer(p.record));
     return {
-      output: parts.map((p) => p.output).join('\n'),
-      exitCode: parts.every((p) => p.exitCode === 0) ? 0 : 1,
+      output: answers.map((a) => a.output).join('\n'),
+      exitCode: answers.every((a) => a.exitCode === 0) ? 0 : 1,
       report: new FannedOut(parts),
       // One cluster's push kept while its API server is away: the delivery is accepted, not failed.
-      accepted: parts.some((p) => p.accepted) || undefined,
+      accepted: answers.some((a) => a.accepted) || undefined,
     };
   }
 
@@ -22050,7 +22078,7 @@ export class UpgradeService implements InProcessCommand<UpgradeOutput> {
     env: Record<string, string | undefined>,
     requestId: string,
     hook: Hook,
-  ): Promise<ServiceResult> {
+  ): Promise<Delivery> {
     const read = readAtBoundary((name) => env[name]);
     if ('failed' in read) return read.failed;
     const { config } = read;
@@ -22064,14 +22092,11 @@ export class UpgradeService implements InProcessCommand<UpgradeOutput> {
     // While the API server is known to be away, one try: a push is kept (202) without waiting
     // through the retry budget, which would outlast many a registry's delivery timeout.
     if (lane.kept.away()) deps.client = lane.singleTryClient() ?? deps.client;
-    const result = await runPush(args, config, deps, payload);
-    const r = result.report;
+    const r = await runPush(args, config, deps, payload);
     // Logged whatever the verbosity: someone tried to deploy a repository the hook does not allow.
     if (r.refused)
       this.log.error(`[${requestId}] hook ${hook.id}: push to ${reportWhere(r)} refused: ${r.error}`);
-    if (r.unreachable) return lane.kept.keep({ args, payload, config, requestId, hook }, result);
-    if (WAITING_DECISIONS.includes(r.decision)) return { ...result, accepted: true };
-    return r.badInput ? { ...result, badInput: true } : result;
+    return r.unreachable ? lane.kept.keep({ args, payload, config, requestId, hook }, r) : r;
   }
 
   /** -public-url and the -approval-key-file's key: links for pushes that wait for an approval. */
@@ -22131,20 +22156,24 @@ export class UpgradeService implements InProcessCommand<UpgradeOutput> {
     push: IncomingPush,
     decided: DecidedBy | undefined,
     requestId: string,
-    watched?: boolean,
-  ): Promise<UpgradeResult & { settings: ResultSettings }> {
+    watched?: string,
+  ): Promise<Delivery> {
     const input = this.jobInput(hook, job);
-    const settings = resultSettings(input);
+    // Its record is told with the settings its job reads (no request gives it any), says what the watch found, and
+    // the request a decided push waited as.
+    const told = (record: Delivery) => {
+      if (watched) record.notes.unshift(watched);
+      return Object.assign(record, { settings: resultSettings(input), waitedAs: decided?.waitedAs });
+    };
     const client = this.laneOf(job.cluster)?.client();
     if (!client) throw new UpgradeError('no Kubernetes credentials');
     const refusal = gateJob(hook, job, authority);
     const asked = { hookId: hook.id, requestId };
-    if (refusal !== undefined)
-      return { ...(await refusedAtGate(client, this.log, asked, job, push.image, refusal)), settings };
+    if (refusal !== undefined) return told(await refusedAtGate(client, this.log, asked, job, push.image, refusal));
     const read = readAtBoundary(input);
-    if ('failed' in read) return { ...read.failed, settings };
+    if ('failed' in read) return told(read.failed);
     const deps = { ...this.deps(requestId, hook, read.config), client, decided, known: undefined, watched };
-    return { ...(await runDecidedPush(push, read.config, deps)), settings };
+    return told(await runDecidedPush(push, read.config, deps));
   }
 
   /**
@@ -22464,9 +22493,9 @@ export class RolloutFollower implements CommandListener<UpgradeOutput> {
     this.next.fannedOut(hook, req, r, requests);
     f.parts.forEach((p, i) => {
       const part: PushOrigin = { id: requests[i] };
-      const { cluster: _, env, ...result } = p;
+      const answer = commandAnswer(p.record);
       this.next.started(hook, part);
-      this.finished(hook, part, { ...r, ...result, env, ok: p.exitCode === 0, exitCode: p.exitCode });
+      this.finished(hook, part, { ...r, ...answer, env: p.env, ok: answer.exitCode === 0 });
     });
   }
 
@@ -22866,7 +22895,7 @@ export class Promotions implements ResultListener {
     );
     this.count(hook, c, index + 1, 'stopped', { request: requestId, where: placeName(p), why });
     const stopped = `promotion to ${next} stopped: ${why}`;
-    const report: UpgradeReport = {
+    const report: Delivery = {
       ...{ ...newReport(), ...unchanged('failed', stopped), result: 'failed', error: stopped },
       ...{ namespace: p.target.namespace, workload: `${p.target.kind}/${p.target.name}`, container: p.container },
       ...{ target: p.target, cluster: p.cluster },
@@ -23069,7 +23098,7 @@ export class Promotions implements ResultListener {
     const authority = { source: 'promotion', stage: r.stage + 1, sealed: true } as const;
     this.promoted.add(requestId);
     try {
-      const { report, settings } = await this.upgrade.runDecided(
+      const report = await this.upgrade.runDecided(
         hook,
         { ...job, container: place.container },
         authority,
@@ -23089,7 +23118,7 @@ export class Promotions implements ResultListener {
       const line = `[${requestId}] ${reportWhere(report)}: ${said} ${decided.by}: ${report.action}`;
       if (report.result === 'ok') this.log.notice(line);
       else this.log.error(line);
-      this.tell(hook, requestId, report, settings);
+      this.tell(hook, requestId, report, report.settings);
     } catch (e) {
       this.promoted.delete(requestId);
       const why = `its decision in ${t.cluster} failed: ${(e as Error).message}`;
@@ -23459,7 +23488,7 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
     // A delivery fanned out (CLUSTERS): each cluster's push, under its own request id.
     const reports: [ReportView | undefined, string][] =
       r.report instanceof FannedOut
-        ? r.report.parts.map((p) => [p.report, `${req.id}/${p.cluster}`])
+        ? r.report.parts.map((p) => [p.record, `${req.id}/${p.cluster}`])
         : [[r.report, req.id]];
     for (const [report] of reports) this.noted(report);
     this.next.finished(hook, req, r);
@@ -23880,29 +23909,28 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
     const pushedAtMs = Date.parse(e.pushedAt);
     const push: IncomingPush = { pushedAtMs, timeFrom: e.timeFrom, image: e.image, push: e.push };
     if (e.builtAt !== undefined) push.builtAtMs = Date.parse(e.builtAt);
-    const decided = { id: e.id, action, by };
+    const decided = { id: e.id, action, by, waitedAs: e.request };
     const job = jobAt(w);
     const authority = entryAuthority(this.key, hook, w);
     const r = await this.upgrade.runDecided(hook, job, authority, push, decided, requestId);
-    r.report.waitedAs = e.request;
-    if (action === 'signature' && this.waitsOn(w, r.report))
-      return { status: 202, title: 'Waiting', detail: r.report.action };
+    if (action === 'signature' && this.waitsOn(w, r))
+      return { status: 202, title: 'Waiting', detail: r.action };
     // Gone from the workload: forgotten, not tried again on every tick until a rescan.
-    if (r.report.gone) {
+    if (r.gone) {
       this.forget(w);
       this.remember(e.id, Date.parse(e.until));
-      return { status: 409, title: 'Nothing to decide', detail: r.report.error ?? '' };
+      return { status: 409, title: 'Nothing to decide', detail: r.error ?? '' };
     }
     // Decided, but not applied (refused, skipped by policy, held, superseded): it no longer waits. Without an
     // answer from the API server it still does, and is tried again.
-    const settled = !WAITING_DECISIONS.includes(r.report.decision) && !r.report.changed;
-    if (settled && !r.report.unreachable) await this.takeOff(this.upgrade.kube(w.cluster)!, w);
+    const settled = !WAITING_DECISIONS.includes(r.decision) && !r.changed;
+    if (settled && !r.unreachable) await this.takeOff(this.upgrade.kube(w.cluster)!, w);
     // Taken off, or (approved while the window is closed) written again under a new id.
-    if (r.report.changed || r.report.decision === 'approved' || (settled && !r.report.unreachable))
+    if (r.changed || r.decision === 'approved' || (settled && !r.unreachable))
       this.remember(e.id, Date.parse(e.until));
     this.forget(w);
     const done = action === 'window' ? 'Applied' : action === 'signature' ? 'Signed' : 'Approved';
-    return this.told(hook, requestId, r.report, r.settings, done);
+    return this.told(hook, requestId, r, r.settings, done);
   }
 
   /**
@@ -23925,7 +23953,7 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
     // The past push is this replica's own record of a push that passed the gate: it may name what that push named.
     const job = { ...target, cluster: past.cluster, container: past.container };
     const r = await this.upgrade.runDecided(hook, job, { source: 'record', sealed: true }, push, decided, requestId);
-    return this.told(hook, requestId, r.report, r.settings, r.report.waiting ? 'Waiting' : 'Deployed again');
+    return this.told(hook, requestId, r, r.settings, r.waiting ? 'Waiting' : 'Deployed again');
   }
 
   /**
@@ -24039,7 +24067,7 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
     workload: K8sObject,
     decision: 'rejected' | 'expired',
     by: string,
-  ): Promise<UpgradeReport> {
+  ): Promise<Delivery> {
     const e = w.entry;
     const report = newReport();
     const running = locateContainer(workloadPodSpec(workload, w.target.kind), w.container)?.image;
@@ -24595,7 +24623,7 @@ export class RegistryWatch {
     const client = this.upgrade.kube(w.cluster);
     if (!hook || !client) return `failed: the hook "${w.hook}" is no longer loaded, or its cluster has no client`;
     const read = readAtBoundary(this.upgrade.jobInput(hook, jobAt(w)));
-    if ('failed' in read) return `failed: the hook's settings: ${read.failed.report.error}`;
+    if ('failed' in read) return `failed: the hook's settings: ${read.failed.error}`;
     const config = read.config;
     const parsed = validateImageRef(w.image);
     if (!parsed.ok) return `failed: ${parsed.message}`;
@@ -24921,20 +24949,20 @@ export class RegistryWatch {
     };
     const requestId = randomUUID();
     const job = jobAt(w);
-    const r = await this.upgrade.runDecided(hook, job, { source: 'annotation' }, push, undefined, requestId, true);
-    r.report.notes.unshift(`registry watch (every ${formatGoDuration(w.intervalMs)}, ${w.from}): ${why}`);
-    if (!r.report.unreachable) w.handed = image;
+    const note = `registry watch (every ${formatGoDuration(w.intervalMs)}, ${w.from}): ${why}`;
+    const r = await this.upgrade.runDecided(hook, job, { source: 'annotation' }, push, undefined, requestId, note);
+    if (!r.unreachable) w.handed = image;
     // What the container runs now: the next look compares with it, not with the listing.
-    if (r.report.changed) Object.assign(w, { image, facts: { ...w.facts, record: undefined } });
+    if (r.changed) Object.assign(w, { image, facts: { ...w.facts, record: undefined } });
     const req: PushOrigin = { id: requestId };
-    const ok = r.report.result === 'ok';
+    const ok = r.result === 'ok';
     this.next.started?.(hook, req);
     this.next.finished(hook, req, {
-      ...{ output: formatReport(r.report), settings: r.settings, ok, exitCode: ok ? 0 : 1, timedOut: false },
-      report: r.report,
+      ...{ output: formatReport(r), settings: r.settings, ok, exitCode: ok ? 0 : 1, timedOut: false },
+      report: r,
     });
-    this.log.notice(`[${requestId}] registry watch: ${this.where(w)}: ${image}: ${r.report.action}`);
-    return `${image}: ${r.report.decision} (${why})`;
+    this.log.notice(`[${requestId}] registry watch: ${this.where(w)}: ${image}: ${r.action}`);
+    return `${image}: ${r.decision} (${why})`;
   }
 }
 
@@ -25017,7 +25045,7 @@ function fixesTarget(hook: Hook, target: WatchedWorkload['target'], cluster: str
 //    told with (ResultSettings) are read once, when its job is made (resultSettings, of the hook settings chapter):
 //    from the command's environment, or the job's settings; for a follow resumed from its record, from the record
 //    and the report.
-//    Exports: DeliveryLog, ResultChannel, ResultDispatcher.
+//    Exports: DeliveryLog, published, ResultChannel, ResultDispatcher.
 //    Tests: test/decision.test.ts, test/deliveries.test.ts, test/mail.test.ts, test/notify.test.ts,
 //    test/resume.test.ts.
 // ================================================================================================
@@ -25058,24 +25086,39 @@ function resultText(r: Ended, upgrade: ReportView | undefined): string {
   return formatReport(upgrade) + decide;
 }
 
-/** What a finished command (or a follow resumed here) tells its record; the rest is the page's. */
-type DeliveryFacts = Omit<Delivery, 'seq' | 'state' | 'notifications'>;
+/**
+ * What a finished command (or a follow resumed here) tells its record: its report's facts the page shows (not the
+ * handles its follow and rollback use, nor its notes, which its text holds), and what the page says of them.
+ */
+type DeliveryFacts = Pick<
+  Delivery,
+  | 'hookId' | 'requestId' | 'settings' | 'receivedAt' | 'outcome' | 'action' | 'decision' | 'detail' | 'registry'
+  | 'cluster' | 'namespace' | 'workload' | 'container' | 'imageBefore' | 'imageAfter' | 'rollout' | 'pods' | 'report'
+  | 'waiting' | 'dryRun' | 'changed' | 'result'
+>;
 
-/** A push's published word and its detail. */
-type PublishedResult = { decision: PublishedDecision; detail: string };
+/** What a record decided, and its detail. */
+type DecidedResult = { decision: DecisionCode; detail: string };
 
-/** What a push decided, from its upgrade report (or, for another command, its exit status). */
-function decisionOf(outcome: Outcome, action: string, upgrade: ReportView | undefined): PublishedResult {
-  const code = outcome === 'failed' ? 'failed' : 'ran';
-  if (!upgrade) return { decision: DECISIONS[code].published, detail: action };
-  // The report stays the applied push's; what is published is that its rollout was taken over.
+/**
+ * What a push's record decided, from its upgrade report (or, for another command, its exit status): the report's
+ * decision, but for a rollout a later push took over.
+ */
+function decisionOf(outcome: Outcome, action: string, upgrade: ReportView | undefined): DecidedResult {
+  if (!upgrade) return { decision: outcome === 'failed' ? 'failed' : 'ran', detail: action };
+  // The report stays the applied push's; what the record says is that its rollout was taken over.
   const superseded = upgrade.rollout?.superseded && upgrade.rollout.detail;
-  if (superseded) return { decision: DECISIONS['taken over'].published, detail: superseded };
-  const decision = DECISIONS[upgrade.decision].published;
-  if (['refused', 'refused: unsigned', 'refused: platform', 'failed'].includes(upgrade.decision))
+  if (superseded) return { decision: 'taken over', detail: superseded };
+  const decision = upgrade.decision;
+  if (['refused', 'refused: unsigned', 'refused: platform', 'failed'].includes(decision))
     return { decision, detail: upgrade.error ?? '' };
   // The detail of a push that changed nothing is its reason.
   return { decision, detail: upgrade.changed ? upgrade.action : (upgrade.reason ?? upgrade.action) };
+}
+
+/** The word a record's decision is published as (schema 1's `decision`: DECISIONS' `published`). Pure. */
+export function published(d: Pick<Delivery, 'decision'>): PublishedDecision {
+  return DECISIONS[d.decision].published;
 }
 
 /** Which push a record is of: its hook, its request, the settings its result is told with. */
@@ -25104,6 +25147,8 @@ export function deliveryFacts(
     outcome,
     action,
     ...cutDetail(decisionOf(outcome, action, upgrade)),
+    changed: upgrade?.changed ?? false,
+    result: outcome === 'failed' ? 'failed' : 'ok',
     registry: s.repoType,
     cluster: upgrade?.cluster ?? s.cluster,
     namespace: upgrade?.namespace ?? s.namespace,
@@ -25111,18 +25156,13 @@ export function deliveryFacts(
     container: upgrade?.container ?? s.container,
     imageBefore: upgrade?.imageBefore,
     imageAfter: upgrade?.imageAfter,
-    rollout: upgrade?.rollout && { state: upgrade.rollout.state, detail: upgrade.rollout.detail },
+    // Its pods are the record's own (scrubbed by the caller), not its rollout's.
+    rollout: upgrade?.rollout && { state: upgrade.rollout.state, detail: upgrade.rollout.detail, pods: [] },
     pods: upgrade?.rollout?.pods ?? [],
     report: cutReport(text),
-    ...(upgrade?.waiting ? { waiting: waitingOf(upgrade.waiting) } : {}),
+    ...(upgrade?.waiting ? { waiting: upgrade.waiting } : {}),
     ...(upgrade?.dryRun ? { dryRun: true } : {}),
   };
-}
-
-/** What the result tells of a waiting push. Pure. */
-function waitingOf(w: NonNullable<UpgradeReport['waiting']>): NonNullable<Delivery['waiting']> {
-  const e = w.entry;
-  return { for: e.waitsFor, until: e.until, opensAt: e.opensAt, window: e.window, links: w.links };
 }
 
 function cutReport(text: string): string {
@@ -25131,7 +25171,7 @@ function cutReport(text: string): string {
 }
 
 /** A decision with its detail cut as a report is, to maxDetailChars. Pure. */
-function cutDetail(d: PublishedResult): PublishedResult {
+function cutDetail(d: DecidedResult): DecidedResult {
   const max = LIMITS.result.maxDetailChars;
   if (d.detail.length <= max) return d;
   return { decision: d.decision, detail: `${d.detail.slice(0, max)} [… ${d.detail.length - max} more characters]` };
@@ -25143,7 +25183,7 @@ export interface ResultChannel {
    * Sends the record's result; `text`, its whole report (scrubbed, not cut), for the mail. Returns each channel used
    * (its name) with the promise of how it went.
    */
-  deliver(d: Delivery, text: string): { channel: string; done: Promise<SendOutcome> }[];
+  deliver(d: ReportView, text: string): { channel: string; done: Promise<SendOutcome> }[];
 }
 
 /**
@@ -25178,20 +25218,8 @@ export class DeliveryLog {
 
   /** A new record, on the page unless it keeps none; in flight until final when it has a request. */
   private open(hookId: string, requestId: string, req?: PushOrigin): Delivery {
-    const d: Delivery = {
-      seq: ++this.seq,
-      hookId,
-      requestId,
-      receivedAt: new Date(),
-      decision: DECISIONS.running.published,
-      detail: 'the command is running',
-      action: 'running',
-      settings: resultSettings(() => undefined),
-      state: 'running',
-      pods: [],
-      report: '',
-      notifications: [],
-    };
+    const running = { decision: 'running' as const, detail: 'the command is running', action: 'running' };
+    const d: Delivery = { ...newReport(), seq: ++this.seq, hookId, requestId, ...running };
     if (req) this.inFlight.set(req, d);
     if (this.size === 0) return d;
     this.entries.unshift(d);
@@ -25225,7 +25253,7 @@ export class DeliveryLog {
 
   progressed(req: PushOrigin, rollout: RolloutOutcome): void {
     const d = this.inFlight.get(req);
-    if (d) d.rollout = { state: rollout.state, detail: rollout.detail };
+    if (d) d.rollout = { state: rollout.state, detail: rollout.detail, pods: [] };
   }
 
   /** The final record of a push, and its whole text for the mail. */
@@ -25263,7 +25291,7 @@ export class DeliveryLog {
     this.inFlight.delete(req);
     const text = this.scrub(resultText(r, undefined));
     Object.assign(d, deliveryFacts(this.recordOf(hook, req, r), r, undefined, d.receivedAt, text), {
-      decision: DECISIONS['fanned out'].published,
+      decision: 'fanned out',
       detail: `to ${requests.length} clusters: ${requests.join(', ')}`,
       finishedAt: new Date(),
       state: 'done',
@@ -25337,7 +25365,7 @@ export class ResultDispatcher implements ResultListener {
   settled(hook: Hook, req: PushOrigin, r: CommandResult, upgrade: ReportView | undefined): void {
     const final = this.log.settled(hook, req, r, upgrade);
     const d = final.record;
-    const labels = { hook: hook.id, cluster: d.cluster ?? '', decision: d.decision };
+    const labels = { hook: hook.id, cluster: d.cluster ?? '', decision: published(d) };
     if (upgrade) this.metrics?.inc('webhook_upgrades_total', labels);
     this.send(final, upgrade);
   }
@@ -25426,7 +25454,7 @@ export function parseMailConfig(env: Readonly<Record<string, string | undefined>
  * Subject and body of a result mail. The subject keeps the old image's wording (operators filter
  * on it) and adds the outcome: "Webhooks通知: prod-deployment/web-app 更新结果: succeeded".
  */
-function resultMail(d: Delivery, text: string): { subject: string; body: string } {
+function resultMail(d: ReportView, text: string): { subject: string; body: string } {
   const { namespace: ns, workload, container, cluster } = d.settings;
   const target = ns && workload && container ? `${ns}-${workload}-${container}` : d.hookId;
   const lines = [
@@ -25490,13 +25518,13 @@ export class Mailer implements ResultChannel {
   }
 
   /** The result channel: the mail, when the hook passes MAIL_TO and mail is configured. */
-  deliver(d: Delivery, text: string): { channel: string; done: Promise<SendOutcome> }[] {
+  deliver(d: ReportView, text: string): { channel: string; done: Promise<SendOutcome> }[] {
     const done = this.notify(d, text);
     return done ? [{ channel: 'mail', done }] : [];
   }
 
   /** Mails the result when the hook passes MAIL_TO (and mail is configured): resolves with how it went. */
-  notify(d: Delivery, text: string): Promise<SendOutcome> | undefined {
+  notify(d: ReportView, text: string): Promise<SendOutcome> | undefined {
     const mailTo = d.settings.mailTo;
     if (!this.config || !mailTo) return undefined;
     let to: string[];
@@ -25516,7 +25544,7 @@ export class Mailer implements ResultChannel {
   }
 
   /** Counts the mail against its hook's window; false when it is held back for the summary. */
-  private withinCap(d: Delivery, to: string[]): boolean {
+  private withinCap(d: ReportView, to: string[]): boolean {
     const key = `${d.hookId}\n${to.join(',')}`;
     let window = this.windows.get(key);
     if (!window) {
@@ -25598,7 +25626,7 @@ export class Mailer implements ResultChannel {
 }
 
 /** One held-back result in a summary: request, target, outcome. */
-function summaryLine(d: Delivery): string {
+function summaryLine(d: ReportView): string {
   const { namespace: ns, workload, container } = d.settings;
   const target = ns && workload && container ? ` ${ns}-${workload}-${container}:` : '';
   return `request ${d.requestId}:${target} ${d.outcome} (${d.action})`;
@@ -25642,7 +25670,7 @@ function summaryMail(hookId: string, window: MailWindow, cap: MailCap): { subjec
 const CUT_NOTE = ' … (cut)';
 
 /** The documented JSON form of a result (NOTIFY_FORMAT=json, and each entry of /deliveries.json). */
-export function resultDocument(r: Delivery, extra: Record<string, unknown> = {}): Record<string, unknown> {
+export function resultDocument(r: ReportView, extra: Record<string, unknown> = {}): Record<string, unknown> {
   return {
     schema: 'webhook.result/v1',
     hook: r.hookId,
@@ -25650,7 +25678,7 @@ export function resultDocument(r: Delivery, extra: Record<string, unknown> = {})
     received_at: r.receivedAt.toISOString(),
     finished_at: r.finishedAt?.toISOString() ?? null,
     outcome: r.outcome ?? null,
-    decision: r.decision,
+    decision: published(r),
     detail: r.detail,
     registry: r.registry ?? null,
     // Only where a hook names its cluster (CLUSTER, CLUSTERS): one cluster's documents keep their shape.
@@ -25660,7 +25688,7 @@ export function resultDocument(r: Delivery, extra: Record<string, unknown> = {})
     container: r.container ?? null,
     image_before: r.imageBefore ?? null,
     image_after: r.imageAfter ?? null,
-    rollout: r.rollout ?? null,
+    rollout: r.rollout ? { state: r.rollout.state, detail: r.rollout.detail } : null,
     pods: r.pods.map(podDocument),
     ...(r.waiting ? waitingDocument(r.waiting) : {}),
     ...(r.dryRun ? { dry_run: true } : {}),
@@ -25684,15 +25712,16 @@ function podDocument(p: PodSummary): Record<string, unknown> {
 
 /** A waiting push in the JSON document: what it waits for, and approveUrl/rejectUrl for any other system. */
 function waitingDocument(w: NonNullable<Delivery['waiting']>): Record<string, unknown> {
+  const e = w.entry;
   return {
-    waiting: { for: w.for, until: w.until, opens_at: w.opensAt ?? null, window: w.window ?? null },
+    waiting: { for: e.waitsFor, until: e.until, opens_at: e.opensAt ?? null, window: e.window ?? null },
     ...(w.links ? { approveUrl: w.links.approve, rejectUrl: w.links.reject } : {}),
     ...(w.links?.deployNow ? { deployNowUrl: w.links.deployNow } : {}),
   };
 }
 
 /** The buttons of a waiting push's chat message, in order: label, URL, whether it is the one to press. */
-function decisionButtons(r: Delivery): { label: string; url: string; primary: boolean }[] {
+function decisionButtons(r: ReportView): { label: string; url: string; primary: boolean }[] {
   const l = r.waiting?.links;
   if (!l) return [];
   const approve = l.approve === l.deployNow ? [] : [{ label: 'Approve', url: l.approve, primary: true }];
@@ -25701,7 +25730,7 @@ function decisionButtons(r: Delivery): { label: string; url: string; primary: bo
 }
 
 /** The colour a card shows its result in: green succeeded, red failed, amber waiting for a person or a window. */
-function resultColour(r: Delivery): 'green' | 'red' | 'amber' | 'grey' {
+function resultColour(r: ReportView): 'green' | 'red' | 'amber' | 'grey' {
   if (r.outcome === 'failed') return 'red';
   if (r.waiting) return 'amber';
   return r.outcome === 'succeeded' ? 'green' : 'grey';
@@ -25719,7 +25748,7 @@ interface NotifyRequest {
 interface NotifyFormat {
   /** Whether NOTIFY_SECRET means something to it (signs its requests). */
   signs: boolean;
-  request(r: Delivery, target: NotifyTarget, now: Date): NotifyRequest;
+  request(r: ReportView, target: NotifyTarget, now: Date): NotifyRequest;
   /** Why the receiver's 2xx answer still says no (DingTalk, WeCom and Feishu answer 200 with a code). */
   refusal?(answer: string): string | undefined;
   /** The wait, in seconds, a 429's body asks for (Discord's and Telegram's), over its Retry-After header. */
@@ -25778,7 +25807,7 @@ const SLACK_DIALECT: ChatDialect = {
 const PLAIN_TEXT = (value: string) => value.replace(/[\r\n\u2028\u2029]+/g, ' ');
 
 /** The title every chat message starts with: the mail's subject, which DingTalk keywords can match. */
-function chatTitle(r: Delivery, text: (value: string) => string = PLAIN_TEXT): string {
+function chatTitle(r: ReportView, text: (value: string) => string = PLAIN_TEXT): string {
   const target = r.namespace && r.workload && r.container ? `${r.namespace}-${r.workload}-${r.container}` : r.hookId;
   return `Webhooks通知: ${text(target)} 更新结果: ${r.outcome ?? 'running'}`;
 }
@@ -25790,7 +25819,7 @@ interface ChatFact {
 }
 
 /** The facts every chat message tells, in order: the one delivery record, rendered by each format. Pure. */
-function chatFacts(r: Delivery): ChatFact[] {
+function chatFacts(r: ReportView): ChatFact[] {
   const facts = [
     { name: 'hook', value: r.hookId },
     { name: 'request', value: r.requestId },
@@ -25800,7 +25829,7 @@ function chatFacts(r: Delivery): ChatFact[] {
     facts.push({ name: 'workload', value: `${r.workload}${where}${r.cluster ? `, cluster ${r.cluster}` : ''}` });
   }
   if (r.imageAfter) facts.push({ name: 'image', value: `${r.imageBefore ?? '?'} → ${r.imageAfter}` });
-  facts.push({ name: 'decision', value: `${r.decision}${r.detail ? ` (${r.detail})` : ''}` });
+  facts.push({ name: 'decision', value: `${published(r)}${r.detail ? ` (${r.detail})` : ''}` });
   if (r.rollout) facts.push({ name: 'rollout', value: `${r.rollout.state}: ${r.rollout.detail}` });
   const ready = r.pods.filter((p) => p.ready).length;
   if (r.pods.length) facts.push({ name: 'pods', value: `${ready} of ${r.pods.length} ready` });
@@ -25822,7 +25851,7 @@ function failureFacts(pods: PodSummary[], image: string | undefined): ChatFact[]
 }
 
 /** The summary lines of a chat message in its dialect, every value from the request made inert. */
-function chatLines(r: Delivery, d: ChatDialect): string[] {
+function chatLines(r: ReportView, d: ChatDialect): string[] {
   const [hook, request, ...rest] = chatFacts(r).map((f) => `${d.bold(f.name)} ${d.text(f.value)}`);
   return [`${hook} · ${request}`, ...rest];
 }
@@ -25837,12 +25866,12 @@ function cutToBytes(text: string, max: number): string {
   return `${cut} …`;
 }
 
-function chatMarkdown(r: Delivery, separator: string, d: ChatDialect): string {
+function chatMarkdown(r: ReportView, separator: string, d: ChatDialect): string {
   return cutToBytes(chatLines(r, d).join(separator), LIMITS.notify.maxChatBytes);
 }
 
 /** Feishu's card buttons open URLs ("jump"): a custom bot has no callback. */
-function feishuButtons(r: Delivery): unknown[] {
+function feishuButtons(r: ReportView): unknown[] {
   const buttons = decisionButtons(r);
   if (!buttons.length) return [];
   const actions = buttons.map((b) => ({
@@ -25859,7 +25888,7 @@ function feishuButtons(r: Delivery): unknown[] {
 const WECOM_CARD_BYTES = { title: 78, desc: 90, text: 336 };
 
 /** WeCom's text_notice template card: the summary, and a jump (type 1: a URL) per button; the card opens the first. */
-function wecomCard(r: Delivery, buttons: { label: string; url: string }[]): unknown {
+function wecomCard(r: ReportView, buttons: { label: string; url: string }[]): unknown {
   return {
     msgtype: 'template_card',
     template_card: {
@@ -25972,7 +26001,7 @@ const TEAMS_COLOURS = { green: 'Good', red: 'Attention', amber: 'Warning', grey:
  * A Teams Workflows message (the flow "When a Teams webhook request is received", or the template "Send webhook
  * alerts to a channel", posts its card): an Adaptive Card with the title, a FactSet and an Action.OpenUrl per button.
  */
-function teamsMessage(r: Delivery): unknown {
+function teamsMessage(r: ReportView): unknown {
   const facts = fittedFacts(chatFacts(r), LIMITS.chat.teamsFactBytes, TEAMS_TEXT, jsonBytes);
   const actions = decisionButtons(r).map((b) => ({
     ...{ type: 'Action.OpenUrl', title: b.label, url: b.url },
@@ -26004,7 +26033,7 @@ const DISCORD_COLOURS = { green: 0x2e7d32, red: 0xc62828, amber: 0xf9a825, grey:
  * A Discord webhook message: one embed, coloured by the result, a field per fact. A webhook that no application
  * owns cannot carry buttons, so the links are Markdown links in the description; no mention is parsed at all.
  */
-function discordMessage(r: Delivery): unknown {
+function discordMessage(r: ReportView): unknown {
   const description = decisionButtons(r)
     .map((b) => {
       const link = `[${b.label}](${b.url.replace(/[()]/g, (c) => (c === '(' ? '%28' : '%29'))})`;
@@ -26028,17 +26057,17 @@ function discordMessage(r: Delivery): unknown {
  * A Google Chat incoming-webhook message: one cardsV2 card, its header the title (plain text) and the decision, a
  * decoratedText per fact (its text HTML), and a buttonList of openLink buttons.
  */
-function googleChatMessage(r: Delivery): unknown {
+function googleChatMessage(r: ReportView): unknown {
   const facts = fittedFacts(chatFacts(r), LIMITS.chat.googleChatFactBytes, HTML_TEXT, jsonBytes);
   const widgets = facts.map((f) => ({ decoratedText: { topLabel: f.name, text: f.value, wrapText: true } }));
   const buttons = decisionButtons(r).map((b) => ({ text: b.label, onClick: { openLink: { url: b.url } } }));
-  const header = { title: fitted(chatTitle(r), LIMITS.chat.titleChars, MARKDOWN_DIALECT.text), subtitle: r.decision };
+  const header = { title: fitted(chatTitle(r), LIMITS.chat.titleChars, MARKDOWN_DIALECT.text), subtitle: published(r) };
   const sections = [{ widgets }, ...(buttons.length ? [{ widgets: [{ buttonList: { buttons } }] }] : [])];
   return { cardsV2: [{ cardId: 'result', card: { header, sections } }] };
 }
 
 /** The Bot API's sendMessage: the title and a line per fact in HTML, and an inline keyboard of URL buttons. */
-function telegramMessage(r: Delivery, chat: string): unknown {
+function telegramMessage(r: ReportView, chat: string): unknown {
   const title = fitted(chatTitle(r), LIMITS.chat.titleChars, TELEGRAM_TITLE);
   // The tags are not counted (the entities they make are); each line's label, space and new line are.
   const labels = chatFacts(r).reduce((n, f) => n + f.name.length + 2, 0);
@@ -26111,7 +26140,7 @@ const LARK_DIALECT: ChatDialect = {
 };
 
 /** The request of a result to one receiver, in its format, signed as of `now`. Pure. */
-export function notifyRequest(r: Delivery, target: NotifyTarget, now = new Date()): NotifyRequest {
+export function notifyRequest(r: ReportView, target: NotifyTarget, now = new Date()): NotifyRequest {
   return NOTIFY_FORMATS[target.format].request(r, target, now);
 }
 
@@ -26405,7 +26434,7 @@ export class Notifier implements ResultChannel {
   }
 
   /** The result channel: the hook's NOTIFY_URL receivers. */
-  deliver(d: Delivery): { channel: string; done: Promise<SendOutcome> }[] {
+  deliver(d: ReportView): { channel: string; done: Promise<SendOutcome> }[] {
     return this.notify(d, d.settings.notify);
   }
 
@@ -26413,7 +26442,7 @@ export class Notifier implements ResultChannel {
    * Posts the result to each of the hook's receivers; returns each one's channel (format and host)
    * with the promise of how it went. No receivers, no entries.
    */
-  notify(r: Delivery, texts: NotifyTexts): { channel: string; done: Promise<SendOutcome> }[] {
+  notify(r: ReportView, texts: NotifyTexts): { channel: string; done: Promise<SendOutcome> }[] {
     let targets: NotifyTarget[];
     try {
       targets = notifyTargets(texts);
@@ -26439,7 +26468,7 @@ export class Notifier implements ResultChannel {
   }
 
   /** Counts the result against its hook's window; false when the hook is over its cap. */
-  private withinCap(r: Delivery): boolean {
+  private withinCap(r: ReportView): boolean {
     const now = Date.now();
     let window = this.windows.get(r.hookId);
     if (!window || now >= window.ends) {
@@ -26459,7 +26488,7 @@ export class Notifier implements ResultChannel {
     return false;
   }
 
-  private async send(r: Delivery, t: NotifyTarget, texts: NotifyTexts): Promise<SendOutcome> {
+  private async send(r: ReportView, t: NotifyTarget, texts: NotifyTexts): Promise<SendOutcome> {
     const where = `${t.format} notification to ${shownTarget(t.url)}`;
     const format = NOTIFY_FORMATS[t.format];
     const policy = { budgetMs: LIMITS.notify.retryBudgetMs, attempts: LIMITS.notify.attempts, backoff: this.backoff };
@@ -26521,25 +26550,25 @@ export class Notifier implements ResultChannel {
 // ================================================================================================
 
 /** The colour class of a push: how it ended, or that it is still going. */
-function toneOf(d: Delivery): string {
+function toneOf(d: ReportView): string {
   if (d.state !== 'done') return 'running';
   if (d.outcome === 'failed') return 'failed';
   return d.outcome === 'succeeded' ? 'ok' : 'quiet';
 }
 
-function imageCell(d: Delivery): string {
+function imageCell(d: ReportView): string {
   if (!d.imageAfter) return '<span class="muted">—</span>';
   const before = d.imageBefore ? `<code>${escapeHtml(d.imageBefore)}</code><br>→ ` : '';
   return `${before}<code>${escapeHtml(d.imageAfter)}</code>`;
 }
 
-function notificationsCell(d: Delivery): string {
+function notificationsCell(d: ReportView): string {
   if (d.state !== 'done') return '<span class="muted">after the rollout</span>';
   if (d.notifications.length === 0) return '<span class="muted">none configured</span>';
   return d.notifications.map((n) => `${escapeHtml(n.channel)}: ${escapeHtml(n.state)}`).join('<br>');
 }
 
-function deliveryRow(d: Delivery): string {
+function deliveryRow(d: ReportView): string {
   const workload = d.workload
     ? `${escapeHtml(d.workload)} / ${escapeHtml(d.container ?? '')}<br>` +
       `<span class="muted">${escapeHtml(d.namespace ?? '')}` +
@@ -26556,7 +26585,7 @@ function deliveryRow(d: Delivery): string {
     cell('Registry', escapeHtml(d.registry ?? '—')),
     cell('Workload / container', workload),
     cell('Image before → after', imageCell(d), 'image'),
-    cell('Decision', `<span class="tag">${escapeHtml(d.decision)}</span><br>${escapeHtml(d.detail)}${replayForm(d)}`),
+    cell('Decision', `<span class="tag">${escapeHtml(published(d))}</span><br>${escapeHtml(d.detail)}${replayForm(d)}`),
     cell('Rollout', rollout),
     cell('Notified', notificationsCell(d)),
     '</tr>',
@@ -26645,9 +26674,9 @@ function renderSoaking(soaks: readonly SoakingPush[], outcomes: readonly Promoti
 }
 
 /** "Deploy again" for a past applied push (for the holder of the admin token). Pure. */
-function replayForm(d: Delivery): string {
+function replayForm(d: ReportView): string {
   if (d.state !== 'done' || !d.imageAfter || !d.workload || !d.namespace || !d.container) return '';
-  if (d.decision !== 'applied' && d.decision !== 'same image restarted') return '';
+  if (d.decision !== 'applied' && d.decision !== 're-pulled') return '';
   return `<br>${decisionForm('deliveries/replay', { seq: String(d.seq) }, [['replay', 'Deploy again']])}`;
 }
 
@@ -26708,7 +26737,7 @@ function renderWatched(watched: readonly WatchedWorkload[]): string {
 }
 
 /** /deliveries/<n>: one push, its full report and its pods. Pure. */
-function renderDelivery(d: Delivery, busy: boolean): string {
+function renderDelivery(d: ReportView, busy: boolean): string {
   const fields: [string, string][] = [
     ['Received', shownTime(d.receivedAt)],
     ['Finished', d.finishedAt ? shownTime(d.finishedAt) : 'not yet'],
@@ -26717,7 +26746,7 @@ function renderDelivery(d: Delivery, busy: boolean): string {
     ['Registry', escapeHtml(d.registry ?? '—')],
     ['Workload', escapeHtml(`${d.workload ?? '—'} in ${d.namespace ?? '—'}, container ${d.container ?? '—'}`)],
     ['Image before → after', imageCell(d)],
-    ['Decision', `<span class="tag">${escapeHtml(d.decision)}</span> ${escapeHtml(d.detail)}`],
+    ['Decision', `<span class="tag">${escapeHtml(published(d))}</span> ${escapeHtml(d.detail)}`],
     ['Outcome', escapeHtml(d.outcome ?? d.state)],
     ['Rollout', d.rollout ? escapeHtml(`${d.rollout.state}: ${d.rollout.detail}`) : '—'],
     ['Notified', notificationDetails(d)],
@@ -26745,7 +26774,7 @@ function renderDelivery(d: Delivery, busy: boolean): string {
   return pageShell(`Push ${d.seq} — webhook`, busy ? LIMITS.delivery.refreshSeconds : undefined, body);
 }
 
-function notificationDetails(d: Delivery): string {
+function notificationDetails(d: ReportView): string {
   if (d.state !== 'done') return 'after the rollout';
   if (d.notifications.length === 0) return 'none configured';
   return d.notifications
@@ -26754,7 +26783,7 @@ function notificationDetails(d: Delivery): string {
 }
 
 /** A delivery as JSON: the result document plus where it is and how its notifications went. */
-function deliveryDocument(d: Delivery): Record<string, unknown> {
+function deliveryDocument(d: ReportView): Record<string, unknown> {
   return resultDocument(d, { seq: d.seq, state: d.state, notifications: d.notifications });
 }
 

@@ -110,12 +110,14 @@ function rawEnvironmentFunctions(code: string[]): string[] {
 }
 
 /**
- * Functions whose parameter list has a report they may write: a parameter named `report`, or of type UpgradeReport
- * whatever its name. A function that only reads a report takes a ReportView, whose fields and notes the compiler keeps
- * it from writing, and is not counted.
+ * Functions whose parameter list has a push's record they may write: a parameter named `report`, or of the record's
+ * type (Delivery, or UpgradeReport before it was the record) whatever its name. A function that only reads a record
+ * takes a ReportView, whose fields and notes the compiler keeps it from writing, and is not counted; nor are the
+ * delivery log's own methods, the record's writer on the page's side by design.
  */
 function reportParameterFunctions(code: string[]): string[] {
   const names: string[] = [];
+  const logMethods = classLines(code, 'DeliveryLog');
   for (let i = 0; i < code.length; i++) {
     const m = FUNCTION_START.exec(code[i]);
     if (!m || /^(if|for|while|switch|catch|return|await|new)$/.test(m[1]) || /;\s*$/.test(code[i])) continue;
@@ -123,9 +125,20 @@ function reportParameterFunctions(code: string[]): string[] {
     for (let j = i + 1; j < code.length && !/\)\s*(?::[^{=]*)?\{?\s*$/.test(signature) && j < i + 12; j++)
       signature += code[j];
     const parameters = signature.split(/\)\s*(?::|\{|$)/)[0];
-    if (/[(,]\s*report\??:|[(,]\s*[\w$]+\??:\s*UpgradeReport\b(?!\[)/.test(parameters)) names.push(`${m[1]}:${i + 1}`);
+    if (logMethods.has(i)) continue;
+    if (/[(,]\s*report\??:|[(,]\s*[\w$]+\??:\s*(?:UpgradeReport|Delivery)\b(?!\[)/.test(parameters))
+      names.push(`${m[1]}:${i + 1}`);
   }
   return names;
+}
+
+/** The lines of a class's body (`class Name` to its closing brace at column 0). */
+function classLines(code: string[], name: string): Set<number> {
+  const lines = new Set<number>();
+  const start = code.findIndex((l) => new RegExp(`^(?:export )?class ${name}\\b`).test(l));
+  if (start < 0) return lines;
+  for (let i = start + 1; i < code.length && code[i] !== '}'; i++) lines.add(i);
+  return lines;
 }
 
 /** Settings whose text is parsed at more than one site (`HOOK_SETTINGS.X.parse`, or `read.X.parse` in readSettings). */
@@ -150,7 +163,7 @@ const rows: { what: string; count: number; detail: string }[] = COUNTS.map((c) =
 const envFunctions = rawEnvironmentFunctions(code);
 rows.push({ what: 'functions taking a raw environment', count: envFunctions.length, detail: envFunctions.join(' ') });
 const reportFunctions = reportParameterFunctions(code);
-rows.push({ what: 'functions with a report they may write (a report parameter)', count: reportFunctions.length, detail: reportFunctions.join(' ') });
+rows.push({ what: 'functions with a record they may write (a report or Delivery parameter; the delivery log left out)', count: reportFunctions.length, detail: reportFunctions.join(' ') });
 const twice = settingsParsedTwice(code);
 rows.push({ what: 'settings parsed at more than one site', count: twice.length, detail: twice.join(' ') });
 const forms = recordForms(text);

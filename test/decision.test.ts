@@ -7,9 +7,9 @@ import assert from 'node:assert/strict';
 import { generateKeyPairSync } from 'node:crypto';
 import { describe, test } from 'node:test';
 import {
-  decide, DECISIONS, deliveryFacts, pushEvent, readHookConfig, recordUnchanged, resultSettings, rollbackObstacle,
+  decide, DECISIONS, deliveryFacts, newReport, published, pushEvent, readHookConfig, recordUnchanged, resultSettings, rollbackObstacle,
   rolloutEvent, rolloutVerdict, unchanged,
-  type Decision, type DecisionInput, type Push, type PushRecord, type RolloutOutcome, type UpgradeReport,
+  type Decision, type DecisionInput, type Push, type PushRecord, type RolloutOutcome, type Delivery,
 } from '../webhook.ts';
 
 const rollout = (state: RolloutOutcome['state']): RolloutOutcome => ({ state, detail: state, pods: [] });
@@ -43,7 +43,7 @@ describe('why a failed rollout is not rolled back', () => {
     previous: 'r.io/ns/app:v1', appliedAt: '2026-11-25T10:00:01Z',
   };
   const raw = JSON.stringify({ app: record });
-  const report = { imageAfter: 'r.io/ns/app:v2', lastPush: raw } as UpgradeReport;
+  const report = { imageAfter: 'r.io/ns/app:v2', lastPush: raw } as Delivery;
   const located = { list: 'containers' as const, index: 0, image: 'r.io/ns/app:v2', pullPolicy: undefined };
   const newer = { ...record, image: 'r.io/ns/app:v3', pushedAt: '2026-11-25T11:00:00Z' };
   const cases: [string, Parameters<typeof rollbackObstacle>, RegExp | undefined][] = [
@@ -66,9 +66,9 @@ describe('why a failed rollout is not rolled back', () => {
 
 describe('the decision of a push', () => {
   const of = { hookId: 'web', requestId: 'r1', settings: resultSettings(() => undefined) };
-  const result = (report: UpgradeReport) => deliveryFacts(of, undefined, report, new Date(0), '');
-  const base = (): UpgradeReport => ({
-    ...unchanged('no-op', 'nothing was changed'), changed: false, result: 'ok', notes: [],
+  const result = (report: Delivery) => deliveryFacts(of, undefined, report, new Date(0), '');
+  const base = (): Delivery => ({
+    ...newReport(),
     imageBefore: 'r.io/ns/app:v2', imageAfter: 'r.io/ns/app:v3',
   });
 
@@ -77,13 +77,13 @@ describe('the decision of a push', () => {
     recordUnchanged(report, 'repeat', 'the same push was applied 59s ago: a repeated notification', 'r.io/ns/app:v1');
     assert.equal(report.imageAfter, 'r.io/ns/app:v1');
     assert.equal(report.action, 'none (the same push was applied 59s ago: a repeated notification)');
-    assert.deepEqual([result(report).decision, result(report).detail],
+    assert.deepEqual([published(result(report)), result(report).detail],
       ['no-op', 'the same push was applied 59s ago: a repeated notification']);
   });
 
   test('each decision is published as schema 1 names it, whatever the action says', () => {
-    const published = Object.fromEntries(Object.entries(DECISIONS).map(([code, d]) => [code, d.published]));
-    assert.deepEqual(published, {
+    const words = Object.fromEntries(Object.entries(DECISIONS).map(([code, d]) => [code, d.published]));
+    assert.deepEqual(words, {
       applied: 'applied', 're-pulled': 'same image restarted', superseded: 'no-op', repeat: 'no-op', 'no-op': 'no-op',
       refused: 'refused', 'refused: unsigned': 'refused: unsigned', 'refused: platform': 'refused: platform',
       'skipped by policy': 'skipped by policy', held: 'held', failed: 'failed', kept: 'no-op', waiting: 'waiting',
@@ -91,22 +91,22 @@ describe('the decision of a push', () => {
       'taken over': 'superseded', 'fanned out': 'fanned out', ran: 'ran', running: 'running',
     });
     const unsigned = { ...base(), decision: 'refused: unsigned' as const, result: 'failed' as const, error: 'signature: x is not signed' };
-    assert.deepEqual([result(unsigned).decision, result(unsigned).detail], ['refused: unsigned', 'signature: x is not signed']);
+    assert.deepEqual([published(result(unsigned)), result(unsigned).detail], ['refused: unsigned', 'signature: x is not signed']);
     const skipped = { ...base(), ...unchanged('skipped by policy', 'policy: v2.0.0 is outside semver:^1 of deployment/web') };
-    assert.deepEqual([result(skipped).decision, result(skipped).detail], ['skipped by policy', 'policy: v2.0.0 is outside semver:^1 of deployment/web']);
+    assert.deepEqual([published(result(skipped)), result(skipped).detail], ['skipped by policy', 'policy: v2.0.0 is outside semver:^1 of deployment/web']);
     // The action's text once a failed rollout is rolled back does not make an applied push anything else.
     const rolledBack = { ...base(), decision: 'applied' as const, changed: true, action: 'image updated, then rolled back to x' };
-    assert.equal(result(rolledBack).decision, 'applied');
+    assert.equal(published(result(rolledBack)), 'applied');
   });
 
   test('refusals and failures are detailed by their error; a rollout taken over is superseded', () => {
     const refused = { ...base(), decision: 'refused' as const, result: 'failed' as const, error: 'image pin: no' };
-    assert.deepEqual([result(refused).decision, result(refused).detail], ['refused', 'image pin: no']);
+    assert.deepEqual([published(result(refused)), result(refused).detail], ['refused', 'image pin: no']);
     const taken = {
       ...base(), decision: 'applied' as const, changed: true,
       rollout: { state: 'progressing' as const, detail: 'superseded by a later push', superseded: true as const, pods: [] },
     };
-    assert.equal(result(taken).decision, 'superseded');
+    assert.equal(published(result(taken)), 'superseded');
   });
 });
 

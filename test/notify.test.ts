@@ -565,10 +565,10 @@ describe('teams, discord, googlechat, telegram and lark: each message as its ven
     const result = {
       seq: 1, state: 'done' as const, notifications: [], action: 'none', settings: resultSettings(() => undefined),
       hookId: 'long', requestId: 'r-long', receivedAt: new Date(), finishedAt: new Date(), outcome: 'failed' as const,
-      decision: 'failed' as const, detail: long(4096), registry: 'regionalregistry', cluster: long(256), namespace: long(64),
+      decision: 'failed' as const, changed: false, result: 'failed' as const, notes: [], detail: long(4096), registry: 'regionalregistry', cluster: long(256), namespace: long(64),
       workload: `deployment/${long(2048)}`, container: long(8192), imageBefore: `r.example/${long(2048)}`, imageAfter: `r.example/${long(2048)}`,
-      rollout: { state: 'failed', detail: long(4096) }, pods: [{ name: 'p', ready: false, phase: 'Pending' }] as any, report: '',
-      waiting: { for: 'approval', until: '', links: { approve: `https://w.example/approval/${'a'.repeat(900)}`, reject: `https://w.example/approval/${'b'.repeat(900)}`, deployNow: `https://w.example/approval/${'c'.repeat(900)}` } },
+      rollout: { state: 'failed' as const, detail: long(4096), pods: [] }, pods: [{ name: 'p', ready: false, phase: 'Pending' }] as any, report: '',
+      waiting: { entry: { waitsFor: 'approval', until: '' } as any, links: { approve: `https://w.example/approval/${'a'.repeat(900)}`, reject: `https://w.example/approval/${'b'.repeat(900)}`, deployNow: `https://w.example/approval/${'c'.repeat(900)}` } },
     };
     for (const f of NEW_FORMATS) {
       const target = { url: new URL(`https://chat.example/x${CHAT_SHAPES[f].path}`), format: f, chat: CHAT, secret: f === 'lark' ? LARK_SECRET : undefined };

@@ -16,7 +16,7 @@ import {
   checkImagePin, compileHooksFile, IMAGE_PIN_SETTINGS, readImagePin, registryOf,
   composeImageRef, readPushReading, credentialsFromEnvironment, parsePushHeaders, REPO_TYPES, formatReport, inClusterCredentials, KubeClient, KubeConfigError, KubeError,
   labelSelector, leanWorkload, loadKubeconfig, normalizeImageRef, parsePushPayload, parseWorkload, planPatch, locateContainer, retryDelay,
-  rolloutStatus, runUpgrade, summarizePod, logTail, type PodSummary, validateImageRef, WorkloadQueue, decidePush, type UpgradeReport,
+  rolloutStatus, runUpgrade, summarizePod, logTail, type PodSummary, validateImageRef, WorkloadQueue, decidePush, type Delivery, newReport,
   asMarshalled, goJsonMarshal, parseJsonKeepingNumbers, pushPayload, webhookValidation,
 } from '../webhook.ts';
 import {
@@ -506,8 +506,8 @@ describe('rollout status by kubectl rules', () => {
     const failing = (n: number, failure: PodSummary['failure']): PodSummary =>
       ({ name: `web-${n}`, phase: 'Running', ready: false, image: 'r.io/ns/app:v2', restarts: 2, reason: 'CrashLoopBackOff', failure });
     const crash = { container: 'app', lastExit: { code: 1, reason: 'Error', message: 'boom\nat main.go:12' }, restarted: true };
-    const report: UpgradeReport = {
-      decision: 'applied', action: 'image updated', changed: true, result: 'failed', error: 'the rollout failed (see rollout)', notes: [],
+    const report: Delivery = {
+      ...newReport(), decision: 'applied', action: 'image updated', changed: true, result: 'failed', error: 'the rollout failed (see rollout)', notes: [],
       rollout: { state: 'failed', detail: 'pods not ready', pods: [
         { name: 'web-0', phase: 'Running', ready: true, image: 'r.io/ns/app:v1', restarts: 0 },
         failing(1, { ...crash, log: { lines: ['starting', 'panic: boom'] } }),
@@ -529,7 +529,7 @@ describe('rollout status by kubectl rules', () => {
     ].join('\n'));
     // The pods of the image rolled out are told first: an old pod failing since before the push comes after them.
     const old = { ...failing(0, crash), image: 'r.io/ns/app:v1' };
-    const rolled: UpgradeReport = { ...report, imageAfter: 'r.io/ns/app:v2', rollout: { ...report.rollout!, pods: [old, ...report.rollout!.pods.slice(1)] } };
+    const rolled: Delivery = { ...report, imageAfter: 'r.io/ns/app:v2', rollout: { ...report.rollout!, pods: [old, ...report.rollout!.pods.slice(1)] } };
     assert.match(formatReport(rolled), /^pod web-0: Running, not ready, image r\.io\/ns\/app:v1, restarts 2, CrashLoopBackOff$/m);
   });
   test('pod summary: the digest the kubelet pulled, from a repository imageID only', () => {
@@ -645,8 +645,8 @@ describe('kubeconfig and in-cluster credentials', () => {
 
 describe('output and ordering', () => {
   test('the report format is stable', () => {
-    const report: UpgradeReport = {
-      decision: 'applied', namespace: 'prod', workload: 'deployment/web', container: 'app', imageBefore: 'r.io/ns/app:v1', imageAfter: 'r.io/ns/app:v2',
+    const report: Delivery = {
+      ...newReport(), decision: 'applied', namespace: 'prod', workload: 'deployment/web', container: 'app', imageBefore: 'r.io/ns/app:v1', imageAfter: 'r.io/ns/app:v2',
       action: 'image updated', changed: true, result: 'failed', error: 'the rollout failed (see rollout)', notes: ['event not recorded: x'],
       rollout: { state: 'failed', detail: 'pods not ready: web-1 CrashLoopBackOff', pods: [
         { name: 'web-1', phase: 'Running', ready: false, image: 'r.io/ns/app:v2', restarts: 1, reason: 'CrashLoopBackOff' },
