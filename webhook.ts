@@ -9,16 +9,16 @@
  * mailed when the hook passes MAIL_TO.
  *
  * Chapters, in order. Part I holds the libraries the program needs and has no dependency for; they use nothing of the
- * service. Part II is the service: it opens with its model (15), the values every later chapter works with (a push, a
- * hook's settings, a decision, the record of a delivery, the annotations), and its limits (16), then follows the
- * order a push travels: main (53) opens the listeners (25) with the http server's handler (24), which uses the
- * request, rule and hook chapters above it and hands the command to the runner (23), whose in-process command is the
- * upgrade (26-44): a boundary builds the push, the decision (36) decides it, an executor carries it out (37 on the
- * cluster, 38 as a commit to Git). After the answer the result travels on in order too: the approvals (46) learn of
- * waiting pushes and decide them, the registry watch (47) finds pushes no registry told of, the rollout follower (44)
- * follows the rollout and hands each step on: to the promotion (45), which takes a push from one stage to the next,
- * and to the result (48), which records it and, once final, sends it to the mail (49) and the chat and JSON receivers
- * (50); the deliveries page (51) renders the records. No chapter uses a name a later one defines; where an earlier
+ * service. Part II is the service: it opens with its model (16), the values every later chapter works with (a push, a
+ * hook's settings, a decision, the record of a delivery, the annotations), and its limits (17), then follows the
+ * order a push travels: main (54) opens the listeners (26) with the http server's handler (25), which uses the
+ * request, rule and hook chapters above it and hands the command to the runner (24), whose in-process command is the
+ * upgrade (27-45): a boundary builds the push, the decision (37) decides it, an executor carries it out (38 on the
+ * cluster, 39 as a commit to Git). After the answer the result travels on in order too: the approvals (47) learn of
+ * waiting pushes and decide them, the registry watch (48) finds pushes no registry told of, the rollout follower (45)
+ * follows the rollout and hands each step on: to the promotion (46), which takes a push from one stage to the next,
+ * and to the result (49), which records it and, once final, sends it to the mail (50) and the chat and JSON receivers
+ * (51); the deliveries page (52) renders the records. No chapter uses a name a later one defines; where an earlier
  * chapter hands work on, it declares the small interface it needs (InProcessCommand, CommandListener, AdminPages,
  * ApprovalPages, ResultListener, ResultChannel, HookSettingChecks) and main() wires the later chapter in.
  *
@@ -33,50 +33,51 @@
  *   8. smtp client ................ composeMessage, DEFAULT_SMTP_PORT, IMPLICIT_TLS_PORT, isAddress
  *   9. kubernetes client .......... describeResource, JsonPatchOperation, KubeClient, KubeCredentials
  *  10. kubeconfig ................. contextCredentials, credentialsFromEnvironment, readKubeconfig
- *  11. oci registry client ........ RegistryLogin, resolveManifestTag, readCosignSignatures, verifyCosignSignatures
- *  12. html ....................... cell, escapeHtml, pageShell, shownTime
- *  13. ssh signatures ............. readSshSigningKey, sshSignature, SshSigningKey
- *  14. git smart http ............. fetchGitFile, GitRemote, pushGitCommit, readPack
+ *  11. oci registry client ........ RegistryLogin, resolveManifestTag, RepositoryReader
+ *  12. cosign signatures .......... parseCosignKeys, readCosignSignatures, verifyCosignSignatures
+ *  13. html ....................... cell, escapeHtml, pageShell, shownTime
+ *  14. ssh signatures ............. readSshSigningKey, sshSignature, SshSigningKey
+ *  15. git smart http ............. fetchGitFile, GitRemote, pushGitCommit, readPack
  * Part II — the service
- *  15. the model .................. Push, HookConfig, Decision, Delivery, DECISIONS, ANNOTATIONS
- *  16. limits ..................... LIMITS
- *  17. command line & settings .... Options, parseCommandLine, parseGoBool, usage
- *  18. logging & metrics .......... escapeControls, Logger, Metrics
- *  19. hook files ................. CompileSinks, ConfigError, FieldReader, Fields
- *  20. requests ................... applyJsonParameters, compileParam, firstValues, headersFromRaw
- *  21. trigger rules .............. compileRule, evaluateRule, evaluateRuleBeforeBody, Match
- *  22. hooks & reload ............. Hook, HookSettingChecks, HookStore, LoadSettings
- *  23. commands ................... CommandResult, CommandRunner, decodeBase64Strict, InProcessCommand
- *  24. http server ................ AdminPages, allowedMethods, answerClientError, CommandListener
- *  25. listeners .................. openListener, openAdminListener, tlsOptions
- *  26. registry payloads .......... parsePushPayload, parsePushHeaders, PayloadFields, PushEvent
- *  27. cloud registry payloads .... REGISTRIES, REPO_TYPES, registryFor, recognisedRepoType
- *  28. image reference & pin ...... checkImagePin, chooseCandidate, composeImageRef, readImagePin
- *  29. change windows & approval links  nextOpening, parseDeployWindows, sealPendingEntry, approvalLinks
- *  30. workloads .................. WORKLOAD_KINDS, parseWorkload, locateContainer, rolloutStatus
- *  31. update policies & stages ... parsePolicy, policyDecision, policyInEffect, parseStages
- *  32. setting values ............. deployWindowSetting, notifyCa, parseRecipients, pollInterval
- *  33. hook settings .............. HOOK_SETTINGS, fixedSettingChecks
- *  34. upgrade decision ........... decidePush, holdDecision, pushEvent, readPushRecords, verifiedRef
- *  35. platforms .................. NodePlatforms, registryFacts, nodeAffinityAllows
- *  36. the decision ............... decide, futureTimeNote, waitingAction
- *  37. the cluster executor ....... carryOut, ExecutorOutcome, recordOutcome
- *  38. the git executor ........... commitOut, editGitFile, locatedYaml
- *  39. the report ................. formatForcedRollback, formatReport, formatRollback, formatRollout
- *  40. rollout follow ............. claimFollow, followRollout, resumedReport, rolloutEvent
- *  41. rollback ................... rollBackFailedRollout
- *  42. least privilege & the gate  formatRbac, gateJob, hookReach, HookReach, upgradeInput
- *  43. the upgrade ................ runUpgrade, runDecidedPush, upgradeResult
- *  44. the upgrade service ........ UpgradeService, RolloutFollower, hookClusters
- *  45. promotion .................. Promotions, promotionChain
- *  46. approvals .................. approvalHooksProblem, ApprovalService, WaitingPush
- *  47. registry watch ............. RegistryWatch, newestAllowedTag, nextTagPage, listTags
- *  48. the result ................. DeliveryLog, ResultDispatcher, deliveryFacts, ResultChannel
- *  49. mail ....................... Mailer, parseMailConfig
- *  50. chat & json notifications .. Notifier, NOTIFY_FORMATS, resultDocument
- *  51. deliveries page ............ deliveryPages
- *  52. -validate & -print-rbac .... hookLoadSettings, validate
- *  53. main ....................... main
+ *  16. the model .................. Push, HookConfig, Decision, Delivery, DECISIONS, ANNOTATIONS
+ *  17. limits ..................... LIMITS
+ *  18. command line & settings .... Options, parseCommandLine, parseGoBool, usage
+ *  19. logging & metrics .......... escapeControls, Logger, Metrics
+ *  20. hook files ................. CompileSinks, ConfigError, FieldReader, Fields
+ *  21. requests ................... applyJsonParameters, compileParam, firstValues, headersFromRaw
+ *  22. trigger rules .............. compileRule, evaluateRule, evaluateRuleBeforeBody, Match
+ *  23. hooks & reload ............. Hook, HookSettingChecks, HookStore, LoadSettings
+ *  24. commands ................... CommandResult, CommandRunner, decodeBase64Strict, InProcessCommand
+ *  25. http server ................ AdminPages, allowedMethods, answerClientError, CommandListener
+ *  26. listeners .................. openListener, openAdminListener, tlsOptions
+ *  27. registry payloads .......... parsePushPayload, parsePushHeaders, PayloadFields, PushEvent
+ *  28. cloud registry payloads .... REGISTRIES, REPO_TYPES, registryFor, recognisedRepoType
+ *  29. image reference & pin ...... checkImagePin, chooseCandidate, composeImageRef, readImagePin
+ *  30. change windows & approval links  nextOpening, parseDeployWindows, sealPendingEntry, approvalLinks
+ *  31. workloads .................. WORKLOAD_KINDS, parseWorkload, locateContainer, rolloutStatus
+ *  32. update policies & stages ... parsePolicy, policyDecision, policyInEffect, parseStages
+ *  33. setting values ............. deployWindowSetting, notifyCa, parseRecipients, pollInterval
+ *  34. hook settings .............. HOOK_SETTINGS, fixedSettingChecks
+ *  35. upgrade decision ........... decidePush, holdDecision, pushEvent, readPushRecords, verifiedRef
+ *  36. platforms .................. NodePlatforms, registryFacts, nodeAffinityAllows
+ *  37. the decision ............... decide, futureTimeNote, waitingAction
+ *  38. the cluster executor ....... carryOut, ExecutorOutcome, recordOutcome
+ *  39. the git executor ........... commitOut, editGitFile, locatedYaml
+ *  40. the report ................. formatForcedRollback, formatReport, formatRollback, formatRollout
+ *  41. rollout follow ............. claimFollow, followRollout, resumedReport, rolloutEvent
+ *  42. rollback ................... rollBackFailedRollout
+ *  43. least privilege & the gate  formatRbac, gateJob, hookReach, HookReach, upgradeInput
+ *  44. the upgrade ................ runUpgrade, runDecidedPush, upgradeResult
+ *  45. the upgrade service ........ UpgradeService, RolloutFollower, hookClusters
+ *  46. promotion .................. Promotions, promotionChain
+ *  47. approvals .................. approvalHooksProblem, ApprovalService, WaitingPush
+ *  48. registry watch ............. RegistryWatch, newestAllowedTag, nextTagPage, listTags
+ *  49. the result ................. DeliveryLog, ResultDispatcher, deliveryFacts, ResultChannel
+ *  50. mail ....................... Mailer, parseMailConfig
+ *  51. chat & json notifications .. Notifier, NOTIFY_FORMATS, resultDocument
+ *  52. deliveries page ............ deliveryPages
+ *  53. -validate & -print-rbac .... hookLoadSettings, validate
+ *  54. main ....................... main
  *
  * Each banner's "Exports" lists the names later chapters use and "Tests" the test files that cover it
  * (test/structure.test.ts checks both).
@@ -5684,18 +5685,12 @@ export function credentialsFromEnvironment(
 //    HTTPS): anonymously, or with basic auth, or with a bearer token from the registry's token service, trusting an
 //    extra CA when given (each request one outboundRequest under a total deadline). The pull secret's login goes only
 //    to the registry's own host or a token host allowed (tokenHostAllowed: REGISTRY_TOKEN_HOSTS, the well-known
-//    registries'); a realm elsewhere is asked anonymously. A refusal is a RegistryError saying which and why. Cosign
-//    signatures, offline: readCosignSignatures looks for a valid signature of a digest where cosign stores them (the
-//    sha256-<hex>.sig tag; the OCI 1.1 referrers API, else the referrers tag schema's sha256-<hex> index), each
-//    manifest and blob read once and checked against its digest, each signature checked as it arrives, stopping at
-//    the first valid one, within SIGNATURE_LIMITS (sizes, counts, one deadline); verifyCosignSignatures (pure)
-//    checks each simple-signing payload's signature with node:crypto under the keys given (parseCosignKeys: ECDSA
-//    P-256, Ed25519, RSA; Ed25519ph, which cosign signs with and node:crypto lacks, by hand after RFC 8032), and
-//    that it names the digest, the repository and the annotations required. No transparency log, no Fulcio: a
-//    keyless signature is refused.
-//    Exports: asList, CosignKey, DOCKER_HUB_HOSTS, MANIFEST_TYPES, parseCosignKeys, readCosignSignatures, registryAway,
-//    RegistryError, RegistryLogin, RegistryRepository, RepositoryReader, resolveManifestTag, SIGNATURE_LIMITS,
-//    SignatureVerdict.
+//    registries'); a realm elsewhere is asked anonymously. A refusal is a RegistryError saying which and why. A
+//    RepositoryReader reads one repository's manifests, blobs (each checked against its digest) and the referrers
+//    of a digest (the OCI 1.1 referrers API, else the referrers tag schema's sha256-<hex> index), within
+//    SIGNATURE_LIMITS: where the next chapter finds cosign signatures.
+//    Exports: annotationsOf, asList, MANIFEST_TYPES, registryAway, RegistryError, RegistryLogin, RegistryRepository,
+//    RepositoryReader, resolveManifestTag, SIGNATURE_LIMITS, signatureCheckTimeout.
 //    Tests: test/outbound.test.ts, test/registry-e2e.test.ts, test/clouds.test.ts, test/cosign-verify.test.ts,
 //    test/signed-images.test.ts.
 // ================================================================================================
@@ -5983,32 +5978,10 @@ const SIGNATURE_LIMITS = {
   checkTimeoutMs: 30_000,
 };
 
-/** The annotation of a cosign signature layer that holds the base64 signature of the layer (its payload). */
-const COSIGN_SIGNATURE_ANNOTATION = 'dev.cosignproject.cosign/signature';
-/** What cosign adds to a keyless signature: the Fulcio certificate of its one-time key. */
-const COSIGN_CERTIFICATE_ANNOTATION = 'dev.sigstore.cosign/certificate';
-/** The artifactType of a signature cosign stores as a referrer (--registry-referrers-mode=oci-1-1). */
-const COSIGN_SIGNATURE_ARTIFACT = 'application/vnd.dev.cosign.artifact.sig.v1+json';
-/** Sigstore bundles (cosign's --new-bundle-format) as referrers: a DSSE envelope, not a simple-signing payload. */
-const SIGSTORE_BUNDLE_ARTIFACT = /^application\/vnd\.dev\.sigstore\.bundle/;
 const OCI_INDEX = 'application/vnd.oci.image.index.v1+json';
 // A registry without the referrers API answers 404 (OCI distribution-spec 1.1); some answer as for a route or
 // method they do not know. Either way the referrers tag schema is where such a registry's clients keep them.
 const REFERRERS_API_ABSENT = [400, 404, 405, 501];
-
-/** One signature layer: where it was found (for messages), its payload and its annotations. */
-interface CosignSignatureLayer {
-  where: string;
-  payload: Buffer;
-  annotations: Record<string, string>;
-}
-
-/** The signatures found for a digest: the layers, where the reader looked, and Sigstore bundles it cannot verify. */
-export interface CosignSignatures {
-  layers: CosignSignatureLayer[];
-  looked: string[];
-  bundles: string[];
-}
 
 /** A repository of a registry, and how to reach it: the CA that signed its certificate, the token hosts allowed. */
 interface RegistryRepository {
@@ -6196,12 +6169,70 @@ function annotationsOf(value: unknown): Record<string, string> {
   return Object.fromEntries(Object.entries(a).filter((e): e is [string, string] => typeof e[1] === 'string'));
 }
 
-/** The check ran out of SIGNATURE_LIMITS.checkTimeoutMs: as a request that got no answer, the registry is away. */
+/** What the whole signature check failing its deadline (SIGNATURE_LIMITS.checkTimeoutMs) is: the registry away. */
 function signatureCheckTimeout(): OutboundError {
   const limit = formatGoDuration(SIGNATURE_LIMITS.checkTimeoutMs);
   return new OutboundError(`the registry did not give the signatures within ${limit}`, 'ETIMEDOUT');
 }
+// ================================================================================================
+// 12. cosign signatures — offline, on the registry the image is on: readCosignSignatures looks for a valid
+//    signature of a digest where cosign stores them (the sha256-<hex>.sig tag; the OCI 1.1 referrers API, else the
+//    referrers tag schema's sha256-<hex> index), each manifest and blob read once (the previous chapter's
+//    RepositoryReader) and checked against its digest, each signature checked as it arrives, stopping at the first
+//    valid one, within SIGNATURE_LIMITS (sizes, counts, one deadline); verifyCosignSignatures (pure) checks each
+//    simple-signing payload's signature with node:crypto under the keys given (parseCosignKeys: ECDSA P-256,
+//    Ed25519, RSA; Ed25519ph, which cosign signs with and node:crypto lacks, by hand after RFC 8032), and that it
+//    names the digest, the repository and the annotations required; and each Sigstore bundle (cosign 3's default)
+//    as its DSSE envelope (signed over DSSE's pre-authentication encoding) and in-toto statement say: cosign's
+//    image-signature predicate, the digest a subject, its annotations. No transparency log, no Fulcio: a keyless
+//    signature is refused.
+//    Exports: CosignKey, DOCKER_HUB_HOSTS, parseCosignKeys, readCosignSignatures, SignatureVerdict.
+//    Tests: test/cosign-verify.test.ts, test/signed-images.test.ts.
+// ================================================================================================
 
+/** The annotation of a cosign signature layer that holds the base64 signature of the layer (its payload). */
+const COSIGN_SIGNATURE_ANNOTATION = 'dev.cosignproject.cosign/signature';
+/** What cosign adds to a keyless signature: the Fulcio certificate of its one-time key. */
+const COSIGN_CERTIFICATE_ANNOTATION = 'dev.sigstore.cosign/certificate';
+/** The artifactType of a signature cosign stores as a referrer (--registry-referrers-mode=oci-1-1). */
+const COSIGN_SIGNATURE_ARTIFACT = 'application/vnd.dev.cosign.artifact.sig.v1+json';
+/**
+ * Sigstore bundles as referrers (cosign 3's default format; cosign 2's --new-bundle-format): the referrer's
+ * artifactType and its one layer's media type, `application/vnd.dev.sigstore.bundle.v0.3+json`.
+ */
+const SIGSTORE_BUNDLE_ARTIFACT = /^application\/vnd\.dev\.sigstore\.bundle/;
+/**
+ * The OCI empty descriptor's media type: the config of a bundle's referrer manifest, which some registries report as
+ * the referrer's artifactType (go-containerregistry's registry does), so a referrer of that type is read to be known.
+ */
+const OCI_EMPTY_CONFIG = 'application/vnd.oci.empty.v1+json';
+/** The annotation of a bundle's referrer manifest that names what its statement attests (cosign writes it). */
+const BUNDLE_PREDICATE_ANNOTATION = 'dev.sigstore.bundle.predicateType';
+/** One signature layer: where it was found (for messages), its payload and its annotations. */
+interface CosignSignatureLayer {
+  where: string;
+  payload: Buffer;
+  annotations: Record<string, string>;
+}
+
+/** One Sigstore bundle: where it was found (for messages) and its JSON's bytes. */
+interface CosignBundle {
+  where: string;
+  bytes: Buffer;
+}
+
+/**
+ * The signatures found for a digest: the simple-signing layers, the Sigstore bundles, where the reader looked, and the
+ * predicate types of the attestations it passed over (a bundle's referrer that says it is one is not a signature).
+ */
+export interface CosignSignatures {
+  layers: CosignSignatureLayer[];
+  bundles: CosignBundle[];
+  looked: string[];
+  attestations?: string[];
+}
+
+/** The check ran out of SIGNATURE_LIMITS.checkTimeoutMs: as a request that got no answer, the registry is away. */
 /**
  * A signature's verdict: the key it is valid under and where it was found, or why no signature is; `none` when
  * nothing at all was found where cosign stores signatures (not signed yet, as opposed to signed wrongly).
@@ -6212,8 +6243,8 @@ export type SignatureVerdict =
 
 /**
  * Looks for a valid cosign signature of `want.digest` in host/repository, where cosign stores them: the layers of
- * the manifest at tag sha256-<hex>.sig, then of each referrer whose artifactType is a cosign signature (OCI 1.1
- * referrers API, else the referrers tag schema); Sigstore bundles among the referrers are named, not read. Each
+ * the manifest at tag sha256-<hex>.sig, then each referrer (OCI 1.1 referrers API, else the referrers tag schema)
+ * that is a cosign signature (its layers) or a Sigstore bundle (cosign 3's default: its one layer). Each
  * manifest and payload blob is read once (by digest), each signature checked once as it arrives, and the search
  * stops at the first valid one, within SIGNATURE_LIMITS (payload size, count and bytes, signatures, one deadline
  * for the whole check, which when passed is an OutboundError ETIMEDOUT: registryAway). Throws a RegistryError when
@@ -6237,7 +6268,8 @@ export async function readCosignSignatures(
 class SignatureSearch {
   private readonly reader: RepositoryReader;
   private readonly want: SignatureExpectation;
-  private readonly found: Omit<CosignSignatures, 'layers'> = { looked: [], bundles: [] };
+  /** Where it looked, and the attestations it passed over. */
+  private readonly found = { looked: [] as string[], attestations: [] as string[] };
   private readonly problems: string[] = [];
   private readonly manifests = new Set<string>();
   /** Payloads read, by blob digest (at most maxPayloadTotalBytes in all), or why one was not. */
@@ -6267,12 +6299,9 @@ class SignatureSearch {
     if (atTag) return atTag;
     const referrers = await this.reader.referrers(this.want.digest);
     this.found.looked.push(referrers.from);
-    for (const d of referrers.descriptors)
-      if (isObject(d) && typeof d.artifactType === 'string' && SIGSTORE_BUNDLE_ARTIFACT.test(d.artifactType))
-        this.found.bundles.push(String(d.digest));
     for (const d of referrers.descriptors) {
       if (this.cut !== undefined || this.stopped) break;
-      if (!isObject(d) || d.artifactType !== COSIGN_SIGNATURE_ARTIFACT) continue;
+      if (!isObject(d) || !mayBeSignature(d.artifactType)) continue;
       const ref = typeof d.digest === 'string' ? d.digest : '';
       if (!/^sha256:[0-9a-f]{64}$/.test(ref) || this.manifests.has(ref)) continue;
       if (this.manifests.size >= SIGNATURE_LIMITS.maxManifests) {
@@ -6280,11 +6309,43 @@ class SignatureSearch {
         break;
       }
       const referrer = await this.reader.manifest(ref);
-      const atReferrer = referrer && (await this.manifest(referrer, `referrer ${ref}`));
+      const where = `referrer ${ref}`;
+      const bundleLayer = referrer && bundleLayerOf(referrer.json);
+      // An attestation (cosign attest: a scan, an SBOM) is a bundle too, and says so: not a signature, not read.
+      const attests = referrer && attestationOf(referrer.json);
+      if (attests) {
+        this.manifests.add(referrer.digest);
+        if (!this.found.attestations.includes(attests)) this.found.attestations.push(attests);
+        continue;
+      }
+      const atReferrer = bundleLayer
+        ? await this.bundle(referrer, bundleLayer, `${where} (a Sigstore bundle)`)
+        : referrer && (await this.manifest(referrer, where));
       if (atReferrer) return atReferrer;
     }
     if (this.cut) this.problems.push(this.cut);
-    return noValidSignature(this.problems, { layers: [], ...this.found });
+    return noValidSignature(this.problems, { layers: [], bundles: [], ...this.found });
+  }
+
+  /** A Sigstore bundle, its one layer read and checked (bundleProblem): valid, else undefined and why not noted. */
+  private async bundle(
+    read: { digest: string },
+    layer: { digest: string; size: unknown },
+    where: string,
+  ): Promise<SignatureVerdict | undefined> {
+    this.manifests.add(read.digest);
+    if (this.checked.has(layer.digest)) return undefined;
+    if (this.checked.size >= SIGNATURE_LIMITS.maxSignatures) {
+      this.cut = `more than ${SIGNATURE_LIMITS.maxSignatures} signatures: the rest were not checked`;
+      return undefined;
+    }
+    this.checked.add(layer.digest);
+    const bytes = await this.payload(layer.digest, layer.size);
+    const verdict = typeof bytes === 'string' ? bytes : bundleProblem(bytes, this.want);
+    if (typeof verdict !== 'string') return { ok: true, key: verdict, where };
+    this.problems.push(`${where}: ${verdict}`);
+    await new Promise((resolve) => setImmediate(resolve));
+    return undefined;
   }
 
   /** The signature layers of one manifest, each checked as it is read: the first valid one, else undefined. */
@@ -6339,6 +6400,36 @@ class SignatureSearch {
     this.payloads.set(digest, payload);
     return payload;
   }
+}
+
+/**
+ * Whether a referrer may be a signature, by the artifactType its index gives: a cosign signature, a Sigstore bundle,
+ * or the empty config's type that some registries give a bundle's referrer (its manifest says). Pure.
+ */
+function mayBeSignature(artifactType: unknown): boolean {
+  if (typeof artifactType !== 'string') return false;
+  if (artifactType === COSIGN_SIGNATURE_ARTIFACT || artifactType === OCI_EMPTY_CONFIG) return true;
+  return SIGSTORE_BUNDLE_ARTIFACT.test(artifactType);
+}
+
+/**
+ * What a bundle's referrer manifest says it attests, when not an image signature (its dev.sigstore.bundle.predicateType
+ * annotation, as cosign writes it): an attestation. Unsigned, so it can only make a signature look like an attestation
+ * and be passed over; an attestation that says it is a signature is read, and refused for what it attests. Pure.
+ */
+function attestationOf(manifest: Record<string, unknown>): string | undefined {
+  const predicate = annotationsOf(manifest)[BUNDLE_PREDICATE_ANNOTATION];
+  if (predicate === undefined || predicate === COSIGN_SIGN_PREDICATE) return undefined;
+  return bundleLayerOf(manifest) ? predicate : undefined;
+}
+
+/** A referrer manifest's Sigstore bundle layer (its artifactType or its layer's media type says so), if it is one. */
+function bundleLayerOf(manifest: Record<string, unknown>): { digest: string; size: unknown } | undefined {
+  const typed = (v: unknown) => typeof v === 'string' && SIGSTORE_BUNDLE_ARTIFACT.test(v);
+  const layers = asList(manifest.layers).filter(isObject);
+  const layer = layers.find((l) => typed(l.mediaType)) ?? (typed(manifest.artifactType) ? layers[0] : undefined);
+  if (!layer || typeof layer.digest !== 'string' || !/^sha256:[0-9a-f]{64}$/.test(layer.digest)) return undefined;
+  return { digest: layer.digest, size: layer.size };
 }
 
 // ---- verifying cosign signatures (pure) -------------------------------------------------------------
@@ -6515,14 +6606,7 @@ function signatureProblem(layer: CosignSignatureLayer, want: SignatureExpectatio
   const encoded = layer.annotations[COSIGN_SIGNATURE_ANNOTATION] ?? '';
   if (!/^[A-Za-z0-9+/]+={0,2}$/.test(encoded)) return 'its signature annotation is not base64';
   const key = want.keys.find((k) => signedBy(k, layer.payload, Buffer.from(encoded, 'base64')));
-  if (!key) {
-    if (layer.annotations[COSIGN_CERTIFICATE_ANNOTATION] !== undefined)
-      return (
-        'signed keyless (a Fulcio certificate, no key): checking it needs Fulcio and Rekor online; a key is needed ' +
-        'offline (cosign sign --key)'
-      );
-    return `not signed by a key VERIFY_SIGNATURE names (${want.keys.map((k) => k.fingerprint).join(', ')})`;
-  }
+  if (!key) return unsignedProblem(layer.annotations[COSIGN_CERTIFICATE_ANNOTATION] !== undefined, want);
   let payload: unknown;
   try {
     payload = JSON.parse(layer.payload.toString('utf8'));
@@ -6541,15 +6625,101 @@ function signatureProblem(layer: CosignSignatureLayer, want: SignatureExpectatio
   if (typeof reference !== 'string' || canonicalRepository(reference) !== canonicalRepository(want.repository))
     return `${by}, but for the repository ${shown(reference)}, not ${want.repository}`;
   const optional = isObject(payload) && isObject(payload.optional) ? payload.optional : {};
+  return annotationProblem(by, optional, want) ?? key;
+}
+
+/** Why a signature no key VERIFY_SIGNATURE names is valid under is refused: keyless, or another key's. Pure. */
+function unsignedProblem(keyless: boolean, want: SignatureExpectation): string {
+  if (keyless)
+    return (
+      'signed keyless (a Fulcio certificate, no key): checking it needs Fulcio and Rekor online; a key is needed ' +
+      'offline (cosign sign --key)'
+    );
+  return `not signed by a key VERIFY_SIGNATURE names (${want.keys.map((k) => k.fingerprint).join(', ')})`;
+}
+
+/** Why the annotations a signature carries (cosign sign -a) are not those VERIFY_SIGNATURE_ANNOTATIONS requires. */
+function annotationProblem(by: string, has: Record<string, unknown>, want: SignatureExpectation): string | undefined {
   for (const [name, value] of Object.entries(want.annotations)) {
-    const has = optional[name];
-    if (has === undefined) return `${by}, but without the annotation ${name}=${value}`;
+    const given = has[name];
+    if (given === undefined) return `${by}, but without the annotation ${name}=${value}`;
     // cosign writes each annotation as a string: 1, true or ["release"] is another value, not the one required.
-    if (typeof has !== 'string')
-      return `${by}, but with the annotation ${name}=${showValue(JSON.stringify(has))} (not a string), not ${value}`;
-    if (has !== value) return `${by}, but with the annotation ${name}=${showValue(has)}, not ${value}`;
+    if (typeof given !== 'string')
+      return `${by}, but with the annotation ${name}=${showValue(JSON.stringify(given))} (not a string), not ${value}`;
+    if (given !== value) return `${by}, but with the annotation ${name}=${showValue(given)}, not ${value}`;
   }
-  return key;
+  return undefined;
+}
+
+/** The DSSE envelope's payload type of an in-toto statement, and the statement types (v1, and v0.1 before it). */
+const IN_TOTO_PAYLOAD_TYPE = 'application/vnd.in-toto+json';
+const IN_TOTO_STATEMENT = /^https:\/\/in-toto\.io\/Statement\/v(?:1|0\.1)$/;
+/** What cosign's statement of an image signature attests (cosign sign); an attestation (cosign attest) is another. */
+const COSIGN_SIGN_PREDICATE = 'https://sigstore.dev/cosign/sign/v1';
+
+/** DSSE's pre-authentication encoding, what a DSSE signature signs: the payload with its type bound in. Pure. */
+function dssePae(payloadType: string, payload: Buffer): Buffer {
+  const head = `DSSEv1 ${Buffer.byteLength(payloadType)} ${payloadType} ${payload.length} `;
+  return Buffer.concat([Buffer.from(head), payload]);
+}
+
+/**
+ * Why a Sigstore bundle (cosign 3's default) is not a valid signature of the digest, or the key it is valid under:
+ * its DSSE envelope signed by one of the keys over the pre-authentication encoding (dssePae) of the exact payload
+ * bytes, the payload an in-toto statement of cosign's image-signature predicate (an attestation is not a
+ * signature), one of its subjects this digest, and that subject's annotations those required. Pure.
+ */
+function bundleProblem(bytes: Buffer, want: SignatureExpectation): string | CosignKey {
+  const bundle = parsedJson(bytes);
+  if (!isObject(bundle)) return 'its Sigstore bundle is not a JSON object';
+  const envelope = bundle.dsseEnvelope;
+  if (!isObject(envelope))
+    return isObject(bundle.messageSignature)
+      ? 'a Sigstore bundle of a message signature (cosign sign-blob), not of an image'
+      : 'a Sigstore bundle without a DSSE envelope';
+  const { payloadType, payload: encoded } = envelope;
+  if (typeof payloadType !== 'string' || typeof encoded !== 'string' || !/^[A-Za-z0-9+/]*={0,2}$/.test(encoded))
+    return 'its DSSE envelope has no payload type, or no base64 payload';
+  const payload = Buffer.from(encoded, 'base64');
+  const signatures = asList(envelope.signatures).flatMap((sig) =>
+    isObject(sig) && typeof sig.sig === 'string' && /^[A-Za-z0-9+/]+={0,2}$/.test(sig.sig)
+      ? [Buffer.from(sig.sig, 'base64')]
+      : [],
+  );
+  const signed = dssePae(payloadType, payload);
+  const key = want.keys.find((k) => signatures.some((sig) => signedBy(k, signed, sig)));
+  const material = isObject(bundle.verificationMaterial) ? bundle.verificationMaterial : {};
+  if (!key) return unsignedProblem('certificate' in material || 'x509CertificateChain' in material, want);
+  return statementProblem(`signed by ${key.fingerprint}`, payloadType, payload, want) ?? key;
+}
+
+/** Why a bundle's signed statement does not sign this digest as an image signature with the annotations required. */
+function statementProblem(by: string, payloadType: string, payload: Buffer, want: SignatureExpectation) {
+  if (payloadType !== IN_TOTO_PAYLOAD_TYPE)
+    return `${by}, but its payload is ${showValue(payloadType)}, not an in-toto statement`;
+  const statement = parsedJson(payload);
+  if (!isObject(statement) || typeof statement._type !== 'string' || !IN_TOTO_STATEMENT.test(statement._type))
+    return `${by}, but its payload is not an in-toto statement`;
+  const predicate = statement.predicateType;
+  if (predicate !== COSIGN_SIGN_PREDICATE)
+    return `${by}, but it attests ${showValue(String(predicate))}, not an image signature (${COSIGN_SIGN_PREDICATE})`;
+  const hex = want.digest.slice('sha256:'.length);
+  const subjects = asList(statement.subject).filter(isObject);
+  const subject = subjects.find((s) => isObject(s.digest) && s.digest.sha256 === hex);
+  if (!subject) {
+    const named = subjects.map((s) => (isObject(s.digest) ? `sha256:${String(s.digest.sha256)}` : '?')).join(', ');
+    return `${by}, but for ${showValue(named || 'no digest')}, not this digest (a signature copied from another image)`;
+  }
+  return annotationProblem(by, isObject(subject.annotations) ? subject.annotations : {}, want);
+}
+
+/** A JSON text's value, or undefined when it is not JSON. Pure. */
+function parsedJson(bytes: Buffer): unknown {
+  try {
+    return JSON.parse(bytes.toString('utf8'));
+  } catch {
+    return undefined;
+  }
 }
 
 /**
@@ -6564,21 +6734,28 @@ export function verifyCosignSignatures(found: CosignSignatures, want: SignatureE
     if (typeof verdict !== 'string') return { ok: true, key: verdict, where: layer.where };
     problems.push(`${layer.where}: ${verdict}`);
   }
+  for (const bundle of found.bundles) {
+    const verdict = bundleProblem(bundle.bytes, want);
+    if (typeof verdict !== 'string') return { ok: true, key: verdict, where: bundle.where };
+    problems.push(`${bundle.where}: ${verdict}`);
+  }
   return noValidSignature(problems, found);
 }
 
-/** The verdict when no layer is valid: each layer's problem, each bundle, or that there is none. Pure. */
+/**
+ * The verdict when no layer or bundle is valid: why each is not, or that there is none (an attestation passed over
+ * is not one, and is said so). Pure.
+ */
 function noValidSignature(problems: string[], found: CosignSignatures): { ok: false; problem: string; none?: true } {
-  for (const bundle of found.bundles)
-    problems.push(
-      `referrer ${bundle}: a Sigstore bundle, not a simple-signing signature (sign with --new-bundle-format=false)`,
-    );
-  if (problems.length === 0)
-    return { ok: false, problem: `no cosign signature (looked at ${found.looked.join(' and ')})`, none: true };
+  const attested = found.attestations?.length
+    ? `; the referrers hold attestations (${found.attestations.map(showValue).join(', ')}), which are not signatures`
+    : '';
+  const looked = `looked at ${found.looked.join(' and ')}${attested}`;
+  if (problems.length === 0) return { ok: false, problem: `no cosign signature (${looked})`, none: true };
   return { ok: false, problem: problems.join('; ') };
 }
 // ================================================================================================
-// 12. html — what the admin pages share: escaping, one cell of a table, and the page shell and style
+// 13. html — what the admin pages share: escaping, one cell of a table, and the page shell and style
 //    (server-rendered, no script, no external asset, one card per row on a phone).
 //    Exports: cell, escapeHtml, pageShell, shownTime.
 //    Tests: test/deliveries.test.ts.
@@ -6632,7 +6809,7 @@ function pageShell(title: string, refreshSeconds: number | undefined, body: stri
 }
 
 // ================================================================================================
-// 13. ssh signatures — what signs a commit as git does with gpg.format=ssh: an ed25519 key read from an unencrypted
+// 14. ssh signatures — what signs a commit as git does with gpg.format=ssh: an ed25519 key read from an unencrypted
 //    OpenSSH private key file (PROTOCOL.key; the key never appears in an error), and an armored SSH signature of a
 //    message (PROTOCOL.sshsig, namespace `git`, SHA-512) that `git verify-commit` and `ssh-keygen -Y verify` accept,
 //    put in a commit as its gpgsig header (signedCommit).
@@ -6742,7 +6919,7 @@ function signedCommit(commit: Buffer, k: SshSigningKey): Buffer {
 }
 
 // ================================================================================================
-// 14. git smart http — writing to a Git repository with no git program and no clone on disk: git's smart HTTP
+// 15. git smart http — writing to a Git repository with no git program and no clone on disk: git's smart HTTP
 //    protocol (gitprotocol-http, gitprotocol-v2, gitprotocol-pack) on node:https, node:zlib and node:crypto. A
 //    session discovers the branch head (ls-refs), fetches the head commit shallow (depth 1) with its trees and,
 //    where the server allows filters, without the blobs (filter blob:none), then fetches the blobs of the files
@@ -6754,7 +6931,7 @@ function signedCommit(commit: Buffer, k: SshSigningKey): Buffer {
 //    points at the head read (compare-and-set); its report-status is read, and a refusal carries the server's own
 //    message (a pre-receive hook's). The token is sent as HTTP basic auth and never appears in an error. What a
 //    write-back is given (GitSettings) ends the chapter (the GIT_* settings' parse functions are the setting values
-//    chapter's); chapter 13's keys sign commits.
+//    chapter's); chapter 14's keys sign commits.
 //    Exports: fetchGitFiles, GitError, GitHead, GitRemote, GitSettings, pushGitCommit.
 //    Tests: test/git.test.ts.
 // ================================================================================================
@@ -7573,7 +7750,7 @@ export interface GitSettings {
 // ################################################################################################
 
 // ================================================================================================
-// 15. the model — what the service works with, declared before the code that uses it, as a library declares its
+// 16. the model — what the service works with, declared before the code that uses it, as a library declares its
 //    API: a push (Push: the image a registry brought and when, the workload it is for, in which cluster, who
 //    asked), a hook's settings read once at the push's boundary (HookConfig), what can become of a push (DECISIONS,
 //    the closed list every report renders, and Decision: a union over its codes, each with its reason as data and,
@@ -8322,7 +8499,7 @@ export const POLL_ANNOTATION = ANNOTATIONS.poll.key;
 export const HOOK_ANNOTATION = ANNOTATIONS.hook.key;
 
 // ================================================================================================
-// 16. limits — every limit and timeout of the service in one table (LIMITS), each with why it has its value: the
+// 17. limits — every limit and timeout of the service in one table (LIMITS), each with why it has its value: the
 //    request limits adnanh lacks, each the default of a flag (-max-body-size, -read-timeout, …), then by concern
 //    the fixed limits of the upgrade, update policies, change windows, stages and promotion, approvals, the
 //    registry watch, Git write-back, the result, mail, notifications and the deliveries page. The libraries of
@@ -8771,7 +8948,7 @@ export const LIMITS = {
 };
 
 // ================================================================================================
-// 17. command line & settings — the adnanh/webhook command line in Go `flag` syntax (parseCommandLine, usage), Go's
+// 18. command line & settings — the adnanh/webhook command line in Go `flag` syntax (parseCommandLine, usage), Go's
 //    durations and booleans, and the flags that set our safety limits (their defaults are LIMITS').
 //    Exports: durationSetting, LOOPBACK_HOST, Options, parseCommandLine, parseGoBool, parseGoDuration,
 //    parseListenAddress, PLACEHOLDER, readAdminTokenFile, readApprovalKeyFile, usage, UsageError, watchLimits.
@@ -9518,7 +9695,7 @@ export function usage(): string {
 }
 
 // ================================================================================================
-// 18. logging & metrics — log lines in adnanh's shape ("[webhook] 2006/01/02 15:04:05 …"), errors always, the rest
+// 19. logging & metrics — log lines in adnanh's shape ("[webhook] 2006/01/02 15:04:05 …"), errors always, the rest
 //    with -verbose/-debug, every line scrubbed of known secrets; counters, gauges and histograms rendered in the
 //    Prometheus text format.
 //    Exports: escapeControls, Logger, Metrics.
@@ -9738,7 +9915,7 @@ export class Metrics {
 }
 
 // ================================================================================================
-// 19. hook files — the reading every compiler below shares. A hooks file is rendered as a Go template when -template
+// 20. hook files — the reading every compiler below shares. A hooks file is rendered as a Go template when -template
 //    asks, read as YAML (duplicate keys are errors; every key's line is kept), and then read through Fields: unknown
 //    keys and wrong types are errors that name file, line, hook and field path (`hooks/web.json:12: hook "web":
 //    trigger-rule.and[2]: …`).
@@ -9936,7 +10113,7 @@ function editDistance(a: string, b: string): number {
 }
 
 // ================================================================================================
-// 20. requests — turns an HTTP request into the structures hook parameters address: headers (Go-canonical names),
+// 21. requests — turns an HTTP request into the structures hook parameters address: headers (Go-canonical names),
 //    query, payload (from JSON, form, XML or multipart bodies) and the raw body, with adnanh's dotted-path lookup and
 //    Go's JSON serialisation; compileParam reads how a hook names a value of the request.
 //    Exports: applyJsonParameters, asMarshalled, compileParam, firstValues, headersFromRaw, HookRequest,
@@ -10317,7 +10494,7 @@ export function compileParam(reader: FieldReader, value: unknown, at: Place, fil
 }
 
 // ================================================================================================
-// 21. trigger rules — one table, RULE_TYPES, holds each match type side by side: its fields, whether it compares a
+// 22. trigger rules — one table, RULE_TYPES, holds each match type side by side: its fields, whether it compares a
 //    request parameter, whether it reads the headers or the body, which field holds a secret, how it compiles and how
 //    it tests a request. and/or/not combine matches with adnanh's semantics: a missing parameter makes a match false
 //    (inside `or` it is passed over, inside `and` the rule fails); a bad signature is an evaluation error unless the
@@ -10760,7 +10937,7 @@ export function cidrContains(cidr: Cidr, addr: string): boolean {
 }
 
 // ================================================================================================
-// 22. hooks & reload — a hooks file's text (already templated) compiled into hooks, once, so the request path only
+// 23. hooks & reload — a hooks file's text (already templated) compiled into hooks, once, so the request path only
 //    evaluates: the hook's fields read in one list, its parameters and trigger rule compiled, and the hook settings
 //    a hook must fix (those HOOK_SETTINGS marks fixed) checked through the HookSettingChecks main() hands
 //    over. Every -hooks path (a file, or a directory of *.json, *.yaml and *.yml files merged in name order) becomes
@@ -11228,7 +11405,7 @@ export class HookStore {
 }
 
 // ================================================================================================
-// 23. commands — resolves execute-command as adnanh does (absolute; else relative to command-working-directory, never
+// 24. commands — resolves execute-command as adnanh does (absolute; else relative to command-working-directory, never
 //    searched on PATH then; else on PATH), passes arguments, environment and temp files, and runs the command in its
 //    own process group under a deadline and a cap on concurrent commands. Output is stdout and stderr combined in
 //    arrival order. A command that is an InProcessCommand's entry point (the bundled /webhooks.sh: the upgrade) is
@@ -11740,7 +11917,7 @@ export function decodeBase64Strict(text: string): Buffer {
 }
 
 // ================================================================================================
-// 24. http server — routes `/`, `/healthz` and `/<urlprefix>/<id>` and answers with adnanh's exact strings. A hook
+// 25. http server — routes `/`, `/healthz` and `/<urlprefix>/<id>` and answers with adnanh's exact strings. A hook
 //    request is a list of steps: route, admit, prepare (all but the body), evaluate what the rule can decide without
 //    the body, read the body if the hook uses it, evaluate the rest, dispatch, answer. A body is never kept when it
 //    is not used, and one left unread is dropped as it arrives, within the size and idle limits. Every outcome is one
@@ -12640,7 +12817,7 @@ function closeWithoutReset(ex: Exchange, draining: () => boolean): () => void {
 }
 
 // ================================================================================================
-// 25. listeners — the sockets the service serves on: the hook port (TCP, or a unix socket with -socket; TLS with
+// 26. listeners — the sockets the service serves on: the hook port (TCP, or a unix socket with -socket; TLS with
 //    -secure, in Go's cipher-suite names, from -cert and -key, re-read on SIGHUP), and the admin listener of
 //    -metrics-listen, which serves /metrics and the deliveries pages and is never the hook port.
 //    Exports: GO_CIPHER_SUITES, openAdminListener, openListener.
@@ -12792,7 +12969,7 @@ async function openMetricsListener(
 }
 
 // ================================================================================================
-// 26. registry payloads — a registry's push notification (Aliyun ACR, Docker Hub, a build job, Harbor, Quay, GHCR,
+// 27. registry payloads — a registry's push notification (Aliyun ACR, Docker Hub, a build job, Harbor, Quay, GHCR,
 //    Azure, CNCF Distribution, Artifactory, Nexus, Gitea, CloudEvents) read into PushEvents (host, repository, tag,
 //    digest, pushed-at), an acknowledged no-op (a pull, a test ping, a push by digest, a signature tag), or a
 //    handshake's answer (Event Grid's, CloudEvents' validation). Pure functions: no I/O, no clock. Each registry is
@@ -13488,7 +13665,7 @@ function customRegistryAddress(repoUrl: string): string {
 }
 
 // ================================================================================================
-// 27. cloud registry payloads — the clouds' own registries, whose pushes arrive as their event buses' events: AWS ECR
+// 28. cloud registry payloads — the clouds' own registries, whose pushes arrive as their event buses' events: AWS ECR
 //    (an EventBridge "ECR Image Action" event sent by an API destination, or its CloudEvents form), Google Artifact
 //    Registry (a Pub/Sub push envelope whose message.data is the base64 of {action, digest, tag}), Tencent Cloud TCR
 //    Enterprise (its trigger sends Harbor's default format, pushImage, from a tencentcloudcr.com host); CloudEvents 1.0
@@ -13963,7 +14140,7 @@ function repoTypeSetting(value: string | undefined): string {
 }
 
 // ================================================================================================
-// 28. image reference & pin — composes the reference the cluster will pull (composeImageRef; chooseCandidate picks
+// 29. image reference & pin — composes the reference the cluster will pull (composeImageRef; chooseCandidate picks
 //    the container's among several), validates it against the OCI distribution reference grammar before anything is
 //    sent to Kubernetes, and applies the image pin (checkImagePin): whoever holds a hook's URL writes the payload, so
 //    a push may change only the tag and digest of the repository the container runs now. Endpoints of one registry
@@ -14379,7 +14556,7 @@ export function readImageCreated(
 }
 
 // ================================================================================================
-// 29. change windows & approval links — when a push may go out, as pure functions. A change window
+// 30. change windows & approval links — when a push may go out, as pure functions. A change window
 //    (DEPLOY_WINDOW, annotation webhook/window) is one or more ranges `Mon-Fri 09:00-18:00 Asia/Shanghai`, read by
 //    parseDeployWindows; windowOpen says whether an instant is inside one and nextOpening when the next one opens,
 //    in the range's IANA zone through Intl (daylight saving time included; a range whose end is before its start
@@ -14820,7 +14997,7 @@ export function readApprovalToken(
 }
 
 // ================================================================================================
-// 30. workloads — what the upgrade knows of Kubernetes workloads. Each kind is one entry of WORKLOAD_KINDS (API
+// 31. workloads — what the upgrade knows of Kubernetes workloads. Each kind is one entry of WORKLOAD_KINDS (API
 //    resource, names, pod template, kubectl's rollout viewer, whether it has a rollout, how its pods are owned);
 //    parseWorkload reads APP_WORKLOAD (deployment, daemonset, statefulset, cronjob; any case, plurals, short names,
 //    kind.group) and locateContainer finds APP_CONTAINER (containers, then initContainers). rolloutStatus applies
@@ -15603,7 +15780,7 @@ function missingContainerMessage(podSpec: unknown, name: string, workload: strin
 }
 
 // ================================================================================================
-// 31. update policies & stages — which tags a workload takes. The hook setting UPDATE_POLICY gives a hook's policy;
+// 32. update policies & stages — which tags a workload takes. The hook setting UPDATE_POLICY gives a hook's policy;
 //    the workload's annotation webhook/policy overrides it, and webhook/policy.<container> overrides both for one
 //    container. parsePolicy reads a value (all, semver:<range>, major, minor, patch, glob:<pattern>,
 //    regexp:<pattern>; the semver ones never go down unless `,allow-downgrade` follows); policyDecision, pure, says
@@ -15907,7 +16084,7 @@ export class AgeCheck {
 }
 
 // ================================================================================================
-// 32. setting values — how each hook setting's text reads: the parse functions of HOOK_SETTINGS' rows (next
+// 33. setting values — how each hook setting's text reads: the parse functions of HOOK_SETTINGS' rows (next
 //    chapter), each the only reader of its setting's text, returning the typed value (its default when unset) or
 //    throwing the message operators know, naming the setting and what is wrong; and the limits a setting's text is
 //    read within (how many notification URLs and clusters, an approval's timeout, a poll's interval, a signature's
@@ -16436,7 +16613,7 @@ function gitSettings(
 }
 
 // ================================================================================================
-// 33. hook settings — HOOK_SETTINGS, the one table of the settings of the upgrade, its mail and its notifications:
+// 34. hook settings — HOOK_SETTINGS, the one table of the settings of the upgrade, its mail and its notifications:
 //    each one's source (the hook, or the service's own environment), type, default, whether a hook must give it as a
 //    fixed string (checked at load: fixedSettingChecks), whether it holds a key, its validation, its meaning, and its
 //    parse, which is the only reader of its text and throws the message operators know. The settings tables of
@@ -17123,7 +17300,7 @@ function readSettings(input: SettingInput, known: KnownSoFar): UpgradeSettings &
 }
 
 // ================================================================================================
-// 34. upgrade decision — whether and what a push may change, before anything is written, from the push's
+// 35. upgrade decision — whether and what a push may change, before anything is written, from the push's
 //    HookConfig (read once at its boundary, previous chapter); the push is checked against the
 //    container's current image (a refusal changes nothing, fails, is logged and recorded as a Warning Event);
 //    several replicas agree through the workload: LAST_PUSH_ANNOTATION records when each container's last push was
@@ -17890,7 +18067,7 @@ async function checkSignature(c: SignatureCheck, digest: string | undefined): Pr
 }
 
 // ================================================================================================
-// 35. platforms — the platform check's facts: the platforms (`os/architecture`) an image index offers and those of
+// 36. platforms — the platform check's facts: the platforms (`os/architecture`) an image index offers and those of
 //    the nodes a workload can run on (its pod template's nodeSelector as a label selector on a LIST of nodes, and
 //    its required node affinity: nodeAffinityAllows), read only when the service asks the registry anyway
 //    (VERIFY_IMAGE, VERIFY_SIGNATURE, a registry watch's find): registryFacts, which under MIN_IMAGE_AGE also reads
@@ -18097,7 +18274,7 @@ async function platformsOf(
 }
 
 // ================================================================================================
-// 36. the decision — what one push does to one workload, decided by one pure function: decide(push, its hook's
+// 37. the decision — what one push does to one workload, decided by one pure function: decide(push, its hook's
 //    settings, the workload as read, now) → Decision, a value from the closed list (DECISIONS) carrying its reason
 //    as data and, for what is written, the planned change, its Event and the pending entry. The registry's facts
 //    (the digest a tag resolves to, a signature, the platforms an index offers and the workload's nodes run) are
@@ -18675,7 +18852,7 @@ export function waitingAction(e: PendingEntry): string {
 }
 
 // ================================================================================================
-// 37. the cluster executor — carries out what decide (previous chapter) concluded, on the workload in its cluster,
+// 38. the cluster executor — carries out what decide (previous chapter) concluded, on the workload in its cluster,
 //    and returns what it did as a value (ExecutorOutcome, as every executor does), which recordOutcome alone writes
 //    into the push's report: the guarded PATCH of an applied push, the pending entry of a waiting one, the Event of
 //    each. A PATCH whose `test` fails
@@ -19015,7 +19192,7 @@ function recordDecision(report: Delivery, d: Decision, kind: WorkloadKind): void
   recordUnchanged(report, d.code, d.reason, d.before);
 }
 // ================================================================================================
-// 38. the git executor — carries an applied push out as a commit to the Git repository a GitOps tool (Fleet, Argo
+// 39. the git executor — carries an applied push out as a commit to the Git repository a GitOps tool (Fleet, Argo
 //    CD, Flux) deploys from, for a hook with GIT_REPO: the workload is read and the push decided as always
 //    (decide); a decision that writes nothing to the image (waiting, held, skipped…) is the cluster executor's. An
 //    applied push is written into the file at GIT_PATH by changing the text of one scalar (editGitFile: a
@@ -19822,7 +19999,7 @@ export async function refuseGitopsOwned(
 }
 
 // ================================================================================================
-// 39. the report — the answer of one push, one "label: value" per line, values aligned, always in this order, lines
+// 40. the report — the answer of one push, one "label: value" per line, values aligned, always in this order, lines
 //    whose value is unknown left out: workload, container, image before, image after, action (image updated | rollout
 //    restarted (same image re-pulled) | none (<why>)), result (ok | failed: <message>), rollout (progressing |
 //    complete | failed | timed out | not tracked), one line per pod (for the first failing ones, why: the last exit,
@@ -19935,7 +20112,7 @@ export function formatReport(r: ReportView): string {
 }
 
 // ================================================================================================
-// 40. rollout follow — follows a rollout by kubectl's rules until it completes, fails (a pod stuck in
+// 41. rollout follow — follows a rollout by kubectl's rules until it completes, fails (a pod stuck in
 //    CrashLoopBackOff, ImagePullBackOff…) or ROLLOUT_TIMEOUT passes. The workload is watched (WorkloadFeed: the
 //    client's watch shared by the follows of a namespace and kind, from the PATCH answer's resourceVersion; a watch
 //    of the workload alone where RBAC names it; a GET per second, with one warning, where watch is refused). A
@@ -20515,7 +20692,7 @@ export function rolloutEvent(outcome: RolloutOutcome, container: string): Worklo
 }
 
 // ================================================================================================
-// 41. rollback — ROLLBACK_ON_FAILURE=true: a followed rollout that fails is set back to the image before the push,
+// 42. rollback — ROLLBACK_ON_FAILURE=true: a followed rollout that fails is set back to the image before the push,
 //    with the same tested patch, and that rollout is followed too. A StatefulSet (RollingUpdate) does not replace a
 //    pod stuck on the bad image by itself, so its "forced rollback" deletes, once the controller has observed the
 //    template set back, the pods it owns that still run the image rolled back from and are not ready (uid
@@ -20785,7 +20962,7 @@ export function rollbackObstacle(
 }
 
 // ================================================================================================
-// 42. least privilege — -print-rbac: the Roles and RoleBindings the hooks need, worked out from the hooks themselves
+// 43. least privilege — -print-rbac: the Roles and RoleBindings the hooks need, worked out from the hooks themselves
 //    (namespace, kind and name when the hook fixes them; `resourceNames` wherever it can), so the service account
 //    gets nothing it does not use. Hooks that read the registry (VERIFY_IMAGE, POLL_INTERVAL) add one ClusterRole:
 //    list on nodes, for the platform check. The same reach is the gate every push passes before it is decided,
@@ -21253,7 +21430,7 @@ export function followRecordProblem(
 }
 
 // ================================================================================================
-// 43. the upgrade — the job /webhooks.sh exists for, as named steps: read the settings, compose the image, decide,
+// 44. the upgrade — the job /webhooks.sh exists for, as named steps: read the settings, compose the image, decide,
 //    patch, record the Event, follow the rollout and roll back when asked, report. UpgradeService is the command
 //    runner's InProcessCommand: one client, one per-workload queue and one set of kept pushes for every push. A push
 //    the API server does not answer is kept and applied when it answers (KeptPushes, answered 202); a waiting push,
@@ -21627,7 +21804,7 @@ export async function refusedAtGate(
 }
 
 // ================================================================================================
-// 44. the upgrade service — the upgrade as the command runner runs it (UpgradeService, its InProcessCommand): one
+// 45. the upgrade service — the upgrade as the command runner runs it (UpgradeService, its InProcessCommand): one
 //    client and one set of kept pushes per cluster (ClusterLane), one per-workload queue for every push, pushes the
 //    API server (or, under ON_REGISTRY_AWAY=keep, the registry) does not answer kept and applied when it answers
 //    (KeptPushes, answered 202), decided waiting pushes
@@ -22516,7 +22693,7 @@ export class RolloutFollower implements CommandListener<UpgradeOutput> {
 }
 
 // ================================================================================================
-// 45. promotion — CLUSTERS stages (`staging > prod`): a push goes to the first stage only (the upgrade service);
+// 46. promotion — CLUSTERS stages (`staging > prod`): a push goes to the first stage only (the upgrade service);
 //    the digest that ran there goes on to the next stage once that stage's rollout is complete and has stayed
 //    healthy for PROMOTE_AFTER (the same image running, not rolled back, no restart since), and PROMOTE_CHECK, when
 //    the hook names one, has answered 2xx. A promotion is a source of pushes like an approval: a Push of that digest
@@ -23255,7 +23432,7 @@ export class Promotions implements ResultListener {
 }
 
 // ================================================================================================
-// 46. approvals — completes the pushes that wait (the patch chapter's waiting step) on whichever replica acts
+// 47. approvals — completes the pushes that wait (the patch chapter's waiting step) on whichever replica acts
 //    first: an approval link's confirmation page and its POST (GET never decides), the deliveries page's Approve,
 //    Reject and Deploy again, a change window's opening and an expiry. Each decision reads the workload, checks the
 //    pending entry the link names is still there, and completes it by a patch that tests the annotation it read (a
@@ -24151,7 +24328,7 @@ interface PastPush {
 }
 
 // ================================================================================================
-// 47. registry watch — pushes no registry announced. A workload annotated webhook/poll: <interval> (or the one a hook
+// 48. registry watch — pushes no registry announced. A workload annotated webhook/poll: <interval> (or the one a hook
 //    with POLL_INTERVAL fixes) has its repository looked at every interval, and once soon after the start (spread
 //    out), so a push made while the service was away, or on a registry that cannot call, is found. What a look finds
 //    is a push like a notification's (its identity the digest, `sha256:…|`): under a semver policy (semver:, major,
@@ -25037,7 +25214,7 @@ function fixesTarget(hook: Hook, target: WatchedWorkload['target'], cluster: str
 }
 
 // ================================================================================================
-// 48. the result — one record per push (Delivery, in the DeliveryLog): made when its request comes in, completed
+// 49. the result — one record per push (Delivery, in the DeliveryLog): made when its request comes in, completed
 //    as the rollout follower hands on the answer, the rollout's progress and its end, and once final sent to each
 //    ResultChannel in order (the mail, then the chat and JSON receivers), whose outcomes are recorded on it. What
 //    became of the push is its upgrade report's decision (DECISIONS), published as pushResult says; the channels
@@ -25391,7 +25568,7 @@ export class ResultDispatcher implements ResultListener {
 }
 
 // ================================================================================================
-// 49. mail — mails a hook's result through the server the MAIL_* variables describe (parseMailConfig; MAIL_TO names
+// 50. mail — mails a hook's result through the server the MAIL_* variables describe (parseMailConfig; MAIL_TO names
 //    the recipients): one mail per push after its rollout's end, at most -max-mails-per-hook per -mail-window, the
 //    rest summed up in one mail. The Mailer is the result's first ResultChannel.
 //    Exports: Mailer, parseMailConfig.
@@ -25648,7 +25825,7 @@ function summaryMail(hookId: string, window: MailWindow, cap: MailCap): { subjec
 }
 
 // ================================================================================================
-// 50. chat & json notifications — a hook's result posted, at the moment its mail goes (after the rollout's end, in
+// 51. chat & json notifications — a hook's result posted, at the moment its mail goes (after the rollout's end, in
 //    the background), to each URL of NOTIFY_URL, in the body NOTIFY_FORMAT names: json (our own document, versioned
 //    by its "schema" field, signed in a header with NOTIFY_SECRET), dingtalk (markdown; NOTIFY_SECRET signs the URL),
 //    wecom (markdown), feishu and lark (a card; NOTIFY_SECRET signs the body), slack (mrkdwn), teams (an Adaptive
@@ -26539,7 +26716,7 @@ export class Notifier implements ResultChannel {
 }
 
 // ================================================================================================
-// 51. deliveries page — what the last pushes did, on the admin listener (never the hook port): the records of the
+// 52. deliveries page — what the last pushes did, on the admin listener (never the hook port): the records of the
 //    result's DeliveryLog (the last -deliveries pushes, newest first, as far as each has got). /deliveries lists
 //    them (refreshing itself while a push is still running); /deliveries/<n> is one push's full report and pods;
 //    /deliveries.json and /deliveries/<n>.json carry the same as JSON (entries in the shape of NOTIFY_FORMAT=json).
@@ -26881,7 +27058,7 @@ export function deliveryPages(
 }
 
 // ================================================================================================
-// 52. -validate & -print-rbac — the commands that read the hooks and exit: -validate describes every hook (its rule,
+// 53. -validate & -print-rbac — the commands that read the hooks and exit: -validate describes every hook (its rule,
 //    parameters, answer, upgrade and notifications) and says what is wrong, -print-rbac prints the least-privilege
 //    RBAC; both load the hooks exactly as the service does (hookLoadSettings).
 //    Exports: commandWarnings, hookLoadSettings, printRbac, validate.
@@ -27395,7 +27572,7 @@ async function printRbac(o: Options, env: Record<string, string | undefined>): P
 }
 
 // ================================================================================================
-// 53. main — wires the chapters together; the only place with process-wide side effects (signals, pid file, listening
+// 54. main — wires the chapters together; the only place with process-wide side effects (signals, pid file, listening
 //    sockets, exit codes).
 //    Tests: test/image.test.ts, test/memory.test.ts, test/runner.test.ts, test/start.test.ts.
 // ================================================================================================

@@ -92,13 +92,95 @@ describe('verifyCosignSignatures', () => {
     assert.ok(verifyCosignSignatures(found(layer(payload(DIGEST, 'index.docker.io/library/nginx'), ec.privateKey)), hub).ok);
   });
 
-  test('keyless signatures are refused offline; no signature at all, and Sigstore bundles, are said so', () => {
+  test('keyless signatures are refused offline; no signature at all is said so', () => {
     const keyless = layer(payload(), pair('ec').privateKey, 'sha256', { 'dev.sigstore.cosign/certificate': '-----BEGIN CERTIFICATE-----' });
     assert.match(problem(verifyCosignSignatures(found(keyless), want(ec.pem))),
       /signed keyless \(a Fulcio certificate, no key\): checking it needs Fulcio and Rekor online; a key is needed offline/);
     assert.equal(problem(verifyCosignSignatures(found(), want(ec.pem))), 'no cosign signature (looked at tag sha256-x.sig and the referrers API)');
-    const bundle = { ...found(), bundles: ['sha256:b'] };
-    assert.match(problem(verifyCosignSignatures(bundle, want(ec.pem))), /^referrer sha256:b: a Sigstore bundle, not a simple-signing signature/);
+  });
+});
+
+/** cosign 3's own bundle of a digest, signed with annotations env=prod and team=payments (test/fixtures/cosign3). */
+const COSIGN3 = path.join(import.meta.dirname, 'fixtures', 'cosign3');
+const COSIGN3_DIGEST = 'sha256:a51618d53afe7ded5a250d57bee51d38fa5df0ec6fef107921b1b665200d9e15';
+const IMAGE_SIGNATURE = 'https://sigstore.dev/cosign/sign/v1';
+
+/** An in-toto statement of `predicateType` for a digest, with its subject's annotations. */
+function statement(digest = DIGEST, predicateType = IMAGE_SIGNATURE, annotations: Record<string, unknown> = {}): Buffer {
+  const subject = [{ digest: { sha256: digest.slice('sha256:'.length) }, annotations }];
+  return Buffer.from(JSON.stringify({ _type: 'https://in-toto.io/Statement/v1', subject, predicateType, predicate: {} }));
+}
+
+/** A Sigstore bundle v0.3 whose DSSE envelope is signed over DSSE's pre-authentication encoding (or, `bare`, not). */
+function bundleOf(body: Buffer, key: KeyObject, o: { type?: string; bare?: boolean; material?: object } = {}) {
+  const type = o.type ?? 'application/vnd.in-toto+json';
+  const signed = o.bare ? body : Buffer.concat([Buffer.from(`DSSEv1 ${Buffer.byteLength(type)} ${type} ${body.length} `), body]);
+  const sig = sign(key.asymmetricKeyType === 'ed25519' ? null : 'sha256', signed, key).toString('base64');
+  const bundle = {
+    mediaType: 'application/vnd.dev.sigstore.bundle.v0.3+json',
+    verificationMaterial: o.material ?? { publicKey: { hint: 'x' } },
+    dsseEnvelope: { payload: body.toString('base64'), payloadType: type, signatures: [{ sig }] },
+  };
+  return { where: 'referrer sha256:b (a Sigstore bundle)', bytes: Buffer.from(JSON.stringify(bundle)) };
+}
+
+const bundled = (...bundles: CosignSignatures['bundles']): CosignSignatures => ({ ...found(), bundles });
+
+describe('Sigstore bundles (cosign 3 signs in them by default)', () => {
+  const ec = pair('ec');
+  const real = { where: 'referrer sha256:r (a Sigstore bundle)', bytes: fs.readFileSync(path.join(COSIGN3, 'bundle.json')) };
+  const cosign3 = (annotations: Record<string, string> = {}) =>
+    ({ ...want(fs.readFileSync(path.join(COSIGN3, 'cosign.pub'), 'utf8'), annotations), digest: COSIGN3_DIGEST });
+
+  test("cosign 3's own bundle verifies under its key, with the annotations it was signed with", () => {
+    const v = verifyCosignSignatures(bundled(real), cosign3({ env: 'prod', team: 'payments' }));
+    assert.ok(v.ok, problem(v));
+    assert.equal(v.where, 'referrer sha256:r (a Sigstore bundle)');
+    assert.match(problem(verifyCosignSignatures(bundled(real), cosign3({ env: 'staging' }))),
+      /^referrer sha256:r \(a Sigstore bundle\): signed by sha256:[0-9a-f]{64}, but with the annotation env="prod", not staging$/);
+    assert.match(problem(verifyCosignSignatures(bundled(real), { ...cosign3(), digest: DIGEST })),
+      new RegExp(`but for "${COSIGN3_DIGEST}", not this digest \\(a signature copied from another image\\)`));
+    assert.match(problem(verifyCosignSignatures(bundled(real), want(ec.pem))), /not signed by a key VERIFY_SIGNATURE names/);
+  });
+
+  test('ECDSA P-256 and Ed25519 envelopes verify over the pre-authentication encoding, not over the bare payload', () => {
+    const ed = pair('ed25519');
+    for (const p of [ec, ed]) assert.ok(verifyCosignSignatures(bundled(bundleOf(statement(), p.privateKey)), want(p.pem)).ok);
+    assert.match(problem(verifyCosignSignatures(bundled(bundleOf(statement(), ec.privateKey, { bare: true })), want(ec.pem))),
+      /not signed by a key VERIFY_SIGNATURE names/);
+    // The payload type is bound in: the same bytes announced as another type are not what was signed.
+    const retyped = JSON.parse(bundleOf(statement(), ec.privateKey).bytes.toString());
+    retyped.dsseEnvelope.payloadType = 'application/json';
+    const changed = { where: 'referrer sha256:b', bytes: Buffer.from(JSON.stringify(retyped)) };
+    assert.match(problem(verifyCosignSignatures(bundled(changed), want(ec.pem))), /not signed by a key VERIFY_SIGNATURE names/);
+  });
+
+  test('an attestation, another payload type, a keyless bundle and a message signature are not image signatures', () => {
+    const attested = bundleOf(statement(DIGEST, 'https://cosign.sigstore.dev/attestation/vuln/v1'), ec.privateKey);
+    assert.match(problem(verifyCosignSignatures(bundled(attested), want(ec.pem))),
+      /but it attests "https:\/\/cosign\.sigstore\.dev\/attestation\/vuln\/v1", not an image signature \(https:\/\/sigstore\.dev\/cosign\/sign\/v1\)$/);
+    const typed = bundleOf(statement(), ec.privateKey, { type: 'application/json' });
+    assert.match(problem(verifyCosignSignatures(bundled(typed), want(ec.pem))), /but its payload is "application\/json", not an in-toto statement$/);
+    const keyless = bundleOf(statement(), pair('ec').privateKey, { material: { certificate: { rawBytes: 'MII=' } } });
+    assert.match(problem(verifyCosignSignatures(bundled(keyless), want(ec.pem))), /signed keyless \(a Fulcio certificate, no key\)/);
+    const blob = { where: 'referrer sha256:m', bytes: Buffer.from(JSON.stringify({ messageSignature: {} })) };
+    assert.match(problem(verifyCosignSignatures(bundled(blob), want(ec.pem))), /a message signature \(cosign sign-blob\), not of an image$/);
+    const junk = { where: 'referrer sha256:j', bytes: Buffer.from('not json') };
+    assert.equal(problem(verifyCosignSignatures(bundled(junk), want(ec.pem))), 'referrer sha256:j: its Sigstore bundle is not a JSON object');
+  });
+
+  test('attestations passed over are not signatures: none is found, and they are named', () => {
+    const v = verifyCosignSignatures({ ...found(), attestations: ['https://cosign.sigstore.dev/attestation/vuln/v1'] }, want(ec.pem));
+    assert.ok(!v.ok && v.none, 'nothing that signs it: not signed yet (SIGNATURE_WAIT waits)');
+    assert.equal(problem(v), 'no cosign signature (looked at tag sha256-x.sig and the referrers API; the referrers hold attestations ' +
+      '("https://cosign.sigstore.dev/attestation/vuln/v1"), which are not signatures)');
+  });
+
+  test('a required annotation is the subject\'s, as a string', () => {
+    const b = bundleOf(statement(DIGEST, IMAGE_SIGNATURE, { pipeline: 1 }), ec.privateKey);
+    assert.match(problem(verifyCosignSignatures(bundled(b), want(ec.pem, { pipeline: '1' }))),
+      /but with the annotation pipeline="1" \(not a string\), not 1$/);
+    assert.match(problem(verifyCosignSignatures(bundled(b), want(ec.pem, { team: 'a' }))), /without the annotation team=a$/);
   });
 });
 

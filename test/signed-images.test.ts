@@ -1,5 +1,6 @@
 /*
- * VERIFY_SIGNATURE end to end: the real cosign (built by test/cosign.ts, v2.6.5) signs images that
+ * VERIFY_SIGNATURE end to end: the real cosign (built by test/cosign.ts: v2.6.5, and v3.1.3, whose default is
+ * the Sigstore bundle format: a DSSE envelope stored as a referrer, no .sig tag) signs images that
  * skopeo pushed to a real registry (Debian's docker-registry over TLS with basic auth,
  * test/registry.ts), offline (`cosign sign --key … --tlog-upload=false`); the built executable then
  * gets the registry's push envelopes and, on the real test cluster, deploys a signed digest and refuses
@@ -29,7 +30,7 @@ import { promisify } from 'node:util';
 import {
   adminPort, defaultBinary, httpRequest, makeTempDir, startWebhook, waitFor, waitForOutput, type Webhook,
 } from './harness.ts';
-import { cosignOrSkip } from './cosign.ts';
+import { COSIGN3_VERSION, cosignOrSkip } from './cosign.ts';
 import { ociRegistryOrSkip, pushBlob, pushManifest, type OciRegistry } from './oci-registry.ts';
 import { makeCertificate, ociArchive, startRegistry, type Registry } from './registry.ts';
 import { clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor, pushedState, removeNamespace } from './cluster/kube.ts';
@@ -44,6 +45,7 @@ const KEY_PASSWORD = 'cosign-key-password-7f10aa';
 const COSIGN_TIMEOUT_MS = 120_000;
 const cluster = await clusterOrSkip();
 const cosign = cluster ? await cosignOrSkip() : undefined;
+const cosign3 = cosign ? await cosignOrSkip(COSIGN3_VERSION) : undefined;
 
 /** sha256 of a PEM public key's SubjectPublicKeyInfo, as -validate and the answers show it. */
 function fingerprint(pemFile: string): string {
@@ -53,7 +55,7 @@ function fingerprint(pemFile: string): string {
 
 const escape = (text: string) => text.replace(/[.*+?^${}()|[\]\\/]/g, '\\$&');
 
-describe('VERIFY_SIGNATURE: cosign signatures on a real registry, through the executable', { skip: cosign ? false : 'no cluster or no cosign' }, () => {
+describe('VERIFY_SIGNATURE: cosign signatures on a real registry, through the executable', { skip: cosign && cosign3 ? false : 'no cluster or no cosign' }, () => {
   const ns = freshNamespaceName('signed');
   const kubectl = kubectlFor(cluster!);
   let registry: Registry;
@@ -88,6 +90,12 @@ describe('VERIFY_SIGNATURE: cosign signatures on a real registry, through the ex
     req.on('error', reject);
     req.end();
   });
+  /** Pushes a new image to acme/web:<tag> on go-containerregistry's registry (the one with the referrers API); its digest. */
+  const pushToOci = async (tag: string) => {
+    await run('skopeo', ['copy', '--quiet', '--dest-cert-dir', oci!.certDir, `oci-archive:${ociArchive(work, `referrers ${tag}`).path}`,
+      `docker://${oci!.host}/acme/web:${tag}`], { timeout: COSIGN_TIMEOUT_MS });
+    return digestOf(tag, { host: oci!.host, caPem: oci!.caPem });
+  };
   /** Pushes a new image to acme/web:<tag>; its digest. */
   const pushImage = async (tag: string) => {
     await registry.push(ociArchive(work, `signed-images ${tag} ${Date.now()}`).path, `acme/web:${tag}`);
@@ -98,6 +106,17 @@ describe('VERIFY_SIGNATURE: cosign signatures on a real registry, through the ex
     run(cosign!, ['sign', '--key', path.join(work, `${key}.key`), '--tlog-upload=false', '--yes', ...extra, `${at.host}/acme/web@${digest}`], {
       cwd: work, timeout: COSIGN_TIMEOUT_MS,
       env: { ...process.env, COSIGN_PASSWORD: KEY_PASSWORD, COSIGN_EXPERIMENTAL: '1', SSL_CERT_FILE: at.ca, DOCKER_CONFIG: dockerConfig },
+    });
+  /**
+   * cosign 3 of acme/web@<digest>, offline, in its default format (a Sigstore bundle): `sign`, or `attest` with its
+   * extra arguments. Offline in cosign 3 is without its signing config, which would name a log and a timestamp
+   * authority to upload to.
+   */
+  const cosign3Of = (verb: 'sign' | 'attest', key: string, digest: string, extra: string[] = [], at = { host: registry.host, ca: caFile }) =>
+    run(cosign3!, [verb, '--key', path.join(work, `${key}.key`), '--use-signing-config=false', '--tlog-upload=false', '--yes', ...extra,
+      `${at.host}/acme/web@${digest}`], {
+      cwd: work, timeout: COSIGN_TIMEOUT_MS,
+      env: { ...process.env, COSIGN_PASSWORD: KEY_PASSWORD, SSL_CERT_FILE: at.ca, DOCKER_CONFIG: dockerConfig },
     });
   /** The registry's push envelope for acme/web:<tag> at <digest>, to the hook for deployment/<workload>. */
   const post = (tag: string, digest: string, { hook = 'signed', workload = 'web', host = registry.host, repository = 'acme/web', via = wh } = {}) => via.request(
@@ -269,9 +288,7 @@ describe('VERIFY_SIGNATURE: cosign signatures on a real registry, through the ex
   test('on a registry with the OCI 1.1 referrers API, the referrers are read through it: unsigned refused, signed deployed', async (t) => {
     if (!oci) return t.skip("go-containerregistry's registry could not be built or started");
     const at = { host: oci.host, caPem: oci.caPem };
-    await run('skopeo', ['copy', '--quiet', '--dest-cert-dir', oci.certDir, `oci-archive:${ociArchive(work, 'referrers v2').path}`,
-      `docker://${oci.host}/acme/web:v2`], { timeout: COSIGN_TIMEOUT_MS });
-    const digest = await digestOf('v2', at);
+    const digest = await pushToOci('v2');
     const where = { hook: 'referrers', workload: 'referrers', host: oci.host };
     await refused('v2', digest, new RegExp(`no cosign signature \\(looked at tag sha256-${digest.slice(7)}\\.sig and the referrers API\\)`), where);
     await sign('release', digest, ['--registry-referrers-mode=oci-1-1'], { host: oci.host, ca: ociCa });
@@ -282,6 +299,49 @@ describe('VERIFY_SIGNATURE: cosign signatures on a real registry, through the ex
     assert.equal(res.status, 200, res.body);
     assert.equal(await imageOf('referrers'), `${oci.host}/acme/web:v2@${digest}`);
     assert.match(res.body, /is signed by ECDSA P-256 key sha256:[0-9a-f]{64} \(referrer sha256:[0-9a-f]{64}, layer 1\)$/m);
+  });
+
+  test("cosign 3's default signature, a Sigstore bundle stored as a referrer (no .sig tag), is found and deployed", async () => {
+    const digest = await pushImage('b1');
+    await cosign3Of('sign', 'release', digest);
+    // Stored as a referrer only: the .sig tag cosign 2 wrote is not there.
+    await assert.rejects(digestOf(`${digest.replace(':', '-')}.sig`), /: 404$/);
+    const res = await post('b1', digest);
+    assert.equal(res.status, 200, res.body);
+    assert.equal(await imageOf(), `${image('b1')}@${digest}`);
+    assert.match(res.body, new RegExp(`^note: +signature: ${escape(`${registry.host}/acme/web@${digest}`)} is signed by ECDSA P-256 key ` +
+      `${fingerprint(path.join(work, 'release.pub'))} \\(referrer sha256:[0-9a-f]{64} \\(a Sigstore bundle\\)\\)$`, 'm'));
+  });
+
+  test("cosign 3's annotations (sign -a) are checked as cosign 2's are: another value is refused, the one required deployed", async () => {
+    const digest = await pushImage('b2');
+    await cosign3Of('sign', 'release', digest, ['-a', 'pipeline=dev']);
+    await refused('b2', digest, /referrer sha256:[0-9a-f]{64} \(a Sigstore bundle\): signed by sha256:[0-9a-f]{64}, but with the annotation pipeline="dev", not release/,
+      { hook: 'annotated', workload: 'annotated' });
+    await cosign3Of('sign', 'release', digest, ['-a', 'pipeline=release']);
+    const res = await post('b2', digest, { hook: 'annotated', workload: 'annotated' });
+    assert.equal(res.status, 200, res.body);
+    assert.equal(await imageOf('annotated'), `${image('b2')}@${digest}`);
+  });
+
+  test('a cosign 3 attestation (cosign attest) is not a signature: a digest that has only one is not signed, and is said so', async () => {
+    const digest = await pushImage('b3');
+    const predicate = path.join(work, 'scan.json');
+    fs.writeFileSync(predicate, JSON.stringify({ scanner: { uri: 'pkg:github/aquasecurity/trivy' }, result: {} }));
+    await cosign3Of('attest', 'release', digest, ['--type', 'vuln', '--predicate', predicate]);
+    const hex = digest.slice('sha256:'.length);
+    await refused('b3', digest, new RegExp(`no cosign signature \\(looked at tag sha256-${hex}\\.sig and the referrers tag sha256-${hex}; ` +
+      'the referrers hold attestations \\("https://cosign\\.sigstore\\.dev/attestation/vuln/v1"\\), which are not signatures\\)'));
+  });
+
+  test("on a registry with the referrers API, cosign 3's bundle is read through it (a referrer typed as its config, as this registry lists it)", async (t) => {
+    if (!oci) return t.skip("go-containerregistry's registry could not be built or started");
+    const digest = await pushToOci('b4');
+    await cosign3Of('sign', 'release', digest, [], { host: oci.host, ca: ociCa });
+    const res = await post('b4', digest, { hook: 'referrers', workload: 'referrers', host: oci.host });
+    assert.equal(res.status, 200, res.body);
+    assert.equal(await imageOf('referrers'), `${oci.host}/acme/web:b4@${digest}`);
+    assert.match(res.body, /is signed by ECDSA P-256 key sha256:[0-9a-f]{64} \(referrer sha256:[0-9a-f]{64} \(a Sigstore bundle\)\)$/m);
   });
 
   describe('signatures shaped by whoever may push to the registry (go-containerregistry\'s registry, its requests counted)', () => {
