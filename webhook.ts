@@ -67,7 +67,7 @@
  *  41. rollout follow ............. claimFollow, followRollout, resumedReport, rolloutEvent
  *  42. rollback ................... rollBackFailedRollout
  *  43. least privilege & the gate  formatRbac, gateJob, hookReach, HookReach, upgradeInput
- *  44. the upgrade ................ runUpgrade, runDecidedPush, upgradeResult
+ *  44. the upgrade ................ runUpgrade, runDecidedPush, commandAnswer
  *  45. the upgrade service ........ UpgradeService, RolloutFollower, hookClusters
  *  46. promotion .................. Promotions, promotionChain
  *  47. approvals .................. approvalHooksProblem, ApprovalService, WaitingPush
