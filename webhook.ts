@@ -6169,11 +6169,12 @@ function annotationsOf(value: unknown): Record<string, string> {
   return Object.fromEntries(Object.entries(a).filter((e): e is [string, string] => typeof e[1] === 'string'));
 }
 
-/** What the whole signature check failing its deadline (SIGNATURE_LIMITS.checkTimeoutMs) is: the registry away. */
+/** The check ran out of SIGNATURE_LIMITS.checkTimeoutMs: as a request that got no answer, the registry is away. */
 function signatureCheckTimeout(): OutboundError {
   const limit = formatGoDuration(SIGNATURE_LIMITS.checkTimeoutMs);
   return new OutboundError(`the registry did not give the signatures within ${limit}`, 'ETIMEDOUT');
 }
+
 // ================================================================================================
 // 12. cosign signatures — offline, on the registry the image is on: readCosignSignatures looks for a valid
 //    signature of a digest where cosign stores them (the sha256-<hex>.sig tag; the OCI 1.1 referrers API, else the
@@ -6232,7 +6233,7 @@ export interface CosignSignatures {
   attestations?: string[];
 }
 
-/** The check ran out of SIGNATURE_LIMITS.checkTimeoutMs: as a request that got no answer, the registry is away. */
+
 /**
  * A signature's verdict: the key it is valid under and where it was found, or why no signature is; `none` when
  * nothing at all was found where cosign stores signatures (not signed yet, as opposed to signed wrongly).
@@ -6312,7 +6313,7 @@ class SignatureSearch {
       const where = `referrer ${ref}`;
       const bundleLayer = referrer && bundleLayerOf(referrer.json);
       // An attestation (cosign attest: a scan, an SBOM) is a bundle too, and says so: not a signature, not read.
-      const attests = referrer && attestationOf(referrer.json);
+      const attests = bundleLayer && attestationOf(referrer.json);
       if (attests) {
         this.manifests.add(referrer.digest);
         if (!this.found.attestations.includes(attests)) this.found.attestations.push(attests);
@@ -6417,10 +6418,9 @@ function mayBeSignature(artifactType: unknown): boolean {
  * annotation, as cosign writes it): an attestation. Unsigned, so it can only make a signature look like an attestation
  * and be passed over; an attestation that says it is a signature is read, and refused for what it attests. Pure.
  */
-function attestationOf(manifest: Record<string, unknown>): string | undefined {
-  const predicate = annotationsOf(manifest)[BUNDLE_PREDICATE_ANNOTATION];
-  if (predicate === undefined || predicate === COSIGN_SIGN_PREDICATE) return undefined;
-  return bundleLayerOf(manifest) ? predicate : undefined;
+function attestationOf(bundleManifest: Record<string, unknown>): string | undefined {
+  const predicate = annotationsOf(bundleManifest)[BUNDLE_PREDICATE_ANNOTATION];
+  return predicate === COSIGN_SIGN_PREDICATE ? undefined : predicate;
 }
 
 /** A referrer manifest's Sigstore bundle layer (its artifactType or its layer's media type says so), if it is one. */
@@ -21439,7 +21439,7 @@ export function followRecordProblem(
 //    delivery to one cluster (runOne), a decided push (runDecided); a kept push is tried again with the one it kept.
 //    A digest not signed yet (NotSignedYet) is a fact handed to the decision (signedOrNot), not a failure; the push
 //    of a cosign signature (tag sha256-<hex>.sig) changes nothing but names the digest it signs (signatureOf).
-//    Exports: CommandAnswer, commandAnswer, readAtBoundary, refusedAtGate, reportWhere, runDecidedPush, runPush,
+//    Exports: commandAnswer, CommandAnswer, readAtBoundary, refusedAtGate, reportWhere, runDecidedPush, runPush,
 //    runUpgrade.
 //    Tests: test/burst.test.ts, test/e2e.test.ts, test/outage.test.ts, test/rollback.test.ts,
 //    test/signed-images.test.ts, test/upgrade.test.ts.
@@ -21809,7 +21809,7 @@ export async function refusedAtGate(
 //    API server (or, under ON_REGISTRY_AWAY=keep, the registry) does not answer kept and applied when it answers
 //    (KeptPushes, answered 202), decided waiting pushes
 //    and pushes deployed again (runDecided), and the rollout follower that follows rollouts after the answer.
-//    Exports: FannedOut, hookClusters, listWorkloads, ResultListener, ResumedFollow, RolloutFollower,
+//    Exports: FannedOut, hookClusters, listWorkloads, recordResult, ResultListener, ResumedFollow, RolloutFollower,
 //    UpgradeOutput, UpgradeService, workloadGroups.
 //    Tests: test/burst.test.ts, test/e2e.test.ts, test/outage.test.ts, test/rollback.test.ts, test/upgrade.test.ts.
 // ================================================================================================
@@ -22114,6 +22114,15 @@ export class FannedOut {
 
 /** What the upgrade reports on a command's result: one push's report, or a delivery fanned out to several clusters. */
 export type UpgradeOutput = ReportView | FannedOut;
+
+/**
+ * A record of a source other than a request (a promotion, a decided push, a registry watch's find) as the result a
+ * command's listener takes: its answer (commandAnswer) and the settings it is told with.
+ */
+function recordResult(record: ReportView, settings: ResultSettings): CommandResult<UpgradeOutput> {
+  const answer = commandAnswer(record);
+  return { ...answer, settings, ok: answer.exitCode === 0, timedOut: false };
+}
 
 /** The clusters a hook's pushes go to, as it fixes them (CLUSTER or CLUSTERS); [undefined]: the default. */
 export function hookClusters(hook: Hook): (string | undefined)[] {
@@ -23306,10 +23315,8 @@ export class Promotions implements ResultListener {
   /** A promotion's result goes where a push's goes: the rollout follower follows it, then back here and on. */
   private tell(hook: Hook, id: string, done: ReportView, settings: ResultSettings): void {
     const req: PushOrigin = { id };
-    const ok = done.result === 'ok';
-    const result = { output: formatReport(done), settings, ok, exitCode: ok ? 0 : 1, timedOut: false, report: done };
     this.listener?.started?.(hook, req);
-    this.listener?.finished(hook, req, result);
+    this.listener?.finished(hook, req, recordResult(done, settings));
   }
 
   /**
@@ -24149,13 +24156,12 @@ export class ApprovalService implements ApprovalPages, CommandListener<UpgradeOu
   /** The result of a decision goes where a push's goes (recorded, followed, mailed, posted); the page's outcome. */
   private told(hook: Hook, id: string, decided: ReportView, settings: ResultSettings, done: string) {
     const req: PushOrigin = { id };
-    const output = formatReport(decided);
-    const ok = decided.result === 'ok';
+    const result = recordResult(decided, settings);
     this.started(hook, req);
-    this.finished(hook, req, { output, settings, ok, exitCode: ok ? 0 : 1, timedOut: false, report: decided });
+    this.finished(hook, req, result);
     this.log.notice(`[${id}] ${decided.workload} in ${decided.namespace}: ${decided.action}`);
-    const title = ok ? done : 'Failed';
-    return { status: ok ? 200 : 500, title, detail: decided.error ?? decided.action, report: output };
+    const title = result.ok ? done : 'Failed';
+    return { status: result.ok ? 200 : 500, title, detail: decided.error ?? decided.action, report: result.output };
   }
 
   /** Takes a pending entry off (rejected, expired) by a patch that tests the annotation read; undefined: gone. */
@@ -25132,12 +25138,8 @@ export class RegistryWatch {
     // What the container runs now: the next look compares with it, not with the listing.
     if (r.changed) Object.assign(w, { image, facts: { ...w.facts, record: undefined } });
     const req: PushOrigin = { id: requestId };
-    const ok = r.result === 'ok';
     this.next.started?.(hook, req);
-    this.next.finished(hook, req, {
-      ...{ output: formatReport(r), settings: r.settings, ok, exitCode: ok ? 0 : 1, timedOut: false },
-      report: r,
-    });
+    this.next.finished(hook, req, recordResult(r, r.settings));
     this.log.notice(`[${requestId}] registry watch: ${this.where(w)}: ${image}: ${r.action}`);
     return `${image}: ${r.decision} (${why})`;
   }
