@@ -11,16 +11,17 @@
  * Chapters, in order. Part I holds the libraries the program needs and has no dependency for; they use nothing of the
  * service. Part II is the service: it opens with its model (16), the values every later chapter works with (a push, a
  * hook's settings, a decision, the record of a delivery, the annotations), and its limits (17), then follows the
- * order a push travels: main (54) opens the listeners (26) with the http server's handler (25), which uses the
+ * order a push travels: main (55) opens the listeners (26) with the http server's handler (25), which uses the
  * request, rule and hook chapters above it and hands the command to the runner (24), whose in-process command is the
- * upgrade (27-45): a boundary builds the push, the decision (37) decides it, an executor carries it out (38 on the
- * cluster, 39 as a commit to Git). After the answer the result travels on in order too: the approvals (47) learn of
- * waiting pushes and decide them, the registry watch (48) finds pushes no registry told of, the rollout follower (45)
- * follows the rollout and hands each step on: to the promotion (46), which takes a push from one stage to the next,
- * and to the result (49), which records it and, once final, sends it to the mail (50) and the chat and JSON receivers
- * (51); the deliveries page (52) renders the records. No chapter uses a name a later one defines; where an earlier
- * chapter hands work on, it declares the small interface it needs (InProcessCommand, CommandListener, AdminPages,
- * ApprovalPages, ResultListener, ResultChannel, HookSettingChecks) and main() wires the later chapter in.
+ * upgrade (27-46): a boundary builds the push, the decision (37) decides it, an executor carries it out (38 on the
+ * cluster, 39 as a commit to Git, 40 as a Helm release's revision). After the answer the result travels on in order
+ * too: the approvals (48) learn of waiting pushes and decide them, the registry watch (49) finds pushes no registry
+ * told of, the rollout follower (46) follows the rollout and hands each step on: to the promotion (47), which takes a
+ * push from one stage to the next, and to the result (50), which records it and, once final, sends it to the mail
+ * (51) and the chat and JSON receivers (52); the deliveries page (53) renders the records. No chapter uses a name a
+ * later one defines; where an earlier chapter hands work on, it declares the small interface it needs
+ * (InProcessCommand, CommandListener, AdminPages, ApprovalPages, ResultListener, ResultChannel, HookSettingChecks) and
+ * main() wires the later chapter in.
  *
  * Part I — libraries
  *   1. reading text ............... formatGoDuration, isObject, JsonNumber, MONTHS
@@ -63,21 +64,22 @@
  *  37. the decision ............... decide, futureTimeNote, waitingAction
  *  38. the cluster executor ....... carryOut, ExecutorOutcome, recordOutcome
  *  39. the git executor ........... commitOut, editGitFile, locatedYaml
- *  40. the report ................. formatForcedRollback, formatReport, formatRollback, formatRollout
- *  41. rollout follow ............. claimFollow, followRollout, resumedReport, rolloutEvent
- *  42. rollback ................... rollBackFailedRollout
- *  43. least privilege & the gate  formatRbac, gateJob, hookReach, HookReach, upgradeInput
- *  44. the upgrade ................ runUpgrade, runDecidedPush, commandAnswer
- *  45. the upgrade service ........ UpgradeService, RolloutFollower, hookClusters
- *  46. promotion .................. Promotions, promotionChain
- *  47. approvals .................. approvalHooksProblem, ApprovalService, WaitingPush
- *  48. registry watch ............. RegistryWatch, newestAllowedTag, nextTagPage, listTags
- *  49. the result ................. DeliveryLog, ResultDispatcher, deliveryFacts, ResultChannel
- *  50. mail ....................... Mailer, parseMailConfig
- *  51. chat & json notifications .. Notifier, NOTIFY_FORMATS, resultDocument
- *  52. deliveries page ............ deliveryPages
- *  53. -validate & -print-rbac .... hookLoadSettings, validate
- *  54. main ....................... main
+ *  40. helm releases .............. releaseOut
+ *  41. the report ................. formatForcedRollback, formatReport, formatRollback, formatRollout
+ *  42. rollout follow ............. claimFollow, followRollout, resumedReport, rolloutEvent
+ *  43. rollback ................... rollBackFailedRollout
+ *  44. least privilege & the gate  formatRbac, gateJob, hookReach, HookReach, upgradeInput
+ *  45. the upgrade ................ runUpgrade, runDecidedPush, commandAnswer
+ *  46. the upgrade service ........ UpgradeService, RolloutFollower, hookClusters
+ *  47. promotion .................. Promotions, promotionChain
+ *  48. approvals .................. approvalHooksProblem, ApprovalService, WaitingPush
+ *  49. registry watch ............. RegistryWatch, newestAllowedTag, nextTagPage, listTags
+ *  50. the result ................. DeliveryLog, ResultDispatcher, deliveryFacts, ResultChannel
+ *  51. mail ....................... Mailer, parseMailConfig
+ *  52. chat & json notifications .. Notifier, NOTIFY_FORMATS, resultDocument
+ *  53. deliveries page ............ deliveryPages
+ *  54. -validate & -print-rbac .... hookLoadSettings, validate
+ *  55. main ....................... main
  *
  * Each banner's "Exports" lists the names later chapters use and "Tests" the test files that cover it
  * (test/structure.test.ts checks both).
@@ -7764,10 +7766,10 @@ export interface GitSettings {
 //    it is live (an entry put back after it was decided verifies, but is stale). The docs' tables of
 //    settings, decisions and annotations are written from these tables (scripts/docs.ts).
 //    Exports: APPROVAL_ANNOTATION, ApprovalLinks, ApprovalSigning, DecidedBy, DecidedFacts, Decision, DecisionCode,
-//    DecisionInput, DECISIONS, Delivery, DeployWindow, FOLLOW_ANNOTATION, FollowAfter, ForcedRollback, HOOK_ANNOTATION,
-//    HookConfig, ImagePattern, ImagePin, IncomingPush, K8sObject, LAST_PUSH_ANNOTATION, LocatedContainer,
-//    MIN_AGE_ANNOTATION, NO_RESULT_SETTINGS, NotifyTexts, Outcome, PENDING_ANNOTATION, PendingEntry, PlannedChange,
-//    PlatformFacts, PodFailure, PodSummary, POLICY_ANNOTATION, POLL_ANNOTATION, PROMOTION_ANNOTATION,
+//    DecisionInput, DECISIONS, Delivery, DeployWindow, FOLLOW_ANNOTATION, FollowAfter, ForcedRollback, HelmSettings,
+//    HOOK_ANNOTATION, HookConfig, ImagePattern, ImagePin, IncomingPush, K8sObject, LAST_PUSH_ANNOTATION,
+//    LocatedContainer, MIN_AGE_ANNOTATION, NO_RESULT_SETTINGS, NotifyTexts, Outcome, PENDING_ANNOTATION, PendingEntry,
+//    PlannedChange, PlatformFacts, PodFailure, PodSummary, POLICY_ANNOTATION, POLL_ANNOTATION, PROMOTION_ANNOTATION,
 //    PublishedDecision, Push, PushReading, RecordLedger, ResultSettings, RollbackOutcome, RolloutOutcome, SendOutcome,
 //    UpdatePolicy, UpgradeSettings, WAITING_DECISIONS, WINDOW_ANNOTATION, WorkloadEvent, WorkloadKind, WorkloadTarget.
 //    Tests: test/decision.test.ts, test/docs.test.ts, test/hold.test.ts, test/policy.test.ts, test/records.test.ts,
@@ -7900,6 +7902,19 @@ interface UpgradeSettings {
   /** GIT_REPO and the rest: an applied push is committed to Git (commitOut); without, ON_GITOPS_OWNER. */
   git: GitSettings | undefined;
   onGitopsOwner: 'refuse' | 'patch';
+  /** HELM_RELEASE and HELM_FIELD: a workload a Helm release installed is upgraded in its release (releaseOut). */
+  helm: HelmSettings | undefined;
+}
+
+/**
+ * Which Helm release a push upgrades, and where its values keep the tag. `release` undefined: the workload's own
+ * (its meta.helm.sh/release-name annotation). `strict`: the hook asked for the release (HELM_RELEASE or HELM_FIELD
+ * set), so a release that cannot be written refuses the push; unset, such a workload is patched alone, with a note.
+ */
+export interface HelmSettings {
+  release: string | undefined;
+  field: string;
+  strict: boolean;
 }
 
 /**
@@ -16091,10 +16106,11 @@ export class AgeCheck {
 //    wait). The GIT_* settings' and ON_GITOPS_OWNER's parse functions end it (gitSettingsRead: a write-back's).
 //    Exports: annotationNamespacesSetting, approvalTimeoutSetting, clusterNames, deployWindowSetting, dnsLabelSetting,
 //    gitAuthor, gitBranchName, gitCa, gitFieldPath, gitFilePath, gitopsOwnerMode, gitRepoUrl, gitSettingsRead,
-//    gitToken, gitUsername, mailBase64, mailBoolean, mailPort, mailTlsMode, minImageAgeSetting, NOTIFY_FORMAT_NAMES,
-//    notifyCa, NotifyFormatName, notifyFormats, notifyUrls, outsideChangeSetting, parseRecipients, pollInterval,
-//    registryAwaySetting, registryCa, registryTokenHosts, rolloutTimeoutSetting, signatureAnnotationsSetting,
-//    signatureKeysSetting, signatureWaitSetting, stuckTimeoutSetting, telegramChats, updatePolicySetting.
+//    gitToken, gitUsername, helmFieldPath, helmReleaseSetting, helmSettings, mailBase64, mailBoolean, mailPort,
+//    mailTlsMode, minImageAgeSetting, NOTIFY_FORMAT_NAMES, notifyCa, NotifyFormatName, notifyFormats, notifyUrls,
+//    outsideChangeSetting, parseRecipients, pollInterval, registryAwaySetting, registryCa, registryTokenHosts,
+//    rolloutTimeoutSetting, signatureAnnotationsSetting, signatureKeysSetting, signatureWaitSetting,
+//    stuckTimeoutSetting, telegramChats, updatePolicySetting.
 //    Tests: test/mail.test.ts, test/registry-watch.test.ts, test/settings.test.ts.
 // ================================================================================================
 
@@ -16528,10 +16544,12 @@ export function gitFilePath(value: string | undefined): string | undefined {
 export function gitFieldPath(value: string | undefined): string | undefined {
   const field = value?.trim() ?? '';
   if (field === '') return undefined;
-  if (!/^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$/.test(field))
+  if (!DOTTED_KEYS.test(field))
     throw new GitError(`GIT_FIELD ${showValue(field)} is not a dotted path of keys (e.g. image.tag)`);
   return field;
 }
+
+const DOTTED_KEYS = /^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$/;
 
 /** The token itself, or (starting with /) the path of a file holding it. Never shown. */
 export function gitToken(value: string | undefined): string | undefined {
@@ -16596,6 +16614,44 @@ export function gitSettingsRead(read: (name: string) => unknown): GitSettings | 
   const syncTimeoutMs = (read('GIT_SYNC_TIMEOUT') as number | undefined) ?? 0;
   const author = text('GIT_AUTHOR')!;
   return gitSettings({ remote, token, path, field, branch: branch ?? 'main', author, signingKey, syncTimeoutMs });
+}
+
+// ---- HELM_RELEASE and HELM_FIELD: which Helm release a push upgrades (HelmSettings, of the model) -----------
+
+/** Helm's rule for a release name (chartutil.ValidateReleaseName): DNS labels joined by dots, at most 53 characters. */
+const HELM_RELEASE_NAME = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$/;
+
+/** HELM_RELEASE as given: unset, `auto` (the workload's release), `none` (patched alone) or a release's name. */
+export function helmReleaseSetting(value: string | undefined): { release?: string; asked: boolean } | 'none' {
+  const text = value?.trim() ?? '';
+  if (text === '') return { asked: false };
+  const word = text.toLowerCase();
+  if (word === 'none') return 'none';
+  if (word === 'auto') return { asked: true };
+  if (text.length > 53 || !HELM_RELEASE_NAME.test(text))
+    throw new UpgradeError(
+      `HELM_RELEASE ${showValue(text)} is neither auto, none nor a Helm release name (lower-case letters, digits, ` +
+        "'-' and '.', at most 53 characters)",
+    );
+  return { release: text, asked: true };
+}
+
+/** HELM_FIELD: a dotted path of the release values' keys; unset is image.tag. */
+export function helmFieldPath(value: string | undefined): string | undefined {
+  const field = value?.trim() ?? '';
+  if (field === '') return undefined;
+  if (!DOTTED_KEYS.test(field))
+    throw new UpgradeError(`HELM_FIELD ${showValue(field)} is not a dotted path of keys (e.g. image.tag)`);
+  return field;
+}
+
+/** The Helm settings of a hook, from HELM_RELEASE and HELM_FIELD as parsed; undefined under HELM_RELEASE=none. */
+export function helmSettings(
+  release: ReturnType<typeof helmReleaseSetting>,
+  field: string | undefined,
+): HelmSettings | undefined {
+  if (release === 'none') return undefined;
+  return { release: release.release, field: field ?? 'image.tag', strict: release.asked || field !== undefined };
 }
 
 /** A write-back's settings once each is read: the file and the token are required. */
@@ -16984,6 +17040,20 @@ export const HOOK_SETTINGS = {
     validation: 'refuse or patch (any case)',
     meaning: 'Without GIT_REPO, whether a workload Argo CD, Flux or Fleet deploys is patched (their sync undoes it).',
   }),
+  HELM_RELEASE: setting({
+    ...{ type: 'auto, none or a release name', default: "the workload's, when it can be written", fixed: true },
+    ...{ parse: helmReleaseSetting, validation: "auto or none (any case), or a Helm release of the hook's namespace" },
+    meaning:
+      'The Helm release a push upgrades as helm upgrade --reuse-values would (its next revision, then the PATCH); ' +
+      "auto: the workload's meta.helm.sh/release-name; none: the workload is patched alone.",
+  }),
+  HELM_FIELD: setting({
+    ...{ type: 'dotted path', default: 'image.tag', fixed: true, parse: helmFieldPath },
+    validation: 'keys separated by dots, e.g. image.tag',
+    meaning:
+      "The release values' tag field; a sibling repository (and registry) must name the pushed repository, a " +
+      'sibling digest gets the pinned digest.',
+  }),
   GIT_USERNAME: setting({
     ...{ type: 'text', default: 'x-access-token', fixed: true, parse: gitUsername, validation: 'text without a colon' },
     meaning: "The user of GIT_REPO's basic auth (GitLab: oauth2 or any; Gitea: the token's owner).",
@@ -17296,6 +17366,7 @@ function readSettings(input: SettingInput, known: KnownSoFar): UpgradeSettings &
     dryRun: get('DRY_RUN'),
     git: gitSettingsRead((name) => get(name as HookSettingName)),
     onGitopsOwner: get('ON_GITOPS_OWNER'),
+    helm: helmSettings(get('HELM_RELEASE'), get('HELM_FIELD')),
   };
 }
 
@@ -18863,7 +18934,7 @@ export function waitingAction(e: PendingEntry): string {
 //    as it is now. Another way to carry a decision out (a commit to Git) is an executor beside this one.
 //    A third executor, for DRY_RUN, decides and tells and writes nothing but its Event (dryRunOut).
 //    Exports: AfterAnswer, Applied, carryOut, decidedOn, dryRunOut, ExecutorOutcome, failIfRefused, guardedPatch,
-//    outcomeOn, PushToCarryOut, recordOutcome, recordRolloutEnd, targetOn.
+//    knownKey, outcomeOn, PushToCarryOut, recordOutcome, recordRolloutEnd, targetOn.
 //    Tests: test/dry-run.test.ts, test/e2e.test.ts, test/records.test.ts, test/replicas.test.ts, test/upgrade.test.ts.
 // ================================================================================================
 
@@ -18985,13 +19056,19 @@ async function eventRecorded(
  * decided again. Its outcome: with the workload as the PATCH returned it when a change was applied; a refused or
  * failed decision's Event recorded, nothing else written.
  */
-export async function carryOut(client: KubeClient, given: PushToCarryOut, deps: UpgradeDeps): Promise<ExecutorOutcome> {
+export async function carryOut(
+  client: KubeClient,
+  given: PushToCarryOut,
+  deps: UpgradeDeps,
+  read?: K8sObject,
+): Promise<ExecutorOutcome> {
   const target = given.push.target;
-  const key = `${target.namespace}/${target.kind}/${target.name}`;
+  const key = knownKey(target);
   const now = deps.now ?? (() => new Date());
-  let copy = deps.known?.get(key);
-  for (let reads = 0; ; ) {
-    const workload = copy ?? (await readWorkload(client, target));
+  // `read`: the workload as another executor has just read it, the first attempt's (no copy, no second read).
+  let copy = read ? undefined : deps.known?.get(key);
+  for (let reads = 0; ; read = undefined) {
+    const workload = copy ?? read ?? (await readWorkload(client, target));
     if (!copy) reads++;
     const decision = decide({ ...given, workload, nowMs: now().getTime(), entryId: randomUUID() });
     // A copy may be stale: anything but a plain apply is decided again on the workload as it is now.
@@ -19009,6 +19086,9 @@ export async function carryOut(client: KubeClient, given: PushToCarryOut, deps: 
     }
   }
 }
+
+/** Where KnownWorkloads keeps a copy of the workload. Pure. */
+export const knownKey = (target: WorkloadTarget) => `${target.namespace}/${target.kind}/${target.name}`;
 
 /** An apply that completes no pending entry and takes none off: the only decision carried out on a copy. Pure. */
 function plainApply(d: Decision, push: PushToCarryOut): boolean {
@@ -19210,7 +19290,7 @@ function recordDecision(report: Delivery, d: Decision, kind: WorkloadKind): void
 //    answering, the service watches the workload until the tool applied the commit (GIT_SYNC_TIMEOUT), names the
 //    tool by its field manager (gitopsApplier, GITOPS_MARKS), then follows the rollout. Without GIT_REPO, a push
 //    that would patch a workload a GitOps tool deploys is refused (refuseGitopsOwned, ON_GITOPS_OWNER).
-//    Exports: commitOut, refuseGitopsOwned.
+//    Exports: commitOut, editGitFile, namesRepository, refuseGitopsOwned.
 //    Tests: test/git.test.ts.
 // ================================================================================================
 
@@ -19527,6 +19607,16 @@ function lastIndex(node: LocatedNode): number {
   return 0;
 }
 
+/**
+ * Whether a values file's `repository` (with its `registry` before it, when it has one) names the pushed image's
+ * repository: in full, as its path, or as its last segments (a values file that leaves the registry to the chart).
+ * Pure.
+ */
+export function namesRepository(named: string, ref: ImageRef): boolean {
+  const pushed = imageRepository(ref);
+  return named === pushed || pushed.endsWith(`/${named}`) || named === ref.path;
+}
+
 /** GIT_FIELD's scalar set to the pushed tag; a sibling `repository` must name the pushed repository. */
 function helmChanges(e: GitEdit, docs: LocatedNode[], ref: ImageRef): TextChange[] {
   const keys = e.field!.split('.');
@@ -19543,7 +19633,7 @@ function helmChanges(e: GitEdit, docs: LocatedNode[], ref: ImageRef): TextChange
     const registry = scalarText(locatedValue(parent, 'registry'));
     const named = registry ? `${registry}/${repository}` : repository;
     const pushed = imageRepository(ref);
-    if (named !== pushed && !pushed.endsWith(`/${named}`) && named !== ref.path)
+    if (!namesRepository(named, ref))
       throw new UpgradeError(
         `${e.file}: ${keys.slice(0, -1).concat('repository').join('.')} names ${showValue(named)}, not the pushed ` +
           `repository ${showValue(pushed)}: the push is refused`,
@@ -19999,7 +20089,342 @@ export async function refuseGitopsOwned(
 }
 
 // ================================================================================================
-// 40. the report — the answer of one push, one "label: value" per line, values aligned, always in this order, lines
+// 40. helm releases — a workload a Helm release installed (its meta.helm.sh/release-name annotation, or the
+//    release HELM_RELEASE names) is upgraded as `helm upgrade --reuse-values --set <HELM_FIELD>=<tag>` would
+//    upgrade it, with no Helm program and no chart rendering. The release's record is read where Helm 3 and 4
+//    keep it by default (the Secrets sh.helm.release.v1.<name>.v<N>, labelled owner=helm: gzip'd JSON, base64'd),
+//    and its next revision written as Helm writes one: the same chart, the user-supplied values with the tag set
+//    (the values' repository checked as the Git executor checks a values file's), the manifest with the container's
+//    image replaced (the Git executor's manifest edit), pending-upgrade. Then the cluster executor patches the
+//    workload as it patches any push (the hold, the policies, the follow unchanged; its own field manager, so the
+//    hold never takes this write for a person's), and the revision becomes deployed and the one before superseded.
+//    helm get values, helm history, a later helm upgrade --reuse-values and helm rollback see the push as a revision
+//    of their own. A push the PATCH does not apply, or whose PATCH fails, takes its revision off again. The chart's
+//    hooks are not run (the answer names them). A hook that asked for the release (HELM_RELEASE or HELM_FIELD set)
+//    refuses a push whose release cannot be written, naming why, and writes nothing; unset, such a workload is
+//    patched alone and the answer says why its release was not.
+//    Exports: HELM_RELEASE_ANNOTATION, releaseOut.
+//    Tests: test/helm-release.test.ts.
+// ================================================================================================
+
+/** Where Helm (3.2 and later) names the release that installed an object. */
+const HELM_RELEASE_ANNOTATION = 'meta.helm.sh/release-name';
+const HELM_NAMESPACE_ANNOTATION = 'meta.helm.sh/release-namespace';
+/** The labels Helm's Secret storage keeps for itself; any other label of a release's Secret is the release's own. */
+const HELM_STORAGE_LABELS = new Set(['name', 'owner', 'status', 'version', 'createdAt', 'modifiedAt']);
+/** A record larger than this once unzipped is no release (Helm keeps a Secret's 1 MiB, a chart compresses ~10×). */
+const MAX_RELEASE_BYTES = 32 * 1024 * 1024;
+
+/** One revision of a release as Helm's Secret storage keeps it: its Secret, version and status label. */
+interface StoredRevision {
+  secret: K8sObject;
+  version: number;
+  status: string;
+}
+
+/** A release as Helm encodes it (pkg/release): fields this executor reads; the rest is kept as read. */
+interface HelmRelease {
+  name?: string;
+  version?: number;
+  info?: { status?: string; description?: string; last_deployed?: string } & Record<string, unknown>;
+  chart?: { values?: unknown } & Record<string, unknown>;
+  config?: unknown;
+  manifest?: string;
+  hooks?: { name?: string; events?: string[] }[];
+  [key: string]: unknown;
+}
+
+/** The revision written for a push: the Secret as created, and the revision it supersedes. */
+interface WrittenRevision {
+  name: string;
+  created: K8sObject;
+  release: HelmRelease;
+  current: StoredRevision;
+  hooks: string[];
+}
+
+const releaseSecrets = (namespace: string, name?: string): ResourceRef => ({
+  ...{ group: '', version: 'v1', resource: 'secrets', namespace },
+  ...(name !== undefined && { name }),
+});
+
+/**
+ * The release the push upgrades: the one HELM_RELEASE names, else the workload's (its annotation); undefined when
+ * none. A release Helm keeps in another namespace is not the hook's to write. Pure.
+ */
+function releaseOwning(workload: K8sObject, target: WorkloadTarget, helm: HelmSettings): string | undefined {
+  const annotation = (key: string) => {
+    const value = valueAt(workload, ['metadata', 'annotations', key]);
+    return typeof value === 'string' && value !== '' ? value : undefined;
+  };
+  const name = helm.release ?? annotation(HELM_RELEASE_ANNOTATION);
+  const namespace = annotation(HELM_NAMESPACE_ANNOTATION) ?? target.namespace;
+  if (name !== undefined && namespace !== target.namespace)
+    throw new UpgradeError(
+      `${describeResource(workloadResource(target))} belongs to Helm release ${name} of namespace ${namespace} ` +
+        `(${HELM_NAMESPACE_ANNOTATION}), which a hook of namespace ${target.namespace} does not write`,
+    );
+  return name;
+}
+
+/** The release's revisions, oldest first, as its Secrets' labels say. */
+async function releaseRevisions(client: KubeClient, namespace: string, name: string): Promise<StoredRevision[]> {
+  const list = await client.list<{ items?: K8sObject[] }>(releaseSecrets(namespace), {
+    labelSelector: `owner=helm,name=${name}`,
+  });
+  const revisions = (list.items ?? []).map((secret) => {
+    const label = (key: string) => String(valueAt(secret, ['metadata', 'labels', key]) ?? '');
+    return { secret, version: Number(label('version')), status: label('status') };
+  });
+  const versioned = revisions.filter((r) => Number.isSafeInteger(r.version) && r.version > 0);
+  return versioned.sort((a, b) => a.version - b.version);
+}
+
+/** A revision's release, decoded as Helm's storage does (base64, then gzip when it starts with gzip's magic). Pure. */
+function decodedRelease(revision: StoredRevision): HelmRelease {
+  const where = `Helm release record ${String(valueAt(revision.secret, ['metadata', 'name']))}`;
+  const data = valueAt(revision.secret, ['data', 'release']);
+  if (typeof data !== 'string') throw new UpgradeError(`${where} has no data.release`);
+  try {
+    const bytes = Buffer.from(Buffer.from(data, 'base64').toString('latin1'), 'base64');
+    const gzipped = bytes[0] === 0x1f && bytes[1] === 0x8b;
+    const json = gzipped ? zlib.gunzipSync(bytes, { maxOutputLength: MAX_RELEASE_BYTES }) : bytes;
+    const release = JSON.parse(json.toString('utf8')) as unknown;
+    if (!isObject(release)) throw new Error('not a JSON object');
+    return release as HelmRelease;
+  } catch (e) {
+    throw new UpgradeError(`${where} cannot be read as Helm writes it: ${(e as Error).message}`);
+  }
+}
+
+/** A release encoded as Helm's storage writes it: JSON, gzip'd at the best compression, base64'd. Pure. */
+function encodedRelease(release: HelmRelease): string {
+  const gzipped = zlib.gzipSync(JSON.stringify(release), { level: zlib.constants.Z_BEST_COMPRESSION });
+  return Buffer.from(gzipped.toString('base64')).toString('base64');
+}
+
+/** What a push's revision is made from: the release read, the workload and container, the image, the field. */
+interface RevisionEdit {
+  name: string;
+  release: HelmRelease;
+  target: WorkloadTarget;
+  container: string;
+  image: string;
+  field: string;
+  version: number;
+  now: Date;
+}
+
+/**
+ * The next revision of a release for a push, as `helm upgrade --reuse-values --set <field>=<tag>` makes it: the
+ * user-supplied values with the tag set, the manifest's container image replaced, pending-upgrade. An UpgradeError
+ * naming the revision and what is missing when the values or the manifest lack the place. Pure.
+ */
+function nextRevision(e: RevisionEdit): HelmRelease {
+  const parsed = validateImageRef(e.image);
+  if (!parsed.ok) throw new UpgradeError(parsed.message);
+  const where = `Helm release ${e.name} revision ${e.release.version ?? '?'}`;
+  const config = valuesWithTag(e, where, parsed.ref);
+  const manifest = editGitFile({
+    ...{ file: `${where}'s manifest`, text: e.release.manifest ?? '', target: e.target, container: e.container },
+    ...{ image: e.image, field: undefined },
+  });
+  const info = { ...e.release.info, last_deployed: e.now.toISOString(), status: 'pending-upgrade' };
+  return { ...e.release, version: e.version, config, manifest, info: { ...info, description: 'Preparing upgrade' } };
+}
+
+/**
+ * The user-supplied values with HELM_FIELD set to the pushed tag, as --reuse-values --set keeps them: the field must
+ * be in the values the chart renders with (its own, under the user's); a sibling `repository` (after a `registry`)
+ * must name the pushed repository; a sibling `digest` gets the pinned digest (or is emptied), else a pinned digest
+ * follows the tag (`1.2@sha256:…`, which `repository:tag` renders to the image pushed). Pure.
+ */
+function valuesWithTag(e: RevisionEdit, where: string, ref: ImageRef): Record<string, unknown> {
+  const keys = e.field.split('.');
+  const user = isObject(e.release.config) ? e.release.config : {};
+  const chart = isObject(e.release.chart?.values) ? e.release.chart.values : {};
+  const parentKeys = keys.slice(0, -1);
+  const parentIn = (values: unknown) => (parentKeys.length === 0 ? values : valueAt(values, parentKeys));
+  const mapIn = (values: unknown) => (isObject(parentIn(values)) ? (parentIn(values) as Record<string, unknown>) : {});
+  const merged = { ...mapIn(chart), ...mapIn(user) };
+  const last = keys[keys.length - 1];
+  if (!(last in merged)) throw new UpgradeError(`${where}: HELM_FIELD ${e.field}: the values have no ${e.field}`);
+  const text = (key: string) => (typeof merged[key] === 'string' ? (merged[key] as string) : undefined);
+  const repository = text('repository');
+  const named = repository && (text('registry') ? `${text('registry')}/${repository}` : repository);
+  if (named && !namesRepository(named, ref))
+    throw new UpgradeError(
+      `${where}: ${[...parentKeys, 'repository'].join('.')} is ${showValue(named)}, not the pushed repository ` +
+        `${showValue(ref.domain === undefined ? ref.path : `${ref.domain}/${ref.path}`)}`,
+    );
+  const tag = ref.tag ?? 'latest';
+  const pinned = ref.digest ? `${tag}@${ref.digest}` : tag;
+  const set = 'digest' in merged ? { [last]: tag, digest: ref.digest ?? '' } : { [last]: pinned };
+  return withValues(user, parentKeys, set, where);
+}
+
+/** `values` (not changed) with `set` written at `at`, the maps on the way copied or made. Pure. */
+function withValues(values: Record<string, unknown>, at: string[], set: Record<string, string>, where: string) {
+  if (at.length === 0) return { ...values, ...set };
+  const [key, ...rest] = at;
+  const inner = values[key];
+  if (inner !== undefined && inner !== null && !isObject(inner))
+    throw new UpgradeError(`${where}: the user-supplied value ${key} is not a map, so HELM_FIELD cannot be set in it`);
+  const next: Record<string, unknown> = withValues(isObject(inner) ? inner : {}, rest, set, where);
+  return { ...values, [key]: next };
+}
+
+/** The Secret of a new revision as Helm's storage creates it: its name, type, labels and encoded release. Pure. */
+function revisionSecret(name: string, release: HelmRelease, current: StoredRevision, now: Date): K8sObject {
+  const labels = valueAt(current.secret, ['metadata', 'labels']);
+  const own = Object.entries(isObject(labels) ? labels : {}).filter(([key]) => !HELM_STORAGE_LABELS.has(key));
+  const namespace = String(valueAt(current.secret, ['metadata', 'namespace']));
+  return {
+    apiVersion: 'v1',
+    kind: 'Secret',
+    type: 'helm.sh/release.v1',
+    metadata: {
+      name: `sh.helm.release.v1.${name}.v${release.version}`,
+      namespace,
+      labels: {
+        ...Object.fromEntries(own),
+        ...{ name, owner: 'helm', status: release.info?.status ?? 'deployed', version: String(release.version) },
+        createdAt: String(Math.floor(now.getTime() / 1000)),
+      },
+    },
+    data: { release: encodedRelease(release) },
+  };
+}
+
+/**
+ * The push's revision written, pending, when the workload is a release's (undefined when not): the release read (its
+ * last revision must not be pending: another Helm operation is under way), the next revision made from the deployed
+ * one, created as the next version (a 409: one was written meanwhile). An UpgradeError naming the release when any
+ * of it fails; nothing is written then.
+ */
+async function writtenRevision(
+  client: KubeClient,
+  given: PushToCarryOut & { workload: K8sObject },
+  helm: HelmSettings,
+  now: Date,
+): Promise<WrittenRevision | undefined> {
+  const name = releaseOwning(given.workload, given.push.target, helm);
+  if (name === undefined) return undefined;
+  const { namespace } = given.push.target;
+  const release = `Helm release ${name} of namespace ${namespace}`;
+  const revisions = await releaseRevisions(client, namespace, name).catch((e: Error) => {
+    throw new UpgradeError(`${release} cannot be read: ${e.message}`);
+  });
+  const last = revisions.at(-1);
+  if (!last) throw new UpgradeError(`${release} has no record (no Secret labelled owner=helm,name=${name})`);
+  if (last.status.startsWith('pending-'))
+    throw new UpgradeError(`${release}: another Helm operation is under way (revision ${last.version} ${last.status})`);
+  const current = last.status === 'deployed' ? last : revisions.findLast((r) => r.status === 'deployed');
+  if (!current) throw new UpgradeError(`${release} has no deployed revision (revision ${last.version} is the last)`);
+  const read = decodedRelease(current);
+  const { container } = given.config;
+  const edit = { name, release: read, target: given.push.target, container, image: given.push.image, now };
+  const next = nextRevision({ ...edit, field: helm.field, version: last.version + 1 });
+  const secret = revisionSecret(name, next, current, now);
+  const created = await client.create<K8sObject>(releaseSecrets(namespace), secret).catch((e: Error) => {
+    const meanwhile = e instanceof KubeError && e.status === 409 ? ' (another Helm operation wrote it)' : '';
+    throw new UpgradeError(`${release}: revision ${next.version} cannot be written${meanwhile}: ${e.message}`);
+  });
+  const upgrading = (h: { events?: string[] }) => (h.events ?? []).some((ev) => ev.endsWith('-upgrade'));
+  const hooks = (read.hooks ?? []).filter(upgrading).map((h) => String(h.name));
+  return { name, created, release: next, current, hooks };
+}
+
+/** A revision's Secret patched to `status` (its label and its release's), under a test of the version read. */
+async function revisionStatus(
+  client: KubeClient,
+  secret: K8sObject,
+  release: HelmRelease,
+  status: string,
+  now: Date,
+): Promise<void> {
+  const meta = (key: string) => String(valueAt(secret, ['metadata', key]));
+  const info = { ...release.info, status, ...(status === 'deployed' && { description: 'Upgrade complete' }) };
+  const ops: JsonPatchOperation[] = [
+    { op: 'test', path: '/metadata/resourceVersion', value: meta('resourceVersion') },
+    { op: 'add', path: '/metadata/labels/status', value: status },
+    { op: 'add', path: '/metadata/labels/modifiedAt', value: String(Math.floor(now.getTime() / 1000)) },
+    { op: 'replace', path: '/data/release', value: encodedRelease({ ...release, info }) },
+  ];
+  await client.patch(releaseSecrets(meta('namespace'), meta('name')), ops, LIMITS.upgrade.fieldManager);
+}
+
+/** The revision deployed and the one it replaced superseded, as Helm ends an upgrade; a failure is the note. */
+async function settledRevision(client: KubeClient, w: WrittenRevision, now: Date): Promise<string[]> {
+  try {
+    await revisionStatus(client, w.current.secret, decodedRelease(w.current), 'superseded', now);
+    await revisionStatus(client, w.created, w.release, 'deployed', now);
+    return [];
+  } catch (e) {
+    return [
+      `Helm release ${w.name} revision ${w.release.version} was written but not marked deployed ` +
+        `(${(e as Error).message}): helm lists it as pending-upgrade until the next helm upgrade or rollback`,
+    ];
+  }
+}
+
+/** The push's revision taken off again (its PATCH did not apply it); a failure is the note. */
+async function revisionTakenOff(client: KubeClient, w: WrittenRevision): Promise<string[]> {
+  const meta = (key: string) => String(valueAt(w.created, ['metadata', key]));
+  try {
+    await client.delete(releaseSecrets(meta('namespace'), meta('name')), meta('uid'));
+    return [];
+  } catch (e) {
+    return [
+      `Helm release ${w.name} revision ${w.release.version}, written for the push, could not be taken off ` +
+        `(${(e as Error).message}): delete the Secret ${meta('name')}`,
+    ];
+  }
+}
+
+/**
+ * The Helm release executor: a push applied to a workload of a Helm release writes the release's next revision,
+ * then is patched by the cluster executor, then the revision is deployed. Any other decision, and a workload of no
+ * release, is the cluster executor's alone. A release that cannot be written refuses the push when the hook asked
+ * for the release; otherwise the workload is patched alone and the answer says why.
+ */
+export async function releaseOut(
+  client: KubeClient,
+  given: PushToCarryOut,
+  deps: UpgradeDeps,
+  helm: HelmSettings,
+): Promise<ExecutorOutcome> {
+  const copy = deps.known?.get(knownKey(given.push.target));
+  const noRelease = (w: K8sObject) => valueAt(w, ['metadata', 'annotations', HELM_RELEASE_ANNOTATION]) === undefined;
+  // A kept copy that names no release saves the read: the annotation is Helm's, set when the release installed it.
+  if (copy && helm.release === undefined && noRelease(copy)) return carryOut(client, given, deps);
+  const { workload, now, decision } = await decidedOn(client, given, deps);
+  if (decision.code !== 'applied') return carryOut(client, given, deps, workload);
+  let written: WrittenRevision | undefined;
+  try {
+    written = await writtenRevision(client, { ...given, workload }, helm, now);
+  } catch (e) {
+    if (helm.strict || !(e instanceof UpgradeError)) throw e;
+    const alone = await carryOut(client, given, deps, workload);
+    const why = `${e.message}; the workload was patched alone (HELM_RELEASE=auto refuses such a push, none is silent)`;
+    return { ...alone, notes: [...alone.notes, why] };
+  }
+  if (!written) return carryOut(client, given, deps, workload);
+  let outcome: ExecutorOutcome;
+  try {
+    outcome = await carryOut(client, given, deps, workload);
+  } catch (e) {
+    await revisionTakenOff(client, written);
+    throw e;
+  }
+  if (!outcome.updated) return { ...outcome, notes: [...outcome.notes, ...(await revisionTakenOff(client, written))] };
+  const hooks = written.hooks.length > 0 ? [`the chart's upgrade hooks were not run: ${written.hooks.join(', ')}`] : [];
+  const notes = [...outcome.notes, ...(await settledRevision(client, written, now)), ...hooks];
+  const revision = `Helm release ${written.name} revision ${written.release.version}`;
+  return { ...outcome, notes, action: `image updated; ${revision}` };
+}
+// ================================================================================================
+// 41. the report — the answer of one push, one "label: value" per line, values aligned, always in this order, lines
 //    whose value is unknown left out: workload, container, image before, image after, action (image updated | rollout
 //    restarted (same image re-pulled) | none (<why>)), result (ok | failed: <message>), rollout (progressing |
 //    complete | failed | timed out | not tracked), one line per pod (for the first failing ones, why: the last exit,
@@ -20112,7 +20537,7 @@ export function formatReport(r: ReportView): string {
 }
 
 // ================================================================================================
-// 41. rollout follow — follows a rollout by kubectl's rules until it completes, fails (a pod stuck in
+// 42. rollout follow — follows a rollout by kubectl's rules until it completes, fails (a pod stuck in
 //    CrashLoopBackOff, ImagePullBackOff…) or ROLLOUT_TIMEOUT passes. The workload is watched (WorkloadFeed: the
 //    client's watch shared by the follows of a namespace and kind, from the PATCH answer's resourceVersion; a watch
 //    of the workload alone where RBAC names it; a GET per second, with one warning, where watch is refused). A
@@ -20692,7 +21117,7 @@ export function rolloutEvent(outcome: RolloutOutcome, container: string): Worklo
 }
 
 // ================================================================================================
-// 42. rollback — ROLLBACK_ON_FAILURE=true: a followed rollout that fails is set back to the image before the push,
+// 43. rollback — ROLLBACK_ON_FAILURE=true: a followed rollout that fails is set back to the image before the push,
 //    with the same tested patch, and that rollout is followed too. A StatefulSet (RollingUpdate) does not replace a
 //    pod stuck on the bad image by itself, so its "forced rollback" deletes, once the controller has observed the
 //    template set back, the pods it owns that still run the image rolled back from and are not ready (uid
@@ -20962,7 +21387,7 @@ export function rollbackObstacle(
 }
 
 // ================================================================================================
-// 43. least privilege — -print-rbac: the Roles and RoleBindings the hooks need, worked out from the hooks themselves
+// 44. least privilege — -print-rbac: the Roles and RoleBindings the hooks need, worked out from the hooks themselves
 //    (namespace, kind and name when the hook fixes them; `resourceNames` wherever it can), so the service account
 //    gets nothing it does not use. Hooks that read the registry (VERIFY_IMAGE, POLL_INTERVAL) add one ClusterRole:
 //    list on nodes, for the platform check. The same reach is the gate every push passes before it is decided,
@@ -20991,6 +21416,8 @@ export interface HookReach {
   rollbackOnFailure?: boolean;
   /** It reads the registry (VERIFY_IMAGE, POLL_INTERVAL): the platform check lists the nodes (cluster-scoped). */
   listsNodes?: boolean;
+  /** It fixes HELM_RELEASE (auto or a name): the release's records are read and its next revision written. */
+  helmRelease?: boolean;
 }
 
 /** The matches every passing request satisfies: those reached from the rule's root through `and`. */
@@ -21075,6 +21502,8 @@ export function hookReach(hook: Hook): HookReach | undefined {
   const verifyImage = fixedTrue(hook, 'VERIFY_IMAGE') || (fixedInput(hook, 'VERIFY_SIGNATURE')?.trim() ?? '') !== '';
   const rollbackOnFailure = fixedTrue(hook, 'ROLLBACK_ON_FAILURE');
   const listsNodes = verifyImage || (fixedInput(hook, 'POLL_INTERVAL')?.trim() ?? '') !== '';
+  const helm = fixedInput(hook, 'HELM_RELEASE')?.trim().toLowerCase() ?? '';
+  const helmRelease = helm !== '' && helm !== 'none';
   try {
     return {
       ...reach,
@@ -21082,6 +21511,7 @@ export function hookReach(hook: Hook): HookReach | undefined {
       ...(verifyImage && { verifyImage }),
       ...(rollbackOnFailure && { rollbackOnFailure }),
       ...(listsNodes && { listsNodes }),
+      ...(helmRelease && { helmRelease }),
     };
   } catch (e) {
     return { ...reach, open: (e as Error).message };
@@ -21272,7 +21702,7 @@ const yamlList = (items: string[]) => `[${items.map((i) => JSON.stringify(i)).jo
 function roleRules(
   workloads: Map<WorkloadKind, Set<string>>,
   secrets: Set<string>,
-  { deletePods, podLogs }: { deletePods: boolean; podLogs: boolean },
+  { deletePods, podLogs, helmReleases }: { deletePods: boolean; podLogs: boolean; helmReleases: boolean },
 ): string[] {
   const rule = (group: string, resource: string, verbs: string[], names?: string[]) => [
     `  - apiGroups: ${yamlList([group])}`,
@@ -21294,7 +21724,23 @@ function roleRules(
   if (podLogs && kinds.some((k) => kindSpec(k).hasRollout)) lines.push(...rule('', 'pods/log', ['get']));
   // VERIFY_IMAGE reads the pull secrets the workloads name, and no other.
   if (secrets.size > 0) lines.push(...rule('', 'secrets', ['get'], [...secrets].sort()));
+  // HELM_RELEASE: a release's records are Secrets found by their labels, and each revision is a new name, so no
+  // resourceNames can bound them: what Helm itself is granted in the namespace.
+  if (helmReleases) lines.push(...rule('', 'secrets', ['list', 'create', 'patch', 'delete']));
   return [...lines, ...rule('', 'events', ['create'])];
+}
+
+/** The comment line of one hook in -print-rbac: what it reaches and what it is granted beyond the workload. Pure. */
+function reachComment(r: HookReach): string {
+  if (!r.target) return `#   hook ${JSON.stringify(r.hook)}: NOT COVERED: ${r.open}`;
+  return (
+    `#   hook ${JSON.stringify(r.hook)}: ${r.target.kind}/${r.target.name} in namespace ${r.target.namespace}` +
+    (r.pullSecrets?.length ? `, pull secrets ${r.pullSecrets.join(', ')} (VERIFY_IMAGE)` : '') +
+    (r.rollbackOnFailure && kindSpec(r.target.kind).forcedRollback
+      ? ', delete on its stuck pods (ROLLBACK_ON_FAILURE: forced rollback)'
+      : '') +
+    (r.helmRelease ? ", its Helm release's records (HELM_RELEASE)" : '')
+  );
 }
 
 /**
@@ -21313,10 +21759,11 @@ export function formatRbac(
   const [saNamespace, saName] = serviceAccount.split('/');
   const byNamespace = new Map<string, Map<WorkloadKind, Set<string>>>();
   const secretsIn = new Map<string, Set<string>>();
-  const deletePodsIn = new Set<string>();
-  for (const { target: t, pullSecrets, rollbackOnFailure } of reaches) {
+  const [deletePodsIn, helmIn] = [new Set<string>(), new Set<string>()];
+  for (const { target: t, pullSecrets, rollbackOnFailure, helmRelease } of reaches) {
     if (!t) continue;
     if (rollbackOnFailure && kindSpec(t.kind).forcedRollback) deletePodsIn.add(t.namespace);
+    if (helmRelease) helmIn.add(t.namespace);
     const kinds = byNamespace.get(t.namespace) ?? new Map<WorkloadKind, Set<string>>();
     const names = kinds.get(t.kind) ?? new Set<string>();
     byNamespace.set(t.namespace, kinds.set(t.kind, names.add(t.name)));
@@ -21328,15 +21775,7 @@ export function formatRbac(
     `# Generated by \`webhook -print-rbac${podLogs ? ' -rbac-pod-logs' : ''} -hooks ${hooksPaths.join(' -hooks ')}\``,
     `# for the ServiceAccount ${serviceAccount}.`,
     '# Apply with `kubectl apply -f -`; generate again when a hook changes its namespace or workload.',
-    ...reaches.map((r) =>
-      r.target
-        ? `#   hook ${JSON.stringify(r.hook)}: ${r.target.kind}/${r.target.name} in namespace ${r.target.namespace}` +
-          (r.pullSecrets?.length ? `, pull secrets ${r.pullSecrets.join(', ')} (VERIFY_IMAGE)` : '') +
-          (r.rollbackOnFailure && kindSpec(r.target.kind).forcedRollback
-            ? ', delete on its stuck pods (ROLLBACK_ON_FAILURE: forced rollback)'
-            : '')
-        : `#   hook ${JSON.stringify(r.hook)}: NOT COVERED: ${r.open}`,
-    ),
+    ...reaches.map(reachComment),
     ...(reaches.some((r) => r.open)
       ? ['# A hook not covered needs value rules that pin its ns and workload, or the cluster-wide role of deploy/.']
       : []),
@@ -21352,7 +21791,8 @@ export function formatRbac(
     '    app.kubernetes.io/name: webhook',
   ];
   for (const [ns, workloads] of [...byNamespace].sort(([a], [b]) => a.localeCompare(b))) {
-    const rules = roleRules(workloads, secretsIn.get(ns) ?? new Set(), { deletePods: deletePodsIn.has(ns), podLogs });
+    const grants = { deletePods: deletePodsIn.has(ns), podLogs, helmReleases: helmIn.has(ns) };
+    const rules = roleRules(workloads, secretsIn.get(ns) ?? new Set(), grants);
     out.push(...metadata('Role', ns), 'rules:', ...rules);
     out.push(...metadata('RoleBinding', ns), 'roleRef:', '  apiGroup: rbac.authorization.k8s.io', '  kind: Role');
     out.push(`  name: ${JSON.stringify(saName)}`, 'subjects:', '  - kind: ServiceAccount');
@@ -21430,7 +21870,7 @@ export function followRecordProblem(
 }
 
 // ================================================================================================
-// 44. the upgrade — the job /webhooks.sh exists for, as named steps: read the settings, compose the image, decide,
+// 45. the upgrade — the job /webhooks.sh exists for, as named steps: read the settings, compose the image, decide,
 //    patch, record the Event, follow the rollout and roll back when asked, report. UpgradeService is the command
 //    runner's InProcessCommand: one client, one per-workload queue and one set of kept pushes for every push. A push
 //    the API server does not answer is kept and applied when it answers (KeptPushes, answered 202); a waiting push,
@@ -21727,7 +22167,7 @@ async function applyUpgrade(client: KubeClient, s: UpgradeSettings, push: Push, 
     : s.git
       ? await commitOut(client, given, deps, s.git)
       : ((s.onGitopsOwner === 'refuse' ? await refuseGitopsOwned(client, given, deps) : undefined) ??
-        (await carryOut(client, given, deps)));
+        (s.helm ? await releaseOut(client, given, deps, s.helm) : await carryOut(client, given, deps)));
   const updated = outcome.updated;
   if (!updated) return { outcome };
   if (outcome.uid !== undefined) target.uid = outcome.uid;
@@ -21804,7 +22244,7 @@ export async function refusedAtGate(
 }
 
 // ================================================================================================
-// 45. the upgrade service — the upgrade as the command runner runs it (UpgradeService, its InProcessCommand): one
+// 46. the upgrade service — the upgrade as the command runner runs it (UpgradeService, its InProcessCommand): one
 //    client and one set of kept pushes per cluster (ClusterLane), one per-workload queue for every push, pushes the
 //    API server (or, under ON_REGISTRY_AWAY=keep, the registry) does not answer kept and applied when it answers
 //    (KeptPushes, answered 202), decided waiting pushes
@@ -22702,7 +23142,7 @@ export class RolloutFollower implements CommandListener<UpgradeOutput> {
 }
 
 // ================================================================================================
-// 46. promotion — CLUSTERS stages (`staging > prod`): a push goes to the first stage only (the upgrade service);
+// 47. promotion — CLUSTERS stages (`staging > prod`): a push goes to the first stage only (the upgrade service);
 //    the digest that ran there goes on to the next stage once that stage's rollout is complete and has stayed
 //    healthy for PROMOTE_AFTER (the same image running, not rolled back, no restart since), and PROMOTE_CHECK, when
 //    the hook names one, has answered 2xx. A promotion is a source of pushes like an approval: a Push of that digest
@@ -23439,7 +23879,7 @@ export class Promotions implements ResultListener {
 }
 
 // ================================================================================================
-// 47. approvals — completes the pushes that wait (the patch chapter's waiting step) on whichever replica acts
+// 48. approvals — completes the pushes that wait (the patch chapter's waiting step) on whichever replica acts
 //    first: an approval link's confirmation page and its POST (GET never decides), the deliveries page's Approve,
 //    Reject and Deploy again, a change window's opening and an expiry. Each decision reads the workload, checks the
 //    pending entry the link names is still there, and completes it by a patch that tests the annotation it read (a
@@ -24334,7 +24774,7 @@ interface PastPush {
 }
 
 // ================================================================================================
-// 48. registry watch — pushes no registry announced. A workload annotated webhook/poll: <interval> (or the one a hook
+// 49. registry watch — pushes no registry announced. A workload annotated webhook/poll: <interval> (or the one a hook
 //    with POLL_INTERVAL fixes) has its repository looked at every interval, and once soon after the start (spread
 //    out), so a push made while the service was away, or on a registry that cannot call, is found. What a look finds
 //    is a push like a notification's (its identity the digest, `sha256:…|`): under a semver policy (semver:, major,
@@ -25216,7 +25656,7 @@ function fixesTarget(hook: Hook, target: WatchedWorkload['target'], cluster: str
 }
 
 // ================================================================================================
-// 49. the result — one record per push (Delivery, in the DeliveryLog): made when its request comes in, completed
+// 50. the result — one record per push (Delivery, in the DeliveryLog): made when its request comes in, completed
 //    as the rollout follower hands on the answer, the rollout's progress and its end, and once final sent to each
 //    ResultChannel in order (the mail, then the chat and JSON receivers), whose outcomes are recorded on it. What
 //    became of the push is its upgrade report's decision (DECISIONS), published as pushResult says; the channels
@@ -25570,7 +26010,7 @@ export class ResultDispatcher implements ResultListener {
 }
 
 // ================================================================================================
-// 50. mail — mails a hook's result through the server the MAIL_* variables describe (parseMailConfig; MAIL_TO names
+// 51. mail — mails a hook's result through the server the MAIL_* variables describe (parseMailConfig; MAIL_TO names
 //    the recipients): one mail per push after its rollout's end, at most -max-mails-per-hook per -mail-window, the
 //    rest summed up in one mail. The Mailer is the result's first ResultChannel.
 //    Exports: Mailer, parseMailConfig.
@@ -25827,7 +26267,7 @@ function summaryMail(hookId: string, window: MailWindow, cap: MailCap): { subjec
 }
 
 // ================================================================================================
-// 51. chat & json notifications — a hook's result posted, at the moment its mail goes (after the rollout's end, in
+// 52. chat & json notifications — a hook's result posted, at the moment its mail goes (after the rollout's end, in
 //    the background), to each URL of NOTIFY_URL, in the body NOTIFY_FORMAT names: json (our own document, versioned
 //    by its "schema" field, signed in a header with NOTIFY_SECRET), dingtalk (markdown; NOTIFY_SECRET signs the URL),
 //    wecom (markdown), feishu and lark (a card; NOTIFY_SECRET signs the body), slack (mrkdwn), teams (an Adaptive
@@ -26718,7 +27158,7 @@ export class Notifier implements ResultChannel {
 }
 
 // ================================================================================================
-// 52. deliveries page — what the last pushes did, on the admin listener (never the hook port): the records of the
+// 53. deliveries page — what the last pushes did, on the admin listener (never the hook port): the records of the
 //    result's DeliveryLog (the last -deliveries pushes, newest first, as far as each has got). /deliveries lists
 //    them (refreshing itself while a push is still running); /deliveries/<n> is one push's full report and pods;
 //    /deliveries.json and /deliveries/<n>.json carry the same as JSON (entries in the shape of NOTIFY_FORMAT=json).
@@ -27060,7 +27500,7 @@ export function deliveryPages(
 }
 
 // ================================================================================================
-// 53. -validate & -print-rbac — the commands that read the hooks and exit: -validate describes every hook (its rule,
+// 54. -validate & -print-rbac — the commands that read the hooks and exit: -validate describes every hook (its rule,
 //    parameters, answer, upgrade and notifications) and says what is wrong, -print-rbac prints the least-privilege
 //    RBAC; both load the hooks exactly as the service does (hookLoadSettings).
 //    Exports: commandWarnings, hookLoadSettings, printRbac, validate.
@@ -27332,6 +27772,7 @@ function describeUpgrade(hook: Hook, inserted: Set<string>): string[] {
     input('REPO_TYPE', 'registry type'),
     input('MAIL_TO', 'mail to'),
     describePolicy(hook),
+    describeOwner(hook),
     describeOutsideChange(hook),
     describeRegistryWatch(hook),
     ...describeSignature(hook),
@@ -27420,6 +27861,26 @@ function describeRegistryWatch(hook: Hook): string {
   return t
     ? `registry watch: ${t.kind}/${t.name} in ${t.namespace} ${every}; ${annotated}${staged}`
     : `registry watch: POLL_INTERVAL is set but the hook fixes no workload, so only ${annotated}${staged}`;
+}
+
+/** Where an applied push is written (fixed at load): a commit to Git, a Helm release's revision, or the cluster. */
+function describeOwner(hook: Hook): string {
+  if (fixedSetting(hook, 'DRY_RUN')) return 'writes to: nothing (DRY_RUN)';
+  const repo = fixedSetting(hook, 'GIT_REPO');
+  if (repo) {
+    const [branch, file] = [fixedSetting(hook, 'GIT_BRANCH'), fixedSetting(hook, 'GIT_PATH') ?? '(no GIT_PATH)'];
+    return `writes to: a commit of ${file} on branch ${branch} of ${repo.href} (GIT_REPO); the GitOps tool applies it`;
+  }
+  const release = fixedSetting(hook, 'HELM_RELEASE');
+  const field = fixedSetting(hook, 'HELM_FIELD') ?? 'image.tag';
+  if (release === 'none') return 'writes to: the cluster, the workload patched alone (HELM_RELEASE=none)';
+  const revision = `the release's next revision (values ${field}, HELM_FIELD), then the workload's PATCH`;
+  if (release.release !== undefined) return `writes to: Helm release ${release.release}: ${revision}`;
+  if (release.asked) return `writes to: the workload's Helm release (${HELM_RELEASE_ANNOTATION}): ${revision}`;
+  return (
+    `writes to: the cluster (a PATCH); a workload of a Helm release (${HELM_RELEASE_ANNOTATION}) gets ${revision}, ` +
+    'where the service may write the release (HELM_RELEASE unset; auto requires it)'
+  );
 }
 
 /** What a push meets once the container's image was changed outside webhook (ON_OUTSIDE_CHANGE, fixed at load). */
@@ -27574,7 +28035,7 @@ async function printRbac(o: Options, env: Record<string, string | undefined>): P
 }
 
 // ================================================================================================
-// 54. main — wires the chapters together; the only place with process-wide side effects (signals, pid file, listening
+// 55. main — wires the chapters together; the only place with process-wide side effects (signals, pid file, listening
 //    sockets, exit codes).
 //    Tests: test/image.test.ts, test/memory.test.ts, test/runner.test.ts, test/start.test.ts.
 // ================================================================================================
