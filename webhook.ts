@@ -16111,7 +16111,7 @@ export class AgeCheck {
 //    outsideChangeSetting, parseRecipients, pollInterval, registryAwaySetting, registryCa, registryTokenHosts,
 //    rolloutTimeoutSetting, signatureAnnotationsSetting, signatureKeysSetting, signatureWaitSetting,
 //    stuckTimeoutSetting, telegramChats, updatePolicySetting.
-//    Tests: test/mail.test.ts, test/registry-watch.test.ts, test/settings.test.ts.
+//    Tests: test/helm-release.test.ts, test/mail.test.ts, test/registry-watch.test.ts, test/settings.test.ts.
 // ================================================================================================
 
 /** The formats NOTIFY_FORMAT may name, in the order messages list them; each is one NOTIFY_FORMATS entry. */

@@ -254,6 +254,18 @@ export const SETTING_DETAILS: Record<string, string> = {
     "Without `GIT_REPO`: `refuse` (the default) answers a push whose decision would patch a workload Argo CD, Flux " +
     "or Fleet deploys (their labels and annotations) with a refusal naming the tool, since its next " +
     'sync would undo the PATCH; `patch` patches it anyway. See [gitops.md](gitops.md).',
+  HELM_RELEASE:
+    'A workload a Helm release installed is upgraded in its release, as `helm upgrade --reuse-values --set ' +
+    '<HELM_FIELD>=<tag>` would: the next revision (the Secret `sh.helm.release.v1.<name>.v<N+1>`), then the PATCH, ' +
+    'then the revision deployed and the one before superseded. Unset: the workload\'s `meta.helm.sh/release-name` ' +
+    'names the release, and a release the service cannot write (no `list`/`create` on Secrets, a values layout ' +
+    'without the field) is left alone and the workload patched, with a note in the answer. `auto`: the same ' +
+    'release, but such a push is refused and nothing is written. A name: that release of the hook\'s namespace. ' +
+    '`none`: patched alone, as before. See [gitops.md](gitops.md#helm-releases).',
+  HELM_FIELD:
+    "The release values' tag field (`image.tag`), set in the user-supplied values as `--set` sets it; a " +
+    '`repository` (and `registry`) beside it must name the pushed repository, a `digest` beside it gets the pinned ' +
+    'digest (else a pinned digest follows the tag: `v1.2@sha256:…`). Setting it makes the hook ask for the release.',
   GIT_SIGNING_KEY:
     'An unencrypted OpenSSH ed25519 private key (PEM text or a file) that signs each commit as `git commit -S` with ' +
     '`gpg.format=ssh` does; `git verify-commit` accepts it with an allowed-signers file naming its public key.',

@@ -36,7 +36,7 @@ import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { acrImage, acrPayload, clusterOrSkip, containerImage, deployment, kubectlFor } from './cluster/kube.ts';
 import { defaultBinary, freePort, httpRequest, makeTempDir, REPO_ROOT, startWebhook, waitFor, waitForOutput, type Webhook } from './harness.ts';
-import { helmOrSkip } from './helm.ts';
+import { helmOrSkip, helmRunner } from './helm.ts';
 import { parseYaml } from '../webhook.ts';
 
 const CHART = path.join(REPO_ROOT, 'charts', 'webhook');
@@ -44,15 +44,7 @@ const helm = await helmOrSkip();
 const cluster = helm ? await clusterOrSkip() : undefined;
 const helmHome = makeTempDir('helm-home-');
 
-function runHelm(args: string[]): Promise<string> {
-  return new Promise((resolve, reject) => {
-    const env = { ...process.env, HELM_CACHE_HOME: helmHome, HELM_CONFIG_HOME: helmHome, HELM_DATA_HOME: helmHome };
-    execFile(helm!, [...args, ...(cluster ? ['--kubeconfig', cluster.kubeconfigPath] : [])], { env, maxBuffer: 64 << 20 }, (error, stdout, stderr) => {
-      if (error) reject(new Error(`helm ${args.join(' ')}: ${stderr || error.message}`));
-      else resolve(stdout);
-    });
-  });
-}
+const runHelm = (args: string[]) => helmRunner(helm!, helmHome, cluster?.kubeconfigPath)(args);
 
 function writeValues(values: object): string {
   const file = path.join(makeTempDir('chart-values-'), 'values.yaml');

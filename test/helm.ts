@@ -5,6 +5,7 @@
  *
  *   node test/helm.ts     # builds it (about 3 minutes the first time) and prints its path
  */
+import { execFile } from 'node:child_process';
 import { binPath, buildInto, GO_ENV, goBuildWithProgress } from './cluster/cluster.ts';
 import { peerOrSkip } from './harness.ts';
 
@@ -47,6 +48,22 @@ export function ensureHelm(): Promise<string> {
  */
 export function helmOrSkip(): Promise<string | undefined> {
   return peerOrSkip(ensureHelm, 'helm', 'chart tests');
+}
+
+/**
+ * Runs `helm` with its cache, configuration and data under `home` (none of the user's), against the cluster of
+ * `kubeconfig` when given: its output, or an Error carrying helm's own message.
+ */
+export function helmRunner(helm: string, home: string, kubeconfig?: string): (args: string[]) => Promise<string> {
+  const env = { ...process.env, HELM_CACHE_HOME: home, HELM_CONFIG_HOME: home, HELM_DATA_HOME: home };
+  const cluster = kubeconfig ? ['--kubeconfig', kubeconfig] : [];
+  return (args) =>
+    new Promise((resolve, reject) => {
+      execFile(helm, [...args, ...cluster], { env, maxBuffer: 64 << 20 }, (error, stdout, stderr) => {
+        if (error) reject(new Error(`helm ${args.join(' ')}: ${stderr || error.message}`));
+        else resolve(stdout);
+      });
+    });
 }
 
 if (import.meta.main) process.stdout.write(`${await ensureHelm()}\n`);

@@ -149,8 +149,8 @@ describe('webhook.ts structure', () => {
       for (const entry of Object.keys(entries)) for (const at of lines(entry)) assert.ok(gate < at, `${gated}: gateJob before ${entry}`);
     }
     // No other source builds a decision's input and carries it out itself.
-    const executors = [...functionsMatching(/(?<![\w$.])(?:carryOut|commitOut)\(/g)].map(([f]) => f).sort();
-    assert.deepEqual(executors, ['applyUpgrade', 'carryOut', 'commitOut'].sort());
+    const executors = [...functionsMatching(/(?<![\w$.])(?:carryOut|commitOut|releaseOut)\(/g)].map(([f]) => f).sort();
+    assert.deepEqual(executors, ['applyUpgrade', 'carryOut', 'commitOut', 'releaseOut'].sort());
   });
 
   test('the measuring tool sees through comments, strings and regular expressions', () => {
