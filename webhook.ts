@@ -9,16 +9,16 @@
  * mailed when the hook passes MAIL_TO.
  *
  * Chapters, in order. Part I holds the libraries the program needs and has no dependency for; they use nothing of the
- * service. Part II is the service: it opens with its model (16), the values every later chapter works with (a push, a
- * hook's settings, a decision, the record of a delivery, the annotations), and its limits (17), then follows the
- * order a push travels: main (55) opens the listeners (26) with the http server's handler (25), which uses the
- * request, rule and hook chapters above it and hands the command to the runner (24), whose in-process command is the
- * upgrade (27-46): a boundary builds the push, the decision (37) decides it, an executor carries it out (38 on the
- * cluster, 39 as a commit to Git, 40 as a Helm release's revision). After the answer the result travels on in order
- * too: the approvals (48) learn of waiting pushes and decide them, the registry watch (49) finds pushes no registry
- * told of, the rollout follower (46) follows the rollout and hands each step on: to the promotion (47), which takes a
- * push from one stage to the next, and to the result (50), which records it and, once final, sends it to the mail
- * (51) and the chat and JSON receivers (52); the deliveries page (53) renders the records. No chapter uses a name a
+ * service. Part II is the service: it opens with its model (17), the values every later chapter works with (a push, a
+ * hook's settings, a decision, the record of a delivery, the annotations), and its limits (18), then follows the
+ * order a push travels: main (56) opens the listeners (27) with the http server's handler (26), which uses the
+ * request, rule and hook chapters above it and hands the command to the runner (25), whose in-process command is the
+ * upgrade (28-47): a boundary builds the push, the decision (38) decides it, an executor carries it out (39 on the
+ * cluster, 40 as a commit to Git, 41 as a Helm release's revision). After the answer the result travels on in order
+ * too: the approvals (49) learn of waiting pushes and decide them, the registry watch (50) finds pushes no registry
+ * told of, the rollout follower (47) follows the rollout and hands each step on: to the promotion (48), which takes a
+ * push from one stage to the next, and to the result (51), which records it and, once final, sends it to the mail
+ * (52) and the chat and JSON receivers (53); the deliveries page (54) renders the records. No chapter uses a name a
  * later one defines; where an earlier chapter hands work on, it declares the small interface it needs
  * (InProcessCommand, CommandListener, AdminPages, ApprovalPages, ResultListener, ResultChannel, HookSettingChecks) and
  * main() wires the later chapter in.
@@ -39,47 +39,48 @@
  *  13. html ....................... cell, escapeHtml, pageShell, shownTime
  *  14. ssh signatures ............. readSshSigningKey, sshSignature, SshSigningKey
  *  15. git smart http ............. fetchGitFile, GitRemote, pushGitCommit, readPack
+ *  16. forge requests ............. openRequest, FORGE_NAMES, GitSettings
  * Part II — the service
- *  16. the model .................. Push, HookConfig, Decision, Delivery, DECISIONS, ANNOTATIONS
- *  17. limits ..................... LIMITS
- *  18. command line & settings .... Options, parseCommandLine, parseGoBool, usage
- *  19. logging & metrics .......... escapeControls, Logger, Metrics
- *  20. hook files ................. CompileSinks, ConfigError, FieldReader, Fields
- *  21. requests ................... applyJsonParameters, compileParam, firstValues, headersFromRaw
- *  22. trigger rules .............. compileRule, evaluateRule, evaluateRuleBeforeBody, Match
- *  23. hooks & reload ............. Hook, HookSettingChecks, HookStore, LoadSettings
- *  24. commands ................... CommandResult, CommandRunner, decodeBase64Strict, InProcessCommand
- *  25. http server ................ AdminPages, allowedMethods, answerClientError, CommandListener
- *  26. listeners .................. openListener, openAdminListener, tlsOptions
- *  27. registry payloads .......... parsePushPayload, parsePushHeaders, PayloadFields, PushEvent
- *  28. cloud registry payloads .... REGISTRIES, REPO_TYPES, registryFor, recognisedRepoType
- *  29. image reference & pin ...... checkImagePin, chooseCandidate, composeImageRef, readImagePin
- *  30. change windows & approval links  nextOpening, parseDeployWindows, sealPendingEntry, approvalLinks
- *  31. workloads .................. WORKLOAD_KINDS, parseWorkload, locateContainer, rolloutStatus
- *  32. update policies & stages ... parsePolicy, policyDecision, policyInEffect, parseStages
- *  33. setting values ............. deployWindowSetting, notifyCa, parseRecipients, pollInterval
- *  34. hook settings .............. HOOK_SETTINGS, fixedSettingChecks
- *  35. upgrade decision ........... decidePush, holdDecision, pushEvent, readPushRecords, verifiedRef
- *  36. platforms .................. NodePlatforms, registryFacts, nodeAffinityAllows
- *  37. the decision ............... decide, futureTimeNote, waitingAction
- *  38. the cluster executor ....... carryOut, ExecutorOutcome, recordOutcome
- *  39. the git executor ........... commitOut, editGitFile, locatedYaml
- *  40. helm releases .............. releaseOut
- *  41. the report ................. formatForcedRollback, formatReport, formatRollback, formatRollout
- *  42. rollout follow ............. claimFollow, followRollout, resumedReport, rolloutEvent
- *  43. rollback ................... rollBackFailedRollout
- *  44. least privilege & the gate  formatRbac, gateJob, hookReach, HookReach, upgradeInput
- *  45. the upgrade ................ runUpgrade, runDecidedPush, commandAnswer
- *  46. the upgrade service ........ UpgradeService, RolloutFollower, hookClusters
- *  47. promotion .................. Promotions, promotionChain
- *  48. approvals .................. approvalHooksProblem, ApprovalService, WaitingPush
- *  49. registry watch ............. RegistryWatch, newestAllowedTag, nextTagPage, listTags
- *  50. the result ................. DeliveryLog, ResultDispatcher, deliveryFacts, ResultChannel
- *  51. mail ....................... Mailer, parseMailConfig
- *  52. chat & json notifications .. Notifier, NOTIFY_FORMATS, resultDocument
- *  53. deliveries page ............ deliveryPages
- *  54. -validate & -print-rbac .... hookLoadSettings, validate
- *  55. main ....................... main
+ *  17. the model .................. Push, HookConfig, Decision, Delivery, DECISIONS, ANNOTATIONS
+ *  18. limits ..................... LIMITS
+ *  19. command line & settings .... Options, parseCommandLine, parseGoBool, usage
+ *  20. logging & metrics .......... escapeControls, Logger, Metrics
+ *  21. hook files ................. CompileSinks, ConfigError, FieldReader, Fields
+ *  22. requests ................... applyJsonParameters, compileParam, firstValues, headersFromRaw
+ *  23. trigger rules .............. compileRule, evaluateRule, evaluateRuleBeforeBody, Match
+ *  24. hooks & reload ............. Hook, HookSettingChecks, HookStore, LoadSettings
+ *  25. commands ................... CommandResult, CommandRunner, decodeBase64Strict, InProcessCommand
+ *  26. http server ................ AdminPages, allowedMethods, answerClientError, CommandListener
+ *  27. listeners .................. openListener, openAdminListener, tlsOptions
+ *  28. registry payloads .......... parsePushPayload, parsePushHeaders, PayloadFields, PushEvent
+ *  29. cloud registry payloads .... REGISTRIES, REPO_TYPES, registryFor, recognisedRepoType
+ *  30. image reference & pin ...... checkImagePin, chooseCandidate, composeImageRef, readImagePin
+ *  31. change windows & approval links  nextOpening, parseDeployWindows, sealPendingEntry, approvalLinks
+ *  32. workloads .................. WORKLOAD_KINDS, parseWorkload, locateContainer, rolloutStatus
+ *  33. update policies & stages ... parsePolicy, policyDecision, policyInEffect, parseStages
+ *  34. setting values ............. deployWindowSetting, notifyCa, parseRecipients, pollInterval
+ *  35. hook settings .............. HOOK_SETTINGS, fixedSettingChecks
+ *  36. upgrade decision ........... decidePush, holdDecision, pushEvent, readPushRecords, verifiedRef
+ *  37. platforms .................. NodePlatforms, registryFacts, nodeAffinityAllows
+ *  38. the decision ............... decide, futureTimeNote, waitingAction
+ *  39. the cluster executor ....... carryOut, ExecutorOutcome, recordOutcome
+ *  40. the git executor ........... commitOut, editGitFile, locatedYaml
+ *  41. helm releases .............. releaseOut
+ *  42. the report ................. formatForcedRollback, formatReport, formatRollback, formatRollout
+ *  43. rollout follow ............. claimFollow, followRollout, resumedReport, rolloutEvent
+ *  44. rollback ................... rollBackFailedRollout
+ *  45. least privilege & the gate  formatRbac, gateJob, hookReach, HookReach, upgradeInput
+ *  46. the upgrade ................ runUpgrade, runDecidedPush, commandAnswer
+ *  47. the upgrade service ........ UpgradeService, RolloutFollower, hookClusters
+ *  48. promotion .................. Promotions, promotionChain
+ *  49. approvals .................. approvalHooksProblem, ApprovalService, WaitingPush
+ *  50. registry watch ............. RegistryWatch, newestAllowedTag, nextTagPage, listTags
+ *  51. the result ................. DeliveryLog, ResultDispatcher, deliveryFacts, ResultChannel
+ *  52. mail ....................... Mailer, parseMailConfig
+ *  53. chat & json notifications .. Notifier, NOTIFY_FORMATS, resultDocument
+ *  54. deliveries page ............ deliveryPages
+ *  55. -validate & -print-rbac .... hookLoadSettings, validate
+ *  56. main ....................... main
  *
  * Each banner's "Exports" lists the names later chapters use and "Tests" the test files that cover it
  * (test/structure.test.ts checks both).
@@ -6932,9 +6933,10 @@ function signedCommit(commit: Buffer, k: SshSigningKey): Buffer {
 //    (gitObjectId), travel in an undeltified pack (writePack), and receive-pack updates the branch only if it still
 //    points at the head read (compare-and-set); its report-status is read, and a refusal carries the server's own
 //    message (a pre-receive hook's). The token is sent as HTTP basic auth and never appears in an error. What a
-//    write-back is given (GitSettings) ends the chapter (the GIT_* settings' parse functions are the setting values
-//    chapter's); chapter 14's keys sign commits.
-//    Exports: fetchGitFiles, GitError, GitHead, GitRemote, GitSettings, pushGitCommit.
+//    write-back is given (GitSettings) is the next chapter's, beside the forge's requests (the GIT_* settings' parse
+//    functions are the setting values chapter's); chapter 14's keys sign commits. A commit may be pushed to another
+//    branch than the one read (a pull request's), with that branch's head, or none, as the expected value.
+//    Exports: fetchGitFiles, GitError, GitHead, GitRemote, pushGitCommit.
 //    Tests: test/git.test.ts.
 // ================================================================================================
 
@@ -7149,13 +7151,20 @@ async function v2Capabilities(remote: GitRemote): Promise<Map<string, string>> {
 
 /** The commit `refs/heads/<branch>` points at (ls-refs); a missing branch is an error naming it. */
 async function branchHead(remote: GitRemote, branch: string): Promise<string> {
+  const head = await branchHeadIfAny(remote, branch);
+  if (head === undefined) throw new GitError(`${remote.url.href}: there is no branch ${showValue(branch)}`);
+  return head;
+}
+
+/** The commit a branch points at (ls-refs), or undefined when there is no such branch. */
+export async function branchHeadIfAny(remote: GitRemote, branch: string): Promise<string | undefined> {
   const ref = `refs/heads/${branch}`;
   const body = await uploadPack(remote, 'ls-refs', [`ref-prefix ${ref}`], GIT_LIMITS.maxAdvertisementBytes);
   for (const p of parsePktLines(body, `${remote.url.href} ls-refs`)) {
     const [oid, name] = pktText(p).split(' ');
     if (name === ref && /^[0-9a-f]{40}$/.test(oid)) return oid;
   }
-  throw new GitError(`${remote.url.href}: there is no branch ${showValue(branch)}`);
+  return undefined;
 }
 
 /**
@@ -7655,8 +7664,9 @@ interface GitCommitText {
 
 /**
  * The files' new contents (path → content) committed on top of the head read and pushed with that head as the
- * expected value: the new commit's id. A branch moved since is a GitError of kind 'moved'; a refusal carries the
- * server's message.
+ * expected value: the new commit's id. `onto`: pushed to another branch instead, with its head (undefined: no such
+ * branch yet, which the push creates) as the expected value. A branch moved since is a GitError of kind 'moved'; a
+ * refusal carries the server's message.
  */
 export async function pushGitCommit(
   remote: GitRemote,
@@ -7664,6 +7674,7 @@ export async function pushGitCommit(
   read: GitHead,
   contents: Map<string, Buffer>,
   text: GitCommitText,
+  onto?: { branch: string; head: string | undefined },
 ): Promise<string> {
   const blobs = [...contents].map(([p, data]) => ({ p, data, id: gitObjectId('blob', data) }));
   const { root, trees } = replaceInTree(read.objects, read.tree, new Map(blobs.map((b) => [b.p, b.id])));
@@ -7676,7 +7687,8 @@ export async function pushGitCommit(
     ...trees.map((data) => ({ type: 'tree' as const, data })),
     ...blobs.map(({ data }) => ({ type: 'blob' as const, data })),
   ]);
-  await receivePack(remote, branch, read.head, commitId, pack);
+  const [to, expected] = onto ? [onto.branch, onto.head ?? '0'.repeat(40)] : [branch, read.head];
+  await receivePack(remote, to, expected, commitId, pack);
   return commitId;
 }
 
@@ -7728,6 +7740,279 @@ function reportStatus(body: Buffer, what: string, sent: string[]): { lines: stri
   return { lines, messages: said.filter((l) => l !== '').slice(0, 20).map((m) => peerText(m, sent, 500)) };
 }
 
+// ================================================================================================
+// 16. forge requests — a pull request (GitLab's merge request) opened or updated over the forge's REST API, for a
+//    branch pushed beside one that refuses direct pushes. FORGES holds each forge side by side: where its API is for
+//    a repository's URL, how a token is sent, how the open request from a branch into the base is found, opened and
+//    updated, and the page that documents it. openRequest updates the title and description of the open request
+//    from the branch, or opens one, and answers its number and its web address. Every message the forge's answer
+//    puts in an error is cut and has the token scrubbed (peerText). What a write-back is given (GitSettings: the
+//    repository, the branch, the file, and the request when the branch takes none directly) ends the chapter.
+//    Exports: GitSettings.
+// ================================================================================================
+
+const FORGE_LIMITS = {
+  // One call to a forge's API: GitHub and GitLab answer in well under a second; a minute rides out a slow
+  // self-hosted one without holding a push for long.
+  deadlineMs: 60_000,
+  // A list of open requests of one branch is one or two entries; GitHub's entry is ~20 KiB with its repositories.
+  maxResponseBytes: 4 * 1024 * 1024,
+  // Gitea lists open requests a page at a time and cannot filter by branch: a repository with more open requests
+  // than this is searched this far.
+  giteaPage: 50,
+};
+
+export const FORGE_NAMES = ['github', 'gitlab', 'gitea', 'bitbucket', 'azure'] as const;
+export type ForgeName = (typeof FORGE_NAMES)[number];
+
+/** What a request is opened with: the forge, its API, the branch into the base, and what it says. */
+export interface ForgeRequest {
+  forge: ForgeName;
+  /** The API's base (requestApiBase, or the hook's GIT_API), without a trailing slash. */
+  api: string;
+  remote: GitRemote;
+  head: string;
+  base: string;
+  title: string;
+  description: string;
+}
+
+/** An open request: its number on the forge, its page, and whether this call opened it. */
+export interface OpenedRequest {
+  id: string;
+  url: string;
+  opened: boolean;
+}
+
+/** The repository as the forge's API names it: the path of its URL, without `.git`, in segments. */
+type RepoPath = string[];
+type ForgeCall = { method: string; path: string; body?: Record<string, unknown> };
+type Found = { id: string; url: string };
+
+interface ForgeApi {
+  /** The page that documents the calls below. */
+  docs: string;
+  /** The API's base for a repository's URL (a self-hosted forge's own host), without a trailing slash. */
+  base(url: URL): string;
+  headers(token: string): Record<string, string>;
+  find(repo: RepoPath, r: ForgeRequest): ForgeCall;
+  /** The open request from the branch into the base in the answer to `find`, if any. */
+  listed(json: unknown, r: ForgeRequest): unknown;
+  /** A request as the forge answers it: its number and its page. */
+  named(request: unknown, r: ForgeRequest, repo: RepoPath): Found;
+  open(repo: RepoPath, r: ForgeRequest): ForgeCall;
+  update(repo: RepoPath, id: string, r: ForgeRequest): ForgeCall;
+}
+
+const enc = encodeURIComponent;
+/** The repository's owner and name: the last two segments (a forge served under a sub-path keeps its prefix). */
+const ownerRepo = (repo: RepoPath) => `${enc(repo[repo.length - 2] ?? '')}/${enc(repo[repo.length - 1] ?? '')}`;
+const answerField = (json: unknown, ...keys: string[]) => String(valueAtPath(json, keys) ?? '');
+const firstOf = (list: unknown) => (Array.isArray(list) ? list[0] : undefined) as unknown;
+
+function valueAtPath(json: unknown, keys: string[]): unknown {
+  let v = json;
+  for (const k of keys) v = isObject(v) ? v[k] : undefined;
+  return v;
+}
+
+/** Azure Repos' URL, https://dev.azure.com/<org>/<project>/_git/<repo>: its organization and project, and the repo. */
+const azureParts = (repo: RepoPath) => {
+  const at = repo.indexOf('_git');
+  return { project: repo.slice(0, at).map(enc).join('/'), name: enc(repo[at + 1] ?? '') };
+};
+
+const FORGES: Record<ForgeName, ForgeApi> = {
+  github: {
+    docs: 'https://docs.github.com/en/rest/pulls/pulls',
+    base: (url) => (url.hostname === 'github.com' ? 'https://api.github.com' : `${url.origin}/api/v3`),
+    headers: (token) => ({
+      Authorization: `Bearer ${token}`,
+      Accept: 'application/vnd.github+json',
+      'X-GitHub-Api-Version': '2022-11-28',
+    }),
+    find: (repo, r) => ({
+      method: 'GET',
+      path: `/repos/${ownerRepo(repo)}/pulls?state=open&head=${enc(`${repo[repo.length - 2]}:${r.head}`)}` +
+        `&base=${enc(r.base)}`,
+    }),
+    listed: firstOf,
+    named: (pull) => ({ id: answerField(pull, 'number'), url: answerField(pull, 'html_url') }),
+    open: (repo, r) => ({
+      method: 'POST',
+      path: `/repos/${ownerRepo(repo)}/pulls`,
+      body: { title: r.title, head: r.head, base: r.base, body: r.description },
+    }),
+    update: (repo, id, r) => ({
+      method: 'PATCH',
+      path: `/repos/${ownerRepo(repo)}/pulls/${id}`,
+      body: { title: r.title, body: r.description },
+    }),
+  },
+  gitlab: {
+    docs: 'https://docs.gitlab.com/api/merge_requests/',
+    base: (url) => `${url.origin}/api/v4`,
+    headers: (token) => ({ 'PRIVATE-TOKEN': token }),
+    find: (repo, r) => ({
+      method: 'GET',
+      path: `/projects/${enc(repo.join('/'))}/merge_requests?state=opened&source_branch=${enc(r.head)}` +
+        `&target_branch=${enc(r.base)}`,
+    }),
+    listed: firstOf,
+    named: (mr) => ({ id: answerField(mr, 'iid'), url: answerField(mr, 'web_url') }),
+    open: (repo, r) => ({
+      method: 'POST',
+      path: `/projects/${enc(repo.join('/'))}/merge_requests`,
+      body: { source_branch: r.head, target_branch: r.base, title: r.title, description: r.description,
+        remove_source_branch: true },
+    }),
+    update: (repo, id, r) => ({
+      method: 'PUT',
+      path: `/projects/${enc(repo.join('/'))}/merge_requests/${id}`,
+      body: { title: r.title, description: r.description },
+    }),
+  },
+  gitea: {
+    docs: 'https://gitea.com/api/swagger#/repository/repoCreatePullRequest',
+    base: (url) => `${url.origin}${url.pathname.split('/').slice(0, -2).join('/')}/api/v1`,
+    headers: (token) => ({ Authorization: `token ${token}` }),
+    find: (repo) => ({
+      method: 'GET',
+      path: `/repos/${ownerRepo(repo)}/pulls?state=open&limit=${FORGE_LIMITS.giteaPage}`,
+    }),
+    listed: (json, r) =>
+      (Array.isArray(json) ? (json as unknown[]) : []).find(
+        (p) => answerField(p, 'head', 'ref') === r.head && answerField(p, 'base', 'ref') === r.base,
+      ),
+    named: (pull) => ({ id: answerField(pull, 'number'), url: answerField(pull, 'html_url') }),
+    open: (repo, r) => ({
+      method: 'POST',
+      path: `/repos/${ownerRepo(repo)}/pulls`,
+      body: { title: r.title, head: r.head, base: r.base, body: r.description },
+    }),
+    update: (repo, id, r) => ({
+      method: 'PATCH',
+      path: `/repos/${ownerRepo(repo)}/pulls/${id}`,
+      body: { title: r.title, body: r.description },
+    }),
+  },
+  bitbucket: {
+    docs: 'https://developer.atlassian.com/cloud/bitbucket/rest/api-group-pullrequests/',
+    base: () => 'https://api.bitbucket.org/2.0',
+    headers: (token) => ({ Authorization: `Bearer ${token}` }),
+    find: (repo, r) => ({
+      method: 'GET',
+      path: `/repositories/${ownerRepo(repo)}/pullrequests?state=OPEN&q=` +
+        enc(`source.branch.name="${r.head}" AND destination.branch.name="${r.base}"`),
+    }),
+    listed: (json) => firstOf(valueAtPath(json, ['values'])),
+    named: (pull) => ({ id: answerField(pull, 'id'), url: answerField(pull, 'links', 'html', 'href') }),
+    open: (repo, r) => ({
+      method: 'POST',
+      path: `/repositories/${ownerRepo(repo)}/pullrequests`,
+      body: { title: r.title, description: r.description, source: { branch: { name: r.head } },
+        destination: { branch: { name: r.base } }, close_source_branch: true },
+    }),
+    update: (repo, id, r) => ({
+      method: 'PUT',
+      path: `/repositories/${ownerRepo(repo)}/pullrequests/${id}`,
+      body: { title: r.title, description: r.description },
+    }),
+  },
+  azure: {
+    docs: 'https://learn.microsoft.com/en-us/rest/api/azure/devops/git/pull-requests',
+    base: (url) => url.origin,
+    headers: (token) => ({ Authorization: `Basic ${Buffer.from(`:${token}`).toString('base64')}` }),
+    find: (repo, r) => {
+      const { project, name } = azureParts(repo);
+      const criteria = `searchCriteria.sourceRefName=${enc(`refs/heads/${r.head}`)}` +
+        `&searchCriteria.targetRefName=${enc(`refs/heads/${r.base}`)}&searchCriteria.status=active`;
+      const path = `/${project}/_apis/git/repositories/${name}/pullrequests?${criteria}&api-version=7.1`;
+      return { method: 'GET', path };
+    },
+    listed: (json) => firstOf(valueAtPath(json, ['value'])),
+    // The answer names the request by number; its page is the repository's, under /pullrequest/<id>.
+    named: (pull, r, repo) => {
+      const id = answerField(pull, 'pullRequestId');
+      return { id, url: `${r.remote.url.origin}/${repo.map(enc).join('/')}/pullrequest/${id}` };
+    },
+    open: (repo, r) => {
+      const { project, name } = azureParts(repo);
+      return {
+        method: 'POST',
+        path: `/${project}/_apis/git/repositories/${name}/pullrequests?api-version=7.1`,
+        body: { sourceRefName: `refs/heads/${r.head}`, targetRefName: `refs/heads/${r.base}`, title: r.title,
+          description: r.description },
+      };
+    },
+    update: (repo, id, r) => {
+      const { project, name } = azureParts(repo);
+      return {
+        method: 'PATCH',
+        path: `/${project}/_apis/git/repositories/${name}/pullrequests/${id}?api-version=7.1`,
+        body: { title: r.title, description: r.description },
+      };
+    },
+  },
+};
+
+/** The forge's API for a repository's URL, as FORGES says. Pure. */
+export function requestApiBase(forge: ForgeName, url: URL): string {
+  return FORGES[forge].base(url);
+}
+
+/** The repository's path segments in its URL, without `.git`. Pure. */
+function forgeRepoPath(url: URL): RepoPath {
+  return url.pathname.replace(/\.git\/?$/, '').split('/').filter((s) => s !== '').map(decodeURIComponent);
+}
+
+/** One call to the forge's API: its JSON answer, or a GitError naming the call and what the forge said. */
+async function forgeCall(r: ForgeRequest, call: ForgeCall): Promise<unknown> {
+  const api = FORGES[r.forge];
+  const url = new URL(`${r.api}${call.path}`);
+  const secrets = [r.remote.token];
+  const what = `${r.forge} ${call.method} ${url.origin}${url.pathname}`;
+  const headers = { ...api.headers(r.remote.token), 'User-Agent': `webhook/${VERSION}`, Accept: 'application/json' };
+  const body = call.body === undefined ? undefined : JSON.stringify(call.body);
+  let answer: OutboundAnswer;
+  try {
+    answer = await outboundRequest(url, {
+      ...{ method: call.method, body, deadlineMs: FORGE_LIMITS.deadlineMs },
+      headers: body === undefined ? headers : { ...headers, 'Content-Type': 'application/json' },
+      ...{ maxResponseBytes: FORGE_LIMITS.maxResponseBytes, trust: { extraCa: r.remote.ca } },
+    });
+  } catch (e) {
+    throw new GitError(`${what}: ${peerText((e as Error).message, secrets, 500)}`);
+  }
+  if (answer.status < 200 || answer.status > 299) {
+    const said = peerText(answer.body.replace(/\s+/g, ' ').trim(), secrets, 500);
+    throw new GitError(`${what}: ${answer.status}${said ? `: ${said}` : ''} (see ${api.docs})`, 'refused');
+  }
+  try {
+    return answer.body.trim() === '' ? undefined : (JSON.parse(answer.body) as unknown);
+  } catch {
+    throw new GitError(`${what}: the answer is not JSON`);
+  }
+}
+
+/**
+ * The open request from the branch into the base, its title and description updated; or, when there is none,
+ * one opened. Two or three calls to the forge's API; a GitError when the forge refuses one.
+ */
+export async function openRequest(r: ForgeRequest): Promise<OpenedRequest> {
+  const api = FORGES[r.forge];
+  const repo = forgeRepoPath(r.remote.url);
+  const open = api.listed(await forgeCall(r, api.find(repo, r)), r);
+  if (open !== undefined) {
+    const known = api.named(open, r, repo);
+    await forgeCall(r, api.update(repo, known.id, r));
+    return { ...known, opened: false };
+  }
+  const made = api.named(await forgeCall(r, api.open(repo, r)), r, repo);
+  if (made.id === '') throw new GitError(`${r.forge}: the answer to opening the request names no number (${api.docs})`);
+  return { ...made, opened: true };
+}
+
 // ---- what a write-back is given ---------------------------------------------------------------------
 
 /** Where an applied push is committed: the repository, its branch, the file and field edited, the author. */
@@ -7744,6 +8029,8 @@ export interface GitSettings {
   signingKey?: SshSigningKey;
   /** How long the service waits after answering for the GitOps tool to apply a commit (0: not waited for). */
   syncTimeoutMs: number;
+  /** GIT_PULL_REQUEST: each workload's commits go to a branch of its own, and a request into `branch` is opened. */
+  request?: { forge: ForgeName; api: string };
 }
 
 // ################################################################################################
@@ -7752,7 +8039,7 @@ export interface GitSettings {
 // ################################################################################################
 
 // ================================================================================================
-// 16. the model — what the service works with, declared before the code that uses it, as a library declares its
+// 17. the model — what the service works with, declared before the code that uses it, as a library declares its
 //    API: a push (Push: the image a registry brought and when, the workload it is for, in which cluster, who
 //    asked), a hook's settings read once at the push's boundary (HookConfig), what can become of a push (DECISIONS,
 //    the closed list every report renders, and Decision: a union over its codes, each with its reason as data and,
@@ -8514,7 +8801,7 @@ export const POLL_ANNOTATION = ANNOTATIONS.poll.key;
 export const HOOK_ANNOTATION = ANNOTATIONS.hook.key;
 
 // ================================================================================================
-// 17. limits — every limit and timeout of the service in one table (LIMITS), each with why it has its value: the
+// 18. limits — every limit and timeout of the service in one table (LIMITS), each with why it has its value: the
 //    request limits adnanh lacks, each the default of a flag (-max-body-size, -read-timeout, …), then by concern
 //    the fixed limits of the upgrade, update policies, change windows, stages and promotion, approvals, the
 //    registry watch, Git write-back, the result, mail, notifications and the deliveries page. The libraries of
@@ -8963,7 +9250,7 @@ export const LIMITS = {
 };
 
 // ================================================================================================
-// 18. command line & settings — the adnanh/webhook command line in Go `flag` syntax (parseCommandLine, usage), Go's
+// 19. command line & settings — the adnanh/webhook command line in Go `flag` syntax (parseCommandLine, usage), Go's
 //    durations and booleans, and the flags that set our safety limits (their defaults are LIMITS').
 //    Exports: durationSetting, LOOPBACK_HOST, Options, parseCommandLine, parseGoBool, parseGoDuration,
 //    parseListenAddress, PLACEHOLDER, readAdminTokenFile, readApprovalKeyFile, usage, UsageError, watchLimits.
@@ -9710,7 +9997,7 @@ export function usage(): string {
 }
 
 // ================================================================================================
-// 19. logging & metrics — log lines in adnanh's shape ("[webhook] 2006/01/02 15:04:05 …"), errors always, the rest
+// 20. logging & metrics — log lines in adnanh's shape ("[webhook] 2006/01/02 15:04:05 …"), errors always, the rest
 //    with -verbose/-debug, every line scrubbed of known secrets; counters, gauges and histograms rendered in the
 //    Prometheus text format.
 //    Exports: escapeControls, Logger, Metrics.
@@ -9930,7 +10217,7 @@ export class Metrics {
 }
 
 // ================================================================================================
-// 20. hook files — the reading every compiler below shares. A hooks file is rendered as a Go template when -template
+// 21. hook files — the reading every compiler below shares. A hooks file is rendered as a Go template when -template
 //    asks, read as YAML (duplicate keys are errors; every key's line is kept), and then read through Fields: unknown
 //    keys and wrong types are errors that name file, line, hook and field path (`hooks/web.json:12: hook "web":
 //    trigger-rule.and[2]: …`).
@@ -10128,7 +10415,7 @@ function editDistance(a: string, b: string): number {
 }
 
 // ================================================================================================
-// 21. requests — turns an HTTP request into the structures hook parameters address: headers (Go-canonical names),
+// 22. requests — turns an HTTP request into the structures hook parameters address: headers (Go-canonical names),
 //    query, payload (from JSON, form, XML or multipart bodies) and the raw body, with adnanh's dotted-path lookup and
 //    Go's JSON serialisation; compileParam reads how a hook names a value of the request.
 //    Exports: applyJsonParameters, asMarshalled, compileParam, firstValues, headersFromRaw, HookRequest,
@@ -10509,7 +10796,7 @@ export function compileParam(reader: FieldReader, value: unknown, at: Place, fil
 }
 
 // ================================================================================================
-// 22. trigger rules — one table, RULE_TYPES, holds each match type side by side: its fields, whether it compares a
+// 23. trigger rules — one table, RULE_TYPES, holds each match type side by side: its fields, whether it compares a
 //    request parameter, whether it reads the headers or the body, which field holds a secret, how it compiles and how
 //    it tests a request. and/or/not combine matches with adnanh's semantics: a missing parameter makes a match false
 //    (inside `or` it is passed over, inside `and` the rule fails); a bad signature is an evaluation error unless the
@@ -10952,7 +11239,7 @@ export function cidrContains(cidr: Cidr, addr: string): boolean {
 }
 
 // ================================================================================================
-// 23. hooks & reload — a hooks file's text (already templated) compiled into hooks, once, so the request path only
+// 24. hooks & reload — a hooks file's text (already templated) compiled into hooks, once, so the request path only
 //    evaluates: the hook's fields read in one list, its parameters and trigger rule compiled, and the hook settings
 //    a hook must fix (those HOOK_SETTINGS marks fixed) checked through the HookSettingChecks main() hands
 //    over. Every -hooks path (a file, or a directory of *.json, *.yaml and *.yml files merged in name order) becomes
@@ -11420,7 +11707,7 @@ export class HookStore {
 }
 
 // ================================================================================================
-// 24. commands — resolves execute-command as adnanh does (absolute; else relative to command-working-directory, never
+// 25. commands — resolves execute-command as adnanh does (absolute; else relative to command-working-directory, never
 //    searched on PATH then; else on PATH), passes arguments, environment and temp files, and runs the command in its
 //    own process group under a deadline and a cap on concurrent commands. Output is stdout and stderr combined in
 //    arrival order. A command that is an InProcessCommand's entry point (the bundled /webhooks.sh: the upgrade) is
@@ -11932,7 +12219,7 @@ export function decodeBase64Strict(text: string): Buffer {
 }
 
 // ================================================================================================
-// 25. http server — routes `/`, `/healthz` and `/<urlprefix>/<id>` and answers with adnanh's exact strings. A hook
+// 26. http server — routes `/`, `/healthz` and `/<urlprefix>/<id>` and answers with adnanh's exact strings. A hook
 //    request is a list of steps: route, admit, prepare (all but the body), evaluate what the rule can decide without
 //    the body, read the body if the hook uses it, evaluate the rest, dispatch, answer. A body is never kept when it
 //    is not used, and one left unread is dropped as it arrives, within the size and idle limits. Every outcome is one
@@ -12832,7 +13119,7 @@ function closeWithoutReset(ex: Exchange, draining: () => boolean): () => void {
 }
 
 // ================================================================================================
-// 26. listeners — the sockets the service serves on: the hook port (TCP, or a unix socket with -socket; TLS with
+// 27. listeners — the sockets the service serves on: the hook port (TCP, or a unix socket with -socket; TLS with
 //    -secure, in Go's cipher-suite names, from -cert and -key, re-read on SIGHUP), and the admin listener of
 //    -metrics-listen, which serves /metrics and the deliveries pages and is never the hook port.
 //    Exports: GO_CIPHER_SUITES, openAdminListener, openListener.
@@ -12984,7 +13271,7 @@ async function openMetricsListener(
 }
 
 // ================================================================================================
-// 27. registry payloads — a registry's push notification (Aliyun ACR, Docker Hub, a build job, Harbor, Quay, GHCR,
+// 28. registry payloads — a registry's push notification (Aliyun ACR, Docker Hub, a build job, Harbor, Quay, GHCR,
 //    Azure, CNCF Distribution, Artifactory, Nexus, Gitea, CloudEvents) read into PushEvents (host, repository, tag,
 //    digest, pushed-at), an acknowledged no-op (a pull, a test ping, a push by digest, a signature tag), or a
 //    handshake's answer (Event Grid's, CloudEvents' validation). Pure functions: no I/O, no clock. Each registry is
@@ -13680,7 +13967,7 @@ function customRegistryAddress(repoUrl: string): string {
 }
 
 // ================================================================================================
-// 28. cloud registry payloads — the clouds' own registries, whose pushes arrive as their event buses' events: AWS ECR
+// 29. cloud registry payloads — the clouds' own registries, whose pushes arrive as their event buses' events: AWS ECR
 //    (an EventBridge "ECR Image Action" event sent by an API destination, or its CloudEvents form), Google Artifact
 //    Registry (a Pub/Sub push envelope whose message.data is the base64 of {action, digest, tag}), Tencent Cloud TCR
 //    Enterprise (its trigger sends Harbor's default format, pushImage, from a tencentcloudcr.com host); CloudEvents 1.0
@@ -14155,7 +14442,7 @@ function repoTypeSetting(value: string | undefined): string {
 }
 
 // ================================================================================================
-// 29. image reference & pin — composes the reference the cluster will pull (composeImageRef; chooseCandidate picks
+// 30. image reference & pin — composes the reference the cluster will pull (composeImageRef; chooseCandidate picks
 //    the container's among several), validates it against the OCI distribution reference grammar before anything is
 //    sent to Kubernetes, and applies the image pin (checkImagePin): whoever holds a hook's URL writes the payload, so
 //    a push may change only the tag and digest of the repository the container runs now. Endpoints of one registry
@@ -14571,7 +14858,7 @@ export function readImageCreated(
 }
 
 // ================================================================================================
-// 30. change windows & approval links — when a push may go out, as pure functions. A change window
+// 31. change windows & approval links — when a push may go out, as pure functions. A change window
 //    (DEPLOY_WINDOW, annotation webhook/window) is one or more ranges `Mon-Fri 09:00-18:00 Asia/Shanghai`, read by
 //    parseDeployWindows; windowOpen says whether an instant is inside one and nextOpening when the next one opens,
 //    in the range's IANA zone through Intl (daylight saving time included; a range whose end is before its start
@@ -15012,7 +15299,7 @@ export function readApprovalToken(
 }
 
 // ================================================================================================
-// 31. workloads — what the upgrade knows of Kubernetes workloads. Each kind is one entry of WORKLOAD_KINDS (API
+// 32. workloads — what the upgrade knows of Kubernetes workloads. Each kind is one entry of WORKLOAD_KINDS (API
 //    resource, names, pod template, kubectl's rollout viewer, whether it has a rollout, how its pods are owned);
 //    parseWorkload reads APP_WORKLOAD (deployment, daemonset, statefulset, cronjob; any case, plurals, short names,
 //    kind.group) and locateContainer finds APP_CONTAINER (containers, then initContainers). rolloutStatus applies
@@ -15795,7 +16082,7 @@ function missingContainerMessage(podSpec: unknown, name: string, workload: strin
 }
 
 // ================================================================================================
-// 32. update policies & stages — which tags a workload takes. The hook setting UPDATE_POLICY gives a hook's policy;
+// 33. update policies & stages — which tags a workload takes. The hook setting UPDATE_POLICY gives a hook's policy;
 //    the workload's annotation webhook/policy overrides it, and webhook/policy.<container> overrides both for one
 //    container. parsePolicy reads a value (all, semver:<range>, major, minor, patch, glob:<pattern>,
 //    regexp:<pattern>; the semver ones never go down unless `,allow-downgrade` follows); policyDecision, pure, says
@@ -16099,7 +16386,7 @@ export class AgeCheck {
 }
 
 // ================================================================================================
-// 33. setting values — how each hook setting's text reads: the parse functions of HOOK_SETTINGS' rows (next
+// 34. setting values — how each hook setting's text reads: the parse functions of HOOK_SETTINGS' rows (next
 //    chapter), each the only reader of its setting's text, returning the typed value (its default when unset) or
 //    throwing the message operators know, naming the setting and what is wrong; and the limits a setting's text is
 //    read within (how many notification URLs and clusters, an approval's timeout, a poll's interval, a signature's
@@ -16669,7 +16956,7 @@ function gitSettings(
 }
 
 // ================================================================================================
-// 34. hook settings — HOOK_SETTINGS, the one table of the settings of the upgrade, its mail and its notifications:
+// 35. hook settings — HOOK_SETTINGS, the one table of the settings of the upgrade, its mail and its notifications:
 //    each one's source (the hook, or the service's own environment), type, default, whether a hook must give it as a
 //    fixed string (checked at load: fixedSettingChecks), whether it holds a key, its validation, its meaning, and its
 //    parse, which is the only reader of its text and throws the message operators know. The settings tables of
@@ -17371,7 +17658,7 @@ function readSettings(input: SettingInput, known: KnownSoFar): UpgradeSettings &
 }
 
 // ================================================================================================
-// 35. upgrade decision — whether and what a push may change, before anything is written, from the push's
+// 36. upgrade decision — whether and what a push may change, before anything is written, from the push's
 //    HookConfig (read once at its boundary, previous chapter); the push is checked against the
 //    container's current image (a refusal changes nothing, fails, is logged and recorded as a Warning Event);
 //    several replicas agree through the workload: LAST_PUSH_ANNOTATION records when each container's last push was
@@ -18138,7 +18425,7 @@ async function checkSignature(c: SignatureCheck, digest: string | undefined): Pr
 }
 
 // ================================================================================================
-// 36. platforms — the platform check's facts: the platforms (`os/architecture`) an image index offers and those of
+// 37. platforms — the platform check's facts: the platforms (`os/architecture`) an image index offers and those of
 //    the nodes a workload can run on (its pod template's nodeSelector as a label selector on a LIST of nodes, and
 //    its required node affinity: nodeAffinityAllows), read only when the service asks the registry anyway
 //    (VERIFY_IMAGE, VERIFY_SIGNATURE, a registry watch's find): registryFacts, which under MIN_IMAGE_AGE also reads
@@ -18345,7 +18632,7 @@ async function platformsOf(
 }
 
 // ================================================================================================
-// 37. the decision — what one push does to one workload, decided by one pure function: decide(push, its hook's
+// 38. the decision — what one push does to one workload, decided by one pure function: decide(push, its hook's
 //    settings, the workload as read, now) → Decision, a value from the closed list (DECISIONS) carrying its reason
 //    as data and, for what is written, the planned change, its Event and the pending entry. The registry's facts
 //    (the digest a tag resolves to, a signature, the platforms an index offers and the workload's nodes run) are
@@ -18923,7 +19210,7 @@ export function waitingAction(e: PendingEntry): string {
 }
 
 // ================================================================================================
-// 38. the cluster executor — carries out what decide (previous chapter) concluded, on the workload in its cluster,
+// 39. the cluster executor — carries out what decide (previous chapter) concluded, on the workload in its cluster,
 //    and returns what it did as a value (ExecutorOutcome, as every executor does), which recordOutcome alone writes
 //    into the push's report: the guarded PATCH of an applied push, the pending entry of a waiting one, the Event of
 //    each. A PATCH whose `test` fails
@@ -19272,7 +19559,7 @@ function recordDecision(report: Delivery, d: Decision, kind: WorkloadKind): void
   recordUnchanged(report, d.code, d.reason, d.before);
 }
 // ================================================================================================
-// 39. the git executor — carries an applied push out as a commit to the Git repository a GitOps tool (Fleet, Argo
+// 40. the git executor — carries an applied push out as a commit to the Git repository a GitOps tool (Fleet, Argo
 //    CD, Flux) deploys from, for a hook with GIT_REPO: the workload is read and the push decided as always
 //    (decide); a decision that writes nothing to the image (waiting, held, skipped…) is the cluster executor's. An
 //    applied push is written into the file at GIT_PATH by changing the text of one scalar (editGitFile: a
@@ -20089,7 +20376,7 @@ export async function refuseGitopsOwned(
 }
 
 // ================================================================================================
-// 40. helm releases — a workload a Helm release installed (its meta.helm.sh/release-name annotation, or the
+// 41. helm releases — a workload a Helm release installed (its meta.helm.sh/release-name annotation, or the
 //    release HELM_RELEASE names) is upgraded as `helm upgrade --reuse-values --set <HELM_FIELD>=<tag>` would
 //    upgrade it, with no Helm program and no chart rendering. The release's record is read where Helm 3 and 4
 //    keep it by default (the Secrets sh.helm.release.v1.<name>.v<N>, labelled owner=helm: gzip'd JSON, base64'd),
@@ -20424,7 +20711,7 @@ export async function releaseOut(
   return { ...outcome, notes, action: `image updated; ${revision}` };
 }
 // ================================================================================================
-// 41. the report — the answer of one push, one "label: value" per line, values aligned, always in this order, lines
+// 42. the report — the answer of one push, one "label: value" per line, values aligned, always in this order, lines
 //    whose value is unknown left out: workload, container, image before, image after, action (image updated | rollout
 //    restarted (same image re-pulled) | none (<why>)), result (ok | failed: <message>), rollout (progressing |
 //    complete | failed | timed out | not tracked), one line per pod (for the first failing ones, why: the last exit,
@@ -20537,7 +20824,7 @@ export function formatReport(r: ReportView): string {
 }
 
 // ================================================================================================
-// 42. rollout follow — follows a rollout by kubectl's rules until it completes, fails (a pod stuck in
+// 43. rollout follow — follows a rollout by kubectl's rules until it completes, fails (a pod stuck in
 //    CrashLoopBackOff, ImagePullBackOff…) or ROLLOUT_TIMEOUT passes. The workload is watched (WorkloadFeed: the
 //    client's watch shared by the follows of a namespace and kind, from the PATCH answer's resourceVersion; a watch
 //    of the workload alone where RBAC names it; a GET per second, with one warning, where watch is refused). A
@@ -21117,7 +21404,7 @@ export function rolloutEvent(outcome: RolloutOutcome, container: string): Worklo
 }
 
 // ================================================================================================
-// 43. rollback — ROLLBACK_ON_FAILURE=true: a followed rollout that fails is set back to the image before the push,
+// 44. rollback — ROLLBACK_ON_FAILURE=true: a followed rollout that fails is set back to the image before the push,
 //    with the same tested patch, and that rollout is followed too. A StatefulSet (RollingUpdate) does not replace a
 //    pod stuck on the bad image by itself, so its "forced rollback" deletes, once the controller has observed the
 //    template set back, the pods it owns that still run the image rolled back from and are not ready (uid
@@ -21387,7 +21674,7 @@ export function rollbackObstacle(
 }
 
 // ================================================================================================
-// 44. least privilege — -print-rbac: the Roles and RoleBindings the hooks need, worked out from the hooks themselves
+// 45. least privilege — -print-rbac: the Roles and RoleBindings the hooks need, worked out from the hooks themselves
 //    (namespace, kind and name when the hook fixes them; `resourceNames` wherever it can), so the service account
 //    gets nothing it does not use. Hooks that read the registry (VERIFY_IMAGE, POLL_INTERVAL) add one ClusterRole:
 //    list on nodes, for the platform check. The same reach is the gate every push passes before it is decided,
@@ -21870,7 +22157,7 @@ export function followRecordProblem(
 }
 
 // ================================================================================================
-// 45. the upgrade — the job /webhooks.sh exists for, as named steps: read the settings, compose the image, decide,
+// 46. the upgrade — the job /webhooks.sh exists for, as named steps: read the settings, compose the image, decide,
 //    patch, record the Event, follow the rollout and roll back when asked, report. UpgradeService is the command
 //    runner's InProcessCommand: one client, one per-workload queue and one set of kept pushes for every push. A push
 //    the API server does not answer is kept and applied when it answers (KeptPushes, answered 202); a waiting push,
@@ -22244,7 +22531,7 @@ export async function refusedAtGate(
 }
 
 // ================================================================================================
-// 46. the upgrade service — the upgrade as the command runner runs it (UpgradeService, its InProcessCommand): one
+// 47. the upgrade service — the upgrade as the command runner runs it (UpgradeService, its InProcessCommand): one
 //    client and one set of kept pushes per cluster (ClusterLane), one per-workload queue for every push, pushes the
 //    API server (or, under ON_REGISTRY_AWAY=keep, the registry) does not answer kept and applied when it answers
 //    (KeptPushes, answered 202), decided waiting pushes
@@ -23142,7 +23429,7 @@ export class RolloutFollower implements CommandListener<UpgradeOutput> {
 }
 
 // ================================================================================================
-// 47. promotion — CLUSTERS stages (`staging > prod`): a push goes to the first stage only (the upgrade service);
+// 48. promotion — CLUSTERS stages (`staging > prod`): a push goes to the first stage only (the upgrade service);
 //    the digest that ran there goes on to the next stage once that stage's rollout is complete and has stayed
 //    healthy for PROMOTE_AFTER (the same image running, not rolled back, no restart since), and PROMOTE_CHECK, when
 //    the hook names one, has answered 2xx. A promotion is a source of pushes like an approval: a Push of that digest
@@ -23879,7 +24166,7 @@ export class Promotions implements ResultListener {
 }
 
 // ================================================================================================
-// 48. approvals — completes the pushes that wait (the patch chapter's waiting step) on whichever replica acts
+// 49. approvals — completes the pushes that wait (the patch chapter's waiting step) on whichever replica acts
 //    first: an approval link's confirmation page and its POST (GET never decides), the deliveries page's Approve,
 //    Reject and Deploy again, a change window's opening and an expiry. Each decision reads the workload, checks the
 //    pending entry the link names is still there, and completes it by a patch that tests the annotation it read (a
@@ -24774,7 +25061,7 @@ interface PastPush {
 }
 
 // ================================================================================================
-// 49. registry watch — pushes no registry announced. A workload annotated webhook/poll: <interval> (or the one a hook
+// 50. registry watch — pushes no registry announced. A workload annotated webhook/poll: <interval> (or the one a hook
 //    with POLL_INTERVAL fixes) has its repository looked at every interval, and once soon after the start (spread
 //    out), so a push made while the service was away, or on a registry that cannot call, is found. What a look finds
 //    is a push like a notification's (its identity the digest, `sha256:…|`): under a semver policy (semver:, major,
@@ -25656,7 +25943,7 @@ function fixesTarget(hook: Hook, target: WatchedWorkload['target'], cluster: str
 }
 
 // ================================================================================================
-// 50. the result — one record per push (Delivery, in the DeliveryLog): made when its request comes in, completed
+// 51. the result — one record per push (Delivery, in the DeliveryLog): made when its request comes in, completed
 //    as the rollout follower hands on the answer, the rollout's progress and its end, and once final sent to each
 //    ResultChannel in order (the mail, then the chat and JSON receivers), whose outcomes are recorded on it. What
 //    became of the push is its upgrade report's decision (DECISIONS), published as pushResult says; the channels
@@ -26010,7 +26297,7 @@ export class ResultDispatcher implements ResultListener {
 }
 
 // ================================================================================================
-// 51. mail — mails a hook's result through the server the MAIL_* variables describe (parseMailConfig; MAIL_TO names
+// 52. mail — mails a hook's result through the server the MAIL_* variables describe (parseMailConfig; MAIL_TO names
 //    the recipients): one mail per push after its rollout's end, at most -max-mails-per-hook per -mail-window, the
 //    rest summed up in one mail. The Mailer is the result's first ResultChannel.
 //    Exports: Mailer, parseMailConfig.
@@ -26267,7 +26554,7 @@ function summaryMail(hookId: string, window: MailWindow, cap: MailCap): { subjec
 }
 
 // ================================================================================================
-// 52. chat & json notifications — a hook's result posted, at the moment its mail goes (after the rollout's end, in
+// 53. chat & json notifications — a hook's result posted, at the moment its mail goes (after the rollout's end, in
 //    the background), to each URL of NOTIFY_URL, in the body NOTIFY_FORMAT names: json (our own document, versioned
 //    by its "schema" field, signed in a header with NOTIFY_SECRET), dingtalk (markdown; NOTIFY_SECRET signs the URL),
 //    wecom (markdown), feishu and lark (a card; NOTIFY_SECRET signs the body), slack (mrkdwn), teams (an Adaptive
@@ -27158,7 +27445,7 @@ export class Notifier implements ResultChannel {
 }
 
 // ================================================================================================
-// 53. deliveries page — what the last pushes did, on the admin listener (never the hook port): the records of the
+// 54. deliveries page — what the last pushes did, on the admin listener (never the hook port): the records of the
 //    result's DeliveryLog (the last -deliveries pushes, newest first, as far as each has got). /deliveries lists
 //    them (refreshing itself while a push is still running); /deliveries/<n> is one push's full report and pods;
 //    /deliveries.json and /deliveries/<n>.json carry the same as JSON (entries in the shape of NOTIFY_FORMAT=json).
@@ -27500,7 +27787,7 @@ export function deliveryPages(
 }
 
 // ================================================================================================
-// 54. -validate & -print-rbac — the commands that read the hooks and exit: -validate describes every hook (its rule,
+// 55. -validate & -print-rbac — the commands that read the hooks and exit: -validate describes every hook (its rule,
 //    parameters, answer, upgrade and notifications) and says what is wrong, -print-rbac prints the least-privilege
 //    RBAC; both load the hooks exactly as the service does (hookLoadSettings).
 //    Exports: commandWarnings, hookLoadSettings, printRbac, validate.
@@ -28035,7 +28322,7 @@ async function printRbac(o: Options, env: Record<string, string | undefined>): P
 }
 
 // ================================================================================================
-// 55. main — wires the chapters together; the only place with process-wide side effects (signals, pid file, listening
+// 56. main — wires the chapters together; the only place with process-wide side effects (signals, pid file, listening
 //    sockets, exit codes).
 //    Tests: test/image.test.ts, test/memory.test.ts, test/runner.test.ts, test/start.test.ts.
 // ================================================================================================
