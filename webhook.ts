@@ -6936,7 +6936,7 @@ function signedCommit(commit: Buffer, k: SshSigningKey): Buffer {
 //    write-back is given (GitSettings) is the next chapter's, beside the forge's requests (the GIT_* settings' parse
 //    functions are the setting values chapter's); chapter 14's keys sign commits. A commit may be pushed to another
 //    branch than the one read (a pull request's), with that branch's head, or none, as the expected value.
-//    Exports: fetchGitFiles, GitError, GitHead, GitRemote, pushGitCommit.
+//    Exports: branchHeadIfAny, fetchGitFiles, GitError, GitHead, GitRemote, pushGitCommit.
 //    Tests: test/git.test.ts.
 // ================================================================================================
 
@@ -7748,7 +7748,7 @@ function reportStatus(body: Buffer, what: string, sent: string[]): { lines: stri
 //    from the branch, or opens one, and answers its number and its web address. Every message the forge's answer
 //    puts in an error is cut and has the token scrubbed (peerText). What a write-back is given (GitSettings: the
 //    repository, the branch, the file, and the request when the branch takes none directly) ends the chapter.
-//    Exports: GitSettings.
+//    Exports: FORGE_NAMES, ForgeName, GitSettings, openRequest, requestApiBase.
 // ================================================================================================
 
 const FORGE_LIMITS = {
@@ -16392,12 +16392,12 @@ export class AgeCheck {
 //    read within (how many notification URLs and clusters, an approval's timeout, a poll's interval, a signature's
 //    wait). The GIT_* settings' and ON_GITOPS_OWNER's parse functions end it (gitSettingsRead: a write-back's).
 //    Exports: annotationNamespacesSetting, approvalTimeoutSetting, clusterNames, deployWindowSetting, dnsLabelSetting,
-//    gitAuthor, gitBranchName, gitCa, gitFieldPath, gitFilePath, gitopsOwnerMode, gitRepoUrl, gitSettingsRead,
-//    gitToken, gitUsername, helmFieldPath, helmReleaseSetting, helmSettings, mailBase64, mailBoolean, mailPort,
-//    mailTlsMode, minImageAgeSetting, NOTIFY_FORMAT_NAMES, notifyCa, NotifyFormatName, notifyFormats, notifyUrls,
-//    outsideChangeSetting, parseRecipients, pollInterval, registryAwaySetting, registryCa, registryTokenHosts,
-//    rolloutTimeoutSetting, signatureAnnotationsSetting, signatureKeysSetting, signatureWaitSetting,
-//    stuckTimeoutSetting, telegramChats, updatePolicySetting.
+//    forgeApiUrl, gitAuthor, gitBranchName, gitCa, gitFieldPath, gitFilePath, gitopsOwnerMode, gitRepoUrl,
+//    gitSettingsRead, gitToken, gitUsername, helmFieldPath, helmReleaseSetting, helmSettings, mailBase64, mailBoolean,
+//    mailPort, mailTlsMode, minImageAgeSetting, NOTIFY_FORMAT_NAMES, notifyCa, NotifyFormatName, notifyFormats,
+//    notifyUrls, outsideChangeSetting, parseRecipients, pollInterval, pullRequestForge, registryAwaySetting,
+//    registryCa, registryTokenHosts, rolloutTimeoutSetting, signatureAnnotationsSetting, signatureKeysSetting,
+//    signatureWaitSetting, stuckTimeoutSetting, telegramChats, updatePolicySetting.
 //    Tests: test/helm-release.test.ts, test/mail.test.ts, test/registry-watch.test.ts, test/settings.test.ts.
 // ================================================================================================
 
@@ -16880,6 +16880,33 @@ export function gitAuthor(value: string | undefined): string {
   return author;
 }
 
+/** GIT_PULL_REQUEST: the forge whose REST API opens the request (any case); unset, commits go to the branch. */
+export function pullRequestForge(value: string | undefined): ForgeName | undefined {
+  const text = value?.trim().toLowerCase() ?? '';
+  if (text === '') return undefined;
+  const forge = text === 'forgejo' ? 'gitea' : text;
+  if ((FORGE_NAMES as readonly string[]).includes(forge)) return forge as ForgeName;
+  throw new GitError(`GIT_PULL_REQUEST ${showValue(value ?? '')} is not one of ${FORGE_NAMES.join(', ')}, forgejo`);
+}
+
+/** GIT_API: a forge's API base, https (http only for a loopback host), for a self-hosted forge's own address. */
+export function forgeApiUrl(value: string | undefined): string | undefined {
+  const text = value?.trim() ?? '';
+  if (text === '') return undefined;
+  let url: URL;
+  try {
+    url = new URL(text);
+  } catch {
+    throw new GitError(`GIT_API ${showValue(text)} is not a URL (e.g. https://gitlab.example.com/api/v4)`);
+  }
+  const loopback = /^(localhost|127(\.\d{1,3}){3}|\[::1\])$/.test(url.hostname);
+  if (url.protocol !== 'https:' && !(url.protocol === 'http:' && loopback))
+    throw new GitError(`GIT_API ${showValue(text)} is not https:// (http:// only for a loopback host)`);
+  if (url.username !== '' || url.password !== '' || url.search !== '' || url.hash !== '')
+    throw new GitError(`GIT_API ${showValue(text)} holds credentials, a query or a fragment`);
+  return url.href;
+}
+
 /** ON_GITOPS_OWNER: refuse (unset or blank) or patch, any case. */
 export function gitopsOwnerMode(value: string | undefined): 'refuse' | 'patch' {
   const mode = (value?.trim() || 'refuse').toLowerCase();
@@ -16900,7 +16927,11 @@ export function gitSettingsRead(read: (name: string) => unknown): GitSettings | 
   const [path, token, field, branch] = [text('GIT_PATH'), text('GIT_TOKEN'), text('GIT_FIELD'), text('GIT_BRANCH')];
   const syncTimeoutMs = (read('GIT_SYNC_TIMEOUT') as number | undefined) ?? 0;
   const author = text('GIT_AUTHOR')!;
-  return gitSettings({ remote, token, path, field, branch: branch ?? 'main', author, signingKey, syncTimeoutMs });
+  const forge = read('GIT_PULL_REQUEST') as ForgeName | undefined;
+  const api = text('GIT_API');
+  const request = forge && { forge, api: (api ?? requestApiBase(forge, url)).replace(/\/+$/, '') };
+  const settings = { remote, token, path, field, branch: branch ?? 'main', author, signingKey, syncTimeoutMs };
+  return gitSettings({ ...settings, ...(request && { request }) });
 }
 
 // ---- HELM_RELEASE and HELM_FIELD: which Helm release a push upgrades (HelmSettings, of the model) -----------
@@ -17357,6 +17388,18 @@ export const HOOK_SETTINGS = {
     ...{ type: 'duration', default: '10m', fixed: true, validation: 'a Go duration (0: not waited for)' },
     meaning: 'After answering, how long the service waits for the GitOps tool to apply a commit (then follows it).',
     parse: (value: string | undefined) => (value?.trim() ? durationSetting('GIT_SYNC_TIMEOUT', value) : 600_000),
+  }),
+  GIT_PULL_REQUEST: setting({
+    ...{ type: 'forge name', default: 'commits go to GIT_BRANCH', fixed: true, parse: pullRequestForge },
+    validation: `${FORGE_NAMES.join(', ')} or forgejo (any case)`,
+    meaning:
+      "A branch of the workload's own takes its commits, and a request into GIT_BRANCH is opened (or updated) " +
+      "over the forge's REST API: for a branch that refuses direct pushes.",
+  }),
+  GIT_API: setting({
+    ...{ type: 'URL', default: "the forge's, from GIT_REPO", fixed: true, parse: forgeApiUrl },
+    validation: 'an https:// URL (http:// only for a loopback host)',
+    meaning: "The forge's REST API base where it is not GIT_REPO's host's usual one (e.g. https://host/api/v4).",
   }),
   GIT_AUTHOR: setting({
     ...{ type: 'Name <email>', default: 'webhook <webhook@localhost>', fixed: true, parse: gitAuthor },
@@ -19482,7 +19525,8 @@ function wouldDo(d: Decision, given: PushToCarryOut): string {
   const { container, git } = given.config;
   const image = given.push.image;
   if (d.code === 'applied' || d.code === 're-pulled') {
-    if (git) return `would commit ${image} to ${git.path} on ${git.branch} of ${git.remote.url.href}`;
+    const requested = git?.request ? `a branch of its own, requested into ${git.branch}` : git?.branch;
+    if (git) return `would commit ${image} to ${git.path} on ${requested} of ${git.remote.url.href}`;
     return d.code === 'applied'
       ? `would set ${container}'s image to ${image}`
       : `would restart ${container} to pull ${image} again`;
@@ -19939,6 +19983,8 @@ export interface PushEdit {
   before: string | undefined;
   /** A failed rollout's revert: why (the commit's message says so). */
   revert?: string;
+  /** GIT_PULL_REQUEST: the branch of the workload's own the commit goes to (requestBranch), on GIT_BRANCH's head. */
+  requestBranch?: string;
 }
 
 /** What became of one push's edit in its batch. */
@@ -20050,9 +20096,12 @@ function newestInBatch(edits: PushEdit[]): (string | undefined)[] {
  */
 async function committedEdits(edits: PushEdit[]): Promise<EditOutcome[]> {
   const { remote, branch, author, signingKey } = edits[0].git;
+  const requestBranch = edits[0].requestBranch;
   const superseded = newestInBatch(edits);
   for (let attempt = 1; ; attempt++) {
     try {
+      // A request's branch is read first: it is the expected value of the push, made on the base branch's head.
+      const onto = requestBranch && { branch: requestBranch, head: await branchHeadIfAny(remote, requestBranch) };
       const read = await fetchGitFiles(remote, branch, [...new Set(edits.map((e) => e.git.path))]);
       const texts = new Map<string, string>();
       const outcomes = edits.map((e, i) => {
@@ -20063,7 +20112,7 @@ async function committedEdits(edits: PushEdit[]): Promise<EditOutcome[]> {
       if (applied.length === 0) return outcomes as EditOutcome[];
       const contents = new Map([...texts].map(([p, text]) => [p, Buffer.from(text)]));
       const text = { message: commitMessage(applied), author, whenSeconds: Math.floor(Date.now() / 1000), signingKey };
-      const commit = await pushGitCommit(remote, branch, read, contents, text);
+      const commit = await pushGitCommit(remote, branch, read, contents, text, onto || undefined);
       return outcomes.map((o) => (o === 'applied' ? { commit } : o));
     } catch (e) {
       if (e instanceof GitError && e.kind === 'moved' && attempt < LIMITS.git.pushAttempts) continue;
@@ -20075,10 +20124,43 @@ async function committedEdits(edits: PushEdit[]): Promise<EditOutcome[]> {
   }
 }
 
+/**
+ * The branch of a workload's container whose commits a request takes into GIT_BRANCH: one per container, so that a
+ * newer push replaces the older one's commit in the same open request. Pure.
+ */
+function requestBranchOf(target: WorkloadTarget, container: string): string {
+  return `webhook/${target.namespace}/${target.kind}-${target.name}/${container}`;
+}
+
+/**
+ * The request from `head` into GIT_BRANCH opened, or the open one updated (its title and description: the commit's
+ * message): what the answer adds after the commit (`; pull request #3 opened: <its page>`). The forge's refusal
+ * fails the push, the commit standing on its branch (the token scrubbed from the message).
+ */
+async function requestOpened(edit: PushEdit, head: string, commit: string): Promise<string> {
+  const { git } = edit;
+  const message = commitMessage([edit]);
+  const [title, ...rest] = message.split('\n');
+  const description = `${rest.join('\n').trim()}\n\nCommit ${commit} of branch ${head}, by webhook.`;
+  try {
+    const r = { ...git.request!, remote: git.remote, head, base: git.branch, title, description };
+    const opened = await openRequest(r);
+    return `; ${git.request!.forge === 'gitlab' ? 'merge' : 'pull'} request #${opened.id} ` +
+      `${opened.opened ? 'opened' : 'updated'}: ${opened.url}`;
+  } catch (e) {
+    const why = new Scrubber([git.remote.token]).scrub((e as Error).message);
+    throw new UpgradeError(
+      `Git write-back: committed ${commit.slice(0, 7)} to ${head}, but the request into ${git.branch} was not ` +
+        `opened: ${why}`,
+    );
+  }
+}
+
 /** Pushes batched together share the repository, branch, credentials, author and signing key: a digest of them. */
-function batchKey(git: GitSettings): string {
+function batchKey(git: GitSettings, requestBranch: string | undefined): string {
   const key = git.signingKey?.publicBlob.toString('base64') ?? '';
   const parts = [git.remote.url.href, git.branch, git.remote.username, git.remote.token, git.author, key];
+  if (requestBranch !== undefined) parts.push(requestBranch);
   return `git ${createHash('sha256').update(JSON.stringify(parts)).digest('hex')}`;
 }
 
@@ -20098,11 +20180,12 @@ export async function commitOut(
   const { workload, now, decision } = await decidedOn(client, given, deps);
   if (decision.code !== 'applied' && decision.code !== 're-pulled') return carryOut(client, given, deps);
   const target = targetOn(given.push.target, workload);
-  const edit: PushEdit = { git, push: given.push, config: given.config, before: decision.before };
+  const requestBranch = git.request && requestBranchOf(given.push.target, given.config.container);
+  const edit: PushEdit = { git, push: given.push, config: given.config, before: decision.before, requestBranch };
   const done = deps.queue
-    ? await deps.queue.batch(batchKey(git), edit, committedEdits, LIMITS.git.maxBatch)
+    ? await deps.queue.batch(batchKey(git, requestBranch), edit, committedEdits, LIMITS.git.maxBatch)
     : (await committedEdits([edit]))[0];
-  const where = `${git.branch} of ${git.remote.url.href}`;
+  const where = `${requestBranch ?? git.branch} of ${git.remote.url.href}`;
   const unchangedAs = (code: 'refused' | 'superseded' | 'no-op', reason: string, notes: string[] = []) =>
     outcomeOn(workload, { code, reason, notes: [], before: decision.before }, { notes });
   if ('error' in done && done.error instanceof GitPinRefusal) {
@@ -20115,7 +20198,8 @@ export async function commitOut(
   if ('error' in done) throw done.error;
   if ('superseded' in done) return unchangedAs('superseded', done.superseded);
   if ('unchanged' in done) return unchangedAs('no-op', `${git.path} on ${where} already names ${given.push.image}`);
-  const commit = `${done.commit.slice(0, 7)} to ${where}`;
+  const request = requestBranch ? await requestOpened(edit, requestBranch, done.commit) : '';
+  const commit = `${done.commit.slice(0, 7)} to ${where}${request}`;
   const notes = await recordCommit(client, { ...given, workload, decision, commit: done.commit }, deps);
   const told = { container: given.config.container, before: decision.before, image: given.push.image, commit };
   const event = pushEvent('committed', { ...told, asked: whoAsked(given.push) });
@@ -20214,12 +20298,16 @@ async function recordCommit(
 async function committedRevert(edit: PushEdit, reason: string, where: string): Promise<RollbackOutcome> {
   // Later than the push it reverts, whose time may be a little ahead of this clock (a registry's).
   const pushedAtMs = Math.max(Date.now(), edit.push.pushedAtMs + 1);
-  const revert = { ...edit, push: { ...edit.push, pushedAtMs }, revert: reason };
+  // Under GIT_PULL_REQUEST the revert is a request too, from a branch beside the push's.
+  const requestBranch = edit.requestBranch && `${edit.requestBranch}-revert`;
+  const revert = { ...edit, push: { ...edit.push, pushedAtMs }, revert: reason, requestBranch };
   const [done] = await committedEdits([revert]);
   const image = revert.push.image;
   if ('error' in done) return { reason, notDone: `the revert was not committed: ${done.error.message}` };
-  const committed = 'commit' in done && `${reason}; the revert committed as ${done.commit.slice(0, 7)} to ${where}`;
-  if (committed) return { reason: committed, image };
+  const onto = requestBranch ? where.replace(edit.requestBranch!, requestBranch) : where;
+  const request = requestBranch && 'commit' in done ? await requestOpened(revert, requestBranch, done.commit) : '';
+  const committed = 'commit' in done && `${reason}; the revert committed as ${done.commit.slice(0, 7)} to ${onto}`;
+  if (committed) return { reason: `${committed}${request}`, image };
   return { reason, notDone: 'superseded' in done ? done.superseded : `the file already names ${image}` };
 }
 
@@ -28156,7 +28244,11 @@ function describeOwner(hook: Hook): string {
   const repo = fixedSetting(hook, 'GIT_REPO');
   if (repo) {
     const [branch, file] = [fixedSetting(hook, 'GIT_BRANCH'), fixedSetting(hook, 'GIT_PATH') ?? '(no GIT_PATH)'];
-    return `writes to: a commit of ${file} on branch ${branch} of ${repo.href} (GIT_REPO); the GitOps tool applies it`;
+    const forge = fixedSetting(hook, 'GIT_PULL_REQUEST');
+    const onto = forge
+      ? `a branch of the workload's own, and a ${forge} request into ${branch} (GIT_PULL_REQUEST)`
+      : `branch ${branch}`;
+    return `writes to: a commit of ${file} on ${onto} of ${repo.href} (GIT_REPO); the GitOps tool applies it`;
   }
   const release = fixedSetting(hook, 'HELM_RELEASE');
   const field = fixedSetting(hook, 'HELM_FIELD') ?? 'image.tag';
