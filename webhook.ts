@@ -7749,6 +7749,7 @@ function reportStatus(body: Buffer, what: string, sent: string[]): { lines: stri
 //    puts in an error is cut and has the token scrubbed (peerText). What a write-back is given (GitSettings: the
 //    repository, the branch, the file, and the request when the branch takes none directly) ends the chapter.
 //    Exports: FORGE_NAMES, ForgeName, GitSettings, openRequest, requestApiBase.
+//    Tests: test/pull-requests.test.ts.
 // ================================================================================================
 
 const FORGE_LIMITS = {
@@ -7972,7 +7973,7 @@ async function forgeCall(r: ForgeRequest, call: ForgeCall): Promise<unknown> {
   const url = new URL(`${r.api}${call.path}`);
   const secrets = [r.remote.token];
   const what = `${r.forge} ${call.method} ${url.origin}${url.pathname}`;
-  const headers = { ...api.headers(r.remote.token), 'User-Agent': `webhook/${VERSION}`, Accept: 'application/json' };
+  const headers = { 'User-Agent': `webhook/${VERSION}`, Accept: 'application/json', ...api.headers(r.remote.token) };
   const body = call.body === undefined ? undefined : JSON.stringify(call.body);
   let answer: OutboundAnswer;
   try {
@@ -19622,7 +19623,7 @@ function recordDecision(report: Delivery, d: Decision, kind: WorkloadKind): void
 //    tool by its field manager (gitopsApplier, GITOPS_MARKS), then follows the rollout. Without GIT_REPO, a push
 //    that would patch a workload a GitOps tool deploys is refused (refuseGitopsOwned, ON_GITOPS_OWNER).
 //    Exports: commitOut, editGitFile, namesRepository, refuseGitopsOwned.
-//    Tests: test/git.test.ts.
+//    Tests: test/git.test.ts, test/pull-requests.test.ts.
 // ================================================================================================
 
 /** The file refuses the push under the hook's image pin: what it deploys is another repository (decision refused). */
