@@ -7767,7 +7767,7 @@ export const FORGE_NAMES = ['github', 'gitlab', 'gitea', 'bitbucket', 'azure'] a
 export type ForgeName = (typeof FORGE_NAMES)[number];
 
 /** What a request is opened with: the forge, its API, the branch into the base, and what it says. */
-export interface ForgeRequest {
+interface ForgeRequest {
   forge: ForgeName;
   /** The API's base (requestApiBase, or the hook's GIT_API), without a trailing slash. */
   api: string;
@@ -7779,7 +7779,7 @@ export interface ForgeRequest {
 }
 
 /** An open request: its number on the forge, its page, and whether this call opened it. */
-export interface OpenedRequest {
+interface OpenedRequest {
   id: string;
   url: string;
   opened: boolean;

@@ -254,6 +254,17 @@ export const SETTING_DETAILS: Record<string, string> = {
     "Without `GIT_REPO`: `refuse` (the default) answers a push whose decision would patch a workload Argo CD, Flux " +
     "or Fleet deploys (their labels and annotations) with a refusal naming the tool, since its next " +
     'sync would undo the PATCH; `patch` patches it anyway. See [gitops.md](gitops.md).',
+  GIT_PULL_REQUEST:
+    'For a branch that refuses direct pushes (branch protection, review rules): `github`, `gitlab`, `gitea` ' +
+    '(`forgejo`), `bitbucket` or `azure`. The commit goes to a branch of the container\'s own, ' +
+    '`webhook/<namespace>/<kind>-<name>/<container>`, made on `GIT_BRANCH`\'s head, and a request into ' +
+    '`GIT_BRANCH` is opened over the forge\'s REST API, or the open one updated: a newer push replaces the commit ' +
+    'of the open request. The answer, the Event and the record link it; its merge is followed as a commit is ' +
+    '(`GIT_SYNC_TIMEOUT`). See [gitops.md](gitops.md#pull-requests).',
+  GIT_API:
+    "The forge's REST API base, where it is not the usual one of `GIT_REPO`'s host (`https://api.github.com` for " +
+    'github.com, `<host>/api/v3` for GitHub Enterprise, `<host>/api/v4` for GitLab, `<host>/api/v1` for Gitea, ' +
+    '`https://api.bitbucket.org/2.0`, `https://dev.azure.com`).',
   HELM_RELEASE:
     'A workload a Helm release installed is upgraded in its release, as `helm upgrade --reuse-values --set ' +
     '<HELM_FIELD>=<tag>` would: the next revision (the Secret `sh.helm.release.v1.<name>.v<N+1>`), then the PATCH, ' +
