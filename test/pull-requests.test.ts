@@ -13,7 +13,9 @@ import assert from 'node:assert/strict';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { acrImage, acrPayload, clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor, removeNamespace } from './cluster/kube.ts';
+import {
+  acrImage, acrPayload, clusterOrSkip, containerImage, crashLoopPolicy, deployment, freshNamespaceName, kubectlFor, removeNamespace,
+} from './cluster/kube.ts';
 import { giteaOrSkip, startGitea, type Gitea, type GiteaRepo } from './gitea.ts';
 import { adminPort, httpRequest, makeTempDir, startWebhook, waitFor, type Webhook } from './harness.ts';
 import { startReceiver, type Receiver } from './receiver.ts';
@@ -139,20 +141,30 @@ describe('a protected branch, through the executable, a real forge and the clust
   let forge: Gitea;
   let repo: GiteaRepo;
   let wh: Webhook;
-  const push = (hook: string, tag: string) =>
-    wh.request(`/hooks/${hook}?${new URLSearchParams({ token: HOOK_TOKEN, ns, workload: 'deployment/web', container: 'app', repo_type: 'regionalregistry' })}`, {
+  const push = (hook: string, tag: string, workload = 'deployment/web') =>
+    wh.request(`/hooks/${hook}?${new URLSearchParams({ token: HOOK_TOKEN, ns, workload, container: 'app', repo_type: 'regionalregistry' })}`, {
       method: 'POST', headers: { 'Content-Type': 'application/json' }, body: acrPayload(tag),
     });
   const actionOf = (body: string) => /^action: +(.*)$/m.exec(body)?.[1] ?? body;
-  const branch = () => `webhook/${ns}/deployment-web/app`;
+  const branch = (name = 'web') => `webhook/${ns}/deployment-${name}/app`;
   const openPulls = async () => (await forge.api('GET', `/repos/${repo.fullName}/pulls?state=open`)).json as any[];
+  /** The deliveries page's record of the push `res` answered, once it is done (its rollout followed and reported). */
+  const reported = async (res: { headers: Record<string, unknown> }, what: string) => {
+    const admin = await adminPort(wh);
+    const id = String(res.headers['x-request-id']);
+    return waitFor(async () => {
+      const d = JSON.parse((await httpRequest(admin, '/deliveries.json')).body).deliveries.find((x: any) => x.request_id === id);
+      return d?.state === 'done' ? d : undefined;
+    }, { timeoutMs: 120_000, what });
+  };
 
   before(async () => {
     forge = await startGitea();
-    repo = await forge.createRepo('deploy', { 'apps/web.yaml': manifest('v1'), 'README.md': 'deploy\n' });
+    repo = await forge.createRepo('deploy', { 'apps/web.yaml': manifest('v1'), 'apps/api.yaml': manifest('v1').replace('name: web', 'name: api'), 'README.md': 'deploy\n' });
     await forge.protectBranch(repo.name, 'main');
     await kubectl(['create', 'namespace', ns]);
-    await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(deployment('web', [{ name: 'app', image: acrImage('v1') }], { replicas: 1 })));
+    for (const name of ['web', 'api'])
+      await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify(deployment(name, [{ name: 'app', image: acrImage('v1') }], { replicas: 1 })));
     const tokenFile = path.join(makeTempDir('pulls-token-'), 'token');
     fs.writeFileSync(tokenFile, forge.token);
     const git = { APP_NS: ns, APP_WORKLOAD: 'deployment/web', GIT_REPO: repo.cloneUrl, GIT_PATH: 'apps/web.yaml', GIT_TOKEN: tokenFile, GIT_USERNAME: forge.user };
@@ -160,6 +172,9 @@ describe('a protected branch, through the executable, a real forge and the clust
       hooks: [
         upgradeHook('direct', HOOK_TOKEN, git),
         upgradeHook('request', HOOK_TOKEN, { ...git, GIT_PULL_REQUEST: 'gitea', GIT_SYNC_TIMEOUT: '5m' }),
+        // A pod stuck 5 s fails the rollout (only pods of :broken images are ever stuck here).
+        upgradeHook('revert', HOOK_TOKEN, { ...git, APP_WORKLOAD: 'deployment/api', GIT_PATH: 'apps/api.yaml', GIT_PULL_REQUEST: 'forgejo',
+          GIT_SYNC_TIMEOUT: '5m', ROLLBACK_ON_FAILURE: 'true', ROLLOUT_STUCK_TIMEOUT: '5s' }),
       ],
       // No git program on PATH: the service speaks git's protocol and the forge's API itself.
       env: { KUBECONFIG: cluster!.kubeconfigPath, PATH: makeTempDir('no-git-path-') },
@@ -205,17 +220,36 @@ describe('a protected branch, through the executable, a real forge and the clust
     await forge.mergePull(repo.name, pulls[0].number);
     assert.equal(await forge.fileAt(repo.name, 'main', 'apps/web.yaml'), manifest('v3'));
     await kubectl(['-n', ns, 'set', 'image', 'deployment/web', `app=${acrImage('v3')}`, '--field-manager=argocd-controller']);
-    const admin = await adminPort(wh);
-    const id = String(second.headers['x-request-id']);
-    const done = await waitFor(async () => {
-      const d = JSON.parse((await httpRequest(admin, '/deliveries.json')).body).deliveries.find((x: any) => x.request_id === id);
-      return d?.state === 'done' ? d : undefined;
-    }, { timeoutMs: 120_000, what: 'the merged request followed to its rollout' });
+    const done = await reported(second, 'the merged request followed to its rollout');
     assert.equal(done.rollout.state, 'complete', JSON.stringify(done));
     assert.match(done.report, /applied after \d+s by Argo CD/);
     assert.match(done.report, /pull request #\d+ updated: http/);
 
     for (const text of [direct.body, first.body, second.body, wh.output(), JSON.stringify(done)])
       assert.ok(!text.includes(forge.token), 'the token appears nowhere');
+  });
+
+  test('ROLLBACK_ON_FAILURE: a failed rollout of a merged request opens the revert as a request of its own', async () => {
+    const policy = `webhook-test-crashloop-${ns}`;
+    await kubectl(['apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: crashLoopPolicy(policy, ns) }));
+    const probe = { apiVersion: 'v1', kind: 'Pod', metadata: { name: 'probe', namespace: ns }, spec: { containers: [{ name: 'app', image: acrImage('broken-probe') }] } };
+    await waitFor(async () => JSON.parse(await kubectl(['create', '--dry-run=server', '-o', 'json', '-f', '-'], JSON.stringify(probe))).metadata.labels?.['webhook-test/unready'] === 'true',
+      { timeoutMs: 60_000, what: 'the admission policy in force' });
+    try {
+      const res = await push('revert', 'broken1', 'deployment/api');
+      assert.match(actionOf(res.body), /; pull request #\d+ opened: /, res.body);
+      const [pull] = (await openPulls()).filter((p) => p.head.ref === branch('api'));
+      await forge.mergePull(repo.name, pull.number);
+      await kubectl(['-n', ns, 'set', 'image', 'deployment/api', `app=${acrImage('broken1')}`, '--field-manager=argocd-controller']);
+      const done = await reported(res, 'the failed rollout reported');
+      assert.match(done.report, new RegExp(`^rollback: +rolled back to ${acrImage('v1').replace(/[.]/g, '\\.')}: .*; the revert committed as [0-9a-f]{7} to ${branch('api')}-revert of .*; pull request #\\d+ opened: `, 'm'), done.report);
+      const reverts = (await openPulls()).filter((p) => p.head.ref === `${branch('api')}-revert`);
+      assert.equal(reverts.length, 1);
+      assert.match(reverts[0].title, /^Revert to \S+:v1 to /);
+      assert.equal(await forge.fileAt(repo.name, `${branch('api')}-revert`, 'apps/api.yaml'), manifest('v1').replace('name: web', 'name: api'));
+      assert.equal(await forge.fileAt(repo.name, 'main', 'apps/api.yaml'), manifest('broken1').replace('name: web', 'name: api'), 'main waits for the revert\'s merge');
+    } finally {
+      await kubectl(['delete', 'mutatingadmissionpolicybinding,mutatingadmissionpolicy', policy, '--ignore-not-found']).catch(() => '');
+    }
   });
 });
