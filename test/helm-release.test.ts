@@ -23,6 +23,12 @@ import { helmOrSkip, helmRunner } from './helm.ts';
 import { upgradeHook } from './upgrade-hooks.ts';
 import { helmFieldPath, helmReleaseSetting, helmSettings } from '../webhook.ts';
 
+/** The seed hook with its target fixed in the file (deployment/web's container app, in APP_NS): none from the URL. */
+function fixedHook(id: string, settings: Record<string, string>): object {
+  const hook: any = upgradeHook(id, 't', { APP_WORKLOAD: 'deployment/web', APP_CONTAINER: 'app', ...settings });
+  return { ...hook, 'pass-environment-to-command': hook['pass-environment-to-command'].filter((e: any) => e.source === 'string') };
+}
+
 describe('HELM_RELEASE and HELM_FIELD', () => {
   test('unset, auto, none and a name; unset is lenient, anything the hook asks for is strict', () => {
     assert.deepEqual(helmSettings(helmReleaseSetting(undefined), helmFieldPath(undefined)), { release: undefined, field: 'image.tag', strict: false });
@@ -40,10 +46,10 @@ describe('HELM_RELEASE and HELM_FIELD', () => {
   test('-print-rbac grants what Helm is granted on Secrets only to a hook that fixes HELM_RELEASE', () => {
     const dir = makeTempDir('helm-rbac-');
     const hooks = [
-      upgradeHook('released', 't', { APP_NS: 'shop', APP_WORKLOAD: 'deployment/web', APP_CONTAINER: 'app', HELM_RELEASE: 'auto' }),
-      upgradeHook('plain', 't', { APP_NS: 'blog', APP_WORKLOAD: 'deployment/web', APP_CONTAINER: 'app' }),
-      upgradeHook('patched', 't', { APP_NS: 'docs', APP_WORKLOAD: 'deployment/web', APP_CONTAINER: 'app', HELM_RELEASE: 'none' }),
-    ].map((h: any) => ({ ...h, 'pass-environment-to-command': h['pass-environment-to-command'].filter((e: any) => e.source === 'string') }));
+      fixedHook('released', { APP_NS: 'shop', HELM_RELEASE: 'auto' }),
+      fixedHook('plain', { APP_NS: 'blog' }),
+      fixedHook('patched', { APP_NS: 'docs', HELM_RELEASE: 'none' }),
+    ];
     fs.writeFileSync(path.join(dir, 'hooks.json'), JSON.stringify(hooks));
     const out = execFileSync(defaultBinary(), ['-print-rbac', '-hooks', path.join(dir, 'hooks.json')], { encoding: 'utf8' });
     const roles = out.split('\n---\n').filter((d) => /^kind: Role$/m.test(d));
@@ -53,6 +59,30 @@ describe('HELM_RELEASE and HELM_FIELD', () => {
     assert.doesNotMatch(role('blog'), /secrets/);
     assert.doesNotMatch(role('docs'), /secrets/);
     assert.match(out, /hook "released": deployment\/web in namespace shop, its Helm release's records \(HELM_RELEASE\)/);
+  });
+  test('-validate says where each hook writes: the cluster, a Helm release, a branch, a request', () => {
+    const dir = makeTempDir('helm-validate-');
+    const git = { GIT_REPO: 'https://github.com/shop/deploy.git', GIT_PATH: 'apps/web.yaml', GIT_TOKEN: 'ghp-validate-token' };
+    const hooks = [
+      fixedHook('unset', { APP_NS: 'shop' }),
+      fixedHook('auto', { APP_NS: 'shop', HELM_RELEASE: 'auto', HELM_FIELD: 'app.image.tag' }),
+      fixedHook('named', { APP_NS: 'shop', HELM_RELEASE: 'shop' }),
+      fixedHook('none', { APP_NS: 'shop', HELM_RELEASE: 'none' }),
+      fixedHook('branch', { APP_NS: 'shop', ...git }),
+      fixedHook('request', { APP_NS: 'shop', ...git, GIT_PULL_REQUEST: 'GitHub' }),
+    ];
+    fs.writeFileSync(path.join(dir, 'hooks.json'), JSON.stringify(hooks));
+    const out = execFileSync(defaultBinary(), ['-validate', '-hooks', path.join(dir, 'hooks.json')], { encoding: 'utf8' });
+    const writes = [...out.matchAll(/^\s*writes to: (.*)$/gm)].map((m) => m[1]);
+    assert.deepEqual(writes, [
+      "the cluster (a PATCH); a workload of a Helm release (meta.helm.sh/release-name) gets the release's next revision (values image.tag, HELM_FIELD), then the workload's PATCH, where the service may write the release (HELM_RELEASE unset; auto requires it)",
+      "the workload's Helm release (meta.helm.sh/release-name): the release's next revision (values app.image.tag, HELM_FIELD), then the workload's PATCH",
+      "Helm release shop: the release's next revision (values image.tag, HELM_FIELD), then the workload's PATCH",
+      'the cluster, the workload patched alone (HELM_RELEASE=none)',
+      'a commit of apps/web.yaml on branch main of https://github.com/shop/deploy.git (GIT_REPO); the GitOps tool applies it',
+      "a commit of apps/web.yaml on a branch of the workload's own, and a github request into main (GIT_PULL_REQUEST) of https://github.com/shop/deploy.git (GIT_REPO); the GitOps tool applies it",
+    ]);
+    assert.ok(!out.includes('ghp-validate-token'));
   });
 });
 
