@@ -8618,6 +8618,8 @@ export interface Delivery {
   rollback?: RollbackOutcome;
   /** A push committed to Git (the git executor): the rollback commits the revert there, and says what became of it. */
   revertInGit?: (reason: string) => Promise<RollbackOutcome>;
+  /** A push written into a Helm release: once the rollback's PATCH is in, the release is rolled back too (notes). */
+  releaseRollback?: () => Promise<string[]>;
   /** When the push was pushed (or received), as the newest-wins rule compares it. */
   pushedAtMs?: number;
   /**
@@ -15954,7 +15956,7 @@ export function newReport(): Delivery {
  */
 export type AppliedPush = Pick<
   ReportView,
-  'container' | 'imageAfter' | 'lastPush' | 'revertInGit' | 'imagePin' | 'rollout'
+  'container' | 'imageAfter' | 'lastPush' | 'revertInGit' | 'releaseRollback' | 'imagePin' | 'rollout'
 >;
 
 /** What a rollback did, for its push's report (recordRolloutEnd writes it). */
@@ -19293,6 +19295,8 @@ export interface ExecutorOutcome {
   /** A commit's: the rollout is the GitOps tool's; under ROLLBACK_ON_FAILURE, a failed one is reverted in Git. */
   rollout?: RolloutOutcome;
   revertInGit?: (reason: string) => Promise<RollbackOutcome>;
+  /** A Helm release's: under ROLLBACK_ON_FAILURE, the release is rolled back with the workload. */
+  releaseRollback?: () => Promise<string[]>;
   /** What is known after the answer (UpgradeDeps.eventAfterAnswer): the Event's recording, a commit's sync. */
   afterAnswer?: Promise<AfterAnswer>;
 }
@@ -19344,6 +19348,7 @@ export function recordOutcome(report: Delivery, target: WorkloadTarget, applied:
   report.notes.push(...o.notes.filter((n) => !report.notes.includes(n)));
   if (o.rollout) report.rollout = o.rollout;
   if (o.revertInGit) report.revertInGit = o.revertInGit;
+  if (o.releaseRollback) report.releaseRollback = o.releaseRollback;
   report.afterAnswer = o.afterAnswer?.then((later) => {
     for (const note of [later.eventFailure, later.note]) if (note) report.notes.push(note);
     if (later.rollout) report.rollout = later.rollout;
@@ -20475,7 +20480,8 @@ export async function refuseGitopsOwned(
 //    workload as it patches any push (the hold, the policies, the follow unchanged; its own field manager, so the
 //    hold never takes this write for a person's), and the revision becomes deployed and the one before superseded.
 //    helm get values, helm history, a later helm upgrade --reuse-values and helm rollback see the push as a revision
-//    of their own. A push the PATCH does not apply, or whose PATCH fails, takes its revision off again. The chart's
+//    of their own. A push the PATCH does not apply, or whose PATCH fails, takes its revision off again; under
+//    ROLLBACK_ON_FAILURE, the rollback of a failed rollout rolls the release back too (`Rollback to N`). The chart's
 //    hooks are not run (the answer names them). A hook that asked for the release (HELM_RELEASE or HELM_FIELD set)
 //    refuses a push whose release cannot be written, naming why, and writes nothing; unset, such a workload is
 //    patched alone and the answer says why its release was not.
@@ -20730,6 +20736,32 @@ async function revisionStatus(
   await client.patch(releaseSecrets(meta('namespace'), meta('name')), ops, LIMITS.upgrade.fieldManager);
 }
 
+/**
+ * After ROLLBACK_ON_FAILURE set the workload back: the release rolled back as `helm rollback <name> <revision>`
+ * writes it, the revision before the push's copied as the next one (`Rollback to N`), deployed, and the push's
+ * superseded. A release that moved on since (another revision written) is left alone; a note says what was done.
+ */
+async function releaseRolledBack(client: KubeClient, w: WrittenRevision): Promise<string[]> {
+  const namespace = String(valueAt(w.created, ['metadata', 'namespace']));
+  const release = `Helm release ${w.name}`;
+  try {
+    const revisions = await releaseRevisions(client, namespace, w.name);
+    const last = revisions.at(-1);
+    if (!last || last.version !== w.release.version || last.status !== 'deployed')
+      return [`${release} moved on since the push (revision ${last?.version ?? '?'} is the last): not rolled back`];
+    const now = new Date();
+    const before = decodedRelease(w.current);
+    const info = { ...before.info, last_deployed: now.toISOString(), status: 'deployed' };
+    const description = `Rollback to ${before.version}`;
+    const back = { ...before, version: last.version + 1, info: { ...info, description } };
+    await client.create(releaseSecrets(namespace), revisionSecret(w.name, back, w.current, now));
+    await revisionStatus(client, last.secret, decodedRelease(last), 'superseded', now);
+    return [`${release} rolled back to revision ${before.version} as revision ${back.version}`];
+  } catch (e) {
+    return [`${release} was not rolled back with the workload (${(e as Error).message}): run helm rollback ${w.name}`];
+  }
+}
+
 /** The revision deployed and the one it replaced superseded, as Helm ends an upgrade; a failure is the note. */
 async function settledRevision(client: KubeClient, w: WrittenRevision, now: Date): Promise<string[]> {
   try {
@@ -20797,7 +20829,8 @@ export async function releaseOut(
   const hooks = written.hooks.length > 0 ? [`the chart's upgrade hooks were not run: ${written.hooks.join(', ')}`] : [];
   const notes = [...outcome.notes, ...(await settledRevision(client, written, now)), ...hooks];
   const revision = `Helm release ${written.name} revision ${written.release.version}`;
-  return { ...outcome, notes, action: `image updated; ${revision}` };
+  const rollback = given.config.rollbackOnFailure && { releaseRollback: () => releaseRolledBack(client, written) };
+  return { ...outcome, notes, action: `image updated; ${revision}`, ...rollback };
 }
 // ================================================================================================
 // 42. the report — the answer of one push, one "label: value" per line, values aligned, always in this order, lines
@@ -21549,6 +21582,7 @@ export async function rollBackFailedRollout(
     const forcedText = forced ? `; ${formatForcedRollback(forced)}` : '';
     const facts = { container, image: record.previous, why: `${reason}${forcedText}`, asked: whoAsked(deps) };
     await recordEventQuietly(client, target, pushEvent('rolled back', facts), now, notes);
+    if (failed.releaseRollback) notes.push(...(await failed.releaseRollback()));
     const rollout = await followRollback(client, target, container, record.previous, followMs, forced, patched);
     const rollback = { reason, image: record.previous, rollout, ...(forced && { forced }) };
     return { rollback, ...patchedTo, notes };
@@ -22557,7 +22591,11 @@ async function applyUpgrade(client: KubeClient, s: UpgradeSettings, push: Push, 
 /** What a rollback of an executor's change reads of it: the push record it wrote, and its revert in Git. */
 function outcomeFacts(o: ExecutorOutcome): AppliedPush {
   const d = o.decision;
-  return { ...('lastPush' in d && { lastPush: d.lastPush }), ...(o.revertInGit && { revertInGit: o.revertInGit }) };
+  return {
+    ...('lastPush' in d && { lastPush: d.lastPush }),
+    ...(o.revertInGit && { revertInGit: o.revertInGit }),
+    ...(o.releaseRollback && { releaseRollback: o.releaseRollback }),
+  };
 }
 
 /**

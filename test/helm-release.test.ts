@@ -15,10 +15,10 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import {
-  acrImage, acrPayload, clusterOrSkip, containerImage, deployment, freshNamespaceName, kubectlFor, namespacedGetter,
-  removeNamespace,
+  acrImage, acrPayload, clusterOrSkip, containerImage, crashLoopPolicy, deployment, freshNamespaceName, kubectlFor,
+  namespacedGetter, removeNamespace,
 } from './cluster/kube.ts';
-import { defaultBinary, makeTempDir, startWebhook, type Webhook } from './harness.ts';
+import { adminPort, defaultBinary, httpRequest, makeTempDir, startWebhook, waitFor, type Webhook } from './harness.ts';
 import { helmOrSkip, helmRunner } from './helm.ts';
 import { upgradeHook } from './upgrade-hooks.ts';
 import { helmFieldPath, helmReleaseSetting, helmSettings } from '../webhook.ts';
@@ -140,7 +140,7 @@ describe('a Helm release, through the executable and the cluster', { skip: helm 
 
   before(async () => {
     await kubectl(['create', 'namespace', ns]);
-    for (const release of ['web', 'other']) await runHelm(['install', release, chart, '-n', ns, '--set', 'image.tag=v1.4.2']);
+    for (const release of ['web', 'other', 'api']) await runHelm(['install', release, chart, '-n', ns, '--set', 'image.tag=v1.4.2']);
     // A workload that says it is a release's, with no release behind it (a record Helm has lost, a copied manifest).
     const ghost = deployment('ghost', [{ name: 'app', image: acrImage('v1.4.2') }], { replicas: 1 });
     Object.assign(ghost.metadata, { annotations: { 'meta.helm.sh/release-name': 'ghost', 'meta.helm.sh/release-namespace': ns } });
@@ -150,11 +150,14 @@ describe('a Helm release, through the executable and the cluster', { skip: helm 
       upgradeHook('no-field', TOKEN, { HELM_FIELD: 'image.version' }),
       upgradeHook('named', TOKEN, { HELM_RELEASE: 'missing' }),
       upgradeHook('auto', TOKEN, { HELM_RELEASE: 'auto' }),
+      // A pod stuck 5 s fails the rollout (only pods of :broken images are ever stuck here).
+      upgradeHook('rollback', TOKEN, { HELM_RELEASE: 'auto', ROLLBACK_ON_FAILURE: 'true', ROLLOUT_STUCK_TIMEOUT: '5s' }),
     ];
-    wh = await startWebhook({ hooks, env: { KUBECONFIG: cluster!.kubeconfigPath } });
+    wh = await startWebhook({ hooks, env: { KUBECONFIG: cluster!.kubeconfigPath }, args: ['-deliveries', '50'], metrics: true });
   });
   after(async () => {
     await wh?.stop();
+    await kubectl(['delete', 'mutatingadmissionpolicybinding,mutatingadmissionpolicy', `webhook-test-crashloop-${ns}`, '--ignore-not-found']).catch(() => '');
     await removeNamespace(kubectl, ns);
   });
 
@@ -209,5 +212,26 @@ describe('a Helm release, through the executable and the cluster', { skip: helm 
     assert.match(res.body, /^action: +image updated$/m);
     assert.match(res.body, /Helm release ghost of namespace \S+ has no record \(no Secret labelled owner=helm,name=ghost\); the workload was patched alone/);
     assert.equal(await image('ghost'), acrImage('v1.6.0'));
+  });
+
+  test('ROLLBACK_ON_FAILURE: a failed rollout sets the workload back and rolls the release back as helm rollback would', async () => {
+    await kubectl(['apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: crashLoopPolicy(`webhook-test-crashloop-${ns}`, ns) }));
+    const probe = { apiVersion: 'v1', kind: 'Pod', metadata: { name: 'probe', namespace: ns }, spec: { containers: [{ name: 'app', image: acrImage('broken-probe') }] } };
+    await waitFor(async () => JSON.parse(await kubectl(['create', '--dry-run=server', '-o', 'json', '-f', '-'], JSON.stringify(probe))).metadata.labels?.['webhook-test/unready'] === 'true',
+      { timeoutMs: 60_000, what: 'the admission policy in force' });
+    const res = await push('rollback', 'deployment/api', 'broken1');
+    assert.match(res.body, /^action: +image updated; Helm release api revision 2/m, res.body);
+    const admin = await adminPort(wh);
+    const done = await waitFor(async () => {
+      const d = JSON.parse((await httpRequest(admin, '/deliveries.json')).body).deliveries.find((x: any) => x.request_id === res.headers['x-request-id']);
+      return d?.state === 'done' ? d : undefined;
+    }, { timeoutMs: 120_000, what: 'the failed rollout rolled back' });
+    assert.match(done.report, /^rollback: +rolled back to \S+:v1\.4\.2: the rollout of \S+:broken1 failed/m, done.report);
+    assert.match(done.report, /Helm release api rolled back to revision 1 as revision 3/);
+    assert.deepEqual((await history('api')).map((r: any) => [r.revision, r.status, r.description]), [
+      [1, 'superseded', 'Install complete'], [2, 'superseded', 'Upgrade complete'], [3, 'deployed', 'Rollback to 1'],
+    ]);
+    assert.equal((await values('api')).image.tag, 'v1.4.2');
+    assert.equal(await image('api'), acrImage('v1.4.2'));
   });
 });
