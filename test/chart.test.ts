@@ -113,6 +113,24 @@ describe('charts/webhook', { skip: helm ? false : 'no helm' }, () => {
     assert.match(withCrd, /kind: ServiceMonitor[\s\S]*path: \/metrics/);
   });
 
+  test("helmRelease is the hook's HELM_RELEASE; its namespace's Role grants what Helm needs on Secrets, the others none; rbac.mode cluster refuses it", async () => {
+    const hooks = [
+      { id: 'web', namespace: 'prod', workload: 'deployment/web', container: 'app', helmRelease: 'auto' },
+      { id: 'blog', namespace: 'blog', workload: 'deployment/blog', container: 'app', helmRelease: 'none' },
+    ];
+    const out = await runHelm(['template', 'r', CHART, '-f', writeValues({ hooks })]);
+    const docs = out.split(/^---$/m).map((d) => parseYaml(d).value as any).filter(Boolean);
+    const configMap = docs.find((o) => o.kind === 'ConfigMap' && o.data?.['web.json']);
+    const env = (file: string) => JSON.parse(configMap.data[file])[0]['pass-environment-to-command'].filter((e: any) => e.envname === 'HELM_RELEASE');
+    assert.deepEqual(env('web.json'), [{ envname: 'HELM_RELEASE', source: 'string', name: 'auto' }]);
+    assert.deepEqual(env('blog.json'), [{ envname: 'HELM_RELEASE', source: 'string', name: 'none' }]);
+    const role = (ns: string) => docs.find((o) => o.kind === 'Role' && o.metadata.namespace === ns);
+    assert.deepEqual(role('prod').rules.filter((r: any) => r.resources.includes('secrets')), [{ apiGroups: [''], resources: ['secrets'], verbs: ['list', 'create', 'patch', 'delete'] }]);
+    assert.deepEqual(role('blog').rules.filter((r: any) => r.resources.includes('secrets')), []);
+    await assert.rejects(runHelm(['template', 'r', CHART, '-f', writeValues({ hooks, rbac: { mode: 'cluster' } })]),
+      /hooks\[0\]\.helmRelease: the release's records are Secrets, which rbac\.mode cluster does not grant; use rbac\.mode namespaced/);
+  });
+
   test('updatePolicy is the UPDATE_POLICY of every hook that sets no policy of its own; empty sets none', async () => {
     const hooks = [
       { id: 'web', namespace: 'prod', workload: 'deployment/web', container: 'app' },

@@ -66,6 +66,9 @@ the environment variable holding the hook's token.
 {{- if and $net (not (has $net (list "vpc" "internal"))) -}}
 {{- fail (printf "%s.networkType %q: use vpc or internal (or leave it empty)" $at $net) -}}
 {{- end -}}
+{{- if and $h.helmRelease (ne (lower (toString $h.helmRelease)) "none") (eq $.Values.rbac.mode "cluster") $.Values.rbac.create -}}
+{{- fail (printf "%s.helmRelease: the release's records are Secrets, which rbac.mode cluster does not grant; use rbac.mode namespaced" $at) -}}
+{{- end -}}
 {{- $id := default (printf "%s-%s" $h.namespace (last $parts)) $h.id -}}
 {{- if hasKey $ids $id -}}
 {{- fail (printf "%s.id %q: another hook has this id" $at $id) -}}
@@ -79,7 +82,7 @@ the environment variable holding the hook's token.
 {{- end -}}
 {{- $_ := set $vars $var true -}}
 {{- end -}}
-{{- $out = append $out (dict "id" $id "namespace" $h.namespace "workload" $h.workload "kind" $kind "name" (last $parts) "container" $h.container "registryType" $type "networkType" $net "mailTo" (default "" $h.mailTo) "policy" (default (default "" $.Values.updatePolicy) $h.policy) "tokenVar" $var) -}}
+{{- $out = append $out (dict "id" $id "namespace" $h.namespace "workload" $h.workload "kind" $kind "name" (last $parts) "container" $h.container "registryType" $type "networkType" $net "mailTo" (default "" $h.mailTo) "helmRelease" (default "" $h.helmRelease) "policy" (default (default "" $.Values.updatePolicy) $h.policy) "tokenVar" $var) -}}
 {{- end -}}
 {{- toJson $out -}}
 {{- end -}}
@@ -107,6 +110,9 @@ workload and container. The token is read when the file is loaded ({{ getenv "â€
 {{- end -}}
 {{- if .policy -}}
 {{- $env = append $env (dict "envname" "UPDATE_POLICY" "source" "string" "name" .policy) -}}
+{{- end -}}
+{{- if .helmRelease -}}
+{{- $env = append $env (dict "envname" "HELM_RELEASE" "source" "string" "name" .helmRelease) -}}
 {{- end -}}
 {{- $match := list (list (printf "{{ getenv %q }}" .tokenVar) "token") (list .namespace "ns") (list .workload "workload") (list .container "container") -}}
 {{- $rules := list -}}
