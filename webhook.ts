@@ -7823,6 +7823,20 @@ const azureParts = (repo: RepoPath) => {
   return { project: repo.slice(0, at).map(enc).join('/'), name: enc(repo[at + 1] ?? '') };
 };
 
+/** GitHub's calls to open and update a request, which Gitea's API copies. */
+const PULLS_OF_REPOS: Pick<ForgeApi, 'open' | 'update'> = {
+  open: (repo, r) => ({
+    method: 'POST',
+    path: `/repos/${ownerRepo(repo)}/pulls`,
+    body: { title: r.title, head: r.head, base: r.base, body: r.description },
+  }),
+  update: (repo, id, r) => ({
+    method: 'PATCH',
+    path: `/repos/${ownerRepo(repo)}/pulls/${id}`,
+    body: { title: r.title, body: r.description },
+  }),
+};
+
 const FORGES: Record<ForgeName, ForgeApi> = {
   github: {
     docs: 'https://docs.github.com/en/rest/pulls/pulls',
@@ -7839,16 +7853,7 @@ const FORGES: Record<ForgeName, ForgeApi> = {
     }),
     listed: firstOf,
     named: (pull) => ({ id: answerField(pull, 'number'), url: answerField(pull, 'html_url') }),
-    open: (repo, r) => ({
-      method: 'POST',
-      path: `/repos/${ownerRepo(repo)}/pulls`,
-      body: { title: r.title, head: r.head, base: r.base, body: r.description },
-    }),
-    update: (repo, id, r) => ({
-      method: 'PATCH',
-      path: `/repos/${ownerRepo(repo)}/pulls/${id}`,
-      body: { title: r.title, body: r.description },
-    }),
+    ...PULLS_OF_REPOS,
   },
   gitlab: {
     docs: 'https://docs.gitlab.com/api/merge_requests/',
@@ -7886,16 +7891,7 @@ const FORGES: Record<ForgeName, ForgeApi> = {
         (p) => answerField(p, 'head', 'ref') === r.head && answerField(p, 'base', 'ref') === r.base,
       ),
     named: (pull) => ({ id: answerField(pull, 'number'), url: answerField(pull, 'html_url') }),
-    open: (repo, r) => ({
-      method: 'POST',
-      path: `/repos/${ownerRepo(repo)}/pulls`,
-      body: { title: r.title, head: r.head, base: r.base, body: r.description },
-    }),
-    update: (repo, id, r) => ({
-      method: 'PATCH',
-      path: `/repos/${ownerRepo(repo)}/pulls/${id}`,
-      body: { title: r.title, body: r.description },
-    }),
+    ...PULLS_OF_REPOS,
   },
   bitbucket: {
     docs: 'https://developer.atlassian.com/cloud/bitbucket/rest/api-group-pullrequests/',
@@ -16796,18 +16792,24 @@ function updatePolicySetting(value: string | undefined): UpdatePolicy {
 export function gitRepoUrl(value: string | undefined): URL | undefined {
   const text = value?.trim() ?? '';
   if (text === '') return undefined;
+  const url = httpsUrl('GIT_REPO', text, 'https://github.com/org/deploy.git');
+  if (url.username !== '' || url.password !== '')
+    throw new GitError('GIT_REPO holds credentials: give the token as GIT_TOKEN, the user as GIT_USERNAME');
+  if (url.search !== '' || url.hash !== '') throw new GitError(`GIT_REPO ${showValue(text)} has a query or fragment`);
+  return url;
+}
+
+/** A setting's URL: https, or http for a loopback host only; a GitError naming the setting otherwise. */
+function httpsUrl(name: string, text: string, example: string): URL {
   let url: URL;
   try {
     url = new URL(text);
   } catch {
-    throw new GitError(`GIT_REPO ${showValue(text)} is not a URL (e.g. https://github.com/org/deploy.git)`);
+    throw new GitError(`${name} ${showValue(text)} is not a URL (e.g. ${example})`);
   }
   const loopback = /^(localhost|127(\.\d{1,3}){3}|\[::1\])$/.test(url.hostname);
   if (url.protocol !== 'https:' && !(url.protocol === 'http:' && loopback))
-    throw new GitError(`GIT_REPO ${showValue(text)} is not https:// (http:// only for a loopback host)`);
-  if (url.username !== '' || url.password !== '')
-    throw new GitError('GIT_REPO holds credentials: give the token as GIT_TOKEN, the user as GIT_USERNAME');
-  if (url.search !== '' || url.hash !== '') throw new GitError(`GIT_REPO ${showValue(text)} has a query or fragment`);
+    throw new GitError(`${name} ${showValue(text)} is not https:// (http:// only for a loopback host)`);
   return url;
 }
 
@@ -16896,15 +16898,7 @@ export function pullRequestForge(value: string | undefined): ForgeName | undefin
 export function forgeApiUrl(value: string | undefined): string | undefined {
   const text = value?.trim() ?? '';
   if (text === '') return undefined;
-  let url: URL;
-  try {
-    url = new URL(text);
-  } catch {
-    throw new GitError(`GIT_API ${showValue(text)} is not a URL (e.g. https://gitlab.example.com/api/v4)`);
-  }
-  const loopback = /^(localhost|127(\.\d{1,3}){3}|\[::1\])$/.test(url.hostname);
-  if (url.protocol !== 'https:' && !(url.protocol === 'http:' && loopback))
-    throw new GitError(`GIT_API ${showValue(text)} is not https:// (http:// only for a loopback host)`);
+  const url = httpsUrl('GIT_API', text, 'https://gitlab.example.com/api/v4');
   if (url.username !== '' || url.password !== '' || url.search !== '' || url.hash !== '')
     throw new GitError(`GIT_API ${showValue(text)} holds credentials, a query or a fragment`);
   return url.href;

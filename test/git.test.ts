@@ -28,7 +28,7 @@ import {
 } from '../webhook.ts';
 import { git, makeRepository, startGitServer, type GitServer } from './git-server.ts';
 import { adminPort, httpRequest, leaks, makeTempDir, startWebhook, waitFor, type Webhook } from './harness.ts';
-import { acrImage, acrPayload, clusterOrSkip, containerImage, crashLoopPolicy, deployment, freshNamespaceName, kubectlFor, removeNamespace } from './cluster/kube.ts';
+import { acrImage, acrPayload, clusterOrSkip, containerImage, crashLoopInForce, deployment, freshNamespaceName, kubectlFor, removeNamespace } from './cluster/kube.ts';
 import { upgradeHook } from './upgrade-hooks.ts';
 
 /** A 50 MB file committed to `bare`'s main through its working copy `<root>/deploy-work`. */
@@ -910,11 +910,7 @@ describe('an applied push committed to Git through the executable', { skip: clus
 
   test('ROLLBACK_ON_FAILURE: a failed rollout of a commit is reverted by a commit, not a PATCH', async () => {
     // As test/rollback.test.ts does: pods of `:broken…` images are labelled to crash-loop (kwok's stage) in this namespace.
-    const name = `webhook-test-crashloop-${ns}`;
-    await kubectl(['apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: crashLoopPolicy(name, ns) }));
-    const probe = { apiVersion: 'v1', kind: 'Pod', metadata: { name: 'probe', namespace: ns }, spec: { containers: [{ name: 'app', image: acrImage('broken-probe') }] } };
-    await waitFor(async () => JSON.parse(await kubectl(['create', '--dry-run=server', '-o', 'json', '-f', '-'], JSON.stringify(probe))).metadata.labels?.['webhook-test/unready'] === 'true',
-      { timeoutMs: 60_000, what: 'the admission policy in force' });
+    await crashLoopInForce(kubectl, ns);
     const running = await runningImage();
     const res = await push('revert', 'broken1', new Date(Date.now() + 40_000));
     assert.match(actionOf(res.body) ?? res.body, /^committed [0-9a-f]{7} to main of /, res.body);

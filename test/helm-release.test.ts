@@ -15,7 +15,7 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import {
-  acrImage, acrPayload, clusterOrSkip, containerImage, crashLoopPolicy, deployment, freshNamespaceName, kubectlFor,
+  acrImage, acrPayload, clusterOrSkip, containerImage, crashLoopInForce, deployment, freshNamespaceName, kubectlFor,
   namespacedGetter, removeNamespace,
 } from './cluster/kube.ts';
 import { adminPort, defaultBinary, httpRequest, makeTempDir, startWebhook, waitFor, type Webhook } from './harness.ts';
@@ -215,10 +215,7 @@ describe('a Helm release, through the executable and the cluster', { skip: helm 
   });
 
   test('ROLLBACK_ON_FAILURE: a failed rollout sets the workload back and rolls the release back as helm rollback would', async () => {
-    await kubectl(['apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: crashLoopPolicy(`webhook-test-crashloop-${ns}`, ns) }));
-    const probe = { apiVersion: 'v1', kind: 'Pod', metadata: { name: 'probe', namespace: ns }, spec: { containers: [{ name: 'app', image: acrImage('broken-probe') }] } };
-    await waitFor(async () => JSON.parse(await kubectl(['create', '--dry-run=server', '-o', 'json', '-f', '-'], JSON.stringify(probe))).metadata.labels?.['webhook-test/unready'] === 'true',
-      { timeoutMs: 60_000, what: 'the admission policy in force' });
+    await crashLoopInForce(kubectl, ns);
     const res = await push('rollback', 'deployment/api', 'broken1');
     assert.match(res.body, /^action: +image updated; Helm release api revision 2/m, res.body);
     const admin = await adminPort(wh);

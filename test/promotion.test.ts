@@ -19,7 +19,7 @@ import {
   adminPort, defaultBinary, httpRequest, makeTempDir, startWebhook, waitFor, waitForOutput, type Webhook,
 } from './harness.ts';
 import {
-  acrPayload, clusterOrSkip, containerImage, crashLoopPolicy, deployment, freshNamespaceName, kubectlFor, namespacedGetter, removeNamespace,
+  acrPayload, clusterOrSkip, containerImage, crashLoopInForce, deployment, freshNamespaceName, kubectlFor, namespacedGetter, removeNamespace,
   renamedKubeconfig, reportPulled, type Cluster, type Kubectl,
 } from './cluster/kube.ts';
 import { ensureCluster } from './cluster/cluster.ts';
@@ -146,15 +146,6 @@ function keepScreenshot(name: string, png: Buffer): void {
   fs.mkdirSync(path.join(root, 'test-artifacts'), { recursive: true });
   fs.writeFileSync(path.join(root, 'test-artifacts', name), png);
   if (process.env.UPDATE_DOCS_SCREENSHOTS === '1') fs.writeFileSync(path.join(root, 'docs', name), png);
-}
-
-/** Waits until the API server applies the policy: a server-side dry run of a `:broken` pod gets the label. */
-async function policyInForce(kubectl: Kubectl, ns: string, brokenImage: string): Promise<void> {
-  const probe = { apiVersion: 'v1', kind: 'Pod', metadata: { name: 'probe', namespace: ns }, spec: { containers: [{ name: 'app', image: brokenImage }] } };
-  await waitFor(async () => {
-    const pod = JSON.parse(await kubectl(['create', '--dry-run=server', '-o', 'json', '-f', '-'], JSON.stringify(probe)));
-    return pod.metadata.labels?.['webhook-test/unready'] === 'true';
-  }, { timeoutMs: 60_000, what: 'the admission policy to label pods of :broken images' });
 }
 
 /** An https server answering every GET with `status`, trusted by the executable through NODE_EXTRA_CA_CERTS. */
@@ -314,9 +305,8 @@ describe('staging > prod on two clusters', { skip: shared && second && registry 
     await workloadIn('crashy');
     // Pods of `:broken…` images crash-loop in staging (as in rollback.test.ts), as a broken build would.
     const policy = `webhook-test-crashloop-${ns}`;
-    await kubectlStaging(['apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: crashLoopPolicy(policy, ns) }));
     closers.push(() => kubectlStaging(['delete', 'mutatingadmissionpolicybinding,mutatingadmissionpolicy', policy, '--ignore-not-found']));
-    await policyInForce(kubectlStaging, ns, image('broken-probe'));
+    await crashLoopInForce(kubectlStaging, ns, image('broken-probe'));
     const broken = await publish('broken1');
     // A pod stuck 5 s fails the stage's rollout (30 s by default): only pods of :broken images are ever stuck here.
     const wh = await start({ ROLLBACK_ON_FAILURE: 'true', ROLLOUT_STUCK_TIMEOUT: '5s' });

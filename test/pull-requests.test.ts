@@ -14,7 +14,7 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import {
-  acrImage, acrPayload, clusterOrSkip, containerImage, crashLoopPolicy, deployment, freshNamespaceName, kubectlFor, removeNamespace,
+  acrImage, acrPayload, clusterOrSkip, containerImage, crashLoopInForce, deployment, freshNamespaceName, kubectlFor, removeNamespace,
 } from './cluster/kube.ts';
 import { giteaOrSkip, startGitea, type Gitea, type GiteaRepo } from './gitea.ts';
 import { adminPort, httpRequest, makeTempDir, startWebhook, waitFor, type Webhook } from './harness.ts';
@@ -231,10 +231,7 @@ describe('a protected branch, through the executable, a real forge and the clust
 
   test('ROLLBACK_ON_FAILURE: a failed rollout of a merged request opens the revert as a request of its own', async () => {
     const policy = `webhook-test-crashloop-${ns}`;
-    await kubectl(['apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: crashLoopPolicy(policy, ns) }));
-    const probe = { apiVersion: 'v1', kind: 'Pod', metadata: { name: 'probe', namespace: ns }, spec: { containers: [{ name: 'app', image: acrImage('broken-probe') }] } };
-    await waitFor(async () => JSON.parse(await kubectl(['create', '--dry-run=server', '-o', 'json', '-f', '-'], JSON.stringify(probe))).metadata.labels?.['webhook-test/unready'] === 'true',
-      { timeoutMs: 60_000, what: 'the admission policy in force' });
+    await crashLoopInForce(kubectl, ns);
     try {
       const res = await push('revert', 'broken1', 'deployment/api');
       assert.match(actionOf(res.body), /; pull request #\d+ opened: /, res.body);

@@ -14,10 +14,10 @@ import { execFile } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { defaultBinary, makeTempDir, startWebhook, waitFor, type Webhook } from './harness.ts';
+import { defaultBinary, makeTempDir, startWebhook, type Webhook } from './harness.ts';
 import { readMail, serviceMailEnv, startMta, type Mta } from './mta.ts';
 import {
-  accountKubeconfig, acrImage, acrPayload, clusterOrSkip, containerImage, crashLoopPolicy, cronJob, daemonSet, deployment, freshNamespaceName,
+  accountKubeconfig, acrImage, acrPayload, clusterOrSkip, containerImage, crashLoopInForce, cronJob, daemonSet, deployment, freshNamespaceName,
   kubectlFor, namespacedGetter, removeNamespace, statefulSet, type Kubectl,
 } from './cluster/kube.ts';
 import { upgradeHook } from './upgrade-hooks.ts';
@@ -29,18 +29,6 @@ const TOKEN = 'rollback-token-77d0e2';
 // pods (every 5 s), not for the default.
 const STUCK = { ROLLOUT_STUCK_TIMEOUT: '5s' };
 const cluster = await clusterOrSkip();
-
-/**
- * Waits for the admission policy to be in force (the API server applies it once its informers have it):
- * a server-side dry run of a `:broken` pod gets the label.
- */
-async function policyInForce(kubectl: Kubectl, ns: string): Promise<void> {
-  const probe = { apiVersion: 'v1', kind: 'Pod', metadata: { name: 'probe', namespace: ns }, spec: { containers: [{ name: 'app', image: acrImage('broken-probe') }] } };
-  await waitFor(async () => {
-    const pod = JSON.parse(await kubectl(['create', '--dry-run=server', '-o', 'json', '-f', '-'], JSON.stringify(probe)));
-    return pod.metadata.labels?.['webhook-test/unready'] === 'true';
-  }, { timeoutMs: 60_000, what: 'the admission policy to label pods of :broken images' });
-}
 
 describe('a failed rollout, with and without ROLLBACK_ON_FAILURE', { skip: cluster ? false : 'no cluster' }, () => {
   const ns = freshNamespaceName('rollback');
@@ -56,9 +44,7 @@ describe('a failed rollout, with and without ROLLBACK_ON_FAILURE', { skip: clust
 
   before(async () => {
     await kubectl(['create', 'namespace', ns]);
-    await kubectl(['apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: crashLoopPolicy(policy, ns) }));
-    // The API server applies a new policy once its informers have it.
-    await policyInForce(kubectl, ns);
+    await crashLoopInForce(kubectl, ns);
     await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: [
       deployment('guarded', [{ name: 'app', image: acrImage('v1') }], { replicas: 1 }),
       deployment('plain', [{ name: 'app', image: acrImage('v1') }], { replicas: 1 }),
@@ -255,8 +241,7 @@ describe('a StatefulSet: the forced rollback deletes the stuck pods', { skip: cl
 
   before(async () => {
     await kubectl(['create', 'namespace', ns]);
-    await kubectl(['apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: crashLoopPolicy(policy, ns) }));
-    await policyInForce(kubectl, ns);
+    await crashLoopInForce(kubectl, ns);
     await kubectl(['-n', ns, 'apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: [
       statefulSet('db', 2, [{ name: 'app', image: acrImage('v1') }]),
       statefulSet('store', 2, [{ name: 'app', image: acrImage('v1') }]),

@@ -8,7 +8,7 @@ import * as fs from 'node:fs';
 import * as https from 'node:https';
 import * as net from 'node:net';
 import * as path from 'node:path';
-import { peerOrSkip } from '../harness.ts';
+import { peerOrSkip, waitFor } from '../harness.ts';
 import { ensureCluster } from './cluster.ts';
 
 export interface Cluster { kubeconfigPath: string; kubectl: string }
@@ -397,4 +397,17 @@ export function crashLoopPolicy(name: string, ns: string): object[] {
     },
     { apiVersion: 'admissionregistration.k8s.io/v1', kind: 'MutatingAdmissionPolicyBinding', metadata: { name }, spec: { policyName: name } },
   ];
+}
+
+/**
+ * Puts crashLoopPolicy in force in `ns` and waits until the API server applies it (once its informers have it): a
+ * server-side dry run of a pod of `brokenImage` gets the label. Pods of `:broken…` images then crash-loop there.
+ */
+export async function crashLoopInForce(kubectl: Kubectl, ns: string, brokenImage = acrImage('broken-probe')): Promise<void> {
+  await kubectl(['apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: crashLoopPolicy(`webhook-test-crashloop-${ns}`, ns) }));
+  const probe = { apiVersion: 'v1', kind: 'Pod', metadata: { name: 'probe', namespace: ns }, spec: { containers: [{ name: 'app', image: brokenImage }] } };
+  await waitFor(async () => {
+    const pod = JSON.parse(await kubectl(['create', '--dry-run=server', '-o', 'json', '-f', '-'], JSON.stringify(probe)));
+    return pod.metadata.labels?.['webhook-test/unready'] === 'true';
+  }, { timeoutMs: 60_000, what: 'the admission policy to label pods of :broken images' });
 }
