@@ -20479,7 +20479,7 @@ export async function refuseGitopsOwned(
 //    hooks are not run (the answer names them). A hook that asked for the release (HELM_RELEASE or HELM_FIELD set)
 //    refuses a push whose release cannot be written, naming why, and writes nothing; unset, such a workload is
 //    patched alone and the answer says why its release was not.
-//    Exports: HELM_RELEASE_ANNOTATION, releaseOut.
+//    Exports: HELM_RELEASE_ANNOTATION, HELM_SECRET_VERBS, releaseOut.
 //    Tests: test/helm-release.test.ts.
 // ================================================================================================
 
@@ -20488,6 +20488,8 @@ const HELM_RELEASE_ANNOTATION = 'meta.helm.sh/release-name';
 const HELM_NAMESPACE_ANNOTATION = 'meta.helm.sh/release-namespace';
 /** The labels Helm's Secret storage keeps for itself; any other label of a release's Secret is the release's own. */
 const HELM_STORAGE_LABELS = new Set(['name', 'owner', 'status', 'version', 'createdAt', 'modifiedAt']);
+/** What the executor does to the Secrets of the release's namespace (-print-rbac grants it, -check-clusters asks). */
+export const HELM_SECRET_VERBS = ['list', 'create', 'patch', 'delete'];
 /** A record larger than this once unzipped is no release (Helm keeps a Secret's 1 MiB, a chart compresses ~10×). */
 const MAX_RELEASE_BYTES = 32 * 1024 * 1024;
 
@@ -22130,7 +22132,7 @@ function roleRules(
   if (secrets.size > 0) lines.push(...rule('', 'secrets', ['get'], [...secrets].sort()));
   // HELM_RELEASE: a release's records are Secrets found by their labels, and each revision is a new name, so no
   // resourceNames can bound them: what Helm itself is granted in the namespace.
-  if (helmReleases) lines.push(...rule('', 'secrets', ['list', 'create', 'patch', 'delete']));
+  if (helmReleases) lines.push(...rule('', 'secrets', HELM_SECRET_VERBS));
   return [...lines, ...rule('', 'events', ['create'])];
 }
 
@@ -28003,13 +28005,20 @@ async function checkCluster(
   try {
     const target = reach.target;
     const attributes = target ? workloadResource(target) : undefined;
-    const answers = await Promise.all(
-      CHECKED_VERBS.map((verb) => accessReview(client, verb, attributes ?? { group: 'apps', resource: 'deployments' })),
-    );
+    const on = attributes ?? { group: 'apps', resource: 'deployments' };
+    // HELM_RELEASE: the release's records, Secrets of the workload's namespace, are listed and written too.
+    const secrets = { group: '', resource: 'secrets', namespace: target?.namespace };
+    const checks = [
+      ...CHECKED_VERBS.map((verb) => ({ verb, on })),
+      ...(target && reach.helmRelease ? HELM_SECRET_VERBS.map((verb) => ({ verb, on: secrets })) : []),
+    ];
+    const answers = await Promise.all(checks.map((c) => accessReview(client, c.verb, c.on)));
     const at = `reachable (${client.server})`;
     if (!target) return { line: `${at}; the workload comes from each request: permissions not checked`, ok: true };
-    const denied = CHECKED_VERBS.filter((_, i) => !answers[i].allowed);
-    const what = `${CHECKED_VERBS.join(' and ')} on ${describeResource(attributes!)}`;
+    const named = (c: (typeof checks)[number]) => (c.on === on ? c.verb : `${c.verb} secrets`);
+    const denied = checks.filter((_, i) => !answers[i].allowed).map(named);
+    const helm = reach.helmRelease ? `, ${HELM_SECRET_VERBS.join(', ')} on its namespace's secrets (HELM_RELEASE)` : '';
+    const what = `${CHECKED_VERBS.join(' and ')} on ${describeResource(attributes!)}${helm}`;
     if (denied.length === 0) return { line: `${at}; ${what}: allowed`, ok: true };
     const why = answers.map((a) => a.reason).filter(Boolean)[0];
     return { line: `${at}; ${what}: ${denied.join(' and ')} not allowed${why ? ` (${why})` : ''}`, ok: false };

@@ -231,4 +231,13 @@ describe('a Helm release, through the executable and the cluster', { skip: helm 
     assert.equal((await values('api')).image.tag, 'v1.4.2');
     assert.equal(await image('api'), acrImage('v1.4.2'));
   });
+
+  test('-validate -check-clusters asks for what Helm needs on the Secrets of a HELM_RELEASE hook\'s namespace', () => {
+    const dir = makeTempDir('helm-check-');
+    fs.writeFileSync(path.join(dir, 'hooks.json'), JSON.stringify([fixedHook('released', { APP_NS: ns, HELM_RELEASE: 'auto' }), fixedHook('plain', { APP_NS: ns })]));
+    const out = execFileSync(defaultBinary(), ['-validate', '-check-clusters', '-hooks', path.join(dir, 'hooks.json')],
+      { encoding: 'utf8', env: { ...process.env, KUBECONFIG: cluster!.kubeconfigPath } });
+    assert.match(out, /hook "released", cluster \(the default\): reachable \(\S+\); get and patch on deployments\.apps "web" in namespace "[^"]+", list, create, patch, delete on its namespace's secrets \(HELM_RELEASE\): allowed/);
+    assert.match(out, /hook "plain", cluster \(the default\): reachable \(\S+\); get and patch on deployments\.apps "web" in namespace "[^"]+": allowed/);
+  });
 });
