@@ -339,7 +339,15 @@ async function withUser(binary: string, dir: string, ini: string, port: number, 
       return expect(`opening a pull request on ${repo}`, await api('POST', `${repoPath(repo)}/pulls`, pull), 201).json.number as number;
     },
     async mergePull(repo, index) {
-      expect(`merging pull request ${index} of ${repo}`, await api('POST', `${repoPath(repo)}/pulls/${index}/merge`, { Do: 'merge' }), 200);
+      const pull = `${repoPath(repo)}/pulls/${index}`;
+      // Gitea checks a request for conflicts in the background after each push to its branch, and answers a merge
+      // with 405 "Please try again later" until that check is done: merged once checked at the branch's head.
+      const head = await waitFor(async () => {
+        const p = (await api('GET', pull)).json;
+        const branch = (await api('GET', `${repoPath(repo)}/branches/${p.head.ref}`)).json;
+        return p.mergeable === true && p.head.sha === branch.commit?.id ? String(p.head.sha) : undefined;
+      }, { timeoutMs: 60_000, what: `pull request ${index} of ${repo} checked as mergeable at its branch's head` });
+      expect(`merging pull request ${index} of ${repo}`, await api('POST', `${pull}/merge`, { Do: 'merge', head_commit_id: head }), 200);
     },
     async fileAt(repo, ref, path) {
       const got = expect(`reading ${path} on ${ref} of ${repo}`, await api('GET', `${repoPath(repo)}/contents/${path}?ref=${encodeURIComponent(ref)}`), 200);
