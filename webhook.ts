@@ -7999,13 +7999,24 @@ async function forgeCall(r: ForgeRequest, call: ForgeCall): Promise<unknown> {
 export async function openRequest(r: ForgeRequest): Promise<OpenedRequest> {
   const api = FORGES[r.forge];
   const repo = forgeRepoPath(r.remote.url);
-  const open = api.listed(await forgeCall(r, api.find(repo, r)), r);
-  if (open !== undefined) {
+  const updated = async (open: unknown) => {
     const known = api.named(open, r, repo);
     await forgeCall(r, api.update(repo, known.id, r));
     return { ...known, opened: false };
+  };
+  const open = api.listed(await forgeCall(r, api.find(repo, r)), r);
+  if (open !== undefined) return updated(open);
+  let answer: unknown;
+  try {
+    answer = await forgeCall(r, api.open(repo, r));
+  } catch (e) {
+    // Another replica opened it in between (the forge refuses a second request from one branch): updated instead.
+    if (!(e instanceof GitError) || e.kind !== 'refused') throw e;
+    const opened = api.listed(await forgeCall(r, api.find(repo, r)), r);
+    if (opened === undefined) throw e;
+    return updated(opened);
   }
-  const made = api.named(await forgeCall(r, api.open(repo, r)), r, repo);
+  const made = api.named(answer, r, repo);
   if (made.id === '') throw new GitError(`${r.forge}: the answer to opening the request names no number (${api.docs})`);
   return { ...made, opened: true };
 }

@@ -117,6 +117,15 @@ describe('openRequest: each forge as its documentation gives it', () => {
       }
     });
 
+  test('a request another replica opened in between (the forge refuses a second one): updated instead', async () => {
+    rx.requests.length = 0;
+    const shape = SHAPES.github;
+    rx.answers.push({ status: 200, body: '[]' }, { status: 422, body: '{"message":"Validation Failed","errors":[{"message":"A pull request already exists for shop:webhook/shop/deployment-web/app."}]}' },
+      { status: 200, body: JSON.stringify(shape.listed) }, { status: 200, body: '{}' });
+    assert.deepEqual(await openRequest(request('github', shape.repo)), { id: '7', url: shape.url, opened: false });
+    assert.deepEqual(rx.requests.map((r) => r.method), ['GET', 'POST', 'GET', 'PATCH']);
+  });
+
   test("a refusal names the forge, the call, the status and the forge's words, never the token; an answer that is not JSON is named", async () => {
     rx.answers.push({ status: 403, body: `{"message":"Resource not accessible by integration","token":"${TOKEN}"}` });
     await assert.rejects(openRequest(request('github', SHAPES.github.repo)), (e: Error) => {
