@@ -135,7 +135,7 @@ const VERSION = '0.1.0';
 //    since payload values are untrusted) and lists of them cut to a line (listWithin), Go durations written the way
 //    Go prints them.
 //    Exports: formatGoDuration, isObject, JsonNumber, listWithin, MONTHS, parseJsonKeepingNumbers, parseXml,
-//    previewValue, showValue, TextCursor.
+//    previewValue, showValue, TextCursor, valueAt.
 //    Tests: test/unit.test.ts, test/upgrade.test.ts.
 // ================================================================================================
 
@@ -441,6 +441,13 @@ class XmlReader extends TextCursor {
 
 function isObject(v: unknown): v is Record<string, unknown> {
   return typeof v === 'object' && v !== null && !Array.isArray(v);
+}
+
+/** The value at a path of keys into nested objects; undefined where the path leaves them. */
+function valueAt(obj: unknown, segments: string[]): unknown {
+  let v = obj;
+  for (const s of segments) v = isObject(v) ? v[s] : undefined;
+  return v;
 }
 
 // ================================================================================================
@@ -7808,14 +7815,8 @@ interface ForgeApi {
 const enc = encodeURIComponent;
 /** The repository's owner and name: the last two segments (a forge served under a sub-path keeps its prefix). */
 const ownerRepo = (repo: RepoPath) => `${enc(repo[repo.length - 2] ?? '')}/${enc(repo[repo.length - 1] ?? '')}`;
-const answerField = (json: unknown, ...keys: string[]) => String(valueAtPath(json, keys) ?? '');
+const answerField = (json: unknown, ...keys: string[]) => String(valueAt(json, keys) ?? '');
 const firstOf = (list: unknown) => (Array.isArray(list) ? list[0] : undefined) as unknown;
-
-function valueAtPath(json: unknown, keys: string[]): unknown {
-  let v = json;
-  for (const k of keys) v = isObject(v) ? v[k] : undefined;
-  return v;
-}
 
 /** Azure Repos' URL, https://dev.azure.com/<org>/<project>/_git/<repo>: its organization and project, and the repo. */
 const azureParts = (repo: RepoPath) => {
@@ -7902,7 +7903,7 @@ const FORGES: Record<ForgeName, ForgeApi> = {
       path: `/repositories/${ownerRepo(repo)}/pullrequests?state=OPEN&q=` +
         enc(`source.branch.name="${r.head}" AND destination.branch.name="${r.base}"`),
     }),
-    listed: (json) => firstOf(valueAtPath(json, ['values'])),
+    listed: (json) => firstOf(valueAt(json, ['values'])),
     named: (pull) => ({ id: answerField(pull, 'id'), url: answerField(pull, 'links', 'html', 'href') }),
     open: (repo, r) => ({
       method: 'POST',
@@ -7927,7 +7928,7 @@ const FORGES: Record<ForgeName, ForgeApi> = {
       const path = `/${project}/_apis/git/repositories/${name}/pullrequests?${criteria}&api-version=7.1`;
       return { method: 'GET', path };
     },
-    listed: (json) => firstOf(valueAtPath(json, ['value'])),
+    listed: (json) => firstOf(valueAt(json, ['value'])),
     // The answer names the request by number; its page is the repository's, under /pullrequest/<id>.
     named: (pull, r, repo) => {
       const id = answerField(pull, 'pullRequestId');
@@ -15322,7 +15323,7 @@ export function readApprovalToken(
 //    labelSelector, leanWorkload, locateContainer, missingContainerMessage, newReport, NodePlatformsRead, numberAt,
 //    orList, ownedBy, parseWorkload, PayloadError, planPatch, PULL_REASONS, readWorkload, recordWorkloadEvent,
 //    ReportView, RolledBack, RolloutEnded, rolloutStatus, roundedToSeconds, STUCK_REASONS, summarizePod, unchanged,
-//    UpgradeDeps, UpgradeError, valueAt, WORKLOAD_KINDS, workloadPods, WorkloadQueue, workloadResource.
+//    UpgradeDeps, UpgradeError, WORKLOAD_KINDS, workloadPods, WorkloadQueue, workloadResource.
 //    Tests: test/decision.test.ts, test/e2e.test.ts, test/git.test.ts, test/policy.test.ts, test/records.test.ts,
 //    test/rolling.test.ts, test/upgrade.test.ts.
 // ================================================================================================
@@ -15455,12 +15456,6 @@ export function parseWorkload(text: string | undefined): { kind: WorkloadKind; n
 export function workloadResource(t: { kind: WorkloadKind; name?: string; namespace: string }): ResourceRef {
   const spec = kindSpec(t.kind);
   return { group: spec.group, version: spec.version, resource: spec.resource, namespace: t.namespace, name: t.name };
-}
-
-function valueAt(obj: unknown, segments: string[]): unknown {
-  let v = obj;
-  for (const s of segments) v = isObject(v) ? v[s] : undefined;
-  return v;
 }
 
 function pointer(segments: (string | number)[]): string {
@@ -16845,14 +16840,17 @@ export function gitFilePath(value: string | undefined): string | undefined {
 
 /** A dotted path of YAML keys (image.tag). */
 export function gitFieldPath(value: string | undefined): string | undefined {
-  const field = value?.trim() ?? '';
-  if (field === '') return undefined;
-  if (!DOTTED_KEYS.test(field))
-    throw new GitError(`GIT_FIELD ${showValue(field)} is not a dotted path of keys (e.g. image.tag)`);
-  return field;
+  return dottedKeys(value, (problem) => new GitError(`GIT_FIELD ${problem}`));
 }
 
-const DOTTED_KEYS = /^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$/;
+/** A dotted path of keys, trimmed; undefined when blank; else `fail`'s error for "<value> is not …". */
+function dottedKeys(value: string | undefined, fail: (problem: string) => Error): string | undefined {
+  const field = value?.trim() ?? '';
+  if (field === '') return undefined;
+  if (!/^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$/.test(field))
+    throw fail(`${showValue(field)} is not a dotted path of keys (e.g. image.tag)`);
+  return field;
+}
 
 /** The token itself, or (starting with /) the path of a file holding it. Never shown. */
 export function gitToken(value: string | undefined): string | undefined {
@@ -16964,11 +16962,7 @@ export function helmReleaseSetting(value: string | undefined): { release?: strin
 
 /** HELM_FIELD: a dotted path of the release values' keys; unset is image.tag. */
 export function helmFieldPath(value: string | undefined): string | undefined {
-  const field = value?.trim() ?? '';
-  if (field === '') return undefined;
-  if (!DOTTED_KEYS.test(field))
-    throw new UpgradeError(`HELM_FIELD ${showValue(field)} is not a dotted path of keys (e.g. image.tag)`);
-  return field;
+  return dottedKeys(value, (problem) => new UpgradeError(`HELM_FIELD ${problem}`));
 }
 
 /** The Helm settings of a hook, from HELM_RELEASE and HELM_FIELD as parsed; undefined under HELM_RELEASE=none. */
@@ -19520,13 +19514,17 @@ export async function dryRunOut(
   return outcomeOn(workload, d, { ...recorded, dryRun: true, action: would && `${would}; dry run` });
 }
 
-/** The push decided on its workload as read now (an executor that decides once, with no copy and no retry). */
+/**
+ * The push decided on its workload as read now, or as `read` was just read (an executor that decides once, with no
+ * copy and no retry).
+ */
 export async function decidedOn(
   client: KubeClient,
   given: PushToCarryOut,
   deps: UpgradeDeps,
+  read?: K8sObject,
 ): Promise<{ workload: K8sObject; now: Date; decision: Decision }> {
-  const workload = await readWorkload(client, given.push.target);
+  const workload = read ?? (await readWorkload(client, given.push.target));
   const now = (deps.now ?? (() => new Date()))();
   return { workload, now, decision: decide({ ...given, workload, nowMs: now.getTime(), entryId: randomUUID() }) };
 }
@@ -20315,7 +20313,7 @@ async function committedRevert(edit: PushEdit, reason: string, where: string): P
   const [done] = await committedEdits([revert]);
   const image = revert.push.image;
   if ('error' in done) return { reason, notDone: `the revert was not committed: ${done.error.message}` };
-  const onto = requestBranch ? where.replace(edit.requestBranch!, requestBranch) : where;
+  const onto = requestBranch ? `${requestBranch} of ${edit.git.remote.url.href}` : where;
   const request = requestBranch && 'commit' in done ? await requestOpened(revert, requestBranch, done.commit) : '';
   const committed = 'commit' in done && `${reason}; the revert committed as ${done.commit.slice(0, 7)} to ${onto}`;
   if (committed) return { reason: `${committed}${request}`, image };
@@ -20529,6 +20527,8 @@ interface WrittenRevision {
   created: K8sObject;
   release: HelmRelease;
   current: StoredRevision;
+  /** The release of `current`, as decoded once. */
+  base: HelmRelease;
   hooks: string[];
 }
 
@@ -20721,7 +20721,7 @@ async function writtenRevision(
   });
   const upgrading = (h: { events?: string[] }) => (h.events ?? []).some((ev) => ev.endsWith('-upgrade'));
   const hooks = (read.hooks ?? []).filter(upgrading).map((h) => String(h.name));
-  return { name, created, release: next, current, hooks };
+  return { name, created, release: next, current, base: read, hooks };
 }
 
 /** A revision's Secret patched to `status` (its label and its release's), under a test of the version read. */
@@ -20757,7 +20757,7 @@ async function releaseRolledBack(client: KubeClient, w: WrittenRevision): Promis
     if (!last || last.version !== w.release.version || last.status !== 'deployed')
       return [`${release} moved on since the push (revision ${last?.version ?? '?'} is the last): not rolled back`];
     const now = new Date();
-    const before = decodedRelease(w.current);
+    const before = w.base;
     const info = { ...before.info, last_deployed: now.toISOString(), status: 'deployed' };
     const description = `Rollback to ${before.version}`;
     const back = { ...before, version: last.version + 1, info: { ...info, description } };
@@ -20772,7 +20772,7 @@ async function releaseRolledBack(client: KubeClient, w: WrittenRevision): Promis
 /** The revision deployed and the one it replaced superseded, as Helm ends an upgrade; a failure is the note. */
 async function settledRevision(client: KubeClient, w: WrittenRevision, now: Date): Promise<string[]> {
   try {
-    await revisionStatus(client, w.current.secret, decodedRelease(w.current), 'superseded', now);
+    await revisionStatus(client, w.current.secret, w.base, 'superseded', now);
     await revisionStatus(client, w.created, w.release, 'deployed', now);
     return [];
   } catch (e) {
@@ -20810,10 +20810,14 @@ export async function releaseOut(
   helm: HelmSettings,
 ): Promise<ExecutorOutcome> {
   const copy = deps.known?.get(knownKey(given.push.target));
-  const noRelease = (w: K8sObject) => valueAt(w, ['metadata', 'annotations', HELM_RELEASE_ANNOTATION]) === undefined;
+  const noRelease = (w: K8sObject) =>
+    helm.release === undefined && valueAt(w, ['metadata', 'annotations', HELM_RELEASE_ANNOTATION]) === undefined;
   // A kept copy that names no release saves the read: the annotation is Helm's, set when the release installed it.
-  if (copy && helm.release === undefined && noRelease(copy)) return carryOut(client, given, deps);
-  const { workload, now, decision } = await decidedOn(client, given, deps);
+  if (copy && noRelease(copy)) return carryOut(client, given, deps);
+  const read = await readWorkload(client, given.push.target);
+  // A workload of no release is the cluster executor's to decide: it is decided once, there.
+  if (noRelease(read)) return carryOut(client, given, deps, read);
+  const { workload, now, decision } = await decidedOn(client, given, deps, read);
   if (decision.code !== 'applied') return carryOut(client, given, deps, workload);
   let written: WrittenRevision | undefined;
   try {
